@@ -1,0 +1,110 @@
+// lockwatch/errors.hpp: the typed errors lockwatch reports.
+//
+// Every error a caller can see derives from lockwatch::Error, so one catch
+// takes them all; the concrete types say what happened and carry the facts
+// (key, node, how long was waited). They reach callers through the futures
+// that decorated calls return, or are thrown synchronously by constructors
+// and argument checks. Nothing in lockwatch throws from a destructor.
+#pragma once
+
+#include <chrono>
+#include <stdexcept>
+#include <string>
+
+namespace lockwatch {
+
+// Base of every lockwatch error.
+class Error : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
+// A caller passed something lockwatch cannot use: an empty or oversized key,
+// a ttl that is not positive or too short for the wheel's tick, a renewal
+// weight outside (0, 1), a negative retry count, a malformed URL, a key
+// pattern referring to an argument that is missing or cannot be formatted.
+class InvalidArgument : public Error {
+ public:
+  using Error::Error;
+};
+
+// The lock was held by someone else and did not become free within the wait
+// the call allowed (zero unless `.wait()` was used).
+class LockNotAcquired : public Error {
+ public:
+  LockNotAcquired(std::string key, std::chrono::milliseconds waited);
+  const std::string& key() const noexcept { return key_; }
+  std::chrono::milliseconds waited() const noexcept { return waited_; }
+
+ private:
+  std::string key_;
+  std::chrono::milliseconds waited_;
+};
+
+// Why a lease stopped being ours while the work still ran.
+enum class LostReason {
+  kExpired,            // the key was gone when the watchdog renewed it
+  kTakenByOther,       // the key held another owner's token
+  kRenewalsExhausted,  // the `retries` renewals were spent and the ttl ran out
+  kRedisUnreachable,   // no renewal was confirmed before the local deadline
+  kRuntimeStopped,     // the runtime was destroyed while the work ran
+};
+const char* to_string(LostReason reason) noexcept;
+
+// The lease was lost while the work ran: the work was asked to stop through
+// its stop_token, and its result (or exception) is discarded in favour of
+// this error, because another holder may have run at the same time.
+class LeaseLost : public Error {
+ public:
+  LeaseLost(std::string key, LostReason reason, std::string detail = {});
+  const std::string& key() const noexcept { return key_; }
+  LostReason reason() const noexcept { return reason_; }
+
+ private:
+  std::string key_;
+  LostReason reason_;
+};
+
+// Redis could not be reached: refused, reset, timed out, or the connection
+// broke with the request in flight. `endpoint()` names the node.
+class ConnectionError : public Error {
+ public:
+  ConnectionError(std::string endpoint, const std::string& what);
+  const std::string& endpoint() const noexcept { return endpoint_; }
+
+ private:
+  std::string endpoint_;
+};
+
+// Redis refused the credentials (AUTH answered an error).
+class AuthError : public ConnectionError {
+ public:
+  using ConnectionError::ConnectionError;
+};
+
+// Redis answered a command with an error: WRONGTYPE on a key lockwatch uses,
+// OOM, a script error. `redis_message()` is Redis's own text.
+class RedisError : public Error {
+ public:
+  RedisError(std::string endpoint, std::string redis_message);
+  const std::string& endpoint() const noexcept { return endpoint_; }
+  const std::string& redis_message() const noexcept { return redis_message_; }
+
+ private:
+  std::string endpoint_;
+  std::string redis_message_;
+};
+
+// The runtime was stopped (or is stopping) before the request could run.
+class RuntimeStopped : public Error {
+ public:
+  using Error::Error;
+};
+
+// `this_lease()` was called outside a locked call.
+class NoActiveLease : public Error {
+ public:
+  using Error::Error;
+};
+
+}  // namespace lockwatch

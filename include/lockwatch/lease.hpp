@@ -1,0 +1,74 @@
+// lockwatch/lease.hpp: the lease a locked call holds while it runs.
+//
+// Inside a callable run by LOCKED (or Runtime::acquire's holder),
+// lockwatch::this_lease() gives the lease: its key, its fencing token, the
+// time left before the holder must assume it lost the lock, and a
+// std::stop_token that is triggered when the lease is lost or its renewals
+// are spent. Work that writes to an external store passes fencing_token()
+// along so the store can reject a holder that was paused past its lease.
+//
+// Threading: every accessor is safe from any thread. The watchdog updates
+// the lease on the runtime's I/O thread.
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <cstdint>
+#include <optional>
+#include <stop_token>
+#include <string>
+
+#include "lockwatch/errors.hpp"
+
+namespace lockwatch {
+
+class Lease {
+ public:
+  using Clock = std::chrono::steady_clock;
+
+  Lease(const Lease&) = delete;
+  Lease& operator=(const Lease&) = delete;
+
+  // The key as the caller built it (without the runtime's prefix).
+  const std::string& key() const noexcept { return key_; }
+  // Strictly increasing per key across every holder on every client.
+  std::uint64_t fencing_token() const noexcept { return fencing_token_; }
+  // Time left before the local deadline (zero once lost). The deadline
+  // moves forward with every confirmed renewal.
+  std::chrono::milliseconds remaining() const noexcept;
+  // Triggered when the lease is lost; poll it or attach a stop_callback.
+  std::stop_token stop_token() const noexcept { return stop_.get_token(); }
+  // Whether the lease was lost, and why.
+  bool lost() const noexcept { return lost_.load(std::memory_order_acquire); }
+  std::optional<LostReason> lost_reason() const noexcept;
+  // The ttl the lease was taken with, and how many renewals succeeded.
+  std::chrono::milliseconds ttl() const noexcept { return ttl_; }
+  std::uint64_t renewals() const noexcept { return renewals_.load(std::memory_order_relaxed); }
+
+ protected:
+  Lease(std::string key, std::uint64_t fencing_token, std::chrono::milliseconds ttl, Clock::time_point deadline);
+  ~Lease() = default;
+
+  void set_deadline(Clock::time_point d) noexcept {
+    deadline_ns_.store(d.time_since_epoch().count(), std::memory_order_release);
+  }
+  // Marks the lease lost; returns false if it already was.
+  bool mark_lost(LostReason reason) noexcept;
+
+  std::string key_;
+  std::uint64_t fencing_token_;
+  std::chrono::milliseconds ttl_;
+  std::atomic<Clock::rep> deadline_ns_;
+  std::atomic<bool> lost_{false};
+  std::atomic<int> lost_reason_{-1};
+  std::atomic<std::uint64_t> renewals_{0};
+  std::stop_source stop_;
+};
+
+// The lease of the innermost locked call running on this thread. Throws
+// NoActiveLease outside a locked call.
+const Lease& this_lease();
+// Like this_lease(), but nullptr outside a locked call.
+const Lease* current_lease() noexcept;
+
+}  // namespace lockwatch

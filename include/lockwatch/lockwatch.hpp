@@ -1,0 +1,10 @@
+// lockwatch/lockwatch.hpp: everything a user of lockwatch includes.
+#pragma once
+
+#include "lockwatch/errors.hpp"
+#include "lockwatch/lease.hpp"
+#include "lockwatch/locked.hpp"
+#include "lockwatch/options.hpp"
+#include "lockwatch/runtime.hpp"
+#include "lockwatch/thread_pool.hpp"
+#include "lockwatch/timer_wheel.hpp"

@@ -1,0 +1,61 @@
+// lockwatch/options.hpp: how a Runtime is configured.
+//
+// Options is a plain value: fill it, hand it to a Runtime, done. Every field
+// has a default that works for a local Redis. Options::from_env() reads
+// LOCKWATCH_REDIS_URL, which is what the process-wide default runtime uses.
+#pragma once
+
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <string>
+
+namespace lockwatch {
+
+// One Redis node, parsed from `redis://[user:password@]host:port[/db]`.
+struct Endpoint {
+  std::string host = "127.0.0.1";
+  int port = 6379;
+  std::string user;      // empty: AUTH with the password only (default user)
+  std::string password;  // empty: no AUTH
+  int db = 0;
+
+  // Parses a redis:// URL; throws InvalidArgument naming what is wrong.
+  static Endpoint parse(const std::string& url);
+  // "host:port" (credentials never appear in messages).
+  std::string name() const;
+};
+
+struct Options {
+  // Where the locks live: `redis://[user:password@]host:port[/db]`.
+  std::string redis_url = "redis://127.0.0.1:6379";
+  // Worker threads that run locked work; 0 means one per core.
+  std::size_t threads = 0;
+  // The watchdog's hashed wheel: tick and number of slots.
+  std::chrono::milliseconds tick{5};
+  std::size_t wheel_size = 512;
+  // Prepended to every Redis key and channel lockwatch uses.
+  std::string key_prefix = "lockwatch:";
+  // Renewal happens at ttl * renew_weight after the last confirmed one.
+  double renew_weight = 0.9;
+  // The holder considers its lease gone this early (clock drift between
+  // this host and Redis): drift = ttl * drift_factor + drift_floor.
+  double drift_factor = 0.01;
+  std::chrono::milliseconds drift_floor{2};
+  // A connection attempt that has not completed by then fails.
+  std::chrono::milliseconds connect_timeout{2000};
+  // A request without a reply by then fails and the connection is reset.
+  std::chrono::milliseconds command_timeout{2000};
+  // Reconnect back-off after a connection is lost: doubles up to the max.
+  std::chrono::milliseconds reconnect_min{10};
+  std::chrono::milliseconds reconnect_max{1000};
+  // Longest key accepted (bytes, before the prefix).
+  std::size_t max_key_bytes = std::size_t{1} << 20;
+
+  // Defaults, with redis_url taken from LOCKWATCH_REDIS_URL when it is set.
+  static Options from_env();
+  // Throws InvalidArgument if a field is out of range or the URL is bad.
+  void validate() const;
+};
+
+}  // namespace lockwatch

@@ -1,0 +1,108 @@
+// lockwatch/runtime.hpp: the engine behind every locked call.
+//
+// A Runtime owns one I/O thread (a libuv loop holding the Redis
+// connections and the watchdog's timer wheel), a thread pool for the work,
+// and the set of leases it holds. Calls from any thread are handed to the
+// I/O thread through one queue; commands from all of them are pipelined on
+// one connection per Redis endpoint.
+//
+// LOCKED without .on(runtime) uses Runtime::default_runtime(), created on
+// first use from the environment (LOCKWATCH_REDIS_URL).
+//
+// Destruction stops in one order: new calls are refused (RuntimeStopped),
+// calls waiting for a lock fail with RuntimeStopped, running work is asked
+// to stop through its stop_token and awaited, held locks are released, the
+// connections are closed and the threads joined. Destroying a runtime from
+// one of its own pool threads is not allowed.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <exception>
+#include <memory>
+#include <string>
+
+#include "lockwatch/errors.hpp"
+#include "lockwatch/options.hpp"
+#include "lockwatch/thread_pool.hpp"
+
+namespace lockwatch {
+
+// `lockwatch::forever` as the retries argument: renew for as long as the
+// work runs.
+struct Forever {
+  explicit constexpr Forever() = default;
+};
+inline constexpr Forever forever{};
+
+// How many renewals the watchdog may make: a count >= 0, or forever.
+class Retries {
+ public:
+  Retries(int count);  // NOLINT: implicit on purpose (LOCKED("k", 1s, 3)); throws InvalidArgument if < 0
+  constexpr Retries(Forever) noexcept : count_(-1) {}  // NOLINT
+  constexpr bool is_forever() const noexcept { return count_ < 0; }
+  constexpr std::int64_t count() const noexcept { return count_; }
+
+ private:
+  std::int64_t count_;
+};
+
+namespace detail {
+
+// What a decorated call asks of the runtime.
+struct LockSpec {
+  std::string key;
+  std::chrono::milliseconds ttl{0};
+  std::int64_t retries = 0;  // < 0: forever
+  double renew_weight = 0;   // 0: the runtime's Options::renew_weight
+  std::chrono::milliseconds wait{0};
+};
+
+// One decorated invocation, as the runtime sees it. run() executes the
+// callable on a pool thread (keeping its result or exception); finish() is
+// called exactly once, after the lock is released, to make the future
+// ready: with `error` if the call failed or the lease was lost, otherwise
+// with what run() kept.
+class Call {
+ public:
+  virtual ~Call() = default;
+  virtual void run() noexcept = 0;
+  virtual void finish(std::exception_ptr error) noexcept = 0;
+};
+
+}  // namespace detail
+
+class Runtime {
+ public:
+  // Throws InvalidArgument for bad options. Connecting starts at once but
+  // never blocks: an unreachable Redis shows as ConnectionError on calls.
+  explicit Runtime(Options options = Options::from_env());
+  ~Runtime();
+  Runtime(const Runtime&) = delete;
+  Runtime& operator=(const Runtime&) = delete;
+
+  // The process-wide runtime used by LOCKED without .on(): created on first
+  // use from Options::from_env(); lives until the process exits.
+  static Runtime& default_runtime();
+
+  const Options& options() const noexcept;
+  ThreadPool& pool() noexcept;
+
+  // Used by LOCKED. Validates the spec (throws InvalidArgument or
+  // RuntimeStopped before anything starts), then acquires the lock and runs
+  // the call on the pool. A call made from inside another locked call runs
+  // inline on the calling thread instead, and dispatch() returns only when
+  // it has finished; on a key the enclosing calls hold it is reentrant and
+  // does not touch Redis.
+  void dispatch(detail::LockSpec spec, std::shared_ptr<detail::Call> call);
+
+  // Leases held right now (acquired, not yet released).
+  std::size_t held_leases() const noexcept;
+
+  struct Impl;
+
+ private:
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace lockwatch

@@ -1,0 +1,47 @@
+#include "lockwatch/errors.hpp"
+
+#include <fmt/format.h>
+
+namespace lockwatch {
+
+const char* to_string(LostReason reason) noexcept {
+  switch (reason) {
+    case LostReason::kExpired: return "the key expired";
+    case LostReason::kTakenByOther: return "the key was taken by another owner";
+    case LostReason::kRenewalsExhausted: return "the renewals were exhausted";
+    case LostReason::kRedisUnreachable: return "no renewal was confirmed before the local deadline";
+    case LostReason::kRuntimeStopped: return "the runtime was stopped";
+  }
+  return "unknown";
+}
+
+namespace {
+// Keys may be huge or binary: messages show a bounded, printable excerpt.
+std::string shown_key(const std::string& key) {
+  std::string out;
+  for (char c : key.substr(0, 64)) out.push_back((c >= 0x20 && c < 0x7f) ? c : '?');
+  if (key.size() > 64) out += fmt::format("...({} bytes)", key.size());
+  return out;
+}
+}  // namespace
+
+LockNotAcquired::LockNotAcquired(std::string key, std::chrono::milliseconds waited)
+    : Error(fmt::format("lock '{}' is held by another owner (waited {} ms)", shown_key(key), waited.count())),
+      key_(std::move(key)),
+      waited_(waited) {}
+
+LeaseLost::LeaseLost(std::string key, LostReason reason, std::string detail)
+    : Error(fmt::format("lease on '{}' lost: {}{}{}", shown_key(key), to_string(reason), detail.empty() ? "" : ": ",
+                        detail)),
+      key_(std::move(key)),
+      reason_(reason) {}
+
+ConnectionError::ConnectionError(std::string endpoint, const std::string& what)
+    : Error(fmt::format("redis {}: {}", endpoint, what)), endpoint_(std::move(endpoint)) {}
+
+RedisError::RedisError(std::string endpoint, std::string redis_message)
+    : Error(fmt::format("redis {} answered an error: {}", endpoint, redis_message)),
+      endpoint_(std::move(endpoint)),
+      redis_message_(std::move(redis_message)) {}
+
+}  // namespace lockwatch

@@ -1,0 +1,72 @@
+#include "loop.hpp"
+
+#include <cstdio>
+#include <cstdlib>
+#include <future>
+
+namespace lockwatch::detail {
+
+Loop::Loop() {
+  if (uv_loop_init(&loop_) != 0) std::abort();
+  async_.data = this;
+  uv_async_init(&loop_, &async_, &Loop::on_async);
+  std::promise<void> started;
+  auto ready = started.get_future();
+  thread_ = std::thread([this, &started] {
+    thread_id_ = std::this_thread::get_id();
+    started.set_value();
+    uv_run(&loop_, UV_RUN_DEFAULT);
+  });
+  ready.wait();
+}
+
+Loop::~Loop() {
+  if (thread_.joinable()) shutdown([] {});
+}
+
+bool Loop::post(Task task) {
+  bool wake;
+  {
+    std::lock_guard lk(mu_);
+    if (!accepting_) return false;
+    wake = queue_.empty();
+    queue_.push_back(std::move(task));
+  }
+  // uv_async_send coalesces; one send per non-empty transition is enough
+  // because drain() takes the whole queue.
+  if (wake) uv_async_send(&async_);
+  return true;
+}
+
+void Loop::on_async(uv_async_t* handle) { static_cast<Loop*>(handle->data)->drain(); }
+
+void Loop::drain() {
+  {
+    std::lock_guard lk(mu_);
+    running_.swap(queue_);
+  }
+  for (auto& t : running_) t();
+  running_.clear();
+}
+
+int Loop::shutdown(Task close_all) {
+  if (!thread_.joinable()) return close_result_;
+  post([this, close_all = std::move(close_all)] {
+    close_all();
+    {
+      std::lock_guard lk(mu_);
+      accepting_ = false;
+    }
+    // Tasks posted between the swap in drain() and now still run.
+    drain();
+    uv_close(reinterpret_cast<uv_handle_t*>(&async_), nullptr);
+  });
+  thread_.join();
+  close_result_ = uv_loop_close(&loop_);
+  if (close_result_ != 0) {
+    std::fprintf(stderr, "lockwatch: uv_loop_close failed: a handle was left open\n");
+  }
+  return close_result_;
+}
+
+}  // namespace lockwatch::detail

@@ -1,0 +1,54 @@
+// lib/loop.hpp: the I/O thread. One libuv loop on its own thread; the only
+// thread that touches uv handles, hiredis contexts and the timer wheel.
+// Other threads hand it work with post(), which is one mutex-guarded append
+// and, when the queue was empty, one uv_async_send.
+#pragma once
+
+#include <uv.h>
+
+#include <atomic>
+#include <functional>
+#include <mutex>
+#include <thread>
+#include <vector>
+
+namespace lockwatch::detail {
+
+class Loop {
+ public:
+  using Task = std::function<void()>;
+
+  Loop();
+  // Joins the thread; the owner must have closed its handles through
+  // shutdown() first.
+  ~Loop();
+  Loop(const Loop&) = delete;
+  Loop& operator=(const Loop&) = delete;
+
+  // Any thread. Runs `task` on the loop thread, in posting order. Returns
+  // false (and drops the task) once shutdown() has begun.
+  bool post(Task task);
+  bool in_loop_thread() const noexcept { return std::this_thread::get_id() == thread_id_; }
+  uv_loop_t* uv() noexcept { return &loop_; }
+
+  // Any thread but the loop's. Runs `close_all` on the loop thread (it must
+  // close every handle the owner made), then drains the loop, closes it
+  // and joins. Returns uv_loop_close()'s result (0 when all was closed).
+  int shutdown(Task close_all);
+
+ private:
+  static void on_async(uv_async_t* handle);
+  void drain();
+
+  uv_loop_t loop_{};
+  uv_async_t async_{};
+  std::thread thread_;
+  std::thread::id thread_id_;
+  std::mutex mu_;
+  std::vector<Task> queue_;  // guarded by mu_
+  bool accepting_ = true;    // guarded by mu_
+  std::vector<Task> running_;  // loop thread only: swapped with queue_
+  int close_result_ = 0;
+};
+
+}  // namespace lockwatch::detail

@@ -1,0 +1,123 @@
+#include "lockwatch/options.hpp"
+
+#include <fmt/format.h>
+
+#include <cctype>
+#include <charconv>
+#include <cstdlib>
+
+#include "lockwatch/errors.hpp"
+
+namespace lockwatch {
+namespace {
+
+[[noreturn]] void bad_url(const std::string& url, const char* why) {
+  // The URL may hold a password: show only the part before any '@'.
+  std::string shown = url;
+  if (auto at = shown.rfind('@'); at != std::string::npos) shown = "redis://***@" + shown.substr(at + 1);
+  throw InvalidArgument(fmt::format("malformed Redis URL '{}': {}", shown, why));
+}
+
+int hex_value(char c) {
+  if (c >= '0' && c <= '9') return c - '0';
+  c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  if (c >= 'a' && c <= 'f') return c - 'a' + 10;
+  return -1;
+}
+
+std::string percent_decode(const std::string& url, std::string_view s) {
+  std::string out;
+  out.reserve(s.size());
+  for (std::size_t i = 0; i < s.size(); ++i) {
+    if (s[i] != '%') {
+      out.push_back(s[i]);
+      continue;
+    }
+    if (i + 2 >= s.size()) bad_url(url, "truncated %-escape");
+    int hi = hex_value(s[i + 1]);
+    int lo = hex_value(s[i + 2]);
+    if (hi < 0 || lo < 0) bad_url(url, "bad %-escape");
+    out.push_back(static_cast<char>(hi * 16 + lo));
+    i += 2;
+  }
+  return out;
+}
+
+bool parse_int(std::string_view s, int& out) {
+  if (s.empty()) return false;
+  auto [p, ec] = std::from_chars(s.data(), s.data() + s.size(), out);
+  return ec == std::errc() && p == s.data() + s.size();
+}
+
+}  // namespace
+
+Endpoint Endpoint::parse(const std::string& url) {
+  constexpr std::string_view kScheme = "redis://";
+  if (url.compare(0, kScheme.size(), kScheme) != 0) bad_url(url, "expected redis://[user:password@]host:port[/db]");
+  std::string_view rest(url);
+  rest.remove_prefix(kScheme.size());
+
+  Endpoint ep;
+  if (auto at = rest.rfind('@'); at != std::string_view::npos) {
+    std::string_view cred = rest.substr(0, at);
+    rest.remove_prefix(at + 1);
+    auto colon = cred.find(':');
+    if (colon == std::string_view::npos) {
+      ep.password = percent_decode(url, cred);  // redis://password@host
+    } else {
+      ep.user = percent_decode(url, cred.substr(0, colon));
+      ep.password = percent_decode(url, cred.substr(colon + 1));
+    }
+  }
+  std::string_view hostport = rest;
+  if (auto slash = rest.find('/'); slash != std::string_view::npos) {
+    hostport = rest.substr(0, slash);
+    std::string_view db = rest.substr(slash + 1);
+    if (!db.empty() && (!parse_int(db, ep.db) || ep.db < 0)) bad_url(url, "the database must be a number >= 0");
+  }
+  std::string_view host = hostport;
+  if (!hostport.empty() && hostport.front() == '[') {  // [::1]:6379
+    auto close = hostport.find(']');
+    if (close == std::string_view::npos) bad_url(url, "unclosed '[' in host");
+    host = hostport.substr(1, close - 1);
+    std::string_view after = hostport.substr(close + 1);
+    if (!after.empty()) {
+      if (after.front() != ':' || !parse_int(after.substr(1), ep.port)) bad_url(url, "bad port");
+    }
+  } else if (auto colon = hostport.rfind(':'); colon != std::string_view::npos) {
+    host = hostport.substr(0, colon);
+    if (!parse_int(hostport.substr(colon + 1), ep.port)) bad_url(url, "bad port");
+  }
+  if (host.empty()) bad_url(url, "no host");
+  if (ep.port <= 0 || ep.port > 65535) bad_url(url, "port out of range");
+  ep.host = std::string(host);
+  return ep;
+}
+
+std::string Endpoint::name() const {
+  if (host.find(':') != std::string::npos) return fmt::format("[{}]:{}", host, port);
+  return fmt::format("{}:{}", host, port);
+}
+
+Options Options::from_env() {
+  Options o;
+  if (const char* url = std::getenv("LOCKWATCH_REDIS_URL"); url && *url) o.redis_url = url;
+  return o;
+}
+
+void Options::validate() const {
+  (void)Endpoint::parse(redis_url);
+  if (tick < std::chrono::milliseconds(1)) throw InvalidArgument("Options::tick must be at least 1 ms");
+  if (wheel_size == 0 || wheel_size > (std::size_t{1} << 20))
+    throw InvalidArgument("Options::wheel_size must be in 1..1048576");
+  if (!(renew_weight > 0.0 && renew_weight < 1.0)) throw InvalidArgument("Options::renew_weight must be in (0, 1)");
+  if (!(drift_factor >= 0.0 && drift_factor < 0.5)) throw InvalidArgument("Options::drift_factor must be in [0, 0.5)");
+  if (drift_floor.count() < 0) throw InvalidArgument("Options::drift_floor must not be negative");
+  if (connect_timeout.count() <= 0 || command_timeout.count() <= 0)
+    throw InvalidArgument("Options::connect_timeout and command_timeout must be positive");
+  if (reconnect_min.count() <= 0 || reconnect_max < reconnect_min)
+    throw InvalidArgument("Options::reconnect_min must be positive and not above reconnect_max");
+  if (max_key_bytes == 0) throw InvalidArgument("Options::max_key_bytes must be positive");
+}
+
+}  // namespace lockwatch

@@ -1,0 +1,336 @@
+#include "redis_connection.hpp"
+
+#include <hiredis/adapters/libuv.h>
+
+#include <cstdio>
+#include <cstring>
+
+#include "lockwatch/errors.hpp"
+#include "loop.hpp"
+
+namespace lockwatch::detail {
+
+struct RedisConnection::Request {
+  RedisConnection* conn;
+  Queued q;
+};
+
+namespace {
+
+std::vector<const char*> argv_ptrs(const std::vector<std::string>& argv, std::vector<size_t>& lens) {
+  std::vector<const char*> ptrs;
+  ptrs.reserve(argv.size());
+  lens.clear();
+  lens.reserve(argv.size());
+  for (const auto& a : argv) {
+    ptrs.push_back(a.data());
+    lens.push_back(a.size());
+  }
+  return ptrs;
+}
+
+bool starts_with(const redisReply* r, const char* prefix) {
+  std::size_t n = std::strlen(prefix);
+  return r->str != nullptr && r->len >= n && std::memcmp(r->str, prefix, n) == 0;
+}
+
+// Callbacks cross C code: nothing may unwind through hiredis.
+template <class F>
+void guarded(F&& f) noexcept {
+  try {
+    f();
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "lockwatch: unexpected exception in a reply callback: %s\n", e.what());
+  } catch (...) {
+    std::fprintf(stderr, "lockwatch: unexpected exception in a reply callback\n");
+  }
+}
+
+}  // namespace
+
+RedisConnection::RedisConnection(Loop& loop, Endpoint endpoint, const Options& options, bool pubsub, Hooks hooks)
+    : loop_(loop),
+      endpoint_(std::move(endpoint)),
+      name_(endpoint_.name()),
+      options_(options),
+      pubsub_(pubsub),
+      hooks_(std::move(hooks)) {}
+
+RedisConnection::~RedisConnection() = default;
+
+void RedisConnection::start() {
+  uv_timer_init(loop_.uv(), &connect_timer_);
+  connect_timer_.data = this;
+  uv_timer_init(loop_.uv(), &check_timer_);
+  check_timer_.data = this;
+  connect();
+}
+
+void RedisConnection::connect() {
+  reconnect_scheduled_ = false;
+  auth_failed_ = false;
+  redisAsyncContext* ac = redisAsyncConnect(endpoint_.host.c_str(), endpoint_.port);
+  if (ac == nullptr || ac->err) {
+    std::string why = ac ? ac->errstr : "out of memory";
+    if (ac) redisAsyncFree(ac);
+    went_down(why);
+    return;
+  }
+  ac->data = this;
+  redisLibuvAttach(ac, loop_.uv());
+  redisAsyncSetConnectCallback(ac, &RedisConnection::on_connect);
+  redisAsyncSetDisconnectCallback(ac, &RedisConnection::on_disconnect);
+  ac_ = ac;
+  state_ = State::kConnecting;
+  uv_timer_start(&connect_timer_, &RedisConnection::on_connect_timeout,
+                 static_cast<uint64_t>(options_.connect_timeout.count()), 0);
+
+  // AUTH and SELECT go first in the pipeline; what waited follows at once.
+  if (!endpoint_.password.empty()) {
+    std::vector<std::string> auth{"AUTH"};
+    if (!endpoint_.user.empty()) auth.push_back(endpoint_.user);
+    auth.push_back(endpoint_.password);
+    std::vector<size_t> lens;
+    auto ptrs = argv_ptrs(auth, lens);
+    if (redisAsyncCommandArgv(ac_, &RedisConnection::on_auth, this, static_cast<int>(ptrs.size()), ptrs.data(),
+                              lens.data()) == REDIS_OK)
+      sent_at_.push_back(std::chrono::steady_clock::now());
+  }
+  if (endpoint_.db != 0 && !pubsub_) {
+    command({"SELECT", std::to_string(endpoint_.db)}, [](const redisReply*, std::exception_ptr) {});
+  }
+  if (pubsub_) {
+    for (const auto& ch : channels_) redisAsyncCommand(ac_, &RedisConnection::on_pubsub, this, "SUBSCRIBE %b", ch.data(), ch.size());
+  }
+  auto waiting = std::move(waiting_);
+  waiting_.clear();
+  for (auto& q : waiting) send(std::move(q));
+}
+
+void RedisConnection::command(std::vector<std::string> argv, ReplyCallback cb) {
+  send(Queued{std::move(argv), std::move(cb), nullptr});
+}
+
+void RedisConnection::eval(const Script& script, std::vector<std::string> keys_then_args, int num_keys,
+                           ReplyCallback cb) {
+  std::vector<std::string> argv;
+  argv.reserve(keys_then_args.size() + 3);
+  argv.emplace_back("EVALSHA");
+  argv.push_back(script.sha1);
+  argv.push_back(std::to_string(num_keys));
+  for (auto& a : keys_then_args) argv.push_back(std::move(a));
+  send(Queued{std::move(argv), std::move(cb), &script});
+}
+
+void RedisConnection::send(Queued q) {
+  if (state_ == State::kClosed) {
+    auto cb = std::move(q.cb);
+    cb(nullptr, std::make_exception_ptr(ConnectionError(name_, "connection closed")));
+    return;
+  }
+  if (ac_ == nullptr) {
+    waiting_.push_back(std::move(q));
+    if (!reconnect_scheduled_ && state_ == State::kDown) schedule_reconnect();
+    return;
+  }
+  auto* req = new Request{this, std::move(q)};
+  if (!submit(req)) {
+    // The context is being torn down (we are inside its failure callbacks):
+    // the request waits for the next connection instead.
+    waiting_.push_back(std::move(req->q));
+    delete req;
+  }
+}
+
+bool RedisConnection::submit(Request* req) {
+  std::vector<size_t> lens;
+  auto ptrs = argv_ptrs(req->q.argv, lens);
+  if (redisAsyncCommandArgv(ac_, &RedisConnection::on_reply, req, static_cast<int>(ptrs.size()), ptrs.data(),
+                            lens.data()) != REDIS_OK)
+    return false;
+  sent_at_.push_back(std::chrono::steady_clock::now());
+  start_timeout_check();
+  return true;
+}
+
+std::exception_ptr RedisConnection::error_for(const redisReply* r) const {
+  std::string msg(r->str ? r->str : "", r->str ? r->len : 0);
+  if (auth_failed_ || starts_with(r, "NOAUTH") || starts_with(r, "WRONGPASS"))
+    return std::make_exception_ptr(AuthError(name_, auth_failed_ ? auth_error_ : msg));
+  return std::make_exception_ptr(RedisError(name_, std::move(msg)));
+}
+
+void RedisConnection::on_reply(redisAsyncContext* ac, void* reply, void* privdata) {
+  auto* req = static_cast<Request*>(privdata);
+  RedisConnection* self = req->conn;
+  auto* r = static_cast<redisReply*>(reply);
+  if (!self->sent_at_.empty()) self->sent_at_.pop_front();
+  guarded([&] {
+    if (r == nullptr) {
+      // A failing context has copied its error by now; our own resets set
+      // last_error_ before freeing it.
+      std::string why = (ac != nullptr && ac->errstr[0] != '\0') ? std::string(ac->errstr) : self->last_error_;
+      req->q.cb(nullptr, std::make_exception_ptr(ConnectionError(self->name_, why)));
+    } else if (r->type == REDIS_REPLY_ERROR) {
+      if (req->q.script != nullptr && starts_with(r, "NOSCRIPT")) {
+        // The server lost its script cache (restart, SCRIPT FLUSH): EVAL
+        // runs the source and caches it again.
+        Queued q = std::move(req->q);
+        q.argv[0] = "EVAL";
+        q.argv[1] = std::string(q.script->source);
+        q.script = nullptr;
+        self->send(std::move(q));
+      } else {
+        req->q.cb(nullptr, self->error_for(r));
+      }
+    } else {
+      req->q.cb(r, nullptr);
+    }
+  });
+  delete req;
+}
+
+void RedisConnection::on_auth(redisAsyncContext*, void* reply, void* privdata) {
+  auto* self = static_cast<RedisConnection*>(privdata);
+  auto* r = static_cast<redisReply*>(reply);
+  if (!self->sent_at_.empty()) self->sent_at_.pop_front();
+  if (r != nullptr && r->type == REDIS_REPLY_ERROR) {
+    self->auth_failed_ = true;
+    self->auth_error_ = std::string(r->str, r->len);
+    self->last_error_ = "authentication failed: " + self->auth_error_;
+  }
+}
+
+void RedisConnection::on_pubsub(redisAsyncContext*, void* reply, void* privdata) {
+  auto* self = static_cast<RedisConnection*>(privdata);
+  auto* r = static_cast<redisReply*>(reply);
+  if (r == nullptr || r->type != REDIS_REPLY_ARRAY || r->elements < 2) return;
+  const redisReply* kind = r->element[0];
+  const redisReply* channel = r->element[1];
+  if (kind->type != REDIS_REPLY_STRING || channel->type != REDIS_REPLY_STRING) return;
+  if (self->hooks_.on_message)
+    guarded([&] {
+      self->hooks_.on_message(std::string_view(kind->str, kind->len), std::string_view(channel->str, channel->len));
+    });
+}
+
+void RedisConnection::on_connect(const redisAsyncContext* ac, int status) {
+  auto* self = static_cast<RedisConnection*>(ac->data);
+  if (self == nullptr || self->ac_ != ac) return;
+  uv_timer_stop(&self->connect_timer_);
+  if (status != REDIS_OK) {
+    // hiredis frees the context after this callback; pending callbacks
+    // have already been told.
+    self->ac_ = nullptr;
+    self->went_down(ac->errstr[0] ? ac->errstr : "connect failed");
+    return;
+  }
+  self->state_ = State::kConnected;
+  self->backoff_ = std::chrono::milliseconds(0);
+}
+
+void RedisConnection::on_disconnect(const redisAsyncContext* ac, int status) {
+  auto* self = static_cast<RedisConnection*>(ac->data);
+  if (self == nullptr || self->ac_ != ac) return;
+  self->ac_ = nullptr;
+  self->went_down(status == REDIS_OK ? "connection closed" : (ac->errstr[0] ? ac->errstr : "connection lost"));
+}
+
+void RedisConnection::went_down(const std::string& why) {
+  last_error_ = why;
+  sent_at_.clear();
+  if (state_ == State::kClosed) return;
+  state_ = State::kDown;
+  uv_timer_stop(&check_timer_);
+  if (hooks_.on_down) guarded([&] { hooks_.on_down(); });
+  // Whatever was queued for this attempt fails now: the caller learns
+  // within connect_timeout + back-off, never later.
+  fail_queued(why);
+  schedule_reconnect();
+}
+
+void RedisConnection::fail_queued(const std::string& why) {
+  auto waiting = std::move(waiting_);
+  waiting_.clear();
+  for (auto& q : waiting) {
+    guarded([&] { q.cb(nullptr, std::make_exception_ptr(ConnectionError(name_, why))); });
+  }
+}
+
+void RedisConnection::schedule_reconnect() {
+  if (state_ == State::kClosed || reconnect_scheduled_) return;
+  reconnect_scheduled_ = true;
+  backoff_ = backoff_.count() == 0 ? options_.reconnect_min : std::min(backoff_ * 2, options_.reconnect_max);
+  uv_timer_start(&connect_timer_, &RedisConnection::on_reconnect_timer, static_cast<uint64_t>(backoff_.count()), 0);
+}
+
+void RedisConnection::on_reconnect_timer(uv_timer_t* t) {
+  auto* self = static_cast<RedisConnection*>(t->data);
+  if (self->state_ == State::kClosed) return;
+  self->connect();
+}
+
+void RedisConnection::on_connect_timeout(uv_timer_t* t) {
+  auto* self = static_cast<RedisConnection*>(t->data);
+  if (self->state_ != State::kConnecting || self->ac_ == nullptr) return;
+  redisAsyncContext* ac = self->ac_;
+  self->ac_ = nullptr;
+  self->last_error_ = "connect timed out after " + std::to_string(self->options_.connect_timeout.count()) + " ms";
+  redisAsyncFree(ac);  // pending callbacks get null replies: ConnectionError
+  self->went_down(self->last_error_);
+}
+
+void RedisConnection::start_timeout_check() {
+  if (uv_is_active(reinterpret_cast<uv_handle_t*>(&check_timer_))) return;
+  auto period = std::max<uint64_t>(1, static_cast<uint64_t>(options_.command_timeout.count()) / 4);
+  uv_timer_start(&check_timer_, &RedisConnection::on_command_check, period, period);
+}
+
+void RedisConnection::on_command_check(uv_timer_t* t) {
+  auto* self = static_cast<RedisConnection*>(t->data);
+  if (self->sent_at_.empty() || self->ac_ == nullptr) {
+    uv_timer_stop(t);
+    return;
+  }
+  if (std::chrono::steady_clock::now() - self->sent_at_.front() < self->options_.command_timeout) return;
+  // Replies come in order: the oldest request is overdue, so the server (or
+  // the path to it) is not answering. Reset; everything pending fails.
+  redisAsyncContext* ac = self->ac_;
+  self->ac_ = nullptr;
+  self->last_error_ = "no reply within " + std::to_string(self->options_.command_timeout.count()) + " ms";
+  std::string why = self->last_error_;
+  ac->data = nullptr;  // our disconnect callback must not run for it
+  redisAsyncFree(ac);
+  self->went_down(why);
+}
+
+void RedisConnection::subscribe(const std::string& channel) {
+  if (!channels_.insert(channel).second) return;
+  if (ac_ != nullptr && state_ != State::kClosed)
+    redisAsyncCommand(ac_, &RedisConnection::on_pubsub, this, "SUBSCRIBE %b", channel.data(), channel.size());
+  else if (!reconnect_scheduled_ && state_ == State::kDown)
+    schedule_reconnect();
+}
+
+void RedisConnection::unsubscribe(const std::string& channel) {
+  if (channels_.erase(channel) == 0) return;
+  if (ac_ != nullptr && state_ == State::kConnected)
+    redisAsyncCommand(ac_, &RedisConnection::on_pubsub, this, "UNSUBSCRIBE %b", channel.data(), channel.size());
+}
+
+void RedisConnection::close() {
+  if (state_ == State::kClosed) return;
+  state_ = State::kClosed;
+  if (ac_ != nullptr) {
+    redisAsyncContext* ac = ac_;
+    ac_ = nullptr;
+    last_error_ = "connection closed";
+    redisAsyncFree(ac);
+  }
+  fail_queued("connection closed");
+  auto on_closed = [](uv_handle_t* h) { static_cast<RedisConnection*>(h->data)->closed_handles_++; };
+  uv_close(reinterpret_cast<uv_handle_t*>(&connect_timer_), on_closed);
+  uv_close(reinterpret_cast<uv_handle_t*>(&check_timer_), on_closed);
+}
+
+}  // namespace lockwatch::detail

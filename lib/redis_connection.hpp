@@ -1,0 +1,120 @@
+// lib/redis_connection.hpp: one hiredis async connection to one Redis
+// node, owned by the loop thread.
+//
+// Commands from anywhere in the runtime are pipelined on it (hiredis writes
+// what was queued in one loop iteration with one write). It connects with a
+// timeout, authenticates and selects the database before anything else,
+// reconnects with doubling back-off when the connection is lost, and fails
+// every request that cannot complete with a typed error: every callback runs
+// exactly once. Requests made while the connection is down wait for the next
+// connection attempt (bounded by the back-off and the connect timeout) and
+// fail if it fails. A request without a reply within command_timeout resets
+// the connection, so a server that stopped answering cannot hang anything.
+//
+// In pubsub mode the connection keeps a set of channels, resubscribes them
+// after every reconnect and reports every (un)subscribe confirmation and
+// message through Hooks::on_message.
+#pragma once
+
+#include <hiredis/async.h>
+#include <hiredis/hiredis.h>
+#include <uv.h>
+
+#include <chrono>
+#include <deque>
+#include <exception>
+#include <functional>
+#include <string>
+#include <unordered_set>
+#include <vector>
+
+#include "lockwatch/options.hpp"
+#include "scripts.hpp"
+
+namespace lockwatch::detail {
+
+class Loop;
+
+// `reply` is null exactly when `error` is set; a reply is valid only during
+// the callback. Error replies from Redis arrive as RedisError / AuthError.
+using ReplyCallback = std::function<void(const redisReply* reply, std::exception_ptr error)>;
+
+class RedisConnection {
+ public:
+  struct Hooks {
+    // Pubsub mode: kind is "subscribe", "unsubscribe" or "message".
+    std::function<void(std::string_view kind, std::string_view channel)> on_message;
+    // The connection went down (pubsub: every subscription is gone until
+    // the reconnect resubscribes).
+    std::function<void()> on_down;
+  };
+
+  RedisConnection(Loop& loop, Endpoint endpoint, const Options& options, bool pubsub, Hooks hooks = {});
+  ~RedisConnection();
+  RedisConnection(const RedisConnection&) = delete;
+  RedisConnection& operator=(const RedisConnection&) = delete;
+
+  // Loop thread only, from here on.
+  void start();
+  void command(std::vector<std::string> argv, ReplyCallback cb);
+  // EVALSHA, falling back to EVAL when the server answers NOSCRIPT.
+  void eval(const Script& script, std::vector<std::string> keys_then_args, int num_keys, ReplyCallback cb);
+  void subscribe(const std::string& channel);
+  void unsubscribe(const std::string& channel);
+  // Stops reconnecting, fails what is pending, closes the uv handles. The
+  // object may be destroyed once closed() is true.
+  void close();
+  bool closed() const noexcept { return closed_handles_ == 2; }
+  bool connected() const noexcept { return state_ == State::kConnected; }
+  const std::string& name() const noexcept { return name_; }
+  std::size_t in_flight() const noexcept { return sent_at_.size(); }
+
+ private:
+  enum class State { kDown, kConnecting, kConnected, kClosed };
+  struct Request;
+  struct Queued {
+    std::vector<std::string> argv;
+    ReplyCallback cb;
+    const Script* script;  // non-null: argv is an EVALSHA, retried as EVAL on NOSCRIPT
+  };
+
+  void connect();
+  void send(Queued q);
+  bool submit(Request* req);
+  void went_down(const std::string& why);
+  void schedule_reconnect();
+  void fail_queued(const std::string& why);
+  std::exception_ptr error_for(const redisReply* reply) const;
+  void start_timeout_check();
+
+  static void on_reply(redisAsyncContext* ac, void* reply, void* privdata);
+  static void on_pubsub(redisAsyncContext* ac, void* reply, void* privdata);
+  static void on_auth(redisAsyncContext* ac, void* reply, void* privdata);
+  static void on_connect(const redisAsyncContext* ac, int status);
+  static void on_disconnect(const redisAsyncContext* ac, int status);
+  static void on_connect_timeout(uv_timer_t* t);
+  static void on_reconnect_timer(uv_timer_t* t);
+  static void on_command_check(uv_timer_t* t);
+
+  Loop& loop_;
+  Endpoint endpoint_;
+  std::string name_;
+  const Options options_;
+  bool pubsub_;
+  Hooks hooks_;
+  State state_ = State::kDown;
+  redisAsyncContext* ac_ = nullptr;
+  uv_timer_t connect_timer_{};  // connect timeout, then reconnect back-off
+  uv_timer_t check_timer_{};    // command timeouts
+  int closed_handles_ = 0;
+  std::chrono::milliseconds backoff_{0};
+  std::string last_error_ = "not connected yet";
+  bool auth_failed_ = false;
+  std::string auth_error_;
+  bool reconnect_scheduled_ = false;
+  std::deque<Queued> waiting_;  // made while down: sent on the next attempt
+  std::deque<std::chrono::steady_clock::time_point> sent_at_;  // replies come in order
+  std::unordered_set<std::string> channels_;  // pubsub mode: wanted subscriptions
+};
+
+}  // namespace lockwatch::detail

@@ -1,0 +1,712 @@
+#include "lockwatch/runtime.hpp"
+
+#include <fmt/format.h>
+#include <uv.h>
+
+#include <algorithm>
+#include <condition_variable>
+#include <cstdio>
+#include <deque>
+#include <future>
+#include <mutex>
+#include <unordered_map>
+#include <unordered_set>
+
+#include "lease_record.hpp"
+#include "loop.hpp"
+#include "redis_connection.hpp"
+#include "scripts.hpp"
+#include "token.hpp"
+
+namespace lockwatch {
+
+using detail::LeaseRecord;
+using Clock = std::chrono::steady_clock;
+using std::chrono::milliseconds;
+
+Retries::Retries(int count) : count_(count) {
+  if (count < 0) throw InvalidArgument(fmt::format("retries must be >= 0 or lockwatch::forever, got {}", count));
+}
+
+namespace detail {
+
+// A call waiting to take its lock. Lives until it is granted or failed.
+struct Acquisition final : TimerTask {
+  Runtime::Impl* rt = nullptr;
+  LockSpec spec;
+  std::shared_ptr<Call> call;
+  std::string token;
+  std::string lock_key, fence_key, channel;
+  Clock::time_point started;
+  Timeout wait_timeout;
+  bool done = false;
+  bool inline_run = false;  // granted: hand the lease to the waiting thread
+  std::promise<std::shared_ptr<LeaseRecord>> granted;  // inline only
+  std::shared_ptr<std::promise<void>> finished;        // inline only
+
+  void run(Timeout) noexcept override;
+};
+
+// The in-process waiters for one key: only the head talks to Redis, the
+// rest queue behind it in arrival order, so a release wakes one caller.
+struct KeyWaiters final : TimerTask {
+  Runtime::Impl* rt = nullptr;
+  std::string channel;
+  std::deque<std::shared_ptr<Acquisition>> queue;
+  bool in_flight = false;    // the head's attempt awaits its reply
+  bool again = false;        // a wake-up came while it was in flight
+  bool subscribed = false;   // the release channel is confirmed
+  bool held_locally = false; // one of our leases holds it: our release wakes us
+  Timeout retry;             // the holder's ttl runs out
+
+  void run(Timeout) noexcept override;
+};
+
+}  // namespace detail
+
+using detail::Acquisition;
+using detail::KeyWaiters;
+
+struct Runtime::Impl {
+  explicit Impl(Options opts);
+
+  // Any thread.
+  void dispatch(detail::LockSpec spec, std::shared_ptr<detail::Call> call);
+  void call_done();
+  void stop();
+
+  // Loop thread.
+  void start_acquire(std::shared_ptr<Acquisition> a);
+  void attempt_once(std::shared_ptr<Acquisition> a);
+  void attempt_head(const std::string& channel);
+  void on_acquire_reply(std::shared_ptr<Acquisition> a, Clock::time_point sent, const redisReply* r,
+                        std::exception_ptr err, KeyWaiters* w);
+  void fail(const std::shared_ptr<Acquisition>& a, std::exception_ptr err);
+  void grant(const std::shared_ptr<Acquisition>& a, std::uint64_t fence, Clock::time_point sent);
+  void on_wait_expired(Acquisition* a);
+  void on_pubsub(std::string_view kind, std::string_view channel);
+  void maybe_forget(KeyWaiters* w);
+  void schedule(LeaseRecord& l, LeaseRecord::Phase phase, Clock::time_point at);
+  void on_lease_timer(LeaseRecord* l);
+  void send_renew(LeaseRecord* l);
+  void on_renew_reply(const std::shared_ptr<LeaseRecord>& l, Clock::time_point sent, const redisReply* r,
+                      std::exception_ptr err);
+  void lose(LeaseRecord* l, LostReason reason, std::string detail = {});
+  void work_done(const std::shared_ptr<LeaseRecord>& l);
+  void send_release(const std::shared_ptr<LeaseRecord>& l, std::function<void(bool freed)> then);
+  void finish_lease(const std::shared_ptr<LeaseRecord>& l);
+  void run_on_pool(const std::shared_ptr<LeaseRecord>& l);
+  void arm_wheel();
+  void begin_stop();
+  void close_all();
+
+  std::shared_ptr<LeaseRecord> shared(LeaseRecord* l) {
+    auto it = leases.find(l);
+    return it == leases.end() ? nullptr : it->second;
+  }
+
+  const Options options;
+  const Endpoint endpoint;
+  ThreadPool pool;
+  ThreadPool notifier{1};  // runs stop callbacks: user code never runs on the loop
+  detail::Loop loop;
+  TimerWheel wheel;
+  uv_timer_t wheel_timer{};
+  std::unique_ptr<detail::RedisConnection> conn;
+  std::unique_ptr<detail::RedisConnection> sub;
+  detail::TokenGenerator tokens;
+
+  // Loop thread only.
+  std::unordered_map<LeaseRecord*, std::shared_ptr<LeaseRecord>> leases;
+  std::unordered_map<std::string, std::unique_ptr<KeyWaiters>> waiters;  // by channel
+  std::unordered_set<std::shared_ptr<Acquisition>> single_attempts;      // wait == 0, reply pending
+
+  std::atomic<bool> stopping{false};
+  std::atomic<std::size_t> held{0};
+  std::mutex mu;
+  std::condition_variable cv;
+  std::size_t active_calls = 0;  // guarded by mu
+};
+
+namespace {
+
+std::chrono::milliseconds drift_for(const Options& o, milliseconds ttl) {
+  auto d = milliseconds(static_cast<milliseconds::rep>(static_cast<double>(ttl.count()) * o.drift_factor));
+  return d + o.drift_floor;
+}
+
+Clock::time_point after(Clock::time_point t, milliseconds ttl, double weight) {
+  return t + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double, std::milli>(
+                 static_cast<double>(ttl.count()) * weight));
+}
+
+std::string redis_key(const Options& o, const std::string& key) {
+  std::string out;
+  out.reserve(o.key_prefix.size() + key.size() + 2);
+  out += o.key_prefix;
+  out += '{';
+  out += key;
+  out += '}';
+  return out;
+}
+
+long long integer_at(const redisReply* r, std::size_t i) {
+  if (r == nullptr || r->type != REDIS_REPLY_ARRAY || r->elements <= i) return 0;
+  const redisReply* e = r->element[i];
+  return e->type == REDIS_REPLY_INTEGER ? e->integer : 0;
+}
+
+std::string what_of(std::exception_ptr e) {
+  try {
+    std::rethrow_exception(e);
+  } catch (const std::exception& ex) {
+    return ex.what();
+  } catch (...) {
+    return "unknown error";
+  }
+}
+
+}  // namespace
+
+void detail::Acquisition::run(Timeout) noexcept { rt->on_wait_expired(this); }
+void detail::KeyWaiters::run(Timeout) noexcept { rt->attempt_head(channel); }
+void detail::LeaseRecord::run(Timeout) noexcept { rt->on_lease_timer(this); }
+
+Runtime::Impl::Impl(Options opts)
+    : options(std::move(opts)),
+      endpoint(Endpoint::parse(options.redis_url)),
+      pool(options.threads),
+      wheel(TimerWheelOptions{std::chrono::duration_cast<std::chrono::nanoseconds>(options.tick), options.wheel_size,
+                              0}) {
+  std::promise<void> started;
+  auto ready = started.get_future();
+  loop.post([this, &started] {
+    wheel.bind_to_current_thread();
+    uv_timer_init(loop.uv(), &wheel_timer);
+    wheel_timer.data = this;
+    conn = std::make_unique<detail::RedisConnection>(loop, endpoint, options, false);
+    detail::RedisConnection::Hooks hooks;
+    hooks.on_message = [this](std::string_view kind, std::string_view channel) { on_pubsub(kind, channel); };
+    hooks.on_down = [this] {
+      for (auto& [ch, w] : waiters) w->subscribed = false;
+    };
+    sub = std::make_unique<detail::RedisConnection>(loop, endpoint, options, true, std::move(hooks));
+    conn->start();
+    sub->start();
+    started.set_value();
+  });
+  ready.wait();
+}
+
+// ---------------------------------------------------------------- dispatch
+
+void Runtime::Impl::dispatch(detail::LockSpec spec, std::shared_ptr<detail::Call> call) {
+  if (spec.key.empty()) throw InvalidArgument("lock key is empty");
+  if (spec.key.size() > options.max_key_bytes)
+    throw InvalidArgument(fmt::format("lock key is {} bytes; the limit (Options::max_key_bytes) is {}",
+                                      spec.key.size(), options.max_key_bytes));
+  if (spec.ttl <= milliseconds(0)) throw InvalidArgument(fmt::format("ttl must be positive, got {} ms", spec.ttl.count()));
+  if (spec.wait < milliseconds(0)) throw InvalidArgument("wait must not be negative");
+  if (spec.renew_weight == 0) spec.renew_weight = options.renew_weight;
+  if (!(spec.renew_weight > 0 && spec.renew_weight < 1))
+    throw InvalidArgument(fmt::format("renewal weight must be in (0, 1), got {}", spec.renew_weight));
+  // The renewal fires at ttl*weight, up to a tick late, and must be
+  // confirmed before the local deadline (ttl - drift).
+  auto margin = milliseconds(static_cast<milliseconds::rep>(static_cast<double>(spec.ttl.count()) * (1 - spec.renew_weight)));
+  auto needed = drift_for(options, spec.ttl) + 2 * options.tick + milliseconds(2);
+  if (margin < needed)
+    throw InvalidArgument(fmt::format(
+        "ttl {} ms is too short: renewing at {:.2f} of it leaves {} ms, but the tick ({} ms) and the drift "
+        "allowance need {} ms",
+        spec.ttl.count(), spec.renew_weight, margin.count(), options.tick.count(), needed.count()));
+
+  // Reentrant and nested calls run on this thread.
+  auto& held_here = detail::leases_on_this_thread();
+  for (auto it = held_here.rbegin(); it != held_here.rend(); ++it) {
+    if (it->rt == this && it->lease->key() == spec.key) {
+      LeaseRecord* l = it->lease;  // the scope below may move the vector
+      {
+        detail::ThreadLeaseScope scope(this, l);
+        call->run();
+      }
+      call->finish(l->lost() ? std::make_exception_ptr(LeaseLost(l->key(), *l->lost_reason(), l->lost_detail))
+                             : nullptr);
+      return;
+    }
+  }
+  bool nested = !held_here.empty();
+
+  {
+    std::lock_guard lk(mu);
+    if (stopping.load()) throw RuntimeStopped("lockwatch runtime is stopping");
+    ++active_calls;
+  }
+  auto a = std::make_shared<Acquisition>();
+  a->rt = this;
+  a->lock_key = redis_key(options, spec.key);
+  a->fence_key = a->lock_key + ":fence";
+  a->channel = a->lock_key + ":rel";
+  a->spec = std::move(spec);
+  a->call = std::move(call);
+  a->started = Clock::now();
+  a->inline_run = nested;
+  std::future<std::shared_ptr<LeaseRecord>> granted;
+  std::future<void> finished;
+  if (nested) {
+    granted = a->granted.get_future();
+    a->finished = std::make_shared<std::promise<void>>();
+    finished = a->finished->get_future();
+  }
+  if (!loop.post([this, a] { start_acquire(a); })) {
+    a->call->finish(std::make_exception_ptr(RuntimeStopped("lockwatch runtime is stopping")));
+    call_done();
+    return;
+  }
+  if (!nested) return;
+
+  // Nested call on another key: this thread waits for the lock (every
+  // acquisition completes: by reply, wait deadline or command timeout),
+  // runs the work itself, and returns once the lock is released.
+  std::shared_ptr<LeaseRecord> l = granted.get();
+  if (l) {
+    {
+      detail::ThreadLeaseScope scope(this, l.get());
+      l->call->run();
+    }
+    loop.post([this, l] { work_done(l); });
+  }
+  finished.wait();
+}
+
+void Runtime::Impl::call_done() {
+  std::lock_guard lk(mu);
+  if (--active_calls == 0) cv.notify_all();
+}
+
+// ------------------------------------------------------------- acquisition
+
+void Runtime::Impl::start_acquire(std::shared_ptr<Acquisition> a) {
+  if (stopping.load()) {
+    fail(a, std::make_exception_ptr(RuntimeStopped("lockwatch runtime is stopping")));
+    return;
+  }
+  a->token = tokens.next();
+  if (a->spec.wait == milliseconds(0)) {
+    attempt_once(std::move(a));
+    return;
+  }
+  auto& slot = waiters[a->channel];
+  if (!slot) {
+    slot = std::make_unique<KeyWaiters>();
+    slot->rt = this;
+    slot->channel = a->channel;
+  }
+  KeyWaiters* w = slot.get();
+  a->wait_timeout = wheel.new_timeout_at(*a, a->started + a->spec.wait);
+  arm_wheel();
+  w->queue.push_back(a);
+  if (w->queue.size() == 1) attempt_head(w->channel);
+}
+
+void Runtime::Impl::attempt_once(std::shared_ptr<Acquisition> a) {
+  single_attempts.insert(a);
+  auto sent = Clock::now();
+  conn->eval(detail::acquire_script(), {a->lock_key, a->fence_key, a->token, std::to_string(a->spec.ttl.count())}, 2,
+             [this, a, sent](const redisReply* r, std::exception_ptr err) {
+               single_attempts.erase(a);
+               on_acquire_reply(a, sent, r, err, nullptr);
+             });
+}
+
+void Runtime::Impl::attempt_head(const std::string& channel) {
+  auto it = waiters.find(channel);
+  if (it == waiters.end()) return;
+  KeyWaiters* w = it->second.get();
+  if (w->queue.empty() || w->held_locally) return;
+  if (w->in_flight) {
+    w->again = true;
+    return;
+  }
+  w->retry.cancel();
+  w->in_flight = true;
+  w->again = false;
+  auto a = w->queue.front();
+  auto sent = Clock::now();
+  conn->eval(detail::acquire_script(), {a->lock_key, a->fence_key, a->token, std::to_string(a->spec.ttl.count())}, 2,
+             [this, a, sent, w](const redisReply* r, std::exception_ptr err) {
+               w->in_flight = false;
+               on_acquire_reply(a, sent, r, err, w);
+             });
+}
+
+void Runtime::Impl::on_acquire_reply(std::shared_ptr<Acquisition> a, Clock::time_point sent, const redisReply* r,
+                                     std::exception_ptr err, KeyWaiters* w) {
+  bool taken = !err && integer_at(r, 0) == 1;
+  if (a->done) {
+    // Its wait ran out (or the runtime stopped) while the attempt was in
+    // flight: a lock taken now belongs to nobody, so give it back.
+    if (taken) {
+      conn->eval(detail::release_script(), {a->lock_key, a->token, a->channel}, 1,
+                 [](const redisReply*, std::exception_ptr) {});
+    }
+    if (w) {
+      attempt_head(w->channel);
+      maybe_forget(w);
+    }
+    return;
+  }
+  if (w && (w->queue.empty() || w->queue.front() != a)) return;  // cannot happen: the head stays until done
+  if (err || taken) {
+    if (w) w->queue.pop_front();
+    a->done = true;
+    a->wait_timeout.cancel();
+    if (err) {
+      fail(a, err);
+      if (w) attempt_head(w->channel);
+    } else {
+      if (w) w->held_locally = true;
+      grant(a, static_cast<std::uint64_t>(integer_at(r, 1)), sent);
+    }
+    if (w) maybe_forget(w);
+    return;
+  }
+  // Busy.
+  auto pttl = milliseconds(std::max<long long>(1, integer_at(r, 1)));
+  if (w == nullptr) {
+    a->done = true;
+    fail(a, std::make_exception_ptr(LockNotAcquired(
+                a->spec.key, std::chrono::duration_cast<milliseconds>(Clock::now() - a->started))));
+    return;
+  }
+  if (w->again) {
+    attempt_head(w->channel);
+    return;
+  }
+  if (!w->subscribed) {
+    // Subscribe, and try again once the subscription is confirmed: a
+    // release between this attempt and the subscription is not missed.
+    sub->subscribe(w->channel);
+  }
+  // Sleep until a release is published or the holder's ttl runs out (a
+  // holder that died never publishes).
+  w->retry = wheel.new_timeout_at(*w, Clock::now() + pttl + milliseconds(1));
+  arm_wheel();
+}
+
+void Runtime::Impl::on_pubsub(std::string_view kind, std::string_view channel) {
+  auto it = waiters.find(std::string(channel));
+  if (it == waiters.end()) return;
+  if (kind == "subscribe") {
+    it->second->subscribed = true;
+    attempt_head(it->first);
+  } else if (kind == "message") {
+    attempt_head(it->first);
+  }
+}
+
+void Runtime::Impl::on_wait_expired(Acquisition* raw) {
+  if (raw->done) return;
+  auto wit = waiters.find(raw->channel);
+  if (wit == waiters.end()) return;
+  KeyWaiters* w = wit->second.get();
+  auto pos = std::find_if(w->queue.begin(), w->queue.end(), [raw](const auto& p) { return p.get() == raw; });
+  if (pos == w->queue.end()) return;
+  auto a = *pos;
+  bool head_in_flight = (pos == w->queue.begin()) && w->in_flight;
+  a->done = true;
+  if (!head_in_flight) w->queue.erase(pos);
+  else w->queue.pop_front();  // its reply sees done and cleans up
+  fail(a, std::make_exception_ptr(
+              LockNotAcquired(a->spec.key, std::chrono::duration_cast<milliseconds>(Clock::now() - a->started))));
+  if (!head_in_flight) attempt_head(w->channel);
+  maybe_forget(w);
+}
+
+void Runtime::Impl::maybe_forget(KeyWaiters* w) {
+  if (!w->queue.empty() || w->in_flight) return;
+  w->retry.cancel();
+  sub->unsubscribe(w->channel);
+  waiters.erase(w->channel);
+}
+
+void Runtime::Impl::fail(const std::shared_ptr<Acquisition>& a, std::exception_ptr err) {
+  a->done = true;
+  a->wait_timeout.cancel();
+  a->call->finish(err);
+  if (a->inline_run) {
+    a->granted.set_value(nullptr);
+    a->finished->set_value();
+  }
+  call_done();
+}
+
+// ----------------------------------------------------------------- leases
+
+void Runtime::Impl::grant(const std::shared_ptr<Acquisition>& a, std::uint64_t fence, Clock::time_point sent) {
+  auto drift = drift_for(options, a->spec.ttl);
+  auto l = std::make_shared<LeaseRecord>(this, a->spec.key, fence, a->spec.ttl, sent + a->spec.ttl - drift);
+  l->call = a->call;
+  l->token = a->token;
+  l->lock_key = a->lock_key;
+  l->channel = a->channel;
+  l->retries = a->spec.retries;
+  l->weight = a->spec.renew_weight;
+  l->drift = drift;
+  l->last_sent = sent;
+  l->finished = a->finished;
+  leases.emplace(l.get(), l);
+  held.fetch_add(1, std::memory_order_relaxed);
+  if (l->retries != 0) {
+    schedule(*l, LeaseRecord::Phase::kRenewDue, after(sent, l->ttl(), l->weight));
+  } else {
+    schedule(*l, LeaseRecord::Phase::kExhausted, l->deadline());
+  }
+  if (stopping.load()) l->request_stop();
+  if (a->inline_run) {
+    a->granted.set_value(l);
+  } else {
+    run_on_pool(l);
+  }
+}
+
+void Runtime::Impl::run_on_pool(const std::shared_ptr<LeaseRecord>& l) {
+  try {
+    pool.post([this, l] {
+      {
+        detail::ThreadLeaseScope scope(this, l.get());
+        l->call->run();
+      }
+      loop.post([this, l] { work_done(l); });
+    });
+  } catch (...) {
+    // The pool refused (stopping): the work never ran; give the lock back.
+    l->mark_lost(LostReason::kRuntimeStopped);
+    work_done(l);
+  }
+}
+
+void Runtime::Impl::schedule(LeaseRecord& l, LeaseRecord::Phase phase, Clock::time_point at) {
+  l.phase = phase;
+  l.timeout = wheel.new_timeout_at(l, at);
+  arm_wheel();
+}
+
+void Runtime::Impl::on_lease_timer(LeaseRecord* l) {
+  if (l->work_finished) {
+    if (l->phase == LeaseRecord::Phase::kReleasing) {
+      // Release could not be confirmed; the key has expired by now.
+      if (auto sl = shared(l)) finish_lease(sl);
+    }
+    return;
+  }
+  auto now = Clock::now();
+  if (now >= l->deadline()) {
+    lose(l, l->phase == LeaseRecord::Phase::kExhausted ? LostReason::kRenewalsExhausted : LostReason::kRedisUnreachable,
+         l->lost_detail);
+    return;
+  }
+  switch (l->phase) {
+    case LeaseRecord::Phase::kRenewDue:
+    case LeaseRecord::Phase::kRetryDue:
+      send_renew(l);
+      break;
+    default:
+      schedule(*l, l->phase, l->deadline());
+      break;
+  }
+}
+
+void Runtime::Impl::send_renew(LeaseRecord* l) {
+  auto sl = shared(l);
+  auto sent = Clock::now();
+  l->last_sent = sent;
+  schedule(*l, LeaseRecord::Phase::kAwaitingReply, l->deadline());
+  conn->eval(detail::renew_script(), {l->lock_key, l->token, std::to_string(l->ttl().count())}, 1,
+             [this, sl, sent](const redisReply* r, std::exception_ptr err) { on_renew_reply(sl, sent, r, err); });
+}
+
+void Runtime::Impl::on_renew_reply(const std::shared_ptr<LeaseRecord>& l, Clock::time_point sent, const redisReply* r,
+                                   std::exception_ptr err) {
+  if (l->work_finished || l->lost()) return;
+  if (err) {
+    // Transient until the local deadline: one lost reply must not cost the
+    // lease, so try again a tick later.
+    l->lost_detail = what_of(err);
+    l->timeout.cancel();
+    auto next = std::min(Clock::now() + options.tick, l->deadline());
+    schedule(*l, LeaseRecord::Phase::kRetryDue, next);
+    return;
+  }
+  long long v = r->type == REDIS_REPLY_INTEGER ? r->integer : 0;
+  if (v == 0) {
+    lose(l.get(), LostReason::kExpired);
+    return;
+  }
+  if (v < 0) {
+    lose(l.get(), LostReason::kTakenByOther);
+    return;
+  }
+  l->timeout.cancel();
+  l->bump_renewals();
+  l->set_deadline(sent + l->ttl() - l->drift);
+  l->lost_detail.clear();
+  if (l->retries < 0 || static_cast<std::int64_t>(l->renewals()) < l->retries) {
+    schedule(*l, LeaseRecord::Phase::kRenewDue, after(sent, l->ttl(), l->weight));
+  } else {
+    schedule(*l, LeaseRecord::Phase::kExhausted, l->deadline());
+  }
+}
+
+void Runtime::Impl::lose(LeaseRecord* l, LostReason reason, std::string detail) {
+  if (!l->mark_lost(reason)) return;
+  l->timeout.cancel();
+  l->lost_detail = std::move(detail);
+  auto sl = shared(l);
+  // Stop callbacks are user code: run them off the loop.
+  try {
+    notifier.post([sl] { sl->request_stop(); });
+  } catch (...) {
+    sl->request_stop();
+  }
+}
+
+void Runtime::Impl::work_done(const std::shared_ptr<LeaseRecord>& l) {
+  l->work_finished = true;
+  l->timeout.cancel();
+  l->phase = LeaseRecord::Phase::kReleasing;
+  send_release(l, [this, l](bool freed) {
+    if (freed) {
+      finish_lease(l);
+      return;
+    }
+    // Unconfirmed: the key expires at most a ttl after our last request
+    // that could have extended it. Complete then, never earlier.
+    schedule(*l, LeaseRecord::Phase::kReleasing, std::max(Clock::now(), l->last_sent + l->ttl() + l->drift));
+  });
+}
+
+void Runtime::Impl::send_release(const std::shared_ptr<LeaseRecord>& l, std::function<void(bool)> then) {
+  conn->eval(detail::release_script(), {l->lock_key, l->token, l->channel}, 1,
+             [this, l, then = std::move(then)](const redisReply* r, std::exception_ptr err) {
+               if (err) {
+                 if (!l->lost()) l->lost_detail = "release not confirmed: " + what_of(err);
+                 then(false);
+                 return;
+               }
+               long long v = r->type == REDIS_REPLY_INTEGER ? r->integer : 0;
+               if (v == 0) lose(l.get(), LostReason::kExpired, "found at release");
+               if (v < 0) lose(l.get(), LostReason::kTakenByOther, "found at release");
+               then(true);
+             });
+}
+
+void Runtime::Impl::finish_lease(const std::shared_ptr<LeaseRecord>& l) {
+  l->timeout.cancel();
+  if (leases.erase(l.get()) == 0) return;
+  held.fetch_sub(1, std::memory_order_relaxed);
+  std::exception_ptr err;
+  if (auto reason = l->lost_reason(); reason && *reason != LostReason::kRuntimeStopped)
+    err = std::make_exception_ptr(LeaseLost(l->key(), *reason, l->lost_detail));
+  else if (reason)
+    err = std::make_exception_ptr(RuntimeStopped("lockwatch runtime stopped before the work could run"));
+  l->call->finish(err);
+  if (l->finished) l->finished->set_value();
+  // Our own waiters for this key go next, in the same pipeline as the
+  // release.
+  if (auto it = waiters.find(l->channel); it != waiters.end()) {
+    it->second->held_locally = false;
+    attempt_head(l->channel);
+  }
+  call_done();
+}
+
+// -------------------------------------------------------------- the wheel
+
+void Runtime::Impl::arm_wheel() {
+  if (uv_is_active(reinterpret_cast<uv_handle_t*>(&wheel_timer))) return;
+  auto tick = static_cast<uint64_t>(options.tick.count());
+  uv_timer_start(
+      &wheel_timer,
+      [](uv_timer_t* t) {
+        auto* self = static_cast<Impl*>(t->data);
+        self->wheel.advance();
+        if (self->wheel.pending() == 0) uv_timer_stop(t);
+      },
+      tick, tick);
+}
+
+// ---------------------------------------------------------------- teardown
+
+void Runtime::Impl::begin_stop() {
+  for (auto& [ch, w] : waiters) {
+    for (auto& a : w->queue) {
+      if (a->done) continue;
+      a->done = true;
+      fail(a, std::make_exception_ptr(RuntimeStopped("lockwatch runtime stopped while waiting for the lock")));
+    }
+    w->queue.clear();
+    w->retry.cancel();
+  }
+  for (auto& [raw, l] : leases) {
+    auto sl = l;
+    try {
+      notifier.post([sl] { sl->request_stop(); });
+    } catch (...) {
+      sl->request_stop();
+    }
+  }
+}
+
+void Runtime::Impl::close_all() {
+  wheel.stop();
+  uv_close(reinterpret_cast<uv_handle_t*>(&wheel_timer), nullptr);
+  conn->close();
+  sub->close();
+}
+
+void Runtime::Impl::stop() {
+  {
+    std::lock_guard lk(mu);
+    stopping.store(true);
+  }
+  loop.post([this] { begin_stop(); });
+  {
+    // In-flight acquisitions end by reply or command timeout; running work
+    // was asked to stop and is awaited.
+    std::unique_lock lk(mu);
+    cv.wait(lk, [this] { return active_calls == 0; });
+  }
+  pool.shutdown();
+  notifier.shutdown();
+  loop.shutdown([this] { close_all(); });
+  waiters.clear();
+  leases.clear();
+  conn.reset();
+  sub.reset();
+}
+
+// ------------------------------------------------------------------ public
+
+Runtime::Runtime(Options options) {
+  options.validate();
+  impl_ = std::make_unique<Impl>(std::move(options));
+}
+
+Runtime::~Runtime() {
+  if (impl_) impl_->stop();
+}
+
+Runtime& Runtime::default_runtime() {
+  static Runtime rt(Options::from_env());
+  return rt;
+}
+
+const Options& Runtime::options() const noexcept { return impl_->options; }
+ThreadPool& Runtime::pool() noexcept { return impl_->pool; }
+std::size_t Runtime::held_leases() const noexcept { return impl_->held.load(std::memory_order_relaxed); }
+
+void Runtime::dispatch(detail::LockSpec spec, std::shared_ptr<detail::Call> call) {
+  impl_->dispatch(std::move(spec), std::move(call));
+}
+
+}  // namespace lockwatch

@@ -1,0 +1,114 @@
+#include "scripts.hpp"
+
+#include <array>
+#include <cstdint>
+
+namespace lockwatch::detail {
+namespace {
+
+// EXISTS first: a busy lock must neither bump the fencing counter nor be
+// overwritten; a key without expiry is not ours (a user's key, or a lock
+// someone made by hand) and is reported instead of waited on forever.
+constexpr std::string_view kAcquire = R"lua(
+if redis.call('exists', KEYS[1]) == 1 then
+  local t = redis.call('pttl', KEYS[1])
+  if t < 0 then
+    return redis.error_reply('LOCKWATCH ' .. KEYS[1] .. ' exists without expiry: not a lockwatch lock')
+  end
+  return {0, t}
+end
+local f = redis.call('incr', KEYS[2])
+redis.call('set', KEYS[1], ARGV[1], 'PX', ARGV[2])
+return {1, f}
+)lua";
+
+constexpr std::string_view kRenew = R"lua(
+local v = redis.call('get', KEYS[1])
+if v == ARGV[1] then
+  redis.call('pexpire', KEYS[1], ARGV[2])
+  return 1
+end
+if v then return -1 end
+return 0
+)lua";
+
+constexpr std::string_view kRelease = R"lua(
+local v = redis.call('get', KEYS[1])
+if v == ARGV[1] then
+  redis.call('del', KEYS[1])
+  redis.call('publish', ARGV[2], '1')
+  return 1
+end
+if v then return -1 end
+return 0
+)lua";
+
+inline std::uint32_t rol(std::uint32_t x, int n) { return (x << n) | (x >> (32 - n)); }
+
+}  // namespace
+
+// FIPS 180-4 SHA-1; used only to name scripts for EVALSHA.
+std::string sha1_hex(std::string_view data) {
+  std::uint32_t h[5] = {0x67452301u, 0xEFCDAB89u, 0x98BADCFEu, 0x10325476u, 0xC3D2E1F0u};
+  std::string msg(data);
+  std::uint64_t bits = static_cast<std::uint64_t>(data.size()) * 8;
+  msg.push_back(static_cast<char>(0x80));
+  while (msg.size() % 64 != 56) msg.push_back('\0');
+  for (int i = 7; i >= 0; --i) msg.push_back(static_cast<char>((bits >> (i * 8)) & 0xff));
+  for (std::size_t off = 0; off < msg.size(); off += 64) {
+    std::uint32_t w[80];
+    for (int i = 0; i < 16; ++i) {
+      const auto* p = reinterpret_cast<const unsigned char*>(msg.data() + off + 4 * i);
+      w[i] = (std::uint32_t{p[0]} << 24) | (std::uint32_t{p[1]} << 16) | (std::uint32_t{p[2]} << 8) | p[3];
+    }
+    for (int i = 16; i < 80; ++i) w[i] = rol(w[i - 3] ^ w[i - 8] ^ w[i - 14] ^ w[i - 16], 1);
+    std::uint32_t a = h[0], b = h[1], c = h[2], d = h[3], e = h[4];
+    for (int i = 0; i < 80; ++i) {
+      std::uint32_t f, k;
+      if (i < 20) {
+        f = (b & c) | (~b & d);
+        k = 0x5A827999u;
+      } else if (i < 40) {
+        f = b ^ c ^ d;
+        k = 0x6ED9EBA1u;
+      } else if (i < 60) {
+        f = (b & c) | (b & d) | (c & d);
+        k = 0x8F1BBCDCu;
+      } else {
+        f = b ^ c ^ d;
+        k = 0xCA62C1D6u;
+      }
+      std::uint32_t t = rol(a, 5) + f + e + k + w[i];
+      e = d;
+      d = c;
+      c = rol(b, 30);
+      b = a;
+      a = t;
+    }
+    h[0] += a;
+    h[1] += b;
+    h[2] += c;
+    h[3] += d;
+    h[4] += e;
+  }
+  static constexpr char kHex[] = "0123456789abcdef";
+  std::string out;
+  for (std::uint32_t v : h)
+    for (int i = 28; i >= 0; i -= 4) out.push_back(kHex[(v >> i) & 15]);
+  return out;
+}
+
+const Script& acquire_script() {
+  static const Script s{kAcquire, sha1_hex(kAcquire)};
+  return s;
+}
+const Script& renew_script() {
+  static const Script s{kRenew, sha1_hex(kRenew)};
+  return s;
+}
+const Script& release_script() {
+  static const Script s{kRelease, sha1_hex(kRelease)};
+  return s;
+}
+
+}  // namespace lockwatch::detail

@@ -1,0 +1,31 @@
+// lib/scripts.hpp: the Lua scripts that make up the lock protocol, with
+// their SHA-1 so they run by EVALSHA (falling back to EVAL on NOSCRIPT).
+//
+// Keys of one lock share a hash tag, `<prefix>{<key>}`, so they stay on one
+// Redis Cluster slot: the lock itself, `...:fence` (the fencing counter,
+// never expiring, so tokens keep rising across holders) and the release
+// channel `...:rel`.
+#pragma once
+
+#include <string>
+#include <string_view>
+
+namespace lockwatch::detail {
+
+struct Script {
+  std::string_view source;
+  std::string sha1;  // 40 lowercase hex characters
+};
+
+// KEYS: lock, fence. ARGV: token, ttl ms.
+// Returns {1, fencing token} when taken, {0, pttl} when busy.
+const Script& acquire_script();
+// KEYS: lock. ARGV: token, ttl ms. Returns 1 renewed, 0 gone, -1 other owner.
+const Script& renew_script();
+// KEYS: lock. ARGV: token, channel. Returns 1 released (and published),
+// 0 gone, -1 other owner.
+const Script& release_script();
+
+std::string sha1_hex(std::string_view data);
+
+}  // namespace lockwatch::detail

@@ -1,0 +1,133 @@
+// The pool's state lives in a shared_ptr held by the pool and by every worker,
+// so that a worker detached by a destructor running on that very worker can
+// still finish safely after the ThreadPool object is gone.
+#include "lockwatch/thread_pool.hpp"
+
+#include <algorithm>
+#include <condition_variable>
+#include <deque>
+#include <mutex>
+#include <thread>
+#include <vector>
+
+#include "lockwatch/errors.hpp"
+
+namespace lockwatch {
+
+struct ThreadPool::State {
+  std::mutex mutex_;
+  std::condition_variable wake_;
+  std::deque<detail::UniqueFunction> queue_;  // guarded by mutex_
+  bool stopping_ = false;                     // guarded by mutex_
+
+  // Serialises joining, so that concurrent shutdown() calls do not join the
+  // same std::thread twice. Pool threads never take it while they could be
+  // waited for (see shutdown()), which keeps joins free of cycles.
+  std::mutex join_mutex_;
+  std::vector<std::thread> threads_;  // guarded by join_mutex_
+};
+
+namespace {
+
+// The pool the current thread works for, or null. A pointer rather than a
+// bool so that shutdown() can tell its own workers from another pool's.
+thread_local const void* t_current_pool = nullptr;
+
+}  // namespace
+
+ThreadPool::ThreadPool(std::size_t threads)
+    : state_(std::make_shared<State>()),
+      size_(threads != 0 ? threads
+                         : std::max<std::size_t>(1, std::thread::hardware_concurrency())) {
+  std::lock_guard join_lock(state_->join_mutex_);
+  state_->threads_.reserve(size_);
+  try {
+    for (std::size_t i = 0; i < size_; ++i) {
+      state_->threads_.emplace_back([state = state_] { run_worker(state); });
+    }
+  } catch (...) {
+    // Stop the workers that did start before reporting the failure.
+    {
+      std::lock_guard lock(state_->mutex_);
+      state_->stopping_ = true;
+    }
+    state_->wake_.notify_all();
+    for (std::thread& t : state_->threads_) t.join();
+    throw;
+  }
+}
+
+ThreadPool::~ThreadPool() {
+  if (t_current_pool != state_.get()) {
+    shutdown();
+    return;
+  }
+  // Destroyed from one of our own tasks: join every other worker, detach
+  // this one; it finishes on the shared state once the current task returns.
+  {
+    std::lock_guard lock(state_->mutex_);
+    state_->stopping_ = true;
+  }
+  state_->wake_.notify_all();
+  std::lock_guard join_lock(state_->join_mutex_);
+  for (std::thread& t : state_->threads_) {
+    if (!t.joinable()) continue;
+    if (t.get_id() == std::this_thread::get_id()) {
+      t.detach();
+    } else {
+      t.join();
+    }
+  }
+}
+
+void ThreadPool::post(detail::UniqueFunction task) {
+  if (!task) throw InvalidArgument("ThreadPool::post: empty task");
+  {
+    std::lock_guard lock(state_->mutex_);
+    if (state_->stopping_) throw RuntimeStopped("ThreadPool: shut down, no new work accepted");
+    state_->queue_.push_back(std::move(task));
+  }
+  state_->wake_.notify_one();
+}
+
+void ThreadPool::shutdown() noexcept {
+  {
+    std::lock_guard lock(state_->mutex_);
+    state_->stopping_ = true;
+  }
+  state_->wake_.notify_all();
+  // A worker of this pool must not wait for the pool: it would wait for
+  // itself. The destructor joins later.
+  if (t_current_pool == state_.get()) return;
+  std::lock_guard join_lock(state_->join_mutex_);
+  for (std::thread& t : state_->threads_) {
+    if (t.joinable()) t.join();
+  }
+}
+
+std::size_t ThreadPool::size() const noexcept { return size_; }
+
+bool ThreadPool::on_pool_thread() noexcept { return t_current_pool != nullptr; }
+
+void ThreadPool::run_worker(std::shared_ptr<State> state) {
+  t_current_pool = state.get();
+  for (;;) {
+    detail::UniqueFunction task;
+    {
+      std::unique_lock lock(state->mutex_);
+      state->wake_.wait(lock, [&] { return state->stopping_ || !state->queue_.empty(); });
+      // Stopping only ends the loop once the queue is drained.
+      if (state->queue_.empty()) break;
+      task = std::move(state->queue_.front());
+      state->queue_.pop_front();
+    }
+    try {
+      task();
+    } catch (...) {
+      // Documented: a posted task's exception is dropped; submit() keeps it
+      // in the future instead.
+    }
+  }
+}
+
+}  // namespace lockwatch

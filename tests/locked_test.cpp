@@ -1,0 +1,398 @@
+// The LOCKED decorator end to end against a real redis-server.
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <set>
+#include <thread>
+#include <vector>
+
+#include "lockwatch/lockwatch.hpp"
+#include "scripts.hpp"
+#include "test_util.hpp"
+
+namespace lockwatch::testing {
+namespace {
+
+class LockedTest : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    server_ = new RedisServer();
+    // LOCKED without .on() uses the process-wide runtime, made from this.
+    ::setenv("LOCKWATCH_REDIS_URL", server_->url().c_str(), 1);
+  }
+  static void TearDownTestSuite() {
+    delete server_;
+    server_ = nullptr;
+  }
+  void SetUp() override { rt_ = std::make_unique<Runtime>(options_for(*server_)); }
+  void TearDown() override { rt_.reset(); }
+
+  // A key unique to the running test.
+  std::string key(const std::string& suffix = "") const {
+    auto* info = ::testing::UnitTest::GetInstance()->current_test_info();
+    return std::string(info->name()) + suffix;
+  }
+
+  static RedisServer* server_;
+  std::unique_ptr<Runtime> rt_;
+};
+RedisServer* LockedTest::server_ = nullptr;
+
+int free_function(int a, int b) { return a * b; }
+
+struct Multiplier {
+  int factor;
+  int operator()(int x) const { return x * factor; }
+};
+
+class Account {
+ public:
+  long withdraw(int id, long amount) {
+    last_key = this_lease().key();
+    balance -= amount;
+    (void)id;
+    return balance;
+  }
+  long balance = 1000;
+  std::string last_key;
+};
+
+TEST_F(LockedTest, RunsTheCallableAndReturnsItsResult) {
+  std::thread::id caller = std::this_thread::get_id();
+  std::thread::id ran_on;
+  auto f = locked("sku:{0}", 5s, 3).on(*rt_)([&](int sku, int qty) {
+    ran_on = std::this_thread::get_id();
+    return sku * 10 + qty;
+  });
+  auto fut = f(42, 1);
+  EXPECT_EQ(get_bounded(fut), 421);
+  EXPECT_NE(ran_on, caller);
+}
+
+TEST_F(LockedTest, MacroDecoratesALambdaWithTheDefaultSyntax) {
+  auto f = LOCKED("sku:{0}:{1}", 5s, 3)[&](int, const std::string& who) { return this_lease().key() + "/" + who; };
+  // Bind to this test's runtime through the builder form too.
+  auto g = locked("sku:{0}:{1}", 5s, 3).on(*rt_)([&](int sku, const std::string& who) {
+    return this_lease().key() + "/" + who + std::to_string(sku);
+  });
+  auto fut = g(42, std::string("ann"));
+  EXPECT_EQ(get_bounded(fut), "sku:42:ann/ann42");
+  EXPECT_EQ(f.key_for(7, std::string("bob")), "sku:7:bob");
+  auto fut2 = f(7, std::string("bob"));
+  EXPECT_EQ(get_bounded(fut2), "sku:7:bob/bob");
+}
+
+TEST_F(LockedTest, ReleasesTheLockBeforeTheFutureIsReady) {
+  std::string k = key();
+  auto f = locked([&] { return k; }, 5s, 3).on(*rt_)([&] {
+    EXPECT_TRUE(exists(*server_, k));
+    return 1;
+  });
+  for (int i = 0; i < 20; ++i) {
+    auto fut = f();
+    ASSERT_EQ(get_bounded(fut), 1);
+    ASSERT_FALSE(exists(*server_, k)) << "iteration " << i;
+  }
+}
+
+TEST_F(LockedTest, ExceptionsPropagateAndTheLockIsStillReleased) {
+  std::string k = key();
+  auto f = locked([&] { return k; }, 5s, 3).on(*rt_)([]() -> int { throw std::logic_error("boom"); });
+  auto fut = f();
+  auto err = error_of<std::logic_error>(fut);
+  ASSERT_TRUE(err);
+  EXPECT_STREQ(err->what(), "boom");
+  EXPECT_FALSE(exists(*server_, k));
+}
+
+TEST_F(LockedTest, MemberFunctionKeyUsesTheFirstDeclaredParameter) {
+  Account account;
+  auto withdraw = locked("acct:{0}", 2s, forever).on(*rt_)(&Account::withdraw);
+  auto fut = withdraw(account, 7, 100);
+  EXPECT_EQ(get_bounded(fut), 900);
+  EXPECT_EQ(account.balance, 900);  // the object was used by reference
+  EXPECT_EQ(account.last_key, "acct:7");
+  auto by_pointer = withdraw(&account, 8, 50);
+  EXPECT_EQ(get_bounded(by_pointer), 850);
+  EXPECT_EQ(account.last_key, "acct:8");
+}
+
+TEST_F(LockedTest, FunctionPointersAndFunctionObjectsWork) {
+  auto mul = locked("mul:{0}", 2s, 1).on(*rt_)(&free_function);
+  auto fut = mul(6, 7);
+  EXPECT_EQ(get_bounded(fut), 42);
+  auto times3 = locked("times:{0}", 2s, 1).on(*rt_)(Multiplier{3});
+  auto fut2 = times3(5);
+  EXPECT_EQ(get_bounded(fut2), 15);
+}
+
+TEST_F(LockedTest, KeyCanBeAFunctionOrAConstant) {
+  auto by_fn = locked([](int a, int b) { return "sum:" + std::to_string(a + b); }, 2s, 1).on(*rt_)([](int, int) {
+    return this_lease().key();
+  });
+  auto fut = by_fn(2, 3);
+  EXPECT_EQ(get_bounded(fut), "sum:5");
+  auto constant = locked("nightly-job", 2s, 1).on(*rt_)([] { return this_lease().key(); });
+  auto fut2 = constant();
+  EXPECT_EQ(get_bounded(fut2), "nightly-job");
+}
+
+TEST_F(LockedTest, BusyLockFailsAtOnceWithLockNotAcquired) {
+  std::string k = key();
+  Gate gate, started;
+  auto hold = locked([&] { return k; }, 5s, forever).on(*rt_)([&] {
+    started.open();
+    gate.wait();
+  });
+  auto held = hold();
+  ASSERT_TRUE(started.wait());
+  auto other = locked([&] { return k; }, 5s, forever).on(*rt_)([] { return 1; });
+  auto fut = other();
+  auto err = error_of<LockNotAcquired>(fut);
+  ASSERT_TRUE(err);
+  EXPECT_EQ(err->key(), k);
+  EXPECT_EQ(err->waited(), 0ms);
+  gate.open();
+  get_bounded(held);
+}
+
+TEST_F(LockedTest, WaitingWakesOnReleaseNotOnTtl) {
+  std::string k = key();
+  Gate gate, started;
+  // Two runtimes: the waiter learns of the release through Redis pub/sub,
+  // not through an in-process hand-off.
+  Runtime other(options_for(*server_));
+  auto hold = locked([&] { return k; }, 10s, forever).on(*rt_)([&] {
+    started.open();
+    gate.wait();
+  });
+  auto held = hold();
+  ASSERT_TRUE(started.wait());
+  auto waiter = locked([&] { return k; }, 10s, forever).on(other).wait(15s)([] { return this_lease().fencing_token(); });
+  auto waited = waiter();
+  EXPECT_EQ(waited.wait_for(100ms), std::future_status::timeout);  // really waiting
+  auto released_at = std::chrono::steady_clock::now();
+  gate.open();
+  get_bounded(held);
+  auto token = get_bounded(waited);
+  auto wake = std::chrono::steady_clock::now() - released_at;
+  EXPECT_GT(token, 0u);
+  // The holder's ttl was 10 s: a wake-up within 2 s came from the release.
+  EXPECT_LT(wake, 2s);
+}
+
+TEST_F(LockedTest, WaitRunsOutWithLockNotAcquired) {
+  std::string k = key();
+  Gate gate, started;
+  auto hold = locked([&] { return k; }, 5s, forever).on(*rt_)([&] {
+    started.open();
+    gate.wait();
+  });
+  auto held = hold();
+  ASSERT_TRUE(started.wait());
+  auto waiter = locked([&] { return k; }, 5s, forever).on(*rt_).wait(200ms)([] { return 1; });
+  auto t0 = std::chrono::steady_clock::now();
+  auto fut = waiter();
+  auto err = error_of<LockNotAcquired>(fut);
+  ASSERT_TRUE(err);
+  EXPECT_GE(err->waited(), 200ms);
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, 3s);
+  gate.open();
+  get_bounded(held);
+}
+
+TEST_F(LockedTest, ExactCountUnderContentionFromThreadsAndRuntimes) {
+  std::string k = key();
+  constexpr int kRuntimes = 3, kThreads = 3, kCalls = 15;
+  std::vector<std::unique_ptr<Runtime>> runtimes;
+  for (int i = 0; i < kRuntimes; ++i) runtimes.push_back(std::make_unique<Runtime>(options_for(*server_, 2)));
+  std::atomic<int> inside{0}, overlaps{0}, done{0};
+  std::atomic<std::uint64_t> last_token{0};
+  std::atomic<int> token_regressions{0};
+  std::vector<std::thread> threads;
+  for (int r = 0; r < kRuntimes; ++r) {
+    for (int t = 0; t < kThreads; ++t) {
+      threads.emplace_back([&, r] {
+        auto inc = locked([&] { return k; }, 2s, forever).on(*runtimes[r]).wait(30s)([&] {
+          if (inside.fetch_add(1) != 0) overlaps++;
+          auto token = this_lease().fencing_token();
+          if (token <= last_token.load()) token_regressions++;
+          last_token = token;
+          std::this_thread::sleep_for(1ms);  // the critical section's work
+          inside.fetch_sub(1);
+          done++;
+        });
+        for (int i = 0; i < kCalls; ++i) {
+          auto f = inc();
+          get_bounded(f);
+        }
+      });
+    }
+  }
+  for (auto& t : threads) t.join();
+  EXPECT_EQ(done.load(), kRuntimes * kThreads * kCalls);
+  EXPECT_EQ(overlaps.load(), 0);
+  EXPECT_EQ(token_regressions.load(), 0);
+}
+
+TEST_F(LockedTest, FencingTokensIncreaseAcrossRuntimes) {
+  std::string k = key();
+  Runtime other(options_for(*server_));
+  auto a = locked([&] { return k; }, 2s, 0).on(*rt_)([] { return this_lease().fencing_token(); });
+  auto b = locked([&] { return k; }, 2s, 0).on(other)([] { return this_lease().fencing_token(); });
+  std::uint64_t last = 0;
+  for (int i = 0; i < 10; ++i) {
+    auto f = i % 2 ? a() : b();
+    auto t = get_bounded(f);
+    EXPECT_GT(t, last);
+    last = t;
+  }
+}
+
+TEST_F(LockedTest, OnlyTheOwnerCanReleaseOrRenew) {
+  std::string k = key();
+  Gate gate, started;
+  auto hold = locked([&] { return k; }, 5s, forever).on(*rt_)([&] {
+    started.open();
+    gate.wait();
+  });
+  auto held = hold();
+  ASSERT_TRUE(started.wait());
+  std::string lk = lock_key(k);
+  auto rel = server_->command({"EVAL", std::string(detail::release_script().source), "1", lk, "not-the-owner", lk + ":rel"});
+  EXPECT_EQ(rel.integer, -1);
+  auto ren = server_->command({"EVAL", std::string(detail::renew_script().source), "1", lk, "not-the-owner", "100"});
+  EXPECT_EQ(ren.integer, -1);
+  EXPECT_TRUE(exists(*server_, k));
+  EXPECT_GT(server_->command({"PTTL", lk}).integer, 1000);  // the wrong owner's 100 ms did not apply
+  gate.open();
+  get_bounded(held);
+  EXPECT_FALSE(exists(*server_, k));
+}
+
+TEST_F(LockedTest, WorkLastingFiveTtlsKeepsItsLock) {
+  std::string k = key();
+  auto f = locked([&] { return k; }, 300ms, forever).on(*rt_)([&] {
+    auto until = std::chrono::steady_clock::now() + 1500ms;
+    std::int64_t min_pttl = 1 << 30;
+    while (std::chrono::steady_clock::now() < until) {
+      min_pttl = std::min<std::int64_t>(min_pttl, server_->command({"PTTL", lock_key(k)}).integer);
+      std::this_thread::sleep_for(20ms);  // sampling period
+    }
+    EXPECT_FALSE(this_lease().lost());
+    return std::make_pair(min_pttl, this_lease().renewals());
+  });
+  auto fut = f();
+  auto [min_pttl, renewals] = get_bounded(fut);
+  EXPECT_GT(min_pttl, 0);  // never expired
+  EXPECT_GE(renewals, 4u);
+}
+
+TEST_F(LockedTest, SpentRetriesTriggerTheStopTokenAndLeaseLost) {
+  std::string k = key();
+  std::atomic<bool> saw_stop{false};
+  auto t0 = std::chrono::steady_clock::now();
+  auto f = locked([&] { return k; }, 300ms, 1).on(*rt_)([&] {
+    auto stop = this_lease().stop_token();
+    auto until = std::chrono::steady_clock::now() + 5s;
+    while (!stop.stop_requested() && std::chrono::steady_clock::now() < until) std::this_thread::sleep_for(5ms);
+    saw_stop = stop.stop_requested();
+    return 7;  // returned after the loss: must not reach the caller
+  });
+  auto fut = f();
+  auto err = error_of<LeaseLost>(fut);
+  ASSERT_TRUE(err);
+  EXPECT_EQ(err->reason(), LostReason::kRenewalsExhausted);
+  EXPECT_TRUE(saw_stop);
+  // One renewal at 270 ms extends to ~570 ms minus drift.
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, 2s);
+}
+
+TEST_F(LockedTest, NoRenewalIsSentAfterTheWorkEnds) {
+  std::string k = key();
+  auto f = locked([&] { return k; }, 300ms, forever).on(*rt_)([] { std::this_thread::sleep_for(700ms); });
+  auto fut = f();
+  get_bounded(fut);
+  EXPECT_EQ(rt_->held_leases(), 0u);
+  auto calls = [&] {
+    auto info = server_->command({"INFO", "commandstats"}).str;
+    auto pos = info.find("cmdstat_evalsha:calls=");
+    return pos == std::string::npos ? 0L : std::atol(info.c_str() + pos + 22);
+  };
+  long before = calls();
+  std::this_thread::sleep_for(700ms);  // two renewal periods of observation
+  EXPECT_EQ(calls(), before);
+}
+
+TEST_F(LockedTest, ReentrantCallRunsInlineWithoutTouchingRedis) {
+  Options o = options_for(*server_, 1);  // one pool thread: nesting must not need a second
+  Runtime rt(o);
+  std::string k = key();
+  auto inner = locked([&] { return k; }, 2s, forever).on(rt)([] {
+    return std::make_pair(std::this_thread::get_id(), this_lease().fencing_token());
+  });
+  auto other_key = locked([&] { return k + "-other"; }, 2s, forever).on(rt)([] {
+    return std::make_pair(std::this_thread::get_id(), this_lease().fencing_token());
+  });
+  auto outer = locked([&] { return k; }, 2s, forever).on(rt)([&] {
+    auto same = inner();
+    EXPECT_EQ(same.wait_for(0s), std::future_status::ready);
+    auto [tid, token] = same.get();
+    EXPECT_EQ(tid, std::this_thread::get_id());
+    EXPECT_EQ(token, this_lease().fencing_token());
+    auto nested = other_key();
+    EXPECT_EQ(nested.wait_for(0s), std::future_status::ready);
+    auto [tid2, token2] = nested.get();
+    EXPECT_EQ(tid2, std::this_thread::get_id());
+    EXPECT_GT(token2, 0u);
+    EXPECT_EQ(this_lease().key(), k);  // back to the outer lease
+    return true;
+  });
+  auto fut = outer();
+  EXPECT_TRUE(get_bounded(fut));
+  EXPECT_FALSE(exists(*server_, k + "-other"));
+}
+
+TEST_F(LockedTest, ThisLeaseOutsideALockedCallThrows) {
+  EXPECT_THROW(this_lease(), NoActiveLease);
+  EXPECT_EQ(current_lease(), nullptr);
+}
+
+TEST_F(LockedTest, RemainingShrinksAndIsRefreshedByRenewal) {
+  auto f = locked("remaining", 1s, forever).on(*rt_)([] {
+    auto first = this_lease().remaining();
+    return first;
+  });
+  auto fut = f();
+  auto first = get_bounded(fut);
+  EXPECT_GT(first, 800ms);
+  EXPECT_LE(first, 1000ms);
+}
+
+TEST_F(LockedTest, RuntimeDestructionStopsCleanly) {
+  std::string k = key();
+  auto rt = std::make_unique<Runtime>(options_for(*server_));
+  Gate started;
+  std::atomic<bool> stop_seen{false};
+  auto hold = locked([&] { return k; }, 5s, forever).on(*rt)([&] {
+    started.open();
+    auto stop = this_lease().stop_token();
+    auto until = std::chrono::steady_clock::now() + kBound;
+    while (!stop.stop_requested() && std::chrono::steady_clock::now() < until) std::this_thread::sleep_for(2ms);
+    stop_seen = stop.stop_requested();
+    return 5;
+  });
+  auto held = hold();
+  ASSERT_TRUE(started.wait());
+  auto waiter = locked([&] { return k; }, 5s, forever).on(*rt).wait(30s)([] { return 1; });
+  auto waiting = waiter();
+  EXPECT_EQ(waiting.wait_for(50ms), std::future_status::timeout);
+  rt.reset();  // must return: running work is asked to stop
+  EXPECT_TRUE(stop_seen);
+  EXPECT_EQ(get_bounded(held), 5);
+  EXPECT_TRUE(error_of<RuntimeStopped>(waiting));
+  EXPECT_FALSE(exists(*server_, k));
+}
+
+}  // namespace
+}  // namespace lockwatch::testing

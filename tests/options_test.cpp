@@ -1,0 +1,139 @@
+// Pure logic: URL parsing, option checks, key patterns, script names.
+#include <gtest/gtest.h>
+
+#include <set>
+
+#include "lockwatch/lockwatch.hpp"
+#include "scripts.hpp"
+#include "token.hpp"
+
+namespace lockwatch {
+namespace {
+
+using namespace std::chrono_literals;
+
+TEST(EndpointTest, ParsesEveryPartOfARedisUrl) {
+  auto ep = Endpoint::parse("redis://alice:s%40cret@example.org:6380/3");
+  EXPECT_EQ(ep.user, "alice");
+  EXPECT_EQ(ep.password, "s@cret");
+  EXPECT_EQ(ep.host, "example.org");
+  EXPECT_EQ(ep.port, 6380);
+  EXPECT_EQ(ep.db, 3);
+  EXPECT_EQ(ep.name(), "example.org:6380");
+}
+
+TEST(EndpointTest, DefaultsAndPasswordOnlyForms) {
+  auto ep = Endpoint::parse("redis://127.0.0.1");
+  EXPECT_EQ(ep.port, 6379);
+  EXPECT_EQ(ep.db, 0);
+  EXPECT_TRUE(ep.password.empty());
+  auto pw = Endpoint::parse("redis://:pw@localhost:7000");
+  EXPECT_EQ(pw.user, "");
+  EXPECT_EQ(pw.password, "pw");
+  auto v6 = Endpoint::parse("redis://[::1]:7001/0");
+  EXPECT_EQ(v6.host, "::1");
+  EXPECT_EQ(v6.port, 7001);
+  EXPECT_EQ(v6.name(), "[::1]:7001");
+}
+
+TEST(EndpointTest, MalformedUrlsAreRejectedWithoutShowingThePassword) {
+  for (const char* bad : {"", "http://x:1", "redis://", "redis://:1", "redis://h:0", "redis://h:70000", "redis://h:x",
+                          "redis://h:1/db", "redis://[::1", "redis://u:p%zz@h:1"}) {
+    EXPECT_THROW(Endpoint::parse(bad), InvalidArgument) << bad;
+  }
+  try {
+    Endpoint::parse("redis://user:topsecret@host:notaport");
+    FAIL();
+  } catch (const InvalidArgument& e) {
+    EXPECT_EQ(std::string(e.what()).find("topsecret"), std::string::npos) << e.what();
+  }
+}
+
+TEST(OptionsTest, ValidateRejectsOutOfRangeFields) {
+  Options o;
+  EXPECT_NO_THROW(o.validate());
+  auto bad = [](auto mutate) {
+    Options x;
+    mutate(x);
+    EXPECT_THROW(x.validate(), InvalidArgument);
+  };
+  bad([](Options& x) { x.tick = 0ms; });
+  bad([](Options& x) { x.wheel_size = 0; });
+  bad([](Options& x) { x.renew_weight = 1.0; });
+  bad([](Options& x) { x.renew_weight = 0.0; });
+  bad([](Options& x) { x.connect_timeout = 0ms; });
+  bad([](Options& x) { x.redis_url = "nope"; });
+  EXPECT_THROW(Runtime(Options{.redis_url = "redis://h:99999"}), InvalidArgument);
+}
+
+TEST(OptionsTest, FromEnvReadsTheRedisUrl) {
+  ::setenv("LOCKWATCH_REDIS_URL", "redis://10.0.0.9:7777", 1);
+  EXPECT_EQ(Options::from_env().redis_url, "redis://10.0.0.9:7777");
+  ::unsetenv("LOCKWATCH_REDIS_URL");
+  EXPECT_EQ(Options::from_env().redis_url, "redis://127.0.0.1:6379");
+}
+
+TEST(BuilderTest, RejectsBadTtlRetriesWeightAndWait) {
+  EXPECT_THROW(locked("k", 0ms, 1), InvalidArgument);
+  EXPECT_THROW(locked("k", -5s, 1), InvalidArgument);
+  EXPECT_THROW(locked("k", 1s, -1), InvalidArgument);
+  EXPECT_THROW(locked("k", 1s, 1).renew_weight(0.0), InvalidArgument);
+  EXPECT_THROW(locked("k", 1s, 1).renew_weight(1.0), InvalidArgument);
+  EXPECT_THROW(locked("k", 1s, 1).renew_weight(1.5), InvalidArgument);
+  EXPECT_THROW(locked("k", 1s, 1).wait(-1ms), InvalidArgument);
+  EXPECT_NO_THROW(locked("k", 1s, forever).renew_weight(0.5).wait(0ms));
+}
+
+struct Opaque {};
+
+TEST(KeyPatternTest, FormatsReferencedArguments) {
+  auto f = LOCKED("order:{0}:{1}", 1s, 0)[](int id, const std::string& who) { return id + who.size(); };
+  EXPECT_EQ(f.key_for(7, std::string("ann")), "order:7:ann");
+  auto auto_index = LOCKED("a{}b{}", 1s, 0)[](int, int) {};
+  EXPECT_EQ(auto_index.key_for(1, 2), "a1b2");
+  auto braces = LOCKED("{{lit}}:{0}", 1s, 0)[](int) {};
+  EXPECT_EQ(braces.key_for(3), "{lit}:3");
+  // An unformattable argument is fine while the pattern does not use it.
+  auto opaque = LOCKED("job:{0}", 1s, 0)[](int, Opaque) {};
+  EXPECT_EQ(opaque.key_for(5, Opaque{}), "job:5");
+}
+
+TEST(KeyPatternTest, RuntimePatternsReportErrorsAsInvalidArgument) {
+  std::string pattern = "job:{1}";
+  auto missing = locked(pattern, 1s, 0)([](int) {});
+  EXPECT_THROW(missing.key_for(1), InvalidArgument);
+  auto opaque = locked(std::string("job:{1}"), 1s, 0)([](int, Opaque) {});
+  EXPECT_THROW(opaque.key_for(1, Opaque{}), InvalidArgument);
+  auto broken = locked(std::string("job:{0"), 1s, 0)([](int) {});
+  EXPECT_THROW(broken.key_for(1), InvalidArgument);
+}
+
+TEST(KeyPatternTest, MemberFunctionKeysSkipTheObject) {
+  struct Acct {
+    int withdraw(int id, int amount) { return id + amount; }
+  };
+  auto w = LOCKED("acct:{0}", 1s, 0) &Acct::withdraw;
+  Acct a;
+  EXPECT_EQ(w.key_for(a, 7, 100), "acct:7");
+}
+
+TEST(ScriptsTest, Sha1MatchesKnownVectors) {
+  EXPECT_EQ(detail::sha1_hex(""), "da39a3ee5e6b4b0d3255bfef95601890afd80709");
+  EXPECT_EQ(detail::sha1_hex("abc"), "a9993e364706816aba3e25717850c26c9cd0d89d");
+  EXPECT_EQ(detail::sha1_hex("abcdbcdecdefdefgefghfghighijhijkijkljklmklmnlmnomnopnopq"),
+            "84983e441c3bd26ebaae4aa1f95129e5e54670f1");
+}
+
+TEST(TokenTest, TokensAre128BitHexAndDistinct) {
+  detail::TokenGenerator gen;
+  std::set<std::string> seen;
+  for (int i = 0; i < 10000; ++i) {
+    auto t = gen.next();
+    ASSERT_EQ(t.size(), 32u);
+    ASSERT_EQ(t.find_first_not_of("0123456789abcdef"), std::string::npos);
+    ASSERT_TRUE(seen.insert(t).second);
+  }
+}
+
+}  // namespace
+}  // namespace lockwatch

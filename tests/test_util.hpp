@@ -1,0 +1,78 @@
+// Helpers shared by the Redis-backed tests.
+#pragma once
+
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <future>
+#include <memory>
+#include <string>
+
+#include "lockwatch/lockwatch.hpp"
+#include "support/redis_server.hpp"
+
+namespace lockwatch::testing {
+
+using namespace std::chrono_literals;
+
+// Every wait in the tests is bounded by this; a failure is a finding, not
+// a hang.
+inline constexpr auto kBound = 20s;
+
+inline Options options_for(const RedisServer& server, std::size_t threads = 4) {
+  Options o;
+  o.redis_url = server.url();
+  o.threads = threads;
+  return o;
+}
+
+// The Redis key lockwatch uses for `key` with the default prefix.
+inline std::string lock_key(const std::string& key) { return "lockwatch:{" + key + "}"; }
+
+inline bool exists(const RedisServer& server, const std::string& key) {
+  return server.command({"EXISTS", lock_key(key)}).integer == 1;
+}
+
+// A one-shot gate a test opens to let held work finish.
+class Gate {
+ public:
+  void open() {
+    if (!opened_) {
+      opened_ = true;
+      p_.set_value();
+    }
+  }
+  // Waits at most kBound; returns whether the gate opened.
+  bool wait() const { return f_.wait_for(kBound) == std::future_status::ready; }
+
+ private:
+  std::promise<void> p_;
+  std::shared_future<void> f_ = p_.get_future().share();
+  bool opened_ = false;
+};
+
+template <class T>
+T get_bounded(std::future<T>& f) {
+  if (f.wait_for(kBound) != std::future_status::ready) {
+    ADD_FAILURE() << "future not ready within the bound";
+    throw std::runtime_error("future not ready within the bound");
+  }
+  return f.get();
+}
+
+// Runs `f` and returns the exception of type E it threw through the future.
+template <class E, class T>
+std::unique_ptr<E> error_of(std::future<T>& f) {
+  try {
+    get_bounded(f);
+  } catch (const E& e) {
+    return std::make_unique<E>(e);
+  } catch (const std::exception& e) {
+    ADD_FAILURE() << "unexpected exception: " << e.what();
+    return nullptr;
+  }
+  ADD_FAILURE() << "no exception";
+  return nullptr;
+}
+
+}  // namespace lockwatch::testing
