@@ -49,6 +49,7 @@ struct LeaseRecord final : Lease, TimerTask {
   Clock::time_point last_sent;  // the latest request that may have extended the key
   std::string lost_detail;
   bool work_finished = false;
+  bool is_handle = false;  // held through a LockHandle, not by running work
   std::shared_ptr<std::promise<void>> finished;  // inline calls wait on it
 };
 

@@ -73,6 +73,7 @@ void RedisConnection::connect() {
   if (ac == nullptr || ac->err) {
     std::string why = ac ? ac->errstr : "out of memory";
     if (ac) redisAsyncFree(ac);
+    fail_queued(why);  // they were waiting for this attempt
     went_down(why);
     return;
   }
@@ -243,9 +244,9 @@ void RedisConnection::went_down(const std::string& why) {
   state_ = State::kDown;
   uv_timer_stop(&check_timer_);
   if (hooks_.on_down) guarded([&] { hooks_.on_down(); });
-  // Whatever was queued for this attempt fails now: the caller learns
-  // within connect_timeout + back-off, never later.
-  fail_queued(why);
+  // What was sent on the dead context has failed through its callbacks;
+  // what those callbacks queued since waits for the next attempt, and fails
+  // if that one fails: a caller learns within back-off + connect_timeout.
   schedule_reconnect();
 }
 

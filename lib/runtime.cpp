@@ -30,6 +30,33 @@ Retries::Retries(int count) : count_(count) {
 
 namespace detail {
 
+// The call behind a LockHandle: no work, two outcomes (acquired, released).
+class HandleCall final : public Call {
+ public:
+  void run() noexcept override {}
+  void finish(std::exception_ptr error) noexcept override {
+    try {
+      if (!granted) {
+        acquired.set_exception(error ? error : std::make_exception_ptr(RuntimeStopped("lockwatch runtime stopped")));
+      } else if (error) {
+        released.set_exception(error);
+      } else {
+        released.set_value();
+      }
+    } catch (...) {
+    }
+  }
+  std::promise<LockHandle> acquired;
+  std::promise<void> released;
+  bool granted = false;  // loop thread
+};
+
+struct HandleState {
+  std::weak_ptr<Runtime::Impl> rt;
+  std::shared_ptr<LeaseRecord> lease;
+  std::shared_ptr<HandleCall> call;
+};
+
 // A call waiting to take its lock. Lives until it is granted or failed.
 struct Acquisition final : TimerTask {
   Runtime::Impl* rt = nullptr;
@@ -41,6 +68,7 @@ struct Acquisition final : TimerTask {
   Timeout wait_timeout;
   bool done = false;
   bool inline_run = false;  // granted: hand the lease to the waiting thread
+  std::shared_ptr<HandleCall> handle;  // Runtime::acquire: granted makes a LockHandle
   std::promise<std::shared_ptr<LeaseRecord>> granted;  // inline only
   std::shared_ptr<std::promise<void>> finished;        // inline only
 
@@ -58,6 +86,7 @@ struct KeyWaiters final : TimerTask {
   bool subscribed = false;   // the release channel is confirmed
   bool held_locally = false; // one of our leases holds it: our release wakes us
   Timeout retry;             // the holder's ttl runs out
+  std::exception_ptr connection_error;  // the head's last attempt could not reach Redis
 
   void run(Timeout) noexcept override;
 };
@@ -67,11 +96,18 @@ struct KeyWaiters final : TimerTask {
 using detail::Acquisition;
 using detail::KeyWaiters;
 
-struct Runtime::Impl {
+struct HandleAccess {
+  static LockHandle make(std::shared_ptr<detail::HandleState> state) { return LockHandle(std::move(state)); }
+};
+
+struct Runtime::Impl : std::enable_shared_from_this<Runtime::Impl> {
   explicit Impl(Options opts);
 
   // Any thread.
+  void validate(detail::LockSpec& spec) const;
+  std::shared_ptr<Acquisition> make_acquisition(detail::LockSpec spec, std::shared_ptr<detail::Call> call);
   void dispatch(detail::LockSpec spec, std::shared_ptr<detail::Call> call);
+  std::future<LockHandle> acquire(detail::LockSpec spec);
   void call_done();
   void stop();
 
@@ -156,6 +192,18 @@ long long integer_at(const redisReply* r, std::size_t i) {
   return e->type == REDIS_REPLY_INTEGER ? e->integer : 0;
 }
 
+bool is_connection_error(std::exception_ptr e) {
+  try {
+    std::rethrow_exception(e);
+  } catch (const AuthError&) {
+    return false;
+  } catch (const ConnectionError&) {
+    return true;
+  } catch (...) {
+    return false;
+  }
+}
+
 std::string what_of(std::exception_ptr e) {
   try {
     std::rethrow_exception(e);
@@ -200,7 +248,7 @@ Runtime::Impl::Impl(Options opts)
 
 // ---------------------------------------------------------------- dispatch
 
-void Runtime::Impl::dispatch(detail::LockSpec spec, std::shared_ptr<detail::Call> call) {
+void Runtime::Impl::validate(detail::LockSpec& spec) const {
   if (spec.key.empty()) throw InvalidArgument("lock key is empty");
   if (spec.key.size() > options.max_key_bytes)
     throw InvalidArgument(fmt::format("lock key is {} bytes; the limit (Options::max_key_bytes) is {}",
@@ -219,23 +267,10 @@ void Runtime::Impl::dispatch(detail::LockSpec spec, std::shared_ptr<detail::Call
         "ttl {} ms is too short: renewing at {:.2f} of it leaves {} ms, but the tick ({} ms) and the drift "
         "allowance need {} ms",
         spec.ttl.count(), spec.renew_weight, margin.count(), options.tick.count(), needed.count()));
+}
 
-  // Reentrant and nested calls run on this thread.
-  auto& held_here = detail::leases_on_this_thread();
-  for (auto it = held_here.rbegin(); it != held_here.rend(); ++it) {
-    if (it->rt == this && it->lease->key() == spec.key) {
-      LeaseRecord* l = it->lease;  // the scope below may move the vector
-      {
-        detail::ThreadLeaseScope scope(this, l);
-        call->run();
-      }
-      call->finish(l->lost() ? std::make_exception_ptr(LeaseLost(l->key(), *l->lost_reason(), l->lost_detail))
-                             : nullptr);
-      return;
-    }
-  }
-  bool nested = !held_here.empty();
-
+std::shared_ptr<Acquisition> Runtime::Impl::make_acquisition(detail::LockSpec spec,
+                                                             std::shared_ptr<detail::Call> call) {
   {
     std::lock_guard lk(mu);
     if (stopping.load()) throw RuntimeStopped("lockwatch runtime is stopping");
@@ -249,6 +284,42 @@ void Runtime::Impl::dispatch(detail::LockSpec spec, std::shared_ptr<detail::Call
   a->spec = std::move(spec);
   a->call = std::move(call);
   a->started = Clock::now();
+  return a;
+}
+
+std::future<LockHandle> Runtime::Impl::acquire(detail::LockSpec spec) {
+  validate(spec);
+  auto call = std::make_shared<detail::HandleCall>();
+  auto future = call->acquired.get_future();
+  auto a = make_acquisition(std::move(spec), call);
+  a->handle = call;
+  if (!loop.post([this, a] { start_acquire(a); })) {
+    a->call->finish(std::make_exception_ptr(RuntimeStopped("lockwatch runtime is stopping")));
+    call_done();
+  }
+  return future;
+}
+
+void Runtime::Impl::dispatch(detail::LockSpec spec, std::shared_ptr<detail::Call> call) {
+  validate(spec);
+
+  // Reentrant and nested calls run on this thread.
+  auto& held_here = detail::leases_on_this_thread();
+  for (auto it = held_here.rbegin(); it != held_here.rend(); ++it) {
+    if (it->rt == this && it->lease->key() == spec.key) {
+      LeaseRecord* l = it->lease;  // the scope below may move the vector
+      {
+        detail::ThreadLeaseScope scope(this, l);
+        call->run();
+      }
+      // lost_detail belongs to the loop thread: the reason alone here.
+      call->finish(l->lost() ? std::make_exception_ptr(LeaseLost(l->key(), *l->lost_reason())) : nullptr);
+      return;
+    }
+  }
+  bool nested = !held_here.empty();
+
+  auto a = make_acquisition(std::move(spec), std::move(call));
   a->inline_run = nested;
   std::future<std::shared_ptr<LeaseRecord>> granted;
   std::future<void> finished;
@@ -356,6 +427,15 @@ void Runtime::Impl::on_acquire_reply(std::shared_ptr<Acquisition> a, Clock::time
     return;
   }
   if (w && (w->queue.empty() || w->queue.front() != a)) return;  // cannot happen: the head stays until done
+  if (w && err && is_connection_error(err)) {
+    // A waiter keeps its place through a connection blip: the next attempt
+    // queues for the reconnect. Its wait deadline still bounds it, and then
+    // it reports this error rather than a busy lock.
+    w->connection_error = err;
+    attempt_head(w->channel);
+    return;
+  }
+  if (w) w->connection_error = nullptr;
   if (err || taken) {
     if (w) w->queue.pop_front();
     a->done = true;
@@ -416,8 +496,9 @@ void Runtime::Impl::on_wait_expired(Acquisition* raw) {
   a->done = true;
   if (!head_in_flight) w->queue.erase(pos);
   else w->queue.pop_front();  // its reply sees done and cleans up
-  fail(a, std::make_exception_ptr(
-              LockNotAcquired(a->spec.key, std::chrono::duration_cast<milliseconds>(Clock::now() - a->started))));
+  fail(a, w->connection_error ? w->connection_error
+                              : std::make_exception_ptr(LockNotAcquired(
+                                    a->spec.key, std::chrono::duration_cast<milliseconds>(Clock::now() - a->started))));
   if (!head_in_flight) attempt_head(w->channel);
   maybe_forget(w);
 }
@@ -462,7 +543,15 @@ void Runtime::Impl::grant(const std::shared_ptr<Acquisition>& a, std::uint64_t f
     schedule(*l, LeaseRecord::Phase::kExhausted, l->deadline());
   }
   if (stopping.load()) l->request_stop();
-  if (a->inline_run) {
+  if (a->handle) {
+    l->is_handle = true;
+    a->handle->granted = true;
+    auto state = std::make_shared<detail::HandleState>();
+    state->rt = weak_from_this();
+    state->lease = l;
+    state->call = a->handle;
+    a->handle->acquired.set_value(HandleAccess::make(std::move(state)));
+  } else if (a->inline_run) {
     a->granted.set_value(l);
   } else {
     run_on_pool(l);
@@ -571,6 +660,7 @@ void Runtime::Impl::lose(LeaseRecord* l, LostReason reason, std::string detail) 
 }
 
 void Runtime::Impl::work_done(const std::shared_ptr<LeaseRecord>& l) {
+  if (l->work_finished) return;
   l->work_finished = true;
   l->timeout.cancel();
   l->phase = LeaseRecord::Phase::kReleasing;
@@ -647,7 +737,9 @@ void Runtime::Impl::begin_stop() {
     w->queue.clear();
     w->retry.cancel();
   }
+  std::vector<std::shared_ptr<LeaseRecord>> handles;
   for (auto& [raw, l] : leases) {
+    if (l->is_handle) handles.push_back(l);
     auto sl = l;
     try {
       notifier.post([sl] { sl->request_stop(); });
@@ -655,6 +747,8 @@ void Runtime::Impl::begin_stop() {
       sl->request_stop();
     }
   }
+  // Nobody may be left to release a handle: the runtime gives them back.
+  for (auto& l : handles) work_done(l);
 }
 
 void Runtime::Impl::close_all() {
@@ -689,7 +783,51 @@ void Runtime::Impl::stop() {
 
 Runtime::Runtime(Options options) {
   options.validate();
-  impl_ = std::make_unique<Impl>(std::move(options));
+  impl_ = std::make_shared<Impl>(std::move(options));
+}
+
+std::future<LockHandle> Runtime::acquire(std::string key, std::chrono::milliseconds ttl, Retries retries,
+                                         std::chrono::milliseconds wait) {
+  detail::LockSpec spec;
+  spec.key = std::move(key);
+  spec.ttl = ttl;
+  spec.retries = retries.count();
+  spec.wait = wait;
+  return impl_->acquire(std::move(spec));
+}
+
+// ------------------------------------------------------------- LockHandle
+
+LockHandle& LockHandle::operator=(LockHandle&& other) noexcept {
+  if (this != &other) {
+    if (state_) (void)release();
+    state_ = std::move(other.state_);
+  }
+  return *this;
+}
+
+LockHandle::~LockHandle() {
+  if (state_) {
+    try {
+      (void)release();
+    } catch (...) {
+    }
+  }
+}
+
+const Lease& LockHandle::lease() const noexcept { return *state_->lease; }
+
+std::future<void> LockHandle::release() {
+  if (!state_) throw InvalidArgument("LockHandle::release() on a handle that holds no lock");
+  auto state = std::move(state_);
+  auto future = state->call->released.get_future();
+  if (auto rt = state->rt.lock()) {
+    auto l = state->lease;
+    Runtime::Impl* impl = rt.get();
+    // Refused only once the runtime closed, after it released the lock.
+    impl->loop.post([impl, l] { impl->work_done(l); });
+  }
+  return future;
 }
 
 Runtime::~Runtime() {

@@ -88,6 +88,9 @@ class Store {
   redisContext* c_ = nullptr;
 };
 
+// One connection per pool thread, made on first use there.
+thread_local std::unique_ptr<Store> store;
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -100,7 +103,6 @@ int main(int argc, char** argv) {
     auto endpoint = lockwatch::Endpoint::parse(args.redis);
     std::string counter_key = "counter:" + args.key;
 
-    thread_local std::unique_ptr<Store> store;
     auto increment = lockwatch::locked("counter:{0}", 2s, lockwatch::forever).on(runtime).wait(30s)(
         [&](const std::string& /*name*/) {
           if (!store) store = std::make_unique<Store>(endpoint);

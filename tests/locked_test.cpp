@@ -394,5 +394,52 @@ TEST_F(LockedTest, RuntimeDestructionStopsCleanly) {
   EXPECT_FALSE(exists(*server_, k));
 }
 
+
+TEST_F(LockedTest, LockHandleHoldsUntilReleased) {
+  std::string k = key();
+  auto acquiring = rt_->acquire(k, 2s);
+  LockHandle h = get_bounded(acquiring);
+  ASSERT_TRUE(h);
+  EXPECT_EQ(h.lease().key(), k);
+  EXPECT_GT(h.lease().fencing_token(), 0u);
+  EXPECT_TRUE(exists(*server_, k));
+  auto second = rt_->acquire(k, 2s);
+  EXPECT_TRUE(error_of<LockNotAcquired>(second));
+  auto released = h.release();
+  get_bounded(released);
+  EXPECT_FALSE(h);
+  EXPECT_FALSE(exists(*server_, k));
+  EXPECT_THROW(h.release(), InvalidArgument);
+}
+
+TEST_F(LockedTest, LockHandleIsRenewedAndItsDestructorReleases) {
+  std::string k = key();
+  {
+    auto acquiring = rt_->acquire(k, 300ms);
+    LockHandle h = get_bounded(acquiring);
+    // Wait for two renewals, bounded.
+    auto until = std::chrono::steady_clock::now() + kBound;
+    while (h.lease().renewals() < 2 && std::chrono::steady_clock::now() < until) std::this_thread::sleep_for(10ms);
+    EXPECT_GE(h.lease().renewals(), 2u);
+    EXPECT_FALSE(h.lease().lost());
+  }
+  // The destructor does not wait: a waiter sees the lock come free.
+  auto again = rt_->acquire(k, 300ms, forever, 5s);
+  LockHandle h2 = get_bounded(again);
+  EXPECT_TRUE(h2);
+}
+
+TEST_F(LockedTest, DestroyingTheRuntimeReleasesHandlesStillHeld) {
+  std::string k = key();
+  auto rt = std::make_unique<Runtime>(options_for(*server_));
+  auto acquiring = rt->acquire(k, 5s);
+  LockHandle h = get_bounded(acquiring);
+  rt.reset();
+  EXPECT_TRUE(h.lease().stop_token().stop_requested());
+  EXPECT_FALSE(exists(*server_, k));
+  auto released = h.release();  // the runtime is gone: already released
+  EXPECT_EQ(released.wait_for(0s), std::future_status::ready);
+}
+
 }  // namespace
 }  // namespace lockwatch::testing

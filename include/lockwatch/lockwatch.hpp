@@ -3,6 +3,7 @@
 
 #include "lockwatch/errors.hpp"
 #include "lockwatch/lease.hpp"
+#include "lockwatch/lock_handle.hpp"
 #include "lockwatch/locked.hpp"
 #include "lockwatch/options.hpp"
 #include "lockwatch/runtime.hpp"

@@ -23,6 +23,7 @@
 #include <string>
 
 #include "lockwatch/errors.hpp"
+#include "lockwatch/lock_handle.hpp"
 #include "lockwatch/options.hpp"
 #include "lockwatch/thread_pool.hpp"
 
@@ -96,13 +97,20 @@ class Runtime {
   // does not touch Redis.
   void dispatch(detail::LockSpec spec, std::shared_ptr<detail::Call> call);
 
+  // Takes the lock for `key` outside LOCKED: the future holds a LockHandle
+  // once acquired (renewed by the watchdog until released), or the error
+  // (LockNotAcquired after `wait`, ConnectionError, ...). Throws
+  // InvalidArgument or RuntimeStopped before anything starts.
+  std::future<LockHandle> acquire(std::string key, std::chrono::milliseconds ttl, Retries retries = forever,
+                                  std::chrono::milliseconds wait = std::chrono::milliseconds(0));
+
   // Leases held right now (acquired, not yet released).
   std::size_t held_leases() const noexcept;
 
   struct Impl;
 
  private:
-  std::unique_ptr<Impl> impl_;
+  std::shared_ptr<Impl> impl_;  // lock handles keep a weak reference
 };
 
 }  // namespace lockwatch

@@ -1,0 +1,52 @@
+// lockwatch/lock_handle.hpp: a lock held outside LOCKED.
+//
+//   lockwatch::LockHandle h = runtime.acquire("report:daily", 30s).get();
+//   ... h.lease().fencing_token(), h.lease().stop_token() ...
+//   h.release().get();   // or let the handle go: it releases (without waiting)
+//
+// For code that cannot be shaped as one callable (a lock held across
+// several steps, a benchmark of the bare protocol). The watchdog renews the
+// lease exactly as for LOCKED until release(); a lost lease shows in
+// lease().lost() / stop_token(), and release() then reports LeaseLost.
+//
+// Threading: a handle is used by one thread at a time; lease() accessors
+// are safe from any thread. Move-only.
+#pragma once
+
+#include <future>
+#include <memory>
+
+#include "lockwatch/lease.hpp"
+
+namespace lockwatch {
+
+namespace detail {
+struct HandleState;
+}
+
+class LockHandle {
+ public:
+  LockHandle() noexcept = default;
+  LockHandle(LockHandle&&) noexcept = default;
+  LockHandle& operator=(LockHandle&& other) noexcept;
+  LockHandle(const LockHandle&) = delete;
+  LockHandle& operator=(const LockHandle&) = delete;
+  // Releases the lock if release() was not called; does not wait.
+  ~LockHandle();
+
+  // True until release() (or a move) takes the lock away.
+  explicit operator bool() const noexcept { return state_ != nullptr; }
+  // Precondition: *this holds a lock.
+  const Lease& lease() const noexcept;
+  // Releases the lock. The future becomes ready once Redis confirmed the
+  // release (or the key has surely expired), with LeaseLost if the lease
+  // was lost while held. Throws InvalidArgument on an empty handle.
+  std::future<void> release();
+
+ private:
+  friend struct HandleAccess;
+  explicit LockHandle(std::shared_ptr<detail::HandleState> state) noexcept : state_(std::move(state)) {}
+  std::shared_ptr<detail::HandleState> state_;
+};
+
+}  // namespace lockwatch
