@@ -586,7 +586,7 @@ Set& filled(std::size_t n) {
   static const int tag = 0;
   if (g_cached.key != &tag || g_cached.n != n) {
     drop_cached();
-    set = std::make_unique<Set>(n);
+    set = std::make_unique<Set>(n + 1);  // one spare slot for the Newest runs
     g_counting = true;
     const std::int64_t before = g_live_bytes.load();
     const auto& t = tables();
@@ -616,11 +616,31 @@ void schedule_cancel(benchmark::State& state) {
   state.counters["bytes_per_timeout"] = g_cached.bytes_per_timeout;
 }
 
+// Cancels what it just scheduled, as when work finishes before its deadline.
+template <class Set>
+void schedule_cancel_newest(benchmark::State& state) {
+  const auto n = static_cast<std::size_t>(state.range(0));
+  Set& set = filled<Set>(n);
+  const auto& t = tables();
+  const auto spare = static_cast<std::uint32_t>(n);
+  std::size_t k = 0;
+  for (auto _ : state) {
+    set.schedule(spare, t.delays[k & (kTable - 1)]);
+    set.cancel(spare);
+    ++k;
+  }
+}
+
 void BM_Wheel_ScheduleCancel(benchmark::State& s) { schedule_cancel<WheelSet>(s); }
 void BM_LazyHeap_ScheduleCancel(benchmark::State& s) { schedule_cancel<LazyHeapSet>(s); }
 void BM_IndexHeap_ScheduleCancel(benchmark::State& s) { schedule_cancel<IndexHeapSet>(s); }
 void BM_Uv_ScheduleCancel(benchmark::State& s) { schedule_cancel<UvSet>(s); }
 void BM_Multimap_ScheduleCancel(benchmark::State& s) { schedule_cancel<MultimapSet>(s); }
+void BM_Wheel_ScheduleCancelNewest(benchmark::State& s) { schedule_cancel_newest<WheelSet>(s); }
+void BM_LazyHeap_ScheduleCancelNewest(benchmark::State& s) { schedule_cancel_newest<LazyHeapSet>(s); }
+void BM_IndexHeap_ScheduleCancelNewest(benchmark::State& s) { schedule_cancel_newest<IndexHeapSet>(s); }
+void BM_Uv_ScheduleCancelNewest(benchmark::State& s) { schedule_cancel_newest<UvSet>(s); }
+void BM_Multimap_ScheduleCancelNewest(benchmark::State& s) { schedule_cancel_newest<MultimapSet>(s); }
 
 // --- Expire and Renew --------------------------------------------------------
 
@@ -928,6 +948,11 @@ BENCHMARK(BM_LazyHeap_ScheduleCancel)->Apply(sizes);
 BENCHMARK(BM_IndexHeap_ScheduleCancel)->Apply(sizes);
 BENCHMARK(BM_Uv_ScheduleCancel)->Apply(sizes);
 BENCHMARK(BM_Multimap_ScheduleCancel)->Apply(sizes);
+BENCHMARK(BM_Wheel_ScheduleCancelNewest)->Apply(sizes);
+BENCHMARK(BM_LazyHeap_ScheduleCancelNewest)->Apply(sizes);
+BENCHMARK(BM_IndexHeap_ScheduleCancelNewest)->Apply(sizes);
+BENCHMARK(BM_Uv_ScheduleCancelNewest)->Apply(sizes);
+BENCHMARK(BM_Multimap_ScheduleCancelNewest)->Apply(sizes);
 BENCHMARK(BM_Wheel_ScheduleCancelContended)->Apply(sizes)->UseRealTime();
 BENCHMARK(BM_MutexHeap_ScheduleCancelContended)->Apply(sizes)->UseRealTime();
 BENCHMARK(BM_Wheel_Expire)->Apply(sizes);

@@ -96,6 +96,15 @@ struct KeyWaiters final : TimerTask {
 using detail::Acquisition;
 using detail::KeyWaiters;
 
+namespace detail {
+struct StatsCounters {
+  std::atomic<std::uint64_t> acquired{0};
+  std::atomic<std::uint64_t> renewals_sent{0};
+  std::atomic<std::uint64_t> renew_commands{0};
+  std::atomic<std::uint64_t> leases_lost{0};
+};
+}  // namespace detail
+
 struct HandleAccess {
   static LockHandle make(std::shared_ptr<detail::HandleState> state) { return LockHandle(std::move(state)); }
 };
@@ -125,7 +134,8 @@ struct Runtime::Impl : std::enable_shared_from_this<Runtime::Impl> {
   void schedule(LeaseRecord& l, LeaseRecord::Phase phase, Clock::time_point at);
   void on_lease_timer(LeaseRecord* l);
   void send_renew(LeaseRecord* l);
-  void on_renew_reply(const std::shared_ptr<LeaseRecord>& l, Clock::time_point sent, const redisReply* r,
+  void flush_renewals();
+  void on_renew_reply(const std::shared_ptr<LeaseRecord>& l, Clock::time_point sent, long long v,
                       std::exception_ptr err);
   void lose(LeaseRecord* l, LostReason reason, std::string detail = {});
   void work_done(const std::shared_ptr<LeaseRecord>& l);
@@ -156,6 +166,8 @@ struct Runtime::Impl : std::enable_shared_from_this<Runtime::Impl> {
   std::unordered_map<LeaseRecord*, std::shared_ptr<LeaseRecord>> leases;
   std::unordered_map<std::string, std::unique_ptr<KeyWaiters>> waiters;  // by channel
   std::unordered_set<std::shared_ptr<Acquisition>> single_attempts;      // wait == 0, reply pending
+  std::vector<std::shared_ptr<LeaseRecord>> renew_batch;                 // due this tick
+  detail::StatsCounters stats;
 
   std::atomic<bool> stopping{false};
   std::atomic<std::size_t> held{0};
@@ -537,6 +549,7 @@ void Runtime::Impl::grant(const std::shared_ptr<Acquisition>& a, std::uint64_t f
   l->finished = a->finished;
   leases.emplace(l.get(), l);
   held.fetch_add(1, std::memory_order_relaxed);
+  stats.acquired.fetch_add(1, std::memory_order_relaxed);
   if (l->retries != 0) {
     schedule(*l, LeaseRecord::Phase::kRenewDue, after(sent, l->ttl(), l->weight));
   } else {
@@ -606,27 +619,56 @@ void Runtime::Impl::on_lease_timer(LeaseRecord* l) {
 }
 
 void Runtime::Impl::send_renew(LeaseRecord* l) {
-  auto sl = shared(l);
-  auto sent = Clock::now();
-  l->last_sent = sent;
+  l->last_sent = Clock::now();
   schedule(*l, LeaseRecord::Phase::kAwaitingReply, l->deadline());
-  conn->eval(detail::renew_script(), {l->lock_key, l->token, std::to_string(l->ttl().count())}, 1,
-             [this, sl, sent](const redisReply* r, std::exception_ptr err) { on_renew_reply(sl, sent, r, err); });
+  renew_batch.push_back(shared(l));
 }
 
-void Runtime::Impl::on_renew_reply(const std::shared_ptr<LeaseRecord>& l, Clock::time_point sent, const redisReply* r,
+void Runtime::Impl::flush_renewals() {
+  // Every renewal that came due in this tick shares one command (in chunks,
+  // so one script never holds Redis for long).
+  constexpr std::size_t kChunk = 512;
+  if (renew_batch.empty()) return;
+  auto sent = Clock::now();
+  for (std::size_t from = 0; from < renew_batch.size(); from += kChunk) {
+    std::size_t n = std::min(kChunk, renew_batch.size() - from);
+    std::vector<std::shared_ptr<LeaseRecord>> chunk(renew_batch.begin() + static_cast<std::ptrdiff_t>(from),
+                                                    renew_batch.begin() + static_cast<std::ptrdiff_t>(from + n));
+    std::vector<std::string> args;
+    args.reserve(3 * n);
+    for (auto& l : chunk) args.push_back(l->lock_key);
+    for (auto& l : chunk) {
+      args.push_back(l->token);
+      args.push_back(std::to_string(l->ttl().count()));
+    }
+    stats.renewals_sent.fetch_add(n, std::memory_order_relaxed);
+    stats.renew_commands.fetch_add(1, std::memory_order_relaxed);
+    conn->eval(detail::renew_script(), std::move(args), static_cast<int>(n),
+               [this, chunk = std::move(chunk), sent](const redisReply* r, std::exception_ptr err) {
+                 if (!err && (r->type != REDIS_REPLY_ARRAY || r->elements != chunk.size()))
+                   err = std::make_exception_ptr(RedisError(endpoint.name(), "unexpected reply to the renewal script"));
+                 for (std::size_t i = 0; i < chunk.size(); ++i) {
+                   const redisReply* e = err ? nullptr : r->element[i];
+                   long long v = (e != nullptr && e->type == REDIS_REPLY_INTEGER) ? e->integer : -2;
+                   on_renew_reply(chunk[i], sent, v, err);
+                 }
+               });
+  }
+  renew_batch.clear();
+}
+
+void Runtime::Impl::on_renew_reply(const std::shared_ptr<LeaseRecord>& l, Clock::time_point sent, long long v,
                                    std::exception_ptr err) {
   if (l->work_finished || l->lost()) return;
-  if (err) {
+  if (err || v == -2) {
     // Transient until the local deadline: one lost reply must not cost the
     // lease, so try again a tick later.
-    l->lost_detail = what_of(err);
+    l->lost_detail = err ? what_of(err) : "Redis refused the renewal";
     l->timeout.cancel();
     auto next = std::min(Clock::now() + options.tick, l->deadline());
     schedule(*l, LeaseRecord::Phase::kRetryDue, next);
     return;
   }
-  long long v = r->type == REDIS_REPLY_INTEGER ? r->integer : 0;
   if (v == 0) {
     lose(l.get(), LostReason::kExpired);
     return;
@@ -648,6 +690,7 @@ void Runtime::Impl::on_renew_reply(const std::shared_ptr<LeaseRecord>& l, Clock:
 
 void Runtime::Impl::lose(LeaseRecord* l, LostReason reason, std::string detail) {
   if (!l->mark_lost(reason)) return;
+  stats.leases_lost.fetch_add(1, std::memory_order_relaxed);
   l->timeout.cancel();
   l->lost_detail = std::move(detail);
   auto sl = shared(l);
@@ -720,6 +763,7 @@ void Runtime::Impl::arm_wheel() {
       [](uv_timer_t* t) {
         auto* self = static_cast<Impl*>(t->data);
         self->wheel.advance();
+        self->flush_renewals();
         if (self->wheel.pending() == 0) uv_timer_stop(t);
       },
       tick, tick);
@@ -842,6 +886,17 @@ Runtime& Runtime::default_runtime() {
 const Options& Runtime::options() const noexcept { return impl_->options; }
 ThreadPool& Runtime::pool() noexcept { return impl_->pool; }
 std::size_t Runtime::held_leases() const noexcept { return impl_->held.load(std::memory_order_relaxed); }
+
+RuntimeStats Runtime::stats() const noexcept {
+  const auto& c = impl_->stats;
+  RuntimeStats s;
+  s.held_leases = impl_->held.load(std::memory_order_relaxed);
+  s.acquired = c.acquired.load(std::memory_order_relaxed);
+  s.renewals_sent = c.renewals_sent.load(std::memory_order_relaxed);
+  s.renew_commands = c.renew_commands.load(std::memory_order_relaxed);
+  s.leases_lost = c.leases_lost.load(std::memory_order_relaxed);
+  return s;
+}
 
 void Runtime::dispatch(detail::LockSpec spec, std::shared_ptr<detail::Call> call) {
   impl_->dispatch(std::move(spec), std::move(call));

@@ -22,14 +22,24 @@ redis.call('set', KEYS[1], ARGV[1], 'PX', ARGV[2])
 return {1, f}
 )lua";
 
+// Renews every lease due in one tick with one command. pcall: one key of
+// the wrong type (or an OOM refusal) fails its own entry, not the batch.
 constexpr std::string_view kRenew = R"lua(
-local v = redis.call('get', KEYS[1])
-if v == ARGV[1] then
-  redis.call('pexpire', KEYS[1], ARGV[2])
-  return 1
+local out = {}
+for i = 1, #KEYS do
+  local v = redis.pcall('get', KEYS[i])
+  if type(v) == 'table' and v.err then
+    out[i] = -2
+  elseif v == ARGV[2 * i - 1] then
+    local ok = redis.pcall('pexpire', KEYS[i], ARGV[2 * i])
+    if type(ok) == 'table' and ok.err then out[i] = -2 else out[i] = 1 end
+  elseif v then
+    out[i] = -1
+  else
+    out[i] = 0
+  end
 end
-if v then return -1 end
-return 0
+return out
 )lua";
 
 constexpr std::string_view kRelease = R"lua(

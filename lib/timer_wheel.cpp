@@ -18,7 +18,6 @@
 #include <mutex>
 #include <new>
 #include <stdexcept>
-#include <thread>
 #include <utility>
 #include <vector>
 
@@ -76,6 +75,27 @@ constexpr std::size_t kMaxSlabBytes = 65536 - 16;
 constexpr std::size_t kReserveLow = 64;
 
 constexpr std::size_t kMaxWheelSize = std::size_t{1} << 20;
+
+__extension__ typedef unsigned __int128 Uint128;
+
+// For the few functions on the owner's schedule and cancel paths, which the
+// compiler would otherwise keep out of line.
+#define LOCKWATCH_HOT [[gnu::always_inline]] inline
+
+// Identifies the calling thread without a call: the thread pointer (glibc's
+// pthread_self() returns the same), else the address of a thread_local.
+std::uintptr_t current_thread() noexcept {
+#if defined(__has_builtin) && (defined(__x86_64__) || defined(__aarch64__))
+#if __has_builtin(__builtin_thread_pointer)
+  return reinterpret_cast<std::uintptr_t>(__builtin_thread_pointer());
+#define LOCKWATCH_HAVE_THREAD_POINTER 1
+#endif
+#endif
+#ifndef LOCKWATCH_HAVE_THREAD_POINTER
+  thread_local char anchor;
+  return reinterpret_cast<std::uintptr_t>(&anchor);
+#endif
+}
 
 std::int64_t saturate(std::int64_t v) noexcept { return std::clamp(v, kMinDeadline, kMaxDeadline); }
 
@@ -144,8 +164,9 @@ class TimerWheelCore {
   Timeout schedule_after(std::uintptr_t task, std::chrono::nanoseconds delay);
   Timeout schedule_at(std::uintptr_t task, TimerWheel::Clock::time_point deadline);
   void cancelled(TimerNode* node) noexcept;
+  void cancelled_elsewhere(TimerNode* node) noexcept;
 
-  void bind() noexcept { owner_.store(std::this_thread::get_id(), std::memory_order_relaxed); }
+  void bind() noexcept { owner_.store(current_thread(), std::memory_order_relaxed); }
   std::size_t advance(TimerWheel::Clock::time_point now);
   std::size_t advance_to_clock() { return advance(now_()); }
   std::optional<std::chrono::nanoseconds> next_expiry_in() const;
@@ -154,16 +175,28 @@ class TimerWheelCore {
   std::size_t stop();
 
  private:
-  bool on_owner() const noexcept {
-    return owner_.load(std::memory_order_relaxed) == std::this_thread::get_id();
-  }
+  bool on_owner() const noexcept { return owner_.load(std::memory_order_relaxed) == current_thread(); }
   void bind_if_unbound() noexcept {
-    if (owner_.load(std::memory_order_relaxed) == std::thread::id()) bind();
+    if (owner_.load(std::memory_order_relaxed) == 0) bind();
+  }
+  // Ceiling division by the tick without a hardware divide: the product with
+  // the reciprocal is the quotient or one less, and one step corrects it.
+  std::uint64_t ticks_ceil(std::uint64_t ns) const noexcept {
+    auto q = static_cast<std::uint64_t>((static_cast<Uint128>(ns) * tick_reciprocal_) >> 64);
+    std::uint64_t r = ns - q * static_cast<std::uint64_t>(tick_ns_);
+    if (r >= static_cast<std::uint64_t>(tick_ns_)) {
+      ++q;
+      r -= static_cast<std::uint64_t>(tick_ns_);
+    }
+    return q + (r != 0 ? 1 : 0);
   }
   std::int64_t clock_ns() const noexcept {
     return saturate(std::chrono::duration_cast<std::chrono::nanoseconds>(now_() - start_).count());
   }
-  void check_room() const;
+  void check_room() const {
+    if (max_pending_ != 0 && pending() >= max_pending_) throw_full();
+  }
+  [[noreturn]] static void throw_full();
   Timeout schedule_on_owner(std::uintptr_t task, std::int64_t deadline, bool immediate);
   Timeout schedule_from_elsewhere(std::uintptr_t task, std::int64_t deadline, bool immediate);
 
@@ -193,8 +226,9 @@ class TimerWheelCore {
   const std::size_t max_pending_;
   const TimerWheel::NowFn now_;
   const TimerWheel::Clock::time_point start_;
-  std::uint64_t id_tag_ = 0;  // wheel id << kIdShift
-  std::atomic<std::thread::id> owner_{};
+  const std::uint64_t tick_reciprocal_;  // floor((2^64 - 1) / tick)
+  std::uint64_t id_tag_ = 0;             // wheel id << kIdShift
+  std::atomic<std::uintptr_t> owner_{0};
 
   // Owner-only. buckets_[0, size) is the near ring, one bucket per tick of the
   // current epoch (size ticks); buckets_[size, 2 size) the far ring, one bucket
@@ -250,7 +284,8 @@ TimerWheelCore::TimerWheelCore(const TimerWheelOptions& options, TimerWheel::Now
       shift_(std::countr_zero(mask_ + 1)),
       max_pending_(options.max_pending),
       now_(now != nullptr ? now : +[]() noexcept { return TimerWheel::Clock::now(); }),
-      start_(now_()) {
+      start_(now_()),
+      tick_reciprocal_(UINT64_MAX / static_cast<std::uint64_t>(tick_ns_)) {
   buckets_.resize(2 * (mask_ + 1));
   for (TimerLink& b : buckets_) list_init(b);
   occupied_.assign((buckets_.size() + 63) / 64, 0);
@@ -272,13 +307,9 @@ TimerWheelCore::~TimerWheelCore() {
   g_wheels[id_tag_ >> kIdShift].store(nullptr, std::memory_order_release);
 }
 
-void TimerWheelCore::check_room() const {
-  if (max_pending_ != 0 && pending() >= max_pending_) {
-    throw std::length_error("TimerWheel: max_pending reached");
-  }
-}
+void TimerWheelCore::throw_full() { throw std::length_error("TimerWheel: max_pending reached"); }
 
-Timeout TimerWheelCore::schedule_after(std::uintptr_t task, std::chrono::nanoseconds delay) {
+LOCKWATCH_HOT Timeout TimerWheelCore::schedule_after(std::uintptr_t task, std::chrono::nanoseconds delay) {
   const bool immediate = delay.count() <= 0;
   if (on_owner()) {
     // From the cached time, like uv_now(): no clock read on the fast path.
@@ -300,7 +331,7 @@ Timeout TimerWheelCore::schedule_at(std::uintptr_t task, TimerWheel::Clock::time
   return schedule_from_elsewhere(task, rel, false);
 }
 
-Timeout TimerWheelCore::schedule_on_owner(std::uintptr_t task, std::int64_t deadline, bool immediate) {
+LOCKWATCH_HOT Timeout TimerWheelCore::schedule_on_owner(std::uintptr_t task, std::int64_t deadline, bool immediate) {
   if (stopped_) throw std::logic_error("TimerWheel: stopped");
   check_room();
   TimerNode* node = free_ != nullptr ? free_ : take_free_node();
@@ -365,13 +396,13 @@ void TimerWheelCore::add_slab_locked(TimerNode*& list, std::size_t& count) {
   count += n;
 }
 
-void TimerWheelCore::link(TimerNode* node, bool immediate) noexcept {
+LOCKWATCH_HOT void TimerWheelCore::link(TimerNode* node, bool immediate) noexcept {
   if (immediate || node->deadline <= processed_ns_) {
     list_push_back(due_, node);
     return;
   }
-  // deadline > processed_ns_ >= 0, so this is a ceiling division of positives.
-  const auto tick = static_cast<std::uint64_t>((node->deadline + tick_ns_ - 1) / tick_ns_);
+  // deadline > processed_ns_ >= 0.
+  const std::uint64_t tick = ticks_ceil(static_cast<std::uint64_t>(node->deadline));
   const std::uint64_t epoch = tick >> shift_;
   // The near ring holds only the current epoch, so it never needs rounds; a
   // later epoch waits in the far ring (with rounds past size epochs) and is
@@ -383,7 +414,7 @@ void TimerWheelCore::link(TimerNode* node, bool immediate) noexcept {
   set_occupied(b);
 }
 
-void TimerWheelCore::unlink(TimerNode* node) noexcept {
+LOCKWATCH_HOT void TimerWheelCore::unlink(TimerNode* node) noexcept {
   TimerLink* prev = node->prev;
   list_unlink(node);
   node->prev = nullptr;
@@ -392,7 +423,7 @@ void TimerWheelCore::unlink(TimerNode* node) noexcept {
   if (prev == prev->next && is_bucket(prev)) clear_occupied(static_cast<std::size_t>(prev - buckets_.data()));
 }
 
-void TimerWheelCore::release(TimerNode* node) noexcept {
+LOCKWATCH_HOT void TimerWheelCore::release(TimerNode* node) noexcept {
   const std::uintptr_t task = node->task;
   node->task = 0;
   if ((task & kOwnedFunction) != 0) {
@@ -404,15 +435,19 @@ void TimerWheelCore::release(TimerNode* node) noexcept {
   ++free_count_;
 }
 
-void TimerWheelCore::cancelled(TimerNode* node) noexcept {
+LOCKWATCH_HOT void TimerWheelCore::cancelled(TimerNode* node) noexcept {
   if (on_owner() && node->prev != nullptr) {
     unlink(node);
     linked_.store(linked_.load(std::memory_order_relaxed) - 1, std::memory_order_relaxed);
     release(node);
     return;
   }
-  // Another thread, or a node still in the mailbox: the owner unlinks it at
-  // its next advance().
+  cancelled_elsewhere(node);
+}
+
+// Another thread, or a node still in the mailbox: the owner unlinks it at its
+// next advance().
+void TimerWheelCore::cancelled_elsewhere(TimerNode* node) noexcept {
   std::lock_guard lock(mutex_);
   if (stopped_) return;  // stop() already took care of every node
   cancels_.push_back(node);
@@ -479,6 +514,9 @@ std::size_t TimerWheelCore::expire(TimerLink& batch, Batch kind, std::size_t buc
   active_ = &batch;
   while (!list_empty(batch) && !stopped_) {
     auto* node = static_cast<TimerNode*>(batch.next);
+    // Lists are walked in the order nodes were added, not in memory order:
+    // start fetching the next one while this one is handled.
+    __builtin_prefetch(node->next);
     list_unlink(node);
     std::uint64_t state = node->state.load(std::memory_order_acquire);
     if ((state & kPhaseMask) == kPending && node->deadline > horizon && kind == Batch::kFar) {

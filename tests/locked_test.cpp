@@ -262,7 +262,8 @@ TEST_F(LockedTest, OnlyTheOwnerCanReleaseOrRenew) {
   auto rel = server_->command({"EVAL", std::string(detail::release_script().source), "1", lk, "not-the-owner", lk + ":rel"});
   EXPECT_EQ(rel.integer, -1);
   auto ren = server_->command({"EVAL", std::string(detail::renew_script().source), "1", lk, "not-the-owner", "100"});
-  EXPECT_EQ(ren.integer, -1);
+  ASSERT_EQ(ren.elements.size(), 1u);
+  EXPECT_EQ(ren.elements[0].integer, -1);
   EXPECT_TRUE(exists(*server_, k));
   EXPECT_GT(server_->command({"PTTL", lk}).integer, 1000);  // the wrong owner's 100 ms did not apply
   gate.open();
@@ -439,6 +440,47 @@ TEST_F(LockedTest, DestroyingTheRuntimeReleasesHandlesStillHeld) {
   EXPECT_FALSE(exists(*server_, k));
   auto released = h.release();  // the runtime is gone: already released
   EXPECT_EQ(released.wait_for(0s), std::future_status::ready);
+}
+
+TEST_F(LockedTest, RenewalsDueInOneTickShareACommand) {
+  constexpr int kLeases = 200;
+  std::vector<std::future<LockHandle>> acquiring;
+  for (int i = 0; i < kLeases; ++i) acquiring.push_back(rt_->acquire(key(std::to_string(i)), 300ms));
+  std::vector<LockHandle> held;
+  for (auto& f : acquiring) held.push_back(get_bounded(f));
+  auto before = rt_->stats();
+  auto until = std::chrono::steady_clock::now() + kBound;
+  while (rt_->stats().renewals_sent - before.renewals_sent < 3 * kLeases && std::chrono::steady_clock::now() < until)
+    std::this_thread::sleep_for(10ms);
+  auto after = rt_->stats();
+  auto renewals = after.renewals_sent - before.renewals_sent;
+  auto commands = after.renew_commands - before.renew_commands;
+  EXPECT_GE(renewals, 3u * kLeases);
+  EXPECT_LE(commands * 10, renewals) << renewals << " renewals in " << commands << " commands";
+  EXPECT_EQ(after.leases_lost, before.leases_lost);
+  for (auto& h : held) EXPECT_FALSE(h.lease().lost());
+}
+
+TEST_F(LockedTest, OneBrokenKeyDoesNotCostTheOtherLeasesInItsBatch) {
+  auto a = rt_->acquire(key("a"), 300ms);
+  auto b = rt_->acquire(key("b"), 300ms);
+  LockHandle ha = get_bounded(a), hb = get_bounded(b);
+  // Someone replaces a's lock with a hash: its renewals fail, b's go on.
+  server_->command({"DEL", lock_key(key("a"))});
+  server_->command({"HSET", lock_key(key("a")), "f", "v"});
+  auto stop = ha.lease().stop_token();
+  auto until = std::chrono::steady_clock::now() + kBound;
+  while (!stop.stop_requested() && std::chrono::steady_clock::now() < until) std::this_thread::sleep_for(5ms);
+  EXPECT_TRUE(ha.lease().lost());
+  EXPECT_EQ(ha.lease().lost_reason(), LostReason::kRedisUnreachable);
+  auto renewals = hb.lease().renewals();
+  until = std::chrono::steady_clock::now() + kBound;
+  while (hb.lease().renewals() < renewals + 2 && std::chrono::steady_clock::now() < until)
+    std::this_thread::sleep_for(5ms);
+  EXPECT_FALSE(hb.lease().lost());
+  auto ra = ha.release();
+  EXPECT_TRUE(error_of<LeaseLost>(ra));
+  server_->command({"DEL", lock_key(key("a"))});
 }
 
 }  // namespace

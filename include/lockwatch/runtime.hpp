@@ -73,6 +73,15 @@ class Call {
 
 }  // namespace detail
 
+// Counters since the runtime started; each is read on its own (relaxed).
+struct RuntimeStats {
+  std::uint64_t held_leases = 0;     // held right now
+  std::uint64_t acquired = 0;        // leases taken
+  std::uint64_t renewals_sent = 0;   // lease renewals sent
+  std::uint64_t renew_commands = 0;  // commands that carried them (one per tick and chunk)
+  std::uint64_t leases_lost = 0;     // leases reported lost
+};
+
 class Runtime {
  public:
   // Throws InvalidArgument for bad options. Connecting starts at once but
@@ -106,6 +115,7 @@ class Runtime {
 
   // Leases held right now (acquired, not yet released).
   std::size_t held_leases() const noexcept;
+  RuntimeStats stats() const noexcept;
 
   struct Impl;
 
