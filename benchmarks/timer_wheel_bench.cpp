@@ -13,6 +13,8 @@
 //                            pending). Counter bytes_per_timeout: what the
 //                            structure allocated for N pending, allocator
 //                            headers included, divided by N.
+//   BM_*_ScheduleCancelNewest/N  schedule one and cancel that one, with N
+//                            pending: work that ends before its deadline.
 //   BM_*_ScheduleCancelContended/N  the same from two producer threads while
 //                            an owner thread advances every tick (the wheel,
 //                            and an IndexHeap behind a mutex).
@@ -20,17 +22,17 @@
 //                            time advanced to each next expiry as an idle
 //                            loop would.
 //   BM_*_Renew/N             the watchdog pattern: each expiry re-arms itself
-//                            at 9/10 of its ttl (3..30 s), 30 s simulated.
+//                            at 9/10 of its ttl (3..30 s), 15 s simulated.
 //   BM_Wheel_EmptySize       bytes of a default wheel with nothing pending.
 //   BM_Wheel_TickLateness    a loop sleeping to each 1 ms tick with producers
 //                            running: how late ticks and timeouts run, next to
 //                            how late clock_nanosleep itself wakes.
 //
 // libuv reads its own clock in uv_run(), so its Expire and Renew runs start
-// the timers with the loop time moved 30 s back and fire them all in one
+// the timers with the loop time moved back by the window and fire them in one
 // uv_run(); the renewing callback re-arms from its own due time by moving
 // loop->time for the duration of uv_timer_start(). libuv 1.44 compares each
-// timer with loop->time as it goes, so that simulates 30 s exactly.
+// timer with loop->time as it goes, so that simulates the window.
 #include "lockwatch/timer_wheel.hpp"
 
 #include <benchmark/benchmark.h>
@@ -77,6 +79,16 @@ void* counted_alloc(std::size_t n) {
   return p;
 }
 
+void* counted_aligned_alloc(std::size_t n, std::align_val_t align) {
+  const auto a = static_cast<std::size_t>(align);
+  void* p = std::aligned_alloc(a, (std::max<std::size_t>(n, 1) + a - 1) / a * a);
+  if (p == nullptr) throw std::bad_alloc();
+  if (g_counting.load(std::memory_order_relaxed)) {
+    g_live_bytes.fetch_add(block_bytes(p), std::memory_order_relaxed);
+  }
+  return p;
+}
+
 void counted_free(void* p) noexcept {
   if (p == nullptr) return;
   if (g_counting.load(std::memory_order_relaxed)) {
@@ -107,6 +119,12 @@ void operator delete(void* p) noexcept { counted_free(p); }
 void operator delete[](void* p) noexcept { counted_free(p); }
 void operator delete(void* p, std::size_t) noexcept { counted_free(p); }
 void operator delete[](void* p, std::size_t) noexcept { counted_free(p); }
+void* operator new(std::size_t n, std::align_val_t a) { return counted_aligned_alloc(n, a); }
+void* operator new[](std::size_t n, std::align_val_t a) { return counted_aligned_alloc(n, a); }
+void operator delete(void* p, std::align_val_t) noexcept { counted_free(p); }
+void operator delete[](void* p, std::align_val_t) noexcept { counted_free(p); }
+void operator delete(void* p, std::size_t, std::align_val_t) noexcept { counted_free(p); }
+void operator delete[](void* p, std::size_t, std::align_val_t) noexcept { counted_free(p); }
 
 namespace {
 
@@ -117,7 +135,7 @@ using lockwatch::TimerWheel;
 using Clock = std::chrono::steady_clock;
 
 constexpr std::int64_t kSpreadNs = 30'000'000'000;  // deadlines over 30 s
-constexpr std::int64_t kWindowNs = 30'000'000'000;  // simulated time of Renew
+constexpr std::int64_t kWindowNs = 15'000'000'000;  // simulated time of Renew
 constexpr std::size_t kTable = std::size_t{1} << 16;
 
 // Random inputs drawn once, so that every structure sees the same sequence
@@ -510,10 +528,11 @@ class UvSet {
   void cancel(std::uint32_t slot) { uv_timer_stop(&timers_[slot]); }
   // libuv keeps nothing but the handles: they are the structure.
   std::int64_t extra_bytes() const { return extra_bytes_; }
-  // Moves the loop time back by a window so that one uv_run() fires it all.
-  void rewind() {
+  // Moves the loop time back by `ns` so that one uv_run() fires what is due
+  // within that window.
+  void rewind(std::int64_t ns) {
     uv_update_time(&loop_);
-    loop_.time -= static_cast<std::uint64_t>(kWindowNs / 1'000'000) + 1;
+    loop_.time -= static_cast<std::uint64_t>(ns / 1'000'000) + 1;
   }
   std::size_t fire_all() {
     fired_ = 0;
@@ -522,7 +541,7 @@ class UvSet {
     return fired_;
   }
   void arm_renewals() {
-    rewind();
+    rewind(kWindowNs);
     for (std::uint32_t i = 0; i < n_; ++i) {
       uv_timer_start(&timers_[i], &UvSet::on_fire, static_cast<std::uint64_t>(first_delay(i) / 1'000'000), 0);
     }
@@ -662,7 +681,7 @@ void expire(benchmark::State& state) {
   std::size_t fired = 0, k = 0;
   for (auto _ : state) {
     state.PauseTiming();
-    if constexpr (std::is_same_v<Set, UvSet>) set->rewind();
+    if constexpr (std::is_same_v<Set, UvSet>) set->rewind(kSpreadNs);
     for (std::uint32_t i = 0; i < n; ++i) set->schedule(i, t.delays[(k++) & (kTable - 1)]);
     state.ResumeTiming();
     fired += set->fire_all();

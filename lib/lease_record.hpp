@@ -48,6 +48,11 @@ struct LeaseRecord final : Lease, TimerTask {
   Timeout timeout;
   Clock::time_point last_sent;  // the latest request that may have extended the key
   std::string lost_detail;
+  // The renewal round in flight and its votes (one per node).
+  std::uint64_t renew_round = 0;
+  std::size_t renew_ok = 0, renew_no = 0, renew_replies = 0;
+  bool renew_taken = false, renew_decided = false;
+  std::string renew_error;
   bool work_finished = false;
   bool is_handle = false;  // held through a LockHandle, not by running work
   std::shared_ptr<std::promise<void>> finished;  // inline calls wait on it

@@ -94,6 +94,22 @@ Endpoint Endpoint::parse(const std::string& url) {
   return ep;
 }
 
+std::vector<Endpoint> Endpoint::parse_list(const std::string& urls) {
+  std::vector<Endpoint> out;
+  std::size_t start = 0;
+  while (true) {
+    std::size_t comma = urls.find(',', start);
+    std::string one = urls.substr(start, comma == std::string::npos ? std::string::npos : comma - start);
+    auto first = one.find_first_not_of(" \t");
+    auto last = one.find_last_not_of(" \t");
+    one = first == std::string::npos ? std::string() : one.substr(first, last - first + 1);
+    out.push_back(parse(one));
+    if (comma == std::string::npos) break;
+    start = comma + 1;
+  }
+  return out;
+}
+
 std::string Endpoint::name() const {
   if (host.find(':') != std::string::npos) return fmt::format("[{}]:{}", host, port);
   return fmt::format("{}:{}", host, port);
@@ -106,7 +122,7 @@ Options Options::from_env() {
 }
 
 void Options::validate() const {
-  (void)Endpoint::parse(redis_url);
+  (void)Endpoint::parse_list(redis_url);
   if (tick < std::chrono::milliseconds(1)) throw InvalidArgument("Options::tick must be at least 1 ms");
   if (wheel_size == 0 || wheel_size > (std::size_t{1} << 20))
     throw InvalidArgument("Options::wheel_size must be in 1..1048576");

@@ -1,26 +1,16 @@
-#include "lockwatch/runtime.hpp"
-
-#include <fmt/format.h>
-#include <uv.h>
-
-#include <algorithm>
-#include <condition_variable>
-#include <cstdio>
-#include <deque>
-#include <future>
-#include <mutex>
-#include <unordered_map>
-#include <unordered_set>
-
-#include "lease_record.hpp"
-#include "loop.hpp"
-#include "redis_connection.hpp"
-#include "scripts.hpp"
-#include "token.hpp"
+#include "runtime_impl.hpp"
 
 namespace lockwatch {
 
 using detail::LeaseRecord;
+using detail::Acquisition;
+using detail::KeyWaiters;
+using detail::after;
+using detail::drift_for;
+using detail::integer_at;
+using detail::is_connection_error;
+using detail::redis_key;
+using detail::what_of;
 using Clock = std::chrono::steady_clock;
 using std::chrono::milliseconds;
 
@@ -28,213 +18,14 @@ Retries::Retries(int count) : count_(count) {
   if (count < 0) throw InvalidArgument(fmt::format("retries must be >= 0 or lockwatch::forever, got {}", count));
 }
 
-namespace detail {
-
-// The call behind a LockHandle: no work, two outcomes (acquired, released).
-class HandleCall final : public Call {
- public:
-  void run() noexcept override {}
-  void finish(std::exception_ptr error) noexcept override {
-    try {
-      if (!granted) {
-        acquired.set_exception(error ? error : std::make_exception_ptr(RuntimeStopped("lockwatch runtime stopped")));
-      } else if (error) {
-        released.set_exception(error);
-      } else {
-        released.set_value();
-      }
-    } catch (...) {
-    }
-  }
-  std::promise<LockHandle> acquired;
-  std::promise<void> released;
-  bool granted = false;  // loop thread
-};
-
-struct HandleState {
-  std::weak_ptr<Runtime::Impl> rt;
-  std::shared_ptr<LeaseRecord> lease;
-  std::shared_ptr<HandleCall> call;
-};
-
-// A call waiting to take its lock. Lives until it is granted or failed.
-struct Acquisition final : TimerTask {
-  Runtime::Impl* rt = nullptr;
-  LockSpec spec;
-  std::shared_ptr<Call> call;
-  std::string token;
-  std::string lock_key, fence_key, channel;
-  Clock::time_point started;
-  Timeout wait_timeout;
-  bool done = false;
-  bool inline_run = false;  // granted: hand the lease to the waiting thread
-  std::shared_ptr<HandleCall> handle;  // Runtime::acquire: granted makes a LockHandle
-  std::promise<std::shared_ptr<LeaseRecord>> granted;  // inline only
-  std::shared_ptr<std::promise<void>> finished;        // inline only
-
-  void run(Timeout) noexcept override;
-};
-
-// The in-process waiters for one key: only the head talks to Redis, the
-// rest queue behind it in arrival order, so a release wakes one caller.
-struct KeyWaiters final : TimerTask {
-  Runtime::Impl* rt = nullptr;
-  std::string channel;
-  std::deque<std::shared_ptr<Acquisition>> queue;
-  bool in_flight = false;    // the head's attempt awaits its reply
-  bool again = false;        // a wake-up came while it was in flight
-  bool subscribed = false;   // the release channel is confirmed
-  bool held_locally = false; // one of our leases holds it: our release wakes us
-  Timeout retry;             // the holder's ttl runs out
-  std::exception_ptr connection_error;  // the head's last attempt could not reach Redis
-
-  void run(Timeout) noexcept override;
-};
-
-}  // namespace detail
-
-using detail::Acquisition;
-using detail::KeyWaiters;
-
-namespace detail {
-struct StatsCounters {
-  std::atomic<std::uint64_t> acquired{0};
-  std::atomic<std::uint64_t> renewals_sent{0};
-  std::atomic<std::uint64_t> renew_commands{0};
-  std::atomic<std::uint64_t> leases_lost{0};
-};
-}  // namespace detail
-
-struct HandleAccess {
-  static LockHandle make(std::shared_ptr<detail::HandleState> state) { return LockHandle(std::move(state)); }
-};
-
-struct Runtime::Impl : std::enable_shared_from_this<Runtime::Impl> {
-  explicit Impl(Options opts);
-
-  // Any thread.
-  void validate(detail::LockSpec& spec) const;
-  std::shared_ptr<Acquisition> make_acquisition(detail::LockSpec spec, std::shared_ptr<detail::Call> call);
-  void dispatch(detail::LockSpec spec, std::shared_ptr<detail::Call> call);
-  std::future<LockHandle> acquire(detail::LockSpec spec);
-  void call_done();
-  void stop();
-
-  // Loop thread.
-  void start_acquire(std::shared_ptr<Acquisition> a);
-  void attempt_once(std::shared_ptr<Acquisition> a);
-  void attempt_head(const std::string& channel);
-  void on_acquire_reply(std::shared_ptr<Acquisition> a, Clock::time_point sent, const redisReply* r,
-                        std::exception_ptr err, KeyWaiters* w);
-  void fail(const std::shared_ptr<Acquisition>& a, std::exception_ptr err);
-  void grant(const std::shared_ptr<Acquisition>& a, std::uint64_t fence, Clock::time_point sent);
-  void on_wait_expired(Acquisition* a);
-  void on_pubsub(std::string_view kind, std::string_view channel);
-  void maybe_forget(KeyWaiters* w);
-  void schedule(LeaseRecord& l, LeaseRecord::Phase phase, Clock::time_point at);
-  void on_lease_timer(LeaseRecord* l);
-  void send_renew(LeaseRecord* l);
-  void flush_renewals();
-  void on_renew_reply(const std::shared_ptr<LeaseRecord>& l, Clock::time_point sent, long long v,
-                      std::exception_ptr err);
-  void lose(LeaseRecord* l, LostReason reason, std::string detail = {});
-  void work_done(const std::shared_ptr<LeaseRecord>& l);
-  void send_release(const std::shared_ptr<LeaseRecord>& l, std::function<void(bool freed)> then);
-  void finish_lease(const std::shared_ptr<LeaseRecord>& l);
-  void run_on_pool(const std::shared_ptr<LeaseRecord>& l);
-  void arm_wheel();
-  void begin_stop();
-  void close_all();
-
-  std::shared_ptr<LeaseRecord> shared(LeaseRecord* l) {
-    auto it = leases.find(l);
-    return it == leases.end() ? nullptr : it->second;
-  }
-
-  const Options options;
-  const Endpoint endpoint;
-  ThreadPool pool;
-  ThreadPool notifier{1};  // runs stop callbacks: user code never runs on the loop
-  detail::Loop loop;
-  TimerWheel wheel;
-  uv_timer_t wheel_timer{};
-  std::unique_ptr<detail::RedisConnection> conn;
-  std::unique_ptr<detail::RedisConnection> sub;
-  detail::TokenGenerator tokens;
-
-  // Loop thread only.
-  std::unordered_map<LeaseRecord*, std::shared_ptr<LeaseRecord>> leases;
-  std::unordered_map<std::string, std::unique_ptr<KeyWaiters>> waiters;  // by channel
-  std::unordered_set<std::shared_ptr<Acquisition>> single_attempts;      // wait == 0, reply pending
-  std::vector<std::shared_ptr<LeaseRecord>> renew_batch;                 // due this tick
-  detail::StatsCounters stats;
-
-  std::atomic<bool> stopping{false};
-  std::atomic<std::size_t> held{0};
-  std::mutex mu;
-  std::condition_variable cv;
-  std::size_t active_calls = 0;  // guarded by mu
-};
-
-namespace {
-
-std::chrono::milliseconds drift_for(const Options& o, milliseconds ttl) {
-  auto d = milliseconds(static_cast<milliseconds::rep>(static_cast<double>(ttl.count()) * o.drift_factor));
-  return d + o.drift_floor;
-}
-
-Clock::time_point after(Clock::time_point t, milliseconds ttl, double weight) {
-  return t + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double, std::milli>(
-                 static_cast<double>(ttl.count()) * weight));
-}
-
-std::string redis_key(const Options& o, const std::string& key) {
-  std::string out;
-  out.reserve(o.key_prefix.size() + key.size() + 2);
-  out += o.key_prefix;
-  out += '{';
-  out += key;
-  out += '}';
-  return out;
-}
-
-long long integer_at(const redisReply* r, std::size_t i) {
-  if (r == nullptr || r->type != REDIS_REPLY_ARRAY || r->elements <= i) return 0;
-  const redisReply* e = r->element[i];
-  return e->type == REDIS_REPLY_INTEGER ? e->integer : 0;
-}
-
-bool is_connection_error(std::exception_ptr e) {
-  try {
-    std::rethrow_exception(e);
-  } catch (const AuthError&) {
-    return false;
-  } catch (const ConnectionError&) {
-    return true;
-  } catch (...) {
-    return false;
-  }
-}
-
-std::string what_of(std::exception_ptr e) {
-  try {
-    std::rethrow_exception(e);
-  } catch (const std::exception& ex) {
-    return ex.what();
-  } catch (...) {
-    return "unknown error";
-  }
-}
-
-}  // namespace
-
 void detail::Acquisition::run(Timeout) noexcept { rt->on_wait_expired(this); }
 void detail::KeyWaiters::run(Timeout) noexcept { rt->attempt_head(channel); }
 void detail::LeaseRecord::run(Timeout) noexcept { rt->on_lease_timer(this); }
 
 Runtime::Impl::Impl(Options opts)
     : options(std::move(opts)),
-      endpoint(Endpoint::parse(options.redis_url)),
+      endpoints(Endpoint::parse_list(options.redis_url)),
+      quorum(endpoints.size() / 2 + 1),
       pool(options.threads),
       wheel(TimerWheelOptions{std::chrono::duration_cast<std::chrono::nanoseconds>(options.tick), options.wheel_size,
                               0}) {
@@ -244,15 +35,7 @@ Runtime::Impl::Impl(Options opts)
     wheel.bind_to_current_thread();
     uv_timer_init(loop.uv(), &wheel_timer);
     wheel_timer.data = this;
-    conn = std::make_unique<detail::RedisConnection>(loop, endpoint, options, false);
-    detail::RedisConnection::Hooks hooks;
-    hooks.on_message = [this](std::string_view kind, std::string_view channel) { on_pubsub(kind, channel); };
-    hooks.on_down = [this] {
-      for (auto& [ch, w] : waiters) w->subscribed = false;
-    };
-    sub = std::make_unique<detail::RedisConnection>(loop, endpoint, options, true, std::move(hooks));
-    conn->start();
-    sub->start();
+    start_nodes();
     started.set_value();
   });
   ready.wait();
@@ -393,12 +176,10 @@ void Runtime::Impl::start_acquire(std::shared_ptr<Acquisition> a) {
 
 void Runtime::Impl::attempt_once(std::shared_ptr<Acquisition> a) {
   single_attempts.insert(a);
-  auto sent = Clock::now();
-  conn->eval(detail::acquire_script(), {a->lock_key, a->fence_key, a->token, std::to_string(a->spec.ttl.count())}, 2,
-             [this, a, sent](const redisReply* r, std::exception_ptr err) {
-               single_attempts.erase(a);
-               on_acquire_reply(a, sent, r, err, nullptr);
-             });
+  quorum_acquire(a, [this, a](const detail::AcquireOutcome& out) {
+    single_attempts.erase(a);
+    on_acquire_outcome(a, out, nullptr);
+  });
 }
 
 void Runtime::Impl::attempt_head(const std::string& channel) {
@@ -414,24 +195,19 @@ void Runtime::Impl::attempt_head(const std::string& channel) {
   w->in_flight = true;
   w->again = false;
   auto a = w->queue.front();
-  auto sent = Clock::now();
-  conn->eval(detail::acquire_script(), {a->lock_key, a->fence_key, a->token, std::to_string(a->spec.ttl.count())}, 2,
-             [this, a, sent, w](const redisReply* r, std::exception_ptr err) {
-               w->in_flight = false;
-               on_acquire_reply(a, sent, r, err, w);
-             });
+  quorum_acquire(a, [this, a, w](const detail::AcquireOutcome& out) {
+    w->in_flight = false;
+    on_acquire_outcome(a, out, w);
+  });
 }
 
-void Runtime::Impl::on_acquire_reply(std::shared_ptr<Acquisition> a, Clock::time_point sent, const redisReply* r,
-                                     std::exception_ptr err, KeyWaiters* w) {
-  bool taken = !err && integer_at(r, 0) == 1;
+void Runtime::Impl::on_acquire_outcome(const std::shared_ptr<Acquisition>& a, const detail::AcquireOutcome& out,
+                                       KeyWaiters* w) {
+  using Kind = detail::AcquireOutcome::Kind;
   if (a->done) {
     // Its wait ran out (or the runtime stopped) while the attempt was in
     // flight: a lock taken now belongs to nobody, so give it back.
-    if (taken) {
-      conn->eval(detail::release_script(), {a->lock_key, a->token, a->channel}, 1,
-                 [](const redisReply*, std::exception_ptr) {});
-    }
+    if (out.kind == Kind::kTaken) quorum_release(a->lock_key, a->token, a->channel, [](bool, bool, bool, std::string) {});
     if (w) {
       attempt_head(w->channel);
       maybe_forget(w);
@@ -439,31 +215,31 @@ void Runtime::Impl::on_acquire_reply(std::shared_ptr<Acquisition> a, Clock::time
     return;
   }
   if (w && (w->queue.empty() || w->queue.front() != a)) return;  // cannot happen: the head stays until done
-  if (w && err && is_connection_error(err)) {
+  if (w && out.kind == Kind::kFailed && is_connection_error(out.error)) {
     // A waiter keeps its place through a connection blip: the next attempt
     // queues for the reconnect. Its wait deadline still bounds it, and then
     // it reports this error rather than a busy lock.
-    w->connection_error = err;
+    w->connection_error = out.error;
     attempt_head(w->channel);
     return;
   }
   if (w) w->connection_error = nullptr;
-  if (err || taken) {
+  if (out.kind != Kind::kBusy) {
     if (w) w->queue.pop_front();
     a->done = true;
     a->wait_timeout.cancel();
-    if (err) {
-      fail(a, err);
+    if (out.kind == Kind::kFailed) {
+      fail(a, out.error);
       if (w) attempt_head(w->channel);
     } else {
       if (w) w->held_locally = true;
-      grant(a, static_cast<std::uint64_t>(integer_at(r, 1)), sent);
+      grant(a, out.fence, out.sent);
     }
     if (w) maybe_forget(w);
     return;
   }
   // Busy.
-  auto pttl = milliseconds(std::max<long long>(1, integer_at(r, 1)));
+  auto pttl = std::max(out.pttl, milliseconds(1));
   if (w == nullptr) {
     a->done = true;
     fail(a, std::make_exception_ptr(LockNotAcquired(
@@ -477,7 +253,7 @@ void Runtime::Impl::on_acquire_reply(std::shared_ptr<Acquisition> a, Clock::time
   if (!w->subscribed) {
     // Subscribe, and try again once the subscription is confirmed: a
     // release between this attempt and the subscription is not missed.
-    sub->subscribe(w->channel);
+    subscribe_all(w->channel);
   }
   // Sleep until a release is published or the holder's ttl runs out (a
   // holder that died never publishes).
@@ -518,7 +294,7 @@ void Runtime::Impl::on_wait_expired(Acquisition* raw) {
 void Runtime::Impl::maybe_forget(KeyWaiters* w) {
   if (!w->queue.empty() || w->in_flight) return;
   w->retry.cancel();
-  sub->unsubscribe(w->channel);
+  unsubscribe_all(w->channel);
   waiters.erase(w->channel);
 }
 
@@ -625,58 +401,33 @@ void Runtime::Impl::send_renew(LeaseRecord* l) {
 }
 
 void Runtime::Impl::flush_renewals() {
-  // Every renewal that came due in this tick shares one command (in chunks,
-  // so one script never holds Redis for long).
+  // Every renewal that came due in this tick shares one command per node
+  // (in chunks, so one script never holds Redis for long).
   constexpr std::size_t kChunk = 512;
   if (renew_batch.empty()) return;
   auto sent = Clock::now();
-  for (std::size_t from = 0; from < renew_batch.size(); from += kChunk) {
-    std::size_t n = std::min(kChunk, renew_batch.size() - from);
-    std::vector<std::shared_ptr<LeaseRecord>> chunk(renew_batch.begin() + static_cast<std::ptrdiff_t>(from),
-                                                    renew_batch.begin() + static_cast<std::ptrdiff_t>(from + n));
-    std::vector<std::string> args;
-    args.reserve(3 * n);
-    for (auto& l : chunk) args.push_back(l->lock_key);
-    for (auto& l : chunk) {
-      args.push_back(l->token);
-      args.push_back(std::to_string(l->ttl().count()));
+  if (renew_batch.size() <= kChunk) {
+    quorum_renew(std::move(renew_batch), sent);
+  } else {
+    for (std::size_t from = 0; from < renew_batch.size(); from += kChunk) {
+      auto first = renew_batch.begin() + static_cast<std::ptrdiff_t>(from);
+      auto last = renew_batch.begin() + static_cast<std::ptrdiff_t>(std::min(renew_batch.size(), from + kChunk));
+      quorum_renew(std::vector<std::shared_ptr<LeaseRecord>>(first, last), sent);
     }
-    stats.renewals_sent.fetch_add(n, std::memory_order_relaxed);
-    stats.renew_commands.fetch_add(1, std::memory_order_relaxed);
-    conn->eval(detail::renew_script(), std::move(args), static_cast<int>(n),
-               [this, chunk = std::move(chunk), sent](const redisReply* r, std::exception_ptr err) {
-                 if (!err && (r->type != REDIS_REPLY_ARRAY || r->elements != chunk.size()))
-                   err = std::make_exception_ptr(RedisError(endpoint.name(), "unexpected reply to the renewal script"));
-                 for (std::size_t i = 0; i < chunk.size(); ++i) {
-                   const redisReply* e = err ? nullptr : r->element[i];
-                   long long v = (e != nullptr && e->type == REDIS_REPLY_INTEGER) ? e->integer : -2;
-                   on_renew_reply(chunk[i], sent, v, err);
-                 }
-               });
   }
   renew_batch.clear();
 }
 
-void Runtime::Impl::on_renew_reply(const std::shared_ptr<LeaseRecord>& l, Clock::time_point sent, long long v,
-                                   std::exception_ptr err) {
-  if (l->work_finished || l->lost()) return;
-  if (err || v == -2) {
-    // Transient until the local deadline: one lost reply must not cost the
-    // lease, so try again a tick later.
-    l->lost_detail = err ? what_of(err) : "Redis refused the renewal";
-    l->timeout.cancel();
-    auto next = std::min(Clock::now() + options.tick, l->deadline());
-    schedule(*l, LeaseRecord::Phase::kRetryDue, next);
-    return;
-  }
-  if (v == 0) {
-    lose(l.get(), LostReason::kExpired);
-    return;
-  }
-  if (v < 0) {
-    lose(l.get(), LostReason::kTakenByOther);
-    return;
-  }
+void Runtime::Impl::renewal_failed(const std::shared_ptr<LeaseRecord>& l, std::string why) {
+  // Transient until the local deadline: one lost reply must not cost the
+  // lease, so try again a tick later.
+  l->lost_detail = std::move(why);
+  l->timeout.cancel();
+  auto next = std::min(Clock::now() + options.tick, l->deadline());
+  schedule(*l, LeaseRecord::Phase::kRetryDue, next);
+}
+
+void Runtime::Impl::on_renewed(const std::shared_ptr<LeaseRecord>& l, Clock::time_point sent) {
   l->timeout.cancel();
   l->bump_renewals();
   l->set_deadline(sent + l->ttl() - l->drift);
@@ -719,18 +470,16 @@ void Runtime::Impl::work_done(const std::shared_ptr<LeaseRecord>& l) {
 }
 
 void Runtime::Impl::send_release(const std::shared_ptr<LeaseRecord>& l, std::function<void(bool)> then) {
-  conn->eval(detail::release_script(), {l->lock_key, l->token, l->channel}, 1,
-             [this, l, then = std::move(then)](const redisReply* r, std::exception_ptr err) {
-               if (err) {
-                 if (!l->lost()) l->lost_detail = "release not confirmed: " + what_of(err);
-                 then(false);
-                 return;
-               }
-               long long v = r->type == REDIS_REPLY_INTEGER ? r->integer : 0;
-               if (v == 0) lose(l.get(), LostReason::kExpired, "found at release");
-               if (v < 0) lose(l.get(), LostReason::kTakenByOther, "found at release");
-               then(true);
-             });
+  quorum_release(l->lock_key, l->token, l->channel,
+                 [this, l, then = std::move(then)](bool freed, bool held, bool taken, std::string why) {
+                   if (!freed) {
+                     if (!l->lost()) l->lost_detail = "release not confirmed: " + why;
+                     then(false);
+                     return;
+                   }
+                   if (!held) lose(l.get(), taken ? LostReason::kTakenByOther : LostReason::kExpired, "found at release");
+                   then(true);
+                 });
 }
 
 void Runtime::Impl::finish_lease(const std::shared_ptr<LeaseRecord>& l) {
@@ -798,8 +547,10 @@ void Runtime::Impl::begin_stop() {
 void Runtime::Impl::close_all() {
   wheel.stop();
   uv_close(reinterpret_cast<uv_handle_t*>(&wheel_timer), nullptr);
-  conn->close();
-  sub->close();
+  for (auto& n : nodes) {
+    n.conn->close();
+    n.sub->close();
+  }
 }
 
 void Runtime::Impl::stop() {
@@ -819,8 +570,7 @@ void Runtime::Impl::stop() {
   loop.shutdown([this] { close_all(); });
   waiters.clear();
   leases.clear();
-  conn.reset();
-  sub.reset();
+  nodes.clear();
 }
 
 // ------------------------------------------------------------------ public

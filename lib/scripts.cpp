@@ -53,6 +53,15 @@ if v then return -1 end
 return 0
 )lua";
 
+// Redlock: raises a node's fencing counter to the token handed out, so any
+// later majority (which shares a node with this one) counts past it.
+constexpr std::string_view kRaiseFence = R"lua(
+local c = tonumber(redis.call('get', KEYS[1]) or '0')
+local f = tonumber(ARGV[1])
+if c < f then redis.call('set', KEYS[1], ARGV[1]) end
+return 1
+)lua";
+
 inline std::uint32_t rol(std::uint32_t x, int n) { return (x << n) | (x >> (32 - n)); }
 
 }  // namespace
@@ -114,6 +123,10 @@ const Script& acquire_script() {
 }
 const Script& renew_script() {
   static const Script s{kRenew, sha1_hex(kRenew)};
+  return s;
+}
+const Script& raise_fence_script() {
+  static const Script s{kRaiseFence, sha1_hex(kRaiseFence)};
   return s;
 }
 const Script& release_script() {

@@ -27,6 +27,9 @@ const Script& renew_script();
 // 0 gone, -1 other owner.
 const Script& release_script();
 
+// KEYS: fence. ARGV: token. Raises the counter to the token if below it.
+const Script& raise_fence_script();
+
 std::string sha1_hex(std::string_view data);
 
 }  // namespace lockwatch::detail

@@ -248,9 +248,11 @@ class TimerWheelCore {
   // Written by the owner only, read by pending() anywhere.
   std::atomic<std::size_t> linked_{0};
 
-  // The mailbox.
-  mutable std::mutex mutex_;
-  bool stopped_ = false;  // written by the owner under mutex_
+  bool stopped_ = false;
+
+  // The mailbox, on its own cache lines: other threads write it all the time.
+  alignas(64) mutable std::mutex mutex_;
+  bool mailbox_closed_ = false;  // set by stop()
   std::atomic<bool> has_mail_{false};
   TimerNode* inbox_ = nullptr;
   std::int64_t inbox_min_deadline_ = kMaxDeadline;
@@ -349,7 +351,7 @@ LOCKWATCH_HOT Timeout TimerWheelCore::schedule_on_owner(std::uintptr_t task, std
 Timeout TimerWheelCore::schedule_from_elsewhere(std::uintptr_t task, std::int64_t deadline,
                                                 bool immediate) {
   std::lock_guard lock(mutex_);
-  if (stopped_) throw std::logic_error("TimerWheel: stopped");
+  if (mailbox_closed_) throw std::logic_error("TimerWheel: stopped");
   check_room();
   if (reserve_ == nullptr) add_slab_locked(reserve_, reserve_count_);
   TimerNode* node = reserve_;
@@ -449,7 +451,7 @@ LOCKWATCH_HOT void TimerWheelCore::cancelled(TimerNode* node) noexcept {
 // next advance().
 void TimerWheelCore::cancelled_elsewhere(TimerNode* node) noexcept {
   std::lock_guard lock(mutex_);
-  if (stopped_) return;  // stop() already took care of every node
+  if (mailbox_closed_) return;  // stop() already took care of every node
   cancels_.push_back(node);
   cancel_count_.store(cancel_count_.load(std::memory_order_relaxed) + 1, std::memory_order_relaxed);
   has_mail_.store(true, std::memory_order_release);
@@ -681,7 +683,8 @@ std::size_t TimerWheelCore::stop_locked_out() {
   TimerNode* inbox;
   {
     std::lock_guard lock(mutex_);
-    if (stopped_) return 0;
+    if (mailbox_closed_) return 0;
+    mailbox_closed_ = true;
     stopped_ = true;
     inbox = std::exchange(inbox_, nullptr);
     inbox_count_.store(0, std::memory_order_relaxed);

@@ -276,6 +276,28 @@ TEST_F(TimerWheelTest, PastDeadlineRunsAtTheNextAdvance) {
   EXPECT_EQ(task.runs, 1);
 }
 
+TEST_F(TimerWheelTest, HugeDelaysSaturateInsteadOfOverflowing) {
+  TimerWheel wheel(options(1ms, 8), fake_now);
+  wheel.bind_to_current_thread();
+  RecordingTask never, at_max, now;
+  Timeout a = wheel.new_timeout(never, std::chrono::nanoseconds::max());
+  Timeout b = wheel.new_timeout_at(at_max, Clock::time_point::max());
+  wheel.new_timeout(now, std::chrono::nanoseconds::min());  // runs at the next advance
+  wheel.new_timeout_at(now, Clock::time_point::min());
+  EXPECT_EQ(advance_to(wheel, 1h), 2u);
+  EXPECT_EQ(now.runs, 2);
+  EXPECT_EQ(never.runs, 0);
+  EXPECT_EQ(at_max.runs, 0);
+  // A lower bound: the far ring only knows the epoch modulo its size.
+  auto next = wheel.next_expiry_in();
+  ASSERT_TRUE(next.has_value());
+  EXPECT_GT(*next, 0ns);
+  EXPECT_EQ(advance_to(wheel, 1h + *next), 0u);
+  EXPECT_TRUE(a.cancel());
+  EXPECT_TRUE(b.cancel());
+  EXPECT_EQ(wheel.pending(), 0u);
+}
+
 TEST_F(TimerWheelTest, OwnerDelaysCountFromTheLastAdvance) {
   TimerWheel wheel(options(1ms), fake_now);
   wheel.bind_to_current_thread();

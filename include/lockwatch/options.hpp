@@ -9,6 +9,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <string>
+#include <vector>
 
 namespace lockwatch {
 
@@ -22,12 +23,16 @@ struct Endpoint {
 
   // Parses a redis:// URL; throws InvalidArgument naming what is wrong.
   static Endpoint parse(const std::string& url);
+  // Parses a comma-separated list of redis:// URLs (one or more).
+  static std::vector<Endpoint> parse_list(const std::string& urls);
   // "host:port" (credentials never appear in messages).
   std::string name() const;
 };
 
 struct Options {
-  // Where the locks live: `redis://[user:password@]host:port[/db]`.
+  // Where the locks live: `redis://[user:password@]host:port[/db]`, or a
+  // comma-separated list of such URLs for Redlock over independent masters
+  // (every acquisition and renewal then needs a majority of them).
   std::string redis_url = "redis://127.0.0.1:6379";
   // Worker threads that run locked work; 0 means one per core.
   std::size_t threads = 0;

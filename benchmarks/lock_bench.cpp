@@ -1,0 +1,692 @@
+// Lock cycle benchmarks: acquire + empty work + release against one local
+// redis-server, with the protocol's limit in the same binary and run.
+//
+//   BM_RawHiredis/<conc>/uncontended   the limit: lockwatch's own acquire and
+//       release scripts sent by hand through hiredis async on a libuv loop in
+//       this thread; <conc> state machines (acquire, on its reply release, on
+//       that reply the next cycle) pipelined on one connection.
+//   BM_LockHandle/<conc>/<mode>        Runtime::acquire(), then
+//       LockHandle::release(), each waited on through its future.
+//   BM_Locked/<conc>/<mode>            lockwatch::locked(...) with an empty
+//       callable: key formatting, the pool hop and the future included.
+//
+// <mode>: uncontended = a fresh key every cycle; contended = every caller on
+// one key, waiting up to 10 s for it (.wait(10s) / the wait argument).
+// <conc> = 1, 16, 64 callers. Lock ttl 30 s (as the peers' harness).
+//
+// Concurrency: the callers of BM_LockHandle and BM_Locked are std::threads,
+// each doing blocking cycles (call, wait on the future, next call). The API
+// returns std::future, which has no continuation, so a thread per caller is
+// how an application consumes it; on 2 cores, 64 threads pay futex wake-ups
+// and context switches that BM_RawHiredis (callbacks on one thread) does not,
+// and that difference is part of what the rows compare. The threads are our
+// own rather than ->Threads(n): every caller runs until a common deadline
+// and we count what each one completed, which is what shows starvation on a
+// contended key (->Threads(n) gives every thread the same iteration count).
+//
+// One benchmark iteration is a slice of kSlice: all callers cycle until the
+// slice's deadline, then finish the cycle they are in. The manual time of an
+// iteration runs from the start signal to the last caller's finish, so the
+// Time column is the slice, not a cycle; read the counters:
+//   cycles_per_s        completed cycles / measured time (kIsRate)
+//   p50_us, p99_us      latency of a whole cycle, acquire to release done
+//   cpu_us_per_cycle    this process's CPU (user + sys, all threads) / cycle
+//   evals_per_cycle     EVALSHA + EVAL calls seen by Redis / cycle (2 ideal)
+//   srv_cmds_per_cycle  every command Redis ran, Lua's included, / cycle
+//   redis_cpu_us_per_cycle  redis-server's CPU / cycle
+//   foreign_cores, steal_cores  CPU taken by other processes and by the
+//                       hypervisor while the row ran (noise: trust rows
+//                       where both are near 0)
+//   contended rows also:
+//   max_wait_ms         longest wait for the lock (call to lock granted)
+//   min_caller_cycles, mean_caller_cycles, min_over_mean   starvation: the
+//                       fewest cycles any caller completed vs the mean
+// A caller that completes no cycle, or any failed call, fails the row.
+//
+// Without --benchmark_min_time the binary runs each row for at least 2 s
+// (about 40 s in all); --benchmark_min_time=0.01 runs one slice per row.
+#include <benchmark/benchmark.h>
+#include <fmt/format.h>
+#include <hiredis/adapters/libuv.h>
+#include <hiredis/async.h>
+#include <hiredis/hiredis.h>
+#include <sys/resource.h>
+#include <unistd.h>
+#include <uv.h>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <functional>
+#include <future>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <numeric>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "lockwatch/lockwatch.hpp"
+#include "scripts.hpp"
+#include "support/redis_server.hpp"
+
+namespace {
+
+using namespace std::chrono_literals;
+using Clock = std::chrono::steady_clock;
+
+constexpr auto kTtl = 30s;
+constexpr auto kContendedWait = 10s;
+constexpr auto kSlice = 200ms;
+// No single future is waited on longer than this (the library bounds every
+// call by the wait and the command timeout; this only turns a bug into a
+// failed row instead of a hang).
+constexpr auto kFutureBound = 20s;
+// A slice whose callers have not all finished by its deadline plus this fails
+// the whole binary.
+constexpr auto kSliceBound = 60s;
+constexpr const char* kDefaultMinTime = "--benchmark_min_time=2";
+
+lockwatch::testing::RedisServer* g_redis = nullptr;
+std::atomic<std::uint64_t> g_run{0};  // makes keys unique per benchmark run
+
+double micros(Clock::duration d) { return std::chrono::duration<double, std::micro>(d).count(); }
+
+double process_cpu_seconds() {
+  rusage u{};
+  getrusage(RUSAGE_SELF, &u);
+  return static_cast<double>(u.ru_utime.tv_sec + u.ru_stime.tv_sec) +
+         static_cast<double>(u.ru_utime.tv_usec + u.ru_stime.tv_usec) * 1e-6;
+}
+
+// `calls` per command from INFO commandstats (lower-case names; commands run
+// inside Lua scripts are counted too).
+std::map<std::string, long long> command_calls() {
+  std::map<std::string, long long> out;
+  auto reply = g_redis->command({"INFO", "commandstats"});
+  std::size_t pos = 0;
+  const std::string& s = reply.str;
+  while ((pos = s.find("cmdstat_", pos)) != std::string::npos) {
+    std::size_t colon = s.find(':', pos);
+    std::size_t calls = s.find("calls=", colon);
+    if (colon == std::string::npos || calls == std::string::npos) break;
+    out[s.substr(pos + 8, colon - pos - 8)] = std::atoll(s.c_str() + calls + 6);
+    pos = calls;
+  }
+  return out;
+}
+
+struct CommandDelta {
+  long long evals = 0;
+  long long all = 0;  // except INFO
+};
+
+CommandDelta command_delta(const std::map<std::string, long long>& before,
+                           const std::map<std::string, long long>& after) {
+  CommandDelta d;
+  for (const auto& [name, calls] : after) {
+    auto it = before.find(name);
+    long long n = calls - (it == before.end() ? 0 : it->second);
+    if (name == "info") continue;
+    d.all += n;
+    if (name == "evalsha" || name == "eval") d.evals += n;
+  }
+  return d;
+}
+
+// CPU seconds so far: this process, redis-server, and the whole machine
+// (busy and stolen by the hypervisor, from /proc/stat), to tell how much of
+// the machine other processes took while a row ran.
+struct CpuSample {
+  Clock::time_point wall = Clock::now();
+  double self = process_cpu_seconds();
+  double redis = 0;
+  double busy = 0;
+  double steal = 0;
+};
+
+CpuSample sample_cpu() {
+  CpuSample s;
+  auto info = g_redis->command({"INFO", "cpu"});
+  for (const char* field : {"used_cpu_sys:", "used_cpu_user:"}) {
+    auto pos = info.str.find(field);
+    if (pos != std::string::npos) s.redis += std::atof(info.str.c_str() + pos + std::strlen(field));
+  }
+  if (std::FILE* f = std::fopen("/proc/stat", "r")) {
+    unsigned long long user = 0, nice = 0, system = 0, idle = 0, iowait = 0, irq = 0, softirq = 0, steal = 0;
+    if (std::fscanf(f, "cpu %llu %llu %llu %llu %llu %llu %llu %llu", &user, &nice, &system, &idle, &iowait, &irq,
+                    &softirq, &steal) == 8) {
+      double hz = static_cast<double>(sysconf(_SC_CLK_TCK));
+      s.busy = static_cast<double>(user + nice + system + irq + softirq) / hz;
+      s.steal = static_cast<double>(steal) / hz;
+    }
+    std::fclose(f);
+  }
+  return s;
+}
+
+struct CpuDelta {
+  double wall = 0, self = 0, redis = 0, foreign_cores = 0, steal_cores = 0;
+};
+
+CpuDelta cpu_delta(const CpuSample& a, const CpuSample& b) {
+  CpuDelta d;
+  d.wall = std::chrono::duration<double>(b.wall - a.wall).count();
+  d.self = b.self - a.self;
+  d.redis = b.redis - a.redis;
+  if (d.wall > 0) {
+    d.foreign_cores = std::max(0.0, (b.busy - a.busy) - d.self - d.redis) / d.wall;
+    d.steal_cores = (b.steal - a.steal) / d.wall;
+  }
+  return d;
+}
+
+// Starts each run on an empty keyspace: uncontended cycles leave one fencing
+// counter per key behind. Scripts survive FLUSHALL.
+void reset_redis() { g_redis->command({"FLUSHALL"}); }
+
+// What one caller saw over a whole benchmark run (all its slices).
+struct Tally {
+  std::vector<float> cycle_us;
+  double max_wait_us = 0;
+  std::uint64_t cycles = 0;
+  std::uint64_t failures = 0;
+  std::string first_error;
+
+  void fail(std::string what) {
+    ++failures;
+    if (first_error.empty()) first_error = std::move(what);
+  }
+};
+
+double percentile(std::vector<float>& v, double q) {
+  if (v.empty()) return 0;
+  auto k = static_cast<std::size_t>(q * static_cast<double>(v.size() - 1));
+  std::nth_element(v.begin(), v.begin() + static_cast<std::ptrdiff_t>(k), v.end());
+  return v[k];
+}
+
+// Accumulates slices and writes the counters.
+class Recorder {
+ public:
+  Recorder() : commands_before_(command_calls()), cpu_before_(sample_cpu()) {}
+
+  // This process's CPU during one slice.
+  void add_slice(double cpu_seconds) { cpu_seconds_ += cpu_seconds; }
+
+  void report(benchmark::State& state, std::vector<Tally>& tallies, bool contended) {
+    CpuDelta cpu = cpu_delta(cpu_before_, sample_cpu());
+    CommandDelta cmds = command_delta(commands_before_, command_calls());
+    std::vector<float> all;
+    std::uint64_t cycles = 0, failures = 0, min_cycles = UINT64_MAX;
+    double max_wait_us = 0;
+    std::string error;
+    for (auto& t : tallies) {
+      all.insert(all.end(), t.cycle_us.begin(), t.cycle_us.end());
+      cycles += t.cycles;
+      failures += t.failures;
+      min_cycles = std::min(min_cycles, t.cycles);
+      max_wait_us = std::max(max_wait_us, t.max_wait_us);
+      if (error.empty()) error = t.first_error;
+    }
+    double n = static_cast<double>(std::max<std::uint64_t>(cycles, 1));
+    state.counters["cycles_per_s"] = benchmark::Counter(static_cast<double>(cycles), benchmark::Counter::kIsRate);
+    state.counters["p50_us"] = percentile(all, 0.50);
+    state.counters["p99_us"] = percentile(all, 0.99);
+    state.counters["cpu_us_per_cycle"] = cpu_seconds_ * 1e6 / n;
+    state.counters["evals_per_cycle"] = static_cast<double>(cmds.evals) / n;
+    state.counters["srv_cmds_per_cycle"] = static_cast<double>(cmds.all) / n;
+    state.counters["redis_cpu_us_per_cycle"] = cpu.redis * 1e6 / n;
+    state.counters["foreign_cores"] = cpu.foreign_cores;
+    state.counters["steal_cores"] = cpu.steal_cores;
+    if (contended) {
+      double mean = static_cast<double>(cycles) / static_cast<double>(tallies.size());
+      state.counters["max_wait_ms"] = max_wait_us / 1000;
+      state.counters["min_caller_cycles"] = static_cast<double>(min_cycles);
+      state.counters["mean_caller_cycles"] = mean;
+      state.counters["min_over_mean"] = mean > 0 ? static_cast<double>(min_cycles) / mean : 0;
+    }
+    if (failures != 0) {
+      state.SkipWithError(fmt::format("{} failed calls; first: {}", failures, error).c_str());
+    } else if (min_cycles == 0) {
+      state.SkipWithError("a caller completed no cycle (starved)");
+    }
+  }
+
+ private:
+  std::map<std::string, long long> commands_before_;
+  CpuSample cpu_before_;
+  double cpu_seconds_ = 0;
+};
+
+// Runs `body(caller, tally, deadline)` on n threads, one slice at a time.
+class CallerThreads {
+ public:
+  using Body = std::function<void(int caller, Tally& tally, Clock::time_point deadline)>;
+
+  CallerThreads(int n, Body body) : body_(std::move(body)), tallies_(static_cast<std::size_t>(n)) {
+    threads_.reserve(static_cast<std::size_t>(n));
+    for (int i = 0; i < n; ++i) threads_.emplace_back([this, i] { work(i); });
+  }
+
+  ~CallerThreads() {
+    {
+      std::lock_guard lk(mu_);
+      quit_ = true;
+    }
+    start_cv_.notify_all();
+    for (auto& t : threads_) t.join();
+  }
+
+  // Returns the slice's wall time, from the start signal to the last finish.
+  double run_slice(Clock::duration length) {
+    auto start = Clock::now();
+    {
+      std::lock_guard lk(mu_);
+      deadline_ = start + length;
+      finished_ = 0;
+      ++generation_;
+    }
+    start_cv_.notify_all();
+    std::unique_lock lk(mu_);
+    if (!done_cv_.wait_until(lk, deadline_ + kSliceBound, [&] { return finished_ == threads_.size(); })) {
+      std::fprintf(stderr, "lock_bench: callers did not finish a slice within %lld s of its end\n",
+                   static_cast<long long>(std::chrono::duration_cast<std::chrono::seconds>(kSliceBound).count()));
+      std::abort();
+    }
+    return std::chrono::duration<double>(last_finish_ - start).count();
+  }
+
+  std::vector<Tally>& tallies() { return tallies_; }
+
+ private:
+  void work(int i) {
+    std::uint64_t seen = 0;
+    for (;;) {
+      Clock::time_point deadline;
+      {
+        std::unique_lock lk(mu_);
+        start_cv_.wait(lk, [&] { return quit_ || generation_ != seen; });
+        if (quit_) return;
+        seen = generation_;
+        deadline = deadline_;
+      }
+      body_(i, tallies_[static_cast<std::size_t>(i)], deadline);
+      auto now = Clock::now();
+      {
+        std::lock_guard lk(mu_);
+        last_finish_ = std::max(last_finish_, now);
+        if (++finished_ == threads_.size()) done_cv_.notify_one();
+      }
+    }
+  }
+
+  Body body_;
+  std::vector<Tally> tallies_;
+  std::vector<std::thread> threads_;
+  std::mutex mu_;
+  std::condition_variable start_cv_, done_cv_;
+  std::uint64_t generation_ = 0;  // guarded by mu_
+  Clock::time_point deadline_;    // guarded by mu_
+  Clock::time_point last_finish_; // guarded by mu_
+  std::size_t finished_ = 0;      // guarded by mu_
+  bool quit_ = false;             // guarded by mu_
+};
+
+// Drives the slices of a threaded row and reports it.
+void run_threaded(benchmark::State& state, int conc, bool contended, const CallerThreads::Body& body) {
+  Recorder rec;
+  CallerThreads callers(conc, body);
+  for (auto _ : state) {
+    double cpu0 = process_cpu_seconds();
+    double seconds = callers.run_slice(kSlice);
+    rec.add_slice(process_cpu_seconds() - cpu0);
+    state.SetIterationTime(seconds);
+  }
+  rec.report(state, callers.tallies(), contended);
+}
+
+template <class T>
+bool ready_in_bound(std::future<T>& f, Tally& tally, const char* what) {
+  if (f.wait_for(kFutureBound) == std::future_status::ready) return true;
+  tally.fail(fmt::format("{} not ready within {} s", what, kFutureBound.count()));
+  return false;
+}
+
+lockwatch::Options runtime_options() {
+  lockwatch::Options o;
+  o.redis_url = g_redis->url();
+  o.threads = 2;  // one per core
+  return o;
+}
+
+// One cycle on a fresh key before timing: connects, loads the scripts.
+void warm_up(lockwatch::Runtime& rt, std::uint64_t run) {
+  auto h = rt.acquire(fmt::format("warm:{}", run), kTtl).get();
+  h.release().get();
+}
+
+// ------------------------------------------------------------ LockHandle
+
+void BM_LockHandle(benchmark::State& state, int conc, bool contended) {
+  reset_redis();
+  std::uint64_t run = ++g_run;
+  lockwatch::Runtime rt(runtime_options());
+  warm_up(rt, run);
+  const auto wait = contended ? std::chrono::milliseconds(kContendedWait) : 0ms;
+  const std::string hot = fmt::format("lh:hot:{}", run);
+  std::vector<std::uint64_t> next(static_cast<std::size_t>(conc), 0);
+
+  run_threaded(state, conc, contended, [&](int caller, Tally& tally, Clock::time_point deadline) {
+    std::uint64_t& n = next[static_cast<std::size_t>(caller)];
+    while (Clock::now() < deadline) {
+      std::string key = contended ? hot : fmt::format("lh:{}:{}:{}", run, caller, n++);
+      auto t0 = Clock::now();
+      try {
+        auto acquired = rt.acquire(std::move(key), kTtl, lockwatch::forever, wait);
+        if (!ready_in_bound(acquired, tally, "acquire")) return;
+        lockwatch::LockHandle h = acquired.get();
+        auto t1 = Clock::now();
+        auto released = h.release();
+        if (!ready_in_bound(released, tally, "release")) return;
+        released.get();
+        auto t2 = Clock::now();
+        tally.cycle_us.push_back(static_cast<float>(micros(t2 - t0)));
+        tally.max_wait_us = std::max(tally.max_wait_us, micros(t1 - t0));
+        ++tally.cycles;
+      } catch (const std::exception& e) {
+        tally.fail(e.what());
+        return;
+      }
+    }
+  });
+}
+
+// ---------------------------------------------------------------- LOCKED
+
+// Where the callable notes when it started, to tell the wait for the lock.
+struct WorkStart {
+  Clock::time_point at;
+};
+
+void BM_Locked(benchmark::State& state, int conc, bool contended) {
+  reset_redis();
+  std::uint64_t run = ++g_run;
+  // Before the runtime: a call abandoned after kFutureBound may still write.
+  std::vector<WorkStart> starts(static_cast<std::size_t>(conc));
+  lockwatch::Runtime rt(runtime_options());
+  warm_up(rt, run);
+  // Arguments: run, caller, cycle, and where to note the start (not part of
+  // the key). Contended calls all format the same key.
+  auto work = [](std::uint64_t, int, std::uint64_t, WorkStart* s) { s->at = Clock::now(); };
+  auto fn = contended ? lockwatch::locked("lk:hot:{0}", kTtl, lockwatch::forever).on(rt).wait(kContendedWait)(work)
+                      : lockwatch::locked("lk:{0}:{1}:{2}", kTtl, lockwatch::forever).on(rt)(work);
+  std::vector<std::uint64_t> next(static_cast<std::size_t>(conc), 0);
+
+  run_threaded(state, conc, contended, [&](int caller, Tally& tally, Clock::time_point deadline) {
+    std::uint64_t& n = next[static_cast<std::size_t>(caller)];
+    WorkStart& started = starts[static_cast<std::size_t>(caller)];
+    while (Clock::now() < deadline) {
+      auto t0 = Clock::now();
+      try {
+        auto done = fn(run, caller, n++, &started);
+        if (!ready_in_bound(done, tally, "locked call")) return;
+        done.get();
+        auto t1 = Clock::now();
+        tally.cycle_us.push_back(static_cast<float>(micros(t1 - t0)));
+        tally.max_wait_us = std::max(tally.max_wait_us, micros(started.at - t0));
+        ++tally.cycles;
+      } catch (const std::exception& e) {
+        tally.fail(e.what());
+        return;
+      }
+    }
+  });
+}
+
+// --------------------------------------------------------- raw hiredis
+
+// The protocol with nothing around it: <conc> callers as state machines on
+// one hiredis async connection and one libuv loop, run on this thread.
+class RawClient {
+ public:
+  RawClient(int conc, std::uint64_t run) : run_(run), callers_(static_cast<std::size_t>(conc)) {
+    uv_loop_init(&loop_);
+    uv_timer_init(&loop_, &bound_timer_);
+    bound_timer_.data = this;
+    for (std::size_t i = 0; i < callers_.size(); ++i) {
+      callers_[i].client = this;
+      callers_[i].id = static_cast<int>(i);
+    }
+    ac_ = redisAsyncConnect("127.0.0.1", g_redis->port());
+    if (ac_ == nullptr || ac_->err) {
+      error_ = ac_ ? ac_->errstr : "out of memory";
+      return;
+    }
+    ac_->data = this;
+    redisLibuvAttach(ac_, &loop_);
+    redisAsyncSetDisconnectCallback(ac_, &RawClient::on_disconnect);
+    // The first reply says the connection is up.
+    redisAsyncCommand(
+        ac_,
+        [](redisAsyncContext* ac, void* r, void*) {
+          auto* self = static_cast<RawClient*>(ac->data);
+          if (r == nullptr) self->error_ = "PING failed";
+          uv_stop(&self->loop_);
+        },
+        nullptr, "PING");
+    run_bounded(Clock::now() + 10s);
+  }
+
+  ~RawClient() {
+    if (ac_ != nullptr) redisAsyncDisconnect(ac_);  // frees it once the replies are in
+    uv_close(reinterpret_cast<uv_handle_t*>(&bound_timer_), nullptr);
+    uv_run(&loop_, UV_RUN_DEFAULT);
+    if (uv_loop_close(&loop_) != 0) std::fprintf(stderr, "lock_bench: raw client left a uv handle open\n");
+  }
+
+  RawClient(const RawClient&) = delete;
+  RawClient& operator=(const RawClient&) = delete;
+
+  const std::string& error() const { return error_; }
+  std::vector<Tally>& tallies() { return tallies_; }
+
+  // Every caller cycles until `length` has passed, then finishes its cycle.
+  // Returns the wall time until the last one finished.
+  double run_slice(Clock::duration length) {
+    auto start = Clock::now();
+    deadline_ = start + length;
+    active_ = callers_.size();
+    for (auto& c : callers_) send_acquire(c);
+    run_bounded(deadline_ + kSliceBound);
+    if (active_ != 0) {
+      std::fprintf(stderr, "lock_bench: raw callers did not finish a slice in time\n");
+      std::abort();
+    }
+    return std::chrono::duration<double>(last_finish_ - start).count();
+  }
+
+ private:
+  struct Caller {
+    RawClient* client = nullptr;
+    int id = 0;
+    std::uint64_t n = 0;
+    Clock::time_point started;
+    char lock_key[96] = {};
+    char fence_key[104] = {};
+    char channel[104] = {};
+    char token[33] = {};
+  };
+
+  void run_bounded(Clock::time_point until) {
+    auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(until - Clock::now()).count();
+    uv_timer_start(
+        &bound_timer_,
+        [](uv_timer_t* t) {
+          auto* self = static_cast<RawClient*>(t->data);
+          if (self->error_.empty()) self->error_ = "slice not finished in time";
+          uv_stop(t->loop);
+        },
+        static_cast<std::uint64_t>(std::max<long long>(ms, 1)), 0);
+    uv_run(&loop_, UV_RUN_DEFAULT);
+    uv_timer_stop(&bound_timer_);
+  }
+
+  void send_acquire(Caller& c) {
+    // Same key layout and token size as lockwatch: `<prefix>{key}`, 32 hex.
+    std::snprintf(c.lock_key, sizeof c.lock_key, "lockwatch:{raw:%llu:%d:%llu}",
+                  static_cast<unsigned long long>(run_), c.id, static_cast<unsigned long long>(c.n++));
+    std::snprintf(c.fence_key, sizeof c.fence_key, "%s:fence", c.lock_key);
+    std::snprintf(c.channel, sizeof c.channel, "%s:rel", c.lock_key);
+    std::snprintf(c.token, sizeof c.token, "%016llx%016llx", static_cast<unsigned long long>(run_),
+                  static_cast<unsigned long long>(++tokens_));
+    c.started = Clock::now();
+    const auto& script = lockwatch::detail::acquire_script();
+    const char* argv[] = {"EVALSHA", script.sha1.c_str(), "2", c.lock_key, c.fence_key, c.token, "30000"};
+    std::size_t lens[7];
+    for (int i = 0; i < 7; ++i) lens[i] = std::strlen(argv[i]);
+    redisAsyncCommandArgv(ac_, &RawClient::on_acquired, &c, 7, argv, lens);
+  }
+
+  static void on_acquired(redisAsyncContext*, void* reply, void* privdata) {
+    auto& c = *static_cast<Caller*>(privdata);
+    auto* r = static_cast<redisReply*>(reply);
+    RawClient* self = c.client;
+    if (r == nullptr || r->type != REDIS_REPLY_ARRAY || r->elements != 2 || r->element[0]->integer != 1) {
+      self->caller_failed(c, r == nullptr ? "no reply to acquire" : "acquire refused or failed");
+      return;
+    }
+    const auto& script = lockwatch::detail::release_script();
+    const char* argv[] = {"EVALSHA", script.sha1.c_str(), "1", c.lock_key, c.token, c.channel};
+    std::size_t lens[6];
+    for (int i = 0; i < 6; ++i) lens[i] = std::strlen(argv[i]);
+    redisAsyncCommandArgv(self->ac_, &RawClient::on_released, &c, 6, argv, lens);
+  }
+
+  static void on_released(redisAsyncContext*, void* reply, void* privdata) {
+    auto& c = *static_cast<Caller*>(privdata);
+    auto* r = static_cast<redisReply*>(reply);
+    RawClient* self = c.client;
+    if (r == nullptr || r->type != REDIS_REPLY_INTEGER || r->integer != 1) {
+      self->caller_failed(c, r == nullptr ? "no reply to release" : "release did not delete");
+      return;
+    }
+    auto now = Clock::now();
+    Tally& t = self->tallies_[static_cast<std::size_t>(c.id)];
+    t.cycle_us.push_back(static_cast<float>(micros(now - c.started)));
+    ++t.cycles;
+    if (now < self->deadline_) {
+      self->send_acquire(c);
+    } else {
+      self->caller_done(now);
+    }
+  }
+
+  void caller_failed(Caller& c, const char* what) {
+    tallies_[static_cast<std::size_t>(c.id)].fail(what);
+    caller_done(Clock::now());
+  }
+
+  void caller_done(Clock::time_point now) {
+    last_finish_ = std::max(last_finish_, now);
+    if (--active_ == 0) uv_stop(&loop_);
+  }
+
+  static void on_disconnect(const redisAsyncContext* ac, int) {
+    static_cast<RawClient*>(ac->data)->ac_ = nullptr;
+  }
+
+  std::uint64_t run_;
+  uv_loop_t loop_{};
+  uv_timer_t bound_timer_{};
+  redisAsyncContext* ac_ = nullptr;
+  std::vector<Caller> callers_;
+  std::vector<Tally> tallies_ = std::vector<Tally>(callers_.size());
+  std::uint64_t tokens_ = 0;
+  std::size_t active_ = 0;
+  Clock::time_point deadline_;
+  Clock::time_point last_finish_;
+  std::string error_;
+};
+
+void BM_RawHiredis(benchmark::State& state, int conc) {
+  reset_redis();
+  std::uint64_t run = ++g_run;
+  // EVALSHA only: the scripts must be in Redis's cache.
+  g_redis->command({"SCRIPT", "LOAD", std::string(lockwatch::detail::acquire_script().source)});
+  g_redis->command({"SCRIPT", "LOAD", std::string(lockwatch::detail::release_script().source)});
+  Recorder rec;
+  RawClient client(conc, run);
+  if (!client.error().empty()) {
+    state.SkipWithError(client.error().c_str());
+    return;
+  }
+  for (auto _ : state) {
+    double cpu0 = process_cpu_seconds();
+    double seconds = client.run_slice(kSlice);
+    rec.add_slice(process_cpu_seconds() - cpu0);
+    state.SetIterationTime(seconds);
+  }
+  rec.report(state, client.tallies(), false);
+}
+
+void register_benchmarks() {
+  const int kConcurrency[] = {1, 16, 64};
+  for (int conc : kConcurrency) {
+    benchmark::RegisterBenchmark(fmt::format("BM_RawHiredis/{}/uncontended", conc).c_str(), BM_RawHiredis, conc)
+        ->UseManualTime()
+        ->Unit(benchmark::kMillisecond);
+  }
+  for (bool contended : {false, true}) {
+    const char* mode = contended ? "contended" : "uncontended";
+    for (int conc : kConcurrency) {
+      benchmark::RegisterBenchmark(fmt::format("BM_LockHandle/{}/{}", conc, mode).c_str(), BM_LockHandle, conc,
+                                   contended)
+          ->UseManualTime()
+          ->Unit(benchmark::kMillisecond);
+    }
+  }
+  for (bool contended : {false, true}) {
+    const char* mode = contended ? "contended" : "uncontended";
+    for (int conc : kConcurrency) {
+      benchmark::RegisterBenchmark(fmt::format("BM_Locked/{}/{}", conc, mode).c_str(), BM_Locked, conc, contended)
+          ->UseManualTime()
+          ->Unit(benchmark::kMillisecond);
+    }
+  }
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  // A 2 s minimum per row unless the command line sets one.
+  std::vector<char*> args(argv, argv + argc);
+  bool has_min_time = std::any_of(args.begin(), args.end(),
+                                  [](const char* a) { return std::strncmp(a, "--benchmark_min_time", 20) == 0; });
+  std::string min_time = kDefaultMinTime;
+  if (!has_min_time) args.insert(args.begin() + 1, min_time.data());
+  int n = static_cast<int>(args.size());
+  benchmark::Initialize(&n, args.data());
+  if (benchmark::ReportUnrecognizedArguments(n, args.data())) return 1;
+
+  register_benchmarks();
+  int status = 0;
+  try {
+    lockwatch::testing::RedisServer server;
+    g_redis = &server;
+    benchmark::RunSpecifiedBenchmarks();
+    g_redis = nullptr;
+    server.stop();
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "lock_bench: %s\n", e.what());
+    status = 1;
+  }
+  benchmark::Shutdown();
+  return status;
+}

@@ -1,0 +1,281 @@
+// The Redis nodes behind a runtime and the quorum over them.
+//
+// With one node every step is that node's answer. With N nodes (Redlock)
+// every step needs a majority, Q = N/2 + 1:
+// - acquire: the same token is set on all nodes at once; taken when Q nodes
+//   took it within the validity time (ttl - elapsed - drift). The fencing
+//   token is the largest of the Q counters, and before the lease is handed
+//   out those Q nodes are raised to it: a later holder needs Q nodes too,
+//   shares at least one with this majority, and increments past it there.
+//   Anything short of a majority releases on every node.
+// - renew: each node renews the batch; a lease is renewed when Q nodes
+//   confirmed, lost when more than N - Q said "not yours".
+// - release: goes to every node; freed when Q nodes confirmed.
+#include <fmt/format.h>
+
+#include "runtime_impl.hpp"
+
+namespace lockwatch {
+
+using detail::AcquireOutcome;
+using detail::LeaseRecord;
+using std::chrono::milliseconds;
+
+void Runtime::Impl::start_nodes() {
+  nodes.reserve(endpoints.size());
+  for (const auto& ep : endpoints) {
+    Node n;
+    n.conn = std::make_unique<detail::RedisConnection>(loop, ep, options, false);
+    detail::RedisConnection::Hooks hooks;
+    hooks.on_message = [this](std::string_view kind, std::string_view channel) { on_pubsub(kind, channel); };
+    hooks.on_down = [this] {
+      for (auto& [ch, w] : waiters) w->subscribed = false;
+    };
+    n.sub = std::make_unique<detail::RedisConnection>(loop, ep, options, true, std::move(hooks));
+    n.conn->start();
+    n.sub->start();
+    nodes.push_back(std::move(n));
+  }
+}
+
+void Runtime::Impl::subscribe_all(const std::string& channel) {
+  for (auto& n : nodes) n.sub->subscribe(channel);
+}
+
+void Runtime::Impl::unsubscribe_all(const std::string& channel) {
+  for (auto& n : nodes) n.sub->unsubscribe(channel);
+}
+
+namespace {
+
+// The votes of one multi-node acquisition.
+struct AcquireTally {
+  std::size_t replies = 0, busy = 0, failed = 0;
+  std::vector<std::size_t> took;  // nodes that set our token
+  std::uint64_t max_fence = 0;
+  long long min_pttl = -1;
+  std::vector<std::string> errors;
+  std::exception_ptr first_error;
+  bool only_connection_errors = true;
+  bool decided = false;
+};
+
+}  // namespace
+
+void Runtime::Impl::quorum_acquire(const std::shared_ptr<detail::Acquisition>& a,
+                                   std::function<void(const AcquireOutcome&)> done) {
+  auto sent = Clock::now();
+  std::string ttl = std::to_string(a->spec.ttl.count());
+  if (nodes.size() == 1) {
+    nodes[0].conn->eval(detail::acquire_script(), {a->lock_key, a->fence_key, a->token, ttl}, 2,
+                        [sent, done = std::move(done)](const redisReply* r, std::exception_ptr err) {
+                          AcquireOutcome out;
+                          out.sent = sent;
+                          if (err) {
+                            out.error = err;
+                          } else if (detail::integer_at(r, 0) == 1) {
+                            out.kind = AcquireOutcome::Kind::kTaken;
+                            out.fence = static_cast<std::uint64_t>(detail::integer_at(r, 1));
+                          } else {
+                            out.kind = AcquireOutcome::Kind::kBusy;
+                            out.pttl = milliseconds(detail::integer_at(r, 1));
+                          }
+                          done(out);
+                        });
+    return;
+  }
+
+  auto tally = std::make_shared<AcquireTally>();
+  auto finish = std::make_shared<std::function<void(const AcquireOutcome&)>>(std::move(done));
+  const std::size_t n = nodes.size();
+  auto give_back = [this, a] { quorum_release(a->lock_key, a->token, a->channel, [](bool, bool, bool, std::string) {}); };
+
+  for (std::size_t i = 0; i < n; ++i) {
+    nodes[i].conn->eval(
+        detail::acquire_script(), {a->lock_key, a->fence_key, a->token, ttl}, 2,
+        [this, a, i, n, sent, tally, finish, give_back](const redisReply* r, std::exception_ptr err) {
+          tally->replies++;
+          if (err) {
+            tally->failed++;
+            tally->errors.push_back(fmt::format("{}: {}", endpoints[i].name(), detail::what_of(err)));
+            if (!tally->first_error) tally->first_error = err;
+            if (!detail::is_connection_error(err)) tally->only_connection_errors = false;
+          } else if (detail::integer_at(r, 0) == 1) {
+            tally->took.push_back(i);
+            tally->max_fence = std::max(tally->max_fence, static_cast<std::uint64_t>(detail::integer_at(r, 1)));
+          } else {
+            tally->busy++;
+            long long p = detail::integer_at(r, 1);
+            tally->min_pttl = tally->min_pttl < 0 ? p : std::min(tally->min_pttl, p);
+          }
+          if (tally->decided) return;
+
+          AcquireOutcome out;
+          out.sent = sent;
+          if (tally->took.size() >= quorum) {
+            tally->decided = true;
+            auto validity = a->spec.ttl - detail::drift_for(options, a->spec.ttl);
+            if (Clock::now() - sent >= validity) {
+              give_back();
+              out.error = std::make_exception_ptr(
+                  ConnectionError(endpoints[i].name(), "a majority took the lock only after its validity time"));
+              (*finish)(out);
+              return;
+            }
+            // Raise the majority's counters to the token before handing it out.
+            auto acks = std::make_shared<std::pair<std::size_t, std::size_t>>(0, 0);  // ok, replies
+            std::uint64_t fence = tally->max_fence;
+            std::size_t asked = tally->took.size();
+            for (std::size_t node : tally->took) {
+              nodes[node].conn->eval(
+                  detail::raise_fence_script(), {a->fence_key, std::to_string(fence)}, 1,
+                  [this, acks, asked, fence, sent, finish, give_back, node](const redisReply*, std::exception_ptr e) {
+                    acks->second++;
+                    if (!e) acks->first++;
+                    bool enough = acks->first == quorum;
+                    bool hopeless = !enough && acks->second == asked && acks->first < quorum;
+                    if (!enough && !hopeless) return;
+                    AcquireOutcome done_out;
+                    done_out.sent = sent;
+                    if (enough) {
+                      done_out.kind = AcquireOutcome::Kind::kTaken;
+                      done_out.fence = fence;
+                    } else {
+                      give_back();
+                      done_out.error = std::make_exception_ptr(ConnectionError(
+                          endpoints[node].name(), "could not raise a majority's fencing counters"));
+                    }
+                    (*finish)(done_out);
+                  });
+            }
+            return;
+          }
+          if (tally->busy + tally->failed > n - quorum) {
+            // A majority is out of reach: give back what we took, on every
+            // node (a late success is undone by the release queued behind it).
+            tally->decided = true;
+            give_back();
+            if (tally->busy > 0 && tally->took.size() + tally->busy >= quorum) {
+              out.kind = AcquireOutcome::Kind::kBusy;
+              out.pttl = milliseconds(std::max<long long>(1, tally->min_pttl));
+            } else if (!tally->only_connection_errors && tally->first_error) {
+              out.error = tally->first_error;
+            } else {
+              std::string names;
+              for (const auto& e : tally->errors) names += (names.empty() ? "" : "; ") + e;
+              out.error = std::make_exception_ptr(ConnectionError(
+                  names.empty() ? endpoints[i].name() : names,
+                  fmt::format("no majority: {} of {} nodes failed, {} busy", tally->failed, n, tally->busy)));
+            }
+            (*finish)(out);
+          }
+        });
+  }
+}
+
+void Runtime::Impl::quorum_renew(std::vector<std::shared_ptr<LeaseRecord>> batch, Clock::time_point sent) {
+  const std::size_t n = batch.size();
+  std::vector<std::string> args;
+  args.reserve(3 * n);
+  for (auto& l : batch) args.push_back(l->lock_key);
+  for (auto& l : batch) {
+    args.push_back(l->token);
+    args.push_back(std::to_string(l->ttl().count()));
+    // A new round: votes of an older one no longer count.
+    l->renew_round++;
+    l->renew_ok = l->renew_no = l->renew_replies = 0;
+    l->renew_taken = l->renew_decided = false;
+    l->renew_error.clear();
+  }
+  stats.renewals_sent.fetch_add(n, std::memory_order_relaxed);
+  stats.renew_commands.fetch_add(nodes.size(), std::memory_order_relaxed);
+  std::vector<std::uint64_t> rounds;
+  rounds.reserve(n);
+  for (auto& l : batch) rounds.push_back(l->renew_round);
+  auto shared_batch = std::make_shared<const std::vector<std::shared_ptr<LeaseRecord>>>(std::move(batch));
+  auto shared_rounds = std::make_shared<const std::vector<std::uint64_t>>(std::move(rounds));
+  for (std::size_t i = 0; i < nodes.size(); ++i) {
+    // The last node may take the arguments; the others copy them.
+    std::vector<std::string> node_args = (i + 1 == nodes.size()) ? std::move(args) : args;
+    nodes[i].conn->eval(
+        detail::renew_script(), std::move(node_args), static_cast<int>(n),
+        [this, i, sent, shared_batch, shared_rounds](const redisReply* r, std::exception_ptr err) {
+          const auto& b = *shared_batch;
+          std::string why;
+          if (err) {
+            why = detail::what_of(err);
+          } else if (r->type != REDIS_REPLY_ARRAY || r->elements != b.size()) {
+            why = fmt::format("{}: unexpected reply to the renewal script", endpoints[i].name());
+          }
+          for (std::size_t k = 0; k < b.size(); ++k) {
+            long long v = -2;
+            if (why.empty()) {
+              const redisReply* e = r->element[k];
+              v = e->type == REDIS_REPLY_INTEGER ? e->integer : -2;
+            }
+            on_renew_vote(b[k], (*shared_rounds)[k], sent, v,
+                          v == -2 && why.empty() ? endpoints[i].name() + ": Redis refused the renewal" : why);
+          }
+        });
+  }
+}
+
+void Runtime::Impl::on_renew_vote(const std::shared_ptr<LeaseRecord>& l, std::uint64_t round, Clock::time_point sent,
+                                  long long v, const std::string& why) {
+  if (l->work_finished || l->lost() || l->renew_round != round || l->renew_decided) return;
+  const std::size_t n = nodes.size();
+  l->renew_replies++;
+  if (v == 1) {
+    l->renew_ok++;
+  } else if (v == 0 || v == -1) {
+    l->renew_no++;
+    if (v == -1) l->renew_taken = true;
+  } else if (l->renew_error.empty()) {
+    l->renew_error = why;
+  }
+  if (l->renew_ok >= quorum) {
+    l->renew_decided = true;
+    on_renewed(l, sent);
+  } else if (l->renew_no > n - quorum) {
+    l->renew_decided = true;
+    lose(l.get(), l->renew_taken ? LostReason::kTakenByOther : LostReason::kExpired);
+  } else if (l->renew_replies == n) {
+    l->renew_decided = true;
+    renewal_failed(l, l->renew_error);
+  }
+}
+
+void Runtime::Impl::quorum_release(const std::string& lock_key, const std::string& token, const std::string& channel,
+                                   std::function<void(bool freed, bool held, bool taken, std::string why)> done) {
+  struct Tally {
+    std::size_t replies = 0, confirmed = 0, held = 0;
+    bool taken = false, decided = false;
+    std::string why;
+  };
+  auto tally = std::make_shared<Tally>();
+  auto finish = std::make_shared<std::function<void(bool, bool, bool, std::string)>>(std::move(done));
+  const std::size_t n = nodes.size();
+  for (std::size_t i = 0; i < n; ++i) {
+    nodes[i].conn->eval(detail::release_script(), {lock_key, token, channel}, 1,
+                        [this, i, n, tally, finish](const redisReply* r, std::exception_ptr err) {
+                          tally->replies++;
+                          if (err) {
+                            if (tally->why.empty()) tally->why = detail::what_of(err);
+                          } else {
+                            tally->confirmed++;
+                            long long v = r->type == REDIS_REPLY_INTEGER ? r->integer : 0;
+                            if (v == 1) tally->held++;
+                            if (v < 0) tally->taken = true;
+                          }
+                          if (tally->decided) return;
+                          bool all = tally->replies == n;
+                          if ((tally->confirmed >= quorum && tally->held >= quorum) || all) {
+                            tally->decided = true;
+                            (void)i;
+                            (*finish)(tally->confirmed >= quorum, tally->held >= quorum, tally->taken, tally->why);
+                          }
+                        });
+  }
+}
+
+}  // namespace lockwatch
