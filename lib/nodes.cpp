@@ -57,7 +57,11 @@ struct AcquireTally {
   std::vector<std::string> errors;
   std::exception_ptr first_error;
   bool only_connection_errors = true;
-  bool decided = false;
+  bool decided = false;  // taken by a majority (raising) or given up
+  bool finished = false;
+  // Raising the fencing counters, once a majority took the lock.
+  std::uint64_t fence = 0;
+  std::size_t raise_asked = 0, raise_replies = 0, raise_ok = 0;
 };
 
 }  // namespace
@@ -85,89 +89,113 @@ void Runtime::Impl::quorum_acquire(const std::shared_ptr<detail::Acquisition>& a
     return;
   }
 
-  auto tally = std::make_shared<AcquireTally>();
-  auto finish = std::make_shared<std::function<void(const AcquireOutcome&)>>(std::move(done));
+  struct Shared {
+    AcquireTally tally;
+    std::function<void(const AcquireOutcome&)> done;
+  };
+  auto st = std::make_shared<Shared>();
+  st->done = std::move(done);
   const std::size_t n = nodes.size();
   auto give_back = [this, a] { quorum_release(a->lock_key, a->token, a->channel, [](bool, bool, bool, std::string) {}); };
+  auto finish = [st, sent](AcquireOutcome out) {
+    if (st->tally.finished) return;
+    st->tally.finished = true;
+    out.sent = sent;
+    st->done(out);
+  };
+  // Taken once a majority's counters are raised to the token; hopeless once
+  // every node answered and too few raises succeeded.
+  auto check_raised = [this, st, n, finish, give_back] {
+    auto& t = st->tally;
+    if (t.finished) return;
+    if (t.raise_ok >= quorum) {
+      AcquireOutcome out;
+      out.kind = AcquireOutcome::Kind::kTaken;
+      out.fence = t.fence;
+      finish(out);
+    } else if (t.replies == n && t.raise_replies == t.raise_asked) {
+      give_back();
+      AcquireOutcome out;
+      out.error = std::make_exception_ptr(
+          ConnectionError(endpoints[t.took.empty() ? 0 : t.took.front()].name(),
+                          "could not raise a majority's fencing counters"));
+      finish(out);
+    }
+  };
+  auto raise_on = [this, a, st, check_raised](std::size_t node) {
+    auto& t = st->tally;
+    t.raise_asked++;
+    nodes[node].conn->eval(detail::raise_fence_script(), {a->fence_key, std::to_string(t.fence)}, 1,
+                           [st, check_raised](const redisReply*, std::exception_ptr e) {
+                             st->tally.raise_replies++;
+                             if (!e) st->tally.raise_ok++;
+                             check_raised();
+                           });
+  };
 
   for (std::size_t i = 0; i < n; ++i) {
     nodes[i].conn->eval(
         detail::acquire_script(), {a->lock_key, a->fence_key, a->token, ttl}, 2,
-        [this, a, i, n, sent, tally, finish, give_back](const redisReply* r, std::exception_ptr err) {
-          tally->replies++;
+        [this, a, i, n, sent, st, finish, give_back, raise_on, check_raised](const redisReply* r,
+                                                                             std::exception_ptr err) {
+          auto& t = st->tally;
+          t.replies++;
+          bool took_here = false;
           if (err) {
-            tally->failed++;
-            tally->errors.push_back(fmt::format("{}: {}", endpoints[i].name(), detail::what_of(err)));
-            if (!tally->first_error) tally->first_error = err;
-            if (!detail::is_connection_error(err)) tally->only_connection_errors = false;
+            t.failed++;
+            t.errors.push_back(fmt::format("{}: {}", endpoints[i].name(), detail::what_of(err)));
+            if (!t.first_error) t.first_error = err;
+            if (!detail::is_connection_error(err)) t.only_connection_errors = false;
           } else if (detail::integer_at(r, 0) == 1) {
-            tally->took.push_back(i);
-            tally->max_fence = std::max(tally->max_fence, static_cast<std::uint64_t>(detail::integer_at(r, 1)));
+            took_here = true;
+            t.took.push_back(i);
+            t.max_fence = std::max(t.max_fence, static_cast<std::uint64_t>(detail::integer_at(r, 1)));
           } else {
-            tally->busy++;
+            t.busy++;
             long long p = detail::integer_at(r, 1);
-            tally->min_pttl = tally->min_pttl < 0 ? p : std::min(tally->min_pttl, p);
+            t.min_pttl = t.min_pttl < 0 ? p : std::min(t.min_pttl, p);
           }
-          if (tally->decided) return;
+          if (t.decided) {
+            // Raising: a late taker is raised too (one more chance at a
+            // majority); a late failure may make it hopeless.
+            if (!t.finished && t.raise_asked > 0 && took_here) raise_on(i);
+            check_raised();
+            return;
+          }
 
           AcquireOutcome out;
-          out.sent = sent;
-          if (tally->took.size() >= quorum) {
-            tally->decided = true;
+          if (t.took.size() >= quorum) {
+            t.decided = true;
             auto validity = a->spec.ttl - detail::drift_for(options, a->spec.ttl);
             if (Clock::now() - sent >= validity) {
               give_back();
               out.error = std::make_exception_ptr(
                   ConnectionError(endpoints[i].name(), "a majority took the lock only after its validity time"));
-              (*finish)(out);
+              finish(out);
               return;
             }
-            // Raise the majority's counters to the token before handing it out.
-            auto acks = std::make_shared<std::pair<std::size_t, std::size_t>>(0, 0);  // ok, replies
-            std::uint64_t fence = tally->max_fence;
-            std::size_t asked = tally->took.size();
-            for (std::size_t node : tally->took) {
-              nodes[node].conn->eval(
-                  detail::raise_fence_script(), {a->fence_key, std::to_string(fence)}, 1,
-                  [this, acks, asked, fence, sent, finish, give_back, node](const redisReply*, std::exception_ptr e) {
-                    acks->second++;
-                    if (!e) acks->first++;
-                    bool enough = acks->first == quorum;
-                    bool hopeless = !enough && acks->second == asked && acks->first < quorum;
-                    if (!enough && !hopeless) return;
-                    AcquireOutcome done_out;
-                    done_out.sent = sent;
-                    if (enough) {
-                      done_out.kind = AcquireOutcome::Kind::kTaken;
-                      done_out.fence = fence;
-                    } else {
-                      give_back();
-                      done_out.error = std::make_exception_ptr(ConnectionError(
-                          endpoints[node].name(), "could not raise a majority's fencing counters"));
-                    }
-                    (*finish)(done_out);
-                  });
-            }
+            t.fence = t.max_fence;
+            for (std::size_t node : std::vector<std::size_t>(t.took)) raise_on(node);
             return;
           }
-          if (tally->busy + tally->failed > n - quorum) {
+          if (t.busy + t.failed > n - quorum) {
             // A majority is out of reach: give back what we took, on every
             // node (a late success is undone by the release queued behind it).
-            tally->decided = true;
+            t.decided = true;
             give_back();
-            if (tally->busy > 0 && tally->took.size() + tally->busy >= quorum) {
+            if (t.busy > 0 && t.took.size() + t.busy >= quorum) {
               out.kind = AcquireOutcome::Kind::kBusy;
-              out.pttl = milliseconds(std::max<long long>(1, tally->min_pttl));
-            } else if (!tally->only_connection_errors && tally->first_error) {
-              out.error = tally->first_error;
+              out.pttl = milliseconds(std::max<long long>(1, t.min_pttl));
+            } else if (!t.only_connection_errors && t.first_error) {
+              out.error = t.first_error;
             } else {
               std::string names;
-              for (const auto& e : tally->errors) names += (names.empty() ? "" : "; ") + e;
+              for (const auto& e : t.errors) names += (names.empty() ? "" : "; ") + e;
               out.error = std::make_exception_ptr(ConnectionError(
                   names.empty() ? endpoints[i].name() : names,
-                  fmt::format("no majority: {} of {} nodes failed, {} busy", tally->failed, n, tally->busy)));
+                  fmt::format("no majority: {} of {} nodes failed, {} busy", t.failed, n, t.busy)));
             }
-            (*finish)(out);
+            finish(out);
           }
         });
   }
@@ -249,7 +277,7 @@ void Runtime::Impl::quorum_release(const std::string& lock_key, const std::strin
                                    std::function<void(bool freed, bool held, bool taken, std::string why)> done) {
   struct Tally {
     std::size_t replies = 0, confirmed = 0, held = 0;
-    bool taken = false, decided = false;
+    bool taken = false;
     std::string why;
   };
   auto tally = std::make_shared<Tally>();
@@ -267,13 +295,13 @@ void Runtime::Impl::quorum_release(const std::string& lock_key, const std::strin
                             if (v == 1) tally->held++;
                             if (v < 0) tally->taken = true;
                           }
-                          if (tally->decided) return;
-                          bool all = tally->replies == n;
-                          if ((tally->confirmed >= quorum && tally->held >= quorum) || all) {
-                            tally->decided = true;
-                            (void)i;
-                            (*finish)(tally->confirmed >= quorum, tally->held >= quorum, tally->taken, tally->why);
-                          }
+                          // Every node answers (or fails, bounded by the command
+                          // timeout) before the caller hears: a reachable node
+                          // never keeps the key after the future is ready.
+                          if (tally->replies < n) return;
+                          if (!tally->why.empty() && tally->confirmed < n)
+                            tally->why = fmt::format("{}: {}", endpoints[i].name(), tally->why);
+                          (*finish)(tally->confirmed >= quorum, tally->held >= quorum, tally->taken, tally->why);
                         });
   }
 }

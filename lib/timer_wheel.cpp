@@ -452,6 +452,8 @@ LOCKWATCH_HOT void TimerWheelCore::cancelled(TimerNode* node) noexcept {
 void TimerWheelCore::cancelled_elsewhere(TimerNode* node) noexcept {
   std::lock_guard lock(mutex_);
   if (mailbox_closed_) return;  // stop() already took care of every node
+  // The two vectors swap at each drain and keep their capacity, so this only
+  // allocates while the cancellation rate grows (and terminates if that fails).
   cancels_.push_back(node);
   cancel_count_.store(cancel_count_.load(std::memory_order_relaxed) + 1, std::memory_order_relaxed);
   has_mail_.store(true, std::memory_order_release);
@@ -584,6 +586,7 @@ std::size_t TimerWheelCore::next_occupied(std::size_t level, std::size_t from,
 
 std::size_t TimerWheelCore::advance(TimerWheel::Clock::time_point now_tp) {
   bind_if_unbound();
+  assert(on_owner() && "TimerWheel::advance() called off the owner thread");
   if (stopped_ || in_advance_) return 0;
   in_advance_ = true;
   struct Reset {

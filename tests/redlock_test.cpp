@@ -1,0 +1,178 @@
+// Redlock over five independent masters, with real failures: nodes killed
+// while leases are held and while callers acquire, fencing tokens that keep
+// rising when the majority changes.
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <thread>
+#include <vector>
+
+#include "lockwatch/lockwatch.hpp"
+#include "test_util.hpp"
+
+namespace lockwatch::testing {
+namespace {
+
+class RedlockTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    for (int i = 0; i < 5; ++i) servers_.push_back(std::make_unique<RedisServer>());
+  }
+  std::string urls() const {
+    std::string out;
+    for (const auto& s : servers_) out += (out.empty() ? "" : ",") + s->url();
+    return out;
+  }
+  Options options(std::size_t threads = 4) const {
+    Options o;
+    o.redis_url = urls();
+    o.threads = threads;
+    o.connect_timeout = 500ms;
+    o.command_timeout = 500ms;
+    return o;
+  }
+  // How many nodes hold the lock for `key`.
+  int holders(const std::string& key) const {
+    int n = 0;
+    for (const auto& s : servers_)
+      if (s->running() && exists(*s, key)) n++;
+    return n;
+  }
+  std::vector<std::unique_ptr<RedisServer>> servers_;
+};
+
+TEST_F(RedlockTest, AMajorityHoldsTheLockAndEveryNodeIsReleased) {
+  Runtime rt(options());
+  auto f = locked("rl", 2s, forever).on(rt)([&] { return holders("rl"); });
+  auto fut = f();
+  EXPECT_EQ(get_bounded(fut), 5);
+  EXPECT_EQ(holders("rl"), 0);
+}
+
+TEST_F(RedlockTest, ContendedCallsNeverOverlapAndTokensRise) {
+  std::vector<std::unique_ptr<Runtime>> rts;
+  for (int i = 0; i < 2; ++i) rts.push_back(std::make_unique<Runtime>(options(2)));
+  std::atomic<int> inside{0}, overlaps{0}, done{0}, regressions{0};
+  std::atomic<std::uint64_t> last{0};
+  std::vector<std::thread> threads;
+  for (int t = 0; t < 4; ++t) {
+    threads.emplace_back([&, t] {
+      auto inc = locked("rl-count", 2s, forever).on(*rts[t % 2]).wait(30s)([&] {
+        if (inside.fetch_add(1) != 0) overlaps++;
+        auto token = this_lease().fencing_token();
+        if (token <= last.load()) regressions++;
+        last = token;
+        std::this_thread::sleep_for(1ms);
+        inside.fetch_sub(1);
+        done++;
+      });
+      for (int i = 0; i < 10; ++i) {
+        auto fut = inc();
+        get_bounded(fut);
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  EXPECT_EQ(done.load(), 40);
+  EXPECT_EQ(overlaps.load(), 0);
+  EXPECT_EQ(regressions.load(), 0);
+}
+
+TEST_F(RedlockTest, LosingTwoOfFiveNodesKeepsLeasesAndLocking) {
+  Runtime rt(options());
+  Gate started, killed;
+  auto hold = locked("rl-hold", 600ms, forever).on(rt)([&] {
+    started.open();
+    EXPECT_TRUE(killed.wait());
+    auto r0 = this_lease().renewals();
+    // Work on through several renewals with two nodes gone.
+    auto until = std::chrono::steady_clock::now() + kBound;
+    while (this_lease().renewals() < r0 + 3 && !this_lease().lost() && std::chrono::steady_clock::now() < until)
+      std::this_thread::sleep_for(10ms);
+    return this_lease().renewals() - r0;
+  });
+  auto held = hold();
+  ASSERT_TRUE(started.wait());
+  // Acquisitions in flight while the nodes die.
+  std::vector<std::future<LockHandle>> acquiring;
+  for (int i = 0; i < 20; ++i) acquiring.push_back(rt.acquire("rl-during-" + std::to_string(i), 2s));
+  servers_[0]->kill();
+  servers_[3]->kill();
+  killed.open();
+  EXPECT_GE(get_bounded(held), 3u);
+  int ok = 0;
+  for (auto& f : acquiring) {
+    try {
+      LockHandle h = get_bounded(f);
+      ok++;
+    } catch (const ConnectionError&) {
+      // Acceptable only for attempts whose votes were decided by the dying nodes.
+    }
+  }
+  EXPECT_GE(ok, 1);
+  auto after = rt.acquire("rl-after", 2s);
+  LockHandle h = get_bounded(after);
+  EXPECT_TRUE(h);
+  EXPECT_EQ(holders("rl-after"), 3);
+}
+
+TEST_F(RedlockTest, LosingThreeOfFiveFailsAcquisitionAndReportsHeldLeasesLostByTheirDeadline) {
+  Runtime rt(options());
+  auto acquiring = rt.acquire("rl-lose", 1s);
+  LockHandle h = get_bounded(acquiring);
+  auto stop = h.lease().stop_token();
+  std::atomic<bool> stopped{false};
+  std::stop_callback on_stop(stop, [&] { stopped = true; });
+  auto deadline_bound = std::chrono::steady_clock::now() + h.lease().remaining() + 1s + 50ms;
+  servers_[1]->kill();
+  servers_[2]->kill();
+  servers_[4]->kill();
+  // The lease: no renewal can reach a majority, so it ends at its deadline.
+  auto until = std::chrono::steady_clock::now() + kBound;
+  while (!stopped && std::chrono::steady_clock::now() < until) std::this_thread::sleep_for(5ms);
+  auto lost_at = std::chrono::steady_clock::now();
+  EXPECT_TRUE(stopped);
+  EXPECT_TRUE(h.lease().lost());
+  EXPECT_EQ(h.lease().lost_reason(), LostReason::kRedisUnreachable);
+  // One renewal may land before the kill: the deadline is at most ttl past it.
+  EXPECT_LT(lost_at, deadline_bound);
+  // New acquisitions fail with an error naming the nodes.
+  auto next = rt.acquire("rl-lose-2", 1s);
+  try {
+    get_bounded(next);
+    ADD_FAILURE() << "acquired without a majority";
+  } catch (const ConnectionError& e) {
+    EXPECT_NE(std::string(e.what()).find("no majority"), std::string::npos) << e.what();
+    EXPECT_NE(e.endpoint().find(std::to_string(servers_[1]->port())), std::string::npos) << e.endpoint();
+  }
+  auto released = h.release();
+  EXPECT_THROW(get_bounded(released), LeaseLost);
+}
+
+TEST_F(RedlockTest, FencingTokensRiseWhenTheMajorityChanges) {
+  // Counters that disagree: nodes 0 and 1 are far ahead.
+  for (int i : {0, 1}) servers_[i]->command({"SET", lock_key("rl-fence") + ":fence", "100"});
+  Runtime rt(options());
+  auto token_now = [&] {
+    // A wait rides out the reconnects to the restarted nodes.
+    auto f = rt.acquire("rl-fence", 2s, forever, 10s);
+    LockHandle h = get_bounded(f);
+    auto t = h.lease().fencing_token();
+    auto r = h.release();
+    get_bounded(r);
+    return t;
+  };
+  servers_[3]->kill();
+  servers_[4]->kill();
+  auto first = token_now();  // majority {0, 1, 2}
+  EXPECT_EQ(first, 101u);
+  servers_[3]->start();  // empty: counters at zero
+  servers_[4]->start();
+  servers_[0]->kill();
+  servers_[1]->kill();
+  auto second = token_now();  // majority {2, 3, 4}: only node 2 saw 101, raised
+  EXPECT_GT(second, first);
+}
+
+}  // namespace
+}  // namespace lockwatch::testing
