@@ -27,15 +27,31 @@ void Runtime::Impl::start_nodes() {
     Node n;
     n.conn = std::make_unique<detail::RedisConnection>(loop, ep, options, false);
     detail::RedisConnection::Hooks hooks;
-    hooks.on_message = [this](std::string_view kind, std::string_view channel) { on_pubsub(kind, channel); };
+    hooks.on_message = [this](std::string_view kind, std::string_view channel, std::string_view) {
+      on_pubsub(kind, channel);
+    };
     hooks.on_down = [this] {
       for (auto& [ch, w] : waiters) w->subscribed = false;
     };
     n.sub = std::make_unique<detail::RedisConnection>(loop, ep, options, true, std::move(hooks));
-    n.conn->start();
-    n.sub->start();
     nodes.push_back(std::move(n));
   }
+  if (!topology.sentinels.empty()) {
+    // One node, wherever the sentinels say the master is; asked again
+    // whenever the connection to it drops.
+    sentinel = std::make_unique<detail::SentinelWatcher>(loop, topology, options, [this](const Endpoint& master) {
+      nodes[0].conn->set_endpoint(master);
+      nodes[0].sub->set_endpoint(master);
+    });
+    nodes[0].conn->set_down_hook([this] {
+      if (sentinel) sentinel->refresh();
+    });
+  }
+  for (auto& n : nodes) {
+    n.conn->start();
+    n.sub->start();
+  }
+  if (sentinel) sentinel->start();
 }
 
 void Runtime::Impl::subscribe_all(const std::string& channel) {
@@ -71,21 +87,42 @@ void Runtime::Impl::quorum_acquire(const std::shared_ptr<detail::Acquisition>& a
   auto sent = Clock::now();
   std::string ttl = std::to_string(a->spec.ttl.count());
   if (nodes.size() == 1) {
-    nodes[0].conn->eval(detail::acquire_script(), {a->lock_key, a->fence_key, a->token, ttl}, 2,
-                        [sent, done = std::move(done)](const redisReply* r, std::exception_ptr err) {
-                          AcquireOutcome out;
-                          out.sent = sent;
-                          if (err) {
-                            out.error = err;
-                          } else if (detail::integer_at(r, 0) == 1) {
-                            out.kind = AcquireOutcome::Kind::kTaken;
-                            out.fence = static_cast<std::uint64_t>(detail::integer_at(r, 1));
-                          } else {
-                            out.kind = AcquireOutcome::Kind::kBusy;
-                            out.pttl = milliseconds(detail::integer_at(r, 1));
-                          }
-                          done(out);
-                        });
+    nodes[0].conn->eval(
+        detail::acquire_script(), {a->lock_key, a->fence_key, a->token, ttl}, 2,
+        [this, a, sent, done = std::move(done)](const redisReply* r, std::exception_ptr err) mutable {
+          AcquireOutcome out;
+          out.sent = sent;
+          if (err) {
+            out.error = err;
+          } else if (detail::integer_at(r, 0) == 1) {
+            out.kind = AcquireOutcome::Kind::kTaken;
+            out.fence = static_cast<std::uint64_t>(detail::integer_at(r, 1));
+          } else {
+            out.kind = AcquireOutcome::Kind::kBusy;
+            out.pttl = milliseconds(detail::integer_at(r, 1));
+          }
+          if (out.kind != AcquireOutcome::Kind::kTaken || options.min_replicas <= 0) {
+            done(out);
+            return;
+          }
+          // The lock write must reach min_replicas replicas before the lease
+          // is handed out, so a failover right after cannot drop it.
+          nodes[0].conn->command(
+              {"WAIT", std::to_string(options.min_replicas), std::to_string(options.replica_ack_timeout.count())},
+              [this, a, out, done = std::move(done)](const redisReply* w, std::exception_ptr werr) mutable {
+                long long acks = (!werr && w->type == REDIS_REPLY_INTEGER) ? w->integer : 0;
+                if (acks < options.min_replicas) {
+                  quorum_release(a->lock_key, a->token, {}, [](bool, bool, bool, std::string) {});
+                  out.kind = AcquireOutcome::Kind::kFailed;
+                  out.error = werr ? werr
+                                   : std::make_exception_ptr(ConnectionError(
+                                         nodes[0].conn->name(),
+                                         fmt::format("the lock write reached {} of the {} replicas required", acks,
+                                                     options.min_replicas)));
+                }
+                done(out);
+              });
+        });
     return;
   }
 
@@ -96,7 +133,7 @@ void Runtime::Impl::quorum_acquire(const std::shared_ptr<detail::Acquisition>& a
   auto st = std::make_shared<Shared>();
   st->done = std::move(done);
   const std::size_t n = nodes.size();
-  auto give_back = [this, a] { quorum_release(a->lock_key, a->token, a->channel, [](bool, bool, bool, std::string) {}); };
+  auto give_back = [this, a] { quorum_release(a->lock_key, a->token, {}, [](bool, bool, bool, std::string) {}); };
   auto finish = [st, sent](AcquireOutcome out) {
     if (st->tally.finished) return;
     st->tally.finished = true;

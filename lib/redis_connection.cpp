@@ -69,6 +69,16 @@ void RedisConnection::start() {
 void RedisConnection::connect() {
   reconnect_scheduled_ = false;
   auth_failed_ = false;
+  if (endpoint_.port == 0) {
+    // The master's address is not known yet: wait for set_endpoint(),
+    // bounded like a connect.
+    awaiting_endpoint_ = true;
+    state_ = State::kConnecting;
+    uv_timer_start(&connect_timer_, &RedisConnection::on_connect_timeout,
+                   static_cast<uint64_t>(options_.connect_timeout.count()), 0);
+    return;
+  }
+  awaiting_endpoint_ = false;
   redisAsyncContext* ac = redisAsyncConnect(endpoint_.host.c_str(), endpoint_.port);
   if (ac == nullptr || ac->err) {
     std::string why = ac ? ac->errstr : "out of memory";
@@ -102,6 +112,12 @@ void RedisConnection::connect() {
   }
   if (pubsub_) {
     for (const auto& ch : channels_) redisAsyncCommand(ac_, &RedisConnection::on_pubsub, this, "SUBSCRIBE %b", ch.data(), ch.size());
+  }
+  if (!hooks_.on_connect_command.empty()) {
+    std::vector<size_t> lens;
+    auto ptrs = argv_ptrs(hooks_.on_connect_command, lens);
+    redisAsyncCommandArgv(ac_, &RedisConnection::on_pubsub, this, static_cast<int>(ptrs.size()), ptrs.data(),
+                          lens.data());
   }
   auto waiting = std::move(waiting_);
   waiting_.clear();
@@ -209,9 +225,13 @@ void RedisConnection::on_pubsub(redisAsyncContext*, void* reply, void* privdata)
   const redisReply* kind = r->element[0];
   const redisReply* channel = r->element[1];
   if (kind->type != REDIS_REPLY_STRING || channel->type != REDIS_REPLY_STRING) return;
+  std::string_view payload;
+  if (r->elements >= 3 && r->element[2]->type == REDIS_REPLY_STRING)
+    payload = std::string_view(r->element[2]->str, r->element[2]->len);
   if (self->hooks_.on_message)
     guarded([&] {
-      self->hooks_.on_message(std::string_view(kind->str, kind->len), std::string_view(channel->str, channel->len));
+      self->hooks_.on_message(std::string_view(kind->str, kind->len), std::string_view(channel->str, channel->len),
+                              payload);
     });
 }
 
@@ -273,6 +293,13 @@ void RedisConnection::on_reconnect_timer(uv_timer_t* t) {
 
 void RedisConnection::on_connect_timeout(uv_timer_t* t) {
   auto* self = static_cast<RedisConnection*>(t->data);
+  if (self->awaiting_endpoint_) {
+    self->awaiting_endpoint_ = false;
+    std::string why = "the master's address is not known (no sentinel answered)";
+    self->fail_queued(why);
+    self->went_down(why);
+    return;
+  }
   if (self->state_ != State::kConnecting || self->ac_ == nullptr) return;
   redisAsyncContext* ac = self->ac_;
   self->ac_ = nullptr;
@@ -303,6 +330,33 @@ void RedisConnection::on_command_check(uv_timer_t* t) {
   ac->data = nullptr;  // our disconnect callback must not run for it
   redisAsyncFree(ac);
   self->went_down(why);
+}
+
+void RedisConnection::set_endpoint(const Endpoint& endpoint) {
+  if (endpoint.host == endpoint_.host && endpoint.port == endpoint_.port) return;
+  endpoint_.host = endpoint.host;
+  endpoint_.port = endpoint.port;
+  name_ = endpoint_.name();
+  if (state_ == State::kClosed) return;
+  if (awaiting_endpoint_) {
+    uv_timer_stop(&connect_timer_);
+    connect();
+    return;
+  }
+  backoff_ = std::chrono::milliseconds(0);
+  if (ac_ != nullptr) {
+    redisAsyncContext* ac = ac_;
+    ac_ = nullptr;
+    ac->data = nullptr;
+    last_error_ = "the master moved to " + name_;
+    redisAsyncFree(ac);
+    went_down(last_error_);
+  }
+  // Down (in back-off): the next attempt uses the new address; make it now.
+  if (reconnect_scheduled_) {
+    uv_timer_stop(&connect_timer_);
+    connect();
+  }
 }
 
 void RedisConnection::subscribe(const std::string& channel) {

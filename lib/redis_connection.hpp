@@ -43,10 +43,13 @@ class RedisConnection {
  public:
   struct Hooks {
     // Pubsub mode: kind is "subscribe", "unsubscribe" or "message".
-    std::function<void(std::string_view kind, std::string_view channel)> on_message;
+    std::function<void(std::string_view kind, std::string_view channel, std::string_view payload)> on_message;
     // The connection went down (pubsub: every subscription is gone until
     // the reconnect resubscribes).
     std::function<void()> on_down;
+    // Sent right after AUTH on every new connection (e.g. SUBSCRIBE in a
+    // sentinel watcher); replies go to `cb`.
+    std::vector<std::string> on_connect_command;
   };
 
   RedisConnection(Loop& loop, Endpoint endpoint, const Options& options, bool pubsub, Hooks hooks = {});
@@ -59,6 +62,13 @@ class RedisConnection {
   void command(std::vector<std::string> argv, ReplyCallback cb);
   // EVALSHA, falling back to EVAL when the server answers NOSCRIPT.
   void eval(const Script& script, std::vector<std::string> keys_then_args, int num_keys, ReplyCallback cb);
+  // Sentinel: the master moved. Drops the current connection (what is in
+  // flight fails) and connects to `endpoint` at once. An endpoint with port
+  // 0 means "not known yet": attempts wait for one, up to connect_timeout.
+  void set_endpoint(const Endpoint& endpoint);
+  // Replaces Hooks::on_down (set before start()).
+  void set_down_hook(std::function<void()> hook) { hooks_.on_down = std::move(hook); }
+  const Endpoint& endpoint() const noexcept { return endpoint_; }
   void subscribe(const std::string& channel);
   void unsubscribe(const std::string& channel);
   // Stops reconnecting, fails what is pending, closes the uv handles. The
@@ -110,6 +120,7 @@ class RedisConnection {
   std::chrono::milliseconds backoff_{0};
   std::string last_error_ = "not connected yet";
   bool auth_failed_ = false;
+  bool awaiting_endpoint_ = false;  // an attempt waits for the master's address
   std::string auth_error_;
   bool reconnect_scheduled_ = false;
   std::deque<Queued> waiting_;  // made while down: sent on the next attempt

@@ -24,7 +24,8 @@ void detail::LeaseRecord::run(Timeout) noexcept { rt->on_lease_timer(this); }
 
 Runtime::Impl::Impl(Options opts)
     : options(std::move(opts)),
-      endpoints(Endpoint::parse_list(options.redis_url)),
+      topology(Topology::parse(options.redis_url)),
+      endpoints(topology.sentinels.empty() ? topology.masters : std::vector<Endpoint>{topology.master}),
       quorum(endpoints.size() / 2 + 1),
       pool(options.threads),
       wheel(TimerWheelOptions{std::chrono::duration_cast<std::chrono::nanoseconds>(options.tick), options.wheel_size,
@@ -207,7 +208,7 @@ void Runtime::Impl::on_acquire_outcome(const std::shared_ptr<Acquisition>& a, co
   if (a->done) {
     // Its wait ran out (or the runtime stopped) while the attempt was in
     // flight: a lock taken now belongs to nobody, so give it back.
-    if (out.kind == Kind::kTaken) quorum_release(a->lock_key, a->token, a->channel, [](bool, bool, bool, std::string) {});
+    if (out.kind == Kind::kTaken) quorum_release(a->lock_key, a->token, {}, [](bool, bool, bool, std::string) {});
     if (w) {
       attempt_head(w->channel);
       maybe_forget(w);
@@ -216,11 +217,13 @@ void Runtime::Impl::on_acquire_outcome(const std::shared_ptr<Acquisition>& a, co
   }
   if (w && (w->queue.empty() || w->queue.front() != a)) return;  // cannot happen: the head stays until done
   if (w && out.kind == Kind::kFailed && is_connection_error(out.error)) {
-    // A waiter keeps its place through a connection blip: the next attempt
-    // queues for the reconnect. Its wait deadline still bounds it, and then
-    // it reports this error rather than a busy lock.
+    // A waiter keeps its place through a connection blip and tries again
+    // shortly (a request made while down waits for the reconnect). Its wait
+    // deadline still bounds it, and then it reports this error rather than
+    // a busy lock.
     w->connection_error = out.error;
-    attempt_head(w->channel);
+    w->retry = wheel.new_timeout_at(*w, Clock::now() + options.reconnect_min);
+    arm_wheel();
     return;
   }
   if (w) w->connection_error = nullptr;
@@ -547,6 +550,7 @@ void Runtime::Impl::begin_stop() {
 void Runtime::Impl::close_all() {
   wheel.stop();
   uv_close(reinterpret_cast<uv_handle_t*>(&wheel_timer), nullptr);
+  if (sentinel) sentinel->close();
   for (auto& n : nodes) {
     n.conn->close();
     n.sub->close();
@@ -571,6 +575,7 @@ void Runtime::Impl::stop() {
   waiters.clear();
   leases.clear();
   nodes.clear();
+  sentinel.reset();
 }
 
 // ------------------------------------------------------------------ public

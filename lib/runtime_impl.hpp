@@ -22,6 +22,7 @@
 #include "loop.hpp"
 #include "redis_connection.hpp"
 #include "scripts.hpp"
+#include "sentinel.hpp"
 #include "token.hpp"
 
 namespace lockwatch {
@@ -179,7 +180,8 @@ struct Runtime::Impl : std::enable_shared_from_this<Runtime::Impl> {
   }
 
   const Options options;
-  const std::vector<Endpoint> endpoints;
+  const Topology topology;
+  const std::vector<Endpoint> endpoints;  // one per node (the sentinel master: port 0 until found)
   const std::size_t quorum;
   ThreadPool pool;
   ThreadPool notifier{1};  // runs stop callbacks: user code never runs on the loop
@@ -191,6 +193,7 @@ struct Runtime::Impl : std::enable_shared_from_this<Runtime::Impl> {
     std::unique_ptr<detail::RedisConnection> sub;   // release notifications
   };
   std::vector<Node> nodes;
+  std::unique_ptr<detail::SentinelWatcher> sentinel;
   detail::TokenGenerator tokens;
 
   // Loop thread only.

@@ -46,7 +46,7 @@ constexpr std::string_view kRelease = R"lua(
 local v = redis.call('get', KEYS[1])
 if v == ARGV[1] then
   redis.call('del', KEYS[1])
-  redis.call('publish', ARGV[2], '1')
+  if ARGV[2] ~= '' then redis.call('publish', ARGV[2], '1') end
   return 1
 end
 if v then return -1 end

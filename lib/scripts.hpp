@@ -23,8 +23,9 @@ const Script& acquire_script();
 // KEYS: locks. ARGV: token, ttl ms for each lock in turn. Returns one
 // entry per lock: 1 renewed, 0 gone, -1 other owner, -2 Redis refused.
 const Script& renew_script();
-// KEYS: lock. ARGV: token, channel. Returns 1 released (and published),
-// 0 gone, -1 other owner.
+// KEYS: lock. ARGV: token, channel ('' for a lock given back unused: no
+// one is woken for it). Returns 1 released (and published), 0 gone, -1
+// other owner.
 const Script& release_script();
 
 // KEYS: fence. ARGV: token. Raises the counter to the token if below it.

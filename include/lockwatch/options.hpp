@@ -29,11 +29,32 @@ struct Endpoint {
   std::string name() const;
 };
 
+// What a redis_url describes: one master, several independent masters
+// (Redlock), or a master found through Redis Sentinel.
+struct Topology {
+  std::vector<Endpoint> masters;    // one, or several for Redlock; empty with sentinels
+  std::vector<Endpoint> sentinels;  // redis-sentinel://host:port[,host:port...]/master-name
+  std::string master_name;
+  Endpoint master;  // with sentinels: credentials and db for the master (host/port found at run time)
+
+  // Throws InvalidArgument naming what is wrong.
+  static Topology parse(const std::string& redis_url);
+};
+
 struct Options {
-  // Where the locks live: `redis://[user:password@]host:port[/db]`, or a
+  // Where the locks live: `redis://[user:password@]host:port[/db]`; a
   // comma-separated list of such URLs for Redlock over independent masters
-  // (every acquisition and renewal then needs a majority of them).
+  // (every acquisition and renewal then needs a majority of them); or
+  // `redis-sentinel://[user:password@]host:port[,host:port...]/master-name[/db]`
+  // for a master found (and followed across failovers) through Sentinel.
   std::string redis_url = "redis://127.0.0.1:6379";
+  // Sentinel: credentials of the sentinels themselves (the URL's are the
+  // master's), and how many replicas must acknowledge a lock write (WAIT)
+  // before the lease is handed out, within replica_ack_timeout.
+  std::string sentinel_user;
+  std::string sentinel_password;
+  int min_replicas = 0;
+  std::chrono::milliseconds replica_ack_timeout{200};
   // Worker threads that run locked work; 0 means one per core.
   std::size_t threads = 0;
   // The watchdog's hashed wheel: tick and number of slots.

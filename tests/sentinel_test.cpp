@@ -1,0 +1,193 @@
+// Sentinel: one master, one replica, three sentinels, all real processes.
+// The runtime finds the master through the sentinels and follows a failover
+// without the user doing anything.
+#include <gtest/gtest.h>
+#include <hiredis/hiredis.h>
+#include <stdlib.h>
+
+#include <cstdio>
+#include <fstream>
+#include <thread>
+
+#include "lockwatch/lockwatch.hpp"
+#include "test_util.hpp"
+
+namespace lockwatch::testing {
+namespace {
+
+// A redis-server in sentinel mode, with its own config file and directory.
+class SentinelProcess {
+ public:
+  SentinelProcess(int master_port) : port_(free_loopback_port()) {
+    char tmpl[] = "/tmp/lockwatch-sentinel-XXXXXX";
+    dir_ = mkdtemp(tmpl);
+    std::string conf = dir_ + "/sentinel.conf";
+    std::ofstream(conf) << "port " << port_ << "\nbind 127.0.0.1\ndir " << dir_ << "\nlogfile " << dir_
+                        << "/sentinel.log\n"
+                        << "sentinel monitor mymaster 127.0.0.1 " << master_port << " 2\n"
+                        << "sentinel down-after-milliseconds mymaster 1000\n"
+                        << "sentinel failover-timeout mymaster 3000\n"
+                        << "sentinel parallel-syncs mymaster 1\n";
+    proc_ = std::make_unique<ChildProcess>(std::vector<std::string>{"redis-server", conf, "--sentinel"});
+    auto until = std::chrono::steady_clock::now() + kBound;
+    while (std::chrono::steady_clock::now() < until) {
+      if (query({"PING"}) == "PONG") return;
+      std::this_thread::sleep_for(20ms);  // process start-up
+    }
+    throw std::runtime_error("sentinel did not start");
+  }
+  ~SentinelProcess() {
+    proc_.reset();
+    std::string cmd = "rm -rf '" + dir_ + "'";
+    if (std::system(cmd.c_str()) != 0) std::fprintf(stderr, "could not remove %s\n", dir_.c_str());
+  }
+  int port() const { return port_; }
+
+  // One command on a fresh connection; "" on failure. Integers and arrays
+  // come back as text (arrays: the first element's, or the field named
+  // `field` in a flat field/value reply).
+  std::string query(const std::vector<std::string>& args, const std::string& field = "") const {
+    timeval tv{1, 0};
+    redisContext* c = redisConnectWithTimeout("127.0.0.1", port_, tv);
+    if (c == nullptr || c->err) {
+      if (c) redisFree(c);
+      return "";
+    }
+    std::vector<const char*> argv;
+    std::vector<size_t> lens;
+    for (const auto& a : args) {
+      argv.push_back(a.data());
+      lens.push_back(a.size());
+    }
+    auto* r = static_cast<redisReply*>(redisCommandArgv(c, static_cast<int>(argv.size()), argv.data(), lens.data()));
+    std::string out;
+    if (r != nullptr) {
+      if (r->type == REDIS_REPLY_STATUS || r->type == REDIS_REPLY_STRING) out.assign(r->str, r->len);
+      if (r->type == REDIS_REPLY_INTEGER) out = std::to_string(r->integer);
+      if (r->type == REDIS_REPLY_ARRAY) {
+        if (field.empty()) {
+          out = std::to_string(r->elements);
+        } else {
+          for (std::size_t i = 0; i + 1 < r->elements; i += 2)
+            if (r->element[i]->str != nullptr && field == r->element[i]->str && r->element[i + 1]->str != nullptr)
+              out = r->element[i + 1]->str;
+        }
+      }
+      freeReplyObject(r);
+    }
+    redisFree(c);
+    return out;
+  }
+
+ private:
+  int port_;
+  std::string dir_;
+  std::unique_ptr<ChildProcess> proc_;
+};
+
+template <class Pred>
+bool eventually(Pred pred, std::chrono::milliseconds bound = kBound) {
+  auto until = std::chrono::steady_clock::now() + bound;
+  while (std::chrono::steady_clock::now() < until) {
+    if (pred()) return true;
+    std::this_thread::sleep_for(50ms);  // polling the cluster's state
+  }
+  return false;
+}
+
+class SentinelTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    master_ = std::make_unique<RedisServer>();
+    RedisServerOptions ro;
+    ro.extra_args = {"--replicaof", "127.0.0.1", std::to_string(master_->port())};
+    replica_ = std::make_unique<RedisServer>(ro);
+    ASSERT_TRUE(eventually([&] {
+      return master_->command({"INFO", "replication"}).str.find("connected_slaves:1") != std::string::npos &&
+             replica_->command({"INFO", "replication"}).str.find("master_link_status:up") != std::string::npos;
+    }));
+    for (int i = 0; i < 3; ++i) sentinels_.push_back(std::make_unique<SentinelProcess>(master_->port()));
+    // Sentinels find each other and the replica through the master.
+    ASSERT_TRUE(eventually([&] {
+      for (auto& s : sentinels_) {
+        if (s->query({"SENTINEL", "master", "mymaster"}, "num-other-sentinels") != "2") return false;
+        if (s->query({"SENTINEL", "master", "mymaster"}, "num-slaves") != "1") return false;
+      }
+      return true;
+    }, 30s));
+  }
+  std::string url() const {
+    std::string hosts;
+    for (auto& s : sentinels_) hosts += (hosts.empty() ? "" : ",") + std::string("127.0.0.1:") + std::to_string(s->port());
+    return "redis-sentinel://" + hosts + "/mymaster";
+  }
+  Options options() const {
+    Options o;
+    o.redis_url = url();
+    o.threads = 4;
+    o.connect_timeout = 500ms;
+    o.command_timeout = 1000ms;
+    return o;
+  }
+
+  std::unique_ptr<RedisServer> master_, replica_;
+  std::vector<std::unique_ptr<SentinelProcess>> sentinels_;
+};
+
+TEST_F(SentinelTest, FindsTheMasterAndWaitsForTheReplica) {
+  Options o = options();
+  o.min_replicas = 1;
+  Runtime rt(o);
+  auto f = locked("sen", 2s, forever).on(rt)([&] { return exists(*master_, "sen") && exists(*replica_, "sen"); });
+  auto fut = f();
+  EXPECT_TRUE(get_bounded(fut));  // WAIT made the replica have it before the work ran
+  Options two = options();
+  two.min_replicas = 2;
+  Runtime rt2(two);
+  auto g = locked("sen2", 2s, 0).on(rt2)([] { return 1; });
+  auto fut2 = g();
+  auto err = error_of<ConnectionError>(fut2);
+  ASSERT_TRUE(err);
+  EXPECT_NE(std::string(err->what()).find("replicas"), std::string::npos) << err->what();
+  EXPECT_FALSE(exists(*master_, "sen2"));
+}
+
+TEST_F(SentinelTest, FailoverWhileLeasesAreHeldAndCallersWait) {
+  Runtime rt(options());
+  Gate held_started;
+  auto hold = locked("fo", 4s, forever).on(rt)([&] {
+    held_started.open();
+    // Work through the failover: about 3 s of it.
+    auto until = std::chrono::steady_clock::now() + 6s;
+    while (std::chrono::steady_clock::now() < until && !this_lease().lost()) std::this_thread::sleep_for(20ms);
+    return this_lease().fencing_token();
+  });
+  auto held = hold();
+  ASSERT_TRUE(held_started.wait());
+  auto waiter = locked("fo", 4s, forever).on(rt).wait(40s)([] { return this_lease().fencing_token(); });
+  auto waiting = waiter();
+
+  master_->kill();
+  // The sentinels promote the replica.
+  ASSERT_TRUE(eventually([&] {
+    return replica_->command({"INFO", "replication"}).str.find("role:master") != std::string::npos;
+  }, 30s));
+
+  // The held lease is either kept or reported lost: never another outcome.
+  std::uint64_t held_token = 0;
+  try {
+    held_token = get_bounded(held);
+  } catch (const LeaseLost& e) {
+    SUCCEED() << "lost across the failover: " << e.what();
+  }
+  // The waiter gets the lock through the new master, with a higher token.
+  auto waiter_token = get_bounded(waiting);
+  EXPECT_GT(waiter_token, held_token);
+  // And locking goes on there, with no user action.
+  auto after = locked("fo-after", 2s, 0).on(rt)([&] { return exists(*replica_, "fo-after"); });
+  auto fut = after();
+  EXPECT_TRUE(get_bounded(fut));
+}
+
+}  // namespace
+}  // namespace lockwatch::testing
