@@ -174,5 +174,26 @@ TEST_F(RedlockTest, FencingTokensRiseWhenTheMajorityChanges) {
   EXPECT_GT(second, first);
 }
 
+TEST_F(RedlockTest, TwoNodesThatStopAnsweringDoNotStopLocking) {
+  // A paused node keeps its connections and answers nothing, as a node
+  // behind a partition would; requests to it end at the command timeout.
+  Runtime rt(options());
+  auto acquiring = rt.acquire("rl-pause", 1s);
+  LockHandle h = get_bounded(acquiring);
+  servers_[2]->pause();
+  servers_[4]->pause();
+  auto r0 = h.lease().renewals();
+  auto until = std::chrono::steady_clock::now() + kBound;
+  while (h.lease().renewals() < r0 + 3 && !h.lease().lost() && std::chrono::steady_clock::now() < until)
+    std::this_thread::sleep_for(10ms);
+  EXPECT_FALSE(h.lease().lost());
+  EXPECT_GE(h.lease().renewals(), r0 + 3);
+  auto other = rt.acquire("rl-pause-2", 1s);
+  LockHandle h2 = get_bounded(other);
+  EXPECT_GT(h2.lease().fencing_token(), 0u);
+  servers_[2]->resume();
+  servers_[4]->resume();
+}
+
 }  // namespace
 }  // namespace lockwatch::testing
