@@ -100,7 +100,11 @@ int main(int argc, char** argv) {
   options.threads = static_cast<std::size_t>(args.threads);
   try {
     lockwatch::Runtime runtime(options);
-    auto endpoint = lockwatch::Endpoint::parse(args.redis);
+    // The counter itself lives on the first node (with Redlock, the lock
+    // spans them all).
+    auto topology = lockwatch::Topology::parse(args.redis);
+    if (topology.masters.empty()) throw std::runtime_error("give the nodes as redis:// URLs");
+    auto endpoint = topology.masters.front();
     std::string counter_key = "counter:" + args.key;
 
     auto increment = lockwatch::locked("counter:{0}", 2s, lockwatch::forever).on(runtime).wait(30s)(
