@@ -332,6 +332,10 @@ void RedisConnection::on_command_check(uv_timer_t* t) {
   self->went_down(why);
 }
 
+void RedisConnection::poll_replies() {
+  if (ac_ != nullptr && state_ == State::kConnected && !sent_at_.empty()) redisAsyncHandleRead(ac_);
+}
+
 void RedisConnection::set_endpoint(const Endpoint& endpoint) {
   if (endpoint.host == endpoint_.host && endpoint.port == endpoint_.port) return;
   endpoint_.host = endpoint.host;

@@ -66,6 +66,10 @@ class RedisConnection {
   // flight fails) and connects to `endpoint` at once. An endpoint with port
   // 0 means "not known yet": attempts wait for one, up to connect_timeout.
   void set_endpoint(const Endpoint& endpoint);
+  // Reads and dispatches replies already waiting in the socket, now. Used
+  // before declaring a lease lost: after a stall the loop runs its timers
+  // before it polls, and the confirmation may be sitting right there.
+  void poll_replies();
   // Replaces Hooks::on_down (set before start()).
   void set_down_hook(std::function<void()> hook) { hooks_.on_down = std::move(hook); }
   const Endpoint& endpoint() const noexcept { return endpoint_; }

@@ -381,6 +381,15 @@ void Runtime::Impl::on_lease_timer(LeaseRecord* l) {
     return;
   }
   auto now = Clock::now();
+  if (now >= l->deadline() && l->phase == LeaseRecord::Phase::kAwaitingReply && drained_at_ != advances_) {
+    // The loop may have stalled: it runs timers before it reads sockets, so
+    // a confirmation that arrived in time may be unread. Read first (once
+    // per tick), then judge.
+    drained_at_ = advances_;
+    for (auto& n : nodes) n.conn->poll_replies();
+    if (l->lost() || l->work_finished || l->phase != LeaseRecord::Phase::kAwaitingReply) return;
+    now = Clock::now();
+  }
   if (now >= l->deadline()) {
     lose(l, l->phase == LeaseRecord::Phase::kExhausted ? LostReason::kRenewalsExhausted : LostReason::kRedisUnreachable,
          l->lost_detail);
@@ -514,6 +523,7 @@ void Runtime::Impl::arm_wheel() {
       &wheel_timer,
       [](uv_timer_t* t) {
         auto* self = static_cast<Impl*>(t->data);
+        self->advances_++;
         self->wheel.advance();
         self->flush_renewals();
         if (self->wheel.pending() == 0) uv_timer_stop(t);

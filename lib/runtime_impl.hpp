@@ -201,6 +201,8 @@ struct Runtime::Impl : std::enable_shared_from_this<Runtime::Impl> {
   std::unordered_map<std::string, std::unique_ptr<KeyWaiters>> waiters;  // by channel
   std::unordered_set<std::shared_ptr<Acquisition>> single_attempts;      // wait == 0, reply pending
   std::vector<std::shared_ptr<LeaseRecord>> renew_batch;                 // due this tick
+  std::uint64_t advances_ = 0;    // wheel advances so far
+  std::uint64_t drained_at_ = ~std::uint64_t{0};  // the advance that last read replies early
   detail::StatsCounters stats;
 
   std::atomic<bool> stopping{false};
