@@ -13,13 +13,15 @@
 // the peers' harness: 10,000 locks, ttl 2 s, 10 s); 30 s at ttl 30 s, which
 // covers exactly one renewal per lease (due 27 s after it was taken, and all
 // were taken just before the hold began). The default run holds 3 x 10 s +
-// 3 x 30 s, about 2.5 minutes with acquiring and releasing; select cases
-// with e.g. --benchmark_filter=/1000/ (1K only) or --benchmark_filter=/2000
-// (ttl 2 s only).
+// 3 x 30 s, about 2.5 minutes with acquiring, releasing and a 4 s probe
+// calibration, plus at most 60 s waiting for a quiet machine (wait_for_quiet);
+// select cases with e.g. --benchmark_filter=1000/ (1K only) or
+// --benchmark_filter=/2000 (ttl 2 s only).
 //
 // Counters, over the hold:
-//   renewals            leases renewed (RuntimeStats::renewals_sent delta)
+//   renewals            renewals sent (RuntimeStats::renewals_sent delta)
 //   renewals_per_lease
+//   renewals_ok         renewals confirmed (sum of lease().renewals() deltas)
 //   us_cpu_per_renewal  this process's CPU (getrusage RUSAGE_SELF, user +
 //                       sys) / renewals, after taking away what the lag
 //                       probes cost (measured once per binary on an idle
