@@ -12,7 +12,7 @@
 
 namespace lockwatch::detail {
 
-struct LeaseRecord final : Lease, TimerTask {
+struct LeaseRecord final : Lease, TimerTask, std::enable_shared_from_this<LeaseRecord> {
   // What the lease's one wheel timeout means when it fires.
   enum class Phase {
     kRenewDue,       // time to renew
@@ -53,7 +53,9 @@ struct LeaseRecord final : Lease, TimerTask {
   std::size_t renew_ok = 0, renew_no = 0, renew_replies = 0;
   bool renew_taken = false, renew_decided = false;
   std::string renew_error;
+  std::string ttl_ms;  // the ttl as the scripts take it, formatted once
   bool work_finished = false;
+  bool releasing = false;  // release in flight: renewals go on until it is confirmed
   bool is_handle = false;  // held through a LockHandle, not by running work
   std::shared_ptr<std::promise<void>> finished;  // inline calls wait on it
 };

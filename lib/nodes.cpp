@@ -26,6 +26,7 @@ void Runtime::Impl::start_nodes() {
   for (const auto& ep : endpoints) {
     Node n;
     n.conn = std::make_unique<detail::RedisConnection>(loop, ep, options, false);
+    n.renew = std::make_unique<detail::RedisConnection>(loop, ep, options, false);
     detail::RedisConnection::Hooks hooks;
     hooks.on_message = [this](std::string_view kind, std::string_view channel, std::string_view) {
       on_pubsub(kind, channel);
@@ -41,6 +42,7 @@ void Runtime::Impl::start_nodes() {
     // whenever the connection to it drops.
     sentinel = std::make_unique<detail::SentinelWatcher>(loop, topology, options, [this](const Endpoint& master) {
       nodes[0].conn->set_endpoint(master);
+      nodes[0].renew->set_endpoint(master);
       nodes[0].sub->set_endpoint(master);
     });
     nodes[0].conn->set_down_hook([this] {
@@ -49,6 +51,7 @@ void Runtime::Impl::start_nodes() {
   }
   for (auto& n : nodes) {
     n.conn->start();
+    n.renew->start();
     n.sub->start();
   }
   if (sentinel) sentinel->start();
@@ -240,30 +243,30 @@ void Runtime::Impl::quorum_acquire(const std::shared_ptr<detail::Acquisition>& a
 
 void Runtime::Impl::quorum_renew(std::vector<std::shared_ptr<LeaseRecord>> batch, Clock::time_point sent) {
   const std::size_t n = batch.size();
-  std::vector<std::string> args;
+  // The arguments point into the leases, which the batch keeps alive until
+  // every node answered: no copies of keys and tokens per renewal.
+  auto shared_batch = std::make_shared<const std::vector<std::shared_ptr<LeaseRecord>>>(std::move(batch));
+  std::vector<std::string_view> args;
   args.reserve(3 * n);
-  for (auto& l : batch) args.push_back(l->lock_key);
-  for (auto& l : batch) {
-    args.push_back(l->token);
-    args.push_back(std::to_string(l->ttl().count()));
+  std::vector<std::uint64_t> rounds;
+  rounds.reserve(n);
+  for (const auto& l : *shared_batch) args.emplace_back(l->lock_key);
+  for (const auto& l : *shared_batch) {
+    args.emplace_back(l->token);
+    args.emplace_back(l->ttl_ms);
     // A new round: votes of an older one no longer count.
     l->renew_round++;
     l->renew_ok = l->renew_no = l->renew_replies = 0;
     l->renew_taken = l->renew_decided = false;
     l->renew_error.clear();
+    rounds.push_back(l->renew_round);
   }
   stats.renewals_sent.fetch_add(n, std::memory_order_relaxed);
   stats.renew_commands.fetch_add(nodes.size(), std::memory_order_relaxed);
-  std::vector<std::uint64_t> rounds;
-  rounds.reserve(n);
-  for (auto& l : batch) rounds.push_back(l->renew_round);
-  auto shared_batch = std::make_shared<const std::vector<std::shared_ptr<LeaseRecord>>>(std::move(batch));
   auto shared_rounds = std::make_shared<const std::vector<std::uint64_t>>(std::move(rounds));
   for (std::size_t i = 0; i < nodes.size(); ++i) {
-    // The last node may take the arguments; the others copy them.
-    std::vector<std::string> node_args = (i + 1 == nodes.size()) ? std::move(args) : args;
-    nodes[i].conn->eval(
-        detail::renew_script(), std::move(node_args), static_cast<int>(n),
+    nodes[i].renew->eval_views(
+        detail::renew_script(), args, static_cast<int>(n), shared_batch,
         [this, i, sent, shared_batch, shared_rounds](const redisReply* r, std::exception_ptr err) {
           const auto& b = *shared_batch;
           std::string why;
@@ -278,8 +281,11 @@ void Runtime::Impl::quorum_renew(std::vector<std::shared_ptr<LeaseRecord>> batch
               const redisReply* e = r->element[k];
               v = e->type == REDIS_REPLY_INTEGER ? e->integer : -2;
             }
-            on_renew_vote(b[k], (*shared_rounds)[k], sent, v,
-                          v == -2 && why.empty() ? endpoints[i].name() + ": Redis refused the renewal" : why);
+            if (v == -2 && why.empty()) {
+              on_renew_vote(b[k], (*shared_rounds)[k], sent, v, endpoints[i].name() + ": Redis refused the renewal");
+            } else {
+              on_renew_vote(b[k], (*shared_rounds)[k], sent, v, why);
+            }
           }
         });
   }
@@ -287,7 +293,7 @@ void Runtime::Impl::quorum_renew(std::vector<std::shared_ptr<LeaseRecord>> batch
 
 void Runtime::Impl::on_renew_vote(const std::shared_ptr<LeaseRecord>& l, std::uint64_t round, Clock::time_point sent,
                                   long long v, const std::string& why) {
-  if (l->work_finished || l->lost() || l->renew_round != round || l->renew_decided) return;
+  if ((l->work_finished && !l->releasing) || l->lost() || l->renew_round != round || l->renew_decided) return;
   const std::size_t n = nodes.size();
   l->renew_replies++;
   if (v == 1) {
@@ -303,7 +309,9 @@ void Runtime::Impl::on_renew_vote(const std::shared_ptr<LeaseRecord>& l, std::ui
     on_renewed(l, sent);
   } else if (l->renew_no > n - quorum) {
     l->renew_decided = true;
-    lose(l.get(), l->renew_taken ? LostReason::kTakenByOther : LostReason::kExpired);
+    // With the work over and the release in flight, the release's own
+    // answer says what became of the key.
+    if (!l->work_finished) lose(l.get(), l->renew_taken ? LostReason::kTakenByOther : LostReason::kExpired);
   } else if (l->renew_replies == n) {
     l->renew_decided = true;
     renewal_failed(l, l->renew_error);

@@ -17,7 +17,8 @@ struct RedisConnection::Request {
 
 namespace {
 
-std::vector<const char*> argv_ptrs(const std::vector<std::string>& argv, std::vector<size_t>& lens) {
+template <class Strings>
+std::vector<const char*> argv_ptrs(const Strings& argv, std::vector<size_t>& lens) {
   std::vector<const char*> ptrs;
   ptrs.reserve(argv.size());
   lens.clear();
@@ -125,7 +126,7 @@ void RedisConnection::connect() {
 }
 
 void RedisConnection::command(std::vector<std::string> argv, ReplyCallback cb) {
-  send(Queued{std::move(argv), std::move(cb), nullptr});
+  send(Queued{std::move(argv), {}, std::move(cb), nullptr, nullptr, {}});
 }
 
 void RedisConnection::eval(const Script& script, std::vector<std::string> keys_then_args, int num_keys,
@@ -136,7 +137,18 @@ void RedisConnection::eval(const Script& script, std::vector<std::string> keys_t
   argv.push_back(script.sha1);
   argv.push_back(std::to_string(num_keys));
   for (auto& a : keys_then_args) argv.push_back(std::move(a));
-  send(Queued{std::move(argv), std::move(cb), &script});
+  send(Queued{std::move(argv), {}, std::move(cb), &script, nullptr, {}});
+}
+
+void RedisConnection::eval_views(const Script& script, std::vector<std::string_view> keys_then_args, int num_keys,
+                                 std::shared_ptr<const void> keepalive, ReplyCallback cb) {
+  Queued q{{}, {}, std::move(cb), &script, std::move(keepalive), std::to_string(num_keys)};
+  q.views.reserve(keys_then_args.size() + 3);
+  q.views.emplace_back("EVALSHA");
+  q.views.emplace_back(script.sha1);
+  q.views.emplace_back();  // the count, pointed at q.num_keys once q is in place
+  q.views.insert(q.views.end(), keys_then_args.begin(), keys_then_args.end());
+  send(std::move(q));
 }
 
 void RedisConnection::send(Queued q) {
@@ -161,7 +173,13 @@ void RedisConnection::send(Queued q) {
 
 bool RedisConnection::submit(Request* req) {
   std::vector<size_t> lens;
-  auto ptrs = argv_ptrs(req->q.argv, lens);
+  std::vector<const char*> ptrs;
+  if (req->q.views.empty()) {
+    ptrs = argv_ptrs(req->q.argv, lens);
+  } else {
+    req->q.views[2] = req->q.num_keys;  // the string lives in the request now
+    ptrs = argv_ptrs(req->q.views, lens);
+  }
   if (redisAsyncCommandArgv(ac_, &RedisConnection::on_reply, req, static_cast<int>(ptrs.size()), ptrs.data(),
                             lens.data()) != REDIS_OK)
     return false;
@@ -193,8 +211,13 @@ void RedisConnection::on_reply(redisAsyncContext* ac, void* reply, void* privdat
         // The server lost its script cache (restart, SCRIPT FLUSH): EVAL
         // runs the source and caches it again.
         Queued q = std::move(req->q);
-        q.argv[0] = "EVAL";
-        q.argv[1] = std::string(q.script->source);
+        if (q.views.empty()) {
+          q.argv[0] = "EVAL";
+          q.argv[1] = std::string(q.script->source);
+        } else {
+          q.views[0] = "EVAL";
+          q.views[1] = q.script->source;  // static storage
+        }
         q.script = nullptr;
         self->send(std::move(q));
       } else {

@@ -24,6 +24,8 @@
 #include <deque>
 #include <exception>
 #include <functional>
+#include <memory>
+#include <string_view>
 #include <string>
 #include <unordered_set>
 #include <vector>
@@ -62,6 +64,10 @@ class RedisConnection {
   void command(std::vector<std::string> argv, ReplyCallback cb);
   // EVALSHA, falling back to EVAL when the server answers NOSCRIPT.
   void eval(const Script& script, std::vector<std::string> keys_then_args, int num_keys, ReplyCallback cb);
+  // The same without copying the arguments: the views must stay valid until
+  // the callback ran, which `keepalive` guarantees (it is held until then).
+  void eval_views(const Script& script, std::vector<std::string_view> keys_then_args, int num_keys,
+                  std::shared_ptr<const void> keepalive, ReplyCallback cb);
   // Sentinel: the master moved. Drops the current connection (what is in
   // flight fails) and connects to `endpoint` at once. An endpoint with port
   // 0 means "not known yet": attempts wait for one, up to connect_timeout.
@@ -87,9 +93,12 @@ class RedisConnection {
   enum class State { kDown, kConnecting, kConnected, kClosed };
   struct Request;
   struct Queued {
-    std::vector<std::string> argv;
+    std::vector<std::string> argv;         // owned arguments, or
+    std::vector<std::string_view> views;   // borrowed ones, valid while keepalive lives
     ReplyCallback cb;
-    const Script* script;  // non-null: argv is an EVALSHA, retried as EVAL on NOSCRIPT
+    const Script* script;  // non-null: an EVALSHA, retried as EVAL on NOSCRIPT
+    std::shared_ptr<const void> keepalive;
+    std::string num_keys;  // storage for the views' key count
   };
 
   void connect();

@@ -170,7 +170,7 @@ void Runtime::Impl::start_acquire(std::shared_ptr<Acquisition> a) {
   }
   KeyWaiters* w = slot.get();
   a->wait_timeout = wheel.new_timeout_at(*a, a->started + a->spec.wait);
-  arm_wheel();
+  arm_wheel(a->started + a->spec.wait);
   w->queue.push_back(a);
   if (w->queue.size() == 1) attempt_head(w->channel);
 }
@@ -223,7 +223,7 @@ void Runtime::Impl::on_acquire_outcome(const std::shared_ptr<Acquisition>& a, co
     // a busy lock.
     w->connection_error = out.error;
     w->retry = wheel.new_timeout_at(*w, Clock::now() + options.reconnect_min);
-    arm_wheel();
+    arm_wheel(Clock::now() + options.reconnect_min);
     return;
   }
   if (w) w->connection_error = nullptr;
@@ -260,8 +260,9 @@ void Runtime::Impl::on_acquire_outcome(const std::shared_ptr<Acquisition>& a, co
   }
   // Sleep until a release is published or the holder's ttl runs out (a
   // holder that died never publishes).
-  w->retry = wheel.new_timeout_at(*w, Clock::now() + pttl + milliseconds(1));
-  arm_wheel();
+  auto retry_at = Clock::now() + pttl + milliseconds(1);
+  w->retry = wheel.new_timeout_at(*w, retry_at);
+  arm_wheel(retry_at);
 }
 
 void Runtime::Impl::on_pubsub(std::string_view kind, std::string_view channel) {
@@ -322,6 +323,7 @@ void Runtime::Impl::grant(const std::shared_ptr<Acquisition>& a, std::uint64_t f
   l->lock_key = a->lock_key;
   l->channel = a->channel;
   l->retries = a->spec.retries;
+  l->ttl_ms = std::to_string(a->spec.ttl.count());
   l->weight = a->spec.renew_weight;
   l->drift = drift;
   l->last_sent = sent;
@@ -369,24 +371,30 @@ void Runtime::Impl::run_on_pool(const std::shared_ptr<LeaseRecord>& l) {
 void Runtime::Impl::schedule(LeaseRecord& l, LeaseRecord::Phase phase, Clock::time_point at) {
   l.phase = phase;
   l.timeout = wheel.new_timeout_at(l, at);
-  arm_wheel();
+  arm_wheel(at);
 }
 
 void Runtime::Impl::on_lease_timer(LeaseRecord* l) {
+  auto now = Clock::now();
   if (l->work_finished) {
-    if (l->phase == LeaseRecord::Phase::kReleasing) {
+    if (!l->releasing) {
       // Release could not be confirmed; the key has expired by now.
-      if (auto sl = shared(l)) finish_lease(sl);
+      if (l->phase == LeaseRecord::Phase::kReleasing) finish_lease(shared(l));
+      return;
     }
+    // The release is in flight, maybe behind a long queue: keep the key
+    // alive until it is done. Nothing is judged any more: the work is over.
+    if ((l->phase == LeaseRecord::Phase::kRenewDue || l->phase == LeaseRecord::Phase::kRetryDue) &&
+        now < l->deadline())
+      send_renew(l);
     return;
   }
-  auto now = Clock::now();
   if (now >= l->deadline() && l->phase == LeaseRecord::Phase::kAwaitingReply && drained_at_ != advances_) {
     // The loop may have stalled: it runs timers before it reads sockets, so
     // a confirmation that arrived in time may be unread. Read first (once
     // per tick), then judge.
     drained_at_ = advances_;
-    for (auto& n : nodes) n.conn->poll_replies();
+    for (auto& n : nodes) n.renew->poll_replies();
     if (l->lost() || l->work_finished || l->phase != LeaseRecord::Phase::kAwaitingReply) return;
     now = Clock::now();
   }
@@ -419,7 +427,11 @@ void Runtime::Impl::flush_renewals() {
   if (renew_batch.empty()) return;
   auto sent = Clock::now();
   if (renew_batch.size() <= kChunk) {
+    std::size_t capacity = renew_batch.capacity();
     quorum_renew(std::move(renew_batch), sent);
+    renew_batch = {};
+    renew_batch.reserve(capacity);
+    return;
   } else {
     for (std::size_t from = 0; from < renew_batch.size(); from += kChunk) {
       auto first = renew_batch.begin() + static_cast<std::ptrdiff_t>(from);
@@ -468,9 +480,10 @@ void Runtime::Impl::lose(LeaseRecord* l, LostReason reason, std::string detail) 
 void Runtime::Impl::work_done(const std::shared_ptr<LeaseRecord>& l) {
   if (l->work_finished) return;
   l->work_finished = true;
-  l->timeout.cancel();
-  l->phase = LeaseRecord::Phase::kReleasing;
+  l->releasing = true;
   send_release(l, [this, l](bool freed) {
+    l->releasing = false;
+    l->timeout.cancel();
     if (freed) {
       finish_lease(l);
       return;
@@ -516,19 +529,26 @@ void Runtime::Impl::finish_lease(const std::shared_ptr<LeaseRecord>& l) {
 
 // -------------------------------------------------------------- the wheel
 
-void Runtime::Impl::arm_wheel() {
-  if (uv_is_active(reinterpret_cast<uv_handle_t*>(&wheel_timer))) return;
-  auto tick = static_cast<uint64_t>(options.tick.count());
+void Runtime::Impl::arm_wheel(Clock::time_point at) {
+  if (at >= wheel_due_) return;
+  auto now = Clock::now();
+  // libuv counts whole milliseconds: round up, and never 0 (a timeout due
+  // now runs at the next advance anyway).
+  auto delay = std::max<std::int64_t>(1, std::chrono::ceil<milliseconds>(at - now).count());
+  wheel_due_ = now + milliseconds(delay);
   uv_timer_start(
-      &wheel_timer,
-      [](uv_timer_t* t) {
-        auto* self = static_cast<Impl*>(t->data);
-        self->advances_++;
-        self->wheel.advance();
-        self->flush_renewals();
-        if (self->wheel.pending() == 0) uv_timer_stop(t);
-      },
-      tick, tick);
+      &wheel_timer, [](uv_timer_t* t) { static_cast<Impl*>(t->data)->on_wheel_timer(); },
+      static_cast<uint64_t>(delay), 0);
+}
+
+void Runtime::Impl::on_wheel_timer() {
+  wheel_due_ = Clock::time_point::max();
+  advances_++;
+  stats.timer_wakeups.fetch_add(1, std::memory_order_relaxed);
+  wheel.advance();
+  flush_renewals();
+  // Sleep until the next occupied tick; nothing pending: until a schedule.
+  if (auto next = wheel.next_expiry_in()) arm_wheel(Clock::now() + *next);
 }
 
 // ---------------------------------------------------------------- teardown
@@ -563,6 +583,7 @@ void Runtime::Impl::close_all() {
   if (sentinel) sentinel->close();
   for (auto& n : nodes) {
     n.conn->close();
+    n.renew->close();
     n.sub->close();
   }
 }
@@ -660,6 +681,7 @@ RuntimeStats Runtime::stats() const noexcept {
   s.renewals_sent = c.renewals_sent.load(std::memory_order_relaxed);
   s.renew_commands = c.renew_commands.load(std::memory_order_relaxed);
   s.leases_lost = c.leases_lost.load(std::memory_order_relaxed);
+  s.timer_wakeups = c.timer_wakeups.load(std::memory_order_relaxed);
   return s;
 }
 

@@ -116,6 +116,7 @@ struct StatsCounters {
   std::atomic<std::uint64_t> renewals_sent{0};
   std::atomic<std::uint64_t> renew_commands{0};
   std::atomic<std::uint64_t> leases_lost{0};
+  std::atomic<std::uint64_t> timer_wakeups{0};
 };
 }  // namespace detail
 
@@ -170,14 +171,14 @@ struct Runtime::Impl : std::enable_shared_from_this<Runtime::Impl> {
   void unsubscribe_all(const std::string& channel);
   void finish_lease(const std::shared_ptr<LeaseRecord>& l);
   void run_on_pool(const std::shared_ptr<LeaseRecord>& l);
-  void arm_wheel();
+  // Makes the wheel's timer fire no later than `at` (it sleeps until the
+  // next occupied tick instead of ticking while idle).
+  void arm_wheel(Clock::time_point at);
+  void on_wheel_timer();
   void begin_stop();
   void close_all();
 
-  std::shared_ptr<LeaseRecord> shared(LeaseRecord* l) {
-    auto it = leases.find(l);
-    return it == leases.end() ? nullptr : it->second;
-  }
+  std::shared_ptr<LeaseRecord> shared(LeaseRecord* l) { return l->shared_from_this(); }
 
   const Options options;
   const Topology topology;
@@ -190,6 +191,7 @@ struct Runtime::Impl : std::enable_shared_from_this<Runtime::Impl> {
   uv_timer_t wheel_timer{};
   struct Node {
     std::unique_ptr<detail::RedisConnection> conn;  // commands, pipelined
+    std::unique_ptr<detail::RedisConnection> renew;  // renewals: never queued behind bulk acquisitions
     std::unique_ptr<detail::RedisConnection> sub;   // release notifications
   };
   std::vector<Node> nodes;
@@ -202,6 +204,7 @@ struct Runtime::Impl : std::enable_shared_from_this<Runtime::Impl> {
   std::unordered_set<std::shared_ptr<Acquisition>> single_attempts;      // wait == 0, reply pending
   std::vector<std::shared_ptr<LeaseRecord>> renew_batch;                 // due this tick
   std::uint64_t advances_ = 0;    // wheel advances so far
+  Clock::time_point wheel_due_ = Clock::time_point::max();  // when wheel_timer fires
   std::uint64_t drained_at_ = ~std::uint64_t{0};  // the advance that last read replies early
   detail::StatsCounters stats;
 

@@ -80,6 +80,7 @@ struct RuntimeStats {
   std::uint64_t renewals_sent = 0;   // lease renewals sent
   std::uint64_t renew_commands = 0;  // commands that carried them (one per tick and chunk)
   std::uint64_t leases_lost = 0;     // leases reported lost
+  std::uint64_t timer_wakeups = 0;   // times the watchdog's wheel woke the I/O thread
 };
 
 class Runtime {
