@@ -480,6 +480,45 @@ void BM_Locked(benchmark::State& state, int conc, bool contended) {
   });
 }
 
+// One caller thread keeping <conc> LOCKED calls in flight: it issues a
+// round of <conc> calls, then waits for their futures. This is how an
+// application fans work out with futures, and what the node peers do (one
+// thread, N tasks): the runtime pipelines the round, with a few thread
+// wake-ups per round instead of several per call.
+void BM_LockedFanOut(benchmark::State& state, int conc) {
+  prepare_run();
+  std::uint64_t run = ++g_run;
+  lockwatch::Runtime rt(runtime_options());
+  warm_up(rt, run);
+  auto fn = lockwatch::locked("lf:{0}:{1}", kTtl, lockwatch::forever).on(rt)([](std::uint64_t, std::uint64_t) {});
+  std::uint64_t n = 0;
+  run_threaded(state, 1, false, [&](int, Tally& tally, Clock::time_point deadline) {
+    std::vector<std::future<void>> round;
+    std::vector<Clock::time_point> issued;
+    round.reserve(static_cast<std::size_t>(conc));
+    while (Clock::now() < deadline) {
+      round.clear();
+      issued.clear();
+      for (int i = 0; i < conc; ++i) {
+        issued.push_back(Clock::now());
+        round.push_back(fn(run, n++));
+      }
+      for (int i = 0; i < conc; ++i) {
+        auto& f = round[static_cast<std::size_t>(i)];
+        try {
+          if (!ready_in_bound(f, tally, "locked call")) return;
+          f.get();
+        } catch (const std::exception& e) {
+          tally.fail(e.what());
+          return;
+        }
+        tally.cycle_us.push_back(static_cast<float>(micros(Clock::now() - issued[static_cast<std::size_t>(i)])));
+        ++tally.cycles;
+      }
+    }
+  });
+}
+
 // --------------------------------------------------------- raw hiredis
 
 // The protocol with nothing around it: <conc> callers as state machines on
@@ -689,6 +728,11 @@ void register_benchmarks() {
           ->UseManualTime()
           ->Unit(benchmark::kMillisecond);
     }
+  }
+  for (int conc : {16, 64}) {
+    benchmark::RegisterBenchmark(fmt::format("BM_LockedFanOut/{}/uncontended", conc).c_str(), BM_LockedFanOut, conc)
+        ->UseManualTime()
+        ->Unit(benchmark::kMillisecond);
   }
 }
 

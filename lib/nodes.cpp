@@ -114,16 +114,19 @@ void Runtime::Impl::quorum_acquire(const std::shared_ptr<detail::Acquisition>& a
               {"WAIT", std::to_string(options.min_replicas), std::to_string(options.replica_ack_timeout.count())},
               [this, a, out, done = std::move(done)](const redisReply* w, std::exception_ptr werr) mutable {
                 long long acks = (!werr && w->type == REDIS_REPLY_INTEGER) ? w->integer : 0;
-                if (acks < options.min_replicas) {
-                  quorum_release(a->lock_key, a->token, {}, [](bool, bool, bool, std::string) {});
-                  out.kind = AcquireOutcome::Kind::kFailed;
-                  out.error = werr ? werr
-                                   : std::make_exception_ptr(ConnectionError(
-                                         nodes[0].conn->name(),
-                                         fmt::format("the lock write reached {} of the {} replicas required", acks,
-                                                     options.min_replicas)));
+                if (acks >= options.min_replicas) {
+                  done(out);
+                  return;
                 }
-                done(out);
+                out.kind = AcquireOutcome::Kind::kFailed;
+                out.error = werr ? werr
+                                 : std::make_exception_ptr(ConnectionError(
+                                       nodes[0].conn->name(),
+                                       fmt::format("the lock write reached {} of the {} replicas required", acks,
+                                                   options.min_replicas)));
+                // Give the lock back before the caller hears of the failure.
+                quorum_release(a->lock_key, a->token, {},
+                               [out, done = std::move(done)](bool, bool, bool, std::string) mutable { done(out); });
               });
         });
     return;
@@ -136,12 +139,20 @@ void Runtime::Impl::quorum_acquire(const std::shared_ptr<detail::Acquisition>& a
   auto st = std::make_shared<Shared>();
   st->done = std::move(done);
   const std::size_t n = nodes.size();
-  auto give_back = [this, a] { quorum_release(a->lock_key, a->token, {}, [](bool, bool, bool, std::string) {}); };
   auto finish = [st, sent](AcquireOutcome out) {
     if (st->tally.finished) return;
     st->tally.finished = true;
     out.sent = sent;
     st->done(out);
+  };
+  // A failed attempt gives back what it took, on every node (a late success
+  // is undone by the release queued behind it), before the caller hears.
+  auto give_back = [this, a, st, finish](AcquireOutcome out) {
+    st->tally.finished = true;  // no other path may answer meanwhile
+    quorum_release(a->lock_key, a->token, {}, [st, finish, out](bool, bool, bool, std::string) {
+      st->tally.finished = false;
+      finish(out);
+    });
   };
   // Taken once a majority's counters are raised to the token; hopeless once
   // every node answered and too few raises succeeded.
@@ -154,12 +165,11 @@ void Runtime::Impl::quorum_acquire(const std::shared_ptr<detail::Acquisition>& a
       out.fence = t.fence;
       finish(out);
     } else if (t.replies == n && t.raise_replies == t.raise_asked) {
-      give_back();
       AcquireOutcome out;
       out.error = std::make_exception_ptr(
           ConnectionError(endpoints[t.took.empty() ? 0 : t.took.front()].name(),
                           "could not raise a majority's fencing counters"));
-      finish(out);
+      give_back(out);
     }
   };
   auto raise_on = [this, a, st, check_raised](std::size_t node) {
@@ -176,7 +186,7 @@ void Runtime::Impl::quorum_acquire(const std::shared_ptr<detail::Acquisition>& a
   for (std::size_t i = 0; i < n; ++i) {
     nodes[i].conn->eval(
         detail::acquire_script(), {a->lock_key, a->fence_key, a->token, ttl}, 2,
-        [this, a, i, n, sent, st, finish, give_back, raise_on, check_raised](const redisReply* r,
+        [this, a, i, n, sent, st, give_back, raise_on, check_raised](const redisReply* r,
                                                                              std::exception_ptr err) {
           auto& t = st->tally;
           t.replies++;
@@ -208,10 +218,9 @@ void Runtime::Impl::quorum_acquire(const std::shared_ptr<detail::Acquisition>& a
             t.decided = true;
             auto validity = a->spec.ttl - detail::drift_for(options, a->spec.ttl);
             if (Clock::now() - sent >= validity) {
-              give_back();
               out.error = std::make_exception_ptr(
                   ConnectionError(endpoints[i].name(), "a majority took the lock only after its validity time"));
-              finish(out);
+              give_back(out);
               return;
             }
             t.fence = t.max_fence;
@@ -222,7 +231,6 @@ void Runtime::Impl::quorum_acquire(const std::shared_ptr<detail::Acquisition>& a
             // A majority is out of reach: give back what we took, on every
             // node (a late success is undone by the release queued behind it).
             t.decided = true;
-            give_back();
             if (t.busy > 0 && t.took.size() + t.busy >= quorum) {
               out.kind = AcquireOutcome::Kind::kBusy;
               out.pttl = milliseconds(std::max<long long>(1, t.min_pttl));
@@ -235,7 +243,7 @@ void Runtime::Impl::quorum_acquire(const std::shared_ptr<detail::Acquisition>& a
                   names.empty() ? endpoints[i].name() : names,
                   fmt::format("no majority: {} of {} nodes failed, {} busy", t.failed, n, t.busy)));
             }
-            finish(out);
+            give_back(out);
           }
         });
   }
