@@ -3,7 +3,11 @@
 // rising when the majority changes.
 #include <gtest/gtest.h>
 
+#include <hiredis/hiredis.h>
+#include <unistd.h>
+
 #include <atomic>
+#include <cstdlib>
 #include <thread>
 #include <vector>
 
@@ -12,6 +16,65 @@
 
 namespace lockwatch::testing {
 namespace {
+
+// A redis-server in a network namespace of its own, reached over a veth
+// pair, so that the test can cut the link: packets are dropped silently, as
+// in a real partition (no reset, no refusal). Needs root; the namespace,
+// the link and the server are removed again by the destructor.
+class PartitionableRedis {
+ public:
+  PartitionableRedis() {
+    int id = static_cast<int>(getpid() % 200) + 20;
+    ns_ = "lw" + std::to_string(getpid());
+    host_if_ = "lwh" + std::to_string(getpid());
+    std::string ns_if = "lwn" + std::to_string(getpid());
+    addr_ = "10.231." + std::to_string(id) + ".2";
+    std::string host_addr = "10.231." + std::to_string(id) + ".1/30";
+    ok_ = run("ip netns add " + ns_) && run("ip link add " + host_if_ + " type veth peer name " + ns_if) &&
+          run("ip link set " + ns_if + " netns " + ns_) && run("ip addr add " + host_addr + " dev " + host_if_) &&
+          run("ip link set " + host_if_ + " up") && run(in_ns("ip addr add " + addr_ + "/30 dev " + ns_if)) &&
+          run(in_ns("ip link set " + ns_if + " up")) && run(in_ns("ip link set lo up"));
+    if (!ok_) return;
+    char tmpl[] = "/tmp/lockwatch-netns-XXXXXX";
+    dir_ = mkdtemp(tmpl);
+    server_ = std::make_unique<ChildProcess>(std::vector<std::string>{
+        "ip", "netns", "exec", ns_, "redis-server", "--bind", addr_, "--port", "6379", "--protected-mode", "no",
+        "--save", "", "--appendonly", "no", "--dir", dir_, "--logfile", dir_ + "/redis.log"});
+    auto until = std::chrono::steady_clock::now() + kBound;
+    while (std::chrono::steady_clock::now() < until && !answers()) std::this_thread::sleep_for(20ms);  // start-up
+    ok_ = answers();
+  }
+  ~PartitionableRedis() {
+    server_.reset();
+    run("ip netns del " + ns_ + " 2>/dev/null");
+    run("ip link del " + host_if_ + " 2>/dev/null");
+    if (!dir_.empty()) run("rm -rf '" + dir_ + "'");
+  }
+  bool ok() const { return ok_; }
+  std::string url() const { return "redis://" + addr_ + ":6379"; }
+  void cut() { run("ip link set " + host_if_ + " down"); }
+  void heal() { run("ip link set " + host_if_ + " up"); }
+  bool answers() const {
+    timeval tv{0, 300000};
+    redisContext* c = redisConnectWithTimeout(addr_.c_str(), 6379, tv);
+    bool up = c != nullptr && !c->err;
+    if (up) {
+      redisSetTimeout(c, tv);
+      auto* r = static_cast<redisReply*>(redisCommand(c, "PING"));
+      up = r != nullptr && r->type == REDIS_REPLY_STATUS;
+      if (r) freeReplyObject(r);
+    }
+    if (c) redisFree(c);
+    return up;
+  }
+
+ private:
+  static bool run(const std::string& cmd) { return std::system(cmd.c_str()) == 0; }
+  std::string in_ns(const std::string& cmd) const { return "ip netns exec " + ns_ + " " + cmd; }
+  std::string ns_, host_if_, addr_, dir_;
+  bool ok_ = false;
+  std::unique_ptr<ChildProcess> server_;
+};
 
 class RedlockTest : public ::testing::Test {
  protected:
@@ -193,6 +256,35 @@ TEST_F(RedlockTest, TwoNodesThatStopAnsweringDoNotStopLocking) {
   EXPECT_GT(h2.lease().fencing_token(), 0u);
   servers_[2]->resume();
   servers_[4]->resume();
+}
+
+TEST_F(RedlockTest, APartitionedNodeDoesNotStopLocking) {
+  if (geteuid() != 0) GTEST_SKIP() << "a network partition needs root (network namespaces)";
+  PartitionableRedis far;
+  if (!far.ok()) GTEST_SKIP() << "network namespaces are not available here";
+  // Four nodes on loopback, one behind the veth link.
+  std::string urls;
+  for (int i = 0; i < 4; ++i) urls += servers_[i]->url() + ",";
+  urls += far.url();
+  Options o = options();
+  o.redis_url = urls;
+  Runtime rt(o);
+  auto acquiring = rt.acquire("rl-part", 1s);
+  LockHandle h = get_bounded(acquiring);
+  far.cut();
+  auto r0 = h.lease().renewals();
+  auto until = std::chrono::steady_clock::now() + kBound;
+  while (h.lease().renewals() < r0 + 3 && !h.lease().lost() && std::chrono::steady_clock::now() < until)
+    std::this_thread::sleep_for(10ms);
+  EXPECT_FALSE(h.lease().lost());
+  EXPECT_GE(h.lease().renewals(), r0 + 3);
+  auto during = rt.acquire("rl-part-2", 1s);
+  LockHandle h2 = get_bounded(during);
+  EXPECT_TRUE(h2);
+  far.heal();
+  EXPECT_TRUE(far.answers());
+  auto released = h.release();
+  get_bounded(released);
 }
 
 }  // namespace
