@@ -75,11 +75,13 @@
 
 #include "lockwatch/lockwatch.hpp"
 #include "scripts.hpp"
+#include "bench_common.hpp"
 #include "support/redis_server.hpp"
 
 namespace {
 
 using namespace std::chrono_literals;
+using namespace lockwatch::bench;
 using Clock = std::chrono::steady_clock;
 
 constexpr auto kTtl = 30s;
@@ -99,79 +101,6 @@ std::atomic<std::uint64_t> g_run{0};  // makes keys unique per benchmark run
 
 double micros(Clock::duration d) { return std::chrono::duration<double, std::micro>(d).count(); }
 
-double process_cpu_seconds() {
-  rusage u{};
-  getrusage(RUSAGE_SELF, &u);
-  return static_cast<double>(u.ru_utime.tv_sec + u.ru_stime.tv_sec) +
-         static_cast<double>(u.ru_utime.tv_usec + u.ru_stime.tv_usec) * 1e-6;
-}
-
-// `calls` per command from INFO commandstats (lower-case names; commands run
-// inside Lua scripts are counted too).
-std::map<std::string, long long> command_calls() {
-  std::map<std::string, long long> out;
-  auto reply = g_redis->command({"INFO", "commandstats"});
-  std::size_t pos = 0;
-  const std::string& s = reply.str;
-  while ((pos = s.find("cmdstat_", pos)) != std::string::npos) {
-    std::size_t colon = s.find(':', pos);
-    std::size_t calls = s.find("calls=", colon);
-    if (colon == std::string::npos || calls == std::string::npos) break;
-    out[s.substr(pos + 8, colon - pos - 8)] = std::atoll(s.c_str() + calls + 6);
-    pos = calls;
-  }
-  return out;
-}
-
-struct CommandDelta {
-  long long evals = 0;
-  long long all = 0;  // except INFO
-};
-
-CommandDelta command_delta(const std::map<std::string, long long>& before,
-                           const std::map<std::string, long long>& after) {
-  CommandDelta d;
-  for (const auto& [name, calls] : after) {
-    auto it = before.find(name);
-    long long n = calls - (it == before.end() ? 0 : it->second);
-    if (name == "info") continue;
-    d.all += n;
-    if (name == "evalsha" || name == "eval") d.evals += n;
-  }
-  return d;
-}
-
-// CPU seconds so far: this process, redis-server, and the whole machine
-// (busy and stolen by the hypervisor, from /proc/stat), to tell how much of
-// the machine other processes took while a row ran.
-struct CpuSample {
-  Clock::time_point wall = Clock::now();
-  double self = process_cpu_seconds();
-  double redis = 0;
-  double busy = 0;
-  double steal = 0;
-};
-
-CpuSample sample_cpu() {
-  CpuSample s;
-  auto info = g_redis->command({"INFO", "cpu"});
-  for (const char* field : {"used_cpu_sys:", "used_cpu_user:"}) {
-    auto pos = info.str.find(field);
-    if (pos != std::string::npos) s.redis += std::atof(info.str.c_str() + pos + std::strlen(field));
-  }
-  if (std::FILE* f = std::fopen("/proc/stat", "r")) {
-    unsigned long long user = 0, nice = 0, system = 0, idle = 0, iowait = 0, irq = 0, softirq = 0, steal = 0;
-    if (std::fscanf(f, "cpu %llu %llu %llu %llu %llu %llu %llu %llu", &user, &nice, &system, &idle, &iowait, &irq,
-                    &softirq, &steal) == 8) {
-      double hz = static_cast<double>(sysconf(_SC_CLK_TCK));
-      s.busy = static_cast<double>(user + nice + system + irq + softirq) / hz;
-      s.steal = static_cast<double>(steal) / hz;
-    }
-    std::fclose(f);
-  }
-  return s;
-}
-
 struct CpuDelta {
   double wall = 0, self = 0, redis = 0, foreign_cores = 0, steal_cores = 0;
 };
@@ -188,31 +117,13 @@ CpuDelta cpu_delta(const CpuSample& a, const CpuSample& b) {
   return d;
 }
 
-// Other processes share the 2 cores (builds, tests): before each row, wait
-// until they leave the machine nearly idle, at most kQuietMaxWait per row and
-// kQuietBudget per binary. The row's foreign_cores says how quiet it stayed.
-constexpr auto kQuietMaxWait = 8s;
-constexpr auto kQuietBudget = 90s;
-constexpr double kQuietCores = 0.2;
-
-// Zero for smoke runs (a --benchmark_min_time below kQuietMinTime s).
-Clock::duration g_quiet_budget = kQuietBudget;
+QuietWait g_quiet(8s, 90s);
+// Smoke runs (a --benchmark_min_time below this many seconds) do not wait.
 constexpr double kQuietMinTime = 0.5;
 
-void wait_for_quiet() {
-  Clock::duration& budget = g_quiet_budget;
-  auto start = Clock::now();
-  auto until = start + std::min<Clock::duration>(kQuietMaxWait, budget);
-  while (Clock::now() < until) {
-    CpuSample a = sample_cpu();
-    std::this_thread::sleep_for(300ms);
-    CpuSample b = sample_cpu();
-    double wall = std::chrono::duration<double>(b.wall - a.wall).count();
-    double other = (b.busy - a.busy) - (b.self - a.self) - (b.redis - a.redis) + (b.steal - a.steal);
-    if (other / wall < kQuietCores) break;
-  }
-  budget -= std::min(budget, Clock::now() - start);
-}
+std::map<std::string, long long> command_calls() { return lockwatch::bench::command_calls(*g_redis); }
+CpuSample sample_cpu() { return lockwatch::bench::sample_cpu(*g_redis); }
+void wait_for_quiet() { g_quiet(*g_redis); }
 
 // Starts each run on a quiet machine and an empty keyspace: uncontended
 // cycles leave one fencing counter per key behind. Scripts survive FLUSHALL.
@@ -747,7 +658,7 @@ int main(int argc, char** argv) {
   if (!has_min_time) args.insert(args.begin() + 1, min_time.data());
   for (const char* a : args) {
     if (std::strncmp(a, "--benchmark_min_time=", 21) == 0 && std::strtod(a + 21, nullptr) < kQuietMinTime)
-      g_quiet_budget = Clock::duration::zero();
+      g_quiet.disable();
   }
   int n = static_cast<int>(args.size());
   benchmark::Initialize(&n, args.data());

@@ -69,11 +69,13 @@
 #include <vector>
 
 #include "lockwatch/lockwatch.hpp"
+#include "bench_common.hpp"
 #include "support/redis_server.hpp"
 
 namespace {
 
 using namespace std::chrono_literals;
+using namespace lockwatch::bench;
 using Clock = std::chrono::steady_clock;
 
 // Acquisitions and releases in flight at once. Everything shares one
@@ -97,101 +99,15 @@ constexpr auto kFutureBound = 30s;
 lockwatch::testing::RedisServer* g_redis = nullptr;
 std::atomic<std::uint64_t> g_run{0};
 
-double process_cpu_seconds() {
-  rusage u{};
-  getrusage(RUSAGE_SELF, &u);
-  return static_cast<double>(u.ru_utime.tv_sec + u.ru_stime.tv_sec) +
-         static_cast<double>(u.ru_utime.tv_usec + u.ru_stime.tv_usec) * 1e-6;
-}
-
 double seconds_between(Clock::time_point a, Clock::time_point b) {
   return std::chrono::duration<double>(b - a).count();
 }
 
-std::map<std::string, long long> command_calls() {
-  std::map<std::string, long long> out;
-  auto reply = g_redis->command({"INFO", "commandstats"});
-  const std::string& s = reply.str;
-  std::size_t pos = 0;
-  while ((pos = s.find("cmdstat_", pos)) != std::string::npos) {
-    std::size_t colon = s.find(':', pos);
-    std::size_t calls = s.find("calls=", colon);
-    if (colon == std::string::npos || calls == std::string::npos) break;
-    out[s.substr(pos + 8, colon - pos - 8)] = std::atoll(s.c_str() + calls + 6);
-    pos = calls;
-  }
-  return out;
-}
+QuietWait g_quiet(15s, 60s);
 
-struct CommandDelta {
-  double evals = 0;
-  double all = 0;  // except INFO
-};
-
-CommandDelta command_delta(const std::map<std::string, long long>& before,
-                           const std::map<std::string, long long>& after) {
-  CommandDelta d;
-  for (const auto& [name, calls] : after) {
-    if (name == "info") continue;
-    auto it = before.find(name);
-    auto n = static_cast<double>(calls - (it == before.end() ? 0 : it->second));
-    d.all += n;
-    if (name == "evalsha" || name == "eval") d.evals += n;
-  }
-  return d;
-}
-
-// CPU seconds so far: this process, redis-server, and the whole machine
-// (busy, and stolen by the hypervisor, from /proc/stat).
-struct CpuSample {
-  Clock::time_point wall = Clock::now();
-  double self = process_cpu_seconds();
-  double redis = 0;
-  double busy = 0;
-  double steal = 0;
-};
-
-CpuSample sample_cpu() {
-  CpuSample s;
-  auto info = g_redis->command({"INFO", "cpu"});
-  for (const char* field : {"used_cpu_sys:", "used_cpu_user:"}) {
-    auto pos = info.str.find(field);
-    if (pos != std::string::npos) s.redis += std::atof(info.str.c_str() + pos + std::strlen(field));
-  }
-  if (std::FILE* f = std::fopen("/proc/stat", "r")) {
-    unsigned long long user = 0, nice = 0, system = 0, idle = 0, iowait = 0, irq = 0, softirq = 0, steal = 0;
-    if (std::fscanf(f, "cpu %llu %llu %llu %llu %llu %llu %llu %llu", &user, &nice, &system, &idle, &iowait, &irq,
-                    &softirq, &steal) == 8) {
-      double hz = static_cast<double>(sysconf(_SC_CLK_TCK));
-      s.busy = static_cast<double>(user + nice + system + irq + softirq) / hz;
-      s.steal = static_cast<double>(steal) / hz;
-    }
-    std::fclose(f);
-  }
-  return s;
-}
-
-// Other processes share the 2 cores (builds, tests): before each row, wait
-// until they leave the machine nearly idle, at most kQuietMaxWait per row and
-// kQuietBudget per binary. The row's foreign_cores says how quiet it stayed.
-constexpr auto kQuietMaxWait = 15s;
-constexpr auto kQuietBudget = 60s;
-constexpr double kQuietCores = 0.2;
-
-void wait_for_quiet() {
-  static Clock::duration budget = kQuietBudget;
-  auto start = Clock::now();
-  auto until = start + std::min<Clock::duration>(kQuietMaxWait, budget);
-  while (Clock::now() < until) {
-    CpuSample a = sample_cpu();
-    std::this_thread::sleep_for(300ms);
-    CpuSample b = sample_cpu();
-    double wall = std::chrono::duration<double>(b.wall - a.wall).count();
-    double other = (b.busy - a.busy) - (b.self - a.self) - (b.redis - a.redis) + (b.steal - a.steal);
-    if (other / wall < kQuietCores) break;
-  }
-  budget -= std::min(budget, Clock::now() - start);
-}
+std::map<std::string, long long> command_calls() { return lockwatch::bench::command_calls(*g_redis); }
+CpuSample sample_cpu() { return lockwatch::bench::sample_cpu(*g_redis); }
+void wait_for_quiet() { g_quiet(*g_redis); }
 
 bool g_failed = false;
 

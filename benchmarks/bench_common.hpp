@@ -1,0 +1,125 @@
+// benchmarks/bench_common.hpp: measurement helpers shared by the benchmark
+// programs that run against a redis-server: process CPU, Redis's own CPU
+// and command counts (INFO), the machine's busy and stolen time
+// (/proc/stat), and a bounded wait for a quiet machine before each row.
+#pragma once
+
+#include <sys/resource.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <map>
+#include <string>
+#include <thread>
+
+#include "support/redis_server.hpp"
+
+namespace lockwatch::bench {
+
+using BenchClock = std::chrono::steady_clock;
+
+inline double process_cpu_seconds() {
+  rusage u{};
+  getrusage(RUSAGE_SELF, &u);
+  return static_cast<double>(u.ru_utime.tv_sec + u.ru_stime.tv_sec) +
+         static_cast<double>(u.ru_utime.tv_usec + u.ru_stime.tv_usec) * 1e-6;
+}
+
+// `calls` per command from INFO commandstats (lower-case names; commands run
+// inside Lua scripts are counted too).
+inline std::map<std::string, long long> command_calls(const testing::RedisServer& redis) {
+  std::map<std::string, long long> out;
+  auto reply = redis.command({"INFO", "commandstats"});
+  const std::string& s = reply.str;
+  std::size_t pos = 0;
+  while ((pos = s.find("cmdstat_", pos)) != std::string::npos) {
+    std::size_t colon = s.find(':', pos);
+    std::size_t calls = s.find("calls=", colon);
+    if (colon == std::string::npos || calls == std::string::npos) break;
+    out[s.substr(pos + 8, colon - pos - 8)] = std::atoll(s.c_str() + calls + 6);
+    pos = calls;
+  }
+  return out;
+}
+
+struct CommandDelta {
+  double evals = 0;
+  double all = 0;  // except INFO
+};
+
+inline CommandDelta command_delta(const std::map<std::string, long long>& before,
+                                  const std::map<std::string, long long>& after) {
+  CommandDelta d;
+  for (const auto& [name, calls] : after) {
+    if (name == "info") continue;
+    auto it = before.find(name);
+    auto n = static_cast<double>(calls - (it == before.end() ? 0 : it->second));
+    d.all += n;
+    if (name == "evalsha" || name == "eval") d.evals += n;
+  }
+  return d;
+}
+
+// CPU seconds so far: this process, redis-server, and the whole machine
+// (busy, and stolen by the hypervisor, from /proc/stat).
+struct CpuSample {
+  BenchClock::time_point wall = BenchClock::now();
+  double self = process_cpu_seconds();
+  double redis = 0;
+  double busy = 0;
+  double steal = 0;
+};
+
+inline CpuSample sample_cpu(const testing::RedisServer& redis) {
+  CpuSample s;
+  auto info = redis.command({"INFO", "cpu"});
+  for (const char* field : {"used_cpu_sys:", "used_cpu_user:"}) {
+    auto pos = info.str.find(field);
+    if (pos != std::string::npos) s.redis += std::atof(info.str.c_str() + pos + std::strlen(field));
+  }
+  if (std::FILE* f = std::fopen("/proc/stat", "r")) {
+    unsigned long long user = 0, nice = 0, system = 0, idle = 0, iowait = 0, irq = 0, softirq = 0, steal = 0;
+    if (std::fscanf(f, "cpu %llu %llu %llu %llu %llu %llu %llu %llu", &user, &nice, &system, &idle, &iowait, &irq,
+                    &softirq, &steal) == 8) {
+      double hz = static_cast<double>(sysconf(_SC_CLK_TCK));
+      s.busy = static_cast<double>(user + nice + system + irq + softirq) / hz;
+      s.steal = static_cast<double>(steal) / hz;
+    }
+    std::fclose(f);
+  }
+  return s;
+}
+
+// Other processes share the 2 cores (builds, tests): before each row, wait
+// until they leave the machine nearly idle (under 0.2 cores), at most
+// `max_wait` per row and `budget` per binary. A row's foreign_cores counter
+// says how quiet it stayed.
+class QuietWait {
+ public:
+  QuietWait(BenchClock::duration max_wait, BenchClock::duration budget) : max_wait_(max_wait), budget_(budget) {}
+  void disable() { budget_ = BenchClock::duration::zero(); }
+  void operator()(const testing::RedisServer& redis) {
+    using namespace std::chrono_literals;
+    auto start = BenchClock::now();
+    auto until = start + std::min(max_wait_, budget_);
+    while (BenchClock::now() < until) {
+      CpuSample a = sample_cpu(redis);
+      std::this_thread::sleep_for(300ms);
+      CpuSample b = sample_cpu(redis);
+      double wall = std::chrono::duration<double>(b.wall - a.wall).count();
+      double other = (b.busy - a.busy) - (b.self - a.self) - (b.redis - a.redis) + (b.steal - a.steal);
+      if (other / wall < 0.2) break;
+    }
+    budget_ -= std::min(budget_, BenchClock::now() - start);
+  }
+
+ private:
+  BenchClock::duration max_wait_;
+  BenchClock::duration budget_;
+};
+
+}  // namespace lockwatch::bench
