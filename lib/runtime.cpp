@@ -176,11 +176,7 @@ void Runtime::Impl::start_acquire(std::shared_ptr<Acquisition> a) {
 }
 
 void Runtime::Impl::attempt_once(std::shared_ptr<Acquisition> a) {
-  single_attempts.insert(a);
-  quorum_acquire(a, [this, a](const detail::AcquireOutcome& out) {
-    single_attempts.erase(a);
-    on_acquire_outcome(a, out, nullptr);
-  });
+  quorum_acquire(a, [this, a](const detail::AcquireOutcome& out) { on_acquire_outcome(a, out, nullptr); });
 }
 
 void Runtime::Impl::attempt_head(const std::string& channel) {

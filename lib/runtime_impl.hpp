@@ -201,7 +201,6 @@ struct Runtime::Impl : std::enable_shared_from_this<Runtime::Impl> {
   // Loop thread only.
   std::unordered_map<LeaseRecord*, std::shared_ptr<LeaseRecord>> leases;
   std::unordered_map<std::string, std::unique_ptr<KeyWaiters>> waiters;  // by channel
-  std::unordered_set<std::shared_ptr<Acquisition>> single_attempts;      // wait == 0, reply pending
   std::vector<std::shared_ptr<LeaseRecord>> renew_batch;                 // due this tick
   std::uint64_t advances_ = 0;    // wheel advances so far
   Clock::time_point wheel_due_ = Clock::time_point::max();  // when wheel_timer fires
