@@ -108,7 +108,9 @@ TEST_F(RedlockTest, AMajorityHoldsTheLockAndEveryNodeIsReleased) {
   Runtime rt(options());
   auto f = locked("rl", 2s, forever).on(rt)([&] { return holders("rl"); });
   auto fut = f();
-  EXPECT_EQ(get_bounded(fut), 5);
+  // The work may start once a majority took the lock (a fifth node's
+  // acquire can still be on its way); release reaches every node.
+  EXPECT_GE(get_bounded(fut), 3);
   EXPECT_EQ(holders("rl"), 0);
 }
 
@@ -245,12 +247,7 @@ TEST_F(RedlockTest, TwoNodesThatStopAnsweringDoNotStopLocking) {
   LockHandle h = get_bounded(acquiring);
   servers_[2]->pause();
   servers_[4]->pause();
-  auto r0 = h.lease().renewals();
-  auto until = std::chrono::steady_clock::now() + kBound;
-  while (h.lease().renewals() < r0 + 3 && !h.lease().lost() && std::chrono::steady_clock::now() < until)
-    std::this_thread::sleep_for(10ms);
-  EXPECT_FALSE(h.lease().lost());
-  EXPECT_GE(h.lease().renewals(), r0 + 3);
+  EXPECT_TRUE(renewed_again(h.lease(), 3));
   auto other = rt.acquire("rl-pause-2", 1s);
   LockHandle h2 = get_bounded(other);
   EXPECT_GT(h2.lease().fencing_token(), 0u);
@@ -272,12 +269,7 @@ TEST_F(RedlockTest, APartitionedNodeDoesNotStopLocking) {
   auto acquiring = rt.acquire("rl-part", 1s);
   LockHandle h = get_bounded(acquiring);
   far.cut();
-  auto r0 = h.lease().renewals();
-  auto until = std::chrono::steady_clock::now() + kBound;
-  while (h.lease().renewals() < r0 + 3 && !h.lease().lost() && std::chrono::steady_clock::now() < until)
-    std::this_thread::sleep_for(10ms);
-  EXPECT_FALSE(h.lease().lost());
-  EXPECT_GE(h.lease().renewals(), r0 + 3);
+  EXPECT_TRUE(renewed_again(h.lease(), 3));
   auto during = rt.acquire("rl-part-2", 1s);
   LockHandle h2 = get_bounded(during);
   EXPECT_TRUE(h2);

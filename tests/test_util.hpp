@@ -7,6 +7,7 @@
 #include <future>
 #include <memory>
 #include <string>
+#include <thread>
 
 #include "lockwatch/lockwatch.hpp"
 #include "support/redis_server.hpp"
@@ -50,6 +51,16 @@ class Gate {
   std::shared_future<void> f_ = p_.get_future().share();
   bool opened_ = false;
 };
+
+// Waits (bounded) until `lease` was renewed `more` times since the call, or
+// was lost; returns whether the renewals happened with the lease kept.
+inline bool renewed_again(const Lease& lease, std::uint64_t more) {
+  auto target = lease.renewals() + more;
+  auto until = std::chrono::steady_clock::now() + kBound;
+  while (lease.renewals() < target && !lease.lost() && std::chrono::steady_clock::now() < until)
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));  // polling a counter the watchdog moves
+  return lease.renewals() >= target && !lease.lost();
+}
 
 template <class T>
 T get_bounded(std::future<T>& f) {
