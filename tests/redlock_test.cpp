@@ -53,7 +53,17 @@ class PartitionableRedis {
   bool ok() const { return ok_; }
   std::string url() const { return "redis://" + addr_ + ":6379"; }
   void cut() { run("ip link set " + host_if_ + " down"); }
-  void heal() { run("ip link set " + host_if_ + " up"); }
+  // Brings the link back and waits (bounded) until the node answers again:
+  // a link coming up takes a moment (carrier, neighbour discovery).
+  bool heal() {
+    run("ip link set " + host_if_ + " up");
+    auto until = std::chrono::steady_clock::now() + kBound;
+    while (std::chrono::steady_clock::now() < until) {
+      if (answers()) return true;
+      std::this_thread::sleep_for(50ms);
+    }
+    return false;
+  }
   bool answers() const {
     timeval tv{0, 300000};
     redisContext* c = redisConnectWithTimeout(addr_.c_str(), 6379, tv);
@@ -273,8 +283,7 @@ TEST_F(RedlockTest, APartitionedNodeDoesNotStopLocking) {
   auto during = rt.acquire("rl-part-2", 1s);
   LockHandle h2 = get_bounded(during);
   EXPECT_TRUE(h2);
-  far.heal();
-  EXPECT_TRUE(far.answers());
+  EXPECT_TRUE(far.heal());
   auto released = h.release();
   get_bounded(released);
 }
