@@ -280,17 +280,24 @@ class CallerThreads {
   bool quit_ = false;             // guarded by mu_
 };
 
+// Runs a row's slices on `driver` (caller threads or the raw client) and
+// reports it; `rec` was made before the driver so it counts its set-up too.
+template <class Driver>
+void run_slices(benchmark::State& state, Recorder& rec, Driver& driver, bool contended) {
+  for (auto _ : state) {
+    double cpu0 = process_cpu_seconds();
+    double seconds = driver.run_slice(kSlice);
+    rec.add_slice(process_cpu_seconds() - cpu0);
+    state.SetIterationTime(seconds);
+  }
+  rec.report(state, driver.tallies(), contended);
+}
+
 // Drives the slices of a threaded row and reports it.
 void run_threaded(benchmark::State& state, int conc, bool contended, const CallerThreads::Body& body) {
   Recorder rec;
   CallerThreads callers(conc, body);
-  for (auto _ : state) {
-    double cpu0 = process_cpu_seconds();
-    double seconds = callers.run_slice(kSlice);
-    rec.add_slice(process_cpu_seconds() - cpu0);
-    state.SetIterationTime(seconds);
-  }
-  rec.report(state, callers.tallies(), contended);
+  run_slices(state, rec, callers, contended);
 }
 
 template <class T>
@@ -607,13 +614,7 @@ void BM_RawHiredis(benchmark::State& state, int conc) {
     state.SkipWithError(client.error().c_str());
     return;
   }
-  for (auto _ : state) {
-    double cpu0 = process_cpu_seconds();
-    double seconds = client.run_slice(kSlice);
-    rec.add_slice(process_cpu_seconds() - cpu0);
-    state.SetIterationTime(seconds);
-  }
-  rec.report(state, client.tallies(), false);
+  run_slices(state, rec, client, false);
 }
 
 void register_benchmarks() {

@@ -85,9 +85,7 @@ class RedisConnection {
   // object may be destroyed once closed() is true.
   void close();
   bool closed() const noexcept { return closed_handles_ == 2; }
-  bool connected() const noexcept { return state_ == State::kConnected; }
   const std::string& name() const noexcept { return name_; }
-  std::size_t in_flight() const noexcept { return sent_at_.size(); }
 
  private:
   enum class State { kDown, kConnecting, kConnected, kClosed };

@@ -360,14 +360,24 @@ TEST_F(LockedTest, ThisLeaseOutsideALockedCallThrows) {
 }
 
 TEST_F(LockedTest, RemainingShrinksAndIsRefreshedByRenewal) {
-  auto f = locked("remaining", 1s, forever).on(*rt_)([] {
-    auto first = this_lease().remaining();
-    return first;
+  auto f = locked("remaining", 300ms, forever).on(*rt_)([] {
+    const Lease& lease = this_lease();
+    auto first = lease.remaining();
+    // Shrinks with time until the first renewal (at 270 ms) is confirmed.
+    auto until = std::chrono::steady_clock::now() + kBound;
+    while (lease.remaining() >= 100ms && lease.renewals() == 0 && std::chrono::steady_clock::now() < until)
+      std::this_thread::sleep_for(2ms);  // polling the clock-driven value
+    bool shrank = lease.renewals() == 0 && lease.remaining() < 100ms;
+    bool renewed = renewed_again(lease, 1);
+    return std::make_tuple(first, shrank, renewed, lease.remaining());
   });
   auto fut = f();
-  auto first = get_bounded(fut);
-  EXPECT_GT(first, 800ms);
-  EXPECT_LE(first, 1000ms);
+  auto [first, shrank, renewed, after] = get_bounded(fut);
+  EXPECT_GT(first, 200ms);
+  EXPECT_LE(first, 300ms);
+  EXPECT_TRUE(shrank);
+  EXPECT_TRUE(renewed);
+  EXPECT_GT(after, 150ms);  // without the renewal it would be under 30 ms
 }
 
 TEST_F(LockedTest, RuntimeDestructionStopsCleanly) {
