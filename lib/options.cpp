@@ -172,6 +172,7 @@ void Options::validate() const {
   if (!(renew_weight > 0.0 && renew_weight < 1.0)) throw InvalidArgument("Options::renew_weight must be in (0, 1)");
   if (!(drift_factor >= 0.0 && drift_factor < 0.5)) throw InvalidArgument("Options::drift_factor must be in [0, 0.5)");
   if (drift_floor.count() < 0) throw InvalidArgument("Options::drift_floor must not be negative");
+  if (min_renewal_window.count() < 0) throw InvalidArgument("Options::min_renewal_window must not be negative");
   if (connect_timeout.count() <= 0 || command_timeout.count() <= 0)
     throw InvalidArgument("Options::connect_timeout and command_timeout must be positive");
   if (reconnect_min.count() <= 0 || reconnect_max < reconnect_min)

@@ -5,7 +5,6 @@ namespace lockwatch {
 using detail::LeaseRecord;
 using detail::Acquisition;
 using detail::KeyWaiters;
-using detail::after;
 using detail::drift_for;
 using detail::integer_at;
 using detail::is_connection_error;
@@ -54,15 +53,17 @@ void Runtime::Impl::validate(detail::LockSpec& spec) const {
   if (spec.renew_weight == 0) spec.renew_weight = options.renew_weight;
   if (!(spec.renew_weight > 0 && spec.renew_weight < 1))
     throw InvalidArgument(fmt::format("renewal weight must be in (0, 1), got {}", spec.renew_weight));
-  // The renewal fires at ttl*weight, up to a tick late, and must be
-  // confirmed before the local deadline (ttl - drift).
-  auto margin = milliseconds(static_cast<milliseconds::rep>(static_cast<double>(spec.ttl.count()) * (1 - spec.renew_weight)));
-  auto needed = drift_for(options, spec.ttl) + 2 * options.tick + milliseconds(2);
-  if (margin < needed)
+  // The renewal fires at ttl*weight (or earlier, see renew_after), up to a
+  // tick early, and must be confirmed before the local deadline (ttl - drift),
+  // which is judged up to a tick late.
+  auto window = spec.ttl - drift_for(options, spec.ttl) -
+                std::chrono::ceil<milliseconds>(detail::renew_after(options, spec.ttl, spec.renew_weight));
+  auto needed = 2 * options.tick + milliseconds(2);
+  if (window < needed)
     throw InvalidArgument(fmt::format(
-        "ttl {} ms is too short: renewing at {:.2f} of it leaves {} ms, but the tick ({} ms) and the drift "
-        "allowance need {} ms",
-        spec.ttl.count(), spec.renew_weight, margin.count(), options.tick.count(), needed.count()));
+        "ttl {} ms is too short: renewing at {:.2f} of it leaves {} ms after the drift allowance, but the tick ({} "
+        "ms) needs {} ms",
+        spec.ttl.count(), spec.renew_weight, window.count(), options.tick.count(), needed.count()));
 }
 
 std::shared_ptr<Acquisition> Runtime::Impl::make_acquisition(detail::LockSpec spec,
@@ -320,7 +321,7 @@ void Runtime::Impl::grant(const std::shared_ptr<Acquisition>& a, std::uint64_t f
   l->channel = a->channel;
   l->retries = a->spec.retries;
   l->ttl_ms = std::to_string(a->spec.ttl.count());
-  l->weight = a->spec.renew_weight;
+  l->renew_after = detail::renew_after(options, a->spec.ttl, a->spec.renew_weight);
   l->drift = drift;
   l->last_sent = sent;
   l->finished = a->finished;
@@ -328,7 +329,7 @@ void Runtime::Impl::grant(const std::shared_ptr<Acquisition>& a, std::uint64_t f
   held.fetch_add(1, std::memory_order_relaxed);
   stats.acquired.fetch_add(1, std::memory_order_relaxed);
   if (l->retries != 0) {
-    schedule(*l, LeaseRecord::Phase::kRenewDue, after(sent, l->ttl(), l->weight));
+    schedule(*l, LeaseRecord::Phase::kRenewDue, sent + l->renew_after);
   } else {
     schedule(*l, LeaseRecord::Phase::kExhausted, l->deadline());
   }
@@ -366,6 +367,11 @@ void Runtime::Impl::run_on_pool(const std::shared_ptr<LeaseRecord>& l) {
 
 void Runtime::Impl::schedule(LeaseRecord& l, LeaseRecord::Phase phase, Clock::time_point at) {
   l.phase = phase;
+  // The wheel fires on the first tick at or after a deadline. A renewal must
+  // not lose that tick out of the tenth of the ttl it has: it goes on the
+  // last tick at or before its due time instead. Deadlines stay as they are,
+  // judged at the tick after (remaining() is exact meanwhile).
+  if (phase == LeaseRecord::Phase::kRenewDue) at -= wheel.tick() - Clock::duration(1);
   l.timeout = wheel.new_timeout_at(l, at);
   arm_wheel(at);
 }
@@ -450,10 +456,13 @@ void Runtime::Impl::renewal_failed(const std::shared_ptr<LeaseRecord>& l, std::s
 void Runtime::Impl::on_renewed(const std::shared_ptr<LeaseRecord>& l, Clock::time_point sent) {
   l->timeout.cancel();
   l->bump_renewals();
+  auto slack = std::chrono::duration_cast<std::chrono::microseconds>(l->deadline() - Clock::now()).count();
+  if (slack < stats.min_renewal_slack_us.load(std::memory_order_relaxed))
+    stats.min_renewal_slack_us.store(slack, std::memory_order_relaxed);
   l->set_deadline(sent + l->ttl() - l->drift);
   l->lost_detail.clear();
   if (l->retries < 0 || static_cast<std::int64_t>(l->renewals()) < l->retries) {
-    schedule(*l, LeaseRecord::Phase::kRenewDue, after(sent, l->ttl(), l->weight));
+    schedule(*l, LeaseRecord::Phase::kRenewDue, sent + l->renew_after);
   } else {
     schedule(*l, LeaseRecord::Phase::kExhausted, l->deadline());
   }
@@ -678,6 +687,7 @@ RuntimeStats Runtime::stats() const noexcept {
   s.renew_commands = c.renew_commands.load(std::memory_order_relaxed);
   s.leases_lost = c.leases_lost.load(std::memory_order_relaxed);
   s.timer_wakeups = c.timer_wakeups.load(std::memory_order_relaxed);
+  s.min_renewal_slack = std::chrono::microseconds(c.min_renewal_slack_us.load(std::memory_order_relaxed));
   return s;
 }
 

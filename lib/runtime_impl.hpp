@@ -14,6 +14,7 @@
 #include <cstdio>
 #include <deque>
 #include <future>
+#include <limits>
 #include <mutex>
 #include <unordered_map>
 #include <unordered_set>
@@ -117,6 +118,8 @@ struct StatsCounters {
   std::atomic<std::uint64_t> renew_commands{0};
   std::atomic<std::uint64_t> leases_lost{0};
   std::atomic<std::uint64_t> timer_wakeups{0};
+  // Written by the loop thread only, in microseconds.
+  std::atomic<std::int64_t> min_renewal_slack_us{std::numeric_limits<std::int64_t>::max()};
 };
 }  // namespace detail
 
@@ -221,9 +224,16 @@ inline std::chrono::milliseconds drift_for(const Options& o, milliseconds ttl) {
   return d + o.drift_floor;
 }
 
-inline Clock::time_point after(Clock::time_point t, milliseconds ttl, double weight) {
-  return t + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double, std::milli>(
-                 static_cast<double>(ttl.count()) * weight));
+// How long after a renewal (or the acquisition) was sent the next one goes
+// out: at ttl*weight, or earlier if that would leave less than
+// Options::min_renewal_window before the local deadline, but never before
+// half the ttl.
+inline Clock::duration renew_after(const Options& o, milliseconds ttl, double weight) {
+  using Dur = std::chrono::duration<double, std::milli>;
+  auto weighted = Dur(static_cast<double>(ttl.count()) * weight);
+  auto latest = Dur(ttl - drift_for(o, ttl) - o.min_renewal_window);
+  auto half = Dur(static_cast<double>(ttl.count()) / 2);
+  return std::chrono::duration_cast<Clock::duration>(std::min(weighted, std::max(half, latest)));
 }
 
 inline std::string redis_key(const Options& o, const std::string& key) {

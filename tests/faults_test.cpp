@@ -3,6 +3,7 @@
 // is released.
 #include <gtest/gtest.h>
 
+#include <cstdio>
 #include <cstdlib>
 #include <thread>
 
@@ -53,7 +54,9 @@ TEST_F(FaultsTest, AMegabyteKeyWorksAndALargerOneIsRejected) {
 
 TEST_F(FaultsTest, TtlTooShortForTheTickIsInvalid) {
   Runtime rt(options_for(*server_));
-  auto f = locked("short", 50ms, 1).on(rt)([] { return 1; });
+  // Renewing at half of 20 ms leaves 8 ms after the drift allowance; the
+  // 5 ms tick needs 12.
+  auto f = locked("short", 20ms, 1).on(rt)([] { return 1; });
   auto fut = f();
   auto err = error_of<InvalidArgument>(fut);
   ASSERT_TRUE(err);
@@ -64,6 +67,21 @@ TEST_F(FaultsTest, TtlTooShortForTheTickIsInvalid) {
   EXPECT_EQ(get_bounded(fut2), 1);
 }
 
+TEST_F(FaultsTest, WithoutARenewalWindowTheWeightAloneDecidesWhatIsTooShort) {
+  Options o = options_for(*server_);
+  // 50 ms is accepted by default (renewed at 25 ms); renewing at exactly
+  // 9/10 would leave 3 ms.
+  Runtime with_window(o);
+  auto f = locked("fifty", 50ms, 1).on(with_window)([] { return 1; });
+  auto fut = f();
+  EXPECT_EQ(get_bounded(fut), 1);
+  o.min_renewal_window = 0ms;
+  Runtime exact(o);
+  auto g = locked("fifty", 50ms, 1).on(exact)([] { return 1; });
+  auto fut2 = g();
+  EXPECT_TRUE(error_of<InvalidArgument>(fut2));
+}
+
 TEST_F(FaultsTest, TwoHundredMsTtlIsKeptAliveAcrossManyRenewals) {
   Runtime rt(options_for(*server_));
   auto f = locked("ttl200", 200ms, forever).on(rt)([] {
@@ -72,6 +90,10 @@ TEST_F(FaultsTest, TwoHundredMsTtlIsKeptAliveAcrossManyRenewals) {
   });
   auto fut = f();
   EXPECT_GE(get_bounded(fut), 6u);
+  auto slack = rt.stats().min_renewal_slack;
+  EXPECT_GT(slack.count(), 0);
+  EXPECT_LT(slack, 200ms);
+  std::printf("closest renewal: %lld us before the local deadline\n", static_cast<long long>(slack.count()));
 }
 
 TEST_F(FaultsTest, UnreachableRedisFailsWithinTheConnectTimeout) {

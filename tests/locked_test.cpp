@@ -305,7 +305,7 @@ TEST_F(LockedTest, SpentRetriesTriggerTheStopTokenAndLeaseLost) {
   ASSERT_TRUE(err);
   EXPECT_EQ(err->reason(), LostReason::kRenewalsExhausted);
   EXPECT_TRUE(saw_stop);
-  // One renewal at 270 ms extends to ~570 ms minus drift.
+  // One renewal at 245 ms extends to ~545 ms minus drift.
   EXPECT_LT(std::chrono::steady_clock::now() - t0, 2s);
 }
 
@@ -354,6 +354,22 @@ TEST_F(LockedTest, ReentrantCallRunsInlineWithoutTouchingRedis) {
   EXPECT_FALSE(exists(*server_, k + "-other"));
 }
 
+TEST_F(LockedTest, TheRenewalComesAtTheWeightedShareOfTheTtl) {
+  // Weight 1/2 on a 1 s ttl: the first renewal is due 500 ms after the lock
+  // was taken (a tick early at most), not at once and not at 9/10.
+  auto f = locked("weighted", 1s, forever).renew_weight(0.5).on(*rt_)([] {
+    const Lease& lease = this_lease();
+    auto started = std::chrono::steady_clock::now();
+    bool renewed = renewed_again(lease, 1);
+    return std::make_pair(renewed, std::chrono::steady_clock::now() - started);
+  });
+  auto fut = f();
+  auto [renewed, took] = get_bounded(fut);
+  EXPECT_TRUE(renewed);
+  EXPECT_GT(took, 300ms);
+  EXPECT_LT(took, 700ms);
+}
+
 TEST_F(LockedTest, ThisLeaseOutsideALockedCallThrows) {
   EXPECT_THROW(this_lease(), NoActiveLease);
   EXPECT_EQ(current_lease(), nullptr);
@@ -363,7 +379,7 @@ TEST_F(LockedTest, RemainingShrinksAndIsRefreshedByRenewal) {
   auto f = locked("remaining", 300ms, forever).on(*rt_)([] {
     const Lease& lease = this_lease();
     auto first = lease.remaining();
-    // Shrinks with time until the first renewal (at 270 ms) is confirmed.
+    // Shrinks with time until the first renewal (at 245 ms) is confirmed.
     auto until = std::chrono::steady_clock::now() + kBound;
     while (lease.remaining() >= 100ms && lease.renewals() == 0 && std::chrono::steady_clock::now() < until)
       std::this_thread::sleep_for(2ms);  // polling the clock-driven value

@@ -4,6 +4,7 @@
 #include <set>
 
 #include "lockwatch/lockwatch.hpp"
+#include "runtime_impl.hpp"
 #include "scripts.hpp"
 #include "token.hpp"
 
@@ -63,7 +64,10 @@ TEST(OptionsTest, ValidateRejectsOutOfRangeFields) {
   bad([](Options& x) { x.renew_weight = 0.0; });
   bad([](Options& x) { x.connect_timeout = 0ms; });
   bad([](Options& x) { x.redis_url = "nope"; });
-  EXPECT_THROW(Runtime(Options{.redis_url = "redis://h:99999"}), InvalidArgument);
+  bad([](Options& x) { x.min_renewal_window = -1ms; });
+  Options out_of_range;
+  out_of_range.redis_url = "redis://h:99999";
+  EXPECT_THROW(Runtime{out_of_range}, InvalidArgument);
 }
 
 TEST(OptionsTest, FromEnvReadsTheRedisUrl) {
@@ -133,6 +137,18 @@ TEST(TokenTest, TokensAre128BitHexAndDistinct) {
     ASSERT_EQ(t.find_first_not_of("0123456789abcdef"), std::string::npos);
     ASSERT_TRUE(seen.insert(t).second);
   }
+}
+
+TEST(OptionsTest, TheRenewalComesAtTheWeightUnlessThatLeavesTooShortAWindow) {
+  using detail::renew_after;
+  auto ms = [](Clock::duration d) { return std::chrono::duration_cast<std::chrono::microseconds>(d).count() / 1000.0; };
+  Options o;  // weight 0.9, window 50 ms, drift 1% + 2 ms
+  EXPECT_DOUBLE_EQ(ms(renew_after(o, 2s, 0.9)), 1800);  // long ttls: exactly at the weight
+  EXPECT_DOUBLE_EQ(ms(renew_after(o, 200ms, 0.9)), 146);  // 200 - 4 (drift) - 50 (window)
+  EXPECT_DOUBLE_EQ(ms(renew_after(o, 100ms, 0.9)), 50);   // never before half the ttl
+  EXPECT_DOUBLE_EQ(ms(renew_after(o, 200ms, 0.3)), 60);   // an early weight stays as it is
+  o.min_renewal_window = 0ms;
+  EXPECT_DOUBLE_EQ(ms(renew_after(o, 200ms, 0.9)), 180);
 }
 
 }  // namespace

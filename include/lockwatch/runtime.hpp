@@ -81,6 +81,10 @@ struct RuntimeStats {
   std::uint64_t renew_commands = 0;  // commands that carried them (one per tick and chunk)
   std::uint64_t leases_lost = 0;     // leases reported lost
   std::uint64_t timer_wakeups = 0;   // times the watchdog's wheel woke the I/O thread
+  // The least time any lease had left before its local deadline when a
+  // renewal was confirmed (microseconds::max() until one is): how close the
+  // watchdog came to losing a lease. Alert on it falling towards zero.
+  std::chrono::microseconds min_renewal_slack = std::chrono::microseconds::max();
 };
 
 class Runtime {
