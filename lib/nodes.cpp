@@ -280,14 +280,18 @@ void Runtime::Impl::quorum_renew(std::vector<std::shared_ptr<LeaseRecord>> batch
           std::string why;
           if (err) {
             why = detail::what_of(err);
-          } else if (r->type != REDIS_REPLY_ARRAY || r->elements != b.size()) {
+          } else if (r->type != REDIS_REPLY_STRING || r->len != b.size()) {
             why = fmt::format("{}: unexpected reply to the renewal script", endpoints[i].name());
           }
           for (std::size_t k = 0; k < b.size(); ++k) {
             long long v = -2;
             if (why.empty()) {
-              const redisReply* e = r->element[k];
-              v = e->type == REDIS_REPLY_INTEGER ? e->integer : -2;
+              switch (r->str[k]) {
+                case '1': v = 1; break;
+                case '0': v = 0; break;
+                case 'x': v = -1; break;
+                default: break;
+              }
             }
             if (v == -2 && why.empty()) {
               on_renew_vote(b[k], (*shared_rounds)[k], sent, v, endpoints[i].name() + ": Redis refused the renewal");

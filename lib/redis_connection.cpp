@@ -2,6 +2,7 @@
 
 #include <hiredis/adapters/libuv.h>
 
+#include <charconv>
 #include <cstdio>
 #include <cstring>
 
@@ -28,6 +29,27 @@ std::vector<const char*> argv_ptrs(const Strings& argv, std::vector<size_t>& len
     lens.push_back(a.size());
   }
   return ptrs;
+}
+
+// Appends one request in RESP (an array of bulk strings) to `out`.
+template <class Strings>
+void append_resp(std::string& out, const Strings& argv) {
+  std::size_t total = 16;
+  for (const auto& a : argv) total += a.size() + 16;
+  out.reserve(out.size() + total);
+  char digits[24];
+  auto header = [&](char kind, std::size_t n) {
+    out.push_back(kind);
+    auto end = std::to_chars(digits, digits + sizeof digits, n).ptr;
+    out.append(digits, end);
+    out.append("\r\n", 2);
+  };
+  header('*', argv.size());
+  for (const auto& a : argv) {
+    header('$', a.size());
+    out.append(a.data(), a.size());
+    out.append("\r\n", 2);
+  }
 }
 
 bool starts_with(const redisReply* r, const char* prefix) {
@@ -172,16 +194,18 @@ void RedisConnection::send(Queued q) {
 }
 
 bool RedisConnection::submit(Request* req) {
-  std::vector<size_t> lens;
-  std::vector<const char*> ptrs;
+  // The request is written in RESP here, into a buffer the connection
+  // keeps: hiredis's own formatting goes through a printf-like routine per
+  // argument, which a renewal batch of a thousand arguments feels.
+  format_buf_.clear();
   if (req->q.views.empty()) {
-    ptrs = argv_ptrs(req->q.argv, lens);
+    append_resp(format_buf_, req->q.argv);
   } else {
     req->q.views[2] = req->q.num_keys;  // the string lives in the request now
-    ptrs = argv_ptrs(req->q.views, lens);
+    append_resp(format_buf_, req->q.views);
   }
-  if (redisAsyncCommandArgv(ac_, &RedisConnection::on_reply, req, static_cast<int>(ptrs.size()), ptrs.data(),
-                            lens.data()) != REDIS_OK)
+  if (redisAsyncFormattedCommand(ac_, &RedisConnection::on_reply, req, format_buf_.data(), format_buf_.size()) !=
+      REDIS_OK)
     return false;
   sent_at_.push_back(std::chrono::steady_clock::now());
   start_timeout_check();

@@ -136,6 +136,7 @@ class RedisConnection {
   bool reconnect_scheduled_ = false;
   std::deque<Queued> waiting_;  // made while down: sent on the next attempt
   std::deque<std::chrono::steady_clock::time_point> sent_at_;  // replies come in order
+  std::string format_buf_;  // the request being written, reused
   std::unordered_set<std::string> channels_;  // pubsub mode: wanted subscriptions
 };
 

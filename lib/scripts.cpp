@@ -24,22 +24,25 @@ return {1, f}
 
 // Renews every lease due in one tick with one command. pcall: one key of
 // the wrong type (or an OOM refusal) fails its own entry, not the batch.
+// One byte per lease, in KEYS order: '1' renewed, '0' gone, 'x' someone
+// else's, 'e' Redis refused (one string instead of an array of integers:
+// the client parses one reply, not one per lease).
 constexpr std::string_view kRenew = R"lua(
 local out = {}
 for i = 1, #KEYS do
   local v = redis.pcall('get', KEYS[i])
   if type(v) == 'table' and v.err then
-    out[i] = -2
+    out[i] = 'e'
   elseif v == ARGV[2 * i - 1] then
     local ok = redis.pcall('pexpire', KEYS[i], ARGV[2 * i])
-    if type(ok) == 'table' and ok.err then out[i] = -2 else out[i] = 1 end
+    if type(ok) == 'table' and ok.err then out[i] = 'e' else out[i] = '1' end
   elseif v then
-    out[i] = -1
+    out[i] = 'x'
   else
-    out[i] = 0
+    out[i] = '0'
   end
 end
-return out
+return table.concat(out)
 )lua";
 
 constexpr std::string_view kRelease = R"lua(
