@@ -321,6 +321,8 @@ void BM_Watchdog(benchmark::State& state) {
     c["us_cpu_per_renewal"] = std::max(0.0, self_cpu - probes * per_probe_cpu) * 1e6 / r;
     c["us_cpu_gross_per_renewal"] = self_cpu * 1e6 / r;
     c["cmds_per_renewal"] = static_cast<double>(stats1.renew_commands - stats0.renew_commands) / r;
+    c["wakeups_per_renewal"] = static_cast<double>(stats1.timer_wakeups - stats0.timer_wakeups) / r;
+    c["min_slack_ms"] = static_cast<double>(stats1.min_renewal_slack.count()) / 1000.0;
     c["srv_evals_per_renewal"] = std::max(0.0, cmds.evals - probes * kProbeEvals) / r;
     c["srv_cmds_per_renewal"] = std::max(0.0, cmds.all - probes * kProbeCommands) / r;
     c["redis_cpu_us_per_renewal"] = (cpu1.redis - cpu0.redis) * 1e6 / r;

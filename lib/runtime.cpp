@@ -535,6 +535,7 @@ void Runtime::Impl::finish_lease(const std::shared_ptr<LeaseRecord>& l) {
 // -------------------------------------------------------------- the wheel
 
 void Runtime::Impl::arm_wheel(Clock::time_point at) {
+  at = wheel.tick_time(at);  // waking before the tick would find nothing due
   if (at >= wheel_due_) return;
   auto now = Clock::now();
   // libuv counts whole milliseconds: round up, and never 0 (a timeout due

@@ -170,6 +170,12 @@ class TimerWheelCore {
   std::size_t advance(TimerWheel::Clock::time_point now);
   std::size_t advance_to_clock() { return advance(now_()); }
   std::optional<std::chrono::nanoseconds> next_expiry_in() const;
+  TimerWheel::Clock::time_point tick_time(TimerWheel::Clock::time_point deadline) const noexcept {
+    if (deadline <= start_) return start_;
+    auto rel = std::chrono::duration_cast<std::chrono::nanoseconds>(deadline - start_).count();
+    std::uint64_t ticks = ticks_ceil(static_cast<std::uint64_t>(saturate(rel)));
+    return start_ + std::chrono::nanoseconds(static_cast<std::int64_t>(ticks) * tick_ns_);
+  }
   std::size_t pending() const noexcept;
   std::chrono::nanoseconds tick() const noexcept { return std::chrono::nanoseconds(tick_ns_); }
   std::size_t stop();
@@ -784,6 +790,9 @@ void TimerWheel::bind_to_current_thread() noexcept { core_->bind(); }
 std::size_t TimerWheel::advance() { return core_->advance_to_clock(); }
 std::size_t TimerWheel::advance(Clock::time_point now) { return core_->advance(now); }
 std::optional<std::chrono::nanoseconds> TimerWheel::next_expiry_in() const { return core_->next_expiry_in(); }
+TimerWheel::Clock::time_point TimerWheel::tick_time(Clock::time_point deadline) const noexcept {
+  return core_->tick_time(deadline);
+}
 std::size_t TimerWheel::pending() const noexcept { return core_->pending(); }
 std::chrono::nanoseconds TimerWheel::tick() const noexcept { return core_->tick(); }
 std::size_t TimerWheel::stop() { return core_->stop(); }

@@ -94,6 +94,24 @@ TEST_F(TimerWheelTest, NeverRunsBeforeTheDeadlineWithinATick) {
   EXPECT_EQ(task.last_run_ns, at(10ms));
 }
 
+TEST_F(TimerWheelTest, TickTimeIsTheTickOnWhichADeadlineExpires) {
+  TimerWheel wheel(options(5ms), fake_now);
+  wheel.bind_to_current_thread();
+  EXPECT_EQ(wheel.tick_time(Clock::time_point(std::chrono::nanoseconds(at(7ms)))),
+            Clock::time_point(std::chrono::nanoseconds(at(10ms))));
+  EXPECT_EQ(wheel.tick_time(Clock::time_point(std::chrono::nanoseconds(at(10ms)))),
+            Clock::time_point(std::chrono::nanoseconds(at(10ms))));
+  EXPECT_EQ(wheel.tick_time(Clock::time_point(std::chrono::nanoseconds(at(10ms) + 1))),
+            Clock::time_point(std::chrono::nanoseconds(at(15ms))));
+  EXPECT_EQ(wheel.tick_time(Clock::time_point(std::chrono::nanoseconds(kStart - 1000))),
+            Clock::time_point(std::chrono::nanoseconds(kStart)));
+  // And a timeout at that deadline does fire on that tick, not before.
+  RecordingTask task;
+  wheel.new_timeout_at(task, Clock::time_point(std::chrono::nanoseconds(at(7ms))));
+  EXPECT_EQ(advance_to(wheel, 9999us), 0u);
+  EXPECT_EQ(advance_to(wheel, 10ms), 1u);
+}
+
 TEST_F(TimerWheelTest, TimeoutsBeyondOneRevolutionWaitForTheirRound) {
   TimerWheel wheel(options(1ms, 8), fake_now);  // one revolution = 8 ms
   wheel.bind_to_current_thread();

@@ -184,6 +184,11 @@ class TimerWheel {
   // when another thread schedules something earlier.
   std::optional<std::chrono::nanoseconds> next_expiry_in() const;
 
+  // Any thread. The tick on which a timeout with this deadline expires: the
+  // first tick at or after it (one already passed expires on the next
+  // advance). A loop that sleeps until a deadline should sleep until this.
+  Clock::time_point tick_time(Clock::time_point deadline) const noexcept;
+
   // Any thread. Scheduled and not yet run or cancelled; approximate while
   // other threads schedule or cancel.
   std::size_t pending() const noexcept;
