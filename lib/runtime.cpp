@@ -171,7 +171,7 @@ void Runtime::Impl::start_acquire(std::shared_ptr<Acquisition> a) {
   }
   KeyWaiters* w = slot.get();
   a->wait_timeout = wheel.new_timeout_at(*a, a->started + a->spec.wait);
-  arm_wheel(a->started + a->spec.wait);
+  arm_wheel(wheel.tick_time(a->started + a->spec.wait));
   w->queue.push_back(a);
   if (w->queue.size() == 1) attempt_head(w->channel);
 }
@@ -220,7 +220,7 @@ void Runtime::Impl::on_acquire_outcome(const std::shared_ptr<Acquisition>& a, co
     // a busy lock.
     w->connection_error = out.error;
     w->retry = wheel.new_timeout_at(*w, Clock::now() + options.reconnect_min);
-    arm_wheel(Clock::now() + options.reconnect_min);
+    arm_wheel(wheel.tick_time(Clock::now() + options.reconnect_min));
     return;
   }
   if (w) w->connection_error = nullptr;
@@ -259,7 +259,7 @@ void Runtime::Impl::on_acquire_outcome(const std::shared_ptr<Acquisition>& a, co
   // holder that died never publishes).
   auto retry_at = Clock::now() + pttl + milliseconds(1);
   w->retry = wheel.new_timeout_at(*w, retry_at);
-  arm_wheel(retry_at);
+  arm_wheel(wheel.tick_time(retry_at));
 }
 
 void Runtime::Impl::on_pubsub(std::string_view kind, std::string_view channel) {
@@ -373,7 +373,7 @@ void Runtime::Impl::schedule(LeaseRecord& l, LeaseRecord::Phase phase, Clock::ti
   // judged at the tick after (remaining() is exact meanwhile).
   if (phase == LeaseRecord::Phase::kRenewDue) at -= wheel.tick() - Clock::duration(1);
   l.timeout = wheel.new_timeout_at(l, at);
-  arm_wheel(at);
+  arm_wheel(wheel.tick_time(at));
 }
 
 void Runtime::Impl::on_lease_timer(LeaseRecord* l) {
@@ -534,8 +534,9 @@ void Runtime::Impl::finish_lease(const std::shared_ptr<LeaseRecord>& l) {
 
 // -------------------------------------------------------------- the wheel
 
+// `at` is a tick of the wheel (tick_time): waking before it would find
+// nothing due.
 void Runtime::Impl::arm_wheel(Clock::time_point at) {
-  at = wheel.tick_time(at);  // waking before the tick would find nothing due
   if (at >= wheel_due_) return;
   auto now = Clock::now();
   // libuv counts whole milliseconds: round up, and never 0 (a timeout due
