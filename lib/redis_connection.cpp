@@ -204,9 +204,11 @@ bool RedisConnection::submit(Request* req) {
     req->q.views[2] = req->q.num_keys;  // the string lives in the request now
     append_resp(format_buf_, req->q.views);
   }
-  if (redisAsyncFormattedCommand(ac_, &RedisConnection::on_reply, req, format_buf_.data(), format_buf_.size()) !=
-      REDIS_OK)
-    return false;
+  const int rc =
+      redisAsyncFormattedCommand(ac_, &RedisConnection::on_reply, req, format_buf_.data(), format_buf_.size());
+  // A renewal batch needs tens of KiB; one huge key must not pin its size.
+  if (format_buf_.capacity() > (std::size_t{256} << 10)) std::string().swap(format_buf_);
+  if (rc != REDIS_OK) return false;
   sent_at_.push_back(std::chrono::steady_clock::now());
   start_timeout_check();
   return true;
