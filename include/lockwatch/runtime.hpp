@@ -84,6 +84,8 @@ struct RuntimeStats {
   // The least time any lease had left before its local deadline when a
   // renewal was confirmed (microseconds::max() until one is): how close the
   // watchdog came to losing a lease. Alert on it falling towards zero.
+  // Negative: a confirmation was read only after the deadline had passed
+  // (a stalled process); it still counted, as Redis had kept the key.
   std::chrono::microseconds min_renewal_slack = std::chrono::microseconds::max();
 };
 
