@@ -207,7 +207,7 @@ class TimerWheelCore {
   Timeout schedule_from_elsewhere(std::uintptr_t task, std::int64_t deadline, bool immediate);
 
   TimerNode* take_free_node();
-  void add_slab_locked(TimerNode*& list, std::size_t& count);
+  std::size_t add_slab_locked(TimerNode*& list);
   void link(TimerNode* node, bool immediate) noexcept;
   void unlink(TimerNode* node) noexcept;
   void release(TimerNode* node) noexcept;
@@ -344,7 +344,6 @@ LOCKWATCH_HOT Timeout TimerWheelCore::schedule_on_owner(std::uintptr_t task, std
   check_room();
   TimerNode* node = free_ != nullptr ? free_ : take_free_node();
   free_ = static_cast<TimerNode*>(node->next);
-  --free_count_;
   const std::uint64_t tag = ((node->state.load(std::memory_order_relaxed) & ~kPhaseMask) + kGenerationStep);
   node->state.store(tag | kPending, std::memory_order_release);
   node->task = task;
@@ -359,7 +358,7 @@ Timeout TimerWheelCore::schedule_from_elsewhere(std::uintptr_t task, std::int64_
   std::lock_guard lock(mutex_);
   if (mailbox_closed_) throw std::logic_error("TimerWheel: stopped");
   check_room();
-  if (reserve_ == nullptr) add_slab_locked(reserve_, reserve_count_);
+  if (reserve_ == nullptr) reserve_count_ += add_slab_locked(reserve_);
   TimerNode* node = reserve_;
   reserve_ = static_cast<TimerNode*>(node->next);
   --reserve_count_;
@@ -380,11 +379,11 @@ Timeout TimerWheelCore::schedule_from_elsewhere(std::uintptr_t task, std::int64_
 // Owner: the free list ran dry, so carve a new slab.
 TimerNode* TimerWheelCore::take_free_node() {
   std::lock_guard lock(mutex_);
-  add_slab_locked(free_, free_count_);
+  add_slab_locked(free_);
   return free_;
 }
 
-void TimerWheelCore::add_slab_locked(TimerNode*& list, std::size_t& count) {
+std::size_t TimerWheelCore::add_slab_locked(TimerNode*& list) {
   slabs_.reserve(slabs_.size() + 1);  // so that push_back below cannot throw
   const std::size_t bytes = next_slab_bytes_;
   void* slab = ::operator new(bytes);
@@ -401,7 +400,7 @@ void TimerWheelCore::add_slab_locked(TimerNode*& list, std::size_t& count) {
     node->next = list;
     list = node;
   }
-  count += n;
+  return n;
 }
 
 LOCKWATCH_HOT void TimerWheelCore::link(TimerNode* node, bool immediate) noexcept {
@@ -437,10 +436,9 @@ LOCKWATCH_HOT void TimerWheelCore::release(TimerNode* node) noexcept {
   if ((task & kOwnedFunction) != 0) {
     delete static_cast<FunctionTask*>(reinterpret_cast<TimerTask*>(task & ~kTaskFlags));
   }
-  node->prev = nullptr;
+  // Off every list already (unlink() or expiry cleared prev).
   node->next = free_;
   free_ = node;
-  ++free_count_;
 }
 
 LOCKWATCH_HOT void TimerWheelCore::cancelled(TimerNode* node) noexcept {
@@ -483,7 +481,6 @@ void TimerWheelCore::drain_mailbox() {
     while (reserve_count_ < want && free_ != nullptr) {
       TimerNode* node = free_;
       free_ = static_cast<TimerNode*>(node->next);
-      --free_count_;
       node->next = reserve_;
       reserve_ = node;
       ++reserve_count_;
