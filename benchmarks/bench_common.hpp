@@ -4,6 +4,7 @@
 // (/proc/stat), and a bounded wait for a quiet machine before each row.
 #pragma once
 
+#include <benchmark/benchmark.h>
 #include <sys/resource.h>
 #include <unistd.h>
 
@@ -12,6 +13,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <exception>
 #include <map>
 #include <string>
 #include <thread>
@@ -121,5 +123,25 @@ class QuietWait {
   BenchClock::duration max_wait_;
   BenchClock::duration budget_;
 };
+
+// Runs the registered benchmarks against a throwaway redis-server, which
+// `redis` points at meanwhile; returns the exit status (1 if the server could
+// not be started or stopped).
+inline int run_against_redis(const char* program, testing::RedisServer*& redis) {
+  int status = 0;
+  try {
+    testing::RedisServer server;
+    redis = &server;
+    benchmark::RunSpecifiedBenchmarks();
+    redis = nullptr;
+    server.stop();
+  } catch (const std::exception& e) {
+    redis = nullptr;
+    std::fprintf(stderr, "%s: %s\n", program, e.what());
+    status = 1;
+  }
+  benchmark::Shutdown();
+  return status;
+}
 
 }  // namespace lockwatch::bench

@@ -666,17 +666,5 @@ int main(int argc, char** argv) {
   if (benchmark::ReportUnrecognizedArguments(n, args.data())) return 1;
 
   register_benchmarks();
-  int status = 0;
-  try {
-    lockwatch::testing::RedisServer server;
-    g_redis = &server;
-    benchmark::RunSpecifiedBenchmarks();
-    g_redis = nullptr;
-    server.stop();
-  } catch (const std::exception& e) {
-    std::fprintf(stderr, "lock_bench: %s\n", e.what());
-    status = 1;
-  }
-  benchmark::Shutdown();
-  return status;
+  return lockwatch::bench::run_against_redis("lock_bench", g_redis);
 }

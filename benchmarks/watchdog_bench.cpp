@@ -374,18 +374,6 @@ int main(int argc, char** argv) {
   benchmark::Initialize(&argc, argv);
   if (benchmark::ReportUnrecognizedArguments(argc, argv)) return 1;
   register_benchmarks();
-  int status = 0;
-  try {
-    lockwatch::testing::RedisServer server;
-    g_redis = &server;
-    benchmark::RunSpecifiedBenchmarks();
-    g_redis = nullptr;
-    server.stop();
-    if (g_failed) status = 1;
-  } catch (const std::exception& e) {
-    std::fprintf(stderr, "watchdog_bench: %s\n", e.what());
-    status = 1;
-  }
-  benchmark::Shutdown();
-  return status;
+  int status = lockwatch::bench::run_against_redis("watchdog_bench", g_redis);
+  return g_failed ? 1 : status;
 }
