@@ -42,7 +42,7 @@ struct LeaseRecord final : Lease, TimerTask, std::enable_shared_from_this<LeaseR
   std::string lock_key;
   std::string channel;
   std::int64_t retries = 0;  // < 0: forever
-  Clock::duration renew_after{};  // from a renewal's send to the next one
+  Clock::duration renew_after{};  // from a renewal's send to the next one (a tick early)
   std::chrono::milliseconds drift{0};
   Phase phase = Phase::kRenewDue;
   Timeout timeout;

@@ -170,8 +170,7 @@ void Runtime::Impl::start_acquire(std::shared_ptr<Acquisition> a) {
     slot->channel = a->channel;
   }
   KeyWaiters* w = slot.get();
-  a->wait_timeout = wheel.new_timeout_at(*a, a->started + a->spec.wait);
-  arm_wheel(wheel.tick_time(a->started + a->spec.wait));
+  a->wait_timeout = timeout_at(*a, a->started + a->spec.wait);
   w->queue.push_back(a);
   if (w->queue.size() == 1) attempt_head(w->channel);
 }
@@ -219,8 +218,7 @@ void Runtime::Impl::on_acquire_outcome(const std::shared_ptr<Acquisition>& a, co
     // deadline still bounds it, and then it reports this error rather than
     // a busy lock.
     w->connection_error = out.error;
-    w->retry = wheel.new_timeout_at(*w, Clock::now() + options.reconnect_min);
-    arm_wheel(wheel.tick_time(Clock::now() + options.reconnect_min));
+    w->retry = timeout_at(*w, Clock::now() + options.reconnect_min);
     return;
   }
   if (w) w->connection_error = nullptr;
@@ -257,9 +255,7 @@ void Runtime::Impl::on_acquire_outcome(const std::shared_ptr<Acquisition>& a, co
   }
   // Sleep until a release is published or the holder's ttl runs out (a
   // holder that died never publishes).
-  auto retry_at = Clock::now() + pttl + milliseconds(1);
-  w->retry = wheel.new_timeout_at(*w, retry_at);
-  arm_wheel(wheel.tick_time(retry_at));
+  w->retry = timeout_at(*w, Clock::now() + pttl + milliseconds(1));
 }
 
 void Runtime::Impl::on_pubsub(std::string_view kind, std::string_view channel) {
@@ -283,8 +279,7 @@ void Runtime::Impl::on_wait_expired(Acquisition* raw) {
   auto a = *pos;
   bool head_in_flight = (pos == w->queue.begin()) && w->in_flight;
   a->done = true;
-  if (!head_in_flight) w->queue.erase(pos);
-  else w->queue.pop_front();  // its reply sees done and cleans up
+  w->queue.erase(pos);  // a head in flight: its reply sees done and cleans up
   fail(a, w->connection_error ? w->connection_error
                               : std::make_exception_ptr(LockNotAcquired(
                                     a->spec.key, std::chrono::duration_cast<milliseconds>(Clock::now() - a->started))));
@@ -321,7 +316,13 @@ void Runtime::Impl::grant(const std::shared_ptr<Acquisition>& a, std::uint64_t f
   l->channel = a->channel;
   l->retries = a->spec.retries;
   l->ttl_ms = std::to_string(a->spec.ttl.count());
-  l->renew_after = detail::renew_after(options, a->spec.ttl, a->spec.renew_weight);
+  // The wheel fires on the first tick at or after a deadline. A renewal must
+  // not lose that tick out of the little time it has: it is due a tick less
+  // one nanosecond early, so it goes on the last tick at or before its time.
+  // Deadlines stay as they are, judged at the tick after (remaining() is
+  // exact meanwhile).
+  l->renew_after =
+      detail::renew_after(options, a->spec.ttl, a->spec.renew_weight) - (wheel.tick() - Clock::duration(1));
   l->drift = drift;
   l->last_sent = sent;
   l->finished = a->finished;
@@ -367,13 +368,13 @@ void Runtime::Impl::run_on_pool(const std::shared_ptr<LeaseRecord>& l) {
 
 void Runtime::Impl::schedule(LeaseRecord& l, LeaseRecord::Phase phase, Clock::time_point at) {
   l.phase = phase;
-  // The wheel fires on the first tick at or after a deadline. A renewal must
-  // not lose that tick out of the tenth of the ttl it has: it goes on the
-  // last tick at or before its due time instead. Deadlines stay as they are,
-  // judged at the tick after (remaining() is exact meanwhile).
-  if (phase == LeaseRecord::Phase::kRenewDue) at -= wheel.tick() - Clock::duration(1);
-  l.timeout = wheel.new_timeout_at(l, at);
+  l.timeout = timeout_at(l, at);
+}
+
+Timeout Runtime::Impl::timeout_at(TimerTask& task, Clock::time_point at) {
+  Timeout t = wheel.new_timeout_at(task, at);
   arm_wheel(wheel.tick_time(at));
+  return t;
 }
 
 void Runtime::Impl::on_lease_timer(LeaseRecord* l) {
@@ -428,20 +429,12 @@ void Runtime::Impl::flush_renewals() {
   constexpr std::size_t kChunk = 512;
   if (renew_batch.empty()) return;
   auto sent = Clock::now();
-  if (renew_batch.size() <= kChunk) {
-    std::size_t capacity = renew_batch.capacity();
-    quorum_renew(std::move(renew_batch), sent);
-    renew_batch = {};
-    renew_batch.reserve(capacity);
-    return;
-  } else {
-    for (std::size_t from = 0; from < renew_batch.size(); from += kChunk) {
-      auto first = renew_batch.begin() + static_cast<std::ptrdiff_t>(from);
-      auto last = renew_batch.begin() + static_cast<std::ptrdiff_t>(std::min(renew_batch.size(), from + kChunk));
-      quorum_renew(std::vector<std::shared_ptr<LeaseRecord>>(first, last), sent);
-    }
+  for (std::size_t from = 0; from < renew_batch.size(); from += kChunk) {
+    auto first = renew_batch.begin() + static_cast<std::ptrdiff_t>(from);
+    auto last = renew_batch.begin() + static_cast<std::ptrdiff_t>(std::min(renew_batch.size(), from + kChunk));
+    quorum_renew({std::make_move_iterator(first), std::make_move_iterator(last)}, sent);
   }
-  renew_batch.clear();
+  renew_batch.clear();  // keeps its capacity for the next tick
 }
 
 void Runtime::Impl::renewal_failed(const std::shared_ptr<LeaseRecord>& l, std::string why) {

@@ -11,13 +11,11 @@
 
 #include <algorithm>
 #include <condition_variable>
-#include <cstdio>
 #include <deque>
 #include <future>
 #include <limits>
 #include <mutex>
 #include <unordered_map>
-#include <unordered_set>
 
 #include "lease_record.hpp"
 #include "loop.hpp"
@@ -149,6 +147,8 @@ struct Runtime::Impl : std::enable_shared_from_this<Runtime::Impl> {
   void on_pubsub(std::string_view kind, std::string_view channel);
   void maybe_forget(KeyWaiters* w);
   void schedule(LeaseRecord& l, LeaseRecord::Phase phase, Clock::time_point at);
+  // A timeout on the wheel, with the loop woken on its tick.
+  Timeout timeout_at(TimerTask& task, Clock::time_point at);
   void on_lease_timer(LeaseRecord* l);
   void send_renew(LeaseRecord* l);
   void flush_renewals();
