@@ -13,7 +13,6 @@ Loop::Loop() {
   std::promise<void> started;
   auto ready = started.get_future();
   thread_ = std::thread([this, &started] {
-    thread_id_ = std::this_thread::get_id();
     started.set_value();
     uv_run(&loop_, UV_RUN_DEFAULT);
   });
@@ -41,12 +40,20 @@ bool Loop::post(Task task) {
 void Loop::on_async(uv_async_t* handle) { static_cast<Loop*>(handle->data)->drain(); }
 
 void Loop::drain() {
-  {
+  for (;;) {
+    {
+      std::lock_guard lk(mu_);
+      running_.swap(queue_);
+    }
+    for (auto& t : running_) t();
+    running_.clear();
+    if (!closing_) return;
+    // Shutting down: whatever was posted before post() stopped accepting
+    // still runs, in order, and then the wake-up handle goes.
     std::lock_guard lk(mu_);
-    running_.swap(queue_);
+    if (queue_.empty()) break;
   }
-  for (auto& t : running_) t();
-  running_.clear();
+  uv_close(reinterpret_cast<uv_handle_t*>(&async_), nullptr);
 }
 
 int Loop::shutdown(Task close_all) {
@@ -57,9 +64,7 @@ int Loop::shutdown(Task close_all) {
       std::lock_guard lk(mu_);
       accepting_ = false;
     }
-    // Tasks posted between the swap in drain() and now still run.
-    drain();
-    uv_close(reinterpret_cast<uv_handle_t*>(&async_), nullptr);
+    closing_ = true;  // the drain() running this finishes the queue
   });
   thread_.join();
   close_result_ = uv_loop_close(&loop_);

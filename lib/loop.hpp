@@ -6,7 +6,6 @@
 
 #include <uv.h>
 
-#include <atomic>
 #include <functional>
 #include <mutex>
 #include <thread>
@@ -28,7 +27,6 @@ class Loop {
   // Any thread. Runs `task` on the loop thread, in posting order. Returns
   // false (and drops the task) once shutdown() has begun.
   bool post(Task task);
-  bool in_loop_thread() const noexcept { return std::this_thread::get_id() == thread_id_; }
   uv_loop_t* uv() noexcept { return &loop_; }
 
   // Any thread but the loop's. Runs `close_all` on the loop thread (it must
@@ -43,11 +41,11 @@ class Loop {
   uv_loop_t loop_{};
   uv_async_t async_{};
   std::thread thread_;
-  std::thread::id thread_id_;
   std::mutex mu_;
   std::vector<Task> queue_;  // guarded by mu_
   bool accepting_ = true;    // guarded by mu_
   std::vector<Task> running_;  // loop thread only: swapped with queue_
+  bool closing_ = false;       // loop thread only: shutdown() has begun
   int close_result_ = 0;
 };
 
