@@ -12,7 +12,7 @@ namespace lockwatch {
 namespace {
 
 [[noreturn]] void bad_url(const std::string& url, const char* why) {
-  // The URL may hold a password: show only the part before any '@'.
+  // The URL may hold a password: show only the part after the last '@'.
   std::string shown = url;
   if (auto at = shown.rfind('@'); at != std::string::npos) shown = "redis://***@" + shown.substr(at + 1);
   throw InvalidArgument(fmt::format("malformed Redis URL '{}': {}", shown, why));

@@ -162,8 +162,8 @@ void RedisConnection::eval(const Script& script, std::vector<std::string> keys_t
   send(Queued{std::move(argv), {}, std::move(cb), &script, nullptr, {}});
 }
 
-void RedisConnection::eval_views(const Script& script, std::vector<std::string_view> keys_then_args, int num_keys,
-                                 std::shared_ptr<const void> keepalive, ReplyCallback cb) {
+void RedisConnection::eval_views(const Script& script, const std::vector<std::string_view>& keys_then_args,
+                                 int num_keys, std::shared_ptr<const void> keepalive, ReplyCallback cb) {
   Queued q{{}, {}, std::move(cb), &script, std::move(keepalive), std::to_string(num_keys)};
   q.views.reserve(keys_then_args.size() + 3);
   q.views.emplace_back("EVALSHA");

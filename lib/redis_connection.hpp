@@ -50,7 +50,7 @@ class RedisConnection {
     // the reconnect resubscribes).
     std::function<void()> on_down;
     // Sent right after AUTH on every new connection (e.g. SUBSCRIBE in a
-    // sentinel watcher); replies go to `cb`.
+    // sentinel watcher); its replies reach on_message.
     std::vector<std::string> on_connect_command;
   };
 
@@ -66,7 +66,7 @@ class RedisConnection {
   void eval(const Script& script, std::vector<std::string> keys_then_args, int num_keys, ReplyCallback cb);
   // The same without copying the arguments: the views must stay valid until
   // the callback ran, which `keepalive` guarantees (it is held until then).
-  void eval_views(const Script& script, std::vector<std::string_view> keys_then_args, int num_keys,
+  void eval_views(const Script& script, const std::vector<std::string_view>& keys_then_args, int num_keys,
                   std::shared_ptr<const void> keepalive, ReplyCallback cb);
   // Sentinel: the master moved. Drops the current connection (what is in
   // flight fails) and connects to `endpoint` at once. An endpoint with port
@@ -78,7 +78,6 @@ class RedisConnection {
   void poll_replies();
   // Replaces Hooks::on_down (set before start()).
   void set_down_hook(std::function<void()> hook) { hooks_.on_down = std::move(hook); }
-  const Endpoint& endpoint() const noexcept { return endpoint_; }
   void subscribe(const std::string& channel);
   void unsubscribe(const std::string& channel);
   // Stops reconnecting, fails what is pending, closes the uv handles. The

@@ -1,6 +1,5 @@
 #include "scripts.hpp"
 
-#include <array>
 #include <cstdint>
 
 namespace lockwatch::detail {

@@ -20,8 +20,9 @@ struct Script {
 // KEYS: lock, fence. ARGV: token, ttl ms.
 // Returns {1, fencing token} when taken, {0, pttl} when busy.
 const Script& acquire_script();
-// KEYS: locks. ARGV: token, ttl ms for each lock in turn. Returns one
-// entry per lock: 1 renewed, 0 gone, -1 other owner, -2 Redis refused.
+// KEYS: locks. ARGV: token, ttl ms for each lock in turn. Returns a string
+// of one byte per lock: '1' renewed, '0' gone, 'x' other owner, 'e' Redis
+// refused.
 const Script& renew_script();
 // KEYS: lock. ARGV: token, channel ('' for a lock given back unused: no
 // one is woken for it). Returns 1 released (and published), 0 gone, -1
