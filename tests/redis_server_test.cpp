@@ -1,7 +1,11 @@
 #include "support/redis_server.hpp"
 
+#include <arpa/inet.h>
 #include <gtest/gtest.h>
 #include <hiredis/hiredis.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
 #include <signal.h>
 
 #include <chrono>
@@ -124,10 +128,9 @@ TEST(RedisServerTest, PausedServerAnswersNothingUntilResumed) {
     ContextPtr c = raw_connect(server, 200ms);
     // The kernel still accepts the connection; the reply never comes.
     ASSERT_TRUE(c);
-    if (c->err == 0) {
-      ReplyPtr reply(static_cast<redisReply*>(redisCommand(c.get(), "PING")));
-      EXPECT_FALSE(reply);
-    }
+    ASSERT_EQ(c->err, 0) << c->errstr;
+    ReplyPtr reply(static_cast<redisReply*>(redisCommand(c.get(), "PING")));
+    EXPECT_FALSE(reply);
   }
   server.resume();
   EXPECT_EQ(server.command({"PING"}).str, "PONG");
@@ -135,8 +138,17 @@ TEST(RedisServerTest, PausedServerAnswersNothingUntilResumed) {
 
 TEST(RedisServerTest, FreeLoopbackPortIsUsable) {
   int port = free_loopback_port();
-  EXPECT_GT(port, 0);
-  EXPECT_LT(port, 65536);
+  ASSERT_GT(port, 0);
+  // It can be bound and listened on right away.
+  int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  ASSERT_GE(fd, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  addr.sin_port = htons(static_cast<std::uint16_t>(port));
+  EXPECT_EQ(::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr), 0);
+  EXPECT_EQ(::listen(fd, 1), 0);
+  ::close(fd);
 }
 
 TEST(ChildProcessTest, ReadsTheChildsOutputLineByLine) {

@@ -143,7 +143,7 @@ TEST_F(RedlockTest, ContendedCallsNeverOverlapAndTokensRise) {
       });
       for (int i = 0; i < 10; ++i) {
         auto fut = inc();
-        get_bounded(fut);
+        if (!completes(fut)) return;
       }
     });
   }
@@ -161,9 +161,7 @@ TEST_F(RedlockTest, LosingTwoOfFiveNodesKeepsLeasesAndLocking) {
     EXPECT_TRUE(killed.wait());
     auto r0 = this_lease().renewals();
     // Work on through several renewals with two nodes gone.
-    auto until = std::chrono::steady_clock::now() + kBound;
-    while (this_lease().renewals() < r0 + 3 && !this_lease().lost() && std::chrono::steady_clock::now() < until)
-      std::this_thread::sleep_for(10ms);
+    EXPECT_TRUE(renewed_again(this_lease(), 3));
     return this_lease().renewals() - r0;
   });
   auto held = hold();

@@ -5,6 +5,7 @@
 #include <hiredis/hiredis.h>
 #include <stdlib.h>
 
+#include <atomic>
 #include <cstdio>
 #include <fstream>
 #include <thread>
@@ -155,7 +156,9 @@ TEST_F(SentinelTest, FindsTheMasterAndWaitsForTheReplica) {
 TEST_F(SentinelTest, FailoverWhileLeasesAreHeldAndCallersWait) {
   Runtime rt(options());
   Gate held_started;
+  std::atomic<std::uint64_t> held_token{0};
   auto hold = locked("fo", 4s, forever).on(rt)([&] {
+    held_token = this_lease().fencing_token();
     held_started.open();
     // Work through the failover: about 3 s of it.
     auto until = std::chrono::steady_clock::now() + 6s;
@@ -174,15 +177,15 @@ TEST_F(SentinelTest, FailoverWhileLeasesAreHeldAndCallersWait) {
   }, 30s));
 
   // The held lease is either kept or reported lost: never another outcome.
-  std::uint64_t held_token = 0;
   try {
-    held_token = get_bounded(held);
+    EXPECT_EQ(get_bounded(held), held_token.load());
   } catch (const LeaseLost& e) {
     SUCCEED() << "lost across the failover: " << e.what();
   }
   // The waiter gets the lock through the new master, with a higher token.
   auto waiter_token = get_bounded(waiting);
-  EXPECT_GT(waiter_token, held_token);
+  EXPECT_GT(held_token.load(), 0u);
+  EXPECT_GT(waiter_token, held_token.load());
   // And locking goes on there, with no user action.
   auto after = locked("fo-after", 2s, 0).on(rt)([&] { return exists(*replica_, "fo-after"); });
   auto fut = after();

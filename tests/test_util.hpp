@@ -71,6 +71,19 @@ T get_bounded(std::future<T>& f) {
   return f.get();
 }
 
+// For worker threads: get_bounded() that records a failure instead of
+// throwing, since an exception escaping a thread ends the whole binary.
+template <class T>
+bool completes(std::future<T>& f) {
+  try {
+    get_bounded(f);
+    return true;
+  } catch (const std::exception& e) {
+    ADD_FAILURE() << e.what();
+    return false;
+  }
+}
+
 // Runs `f` and returns the exception of type E it threw through the future.
 template <class E, class T>
 std::unique_ptr<E> error_of(std::future<T>& f) {
