@@ -172,8 +172,7 @@ class TimerWheelCore {
   std::optional<std::chrono::nanoseconds> next_expiry_in() const;
   TimerWheel::Clock::time_point tick_time(TimerWheel::Clock::time_point deadline) const noexcept {
     if (deadline <= start_) return start_;
-    auto rel = std::chrono::duration_cast<std::chrono::nanoseconds>(deadline - start_).count();
-    std::uint64_t ticks = ticks_ceil(static_cast<std::uint64_t>(saturate(rel)));
+    std::uint64_t ticks = ticks_ceil(static_cast<std::uint64_t>(rel_ns(deadline)));
     return start_ + std::chrono::nanoseconds(static_cast<std::int64_t>(ticks) * tick_ns_);
   }
   std::size_t pending() const noexcept;
@@ -196,9 +195,14 @@ class TimerWheelCore {
     }
     return q + (r != 0 ? 1 : 0);
   }
-  std::int64_t clock_ns() const noexcept {
-    return saturate(std::chrono::duration_cast<std::chrono::nanoseconds>(now_() - start_).count());
+  // Nanoseconds from the wheel's start to `t`, saturated (never overflows).
+  std::int64_t rel_ns(TimerWheel::Clock::time_point t) const noexcept {
+    std::int64_t rel;
+    if (__builtin_sub_overflow(t.time_since_epoch().count(), start_.time_since_epoch().count(), &rel))
+      return t > start_ ? kMaxDeadline : kMinDeadline;
+    return saturate(rel);
   }
+  std::int64_t clock_ns() const noexcept { return rel_ns(now_()); }
   void check_room() const {
     if (max_pending_ != 0 && pending() >= max_pending_) throw_full();
   }
@@ -329,12 +333,7 @@ LOCKWATCH_HOT Timeout TimerWheelCore::schedule_after(std::uintptr_t task, std::c
 }
 
 Timeout TimerWheelCore::schedule_at(std::uintptr_t task, TimerWheel::Clock::time_point deadline) {
-  std::int64_t rel;
-  if (__builtin_sub_overflow(deadline.time_since_epoch().count(), start_.time_since_epoch().count(),
-                             &rel)) {
-    rel = deadline > start_ ? kMaxDeadline : kMinDeadline;
-  }
-  rel = saturate(rel);
+  const std::int64_t rel = rel_ns(deadline);
   if (on_owner()) return schedule_on_owner(task, rel, false);
   return schedule_from_elsewhere(task, rel, false);
 }
@@ -597,12 +596,7 @@ std::size_t TimerWheelCore::advance(TimerWheel::Clock::time_point now_tp) {
     ~Reset() { flag = false; }
   } reset{in_advance_};
 
-  std::int64_t rel;
-  if (__builtin_sub_overflow(now_tp.time_since_epoch().count(), start_.time_since_epoch().count(),
-                             &rel)) {
-    rel = now_tp > start_ ? kMaxDeadline : kMinDeadline;
-  }
-  now_ns_ = std::max(now_ns_, saturate(rel));
+  now_ns_ = std::max(now_ns_, rel_ns(now_tp));
   // Mail is linked against the old processed tick, so what it holds that is
   // due now runs in this advance().
   drain_mailbox();
