@@ -25,6 +25,28 @@ struct ThreadPool::State {
   // waited for (see shutdown()), which keeps joins free of cycles.
   std::mutex join_mutex_;
   std::vector<std::thread> threads_;  // guarded by join_mutex_
+
+  // No new work; idle workers wake up and leave.
+  void request_stop() {
+    {
+      std::lock_guard lock(mutex_);
+      stopping_ = true;
+    }
+    wake_.notify_all();
+  }
+  // Joins every worker; the caller, if it is one of them, is detached
+  // instead (it finishes on the shared state once its task returns). The
+  // caller holds join_mutex_.
+  void join_all_but_self() {
+    for (std::thread& t : threads_) {
+      if (!t.joinable()) continue;
+      if (t.get_id() == std::this_thread::get_id()) {
+        t.detach();
+      } else {
+        t.join();
+      }
+    }
+  }
 };
 
 namespace {
@@ -47,12 +69,8 @@ ThreadPool::ThreadPool(std::size_t threads)
     }
   } catch (...) {
     // Stop the workers that did start before reporting the failure.
-    {
-      std::lock_guard lock(state_->mutex_);
-      state_->stopping_ = true;
-    }
-    state_->wake_.notify_all();
-    for (std::thread& t : state_->threads_) t.join();
+    state_->request_stop();
+    state_->join_all_but_self();
     throw;
   }
 }
@@ -63,21 +81,10 @@ ThreadPool::~ThreadPool() {
     return;
   }
   // Destroyed from one of our own tasks: join every other worker, detach
-  // this one; it finishes on the shared state once the current task returns.
-  {
-    std::lock_guard lock(state_->mutex_);
-    state_->stopping_ = true;
-  }
-  state_->wake_.notify_all();
+  // this one.
+  state_->request_stop();
   std::lock_guard join_lock(state_->join_mutex_);
-  for (std::thread& t : state_->threads_) {
-    if (!t.joinable()) continue;
-    if (t.get_id() == std::this_thread::get_id()) {
-      t.detach();
-    } else {
-      t.join();
-    }
-  }
+  state_->join_all_but_self();
 }
 
 void ThreadPool::post(detail::UniqueFunction task) {
@@ -91,18 +98,12 @@ void ThreadPool::post(detail::UniqueFunction task) {
 }
 
 void ThreadPool::shutdown() noexcept {
-  {
-    std::lock_guard lock(state_->mutex_);
-    state_->stopping_ = true;
-  }
-  state_->wake_.notify_all();
+  state_->request_stop();
   // A worker of this pool must not wait for the pool: it would wait for
   // itself. The destructor joins later.
   if (t_current_pool == state_.get()) return;
   std::lock_guard join_lock(state_->join_mutex_);
-  for (std::thread& t : state_->threads_) {
-    if (t.joinable()) t.join();
-  }
+  state_->join_all_but_self();  // not a worker: joins them all
 }
 
 std::size_t ThreadPool::size() const noexcept { return size_; }
