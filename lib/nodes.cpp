@@ -139,20 +139,20 @@ void Runtime::Impl::quorum_acquire(const std::shared_ptr<detail::Acquisition>& a
   auto st = std::make_shared<Shared>();
   st->done = std::move(done);
   const std::size_t n = nodes.size();
-  auto finish = [st, sent](AcquireOutcome out) {
-    if (st->tally.finished) return;
-    st->tally.finished = true;
+  auto deliver = [st, sent](AcquireOutcome out) {
     out.sent = sent;
     st->done(out);
   };
+  auto finish = [st, deliver](AcquireOutcome out) {
+    if (st->tally.finished) return;
+    st->tally.finished = true;
+    deliver(std::move(out));
+  };
   // A failed attempt gives back what it took, on every node (a late success
   // is undone by the release queued behind it), before the caller hears.
-  auto give_back = [this, a, st, finish](AcquireOutcome out) {
+  auto give_back = [this, a, st, deliver](AcquireOutcome out) {
     st->tally.finished = true;  // no other path may answer meanwhile
-    quorum_release(a->lock_key, a->token, {}, [st, finish, out](bool, bool, bool, std::string) {
-      st->tally.finished = false;
-      finish(out);
-    });
+    quorum_release(a->lock_key, a->token, {}, [deliver, out](bool, bool, bool, std::string) { deliver(out); });
   };
   // Taken once a majority's counters are raised to the token; hopeless once
   // every node answered and too few raises succeeded.
