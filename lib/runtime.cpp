@@ -239,7 +239,6 @@ void Runtime::Impl::on_acquire_outcome(const std::shared_ptr<Acquisition>& a, co
   // Busy.
   auto pttl = std::max(out.pttl, milliseconds(1));
   if (w == nullptr) {
-    a->done = true;
     fail(a, std::make_exception_ptr(LockNotAcquired(
                 a->spec.key, std::chrono::duration_cast<milliseconds>(Clock::now() - a->started))));
     return;
@@ -278,7 +277,6 @@ void Runtime::Impl::on_wait_expired(Acquisition* raw) {
   if (pos == w->queue.end()) return;
   auto a = *pos;
   bool head_in_flight = (pos == w->queue.begin()) && w->in_flight;
-  a->done = true;
   w->queue.erase(pos);  // a head in flight: its reply sees done and cleans up
   fail(a, w->connection_error ? w->connection_error
                               : std::make_exception_ptr(LockNotAcquired(
@@ -557,7 +555,6 @@ void Runtime::Impl::begin_stop() {
   for (auto& [ch, w] : waiters) {
     for (auto& a : w->queue) {
       if (a->done) continue;
-      a->done = true;
       fail(a, std::make_exception_ptr(RuntimeStopped("lockwatch runtime stopped while waiting for the lock")));
     }
     w->queue.clear();
