@@ -74,7 +74,7 @@
 #include <vector>
 
 #include "lockwatch/lockwatch.hpp"
-#include "scripts.hpp"
+#include "store/redis/scripts.hpp"
 #include "bench_common.hpp"
 #include "support/redis_server.hpp"
 

@@ -102,9 +102,7 @@ int main(int argc, char** argv) {
     lockwatch::Runtime runtime(options);
     // The counter itself lives on the first node (with Redlock, the lock
     // spans them all).
-    auto topology = lockwatch::Topology::parse(args.redis);
-    if (topology.masters.empty()) throw std::runtime_error("give the nodes as redis:// URLs");
-    auto endpoint = topology.masters.front();
+    auto endpoint = lockwatch::Endpoint::parse_list(args.redis).front();
     std::string counter_key = "counter:" + args.key;
 
     auto increment = lockwatch::locked("counter:{0}", 2s, lockwatch::forever).on(runtime).wait(30s)(

@@ -7,7 +7,7 @@
 #include <vector>
 
 #include "lockwatch/lockwatch.hpp"
-#include "scripts.hpp"
+#include "store/redis/scripts.hpp"
 #include "test_util.hpp"
 
 namespace lockwatch::testing {

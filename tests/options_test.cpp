@@ -4,9 +4,9 @@
 #include <set>
 
 #include "lockwatch/lockwatch.hpp"
-#include "runtime_impl.hpp"
-#include "scripts.hpp"
-#include "token.hpp"
+#include "core/timing.hpp"
+#include "store/redis/scripts.hpp"
+#include "core/token.hpp"
 
 namespace lockwatch {
 namespace {
@@ -141,7 +141,7 @@ TEST(TokenTest, TokensAre128BitHexAndDistinct) {
 
 TEST(OptionsTest, TheRenewalComesAtTheWeightUnlessThatLeavesTooShortAWindow) {
   using detail::renew_after;
-  auto ms = [](Clock::duration d) { return std::chrono::duration_cast<std::chrono::microseconds>(d).count() / 1000.0; };
+  auto ms = [](std::chrono::steady_clock::duration d) { return std::chrono::duration_cast<std::chrono::microseconds>(d).count() / 1000.0; };
   Options o;  // weight 0.9, window 50 ms, drift 1% + 2 ms
   EXPECT_DOUBLE_EQ(ms(renew_after(o, 2s, 0.9)), 1800);  // long ttls: exactly at the weight
   EXPECT_DOUBLE_EQ(ms(renew_after(o, 200ms, 0.9)), 146);  // 200 - 4 (drift) - 50 (window)

@@ -29,20 +29,9 @@ struct Endpoint {
   std::string name() const;
 };
 
-// What a redis_url describes: one master, several independent masters
-// (Redlock), or a master found through Redis Sentinel.
-struct Topology {
-  std::vector<Endpoint> masters;    // one, or several for Redlock; empty with sentinels
-  std::vector<Endpoint> sentinels;  // redis-sentinel://host:port[,host:port...]/master-name
-  std::string master_name;
-  Endpoint master;  // with sentinels: credentials and db for the master (host/port found at run time)
-
-  // Throws InvalidArgument naming what is wrong.
-  static Topology parse(const std::string& redis_url);
-};
-
 struct Options {
-  // Where the locks live: `redis://[user:password@]host:port[/db]`; a
+  // Where the locks live (the URL's scheme picks the store):
+  // `redis://[user:password@]host:port[/db]`; a
   // comma-separated list of such URLs for Redlock over independent masters
   // (every acquisition and renewal then needs a majority of them); or
   // `redis-sentinel://[user:password@]host:port[,host:port...]/master-name[/db]`
@@ -60,7 +49,8 @@ struct Options {
   // The watchdog's hashed wheel: tick and number of slots.
   std::chrono::milliseconds tick{5};
   std::size_t wheel_size = 512;
-  // Prepended to every Redis key and channel lockwatch uses.
+  // Prepended to every Redis key and channel lockwatch uses. It must not
+  // contain '{' or '}': each lock's hash tag is its own key.
   std::string key_prefix = "lockwatch:";
   // A renewal is sent ttl * renew_weight after the previous one was sent
   // (or the lock taken) ...

@@ -19,6 +19,7 @@
 #include <chrono>
 #include <cstdint>
 #include <exception>
+#include <future>
 #include <memory>
 #include <string>
 
@@ -71,7 +72,18 @@ class Call {
   virtual void finish(std::exception_ptr error) noexcept = 0;
 };
 
+struct RuntimeAccess;
+
 }  // namespace detail
+
+// What the store says of a lock right now (an operator's view; no lease is
+// taken). Over Redlock: held when a majority holds it for one owner.
+struct LockState {
+  std::string key;
+  bool held = false;
+  std::chrono::milliseconds ttl{0};   // remaining ttl when held
+  std::uint64_t fencing_counter = 0;  // the key's fencing counter (0 if never locked)
+};
 
 // Counters since the runtime started; each is read on its own (relaxed).
 struct RuntimeStats {
@@ -120,6 +132,16 @@ class Runtime {
   std::future<LockHandle> acquire(std::string key, std::chrono::milliseconds ttl, Retries retries = forever,
                                   std::chrono::milliseconds wait = std::chrono::milliseconds(0));
 
+  // Operators' tools (the `lockwatch status` and `release --force`
+  // commands). inspect() says what the store holds for `key`;
+  // force_release() removes the lock whatever its owner and wakes its
+  // waiters (the fencing counter stays), and says whether one was held.
+  // A holder that loses its lock this way learns it at its next renewal.
+  // Errors (ConnectionError, ...) through the future; InvalidArgument or
+  // RuntimeStopped are thrown before anything starts.
+  std::future<LockState> inspect(std::string key);
+  std::future<bool> force_release(std::string key);
+
   // Leases held right now (acquired, not yet released).
   std::size_t held_leases() const noexcept;
   RuntimeStats stats() const noexcept;
@@ -127,6 +149,8 @@ class Runtime {
   struct Impl;
 
  private:
+  friend struct detail::RuntimeAccess;
+  explicit Runtime(std::shared_ptr<Impl> impl) noexcept : impl_(std::move(impl)) {}
   std::shared_ptr<Impl> impl_;  // lock handles keep a weak reference
 };
 

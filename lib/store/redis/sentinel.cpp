@@ -1,15 +1,14 @@
-#include "sentinel.hpp"
+#include "store/redis/sentinel.hpp"
 
 #include <charconv>
 
 #include "lockwatch/errors.hpp"
-#include "loop.hpp"
+#include "core/loop.hpp"
 
 namespace lockwatch::detail {
 
-SentinelWatcher::SentinelWatcher(Loop& loop, const Topology& topology, const Options& options,
-                                 std::function<void(const Endpoint&)> on_master)
-    : master_name_(topology.master_name), on_master_(std::move(on_master)) {
+SentinelWatcher::SentinelWatcher(Loop& loop, const Topology& topology, const Options& options)
+    : master_name_(topology.master_name) {
   for (const auto& s : topology.sentinels) {
     Endpoint ep = s;
     ep.db = 0;
@@ -18,7 +17,7 @@ SentinelWatcher::SentinelWatcher(Loop& loop, const Topology& topology, const Opt
       ep.password = options.sentinel_password;
     }
     Sentinel sen;
-    sen.query = std::make_unique<RedisConnection>(loop, ep, options, false);
+    sen.query = std::make_unique<RedisConnection>(loop, ep, options, RedisConnection::Mode::kCommands);
     RedisConnection::Hooks hooks;
     hooks.on_connect_command = {"SUBSCRIBE", "+switch-master"};
     hooks.on_message = [this](std::string_view kind, std::string_view channel, std::string_view payload) {
@@ -37,7 +36,7 @@ SentinelWatcher::SentinelWatcher(Loop& loop, const Topology& topology, const Opt
       std::from_chars(parts[4].data(), parts[4].data() + parts[4].size(), port);
       learned(std::string(parts[3]), port);
     };
-    sen.events = std::make_unique<RedisConnection>(loop, ep, options, true, std::move(hooks));
+    sen.events = std::make_unique<RedisConnection>(loop, ep, options, RedisConnection::Mode::kPubSub, std::move(hooks));
     sentinels_.push_back(std::move(sen));
   }
 }
@@ -53,20 +52,45 @@ void SentinelWatcher::start() {
 void SentinelWatcher::refresh() {
   if (refreshing_) return;
   refreshing_ = true;
-  auto pending = std::make_shared<std::size_t>(sentinels_.size());
+  decided_ = false;
+  replies_ = 0;
+  votes_.clear();
   for (auto& s : sentinels_) {
     s.query->command({"SENTINEL", "get-master-addr-by-name", master_name_},
-                     [this, pending](const redisReply* r, std::exception_ptr err) {
-                       if (--*pending == 0) refreshing_ = false;
-                       if (err || r == nullptr || r->type != REDIS_REPLY_ARRAY || r->elements != 2) return;
-                       const redisReply* host = r->element[0];
-                       const redisReply* port = r->element[1];
-                       if (host->type != REDIS_REPLY_STRING || port->type != REDIS_REPLY_STRING) return;
+                     [this](const redisReply* r, std::exception_ptr err) {
+                       std::string host;
                        int p = 0;
-                       std::from_chars(port->str, port->str + port->len, p);
-                       learned(std::string(host->str, host->len), p);
+                       if (!err && r != nullptr && r->type == REDIS_REPLY_ARRAY && r->elements == 2 &&
+                           r->element[0]->type == REDIS_REPLY_STRING && r->element[1]->type == REDIS_REPLY_STRING) {
+                         host.assign(r->element[0]->str, r->element[0]->len);
+                         std::from_chars(r->element[1]->str, r->element[1]->str + r->element[1]->len, p);
+                       }
+                       answered(std::move(host), p);
                      });
   }
+}
+
+void SentinelWatcher::answered(std::string host, int port) {
+  replies_++;
+  const std::size_t n = sentinels_.size();
+  if (!host.empty() && port > 0) votes_[{std::move(host), port}]++;
+  if (!decided_) {
+    // A majority's answer at once; otherwise the most given one when all
+    // have answered (ROLE on the node has the last word).
+    const std::pair<std::string, int>* best = nullptr;
+    std::size_t best_votes = 0;
+    for (const auto& [addr, v] : votes_) {
+      if (v > best_votes) {
+        best = &addr;
+        best_votes = v;
+      }
+    }
+    if (best != nullptr && (best_votes > n / 2 || replies_ == n)) {
+      decided_ = true;
+      learned(best->first, best->second);
+    }
+  }
+  if (replies_ == n) refreshing_ = false;
 }
 
 void SentinelWatcher::learned(const std::string& host, int port) {
@@ -74,7 +98,7 @@ void SentinelWatcher::learned(const std::string& host, int port) {
   Endpoint ep;
   ep.host = host;
   ep.port = port;
-  on_master_(ep);
+  if (on_master_) on_master_(ep);
 }
 
 void SentinelWatcher::close() {
@@ -82,12 +106,6 @@ void SentinelWatcher::close() {
     s.query->close();
     s.events->close();
   }
-}
-
-bool SentinelWatcher::closed() const {
-  for (const auto& s : sentinels_)
-    if (!s.query->closed() || !s.events->closed()) return false;
-  return true;
 }
 
 }  // namespace lockwatch::detail

@@ -1,4 +1,4 @@
-// lib/loop.hpp: the I/O thread. One libuv loop on its own thread; the only
+// lib/core/loop.hpp: the I/O thread. One libuv loop on its own thread; the only
 // thread that touches uv handles, hiredis contexts and the timer wheel.
 // Other threads hand it work with post(), which is one mutex-guarded append
 // and, when the queue was empty, one uv_async_send.
@@ -25,7 +25,8 @@ class Loop {
   Loop& operator=(const Loop&) = delete;
 
   // Any thread. Runs `task` on the loop thread, in posting order. Returns
-  // false (and drops the task) once shutdown() has begun.
+  // false (and drops the task) once shutdown() has begun. A task should not
+  // throw; one that does is reported on stderr and the loop goes on.
   bool post(Task task);
   uv_loop_t* uv() noexcept { return &loop_; }
 
@@ -36,6 +37,7 @@ class Loop {
 
  private:
   static void on_async(uv_async_t* handle);
+  static void run_guarded(Task& task) noexcept;
   void drain();
 
   uv_loop_t loop_{};

@@ -1,6 +1,6 @@
 #include "lockwatch/lease.hpp"
 
-#include "lease_record.hpp"
+#include "runtime/lease_record.hpp"
 
 namespace lockwatch {
 

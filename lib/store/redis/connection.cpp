@@ -1,13 +1,16 @@
-#include "redis_connection.hpp"
+#include "connection.hpp"
 
 #include <hiredis/adapters/libuv.h>
 
+#include <fmt/format.h>
+
 #include <charconv>
+#include <cstdint>
 #include <cstdio>
 #include <cstring>
 
 #include "lockwatch/errors.hpp"
-#include "loop.hpp"
+#include "core/loop.hpp"
 
 namespace lockwatch::detail {
 
@@ -71,12 +74,12 @@ void guarded(F&& f) noexcept {
 
 }  // namespace
 
-RedisConnection::RedisConnection(Loop& loop, Endpoint endpoint, const Options& options, bool pubsub, Hooks hooks)
+RedisConnection::RedisConnection(Loop& loop, Endpoint endpoint, const Options& options, Mode mode, Hooks hooks)
     : loop_(loop),
       endpoint_(std::move(endpoint)),
       name_(endpoint_.name()),
       options_(options),
-      pubsub_(pubsub),
+      pubsub_(mode == Mode::kPubSub),
       hooks_(std::move(hooks)) {}
 
 RedisConnection::~RedisConnection() = default;
@@ -119,20 +122,18 @@ void RedisConnection::connect() {
   uv_timer_start(&connect_timer_, &RedisConnection::on_connect_timeout,
                  static_cast<uint64_t>(options_.connect_timeout.count()), 0);
 
-  // AUTH and SELECT go first in the pipeline; what waited follows at once.
+  // The handshake goes first in the pipeline; what waits is sent once it
+  // was answered (at once if there is none).
+  handshake_pending_ = 0;
+  handshake_error_.clear();
   if (!endpoint_.password.empty()) {
     std::vector<std::string> auth{"AUTH"};
     if (!endpoint_.user.empty()) auth.push_back(endpoint_.user);
     auth.push_back(endpoint_.password);
-    std::vector<size_t> lens;
-    auto ptrs = argv_ptrs(auth, lens);
-    if (redisAsyncCommandArgv(ac_, &RedisConnection::on_auth, this, static_cast<int>(ptrs.size()), ptrs.data(),
-                              lens.data()) == REDIS_OK)
-      sent_at_.push_back(std::chrono::steady_clock::now());
+    send_handshake(Handshake::kAuth, std::move(auth));
   }
-  if (endpoint_.db != 0 && !pubsub_) {
-    command({"SELECT", std::to_string(endpoint_.db)}, [](const redisReply*, std::exception_ptr) {});
-  }
+  if (endpoint_.db != 0 && !pubsub_) send_handshake(Handshake::kSelect, {"SELECT", std::to_string(endpoint_.db)});
+  if (require_master_) send_handshake(Handshake::kRole, {"ROLE"});
   if (pubsub_) {
     for (const auto& ch : channels_) redisAsyncCommand(ac_, &RedisConnection::on_pubsub, this, "SUBSCRIBE %b", ch.data(), ch.size());
   }
@@ -142,9 +143,22 @@ void RedisConnection::connect() {
     redisAsyncCommandArgv(ac_, &RedisConnection::on_pubsub, this, static_cast<int>(ptrs.size()), ptrs.data(),
                           lens.data());
   }
+  if (handshake_pending_ > 0) return;
   auto waiting = std::move(waiting_);
   waiting_.clear();
   for (auto& q : waiting) send(std::move(q));
+}
+
+void RedisConnection::send_handshake(Handshake step, std::vector<std::string> argv) {
+  std::vector<size_t> lens;
+  auto ptrs = argv_ptrs(argv, lens);
+  void* privdata = reinterpret_cast<void*>(static_cast<std::uintptr_t>(step));
+  if (redisAsyncCommandArgv(ac_, &RedisConnection::on_handshake, privdata, static_cast<int>(ptrs.size()),
+                            ptrs.data(), lens.data()) != REDIS_OK)
+    return;
+  handshake_pending_++;
+  sent_at_.push_back(std::chrono::steady_clock::now());
+  start_timeout_check();
 }
 
 void RedisConnection::command(std::vector<std::string> argv, ReplyCallback cb) {
@@ -175,11 +189,15 @@ void RedisConnection::eval_views(const Script& script, const std::vector<std::st
 
 void RedisConnection::send(Queued q) {
   if (state_ == State::kClosed) {
-    auto cb = std::move(q.cb);
-    cb(nullptr, std::make_exception_ptr(ConnectionError(name_, "connection closed")));
+    // Never inside the caller's call: it may hold state across it.
+    auto err = std::make_exception_ptr(ConnectionError(name_, "connection closed"));
+    auto cb = std::make_shared<ReplyCallback>(std::move(q.cb));
+    if (!loop_.post([cb, err] { guarded([&] { (*cb)(nullptr, err); }); })) {
+      guarded([&] { (*cb)(nullptr, err); });
+    }
     return;
   }
-  if (ac_ == nullptr) {
+  if (ac_ == nullptr || handshake_pending_ > 0) {
     waiting_.push_back(std::move(q));
     if (!reconnect_scheduled_ && state_ == State::kDown) schedule_reconnect();
     return;
@@ -256,15 +274,53 @@ void RedisConnection::on_reply(redisAsyncContext* ac, void* reply, void* privdat
   delete req;
 }
 
-void RedisConnection::on_auth(redisAsyncContext*, void* reply, void* privdata) {
-  auto* self = static_cast<RedisConnection*>(privdata);
+void RedisConnection::on_handshake(redisAsyncContext* ac, void* reply, void* privdata) {
+  auto* self = static_cast<RedisConnection*>(ac->data);
   auto* r = static_cast<redisReply*>(reply);
+  if (self == nullptr || self->ac_ != ac) return;  // torn down: went_down() took over
   if (!self->sent_at_.empty()) self->sent_at_.pop_front();
-  if (r != nullptr && r->type == REDIS_REPLY_ERROR) {
-    self->auth_failed_ = true;
-    self->auth_error_ = std::string(r->str, r->len);
-    self->last_error_ = "authentication failed: " + self->auth_error_;
+  if (r == nullptr) return;  // the connection is failing: went_down() follows
+  self->handshake_pending_--;
+  const auto step = static_cast<Handshake>(reinterpret_cast<std::uintptr_t>(privdata));
+  // The first refusal says what is wrong (after a refused AUTH the rest
+  // answer NOAUTH, which would only hide it).
+  if (self->handshake_error_.empty()) {
+    if (r->type == REDIS_REPLY_ERROR) {
+      std::string msg(r->str, r->len);
+      switch (step) {
+        case Handshake::kAuth:
+          self->auth_failed_ = true;
+          self->auth_error_ = msg;
+          self->handshake_error_ = "authentication failed: " + msg;
+          break;
+        case Handshake::kSelect:
+          self->handshake_error_ = fmt::format("SELECT {} was refused: {}", self->endpoint_.db, msg);
+          break;
+        case Handshake::kRole:
+          self->handshake_error_ = "ROLE was refused: " + msg;
+          break;
+      }
+    } else if (step == Handshake::kRole) {
+      std::string role;
+      if (r->type == REDIS_REPLY_ARRAY && r->elements > 0 && r->element[0]->type == REDIS_REPLY_STRING)
+        role.assign(r->element[0]->str, r->element[0]->len);
+      if (role != "master")
+        self->handshake_error_ =
+            fmt::format("{} is not a master (ROLE says '{}'): the failover has not reached it", self->name_, role);
+    }
   }
+  if (self->handshake_pending_ > 0) return;
+  if (!self->handshake_error_.empty()) {
+    // What waited fails with the reason; the connection is dropped and
+    // tried again after the back-off (a sentinel's answer may catch up).
+    self->last_error_ = self->handshake_error_;
+    self->fail_queued(self->handshake_error_);
+    redisAsyncDisconnect(ac);
+    return;
+  }
+  auto waiting = std::move(self->waiting_);
+  self->waiting_.clear();
+  for (auto& q : waiting) self->send(std::move(q));
 }
 
 void RedisConnection::on_pubsub(redisAsyncContext*, void* reply, void* privdata) {
@@ -309,6 +365,7 @@ void RedisConnection::on_disconnect(const redisAsyncContext* ac, int status) {
 void RedisConnection::went_down(const std::string& why) {
   last_error_ = why;
   sent_at_.clear();
+  handshake_pending_ = 0;
   if (state_ == State::kClosed) return;
   state_ = State::kDown;
   uv_timer_stop(&check_timer_);
@@ -322,9 +379,15 @@ void RedisConnection::went_down(const std::string& why) {
 void RedisConnection::fail_queued(const std::string& why) {
   auto waiting = std::move(waiting_);
   waiting_.clear();
+  auto err = down_error(why);
   for (auto& q : waiting) {
-    guarded([&] { q.cb(nullptr, std::make_exception_ptr(ConnectionError(name_, why))); });
+    guarded([&] { q.cb(nullptr, err); });
   }
+}
+
+std::exception_ptr RedisConnection::down_error(const std::string& why) const {
+  if (auth_failed_) return std::make_exception_ptr(AuthError(name_, why));
+  return std::make_exception_ptr(ConnectionError(name_, why));
 }
 
 void RedisConnection::schedule_reconnect() {

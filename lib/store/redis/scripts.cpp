@@ -64,6 +64,24 @@ if c < f then redis.call('set', KEYS[1], ARGV[1]) end
 return 1
 )lua";
 
+// Operators' view of one lock: {pttl (-2 absent, -1 no expiry), fencing
+// counter, owner token or ''}.
+constexpr std::string_view kInspect = R"lua(
+local t = redis.call('pttl', KEYS[1])
+local f = tonumber(redis.call('get', KEYS[2]) or '0')
+local v = redis.call('get', KEYS[1]) or ''
+return {t, f, v}
+)lua";
+
+// Operators' removal of a lock whoever holds it; the fencing counter stays.
+constexpr std::string_view kForceRelease = R"lua(
+if redis.call('del', KEYS[1]) == 1 then
+  redis.call('publish', ARGV[1], '1')
+  return 1
+end
+return 0
+)lua";
+
 inline std::uint32_t rol(std::uint32_t x, int n) { return (x << n) | (x >> (32 - n)); }
 
 }  // namespace
@@ -129,6 +147,14 @@ const Script& renew_script() {
 }
 const Script& raise_fence_script() {
   static const Script s{kRaiseFence, sha1_hex(kRaiseFence)};
+  return s;
+}
+const Script& inspect_script() {
+  static const Script s{kInspect, sha1_hex(kInspect)};
+  return s;
+}
+const Script& force_release_script() {
+  static const Script s{kForceRelease, sha1_hex(kForceRelease)};
   return s;
 }
 const Script& release_script() {

@@ -1,9 +1,13 @@
-// lib/redis_connection.hpp: one hiredis async connection to one Redis
-// node, owned by the loop thread.
+// lib/store/redis/connection.hpp: one hiredis async connection to one
+// Redis node, owned by the loop thread.
 //
-// Commands from anywhere in the runtime are pipelined on it (hiredis writes
+// Commands from anywhere in the store are pipelined on it (hiredis writes
 // what was queued in one loop iteration with one write). It connects with a
-// timeout, authenticates and selects the database before anything else,
+// timeout and runs a handshake before anything else: AUTH, SELECT and (for
+// a master found through Sentinel) ROLE. Requests wait for the handshake's
+// answers, so a refused AUTH or SELECT, or a node that is no master, fails
+// them with a clear error instead of letting them run on the wrong node or
+// database. It
 // reconnects with doubling back-off when the connection is lost, and fails
 // every request that cannot complete with a typed error: every callback runs
 // exactly once. Requests made while the connection is down wait for the next
@@ -21,6 +25,7 @@
 #include <uv.h>
 
 #include <chrono>
+#include <cstdint>
 #include <deque>
 #include <exception>
 #include <functional>
@@ -54,7 +59,9 @@ class RedisConnection {
     std::vector<std::string> on_connect_command;
   };
 
-  RedisConnection(Loop& loop, Endpoint endpoint, const Options& options, bool pubsub, Hooks hooks = {});
+  enum class Mode { kCommands, kPubSub };
+
+  RedisConnection(Loop& loop, Endpoint endpoint, const Options& options, Mode mode, Hooks hooks = {});
   ~RedisConnection();
   RedisConnection(const RedisConnection&) = delete;
   RedisConnection& operator=(const RedisConnection&) = delete;
@@ -78,10 +85,15 @@ class RedisConnection {
   void poll_replies();
   // Replaces Hooks::on_down (set before start()).
   void set_down_hook(std::function<void()> hook) { hooks_.on_down = std::move(hook); }
+  // Every connection checks with ROLE that the node is a master before
+  // anything is sent (set before start(); for addresses learned from
+  // sentinels, which may lag behind a failover).
+  void require_master() { require_master_ = true; }
   void subscribe(const std::string& channel);
   void unsubscribe(const std::string& channel);
   // Stops reconnecting, fails what is pending, closes the uv handles. The
-  // object may be destroyed once closed() is true.
+  // object may be destroyed once closed() is true. A request made after
+  // close() fails through a posted callback, never inside the call.
   void close();
   bool closed() const noexcept { return closed_handles_ == 2; }
   const std::string& name() const noexcept { return name_; }
@@ -104,12 +116,15 @@ class RedisConnection {
   void went_down(const std::string& why);
   void schedule_reconnect();
   void fail_queued(const std::string& why);
+  std::exception_ptr down_error(const std::string& why) const;
   std::exception_ptr error_for(const redisReply* reply) const;
+  enum class Handshake : std::uintptr_t { kAuth = 1, kSelect, kRole };
+  void send_handshake(Handshake step, std::vector<std::string> argv);
   void start_timeout_check();
 
   static void on_reply(redisAsyncContext* ac, void* reply, void* privdata);
   static void on_pubsub(redisAsyncContext* ac, void* reply, void* privdata);
-  static void on_auth(redisAsyncContext* ac, void* reply, void* privdata);
+  static void on_handshake(redisAsyncContext* ac, void* reply, void* privdata);
   static void on_connect(const redisAsyncContext* ac, int status);
   static void on_disconnect(const redisAsyncContext* ac, int status);
   static void on_connect_timeout(uv_timer_t* t);
@@ -121,6 +136,7 @@ class RedisConnection {
   std::string name_;
   const Options options_;
   bool pubsub_;
+  bool require_master_ = false;
   Hooks hooks_;
   State state_ = State::kDown;
   redisAsyncContext* ac_ = nullptr;
@@ -132,6 +148,8 @@ class RedisConnection {
   bool auth_failed_ = false;
   bool awaiting_endpoint_ = false;  // an attempt waits for the master's address
   std::string auth_error_;
+  int handshake_pending_ = 0;    // AUTH / SELECT / ROLE answers still awaited
+  std::string handshake_error_;  // why the last handshake failed
   bool reconnect_scheduled_ = false;
   std::deque<Queued> waiting_;  // made while down: sent on the next attempt
   std::deque<std::chrono::steady_clock::time_point> sent_at_;  // replies come in order

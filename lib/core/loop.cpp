@@ -2,6 +2,7 @@
 
 #include <cstdio>
 #include <cstdlib>
+#include <exception>
 #include <future>
 
 namespace lockwatch::detail {
@@ -37,6 +38,17 @@ bool Loop::post(Task task) {
   return true;
 }
 
+// A task runs inside uv_run: nothing may unwind through libuv's C frames.
+void Loop::run_guarded(Task& task) noexcept {
+  try {
+    task();
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "lockwatch: unexpected exception in a loop task: %s\n", e.what());
+  } catch (...) {
+    std::fprintf(stderr, "lockwatch: unexpected exception in a loop task\n");
+  }
+}
+
 void Loop::on_async(uv_async_t* handle) { static_cast<Loop*>(handle->data)->drain(); }
 
 void Loop::drain() {
@@ -45,7 +57,7 @@ void Loop::drain() {
       std::lock_guard lk(mu_);
       running_.swap(queue_);
     }
-    for (auto& t : running_) t();
+    for (auto& t : running_) run_guarded(t);
     running_.clear();
     if (!closing_) return;
     // Shutting down: whatever was posted before post() stopped accepting

@@ -6,17 +6,33 @@
 #include <charconv>
 #include <cstdlib>
 
+#include "core/url.hpp"
 #include "lockwatch/errors.hpp"
+#include "store/make_store.hpp"
 
 namespace lockwatch {
+
+namespace detail {
+
+std::string url_for_messages(const std::string& url) {
+  // The URL may hold a password: show the scheme given and only the part
+  // after the last '@'.
+  auto at = url.rfind('@');
+  if (at == std::string::npos) return url;
+  auto sep = url.find("://");
+  std::string scheme = (sep != std::string::npos && sep < at) ? url.substr(0, sep + 3) : std::string();
+  return scheme + "***@" + url.substr(at + 1);
+}
+
+void throw_bad_url(const std::string& url, const char* why) {
+  throw InvalidArgument(fmt::format("malformed URL '{}': {}", url_for_messages(url), why));
+}
+
+}  // namespace detail
+
 namespace {
 
-[[noreturn]] void bad_url(const std::string& url, const char* why) {
-  // The URL may hold a password: show only the part after the last '@'.
-  std::string shown = url;
-  if (auto at = shown.rfind('@'); at != std::string::npos) shown = "redis://***@" + shown.substr(at + 1);
-  throw InvalidArgument(fmt::format("malformed Redis URL '{}': {}", shown, why));
-}
+[[noreturn]] void bad_url(const std::string& url, const char* why) { detail::throw_bad_url(url, why); }
 
 int hex_value(char c) {
   if (c >= '0' && c <= '9') return c - '0';
@@ -110,46 +126,6 @@ std::vector<Endpoint> Endpoint::parse_list(const std::string& urls) {
   return out;
 }
 
-Topology Topology::parse(const std::string& url) {
-  Topology t;
-  constexpr std::string_view kSentinel = "redis-sentinel://";
-  if (url.compare(0, kSentinel.size(), kSentinel) != 0) {
-    t.masters = Endpoint::parse_list(url);
-    return t;
-  }
-  // redis-sentinel://[cred@]h:p,h:p/name[/db]: reuse the redis:// parser
-  // for the credentials, each sentinel and the db.
-  std::string rest = url.substr(kSentinel.size());
-  std::string cred;
-  if (auto at = rest.rfind('@'); at != std::string::npos) {
-    cred = rest.substr(0, at + 1);
-    rest = rest.substr(at + 1);
-  }
-  auto slash = rest.find('/');
-  if (slash == std::string::npos || slash + 1 >= rest.size()) bad_url(url, "expected redis-sentinel://host:port[,host:port...]/master-name");
-  std::string hosts = rest.substr(0, slash);
-  std::string tail = rest.substr(slash + 1);
-  std::string db;
-  if (auto s2 = tail.find('/'); s2 != std::string::npos) {
-    db = tail.substr(s2);
-    tail = tail.substr(0, s2);
-  }
-  if (tail.empty()) bad_url(url, "no master name");
-  t.master_name = tail;
-  std::size_t start = 0;
-  while (true) {
-    std::size_t comma = hosts.find(',', start);
-    std::string one = hosts.substr(start, comma == std::string::npos ? std::string::npos : comma - start);
-    t.sentinels.push_back(Endpoint::parse("redis://" + one));
-    if (comma == std::string::npos) break;
-    start = comma + 1;
-  }
-  t.master = Endpoint::parse("redis://" + cred + "unresolved:1" + db);
-  t.master.host.clear();
-  t.master.port = 0;  // found through the sentinels
-  return t;
-}
-
 std::string Endpoint::name() const {
   if (port == 0) return "(master not yet known)";
   if (host.find(':') != std::string::npos) return fmt::format("[{}]:{}", host, port);
@@ -163,7 +139,7 @@ Options Options::from_env() {
 }
 
 void Options::validate() const {
-  (void)Topology::parse(redis_url);
+  detail::check_store_options(*this);
   if (min_replicas < 0) throw InvalidArgument("Options::min_replicas must not be negative");
   if (replica_ack_timeout.count() <= 0) throw InvalidArgument("Options::replica_ack_timeout must be positive");
   if (tick < std::chrono::milliseconds(1)) throw InvalidArgument("Options::tick must be at least 1 ms");

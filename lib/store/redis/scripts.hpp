@@ -1,4 +1,4 @@
-// lib/scripts.hpp: the Lua scripts that make up the lock protocol, with
+// lib/store/redis/scripts.hpp: the Lua scripts that make up the lock protocol, with
 // their SHA-1 so they run by EVALSHA (falling back to EVAL on NOSCRIPT).
 //
 // Keys of one lock share a hash tag, `<prefix>{<key>}`, so they stay on one
@@ -31,6 +31,12 @@ const Script& release_script();
 
 // KEYS: fence. ARGV: token. Raises the counter to the token if below it.
 const Script& raise_fence_script();
+
+// KEYS: lock, fence. Returns {pttl (-2 absent), fencing counter, owner or ''}.
+const Script& inspect_script();
+// KEYS: lock. ARGV: channel. Deletes the lock whoever owns it and publishes;
+// returns 1 if it was held.
+const Script& force_release_script();
 
 std::string sha1_hex(std::string_view data);
 

@@ -1,0 +1,35 @@
+// lib/core/error_values.hpp: looking into an exception_ptr without
+// letting anything escape (errors travel inside the loop as values).
+#pragma once
+
+#include <exception>
+#include <string>
+
+#include "lockwatch/errors.hpp"
+
+namespace lockwatch::detail {
+
+// A ConnectionError that is not an AuthError: the store may answer later.
+inline bool is_connection_error(std::exception_ptr e) noexcept {
+  try {
+    std::rethrow_exception(e);
+  } catch (const AuthError&) {
+    return false;
+  } catch (const ConnectionError&) {
+    return true;
+  } catch (...) {
+    return false;
+  }
+}
+
+inline std::string what_of(std::exception_ptr e) {
+  try {
+    std::rethrow_exception(e);
+  } catch (const std::exception& ex) {
+    return ex.what();
+  } catch (...) {
+    return "unknown error";
+  }
+}
+
+}  // namespace lockwatch::detail

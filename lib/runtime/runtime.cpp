@@ -1,0 +1,388 @@
+// Admission and the stop order (Runtime::Impl), the public Runtime and
+// LockHandle. The parts they wire together: wait_queue, watchdog,
+// wheel_clock; the store behind them: store/.
+#include <fmt/format.h>
+
+#include "core/error_values.hpp"
+#include "core/timing.hpp"
+#include "runtime/runtime_impl.hpp"
+#include "store/make_store.hpp"
+
+namespace lockwatch {
+
+using detail::Acquisition;
+using detail::LeaseRecord;
+using std::chrono::milliseconds;
+
+Retries::Retries(int count) : count_(count) {
+  if (count < 0) throw InvalidArgument(fmt::format("retries must be >= 0 or lockwatch::forever, got {}", count));
+}
+
+Runtime::Impl::Impl(Options opts, const detail::StoreFactory& make_store)
+    : options(std::move(opts)),
+      pool(options.threads),
+      store(make_store(loop, options)),
+      clock(loop, options, stats),
+      watchdog(*store, clock, notifier, options, stats),
+      waits(*store, clock, options,
+            detail::WaitQueue::Hooks{
+                [this](const auto& a, std::uint64_t fence, Clock::time_point sent) { taken(a, fence, sent); },
+                [this](const auto& a, std::exception_ptr err) { fail(a, std::move(err)); }}) {
+  watchdog.on_finished([this](const std::shared_ptr<LeaseRecord>& l) { lease_finished(l); });
+  clock.after_advance([this] { watchdog.flush(); });
+  std::promise<void> started;
+  auto ready = started.get_future();
+  loop.post([this, &started] {
+    clock.start();
+    detail::StoreEvents events;
+    events.released = [this](std::string_view name) { waits.on_released(name); };
+    events.subscribed = [this](std::string_view name) { waits.on_subscribed(name); };
+    events.subscriptions_lost = [this] { waits.on_subscriptions_lost(); };
+    store->start(std::move(events));
+    started.set_value();
+  });
+  ready.wait();
+}
+
+// ---------------------------------------------------------------- admission
+
+void Runtime::Impl::validate(detail::LockSpec& spec) const {
+  if (spec.key.empty()) throw InvalidArgument("lock key is empty");
+  if (spec.key.size() > options.max_key_bytes)
+    throw InvalidArgument(fmt::format("lock key is {} bytes; the limit (Options::max_key_bytes) is {}",
+                                      spec.key.size(), options.max_key_bytes));
+  if (const char* why = store->check_key(spec.key)) throw InvalidArgument(why);
+  if (spec.ttl <= milliseconds(0)) throw InvalidArgument(fmt::format("ttl must be positive, got {} ms", spec.ttl.count()));
+  if (spec.wait < milliseconds(0)) throw InvalidArgument("wait must not be negative");
+  if (spec.renew_weight == 0) spec.renew_weight = options.renew_weight;
+  if (!(spec.renew_weight > 0 && spec.renew_weight < 1))
+    throw InvalidArgument(fmt::format("renewal weight must be in (0, 1), got {}", spec.renew_weight));
+  // The renewal fires at ttl*weight (or earlier, see renew_after), up to a
+  // tick early, and must be confirmed before the local deadline (ttl - drift),
+  // which is judged up to a tick late.
+  auto window = spec.ttl - detail::drift_for(options, spec.ttl) -
+                std::chrono::ceil<milliseconds>(detail::renew_after(options, spec.ttl, spec.renew_weight));
+  auto needed = 2 * options.tick + milliseconds(2);
+  if (window < needed)
+    throw InvalidArgument(fmt::format(
+        "ttl {} ms is too short: renewing at {:.2f} of it leaves {} ms after the drift allowance, but the tick ({} "
+        "ms) needs {} ms",
+        spec.ttl.count(), spec.renew_weight, window.count(), options.tick.count(), needed.count()));
+}
+
+std::shared_ptr<Acquisition> Runtime::Impl::make_acquisition(detail::LockSpec spec,
+                                                             std::shared_ptr<detail::Call> call) {
+  {
+    std::lock_guard lk(mu);
+    if (stopping.load()) throw RuntimeStopped("lockwatch runtime is stopping");
+    ++active_calls;
+  }
+  auto a = std::make_shared<Acquisition>();
+  a->name = store->encode(spec.key);
+  a->ttl_ms = std::to_string(spec.ttl.count());
+  a->spec = std::move(spec);
+  a->call = std::move(call);
+  a->started = Clock::now();
+  return a;
+}
+
+std::future<LockHandle> Runtime::Impl::acquire(detail::LockSpec spec) {
+  validate(spec);
+  auto call = std::make_shared<detail::HandleCall>();
+  auto future = call->acquired.get_future();
+  auto a = make_acquisition(std::move(spec), call);
+  a->handle = call;
+  if (!loop.post([this, a] { start_acquire(a); })) {
+    a->call->finish(std::make_exception_ptr(RuntimeStopped("lockwatch runtime is stopping")));
+    call_done();
+  }
+  return future;
+}
+
+void Runtime::Impl::dispatch(detail::LockSpec spec, std::shared_ptr<detail::Call> call) {
+  validate(spec);
+
+  // Reentrant and nested calls run on this thread.
+  auto& held_here = detail::leases_on_this_thread();
+  for (auto it = held_here.rbegin(); it != held_here.rend(); ++it) {
+    if (it->runtime == this && it->lease->key() == spec.key) {
+      LeaseRecord* l = it->lease;  // the scope below may move the vector
+      {
+        detail::ThreadLeaseScope scope(this, l);
+        call->run();
+      }
+      // lost_detail belongs to the loop thread: the reason alone here.
+      call->finish(l->lost() ? std::make_exception_ptr(LeaseLost(l->key(), *l->lost_reason())) : nullptr);
+      return;
+    }
+  }
+  bool nested = !held_here.empty();
+
+  auto a = make_acquisition(std::move(spec), std::move(call));
+  a->inline_run = nested;
+  std::future<std::shared_ptr<LeaseRecord>> granted;
+  std::future<void> finished;
+  if (nested) {
+    granted = a->granted.get_future();
+    a->finished = std::make_shared<std::promise<void>>();
+    finished = a->finished->get_future();
+  }
+  if (!loop.post([this, a] { start_acquire(a); })) {
+    a->call->finish(std::make_exception_ptr(RuntimeStopped("lockwatch runtime is stopping")));
+    call_done();
+    return;
+  }
+  if (!nested) return;
+
+  // Nested call on another key: this thread waits for the lock (every
+  // acquisition completes: by reply, wait deadline or command timeout),
+  // runs the work itself, and returns once the lock is released.
+  std::shared_ptr<LeaseRecord> l = granted.get();
+  if (l) {
+    {
+      detail::ThreadLeaseScope scope(this, l.get());
+      l->call->run();
+    }
+    loop.post([this, l] { watchdog.work_done(l); });
+  }
+  finished.wait();
+}
+
+void Runtime::Impl::call_done() {
+  std::lock_guard lk(mu);
+  if (--active_calls == 0) cv.notify_all();
+}
+
+void Runtime::Impl::start_acquire(std::shared_ptr<Acquisition> a) {
+  if (stopping.load()) {
+    fail(a, std::make_exception_ptr(RuntimeStopped("lockwatch runtime is stopping")));
+    return;
+  }
+  a->token = tokens.next();
+  waits.start(std::move(a));
+}
+
+void Runtime::Impl::fail(const std::shared_ptr<Acquisition>& a, std::exception_ptr err) {
+  a->done = true;
+  a->wait_timeout.cancel();
+  a->call->finish(err);
+  if (a->inline_run) {
+    a->granted.set_value(nullptr);
+    a->finished->set_value();
+  }
+  call_done();
+}
+
+void Runtime::Impl::taken(const std::shared_ptr<Acquisition>& a, std::uint64_t fence, Clock::time_point sent) {
+  auto l = watchdog.grant(*a, fence, sent);
+  if (stopping.load()) l->request_stop();
+  if (a->handle) {
+    a->handle->granted = true;
+    auto state = std::make_shared<detail::HandleState>();
+    state->runtime = weak_from_this();
+    state->lease = l;
+    state->call = a->handle;
+    a->handle->acquired.set_value(HandleAccess::make(std::move(state)));
+  } else if (a->inline_run) {
+    a->granted.set_value(l);
+  } else {
+    run_on_pool(l);
+  }
+}
+
+void Runtime::Impl::run_on_pool(const std::shared_ptr<LeaseRecord>& l) {
+  try {
+    pool.post([this, l] {
+      {
+        detail::ThreadLeaseScope scope(this, l.get());
+        l->call->run();
+      }
+      loop.post([this, l] { watchdog.work_done(l); });
+    });
+  } catch (...) {
+    // The pool refused (stopping): the work never ran; give the lock back.
+    l->mark_lost(LostReason::kRuntimeStopped);
+    watchdog.work_done(l);
+  }
+}
+
+void Runtime::Impl::lease_finished(const std::shared_ptr<LeaseRecord>& l) {
+  std::exception_ptr err;
+  if (auto reason = l->lost_reason(); reason && *reason != LostReason::kRuntimeStopped)
+    err = std::make_exception_ptr(LeaseLost(l->key(), *reason, l->lost_detail));
+  else if (reason)
+    err = std::make_exception_ptr(RuntimeStopped("lockwatch runtime stopped before the work could run"));
+  l->call->finish(err);
+  if (l->finished) l->finished->set_value();
+  waits.on_lease_finished(l->name);
+  call_done();
+}
+
+// ----------------------------------------------------------- operators' tools
+
+std::future<LockState> Runtime::Impl::inspect(std::string key) {
+  detail::LockSpec spec;
+  spec.key = key;
+  spec.ttl = milliseconds(60000);
+  validate(spec);
+  if (stopping.load()) throw RuntimeStopped("lockwatch runtime is stopping");
+  auto promise = std::make_shared<std::promise<LockState>>();
+  auto future = promise->get_future();
+  std::string name = store->encode(key);
+  if (!loop.post([this, promise, key = std::move(key), name = std::move(name)]() mutable {
+        store->inspect(name, [promise, key = std::move(key)](const detail::LockInfo& info, std::exception_ptr err) {
+          if (err) {
+            promise->set_exception(err);
+            return;
+          }
+          promise->set_value(LockState{key, info.held, info.ttl, info.fence_counter});
+        });
+      }))
+    throw RuntimeStopped("lockwatch runtime is stopping");
+  return future;
+}
+
+std::future<bool> Runtime::Impl::force_release(std::string key) {
+  detail::LockSpec spec;
+  spec.key = key;
+  spec.ttl = milliseconds(60000);
+  validate(spec);
+  if (stopping.load()) throw RuntimeStopped("lockwatch runtime is stopping");
+  auto promise = std::make_shared<std::promise<bool>>();
+  auto future = promise->get_future();
+  std::string name = store->encode(key);
+  if (!loop.post([this, promise, name = std::move(name)] {
+        store->force_release(name, [promise](bool held, std::exception_ptr err) {
+          if (err)
+            promise->set_exception(err);
+          else
+            promise->set_value(held);
+        });
+      }))
+    throw RuntimeStopped("lockwatch runtime is stopping");
+  return future;
+}
+
+// ---------------------------------------------------------------- stopping
+
+void Runtime::Impl::begin_stop() {
+  waits.fail_all(std::make_exception_ptr(RuntimeStopped("lockwatch runtime stopped while waiting for the lock")));
+  // Nobody may be left to release a handle: the runtime gives them back.
+  for (auto& l : watchdog.stop_all()) watchdog.work_done(l);
+}
+
+void Runtime::Impl::close_all() {
+  clock.close();
+  store->close();
+}
+
+void Runtime::Impl::stop() {
+  {
+    std::lock_guard lk(mu);
+    stopping.store(true);
+  }
+  loop.post([this] { begin_stop(); });
+  {
+    // In-flight acquisitions end by reply or command timeout; running work
+    // was asked to stop and is awaited.
+    std::unique_lock lk(mu);
+    cv.wait(lk, [this] { return active_calls == 0; });
+  }
+  pool.shutdown();
+  notifier.shutdown();
+  loop.shutdown([this] { close_all(); });
+  // The loop has joined: what it owned belongs to this thread now.
+  waits.clear();
+  watchdog.clear();
+}
+
+std::unique_ptr<Runtime> detail::RuntimeAccess::make(Options options, const StoreFactory& make_store) {
+  options.validate();
+  return std::unique_ptr<Runtime>(new Runtime(std::make_shared<Runtime::Impl>(std::move(options), make_store)));
+}
+
+// ------------------------------------------------------------------ public
+
+Runtime::Runtime(Options options) {
+  options.validate();
+  impl_ = std::make_shared<Impl>(std::move(options), &detail::make_store);
+}
+
+std::future<LockHandle> Runtime::acquire(std::string key, std::chrono::milliseconds ttl, Retries retries,
+                                         std::chrono::milliseconds wait) {
+  detail::LockSpec spec;
+  spec.key = std::move(key);
+  spec.ttl = ttl;
+  spec.retries = retries.count();
+  spec.wait = wait;
+  return impl_->acquire(std::move(spec));
+}
+
+std::future<LockState> Runtime::inspect(std::string key) { return impl_->inspect(std::move(key)); }
+std::future<bool> Runtime::force_release(std::string key) { return impl_->force_release(std::move(key)); }
+
+// ------------------------------------------------------------- LockHandle
+
+LockHandle& LockHandle::operator=(LockHandle&& other) noexcept {
+  if (this != &other) {
+    if (state_) (void)release();
+    state_ = std::move(other.state_);
+  }
+  return *this;
+}
+
+LockHandle::~LockHandle() {
+  if (state_) {
+    try {
+      (void)release();
+    } catch (...) {
+    }
+  }
+}
+
+const Lease& LockHandle::lease() const noexcept { return *state_->lease; }
+
+std::future<void> LockHandle::release() {
+  if (!state_) throw InvalidArgument("LockHandle::release() on a handle that holds no lock");
+  auto state = std::move(state_);
+  auto future = state->call->released.get_future();
+  if (auto rt = state->runtime.lock()) {
+    auto l = state->lease;
+    Runtime::Impl* impl = rt.get();
+    // Refused only once the runtime closed, after it released the lock.
+    impl->loop.post([impl, l] { impl->watchdog.work_done(l); });
+  }
+  return future;
+}
+
+Runtime::~Runtime() {
+  if (impl_) impl_->stop();
+}
+
+Runtime& Runtime::default_runtime() {
+  static Runtime rt(Options::from_env());
+  return rt;
+}
+
+const Options& Runtime::options() const noexcept { return impl_->options; }
+ThreadPool& Runtime::pool() noexcept { return impl_->pool; }
+std::size_t Runtime::held_leases() const noexcept { return impl_->watchdog.held(); }
+
+RuntimeStats Runtime::stats() const noexcept {
+  const auto& c = impl_->stats;
+  RuntimeStats s;
+  s.held_leases = c.held.load(std::memory_order_relaxed);
+  s.acquired = c.acquired.load(std::memory_order_relaxed);
+  s.renewals_sent = c.renewals_sent.load(std::memory_order_relaxed);
+  s.renew_commands = c.renew_commands.load(std::memory_order_relaxed);
+  s.leases_lost = c.leases_lost.load(std::memory_order_relaxed);
+  s.timer_wakeups = c.timer_wakeups.load(std::memory_order_relaxed);
+  s.min_renewal_slack = std::chrono::microseconds(c.min_renewal_slack_us.load(std::memory_order_relaxed));
+  return s;
+}
+
+void Runtime::dispatch(detail::LockSpec spec, std::shared_ptr<detail::Call> call) {
+  impl_->dispatch(std::move(spec), std::move(call));
+}
+
+}  // namespace lockwatch

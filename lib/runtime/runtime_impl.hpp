@@ -1,0 +1,90 @@
+// lib/runtime/runtime_impl.hpp: the runtime's insides.
+//
+// Runtime::Impl is admission and wiring: it validates a call, runs
+// reentrant and nested calls on the caller's thread, hands the rest to the
+// loop, dispatches granted work to the pool, and owns the stop order. What
+// a lock means lives in three parts it wires together: the wait queue
+// (taking locks), the watchdog (keeping them) and the wheel clock (their
+// timer). Where a lock lives is the store's business (store/lock_store.hpp).
+//
+// Ownership by thread:
+// - any thread: options, pool, loop.post, stats, the mutex-guarded
+//   active_calls, stopping;
+// - loop thread: store, clock, watchdog, waits, tokens (every member
+//   function marked "loop" below), until stop() has joined the loop; after
+//   that the destroying thread owns them.
+#pragma once
+
+#include <condition_variable>
+#include <functional>
+#include <future>
+#include <memory>
+#include <mutex>
+
+#include "core/loop.hpp"
+#include "core/token.hpp"
+#include "lockwatch/runtime.hpp"
+#include "runtime/acquisition.hpp"
+#include "runtime/stats.hpp"
+#include "runtime/wait_queue.hpp"
+#include "runtime/watchdog.hpp"
+#include "runtime/wheel_clock.hpp"
+#include "store/lock_store.hpp"
+
+namespace lockwatch {
+
+namespace detail {
+// Builds the store a runtime talks to; called once, on the constructing
+// thread, before the loop uses it.
+using StoreFactory = std::function<std::unique_ptr<LockStore>(Loop& loop, const Options& options)>;
+}  // namespace detail
+
+struct Runtime::Impl : std::enable_shared_from_this<Runtime::Impl> {
+  using Clock = std::chrono::steady_clock;
+
+  Impl(Options opts, const detail::StoreFactory& make_store);
+
+  // Any thread.
+  void validate(detail::LockSpec& spec) const;
+  std::shared_ptr<detail::Acquisition> make_acquisition(detail::LockSpec spec, std::shared_ptr<detail::Call> call);
+  void dispatch(detail::LockSpec spec, std::shared_ptr<detail::Call> call);
+  std::future<LockHandle> acquire(detail::LockSpec spec);
+  std::future<LockState> inspect(std::string key);
+  std::future<bool> force_release(std::string key);
+  void call_done();
+  void stop();
+
+  // Loop.
+  void start_acquire(std::shared_ptr<detail::Acquisition> a);
+  void taken(const std::shared_ptr<detail::Acquisition>& a, std::uint64_t fence, Clock::time_point sent);
+  void fail(const std::shared_ptr<detail::Acquisition>& a, std::exception_ptr err);
+  void run_on_pool(const std::shared_ptr<detail::LeaseRecord>& l);
+  void lease_finished(const std::shared_ptr<detail::LeaseRecord>& l);
+  void begin_stop();
+  void close_all();
+
+  const Options options;
+  detail::StatsCounters stats;
+  ThreadPool pool;
+  ThreadPool notifier{1};  // runs stop callbacks: user code never runs on the loop
+  detail::Loop loop;
+  std::unique_ptr<detail::LockStore> store;
+  detail::WheelClock clock;
+  detail::Watchdog watchdog;
+  detail::WaitQueue waits;
+  detail::TokenGenerator tokens;
+
+  std::atomic<bool> stopping{false};
+  std::mutex mu;
+  std::condition_variable cv;
+  std::size_t active_calls = 0;  // guarded by mu
+};
+
+namespace detail {
+// Internal constructors of a Runtime (the unit tests give it a store).
+struct RuntimeAccess {
+  static std::unique_ptr<Runtime> make(Options options, const StoreFactory& make_store);
+};
+}  // namespace detail
+
+}  // namespace lockwatch

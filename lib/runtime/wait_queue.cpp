@@ -1,0 +1,215 @@
+#include "runtime/wait_queue.hpp"
+
+#include <algorithm>
+#include <cassert>
+
+#include "core/error_values.hpp"
+#include "lockwatch/errors.hpp"
+
+namespace lockwatch::detail {
+
+using std::chrono::milliseconds;
+
+// The in-process waiters for one key.
+struct WaitQueue::KeyWaiters final : TimerTask {
+  WaitQueue* queue = nullptr;
+  std::string name;
+  std::deque<std::shared_ptr<Acquisition>> waiting;
+  bool in_flight = false;     // the head's attempt awaits its answer
+  bool again = false;         // a wake-up came while it was in flight
+  bool subscribed = false;    // release notices are confirmed
+  bool held_locally = false;  // one of our leases holds it: its end wakes us
+  Timeout retry;              // the holder's ttl runs out, or the poll back-off
+  milliseconds poll{0};       // stores without notices: the current back-off
+  std::exception_ptr connection_error;  // the head's last attempt could not reach the store
+
+  void run(Timeout) noexcept override { queue->attempt_head(name); }
+};
+
+void Acquisition::run(Timeout) noexcept { queue->on_wait_expired(this); }
+
+WaitQueue::WaitQueue(LockStore& store, WheelClock& clock, const Options& options, Hooks hooks)
+    : store_(store), clock_(clock), options_(options), hooks_(std::move(hooks)) {}
+
+WaitQueue::~WaitQueue() = default;
+void WaitQueue::clear() { waiters_.clear(); }
+
+void WaitQueue::start(std::shared_ptr<Acquisition> a) {
+  a->queue = this;
+  if (a->spec.wait == milliseconds(0)) {
+    attempt(a, nullptr);
+    return;
+  }
+  auto& slot = waiters_[a->name];
+  if (!slot) {
+    slot = std::make_unique<KeyWaiters>();
+    slot->queue = this;
+    slot->name = a->name;
+  }
+  KeyWaiters* w = slot.get();
+  a->wait_timeout = clock_.at(*a, a->started + a->spec.wait);
+  w->waiting.push_back(a);
+  if (w->waiting.size() == 1) attempt_head(w->name);
+}
+
+void WaitQueue::attempt(const std::shared_ptr<Acquisition>& a, KeyWaiters* w) {
+  auto sent = Clock::now();
+  LockRef ref = a->ref();
+  store_.acquire(std::span<const LockRef>(&ref, 1), [this, a, w, sent](std::size_t, const Acquired& out) {
+    if (w) w->in_flight = false;
+    on_outcome(a, out, sent, w);
+  });
+}
+
+void WaitQueue::attempt_head(const std::string& name) {
+  auto it = waiters_.find(name);
+  if (it == waiters_.end()) return;
+  KeyWaiters* w = it->second.get();
+  if (w->waiting.empty() || w->held_locally) return;
+  if (w->in_flight) {
+    w->again = true;
+    return;
+  }
+  w->retry.cancel();
+  w->in_flight = true;
+  w->again = false;
+  attempt(w->waiting.front(), w);
+}
+
+void WaitQueue::give_back(const Acquisition& a) {
+  LockRef ref = a.ref();
+  store_.release(std::span<const LockRef>(&ref, 1), false, [](std::size_t, Released, std::string_view) {});
+}
+
+void WaitQueue::on_outcome(const std::shared_ptr<Acquisition>& a, const Acquired& out, Clock::time_point sent,
+                           KeyWaiters* w) {
+  using Status = Acquired::Status;
+  if (a->done) {
+    // Its wait ran out (or the runtime stopped) while the attempt was in
+    // flight: a lock taken now belongs to nobody, so give it back.
+    if (out.status == Status::kTaken) give_back(*a);
+    if (w) {
+      attempt_head(w->name);
+      maybe_forget(w);
+    }
+    return;
+  }
+  if (w) {
+    // The head stays at the front until it is done: only it attempts.
+    assert(!w->waiting.empty() && w->waiting.front() == a);
+  }
+  if (w && out.status == Status::kFailed && is_connection_error(out.error)) {
+    // A waiter keeps its place through a connection blip and tries again
+    // shortly (a request made while down waits for the reconnect). Its wait
+    // deadline still bounds it, and then it reports this error rather than
+    // a busy lock.
+    w->connection_error = out.error;
+    w->retry = clock_.at(*w, Clock::now() + options_.reconnect_min);
+    return;
+  }
+  if (w) w->connection_error = nullptr;
+  if (out.status != Status::kBusy) {
+    if (w) w->waiting.pop_front();
+    a->done = true;
+    a->wait_timeout.cancel();
+    if (out.status == Status::kFailed) {
+      hooks_.failed(a, out.error);
+      if (w) attempt_head(w->name);
+    } else {
+      if (w) {
+        w->held_locally = true;
+        w->poll = milliseconds(0);
+      }
+      hooks_.taken(a, out.fence, sent);
+    }
+    if (w) maybe_forget(w);
+    return;
+  }
+  // Busy.
+  auto busy_for = std::max(out.busy_for, milliseconds(1));
+  if (w == nullptr) {
+    a->done = true;
+    hooks_.failed(a, std::make_exception_ptr(LockNotAcquired(
+                         a->spec.key, std::chrono::duration_cast<milliseconds>(Clock::now() - a->started))));
+    return;
+  }
+  if (w->again) {
+    attempt_head(w->name);
+    return;
+  }
+  auto next = busy_for + milliseconds(1);
+  if (store_.release_events()) {
+    // Subscribe, and try again once the subscription is confirmed: a
+    // release between this attempt and the subscription is not missed.
+    if (!w->subscribed) store_.subscribe(w->name);
+  } else {
+    // No notices: poll, from the reconnect minimum doubling to a second,
+    // and never later than the holder's ttl.
+    w->poll = w->poll.count() == 0 ? options_.reconnect_min : std::min(w->poll * 2, milliseconds(1000));
+    next = std::min(next, w->poll);
+  }
+  // Sleep until a release is announced or the holder's ttl runs out.
+  w->retry = clock_.at(*w, Clock::now() + next);
+}
+
+void WaitQueue::on_released(std::string_view name) { attempt_head(std::string(name)); }
+
+void WaitQueue::on_subscribed(std::string_view name) {
+  auto it = waiters_.find(std::string(name));
+  if (it == waiters_.end()) return;
+  it->second->subscribed = true;
+  attempt_head(it->first);
+}
+
+void WaitQueue::on_subscriptions_lost() {
+  for (auto& [name, w] : waiters_) w->subscribed = false;
+}
+
+void WaitQueue::on_lease_finished(const std::string& name) {
+  // Our own waiters for this key go next, in the same pipeline as the
+  // release.
+  if (auto it = waiters_.find(name); it != waiters_.end()) {
+    it->second->held_locally = false;
+    attempt_head(name);
+  }
+}
+
+void WaitQueue::on_wait_expired(Acquisition* raw) {
+  if (raw->done) return;
+  auto wit = waiters_.find(raw->name);
+  if (wit == waiters_.end()) return;
+  KeyWaiters* w = wit->second.get();
+  auto pos = std::find_if(w->waiting.begin(), w->waiting.end(), [raw](const auto& p) { return p.get() == raw; });
+  if (pos == w->waiting.end()) return;
+  auto a = *pos;
+  bool head_in_flight = (pos == w->waiting.begin()) && w->in_flight;
+  w->waiting.erase(pos);  // a head in flight: its answer sees done and cleans up
+  a->done = true;
+  hooks_.failed(a, w->connection_error
+                       ? w->connection_error
+                       : std::make_exception_ptr(LockNotAcquired(
+                             a->spec.key, std::chrono::duration_cast<milliseconds>(Clock::now() - a->started))));
+  if (!head_in_flight) attempt_head(w->name);
+  maybe_forget(w);
+}
+
+void WaitQueue::maybe_forget(KeyWaiters* w) {
+  if (!w->waiting.empty() || w->in_flight) return;
+  w->retry.cancel();
+  store_.unsubscribe(w->name);
+  waiters_.erase(w->name);  // w is gone
+}
+
+void WaitQueue::fail_all(std::exception_ptr error) {
+  for (auto& [name, w] : waiters_) {
+    for (auto& a : w->waiting) {
+      if (a->done) continue;
+      a->done = true;
+      hooks_.failed(a, error);
+    }
+    w->waiting.clear();
+    w->retry.cancel();
+  }
+}
+
+}  // namespace lockwatch::detail

@@ -1,0 +1,223 @@
+#include "runtime/watchdog.hpp"
+
+#include "core/timing.hpp"
+
+namespace lockwatch::detail {
+
+using std::chrono::milliseconds;
+
+void LeaseRecord::run(Timeout) noexcept { watchdog->on_timer(this); }
+
+Watchdog::Watchdog(LockStore& store, WheelClock& clock, ThreadPool& notifier, const Options& options,
+                   StatsCounters& stats)
+    : store_(store), clock_(clock), notifier_(notifier), options_(options), stats_(stats) {}
+
+std::shared_ptr<LeaseRecord> Watchdog::grant(const Acquisition& a, std::uint64_t fence, Clock::time_point sent) {
+  auto drift = drift_for(options_, a.spec.ttl);
+  auto l = std::make_shared<LeaseRecord>(this, a.spec.key, fence, a.spec.ttl, sent + a.spec.ttl - drift);
+  l->call = a.call;
+  l->name = a.name;
+  l->token = a.token;
+  l->ttl_ms = a.ttl_ms;
+  l->retries = a.spec.retries;
+  // The wheel fires on the first tick at or after a deadline. A renewal must
+  // not lose that tick out of the little time it has: it is due a tick less
+  // one nanosecond early, so it goes on the last tick at or before its time.
+  // Deadlines stay as they are, judged at the tick after (remaining() is
+  // exact meanwhile).
+  l->renew_after = renew_after(options_, a.spec.ttl, a.spec.renew_weight) - (clock_.tick() - Clock::duration(1));
+  l->drift = drift;
+  l->last_sent = sent;
+  l->finished = a.finished;
+  l->is_handle = a.handle != nullptr;
+  leases_.emplace(l.get(), l);
+  stats_.held.fetch_add(1, std::memory_order_relaxed);
+  stats_.acquired.fetch_add(1, std::memory_order_relaxed);
+  if (l->retries != 0) {
+    schedule(*l, LeaseRecord::Phase::kRenewDue, sent + l->renew_after);
+  } else {
+    schedule(*l, LeaseRecord::Phase::kExhausted, l->deadline());
+  }
+  return l;
+}
+
+void Watchdog::schedule(LeaseRecord& l, LeaseRecord::Phase phase, Clock::time_point at) {
+  l.phase = phase;
+  l.timeout = clock_.at(l, at);
+}
+
+void Watchdog::on_timer(LeaseRecord* l) {
+  auto now = Clock::now();
+  if (l->work_finished) {
+    if (!l->releasing) {
+      // Release could not be confirmed; the key has expired by now.
+      if (l->phase == LeaseRecord::Phase::kReleasing) finish(l->shared_from_this());
+      return;
+    }
+    // The release is in flight, maybe behind a long queue: keep the key
+    // alive until it is done. Nothing is judged any more: the work is over.
+    if ((l->phase == LeaseRecord::Phase::kRenewDue || l->phase == LeaseRecord::Phase::kRetryDue) &&
+        now < l->deadline())
+      send_renew(l);
+    return;
+  }
+  if (now >= l->deadline() && l->phase == LeaseRecord::Phase::kAwaitingReply && drained_at_ != clock_.advances()) {
+    // The loop may have stalled: it runs timers before it reads sockets, so
+    // a confirmation that arrived in time may be unread. Read first (once
+    // per tick), then judge.
+    drained_at_ = clock_.advances();
+    store_.poll_replies();
+    if (l->lost() || l->work_finished || l->phase != LeaseRecord::Phase::kAwaitingReply) return;
+    now = Clock::now();
+  }
+  if (now >= l->deadline()) {
+    lose(l, l->phase == LeaseRecord::Phase::kExhausted ? LostReason::kRenewalsExhausted : LostReason::kRedisUnreachable,
+         l->lost_detail);
+    return;
+  }
+  switch (l->phase) {
+    case LeaseRecord::Phase::kRenewDue:
+    case LeaseRecord::Phase::kRetryDue:
+      send_renew(l);
+      break;
+    default:
+      schedule(*l, l->phase, l->deadline());
+      break;
+  }
+}
+
+void Watchdog::send_renew(LeaseRecord* l) {
+  l->last_sent = Clock::now();
+  schedule(*l, LeaseRecord::Phase::kAwaitingReply, l->deadline());
+  due_.push_back(l->shared_from_this());
+}
+
+void Watchdog::flush() {
+  // Every renewal that came due in this tick shares one batch (in chunks,
+  // so one script never holds the store for long).
+  constexpr std::size_t kChunk = 512;
+  if (due_.empty()) return;
+  auto sent = Clock::now();
+  for (std::size_t from = 0; from < due_.size(); from += kChunk) {
+    auto first = due_.begin() + static_cast<std::ptrdiff_t>(from);
+    auto last = due_.begin() + static_cast<std::ptrdiff_t>(std::min(due_.size(), from + kChunk));
+    // The batch keeps its leases, and so the views into them, alive until
+    // the store answered every one.
+    auto batch = std::make_shared<const std::vector<std::shared_ptr<LeaseRecord>>>(std::make_move_iterator(first),
+                                                                                   std::make_move_iterator(last));
+    refs_.clear();
+    refs_.reserve(batch->size());
+    for (const auto& l : *batch) refs_.push_back(l->ref());
+    stats_.renewals_sent.fetch_add(batch->size(), std::memory_order_relaxed);
+    const auto* leases = batch.get();
+    auto commands = store_.renew(refs_, batch, [this, leases, sent](std::size_t k, Renewed status, std::string_view why) {
+      on_renew_result((*leases)[k], sent, status, why);
+    });
+    stats_.renew_commands.fetch_add(commands, std::memory_order_relaxed);
+  }
+  due_.clear();  // keeps its capacity for the next tick
+}
+
+void Watchdog::on_renew_result(const std::shared_ptr<LeaseRecord>& l, Clock::time_point sent, Renewed status,
+                               std::string_view why) {
+  if ((l->work_finished && !l->releasing) || l->lost()) return;
+  switch (status) {
+    case Renewed::kYes:
+      on_renewed(l, sent);
+      break;
+    case Renewed::kGone:
+    case Renewed::kTakenByOther:
+      // With the work over and the release in flight, the release's own
+      // answer says what became of the key.
+      if (!l->work_finished)
+        lose(l.get(), status == Renewed::kTakenByOther ? LostReason::kTakenByOther : LostReason::kExpired);
+      break;
+    case Renewed::kTransient:
+      renewal_failed(l, std::string(why));
+      break;
+  }
+}
+
+void Watchdog::renewal_failed(const std::shared_ptr<LeaseRecord>& l, std::string why) {
+  // Transient until the local deadline: one lost reply must not cost the
+  // lease, so try again a tick later.
+  l->lost_detail = std::move(why);
+  l->timeout.cancel();
+  auto next = std::min(Clock::now() + options_.tick, l->deadline());
+  schedule(*l, LeaseRecord::Phase::kRetryDue, next);
+}
+
+void Watchdog::on_renewed(const std::shared_ptr<LeaseRecord>& l, Clock::time_point sent) {
+  l->timeout.cancel();
+  l->bump_renewals();
+  auto slack = std::chrono::duration_cast<std::chrono::microseconds>(l->deadline() - Clock::now()).count();
+  if (slack < stats_.min_renewal_slack_us.load(std::memory_order_relaxed))
+    stats_.min_renewal_slack_us.store(slack, std::memory_order_relaxed);
+  l->set_deadline(sent + l->ttl() - l->drift);
+  l->lost_detail.clear();
+  if (l->retries < 0 || static_cast<std::int64_t>(l->renewals()) < l->retries) {
+    schedule(*l, LeaseRecord::Phase::kRenewDue, sent + l->renew_after);
+  } else {
+    schedule(*l, LeaseRecord::Phase::kExhausted, l->deadline());
+  }
+}
+
+void Watchdog::lose(LeaseRecord* l, LostReason reason, std::string detail) {
+  if (!l->mark_lost(reason)) return;
+  stats_.leases_lost.fetch_add(1, std::memory_order_relaxed);
+  l->timeout.cancel();
+  l->lost_detail = std::move(detail);
+  request_stop(l->shared_from_this());
+}
+
+void Watchdog::request_stop(const std::shared_ptr<LeaseRecord>& l) {
+  // Stop callbacks are user code: run them off the loop.
+  try {
+    notifier_.post([l] { l->request_stop(); });
+  } catch (...) {
+    l->request_stop();
+  }
+}
+
+void Watchdog::work_done(const std::shared_ptr<LeaseRecord>& l) {
+  if (l->work_finished) return;
+  l->work_finished = true;
+  l->releasing = true;
+  LockRef ref = l->ref();
+  store_.release(std::span<const LockRef>(&ref, 1), true,
+                 [this, l](std::size_t, Released status, std::string_view why) {
+                   l->releasing = false;
+                   l->timeout.cancel();
+                   if (status == Released::kUnconfirmed) {
+                     if (!l->lost()) l->lost_detail = "release not confirmed: " + std::string(why);
+                     // The key expires at most a ttl after our last request
+                     // that could have extended it. Complete then, never
+                     // earlier.
+                     schedule(*l, LeaseRecord::Phase::kReleasing,
+                              std::max(Clock::now(), l->last_sent + l->ttl() + l->drift));
+                     return;
+                   }
+                   if (status != Released::kYes)
+                     lose(l.get(), status == Released::kTakenByOther ? LostReason::kTakenByOther : LostReason::kExpired,
+                          "found at release");
+                   finish(l);
+                 });
+}
+
+void Watchdog::finish(const std::shared_ptr<LeaseRecord>& l) {
+  l->timeout.cancel();
+  if (leases_.erase(l.get()) == 0) return;
+  stats_.held.fetch_sub(1, std::memory_order_relaxed);
+  if (finished_) finished_(l);
+}
+
+std::vector<std::shared_ptr<LeaseRecord>> Watchdog::stop_all() {
+  std::vector<std::shared_ptr<LeaseRecord>> handles;
+  for (auto& [raw, l] : leases_) {
+    if (l->is_handle) handles.push_back(l);
+    request_stop(l);
+  }
+  return handles;
+}
+
+}  // namespace lockwatch::detail

@@ -1,0 +1,79 @@
+// lib/runtime/watchdog.hpp: the leases a runtime holds, kept alive while
+// their work runs.
+//
+// Each lease has one timeout on the wheel, whose meaning is its Phase: the
+// next renewal, or the local deadline while a renewal is in flight (send
+// time of the last confirmed renewal + ttl - drift). Renewals that come due
+// in one tick go to the store as one batch (in chunks), so a hundred
+// thousand leases cost a few commands a tick. A renewal that fails for a
+// transient reason is retried every tick until the local deadline; "not
+// yours" and the deadline are final: the lease is lost, its stop token
+// fires (on the notifier thread: stop callbacks are user code) and its
+// call will report LeaseLost. When the work ends the lease is released,
+// and kept renewed until the store confirmed the release.
+//
+// Threading: loop thread only, but held() (any thread).
+#pragma once
+
+#include <functional>
+#include <memory>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "lockwatch/options.hpp"
+#include "lockwatch/thread_pool.hpp"
+#include "runtime/acquisition.hpp"
+#include "runtime/lease_record.hpp"
+#include "runtime/stats.hpp"
+#include "runtime/wheel_clock.hpp"
+#include "store/lock_store.hpp"
+
+namespace lockwatch::detail {
+
+class Watchdog {
+ public:
+  using Clock = std::chrono::steady_clock;
+
+  Watchdog(LockStore& store, WheelClock& clock, ThreadPool& notifier, const Options& options, StatsCounters& stats);
+  // Runs once per lease, when it is over (released, or surely expired).
+  void on_finished(std::function<void(const std::shared_ptr<LeaseRecord>&)> hook) { finished_ = std::move(hook); }
+
+  // A lease for the acquisition, taken with a request sent at `sent`.
+  std::shared_ptr<LeaseRecord> grant(const Acquisition& a, std::uint64_t fence, Clock::time_point sent);
+  // The work is over: release, then finish.
+  void work_done(const std::shared_ptr<LeaseRecord>& l);
+  // Marks the lease lost (once) and asks its work to stop.
+  void lose(LeaseRecord* l, LostReason reason, std::string detail = {});
+  // The runtime stops: every lease's work is asked to stop. Returns the
+  // leases held through handles (nobody may be left to release them).
+  std::vector<std::shared_ptr<LeaseRecord>> stop_all();
+  // Sends the renewals queued in this tick (the wheel clock's hook).
+  void flush();
+  void on_timer(LeaseRecord* l);  // the lease's timeout fired
+  std::size_t held() const noexcept { return stats_.held.load(std::memory_order_relaxed); }
+  void clear() { leases_.clear(); }
+
+ private:
+  void schedule(LeaseRecord& l, LeaseRecord::Phase phase, Clock::time_point at);
+  void send_renew(LeaseRecord* l);
+  void on_renew_result(const std::shared_ptr<LeaseRecord>& l, Clock::time_point sent, Renewed status,
+                       std::string_view why);
+  void on_renewed(const std::shared_ptr<LeaseRecord>& l, Clock::time_point sent);
+  void renewal_failed(const std::shared_ptr<LeaseRecord>& l, std::string why);
+  void finish(const std::shared_ptr<LeaseRecord>& l);
+  void request_stop(const std::shared_ptr<LeaseRecord>& l);
+
+  LockStore& store_;
+  WheelClock& clock_;
+  ThreadPool& notifier_;
+  const Options& options_;
+  StatsCounters& stats_;
+  std::function<void(const std::shared_ptr<LeaseRecord>&)> finished_;
+  std::unordered_map<LeaseRecord*, std::shared_ptr<LeaseRecord>> leases_;
+  std::vector<std::shared_ptr<LeaseRecord>> due_;  // renewals due this tick
+  std::vector<LockRef> refs_;                      // reused per chunk
+  std::uint64_t drained_at_ = ~std::uint64_t{0};   // the advance that last read replies early
+};
+
+}  // namespace lockwatch::detail

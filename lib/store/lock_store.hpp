@@ -1,0 +1,146 @@
+// lib/store/lock_store.hpp: the one interface between the runtime and every
+// place a lock can live (one Redis node, a node found through Sentinel, a
+// quorum of stores for Redlock, an in-memory store in the unit tests).
+//
+// The runtime knows what a lock means (admission, waiting, the watchdog);
+// a store knows where it lives: connections, scripts, key names and reply
+// formats stay behind this interface.
+//
+// Batch-first. acquire, renew and release take a batch of locks and answer
+// through one callback that runs exactly once per lock, with the lock's
+// index in the batch. A store may answer the locks of a batch at different
+// times (a quorum decides each lock as soon as its votes allow), but never
+// twice and never not at all.
+//
+// Threading: construction and encode()/check_key() on any thread; every
+// other member, and every callback, on the loop thread only. A callback
+// never runs inside the call that registered it (a store that can answer at
+// once defers through Loop::post), so callers may hold state across a call.
+//
+// Errors are values here: a store never throws through the loop. A failure
+// is a status, with a typed lockwatch error (ConnectionError, AuthError,
+// RedisError) as an exception_ptr where the caller may hand it to a user.
+//
+// Costs: one virtual call per batch; a store must not copy the names and
+// tokens of a renewal batch (they stay valid while its keepalive lives).
+#pragma once
+
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <exception>
+#include <functional>
+#include <memory>
+#include <span>
+#include <string>
+#include <string_view>
+
+namespace lockwatch::detail {
+
+// One lock as a store sees it. The views are valid only during the call
+// that takes them, except in renew(), where they stay valid while its
+// keepalive lives.
+struct LockRef {
+  std::string_view name;    // LockStore::encode() of the user's key
+  std::string_view token;   // the owner token (random, unique per acquisition)
+  std::string_view ttl_ms;  // the ttl in milliseconds as decimal text, formatted once per lease
+  std::chrono::milliseconds ttl{0};
+};
+
+struct Acquired {
+  enum class Status : std::uint8_t { kTaken, kBusy, kFailed };
+  Status status = Status::kFailed;
+  std::uint64_t fence = 0;                 // kTaken: the fencing token
+  std::chrono::milliseconds busy_for{0};   // kBusy: the holder's remaining ttl
+  std::exception_ptr error;                // kFailed: a typed lockwatch error
+};
+
+enum class Renewed : std::uint8_t {
+  kYes,           // ours, and extended by the ttl
+  kGone,          // the lock was not there: it expired
+  kTakenByOther,  // another owner holds it
+  kTransient,     // no answer could be had (a connection error, a refused command); try again
+};
+
+enum class Released : std::uint8_t {
+  kYes,           // it was ours and is gone now
+  kGone,          // it was gone already (expired)
+  kTakenByOther,  // another owner held it: left alone
+  kUnconfirmed,   // no answer could be had; it expires by its ttl
+};
+
+// What a store says of one lock right now (operators' view).
+struct LockInfo {
+  bool held = false;
+  std::chrono::milliseconds ttl{0};  // remaining, when held
+  std::uint64_t fence_counter = 0;   // the highest fencing token handed out (0: never locked)
+  std::string owner;                 // the holder's token, when held
+};
+
+// Things a store reports on its own. Set once, by start().
+struct StoreEvents {
+  // A release notice for a name some subscribe() asked for.
+  std::function<void(std::string_view name)> released;
+  // A subscription is confirmed: releases from now on are reported.
+  std::function<void(std::string_view name)> subscribed;
+  // Every subscription is gone until `subscribed` confirms it again (a
+  // connection dropped); a waiter must not count on a notice meanwhile.
+  std::function<void()> subscriptions_lost;
+};
+
+class LockStore {
+ public:
+  using AcquireDone = std::function<void(std::size_t index, const Acquired& result)>;
+  using RenewDone = std::function<void(std::size_t index, Renewed status, std::string_view why)>;
+  using ReleaseDone = std::function<void(std::size_t index, Released status, std::string_view why)>;
+
+  virtual ~LockStore() = default;
+
+  // Any thread. The store's name for a user's key (e.g. "lockwatch:{key}"),
+  // computed once per acquisition and kept in the lease.
+  virtual std::string encode(std::string_view key) const = 0;
+  // Any thread. Why this store cannot hold a lock of this key (nullptr: it
+  // can). Checked before anything starts; the runtime makes it InvalidArgument.
+  virtual const char* check_key(std::string_view key) const noexcept = 0;
+  // Whether the store reports releases (pub/sub). Without them waiters
+  // retry on the holder's remaining ttl and a bounded back-off.
+  virtual bool release_events() const noexcept = 0;
+
+  virtual void start(StoreEvents events) = 0;
+
+  // Takes each lock that is free, with its token and ttl, and raises its
+  // fencing counter; a busy lock reports the holder's remaining ttl.
+  virtual void acquire(std::span<const LockRef> locks, AcquireDone done) = 0;
+  // Extends each lock that is still ours by its ttl. `keepalive` keeps the
+  // views alive until every lock was answered. Returns the number of
+  // commands the batch went out in (for the stats).
+  virtual std::size_t renew(std::span<const LockRef> locks, std::shared_ptr<const void> keepalive,
+                            RenewDone done) = 0;
+  // Deletes each lock that is ours; with `notify`, tells waiters (a lock
+  // given back unused notifies nobody). The fencing counter stays.
+  virtual void release(std::span<const LockRef> locks, bool notify, ReleaseDone done) = 0;
+  // Raises the lock's fencing counter to at least `fence` (a quorum makes
+  // its majority agree on the token it hands out).
+  virtual void raise_fence(std::string_view name, std::uint64_t fence, std::function<void(bool ok)> done) = 0;
+
+  // Operators' tools: what the store holds for `name`, and removing it
+  // whoever owns it (waking its waiters; the fencing counter stays).
+  // `error` is set when the store could not answer.
+  virtual void inspect(std::string_view name, std::function<void(const LockInfo&, std::exception_ptr error)> done) = 0;
+  virtual void force_release(std::string_view name, std::function<void(bool was_held, std::exception_ptr error)> done) = 0;
+
+  // Release notices for `name` (no-ops without release_events()).
+  virtual void subscribe(std::string_view name) = 0;
+  virtual void unsubscribe(std::string_view name) = 0;
+
+  // Reads and dispatches renewal replies already received, now: before a
+  // lease is declared lost after a stall, its confirmation may be waiting.
+  // Never from inside one of this store's callbacks.
+  virtual void poll_replies() {}
+
+  // Fails what is pending (each callback still runs once) and closes the
+  // store's handles; the loop then drains. Nothing may be called after.
+  virtual void close() = 0;
+};
+
+}  // namespace lockwatch::detail

@@ -1,0 +1,358 @@
+#include "store/quorum_store.hpp"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <map>
+
+#include "core/error_values.hpp"
+#include "core/timing.hpp"
+#include "lockwatch/errors.hpp"
+
+namespace lockwatch::detail {
+
+using Clock = std::chrono::steady_clock;
+using std::chrono::milliseconds;
+
+QuorumStore::QuorumStore(std::vector<std::unique_ptr<LockStore>> stores, std::vector<std::string> names,
+                         const Options& options)
+    : stores_(std::move(stores)), names_(std::move(names)), options_(options), quorum_(stores_.size() / 2 + 1) {}
+
+bool QuorumStore::release_events() const noexcept {
+  return std::all_of(stores_.begin(), stores_.end(), [](const auto& s) { return s->release_events(); });
+}
+
+void QuorumStore::start(StoreEvents events) {
+  // A release publishes on every store; any one notice wakes the waiter,
+  // and a subscription on any store is enough to be told.
+  for (auto& s : stores_) s->start(events);
+}
+
+// ------------------------------------------------------------------ acquire
+
+struct QuorumStore::AcquireBatch {
+  struct Lock {
+    std::string name, token, ttl_ms;
+    milliseconds ttl{0};
+    std::size_t replies = 0, busy = 0, failed = 0;
+    std::vector<std::size_t> took;  // stores that set our token
+    std::uint64_t max_fence = 0;
+    long long min_busy = -1;
+    std::vector<std::string> errors;
+    std::exception_ptr first_error;
+    bool only_connection_errors = true;
+    bool decided = false;   // a majority took it (raising), or it was given up
+    bool finished = false;  // the caller was answered, or is about to be
+    std::uint64_t fence = 0;
+    std::size_t raise_asked = 0, raise_replies = 0, raise_ok = 0;
+
+    LockRef ref() const { return LockRef{name, token, ttl_ms, ttl}; }
+  };
+  std::vector<Lock> locks;
+  Clock::time_point sent;
+  AcquireDone done;
+};
+
+void QuorumStore::acquire(std::span<const LockRef> locks, AcquireDone done) {
+  auto b = std::make_shared<AcquireBatch>();
+  b->sent = Clock::now();
+  b->done = std::move(done);
+  b->locks.resize(locks.size());
+  for (std::size_t k = 0; k < locks.size(); ++k) {
+    auto& l = b->locks[k];
+    l.name = locks[k].name;
+    l.token = locks[k].token;
+    l.ttl_ms = locks[k].ttl_ms;
+    l.ttl = locks[k].ttl;
+  }
+  for (std::size_t i = 0; i < stores_.size(); ++i) {
+    stores_[i]->acquire(locks, [this, b, i](std::size_t k, const Acquired& r) { on_acquire_vote(b, i, k, r); });
+  }
+}
+
+void QuorumStore::on_acquire_vote(const std::shared_ptr<AcquireBatch>& b, std::size_t store, std::size_t k,
+                                  const Acquired& r) {
+  auto& t = b->locks[k];
+  const std::size_t n = stores_.size();
+  t.replies++;
+  bool took_here = false;
+  switch (r.status) {
+    case Acquired::Status::kFailed:
+      t.failed++;
+      t.errors.push_back(fmt::format("{}: {}", names_[store], what_of(r.error)));
+      if (!t.first_error) t.first_error = r.error;
+      if (!is_connection_error(r.error)) t.only_connection_errors = false;
+      break;
+    case Acquired::Status::kTaken:
+      took_here = true;
+      t.took.push_back(store);
+      t.max_fence = std::max(t.max_fence, r.fence);
+      break;
+    case Acquired::Status::kBusy:
+      t.busy++;
+      t.min_busy = t.min_busy < 0 ? r.busy_for.count() : std::min<long long>(t.min_busy, r.busy_for.count());
+      break;
+  }
+  if (t.decided) {
+    // Raising: a late taker is raised too (one more chance at a majority);
+    // a late failure may make it hopeless.
+    if (!t.finished && t.raise_asked > 0 && took_here) raise_on(b, k, store);
+    check_raised(b, k);
+    return;
+  }
+  Acquired out;
+  if (t.took.size() >= quorum_) {
+    t.decided = true;
+    auto validity = t.ttl - drift_for(options_, t.ttl);
+    if (Clock::now() - b->sent >= validity) {
+      out.error = std::make_exception_ptr(
+          ConnectionError(names_[store], "a majority took the lock only after its validity time"));
+      give_back(b, k, out);
+      return;
+    }
+    t.fence = t.max_fence;
+    for (std::size_t s : std::vector<std::size_t>(t.took)) raise_on(b, k, s);
+    return;
+  }
+  if (t.busy + t.failed > n - quorum_) {
+    // A majority is out of reach.
+    t.decided = true;
+    if (t.busy > 0 && t.took.size() + t.busy >= quorum_) {
+      out.status = Acquired::Status::kBusy;
+      out.busy_for = milliseconds(std::max<long long>(1, t.min_busy));
+    } else if (!t.only_connection_errors && t.first_error) {
+      out.error = t.first_error;
+    } else {
+      std::string names;
+      for (const auto& e : t.errors) names += (names.empty() ? "" : "; ") + e;
+      out.error = std::make_exception_ptr(
+          ConnectionError(names.empty() ? names_[store] : names,
+                          fmt::format("no majority: {} of {} nodes failed, {} busy", t.failed, n, t.busy)));
+    }
+    give_back(b, k, out);
+  }
+}
+
+void QuorumStore::raise_on(const std::shared_ptr<AcquireBatch>& b, std::size_t k, std::size_t store) {
+  auto& t = b->locks[k];
+  t.raise_asked++;
+  stores_[store]->raise_fence(t.name, t.fence, [this, b, k](bool ok) {
+    auto& t = b->locks[k];
+    t.raise_replies++;
+    if (ok) t.raise_ok++;
+    check_raised(b, k);
+  });
+}
+
+// Taken once a majority's counters are raised to the token; hopeless once
+// every store answered and too few raises succeeded.
+void QuorumStore::check_raised(const std::shared_ptr<AcquireBatch>& b, std::size_t k) {
+  auto& t = b->locks[k];
+  if (t.finished) return;
+  if (t.raise_ok >= quorum_) {
+    t.finished = true;
+    Acquired out;
+    out.status = Acquired::Status::kTaken;
+    out.fence = t.fence;
+    b->done(k, out);
+  } else if (t.replies == stores_.size() && t.raise_replies == t.raise_asked) {
+    Acquired out;
+    out.error = std::make_exception_ptr(ConnectionError(names_[t.took.empty() ? 0 : t.took.front()],
+                                                        "could not raise a majority's fencing counters"));
+    give_back(b, k, out);
+  }
+}
+
+// A failed attempt gives back what it took, on every store (a late success
+// is undone by the release queued behind it), before the caller hears.
+void QuorumStore::give_back(const std::shared_ptr<AcquireBatch>& b, std::size_t k, Acquired out) {
+  auto& t = b->locks[k];
+  t.finished = true;  // no other path may answer meanwhile
+  LockRef ref = t.ref();
+  release(std::span<const LockRef>(&ref, 1), false,
+          [b, k, out](std::size_t, Released, std::string_view) { b->done(k, out); });
+}
+
+// -------------------------------------------------------------------- renew
+
+std::size_t QuorumStore::renew(std::span<const LockRef> locks, std::shared_ptr<const void> keepalive, RenewDone done) {
+  struct Tally {
+    std::uint16_t ok = 0, no = 0, replies = 0;
+    bool taken = false, decided = false;
+    std::string error;
+  };
+  struct Batch {
+    std::vector<Tally> tally;
+    RenewDone done;
+  };
+  auto b = std::make_shared<Batch>();
+  b->tally.resize(locks.size());
+  b->done = std::move(done);
+  const std::size_t n = stores_.size();
+  std::size_t commands = 0;
+  for (std::size_t i = 0; i < n; ++i) {
+    commands += stores_[i]->renew(locks, keepalive, [this, b, n](std::size_t k, Renewed v, std::string_view why) {
+      auto& t = b->tally[k];
+      if (t.decided) return;
+      t.replies++;
+      if (v == Renewed::kYes) {
+        t.ok++;
+      } else if (v == Renewed::kGone || v == Renewed::kTakenByOther) {
+        t.no++;
+        if (v == Renewed::kTakenByOther) t.taken = true;
+      } else if (t.error.empty()) {
+        t.error = why;
+      }
+      if (t.ok >= quorum_) {
+        t.decided = true;
+        b->done(k, Renewed::kYes, {});
+      } else if (t.no > n - quorum_) {
+        t.decided = true;
+        b->done(k, t.taken ? Renewed::kTakenByOther : Renewed::kGone, {});
+      } else if (t.replies == n) {
+        t.decided = true;
+        b->done(k, Renewed::kTransient, t.error);
+      }
+    });
+  }
+  return commands;
+}
+
+// ------------------------------------------------------------------ release
+
+void QuorumStore::release(std::span<const LockRef> locks, bool notify, ReleaseDone done) {
+  struct Tally {
+    std::size_t replies = 0, confirmed = 0, held = 0;
+    bool taken = false;
+    std::string why;
+  };
+  struct Batch {
+    std::vector<Tally> tally;
+    ReleaseDone done;
+  };
+  auto b = std::make_shared<Batch>();
+  b->tally.resize(locks.size());
+  b->done = std::move(done);
+  const std::size_t n = stores_.size();
+  for (std::size_t i = 0; i < n; ++i) {
+    stores_[i]->release(locks, notify, [this, b, i, n](std::size_t k, Released v, std::string_view why) {
+      auto& t = b->tally[k];
+      t.replies++;
+      if (v == Released::kUnconfirmed) {
+        if (t.why.empty()) t.why = fmt::format("{}: {}", names_[i], why);
+      } else {
+        t.confirmed++;
+        if (v == Released::kYes) t.held++;
+        if (v == Released::kTakenByOther) t.taken = true;
+      }
+      if (t.replies < n) return;
+      if (t.confirmed < quorum_) {
+        b->done(k, Released::kUnconfirmed, t.why);
+      } else if (t.held >= quorum_) {
+        b->done(k, Released::kYes, {});
+      } else {
+        b->done(k, t.taken ? Released::kTakenByOther : Released::kGone, {});
+      }
+    });
+  }
+}
+
+void QuorumStore::raise_fence(std::string_view name, std::uint64_t fence, std::function<void(bool)> done) {
+  struct Tally {
+    std::size_t replies = 0, ok = 0;
+    std::function<void(bool)> done;
+  };
+  auto t = std::make_shared<Tally>();
+  t->done = std::move(done);
+  for (auto& s : stores_) {
+    s->raise_fence(name, fence, [this, t](bool ok) {
+      t->replies++;
+      if (ok) t->ok++;
+      if (t->replies == stores_.size()) t->done(t->ok >= quorum_);
+    });
+  }
+}
+
+// ---------------------------------------------------------------- operators
+
+void QuorumStore::inspect(std::string_view name, std::function<void(const LockInfo&, std::exception_ptr)> done) {
+  struct Tally {
+    std::size_t replies = 0, answered = 0;
+    std::vector<LockInfo> infos;
+    std::exception_ptr error;
+    std::function<void(const LockInfo&, std::exception_ptr)> done;
+  };
+  auto t = std::make_shared<Tally>();
+  t->done = std::move(done);
+  for (auto& s : stores_) {
+    s->inspect(name, [this, t](const LockInfo& info, std::exception_ptr err) {
+      t->replies++;
+      if (err) {
+        if (!t->error) t->error = err;
+      } else {
+        t->answered++;
+        t->infos.push_back(info);
+      }
+      if (t->replies < stores_.size()) return;
+      LockInfo out;
+      if (t->answered < quorum_) {
+        t->done(out, t->error);
+        return;
+      }
+      // Held when a majority holds it for one owner: the ttl is the least
+      // of theirs. The counter is the highest any store has.
+      std::map<std::string, std::vector<const LockInfo*>> by_owner;
+      for (const auto& i : t->infos) {
+        out.fence_counter = std::max(out.fence_counter, i.fence_counter);
+        if (i.held) by_owner[i.owner].push_back(&i);
+      }
+      for (const auto& [owner, held] : by_owner) {
+        if (held.size() < quorum_) continue;
+        out.held = true;
+        out.owner = owner;
+        out.ttl = held.front()->ttl;
+        for (const auto* i : held) out.ttl = std::min(out.ttl, i->ttl);
+      }
+      t->done(out, nullptr);
+    });
+  }
+}
+
+void QuorumStore::force_release(std::string_view name, std::function<void(bool, std::exception_ptr)> done) {
+  struct Tally {
+    std::size_t replies = 0, answered = 0;
+    bool held = false;
+    std::exception_ptr error;
+    std::function<void(bool, std::exception_ptr)> done;
+  };
+  auto t = std::make_shared<Tally>();
+  t->done = std::move(done);
+  for (auto& s : stores_) {
+    s->force_release(name, [this, t](bool held, std::exception_ptr err) {
+      t->replies++;
+      if (err) {
+        if (!t->error) t->error = err;
+      } else {
+        t->answered++;
+        t->held = t->held || held;
+      }
+      if (t->replies < stores_.size()) return;
+      t->done(t->held, t->answered >= quorum_ ? nullptr : t->error);
+    });
+  }
+}
+
+void QuorumStore::subscribe(std::string_view name) {
+  for (auto& s : stores_) s->subscribe(name);
+}
+void QuorumStore::unsubscribe(std::string_view name) {
+  for (auto& s : stores_) s->unsubscribe(name);
+}
+void QuorumStore::poll_replies() {
+  for (auto& s : stores_) s->poll_replies();
+}
+void QuorumStore::close() {
+  for (auto& s : stores_) s->close();
+}
+
+}  // namespace lockwatch::detail

@@ -1,0 +1,68 @@
+// lib/store/quorum_store.hpp: Redlock, generic over any LockStore.
+//
+// N independent stores; every step needs a majority, Q = N/2 + 1:
+// - acquire: every store is asked at once with the same token; the lock is
+//   taken when Q stores took it within the validity time (ttl - elapsed -
+//   drift). The fencing token is the largest of the Q counters, and before
+//   it is handed out those Q stores are raised to it (raise_fence): a later
+//   holder needs Q stores too, shares at least one with this majority, and
+//   counts past it there. Anything short of a majority is given back on
+//   every store before the caller hears.
+// - renew: each store renews the batch; a lock is renewed once Q stores
+//   confirmed, gone once more than N - Q said "not yours", and transient
+//   when every store answered without either.
+// - release: goes to every store; confirmed when Q stores answered, and
+//   answered only once every store did (or failed, bounded by its own
+//   timeouts), so a reachable store never keeps the key after the caller
+//   heard it was released.
+//
+// The votes live in a tally per call, not in the leases. Threading: as
+// LockStore.
+#pragma once
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "lockwatch/options.hpp"
+#include "store/lock_store.hpp"
+
+namespace lockwatch::detail {
+
+class QuorumStore final : public LockStore {
+ public:
+  // `names` name the stores in error messages, one each.
+  QuorumStore(std::vector<std::unique_ptr<LockStore>> stores, std::vector<std::string> names, const Options& options);
+
+  std::size_t quorum() const noexcept { return quorum_; }
+
+  std::string encode(std::string_view key) const override { return stores_.front()->encode(key); }
+  const char* check_key(std::string_view key) const noexcept override { return stores_.front()->check_key(key); }
+  bool release_events() const noexcept override;
+  void start(StoreEvents events) override;
+  void acquire(std::span<const LockRef> locks, AcquireDone done) override;
+  std::size_t renew(std::span<const LockRef> locks, std::shared_ptr<const void> keepalive, RenewDone done) override;
+  void release(std::span<const LockRef> locks, bool notify, ReleaseDone done) override;
+  void raise_fence(std::string_view name, std::uint64_t fence, std::function<void(bool ok)> done) override;
+  void inspect(std::string_view name, std::function<void(const LockInfo&, std::exception_ptr)> done) override;
+  void force_release(std::string_view name, std::function<void(bool, std::exception_ptr)> done) override;
+  void subscribe(std::string_view name) override;
+  void unsubscribe(std::string_view name) override;
+  void poll_replies() override;
+  void close() override;
+
+ private:
+  struct AcquireBatch;
+  void on_acquire_vote(const std::shared_ptr<AcquireBatch>& b, std::size_t store, std::size_t index,
+                       const Acquired& result);
+  void raise_on(const std::shared_ptr<AcquireBatch>& b, std::size_t index, std::size_t store);
+  void check_raised(const std::shared_ptr<AcquireBatch>& b, std::size_t index);
+  void give_back(const std::shared_ptr<AcquireBatch>& b, std::size_t index, Acquired out);
+
+  std::vector<std::unique_ptr<LockStore>> stores_;
+  std::vector<std::string> names_;
+  const Options options_;
+  const std::size_t quorum_;
+};
+
+}  // namespace lockwatch::detail

@@ -1,0 +1,53 @@
+// lib/store/redis/keys.hpp: how a lock is named in Redis.
+//
+// For a user's key K and the prefix P (Options::key_prefix): the lock is
+// `P{K}` (a string holding the owner token, with the ttl as its expiry),
+// its fencing counter `P{K}:fence` (never expires, so tokens keep rising
+// across holders) and its release channel `P{K}:rel`. All three share the
+// hash tag K, so they live on one Redis Cluster slot and one script may
+// touch them together. Two keys break that and are refused: a K that
+// starts with '}' (the tag would be empty, so Redis would hash each whole
+// name on its own), and a P with '{' or '}' (its tag would win, pinning
+// every lock to one slot).
+#pragma once
+
+#include <string>
+#include <string_view>
+
+namespace lockwatch::detail::redis_keys {
+
+inline constexpr std::string_view kFenceSuffix = ":fence";
+inline constexpr std::string_view kChannelSuffix = ":rel";
+
+inline std::string lock(std::string_view prefix, std::string_view key) {
+  std::string out;
+  out.reserve(prefix.size() + key.size() + 2);
+  out.append(prefix);
+  out.push_back('{');
+  out.append(key);
+  out.push_back('}');
+  return out;
+}
+
+inline std::string fence(std::string_view lock_name) { return std::string(lock_name).append(kFenceSuffix); }
+inline std::string channel(std::string_view lock_name) { return std::string(lock_name).append(kChannelSuffix); }
+
+// The lock's name for a release channel, or empty if it is not one.
+inline std::string_view lock_of_channel(std::string_view channel) {
+  if (channel.size() <= kChannelSuffix.size() || !channel.ends_with(kChannelSuffix)) return {};
+  return channel.substr(0, channel.size() - kChannelSuffix.size());
+}
+
+inline const char* key_problem(std::string_view key) noexcept {
+  if (!key.empty() && key.front() == '}')
+    return "a key must not start with '}': Redis would hash the lock and its fencing counter to different slots";
+  return nullptr;
+}
+
+inline const char* prefix_problem(std::string_view prefix) noexcept {
+  if (prefix.find_first_of("{}") != std::string_view::npos)
+    return "Options::key_prefix must not contain '{' or '}': the key's hash tag must decide its Redis Cluster slot";
+  return nullptr;
+}
+
+}  // namespace lockwatch::detail::redis_keys

@@ -1,0 +1,219 @@
+#include "store/redis/node_store.hpp"
+
+#include <fmt/format.h>
+
+#include "core/error_values.hpp"
+#include "core/loop.hpp"
+#include "lockwatch/errors.hpp"
+#include "store/redis/keys.hpp"
+#include "store/redis/scripts.hpp"
+#include "store/redis/sentinel.hpp"
+
+namespace lockwatch::detail {
+
+namespace {
+
+long long integer_at(const redisReply* r, std::size_t i) {
+  if (r == nullptr || r->type != REDIS_REPLY_ARRAY || r->elements <= i) return 0;
+  const redisReply* e = r->element[i];
+  return e->type == REDIS_REPLY_INTEGER ? e->integer : 0;
+}
+
+}  // namespace
+
+RedisNodeStore::RedisNodeStore(Loop& loop, Endpoint endpoint, const Options& options) : options_(options) {
+  using Mode = RedisConnection::Mode;
+  conn_ = std::make_unique<RedisConnection>(loop, endpoint, options_, Mode::kCommands);
+  renew_ = std::make_unique<RedisConnection>(loop, endpoint, options_, Mode::kCommands);
+  RedisConnection::Hooks hooks;
+  hooks.on_message = [this](std::string_view kind, std::string_view channel, std::string_view) {
+    std::string_view name = redis_keys::lock_of_channel(channel);
+    if (name.empty()) return;
+    if (kind == "message" && events_.released) events_.released(name);
+    if (kind == "subscribe" && events_.subscribed) events_.subscribed(name);
+  };
+  hooks.on_down = [this] {
+    if (events_.subscriptions_lost) events_.subscriptions_lost();
+  };
+  sub_ = std::make_unique<RedisConnection>(loop, endpoint, options_, Mode::kPubSub, std::move(hooks));
+}
+
+RedisNodeStore::~RedisNodeStore() = default;
+
+void RedisNodeStore::follow_sentinels(std::unique_ptr<SentinelWatcher> watcher) {
+  sentinel_ = std::move(watcher);
+  sentinel_->on_master([this](const Endpoint& master) {
+    conn_->set_endpoint(master);
+    renew_->set_endpoint(master);
+    sub_->set_endpoint(master);
+  });
+  conn_->require_master();
+  renew_->require_master();
+  conn_->set_down_hook([this] { sentinel_->refresh(); });
+}
+
+std::string RedisNodeStore::encode(std::string_view key) const { return redis_keys::lock(options_.key_prefix, key); }
+
+const char* RedisNodeStore::check_key(std::string_view key) const noexcept { return redis_keys::key_problem(key); }
+
+void RedisNodeStore::start(StoreEvents events) {
+  events_ = std::move(events);
+  conn_->start();
+  renew_->start();
+  sub_->start();
+  if (sentinel_) sentinel_->start();
+}
+
+void RedisNodeStore::acquire(std::span<const LockRef> locks, AcquireDone done) {
+  auto shared_done = std::make_shared<AcquireDone>(std::move(done));
+  for (std::size_t i = 0; i < locks.size(); ++i) acquire_one(locks[i], i, shared_done);
+}
+
+void RedisNodeStore::acquire_one(const LockRef& lock, std::size_t index, const std::shared_ptr<AcquireDone>& done) {
+  std::string name(lock.name);
+  std::string token(lock.token);
+  conn_->eval(acquire_script(), {name, redis_keys::fence(name), token, std::string(lock.ttl_ms)}, 2,
+              [this, index, done, name, token](const redisReply* r, std::exception_ptr err) mutable {
+                Acquired out;
+                if (err) {
+                  out.error = err;
+                } else if (integer_at(r, 0) == 1) {
+                  out.status = Acquired::Status::kTaken;
+                  out.fence = static_cast<std::uint64_t>(integer_at(r, 1));
+                } else {
+                  out.status = Acquired::Status::kBusy;
+                  out.busy_for = std::chrono::milliseconds(integer_at(r, 1));
+                }
+                if (out.status != Acquired::Status::kTaken || options_.min_replicas <= 0) {
+                  (*done)(index, out);
+                  return;
+                }
+                wait_for_replicas(std::move(name), std::move(token), out, index, std::move(done));
+              });
+}
+
+void RedisNodeStore::wait_for_replicas(std::string name, std::string token, Acquired taken, std::size_t index,
+                                       std::shared_ptr<AcquireDone> done) {
+  // The lock write must reach min_replicas replicas before the lease is
+  // handed out, so a failover right after cannot drop it.
+  conn_->command(
+      {"WAIT", std::to_string(options_.min_replicas), std::to_string(options_.replica_ack_timeout.count())},
+      [this, name = std::move(name), token = std::move(token), taken, index, done = std::move(done)](
+          const redisReply* w, std::exception_ptr werr) mutable {
+        long long acks = (!werr && w->type == REDIS_REPLY_INTEGER) ? w->integer : 0;
+        if (acks >= options_.min_replicas) {
+          (*done)(index, taken);
+          return;
+        }
+        Acquired failed;
+        failed.error = werr ? werr
+                            : std::make_exception_ptr(ConnectionError(
+                                  conn_->name(), fmt::format("the lock write reached {} of the {} replicas required",
+                                                             acks, options_.min_replicas)));
+        // Give the lock back before the caller hears of the failure.
+        conn_->eval(release_script(), {name, token, std::string()}, 1,
+                    [index, done, failed](const redisReply*, std::exception_ptr) { (*done)(index, failed); });
+      });
+}
+
+std::size_t RedisNodeStore::renew(std::span<const LockRef> locks, std::shared_ptr<const void> keepalive,
+                                  RenewDone done) {
+  const std::size_t n = locks.size();
+  // The arguments are views into the leases, which `keepalive` holds until
+  // the reply: no copies of keys and tokens per renewal.
+  renew_args_.clear();
+  renew_args_.reserve(3 * n);
+  for (const auto& l : locks) renew_args_.push_back(l.name);
+  for (const auto& l : locks) {
+    renew_args_.push_back(l.token);
+    renew_args_.push_back(l.ttl_ms);
+  }
+  renew_->eval_views(renew_script(), renew_args_, static_cast<int>(n), std::move(keepalive),
+                     [this, n, done = std::move(done)](const redisReply* r, std::exception_ptr err) {
+                       std::string why;
+                       if (err) {
+                         why = what_of(err);
+                       } else if (r->type != REDIS_REPLY_STRING || r->len != n) {
+                         why = fmt::format("{}: unexpected reply to the renewal script", renew_->name());
+                       }
+                       std::string refused;
+                       for (std::size_t k = 0; k < n; ++k) {
+                         if (!why.empty()) {
+                           done(k, Renewed::kTransient, why);
+                           continue;
+                         }
+                         switch (r->str[k]) {
+                           case '1': done(k, Renewed::kYes, {}); break;
+                           case '0': done(k, Renewed::kGone, {}); break;
+                           case 'x': done(k, Renewed::kTakenByOther, {}); break;
+                           default:
+                             if (refused.empty()) refused = renew_->name() + ": Redis refused the renewal";
+                             done(k, Renewed::kTransient, refused);
+                             break;
+                         }
+                       }
+                     });
+  renew_args_.clear();
+  if (renew_args_.capacity() > 4096) std::vector<std::string_view>().swap(renew_args_);
+  return 1;
+}
+
+void RedisNodeStore::release(std::span<const LockRef> locks, bool notify, ReleaseDone done) {
+  auto shared_done = std::make_shared<ReleaseDone>(std::move(done));
+  for (std::size_t i = 0; i < locks.size(); ++i) {
+    std::string name(locks[i].name);
+    std::string channel = notify ? redis_keys::channel(name) : std::string();
+    conn_->eval(release_script(), {std::move(name), std::string(locks[i].token), std::move(channel)}, 1,
+                [i, shared_done](const redisReply* r, std::exception_ptr err) {
+                  if (err) {
+                    (*shared_done)(i, Released::kUnconfirmed, what_of(err));
+                    return;
+                  }
+                  long long v = r->type == REDIS_REPLY_INTEGER ? r->integer : 0;
+                  (*shared_done)(i, v == 1 ? Released::kYes : v < 0 ? Released::kTakenByOther : Released::kGone, {});
+                });
+  }
+}
+
+void RedisNodeStore::raise_fence(std::string_view name, std::uint64_t fence, std::function<void(bool)> done) {
+  conn_->eval(raise_fence_script(), {redis_keys::fence(name), std::to_string(fence)}, 1,
+              [done = std::move(done)](const redisReply*, std::exception_ptr err) { done(!err); });
+}
+
+void RedisNodeStore::inspect(std::string_view name, std::function<void(const LockInfo&, std::exception_ptr)> done) {
+  std::string lock(name);
+  conn_->eval(inspect_script(), {lock, redis_keys::fence(lock)}, 2,
+              [done = std::move(done)](const redisReply* r, std::exception_ptr err) {
+                LockInfo info;
+                if (!err) {
+                  long long pttl = integer_at(r, 0);
+                  info.held = pttl > 0 || pttl == -1;
+                  info.ttl = std::chrono::milliseconds(pttl > 0 ? pttl : 0);
+                  info.fence_counter = static_cast<std::uint64_t>(integer_at(r, 1));
+                  if (r->elements > 2 && r->element[2]->type == REDIS_REPLY_STRING)
+                    info.owner.assign(r->element[2]->str, r->element[2]->len);
+                }
+                done(info, err);
+              });
+}
+
+void RedisNodeStore::force_release(std::string_view name, std::function<void(bool, std::exception_ptr)> done) {
+  std::string lock(name);
+  conn_->eval(force_release_script(), {lock, redis_keys::channel(lock)}, 1,
+              [done = std::move(done)](const redisReply* r, std::exception_ptr err) {
+                done(!err && r->type == REDIS_REPLY_INTEGER && r->integer == 1, err);
+              });
+}
+
+void RedisNodeStore::subscribe(std::string_view name) { sub_->subscribe(redis_keys::channel(name)); }
+void RedisNodeStore::unsubscribe(std::string_view name) { sub_->unsubscribe(redis_keys::channel(name)); }
+void RedisNodeStore::poll_replies() { renew_->poll_replies(); }
+
+void RedisNodeStore::close() {
+  if (sentinel_) sentinel_->close();
+  conn_->close();
+  renew_->close();
+  sub_->close();
+}
+
+}  // namespace lockwatch::detail

@@ -1,0 +1,73 @@
+// lib/store/redis/node_store.hpp: locks on one Redis master.
+//
+// Three connections: commands (acquire, release, operators' tools; pipelined
+// from the whole runtime), renewals (so a renewal never queues behind a burst
+// of acquisitions) and pub/sub (release notices for waiters). Each step is
+// one Lua script (scripts.hpp); keys are named as keys.hpp says.
+//
+// With Options::min_replicas, a lock write must reach that many replicas
+// (WAIT) before the lease is handed out; short of it, the lock is given back
+// and the acquisition fails.
+//
+// Sentinel: follow_sentinels() hands the store a watcher that points all
+// three connections at the master it learns, and is asked again whenever
+// the command connection drops. Each connection then checks with ROLE that
+// the address it was given is a master before it sends anything.
+//
+// Threading: as LockStore (loop thread, but encode()/check_key()).
+#pragma once
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "lockwatch/options.hpp"
+#include "store/lock_store.hpp"
+#include "store/redis/connection.hpp"
+
+namespace lockwatch::detail {
+
+class Loop;
+class SentinelWatcher;
+
+class RedisNodeStore final : public LockStore {
+ public:
+  // `endpoint` with port 0: the address comes from follow_sentinels().
+  RedisNodeStore(Loop& loop, Endpoint endpoint, const Options& options);
+  ~RedisNodeStore() override;
+
+  // Before start(): the master is wherever `watcher` says it is.
+  void follow_sentinels(std::unique_ptr<SentinelWatcher> watcher);
+  // "host:port" of the node (as error messages name it).
+  const std::string& name() const noexcept { return conn_->name(); }
+
+  std::string encode(std::string_view key) const override;
+  const char* check_key(std::string_view key) const noexcept override;
+  bool release_events() const noexcept override { return true; }
+  void start(StoreEvents events) override;
+  void acquire(std::span<const LockRef> locks, AcquireDone done) override;
+  std::size_t renew(std::span<const LockRef> locks, std::shared_ptr<const void> keepalive, RenewDone done) override;
+  void release(std::span<const LockRef> locks, bool notify, ReleaseDone done) override;
+  void raise_fence(std::string_view name, std::uint64_t fence, std::function<void(bool ok)> done) override;
+  void inspect(std::string_view name, std::function<void(const LockInfo&, std::exception_ptr)> done) override;
+  void force_release(std::string_view name, std::function<void(bool, std::exception_ptr)> done) override;
+  void subscribe(std::string_view name) override;
+  void unsubscribe(std::string_view name) override;
+  void poll_replies() override;
+  void close() override;
+
+ private:
+  void acquire_one(const LockRef& lock, std::size_t index, const std::shared_ptr<AcquireDone>& done);
+  void wait_for_replicas(std::string name, std::string token, Acquired taken, std::size_t index,
+                         std::shared_ptr<AcquireDone> done);
+
+  const Options options_;
+  std::unique_ptr<RedisConnection> conn_;   // commands, pipelined
+  std::unique_ptr<RedisConnection> renew_;  // renewals only
+  std::unique_ptr<RedisConnection> sub_;    // release notices
+  std::unique_ptr<SentinelWatcher> sentinel_;
+  StoreEvents events_;
+  std::vector<std::string_view> renew_args_;  // reused per batch
+};
+
+}  // namespace lockwatch::detail
