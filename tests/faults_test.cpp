@@ -129,6 +129,41 @@ TEST_F(FaultsTest, WrongPasswordIsAnAuthError) {
   EXPECT_EQ(get_bounded(fut2), 1);
 }
 
+TEST_F(FaultsTest, ARefusedSelectFailsClearlyInsteadOfUsingDbZero) {
+  Options o = options_for(*server_);
+  o.redis_url = server_->url() + "/99";  // the server has 16 databases
+  o.connect_timeout = 500ms;
+  Runtime rt(o);
+  auto f = locked("select-refused", 1s, 0).on(rt)([] { return 1; });
+  auto t0 = std::chrono::steady_clock::now();
+  auto fut = f();
+  auto err = error_of<ConnectionError>(fut);
+  ASSERT_TRUE(err);
+  EXPECT_NE(std::string(err->what()).find("SELECT 99 was refused"), std::string::npos) << err->what();
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, 3s);
+  EXPECT_FALSE(exists(*server_, "select-refused"));  // nothing went to db 0
+}
+
+TEST_F(FaultsTest, AKeyStartingWithACloseBraceIsRejected) {
+  Runtime rt(options_for(*server_));
+  // Its hash tag would be empty: the lock and its fencing counter would
+  // hash to different Cluster slots.
+  auto f = locked([] { return std::string("}x"); }, 1s, 0).on(rt)([] { return 1; });
+  auto fut = f();
+  EXPECT_TRUE(error_of<InvalidArgument>(fut));
+  auto g = locked([] { return std::string("x}"); }, 1s, 0).on(rt)([] { return this_lease().key(); });
+  auto fut2 = g();
+  EXPECT_EQ(get_bounded(fut2), "x}");
+}
+
+TEST_F(FaultsTest, APrefixWithABraceIsRejected) {
+  for (std::string prefix : {"app{1}:", "app{", "app}"}) {
+    Options o = options_for(*server_);
+    o.key_prefix = prefix;
+    EXPECT_THROW(Runtime rt(o), InvalidArgument) << prefix;
+  }
+}
+
 TEST_F(FaultsTest, AKeyOfTheWrongTypeIsARedisError) {
   Runtime rt(options_for(*server_));
   server_->command({"HSET", lock_key("wrongtype"), "f", "v"});

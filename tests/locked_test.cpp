@@ -117,6 +117,24 @@ TEST_F(LockedTest, MemberFunctionKeyUsesTheFirstDeclaredParameter) {
   EXPECT_EQ(account.last_key, "acct:8");
 }
 
+TEST_F(LockedTest, MemberFunctionsTakeSmartPointersAndReferenceWrappers) {
+  auto withdraw = locked("acct:{0}", 2s, forever).on(*rt_)(&Account::withdraw);
+  auto shared = std::make_shared<Account>();
+  auto f1 = withdraw(shared, 1, 10);  // an lvalue shared_ptr: used by reference
+  EXPECT_EQ(get_bounded(f1), 990);
+  auto f2 = withdraw(std::make_shared<Account>(), 2, 10);  // an rvalue: kept alive by the call
+  EXPECT_EQ(get_bounded(f2), 990);
+  auto unique = std::make_unique<Account>();
+  auto f3 = withdraw(unique, 3, 20);
+  EXPECT_EQ(get_bounded(f3), 980);
+  EXPECT_EQ(unique->balance, 980);
+  Account plain;
+  auto f4 = withdraw(std::ref(plain), 4, 30);
+  EXPECT_EQ(get_bounded(f4), 970);
+  EXPECT_EQ(plain.balance, 970);
+  EXPECT_EQ(plain.last_key, "acct:4");
+}
+
 TEST_F(LockedTest, FunctionPointersAndFunctionObjectsWork) {
   auto mul = locked("mul:{0}", 2s, 1).on(*rt_)(&free_function);
   auto fut = mul(6, 7);

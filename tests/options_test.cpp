@@ -139,6 +139,35 @@ TEST(TokenTest, TokensAre128BitHexAndDistinct) {
   }
 }
 
+TEST(OptionsTest, AnUnknownSchemeIsNamedWithTheSupportedOnes) {
+  Options o;
+  o.redis_url = "mysql://app:hunter2@db.example/locks";
+  try {
+    o.validate();
+    FAIL() << "accepted " << o.redis_url;
+  } catch (const InvalidArgument& e) {
+    std::string what = e.what();
+    EXPECT_NE(what.find("'mysql://'"), std::string::npos) << what;
+    EXPECT_NE(what.find("redis-sentinel://"), std::string::npos) << what;
+    EXPECT_EQ(what.find("hunter2"), std::string::npos) << what;
+    EXPECT_EQ(what.find("redis://***"), std::string::npos) << what;  // the scheme is not rewritten
+  }
+  o.redis_url = "localhost:6379";
+  EXPECT_THROW(o.validate(), InvalidArgument);
+}
+
+TEST(OptionsTest, AMalformedUrlKeepsItsSchemeInTheMessage) {
+  Options o;
+  o.redis_url = "redis-sentinel://:pw@127.0.0.1:26379";  // no master name
+  try {
+    o.validate();
+    FAIL();
+  } catch (const InvalidArgument& e) {
+    std::string what = e.what();
+    EXPECT_NE(what.find("redis-sentinel://***@127.0.0.1:26379"), std::string::npos) << what;
+  }
+}
+
 TEST(OptionsTest, TheRenewalComesAtTheWeightUnlessThatLeavesTooShortAWindow) {
   using detail::renew_after;
   auto ms = [](std::chrono::steady_clock::duration d) { return std::chrono::duration_cast<std::chrono::microseconds>(d).count() / 1000.0; };

@@ -154,12 +154,39 @@ std::string format_key(const F& key_fn, const A&... a) {
 
 // --------------------------------------------------------------- the call
 
+// The object of a member function given as an lvalue, kept by reference.
+// Unlike std::reference_wrapper it is unwrapped before std::invoke sees it,
+// so the object may be anything std::invoke takes: a T, a pointer, a
+// std::shared_ptr / std::unique_ptr, a std::reference_wrapper.
+template <class T>
+class ObjectRef {
+ public:
+  explicit ObjectRef(T& obj) noexcept : obj_(&obj) {}
+  T& get() const noexcept { return *obj_; }
+
+ private:
+  T* obj_;
+};
+
+template <class S>
+struct unwrapped {
+  using type = S&&;
+  static S&& get(S& s) noexcept { return std::move(s); }
+};
+template <class T>
+struct unwrapped<ObjectRef<T>> {
+  using type = T&;
+  static T& get(ObjectRef<T>& r) noexcept { return r.get(); }
+};
+template <class S>
+using unwrapped_t = typename unwrapped<S>::type;
+
 // How an argument waits for the work: a decayed copy, except the object of
 // a member function given as an lvalue, which is kept by reference.
 template <bool ObjectSlot, class A>
 using stored_t = std::conditional_t<ObjectSlot && std::is_lvalue_reference_v<A> &&
                                         !std::is_pointer_v<std::remove_cvref_t<A>>,
-                                    std::reference_wrapper<std::remove_reference_t<A>>, std::decay_t<A>>;
+                                    ObjectRef<std::remove_reference_t<A>>, std::decay_t<A>>;
 
 template <class R, class Fn, class... S>
 class CallImpl final : public Call {
@@ -172,11 +199,12 @@ class CallImpl final : public Call {
   void run() noexcept override {
     try {
       if constexpr (std::is_void_v<R>) {
-        std::apply([this](S&... s) { std::invoke(*fn_, std::move(s)...); }, args_);
+        std::apply([this](S&... s) { std::invoke(*fn_, unwrapped<S>::get(s)...); }, args_);
       } else if constexpr (std::is_reference_v<R>) {
-        result_.emplace(&std::apply([this](S&... s) -> R { return std::invoke(*fn_, std::move(s)...); }, args_));
+        result_.emplace(
+            &std::apply([this](S&... s) -> R { return std::invoke(*fn_, unwrapped<S>::get(s)...); }, args_));
       } else {
-        result_.emplace(std::apply([this](S&... s) -> R { return std::invoke(*fn_, std::move(s)...); }, args_));
+        result_.emplace(std::apply([this](S&... s) -> R { return std::invoke(*fn_, unwrapped<S>::get(s)...); }, args_));
       }
     } catch (...) {
       error_ = std::current_exception();
@@ -251,12 +279,12 @@ class Locked {
   template <class Obj, class... Args>
   auto call_member(Obj&& obj, Args&&... args) const {
     using ObjT = detail::stored_t<true, Obj&&>;
-    using R = std::invoke_result_t<Fn&, ObjT&&, std::decay_t<Args>&&...>;
+    using R = std::invoke_result_t<Fn&, detail::unwrapped_t<ObjT>, std::decay_t<Args>&&...>;
     using Call = detail::CallImpl<R, Fn, ObjT, std::decay_t<Args>...>;
     auto [key, error] = make_key(args...);
     std::shared_ptr<Call> call;
-    if constexpr (std::is_same_v<ObjT, std::reference_wrapper<std::remove_reference_t<Obj>>>) {
-      call = std::make_shared<Call>(fn_, std::ref(obj), std::forward<Args>(args)...);
+    if constexpr (std::is_same_v<ObjT, detail::ObjectRef<std::remove_reference_t<Obj>>>) {
+      call = std::make_shared<Call>(fn_, ObjT(obj), std::forward<Args>(args)...);
     } else {
       call = std::make_shared<Call>(fn_, std::forward<Obj>(obj), std::forward<Args>(args)...);
     }
