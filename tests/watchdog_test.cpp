@@ -1,0 +1,384 @@
+// The watchdog on an in-memory store: cadence, retries, loss, release.
+#include <gtest/gtest.h>
+
+#include <thread>
+
+#include "memory_runtime.hpp"
+
+namespace lockwatch::testing {
+namespace {
+
+using detail::Acquired;
+using detail::Released;
+using detail::Renewed;
+
+class WatchdogTest : public ::testing::Test {
+ protected:
+  void SetUp() override { rt_ = memory_runtime(backend_, script_, options_); }
+  void TearDown() override { rt_.reset(); }
+  void restart(Options o) {
+    rt_.reset();
+    rt_ = memory_runtime(backend_, script_, std::move(o));
+  }
+  LockHandle hold(const std::string& key, std::chrono::milliseconds ttl, Retries retries = forever) {
+    auto f = rt_->acquire(key, ttl, retries);
+    return get_bounded(f);
+  }
+  std::vector<StoreScript::Call> renewals_of(const std::string& key) const {
+    std::vector<StoreScript::Call> out;
+    for (const auto& c : script_->calls())
+      if (c.op == Op::kRenew && c.name == memory_name(key)) out.push_back(c);
+    return out;
+  }
+  // Waits (bounded) until every lease was renewed once more, or one was lost.
+  static bool all_renewed(const std::vector<LockHandle>& held) {
+    std::vector<std::uint64_t> target;
+    for (const auto& h : held) target.push_back(h.lease().renewals() + 1);
+    auto until = std::chrono::steady_clock::now() + kBound;
+    for (std::size_t i = 0; i < held.size();) {
+      if (held[i].lease().lost()) return false;
+      if (held[i].lease().renewals() >= target[i]) {
+        ++i;
+        continue;
+      }
+      if (std::chrono::steady_clock::now() > until) return false;
+      std::this_thread::sleep_for(5ms);  // polling counters the watchdog moves
+    }
+    return true;
+  }
+  StoreScript::Call first(Op op, const std::string& key) const {
+    for (const auto& c : script_->calls())
+      if (c.op == op && c.name == memory_name(key)) return c;
+    ADD_FAILURE() << "no such call";
+    return {};
+  }
+
+  std::shared_ptr<MemoryBackend> backend_ = std::make_shared<MemoryBackend>();
+  std::shared_ptr<StoreScript> script_ = std::make_shared<StoreScript>();
+  Options options_ = memory_options();
+  std::unique_ptr<Runtime> rt_;
+};
+
+TEST_F(WatchdogTest, TheFirstRenewalComesAtTheWeightedShareOfTheTtl) {
+  auto f = locked("cadence", 400ms, forever).on(*rt_).renew_weight(0.5)([] {
+    return renewed_again(this_lease(), 1);
+  })();
+  EXPECT_TRUE(get_bounded(f));
+  auto took = first(Op::kAcquire, "cadence").at;
+  auto renewed = first(Op::kRenew, "cadence").at;
+  // 200 ms, sent on the last tick at or before it.
+  EXPECT_GE(ms_between(took, renewed), 190ms);
+  EXPECT_LT(ms_between(took, renewed), 300ms);
+}
+
+TEST_F(WatchdogTest, EachConfirmedRenewalSchedulesTheNextAtTheSameCadence) {
+  auto h = hold("steady", 300ms);
+  ASSERT_TRUE(renewed_again(h.lease(), 3));
+  auto r = renewals_of("steady");
+  ASSERT_GE(r.size(), 3u);
+  for (std::size_t i = 1; i < 3; ++i) {
+    // 300 ms * 0.9 = 270, pulled to 245 to leave the 50 ms window.
+    EXPECT_GE(ms_between(r[i - 1].at, r[i].at), 230ms) << i;
+    EXPECT_LT(ms_between(r[i - 1].at, r[i].at), 290ms) << i;
+  }
+  EXPECT_EQ(backend_->owner(memory_name("steady")).has_value(), true);
+  h.release().get();
+}
+
+TEST_F(WatchdogTest, ShortTtlsAreRenewedEarlyEnoughToKeepTheWindow) {
+  auto h = hold("short", 200ms);
+  ASSERT_TRUE(renewed_again(h.lease(), 2));
+  auto r = renewals_of("short");
+  ASSERT_GE(r.size(), 2u);
+  // 200 - 4 (drift) - 50 (window) = 146 ms, not 180.
+  EXPECT_LT(ms_between(r[0].at, r[1].at), 170ms);
+  EXPECT_GE(ms_between(r[0].at, r[1].at), 130ms);
+  h.release().get();
+}
+
+TEST_F(WatchdogTest, ATransientFailureIsRetriedOnTheNextTickAndTheLeaseKept) {
+  int failures = 1;
+  script_->script_renew([&](const std::string&) -> std::optional<Renewed> {
+    if (failures > 0) {
+      failures--;
+      return Renewed::kTransient;
+    }
+    return std::nullopt;
+  });
+  auto h = hold("blip", 300ms);
+  ASSERT_TRUE(renewed_again(h.lease(), 1));
+  auto r = renewals_of("blip");
+  ASSERT_GE(r.size(), 2u);
+  EXPECT_LT(ms_between(r[0].at, r[1].at), 40ms);  // a tick later, not a whole period
+  EXPECT_FALSE(h.lease().lost());
+  h.release().get();
+}
+
+TEST_F(WatchdogTest, ALostReplyCostsOneRetryNotTheLease) {
+  script_->lose_replies(Op::kRenew, 2);
+  auto h = hold("lost-reply", 300ms);
+  ASSERT_TRUE(renewed_again(h.lease(), 2));
+  EXPECT_GE(script_->count(Op::kRenew), 4u);
+  EXPECT_FALSE(h.lease().lost());
+  h.release().get();
+}
+
+TEST_F(WatchdogTest, TransientFailuresUntilTheLocalDeadlineLoseTheLeaseAsUnreachable) {
+  script_->script_renew([](const std::string&) -> std::optional<Renewed> { return Renewed::kTransient; });
+  auto f = locked("unreachable", 300ms, forever).on(*rt_)([] {
+    auto t0 = std::chrono::steady_clock::now();
+    std::promise<void> stopped;
+    std::stop_callback cb(this_lease().stop_token(), [&] { stopped.set_value(); });
+    bool fired = stopped.get_future().wait_for(kBound) == std::future_status::ready;
+    return std::make_pair(fired, std::chrono::steady_clock::now() - t0);
+  })();
+  auto err = error_of<LeaseLost>(f);
+  ASSERT_TRUE(err);
+  EXPECT_EQ(err->reason(), LostReason::kRedisUnreachable);
+  // Retried every tick until the deadline (300 - 5 ms), not given up early.
+  EXPECT_GE(script_->count(Op::kRenew), 5u);
+  auto took = first(Op::kAcquire, "unreachable").at;
+  auto last = renewals_of("unreachable").back().at;
+  EXPECT_GE(ms_between(took, last), 250ms);
+}
+
+TEST_F(WatchdogTest, TheLeaseIsNotLostBeforeTheLocalDeadline) {
+  script_->set_down(false);
+  script_->script_renew([](const std::string&) -> std::optional<Renewed> { return Renewed::kTransient; });
+  auto h = hold("deadline", 400ms);
+  auto t0 = std::chrono::steady_clock::now();
+  std::promise<std::chrono::steady_clock::time_point> lost_at;
+  std::stop_callback cb(h.lease().stop_token(), [&] { lost_at.set_value(std::chrono::steady_clock::now()); });
+  auto fut = lost_at.get_future();
+  ASSERT_EQ(fut.wait_for(kBound), std::future_status::ready);
+  // Local deadline: 400 - (4 + 2) ms after the acquisition was sent.
+  EXPECT_GE(ms_between(t0, fut.get()), 380ms);
+  EXPECT_EQ(h.lease().lost_reason(), LostReason::kRedisUnreachable);
+  EXPECT_EQ(h.lease().remaining(), 0ms);
+}
+
+TEST_F(WatchdogTest, NotYoursIsFinalAtOnce) {
+  auto h = hold("stolen", 300ms);
+  backend_->set_owner(memory_name("stolen"), "someone-else", 10s);
+  std::promise<void> stopped;
+  std::stop_callback cb(h.lease().stop_token(), [&] { stopped.set_value(); });
+  ASSERT_EQ(stopped.get_future().wait_for(kBound), std::future_status::ready);
+  EXPECT_EQ(h.lease().lost_reason(), LostReason::kTakenByOther);
+  auto renewals = script_->count(Op::kRenew);
+  EXPECT_EQ(renewals, 1u);  // the first renewal said "not yours": no retry
+  auto rel = h.release();
+  EXPECT_THROW(rel.get(), LeaseLost);
+  EXPECT_EQ(backend_->owner(memory_name("stolen")), "someone-else");  // left alone
+}
+
+TEST_F(WatchdogTest, AKeyFoundGoneIsReportedExpired) {
+  auto f = locked("gone", 300ms, forever).on(*rt_)([this] {
+    backend_->erase(memory_name("gone"));
+    std::promise<void> stopped;
+    std::stop_callback cb(this_lease().stop_token(), [&] { stopped.set_value(); });
+    return stopped.get_future().wait_for(kBound) == std::future_status::ready;
+  })();
+  auto err = error_of<LeaseLost>(f);
+  ASSERT_TRUE(err);
+  EXPECT_EQ(err->reason(), LostReason::kExpired);
+}
+
+TEST_F(WatchdogTest, SpentRetriesEndTheLeaseAtItsDeadline) {
+  auto f = locked("two-renewals", 200ms, 2).on(*rt_)([] {
+    std::promise<void> stopped;
+    std::stop_callback cb(this_lease().stop_token(), [&] { stopped.set_value(); });
+    stopped.get_future().wait_for(kBound);
+    return this_lease().renewals();
+  })();
+  auto err = error_of<LeaseLost>(f);
+  ASSERT_TRUE(err);
+  EXPECT_EQ(err->reason(), LostReason::kRenewalsExhausted);
+  EXPECT_EQ(renewals_of("two-renewals").size(), 2u);
+}
+
+TEST_F(WatchdogTest, ZeroRetriesNeverRenews) {
+  auto f = locked("no-renewals", 150ms, 0).on(*rt_)([] {
+    std::promise<void> stopped;
+    std::stop_callback cb(this_lease().stop_token(), [&] { stopped.set_value(); });
+    return stopped.get_future().wait_for(kBound) == std::future_status::ready;
+  })();
+  auto err = error_of<LeaseLost>(f);
+  ASSERT_TRUE(err);
+  EXPECT_EQ(err->reason(), LostReason::kRenewalsExhausted);
+  EXPECT_EQ(script_->count(Op::kRenew), 0u);
+}
+
+TEST_F(WatchdogTest, ShortWorkWithZeroRetriesSucceeds) {
+  auto f = locked("quick", 1s, 0).on(*rt_)([] { return this_lease().fencing_token(); })();
+  EXPECT_EQ(get_bounded(f), 1u);
+  EXPECT_FALSE(backend_->owner(memory_name("quick")));
+}
+
+TEST_F(WatchdogTest, ARenewalThatAnswersAfterTheDeadlineDoesNotSaveTheLease) {
+  script_->set_delay(Op::kRenew, 500ms);  // longer than the 300 ms ttl
+  auto h = hold("slow-store", 300ms);
+  std::promise<void> stopped;
+  std::stop_callback cb(h.lease().stop_token(), [&] { stopped.set_value(); });
+  ASSERT_EQ(stopped.get_future().wait_for(kBound), std::future_status::ready);
+  EXPECT_EQ(h.lease().lost_reason(), LostReason::kRedisUnreachable);
+  EXPECT_EQ(h.lease().renewals(), 0u);
+}
+
+TEST_F(WatchdogTest, RenewalsDueInOneTickShareOneBatch) {
+  std::vector<LockHandle> held;
+  std::vector<std::future<LockHandle>> pending;
+  for (int i = 0; i < 64; ++i) pending.push_back(rt_->acquire("batch:" + std::to_string(i), 300ms));
+  for (auto& p : pending) held.push_back(get_bounded(p));
+  ASSERT_TRUE(all_renewed(held));
+  auto renew_requests = script_->count(Op::kRenew);
+  auto renewed_locks = script_->locks(Op::kRenew);
+  EXPECT_GE(renewed_locks, 64u);
+  EXPECT_LT(renew_requests * 4, renewed_locks);  // many leases per request
+  auto s = rt_->stats();
+  EXPECT_EQ(s.renew_commands, renew_requests);
+  EXPECT_GE(s.renewals_sent, 64u);
+}
+
+TEST_F(WatchdogTest, ABatchIsSplitIntoChunksOf512) {
+  std::vector<std::future<LockHandle>> pending;
+  for (int i = 0; i < 1100; ++i) pending.push_back(rt_->acquire("chunk:" + std::to_string(i), 600ms));
+  std::vector<LockHandle> held;
+  for (auto& p : pending) held.push_back(get_bounded(p));
+  ASSERT_TRUE(all_renewed(held));
+  std::size_t largest = 0;
+  for (const auto& c : script_->calls())
+    if (c.op == Op::kRenew) largest = std::max(largest, c.batch);
+  EXPECT_EQ(largest <= 512, true) << largest;
+  EXPECT_GT(largest, 1u);
+}
+
+TEST_F(WatchdogTest, TheLockIsReleasedBeforeTheFutureIsReady) {
+  auto f = locked("release-first", 1s, forever).on(*rt_)([] { return 7; })();
+  EXPECT_EQ(get_bounded(f), 7);
+  EXPECT_FALSE(backend_->owner(memory_name("release-first")));
+  EXPECT_EQ(script_->count(Op::kRelease), 1u);
+}
+
+TEST_F(WatchdogTest, WorkThatThrowsIsStillReleased) {
+  auto f = locked("throws", 1s, forever).on(*rt_)([]() -> int { throw std::runtime_error("boom"); })();
+  EXPECT_TRUE(error_of<std::runtime_error>(f));
+  EXPECT_FALSE(backend_->owner(memory_name("throws")));
+  EXPECT_EQ(script_->count(Op::kRelease), 1u);
+}
+
+TEST_F(WatchdogTest, AnUnconfirmedReleaseCompletesOnlyOnceTheKeyHasSurelyExpired) {
+  auto h = hold("unconfirmed", 300ms);
+  script_->set_down(true);
+  auto t0 = std::chrono::steady_clock::now();
+  auto rel = h.release();
+  ASSERT_EQ(rel.wait_for(kBound), std::future_status::ready);
+  EXPECT_GE(ms_between(t0, std::chrono::steady_clock::now()), 250ms);
+  script_->set_down(false);
+  EXPECT_FALSE(backend_->owner(memory_name("unconfirmed")));  // expired by then
+}
+
+TEST_F(WatchdogTest, AReleaseThatFindsAnotherOwnerReportsTakenByOther) {
+  auto f = locked("taken-at-release", 5s, forever).on(*rt_)([this] {
+    backend_->set_owner(memory_name("taken-at-release"), "intruder", 5s);
+  })();
+  auto err = error_of<LeaseLost>(f);
+  ASSERT_TRUE(err);
+  EXPECT_EQ(err->reason(), LostReason::kTakenByOther);
+  EXPECT_EQ(backend_->owner(memory_name("taken-at-release")), "intruder");
+}
+
+TEST_F(WatchdogTest, AReleaseThatFindsTheKeyGoneReportsExpired) {
+  auto f = locked("gone-at-release", 5s, forever).on(*rt_)([this] { backend_->erase(memory_name("gone-at-release")); })();
+  auto err = error_of<LeaseLost>(f);
+  ASSERT_TRUE(err);
+  EXPECT_EQ(err->reason(), LostReason::kExpired);
+}
+
+TEST_F(WatchdogTest, ALeaseIsKeptRenewedWhileItsReleaseIsInFlight) {
+  auto h = hold("slow-release", 300ms);
+  script_->set_delay(Op::kRelease, 700ms);
+  auto rel = h.release();
+  ASSERT_EQ(rel.wait_for(kBound), std::future_status::ready);
+  EXPECT_NO_THROW(rel.get());  // not lost while the release waited
+  EXPECT_GE(script_->count(Op::kRenew), 2u);
+  EXPECT_FALSE(backend_->owner(memory_name("slow-release")));
+}
+
+TEST_F(WatchdogTest, RemainingMovesForwardWithEachRenewal) {
+  auto h = hold("remaining", 300ms);
+  auto before = h.lease().remaining();
+  EXPECT_LE(before, 300ms);
+  ASSERT_TRUE(renewed_again(h.lease(), 1));
+  auto after = h.lease().remaining();
+  EXPECT_GT(after, 200ms);  // refreshed: the renewal was sent moments ago
+  h.release().get();
+}
+
+TEST_F(WatchdogTest, TheClosestCallIsReportedAsTheLeastRenewalSlack) {
+  EXPECT_EQ(rt_->stats().min_renewal_slack, std::chrono::microseconds::max());
+  script_->set_delay(Op::kRenew, 30ms);
+  auto h = hold("slack", 300ms);
+  ASSERT_TRUE(renewed_again(h.lease(), 1));
+  auto slack = rt_->stats().min_renewal_slack;
+  // Renewed at 245 ms and confirmed 30 ms later, of a 295 ms deadline.
+  EXPECT_LT(slack, 40ms);
+  EXPECT_GT(slack, 0ms);
+  h.release().get();
+}
+
+TEST_F(WatchdogTest, NoRenewalIsSentAfterTheWorkEnds) {
+  auto f = locked("ends", 200ms, forever).on(*rt_)([] { return 1; })();
+  EXPECT_EQ(get_bounded(f), 1);
+  auto renewals = script_->count(Op::kRenew);
+  std::this_thread::sleep_for(400ms);  // two periods in which nothing may happen
+  EXPECT_EQ(script_->count(Op::kRenew), renewals);
+}
+
+TEST_F(WatchdogTest, StoppingTheRuntimeStopsTheWorkAndReleasesEveryLock) {
+  Gate entered;
+  auto f = locked("stop", 300ms, forever).on(*rt_)([&] {
+    entered.open();
+    std::promise<void> stopped;
+    std::stop_callback cb(this_lease().stop_token(), [&] { stopped.set_value(); });
+    return stopped.get_future().wait_for(kBound) == std::future_status::ready;
+  })();
+  auto h = hold("stop-handle", 300ms);
+  ASSERT_TRUE(entered.wait());
+  rt_.reset();
+  EXPECT_TRUE(get_bounded(f));
+  EXPECT_FALSE(backend_->owner(memory_name("stop")));
+  EXPECT_FALSE(backend_->owner(memory_name("stop-handle")));
+}
+
+TEST_F(WatchdogTest, StatsCountLeasesAcquiredAndLost) {
+  auto h = hold("stats-a", 300ms);
+  auto h2 = hold("stats-b", 300ms);
+  EXPECT_EQ(rt_->held_leases(), 2u);
+  EXPECT_EQ(rt_->stats().acquired, 2u);
+  backend_->set_owner(memory_name("stats-b"), "other", 5s);
+  std::promise<void> stopped;
+  std::stop_callback cb(h2.lease().stop_token(), [&] { stopped.set_value(); });
+  ASSERT_EQ(stopped.get_future().wait_for(kBound), std::future_status::ready);
+  EXPECT_EQ(rt_->stats().leases_lost, 1u);
+  h.release().get();
+  EXPECT_THROW(h2.release().get(), LeaseLost);
+  EXPECT_EQ(rt_->held_leases(), 0u);
+}
+
+TEST_F(WatchdogTest, FencingTokensRiseAcrossHolders) {
+  std::uint64_t last = 0;
+  for (int i = 0; i < 5; ++i) {
+    auto h = hold("fenced", 1s);
+    EXPECT_GT(h.lease().fencing_token(), last);
+    last = h.lease().fencing_token();
+    h.release().get();
+  }
+  EXPECT_EQ(backend_->fence(memory_name("fenced")), last);
+}
+
+TEST_F(WatchdogTest, TheStoreRefusesKeysItCannotHold) {
+  EXPECT_THROW(rt_->acquire("refused:x", 1s), InvalidArgument);
+}
+
+}  // namespace
+}  // namespace lockwatch::testing
