@@ -18,12 +18,17 @@ inline Options memory_options(std::size_t threads = 4) {
   return o;
 }
 
+// `store`, if given, is pointed at the runtime's store (it lives as long
+// as the runtime).
 inline std::unique_ptr<Runtime> memory_runtime(std::shared_ptr<MemoryBackend> backend,
                                                std::shared_ptr<StoreScript> script,
-                                               Options options = memory_options()) {
-  return detail::RuntimeAccess::make(std::move(options), [backend, script](detail::Loop& loop, const Options& o) {
-    return std::make_unique<MemoryStore>(loop, backend, script, o.key_prefix);
-  });
+                                               Options options = memory_options(), MemoryStore** store = nullptr) {
+  return detail::RuntimeAccess::make(std::move(options),
+                                     [backend, script, store](detail::Loop& loop, const Options& o) {
+                                       auto s = std::make_unique<MemoryStore>(loop, backend, script, o.key_prefix);
+                                       if (store) *store = s.get();
+                                       return s;
+                                     });
 }
 
 // The store's name for a key (MemoryStore: the prefix and the key).

@@ -403,6 +403,13 @@ void MemoryStore::drop_subscriptions() {
   if (events_.subscriptions_lost) events_.subscriptions_lost();
 }
 
+void MemoryStore::drop_subscriptions_soon() {
+  loop_.post([this] {
+    for (const auto& n : subscribed_) script_->plan(Op::kUnsubscribe, n, 1);
+    drop_subscriptions();
+  });
+}
+
 void MemoryStore::close() {
   closed_ = true;
   backend_->detach(this);

@@ -173,6 +173,8 @@ class MemoryStore final : public detail::LockStore {
   void notice(const std::string& name);
   // Loop thread: as if the connection carrying the subscriptions dropped.
   void drop_subscriptions();
+  // Any thread: the same, posted to the store's loop.
+  void drop_subscriptions_soon();
 
  private:
   // Runs `answer` on the loop after the plan's delay (a posted task, or a

@@ -1,0 +1,304 @@
+// Taking and waiting for locks, on an in-memory store: FIFO, only the head
+// asks, wake on release, retry when the holder's ttl ends.
+#include <gtest/gtest.h>
+
+#include <mutex>
+#include <thread>
+
+#include "memory_runtime.hpp"
+
+namespace lockwatch::testing {
+namespace {
+
+using detail::Acquired;
+
+class WaitQueueTest : public ::testing::Test {
+ protected:
+  void SetUp() override { rt_ = memory_runtime(backend_, script_); }
+  void TearDown() override { rt_.reset(); }
+  // Another process holds `key` for `ttl`.
+  void held_elsewhere(const std::string& key, std::chrono::milliseconds ttl) {
+    backend_->set_owner(memory_name(key), "another-process", ttl);
+  }
+  std::size_t acquires_of(const std::string& key) const {
+    std::size_t n = 0;
+    for (const auto& c : script_->calls())
+      if (c.op == Op::kAcquire && c.name == memory_name(key)) n++;
+    return n;
+  }
+
+  std::shared_ptr<MemoryBackend> backend_ = std::make_shared<MemoryBackend>();
+  std::shared_ptr<StoreScript> script_ = std::make_shared<StoreScript>();
+  std::unique_ptr<Runtime> rt_;
+};
+
+TEST_F(WaitQueueTest, ABusyLockWithoutWaitFailsAtOnceAfterOneAttempt) {
+  held_elsewhere("busy", 10s);
+  auto f = rt_->acquire("busy", 1s);
+  auto err = error_of<LockNotAcquired>(f);
+  ASSERT_TRUE(err);
+  EXPECT_EQ(err->key(), "busy");
+  EXPECT_LT(err->waited(), 1s);
+  EXPECT_EQ(acquires_of("busy"), 1u);
+  EXPECT_EQ(script_->count(Op::kSubscribe), 0u);  // nobody waits, nobody listens
+}
+
+TEST_F(WaitQueueTest, AFreeLockIsTakenWithOneRequest) {
+  auto f = rt_->acquire("free", 1s, forever, 5s);
+  auto h = get_bounded(f);
+  EXPECT_EQ(acquires_of("free"), 1u);
+  EXPECT_EQ(script_->count(Op::kSubscribe), 0u);
+  EXPECT_TRUE(backend_->owner(memory_name("free")));
+  h.release().get();
+}
+
+TEST_F(WaitQueueTest, AReleaseNoticeWakesTheHeadLongBeforeTheHoldersTtl) {
+  held_elsewhere("notice", 10s);
+  auto t0 = std::chrono::steady_clock::now();
+  auto f = rt_->acquire("notice", 1s, forever, 15s);
+  ASSERT_TRUE(script_->wait_for(Op::kSubscribe, 1));
+  backend_->release_as_other(memory_name("notice"));
+  auto h = get_bounded(f);
+  EXPECT_LT(ms_between(t0, std::chrono::steady_clock::now()), 5s);
+  h.release().get();
+}
+
+TEST_F(WaitQueueTest, TheHeadTriesAgainOnceItsSubscriptionIsConfirmed) {
+  // A release between the busy answer and the subscription would go
+  // unheard: so the confirmed subscription itself triggers an attempt.
+  held_elsewhere("confirmed", 10s);
+  auto f = rt_->acquire("confirmed", 1s, forever, 3s);
+  ASSERT_TRUE(script_->wait_for(Op::kAcquire, 2));
+  EXPECT_EQ(script_->count(Op::kSubscribe), 1u);
+  backend_->erase(memory_name("confirmed"));  // gone without a notice
+  backend_->release_as_other(memory_name("confirmed"));
+  auto h = get_bounded(f);
+  h.release().get();
+}
+
+TEST_F(WaitQueueTest, AHolderThatDiesIsWaitedOutByItsTtl) {
+  held_elsewhere("dead-holder", 400ms);  // never releases, never publishes
+  auto t0 = std::chrono::steady_clock::now();
+  auto f = rt_->acquire("dead-holder", 1s, forever, 10s);
+  auto h = get_bounded(f);
+  auto waited = ms_between(t0, std::chrono::steady_clock::now());
+  EXPECT_GE(waited, 350ms);
+  EXPECT_LT(waited, 2s);
+  // Not polled meanwhile: the first attempt, the one after subscribing,
+  // the one when the ttl ended.
+  EXPECT_LE(acquires_of("dead-holder"), 4u);
+  h.release().get();
+}
+
+TEST_F(WaitQueueTest, WaitersAreServedInArrivalOrder) {
+  held_elsewhere("fifo", 10s);
+  std::mutex mu;
+  std::vector<int> order;
+  std::vector<std::future<void>> calls;
+  for (int i = 0; i < 6; ++i) {
+    auto f = locked("fifo", 2s, forever).on(*rt_).wait(15s)([&, i] {
+      std::lock_guard lk(mu);
+      order.push_back(i);
+    });
+    calls.push_back(f());  // calls from one thread reach the loop in call order
+  }
+  ASSERT_TRUE(script_->wait_for(Op::kSubscribe, 1));
+  backend_->release_as_other(memory_name("fifo"));
+  for (auto& c : calls) EXPECT_TRUE(completes(c));
+  EXPECT_EQ(order, (std::vector<int>{0, 1, 2, 3, 4, 5}));
+}
+
+TEST_F(WaitQueueTest, OnlyTheHeadAsksTheStore) {
+  held_elsewhere("head-only", 10s);
+  std::vector<std::future<LockHandle>> waiting;
+  for (int i = 0; i < 20; ++i) waiting.push_back(rt_->acquire("head-only", 1s, forever, 15s));
+  ASSERT_TRUE(script_->wait_for(Op::kSubscribe, 1));
+  ASSERT_TRUE(script_->wait_for(Op::kAcquire, 2));
+  std::this_thread::sleep_for(100ms);  // a window in which twenty callers could have polled
+  EXPECT_LE(acquires_of("head-only"), 2u);
+  EXPECT_EQ(script_->count(Op::kSubscribe), 1u);
+  backend_->release_as_other(memory_name("head-only"));
+  for (auto& w : waiting) {
+    auto h = get_bounded(w);
+    h.release().get();
+  }
+}
+
+TEST_F(WaitQueueTest, OurOwnReleaseHandsTheLockToOurNextWaiter) {
+  script_->set_release_events(false);  // no notices: the hand-off must not need one
+  auto first = rt_->acquire("hand-off", 10s);
+  auto h = get_bounded(first);
+  auto next = rt_->acquire("hand-off", 10s, forever, 15s);
+  ASSERT_TRUE(script_->wait_for(Op::kAcquire, 2));
+  auto t0 = std::chrono::steady_clock::now();
+  h.release().get();
+  auto h2 = get_bounded(next);
+  EXPECT_LT(ms_between(t0, std::chrono::steady_clock::now()), 1s);  // not the 10 s ttl
+  h2.release().get();
+}
+
+TEST_F(WaitQueueTest, AWaitThatRunsOutIsLockNotAcquired) {
+  held_elsewhere("runs-out", 10s);
+  auto t0 = std::chrono::steady_clock::now();
+  auto f = rt_->acquire("runs-out", 1s, forever, 300ms);
+  auto err = error_of<LockNotAcquired>(f);
+  ASSERT_TRUE(err);
+  EXPECT_GE(err->waited(), 290ms);
+  EXPECT_LT(ms_between(t0, std::chrono::steady_clock::now()), 2s);
+  EXPECT_EQ(script_->count(Op::kUnsubscribe), 1u);  // the queue is gone, and so is its subscription
+}
+
+TEST_F(WaitQueueTest, AWaiterWhoseWaitRanOutLeavesItsPlaceToTheNext) {
+  held_elsewhere("leaves", 10s);
+  auto impatient = rt_->acquire("leaves", 1s, forever, 200ms);
+  auto patient = rt_->acquire("leaves", 1s, forever, 15s);
+  EXPECT_TRUE(error_of<LockNotAcquired>(impatient));
+  backend_->release_as_other(memory_name("leaves"));
+  auto h = get_bounded(patient);
+  h.release().get();
+}
+
+TEST_F(WaitQueueTest, AConnectionBlipKeepsTheWaitersPlace) {
+  held_elsewhere("blip", 300ms);
+  script_->set_down(true);
+  auto f = rt_->acquire("blip", 1s, forever, 10s);
+  ASSERT_TRUE(script_->wait_for(Op::kAcquire, 3));  // retried while down
+  script_->set_down(false);
+  auto h = get_bounded(f);
+  h.release().get();
+}
+
+TEST_F(WaitQueueTest, AWaitSpentOnConnectionErrorsReportsThem) {
+  script_->set_down(true);
+  auto f = rt_->acquire("down", 1s, forever, 300ms);
+  auto err = error_of<ConnectionError>(f);
+  ASSERT_TRUE(err);
+  EXPECT_EQ(err->endpoint(), "memory");
+}
+
+TEST_F(WaitQueueTest, AnErrorOtherThanAConnectionFailsTheWaiterAtOnce) {
+  script_->script_acquire([](const std::string&) -> std::optional<Acquired> {
+    Acquired a;
+    a.error = std::make_exception_ptr(RedisError("memory", "WRONGTYPE"));
+    return a;
+  });
+  auto t0 = std::chrono::steady_clock::now();
+  auto f = rt_->acquire("wrongtype", 1s, forever, 10s);
+  auto err = error_of<RedisError>(f);
+  ASSERT_TRUE(err);
+  EXPECT_LT(ms_between(t0, std::chrono::steady_clock::now()), 2s);
+  EXPECT_EQ(acquires_of("wrongtype"), 1u);
+}
+
+TEST_F(WaitQueueTest, ALockTakenAfterTheWaitRanOutIsGivenBack) {
+  script_->set_delay(Op::kAcquire, 400ms);
+  auto f = rt_->acquire("late", 1s, forever, 100ms);
+  EXPECT_TRUE(error_of<LockNotAcquired>(f));
+  ASSERT_TRUE(script_->wait_for(Op::kRelease, 1));
+  script_->set_delay(Op::kAcquire, 0ms);
+  auto again = rt_->acquire("late", 1s);  // free again: nothing was left held
+  auto h = get_bounded(again);
+  h.release().get();
+}
+
+TEST_F(WaitQueueTest, WithoutReleaseNoticesTheHeadPollsWithABoundedBackOff) {
+  script_->set_release_events(false);
+  held_elsewhere("polled", 10s);
+  auto t0 = std::chrono::steady_clock::now();
+  auto f = rt_->acquire("polled", 1s, forever, 15s);
+  ASSERT_TRUE(script_->wait_for(Op::kAcquire, 3));
+  backend_->erase(memory_name("polled"));  // released, and nobody is told
+  auto h = get_bounded(f);
+  auto waited = ms_between(t0, std::chrono::steady_clock::now());
+  EXPECT_LT(waited, 3s);                             // found well before the 10 s ttl
+  EXPECT_LT(acquires_of("polled"), 14u);             // 10 ms doubling: not a busy loop
+  EXPECT_EQ(script_->count(Op::kSubscribe), 0u);
+  h.release().get();
+}
+
+TEST_F(WaitQueueTest, LostSubscriptionsCostLatencyNotLiveness) {
+  MemoryStore* store = nullptr;
+  rt_.reset();
+  rt_ = memory_runtime(backend_, script_, memory_options(), &store);
+  held_elsewhere("lost-subs", 500ms);
+  auto t0 = std::chrono::steady_clock::now();
+  auto f = rt_->acquire("lost-subs", 1s, forever, 10s);
+  ASSERT_TRUE(script_->wait_for(Op::kSubscribe, 1));
+  ASSERT_TRUE(script_->wait_for(Op::kAcquire, 2));
+  store->drop_subscriptions_soon();  // as if the pub/sub connection dropped
+  ASSERT_TRUE(script_->wait_for(Op::kUnsubscribe, 1));
+  backend_->release_as_other(memory_name("lost-subs"));  // a notice nobody hears
+  held_elsewhere("lost-subs", 300ms);                     // and the next holder
+  auto h = get_bounded(f);
+  // The holder's ttl still ended the wait.
+  EXPECT_GE(ms_between(t0, std::chrono::steady_clock::now()), 250ms);
+  h.release().get();
+}
+
+TEST_F(WaitQueueTest, StoppingTheRuntimeFailsWaitersWithRuntimeStopped) {
+  held_elsewhere("stopping", 10s);
+  auto f = rt_->acquire("stopping", 1s, forever, 15s);
+  ASSERT_TRUE(script_->wait_for(Op::kSubscribe, 1));
+  rt_.reset();
+  EXPECT_TRUE(error_of<RuntimeStopped>(f));
+}
+
+TEST_F(WaitQueueTest, TwoProcessesTakeTurnsThroughNotices) {
+  auto other_script = std::make_shared<StoreScript>();
+  auto other = memory_runtime(backend_, other_script);
+  auto mine = rt_->acquire("turns", 10s);
+  auto h = get_bounded(mine);
+  auto theirs = other->acquire("turns", 10s, forever, 15s);
+  ASSERT_TRUE(other_script->wait_for(Op::kSubscribe, 1));
+  auto t0 = std::chrono::steady_clock::now();
+  h.release().get();
+  auto h2 = get_bounded(theirs);
+  EXPECT_LT(ms_between(t0, std::chrono::steady_clock::now()), 2s);  // woken, not timed out
+  EXPECT_GT(h2.lease().fencing_token(), 1u);
+  h2.release().get();
+}
+
+TEST_F(WaitQueueTest, NestedCallsOnTheSameKeyAreReentrantAndNeverAskTheStore) {
+  auto inner = locked("reentrant", 1s, forever).on(*rt_)([] { return this_lease().fencing_token(); });
+  auto outer = locked("reentrant", 1s, forever).on(*rt_)([&] {
+    auto f = inner();
+    return std::make_pair(this_lease().fencing_token(), f.get());
+  });
+  auto f = outer();
+  auto [a, b] = get_bounded(f);
+  EXPECT_EQ(a, b);
+  EXPECT_EQ(acquires_of("reentrant"), 1u);
+}
+
+TEST_F(WaitQueueTest, ANestedCallOnAnotherKeyRunsInlineAndReleasesBeforeReturning) {
+  auto inner = locked("inner", 1s, forever).on(*rt_)([] { return std::this_thread::get_id(); });
+  auto outer = locked("outer", 1s, forever).on(*rt_)([&] {
+    auto f = inner();
+    bool inner_released = !f.valid() || f.wait_for(0ms) == std::future_status::ready;
+    return std::make_tuple(std::this_thread::get_id(), f.get(), inner_released);
+  });
+  auto f = outer();
+  auto [outer_thread, inner_thread, ready] = get_bounded(f);
+  EXPECT_EQ(outer_thread, inner_thread);
+  EXPECT_TRUE(ready);
+  EXPECT_FALSE(backend_->owner(memory_name("inner")));
+}
+
+TEST_F(WaitQueueTest, InspectAndForceReleaseReachTheStore) {
+  auto f = rt_->acquire("inspected", 5s);
+  auto h = get_bounded(f);
+  auto s = rt_->inspect("inspected");
+  auto state = get_bounded(s);
+  EXPECT_TRUE(state.held);
+  EXPECT_EQ(state.key, "inspected");
+  EXPECT_GT(state.ttl, 4s);
+  EXPECT_EQ(state.fencing_counter, 1u);
+  auto forced = rt_->force_release("inspected");
+  EXPECT_TRUE(get_bounded(forced));
+  auto s2 = rt_->inspect("inspected");
+  EXPECT_FALSE(get_bounded(s2).held);
+  EXPECT_THROW(h.release().get(), LeaseLost);
+}
+
+}  // namespace
+}  // namespace lockwatch::testing
