@@ -74,16 +74,17 @@ TEST_F(ConnectionTest, ACommandAfterCloseIsAnsweredOnceOutsideTheCall) {
   RedisConnection conn(loop_, endpoint_of(server), options_, RedisConnection::Mode::kCommands);
   std::promise<std::pair<bool, bool>> p;  // (answered inside the call, an error)
   auto f = p.get_future();
+  bool inside = false;  // loop thread
   loop_.post([&] {
     conn.start();
     conn.close();
-    bool inside = true;
+    inside = true;
     conn.command({"PING"}, [&](const redisReply*, std::exception_ptr e) { p.set_value({inside, e != nullptr}); });
     inside = false;
   });
   ASSERT_EQ(f.wait_for(kBound), std::future_status::ready);
-  auto [inside, error] = f.get();
-  EXPECT_FALSE(inside);
+  auto [answered_inside, error] = f.get();
+  EXPECT_FALSE(answered_inside);
   EXPECT_TRUE(error);
   EXPECT_EQ(loop_.shutdown([] {}), 0);
 }
