@@ -9,6 +9,8 @@
 #include <cstddef>
 #include <cstdint>
 #include <string>
+
+#include "lockwatch/observer.hpp"
 #include <vector>
 
 namespace lockwatch {
@@ -74,6 +76,12 @@ struct Options {
   std::chrono::milliseconds reconnect_max{1000};
   // Longest key accepted (bytes, before the prefix).
   std::size_t max_key_bytes = std::size_t{1} << 20;
+  // "host:port" (e.g. "127.0.0.1:9464") to serve GET /metrics in the
+  // Prometheus text format from the runtime's own loop; empty: off.
+  std::string metrics_listen;
+  // Where log lines go (see observer.hpp); empty: warnings and errors to
+  // stderr, prefixed "lockwatch:".
+  LogSink log;
 
   // Defaults, with redis_url taken from LOCKWATCH_REDIS_URL when it is set.
   static Options from_env();

@@ -25,6 +25,7 @@
 
 #include "lockwatch/errors.hpp"
 #include "lockwatch/lock_handle.hpp"
+#include "lockwatch/observer.hpp"
 #include "lockwatch/options.hpp"
 #include "lockwatch/thread_pool.hpp"
 
@@ -141,6 +142,17 @@ class Runtime {
   // RuntimeStopped are thrown before anything starts.
   std::future<LockState> inspect(std::string key);
   std::future<bool> force_release(std::string key);
+
+  // The runtime's metrics in the Prometheus text format 0.0.4 (every
+  // family from the start, with zeros; no label carries a key). Any thread;
+  // reads relaxed atomics, takes no lock the hot path takes.
+  std::string metrics_text() const;
+  // The actual "host:port" the metrics endpoint listens on (useful with
+  // port 0), or empty when Options::metrics_listen is empty.
+  std::string metrics_address() const;
+  // Attaches an observer (see observer.hpp) for the runtime's life. Any
+  // thread; events that happen from now on reach it on the event thread.
+  void add_observer(std::shared_ptr<Observer> observer);
 
   // Leases held right now (acquired, not yet released).
   std::size_t held_leases() const noexcept;

@@ -8,6 +8,7 @@
 
 #include "core/url.hpp"
 #include "lockwatch/errors.hpp"
+#include "ops/metrics_server.hpp"
 #include "store/make_store.hpp"
 
 namespace lockwatch {
@@ -140,6 +141,7 @@ Options Options::from_env() {
 
 void Options::validate() const {
   detail::check_store_options(*this);
+  if (!metrics_listen.empty()) detail::MetricsServer::check_address(metrics_listen);
   if (min_replicas < 0) throw InvalidArgument("Options::min_replicas must not be negative");
   if (replica_ack_timeout.count() <= 0) throw InvalidArgument("Options::replica_ack_timeout must be positive");
   if (tick < std::chrono::milliseconds(1)) throw InvalidArgument("Options::tick must be at least 1 ms");

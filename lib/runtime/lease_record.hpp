@@ -55,6 +55,7 @@ struct LeaseRecord final : Lease, TimerTask, std::enable_shared_from_this<LeaseR
   Clock::duration renew_after{};   // from a renewal's send to the next one (a tick early)
   std::chrono::milliseconds drift{0};
   bool is_handle = false;  // held through a LockHandle, not by running work
+  Clock::time_point granted_at;  // for the hold time
   std::shared_ptr<std::promise<void>> finished;  // a nested call's thread waits on it
   // Loop thread.
   Phase phase = Phase::kRenewDue;

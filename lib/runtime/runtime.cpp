@@ -21,28 +21,51 @@ Retries::Retries(int count) : count_(count) {
 Runtime::Impl::Impl(Options opts, const detail::StoreFactory& make_store)
     : options(std::move(opts)),
       pool(options.threads),
+      events(event_thread, options.log),
       store(make_store(loop, options)),
       clock(loop, options, stats),
-      watchdog(*store, clock, notifier, options, stats),
+      watchdog(*store, clock, notifier, options, stats, events),
       waits(*store, clock, options,
             detail::WaitQueue::Hooks{
                 [this](const auto& a, std::uint64_t fence, Clock::time_point sent) { taken(a, fence, sent); },
                 [this](const auto& a, std::exception_ptr err) { fail(a, std::move(err)); }}) {
   watchdog.on_finished([this](const std::shared_ptr<LeaseRecord>& l) { lease_finished(l); });
   clock.after_advance([this] { watchdog.flush(); });
+  clock.on_lag([this](Clock::duration lag) { events.metrics().loop_lag.observe(lag); });
   std::promise<void> started;
   auto ready = started.get_future();
-  loop.post([this, &started] {
+  std::exception_ptr listen_error;
+  loop.post([this, &started, &listen_error] {
     clock.start();
-    detail::StoreEvents events;
-    events.released = [this](std::string_view name) { waits.on_released(name); };
-    events.subscribed = [this](std::string_view name) { waits.on_subscribed(name); };
-    events.subscriptions_lost = [this] { waits.on_subscriptions_lost(); };
-    store->start(std::move(events));
+    detail::StoreEvents se;
+    se.released = [this](std::string_view name) { waits.on_released(name); };
+    se.subscribed = [this](std::string_view name) { waits.on_subscribed(name); };
+    se.subscriptions_lost = [this] { waits.on_subscriptions_lost(); };
+    se.connection = [this](const std::string& endpoint, bool up, const std::string& why) {
+      events.connection(endpoint, up, why);
+    };
+    se.log = [this](bool warning, const std::string& line) {
+      events.log(warning ? LogLevel::kWarning : LogLevel::kInfo, line);
+    };
+    store->start(std::move(se));
+    if (!options.metrics_listen.empty()) {
+      try {
+        metrics_server = std::make_unique<detail::MetricsServer>(loop, options.metrics_listen,
+                                                                 [this] { return render_metrics(); });
+      } catch (...) {
+        listen_error = std::current_exception();
+      }
+    }
     started.set_value();
   });
   ready.wait();
+  if (listen_error) {
+    stop();
+    std::rethrow_exception(listen_error);
+  }
 }
+
+std::string Runtime::Impl::render_metrics() const { return events.metrics().render(stats); }
 
 // ---------------------------------------------------------------- admission
 
@@ -163,6 +186,14 @@ void Runtime::Impl::start_acquire(std::shared_ptr<Acquisition> a) {
 }
 
 void Runtime::Impl::fail(const std::shared_ptr<Acquisition>& a, std::exception_ptr err) {
+  auto waited = Clock::now() - a->started;
+  try {
+    std::rethrow_exception(err);
+  } catch (const LockNotAcquired&) {
+    events.busy(a->spec.key, waited);
+  } catch (...) {
+    events.acquire_failed(a->spec.key, err);
+  }
   a->done = true;
   a->wait_timeout.cancel();
   a->call->finish(err);
@@ -175,6 +206,7 @@ void Runtime::Impl::fail(const std::shared_ptr<Acquisition>& a, std::exception_p
 
 void Runtime::Impl::taken(const std::shared_ptr<Acquisition>& a, std::uint64_t fence, Clock::time_point sent) {
   auto l = watchdog.grant(*a, fence, sent);
+  events.acquired(a->spec.key, fence, l->granted_at - a->started);
   if (stopping.load()) l->request_stop();
   if (a->handle) {
     a->handle->granted = true;
@@ -272,6 +304,7 @@ void Runtime::Impl::begin_stop() {
 }
 
 void Runtime::Impl::close_all() {
+  if (metrics_server) metrics_server->close();
   clock.close();
   store->close();
 }
@@ -291,6 +324,7 @@ void Runtime::Impl::stop() {
   pool.shutdown();
   notifier.shutdown();
   loop.shutdown([this] { close_all(); });
+  event_thread.shutdown();  // after the loop: its last events are told
   // The loop has joined: what it owned belongs to this thread now.
   waits.clear();
   watchdog.clear();
@@ -366,6 +400,12 @@ Runtime& Runtime::default_runtime() {
 
 const Options& Runtime::options() const noexcept { return impl_->options; }
 ThreadPool& Runtime::pool() noexcept { return impl_->pool; }
+std::string Runtime::metrics_text() const { return impl_->render_metrics(); }
+std::string Runtime::metrics_address() const {
+  return impl_->metrics_server ? impl_->metrics_server->address() : std::string();
+}
+void Runtime::add_observer(std::shared_ptr<Observer> observer) { impl_->events.add(std::move(observer)); }
+
 std::size_t Runtime::held_leases() const noexcept { return impl_->watchdog.held(); }
 
 RuntimeStats Runtime::stats() const noexcept {

@@ -23,6 +23,8 @@
 
 #include "core/loop.hpp"
 #include "core/token.hpp"
+#include "ops/events.hpp"
+#include "ops/metrics_server.hpp"
 #include "lockwatch/runtime.hpp"
 #include "runtime/acquisition.hpp"
 #include "runtime/stats.hpp"
@@ -53,6 +55,7 @@ struct Runtime::Impl : std::enable_shared_from_this<Runtime::Impl> {
   std::future<bool> force_release(std::string key);
   void call_done();
   void stop();
+  std::string render_metrics() const;
 
   // Loop.
   void start_acquire(std::shared_ptr<detail::Acquisition> a);
@@ -66,13 +69,16 @@ struct Runtime::Impl : std::enable_shared_from_this<Runtime::Impl> {
   const Options options;
   detail::StatsCounters stats;
   ThreadPool pool;
-  ThreadPool notifier{1};  // runs stop callbacks: user code never runs on the loop
+  ThreadPool notifier{1};      // runs stop callbacks: user code never runs on the loop
+  ThreadPool event_thread{1};  // observers and the log sink: they never delay a stop callback
+  detail::Events events;
   detail::Loop loop;
   std::unique_ptr<detail::LockStore> store;
   detail::WheelClock clock;
   detail::Watchdog watchdog;
   detail::WaitQueue waits;
   detail::TokenGenerator tokens;
+  std::unique_ptr<detail::MetricsServer> metrics_server;  // loop thread
 
   std::atomic<bool> stopping{false};
   std::mutex mu;

@@ -9,8 +9,8 @@ using std::chrono::milliseconds;
 void LeaseRecord::run(Timeout) noexcept { watchdog->on_timer(this); }
 
 Watchdog::Watchdog(LockStore& store, WheelClock& clock, ThreadPool& notifier, const Options& options,
-                   StatsCounters& stats)
-    : store_(store), clock_(clock), notifier_(notifier), options_(options), stats_(stats) {}
+                   StatsCounters& stats, Events& events)
+    : store_(store), clock_(clock), notifier_(notifier), options_(options), stats_(stats), events_(events) {}
 
 std::shared_ptr<LeaseRecord> Watchdog::grant(const Acquisition& a, std::uint64_t fence, Clock::time_point sent) {
   auto drift = drift_for(options_, a.spec.ttl);
@@ -30,6 +30,7 @@ std::shared_ptr<LeaseRecord> Watchdog::grant(const Acquisition& a, std::uint64_t
   l->last_sent = sent;
   l->finished = a.finished;
   l->is_handle = a.handle != nullptr;
+  l->granted_at = Clock::now();
   leases_.emplace(l.get(), l);
   stats_.held.fetch_add(1, std::memory_order_relaxed);
   stats_.acquired.fetch_add(1, std::memory_order_relaxed);
@@ -141,6 +142,7 @@ void Watchdog::on_renew_result(const std::shared_ptr<LeaseRecord>& l, Clock::tim
 void Watchdog::renewal_failed(const std::shared_ptr<LeaseRecord>& l, std::string why) {
   // Transient until the local deadline: one lost reply must not cost the
   // lease, so try again a tick later.
+  events_.renewal_failed(l->key(), why);
   l->lost_detail = std::move(why);
   l->timeout.cancel();
   auto next = std::min(Clock::now() + options_.tick, l->deadline());
@@ -150,7 +152,9 @@ void Watchdog::renewal_failed(const std::shared_ptr<LeaseRecord>& l, std::string
 void Watchdog::on_renewed(const std::shared_ptr<LeaseRecord>& l, Clock::time_point sent) {
   l->timeout.cancel();
   l->bump_renewals();
-  auto slack = std::chrono::duration_cast<std::chrono::microseconds>(l->deadline() - Clock::now()).count();
+  auto left = l->deadline() - Clock::now();
+  events_.renewed(l->key(), left);
+  auto slack = std::chrono::duration_cast<std::chrono::microseconds>(left).count();
   if (slack < stats_.min_renewal_slack_us.load(std::memory_order_relaxed))
     stats_.min_renewal_slack_us.store(slack, std::memory_order_relaxed);
   l->set_deadline(sent + l->ttl() - l->drift);
@@ -167,6 +171,7 @@ void Watchdog::lose(LeaseRecord* l, LostReason reason, std::string detail) {
   stats_.leases_lost.fetch_add(1, std::memory_order_relaxed);
   l->timeout.cancel();
   l->lost_detail = std::move(detail);
+  events_.lost(l->key(), reason, l->lost_detail);
   request_stop(l->shared_from_this());
 }
 
@@ -208,6 +213,7 @@ void Watchdog::finish(const std::shared_ptr<LeaseRecord>& l) {
   l->timeout.cancel();
   if (leases_.erase(l.get()) == 0) return;
   stats_.held.fetch_sub(1, std::memory_order_relaxed);
+  events_.released(l->key(), Clock::now() - l->granted_at);
   if (finished_) finished_(l);
 }
 

@@ -23,6 +23,7 @@
 
 #include "lockwatch/options.hpp"
 #include "lockwatch/thread_pool.hpp"
+#include "ops/events.hpp"
 #include "runtime/acquisition.hpp"
 #include "runtime/lease_record.hpp"
 #include "runtime/stats.hpp"
@@ -35,7 +36,8 @@ class Watchdog {
  public:
   using Clock = std::chrono::steady_clock;
 
-  Watchdog(LockStore& store, WheelClock& clock, ThreadPool& notifier, const Options& options, StatsCounters& stats);
+  Watchdog(LockStore& store, WheelClock& clock, ThreadPool& notifier, const Options& options, StatsCounters& stats,
+           Events& events);
   // Runs once per lease, when it is over (released, or surely expired).
   void on_finished(std::function<void(const std::shared_ptr<LeaseRecord>&)> hook) { finished_ = std::move(hook); }
 
@@ -69,6 +71,7 @@ class Watchdog {
   ThreadPool& notifier_;
   const Options& options_;
   StatsCounters& stats_;
+  Events& events_;
   std::function<void(const std::shared_ptr<LeaseRecord>&)> finished_;
   std::unordered_map<LeaseRecord*, std::shared_ptr<LeaseRecord>> leases_;
   std::vector<std::shared_ptr<LeaseRecord>> due_;  // renewals due this tick

@@ -39,6 +39,7 @@ void WheelClock::arm(Clock::time_point at) {
 }
 
 void WheelClock::on_timer() {
+  if (on_lag_) on_lag_(std::max(Clock::duration::zero(), Clock::now() - due_));
   due_ = Clock::time_point::max();
   advances_++;
   stats_.timer_wakeups.fetch_add(1, std::memory_order_relaxed);

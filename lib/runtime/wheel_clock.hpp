@@ -30,6 +30,8 @@ class WheelClock {
   void start();
   // Runs after every advance of the wheel.
   void after_advance(std::function<void()> hook) { after_advance_ = std::move(hook); }
+  // Told how late each wake-up came after it was due (the loop's lag).
+  void on_lag(std::function<void(Clock::duration)> hook) { on_lag_ = std::move(hook); }
 
   // A timeout for `task` at `at`, with the loop woken on its tick.
   Timeout at(TimerTask& task, Clock::time_point at);
@@ -49,6 +51,7 @@ class WheelClock {
   Clock::time_point due_ = Clock::time_point::max();  // when timer_ fires
   std::uint64_t advances_ = 0;
   std::function<void()> after_advance_;
+  std::function<void(Clock::duration)> on_lag_;
 };
 
 }  // namespace lockwatch::detail

@@ -86,6 +86,10 @@ struct StoreEvents {
   // Every subscription is gone until `subscribed` confirms it again (a
   // connection dropped); a waiter must not count on a notice meanwhile.
   std::function<void()> subscriptions_lost;
+  // A connection to `endpoint` went down (`why`) or came back up.
+  std::function<void(const std::string& endpoint, bool up, const std::string& why)> connection;
+  // Something an operator should know (e.g. Sentinel moved the master).
+  std::function<void(bool warning, const std::string& line)> log;
 };
 
 class LockStore {

@@ -318,6 +318,7 @@ void RedisConnection::on_handshake(redisAsyncContext* ac, void* reply, void* pri
     redisAsyncDisconnect(ac);
     return;
   }
+  if (self->state_ == State::kConnected) self->became_usable();
   auto waiting = std::move(self->waiting_);
   self->waiting_.clear();
   for (auto& q : waiting) self->send(std::move(q));
@@ -353,6 +354,13 @@ void RedisConnection::on_connect(const redisAsyncContext* ac, int status) {
   }
   self->state_ = State::kConnected;
   self->backoff_ = std::chrono::milliseconds(0);
+  if (self->handshake_pending_ == 0) self->became_usable();
+}
+
+void RedisConnection::became_usable() {
+  if (!reported_down_) return;
+  reported_down_ = false;
+  if (state_hook_) guarded([&] { state_hook_(true, std::string()); });
 }
 
 void RedisConnection::on_disconnect(const redisAsyncContext* ac, int status) {
@@ -370,6 +378,10 @@ void RedisConnection::went_down(const std::string& why) {
   state_ = State::kDown;
   uv_timer_stop(&check_timer_);
   if (hooks_.on_down) guarded([&] { hooks_.on_down(); });
+  if (!reported_down_) {
+    reported_down_ = true;
+    if (state_hook_) guarded([&] { state_hook_(false, why); });
+  }
   // What was sent on the dead context has failed through its callbacks;
   // what those callbacks queued since waits for the next attempt, and fails
   // if that one fails: a caller learns within back-off + connect_timeout.

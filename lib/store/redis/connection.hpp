@@ -89,6 +89,9 @@ class RedisConnection {
   // anything is sent (set before start(); for addresses learned from
   // sentinels, which may lag behind a failover).
   void require_master() { require_master_ = true; }
+  // Told when the connection goes down (with why) and when it is usable
+  // again: once per transition, not per attempt (set before start()).
+  void set_state_hook(std::function<void(bool up, const std::string& why)> hook) { state_hook_ = std::move(hook); }
   void subscribe(const std::string& channel);
   void unsubscribe(const std::string& channel);
   // Stops reconnecting, fails what is pending, closes the uv handles. The
@@ -114,6 +117,7 @@ class RedisConnection {
   void send(Queued q);
   bool submit(Request* req);
   void went_down(const std::string& why);
+  void became_usable();
   void schedule_reconnect();
   void fail_queued(const std::string& why);
   std::exception_ptr down_error(const std::string& why) const;
@@ -138,6 +142,8 @@ class RedisConnection {
   bool pubsub_;
   bool require_master_ = false;
   Hooks hooks_;
+  std::function<void(bool, const std::string&)> state_hook_;
+  bool reported_down_ = false;
   State state_ = State::kDown;
   redisAsyncContext* ac_ = nullptr;
   uv_timer_t connect_timer_{};  // connect timeout, then reconnect back-off

@@ -43,6 +43,8 @@ RedisNodeStore::~RedisNodeStore() = default;
 void RedisNodeStore::follow_sentinels(std::unique_ptr<SentinelWatcher> watcher) {
   sentinel_ = std::move(watcher);
   sentinel_->on_master([this](const Endpoint& master) {
+    if (master.name() != conn_->name() && events_.log)
+      events_.log(true, fmt::format("the sentinels give {} as the master (was {})", master.name(), conn_->name()));
     conn_->set_endpoint(master);
     renew_->set_endpoint(master);
     sub_->set_endpoint(master);
@@ -58,6 +60,10 @@ const char* RedisNodeStore::check_key(std::string_view key) const noexcept { ret
 
 void RedisNodeStore::start(StoreEvents events) {
   events_ = std::move(events);
+  // The command connection speaks for the node (three would repeat it).
+  conn_->set_state_hook([this](bool up, const std::string& why) {
+    if (events_.connection) events_.connection(conn_->name(), up, why);
+  });
   conn_->start();
   renew_->start();
   sub_->start();

@@ -1,0 +1,130 @@
+#include "ops/events.hpp"
+
+#include <fmt/format.h>
+
+#include <cstdio>
+
+#include "core/error_values.hpp"
+
+namespace lockwatch {
+
+const char* to_string(LogLevel level) noexcept {
+  switch (level) {
+    case LogLevel::kDebug: return "debug";
+    case LogLevel::kInfo: return "info";
+    case LogLevel::kWarning: return "warning";
+    case LogLevel::kError: return "error";
+  }
+  return "unknown";
+}
+
+namespace detail {
+
+namespace {
+
+void stderr_sink(LogLevel level, std::string_view line) {
+  if (level < LogLevel::kWarning) return;
+  std::fprintf(stderr, "lockwatch: %s: %.*s\n", to_string(level), static_cast<int>(line.size()), line.data());
+}
+
+}  // namespace
+
+Events::Events(ThreadPool& thread, LogSink sink) : thread_(thread), sink_(sink ? std::move(sink) : &stderr_sink) {}
+
+void Events::add(std::shared_ptr<Observer> observer) {
+  if (!observer) return;
+  std::lock_guard lk(mu_);
+  observers_.push_back(std::move(observer));
+  observed_.store(true, std::memory_order_release);
+}
+
+template <class F>
+void Events::tell(F&& f) {
+  try {
+    thread_.post([this, f = std::forward<F>(f)]() mutable {
+      std::vector<std::shared_ptr<Observer>> observers;
+      {
+        std::lock_guard lk(mu_);
+        observers = observers_;
+      }
+      for (auto& o : observers) {
+        try {
+          f(*o);
+        } catch (...) {
+          // An observer's exception is its own; the others still hear.
+        }
+      }
+    });
+  } catch (...) {
+    // The event thread stopped: the runtime is going away.
+  }
+}
+
+void Events::log(LogLevel level, std::string line) {
+  try {
+    thread_.post([this, level, line = std::move(line)] {
+      try {
+        sink_(level, line);
+      } catch (...) {
+      }
+    });
+  } catch (...) {
+  }
+}
+
+void Events::acquired(const std::string& key, std::uint64_t fence, Duration waited) {
+  metrics_.acquired.fetch_add(1, std::memory_order_relaxed);
+  metrics_.acquire_duration.observe(waited);
+  if (!observed()) return;
+  tell([key, fence, waited](Observer& o) { o.on_acquired(key, fence, waited); });
+}
+
+void Events::busy(const std::string& key, Duration waited) {
+  metrics_.busy.fetch_add(1, std::memory_order_relaxed);
+  metrics_.acquire_duration.observe(waited);
+  if (!observed()) return;
+  tell([key, waited](Observer& o) { o.on_busy(key, waited); });
+}
+
+void Events::acquire_failed(const std::string& key, std::exception_ptr error) {
+  metrics_.acquire_errors.fetch_add(1, std::memory_order_relaxed);
+  if (!observed()) return;
+  tell([key, what = what_of(error)](Observer& o) { o.on_acquire_failed(key, what); });
+}
+
+void Events::renewed(const std::string& key, Duration slack) {
+  metrics_.renewals.fetch_add(1, std::memory_order_relaxed);
+  if (!observed()) return;
+  tell([key, slack](Observer& o) { o.on_renewed(key, slack); });
+}
+
+void Events::renewal_failed(const std::string& key, const std::string& why) {
+  metrics_.renewal_failures.fetch_add(1, std::memory_order_relaxed);
+  if (!observed()) return;
+  tell([key, why](Observer& o) { o.on_renewal_failed(key, why); });
+}
+
+void Events::lost(const std::string& key, LostReason reason, const std::string& detail) {
+  metrics_.count_lost(reason);
+  log(LogLevel::kWarning, fmt::format("lease lost: key '{}', reason {}{}{}", key, to_string(reason),
+                                      detail.empty() ? "" : ": ", detail));
+  if (!observed()) return;
+  tell([key, reason, detail](Observer& o) { o.on_lost(key, reason, detail); });
+}
+
+void Events::released(const std::string& key, Duration held) {
+  metrics_.hold_duration.observe(held);
+  if (!observed()) return;
+  tell([key, held](Observer& o) { o.on_released(key, held); });
+}
+
+void Events::connection(const std::string& endpoint, bool up, const std::string& why) {
+  log(up ? LogLevel::kInfo : LogLevel::kWarning,
+      up ? fmt::format("connected to {} again", endpoint)
+         : fmt::format("connection to {} lost: {}; reconnecting", endpoint, why));
+  if (!observed()) return;
+  tell([endpoint, up, why](Observer& o) { o.on_connection(endpoint, up, why); });
+}
+
+}  // namespace detail
+}  // namespace lockwatch

@@ -1,0 +1,64 @@
+// lib/ops/events.hpp: what the runtime tells its observers, its metrics
+// and its log.
+//
+// The loop thread reports each event once, here. Metrics count it inline
+// (relaxed atomics: no lock, no allocation). Observers and the log sink are
+// user code, so they get it on the event thread, one queued task per event,
+// and only when there is someone to tell: with no observer attached and a
+// happy path, an event costs the counters and one relaxed load.
+//
+// Threading: add() and the metrics from any thread; the reporting members
+// from the loop thread (connection() from wherever a store reports).
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <exception>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "lockwatch/observer.hpp"
+#include "lockwatch/thread_pool.hpp"
+#include "ops/metrics.hpp"
+
+namespace lockwatch::detail {
+
+class Events {
+ public:
+  using Duration = std::chrono::nanoseconds;
+
+  // `thread`: the event thread (one worker). An empty `sink` logs warnings
+  // and errors to stderr.
+  Events(ThreadPool& thread, LogSink sink);
+
+  void add(std::shared_ptr<Observer> observer);
+  Metrics& metrics() noexcept { return metrics_; }
+  const Metrics& metrics() const noexcept { return metrics_; }
+
+  void acquired(const std::string& key, std::uint64_t fence, Duration waited);
+  void busy(const std::string& key, Duration waited);
+  void acquire_failed(const std::string& key, std::exception_ptr error);
+  void renewed(const std::string& key, Duration slack);
+  void renewal_failed(const std::string& key, const std::string& why);
+  void lost(const std::string& key, LostReason reason, const std::string& detail);
+  void released(const std::string& key, Duration held);
+  void connection(const std::string& endpoint, bool up, const std::string& why);
+  void log(LogLevel level, std::string line);
+
+ private:
+  // Checked before an event's text is copied: no observer, no copy.
+  bool observed() const noexcept { return observed_.load(std::memory_order_acquire); }
+  template <class F>
+  void tell(F&& f);
+
+  ThreadPool& thread_;
+  LogSink sink_;
+  Metrics metrics_;
+  std::atomic<bool> observed_{false};
+  std::mutex mu_;
+  std::vector<std::shared_ptr<Observer>> observers_;  // guarded by mu_
+};
+
+}  // namespace lockwatch::detail

@@ -1,0 +1,108 @@
+#include "ops/metrics.hpp"
+
+#include <fmt/format.h>
+
+#include <limits>
+
+namespace lockwatch::detail {
+
+namespace {
+
+constexpr double kAcquireBounds[] = {0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1,
+                                     0.25,   0.5,   1,      2.5,   5,    10,    30};
+constexpr double kHoldBounds[] = {0.001, 0.01, 0.1, 0.5, 1, 5, 10, 30, 60, 300, 900, 3600};
+constexpr double kLagBounds[] = {0.0001, 0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1};
+
+std::string number(double v) {
+  if (v == std::numeric_limits<double>::infinity()) return "+Inf";
+  return fmt::format("{}", v);
+}
+
+void counter(std::string& out, std::string_view name, std::string_view help, std::uint64_t v) {
+  fmt::format_to(std::back_inserter(out), "# HELP {0} {1}\n# TYPE {0} counter\n{0} {2}\n", name, help, v);
+}
+
+}  // namespace
+
+Histogram::Histogram(std::span<const double> bounds) noexcept : n_(std::min(bounds.size(), kMaxBuckets)) {
+  for (std::size_t i = 0; i < n_; ++i) bounds_[i] = bounds[i];
+}
+
+void Histogram::observe(std::chrono::nanoseconds d) noexcept {
+  const double s = std::chrono::duration<double>(d).count();
+  std::size_t i = 0;
+  while (i < n_ && s > bounds_[i]) ++i;
+  counts_[i].fetch_add(1, std::memory_order_relaxed);
+  sum_ns_.fetch_add(static_cast<std::uint64_t>(std::max<std::int64_t>(0, d.count())), std::memory_order_relaxed);
+}
+
+void Histogram::render(std::string& out, std::string_view name, std::string_view help) const {
+  fmt::format_to(std::back_inserter(out), "# HELP {0} {1}\n# TYPE {0} histogram\n", name, help);
+  std::uint64_t cumulative = 0;
+  for (std::size_t i = 0; i <= n_; ++i) {
+    cumulative += counts_[i].load(std::memory_order_relaxed);
+    std::string le = i < n_ ? number(bounds_[i]) : "+Inf";
+    fmt::format_to(std::back_inserter(out), "{}_bucket{{le=\"{}\"}} {}\n", name, le, cumulative);
+  }
+  fmt::format_to(std::back_inserter(out), "{}_sum {}\n{}_count {}\n", name,
+                 number(static_cast<double>(sum_ns_.load(std::memory_order_relaxed)) / 1e9), name, cumulative);
+}
+
+Metrics::Metrics() : acquire_duration(kAcquireBounds), hold_duration(kHoldBounds), loop_lag(kLagBounds) {}
+
+void Metrics::count_lost(LostReason reason) noexcept {
+  switch (reason) {
+    case LostReason::kExpired: lost[0].fetch_add(1, std::memory_order_relaxed); break;
+    case LostReason::kTakenByOther: lost[1].fetch_add(1, std::memory_order_relaxed); break;
+    case LostReason::kRenewalsExhausted: lost[2].fetch_add(1, std::memory_order_relaxed); break;
+    case LostReason::kRedisUnreachable: lost[3].fetch_add(1, std::memory_order_relaxed); break;
+    case LostReason::kRuntimeStopped: break;
+  }
+}
+
+std::string Metrics::render(const StatsCounters& stats) const {
+  std::string out;
+  out.reserve(4096);
+  auto rel = [](const std::atomic<std::uint64_t>& a) { return a.load(std::memory_order_relaxed); };
+  out +=
+      "# HELP lockwatch_acquisitions_total Lock acquisitions by result: acquired, busy past the wait, or an error.\n"
+      "# TYPE lockwatch_acquisitions_total counter\n";
+  fmt::format_to(std::back_inserter(out),
+                 "lockwatch_acquisitions_total{{result=\"acquired\"}} {}\n"
+                 "lockwatch_acquisitions_total{{result=\"busy\"}} {}\n"
+                 "lockwatch_acquisitions_total{{result=\"error\"}} {}\n",
+                 rel(acquired), rel(busy), rel(acquire_errors));
+  acquire_duration.render(out, "lockwatch_acquire_duration_seconds",
+                          "Time from a call to its grant, waiting included.");
+  hold_duration.render(out, "lockwatch_hold_duration_seconds", "Time a lease was held, from grant to release.");
+  counter(out, "lockwatch_renewals_total", "Lease renewals confirmed by the store.", rel(renewals));
+  counter(out, "lockwatch_renewal_failures_total", "Lease renewals that failed for a transient reason (retried).",
+          rel(renewal_failures));
+  out +=
+      "# HELP lockwatch_leases_lost_total Leases lost while their work ran, by reason.\n"
+      "# TYPE lockwatch_leases_lost_total counter\n";
+  fmt::format_to(std::back_inserter(out),
+                 "lockwatch_leases_lost_total{{reason=\"expired\"}} {}\n"
+                 "lockwatch_leases_lost_total{{reason=\"taken_by_other\"}} {}\n"
+                 "lockwatch_leases_lost_total{{reason=\"renewals_exhausted\"}} {}\n"
+                 "lockwatch_leases_lost_total{{reason=\"unreachable\"}} {}\n",
+                 rel(lost[0]), rel(lost[1]), rel(lost[2]), rel(lost[3]));
+  fmt::format_to(std::back_inserter(out),
+                 "# HELP lockwatch_leases_held Leases held right now.\n"
+                 "# TYPE lockwatch_leases_held gauge\n"
+                 "lockwatch_leases_held {}\n",
+                 rel(stats.held));
+  auto slack_us = stats.min_renewal_slack_us.load(std::memory_order_relaxed);
+  fmt::format_to(std::back_inserter(out),
+                 "# HELP lockwatch_renewal_slack_seconds The least time a lease had left before its local deadline "
+                 "when a renewal was confirmed (+Inf until one was).\n"
+                 "# TYPE lockwatch_renewal_slack_seconds gauge\n"
+                 "lockwatch_renewal_slack_seconds {}\n",
+                 slack_us == std::numeric_limits<std::int64_t>::max() ? std::string("+Inf")
+                                                                       : number(static_cast<double>(slack_us) / 1e6));
+  loop_lag.render(out, "lockwatch_loop_lag_seconds",
+                  "How late the I/O loop ran the watchdog's timer after it was due.");
+  return out;
+}
+
+}  // namespace lockwatch::detail

@@ -1,0 +1,347 @@
+// Metrics, the /metrics endpoint, observers and the log, on an in-memory
+// store: parsed as a Prometheus scraper would, and checked against what the
+// test did.
+#include <arpa/inet.h>
+#include <gtest/gtest.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <map>
+#include <mutex>
+#include <sstream>
+
+#include "memory_runtime.hpp"
+
+namespace lockwatch::testing {
+namespace {
+
+// One scrape: sample name with its labels ("name{a=\"b\"}") -> value, and
+// the TYPE of each family.
+struct Scrape {
+  std::map<std::string, double> samples;
+  std::map<std::string, std::string> types;
+  std::vector<std::string> errors;
+
+  double at(const std::string& sample) const {
+    auto it = samples.find(sample);
+    if (it == samples.end()) {
+      ADD_FAILURE() << "no sample " << sample;
+      return -1;
+    }
+    return it->second;
+  }
+};
+
+Scrape parse(const std::string& text) {
+  Scrape s;
+  std::istringstream in(text);
+  std::string line;
+  while (std::getline(in, line)) {
+    if (line.empty()) continue;
+    if (line.starts_with("# TYPE ")) {
+      std::istringstream t(line.substr(7));
+      std::string name, type;
+      t >> name >> type;
+      if (type != "counter" && type != "gauge" && type != "histogram") s.errors.push_back("bad type: " + line);
+      s.types[name] = type;
+      continue;
+    }
+    if (line.starts_with("#")) continue;
+    auto sp = line.rfind(' ');
+    if (sp == std::string::npos) {
+      s.errors.push_back("no value: " + line);
+      continue;
+    }
+    std::string name = line.substr(0, sp), value = line.substr(sp + 1);
+    double v = value == "+Inf" ? std::numeric_limits<double>::infinity() : std::stod(value);
+    std::string family = name.substr(0, name.find('{'));
+    for (const char* suffix : {"_bucket", "_sum", "_count"}) {
+      if (family.ends_with(suffix) && s.types.count(family.substr(0, family.size() - std::strlen(suffix))))
+        family = family.substr(0, family.size() - std::strlen(suffix));
+    }
+    if (!s.types.count(family)) s.errors.push_back("sample before its TYPE: " + line);
+    if (!s.samples.emplace(name, v).second) s.errors.push_back("duplicate sample: " + line);
+  }
+  return s;
+}
+
+// GET `path` from 127.0.0.1:port over a plain socket; returns the whole
+// response (head and body).
+std::string http_get(const std::string& address, const std::string& request) {
+  auto colon = address.rfind(':');
+  int port = std::stoi(address.substr(colon + 1));
+  int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_port = htons(static_cast<uint16_t>(port));
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  timeval tv{10, 0};
+  setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+  if (::connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) != 0) {
+    ::close(fd);
+    return {};
+  }
+  (void)!::write(fd, request.data(), request.size());
+  std::string out;
+  char buf[4096];
+  for (ssize_t n; (n = ::read(fd, buf, sizeof buf)) > 0;) out.append(buf, static_cast<std::size_t>(n));
+  ::close(fd);
+  return out;
+}
+
+class Recorder : public Observer {
+ public:
+  void on_acquired(std::string_view key, std::uint64_t, Duration) override { add("acquired " + std::string(key)); }
+  void on_busy(std::string_view key, Duration) override { add("busy " + std::string(key)); }
+  void on_acquire_failed(std::string_view key, std::string_view) override { add("failed " + std::string(key)); }
+  void on_renewed(std::string_view key, Duration slack) override {
+    if (slack > Duration::zero()) add("renewed " + std::string(key));
+  }
+  void on_renewal_failed(std::string_view key, std::string_view) override { add("renewal_failed " + std::string(key)); }
+  void on_lost(std::string_view key, LostReason r, std::string_view) override {
+    add("lost " + std::string(key) + (r == LostReason::kRedisUnreachable ? " unreachable" : " other"));
+  }
+  void on_released(std::string_view key, Duration) override { add("released " + std::string(key)); }
+  void on_connection(std::string_view, bool up, std::string_view) override { add(up ? "up" : "down"); }
+
+  std::vector<std::string> events() {
+    std::lock_guard lk(mu_);
+    return events_;
+  }
+  bool wait_for(const std::string& e) {
+    std::unique_lock lk(mu_);
+    return cv_.wait_for(lk, kBound, [&] { return std::find(events_.begin(), events_.end(), e) != events_.end(); });
+  }
+  std::thread::id thread() {
+    std::lock_guard lk(mu_);
+    return thread_;
+  }
+
+ private:
+  void add(std::string e) {
+    std::lock_guard lk(mu_);
+    thread_ = std::this_thread::get_id();
+    events_.push_back(std::move(e));
+    cv_.notify_all();
+  }
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::vector<std::string> events_;
+  std::thread::id thread_;
+};
+
+class MetricsTest : public ::testing::Test {
+ protected:
+  void start(Options o = memory_options()) { rt_ = memory_runtime(backend_, script_, std::move(o)); }
+  void TearDown() override { rt_.reset(); }
+
+  std::shared_ptr<MemoryBackend> backend_ = std::make_shared<MemoryBackend>();
+  std::shared_ptr<StoreScript> script_ = std::make_shared<StoreScript>();
+  std::unique_ptr<Runtime> rt_;
+};
+
+TEST_F(MetricsTest, EveryFamilyIsThereFromTheStartWithZeros) {
+  start();
+  auto s = parse(rt_->metrics_text());
+  EXPECT_TRUE(s.errors.empty()) << s.errors.front();
+  for (const char* family :
+       {"lockwatch_acquisitions_total", "lockwatch_acquire_duration_seconds", "lockwatch_hold_duration_seconds",
+        "lockwatch_renewals_total", "lockwatch_renewal_failures_total", "lockwatch_leases_lost_total",
+        "lockwatch_leases_held", "lockwatch_renewal_slack_seconds", "lockwatch_loop_lag_seconds"})
+    EXPECT_TRUE(s.types.count(family)) << family;
+  EXPECT_EQ(s.types["lockwatch_acquire_duration_seconds"], "histogram");
+  EXPECT_EQ(s.types["lockwatch_leases_held"], "gauge");
+  for (const char* result : {"acquired", "busy", "error"})
+    EXPECT_EQ(s.at(fmt::format("lockwatch_acquisitions_total{{result=\"{}\"}}", result)), 0) << result;
+  for (const char* reason : {"expired", "taken_by_other", "renewals_exhausted", "unreachable"})
+    EXPECT_EQ(s.at(fmt::format("lockwatch_leases_lost_total{{reason=\"{}\"}}", reason)), 0) << reason;
+  EXPECT_EQ(s.at("lockwatch_renewal_slack_seconds"), std::numeric_limits<double>::infinity());
+  EXPECT_EQ(s.at("lockwatch_hold_duration_seconds_count"), 0);
+}
+
+TEST_F(MetricsTest, CountsMatchWhatTheCallsDid) {
+  start();
+  for (int i = 0; i < 5; ++i) {
+    auto f = locked("counted", 1s, forever).on(*rt_)([] {})();
+    get_bounded(f);
+  }
+  backend_->set_owner(memory_name("busy-one"), "other", 10s);
+  auto busy = rt_->acquire("busy-one", 1s);
+  EXPECT_TRUE(error_of<LockNotAcquired>(busy));
+  script_->set_down(true);
+  auto failed = rt_->acquire("down-one", 1s);
+  EXPECT_TRUE(error_of<ConnectionError>(failed));
+  script_->set_down(false);
+  auto held = rt_->acquire("held-one", 300ms);
+  auto h = get_bounded(held);
+  ASSERT_TRUE(renewed_again(h.lease(), 1));
+
+  auto s = parse(rt_->metrics_text());
+  EXPECT_TRUE(s.errors.empty());
+  EXPECT_EQ(s.at("lockwatch_acquisitions_total{result=\"acquired\"}"), 6);
+  EXPECT_EQ(s.at("lockwatch_acquisitions_total{result=\"busy\"}"), 1);
+  EXPECT_EQ(s.at("lockwatch_acquisitions_total{result=\"error\"}"), 1);
+  EXPECT_EQ(s.at("lockwatch_acquire_duration_seconds_count"), 7);  // acquired and busy: waiting included
+  EXPECT_EQ(s.at("lockwatch_hold_duration_seconds_count"), 5);
+  EXPECT_EQ(s.at("lockwatch_leases_held"), 1);
+  EXPECT_GE(s.at("lockwatch_renewals_total"), 1);
+  EXPECT_GT(s.at("lockwatch_renewal_slack_seconds"), 0);
+  EXPECT_LT(s.at("lockwatch_renewal_slack_seconds"), 0.3);
+  // Buckets are cumulative and end at the count.
+  EXPECT_EQ(s.at("lockwatch_hold_duration_seconds_bucket{le=\"+Inf\"}"),
+            s.at("lockwatch_hold_duration_seconds_count"));
+  EXPECT_LE(s.at("lockwatch_hold_duration_seconds_bucket{le=\"0.001\"}"),
+            s.at("lockwatch_hold_duration_seconds_bucket{le=\"0.01\"}"));
+  EXPECT_GE(s.at("lockwatch_loop_lag_seconds_count"), 1);
+  h.release().get();
+}
+
+TEST_F(MetricsTest, LossesAreCountedByReason) {
+  start();
+  auto a = rt_->acquire("steal-me", 300ms);
+  auto ha = get_bounded(a);
+  backend_->set_owner(memory_name("steal-me"), "thief", 5s);
+  auto b = locked("spend", 150ms, 0).on(*rt_)([] {
+    std::promise<void> p;
+    std::stop_callback cb(this_lease().stop_token(), [&] { p.set_value(); });
+    p.get_future().wait_for(kBound);
+  })();
+  EXPECT_TRUE(error_of<LeaseLost>(b));
+  std::promise<void> stolen;
+  std::stop_callback cb(ha.lease().stop_token(), [&] { stolen.set_value(); });
+  ASSERT_EQ(stolen.get_future().wait_for(kBound), std::future_status::ready);
+  auto s = parse(rt_->metrics_text());
+  EXPECT_EQ(s.at("lockwatch_leases_lost_total{reason=\"taken_by_other\"}"), 1);
+  EXPECT_EQ(s.at("lockwatch_leases_lost_total{reason=\"renewals_exhausted\"}"), 1);
+  EXPECT_EQ(s.at("lockwatch_leases_lost_total{reason=\"expired\"}"), 0);
+  EXPECT_THROW(ha.release().get(), LeaseLost);
+}
+
+TEST_F(MetricsTest, TheEndpointServesWhatMetricsTextSays) {
+  Options o = memory_options();
+  o.metrics_listen = "127.0.0.1:0";
+  start(o);
+  auto f = locked("scraped", 1s, forever).on(*rt_)([] {})();
+  get_bounded(f);
+  std::string address = rt_->metrics_address();
+  ASSERT_FALSE(address.empty());
+  EXPECT_TRUE(address.starts_with("127.0.0.1:"));
+  std::string response = http_get(address, "GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n");
+  ASSERT_TRUE(response.starts_with("HTTP/1.1 200 OK\r\n")) << response.substr(0, 80);
+  EXPECT_NE(response.find("Content-Type: text/plain; version=0.0.4\r\n"), std::string::npos);
+  auto body = response.substr(response.find("\r\n\r\n") + 4);
+  auto s = parse(body);
+  EXPECT_TRUE(s.errors.empty());
+  EXPECT_EQ(s.at("lockwatch_acquisitions_total{result=\"acquired\"}"), 1);
+  EXPECT_EQ(s.at("lockwatch_hold_duration_seconds_count"), 1);
+}
+
+TEST_F(MetricsTest, AnythingButGetMetricsIsNotFound) {
+  Options o = memory_options();
+  o.metrics_listen = "127.0.0.1:0";
+  start(o);
+  for (const char* request : {"GET / HTTP/1.1\r\n\r\n", "POST /metrics HTTP/1.1\r\n\r\n",
+                              "GET /metricsx HTTP/1.0\r\n\r\n", "garbage\r\n\r\n"}) {
+    std::string response = http_get(rt_->metrics_address(), request);
+    EXPECT_TRUE(response.starts_with("HTTP/1.1 404 Not Found\r\n")) << request;
+  }
+  EXPECT_TRUE(http_get(rt_->metrics_address(), "GET /metrics?x=1 HTTP/1.1\r\n\r\n").starts_with("HTTP/1.1 200"));
+}
+
+TEST_F(MetricsTest, ASilentClientDoesNotStallTheLoop) {
+  Options o = memory_options();
+  o.metrics_listen = "127.0.0.1:0";
+  start(o);
+  // Connect and say nothing: the loop goes on serving locks and scrapes.
+  auto address = rt_->metrics_address();
+  int port = std::stoi(address.substr(address.rfind(':') + 1));
+  std::vector<int> silent;
+  for (int i = 0; i < 5; ++i) {
+    int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+    sockaddr_in a{};
+    a.sin_family = AF_INET;
+    a.sin_port = htons(static_cast<uint16_t>(port));
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    ASSERT_EQ(::connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof a), 0);
+    (void)!::write(fd, "GET /met", 8);  // half a request, never finished
+    silent.push_back(fd);
+  }
+  auto t0 = std::chrono::steady_clock::now();
+  auto f = locked("while-silent", 1s, forever).on(*rt_)([] { return 1; })();
+  EXPECT_EQ(get_bounded(f), 1);
+  EXPECT_TRUE(http_get(address, "GET /metrics HTTP/1.1\r\n\r\n").starts_with("HTTP/1.1 200"));
+  EXPECT_LT(ms_between(t0, std::chrono::steady_clock::now()), 1s);
+  for (int fd : silent) ::close(fd);
+}
+
+TEST_F(MetricsTest, ABadListenAddressIsInvalid) {
+  Options o = memory_options();
+  for (const char* bad : {"9464", "localhost:9464", "127.0.0.1:99999", "127.0.0.1:"}) {
+    o.metrics_listen = bad;
+    EXPECT_THROW(o.validate(), InvalidArgument) << bad;
+  }
+}
+
+TEST_F(MetricsTest, AnAddressInUseIsAConnectionError) {
+  Options o = memory_options();
+  o.metrics_listen = "127.0.0.1:0";
+  start(o);
+  Options again = memory_options();
+  again.metrics_listen = rt_->metrics_address();
+  EXPECT_THROW(memory_runtime(backend_, script_, again), ConnectionError);
+}
+
+TEST_F(MetricsTest, ObserversHearEveryEventOffTheLoopInOrder) {
+  start();
+  auto rec = std::make_shared<Recorder>();
+  rt_->add_observer(rec);
+  auto f = locked("observed", 300ms, forever).on(*rt_)([] { return renewed_again(this_lease(), 1); })();
+  EXPECT_TRUE(get_bounded(f));
+  ASSERT_TRUE(rec->wait_for("released observed"));
+  backend_->set_owner(memory_name("observed-busy"), "other", 10s);
+  auto busy = rt_->acquire("observed-busy", 1s);
+  EXPECT_TRUE(error_of<LockNotAcquired>(busy));
+  ASSERT_TRUE(rec->wait_for("busy observed-busy"));
+  auto ev = rec->events();
+  auto pos = [&](const std::string& e) { return std::find(ev.begin(), ev.end(), e) - ev.begin(); };
+  EXPECT_LT(pos("acquired observed"), pos("renewed observed"));
+  EXPECT_LT(pos("renewed observed"), pos("released observed"));
+  EXPECT_NE(rec->thread(), std::this_thread::get_id());
+}
+
+TEST_F(MetricsTest, ObserversHearOfLossesAndFailedRenewals) {
+  start();
+  auto rec = std::make_shared<Recorder>();
+  rt_->add_observer(rec);
+  script_->script_renew([](const std::string&) -> std::optional<detail::Renewed> { return detail::Renewed::kTransient; });
+  auto h = get_bounded(*std::make_unique<std::future<LockHandle>>(rt_->acquire("doomed", 200ms)));
+  ASSERT_TRUE(rec->wait_for("renewal_failed doomed"));
+  ASSERT_TRUE(rec->wait_for("lost doomed unreachable"));
+  EXPECT_THROW(h.release().get(), LeaseLost);
+}
+
+TEST_F(MetricsTest, TheLogSinkGetsLossesAndNothingOnTheHappyPath) {
+  auto lines = std::make_shared<std::vector<std::pair<LogLevel, std::string>>>();
+  auto mu = std::make_shared<std::mutex>();
+  Options o = memory_options();
+  o.log = [lines, mu](LogLevel level, std::string_view line) {
+    std::lock_guard lk(*mu);
+    lines->emplace_back(level, std::string(line));
+  };
+  start(o);
+  auto ok = locked("happy", 300ms, forever).on(*rt_)([] { return 1; })();
+  EXPECT_EQ(get_bounded(ok), 1);
+  auto h = get_bounded(*std::make_unique<std::future<LockHandle>>(rt_->acquire("unhappy", 300ms)));
+  backend_->set_owner(memory_name("unhappy"), "thief", 5s);
+  EXPECT_THROW(h.release().get(), LeaseLost);
+  rt_.reset();  // the event thread has told everything by now
+  std::lock_guard lk(*mu);
+  ASSERT_EQ(lines->size(), 1u);
+  EXPECT_EQ(lines->front().first, LogLevel::kWarning);
+  EXPECT_NE(lines->front().second.find("'unhappy'"), std::string::npos) << lines->front().second;
+  EXPECT_NE(lines->front().second.find("taken by another owner"), std::string::npos) << lines->front().second;
+}
+
+}  // namespace
+}  // namespace lockwatch::testing
