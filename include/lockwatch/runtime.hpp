@@ -89,6 +89,16 @@ struct RuntimeStats {
   std::chrono::microseconds min_renewal_slack = std::chrono::microseconds::max();
 };
 
+// What the store says of one lock at a moment (Runtime::inspect): an
+// operator's view, read without taking a lease. Over Redlock the lock is
+// held when a majority of the nodes hold it with the same owner.
+struct LockState {
+  std::string key;
+  bool held = false;
+  std::chrono::milliseconds ttl{0};       // remaining ttl when held
+  std::uint64_t fencing_counter = 0;      // the key's fencing counter (0 if never locked)
+};
+
 class Runtime {
  public:
   // Throws InvalidArgument for bad options. Connecting starts at once but
@@ -119,6 +129,16 @@ class Runtime {
   // InvalidArgument or RuntimeStopped before anything starts.
   std::future<LockHandle> acquire(std::string key, std::chrono::milliseconds ttl, Retries retries = forever,
                                   std::chrono::milliseconds wait = std::chrono::milliseconds(0));
+
+  // Operator tools (lib/admin.cpp). Both throw InvalidArgument (empty or
+  // oversized key) or RuntimeStopped before anything starts; store errors
+  // (ConnectionError, AuthError, RedisError) come through the future.
+  // What the store says of a lock right now (an operator's view; no lease is taken).
+  std::future<LockState> inspect(std::string key);
+  // Removes the lock whatever its owner and wakes its waiters; true if one was held.
+  // The fencing counter is kept (tokens never go backwards); the holder, if
+  // any, finds its key gone at its next renewal and loses its lease.
+  std::future<bool> force_release(std::string key);
 
   // Leases held right now (acquired, not yet released).
   std::size_t held_leases() const noexcept;
