@@ -156,6 +156,20 @@ TEST_F(CliTest, TheCommandsExitStatusPassesThrough) {
   EXPECT_FALSE(exists(*server_, test_key())) << "released after each run";
 }
 
+TEST_F(CliTest, TheLockIsHeldUntilEverythingTheCommandStartedHasEnded) {
+  auto started = Clock::now();
+  auto p =
+      start({"run", "--key", test_key(), "-c",
+             "(while [ ! -e \"$D/go\" ]; do sleep 0.01; done; echo background-done) & echo foreground-done; exit 3"});
+  ASSERT_TRUE(read_until(*p, "foreground-done"));
+  EXPECT_TRUE(exists(*server_, test_key())) << "a background job the command left still runs under the lock";
+  std::ofstream(dir_ + "/go") << "go\n";
+  Outcome o = finish(*p, started);
+  EXPECT_EQ(o.code, 3) << "the command's own status, not its background job's";
+  EXPECT_EQ(o.output, "background-done\n");
+  EXPECT_FALSE(exists(*server_, test_key()));
+}
+
 TEST_F(CliTest, TheCommandSeesTheLockInItsEnvironment) {
   Outcome o = run({"run", "--key", test_key(), "--ttl", "5s", "-c",
                    "echo \"$LOCKWATCH_KEY $LOCKWATCH_FENCING_TOKEN $LOCKWATCH_TTL_MS\""});
@@ -363,6 +377,15 @@ TEST_F(CliTest, AMissingCommandExits127AndNeverTakesTheLock) {
   EXPECT_EQ(denied.code, 126);
   EXPECT_TRUE(contains(denied.output, "Permission denied")) << denied.output;
   EXPECT_EQ(server_->command({"EXISTS", lock_key(test_key()) + ":fence"}).integer, 0) << "no lock was taken";
+
+  std::string garbage = dir_ + "/not-a-program";
+  std::ofstream(garbage) << "\x7f"
+                         << "ELF but not really\n";
+  ::chmod(garbage.c_str(), 0755);
+  Outcome unrunnable = run({"run", "--key", test_key(), "--", garbage});
+  EXPECT_EQ(unrunnable.code, 126) << unrunnable.output;
+  EXPECT_TRUE(contains(unrunnable.output, "cannot run")) << unrunnable.output;
+  EXPECT_FALSE(exists(*server_, test_key())) << "released";
 
   // Through the shell, the shell's own code.
   EXPECT_EQ(run({"run", "--key", test_key(), "-c", "lockwatch-test-no-such-command"}).code, 127);
