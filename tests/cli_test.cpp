@@ -243,7 +243,7 @@ TEST_F(CliTest, AStolenLeaseKillsTheCommandAndItsChildrenAndExits76) {
 TEST_F(CliTest, ALostLeaseSendsSigtermBeforeTheKillGraceEnds) {
   auto started = Clock::now();
   auto p = start({"run", "--key", test_key(), "--ttl", "1s", "--kill-grace", "10s", "-c",
-                  "trap 'echo got-term; exit 0' TERM; echo ready; sleep 1000 & wait"});
+                  "trap 'echo got-term; exit 0' TERM; echo ready; while :; do sleep 0.1; done"});
   auto before = read_until(*p, "ready");
   ASSERT_TRUE(before);
   EXPECT_TRUE(contains(*before, "warning: --kill-grace 10s is longer")) << *before;
@@ -284,9 +284,12 @@ TEST_F(CliTest, SignalsAreForwardedToTheCommand) {
     p->kill(sig);
     EXPECT_EQ(finish(*p, started).code, 128 + sig) << "signal " << sig;
   }
+  // Short sleeps: a child the shell forks has the shell's trap handler
+  // for a moment, and a SIGTERM then is lost to it (a long background sleep
+  // would keep the run waiting).
   auto started = Clock::now();
-  auto p =
-      start({"run", "--key", test_key(), "-c", "trap 'echo got-term; exit 7' TERM; echo ready; sleep 1000 & wait"});
+  auto p = start(
+      {"run", "--key", test_key(), "-c", "trap 'echo got-term; exit 7' TERM; echo ready; while :; do sleep 0.1; done"});
   ASSERT_TRUE(read_until(*p, "ready"));
   p->kill(SIGTERM);
   Outcome o = finish(*p, started);
