@@ -206,15 +206,21 @@ int run_command(const RunArgs& a, const Inherited& inherited) {
       acquired.wait();
       ready.raise();
     });
-    for (;;) {
-      auto readable = wait_readable({ready.fd(), signals.fd()}, std::nullopt);
-      if (readable[0]) break;
-      if (readable[1]) {
-        if (auto got = signals.take(); !got.empty()) {
-          gave_up = got.front();
-          break;
+    try {
+      for (;;) {
+        auto readable = wait_readable({ready.fd(), signals.fd()}, std::nullopt);
+        if (readable[0]) break;
+        if (readable[1]) {
+          if (auto got = signals.take(); !got.empty()) {
+            gave_up = got.front();
+            break;
+          }
         }
       }
+    } catch (...) {
+      rt.reset();  // makes the future ready, so the waiter ends
+      waiter.join();
+      throw;
     }
     if (gave_up != 0) rt.reset();
     waiter.join();
