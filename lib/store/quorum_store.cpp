@@ -295,23 +295,31 @@ void QuorumStore::inspect(std::string_view name, std::function<void(const LockIn
       }
       if (t->replies < stores_.size()) return;
       LockInfo out;
-      if (t->answered < quorum_) {
-        t->done(out, t->error);
-        return;
-      }
       // Held when a majority holds it for one owner: the ttl is the least
       // of theirs. The counter is the highest any store has.
       std::map<std::string, std::vector<const LockInfo*>> by_owner;
+      std::size_t largest = 0;
       for (const auto& i : t->infos) {
         out.fence_counter = std::max(out.fence_counter, i.fence_counter);
         if (i.held) by_owner[i.owner].push_back(&i);
       }
       for (const auto& [owner, held] : by_owner) {
+        largest = std::max(largest, held.size());
         if (held.size() < quorum_) continue;
         out.held = true;
         out.owner = owner;
         out.ttl = held.front()->ttl;
         for (const auto* i : held) out.ttl = std::min(out.ttl, i->ttl);
+      }
+      // Free only if the silent stores could not make a majority for
+      // anyone with those that answered.
+      const std::size_t silent = stores_.size() - t->answered;
+      if (!out.held && (largest + silent >= quorum_ || t->answered < quorum_)) {
+        std::string why = fmt::format("cannot tell whether the lock is held: {} of {} nodes did not answer", silent,
+                                      stores_.size());
+        if (t->error) why += " (" + what_of(t->error) + ")";
+        t->done(LockInfo{}, std::make_exception_ptr(ConnectionError("quorum", why)));
+        return;
       }
       t->done(out, nullptr);
     });

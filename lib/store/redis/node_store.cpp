@@ -189,11 +189,16 @@ void RedisNodeStore::raise_fence(std::string_view name, std::uint64_t fence, std
 void RedisNodeStore::inspect(std::string_view name, std::function<void(const LockInfo&, std::exception_ptr)> done) {
   std::string lock(name);
   conn_->eval(inspect_script(), {lock, redis_keys::fence(lock)}, 2,
-              [done = std::move(done)](const redisReply* r, std::exception_ptr err) {
+              [this, lock, done = std::move(done)](const redisReply* r, std::exception_ptr err) {
                 LockInfo info;
+                if (!err && integer_at(r, 0) == -1) {
+                  // The acquire script would refuse it the same way.
+                  err = std::make_exception_ptr(RedisError(
+                      conn_->name(), "LOCKWATCH " + lock + " exists without expiry: not a lockwatch lock"));
+                }
                 if (!err) {
                   long long pttl = integer_at(r, 0);
-                  info.held = pttl > 0 || pttl == -1;
+                  info.held = pttl > 0;
                   info.ttl = std::chrono::milliseconds(pttl > 0 ? pttl : 0);
                   info.fence_counter = static_cast<std::uint64_t>(integer_at(r, 1));
                   if (r->elements > 2 && r->element[2]->type == REDIS_REPLY_STRING)

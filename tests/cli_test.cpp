@@ -1,0 +1,452 @@
+// The `lockwatch` command as a user runs it: the real binary (its path in
+// LOCKWATCH_CLI), real child processes, a real redis-server.
+#include <gtest/gtest.h>
+#include <signal.h>
+#include <stdlib.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+
+#include "lockwatch/lockwatch.hpp"
+#include "test_util.hpp"
+
+namespace lockwatch::testing {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+std::string cli_path() {
+  const char* p = std::getenv("LOCKWATCH_CLI");
+  if (p == nullptr) throw std::runtime_error("LOCKWATCH_CLI is not set (tests/meson.build sets it)");
+  return p;
+}
+
+std::string test_key(const std::string& suffix = "") {
+  return std::string(::testing::UnitTest::GetInstance()->current_test_info()->name()) + suffix;
+}
+
+// lockwatch with its standard error joined to its standard output, so the
+// test reads both.
+std::vector<std::string> cli_argv(const std::vector<std::string>& args) {
+  std::vector<std::string> argv = {"/bin/sh", "-c", "exec \"$0\" \"$@\" 2>&1", cli_path()};
+  argv.insert(argv.end(), args.begin(), args.end());
+  return argv;
+}
+
+struct Outcome {
+  int code = -1;
+  std::string output;
+  Clock::duration took{};
+};
+
+// Reads what `p` prints until it closes its output, then its exit status;
+// bounded by kBound.
+Outcome finish(ChildProcess& p, Clock::time_point started) {
+  Outcome out;
+  auto until = started + kBound;
+  while (Clock::now() < until) {
+    auto line = p.read_line(std::chrono::ceil<std::chrono::milliseconds>(until - Clock::now()));
+    if (!line) break;
+    out.output += *line + "\n";
+  }
+  out.code = p.wait(
+      std::max<std::chrono::milliseconds>(std::chrono::ceil<std::chrono::milliseconds>(until - Clock::now()), 100ms));
+  out.took = Clock::now() - started;
+  return out;
+}
+
+// Reads lines until one equals `want` (bounded); returns those before it
+// joined, or nullopt if it never came.
+std::optional<std::string> read_until(ChildProcess& p, const std::string& want) {
+  std::string seen;
+  auto until = Clock::now() + kBound;
+  while (Clock::now() < until) {
+    auto line = p.read_line(std::chrono::ceil<std::chrono::milliseconds>(until - Clock::now()));
+    if (!line) return std::nullopt;
+    if (*line == want) return seen;
+    seen += *line + "\n";
+  }
+  return std::nullopt;
+}
+
+// A process that is gone or a zombie runs nothing.
+bool running(pid_t pid) {
+  std::ifstream stat("/proc/" + std::to_string(pid) + "/stat");
+  std::string text((std::istreambuf_iterator<char>(stat)), std::istreambuf_iterator<char>());
+  auto close = text.rfind(')');
+  if (close == std::string::npos || close + 2 >= text.size()) return false;
+  char state = text[close + 2];
+  return state != 'Z' && state != 'X';
+}
+
+bool stops_running(pid_t pid) {
+  auto until = Clock::now() + kBound;
+  while (running(pid) && Clock::now() < until) std::this_thread::sleep_for(5ms);  // the kill is asynchronous
+  return !running(pid);
+}
+
+bool contains(const std::string& text, const std::string& part) { return text.find(part) != std::string::npos; }
+
+class CliTest : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    // Ignored dispositions are inherited down to the commands (a test run
+    // started in the background has SIGINT ignored), and the forwarding
+    // test needs commands that die of the signals it forwards.
+    for (int sig : {SIGINT, SIGHUP, SIGQUIT, SIGTERM, SIGUSR1}) ::signal(sig, SIG_DFL);
+    server_ = new RedisServer();
+  }
+  static void TearDownTestSuite() {
+    delete server_;
+    server_ = nullptr;
+  }
+  void SetUp() override {
+    char tmpl[] = "/tmp/lockwatch-cli-XXXXXX";
+    ASSERT_NE(::mkdtemp(tmpl), nullptr);
+    dir_ = tmpl;
+  }
+  void TearDown() override { std::filesystem::remove_all(dir_); }
+
+  std::vector<std::string> env() const { return {"LOCKWATCH_REDIS_URL=" + server_->url(), "D=" + dir_}; }
+
+  // Starts lockwatch with `args`, against this suite's server.
+  std::unique_ptr<ChildProcess> start(const std::vector<std::string>& args) const {
+    return std::make_unique<ChildProcess>(cli_argv(args), env());
+  }
+  // Runs lockwatch to its end.
+  Outcome run(const std::vector<std::string>& args) const {
+    auto started = Clock::now();
+    auto p = start(args);
+    return finish(*p, started);
+  }
+
+  static RedisServer* server_;
+  std::string dir_;
+};
+RedisServer* CliTest::server_ = nullptr;
+
+TEST_F(CliTest, RacingRunsNeverOverlap) {
+  // Each run checks that it is alone (mkdir fails if another is inside)
+  // and does a deliberately racy read, pause, write of a counter.
+  const std::string body =
+      "mkdir \"$D/inside\" || exit 99; n=$(cat \"$D/count\" 2>/dev/null || echo 0); sleep 0.05; "
+      "echo $((n + 1)) > \"$D/count\"; rmdir \"$D/inside\"";
+  constexpr int kRuns = 6;
+  auto started = Clock::now();
+  std::vector<std::unique_ptr<ChildProcess>> runs;
+  for (int i = 0; i < kRuns; ++i) runs.push_back(start({"run", "--key", test_key(), "--wait", "20s", "-c", body}));
+  for (auto& p : runs) {
+    Outcome o = finish(*p, started);
+    EXPECT_EQ(o.code, 0) << o.output;
+  }
+  std::ifstream count(dir_ + "/count");
+  int n = 0;
+  count >> n;
+  EXPECT_EQ(n, kRuns);
+}
+
+TEST_F(CliTest, TheCommandsExitStatusPassesThrough) {
+  EXPECT_EQ(run({"run", "--key", test_key(), "--", "sh", "-c", "exit 3"}).code, 3);
+  EXPECT_EQ(run({"run", "--key", test_key(), "-c", "exit 0"}).code, 0);
+  EXPECT_EQ(run({"run", "--key", test_key(), "-c", "exit 255"}).code, 255);
+  EXPECT_EQ(run({"run", "--key", test_key(), "-c", "kill -KILL $$"}).code, 128 + SIGKILL);
+  EXPECT_FALSE(exists(*server_, test_key())) << "released after each run";
+}
+
+TEST_F(CliTest, TheLockIsHeldUntilEverythingTheCommandStartedHasEnded) {
+  auto started = Clock::now();
+  auto p =
+      start({"run", "--key", test_key(), "-c",
+             "(while [ ! -e \"$D/go\" ]; do sleep 0.01; done; echo background-done) & echo foreground-done; exit 3"});
+  ASSERT_TRUE(read_until(*p, "foreground-done"));
+  EXPECT_TRUE(exists(*server_, test_key())) << "a background job the command left still runs under the lock";
+  std::ofstream(dir_ + "/go") << "go\n";
+  Outcome o = finish(*p, started);
+  EXPECT_EQ(o.code, 3) << "the command's own status, not its background job's";
+  EXPECT_EQ(o.output, "background-done\n");
+  EXPECT_FALSE(exists(*server_, test_key()));
+}
+
+TEST_F(CliTest, TheCommandSeesTheLockInItsEnvironment) {
+  Outcome o = run({"run", "--key", test_key(), "--ttl", "5s", "-c",
+                   "echo \"$LOCKWATCH_KEY $LOCKWATCH_FENCING_TOKEN $LOCKWATCH_TTL_MS\""});
+  EXPECT_EQ(o.code, 0);
+  EXPECT_EQ(o.output, test_key() + " 1 5000\n");
+  Outcome again = run({"run", "--key", test_key(), "-c", "echo $LOCKWATCH_FENCING_TOKEN"});
+  EXPECT_EQ(again.output, "2\n") << "fencing tokens rise from run to run";
+}
+
+TEST_F(CliTest, ABusyLockExits75AtOnceWithoutRunningTheCommand) {
+  Runtime holder(options_for(*server_, 1));
+  auto acquired = holder.acquire(test_key(), 30s);
+  LockHandle h = get_bounded(acquired);
+
+  Outcome busy = run({"run", "--key", test_key(), "-c", "echo ran"});
+  EXPECT_EQ(busy.code, 75);
+  EXPECT_LT(busy.took, 3s);
+  EXPECT_TRUE(contains(busy.output, "held by another owner")) << busy.output;
+  EXPECT_FALSE(contains(busy.output, "ran")) << busy.output;
+
+  EXPECT_EQ(run({"run", "--key", test_key(), "-E", "42", "--", "true"}).code, 42);
+  Outcome quiet = run({"run", "--key", test_key(), "-q", "--", "true"});
+  EXPECT_EQ(quiet.code, 0);
+  EXPECT_EQ(quiet.output, "");
+
+  Outcome waited = run({"run", "--key", test_key(), "--wait", "300ms", "--", "true"});
+  EXPECT_EQ(waited.code, 75);
+  EXPECT_GE(waited.took, 300ms);
+  EXPECT_FALSE(h.lease().lost());
+}
+
+TEST_F(CliTest, AWaitingRunGetsTheLockWhenItIsReleased) {
+  Runtime holder(options_for(*server_, 1));
+  auto acquired = holder.acquire(test_key(), 30s);
+  LockHandle h = get_bounded(acquired);
+  auto started = Clock::now();
+  auto p = start({"run", "--key", test_key(), "--wait", "20s", "-c", "echo ran"});
+  // Released once the run waits on the release channel (it subscribed).
+  auto until = Clock::now() + kBound;
+  while (server_->command({"PUBSUB", "NUMSUB", lock_key(test_key()) + ":rel"}).elements.at(1).integer == 0 &&
+         Clock::now() < until)
+    std::this_thread::sleep_for(5ms);
+  auto released = h.release();
+  get_bounded(released);
+  Outcome o = finish(*p, started);
+  EXPECT_EQ(o.code, 0) << o.output;
+  EXPECT_EQ(o.output, "ran\n");
+  EXPECT_LT(o.took, 10s) << "woken by the release, not the holder's ttl";
+}
+
+TEST_F(CliTest, AStolenLeaseKillsTheCommandAndItsChildrenAndExits76) {
+  auto started = Clock::now();
+  auto p = start({"run", "--key", test_key(), "--ttl", "1s", "-c", "sleep 1000 & echo \"$! $$\"; wait"});
+  auto line = p->read_line(kBound);
+  ASSERT_TRUE(line);
+  pid_t grandchild = 0, child = 0;
+  std::istringstream(*line) >> grandchild >> child;
+  ASSERT_GT(grandchild, 0);
+  ASSERT_GT(child, 0);
+  ASSERT_TRUE(running(grandchild));
+
+  server_->command({"SET", lock_key(test_key()), "thief", "PX", "60000"});
+  Outcome o = finish(*p, started);
+  EXPECT_EQ(o.code, 76) << o.output;
+  EXPECT_TRUE(contains(o.output, "taken by another owner")) << o.output;
+  EXPECT_TRUE(stops_running(child));
+  EXPECT_TRUE(stops_running(grandchild));
+  EXPECT_EQ(server_->command({"GET", lock_key(test_key())}).str, "thief") << "the thief's lock is left alone";
+}
+
+TEST_F(CliTest, ALostLeaseSendsSigtermBeforeTheKillGraceEnds) {
+  auto started = Clock::now();
+  auto p = start({"run", "--key", test_key(), "--ttl", "1s", "--kill-grace", "10s", "-c",
+                  "trap 'echo got-term; exit 0' TERM; echo ready; while :; do sleep 0.1; done"});
+  auto before = read_until(*p, "ready");
+  ASSERT_TRUE(before);
+  EXPECT_TRUE(contains(*before, "warning: --kill-grace 10s is longer")) << *before;
+  server_->command({"DEL", lock_key(test_key())});
+  Outcome o = finish(*p, started);
+  EXPECT_EQ(o.code, 76) << "never the command's 0 after a loss; " << o.output;
+  EXPECT_TRUE(contains(o.output, "got-term")) << o.output;
+  EXPECT_LT(o.took, 10s) << "the command ended on SIGTERM; no need to wait for the SIGKILL";
+}
+
+TEST_F(CliTest, KillingLockwatchKillsTheCommandAndTheLockExpiresAfterItsTtl) {
+  auto p = start({"run", "--key", test_key(), "--ttl", "1s", "-c", "sleep 1000 & echo \"$! $$\"; wait"});
+  auto line = p->read_line(kBound);
+  ASSERT_TRUE(line);
+  pid_t grandchild = 0, child = 0;
+  std::istringstream(*line) >> grandchild >> child;
+  ASSERT_GT(grandchild, 0);
+  ASSERT_GT(child, 0);
+
+  p->kill(SIGKILL);
+  EXPECT_EQ(p->wait(kBound), 128 + SIGKILL);
+  auto killed = Clock::now();
+  EXPECT_TRUE(stops_running(child));
+  EXPECT_TRUE(stops_running(grandchild)) << "a grandchild does not outlive lockwatch either";
+
+  // Nobody renews it any more: the key ends with its ttl.
+  while (exists(*server_, test_key()) && Clock::now() < killed + kBound) std::this_thread::sleep_for(10ms);
+  EXPECT_FALSE(exists(*server_, test_key()));
+  EXPECT_LT(Clock::now() - killed, 1s + 500ms);
+  EXPECT_EQ(run({"run", "--key", test_key(), "--", "true"}).code, 0);
+}
+
+TEST_F(CliTest, SignalsAreForwardedToTheCommand) {
+  for (int sig : {SIGINT, SIGHUP, SIGUSR1}) {
+    auto started = Clock::now();
+    auto p = start({"run", "--key", test_key(), "-c", "echo ready; exec sleep 1000"});
+    ASSERT_TRUE(read_until(*p, "ready"));
+    p->kill(sig);
+    EXPECT_EQ(finish(*p, started).code, 128 + sig) << "signal " << sig;
+  }
+  // Short sleeps: a child the shell forks has the shell's trap handler
+  // for a moment, and a SIGTERM then is lost to it (a long background sleep
+  // would keep the run waiting).
+  auto started = Clock::now();
+  auto p = start(
+      {"run", "--key", test_key(), "-c", "trap 'echo got-term; exit 7' TERM; echo ready; while :; do sleep 0.1; done"});
+  ASSERT_TRUE(read_until(*p, "ready"));
+  p->kill(SIGTERM);
+  Outcome o = finish(*p, started);
+  EXPECT_EQ(o.code, 7);
+  EXPECT_EQ(o.output, "got-term\n");
+  EXPECT_FALSE(exists(*server_, test_key()));
+}
+
+TEST_F(CliTest, ASignalWhileWaitingGivesUpAndLeavesTheHolderAlone) {
+  Runtime holder(options_for(*server_, 1));
+  auto acquired = holder.acquire(test_key(), 30s);
+  LockHandle h = get_bounded(acquired);
+  auto started = Clock::now();
+  auto p = start({"run", "--key", test_key(), "--wait", "60s", "-c", "echo ran"});
+  auto until = Clock::now() + kBound;
+  while (server_->command({"PUBSUB", "NUMSUB", lock_key(test_key()) + ":rel"}).elements.at(1).integer == 0 &&
+         Clock::now() < until)
+    std::this_thread::sleep_for(5ms);
+  p->kill(SIGTERM);
+  Outcome o = finish(*p, started);
+  EXPECT_EQ(o.code, 128 + SIGTERM);
+  EXPECT_FALSE(contains(o.output, "ran"));
+  EXPECT_LT(o.took, 10s);
+  EXPECT_FALSE(h.lease().lost());
+  EXPECT_TRUE(exists(*server_, test_key()));
+}
+
+TEST_F(CliTest, BadArgumentsExit64WithAClearMessage) {
+  const std::vector<std::pair<std::vector<std::string>, std::string>> cases = {
+      {{}, "A subcommand is required"},
+      {{"frobnicate"}, "not expected: frobnicate"},
+      {{"run", "--", "true"}, "--key is required"},
+      {{"run", "--key", "k"}, "needs a command"},
+      {{"run", "--key", "k", "-c", "true", "--", "true"}, "excludes"},
+      {{"run", "--key", "k", "--ttl", "30", "--", "true"}, "'30' is not a duration: it needs a unit"},
+      {{"run", "--key", "k", "--ttl", "5x", "--", "true"}, "unknown unit 'x'"},
+      {{"run", "--key", "k", "--wait", "-1s", "--", "true"}, "not a duration"},
+      {{"run", "--key", "k", "--kill-grace", "1.5s", "--", "true"}, "not a duration"},
+      {{"run", "--key", "k", "--retries", "often", "--", "true"}, "'often' is not a number of renewals"},
+      {{"run", "--key", "k", "-E", "300", "--", "true"}, "300 not in range 0 to 255"},
+      {{"run", "--key", "k", "--ttl", "10ms", "--", "true"}, "ttl 10 ms is too short"},
+      {{"run", "--key", "", "--", "true"}, "lock key is empty"},
+      {{"run", "--redis", "http://127.0.0.1", "--key", "k", "--", "true"}, "unsupported URL scheme 'http://'"},
+      {{"status"}, "KEY is required"},
+      {{"release", "k"}, "--force is required"},
+  };
+  for (const auto& [args, message] : cases) {
+    std::string shown;
+    for (const auto& a : args) shown += " '" + a + "'";
+    Outcome o = run(args);
+    EXPECT_EQ(o.code, 64) << shown << "\n" << o.output;
+    EXPECT_TRUE(contains(o.output, message)) << shown << ": expected '" << message << "' in\n" << o.output;
+  }
+  Outcome help = run({"run", "--help"});
+  EXPECT_EQ(help.code, 0);
+  EXPECT_TRUE(contains(help.output, "76")) << "the exit codes are in --help";
+}
+
+TEST_F(CliTest, AnUnreachableOrRefusingStoreExits69) {
+  const std::string nowhere = "redis://127.0.0.1:" + std::to_string(free_loopback_port());
+  Outcome o = run({"run", "--redis", nowhere, "--key", test_key(), "-c", "echo ran"});
+  EXPECT_EQ(o.code, 69) << o.output;
+  EXPECT_TRUE(contains(o.output, "cannot reach the store")) << o.output;
+  EXPECT_FALSE(contains(o.output, "ran"));
+  EXPECT_EQ(run({"status", "--redis", nowhere, test_key()}).code, 69);
+  EXPECT_EQ(run({"release", "--redis", nowhere, "--force", test_key()}).code, 69);
+
+  RedisServerOptions with_password;
+  with_password.password = "right";
+  RedisServer guarded(with_password);
+  std::string wrong = "redis://:wrong@127.0.0.1:" + std::to_string(guarded.port());
+  Outcome refused = run({"run", "--redis", wrong, "--key", test_key(), "--", "true"});
+  EXPECT_EQ(refused.code, 69) << refused.output;
+  EXPECT_TRUE(contains(refused.output, "refused the credentials")) << refused.output;
+  EXPECT_FALSE(contains(refused.output, "wrong")) << "no password in messages";
+}
+
+TEST_F(CliTest, AMissingCommandExits127AndNeverTakesTheLock) {
+  Outcome missing = run({"run", "--key", test_key(), "--", "lockwatch-test-no-such-command"});
+  EXPECT_EQ(missing.code, 127);
+  EXPECT_TRUE(contains(missing.output, "lockwatch-test-no-such-command: command not found")) << missing.output;
+  EXPECT_EQ(run({"run", "--key", test_key(), "--", dir_ + "/absent"}).code, 127);
+
+  std::string plain = dir_ + "/not-executable";
+  std::ofstream(plain) << "echo hi\n";
+  ::chmod(plain.c_str(), 0644);
+  Outcome denied = run({"run", "--key", test_key(), "--", plain});
+  EXPECT_EQ(denied.code, 126);
+  EXPECT_TRUE(contains(denied.output, "Permission denied")) << denied.output;
+  EXPECT_EQ(server_->command({"EXISTS", lock_key(test_key()) + ":fence"}).integer, 0) << "no lock was taken";
+
+  std::string garbage = dir_ + "/not-a-program";
+  std::ofstream(garbage) << "\x7f"
+                         << "ELF but not really\n";
+  ::chmod(garbage.c_str(), 0755);
+  Outcome unrunnable = run({"run", "--key", test_key(), "--", garbage});
+  EXPECT_EQ(unrunnable.code, 126) << unrunnable.output;
+  EXPECT_TRUE(contains(unrunnable.output, "cannot run")) << unrunnable.output;
+  EXPECT_FALSE(exists(*server_, test_key())) << "released";
+
+  // Through the shell, the shell's own code.
+  EXPECT_EQ(run({"run", "--key", test_key(), "-c", "lockwatch-test-no-such-command"}).code, 127);
+}
+
+TEST_F(CliTest, StatusAndReleaseSpeakInLinesForScripts) {
+  const std::string k = test_key();
+  Outcome free_status = run({"status", k});
+  EXPECT_EQ(free_status.code, 0);
+  EXPECT_EQ(free_status.output, "key=" + k + "\nstate=free\nttl_ms=0\nfencing_counter=0\n");
+
+  auto started = Clock::now();
+  auto holder = start({"run", "--key", k, "--ttl", "2s", "-c", "echo ready; exec sleep 1000"});
+  ASSERT_TRUE(read_until(*holder, "ready"));
+  Outcome held = run({"status", k});
+  EXPECT_EQ(held.code, 0);
+  std::istringstream lines(held.output);
+  std::string l1, l2, l3, l4;
+  std::getline(lines, l1);
+  std::getline(lines, l2);
+  std::getline(lines, l3);
+  std::getline(lines, l4);
+  EXPECT_EQ(l1, "key=" + k);
+  EXPECT_EQ(l2, "state=held");
+  ASSERT_EQ(l3.rfind("ttl_ms=", 0), 0u) << l3;
+  long ttl_ms = std::stol(l3.substr(7));
+  EXPECT_GT(ttl_ms, 0);
+  EXPECT_LE(ttl_ms, 2000);
+  EXPECT_EQ(l4, "fencing_counter=1");
+
+  Outcome released = run({"release", "--force", k});
+  EXPECT_EQ(released.code, 0);
+  EXPECT_EQ(released.output, "key=" + k + "\nwas_held=yes\n");
+  // The holder finds its lease gone at its next renewal and stops.
+  Outcome o = finish(*holder, started);
+  EXPECT_EQ(o.code, 76) << o.output;
+
+  EXPECT_EQ(run({"status", k}).output, "key=" + k + "\nstate=free\nttl_ms=0\nfencing_counter=1\n");
+  EXPECT_EQ(run({"release", "--force", k}).output, "key=" + k + "\nwas_held=no\n");
+}
+
+TEST_F(CliTest, RunsOverRedlock) {
+  std::array<std::unique_ptr<RedisServer>, 3> nodes;
+  std::string url;
+  for (auto& n : nodes) {
+    n = std::make_unique<RedisServer>();
+    url += (url.empty() ? "" : ",") + n->url();
+  }
+  auto started = Clock::now();
+  auto p = start({"run", "--redis", url, "--key", test_key(), "-c", "echo ready; exec sleep 1000"});
+  ASSERT_TRUE(read_until(*p, "ready"));
+  Outcome status = run({"status", "--redis", url, test_key()});
+  EXPECT_TRUE(contains(status.output, "state=held")) << status.output;
+  for (auto& n : nodes) EXPECT_EQ(n->command({"EXISTS", lock_key(test_key())}).integer, 1);
+  p->kill(SIGTERM);
+  EXPECT_EQ(finish(*p, started).code, 128 + SIGTERM);
+  for (auto& n : nodes) EXPECT_EQ(n->command({"EXISTS", lock_key(test_key())}).integer, 0);
+}
+
+}  // namespace
+}  // namespace lockwatch::testing

@@ -1,0 +1,40 @@
+// tools/lockwatch/commands.hpp: the subcommands of `lockwatch`, once their
+// arguments are parsed (main.cpp). Each returns the exit status; errors of
+// the library (lockwatch::Error) propagate to main(), which maps them to
+// exit codes (exit_codes.hpp).
+#pragma once
+
+#include <chrono>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "lockwatch/runtime.hpp"
+#include "supervisor.hpp"
+
+namespace lockwatch::cli {
+
+struct RunArgs {
+  std::optional<std::string> redis_url;  // else LOCKWATCH_REDIS_URL, else the library's default
+  std::string key;
+  std::chrono::milliseconds ttl{30000};
+  std::chrono::milliseconds wait{0};
+  Retries retries = forever;
+  std::optional<std::chrono::milliseconds> kill_grace;  // else the default (run.cpp)
+  int busy_code = 75;
+  bool quiet = false;
+  std::optional<std::string> shell_command;  // -c
+  std::vector<std::string> argv;             // -- CMD ARGS...
+};
+
+// Runs the command under the lock.
+int run_command(const RunArgs& args, const Inherited& inherited);
+// Prints key=, state=, ttl_ms=, fencing_counter= lines.
+int status_command(const std::optional<std::string>& redis_url, const std::string& key);
+// Removes the lock whatever its owner; prints key= and was_held= lines.
+int release_command(const std::optional<std::string>& redis_url, const std::string& key);
+
+// `lockwatch: <message>` on standard error.
+void say(const std::string& message);
+
+}  // namespace lockwatch::cli
