@@ -62,6 +62,14 @@ inline bool renewed_again(const Lease& lease, std::uint64_t more) {
   return lease.renewals() >= target && !lease.lost();
 }
 
+// Waits (bounded) until `token` is stopped (a lease lost); returns whether
+// it was.
+inline bool stopped_within_bound(std::stop_token token) {
+  std::promise<void> stopped;
+  std::stop_callback cb(token, [&] { stopped.set_value(); });
+  return stopped.get_future().wait_for(kBound) == std::future_status::ready;
+}
+
 template <class T>
 T get_bounded(std::future<T>& f) {
   if (f.wait_for(kBound) != std::future_status::ready) {

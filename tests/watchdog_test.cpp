@@ -126,11 +126,7 @@ TEST_F(WatchdogTest, ALostReplyCostsOneRetryNotTheLease) {
 TEST_F(WatchdogTest, TransientFailuresUntilTheLocalDeadlineLoseTheLeaseAsUnreachable) {
   script_->script_renew([](const std::string&) -> std::optional<Renewed> { return Renewed::kTransient; });
   auto f = locked("unreachable", 300ms, forever).on(*rt_)([] {
-    auto t0 = std::chrono::steady_clock::now();
-    std::promise<void> stopped;
-    std::stop_callback cb(this_lease().stop_token(), [&] { stopped.set_value(); });
-    bool fired = stopped.get_future().wait_for(kBound) == std::future_status::ready;
-    return std::make_pair(fired, std::chrono::steady_clock::now() - t0);
+    return stopped_within_bound(this_lease().stop_token());
   })();
   auto err = error_of<LeaseLost>(f);
   ASSERT_TRUE(err);
@@ -160,9 +156,7 @@ TEST_F(WatchdogTest, TheLeaseIsNotLostBeforeTheLocalDeadline) {
 TEST_F(WatchdogTest, NotYoursIsFinalAtOnce) {
   auto h = hold("stolen", 300ms);
   backend_->set_owner(memory_name("stolen"), "someone-else", 10s);
-  std::promise<void> stopped;
-  std::stop_callback cb(h.lease().stop_token(), [&] { stopped.set_value(); });
-  ASSERT_EQ(stopped.get_future().wait_for(kBound), std::future_status::ready);
+  ASSERT_TRUE(stopped_within_bound(h.lease().stop_token()));
   EXPECT_EQ(h.lease().lost_reason(), LostReason::kTakenByOther);
   auto renewals = script_->count(Op::kRenew);
   EXPECT_EQ(renewals, 1u);  // the first renewal said "not yours": no retry
@@ -174,9 +168,7 @@ TEST_F(WatchdogTest, NotYoursIsFinalAtOnce) {
 TEST_F(WatchdogTest, AKeyFoundGoneIsReportedExpired) {
   auto f = locked("gone", 300ms, forever).on(*rt_)([this] {
     backend_->erase(memory_name("gone"));
-    std::promise<void> stopped;
-    std::stop_callback cb(this_lease().stop_token(), [&] { stopped.set_value(); });
-    return stopped.get_future().wait_for(kBound) == std::future_status::ready;
+    return stopped_within_bound(this_lease().stop_token());
   })();
   auto err = error_of<LeaseLost>(f);
   ASSERT_TRUE(err);
@@ -185,9 +177,7 @@ TEST_F(WatchdogTest, AKeyFoundGoneIsReportedExpired) {
 
 TEST_F(WatchdogTest, SpentRetriesEndTheLeaseAtItsDeadline) {
   auto f = locked("two-renewals", 200ms, 2).on(*rt_)([] {
-    std::promise<void> stopped;
-    std::stop_callback cb(this_lease().stop_token(), [&] { stopped.set_value(); });
-    stopped.get_future().wait_for(kBound);
+    stopped_within_bound(this_lease().stop_token());
     return this_lease().renewals();
   })();
   auto err = error_of<LeaseLost>(f);
@@ -198,9 +188,7 @@ TEST_F(WatchdogTest, SpentRetriesEndTheLeaseAtItsDeadline) {
 
 TEST_F(WatchdogTest, ZeroRetriesNeverRenews) {
   auto f = locked("no-renewals", 150ms, 0).on(*rt_)([] {
-    std::promise<void> stopped;
-    std::stop_callback cb(this_lease().stop_token(), [&] { stopped.set_value(); });
-    return stopped.get_future().wait_for(kBound) == std::future_status::ready;
+    return stopped_within_bound(this_lease().stop_token());
   })();
   auto err = error_of<LeaseLost>(f);
   ASSERT_TRUE(err);
@@ -217,9 +205,7 @@ TEST_F(WatchdogTest, ShortWorkWithZeroRetriesSucceeds) {
 TEST_F(WatchdogTest, ARenewalThatAnswersAfterTheDeadlineDoesNotSaveTheLease) {
   script_->set_delay(Op::kRenew, 500ms);  // longer than the 300 ms ttl
   auto h = hold("slow-store", 300ms);
-  std::promise<void> stopped;
-  std::stop_callback cb(h.lease().stop_token(), [&] { stopped.set_value(); });
-  ASSERT_EQ(stopped.get_future().wait_for(kBound), std::future_status::ready);
+  ASSERT_TRUE(stopped_within_bound(h.lease().stop_token()));
   EXPECT_EQ(h.lease().lost_reason(), LostReason::kRedisUnreachable);
   EXPECT_EQ(h.lease().renewals(), 0u);
 }
@@ -338,9 +324,7 @@ TEST_F(WatchdogTest, StoppingTheRuntimeStopsTheWorkAndReleasesEveryLock) {
   Gate entered;
   auto f = locked("stop", 300ms, forever).on(*rt_)([&] {
     entered.open();
-    std::promise<void> stopped;
-    std::stop_callback cb(this_lease().stop_token(), [&] { stopped.set_value(); });
-    return stopped.get_future().wait_for(kBound) == std::future_status::ready;
+    return stopped_within_bound(this_lease().stop_token());
   })();
   auto h = hold("stop-handle", 300ms);
   ASSERT_TRUE(entered.wait());
@@ -356,9 +340,7 @@ TEST_F(WatchdogTest, StatsCountLeasesAcquiredAndLost) {
   EXPECT_EQ(rt_->held_leases(), 2u);
   EXPECT_EQ(rt_->stats().acquired, 2u);
   backend_->set_owner(memory_name("stats-b"), "other", 5s);
-  std::promise<void> stopped;
-  std::stop_callback cb(h2.lease().stop_token(), [&] { stopped.set_value(); });
-  ASSERT_EQ(stopped.get_future().wait_for(kBound), std::future_status::ready);
+  ASSERT_TRUE(stopped_within_bound(h2.lease().stop_token()));
   EXPECT_EQ(rt_->stats().leases_lost, 1u);
   h.release().get();
   EXPECT_THROW(h2.release().get(), LeaseLost);

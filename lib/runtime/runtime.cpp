@@ -252,22 +252,25 @@ void Runtime::Impl::lease_finished(const std::shared_ptr<LeaseRecord>& l) {
 
 // ----------------------------------------------------------- operators' tools
 
-std::future<LockState> Runtime::Impl::inspect(std::string key) {
+// The key checked as a lock's would be, then the store's name for it.
+std::string Runtime::Impl::operator_name(const std::string& key) const {
   detail::LockSpec spec;
   spec.key = key;
-  spec.ttl = milliseconds(60000);
+  spec.ttl = milliseconds(60000);  // any valid ttl: only the key is in question
   validate(spec);
   if (stopping.load()) throw RuntimeStopped("lockwatch runtime is stopping");
+  return store->encode(key);
+}
+
+std::future<LockState> Runtime::Impl::inspect(std::string key) {
   auto promise = std::make_shared<std::promise<LockState>>();
   auto future = promise->get_future();
-  std::string name = store->encode(key);
-  if (!loop.post([this, promise, key = std::move(key), name = std::move(name)]() mutable {
+  if (!loop.post([this, promise, name = operator_name(key), key]() mutable {
         store->inspect(name, [promise, key = std::move(key)](const detail::LockInfo& info, std::exception_ptr err) {
-          if (err) {
+          if (err)
             promise->set_exception(err);
-            return;
-          }
-          promise->set_value(LockState{key, info.held, info.ttl, info.fence_counter});
+          else
+            promise->set_value(LockState{key, info.held, info.ttl, info.fence_counter});
         });
       }))
     throw RuntimeStopped("lockwatch runtime is stopping");
@@ -275,15 +278,9 @@ std::future<LockState> Runtime::Impl::inspect(std::string key) {
 }
 
 std::future<bool> Runtime::Impl::force_release(std::string key) {
-  detail::LockSpec spec;
-  spec.key = key;
-  spec.ttl = milliseconds(60000);
-  validate(spec);
-  if (stopping.load()) throw RuntimeStopped("lockwatch runtime is stopping");
   auto promise = std::make_shared<std::promise<bool>>();
   auto future = promise->get_future();
-  std::string name = store->encode(key);
-  if (!loop.post([this, promise, name = std::move(name)] {
+  if (!loop.post([this, promise, name = operator_name(key)] {
         store->force_release(name, [promise](bool held, std::exception_ptr err) {
           if (err)
             promise->set_exception(err);

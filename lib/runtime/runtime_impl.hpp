@@ -51,6 +51,7 @@ struct Runtime::Impl : std::enable_shared_from_this<Runtime::Impl> {
   std::shared_ptr<detail::Acquisition> make_acquisition(detail::LockSpec spec, std::shared_ptr<detail::Call> call);
   void dispatch(detail::LockSpec spec, std::shared_ptr<detail::Call> call);
   std::future<LockHandle> acquire(detail::LockSpec spec);
+  std::string operator_name(const std::string& key) const;
   std::future<LockState> inspect(std::string key);
   std::future<bool> force_release(std::string key);
   void call_done();
