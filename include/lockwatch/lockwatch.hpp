@@ -8,5 +8,6 @@
 #include "lockwatch/observer.hpp"
 #include "lockwatch/options.hpp"
 #include "lockwatch/runtime.hpp"
+#include "lockwatch/scheduler.hpp"
 #include "lockwatch/thread_pool.hpp"
 #include "lockwatch/timer_wheel.hpp"

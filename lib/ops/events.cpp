@@ -126,5 +126,16 @@ void Events::connection(const std::string& endpoint, bool up, const std::string&
   tell([endpoint, up, why](Observer& o) { o.on_connection(endpoint, up, why); });
 }
 
+void Events::run_started(const std::string& job, std::int64_t period) {
+  if (!observed()) return;
+  tell([job, period](Observer& o) { o.on_run_started(job, period); });
+}
+
+void Events::run_finished(const std::string& job, std::int64_t period, const std::string& error) {
+  if (!error.empty()) log(LogLevel::kError, fmt::format("job '{}' period {} threw: {}", job, period, error));
+  if (!observed()) return;
+  tell([job, period, error](Observer& o) { o.on_run_finished(job, period, error); });
+}
+
 }  // namespace detail
 }  // namespace lockwatch

@@ -46,6 +46,9 @@ class Events {
   void released(const std::string& key, Duration held);
   void connection(const std::string& endpoint, bool up, const std::string& why);
   void log(LogLevel level, std::string line);
+  // Scheduled jobs (any thread: the scheduler's). `error` empty: it returned.
+  void run_started(const std::string& job, std::int64_t period);
+  void run_finished(const std::string& job, std::int64_t period, const std::string& error);
 
  private:
   // Checked before an event's text is copied: no observer, no copy.

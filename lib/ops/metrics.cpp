@@ -50,6 +50,27 @@ void Histogram::render(std::string& out, std::string_view name, std::string_view
 
 Metrics::Metrics() : acquire_duration(kAcquireBounds), hold_duration(kHoldBounds), loop_lag(kLagBounds) {}
 
+std::shared_ptr<JobMetrics> Metrics::job(const std::string& name) {
+  std::lock_guard lk(jobs_mu);
+  auto& m = jobs[name];
+  if (!m) m = std::make_shared<JobMetrics>();
+  return m;
+}
+
+namespace {
+// A job name as a label value (the exposition format's escapes).
+std::string label(std::string_view v) {
+  std::string out;
+  for (char c : v) {
+    if (c == '\\') out += "\\\\";
+    else if (c == '"') out += "\\\"";
+    else if (c == '\n') out += "\\n";
+    else out.push_back(c);
+  }
+  return out;
+}
+}  // namespace
+
 void Metrics::count_lost(LostReason reason) noexcept {
   switch (reason) {
     case LostReason::kExpired: lost[0].fetch_add(1, std::memory_order_relaxed); break;
@@ -102,6 +123,25 @@ std::string Metrics::render(const StatsCounters& stats) const {
                                                                        : number(static_cast<double>(slack_us) / 1e6));
   loop_lag.render(out, "lockwatch_loop_lag_seconds",
                   "How late the I/O loop ran the watchdog's timer after it was due.");
+  out +=
+      "# HELP lockwatch_job_runs_total Runs of scheduled jobs in this process, by job and result.\n"
+      "# TYPE lockwatch_job_runs_total counter\n";
+  std::string leaders =
+      "# HELP lockwatch_job_leader Whether this process leads the scheduled job (holds its lease).\n"
+      "# TYPE lockwatch_job_leader gauge\n";
+  {
+    std::lock_guard lk(jobs_mu);
+    for (const auto& [name, m] : jobs) {
+      auto l = label(name);
+      fmt::format_to(std::back_inserter(out),
+                     "lockwatch_job_runs_total{{job=\"{0}\",result=\"ok\"}} {1}\n"
+                     "lockwatch_job_runs_total{{job=\"{0}\",result=\"error\"}} {2}\n",
+                     l, rel(m->runs_ok), rel(m->runs_error));
+      fmt::format_to(std::back_inserter(leaders), "lockwatch_job_leader{{job=\"{}\"}} {}\n", l,
+                     m->leaders.load(std::memory_order_relaxed) > 0 ? 1 : 0);
+    }
+  }
+  out += leaders;
   return out;
 }
 

@@ -6,10 +6,14 @@
 // any thread; each value is read on its own, so a scrape is not one
 // instant, as with every Prometheus client.
 //
-// No label carries a lock's key: label values are fixed sets.
+// No label carries a lock's key: label values are fixed sets, or the names
+// of scheduled jobs (declared by the program, so a bounded set).
 #pragma once
 
 #include <array>
+#include <map>
+#include <memory>
+#include <mutex>
 #include <atomic>
 #include <chrono>
 #include <cstdint>
@@ -37,8 +41,17 @@ class Histogram {
   std::atomic<std::uint64_t> sum_ns_{0};
 };
 
+// A scheduled job's counters, kept for the runtime's life once declared.
+struct JobMetrics {
+  std::atomic<std::uint64_t> runs_ok{0}, runs_error{0};
+  std::atomic<int> leaders{0};  // this process's schedulers leading the job (0 or 1 in practice)
+};
+
 struct Metrics {
   Metrics();
+
+  // Any thread. The counters of job `name` (made on first use).
+  std::shared_ptr<JobMetrics> job(const std::string& name);
 
   std::atomic<std::uint64_t> acquired{0}, busy{0}, acquire_errors{0};
   std::atomic<std::uint64_t> renewals{0}, renewal_failures{0};
@@ -49,6 +62,8 @@ struct Metrics {
   Histogram loop_lag;
 
   void count_lost(LostReason reason) noexcept;
+  mutable std::mutex jobs_mu;
+  std::map<std::string, std::shared_ptr<JobMetrics>> jobs;  // guarded by jobs_mu
   // The whole exposition; `stats` gives the gauges.
   std::string render(const StatsCounters& stats) const;
 };

@@ -91,6 +91,8 @@ namespace detail {
 // Internal constructors of a Runtime (the unit tests give it a store).
 struct RuntimeAccess {
   static std::unique_ptr<Runtime> make(Options options, const StoreFactory& make_store);
+  // What parts of the library built on the runtime (the scheduler) use.
+  static Runtime::Impl& impl(Runtime& runtime) noexcept { return *runtime.impl_; }
 };
 }  // namespace detail
 

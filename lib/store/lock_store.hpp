@@ -77,6 +77,25 @@ struct LockInfo {
   std::string owner;                 // the holder's token, when held
 };
 
+// What a scheduled job's claim on a period found (claim_period). The
+// store keeps, per job, the last period run; a claim sets it to `period`
+// only when the job's lock holds our token, the store's clock has reached
+// the period's start and the last period run is lower: one atomic step.
+struct ClaimResult {
+  enum class Status : std::uint8_t {
+    kClaimed,     // ours to run: the store now records it as run
+    kAlreadyRun,  // a period >= this one was run already (`last`)
+    kNotDue,      // the store's clock is before the period's start
+    kNotLeader,   // the job's lock is not ours (lost, expired, taken)
+    kFailed,      // no answer could be had (`error`); nothing is known
+  };
+  Status status = Status::kFailed;
+  std::int64_t last = 0;  // kAlreadyRun: the last period run
+  // The store's clock when it decided (every status but kFailed).
+  std::chrono::system_clock::time_point store_time{};
+  std::exception_ptr error;  // kFailed: a typed lockwatch error
+};
+
 // Things a store reports on its own. Set once, by start().
 struct StoreEvents {
   // A release notice for a name some subscribe() asked for.
@@ -126,6 +145,17 @@ class LockStore {
   // Raises the lock's fencing counter to at least `fence` (a quorum makes
   // its majority agree on the token it hands out).
   virtual void raise_fence(std::string_view name, std::uint64_t fence, std::function<void(bool ok)> done) = 0;
+
+  // Scheduled jobs. The store's clock (Redis TIME), so that processes
+  // with skewed clocks agree which period is due; `error` when no answer
+  // could be had.
+  virtual void server_time(
+      std::function<void(std::chrono::system_clock::time_point now, std::exception_ptr error)> done) = 0;
+  // Claims `period` of the job whose lock is `name` (encode()d), held with
+  // `token`, if the store's clock has reached `start` (the period's start
+  // on the store's clock). See ClaimResult. Not batched: one claim per run.
+  virtual void claim_period(std::string_view name, std::string_view token, std::int64_t period,
+                            std::chrono::system_clock::time_point start, std::function<void(const ClaimResult&)> done) = 0;
 
   // Operators' tools: what the store holds for `name`, and removing it
   // whoever owns it (waking its waiters; the fencing counter stays).

@@ -273,6 +273,96 @@ void QuorumStore::raise_fence(std::string_view name, std::uint64_t fence, std::f
   }
 }
 
+// ------------------------------------------------------------ scheduled jobs
+
+namespace {
+std::chrono::system_clock::time_point median(std::vector<std::chrono::system_clock::time_point> v) {
+  std::sort(v.begin(), v.end());
+  return v[v.size() / 2];
+}
+}  // namespace
+
+void QuorumStore::server_time(std::function<void(std::chrono::system_clock::time_point, std::exception_ptr)> done) {
+  struct Tally {
+    std::size_t replies = 0;
+    std::vector<std::chrono::system_clock::time_point> times;
+    std::exception_ptr error;
+    std::function<void(std::chrono::system_clock::time_point, std::exception_ptr)> done;
+  };
+  auto t = std::make_shared<Tally>();
+  t->done = std::move(done);
+  for (auto& s : stores_) {
+    s->server_time([this, t](std::chrono::system_clock::time_point now, std::exception_ptr err) {
+      t->replies++;
+      if (err) {
+        if (!t->error) t->error = err;
+      } else {
+        t->times.push_back(now);
+      }
+      if (t->replies < stores_.size()) return;
+      if (t->times.size() < quorum_) {
+        t->done({}, t->error ? t->error : std::make_exception_ptr(ConnectionError("quorum", "no majority answered TIME")));
+        return;
+      }
+      t->done(median(t->times), nullptr);
+    });
+  }
+}
+
+void QuorumStore::claim_period(std::string_view name, std::string_view token, std::int64_t period,
+                               std::chrono::system_clock::time_point start,
+                               std::function<void(const ClaimResult&)> done) {
+  struct Tally {
+    std::size_t replies = 0, claimed = 0, already = 0, not_due = 0, not_leader = 0;
+    std::int64_t last = 0;
+    std::vector<std::chrono::system_clock::time_point> times;
+    std::exception_ptr error;
+    std::function<void(const ClaimResult&)> done;
+  };
+  auto t = std::make_shared<Tally>();
+  t->done = std::move(done);
+  for (auto& s : stores_) {
+    s->claim_period(name, token, period, start, [this, t](const ClaimResult& r) {
+      t->replies++;
+      using S = ClaimResult::Status;
+      switch (r.status) {
+        case S::kClaimed: t->claimed++; break;
+        case S::kAlreadyRun:
+          t->already++;
+          t->last = std::max(t->last, r.last);
+          break;
+        case S::kNotDue: t->not_due++; break;
+        case S::kNotLeader: t->not_leader++; break;
+        case S::kFailed:
+          if (!t->error) t->error = r.error;
+          break;
+      }
+      if (r.status != S::kFailed) t->times.push_back(r.store_time);
+      if (t->replies < stores_.size()) return;
+      const std::size_t n = stores_.size();
+      ClaimResult out;
+      if (!t->times.empty()) out.store_time = median(t->times);
+      if (t->claimed >= quorum_) {
+        out.status = S::kClaimed;
+      } else if (t->not_leader > n - quorum_) {
+        out.status = S::kNotLeader;
+      } else if (t->not_due > n - quorum_) {
+        out.status = S::kNotDue;
+      } else if (t->already > 0 && t->claimed + t->already >= quorum_) {
+        // Recorded on a majority (in this call or before): the period is
+        // spent, whether or not some call of it reached a majority.
+        out.status = S::kAlreadyRun;
+        out.last = t->last;
+      } else {
+        out.status = S::kFailed;
+        out.error = t->error ? t->error
+                             : std::make_exception_ptr(ConnectionError("quorum", "no majority agreed on the period claim"));
+      }
+      t->done(out);
+    });
+  }
+}
+
 // ---------------------------------------------------------------- operators
 
 void QuorumStore::inspect(std::string_view name, std::function<void(const LockInfo&, std::exception_ptr)> done) {

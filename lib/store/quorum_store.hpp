@@ -15,6 +15,13 @@
 //   answered only once every store did (or failed, bounded by its own
 //   timeouts), so a reachable store never keeps the key after the caller
 //   heard it was released.
+// - claim_period (scheduled jobs): claimed only when Q stores claimed it in
+//   this one call. Each store records a period at most once, and two
+//   majorities share a store, so no two calls (of any leader) both reach Q
+//   for one period. A store that already recorded it (a retry after a
+//   partial claim) does not count: the retry needs Q others, or the period
+//   is reported already run. Not leader once more than N - Q stores said
+//   so. The store time is the median of the answers.
 //
 // The votes live in a tally per call, not in the leases. Threading: as
 // LockStore.
@@ -44,6 +51,9 @@ class QuorumStore final : public LockStore {
   std::size_t renew(std::span<const LockRef> locks, std::shared_ptr<const void> keepalive, RenewDone done) override;
   void release(std::span<const LockRef> locks, bool notify, ReleaseDone done) override;
   void raise_fence(std::string_view name, std::uint64_t fence, std::function<void(bool ok)> done) override;
+  void server_time(std::function<void(std::chrono::system_clock::time_point, std::exception_ptr)> done) override;
+  void claim_period(std::string_view name, std::string_view token, std::int64_t period,
+                    std::chrono::system_clock::time_point start, std::function<void(const ClaimResult&)> done) override;
   void inspect(std::string_view name, std::function<void(const LockInfo&, std::exception_ptr)> done) override;
   void force_release(std::string_view name, std::function<void(bool, std::exception_ptr)> done) override;
   void subscribe(std::string_view name) override;

@@ -25,6 +25,39 @@ void MemoryBackend::advance(milliseconds d) {
   offset_ += d;
 }
 
+std::chrono::system_clock::time_point MemoryBackend::system_now() const {
+  std::lock_guard lk(mu_);
+  return std::chrono::system_clock::now() + offset_;
+}
+
+std::optional<std::int64_t> MemoryBackend::last_period(const std::string& name) const {
+  std::lock_guard lk(mu_);
+  auto it = periods_.find(name);
+  if (it == periods_.end()) return std::nullopt;
+  return it->second;
+}
+
+detail::ClaimResult MemoryBackend::claim(const std::string& name, const std::string& token, std::int64_t period,
+                                         std::chrono::system_clock::time_point start) {
+  std::lock_guard lk(mu_);
+  detail::ClaimResult out;
+  using S = detail::ClaimResult::Status;
+  out.store_time = std::chrono::system_clock::now() + offset_;
+  if (!held(name, Clock::now() + offset_) || locks_.at(name).owner != token) {
+    out.status = S::kNotLeader;
+  } else if (out.store_time < start) {
+    out.status = S::kNotDue;
+  } else if (auto it = periods_.find(name); it != periods_.end() && it->second >= period) {
+    out.status = S::kAlreadyRun;
+    out.last = it->second;
+  } else {
+    periods_[name] = period;
+    out.status = S::kClaimed;
+    out.last = period;
+  }
+  return out;
+}
+
 bool MemoryBackend::held(const std::string& name, Clock::time_point now) const {
   auto it = locks_.find(name);
   return it != locks_.end() && it->second.expires > now;
@@ -355,6 +388,26 @@ void MemoryStore::raise_fence(std::string_view name, std::uint64_t fence, std::f
   if (!plan.down) backend_->raise(std::string(name), fence);
   bool ok = !plan.down && !plan.lose;
   deliver(plan.delay, [ok, done = std::move(done)] { done(ok); });
+}
+
+void MemoryStore::server_time(std::function<void(std::chrono::system_clock::time_point, std::exception_ptr)> done) {
+  auto plan = script_->plan(Op::kTime, std::string(), 1);
+  auto now = backend_->system_now();
+  auto err = plan.down || plan.lose ? down_error() : nullptr;
+  deliver(plan.delay, [now, err, done = std::move(done)] { done(now, err); });
+}
+
+void MemoryStore::claim_period(std::string_view name, std::string_view token, std::int64_t period,
+                               std::chrono::system_clock::time_point start,
+                               std::function<void(const detail::ClaimResult&)> done) {
+  auto plan = script_->plan(Op::kClaim, std::string(name), 1);
+  detail::ClaimResult out;
+  if (!plan.down) out = backend_->claim(std::string(name), std::string(token), period, start);
+  if (plan.down || plan.lose) {
+    out = detail::ClaimResult{};
+    out.error = down_error();
+  }
+  deliver(plan.delay, [out, done = std::move(done)] { done(out); });
 }
 
 void MemoryStore::inspect(std::string_view name, std::function<void(const LockInfo&, std::exception_ptr)> done) {

@@ -51,6 +51,11 @@ class MemoryBackend {
   Clock::time_point now() const;
   // Moves the backend's clock forward: locks expire that much sooner.
   void advance(std::chrono::milliseconds d);
+  // The backend's wall clock (what TIME says): the system clock plus what
+  // advance() added.
+  std::chrono::system_clock::time_point system_now() const;
+  // Scheduled jobs: the last period run of a job's lock (nullopt: never).
+  std::optional<std::int64_t> last_period(const std::string& name) const;
 
   // The test's view and hand (as an operator with redis-cli would).
   std::optional<std::string> owner(const std::string& name) const;  // nullopt: free or expired
@@ -68,6 +73,8 @@ class MemoryBackend {
   void raise(const std::string& name, std::uint64_t fence);
   detail::LockInfo inspect(const std::string& name) const;
   bool force_release(const std::string& name);
+  detail::ClaimResult claim(const std::string& name, const std::string& token, std::int64_t period,
+                            std::chrono::system_clock::time_point start);
   void subscribe(MemoryStore* client, const std::string& name);
   void unsubscribe(MemoryStore* client, const std::string& name);
   void detach(MemoryStore* client);
@@ -84,10 +91,11 @@ class MemoryBackend {
   std::chrono::milliseconds offset_{0};
   std::map<std::string, Lock> locks_;
   std::map<std::string, std::uint64_t> fences_;
+  std::map<std::string, std::int64_t> periods_;
   std::map<std::string, std::set<MemoryStore*>> subscribers_;
 };
 
-enum class Op { kAcquire, kRenew, kRelease, kRaise, kInspect, kForceRelease, kSubscribe, kUnsubscribe };
+enum class Op { kAcquire, kRenew, kRelease, kRaise, kInspect, kForceRelease, kSubscribe, kUnsubscribe, kTime, kClaim };
 
 class StoreScript {
  public:
@@ -163,6 +171,10 @@ class MemoryStore final : public detail::LockStore {
                     RenewDone done) override;
   void release(std::span<const detail::LockRef> locks, bool notify, ReleaseDone done) override;
   void raise_fence(std::string_view name, std::uint64_t fence, std::function<void(bool ok)> done) override;
+  void server_time(std::function<void(std::chrono::system_clock::time_point, std::exception_ptr)> done) override;
+  void claim_period(std::string_view name, std::string_view token, std::int64_t period,
+                    std::chrono::system_clock::time_point start,
+                    std::function<void(const detail::ClaimResult&)> done) override;
   void inspect(std::string_view name, std::function<void(const detail::LockInfo&, std::exception_ptr)> done) override;
   void force_release(std::string_view name, std::function<void(bool, std::exception_ptr)> done) override;
   void subscribe(std::string_view name) override;

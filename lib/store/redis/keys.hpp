@@ -18,6 +18,7 @@ namespace lockwatch::detail::redis_keys {
 
 inline constexpr std::string_view kFenceSuffix = ":fence";
 inline constexpr std::string_view kChannelSuffix = ":rel";
+inline constexpr std::string_view kPeriodSuffix = ":period";
 
 inline std::string lock(std::string_view prefix, std::string_view key) {
   std::string out;
@@ -30,6 +31,7 @@ inline std::string lock(std::string_view prefix, std::string_view key) {
 }
 
 inline std::string fence(std::string_view lock_name) { return std::string(lock_name).append(kFenceSuffix); }
+inline std::string period(std::string_view lock_name) { return std::string(lock_name).append(kPeriodSuffix); }
 inline std::string channel(std::string_view lock_name) { return std::string(lock_name).append(kChannelSuffix); }
 
 // The lock's name for a release channel, or empty if it is not one.

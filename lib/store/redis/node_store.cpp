@@ -19,6 +19,23 @@ long long integer_at(const redisReply* r, std::size_t i) {
   return e->type == REDIS_REPLY_INTEGER ? e->integer : 0;
 }
 
+std::string string_at(const redisReply* r, std::size_t i) {
+  if (r == nullptr || r->type != REDIS_REPLY_ARRAY || r->elements <= i) return {};
+  const redisReply* e = r->element[i];
+  if (e->type == REDIS_REPLY_STRING || e->type == REDIS_REPLY_STATUS) return std::string(e->str, e->len);
+  if (e->type == REDIS_REPLY_INTEGER) return std::to_string(e->integer);
+  return {};
+}
+
+long long to_ll(const std::string& s) { return s.empty() ? 0 : std::strtoll(s.c_str(), nullptr, 10); }
+
+// TIME's two fields (seconds, microseconds) at `first` as a time point.
+std::chrono::system_clock::time_point time_at(const redisReply* r, std::size_t first) {
+  return std::chrono::system_clock::time_point(
+      std::chrono::duration_cast<std::chrono::system_clock::duration>(std::chrono::seconds(to_ll(string_at(r, first))) +
+                                                                      std::chrono::microseconds(to_ll(string_at(r, first + 1)))));
+}
+
 }  // namespace
 
 RedisNodeStore::RedisNodeStore(Loop& loop, Endpoint endpoint, const Options& options) : options_(options) {
@@ -184,6 +201,41 @@ void RedisNodeStore::release(std::span<const LockRef> locks, bool notify, Releas
 void RedisNodeStore::raise_fence(std::string_view name, std::uint64_t fence, std::function<void(bool)> done) {
   conn_->eval(raise_fence_script(), {redis_keys::fence(name), std::to_string(fence)}, 1,
               [done = std::move(done)](const redisReply*, std::exception_ptr err) { done(!err); });
+}
+
+void RedisNodeStore::server_time(std::function<void(std::chrono::system_clock::time_point, std::exception_ptr)> done) {
+  conn_->command({"TIME"}, [endpoint = conn_->name(), done = std::move(done)](const redisReply* r, std::exception_ptr err) {
+    if (!err && (r == nullptr || r->type != REDIS_REPLY_ARRAY || r->elements != 2))
+      err = std::make_exception_ptr(RedisError(endpoint, "unexpected reply to TIME"));
+    done(err ? std::chrono::system_clock::time_point{} : time_at(r, 0), err);
+  });
+}
+
+void RedisNodeStore::claim_period(std::string_view name, std::string_view token, std::int64_t period,
+                                  std::chrono::system_clock::time_point start,
+                                  std::function<void(const ClaimResult&)> done) {
+  std::string lock(name);
+  auto start_ms = std::chrono::duration_cast<std::chrono::milliseconds>(start.time_since_epoch()).count();
+  conn_->eval(claim_period_script(),
+              {lock, redis_keys::period(lock), std::string(token), std::to_string(period), std::to_string(start_ms)}, 2,
+              [endpoint = conn_->name(), done = std::move(done)](const redisReply* r, std::exception_ptr err) {
+                ClaimResult out;
+                if (!err && (r == nullptr || r->type != REDIS_REPLY_ARRAY || r->elements != 4))
+                  err = std::make_exception_ptr(RedisError(endpoint, "unexpected reply to the period claim"));
+                if (err) {
+                  out.error = err;
+                  done(out);
+                  return;
+                }
+                std::string status = string_at(r, 0);
+                out.store_time = time_at(r, 1);
+                out.last = to_ll(string_at(r, 3));
+                if (status == "1") out.status = ClaimResult::Status::kClaimed;
+                else if (status == "0") out.status = ClaimResult::Status::kAlreadyRun;
+                else if (status == "2") out.status = ClaimResult::Status::kNotDue;
+                else out.status = ClaimResult::Status::kNotLeader;
+                done(out);
+              });
 }
 
 void RedisNodeStore::inspect(std::string_view name, std::function<void(const LockInfo&, std::exception_ptr)> done) {

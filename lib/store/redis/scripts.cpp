@@ -82,6 +82,21 @@ end
 return 0
 )lua";
 
+// A scheduled job's run: the leader's lease check, the store's clock and
+// the at-most-once record in one step. TIME is read inside the script:
+// since Redis 5 scripts replicate their effects, so a clock read before a
+// write is allowed. Periods stay below 2^53, so Lua numbers hold them.
+constexpr std::string_view kClaimPeriod = R"lua(
+local t = redis.call('time')
+if redis.call('get', KEYS[1]) ~= ARGV[1] then return {'-1', t[1], t[2], '0'} end
+local now_ms = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+if now_ms < tonumber(ARGV[3]) then return {'2', t[1], t[2], '0'} end
+local last = redis.call('get', KEYS[2])
+if last and tonumber(last) >= tonumber(ARGV[2]) then return {'0', t[1], t[2], last} end
+redis.call('set', KEYS[2], ARGV[2])
+return {'1', t[1], t[2], ARGV[2]}
+)lua";
+
 inline std::uint32_t rol(std::uint32_t x, int n) { return (x << n) | (x >> (32 - n)); }
 
 }  // namespace
@@ -155,6 +170,10 @@ const Script& inspect_script() {
 }
 const Script& force_release_script() {
   static const Script s{kForceRelease, sha1_hex(kForceRelease)};
+  return s;
+}
+const Script& claim_period_script() {
+  static const Script s{kClaimPeriod, sha1_hex(kClaimPeriod)};
   return s;
 }
 const Script& release_script() {

@@ -38,6 +38,13 @@ const Script& inspect_script();
 // returns 1 if it was held.
 const Script& force_release_script();
 
+// Scheduled jobs. KEYS: lock, period. ARGV: token, period, the period's
+// start in ms since the epoch. Returns {status, seconds, microseconds,
+// last}, all as text: status '1' claimed, '0' already run (last: the last
+// period run), '2' not due yet, '-1' the lock is not ours; seconds and
+// microseconds are the server's TIME.
+const Script& claim_period_script();
+
 std::string sha1_hex(std::string_view data);
 
 }  // namespace lockwatch::detail

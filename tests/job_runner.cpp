@@ -1,0 +1,53 @@
+// A process that declares one scheduled job and runs it while it leads,
+// for the multi-process tests. Each run appends "<period> <pid> <fence>"
+// to the Redis list RUNS_KEY and prints "run <period> <fence>"; it prints
+// "ready" once the job is declared. With LOCKWATCH_TEST_CLOCK_SKEW_MS its
+// local clock is off by that much (as on a machine with a wrong clock).
+//   job_runner REDIS_URL JOB PERIOD_MS LEASE_MS RUNS_KEY
+#include <hiredis/hiredis.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <string>
+#include <thread>
+
+#include "jobs/scheduler_impl.hpp"
+#include "lockwatch/lockwatch.hpp"
+
+int main(int argc, char** argv) {
+  if (argc != 6) {
+    std::fprintf(stderr, "usage: job_runner REDIS_URL JOB PERIOD_MS LEASE_MS RUNS_KEY\n");
+    return 2;
+  }
+  std::string url = argv[1];
+  auto port = std::atoi(url.substr(url.rfind(':') + 1).c_str());
+  lockwatch::Options o;
+  o.redis_url = url;
+  o.threads = 1;
+  lockwatch::Runtime rt(o);
+  lockwatch::Scheduler jobs(rt);
+  if (const char* skew = std::getenv("LOCKWATCH_TEST_CLOCK_SKEW_MS"))
+    lockwatch::detail::SchedulerAccess::set_clock_skew(jobs, std::chrono::milliseconds(std::atoll(skew)));
+  redisContext* c = redisConnect("127.0.0.1", port);
+  if (c == nullptr || c->err) return 3;
+  std::string runs_key = argv[5];
+  lockwatch::JobOptions jo;
+  jo.lease = std::chrono::milliseconds(std::atoi(argv[4]));
+  jobs.every(std::chrono::milliseconds(std::atoi(argv[3])), argv[2],
+             [&](const lockwatch::JobRun& run) {
+               auto line = std::to_string(run.period()) + " " + std::to_string(getpid()) + " " +
+                           std::to_string(run.fencing_token());
+               // Only this job's runs touch `c`: runs of one job never overlap.
+               auto* r = static_cast<redisReply*>(redisCommand(c, "RPUSH %s %s", runs_key.c_str(), line.c_str()));
+               if (r) freeReplyObject(r);
+               std::printf("run %lld %llu\n", static_cast<long long>(run.period()),
+                           static_cast<unsigned long long>(run.fencing_token()));
+               std::fflush(stdout);
+             },
+             jo);
+  std::printf("ready\n");
+  std::fflush(stdout);
+  // Runs until killed (the tests send SIGKILL or SIGTERM).
+  for (;;) std::this_thread::sleep_for(std::chrono::hours(1));
+}
