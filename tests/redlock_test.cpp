@@ -20,17 +20,26 @@ namespace {
 // A redis-server in a network namespace of its own, reached over a veth
 // pair, so that the test can cut the link: packets are dropped silently, as
 // in a real partition (no reset, no refusal). Needs root; the namespace,
-// the link and the server are removed again by the destructor.
+// the link, the route and the server are removed again by the destructor.
+//
+// The node's traffic must never leave the machine. The link is cut at the
+// namespace's end, so the host keeps its connected route (marked linkdown)
+// and drops the packets on the veth; and a blackhole route for the /30,
+// behind the connected one, keeps the addresses local whatever happens to
+// the link (without it, a host end taken down would send them out by the
+// default route).
 class PartitionableRedis {
  public:
   PartitionableRedis() {
     int id = static_cast<int>(getpid() % 200) + 20;
     ns_ = "lw" + std::to_string(getpid());
     host_if_ = "lwh" + std::to_string(getpid());
-    std::string ns_if = "lwn" + std::to_string(getpid());
+    ns_if_ = "lwn" + std::to_string(getpid());
+    const std::string& ns_if = ns_if_;
     addr_ = "10.231." + std::to_string(id) + ".2";
     std::string host_addr = "10.231." + std::to_string(id) + ".1/30";
-    ok_ = run("ip netns add " + ns_) && run("ip link add " + host_if_ + " type veth peer name " + ns_if) &&
+    guard_ = "blackhole 10.231." + std::to_string(id) + ".0/30 metric 4242";
+    ok_ = run("ip route add " + guard_) && run("ip netns add " + ns_) && run("ip link add " + host_if_ + " type veth peer name " + ns_if) &&
           run("ip link set " + ns_if + " netns " + ns_) && run("ip addr add " + host_addr + " dev " + host_if_) &&
           run("ip link set " + host_if_ + " up") && run(in_ns("ip addr add " + addr_ + "/30 dev " + ns_if)) &&
           run(in_ns("ip link set " + ns_if + " up")) && run(in_ns("ip link set lo up"));
@@ -48,15 +57,16 @@ class PartitionableRedis {
     server_.reset();
     run("ip netns del " + ns_ + " 2>/dev/null");
     run("ip link del " + host_if_ + " 2>/dev/null");
+    run("ip route del " + guard_ + " 2>/dev/null");
     if (!dir_.empty()) run("rm -rf '" + dir_ + "'");
   }
   bool ok() const { return ok_; }
   std::string url() const { return "redis://" + addr_ + ":6379"; }
-  void cut() { run("ip link set " + host_if_ + " down"); }
+  void cut() { run(in_ns("ip link set " + ns_if_ + " down")); }
   // Brings the link back and waits (bounded) until the node answers again:
   // a link coming up takes a moment (carrier, neighbour discovery).
   bool heal() {
-    run("ip link set " + host_if_ + " up");
+    run(in_ns("ip link set " + ns_if_ + " up"));
     auto until = std::chrono::steady_clock::now() + kBound;
     while (std::chrono::steady_clock::now() < until) {
       if (answers()) return true;
@@ -81,7 +91,7 @@ class PartitionableRedis {
  private:
   static bool run(const std::string& cmd) { return std::system(cmd.c_str()) == 0; }
   std::string in_ns(const std::string& cmd) const { return "ip netns exec " + ns_ + " " + cmd; }
-  std::string ns_, host_if_, addr_, dir_;
+  std::string ns_, host_if_, ns_if_, addr_, dir_, guard_;
   bool ok_ = false;
   std::unique_ptr<ChildProcess> server_;
 };
