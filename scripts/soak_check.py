@@ -232,9 +232,11 @@ def check(run):
 
     # -- a lock reported released is not held in Redis
     released = {}
+    probed = 0
     for op, c in ends.items():
         if c["out"] == "ok" and c["owner"]:
             released[c["owner"]] = op
+            probed += c["answered"] > 0
             if c["held"] >= need_held:
                 bad("released-held", "%s: %s reported its release done, yet %d of %d nodes still held its owner "
                     "token right after" % (c["k"], op, c["held"], c["nodes"]))
@@ -268,6 +270,7 @@ def check(run):
         how[p["how"]] += 1
     stats = {"ops": len(ends), "faults": meta.get("faults", len(run["faults"])), "outcomes": dict(outcomes),
              "accepted": accepted, "late": late, "stale": stale, "procs": dict(how), "slowest": slowest[1],
+             "owners": len(released), "probed": probed,
              "keys": {k: r["hash"].get("count", "0") for k, r in sorted(run["resource"].items())}}
     return stats, V
 
@@ -280,6 +283,8 @@ def report(stats, V):
     print("soak_check: writes: %d accepted, %d refused late (holders past their lease), %d refused stale"
           % (stats["accepted"], stats["late"], stats["stale"]))
     print("soak_check: counters: %s" % (", ".join("%s=%s" % kv for kv in stats["keys"].items()) or "none"))
+    print("soak_check: released locks: %d owner tokens known, %d looked for in Redis right after the release"
+          % (stats["owners"], stats["probed"]))
     if stats["slowest"]:
         print("soak_check: slowest call (stopped time excluded): %s" % stats["slowest"])
     print("soak_check: worker processes: %s" % (", ".join("%d %s" % (n, k) for k, n in sorted(stats["procs"].items()))
