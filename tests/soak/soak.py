@@ -25,7 +25,13 @@ Every child is killed on exit (also on SIGTERM/SIGINT, and by the kernel
 should this process die: PR_SET_PDEATHSIG), the network namespace is
 deleted. Network faults need root, `ip` and `tc`: a namespace of our own
 holds one lock node behind a veth pair with 10.200.x.y addresses; traffic
-goes only to 127.0.0.1 and into that namespace.
+goes only to 127.0.0.1 and into that namespace. A partition takes the
+namespace's end of the link down: the host keeps its route over the veth
+(marked linkdown) and packets are dropped there. Taking the host's end
+down instead would delete that route and send the node's traffic out by
+the default route; a blackhole route for the /30 (written to
+--dir/netns.route, so that scripts/soak's trap can remove it too) makes
+sure that can never happen.
 """
 import argparse
 import ctypes
@@ -41,6 +47,7 @@ import time
 
 MAX_TTL_MS = 1200  # the longest ttl the workers use (kTtls in soak_worker.cpp)
 MAX_FAULT_S = 4.5  # the longest a fault lasts (down, stopped, hung, cut)
+GUARD_METRIC = "4242"  # the blackhole route behind the veth's own
 SENTINEL_MASTER = "mymaster"
 
 
@@ -271,6 +278,7 @@ class Soak:
         self.nodes = []  # lock nodes
         self.sentinels = []
         self.netns = None
+        self.guard = None  # the blackhole route's arguments, once added
         self.net_mode = None  # "netem", "partition" or None
         self.deck = []
 
@@ -298,6 +306,13 @@ class Soak:
             say("soak: network faults skipped: no free 10.200.x.0/30 subnet")
             return None
         ns, hif, nif = a.netns, a.host_if, a.ns_if
+        guard = ["blackhole", "10.200.%d.0/30" % x, "metric", GUARD_METRIC]
+        if not run_quiet(["ip", "route", "add"] + guard):
+            say("soak: network faults skipped: cannot add the blackhole route that keeps 10.200.%d.0/30 local" % x)
+            return None
+        self.guard = guard
+        with open(os.path.join(self.dir, "netns.route"), "w") as f:
+            f.write(" ".join(guard) + "\n")
         ok = (run_quiet(["ip", "netns", "add", ns])
               and run_quiet(["ip", "link", "add", hif, "type", "veth", "peer", "name", nif])
               and run_quiet(["ip", "link", "set", nif, "netns", ns])
@@ -517,9 +532,10 @@ class Soak:
                 run_quiet(pre + ["tc", "qdisc", "del", "dev", dev, "root"])
             self.fault(kind, node.name, t0, netem=" ".join(spec), seconds=d)
         else:
-            run_quiet(["ip", "link", "set", self.a.host_if, "down"])
+            # The namespace's end: the host's route stays (see the top).
+            run_quiet(ends[1] + ["ip", "link", "set", self.a.ns_if, "down"])
             time.sleep(d)
-            run_quiet(["ip", "link", "set", self.a.host_if, "up"])
+            run_quiet(ends[1] + ["ip", "link", "set", self.a.ns_if, "up"])
             self.wait_for(node.ping, 10)
             self.fault("net_partition", node.name, t0, seconds=d)
 
@@ -653,6 +669,8 @@ class Soak:
         if self.netns:
             run_quiet(["ip", "netns", "del", self.netns])
             run_quiet(["ip", "link", "del", self.a.host_if])
+        if self.guard:
+            run_quiet(["ip", "route", "del"] + self.guard)
 
 
 class Stop(Exception):
