@@ -45,7 +45,7 @@ import subprocess
 import sys
 import time
 
-MAX_TTL_MS = 1200  # the longest ttl the workers use (kTtls in soak_worker.cpp)
+MAX_TTL_MS = 2500  # the longest ttl the workers use (kTtls in soak_worker.cpp)
 MAX_FAULT_S = 4.5  # the longest a fault lasts (down, stopped, hung, cut)
 GUARD_METRIC = "4242"  # the blackhole route behind the veth's own
 SENTINEL_MASTER = "mymaster"
@@ -551,12 +551,12 @@ class Soak:
             elif topo == "redlock":
                 self.deck += ["node_kill", "redis_hang"]
             else:
-                self.deck += ["master_kill", "master_kill", "master_hang", "replica_kill"]
+                self.deck += ["master_kill", "master_kill", "master_hang", "master_stall", "replica_kill"]
             if self.net_mode:
                 self.deck.append("net")
             rng.shuffle(self.deck)
         kind = self.deck.pop()
-        if kind in ("master_kill", "master_hang", "replica_kill") and not self.sentinel_healthy():
+        if kind in ("master_kill", "master_hang", "master_stall", "replica_kill") and not self.sentinel_healthy():
             # Let the last failover settle first; this kind comes up again later.
             self.deck.insert(0, kind)
             kind = rng.choice(["holder_kill", "holder_stop"])
@@ -582,6 +582,11 @@ class Soak:
         elif kind == "master_hang":
             # Shorter than down-after-milliseconds: a hang, not a failover.
             self.node_hang("master_hang", self.sentinel_master(), rng.uniform(0.2, 0.7))
+        elif kind == "master_stall":
+            # Longer than down-after-milliseconds: the sentinels fail over
+            # from a master that is alive, and it comes back as a stale
+            # master until they turn it into a replica.
+            self.node_hang("master_stall", self.sentinel_master(), rng.uniform(1.2, 4.0))
         elif kind == "replica_kill":
             m = self.sentinel_master()
             r = next(n for n in self.nodes if n is not m)

@@ -415,13 +415,13 @@ class Worker {
   void run(lockwatch::Runtime& rt, int thread) {
     std::mt19937_64 rng(args_.seed * 1000003u + static_cast<std::uint64_t>(thread));
     auto pick = [&](int lo, int hi) { return std::uniform_int_distribution<int>(lo, hi)(rng); };
-    static constexpr int kTtls[] = {200, 300, 500, 800, 1200};
+    static constexpr int kTtls[] = {200, 300, 500, 800, 1200, 2500};
     for (long n = 0; mono_ns() < args_.until_ns; ++n) {
       Op op;
       op.id = args_.id + "." + std::to_string(thread) + "." + std::to_string(n);
       op.key = "k" + std::to_string(pick(0, args_.keys - 1));
       op.handle = pick(0, 9) < 3;
-      op.ttl_ms = kTtls[pick(0, 4)];
+      op.ttl_ms = kTtls[pick(0, 5)];
       op.wait_ms = pick(0, 9) < 4 ? 0 : pick(50, 2000);
       op.retries = pick(0, 9) < 8 ? -1 : pick(0, 3);
       op.hold_ms = pick(0, 99) < 15 ? pick(op.ttl_ms / 2, op.ttl_ms * 2) : 0;
