@@ -263,13 +263,17 @@ def check(run):
                         "whose release was reported done" % (n, released[owner]))
 
     outcomes = defaultdict(int)
+    messages = defaultdict(lambda: defaultdict(int))
     for c in ends.values():
         outcomes[c["out"]] += 1
+        if c["out"] not in ("ok", "busy"):
+            messages[c["out"]][c["msg"]] += 1
     how = defaultdict(int)
     for p in run["procs"]:
         how[p["how"]] += 1
     stats = {"ops": len(ends), "faults": meta.get("faults", len(run["faults"])), "outcomes": dict(outcomes),
              "accepted": accepted, "late": late, "stale": stale, "procs": dict(how), "slowest": slowest[1],
+             "messages": {o: sorted(m.items(), key=lambda x: -x[1])[:2] for o, m in messages.items()},
              "owners": len(released), "probed": probed,
              "keys": {k: r["hash"].get("count", "0") for k, r in sorted(run["resource"].items())}}
     return stats, V
@@ -280,6 +284,8 @@ def report(stats, V):
     order = ["ok", "lost", "busy", "conn", "redis", "stopped", "error"]
     parts = ["%d %s" % (o[k], k) for k in order if o.get(k)] + ["%d %s" % (n, k) for k, n in o.items() if k not in order]
     print("soak_check: calls: %s" % (", ".join(parts) or "none"))
+    for out, top in sorted(stats["messages"].items()):
+        print("soak_check:   %s, most often: %s" % (out, "; ".join("%dx %s" % (n, m[:160]) for m, n in top)))
     print("soak_check: writes: %d accepted, %d refused late (holders past their lease), %d refused stale"
           % (stats["accepted"], stats["late"], stats["stale"]))
     print("soak_check: counters: %s" % (", ".join("%s=%s" % kv for kv in stats["keys"].items()) or "none"))
