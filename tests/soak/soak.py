@@ -401,6 +401,12 @@ class Soak:
         return next((n for n in self.nodes if n.port == port), None)
 
     def sentinel_healthy(self):
+        try:
+            return self._sentinel_healthy()
+        except (OSError, ValueError, TypeError):
+            return False
+
+    def _sentinel_healthy(self):
         m = self.sentinel_master()
         if m is None:
             return False
@@ -556,10 +562,13 @@ class Soak:
                 self.deck.append("net")
             rng.shuffle(self.deck)
         kind = self.deck.pop()
-        if kind in ("master_kill", "master_hang", "master_stall", "replica_kill") and not self.sentinel_healthy():
-            # Let the last failover settle first; this kind comes up again later.
-            self.deck.insert(0, kind)
-            kind = rng.choice(["holder_kill", "holder_stop"])
+        m = None
+        if kind in ("master_kill", "master_hang", "master_stall", "replica_kill"):
+            m = self.sentinel_master() if self.sentinel_healthy() else None
+            if m is None:
+                # Let the last failover settle first; this kind comes up again later.
+                self.deck.insert(0, kind)
+                kind = rng.choice(["holder_kill", "holder_stop"])
         if kind == "holder_kill":
             self.holder_kill()
         elif kind == "holder_stop":
@@ -573,7 +582,6 @@ class Soak:
         elif kind == "net":
             self.net_fault()
         elif kind == "master_kill":
-            m = self.sentinel_master()
             other = next(n for n in self.nodes if n is not m)
 
             def role_now():  # restart as the sentinels see it now: replica of the new master, or master again
@@ -581,14 +589,13 @@ class Soak:
             self.node_kill("master_kill", m, rng.uniform(0.5, 4.0), replicaof=role_now)
         elif kind == "master_hang":
             # Shorter than down-after-milliseconds: a hang, not a failover.
-            self.node_hang("master_hang", self.sentinel_master(), rng.uniform(0.2, 0.7))
+            self.node_hang("master_hang", m, rng.uniform(0.2, 0.7))
         elif kind == "master_stall":
             # Longer than down-after-milliseconds: the sentinels fail over
             # from a master that is alive, and it comes back as a stale
             # master until they turn it into a replica.
-            self.node_hang("master_stall", self.sentinel_master(), rng.uniform(1.2, 4.0))
+            self.node_hang("master_stall", m, rng.uniform(1.2, 4.0))
         elif kind == "replica_kill":
-            m = self.sentinel_master()
             r = next(n for n in self.nodes if n is not m)
             self.node_kill("replica_kill", r, rng.uniform(0.5, 3.0), replicaof=lambda: m.port)
 
