@@ -41,9 +41,11 @@ Violations, and why each means the library broke a promise:
                   its process was stopped by the soak.
   worker          a worker process crashed, or had to be killed at the end.
   released-held   a release reported done, yet the owner token was still
-                  in Redis right after it (on a majority of Redlock nodes),
-                  or when the workers had ended; or a lock key without
-                  expiry.
+                  in Redis right after it (on a majority of Redlock nodes;
+                  with Sentinel on the master the sentinels name, checked
+                  only if no failover happened during the call, as a stale
+                  old master may keep keys), or when the workers had ended;
+                  or a lock key without expiry.
   outlived        a lock key still existed a ttl after every worker ended.
   scan            the lock nodes could not be read at the end.
   incomplete      the soak itself did not run to its end.

@@ -27,7 +27,11 @@
 //
 // While holding, a call reads the lock's owner token straight from Redis
 // (the documented layout `lockwatch:{KEY}`), and after a release that
-// reported success it checks that no node still holds that owner.
+// reported success it checks that no node still holds that owner. With
+// Sentinel that check is made only if the sentinels name the same master
+// as when the owner was read: across a failover the old master can live
+// on as a stale master (its ROLE still says master) with keys the new one
+// no longer has, and which of them the library released on is not known.
 #include <hiredis/hiredis.h>
 #include <lockwatch/lockwatch.hpp>
 #include <signal.h>
@@ -277,7 +281,8 @@ class Resource {
 // -------------------------------------------------------------- lock nodes
 
 // Reads lock keys straight from the lock's Redis nodes: the fixed masters,
-// or (Sentinel) the master the sentinels name, checked with ROLE.
+// or (Sentinel) the master every answering sentinel names (a majority of
+// them must answer), checked with ROLE. where() says which node that was.
 class LockNodes {
  public:
   explicit LockNodes(const lockwatch::Topology& t) : master_name_(t.master_name) {
@@ -285,11 +290,15 @@ class LockNodes {
     for (const auto& s : t.sentinels) sentinels_.emplace_back(s.host, s.port, kProbeTimeout);
   }
   std::size_t nodes() const { return sentinels_.empty() ? masters_.size() : 1; }
+  // The node values() read last ("" when it found none); "masters" with
+  // fixed masters.
+  const std::string& where() const { return where_; }
 
   // What each node holds at `key` (nullopt: the node did not answer).
   std::vector<std::optional<std::string>> values(const std::string& key) {
     std::vector<std::optional<std::string>> out;
     if (sentinels_.empty()) {
+      where_ = "masters";
       for (auto& m : masters_) {
         auto r = m.run({{"GET", key}});
         if (r.empty() || r[0]->type == REDIS_REPLY_ERROR) out.emplace_back();
@@ -297,35 +306,44 @@ class LockNodes {
       }
       return out;
     }
-    for (int attempt = 0; attempt < 2; ++attempt) {
-      if (!master_ && !resolve()) break;
-      auto r = master_->run({{"ROLE"}, {"GET", key}});
-      if (!r.empty() && r[0]->type == REDIS_REPLY_ARRAY && r[0]->elements > 0 && str_of(r[0]->element[0]) == "master" &&
-          r[1]->type != REDIS_REPLY_ERROR) {
-        out.emplace_back(str_of(r[1].get()));
-        return out;
-      }
-      master_.reset();
-    }
+    where_.clear();
     out.emplace_back();
+    auto named = agreed_master();
+    if (named.empty()) return out;
+    if (!master_ || master_->host() + ":" + std::to_string(master_->port()) != named) {
+      auto colon = named.rfind(':');
+      master_.emplace(named.substr(0, colon), std::atoi(named.c_str() + colon + 1), kProbeTimeout);
+    }
+    auto r = master_->run({{"ROLE"}, {"GET", key}});
+    if (!r.empty() && r[0]->type == REDIS_REPLY_ARRAY && r[0]->elements > 0 && str_of(r[0]->element[0]) == "master" &&
+        r[1]->type != REDIS_REPLY_ERROR) {
+      out.back() = str_of(r[1].get());
+      where_ = named;
+    }
     return out;
   }
 
  private:
-  bool resolve() {
+  // "host:port" that every answering sentinel names, or "" (too few
+  // answered, or they disagree: a failover is under way).
+  std::string agreed_master() {
+    std::string named;
+    std::size_t answered = 0;
     for (auto& s : sentinels_) {
       auto r = s.run({{"SENTINEL", "get-master-addr-by-name", master_name_}});
       if (r.empty() || r[0]->type != REDIS_REPLY_ARRAY || r[0]->elements != 2) continue;
-      master_.emplace(str_of(r[0]->element[0]), std::atoi(str_of(r[0]->element[1]).c_str()), kProbeTimeout);
-      return true;
+      std::string addr = str_of(r[0]->element[0]) + ":" + str_of(r[0]->element[1]);
+      if (answered++ > 0 && addr != named) return "";
+      named = addr;
     }
-    return false;
+    return answered >= sentinels_.size() / 2 + 1 ? named : "";
   }
 
   std::string master_name_;
   std::vector<Conn> masters_;
   std::vector<Conn> sentinels_;
   std::optional<Conn> master_;
+  std::string where_;
 };
 
 // ------------------------------------------------------------------- worker
@@ -395,6 +413,7 @@ struct Op {
   std::int64_t acq_ns = 0;
   std::uint64_t token = 0;
   std::string owner;
+  std::string owner_node;  // where the owner was read
 
   milliseconds bound(std::size_t nodes) const {
     auto acquire = 3 * (kConnectTimeout + kCommandTimeout);
@@ -460,6 +479,7 @@ class Worker {
       if (v && !v->empty()) ++votes[*v];
     for (const auto& [value, count] : votes)
       if (count >= vals.size() / 2 + 1 && !gone(lease)) op.owner = value;
+    op.owner_node = nodes(topology_).where();
 
     auto until = Clock::now() + milliseconds(op.hold_ms);
     while (Clock::now() < until && !gone(lease)) std::this_thread::sleep_for(5ms);
@@ -556,10 +576,13 @@ class Worker {
     int held = 0, answered = 0;
     const std::size_t total = nodes(topology_).nodes();
     if (out == "ok" && !op.owner.empty()) {
-      for (const auto& v : nodes(topology_).values(lock_key(op.key))) {
-        if (!v) continue;
-        ++answered;
-        if (*v == op.owner) ++held;
+      auto vals = nodes(topology_).values(lock_key(op.key));
+      if (nodes(topology_).where() == op.owner_node) {
+        for (const auto& v : vals) {
+          if (!v) continue;
+          ++answered;
+          if (*v == op.owner) ++held;
+        }
       }
     }
     history_.write(Json()
