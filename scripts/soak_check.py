@@ -27,6 +27,11 @@ Violations, and why each means the library broke a promise:
                   lease deadlines, so two leases were valid at once.
   stale-write     a write made within its lease deadline was refused: a
                   higher token had written while this lease was valid.
+  two-holders     two calls on one key that both ended well (never lost,
+                  released while the key was still theirs on a majority)
+                  overlapped between being handed the lease and their work
+                  returning. A key cannot come back once gone (renewal and
+                  release check the owner), so each held it throughout.
   token-order     the resource accepted a lower token after a higher one;
                   two leases of one key got the same token; or a call that
                   started after another lease had been granted got a token
@@ -232,6 +237,21 @@ def check(run):
                 bad("token-order", "%s: %s began after %s was granted token %d, and got token %d"
                     % (k, op, top[0], top[3], tok))
 
+    # -- calls that ended well held their key alone
+    done = defaultdict(list)
+    for op, c in ends.items():
+        if c["out"] == "ok" and c["acq"] > 0 and c.get("wend", 0) > 0:
+            done[c["k"]].append((c["acq"], c["wend"], op))
+    for k, ls in sorted(done.items()):
+        ls.sort()
+        last = None  # the lease whose work ended last so far
+        for acq, wend, op in ls:
+            if last is not None and acq < last[1]:
+                bad("two-holders", "%s: %s held it from %.3f s to %.3f s, and %s was handed it at %.3f s; "
+                    "both ended well" % (k, last[2], last[0] / 1e9, last[1] / 1e9, op, acq / 1e9))
+            if last is None or wend > last[1]:
+                last = (acq, wend, op)
+
     # -- a lock reported released is not held in Redis
     released = {}
     probed = 0
@@ -322,7 +342,7 @@ def _good_run():
             {"e": "w", "op": op, "k": k, "tok": tok, "rseq": rseq, "rval": rseq // 2, "r0": t + s // 50,
              "w0": t + s // 20, "w1": t + s // 10, "dl": 0, "res": "ok", "seq": seq},
             {"e": "c", "op": op, "k": k, "out": "ok", "msg": "", "t0": t, "t1": t + s // 5, "acq": t + s // 100,
-             "tok": tok, "owner": owner, "held": 0, "answered": 1, "nodes": 1},
+             "wend": t + s // 10, "tok": tok, "owner": owner, "held": 0, "answered": 1, "nodes": 1},
         ]
     events = call("p0.0.0", "k0", 1 * s, 1, 1, 2, "ownerA") + call("p1.0.0", "k0", 2 * s, 2, 3, 4, "ownerB")
     events += call("p2.0.0", "k1", 1 * s, 1, 1, 2, "ownerC")[:2]
@@ -389,6 +409,13 @@ def _self_test_cases():
     def lost_increment(r):
         r["resource"]["k0"]["hash"]["count"] = "1"
 
+    def two_holders(r):  # p1 was handed k0 before p0's work returned
+        _ev(r, "p1.0.0", "c")["acq"] = _ev(r, "p0.0.0", "c")["wend"] - 1
+
+    def lost_overlap_is_fine(r):  # the same, but p0 was told its lease was lost
+        two_holders(r)
+        _ev(r, "p0.0.0", "c")["out"] = "lost"
+
     def unended(r):  # p1 exited cleanly with a call never ended
         r["events"].remove(_ev(r, "p1.0.0", "c"))
 
@@ -443,6 +470,8 @@ def _self_test_cases():
         ("a later call with a lower token", later_lower, {"token-order", "stale-write"}),
         ("the resource accepting a lower token", accepted_down, {"token-order"}),
         ("a lost increment", lost_increment, {"lost-increment"}),
+        ("two calls that ended well holding a key at once", two_holders, {"two-holders"}),
+        ("the same, one of them told its lease was lost", lost_overlap_is_fine, set()),
         ("a call that never ended", unended, {"unended"}),
         ("a call past its bound", over_bound, {"over-bound"}),
         ("the same call, its process stopped meanwhile", stopped_not_over, set()),

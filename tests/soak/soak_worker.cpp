@@ -411,6 +411,7 @@ struct Op {
   std::vector<int> gaps_ms;  // per write: the sleep between read and write
 
   std::int64_t acq_ns = 0;
+  std::int64_t work_end_ns = 0;  // the work returned (the release comes after)
   std::uint64_t token = 0;
   std::string owner;
   std::string owner_node;  // where the owner was read
@@ -470,6 +471,10 @@ class Worker {
   // The work under the lease: read the owner, hold, then read/sleep/write.
   void work(const lockwatch::Lease& lease, Op& op) {
     op.acq_ns = mono_ns();
+    struct Done {
+      Op& op;
+      ~Done() { op.work_end_ns = mono_ns(); }
+    } done{op};
     op.token = lease.fencing_token();
     // The majority value is the owner (with one node: its value). Valid
     // only if the lease was still ours after the read.
@@ -594,6 +599,7 @@ class Worker {
                        .i("t0", t0)
                        .i("t1", t1)
                        .i("acq", op.acq_ns)
+                       .i("wend", op.work_end_ns)
                        .i("tok", static_cast<long long>(op.token))
                        .s("owner", op.owner)
                        .i("held", held)
