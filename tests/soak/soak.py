@@ -1,0 +1,727 @@
+#!/usr/bin/env python3
+"""The fault soak's orchestrator; run it through scripts/soak.
+
+Starts the lock topology (one redis-server, three Redlock masters, or a
+master, a replica and three sentinels), the resource (one more
+redis-server, never faulted) and several lockwatch-soak-worker processes,
+injects faults at random from a seed for the given time, then collects
+what the checker (scripts/soak_check.py) reads into --dir:
+
+  meta.json          the run: seed, topology, fault count, whether it completed
+  hist/<id>.jsonl    each worker's history (written by the worker)
+  procs.jsonl        each worker process: when it ran and how it ended
+  faults.jsonl       each fault: kind, target, start and end (CLOCK_MONOTONIC ns)
+  resource.json      the resource's counters, accepted writes and refusals
+  locks_end.json     lock keys on the nodes right after the workers ended
+  locks_later.json   the same once the longest ttl has passed
+
+Every lock node runs with appendonly and appendfsync always: the restart
+faults are crashes (SIGKILL) of nodes that keep their keys and fencing
+counters, which is what the README asks of a deployment that wants
+fencing tokens to survive a restart. Faults stop some seconds before the
+end so that the run ends on a healthy system.
+
+Every child is killed on exit (also on SIGTERM/SIGINT, and by the kernel
+should this process die: PR_SET_PDEATHSIG), the network namespace is
+deleted. Network faults need root, `ip` and `tc`: a namespace of our own
+holds one lock node behind a veth pair with 10.200.x.y addresses; traffic
+goes only to 127.0.0.1 and into that namespace. A partition takes the
+namespace's end of the link down: the host keeps its route over the veth
+(marked linkdown) and packets are dropped there. Taking the host's end
+down instead would delete that route and send the node's traffic out by
+the default route; a blackhole route for the /30 (written to
+--dir/netns.route, so that scripts/soak's trap can remove it too) makes
+sure that can never happen.
+"""
+import argparse
+import ctypes
+import json
+import os
+import random
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+
+MAX_TTL_MS = 2500  # the longest ttl the workers use (kTtls in soak_worker.cpp)
+MAX_FAULT_S = 4.5  # the longest a fault lasts (down, stopped, hung, cut)
+GUARD_METRIC = "4242"  # the blackhole route behind the veth's own
+SENTINEL_MASTER = "mymaster"
+
+
+def mono_ns():
+    return time.monotonic_ns()
+
+
+def say(*parts):
+    print(*parts, flush=True)
+
+
+# ------------------------------------------------------------------ RESP
+
+
+class ReplyError(Exception):
+    pass
+
+
+def _encode(args):
+    out = [b"*%d\r\n" % len(args)]
+    for a in args:
+        b = a if isinstance(a, bytes) else str(a).encode()
+        out.append(b"$%d\r\n%s\r\n" % (len(b), b))
+    return b"".join(out)
+
+
+def _parse(f):
+    line = f.readline()
+    if not line.endswith(b"\r\n"):
+        raise ConnectionError("connection closed")
+    kind, rest = line[:1], line[1:-2]
+    if kind == b"+":
+        return rest.decode("latin-1")
+    if kind == b"-":
+        return ReplyError(rest.decode("latin-1"))
+    if kind == b":":
+        return int(rest)
+    if kind == b"$":
+        n = int(rest)
+        if n < 0:
+            return None
+        data = f.read(n + 2)
+        if len(data) != n + 2:
+            raise ConnectionError("connection closed")
+        return data[:-2].decode("latin-1")
+    if kind == b"*":
+        n = int(rest)
+        return None if n < 0 else [_parse(f) for _ in range(n)]
+    raise ConnectionError("bad reply %r" % line)
+
+
+def redis(host, port, *args, timeout=1.0):
+    """One command on a fresh connection. Raises OSError/ConnectionError if
+    the server cannot be reached; an error reply is returned as ReplyError."""
+    with socket.create_connection((host, port), timeout=timeout) as s:
+        s.settimeout(timeout)
+        s.sendall(_encode(args))
+        with s.makefile("rb") as f:
+            return _parse(f)
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+# ------------------------------------------------------------- processes
+
+_libc = ctypes.CDLL(None, use_errno=True)
+
+
+def _die_with_parent():
+    _libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG: gone if we are
+
+
+class Child:
+    """A process we started; every one is killed by Soak.cleanup()."""
+
+    all = []
+
+    def __init__(self, argv, log_path):
+        self.log = open(log_path, "ab")
+        self.p = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=self.log, stderr=subprocess.STDOUT,
+                                  preexec_fn=_die_with_parent)
+        Child.all.append(self)
+
+    @property
+    def pid(self):
+        return self.p.pid
+
+    def signal(self, sig):
+        if self.p.poll() is None:
+            try:
+                os.kill(self.p.pid, sig)
+            except ProcessLookupError:
+                pass
+
+    def kill(self):
+        self.signal(signal.SIGCONT)
+        self.signal(signal.SIGKILL)
+        self.p.wait()
+        self.log.close()
+
+
+class RedisNode:
+    """One redis-server on a fixed port, restartable, with appendonly."""
+
+    def __init__(self, root, name, port=None, host="127.0.0.1", netns=None, persist=True):
+        self.name, self.host, self.netns, self.persist = name, host, netns, persist
+        self.port = port or free_port()
+        self.dir = os.path.join(root, name)
+        os.makedirs(self.dir, exist_ok=True)
+        self.proc = None
+        self.replicaof = None
+
+    @property
+    def addr(self):
+        return "%s:%d" % (self.host, self.port)
+
+    def argv(self):
+        argv = ["ip", "netns", "exec", self.netns] if self.netns else []
+        argv += ["redis-server", "--port", str(self.port), "--bind", self.host, "--dir", self.dir,
+                 "--logfile", os.path.join(self.dir, "redis.log"), "--daemonize", "no", "--save", "",
+                 "--protected-mode", "no"]
+        argv += ["--appendonly", "yes", "--appendfsync", "always"] if self.persist else ["--appendonly", "no"]
+        # A replica coming back resyncs at once, not after the default 5 s.
+        argv += ["--repl-diskless-sync-delay", "0"]
+        if self.replicaof:
+            argv += ["--replicaof", "127.0.0.1", str(self.replicaof)]
+        return argv
+
+    def start(self, replicaof=None):
+        self.replicaof = replicaof
+        deadline = time.monotonic() + 10
+        while True:
+            self.proc = Child(self.argv(), os.path.join(self.dir, "stdout.log"))
+            while time.monotonic() < deadline and self.proc.p.poll() is None:
+                if self.ping():
+                    return
+                time.sleep(0.02)  # a fresh process: nothing signals "ready"
+            self.proc.kill()
+            if time.monotonic() >= deadline:
+                raise RuntimeError("redis-server %s on %s did not start (see %s)" % (self.name, self.addr, self.dir))
+            time.sleep(0.1)  # the port is still held by the killed server: try again
+
+    def kill(self):
+        if self.proc:
+            self.proc.kill()
+            self.proc = None
+
+    def pause(self):
+        self.proc.signal(signal.SIGSTOP)
+
+    def resume(self):
+        self.proc.signal(signal.SIGCONT)
+
+    def ping(self):
+        try:
+            return redis(self.host, self.port, "PING", timeout=0.3) == "PONG"
+        except OSError:
+            return False
+
+    def cmd(self, *args, timeout=2.0):
+        return redis(self.host, self.port, *args, timeout=timeout)
+
+    def lock_keys(self):
+        """[{key, value, pttl}] of every lock key (not the fencing counters)."""
+        keys, cursor = [], "0"
+        while True:
+            cursor, batch = self.cmd("SCAN", cursor, "MATCH", "lockwatch:*", "COUNT", 1000)
+            keys += [k for k in batch if not k.endswith(":fence")]
+            if cursor == "0":
+                break
+        return [{"key": k, "value": self.cmd("GET", k), "pttl": self.cmd("PTTL", k)} for k in sorted(set(keys))]
+
+
+class Sentinel:
+    def __init__(self, root, name, master_port):
+        self.port = free_port()
+        self.dir = os.path.join(root, name)
+        os.makedirs(self.dir, exist_ok=True)
+        conf = os.path.join(self.dir, "sentinel.conf")
+        with open(conf, "w") as f:
+            f.write("port %d\nbind 127.0.0.1\ndir %s\nlogfile %s/sentinel.log\n" % (self.port, self.dir, self.dir))
+            f.write("sentinel monitor %s 127.0.0.1 %d 2\n" % (SENTINEL_MASTER, master_port))
+            f.write("sentinel down-after-milliseconds %s 1000\n" % SENTINEL_MASTER)
+            f.write("sentinel failover-timeout %s 3000\n" % SENTINEL_MASTER)
+            f.write("sentinel parallel-syncs %s 1\n" % SENTINEL_MASTER)
+        self.proc = Child(["redis-server", conf, "--sentinel"], os.path.join(self.dir, "stdout.log"))
+
+    def cmd(self, *args):
+        return redis("127.0.0.1", self.port, *args, timeout=1.0)
+
+    def master_info(self):
+        r = self.cmd("SENTINEL", "master", SENTINEL_MASTER)
+        return dict(zip(r[0::2], r[1::2])) if isinstance(r, list) else {}
+
+
+def info(node):
+    try:
+        text = node.cmd("INFO", "replication", timeout=0.5)
+    except OSError:
+        return {}
+    return dict(l.split(":", 1) for l in text.splitlines() if ":" in l)
+
+
+def run_quiet(argv):
+    return subprocess.run(argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                          stderr=subprocess.DEVNULL).returncode == 0
+
+
+# ------------------------------------------------------------------ soak
+
+
+class Soak:
+    def __init__(self, a):
+        self.a = a
+        self.rng = random.Random(a.seed)
+        self.dir = a.dir
+        os.makedirs(os.path.join(self.dir, "hist"), exist_ok=True)
+        self.meta = {"seed": a.seed, "topology": a.topology, "seconds": a.seconds, "procs": a.procs,
+                     "threads": a.threads, "keys": a.keys, "max_ttl_ms": MAX_TTL_MS, "completed": False}
+        self.faults = []
+        self.workers = {}  # id -> dict(child, t0, until)
+        self.finished_workers = []
+        self.next_worker = 0
+        self.nodes = []  # lock nodes
+        self.sentinels = []
+        self.netns = None
+        self.guard = None  # the blackhole route's arguments, once added
+        self.net_mode = None  # "netem", "partition" or None
+        self.deck = []
+
+    # ---- set-up
+
+    def setup_netns(self):
+        a = self.a
+        why = None
+        if os.geteuid() != 0:
+            why = "not running as root"
+        elif not shutil.which("ip") or not shutil.which("tc"):
+            why = "ip or tc not found (Debian package iproute2)"
+        elif a.topology == "sentinel":
+            why = "sentinel nodes stay on loopback"
+        if why:
+            say("soak: network faults skipped: %s" % why)
+            return None
+        used = subprocess.run(["ip", "-4", "-o", "addr", "show"], capture_output=True, text=True).stdout
+        base = os.getpid() % 250
+        for i in range(250):
+            x = (base + i) % 250 + 1
+            if "10.200.%d." % x not in used:
+                break
+        else:
+            say("soak: network faults skipped: no free 10.200.x.0/30 subnet")
+            return None
+        ns, hif, nif = a.netns, a.host_if, a.ns_if
+        guard = ["blackhole", "10.200.%d.0/30" % x, "metric", GUARD_METRIC]
+        if not run_quiet(["ip", "route", "add"] + guard):
+            say("soak: network faults skipped: cannot add the blackhole route that keeps 10.200.%d.0/30 local" % x)
+            return None
+        self.guard = guard
+        with open(os.path.join(self.dir, "netns.route"), "w") as f:
+            f.write(" ".join(guard) + "\n")
+        ok = (run_quiet(["ip", "netns", "add", ns])
+              and run_quiet(["ip", "link", "add", hif, "type", "veth", "peer", "name", nif])
+              and run_quiet(["ip", "link", "set", nif, "netns", ns])
+              and run_quiet(["ip", "addr", "add", "10.200.%d.1/30" % x, "dev", hif])
+              and run_quiet(["ip", "link", "set", hif, "up"])
+              and run_quiet(["ip", "netns", "exec", ns, "ip", "addr", "add", "10.200.%d.2/30" % x, "dev", nif])
+              and run_quiet(["ip", "netns", "exec", ns, "ip", "link", "set", nif, "up"])
+              and run_quiet(["ip", "netns", "exec", ns, "ip", "link", "set", "lo", "up"]))
+        self.netns = ns  # cleaned up even if half made
+        if not ok:
+            say("soak: network faults skipped: cannot make a network namespace with a veth pair here")
+            return None
+        if run_quiet(["tc", "qdisc", "add", "dev", hif, "root", "netem", "delay", "1ms"]):
+            run_quiet(["tc", "qdisc", "del", "dev", hif, "root"])
+            self.net_mode = "netem"
+            say("soak: network faults: tc netem delay and loss on the veth link to namespace %s" % ns)
+        else:
+            self.net_mode = "partition"
+            say("soak: tc netem is not available in this kernel: network delay/loss skipped; "
+                "the link to namespace %s is cut instead (partitions)" % ns)
+        return "10.200.%d.2" % x
+
+    def setup(self):
+        a = self.a
+        ns_addr = self.setup_netns()
+        self.resource = RedisNode(self.dir, "resource", persist=False)
+        self.resource.start()
+        if a.topology == "single":
+            if ns_addr:
+                self.nodes = [RedisNode(self.dir, "redis", port=6379, host=ns_addr, netns=self.netns)]
+            else:
+                self.nodes = [RedisNode(self.dir, "redis")]
+        elif a.topology == "redlock":
+            self.nodes = [RedisNode(self.dir, "node%d" % i) for i in range(2)]
+            if ns_addr:
+                self.nodes.append(RedisNode(self.dir, "node2", port=6379, host=ns_addr, netns=self.netns))
+            else:
+                self.nodes.append(RedisNode(self.dir, "node2"))
+        else:
+            self.nodes = [RedisNode(self.dir, "data0"), RedisNode(self.dir, "data1")]
+        for i, n in enumerate(self.nodes):
+            n.start(replicaof=self.nodes[0].port if a.topology == "sentinel" and i > 0 else None)
+        if a.topology == "sentinel":
+            self.sentinels = [Sentinel(self.dir, "sentinel%d" % i, self.nodes[0].port) for i in range(3)]
+            if not self.wait_for(self.sentinel_healthy, 40):
+                raise RuntimeError("the sentinels did not see a healthy master and replica within 40 s")
+            self.url = "redis-sentinel://%s/%s" % (",".join("127.0.0.1:%d" % s.port for s in self.sentinels),
+                                                   SENTINEL_MASTER)
+        else:
+            self.url = ",".join("redis://%s" % n.addr for n in self.nodes)
+        self.meta.update(url=self.url, majority=len(self.nodes) // 2 + 1 if a.topology == "redlock" else 1,
+                         net_faults=self.net_mode or "none")
+        desc = {"single": "one redis-server", "redlock": "Redlock over 3 redis-server masters",
+                "sentinel": "a master, a replica and 3 sentinels (min_replicas 1)"}[a.topology]
+        say("soak: %s (appendonly, fsync always) at %s; resource on %s" % (desc, self.url, self.resource.addr))
+        say("soak: %d processes x %d threads on %d keys for %d s" % (a.procs, a.threads, a.keys, a.seconds))
+
+    @staticmethod
+    def wait_for(pred, seconds):
+        until = time.monotonic() + seconds
+        while time.monotonic() < until:
+            try:
+                if pred():
+                    return True
+            except OSError:
+                pass
+            time.sleep(0.1)  # polling other processes' state
+        return False
+
+    # ---- sentinel state
+
+    def sentinel_master(self):
+        """The data node all sentinels name as master, or None."""
+        ports = set()
+        for s in self.sentinels:
+            try:
+                r = s.cmd("SENTINEL", "get-master-addr-by-name", SENTINEL_MASTER)
+            except OSError:
+                return None
+            if not isinstance(r, list):
+                return None
+            ports.add(int(r[1]))
+        if len(ports) != 1:
+            return None
+        port = ports.pop()
+        return next((n for n in self.nodes if n.port == port), None)
+
+    def sentinel_healthy(self):
+        try:
+            return self._sentinel_healthy()
+        except (OSError, ValueError, TypeError):
+            return False
+
+    def _sentinel_healthy(self):
+        m = self.sentinel_master()
+        if m is None:
+            return False
+        r = next(n for n in self.nodes if n is not m)
+        mi, ri = info(m), info(r)
+        if mi.get("role") != "master" or "state=online" not in mi.get("slave0", ""):
+            return False
+        if ri.get("role") != "slave" or ri.get("master_link_status") != "up" or ri.get("master_port") != str(m.port):
+            return False
+        for s in self.sentinels:
+            mi = s.master_info()
+            if mi.get("flags") != "master" or mi.get("num-slaves") != "1" or mi.get("num-other-sentinels") != "2":
+                return False
+            reps = s.cmd("SENTINEL", "replicas", SENTINEL_MASTER)
+            if not isinstance(reps, list) or len(reps) < 1:
+                return False
+            fields = [dict(zip(x[0::2], x[1::2])) for x in reps]
+            if not any(f.get("port") == str(r.port) and f.get("flags") == "slave" for f in fields):
+                return False
+        return True
+
+    # ---- workers
+
+    def start_worker(self, until_ns):
+        wid = "p%d" % self.next_worker
+        self.next_worker += 1
+        argv = [self.a.worker, "--redis", self.url, "--resource", self.resource.addr, "--id", wid,
+                "--history", os.path.join(self.dir, "hist", wid + ".jsonl"), "--until-ns", str(until_ns),
+                "--threads", str(self.a.threads), "--keys", str(self.a.keys),
+                "--seed", str(self.a.seed * 1000 + self.next_worker)]
+        if self.a.topology == "sentinel":
+            argv += ["--min-replicas", "1"]
+        child = Child(argv, os.path.join(self.dir, wid + ".log"))
+        self.workers[wid] = {"w": wid, "child": child, "t0": mono_ns(), "until": until_ns}
+        return wid
+
+    def end_worker(self, wid, how):
+        w = self.workers.pop(wid)
+        rc = w["child"].p.returncode
+        self.finished_workers.append({"w": wid, "pid": w["child"].pid, "t0": w["t0"], "t1": mono_ns(),
+                                      "how": how, "rc": rc})
+        w["child"].log.close()
+
+    def reap_workers(self):
+        for wid, w in list(self.workers.items()):
+            rc = w["child"].p.poll()
+            if rc is None:
+                continue
+            clean = rc == 0 and mono_ns() >= w["until"]
+            self.end_worker(wid, "clean" if clean else "crashed")
+            if not clean:
+                say("  worker %s exited early with status %s (see %s.log)" % (wid, rc, wid))
+                if mono_ns() < w["until"]:
+                    self.start_worker(w["until"])
+
+    # ---- faults
+
+    def fault(self, kind, target, t0, **detail):
+        f = {"kind": kind, "target": target, "t0": t0, "t1": mono_ns()}
+        f.update(detail)
+        self.faults.append(f)
+        extra = " ".join("%s=%s" % (k, ("%.2f" % v if isinstance(v, float) else v)) for k, v in detail.items())
+        say("  +%5.1fs %-14s %s %s" % ((t0 - self.t_start) / 1e9, kind, target, extra))
+
+    def live_worker(self):
+        return self.rng.choice(sorted(self.workers)) if self.workers else None
+
+    def holder_kill(self):
+        wid = self.live_worker()
+        if wid is None:
+            return
+        w = self.workers[wid]
+        t0 = mono_ns()
+        w["child"].kill()
+        self.end_worker(wid, "killed")
+        new = self.start_worker(w["until"])
+        self.fault("holder_kill", wid, t0, pid=w["child"].pid, replaced_by=new)
+
+    def holder_stop(self):
+        wid = self.live_worker()
+        if wid is None:
+            return
+        w = self.workers[wid]
+        d = self.rng.uniform(0.1, 3.0)
+        t0 = mono_ns()
+        w["child"].signal(signal.SIGSTOP)
+        time.sleep(d)
+        w["child"].signal(signal.SIGCONT)
+        self.fault("holder_stop", wid, t0, w=wid, pid=w["child"].pid, seconds=d)
+
+    def node_kill(self, kind, node, down, replicaof=None):
+        """SIGKILL, `down` seconds, start again (as a replica of the port
+        replicaof() names, if any)."""
+        t0 = mono_ns()
+        node.kill()
+        time.sleep(down)
+        detail = {}
+        port = replicaof() if replicaof else None
+        if replicaof:
+            detail["restarted_as"] = "replica" if port else "master"
+        node.start(replicaof=port)
+        if self.sentinels:
+            self.wait_for(lambda: self.sentinel_master() is not None, 3)
+            detail["master_now"] = getattr(self.sentinel_master(), "name", "undecided")
+        self.fault(kind, node.name, t0, down=down, **detail)
+
+    def node_hang(self, kind, node, d):
+        t0 = mono_ns()
+        node.pause()
+        time.sleep(d)
+        node.resume()
+        self.fault(kind, node.name, t0, seconds=d)
+
+    def net_fault(self):
+        node = next(n for n in self.nodes if n.netns)
+        d = self.rng.uniform(1.0, 4.0)
+        ends = [[], ["ip", "netns", "exec", self.netns]]
+        devs = [self.a.host_if, self.a.ns_if]
+        t0 = mono_ns()
+        if self.net_mode == "netem":
+            if self.rng.random() < 0.5:
+                kind, spec = "net_delay", ["delay", "%dms" % self.rng.randint(20, 300), "%dms" % self.rng.randint(0, 50)]
+            else:
+                kind, spec = "net_loss", ["loss", "%d%%" % self.rng.randint(10, 60)]
+            for pre, dev in zip(ends, devs):
+                run_quiet(pre + ["tc", "qdisc", "replace", "dev", dev, "root", "netem"] + spec)
+            time.sleep(d)
+            for pre, dev in zip(ends, devs):
+                run_quiet(pre + ["tc", "qdisc", "del", "dev", dev, "root"])
+            self.fault(kind, node.name, t0, netem=" ".join(spec), seconds=d)
+        else:
+            # The namespace's end: the host's route stays (see the top).
+            run_quiet(ends[1] + ["ip", "link", "set", self.a.ns_if, "down"])
+            time.sleep(d)
+            run_quiet(ends[1] + ["ip", "link", "set", self.a.ns_if, "up"])
+            self.wait_for(node.ping, 10)
+            self.fault("net_partition", node.name, t0, seconds=d)
+
+    def inject(self):
+        """One fault, picked by the seeded generator; returns when it is over.
+        Kinds come from a shuffled deck, so that every kind comes up in
+        each round (a short run still sees them all)."""
+        topo, rng = self.a.topology, self.rng
+        if not self.deck:
+            self.deck = ["holder_kill", "holder_stop"]
+            if topo == "single":
+                self.deck += ["redis_restart", "redis_hang"]
+            elif topo == "redlock":
+                self.deck += ["node_kill", "redis_hang"]
+            else:
+                self.deck += ["master_kill", "master_kill", "master_hang", "master_stall", "replica_kill"]
+            if self.net_mode:
+                self.deck.append("net")
+            rng.shuffle(self.deck)
+        kind = self.deck.pop()
+        m = None
+        if kind in ("master_kill", "master_hang", "master_stall", "replica_kill"):
+            m = self.sentinel_master() if self.sentinel_healthy() else None
+            if m is None:
+                # Let the last failover settle first; this kind comes up again later.
+                self.deck.insert(0, kind)
+                kind = rng.choice(["holder_kill", "holder_stop"])
+        if kind == "holder_kill":
+            self.holder_kill()
+        elif kind == "holder_stop":
+            self.holder_stop()
+        elif kind == "redis_restart":
+            self.node_kill("redis_restart", self.nodes[0], rng.uniform(0.0, 1.5))
+        elif kind == "node_kill":
+            self.node_kill("node_kill", rng.choice(self.nodes), rng.uniform(0.2, 4.0))
+        elif kind == "redis_hang":
+            self.node_hang("redis_hang", rng.choice(self.nodes), rng.uniform(0.3, 3.0))
+        elif kind == "net":
+            self.net_fault()
+        elif kind == "master_kill":
+            other = next(n for n in self.nodes if n is not m)
+
+            def role_now():  # restart as the sentinels see it now: replica of the new master, or master again
+                return other.port if self.sentinel_master() is other else None
+            self.node_kill("master_kill", m, rng.uniform(0.5, 4.0), replicaof=role_now)
+        elif kind == "master_hang":
+            # Shorter than down-after-milliseconds: a hang, not a failover.
+            self.node_hang("master_hang", m, rng.uniform(0.2, 0.7))
+        elif kind == "master_stall":
+            # Longer than down-after-milliseconds: the sentinels fail over
+            # from a master that is alive, and it comes back as a stale
+            # master until they turn it into a replica.
+            self.node_hang("master_stall", m, rng.uniform(1.2, 4.0))
+        elif kind == "replica_kill":
+            r = next(n for n in self.nodes if n is not m)
+            self.node_kill("replica_kill", r, rng.uniform(0.5, 3.0), replicaof=lambda: m.port)
+
+    # ---- the run
+
+    def run(self):
+        a = self.a
+        self.setup()
+        quiet = 8 if a.topology == "sentinel" else 5
+        self.t_start = mono_ns()
+        end = self.t_start + a.seconds * 10**9
+        # The last fault is over `quiet` seconds before the end.
+        faults_until = end - int((quiet + MAX_FAULT_S) * 1e9)
+        self.meta.update(t_start=self.t_start, t_end=end, faults_until=faults_until)
+        for _ in range(a.procs):
+            self.start_worker(end)
+        next_fault = self.t_start + int(self.rng.uniform(1.0, 3.0) * 1e9)
+        while mono_ns() < end:
+            self.reap_workers()
+            if next_fault <= mono_ns() < faults_until:
+                self.inject()
+                next_fault = mono_ns() + int(self.rng.uniform(1.0, 3.0) * 1e9)
+            time.sleep(0.05)
+        say("soak: %d faults injected; waiting for the workers to finish" % len(self.faults))
+        # The workers stop by themselves at `end` (and exit by force 45 s later).
+        give_up = end + 50 * 10**9
+        while self.workers and mono_ns() < give_up:
+            self.reap_workers()
+            time.sleep(0.05)
+        for wid in sorted(self.workers):
+            say("  worker %s did not exit in time: killed" % wid)
+            self.workers[wid]["child"].kill()
+            self.end_worker(wid, "timeout")
+        self.collect()
+        self.meta["completed"] = True
+
+    def scan(self):
+        out = []
+        targets = [self.sentinel_master()] if self.a.topology == "sentinel" else self.nodes
+        for n in targets:
+            if n is None:
+                out.append({"node": "sentinel master", "ok": False, "error": "the sentinels do not agree"})
+                continue
+            try:
+                out.append({"node": n.name, "ok": True, "keys": n.lock_keys()})
+            except (OSError, ValueError) as e:
+                out.append({"node": n.name, "ok": False, "error": str(e)})
+        return out
+
+    def collect(self):
+        def dump(name, obj):
+            with open(os.path.join(self.dir, name), "w") as f:
+                json.dump(obj, f)
+        dump("locks_end.json", self.scan())
+        res = {}
+        for i in range(self.a.keys):
+            k = "k%d" % i
+            h = self.resource.cmd("HGETALL", "res:" + k)
+            res[k] = {"hash": dict(zip(h[0::2], h[1::2])),
+                      "log": self.resource.cmd("LRANGE", "log:" + k, 0, -1),
+                      "refused": self.resource.cmd("LRANGE", "refused:" + k, 0, -1)}
+        dump("resource.json", res)
+        time.sleep(MAX_TTL_MS / 1000 + 1)  # every lease is released or expired by now
+        dump("locks_later.json", self.scan())
+
+    def write_files(self):
+        with open(os.path.join(self.dir, "faults.jsonl"), "w") as f:
+            for x in self.faults:
+                f.write(json.dumps(x) + "\n")
+        with open(os.path.join(self.dir, "procs.jsonl"), "w") as f:
+            for x in self.finished_workers:
+                f.write(json.dumps(x) + "\n")
+        self.meta["faults"] = len(self.faults)
+        with open(os.path.join(self.dir, "meta.json"), "w") as f:
+            json.dump(self.meta, f)
+
+    def cleanup(self):
+        for c in Child.all:
+            try:
+                c.kill()
+            except Exception:  # keep going: every child must go
+                pass
+        if self.netns:
+            run_quiet(["ip", "netns", "del", self.netns])
+            run_quiet(["ip", "link", "del", self.a.host_if])
+        if self.guard:
+            run_quiet(["ip", "route", "del"] + self.guard)
+
+
+class Stop(Exception):
+    pass
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--seconds", type=int, default=60)
+    p.add_argument("--topology", choices=["single", "redlock", "sentinel"], default="single")
+    p.add_argument("--seed", type=int, required=True)
+    p.add_argument("--procs", type=int, default=3)
+    p.add_argument("--threads", type=int, default=3)
+    p.add_argument("--keys", type=int, default=3)
+    p.add_argument("--worker", required=True)
+    p.add_argument("--dir", required=True)
+    p.add_argument("--netns", required=True, help="name of the network namespace to make (if root)")
+    p.add_argument("--host-if", required=True)
+    p.add_argument("--ns-if", required=True)
+    a = p.parse_args()
+
+    def stop(sig, _frame):
+        raise Stop("signal %d" % sig)
+    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGALRM):
+        signal.signal(sig, stop)
+    signal.alarm(a.seconds + 200)  # the whole run, set-up and collection included
+
+    soak = Soak(a)
+    try:
+        soak.run()
+    except Exception as e:  # Stop included; recorded for the checker, which then fails the run
+        soak.meta["error"] = "%s: %s" % (type(e).__name__, e)
+        say("soak: stopped: %s" % soak.meta["error"])
+    finally:
+        signal.alarm(0)
+        soak.cleanup()
+        soak.write_files()
+    return 0 if soak.meta["completed"] else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

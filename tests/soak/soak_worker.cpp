@@ -1,0 +1,685 @@
+// lockwatch-soak-worker: one process of the fault soak (scripts/soak).
+//
+//   lockwatch-soak-worker --redis URL --resource HOST:PORT --id p1 --history FILE
+//                         --until-ns T [--threads 3] [--keys 3] [--seed S] [--min-replicas N]
+//
+// Its threads take locks on a few shared keys until the monotonic time T,
+// through the public API only (LOCKED-style `locked()` and
+// `Runtime::acquire`, picked at random per call, with random ttls, waits
+// and renewal limits). Under each lease they make racy increments of a
+// counter held by the "resource", a second redis-server the soak never
+// faults: read the counter, sleep, write it back plus one. The resource
+// refuses a write whose token is below the highest it accepted, or that
+// arrives after the writer's lease deadline (the writer sends its deadline
+// on the wall clock: now + remaining()). So a holder paused past its lease
+// cannot get a write in, while two holders at once, or tokens going
+// backwards, show up in what it accepted: interleaved read/write pairs,
+// "stale" refusals of writes made in time, a counter that lags the number
+// of accepted writes.
+//
+// Everything scripts/soak_check.py needs goes to the history, one JSON
+// object per line, flushed at once (a process killed with SIGKILL loses at
+// most the line it was writing):
+//   {"e":"start"}  process start          {"e":"b"}  a call begins (with its bound)
+//   {"e":"w"}      one write attempt      {"e":"c"}  a call ended (outcome, token, owner,
+//   {"e":"exit"}   clean exit (stats)                 what Redis held after the release)
+// Times are CLOCK_MONOTONIC nanoseconds, shared by every process on the host.
+//
+// While holding, a call reads the lock's owner token straight from Redis
+// (the documented layout `lockwatch:{KEY}`), and after a release that
+// reported success it checks that no node still holds that owner. With
+// Sentinel that check is made only if the sentinels name the same master
+// as when the owner was read: across a failover the old master can live
+// on as a stale master (its ROLE still says master) with keys the new one
+// no longer has, and which of them the library released on is not known.
+#include <hiredis/hiredis.h>
+#include <lockwatch/lockwatch.hpp>
+#include <signal.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <random>
+#include <string>
+#include <thread>
+#include <vector>
+
+using namespace std::chrono_literals;
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+using std::chrono::milliseconds;
+
+// Client-side bounds of the soak's own connections (the resource is never
+// faulted; the lock nodes are, so probing them must give up quickly).
+constexpr auto kResourceTimeout = 1000ms;
+constexpr auto kProbeTimeout = 200ms;
+// The runtime's, kept short so that faults end calls quickly.
+constexpr auto kConnectTimeout = 500ms;
+constexpr auto kCommandTimeout = 1000ms;
+// A future not ready this long after its bound is a hang: the process
+// records it and exits (a future cannot be abandoned).
+constexpr auto kHangGrace = 30s;
+// After --until-ns the process must be gone by this much later.
+constexpr auto kExitGrace = 45s;
+
+std::int64_t mono_ns() {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now().time_since_epoch()).count();
+}
+std::int64_t real_us() {
+  return std::chrono::duration_cast<std::chrono::microseconds>(
+             std::chrono::system_clock::now().time_since_epoch())
+      .count();
+}
+
+// ------------------------------------------------------------------ history
+
+// One JSON object, built field by field.
+class Json {
+ public:
+  Json& s(const char* key, std::string_view v) {
+    field(key);
+    out_ += '"';
+    for (unsigned char c : v) {
+      if (c == '"' || c == '\\') {
+        out_ += '\\';
+        out_ += static_cast<char>(c);
+      } else if (c < 0x20 || c >= 0x7f) {
+        char buf[8];
+        std::snprintf(buf, sizeof buf, "\\u%04x", c);
+        out_ += buf;
+      } else {
+        out_ += static_cast<char>(c);
+      }
+    }
+    out_ += '"';
+    return *this;
+  }
+  Json& i(const char* key, long long v) {
+    field(key);
+    out_ += std::to_string(v);
+    return *this;
+  }
+  std::string str() const { return out_ + "}\n"; }
+
+ private:
+  void field(const char* key) {
+    out_ += out_.size() > 1 ? ",\"" : "\"";
+    out_ += key;
+    out_ += "\":";
+  }
+  std::string out_ = "{";
+};
+
+class History {
+ public:
+  explicit History(const std::string& path) : f_(std::fopen(path.c_str(), "a")) {
+    if (f_ == nullptr) throw std::runtime_error("cannot open history " + path);
+  }
+  ~History() { std::fclose(f_); }
+  History(const History&) = delete;
+  History& operator=(const History&) = delete;
+  void write(const Json& j) {
+    std::string line = j.str();
+    std::lock_guard<std::mutex> g(m_);
+    std::fputs(line.c_str(), f_);
+    std::fflush(f_);
+  }
+
+ private:
+  std::mutex m_;
+  std::FILE* f_;
+};
+
+// ------------------------------------------------------- plain connections
+
+using ReplyPtr = std::unique_ptr<redisReply, void (*)(void*)>;
+
+// A synchronous hiredis connection, made on first use and dropped on any
+// failure (remade by the next call).
+class Conn {
+ public:
+  Conn(std::string host, int port, milliseconds timeout) : host_(std::move(host)), port_(port), timeout_(timeout) {}
+  ~Conn() { drop(); }
+  Conn(const Conn&) = delete;
+  Conn& operator=(const Conn&) = delete;
+  Conn(Conn&& o) noexcept : host_(std::move(o.host_)), port_(o.port_), timeout_(o.timeout_), c_(o.c_) { o.c_ = nullptr; }
+
+  const std::string& host() const { return host_; }
+  int port() const { return port_; }
+
+  // Sends the commands pipelined and returns one reply each, or nothing if
+  // the connection failed on the way.
+  std::vector<ReplyPtr> run(const std::vector<std::vector<std::string>>& cmds) {
+    std::vector<ReplyPtr> out;
+    if (!connect()) return out;
+    for (const auto& cmd : cmds) {
+      std::vector<const char*> argv;
+      std::vector<size_t> lens;
+      for (const auto& a : cmd) {
+        argv.push_back(a.data());
+        lens.push_back(a.size());
+      }
+      if (redisAppendCommandArgv(c_, static_cast<int>(argv.size()), argv.data(), lens.data()) != REDIS_OK) {
+        drop();
+        return {};
+      }
+    }
+    for (std::size_t i = 0; i < cmds.size(); ++i) {
+      void* r = nullptr;
+      if (redisGetReply(c_, &r) != REDIS_OK || r == nullptr) {
+        drop();
+        return {};
+      }
+      out.emplace_back(static_cast<redisReply*>(r), freeReplyObject);
+    }
+    return out;
+  }
+
+ private:
+  bool connect() {
+    if (c_ != nullptr) return true;
+    timeval tv{static_cast<time_t>(timeout_.count() / 1000), static_cast<suseconds_t>(timeout_.count() % 1000 * 1000)};
+    c_ = redisConnectWithTimeout(host_.c_str(), port_, tv);
+    if (c_ == nullptr) return false;
+    if (c_->err != 0 || redisSetTimeout(c_, tv) != REDIS_OK) {
+      drop();
+      return false;
+    }
+    return true;
+  }
+  void drop() {
+    if (c_ != nullptr) redisFree(c_);
+    c_ = nullptr;
+  }
+
+  std::string host_;
+  int port_;
+  milliseconds timeout_;
+  redisContext* c_ = nullptr;
+};
+
+std::string str_of(const redisReply* r) {
+  return r != nullptr && (r->type == REDIS_REPLY_STRING || r->type == REDIS_REPLY_STATUS) ? std::string(r->str, r->len)
+                                                                                          : std::string();
+}
+
+// ---------------------------------------------------------------- resource
+
+// Each read and write takes the key's next operation number, so the
+// resource's own order of events is known. A write is refused when it
+// arrives after the writer's deadline ("late": a paused holder, expected)
+// or carries a token below the highest accepted ("stale": someone newer
+// wrote while this writer's lease was still valid). Accepted writes and
+// refusals are logged by the script itself, in the order it ran them.
+constexpr const char* kReadScript = R"lua(
+local n = redis.call('hincrby', KEYS[1], 'ops', 1)
+return {n, tonumber(redis.call('hget', KEYS[1], 'count') or '0')}
+)lua";
+
+constexpr const char* kWriteScript = R"lua(
+local n = redis.call('hincrby', KEYS[1], 'ops', 1)
+local t = redis.call('time')
+local now = t[1] .. string.format('%06d', tonumber(t[2]))
+local hi = tonumber(redis.call('hget', KEYS[1], 'token') or '0')
+local why = nil
+if tonumber(now) > tonumber(ARGV[5]) then why = 'late' elseif tonumber(ARGV[1]) < hi then why = 'stale' end
+if why then
+  redis.call('rpush', KEYS[3], table.concat({n, ARGV[1], ARGV[3], ARGV[4], why, hi, now, ARGV[5]}, ' '))
+  return {0, n, why}
+end
+redis.call('hset', KEYS[1], 'token', ARGV[1], 'count', ARGV[2])
+redis.call('hincrby', KEYS[1], 'accepted', 1)
+redis.call('rpush', KEYS[2], table.concat({n, ARGV[1], ARGV[3], ARGV[4], ARGV[2], now}, ' '))
+return {1, n, 'ok'}
+)lua";
+
+struct ReadResult {
+  long long seq = 0;
+  long long count = 0;
+};
+struct WriteResult {
+  std::string res = "err";  // ok | late | stale | err (no answer: unknown)
+  long long seq = 0;
+};
+
+class Resource {
+ public:
+  Resource(const std::string& host, int port) : conn_(host, port, kResourceTimeout) {}
+
+  std::optional<ReadResult> read(const std::string& key) {
+    auto r = conn_.run({{"EVAL", kReadScript, "1", "res:" + key}});
+    if (r.empty() || r[0]->type != REDIS_REPLY_ARRAY || r[0]->elements != 2) return std::nullopt;
+    return ReadResult{r[0]->element[0]->integer, r[0]->element[1]->integer};
+  }
+
+  WriteResult write(const std::string& key, std::uint64_t token, long long value, const std::string& lease,
+                    long long read_seq, std::int64_t deadline_us) {
+    auto r = conn_.run({{"EVAL", kWriteScript, "3", "res:" + key, "log:" + key, "refused:" + key,
+                         std::to_string(token), std::to_string(value), lease, std::to_string(read_seq),
+                         std::to_string(deadline_us)}});
+    WriteResult w;
+    if (r.empty() || r[0]->type != REDIS_REPLY_ARRAY || r[0]->elements != 3) return w;
+    w.seq = r[0]->element[1]->integer;
+    w.res = str_of(r[0]->element[2]);
+    return w;
+  }
+
+ private:
+  Conn conn_;
+};
+
+// -------------------------------------------------------------- lock nodes
+
+// Reads lock keys straight from the lock's Redis nodes: the fixed masters,
+// or (Sentinel) the master every answering sentinel names (a majority of
+// them must answer), checked with ROLE. where() says which node that was.
+class LockNodes {
+ public:
+  explicit LockNodes(const lockwatch::Topology& t) : master_name_(t.master_name) {
+    for (const auto& m : t.masters) masters_.emplace_back(m.host, m.port, kProbeTimeout);
+    for (const auto& s : t.sentinels) sentinels_.emplace_back(s.host, s.port, kProbeTimeout);
+  }
+  std::size_t nodes() const { return sentinels_.empty() ? masters_.size() : 1; }
+  // The node values() read last ("" when it found none); "masters" with
+  // fixed masters.
+  const std::string& where() const { return where_; }
+
+  // What each node holds at `key` (nullopt: the node did not answer).
+  std::vector<std::optional<std::string>> values(const std::string& key) {
+    std::vector<std::optional<std::string>> out;
+    if (sentinels_.empty()) {
+      where_ = "masters";
+      for (auto& m : masters_) {
+        auto r = m.run({{"GET", key}});
+        if (r.empty() || r[0]->type == REDIS_REPLY_ERROR) out.emplace_back();
+        else out.emplace_back(str_of(r[0].get()));
+      }
+      return out;
+    }
+    where_.clear();
+    out.emplace_back();
+    auto named = agreed_master();
+    if (named.empty()) return out;
+    if (!master_ || master_->host() + ":" + std::to_string(master_->port()) != named) {
+      auto colon = named.rfind(':');
+      master_.emplace(named.substr(0, colon), std::atoi(named.c_str() + colon + 1), kProbeTimeout);
+    }
+    auto r = master_->run({{"ROLE"}, {"GET", key}});
+    if (!r.empty() && r[0]->type == REDIS_REPLY_ARRAY && r[0]->elements > 0 && str_of(r[0]->element[0]) == "master" &&
+        r[1]->type != REDIS_REPLY_ERROR) {
+      out.back() = str_of(r[1].get());
+      where_ = named;
+    }
+    return out;
+  }
+
+ private:
+  // "host:port" that every answering sentinel names, or "" (too few
+  // answered, or they disagree: a failover is under way).
+  std::string agreed_master() {
+    std::string named;
+    std::size_t answered = 0;
+    for (auto& s : sentinels_) {
+      auto r = s.run({{"SENTINEL", "get-master-addr-by-name", master_name_}});
+      if (r.empty() || r[0]->type != REDIS_REPLY_ARRAY || r[0]->elements != 2) continue;
+      std::string addr = str_of(r[0]->element[0]) + ":" + str_of(r[0]->element[1]);
+      if (answered++ > 0 && addr != named) return "";
+      named = addr;
+    }
+    return answered >= sentinels_.size() / 2 + 1 ? named : "";
+  }
+
+  std::string master_name_;
+  std::vector<Conn> masters_;
+  std::vector<Conn> sentinels_;
+  std::optional<Conn> master_;
+  std::string where_;
+};
+
+// ------------------------------------------------------------------- worker
+
+struct Args {
+  std::string redis;
+  std::string resource_host = "127.0.0.1";
+  int resource_port = 0;
+  std::string id = "p0";
+  std::string history;
+  std::int64_t until_ns = 0;
+  int threads = 3;
+  int keys = 3;
+  std::uint64_t seed = 1;
+  int min_replicas = 0;
+};
+
+[[noreturn]] void usage(const char* why) {
+  std::fprintf(stderr,
+               "lockwatch-soak-worker: %s\nusage: lockwatch-soak-worker --redis URL --resource HOST:PORT --id NAME "
+               "--history FILE --until-ns T [--threads N] [--keys N] [--seed S] [--min-replicas N]\n",
+               why);
+  std::exit(2);
+}
+
+Args parse(int argc, char** argv) {
+  Args a;
+  for (int i = 1; i < argc; ++i) {
+    auto value = [&]() -> std::string {
+      if (i + 1 >= argc) usage("missing value");
+      return argv[++i];
+    };
+    std::string opt = argv[i];
+    if (opt == "--redis") a.redis = value();
+    else if (opt == "--resource") {
+      std::string v = value();
+      auto colon = v.rfind(':');
+      if (colon == std::string::npos) usage("--resource wants HOST:PORT");
+      a.resource_host = v.substr(0, colon);
+      a.resource_port = std::atoi(v.c_str() + colon + 1);
+    } else if (opt == "--id") a.id = value();
+    else if (opt == "--history") a.history = value();
+    else if (opt == "--until-ns") a.until_ns = std::atoll(value().c_str());
+    else if (opt == "--threads") a.threads = std::atoi(value().c_str());
+    else if (opt == "--keys") a.keys = std::atoi(value().c_str());
+    else if (opt == "--seed") a.seed = std::strtoull(value().c_str(), nullptr, 10);
+    else if (opt == "--min-replicas") a.min_replicas = std::atoi(value().c_str());
+    else usage("unknown option");
+  }
+  if (a.redis.empty() || a.resource_port <= 0 || a.history.empty() || a.until_ns <= 0) usage("missing option");
+  if (a.threads <= 0 || a.keys <= 0) usage("--threads and --keys must be positive");
+  return a;
+}
+
+// One locked call, planned up front (so that the work, which may run on a
+// pool thread, needs no shared random generator) and filled in as it runs.
+struct Op {
+  std::string id;
+  std::string key;
+  bool handle = false;
+  int ttl_ms = 0;
+  int wait_ms = 0;
+  int retries = -1;  // < 0: forever
+  int hold_ms = 0;   // a longer hold before the writes, so renewals happen
+  std::vector<int> gaps_ms;  // per write: the sleep between read and write
+
+  std::int64_t acq_ns = 0;
+  std::int64_t work_end_ns = 0;  // the work returned (the release comes after)
+  std::uint64_t token = 0;
+  std::string owner;
+  std::string owner_node;  // where the owner was read
+
+  milliseconds bound(std::size_t nodes) const {
+    auto acquire = 3 * (kConnectTimeout + kCommandTimeout);
+    auto work = milliseconds(hold_ms) + static_cast<long>(gaps_ms.size()) * (15ms + 2 * kResourceTimeout) +
+                static_cast<long>(2 * nodes) * 2 * kProbeTimeout;
+    auto release = milliseconds(ttl_ms) + kConnectTimeout + kCommandTimeout;
+    return milliseconds(wait_ms) + acquire + work + release + 2s;
+  }
+};
+
+std::string lock_key(const std::string& key) { return "lockwatch:{soak:" + key + "}"; }
+
+class Worker {
+ public:
+  Worker(const Args& args, History& history)
+      : args_(args), history_(history), topology_(lockwatch::Topology::parse(args.redis)) {}
+
+  void run(lockwatch::Runtime& rt, int thread) {
+    std::mt19937_64 rng(args_.seed * 1000003u + static_cast<std::uint64_t>(thread));
+    auto pick = [&](int lo, int hi) { return std::uniform_int_distribution<int>(lo, hi)(rng); };
+    static constexpr int kTtls[] = {200, 300, 500, 800, 1200, 2500};
+    for (long n = 0; mono_ns() < args_.until_ns; ++n) {
+      Op op;
+      op.id = args_.id + "." + std::to_string(thread) + "." + std::to_string(n);
+      op.key = "k" + std::to_string(pick(0, args_.keys - 1));
+      op.handle = pick(0, 9) < 3;
+      op.ttl_ms = kTtls[pick(0, 5)];
+      op.wait_ms = pick(0, 9) < 4 ? 0 : pick(50, 2000);
+      op.retries = pick(0, 9) < 8 ? -1 : pick(0, 3);
+      op.hold_ms = pick(0, 99) < 15 ? pick(op.ttl_ms / 2, op.ttl_ms * 2) : 0;
+      for (int w = pick(1, 3); w > 0; --w) op.gaps_ms.push_back(pick(0, 15));
+      std::string outcome = call(rt, op);
+      // Back off a little after a refusal, so that a busy key is not hammered.
+      std::this_thread::sleep_for(milliseconds(outcome == "ok" ? pick(0, 5) : pick(5, 30)));
+    }
+  }
+
+ private:
+  static LockNodes& nodes(const lockwatch::Topology& t) {
+    thread_local std::unique_ptr<LockNodes> n;
+    if (!n) n = std::make_unique<LockNodes>(t);
+    return *n;
+  }
+  Resource& resource() {
+    thread_local std::unique_ptr<Resource> r;
+    if (!r) r = std::make_unique<Resource>(args_.resource_host, args_.resource_port);
+    return *r;
+  }
+
+  static bool gone(const lockwatch::Lease& lease) {
+    return lease.stop_token().stop_requested() || lease.remaining() <= 0ms;
+  }
+
+  // The work under the lease: read the owner, hold, then read/sleep/write.
+  void work(const lockwatch::Lease& lease, Op& op) {
+    op.acq_ns = mono_ns();
+    struct Done {
+      Op& op;
+      ~Done() { op.work_end_ns = mono_ns(); }
+    } done{op};
+    op.token = lease.fencing_token();
+    // The majority value is the owner (with one node: its value). Valid
+    // only if the lease was still ours after the read.
+    auto vals = nodes(topology_).values(lock_key(op.key));
+    std::map<std::string, std::size_t> votes;
+    for (const auto& v : vals)
+      if (v && !v->empty()) ++votes[*v];
+    for (const auto& [value, count] : votes)
+      if (count >= vals.size() / 2 + 1 && !gone(lease)) op.owner = value;
+    op.owner_node = nodes(topology_).where();
+
+    auto until = Clock::now() + milliseconds(op.hold_ms);
+    while (Clock::now() < until && !gone(lease)) std::this_thread::sleep_for(5ms);
+
+    for (int gap : op.gaps_ms) {
+      if (gone(lease)) return;
+      std::int64_t r0 = mono_ns();
+      auto rd = resource().read(op.key);
+      if (!rd) {
+        history_.write(Json().s("e", "w").s("op", op.id).s("k", op.key).i("tok", static_cast<long long>(op.token))
+                           .i("r0", r0).s("res", "err").s("why", "read failed"));
+        return;
+      }
+      std::this_thread::sleep_for(milliseconds(gap));  // widen the race the lock closes
+      if (gone(lease)) return;
+      // Wall clock first, remaining() second: the deadline errs early.
+      std::int64_t now_us = real_us();
+      std::int64_t deadline_us = now_us + lease.remaining().count() * 1000;
+      std::int64_t w0 = mono_ns();
+      auto wr = resource().write(op.key, op.token, rd->count + 1, op.id, rd->seq, deadline_us);
+      std::int64_t w1 = mono_ns();
+      history_.write(Json()
+                         .s("e", "w")
+                         .s("op", op.id)
+                         .s("k", op.key)
+                         .i("tok", static_cast<long long>(op.token))
+                         .i("rseq", rd->seq)
+                         .i("rval", rd->count)
+                         .i("r0", r0)
+                         .i("w0", w0)
+                         .i("w1", w1)
+                         .i("dl", deadline_us)
+                         .s("res", wr.res)
+                         .i("seq", wr.seq));
+      if (wr.res != "ok") return;
+    }
+  }
+
+  // Runs one call to its end and records it; returns the outcome.
+  std::string call(lockwatch::Runtime& rt, Op& op) {
+    const auto bound = op.bound(nodes(topology_).nodes());
+    const std::int64_t t0 = mono_ns();
+    history_.write(Json()
+                       .s("e", "b")
+                       .s("op", op.id)
+                       .s("k", op.key)
+                       .s("api", op.handle ? "handle" : "locked")
+                       .i("ttl", op.ttl_ms)
+                       .i("wait", op.wait_ms)
+                       .i("retries", op.retries)
+                       .i("t", t0)
+                       .i("bound", bound.count()));
+    const auto hard = bound + kHangGrace;
+    lockwatch::Retries retries = op.retries < 0 ? lockwatch::Retries(lockwatch::forever) : lockwatch::Retries(op.retries);
+    std::string out = "ok", msg;
+    try {
+      if (op.handle) {
+        auto f = rt.acquire("soak:" + op.key, milliseconds(op.ttl_ms), retries, milliseconds(op.wait_ms));
+        if (f.wait_for(hard) != std::future_status::ready) hang(op, "acquire");
+        lockwatch::LockHandle h = f.get();
+        work(h.lease(), op);
+        auto r = h.release();
+        if (r.wait_for(hard) != std::future_status::ready) hang(op, "release");
+        r.get();
+      } else {
+        auto fn = lockwatch::locked("soak:{0}", milliseconds(op.ttl_ms), retries)
+                      .on(rt)
+                      .wait(milliseconds(op.wait_ms))([this, &op](const std::string&) { work(lockwatch::this_lease(), op); });
+        auto f = fn(op.key);
+        if (f.wait_for(hard) != std::future_status::ready) hang(op, "locked call");
+        f.get();
+      }
+    } catch (const lockwatch::LeaseLost& e) {
+      out = "lost";
+      msg = e.what();
+    } catch (const lockwatch::LockNotAcquired&) {
+      out = "busy";
+    } catch (const lockwatch::ConnectionError& e) {
+      out = "conn";
+      msg = e.what();
+    } catch (const lockwatch::RedisError& e) {
+      out = "redis";
+      msg = e.what();
+    } catch (const lockwatch::RuntimeStopped& e) {
+      out = "stopped";
+      msg = e.what();
+    } catch (const std::exception& e) {
+      out = "error";
+      msg = e.what();
+    }
+    const std::int64_t t1 = mono_ns();
+    // A release reported done must have left the owner nowhere in Redis
+    // (the checker judges the counts per topology).
+    int held = 0, answered = 0;
+    const std::size_t total = nodes(topology_).nodes();
+    if (out == "ok" && !op.owner.empty()) {
+      auto vals = nodes(topology_).values(lock_key(op.key));
+      if (nodes(topology_).where() == op.owner_node) {
+        for (const auto& v : vals) {
+          if (!v) continue;
+          ++answered;
+          if (*v == op.owner) ++held;
+        }
+      }
+    }
+    history_.write(Json()
+                       .s("e", "c")
+                       .s("op", op.id)
+                       .s("k", op.key)
+                       .s("out", out)
+                       .s("msg", msg)
+                       .i("t0", t0)
+                       .i("t1", t1)
+                       .i("acq", op.acq_ns)
+                       .i("wend", op.work_end_ns)
+                       .i("tok", static_cast<long long>(op.token))
+                       .s("owner", op.owner)
+                       .i("held", held)
+                       .i("answered", answered)
+                       .i("nodes", static_cast<long long>(total)));
+    return out;
+  }
+
+  [[noreturn]] void hang(const Op& op, const char* what) {
+    history_.write(Json().s("e", "hang").s("op", op.id).s("k", op.key).s("what", what).i("t", mono_ns()));
+    std::fprintf(stderr, "lockwatch-soak-worker %s: %s of %s did not end; exiting\n", args_.id.c_str(), what,
+                 op.id.c_str());
+    std::_Exit(4);
+  }
+
+  const Args& args_;
+  History& history_;
+  lockwatch::Topology topology_;
+};
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  Args args = parse(argc, argv);
+  // Our own probes write to lock nodes the soak kills.
+  ::signal(SIGPIPE, SIG_IGN);
+  try {
+    History history(args.history);
+    history.write(Json().s("e", "start").s("w", args.id).i("pid", ::getpid()).i("t", mono_ns()));
+
+    // The process must end by itself: past the grace it records why not
+    // and exits, whatever is stuck.
+    std::mutex m;
+    std::condition_variable cv;
+    bool done = false;
+    std::thread guard([&] {
+      std::unique_lock<std::mutex> lk(m);
+      auto until = Clock::time_point(std::chrono::nanoseconds(args.until_ns)) + kExitGrace;
+      if (cv.wait_until(lk, until, [&] { return done; })) return;
+      history.write(Json().s("e", "hang").s("op", args.id).s("what", "exit").i("t", mono_ns()));
+      std::fprintf(stderr, "lockwatch-soak-worker %s: did not finish in time; exiting\n", args.id.c_str());
+      std::_Exit(5);
+    });
+
+    lockwatch::RuntimeStats stats;
+    std::int64_t stop_begin = 0;
+    {
+      lockwatch::Options o;
+      o.redis_url = args.redis;
+      o.threads = static_cast<std::size_t>(args.threads);
+      o.connect_timeout = kConnectTimeout;
+      o.command_timeout = kCommandTimeout;
+      o.min_replicas = args.min_replicas;
+      lockwatch::Runtime rt(o);
+      Worker worker(args, history);
+      std::vector<std::thread> threads;
+      for (int t = 0; t < args.threads; ++t) threads.emplace_back([&, t] { worker.run(rt, t); });
+      for (auto& t : threads) t.join();
+      stats = rt.stats();
+      stop_begin = mono_ns();
+    }  // the runtime stops here: held locks released, threads joined
+    auto slack = stats.min_renewal_slack == std::chrono::microseconds::max() ? 0 : stats.min_renewal_slack.count();
+    history.write(Json()
+                      .s("e", "exit")
+                      .s("w", args.id)
+                      .i("t", mono_ns())
+                      .i("stop_ns", mono_ns() - stop_begin)
+                      .i("acquired", static_cast<long long>(stats.acquired))
+                      .i("lost", static_cast<long long>(stats.leases_lost))
+                      .i("renewals", static_cast<long long>(stats.renewals_sent))
+                      .i("min_slack_us", slack));
+    {
+      std::lock_guard<std::mutex> g(m);
+      done = true;
+    }
+    cv.notify_one();
+    guard.join();
+    return 0;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "lockwatch-soak-worker %s: %s\n", args.id.c_str(), e.what());
+    return 1;
+  }
+}
