@@ -52,6 +52,10 @@
 #include <thread>
 #include <vector>
 
+// The URL forms as the library parses them (to read lock keys on the same
+// nodes the library uses).
+#include "store/redis/topology.hpp"
+
 using namespace std::chrono_literals;
 
 namespace {
@@ -285,7 +289,7 @@ class Resource {
 // them must answer), checked with ROLE. where() says which node that was.
 class LockNodes {
  public:
-  explicit LockNodes(const lockwatch::Topology& t) : master_name_(t.master_name) {
+  explicit LockNodes(const lockwatch::detail::Topology& t) : master_name_(t.master_name) {
     for (const auto& m : t.masters) masters_.emplace_back(m.host, m.port, kProbeTimeout);
     for (const auto& s : t.sentinels) sentinels_.emplace_back(s.host, s.port, kProbeTimeout);
   }
@@ -430,7 +434,7 @@ std::string lock_key(const std::string& key) { return "lockwatch:{soak:" + key +
 class Worker {
  public:
   Worker(const Args& args, History& history)
-      : args_(args), history_(history), topology_(lockwatch::Topology::parse(args.redis)) {}
+      : args_(args), history_(history), topology_(lockwatch::detail::Topology::parse(args.redis)) {}
 
   void run(lockwatch::Runtime& rt, int thread) {
     std::mt19937_64 rng(args_.seed * 1000003u + static_cast<std::uint64_t>(thread));
@@ -453,7 +457,7 @@ class Worker {
   }
 
  private:
-  static LockNodes& nodes(const lockwatch::Topology& t) {
+  static LockNodes& nodes(const lockwatch::detail::Topology& t) {
     thread_local std::unique_ptr<LockNodes> n;
     if (!n) n = std::make_unique<LockNodes>(t);
     return *n;
@@ -617,7 +621,7 @@ class Worker {
 
   const Args& args_;
   History& history_;
-  lockwatch::Topology topology_;
+  lockwatch::detail::Topology topology_;
 };
 
 }  // namespace
