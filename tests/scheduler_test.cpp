@@ -148,10 +148,12 @@ TEST_F(SchedulerTest, SkewedNodesRunEachPeriodOnceOnTheStoresClock) {
     EXPECT_TRUE(seen.insert(r.period).second) << "period " << r.period << " ran twice";
     EXPECT_GT(r.period, prev);
     prev = r.period;
-    // Numbered and started on the store's clock, whatever the node's.
+    // Numbered and started on the store's clock, whatever the node's: within
+    // its own period (the first run of a new job starts its current period
+    // at once, which may be late in it).
     EXPECT_EQ(r.scheduled_for, system_clock::time_point(milliseconds(200) * r.period));
     EXPECT_GE(r.store_time_at_start, r.scheduled_for);
-    EXPECT_LT(r.store_time_at_start - r.scheduled_for, 150ms) << "node " << r.node;
+    EXPECT_LT(r.store_time_at_start - r.scheduled_for, 200ms) << "node " << r.node;
   }
   EXPECT_NE(all.back().node, first);
   EXPECT_EQ(backend_->last_period(memory_name("job:skewed")), all.back().period);
@@ -222,7 +224,7 @@ TEST_F(SchedulerTest, SkipPolicyWaitsForTheNextPeriodAfterALongRun) {
   auto all = runs();
   // The run after the long one started on time for its own period.
   EXPECT_GE(all[1].period - all[0].period, 3);
-  EXPECT_LT(all[1].store_time_at_start - all[1].scheduled_for, 60ms);
+  EXPECT_LT(all[1].store_time_at_start - all[1].scheduled_for, 100ms);  // within its own period
 }
 
 TEST_F(SchedulerTest, AThrowingRunIsReportedAndTheNextPeriodRuns) {
