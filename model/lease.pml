@@ -83,14 +83,15 @@
  * gone, renew and release need its owner token. So two leases show every
  * violation three would. Two writes let a lease write before and after a
  * renewal. The sizes of TTL and DRIFT do not matter, only LAG <= DRIFT and
- * that the deadline falls after the renewal time; the model's drift
+ * that the deadline falls after the renewal time (-DRA=1, and -DTTL=5
+ * -DRA=3, also give errors: 0); the model's drift
  * allowance is a quarter of the ttl where the library's default is 1% +
- * 2 ms, because a tick is the model's unit. Three clients (about 40 times
- * the states) or two leases per client (22 million states, 3 minutes) do
- * not fit in the minute this check may take.
+ * 2 ms, because a tick is the model's unit. Two leases per client (22
+ * million states, 3 minutes) or three clients (unfinished after 5 minutes)
+ * do not fit in the minute this check may take.
  *
  * Other switches, not run by scripts/verify, to show that the model can
- * fail (each errors: 1, in well under a second):
+ * fail (each errors: 1, in about a second or less):
  *   -DDEADLINE_FROM_REPLY  deadline counted from the reply's arrival: P1 fails
  *   -DLAG=2                clocks drift more than the allowance: P1 fails
  *   -DDRIFT=0 -DLAG=1      no drift allowance: P1 fails
