@@ -241,6 +241,22 @@ TEST_F(QuorumStoreTest, AMajorityReachedAfterTheValidityTimeIsGivenBack) {
   ASSERT_TRUE(scripts_[2]->wait_for(Op::kRelease, 1));
 }
 
+TEST_F(QuorumStoreTest, ARaiseConfirmedAfterTheValidityTimeGivesTheLockBack) {
+  make(3);
+  for (auto& s : scripts_) s->set_delay(Op::kRaise, 250ms);
+  TestLock l("k", "t1", 200ms);  // taken in time, raised too late
+  auto a = acquire(l);
+  ASSERT_EQ(a.status, Status::kFailed);
+  try {
+    std::rethrow_exception(a.error);
+  } catch (const ConnectionError& e) {
+    EXPECT_NE(std::string(e.what()).find("raised its fencing counters only after the validity time"),
+              std::string::npos)
+        << e.what();
+  }
+  EXPECT_EQ(holders(l), 0u);
+}
+
 TEST_F(QuorumStoreTest, ARenewalNeedsAMajorityOfYes) {
   make(3);
   TestLock l("k", "t1");

@@ -150,6 +150,17 @@ void QuorumStore::check_raised(const std::shared_ptr<AcquireBatch>& b, std::size
   auto& t = b->locks[k];
   if (t.finished) return;
   if (t.raise_ok >= quorum_) {
+    // The validity time again: a raise that came back late must not hand
+    // out a lease whose keys may have expired meanwhile, and whose token a
+    // later majority may have handed out too (found by
+    // model/redlock_fence.pml with two acquisitions overlapping).
+    if (Clock::now() - b->sent >= t.ttl - drift_for(options_, t.ttl)) {
+      Acquired late;
+      late.error = std::make_exception_ptr(ConnectionError(
+          names_[t.took.empty() ? 0 : t.took.front()], "a majority raised its fencing counters only after the validity time"));
+      give_back(b, k, late);
+      return;
+    }
     t.finished = true;
     Acquired out;
     out.status = Acquired::Status::kTaken;
