@@ -103,6 +103,16 @@ class CliTest : public ::testing::Test {
     delete server_;
     server_ = nullptr;
   }
+  // Waits (bounded) until someone listens on the test key's release
+  // channel: a waiting run has subscribed.
+  static bool wait_for_subscriber() {
+    auto until = Clock::now() + kBound;
+    while (server_->command({"PUBSUB", "NUMSUB", lock_key(test_key()) + ":rel"}).elements.at(1).integer == 0) {
+      if (Clock::now() > until) return false;
+      std::this_thread::sleep_for(5ms);  // polling the server's subscriber count
+    }
+    return true;
+  }
   void SetUp() override {
     char tmpl[] = "/tmp/lockwatch-cli-XXXXXX";
     ASSERT_NE(::mkdtemp(tmpl), nullptr);
@@ -208,10 +218,7 @@ TEST_F(CliTest, AWaitingRunGetsTheLockWhenItIsReleased) {
   auto started = Clock::now();
   auto p = start({"run", "--key", test_key(), "--wait", "20s", "-c", "echo ran"});
   // Released once the run waits on the release channel (it subscribed).
-  auto until = Clock::now() + kBound;
-  while (server_->command({"PUBSUB", "NUMSUB", lock_key(test_key()) + ":rel"}).elements.at(1).integer == 0 &&
-         Clock::now() < until)
-    std::this_thread::sleep_for(5ms);
+  ASSERT_TRUE(wait_for_subscriber());
   auto released = h.release();
   get_bounded(released);
   Outcome o = finish(*p, started);
@@ -304,10 +311,7 @@ TEST_F(CliTest, ASignalWhileWaitingGivesUpAndLeavesTheHolderAlone) {
   LockHandle h = get_bounded(acquired);
   auto started = Clock::now();
   auto p = start({"run", "--key", test_key(), "--wait", "60s", "-c", "echo ran"});
-  auto until = Clock::now() + kBound;
-  while (server_->command({"PUBSUB", "NUMSUB", lock_key(test_key()) + ":rel"}).elements.at(1).integer == 0 &&
-         Clock::now() < until)
-    std::this_thread::sleep_for(5ms);
+  ASSERT_TRUE(wait_for_subscriber());
   p->kill(SIGTERM);
   Outcome o = finish(*p, started);
   EXPECT_EQ(o.code, 128 + SIGTERM);
