@@ -301,7 +301,9 @@ TEST_F(CliTest, SignalsAreForwardedToTheCommand) {
   p->kill(SIGTERM);
   Outcome o = finish(*p, started);
   EXPECT_EQ(o.code, 7);
-  EXPECT_EQ(o.output, "got-term\n");
+  // The whole group gets it: the shell may also report its `sleep` child
+  // as "Terminated" before its trap runs.
+  EXPECT_NE(o.output.find("got-term\n"), std::string::npos) << o.output;
   EXPECT_FALSE(exists(*server_, test_key()));
 }
 
