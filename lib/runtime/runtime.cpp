@@ -28,7 +28,7 @@ Runtime::Impl::Impl(Options opts, const detail::StoreFactory& make_store)
       waits(*store, clock, options,
             detail::WaitQueue::Hooks{
                 [this](const auto& a, std::uint64_t fence, Clock::time_point sent) { taken(a, fence, sent); },
-                [this](const auto& a, std::exception_ptr err) { fail(a, std::move(err)); }}) {
+                [this](const auto& a, std::exception_ptr err, bool busy) { fail(a, std::move(err), busy); }}) {
   watchdog.on_finished([this](const std::shared_ptr<LeaseRecord>& l) { lease_finished(l); });
   clock.after_advance([this] { watchdog.flush(); });
   clock.on_lag([this](Clock::duration lag) { events.metrics().loop_lag.observe(lag); });
@@ -185,15 +185,13 @@ void Runtime::Impl::start_acquire(std::shared_ptr<Acquisition> a) {
   waits.start(std::move(a));
 }
 
-void Runtime::Impl::fail(const std::shared_ptr<Acquisition>& a, std::exception_ptr err) {
-  auto waited = Clock::now() - a->started;
-  try {
-    std::rethrow_exception(err);
-  } catch (const LockNotAcquired&) {
-    events.busy(a->spec.key, waited);
-  } catch (...) {
+void Runtime::Impl::fail(const std::shared_ptr<Acquisition>& a, std::exception_ptr err, bool busy) {
+  // The wait queue says whether it was busy: no exception is rethrown to
+  // find out.
+  if (busy)
+    events.busy(a->spec.key, Clock::now() - a->started);
+  else
     events.acquire_failed(a->spec.key, err);
-  }
   a->done = true;
   a->wait_timeout.cancel();
   a->call->finish(err);

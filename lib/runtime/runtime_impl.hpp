@@ -61,7 +61,7 @@ struct Runtime::Impl : std::enable_shared_from_this<Runtime::Impl> {
   // Loop.
   void start_acquire(std::shared_ptr<detail::Acquisition> a);
   void taken(const std::shared_ptr<detail::Acquisition>& a, std::uint64_t fence, Clock::time_point sent);
-  void fail(const std::shared_ptr<detail::Acquisition>& a, std::exception_ptr err);
+  void fail(const std::shared_ptr<detail::Acquisition>& a, std::exception_ptr err, bool busy = false);
   void run_on_pool(const std::shared_ptr<detail::LeaseRecord>& l);
   void lease_finished(const std::shared_ptr<detail::LeaseRecord>& l);
   void begin_stop();

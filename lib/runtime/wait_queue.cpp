@@ -113,7 +113,7 @@ void WaitQueue::on_outcome(const std::shared_ptr<Acquisition>& a, const Acquired
     a->done = true;
     a->wait_timeout.cancel();
     if (out.status == Status::kFailed) {
-      hooks_.failed(a, out.error);
+      hooks_.failed(a, out.error, false);
       if (w) attempt_head(w->name);
     } else {
       if (w) {
@@ -129,8 +129,10 @@ void WaitQueue::on_outcome(const std::shared_ptr<Acquisition>& a, const Acquired
   auto busy_for = std::max(out.busy_for, milliseconds(1));
   if (w == nullptr) {
     a->done = true;
-    hooks_.failed(a, std::make_exception_ptr(LockNotAcquired(
-                         a->spec.key, std::chrono::duration_cast<milliseconds>(Clock::now() - a->started))));
+    hooks_.failed(a,
+                  std::make_exception_ptr(LockNotAcquired(
+                      a->spec.key, std::chrono::duration_cast<milliseconds>(Clock::now() - a->started))),
+                  true);
     return;
   }
   if (w->again) {
@@ -185,10 +187,13 @@ void WaitQueue::on_wait_expired(Acquisition* raw) {
   bool head_in_flight = (pos == w->waiting.begin()) && w->in_flight;
   w->waiting.erase(pos);  // a head in flight: its answer sees done and cleans up
   a->done = true;
-  hooks_.failed(a, w->connection_error
-                       ? w->connection_error
-                       : std::make_exception_ptr(LockNotAcquired(
-                             a->spec.key, std::chrono::duration_cast<milliseconds>(Clock::now() - a->started))));
+  if (w->connection_error)
+    hooks_.failed(a, w->connection_error, false);
+  else
+    hooks_.failed(a,
+                  std::make_exception_ptr(LockNotAcquired(
+                      a->spec.key, std::chrono::duration_cast<milliseconds>(Clock::now() - a->started))),
+                  true);
   if (!head_in_flight) attempt_head(w->name);
   maybe_forget(w);
 }
@@ -205,7 +210,7 @@ void WaitQueue::fail_all(std::exception_ptr error) {
     for (auto& a : w->waiting) {
       if (a->done) continue;
       a->done = true;
-      hooks_.failed(a, error);
+      hooks_.failed(a, error, false);
     }
     w->waiting.clear();
     w->retry.cancel();

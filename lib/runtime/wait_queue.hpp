@@ -34,8 +34,9 @@ class WaitQueue {
   struct Hooks {
     // The lock was taken for `a`, by a request sent at `sent`.
     std::function<void(const std::shared_ptr<Acquisition>& a, std::uint64_t fence, Clock::time_point sent)> taken;
-    // `a` ends without the lock: busy past its wait, an error, stopping.
-    std::function<void(const std::shared_ptr<Acquisition>& a, std::exception_ptr error)> failed;
+    // `a` ends without the lock: busy past its wait (`busy`, and `error`
+    // is LockNotAcquired), or an error, or stopping.
+    std::function<void(const std::shared_ptr<Acquisition>& a, std::exception_ptr error, bool busy)> failed;
   };
 
   WaitQueue(LockStore& store, WheelClock& clock, const Options& options, Hooks hooks);

@@ -306,7 +306,7 @@ std::exception_ptr MemoryStore::down_error() const {
 
 void MemoryStore::deliver(milliseconds delay, std::function<void()> answer) {
   if (delay.count() <= 0 || closed_) {
-    if (!loop_.post(std::move(answer))) return;
+    loop_.post(std::move(answer));  // refused only once the loop shuts down, after close()
     return;
   }
   struct Timer {
