@@ -95,6 +95,23 @@ class RedisError : public Error {
   std::string redis_message_;
 };
 
+// A SQL lock store (mysql://) answered a statement with an error: a lock
+// name too long for its column, a table with the wrong columns, a refused
+// privilege. `code()` is the server's error number (e.g. 1406), and
+// `server_message()` its own text.
+class SqlError : public Error {
+ public:
+  SqlError(std::string endpoint, unsigned code, std::string server_message);
+  const std::string& endpoint() const noexcept { return endpoint_; }
+  unsigned code() const noexcept { return code_; }
+  const std::string& server_message() const noexcept { return server_message_; }
+
+ private:
+  std::string endpoint_;
+  unsigned code_;
+  std::string server_message_;
+};
+
 // The runtime was stopped (or is stopping) before the request could run.
 class RuntimeStopped : public Error {
  public:

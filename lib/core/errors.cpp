@@ -44,4 +44,10 @@ RedisError::RedisError(std::string endpoint, std::string redis_message)
       endpoint_(std::move(endpoint)),
       redis_message_(std::move(redis_message)) {}
 
+SqlError::SqlError(std::string endpoint, unsigned code, std::string server_message)
+    : Error(fmt::format("sql {} answered error {}: {}", endpoint, code, server_message)),
+      endpoint_(std::move(endpoint)),
+      code_(code),
+      server_message_(std::move(server_message)) {}
+
 }  // namespace lockwatch

@@ -29,11 +29,7 @@ void throw_bad_url(const std::string& url, const char* why) {
   throw InvalidArgument(fmt::format("malformed URL '{}': {}", url_for_messages(url), why));
 }
 
-}  // namespace detail
-
 namespace {
-
-[[noreturn]] void bad_url(const std::string& url, const char* why) { detail::throw_bad_url(url, why); }
 
 int hex_value(char c) {
   if (c >= '0' && c <= '9') return c - '0';
@@ -41,6 +37,8 @@ int hex_value(char c) {
   if (c >= 'a' && c <= 'f') return c - 'a' + 10;
   return -1;
 }
+
+}  // namespace
 
 std::string percent_decode(const std::string& url, std::string_view s) {
   std::string out;
@@ -50,15 +48,21 @@ std::string percent_decode(const std::string& url, std::string_view s) {
       out.push_back(s[i]);
       continue;
     }
-    if (i + 2 >= s.size()) bad_url(url, "truncated %-escape");
+    if (i + 2 >= s.size()) throw_bad_url(url, "truncated %-escape");
     int hi = hex_value(s[i + 1]);
     int lo = hex_value(s[i + 2]);
-    if (hi < 0 || lo < 0) bad_url(url, "bad %-escape");
+    if (hi < 0 || lo < 0) throw_bad_url(url, "bad %-escape");
     out.push_back(static_cast<char>(hi * 16 + lo));
     i += 2;
   }
   return out;
 }
+
+}  // namespace detail
+
+namespace {
+
+[[noreturn]] void bad_url(const std::string& url, const char* why) { detail::throw_bad_url(url, why); }
 
 bool parse_int(std::string_view s, int& out) {
   if (s.empty()) return false;
@@ -80,10 +84,10 @@ Endpoint Endpoint::parse(const std::string& url) {
     rest.remove_prefix(at + 1);
     auto colon = cred.find(':');
     if (colon == std::string_view::npos) {
-      ep.password = percent_decode(url, cred);  // redis://password@host
+      ep.password = detail::percent_decode(url, cred);  // redis://password@host
     } else {
-      ep.user = percent_decode(url, cred.substr(0, colon));
-      ep.password = percent_decode(url, cred.substr(colon + 1));
+      ep.user = detail::percent_decode(url, cred.substr(0, colon));
+      ep.password = detail::percent_decode(url, cred.substr(colon + 1));
     }
   }
   std::string_view hostport = rest;

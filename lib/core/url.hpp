@@ -2,6 +2,7 @@
 #pragma once
 
 #include <string>
+#include <string_view>
 
 namespace lockwatch::detail {
 
@@ -9,5 +10,8 @@ namespace lockwatch::detail {
 std::string url_for_messages(const std::string& url);
 // Throws InvalidArgument("malformed URL '<url>': <why>").
 [[noreturn]] void throw_bad_url(const std::string& url, const char* why);
+// Decodes %XX escapes of a part of `url` (credentials, paths); a bad escape
+// is throw_bad_url().
+std::string percent_decode(const std::string& url, std::string_view part);
 
 }  // namespace lockwatch::detail

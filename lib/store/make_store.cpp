@@ -9,6 +9,8 @@
 #include "store/redis/node_store.hpp"
 #include "store/redis/sentinel.hpp"
 #include "store/redis/topology.hpp"
+#include "store/sql/sql_store.hpp"
+#include "store/sql/sql_target.hpp"
 
 namespace lockwatch::detail {
 
@@ -16,15 +18,17 @@ namespace {
 
 constexpr std::string_view kSupported =
     "redis://[user:password@]host:port[/db] (a comma-separated list of them for Redlock) and "
-    "redis-sentinel://[user:password@]host:port[,host:port...]/master-name[/db]";
+    "redis-sentinel://[user:password@]host:port[,host:port...]/master-name[/db] and "
+    "mysql://user:password@host[:port]/database[?socket=/path&table=name]";
 
-enum class Scheme { kRedis, kRedisSentinel };
+enum class Scheme { kRedis, kRedisSentinel, kMysql };
 
 Scheme scheme_of(const std::string& url) {
   auto sep = url.find("://");
   std::string scheme = sep == std::string::npos ? std::string() : url.substr(0, sep);
   if (scheme == "redis") return Scheme::kRedis;
   if (scheme == "redis-sentinel") return Scheme::kRedisSentinel;
+  if (scheme == "mysql") return Scheme::kMysql;
   if (scheme.empty())
     throw InvalidArgument(fmt::format("malformed URL '{}': no scheme; lockwatch supports {}", url_for_messages(url),
                                       kSupported));
@@ -35,13 +39,23 @@ Scheme scheme_of(const std::string& url) {
 }  // namespace
 
 void check_store_options(const Options& options) {
-  (void)scheme_of(options.redis_url);
+  if (scheme_of(options.redis_url) == Scheme::kMysql) {
+    (void)SqlTarget::parse(options.redis_url);
+    if (options.min_replicas > 0)
+      throw InvalidArgument("Options::min_replicas applies to Redis replicas; a mysql:// store takes its durability "
+                            "from the database's own replication settings");
+    if (options.key_prefix.size() >= SqlStore::kMaxNameBytes)
+      throw InvalidArgument("Options::key_prefix leaves no room for a key in the SQL lock table's 255-byte lock_name");
+    return;
+  }
   (void)Topology::parse(options.redis_url);
   if (const char* why = redis_keys::prefix_problem(options.key_prefix)) throw InvalidArgument(why);
 }
 
 std::unique_ptr<LockStore> make_store(Loop& loop, const Options& options) {
   check_store_options(options);
+  if (scheme_of(options.redis_url) == Scheme::kMysql)
+    return std::make_unique<SqlStore>(loop, SqlTarget::parse(options.redis_url), options);
   Topology topology = Topology::parse(options.redis_url);
   if (!topology.sentinels.empty()) {
     auto node = std::make_unique<RedisNodeStore>(loop, topology.master, options);

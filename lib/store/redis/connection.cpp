@@ -371,6 +371,9 @@ void RedisConnection::on_disconnect(const redisAsyncContext* ac, int status) {
 }
 
 void RedisConnection::went_down(const std::string& why) {
+  // An attempt that never became usable (refused, timed out, dropped
+  // before the handshake's answers): what waited for it fails now.
+  const bool attempt_failed = state_ == State::kConnecting || handshake_pending_ > 0;
   last_error_ = why;
   sent_at_.clear();
   handshake_pending_ = 0;
@@ -385,6 +388,7 @@ void RedisConnection::went_down(const std::string& why) {
   // What was sent on the dead context has failed through its callbacks;
   // what those callbacks queued since waits for the next attempt, and fails
   // if that one fails: a caller learns within back-off + connect_timeout.
+  if (attempt_failed) fail_queued(why);
   schedule_reconnect();
 }
 

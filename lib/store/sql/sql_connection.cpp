@@ -1,0 +1,541 @@
+#include "store/sql/sql_connection.hpp"
+
+#include <errmsg.h>
+#include <fmt/format.h>
+#include <mysql.h>
+#include <mysqld_error.h>
+#include <sys/socket.h>
+
+#include <algorithm>
+#include <mutex>
+
+#include "core/loop.hpp"
+#include "lockwatch/errors.hpp"
+
+namespace lockwatch::detail {
+
+namespace {
+
+// Statements sent in one round trip at most, and their total size: well
+// under the server's max_allowed_packet (16 MiB by default, 4 MiB on old
+// MySQL).
+constexpr std::size_t kMaxBatch = 256;
+constexpr std::size_t kMaxBatchBytes = 1 << 20;
+
+void library_init() {
+  static std::once_flag once;
+  std::call_once(once, [] { mysql_library_init(0, nullptr, nullptr); });
+}
+
+// Errors of the client library itself (2000-2999): the connection, not
+// the statement, failed.
+bool client_error(unsigned code) { return code >= CR_MIN_ERROR && code <= CR_MAX_ERROR; }
+
+bool auth_refused(unsigned code) {
+  return code == ER_ACCESS_DENIED_ERROR || code == ER_DBACCESS_DENIED_ERROR || code == 1698 /* ER_ACCESS_DENIED_NO_PASSWORD_ERROR */;
+}
+
+int uv_events_of(int status) {
+  int ev = 0;
+  if (status & MYSQL_WAIT_READ) ev |= UV_READABLE;
+  if (status & MYSQL_WAIT_WRITE) ev |= UV_WRITABLE;
+  if (status & MYSQL_WAIT_EXCEPT) ev |= UV_PRIORITIZED;
+  return ev;
+}
+
+}  // namespace
+
+SqlConnection::SqlConnection(Loop& loop, SqlTarget target, const Options& options, SqlSession session)
+    : loop_(loop), target_(std::move(target)), options_(options), session_(std::move(session)), name_(target_.name()) {
+  library_init();
+}
+
+SqlConnection::~SqlConnection() {
+  // close() ran on the loop thread and the loop drained: nothing is left
+  // but, if the loop never ran, the handle itself.
+  if (mysql_ != nullptr) mysql_close(mysql_);
+}
+
+void SqlConnection::start() {
+  uv_loop_t* uv = loop_.uv();
+  for (uv_timer_t* t : {&io_timer_, &deadline_timer_, &reconnect_timer_}) {
+    uv_timer_init(uv, t);
+    t->data = this;
+    ++open_handles_;
+  }
+  uv_idle_init(uv, &kick_);
+  kick_.data = this;
+  ++open_handles_;
+  connect();
+}
+
+void SqlConnection::query(std::string sql, SqlDone done) {
+  if (state_ == State::kClosed) {
+    auto err = down_error("the store is closed");
+    loop_.post([done = std::move(done), err] { done(SqlResult{}, err); });
+    return;
+  }
+  queue_.push_back(Request{std::move(sql), std::move(done)});
+  if (state_ == State::kIdle) kick();
+}
+
+void SqlConnection::kick() {
+  if (kicked_ || state_ == State::kClosed) return;
+  kicked_ = true;
+  uv_idle_start(&kick_, on_kick);
+}
+
+void SqlConnection::on_kick(uv_idle_t* idle) {
+  auto* self = static_cast<SqlConnection*>(idle->data);
+  uv_idle_stop(idle);
+  self->kicked_ = false;
+  self->pump();
+}
+
+void SqlConnection::connect() {
+  if (state_ == State::kClosed) return;
+  state_ = State::kConnecting;
+  phase_ = Phase::kConnect;
+  mysql_ = mysql_init(nullptr);
+  if (mysql_ == nullptr) {
+    last_error_ = "out of memory for a connection";
+    went_down(last_error_, true);
+    return;
+  }
+  mysql_options(mysql_, MYSQL_OPT_NONBLOCK, nullptr);
+  unsigned int protocol = target_.socket.empty() ? MYSQL_PROTOCOL_TCP : MYSQL_PROTOCOL_SOCKET;
+  mysql_options(mysql_, MYSQL_OPT_PROTOCOL, &protocol);
+  my_bool no = 0;
+  mysql_options(mysql_, MYSQL_OPT_LOCAL_INFILE, &no);
+  uv_timer_start(&deadline_timer_, on_deadline, static_cast<std::uint64_t>(options_.connect_timeout.count()), 0);
+  MYSQL* ret = nullptr;
+  const char* host = target_.socket.empty() ? target_.host.c_str() : "localhost";
+  int status = mysql_real_connect_start(&ret, mysql_, host, target_.user.c_str(), target_.password.c_str(),
+                                        target_.database.c_str(), static_cast<unsigned>(target_.port),
+                                        target_.socket.empty() ? nullptr : target_.socket.c_str(),
+                                        CLIENT_MULTI_STATEMENTS | CLIENT_MULTI_RESULTS);
+  if (status != 0) {
+    wait_for(status);
+    return;
+  }
+  if (ret == nullptr) {
+    last_errno_ = mysql_errno(mysql_);
+    last_error_ = mysql_error(mysql_);
+    went_down(last_error_, true);
+    return;
+  }
+  connected();
+}
+
+void SqlConnection::connected() {
+  // The socket is up; the session set-up and the table check come first.
+  state_ = State::kIdle;
+  phase_ = Phase::kNone;
+  handshaking_ = true;
+  for (const auto& sql : session_.setup)
+    handshake_.push_back(Request{sql, [this](const SqlResult&, std::exception_ptr err) {
+                                   if (err) went_down(fmt::format("the session set-up failed: {}", last_error_), false);
+                                 }});
+  run_handshake(0);
+  kick();
+}
+
+void SqlConnection::run_handshake(std::size_t attempt) {
+  // The table check; when the table is missing, create it and check again.
+  handshake_.push_back(Request{session_.check, [this, attempt](const SqlResult&, std::exception_ptr err) {
+                                 if (!err) {
+                                   handshaking_ = false;
+                                   uv_timer_stop(&deadline_timer_);
+                                   became_usable();
+                                   kick();
+                                   return;
+                                 }
+                                 if (last_errno_ == ER_NO_SUCH_TABLE && attempt == 0) {
+                                   handshake_.push_back(Request{session_.create, [this](const SqlResult&, std::exception_ptr e) {
+                                                                  if (e)
+                                                                    went_down(fmt::format("cannot create the lock table {}: {}",
+                                                                                          session_.table, last_error_),
+                                                                              false);
+                                                                }});
+                                   run_handshake(1);
+                                   return;
+                                 }
+                                 went_down(fmt::format("the lock table {} does not have lockwatch's columns "
+                                                       "(lock_name, owner, fence, expires_at, last_period; see the "
+                                                       "README for its definition): {}",
+                                                       session_.table, last_error_),
+                                           false);
+                               }});
+}
+
+void SqlConnection::pump() {
+  if (state_ != State::kIdle) return;
+  std::deque<Request>& source = handshaking_ ? handshake_ : queue_;
+  if (source.empty()) {
+    // Idle: watch the socket anyway, to notice a server that closes it.
+    wait_for(MYSQL_WAIT_READ);
+    return;
+  }
+  std::string sql;
+  std::size_t n = 0;
+  while (!source.empty() && n < kMaxBatch && (n == 0 || sql.size() + source.front().sql.size() < kMaxBatchBytes)) {
+    if (n > 0) sql += ";\n";
+    sql += source.front().sql;
+    inflight_.push_back(std::move(source.front()));
+    source.pop_front();
+    ++n;
+  }
+  state_ = State::kBusy;
+  phase_ = Phase::kQuery;
+  if (!handshaking_)
+    uv_timer_start(&deadline_timer_, on_deadline, static_cast<std::uint64_t>(options_.command_timeout.count()), 0);
+  int err = 0;
+  int status = mysql_real_query_start(&err, mysql_, sql.data(), static_cast<unsigned long>(sql.size()));
+  if (status != 0) {
+    wait_for(status);
+    return;
+  }
+  if (err != 0) {
+    statement_failed();
+    return;
+  }
+  statement_answered();
+}
+
+void SqlConnection::wait_for(int status) {
+  int fd = static_cast<int>(mysql_get_socket(mysql_));
+  if (fd < 0) {
+    went_down("the client library has no socket", true);
+    return;
+  }
+  if (poll_ != nullptr && poll_fd_ != fd) {
+    uv_poll_stop(poll_);
+    uv_close(reinterpret_cast<uv_handle_t*>(poll_), [](uv_handle_t* h) { delete reinterpret_cast<uv_poll_t*>(h); });
+    poll_ = nullptr;
+  }
+  if (poll_ == nullptr) {
+    poll_ = new uv_poll_t{};
+    if (uv_poll_init_socket(loop_.uv(), poll_, fd) != 0) {
+      delete poll_;
+      poll_ = nullptr;
+      went_down("cannot watch the connection's socket", true);
+      return;
+    }
+    poll_->data = this;
+    poll_fd_ = fd;
+  }
+  int events = uv_events_of(status);
+  if (events != 0) {
+    uv_poll_start(poll_, events | UV_DISCONNECT, on_poll);
+  } else {
+    uv_poll_stop(poll_);
+  }
+  if (status & MYSQL_WAIT_TIMEOUT) {
+    uv_timer_start(&io_timer_, on_io_timer, mysql_get_timeout_value_ms(mysql_), 0);
+  } else {
+    uv_timer_stop(&io_timer_);
+  }
+}
+
+void SqlConnection::on_poll(uv_poll_t* handle, int status, int events) {
+  auto* self = static_cast<SqlConnection*>(handle->data);
+  int ev = 0;
+  if (status < 0) {
+    ev = MYSQL_WAIT_READ | MYSQL_WAIT_WRITE;  // let the library see the error
+  } else {
+    if (events & (UV_READABLE | UV_DISCONNECT)) ev |= MYSQL_WAIT_READ;
+    if (events & UV_WRITABLE) ev |= MYSQL_WAIT_WRITE;
+    if (events & UV_PRIORITIZED) ev |= MYSQL_WAIT_EXCEPT;
+  }
+  uv_timer_stop(&self->io_timer_);
+  self->resume(ev);
+}
+
+void SqlConnection::on_io_timer(uv_timer_t* t) { static_cast<SqlConnection*>(t->data)->resume(MYSQL_WAIT_TIMEOUT); }
+
+void SqlConnection::resume(int events) {
+  switch (phase_) {
+    case Phase::kNone:
+      // Idle, and the socket became readable: the server closed the
+      // connection (or sent what nobody asked for).
+      if (state_ == State::kIdle) went_down("the server closed the connection", true);
+      return;
+    case Phase::kConnect: {
+      MYSQL* ret = nullptr;
+      int status = mysql_real_connect_cont(&ret, mysql_, events);
+      if (status != 0) {
+        wait_for(status);
+        return;
+      }
+      if (ret == nullptr) {
+        last_errno_ = mysql_errno(mysql_);
+        last_error_ = mysql_error(mysql_);
+        went_down(last_error_, true);
+        return;
+      }
+      connected();
+      return;
+    }
+    case Phase::kQuery: {
+      int err = 0;
+      int status = mysql_real_query_cont(&err, mysql_, events);
+      if (status != 0) {
+        wait_for(status);
+        return;
+      }
+      if (err != 0) {
+        statement_failed();
+        return;
+      }
+      statement_answered();
+      return;
+    }
+    case Phase::kStore: {
+      MYSQL_RES* res = nullptr;
+      int status = mysql_store_result_cont(&res, mysql_, events);
+      if (status != 0) {
+        wait_for(status);
+        return;
+      }
+      finish_store(res);
+      return;
+    }
+    case Phase::kNext: {
+      int ret = 0;
+      int status = mysql_next_result_cont(&ret, mysql_, events);
+      if (status != 0) {
+        wait_for(status);
+        return;
+      }
+      if (ret > 0) {
+        statement_failed();
+        return;
+      }
+      statement_answered();
+      return;
+    }
+  }
+}
+
+void SqlConnection::statement_answered() {
+  // The statement at the front of inflight_ was run: read its result.
+  if (mysql_field_count(mysql_) > 0) {
+    phase_ = Phase::kStore;
+    MYSQL_RES* res = nullptr;
+    int status = mysql_store_result_start(&res, mysql_);
+    if (status != 0) {
+      wait_for(status);
+      return;
+    }
+    finish_store(res);
+    return;
+  }
+  SqlResult out;
+  out.affected = mysql_affected_rows(mysql_);
+  out.insert_id = mysql_insert_id(mysql_);
+  phase_ = Phase::kNone;
+  if (inflight_.empty()) {  // more results than statements: cannot happen
+    went_down("the server sent more results than statements", true);
+    return;
+  }
+  Request r = std::move(inflight_.front());
+  inflight_.pop_front();
+  r.done(out, nullptr);
+  if (state_ == State::kClosed) return;
+  after_results();
+}
+
+void SqlConnection::finish_store(MYSQL_RES* res) {
+  if (res == nullptr) {
+    statement_failed();
+    return;
+  }
+  SqlResult out;
+  unsigned fields = mysql_num_fields(res);
+  while (MYSQL_ROW row = mysql_fetch_row(res)) {
+    unsigned long* lengths = mysql_fetch_lengths(res);
+    std::vector<std::string> cells(fields);
+    for (unsigned i = 0; i < fields; ++i)
+      if (row[i] != nullptr) cells[i].assign(row[i], lengths[i]);
+    out.rows.push_back(std::move(cells));
+  }
+  mysql_free_result(res);
+  phase_ = Phase::kNone;
+  Request r = std::move(inflight_.front());
+  inflight_.pop_front();
+  r.done(out, nullptr);
+  if (state_ == State::kClosed) return;
+  after_results();
+}
+
+void SqlConnection::after_results() {
+  if (state_ != State::kBusy) return;  // a callback dropped the connection
+  if (mysql_more_results(mysql_)) {
+    phase_ = Phase::kNext;
+    int ret = 0;
+    int status = mysql_next_result_start(&ret, mysql_);
+    if (status != 0) {
+      wait_for(status);
+      return;
+    }
+    if (ret > 0) {
+      statement_failed();
+      return;
+    }
+    statement_answered();
+    return;
+  }
+  // The round trip is over. Statements left in flight were not run.
+  uv_timer_stop(&deadline_timer_);
+  std::deque<Request>& source = handshaking_ ? handshake_ : queue_;
+  while (!inflight_.empty()) {
+    source.push_front(std::move(inflight_.back()));
+    inflight_.pop_back();
+  }
+  state_ = State::kIdle;
+  phase_ = Phase::kNone;
+  pump();
+}
+
+void SqlConnection::statement_failed() {
+  unsigned code = mysql_errno(mysql_);
+  last_errno_ = code;
+  last_error_ = mysql_error(mysql_);
+  if (client_error(code) || inflight_.empty()) {
+    went_down(last_error_, true);
+    return;
+  }
+  // The server refused this statement; the connection is fine and the
+  // statements after it in the round trip were not run.
+  phase_ = Phase::kNone;
+  Request r = std::move(inflight_.front());
+  inflight_.pop_front();
+  r.done(SqlResult{}, std::make_exception_ptr(SqlError(name_, code, last_error_)));
+  if (state_ == State::kClosed || state_ != State::kBusy) return;
+  after_results();
+}
+
+void SqlConnection::on_deadline(uv_timer_t* t) {
+  auto* self = static_cast<SqlConnection*>(t->data);
+  if (self->state_ == State::kConnecting || self->handshaking_) {
+    self->last_errno_ = 0;
+    self->last_error_ = fmt::format("no connection within the connect timeout ({} ms)", self->options_.connect_timeout.count());
+    self->went_down(self->last_error_, true);
+  } else if (self->state_ == State::kBusy) {
+    self->last_errno_ = 0;
+    self->last_error_ = fmt::format("no answer within the command timeout ({} ms)", self->options_.command_timeout.count());
+    self->went_down(self->last_error_, true);
+  }
+}
+
+std::exception_ptr SqlConnection::connect_error() const {
+  if (auth_refused(last_errno_)) return std::make_exception_ptr(AuthError(name_, last_error_));
+  return std::make_exception_ptr(ConnectionError(name_, last_error_));
+}
+
+std::exception_ptr SqlConnection::down_error(const std::string& why) const {
+  return std::make_exception_ptr(ConnectionError(name_, why));
+}
+
+void SqlConnection::went_down(const std::string& why, bool connection_error) {
+  if (state_ == State::kClosed) return;
+  bool was_connecting = state_ == State::kConnecting || handshaking_;
+  teardown();
+  // What was in flight may or may not have run: it fails. What was queued
+  // waits for the next attempt, unless this was an attempt (it waited for
+  // this one) or the set-up itself was refused.
+  std::exception_ptr err;
+  if (!connection_error) {
+    err = std::make_exception_ptr(SqlError(name_, last_errno_, why));
+  } else if (was_connecting) {
+    err = connect_error();
+  } else {
+    err = down_error(why);
+  }
+  std::deque<Request> inflight = std::move(inflight_);
+  inflight_.clear();
+  handshake_.clear();
+  if (!reported_down_) {
+    reported_down_ = true;
+    if (state_hook_) state_hook_(false, why);
+  }
+  fail_all(inflight, err);
+  if (was_connecting || !connection_error) {
+    std::deque<Request> queued = std::move(queue_);
+    queue_.clear();
+    fail_all(queued, err);
+  }
+  if (state_ == State::kClosed) return;
+  schedule_reconnect();
+}
+
+void SqlConnection::fail_all(std::deque<Request>& requests, std::exception_ptr error) {
+  for (auto& r : requests) {
+    r.done(SqlResult{}, error);
+  }
+  requests.clear();
+}
+
+void SqlConnection::teardown() {
+  uv_timer_stop(&deadline_timer_);
+  uv_timer_stop(&io_timer_);
+  if (poll_ != nullptr) {
+    uv_poll_stop(poll_);
+    uv_close(reinterpret_cast<uv_handle_t*>(poll_), [](uv_handle_t* h) { delete reinterpret_cast<uv_poll_t*>(h); });
+    poll_ = nullptr;
+    poll_fd_ = -1;
+  }
+  if (mysql_ != nullptr) {
+    // Shut the socket first: mysql_close() then cannot wait on a server
+    // that stopped answering.
+    int fd = static_cast<int>(mysql_get_socket(mysql_));
+    if (fd >= 0) ::shutdown(fd, SHUT_RDWR);
+    mysql_close(mysql_);
+    mysql_ = nullptr;
+  }
+  handshaking_ = false;
+  phase_ = Phase::kNone;
+  if (state_ != State::kClosed) state_ = State::kDown;
+}
+
+void SqlConnection::schedule_reconnect() {
+  backoff_ = backoff_.count() == 0 ? options_.reconnect_min : std::min(backoff_ * 2, options_.reconnect_max);
+  uv_timer_start(&reconnect_timer_, on_reconnect, static_cast<std::uint64_t>(backoff_.count()), 0);
+}
+
+void SqlConnection::on_reconnect(uv_timer_t* t) {
+  auto* self = static_cast<SqlConnection*>(t->data);
+  if (self->state_ == State::kDown) self->connect();
+}
+
+void SqlConnection::became_usable() {
+  backoff_ = std::chrono::milliseconds(0);
+  if (reported_down_) {
+    reported_down_ = false;
+    if (state_hook_) state_hook_(true, {});
+  }
+}
+
+void SqlConnection::close() {
+  if (state_ == State::kClosed) return;
+  teardown();
+  state_ = State::kClosed;
+  auto err = down_error("the store is closed");
+  std::deque<Request> inflight = std::move(inflight_);
+  std::deque<Request> queued = std::move(queue_);
+  inflight_.clear();
+  queue_.clear();
+  handshake_.clear();
+  fail_all(inflight, err);
+  fail_all(queued, err);
+  if (open_handles_ == 0) return;  // never started
+  auto on_closed = [](uv_handle_t* h) { --static_cast<SqlConnection*>(h->data)->open_handles_; };
+  uv_close(reinterpret_cast<uv_handle_t*>(&io_timer_), on_closed);
+  uv_close(reinterpret_cast<uv_handle_t*>(&deadline_timer_), on_closed);
+  uv_close(reinterpret_cast<uv_handle_t*>(&reconnect_timer_), on_closed);
+  uv_close(reinterpret_cast<uv_handle_t*>(&kick_), on_closed);
+}
+
+bool SqlConnection::closed() const noexcept { return state_ == State::kClosed && open_handles_ == 0; }
+
+}  // namespace lockwatch::detail

@@ -1,0 +1,154 @@
+// lib/store/sql/sql_connection.hpp: one MariaDB/MySQL connection on the
+// loop thread, through MariaDB Connector/C's non-blocking API.
+//
+// Every call that could block is started with its `_start` variant and
+// resumed with `_cont` when the socket is ready: a uv_poll_t on the
+// connection's socket (one per socket; a reconnect makes a new one) and a
+// timer for the library's own timeouts. The loop never waits on the
+// database.
+//
+// Statements queue in order. Those queued when the loop comes round go to
+// the server together, as one multi-statement round trip, and each is
+// answered on its own (affected rows, insert id, rows). A statement the
+// server refuses fails alone: the ones after it in the same round trip were
+// not run and go out again. Every callback runs exactly once, on the loop
+// thread and never inside query().
+//
+// A connection runs a session set-up first (UTC time zone, strict mode,
+// READ COMMITTED, a lock wait bounded by command_timeout) and then checks
+// the lock table, creating it when it is missing; requests wait for that.
+// A refused login is an AuthError, anything else that stops the connection
+// a ConnectionError, both naming the server; a statement the server refuses
+// is a SqlError with its code. A statement without an answer within
+// command_timeout, or a connection attempt past connect_timeout, drops the
+// connection: what was in flight fails, what was queued goes to the next
+// attempt. Lost connections come back on a doubling back-off
+// (reconnect_min .. reconnect_max); an idle connection the server closed
+// is noticed at once.
+#pragma once
+
+#include <uv.h>
+
+#include <chrono>
+#include <cstdint>
+#include <deque>
+#include <exception>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "lockwatch/options.hpp"
+#include "store/sql/sql_target.hpp"
+
+struct st_mysql;
+struct st_mysql_res;
+
+namespace lockwatch::detail {
+
+class Loop;
+
+struct SqlResult {
+  std::uint64_t affected = 0;   // rows changed (found rows are not counted)
+  std::uint64_t insert_id = 0;  // mysql_insert_id(): LAST_INSERT_ID(expr) when the statement set it
+  std::vector<std::vector<std::string>> rows;  // a result set's rows; NULL reads as ""
+};
+
+// `result` is meaningful only when `error` is null.
+using SqlDone = std::function<void(const SqlResult& result, std::exception_ptr error)>;
+
+// What a connection runs before it takes requests: `setup` statements in
+// order, then `check` (a SELECT of the table's columns); when the server
+// says the table is missing (1146), `create` and `check` again.
+struct SqlSession {
+  std::vector<std::string> setup;
+  std::string check;
+  std::string create;
+  std::string table;  // for messages
+};
+
+class SqlConnection {
+ public:
+  SqlConnection(Loop& loop, SqlTarget target, const Options& options, SqlSession session);
+  ~SqlConnection();
+  SqlConnection(const SqlConnection&) = delete;
+  SqlConnection& operator=(const SqlConnection&) = delete;
+
+  // Loop thread only, from here on.
+  void start();
+  void query(std::string sql, SqlDone done);
+  // Told when the connection goes down (with why) and when it is usable
+  // again: once per transition (set before start()).
+  void set_state_hook(std::function<void(bool up, const std::string& why)> hook) { state_hook_ = std::move(hook); }
+  // Requests queued or in flight.
+  std::size_t pending() const noexcept { return queue_.size() + inflight_.size(); }
+  // Stops reconnecting, fails what is pending, closes the handles. The
+  // object may be destroyed once closed() is true.
+  void close();
+  bool closed() const noexcept;
+  const std::string& name() const noexcept { return name_; }
+
+ private:
+  enum class State { kDown, kConnecting, kIdle, kBusy, kClosed };
+  enum class Phase { kNone, kConnect, kQuery, kStore, kNext };
+  struct Request {
+    std::string sql;
+    SqlDone done;
+  };
+
+  void connect();
+  void connected();
+  void run_handshake(std::size_t step);
+  void internal(std::string sql, SqlDone done);
+  void kick();
+  void pump();
+  void resume(int events);
+  void step(int status);
+  void statement_answered();
+  void finish_store(st_mysql_res* res);
+  void statement_failed();
+  void after_results();
+  void wait_for(int status);
+  void went_down(const std::string& why, bool connection_error);
+  void teardown();
+  void schedule_reconnect();
+  void fail_all(std::deque<Request>& requests, std::exception_ptr error);
+  void became_usable();
+  std::exception_ptr connect_error() const;
+  std::exception_ptr down_error(const std::string& why) const;
+
+  static void on_poll(uv_poll_t* handle, int status, int events);
+  static void on_io_timer(uv_timer_t* t);
+  static void on_deadline(uv_timer_t* t);
+  static void on_reconnect(uv_timer_t* t);
+  static void on_kick(uv_idle_t* idle);
+
+  Loop& loop_;
+  const SqlTarget target_;
+  const Options options_;
+  const SqlSession session_;
+  std::string name_;
+  std::function<void(bool, const std::string&)> state_hook_;
+
+  State state_ = State::kDown;
+  Phase phase_ = Phase::kNone;
+  st_mysql* mysql_ = nullptr;
+  uv_poll_t* poll_ = nullptr;  // for mysql_'s socket; freed by its close callback
+  int poll_fd_ = -1;
+  uv_timer_t io_timer_{};        // the library's own timeouts (MYSQL_WAIT_TIMEOUT)
+  uv_timer_t deadline_timer_{};  // connect_timeout / command_timeout
+  uv_timer_t reconnect_timer_{};
+  uv_idle_t kick_{};             // sends what was queued, on the next loop turn
+  int open_handles_ = 0;
+  bool kicked_ = false;
+  bool reported_down_ = false;
+  bool handshaking_ = false;
+  std::chrono::milliseconds backoff_{0};
+  std::string last_error_ = "not connected yet";
+  unsigned last_errno_ = 0;
+
+  std::deque<Request> queue_;     // not yet sent
+  std::deque<Request> inflight_;  // sent in the current round trip, answered in order
+  std::deque<Request> handshake_;  // the session set-up, before queue_
+};
+
+}  // namespace lockwatch::detail

@@ -1,0 +1,81 @@
+// lib/store/sql/sql_store.hpp: locks in a MariaDB/MySQL table
+// (mysql://user:password@host[:port]/database).
+//
+// One row per lock name: the owner token, the fencing counter and the
+// expiry, set and judged on the database's clock only (NOW(6), UTC). Each
+// step is one atomic statement in autocommit, never a read then a write:
+//   acquire  INSERT ... ON DUPLICATE KEY UPDATE: free or expired -> ours,
+//            with the fence raised (LAST_INSERT_ID(fence + 1));
+//   renew    UPDATE ... WHERE (lock_name, owner) IN (...) AND unexpired:
+//            every renewal due in one tick, one statement per ttl;
+//   release  UPDATE ... SET owner = '', expires_at = NOW(6) WHERE ours.
+// The row is never deleted: the fencing counter lives in it and never goes
+// back. A read that classifies an outcome (who holds a busy lock, why a
+// renewal missed) only ever follows the write that decided it.
+//
+// Connections (SqlConnection): two for commands and one for renewals, so
+// a renewal never queues behind a burst of acquisitions. There are no
+// release notices: release_events() is false and waiters retry on the
+// runtime's bounded back-off.
+//
+// Threading: as LockStore (loop thread, but encode()/check_key()).
+#pragma once
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "lockwatch/options.hpp"
+#include "store/lock_store.hpp"
+#include "store/sql/sql_connection.hpp"
+#include "store/sql/sql_target.hpp"
+
+namespace lockwatch::detail {
+
+class Loop;
+
+class SqlStore final : public LockStore {
+ public:
+  // The lock_name column's size: longer names (prefix + key) are refused.
+  static constexpr std::size_t kMaxNameBytes = 255;
+
+  SqlStore(Loop& loop, SqlTarget target, const Options& options);
+  ~SqlStore() override;
+
+  // The table as created when it is missing (also in the README).
+  static std::string table_definition(const std::string& table);
+
+  std::string encode(std::string_view key) const override;
+  const char* check_key(std::string_view key) const noexcept override;
+  bool release_events() const noexcept override { return false; }
+  void start(StoreEvents events) override;
+  void acquire(std::span<const LockRef> locks, AcquireDone done) override;
+  std::size_t renew(std::span<const LockRef> locks, std::shared_ptr<const void> keepalive, RenewDone done) override;
+  void release(std::span<const LockRef> locks, bool notify, ReleaseDone done) override;
+  void raise_fence(std::string_view name, std::uint64_t fence, std::function<void(bool ok)> done) override;
+  void server_time(std::function<void(std::chrono::system_clock::time_point, std::exception_ptr)> done) override;
+  void claim_period(std::string_view name, std::string_view token, std::int64_t period,
+                    std::chrono::system_clock::time_point start, std::function<void(const ClaimResult&)> done) override;
+  void inspect(std::string_view name, std::function<void(const LockInfo&, std::exception_ptr)> done) override;
+  void force_release(std::string_view name, std::function<void(bool, std::exception_ptr)> done) override;
+  void subscribe(std::string_view) override {}
+  void unsubscribe(std::string_view) override {}
+  void close() override;
+
+ private:
+  struct RenewBatch;
+  SqlConnection& command_connection();
+  void acquire_one(std::string name, std::string token, std::chrono::milliseconds ttl, std::size_t index,
+                   std::shared_ptr<AcquireDone> done, int attempt);
+  void renew_group(std::shared_ptr<RenewBatch> batch, std::vector<std::size_t> members, std::chrono::milliseconds ttl);
+  void classify_renewals(std::shared_ptr<RenewBatch> batch, std::vector<std::size_t> members);
+
+  const Options options_;
+  const SqlTarget target_;
+  std::string table_;  // quoted
+  std::vector<std::unique_ptr<SqlConnection>> commands_;
+  std::unique_ptr<SqlConnection> renew_;
+  StoreEvents events_;
+};
+
+}  // namespace lockwatch::detail

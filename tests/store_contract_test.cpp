@@ -1,0 +1,340 @@
+// What every lock store must do, run against each real server: one Redis
+// node (redis-server) and a SQL table (mariadbd). Exclusion, a holder that
+// dies, fencing, waiting, renewal, and bad input; each test starts its own
+// server. Store-specific behaviour stays in the stores' own suites.
+#include <gtest/gtest.h>
+#include <signal.h>
+
+#include <atomic>
+#include <thread>
+#include <vector>
+
+#include "lockwatch/lockwatch.hpp"
+#include "support/mariadb_server.hpp"
+#include "test_util.hpp"
+
+namespace lockwatch::testing {
+namespace {
+
+// One real server of some kind, and what the tests need to know of it.
+class Backend {
+ public:
+  virtual ~Backend() = default;
+  virtual std::string url() const = 0;
+  // The same server, with a password it refuses.
+  virtual std::string url_with_wrong_password() const = 0;
+  // A server of this kind on a port where nothing listens.
+  virtual std::string unreachable_url() const = 0;
+  // The longest key this store takes (one byte more is InvalidArgument).
+  virtual std::size_t longest_key(const Options& o) const = 0;
+  virtual void kill() = 0;
+  virtual void start() = 0;
+  virtual void pause() = 0;
+  virtual void resume() = 0;
+};
+
+class RedisBackend final : public Backend {
+ public:
+  RedisBackend() : server_(options()) {}
+  std::string url() const override { return server_.url(); }
+  std::string url_with_wrong_password() const override {
+    return "redis://:wrong@127.0.0.1:" + std::to_string(server_.port());
+  }
+  std::string unreachable_url() const override { return "redis://127.0.0.1:" + std::to_string(free_loopback_port()); }
+  std::size_t longest_key(const Options& o) const override { return o.max_key_bytes; }
+  void kill() override { server_.kill(); }
+  void start() override { server_.start(); }
+  void pause() override { server_.pause(); }
+  void resume() override { server_.resume(); }
+
+ private:
+  static RedisServerOptions options() {
+    RedisServerOptions o;
+    o.password = "right";
+    return o;
+  }
+  RedisServer server_;
+};
+
+class MariaDbBackend final : public Backend {
+ public:
+  std::string url() const override { return server_.url(); }
+  std::string url_with_wrong_password() const override {
+    return "mysql://lockwatch:wrong@127.0.0.1:" + std::to_string(server_.port()) + "/" + MariaDbServer::kDatabase;
+  }
+  std::string unreachable_url() const override {
+    return "mysql://lockwatch:x@127.0.0.1:" + std::to_string(free_loopback_port()) + "/lockwatch_test";
+  }
+  std::size_t longest_key(const Options& o) const override { return 255 - o.key_prefix.size(); }
+  void kill() override { server_.kill(); }
+  void start() override { server_.start(); }
+  void pause() override { server_.pause(); }
+  void resume() override { server_.resume(); }
+
+ private:
+  MariaDbServer server_;
+};
+
+// Takes `key` outside LOCKED (bounded).
+LockHandle take(Runtime& rt, const std::string& key, std::chrono::milliseconds ttl, Retries retries = forever) {
+  auto f = rt.acquire(key, ttl, retries);
+  return get_bounded(f);
+}
+
+void give_back(LockHandle& h) {
+  auto f = h.release();
+  get_bounded(f);
+}
+
+class StoreContractTest : public ::testing::TestWithParam<std::string> {
+ protected:
+  void SetUp() override {
+    if (GetParam() == "redis")
+      backend_ = std::make_unique<RedisBackend>();
+    else
+      backend_ = std::make_unique<MariaDbBackend>();
+  }
+
+  Options options(std::size_t threads = 4) const {
+    Options o;
+    o.redis_url = backend_->url();
+    o.threads = threads;
+    return o;
+  }
+
+  std::unique_ptr<Backend> backend_;
+};
+
+TEST_P(StoreContractTest, OneHolderAtATimeAcrossThreadsAndRuntimes) {
+  constexpr int kRuntimes = 3, kThreads = 3, kCalls = 10;
+  std::vector<std::unique_ptr<Runtime>> runtimes;
+  for (int i = 0; i < kRuntimes; ++i) runtimes.push_back(std::make_unique<Runtime>(options(2)));
+  std::atomic<int> inside{0}, overlaps{0}, done{0}, token_regressions{0};
+  std::atomic<std::uint64_t> last_token{0};
+  std::vector<std::thread> threads;
+  for (int r = 0; r < kRuntimes; ++r) {
+    for (int t = 0; t < kThreads; ++t) {
+      threads.emplace_back([&, r] {
+        auto inc = locked("contended", 2s, forever).on(*runtimes[r]).wait(30s)([&] {
+          if (inside.fetch_add(1) != 0) overlaps++;
+          auto token = this_lease().fencing_token();
+          if (token <= last_token.load()) token_regressions++;
+          last_token = token;
+          std::this_thread::sleep_for(1ms);  // the critical section's work
+          inside.fetch_sub(1);
+          done++;
+        });
+        for (int i = 0; i < kCalls; ++i) {
+          auto f = inc();
+          if (!completes(f)) return;
+        }
+      });
+    }
+  }
+  for (auto& t : threads) t.join();
+  EXPECT_EQ(done.load(), kRuntimes * kThreads * kCalls);
+  EXPECT_EQ(overlaps.load(), 0);
+  EXPECT_EQ(token_regressions.load(), 0);
+}
+
+TEST_P(StoreContractTest, ABusyLockFailsAtOnceAndOnlyTheOwnerReleases) {
+  Runtime a(options()), b(options());
+  auto held = take(a, "owned", 5s);
+  auto other = locked("owned", 5s, 0).on(b)([] { return 1; });
+  auto fut = other();
+  auto err = error_of<LockNotAcquired>(fut);
+  ASSERT_TRUE(err);
+  EXPECT_LT(err->waited(), 1s);
+  give_back(held);
+  auto again = other();
+  EXPECT_EQ(get_bounded(again), 1);
+}
+
+TEST_P(StoreContractTest, FencingTokensRiseAcrossRuntimesReleasesAndExpiry) {
+  Runtime a(options()), b(options());
+  auto token_on = [](Runtime& rt) {
+    auto f = locked("fenced", 1s, 0).on(rt)([] { return this_lease().fencing_token(); });
+    auto fut = f();
+    return get_bounded(fut);
+  };
+  std::uint64_t t1 = token_on(a);
+  std::uint64_t t2 = token_on(b);
+  std::uint64_t t3 = token_on(a);
+  EXPECT_GE(t1, 1u);
+  EXPECT_GT(t2, t1);
+  EXPECT_GT(t3, t2);
+  // A lease left to expire (no renewals): the next holder's token is
+  // higher still.
+  auto handle = take(b, "fenced", 300ms, 0);
+  std::uint64_t t4 = handle.lease().fencing_token();
+  EXPECT_GT(t4, t3);
+  auto late = locked("fenced", 1s, 0).on(a).wait(5s)([] { return this_lease().fencing_token(); });
+  auto fut = late();
+  EXPECT_GT(get_bounded(fut), t4);
+}
+
+TEST_P(StoreContractTest, AHolderKilledBlocksOthersOnlyUntilItsTtlEnds) {
+  const char* holder = std::getenv("LOCKWATCH_LOCK_HOLDER");
+  ASSERT_NE(holder, nullptr);
+  ChildProcess child({holder, backend_->url(), "killed-holder", "1000"});
+  auto line = child.read_line(kBound);
+  ASSERT_TRUE(line.has_value());
+  ASSERT_EQ(line->rfind("held ", 0), 0u) << *line;
+  child.kill(SIGKILL);
+  auto killed_at = std::chrono::steady_clock::now();
+  Runtime rt(options());
+  auto f = locked("killed-holder", 1s, 0).on(rt).wait(10s)([] { return this_lease().fencing_token(); });
+  auto fut = f();
+  auto token = get_bounded(fut);
+  auto blocked = std::chrono::steady_clock::now() - killed_at;
+  EXPECT_GT(token, std::stoull(line->substr(5)));
+  EXPECT_LT(blocked, 1600ms);  // at most the holder's ttl (1 s), plus slack
+}
+
+TEST_P(StoreContractTest, AWaiterGetsTheLockSoonAfterTheRelease) {
+  Runtime a(options()), b(options());
+  Gate gate, started;
+  auto hold = locked("waited", 10s, forever).on(a)([&] {
+    started.open();
+    gate.wait();
+  });
+  auto held = hold();
+  ASSERT_TRUE(started.wait());
+  auto waiter = locked("waited", 10s, forever).on(b).wait(15s)([] { return this_lease().fencing_token(); });
+  auto waited = waiter();
+  EXPECT_EQ(waited.wait_for(300ms), std::future_status::timeout);  // really waiting
+  auto released_at = std::chrono::steady_clock::now();
+  gate.open();
+  get_bounded(held);
+  EXPECT_GT(get_bounded(waited), 0u);
+  // The holder's ttl was 10 s: the waiter came in well before it.
+  EXPECT_LT(std::chrono::steady_clock::now() - released_at, 2s);
+}
+
+TEST_P(StoreContractTest, AWaitRunsOutWithLockNotAcquired) {
+  Runtime rt(options());
+  auto held = take(rt, "wait-out", 5s);
+  auto waiter = locked("wait-out", 5s, 0).on(rt).wait(300ms)([] { return 1; });
+  auto t0 = std::chrono::steady_clock::now();
+  auto fut = waiter();
+  auto err = error_of<LockNotAcquired>(fut);
+  ASSERT_TRUE(err);
+  EXPECT_GE(err->waited(), 300ms);
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, 3s);
+}
+
+TEST_P(StoreContractTest, WorkLastingFiveTtlsKeepsItsLease) {
+  Runtime rt(options()), other(options());
+  auto f = locked("long-work", 400ms, forever).on(rt)([&] {
+    auto until = std::chrono::steady_clock::now() + 2s;
+    int refused = 0;
+    while (std::chrono::steady_clock::now() < until) {
+      auto probe = locked("long-work", 400ms, 0).on(other)([] { return 1; });
+      auto p = probe();
+      try {
+        get_bounded(p);
+      } catch (const LockNotAcquired&) {
+        ++refused;
+      }
+      std::this_thread::sleep_for(100ms);  // probing at a pace, not waiting for an event
+    }
+    return std::pair(refused, this_lease().renewals());
+  });
+  auto fut = f();
+  auto [refused, renewals] = get_bounded(fut);
+  EXPECT_GE(refused, 10);  // every probe was refused...
+  EXPECT_GE(renewals, 4u);  // ...because the lease was renewed
+}
+
+TEST_P(StoreContractTest, TheLongestKeyWorksAndOneByteMoreIsInvalid) {
+  Options o = options();
+  Runtime rt(o);
+  std::string longest(backend_->longest_key(o), 'k');
+  auto ok = take(rt, longest, 1s, 0);
+  EXPECT_GE(ok.lease().fencing_token(), 1u);
+  give_back(ok);
+  EXPECT_THROW(rt.acquire(longest + "k", 1s, 0), InvalidArgument);
+  EXPECT_THROW(rt.acquire("", 1s, 0), InvalidArgument);
+}
+
+TEST_P(StoreContractTest, KeysOfAnyBytesAreDistinctLocks) {
+  Runtime rt(options());
+  std::string binary("a\0b\xff'\"; DROP", 13);
+  auto a = take(rt, binary, 2s, 0);
+  auto b = take(rt, "A", 2s, 0);
+  auto c = take(rt, "a", 2s, 0);  // case matters
+  EXPECT_GE(a.lease().fencing_token(), 1u);
+  EXPECT_GE(b.lease().fencing_token(), 1u);
+  EXPECT_GE(c.lease().fencing_token(), 1u);
+}
+
+TEST_P(StoreContractTest, AWrongPasswordIsAnAuthError) {
+  Options o = options();
+  o.redis_url = backend_->url_with_wrong_password();
+  o.connect_timeout = 1s;
+  Runtime rt(o);
+  auto f = locked("k", 1s, 0).on(rt)([] { return 1; });
+  auto fut = f();
+  EXPECT_TRUE(error_of<AuthError>(fut));
+}
+
+TEST_P(StoreContractTest, AServerDownFailsWithinTheConnectTimeout) {
+  Options o = options();
+  o.redis_url = backend_->unreachable_url();
+  o.connect_timeout = 500ms;
+  Runtime rt(o);
+  auto f = locked("k", 1s, 0).on(rt)([] { return 1; });
+  auto t0 = std::chrono::steady_clock::now();
+  auto fut = f();
+  auto err = error_of<ConnectionError>(fut);
+  ASSERT_TRUE(err);
+  EXPECT_NE(err->endpoint().find("127.0.0.1:"), std::string::npos) << err->endpoint();
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, 3s);
+}
+
+TEST_P(StoreContractTest, AServerGoneMidLeaseLosesTheLeaseByItsDeadline) {
+  Options o = options();
+  o.connect_timeout = 300ms;
+  o.command_timeout = 300ms;
+  Runtime rt(o);
+  Gate started;
+  auto f = locked("gone", 1s, forever).on(rt)([&] {
+    started.open();
+    return stopped_within_bound(this_lease().stop_token());
+  });
+  auto fut = f();
+  ASSERT_TRUE(started.wait());
+  auto killed_at = std::chrono::steady_clock::now();
+  backend_->kill();
+  auto err = error_of<LeaseLost>(fut);
+  ASSERT_TRUE(err);
+  // Lost by the lease's own deadline (the ttl), not kept on hope.
+  EXPECT_LT(std::chrono::steady_clock::now() - killed_at, 2s);
+  backend_->start();
+}
+
+TEST_P(StoreContractTest, AHungServerCannotHangACall) {
+  Options o = options();
+  o.command_timeout = 500ms;
+  Runtime rt(o);
+  auto warm = locked("hung", 1s, 0).on(rt)([] { return 1; });
+  auto w = warm();
+  ASSERT_EQ(get_bounded(w), 1);
+  backend_->pause();
+  auto t0 = std::chrono::steady_clock::now();
+  auto fut = warm();
+  auto err = error_of<ConnectionError>(fut);
+  backend_->resume();
+  ASSERT_TRUE(err);
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, 3s);
+  // And it recovers once the server answers again.
+  auto after = locked("hung-after", 1s, 0).on(rt).wait(10s)([] { return 2; });
+  auto a = after();
+  EXPECT_EQ(get_bounded(a), 2);
+}
+
+INSTANTIATE_TEST_SUITE_P(Stores, StoreContractTest, ::testing::Values("redis", "mysql"),
+                         [](const ::testing::TestParamInfo<std::string>& p) { return p.param; });
+
+}  // namespace
+}  // namespace lockwatch::testing
