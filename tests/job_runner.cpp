@@ -1,10 +1,12 @@
 // A process that declares one scheduled job and runs it while it leads,
-// for the multi-process tests. Each run appends "<period> <pid> <fence>"
-// to the Redis list RUNS_KEY and prints "run <period> <fence>"; it prints
-// "ready" once the job is declared. With LOCKWATCH_TEST_CLOCK_SKEW_MS its
-// local clock is off by that much (as on a machine with a wrong clock).
-//   job_runner REDIS_URL JOB PERIOD_MS LEASE_MS RUNS_KEY
-#include <hiredis/hiredis.h>
+// for the multi-process tests. Each run appends the line
+// "<period> <pid> <fence>" to RUNS_FILE (one O_APPEND write, so lines of
+// several processes never mix) and prints "run <period> <fence>"; it
+// prints "ready" once the job is declared. With
+// LOCKWATCH_TEST_CLOCK_SKEW_MS its local clock is off by that much (as on
+// a machine with a wrong clock).
+//   job_runner STORE_URL JOB PERIOD_MS LEASE_MS RUNS_FILE
+#include <fcntl.h>
 #include <unistd.h>
 
 #include <cstdio>
@@ -17,11 +19,10 @@
 
 int main(int argc, char** argv) {
   if (argc != 6) {
-    std::fprintf(stderr, "usage: job_runner REDIS_URL JOB PERIOD_MS LEASE_MS RUNS_KEY\n");
+    std::fprintf(stderr, "usage: job_runner STORE_URL JOB PERIOD_MS LEASE_MS RUNS_FILE\n");
     return 2;
   }
   std::string url = argv[1];
-  auto port = std::atoi(url.substr(url.rfind(':') + 1).c_str());
   lockwatch::Options o;
   o.redis_url = url;
   o.threads = 1;
@@ -29,18 +30,15 @@ int main(int argc, char** argv) {
   lockwatch::Scheduler jobs(rt);
   if (const char* skew = std::getenv("LOCKWATCH_TEST_CLOCK_SKEW_MS"))
     lockwatch::detail::SchedulerAccess::set_clock_skew(jobs, std::chrono::milliseconds(std::atoll(skew)));
-  redisContext* c = redisConnect("127.0.0.1", port);
-  if (c == nullptr || c->err) return 3;
-  std::string runs_key = argv[5];
+  int runs = ::open(argv[5], O_WRONLY | O_APPEND | O_CREAT | O_CLOEXEC, 0644);
+  if (runs < 0) return 3;
   lockwatch::JobOptions jo;
   jo.lease = std::chrono::milliseconds(std::atoi(argv[4]));
   jobs.every(std::chrono::milliseconds(std::atoi(argv[3])), argv[2],
              [&](const lockwatch::JobRun& run) {
                auto line = std::to_string(run.period()) + " " + std::to_string(getpid()) + " " +
-                           std::to_string(run.fencing_token());
-               // Only this job's runs touch `c`: runs of one job never overlap.
-               auto* r = static_cast<redisReply*>(redisCommand(c, "RPUSH %s %s", runs_key.c_str(), line.c_str()));
-               if (r) freeReplyObject(r);
+                           std::to_string(run.fencing_token()) + "\n";
+               if (::write(runs, line.data(), line.size()) != static_cast<ssize_t>(line.size())) std::abort();
                std::printf("run %lld %llu\n", static_cast<long long>(run.period()),
                            static_cast<unsigned long long>(run.fencing_token()));
                std::fflush(stdout);

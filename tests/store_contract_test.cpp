@@ -10,70 +10,11 @@
 #include <vector>
 
 #include "lockwatch/lockwatch.hpp"
-#include "support/mariadb_server.hpp"
+#include "backends.hpp"
 #include "test_util.hpp"
 
 namespace lockwatch::testing {
 namespace {
-
-// One real server of some kind, and what the tests need to know of it.
-class Backend {
- public:
-  virtual ~Backend() = default;
-  virtual std::string url() const = 0;
-  // The same server, with a password it refuses.
-  virtual std::string url_with_wrong_password() const = 0;
-  // A server of this kind on a port where nothing listens.
-  virtual std::string unreachable_url() const = 0;
-  // The longest key this store takes (one byte more is InvalidArgument).
-  virtual std::size_t longest_key(const Options& o) const = 0;
-  virtual void kill() = 0;
-  virtual void start() = 0;
-  virtual void pause() = 0;
-  virtual void resume() = 0;
-};
-
-class RedisBackend final : public Backend {
- public:
-  RedisBackend() : server_(options()) {}
-  std::string url() const override { return server_.url(); }
-  std::string url_with_wrong_password() const override {
-    return "redis://:wrong@127.0.0.1:" + std::to_string(server_.port());
-  }
-  std::string unreachable_url() const override { return "redis://127.0.0.1:" + std::to_string(free_loopback_port()); }
-  std::size_t longest_key(const Options& o) const override { return o.max_key_bytes; }
-  void kill() override { server_.kill(); }
-  void start() override { server_.start(); }
-  void pause() override { server_.pause(); }
-  void resume() override { server_.resume(); }
-
- private:
-  static RedisServerOptions options() {
-    RedisServerOptions o;
-    o.password = "right";
-    return o;
-  }
-  RedisServer server_;
-};
-
-class MariaDbBackend final : public Backend {
- public:
-  std::string url() const override { return server_.url(); }
-  std::string url_with_wrong_password() const override {
-    return "mysql://lockwatch:wrong@127.0.0.1:" + std::to_string(server_.port()) + "/" + MariaDbServer::kDatabase;
-  }
-  std::string unreachable_url() const override {
-    return "mysql://lockwatch:x@127.0.0.1:" + std::to_string(free_loopback_port()) + "/lockwatch_test";
-  }
-  std::size_t longest_key(const Options& o) const override { return 255 - o.key_prefix.size(); }
-  void kill() override { server_.kill(); }
-  void start() override { server_.start(); }
-  void pause() override { server_.pause(); }
-  void resume() override { server_.resume(); }
-
- private:
-  MariaDbServer server_;
-};
 
 // Takes `key` outside LOCKED (bounded).
 LockHandle take(Runtime& rt, const std::string& key, std::chrono::milliseconds ttl, Retries retries = forever) {
@@ -89,10 +30,7 @@ void give_back(LockHandle& h) {
 class StoreContractTest : public ::testing::TestWithParam<std::string> {
  protected:
   void SetUp() override {
-    if (GetParam() == "redis")
-      backend_ = std::make_unique<RedisBackend>();
-    else
-      backend_ = std::make_unique<MariaDbBackend>();
+    backend_ = make_backend(GetParam());
   }
 
   Options options(std::size_t threads = 4) const {
