@@ -481,25 +481,6 @@ TEST_F(LockedTest, DestroyingTheRuntimeReleasesHandlesStillHeld) {
   EXPECT_EQ(released.wait_for(0s), std::future_status::ready);
 }
 
-TEST_F(LockedTest, RenewalsDueInOneTickShareACommand) {
-  constexpr int kLeases = 200;
-  std::vector<std::future<LockHandle>> acquiring;
-  for (int i = 0; i < kLeases; ++i) acquiring.push_back(rt_->acquire(key(std::to_string(i)), 300ms));
-  std::vector<LockHandle> held;
-  for (auto& f : acquiring) held.push_back(get_bounded(f));
-  auto before = rt_->stats();
-  auto until = std::chrono::steady_clock::now() + kBound;
-  while (rt_->stats().renewals_sent - before.renewals_sent < 3 * kLeases && std::chrono::steady_clock::now() < until)
-    std::this_thread::sleep_for(10ms);
-  auto after = rt_->stats();
-  auto renewals = after.renewals_sent - before.renewals_sent;
-  auto commands = after.renew_commands - before.renew_commands;
-  EXPECT_GE(renewals, 3u * kLeases);
-  EXPECT_LE(commands * 10, renewals) << renewals << " renewals in " << commands << " commands";
-  EXPECT_EQ(after.leases_lost, before.leases_lost);
-  for (auto& h : held) EXPECT_FALSE(h.lease().lost());
-}
-
 TEST_F(LockedTest, OneBrokenKeyDoesNotCostTheOtherLeasesInItsBatch) {
   auto a = rt_->acquire(key("a"), 300ms);
   auto b = rt_->acquire(key("b"), 300ms);

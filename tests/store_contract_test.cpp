@@ -184,6 +184,26 @@ TEST_P(StoreContractTest, WorkLastingFiveTtlsKeepsItsLease) {
   EXPECT_GE(renewals, 4u);  // ...because the lease was renewed
 }
 
+TEST_P(StoreContractTest, RenewalsDueInOneTickShareACommand) {
+  constexpr int kLeases = 200;
+  Runtime rt(options());
+  std::vector<std::future<LockHandle>> acquiring;
+  for (int i = 0; i < kLeases; ++i) acquiring.push_back(rt.acquire("batch" + std::to_string(i), 400ms));
+  std::vector<LockHandle> held;
+  for (auto& f : acquiring) held.push_back(get_bounded(f));
+  auto before = rt.stats();
+  auto until = std::chrono::steady_clock::now() + kBound;
+  while (rt.stats().renewals_sent - before.renewals_sent < 3 * kLeases && std::chrono::steady_clock::now() < until)
+    std::this_thread::sleep_for(10ms);  // polling counters the watchdog moves
+  auto after = rt.stats();
+  auto renewals = after.renewals_sent - before.renewals_sent;
+  auto commands = after.renew_commands - before.renew_commands;
+  EXPECT_GE(renewals, 3u * kLeases);
+  EXPECT_LE(commands * 10, renewals) << renewals << " renewals in " << commands << " commands";
+  EXPECT_EQ(after.leases_lost, before.leases_lost);
+  for (auto& h : held) EXPECT_FALSE(h.lease().lost());
+}
+
 TEST_P(StoreContractTest, TheLongestKeyWorksAndOneByteMoreIsInvalid) {
   Options o = options();
   Runtime rt(o);

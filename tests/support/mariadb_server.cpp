@@ -168,7 +168,27 @@ void MariaDbServer::start() {
 }
 
 void MariaDbServer::pause() {
-  if (process_) process_->kill(SIGSTOP);
+  if (!process_) return;
+  process_->kill(SIGSTOP);
+  // The stop reaches each of mariadbd's threads on its own: wait until
+  // every one is stopped, so nothing is answered after pause() returns.
+  auto until = std::chrono::steady_clock::now() + kStopTimeout;
+  std::string tasks = "/proc/" + std::to_string(process_->pid()) + "/task";
+  while (std::chrono::steady_clock::now() < until) {
+    bool all_stopped = true;
+    std::error_code ec;
+    for (const auto& task : fs::directory_iterator(tasks, ec)) {
+      std::ifstream stat(task.path() / "stat");
+      std::string line;
+      std::getline(stat, line);
+      auto close = line.rfind(')');
+      if (close != std::string::npos && close + 2 < line.size() && line[close + 2] != 'T' && line[close + 2] != 't')
+        all_stopped = false;
+    }
+    if (all_stopped) return;
+    std::this_thread::sleep_for(1ms);  // the kernel stops threads as they next run: no event to wait on
+  }
+  throw std::runtime_error("mariadbd's threads did not all stop");
 }
 
 void MariaDbServer::resume() {

@@ -52,7 +52,8 @@ class MariaDbServer {
   void stop();
   // Starts it again on the same port and data directory. No-op if running.
   void start();
-  // SIGSTOP / SIGCONT: a hung server.
+  // SIGSTOP / SIGCONT: a hung server. pause() returns once every thread
+  // of the server has stopped.
   void pause();
   void resume();
   bool running() const;

@@ -1,0 +1,185 @@
+// What only the SQL store (mysql://) has, against a real mariadbd: its URL,
+// its table (created when missing, refused with the wrong columns, named
+// by ?table=), the unix socket, the fence kept in the row, the operators'
+// tools, and many statements in one round trip where one may fail alone.
+// The behaviour every store shares is in store_contract_test.cpp.
+#include <gtest/gtest.h>
+
+#include <set>
+#include <vector>
+
+#include "lockwatch/lockwatch.hpp"
+#include "support/mariadb_server.hpp"
+#include "test_util.hpp"
+
+namespace lockwatch::testing {
+namespace {
+
+class SqlStoreTest : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() { server_ = new MariaDbServer(); }
+  static void TearDownTestSuite() {
+    delete server_;
+    server_ = nullptr;
+  }
+
+  static Options options(const std::string& url) {
+    Options o;
+    o.redis_url = url;
+    o.threads = 2;
+    o.connect_timeout = 2s;
+    return o;
+  }
+  // A key unique to the running test.
+  static std::string key(const std::string& suffix = "") {
+    return std::string(::testing::UnitTest::GetInstance()->current_test_info()->name()) + suffix;
+  }
+  static std::string db_table(const std::string& table = "lockwatch_locks") {
+    return std::string(MariaDbServer::kDatabase) + "." + table;
+  }
+
+  static MariaDbServer* server_;
+};
+MariaDbServer* SqlStoreTest::server_ = nullptr;
+
+LockHandle take(Runtime& rt, const std::string& key, std::chrono::milliseconds ttl, Retries retries = forever) {
+  auto f = rt.acquire(key, ttl, retries);
+  return get_bounded(f);
+}
+
+TEST_F(SqlStoreTest, MalformedUrlsAreInvalidArgumentsThatHideThePassword) {
+  const char* bad[] = {
+      "mysql://127.0.0.1:3306/db",                       // no user
+      "mysql://u:secret@127.0.0.1:3306",                 // no database
+      "mysql://u:secret@127.0.0.1:x/db",                 // bad port
+      "mysql://u:secret@127.0.0.1:70000/db",             // port out of range
+      "mysql://u:secret@:3306/db",                       // no host
+      "mysql://u:secret@127.0.0.1/db?table=a;drop",      // a table name that is not an identifier
+      "mysql://u:secret@127.0.0.1/db-1",                 // nor a database name
+      "mysql://u:secret@localhost/db?socket=relative",   // a socket path that is not absolute
+      "mysql://u:secret@127.0.0.1/db?colour=blue",       // an unknown parameter
+  };
+  for (const char* url : bad) {
+    Options o = options(url);
+    try {
+      o.validate();
+      ADD_FAILURE() << "accepted " << url;
+    } catch (const InvalidArgument& e) {
+      EXPECT_EQ(std::string(e.what()).find("secret"), std::string::npos) << e.what();
+      EXPECT_NE(std::string(e.what()).find("mysql://"), std::string::npos) << e.what();
+    }
+  }
+  Options replicas = options(server_->url());
+  replicas.min_replicas = 1;
+  EXPECT_THROW(replicas.validate(), InvalidArgument);
+  Options fine = options("mysql://u:p%40ss@db.example:3307/app?table=locks&socket=/run/mysqld/mysqld.sock");
+  EXPECT_NO_THROW(fine.validate());
+}
+
+TEST_F(SqlStoreTest, AnUnknownDatabaseIsAClearConnectionError) {
+  std::string url = "mysql://lockwatch:lockwatch-pw@127.0.0.1:" + std::to_string(server_->port()) + "/nope";
+  Runtime rt(options(url));
+  auto f = locked("k", 1s, 0).on(rt)([] { return 1; });
+  auto fut = f();
+  auto err = error_of<ConnectionError>(fut);
+  ASSERT_TRUE(err);
+  EXPECT_NE(std::string(err->what()).find("nope"), std::string::npos) << err->what();
+}
+
+TEST_F(SqlStoreTest, TheTableIsCreatedWhenMissingAndNamedByTheUrl) {
+  Runtime rt(options(server_->url() + "?table=made_here"));
+  auto h = take(rt, key(), 2s);
+  auto ddl = server_->query("SHOW CREATE TABLE " + db_table("made_here"));
+  ASSERT_EQ(ddl.size(), 1u);
+  for (const char* column : {"lock_name", "owner", "fence", "expires_at", "last_period", "PRIMARY KEY"})
+    EXPECT_NE(ddl[0][1].find(column), std::string::npos) << ddl[0][1];
+  auto rows = server_->query("SELECT owner <> '', expires_at > UTC_TIMESTAMP(6) FROM " + db_table("made_here") +
+                             " WHERE lock_name = 'lockwatch:" + key() + "'");
+  ASSERT_EQ(rows.size(), 1u);
+  EXPECT_EQ(rows[0], (std::vector<std::string>{"1", "1"}));
+}
+
+TEST_F(SqlStoreTest, ATableWithTheWrongColumnsIsAClearErrorNamingIt) {
+  server_->query("CREATE TABLE " + db_table("not_locks") + " (lock_name VARCHAR(10) PRIMARY KEY, holder INT)");
+  Runtime rt(options(server_->url() + "?table=not_locks"));
+  auto f = locked("k", 1s, 0).on(rt)([] { return 1; });
+  auto fut = f();
+  auto err = error_of<SqlError>(fut);
+  ASSERT_TRUE(err);
+  EXPECT_NE(std::string(err->what()).find("not_locks"), std::string::npos) << err->what();
+  EXPECT_NE(std::string(err->what()).find("columns"), std::string::npos) << err->what();
+  EXPECT_EQ(err->code(), 1054u);  // unknown column
+}
+
+TEST_F(SqlStoreTest, TheUnixSocketWorks) {
+  Runtime rt(options(server_->socket_url()));
+  auto f = locked("sock", 1s, 0).on(rt)([] { return this_lease().fencing_token(); });
+  auto fut = f();
+  EXPECT_GE(get_bounded(fut), 1u);
+}
+
+TEST_F(SqlStoreTest, TheFenceLivesInTheRowAndSurvivesReleases) {
+  Runtime rt(options(server_->url()));
+  std::uint64_t last = 0;
+  for (int i = 0; i < 3; ++i) {
+    auto h = take(rt, key(), 2s);
+    EXPECT_GT(h.lease().fencing_token(), last);
+    last = h.lease().fencing_token();
+    auto r = h.release();
+    get_bounded(r);
+  }
+  auto rows = server_->query("SELECT fence, owner FROM " + db_table() + " WHERE lock_name = 'lockwatch:" + key() + "'");
+  ASSERT_EQ(rows.size(), 1u);
+  EXPECT_EQ(rows[0][0], std::to_string(last));
+  EXPECT_EQ(rows[0][1], "");
+  auto state = rt.inspect(key());
+  auto s = get_bounded(state);
+  EXPECT_FALSE(s.held);
+  EXPECT_EQ(s.fencing_counter, last);
+}
+
+TEST_F(SqlStoreTest, OperatorsCanInspectAndForceRelease) {
+  Runtime a(options(server_->url())), b(options(server_->url()));
+  auto h = take(a, key(), 10s);
+  auto state = b.inspect(key());
+  auto s = get_bounded(state);
+  EXPECT_TRUE(s.held);
+  EXPECT_GT(s.ttl, 5s);
+  EXPECT_EQ(s.fencing_counter, h.lease().fencing_token());
+  auto forced = b.force_release(key());
+  EXPECT_TRUE(get_bounded(forced));
+  auto again = take(b, key(), 2s, 0);
+  EXPECT_GT(again.lease().fencing_token(), h.lease().fencing_token());
+  // The old holder learns it at its next renewal (or its release).
+  auto r = h.release();
+  EXPECT_TRUE(error_of<LeaseLost>(r));
+}
+
+TEST_F(SqlStoreTest, ManyAcquisitionsShareRoundTripsAndEachIsAnsweredOnItsOwn) {
+  // A table whose lock_name is shorter than lockwatch's: a name too long
+  // for it fails with the server's error, alone; the others in the same
+  // round trips are taken.
+  server_->query("CREATE TABLE " + db_table("short_names") +
+                 " (lock_name VARBINARY(24) NOT NULL PRIMARY KEY, owner VARBINARY(64) NOT NULL DEFAULT '', "
+                 "fence BIGINT UNSIGNED NOT NULL DEFAULT 0, expires_at DATETIME(6) NOT NULL, last_period BIGINT NULL)");
+  Runtime rt(options(server_->url() + "?table=short_names"));
+  std::vector<std::future<LockHandle>> acquiring;
+  constexpr int kKeys = 300;
+  for (int i = 0; i < kKeys; ++i) acquiring.push_back(rt.acquire(i == 150 ? std::string(40, 'x') : "m" + std::to_string(i), 5s));
+  std::set<std::string> taken;
+  for (int i = 0; i < kKeys; ++i) {
+    if (i == 150) {
+      auto err = error_of<SqlError>(acquiring[i]);
+      ASSERT_TRUE(err);
+      EXPECT_EQ(err->code(), 1406u);  // data too long for the column (strict mode: never truncated)
+      continue;
+    }
+    auto h = get_bounded(acquiring[i]);
+    EXPECT_EQ(h.lease().fencing_token(), 1u);
+    taken.insert(h.lease().key());
+  }
+  EXPECT_EQ(taken.size(), static_cast<std::size_t>(kKeys - 1));
+}
+
+}  // namespace
+}  // namespace lockwatch::testing
