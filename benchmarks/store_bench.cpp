@@ -1,0 +1,186 @@
+// The same lock work on each lock store, in one run: one Redis node
+// (redis-server) and a SQL table (mariadbd), each started here on
+// loopback.
+//
+//   BM_Cycle/<store>/<callers>     acquire + release through LockHandle on
+//                                  distinct keys, <callers> threads
+//   BM_Watchdog/<store>/<leases>   <leases> held for three renewal rounds
+//                                  (ttl 2 s): client and server CPU per
+//                                  renewal, renewal commands per round,
+//                                  leases lost (must be 0)
+//
+// Both servers run with their stock durability for this kind of test
+// server: redis-server without persistence, mariadbd with
+// innodb_flush_log_at_trx_commit=2 (tests/support/mariadb_server.cpp).
+#include <benchmark/benchmark.h>
+#include <fmt/format.h>
+
+#include <atomic>
+#include <fstream>
+#include <future>
+#include <memory>
+#include <sstream>
+#include <thread>
+#include <vector>
+
+#include "bench_common.hpp"
+#include "lockwatch/lockwatch.hpp"
+#include "support/mariadb_server.hpp"
+#include "support/redis_server.hpp"
+
+namespace {
+
+using namespace std::chrono_literals;
+using lockwatch::bench::BenchClock;
+
+constexpr auto kFutureBound = 30s;
+
+lockwatch::testing::RedisServer* g_redis = nullptr;
+lockwatch::testing::MariaDbServer* g_mariadb = nullptr;
+std::atomic<std::uint64_t> g_run{0};
+bool g_failed = false;
+
+std::string url_of(const std::string& store) { return store == "redis" ? g_redis->url() : g_mariadb->url(); }
+pid_t server_pid(const std::string& store) { return store == "redis" ? g_redis->pid() : g_mariadb->pid(); }
+
+// CPU seconds a process has used (user + system), from /proc.
+double process_cpu(pid_t pid) {
+  std::ifstream in("/proc/" + std::to_string(pid) + "/stat");
+  std::string s;
+  std::getline(in, s);
+  std::istringstream rest(s.substr(s.rfind(')') + 2));
+  std::string field;
+  double ticks = 0;
+  for (int i = 3; i <= 15 && rest >> field; ++i)
+    if (i == 14 || i == 15) ticks += std::stod(field);
+  return ticks / static_cast<double>(sysconf(_SC_CLK_TCK));
+}
+
+template <class T>
+T get_bounded(std::future<T>& f, const char* what) {
+  if (f.wait_for(kFutureBound) != std::future_status::ready)
+    throw std::runtime_error(fmt::format("{} not ready within {} s", what, kFutureBound.count()));
+  return f.get();
+}
+
+lockwatch::Options options_for(const std::string& store) {
+  lockwatch::Options o;
+  o.redis_url = url_of(store);
+  o.threads = 2;
+  return o;
+}
+
+// One runtime per store and benchmark, shared by its threads.
+std::unique_ptr<lockwatch::Runtime> g_runtime;
+
+void BM_Cycle(benchmark::State& state, const std::string& store) {
+  std::uint64_t run = 0;
+  if (state.thread_index() == 0) {
+    run = ++g_run;
+    g_runtime = std::make_unique<lockwatch::Runtime>(options_for(store));
+    auto warm = g_runtime->acquire(fmt::format("warm:{}", run), 5s);
+    auto h = get_bounded(warm, "warm-up");
+    auto r = h.release();
+    get_bounded(r, "warm-up release");
+  }
+  std::uint64_t n = 0;
+  const int me = state.thread_index();
+  for (auto _ : state) {
+    try {
+      auto acquired = g_runtime->acquire(fmt::format("cycle:{}:{}:{}", g_run.load(), me, n++), 5s);
+      auto h = get_bounded(acquired, "acquire");
+      auto released = h.release();
+      get_bounded(released, "release");
+    } catch (const std::exception& e) {
+      state.SkipWithError(e.what());
+      g_failed = true;
+      break;
+    }
+  }
+  state.SetItemsProcessed(state.iterations());
+  if (state.thread_index() == 0) {
+    state.counters["cycles_per_s"] = benchmark::Counter(static_cast<double>(state.iterations()),
+                                                        benchmark::Counter::kIsRate | benchmark::Counter::kAvgThreads);
+  }
+}
+
+void BM_Watchdog(benchmark::State& state, const std::string& store) {
+  const auto leases = static_cast<std::size_t>(state.range(0));
+  constexpr auto kTtl = 2000ms;  // renewed every 1.8 s
+  constexpr int kRounds = 3;
+  for (auto _ : state) {
+    std::uint64_t run = ++g_run;
+    lockwatch::Runtime rt(options_for(store));
+    std::vector<std::future<lockwatch::LockHandle>> acquiring;
+    acquiring.reserve(leases);
+    auto t0 = BenchClock::now();
+    for (std::size_t i = 0; i < leases; ++i) acquiring.push_back(rt.acquire(fmt::format("wd:{}:{}", run, i), kTtl));
+    std::vector<lockwatch::LockHandle> held;
+    held.reserve(leases);
+    try {
+      for (auto& f : acquiring) held.push_back(get_bounded(f, "acquire"));
+    } catch (const std::exception& e) {
+      state.SkipWithError(e.what());
+      g_failed = true;
+      return;
+    }
+    double acquire_s = std::chrono::duration<double>(BenchClock::now() - t0).count();
+    auto before = rt.stats();
+    double client0 = lockwatch::bench::process_cpu_seconds();
+    double server0 = process_cpu(server_pid(store));
+    auto until = BenchClock::now() + 60s;
+    while (rt.stats().renewals_sent - before.renewals_sent < kRounds * leases && BenchClock::now() < until)
+      std::this_thread::sleep_for(50ms);  // a benchmark watching counters, not synchronising
+    auto after = rt.stats();
+    double client = lockwatch::bench::process_cpu_seconds() - client0;
+    double server = process_cpu(server_pid(store)) - server0;
+    double renewals = static_cast<double>(after.renewals_sent - before.renewals_sent);
+    std::size_t lost = 0;
+    for (auto& h : held) lost += h.lease().lost() ? 1 : 0;
+    state.counters["acquired_per_s"] = static_cast<double>(leases) / acquire_s;
+    state.counters["renewals"] = renewals;
+    state.counters["client_us_per_renewal"] = renewals > 0 ? client * 1e6 / renewals : 0;
+    state.counters["server_us_per_renewal"] = renewals > 0 ? server * 1e6 / renewals : 0;
+    state.counters["commands_per_round"] =
+        static_cast<double>(after.renew_commands - before.renew_commands) / static_cast<double>(kRounds);
+    state.counters["lost"] = static_cast<double>(lost + (after.leases_lost - before.leases_lost));
+    if (lost > 0) g_failed = true;
+    for (auto& h : held) (void)h.release();
+    held.clear();
+  }
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  benchmark::Initialize(&argc, argv);
+  if (benchmark::ReportUnrecognizedArguments(argc, argv)) return 1;
+  for (std::string store : {"redis", "mysql"}) {
+    for (int callers : {1, 16})
+      benchmark::RegisterBenchmark(fmt::format("BM_Cycle/{}", store).c_str(), BM_Cycle, store)
+          ->Threads(callers)
+          ->UseRealTime()
+          ->MinTime(2.0);
+    benchmark::RegisterBenchmark(fmt::format("BM_Watchdog/{}", store).c_str(), BM_Watchdog, store)
+        ->Arg(10000)
+        ->Iterations(1)
+        ->UseRealTime()
+        ->Unit(benchmark::kMillisecond);
+  }
+  int status = 0;
+  try {
+    lockwatch::testing::RedisServer redis;
+    lockwatch::testing::MariaDbServer mariadb;
+    g_redis = &redis;
+    g_mariadb = &mariadb;
+    benchmark::RunSpecifiedBenchmarks();
+    g_runtime.reset();
+    g_redis = nullptr;
+    g_mariadb = nullptr;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "store_bench: %s\n", e.what());
+    status = 1;
+  }
+  benchmark::Shutdown();
+  return g_failed ? 1 : status;
+}
