@@ -108,7 +108,7 @@ void MariaDbServer::spawn() {
   process_ = std::make_unique<ChildProcess>(std::vector<std::string>{
       "mariadbd", "--no-defaults", "--datadir=" + dir_ + "/data", "--user=root", "--socket=" + socket_,
       "--port=" + std::to_string(port_), "--bind-address=127.0.0.1", "--skip-name-resolve",
-      "--log-error=" + dir_ + "/error.log", "--pid-file=" + dir_ + "/mariadbd.pid", "--innodb-buffer-pool-size=16M",
+      "--log-error=" + dir_ + "/error.log", "--pid-file=" + dir_ + "/mariadbd.pid", "--innodb-buffer-pool-size=128M",
       "--skip-log-bin", "--innodb-flush-log-at-trx-commit=2", "--max-connections=500",
       "--open-files-limit=4096", "--table-open-cache=400"});
   auto until = std::chrono::steady_clock::now() + kStartTimeout;

@@ -149,63 +149,125 @@ SqlConnection& SqlStore::command_connection() {
   return *best;
 }
 
+// A batch of acquisitions as the store sees it: owned copies, since the
+// statements are answered after the call returns.
+struct SqlStore::AcquireBatch {
+  struct Lock {
+    std::string name;
+    std::string token;
+    std::chrono::milliseconds ttl;
+    std::size_t index;  // in the caller's batch
+  };
+  std::vector<Lock> locks;  // sorted by name: every batch locks rows in one order
+  AcquireDone done;
+  int attempt = 1;
+};
+
 void SqlStore::acquire(std::span<const LockRef> locks, AcquireDone done) {
   auto shared_done = std::make_shared<AcquireDone>(std::move(done));
+  std::vector<AcquireBatch::Lock> all;
+  all.reserve(locks.size());
   for (std::size_t i = 0; i < locks.size(); ++i)
-    acquire_one(std::string(locks[i].name), std::string(locks[i].token), locks[i].ttl, i, shared_done, 1);
+    all.push_back({std::string(locks[i].name), std::string(locks[i].token), locks[i].ttl, i});
+  std::sort(all.begin(), all.end(), [](const auto& a, const auto& b) { return a.name < b.name; });
+  for (std::size_t from = 0; from < all.size(); from += kRenewChunk) {
+    auto batch = std::make_shared<AcquireBatch>();
+    batch->done = [shared_done](std::size_t i, const Acquired& a) { (*shared_done)(i, a); };
+    auto to = std::min(all.size(), from + kRenewChunk);
+    batch->locks.assign(std::make_move_iterator(all.begin() + from), std::make_move_iterator(all.begin() + to));
+    acquire_batch(std::move(batch));
+  }
 }
 
-void SqlStore::acquire_one(std::string name, std::string token, std::chrono::milliseconds ttl, std::size_t index,
-                           std::shared_ptr<AcquireDone> done, int attempt) {
-  // One statement decides. `fence` is assigned first, while owner and
-  // expires_at still hold the old row; then owner; then expires_at, which
-  // sees the new owner. Affected rows: 1 a new row (fence 1), 2 ours now
-  // (LAST_INSERT_ID holds the fence), 0 someone else's.
-  std::string n = hex(name);
-  std::string acquire_sql = fmt::format(
-      "INSERT INTO {0} (lock_name, owner, fence, expires_at) VALUES ({1}, {2}, 1, NOW(6) + INTERVAL {3} MICROSECOND) "
-      "ON DUPLICATE KEY UPDATE "
-      "fence = IF(expires_at <= NOW(6), LAST_INSERT_ID(fence + 1), IF(owner = VALUES(owner), LAST_INSERT_ID(fence), fence)), "
+void SqlStore::acquire_batch(std::shared_ptr<AcquireBatch> batch) {
+  // One statement decides for the whole batch, row by row: a free or
+  // expired row becomes ours with its fence raised; a row held by another
+  // owner is left as it is. In each row `fence` is assigned first, while
+  // owner and expires_at still hold the old values; then owner; then
+  // expires_at, which sees the new owner. One commit for the batch.
+  std::string insert = fmt::format("INSERT INTO {} (lock_name, owner, fence, expires_at) VALUES ", table_);
+  std::string names;
+  for (std::size_t k = 0; k < batch->locks.size(); ++k) {
+    const auto& l = batch->locks[k];
+    if (k > 0) {
+      insert += ',';
+      names += ',';
+    }
+    std::string n = hex(l.name);
+    insert += fmt::format("({}, {}, 1, NOW(6) + INTERVAL {} MICROSECOND)", n, hex(l.token), micros(l.ttl));
+    names += n;
+  }
+  insert +=
+      " ON DUPLICATE KEY UPDATE "
+      "fence = IF(expires_at <= NOW(6), fence + 1, fence), "
       "owner = IF(expires_at <= NOW(6), VALUES(owner), owner), "
-      "expires_at = IF(owner = VALUES(owner), VALUES(expires_at), expires_at)",
-      table_, n, hex(token), micros(ttl));
-  // In the same round trip: how long a busy lock stays busy.
-  std::string busy_sql = fmt::format(
-      "SELECT GREATEST(TIMESTAMPDIFF(MICROSECOND, NOW(6), expires_at), 0) FROM {} WHERE lock_name = {}", table_, n);
-  struct State {
-    Acquired out;
-    bool decided = false;  // the insert answered: the select's answer counts
-    bool retried = false;
-  };
-  auto state = std::make_shared<State>();
+      "expires_at = IF(owner = VALUES(owner), VALUES(expires_at), expires_at)";
+  // In the same round trip, what the write did: a row whose owner is our
+  // token (unique to this acquisition) is ours, with the fence the write
+  // gave it; any other row is busy for its remaining time. The read
+  // decides nothing: only our own write can have put our token there.
+  std::string report = fmt::format(
+      "SELECT lock_name, owner, fence, GREATEST(TIMESTAMPDIFF(MICROSECOND, NOW(6), expires_at), 0) FROM {} "
+      "WHERE lock_name IN ({})",
+      table_, names);
+  auto failed = std::make_shared<std::exception_ptr>();
+  auto retried = std::make_shared<bool>(false);
   SqlConnection& conn = command_connection();
-  conn.query(std::move(acquire_sql), [this, state, name, token, ttl, index, done, attempt](const SqlResult& r,
-                                                                                          std::exception_ptr err) mutable {
-    if (err && retry_worthy(err) && attempt < kAcquireAttempts) {
-      state->retried = true;
-      acquire_one(std::move(name), std::move(token), ttl, index, std::move(done), attempt + 1);
+  conn.query(std::move(insert), [this, batch, failed, retried](const SqlResult&, std::exception_ptr err) {
+    if (!err) return;
+    if (retry_worthy(err) && batch->attempt < kAcquireAttempts) {
+      *retried = true;
+      ++batch->attempt;
+      acquire_batch(batch);
       return;
     }
-    state->decided = true;
-    if (err) {
-      state->out.error = err;
-    } else if (r.affected == 1) {
-      state->out.status = Acquired::Status::kTaken;
-      state->out.fence = 1;
-    } else if (r.affected == 2) {
-      state->out.status = Acquired::Status::kTaken;
-      state->out.fence = r.insert_id;
-    } else {
-      state->out.status = Acquired::Status::kBusy;
-      return;  // the select says for how long
+    if (batch->locks.size() > 1 && !is_connection_error(err) && !retry_worthy(err)) {
+      // The server refused the statement for one of its rows (a name too
+      // long for the column, say): each lock again on its own, so only
+      // that one fails.
+      *retried = true;
+      for (auto& l : batch->locks) {
+        auto single = std::make_shared<AcquireBatch>();
+        single->done = batch->done;
+        single->locks.push_back(std::move(l));
+        acquire_batch(std::move(single));
+      }
+      return;
     }
-    (*done)(index, state->out);
+    *failed = err;
+    Acquired out;
+    out.error = err;
+    for (const auto& l : batch->locks) batch->done(l.index, out);
   });
-  conn.query(std::move(busy_sql), [state, index, done](const SqlResult& r, std::exception_ptr) {
-    if (state->retried || !state->decided || state->out.status != Acquired::Status::kBusy) return;
-    long long us = r.rows.empty() || r.rows[0].empty() ? 0 : to_ll(r.rows[0][0]);
-    state->out.busy_for = std::chrono::milliseconds((us + 999) / 1000);
-    (*done)(index, state->out);
+  conn.query(std::move(report), [batch, failed, retried](const SqlResult& r, std::exception_ptr err) {
+    if (*failed || *retried) return;  // answered by the insert's failure, or sent again
+    if (err) {
+      Acquired out;
+      out.error = err;
+      for (const auto& l : batch->locks) batch->done(l.index, out);
+      return;
+    }
+    std::map<std::string_view, const std::vector<std::string>*> rows;
+    for (const auto& row : r.rows)
+      if (row.size() == 4) rows[row[0]] = &row;
+    for (const auto& l : batch->locks) {
+      Acquired out;
+      auto it = rows.find(l.name);
+      if (it == rows.end()) {
+        out.status = Acquired::Status::kBusy;  // cannot be: the insert made the row
+      } else {
+        const auto& row = *it->second;
+        long long us = to_ll(row[3]);
+        if (row[1] == l.token && us > 0) {
+          out.status = Acquired::Status::kTaken;
+          out.fence = static_cast<std::uint64_t>(to_ll(row[2]));
+        } else {
+          out.status = Acquired::Status::kBusy;
+          out.busy_for = std::chrono::milliseconds((us + 999) / 1000);
+        }
+      }
+      batch->done(l.index, out);
+    }
   });
 }
 
@@ -237,19 +299,27 @@ std::size_t SqlStore::renew(std::span<const LockRef> locks, std::shared_ptr<cons
 
 void SqlStore::renew_group(std::shared_ptr<RenewBatch> batch, std::vector<std::size_t> members,
                            std::chrono::milliseconds ttl) {
-  std::string sql = fmt::format(
-      "UPDATE {} SET expires_at = NOW(6) + INTERVAL {} MICROSECOND WHERE expires_at > NOW(6) AND (lock_name, owner) IN (",
-      table_, micros(ttl));
+  // `lock_name IN` beside the pairs: MariaDB reads a single pair as a
+  // full index scan, the names as a range on the key.
+  std::string names, pairs;
   for (std::size_t k = 0; k < members.size(); ++k) {
     const LockRef& l = batch->locks[members[k]];
-    if (k > 0) sql += ',';
-    sql += '(';
-    sql += hex(l.name);
-    sql += ',';
-    sql += hex(l.token);
-    sql += ')';
+    if (k > 0) {
+      names += ',';
+      pairs += ',';
+    }
+    std::string n = hex(l.name);
+    names += n;
+    pairs += '(';
+    pairs += n;
+    pairs += ',';
+    pairs += hex(l.token);
+    pairs += ')';
   }
-  sql += ')';
+  std::string sql = fmt::format(
+      "UPDATE {} SET expires_at = NOW(6) + INTERVAL {} MICROSECOND WHERE lock_name IN ({}) AND expires_at > NOW(6) "
+      "AND (lock_name, owner) IN ({})",
+      table_, micros(ttl), names, pairs);
   renew_->query(std::move(sql), [this, batch, members = std::move(members)](const SqlResult& r,
                                                                            std::exception_ptr err) mutable {
     if (err) {
@@ -305,33 +375,90 @@ void SqlStore::classify_renewals(std::shared_ptr<RenewBatch> batch, std::vector<
 }
 
 void SqlStore::release(std::span<const LockRef> locks, bool /*notify: no release notices on SQL*/, ReleaseDone done) {
+  struct Batch {
+    std::vector<std::pair<std::string, std::string>> locks;  // name, token
+    std::vector<std::size_t> index;
+    ReleaseDone done;
+    std::map<std::string, std::pair<std::string, bool>> before;  // name -> owner, live
+    bool answered = false;
+  };
   auto shared_done = std::make_shared<ReleaseDone>(std::move(done));
-  for (std::size_t i = 0; i < locks.size(); ++i) {
-    std::string n = hex(locks[i].name);
-    std::string t = hex(locks[i].token);
+  for (std::size_t from = 0; from < locks.size(); from += kRenewChunk) {
+    auto batch = std::make_shared<Batch>();
+    batch->done = [shared_done](std::size_t i, Released st, std::string_view why) { (*shared_done)(i, st, why); };
+    std::string names, pairs;
+    for (std::size_t i = from; i < std::min(locks.size(), from + kRenewChunk); ++i) {
+      batch->locks.emplace_back(std::string(locks[i].name), std::string(locks[i].token));
+      batch->index.push_back(i);
+      if (i > from) {
+        names += ',';
+        pairs += ',';
+      }
+      std::string n = hex(locks[i].name);
+      names += n;
+      pairs += fmt::format("({},{})", n, hex(locks[i].token));
+    }
     SqlConnection& conn = command_connection();
-    auto released = std::make_shared<int>(-1);  // -1 unknown, 0 not by this statement, 1 released
-    conn.query(fmt::format("UPDATE {} SET owner = '', expires_at = NOW(6) WHERE lock_name = {} AND owner = {} "
-                           "AND expires_at > NOW(6)",
-                           table_, n, t),
-               [i, shared_done, released](const SqlResult& r, std::exception_ptr err) {
-                 if (err) {
-                   *released = -1;
-                   (*shared_done)(i, Released::kUnconfirmed, what_of(err));
-                   return;
-                 }
-                 *released = r.affected == 1 ? 1 : 0;
-                 if (*released == 1) (*shared_done)(i, Released::kYes, {});
+    // In one round trip: who holds each lock, then the release of those
+    // that are ours. The read before only names the outcome; the write
+    // decides (only rows still ours and unexpired are released).
+    conn.query(fmt::format("SELECT lock_name, owner, expires_at > NOW(6) FROM {} WHERE lock_name IN ({})", table_, names),
+               [batch](const SqlResult& r, std::exception_ptr err) {
+                 if (err) return;  // the update fails too and answers
+                 for (const auto& row : r.rows)
+                   if (row.size() == 3) batch->before[row[0]] = {row[1], row[2] == "1"};
                });
-    // In the same round trip: who holds it, for a release that found it
-    // no longer ours.
-    conn.query(fmt::format("SELECT owner <> '' AND owner <> {} AND expires_at > NOW(6) FROM {} WHERE lock_name = {}", t,
-                           table_, n),
-               [i, shared_done, released](const SqlResult& r, std::exception_ptr) {
-                 if (*released != 0) return;
-                 bool other = !r.rows.empty() && !r.rows[0].empty() && r.rows[0][0] == "1";
-                 (*shared_done)(i, other ? Released::kTakenByOther : Released::kGone, {});
-               });
+    conn.query(
+        fmt::format("UPDATE {} SET owner = '', expires_at = NOW(6) WHERE lock_name IN ({}) AND expires_at > NOW(6) "
+                    "AND (lock_name, owner) IN ({})",
+                    table_, names, pairs),
+        [this, batch, names](const SqlResult& r, std::exception_ptr err) {
+          if (err) {
+            std::string why = what_of(err);
+            for (std::size_t k = 0; k < batch->locks.size(); ++k) batch->done(batch->index[k], Released::kUnconfirmed, why);
+            return;
+          }
+          auto ours = [&](std::size_t k) {
+            auto it = batch->before.find(batch->locks[k].first);
+            return it != batch->before.end() && it->second.first == batch->locks[k].second && it->second.second;
+          };
+          std::size_t expected = 0;
+          for (std::size_t k = 0; k < batch->locks.size(); ++k) expected += ours(k) ? 1 : 0;
+          if (r.affected == expected) {
+            for (std::size_t k = 0; k < batch->locks.size(); ++k) {
+              auto it = batch->before.find(batch->locks[k].first);
+              bool other = it != batch->before.end() && it->second.second && !it->second.first.empty() && !ours(k);
+              batch->done(batch->index[k], ours(k) ? Released::kYes : other ? Released::kTakenByOther : Released::kGone, {});
+            }
+            return;
+          }
+          // A lock expired between the read and the write: read again. A
+          // row still ours was not released (it expired); another owner's
+          // took it since; an emptied row was released by us.
+          command_connection().query(
+              fmt::format("SELECT lock_name, owner, expires_at > NOW(6) FROM {} WHERE lock_name IN ({})", table_, names),
+              [batch](const SqlResult& after, std::exception_ptr e2) {
+                std::map<std::string_view, const std::vector<std::string>*> rows;
+                if (!e2)
+                  for (const auto& row : after.rows)
+                    if (row.size() == 3) rows[row[0]] = &row;
+                for (std::size_t k = 0; k < batch->locks.size(); ++k) {
+                  const auto& [name, token] = batch->locks[k];
+                  auto it = rows.find(name);
+                  Released st = Released::kGone;
+                  if (e2) {
+                    st = Released::kUnconfirmed;
+                  } else if (it != rows.end()) {
+                    const auto& row = *it->second;
+                    if (row[1].empty())
+                      st = Released::kYes;
+                    else if (row[1] != token && row[2] == "1")
+                      st = Released::kTakenByOther;
+                  }
+                  batch->done(batch->index[k], st, e2 ? what_of(e2) : std::string());
+                }
+              });
+        });
   }
 }
 

@@ -4,11 +4,12 @@
 // One row per lock name: the owner token, the fencing counter and the
 // expiry, set and judged on the database's clock only (NOW(6), UTC). Each
 // step is one atomic statement in autocommit, never a read then a write:
-//   acquire  INSERT ... ON DUPLICATE KEY UPDATE: free or expired -> ours,
-//            with the fence raised (LAST_INSERT_ID(fence + 1));
+//   acquire  one INSERT ... ON DUPLICATE KEY UPDATE for the batch: each
+//            free or expired row -> ours, with its fence raised;
 //   renew    UPDATE ... WHERE (lock_name, owner) IN (...) AND unexpired:
 //            every renewal due in one tick, one statement per ttl;
-//   release  UPDATE ... SET owner = '', expires_at = NOW(6) WHERE ours.
+//   release  UPDATE ... SET owner = '', expires_at = NOW(6) WHERE ours
+//            (the batch's rows in one statement).
 // The row is never deleted: the fencing counter lives in it and never goes
 // back. A read that classifies an outcome (who holds a busy lock, why a
 // renewal missed) only ever follows the write that decided it.
@@ -64,9 +65,9 @@ class SqlStore final : public LockStore {
 
  private:
   struct RenewBatch;
+  struct AcquireBatch;
   SqlConnection& command_connection();
-  void acquire_one(std::string name, std::string token, std::chrono::milliseconds ttl, std::size_t index,
-                   std::shared_ptr<AcquireDone> done, int attempt);
+  void acquire_batch(std::shared_ptr<AcquireBatch> batch);
   void renew_group(std::shared_ptr<RenewBatch> batch, std::vector<std::size_t> members, std::chrono::milliseconds ttl);
   void classify_renewals(std::shared_ptr<RenewBatch> batch, std::vector<std::size_t> members);
 
