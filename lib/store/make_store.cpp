@@ -16,15 +16,16 @@ namespace {
 
 constexpr std::string_view kSupported =
     "redis://[user:password@]host:port[/db] (a comma-separated list of them for Redlock) and "
-    "redis-sentinel://[user:password@]host:port[,host:port...]/master-name[/db]";
+    "redis-sentinel://[user:password@]host:port[,host:port...]/master-name[/db], and the same over TLS as "
+    "rediss:// and rediss-sentinel://";
 
 enum class Scheme { kRedis, kRedisSentinel };
 
 Scheme scheme_of(const std::string& url) {
   auto sep = url.find("://");
   std::string scheme = sep == std::string::npos ? std::string() : url.substr(0, sep);
-  if (scheme == "redis") return Scheme::kRedis;
-  if (scheme == "redis-sentinel") return Scheme::kRedisSentinel;
+  if (scheme == "redis" || scheme == "rediss") return Scheme::kRedis;
+  if (scheme == "redis-sentinel" || scheme == "rediss-sentinel") return Scheme::kRedisSentinel;
   if (scheme.empty())
     throw InvalidArgument(fmt::format("malformed URL '{}': no scheme; lockwatch supports {}", url_for_messages(url),
                                       kSupported));

@@ -1,5 +1,6 @@
 #include "connection.hpp"
 
+#include <openssl/err.h>
 #include <sys/socket.h>
 
 #include <fmt/format.h>
@@ -22,6 +23,7 @@ struct RedisConnection::Link {
   explicit Link(RedisConnection* c) : conn(c), reader(redisReaderCreate()) {}
   ~Link() {
     if (reader != nullptr) redisReaderFree(reader);
+    if (ssl != nullptr) SSL_free(ssl);  // and its BIOs
   }
   Link(const Link&) = delete;
   Link& operator=(const Link&) = delete;
@@ -35,8 +37,12 @@ struct RedisConnection::Link {
   bool tcp_closed = false;  // the handle's close callback ran
   bool connected = false;   // writes may go out
   bool dead = false;
-  std::string out;          // RESP queued for the next flush
-  char in[64 * 1024];
+  bool got_bytes = false;   // the server sent something
+  SSL* ssl = nullptr;       // TLS: the session, over memory BIOs
+  bool tls_ready = false;   // its handshake is done
+  std::string out;          // RESP queued for the next flush (plaintext)
+  char in[64 * 1024];       // from the socket
+  char plain[16 * 1024];    // TLS: one decrypted record
 };
 
 namespace {
@@ -109,7 +115,17 @@ RedisConnection::RedisConnection(Loop& loop, Endpoint endpoint, const Options& o
       name_(endpoint_.name()),
       options_(options),
       pubsub_(mode == Mode::kPubSub),
-      hooks_(std::move(hooks)) {}
+      hooks_(std::move(hooks)) {
+  if (endpoint_.tls) {
+    // Options::validate() read the same files already; if one went away
+    // since, every attempt fails saying so.
+    try {
+      tls_ = TlsContext::make(options_);
+    } catch (const std::exception& e) {
+      tls_error_ = e.what();
+    }
+  }
+}
 
 RedisConnection::~RedisConnection() = default;
 
@@ -136,6 +152,10 @@ void RedisConnection::connect() {
     return;
   }
   awaiting_endpoint_ = false;
+  if (endpoint_.tls && tls_ == nullptr) {
+    link_failed("TLS is not usable: " + tls_error_);
+    return;
+  }
   auto* link = new Link(this);
   if (link->reader == nullptr) {
     delete link;
@@ -234,22 +254,103 @@ void RedisConnection::link_up(Link* link) {
         auto* l = static_cast<Link*>(s->data);
         if (l->dead || nread == 0) return;
         if (nread < 0) {
-          l->conn->link_failed(nread == UV_EOF ? std::string("the server closed the connection")
-                                               : std::string("connection lost: ") + uv_strerror(static_cast<int>(nread)));
+          std::string why;
+          if (nread != UV_EOF) {
+            why = std::string("connection lost: ") + uv_strerror(static_cast<int>(nread));
+          } else if (l->ssl != nullptr && !l->tls_ready) {
+            why = "the server closed the connection during the TLS handshake (is TLS enabled on that port?)";
+          } else if (l->ssl == nullptr && !l->got_bytes) {
+            why = "the server closed the connection without answering (a TLS port? use rediss://)";
+          } else {
+            why = "the server closed the connection";
+          }
+          l->conn->link_failed(why);
           return;
         }
-        l->conn->received(l, l->in, static_cast<std::size_t>(nread));
+        l->got_bytes = true;
+        l->conn->received_raw(l, l->in, static_cast<std::size_t>(nread));
       });
   if (rc < 0) {
     link_failed(std::string("cannot read: ") + uv_strerror(rc));
     return;
   }
+  if (tls_ == nullptr) {
+    link_ready(link);
+    return;
+  }
+  std::string error;
+  link->ssl = tls_->new_session(endpoint_.host, error);
+  if (link->ssl == nullptr) {
+    link_failed(error);
+    return;
+  }
+  tls_handshake(link);  // the connect timer keeps running until it is done
+}
+
+void RedisConnection::link_ready(Link* link) {
   link->connected = true;
   uv_timer_stop(&connect_timer_);
   state_ = State::kConnected;
   backoff_ = std::chrono::milliseconds(0);
   if (handshake_pending_ == 0) became_usable();
   if (link_ == link) want_flush();
+}
+
+void RedisConnection::tls_handshake(Link* link) {
+  ERR_clear_error();
+  const int rc = SSL_do_handshake(link->ssl);
+  const int err = rc == 1 ? SSL_ERROR_NONE : SSL_get_error(link->ssl, rc);
+  std::string why = err == SSL_ERROR_NONE || err == SSL_ERROR_WANT_READ ? std::string() : tls_error_text(link->ssl);
+  tls_send_pending(link);  // the ClientHello, or an alert
+  if (link->dead) return;
+  if (!why.empty()) {
+    link_failed("TLS handshake failed: " + why);
+    return;
+  }
+  if (rc != 1) return;  // more from the server first
+  link->tls_ready = true;
+  link_ready(link);
+}
+
+void RedisConnection::tls_send_pending(Link* link) {
+  BIO* wbio = SSL_get_wbio(link->ssl);
+  char* data = nullptr;
+  const long n = BIO_get_mem_data(wbio, &data);
+  if (n <= 0) return;
+  write_bytes(link, data, static_cast<std::size_t>(n));
+  (void)BIO_reset(wbio);
+}
+
+void RedisConnection::received_raw(Link* link, const char* data, std::size_t n) {
+  if (link->ssl == nullptr) {
+    received(link, data, n);
+    return;
+  }
+  if (BIO_write(SSL_get_rbio(link->ssl), data, static_cast<int>(n)) != static_cast<int>(n)) {
+    link_failed("TLS: out of memory");
+    return;
+  }
+  if (!link->tls_ready) {
+    tls_handshake(link);
+    if (link->dead || !link->tls_ready) return;
+  }
+  while (!link->dead) {
+    ERR_clear_error();
+    const int got = SSL_read(link->ssl, link->plain, sizeof link->plain);
+    if (got > 0) {
+      received(link, link->plain, static_cast<std::size_t>(got));
+      continue;
+    }
+    const int err = SSL_get_error(link->ssl, got);
+    if (err == SSL_ERROR_WANT_READ) break;
+    if (err == SSL_ERROR_ZERO_RETURN) {
+      link_failed("the server closed the TLS session");
+    } else {
+      link_failed("TLS: " + tls_error_text(link->ssl));
+    }
+    return;
+  }
+  if (!link->dead) tls_send_pending(link);  // e.g. an answer to a key update
 }
 
 void RedisConnection::send_handshake(Handshake step, std::vector<std::string> argv) {
@@ -336,7 +437,17 @@ void RedisConnection::on_flush(uv_prepare_t* p) {
 void RedisConnection::flush() {
   Link* link = link_;
   if (link == nullptr || !link->connected || link->out.empty()) return;
-  write_bytes(link, link->out.data(), link->out.size());
+  if (link->ssl != nullptr) {
+    // A memory BIO takes all of it; what it produced goes out in one write.
+    ERR_clear_error();
+    if (SSL_write(link->ssl, link->out.data(), static_cast<int>(link->out.size())) <= 0) {
+      link_failed("TLS: " + tls_error_text(link->ssl));
+      return;
+    }
+    tls_send_pending(link);
+  } else {
+    write_bytes(link, link->out.data(), link->out.size());
+  }
   link->out.clear();
   // A renewal batch needs tens of KiB; one huge key must not pin its size.
   if (link->out.capacity() > (std::size_t{256} << 10)) std::string().swap(link->out);
@@ -596,7 +707,13 @@ void RedisConnection::on_connect_timeout(uv_timer_t* t) {
     return;
   }
   if (self->state_ != State::kConnecting || self->link_ == nullptr) return;
-  self->link_failed("connect timed out after " + std::to_string(self->options_.connect_timeout.count()) + " ms");
+  const std::string ms = std::to_string(self->options_.connect_timeout.count());
+  if (self->link_->ssl != nullptr) {
+    // Connected, but no TLS answer: typically a plaintext port.
+    self->link_failed("the TLS handshake did not complete within " + ms + " ms (is TLS enabled on that port?)");
+    return;
+  }
+  self->link_failed("connect timed out after " + ms + " ms");
 }
 
 void RedisConnection::start_timeout_check() {
@@ -627,7 +744,8 @@ void RedisConnection::poll_replies() {
   while (!link->dead) {
     ssize_t n = ::recv(fd, link->in, sizeof link->in, MSG_DONTWAIT);
     if (n <= 0) return;
-    received(link, link->in, static_cast<std::size_t>(n));
+    link->got_bytes = true;
+    received_raw(link, link->in, static_cast<std::size_t>(n));
     if (static_cast<std::size_t>(n) < sizeof link->in) return;
   }
 }

@@ -21,6 +21,13 @@
 // unsubscribe confirmations, messages; the sharded ssubscribe, smessage and
 // sunsubscribe, also unsolicited ones, alike) through Hooks::on_message.
 //
+// With TLS (an endpoint from a rediss:// URL) the same stream carries an
+// OpenSSL session over memory BIOs, on the loop thread: the handshake runs
+// after the TCP connect and within the same connect timeout, writes are
+// encrypted as they are flushed and reads decrypted before the reader sees
+// them. A refused certificate or a broken handshake fails what waited with a
+// ConnectionError saying why.
+//
 // Costs: one uv_write (usually one non-blocking write) per loop iteration
 // with something queued; replies are copied once into the reader's buffer.
 #pragma once
@@ -41,6 +48,7 @@
 
 #include "lockwatch/options.hpp"
 #include "scripts.hpp"
+#include "tls.hpp"
 
 namespace lockwatch::detail {
 
@@ -136,7 +144,12 @@ class RedisConnection {
   void write_bytes(Link* link, const char* data, std::size_t n);
   void start_tcp(Link* link, const struct sockaddr* addr);
   void link_up(Link* link);
+  void link_ready(Link* link);
+  // Bytes from the socket: decrypted first with TLS, then parsed.
+  void received_raw(Link* link, const char* data, std::size_t n);
   void received(Link* link, const char* data, std::size_t n);
+  void tls_handshake(Link* link);
+  void tls_send_pending(Link* link);
   void dispatch(const redisReply* r);
   void on_request_reply(Queued q, const redisReply* r);
   void on_handshake_reply(Handshake step, const redisReply* r);
@@ -171,6 +184,8 @@ class RedisConnection {
   std::function<void(bool, const std::string&)> state_hook_;
   bool reported_down_ = false;
   State state_ = State::kDown;
+  std::shared_ptr<const TlsContext> tls_;  // set for rediss:// endpoints
+  std::string tls_error_;                   // why tls_ could not be made
   Link* link_ = nullptr;        // the current attempt or connection
   int open_links_ = 0;          // links whose handle has not closed yet
   uv_timer_t connect_timer_{};  // connect timeout, then reconnect back-off
