@@ -154,6 +154,19 @@ TEST_F(ConnectionTest, ShardedMessagesReachOnMessageWithoutAborting) {
   close_all({&conn});
 }
 
+// A host name is looked up off the loop thread, and connected to.
+TEST_F(ConnectionTest, AHostNameIsResolvedAndConnected) {
+  RedisServer server;
+  Endpoint ep = endpoint_of(server);
+  ep.host = "localhost";
+  RedisConnection conn(loop_, ep, options_, RedisConnection::Mode::kCommands);
+  loop_.post([&] { conn.start(); });
+  auto [pong, err] = run(conn, {"PING"});
+  EXPECT_FALSE(err);
+  EXPECT_EQ(pong, "PONG");
+  close_all({&conn});
+}
+
 // Commands written in one loop iteration share one write, and every one is
 // answered, in order, exactly once.
 TEST_F(ConnectionTest, RequestsQueuedTogetherAreAllAnsweredInOrder) {

@@ -211,7 +211,15 @@ void RedisConnection::connect() {
           if (status < 0 || res == nullptr) {
             l->conn->link_failed(fmt::format("cannot resolve {}: {}", l->conn->endpoint_.host, uv_strerror(status)));
           } else {
-            l->conn->start_tcp(l, res->ai_addr);
+            // IPv4 first, as servers bound to 127.0.0.1 for "localhost" expect.
+            const addrinfo* pick = res;
+            for (const addrinfo* a = res; a != nullptr; a = a->ai_next) {
+              if (a->ai_family == AF_INET) {
+                pick = a;
+                break;
+              }
+            }
+            l->conn->start_tcp(l, pick->ai_addr);
           }
           if (res != nullptr) uv_freeaddrinfo(res);
         },
