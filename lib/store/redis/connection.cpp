@@ -264,7 +264,7 @@ void RedisConnection::link_up(Link* link) {
         if (nread < 0) {
           std::string why;
           if (nread != UV_EOF) {
-            why = std::string("connection lost: ") + uv_strerror(static_cast<int>(nread));
+            why = l->conn->failure_reason(l, std::string("connection lost: ") + uv_strerror(static_cast<int>(nread)));
           } else if (l->ssl != nullptr && !l->tls_ready) {
             why = "the server closed the connection during the TLS handshake (is TLS enabled on that port?)";
           } else if (l->ssl == nullptr && !l->got_bytes) {
@@ -327,6 +327,24 @@ void RedisConnection::tls_send_pending(Link* link) {
   if (n <= 0) return;
   write_bytes(link, data, static_cast<std::size_t>(n));
   (void)BIO_reset(wbio);
+}
+
+std::string RedisConnection::failure_reason(Link* link, std::string why) {
+  // A TLS server that refuses us (no client certificate, say) sends an
+  // alert and closes; a write can fail on the reset before the loop read
+  // the alert, which says what is wrong. Read it now.
+  uv_os_fd_t fd;
+  if (link->ssl == nullptr || uv_fileno(reinterpret_cast<uv_handle_t*>(&link->tcp), &fd) != 0) return why;
+  for (;;) {
+    ssize_t n = ::recv(fd, link->in, sizeof link->in, MSG_DONTWAIT);
+    if (n <= 0) break;
+    BIO_write(SSL_get_rbio(link->ssl), link->in, static_cast<int>(n));
+  }
+  ERR_clear_error();
+  const int rc = link->tls_ready ? SSL_read(link->ssl, link->plain, sizeof link->plain) : SSL_do_handshake(link->ssl);
+  if (rc <= 0 && SSL_get_error(link->ssl, rc) == SSL_ERROR_SSL) return "TLS: " + tls_error_text(link->ssl);
+  ERR_clear_error();
+  return why;
 }
 
 void RedisConnection::received_raw(Link* link, const char* data, std::size_t n) {
@@ -468,7 +486,7 @@ void RedisConnection::write_bytes(Link* link, const char* data, std::size_t n) {
   int done = uv_try_write(stream, &buf, 1);
   if (done >= 0 && static_cast<std::size_t>(done) == n) return;
   if (done < 0 && done != UV_EAGAIN) {
-    link_failed(std::string("write failed: ") + uv_strerror(done));
+    link_failed(failure_reason(link, std::string("write failed: ") + uv_strerror(done)));
     return;
   }
   const std::size_t from = done < 0 ? 0 : static_cast<std::size_t>(done);
@@ -482,7 +500,7 @@ void RedisConnection::write_bytes(Link* link, const char* data, std::size_t n) {
     auto* l = static_cast<Link*>(wr->link);
     delete wr;
     if (status < 0 && status != UV_ECANCELED && !l->dead)
-      l->conn->link_failed(std::string("write failed: ") + uv_strerror(status));
+      l->conn->link_failed(l->conn->failure_reason(l, std::string("write failed: ") + uv_strerror(status)));
   });
   if (rc < 0) {
     delete w;

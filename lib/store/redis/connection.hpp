@@ -149,6 +149,8 @@ class RedisConnection {
   void received_raw(Link* link, const char* data, std::size_t n);
   void received(Link* link, const char* data, std::size_t n);
   void tls_handshake(Link* link);
+  // `why`, or what a TLS alert already received says instead.
+  std::string failure_reason(Link* link, std::string why);
   void tls_send_pending(Link* link);
   void dispatch(const redisReply* r);
   void on_request_reply(Queued q, const redisReply* r);
