@@ -13,7 +13,7 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "usage: lock_holder REDIS_URL KEY TTL_MS\n");
     return 2;
   }
-  lockwatch::Options o;
+  lockwatch::Options o = lockwatch::Options::from_env();  // the TLS files, if any
   o.redis_url = argv[1];
   o.threads = 1;
   lockwatch::Runtime rt(o);

@@ -13,18 +13,22 @@
 namespace lockwatch::testing {
 namespace {
 
-class LockedTest : public ::testing::Test {
+// Every case runs in plaintext and over TLS (LOCKED without .on() uses the
+// process-wide runtime, which is the plaintext server's either way).
+class LockedTest : public ::testing::TestWithParam<Transport> {
  protected:
   static void SetUpTestSuite() {
-    server_ = new RedisServer();
-    // LOCKED without .on() uses the process-wide runtime, made from this.
-    ::setenv("LOCKWATCH_REDIS_URL", server_->url().c_str(), 1);
+    plain_ = new RedisServer();
+    tls_ = new RedisServer(over(Transport::kTls));
+    ::setenv("LOCKWATCH_REDIS_URL", plain_->url().c_str(), 1);
   }
   static void TearDownTestSuite() {
-    delete server_;
-    server_ = nullptr;
+    delete plain_;
+    delete tls_;
+    plain_ = tls_ = nullptr;
   }
-  void SetUp() override { rt_ = std::make_unique<Runtime>(options_for(*server_)); }
+  static RedisServer& server() { return GetParam() == Transport::kTls ? *tls_ : *plain_; }
+  void SetUp() override { rt_ = std::make_unique<Runtime>(options_for(server())); }
   void TearDown() override { rt_.reset(); }
 
   // A key unique to the running test.
@@ -33,10 +37,12 @@ class LockedTest : public ::testing::Test {
     return std::string(info->name()) + suffix;
   }
 
-  static RedisServer* server_;
+  static RedisServer* plain_;
+  static RedisServer* tls_;
   std::unique_ptr<Runtime> rt_;
 };
-RedisServer* LockedTest::server_ = nullptr;
+RedisServer* LockedTest::plain_ = nullptr;
+RedisServer* LockedTest::tls_ = nullptr;
 
 int free_function(int a, int b) { return a * b; }
 
@@ -57,7 +63,7 @@ class Account {
   std::string last_key;
 };
 
-TEST_F(LockedTest, RunsTheCallableAndReturnsItsResult) {
+TEST_P(LockedTest, RunsTheCallableAndReturnsItsResult) {
   std::thread::id caller = std::this_thread::get_id();
   std::thread::id ran_on;
   auto f = locked("sku:{0}", 5s, 3).on(*rt_)([&](int sku, int qty) {
@@ -69,7 +75,7 @@ TEST_F(LockedTest, RunsTheCallableAndReturnsItsResult) {
   EXPECT_NE(ran_on, caller);
 }
 
-TEST_F(LockedTest, MacroDecoratesALambdaWithTheDefaultSyntax) {
+TEST_P(LockedTest, MacroDecoratesALambdaWithTheDefaultSyntax) {
   auto f = LOCKED("sku:{0}:{1}", 5s, 3)[&](int, const std::string& who) { return this_lease().key() + "/" + who; };
   // Bind to this test's runtime through the builder form too.
   auto g = locked("sku:{0}:{1}", 5s, 3).on(*rt_)([&](int sku, const std::string& who) {
@@ -82,30 +88,30 @@ TEST_F(LockedTest, MacroDecoratesALambdaWithTheDefaultSyntax) {
   EXPECT_EQ(get_bounded(fut2), "sku:7:bob/bob");
 }
 
-TEST_F(LockedTest, ReleasesTheLockBeforeTheFutureIsReady) {
+TEST_P(LockedTest, ReleasesTheLockBeforeTheFutureIsReady) {
   std::string k = key();
   auto f = locked([&] { return k; }, 5s, 3).on(*rt_)([&] {
-    EXPECT_TRUE(exists(*server_, k));
+    EXPECT_TRUE(exists(server(), k));
     return 1;
   });
   for (int i = 0; i < 20; ++i) {
     auto fut = f();
     ASSERT_EQ(get_bounded(fut), 1);
-    ASSERT_FALSE(exists(*server_, k)) << "iteration " << i;
+    ASSERT_FALSE(exists(server(), k)) << "iteration " << i;
   }
 }
 
-TEST_F(LockedTest, ExceptionsPropagateAndTheLockIsStillReleased) {
+TEST_P(LockedTest, ExceptionsPropagateAndTheLockIsStillReleased) {
   std::string k = key();
   auto f = locked([&] { return k; }, 5s, 3).on(*rt_)([]() -> int { throw std::logic_error("boom"); });
   auto fut = f();
   auto err = error_of<std::logic_error>(fut);
   ASSERT_TRUE(err);
   EXPECT_STREQ(err->what(), "boom");
-  EXPECT_FALSE(exists(*server_, k));
+  EXPECT_FALSE(exists(server(), k));
 }
 
-TEST_F(LockedTest, MemberFunctionKeyUsesTheFirstDeclaredParameter) {
+TEST_P(LockedTest, MemberFunctionKeyUsesTheFirstDeclaredParameter) {
   Account account;
   auto withdraw = locked("acct:{0}", 2s, forever).on(*rt_)(&Account::withdraw);
   auto fut = withdraw(account, 7, 100);
@@ -117,7 +123,7 @@ TEST_F(LockedTest, MemberFunctionKeyUsesTheFirstDeclaredParameter) {
   EXPECT_EQ(account.last_key, "acct:8");
 }
 
-TEST_F(LockedTest, MemberFunctionsTakeSmartPointersAndReferenceWrappers) {
+TEST_P(LockedTest, MemberFunctionsTakeSmartPointersAndReferenceWrappers) {
   auto withdraw = locked("acct:{0}", 2s, forever).on(*rt_)(&Account::withdraw);
   auto shared = std::make_shared<Account>();
   auto f1 = withdraw(shared, 1, 10);  // an lvalue shared_ptr: used by reference
@@ -135,7 +141,7 @@ TEST_F(LockedTest, MemberFunctionsTakeSmartPointersAndReferenceWrappers) {
   EXPECT_EQ(plain.last_key, "acct:4");
 }
 
-TEST_F(LockedTest, FunctionPointersAndFunctionObjectsWork) {
+TEST_P(LockedTest, FunctionPointersAndFunctionObjectsWork) {
   auto mul = locked("mul:{0}", 2s, 1).on(*rt_)(&free_function);
   auto fut = mul(6, 7);
   EXPECT_EQ(get_bounded(fut), 42);
@@ -144,7 +150,7 @@ TEST_F(LockedTest, FunctionPointersAndFunctionObjectsWork) {
   EXPECT_EQ(get_bounded(fut2), 15);
 }
 
-TEST_F(LockedTest, KeyCanBeAFunctionOrAConstant) {
+TEST_P(LockedTest, KeyCanBeAFunctionOrAConstant) {
   auto by_fn = locked([](int a, int b) { return "sum:" + std::to_string(a + b); }, 2s, 1).on(*rt_)([](int, int) {
     return this_lease().key();
   });
@@ -155,7 +161,7 @@ TEST_F(LockedTest, KeyCanBeAFunctionOrAConstant) {
   EXPECT_EQ(get_bounded(fut2), "nightly-job");
 }
 
-TEST_F(LockedTest, BusyLockFailsAtOnceWithLockNotAcquired) {
+TEST_P(LockedTest, BusyLockFailsAtOnceWithLockNotAcquired) {
   std::string k = key();
   Gate gate, started;
   auto hold = locked([&] { return k; }, 5s, forever).on(*rt_)([&] {
@@ -174,12 +180,12 @@ TEST_F(LockedTest, BusyLockFailsAtOnceWithLockNotAcquired) {
   get_bounded(held);
 }
 
-TEST_F(LockedTest, WaitingWakesOnReleaseNotOnTtl) {
+TEST_P(LockedTest, WaitingWakesOnReleaseNotOnTtl) {
   std::string k = key();
   Gate gate, started;
   // Two runtimes: the waiter learns of the release through Redis pub/sub,
   // not through an in-process hand-off.
-  Runtime other(options_for(*server_));
+  Runtime other(options_for(server()));
   auto hold = locked([&] { return k; }, 10s, forever).on(*rt_)([&] {
     started.open();
     gate.wait();
@@ -199,7 +205,7 @@ TEST_F(LockedTest, WaitingWakesOnReleaseNotOnTtl) {
   EXPECT_LT(wake, 2s);
 }
 
-TEST_F(LockedTest, WaitRunsOutWithLockNotAcquired) {
+TEST_P(LockedTest, WaitRunsOutWithLockNotAcquired) {
   std::string k = key();
   Gate gate, started;
   auto hold = locked([&] { return k; }, 5s, forever).on(*rt_)([&] {
@@ -219,11 +225,11 @@ TEST_F(LockedTest, WaitRunsOutWithLockNotAcquired) {
   get_bounded(held);
 }
 
-TEST_F(LockedTest, ExactCountUnderContentionFromThreadsAndRuntimes) {
+TEST_P(LockedTest, ExactCountUnderContentionFromThreadsAndRuntimes) {
   std::string k = key();
   constexpr int kRuntimes = 3, kThreads = 3, kCalls = 15;
   std::vector<std::unique_ptr<Runtime>> runtimes;
-  for (int i = 0; i < kRuntimes; ++i) runtimes.push_back(std::make_unique<Runtime>(options_for(*server_, 2)));
+  for (int i = 0; i < kRuntimes; ++i) runtimes.push_back(std::make_unique<Runtime>(options_for(server(), 2)));
   std::atomic<int> inside{0}, overlaps{0}, done{0};
   std::atomic<std::uint64_t> last_token{0};
   std::atomic<int> token_regressions{0};
@@ -253,9 +259,9 @@ TEST_F(LockedTest, ExactCountUnderContentionFromThreadsAndRuntimes) {
   EXPECT_EQ(token_regressions.load(), 0);
 }
 
-TEST_F(LockedTest, FencingTokensIncreaseAcrossRuntimes) {
+TEST_P(LockedTest, FencingTokensIncreaseAcrossRuntimes) {
   std::string k = key();
-  Runtime other(options_for(*server_));
+  Runtime other(options_for(server()));
   auto a = locked([&] { return k; }, 2s, 0).on(*rt_)([] { return this_lease().fencing_token(); });
   auto b = locked([&] { return k; }, 2s, 0).on(other)([] { return this_lease().fencing_token(); });
   std::uint64_t last = 0;
@@ -267,7 +273,7 @@ TEST_F(LockedTest, FencingTokensIncreaseAcrossRuntimes) {
   }
 }
 
-TEST_F(LockedTest, OnlyTheOwnerCanReleaseOrRenew) {
+TEST_P(LockedTest, OnlyTheOwnerCanReleaseOrRenew) {
   std::string k = key();
   Gate gate, started;
   auto hold = locked([&] { return k; }, 5s, forever).on(*rt_)([&] {
@@ -277,24 +283,24 @@ TEST_F(LockedTest, OnlyTheOwnerCanReleaseOrRenew) {
   auto held = hold();
   ASSERT_TRUE(started.wait());
   std::string lk = lock_key(k);
-  auto rel = server_->command({"EVAL", std::string(detail::release_script().source), "1", lk, "not-the-owner", lk + ":rel"});
+  auto rel = server().command({"EVAL", std::string(detail::release_script().source), "1", lk, "not-the-owner", lk + ":rel"});
   EXPECT_EQ(rel.integer, -1);
-  auto ren = server_->command({"EVAL", std::string(detail::renew_script().source), "1", lk, "not-the-owner", "100"});
+  auto ren = server().command({"EVAL", std::string(detail::renew_script().source), "1", lk, "not-the-owner", "100"});
   EXPECT_EQ(ren.str, "x");  // someone else's: nothing changed
-  EXPECT_TRUE(exists(*server_, k));
-  EXPECT_GT(server_->command({"PTTL", lk}).integer, 1000);  // the wrong owner's 100 ms did not apply
+  EXPECT_TRUE(exists(server(), k));
+  EXPECT_GT(server().command({"PTTL", lk}).integer, 1000);  // the wrong owner's 100 ms did not apply
   gate.open();
   get_bounded(held);
-  EXPECT_FALSE(exists(*server_, k));
+  EXPECT_FALSE(exists(server(), k));
 }
 
-TEST_F(LockedTest, WorkLastingFiveTtlsKeepsItsLock) {
+TEST_P(LockedTest, WorkLastingFiveTtlsKeepsItsLock) {
   std::string k = key();
   auto f = locked([&] { return k; }, 300ms, forever).on(*rt_)([&] {
     auto until = std::chrono::steady_clock::now() + 1500ms;
     std::int64_t min_pttl = 1 << 30;
     while (std::chrono::steady_clock::now() < until) {
-      min_pttl = std::min<std::int64_t>(min_pttl, server_->command({"PTTL", lock_key(k)}).integer);
+      min_pttl = std::min<std::int64_t>(min_pttl, server().command({"PTTL", lock_key(k)}).integer);
       std::this_thread::sleep_for(20ms);  // sampling period
     }
     EXPECT_FALSE(this_lease().lost());
@@ -306,7 +312,7 @@ TEST_F(LockedTest, WorkLastingFiveTtlsKeepsItsLock) {
   EXPECT_GE(renewals, 4u);
 }
 
-TEST_F(LockedTest, SpentRetriesTriggerTheStopTokenAndLeaseLost) {
+TEST_P(LockedTest, SpentRetriesTriggerTheStopTokenAndLeaseLost) {
   std::string k = key();
   std::atomic<bool> saw_stop{false};
   auto t0 = std::chrono::steady_clock::now();
@@ -326,14 +332,14 @@ TEST_F(LockedTest, SpentRetriesTriggerTheStopTokenAndLeaseLost) {
   EXPECT_LT(std::chrono::steady_clock::now() - t0, 2s);
 }
 
-TEST_F(LockedTest, NoRenewalIsSentAfterTheWorkEnds) {
+TEST_P(LockedTest, NoRenewalIsSentAfterTheWorkEnds) {
   std::string k = key();
   auto f = locked([&] { return k; }, 300ms, forever).on(*rt_)([] { std::this_thread::sleep_for(700ms); });
   auto fut = f();
   get_bounded(fut);
   EXPECT_EQ(rt_->held_leases(), 0u);
   auto calls = [&] {
-    auto info = server_->command({"INFO", "commandstats"}).str;
+    auto info = server().command({"INFO", "commandstats"}).str;
     auto pos = info.find("cmdstat_evalsha:calls=");
     return pos == std::string::npos ? 0L : std::atol(info.c_str() + pos + 22);
   };
@@ -342,8 +348,8 @@ TEST_F(LockedTest, NoRenewalIsSentAfterTheWorkEnds) {
   EXPECT_EQ(calls(), before);
 }
 
-TEST_F(LockedTest, ReentrantCallRunsInlineWithoutTouchingRedis) {
-  Options o = options_for(*server_, 1);  // one pool thread: nesting must not need a second
+TEST_P(LockedTest, ReentrantCallRunsInlineWithoutTouchingRedis) {
+  Options o = options_for(server(), 1);  // one pool thread: nesting must not need a second
   Runtime rt(o);
   std::string k = key();
   auto inner = locked([&] { return k; }, 2s, forever).on(rt)([] {
@@ -368,10 +374,10 @@ TEST_F(LockedTest, ReentrantCallRunsInlineWithoutTouchingRedis) {
   });
   auto fut = outer();
   EXPECT_TRUE(get_bounded(fut));
-  EXPECT_FALSE(exists(*server_, k + "-other"));
+  EXPECT_FALSE(exists(server(), k + "-other"));
 }
 
-TEST_F(LockedTest, TheRenewalComesAtTheWeightedShareOfTheTtl) {
+TEST_P(LockedTest, TheRenewalComesAtTheWeightedShareOfTheTtl) {
   // Weight 1/2 on a 1 s ttl: the first renewal is due 500 ms after the lock
   // was taken (a tick early at most), not at once and not at 9/10.
   auto f = locked("weighted", 1s, forever).renew_weight(0.5).on(*rt_)([] {
@@ -387,12 +393,12 @@ TEST_F(LockedTest, TheRenewalComesAtTheWeightedShareOfTheTtl) {
   EXPECT_LT(took, 700ms);
 }
 
-TEST_F(LockedTest, ThisLeaseOutsideALockedCallThrows) {
+TEST_P(LockedTest, ThisLeaseOutsideALockedCallThrows) {
   EXPECT_THROW(this_lease(), NoActiveLease);
   EXPECT_EQ(current_lease(), nullptr);
 }
 
-TEST_F(LockedTest, RemainingShrinksAndIsRefreshedByRenewal) {
+TEST_P(LockedTest, RemainingShrinksAndIsRefreshedByRenewal) {
   auto f = locked("remaining", 300ms, forever).on(*rt_)([] {
     const Lease& lease = this_lease();
     auto first = lease.remaining();
@@ -413,9 +419,9 @@ TEST_F(LockedTest, RemainingShrinksAndIsRefreshedByRenewal) {
   EXPECT_GT(after, 150ms);  // without the renewal it would be under 30 ms
 }
 
-TEST_F(LockedTest, RuntimeDestructionStopsCleanly) {
+TEST_P(LockedTest, RuntimeDestructionStopsCleanly) {
   std::string k = key();
-  auto rt = std::make_unique<Runtime>(options_for(*server_));
+  auto rt = std::make_unique<Runtime>(options_for(server()));
   Gate started;
   std::atomic<bool> stop_seen{false};
   auto hold = locked([&] { return k; }, 5s, forever).on(*rt)([&] {
@@ -435,28 +441,28 @@ TEST_F(LockedTest, RuntimeDestructionStopsCleanly) {
   EXPECT_TRUE(stop_seen);
   EXPECT_EQ(get_bounded(held), 5);
   EXPECT_TRUE(error_of<RuntimeStopped>(waiting));
-  EXPECT_FALSE(exists(*server_, k));
+  EXPECT_FALSE(exists(server(), k));
 }
 
 
-TEST_F(LockedTest, LockHandleHoldsUntilReleased) {
+TEST_P(LockedTest, LockHandleHoldsUntilReleased) {
   std::string k = key();
   auto acquiring = rt_->acquire(k, 2s);
   LockHandle h = get_bounded(acquiring);
   ASSERT_TRUE(h);
   EXPECT_EQ(h.lease().key(), k);
   EXPECT_GT(h.lease().fencing_token(), 0u);
-  EXPECT_TRUE(exists(*server_, k));
+  EXPECT_TRUE(exists(server(), k));
   auto second = rt_->acquire(k, 2s);
   EXPECT_TRUE(error_of<LockNotAcquired>(second));
   auto released = h.release();
   get_bounded(released);
   EXPECT_FALSE(h);
-  EXPECT_FALSE(exists(*server_, k));
+  EXPECT_FALSE(exists(server(), k));
   EXPECT_THROW(h.release(), InvalidArgument);
 }
 
-TEST_F(LockedTest, LockHandleIsRenewedAndItsDestructorReleases) {
+TEST_P(LockedTest, LockHandleIsRenewedAndItsDestructorReleases) {
   std::string k = key();
   {
     auto acquiring = rt_->acquire(k, 300ms);
@@ -469,25 +475,25 @@ TEST_F(LockedTest, LockHandleIsRenewedAndItsDestructorReleases) {
   EXPECT_NO_THROW(get_bounded(again));  // LockNotAcquired if it was still held
 }
 
-TEST_F(LockedTest, DestroyingTheRuntimeReleasesHandlesStillHeld) {
+TEST_P(LockedTest, DestroyingTheRuntimeReleasesHandlesStillHeld) {
   std::string k = key();
-  auto rt = std::make_unique<Runtime>(options_for(*server_));
+  auto rt = std::make_unique<Runtime>(options_for(server()));
   auto acquiring = rt->acquire(k, 5s);
   LockHandle h = get_bounded(acquiring);
   rt.reset();
   EXPECT_TRUE(h.lease().stop_token().stop_requested());
-  EXPECT_FALSE(exists(*server_, k));
+  EXPECT_FALSE(exists(server(), k));
   auto released = h.release();  // the runtime is gone: already released
   EXPECT_EQ(released.wait_for(0s), std::future_status::ready);
 }
 
-TEST_F(LockedTest, OneBrokenKeyDoesNotCostTheOtherLeasesInItsBatch) {
+TEST_P(LockedTest, OneBrokenKeyDoesNotCostTheOtherLeasesInItsBatch) {
   auto a = rt_->acquire(key("a"), 300ms);
   auto b = rt_->acquire(key("b"), 300ms);
   LockHandle ha = get_bounded(a), hb = get_bounded(b);
   // Someone replaces a's lock with a hash: its renewals fail, b's go on.
-  server_->command({"DEL", lock_key(key("a"))});
-  server_->command({"HSET", lock_key(key("a")), "f", "v"});
+  server().command({"DEL", lock_key(key("a"))});
+  server().command({"HSET", lock_key(key("a")), "f", "v"});
   auto stop = ha.lease().stop_token();
   auto until = std::chrono::steady_clock::now() + kBound;
   while (!stop.stop_requested() && std::chrono::steady_clock::now() < until) std::this_thread::sleep_for(5ms);
@@ -496,10 +502,10 @@ TEST_F(LockedTest, OneBrokenKeyDoesNotCostTheOtherLeasesInItsBatch) {
   EXPECT_TRUE(renewed_again(hb.lease(), 2));
   auto ra = ha.release();
   EXPECT_TRUE(error_of<LeaseLost>(ra));
-  server_->command({"DEL", lock_key(key("a"))});
+  server().command({"DEL", lock_key(key("a"))});
 }
 
-TEST_F(LockedTest, AnIdleWatchdogSleepsUntilTheNextRenewal) {
+TEST_P(LockedTest, AnIdleWatchdogSleepsUntilTheNextRenewal) {
   std::vector<std::future<LockHandle>> acquiring;
   for (int i = 0; i < 100; ++i) acquiring.push_back(rt_->acquire(key(std::to_string(i)), 30s));
   std::vector<LockHandle> held;
@@ -511,6 +517,8 @@ TEST_F(LockedTest, AnIdleWatchdogSleepsUntilTheNextRenewal) {
   // occupied tick is a handful.
   EXPECT_LE(wakeups, 10u);
 }
+
+INSTANTIATE_TEST_SUITE_P(Transports, LockedTest, ::testing::Values(Transport::kPlain, Transport::kTls), transport_name);
 
 }  // namespace
 }  // namespace lockwatch::testing

@@ -24,7 +24,25 @@ inline Options options_for(const RedisServer& server, std::size_t threads = 4) {
   Options o;
   o.redis_url = server.url();
   o.threads = threads;
+  if (server.tls()) o.tls_ca_file = test_certificates().ca_cert;
   return o;
+}
+
+// The shared Redis suites run once in plaintext and once over TLS.
+enum class Transport { kPlain, kTls };
+inline std::string transport_name(const ::testing::TestParamInfo<Transport>& info) {
+  return info.param == Transport::kTls ? "Tls" : "Plain";
+}
+// `o` for a server that speaks `t`.
+inline RedisServerOptions over(Transport t, RedisServerOptions o = {}) {
+  if (t == Transport::kTls) o.tls = RedisTls{};
+  return o;
+}
+// What a child process needs in its environment to reach `server`.
+inline std::vector<std::string> env_for(const RedisServer& server) {
+  std::vector<std::string> env{"LOCKWATCH_REDIS_URL=" + server.url()};
+  if (server.tls()) env.push_back("LOCKWATCH_TLS_CA_FILE=" + test_certificates().ca_cert);
+  return env;
 }
 
 // The Redis key lockwatch uses for `key` with the default prefix.

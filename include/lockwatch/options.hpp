@@ -2,7 +2,8 @@
 //
 // Options is a plain value: fill it, hand it to a Runtime, done. Every field
 // has a default that works for a local Redis. Options::from_env() reads
-// LOCKWATCH_REDIS_URL, which is what the process-wide default runtime uses.
+// LOCKWATCH_REDIS_URL (and the LOCKWATCH_TLS_* files), which is what the
+// process-wide default runtime uses.
 #pragma once
 
 #include <chrono>
@@ -15,17 +16,19 @@
 
 namespace lockwatch {
 
-// One Redis node, parsed from `redis://[user:password@]host:port[/db]`.
+// One Redis node, parsed from `redis://[user:password@]host:port[/db]`
+// (`rediss://` for TLS).
 struct Endpoint {
   std::string host = "127.0.0.1";
   int port = 6379;
   std::string user;      // empty: AUTH with the password only (default user)
   std::string password;  // empty: no AUTH
   int db = 0;
+  bool tls = false;      // rediss://
 
-  // Parses a redis:// URL; throws InvalidArgument naming what is wrong.
+  // Parses a redis:// or rediss:// URL; throws InvalidArgument naming what is wrong.
   static Endpoint parse(const std::string& url);
-  // Parses a comma-separated list of redis:// URLs (one or more).
+  // Parses a comma-separated list of redis:// or rediss:// URLs (one or more).
   static std::vector<Endpoint> parse_list(const std::string& urls);
   // "host:port" (credentials never appear in messages).
   std::string name() const;
@@ -38,6 +41,8 @@ struct Options {
   // (every acquisition and renewal then needs a majority of them); or
   // `redis-sentinel://[user:password@]host:port[,host:port...]/master-name[/db]`
   // for a master found (and followed across failovers) through Sentinel.
+  // `rediss://` and `rediss-sentinel://` are the same over TLS (with
+  // Sentinel, to the sentinels and to the master alike).
   std::string redis_url = "redis://127.0.0.1:6379";
   // Sentinel: credentials of the sentinels themselves (the URL's are the
   // master's), and how many replicas must acknowledge a lock write (WAIT)
@@ -71,6 +76,20 @@ struct Options {
   std::chrono::milliseconds connect_timeout{2000};
   // A request without a reply by then fails and the connection is reset.
   std::chrono::milliseconds command_timeout{2000};
+  // TLS (rediss:// URLs). PEM files: the CA that signed the servers'
+  // certificates (empty: the system's CAs), and a client certificate with
+  // its key for servers that require one (mutual TLS). A file that cannot be
+  // read is an InvalidArgument when the options are checked.
+  std::string tls_ca_file;
+  std::string tls_cert_file;
+  std::string tls_key_file;
+  // The name the servers' certificates must carry, also sent as SNI; empty:
+  // each node's host as the URL (or a sentinel) gives it. An IP address is
+  // matched against the certificate's IP addresses.
+  std::string tls_server_name;
+  // Verify the servers' certificates (chain, dates, name). Turn it off only
+  // to try things out: without it anyone on the path can read the locks.
+  bool tls_verify = true;
   // Reconnect back-off after a connection is lost: doubles up to the max.
   std::chrono::milliseconds reconnect_min{10};
   std::chrono::milliseconds reconnect_max{1000};
@@ -83,9 +102,12 @@ struct Options {
   // stderr, prefixed "lockwatch:".
   LogSink log;
 
-  // Defaults, with redis_url taken from LOCKWATCH_REDIS_URL when it is set.
+  // Defaults, with redis_url taken from LOCKWATCH_REDIS_URL and tls_ca_file,
+  // tls_cert_file, tls_key_file from LOCKWATCH_TLS_CA_FILE,
+  // LOCKWATCH_TLS_CERT_FILE, LOCKWATCH_TLS_KEY_FILE when they are set.
   static Options from_env();
-  // Throws InvalidArgument if a field is out of range or the URL is bad.
+  // Throws InvalidArgument if a field is out of range, the URL is bad or a
+  // TLS file cannot be used.
   void validate() const;
 };
 

@@ -10,6 +10,7 @@
 #include "lockwatch/errors.hpp"
 #include "ops/metrics_server.hpp"
 #include "store/make_store.hpp"
+#include "store/redis/tls.hpp"
 
 namespace lockwatch {
 
@@ -74,11 +75,18 @@ bool parse_int(std::string_view s, int& out) {
 
 Endpoint Endpoint::parse(const std::string& url) {
   constexpr std::string_view kScheme = "redis://";
-  if (url.compare(0, kScheme.size(), kScheme) != 0) bad_url(url, "expected redis://[user:password@]host:port[/db]");
-  std::string_view rest(url);
-  rest.remove_prefix(kScheme.size());
-
+  constexpr std::string_view kTlsScheme = "rediss://";
   Endpoint ep;
+  std::string_view rest(url);
+  if (url.compare(0, kScheme.size(), kScheme) == 0) {
+    rest.remove_prefix(kScheme.size());
+  } else if (url.compare(0, kTlsScheme.size(), kTlsScheme) == 0) {
+    rest.remove_prefix(kTlsScheme.size());
+    ep.tls = true;
+  } else {
+    bad_url(url, "expected redis[s]://[user:password@]host:port[/db]");
+  }
+
   if (auto at = rest.rfind('@'); at != std::string_view::npos) {
     std::string_view cred = rest.substr(0, at);
     rest.remove_prefix(at + 1);
@@ -140,11 +148,17 @@ std::string Endpoint::name() const {
 Options Options::from_env() {
   Options o;
   if (const char* url = std::getenv("LOCKWATCH_REDIS_URL"); url && *url) o.redis_url = url;
+  if (const char* f = std::getenv("LOCKWATCH_TLS_CA_FILE"); f && *f) o.tls_ca_file = f;
+  if (const char* f = std::getenv("LOCKWATCH_TLS_CERT_FILE"); f && *f) o.tls_cert_file = f;
+  if (const char* f = std::getenv("LOCKWATCH_TLS_KEY_FILE"); f && *f) o.tls_key_file = f;
   return o;
 }
 
 void Options::validate() const {
   detail::check_store_options(*this);
+  // The files are read now, so that a wrong path fails here and not at
+  // every connection attempt.
+  if (detail::url_wants_tls(redis_url)) detail::check_tls_options(*this);
   if (!metrics_listen.empty()) detail::MetricsServer::check_address(metrics_listen);
   if (min_replicas < 0) throw InvalidArgument("Options::min_replicas must not be negative");
   if (replica_ack_timeout.count() <= 0) throw InvalidArgument("Options::replica_ack_timeout must be positive");

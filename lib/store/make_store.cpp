@@ -17,17 +17,17 @@ namespace lockwatch::detail {
 namespace {
 
 constexpr std::string_view kSupported =
-    "redis://[user:password@]host:port[/db] (a comma-separated list of them for Redlock) and "
-    "redis-sentinel://[user:password@]host:port[,host:port...]/master-name[/db] and "
-    "mysql://user:password@host[:port]/database[?socket=/path&table=name]";
+    "redis://[user:password@]host:port[/db] (a comma-separated list of them for Redlock), "
+    "redis-sentinel://[user:password@]host:port[,host:port...]/master-name[/db], the same over TLS as "
+    "rediss:// and rediss-sentinel://, and mysql://user:password@host[:port]/database[?socket=/path&table=name]";
 
 enum class Scheme { kRedis, kRedisSentinel, kMysql };
 
 Scheme scheme_of(const std::string& url) {
   auto sep = url.find("://");
   std::string scheme = sep == std::string::npos ? std::string() : url.substr(0, sep);
-  if (scheme == "redis") return Scheme::kRedis;
-  if (scheme == "redis-sentinel") return Scheme::kRedisSentinel;
+  if (scheme == "redis" || scheme == "rediss") return Scheme::kRedis;
+  if (scheme == "redis-sentinel" || scheme == "rediss-sentinel") return Scheme::kRedisSentinel;
   if (scheme == "mysql") return Scheme::kMysql;
   if (scheme.empty())
     throw InvalidArgument(fmt::format("malformed URL '{}': no scheme; lockwatch supports {}", url_for_messages(url),

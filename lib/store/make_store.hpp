@@ -3,6 +3,7 @@
 //   redis://...                      RedisNodeStore (one master)
 //   redis://...,redis://...          QuorumStore over one RedisNodeStore each (Redlock)
 //   redis-sentinel://.../name        RedisNodeStore following the master through Sentinel
+//   rediss://, rediss-sentinel://    the same over TLS
 //
 // A new store is one more line here; nothing else in the runtime changes.
 #pragma once

@@ -355,6 +355,85 @@ int free_loopback_port() {
   return ntohs(addr.sin_port);
 }
 
+namespace {
+
+// Runs openssl with `args` in `dir`; throws with its output on failure.
+void run_openssl(const std::string& dir, std::vector<std::string> args) {
+  std::string cmd = "cd '" + dir + "' && openssl";
+  for (const auto& a : args) cmd += " '" + a + "'";
+  cmd += " >openssl.log 2>&1";
+  if (std::system(cmd.c_str()) != 0)
+    throw std::runtime_error("openssl failed: " + cmd + "\n" + read_tail(dir + "/openssl.log"));
+}
+
+struct CertificatesDir {
+  TestCertificates certs;
+  ~CertificatesDir() {
+    std::error_code ec;
+    if (!certs.dir.empty()) std::filesystem::remove_all(certs.dir, ec);
+  }
+};
+
+// A key and a certificate for `cn` with `san`, signed by the CA in `ca`
+// (its .crt, .key and .cnf), valid from `start` to `end` (openssl ca's
+// YYMMDDHHMMSSZ) or for a year.
+void issue(const std::string& dir, const std::string& ca, const std::string& name, const std::string& cn,
+           const std::string& san, const std::string& start = {}, const std::string& end = {}) {
+  run_openssl(dir, {"req", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes", "-keyout",
+                    name + ".key", "-out", name + ".csr", "-subj", "/CN=" + cn, "-addext", "subjectAltName=" + san});
+  std::vector<std::string> args = {"ca", "-batch", "-notext", "-config", ca + ".cnf", "-cert", ca + ".crt",
+                                   "-keyfile", ca + ".key", "-in", name + ".csr", "-out", name + ".crt"};
+  if (start.empty()) {
+    args.insert(args.end(), {"-days", "365"});
+  } else {
+    args.insert(args.end(), {"-startdate", start, "-enddate", end});
+  }
+  run_openssl(dir, args);
+}
+
+void make_ca(const std::string& dir, const std::string& ca) {
+  const std::string db = dir + "/" + ca + "-db";
+  std::filesystem::create_directories(db);
+  std::ofstream(db + "/index.txt").close();
+  std::ofstream(db + "/serial") << "1000\n";
+  std::ofstream(dir + "/" + ca + ".cnf") << "[ca]\ndefault_ca = this_ca\n"
+                                         << "[this_ca]\ndatabase = " << db << "/index.txt\n"
+                                         << "new_certs_dir = " << db << "\nserial = " << db << "/serial\n"
+                                         << "default_md = sha256\npolicy = any\ncopy_extensions = copy\n"
+                                         << "unique_subject = no\n[any]\ncommonName = supplied\n";
+  run_openssl(dir, {"req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes",
+                    "-keyout", ca + ".key", "-out", ca + ".crt", "-days", "3650", "-subj", "/CN=lockwatch test " + ca});
+}
+
+}  // namespace
+
+const TestCertificates& test_certificates() {
+  static CertificatesDir made = [] {
+    CertificatesDir m;
+    std::string pattern = (std::filesystem::temp_directory_path() / "lockwatch-tls-XXXXXX").string();
+    if (::mkdtemp(pattern.data()) == nullptr) throw_errno("mkdtemp " + pattern);
+    const std::string d = pattern;
+    m.certs.dir = d;
+    make_ca(d, "ca");
+    make_ca(d, "other-ca");
+    const std::string here = "IP:127.0.0.1,DNS:localhost";
+    issue(d, "ca", "server", "127.0.0.1", here);
+    issue(d, "ca", "client", "lockwatch test client", "DNS:client.example");
+    issue(d, "other-ca", "untrusted", "127.0.0.1", here);
+    issue(d, "ca", "wrong-name", "wrong.example", "DNS:wrong.example");
+    issue(d, "ca", "expired", "127.0.0.1", here, "200101000000Z", "200201000000Z");
+    auto& c = m.certs;
+    c.ca_cert = d + "/ca.crt";
+    c.server_cert = d + "/server.crt", c.server_key = d + "/server.key";
+    c.client_cert = d + "/client.crt", c.client_key = d + "/client.key";
+    c.untrusted_cert = d + "/untrusted.crt", c.untrusted_key = d + "/untrusted.key";
+    c.wrong_name_cert = d + "/wrong-name.crt", c.wrong_name_key = d + "/wrong-name.key";
+    c.expired_cert = d + "/expired.crt", c.expired_key = d + "/expired.key";
+    return m;
+  }();
+  return made.certs;
+}
+
 RedisServer::RedisServer(RedisServerOptions options) : options_(std::move(options)) {
   binary_ = find_redis_server();
   std::string pattern = (std::filesystem::temp_directory_path() / "lockwatch-redis-XXXXXX").string();
@@ -365,6 +444,7 @@ RedisServer::RedisServer(RedisServerOptions options) : options_(std::move(option
     // before the server binds it, so pick a fresh one and try again.
     for (int attempt = 0; attempt < kPortAttempts; ++attempt) {
       port_ = free_loopback_port();
+      if (options_.tls) command_port_ = free_loopback_port();
       if (try_start()) return;
     }
     throw std::runtime_error("redis-server could not bind a free loopback port in " +
@@ -385,8 +465,9 @@ RedisServer::~RedisServer() {
 
 std::string RedisServer::url() const {
   std::string hostport = host_ + ":" + std::to_string(port_);
-  if (options_.password.empty()) return "redis://" + hostport;
-  return "redis://:" + options_.password + "@" + hostport;
+  std::string scheme = options_.tls ? "rediss://" : "redis://";
+  if (options_.password.empty()) return scheme + hostport;
+  return scheme + ":" + options_.password + "@" + hostport;
 }
 
 void RedisServer::kill() {
@@ -451,6 +532,15 @@ bool RedisServer::try_start() {
       "--dir",  dir_,        "--logfile",           log_path,      "--daemonize",
       "no",
   };
+  if (options_.tls) {
+    const TestCertificates& certs = test_certificates();
+    const RedisTls& t = *options_.tls;
+    args[2] = std::to_string(command_port_);
+    args.insert(args.end(), {"--tls-port", std::to_string(port_), "--tls-cert-file",
+                             t.cert_file.empty() ? certs.server_cert : t.cert_file, "--tls-key-file",
+                             t.key_file.empty() ? certs.server_key : t.key_file, "--tls-ca-cert-file",
+                             certs.ca_cert, "--tls-auth-clients", t.auth_clients ? "yes" : "no"});
+  }
   if (options_.appendonly) {
     args.insert(args.end(), {"--appendonly", "yes", "--appendfsync", "always", "--save", ""});
   } else {
@@ -471,14 +561,14 @@ bool RedisServer::try_start() {
     int status = 0;
     if (::waitpid(pid_, &status, WNOHANG) == pid_) {
       pid_ = -1;
-      if (read_tail(log_path, log_offset).find("Address already in use") != std::string::npos) {
+      if (read_tail(log_path, log_offset).find("already in use") != std::string::npos) {
         return false;
       }
       throw std::runtime_error("redis-server exited during startup (" + describe_status(status) +
                                "); log tail:\n" + log_tail());
     }
     {
-      ContextPtr c = connect(host_, port_, 200ms);
+      ContextPtr c = connect(host_, options_.tls ? command_port_ : port_, 200ms);
       if (c && c->err == 0) {
         bool authed = true;
         if (!options_.password.empty()) {
@@ -513,8 +603,9 @@ std::string RedisServer::log_tail() const {
 
 Reply RedisServer::command(const std::vector<std::string>& args) const {
   if (args.empty()) throw std::invalid_argument("RedisServer::command: no arguments");
-  const std::string where = host_ + ":" + std::to_string(port_);
-  ContextPtr c = connect(host_, port_, 2s);
+  const int port = options_.tls ? command_port_ : port_;
+  const std::string where = host_ + ":" + std::to_string(port);
+  ContextPtr c = connect(host_, port, 2s);
   if (!c) throw std::runtime_error("cannot allocate a hiredis context for " + where);
   if (c->err != 0) throw std::runtime_error("cannot connect to " + where + ": " + c->errstr);
   timeval reply_timeout{10, 0};

@@ -27,6 +27,29 @@
 
 namespace lockwatch::testing {
 
+// TLS material for the tests, made once per test program with the `openssl`
+// command in a private temporary directory (removed at exit): a CA, and
+// certificates it signed for 127.0.0.1 and localhost (a server's, a
+// client's), plus the bad ones: one from another CA, one for another name,
+// one that expired in 2020. Throws std::runtime_error when openssl fails.
+struct TestCertificates {
+  std::string dir;
+  std::string ca_cert;
+  std::string server_cert, server_key;
+  std::string client_cert, client_key;
+  std::string untrusted_cert, untrusted_key;    // signed by a CA nobody trusts
+  std::string wrong_name_cert, wrong_name_key;  // for wrong.example only
+  std::string expired_cert, expired_key;        // valid in January 2020 only
+};
+const TestCertificates& test_certificates();
+
+// A redis-server that speaks TLS on its port (see RedisServerOptions::tls).
+struct RedisTls {
+  std::string cert_file;  // empty: test_certificates()'s server certificate
+  std::string key_file;
+  bool auth_clients = false;  // --tls-auth-clients: require a client certificate
+};
+
 struct RedisServerOptions {
   // Empty means no authentication; otherwise passed as requirepass.
   std::string password;
@@ -37,6 +60,11 @@ struct RedisServerOptions {
   // Appended after the options above, so they can override them, e.g.
   // {"--maxmemory", "1mb"}.
   std::vector<std::string> extra_args;
+  // Set: port() is a TLS port (CA: test_certificates().ca_cert) and url()
+  // is rediss://. command() then uses a second, plaintext port on loopback
+  // kept for the test's own checks (hiredis 0.14 has no TLS); lockwatch
+  // under test is only ever given the TLS port.
+  std::optional<RedisTls> tls;
 };
 
 // An owned copy of a hiredis reply: valid after the connection is gone.
@@ -77,12 +105,14 @@ class RedisServer {
   int port() const { return port_; }
   const std::string& host() const { return host_; }
   // "redis://127.0.0.1:PORT", or "redis://:PASSWORD@127.0.0.1:PORT" with a
-  // password (inserted as is: keep test passwords URL-safe).
+  // password (inserted as is: keep test passwords URL-safe); rediss:// for
+  // a TLS server.
   std::string url() const;
   // The server's pid, or -1 when it is not running.
   pid_t pid() const { return pid_; }
   // The server's private directory (log, append-only files).
   const std::string& dir() const { return dir_; }
+  bool tls() const { return options_.tls.has_value(); }
 
   // SIGKILL and reap; a crash as far as clients can tell. Idempotent.
   void kill();
@@ -119,6 +149,7 @@ class RedisServer {
   std::string binary_;
   std::string dir_;
   int port_ = 0;
+  int command_port_ = 0;  // TLS servers: the plaintext port command() uses
   pid_t pid_ = -1;
 };
 

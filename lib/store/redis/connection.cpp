@@ -1,6 +1,7 @@
 #include "connection.hpp"
 
-#include <hiredis/adapters/libuv.h>
+#include <openssl/err.h>
+#include <sys/socket.h>
 
 #include <fmt/format.h>
 
@@ -14,25 +15,37 @@
 
 namespace lockwatch::detail {
 
-struct RedisConnection::Request {
+// One connection attempt and, once it succeeded, the connection: a TCP
+// stream and the reader for what arrives on it. A link lives until its
+// handle closed (and a name lookup in flight came back); a dropped link is
+// `dead` and every libuv callback for it is ignored from then on.
+struct RedisConnection::Link {
+  explicit Link(RedisConnection* c) : conn(c), reader(redisReaderCreate()) {}
+  ~Link() {
+    if (reader != nullptr) redisReaderFree(reader);
+    if (ssl != nullptr) SSL_free(ssl);  // and its BIOs
+  }
+  Link(const Link&) = delete;
+  Link& operator=(const Link&) = delete;
+
   RedisConnection* conn;
-  Queued q;
+  redisReader* reader;
+  uv_tcp_t tcp{};
+  uv_connect_t connect_req{};
+  uv_getaddrinfo_t resolve_req{};
+  bool resolving = false;   // resolve_req is in flight
+  bool tcp_closed = false;  // the handle's close callback ran
+  bool connected = false;   // writes may go out
+  bool dead = false;
+  bool got_bytes = false;   // the server sent something
+  SSL* ssl = nullptr;       // TLS: the session, over memory BIOs
+  bool tls_ready = false;   // its handshake is done
+  std::string out;          // RESP queued for the next flush (plaintext)
+  char in[64 * 1024];       // from the socket
+  char plain[16 * 1024];    // TLS: one decrypted record
 };
 
 namespace {
-
-template <class Strings>
-std::vector<const char*> argv_ptrs(const Strings& argv, std::vector<size_t>& lens) {
-  std::vector<const char*> ptrs;
-  ptrs.reserve(argv.size());
-  lens.clear();
-  lens.reserve(argv.size());
-  for (const auto& a : argv) {
-    ptrs.push_back(a.data());
-    lens.push_back(a.size());
-  }
-  return ptrs;
-}
 
 // Appends one request in RESP (an array of bulk strings) to `out`.
 template <class Strings>
@@ -60,7 +73,7 @@ bool starts_with(const redisReply* r, const char* prefix) {
   return r->str != nullptr && r->len >= n && std::memcmp(r->str, prefix, n) == 0;
 }
 
-// Callbacks cross C code: nothing may unwind through hiredis.
+// Callbacks cross C code: nothing may unwind through libuv.
 template <class F>
 void guarded(F&& f) noexcept {
   try {
@@ -72,6 +85,28 @@ void guarded(F&& f) noexcept {
   }
 }
 
+// A write the socket did not take at once; freed by its callback.
+struct WriteReq {
+  uv_write_t req{};
+  void* link;  // RedisConnection::Link
+  std::string data;
+};
+
+// Pushes reach on_message (pubsub mode); anything else answers a request.
+bool is_push(const redisReply* r) {
+  if (r->type != REDIS_REPLY_ARRAY || r->elements < 2 || r->element[0]->type != REDIS_REPLY_STRING) return false;
+  const std::string_view kind(r->element[0]->str, r->element[0]->len);
+  for (std::string_view k : {"message", "subscribe", "unsubscribe", "smessage", "ssubscribe", "sunsubscribe", "pmessage",
+                             "psubscribe", "punsubscribe"}) {
+    if (kind == k) return true;
+  }
+  return false;
+}
+
+struct ReplyFree {
+  void operator()(redisReply* r) const noexcept { freeReplyObject(r); }
+};
+
 }  // namespace
 
 RedisConnection::RedisConnection(Loop& loop, Endpoint endpoint, const Options& options, Mode mode, Hooks hooks)
@@ -80,7 +115,17 @@ RedisConnection::RedisConnection(Loop& loop, Endpoint endpoint, const Options& o
       name_(endpoint_.name()),
       options_(options),
       pubsub_(mode == Mode::kPubSub),
-      hooks_(std::move(hooks)) {}
+      hooks_(std::move(hooks)) {
+  if (endpoint_.tls) {
+    // Options::validate() read the same files already; if one went away
+    // since, every attempt fails saying so.
+    try {
+      tls_ = TlsContext::make(options_);
+    } catch (const std::exception& e) {
+      tls_error_ = e.what();
+    }
+  }
+}
 
 RedisConnection::~RedisConnection() = default;
 
@@ -89,38 +134,38 @@ void RedisConnection::start() {
   connect_timer_.data = this;
   uv_timer_init(loop_.uv(), &check_timer_);
   check_timer_.data = this;
+  uv_prepare_init(loop_.uv(), &flush_);
+  flush_.data = this;
   connect();
 }
 
 void RedisConnection::connect() {
   reconnect_scheduled_ = false;
   auth_failed_ = false;
+  state_ = State::kConnecting;
+  uv_timer_start(&connect_timer_, &RedisConnection::on_connect_timeout,
+                 static_cast<uint64_t>(options_.connect_timeout.count()), 0);
   if (endpoint_.port == 0) {
     // The master's address is not known yet: wait for set_endpoint(),
     // bounded like a connect.
     awaiting_endpoint_ = true;
-    state_ = State::kConnecting;
-    uv_timer_start(&connect_timer_, &RedisConnection::on_connect_timeout,
-                   static_cast<uint64_t>(options_.connect_timeout.count()), 0);
     return;
   }
   awaiting_endpoint_ = false;
-  redisAsyncContext* ac = redisAsyncConnect(endpoint_.host.c_str(), endpoint_.port);
-  if (ac == nullptr || ac->err) {
-    std::string why = ac ? ac->errstr : "out of memory";
-    if (ac) redisAsyncFree(ac);
-    fail_queued(why);  // they were waiting for this attempt
-    went_down(why);
+  if (endpoint_.tls && tls_ == nullptr) {
+    link_failed("TLS is not usable: " + tls_error_);
     return;
   }
-  ac->data = this;
-  redisLibuvAttach(ac, loop_.uv());
-  redisAsyncSetConnectCallback(ac, &RedisConnection::on_connect);
-  redisAsyncSetDisconnectCallback(ac, &RedisConnection::on_disconnect);
-  ac_ = ac;
-  state_ = State::kConnecting;
-  uv_timer_start(&connect_timer_, &RedisConnection::on_connect_timeout,
-                 static_cast<uint64_t>(options_.connect_timeout.count()), 0);
+  auto* link = new Link(this);
+  if (link->reader == nullptr) {
+    delete link;
+    link_failed("out of memory");
+    return;
+  }
+  uv_tcp_init(loop_.uv(), &link->tcp);
+  link->tcp.data = link;
+  open_links_++;
+  link_ = link;
 
   // The handshake goes first in the pipeline; what waits is sent once it
   // was answered (at once if there is none).
@@ -135,30 +180,215 @@ void RedisConnection::connect() {
   if (endpoint_.db != 0 && !pubsub_) send_handshake(Handshake::kSelect, {"SELECT", std::to_string(endpoint_.db)});
   if (require_master_) send_handshake(Handshake::kRole, {"ROLE"});
   if (pubsub_) {
-    for (const auto& ch : channels_) redisAsyncCommand(ac_, &RedisConnection::on_pubsub, this, "SUBSCRIBE %b", ch.data(), ch.size());
+    for (const auto& ch : channels_) write_command({"SUBSCRIBE", ch});
   }
   if (!hooks_.on_connect_command.empty()) {
-    std::vector<size_t> lens;
-    auto ptrs = argv_ptrs(hooks_.on_connect_command, lens);
-    redisAsyncCommandArgv(ac_, &RedisConnection::on_pubsub, this, static_cast<int>(ptrs.size()), ptrs.data(),
-                          lens.data());
+    write_command(std::vector<std::string_view>(hooks_.on_connect_command.begin(), hooks_.on_connect_command.end()));
   }
-  if (handshake_pending_ > 0) return;
+
+  // A numeric address connects at once; a name is looked up on libuv's
+  // threads (getaddrinfo blocks), within the same connect timeout.
+  sockaddr_storage addr{};
+  if (uv_ip4_addr(endpoint_.host.c_str(), endpoint_.port, reinterpret_cast<sockaddr_in*>(&addr)) == 0 ||
+      uv_ip6_addr(endpoint_.host.c_str(), endpoint_.port, reinterpret_cast<sockaddr_in6*>(&addr)) == 0) {
+    start_tcp(link, reinterpret_cast<const sockaddr*>(&addr));
+  } else {
+    addrinfo hints{};
+    hints.ai_family = AF_UNSPEC;
+    hints.ai_socktype = SOCK_STREAM;
+    link->resolve_req.data = link;
+    const std::string port = std::to_string(endpoint_.port);
+    int rc = uv_getaddrinfo(
+        loop_.uv(), &link->resolve_req,
+        [](uv_getaddrinfo_t* req, int status, addrinfo* res) {
+          auto* l = static_cast<Link*>(req->data);
+          l->resolving = false;
+          if (l->dead) {
+            if (res != nullptr) uv_freeaddrinfo(res);
+            if (l->tcp_closed) delete l;
+            return;
+          }
+          if (status < 0 || res == nullptr) {
+            l->conn->link_failed(fmt::format("cannot resolve {}: {}", l->conn->endpoint_.host, uv_strerror(status)));
+          } else {
+            // IPv4 first, as servers bound to 127.0.0.1 for "localhost" expect.
+            const addrinfo* pick = res;
+            for (const addrinfo* a = res; a != nullptr; a = a->ai_next) {
+              if (a->ai_family == AF_INET) {
+                pick = a;
+                break;
+              }
+            }
+            l->conn->start_tcp(l, pick->ai_addr);
+          }
+          if (res != nullptr) uv_freeaddrinfo(res);
+        },
+        endpoint_.host.c_str(), port.c_str(), &hints);
+    if (rc < 0) {
+      link_failed(fmt::format("cannot resolve {}: {}", endpoint_.host, uv_strerror(rc)));
+      return;
+    }
+    link->resolving = true;
+  }
+  if (link_ != link || handshake_pending_ > 0) return;
   auto waiting = std::move(waiting_);
   waiting_.clear();
   for (auto& q : waiting) send(std::move(q));
 }
 
-void RedisConnection::send_handshake(Handshake step, std::vector<std::string> argv) {
-  std::vector<size_t> lens;
-  auto ptrs = argv_ptrs(argv, lens);
-  void* privdata = reinterpret_cast<void*>(static_cast<std::uintptr_t>(step));
-  if (redisAsyncCommandArgv(ac_, &RedisConnection::on_handshake, privdata, static_cast<int>(ptrs.size()),
-                            ptrs.data(), lens.data()) != REDIS_OK)
+void RedisConnection::start_tcp(Link* link, const sockaddr* addr) {
+  link->connect_req.data = link;
+  int rc = uv_tcp_connect(&link->connect_req, &link->tcp, addr, [](uv_connect_t* req, int status) {
+    auto* l = static_cast<Link*>(req->data);
+    if (l->dead || status == UV_ECANCELED) return;
+    if (status < 0) {
+      l->conn->link_failed(std::string("connect failed: ") + uv_strerror(status));
+      return;
+    }
+    l->conn->link_up(l);
+  });
+  if (rc < 0) link_failed(std::string("connect failed: ") + uv_strerror(rc));
+}
+
+void RedisConnection::link_up(Link* link) {
+  uv_tcp_nodelay(&link->tcp, 1);
+  int rc = uv_read_start(
+      reinterpret_cast<uv_stream_t*>(&link->tcp),
+      [](uv_handle_t* h, std::size_t, uv_buf_t* buf) {
+        auto* l = static_cast<Link*>(h->data);
+        *buf = uv_buf_init(l->in, sizeof l->in);
+      },
+      [](uv_stream_t* s, ssize_t nread, const uv_buf_t*) {
+        auto* l = static_cast<Link*>(s->data);
+        if (l->dead || nread == 0) return;
+        if (nread < 0) {
+          std::string why;
+          if (nread != UV_EOF) {
+            why = l->conn->failure_reason(l, std::string("connection lost: ") + uv_strerror(static_cast<int>(nread)));
+          } else if (l->ssl != nullptr && !l->tls_ready) {
+            why = "the server closed the connection during the TLS handshake (is TLS enabled on that port?)";
+          } else if (l->ssl == nullptr && !l->got_bytes) {
+            why = "the server closed the connection without answering (a TLS port? use rediss://)";
+          } else {
+            why = "the server closed the connection";
+          }
+          l->conn->link_failed(why);
+          return;
+        }
+        l->got_bytes = true;
+        l->conn->received_raw(l, l->in, static_cast<std::size_t>(nread));
+      });
+  if (rc < 0) {
+    link_failed(std::string("cannot read: ") + uv_strerror(rc));
     return;
+  }
+  if (tls_ == nullptr) {
+    link_ready(link);
+    return;
+  }
+  std::string error;
+  link->ssl = tls_->new_session(endpoint_.host, error);
+  if (link->ssl == nullptr) {
+    link_failed(error);
+    return;
+  }
+  tls_handshake(link);  // the connect timer keeps running until it is done
+}
+
+void RedisConnection::link_ready(Link* link) {
+  link->connected = true;
+  uv_timer_stop(&connect_timer_);
+  state_ = State::kConnected;
+  backoff_ = std::chrono::milliseconds(0);
+  if (handshake_pending_ == 0) became_usable();
+  if (link_ == link) want_flush();
+}
+
+void RedisConnection::tls_handshake(Link* link) {
+  ERR_clear_error();
+  const int rc = SSL_do_handshake(link->ssl);
+  const int err = rc == 1 ? SSL_ERROR_NONE : SSL_get_error(link->ssl, rc);
+  std::string why = err == SSL_ERROR_NONE || err == SSL_ERROR_WANT_READ ? std::string() : tls_error_text(link->ssl);
+  tls_send_pending(link);  // the ClientHello, or an alert
+  if (link->dead) return;
+  if (!why.empty()) {
+    link_failed("TLS handshake failed: " + why);
+    return;
+  }
+  if (rc != 1) return;  // more from the server first
+  link->tls_ready = true;
+  link_ready(link);
+}
+
+void RedisConnection::tls_send_pending(Link* link) {
+  BIO* wbio = SSL_get_wbio(link->ssl);
+  char* data = nullptr;
+  const long n = BIO_get_mem_data(wbio, &data);
+  if (n <= 0) return;
+  write_bytes(link, data, static_cast<std::size_t>(n));
+  (void)BIO_reset(wbio);
+}
+
+std::string RedisConnection::failure_reason(Link* link, std::string why) {
+  // A TLS server that refuses us (no client certificate, say) sends an
+  // alert and closes; a write can fail on the reset before the loop read
+  // the alert, which says what is wrong. Read it now.
+  uv_os_fd_t fd;
+  if (link->ssl == nullptr || uv_fileno(reinterpret_cast<uv_handle_t*>(&link->tcp), &fd) != 0) return why;
+  for (;;) {
+    ssize_t n = ::recv(fd, link->in, sizeof link->in, MSG_DONTWAIT);
+    if (n <= 0) break;
+    BIO_write(SSL_get_rbio(link->ssl), link->in, static_cast<int>(n));
+  }
+  ERR_clear_error();
+  const int rc = link->tls_ready ? SSL_read(link->ssl, link->plain, sizeof link->plain) : SSL_do_handshake(link->ssl);
+  if (rc <= 0 && SSL_get_error(link->ssl, rc) == SSL_ERROR_SSL) return "TLS: " + tls_error_text(link->ssl);
+  ERR_clear_error();
+  return why;
+}
+
+void RedisConnection::received_raw(Link* link, const char* data, std::size_t n) {
+  if (link->ssl == nullptr) {
+    received(link, data, n);
+    return;
+  }
+  if (BIO_write(SSL_get_rbio(link->ssl), data, static_cast<int>(n)) != static_cast<int>(n)) {
+    link_failed("TLS: out of memory");
+    return;
+  }
+  if (!link->tls_ready) {
+    tls_handshake(link);
+    if (link->dead || !link->tls_ready) return;
+  }
+  while (!link->dead) {
+    ERR_clear_error();
+    const int got = SSL_read(link->ssl, link->plain, sizeof link->plain);
+    if (got > 0) {
+      received(link, link->plain, static_cast<std::size_t>(got));
+      continue;
+    }
+    const int err = SSL_get_error(link->ssl, got);
+    if (err == SSL_ERROR_WANT_READ) break;
+    if (err == SSL_ERROR_ZERO_RETURN) {
+      link_failed("the server closed the TLS session");
+    } else {
+      link_failed("TLS: " + tls_error_text(link->ssl));
+    }
+    return;
+  }
+  if (!link->dead) tls_send_pending(link);  // e.g. an answer to a key update
+}
+
+void RedisConnection::send_handshake(Handshake step, std::vector<std::string> argv) {
+  append_resp(link_->out, argv);
+  pending_.push_back(Pending{step, std::chrono::steady_clock::now(), {}});
   handshake_pending_++;
-  sent_at_.push_back(std::chrono::steady_clock::now());
   start_timeout_check();
+}
+
+void RedisConnection::write_command(const std::vector<std::string_view>& argv) {
+  append_resp(link_->out, argv);
+  want_flush();
 }
 
 void RedisConnection::command(std::vector<std::string> argv, ReplyCallback cb) {
@@ -182,7 +412,7 @@ void RedisConnection::eval_views(const Script& script, const std::vector<std::st
   q.views.reserve(keys_then_args.size() + 3);
   q.views.emplace_back("EVALSHA");
   q.views.emplace_back(script.sha1);
-  q.views.emplace_back();  // the count, pointed at q.num_keys once q is in place
+  q.views.emplace_back();  // the count, pointed at q.num_keys when it is written
   q.views.insert(q.views.end(), keys_then_args.begin(), keys_then_args.end());
   send(std::move(q));
 }
@@ -197,39 +427,122 @@ void RedisConnection::send(Queued q) {
     }
     return;
   }
-  if (ac_ == nullptr || handshake_pending_ > 0) {
+  if (link_ == nullptr || handshake_pending_ > 0) {
     waiting_.push_back(std::move(q));
     if (!reconnect_scheduled_ && state_ == State::kDown) schedule_reconnect();
     return;
   }
-  auto* req = new Request{this, std::move(q)};
-  if (!submit(req)) {
-    // The context is being torn down (we are inside its failure callbacks):
-    // the request waits for the next connection instead.
-    waiting_.push_back(std::move(req->q));
-    delete req;
+  submit(std::move(q));
+}
+
+void RedisConnection::submit(Queued q) {
+  // Written in RESP straight into the link's output, which the flush hands
+  // to the socket once per loop iteration with everything else queued.
+  std::string& out = link_->out;
+  if (q.views.empty()) {
+    append_resp(out, q.argv);
+  } else {
+    q.views[2] = q.num_keys;  // valid until q moves, which is after this
+    append_resp(out, q.views);
+  }
+  pending_.push_back(Pending{Handshake::kNone, std::chrono::steady_clock::now(), std::move(q)});
+  start_timeout_check();
+  want_flush();
+}
+
+void RedisConnection::want_flush() {
+  if (link_ != nullptr && link_->connected && !link_->out.empty()) uv_prepare_start(&flush_, &RedisConnection::on_flush);
+}
+
+void RedisConnection::on_flush(uv_prepare_t* p) {
+  auto* self = static_cast<RedisConnection*>(p->data);
+  uv_prepare_stop(p);
+  self->flush();
+}
+
+void RedisConnection::flush() {
+  Link* link = link_;
+  if (link == nullptr || !link->connected || link->out.empty()) return;
+  if (link->ssl != nullptr) {
+    // A memory BIO takes all of it; what it produced goes out in one write.
+    ERR_clear_error();
+    if (SSL_write(link->ssl, link->out.data(), static_cast<int>(link->out.size())) <= 0) {
+      link_failed("TLS: " + tls_error_text(link->ssl));
+      return;
+    }
+    tls_send_pending(link);
+  } else {
+    write_bytes(link, link->out.data(), link->out.size());
+  }
+  link->out.clear();
+  // A renewal batch needs tens of KiB; one huge key must not pin its size.
+  if (link->out.capacity() > (std::size_t{256} << 10)) std::string().swap(link->out);
+}
+
+void RedisConnection::write_bytes(Link* link, const char* data, std::size_t n) {
+  auto* stream = reinterpret_cast<uv_stream_t*>(&link->tcp);
+  // Usually the socket takes it all at once and nothing is copied.
+  uv_buf_t buf = uv_buf_init(const_cast<char*>(data), static_cast<unsigned>(n));
+  int done = uv_try_write(stream, &buf, 1);
+  if (done >= 0 && static_cast<std::size_t>(done) == n) return;
+  if (done < 0 && done != UV_EAGAIN) {
+    link_failed(failure_reason(link, std::string("write failed: ") + uv_strerror(done)));
+    return;
+  }
+  const std::size_t from = done < 0 ? 0 : static_cast<std::size_t>(done);
+  auto* w = new WriteReq;
+  w->data.assign(data + from, n - from);
+  w->req.data = w;
+  w->link = link;
+  buf = uv_buf_init(w->data.data(), static_cast<unsigned>(w->data.size()));
+  int rc = uv_write(&w->req, stream, &buf, 1, [](uv_write_t* req, int status) {
+    auto* wr = static_cast<WriteReq*>(req->data);
+    auto* l = static_cast<Link*>(wr->link);
+    delete wr;
+    if (status < 0 && status != UV_ECANCELED && !l->dead)
+      l->conn->link_failed(l->conn->failure_reason(l, std::string("write failed: ") + uv_strerror(status)));
+  });
+  if (rc < 0) {
+    delete w;
+    link_failed(std::string("write failed: ") + uv_strerror(rc));
   }
 }
 
-bool RedisConnection::submit(Request* req) {
-  // The request is written in RESP here, into a buffer the connection
-  // keeps: hiredis's own formatting goes through a printf-like routine per
-  // argument, which a renewal batch of a thousand arguments feels.
-  format_buf_.clear();
-  if (req->q.views.empty()) {
-    append_resp(format_buf_, req->q.argv);
-  } else {
-    req->q.views[2] = req->q.num_keys;  // the string lives in the request now
-    append_resp(format_buf_, req->q.views);
+void RedisConnection::received(Link* link, const char* data, std::size_t n) {
+  if (redisReaderFeed(link->reader, data, n) != REDIS_OK) {
+    link_failed(std::string("cannot read the reply: ") + link->reader->errstr);
+    return;
   }
-  const int rc =
-      redisAsyncFormattedCommand(ac_, &RedisConnection::on_reply, req, format_buf_.data(), format_buf_.size());
-  // A renewal batch needs tens of KiB; one huge key must not pin its size.
-  if (format_buf_.capacity() > (std::size_t{256} << 10)) std::string().swap(format_buf_);
-  if (rc != REDIS_OK) return false;
-  sent_at_.push_back(std::chrono::steady_clock::now());
-  start_timeout_check();
-  return true;
+  while (!link->dead) {
+    void* reply = nullptr;
+    if (redisReaderGetReply(link->reader, &reply) != REDIS_OK) {
+      link_failed(std::string("protocol error: ") + link->reader->errstr);
+      return;
+    }
+    if (reply == nullptr) return;
+    std::unique_ptr<redisReply, ReplyFree> r(static_cast<redisReply*>(reply));
+    dispatch(r.get());
+  }
+}
+
+void RedisConnection::dispatch(const redisReply* r) {
+  if (pubsub_ && is_push(r)) {
+    on_push(r);
+    return;
+  }
+  if (pending_.empty()) {
+    // Pubsub mode: an error for a SUBSCRIBE, which nothing waits for. In
+    // command mode replies and requests no longer match: start afresh.
+    if (!pubsub_) link_failed("a reply to no request: the connection is out of step");
+    return;
+  }
+  Pending p = std::move(pending_.front());
+  pending_.pop_front();
+  if (p.step == Handshake::kNone) {
+    on_request_reply(std::move(p.q), r);
+  } else {
+    on_handshake_reply(p.step, r);
+  }
 }
 
 std::exception_ptr RedisConnection::error_for(const redisReply* r) const {
@@ -239,22 +552,12 @@ std::exception_ptr RedisConnection::error_for(const redisReply* r) const {
   return std::make_exception_ptr(RedisError(name_, std::move(msg)));
 }
 
-void RedisConnection::on_reply(redisAsyncContext* ac, void* reply, void* privdata) {
-  auto* req = static_cast<Request*>(privdata);
-  RedisConnection* self = req->conn;
-  auto* r = static_cast<redisReply*>(reply);
-  if (!self->sent_at_.empty()) self->sent_at_.pop_front();
+void RedisConnection::on_request_reply(Queued q, const redisReply* r) {
   guarded([&] {
-    if (r == nullptr) {
-      // A failing context has copied its error by now; our own resets set
-      // last_error_ before freeing it.
-      std::string why = (ac != nullptr && ac->errstr[0] != '\0') ? std::string(ac->errstr) : self->last_error_;
-      req->q.cb(nullptr, std::make_exception_ptr(ConnectionError(self->name_, why)));
-    } else if (r->type == REDIS_REPLY_ERROR) {
-      if (req->q.script != nullptr && starts_with(r, "NOSCRIPT")) {
+    if (r->type == REDIS_REPLY_ERROR) {
+      if (q.script != nullptr && starts_with(r, "NOSCRIPT")) {
         // The server lost its script cache (restart, SCRIPT FLUSH): EVAL
         // runs the source and caches it again.
-        Queued q = std::move(req->q);
         if (q.views.empty()) {
           q.argv[0] = "EVAL";
           q.argv[1] = std::string(q.script->source);
@@ -263,41 +566,36 @@ void RedisConnection::on_reply(redisAsyncContext* ac, void* reply, void* privdat
           q.views[1] = q.script->source;  // static storage
         }
         q.script = nullptr;
-        self->send(std::move(q));
+        send(std::move(q));
       } else {
-        req->q.cb(nullptr, self->error_for(r));
+        q.cb(nullptr, error_for(r));
       }
     } else {
-      req->q.cb(r, nullptr);
+      q.cb(r, nullptr);
     }
   });
-  delete req;
 }
 
-void RedisConnection::on_handshake(redisAsyncContext* ac, void* reply, void* privdata) {
-  auto* self = static_cast<RedisConnection*>(ac->data);
-  auto* r = static_cast<redisReply*>(reply);
-  if (self == nullptr || self->ac_ != ac) return;  // torn down: went_down() took over
-  if (!self->sent_at_.empty()) self->sent_at_.pop_front();
-  if (r == nullptr) return;  // the connection is failing: went_down() follows
-  self->handshake_pending_--;
-  const auto step = static_cast<Handshake>(reinterpret_cast<std::uintptr_t>(privdata));
+void RedisConnection::on_handshake_reply(Handshake step, const redisReply* r) {
+  handshake_pending_--;
   // The first refusal says what is wrong (after a refused AUTH the rest
   // answer NOAUTH, which would only hide it).
-  if (self->handshake_error_.empty()) {
+  if (handshake_error_.empty()) {
     if (r->type == REDIS_REPLY_ERROR) {
       std::string msg(r->str, r->len);
       switch (step) {
         case Handshake::kAuth:
-          self->auth_failed_ = true;
-          self->auth_error_ = msg;
-          self->handshake_error_ = "authentication failed: " + msg;
+          auth_failed_ = true;
+          auth_error_ = msg;
+          handshake_error_ = "authentication failed: " + msg;
           break;
         case Handshake::kSelect:
-          self->handshake_error_ = fmt::format("SELECT {} was refused: {}", self->endpoint_.db, msg);
+          handshake_error_ = fmt::format("SELECT {} was refused: {}", endpoint_.db, msg);
           break;
         case Handshake::kRole:
-          self->handshake_error_ = "ROLE was refused: " + msg;
+          handshake_error_ = "ROLE was refused: " + msg;
+          break;
+        case Handshake::kNone:
           break;
       }
     } else if (step == Handshake::kRole) {
@@ -305,56 +603,36 @@ void RedisConnection::on_handshake(redisAsyncContext* ac, void* reply, void* pri
       if (r->type == REDIS_REPLY_ARRAY && r->elements > 0 && r->element[0]->type == REDIS_REPLY_STRING)
         role.assign(r->element[0]->str, r->element[0]->len);
       if (role != "master")
-        self->handshake_error_ =
-            fmt::format("{} is not a master (ROLE says '{}'): the failover has not reached it", self->name_, role);
+        handshake_error_ =
+            fmt::format("{} is not a master (ROLE says '{}'): the failover has not reached it", name_, role);
     }
   }
-  if (self->handshake_pending_ > 0) return;
-  if (!self->handshake_error_.empty()) {
+  if (handshake_pending_ > 0) return;
+  if (!handshake_error_.empty()) {
     // What waited fails with the reason; the connection is dropped and
     // tried again after the back-off (a sentinel's answer may catch up).
-    self->last_error_ = self->handshake_error_;
-    self->fail_queued(self->handshake_error_);
-    redisAsyncDisconnect(ac);
+    link_failed(handshake_error_);
     return;
   }
-  if (self->state_ == State::kConnected) self->became_usable();
-  auto waiting = std::move(self->waiting_);
-  self->waiting_.clear();
-  for (auto& q : waiting) self->send(std::move(q));
+  if (state_ == State::kConnected) became_usable();
+  auto waiting = std::move(waiting_);
+  waiting_.clear();
+  for (auto& q : waiting) send(std::move(q));
 }
 
-void RedisConnection::on_pubsub(redisAsyncContext*, void* reply, void* privdata) {
-  auto* self = static_cast<RedisConnection*>(privdata);
-  auto* r = static_cast<redisReply*>(reply);
-  if (r == nullptr || r->type != REDIS_REPLY_ARRAY || r->elements < 2) return;
+void RedisConnection::on_push(const redisReply* r) {
   const redisReply* kind = r->element[0];
-  const redisReply* channel = r->element[1];
-  if (kind->type != REDIS_REPLY_STRING || channel->type != REDIS_REPLY_STRING) return;
+  // pmessage: pattern, channel, payload; the others: channel[, payload].
+  const std::size_t at = std::string_view(kind->str, kind->len) == "pmessage" ? 2 : 1;
+  if (r->elements <= at || r->element[at]->type != REDIS_REPLY_STRING) return;
+  const redisReply* channel = r->element[at];
   std::string_view payload;
-  if (r->elements >= 3 && r->element[2]->type == REDIS_REPLY_STRING)
-    payload = std::string_view(r->element[2]->str, r->element[2]->len);
-  if (self->hooks_.on_message)
+  if (r->elements > at + 1 && r->element[at + 1]->type == REDIS_REPLY_STRING)
+    payload = std::string_view(r->element[at + 1]->str, r->element[at + 1]->len);
+  if (hooks_.on_message)
     guarded([&] {
-      self->hooks_.on_message(std::string_view(kind->str, kind->len), std::string_view(channel->str, channel->len),
-                              payload);
+      hooks_.on_message(std::string_view(kind->str, kind->len), std::string_view(channel->str, channel->len), payload);
     });
-}
-
-void RedisConnection::on_connect(const redisAsyncContext* ac, int status) {
-  auto* self = static_cast<RedisConnection*>(ac->data);
-  if (self == nullptr || self->ac_ != ac) return;
-  uv_timer_stop(&self->connect_timer_);
-  if (status != REDIS_OK) {
-    // hiredis frees the context after this callback; pending callbacks
-    // have already been told.
-    self->ac_ = nullptr;
-    self->went_down(ac->errstr[0] ? ac->errstr : "connect failed");
-    return;
-  }
-  self->state_ = State::kConnected;
-  self->backoff_ = std::chrono::milliseconds(0);
-  if (self->handshake_pending_ == 0) self->became_usable();
 }
 
 void RedisConnection::became_usable() {
@@ -363,32 +641,60 @@ void RedisConnection::became_usable() {
   if (state_hook_) guarded([&] { state_hook_(true, std::string()); });
 }
 
-void RedisConnection::on_disconnect(const redisAsyncContext* ac, int status) {
-  auto* self = static_cast<RedisConnection*>(ac->data);
-  if (self == nullptr || self->ac_ != ac) return;
-  self->ac_ = nullptr;
-  self->went_down(status == REDIS_OK ? "connection closed" : (ac->errstr[0] ? ac->errstr : "connection lost"));
+void RedisConnection::drop_link(const std::string& why) {
+  last_error_ = why;
+  Link* link = link_;
+  if (link == nullptr) return;
+  link_ = nullptr;
+  link->dead = true;
+  if (link->resolving) uv_cancel(reinterpret_cast<uv_req_t*>(&link->resolve_req));
+  // Closing cancels the connect and the writes in flight; the link is
+  // freed once the handle (and a lookup in flight) is done.
+  uv_close(reinterpret_cast<uv_handle_t*>(&link->tcp), [](uv_handle_t* h) {
+    auto* l = static_cast<Link*>(h->data);
+    l->tcp_closed = true;
+    l->conn->open_links_--;
+    if (!l->resolving) delete l;
+  });
+  handshake_pending_ = 0;
+  // What was sent on it fails; what those callbacks send again waits for
+  // the next attempt.
+  auto pending = std::move(pending_);
+  pending_.clear();
+  auto err = std::make_exception_ptr(ConnectionError(name_, why));
+  for (auto& p : pending) {
+    if (p.step == Handshake::kNone) guarded([&] { p.q.cb(nullptr, err); });
+  }
+}
+
+void RedisConnection::link_failed(const std::string& why) {
+  // Requests wait only while the handshake is unanswered: they were
+  // waiting for this attempt, and fail with it.
+  auto waited = std::move(waiting_);
+  waiting_.clear();
+  drop_link(why);
+  if (!waited.empty()) {
+    auto err = down_error(why);
+    for (auto& q : waited) guarded([&] { q.cb(nullptr, err); });
+  }
+  went_down(why);
 }
 
 void RedisConnection::went_down(const std::string& why) {
-  // An attempt that never became usable (refused, timed out, dropped
-  // before the handshake's answers): what waited for it fails now.
-  const bool attempt_failed = state_ == State::kConnecting || handshake_pending_ > 0;
   last_error_ = why;
-  sent_at_.clear();
   handshake_pending_ = 0;
   if (state_ == State::kClosed) return;
   state_ = State::kDown;
   uv_timer_stop(&check_timer_);
+  uv_timer_stop(&connect_timer_);
   if (hooks_.on_down) guarded([&] { hooks_.on_down(); });
   if (!reported_down_) {
     reported_down_ = true;
     if (state_hook_) guarded([&] { state_hook_(false, why); });
   }
-  // What was sent on the dead context has failed through its callbacks;
-  // what those callbacks queued since waits for the next attempt, and fails
-  // if that one fails: a caller learns within back-off + connect_timeout.
-  if (attempt_failed) fail_queued(why);
+  // What was sent on the dead link has failed through its callbacks; what
+  // those callbacks queued since waits for the next attempt, and fails if
+  // that one fails: a caller learns within back-off + connect_timeout.
   schedule_reconnect();
 }
 
@@ -423,17 +729,17 @@ void RedisConnection::on_connect_timeout(uv_timer_t* t) {
   auto* self = static_cast<RedisConnection*>(t->data);
   if (self->awaiting_endpoint_) {
     self->awaiting_endpoint_ = false;
-    std::string why = "the master's address is not known (no sentinel answered)";
-    self->fail_queued(why);
-    self->went_down(why);
+    self->link_failed("the master's address is not known (no sentinel answered)");
     return;
   }
-  if (self->state_ != State::kConnecting || self->ac_ == nullptr) return;
-  redisAsyncContext* ac = self->ac_;
-  self->ac_ = nullptr;
-  self->last_error_ = "connect timed out after " + std::to_string(self->options_.connect_timeout.count()) + " ms";
-  redisAsyncFree(ac);  // pending callbacks get null replies: ConnectionError
-  self->went_down(self->last_error_);
+  if (self->state_ != State::kConnecting || self->link_ == nullptr) return;
+  const std::string ms = std::to_string(self->options_.connect_timeout.count());
+  if (self->link_->ssl != nullptr) {
+    // Connected, but no TLS answer: typically a plaintext port.
+    self->link_failed("the TLS handshake did not complete within " + ms + " ms (is TLS enabled on that port?)");
+    return;
+  }
+  self->link_failed("connect timed out after " + ms + " ms");
 }
 
 void RedisConnection::start_timeout_check() {
@@ -444,24 +750,30 @@ void RedisConnection::start_timeout_check() {
 
 void RedisConnection::on_command_check(uv_timer_t* t) {
   auto* self = static_cast<RedisConnection*>(t->data);
-  if (self->sent_at_.empty() || self->ac_ == nullptr) {
+  if (self->pending_.empty() || self->link_ == nullptr) {
     uv_timer_stop(t);
     return;
   }
-  if (std::chrono::steady_clock::now() - self->sent_at_.front() < self->options_.command_timeout) return;
+  if (std::chrono::steady_clock::now() - self->pending_.front().sent_at < self->options_.command_timeout) return;
   // Replies come in order: the oldest request is overdue, so the server (or
   // the path to it) is not answering. Reset; everything pending fails.
-  redisAsyncContext* ac = self->ac_;
-  self->ac_ = nullptr;
-  self->last_error_ = "no reply within " + std::to_string(self->options_.command_timeout.count()) + " ms";
-  std::string why = self->last_error_;
-  ac->data = nullptr;  // our disconnect callback must not run for it
-  redisAsyncFree(ac);
-  self->went_down(why);
+  self->link_failed("no reply within " + std::to_string(self->options_.command_timeout.count()) + " ms");
 }
 
 void RedisConnection::poll_replies() {
-  if (ac_ != nullptr && state_ == State::kConnected && !sent_at_.empty()) redisAsyncHandleRead(ac_);
+  Link* link = link_;
+  if (link == nullptr || !link->connected || state_ != State::kConnected || pending_.empty()) return;
+  uv_os_fd_t fd;
+  if (uv_fileno(reinterpret_cast<uv_handle_t*>(&link->tcp), &fd) != 0) return;
+  // What the kernel holds now, without waiting; an end or an error is left
+  // for the loop's own read to report.
+  while (!link->dead) {
+    ssize_t n = ::recv(fd, link->in, sizeof link->in, MSG_DONTWAIT);
+    if (n <= 0) return;
+    link->got_bytes = true;
+    received_raw(link, link->in, static_cast<std::size_t>(n));
+    if (static_cast<std::size_t>(n) < sizeof link->in) return;
+  }
 }
 
 void RedisConnection::set_endpoint(const Endpoint& endpoint) {
@@ -476,12 +788,9 @@ void RedisConnection::set_endpoint(const Endpoint& endpoint) {
     return;
   }
   backoff_ = std::chrono::milliseconds(0);
-  if (ac_ != nullptr) {
-    redisAsyncContext* ac = ac_;
-    ac_ = nullptr;
-    ac->data = nullptr;
-    last_error_ = "the master moved to " + name_;
-    redisAsyncFree(ac);
+  if (link_ != nullptr) {
+    // What waits for the handshake goes to the new master instead.
+    drop_link("the master moved to " + name_);
     went_down(last_error_);
   }
   // Down (in back-off): the next attempt uses the new address; make it now.
@@ -493,31 +802,26 @@ void RedisConnection::set_endpoint(const Endpoint& endpoint) {
 
 void RedisConnection::subscribe(const std::string& channel) {
   if (!channels_.insert(channel).second) return;
-  if (ac_ != nullptr && state_ != State::kClosed)
-    redisAsyncCommand(ac_, &RedisConnection::on_pubsub, this, "SUBSCRIBE %b", channel.data(), channel.size());
+  if (link_ != nullptr && state_ != State::kClosed)
+    write_command({"SUBSCRIBE", channel});
   else if (!reconnect_scheduled_ && state_ == State::kDown)
     schedule_reconnect();
 }
 
 void RedisConnection::unsubscribe(const std::string& channel) {
   if (channels_.erase(channel) == 0) return;
-  if (ac_ != nullptr && state_ == State::kConnected)
-    redisAsyncCommand(ac_, &RedisConnection::on_pubsub, this, "UNSUBSCRIBE %b", channel.data(), channel.size());
+  if (link_ != nullptr && state_ == State::kConnected) write_command({"UNSUBSCRIBE", channel});
 }
 
 void RedisConnection::close() {
   if (state_ == State::kClosed) return;
   state_ = State::kClosed;
-  if (ac_ != nullptr) {
-    redisAsyncContext* ac = ac_;
-    ac_ = nullptr;
-    last_error_ = "connection closed";
-    redisAsyncFree(ac);
-  }
+  drop_link("connection closed");
   fail_queued("connection closed");
   auto on_closed = [](uv_handle_t* h) { static_cast<RedisConnection*>(h->data)->closed_handles_++; };
   uv_close(reinterpret_cast<uv_handle_t*>(&connect_timer_), on_closed);
   uv_close(reinterpret_cast<uv_handle_t*>(&check_timer_), on_closed);
+  uv_close(reinterpret_cast<uv_handle_t*>(&flush_), on_closed);
 }
 
 }  // namespace lockwatch::detail

@@ -1,26 +1,37 @@
-// lib/store/redis/connection.hpp: one hiredis async connection to one
-// Redis node, owned by the loop thread.
+// lib/store/redis/connection.hpp: one connection to one Redis node, owned by
+// the loop thread: a libuv TCP stream that lockwatch drives itself. Requests
+// are written in RESP by us; replies are parsed with hiredis's redisReader.
 //
-// Commands from anywhere in the store are pipelined on it (hiredis writes
-// what was queued in one loop iteration with one write). It connects with a
-// timeout and runs a handshake before anything else: AUTH, SELECT and (for
-// a master found through Sentinel) ROLE. Requests wait for the handshake's
-// answers, so a refused AUTH or SELECT, or a node that is no master, fails
-// them with a clear error instead of letting them run on the wrong node or
-// database. It
-// reconnects with doubling back-off when the connection is lost, and fails
-// every request that cannot complete with a typed error: every callback runs
-// exactly once. Requests made while the connection is down wait for the next
-// connection attempt (bounded by the back-off and the connect timeout) and
-// fail if it fails. A request without a reply within command_timeout resets
-// the connection, so a server that stopped answering cannot hang anything.
+// Commands from anywhere in the store are pipelined on it: what was queued
+// in one loop iteration goes out in one write, just before the loop polls.
+// It connects with a timeout and runs a handshake before anything else:
+// AUTH, SELECT and (for a master found through Sentinel) ROLE. Requests wait
+// for the handshake's answers, so a refused AUTH or SELECT, or a node that
+// is no master, fails them with a clear error instead of letting them run on
+// the wrong node or database. It reconnects with doubling back-off when the
+// connection is lost, and fails every request that cannot complete with a
+// typed error: every callback runs exactly once. Requests made while the
+// connection is down wait for the next connection attempt (bounded by the
+// back-off and the connect timeout) and fail if it fails. A request without
+// a reply within command_timeout resets the connection, so a server that
+// stopped answering cannot hang anything.
 //
 // In pubsub mode the connection keeps a set of channels, resubscribes them
-// after every reconnect and reports every (un)subscribe confirmation and
-// message through Hooks::on_message.
+// after every reconnect and reports every push it receives (subscribe and
+// unsubscribe confirmations, messages; the sharded ssubscribe, smessage and
+// sunsubscribe, also unsolicited ones, alike) through Hooks::on_message.
+//
+// With TLS (an endpoint from a rediss:// URL) the same stream carries an
+// OpenSSL session over memory BIOs, on the loop thread: the handshake runs
+// after the TCP connect and within the same connect timeout, writes are
+// encrypted as they are flushed and reads decrypted before the reader sees
+// them. A refused certificate or a broken handshake fails what waited with a
+// ConnectionError saying why.
+//
+// Costs: one uv_write (usually one non-blocking write) per loop iteration
+// with something queued; replies are copied once into the reader's buffer.
 #pragma once
 
-#include <hiredis/async.h>
 #include <hiredis/hiredis.h>
 #include <uv.h>
 
@@ -37,6 +48,7 @@
 
 #include "lockwatch/options.hpp"
 #include "scripts.hpp"
+#include "tls.hpp"
 
 namespace lockwatch::detail {
 
@@ -49,7 +61,9 @@ using ReplyCallback = std::function<void(const redisReply* reply, std::exception
 class RedisConnection {
  public:
   struct Hooks {
-    // Pubsub mode: kind is "subscribe", "unsubscribe" or "message".
+    // Pubsub mode: kind is the push's first element ("subscribe",
+    // "unsubscribe", "message", "ssubscribe", "sunsubscribe", "smessage",
+    // ...); for "pmessage" the channel and payload that matched.
     std::function<void(std::string_view kind, std::string_view channel, std::string_view payload)> on_message;
     // The connection went down (pubsub: every subscription is gone until
     // the reconnect resubscribes).
@@ -98,12 +112,12 @@ class RedisConnection {
   // object may be destroyed once closed() is true. A request made after
   // close() fails through a posted callback, never inside the call.
   void close();
-  bool closed() const noexcept { return closed_handles_ == 2; }
+  bool closed() const noexcept { return closed_handles_ == 3 && open_links_ == 0; }
   const std::string& name() const noexcept { return name_; }
 
  private:
   enum class State { kDown, kConnecting, kConnected, kClosed };
-  struct Request;
+  struct Link;
   struct Queued {
     std::vector<std::string> argv;         // owned arguments, or
     std::vector<std::string_view> views;   // borrowed ones, valid while keepalive lives
@@ -112,28 +126,55 @@ class RedisConnection {
     std::shared_ptr<const void> keepalive;
     std::string num_keys;  // storage for the views' key count
   };
+  enum class Handshake : std::uint8_t { kNone, kAuth, kSelect, kRole };
+  // A request written on the current link whose reply has not come yet;
+  // replies come in this order.
+  struct Pending {
+    Handshake step;  // kNone: a request (q)
+    std::chrono::steady_clock::time_point sent_at;
+    Queued q;
+  };
 
   void connect();
   void send(Queued q);
-  bool submit(Request* req);
+  void submit(Queued q);
+  void write_command(const std::vector<std::string_view>& argv);
+  void want_flush();
+  void flush();
+  void write_bytes(Link* link, const char* data, std::size_t n);
+  void start_tcp(Link* link, const struct sockaddr* addr);
+  void link_up(Link* link);
+  void link_ready(Link* link);
+  // Bytes from the socket: decrypted first with TLS, then parsed.
+  void received_raw(Link* link, const char* data, std::size_t n);
+  void received(Link* link, const char* data, std::size_t n);
+  void tls_handshake(Link* link);
+  // `why`, or what a TLS alert already received says instead.
+  std::string failure_reason(Link* link, std::string why);
+  void tls_send_pending(Link* link);
+  void dispatch(const redisReply* r);
+  void on_request_reply(Queued q, const redisReply* r);
+  void on_handshake_reply(Handshake step, const redisReply* r);
+  void on_push(const redisReply* r);
+  // Drops the current link (its handles close later) and fails what was
+  // sent on it with `why`.
+  void drop_link(const std::string& why);
+  // The current attempt or connection failed: drop it, fail what waited for
+  // it, go down and schedule the next attempt.
+  void link_failed(const std::string& why);
   void went_down(const std::string& why);
   void became_usable();
   void schedule_reconnect();
   void fail_queued(const std::string& why);
   std::exception_ptr down_error(const std::string& why) const;
   std::exception_ptr error_for(const redisReply* reply) const;
-  enum class Handshake : std::uintptr_t { kAuth = 1, kSelect, kRole };
   void send_handshake(Handshake step, std::vector<std::string> argv);
   void start_timeout_check();
 
-  static void on_reply(redisAsyncContext* ac, void* reply, void* privdata);
-  static void on_pubsub(redisAsyncContext* ac, void* reply, void* privdata);
-  static void on_handshake(redisAsyncContext* ac, void* reply, void* privdata);
-  static void on_connect(const redisAsyncContext* ac, int status);
-  static void on_disconnect(const redisAsyncContext* ac, int status);
   static void on_connect_timeout(uv_timer_t* t);
   static void on_reconnect_timer(uv_timer_t* t);
   static void on_command_check(uv_timer_t* t);
+  static void on_flush(uv_prepare_t* p);
 
   Loop& loop_;
   Endpoint endpoint_;
@@ -145,9 +186,13 @@ class RedisConnection {
   std::function<void(bool, const std::string&)> state_hook_;
   bool reported_down_ = false;
   State state_ = State::kDown;
-  redisAsyncContext* ac_ = nullptr;
+  std::shared_ptr<const TlsContext> tls_;  // set for rediss:// endpoints
+  std::string tls_error_;                   // why tls_ could not be made
+  Link* link_ = nullptr;        // the current attempt or connection
+  int open_links_ = 0;          // links whose handle has not closed yet
   uv_timer_t connect_timer_{};  // connect timeout, then reconnect back-off
   uv_timer_t check_timer_{};    // command timeouts
+  uv_prepare_t flush_{};        // writes what was queued, once per loop iteration
   int closed_handles_ = 0;
   std::chrono::milliseconds backoff_{0};
   std::string last_error_ = "not connected yet";
@@ -157,9 +202,8 @@ class RedisConnection {
   int handshake_pending_ = 0;    // AUTH / SELECT / ROLE answers still awaited
   std::string handshake_error_;  // why the last handshake failed
   bool reconnect_scheduled_ = false;
-  std::deque<Queued> waiting_;  // made while down: sent on the next attempt
-  std::deque<std::chrono::steady_clock::time_point> sent_at_;  // replies come in order
-  std::string format_buf_;  // the request being written, reused
+  std::deque<Queued> waiting_;   // made while down: sent on the next attempt
+  std::deque<Pending> pending_;  // written on link_, awaiting replies
   std::unordered_set<std::string> channels_;  // pubsub mode: wanted subscriptions
 };
 

@@ -7,13 +7,17 @@ namespace lockwatch::detail {
 Topology Topology::parse(const std::string& url) {
   Topology t;
   constexpr std::string_view kSentinel = "redis-sentinel://";
-  if (url.compare(0, kSentinel.size(), kSentinel) != 0) {
+  constexpr std::string_view kTlsSentinel = "rediss-sentinel://";
+  const bool tls = url.compare(0, kTlsSentinel.size(), kTlsSentinel) == 0;
+  if (!tls && url.compare(0, kSentinel.size(), kSentinel) != 0) {
     t.masters = Endpoint::parse_list(url);
     return t;
   }
+  // Over TLS the sentinels and the master alike.
+  const std::string scheme = tls ? "rediss://" : "redis://";
   // redis-sentinel://[cred@]h:p,h:p/name[/db]: reuse the redis:// parser
   // for the credentials, each sentinel and the db.
-  std::string rest = url.substr(kSentinel.size());
+  std::string rest = url.substr(tls ? kTlsSentinel.size() : kSentinel.size());
   std::string cred;
   if (auto at = rest.rfind('@'); at != std::string::npos) {
     cred = rest.substr(0, at + 1);
@@ -34,11 +38,11 @@ Topology Topology::parse(const std::string& url) {
   while (true) {
     std::size_t comma = hosts.find(',', start);
     std::string one = hosts.substr(start, comma == std::string::npos ? std::string::npos : comma - start);
-    t.sentinels.push_back(Endpoint::parse("redis://" + one));
+    t.sentinels.push_back(Endpoint::parse(scheme + one));
     if (comma == std::string::npos) break;
     start = comma + 1;
   }
-  t.master = Endpoint::parse("redis://" + cred + "unresolved:1" + db);
+  t.master = Endpoint::parse(scheme + cred + "unresolved:1" + db);
   t.master.host.clear();
   t.master.port = 0;  // found through the sentinels
   return t;

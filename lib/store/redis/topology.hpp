@@ -16,7 +16,7 @@ struct Topology {
   std::string master_name;
   Endpoint master;  // with sentinels: credentials and db for the master (host/port found at run time)
 
-  // `redis://...[,redis://...]` or `redis-sentinel://...`; throws
+  // `redis[s]://...[,redis[s]://...]` or `redis[s]-sentinel://...`; throws
   // InvalidArgument naming what is wrong.
   static Topology parse(const std::string& redis_url);
 };

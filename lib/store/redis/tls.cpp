@@ -1,0 +1,132 @@
+#include "store/redis/tls.hpp"
+
+#include <arpa/inet.h>
+#include <openssl/err.h>
+#include <openssl/x509v3.h>
+
+#include <fmt/format.h>
+
+#include <cerrno>
+#include <cstring>
+#include <fstream>
+
+#include "lockwatch/errors.hpp"
+
+namespace lockwatch::detail {
+
+namespace {
+
+// OpenSSL's queued reasons, oldest first, joined; empties the queue.
+std::string drain_errors() {
+  std::string out;
+  while (unsigned long e = ERR_get_error()) {
+    const char* reason = ERR_reason_error_string(e);
+    if (!out.empty()) out += "; ";
+    out += reason != nullptr ? reason : fmt::format("OpenSSL error {:#x}", e);
+  }
+  return out;
+}
+
+bool is_ip_address(const std::string& host) {
+  unsigned char buf[sizeof(in6_addr)];
+  return inet_pton(AF_INET, host.c_str(), buf) == 1 || inet_pton(AF_INET6, host.c_str(), buf) == 1;
+}
+
+// A clear message for a file that cannot even be opened, before OpenSSL's
+// less direct one.
+void check_readable(const char* option, const std::string& path) {
+  std::ifstream f(path);
+  if (!f) throw InvalidArgument(fmt::format("Options::{}: cannot read '{}': {}", option, path, std::strerror(errno)));
+}
+
+}  // namespace
+
+bool url_wants_tls(const std::string& url) {
+  return url.rfind("rediss://", 0) == 0 || url.rfind("rediss-sentinel://", 0) == 0 ||
+         url.find(",rediss://") != std::string::npos || url.find(", rediss://") != std::string::npos;
+}
+
+std::shared_ptr<const TlsContext> TlsContext::make(const Options& o) {
+  if (o.tls_cert_file.empty() != o.tls_key_file.empty())
+    throw InvalidArgument("Options::tls_cert_file and tls_key_file go together (a client certificate needs its key)");
+  std::shared_ptr<TlsContext> t(new TlsContext());
+  t->server_name_ = o.tls_server_name;
+  t->verify_ = o.tls_verify;
+  ERR_clear_error();
+  t->ctx_ = SSL_CTX_new(TLS_client_method());
+  if (t->ctx_ == nullptr) throw InvalidArgument("TLS: cannot create an OpenSSL context: " + drain_errors());
+  SSL_CTX_set_min_proto_version(t->ctx_, TLS1_2_VERSION);
+  if (!o.tls_ca_file.empty()) {
+    check_readable("tls_ca_file", o.tls_ca_file);
+    if (SSL_CTX_load_verify_locations(t->ctx_, o.tls_ca_file.c_str(), nullptr) != 1)
+      throw InvalidArgument(
+          fmt::format("Options::tls_ca_file: no CA certificate in '{}': {}", o.tls_ca_file, drain_errors()));
+  } else if (SSL_CTX_set_default_verify_paths(t->ctx_) != 1) {
+    drain_errors();  // no system CAs: verification fails later, clearly
+  }
+  if (!o.tls_cert_file.empty()) {
+    check_readable("tls_cert_file", o.tls_cert_file);
+    check_readable("tls_key_file", o.tls_key_file);
+    if (SSL_CTX_use_certificate_chain_file(t->ctx_, o.tls_cert_file.c_str()) != 1)
+      throw InvalidArgument(
+          fmt::format("Options::tls_cert_file: no certificate in '{}': {}", o.tls_cert_file, drain_errors()));
+    if (SSL_CTX_use_PrivateKey_file(t->ctx_, o.tls_key_file.c_str(), SSL_FILETYPE_PEM) != 1)
+      throw InvalidArgument(
+          fmt::format("Options::tls_key_file: no usable private key in '{}': {}", o.tls_key_file, drain_errors()));
+    if (SSL_CTX_check_private_key(t->ctx_) != 1)
+      throw InvalidArgument(fmt::format("Options::tls_key_file: '{}' is not the key of '{}': {}", o.tls_key_file,
+                                        o.tls_cert_file, drain_errors()));
+  }
+  SSL_CTX_set_verify(t->ctx_, t->verify_ ? SSL_VERIFY_PEER : SSL_VERIFY_NONE, nullptr);
+  return t;
+}
+
+TlsContext::~TlsContext() {
+  if (ctx_ != nullptr) SSL_CTX_free(ctx_);
+}
+
+SSL* TlsContext::new_session(const std::string& host, std::string& error) const {
+  ERR_clear_error();
+  SSL* ssl = SSL_new(ctx_);
+  BIO* rbio = BIO_new(BIO_s_mem());
+  BIO* wbio = BIO_new(BIO_s_mem());
+  if (ssl == nullptr || rbio == nullptr || wbio == nullptr) {
+    error = "TLS: cannot create a session: " + drain_errors();
+    SSL_free(ssl);
+    BIO_free(rbio);
+    BIO_free(wbio);
+    return nullptr;
+  }
+  // An empty input BIO means "more to come", never end of stream.
+  BIO_set_mem_eof_return(rbio, -1);
+  SSL_set_bio(ssl, rbio, wbio);
+  SSL_set_connect_state(ssl);
+  const std::string& name = server_name_.empty() ? host : server_name_;
+  const bool ip = is_ip_address(name);
+  bool ok = true;
+  if (!ip) ok = SSL_set_tlsext_host_name(ssl, name.c_str()) == 1;  // SNI takes names only
+  if (ok && verify_) {
+    ok = ip ? X509_VERIFY_PARAM_set1_ip_asc(SSL_get0_param(ssl), name.c_str()) == 1
+            : SSL_set1_host(ssl, name.c_str()) == 1;
+  }
+  if (!ok) {
+    error = fmt::format("TLS: cannot verify against the name '{}': {}", name, drain_errors());
+    SSL_free(ssl);
+    return nullptr;
+  }
+  return ssl;
+}
+
+void check_tls_options(const Options& options) { (void)TlsContext::make(options); }
+
+std::string tls_error_text(const SSL* ssl) {
+  std::string out = drain_errors();
+  long v = SSL_get_verify_result(ssl);
+  if (v != X509_V_OK) {
+    out += (out.empty() ? "" : ": ");
+    out += X509_verify_cert_error_string(v);
+  }
+  return out.empty() ? "the peer broke off the TLS session" : out;
+}
+
+}  // namespace lockwatch::detail

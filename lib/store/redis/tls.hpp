@@ -1,0 +1,60 @@
+// lib/store/redis/tls.hpp: TLS for Redis connections, with OpenSSL.
+//
+// A TlsContext holds what every TLS connection of a store shares: the CA to
+// verify servers against, the client certificate and key for mutual TLS,
+// and whether to verify at all. It is built once per connection object from
+// the Options (reading the files then, not per connection attempt). Each
+// attempt makes an SSL session from it, bound to the name the server's
+// certificate must carry (Options::tls_server_name, else the node's host;
+// an IP address is matched against the certificate's IP addresses).
+//
+// The sessions run over memory BIOs: the connection feeds them what its
+// libuv stream read and writes what they produce, all on the loop thread,
+// so OpenSSL never touches a socket and never blocks.
+//
+// Threading: a TlsContext is immutable once built and may be shared; a
+// session belongs to one connection on the loop thread.
+#pragma once
+
+#include <openssl/ssl.h>
+
+#include <memory>
+#include <string>
+
+#include "lockwatch/options.hpp"
+
+namespace lockwatch::detail {
+
+// Whether a URL asks for TLS: rediss://, or rediss-sentinel://.
+bool url_wants_tls(const std::string& url);
+
+class TlsContext {
+ public:
+  // Reads the CA, certificate and key files the options name. Throws
+  // InvalidArgument naming the option and the file when one is missing,
+  // unreadable or not usable (a key that does not match its certificate).
+  static std::shared_ptr<const TlsContext> make(const Options& options);
+  ~TlsContext();
+  TlsContext(const TlsContext&) = delete;
+  TlsContext& operator=(const TlsContext&) = delete;
+
+  // A client session for `host`, set up for SNI and name verification.
+  // Null with `error` set when OpenSSL cannot make one.
+  SSL* new_session(const std::string& host, std::string& error) const;
+
+ private:
+  TlsContext() = default;
+  SSL_CTX* ctx_ = nullptr;
+  std::string server_name_;
+  bool verify_ = true;
+};
+
+// Throws InvalidArgument when the TLS options cannot work (see make()).
+void check_tls_options(const Options& options);
+
+// What went wrong in a session, for an error message: OpenSSL's reasons and,
+// after a failed verification, why the certificate was refused. Empties the
+// thread's OpenSSL error queue.
+std::string tls_error_text(const SSL* ssl);
+
+}  // namespace lockwatch::detail
