@@ -1,6 +1,8 @@
 // Sentinel: one master, one replica, three sentinels, all real processes.
 // The runtime finds the master through the sentinels and follows a failover
-// without the user doing anything.
+// without the user doing anything. Each case runs in plaintext and over TLS
+// (rediss-sentinel://: TLS to the sentinels and to the masters, and the
+// servers replicate and talk among themselves over TLS).
 #include <gtest/gtest.h>
 #include <hiredis/hiredis.h>
 #include <stdlib.h>
@@ -17,18 +19,27 @@ namespace lockwatch::testing {
 namespace {
 
 // A redis-server in sentinel mode, with its own config file and directory.
+// With TLS it also listens on a TLS port (tls_port(); port() stays
+// plaintext for the test's own queries) and reaches the servers and the
+// other sentinels over TLS.
 class SentinelProcess {
  public:
-  SentinelProcess(int master_port) : port_(free_loopback_port()) {
+  SentinelProcess(int master_port, bool tls) : port_(free_loopback_port()), tls_port_(tls ? free_loopback_port() : 0) {
     char tmpl[] = "/tmp/lockwatch-sentinel-XXXXXX";
     dir_ = mkdtemp(tmpl);
     std::string conf = dir_ + "/sentinel.conf";
-    std::ofstream(conf) << "port " << port_ << "\nbind 127.0.0.1\ndir " << dir_ << "\nlogfile " << dir_
-                        << "/sentinel.log\n"
-                        << "sentinel monitor mymaster 127.0.0.1 " << master_port << " 2\n"
-                        << "sentinel down-after-milliseconds mymaster 1000\n"
-                        << "sentinel failover-timeout mymaster 3000\n"
-                        << "sentinel parallel-syncs mymaster 1\n";
+    std::ofstream out(conf);
+    out << "port " << port_ << "\nbind 127.0.0.1\ndir " << dir_ << "\nlogfile " << dir_ << "/sentinel.log\n";
+    if (tls) {
+      const TestCertificates& c = test_certificates();
+      out << "tls-port " << tls_port_ << "\ntls-cert-file " << c.server_cert << "\ntls-key-file " << c.server_key
+          << "\ntls-ca-cert-file " << c.ca_cert << "\ntls-auth-clients no\ntls-replication yes\n";
+    }
+    out << "sentinel monitor mymaster 127.0.0.1 " << master_port << " 2\n"
+        << "sentinel down-after-milliseconds mymaster 1000\n"
+        << "sentinel failover-timeout mymaster 3000\n"
+        << "sentinel parallel-syncs mymaster 1\n";
+    out.close();
     proc_ = std::make_unique<ChildProcess>(std::vector<std::string>{"redis-server", conf, "--sentinel"});
     auto until = std::chrono::steady_clock::now() + kBound;
     while (std::chrono::steady_clock::now() < until) {
@@ -43,6 +54,8 @@ class SentinelProcess {
     if (std::system(cmd.c_str()) != 0) std::fprintf(stderr, "could not remove %s\n", dir_.c_str());
   }
   int port() const { return port_; }
+  // Where lockwatch reaches it: the TLS port when there is one.
+  int client_port() const { return tls_port_ != 0 ? tls_port_ : port_; }
 
   // One command on a fresh connection; "" on failure. Integers and arrays
   // come back as text (arrays: the first element's, or the field named
@@ -82,6 +95,7 @@ class SentinelProcess {
 
  private:
   int port_;
+  int tls_port_;
   std::string dir_;
   std::unique_ptr<ChildProcess> proc_;
 };
@@ -96,18 +110,24 @@ bool eventually(Pred pred, std::chrono::milliseconds bound = kBound) {
   return false;
 }
 
-class SentinelTest : public ::testing::Test {
+class SentinelTest : public ::testing::TestWithParam<bool> {
  protected:
   void SetUp() override {
-    master_ = std::make_unique<RedisServer>();
-    RedisServerOptions ro;
-    ro.extra_args = {"--replicaof", "127.0.0.1", std::to_string(master_->port())};
+    const bool tls = GetParam();
+    RedisServerOptions mo;
+    if (tls) {
+      mo.tls = RedisTls{};
+      mo.extra_args = {"--tls-replication", "yes"};
+    }
+    master_ = std::make_unique<RedisServer>(mo);
+    RedisServerOptions ro = mo;
+    ro.extra_args.insert(ro.extra_args.end(), {"--replicaof", "127.0.0.1", std::to_string(master_->port())});
     replica_ = std::make_unique<RedisServer>(ro);
     ASSERT_TRUE(eventually([&] {
       return master_->command({"INFO", "replication"}).str.find("connected_slaves:1") != std::string::npos &&
              replica_->command({"INFO", "replication"}).str.find("master_link_status:up") != std::string::npos;
     }));
-    for (int i = 0; i < 3; ++i) sentinels_.push_back(std::make_unique<SentinelProcess>(master_->port()));
+    for (int i = 0; i < 3; ++i) sentinels_.push_back(std::make_unique<SentinelProcess>(master_->port(), tls));
     // Sentinels find each other and the replica through the master.
     ASSERT_TRUE(eventually([&] {
       for (auto& s : sentinels_) {
@@ -119,13 +139,15 @@ class SentinelTest : public ::testing::Test {
   }
   std::string url() const {
     std::string hosts;
-    for (auto& s : sentinels_) hosts += (hosts.empty() ? "" : ",") + std::string("127.0.0.1:") + std::to_string(s->port());
-    return "redis-sentinel://" + hosts + "/mymaster";
+    for (auto& s : sentinels_)
+      hosts += (hosts.empty() ? "" : ",") + std::string("127.0.0.1:") + std::to_string(s->client_port());
+    return (GetParam() ? "rediss-sentinel://" : "redis-sentinel://") + hosts + "/mymaster";
   }
   Options options() const {
     Options o;
     o.redis_url = url();
     o.threads = 4;
+    if (GetParam()) o.tls_ca_file = test_certificates().ca_cert;
     o.connect_timeout = 500ms;
     o.command_timeout = 1000ms;
     return o;
@@ -135,7 +157,7 @@ class SentinelTest : public ::testing::Test {
   std::vector<std::unique_ptr<SentinelProcess>> sentinels_;
 };
 
-TEST_F(SentinelTest, FindsTheMasterAndWaitsForTheReplica) {
+TEST_P(SentinelTest, FindsTheMasterAndWaitsForTheReplica) {
   Options o = options();
   o.min_replicas = 1;
   Runtime rt(o);
@@ -153,7 +175,7 @@ TEST_F(SentinelTest, FindsTheMasterAndWaitsForTheReplica) {
   EXPECT_FALSE(exists(*master_, "sen2"));
 }
 
-TEST_F(SentinelTest, FailoverWhileLeasesAreHeldAndCallersWait) {
+TEST_P(SentinelTest, FailoverWhileLeasesAreHeldAndCallersWait) {
   Runtime rt(options());
   Gate held_started;
   std::atomic<std::uint64_t> held_token{0};
@@ -191,6 +213,9 @@ TEST_F(SentinelTest, FailoverWhileLeasesAreHeldAndCallersWait) {
   auto fut = after();
   EXPECT_TRUE(get_bounded(fut));
 }
+
+INSTANTIATE_TEST_SUITE_P(Transports, SentinelTest, ::testing::Values(false, true),
+                         [](const ::testing::TestParamInfo<bool>& p) { return p.param ? "Tls" : "Plain"; });
 
 }  // namespace
 }  // namespace lockwatch::testing
