@@ -1,6 +1,7 @@
 // The same lock work on each lock store, in one run: one Redis node
-// (redis-server) and a SQL table (mariadbd), each started here on
-// loopback.
+// (redis-server) in plaintext (`redis`) and over TLS (`rediss`, its own
+// server with a TLS port), and a SQL table (`mysql`, mariadbd), each
+// started here on loopback.
 //
 //   BM_Cycle/<store>/<callers>     acquire + release through LockHandle on
 //                                  distinct keys, <callers> threads
@@ -36,12 +37,21 @@ using lockwatch::bench::BenchClock;
 constexpr auto kFutureBound = 30s;
 
 lockwatch::testing::RedisServer* g_redis = nullptr;
+lockwatch::testing::RedisServer* g_rediss = nullptr;
 lockwatch::testing::MariaDbServer* g_mariadb = nullptr;
 std::atomic<std::uint64_t> g_run{0};
 bool g_failed = false;
 
-std::string url_of(const std::string& store) { return store == "redis" ? g_redis->url() : g_mariadb->url(); }
-pid_t server_pid(const std::string& store) { return store == "redis" ? g_redis->pid() : g_mariadb->pid(); }
+std::string url_of(const std::string& store) {
+  if (store == "redis") return g_redis->url();
+  if (store == "rediss") return g_rediss->url();
+  return g_mariadb->url();
+}
+pid_t server_pid(const std::string& store) {
+  if (store == "redis") return g_redis->pid();
+  if (store == "rediss") return g_rediss->pid();
+  return g_mariadb->pid();
+}
 
 // CPU seconds a process has used (user + system), from /proc.
 double process_cpu(pid_t pid) {
@@ -67,6 +77,7 @@ lockwatch::Options options_for(const std::string& store) {
   lockwatch::Options o;
   o.redis_url = url_of(store);
   o.threads = 2;
+  if (store == "rediss") o.tls_ca_file = lockwatch::testing::test_certificates().ca_cert;
   return o;
 }
 
@@ -97,11 +108,7 @@ void BM_Cycle(benchmark::State& state, const std::string& store) {
       break;
     }
   }
-  state.SetItemsProcessed(state.iterations());
-  if (state.thread_index() == 0) {
-    state.counters["cycles_per_s"] = benchmark::Counter(static_cast<double>(state.iterations()),
-                                                        benchmark::Counter::kIsRate | benchmark::Counter::kAvgThreads);
-  }
+  state.SetItemsProcessed(state.iterations());  // items_per_second: cycles per second, all callers together
 }
 
 void BM_Watchdog(benchmark::State& state, const std::string& store) {
@@ -155,27 +162,33 @@ void BM_Watchdog(benchmark::State& state, const std::string& store) {
 int main(int argc, char** argv) {
   benchmark::Initialize(&argc, argv);
   if (benchmark::ReportUnrecognizedArguments(argc, argv)) return 1;
-  for (std::string store : {"redis", "mysql"}) {
-    for (int callers : {1, 16})
+  for (std::string store : {"redis", "rediss", "mysql"}) {
+    for (int callers : {1, 16, 64})
       benchmark::RegisterBenchmark(fmt::format("BM_Cycle/{}", store).c_str(), BM_Cycle, store)
           ->Threads(callers)
           ->UseRealTime()
           ->MinTime(2.0);
-    benchmark::RegisterBenchmark(fmt::format("BM_Watchdog/{}", store).c_str(), BM_Watchdog, store)
-        ->Arg(10000)
-        ->Iterations(1)
+    auto* wd = benchmark::RegisterBenchmark(fmt::format("BM_Watchdog/{}", store).c_str(), BM_Watchdog, store);
+    wd->Arg(10000);
+    if (store != "mysql") wd->Arg(100000);
+    wd->Iterations(1)
         ->UseRealTime()
         ->Unit(benchmark::kMillisecond);
   }
   int status = 0;
   try {
     lockwatch::testing::RedisServer redis;
+    lockwatch::testing::RedisServerOptions tls_options;
+    tls_options.tls = lockwatch::testing::RedisTls{};
+    lockwatch::testing::RedisServer rediss(tls_options);
     lockwatch::testing::MariaDbServer mariadb;
     g_redis = &redis;
+    g_rediss = &rediss;
     g_mariadb = &mariadb;
     benchmark::RunSpecifiedBenchmarks();
     g_runtime.reset();
     g_redis = nullptr;
+    g_rediss = nullptr;
     g_mariadb = nullptr;
   } catch (const std::exception& e) {
     std::fprintf(stderr, "store_bench: %s\n", e.what());
