@@ -36,8 +36,12 @@ LeaseLost::LeaseLost(std::string key, LostReason reason, std::string detail)
       key_(std::move(key)),
       reason_(reason) {}
 
+// A Redis node is named "host:port"; other stores name themselves with
+// their scheme ("mysql://host:port/db").
 ConnectionError::ConnectionError(std::string endpoint, const std::string& what)
-    : Error(fmt::format("redis {}: {}", endpoint, what)), endpoint_(std::move(endpoint)) {}
+    : Error(endpoint.find("://") == std::string::npos ? fmt::format("redis {}: {}", endpoint, what)
+                                                        : fmt::format("{}: {}", endpoint, what)),
+      endpoint_(std::move(endpoint)) {}
 
 RedisError::RedisError(std::string endpoint, std::string redis_message)
     : Error(fmt::format("redis {} answered an error: {}", endpoint, redis_message)),
@@ -45,7 +49,7 @@ RedisError::RedisError(std::string endpoint, std::string redis_message)
       redis_message_(std::move(redis_message)) {}
 
 SqlError::SqlError(std::string endpoint, unsigned code, std::string server_message)
-    : Error(fmt::format("sql {} answered error {}: {}", endpoint, code, server_message)),
+    : Error(fmt::format("{} answered error {}: {}", endpoint, code, server_message)),
       endpoint_(std::move(endpoint)),
       code_(code),
       server_message_(std::move(server_message)) {}

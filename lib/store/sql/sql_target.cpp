@@ -99,9 +99,9 @@ SqlTarget SqlTarget::parse(const std::string& url) {
 }
 
 std::string SqlTarget::name() const {
-  if (!socket.empty()) return fmt::format("{}/{}", socket, database);
-  if (host.find(':') != std::string::npos) return fmt::format("[{}]:{}/{}", host, port, database);
-  return fmt::format("{}:{}/{}", host, port, database);
+  if (!socket.empty()) return fmt::format("mysql://localhost/{}?socket={}", database, socket);
+  if (host.find(':') != std::string::npos) return fmt::format("mysql://[{}]:{}/{}", host, port, database);
+  return fmt::format("mysql://{}:{}/{}", host, port, database);
 }
 
 }  // namespace lockwatch::detail

@@ -24,7 +24,8 @@ struct SqlTarget {
 
   // Throws InvalidArgument naming what is wrong (never showing the password).
   static SqlTarget parse(const std::string& url);
-  // "host:port/database" or "socket-path/database", for messages.
+  // "mysql://host:port/database" (or with ?socket=), for messages: never
+  // the credentials.
   std::string name() const;
 };
 
