@@ -11,6 +11,7 @@
 #include <sstream>
 
 #include "lockwatch/lockwatch.hpp"
+#include "support/mariadb_server.hpp"
 #include "test_util.hpp"
 
 namespace lockwatch::testing {
@@ -452,6 +453,38 @@ TEST_F(CliTest, RunsOverRedlock) {
   p->kill(SIGTERM);
   EXPECT_EQ(finish(*p, started).code, 128 + SIGTERM);
   for (auto& n : nodes) EXPECT_EQ(n->command({"EXISTS", lock_key(test_key())}).integer, 0);
+}
+
+TEST_F(CliTest, RunsOverTlsWithTheCaFromTheEnvironment) {
+  RedisServerOptions tls;
+  tls.tls = RedisTls{};
+  RedisServer secure(tls);
+  std::vector<std::string> e = env();
+  e.push_back("LOCKWATCH_TLS_CA_FILE=" + test_certificates().ca_cert);
+  auto started = Clock::now();
+  ChildProcess p(cli_argv({"run", "--redis", secure.url(), "--key", test_key(), "-c", "echo token=$LOCKWATCH_FENCING_TOKEN"}), e);
+  Outcome o = finish(p, started);
+  EXPECT_EQ(o.code, 0) << o.output;
+  EXPECT_TRUE(contains(o.output, "token=1")) << o.output;
+  // Without the CA the server's certificate is not trusted: the store
+  // cannot be reached, and the command does not run.
+  Outcome untrusted = run({"run", "--redis", secure.url(), "--key", test_key(), "-c", "echo ran"});
+  EXPECT_EQ(untrusted.code, 69) << untrusted.output;
+  EXPECT_FALSE(contains(untrusted.output, "ran\n")) << untrusted.output;
+}
+
+TEST_F(CliTest, RunsOverSql) {
+  MariaDbServer db;
+  auto started = Clock::now();
+  auto p = start({"run", "--redis", db.url(), "--key", test_key(), "-c", "echo ready; exec sleep 1000"});
+  ASSERT_TRUE(read_until(*p, "ready"));
+  Outcome status = run({"status", "--redis", db.url(), test_key()});
+  EXPECT_TRUE(contains(status.output, "state=held")) << status.output;
+  EXPECT_TRUE(contains(status.output, "fencing_counter=1")) << status.output;
+  p->kill(SIGTERM);
+  EXPECT_EQ(finish(*p, started).code, 128 + SIGTERM);
+  Outcome after = run({"status", "--redis", db.url(), test_key()});
+  EXPECT_TRUE(contains(after.output, "state=free")) << after.output;
 }
 
 }  // namespace
