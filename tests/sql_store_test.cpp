@@ -118,6 +118,26 @@ TEST_F(SqlStoreTest, TheUnixSocketWorks) {
   EXPECT_GE(get_bounded(fut), 1u);
 }
 
+TEST_F(SqlStoreTest, AHostNameIsLookedUpAndAnUnknownOneIsAConnectionError) {
+  std::string by_name = "mysql://lockwatch:lockwatch-pw@localhost:" + std::to_string(server_->port()) + "/" +
+                        MariaDbServer::kDatabase;
+  Runtime rt(options(by_name));
+  auto f = locked("named", 1s, 0).on(rt)([] { return this_lease().fencing_token(); });
+  auto fut = f();
+  EXPECT_GE(get_bounded(fut), 1u);
+
+  Options o = options("mysql://lockwatch:x@no-such-host.invalid/lockwatch_test");
+  o.connect_timeout = 1s;
+  Runtime nowhere(o);
+  auto g = locked("k", 1s, 0).on(nowhere)([] { return 1; });
+  auto t0 = std::chrono::steady_clock::now();
+  auto fut2 = g();
+  auto err = error_of<ConnectionError>(fut2);
+  ASSERT_TRUE(err);
+  EXPECT_NE(std::string(err->what()).find("no-such-host.invalid"), std::string::npos) << err->what();
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, 5s);
+}
+
 TEST_F(SqlStoreTest, TheFenceLivesInTheRowAndSurvivesReleases) {
   Runtime rt(options(server_->url()));
   std::uint64_t last = 0;

@@ -4,9 +4,13 @@
 #include <fmt/format.h>
 #include <mysql.h>
 #include <mysqld_error.h>
+#include <arpa/inet.h>
+#include <netdb.h>
+#include <netinet/in.h>
 #include <sys/socket.h>
 
 #include <algorithm>
+#include <memory>
 #include <mutex>
 
 #include "core/loop.hpp"
@@ -92,10 +96,83 @@ void SqlConnection::on_kick(uv_idle_t* idle) {
   self->pump();
 }
 
+namespace {
+
+bool numeric_host(const std::string& host) {
+  unsigned char buf[sizeof(in6_addr)];
+  return ::inet_pton(AF_INET, host.c_str(), buf) == 1 || ::inet_pton(AF_INET6, host.c_str(), buf) == 1;
+}
+
+}  // namespace
+
+// A host name is looked up on libuv's thread pool (the client library's
+// own lookup would block the loop); the attempt then connects to the
+// address, IPv4 first.
+struct SqlConnection::Resolve {
+  uv_getaddrinfo_t req{};
+  SqlConnection* self;
+  unsigned attempt;
+};
+
 void SqlConnection::connect() {
   if (state_ == State::kClosed) return;
   state_ = State::kConnecting;
   phase_ = Phase::kConnect;
+  ++attempt_;
+  uv_timer_start(&deadline_timer_, on_deadline, static_cast<std::uint64_t>(options_.connect_timeout.count()), 0);
+  if (!target_.socket.empty() || numeric_host(target_.host)) {
+    connect_to(target_.socket.empty() ? target_.host : std::string("localhost"));
+    return;
+  }
+  auto* r = new Resolve{{}, this, attempt_};
+  r->req.data = r;
+  addrinfo hints{};
+  hints.ai_family = AF_UNSPEC;
+  hints.ai_socktype = SOCK_STREAM;
+  ++resolving_;
+  int rc = uv_getaddrinfo(
+      loop_.uv(), &r->req,
+      [](uv_getaddrinfo_t* req, int status, addrinfo* res) {
+        std::unique_ptr<Resolve> r(static_cast<Resolve*>(req->data));
+        SqlConnection* self = r->self;
+        --self->resolving_;
+        std::string address;
+        if (status == 0 && res != nullptr) {
+          const addrinfo* pick = res;
+          for (const addrinfo* a = res; a != nullptr; a = a->ai_next)
+            if (a->ai_family == AF_INET) {
+              pick = a;
+              break;
+            }
+          char text[INET6_ADDRSTRLEN] = {};
+          if (pick->ai_family == AF_INET)
+            ::inet_ntop(AF_INET, &reinterpret_cast<const sockaddr_in*>(pick->ai_addr)->sin_addr, text, sizeof text);
+          else
+            ::inet_ntop(AF_INET6, &reinterpret_cast<const sockaddr_in6*>(pick->ai_addr)->sin6_addr, text, sizeof text);
+          address = text;
+        }
+        if (res != nullptr) uv_freeaddrinfo(res);
+        // A closed connection, or an attempt that timed out meanwhile.
+        if (self->state_ != State::kConnecting || self->attempt_ != r->attempt || self->mysql_ != nullptr) return;
+        if (address.empty()) {
+          self->last_errno_ = 0;
+          self->last_error_ = fmt::format("cannot resolve {}: {}", self->target_.host, uv_strerror(status));
+          self->went_down(self->last_error_, true);
+          return;
+        }
+        self->connect_to(address);
+      },
+      target_.host.c_str(), nullptr, &hints);
+  if (rc < 0) {
+    --resolving_;
+    delete r;
+    last_errno_ = 0;
+    last_error_ = fmt::format("cannot resolve {}: {}", target_.host, uv_strerror(rc));
+    went_down(last_error_, true);
+  }
+}
+
+void SqlConnection::connect_to(const std::string& host) {
   mysql_ = mysql_init(nullptr);
   if (mysql_ == nullptr) {
     last_error_ = "out of memory for a connection";
@@ -107,10 +184,8 @@ void SqlConnection::connect() {
   mysql_options(mysql_, MYSQL_OPT_PROTOCOL, &protocol);
   my_bool no = 0;
   mysql_options(mysql_, MYSQL_OPT_LOCAL_INFILE, &no);
-  uv_timer_start(&deadline_timer_, on_deadline, static_cast<std::uint64_t>(options_.connect_timeout.count()), 0);
   MYSQL* ret = nullptr;
-  const char* host = target_.socket.empty() ? target_.host.c_str() : "localhost";
-  int status = mysql_real_connect_start(&ret, mysql_, host, target_.user.c_str(), target_.password.c_str(),
+  int status = mysql_real_connect_start(&ret, mysql_, host.c_str(), target_.user.c_str(), target_.password.c_str(),
                                         target_.database.c_str(), static_cast<unsigned>(target_.port),
                                         target_.socket.empty() ? nullptr : target_.socket.c_str(),
                                         CLIENT_MULTI_STATEMENTS | CLIENT_MULTI_RESULTS);
@@ -536,6 +611,6 @@ void SqlConnection::close() {
   uv_close(reinterpret_cast<uv_handle_t*>(&kick_), on_closed);
 }
 
-bool SqlConnection::closed() const noexcept { return state_ == State::kClosed && open_handles_ == 0; }
+bool SqlConnection::closed() const noexcept { return state_ == State::kClosed && open_handles_ == 0 && resolving_ == 0; }
 
 }  // namespace lockwatch::detail

@@ -2,7 +2,8 @@
 // loop thread, through MariaDB Connector/C's non-blocking API.
 //
 // Every call that could block is started with its `_start` variant and
-// resumed with `_cont` when the socket is ready: a uv_poll_t on the
+// resumed with `_cont` when the socket is ready (a host name is looked up
+// on libuv's thread pool first): a uv_poll_t on the
 // connection's socket (one per socket; a reconnect makes a new one) and a
 // timer for the library's own timeouts. The loop never waits on the
 // database.
@@ -95,7 +96,9 @@ class SqlConnection {
     SqlDone done;
   };
 
+  struct Resolve;
   void connect();
+  void connect_to(const std::string& host);
   void connected();
   void run_handshake(std::size_t step);
   void internal(std::string sql, SqlDone done);
@@ -139,6 +142,8 @@ class SqlConnection {
   uv_timer_t reconnect_timer_{};
   uv_idle_t kick_{};             // sends what was queued, on the next loop turn
   int open_handles_ = 0;
+  int resolving_ = 0;     // host name lookups in flight (each holds a pointer to us)
+  unsigned attempt_ = 0;  // connection attempts made: a late lookup answers an old one
   bool kicked_ = false;
   bool reported_down_ = false;
   bool handshaking_ = false;
