@@ -595,10 +595,7 @@ void ClusterStore::release_at(Node* node, bool asking, std::shared_ptr<ClusterRe
 
 std::size_t ClusterStore::renew(std::span<const LockRef> locks, std::shared_ptr<const void> keepalive, RenewDone done) {
   auto shared = std::make_shared<RenewDone>(std::move(done));
-  if (mapped_ || closed_) {
-    renew_now(locks, std::move(keepalive), std::move(shared));
-    return std::max<std::size_t>(1, locks.empty() ? 0 : 1);
-  }
+  if (mapped_ || closed_) return renew_now(locks, std::move(keepalive), std::move(shared));
   // Leases exist only once the map is known; this is for completeness.
   auto copy = std::make_shared<std::vector<LockRef>>(locks.begin(), locks.end());
   when_mapped([this, copy, keepalive, shared](std::exception_ptr err) {
@@ -611,8 +608,9 @@ std::size_t ClusterStore::renew(std::span<const LockRef> locks, std::shared_ptr<
   return 1;
 }
 
-void ClusterStore::renew_now(std::span<const LockRef> locks, std::shared_ptr<const void> keepalive,
-                             std::shared_ptr<RenewDone> done) {
+std::size_t ClusterStore::renew_now(std::span<const LockRef> locks, std::shared_ptr<const void> keepalive,
+                                    std::shared_ptr<RenewDone> done) {
+  std::size_t commands = 0;
   // Group by node, then by slot: one script call per slot group, and every
   // node's calls queued now, so they leave together and in parallel.
   struct Entry {
@@ -647,7 +645,7 @@ void ClusterStore::renew_now(std::span<const LockRef> locks, std::shared_ptr<con
       group.push_back(locks[entries[e].index]);
     }
     Node* node = nodes_[static_cast<std::size_t>(entries[from].node)].get();
-    node->store->renew(group, keepalive, [this, indexes, done](std::size_t k, Renewed status, std::string_view why) {
+    commands += node->store->renew(group, keepalive, [this, indexes, done](std::size_t k, Renewed status, std::string_view why) {
       if (status == Renewed::kTransient && !closed_) note_reply(why);
       (*done)((*indexes)[k], status, why);
     });
@@ -659,6 +657,7 @@ void ClusterStore::renew_now(std::span<const LockRef> locks, std::shared_ptr<con
       for (std::size_t k : unrouted) (*done)(k, Renewed::kTransient, "no master serves the lock's slot yet");
     });
   }
+  return commands;
 }
 
 // ------------------------------------------------------------------ the rest, routed by slot

@@ -139,7 +139,8 @@ class ClusterStore final : public LockStore {
   std::exception_ptr unserved(std::string_view name) const;
   void acquire_at(Node* node, bool asking, std::shared_ptr<ClusterAcquire> op);
   void release_at(Node* node, bool asking, std::shared_ptr<ClusterRelease> op);
-  void renew_now(std::span<const LockRef> locks, std::shared_ptr<const void> keepalive,
+  // Returns the number of script calls sent.
+  std::size_t renew_now(std::span<const LockRef> locks, std::shared_ptr<const void> keepalive,
                  std::shared_ptr<RenewDone> done);
   // A node store's reply `why` ("redis h:p answered an error: MOVED ...")
   // as a redirect, and the refresh it calls for.
