@@ -40,7 +40,9 @@ struct Options {
   // comma-separated list of such URLs for Redlock over independent masters
   // (every acquisition and renewal then needs a majority of them); or
   // `redis-sentinel://[user:password@]host:port[,host:port...]/master-name[/db]`
-  // for a master found (and followed across failovers) through Sentinel.
+  // for a master found (and followed across failovers) through Sentinel;
+  // `redis-cluster://[user:password@]host:port[,host:port...]` for a Redis
+  // Cluster (seed nodes: any one reachable is enough).
   // `rediss://` and `rediss-sentinel://` are the same over TLS (with
   // Sentinel, to the sentinels and to the master alike).
   std::string redis_url = "redis://127.0.0.1:6379";

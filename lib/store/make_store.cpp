@@ -5,6 +5,7 @@
 #include "core/url.hpp"
 #include "lockwatch/errors.hpp"
 #include "store/quorum_store.hpp"
+#include "store/redis/cluster_store.hpp"
 #include "store/redis/keys.hpp"
 #include "store/redis/node_store.hpp"
 #include "store/redis/sentinel.hpp"
@@ -19,15 +20,17 @@ namespace {
 constexpr std::string_view kSupported =
     "redis://[user:password@]host:port[/db] (a comma-separated list of them for Redlock), "
     "redis-sentinel://[user:password@]host:port[,host:port...]/master-name[/db], the same over TLS as "
-    "rediss:// and rediss-sentinel://, and mysql://user:password@host[:port]/database[?socket=/path&table=name]";
+    "rediss:// and rediss-sentinel://, redis-cluster://[user:password@]host:port[,host:port...] (seed nodes of a "
+    "Redis Cluster), and mysql://user:password@host[:port]/database[?socket=/path&table=name]";
 
-enum class Scheme { kRedis, kRedisSentinel, kMysql };
+enum class Scheme { kRedis, kRedisSentinel, kRedisCluster, kMysql };
 
 Scheme scheme_of(const std::string& url) {
   auto sep = url.find("://");
   std::string scheme = sep == std::string::npos ? std::string() : url.substr(0, sep);
   if (scheme == "redis" || scheme == "rediss") return Scheme::kRedis;
   if (scheme == "redis-sentinel" || scheme == "rediss-sentinel") return Scheme::kRedisSentinel;
+  if (scheme == "redis-cluster") return Scheme::kRedisCluster;
   if (scheme == "mysql") return Scheme::kMysql;
   if (scheme.empty())
     throw InvalidArgument(fmt::format("malformed URL '{}': no scheme; lockwatch supports {}", url_for_messages(url),
@@ -48,7 +51,11 @@ void check_store_options(const Options& options) {
       throw InvalidArgument("Options::key_prefix leaves no room for a key in the SQL lock table's 255-byte lock_name");
     return;
   }
-  (void)Topology::parse(options.redis_url);
+  if (scheme_of(options.redis_url) == Scheme::kRedisCluster) {
+    (void)ClusterSeeds::parse(options.redis_url);
+  } else {
+    (void)Topology::parse(options.redis_url);
+  }
   if (const char* why = redis_keys::prefix_problem(options.key_prefix)) throw InvalidArgument(why);
 }
 
@@ -56,6 +63,8 @@ std::unique_ptr<LockStore> make_store(Loop& loop, const Options& options) {
   check_store_options(options);
   if (scheme_of(options.redis_url) == Scheme::kMysql)
     return std::make_unique<SqlStore>(loop, SqlTarget::parse(options.redis_url), options);
+  if (scheme_of(options.redis_url) == Scheme::kRedisCluster)
+    return std::make_unique<ClusterStore>(loop, ClusterSeeds::parse(options.redis_url), options);
   Topology topology = Topology::parse(options.redis_url);
   if (!topology.sentinels.empty()) {
     auto node = std::make_unique<RedisNodeStore>(loop, topology.master, options);

@@ -4,6 +4,7 @@
 //   redis://...,redis://...          QuorumStore over one RedisNodeStore each (Redlock)
 //   redis-sentinel://.../name        RedisNodeStore following the master through Sentinel
 //   rediss://, rediss-sentinel://    the same over TLS
+//   redis-cluster://h:p[,h:p...]     ClusterStore (a RedisNodeStore per master, routed by slot)
 //
 // A new store is one more line here; nothing else in the runtime changes.
 #pragma once

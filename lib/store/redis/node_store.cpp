@@ -268,6 +268,10 @@ void RedisNodeStore::force_release(std::string_view name, std::function<void(boo
               });
 }
 
+void RedisNodeStore::send_asking() {
+  conn_->command({"ASKING"}, [](const redisReply*, std::exception_ptr) {});
+}
+
 void RedisNodeStore::subscribe(std::string_view name) { sub_->subscribe(redis_keys::channel(name)); }
 void RedisNodeStore::unsubscribe(std::string_view name) { sub_->unsubscribe(redis_keys::channel(name)); }
 void RedisNodeStore::poll_replies() { renew_->poll_replies(); }

@@ -38,6 +38,10 @@ class RedisNodeStore final : public LockStore {
 
   // Before start(): the master is wherever `watcher` says it is.
   void follow_sentinels(std::unique_ptr<SentinelWatcher> watcher);
+  // Redis Cluster: queues ASKING on the command connection, so that the
+  // next acquire or release made (at once, on the loop) runs on a slot this
+  // node is importing (an ASK redirect). Nothing else uses it.
+  void send_asking();
   // "host:port" of the node (as error messages name it).
   const std::string& name() const noexcept { return conn_->name(); }
 

@@ -1,0 +1,29 @@
+// lib/store/redis/cluster_slot.hpp: which Redis Cluster slot a key lives in.
+//
+// slot = CRC16(hashed part) mod 16384, where CRC16 is the XMODEM variant
+// (polynomial 0x1021, initial value 0, no reflection) and the hashed part is
+// the key's hash tag when it has one: the text between its first '{' and the
+// first '}' after it, if that text is not empty; otherwise the whole key.
+// All keys of one lock (`P{K}`, `P{K}:fence`, `P{K}:rel`) share the tag K and
+// so the slot.
+//
+// Threading: pure functions. Costs: a table lookup per byte of the tag.
+#pragma once
+
+#include <cstdint>
+#include <string_view>
+
+namespace lockwatch::detail {
+
+inline constexpr std::uint16_t kClusterSlots = 16384;
+
+// CRC16/XMODEM of `data`, as Redis computes it.
+std::uint16_t crc16(std::string_view data) noexcept;
+
+// The part of `key` Redis hashes (its hash tag, or all of it).
+std::string_view hash_tag(std::string_view key) noexcept;
+
+// The slot of `key`, in [0, 16384).
+std::uint16_t key_slot(std::string_view key) noexcept;
+
+}  // namespace lockwatch::detail

@@ -1,0 +1,778 @@
+#include "store/redis/cluster_store.hpp"
+
+#include <fmt/format.h>
+#include <hiredis/hiredis.h>
+
+#include <algorithm>
+#include <cstring>
+
+#include "core/error_values.hpp"
+#include "core/loop.hpp"
+#include "core/url.hpp"
+#include "lockwatch/errors.hpp"
+#include "store/redis/connection.hpp"
+#include "store/redis/keys.hpp"
+#include "store/redis/node_store.hpp"
+
+namespace lockwatch::detail {
+
+using Clock = std::chrono::steady_clock;
+
+// ------------------------------------------------------------------ parsing
+
+ClusterSeeds ClusterSeeds::parse(const std::string& url) {
+  constexpr std::string_view kScheme = "redis-cluster://";
+  if (url.compare(0, kScheme.size(), kScheme) != 0)
+    throw_bad_url(url, "expected redis-cluster://[user:password@]host:port[,host:port...]");
+  std::string rest = url.substr(kScheme.size());
+  std::string cred;
+  if (auto at = rest.rfind('@'); at != std::string::npos) {
+    cred = rest.substr(0, at + 1);
+    rest = rest.substr(at + 1);
+  }
+  if (rest.find('/') != std::string::npos)
+    throw_bad_url(url, "a Redis Cluster has database 0 only: no /db after the seed nodes");
+  if (rest.empty()) throw_bad_url(url, "no seed node");
+  ClusterSeeds out;
+  std::size_t start = 0;
+  while (true) {
+    std::size_t comma = rest.find(',', start);
+    std::string one = rest.substr(start, comma == std::string::npos ? std::string::npos : comma - start);
+    if (one.empty()) throw_bad_url(url, "an empty seed in the list");
+    // The redis:// parser checks host, port and credentials alike.
+    out.seeds.push_back(Endpoint::parse("redis://" + cred + one));
+    if (comma == std::string::npos) break;
+    start = comma + 1;
+  }
+  return out;
+}
+
+std::string ClusterSeeds::names() const {
+  std::string out;
+  for (const auto& s : seeds) out += (out.empty() ? "" : ",") + s.name();
+  return out;
+}
+
+ClusterReply ClusterReply::of(std::string_view msg) {
+  ClusterReply out;
+  auto target_of = [&](std::string_view rest) {
+    // "<slot> <host>:<port>"
+    auto space = rest.find(' ');
+    if (space == std::string_view::npos) return false;
+    std::string_view hp = rest.substr(space + 1);
+    auto colon = hp.rfind(':');
+    if (colon == std::string_view::npos || colon == 0) return false;
+    int port = 0;
+    for (char c : hp.substr(colon + 1)) {
+      if (c < '0' || c > '9') return false;
+      port = port * 10 + (c - '0');
+      if (port > 65535) return false;
+    }
+    out.target.host = std::string(hp.substr(0, colon));
+    out.target.port = port;
+    return port > 0;
+  };
+  if (msg.starts_with("MOVED ")) {
+    if (target_of(msg.substr(6))) out.kind = Kind::kMoved;
+  } else if (msg.starts_with("ASK ")) {
+    if (target_of(msg.substr(4))) out.kind = Kind::kAsk;
+  } else if (msg.starts_with("TRYAGAIN") || msg.starts_with("CLUSTERDOWN") || msg.starts_with("LOADING") ||
+             msg.starts_with("MASTERDOWN")) {
+    out.kind = Kind::kRetry;
+  }
+  return out;
+}
+
+namespace {
+
+// Redis's own message of a RedisError, else empty.
+std::string redis_message_of(std::exception_ptr e) {
+  if (!e) return {};
+  try {
+    std::rethrow_exception(e);
+  } catch (const RedisError& r) {
+    return r.redis_message();
+  } catch (...) {
+    return {};
+  }
+}
+
+bool is_auth_error(std::exception_ptr e) {
+  try {
+    std::rethrow_exception(e);
+  } catch (const AuthError&) {
+    return true;
+  } catch (...) {
+    return false;
+  }
+}
+
+// A node store reports failures as text (what_of its RedisError):
+// "redis h:p answered an error: <Redis's message>".
+std::string_view redis_message_in(std::string_view why) {
+  constexpr std::string_view kMark = "answered an error: ";
+  auto at = why.find(kMark);
+  return at == std::string_view::npos ? std::string_view() : why.substr(at + kMark.size());
+}
+
+std::string text(const redisReply* r) {
+  if (r == nullptr) return {};
+  if (r->type == REDIS_REPLY_STRING || r->type == REDIS_REPLY_STATUS) return std::string(r->str, r->len);
+  if (r->type == REDIS_REPLY_INTEGER) return std::to_string(r->integer);
+  return {};
+}
+
+long long number(const redisReply* r) {
+  if (r == nullptr) return -1;
+  if (r->type == REDIS_REPLY_INTEGER) return r->integer;
+  std::string s = text(r);
+  return s.empty() ? -1 : std::strtoll(s.c_str(), nullptr, 10);
+}
+
+// A RESP2 map (flat array of key, value): the value of `key`, or null.
+const redisReply* field(const redisReply* map, std::string_view key) {
+  if (map == nullptr || map->type != REDIS_REPLY_ARRAY) return nullptr;
+  for (std::size_t i = 0; i + 1 < map->elements; i += 2) {
+    const redisReply* k = map->element[i];
+    if (k->type == REDIS_REPLY_STRING && std::string_view(k->str, k->len) == key) return map->element[i + 1];
+  }
+  return nullptr;
+}
+
+}  // namespace
+
+// ------------------------------------------------------------------ the store
+
+struct ClusterStore::Node {
+  std::string name;  // host:port
+  std::unique_ptr<RedisNodeStore> store;
+};
+
+// One lock's acquisition or release, across its redirects.
+struct ClusterAcquire {
+  std::string name, token, ttl_ms;
+  std::chrono::milliseconds ttl{0};
+  std::size_t index = 0;
+  std::shared_ptr<LockStore::AcquireDone> done;
+  int hops = 0;
+};
+
+struct ClusterRelease {
+  std::string name, token;
+  bool notify = false;
+  std::size_t index = 0;
+  std::shared_ptr<LockStore::ReleaseDone> done;
+  int hops = 0;
+};
+
+ClusterStore::ClusterStore(Loop& loop, ClusterSeeds seeds, const Options& options)
+    : loop_(loop), seeds_(std::move(seeds)), options_(options) {
+  owner_.fill(-1);
+  topo_ = std::make_unique<RedisConnection>(loop_, seeds_.seeds.front(), options_, RedisConnection::Mode::kCommands);
+}
+
+ClusterStore::~ClusterStore() = default;
+
+std::string ClusterStore::encode(std::string_view key) const { return redis_keys::lock(options_.key_prefix, key); }
+
+const char* ClusterStore::check_key(std::string_view key) const noexcept { return redis_keys::key_problem(key); }
+
+void ClusterStore::start(StoreEvents events) {
+  events_ = std::move(events);
+  started_ = true;
+  uv_timer_init(loop_.uv(), &refresh_timer_);
+  refresh_timer_.data = this;
+  uv_timer_init(loop_.uv(), &wait_timer_);
+  wait_timer_.data = this;
+  topo_->start();
+  for (auto& n : nodes_) n->store->start(node_events());
+  start_refresh();
+}
+
+ClusterStore::Node* ClusterStore::node_at(const std::string& host, int port) {
+  Endpoint ep = seeds_.seeds.front();  // credentials and TLS of the URL
+  ep.host = host;
+  ep.port = port;
+  const std::string name = ep.name();
+  if (auto it = by_name_.find(name); it != by_name_.end()) return it->second;
+  auto node = std::make_unique<Node>();
+  node->name = name;
+  node->store = std::make_unique<RedisNodeStore>(loop_, ep, options_);
+  Node* raw = node.get();
+  nodes_.push_back(std::move(node));
+  by_name_.emplace(name, raw);
+  if (started_ && !closed_) raw->store->start(node_events());
+  return raw;
+}
+
+StoreEvents ClusterStore::node_events() {
+  StoreEvents e = events_;
+  // A node that went down may have failed over: read the map again.
+  e.connection = [this, forward = events_.connection](const std::string& endpoint, bool up, const std::string& why) {
+    if (!up) request_refresh();
+    if (forward) forward(endpoint, up, why);
+  };
+  return e;
+}
+
+ClusterStore::Node* ClusterStore::owner_of(std::string_view name) {
+  std::int16_t i = owner_[key_slot(name)];
+  return i < 0 ? nullptr : nodes_[static_cast<std::size_t>(i)].get();
+}
+
+std::exception_ptr ClusterStore::unserved(std::string_view name) const {
+  return std::make_exception_ptr(ConnectionError(
+      seeds_.names(), fmt::format("no master serves slot {} (of '{}') in the cluster's slot map", key_slot(name), name)));
+}
+
+// ------------------------------------------------------------------ the map
+
+void ClusterStore::when_mapped(MapWaiter fn) {
+  if (closed_) {
+    loop_.post([fn = std::move(fn)] {
+      fn(std::make_exception_ptr(ConnectionError("redis-cluster", "the store is closed")));
+    });
+    return;
+  }
+  if (mapped_) {
+    fn(nullptr);
+    return;
+  }
+  map_waiters_.push_back(Waiting{Clock::now() + options_.connect_timeout, std::move(fn)});
+  if (started_ && !uv_is_active(reinterpret_cast<uv_handle_t*>(&wait_timer_)))
+    uv_timer_start(&wait_timer_, &ClusterStore::on_wait_timer,
+                   static_cast<std::uint64_t>(options_.connect_timeout.count()), 0);
+  request_refresh();
+}
+
+void ClusterStore::after_refresh(MapWaiter fn) {
+  refresh_waiters_.push_back(std::move(fn));
+  request_refresh();
+}
+
+void ClusterStore::on_wait_timer(uv_timer_t* t) { static_cast<ClusterStore*>(t->data)->expire_waiters(); }
+
+void ClusterStore::expire_waiters() {
+  const auto now = Clock::now();
+  std::vector<Waiting> due, keep;
+  for (auto& w : map_waiters_) (w.deadline <= now ? due : keep).push_back(std::move(w));
+  map_waiters_ = std::move(keep);
+  auto err = std::make_exception_ptr(ConnectionError(
+      seeds_.names(), fmt::format("no slot map within the connect timeout ({} ms){}", options_.connect_timeout.count(),
+                                  last_refresh_error_.empty() ? "" : ": " + last_refresh_error_)));
+  for (auto& w : due) w.fn(err);
+  if (!map_waiters_.empty()) {
+    auto next = std::chrono::duration_cast<std::chrono::milliseconds>(map_waiters_.front().deadline - now);
+    uv_timer_start(&wait_timer_, &ClusterStore::on_wait_timer, static_cast<std::uint64_t>(std::max<long long>(1, next.count() + 1)), 0);
+  }
+}
+
+void ClusterStore::request_refresh() {
+  if (closed_ || !started_) return;
+  if (refreshing_) {
+    refresh_again_ = true;
+    return;
+  }
+  const auto since = Clock::now() - last_refresh_;
+  if (since >= kRefreshThrottle) {
+    start_refresh();
+    return;
+  }
+  auto wait = std::chrono::duration_cast<std::chrono::milliseconds>(kRefreshThrottle - since).count() + 1;
+  if (uv_is_active(reinterpret_cast<uv_handle_t*>(&refresh_timer_)) &&
+      uv_timer_get_due_in(&refresh_timer_) <= static_cast<std::uint64_t>(wait))
+    return;
+  uv_timer_start(&refresh_timer_, &ClusterStore::on_refresh_timer, static_cast<std::uint64_t>(wait), 0);
+}
+
+void ClusterStore::on_refresh_timer(uv_timer_t* t) {
+  auto* self = static_cast<ClusterStore*>(t->data);
+  if (self->closed_) return;
+  if (self->refreshing_) {
+    self->refresh_again_ = true;
+    return;
+  }
+  self->start_refresh();
+}
+
+void ClusterStore::start_refresh() {
+  if (closed_) return;
+  uv_timer_stop(&refresh_timer_);
+  refreshing_ = true;
+  refresh_again_ = false;
+  // Masters known from the map first, then the seeds.
+  candidates_.clear();
+  std::vector<bool> owns(nodes_.size(), false);
+  for (auto i : owner_)
+    if (i >= 0) owns[static_cast<std::size_t>(i)] = true;
+  auto add = [&](const Endpoint& ep) {
+    for (const auto& c : candidates_)
+      if (c.host == ep.host && c.port == ep.port) return;
+    candidates_.push_back(ep);
+  };
+  for (std::size_t i = 0; i < nodes_.size(); ++i) {
+    if (!owns[i]) continue;
+    Endpoint ep = seeds_.seeds.front();
+    auto colon = nodes_[i]->name.rfind(':');
+    ep.host = nodes_[i]->name.substr(0, colon);
+    ep.port = std::atoi(nodes_[i]->name.c_str() + colon + 1);
+    add(ep);
+  }
+  for (const auto& s : seeds_.seeds) add(s);
+  refresh_auth_error_ = nullptr;
+  refresh_from(0);
+}
+
+void ClusterStore::refresh_from(std::size_t i) {
+  if (closed_) return;
+  if (i >= candidates_.size()) {
+    refresh_failed(last_refresh_error_);
+    return;
+  }
+  topo_->set_endpoint(candidates_[i]);
+  const std::string where = candidates_[i].name();
+  topo_->command({"CLUSTER", "SHARDS"}, [this, i, where](const redisReply* r, std::exception_ptr err) {
+    if (closed_) return;
+    if (!err) {
+      if (apply_shards(r)) {
+        refresh_done();
+        return;
+      }
+      last_refresh_error_ = where + " gave an unreadable CLUSTER SHARDS reply";
+      refresh_from(i + 1);
+      return;
+    }
+    if (redis_message_of(err).empty()) {
+      // Not an answer: the node is unreachable (or refused the credentials).
+      if (is_auth_error(err)) refresh_auth_error_ = err;
+      last_refresh_error_ = what_of(err);
+      refresh_from(i + 1);
+      return;
+    }
+    // An older server, or not a cluster node at all: CLUSTER SLOTS tells.
+    topo_->command({"CLUSTER", "SLOTS"}, [this, i, where](const redisReply* r2, std::exception_ptr err2) {
+      if (closed_) return;
+      if (!err2 && apply_slots(r2)) {
+        refresh_done();
+        return;
+      }
+      if (err2 && is_auth_error(err2)) refresh_auth_error_ = err2;
+      std::string msg = redis_message_of(err2);
+      last_refresh_error_ = !err2 ? where + " gave an unreadable CLUSTER SLOTS reply"
+                            : msg.empty() ? what_of(err2)
+                                          : fmt::format("{} is not a Redis Cluster node (CLUSTER SLOTS: {})", where, msg);
+      refresh_from(i + 1);
+    });
+  });
+}
+
+bool ClusterStore::apply_shards(const redisReply* r) {
+  if (r == nullptr || r->type != REDIS_REPLY_ARRAY) return false;
+  std::array<std::int16_t, kClusterSlots> next;
+  next.fill(-1);
+  for (std::size_t s = 0; s < r->elements; ++s) {
+    const redisReply* shard = r->element[s];
+    const redisReply* slots = field(shard, "slots");
+    const redisReply* nodes = field(shard, "nodes");
+    if (slots == nullptr || nodes == nullptr || slots->type != REDIS_REPLY_ARRAY || nodes->type != REDIS_REPLY_ARRAY)
+      return false;
+    Node* master = nullptr;
+    for (std::size_t n = 0; n < nodes->elements && master == nullptr; ++n) {
+      const redisReply* node = nodes->element[n];
+      if (text(field(node, "role")) != "master") continue;
+      std::string host = text(field(node, "ip"));
+      if (host.empty() || host == "?") host = text(field(node, "endpoint"));
+      long long port = number(field(node, seeds_.seeds.front().tls ? "tls-port" : "port"));
+      if (host.empty() || host == "?" || port <= 0 || port > 65535) continue;
+      master = node_at(host, static_cast<int>(port));
+    }
+    if (master == nullptr) continue;  // a shard without a master serves nothing now
+    auto index = static_cast<std::int16_t>(std::find_if(nodes_.begin(), nodes_.end(), [&](const auto& p) {
+                                             return p.get() == master;
+                                           }) - nodes_.begin());
+    for (std::size_t k = 0; k + 1 < slots->elements; k += 2) {
+      long long from = number(slots->element[k]), to = number(slots->element[k + 1]);
+      if (from < 0 || to >= kClusterSlots || from > to) return false;
+      for (long long slot = from; slot <= to; ++slot) next[static_cast<std::size_t>(slot)] = index;
+    }
+  }
+  owner_ = next;
+  return true;
+}
+
+bool ClusterStore::apply_slots(const redisReply* r) {
+  if (r == nullptr || r->type != REDIS_REPLY_ARRAY) return false;
+  std::array<std::int16_t, kClusterSlots> next;
+  next.fill(-1);
+  for (std::size_t s = 0; s < r->elements; ++s) {
+    const redisReply* range = r->element[s];
+    if (range->type != REDIS_REPLY_ARRAY || range->elements < 3) return false;
+    long long from = number(range->element[0]), to = number(range->element[1]);
+    const redisReply* m = range->element[2];
+    if (m->type != REDIS_REPLY_ARRAY || m->elements < 2) return false;
+    std::string host = text(m->element[0]);
+    long long port = number(m->element[1]);
+    if (from < 0 || to >= kClusterSlots || from > to || host.empty() || port <= 0 || port > 65535) return false;
+    Node* master = node_at(host, static_cast<int>(port));
+    auto index = static_cast<std::int16_t>(
+        std::find_if(nodes_.begin(), nodes_.end(), [&](const auto& p) { return p.get() == master; }) - nodes_.begin());
+    for (long long slot = from; slot <= to; ++slot) next[static_cast<std::size_t>(slot)] = index;
+  }
+  owner_ = next;
+  return true;
+}
+
+void ClusterStore::refresh_done() {
+  refreshing_ = false;
+  last_refresh_ = Clock::now();
+  last_refresh_error_.clear();
+  logged_refresh_error_.clear();
+  mapped_ = true;
+  uv_timer_stop(&wait_timer_);
+  auto mapped = std::move(map_waiters_);
+  map_waiters_.clear();
+  auto refreshed = std::move(refresh_waiters_);
+  refresh_waiters_.clear();
+  for (auto& w : mapped) w.fn(nullptr);
+  for (auto& w : refreshed) w(nullptr);
+  if (closed_) return;
+  if (refresh_again_ || !refresh_waiters_.empty()) {
+    refresh_again_ = false;
+    request_refresh();
+  } else if (!refreshing_) {
+    uv_timer_start(&refresh_timer_, &ClusterStore::on_refresh_timer,
+                   static_cast<std::uint64_t>(kRefreshInterval.count()), 0);
+  }
+}
+
+void ClusterStore::refresh_failed(const std::string& why) {
+  refreshing_ = false;
+  last_refresh_ = Clock::now();
+  // Before the first map, a round that reached no usable node fails what
+  // waits at once (no seed answers, or none is a cluster node).
+  std::exception_ptr err = refresh_auth_error_
+                               ? refresh_auth_error_
+                               : std::make_exception_ptr(ConnectionError(
+                                     seeds_.names(), "could not read the cluster's slot map from any node: " + why));
+  auto mapped = mapped_ ? std::vector<Waiting>() : std::move(map_waiters_);
+  if (!mapped_) {
+    map_waiters_.clear();
+    uv_timer_stop(&wait_timer_);
+  }
+  auto refreshed = std::move(refresh_waiters_);
+  refresh_waiters_.clear();
+  for (auto& w : mapped) w.fn(err);
+  for (auto& w : refreshed) w(err);
+  if (closed_ || refreshing_) return;
+  // Once per distinct reason, not once per retry.
+  if (events_.log && why != logged_refresh_error_)
+    events_.log(true, "redis-cluster: the slot map could not be read: " + why);
+  logged_refresh_error_ = why;
+  // Try again soon: a node may be failing over.
+  uv_timer_start(&refresh_timer_, &ClusterStore::on_refresh_timer, 250, 0);
+}
+
+ClusterReply ClusterStore::note_reply(std::string_view why) {
+  ClusterReply c = ClusterReply::of(redis_message_in(why));
+  if (c.kind == ClusterReply::Kind::kMoved || c.kind == ClusterReply::Kind::kRetry) request_refresh();
+  return c;
+}
+
+// ------------------------------------------------------------------ locks
+
+void ClusterStore::acquire(std::span<const LockRef> locks, AcquireDone done) {
+  auto shared = std::make_shared<AcquireDone>(std::move(done));
+  for (std::size_t i = 0; i < locks.size(); ++i) {
+    auto op = std::make_shared<ClusterAcquire>();
+    op->name = locks[i].name;
+    op->token = locks[i].token;
+    op->ttl_ms = locks[i].ttl_ms;
+    op->ttl = locks[i].ttl;
+    op->index = i;
+    op->done = shared;
+    when_mapped([this, op](std::exception_ptr err) {
+      if (!err) {
+        if (Node* node = owner_of(op->name)) {
+          acquire_at(node, false, op);
+          return;
+        }
+        request_refresh();
+        err = unserved(op->name);
+      }
+      loop_.post([op, err] {
+        Acquired out;
+        out.error = err;
+        (*op->done)(op->index, out);
+      });
+    });
+  }
+}
+
+void ClusterStore::acquire_at(Node* node, bool asking, std::shared_ptr<ClusterAcquire> op) {
+  if (asking) node->store->send_asking();
+  LockRef ref{op->name, op->token, op->ttl_ms, op->ttl};
+  node->store->acquire(std::span<const LockRef>(&ref, 1), [this, op](std::size_t, const Acquired& r) {
+    if (r.status == Acquired::Status::kFailed && !closed_) {
+      ClusterReply c = ClusterReply::of(redis_message_of(r.error));
+      // A redirected or refused command did not run: sending it again
+      // cannot take the lock twice.
+      if (c.kind != ClusterReply::Kind::kNone && ++op->hops <= kRedirectBudget) {
+        switch (c.kind) {
+          case ClusterReply::Kind::kMoved:
+            request_refresh();
+            acquire_at(node_at(c.target.host, c.target.port), false, op);
+            return;
+          case ClusterReply::Kind::kAsk:
+            acquire_at(node_at(c.target.host, c.target.port), true, op);
+            return;
+          default:
+            after_refresh([this, op, r](std::exception_ptr) {
+              Node* owner = closed_ ? nullptr : owner_of(op->name);
+              if (owner != nullptr) {
+                acquire_at(owner, false, op);
+              } else {
+                (*op->done)(op->index, r);
+              }
+            });
+            return;
+        }
+      }
+      if (is_connection_error(r.error)) request_refresh();
+    }
+    (*op->done)(op->index, r);
+  });
+}
+
+void ClusterStore::release(std::span<const LockRef> locks, bool notify, ReleaseDone done) {
+  auto shared = std::make_shared<ReleaseDone>(std::move(done));
+  for (std::size_t i = 0; i < locks.size(); ++i) {
+    auto op = std::make_shared<ClusterRelease>();
+    op->name = locks[i].name;
+    op->token = locks[i].token;
+    op->notify = notify;
+    op->index = i;
+    op->done = shared;
+    when_mapped([this, op](std::exception_ptr err) {
+      if (!err) {
+        if (Node* node = owner_of(op->name)) {
+          release_at(node, false, op);
+          return;
+        }
+        request_refresh();
+        err = unserved(op->name);
+      }
+      loop_.post([op, why = what_of(err)] { (*op->done)(op->index, Released::kUnconfirmed, why); });
+    });
+  }
+}
+
+void ClusterStore::release_at(Node* node, bool asking, std::shared_ptr<ClusterRelease> op) {
+  if (asking) node->store->send_asking();
+  LockRef ref{op->name, op->token, {}, {}};
+  node->store->release(std::span<const LockRef>(&ref, 1), op->notify,
+                       [this, op](std::size_t, Released status, std::string_view why) {
+                         if (status == Released::kUnconfirmed && !closed_) {
+                           ClusterReply c = note_reply(why);
+                           if (c.kind != ClusterReply::Kind::kNone && ++op->hops <= kRedirectBudget) {
+                             if (c.kind == ClusterReply::Kind::kRetry) {
+                               after_refresh([this, op, why = std::string(why)](std::exception_ptr) {
+                                 Node* owner = closed_ ? nullptr : owner_of(op->name);
+                                 if (owner != nullptr) {
+                                   release_at(owner, false, op);
+                                 } else {
+                                   (*op->done)(op->index, Released::kUnconfirmed, why);
+                                 }
+                               });
+                             } else {
+                               release_at(node_at(c.target.host, c.target.port), c.kind == ClusterReply::Kind::kAsk, op);
+                             }
+                             return;
+                           }
+                         }
+                         (*op->done)(op->index, status, why);
+                       });
+}
+
+std::size_t ClusterStore::renew(std::span<const LockRef> locks, std::shared_ptr<const void> keepalive, RenewDone done) {
+  auto shared = std::make_shared<RenewDone>(std::move(done));
+  if (mapped_ || closed_) return renew_now(locks, std::move(keepalive), std::move(shared));
+  // Leases exist only once the map is known; this is for completeness.
+  auto copy = std::make_shared<std::vector<LockRef>>(locks.begin(), locks.end());
+  when_mapped([this, copy, keepalive, shared](std::exception_ptr err) {
+    if (!err) {
+      renew_now(*copy, keepalive, shared);
+      return;
+    }
+    for (std::size_t k = 0; k < copy->size(); ++k) (*shared)(k, Renewed::kTransient, what_of(err));
+  });
+  return 1;
+}
+
+std::size_t ClusterStore::renew_now(std::span<const LockRef> locks, std::shared_ptr<const void> keepalive,
+                                    std::shared_ptr<RenewDone> done) {
+  std::size_t commands = 0;
+  // Group by node, then by slot: one script call per slot group, and every
+  // node's calls queued now, so they leave together and in parallel.
+  struct Entry {
+    std::int16_t node;
+    std::uint16_t slot;
+    std::size_t index;
+  };
+  std::vector<Entry> entries;
+  entries.reserve(locks.size());
+  std::vector<std::size_t> unrouted;
+  for (std::size_t k = 0; k < locks.size(); ++k) {
+    std::uint16_t slot = key_slot(locks[k].name);
+    std::int16_t node = closed_ ? -1 : owner_[slot];
+    if (node < 0) {
+      unrouted.push_back(k);
+    } else {
+      entries.push_back(Entry{node, slot, k});
+    }
+  }
+  std::sort(entries.begin(), entries.end(), [](const Entry& a, const Entry& b) {
+    return a.node != b.node ? a.node < b.node : a.slot != b.slot ? a.slot < b.slot : a.index < b.index;
+  });
+  std::vector<LockRef> group;
+  for (std::size_t from = 0; from < entries.size();) {
+    std::size_t to = from;
+    while (to < entries.size() && entries[to].node == entries[from].node && entries[to].slot == entries[from].slot) ++to;
+    auto indexes = std::make_shared<std::vector<std::size_t>>();
+    indexes->reserve(to - from);
+    group.clear();
+    for (std::size_t e = from; e < to; ++e) {
+      indexes->push_back(entries[e].index);
+      group.push_back(locks[entries[e].index]);
+    }
+    Node* node = nodes_[static_cast<std::size_t>(entries[from].node)].get();
+    commands += node->store->renew(group, keepalive, [this, indexes, done](std::size_t k, Renewed status, std::string_view why) {
+      if (status == Renewed::kTransient && !closed_) note_reply(why);
+      (*done)((*indexes)[k], status, why);
+    });
+    from = to;
+  }
+  if (!unrouted.empty()) {
+    if (!closed_) request_refresh();
+    loop_.post([done, unrouted, keepalive] {
+      for (std::size_t k : unrouted) (*done)(k, Renewed::kTransient, "no master serves the lock's slot yet");
+    });
+  }
+  return commands;
+}
+
+// ------------------------------------------------------------------ the rest, routed by slot
+
+void ClusterStore::raise_fence(std::string_view name, std::uint64_t fence, std::function<void(bool)> done) {
+  when_mapped([this, lock = std::string(name), fence, done = std::move(done)](std::exception_ptr err) mutable {
+    Node* node = err ? nullptr : owner_of(lock);
+    if (node == nullptr) {
+      loop_.post([done = std::move(done)] { done(false); });
+      return;
+    }
+    node->store->raise_fence(lock, fence, std::move(done));
+  });
+}
+
+void ClusterStore::server_time(std::function<void(std::chrono::system_clock::time_point, std::exception_ptr)> done) {
+  when_mapped([this, done = std::move(done)](std::exception_ptr err) mutable {
+    Node* node = nullptr;
+    if (!err) {
+      for (auto i : owner_) {
+        if (i >= 0) {
+          node = nodes_[static_cast<std::size_t>(i)].get();
+          break;
+        }
+      }
+      if (node == nullptr) err = std::make_exception_ptr(ConnectionError(seeds_.names(), "no master serves any slot"));
+    }
+    if (err) {
+      loop_.post([done = std::move(done), err] { done({}, err); });
+      return;
+    }
+    node->store->server_time(std::move(done));
+  });
+}
+
+void ClusterStore::claim_period(std::string_view name, std::string_view token, std::int64_t period,
+                                std::chrono::system_clock::time_point start,
+                                std::function<void(const ClaimResult&)> done) {
+  when_mapped([this, lock = std::string(name), tok = std::string(token), period, start,
+               done = std::move(done)](std::exception_ptr err) mutable {
+    Node* node = err ? nullptr : owner_of(lock);
+    if (node == nullptr) {
+      ClaimResult out;
+      out.error = err ? err : unserved(lock);
+      loop_.post([done = std::move(done), out] { done(out); });
+      return;
+    }
+    node->store->claim_period(lock, tok, period, start, [this, done = std::move(done)](const ClaimResult& r) {
+      if (r.error && !closed_) note_reply(what_of(r.error));
+      done(r);
+    });
+  });
+}
+
+void ClusterStore::inspect(std::string_view name, std::function<void(const LockInfo&, std::exception_ptr)> done) {
+  when_mapped([this, lock = std::string(name), done = std::move(done)](std::exception_ptr err) mutable {
+    Node* node = err ? nullptr : owner_of(lock);
+    if (node == nullptr) {
+      loop_.post([done = std::move(done), err = err ? err : unserved(lock)] { done(LockInfo{}, err); });
+      return;
+    }
+    node->store->inspect(lock, std::move(done));
+  });
+}
+
+void ClusterStore::force_release(std::string_view name, std::function<void(bool, std::exception_ptr)> done) {
+  when_mapped([this, lock = std::string(name), done = std::move(done)](std::exception_ptr err) mutable {
+    Node* node = err ? nullptr : owner_of(lock);
+    if (node == nullptr) {
+      loop_.post([done = std::move(done), err = err ? err : unserved(lock)] { done(false, err); });
+      return;
+    }
+    node->store->force_release(lock, std::move(done));
+  });
+}
+
+void ClusterStore::subscribe(std::string_view name) {
+  when_mapped([this, lock = std::string(name)](std::exception_ptr err) {
+    if (err || closed_ || subscribed_.count(lock) > 0) return;
+    Node* node = owner_of(lock);
+    if (node == nullptr) return;  // the waiter falls back to the holder's ttl
+    node->store->subscribe(lock);
+    subscribed_.emplace(lock, node);
+  });
+}
+
+void ClusterStore::unsubscribe(std::string_view name) {
+  when_mapped([this, lock = std::string(name)](std::exception_ptr) {
+    auto it = subscribed_.find(lock);
+    if (it == subscribed_.end()) return;
+    if (!closed_) it->second->store->unsubscribe(lock);
+    subscribed_.erase(it);
+  });
+}
+
+void ClusterStore::poll_replies() {
+  for (auto& n : nodes_) n->store->poll_replies();
+}
+
+void ClusterStore::close() {
+  if (closed_) return;
+  closed_ = true;
+  topo_->close();
+  for (auto& n : nodes_) n->store->close();
+  if (started_) {
+    uv_close(reinterpret_cast<uv_handle_t*>(&refresh_timer_), nullptr);
+    uv_close(reinterpret_cast<uv_handle_t*>(&wait_timer_), nullptr);
+  }
+  auto err = std::make_exception_ptr(ConnectionError(seeds_.names(), "the store is closed"));
+  auto mapped = std::move(map_waiters_);
+  map_waiters_.clear();
+  auto refreshed = std::move(refresh_waiters_);
+  refresh_waiters_.clear();
+  for (auto& w : mapped) w.fn(err);
+  for (auto& w : refreshed) w(err);
+}
+
+}  // namespace lockwatch::detail

@@ -1,0 +1,184 @@
+// lib/store/redis/cluster_store.hpp: locks on a Redis Cluster.
+//
+// URL: `redis-cluster://[user:password@]host:port[,host:port...]`, the seed
+// nodes; any one reachable is enough. The credentials apply to every node.
+//
+// Topology. The slot map comes from CLUSTER SHARDS (CLUSTER SLOTS on a
+// server without it), read on the loop through a connection of its own to
+// a known master or a seed, one refresh in flight at a time. It is read at
+// start, after a MOVED, a CLUSTERDOWN or a connection loss (throttled), and
+// every 5 s. Requests made before the first map is known wait for it, at
+// most connect_timeout, then fail with a ConnectionError naming the seeds.
+//
+// Routing. Every lock lives in the slot of `P{K}` (its fencing counter,
+// period and channel share the hash tag). Each master gets one
+// RedisNodeStore (its command, renewal and pub/sub connections, its
+// scripts), made when the map first names it and kept after.
+//
+// Renewals are grouped by node, and within a node by slot: a script's KEYS
+// must share one slot (CROSSSLOT otherwise), so a node gets one renewal
+// script call per slot group, all queued in one loop iteration and so
+// written together. The nodes are renewed in parallel; a failure on one
+// node or slot answers only its own leases (kTransient, retried by the
+// watchdog until the lease's deadline) and never holds back the others.
+//
+// Redirects. An acquisition or release answered MOVED goes to the node
+// named (and the map is refreshed); ASK goes to the node named after an
+// ASKING on the same connection, without touching the map; TRYAGAIN,
+// CLUSTERDOWN, LOADING and MASTERDOWN are retried after the next map
+// refresh (which is throttled, so this is the back-off). Each operation
+// has a budget of kRedirectBudget hops; past it the last error is
+// reported. A command answered with one of those did not run, so retrying
+// cannot take a lock twice. Renewals answered so are kTransient and go to
+// the refreshed owner at the watchdog's next try.
+//
+// Release notices: classic SUBSCRIBE/PUBLISH, as on one node. A cluster
+// forwards a PUBLISH to every node, so a subscription on the lock's master
+// hears it wherever the release ran. It costs cluster-bus traffic and does
+// not move with the slot (a subscription on a node that died is reported
+// lost, and waiters fall back to the holder's ttl); sharded pub/sub
+// (SSUBSCRIBE/SPUBLISH) is the next step.
+//
+// Threading: as LockStore (loop thread, but encode()/check_key()).
+// Costs: one array of 16384 node indexes; per batch, one pass to group.
+#pragma once
+
+#include <uv.h>
+
+#include <array>
+#include <chrono>
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "lockwatch/options.hpp"
+#include "store/lock_store.hpp"
+#include "store/redis/cluster_slot.hpp"
+
+struct redisReply;  // hiredis
+
+namespace lockwatch::detail {
+
+class Loop;
+struct ClusterAcquire;
+struct ClusterRelease;
+class RedisConnection;
+class RedisNodeStore;
+
+// What a redis-cluster:// URL names.
+struct ClusterSeeds {
+  std::vector<Endpoint> seeds;  // with the URL's credentials each
+  // Throws InvalidArgument naming what is wrong.
+  static ClusterSeeds parse(const std::string& url);
+  // "host:port,host:port" for error messages.
+  std::string names() const;
+};
+
+// What a cluster error reply asks of a client.
+struct ClusterReply {
+  enum class Kind : std::uint8_t { kNone, kMoved, kAsk, kRetry };
+  Kind kind = Kind::kNone;
+  Endpoint target;  // kMoved, kAsk: host and port only
+  // Parses Redis's own message ("MOVED 3999 127.0.0.1:6381", "TRYAGAIN ...").
+  static ClusterReply of(std::string_view redis_message);
+};
+
+class ClusterStore final : public LockStore {
+ public:
+  static constexpr int kRedirectBudget = 5;
+  static constexpr std::chrono::milliseconds kRefreshInterval{5000};
+  static constexpr std::chrono::milliseconds kRefreshThrottle{100};
+
+  ClusterStore(Loop& loop, ClusterSeeds seeds, const Options& options);
+  ~ClusterStore() override;
+
+  std::string encode(std::string_view key) const override;
+  const char* check_key(std::string_view key) const noexcept override;
+  bool release_events() const noexcept override { return true; }
+  void start(StoreEvents events) override;
+  void acquire(std::span<const LockRef> locks, AcquireDone done) override;
+  std::size_t renew(std::span<const LockRef> locks, std::shared_ptr<const void> keepalive, RenewDone done) override;
+  void release(std::span<const LockRef> locks, bool notify, ReleaseDone done) override;
+  void raise_fence(std::string_view name, std::uint64_t fence, std::function<void(bool ok)> done) override;
+  void server_time(std::function<void(std::chrono::system_clock::time_point, std::exception_ptr)> done) override;
+  void claim_period(std::string_view name, std::string_view token, std::int64_t period,
+                    std::chrono::system_clock::time_point start, std::function<void(const ClaimResult&)> done) override;
+  void inspect(std::string_view name, std::function<void(const LockInfo&, std::exception_ptr)> done) override;
+  void force_release(std::string_view name, std::function<void(bool, std::exception_ptr)> done) override;
+  void subscribe(std::string_view name) override;
+  void unsubscribe(std::string_view name) override;
+  void poll_replies() override;
+  void close() override;
+
+ private:
+  struct Node;
+  // Runs `fn` once the map is known (at once if it is), or with an error
+  // when it could not be had within connect_timeout.
+  using MapWaiter = std::function<void(std::exception_ptr)>;
+  void when_mapped(MapWaiter fn);
+  // Runs `fn` after the next refresh completed (or failed).
+  void after_refresh(MapWaiter fn);
+  void request_refresh();
+  void start_refresh();
+  void refresh_from(std::size_t candidate);
+  void refresh_failed(const std::string& why);
+  void refresh_done();
+  bool apply_shards(const ::redisReply* r);
+  bool apply_slots(const ::redisReply* r);
+  void expire_waiters();
+  // The events a node store reports through: ours, and a lost connection
+  // asks for a refresh (the node may have failed over).
+  StoreEvents node_events();
+  // The node store for the master at host:port, made (and started) on first use.
+  Node* node_at(const std::string& host, int port);
+  // The master of `name`'s slot; null when no node serves it.
+  Node* owner_of(std::string_view name);
+  std::exception_ptr unserved(std::string_view name) const;
+  void acquire_at(Node* node, bool asking, std::shared_ptr<ClusterAcquire> op);
+  void release_at(Node* node, bool asking, std::shared_ptr<ClusterRelease> op);
+  // Returns the number of script calls sent.
+  std::size_t renew_now(std::span<const LockRef> locks, std::shared_ptr<const void> keepalive,
+                 std::shared_ptr<RenewDone> done);
+  // A node store's reply `why` ("redis h:p answered an error: MOVED ...")
+  // as a redirect, and the refresh it calls for.
+  ClusterReply note_reply(std::string_view why);
+
+  static void on_refresh_timer(uv_timer_t* t);
+  static void on_wait_timer(uv_timer_t* t);
+
+  Loop& loop_;
+  const ClusterSeeds seeds_;
+  const Options options_;
+  StoreEvents events_;
+  bool started_ = false;
+  bool closed_ = false;
+
+  std::vector<std::unique_ptr<Node>> nodes_;
+  std::map<std::string, Node*> by_name_;      // "host:port"
+  std::array<std::int16_t, kClusterSlots> owner_{};  // node index, -1: not served
+  bool mapped_ = false;
+  std::string last_refresh_error_;
+  std::string logged_refresh_error_;
+  std::exception_ptr refresh_auth_error_;  // a node refused the credentials
+
+  std::unique_ptr<RedisConnection> topo_;  // CLUSTER SHARDS / SLOTS
+  bool refreshing_ = false;
+  bool refresh_again_ = false;
+  std::vector<Endpoint> candidates_;  // of the refresh in flight
+  std::chrono::steady_clock::time_point last_refresh_{};
+  uv_timer_t refresh_timer_{};
+  uv_timer_t wait_timer_{};
+
+  struct Waiting {
+    std::chrono::steady_clock::time_point deadline;
+    MapWaiter fn;
+  };
+  std::vector<Waiting> map_waiters_;   // until the first map
+  std::vector<MapWaiter> refresh_waiters_;  // until the next refresh ends
+  std::map<std::string, Node*, std::less<>> subscribed_;  // lock name -> node subscribed on
+};
+
+}  // namespace lockwatch::detail
