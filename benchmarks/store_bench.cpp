@@ -1,7 +1,9 @@
 // The same lock work on each lock store, in one run: one Redis node
 // (redis-server) in plaintext (`redis`) and over TLS (`rediss`, its own
-// server with a TLS port), and a SQL table (`mysql`, mariadbd), each
-// started here on loopback.
+// server with a TLS port), a Redis Cluster of 3 masters and 3 replicas
+// (`cluster`), and a SQL table (`mysql`, mariadbd), each started here on
+// loopback. Server CPU is the server's process; for the cluster, the sum
+// over its six nodes.
 //
 //   BM_Cycle/<store>/<callers>     acquire + release through LockHandle on
 //                                  distinct keys, <callers> threads
@@ -27,6 +29,7 @@
 #include "bench_common.hpp"
 #include "lockwatch/lockwatch.hpp"
 #include "support/mariadb_server.hpp"
+#include "support/redis_cluster.hpp"
 #include "support/redis_server.hpp"
 
 namespace {
@@ -39,21 +42,34 @@ constexpr auto kFutureBound = 30s;
 lockwatch::testing::RedisServer* g_redis = nullptr;
 lockwatch::testing::RedisServer* g_rediss = nullptr;
 lockwatch::testing::MariaDbServer* g_mariadb = nullptr;
+lockwatch::testing::RedisCluster* g_cluster = nullptr;
 std::atomic<std::uint64_t> g_run{0};
 bool g_failed = false;
 
 std::string url_of(const std::string& store) {
   if (store == "redis") return g_redis->url();
   if (store == "rediss") return g_rediss->url();
+  if (store == "cluster") return g_cluster->url();
   return g_mariadb->url();
 }
-pid_t server_pid(const std::string& store) {
-  if (store == "redis") return g_redis->pid();
-  if (store == "rediss") return g_rediss->pid();
-  return g_mariadb->pid();
+std::vector<pid_t> server_pids(const std::string& store) {
+  if (store == "redis") return {g_redis->pid()};
+  if (store == "rediss") return {g_rediss->pid()};
+  if (store == "cluster") {
+    std::vector<pid_t> all;
+    for (int i = 0; i < lockwatch::testing::RedisCluster::kNodes; ++i) all.push_back(g_cluster->node(i).pid());
+    return all;
+  }
+  return {g_mariadb->pid()};
 }
 
 // CPU seconds a process has used (user + system), from /proc.
+double process_cpu(pid_t pid);
+double servers_cpu(const std::string& store) {
+  double sum = 0;
+  for (pid_t p : server_pids(store)) sum += process_cpu(p);
+  return sum;
+}
 double process_cpu(pid_t pid) {
   std::ifstream in("/proc/" + std::to_string(pid) + "/stat");
   std::string s;
@@ -134,13 +150,13 @@ void BM_Watchdog(benchmark::State& state, const std::string& store) {
     double acquire_s = std::chrono::duration<double>(BenchClock::now() - t0).count();
     auto before = rt.stats();
     double client0 = lockwatch::bench::process_cpu_seconds();
-    double server0 = process_cpu(server_pid(store));
+    double server0 = servers_cpu(store);
     auto until = BenchClock::now() + 60s;
     while (rt.stats().renewals_sent - before.renewals_sent < kRounds * leases && BenchClock::now() < until)
       std::this_thread::sleep_for(50ms);  // a benchmark watching counters, not synchronising
     auto after = rt.stats();
     double client = lockwatch::bench::process_cpu_seconds() - client0;
-    double server = process_cpu(server_pid(store)) - server0;
+    double server = servers_cpu(store) - server0;
     double renewals = static_cast<double>(after.renewals_sent - before.renewals_sent);
     std::size_t lost = 0;
     for (auto& h : held) lost += h.lease().lost() ? 1 : 0;
@@ -162,7 +178,7 @@ void BM_Watchdog(benchmark::State& state, const std::string& store) {
 int main(int argc, char** argv) {
   benchmark::Initialize(&argc, argv);
   if (benchmark::ReportUnrecognizedArguments(argc, argv)) return 1;
-  for (std::string store : {"redis", "rediss", "mysql"}) {
+  for (std::string store : {"redis", "rediss", "cluster", "mysql"}) {
     for (int callers : {1, 16, 64})
       benchmark::RegisterBenchmark(fmt::format("BM_Cycle/{}", store).c_str(), BM_Cycle, store)
           ->Threads(callers)
@@ -182,6 +198,8 @@ int main(int argc, char** argv) {
     tls_options.tls = lockwatch::testing::RedisTls{};
     lockwatch::testing::RedisServer rediss(tls_options);
     lockwatch::testing::MariaDbServer mariadb;
+    lockwatch::testing::RedisCluster cluster;
+    g_cluster = &cluster;
     g_redis = &redis;
     g_rediss = &rediss;
     g_mariadb = &mariadb;
@@ -190,6 +208,7 @@ int main(int argc, char** argv) {
     g_redis = nullptr;
     g_rediss = nullptr;
     g_mariadb = nullptr;
+    g_cluster = nullptr;
   } catch (const std::exception& e) {
     std::fprintf(stderr, "store_bench: %s\n", e.what());
     status = 1;
