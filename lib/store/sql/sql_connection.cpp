@@ -189,6 +189,12 @@ void SqlConnection::connect_to(const std::string& host) {
                                         target_.database.c_str(), static_cast<unsigned>(target_.port),
                                         target_.socket.empty() ? nullptr : target_.socket.c_str(),
                                         CLIENT_MULTI_STATEMENTS | CLIENT_MULTI_RESULTS);
+  connect_step(status, ret);
+}
+
+// Where each non-blocking call goes once it returned (from `_start` or
+// `_cont`): on waiting for the socket, or on with its answer.
+void SqlConnection::connect_step(int status, MYSQL* ret) {
   if (status != 0) {
     wait_for(status);
     return;
@@ -200,6 +206,26 @@ void SqlConnection::connect_to(const std::string& host) {
     return;
   }
   connected();
+}
+
+void SqlConnection::result_step(int status, bool failed) {
+  if (status != 0) {
+    wait_for(status);
+    return;
+  }
+  if (failed) {
+    statement_failed();
+    return;
+  }
+  statement_answered();
+}
+
+void SqlConnection::store_step(int status, MYSQL_RES* res) {
+  if (status != 0) {
+    wait_for(status);
+    return;
+  }
+  finish_store(res);
 }
 
 void SqlConnection::connected() {
@@ -266,15 +292,7 @@ void SqlConnection::pump() {
     uv_timer_start(&deadline_timer_, on_deadline, static_cast<std::uint64_t>(options_.command_timeout.count()), 0);
   int err = 0;
   int status = mysql_real_query_start(&err, mysql_, sql.data(), static_cast<unsigned long>(sql.size()));
-  if (status != 0) {
-    wait_for(status);
-    return;
-  }
-  if (err != 0) {
-    statement_failed();
-    return;
-  }
-  statement_answered();
+  result_step(status, err != 0);
 }
 
 void SqlConnection::wait_for(int status) {
@@ -338,55 +356,25 @@ void SqlConnection::resume(int events) {
     case Phase::kConnect: {
       MYSQL* ret = nullptr;
       int status = mysql_real_connect_cont(&ret, mysql_, events);
-      if (status != 0) {
-        wait_for(status);
-        return;
-      }
-      if (ret == nullptr) {
-        last_errno_ = mysql_errno(mysql_);
-        last_error_ = mysql_error(mysql_);
-        went_down(last_error_, true);
-        return;
-      }
-      connected();
+      connect_step(status, ret);
       return;
     }
     case Phase::kQuery: {
       int err = 0;
       int status = mysql_real_query_cont(&err, mysql_, events);
-      if (status != 0) {
-        wait_for(status);
-        return;
-      }
-      if (err != 0) {
-        statement_failed();
-        return;
-      }
-      statement_answered();
+      result_step(status, err != 0);
       return;
     }
     case Phase::kStore: {
       MYSQL_RES* res = nullptr;
       int status = mysql_store_result_cont(&res, mysql_, events);
-      if (status != 0) {
-        wait_for(status);
-        return;
-      }
-      finish_store(res);
+      store_step(status, res);
       return;
     }
     case Phase::kNext: {
       int ret = 0;
       int status = mysql_next_result_cont(&ret, mysql_, events);
-      if (status != 0) {
-        wait_for(status);
-        return;
-      }
-      if (ret > 0) {
-        statement_failed();
-        return;
-      }
-      statement_answered();
+      result_step(status, ret > 0);
       return;
     }
   }
@@ -398,11 +386,7 @@ void SqlConnection::statement_answered() {
     phase_ = Phase::kStore;
     MYSQL_RES* res = nullptr;
     int status = mysql_store_result_start(&res, mysql_);
-    if (status != 0) {
-      wait_for(status);
-      return;
-    }
-    finish_store(res);
+    store_step(status, res);
     return;
   }
   SqlResult out;
@@ -449,15 +433,7 @@ void SqlConnection::after_results() {
     phase_ = Phase::kNext;
     int ret = 0;
     int status = mysql_next_result_start(&ret, mysql_);
-    if (status != 0) {
-      wait_for(status);
-      return;
-    }
-    if (ret > 0) {
-      statement_failed();
-      return;
-    }
-    statement_answered();
+    result_step(status, ret > 0);
     return;
   }
   // The round trip is over. Statements left in flight were not run.

@@ -100,12 +100,13 @@ class SqlConnection {
   void connect();
   void connect_to(const std::string& host);
   void connected();
-  void run_handshake(std::size_t step);
-  void internal(std::string sql, SqlDone done);
+  void run_handshake(std::size_t attempt);
   void kick();
   void pump();
   void resume(int events);
-  void step(int status);
+  void connect_step(int status, st_mysql* ret);
+  void result_step(int status, bool failed);
+  void store_step(int status, st_mysql_res* res);
   void statement_answered();
   void finish_store(st_mysql_res* res);
   void statement_failed();

@@ -16,9 +16,9 @@ namespace lockwatch::detail {
 namespace {
 
 constexpr int kCommandConnections = 2;
-// A renewal statement names at most this many locks (its text stays far
-// below max_allowed_packet).
-constexpr std::size_t kRenewChunk = 512;
+// An acquire, renew or release statement names at most this many locks
+// (its text stays far below max_allowed_packet).
+constexpr std::size_t kChunk = 512;
 // A deadlock or lock-wait timeout on the lock's row: the statement is
 // tried again this many times before the acquisition fails.
 constexpr int kAcquireAttempts = 3;
@@ -159,7 +159,7 @@ struct SqlStore::AcquireBatch {
     std::size_t index;  // in the caller's batch
   };
   std::vector<Lock> locks;  // sorted by name: every batch locks rows in one order
-  AcquireDone done;
+  std::shared_ptr<AcquireDone> done;  // shared by the chunks of one call
   int attempt = 1;
 };
 
@@ -170,10 +170,10 @@ void SqlStore::acquire(std::span<const LockRef> locks, AcquireDone done) {
   for (std::size_t i = 0; i < locks.size(); ++i)
     all.push_back({std::string(locks[i].name), std::string(locks[i].token), locks[i].ttl, i});
   std::sort(all.begin(), all.end(), [](const auto& a, const auto& b) { return a.name < b.name; });
-  for (std::size_t from = 0; from < all.size(); from += kRenewChunk) {
+  for (std::size_t from = 0; from < all.size(); from += kChunk) {
     auto batch = std::make_shared<AcquireBatch>();
-    batch->done = [shared_done](std::size_t i, const Acquired& a) { (*shared_done)(i, a); };
-    auto to = std::min(all.size(), from + kRenewChunk);
+    batch->done = shared_done;
+    auto to = std::min(all.size(), from + kChunk);
     batch->locks.assign(std::make_move_iterator(all.begin() + from), std::make_move_iterator(all.begin() + to));
     acquire_batch(std::move(batch));
   }
@@ -237,14 +237,14 @@ void SqlStore::acquire_batch(std::shared_ptr<AcquireBatch> batch) {
     *failed = err;
     Acquired out;
     out.error = err;
-    for (const auto& l : batch->locks) batch->done(l.index, out);
+    for (const auto& l : batch->locks) (*batch->done)(l.index, out);
   });
   conn.query(std::move(report), [batch, failed, retried](const SqlResult& r, std::exception_ptr err) {
     if (*failed || *retried) return;  // answered by the insert's failure, or sent again
     if (err) {
       Acquired out;
       out.error = err;
-      for (const auto& l : batch->locks) batch->done(l.index, out);
+      for (const auto& l : batch->locks) (*batch->done)(l.index, out);
       return;
     }
     std::map<std::string_view, const std::vector<std::string>*> rows;
@@ -266,7 +266,7 @@ void SqlStore::acquire_batch(std::shared_ptr<AcquireBatch> batch) {
           out.busy_for = std::chrono::milliseconds((us + 999) / 1000);
         }
       }
-      batch->done(l.index, out);
+      (*batch->done)(l.index, out);
     }
   });
 }
@@ -287,8 +287,8 @@ std::size_t SqlStore::renew(std::span<const LockRef> locks, std::shared_ptr<cons
   for (std::size_t i = 0; i < locks.size(); ++i) by_ttl[locks[i].ttl.count()].push_back(i);
   std::size_t statements = 0;
   for (auto& [ttl_ms, members] : by_ttl) {
-    for (std::size_t from = 0; from < members.size(); from += kRenewChunk) {
-      std::size_t to = std::min(members.size(), from + kRenewChunk);
+    for (std::size_t from = 0; from < members.size(); from += kChunk) {
+      std::size_t to = std::min(members.size(), from + kChunk);
       renew_group(batch, std::vector<std::size_t>(members.begin() + from, members.begin() + to),
                   std::chrono::milliseconds(ttl_ms));
       ++statements;
@@ -378,16 +378,15 @@ void SqlStore::release(std::span<const LockRef> locks, bool /*notify: no release
   struct Batch {
     std::vector<std::pair<std::string, std::string>> locks;  // name, token
     std::vector<std::size_t> index;
-    ReleaseDone done;
+    std::shared_ptr<ReleaseDone> done;  // shared by the chunks of one call
     std::map<std::string, std::pair<std::string, bool>> before;  // name -> owner, live
-    bool answered = false;
   };
   auto shared_done = std::make_shared<ReleaseDone>(std::move(done));
-  for (std::size_t from = 0; from < locks.size(); from += kRenewChunk) {
+  for (std::size_t from = 0; from < locks.size(); from += kChunk) {
     auto batch = std::make_shared<Batch>();
-    batch->done = [shared_done](std::size_t i, Released st, std::string_view why) { (*shared_done)(i, st, why); };
+    batch->done = shared_done;
     std::string names, pairs;
-    for (std::size_t i = from; i < std::min(locks.size(), from + kRenewChunk); ++i) {
+    for (std::size_t i = from; i < std::min(locks.size(), from + kChunk); ++i) {
       batch->locks.emplace_back(std::string(locks[i].name), std::string(locks[i].token));
       batch->index.push_back(i);
       if (i > from) {
@@ -415,7 +414,7 @@ void SqlStore::release(std::span<const LockRef> locks, bool /*notify: no release
         [this, batch, names](const SqlResult& r, std::exception_ptr err) {
           if (err) {
             std::string why = what_of(err);
-            for (std::size_t k = 0; k < batch->locks.size(); ++k) batch->done(batch->index[k], Released::kUnconfirmed, why);
+            for (std::size_t k = 0; k < batch->locks.size(); ++k) (*batch->done)(batch->index[k], Released::kUnconfirmed, why);
             return;
           }
           auto ours = [&](std::size_t k) {
@@ -428,7 +427,7 @@ void SqlStore::release(std::span<const LockRef> locks, bool /*notify: no release
             for (std::size_t k = 0; k < batch->locks.size(); ++k) {
               auto it = batch->before.find(batch->locks[k].first);
               bool other = it != batch->before.end() && it->second.second && !it->second.first.empty() && !ours(k);
-              batch->done(batch->index[k], ours(k) ? Released::kYes : other ? Released::kTakenByOther : Released::kGone, {});
+              (*batch->done)(batch->index[k], ours(k) ? Released::kYes : other ? Released::kTakenByOther : Released::kGone, {});
             }
             return;
           }
@@ -455,7 +454,7 @@ void SqlStore::release(std::span<const LockRef> locks, bool /*notify: no release
                     else if (row[1] != token && row[2] == "1")
                       st = Released::kTakenByOther;
                   }
-                  batch->done(batch->index[k], st, e2 ? what_of(e2) : std::string());
+                  (*batch->done)(batch->index[k], st, e2 ? what_of(e2) : std::string());
                 }
               });
         });
