@@ -53,7 +53,7 @@ class TlsTest : public ::testing::Test {
 };
 
 TEST_F(TlsTest, MutualTlsWorksWithAClientCertificate) {
-  RedisServer server = tls_server({.auth_clients = true});
+  RedisServer server = tls_server({.cert_file = {}, .key_file = {}, .auth_clients = true});
   Options o = options_to(server);
   o.tls_cert_file = certs().client_cert;
   o.tls_key_file = certs().client_key;
@@ -61,7 +61,7 @@ TEST_F(TlsTest, MutualTlsWorksWithAClientCertificate) {
 }
 
 TEST_F(TlsTest, AServerRequiringAClientCertificateRefusesAClientWithoutOne) {
-  RedisServer server = tls_server({.auth_clients = true});
+  RedisServer server = tls_server({.cert_file = {}, .key_file = {}, .auth_clients = true});
   std::string what = connection_error(options_to(server));
   EXPECT_NE(what.find("TLS"), std::string::npos) << what;
 }

@@ -245,6 +245,18 @@ TEST_F(WatchdogTest, TheLockIsReleasedBeforeTheFutureIsReady) {
   EXPECT_EQ(script_->count(Op::kRelease), 1u);
 }
 
+TEST_F(WatchdogTest, AHandleWhoseFutureWasDroppedUnreadReleasesTheLock) {
+  {
+    script_->set_delay(Op::kAcquire, 100ms);  // the grant comes after the future is gone
+    auto f = rt_->acquire("dropped", 1s, forever);
+  }
+  ASSERT_TRUE(script_->wait_for(Op::kRelease, 1));
+  EXPECT_FALSE(backend_->owner(memory_name("dropped")));
+  script_->set_delay(Op::kAcquire, 0ms);
+  auto h = hold("dropped", 1s);  // free again for the next caller
+  EXPECT_FALSE(h.lease().lost());
+}
+
 TEST_F(WatchdogTest, WorkThatThrowsIsStillReleased) {
   auto f = locked("throws", 1s, forever).on(*rt_)([]() -> int { throw std::runtime_error("boom"); })();
   EXPECT_TRUE(error_of<std::runtime_error>(f));

@@ -212,7 +212,11 @@ void Runtime::Impl::taken(const std::shared_ptr<Acquisition>& a, std::uint64_t f
     state->runtime = weak_from_this();
     state->lease = l;
     state->call = a->handle;
-    a->handle->acquired.set_value(HandleAccess::make(std::move(state)));
+    // The call gives up its promise: the handle then lives only in the
+    // future, so a future dropped unread releases the lock with it (kept
+    // in the call, the handle would keep the call and itself alive).
+    std::promise<LockHandle> acquired = std::move(a->handle->acquired);
+    acquired.set_value(HandleAccess::make(std::move(state)));
   } else if (a->inline_run) {
     a->granted.set_value(l);
   } else {

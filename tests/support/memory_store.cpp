@@ -98,6 +98,12 @@ void MemoryBackend::release_as_other(const std::string& name) {
   notify(name);
 }
 
+void MemoryBackend::hand_over(const std::string& name, const std::string& next_token, milliseconds ttl) {
+  std::lock_guard lk(mu_);
+  locks_[name] = Lock{next_token, Clock::now() + offset_ + ttl};
+  notify(name);
+}
+
 void MemoryBackend::notify(const std::string& name) {
   auto it = subscribers_.find(name);
   if (it == subscribers_.end()) return;

@@ -65,6 +65,9 @@ class MemoryBackend {
   void erase(const std::string& name);  // as if it expired
   // Deletes the lock and notifies subscribers, as another holder's release.
   void release_as_other(const std::string& name);
+  // One holder releases (with a notice) and the next takes the lock in the
+  // same step, so no waiter can slip in between.
+  void hand_over(const std::string& name, const std::string& next_token, std::chrono::milliseconds ttl);
 
   // Used by MemoryStore.
   detail::Acquired acquire(const detail::LockRef& lock);
