@@ -395,6 +395,91 @@ TEST_F(ClusterTest, RaiseFenceAndClaimPeriodFollowASlotThatMoved) {
   EXPECT_EQ(cluster_->node(from).command({"GET", name + ":fence"}).str, std::to_string(taken.fence + 1000));
 }
 
+// rediss-cluster://: six nodes that speak TLS only to clients (and on
+// their bus and replication links), two of them given as seeds.
+class ClusterTlsTest : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    RedisClusterOptions o;
+    o.tls = true;
+    cluster_ = new RedisCluster(o);
+  }
+  static void TearDownTestSuite() {
+    delete cluster_;
+    cluster_ = nullptr;
+  }
+  void SetUp() override { ASSERT_NE(cluster_, nullptr); }
+
+  static RedisCluster* cluster_;
+};
+
+RedisCluster* ClusterTlsTest::cluster_ = nullptr;
+
+TEST_F(ClusterTlsTest, LocksOnEveryMasterOverTls) {
+  Options o;
+  o.redis_url = cluster_->url();
+  ASSERT_EQ(o.redis_url.rfind("rediss-cluster://", 0), 0u) << o.redis_url;
+  o.tls_ca_file = test_certificates().ca_cert;
+  o.threads = 2;
+  Runtime rt(o);
+  // Keys until every master holds one: at least one master was not a seed
+  // and is reached at the TLS port the slot map gives.
+  std::set<int> masters;
+  for (int i = 0; i < 60 && masters.size() < 3; ++i) {
+    std::string key = "tls" + std::to_string(i);
+    auto h = take(rt, key, 5s);
+    EXPECT_GE(h.lease().fencing_token(), 1u);
+    auto state = rt.inspect(key);
+    EXPECT_TRUE(get_bounded(state).held) << key;
+    int holder = -1;
+    for (int m : cluster_->masters())
+      if (cluster_->node(m).command({"EXISTS", lock_key(key)}).integer == 1) holder = m;
+    EXPECT_GE(holder, 0) << key;
+    masters.insert(holder);
+    auto f = h.release();
+    get_bounded(f);
+  }
+  EXPECT_EQ(masters.size(), 3u);
+}
+
+TEST_F(ClusterTlsTest, AMovedSlotIsFollowedOverTls) {
+  const std::string key = "tls-moved";
+  const int slot = detail::key_slot(lock_key(key));
+  Options o;
+  o.redis_url = cluster_->url();
+  o.tls_ca_file = test_certificates().ca_cert;
+  o.threads = 2;
+  Runtime rt(o);
+  auto h = take(rt, key, 20s);
+  const int from = cluster_->master_of_slot(slot);
+  int to = -1;
+  for (int m : cluster_->masters())
+    if (m != from) to = m;
+  ASSERT_GE(from, 0);
+  ASSERT_GE(to, 0);
+  cluster_->move_slot(slot, to);
+  // MOVED names the new master's TLS port.
+  auto state = rt.inspect(key);
+  LockState s = get_bounded(state);
+  EXPECT_TRUE(s.held);
+  EXPECT_EQ(s.fencing_counter, h.lease().fencing_token());
+  auto f = h.release();
+  get_bounded(f);
+  EXPECT_EQ(cluster_->node(to).command({"EXISTS", lock_key(key)}).integer, 0);
+  cluster_->move_slot(slot, from);
+}
+
+TEST_F(ClusterTlsTest, AnUntrustedServerCertificateIsAConnectionError) {
+  Options o;
+  o.redis_url = cluster_->url();  // no tls_ca_file: the test CA is not trusted
+  o.connect_timeout = 1s;
+  Runtime rt(o);
+  auto f = rt.acquire("k", 1s, 0);
+  auto err = error_of<ConnectionError>(f);
+  ASSERT_TRUE(err);
+  EXPECT_NE(std::string(err->what()).find("certificate verify failed"), std::string::npos) << err->what();
+}
+
 TEST(ClusterSeedTest, ANodeOutsideAClusterIsATypedError) {
   RedisServer plain;
   Options o;
@@ -435,6 +520,17 @@ TEST(ClusterSeedTest, MalformedClusterUrlsAreInvalidArguments) {
   EXPECT_THROW(o.validate(), InvalidArgument);
   o.redis_url = "redis-cluster://u:p@127.0.0.1:7000,127.0.0.1:7001";
   EXPECT_NO_THROW(o.validate());
+  o.redis_url = "rediss-cluster://127.0.0.1:7000/0";
+  EXPECT_THROW(o.validate(), InvalidArgument);
+  o.redis_url = "rediss-cluster://127.0.0.1:notaport";
+  EXPECT_THROW(o.validate(), InvalidArgument);
+  o.redis_url = "redis-clusters://127.0.0.1:7000";
+  EXPECT_THROW(o.validate(), InvalidArgument);
+  o.redis_url = "rediss-cluster://u:p@127.0.0.1:7000,127.0.0.1:7001";
+  EXPECT_NO_THROW(o.validate());
+  // The TLS options are checked for rediss-cluster:// as for rediss://.
+  o.tls_cert_file = test_certificates().client_cert;
+  EXPECT_THROW(o.validate(), InvalidArgument);
 }
 
 }  // namespace

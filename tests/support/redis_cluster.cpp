@@ -29,9 +29,15 @@ RedisCluster::RedisCluster(RedisClusterOptions options, std::chrono::millisecond
                     "nodes.conf", "--cluster-port", std::to_string(free_loopback_port()),
                     "--repl-diskless-sync-delay", "0"};
     if (!options_.password.empty()) o.extra_args.insert(o.extra_args.end(), {"--masterauth", options_.password});
+    if (options_.tls) {
+      o.tls = RedisTls{};
+      o.extra_args.insert(o.extra_args.end(), {"--tls-cluster", "yes", "--tls-replication", "yes"});
+    }
     nodes_.push_back(std::make_unique<RedisServer>(o));
   }
-  std::vector<std::string> argv{"redis-cli", "--cluster", "create"};
+  std::vector<std::string> argv{"redis-cli"};
+  if (options_.tls) argv.insert(argv.end(), {"--tls", "--cacert", test_certificates().ca_cert});
+  argv.insert(argv.end(), {"--cluster", "create"});
   for (const auto& n : nodes_) argv.push_back(n->host() + ":" + std::to_string(n->port()));
   argv.insert(argv.end(), {"--cluster-replicas", "1", "--cluster-yes"});
   std::vector<std::string> env;
@@ -53,7 +59,7 @@ RedisCluster::~RedisCluster() = default;
 
 std::string RedisCluster::url() const {
   std::string cred = options_.password.empty() ? "" : ":" + options_.password + "@";
-  return "redis-cluster://" + cred + "127.0.0.1:" + std::to_string(nodes_[0]->port()) + ",127.0.0.1:" +
+  return std::string(options_.tls ? "rediss-cluster://" : "redis-cluster://") + cred + "127.0.0.1:" + std::to_string(nodes_[0]->port()) + ",127.0.0.1:" +
          std::to_string(nodes_[1]->port());
 }
 
@@ -102,9 +108,10 @@ int RedisCluster::slot_owner(int slot, int asked) const {
   for (const auto& range : slots.elements) {
     if (range.elements.size() < 3) continue;
     if (slot < range.elements[0].integer || slot > range.elements[1].integer) continue;
+    // Asked through command(), a TLS node names the plaintext ports.
     long long port = range.elements[2].elements.at(1).integer;
     for (std::size_t i = 0; i < nodes_.size(); ++i)
-      if (nodes_[i]->port() == port) return static_cast<int>(i);
+      if (nodes_[i]->command_port() == port) return static_cast<int>(i);
   }
   return -1;
 }
@@ -156,7 +163,7 @@ std::vector<int> RedisCluster::replicas_of(int m) const {
     std::string port = f[1].substr(f[1].rfind(':') + 1);
     port = port.substr(0, port.find('@'));
     for (std::size_t i = 0; i < nodes_.size(); ++i)
-      if (std::to_string(nodes_[i]->port()) == port) out.push_back(static_cast<int>(i));
+      if (std::to_string(nodes_[i]->command_port()) == port) out.push_back(static_cast<int>(i));
   }
   return out;
 }

@@ -29,6 +29,12 @@ struct RedisClusterOptions {
   // Empty: no authentication. Otherwise every node's requirepass and
   // masterauth, and url() carries it.
   std::string password;
+  // Every node's port speaks TLS (RedisServerOptions::tls, CA:
+  // test_certificates().ca_cert), and so do the cluster bus and
+  // replication (--tls-cluster, --tls-replication); url() is then
+  // rediss-cluster://. Each node keeps its plaintext port on loopback for
+  // command() only.
+  bool tls = false;
 };
 
 class RedisCluster {
@@ -43,7 +49,7 @@ class RedisCluster {
   static constexpr int kNodes = 6;
 
   // redis-cluster://[:password@]127.0.0.1:P1,127.0.0.1:P2 (two of the
-  // nodes as seeds).
+  // nodes as seeds); rediss-cluster:// with TLS.
   std::string url() const;
   RedisServer& node(int i) { return *nodes_.at(static_cast<std::size_t>(i)); }
   const RedisServer& node(int i) const { return *nodes_.at(static_cast<std::size_t>(i)); }

@@ -21,10 +21,11 @@ using Clock = std::chrono::steady_clock;
 // ------------------------------------------------------------------ parsing
 
 ClusterSeeds ClusterSeeds::parse(const std::string& url) {
-  constexpr std::string_view kScheme = "redis-cluster://";
-  if (url.compare(0, kScheme.size(), kScheme) != 0)
-    throw_bad_url(url, "expected redis-cluster://[user:password@]host:port[,host:port...]");
-  std::string rest = url.substr(kScheme.size());
+  constexpr std::string_view kPlain = "redis-cluster://", kTls = "rediss-cluster://";
+  const bool tls = url.compare(0, kTls.size(), kTls) == 0;
+  if (!tls && url.compare(0, kPlain.size(), kPlain) != 0)
+    throw_bad_url(url, "expected redis-cluster:// or rediss-cluster://[user:password@]host:port[,host:port...]");
+  std::string rest = url.substr(tls ? kTls.size() : kPlain.size());
   std::string cred;
   if (auto at = rest.rfind('@'); at != std::string::npos) {
     cred = rest.substr(0, at + 1);
@@ -40,7 +41,7 @@ ClusterSeeds ClusterSeeds::parse(const std::string& url) {
     std::string one = rest.substr(start, comma == std::string::npos ? std::string::npos : comma - start);
     if (one.empty()) throw_bad_url(url, "an empty seed in the list");
     // The redis:// parser checks host, port and credentials alike.
-    out.seeds.push_back(Endpoint::parse("redis://" + cred + one));
+    out.seeds.push_back(Endpoint::parse((tls ? "rediss://" : "redis://") + cred + one));
     if (comma == std::string::npos) break;
     start = comma + 1;
   }

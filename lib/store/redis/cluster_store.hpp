@@ -2,6 +2,9 @@
 //
 // URL: `redis-cluster://[user:password@]host:port[,host:port...]`, the seed
 // nodes; any one reachable is enough. The credentials apply to every node.
+// `rediss-cluster://` is the same over TLS, to every node: the seeds and
+// the masters the slot map names (at their tls-port in CLUSTER SHARDS),
+// with the Options' tls_* settings.
 //
 // Topology. The slot map comes from CLUSTER SHARDS (CLUSTER SLOTS on a
 // server without it), read on the loop through a connection of its own to
@@ -67,9 +70,9 @@ class Loop;
 class RedisConnection;
 class RedisNodeStore;
 
-// What a redis-cluster:// URL names.
+// What a redis-cluster:// or rediss-cluster:// URL names.
 struct ClusterSeeds {
-  std::vector<Endpoint> seeds;  // with the URL's credentials each
+  std::vector<Endpoint> seeds;  // with the URL's credentials (and TLS) each
   // Throws InvalidArgument naming what is wrong.
   static ClusterSeeds parse(const std::string& url);
   // "host:port,host:port" for error messages.
