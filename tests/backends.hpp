@@ -1,15 +1,20 @@
 // The lock stores the shared suites run on, each a real server the test
-// starts: one Redis node (redis-server, with a password) and a SQL table
-// (mariadbd). What a test needs to look into or tamper with in a store
-// goes through Backend, so the tests themselves are written once.
+// starts: one Redis node (redis-server, with a password), a Redis Cluster
+// (3 masters, 3 replicas, with a password) and a SQL table (mariadbd).
+// What a test needs to look into or tamper with in a store goes through
+// Backend, so the tests themselves are written once.
 #pragma once
 
 #include <chrono>
 #include <memory>
+#include <stdexcept>
 #include <string>
+#include <vector>
 
 #include "lockwatch/options.hpp"
+#include "store/redis/cluster_slot.hpp"
 #include "support/mariadb_server.hpp"
+#include "support/redis_cluster.hpp"
 #include "support/redis_server.hpp"
 
 namespace lockwatch::testing {
@@ -24,6 +29,12 @@ class Backend {
   virtual std::string unreachable_url() const = 0;
   // The longest key this store takes (one byte more is InvalidArgument).
   virtual std::size_t longest_key(const Options& o) const = 0;
+  // `n` distinct keys whose renewals this store may carry in one command.
+  virtual std::vector<std::string> batchable_keys(int n) const {
+    std::vector<std::string> out;
+    for (int i = 0; i < n; ++i) out.push_back("batch" + std::to_string(i));
+    return out;
+  }
   // Makes `owner` hold the lock of `key` for `ms`, whoever held it (an
   // intruder, or a clock gone wrong), with the default prefix.
   virtual void steal(const std::string& key, const std::string& owner, std::chrono::milliseconds ms) const = 0;
@@ -32,9 +43,13 @@ class Backend {
   // The last period the store records as run for scheduled job `job`
   // (-1: none).
   virtual long long last_period(const std::string& job) const = 0;
-  virtual void kill() = 0;
+  // Faults of the server that holds `key`'s lock (the only one, but in a
+  // cluster): kill() crashes it (SIGKILL) and start() brings it back
+  // (its data may be gone); pause() stops it answering (SIGSTOP) and
+  // resume() lets it go on.
+  virtual void kill(const std::string& key) = 0;
   virtual void start() = 0;
-  virtual void pause() = 0;
+  virtual void pause(const std::string& key) = 0;
   virtual void resume() = 0;
 };
 
@@ -58,9 +73,9 @@ class RedisBackend final : public Backend {
     auto r = server_.command({"GET", "lockwatch:{job:" + job + "}:period"});
     return r.type == Reply::Type::kString ? std::stoll(r.str) : -1;
   }
-  void kill() override { server_.kill(); }
+  void kill(const std::string&) override { server_.kill(); }
   void start() override { server_.start(); }
-  void pause() override { server_.pause(); }
+  void pause(const std::string&) override { server_.pause(); }
   void resume() override { server_.resume(); }
 
  private:
@@ -95,18 +110,98 @@ class MariaDbBackend final : public Backend {
                               ".lockwatch_locks WHERE lock_name = 'lockwatch:job:" + job + "'");
     return rows.empty() ? -1 : std::stoll(rows[0][0]);
   }
-  void kill() override { server_.kill(); }
+  void kill(const std::string&) override { server_.kill(); }
   void start() override { server_.start(); }
-  void pause() override { server_.pause(); }
+  void pause(const std::string&) override { server_.pause(); }
   void resume() override { server_.resume(); }
 
  private:
   MariaDbServer server_;
 };
 
-// "redis" or "mysql".
+// The key's server in a cluster is its slot's master. kill() takes its
+// replicas down with it, so that no failover can keep the lock: the
+// slot is gone, as one server would be. pause() stops the master alone;
+// a pause shorter than the node timeout (1 s) starts no failover.
+class ClusterBackend final : public Backend {
+ public:
+  ClusterBackend() : cluster_(options()) {}
+  std::string url() const override { return cluster_.url(); }
+  std::string url_with_wrong_password() const override {
+    return "redis-cluster://:wrong@127.0.0.1:" + std::to_string(cluster_.node(0).port());
+  }
+  std::string unreachable_url() const override {
+    return "redis-cluster://127.0.0.1:" + std::to_string(free_loopback_port());
+  }
+  std::size_t longest_key(const Options& o) const override { return o.max_key_bytes; }
+  // A script's keys must share one slot (CROSSSLOT otherwise): keys of one
+  // slot. A key is its own hash tag in the lock's name, so its slot is the
+  // slot of the key.
+  std::vector<std::string> batchable_keys(int n) const override {
+    std::vector<std::string> out;
+    const std::uint16_t slot = detail::key_slot("batch0");
+    for (int i = 0; static_cast<int>(out.size()) < n; ++i) {
+      std::string key = "batch" + std::to_string(i);
+      if (detail::key_slot(key) == slot) out.push_back(std::move(key));
+    }
+    return out;
+  }
+  void steal(const std::string& key, const std::string& owner, std::chrono::milliseconds ms) const override {
+    const std::string lock = "lockwatch:{" + key + "}";
+    cluster_.command_for(lock, {"SET", lock, owner, "PX", std::to_string(ms.count())});
+  }
+  long long now_ms() const override {
+    auto t = cluster_.node(cluster_.masters().at(0)).command({"TIME"});
+    return std::stoll(t.elements[0].str) * 1000 + std::stoll(t.elements[1].str) / 1000;
+  }
+  long long last_period(const std::string& job) const override {
+    const std::string key = "lockwatch:{job:" + job + "}:period";
+    auto r = cluster_.command_for(key, {"GET", key});
+    return r.type == Reply::Type::kString ? std::stoll(r.str) : -1;
+  }
+  void kill(const std::string& key) override {
+    const int master = master_of(key);
+    down_ = cluster_.replicas_of(master);
+    down_.push_back(master);
+    for (int n : down_) cluster_.node(n).kill();
+  }
+  // Once both are back, the shard serves its slots again (empty).
+  void start() override {
+    for (int n : down_) cluster_.node(n).start();
+    down_.clear();
+    std::string wrong = cluster_.wait_healthy(std::chrono::seconds(30));
+    if (!wrong.empty()) throw std::runtime_error("the cluster did not recover: " + wrong);
+  }
+  void pause(const std::string& key) override {
+    paused_ = master_of(key);
+    cluster_.node(paused_).pause();
+  }
+  void resume() override {
+    if (paused_ >= 0) cluster_.node(paused_).resume();
+    paused_ = -1;
+  }
+
+ private:
+  static RedisClusterOptions options() {
+    RedisClusterOptions o;
+    o.password = "right";
+    return o;
+  }
+  int master_of(const std::string& key) const {
+    auto slot = cluster_.node(cluster_.masters().at(0)).command({"CLUSTER", "KEYSLOT", "lockwatch:{" + key + "}"});
+    int m = cluster_.master_of_slot(static_cast<int>(slot.integer));
+    if (m < 0) throw std::runtime_error("no master serves the slot of " + key);
+    return m;
+  }
+  RedisCluster cluster_;
+  std::vector<int> down_;
+  int paused_ = -1;
+};
+
+// "redis", "redis-cluster" or "mysql".
 inline std::unique_ptr<Backend> make_backend(const std::string& kind) {
   if (kind == "redis") return std::make_unique<RedisBackend>();
+  if (kind == "redis-cluster") return std::make_unique<ClusterBackend>();
   return std::make_unique<MariaDbBackend>();
 }
 

@@ -1,16 +1,21 @@
 // A real Redis Cluster (3 masters, 3 replicas, on loopback) behind
 // redis-cluster://: slot math against the server, routing over every
 // master, exclusion and fencing across runtimes, batched renewals over all
-// shards, a graceful failover while leases are held, and bad seeds.
+// shards, a graceful failover while leases are held, operators' tools and
+// the store's other calls on a slot that moved or is moving (MOVED, ASK,
+// TRYAGAIN), and bad seeds.
 #include <gtest/gtest.h>
 
 #include <atomic>
+#include <future>
 #include <random>
 #include <set>
 #include <thread>
 #include <vector>
 
+#include "core/loop.hpp"
 #include "lockwatch/lockwatch.hpp"
+#include "store/make_store.hpp"
 #include "store/redis/cluster_slot.hpp"
 #include "support/redis_cluster.hpp"
 #include "test_util.hpp"
@@ -41,6 +46,13 @@ class ClusterTest : public ::testing::Test {
   static int holder_of(const std::string& key) {
     for (int m : cluster_->masters())
       if (cluster_->node(m).command({"EXISTS", lock_key(key)}).integer == 1) return m;
+    return -1;
+  }
+
+  // A master other than `m`.
+  static int other_master(int m) {
+    for (int o : cluster_->masters())
+      if (o != m) return o;
     return -1;
   }
 
@@ -214,6 +226,260 @@ TEST_F(ClusterTest, AGracefulFailoverLosesNoLeaseAndLockingGoesOn) {
   }
 }
 
+// The admin runtime reads the slot map when first used and then only
+// every 5 s, or when a reply asks for it: right after a move, its map is
+// stale, and only following the redirect reaches the lock.
+TEST_F(ClusterTest, InspectAndForceReleaseFollowASlotThatMoved) {
+  const std::string key = "admin-moved";
+  const int slot = detail::key_slot(lock_key(key));
+  Runtime holder(options()), admin(options());
+  auto held = take(holder, key, 20s);
+  const std::uint64_t token = held.lease().fencing_token();
+  auto first = admin.inspect(key);
+  ASSERT_TRUE(get_bounded(first).held);
+  const int from = holder_of(key);
+  const int to = other_master(from);
+  ASSERT_GE(from, 0);
+  ASSERT_GE(to, 0);
+
+  cluster_->move_slot(slot, to);
+  ASSERT_EQ(holder_of(key), to);
+  auto moved = admin.inspect(key);
+  LockState state = get_bounded(moved);
+  EXPECT_TRUE(state.held);
+  EXPECT_EQ(state.fencing_counter, token);
+  EXPECT_GT(state.ttl, 10s);
+
+  cluster_->move_slot(slot, from);  // and back: the map is stale again
+  auto forced = admin.force_release(key);
+  EXPECT_TRUE(get_bounded(forced));
+  EXPECT_EQ(holder_of(key), -1);
+  auto after = admin.inspect(key);
+  LockState gone = get_bounded(after);
+  EXPECT_FALSE(gone.held);
+  EXPECT_EQ(gone.fencing_counter, token);  // the counter stays
+}
+
+TEST_F(ClusterTest, InspectAndForceReleaseFollowAskWhileTheSlotMigrates) {
+  const std::string key = "admin-ask";
+  const int slot = detail::key_slot(lock_key(key));
+  Runtime holder(options()), admin(options());
+  auto held = take(holder, key, 20s);
+  const std::uint64_t token = held.lease().fencing_token();
+  auto first = admin.inspect(key);
+  ASSERT_TRUE(get_bounded(first).held);
+  const int to = other_master(holder_of(key));
+  ASSERT_GE(to, 0);
+
+  // The lock and its counter are on the target, the slot still on the
+  // source: the source answers ASK, and only with ASKING does the target
+  // serve the slot.
+  const int from = cluster_->begin_migration(slot, to);
+  cluster_->migrate(from, to, {lock_key(key), lock_key(key) + ":fence"});
+  // A target without the scripts: the EVAL sent after NOSCRIPT needs its
+  // own ASKING, or it is sent back with MOVED.
+  ASSERT_EQ(cluster_->node(to).command({"SCRIPT", "FLUSH"}).str, "OK");
+  auto asked = admin.inspect(key);
+  LockState state = get_bounded(asked);
+  EXPECT_TRUE(state.held);
+  EXPECT_EQ(state.fencing_counter, token);
+  auto forced = admin.force_release(key);
+  EXPECT_TRUE(get_bounded(forced));
+  // Without ASKING the target refuses the slot (MOVED to the source).
+  EXPECT_EQ(cluster_->node(to).command({"EXISTS", lock_key(key)}).type, Reply::Type::kError);
+
+  cluster_->finish_migration(slot, from, to);
+  EXPECT_EQ(cluster_->node(to).command({"EXISTS", lock_key(key)}).integer, 0);
+  auto after = admin.inspect(key);
+  LockState gone = get_bounded(after);
+  EXPECT_FALSE(gone.held);
+  EXPECT_EQ(gone.fencing_counter, token);
+  cluster_->move_slot(slot, from);
+}
+
+TEST_F(ClusterTest, ASplitSlotIsRetriedWithinTheHopBudgetThenReported) {
+  const std::string key = "admin-split";
+  const int slot = detail::key_slot(lock_key(key));
+  Runtime holder(options()), admin(options());
+  auto held = take(holder, key, 20s);
+  const std::uint64_t token = held.lease().fencing_token();
+  const int to = other_master(holder_of(key));
+  ASSERT_GE(to, 0);
+
+  // The lock moved, its counter did not: inspect (both keys) gets TRYAGAIN
+  // wherever it goes until the migration ends.
+  const int from = cluster_->begin_migration(slot, to);
+  cluster_->migrate(from, to, {lock_key(key)});
+  auto t0 = std::chrono::steady_clock::now();
+  auto split = admin.inspect(key);
+  auto err = error_of<RedisError>(split);
+  ASSERT_TRUE(err);
+  EXPECT_EQ(err->redis_message().rfind("TRYAGAIN", 0), 0u) << err->redis_message();
+  // kRedirectBudget (5) retries, each after a throttled map refresh.
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, 5s);
+
+  cluster_->finish_migration(slot, from, to);
+  auto whole = admin.inspect(key);
+  LockState state = get_bounded(whole);
+  EXPECT_TRUE(state.held);
+  EXPECT_EQ(state.fencing_counter, token);
+  cluster_->move_slot(slot, from);
+}
+
+// A ClusterStore driven on a loop of its own, for the calls the runtime
+// makes only for Redlock (raise_fence) and scheduled jobs (claim_period).
+class StoreOnLoop {
+ public:
+  explicit StoreOnLoop(const Options& o) : store_(detail::make_store(loop_, o)) {
+    detail::StoreEvents events;
+    events.released = [](std::string_view) {};
+    events.subscribed = [](std::string_view) {};
+    events.subscriptions_lost = [] {};
+    events.connection = [](const std::string&, bool, const std::string&) {};
+    events.log = [](bool, const std::string&) {};
+    loop_.post([this, events] { store_->start(events); });
+  }
+  ~StoreOnLoop() { EXPECT_EQ(loop_.shutdown([this] { store_->close(); }), 0); }
+
+  detail::Acquired acquire(const std::string& name, const std::string& token, std::chrono::milliseconds ttl) {
+    std::promise<detail::Acquired> p;
+    auto f = p.get_future();
+    loop_.post([&] {
+      const std::string ttl_ms = std::to_string(ttl.count());
+      detail::LockRef ref{name, token, ttl_ms, ttl};
+      store_->acquire(std::span<const detail::LockRef>(&ref, 1),
+                      [&p](std::size_t, const detail::Acquired& r) { p.set_value(r); });
+    });
+    return get_bounded(f);
+  }
+  bool raise_fence(const std::string& name, std::uint64_t fence) {
+    std::promise<bool> p;
+    auto f = p.get_future();
+    loop_.post([&] { store_->raise_fence(name, fence, [&p](bool ok) { p.set_value(ok); }); });
+    return get_bounded(f);
+  }
+  detail::ClaimResult claim(const std::string& name, const std::string& token, std::int64_t period) {
+    std::promise<detail::ClaimResult> p;
+    auto f = p.get_future();
+    loop_.post([&] {
+      store_->claim_period(name, token, period, std::chrono::system_clock::time_point{},
+                           [&p](const detail::ClaimResult& r) { p.set_value(r); });
+    });
+    return get_bounded(f);
+  }
+
+ private:
+  detail::Loop loop_;
+  std::unique_ptr<detail::LockStore> store_;
+};
+
+TEST_F(ClusterTest, RaiseFenceAndClaimPeriodFollowASlotThatMoved) {
+  const std::string key = "job:moved";
+  const std::string name = lock_key(key);
+  const int slot = detail::key_slot(name);
+  StoreOnLoop store(options());
+  auto taken = store.acquire(name, "our-token", 20s);
+  ASSERT_EQ(taken.status, detail::Acquired::Status::kTaken);
+  const int from = holder_of(key);
+  const int to = other_master(from);
+  ASSERT_GE(to, 0);
+
+  cluster_->move_slot(slot, to);
+  auto claim = store.claim(name, "our-token", 7);
+  EXPECT_EQ(claim.status, detail::ClaimResult::Status::kClaimed);
+  EXPECT_FALSE(claim.error);
+  EXPECT_EQ(cluster_->node(to).command({"GET", name + ":period"}).str, "7");
+
+  cluster_->move_slot(slot, from);
+  EXPECT_TRUE(store.raise_fence(name, taken.fence + 1000));
+  EXPECT_EQ(cluster_->node(from).command({"GET", name + ":fence"}).str, std::to_string(taken.fence + 1000));
+}
+
+// rediss-cluster://: six nodes that speak TLS only to clients (and on
+// their bus and replication links), two of them given as seeds.
+class ClusterTlsTest : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    RedisClusterOptions o;
+    o.tls = true;
+    cluster_ = new RedisCluster(o);
+  }
+  static void TearDownTestSuite() {
+    delete cluster_;
+    cluster_ = nullptr;
+  }
+  void SetUp() override { ASSERT_NE(cluster_, nullptr); }
+
+  static RedisCluster* cluster_;
+};
+
+RedisCluster* ClusterTlsTest::cluster_ = nullptr;
+
+TEST_F(ClusterTlsTest, LocksOnEveryMasterOverTls) {
+  Options o;
+  o.redis_url = cluster_->url();
+  ASSERT_EQ(o.redis_url.rfind("rediss-cluster://", 0), 0u) << o.redis_url;
+  o.tls_ca_file = test_certificates().ca_cert;
+  o.threads = 2;
+  Runtime rt(o);
+  // Keys until every master holds one: at least one master was not a seed
+  // and is reached at the TLS port the slot map gives.
+  std::set<int> masters;
+  for (int i = 0; i < 60 && masters.size() < 3; ++i) {
+    std::string key = "tls" + std::to_string(i);
+    auto h = take(rt, key, 5s);
+    EXPECT_GE(h.lease().fencing_token(), 1u);
+    auto state = rt.inspect(key);
+    EXPECT_TRUE(get_bounded(state).held) << key;
+    int holder = -1;
+    for (int m : cluster_->masters())
+      if (cluster_->node(m).command({"EXISTS", lock_key(key)}).integer == 1) holder = m;
+    EXPECT_GE(holder, 0) << key;
+    masters.insert(holder);
+    auto f = h.release();
+    get_bounded(f);
+  }
+  EXPECT_EQ(masters.size(), 3u);
+}
+
+TEST_F(ClusterTlsTest, AMovedSlotIsFollowedOverTls) {
+  const std::string key = "tls-moved";
+  const int slot = detail::key_slot(lock_key(key));
+  Options o;
+  o.redis_url = cluster_->url();
+  o.tls_ca_file = test_certificates().ca_cert;
+  o.threads = 2;
+  Runtime rt(o);
+  auto h = take(rt, key, 20s);
+  const int from = cluster_->master_of_slot(slot);
+  int to = -1;
+  for (int m : cluster_->masters())
+    if (m != from) to = m;
+  ASSERT_GE(from, 0);
+  ASSERT_GE(to, 0);
+  cluster_->move_slot(slot, to);
+  // MOVED names the new master's TLS port.
+  auto state = rt.inspect(key);
+  LockState s = get_bounded(state);
+  EXPECT_TRUE(s.held);
+  EXPECT_EQ(s.fencing_counter, h.lease().fencing_token());
+  auto f = h.release();
+  get_bounded(f);
+  EXPECT_EQ(cluster_->node(to).command({"EXISTS", lock_key(key)}).integer, 0);
+  cluster_->move_slot(slot, from);
+}
+
+TEST_F(ClusterTlsTest, AnUntrustedServerCertificateIsAConnectionError) {
+  Options o;
+  o.redis_url = cluster_->url();  // no tls_ca_file: the test CA is not trusted
+  o.connect_timeout = 1s;
+  Runtime rt(o);
+  auto f = rt.acquire("k", 1s, 0);
+  auto err = error_of<ConnectionError>(f);
+  ASSERT_TRUE(err);
+  EXPECT_NE(std::string(err->what()).find("certificate verify failed"), std::string::npos) << err->what();
+}
+
 TEST(ClusterSeedTest, ANodeOutsideAClusterIsATypedError) {
   RedisServer plain;
   Options o;
@@ -254,6 +520,17 @@ TEST(ClusterSeedTest, MalformedClusterUrlsAreInvalidArguments) {
   EXPECT_THROW(o.validate(), InvalidArgument);
   o.redis_url = "redis-cluster://u:p@127.0.0.1:7000,127.0.0.1:7001";
   EXPECT_NO_THROW(o.validate());
+  o.redis_url = "rediss-cluster://127.0.0.1:7000/0";
+  EXPECT_THROW(o.validate(), InvalidArgument);
+  o.redis_url = "rediss-cluster://127.0.0.1:notaport";
+  EXPECT_THROW(o.validate(), InvalidArgument);
+  o.redis_url = "redis-clusters://127.0.0.1:7000";
+  EXPECT_THROW(o.validate(), InvalidArgument);
+  o.redis_url = "rediss-cluster://u:p@127.0.0.1:7000,127.0.0.1:7001";
+  EXPECT_NO_THROW(o.validate());
+  // The TLS options are checked for rediss-cluster:// as for rediss://.
+  o.tls_cert_file = test_certificates().client_cert;
+  EXPECT_THROW(o.validate(), InvalidArgument);
 }
 
 }  // namespace

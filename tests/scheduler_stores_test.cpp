@@ -1,5 +1,5 @@
-// Scheduled jobs across real processes on each real store (redis-server
-// and mariadbd): each period runs once and only once, a killed leader is
+// Scheduled jobs across real processes on each real store (redis-server,
+// a Redis Cluster and mariadbd): each period runs once and only once, a killed leader is
 // replaced within one lease plus one period, skewed local clocks change
 // nothing, a long run delays the next without overlap or burst, a thrown
 // exception costs only its own run, and a lease stolen mid-run stops the
@@ -7,6 +7,7 @@
 #include <gtest/gtest.h>
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <csignal>
 #include <filesystem>
 #include <fstream>
@@ -253,8 +254,12 @@ TEST_P(SchedulerStoresTest, AThrowingRunCostsOnlyItsOwnPeriod) {
       << metrics;
 }
 
-INSTANTIATE_TEST_SUITE_P(Stores, SchedulerStoresTest, ::testing::Values("redis", "mysql"),
-                         [](const ::testing::TestParamInfo<std::string>& p) { return p.param; });
+INSTANTIATE_TEST_SUITE_P(Stores, SchedulerStoresTest, ::testing::Values("redis", "redis-cluster", "mysql"),
+                         [](const ::testing::TestParamInfo<std::string>& p) {
+                           std::string name = p.param;
+                           std::replace(name.begin(), name.end(), '-', '_');  // a test name is an identifier
+                           return name;
+                         });
 
 }  // namespace
 }  // namespace lockwatch::testing

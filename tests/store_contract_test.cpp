@@ -1,10 +1,12 @@
 // What every lock store must do, run against each real server: one Redis
-// node (redis-server) and a SQL table (mariadbd). Exclusion, a holder that
-// dies, fencing, waiting, renewal, and bad input; each test starts its own
-// server. Store-specific behaviour stays in the stores' own suites.
+// node (redis-server), a Redis Cluster (six redis-servers) and a SQL table
+// (mariadbd). Exclusion, a holder that dies, fencing, waiting, renewal, and
+// bad input; each test starts its own servers. Store-specific behaviour
+// stays in the stores' own suites.
 #include <gtest/gtest.h>
 #include <signal.h>
 
+#include <algorithm>
 #include <atomic>
 #include <thread>
 #include <vector>
@@ -188,7 +190,7 @@ TEST_P(StoreContractTest, RenewalsDueInOneTickShareACommand) {
   constexpr int kLeases = 200;
   Runtime rt(options());
   std::vector<std::future<LockHandle>> acquiring;
-  for (int i = 0; i < kLeases; ++i) acquiring.push_back(rt.acquire("batch" + std::to_string(i), 400ms));
+  for (const auto& key : backend_->batchable_keys(kLeases)) acquiring.push_back(rt.acquire(key, 400ms));
   std::vector<LockHandle> held;
   for (auto& f : acquiring) held.push_back(get_bounded(f));
   auto before = rt.stats();
@@ -263,7 +265,7 @@ TEST_P(StoreContractTest, AServerGoneMidLeaseLosesTheLeaseByItsDeadline) {
   auto fut = f();
   ASSERT_TRUE(started.wait());
   auto killed_at = std::chrono::steady_clock::now();
-  backend_->kill();
+  backend_->kill("gone");
   auto err = error_of<LeaseLost>(fut);
   ASSERT_TRUE(err);
   // Lost by the lease's own deadline (the ttl), not kept on hope.
@@ -278,7 +280,7 @@ TEST_P(StoreContractTest, AHungServerCannotHangACall) {
   auto warm = locked("hung", 1s, 0).on(rt)([] { return 1; });
   auto w = warm();
   ASSERT_EQ(get_bounded(w), 1);
-  backend_->pause();
+  backend_->pause("hung");
   auto t0 = std::chrono::steady_clock::now();
   auto fut = warm();
   auto err = error_of<ConnectionError>(fut);
@@ -291,8 +293,12 @@ TEST_P(StoreContractTest, AHungServerCannotHangACall) {
   EXPECT_EQ(get_bounded(a), 2);
 }
 
-INSTANTIATE_TEST_SUITE_P(Stores, StoreContractTest, ::testing::Values("redis", "mysql"),
-                         [](const ::testing::TestParamInfo<std::string>& p) { return p.param; });
+INSTANTIATE_TEST_SUITE_P(Stores, StoreContractTest, ::testing::Values("redis", "redis-cluster", "mysql"),
+                         [](const ::testing::TestParamInfo<std::string>& p) {
+                           std::string name = p.param;
+                           std::replace(name.begin(), name.end(), '-', '_');  // a test name is an identifier
+                           return name;
+                         });
 
 }  // namespace
 }  // namespace lockwatch::testing

@@ -43,8 +43,9 @@ struct Options {
   // for a master found (and followed across failovers) through Sentinel;
   // `redis-cluster://[user:password@]host:port[,host:port...]` for a Redis
   // Cluster (seed nodes: any one reachable is enough).
-  // `rediss://` and `rediss-sentinel://` are the same over TLS (with
-  // Sentinel, to the sentinels and to the master alike).
+  // `rediss://`, `rediss-sentinel://` and `rediss-cluster://` are the same
+  // over TLS (with Sentinel, to the sentinels and to the master alike; in a
+  // cluster, to every node).
   std::string redis_url = "redis://127.0.0.1:6379";
   // Sentinel: credentials of the sentinels themselves (the URL's are the
   // master's), and how many replicas must acknowledge a lock write (WAIT)

@@ -21,7 +21,7 @@ constexpr std::string_view kSupported =
     "redis://[user:password@]host:port[/db] (a comma-separated list of them for Redlock), "
     "redis-sentinel://[user:password@]host:port[,host:port...]/master-name[/db], the same over TLS as "
     "rediss:// and rediss-sentinel://, redis-cluster://[user:password@]host:port[,host:port...] (seed nodes of a "
-    "Redis Cluster), and mysql://user:password@host[:port]/database[?socket=/path&table=name]";
+    "Redis Cluster; rediss-cluster:// over TLS), and mysql://user:password@host[:port]/database[?socket=/path&table=name]";
 
 enum class Scheme { kRedis, kRedisSentinel, kRedisCluster, kMysql };
 
@@ -30,7 +30,7 @@ Scheme scheme_of(const std::string& url) {
   std::string scheme = sep == std::string::npos ? std::string() : url.substr(0, sep);
   if (scheme == "redis" || scheme == "rediss") return Scheme::kRedis;
   if (scheme == "redis-sentinel" || scheme == "rediss-sentinel") return Scheme::kRedisSentinel;
-  if (scheme == "redis-cluster") return Scheme::kRedisCluster;
+  if (scheme == "redis-cluster" || scheme == "rediss-cluster") return Scheme::kRedisCluster;
   if (scheme == "mysql") return Scheme::kMysql;
   if (scheme.empty())
     throw InvalidArgument(fmt::format("malformed URL '{}': no scheme; lockwatch supports {}", url_for_messages(url),

@@ -3,8 +3,9 @@
 //   redis://...                      RedisNodeStore (one master)
 //   redis://...,redis://...          QuorumStore over one RedisNodeStore each (Redlock)
 //   redis-sentinel://.../name        RedisNodeStore following the master through Sentinel
-//   rediss://, rediss-sentinel://    the same over TLS
 //   redis-cluster://h:p[,h:p...]     ClusterStore (a RedisNodeStore per master, routed by slot)
+//   rediss://, rediss-sentinel://,   the same over TLS
+//   rediss-cluster://
 //
 // A new store is one more line here; nothing else in the runtime changes.
 #pragma once

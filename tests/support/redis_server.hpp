@@ -103,6 +103,8 @@ class RedisServer {
   RedisServer& operator=(const RedisServer&) = delete;
 
   int port() const { return port_; }
+  // The port command() uses: port(), but for a TLS server its plaintext one.
+  int command_port() const { return options_.tls ? command_port_ : port_; }
   const std::string& host() const { return host_; }
   // "redis://127.0.0.1:PORT", or "redis://:PASSWORD@127.0.0.1:PORT" with a
   // password (inserted as is: keep test passwords URL-safe); rediss:// for

@@ -35,7 +35,8 @@ constexpr const char* kExitCodes = R"(Exit status of run:
 constexpr const char* kRedisHelp =
     "Where the locks live: redis://[user:password@]host:port[/db], a comma-separated list of redis:// URLs "
     "(Redlock), redis-sentinel://[user:password@]host:port[,host:port...]/master-name[/db], "
-    "redis-cluster://[user:password@]host:port[,host:port...], rediss:// and rediss-sentinel:// for TLS, "
+    "redis-cluster://[user:password@]host:port[,host:port...], rediss://, rediss-sentinel:// and "
+    "rediss-cluster:// for TLS, "
     "or mysql://user:password@host[:port]/database. Default: $LOCKWATCH_REDIS_URL, else redis://127.0.0.1:6379";
 
 CLI::Validator duration_validator() {

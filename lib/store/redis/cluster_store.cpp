@@ -21,10 +21,11 @@ using Clock = std::chrono::steady_clock;
 // ------------------------------------------------------------------ parsing
 
 ClusterSeeds ClusterSeeds::parse(const std::string& url) {
-  constexpr std::string_view kScheme = "redis-cluster://";
-  if (url.compare(0, kScheme.size(), kScheme) != 0)
-    throw_bad_url(url, "expected redis-cluster://[user:password@]host:port[,host:port...]");
-  std::string rest = url.substr(kScheme.size());
+  constexpr std::string_view kPlain = "redis-cluster://", kTls = "rediss-cluster://";
+  const bool tls = url.compare(0, kTls.size(), kTls) == 0;
+  if (!tls && url.compare(0, kPlain.size(), kPlain) != 0)
+    throw_bad_url(url, "expected redis-cluster:// or rediss-cluster://[user:password@]host:port[,host:port...]");
+  std::string rest = url.substr(tls ? kTls.size() : kPlain.size());
   std::string cred;
   if (auto at = rest.rfind('@'); at != std::string::npos) {
     cred = rest.substr(0, at + 1);
@@ -40,7 +41,7 @@ ClusterSeeds ClusterSeeds::parse(const std::string& url) {
     std::string one = rest.substr(start, comma == std::string::npos ? std::string::npos : comma - start);
     if (one.empty()) throw_bad_url(url, "an empty seed in the list");
     // The redis:// parser checks host, port and credentials alike.
-    out.seeds.push_back(Endpoint::parse("redis://" + cred + one));
+    out.seeds.push_back(Endpoint::parse((tls ? "rediss://" : "redis://") + cred + one));
     if (comma == std::string::npos) break;
     start = comma + 1;
   }
@@ -148,21 +149,15 @@ struct ClusterStore::Node {
   std::unique_ptr<RedisNodeStore> store;
 };
 
-// One lock's acquisition or release, across its redirects.
-struct ClusterAcquire {
-  std::string name, token, ttl_ms;
-  std::chrono::milliseconds ttl{0};
-  std::size_t index = 0;
-  std::shared_ptr<LockStore::AcquireDone> done;
+// One call on one lock (an acquisition, a release, an operators' tool, a
+// period claim), across its redirects.
+struct ClusterStore::Call {
+  std::string name;  // the lock: its slot routes the call
   int hops = 0;
-};
-
-struct ClusterRelease {
-  std::string name, token;
-  bool notify = false;
-  std::size_t index = 0;
-  std::shared_ptr<LockStore::ReleaseDone> done;
-  int hops = 0;
+  // Sends the call to `node`; `self` is this call (taken as an argument,
+  // so that the call does not own itself). The reply handler hands a
+  // failure to follow() and reports only what follow() does not take.
+  std::function<void(RedisNodeStore& node, const std::shared_ptr<Call>& self)> send;
 };
 
 ClusterStore::ClusterStore(Loop& loop, ClusterSeeds seeds, const Options& options)
@@ -480,117 +475,104 @@ ClusterReply ClusterStore::note_reply(std::string_view why) {
 
 // ------------------------------------------------------------------ locks
 
-void ClusterStore::acquire(std::span<const LockRef> locks, AcquireDone done) {
-  auto shared = std::make_shared<AcquireDone>(std::move(done));
-  for (std::size_t i = 0; i < locks.size(); ++i) {
-    auto op = std::make_shared<ClusterAcquire>();
-    op->name = locks[i].name;
-    op->token = locks[i].token;
-    op->ttl_ms = locks[i].ttl_ms;
-    op->ttl = locks[i].ttl;
-    op->index = i;
-    op->done = shared;
-    when_mapped([this, op](std::exception_ptr err) {
-      if (!err) {
-        if (Node* node = owner_of(op->name)) {
-          acquire_at(node, false, op);
-          return;
-        }
-        request_refresh();
-        err = unserved(op->name);
+void ClusterStore::route(std::shared_ptr<Call> call, std::function<void(std::exception_ptr)> unrouted) {
+  when_mapped([this, call, unrouted = std::move(unrouted)](std::exception_ptr err) {
+    if (!err) {
+      if (Node* node = owner_of(call->name)) {
+        send_to(node, false, call);
+        return;
       }
-      loop_.post([op, err] {
-        Acquired out;
-        out.error = err;
-        (*op->done)(op->index, out);
+      request_refresh();
+      err = unserved(call->name);
+    }
+    loop_.post([unrouted, err] { unrouted(err); });
+  });
+}
+
+void ClusterStore::send_to(Node* node, bool asking, const std::shared_ptr<Call>& call) {
+  if (asking) node->store->send_asking();
+  call->send(*node->store, call);
+}
+
+bool ClusterStore::follow(const std::shared_ptr<Call>& call, std::string_view redis_message,
+                          std::function<void()> give_up) {
+  if (closed_) return false;
+  ClusterReply c = ClusterReply::of(redis_message);
+  if (c.kind == ClusterReply::Kind::kNone) return false;
+  // The map is wrong (MOVED) or the slot is in flux: read it again, also
+  // when the budget is spent, so that the next call goes the right way.
+  if (c.kind != ClusterReply::Kind::kAsk) request_refresh();
+  if (++call->hops > kRedirectBudget) return false;
+  switch (c.kind) {
+    case ClusterReply::Kind::kMoved:
+      send_to(node_at(c.target.host, c.target.port), false, call);
+      return true;
+    case ClusterReply::Kind::kAsk:
+      send_to(node_at(c.target.host, c.target.port), true, call);
+      return true;
+    default:
+      after_refresh([this, call, give_up = std::move(give_up)](std::exception_ptr) {
+        Node* owner = closed_ ? nullptr : owner_of(call->name);
+        if (owner != nullptr) {
+          send_to(owner, false, call);
+        } else {
+          give_up();
+        }
       });
-    });
+      return true;
   }
 }
 
-void ClusterStore::acquire_at(Node* node, bool asking, std::shared_ptr<ClusterAcquire> op) {
-  if (asking) node->store->send_asking();
-  LockRef ref{op->name, op->token, op->ttl_ms, op->ttl};
-  node->store->acquire(std::span<const LockRef>(&ref, 1), [this, op](std::size_t, const Acquired& r) {
-    if (r.status == Acquired::Status::kFailed && !closed_) {
-      ClusterReply c = ClusterReply::of(redis_message_of(r.error));
-      // A redirected or refused command did not run: sending it again
-      // cannot take the lock twice.
-      if (c.kind != ClusterReply::Kind::kNone && ++op->hops <= kRedirectBudget) {
-        switch (c.kind) {
-          case ClusterReply::Kind::kMoved:
-            request_refresh();
-            acquire_at(node_at(c.target.host, c.target.port), false, op);
-            return;
-          case ClusterReply::Kind::kAsk:
-            acquire_at(node_at(c.target.host, c.target.port), true, op);
-            return;
-          default:
-            after_refresh([this, op, r](std::exception_ptr) {
-              Node* owner = closed_ ? nullptr : owner_of(op->name);
-              if (owner != nullptr) {
-                acquire_at(owner, false, op);
-              } else {
-                (*op->done)(op->index, r);
-              }
-            });
-            return;
-        }
-      }
-      if (is_connection_error(r.error)) request_refresh();
-    }
-    (*op->done)(op->index, r);
-  });
+bool ClusterStore::follow(const std::shared_ptr<Call>& call, std::exception_ptr error, std::function<void()> give_up) {
+  if (!error || closed_) return false;
+  if (follow(call, redis_message_of(error), std::move(give_up))) return true;
+  if (is_connection_error(error)) request_refresh();
+  return false;
+}
+
+void ClusterStore::acquire(std::span<const LockRef> locks, AcquireDone done) {
+  auto shared = std::make_shared<AcquireDone>(std::move(done));
+  for (std::size_t i = 0; i < locks.size(); ++i) {
+    auto call = std::make_shared<Call>();
+    call->name = locks[i].name;
+    call->send = [this, i, shared, token = std::string(locks[i].token), ttl_ms = std::string(locks[i].ttl_ms),
+                  ttl = locks[i].ttl](RedisNodeStore& node, const std::shared_ptr<Call>& self) {
+      LockRef ref{self->name, token, ttl_ms, ttl};
+      node.acquire(std::span<const LockRef>(&ref, 1), [this, self, i, shared](std::size_t, const Acquired& r) {
+        // A redirected or refused command did not run: sending it again
+        // cannot take the lock twice.
+        if (r.status == Acquired::Status::kFailed && follow(self, r.error, [i, shared, r] { (*shared)(i, r); }))
+          return;
+        (*shared)(i, r);
+      });
+    };
+    route(std::move(call), [i, shared](std::exception_ptr err) {
+      Acquired out;
+      out.error = err;
+      (*shared)(i, out);
+    });
+  }
 }
 
 void ClusterStore::release(std::span<const LockRef> locks, bool notify, ReleaseDone done) {
   auto shared = std::make_shared<ReleaseDone>(std::move(done));
   for (std::size_t i = 0; i < locks.size(); ++i) {
-    auto op = std::make_shared<ClusterRelease>();
-    op->name = locks[i].name;
-    op->token = locks[i].token;
-    op->notify = notify;
-    op->index = i;
-    op->done = shared;
-    when_mapped([this, op](std::exception_ptr err) {
-      if (!err) {
-        if (Node* node = owner_of(op->name)) {
-          release_at(node, false, op);
-          return;
-        }
-        request_refresh();
-        err = unserved(op->name);
-      }
-      loop_.post([op, why = what_of(err)] { (*op->done)(op->index, Released::kUnconfirmed, why); });
-    });
+    auto call = std::make_shared<Call>();
+    call->name = locks[i].name;
+    call->send = [this, i, shared, notify, token = std::string(locks[i].token)](RedisNodeStore& node,
+                                                                              const std::shared_ptr<Call>& self) {
+      LockRef ref{self->name, token, {}, {}};
+      node.release(std::span<const LockRef>(&ref, 1), notify,
+                   [this, self, i, shared](std::size_t, Released status, std::string_view why) {
+                     if (status == Released::kUnconfirmed &&
+                         follow(self, redis_message_in(why),
+                                [i, shared, why = std::string(why)] { (*shared)(i, Released::kUnconfirmed, why); }))
+                       return;
+                     (*shared)(i, status, why);
+                   });
+    };
+    route(std::move(call), [i, shared](std::exception_ptr err) { (*shared)(i, Released::kUnconfirmed, what_of(err)); });
   }
-}
-
-void ClusterStore::release_at(Node* node, bool asking, std::shared_ptr<ClusterRelease> op) {
-  if (asking) node->store->send_asking();
-  LockRef ref{op->name, op->token, {}, {}};
-  node->store->release(std::span<const LockRef>(&ref, 1), op->notify,
-                       [this, op](std::size_t, Released status, std::string_view why) {
-                         if (status == Released::kUnconfirmed && !closed_) {
-                           ClusterReply c = note_reply(why);
-                           if (c.kind != ClusterReply::Kind::kNone && ++op->hops <= kRedirectBudget) {
-                             if (c.kind == ClusterReply::Kind::kRetry) {
-                               after_refresh([this, op, why = std::string(why)](std::exception_ptr) {
-                                 Node* owner = closed_ ? nullptr : owner_of(op->name);
-                                 if (owner != nullptr) {
-                                   release_at(owner, false, op);
-                                 } else {
-                                   (*op->done)(op->index, Released::kUnconfirmed, why);
-                                 }
-                               });
-                             } else {
-                               release_at(node_at(c.target.host, c.target.port), c.kind == ClusterReply::Kind::kAsk, op);
-                             }
-                             return;
-                           }
-                         }
-                         (*op->done)(op->index, status, why);
-                       });
 }
 
 std::size_t ClusterStore::renew(std::span<const LockRef> locks, std::shared_ptr<const void> keepalive, RenewDone done) {
@@ -663,14 +645,16 @@ std::size_t ClusterStore::renew_now(std::span<const LockRef> locks, std::shared_
 // ------------------------------------------------------------------ the rest, routed by slot
 
 void ClusterStore::raise_fence(std::string_view name, std::uint64_t fence, std::function<void(bool)> done) {
-  when_mapped([this, lock = std::string(name), fence, done = std::move(done)](std::exception_ptr err) mutable {
-    Node* node = err ? nullptr : owner_of(lock);
-    if (node == nullptr) {
-      loop_.post([done = std::move(done)] { done(false); });
-      return;
-    }
-    node->store->raise_fence(lock, fence, std::move(done));
-  });
+  auto shared = std::make_shared<std::function<void(bool)>>(std::move(done));
+  auto call = std::make_shared<Call>();
+  call->name = name;
+  call->send = [this, fence, shared](RedisNodeStore& node, const std::shared_ptr<Call>& self) {
+    node.raise_fence_or_error(self->name, fence, [this, self, shared](std::exception_ptr err) {
+      if (err && follow(self, err, [shared] { (*shared)(false); })) return;
+      (*shared)(!err);
+    });
+  };
+  route(std::move(call), [shared](std::exception_ptr) { (*shared)(false); });
 }
 
 void ClusterStore::server_time(std::function<void(std::chrono::system_clock::time_point, std::exception_ptr)> done) {
@@ -696,42 +680,47 @@ void ClusterStore::server_time(std::function<void(std::chrono::system_clock::tim
 void ClusterStore::claim_period(std::string_view name, std::string_view token, std::int64_t period,
                                 std::chrono::system_clock::time_point start,
                                 std::function<void(const ClaimResult&)> done) {
-  when_mapped([this, lock = std::string(name), tok = std::string(token), period, start,
-               done = std::move(done)](std::exception_ptr err) mutable {
-    Node* node = err ? nullptr : owner_of(lock);
-    if (node == nullptr) {
-      ClaimResult out;
-      out.error = err ? err : unserved(lock);
-      loop_.post([done = std::move(done), out] { done(out); });
-      return;
-    }
-    node->store->claim_period(lock, tok, period, start, [this, done = std::move(done)](const ClaimResult& r) {
-      if (r.error && !closed_) note_reply(what_of(r.error));
-      done(r);
+  auto shared = std::make_shared<std::function<void(const ClaimResult&)>>(std::move(done));
+  auto call = std::make_shared<Call>();
+  call->name = name;
+  call->send = [this, tok = std::string(token), period, start, shared](RedisNodeStore& node,
+                                                                        const std::shared_ptr<Call>& self) {
+    node.claim_period(self->name, tok, period, start, [this, self, shared](const ClaimResult& r) {
+      if (r.error && follow(self, r.error, [shared, r] { (*shared)(r); })) return;
+      (*shared)(r);
     });
+  };
+  route(std::move(call), [shared](std::exception_ptr err) {
+    ClaimResult out;
+    out.error = err;
+    (*shared)(out);
   });
 }
 
 void ClusterStore::inspect(std::string_view name, std::function<void(const LockInfo&, std::exception_ptr)> done) {
-  when_mapped([this, lock = std::string(name), done = std::move(done)](std::exception_ptr err) mutable {
-    Node* node = err ? nullptr : owner_of(lock);
-    if (node == nullptr) {
-      loop_.post([done = std::move(done), err = err ? err : unserved(lock)] { done(LockInfo{}, err); });
-      return;
-    }
-    node->store->inspect(lock, std::move(done));
-  });
+  auto shared = std::make_shared<std::function<void(const LockInfo&, std::exception_ptr)>>(std::move(done));
+  auto call = std::make_shared<Call>();
+  call->name = name;
+  call->send = [this, shared](RedisNodeStore& node, const std::shared_ptr<Call>& self) {
+    node.inspect(self->name, [this, self, shared](const LockInfo& info, std::exception_ptr err) {
+      if (err && follow(self, err, [shared, err] { (*shared)(LockInfo{}, err); })) return;
+      (*shared)(info, err);
+    });
+  };
+  route(std::move(call), [shared](std::exception_ptr err) { (*shared)(LockInfo{}, err); });
 }
 
 void ClusterStore::force_release(std::string_view name, std::function<void(bool, std::exception_ptr)> done) {
-  when_mapped([this, lock = std::string(name), done = std::move(done)](std::exception_ptr err) mutable {
-    Node* node = err ? nullptr : owner_of(lock);
-    if (node == nullptr) {
-      loop_.post([done = std::move(done), err = err ? err : unserved(lock)] { done(false, err); });
-      return;
-    }
-    node->store->force_release(lock, std::move(done));
-  });
+  auto shared = std::make_shared<std::function<void(bool, std::exception_ptr)>>(std::move(done));
+  auto call = std::make_shared<Call>();
+  call->name = name;
+  call->send = [this, shared](RedisNodeStore& node, const std::shared_ptr<Call>& self) {
+    node.force_release(self->name, [this, self, shared](bool was_held, std::exception_ptr err) {
+      if (err && follow(self, err, [shared, err] { (*shared)(false, err); })) return;
+      (*shared)(was_held, err);
+    });
+  };
+  route(std::move(call), [shared](std::exception_ptr err) { (*shared)(false, err); });
 }
 
 void ClusterStore::subscribe(std::string_view name) {

@@ -2,6 +2,9 @@
 //
 // URL: `redis-cluster://[user:password@]host:port[,host:port...]`, the seed
 // nodes; any one reachable is enough. The credentials apply to every node.
+// `rediss-cluster://` is the same over TLS, to every node: the seeds and
+// the masters the slot map names (at their tls-port in CLUSTER SHARDS),
+// with the Options' tls_* settings.
 //
 // Topology. The slot map comes from CLUSTER SHARDS (CLUSTER SLOTS on a
 // server without it), read on the loop through a connection of its own to
@@ -22,15 +25,16 @@
 // node or slot answers only its own leases (kTransient, retried by the
 // watchdog until the lease's deadline) and never holds back the others.
 //
-// Redirects. An acquisition or release answered MOVED goes to the node
+// Redirects. Every call on one lock (acquire, release, raise_fence,
+// claim_period, inspect, force_release) answered MOVED goes to the node
 // named (and the map is refreshed); ASK goes to the node named after an
 // ASKING on the same connection, without touching the map; TRYAGAIN,
 // CLUSTERDOWN, LOADING and MASTERDOWN are retried after the next map
-// refresh (which is throttled, so this is the back-off). Each operation
-// has a budget of kRedirectBudget hops; past it the last error is
-// reported. A command answered with one of those did not run, so retrying
-// cannot take a lock twice. Renewals answered so are kTransient and go to
-// the refreshed owner at the watchdog's next try.
+// refresh (which is throttled, so this is the back-off). Each call has a
+// budget of kRedirectBudget hops; past it the last error is reported. A
+// command answered with one of those did not run, so retrying cannot take
+// a lock twice. Renewals answered so are kTransient and go to the
+// refreshed owner at the watchdog's next try.
 //
 // Release notices: classic SUBSCRIBE/PUBLISH, as on one node. A cluster
 // forwards a PUBLISH to every node, so a subscription on the lock's master
@@ -63,14 +67,12 @@ struct redisReply;  // hiredis
 namespace lockwatch::detail {
 
 class Loop;
-struct ClusterAcquire;
-struct ClusterRelease;
 class RedisConnection;
 class RedisNodeStore;
 
-// What a redis-cluster:// URL names.
+// What a redis-cluster:// or rediss-cluster:// URL names.
 struct ClusterSeeds {
-  std::vector<Endpoint> seeds;  // with the URL's credentials each
+  std::vector<Endpoint> seeds;  // with the URL's credentials (and TLS) each
   // Throws InvalidArgument naming what is wrong.
   static ClusterSeeds parse(const std::string& url);
   // "host:port,host:port" for error messages.
@@ -115,6 +117,7 @@ class ClusterStore final : public LockStore {
 
  private:
   struct Node;
+  struct Call;
   // Runs `fn` once the map is known (at once if it is), or with an error
   // when it could not be had within connect_timeout.
   using MapWaiter = std::function<void(std::exception_ptr)>;
@@ -137,8 +140,18 @@ class ClusterStore final : public LockStore {
   // The master of `name`'s slot; null when no node serves it.
   Node* owner_of(std::string_view name);
   std::exception_ptr unserved(std::string_view name) const;
-  void acquire_at(Node* node, bool asking, std::shared_ptr<ClusterAcquire> op);
-  void release_at(Node* node, bool asking, std::shared_ptr<ClusterRelease> op);
+  // Sends `call` to the master of its lock's slot once the map is known;
+  // `unrouted` reports (posted) when there is none or no map.
+  void route(std::shared_ptr<Call> call, std::function<void(std::exception_ptr)> unrouted);
+  void send_to(Node* node, bool asking, const std::shared_ptr<Call>& call);
+  // What a failed call's error asks for. True: the call was sent on (a
+  // MOVED, an ASK, or a refusal retried after the next refresh) and the
+  // caller reports nothing now; should the retry find no owner, `give_up`
+  // reports the failure. False: the caller reports it (no redirect, or the
+  // hop budget is spent). The second form also asks for a refresh after a
+  // connection error.
+  bool follow(const std::shared_ptr<Call>& call, std::string_view redis_message, std::function<void()> give_up);
+  bool follow(const std::shared_ptr<Call>& call, std::exception_ptr error, std::function<void()> give_up);
   // Returns the number of script calls sent.
   std::size_t renew_now(std::span<const LockRef> locks, std::shared_ptr<const void> keepalive,
                  std::shared_ptr<RenewDone> done);

@@ -418,6 +418,10 @@ void RedisConnection::eval_views(const Script& script, const std::vector<std::st
 }
 
 void RedisConnection::send(Queued q) {
+  if (ask_next_) {
+    q.asking = true;
+    ask_next_ = false;
+  }
   if (state_ == State::kClosed) {
     // Never inside the caller's call: it may hold state across it.
     auto err = std::make_exception_ptr(ConnectionError(name_, "connection closed"));
@@ -439,6 +443,12 @@ void RedisConnection::submit(Queued q) {
   // Written in RESP straight into the link's output, which the flush hands
   // to the socket once per loop iteration with everything else queued.
   std::string& out = link_->out;
+  if (q.asking) {
+    // Its reply (OK) matters to nobody; it only has to come first.
+    Queued ask{{"ASKING"}, {}, [](const redisReply*, std::exception_ptr) {}, nullptr, nullptr, {}};
+    append_resp(out, ask.argv);
+    pending_.push_back(Pending{Handshake::kNone, std::chrono::steady_clock::now(), std::move(ask)});
+  }
   if (q.views.empty()) {
     append_resp(out, q.argv);
   } else {

@@ -89,6 +89,11 @@ class RedisConnection {
   // the callback ran, which `keepalive` guarantees (it is held until then).
   void eval_views(const Script& script, const std::vector<std::string_view>& keys_then_args, int num_keys,
                   std::shared_ptr<const void> keepalive, ReplyCallback cb);
+  // Redis Cluster: the next request goes right after an ASKING (a slot this
+  // node imports, an ASK redirect), and so does the EVAL it becomes on
+  // NOSCRIPT: an EVAL without ASKING would only be sent back with MOVED,
+  // and the script would never be cached there.
+  void ask_next() { ask_next_ = true; }
   // Sentinel: the master moved. Drops the current connection (what is in
   // flight fails) and connects to `endpoint` at once. An endpoint with port
   // 0 means "not known yet": attempts wait for one, up to connect_timeout.
@@ -125,6 +130,7 @@ class RedisConnection {
     const Script* script;  // non-null: an EVALSHA, retried as EVAL on NOSCRIPT
     std::shared_ptr<const void> keepalive;
     std::string num_keys;  // storage for the views' key count
+    bool asking = false;   // written after an ASKING (ask_next())
   };
   enum class Handshake : std::uint8_t { kNone, kAuth, kSelect, kRole };
   // A request written on the current link whose reply has not come yet;
@@ -182,6 +188,7 @@ class RedisConnection {
   const Options options_;
   bool pubsub_;
   bool require_master_ = false;
+  bool ask_next_ = false;  // the next request sent carries ASKING
   Hooks hooks_;
   std::function<void(bool, const std::string&)> state_hook_;
   bool reported_down_ = false;

@@ -199,8 +199,13 @@ void RedisNodeStore::release(std::span<const LockRef> locks, bool notify, Releas
 }
 
 void RedisNodeStore::raise_fence(std::string_view name, std::uint64_t fence, std::function<void(bool)> done) {
+  raise_fence_or_error(name, fence, [done = std::move(done)](std::exception_ptr err) { done(!err); });
+}
+
+void RedisNodeStore::raise_fence_or_error(std::string_view name, std::uint64_t fence,
+                                          std::function<void(std::exception_ptr)> done) {
   conn_->eval(raise_fence_script(), {redis_keys::fence(name), std::to_string(fence)}, 1,
-              [done = std::move(done)](const redisReply*, std::exception_ptr err) { done(!err); });
+              [done = std::move(done)](const redisReply*, std::exception_ptr err) { done(err); });
 }
 
 void RedisNodeStore::server_time(std::function<void(std::chrono::system_clock::time_point, std::exception_ptr)> done) {
@@ -268,9 +273,7 @@ void RedisNodeStore::force_release(std::string_view name, std::function<void(boo
               });
 }
 
-void RedisNodeStore::send_asking() {
-  conn_->command({"ASKING"}, [](const redisReply*, std::exception_ptr) {});
-}
+void RedisNodeStore::send_asking() { conn_->ask_next(); }
 
 void RedisNodeStore::subscribe(std::string_view name) { sub_->subscribe(redis_keys::channel(name)); }
 void RedisNodeStore::unsubscribe(std::string_view name) { sub_->unsubscribe(redis_keys::channel(name)); }

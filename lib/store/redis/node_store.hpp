@@ -38,10 +38,14 @@ class RedisNodeStore final : public LockStore {
 
   // Before start(): the master is wherever `watcher` says it is.
   void follow_sentinels(std::unique_ptr<SentinelWatcher> watcher);
-  // Redis Cluster: queues ASKING on the command connection, so that the
-  // next acquire or release made (at once, on the loop) runs on a slot this
-  // node is importing (an ASK redirect). Nothing else uses it.
+  // Redis Cluster: the next call made (at once, on the loop) on the command
+  // connection (acquire, release, raise_fence, claim_period, inspect,
+  // force_release) goes after an ASKING, so that it runs on a slot this
+  // node is importing (an ASK redirect).
   void send_asking();
+  // raise_fence() with the reason it failed (null: raised), for a caller
+  // that must tell a redirect from other failures.
+  void raise_fence_or_error(std::string_view name, std::uint64_t fence, std::function<void(std::exception_ptr)> done);
   // "host:port" of the node (as error messages name it).
   const std::string& name() const noexcept { return conn_->name(); }
 

@@ -43,6 +43,7 @@ void check_readable(const char* option, const std::string& path) {
 
 bool url_wants_tls(const std::string& url) {
   return url.rfind("rediss://", 0) == 0 || url.rfind("rediss-sentinel://", 0) == 0 ||
+         url.rfind("rediss-cluster://", 0) == 0 ||
          url.find(",rediss://") != std::string::npos || url.find(", rediss://") != std::string::npos;
 }
 

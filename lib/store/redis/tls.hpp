@@ -25,7 +25,7 @@
 
 namespace lockwatch::detail {
 
-// Whether a URL asks for TLS: rediss://, or rediss-sentinel://.
+// Whether a URL asks for TLS: rediss://, rediss-sentinel:// or rediss-cluster://.
 bool url_wants_tls(const std::string& url);
 
 class TlsContext {
