@@ -10,13 +10,17 @@
 //   bytes_per_lease   growth of the resident set while taking them, over N
 //                     (the caller's own vector of handles is touched before
 //                     the first reading, so it is not counted)
+//   heap_bytes_per_lease  growth of what malloc has handed out, over N: the
+//                     part of the above that is the library's blocks
 //   client_us_per_renewal  the process's CPU during the hold / renewals sent
 //   lost              leases reported lost (must be 0)
 #include <benchmark/benchmark.h>
+#include <malloc.h>
 #include <fmt/format.h>
 
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
 #include <deque>
 #include <future>
 #include <string>
@@ -33,6 +37,30 @@ using lockwatch::bench::BenchClock;
 
 lockwatch::testing::RedisServer* g_redis = nullptr;
 bool g_failed = false;
+
+// Bytes the allocator has handed out and not got back, over every arena
+// (malloc_info: what it holds from the system less its free chunks).
+double heap_in_use() {
+  char* text = nullptr;
+  std::size_t size = 0;
+  std::FILE* f = open_memstream(&text, &size);
+  if (f == nullptr) return 0;
+  malloc_info(0, f);
+  std::fclose(f);
+  std::string xml(text, size);
+  std::free(text);
+  // The totals over all arenas follow the last </heap>.
+  auto pos = xml.rfind("</heap>");
+  if (pos == std::string::npos) return 0;
+  auto number = [&](const char* tag) {
+    auto at = xml.find(tag, pos);
+    if (at == std::string::npos) return 0.0;
+    at = xml.find("size=\"", at);
+    return at == std::string::npos ? 0.0 : std::atof(xml.c_str() + at + 6);
+  };
+  return number("<system type=\"current\"") + number("<total type=\"mmap\"") - number("<total type=\"fast\"") -
+         number("<total type=\"rest\"");
+}
 
 double resident_bytes() {
   long pages = 0, resident = 0;
@@ -59,6 +87,7 @@ void BM_MillionLeases(benchmark::State& state) {
     std::vector<lockwatch::LockHandle> held(leases);  // touched now, not counted below
     std::deque<std::future<lockwatch::LockHandle>> acquiring;
     double rss0 = resident_bytes();
+    double heap0 = heap_in_use();
     auto t0 = BenchClock::now();
     std::size_t next = 0, done = 0;
     try {
@@ -78,6 +107,7 @@ void BM_MillionLeases(benchmark::State& state) {
     double acquire_s = std::chrono::duration<double>(BenchClock::now() - t0).count();
     acquiring.shrink_to_fit();
     double rss1 = resident_bytes();
+    double heap1 = heap_in_use();
 
     auto before = rt.stats();
     double cpu0 = lockwatch::bench::process_cpu_seconds();
@@ -90,6 +120,7 @@ void BM_MillionLeases(benchmark::State& state) {
 
     state.counters["acquired_per_s"] = static_cast<double>(leases) / acquire_s;
     state.counters["bytes_per_lease"] = (rss1 - rss0) / static_cast<double>(leases);
+    state.counters["heap_bytes_per_lease"] = (heap1 - heap0) / static_cast<double>(leases);
     state.counters["renewals"] = renewals;
     state.counters["client_us_per_renewal"] = renewals > 0 ? cpu * 1e6 / renewals : 0;
     state.counters["renewals_per_lease"] = renewals / static_cast<double>(leases);
