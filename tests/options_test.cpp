@@ -132,7 +132,7 @@ TEST(TokenTest, TokensAre128BitHexAndDistinct) {
   detail::TokenGenerator gen;
   std::set<std::string> seen;
   for (int i = 0; i < 10000; ++i) {
-    auto t = gen.next();
+    auto t = gen.next().str();
     ASSERT_EQ(t.size(), 32u);
     ASSERT_EQ(t.find_first_not_of("0123456789abcdef"), std::string::npos);
     ASSERT_TRUE(seen.insert(t).second);

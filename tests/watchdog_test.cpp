@@ -165,6 +165,42 @@ TEST_F(WatchdogTest, NotYoursIsFinalAtOnce) {
   EXPECT_EQ(backend_->owner(memory_name("stolen")), "someone-else");  // left alone
 }
 
+// A lease makes its stop state only when asked for a token; a stop
+// requested before that still shows, and callbacks run once.
+TEST(LeaseStopTest, AStopRequestedBeforeAnyTokenIsSeenByTheFirstToken) {
+  detail::LeaseRecord early(nullptr, "k", 1, 1s, std::chrono::steady_clock::now() + 1s);
+  early.request_stop();
+  EXPECT_TRUE(early.stop_token().stop_requested());
+  EXPECT_TRUE(early.stop_token().stop_requested());
+
+  detail::LeaseRecord late(nullptr, "k", 2, 1s, std::chrono::steady_clock::now() + 1s);
+  auto token = late.stop_token();
+  EXPECT_FALSE(token.stop_requested());
+  int ran = 0;
+  std::stop_callback cb(token, [&] {
+    ++ran;
+    EXPECT_TRUE(late.stop_token().stop_requested());  // asking again from a callback does not deadlock
+  });
+  late.request_stop();
+  late.request_stop();
+  EXPECT_EQ(ran, 1);
+  EXPECT_TRUE(token.stop_requested());
+}
+
+TEST(StoreNameTest, ShortNamesStayInlineAndLongOnesAreKeptWhole) {
+  for (std::size_t n : {0u, 1u, 35u, 36u, 37u, 200u, 5000u}) {
+    std::string text(n, 'x');
+    for (std::size_t i = 0; i < n; ++i) text[i] = static_cast<char>('a' + i % 26);
+    detail::StoreName name;
+    name = text;
+    EXPECT_EQ(name.view(), text) << n;
+    name = "short";  // replacing a long name frees its block (ASan checks)
+    EXPECT_EQ(name.view(), "short");
+    name = text;
+    EXPECT_EQ(name.view(), text) << n;
+  }
+}
+
 TEST_F(WatchdogTest, AKeyFoundGoneIsReportedExpired) {
   auto f = locked("gone", 300ms, forever).on(*rt_)([this] {
     backend_->erase(memory_name("gone"));

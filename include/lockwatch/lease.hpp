@@ -37,9 +37,9 @@ class Lease {
   // moves forward with every confirmed renewal.
   std::chrono::milliseconds remaining() const noexcept;
   // Triggered when the lease is lost; poll it or attach a stop_callback.
-  std::stop_token stop_token() const noexcept { return stop_.get_token(); }
+  std::stop_token stop_token() const noexcept;
   // Whether the lease was lost, and why.
-  bool lost() const noexcept { return lost_.load(std::memory_order_acquire); }
+  bool lost() const noexcept { return lost_reason_.load(std::memory_order_acquire) >= 0; }
   std::optional<LostReason> lost_reason() const noexcept;
   // The ttl the lease was taken with, and how many renewals succeeded.
   std::chrono::milliseconds ttl() const noexcept { return ttl_; }
@@ -54,15 +54,21 @@ class Lease {
   }
   // Marks the lease lost; returns false if it already was.
   bool mark_lost(LostReason reason) noexcept;
+  // Triggers stop_token() (its callbacks run on this thread).
+  void request_stop() noexcept;
 
   std::string key_;
   std::uint64_t fencing_token_;
   std::chrono::milliseconds ttl_;
   std::atomic<Clock::rep> deadline_ns_;
-  std::atomic<bool> lost_{false};
-  std::atomic<int> lost_reason_{-1};
   std::atomic<std::uint64_t> renewals_{0};
-  std::stop_source stop_;
+  std::atomic<std::int8_t> lost_reason_{-1};  // a LostReason once lost
+
+ private:
+  // Made on the first stop_token(): most leases never hand one out, and a
+  // stop state is a heap block of its own.
+  mutable bool stop_requested_ = false;
+  mutable std::stop_source stop_{std::nostopstate};
 };
 
 // The lease of the innermost locked call running on this thread. Throws

@@ -20,15 +20,16 @@ void TokenGenerator::refill() {
   used_ = 0;
 }
 
-std::string TokenGenerator::next() {
+OwnerToken TokenGenerator::next() {
   constexpr std::size_t kBytes = 16;
   if (used_ + kBytes > buf_.size()) refill();
   static constexpr char kHex[] = "0123456789abcdef";
-  std::string out(2 * kBytes, '0');
+  static_assert(2 * kBytes == std::tuple_size_v<decltype(OwnerToken::text)>);
+  OwnerToken out;
   for (std::size_t i = 0; i < kBytes; ++i) {
     unsigned char b = buf_[used_ + i];
-    out[2 * i] = kHex[b >> 4];
-    out[2 * i + 1] = kHex[b & 15];
+    out.text[2 * i] = kHex[b >> 4];
+    out.text[2 * i + 1] = kHex[b & 15];
     buf_[used_ + i] = 0;  // a used byte never serves twice
   }
   used_ += kBytes;

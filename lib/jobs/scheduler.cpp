@@ -232,7 +232,7 @@ void Job::lead(LockHandle& h) {
   // The handle's lease is the runtime's record of it (the scope below
   // needs the record to bind this_lease() on the pool thread).
   auto* record = const_cast<LeaseRecord*>(static_cast<const LeaseRecord*>(&lease));
-  std::string token = record->token;  // set at grant, read-only after
+  std::string token = record->token.str();  // set at grant, read-only after
   leader_.store(true, std::memory_order_release);
   metrics_->leaders.fetch_add(1, std::memory_order_relaxed);
   std::stop_callback wake(lease.stop_token(), [this] {

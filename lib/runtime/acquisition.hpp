@@ -21,32 +21,18 @@ namespace lockwatch::detail {
 class WaitQueue;
 class Watchdog;
 
-// The call behind a LockHandle: no work, two outcomes (acquired, released).
-class HandleCall final : public Call {
- public:
+// The call behind Runtime::acquire until its lock is granted: no work, and
+// one outcome. Once granted, the lease record itself is the handle's state.
+struct HandleCall final : Call {
   void run() noexcept override {}
+  // Loop thread: the acquisition failed.
   void finish(std::exception_ptr error) noexcept override {
     try {
-      if (!granted) {
-        acquired.set_exception(error ? error : std::make_exception_ptr(RuntimeStopped("lockwatch runtime stopped")));
-      } else if (error) {
-        released.set_exception(error);
-      } else {
-        released.set_value();
-      }
+      acquired.set_exception(error ? error : std::make_exception_ptr(RuntimeStopped("lockwatch runtime stopped")));
     } catch (...) {
     }
   }
-  std::promise<LockHandle> acquired;
-  std::promise<void> released;
-  bool granted = false;  // loop thread
-};
-
-// What a LockHandle holds; the runtime only while it lives.
-struct HandleState {
-  std::weak_ptr<Runtime::Impl> runtime;
-  std::shared_ptr<LeaseRecord> lease;
-  std::shared_ptr<HandleCall> call;
+  std::promise<LockHandle> acquired;  // given up at grant
 };
 
 struct Acquisition final : TimerTask {
@@ -56,7 +42,7 @@ struct Acquisition final : TimerTask {
   LockSpec spec;
   std::shared_ptr<Call> call;
   std::string name;    // the store's name for spec.key
-  std::string ttl_ms;  // spec.ttl as decimal text
+  TtlText ttl_ms;      // spec.ttl as decimal text
   Clock::time_point started;
   bool inline_run = false;  // a nested call: the calling thread runs the work
   std::shared_ptr<HandleCall> handle;  // Runtime::acquire: granted makes a LockHandle
@@ -65,11 +51,11 @@ struct Acquisition final : TimerTask {
 
   // Loop thread.
   WaitQueue* queue = nullptr;  // the wait deadline goes there
-  std::string token;
+  OwnerToken token;
   Timeout wait_timeout;
   bool done = false;
 
-  LockRef ref() const noexcept { return LockRef{name, token, ttl_ms, spec.ttl}; }
+  LockRef ref() const noexcept { return LockRef{name, token.view(), ttl_ms.view(), spec.ttl}; }
   void run(Timeout) noexcept override;  // the wait deadline
 };
 

@@ -1,5 +1,9 @@
 #include "lockwatch/lease.hpp"
 
+#include <array>
+#include <cstdint>
+#include <mutex>
+
 #include "runtime/lease_record.hpp"
 
 namespace lockwatch {
@@ -20,11 +24,36 @@ std::optional<LostReason> Lease::lost_reason() const noexcept {
   return static_cast<LostReason>(r);
 }
 
+namespace {
+// Guards the lazily made stop state of the leases that hash here.
+std::mutex& stop_lock(const void* lease) noexcept {
+  static std::array<std::mutex, 64> locks;
+  return locks[(reinterpret_cast<std::uintptr_t>(lease) >> 6) % locks.size()];
+}
+}  // namespace
+
+std::stop_token Lease::stop_token() const noexcept {
+  std::lock_guard lk(stop_lock(this));
+  if (!stop_.stop_possible()) {
+    stop_ = std::stop_source();
+    if (stop_requested_) stop_.request_stop();  // no callbacks yet: none run under the lock
+  }
+  return stop_.get_token();
+}
+
+void Lease::request_stop() noexcept {
+  std::stop_source source{std::nostopstate};
+  {
+    std::lock_guard lk(stop_lock(this));
+    stop_requested_ = true;
+    source = stop_;
+  }
+  source.request_stop();  // callbacks run outside the lock: they may ask for a token
+}
+
 bool Lease::mark_lost(LostReason reason) noexcept {
-  int expected = -1;
-  if (!lost_reason_.compare_exchange_strong(expected, static_cast<int>(reason), std::memory_order_acq_rel)) return false;
-  lost_.store(true, std::memory_order_release);
-  return true;
+  std::int8_t expected = -1;
+  return lost_reason_.compare_exchange_strong(expected, static_cast<std::int8_t>(reason), std::memory_order_acq_rel);
 }
 
 namespace detail {

@@ -6,11 +6,19 @@
 // the loop thread.
 #pragma once
 
+#include <array>
+#include <atomic>
+#include <charconv>
+#include <cstdint>
+#include <cstring>
 #include <future>
 #include <memory>
 #include <string>
+#include <string_view>
+#include <exception>
 #include <vector>
 
+#include "core/token.hpp"
 #include "lockwatch/lease.hpp"
 #include "lockwatch/runtime.hpp"
 #include "lockwatch/timer_wheel.hpp"
@@ -20,9 +28,95 @@ namespace lockwatch::detail {
 
 class Watchdog;
 
-struct LeaseRecord final : Lease, TimerTask, std::enable_shared_from_this<LeaseRecord> {
+// A ttl in milliseconds as decimal text, kept inline (a positive int64 has
+// at most 19 digits).
+class TtlText {
+ public:
+  TtlText() = default;
+  explicit TtlText(std::chrono::milliseconds ttl) noexcept {
+    auto r = std::to_chars(text_.data(), text_.data() + text_.size(), ttl.count());
+    size_ = static_cast<std::uint8_t>(r.ptr - text_.data());
+  }
+  std::string_view view() const noexcept { return {text_.data(), size_}; }
+
+ private:
+  std::array<char, 19> text_{};
+  std::uint8_t size_ = 0;
+};
+
+// What a LockHandle holds (as part of its lease's record): whether the
+// lease ended, how, and the promise of the release, made only when the
+// handle releases.
+struct HandleState {
+  // Loop thread: the held lease ended (released, or lost and given back).
+  void finish(std::exception_ptr error) noexcept {
+    error_ = error;
+    if (outcome_.exchange(kFinished, std::memory_order_acq_rel) == kAwaited) settle();
+  }
+  // The handle's thread, once: the future of the release.
+  std::future<void> released() {
+    released_ = std::make_unique<std::promise<void>>();
+    auto future = released_->get_future();
+    if (outcome_.exchange(kAwaited, std::memory_order_acq_rel) == kFinished) settle();
+    return future;
+  }
+  std::weak_ptr<Runtime::Impl> runtime;  // set at grant; the handle never keeps it alive
+
+ private:
+  // Whichever of finish() and released() comes second settles the promise.
+  enum : std::uint8_t { kOpen, kAwaited, kFinished };
+  void settle() noexcept {
+    try {
+      if (error_)
+        released_->set_exception(error_);
+      else
+        released_->set_value();
+    } catch (...) {
+    }
+  }
+  std::exception_ptr error_;                      // written before finish() publishes
+  std::unique_ptr<std::promise<void>> released_;  // written before released() publishes
+  std::atomic<std::uint8_t> outcome_{kOpen};      // last: the record packs its flags behind it
+};
+
+// The store's name for a key, inline when short (most are), so a lease
+// needs no heap block for it. 40 bytes: a longer name keeps a pointer to
+// its own block in the first bytes of the inline space.
+class StoreName {
+ public:
+  StoreName() noexcept = default;
+  StoreName(const StoreName&) = delete;
+  StoreName& operator=(const StoreName&) = delete;
+  ~StoreName() { delete[] heap(); }
+  StoreName& operator=(std::string_view s) {
+    char* block = s.size() > kInline ? new char[s.size()] : nullptr;
+    delete[] heap();
+    size_ = static_cast<std::uint32_t>(s.size());
+    if (block) std::memcpy(bytes_, &block, sizeof block);
+    std::memcpy(block ? block : bytes_, s.data(), s.size());
+    return *this;
+  }
+  std::string_view view() const noexcept {
+    char* h = heap();
+    return {h ? h : bytes_, size_};
+  }
+
+ private:
+  static constexpr std::size_t kInline = 36;
+  char* heap() const noexcept {
+    if (size_ <= kInline) return nullptr;
+    char* h;
+    std::memcpy(&h, bytes_, sizeof h);
+    return h;
+  }
+  char bytes_[kInline] = {};
+  std::uint32_t size_ = 0;
+};
+static_assert(sizeof(StoreName) == 40);
+
+struct LeaseRecord final : Lease, TimerTask, HandleState {
   // What the lease's one wheel timeout means when it fires.
-  enum class Phase {
+  enum class Phase : std::uint8_t {
     kRenewDue,       // time to renew
     kAwaitingReply,  // a renewal is in flight; the timeout is the local deadline
     kRetryDue,       // a renewal failed transiently; try again
@@ -41,29 +135,43 @@ struct LeaseRecord final : Lease, TimerTask, std::enable_shared_from_this<LeaseR
   }
   using Lease::mark_lost;
   using Lease::set_deadline;
-  void request_stop() noexcept { stop_.request_stop(); }
+  using Lease::request_stop;
   void bump_renewals() noexcept { renewals_.fetch_add(1, std::memory_order_relaxed); }
-  LockRef ref() const noexcept { return LockRef{name, token, ttl_ms, ttl()}; }
+  LockRef ref() const noexcept { return LockRef{name.view(), token.view(), ttl_ms.view(), ttl()}; }
+  // Why renewals failed or the lease was lost ("" if nothing went wrong).
+  std::string lost_detail() const { return lost_detail_ ? *lost_detail_ : std::string(); }
+  void set_lost_detail(std::string why) {
+    if (why.empty())
+      lost_detail_.reset();
+    else
+      lost_detail_ = std::make_unique<std::string>(std::move(why));
+  }
 
-  Watchdog* const watchdog;  // outlives every lease (both belong to the runtime)
-  // Set once at grant, then read-only.
-  std::shared_ptr<Call> call;
-  std::string name;    // the store's name for the key
-  std::string token;   // the owner token
-  std::string ttl_ms;  // the ttl as the store takes it, formatted once
-  std::int64_t retries = 0;        // < 0: forever
-  Clock::duration renew_after{};   // from a renewal's send to the next one (a tick early)
-  std::chrono::milliseconds drift{0};
-  bool is_handle = false;  // held through a LockHandle, not by running work
-  Clock::time_point granted_at;  // for the hold time
-  std::shared_ptr<std::promise<void>> finished;  // a nested call's thread waits on it
-  // Loop thread.
+  // Held through a LockHandle, not by running work.
+  bool is_handle() const noexcept { return call == nullptr; }
+
+  // Loop thread (packed behind the handle state's last byte).
   Phase phase = Phase::kRenewDue;
-  Timeout timeout;
-  Clock::time_point last_sent;  // the latest request that may have extended the key
-  std::string lost_detail;
   bool work_finished = false;
   bool releasing = false;  // release in flight: renewals go on until it is confirmed
+  std::int32_t retries = 0;  // set at grant; < 0: forever (more than 2^31 renewals count as forever)
+  // Set once at grant, then read-only.
+  Watchdog* const watchdog;  // outlives every lease (both belong to the runtime)
+  std::shared_ptr<Call> call;  // the work; none for a handle
+  StoreName name;      // the store's name for the key
+  OwnerToken token;    // the owner token
+  TtlText ttl_ms;      // the ttl as the store takes it, formatted once
+  // Loop thread.
+  static constexpr std::uint32_t kNoSlot = ~std::uint32_t{0};
+  std::uint32_t slot = kNoSlot;    // its place in the watchdog's registry
+  Clock::duration renew_after{};   // from a renewal's send to the next one (a tick early)
+  Clock::time_point granted_at;  // for the hold time
+  std::shared_ptr<std::promise<void>> finished;  // a nested call's thread waits on it
+  Timeout timeout;
+  Clock::time_point last_sent;  // the latest request that may have extended the key
+
+ private:
+  std::unique_ptr<std::string> lost_detail_;  // rare: kept off the record
 };
 
 // The leases of the locked calls running on this thread, innermost last.

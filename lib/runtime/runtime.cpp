@@ -102,7 +102,7 @@ std::shared_ptr<Acquisition> Runtime::Impl::make_acquisition(detail::LockSpec sp
   }
   auto a = std::make_shared<Acquisition>();
   a->name = store->encode(spec.key);
-  a->ttl_ms = std::to_string(spec.ttl.count());
+  a->ttl_ms = detail::TtlText(spec.ttl);
   a->spec = std::move(spec);
   a->call = std::move(call);
   a->started = Clock::now();
@@ -207,16 +207,11 @@ void Runtime::Impl::taken(const std::shared_ptr<Acquisition>& a, std::uint64_t f
   events.acquired(a->spec.key, fence, l->granted_at - a->started);
   if (stopping.load()) l->request_stop();
   if (a->handle) {
-    a->handle->granted = true;
-    auto state = std::make_shared<detail::HandleState>();
-    state->runtime = weak_from_this();
-    state->lease = l;
-    state->call = a->handle;
-    // The call gives up its promise: the handle then lives only in the
-    // future, so a future dropped unread releases the lock with it (kept
-    // in the call, the handle would keep the call and itself alive).
+    l->runtime = weak_from_this();
+    // The handle lives only in the future (the call's promise is given up
+    // here), so a future dropped unread releases the lock with it.
     std::promise<LockHandle> acquired = std::move(a->handle->acquired);
-    acquired.set_value(HandleAccess::make(std::move(state)));
+    acquired.set_value(HandleAccess::make(l));
   } else if (a->inline_run) {
     a->granted.set_value(l);
   } else {
@@ -243,12 +238,15 @@ void Runtime::Impl::run_on_pool(const std::shared_ptr<LeaseRecord>& l) {
 void Runtime::Impl::lease_finished(const std::shared_ptr<LeaseRecord>& l) {
   std::exception_ptr err;
   if (auto reason = l->lost_reason(); reason && *reason != LostReason::kRuntimeStopped)
-    err = std::make_exception_ptr(LeaseLost(l->key(), *reason, l->lost_detail));
+    err = std::make_exception_ptr(LeaseLost(l->key(), *reason, l->lost_detail()));
   else if (reason)
     err = std::make_exception_ptr(RuntimeStopped("lockwatch runtime stopped before the work could run"));
-  l->call->finish(err);
+  if (l->is_handle())
+    l->finish(err);
+  else
+    l->call->finish(err);
   if (l->finished) l->finished->set_value();
-  waits.on_lease_finished(l->name);
+  waits.on_lease_finished(l->name.view());
   call_done();
 }
 
@@ -373,14 +371,14 @@ LockHandle::~LockHandle() {
   }
 }
 
-const Lease& LockHandle::lease() const noexcept { return *state_->lease; }
+const Lease& LockHandle::lease() const noexcept { return static_cast<const detail::LeaseRecord&>(*state_); }
 
 std::future<void> LockHandle::release() {
   if (!state_) throw InvalidArgument("LockHandle::release() on a handle that holds no lock");
   auto state = std::move(state_);
-  auto future = state->call->released.get_future();
+  auto future = state->released();
   if (auto rt = state->runtime.lock()) {
-    auto l = state->lease;
+    auto l = std::static_pointer_cast<detail::LeaseRecord>(std::move(state));
     Runtime::Impl* impl = rt.get();
     // Refused only once the runtime closed, after it released the lock.
     impl->loop.post([impl, l] { impl->watchdog.work_done(l); });

@@ -61,7 +61,7 @@ void WaitQueue::attempt(const std::shared_ptr<Acquisition>& a, KeyWaiters* w) {
   });
 }
 
-void WaitQueue::attempt_head(const std::string& name) {
+void WaitQueue::attempt_head(std::string_view name) {
   auto it = waiters_.find(name);
   if (it == waiters_.end()) return;
   KeyWaiters* w = it->second.get();
@@ -154,10 +154,10 @@ void WaitQueue::on_outcome(const std::shared_ptr<Acquisition>& a, const Acquired
   w->retry = clock_.at(*w, Clock::now() + next);
 }
 
-void WaitQueue::on_released(std::string_view name) { attempt_head(std::string(name)); }
+void WaitQueue::on_released(std::string_view name) { attempt_head(name); }
 
 void WaitQueue::on_subscribed(std::string_view name) {
-  auto it = waiters_.find(std::string(name));
+  auto it = waiters_.find(name);
   if (it == waiters_.end()) return;
   it->second->subscribed = true;
   attempt_head(it->first);
@@ -167,7 +167,7 @@ void WaitQueue::on_subscriptions_lost() {
   for (auto& [name, w] : waiters_) w->subscribed = false;
 }
 
-void WaitQueue::on_lease_finished(const std::string& name) {
+void WaitQueue::on_lease_finished(std::string_view name) {
   // Our own waiters for this key go next, in the same pipeline as the
   // release.
   if (auto it = waiters_.find(name); it != waiters_.end()) {

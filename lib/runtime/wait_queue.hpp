@@ -48,7 +48,7 @@ class WaitQueue {
   void on_subscribed(std::string_view name);
   void on_subscriptions_lost();
   // One of our leases on `name` is over: our next waiter may take it.
-  void on_lease_finished(const std::string& name);
+  void on_lease_finished(std::string_view name);
   // Every waiter fails with `error` (the runtime stops).
   void fail_all(std::exception_ptr error);
   void clear();
@@ -57,7 +57,7 @@ class WaitQueue {
   friend struct Acquisition;
   struct KeyWaiters;
   void attempt(const std::shared_ptr<Acquisition>& a, KeyWaiters* w);
-  void attempt_head(const std::string& name);
+  void attempt_head(std::string_view name);
   void on_outcome(const std::shared_ptr<Acquisition>& a, const Acquired& out, Clock::time_point sent, KeyWaiters* w);
   void on_wait_expired(Acquisition* a);
   void maybe_forget(KeyWaiters* w);
@@ -67,7 +67,12 @@ class WaitQueue {
   WheelClock& clock_;
   const Options& options_;
   Hooks hooks_;
-  std::unordered_map<std::string, std::unique_ptr<KeyWaiters>> waiters_;  // by store name
+  // Looked up by any text, without making a string of it.
+  struct NameHash {
+    using is_transparent = void;
+    std::size_t operator()(std::string_view s) const noexcept { return std::hash<std::string_view>{}(s); }
+  };
+  std::unordered_map<std::string, std::unique_ptr<KeyWaiters>, NameHash, std::equal_to<>> waiters_;  // by store name
 };
 
 }  // namespace lockwatch::detail

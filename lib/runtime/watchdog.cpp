@@ -1,5 +1,7 @@
 #include "runtime/watchdog.hpp"
 
+#include <limits>
+
 #include "core/timing.hpp"
 
 namespace lockwatch::detail {
@@ -15,23 +17,22 @@ Watchdog::Watchdog(LockStore& store, WheelClock& clock, ThreadPool& notifier, co
 std::shared_ptr<LeaseRecord> Watchdog::grant(const Acquisition& a, std::uint64_t fence, Clock::time_point sent) {
   auto drift = drift_for(options_, a.spec.ttl);
   auto l = std::make_shared<LeaseRecord>(this, a.spec.key, fence, a.spec.ttl, sent + a.spec.ttl - drift);
-  l->call = a.call;
+  if (!a.handle) l->call = a.call;  // a handle's lease is its own state
   l->name = a.name;
   l->token = a.token;
   l->ttl_ms = a.ttl_ms;
-  l->retries = a.spec.retries;
+  l->retries = a.spec.retries > std::numeric_limits<std::int32_t>::max() ? -1 : static_cast<std::int32_t>(a.spec.retries);
   // The wheel fires on the first tick at or after a deadline. A renewal must
   // not lose that tick out of the little time it has: it is due a tick less
   // one nanosecond early, so it goes on the last tick at or before its time.
   // Deadlines stay as they are, judged at the tick after (remaining() is
   // exact meanwhile).
   l->renew_after = renew_after(options_, a.spec.ttl, a.spec.renew_weight) - (clock_.tick() - Clock::duration(1));
-  l->drift = drift;
   l->last_sent = sent;
   l->finished = a.finished;
-  l->is_handle = a.handle != nullptr;
   l->granted_at = Clock::now();
-  leases_.emplace(l.get(), l);
+  l->slot = static_cast<std::uint32_t>(leases_.size());
+  leases_.push_back(l);
   stats_.held.fetch_add(1, std::memory_order_relaxed);
   stats_.acquired.fetch_add(1, std::memory_order_relaxed);
   if (l->retries != 0) {
@@ -47,12 +48,16 @@ void Watchdog::schedule(LeaseRecord& l, LeaseRecord::Phase phase, Clock::time_po
   l.timeout = clock_.at(l, at);
 }
 
-void Watchdog::on_timer(LeaseRecord* l) {
+void Watchdog::on_timer(LeaseRecord* raw) {
+  // A lease's timer runs only while the lease is held (finish() cancels
+  // it): the registry has its owning pointer.
+  if (raw->slot == LeaseRecord::kNoSlot) return;
+  std::shared_ptr<LeaseRecord> l = leases_[raw->slot];  // kept alive to the end
   auto now = Clock::now();
   if (l->work_finished) {
     if (!l->releasing) {
       // Release could not be confirmed; the key has expired by now.
-      if (l->phase == LeaseRecord::Phase::kReleasing) finish(l->shared_from_this());
+      if (l->phase == LeaseRecord::Phase::kReleasing) finish(l);
       return;
     }
     // The release is in flight, maybe behind a long queue: keep the key
@@ -73,7 +78,7 @@ void Watchdog::on_timer(LeaseRecord* l) {
   }
   if (now >= l->deadline()) {
     lose(l, l->phase == LeaseRecord::Phase::kExhausted ? LostReason::kRenewalsExhausted : LostReason::kRedisUnreachable,
-         l->lost_detail);
+         l->lost_detail());
     return;
   }
   switch (l->phase) {
@@ -87,10 +92,10 @@ void Watchdog::on_timer(LeaseRecord* l) {
   }
 }
 
-void Watchdog::send_renew(LeaseRecord* l) {
+void Watchdog::send_renew(const std::shared_ptr<LeaseRecord>& l) {
   l->last_sent = Clock::now();
   schedule(*l, LeaseRecord::Phase::kAwaitingReply, l->deadline());
-  due_.push_back(l->shared_from_this());
+  due_.push_back(l);
 }
 
 void Watchdog::flush() {
@@ -131,7 +136,7 @@ void Watchdog::on_renew_result(const std::shared_ptr<LeaseRecord>& l, Clock::tim
       // With the work over and the release in flight, the release's own
       // answer says what became of the key.
       if (!l->work_finished)
-        lose(l.get(), status == Renewed::kTakenByOther ? LostReason::kTakenByOther : LostReason::kExpired);
+        lose(l, status == Renewed::kTakenByOther ? LostReason::kTakenByOther : LostReason::kExpired);
       break;
     case Renewed::kTransient:
       renewal_failed(l, std::string(why));
@@ -143,7 +148,7 @@ void Watchdog::renewal_failed(const std::shared_ptr<LeaseRecord>& l, std::string
   // Transient until the local deadline: one lost reply must not cost the
   // lease, so try again a tick later.
   events_.renewal_failed(l->key(), why);
-  l->lost_detail = std::move(why);
+  l->set_lost_detail(std::move(why));
   l->timeout.cancel();
   auto next = std::min(Clock::now() + options_.tick, l->deadline());
   schedule(*l, LeaseRecord::Phase::kRetryDue, next);
@@ -157,8 +162,8 @@ void Watchdog::on_renewed(const std::shared_ptr<LeaseRecord>& l, Clock::time_poi
   auto slack = std::chrono::duration_cast<std::chrono::microseconds>(left).count();
   if (slack < stats_.min_renewal_slack_us.load(std::memory_order_relaxed))
     stats_.min_renewal_slack_us.store(slack, std::memory_order_relaxed);
-  l->set_deadline(sent + l->ttl() - l->drift);
-  l->lost_detail.clear();
+  l->set_deadline(sent + l->ttl() - drift_for(options_, l->ttl()));
+  l->set_lost_detail({});
   if (l->retries < 0 || static_cast<std::int64_t>(l->renewals()) < l->retries) {
     schedule(*l, LeaseRecord::Phase::kRenewDue, sent + l->renew_after);
   } else {
@@ -166,13 +171,13 @@ void Watchdog::on_renewed(const std::shared_ptr<LeaseRecord>& l, Clock::time_poi
   }
 }
 
-void Watchdog::lose(LeaseRecord* l, LostReason reason, std::string detail) {
+void Watchdog::lose(const std::shared_ptr<LeaseRecord>& l, LostReason reason, std::string detail) {
   if (!l->mark_lost(reason)) return;
   stats_.leases_lost.fetch_add(1, std::memory_order_relaxed);
   l->timeout.cancel();
-  l->lost_detail = std::move(detail);
-  events_.lost(l->key(), reason, l->lost_detail);
-  request_stop(l->shared_from_this());
+  events_.lost(l->key(), reason, detail);
+  l->set_lost_detail(std::move(detail));
+  request_stop(l);
 }
 
 void Watchdog::request_stop(const std::shared_ptr<LeaseRecord>& l) {
@@ -194,16 +199,16 @@ void Watchdog::work_done(const std::shared_ptr<LeaseRecord>& l) {
                    l->releasing = false;
                    l->timeout.cancel();
                    if (status == Released::kUnconfirmed) {
-                     if (!l->lost()) l->lost_detail = "release not confirmed: " + std::string(why);
+                     if (!l->lost()) l->set_lost_detail("release not confirmed: " + std::string(why));
                      // The key expires at most a ttl after our last request
                      // that could have extended it. Complete then, never
                      // earlier.
                      schedule(*l, LeaseRecord::Phase::kReleasing,
-                              std::max(Clock::now(), l->last_sent + l->ttl() + l->drift));
+                              std::max(Clock::now(), l->last_sent + l->ttl() + drift_for(options_, l->ttl())));
                      return;
                    }
                    if (status != Released::kYes)
-                     lose(l.get(), status == Released::kTakenByOther ? LostReason::kTakenByOther : LostReason::kExpired,
+                     lose(l, status == Released::kTakenByOther ? LostReason::kTakenByOther : LostReason::kExpired,
                           "found at release");
                    finish(l);
                  });
@@ -211,7 +216,13 @@ void Watchdog::work_done(const std::shared_ptr<LeaseRecord>& l) {
 
 void Watchdog::finish(const std::shared_ptr<LeaseRecord>& l) {
   l->timeout.cancel();
-  if (leases_.erase(l.get()) == 0) return;
+  if (l->slot == LeaseRecord::kNoSlot) return;
+  // Out of the registry: the last lease takes this one's slot.
+  auto& last = leases_.back();
+  last->slot = l->slot;
+  std::swap(leases_[l->slot], last);
+  l->slot = LeaseRecord::kNoSlot;
+  leases_.pop_back();  // may drop the last reference: `l` is the caller's
   stats_.held.fetch_sub(1, std::memory_order_relaxed);
   events_.released(l->key(), Clock::now() - l->granted_at);
   if (finished_) finished_(l);
@@ -219,8 +230,8 @@ void Watchdog::finish(const std::shared_ptr<LeaseRecord>& l) {
 
 std::vector<std::shared_ptr<LeaseRecord>> Watchdog::stop_all() {
   std::vector<std::shared_ptr<LeaseRecord>> handles;
-  for (auto& [raw, l] : leases_) {
-    if (l->is_handle) handles.push_back(l);
+  for (auto& l : leases_) {
+    if (l->is_handle()) handles.push_back(l);
     request_stop(l);
   }
   return handles;

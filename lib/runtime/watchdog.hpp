@@ -18,7 +18,6 @@
 #include <functional>
 #include <memory>
 #include <string>
-#include <unordered_map>
 #include <vector>
 
 #include "lockwatch/options.hpp"
@@ -46,7 +45,7 @@ class Watchdog {
   // The work is over: release, then finish.
   void work_done(const std::shared_ptr<LeaseRecord>& l);
   // Marks the lease lost (once) and asks its work to stop.
-  void lose(LeaseRecord* l, LostReason reason, std::string detail = {});
+  void lose(const std::shared_ptr<LeaseRecord>& l, LostReason reason, std::string detail = {});
   // The runtime stops: every lease's work is asked to stop. Returns the
   // leases held through handles (nobody may be left to release them).
   std::vector<std::shared_ptr<LeaseRecord>> stop_all();
@@ -54,11 +53,14 @@ class Watchdog {
   void flush();
   void on_timer(LeaseRecord* l);  // the lease's timeout fired
   std::size_t held() const noexcept { return stats_.held.load(std::memory_order_relaxed); }
-  void clear() { leases_.clear(); }
+  void clear() {
+    for (auto& l : leases_) l->slot = LeaseRecord::kNoSlot;
+    leases_.clear();
+  }
 
  private:
   void schedule(LeaseRecord& l, LeaseRecord::Phase phase, Clock::time_point at);
-  void send_renew(LeaseRecord* l);
+  void send_renew(const std::shared_ptr<LeaseRecord>& l);
   void on_renew_result(const std::shared_ptr<LeaseRecord>& l, Clock::time_point sent, Renewed status,
                        std::string_view why);
   void on_renewed(const std::shared_ptr<LeaseRecord>& l, Clock::time_point sent);
@@ -73,7 +75,7 @@ class Watchdog {
   StatsCounters& stats_;
   Events& events_;
   std::function<void(const std::shared_ptr<LeaseRecord>&)> finished_;
-  std::unordered_map<LeaseRecord*, std::shared_ptr<LeaseRecord>> leases_;
+  std::vector<std::shared_ptr<LeaseRecord>> leases_;  // held; a lease knows its slot
   std::vector<std::shared_ptr<LeaseRecord>> due_;  // renewals due this tick
   std::vector<LockRef> refs_;                      // reused per chunk
   std::uint64_t drained_at_ = ~std::uint64_t{0};   // the advance that last read replies early
