@@ -50,9 +50,9 @@ struct MetricsServer::Client {
   uv_tcp_t tcp{};
   uv_timer_t timer{};
   uv_write_t write_req{};
-  char buf[4096];
-  std::string head;
-  std::string response;
+  char buf[4096]{};
+  std::string head{};
+  std::string response{};
   int open_handles = 2;
   bool closing = false;
   Client* prev = nullptr;
