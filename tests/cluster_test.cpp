@@ -229,14 +229,42 @@ TEST_F(ClusterTest, AGracefulFailoverLosesNoLeaseAndLockingGoesOn) {
 // The admin runtime reads the slot map when first used and then only
 // every 5 s, or when a reply asks for it: right after a move, its map is
 // stale, and only following the redirect reaches the lock.
+// A lock held by one runtime, seen held by another (whose slot map is now
+// read), for the operators' tools to follow as the slot moves.
+struct HeldForAdmin {
+  HeldForAdmin(const Options& o, const std::string& key) : key(key), holder(o), admin(o) {
+    held = take(holder, key, 20s);
+    token = held.lease().fencing_token();
+    auto first = admin.inspect(key);
+    seen_held = get_bounded(first).held;
+  }
+  // Held, with the fencing counter at this holder's token.
+  LockState expect_held() {
+    auto f = admin.inspect(key);
+    LockState state = get_bounded(f);
+    EXPECT_TRUE(state.held);
+    EXPECT_EQ(state.fencing_counter, token);
+    return state;
+  }
+  // After a forced release: free, and the fencing counter kept.
+  void expect_released() {
+    auto after = admin.inspect(key);
+    LockState gone = get_bounded(after);
+    EXPECT_FALSE(gone.held);
+    EXPECT_EQ(gone.fencing_counter, token);
+  }
+  std::string key;
+  Runtime holder, admin;
+  LockHandle held;
+  std::uint64_t token = 0;
+  bool seen_held = false;
+};
+
 TEST_F(ClusterTest, InspectAndForceReleaseFollowASlotThatMoved) {
   const std::string key = "admin-moved";
   const int slot = detail::key_slot(lock_key(key));
-  Runtime holder(options()), admin(options());
-  auto held = take(holder, key, 20s);
-  const std::uint64_t token = held.lease().fencing_token();
-  auto first = admin.inspect(key);
-  ASSERT_TRUE(get_bounded(first).held);
+  HeldForAdmin h(options(), key);
+  ASSERT_TRUE(h.seen_held);
   const int from = holder_of(key);
   const int to = other_master(from);
   ASSERT_GE(from, 0);
@@ -244,30 +272,20 @@ TEST_F(ClusterTest, InspectAndForceReleaseFollowASlotThatMoved) {
 
   cluster_->move_slot(slot, to);
   ASSERT_EQ(holder_of(key), to);
-  auto moved = admin.inspect(key);
-  LockState state = get_bounded(moved);
-  EXPECT_TRUE(state.held);
-  EXPECT_EQ(state.fencing_counter, token);
-  EXPECT_GT(state.ttl, 10s);
+  EXPECT_GT(h.expect_held().ttl, 10s);
 
   cluster_->move_slot(slot, from);  // and back: the map is stale again
-  auto forced = admin.force_release(key);
+  auto forced = h.admin.force_release(key);
   EXPECT_TRUE(get_bounded(forced));
   EXPECT_EQ(holder_of(key), -1);
-  auto after = admin.inspect(key);
-  LockState gone = get_bounded(after);
-  EXPECT_FALSE(gone.held);
-  EXPECT_EQ(gone.fencing_counter, token);  // the counter stays
+  h.expect_released();
 }
 
 TEST_F(ClusterTest, InspectAndForceReleaseFollowAskWhileTheSlotMigrates) {
   const std::string key = "admin-ask";
   const int slot = detail::key_slot(lock_key(key));
-  Runtime holder(options()), admin(options());
-  auto held = take(holder, key, 20s);
-  const std::uint64_t token = held.lease().fencing_token();
-  auto first = admin.inspect(key);
-  ASSERT_TRUE(get_bounded(first).held);
+  HeldForAdmin h(options(), key);
+  ASSERT_TRUE(h.seen_held);
   const int to = other_master(holder_of(key));
   ASSERT_GE(to, 0);
 
@@ -279,21 +297,15 @@ TEST_F(ClusterTest, InspectAndForceReleaseFollowAskWhileTheSlotMigrates) {
   // A target without the scripts: the EVAL sent after NOSCRIPT needs its
   // own ASKING, or it is sent back with MOVED.
   ASSERT_EQ(cluster_->node(to).command({"SCRIPT", "FLUSH"}).str, "OK");
-  auto asked = admin.inspect(key);
-  LockState state = get_bounded(asked);
-  EXPECT_TRUE(state.held);
-  EXPECT_EQ(state.fencing_counter, token);
-  auto forced = admin.force_release(key);
+  h.expect_held();
+  auto forced = h.admin.force_release(key);
   EXPECT_TRUE(get_bounded(forced));
   // Without ASKING the target refuses the slot (MOVED to the source).
   EXPECT_EQ(cluster_->node(to).command({"EXISTS", lock_key(key)}).type, Reply::Type::kError);
 
   cluster_->finish_migration(slot, from, to);
   EXPECT_EQ(cluster_->node(to).command({"EXISTS", lock_key(key)}).integer, 0);
-  auto after = admin.inspect(key);
-  LockState gone = get_bounded(after);
-  EXPECT_FALSE(gone.held);
-  EXPECT_EQ(gone.fencing_counter, token);
+  h.expect_released();
   cluster_->move_slot(slot, from);
 }
 
@@ -512,22 +524,17 @@ TEST(ClusterSeedTest, NoReachableSeedFailsWithinTheConnectTimeout) {
 
 TEST(ClusterSeedTest, MalformedClusterUrlsAreInvalidArguments) {
   Options o;
-  o.redis_url = "redis-cluster://127.0.0.1:7000/1";
-  EXPECT_THROW(o.validate(), InvalidArgument);
-  o.redis_url = "redis-cluster://";
-  EXPECT_THROW(o.validate(), InvalidArgument);
-  o.redis_url = "redis-cluster://127.0.0.1:7000,,127.0.0.1:7001";
-  EXPECT_THROW(o.validate(), InvalidArgument);
-  o.redis_url = "redis-cluster://u:p@127.0.0.1:7000,127.0.0.1:7001";
-  EXPECT_NO_THROW(o.validate());
-  o.redis_url = "rediss-cluster://127.0.0.1:7000/0";
-  EXPECT_THROW(o.validate(), InvalidArgument);
-  o.redis_url = "rediss-cluster://127.0.0.1:notaport";
-  EXPECT_THROW(o.validate(), InvalidArgument);
-  o.redis_url = "redis-clusters://127.0.0.1:7000";
-  EXPECT_THROW(o.validate(), InvalidArgument);
-  o.redis_url = "rediss-cluster://u:p@127.0.0.1:7000,127.0.0.1:7001";
-  EXPECT_NO_THROW(o.validate());
+  for (const char* bad : {"redis-cluster://127.0.0.1:7000/1", "redis-cluster://",
+                          "redis-cluster://127.0.0.1:7000,,127.0.0.1:7001", "rediss-cluster://127.0.0.1:7000/0",
+                          "rediss-cluster://127.0.0.1:notaport", "redis-clusters://127.0.0.1:7000"}) {
+    o.redis_url = bad;
+    EXPECT_THROW(o.validate(), InvalidArgument) << bad;
+  }
+  for (const char* good : {"redis-cluster://u:p@127.0.0.1:7000,127.0.0.1:7001",
+                           "rediss-cluster://u:p@127.0.0.1:7000,127.0.0.1:7001"}) {
+    o.redis_url = good;
+    EXPECT_NO_THROW(o.validate()) << good;
+  }
   // The TLS options are checked for rediss-cluster:// as for rediss://.
   o.tls_cert_file = test_certificates().client_cert;
   EXPECT_THROW(o.validate(), InvalidArgument);
