@@ -199,7 +199,9 @@ TEST_F(MetricsTest, CountsMatchWhatTheCallsDid) {
 
 TEST_F(MetricsTest, LossesAreCountedByReason) {
   start();
-  auto a = rt_->acquire("steal-me", 300ms);
+  // A 2 s ttl leaves its renewal 178 ms before the local deadline: enough
+  // for the "someone else's" answer to arrive in time on a slow (TSan) run.
+  auto a = rt_->acquire("steal-me", 2s);
   auto ha = get_bounded(a);
   backend_->set_owner(memory_name("steal-me"), "thief", 5s);
   auto b = locked("spend", 150ms, 0).on(*rt_)([] {
