@@ -63,6 +63,13 @@ RedisCluster* ClusterTest::cluster_ = nullptr;
 
 // Waits (bounded) until every lease in `held` was renewed `more` times
 // since the call, or one was lost; returns whether all were, none lost.
+// prefix0, prefix1, ...: n keys.
+std::vector<std::string> numbered(const std::string& prefix, int n) {
+  std::vector<std::string> keys;
+  for (int i = 0; i < n; ++i) keys.push_back(prefix + std::to_string(i));
+  return keys;
+}
+
 bool all_renewed(const std::vector<LockHandle>& held, std::uint64_t more) {
   std::vector<std::uint64_t> target;
   for (const auto& h : held) target.push_back(h.lease().renewals() + more);
@@ -164,15 +171,9 @@ TEST_F(ClusterTest, ContendedWorkNeverOverlaps) {
 TEST_F(ClusterTest, RenewalsOfManyLeasesOverAllShardsLoseNone) {
   constexpr int kLeases = 200;
   Runtime rt(options());
-  std::vector<std::future<LockHandle>> acquiring;
-  for (int i = 0; i < kLeases; ++i) acquiring.push_back(rt.acquire("renew" + std::to_string(i), 600ms));
-  std::vector<LockHandle> held;
-  for (auto& f : acquiring) held.push_back(get_bounded(f));
+  auto held = hold_all(rt, numbered("renew", kLeases), 600ms);
   auto before = rt.stats();
-  auto until = std::chrono::steady_clock::now() + kBound;
-  while (rt.stats().renewals_sent - before.renewals_sent < 3 * kLeases && std::chrono::steady_clock::now() < until)
-    std::this_thread::sleep_for(10ms);  // polling counters the watchdog moves
-  auto after = rt.stats();
+  auto after = after_renewals(rt, before, 3 * kLeases);
   const auto renewals = after.renewals_sent - before.renewals_sent;
   const auto commands = after.renew_commands - before.renew_commands;
   EXPECT_GE(renewals, 3u * kLeases);
@@ -188,10 +189,7 @@ TEST_F(ClusterTest, RenewalsOfManyLeasesOverAllShardsLoseNone) {
 TEST_F(ClusterTest, AGracefulFailoverLosesNoLeaseAndLockingGoesOn) {
   constexpr int kLeases = 200;
   Runtime rt(options());
-  std::vector<std::future<LockHandle>> acquiring;
-  for (int i = 0; i < kLeases; ++i) acquiring.push_back(rt.acquire("fo" + std::to_string(i), 2s));
-  std::vector<LockHandle> held;
-  for (auto& f : acquiring) held.push_back(get_bounded(f));
+  auto held = hold_all(rt, numbered("fo", kLeases), 2s);
   const auto lost_before = rt.stats().leases_lost;
 
   auto replicas = cluster_->replicas();

@@ -189,15 +189,9 @@ TEST_P(StoreContractTest, WorkLastingFiveTtlsKeepsItsLease) {
 TEST_P(StoreContractTest, RenewalsDueInOneTickShareACommand) {
   constexpr int kLeases = 200;
   Runtime rt(options());
-  std::vector<std::future<LockHandle>> acquiring;
-  for (const auto& key : backend_->batchable_keys(kLeases)) acquiring.push_back(rt.acquire(key, 400ms));
-  std::vector<LockHandle> held;
-  for (auto& f : acquiring) held.push_back(get_bounded(f));
+  auto held = hold_all(rt, backend_->batchable_keys(kLeases), 400ms);
   auto before = rt.stats();
-  auto until = std::chrono::steady_clock::now() + kBound;
-  while (rt.stats().renewals_sent - before.renewals_sent < 3 * kLeases && std::chrono::steady_clock::now() < until)
-    std::this_thread::sleep_for(10ms);  // polling counters the watchdog moves
-  auto after = rt.stats();
+  auto after = after_renewals(rt, before, 3 * kLeases);
   auto renewals = after.renewals_sent - before.renewals_sent;
   auto commands = after.renew_commands - before.renew_commands;
   EXPECT_GE(renewals, 3u * kLeases);

@@ -8,6 +8,7 @@
 #include <memory>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include "lockwatch/lockwatch.hpp"
 #include "support/redis_server.hpp"
@@ -95,6 +96,25 @@ T get_bounded(std::future<T>& f) {
     throw std::runtime_error("future not ready within the bound");
   }
   return f.get();
+}
+
+// Takes a lock on every key (all asked for at once) and returns the handles.
+inline std::vector<LockHandle> hold_all(Runtime& rt, const std::vector<std::string>& keys,
+                                        std::chrono::milliseconds ttl) {
+  std::vector<std::future<LockHandle>> acquiring;
+  for (const auto& key : keys) acquiring.push_back(rt.acquire(key, ttl));
+  std::vector<LockHandle> held;
+  for (auto& f : acquiring) held.push_back(get_bounded(f));
+  return held;
+}
+
+// Waits (bounded) until `rt` sent `n` renewals more than at `before`;
+// returns the stats then (the caller checks how many it got).
+inline RuntimeStats after_renewals(Runtime& rt, const RuntimeStats& before, std::uint64_t n) {
+  auto until = std::chrono::steady_clock::now() + kBound;
+  while (rt.stats().renewals_sent - before.renewals_sent < n && std::chrono::steady_clock::now() < until)
+    std::this_thread::sleep_for(10ms);  // polling counters the watchdog moves
+  return rt.stats();
 }
 
 // For worker threads: get_bounded() that records a failure instead of

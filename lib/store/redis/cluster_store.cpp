@@ -361,6 +361,15 @@ void ClusterStore::refresh_from(std::size_t i) {
   });
 }
 
+bool ClusterStore::assign_slots(std::array<std::int16_t, kClusterSlots>& owners, long long from, long long to,
+                                const Node* master) const {
+  if (from < 0 || to >= kClusterSlots || from > to) return false;
+  auto index = static_cast<std::int16_t>(
+      std::find_if(nodes_.begin(), nodes_.end(), [&](const auto& p) { return p.get() == master; }) - nodes_.begin());
+  std::fill(owners.begin() + from, owners.begin() + to + 1, index);
+  return true;
+}
+
 bool ClusterStore::apply_shards(const redisReply* r) {
   if (r == nullptr || r->type != REDIS_REPLY_ARRAY) return false;
   std::array<std::int16_t, kClusterSlots> next;
@@ -382,14 +391,8 @@ bool ClusterStore::apply_shards(const redisReply* r) {
       master = node_at(host, static_cast<int>(port));
     }
     if (master == nullptr) continue;  // a shard without a master serves nothing now
-    auto index = static_cast<std::int16_t>(std::find_if(nodes_.begin(), nodes_.end(), [&](const auto& p) {
-                                             return p.get() == master;
-                                           }) - nodes_.begin());
-    for (std::size_t k = 0; k + 1 < slots->elements; k += 2) {
-      long long from = number(slots->element[k]), to = number(slots->element[k + 1]);
-      if (from < 0 || to >= kClusterSlots || from > to) return false;
-      for (long long slot = from; slot <= to; ++slot) next[static_cast<std::size_t>(slot)] = index;
-    }
+    for (std::size_t k = 0; k + 1 < slots->elements; k += 2)
+      if (!assign_slots(next, number(slots->element[k]), number(slots->element[k + 1]), master)) return false;
   }
   owner_ = next;
   return true;
@@ -407,11 +410,8 @@ bool ClusterStore::apply_slots(const redisReply* r) {
     if (m->type != REDIS_REPLY_ARRAY || m->elements < 2) return false;
     std::string host = text(m->element[0]);
     long long port = number(m->element[1]);
-    if (from < 0 || to >= kClusterSlots || from > to || host.empty() || port <= 0 || port > 65535) return false;
-    Node* master = node_at(host, static_cast<int>(port));
-    auto index = static_cast<std::int16_t>(
-        std::find_if(nodes_.begin(), nodes_.end(), [&](const auto& p) { return p.get() == master; }) - nodes_.begin());
-    for (long long slot = from; slot <= to; ++slot) next[static_cast<std::size_t>(slot)] = index;
+    if (host.empty() || port <= 0 || port > 65535) return false;
+    if (!assign_slots(next, from, to, node_at(host, static_cast<int>(port)))) return false;
   }
   owner_ = next;
   return true;

@@ -129,6 +129,9 @@ class ClusterStore final : public LockStore {
   void refresh_from(std::size_t candidate);
   void refresh_failed(const std::string& why);
   void refresh_done();
+  // Slots from..to belong to `master`; false for a range out of bounds.
+  bool assign_slots(std::array<std::int16_t, kClusterSlots>& owners, long long from, long long to,
+                    const Node* master) const;
   bool apply_shards(const ::redisReply* r);
   bool apply_slots(const ::redisReply* r);
   void expire_waiters();
