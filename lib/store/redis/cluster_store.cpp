@@ -193,6 +193,7 @@ ClusterStore::Node* ClusterStore::node_at(const std::string& host, int port) {
   auto node = std::make_unique<Node>();
   node->name = name;
   node->store = std::make_unique<RedisNodeStore>(loop_, ep, options_);
+  node->store->no_batching();  // one slot per script call, ASKING right before its command
   Node* raw = node.get();
   nodes_.push_back(std::move(node));
   by_name_.emplace(name, raw);

@@ -2,6 +2,10 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
+#include <cstdlib>
+#include <iterator>
+
 #include "core/error_values.hpp"
 #include "core/loop.hpp"
 #include "lockwatch/errors.hpp"
@@ -38,7 +42,8 @@ std::chrono::system_clock::time_point time_at(const redisReply* r, std::size_t f
 
 }  // namespace
 
-RedisNodeStore::RedisNodeStore(Loop& loop, Endpoint endpoint, const Options& options) : options_(options) {
+RedisNodeStore::RedisNodeStore(Loop& loop, Endpoint endpoint, const Options& options)
+    : options_(options), loop_(loop) {
   using Mode = RedisConnection::Mode;
   conn_ = std::make_unique<RedisConnection>(loop, endpoint, options_, Mode::kCommands);
   renew_ = std::make_unique<RedisConnection>(loop, endpoint, options_, Mode::kCommands);
@@ -81,6 +86,9 @@ void RedisNodeStore::start(StoreEvents events) {
   conn_->set_state_hook([this](bool up, const std::string& why) {
     if (events_.connection) events_.connection(conn_->name(), up, why);
   });
+  uv_idle_init(loop_.uv(), &batch_idle_);
+  batch_idle_.data = this;
+  started_ = true;
   conn_->start();
   renew_->start();
   sub_->start();
@@ -89,14 +97,174 @@ void RedisNodeStore::start(StoreEvents events) {
 
 void RedisNodeStore::acquire(std::span<const LockRef> locks, AcquireDone done) {
   auto shared_done = std::make_shared<AcquireDone>(std::move(done));
-  for (std::size_t i = 0; i < locks.size(); ++i) acquire_one(locks[i], i, shared_done);
+  for (std::size_t i = 0; i < locks.size(); ++i) {
+    const LockRef& l = locks[i];
+    if (batching_) {
+      acquire_batch_.push_back(
+          QueuedAcquire{std::string(l.name), std::string(l.token), std::string(l.ttl_ms), i, shared_done});
+    } else {
+      acquire_one(std::string(l.name), std::string(l.token), std::string(l.ttl_ms), i, shared_done);
+    }
+  }
+  if (batching_) want_batch();
 }
 
-void RedisNodeStore::acquire_one(const LockRef& lock, std::size_t index, const std::shared_ptr<AcquireDone>& done) {
-  std::string name(lock.name);
-  std::string token(lock.token);
-  conn_->eval(acquire_script(), {name, redis_keys::fence(name), token, std::string(lock.ttl_ms)}, 2,
-              [this, index, done, name, token](const redisReply* r, std::exception_ptr err) mutable {
+void RedisNodeStore::release(std::span<const LockRef> locks, bool notify, ReleaseDone done) {
+  auto shared_done = std::make_shared<ReleaseDone>(std::move(done));
+  for (std::size_t i = 0; i < locks.size(); ++i) {
+    std::string name(locks[i].name);
+    std::string channel = notify ? redis_keys::channel(name) : std::string();
+    QueuedRelease r{std::move(name), std::string(locks[i].token), std::move(channel), i, shared_done};
+    if (batching_) {
+      release_batch_.push_back(std::move(r));
+    } else {
+      release_one(std::move(r));
+    }
+  }
+  if (batching_) want_batch();
+}
+
+void RedisNodeStore::want_batch() {
+  if (batch_armed_) return;
+  if (!started_) {
+    // Not on a loop yet: nothing can run the batch but the call itself.
+    send_batches();
+    return;
+  }
+  // An idle handle, not a prepare handle: requests made in the poll phase
+  // go out in the next iteration's idle phase, just before the connection's
+  // flush (its prepare handle); one made during the prepare phase, when a
+  // prepare handle started now would wait for the iteration after the next
+  // poll, keeps that poll from blocking instead.
+  batch_armed_ = true;
+  uv_idle_start(&batch_idle_, &RedisNodeStore::on_batch);
+}
+
+void RedisNodeStore::on_batch(uv_idle_t* h) {
+  auto* self = static_cast<RedisNodeStore*>(h->data);
+  uv_idle_stop(h);
+  self->batch_armed_ = false;
+  self->send_batches();
+}
+
+void RedisNodeStore::send_batches() {
+  // Releases first: a lock given back and asked for again in one iteration
+  // is free for the one who asks.
+  while (!release_batch_.empty()) {
+    std::vector<QueuedRelease> batch;
+    if (release_batch_.size() <= kMaxBatch) {
+      batch.swap(release_batch_);
+    } else {
+      auto end = release_batch_.begin() + static_cast<std::ptrdiff_t>(kMaxBatch);
+      batch.assign(std::make_move_iterator(release_batch_.begin()), std::make_move_iterator(end));
+      release_batch_.erase(release_batch_.begin(), end);
+    }
+    send_release_batch(std::move(batch));
+  }
+  while (!acquire_batch_.empty()) {
+    std::vector<QueuedAcquire> batch;
+    if (acquire_batch_.size() <= kMaxBatch) {
+      batch.swap(acquire_batch_);
+    } else {
+      auto end = acquire_batch_.begin() + static_cast<std::ptrdiff_t>(kMaxBatch);
+      batch.assign(std::make_move_iterator(acquire_batch_.begin()), std::make_move_iterator(end));
+      acquire_batch_.erase(acquire_batch_.begin(), end);
+    }
+    send_acquire_batch(std::move(batch));
+  }
+}
+
+void RedisNodeStore::send_acquire_batch(std::vector<QueuedAcquire> batch) {
+  if (batch.size() == 1) {
+    QueuedAcquire& a = batch.front();
+    acquire_one(std::move(a.name), std::move(a.token), std::move(a.ttl_ms), a.index, std::move(a.done));
+    return;
+  }
+  std::vector<std::string> args;
+  args.reserve(4 * batch.size());
+  for (const auto& a : batch) {
+    args.push_back(a.name);
+    args.push_back(redis_keys::fence(a.name));
+  }
+  for (const auto& a : batch) {
+    args.push_back(a.token);
+    args.push_back(a.ttl_ms);
+  }
+  const int num_keys = static_cast<int>(2 * batch.size());
+  conn_->eval(acquire_batch_script(), std::move(args), num_keys,
+              [this, batch = std::move(batch)](const redisReply* r, std::exception_ptr err) mutable {
+                if (!err && (r == nullptr || r->type != REDIS_REPLY_STRING))
+                  err = std::make_exception_ptr(RedisError(conn_->name(), "unexpected reply to the acquire script"));
+                std::string_view rest = err ? std::string_view() : std::string_view(r->str, r->len);
+                std::exception_ptr short_reply;
+                for (auto& a : batch) {
+                  Acquired out;
+                  std::string_view entry = rest.substr(0, rest.find(' '));
+                  rest.remove_prefix(std::min(rest.size(), entry.size() + 1));
+                  if (err) {
+                    out.error = err;
+                  } else if (entry.size() > 1 && entry[0] == 't') {
+                    out.status = Acquired::Status::kTaken;
+                    out.fence = std::strtoull(std::string(entry.substr(1)).c_str(), nullptr, 10);
+                  } else if (entry.size() > 1 && entry[0] == 'b') {
+                    out.status = Acquired::Status::kBusy;
+                    out.busy_for = std::chrono::milliseconds(std::strtoll(std::string(entry.substr(1)).c_str(), nullptr, 10));
+                  } else if (entry == "n") {
+                    out.error = std::make_exception_ptr(RedisError(
+                        conn_->name(), "LOCKWATCH " + a.name + " exists without expiry: not a lockwatch lock"));
+                  } else if (entry == "e") {
+                    out.error = std::make_exception_ptr(RedisError(
+                        conn_->name(), "LOCKWATCH " + redis_keys::fence(a.name) + " is not a fencing counter"));
+                  } else {
+                    if (!short_reply)
+                      short_reply = std::make_exception_ptr(
+                          RedisError(conn_->name(), "unexpected reply to the acquire script"));
+                    out.error = short_reply;
+                  }
+                  acquired(out, std::move(a.name), std::move(a.token), a.index, std::move(a.done));
+                }
+              });
+}
+
+void RedisNodeStore::send_release_batch(std::vector<QueuedRelease> batch) {
+  if (batch.size() == 1) {
+    release_one(std::move(batch.front()));
+    return;
+  }
+  std::vector<std::string> args;
+  args.reserve(3 * batch.size());
+  for (const auto& r : batch) args.push_back(r.name);
+  for (auto& r : batch) {
+    args.push_back(std::move(r.token));
+    args.push_back(std::move(r.channel));
+  }
+  const int num_keys = static_cast<int>(batch.size());
+  conn_->eval(release_batch_script(), std::move(args), num_keys,
+              [this, batch = std::move(batch)](const redisReply* r, std::exception_ptr err) {
+                std::string why;
+                if (err) {
+                  why = what_of(err);
+                } else if (r == nullptr || r->type != REDIS_REPLY_STRING || r->len != batch.size()) {
+                  why = fmt::format("{}: unexpected reply to the release script", conn_->name());
+                }
+                for (std::size_t k = 0; k < batch.size(); ++k) {
+                  const QueuedRelease& q = batch[k];
+                  if (!why.empty()) {
+                    (*q.done)(q.index, Released::kUnconfirmed, why);
+                    continue;
+                  }
+                  const char c = r->str[k];
+                  (*q.done)(q.index, c == '1' ? Released::kYes : c == '0' ? Released::kGone : Released::kTakenByOther, {});
+                }
+              });
+}
+
+void RedisNodeStore::acquire_one(std::string name, std::string token, std::string ttl_ms, std::size_t index,
+                                 std::shared_ptr<AcquireDone> done) {
+  std::vector<std::string> args{name, redis_keys::fence(name), token, std::move(ttl_ms)};
+  conn_->eval(acquire_script(), std::move(args), 2,
+              [this, index, done = std::move(done), name = std::move(name), token = std::move(token)](
+                  const redisReply* r, std::exception_ptr err) mutable {
                 Acquired out;
                 if (err) {
                   out.error = err;
@@ -107,11 +275,28 @@ void RedisNodeStore::acquire_one(const LockRef& lock, std::size_t index, const s
                   out.status = Acquired::Status::kBusy;
                   out.busy_for = std::chrono::milliseconds(integer_at(r, 1));
                 }
-                if (out.status != Acquired::Status::kTaken || options_.min_replicas <= 0) {
-                  (*done)(index, out);
+                acquired(out, std::move(name), std::move(token), index, std::move(done));
+              });
+}
+
+void RedisNodeStore::acquired(Acquired out, std::string name, std::string token, std::size_t index,
+                              std::shared_ptr<AcquireDone> done) {
+  if (out.status != Acquired::Status::kTaken || options_.min_replicas <= 0) {
+    (*done)(index, out);
+    return;
+  }
+  wait_for_replicas(std::move(name), std::move(token), out, index, std::move(done));
+}
+
+void RedisNodeStore::release_one(QueuedRelease q) {
+  conn_->eval(release_script(), {std::move(q.name), std::move(q.token), std::move(q.channel)}, 1,
+              [index = q.index, done = std::move(q.done)](const redisReply* r, std::exception_ptr err) {
+                if (err) {
+                  (*done)(index, Released::kUnconfirmed, what_of(err));
                   return;
                 }
-                wait_for_replicas(std::move(name), std::move(token), out, index, std::move(done));
+                long long v = r->type == REDIS_REPLY_INTEGER ? r->integer : 0;
+                (*done)(index, v == 1 ? Released::kYes : v < 0 ? Released::kTakenByOther : Released::kGone, {});
               });
 }
 
@@ -179,23 +364,6 @@ std::size_t RedisNodeStore::renew(std::span<const LockRef> locks, std::shared_pt
   renew_args_.clear();
   if (renew_args_.capacity() > 4096) std::vector<std::string_view>().swap(renew_args_);
   return 1;
-}
-
-void RedisNodeStore::release(std::span<const LockRef> locks, bool notify, ReleaseDone done) {
-  auto shared_done = std::make_shared<ReleaseDone>(std::move(done));
-  for (std::size_t i = 0; i < locks.size(); ++i) {
-    std::string name(locks[i].name);
-    std::string channel = notify ? redis_keys::channel(name) : std::string();
-    conn_->eval(release_script(), {std::move(name), std::string(locks[i].token), std::move(channel)}, 1,
-                [i, shared_done](const redisReply* r, std::exception_ptr err) {
-                  if (err) {
-                    (*shared_done)(i, Released::kUnconfirmed, what_of(err));
-                    return;
-                  }
-                  long long v = r->type == REDIS_REPLY_INTEGER ? r->integer : 0;
-                  (*shared_done)(i, v == 1 ? Released::kYes : v < 0 ? Released::kTakenByOther : Released::kGone, {});
-                });
-  }
 }
 
 void RedisNodeStore::raise_fence(std::string_view name, std::uint64_t fence, std::function<void(bool)> done) {
@@ -280,6 +448,11 @@ void RedisNodeStore::unsubscribe(std::string_view name) { sub_->unsubscribe(redi
 void RedisNodeStore::poll_replies() { renew_->poll_replies(); }
 
 void RedisNodeStore::close() {
+  // What is queued goes to the connection, which fails it as it closes:
+  // every callback runs.
+  send_batches();
+  if (started_) uv_close(reinterpret_cast<uv_handle_t*>(&batch_idle_), nullptr);
+  started_ = false;
   if (sentinel_) sentinel_->close();
   conn_->close();
   renew_->close();

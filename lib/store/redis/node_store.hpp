@@ -5,6 +5,16 @@
 // of acquisitions) and pub/sub (release notices for waiters). Each step is
 // one Lua script (scripts.hpp); keys are named as keys.hpp says.
 //
+// Acquisitions and releases are batched: those asked for in one loop
+// iteration go to the node as one script call each (at most kMaxBatch locks
+// a call), written together just before the loop next polls. Nothing waits
+// for a batch to fill. Releases go before acquisitions (a lock given back
+// and taken again in one iteration is free for the taker, unless the
+// release script met NOSCRIPT and went again as EVAL); other commands go
+// out as they are made. A lone lock uses the one-lock scripts. Redis
+// Cluster turns batching off (no_batching()): a script's keys must share a
+// slot, and an ASKING must come right before its command.
+//
 // With Options::min_replicas, a lock write must reach that many replicas
 // (WAIT) before the lease is handed out; short of it, the lock is given back
 // and the acquisition fails.
@@ -16,6 +26,8 @@
 //
 // Threading: as LockStore (loop thread, but encode()/check_key()).
 #pragma once
+
+#include <uv.h>
 
 #include <memory>
 #include <string>
@@ -43,6 +55,8 @@ class RedisNodeStore final : public LockStore {
   // force_release) goes after an ASKING, so that it runs on a slot this
   // node is importing (an ASK redirect).
   void send_asking();
+  // Before start(): every acquisition and release is a call of its own.
+  void no_batching() { batching_ = false; }
   // raise_fence() with the reason it failed (null: raised), for a caller
   // that must tell a redirect from other failures.
   void raise_fence_or_error(std::string_view name, std::uint64_t fence, std::function<void(std::exception_ptr)> done);
@@ -67,8 +81,29 @@ class RedisNodeStore final : public LockStore {
   void poll_replies() override;
   void close() override;
 
+ static constexpr std::size_t kMaxBatch = 256;
+
  private:
-  void acquire_one(const LockRef& lock, std::size_t index, const std::shared_ptr<AcquireDone>& done);
+  struct QueuedAcquire {
+    std::string name, token, ttl_ms;
+    std::size_t index;
+    std::shared_ptr<AcquireDone> done;
+  };
+  struct QueuedRelease {
+    std::string name, token, channel;
+    std::size_t index;
+    std::shared_ptr<ReleaseDone> done;
+  };
+  void acquire_one(std::string name, std::string token, std::string ttl_ms, std::size_t index,
+                   std::shared_ptr<AcquireDone> done);
+  void release_one(QueuedRelease r);
+  // The acquire script's answer for one lock, then WAIT for replicas when asked.
+  void acquired(Acquired out, std::string name, std::string token, std::size_t index, std::shared_ptr<AcquireDone> done);
+  void want_batch();
+  void send_batches();
+  void send_acquire_batch(std::vector<QueuedAcquire> batch);
+  void send_release_batch(std::vector<QueuedRelease> batch);
+  static void on_batch(uv_idle_t* h);
   void wait_for_replicas(std::string name, std::string token, Acquired taken, std::size_t index,
                          std::shared_ptr<AcquireDone> done);
 
@@ -79,6 +114,13 @@ class RedisNodeStore final : public LockStore {
   std::unique_ptr<SentinelWatcher> sentinel_;
   StoreEvents events_;
   std::vector<std::string_view> renew_args_;  // reused per batch
+  Loop& loop_;
+  bool batching_ = true;
+  bool started_ = false;
+  bool batch_armed_ = false;
+  uv_idle_t batch_idle_{};  // runs the batches of this iteration, before the flush
+  std::vector<QueuedAcquire> acquire_batch_;
+  std::vector<QueuedRelease> release_batch_;
 };
 
 }  // namespace lockwatch::detail

@@ -55,6 +55,53 @@ if v then return -1 end
 return 0
 )lua";
 
+// The acquisitions of one loop iteration on one node, in one call: the
+// acquire script for each lock in turn. pcall on the counter: a fencing key
+// that is no counter fails its own lock, not the locks taken before it in
+// the batch (a script's writes are not undone by a later error). One entry
+// per lock, separated by spaces: 't<fencing token>' taken, 'b<pttl>' busy,
+// 'n' exists without expiry, 'e' Redis refused the counter.
+constexpr std::string_view kAcquireBatch = R"lua(
+local out = {}
+for i = 1, #KEYS, 2 do
+  if redis.call('exists', KEYS[i]) == 1 then
+    local t = redis.call('pttl', KEYS[i])
+    if t < 0 then out[#out + 1] = 'n' else out[#out + 1] = 'b' .. t end
+  else
+    local f = redis.pcall('incr', KEYS[i + 1])
+    if type(f) == 'table' then
+      out[#out + 1] = 'e'
+    else
+      redis.call('set', KEYS[i], ARGV[i], 'PX', ARGV[i + 1])
+      out[#out + 1] = 't' .. f
+    end
+  end
+end
+return table.concat(out, ' ')
+)lua";
+
+// The releases of one loop iteration on one node: the release script for
+// each lock in turn. One byte per lock: '1' released (and published), '0'
+// gone, 'x' another owner's (or not a string: left alone).
+constexpr std::string_view kReleaseBatch = R"lua(
+local out = {}
+for i = 1, #KEYS do
+  local v = redis.pcall('get', KEYS[i])
+  if type(v) == 'table' then
+    out[i] = 'x'
+  elseif v == ARGV[2 * i - 1] then
+    redis.call('del', KEYS[i])
+    if ARGV[2 * i] ~= '' then redis.call('publish', ARGV[2 * i], '1') end
+    out[i] = '1'
+  elseif v then
+    out[i] = 'x'
+  else
+    out[i] = '0'
+  end
+end
+return table.concat(out)
+)lua";
+
 // Redlock: raises a node's fencing counter to the token handed out, so any
 // later majority (which shares a node with this one) counts past it.
 constexpr std::string_view kRaiseFence = R"lua(
@@ -174,6 +221,14 @@ const Script& force_release_script() {
 }
 const Script& claim_period_script() {
   static const Script s{kClaimPeriod, sha1_hex(kClaimPeriod)};
+  return s;
+}
+const Script& acquire_batch_script() {
+  static const Script s{kAcquireBatch, sha1_hex(kAcquireBatch)};
+  return s;
+}
+const Script& release_batch_script() {
+  static const Script s{kReleaseBatch, sha1_hex(kReleaseBatch)};
   return s;
 }
 const Script& release_script() {

@@ -29,6 +29,15 @@ const Script& renew_script();
 // other owner.
 const Script& release_script();
 
+// Many locks in one call (the requests of one loop iteration on one node).
+// KEYS: lock, fence for each lock in turn. ARGV: token, ttl ms for each.
+// Returns one entry per lock, space-separated: 't<fencing token>' taken,
+// 'b<pttl>' busy, 'n' exists without expiry, 'e' the counter was refused.
+const Script& acquire_batch_script();
+// KEYS: locks. ARGV: token, channel ('' for none) for each. Returns one byte
+// per lock: '1' released, '0' gone, 'x' another owner's.
+const Script& release_batch_script();
+
 // KEYS: fence. ARGV: token. Raises the counter to the token if below it.
 const Script& raise_fence_script();
 

@@ -1,0 +1,238 @@
+// One Redis node's store against a real redis-server: acquisitions and
+// releases asked for in one loop iteration go out as one script call, each
+// lock still answered once with its own result, and nothing queued is lost
+// when the store closes.
+#include <gtest/gtest.h>
+
+#include <future>
+#include <map>
+#include <set>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "core/error_values.hpp"
+#include "core/loop.hpp"
+#include "lockwatch/errors.hpp"
+#include "store/redis/node_store.hpp"
+#include "test_util.hpp"
+
+namespace lockwatch::testing {
+namespace {
+
+using detail::Acquired;
+using detail::LockRef;
+using detail::Released;
+
+struct Want {
+  std::string key;    // the user's key; the store's name is lock_key(key)
+  std::string token;
+};
+
+class NodeStoreTest : public ::testing::Test {
+ protected:
+  NodeStoreTest() {
+    Endpoint ep;
+    ep.port = server_.port();
+    store_ = std::make_unique<detail::RedisNodeStore>(loop_, ep, options_);
+    detail::StoreEvents events;
+    events.released = [](std::string_view) {};
+    events.subscribed = [](std::string_view) {};
+    events.subscriptions_lost = [] {};
+    events.connection = [](const std::string&, bool, const std::string&) {};
+    events.log = [](bool, const std::string&) {};
+    loop_.post([this, events] { store_->start(events); });
+  }
+  ~NodeStoreTest() override { EXPECT_EQ(loop_.shutdown([this] { store_->close(); }), 0); }
+
+  // Asks for every group in `groups` in one loop iteration, one acquire()
+  // call per group, and waits for every answer (bounded).
+  std::vector<Acquired> acquire(const std::vector<std::vector<Want>>& groups, std::chrono::milliseconds ttl = 10s) {
+    std::size_t total = 0;
+    for (const auto& g : groups) total += g.size();
+    auto results = std::make_shared<std::vector<Acquired>>(total);
+    auto answers = std::make_shared<std::vector<int>>(total, 0);
+    auto left = std::make_shared<std::size_t>(total);
+    std::promise<void> all;
+    auto f = all.get_future();
+    loop_.post([&, results, answers, left] {
+      std::size_t base = 0;
+      const std::string ttl_ms = std::to_string(ttl.count());
+      for (const auto& g : groups) {
+        std::vector<std::string> names;
+        for (const auto& w : g) names.push_back(lock_key(w.key));
+        std::vector<LockRef> refs;
+        for (std::size_t i = 0; i < g.size(); ++i) refs.push_back(LockRef{names[i], g[i].token, ttl_ms, ttl});
+        store_->acquire(refs, [&all, results, answers, left, base](std::size_t i, const Acquired& r) {
+          (*results)[base + i] = r;
+          if (++(*answers)[base + i] == 1 && --*left == 0) all.set_value();
+        });
+        base += g.size();
+      }
+    });
+    EXPECT_EQ(f.wait_for(kBound), std::future_status::ready);
+    for (int a : *answers) EXPECT_EQ(a, 1) << "each lock is answered exactly once";
+    return *results;
+  }
+
+  // Releases each (key, token) in one loop iteration, one release() call each.
+  std::vector<Released> release(const std::vector<Want>& locks) {
+    auto results = std::make_shared<std::vector<Released>>(locks.size(), Released::kUnconfirmed);
+    auto left = std::make_shared<std::size_t>(locks.size());
+    std::promise<void> all;
+    auto f = all.get_future();
+    loop_.post([&, results, left] {
+      for (std::size_t k = 0; k < locks.size(); ++k) {
+        const std::string name = lock_key(locks[k].key);
+        LockRef ref{name, locks[k].token, "0", 0ms};
+        store_->release(std::span<const LockRef>(&ref, 1), true,
+                        [&all, results, left, k](std::size_t, Released r, std::string_view) {
+                          (*results)[k] = r;
+                          if (--*left == 0) all.set_value();
+                        });
+      }
+    });
+    EXPECT_EQ(f.wait_for(kBound), std::future_status::ready);
+    return *results;
+  }
+
+  // Script calls the server has run so far (EVAL and EVALSHA).
+  long long script_calls() {
+    auto r = server_.command({"INFO", "commandstats"});
+    long long calls = 0;
+    for (std::string_view cmd : {"cmdstat_evalsha:calls=", "cmdstat_eval:calls="}) {
+      auto at = r.str.find(cmd);
+      if (at != std::string::npos) calls += std::stoll(r.str.substr(at + cmd.size()));
+    }
+    return calls;
+  }
+
+  RedisServer server_;
+  Options options_;
+  detail::Loop loop_;
+  std::unique_ptr<detail::RedisNodeStore> store_;
+};
+
+TEST_F(NodeStoreTest, OneCallOfManyLocksIsOneScriptCallWithEachLockAnsweredAlone) {
+  // Warm the script cache, so that the count below is not an EVALSHA + EVAL pair.
+  acquire({{{"warm-a", "t0"}, {"warm-b", "t0"}}});
+  server_.command({"SET", lock_key("busy"), "someone", "PX", "60000"});
+  server_.command({"SET", lock_key("plain"), "a user's value"});  // no expiry: not a lock
+  server_.command({"HSET", lock_key("badfence") + ":fence", "f", "1"});
+  server_.command({"SET", lock_key("counted") + ":fence", "41"});
+  const long long before = script_calls();
+
+  auto r = acquire({{{"free-1", "t1"}, {"busy", "t2"}, {"plain", "t3"}, {"badfence", "t4"}, {"counted", "t5"},
+                     {"free-2", "t6"}}});
+  EXPECT_EQ(script_calls() - before, 1);
+
+  EXPECT_EQ(r[0].status, Acquired::Status::kTaken);
+  EXPECT_EQ(r[0].fence, 1u);
+  EXPECT_EQ(r[1].status, Acquired::Status::kBusy);
+  EXPECT_GT(r[1].busy_for, 50s);
+  ASSERT_EQ(r[2].status, Acquired::Status::kFailed);
+  EXPECT_THROW(std::rethrow_exception(r[2].error), RedisError);
+  EXPECT_NE(detail::what_of(r[2].error).find("exists without expiry"), std::string::npos) << detail::what_of(r[2].error);
+  ASSERT_EQ(r[3].status, Acquired::Status::kFailed);
+  EXPECT_NE(detail::what_of(r[3].error).find("not a fencing counter"), std::string::npos) << detail::what_of(r[3].error);
+  EXPECT_EQ(r[4].status, Acquired::Status::kTaken);
+  EXPECT_EQ(r[4].fence, 42u);
+  EXPECT_EQ(r[5].status, Acquired::Status::kTaken);
+
+  // What was taken is held with its token and ttl; what failed is untouched.
+  EXPECT_EQ(server_.command({"GET", lock_key("free-1")}).str, "t1");
+  EXPECT_GT(server_.command({"PTTL", lock_key("free-2")}).integer, 5000);
+  EXPECT_EQ(server_.command({"GET", lock_key("busy")}).str, "someone");
+  EXPECT_EQ(server_.command({"GET", lock_key("plain")}).str, "a user's value");
+  EXPECT_EQ(server_.command({"EXISTS", lock_key("badfence")}).integer, 0);
+}
+
+TEST_F(NodeStoreTest, AcquisitionsAskedForInOneIterationShareOneScriptCall) {
+  acquire({{{"warm-a", "t0"}, {"warm-b", "t0"}}});
+  const long long before = script_calls();
+  std::vector<std::vector<Want>> groups;
+  for (int i = 0; i < 20; ++i) groups.push_back({{"k" + std::to_string(i), "tok" + std::to_string(i)}});
+  auto r = acquire(groups);
+  EXPECT_EQ(script_calls() - before, 1);
+  for (int i = 0; i < 20; ++i) {
+    EXPECT_EQ(r[i].status, Acquired::Status::kTaken) << i;
+    EXPECT_EQ(server_.command({"GET", lock_key("k" + std::to_string(i))}).str, "tok" + std::to_string(i));
+  }
+}
+
+TEST_F(NodeStoreTest, MoreLocksThanOneBatchHoldsGoOutInSeveralCallsAndAllAreTaken) {
+  const std::size_t n = 3 * detail::RedisNodeStore::kMaxBatch + 7;
+  std::vector<Want> many;
+  for (std::size_t i = 0; i < n; ++i) many.push_back({"m" + std::to_string(i), "tok"});
+  const long long before = script_calls();
+  auto r = acquire({many});
+  const long long calls = script_calls() - before;
+  EXPECT_GE(calls, 4);       // 256 + 256 + 256 + 7
+  EXPECT_LE(calls, 8);       // each at most once more as EVAL after NOSCRIPT
+  std::size_t taken = 0;
+  for (const auto& a : r) taken += a.status == Acquired::Status::kTaken && a.fence == 1;
+  EXPECT_EQ(taken, n);
+  EXPECT_EQ(server_.command({"DBSIZE"}).integer, static_cast<long long>(2 * n));  // locks and counters
+}
+
+TEST_F(NodeStoreTest, ReleasesOfOneIterationAreOneCallAndEachSaysWhatItFound) {
+  acquire({{{"mine-1", "me"}, {"mine-2", "me"}, {"theirs", "them"}}});
+  const long long before = script_calls();
+  auto r = release({{"mine-1", "me"}, {"never", "me"}, {"theirs", "me"}, {"mine-2", "me"}});
+  EXPECT_LE(script_calls() - before, 2);  // one call (EVAL after a NOSCRIPT at most)
+  EXPECT_EQ(r[0], Released::kYes);
+  EXPECT_EQ(r[1], Released::kGone);
+  EXPECT_EQ(r[2], Released::kTakenByOther);
+  EXPECT_EQ(r[3], Released::kYes);
+  EXPECT_EQ(server_.command({"EXISTS", lock_key("mine-1")}).integer, 0);
+  EXPECT_EQ(server_.command({"GET", lock_key("theirs")}).str, "them");
+}
+
+TEST_F(NodeStoreTest, ALockGivenBackAndAskedForInOneIterationIsFreeForTheAsker) {
+  ASSERT_EQ(acquire({{{"passed-on", "first"}}})[0].status, Acquired::Status::kTaken);
+  // Warm the release script: a NOSCRIPT answer sends it again as EVAL, after
+  // what was written behind it.
+  release({{"unheld", "first"}});
+  std::promise<std::pair<Released, Acquired>> p;
+  auto f = p.get_future();
+  loop_.post([&] {
+    const std::string name = lock_key("passed-on");
+    auto released = std::make_shared<Released>(Released::kUnconfirmed);
+    LockRef mine{name, "first", "0", 0ms};
+    store_->release(std::span<const LockRef>(&mine, 1), true,
+                    [released](std::size_t, Released r, std::string_view) { *released = r; });
+    LockRef next{name, "second", "10000", 10s};
+    store_->acquire(std::span<const LockRef>(&next, 1),
+                    [&p, released](std::size_t, const Acquired& a) { p.set_value({*released, a}); });
+  });
+  ASSERT_EQ(f.wait_for(kBound), std::future_status::ready);
+  auto [released, acquired] = f.get();
+  EXPECT_EQ(released, Released::kYes);
+  EXPECT_EQ(acquired.status, Acquired::Status::kTaken);
+  EXPECT_EQ(acquired.fence, 2u);
+  EXPECT_EQ(server_.command({"GET", lock_key("passed-on")}).str, "second");
+}
+
+TEST_F(NodeStoreTest, RequestsQueuedWhenTheStoreClosesAreEachAnsweredOnceWithAnError) {
+  std::promise<void> all;
+  auto f = all.get_future();
+  auto answers = std::make_shared<std::map<std::size_t, int>>();
+  auto errors = std::make_shared<int>(0);
+  loop_.post([&, answers, errors] {
+    std::vector<std::string> names{lock_key("q1"), lock_key("q2"), lock_key("q3")};
+    std::vector<LockRef> refs;
+    for (const auto& n : names) refs.push_back(LockRef{n, "tok", "10000", 10s});
+    store_->acquire(refs, [&all, answers, errors](std::size_t i, const Acquired& a) {
+      if (a.status == Acquired::Status::kFailed && a.error) ++*errors;
+      if (++(*answers)[i] == 1 && answers->size() == 3) all.set_value();
+    });
+    store_->close();  // before the loop's next iteration would send them
+  });
+  ASSERT_EQ(f.wait_for(kBound), std::future_status::ready);
+  EXPECT_EQ(*errors, 3);
+  for (auto& [i, n] : *answers) EXPECT_EQ(n, 1) << i;
+  EXPECT_EQ(server_.command({"DBSIZE"}).integer, 0);
+}
+
+}  // namespace
+}  // namespace lockwatch::testing
