@@ -9,6 +9,13 @@
 //       LockHandle::release(), each waited on through its future.
 //   BM_Locked/<conc>/<mode>            lockwatch::locked(...) with an empty
 //       callable: key formatting, the pool hop and the future included.
+//   BM_Hops/<conc>/<path>              the thread hand-offs of a call with
+//       no Redis and no lock: the floor under the threaded rows on this
+//       machine. <path> loop: caller -> I/O loop -> caller (one post, one
+//       promise), the least a blocking caller pays when the connection
+//       lives on an I/O thread; loop_pool_loop: caller -> loop -> pool ->
+//       loop -> caller, the hops of a LOCKED call (its work runs on the
+//       pool, its release on the loop).
 //
 // <mode>: uncontended = a fresh key every cycle; contended = every caller on
 // one key, waiting up to 10 s for it (.wait(10s) / the wait argument).
@@ -73,7 +80,9 @@
 #include <thread>
 #include <vector>
 
+#include "core/loop.hpp"
 #include "lockwatch/lockwatch.hpp"
+#include "lockwatch/thread_pool.hpp"
 #include "store/redis/scripts.hpp"
 #include "bench_common.hpp"
 #include "support/redis_server.hpp"
@@ -437,6 +446,33 @@ void BM_LockedFanOut(benchmark::State& state, int conc) {
   });
 }
 
+// ------------------------------------------------------------ hops only
+
+void BM_Hops(benchmark::State& state, int conc, bool through_pool) {
+  prepare_run();
+  lockwatch::detail::Loop loop;
+  lockwatch::ThreadPool pool(runtime_options().threads);
+  run_threaded(state, conc, false, [&](int, Tally& tally, Clock::time_point deadline) {
+    while (Clock::now() < deadline) {
+      auto t0 = Clock::now();
+      auto done = std::make_shared<std::promise<void>>();
+      auto f = done->get_future();
+      if (through_pool) {
+        loop.post([&loop, &pool, done] {
+          pool.post([&loop, done] { loop.post([done] { done->set_value(); }); });
+        });
+      } else {
+        loop.post([done] { done->set_value(); });
+      }
+      if (!ready_in_bound(f, tally, "hop")) return;
+      tally.cycle_us.push_back(static_cast<float>(micros(Clock::now() - t0)));
+      ++tally.cycles;
+    }
+  });
+  pool.shutdown();
+  loop.shutdown([] {});
+}
+
 // --------------------------------------------------------- raw hiredis
 
 // The protocol with nothing around it: <conc> callers as state machines on
@@ -645,6 +681,14 @@ void register_benchmarks() {
     benchmark::RegisterBenchmark(fmt::format("BM_LockedFanOut/{}/uncontended", conc).c_str(), BM_LockedFanOut, conc)
         ->UseManualTime()
         ->Unit(benchmark::kMillisecond);
+  }
+  for (int conc : {1, 64}) {
+    for (bool pool : {false, true}) {
+      benchmark::RegisterBenchmark(fmt::format("BM_Hops/{}/{}", conc, pool ? "loop_pool_loop" : "loop").c_str(),
+                                   BM_Hops, conc, pool)
+          ->UseManualTime()
+          ->Unit(benchmark::kMillisecond);
+    }
   }
 }
 
