@@ -145,6 +145,15 @@ TEST_F(NodeStoreTest, OneCallOfManyLocksIsOneScriptCallWithEachLockAnsweredAlone
   EXPECT_EQ(server_.command({"GET", lock_key("busy")}).str, "someone");
   EXPECT_EQ(server_.command({"GET", lock_key("plain")}).str, "a user's value");
   EXPECT_EQ(server_.command({"EXISTS", lock_key("badfence")}).integer, 0);
+
+  // Asked again with the same tokens (a retry after a lost reply), the locks
+  // taken answer their tokens again; the others still answer as before.
+  auto again = acquire({{{"free-1", "t1"}, {"counted", "t5"}, {"busy", "t2"}}});
+  EXPECT_EQ(again[0].status, Acquired::Status::kTaken);
+  EXPECT_EQ(again[0].fence, 1u);
+  EXPECT_EQ(again[1].status, Acquired::Status::kTaken);
+  EXPECT_EQ(again[1].fence, 42u);
+  EXPECT_EQ(again[2].status, Acquired::Status::kBusy);
 }
 
 TEST_F(NodeStoreTest, AcquisitionsAskedForInOneIterationShareOneScriptCall) {

@@ -56,7 +56,8 @@ return 0
 )lua";
 
 // The acquisitions of one loop iteration on one node, in one call: the
-// acquire script for each lock in turn. pcall on the counter: a fencing key
+// acquire script for each lock in turn (a lock that holds the caller's
+// token already is a retry: taken again with its counter). pcall on the counter: a fencing key
 // that is no counter fails its own lock, not the locks taken before it in
 // the batch (a script's writes are not undone by a later error). One entry
 // per lock, separated by spaces: 't<fencing token>' taken, 'b<pttl>' busy,
@@ -66,7 +67,19 @@ local out = {}
 for i = 1, #KEYS, 2 do
   if redis.call('exists', KEYS[i]) == 1 then
     local t = redis.call('pttl', KEYS[i])
-    if t < 0 then out[#out + 1] = 'n' else out[#out + 1] = 'b' .. t end
+    if t < 0 then
+      out[#out + 1] = 'n'
+    elseif redis.pcall('get', KEYS[i]) == ARGV[i] then
+      local f = redis.pcall('get', KEYS[i + 1])
+      if type(f) == 'table' then
+        out[#out + 1] = 'e'
+      else
+        redis.call('pexpire', KEYS[i], ARGV[i + 1])
+        out[#out + 1] = 't' .. (f or '0')
+      end
+    else
+      out[#out + 1] = 'b' .. t
+    end
   else
     local f = redis.pcall('incr', KEYS[i + 1])
     if type(f) == 'table' then
