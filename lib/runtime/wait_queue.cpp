@@ -19,6 +19,7 @@ struct WaitQueue::KeyWaiters final : TimerTask {
   bool again = false;         // a wake-up came while it was in flight
   bool subscribed = false;    // release notices are confirmed
   bool held_locally = false;  // one of our leases holds it: its end wakes us
+  bool notice_seen = false;   // a release notice came while held locally
   Timeout retry;              // the holder's ttl runs out, or the poll back-off
   milliseconds poll{0};       // stores without notices: the current back-off
   std::exception_ptr connection_error;  // the head's last attempt could not reach the store
@@ -118,6 +119,7 @@ void WaitQueue::on_outcome(const std::shared_ptr<Acquisition>& a, const Acquired
     } else {
       if (w) {
         w->held_locally = true;
+        w->notice_seen = false;
         w->poll = milliseconds(0);
       }
       hooks_.taken(a, out.fence, sent);
@@ -154,7 +156,17 @@ void WaitQueue::on_outcome(const std::shared_ptr<Acquisition>& a, const Acquired
   w->retry = clock_.at(*w, Clock::now() + next);
 }
 
-void WaitQueue::on_released(std::string_view name) { attempt_head(name); }
+void WaitQueue::on_released(std::string_view name) {
+  auto it = waiters_.find(name);
+  if (it == waiters_.end()) return;
+  if (it->second->held_locally) {
+    // Maybe our own release, told before its reply came: remembered for a
+    // yielding head (on_lease_finished).
+    it->second->notice_seen = true;
+    return;
+  }
+  attempt_head(it->first);
+}
 
 void WaitQueue::on_subscribed(std::string_view name) {
   auto it = waiters_.find(name);
@@ -167,13 +179,47 @@ void WaitQueue::on_subscriptions_lost() {
   for (auto& [name, w] : waiters_) w->subscribed = false;
 }
 
-void WaitQueue::on_lease_finished(std::string_view name) {
-  // Our own waiters for this key go next, in the same pipeline as the
-  // release.
-  if (auto it = waiters_.find(name); it != waiters_.end()) {
-    it->second->held_locally = false;
-    attempt_head(name);
+void WaitQueue::on_lease_finished(std::string_view name, bool yield) {
+  auto it = waiters_.find(name);
+  if (it == waiters_.end()) return;
+  KeyWaiters* w = it->second.get();
+  w->held_locally = false;
+  if (yield && !w->notice_seen && !w->waiting.empty() && store_.release_events()) {
+    // Every process's waiters learn of the release from the same notice:
+    // ours wait for it too (or for the subscription's confirmation, which
+    // tries again), so that another process can take its turn. A notice
+    // lost on the way costs the reconnect minimum.
+    if (!w->subscribed) store_.subscribe(w->name);
+    w->retry.cancel();
+    w->retry = clock_.at(*w, Clock::now() + options_.reconnect_min);
+    return;
   }
+  // Otherwise our own waiters go next, in the same pipeline as the release.
+  w->notice_seen = false;
+  attempt_head(w->name);
+}
+
+Acquisition* WaitQueue::next_waiter(std::string_view name) const {
+  auto it = waiters_.find(name);
+  if (it == waiters_.end()) return nullptr;
+  const KeyWaiters& w = *it->second;
+  // A head whose attempt is in flight may take it too: that answer sees it
+  // done (and gives back a lock taken meanwhile).
+  return w.waiting.empty() ? nullptr : w.waiting.front().get();
+}
+
+std::shared_ptr<Acquisition> WaitQueue::take_next(std::string_view name) {
+  auto it = waiters_.find(name);
+  assert(it != waiters_.end() && !it->second->waiting.empty());
+  KeyWaiters* w = it->second.get();
+  auto a = std::move(w->waiting.front());
+  w->waiting.pop_front();
+  a->done = true;
+  a->wait_timeout.cancel();
+  w->held_locally = true;
+  w->connection_error = nullptr;
+  maybe_forget(w);  // w may be gone (not while an attempt is in flight)
+  return a;
 }
 
 void WaitQueue::on_wait_expired(Acquisition* raw) {
