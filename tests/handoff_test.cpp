@@ -224,6 +224,18 @@ TEST_F(HandoffTest, TheRuntimeStopsWithLocalHoldersAndWaiters) {
   EXPECT_TRUE(freed("k"));
 }
 
+TEST(HandoffOptionsTest, StreakBoundsOutsideTheirRangeAreRejected) {
+  Options o;
+  o.handoff_max_streak = 0;
+  EXPECT_THROW(o.validate(), InvalidArgument);
+  o.handoff_max_streak = 1u << kLocalSeqBits;  // would carry into the counter
+  EXPECT_THROW(o.validate(), InvalidArgument);
+  o.handoff_max_streak = (1u << kLocalSeqBits) - 1;
+  EXPECT_NO_THROW(o.validate());
+  o.handoff_max_time = 0ms;
+  EXPECT_THROW(o.validate(), InvalidArgument);
+}
+
 // ---------------------------------------------------------- redis-server
 
 class HandoffRedisTest : public ::testing::Test {

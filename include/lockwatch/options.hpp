@@ -123,8 +123,9 @@ struct Options {
   // holder's token ONLY IF EVERY PROCESS SHARING A KEY USES THE SAME
   // SETTING: a process with it off hands out the raw counter, which is
   // smaller than the tokens of one with it on. The store's counter itself
-  // stays raw: Runtime::inspect and `lockwatch inspect` show it, not the
-  // encoded token.
+  // stays raw: Runtime::inspect and `lockwatch status` (fencing_counter=)
+  // show it, not the encoded token (token >> 20 is the counter). Hand-offs
+  // are also not made to a waiter with another ttl or with retries 0.
   bool local_handoff = false;
   // A process must not keep a contended key forever: after this many local
   // hand-offs in a row (1 .. 2^20 - 1), or once this long has passed since
