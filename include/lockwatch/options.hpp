@@ -130,11 +130,14 @@ struct Options {
   // A process must not keep a contended key forever: after this many local
   // hand-offs in a row (1 .. 2^20 - 1), or once this long has passed since
   // the process took the key from the store, the lease is released to the
-  // store (with its release notice) and the local waiters compete with
-  // every other process's: they try again only on that notice, as the
-  // others do.
-  std::uint32_t handoff_max_streak = 64;
-  std::chrono::milliseconds handoff_max_time{100};
+  // store (with its release notice) and the local waiters sit out one tick
+  // before they try again, so that other processes' waiters, woken by the
+  // notice, get their turn. Each streak's end costs this process that tick
+  // and two round trips: the time bound is what keeps that small (under
+  // contention from this process alone, about a tick per 20 ms), and the
+  // count bound only matters for slow critical sections.
+  std::uint32_t handoff_max_streak = 1024;
+  std::chrono::milliseconds handoff_max_time{20};
   // Where log lines go (see observer.hpp); empty: warnings and errors to
   // stderr, prefixed "lockwatch:".
   LogSink log;

@@ -19,12 +19,15 @@ struct WaitQueue::KeyWaiters final : TimerTask {
   bool again = false;         // a wake-up came while it was in flight
   bool subscribed = false;    // release notices are confirmed
   bool held_locally = false;  // one of our leases holds it: its end wakes us
-  bool notice_seen = false;   // a release notice came while held locally
+  bool yielding = false;      // a streak's end: others' turn until `retry` fires
   Timeout retry;              // the holder's ttl runs out, or the poll back-off
   milliseconds poll{0};       // stores without notices: the current back-off
   std::exception_ptr connection_error;  // the head's last attempt could not reach the store
 
-  void run(Timeout) noexcept override { queue->attempt_head(name); }
+  void run(Timeout) noexcept override {
+    yielding = false;
+    queue->attempt_head(name);
+  }
 };
 
 void Acquisition::run(Timeout) noexcept { queue->on_wait_expired(this); }
@@ -66,7 +69,7 @@ void WaitQueue::attempt_head(std::string_view name) {
   auto it = waiters_.find(name);
   if (it == waiters_.end()) return;
   KeyWaiters* w = it->second.get();
-  if (w->waiting.empty() || w->held_locally) return;
+  if (w->waiting.empty() || w->held_locally || w->yielding) return;
   if (w->in_flight) {
     w->again = true;
     return;
@@ -119,7 +122,6 @@ void WaitQueue::on_outcome(const std::shared_ptr<Acquisition>& a, const Acquired
     } else {
       if (w) {
         w->held_locally = true;
-        w->notice_seen = false;
         w->poll = milliseconds(0);
       }
       hooks_.taken(a, out.fence, sent);
@@ -156,17 +158,7 @@ void WaitQueue::on_outcome(const std::shared_ptr<Acquisition>& a, const Acquired
   w->retry = clock_.at(*w, Clock::now() + next);
 }
 
-void WaitQueue::on_released(std::string_view name) {
-  auto it = waiters_.find(name);
-  if (it == waiters_.end()) return;
-  if (it->second->held_locally) {
-    // Maybe our own release, told before its reply came: remembered for a
-    // yielding head (on_lease_finished).
-    it->second->notice_seen = true;
-    return;
-  }
-  attempt_head(it->first);
-}
+void WaitQueue::on_released(std::string_view name) { attempt_head(name); }
 
 void WaitQueue::on_subscribed(std::string_view name) {
   auto it = waiters_.find(name);
@@ -184,18 +176,17 @@ void WaitQueue::on_lease_finished(std::string_view name, bool yield) {
   if (it == waiters_.end()) return;
   KeyWaiters* w = it->second.get();
   w->held_locally = false;
-  if (yield && !w->notice_seen && !w->waiting.empty() && store_.release_events()) {
-    // Every process's waiters learn of the release from the same notice:
-    // ours wait for it too (or for the subscription's confirmation, which
-    // tries again), so that another process can take its turn. A notice
-    // lost on the way costs the reconnect minimum.
-    if (!w->subscribed) store_.subscribe(w->name);
+  if (yield && !w->waiting.empty() && !w->in_flight) {
+    // Other processes' waiters learn of the release from its notice, a
+    // round trip or so from now; ours, awake already, would win every time.
+    // They sit out one tick (notices meanwhile are our own release's), then
+    // try, and wait for the holder's release if another process took it.
+    w->yielding = true;
     w->retry.cancel();
-    w->retry = clock_.at(*w, Clock::now() + options_.reconnect_min);
+    w->retry = clock_.at(*w, Clock::now() + options_.tick);
     return;
   }
   // Otherwise our own waiters go next, in the same pipeline as the release.
-  w->notice_seen = false;
   attempt_head(w->name);
 }
 

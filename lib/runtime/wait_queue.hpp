@@ -49,8 +49,9 @@ class WaitQueue {
   void on_subscribed(std::string_view name);
   void on_subscriptions_lost();
   // One of our leases on `name` is over: our next waiter may take it. With
-  // `yield` (a local hand-off streak reached its bound), it waits for the
-  // release notice as other processes' waiters do, so they get a fair turn.
+  // `yield` (a local hand-off streak reached its bound), it first sits out
+  // a tick, so that other processes' waiters, woken by the release notice,
+  // get their turn.
   void on_lease_finished(std::string_view name, bool yield = false);
   // Local hand-off: the waiter next in line for `name` (nullptr if none),
   // and taking it out of the queue, as if it took the lock (it is done; its
