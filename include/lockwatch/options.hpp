@@ -133,9 +133,10 @@ struct Options {
   // store (with its release notice) and the local waiters sit out one tick
   // before they try again, so that other processes' waiters, woken by the
   // notice, get their turn. Each streak's end costs this process that tick
-  // and two round trips: the time bound is what keeps that small (under
-  // contention from this process alone, about a tick per 20 ms), and the
-  // count bound only matters for slow critical sections.
+  // and two round trips, about a tick per 20 ms with the defaults (1024
+  // empty critical sections also take about 20 ms on a 2-core machine); a
+  // bound of 64 hand-offs cost a process alone on a key most of its
+  // throughput, a longer time makes other processes wait longer.
   std::uint32_t handoff_max_streak = 1024;
   std::chrono::milliseconds handoff_max_time{20};
   // Where log lines go (see observer.hpp); empty: warnings and errors to

@@ -10,7 +10,10 @@
 // yours" and the deadline are final: the lease is lost, its stop token
 // fires (on the notifier thread: stop callbacks are user code) and its
 // call will report LeaseLost. When the work ends the lease is released,
-// and kept renewed until the store confirmed the release.
+// and kept renewed until the store confirmed the release, unless the
+// runtime hands the store's key to a local waiter instead (hand_off(),
+// Options::local_handoff): the next lease takes the ended one's place, and
+// a renewal reply still in flight goes to whichever lease holds it now.
 //
 // Threading: loop thread only, but held() (any thread).
 #pragma once
