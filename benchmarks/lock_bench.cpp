@@ -16,9 +16,14 @@
 //       lives on an I/O thread; loop_pool_loop: caller -> loop -> pool ->
 //       loop -> caller, the hops of a LOCKED call (its work runs on the
 //       pool, its release on the loop).
+//   BM_LockedRuntimes/3x16/<mode>      three runtimes in this process, each
+//       with its own connections and owner tokens (to Redis they are three
+//       processes), 16 LOCKED callers each, all on one key.
 //
 // <mode>: uncontended = a fresh key every cycle; contended = every caller on
-// one key, waiting up to 10 s for it (.wait(10s) / the wait argument).
+// one key, waiting up to 10 s for it (.wait(10s) / the wait argument);
+// contended_handoff = contended with Options::local_handoff on (rows at 64
+// callers, and 3x16).
 // <conc> = 1, 16, 64 callers. Lock ttl 30 s (as the peers' harness).
 //
 // Concurrency: the callers of BM_LockHandle and BM_Locked are std::threads,
@@ -46,8 +51,13 @@
 //                       where both are near 0)
 //   contended rows also:
 //   max_wait_ms         longest wait for the lock (call to lock granted)
-//   min_caller_cycles, mean_caller_cycles, min_over_mean   starvation: the
-//                       fewest cycles any caller completed vs the mean
+//   p50_wait_ms, p99_wait_ms  the wait for the lock, over all callers
+//   min_caller_cycles, max_caller_cycles, mean_caller_cycles, min_over_mean
+//                       starvation: the fewest (most) cycles any caller
+//                       completed vs the mean
+//   3x16 rows also:
+//   rt<i>_cycles, min_rt_over_mean  cycles per runtime, and the least
+//                       served runtime vs the mean (a starved process)
 // A caller that completes no cycle, or any failed call, fails the row.
 //
 // Without --benchmark_min_time the binary runs each row for at least 2 s
@@ -144,6 +154,7 @@ void prepare_run() {
 // What one caller saw over a whole benchmark run (all its slices).
 struct Tally {
   std::vector<float> cycle_us;
+  std::vector<float> wait_us;  // call to lock granted (contended rows)
   double max_wait_us = 0;
   std::uint64_t cycles = 0;
   std::uint64_t failures = 0;
@@ -173,15 +184,17 @@ class Recorder {
   void report(benchmark::State& state, std::vector<Tally>& tallies, bool contended) {
     CpuDelta cpu = cpu_delta(cpu_before_, sample_cpu());
     CommandDelta cmds = command_delta(commands_before_, command_calls());
-    std::vector<float> all;
-    std::uint64_t cycles = 0, failures = 0, min_cycles = UINT64_MAX;
+    std::vector<float> all, waits;
+    std::uint64_t cycles = 0, failures = 0, min_cycles = UINT64_MAX, max_cycles = 0;
     double max_wait_us = 0;
     std::string error;
     for (auto& t : tallies) {
       all.insert(all.end(), t.cycle_us.begin(), t.cycle_us.end());
+      waits.insert(waits.end(), t.wait_us.begin(), t.wait_us.end());
       cycles += t.cycles;
       failures += t.failures;
       min_cycles = std::min(min_cycles, t.cycles);
+      max_cycles = std::max(max_cycles, t.cycles);
       max_wait_us = std::max(max_wait_us, t.max_wait_us);
       if (error.empty()) error = t.first_error;
     }
@@ -198,7 +211,10 @@ class Recorder {
     if (contended) {
       double mean = static_cast<double>(cycles) / static_cast<double>(tallies.size());
       state.counters["max_wait_ms"] = max_wait_us / 1000;
+      state.counters["p50_wait_ms"] = percentile(waits, 0.50) / 1000;
+      state.counters["p99_wait_ms"] = percentile(waits, 0.99) / 1000;
       state.counters["min_caller_cycles"] = static_cast<double>(min_cycles);
+      state.counters["max_caller_cycles"] = static_cast<double>(max_cycles);
       state.counters["mean_caller_cycles"] = mean;
       state.counters["min_over_mean"] = mean > 0 ? static_cast<double>(min_cycles) / mean : 0;
     }
@@ -316,10 +332,11 @@ bool ready_in_bound(std::future<T>& f, Tally& tally, const char* what) {
   return false;
 }
 
-lockwatch::Options runtime_options() {
+lockwatch::Options runtime_options(bool handoff = false) {
   lockwatch::Options o;
   o.redis_url = g_redis->url();
   o.threads = 2;  // one per core
+  o.local_handoff = handoff;
   return o;
 }
 
@@ -331,10 +348,10 @@ void warm_up(lockwatch::Runtime& rt, std::uint64_t run) {
 
 // ------------------------------------------------------------ LockHandle
 
-void BM_LockHandle(benchmark::State& state, int conc, bool contended) {
+void BM_LockHandle(benchmark::State& state, int conc, bool contended, bool handoff) {
   prepare_run();
   std::uint64_t run = ++g_run;
-  lockwatch::Runtime rt(runtime_options());
+  lockwatch::Runtime rt(runtime_options(handoff));
   warm_up(rt, run);
   const auto wait = contended ? std::chrono::milliseconds(kContendedWait) : 0ms;
   const std::string hot = fmt::format("lh:hot:{}", run);
@@ -356,6 +373,7 @@ void BM_LockHandle(benchmark::State& state, int conc, bool contended) {
         auto t2 = Clock::now();
         tally.cycle_us.push_back(static_cast<float>(micros(t2 - t0)));
         tally.max_wait_us = std::max(tally.max_wait_us, micros(t1 - t0));
+        if (contended) tally.wait_us.push_back(static_cast<float>(micros(t1 - t0)));
         ++tally.cycles;
       } catch (const std::exception& e) {
         tally.fail(e.what());
@@ -372,12 +390,12 @@ struct WorkStart {
   Clock::time_point at;
 };
 
-void BM_Locked(benchmark::State& state, int conc, bool contended) {
+void BM_Locked(benchmark::State& state, int conc, bool contended, bool handoff) {
   prepare_run();
   std::uint64_t run = ++g_run;
   // Before the runtime: a call abandoned after kFutureBound may still write.
   std::vector<WorkStart> starts(static_cast<std::size_t>(conc));
-  lockwatch::Runtime rt(runtime_options());
+  lockwatch::Runtime rt(runtime_options(handoff));
   warm_up(rt, run);
   // Arguments: run, caller, cycle, and where to note the start (not part of
   // the key). Contended calls all format the same key.
@@ -398,6 +416,7 @@ void BM_Locked(benchmark::State& state, int conc, bool contended) {
         auto t1 = Clock::now();
         tally.cycle_us.push_back(static_cast<float>(micros(t1 - t0)));
         tally.max_wait_us = std::max(tally.max_wait_us, micros(started.at - t0));
+        if (contended) tally.wait_us.push_back(static_cast<float>(micros(started.at - t0)));
         ++tally.cycles;
       } catch (const std::exception& e) {
         tally.fail(e.what());
@@ -405,6 +424,55 @@ void BM_Locked(benchmark::State& state, int conc, bool contended) {
       }
     }
   });
+}
+
+// <runtimes> runtimes in this process, each with its own connections and
+// owner tokens (to Redis, as many processes), <per> LOCKED callers each, all
+// on one key. Counters, besides the contended ones: rt<i>_cycles per runtime
+// and min_rt_over_mean (the least served runtime vs the mean: starvation of
+// a process).
+void BM_LockedRuntimes(benchmark::State& state, int runtimes, int per, bool handoff) {
+  prepare_run();
+  std::uint64_t run = ++g_run;
+  const int conc = runtimes * per;
+  std::vector<WorkStart> starts(static_cast<std::size_t>(conc));
+  std::vector<std::unique_ptr<lockwatch::Runtime>> rts;
+  std::vector<std::function<std::future<void>(std::uint64_t, WorkStart*)>> fns;
+  auto work = [](std::uint64_t, WorkStart* s) { s->at = Clock::now(); };
+  for (int r = 0; r < runtimes; ++r) {
+    rts.push_back(std::make_unique<lockwatch::Runtime>(runtime_options(handoff)));
+    warm_up(*rts.back(), run * 100 + static_cast<std::uint64_t>(r));
+    fns.emplace_back(
+        lockwatch::locked("lr:hot:{0}", kTtl, lockwatch::forever).on(*rts.back()).wait(kContendedWait)(work));
+  }
+  Recorder rec;
+  CallerThreads callers(conc, [&](int caller, Tally& tally, Clock::time_point deadline) {
+    auto& fn = fns[static_cast<std::size_t>(caller / per)];
+    WorkStart& started = starts[static_cast<std::size_t>(caller)];
+    while (Clock::now() < deadline) {
+      auto t0 = Clock::now();
+      try {
+        auto done = fn(run, &started);
+        if (!ready_in_bound(done, tally, "locked call")) return;
+        done.get();
+        auto t1 = Clock::now();
+        tally.cycle_us.push_back(static_cast<float>(micros(t1 - t0)));
+        tally.wait_us.push_back(static_cast<float>(micros(started.at - t0)));
+        tally.max_wait_us = std::max(tally.max_wait_us, micros(started.at - t0));
+        ++tally.cycles;
+      } catch (const std::exception& e) {
+        tally.fail(e.what());
+        return;
+      }
+    }
+  });
+  run_slices(state, rec, callers, true);
+  std::vector<double> per_rt(static_cast<std::size_t>(runtimes), 0);
+  for (int c = 0; c < conc; ++c)
+    per_rt[static_cast<std::size_t>(c / per)] += static_cast<double>(callers.tallies()[static_cast<std::size_t>(c)].cycles);
+  double mean = std::accumulate(per_rt.begin(), per_rt.end(), 0.0) / runtimes;
+  for (int r = 0; r < runtimes; ++r) state.counters[fmt::format("rt{}_cycles", r)] = per_rt[static_cast<std::size_t>(r)];
+  state.counters["min_rt_over_mean"] = mean > 0 ? *std::min_element(per_rt.begin(), per_rt.end()) / mean : 0;
 }
 
 // One caller thread keeping <conc> LOCKED calls in flight: it issues a
@@ -664,18 +732,34 @@ void register_benchmarks() {
     const char* mode = contended ? "contended" : "uncontended";
     for (int conc : kConcurrency) {
       benchmark::RegisterBenchmark(fmt::format("BM_LockHandle/{}/{}", conc, mode).c_str(), BM_LockHandle, conc,
-                                   contended)
+                                   contended, false)
           ->UseManualTime()
           ->Unit(benchmark::kMillisecond);
     }
   }
+  // Options::local_handoff: the contended rows with the in-process hand-off.
+  benchmark::RegisterBenchmark("BM_LockHandle/64/contended_handoff", BM_LockHandle, 64, true, true)
+      ->UseManualTime()
+      ->Unit(benchmark::kMillisecond);
   for (bool contended : {false, true}) {
     const char* mode = contended ? "contended" : "uncontended";
     for (int conc : kConcurrency) {
-      benchmark::RegisterBenchmark(fmt::format("BM_Locked/{}/{}", conc, mode).c_str(), BM_Locked, conc, contended)
+      benchmark::RegisterBenchmark(fmt::format("BM_Locked/{}/{}", conc, mode).c_str(), BM_Locked, conc, contended,
+                                   false)
           ->UseManualTime()
           ->Unit(benchmark::kMillisecond);
     }
+  }
+  benchmark::RegisterBenchmark("BM_Locked/64/contended_handoff", BM_Locked, 64, true, true)
+      ->UseManualTime()
+      ->Unit(benchmark::kMillisecond);
+  // Three runtimes (as three processes) x 16 callers on one key.
+  for (bool handoff : {false, true}) {
+    benchmark::RegisterBenchmark(
+        handoff ? "BM_LockedRuntimes/3x16/contended_handoff" : "BM_LockedRuntimes/3x16/contended", BM_LockedRuntimes,
+        3, 16, handoff)
+        ->UseManualTime()
+        ->Unit(benchmark::kMillisecond);
   }
   for (int conc : {16, 64}) {
     benchmark::RegisterBenchmark(fmt::format("BM_LockedFanOut/{}/uncontended", conc).c_str(), BM_LockedFanOut, conc)

@@ -174,6 +174,9 @@ void Options::validate() const {
   if (reconnect_min.count() <= 0 || reconnect_max < reconnect_min)
     throw InvalidArgument("Options::reconnect_min must be positive and not above reconnect_max");
   if (max_key_bytes == 0) throw InvalidArgument("Options::max_key_bytes must be positive");
+  if (handoff_max_streak == 0 || handoff_max_streak >= (std::uint32_t{1} << 20))
+    throw InvalidArgument("Options::handoff_max_streak must be in 1..1048575");
+  if (handoff_max_time.count() <= 0) throw InvalidArgument("Options::handoff_max_time must be positive");
 }
 
 }  // namespace lockwatch

@@ -114,6 +114,16 @@ class StoreName {
 };
 static_assert(sizeof(StoreName) == 40);
 
+struct LeaseRecord;
+
+// The leases that held one store key in a row within this runtime, by
+// local hand-off: the current holder (a renewal reply sent for an earlier
+// one is its), and when the runtime took the key from the store.
+struct HandOffStreak {
+  std::weak_ptr<LeaseRecord> holder;
+  std::chrono::steady_clock::time_point started;
+};
+
 struct LeaseRecord final : Lease, TimerTask, HandleState {
   // What the lease's one wheel timeout means when it fires.
   enum class Phase : std::uint8_t {
@@ -154,6 +164,9 @@ struct LeaseRecord final : Lease, TimerTask, HandleState {
   Phase phase = Phase::kRenewDue;
   bool work_finished = false;
   bool releasing = false;  // release in flight: renewals go on until it is confirmed
+  // Released because a local hand-off streak reached its bound while
+  // others waited here: those wait for the store's release notice too.
+  bool yield_on_release = false;
   std::int32_t retries = 0;  // set at grant; < 0: forever (more than 2^31 renewals count as forever)
   // Set once at grant, then read-only.
   Watchdog* const watchdog;  // outlives every lease (both belong to the runtime)
@@ -169,10 +182,22 @@ struct LeaseRecord final : Lease, TimerTask, HandleState {
   std::shared_ptr<std::promise<void>> finished;  // a nested call's thread waits on it
   Timeout timeout;
   Clock::time_point last_sent;  // the latest request that may have extended the key
+  // Local hand-offs (Options::local_handoff): shared by the leases of one
+  // streak, made at its first hand-off (none: the lease took the key from
+  // the store and was never handed on).
+  std::shared_ptr<HandOffStreak> streak;
+  // When this runtime took the key from the store.
+  Clock::time_point streak_start() const noexcept;
+  // Whether any renewal failed since the last confirmed one.
+  bool renewal_failing() const noexcept { return lost_detail_ != nullptr; }
 
  private:
   std::unique_ptr<std::string> lost_detail_;  // rare: kept off the record
 };
+
+inline LeaseRecord::Clock::time_point LeaseRecord::streak_start() const noexcept {
+  return streak ? streak->started : granted_at;
+}
 
 // The leases of the locked calls running on this thread, innermost last.
 struct HeldOnThread {

@@ -30,6 +30,7 @@ Runtime::Impl::Impl(Options opts, const detail::StoreFactory& make_store)
                 [this](const auto& a, std::uint64_t fence, Clock::time_point sent) { taken(a, fence, sent); },
                 [this](const auto& a, std::exception_ptr err, bool busy) { fail(a, std::move(err), busy); }}) {
   watchdog.on_finished([this](const std::shared_ptr<LeaseRecord>& l) { lease_finished(l); });
+  watchdog.on_work_done([this](const std::shared_ptr<LeaseRecord>& l) { return try_hand_off(l); });
   clock.after_advance([this] { watchdog.flush(); });
   clock.on_lag([this](Clock::duration lag) { events.metrics().loop_lag.observe(lag); });
   std::promise<void> started;
@@ -203,8 +204,14 @@ void Runtime::Impl::fail(const std::shared_ptr<Acquisition>& a, std::exception_p
 }
 
 void Runtime::Impl::taken(const std::shared_ptr<Acquisition>& a, std::uint64_t fence, Clock::time_point sent) {
-  auto l = watchdog.grant(*a, fence, sent);
-  events.acquired(a->spec.key, fence, l->granted_at - a->started);
+  // The store's counter stays raw; with local hand-offs the holder's token
+  // leaves room for the streak's sequence below it.
+  if (options.local_handoff) fence <<= detail::kLocalSeqBits;
+  start_lease(a, watchdog.grant(*a, fence, sent));
+}
+
+void Runtime::Impl::start_lease(const std::shared_ptr<Acquisition>& a, const std::shared_ptr<LeaseRecord>& l) {
+  events.acquired(a->spec.key, l->fencing_token(), l->granted_at - a->started);
   if (stopping.load()) l->request_stop();
   if (a->handle) {
     l->runtime = weak_from_this();
@@ -235,7 +242,37 @@ void Runtime::Impl::run_on_pool(const std::shared_ptr<LeaseRecord>& l) {
   }
 }
 
+bool Runtime::Impl::try_hand_off(const std::shared_ptr<LeaseRecord>& l) {
+  if (!options.local_handoff || stopping.load()) return false;
+  detail::Acquisition* next = waits.next_waiter(l->name.view());
+  // A waiter with another ttl, or without renewals (it counts on a whole
+  // ttl from its start), takes the lock from the store.
+  if (next == nullptr || next->spec.ttl != l->ttl() || next->spec.retries == 0) return false;
+  auto now = Clock::now();
+  if (!watchdog.can_hand_off(*l, now)) return false;
+  std::uint64_t fence = l->fencing_token() + 1;
+  if ((fence & detail::kLocalSeqMask) > options.handoff_max_streak ||
+      now - l->streak_start() >= options.handoff_max_time) {
+    // The streak is over: back to the store, and our waiters take their
+    // turn with everyone else's.
+    l->yield_on_release = true;
+    return false;
+  }
+  auto a = waits.take_next(l->name.view());
+  auto handed = watchdog.hand_off(l, *a, fence);
+  complete(l);  // the hand-off was its release
+  call_done();
+  start_lease(a, handed);
+  return true;
+}
+
 void Runtime::Impl::lease_finished(const std::shared_ptr<LeaseRecord>& l) {
+  complete(l);
+  waits.on_lease_finished(l->name.view(), l->yield_on_release);
+  call_done();
+}
+
+void Runtime::Impl::complete(const std::shared_ptr<LeaseRecord>& l) {
   std::exception_ptr err;
   if (auto reason = l->lost_reason(); reason && *reason != LostReason::kRuntimeStopped)
     err = std::make_exception_ptr(LeaseLost(l->key(), *reason, l->lost_detail()));
@@ -246,8 +283,6 @@ void Runtime::Impl::lease_finished(const std::shared_ptr<LeaseRecord>& l) {
   else
     l->call->finish(err);
   if (l->finished) l->finished->set_value();
-  waits.on_lease_finished(l->name.view());
-  call_done();
 }
 
 // ----------------------------------------------------------- operators' tools

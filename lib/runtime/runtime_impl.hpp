@@ -36,6 +36,11 @@
 namespace lockwatch {
 
 namespace detail {
+// With Options::local_handoff, a fencing token is the store's counter
+// shifted by this many bits, plus the local hand-off sequence.
+inline constexpr unsigned kLocalSeqBits = 20;
+inline constexpr std::uint64_t kLocalSeqMask = (std::uint64_t{1} << kLocalSeqBits) - 1;
+
 // Builds the store a runtime talks to; called once, on the constructing
 // thread, before the loop uses it.
 using StoreFactory = std::function<std::unique_ptr<LockStore>(Loop& loop, const Options& options)>;
@@ -62,7 +67,10 @@ struct Runtime::Impl : std::enable_shared_from_this<Runtime::Impl> {
   void start_acquire(std::shared_ptr<detail::Acquisition> a);
   void taken(const std::shared_ptr<detail::Acquisition>& a, std::uint64_t fence, Clock::time_point sent);
   void fail(const std::shared_ptr<detail::Acquisition>& a, std::exception_ptr err, bool busy = false);
+  void start_lease(const std::shared_ptr<detail::Acquisition>& a, const std::shared_ptr<detail::LeaseRecord>& l);
   void run_on_pool(const std::shared_ptr<detail::LeaseRecord>& l);
+  bool try_hand_off(const std::shared_ptr<detail::LeaseRecord>& l);
+  void complete(const std::shared_ptr<detail::LeaseRecord>& l);
   void lease_finished(const std::shared_ptr<detail::LeaseRecord>& l);
   void begin_stop();
   void close_all();

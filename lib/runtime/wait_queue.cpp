@@ -19,11 +19,15 @@ struct WaitQueue::KeyWaiters final : TimerTask {
   bool again = false;         // a wake-up came while it was in flight
   bool subscribed = false;    // release notices are confirmed
   bool held_locally = false;  // one of our leases holds it: its end wakes us
+  bool yielding = false;      // a streak's end: others' turn until `retry` fires
   Timeout retry;              // the holder's ttl runs out, or the poll back-off
   milliseconds poll{0};       // stores without notices: the current back-off
   std::exception_ptr connection_error;  // the head's last attempt could not reach the store
 
-  void run(Timeout) noexcept override { queue->attempt_head(name); }
+  void run(Timeout) noexcept override {
+    yielding = false;
+    queue->attempt_head(name);
+  }
 };
 
 void Acquisition::run(Timeout) noexcept { queue->on_wait_expired(this); }
@@ -65,7 +69,7 @@ void WaitQueue::attempt_head(std::string_view name) {
   auto it = waiters_.find(name);
   if (it == waiters_.end()) return;
   KeyWaiters* w = it->second.get();
-  if (w->waiting.empty() || w->held_locally) return;
+  if (w->waiting.empty() || w->held_locally || w->yielding) return;
   if (w->in_flight) {
     w->again = true;
     return;
@@ -167,13 +171,46 @@ void WaitQueue::on_subscriptions_lost() {
   for (auto& [name, w] : waiters_) w->subscribed = false;
 }
 
-void WaitQueue::on_lease_finished(std::string_view name) {
-  // Our own waiters for this key go next, in the same pipeline as the
-  // release.
-  if (auto it = waiters_.find(name); it != waiters_.end()) {
-    it->second->held_locally = false;
-    attempt_head(name);
+void WaitQueue::on_lease_finished(std::string_view name, bool yield) {
+  auto it = waiters_.find(name);
+  if (it == waiters_.end()) return;
+  KeyWaiters* w = it->second.get();
+  w->held_locally = false;
+  if (yield && !w->waiting.empty() && !w->in_flight) {
+    // Other processes' waiters learn of the release from its notice, a
+    // round trip or so from now; ours, awake already, would win every time.
+    // They sit out one tick (notices meanwhile are our own release's), then
+    // try, and wait for the holder's release if another process took it.
+    w->yielding = true;
+    w->retry.cancel();
+    w->retry = clock_.at(*w, Clock::now() + options_.tick);
+    return;
   }
+  // Otherwise our own waiters go next, in the same pipeline as the release.
+  attempt_head(w->name);
+}
+
+Acquisition* WaitQueue::next_waiter(std::string_view name) const {
+  auto it = waiters_.find(name);
+  if (it == waiters_.end()) return nullptr;
+  const KeyWaiters& w = *it->second;
+  // A head whose attempt is in flight may take it too: that answer sees it
+  // done (and gives back a lock taken meanwhile).
+  return w.waiting.empty() ? nullptr : w.waiting.front().get();
+}
+
+std::shared_ptr<Acquisition> WaitQueue::take_next(std::string_view name) {
+  auto it = waiters_.find(name);
+  assert(it != waiters_.end() && !it->second->waiting.empty());
+  KeyWaiters* w = it->second.get();
+  auto a = std::move(w->waiting.front());
+  w->waiting.pop_front();
+  a->done = true;
+  a->wait_timeout.cancel();
+  w->held_locally = true;
+  w->connection_error = nullptr;
+  maybe_forget(w);  // w may be gone (not while an attempt is in flight)
+  return a;
 }
 
 void WaitQueue::on_wait_expired(Acquisition* raw) {

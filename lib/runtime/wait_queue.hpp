@@ -7,7 +7,8 @@
 // is confirmed, so a release in between is not missed), until the holder's
 // ttl runs out (a holder that died never publishes), or, on a store without
 // notices, until a bounded back-off. When one of our own leases on the key
-// ends, the next in line goes at once. A waiter keeps its place through a
+// ends, the next in line goes at once (or, with Options::local_handoff, the
+// runtime passes the lock to it without the store: take_next()). A waiter keeps its place through a
 // connection blip and reports that error if its wait runs out meanwhile.
 //
 // Threading: loop thread only.
@@ -47,8 +48,16 @@ class WaitQueue {
   void on_released(std::string_view name);
   void on_subscribed(std::string_view name);
   void on_subscriptions_lost();
-  // One of our leases on `name` is over: our next waiter may take it.
-  void on_lease_finished(std::string_view name);
+  // One of our leases on `name` is over: our next waiter may take it. With
+  // `yield` (a local hand-off streak reached its bound), it first sits out
+  // a tick, so that other processes' waiters, woken by the release notice,
+  // get their turn.
+  void on_lease_finished(std::string_view name, bool yield = false);
+  // Local hand-off: the waiter next in line for `name` (nullptr if none),
+  // and taking it out of the queue, as if it took the lock (it is done; its
+  // wait deadline is cancelled).
+  Acquisition* next_waiter(std::string_view name) const;
+  std::shared_ptr<Acquisition> take_next(std::string_view name);
   // Every waiter fails with `error` (the runtime stops).
   void fail_all(std::exception_ptr error);
   void clear();

@@ -43,6 +43,55 @@ std::shared_ptr<LeaseRecord> Watchdog::grant(const Acquisition& a, std::uint64_t
   return l;
 }
 
+bool Watchdog::can_hand_off(const LeaseRecord& l, Clock::time_point now) const {
+  if (l.lost() || l.releasing || l.slot == LeaseRecord::kNoSlot || l.renewal_failing()) return false;
+  auto left = l.deadline() - now;
+  switch (l.phase) {
+    case LeaseRecord::Phase::kRenewDue:
+    case LeaseRecord::Phase::kAwaitingReply:
+      return left > clock_.tick();
+    case LeaseRecord::Phase::kExhausted:
+      // The next holder renews from here on: leave it time to.
+      return left > std::chrono::duration_cast<Clock::duration>(l.ttl()) / 2;
+    default:
+      return false;
+  }
+}
+
+std::shared_ptr<LeaseRecord> Watchdog::hand_off(const std::shared_ptr<LeaseRecord>& from, const Acquisition& a,
+                                                std::uint64_t fence) {
+  auto now = Clock::now();
+  auto l = std::make_shared<LeaseRecord>(this, a.spec.key, fence, a.spec.ttl, from->deadline());
+  if (!a.handle) l->call = a.call;
+  l->name = from->name.view();
+  l->token = from->token;
+  l->ttl_ms = from->ttl_ms;
+  l->retries = a.spec.retries > std::numeric_limits<std::int32_t>::max() ? -1 : static_cast<std::int32_t>(a.spec.retries);
+  l->renew_after = renew_after(options_, a.spec.ttl, a.spec.renew_weight) - (clock_.tick() - Clock::duration(1));
+  l->last_sent = from->last_sent;
+  l->finished = a.finished;
+  l->granted_at = now;
+  if (!from->streak) from->streak = std::make_shared<HandOffStreak>(HandOffStreak{{}, from->granted_at});
+  l->streak = from->streak;
+  l->streak->holder = l;
+  // `l` takes `from`'s place: `from` leaves without a release.
+  from->timeout.cancel();
+  l->slot = from->slot;
+  leases_[l->slot] = l;
+  from->slot = LeaseRecord::kNoSlot;
+  stats_.acquired.fetch_add(1, std::memory_order_relaxed);
+  events_.released(from->key(), now - from->granted_at);
+  if (from->phase == LeaseRecord::Phase::kAwaitingReply) {
+    // Its reply comes to `l` (through the streak).
+    schedule(*l, LeaseRecord::Phase::kAwaitingReply, l->deadline());
+  } else if (l->retries != 0) {
+    schedule(*l, LeaseRecord::Phase::kRenewDue, l->last_sent + l->renew_after);
+  } else {
+    schedule(*l, LeaseRecord::Phase::kExhausted, l->deadline());
+  }
+  return l;
+}
+
 void Watchdog::schedule(LeaseRecord& l, LeaseRecord::Phase phase, Clock::time_point at) {
   l.phase = phase;
   l.timeout = clock_.at(l, at);
@@ -124,8 +173,16 @@ void Watchdog::flush() {
   due_.clear();  // keeps its capacity for the next tick
 }
 
-void Watchdog::on_renew_result(const std::shared_ptr<LeaseRecord>& l, Clock::time_point sent, Renewed status,
-                               std::string_view why) {
+void Watchdog::on_renew_result(const std::shared_ptr<LeaseRecord>& sent_for, Clock::time_point sent,
+                               Renewed status, std::string_view why) {
+  // Sent for a lease since handed on locally: the answer is the current
+  // holder's (the store's key is the same).
+  std::shared_ptr<LeaseRecord> current;
+  if (sent_for->streak && sent_for->slot == LeaseRecord::kNoSlot) {
+    current = sent_for->streak->holder.lock();
+    if (!current) return;
+  }
+  const auto& l = current ? current : sent_for;
   if ((l->work_finished && !l->releasing) || l->lost()) return;
   switch (status) {
     case Renewed::kYes:
@@ -192,6 +249,7 @@ void Watchdog::request_stop(const std::shared_ptr<LeaseRecord>& l) {
 void Watchdog::work_done(const std::shared_ptr<LeaseRecord>& l) {
   if (l->work_finished) return;
   l->work_finished = true;
+  if (hand_off_ && hand_off_(l)) return;
   l->releasing = true;
   LockRef ref = l->ref();
   store_.release(std::span<const LockRef>(&ref, 1), true,

@@ -10,7 +10,10 @@
 // yours" and the deadline are final: the lease is lost, its stop token
 // fires (on the notifier thread: stop callbacks are user code) and its
 // call will report LeaseLost. When the work ends the lease is released,
-// and kept renewed until the store confirmed the release.
+// and kept renewed until the store confirmed the release, unless the
+// runtime hands the store's key to a local waiter instead (hand_off(),
+// Options::local_handoff): the next lease takes the ended one's place, and
+// a renewal reply still in flight goes to whichever lease holds it now.
 //
 // Threading: loop thread only, but held() (any thread).
 #pragma once
@@ -42,6 +45,18 @@ class Watchdog {
 
   // A lease for the acquisition, taken with a request sent at `sent`.
   std::shared_ptr<LeaseRecord> grant(const Acquisition& a, std::uint64_t fence, Clock::time_point sent);
+  // Asked when a lease's work is over, before it is released: true if the
+  // hook passed the lock to a local holder instead (through hand_off()).
+  void on_work_done(std::function<bool(const std::shared_ptr<LeaseRecord>&)> hook) { hand_off_ = std::move(hook); }
+  // Whether the store's key behind `l` (whose work is over) may pass to a
+  // local holder now: not lost, no renewal failing, and a tick or more
+  // before the local deadline (half a ttl once its renewals are spent).
+  bool can_hand_off(const LeaseRecord& l, Clock::time_point now) const;
+  // The lease of `a`, the next local holder of `from`'s store key: the same
+  // owner token, deadline and renewal in flight, in `from`'s place in the
+  // registry. `from` is over without a release (the caller finishes it).
+  std::shared_ptr<LeaseRecord> hand_off(const std::shared_ptr<LeaseRecord>& from, const Acquisition& a,
+                                        std::uint64_t fence);
   // The work is over: release, then finish.
   void work_done(const std::shared_ptr<LeaseRecord>& l);
   // Marks the lease lost (once) and asks its work to stop.
@@ -75,6 +90,7 @@ class Watchdog {
   StatsCounters& stats_;
   Events& events_;
   std::function<void(const std::shared_ptr<LeaseRecord>&)> finished_;
+  std::function<bool(const std::shared_ptr<LeaseRecord>&)> hand_off_;
   std::vector<std::shared_ptr<LeaseRecord>> leases_;  // held; a lease knows its slot
   std::vector<std::shared_ptr<LeaseRecord>> due_;  // renewals due this tick
   std::vector<LockRef> refs_;                      // reused per chunk

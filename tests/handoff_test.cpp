@@ -1,0 +1,347 @@
+// Local hand-off (Options::local_handoff): a lease passes to the next caller
+// waiting in the same runtime without a store round trip. Logic on the
+// in-memory store; exclusion, fencing across runtimes and the streak bound
+// against a real redis-server.
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <mutex>
+#include <thread>
+#include <vector>
+
+#include "memory_runtime.hpp"
+
+namespace lockwatch::testing {
+namespace {
+
+using detail::kLocalSeqBits;
+using detail::kLocalSeqMask;
+
+constexpr auto kLongWait = std::chrono::milliseconds(kBound);
+
+// Waits (bounded) for a release's outcome; rethrows its error.
+void settle(std::future<void> f) { get_bounded(f); }
+
+Options handoff_options(Options o) {
+  o.local_handoff = true;
+  return o;
+}
+
+// ------------------------------------------------------------ memory store
+
+class HandoffTest : public ::testing::Test {
+ protected:
+  void SetUp() override { rt_ = memory_runtime(backend_, script_, handoff_options(memory_options())); }
+  void TearDown() override { rt_.reset(); }
+  void restart(Options o) {
+    rt_.reset();
+    rt_ = memory_runtime(backend_, script_, std::move(o));
+  }
+  // Through the wait queue (a wait), so that the lock counts as held here.
+  LockHandle hold(const std::string& key, std::chrono::milliseconds ttl = 2s) {
+    auto f = rt_->acquire(key, ttl, forever, kLongWait);
+    return get_bounded(f);
+  }
+  std::size_t store_calls(Op op, const std::string& key) const {
+    std::size_t n = 0;
+    for (const auto& c : script_->calls())
+      if (c.op == op && c.name == memory_name(key)) ++n;
+    return n;
+  }
+  // Waits (bounded) until the store holds no lock on `key`.
+  bool freed(const std::string& key) const {
+    auto until = std::chrono::steady_clock::now() + kBound;
+    while (backend_->owner(memory_name(key)) && std::chrono::steady_clock::now() < until)
+      std::this_thread::sleep_for(5ms);  // polling the store, as an operator would
+    return !backend_->owner(memory_name(key));
+  }
+
+  std::shared_ptr<MemoryBackend> backend_ = std::make_shared<MemoryBackend>();
+  std::shared_ptr<StoreScript> script_ = std::make_shared<StoreScript>();
+  std::unique_ptr<Runtime> rt_;
+};
+
+TEST_F(HandoffTest, AWaiterTakesTheLockWithoutTheStoreAndTheNextToken) {
+  auto first = hold("k");
+  auto redis_fence = backend_->fence(memory_name("k"));
+  EXPECT_EQ(first.lease().fencing_token(), redis_fence << kLocalSeqBits);
+  auto second_f = rt_->acquire("k", 2s, forever, kLongWait);
+  auto third_f = rt_->acquire("k", 2s, forever, kLongWait);
+  auto released = first.release();
+  auto second = get_bounded(second_f);
+  EXPECT_NO_THROW(get_bounded(released));
+  EXPECT_EQ(second.lease().fencing_token(), (redis_fence << kLocalSeqBits) + 1);
+  second.release().wait_for(kBound);
+  auto third = get_bounded(third_f);
+  EXPECT_EQ(third.lease().fencing_token(), (redis_fence << kLocalSeqBits) + 2);
+  // No acquisition and no release in the store since: the key stayed ours.
+  EXPECT_EQ(backend_->fence(memory_name("k")), redis_fence);
+  EXPECT_EQ(store_calls(Op::kRelease, "k"), 0u);
+  EXPECT_TRUE(backend_->owner(memory_name("k")).has_value());
+  EXPECT_NO_THROW(settle(third.release()));
+  EXPECT_TRUE(freed("k"));
+  EXPECT_EQ(rt_->held_leases(), 0u);
+}
+
+TEST_F(HandoffTest, OffByDefaultEveryHolderGoesThroughTheStore) {
+  restart(memory_options());
+  auto first = hold("k");
+  auto redis_fence = backend_->fence(memory_name("k"));
+  EXPECT_EQ(first.lease().fencing_token(), redis_fence);
+  auto second_f = rt_->acquire("k", 2s, forever, kLongWait);
+  first.release().wait_for(kBound);
+  auto second = get_bounded(second_f);
+  EXPECT_EQ(second.lease().fencing_token(), redis_fence + 1);
+  EXPECT_EQ(backend_->fence(memory_name("k")), redis_fence + 1);
+  EXPECT_EQ(store_calls(Op::kRelease, "k"), 1u);
+}
+
+TEST_F(HandoffTest, TheNewHolderHasALeaseOfItsOwn) {
+  auto o = handoff_options(memory_options());
+  o.handoff_max_time = 60s;  // the first holder keeps it past a renewal
+  restart(o);
+  auto first = hold("k", 1s);
+  ASSERT_TRUE(renewed_again(first.lease(), 1));
+  auto first_token = first.lease().stop_token();
+  auto second_f = rt_->acquire("k", 1s, forever, kLongWait);
+  first.release().wait_for(kBound);
+  auto second = get_bounded(second_f);
+  const Lease& lease = second.lease();
+  EXPECT_EQ(lease.renewals(), 0u);  // counts from its own start
+  EXPECT_FALSE(lease.stop_token().stop_requested());
+  EXPECT_FALSE(first_token.stop_requested());
+  EXPECT_GT(lease.remaining(), 0ms);
+  // The watchdog keeps the store's key alive for it.
+  EXPECT_TRUE(renewed_again(lease, 2));
+  EXPECT_FALSE(lease.lost());
+  EXPECT_EQ(backend_->fence(memory_name("k")), 1u);
+}
+
+TEST_F(HandoffTest, ARenewalInFlightAtTheHandOffCountsForTheNewHolder) {
+  auto o = handoff_options(memory_options());
+  o.handoff_max_time = 60s;
+  restart(o);
+  script_->set_delay(Op::kRenew, 100ms);  // each renewal is answered that much later
+  auto first = hold("k", 2s);
+  ASSERT_TRUE(script_->wait_for(Op::kRenew, 1));
+  auto second_f = rt_->acquire("k", 2s, forever, kLongWait);
+  first.release().wait_for(kBound);
+  auto second = get_bounded(second_f);
+  ASSERT_EQ(second.lease().fencing_token() & kLocalSeqMask, 1u);
+  // The answer to the renewal sent for the first holder moves the second's
+  // deadline; without it the second would be lost at the old deadline.
+  EXPECT_TRUE(renewed_again(second.lease(), 1));
+  EXPECT_FALSE(second.lease().lost());
+}
+
+TEST_F(HandoffTest, AWaiterWithAnotherTtlOrNoRetriesTakesTheLockFromTheStore) {
+  auto first = hold("k", 2s);
+  auto other_ttl_f = rt_->acquire("k", 3s, forever, kLongWait);
+  first.release().wait_for(kBound);
+  auto other_ttl = get_bounded(other_ttl_f);
+  EXPECT_EQ(other_ttl.lease().fencing_token() & kLocalSeqMask, 0u);
+  auto no_retries_f = rt_->acquire("k", 3s, Retries(0), kLongWait);
+  other_ttl.release().wait_for(kBound);
+  auto no_retries = get_bounded(no_retries_f);
+  EXPECT_EQ(no_retries.lease().fencing_token() & kLocalSeqMask, 0u);
+  EXPECT_EQ(backend_->fence(memory_name("k")), 3u);
+}
+
+TEST_F(HandoffTest, TheStreakCountBoundSendsTheKeyBackToTheStore) {
+  auto o = handoff_options(memory_options());
+  o.handoff_max_streak = 2;
+  o.handoff_max_time = 60s;
+  restart(o);
+  auto first = hold("k");
+  std::vector<std::future<LockHandle>> waiting;
+  for (int i = 0; i < 4; ++i) waiting.push_back(rt_->acquire("k", 2s, forever, kLongWait));
+  std::vector<std::uint64_t> seqs{first.lease().fencing_token() & kLocalSeqMask};
+  std::vector<std::uint64_t> tokens{first.lease().fencing_token()};
+  first.release().wait_for(kBound);
+  for (auto& f : waiting) {
+    auto h = get_bounded(f);
+    seqs.push_back(h.lease().fencing_token() & kLocalSeqMask);
+    tokens.push_back(h.lease().fencing_token());
+    h.release().wait_for(kBound);
+  }
+  // Two hand-offs, then the store again (sequence 0), then two more.
+  EXPECT_EQ(seqs, (std::vector<std::uint64_t>{0, 1, 2, 0, 1}));
+  for (std::size_t i = 1; i < tokens.size(); ++i) EXPECT_GT(tokens[i], tokens[i - 1]);
+  EXPECT_EQ(backend_->fence(memory_name("k")), 2u);
+  EXPECT_EQ(store_calls(Op::kRelease, "k"), 2u);
+}
+
+TEST_F(HandoffTest, ALostLeaseIsTheCurrentHoldersAndEndsTheStreak) {
+  auto first = hold("k", 1s);
+  auto second_f = rt_->acquire("k", 1s, forever, kLongWait);
+  auto third_f = rt_->acquire("k", 1s, forever, kLongWait);
+  auto first_stop = first.lease().stop_token();
+  EXPECT_NO_THROW(settle(first.release()));
+  auto second = get_bounded(second_f);
+  ASSERT_EQ(second.lease().fencing_token() & kLocalSeqMask, 1u);
+  // Another owner takes the key: the next renewal finds it.
+  backend_->set_owner(memory_name("k"), "thief", 10s);
+  EXPECT_TRUE(stopped_within_bound(second.lease().stop_token()));
+  EXPECT_EQ(second.lease().lost_reason(), LostReason::kTakenByOther);
+  EXPECT_FALSE(first_stop.stop_requested());
+  auto second_token = second.lease().fencing_token();
+  auto released = second.release();
+  EXPECT_THROW(get_bounded(released), LeaseLost);
+  // No hand-off after the loss: the third waits for the thief.
+  EXPECT_EQ(third_f.wait_for(100ms), std::future_status::timeout);
+  backend_->release_as_other(memory_name("k"));
+  auto third = get_bounded(third_f);
+  EXPECT_EQ(third.lease().fencing_token() & kLocalSeqMask, 0u);
+  EXPECT_EQ(third.lease().fencing_token() >> kLocalSeqBits, backend_->fence(memory_name("k")));
+  EXPECT_GT(third.lease().fencing_token(), second_token);
+}
+
+TEST_F(HandoffTest, AWaiterWhoseWaitRanOutGetsNothingAndTheLockIsReleased) {
+  auto first = hold("k");
+  auto gone_f = rt_->acquire("k", 2s, forever, 30ms);
+  EXPECT_NE(error_in<LockNotAcquired>(gone_f), nullptr);
+  EXPECT_NO_THROW(settle(first.release()));
+  EXPECT_TRUE(freed("k"));
+  EXPECT_EQ(rt_->held_leases(), 0u);
+}
+
+TEST_F(HandoffTest, AHandedOffLockWhoseFutureWasDroppedIsReleased) {
+  auto first = hold("k");
+  { auto dropped = rt_->acquire("k", 2s, forever, kLongWait); }
+  EXPECT_NO_THROW(settle(first.release()));
+  EXPECT_TRUE(freed("k"));
+  EXPECT_EQ(backend_->fence(memory_name("k")), 1u);  // it was handed off, then given back
+}
+
+TEST_F(HandoffTest, TheRuntimeStopsWithLocalHoldersAndWaiters) {
+  auto first = hold("k");
+  auto second_f = rt_->acquire("k", 2s, forever, kLongWait);
+  auto third_f = rt_->acquire("k", 2s, forever, kLongWait);
+  first.release().wait_for(kBound);
+  auto second = get_bounded(second_f);
+  rt_.reset();
+  EXPECT_NE(error_in<RuntimeStopped>(third_f), nullptr);
+  EXPECT_TRUE(freed("k"));
+}
+
+TEST(HandoffOptionsTest, StreakBoundsOutsideTheirRangeAreRejected) {
+  Options o;
+  o.handoff_max_streak = 0;
+  EXPECT_THROW(o.validate(), InvalidArgument);
+  o.handoff_max_streak = 1u << kLocalSeqBits;  // would carry into the counter
+  EXPECT_THROW(o.validate(), InvalidArgument);
+  o.handoff_max_streak = (1u << kLocalSeqBits) - 1;
+  EXPECT_NO_THROW(o.validate());
+  o.handoff_max_time = 0ms;
+  EXPECT_THROW(o.validate(), InvalidArgument);
+}
+
+// ---------------------------------------------------------- redis-server
+
+class HandoffRedisTest : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() { server_ = new RedisServer(); }
+  static void TearDownTestSuite() {
+    delete server_;
+    server_ = nullptr;
+  }
+  static Options options(std::size_t threads = 4) { return handoff_options(options_for(*server_, threads)); }
+  static RedisServer* server_;
+};
+RedisServer* HandoffRedisTest::server_ = nullptr;
+
+TEST_F(HandoffRedisTest, SixteenThreadsOnOneKeyNeverOverlap) {
+  Runtime rt(options(8));
+  constexpr int kThreads = 16;
+  constexpr int kCalls = 200;
+  long counter = 0;  // deliberately not atomic: the lock is what protects it
+  std::atomic<bool> in_use{false};
+  std::atomic<int> overlaps{0};
+  std::atomic<int> local{0};
+  auto fn = locked("excl", 5s, forever).on(rt).wait(kLongWait)([&] {
+    if (in_use.exchange(true)) overlaps.fetch_add(1);
+    long seen = counter;
+    std::this_thread::yield();
+    counter = seen + 1;
+    if (this_lease().fencing_token() & kLocalSeqMask) local.fetch_add(1);
+    in_use.store(false);
+  });
+  std::vector<std::thread> threads;
+  for (int t = 0; t < kThreads; ++t)
+    threads.emplace_back([&] {
+      for (int i = 0; i < kCalls; ++i) {
+        auto f = fn();
+        if (!completes(f)) return;
+      }
+    });
+  for (auto& t : threads) t.join();
+  EXPECT_EQ(counter, long{kThreads} * kCalls);
+  EXPECT_EQ(overlaps.load(), 0);
+  EXPECT_GT(local.load(), 0);  // the hand-off path was taken
+  EXPECT_FALSE(exists(*server_, lock_key("excl")));
+}
+
+TEST_F(HandoffRedisTest, TokensIncreaseAcrossHandOffsAndAcrossRuntimes) {
+  std::vector<std::uint64_t> tokens;  // appended under the lock, in holding order
+  {
+    Runtime rt(options(8));
+    auto fn = locked("fence", 5s, forever).on(rt).wait(kLongWait)([&] {
+      tokens.push_back(this_lease().fencing_token());
+    });
+    std::vector<std::future<void>> calls;
+    for (int i = 0; i < 200; ++i) calls.push_back(fn());
+    for (auto& f : calls) ASSERT_TRUE(completes(f));
+  }
+  ASSERT_EQ(tokens.size(), 200u);
+  std::size_t local = 0;
+  for (std::size_t i = 1; i < tokens.size(); ++i) {
+    EXPECT_GT(tokens[i], tokens[i - 1]) << "at " << i;
+    if (tokens[i] & kLocalSeqMask) ++local;
+  }
+  EXPECT_GT(local, 0u);
+  // Another runtime (as another process would) takes the key from Redis:
+  // its token is above every local one, and operators see the raw counter.
+  Runtime other(options());
+  auto f = other.acquire("fence", 5s, forever, kLongWait);
+  auto h = get_bounded(f);
+  EXPECT_GT(h.lease().fencing_token(), tokens.back());
+  EXPECT_EQ(h.lease().fencing_token() & kLocalSeqMask, 0u);
+  auto state = other.inspect("fence");
+  EXPECT_EQ(get_bounded(state).fencing_counter, h.lease().fencing_token() >> kLocalSeqBits);
+}
+
+TEST_F(HandoffRedisTest, TheStreakBoundLetsAnotherRuntimeIn) {
+  auto o = options(8);
+  o.handoff_max_time = 50ms;
+  Runtime hammering(o);
+  std::atomic<bool> stop{false};
+  std::atomic<long> calls{0};
+  auto fn = locked("turns", 5s, forever).on(hammering).wait(kLongWait)([&] { calls.fetch_add(1); });
+  std::vector<std::thread> threads;
+  for (int t = 0; t < 8; ++t)
+    threads.emplace_back([&] {
+      while (!stop.load()) {
+        auto f = fn();
+        if (!completes(f)) return;
+      }
+    });
+  // Wait (bounded) until the hammering runtime is in a streak.
+  auto until = std::chrono::steady_clock::now() + kBound;
+  while (calls.load() < 100 && std::chrono::steady_clock::now() < until) std::this_thread::sleep_for(1ms);
+  ASSERT_GE(calls.load(), 100);
+  Runtime other(options());
+  auto started = std::chrono::steady_clock::now();
+  auto f = other.acquire("turns", 5s, forever, 5s);
+  auto h = get_bounded(f);
+  auto took = std::chrono::steady_clock::now() - started;
+  EXPECT_LT(took, 2s);
+  EXPECT_EQ(h.lease().fencing_token() & kLocalSeqMask, 0u);
+  auto during = calls.load();
+  EXPECT_NO_THROW(settle(h.release()));
+  stop.store(true);
+  for (auto& t : threads) t.join();
+  EXPECT_GT(calls.load(), during);  // the hammering runtime went on after
+}
+
+}  // namespace
+}  // namespace lockwatch::testing
