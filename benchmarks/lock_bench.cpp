@@ -19,6 +19,8 @@
 //   BM_LockedRuntimes/3x16/<mode>      three runtimes in this process, each
 //       with its own connections and owner tokens (to Redis they are three
 //       processes), 16 LOCKED callers each, all on one key.
+//   BM_LockedProcesses/3x16/<mode>     the same with three processes (this
+//       program run again with --contender), started together for 3 s.
 //
 // <mode>: uncontended = a fresh key every cycle; contended = every caller on
 // one key, waiting up to 10 s for it (.wait(10s) / the wait argument);
@@ -58,6 +60,7 @@
 //   3x16 rows also:
 //   rt<i>_cycles, min_rt_over_mean  cycles per runtime, and the least
 //                       served runtime vs the mean (a starved process)
+//                       (proc<i>_cycles, min_proc_over_mean for processes)
 // A caller that completes no cycle, or any failed call, fails the row.
 //
 // Without --benchmark_min_time the binary runs each row for at least 2 s
@@ -475,6 +478,121 @@ void BM_LockedRuntimes(benchmark::State& state, int runtimes, int per, bool hand
   state.counters["min_rt_over_mean"] = mean > 0 ? *std::min_element(per_rt.begin(), per_rt.end()) / mean : 0;
 }
 
+// ------------------------------------------------- separate processes
+
+constexpr auto kProcessRun = 3s;
+
+// What one contender process did, as it prints it on one line.
+struct ContenderReport {
+  double cycles = 0, failures = 0, min_caller = 0, p99_wait_us = 0, max_wait_us = 0;
+};
+
+// `lock_bench --contender URL HANDOFF CALLERS MILLIS START_MS`: CALLERS
+// threads make LOCKED calls on one key from START_MS (system clock, ms since
+// the epoch) for MILLIS, then one line of figures goes to standard output.
+int run_contender(char** argv) {
+  lockwatch::Options o;
+  o.redis_url = argv[0];
+  o.threads = 2;
+  o.local_handoff = std::string_view(argv[1]) == "1";
+  const int callers = std::atoi(argv[2]);
+  const auto length = std::chrono::milliseconds(std::atoll(argv[3]));
+  const std::chrono::system_clock::time_point start{std::chrono::milliseconds(std::atoll(argv[4]))};
+  lockwatch::Runtime rt(o);
+  warm_up(rt, static_cast<std::uint64_t>(::getpid()));
+  auto work = [](WorkStart* s) { s->at = Clock::now(); };
+  auto fn = lockwatch::locked("lp:hot", kTtl, lockwatch::forever).on(rt).wait(kContendedWait)(work);
+  std::vector<Tally> tallies(static_cast<std::size_t>(callers));
+  std::vector<WorkStart> starts(static_cast<std::size_t>(callers));
+  std::this_thread::sleep_until(start);  // all three begin together
+  const auto deadline = Clock::now() + length;
+  std::vector<std::thread> threads;
+  for (int c = 0; c < callers; ++c) {
+    threads.emplace_back([&, c] {
+      Tally& tally = tallies[static_cast<std::size_t>(c)];
+      WorkStart& started = starts[static_cast<std::size_t>(c)];
+      while (Clock::now() < deadline) {
+        auto t0 = Clock::now();
+        try {
+          auto done = fn(&started);
+          if (!ready_in_bound(done, tally, "locked call")) return;
+          done.get();
+          tally.wait_us.push_back(static_cast<float>(micros(started.at - t0)));
+          tally.max_wait_us = std::max(tally.max_wait_us, micros(started.at - t0));
+          ++tally.cycles;
+        } catch (const std::exception& e) {
+          tally.fail(e.what());
+          return;
+        }
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  std::vector<float> waits;
+  std::uint64_t cycles = 0, failures = 0, min_caller = UINT64_MAX;
+  double max_wait = 0;
+  for (auto& t : tallies) {
+    waits.insert(waits.end(), t.wait_us.begin(), t.wait_us.end());
+    cycles += t.cycles;
+    failures += t.failures;
+    min_caller = std::min(min_caller, t.cycles);
+    max_wait = std::max(max_wait, t.max_wait_us);
+  }
+  std::printf("%llu %llu %llu %.1f %.1f\n", static_cast<unsigned long long>(cycles),
+              static_cast<unsigned long long>(failures), static_cast<unsigned long long>(min_caller),
+              percentile(waits, 0.99), max_wait);
+  std::fflush(stdout);
+  return failures == 0 ? 0 : 1;
+}
+
+void BM_LockedProcesses(benchmark::State& state, int procs, int per, bool handoff) {
+  prepare_run();
+  std::vector<ContenderReport> reports(static_cast<std::size_t>(procs));
+  std::string error;
+  for (auto _ : state) {
+    // Room for each process to start, connect and warm up before the start.
+    const auto start = std::chrono::system_clock::now() + 2s;
+    const auto start_ms = std::chrono::duration_cast<std::chrono::milliseconds>(start.time_since_epoch()).count();
+    std::vector<std::unique_ptr<lockwatch::testing::ChildProcess>> children;
+    for (int p = 0; p < procs; ++p) {
+      children.push_back(std::make_unique<lockwatch::testing::ChildProcess>(std::vector<std::string>{
+          "/proc/self/exe", "--contender", g_redis->url(), handoff ? "1" : "0", std::to_string(per),
+          std::to_string(std::chrono::duration_cast<std::chrono::milliseconds>(kProcessRun).count()),
+          std::to_string(start_ms)}));
+    }
+    for (int p = 0; p < procs; ++p) {
+      auto line = children[static_cast<std::size_t>(p)]->read_line(kProcessRun + 2s + kFutureBound);
+      ContenderReport& r = reports[static_cast<std::size_t>(p)];
+      if (!line || std::sscanf(line->c_str(), "%lf %lf %lf %lf %lf", &r.cycles, &r.failures, &r.min_caller,
+                               &r.p99_wait_us, &r.max_wait_us) != 5) {
+        error = fmt::format("contender {} gave no figures", p);
+      }
+      if (children[static_cast<std::size_t>(p)]->wait(10s) != 0 && error.empty())
+        error = fmt::format("contender {} failed", p);
+    }
+    state.SetIterationTime(std::chrono::duration<double>(kProcessRun).count());
+  }
+  double total = 0, worst_p99 = 0, max_wait = 0, min_caller = 1e18;
+  for (const auto& r : reports) {
+    total += r.cycles;
+    worst_p99 = std::max(worst_p99, r.p99_wait_us);
+    max_wait = std::max(max_wait, r.max_wait_us);
+    min_caller = std::min(min_caller, r.min_caller);
+  }
+  const double mean = total / procs;
+  double least = 1e18;
+  for (int p = 0; p < procs; ++p) {
+    state.counters[fmt::format("proc{}_cycles", p)] = reports[static_cast<std::size_t>(p)].cycles;
+    least = std::min(least, reports[static_cast<std::size_t>(p)].cycles);
+  }
+  state.counters["cycles_per_s"] = total / std::chrono::duration<double>(kProcessRun).count();
+  state.counters["min_proc_over_mean"] = mean > 0 ? least / mean : 0;
+  state.counters["min_caller_cycles"] = min_caller;
+  state.counters["p99_wait_ms"] = worst_p99 / 1000;  // the worst process's
+  state.counters["max_wait_ms"] = max_wait / 1000;
+  if (!error.empty()) state.SkipWithError(error.c_str());
+}
+
 // One caller thread keeping <conc> LOCKED calls in flight: it issues a
 // round of <conc> calls, then waits for their futures. This is how an
 // application fans work out with futures, and what the node peers do (one
@@ -761,6 +879,14 @@ void register_benchmarks() {
         ->UseManualTime()
         ->Unit(benchmark::kMillisecond);
   }
+  for (bool handoff : {false, true}) {
+    benchmark::RegisterBenchmark(
+        handoff ? "BM_LockedProcesses/3x16/contended_handoff" : "BM_LockedProcesses/3x16/contended",
+        BM_LockedProcesses, 3, 16, handoff)
+        ->UseManualTime()
+        ->Iterations(1)
+        ->Unit(benchmark::kMillisecond);
+  }
   for (int conc : {16, 64}) {
     benchmark::RegisterBenchmark(fmt::format("BM_LockedFanOut/{}/uncontended", conc).c_str(), BM_LockedFanOut, conc)
         ->UseManualTime()
@@ -779,6 +905,7 @@ void register_benchmarks() {
 }  // namespace
 
 int main(int argc, char** argv) {
+  if (argc == 7 && std::strcmp(argv[1], "--contender") == 0) return run_contender(argv + 2);
   // A 2 s minimum per row unless the command line sets one.
   std::vector<char*> args(argv, argv + argc);
   bool has_min_time = std::any_of(args.begin(), args.end(),
