@@ -628,7 +628,12 @@ std::size_t ClusterStore::renew_now(std::span<const LockRef> locks, std::shared_
     }
     Node* node = nodes_[static_cast<std::size_t>(entries[from].node)].get();
     commands += node->store->renew(group, keepalive, [this, indexes, done](std::size_t k, Renewed status, std::string_view why) {
-      if (status == Renewed::kTransient && !closed_) note_reply(why);
+      // A renewal that failed for any reason but ASK asks for the map again
+      // (throttled): a node that cannot be reached may have failed over, and
+      // only a new map names the replica that took its slots. Its loss alone
+      // asks once, before the replica is promoted.
+      if (status == Renewed::kTransient && !closed_ && note_reply(why).kind == ClusterReply::Kind::kNone)
+        request_refresh();
       (*done)((*indexes)[k], status, why);
     });
     from = to;

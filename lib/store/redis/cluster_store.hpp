@@ -9,8 +9,8 @@
 // Topology. The slot map comes from CLUSTER SHARDS (CLUSTER SLOTS on a
 // server without it), read on the loop through a connection of its own to
 // a known master or a seed, one refresh in flight at a time. It is read at
-// start, after a MOVED, a CLUSTERDOWN or a connection loss (throttled), and
-// every 5 s. Requests made before the first map is known wait for it, at
+// start, after a MOVED, a CLUSTERDOWN, a connection loss or a failed
+// renewal (throttled), and every 5 s. Requests made before the first map is known wait for it, at
 // most connect_timeout, then fail with a ConnectionError naming the seeds.
 //
 // Routing. Every lock lives in the slot of `P{K}` (its fencing counter,
