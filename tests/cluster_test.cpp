@@ -373,6 +373,83 @@ TEST_F(ClusterTest, AKilledMastersReplicatedLeasesAreRenewedOnThePromotedReplica
   }
 }
 
+// The write the research saw lost: the replica stalls (SIGSTOP), a filler
+// fills the replication link's socket buffers, so that a lock written next
+// stays in the master's memory; then the master crashes and the replica,
+// resumed, is promoted without it. With min_replicas = 1 the acquisition
+// is refused up front (WAIT gets no ack) and the lock given back. Without,
+// the lease is taken, and its first renewal at the promoted replica finds
+// the key gone: the lease is reported lost (expired), never kept while
+// someone else can take the lock.
+TEST_F(ClusterTest, ALockWriteLostInAFailoverIsReportedLostOrRefusedWithMinReplicas) {
+  constexpr auto kTtl = 5s;
+  const std::string key = "lost-write";
+  const int slot = detail::key_slot(lock_key(key));
+  const int victim = cluster_->master_of_slot(slot);
+  ASSERT_GE(victim, 0);
+  const auto replicas = cluster_->replicas_of(victim);
+  ASSERT_EQ(replicas.size(), 1u);
+  const int replica = replicas.front();
+  // Another key on the same master, for the refused acquisition.
+  std::string safe_key;
+  for (int i = 0; safe_key.empty() && i < 10000; ++i) {
+    std::string k = "lost-write-safe" + std::to_string(i);
+    if (cluster_->master_of_slot(detail::key_slot(lock_key(k))) == victim) safe_key = k;
+  }
+  ASSERT_FALSE(safe_key.empty());
+
+  Options safe_options = options();
+  safe_options.min_replicas = 1;
+  safe_options.replica_ack_timeout = 200ms;
+  Runtime safe(safe_options);
+  Options o = options();
+  o.renew_weight = 0.3;
+  Runtime rt(o);
+  // Each runtime has its slot map before the replica stalls.
+  auto warm = safe.inspect(key);
+  get_bounded(warm);
+  auto warm2 = rt.inspect(key);
+  get_bounded(warm2);
+
+  Revive revive(*cluster_);
+  revive.pause(replica);
+  for (int i = 0; i < 3; ++i) {
+    auto r = cluster_->node(victim).command(
+        {"SET", lock_key(key) + ":filler" + std::to_string(i), std::string(std::size_t{8} << 20, 'f')});
+    ASSERT_EQ(r.type, Reply::Type::kStatus) << r.str;
+  }
+
+  // Refused: no replica acknowledged the write, and the lock was given back.
+  auto refused = safe.acquire(safe_key, kTtl, forever);
+  auto err = error_of<ConnectionError>(refused);
+  ASSERT_TRUE(err);
+  EXPECT_NE(std::string(err->what()).find("replicas required"), std::string::npos) << err->what();
+  EXPECT_EQ(cluster_->node(victim).command({"EXISTS", lock_key(safe_key)}).integer, 0);
+
+  // Taken on the master alone.
+  auto lease_holder = take(rt, key, kTtl, forever);
+  ASSERT_EQ(cluster_->node(victim).command({"EXISTS", lock_key(key)}).integer, 1);
+  const auto lost_before = rt.stats().leases_lost;
+  revive.kill(victim);
+  revive.resume(replica);
+  const auto killed_at = std::chrono::steady_clock::now();
+
+  ASSERT_TRUE(within(kTtl + 5s, [&] { return cluster_->node(replica).command({"ROLE"}).elements.at(0).str == "master"; }));
+  EXPECT_FALSE(has_locally(replica, key));
+  // Reported lost within the lease's ttl (plus a margin), as expired: the
+  // renewal reached the new master and found no key.
+  ASSERT_TRUE(within(kTtl + 2s, [&] { return lease_holder.lease().lost(); }));
+  EXPECT_LT(std::chrono::steady_clock::now() - killed_at, kTtl + 2s);
+  EXPECT_EQ(lease_holder.lease().lost_reason(), LostReason::kExpired);
+  EXPECT_EQ(rt.stats().leases_lost, lost_before + 1);
+  // Which was the truth: someone else takes the lock now.
+  Runtime other(options());
+  auto h = take(other, key, 2s);
+  EXPECT_GE(h.lease().fencing_token(), 1u);
+  auto f = h.release();
+  get_bounded(f);
+}
+
 // The admin runtime reads the slot map when first used and then only
 // every 5 s, or when a reply asks for it: right after a move, its map is
 // stale, and only following the redirect reaches the lock.
