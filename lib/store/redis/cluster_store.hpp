@@ -33,8 +33,9 @@
 // refresh (which is throttled, so this is the back-off). Each call has a
 // budget of kRedirectBudget hops; past it the last error is reported. A
 // command answered with one of those did not run, so retrying cannot take
-// a lock twice. Renewals answered so are kTransient and go to the
-// refreshed owner at the watchdog's next try.
+// a lock twice. A renewal answered ASK is sent on at once to the node named,
+// after an ASKING on its renewal connection; renewals answered otherwise
+// are kTransient and go to the refreshed owner at the watchdog's next try.
 //
 // Release notices: classic SUBSCRIBE/PUBLISH, as on one node. A cluster
 // forwards a PUBLISH to every node, so a subscription on the lock's master

@@ -43,6 +43,8 @@ class RedisNodeStore final : public LockStore {
   // force_release) goes after an ASKING, so that it runs on a slot this
   // node is importing (an ASK redirect).
   void send_asking();
+  // The same for the next renew(), on the renewal connection.
+  void send_renewal_asking();
   // raise_fence() with the reason it failed (null: raised), for a caller
   // that must tell a redirect from other failures.
   void raise_fence_or_error(std::string_view name, std::uint64_t fence, std::function<void(std::exception_ptr)> done);
