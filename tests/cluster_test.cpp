@@ -8,6 +8,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cstring>
 #include <future>
 #include <iostream>
 #include <map>
@@ -621,6 +622,63 @@ TEST_F(ClusterTest, ReshardingUnderLoadLosesNoLeaseAndKeepsExclusion) {
   for (auto& h : held) {
     auto r = h.release();
     get_bounded(r);
+  }
+}
+
+// Every master forgets its scripts (SCRIPT FLUSH) three times while leases
+// are renewed and new locks taken: NOSCRIPT is answered by loading the
+// script again, so no lease is lost and every acquisition succeeds.
+// How many NOSCRIPT errors the masters answered (INFO errorstats).
+long long noscript_errors(const RedisCluster& cluster) {
+  long long n = 0;
+  for (int m : cluster.masters()) {
+    auto info = cluster.node(m).command({"INFO", "errorstats"}).str;
+    auto at = info.find("errorstat_NOSCRIPT:count=");
+    if (at != std::string::npos) n += std::stoll(info.substr(at + std::strlen("errorstat_NOSCRIPT:count=")));
+  }
+  return n;
+}
+
+TEST_F(ClusterTest, AScriptFlushOnEveryMasterLosesNoLeaseAndLockingGoesOn) {
+  const long long noscript_before = noscript_errors(*cluster_);
+  Runtime rt(options());
+  auto held = hold_all(rt, numbered("flush", 100), 1s);
+  std::atomic<bool> stop{false};
+  std::atomic<int> taken{0}, failed{0};
+  std::thread worker([&] {
+    const auto until = std::chrono::steady_clock::now() + 60s;
+    for (int i = 0; !stop.load() && std::chrono::steady_clock::now() < until; ++i) {
+      auto f = rt.acquire("flush-new" + std::to_string(i % 50), 1s, forever);
+      try {
+        auto h = get_bounded(f);
+        auto r = h.release();
+        get_bounded(r);
+        taken++;
+      } catch (const std::exception& e) {
+        failed++;
+        ADD_FAILURE() << e.what();
+        return;
+      }
+    }
+  });
+  for (int round = 0; round < 3; ++round) {
+    for (int m : cluster_->masters()) EXPECT_EQ(cluster_->node(m).command({"SCRIPT", "FLUSH"}).str, "OK");
+    const int before = taken.load();
+    // Every lease renewed since (each through a NOSCRIPT on its master),
+    // and new locks taken.
+    EXPECT_TRUE(all_renewed(held, 1)) << "round " << round;
+    EXPECT_TRUE(within(5s, [&] { return taken.load() > before + 10 || failed.load() > 0; })) << "round " << round;
+  }
+  stop.store(true);
+  worker.join();
+  // The flushes were felt: the masters answered NOSCRIPT.
+  EXPECT_GT(noscript_errors(*cluster_), noscript_before);
+  EXPECT_EQ(failed.load(), 0);
+  EXPECT_EQ(rt.stats().leases_lost, 0u);
+  for (const auto& h : held) EXPECT_FALSE(h.lease().lost());
+  for (auto& h : held) {
+    auto f = h.release();
+    get_bounded(f);
   }
 }
 
