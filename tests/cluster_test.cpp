@@ -3,12 +3,15 @@
 // master, exclusion and fencing across runtimes, batched renewals over all
 // shards, a graceful failover while leases are held, operators' tools and
 // the store's other calls on a slot that moved or is moving (MOVED, ASK,
-// TRYAGAIN), and bad seeds.
+// TRYAGAIN), and bad seeds. The failures: a master killed with leases held,
+// a lock write lost in that failover, resharding under load, SCRIPT FLUSH,
+// a slot no master serves, and wrong credentials.
 #include <gtest/gtest.h>
 
 #include <algorithm>
 #include <atomic>
 #include <cstring>
+#include <functional>
 #include <future>
 #include <iostream>
 #include <map>
@@ -682,6 +685,91 @@ TEST_F(ClusterTest, AScriptFlushOnEveryMasterLosesNoLeaseAndLockingGoesOn) {
   }
 }
 
+// A slot no master serves (CLUSTER DELSLOTS on every node; the cluster
+// is told not to require full coverage, so the other slots stay served):
+// an acquisition on it fails at once with a typed error, whether the
+// runtime's map is stale (the old owner answers CLUSTERDOWN) or fresh (no
+// owner); locks on every other slot, on the same master too, still work.
+TEST_F(ClusterTest, ASlotNotServedFailsFastWithATypedErrorAndOtherSlotsWork) {
+  const std::string key = "unserved";
+  const int slot = detail::key_slot(lock_key(key));
+  const int owner = cluster_->master_of_slot(slot);
+  ASSERT_GE(owner, 0);
+  auto set_everywhere = [&](const std::vector<std::string>& args) {
+    for (int n = 0; n < RedisCluster::kNodes; ++n)
+      if (cluster_->node(n).running()) cluster_->node(n).command(args);
+  };
+  Options o = options();
+  o.connect_timeout = 1s;
+  Runtime stale(o);
+  auto warm = stale.inspect(key);
+  ASSERT_FALSE(get_bounded(warm).held);
+
+  set_everywhere({"CONFIG", "SET", "cluster-require-full-coverage", "no"});
+  struct Reassign {
+    std::function<void()> fn;
+    ~Reassign() { fn(); }
+  } reassign{[&] {
+    try {
+      cluster_->node(owner).command({"CLUSTER", "ADDSLOTS", std::to_string(slot)});
+      // Every master learns it (by gossip) before full coverage is required again.
+      EXPECT_TRUE(within(10s, [&] {
+        for (int m : cluster_->masters())
+          if (cluster_->node(m).command({"GET", lock_key(key)}).str.rfind("CLUSTERDOWN", 0) == 0) return false;
+        return true;
+      }));
+      set_everywhere({"CONFIG", "SET", "cluster-require-full-coverage", "yes"});
+      EXPECT_EQ(cluster_->wait_healthy(kBound), "");
+    } catch (const std::exception& e) {
+      ADD_FAILURE() << "the slot could not be given back: " << e.what();
+    }
+  }};
+  set_everywhere({"CLUSTER", "DELSLOTS", std::to_string(slot)});
+  ASSERT_TRUE(within(5s, [&] {
+    for (int m : cluster_->masters())
+      if (cluster_->node(m).command({"GET", lock_key(key)}).str.rfind("CLUSTERDOWN", 0) != 0) return false;
+    return true;
+  }));
+
+  auto typed_and_fast = [&](Runtime& rt, const char* which) {
+    auto t0 = std::chrono::steady_clock::now();
+    auto f = rt.acquire(key, 2s, forever);
+    if (f.wait_for(kBound) != std::future_status::ready) {
+      ADD_FAILURE() << which << ": no answer";
+      return;
+    }
+    try {
+      f.get();
+      ADD_FAILURE() << which << ": a lock on a slot nobody serves";
+    } catch (const RedisError& e) {
+      std::cout << "[ INFO     ] " << which << ": RedisError " << e.redis_message() << "\n";
+      EXPECT_EQ(e.redis_message().rfind("CLUSTERDOWN", 0), 0u) << which << ": " << e.redis_message();
+    } catch (const ConnectionError& e) {
+      std::cout << "[ INFO     ] " << which << ": ConnectionError " << e.what() << "\n";
+      EXPECT_NE(std::string(e.what()).find("no master serves slot " + std::to_string(slot)), std::string::npos)
+          << which << ": " << e.what();
+    } catch (const std::exception& e) {
+      ADD_FAILURE() << which << ": untyped " << e.what();
+    }
+    EXPECT_LT(std::chrono::steady_clock::now() - t0, o.connect_timeout) << which;
+  };
+  typed_and_fast(stale, "map read before");
+  Runtime fresh(o);
+  typed_and_fast(fresh, "map read after");
+  typed_and_fast(stale, "map refreshed");
+
+  std::set<int> masters;
+  for (int i = 0; i < 40; ++i) {
+    std::string k = "served" + std::to_string(i);
+    auto h = take(fresh, k, 2s);
+    masters.insert(holder_of(k));
+    auto f = h.release();
+    get_bounded(f);
+  }
+  EXPECT_EQ(masters.size(), 3u);
+  EXPECT_TRUE(masters.count(owner));
+}
+
 // The admin runtime reads the slot map when first used and then only
 // every 5 s, or when a reply asks for it: right after a move, its map is
 // stale, and only following the redirect reaches the lock.
@@ -946,6 +1034,46 @@ TEST_F(ClusterTlsTest, AnUntrustedServerCertificateIsAConnectionError) {
   auto err = error_of<ConnectionError>(f);
   ASSERT_TRUE(err);
   EXPECT_NE(std::string(err->what()).find("certificate verify failed"), std::string::npos) << err->what();
+}
+
+// Wrong credentials for a cluster whose every node has requirepass: an
+// AuthError, as from one node, within the connect timeout; the right ones
+// lock on every master.
+TEST(ClusterAuthTest, WrongOrMissingCredentialsAreAnAuthErrorWithinTheConnectTimeout) {
+  RedisClusterOptions co;
+  co.password = "right";
+  RedisCluster cluster(co);
+  const std::string seeds =
+      "127.0.0.1:" + std::to_string(cluster.node(0).port()) + ",127.0.0.1:" + std::to_string(cluster.node(1).port());
+  for (const std::string& url : {"redis-cluster://:wrong@" + seeds, "redis-cluster://" + seeds}) {
+    Options o;
+    o.redis_url = url;
+    o.connect_timeout = 1s;
+    o.threads = 1;
+    Runtime rt(o);
+    auto t0 = std::chrono::steady_clock::now();
+    auto f = rt.acquire("k", 1s, 0);
+    auto err = error_of<AuthError>(f);
+    EXPECT_TRUE(err) << url;
+    EXPECT_LT(std::chrono::steady_clock::now() - t0, o.connect_timeout) << url;
+    if (err) {
+      EXPECT_EQ(std::string(err->what()).find(":wrong@"), std::string::npos) << "no password in messages";
+    }
+  }
+  Options o;
+  o.redis_url = cluster.url();
+  o.threads = 1;
+  Runtime rt(o);
+  std::set<int> masters;
+  for (int i = 0; i < 30; ++i) {
+    const std::string key = "auth" + std::to_string(i);
+    auto h = take(rt, key, 2s);
+    for (int m : cluster.masters())
+      if (cluster.node(m).command({"EXISTS", lock_key(key)}).integer == 1) masters.insert(m);
+    auto f = h.release();
+    get_bounded(f);
+  }
+  EXPECT_EQ(masters.size(), 3u);
 }
 
 TEST(ClusterSeedTest, ANodeOutsideAClusterIsATypedError) {
