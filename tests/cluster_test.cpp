@@ -770,6 +770,53 @@ TEST_F(ClusterTest, ASlotNotServedFailsFastWithATypedErrorAndOtherSlotsWork) {
   EXPECT_TRUE(masters.count(owner));
 }
 
+// The value of lockwatch_cluster_redirects_total{kind="<kind>"} in `rt`'s
+// metrics (-1: not there).
+long long redirects(const Runtime& rt, const std::string& kind) {
+  const std::string text = rt.metrics_text();
+  const std::string name = "lockwatch_cluster_redirects_total{kind=\"" + kind + "\"} ";
+  auto at = text.find(name);
+  return at == std::string::npos ? -1 : std::stoll(text.substr(at + name.size()));
+}
+
+// The redirects a runtime followed are counted: MOVED for a call sent by a
+// stale map after the slot moved, ASK for a renewal while the slot
+// migrates with the lease's key on the target already.
+TEST_F(ClusterTest, MovedAndAskRedirectsAreCountedInTheMetrics) {
+  const std::string key = "redirect-metrics";
+  const int slot = detail::key_slot(lock_key(key));
+  Runtime rt(options());
+  auto h = take(rt, key, 1s, forever);
+  EXPECT_EQ(redirects(rt, "moved"), 0);
+  EXPECT_EQ(redirects(rt, "ask"), 0);
+  const int home = holder_of(key);
+  ASSERT_GE(home, 0);
+
+  // Moved away and inspected at once: the runtime's map is stale (it is
+  // read every 5 s, so a try or two more cover a refresh in between).
+  int owner = home;
+  for (int tries = 0; tries < 3 && redirects(rt, "moved") < 1; ++tries) {
+    owner = other_master(owner);
+    cluster_->move_slot(slot, owner);
+    auto state = rt.inspect(key);
+    EXPECT_TRUE(get_bounded(state).held);
+  }
+  EXPECT_GE(redirects(rt, "moved"), 1);
+  EXPECT_EQ(redirects(rt, "ask"), 0);
+
+  // Migrating back, the lease's key moved first: its renewal gets ASK.
+  ASSERT_TRUE(renewed_again(h.lease(), 1));  // the map names `owner` now
+  const int from = cluster_->begin_migration(slot, home);
+  cluster_->migrate(from, home, {lock_key(key)});
+  EXPECT_TRUE(renewed_again(h.lease(), 1));
+  EXPECT_GE(redirects(rt, "ask"), 1);
+  cluster_->finish_migration(slot, from, home);
+  EXPECT_TRUE(renewed_again(h.lease(), 1));
+  EXPECT_FALSE(h.lease().lost());
+  auto f = h.release();
+  get_bounded(f);
+}
+
 // The admin runtime reads the slot map when first used and then only
 // every 5 s, or when a reply asks for it: right after a move, its map is
 // stale, and only following the redirect reaches the lock.

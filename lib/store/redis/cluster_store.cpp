@@ -503,6 +503,7 @@ bool ClusterStore::follow(const std::shared_ptr<Call>& call, std::string_view re
   // when the budget is spent, so that the next call goes the right way.
   if (c.kind != ClusterReply::Kind::kAsk) request_refresh();
   if (++call->hops > kRedirectBudget) return false;
+  if (c.kind != ClusterReply::Kind::kRetry && events_.redirected) events_.redirected(c.kind == ClusterReply::Kind::kAsk);
   switch (c.kind) {
     case ClusterReply::Kind::kMoved:
       send_to(node_at(c.target.host, c.target.port), false, call);
@@ -633,6 +634,8 @@ std::size_t ClusterStore::renew_now(std::span<const LockRef> locks, std::shared_
                                                                                            std::string_view why) {
       if (status == Renewed::kTransient && !closed_) {
         ClusterReply c = note_reply(why);
+        if ((c.kind == ClusterReply::Kind::kMoved || c.kind == ClusterReply::Kind::kAsk) && events_.redirected)
+          events_.redirected(c.kind == ClusterReply::Kind::kAsk);
         if (c.kind == ClusterReply::Kind::kAsk) {
           // The slot is migrating and the key is on the target already:
           // renew it there now, after ASKING, for as long as the migration
