@@ -3,11 +3,19 @@
 // master, exclusion and fencing across runtimes, batched renewals over all
 // shards, a graceful failover while leases are held, operators' tools and
 // the store's other calls on a slot that moved or is moving (MOVED, ASK,
-// TRYAGAIN), and bad seeds.
+// TRYAGAIN), and bad seeds. The failures: a master killed with leases held,
+// a lock write lost in that failover, resharding under load, SCRIPT FLUSH,
+// a slot no master serves, and wrong credentials.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <atomic>
+#include <cstring>
+#include <functional>
 #include <future>
+#include <iostream>
+#include <map>
+#include <mutex>
 #include <random>
 #include <set>
 #include <thread>
@@ -49,6 +57,15 @@ class ClusterTest : public ::testing::Test {
     return -1;
   }
 
+  // Whether node `n` (a replica too: no redirect) has lock `key` in its data.
+  static bool has_locally(int n, const std::string& key) {
+    auto keys = cluster_->node(n).command(
+        {"CLUSTER", "GETKEYSINSLOT", std::to_string(detail::key_slot(lock_key(key))), "1000"});
+    for (const auto& k : keys.elements)
+      if (k.str == lock_key(key)) return true;
+    return false;
+  }
+
   // A master other than `m`.
   static int other_master(int m) {
     for (int o : cluster_->masters())
@@ -60,6 +77,71 @@ class ClusterTest : public ::testing::Test {
 };
 
 RedisCluster* ClusterTest::cluster_ = nullptr;
+
+// Brings back what a test crashed (SIGKILL) or stopped (SIGSTOP), also when
+// the test fails half-way: the next test needs the whole cluster. A killed
+// master comes back as a replica of the node that replaced it.
+class Revive {
+ public:
+  explicit Revive(RedisCluster& cluster) : cluster_(cluster) {}
+  Revive(const Revive&) = delete;
+  Revive& operator=(const Revive&) = delete;
+  ~Revive() {
+    try {
+      for (int n : paused_) cluster_.node(n).resume();
+      for (int n : killed_) cluster_.node(n).start();
+      std::string wrong = cluster_.wait_healthy(30s);
+      EXPECT_EQ(wrong, "") << "the cluster did not recover";
+    } catch (const std::exception& e) {
+      ADD_FAILURE() << "the cluster could not be revived: " << e.what();
+    }
+  }
+  void kill(int n) {
+    killed_.push_back(n);
+    cluster_.node(n).kill();
+  }
+  void pause(int n) {
+    paused_.push_back(n);
+    cluster_.node(n).pause();
+  }
+  void resume(int n) {
+    std::erase(paused_, n);
+    cluster_.node(n).resume();
+  }
+
+ private:
+  RedisCluster& cluster_;
+  std::vector<int> killed_, paused_;
+};
+
+// Counts the renewals that failed (and were retried), per key.
+class RenewalFailures : public Observer {
+ public:
+  void on_renewal_failed(std::string_view key, std::string_view) override {
+    std::lock_guard<std::mutex> g(mu_);
+    failed_[std::string(key)]++;
+  }
+  int of(const std::string& key) const {
+    std::lock_guard<std::mutex> g(mu_);
+    auto it = failed_.find(key);
+    return it == failed_.end() ? 0 : it->second;
+  }
+
+ private:
+  mutable std::mutex mu_;
+  std::map<std::string, int> failed_;
+};
+
+// Polls `done` until it holds or `bound` passed; returns whether it held.
+template <class F>
+bool within(std::chrono::steady_clock::duration bound, F done) {
+  auto until = std::chrono::steady_clock::now() + bound;
+  for (;;) {
+    if (done()) return true;
+    if (std::chrono::steady_clock::now() >= until) return false;
+    std::this_thread::sleep_for(10ms);  // polling state nothing signals
+  }
+}
 
 // Waits (bounded) until every lease in `held` was renewed `more` times
 // since the call, or one was lost; returns whether all were, none lost.
@@ -222,6 +304,517 @@ TEST_F(ClusterTest, AGracefulFailoverLosesNoLeaseAndLockingGoesOn) {
     auto f = h.release();
     get_bounded(f);
   }
+}
+
+// A master crashes (SIGKILL) with leases held on every shard. Those whose
+// write reached the replica (min_replicas = 1: the acquisition waited for
+// WAIT) live on: the watchdog retries each renewal until the lease's local
+// deadline, and the promoted replica confirms it once the slot map names
+// it. The failover takes about 2.2 s at node timeout 1 s; renewing every
+// 1.5 s, a 5 s ttl leaves at least 3.5 s. Leases on the other masters are
+// not touched.
+TEST_F(ClusterTest, AKilledMastersReplicatedLeasesAreRenewedOnThePromotedReplica) {
+  constexpr auto kTtl = 5s;
+  Options o = options();
+  o.min_replicas = 1;
+  o.replica_ack_timeout = 1s;
+  o.renew_weight = 0.3;
+  Runtime rt(o);
+  auto failures = std::make_shared<RenewalFailures>();
+  rt.add_observer(failures);
+  auto keys = numbered("crash", 60);
+  auto held = hold_all(rt, keys, kTtl);
+  const int victim = holder_of(keys.front());
+  ASSERT_GE(victim, 0);
+  const auto replicas = cluster_->replicas_of(victim);
+  ASSERT_EQ(replicas.size(), 1u);
+  const int promoted = replicas.front();
+  std::vector<std::size_t> on_victim, elsewhere;
+  for (std::size_t i = 0; i < keys.size(); ++i) {
+    // The replica has every lock its master confirmed.
+    if (holder_of(keys[i]) == victim) {
+      on_victim.push_back(i);
+      EXPECT_TRUE(has_locally(promoted, keys[i])) << keys[i];
+    } else {
+      elsewhere.push_back(i);
+    }
+  }
+  ASSERT_FALSE(on_victim.empty());
+  ASSERT_FALSE(elsewhere.empty());
+  const auto lost_before = rt.stats().leases_lost;
+
+  Revive revive(*cluster_);
+  const auto killed_at = std::chrono::steady_clock::now();
+  revive.kill(victim);
+  ASSERT_TRUE(within(kTtl + 5s, [&] { return cluster_->node(promoted).command({"ROLE"}).elements.at(0).str == "master"; }));
+  const auto promoted_after = std::chrono::steady_clock::now() - killed_at;
+  // Two confirmed renewals each after the kill: the second one came from
+  // the promoted replica, since the first may have been due before the
+  // crash. Within a ttl of the promotion plus a margin.
+  std::vector<std::uint64_t> target;
+  for (const auto& h : held) target.push_back(h.lease().renewals() + 2);
+  EXPECT_TRUE(within(2 * kTtl + 2s, [&] {
+    for (std::size_t i = 0; i < held.size(); ++i)
+      if (held[i].lease().lost() || held[i].lease().renewals() < target[i]) return false;
+    return true;
+  }));
+  for (std::size_t i : on_victim) {
+    EXPECT_FALSE(held[i].lease().lost()) << keys[i];
+    EXPECT_EQ(holder_of(keys[i]), promoted) << keys[i];
+    // It was felt: renewals failed (the node was gone) and were retried.
+    EXPECT_GT(failures->of(keys[i]), 0) << keys[i];
+  }
+  for (std::size_t i : elsewhere) EXPECT_FALSE(held[i].lease().lost()) << keys[i];
+  EXPECT_EQ(rt.stats().leases_lost, lost_before);
+  // A lease's key is still held: another runtime cannot take it.
+  Runtime other(options());
+  auto refused = other.acquire(keys[on_victim.front()], 1s, 0);
+  EXPECT_TRUE(error_of<LockNotAcquired>(refused));
+  std::cout << "[ INFO     ] replica promoted " << std::chrono::duration_cast<std::chrono::milliseconds>(promoted_after).count()
+            << " ms after the kill\n";
+  for (auto& h : held) {
+    auto f = h.release();
+    get_bounded(f);
+  }
+}
+
+// The write the research saw lost: the replica stalls (SIGSTOP), a filler
+// fills the replication link's socket buffers, so that a lock written next
+// stays in the master's memory; then the master crashes and the replica,
+// resumed, is promoted without it. With min_replicas = 1 the acquisition
+// is refused up front (WAIT gets no ack) and the lock given back. Without,
+// the lease is taken, and its first renewal at the promoted replica finds
+// the key gone: the lease is reported lost (expired), never kept while
+// someone else can take the lock.
+TEST_F(ClusterTest, ALockWriteLostInAFailoverIsReportedLostOrRefusedWithMinReplicas) {
+  constexpr auto kTtl = 5s;
+  const std::string key = "lost-write";
+  const int slot = detail::key_slot(lock_key(key));
+  const int victim = cluster_->master_of_slot(slot);
+  ASSERT_GE(victim, 0);
+  const auto replicas = cluster_->replicas_of(victim);
+  ASSERT_EQ(replicas.size(), 1u);
+  const int replica = replicas.front();
+  // Another key on the same master, for the refused acquisition.
+  std::string safe_key;
+  for (int i = 0; safe_key.empty() && i < 10000; ++i) {
+    std::string k = "lost-write-safe" + std::to_string(i);
+    if (cluster_->master_of_slot(detail::key_slot(lock_key(k))) == victim) safe_key = k;
+  }
+  ASSERT_FALSE(safe_key.empty());
+
+  Options safe_options = options();
+  safe_options.min_replicas = 1;
+  safe_options.replica_ack_timeout = 200ms;
+  Runtime safe(safe_options);
+  Options o = options();
+  o.renew_weight = 0.3;
+  Runtime rt(o);
+  // Each runtime has its slot map before the replica stalls.
+  auto warm = safe.inspect(key);
+  get_bounded(warm);
+  auto warm2 = rt.inspect(key);
+  get_bounded(warm2);
+
+  Revive revive(*cluster_);
+  revive.pause(replica);
+  for (int i = 0; i < 3; ++i) {
+    auto r = cluster_->node(victim).command(
+        {"SET", lock_key(key) + ":filler" + std::to_string(i), std::string(std::size_t{8} << 20, 'f')});
+    ASSERT_EQ(r.type, Reply::Type::kStatus) << r.str;
+  }
+
+  // Refused: no replica acknowledged the write, and the lock was given back.
+  auto refused = safe.acquire(safe_key, kTtl, forever);
+  auto err = error_of<ConnectionError>(refused);
+  ASSERT_TRUE(err);
+  EXPECT_NE(std::string(err->what()).find("replicas required"), std::string::npos) << err->what();
+  EXPECT_EQ(cluster_->node(victim).command({"EXISTS", lock_key(safe_key)}).integer, 0);
+
+  // Taken on the master alone.
+  auto lease_holder = take(rt, key, kTtl, forever);
+  ASSERT_EQ(cluster_->node(victim).command({"EXISTS", lock_key(key)}).integer, 1);
+  const auto lost_before = rt.stats().leases_lost;
+  revive.kill(victim);
+  revive.resume(replica);
+  const auto killed_at = std::chrono::steady_clock::now();
+
+  ASSERT_TRUE(within(kTtl + 5s, [&] { return cluster_->node(replica).command({"ROLE"}).elements.at(0).str == "master"; }));
+  EXPECT_FALSE(has_locally(replica, key));
+  // Reported lost within the lease's ttl (plus a margin), as expired: the
+  // renewal reached the new master and found no key.
+  ASSERT_TRUE(within(kTtl + 2s, [&] { return lease_holder.lease().lost(); }));
+  EXPECT_LT(std::chrono::steady_clock::now() - killed_at, kTtl + 2s);
+  EXPECT_EQ(lease_holder.lease().lost_reason(), LostReason::kExpired);
+  EXPECT_EQ(rt.stats().leases_lost, lost_before + 1);
+  // Which was the truth: someone else takes the lock now.
+  Runtime other(options());
+  auto h = take(other, key, 2s);
+  EXPECT_GE(h.lease().fencing_token(), 1u);
+  auto f = h.release();
+  get_bounded(f);
+}
+
+// The slots master `m` serves now (per its own CLUSTER SLOTS), ascending.
+std::vector<int> slots_of(const RedisCluster& cluster, int m) {
+  std::vector<int> out;
+  auto ranges = cluster.node(m).command({"CLUSTER", "SLOTS"});
+  for (const auto& r : ranges.elements) {
+    if (r.elements.size() < 3 || r.elements[2].elements.at(1).integer != cluster.node(m).port()) continue;
+    for (long long s = r.elements[0].integer; s <= r.elements[1].integer; ++s) out.push_back(static_cast<int>(s));
+  }
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
+// `redis-cli --cluster reshard`: `n` slots from master `from` to master
+// `to`. It refuses to start while the nodes disagree about the
+// configuration (gossip lags after a move), so it is run again until it
+// succeeds or `bound` passed. Returns its output when it failed, else empty.
+std::string reshard(const RedisCluster& cluster, int from, int to, int n, std::chrono::steady_clock::duration bound) {
+  const auto until = std::chrono::steady_clock::now() + bound;
+  std::string output;
+  for (;;) {
+    ChildProcess cli({"redis-cli", "--cluster", "reshard",
+                      cluster.node(from).host() + ":" + std::to_string(cluster.node(from).port()), "--cluster-from",
+                      cluster.id_of(from), "--cluster-to", cluster.id_of(to), "--cluster-slots", std::to_string(n),
+                      "--cluster-yes"});
+    output.clear();
+    while (auto line = cli.read_line(30s)) output += *line + "\n";
+    if (cli.wait(30s) == 0) return {};
+    if (std::chrono::steady_clock::now() >= until) return output;
+    std::this_thread::sleep_for(100ms);  // gossip has no event a client can await
+  }
+}
+
+// Locks taken and released over and over on keys of many slots, by four
+// threads of two runtimes, while 1000 slots move to another master and back
+// (redis-cli --cluster reshard) and, in between, one slot stays half
+// migrated for more than a ttl with a lease on it (its key on the target,
+// its fencing counter on the source: renewals get ASK, acquisitions
+// TRYAGAIN). No lease is lost, no key is ever held twice, and every call
+// ends in success or a typed error (retried) within the bound.
+TEST_F(ClusterTest, ReshardingUnderLoadLosesNoLeaseAndKeepsExclusion) {
+  using Clock = std::chrono::steady_clock;
+  const auto started = Clock::now();
+  const auto masters = cluster_->masters();
+  ASSERT_EQ(masters.size(), 3u);
+  const int from = masters[0], to = masters[1];
+  const auto from_slots = slots_of(*cluster_, from);
+  ASSERT_GT(from_slots.size(), 1000u);
+  const std::set<int> moving(from_slots.begin(), from_slots.begin() + 1000);
+  // Half the keys in the slots that move, half elsewhere.
+  std::vector<std::string> keys, held_keys;
+  for (int i = 0; keys.size() < 48 || held_keys.size() < 48; ++i) {
+    std::string k = "reshard" + std::to_string(i);
+    const bool moves = moving.count(detail::key_slot(lock_key(k))) > 0;
+    auto& into = i % 2 == 0 ? keys : held_keys;
+    const auto& mine = i % 2 == 0 ? keys : held_keys;
+    const auto in_moving = std::count_if(mine.begin(), mine.end(), [&](const std::string& m) {
+      return moving.count(detail::key_slot(lock_key(m))) > 0;
+    });
+    if (into.size() >= 48) continue;
+    if (moves ? in_moving < 24 : static_cast<long>(into.size()) - in_moving < 24) into.push_back(k);
+  }
+
+  Runtime holder(options(2));
+  std::vector<std::unique_ptr<Runtime>> runtimes;
+  for (int r = 0; r < 2; ++r) runtimes.push_back(std::make_unique<Runtime>(options(2)));
+  auto held = hold_all(holder, held_keys, 1s);
+
+  std::vector<std::atomic<int>> in_use(keys.size());
+  std::atomic<bool> stop{false};
+  std::atomic<int> taken{0}, busy{0}, retried{0}, overlaps{0}, untyped{0}, hung{0};
+  std::vector<std::thread> workers;
+  for (int w = 0; w < 4; ++w) {
+    workers.emplace_back([&, w] {
+      Runtime& rt = *runtimes[static_cast<std::size_t>(w % 2)];
+      std::mt19937 rng(static_cast<unsigned>(w) + 1);
+      const auto until = Clock::now() + 60s;
+      while (!stop.load() && Clock::now() < until) {
+        const std::size_t i = rng() % keys.size();
+        auto f = rt.acquire(keys[i], 1s, forever);
+        if (f.wait_for(10s) != std::future_status::ready) {
+          hung++;
+          return;
+        }
+        try {
+          LockHandle h = f.get();
+          if (in_use[i].exchange(1) != 0) overlaps++;
+          std::this_thread::sleep_for(1ms);  // the critical section's work
+          in_use[i].store(0);
+          taken++;
+          auto r = h.release();
+          if (r.wait_for(10s) != std::future_status::ready) {
+            hung++;
+            return;
+          }
+          r.get();
+        } catch (const LockNotAcquired&) {
+          busy++;
+        } catch (const ConnectionError&) {
+          retried++;
+        } catch (const RedisError&) {
+          retried++;
+        } catch (const std::exception& e) {
+          untyped++;
+          ADD_FAILURE() << keys[i] << ": " << e.what();
+        }
+      }
+    });
+  }
+  struct Joiner {
+    std::atomic<bool>& stop;
+    std::vector<std::thread>& threads;
+    ~Joiner() {
+      stop.store(true);
+      for (auto& t : threads) t.join();
+    }
+  } joiner{stop, workers};
+
+  // 1000 slots to another master, with the load on.
+  const auto to_slots = slots_of(*cluster_, to).size();
+  EXPECT_EQ(reshard(*cluster_, from, to, 1000, 10s), "");
+  EXPECT_EQ(slots_of(*cluster_, to).size(), to_slots + 1000);
+
+  // One slot half migrated, with a lease on it, for more than its ttl.
+  const std::string mid = "reshard-mid";
+  const int mid_slot = detail::key_slot(lock_key(mid));
+  auto mid_lease = take(holder, mid, 1s, forever);
+  const int mid_to = other_master(cluster_->master_of_slot(mid_slot));
+  const int mid_from = cluster_->begin_migration(mid_slot, mid_to);
+  cluster_->migrate(mid_from, mid_to, {lock_key(mid)});
+  // Renewed twice (ASK to the target) while the slot stays split.
+  EXPECT_TRUE(renewed_again(mid_lease.lease(), 2));
+  // Nobody else takes it meanwhile: TRYAGAIN (or busy), a typed error.
+  auto intruder = runtimes[0]->acquire(mid, 1s, 0);
+  try {
+    get_bounded(intruder);
+    ADD_FAILURE() << "a lock on a half-migrated slot was taken twice";
+  } catch (const RedisError& e) {
+    EXPECT_EQ(e.redis_message().rfind("TRYAGAIN", 0), 0u) << e.redis_message();
+  } catch (const LockNotAcquired&) {
+  }
+  cluster_->finish_migration(mid_slot, mid_from, mid_to);
+  EXPECT_TRUE(renewed_again(mid_lease.lease(), 1));
+  cluster_->move_slot(mid_slot, mid_from);
+  EXPECT_TRUE(renewed_again(mid_lease.lease(), 1));
+
+  // And the 1000 slots back.
+  EXPECT_EQ(reshard(*cluster_, to, from, 1000, 10s), "");
+  EXPECT_EQ(slots_of(*cluster_, to).size(), to_slots);
+  EXPECT_TRUE(all_renewed(held, 1));
+  stop.store(true);
+  for (auto& t : workers) t.join();
+  workers.clear();
+
+  EXPECT_EQ(hung.load(), 0);
+  EXPECT_EQ(untyped.load(), 0);
+  EXPECT_EQ(overlaps.load(), 0);
+  EXPECT_GT(taken.load(), 100);
+  EXPECT_FALSE(mid_lease.lease().lost());
+  for (const auto& h : held) EXPECT_FALSE(h.lease().lost());
+  EXPECT_EQ(holder.stats().leases_lost, 0u);
+  for (auto& rt : runtimes) EXPECT_EQ(rt->stats().leases_lost, 0u);
+  const auto took = Clock::now() - started;
+  EXPECT_LT(took, 30s);
+  std::cout << "[ INFO     ] " << taken << " locks taken, " << busy << " busy, " << retried << " typed errors retried, in "
+            << std::chrono::duration_cast<std::chrono::milliseconds>(took).count() << " ms\n";
+  auto f = mid_lease.release();
+  get_bounded(f);
+  for (auto& h : held) {
+    auto r = h.release();
+    get_bounded(r);
+  }
+}
+
+// Every master forgets its scripts (SCRIPT FLUSH) three times while leases
+// are renewed and new locks taken: NOSCRIPT is answered by loading the
+// script again, so no lease is lost and every acquisition succeeds.
+// How many NOSCRIPT errors the masters answered (INFO errorstats).
+long long noscript_errors(const RedisCluster& cluster) {
+  long long n = 0;
+  for (int m : cluster.masters()) {
+    auto info = cluster.node(m).command({"INFO", "errorstats"}).str;
+    auto at = info.find("errorstat_NOSCRIPT:count=");
+    if (at != std::string::npos) n += std::stoll(info.substr(at + std::strlen("errorstat_NOSCRIPT:count=")));
+  }
+  return n;
+}
+
+TEST_F(ClusterTest, AScriptFlushOnEveryMasterLosesNoLeaseAndLockingGoesOn) {
+  const long long noscript_before = noscript_errors(*cluster_);
+  Runtime rt(options());
+  auto held = hold_all(rt, numbered("flush", 100), 1s);
+  std::atomic<bool> stop{false};
+  std::atomic<int> taken{0}, failed{0};
+  std::thread worker([&] {
+    const auto until = std::chrono::steady_clock::now() + 60s;
+    for (int i = 0; !stop.load() && std::chrono::steady_clock::now() < until; ++i) {
+      auto f = rt.acquire("flush-new" + std::to_string(i % 50), 1s, forever);
+      try {
+        auto h = get_bounded(f);
+        auto r = h.release();
+        get_bounded(r);
+        taken++;
+      } catch (const std::exception& e) {
+        failed++;
+        ADD_FAILURE() << e.what();
+        return;
+      }
+    }
+  });
+  for (int round = 0; round < 3; ++round) {
+    for (int m : cluster_->masters()) EXPECT_EQ(cluster_->node(m).command({"SCRIPT", "FLUSH"}).str, "OK");
+    const int before = taken.load();
+    // Every lease renewed since (each through a NOSCRIPT on its master),
+    // and new locks taken.
+    EXPECT_TRUE(all_renewed(held, 1)) << "round " << round;
+    EXPECT_TRUE(within(5s, [&] { return taken.load() > before + 10 || failed.load() > 0; })) << "round " << round;
+  }
+  stop.store(true);
+  worker.join();
+  // The flushes were felt: the masters answered NOSCRIPT.
+  EXPECT_GT(noscript_errors(*cluster_), noscript_before);
+  EXPECT_EQ(failed.load(), 0);
+  EXPECT_EQ(rt.stats().leases_lost, 0u);
+  for (const auto& h : held) EXPECT_FALSE(h.lease().lost());
+  for (auto& h : held) {
+    auto f = h.release();
+    get_bounded(f);
+  }
+}
+
+// A slot no master serves (CLUSTER DELSLOTS on every node; the cluster
+// is told not to require full coverage, so the other slots stay served):
+// an acquisition on it fails at once with a typed error, whether the
+// runtime's map is stale (the old owner answers CLUSTERDOWN) or fresh (no
+// owner); locks on every other slot, on the same master too, still work.
+TEST_F(ClusterTest, ASlotNotServedFailsFastWithATypedErrorAndOtherSlotsWork) {
+  const std::string key = "unserved";
+  const int slot = detail::key_slot(lock_key(key));
+  const int owner = cluster_->master_of_slot(slot);
+  ASSERT_GE(owner, 0);
+  auto set_everywhere = [&](const std::vector<std::string>& args) {
+    for (int n = 0; n < RedisCluster::kNodes; ++n)
+      if (cluster_->node(n).running()) cluster_->node(n).command(args);
+  };
+  Options o = options();
+  o.connect_timeout = 1s;
+  Runtime stale(o);
+  auto warm = stale.inspect(key);
+  ASSERT_FALSE(get_bounded(warm).held);
+
+  set_everywhere({"CONFIG", "SET", "cluster-require-full-coverage", "no"});
+  struct Reassign {
+    std::function<void()> fn;
+    ~Reassign() { fn(); }
+  } reassign{[&] {
+    try {
+      cluster_->node(owner).command({"CLUSTER", "ADDSLOTS", std::to_string(slot)});
+      // Every master learns it (by gossip) before full coverage is required again.
+      EXPECT_TRUE(within(10s, [&] {
+        for (int m : cluster_->masters())
+          if (cluster_->node(m).command({"GET", lock_key(key)}).str.rfind("CLUSTERDOWN", 0) == 0) return false;
+        return true;
+      }));
+      set_everywhere({"CONFIG", "SET", "cluster-require-full-coverage", "yes"});
+      EXPECT_EQ(cluster_->wait_healthy(kBound), "");
+    } catch (const std::exception& e) {
+      ADD_FAILURE() << "the slot could not be given back: " << e.what();
+    }
+  }};
+  set_everywhere({"CLUSTER", "DELSLOTS", std::to_string(slot)});
+  ASSERT_TRUE(within(5s, [&] {
+    for (int m : cluster_->masters())
+      if (cluster_->node(m).command({"GET", lock_key(key)}).str.rfind("CLUSTERDOWN", 0) != 0) return false;
+    return true;
+  }));
+
+  auto typed_and_fast = [&](Runtime& rt, const char* which) {
+    auto t0 = std::chrono::steady_clock::now();
+    auto f = rt.acquire(key, 2s, forever);
+    if (f.wait_for(kBound) != std::future_status::ready) {
+      ADD_FAILURE() << which << ": no answer";
+      return;
+    }
+    try {
+      f.get();
+      ADD_FAILURE() << which << ": a lock on a slot nobody serves";
+    } catch (const RedisError& e) {
+      std::cout << "[ INFO     ] " << which << ": RedisError " << e.redis_message() << "\n";
+      EXPECT_EQ(e.redis_message().rfind("CLUSTERDOWN", 0), 0u) << which << ": " << e.redis_message();
+    } catch (const ConnectionError& e) {
+      std::cout << "[ INFO     ] " << which << ": ConnectionError " << e.what() << "\n";
+      EXPECT_NE(std::string(e.what()).find("no master serves slot " + std::to_string(slot)), std::string::npos)
+          << which << ": " << e.what();
+    } catch (const std::exception& e) {
+      ADD_FAILURE() << which << ": untyped " << e.what();
+    }
+    EXPECT_LT(std::chrono::steady_clock::now() - t0, o.connect_timeout) << which;
+  };
+  typed_and_fast(stale, "map read before");
+  Runtime fresh(o);
+  typed_and_fast(fresh, "map read after");
+  typed_and_fast(stale, "map refreshed");
+
+  std::set<int> masters;
+  for (int i = 0; i < 40; ++i) {
+    std::string k = "served" + std::to_string(i);
+    auto h = take(fresh, k, 2s);
+    masters.insert(holder_of(k));
+    auto f = h.release();
+    get_bounded(f);
+  }
+  EXPECT_EQ(masters.size(), 3u);
+  EXPECT_TRUE(masters.count(owner));
+}
+
+// The value of lockwatch_cluster_redirects_total{kind="<kind>"} in `rt`'s
+// metrics (-1: not there).
+long long redirects(const Runtime& rt, const std::string& kind) {
+  const std::string text = rt.metrics_text();
+  const std::string name = "lockwatch_cluster_redirects_total{kind=\"" + kind + "\"} ";
+  auto at = text.find(name);
+  return at == std::string::npos ? -1 : std::stoll(text.substr(at + name.size()));
+}
+
+// The redirects a runtime followed are counted: MOVED for a call sent by a
+// stale map after the slot moved, ASK for a renewal while the slot
+// migrates with the lease's key on the target already.
+TEST_F(ClusterTest, MovedAndAskRedirectsAreCountedInTheMetrics) {
+  const std::string key = "redirect-metrics";
+  const int slot = detail::key_slot(lock_key(key));
+  Runtime rt(options());
+  auto h = take(rt, key, 1s, forever);
+  EXPECT_EQ(redirects(rt, "moved"), 0);
+  EXPECT_EQ(redirects(rt, "ask"), 0);
+  const int home = holder_of(key);
+  ASSERT_GE(home, 0);
+
+  // Moved away and inspected at once: the runtime's map is stale (it is
+  // read every 5 s, so a try or two more cover a refresh in between).
+  int owner = home;
+  for (int tries = 0; tries < 3 && redirects(rt, "moved") < 1; ++tries) {
+    owner = other_master(owner);
+    cluster_->move_slot(slot, owner);
+    auto state = rt.inspect(key);
+    EXPECT_TRUE(get_bounded(state).held);
+  }
+  EXPECT_GE(redirects(rt, "moved"), 1);
+  EXPECT_EQ(redirects(rt, "ask"), 0);
+
+  // Migrating back, the lease's key moved first: its renewal gets ASK.
+  ASSERT_TRUE(renewed_again(h.lease(), 1));  // the map names `owner` now
+  const int from = cluster_->begin_migration(slot, home);
+  cluster_->migrate(from, home, {lock_key(key)});
+  EXPECT_TRUE(renewed_again(h.lease(), 1));
+  EXPECT_GE(redirects(rt, "ask"), 1);
+  cluster_->finish_migration(slot, from, home);
+  EXPECT_TRUE(renewed_again(h.lease(), 1));
+  EXPECT_FALSE(h.lease().lost());
+  auto f = h.release();
+  get_bounded(f);
 }
 
 // The admin runtime reads the slot map when first used and then only
@@ -488,6 +1081,46 @@ TEST_F(ClusterTlsTest, AnUntrustedServerCertificateIsAConnectionError) {
   auto err = error_of<ConnectionError>(f);
   ASSERT_TRUE(err);
   EXPECT_NE(std::string(err->what()).find("certificate verify failed"), std::string::npos) << err->what();
+}
+
+// Wrong credentials for a cluster whose every node has requirepass: an
+// AuthError, as from one node, within the connect timeout; the right ones
+// lock on every master.
+TEST(ClusterAuthTest, WrongOrMissingCredentialsAreAnAuthErrorWithinTheConnectTimeout) {
+  RedisClusterOptions co;
+  co.password = "right";
+  RedisCluster cluster(co);
+  const std::string seeds =
+      "127.0.0.1:" + std::to_string(cluster.node(0).port()) + ",127.0.0.1:" + std::to_string(cluster.node(1).port());
+  for (const std::string& url : {"redis-cluster://:wrong@" + seeds, "redis-cluster://" + seeds}) {
+    Options o;
+    o.redis_url = url;
+    o.connect_timeout = 1s;
+    o.threads = 1;
+    Runtime rt(o);
+    auto t0 = std::chrono::steady_clock::now();
+    auto f = rt.acquire("k", 1s, 0);
+    auto err = error_of<AuthError>(f);
+    EXPECT_TRUE(err) << url;
+    EXPECT_LT(std::chrono::steady_clock::now() - t0, o.connect_timeout) << url;
+    if (err) {
+      EXPECT_EQ(std::string(err->what()).find(":wrong@"), std::string::npos) << "no password in messages";
+    }
+  }
+  Options o;
+  o.redis_url = cluster.url();
+  o.threads = 1;
+  Runtime rt(o);
+  std::set<int> masters;
+  for (int i = 0; i < 30; ++i) {
+    const std::string key = "auth" + std::to_string(i);
+    auto h = take(rt, key, 2s);
+    for (int m : cluster.masters())
+      if (cluster.node(m).command({"EXISTS", lock_key(key)}).integer == 1) masters.insert(m);
+    auto f = h.release();
+    get_bounded(f);
+  }
+  EXPECT_EQ(masters.size(), 3u);
 }
 
 TEST(ClusterSeedTest, ANodeOutsideAClusterIsATypedError) {

@@ -148,7 +148,8 @@ TEST_F(MetricsTest, EveryFamilyIsThereFromTheStartWithZeros) {
   for (const char* family :
        {"lockwatch_acquisitions_total", "lockwatch_acquire_duration_seconds", "lockwatch_hold_duration_seconds",
         "lockwatch_renewals_total", "lockwatch_renewal_failures_total", "lockwatch_leases_lost_total",
-        "lockwatch_leases_held", "lockwatch_renewal_slack_seconds", "lockwatch_loop_lag_seconds"})
+        "lockwatch_leases_held", "lockwatch_renewal_slack_seconds", "lockwatch_loop_lag_seconds",
+        "lockwatch_cluster_redirects_total"})
     EXPECT_TRUE(s.types.count(family)) << family;
   EXPECT_EQ(s.types["lockwatch_acquire_duration_seconds"], "histogram");
   EXPECT_EQ(s.types["lockwatch_leases_held"], "gauge");
@@ -156,6 +157,8 @@ TEST_F(MetricsTest, EveryFamilyIsThereFromTheStartWithZeros) {
     EXPECT_EQ(s.at(fmt::format("lockwatch_acquisitions_total{{result=\"{}\"}}", result)), 0) << result;
   for (const char* reason : {"expired", "taken_by_other", "renewals_exhausted", "unreachable"})
     EXPECT_EQ(s.at(fmt::format("lockwatch_leases_lost_total{{reason=\"{}\"}}", reason)), 0) << reason;
+  for (const char* kind : {"moved", "ask"})
+    EXPECT_EQ(s.at(fmt::format("lockwatch_cluster_redirects_total{{kind=\"{}\"}}", kind)), 0) << kind;
   EXPECT_EQ(s.at("lockwatch_renewal_slack_seconds"), std::numeric_limits<double>::infinity());
   EXPECT_EQ(s.at("lockwatch_hold_duration_seconds_count"), 0);
 }

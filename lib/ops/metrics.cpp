@@ -108,6 +108,14 @@ std::string Metrics::render(const StatsCounters& stats) const {
                  "lockwatch_leases_lost_total{{reason=\"renewals_exhausted\"}} {}\n"
                  "lockwatch_leases_lost_total{{reason=\"unreachable\"}} {}\n",
                  rel(lost[0]), rel(lost[1]), rel(lost[2]), rel(lost[3]));
+  out +=
+      "# HELP lockwatch_cluster_redirects_total Calls and lease renewals a Redis Cluster redirected to another "
+      "node, by kind (0 on other stores).\n"
+      "# TYPE lockwatch_cluster_redirects_total counter\n";
+  fmt::format_to(std::back_inserter(out),
+                 "lockwatch_cluster_redirects_total{{kind=\"moved\"}} {}\n"
+                 "lockwatch_cluster_redirects_total{{kind=\"ask\"}} {}\n",
+                 rel(redirects[0]), rel(redirects[1]));
   fmt::format_to(std::back_inserter(out),
                  "# HELP lockwatch_leases_held Leases held right now.\n"
                  "# TYPE lockwatch_leases_held gauge\n"

@@ -57,6 +57,8 @@ struct Metrics {
   std::atomic<std::uint64_t> renewals{0}, renewal_failures{0};
   // By LostReason: expired, taken_by_other, renewals_exhausted, unreachable.
   std::array<std::atomic<std::uint64_t>, 4> lost{};
+  // Redis Cluster redirects followed: MOVED, ASK.
+  std::array<std::atomic<std::uint64_t>, 2> redirects{};
   Histogram acquire_duration;
   Histogram hold_duration;
   Histogram loop_lag;

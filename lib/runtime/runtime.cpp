@@ -48,6 +48,7 @@ Runtime::Impl::Impl(Options opts, const detail::StoreFactory& make_store)
     se.log = [this](bool warning, const std::string& line) {
       events.log(warning ? LogLevel::kWarning : LogLevel::kInfo, line);
     };
+    se.redirected = [this](bool ask) { events.metrics().redirects[ask ? 1 : 0].fetch_add(1, std::memory_order_relaxed); };
     store->start(std::move(se));
     if (!options.metrics_listen.empty()) {
       try {

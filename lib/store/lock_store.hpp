@@ -109,6 +109,9 @@ struct StoreEvents {
   std::function<void(const std::string& endpoint, bool up, const std::string& why)> connection;
   // Something an operator should know (e.g. Sentinel moved the master).
   std::function<void(bool warning, const std::string& line)> log;
+  // Redis Cluster: a call or a lease's renewal was answered with a
+  // redirect, MOVED (`ask` false) or ASK (true), and followed.
+  std::function<void(bool ask)> redirected;
 };
 
 class LockStore {

@@ -504,6 +504,7 @@ bool ClusterStore::follow(const std::shared_ptr<Call>& call, std::string_view re
   // when the budget is spent, so that the next call goes the right way.
   if (c.kind != ClusterReply::Kind::kAsk) request_refresh();
   if (++call->hops > kRedirectBudget) return false;
+  if (c.kind != ClusterReply::Kind::kRetry && events_.redirected) events_.redirected(c.kind == ClusterReply::Kind::kAsk);
   switch (c.kind) {
     case ClusterReply::Kind::kMoved:
       send_to(node_at(c.target.host, c.target.port), false, call);
@@ -628,8 +629,32 @@ std::size_t ClusterStore::renew_now(std::span<const LockRef> locks, std::shared_
       group.push_back(locks[entries[e].index]);
     }
     Node* node = nodes_[static_cast<std::size_t>(entries[from].node)].get();
-    commands += node->store->renew(group, keepalive, [this, indexes, done](std::size_t k, Renewed status, std::string_view why) {
-      if (status == Renewed::kTransient && !closed_) note_reply(why);
+    // The views stay valid while `keepalive` holds the leases.
+    auto refs = std::make_shared<std::vector<LockRef>>(group);
+    commands += node->store->renew(group, keepalive, [this, indexes, refs, keepalive, done](std::size_t k, Renewed status,
+                                                                                           std::string_view why) {
+      if (status == Renewed::kTransient && !closed_) {
+        ClusterReply c = note_reply(why);
+        if ((c.kind == ClusterReply::Kind::kMoved || c.kind == ClusterReply::Kind::kAsk) && events_.redirected)
+          events_.redirected(c.kind == ClusterReply::Kind::kAsk);
+        if (c.kind == ClusterReply::Kind::kAsk) {
+          // The slot is migrating and the key is on the target already:
+          // renew it there now, after ASKING, for as long as the migration
+          // lasts (the map stays as it is). The target's answer is final.
+          Node* target = node_at(c.target.host, c.target.port);
+          target->store->send_renewal_asking();
+          target->store->renew(std::span<const LockRef>(&(*refs)[k], 1), keepalive,
+                               [done, index = (*indexes)[k]](std::size_t, Renewed s, std::string_view w) {
+                                 (*done)(index, s, w);
+                               });
+          return;
+        }
+        // Any other failure asks for the map again (throttled): a node that
+        // cannot be reached may have failed over, and only a new map names
+        // the replica that took its slots. Its loss alone asks once, before
+        // the replica is promoted.
+        if (c.kind == ClusterReply::Kind::kNone) request_refresh();
+      }
       (*done)((*indexes)[k], status, why);
     });
     from = to;

@@ -9,9 +9,10 @@
 // Topology. The slot map comes from CLUSTER SHARDS (CLUSTER SLOTS on a
 // server without it), read on the loop through a connection of its own to
 // a known master or a seed, one refresh in flight at a time. It is read at
-// start, after a MOVED, a CLUSTERDOWN or a connection loss (throttled), and
-// every 5 s. Requests made before the first map is known wait for it, at
-// most connect_timeout, then fail with a ConnectionError naming the seeds.
+// start, after a MOVED, a CLUSTERDOWN, a connection loss or a failed
+// renewal (throttled), and every 5 s. Requests made before the first map
+// is known wait for it, at most connect_timeout, then fail with a
+// ConnectionError naming the seeds.
 //
 // Routing. Every lock lives in the slot of `P{K}` (its fencing counter,
 // period and channel share the hash tag). Each master gets one
@@ -33,8 +34,9 @@
 // refresh (which is throttled, so this is the back-off). Each call has a
 // budget of kRedirectBudget hops; past it the last error is reported. A
 // command answered with one of those did not run, so retrying cannot take
-// a lock twice. Renewals answered so are kTransient and go to the
-// refreshed owner at the watchdog's next try.
+// a lock twice. A renewal answered ASK is sent on at once to the node named,
+// after an ASKING on its renewal connection; renewals answered otherwise
+// are kTransient and go to the refreshed owner at the watchdog's next try.
 //
 // Release notices: classic SUBSCRIBE/PUBLISH, as on one node. A cluster
 // forwards a PUBLISH to every node, so a subscription on the lock's master

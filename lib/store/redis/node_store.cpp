@@ -442,6 +442,7 @@ void RedisNodeStore::force_release(std::string_view name, std::function<void(boo
 }
 
 void RedisNodeStore::send_asking() { conn_->ask_next(); }
+void RedisNodeStore::send_renewal_asking() { renew_->ask_next(); }
 
 void RedisNodeStore::subscribe(std::string_view name) { sub_->subscribe(redis_keys::channel(name)); }
 void RedisNodeStore::unsubscribe(std::string_view name) { sub_->unsubscribe(redis_keys::channel(name)); }

@@ -55,6 +55,8 @@ class RedisNodeStore final : public LockStore {
   // force_release) goes after an ASKING, so that it runs on a slot this
   // node is importing (an ASK redirect).
   void send_asking();
+  // The same for the next renew(), on the renewal connection.
+  void send_renewal_asking();
   // Before start(): every acquisition and release is a call of its own.
   void no_batching() { batching_ = false; }
   // raise_fence() with the reason it failed (null: raised), for a caller
