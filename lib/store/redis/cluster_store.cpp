@@ -180,7 +180,7 @@ void ClusterStore::start(StoreEvents events) {
   uv_timer_init(loop_.uv(), &wait_timer_);
   wait_timer_.data = this;
   topo_->start();
-  for (auto& n : nodes_) n->store->start(node_events());
+  for (auto& n : nodes_) n->store->start(node_events(n.get()));
   start_refresh();
 }
 
@@ -192,20 +192,29 @@ ClusterStore::Node* ClusterStore::node_at(const std::string& host, int port) {
   if (auto it = by_name_.find(name); it != by_name_.end()) return it->second;
   auto node = std::make_unique<Node>();
   node->name = name;
-  node->store = std::make_unique<RedisNodeStore>(loop_, ep, options_);
+  node->store = std::make_unique<RedisNodeStore>(loop_, ep, options_, RedisNodeStore::Notices::kSharded);
   Node* raw = node.get();
+  raw->store->set_dropped_hook(
+      [this, raw](std::string_view lock, std::string_view why) { subscription_dropped(raw, lock, why); });
   nodes_.push_back(std::move(node));
   by_name_.emplace(name, raw);
-  if (started_ && !closed_) raw->store->start(node_events());
+  if (started_ && !closed_) raw->store->start(node_events(raw));
   return raw;
 }
 
-StoreEvents ClusterStore::node_events() {
+StoreEvents ClusterStore::node_events(Node* node) {
   StoreEvents e = events_;
   // A node that went down may have failed over: read the map again.
   e.connection = [this, forward = events_.connection](const std::string& endpoint, bool up, const std::string& why) {
     if (!up) request_refresh();
     if (forward) forward(endpoint, up, why);
+  };
+  // A confirmation from a node the subscription has left since is stale.
+  e.subscribed = [this, node, forward = events_.subscribed](std::string_view lock) {
+    auto it = subscribed_.find(lock);
+    if (it == subscribed_.end() || it->second.node != node) return;
+    it->second.hops = 0;
+    if (forward) forward(lock);
   };
   return e;
 }
@@ -428,6 +437,7 @@ void ClusterStore::refresh_done() {
   map_waiters_.clear();
   auto refreshed = std::move(refresh_waiters_);
   refresh_waiters_.clear();
+  place_subscriptions();
   for (auto& w : mapped) w.fn(nullptr);
   for (auto& w : refreshed) w(nullptr);
   if (closed_) return;
@@ -727,9 +737,12 @@ void ClusterStore::subscribe(std::string_view name) {
   when_mapped([this, lock = std::string(name)](std::exception_ptr err) {
     if (err || closed_ || subscribed_.count(lock) > 0) return;
     Node* node = owner_of(lock);
-    if (node == nullptr) return;  // the waiter falls back to the holder's ttl
-    node->store->subscribe(lock);
-    subscribed_.emplace(lock, node);
+    subscribed_.emplace(lock, Subscription{node, 0});
+    if (node != nullptr) {
+      node->store->subscribe(lock);
+    } else {
+      request_refresh();  // placed by the refresh; the waiter falls back to the holder's ttl meanwhile
+    }
   });
 }
 
@@ -737,9 +750,43 @@ void ClusterStore::unsubscribe(std::string_view name) {
   when_mapped([this, lock = std::string(name)](std::exception_ptr) {
     auto it = subscribed_.find(lock);
     if (it == subscribed_.end()) return;
-    if (!closed_) it->second->store->unsubscribe(lock);
+    if (!closed_ && it->second.node != nullptr) it->second.node->store->unsubscribe(lock);
     subscribed_.erase(it);
   });
+}
+
+void ClusterStore::subscription_dropped(Node* node, std::string_view name, std::string_view why) {
+  if (closed_) return;
+  auto it = subscribed_.find(name);
+  if (it == subscribed_.end() || it->second.node != node) return;
+  // No notice for it until it is confirmed again: the waiter counts on the
+  // holder's ttl meanwhile.
+  it->second.node = nullptr;
+  if (events_.subscriptions_lost) events_.subscriptions_lost();
+  request_refresh();
+  ClusterReply c = ClusterReply::of(why);
+  if (c.kind == ClusterReply::Kind::kMoved && ++it->second.hops <= kRedirectBudget) {
+    Node* target = node_at(c.target.host, c.target.port);
+    it->second.node = target;
+    target->store->subscribe(it->first);
+  }
+  // Otherwise place_subscriptions() puts it on the slot's owner.
+}
+
+void ClusterStore::place_subscriptions() {
+  if (closed_) return;
+  bool moved = false;
+  for (auto& [lock, sub] : subscribed_) {
+    Node* owner = owner_of(lock);
+    if (owner == sub.node) continue;
+    if (sub.node != nullptr) {
+      sub.node->store->unsubscribe(lock);
+      moved = true;
+    }
+    sub.node = owner;
+    if (owner != nullptr) owner->store->subscribe(lock);
+  }
+  if (moved && events_.subscriptions_lost) events_.subscriptions_lost();
 }
 
 void ClusterStore::poll_replies() {

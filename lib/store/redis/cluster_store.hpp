@@ -36,12 +36,19 @@
 // a lock twice. Renewals answered so are kTransient and go to the
 // refreshed owner at the watchdog's next try.
 //
-// Release notices: classic SUBSCRIBE/PUBLISH, as on one node. A cluster
-// forwards a PUBLISH to every node, so a subscription on the lock's master
-// hears it wherever the release ran. It costs cluster-bus traffic and does
-// not move with the slot (a subscription on a node that died is reported
-// lost, and waiters fall back to the holder's ttl); sharded pub/sub
-// (SSUBSCRIBE/SPUBLISH) is the next step.
+// Release notices: sharded pub/sub. The release scripts SPUBLISH on the
+// lock's channel, which shares its slot, so the notice stays on that shard
+// (no cluster-bus broadcast). A waiter's subscription is an SSUBSCRIBE on
+// the pub/sub connection of the master that serves the slot now (each
+// master's connection holds the names of the slots it owns), parsed by our
+// own reader (hiredis 0.14's async API aborts on `smessage`). It is
+// reported `subscribed` only once the node confirms it, and placed again
+// when the node gives it up (an unsolicited `sunsubscribe`: the slot
+// moved; a MOVED answering SSUBSCRIBE: followed at once), when a refreshed
+// map puts the slot on another master, and, by the node's connection,
+// after a reconnect. Whenever one is gone, `subscriptions_lost` is
+// reported: the waiter then counts on the holder's ttl, so a lost notice
+// costs latency, never liveness.
 //
 // Threading: as LockStore (loop thread, but encode()/check_key()).
 // Costs: one array of 16384 node indexes; per batch, one pass to group.
@@ -135,9 +142,17 @@ class ClusterStore final : public LockStore {
   bool apply_shards(const ::redisReply* r);
   bool apply_slots(const ::redisReply* r);
   void expire_waiters();
-  // The events a node store reports through: ours, and a lost connection
-  // asks for a refresh (the node may have failed over).
-  StoreEvents node_events();
+  // The events node `node`'s store reports through: ours, a lost
+  // connection asks for a refresh (the node may have failed over), and a
+  // subscription is confirmed only by the node it is placed on now.
+  StoreEvents node_events(Node* node);
+  // Node `node` gave up the subscription for `name` (its slot moved, or its
+  // SSUBSCRIBE was answered `why`, e.g. MOVED): placed again, at the node a
+  // MOVED names or at the slot's owner after the next refresh.
+  void subscription_dropped(Node* node, std::string_view name, std::string_view why);
+  // After a refresh: each subscription on the master that serves its slot
+  // now (moved ones are reported lost until confirmed again).
+  void place_subscriptions();
   // The node store for the master at host:port, made (and started) on first use.
   Node* node_at(const std::string& host, int port);
   // The master of `name`'s slot; null when no node serves it.
@@ -194,7 +209,11 @@ class ClusterStore final : public LockStore {
   };
   std::vector<Waiting> map_waiters_;   // until the first map
   std::vector<MapWaiter> refresh_waiters_;  // until the next refresh ends
-  std::map<std::string, Node*, std::less<>> subscribed_;  // lock name -> node subscribed on
+  struct Subscription {
+    Node* node = nullptr;  // where it is placed; null: to be placed after a refresh
+    int hops = 0;          // MOVED followed since the last confirmation
+  };
+  std::map<std::string, Subscription, std::less<>> subscribed_;  // by lock name
 };
 
 }  // namespace lockwatch::detail

@@ -14,9 +14,16 @@
 // the command connection drops. Each connection then checks with ROLE that
 // the address it was given is a master before it sends anything.
 //
+// Release notices are classic PUBLISH / SUBSCRIBE, or, for a node of a
+// Redis Cluster (Notices::kSharded), SPUBLISH / SSUBSCRIBE on the node that
+// serves the lock's slot; a subscription the node gives up (its slot moved)
+// is reported through the dropped hook for the cluster to place elsewhere.
+//
 // Threading: as LockStore (loop thread, but encode()/check_key()).
 #pragma once
 
+#include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -32,8 +39,9 @@ class SentinelWatcher;
 
 class RedisNodeStore final : public LockStore {
  public:
+  enum class Notices : std::uint8_t { kClassic, kSharded };
   // `endpoint` with port 0: the address comes from follow_sentinels().
-  RedisNodeStore(Loop& loop, Endpoint endpoint, const Options& options);
+  RedisNodeStore(Loop& loop, Endpoint endpoint, const Options& options, Notices notices = Notices::kClassic);
   ~RedisNodeStore() override;
 
   // Before start(): the master is wherever `watcher` says it is.
@@ -46,6 +54,12 @@ class RedisNodeStore final : public LockStore {
   // raise_fence() with the reason it failed (null: raised), for a caller
   // that must tell a redirect from other failures.
   void raise_fence_or_error(std::string_view name, std::uint64_t fence, std::function<void(std::exception_ptr)> done);
+  // Before start(), sharded notices: told when the node gave up the
+  // subscription for lock `name` (`why`: Redis's error, e.g. a MOVED, or an
+  // unsolicited sunsubscribe); it is no longer wanted on this node.
+  void set_dropped_hook(std::function<void(std::string_view name, std::string_view why)> hook) {
+    dropped_ = std::move(hook);
+  }
   // "host:port" of the node (as error messages name it).
   const std::string& name() const noexcept { return conn_->name(); }
 
@@ -68,11 +82,15 @@ class RedisNodeStore final : public LockStore {
   void close() override;
 
  private:
+  // The release scripts' notice argument: "s" SPUBLISH, "p" PUBLISH.
+  std::string notice() const;
   void acquire_one(const LockRef& lock, std::size_t index, const std::shared_ptr<AcquireDone>& done);
   void wait_for_replicas(std::string name, std::string token, Acquired taken, std::size_t index,
                          std::shared_ptr<AcquireDone> done);
 
   const Options options_;
+  const Notices notices_;
+  std::function<void(std::string_view, std::string_view)> dropped_;
   std::unique_ptr<RedisConnection> conn_;   // commands, pipelined
   std::unique_ptr<RedisConnection> renew_;  // renewals only
   std::unique_ptr<RedisConnection> sub_;    // release notices

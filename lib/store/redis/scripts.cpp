@@ -44,11 +44,22 @@ end
 return table.concat(out)
 )lua";
 
+// ARGV[2] is the channel ('' for a lock given back unused: nobody is
+// woken), ARGV[3] how it is told: 's' SPUBLISH (a cluster), else PUBLISH
+// (one node, Sentinel, Redlock). The channel shares the lock's hash tag and
+// so its slot; it is not declared as a key: a declared key that is no key
+// would make a migrating slot answer TRYAGAIN.
 constexpr std::string_view kRelease = R"lua(
 local v = redis.call('get', KEYS[1])
 if v == ARGV[1] then
   redis.call('del', KEYS[1])
-  if ARGV[2] ~= '' then redis.call('publish', ARGV[2], '1') end
+  if ARGV[2] ~= '' then
+    if ARGV[3] == 's' then
+      redis.call('spublish', ARGV[2], '1')
+    else
+      redis.call('publish', ARGV[2], '1')
+    end
+  end
   return 1
 end
 if v then return -1 end
@@ -74,9 +85,14 @@ return {t, f, v}
 )lua";
 
 // Operators' removal of a lock whoever holds it; the fencing counter stays.
+// ARGV: the channel, and 's' (SPUBLISH) or 'p' (PUBLISH).
 constexpr std::string_view kForceRelease = R"lua(
 if redis.call('del', KEYS[1]) == 1 then
-  redis.call('publish', ARGV[1], '1')
+  if ARGV[2] == 's' then
+    redis.call('spublish', ARGV[1], '1')
+  else
+    redis.call('publish', ARGV[1], '1')
+  end
   return 1
 end
 return 0

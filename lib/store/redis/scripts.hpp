@@ -25,8 +25,8 @@ const Script& acquire_script();
 // refused.
 const Script& renew_script();
 // KEYS: lock. ARGV: token, channel ('' for a lock given back unused: no
-// one is woken for it). Returns 1 released (and published), 0 gone, -1
-// other owner.
+// one is woken for it), 's' to SPUBLISH (a cluster) rather than PUBLISH.
+// Returns 1 released (and published), 0 gone, -1 other owner.
 const Script& release_script();
 
 // KEYS: fence. ARGV: token. Raises the counter to the token if below it.
@@ -34,8 +34,8 @@ const Script& raise_fence_script();
 
 // KEYS: lock, fence. Returns {pttl (-2 absent), fencing counter, owner or ''}.
 const Script& inspect_script();
-// KEYS: lock. ARGV: channel. Deletes the lock whoever owns it and publishes;
-// returns 1 if it was held.
+// KEYS: lock. ARGV: channel, 's' SPUBLISH or 'p' PUBLISH. Deletes the lock
+// whoever owns it and publishes; returns 1 if it was held.
 const Script& force_release_script();
 
 // Scheduled jobs. KEYS: lock, period. ARGV: token, period, the period's
