@@ -8,6 +8,7 @@
 
 #include <atomic>
 #include <future>
+#include <map>
 #include <random>
 #include <set>
 #include <thread>
@@ -54,6 +55,20 @@ class ClusterTest : public ::testing::Test {
     for (int o : cluster_->masters())
       if (o != m) return o;
     return -1;
+  }
+
+  // Subscribers of `key`'s release channel on node `m` (PUBSUB SHARDNUMSUB
+  // counts sharded subscriptions, which a node holds only for its slots).
+  static long long shard_subscribers(int m, const std::string& key) {
+    auto r = cluster_->node(m).command({"PUBSUB", "SHARDNUMSUB", lock_key(key) + ":rel"});
+    return r.elements.size() == 2 ? r.elements[1].integer : -1;
+  }
+  // Waits (bounded) until node `m` counts `n` subscribers of `key`'s channel.
+  static bool shard_subscribers_become(int m, const std::string& key, long long n) {
+    auto until = std::chrono::steady_clock::now() + kBound;
+    while (shard_subscribers(m, key) != n && std::chrono::steady_clock::now() < until)
+      std::this_thread::sleep_for(10ms);  // another client's subscription signals nothing to the test
+    return shard_subscribers(m, key) == n;
   }
 
   static RedisCluster* cluster_;
@@ -334,6 +349,69 @@ TEST_F(ClusterTest, ASplitSlotIsRetriedWithinTheHopBudgetThenReported) {
   EXPECT_TRUE(state.held);
   EXPECT_EQ(state.fencing_counter, token);
   cluster_->move_slot(slot, from);
+}
+
+// hiredis 0.14's async API aborted on the first `smessage`; our reader
+// takes any amount of them. Junk notices on the waiters' own channels (a
+// notice for a lock still held only makes a waiter look again), on many
+// other shard channels and channels that are no lock's, some large, while
+// the same runtime takes and releases other locks on every master: nothing
+// aborts, no waiter takes a held lock, and each still wakes on the real
+// release.
+TEST_F(ClusterTest, ShardedMessagesNeverAbortOrConfuseTheConnection) {
+  constexpr auto kTtl = 8s;
+  Runtime holder(options(2)), waiter(options(2));
+  const auto keys = numbered("noise", 6);
+  auto held = hold_all(holder, keys, kTtl);
+  std::vector<std::future<LockHandle>> waiting;
+  for (const auto& key : keys) waiting.push_back(waiter.acquire(key, kTtl, 0, 30s));
+  for (const auto& key : keys) ASSERT_TRUE(shard_subscribers_become(holder_of(key), key, 1)) << key;
+
+  std::atomic<long long> delivered{0};
+  std::thread noise([&] {
+    const std::string big(200 * 1024, 'x');  // larger than one socket read
+    for (int round = 0; round < 20; ++round) {
+      for (const auto& key : keys) {
+        const std::string ch = lock_key(key) + ":rel";
+        const int m = holder_of(key);
+        if (m < 0) continue;
+        for (const std::string& payload : {std::string("1"), std::string(), std::string("\r\n*3\r\n$0\0", 9), big})
+          delivered += cluster_->node(m).command({"SPUBLISH", ch, payload}).integer;
+      }
+      for (int i = 0; i < 15; ++i) {
+        const std::string other = round % 2 ? "lockwatch:{noise-other" + std::to_string(i) + "}:rel"
+                                            : "{noise-other" + std::to_string(i) + "}plain";
+        cluster_->command_for(other, {"SPUBLISH", other, "junk"});
+      }
+    }
+  });
+  // The waiters' runtime keeps working meanwhile, on every master.
+  std::set<int> masters;
+  for (int i = 0; i < 30; ++i) {
+    std::string key = "noise-work" + std::to_string(i);
+    auto h = take(waiter, key, 2s);
+    masters.insert(holder_of(key));
+    auto f = h.release();
+    get_bounded(f);
+  }
+  noise.join();
+  EXPECT_EQ(masters.size(), 3u);
+  EXPECT_EQ(delivered.load(), 20 * 6 * 4);  // every junk notice reached its one subscriber
+  for (std::size_t i = 0; i < keys.size(); ++i) {
+    EXPECT_EQ(waiting[i].wait_for(0ms), std::future_status::timeout) << keys[i];
+    EXPECT_FALSE(held[i].lease().lost()) << keys[i];
+  }
+  for (std::size_t i = 0; i < keys.size(); ++i) {
+    auto t0 = std::chrono::steady_clock::now();
+    auto released = held[i].release();
+    get_bounded(released);
+    auto h = get_bounded(waiting[i]);
+    EXPECT_LT(std::chrono::steady_clock::now() - t0, kTtl / 4) << keys[i];
+    auto f = h.release();
+    get_bounded(f);
+  }
+  EXPECT_EQ(holder.stats().leases_lost, 0u);
+  EXPECT_EQ(waiter.stats().leases_lost, 0u);
 }
 
 // A ClusterStore driven on a loop of its own, for the calls the runtime
