@@ -351,6 +351,116 @@ TEST_F(ClusterTest, ASplitSlotIsRetriedWithinTheHopBudgetThenReported) {
   cluster_->move_slot(slot, from);
 }
 
+// Release notices are sharded: the waiter subscribes (SSUBSCRIBE) on the
+// master of its lock's slot, the release SPUBLISHes there, and the waiter
+// wakes long before the holder's ttl would have let it in.
+TEST_F(ClusterTest, AWaiterOnEveryMasterWakesPromptlyWhenTheHolderReleases) {
+  constexpr auto kTtl = 8s;
+  Runtime holder(options(2)), waiter(options(2));
+  std::map<int, std::string> key_on;  // master -> a key of its slots
+  for (int i = 0; key_on.size() < 3 && i < 300; ++i) {
+    std::string key = "wake" + std::to_string(i);
+    key_on.emplace(cluster_->master_of_slot(detail::key_slot(lock_key(key))), key);
+  }
+  ASSERT_EQ(key_on.size(), 3u);
+  for (const auto& [m, key] : key_on) {
+    auto held = take(holder, key, kTtl, forever);
+    const std::uint64_t held_token = held.lease().fencing_token();
+    auto waiting = waiter.acquire(key, kTtl, 0, 20s);
+    ASSERT_TRUE(shard_subscribers_become(m, key, 1)) << key;
+    EXPECT_EQ(waiting.wait_for(0ms), std::future_status::timeout) << key;
+    auto t0 = std::chrono::steady_clock::now();
+    auto released = held.release();
+    get_bounded(released);
+    auto h = get_bounded(waiting);
+    auto woke = std::chrono::steady_clock::now() - t0;
+    EXPECT_LT(woke, kTtl / 4) << key;
+    EXPECT_GT(h.lease().fencing_token(), held_token) << key;
+    EXPECT_EQ(holder_of(key), m) << key;
+    auto f = h.release();
+    get_bounded(f);
+    // The waiter is gone: so is its subscription.
+    EXPECT_TRUE(shard_subscribers_become(m, key, 0)) << key;
+  }
+  EXPECT_EQ(holder.stats().leases_lost, 0u);
+  EXPECT_EQ(waiter.stats().leases_lost, 0u);
+}
+
+// The slot moves while a waiter waits: the old owner drops the
+// subscription (an unsolicited sunsubscribe), the waiter subscribes on the
+// new owner, and the release there wakes it.
+TEST_F(ClusterTest, AWaiterFollowsItsLockToAnotherMasterAndWakesThere) {
+  constexpr auto kTtl = 6s;
+  const std::string key = "wake-moved";
+  const int slot = detail::key_slot(lock_key(key));
+  Runtime holder(options(2)), waiter(options(2));
+  auto held = take(holder, key, kTtl, forever);
+  const std::uint64_t held_token = held.lease().fencing_token();
+  const int from = holder_of(key);
+  const int to = other_master(from);
+  ASSERT_GE(from, 0);
+  ASSERT_GE(to, 0);
+  auto waiting = waiter.acquire(key, kTtl, 0, 30s);
+  ASSERT_TRUE(shard_subscribers_become(from, key, 1));
+
+  cluster_->move_slot(slot, to);
+  const auto moved_at = std::chrono::steady_clock::now();
+  ASSERT_EQ(holder_of(key), to);
+  EXPECT_TRUE(shard_subscribers_become(to, key, 1));
+  // Placed again on the old owner's sunsubscribe, not at the next periodic
+  // map refresh (every 5 s).
+  EXPECT_LT(std::chrono::steady_clock::now() - moved_at, 2s);
+  EXPECT_EQ(shard_subscribers(from, key), 0);
+  // Still held (renewed on the new owner): the waiter still waits.
+  EXPECT_EQ(waiting.wait_for(0ms), std::future_status::timeout);
+  EXPECT_FALSE(held.lease().lost());
+  EXPECT_TRUE(renewed_again(held.lease(), 1));
+
+  auto t0 = std::chrono::steady_clock::now();
+  auto released = held.release();
+  get_bounded(released);
+  auto h = get_bounded(waiting);
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, kTtl / 4);
+  EXPECT_GT(h.lease().fencing_token(), held_token);
+  EXPECT_EQ(holder_of(key), to);
+  auto f = h.release();
+  get_bounded(f);
+  EXPECT_EQ(holder.stats().leases_lost, 0u);
+  EXPECT_EQ(waiter.stats().leases_lost, 0u);
+  cluster_->move_slot(slot, from);
+}
+
+// A waiter whose slot map predates a move: its SSUBSCRIBE may reach the old
+// owner (answered MOVED) or follow a refreshed map; either way it ends up
+// subscribed on the new owner only, and wakes on the release there.
+TEST_F(ClusterTest, AWaiterWithAStaleMapSubscribesOnTheNewOwner) {
+  constexpr auto kTtl = 6s;
+  const std::string key = "wake-stale";
+  const int slot = detail::key_slot(lock_key(key));
+  Runtime holder(options(2)), waiter(options(2));
+  auto held = take(holder, key, kTtl, forever);
+  auto seen = waiter.inspect(key);  // the waiter's map, read now
+  ASSERT_TRUE(get_bounded(seen).held);
+  const int from = holder_of(key);
+  const int to = other_master(from);
+  ASSERT_GE(to, 0);
+  cluster_->move_slot(slot, to);
+
+  auto waiting = waiter.acquire(key, kTtl, 0, 30s);
+  EXPECT_TRUE(shard_subscribers_become(to, key, 1));
+  EXPECT_EQ(shard_subscribers(from, key), 0);
+  EXPECT_EQ(waiting.wait_for(0ms), std::future_status::timeout);
+  auto t0 = std::chrono::steady_clock::now();
+  auto released = held.release();
+  get_bounded(released);
+  auto h = get_bounded(waiting);
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, kTtl / 4);
+  auto f = h.release();
+  get_bounded(f);
+  EXPECT_EQ(waiter.stats().leases_lost, 0u);
+  cluster_->move_slot(slot, from);
+}
+
 // hiredis 0.14's async API aborted on the first `smessage`; our reader
 // takes any amount of them. Junk notices on the waiters' own channels (a
 // notice for a lock still held only makes a waiter look again), on many
