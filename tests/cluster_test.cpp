@@ -16,8 +16,8 @@
 
 #include "core/loop.hpp"
 #include "lockwatch/lockwatch.hpp"
-#include "store/make_store.hpp"
 #include "store/redis/cluster_slot.hpp"
+#include "store_on_loop.hpp"
 #include "support/redis_cluster.hpp"
 #include "test_util.hpp"
 
@@ -524,52 +524,65 @@ TEST_F(ClusterTest, ShardedMessagesNeverAbortOrConfuseTheConnection) {
   EXPECT_EQ(waiter.stats().leases_lost, 0u);
 }
 
-// A ClusterStore driven on a loop of its own, for the calls the runtime
-// makes only for Redlock (raise_fence) and scheduled jobs (claim_period).
-class StoreOnLoop {
- public:
-  explicit StoreOnLoop(const Options& o) : store_(detail::make_store(loop_, o)) {
-    detail::StoreEvents events;
-    events.released = [](std::string_view) {};
-    events.subscribed = [](std::string_view) {};
-    events.subscriptions_lost = [] {};
-    events.connection = [](const std::string&, bool, const std::string&) {};
-    events.log = [](bool, const std::string&) {};
-    loop_.post([this, events] { store_->start(events); });
-  }
-  ~StoreOnLoop() { EXPECT_EQ(loop_.shutdown([this] { store_->close(); }), 0); }
+// A reply lost after the script ran: the master is stopped with the
+// acquisition in its socket, the command timeout resets the connection,
+// the master runs it when it resumes and its reply goes nowhere. The store
+// sends it again to the slot's owner, and the script, finding the lock
+// holding our token, answers with the fencing token of the first run: the
+// caller gets the lock, not a "busy" from its own lock. Then a release
+// whose reply is lost the same way is sent again and counts as released.
+TEST_F(ClusterTest, ACallWhoseReplyWasLostIsSentAgainAndKeepsItsFence) {
+  const std::string key = "lost-reply";
+  const std::string name = lock_key(key);
+  const int m = cluster_->master_of_slot(detail::key_slot(name));
+  ASSERT_GE(m, 0);
+  Options o = options();
+  o.command_timeout = 300ms;
+  StoreOnLoop store(o);
+  // Warm up: the node has the scripts cached, so each call is one EVALSHA.
+  ASSERT_EQ(store.acquire(name, "warm-up", 2s).status, detail::Acquired::Status::kTaken);
+  ASSERT_EQ(store.release(name, "warm-up"), detail::Released::kYes);
+  auto evalsha_calls = [&] {
+    auto info = cluster_->node(m).command({"INFO", "commandstats"}).str;
+    auto at = info.find("cmdstat_evalsha:calls=");
+    return at == std::string::npos ? 0LL : std::atoll(info.c_str() + at + 22);
+  };
+  auto fence_now = [&] { return std::atoll(cluster_->node(m).command({"GET", name + ":fence"}).str.c_str()); };
+  const long long calls_before = evalsha_calls();
+  const long long fence_before = fence_now();
 
-  detail::Acquired acquire(const std::string& name, const std::string& token, std::chrono::milliseconds ttl) {
-    std::promise<detail::Acquired> p;
-    auto f = p.get_future();
-    loop_.post([&] {
-      const std::string ttl_ms = std::to_string(ttl.count());
-      detail::LockRef ref{name, token, ttl_ms, ttl};
-      store_->acquire(std::span<const detail::LockRef>(&ref, 1),
-                      [&p](std::size_t, const detail::Acquired& r) { p.set_value(r); });
-    });
-    return get_bounded(f);
-  }
-  bool raise_fence(const std::string& name, std::uint64_t fence) {
-    std::promise<bool> p;
-    auto f = p.get_future();
-    loop_.post([&] { store_->raise_fence(name, fence, [&p](bool ok) { p.set_value(ok); }); });
-    return get_bounded(f);
-  }
-  detail::ClaimResult claim(const std::string& name, const std::string& token, std::int64_t period) {
-    std::promise<detail::ClaimResult> p;
-    auto f = p.get_future();
-    loop_.post([&] {
-      store_->claim_period(name, token, period, std::chrono::system_clock::time_point{},
-                           [&p](const detail::ClaimResult& r) { p.set_value(r); });
-    });
-    return get_bounded(f);
-  }
+  const int downs = store.downs();
+  cluster_->node(m).pause();
+  auto acquiring = store.acquire_async(name, "our-token", 10s);
+  auto until = std::chrono::steady_clock::now() + kBound;
+  while (store.downs() == downs && std::chrono::steady_clock::now() < until)
+    std::this_thread::sleep_for(5ms);  // polling the store's own count of lost connections
+  cluster_->node(m).resume();
+  ASSERT_GT(store.downs(), downs);
+  auto taken = get_bounded(acquiring);
+  ASSERT_EQ(taken.status, detail::Acquired::Status::kTaken);
+  // Run twice (the lost one and the resend), the counter raised once.
+  EXPECT_EQ(evalsha_calls() - calls_before, 2);
+  EXPECT_EQ(fence_now(), fence_before + 1);
+  EXPECT_EQ(taken.fence, static_cast<std::uint64_t>(fence_before + 1));
+  EXPECT_EQ(cluster_->node(m).command({"GET", name}).str, "our-token");
 
- private:
-  detail::Loop loop_;
-  std::unique_ptr<detail::LockStore> store_;
-};
+  const int downs2 = store.downs();
+  const long long calls_mid = evalsha_calls();
+  cluster_->node(m).pause();
+  std::promise<detail::Released> released;
+  std::thread releasing([&] { released.set_value(store.release(name, "our-token")); });
+  until = std::chrono::steady_clock::now() + kBound;
+  while (store.downs() == downs2 && std::chrono::steady_clock::now() < until)
+    std::this_thread::sleep_for(5ms);  // as above
+  cluster_->node(m).resume();
+  releasing.join();
+  // The first run released it; the resend found it gone: released.
+  EXPECT_EQ(released.get_future().get(), detail::Released::kYes);
+  EXPECT_EQ(evalsha_calls() - calls_mid, 2);
+  EXPECT_EQ(cluster_->node(m).command({"EXISTS", name}).integer, 0);
+  ASSERT_EQ(cluster_->wait_healthy(kBound), "");
+}
 
 TEST_F(ClusterTest, RaiseFenceAndClaimPeriodFollowASlotThatMoved) {
   const std::string key = "job:moved";

@@ -154,6 +154,14 @@ struct ClusterStore::Node {
 struct ClusterStore::Call {
   std::string name;  // the lock: its slot routes the call
   int hops = 0;
+  // Safe to repeat (acquire with its token, release, inspect): a lost
+  // reply is answered by sending it once more.
+  bool idempotent = false;
+  bool resent = false;  // it was, after a lost reply
+  // The last send went out on a live connection: a connection error then
+  // may have lost the reply of a call that ran. Sent while the node was
+  // down, it waited for a connection that never came, and did not run.
+  bool sent_live = false;
   // Sends the call to `node`; `self` is this call (taken as an argument,
   // so that the call does not own itself). The reply handler hands a
   // failure to follow() and reports only what follow() does not take.
@@ -501,6 +509,7 @@ void ClusterStore::route(std::shared_ptr<Call> call, std::function<void(std::exc
 
 void ClusterStore::send_to(Node* node, bool asking, const std::shared_ptr<Call>& call) {
   if (asking) node->store->send_asking();
+  call->sent_live = node->store->connected();
   call->send(*node->store, call);
 }
 
@@ -535,9 +544,26 @@ bool ClusterStore::follow(const std::shared_ptr<Call>& call, std::string_view re
 
 bool ClusterStore::follow(const std::shared_ptr<Call>& call, std::exception_ptr error, std::function<void()> give_up) {
   if (!error || closed_) return false;
-  if (follow(call, redis_message_of(error), std::move(give_up))) return true;
-  if (is_connection_error(error)) request_refresh();
+  if (follow(call, redis_message_of(error), give_up)) return true;
+  if (!is_connection_error(error)) return false;
+  // The node is down, or it failed over: the call may or may not have run.
+  if (resend_after_loss(call, std::move(give_up))) return true;
+  request_refresh();
   return false;
+}
+
+bool ClusterStore::resend_after_loss(const std::shared_ptr<Call>& call, std::function<void()> give_up) {
+  if (closed_ || !call->idempotent || call->resent || !call->sent_live) return false;
+  call->resent = true;
+  after_refresh([this, call, give_up = std::move(give_up)](std::exception_ptr) {
+    Node* owner = closed_ ? nullptr : owner_of(call->name);
+    if (owner != nullptr) {
+      send_to(owner, false, call);
+    } else {
+      give_up();
+    }
+  });
+  return true;
 }
 
 void ClusterStore::acquire(std::span<const LockRef> locks, AcquireDone done) {
@@ -545,6 +571,9 @@ void ClusterStore::acquire(std::span<const LockRef> locks, AcquireDone done) {
   for (std::size_t i = 0; i < locks.size(); ++i) {
     auto call = std::make_shared<Call>();
     call->name = locks[i].name;
+    // Sent again with the same token, the script answers with the fencing
+    // token of the first run if that one took the lock.
+    call->idempotent = true;
     call->send = [this, i, shared, token = std::string(locks[i].token), ttl_ms = std::string(locks[i].ttl_ms),
                   ttl = locks[i].ttl](RedisNodeStore& node, const std::shared_ptr<Call>& self) {
       LockRef ref{self->name, token, ttl_ms, ttl};
@@ -569,15 +598,25 @@ void ClusterStore::release(std::span<const LockRef> locks, bool notify, ReleaseD
   for (std::size_t i = 0; i < locks.size(); ++i) {
     auto call = std::make_shared<Call>();
     call->name = locks[i].name;
+    call->idempotent = true;
     call->send = [this, i, shared, notify, token = std::string(locks[i].token)](RedisNodeStore& node,
                                                                               const std::shared_ptr<Call>& self) {
       LockRef ref{self->name, token, {}, {}};
       node.release(std::span<const LockRef>(&ref, 1), notify,
                    [this, self, i, shared](std::size_t, Released status, std::string_view why) {
-                     if (status == Released::kUnconfirmed &&
-                         follow(self, redis_message_in(why),
-                                [i, shared, why = std::string(why)] { (*shared)(i, Released::kUnconfirmed, why); }))
-                       return;
+                     if (status == Released::kUnconfirmed) {
+                       auto give_up = [i, shared, why = std::string(why)] {
+                         (*shared)(i, Released::kUnconfirmed, why);
+                       };
+                       // A redirect did not run; any other failure may
+                       // have (the reply was lost): sent again either way.
+                       if (follow(self, redis_message_in(why), give_up)) return;
+                       if (redis_message_in(why).empty() && resend_after_loss(self, give_up)) return;
+                     }
+                     // Sent again after a lost reply, a lock found gone
+                     // was released by the first run (or its ttl ran out
+                     // just then): released, either way.
+                     if (status == Released::kGone && self->resent) status = Released::kYes;
                      (*shared)(i, status, why);
                    });
     };
@@ -711,6 +750,7 @@ void ClusterStore::inspect(std::string_view name, std::function<void(const LockI
   auto shared = std::make_shared<std::function<void(const LockInfo&, std::exception_ptr)>>(std::move(done));
   auto call = std::make_shared<Call>();
   call->name = name;
+  call->idempotent = true;
   call->send = [this, shared](RedisNodeStore& node, const std::shared_ptr<Call>& self) {
     node.inspect(self->name, [this, self, shared](const LockInfo& info, std::exception_ptr err) {
       if (err && follow(self, err, [shared, err] { (*shared)(LockInfo{}, err); })) return;

@@ -36,6 +36,17 @@
 // a lock twice. Renewals answered so are kTransient and go to the
 // refreshed owner at the watchdog's next try.
 //
+// Lost replies. Acquire and release are safe to repeat: the acquire script
+// answers a lock that already holds the caller's token (tokens are random
+// per acquisition) with the fencing token it has, and sets its ttl anew;
+// a release that finds the lock gone says kGone. So an acquire, release or
+// inspect that went out on a live connection and failed with a connection
+// error (the node closed, timed out or failed over: it may have run) is
+// sent once more, to the slot's owner after the next map refresh; a
+// release resent so that finds the lock gone reports kYes (the first run
+// took it away). A call that waited for a connection that never came did
+// not run and is reported at once.
+//
 // Release notices: sharded pub/sub. The release scripts SPUBLISH on the
 // lock's channel, which shares its slot, so the notice stays on that shard
 // (no cluster-bus broadcast). A waiter's subscription is an SSUBSCRIBE on
@@ -153,6 +164,11 @@ class ClusterStore final : public LockStore {
   // After a refresh: each subscription on the master that serves its slot
   // now (moved ones are reported lost until confirmed again).
   void place_subscriptions();
+  // A call whose outcome is unknown (it went out on a live connection and
+  // its reply was lost) and which is safe to repeat: sent once more, to the
+  // slot's owner after the next refresh. False when it does not qualify
+  // (or was resent already): the caller reports the failure.
+  bool resend_after_loss(const std::shared_ptr<Call>& call, std::function<void()> give_up);
   // The node store for the master at host:port, made (and started) on first use.
   Node* node_at(const std::string& host, int port);
   // The master of `name`'s slot; null when no node serves it.

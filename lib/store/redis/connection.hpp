@@ -130,6 +130,9 @@ class RedisConnection {
   // close() fails through a posted callback, never inside the call.
   void close();
   bool closed() const noexcept { return closed_handles_ == 3 && open_links_ == 0; }
+  // Connected and past the handshake: a request made now is written at
+  // once (at the end of this loop iteration).
+  bool usable() const noexcept { return state_ == State::kConnected && link_ != nullptr && handshake_pending_ == 0; }
   const std::string& name() const noexcept { return name_; }
 
  private:

@@ -60,6 +60,9 @@ class RedisNodeStore final : public LockStore {
   void set_dropped_hook(std::function<void(std::string_view name, std::string_view why)> hook) {
     dropped_ = std::move(hook);
   }
+  // Whether a call made now goes out at once on the command connection
+  // (false while it is down or reconnecting).
+  bool connected() const noexcept { return conn_->usable(); }
   // "host:port" of the node (as error messages name it).
   const std::string& name() const noexcept { return conn_->name(); }
 

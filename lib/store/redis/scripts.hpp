@@ -18,7 +18,9 @@ struct Script {
 };
 
 // KEYS: lock, fence. ARGV: token, ttl ms.
-// Returns {1, fencing token} when taken, {0, pttl} when busy.
+// Returns {1, fencing token} when taken, {0, pttl} when busy. A lock that
+// holds the token already (a retry) is taken again: its ttl is set anew
+// and the fencing counter returned as it is.
 const Script& acquire_script();
 // KEYS: locks. ARGV: token, ttl ms for each lock in turn. Returns a string
 // of one byte per lock: '1' renewed, '0' gone, 'x' other owner, 'e' Redis
