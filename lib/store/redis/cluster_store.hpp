@@ -15,8 +15,8 @@
 //
 // Routing. Every lock lives in the slot of `P{K}` (its fencing counter,
 // period and channel share the hash tag). Each master gets one
-// RedisNodeStore (its command, renewal and pub/sub connections, its
-// scripts), made when the map first names it and kept after.
+// RedisNodeStore (its command, renewal and sharded pub/sub connections,
+// its scripts), made when the map first names it and kept after.
 //
 // Renewals are grouped by node, and within a node by slot: a script's KEYS
 // must share one slot (CROSSSLOT otherwise), so a node gets one renewal
