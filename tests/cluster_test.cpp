@@ -430,6 +430,31 @@ TEST_F(ClusterTest, AWaiterFollowsItsLockToAnotherMasterAndWakesThere) {
   cluster_->move_slot(slot, from);
 }
 
+// The node drops the waiter's pub/sub connection: it reconnects, subscribes
+// again (SHARDNUMSUB was 0 once the kill returned, so 1 after it is a new
+// subscription) and the release still wakes the waiter promptly.
+TEST_F(ClusterTest, AWaiterWhosePubSubConnectionDropsSubscribesAgainAndWakes) {
+  constexpr auto kTtl = 8s;
+  const std::string key = "wake-reconnect";
+  Runtime holder(options(2)), waiter(options(2));
+  auto held = take(holder, key, kTtl, forever);
+  const int m = holder_of(key);
+  ASSERT_GE(m, 0);
+  auto waiting = waiter.acquire(key, kTtl, 0, 30s);
+  ASSERT_TRUE(shard_subscribers_become(m, key, 1));
+  EXPECT_GE(cluster_->node(m).command({"CLIENT", "KILL", "TYPE", "pubsub"}).integer, 1);
+  EXPECT_TRUE(shard_subscribers_become(m, key, 1));
+  EXPECT_EQ(waiting.wait_for(0ms), std::future_status::timeout);
+  auto t0 = std::chrono::steady_clock::now();
+  auto released = held.release();
+  get_bounded(released);
+  auto h = get_bounded(waiting);
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, kTtl / 4);
+  auto f = h.release();
+  get_bounded(f);
+  EXPECT_EQ(waiter.stats().leases_lost, 0u);
+}
+
 // A waiter whose slot map predates a move: its SSUBSCRIBE may reach the old
 // owner (answered MOVED) or follow a refreshed map; either way it ends up
 // subscribed on the new owner only, and wakes on the release there.
