@@ -530,16 +530,20 @@ bool ClusterStore::follow(const std::shared_ptr<Call>& call, std::string_view re
       send_to(node_at(c.target.host, c.target.port), true, call);
       return true;
     default:
-      after_refresh([this, call, give_up = std::move(give_up)](std::exception_ptr) {
-        Node* owner = closed_ ? nullptr : owner_of(call->name);
-        if (owner != nullptr) {
-          send_to(owner, false, call);
-        } else {
-          give_up();
-        }
-      });
+      send_after_refresh(call, std::move(give_up));
       return true;
   }
+}
+
+void ClusterStore::send_after_refresh(const std::shared_ptr<Call>& call, std::function<void()> give_up) {
+  after_refresh([this, call, give_up = std::move(give_up)](std::exception_ptr) {
+    Node* owner = closed_ ? nullptr : owner_of(call->name);
+    if (owner != nullptr) {
+      send_to(owner, false, call);
+    } else {
+      give_up();
+    }
+  });
 }
 
 bool ClusterStore::follow(const std::shared_ptr<Call>& call, std::exception_ptr error, std::function<void()> give_up) {
@@ -555,14 +559,7 @@ bool ClusterStore::follow(const std::shared_ptr<Call>& call, std::exception_ptr 
 bool ClusterStore::resend_after_loss(const std::shared_ptr<Call>& call, std::function<void()> give_up) {
   if (closed_ || !call->idempotent || call->resent || !call->sent_live) return false;
   call->resent = true;
-  after_refresh([this, call, give_up = std::move(give_up)](std::exception_ptr) {
-    Node* owner = closed_ ? nullptr : owner_of(call->name);
-    if (owner != nullptr) {
-      send_to(owner, false, call);
-    } else {
-      give_up();
-    }
-  });
+  send_after_refresh(call, std::move(give_up));
   return true;
 }
 

@@ -178,6 +178,9 @@ class ClusterStore final : public LockStore {
   // `unrouted` reports (posted) when there is none or no map.
   void route(std::shared_ptr<Call> call, std::function<void(std::exception_ptr)> unrouted);
   void send_to(Node* node, bool asking, const std::shared_ptr<Call>& call);
+  // Sends `call` to its slot's owner once the next refresh ended; with no
+  // owner then, `give_up` reports the failure.
+  void send_after_refresh(const std::shared_ptr<Call>& call, std::function<void()> give_up);
   // What a failed call's error asks for. True: the call was sent on (a
   // MOVED, an ASK, or a refusal retried after the next refresh) and the
   // caller reports nothing now; should the retry find no owner, `give_up`
