@@ -23,8 +23,8 @@
 
 #include "core/loop.hpp"
 #include "lockwatch/lockwatch.hpp"
-#include "store/make_store.hpp"
 #include "store/redis/cluster_slot.hpp"
+#include "store_on_loop.hpp"
 #include "support/redis_cluster.hpp"
 #include "test_util.hpp"
 
@@ -71,6 +71,20 @@ class ClusterTest : public ::testing::Test {
     for (int o : cluster_->masters())
       if (o != m) return o;
     return -1;
+  }
+
+  // Subscribers of `key`'s release channel on node `m` (PUBSUB SHARDNUMSUB
+  // counts sharded subscriptions, which a node holds only for its slots).
+  static long long shard_subscribers(int m, const std::string& key) {
+    auto r = cluster_->node(m).command({"PUBSUB", "SHARDNUMSUB", lock_key(key) + ":rel"});
+    return r.elements.size() == 2 ? r.elements[1].integer : -1;
+  }
+  // Waits (bounded) until node `m` counts `n` subscribers of `key`'s channel.
+  static bool shard_subscribers_become(int m, const std::string& key, long long n) {
+    auto until = std::chrono::steady_clock::now() + kBound;
+    while (shard_subscribers(m, key) != n && std::chrono::steady_clock::now() < until)
+      std::this_thread::sleep_for(10ms);  // another client's subscription signals nothing to the test
+    return shard_subscribers(m, key) == n;
   }
 
   static RedisCluster* cluster_;
@@ -171,6 +185,18 @@ bool all_renewed(const std::vector<LockHandle>& held, std::uint64_t more) {
 LockHandle take(Runtime& rt, const std::string& key, std::chrono::milliseconds ttl, Retries retries = 0) {
   auto f = rt.acquire(key, ttl, retries);
   return get_bounded(f);
+}
+
+// Releases `held` and returns the lock `waiting` then gets, checking that
+// it came within a quarter of `ttl`: woken by the release notice, not by
+// the holder's ttl running out.
+LockHandle woken_by_release(LockHandle& held, std::future<LockHandle>& waiting, std::chrono::milliseconds ttl) {
+  auto t0 = std::chrono::steady_clock::now();
+  auto released = held.release();
+  get_bounded(released);
+  LockHandle h = get_bounded(waiting);
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, ttl / 4);
+  return h;
 }
 
 TEST_F(ClusterTest, SlotMathMatchesClusterKeyslot) {
@@ -929,52 +955,245 @@ TEST_F(ClusterTest, ASplitSlotIsRetriedWithinTheHopBudgetThenReported) {
   cluster_->move_slot(slot, from);
 }
 
-// A ClusterStore driven on a loop of its own, for the calls the runtime
-// makes only for Redlock (raise_fence) and scheduled jobs (claim_period).
-class StoreOnLoop {
- public:
-  explicit StoreOnLoop(const Options& o) : store_(detail::make_store(loop_, o)) {
-    detail::StoreEvents events;
-    events.released = [](std::string_view) {};
-    events.subscribed = [](std::string_view) {};
-    events.subscriptions_lost = [] {};
-    events.connection = [](const std::string&, bool, const std::string&) {};
-    events.log = [](bool, const std::string&) {};
-    loop_.post([this, events] { store_->start(events); });
+// Release notices are sharded: the waiter subscribes (SSUBSCRIBE) on the
+// master of its lock's slot, the release SPUBLISHes there, and the waiter
+// wakes long before the holder's ttl would have let it in.
+TEST_F(ClusterTest, AWaiterOnEveryMasterWakesPromptlyWhenTheHolderReleases) {
+  constexpr auto kTtl = 8s;
+  Runtime holder(options(2)), waiter(options(2));
+  std::map<int, std::string> key_on;  // master -> a key of its slots
+  for (int i = 0; key_on.size() < 3 && i < 300; ++i) {
+    std::string key = "wake" + std::to_string(i);
+    key_on.emplace(cluster_->master_of_slot(detail::key_slot(lock_key(key))), key);
   }
-  ~StoreOnLoop() { EXPECT_EQ(loop_.shutdown([this] { store_->close(); }), 0); }
+  ASSERT_EQ(key_on.size(), 3u);
+  for (const auto& [m, key] : key_on) {
+    auto held = take(holder, key, kTtl, forever);
+    const std::uint64_t held_token = held.lease().fencing_token();
+    auto waiting = waiter.acquire(key, kTtl, 0, 20s);
+    ASSERT_TRUE(shard_subscribers_become(m, key, 1)) << key;
+    EXPECT_EQ(waiting.wait_for(0ms), std::future_status::timeout) << key;
+    SCOPED_TRACE(key);
+    auto h = woken_by_release(held, waiting, kTtl);
+    EXPECT_GT(h.lease().fencing_token(), held_token) << key;
+    EXPECT_EQ(holder_of(key), m) << key;
+    auto f = h.release();
+    get_bounded(f);
+    // The waiter is gone: so is its subscription.
+    EXPECT_TRUE(shard_subscribers_become(m, key, 0)) << key;
+  }
+  EXPECT_EQ(holder.stats().leases_lost, 0u);
+  EXPECT_EQ(waiter.stats().leases_lost, 0u);
+}
 
-  detail::Acquired acquire(const std::string& name, const std::string& token, std::chrono::milliseconds ttl) {
-    std::promise<detail::Acquired> p;
-    auto f = p.get_future();
-    loop_.post([&] {
-      const std::string ttl_ms = std::to_string(ttl.count());
-      detail::LockRef ref{name, token, ttl_ms, ttl};
-      store_->acquire(std::span<const detail::LockRef>(&ref, 1),
-                      [&p](std::size_t, const detail::Acquired& r) { p.set_value(r); });
-    });
-    return get_bounded(f);
-  }
-  bool raise_fence(const std::string& name, std::uint64_t fence) {
-    std::promise<bool> p;
-    auto f = p.get_future();
-    loop_.post([&] { store_->raise_fence(name, fence, [&p](bool ok) { p.set_value(ok); }); });
-    return get_bounded(f);
-  }
-  detail::ClaimResult claim(const std::string& name, const std::string& token, std::int64_t period) {
-    std::promise<detail::ClaimResult> p;
-    auto f = p.get_future();
-    loop_.post([&] {
-      store_->claim_period(name, token, period, std::chrono::system_clock::time_point{},
-                           [&p](const detail::ClaimResult& r) { p.set_value(r); });
-    });
-    return get_bounded(f);
-  }
+// The slot moves while a waiter waits: the old owner drops the
+// subscription (an unsolicited sunsubscribe), the waiter subscribes on the
+// new owner, and the release there wakes it.
+TEST_F(ClusterTest, AWaiterFollowsItsLockToAnotherMasterAndWakesThere) {
+  constexpr auto kTtl = 6s;
+  const std::string key = "wake-moved";
+  const int slot = detail::key_slot(lock_key(key));
+  Runtime holder(options(2)), waiter(options(2));
+  auto held = take(holder, key, kTtl, forever);
+  const std::uint64_t held_token = held.lease().fencing_token();
+  const int from = holder_of(key);
+  const int to = other_master(from);
+  ASSERT_GE(from, 0);
+  ASSERT_GE(to, 0);
+  auto waiting = waiter.acquire(key, kTtl, 0, 30s);
+  ASSERT_TRUE(shard_subscribers_become(from, key, 1));
 
- private:
-  detail::Loop loop_;
-  std::unique_ptr<detail::LockStore> store_;
-};
+  cluster_->move_slot(slot, to);
+  const auto moved_at = std::chrono::steady_clock::now();
+  ASSERT_EQ(holder_of(key), to);
+  EXPECT_TRUE(shard_subscribers_become(to, key, 1));
+  // Placed again on the old owner's sunsubscribe, not at the next periodic
+  // map refresh (every 5 s).
+  EXPECT_LT(std::chrono::steady_clock::now() - moved_at, 2s);
+  EXPECT_EQ(shard_subscribers(from, key), 0);
+  // Still held (renewed on the new owner): the waiter still waits.
+  EXPECT_EQ(waiting.wait_for(0ms), std::future_status::timeout);
+  EXPECT_FALSE(held.lease().lost());
+  EXPECT_TRUE(renewed_again(held.lease(), 1));
+
+  auto h = woken_by_release(held, waiting, kTtl);
+  EXPECT_GT(h.lease().fencing_token(), held_token);
+  EXPECT_EQ(holder_of(key), to);
+  auto f = h.release();
+  get_bounded(f);
+  EXPECT_EQ(holder.stats().leases_lost, 0u);
+  EXPECT_EQ(waiter.stats().leases_lost, 0u);
+  cluster_->move_slot(slot, from);
+}
+
+// The node drops the waiter's pub/sub connection: it reconnects, subscribes
+// again (SHARDNUMSUB was 0 once the kill returned, so 1 after it is a new
+// subscription) and the release still wakes the waiter promptly.
+TEST_F(ClusterTest, AWaiterWhosePubSubConnectionDropsSubscribesAgainAndWakes) {
+  constexpr auto kTtl = 8s;
+  const std::string key = "wake-reconnect";
+  Runtime holder(options(2)), waiter(options(2));
+  auto held = take(holder, key, kTtl, forever);
+  const int m = holder_of(key);
+  ASSERT_GE(m, 0);
+  auto waiting = waiter.acquire(key, kTtl, 0, 30s);
+  ASSERT_TRUE(shard_subscribers_become(m, key, 1));
+  EXPECT_GE(cluster_->node(m).command({"CLIENT", "KILL", "TYPE", "pubsub"}).integer, 1);
+  EXPECT_TRUE(shard_subscribers_become(m, key, 1));
+  EXPECT_EQ(waiting.wait_for(0ms), std::future_status::timeout);
+  auto h = woken_by_release(held, waiting, kTtl);
+  auto f = h.release();
+  get_bounded(f);
+  EXPECT_EQ(waiter.stats().leases_lost, 0u);
+}
+
+// A waiter whose slot map predates a move: its SSUBSCRIBE may reach the old
+// owner (answered MOVED) or follow a refreshed map; either way it ends up
+// subscribed on the new owner only, and wakes on the release there.
+TEST_F(ClusterTest, AWaiterWithAStaleMapSubscribesOnTheNewOwner) {
+  constexpr auto kTtl = 6s;
+  const std::string key = "wake-stale";
+  const int slot = detail::key_slot(lock_key(key));
+  Runtime holder(options(2)), waiter(options(2));
+  auto held = take(holder, key, kTtl, forever);
+  auto seen = waiter.inspect(key);  // the waiter's map, read now
+  ASSERT_TRUE(get_bounded(seen).held);
+  const int from = holder_of(key);
+  const int to = other_master(from);
+  ASSERT_GE(to, 0);
+  cluster_->move_slot(slot, to);
+
+  auto waiting = waiter.acquire(key, kTtl, 0, 30s);
+  EXPECT_TRUE(shard_subscribers_become(to, key, 1));
+  EXPECT_EQ(shard_subscribers(from, key), 0);
+  EXPECT_EQ(waiting.wait_for(0ms), std::future_status::timeout);
+  auto h = woken_by_release(held, waiting, kTtl);
+  auto f = h.release();
+  get_bounded(f);
+  EXPECT_EQ(waiter.stats().leases_lost, 0u);
+  cluster_->move_slot(slot, from);
+}
+
+// hiredis 0.14's async API aborted on the first `smessage`; our reader
+// takes any amount of them. Junk notices on the waiters' own channels (a
+// notice for a lock still held only makes a waiter look again), on many
+// other shard channels and channels that are no lock's, some large, while
+// the same runtime takes and releases other locks on every master: nothing
+// aborts, no waiter takes a held lock, and each still wakes on the real
+// release.
+TEST_F(ClusterTest, ShardedMessagesNeverAbortOrConfuseTheConnection) {
+  constexpr auto kTtl = 8s;
+  Runtime holder(options(2)), waiter(options(2));
+  const auto keys = numbered("noise", 6);
+  auto held = hold_all(holder, keys, kTtl);
+  std::vector<std::future<LockHandle>> waiting;
+  for (const auto& key : keys) waiting.push_back(waiter.acquire(key, kTtl, 0, 30s));
+  for (const auto& key : keys) ASSERT_TRUE(shard_subscribers_become(holder_of(key), key, 1)) << key;
+
+  std::vector<int> master_of;
+  for (const auto& key : keys) master_of.push_back(holder_of(key));
+  std::atomic<long long> delivered{0};
+  std::thread noise([&] {
+    const std::string big(200 * 1024, 'x');  // larger than one socket read
+    for (int round = 0; round < 20; ++round) {
+      for (std::size_t k = 0; k < keys.size(); ++k) {
+        const std::string ch = lock_key(keys[k]) + ":rel";
+        const int m = master_of[k];
+        for (const std::string& payload : {std::string("1"), std::string(), std::string("\r\n*3\r\n$0\0", 9), big})
+          delivered += cluster_->node(m).command({"SPUBLISH", ch, payload}).integer;
+      }
+      for (int i = 0; i < 15; ++i) {
+        const std::string other = round % 2 ? "lockwatch:{noise-other" + std::to_string(i) + "}:rel"
+                                            : "{noise-other" + std::to_string(i) + "}plain";
+        cluster_->command_for(other, {"SPUBLISH", other, "junk"});
+      }
+    }
+  });
+  // The waiters' runtime keeps working meanwhile, on every master.
+  std::set<int> masters;
+  for (int i = 0; i < 30; ++i) {
+    std::string key = "noise-work" + std::to_string(i);
+    auto h = take(waiter, key, 2s);
+    masters.insert(holder_of(key));
+    auto f = h.release();
+    get_bounded(f);
+  }
+  noise.join();
+  EXPECT_EQ(masters.size(), 3u);
+  EXPECT_EQ(delivered.load(), 20 * 6 * 4);  // every junk notice reached its one subscriber
+  for (std::size_t i = 0; i < keys.size(); ++i) {
+    EXPECT_EQ(waiting[i].wait_for(0ms), std::future_status::timeout) << keys[i];
+    EXPECT_FALSE(held[i].lease().lost()) << keys[i];
+  }
+  for (std::size_t i = 0; i < keys.size(); ++i) {
+    SCOPED_TRACE(keys[i]);
+    auto h = woken_by_release(held[i], waiting[i], kTtl);
+    auto f = h.release();
+    get_bounded(f);
+  }
+  EXPECT_EQ(holder.stats().leases_lost, 0u);
+  EXPECT_EQ(waiter.stats().leases_lost, 0u);
+}
+
+// A reply lost after the script ran: the master is stopped with the
+// acquisition in its socket, the command timeout resets the connection,
+// the master runs it when it resumes and its reply goes nowhere. The store
+// sends it again to the slot's owner, and the script, finding the lock
+// holding our token, answers with the fencing token of the first run: the
+// caller gets the lock, not a "busy" from its own lock. Then a release
+// whose reply is lost the same way is sent again and counts as released.
+TEST_F(ClusterTest, ACallWhoseReplyWasLostIsSentAgainAndKeepsItsFence) {
+  const std::string key = "lost-reply";
+  const std::string name = lock_key(key);
+  const int m = cluster_->master_of_slot(detail::key_slot(name));
+  ASSERT_GE(m, 0);
+  Options o = options();
+  o.command_timeout = 300ms;
+  StoreOnLoop store(o);
+  // Warm up: the node has the scripts cached, so each call is one EVALSHA.
+  ASSERT_EQ(store.acquire(name, "warm-up", 2s).status, detail::Acquired::Status::kTaken);
+  ASSERT_EQ(store.release(name, "warm-up"), detail::Released::kYes);
+  auto evalsha_calls = [&] {
+    auto info = cluster_->node(m).command({"INFO", "commandstats"}).str;
+    auto at = info.find("cmdstat_evalsha:calls=");
+    return at == std::string::npos ? 0LL : std::atoll(info.c_str() + at + 22);
+  };
+  auto fence_now = [&] { return std::atoll(cluster_->node(m).command({"GET", name + ":fence"}).str.c_str()); };
+  const long long calls_before = evalsha_calls();
+  const long long fence_before = fence_now();
+
+  const int downs = store.downs();
+  cluster_->node(m).pause();
+  auto acquiring = store.acquire_async(name, "our-token", 10s);
+  auto until = std::chrono::steady_clock::now() + kBound;
+  while (store.downs() == downs && std::chrono::steady_clock::now() < until)
+    std::this_thread::sleep_for(5ms);  // polling the store's own count of lost connections
+  cluster_->node(m).resume();
+  ASSERT_GT(store.downs(), downs);
+  auto taken = get_bounded(acquiring);
+  ASSERT_EQ(taken.status, detail::Acquired::Status::kTaken);
+  // Run twice (the lost one and the resend), the counter raised once.
+  EXPECT_EQ(evalsha_calls() - calls_before, 2);
+  EXPECT_EQ(fence_now(), fence_before + 1);
+  EXPECT_EQ(taken.fence, static_cast<std::uint64_t>(fence_before + 1));
+  EXPECT_EQ(cluster_->node(m).command({"GET", name}).str, "our-token");
+
+  const int downs2 = store.downs();
+  const long long calls_mid = evalsha_calls();
+  cluster_->node(m).pause();
+  std::promise<detail::Released> released;
+  std::thread releasing([&] { released.set_value(store.release(name, "our-token")); });
+  until = std::chrono::steady_clock::now() + kBound;
+  while (store.downs() == downs2 && std::chrono::steady_clock::now() < until)
+    std::this_thread::sleep_for(5ms);  // as above
+  cluster_->node(m).resume();
+  releasing.join();
+  // The first run released it; the resend found it gone: released.
+  EXPECT_EQ(released.get_future().get(), detail::Released::kYes);
+  EXPECT_EQ(evalsha_calls() - calls_mid, 2);
+  EXPECT_EQ(cluster_->node(m).command({"EXISTS", name}).integer, 0);
+  ASSERT_EQ(cluster_->wait_healthy(kBound), "");
+}
 
 TEST_F(ClusterTest, RaiseFenceAndClaimPeriodFollowASlotThatMoved) {
   const std::string key = "job:moved";

@@ -3,9 +3,16 @@
 // including sharded ones.
 #include <gtest/gtest.h>
 
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
 #include <condition_variable>
 #include <future>
 #include <mutex>
+#include <thread>
 
 #include "core/loop.hpp"
 #include "store/redis/connection.hpp"
@@ -152,6 +159,208 @@ TEST_F(ConnectionTest, ShardedMessagesReachOnMessageWithoutAborting) {
   EXPECT_EQ(server.command({"PUBLISH", "plain", "after"}).integer, 1);
   EXPECT_TRUE(pushes.wait_for("message plain after"));
   close_all({&conn});
+}
+
+// Sharded mode against a real server: SSUBSCRIBE is confirmed and reported,
+// SPUBLISH arrives as smessage, our own SUNSUBSCRIBE's answer is no drop,
+// and a reconnect subscribes again what is still wanted.
+TEST_F(ConnectionTest, ShardedModeSubscribesConfirmsAndResubscribesAfterAReconnect) {
+  RedisServer server;
+  Pushes pushes;
+  std::vector<std::string> dropped;  // loop thread
+  RedisConnection::Hooks hooks;
+  hooks.on_message = [&](std::string_view kind, std::string_view channel, std::string_view payload) {
+    pushes.add(kind, channel, payload);
+  };
+  hooks.on_dropped = [&](std::string_view channel, std::string_view) { dropped.emplace_back(channel); };
+  RedisConnection conn(loop_, endpoint_of(server), options_, RedisConnection::Mode::kShardedPubSub, std::move(hooks));
+  loop_.post([&] {
+    conn.start();
+    conn.subscribe("kept");
+    conn.subscribe("left");
+  });
+  ASSERT_TRUE(pushes.wait_for("ssubscribe kept "));
+  ASSERT_TRUE(pushes.wait_for("ssubscribe left "));
+  loop_.post([&] { conn.unsubscribe("left"); });
+  ASSERT_TRUE(pushes.wait_for("sunsubscribe left "));
+  EXPECT_EQ(server.command({"SPUBLISH", "kept", "one"}).integer, 1);
+  EXPECT_EQ(server.command({"SPUBLISH", "left", "none"}).integer, 0);
+  EXPECT_TRUE(pushes.wait_for("smessage kept one"));
+  // The server drops every client: the reconnect subscribes "kept" again.
+  server.command({"CLIENT", "KILL", "TYPE", "pubsub"});
+  auto until = std::chrono::steady_clock::now() + kBound;
+  while (server.command({"PUBSUB", "SHARDNUMSUB", "kept"}).elements.at(1).integer != 1 &&
+         std::chrono::steady_clock::now() < until)
+    std::this_thread::sleep_for(10ms);  // the server's count is the only sign of the resubscription
+  EXPECT_EQ(server.command({"SPUBLISH", "kept", "two"}).integer, 1);
+  EXPECT_TRUE(pushes.wait_for("smessage kept two"));
+  EXPECT_EQ(server.command({"PUBSUB", "SHARDNUMSUB", "left"}).elements.at(1).integer, 0);
+  close_all({&conn});
+  EXPECT_TRUE(dropped.empty());
+}
+
+// One loopback listener that plays a Redis node from a script: it waits
+// until a connection has sent `expect` (bounded), answers `reply` and keeps
+// reading until the client goes; one step per connection accepted.
+class ScriptedNode {
+ public:
+  explicit ScriptedNode(std::vector<std::pair<std::string, std::string>> steps) {
+    fd_ = ::socket(AF_INET, SOCK_STREAM, 0);
+    sockaddr_in addr{};
+    addr.sin_family = AF_INET;
+    addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    addr.sin_port = 0;
+    if (fd_ < 0 || ::bind(fd_, reinterpret_cast<sockaddr*>(&addr), sizeof addr) != 0 || ::listen(fd_, 4) != 0)
+      throw std::runtime_error("cannot listen on loopback");
+    socklen_t len = sizeof addr;
+    ::getsockname(fd_, reinterpret_cast<sockaddr*>(&addr), &len);
+    port_ = ntohs(addr.sin_port);
+    thread_ = std::thread([this, steps = std::move(steps)] { serve(steps); });
+  }
+  ~ScriptedNode() {
+    stop_ = true;
+    thread_.join();
+    ::close(fd_);
+  }
+  int port() const { return port_; }
+  // What the i-th connection had sent when it reached its step's `expect`.
+  std::string received(std::size_t i) {
+    std::lock_guard<std::mutex> lock(mu_);
+    return i < received_.size() ? received_[i] : std::string();
+  }
+  // Waits (bounded) until `connections` connections reached their `expect`.
+  bool reached(std::size_t connections) {
+    std::unique_lock<std::mutex> lock(mu_);
+    return cv_.wait_for(lock, kBound, [&] { return reached_ >= connections; });
+  }
+
+ private:
+  // Waits (bounded, polled so that the destructor can stop it) for `fd`.
+  bool readable(int fd, std::chrono::steady_clock::time_point until) {
+    while (!stop_ && std::chrono::steady_clock::now() < until) {
+      pollfd p{fd, POLLIN, 0};
+      if (::poll(&p, 1, 50) > 0) return true;
+    }
+    return false;
+  }
+  void serve(const std::vector<std::pair<std::string, std::string>>& steps) {
+    for (const auto& [expect, reply] : steps) {
+      auto until = std::chrono::steady_clock::now() + kBound;
+      if (!readable(fd_, until)) return;
+      int c = ::accept(fd_, nullptr, nullptr);
+      if (c < 0) return;
+      std::string got;
+      char buf[4096];
+      while (got.find(expect) == std::string::npos && readable(c, until)) {
+        ssize_t n = ::recv(c, buf, sizeof buf, 0);
+        if (n <= 0) break;
+        got.append(buf, static_cast<std::size_t>(n));
+      }
+      {
+        std::lock_guard<std::mutex> lock(mu_);
+        received_.push_back(got);
+        reached_++;
+        cv_.notify_all();
+      }
+      (void)!::send(c, reply.data(), reply.size(), MSG_NOSIGNAL);
+      // Until the client closes (or the test ends).
+      while (readable(c, std::chrono::steady_clock::now() + kBound)) {
+        if (::recv(c, buf, sizeof buf, 0) <= 0) break;
+      }
+      ::close(c);
+    }
+  }
+
+  int fd_ = -1;
+  int port_ = 0;
+  std::atomic<bool> stop_{false};
+  std::thread thread_;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::vector<std::string> received_;
+  std::size_t reached_ = 0;
+};
+
+std::string bulk(std::string_view s) { return "$" + std::to_string(s.size()) + "\r\n" + std::string(s) + "\r\n"; }
+std::string push(std::initializer_list<std::string_view> parts) {
+  std::string out = "*" + std::to_string(parts.size()) + "\r\n";
+  for (auto p : parts) out += bulk(p);
+  return out;
+}
+
+// The reader meets pushes of every kind, well-formed and not, in one
+// stream: each well-formed one is reported (or, sharded bookkeeping, taken
+// as the answer it is), the malformed ones are skipped, the connection
+// stays up. A MOVED answering an SSUBSCRIBE and an unsolicited sunsubscribe
+// drop exactly their channels, which the reconnect then leaves out. A
+// RESP3 push (which hiredis 0.14 cannot read) resets the connection
+// instead of aborting the process.
+TEST_F(ConnectionTest, PushFramesOfEveryKindNeitherAbortNorConfuseTheReader) {
+  const std::string binary("a\r\nb\0c", 6);
+  std::string frames;
+  frames += "*3\r\n" + bulk("ssubscribe") + bulk("lockwatch:{a}:rel") + ":1\r\n";
+  frames += "-MOVED 1234 127.0.0.1:7001\r\n";  // answers the SSUBSCRIBE of {b}
+  frames += "*3\r\n" + bulk("ssubscribe") + bulk("lockwatch:{c}:rel") + ":2\r\n";
+  frames += push({"smessage", "lockwatch:{a}:rel", "1"});
+  frames += push({"smessage", "lockwatch:{a}:rel", binary});
+  frames += push({"smessage", "lockwatch:{a}:rel"});                        // no payload
+  frames += "*3\r\n" + bulk("smessage") + ":5\r\n" + bulk("x");           // no channel name
+  frames += "*3\r\n" + bulk("smessage") + bulk("arr") + "*1\r\n" + bulk("q");  // payload not a string
+  frames += push({"message", "plain", "m"});
+  frames += push({"pmessage", "p*", "pq", "pay"});
+  frames += "*3\r\n" + bulk("subscribe") + bulk("s1") + ":1\r\n";
+  frames += "*3\r\n" + bulk("psubscribe") + bulk("p*") + ":2\r\n";
+  frames += "*3\r\n" + bulk("unsubscribe") + bulk("s1") + ":1\r\n";
+  frames += "*3\r\n" + bulk("punsubscribe") + bulk("p*") + ":0\r\n";
+  frames += "*0\r\n";                                                       // an empty array
+  frames += "*3\r\n" + bulk("sunsubscribe") + bulk("lockwatch:{c}:rel") + ":1\r\n";  // unsolicited
+  frames += "*3\r\n" + bulk("sunsubscribe") + bulk("never") + ":0\r\n";   // of nothing we wanted
+  frames += push({"smessage", "lockwatch:{a}:rel", "end"});
+  frames += ">3\r\n" + bulk("smessage") + bulk("lockwatch:{a}:rel") + bulk("resp3");
+
+  ScriptedNode node({{"lockwatch:{c}:rel", frames}, {"lockwatch:{a}:rel\r\n", ""}});
+  Pushes pushes;
+  std::vector<std::string> dropped;  // loop thread until close_all
+  std::promise<void> down;
+  bool down_seen = false;  // loop thread
+  RedisConnection::Hooks hooks;
+  hooks.on_message = [&](std::string_view kind, std::string_view channel, std::string_view payload) {
+    pushes.add(kind, channel, payload);
+  };
+  hooks.on_dropped = [&](std::string_view channel, std::string_view why) {
+    dropped.push_back(std::string(channel) + " " + std::string(why));
+  };
+  hooks.on_down = [&] {
+    if (!down_seen) down.set_value();
+    down_seen = true;
+  };
+  Endpoint ep;
+  ep.port = node.port();
+  options_.reconnect_min = 20ms;
+  RedisConnection conn(loop_, ep, options_, RedisConnection::Mode::kShardedPubSub, std::move(hooks));
+  loop_.post([&] {
+    conn.start();
+    conn.subscribe("lockwatch:{a}:rel");
+    conn.subscribe("lockwatch:{b}:rel");
+    conn.subscribe("lockwatch:{c}:rel");
+  });
+  EXPECT_TRUE(pushes.wait_for("smessage lockwatch:{a}:rel end"));
+  for (const std::string& line : std::vector<std::string>{"ssubscribe lockwatch:{a}:rel ", "ssubscribe lockwatch:{c}:rel ", "smessage lockwatch:{a}:rel 1",
+        "smessage lockwatch:{a}:rel " + binary, "smessage lockwatch:{a}:rel ", "smessage arr ",
+        "message plain m", "pmessage pq pay", "subscribe s1 ", "psubscribe p* ", "unsubscribe s1 ",
+        "punsubscribe p* ", "sunsubscribe never "})
+    EXPECT_TRUE(pushes.wait_for(line)) << line;
+  // The RESP3 frame after "end" is a protocol error: the link is reset.
+  ASSERT_EQ(down.get_future().wait_for(kBound), std::future_status::ready);
+  // The reconnect subscribes again only what was not dropped.
+  ASSERT_TRUE(node.reached(2));
+  close_all({&conn});
+  const std::string again = node.received(1);
+  EXPECT_NE(again.find("SSUBSCRIBE\r\n$17\r\nlockwatch:{a}:rel"), std::string::npos) << again;
+  EXPECT_EQ(again.find("{b}"), std::string::npos) << again;
+  EXPECT_EQ(again.find("{c}"), std::string::npos) << again;
+  EXPECT_EQ(dropped, (std::vector<std::string>{"lockwatch:{b}:rel MOVED 1234 127.0.0.1:7001",
+                                               "lockwatch:{c}:rel the node unsubscribed it (its slot moved)"}));
 }
 
 // A host name is looked up off the loop thread, and connected to.

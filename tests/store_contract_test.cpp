@@ -13,6 +13,7 @@
 
 #include "lockwatch/lockwatch.hpp"
 #include "backends.hpp"
+#include "store_on_loop.hpp"
 #include "test_util.hpp"
 
 namespace lockwatch::testing {
@@ -285,6 +286,30 @@ TEST_P(StoreContractTest, AHungServerCannotHangACall) {
   auto after = locked("hung-after", 1s, 0).on(rt).wait(10s)([] { return 2; });
   auto a = after();
   EXPECT_EQ(get_bounded(a), 2);
+}
+
+// Safe to retry after a lost reply: acquiring again with the same owner
+// token is the same acquisition (the same fencing token, the ttl set anew),
+// and a release of a lock already gone says so (kGone), which a retry
+// counts as released. Another token still finds the lock busy, and the
+// next holder's fencing token is higher.
+TEST_P(StoreContractTest, AcquireAndReleaseAreSafeToRepeatWithTheSameToken) {
+  StoreOnLoop store(options());
+  const std::string name = store.encode("repeated");
+  auto first = store.acquire(name, "token-one", 2s);
+  ASSERT_EQ(first.status, detail::Acquired::Status::kTaken);
+  auto again = store.acquire(name, "token-one", 10s);
+  ASSERT_EQ(again.status, detail::Acquired::Status::kTaken);
+  EXPECT_EQ(again.fence, first.fence);
+  auto other = store.acquire(name, "token-two", 2s);
+  ASSERT_EQ(other.status, detail::Acquired::Status::kBusy);
+  EXPECT_GT(other.busy_for, 5s);  // the repeat gave it its own, longer ttl
+  EXPECT_EQ(store.release(name, "token-one"), detail::Released::kYes);
+  EXPECT_EQ(store.release(name, "token-one"), detail::Released::kGone);
+  auto next = store.acquire(name, "token-two", 2s);
+  ASSERT_EQ(next.status, detail::Acquired::Status::kTaken);
+  EXPECT_GT(next.fence, first.fence);
+  EXPECT_EQ(store.release(name, "token-two"), detail::Released::kYes);
 }
 
 INSTANTIATE_TEST_SUITE_P(Stores, StoreContractTest, ::testing::Values("redis", "redis-cluster", "mysql"),

@@ -154,6 +154,14 @@ struct ClusterStore::Node {
 struct ClusterStore::Call {
   std::string name;  // the lock: its slot routes the call
   int hops = 0;
+  // Safe to repeat (acquire with its token, release, inspect): a lost
+  // reply is answered by sending it once more.
+  bool idempotent = false;
+  bool resent = false;  // it was, after a lost reply
+  // The last send went out on a live connection: a connection error then
+  // may have lost the reply of a call that ran. Sent while the node was
+  // down, it waited for a connection that never came, and did not run.
+  bool sent_live = false;
   // Sends the call to `node`; `self` is this call (taken as an argument,
   // so that the call does not own itself). The reply handler hands a
   // failure to follow() and reports only what follow() does not take.
@@ -180,7 +188,7 @@ void ClusterStore::start(StoreEvents events) {
   uv_timer_init(loop_.uv(), &wait_timer_);
   wait_timer_.data = this;
   topo_->start();
-  for (auto& n : nodes_) n->store->start(node_events());
+  for (auto& n : nodes_) n->store->start(node_events(n.get()));
   start_refresh();
 }
 
@@ -192,21 +200,30 @@ ClusterStore::Node* ClusterStore::node_at(const std::string& host, int port) {
   if (auto it = by_name_.find(name); it != by_name_.end()) return it->second;
   auto node = std::make_unique<Node>();
   node->name = name;
-  node->store = std::make_unique<RedisNodeStore>(loop_, ep, options_);
+  node->store = std::make_unique<RedisNodeStore>(loop_, ep, options_, RedisNodeStore::Notices::kSharded);
   node->store->no_batching();  // one slot per script call, ASKING right before its command
   Node* raw = node.get();
+  raw->store->set_dropped_hook(
+      [this, raw](std::string_view lock, std::string_view why) { subscription_dropped(raw, lock, why); });
   nodes_.push_back(std::move(node));
   by_name_.emplace(name, raw);
-  if (started_ && !closed_) raw->store->start(node_events());
+  if (started_ && !closed_) raw->store->start(node_events(raw));
   return raw;
 }
 
-StoreEvents ClusterStore::node_events() {
+StoreEvents ClusterStore::node_events(Node* node) {
   StoreEvents e = events_;
   // A node that went down may have failed over: read the map again.
   e.connection = [this, forward = events_.connection](const std::string& endpoint, bool up, const std::string& why) {
     if (!up) request_refresh();
     if (forward) forward(endpoint, up, why);
+  };
+  // A confirmation from a node the subscription has left since is stale.
+  e.subscribed = [this, node, forward = events_.subscribed](std::string_view lock) {
+    auto it = subscribed_.find(lock);
+    if (it == subscribed_.end() || it->second.node != node) return;
+    it->second.hops = 0;
+    if (forward) forward(lock);
   };
   return e;
 }
@@ -429,6 +446,7 @@ void ClusterStore::refresh_done() {
   map_waiters_.clear();
   auto refreshed = std::move(refresh_waiters_);
   refresh_waiters_.clear();
+  place_subscriptions();
   for (auto& w : mapped) w.fn(nullptr);
   for (auto& w : refreshed) w(nullptr);
   if (closed_) return;
@@ -492,6 +510,7 @@ void ClusterStore::route(std::shared_ptr<Call> call, std::function<void(std::exc
 
 void ClusterStore::send_to(Node* node, bool asking, const std::shared_ptr<Call>& call) {
   if (asking) node->store->send_asking();
+  call->sent_live = node->store->connected();
   call->send(*node->store, call);
 }
 
@@ -513,23 +532,37 @@ bool ClusterStore::follow(const std::shared_ptr<Call>& call, std::string_view re
       send_to(node_at(c.target.host, c.target.port), true, call);
       return true;
     default:
-      after_refresh([this, call, give_up = std::move(give_up)](std::exception_ptr) {
-        Node* owner = closed_ ? nullptr : owner_of(call->name);
-        if (owner != nullptr) {
-          send_to(owner, false, call);
-        } else {
-          give_up();
-        }
-      });
+      send_after_refresh(call, std::move(give_up));
       return true;
   }
 }
 
+void ClusterStore::send_after_refresh(const std::shared_ptr<Call>& call, std::function<void()> give_up) {
+  after_refresh([this, call, give_up = std::move(give_up)](std::exception_ptr) {
+    Node* owner = closed_ ? nullptr : owner_of(call->name);
+    if (owner != nullptr) {
+      send_to(owner, false, call);
+    } else {
+      give_up();
+    }
+  });
+}
+
 bool ClusterStore::follow(const std::shared_ptr<Call>& call, std::exception_ptr error, std::function<void()> give_up) {
   if (!error || closed_) return false;
-  if (follow(call, redis_message_of(error), std::move(give_up))) return true;
-  if (is_connection_error(error)) request_refresh();
+  if (follow(call, redis_message_of(error), give_up)) return true;
+  if (!is_connection_error(error)) return false;
+  // The node is down, or it failed over: the call may or may not have run.
+  if (resend_after_loss(call, std::move(give_up))) return true;
+  request_refresh();
   return false;
+}
+
+bool ClusterStore::resend_after_loss(const std::shared_ptr<Call>& call, std::function<void()> give_up) {
+  if (closed_ || !call->idempotent || call->resent || !call->sent_live) return false;
+  call->resent = true;
+  send_after_refresh(call, std::move(give_up));
+  return true;
 }
 
 void ClusterStore::acquire(std::span<const LockRef> locks, AcquireDone done) {
@@ -537,6 +570,9 @@ void ClusterStore::acquire(std::span<const LockRef> locks, AcquireDone done) {
   for (std::size_t i = 0; i < locks.size(); ++i) {
     auto call = std::make_shared<Call>();
     call->name = locks[i].name;
+    // Sent again with the same token, the script answers with the fencing
+    // token of the first run if that one took the lock.
+    call->idempotent = true;
     call->send = [this, i, shared, token = std::string(locks[i].token), ttl_ms = std::string(locks[i].ttl_ms),
                   ttl = locks[i].ttl](RedisNodeStore& node, const std::shared_ptr<Call>& self) {
       LockRef ref{self->name, token, ttl_ms, ttl};
@@ -561,15 +597,25 @@ void ClusterStore::release(std::span<const LockRef> locks, bool notify, ReleaseD
   for (std::size_t i = 0; i < locks.size(); ++i) {
     auto call = std::make_shared<Call>();
     call->name = locks[i].name;
+    call->idempotent = true;
     call->send = [this, i, shared, notify, token = std::string(locks[i].token)](RedisNodeStore& node,
                                                                               const std::shared_ptr<Call>& self) {
       LockRef ref{self->name, token, {}, {}};
       node.release(std::span<const LockRef>(&ref, 1), notify,
                    [this, self, i, shared](std::size_t, Released status, std::string_view why) {
-                     if (status == Released::kUnconfirmed &&
-                         follow(self, redis_message_in(why),
-                                [i, shared, why = std::string(why)] { (*shared)(i, Released::kUnconfirmed, why); }))
-                       return;
+                     if (status == Released::kUnconfirmed) {
+                       auto give_up = [i, shared, why = std::string(why)] {
+                         (*shared)(i, Released::kUnconfirmed, why);
+                       };
+                       // A redirect did not run; any other failure may
+                       // have (the reply was lost): sent again either way.
+                       if (follow(self, redis_message_in(why), give_up)) return;
+                       if (redis_message_in(why).empty() && resend_after_loss(self, give_up)) return;
+                     }
+                     // Sent again after a lost reply, a lock found gone
+                     // was released by the first run (or its ttl ran out
+                     // just then): released, either way.
+                     if (status == Released::kGone && self->resent) status = Released::kYes;
                      (*shared)(i, status, why);
                    });
     };
@@ -727,6 +773,7 @@ void ClusterStore::inspect(std::string_view name, std::function<void(const LockI
   auto shared = std::make_shared<std::function<void(const LockInfo&, std::exception_ptr)>>(std::move(done));
   auto call = std::make_shared<Call>();
   call->name = name;
+  call->idempotent = true;
   call->send = [this, shared](RedisNodeStore& node, const std::shared_ptr<Call>& self) {
     node.inspect(self->name, [this, self, shared](const LockInfo& info, std::exception_ptr err) {
       if (err && follow(self, err, [shared, err] { (*shared)(LockInfo{}, err); })) return;
@@ -753,9 +800,12 @@ void ClusterStore::subscribe(std::string_view name) {
   when_mapped([this, lock = std::string(name)](std::exception_ptr err) {
     if (err || closed_ || subscribed_.count(lock) > 0) return;
     Node* node = owner_of(lock);
-    if (node == nullptr) return;  // the waiter falls back to the holder's ttl
-    node->store->subscribe(lock);
-    subscribed_.emplace(lock, node);
+    subscribed_.emplace(lock, Subscription{node, 0});
+    if (node != nullptr) {
+      node->store->subscribe(lock);
+    } else {
+      request_refresh();  // placed by the refresh; the waiter falls back to the holder's ttl meanwhile
+    }
   });
 }
 
@@ -763,9 +813,43 @@ void ClusterStore::unsubscribe(std::string_view name) {
   when_mapped([this, lock = std::string(name)](std::exception_ptr) {
     auto it = subscribed_.find(lock);
     if (it == subscribed_.end()) return;
-    if (!closed_) it->second->store->unsubscribe(lock);
+    if (!closed_ && it->second.node != nullptr) it->second.node->store->unsubscribe(lock);
     subscribed_.erase(it);
   });
+}
+
+void ClusterStore::subscription_dropped(Node* node, std::string_view name, std::string_view why) {
+  if (closed_) return;
+  auto it = subscribed_.find(name);
+  if (it == subscribed_.end() || it->second.node != node) return;
+  // No notice for it until it is confirmed again: the waiter counts on the
+  // holder's ttl meanwhile.
+  it->second.node = nullptr;
+  if (events_.subscriptions_lost) events_.subscriptions_lost();
+  request_refresh();
+  ClusterReply c = ClusterReply::of(why);
+  if (c.kind == ClusterReply::Kind::kMoved && ++it->second.hops <= kRedirectBudget) {
+    Node* target = node_at(c.target.host, c.target.port);
+    it->second.node = target;
+    target->store->subscribe(it->first);
+  }
+  // Otherwise place_subscriptions() puts it on the slot's owner.
+}
+
+void ClusterStore::place_subscriptions() {
+  if (closed_) return;
+  bool moved = false;
+  for (auto& [lock, sub] : subscribed_) {
+    Node* owner = owner_of(lock);
+    if (owner == sub.node) continue;
+    if (sub.node != nullptr) {
+      sub.node->store->unsubscribe(lock);
+      moved = true;
+    }
+    sub.node = owner;
+    if (owner != nullptr) owner->store->subscribe(lock);
+  }
+  if (moved && events_.subscriptions_lost) events_.subscriptions_lost();
 }
 
 void ClusterStore::poll_replies() {

@@ -16,8 +16,8 @@
 //
 // Routing. Every lock lives in the slot of `P{K}` (its fencing counter,
 // period and channel share the hash tag). Each master gets one
-// RedisNodeStore (its command, renewal and pub/sub connections, its
-// scripts), made when the map first names it and kept after.
+// RedisNodeStore (its command, renewal and sharded pub/sub connections,
+// its scripts), made when the map first names it and kept after.
 //
 // Renewals are grouped by node, and within a node by slot: a script's KEYS
 // must share one slot (CROSSSLOT otherwise), so a node gets one renewal
@@ -38,12 +38,30 @@
 // after an ASKING on its renewal connection; renewals answered otherwise
 // are kTransient and go to the refreshed owner at the watchdog's next try.
 //
-// Release notices: classic SUBSCRIBE/PUBLISH, as on one node. A cluster
-// forwards a PUBLISH to every node, so a subscription on the lock's master
-// hears it wherever the release ran. It costs cluster-bus traffic and does
-// not move with the slot (a subscription on a node that died is reported
-// lost, and waiters fall back to the holder's ttl); sharded pub/sub
-// (SSUBSCRIBE/SPUBLISH) is the next step.
+// Lost replies. Acquire and release are safe to repeat: the acquire script
+// answers a lock that already holds the caller's token (tokens are random
+// per acquisition) with the fencing token it has, and sets its ttl anew;
+// a release that finds the lock gone says kGone. So an acquire, release or
+// inspect that went out on a live connection and failed with a connection
+// error (the node closed, timed out or failed over: it may have run) is
+// sent once more, to the slot's owner after the next map refresh; a
+// release resent so that finds the lock gone reports kYes (the first run
+// took it away). A call that waited for a connection that never came did
+// not run and is reported at once.
+//
+// Release notices: sharded pub/sub. The release scripts SPUBLISH on the
+// lock's channel, which shares its slot, so the notice stays on that shard
+// (no cluster-bus broadcast). A waiter's subscription is an SSUBSCRIBE on
+// the pub/sub connection of the master that serves the slot now (each
+// master's connection holds the names of the slots it owns), parsed by our
+// own reader (hiredis 0.14's async API aborts on `smessage`). It is
+// reported `subscribed` only once the node confirms it, and placed again
+// when the node gives it up (an unsolicited `sunsubscribe`: the slot
+// moved; a MOVED answering SSUBSCRIBE: followed at once), when a refreshed
+// map puts the slot on another master, and, by the node's connection,
+// after a reconnect. Whenever one is gone, `subscriptions_lost` is
+// reported: the waiter then counts on the holder's ttl, so a lost notice
+// costs latency, never liveness.
 //
 // Threading: as LockStore (loop thread, but encode()/check_key()).
 // Costs: one array of 16384 node indexes; per batch, one pass to group.
@@ -137,9 +155,22 @@ class ClusterStore final : public LockStore {
   bool apply_shards(const ::redisReply* r);
   bool apply_slots(const ::redisReply* r);
   void expire_waiters();
-  // The events a node store reports through: ours, and a lost connection
-  // asks for a refresh (the node may have failed over).
-  StoreEvents node_events();
+  // The events node `node`'s store reports through: ours, a lost
+  // connection asks for a refresh (the node may have failed over), and a
+  // subscription is confirmed only by the node it is placed on now.
+  StoreEvents node_events(Node* node);
+  // Node `node` gave up the subscription for `name` (its slot moved, or its
+  // SSUBSCRIBE was answered `why`, e.g. MOVED): placed again, at the node a
+  // MOVED names or at the slot's owner after the next refresh.
+  void subscription_dropped(Node* node, std::string_view name, std::string_view why);
+  // After a refresh: each subscription on the master that serves its slot
+  // now (moved ones are reported lost until confirmed again).
+  void place_subscriptions();
+  // A call whose outcome is unknown (it went out on a live connection and
+  // its reply was lost) and which is safe to repeat: sent once more, to the
+  // slot's owner after the next refresh. False when it does not qualify
+  // (or was resent already): the caller reports the failure.
+  bool resend_after_loss(const std::shared_ptr<Call>& call, std::function<void()> give_up);
   // The node store for the master at host:port, made (and started) on first use.
   Node* node_at(const std::string& host, int port);
   // The master of `name`'s slot; null when no node serves it.
@@ -149,6 +180,9 @@ class ClusterStore final : public LockStore {
   // `unrouted` reports (posted) when there is none or no map.
   void route(std::shared_ptr<Call> call, std::function<void(std::exception_ptr)> unrouted);
   void send_to(Node* node, bool asking, const std::shared_ptr<Call>& call);
+  // Sends `call` to its slot's owner once the next refresh ended; with no
+  // owner then, `give_up` reports the failure.
+  void send_after_refresh(const std::shared_ptr<Call>& call, std::function<void()> give_up);
   // What a failed call's error asks for. True: the call was sent on (a
   // MOVED, an ASK, or a refusal retried after the next refresh) and the
   // caller reports nothing now; should the retry find no owner, `give_up`
@@ -196,7 +230,11 @@ class ClusterStore final : public LockStore {
   };
   std::vector<Waiting> map_waiters_;   // until the first map
   std::vector<MapWaiter> refresh_waiters_;  // until the next refresh ends
-  std::map<std::string, Node*, std::less<>> subscribed_;  // lock name -> node subscribed on
+  struct Subscription {
+    Node* node = nullptr;  // where it is placed; null: to be placed after a refresh
+    int hops = 0;          // MOVED followed since the last confirmation
+  };
+  std::map<std::string, Subscription, std::less<>> subscribed_;  // by lock name
 };
 
 }  // namespace lockwatch::detail

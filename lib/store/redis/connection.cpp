@@ -5,6 +5,7 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <charconv>
 #include <cstdint>
 #include <cstdio>
@@ -114,8 +115,9 @@ RedisConnection::RedisConnection(Loop& loop, Endpoint endpoint, const Options& o
       endpoint_(std::move(endpoint)),
       name_(endpoint_.name()),
       options_(options),
-      pubsub_(mode == Mode::kPubSub),
-      hooks_(std::move(hooks)) {
+      pubsub_(mode != Mode::kCommands),
+      hooks_(std::move(hooks)),
+      sharded_(mode == Mode::kShardedPubSub) {
   if (endpoint_.tls) {
     // Options::validate() read the same files already; if one went away
     // since, every attempt fails saying so.
@@ -180,7 +182,8 @@ void RedisConnection::connect() {
   if (endpoint_.db != 0 && !pubsub_) send_handshake(Handshake::kSelect, {"SELECT", std::to_string(endpoint_.db)});
   if (require_master_) send_handshake(Handshake::kRole, {"ROLE"});
   if (pubsub_) {
-    for (const auto& ch : channels_) write_command({"SUBSCRIBE", ch});
+    sharded_sent_.clear();  // what was unanswered went with the old link
+    for (const auto& ch : channels_) write_subscription(true, ch);
   }
   if (!hooks_.on_connect_command.empty()) {
     write_command(std::vector<std::string_view>(hooks_.on_connect_command.begin(), hooks_.on_connect_command.end()));
@@ -541,8 +544,10 @@ void RedisConnection::dispatch(const redisReply* r) {
     return;
   }
   if (pending_.empty()) {
-    // Pubsub mode: an error for a SUBSCRIBE, which nothing waits for. In
+    // Pubsub mode: an error for a SUBSCRIBE, which nothing waits for (in
+    // sharded mode it answers the oldest SSUBSCRIBE or SUNSUBSCRIBE). In
     // command mode replies and requests no longer match: start afresh.
+    if (sharded_ && r->type == REDIS_REPLY_ERROR) on_sharded_error(r);
     if (!pubsub_) link_failed("a reply to no request: the connection is out of step");
     return;
   }
@@ -639,10 +644,58 @@ void RedisConnection::on_push(const redisReply* r) {
   std::string_view payload;
   if (r->elements > at + 1 && r->element[at + 1]->type == REDIS_REPLY_STRING)
     payload = std::string_view(r->element[at + 1]->str, r->element[at + 1]->len);
+  if (sharded_ && on_sharded_push(std::string_view(kind->str, kind->len), std::string_view(channel->str, channel->len)))
+    return;
   if (hooks_.on_message)
     guarded([&] {
       hooks_.on_message(std::string_view(kind->str, kind->len), std::string_view(channel->str, channel->len), payload);
     });
+}
+
+bool RedisConnection::on_sharded_push(std::string_view kind, std::string_view channel) {
+  const bool sub = kind == "ssubscribe";
+  if (!sub && kind != "sunsubscribe") return false;
+  // The answer to our own command, if one for this channel is unanswered.
+  auto sent = std::find_if(sharded_sent_.begin(), sharded_sent_.end(),
+                           [&](const ShardedSent& s) { return s.subscribe == sub && s.channel == channel; });
+  const bool answer = sent != sharded_sent_.end();
+  if (answer) sharded_sent_.erase(sent);
+  auto wanted = channels_.find(std::string(channel));
+  if (sub) {
+    if (wanted != channels_.end()) return false;  // confirmed: reported
+    // Unsubscribed meanwhile (the SUNSUBSCRIBE went before the node had
+    // answered, or not at all): undo it so the node keeps nothing for us.
+    if (link_ != nullptr && state_ == State::kConnected) write_subscription(false, std::string(channel));
+    return true;
+  }
+  if (answer || wanted == channels_.end()) return false;
+  // Unsolicited: the node lost the channel's slot.
+  std::string ch = *wanted;
+  channels_.erase(wanted);
+  if (hooks_.on_dropped)
+    guarded([&] { hooks_.on_dropped(ch, "the node unsubscribed it (its slot moved)"); });
+  return true;
+}
+
+void RedisConnection::on_sharded_error(const redisReply* r) {
+  if (sharded_sent_.empty()) return;
+  ShardedSent sent = std::move(sharded_sent_.front());
+  sharded_sent_.pop_front();
+  if (!sent.subscribe) return;
+  auto wanted = channels_.find(sent.channel);
+  if (wanted == channels_.end()) return;
+  channels_.erase(wanted);
+  std::string why(r->str != nullptr ? r->str : "", r->str != nullptr ? r->len : 0);
+  if (hooks_.on_dropped) guarded([&] { hooks_.on_dropped(sent.channel, why); });
+}
+
+void RedisConnection::write_subscription(bool subscribe, const std::string& channel) {
+  if (!sharded_) {
+    write_command({subscribe ? "SUBSCRIBE" : "UNSUBSCRIBE", channel});
+    return;
+  }
+  write_command({subscribe ? "SSUBSCRIBE" : "SUNSUBSCRIBE", channel});
+  sharded_sent_.push_back(ShardedSent{subscribe, channel});
 }
 
 void RedisConnection::became_usable() {
@@ -813,14 +866,14 @@ void RedisConnection::set_endpoint(const Endpoint& endpoint) {
 void RedisConnection::subscribe(const std::string& channel) {
   if (!channels_.insert(channel).second) return;
   if (link_ != nullptr && state_ != State::kClosed)
-    write_command({"SUBSCRIBE", channel});
+    write_subscription(true, channel);
   else if (!reconnect_scheduled_ && state_ == State::kDown)
     schedule_reconnect();
 }
 
 void RedisConnection::unsubscribe(const std::string& channel) {
   if (channels_.erase(channel) == 0) return;
-  if (link_ != nullptr && state_ == State::kConnected) write_command({"UNSUBSCRIBE", channel});
+  if (link_ != nullptr && state_ == State::kConnected) write_subscription(false, channel);
 }
 
 void RedisConnection::close() {

@@ -21,6 +21,14 @@
 // unsubscribe confirmations, messages; the sharded ssubscribe, smessage and
 // sunsubscribe, also unsolicited ones, alike) through Hooks::on_message.
 //
+// Sharded pubsub mode (Redis Cluster) subscribes with SSUBSCRIBE and
+// SUNSUBSCRIBE, one channel per command, and keeps them in order to match
+// each answer to its command. A channel the node gives up is dropped from
+// the set and reported through Hooks::on_dropped with why: an unsolicited
+// `sunsubscribe` (the node lost the channel's slot) or an error answering
+// its SSUBSCRIBE (MOVED: another node serves the slot). A confirmation for
+// a channel no longer wanted is unsubscribed again and not reported.
+//
 // With TLS (an endpoint from a rediss:// URL) the same stream carries an
 // OpenSSL session over memory BIOs, on the loop thread: the handshake runs
 // after the TCP connect and within the same connect timeout, writes are
@@ -68,12 +76,16 @@ class RedisConnection {
     // The connection went down (pubsub: every subscription is gone until
     // the reconnect resubscribes).
     std::function<void()> on_down;
+    // Sharded pubsub mode: the node no longer serves `channel` (`why`:
+    // Redis's error, e.g. "MOVED 3999 127.0.0.1:7001", or that it sent an
+    // unsolicited sunsubscribe). The channel is no longer wanted here.
+    std::function<void(std::string_view channel, std::string_view why)> on_dropped;
     // Sent right after AUTH on every new connection (e.g. SUBSCRIBE in a
     // sentinel watcher); its replies reach on_message.
     std::vector<std::string> on_connect_command;
   };
 
-  enum class Mode { kCommands, kPubSub };
+  enum class Mode { kCommands, kPubSub, kShardedPubSub };
 
   RedisConnection(Loop& loop, Endpoint endpoint, const Options& options, Mode mode, Hooks hooks = {});
   ~RedisConnection();
@@ -118,6 +130,9 @@ class RedisConnection {
   // close() fails through a posted callback, never inside the call.
   void close();
   bool closed() const noexcept { return closed_handles_ == 3 && open_links_ == 0; }
+  // Connected and past the handshake: a request made now is written at
+  // once (at the end of this loop iteration).
+  bool usable() const noexcept { return state_ == State::kConnected && link_ != nullptr && handshake_pending_ == 0; }
   const std::string& name() const noexcept { return name_; }
 
  private:
@@ -212,6 +227,18 @@ class RedisConnection {
   std::deque<Queued> waiting_;   // made while down: sent on the next attempt
   std::deque<Pending> pending_;  // written on link_, awaiting replies
   std::unordered_set<std::string> channels_;  // pubsub mode: wanted subscriptions
+  bool sharded_ = false;                      // SSUBSCRIBE / SUNSUBSCRIBE
+  // Sharded mode: SSUBSCRIBE (true) and SUNSUBSCRIBE (false) written on the
+  // current link and not answered yet, in order.
+  struct ShardedSent {
+    bool subscribe;
+    std::string channel;
+  };
+  std::deque<ShardedSent> sharded_sent_;
+  void write_subscription(bool subscribe, const std::string& channel);
+  void on_sharded_error(const redisReply* r);
+  // True: the push is handled here and not reported.
+  bool on_sharded_push(std::string_view kind, std::string_view channel);
 };
 
 }  // namespace lockwatch::detail

@@ -42,22 +42,28 @@ std::chrono::system_clock::time_point time_at(const redisReply* r, std::size_t f
 
 }  // namespace
 
-RedisNodeStore::RedisNodeStore(Loop& loop, Endpoint endpoint, const Options& options)
-    : options_(options), loop_(loop) {
+RedisNodeStore::RedisNodeStore(Loop& loop, Endpoint endpoint, const Options& options, Notices notices)
+    : options_(options), notices_(notices), loop_(loop) {
   using Mode = RedisConnection::Mode;
   conn_ = std::make_unique<RedisConnection>(loop, endpoint, options_, Mode::kCommands);
   renew_ = std::make_unique<RedisConnection>(loop, endpoint, options_, Mode::kCommands);
+  const bool sharded = notices_ == Notices::kSharded;
   RedisConnection::Hooks hooks;
-  hooks.on_message = [this](std::string_view kind, std::string_view channel, std::string_view) {
+  hooks.on_message = [this, sharded](std::string_view kind, std::string_view channel, std::string_view) {
     std::string_view name = redis_keys::lock_of_channel(channel);
     if (name.empty()) return;
-    if (kind == "message" && events_.released) events_.released(name);
-    if (kind == "subscribe" && events_.subscribed) events_.subscribed(name);
+    if (kind == (sharded ? "smessage" : "message") && events_.released) events_.released(name);
+    if (kind == (sharded ? "ssubscribe" : "subscribe") && events_.subscribed) events_.subscribed(name);
   };
   hooks.on_down = [this] {
     if (events_.subscriptions_lost) events_.subscriptions_lost();
   };
-  sub_ = std::make_unique<RedisConnection>(loop, endpoint, options_, Mode::kPubSub, std::move(hooks));
+  hooks.on_dropped = [this](std::string_view channel, std::string_view why) {
+    std::string_view name = redis_keys::lock_of_channel(channel);
+    if (!name.empty() && dropped_) dropped_(name, why);
+  };
+  sub_ = std::make_unique<RedisConnection>(loop, endpoint, options_, sharded ? Mode::kShardedPubSub : Mode::kPubSub,
+                                           std::move(hooks));
 }
 
 RedisNodeStore::~RedisNodeStore() = default;
@@ -289,7 +295,7 @@ void RedisNodeStore::acquired(Acquired out, std::string name, std::string token,
 }
 
 void RedisNodeStore::release_one(QueuedRelease q) {
-  conn_->eval(release_script(), {std::move(q.name), std::move(q.token), std::move(q.channel)}, 1,
+  conn_->eval(release_script(), {std::move(q.name), std::move(q.token), std::move(q.channel), notice()}, 1,
               [index = q.index, done = std::move(q.done)](const redisReply* r, std::exception_ptr err) {
                 if (err) {
                   (*done)(index, Released::kUnconfirmed, what_of(err));
@@ -435,7 +441,7 @@ void RedisNodeStore::inspect(std::string_view name, std::function<void(const Loc
 
 void RedisNodeStore::force_release(std::string_view name, std::function<void(bool, std::exception_ptr)> done) {
   std::string lock(name);
-  conn_->eval(force_release_script(), {lock, redis_keys::channel(lock)}, 1,
+  conn_->eval(force_release_script(), {lock, redis_keys::channel(lock), notice()}, 1,
               [done = std::move(done)](const redisReply* r, std::exception_ptr err) {
                 done(!err && r->type == REDIS_REPLY_INTEGER && r->integer == 1, err);
               });
@@ -443,6 +449,8 @@ void RedisNodeStore::force_release(std::string_view name, std::function<void(boo
 
 void RedisNodeStore::send_asking() { conn_->ask_next(); }
 void RedisNodeStore::send_renewal_asking() { renew_->ask_next(); }
+
+std::string RedisNodeStore::notice() const { return notices_ == Notices::kSharded ? "s" : "p"; }
 
 void RedisNodeStore::subscribe(std::string_view name) { sub_->subscribe(redis_keys::channel(name)); }
 void RedisNodeStore::unsubscribe(std::string_view name) { sub_->unsubscribe(redis_keys::channel(name)); }

@@ -24,11 +24,18 @@
 // the command connection drops. Each connection then checks with ROLE that
 // the address it was given is a master before it sends anything.
 //
+// Release notices are classic PUBLISH / SUBSCRIBE, or, for a node of a
+// Redis Cluster (Notices::kSharded), SPUBLISH / SSUBSCRIBE on the node that
+// serves the lock's slot; a subscription the node gives up (its slot moved)
+// is reported through the dropped hook for the cluster to place elsewhere.
+//
 // Threading: as LockStore (loop thread, but encode()/check_key()).
 #pragma once
 
 #include <uv.h>
 
+#include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -44,8 +51,9 @@ class SentinelWatcher;
 
 class RedisNodeStore final : public LockStore {
  public:
+  enum class Notices : std::uint8_t { kClassic, kSharded };
   // `endpoint` with port 0: the address comes from follow_sentinels().
-  RedisNodeStore(Loop& loop, Endpoint endpoint, const Options& options);
+  RedisNodeStore(Loop& loop, Endpoint endpoint, const Options& options, Notices notices = Notices::kClassic);
   ~RedisNodeStore() override;
 
   // Before start(): the master is wherever `watcher` says it is.
@@ -62,6 +70,15 @@ class RedisNodeStore final : public LockStore {
   // raise_fence() with the reason it failed (null: raised), for a caller
   // that must tell a redirect from other failures.
   void raise_fence_or_error(std::string_view name, std::uint64_t fence, std::function<void(std::exception_ptr)> done);
+  // Before start(), sharded notices: told when the node gave up the
+  // subscription for lock `name` (`why`: Redis's error, e.g. a MOVED, or an
+  // unsolicited sunsubscribe); it is no longer wanted on this node.
+  void set_dropped_hook(std::function<void(std::string_view name, std::string_view why)> hook) {
+    dropped_ = std::move(hook);
+  }
+  // Whether a call made now goes out at once on the command connection
+  // (false while it is down or reconnecting).
+  bool connected() const noexcept { return conn_->usable(); }
   // "host:port" of the node (as error messages name it).
   const std::string& name() const noexcept { return conn_->name(); }
 
@@ -86,6 +103,8 @@ class RedisNodeStore final : public LockStore {
  static constexpr std::size_t kMaxBatch = 256;
 
  private:
+  // The release scripts' notice argument: "s" SPUBLISH, "p" PUBLISH.
+  std::string notice() const;
   struct QueuedAcquire {
     std::string name, token, ttl_ms;
     std::size_t index;
@@ -110,6 +129,8 @@ class RedisNodeStore final : public LockStore {
                          std::shared_ptr<AcquireDone> done);
 
   const Options options_;
+  const Notices notices_;
+  std::function<void(std::string_view, std::string_view)> dropped_;
   std::unique_ptr<RedisConnection> conn_;   // commands, pipelined
   std::unique_ptr<RedisConnection> renew_;  // renewals only
   std::unique_ptr<RedisConnection> sub_;    // release notices

@@ -7,12 +7,20 @@ namespace {
 
 // EXISTS first: a busy lock must neither bump the fencing counter nor be
 // overwritten; a key without expiry is not ours (a user's key, or a lock
-// someone made by hand) and is reported instead of waited on forever.
+// someone made by hand) and is reported instead of waited on forever. A
+// lock that already holds the caller's token is a retry of an acquisition
+// whose reply was lost: it is taken again (the ttl set anew) with the
+// current fencing counter, so retrying with the same token is safe. pcall:
+// a key of another type is simply not ours.
 constexpr std::string_view kAcquire = R"lua(
 if redis.call('exists', KEYS[1]) == 1 then
   local t = redis.call('pttl', KEYS[1])
   if t < 0 then
     return redis.error_reply('LOCKWATCH ' .. KEYS[1] .. ' exists without expiry: not a lockwatch lock')
+  end
+  if redis.pcall('get', KEYS[1]) == ARGV[1] then
+    redis.call('pexpire', KEYS[1], ARGV[2])
+    return {1, tonumber(redis.call('get', KEYS[2]) or '0')}
   end
   return {0, t}
 end
@@ -44,11 +52,23 @@ end
 return table.concat(out)
 )lua";
 
+// ARGV[2] is the channel ('' for a lock given back unused: nobody is
+// woken), ARGV[3] how it is told: 's' SPUBLISH (a cluster), else PUBLISH
+// (one node, Sentinel, Redlock). The channel shares the lock's hash tag and
+// so its slot; it is not declared as a key: a declared key that is no key
+// would make a migrating slot answer TRYAGAIN. A lock already gone answers
+// 0, which a retry after a lost reply counts as released.
 constexpr std::string_view kRelease = R"lua(
 local v = redis.call('get', KEYS[1])
 if v == ARGV[1] then
   redis.call('del', KEYS[1])
-  if ARGV[2] ~= '' then redis.call('publish', ARGV[2], '1') end
+  if ARGV[2] ~= '' then
+    if ARGV[3] == 's' then
+      redis.call('spublish', ARGV[2], '1')
+    else
+      redis.call('publish', ARGV[2], '1')
+    end
+  end
   return 1
 end
 if v then return -1 end
@@ -134,9 +154,14 @@ return {t, f, v}
 )lua";
 
 // Operators' removal of a lock whoever holds it; the fencing counter stays.
+// ARGV: the channel, and 's' (SPUBLISH) or 'p' (PUBLISH).
 constexpr std::string_view kForceRelease = R"lua(
 if redis.call('del', KEYS[1]) == 1 then
-  redis.call('publish', ARGV[1], '1')
+  if ARGV[2] == 's' then
+    redis.call('spublish', ARGV[1], '1')
+  else
+    redis.call('publish', ARGV[1], '1')
+  end
   return 1
 end
 return 0

@@ -18,15 +18,17 @@ struct Script {
 };
 
 // KEYS: lock, fence. ARGV: token, ttl ms.
-// Returns {1, fencing token} when taken, {0, pttl} when busy.
+// Returns {1, fencing token} when taken, {0, pttl} when busy. A lock that
+// holds the token already (a retry) is taken again: its ttl is set anew
+// and the fencing counter returned as it is.
 const Script& acquire_script();
 // KEYS: locks. ARGV: token, ttl ms for each lock in turn. Returns a string
 // of one byte per lock: '1' renewed, '0' gone, 'x' other owner, 'e' Redis
 // refused.
 const Script& renew_script();
 // KEYS: lock. ARGV: token, channel ('' for a lock given back unused: no
-// one is woken for it). Returns 1 released (and published), 0 gone, -1
-// other owner.
+// one is woken for it), 's' to SPUBLISH (a cluster) rather than PUBLISH.
+// Returns 1 released (and published), 0 gone, -1 other owner.
 const Script& release_script();
 
 // Many locks in one call (the requests of one loop iteration on one node).
@@ -43,8 +45,8 @@ const Script& raise_fence_script();
 
 // KEYS: lock, fence. Returns {pttl (-2 absent), fencing counter, owner or ''}.
 const Script& inspect_script();
-// KEYS: lock. ARGV: channel. Deletes the lock whoever owns it and publishes;
-// returns 1 if it was held.
+// KEYS: lock. ARGV: channel, 's' SPUBLISH or 'p' PUBLISH. Deletes the lock
+// whoever owns it and publishes; returns 1 if it was held.
 const Script& force_release_script();
 
 // Scheduled jobs. KEYS: lock, period. ARGV: token, period, the period's

@@ -1,0 +1,94 @@
+// tests/store_on_loop.hpp: a LockStore (whatever the Options' URL names)
+// driven on a loop of its own, one call at a time, for tests of the store
+// calls themselves: what the runtime never does on its own (acquiring
+// twice with one token, raise_fence without Redlock, claim_period without
+// a job) and what it does only after a failure (a repeated release).
+//
+// Threading: call from the test thread; every call waits (bounded) for its
+// answer. The store's connection events are counted.
+#pragma once
+
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <future>
+#include <memory>
+#include <string>
+
+#include "core/loop.hpp"
+#include "store/make_store.hpp"
+#include "test_util.hpp"
+
+namespace lockwatch::testing {
+
+class StoreOnLoop {
+ public:
+  explicit StoreOnLoop(const Options& o) : store_(detail::make_store(loop_, o)) {
+    detail::StoreEvents events;
+    events.released = [](std::string_view) {};
+    events.subscribed = [](std::string_view) {};
+    events.subscriptions_lost = [] {};
+    events.connection = [this](const std::string&, bool up, const std::string&) {
+      if (!up) downs_++;
+    };
+    events.log = [](bool, const std::string&) {};
+    loop_.post([this, events] { store_->start(events); });
+  }
+  ~StoreOnLoop() { EXPECT_EQ(loop_.shutdown([this] { store_->close(); }), 0); }
+  StoreOnLoop(const StoreOnLoop&) = delete;
+  StoreOnLoop& operator=(const StoreOnLoop&) = delete;
+
+  std::string encode(const std::string& key) const { return store_->encode(key); }
+  // Times a connection of the store was reported down.
+  int downs() const { return downs_.load(); }
+
+  // Starts an acquisition; the future has its answer.
+  std::future<detail::Acquired> acquire_async(const std::string& name, const std::string& token,
+                                              std::chrono::milliseconds ttl) {
+    auto p = std::make_shared<std::promise<detail::Acquired>>();
+    auto f = p->get_future();
+    loop_.post([this, p, name, token, ttl] {
+      const std::string ttl_ms = std::to_string(ttl.count());
+      detail::LockRef ref{name, token, ttl_ms, ttl};
+      store_->acquire(std::span<const detail::LockRef>(&ref, 1),
+                      [p](std::size_t, const detail::Acquired& r) { p->set_value(r); });
+    });
+    return f;
+  }
+  detail::Acquired acquire(const std::string& name, const std::string& token, std::chrono::milliseconds ttl) {
+    auto f = acquire_async(name, token, ttl);
+    return get_bounded(f);
+  }
+  detail::Released release(const std::string& name, const std::string& token) {
+    std::promise<detail::Released> p;
+    auto f = p.get_future();
+    loop_.post([&] {
+      detail::LockRef ref{name, token, {}, {}};
+      store_->release(std::span<const detail::LockRef>(&ref, 1), true,
+                      [&p](std::size_t, detail::Released r, std::string_view) { p.set_value(r); });
+    });
+    return get_bounded(f);
+  }
+  bool raise_fence(const std::string& name, std::uint64_t fence) {
+    std::promise<bool> p;
+    auto f = p.get_future();
+    loop_.post([&] { store_->raise_fence(name, fence, [&p](bool ok) { p.set_value(ok); }); });
+    return get_bounded(f);
+  }
+  detail::ClaimResult claim(const std::string& name, const std::string& token, std::int64_t period) {
+    std::promise<detail::ClaimResult> p;
+    auto f = p.get_future();
+    loop_.post([&] {
+      store_->claim_period(name, token, period, std::chrono::system_clock::time_point{},
+                           [&p](const detail::ClaimResult& r) { p.set_value(r); });
+    });
+    return get_bounded(f);
+  }
+
+ private:
+  detail::Loop loop_;
+  std::unique_ptr<detail::LockStore> store_;
+  std::atomic<int> downs_{0};
+};
+
+}  // namespace lockwatch::testing
