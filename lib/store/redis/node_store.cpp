@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cstdlib>
+#include <deque>
 #include <iterator>
 
 #include "core/error_values.hpp"
@@ -153,37 +154,43 @@ void RedisNodeStore::on_batch(uv_idle_t* h) {
   self->send_batches();
 }
 
-void RedisNodeStore::send_batches() {
+namespace {
+
+// The first kMaxBatch requests of `queue`, taken out of it.
+template <class T>
+std::vector<T> take_batch(std::deque<T>& queue) {
+  const auto n = static_cast<std::ptrdiff_t>(std::min(queue.size(), RedisNodeStore::kMaxBatch));
+  std::vector<T> batch(std::make_move_iterator(queue.begin()), std::make_move_iterator(queue.begin() + n));
+  queue.erase(queue.begin(), queue.begin() + n);
+  return batch;
+}
+
+}  // namespace
+
+void RedisNodeStore::send_batches(bool all) {
   // Releases first: a lock given back and asked for again in one iteration
   // is free for the one who asks.
-  while (!release_batch_.empty()) {
-    std::vector<QueuedRelease> batch;
-    if (release_batch_.size() <= kMaxBatch) {
-      batch.swap(release_batch_);
+  while (all || batches_in_flight_ < kMaxBatchesInFlight) {
+    if (!release_batch_.empty()) {
+      send_release_batch(take_batch(release_batch_));
+    } else if (!acquire_batch_.empty()) {
+      send_acquire_batch(take_batch(acquire_batch_));
     } else {
-      auto end = release_batch_.begin() + static_cast<std::ptrdiff_t>(kMaxBatch);
-      batch.assign(std::make_move_iterator(release_batch_.begin()), std::make_move_iterator(end));
-      release_batch_.erase(release_batch_.begin(), end);
+      break;
     }
-    send_release_batch(std::move(batch));
+    ++batches_in_flight_;
   }
-  while (!acquire_batch_.empty()) {
-    std::vector<QueuedAcquire> batch;
-    if (acquire_batch_.size() <= kMaxBatch) {
-      batch.swap(acquire_batch_);
-    } else {
-      auto end = acquire_batch_.begin() + static_cast<std::ptrdiff_t>(kMaxBatch);
-      batch.assign(std::make_move_iterator(acquire_batch_.begin()), std::make_move_iterator(end));
-      acquire_batch_.erase(acquire_batch_.begin(), end);
-    }
-    send_acquire_batch(std::move(batch));
-  }
+}
+
+void RedisNodeStore::batch_answered() {
+  --batches_in_flight_;
+  if (!release_batch_.empty() || !acquire_batch_.empty()) send_batches();
 }
 
 void RedisNodeStore::send_acquire_batch(std::vector<QueuedAcquire> batch) {
   if (batch.size() == 1) {
     QueuedAcquire& a = batch.front();
-    acquire_one(std::move(a.name), std::move(a.token), std::move(a.ttl_ms), a.index, std::move(a.done));
+    acquire_one(std::move(a.name), std::move(a.token), std::move(a.ttl_ms), a.index, std::move(a.done), true);
     return;
   }
   std::vector<std::string> args;
@@ -199,6 +206,7 @@ void RedisNodeStore::send_acquire_batch(std::vector<QueuedAcquire> batch) {
   const int num_keys = static_cast<int>(2 * batch.size());
   conn_->eval(acquire_batch_script(), std::move(args), num_keys,
               [this, batch = std::move(batch)](const redisReply* r, std::exception_ptr err) mutable {
+                batch_answered();
                 if (!err && (r == nullptr || r->type != REDIS_REPLY_STRING))
                   err = std::make_exception_ptr(RedisError(conn_->name(), "unexpected reply to the acquire script"));
                 std::string_view rest = err ? std::string_view() : std::string_view(r->str, r->len);
@@ -234,7 +242,7 @@ void RedisNodeStore::send_acquire_batch(std::vector<QueuedAcquire> batch) {
 
 void RedisNodeStore::send_release_batch(std::vector<QueuedRelease> batch) {
   if (batch.size() == 1) {
-    release_one(std::move(batch.front()));
+    release_one(std::move(batch.front()), true);
     return;
   }
   std::vector<std::string> args;
@@ -247,6 +255,7 @@ void RedisNodeStore::send_release_batch(std::vector<QueuedRelease> batch) {
   const int num_keys = static_cast<int>(batch.size());
   conn_->eval(release_batch_script(), std::move(args), num_keys,
               [this, batch = std::move(batch)](const redisReply* r, std::exception_ptr err) {
+                batch_answered();
                 std::string why;
                 if (err) {
                   why = what_of(err);
@@ -266,11 +275,12 @@ void RedisNodeStore::send_release_batch(std::vector<QueuedRelease> batch) {
 }
 
 void RedisNodeStore::acquire_one(std::string name, std::string token, std::string ttl_ms, std::size_t index,
-                                 std::shared_ptr<AcquireDone> done) {
+                                 std::shared_ptr<AcquireDone> done, bool in_batch) {
   std::vector<std::string> args{name, redis_keys::fence(name), token, std::move(ttl_ms)};
   conn_->eval(acquire_script(), std::move(args), 2,
-              [this, index, done = std::move(done), name = std::move(name), token = std::move(token)](
+              [this, index, in_batch, done = std::move(done), name = std::move(name), token = std::move(token)](
                   const redisReply* r, std::exception_ptr err) mutable {
+                if (in_batch) batch_answered();
                 Acquired out;
                 if (err) {
                   out.error = err;
@@ -294,9 +304,10 @@ void RedisNodeStore::acquired(Acquired out, std::string name, std::string token,
   wait_for_replicas(std::move(name), std::move(token), out, index, std::move(done));
 }
 
-void RedisNodeStore::release_one(QueuedRelease q) {
+void RedisNodeStore::release_one(QueuedRelease q, bool in_batch) {
   conn_->eval(release_script(), {std::move(q.name), std::move(q.token), std::move(q.channel), notice()}, 1,
-              [index = q.index, done = std::move(q.done)](const redisReply* r, std::exception_ptr err) {
+              [this, in_batch, index = q.index, done = std::move(q.done)](const redisReply* r, std::exception_ptr err) {
+                if (in_batch) batch_answered();
                 if (err) {
                   (*done)(index, Released::kUnconfirmed, what_of(err));
                   return;
@@ -459,7 +470,7 @@ void RedisNodeStore::poll_replies() { renew_->poll_replies(); }
 void RedisNodeStore::close() {
   // What is queued goes to the connection, which fails it as it closes:
   // every callback runs.
-  send_batches();
+  send_batches(true);
   if (started_) uv_close(reinterpret_cast<uv_handle_t*>(&batch_idle_), nullptr);
   started_ = false;
   if (sentinel_) sentinel_->close();

@@ -8,7 +8,8 @@
 // Acquisitions and releases are batched: those asked for in one loop
 // iteration go to the node as one script call each (at most kMaxBatch locks
 // a call), written together just before the loop next polls. Nothing waits
-// for a batch to fill. Releases go before acquisitions (a lock given back
+// for a batch to fill; at most kMaxBatchesInFlight calls are unanswered at
+// a time, the rest wait in the store. Releases go before acquisitions (a lock given back
 // and taken again in one iteration is free for the taker, unless the
 // release script met NOSCRIPT and went again as EVAL); other commands go
 // out as they are made. A lone lock uses the one-lock scripts. Redis
@@ -35,6 +36,7 @@
 #include <uv.h>
 
 #include <cstdint>
+#include <deque>
 #include <functional>
 #include <memory>
 #include <string>
@@ -101,6 +103,11 @@ class RedisNodeStore final : public LockStore {
   void close() override;
 
  static constexpr std::size_t kMaxBatch = 256;
+  // Batch calls written and not answered yet, at most. More wait here, not
+  // in Redis's input buffer, so that a burst of a million locks cannot keep
+  // a reply past command_timeout (which would reset the connection and fail
+  // everything in flight).
+  static constexpr int kMaxBatchesInFlight = 32;
 
  private:
   // The release scripts' notice argument: "s" SPUBLISH, "p" PUBLISH.
@@ -115,13 +122,18 @@ class RedisNodeStore final : public LockStore {
     std::size_t index;
     std::shared_ptr<ReleaseDone> done;
   };
+  // `in_batch`: sent by send_batches(), and so counted in flight.
   void acquire_one(std::string name, std::string token, std::string ttl_ms, std::size_t index,
-                   std::shared_ptr<AcquireDone> done);
-  void release_one(QueuedRelease r);
+                   std::shared_ptr<AcquireDone> done, bool in_batch = false);
+  void release_one(QueuedRelease r, bool in_batch = false);
   // The acquire script's answer for one lock, then WAIT for replicas when asked.
   void acquired(Acquired out, std::string name, std::string token, std::size_t index, std::shared_ptr<AcquireDone> done);
   void want_batch();
-  void send_batches();
+  // Sends what is queued, kMaxBatchesInFlight calls at most (`all`: every
+  // call, as the store closes).
+  void send_batches(bool all = false);
+  // A batch's reply came: the next queued batch may go.
+  void batch_answered();
   void send_acquire_batch(std::vector<QueuedAcquire> batch);
   void send_release_batch(std::vector<QueuedRelease> batch);
   static void on_batch(uv_idle_t* h);
@@ -142,8 +154,9 @@ class RedisNodeStore final : public LockStore {
   bool started_ = false;
   bool batch_armed_ = false;
   uv_idle_t batch_idle_{};  // runs the batches of this iteration, before the flush
-  std::vector<QueuedAcquire> acquire_batch_;
-  std::vector<QueuedRelease> release_batch_;
+  std::deque<QueuedAcquire> acquire_batch_;
+  std::deque<QueuedRelease> release_batch_;
+  int batches_in_flight_ = 0;
 };
 
 }  // namespace lockwatch::detail
