@@ -9,11 +9,13 @@
 #include <set>
 #include <span>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "core/error_values.hpp"
 #include "core/loop.hpp"
 #include "lockwatch/errors.hpp"
+#include "lockwatch/lockwatch.hpp"
 #include "store/redis/node_store.hpp"
 #include "test_util.hpp"
 
@@ -273,6 +275,58 @@ TEST_F(NodeStoreBurstTest, ABurstRedisTakesLongerThanTheCommandTimeoutToServeIsN
   EXPECT_EQ(taken, kLocks) << first_error;
   EXPECT_GT(took, options_.command_timeout) << "the burst must outlast the timeout to test anything";
   EXPECT_EQ(server_.command({"DBSIZE"}).integer, static_cast<long long>(2 * kLocks));
+}
+
+// A field of INFO's text ("connected_slaves", "blocked_clients"), or "".
+std::string info_field(const RedisServer& server, const std::string& section, const std::string& field) {
+  const std::string text = server.command({"INFO", section}).str;
+  auto at = text.find(field + ":");
+  if (at == std::string::npos) return {};
+  auto end = text.find("\r\n", at);
+  return text.substr(at + field.size() + 1, end - at - field.size() - 1);
+}
+
+// True once `pred` holds, polled every 10 ms, within kBound.
+template <class Pred>
+bool eventually(Pred pred) {
+  auto until = std::chrono::steady_clock::now() + kBound;
+  while (std::chrono::steady_clock::now() < until) {
+    if (pred()) return true;
+    std::this_thread::sleep_for(10ms);  // polling a server's state
+  }
+  return false;
+}
+
+TEST(NodeStoreReplicaTest, AWaitForASlowReplicaHoldsUpNoRelease) {
+  RedisServer master;
+  RedisServerOptions ro;
+  ro.extra_args = {"--replicaof", "127.0.0.1", std::to_string(master.port())};
+  RedisServer replica(ro);
+  ASSERT_TRUE(eventually([&] { return info_field(master, "replication", "slave0").find("state=online") != std::string::npos; }));
+
+  Options o = options_for(master);
+  o.min_replicas = 1;
+  o.replica_ack_timeout = 1500ms;
+  Runtime rt(o);
+  auto held_f = rt.acquire("held", 10s);
+  LockHandle held = get_bounded(held_f);
+  EXPECT_TRUE(exists(replica, "held"));  // WAIT saw it replicated
+
+  replica.pause();  // WAIT can now only time out
+  auto blocked = rt.acquire("blocked", 10s);
+  ASSERT_TRUE(eventually([&] { return info_field(master, "clients", "blocked_clients") == "1"; }));
+  const auto t0 = std::chrono::steady_clock::now();
+  auto released = held.release();
+  get_bounded(released);
+  const auto took = std::chrono::steady_clock::now() - t0;
+  EXPECT_LT(took, 500ms) << "the release waited behind the WAIT";
+  EXPECT_FALSE(exists(master, "held"));
+
+  auto err = error_of<ConnectionError>(blocked);
+  ASSERT_TRUE(err);
+  EXPECT_NE(std::string(err->what()).find("replicas"), std::string::npos) << err->what();
+  EXPECT_FALSE(exists(master, "blocked"));  // given back
+  replica.resume();
 }
 
 }  // namespace

@@ -48,6 +48,7 @@ RedisNodeStore::RedisNodeStore(Loop& loop, Endpoint endpoint, const Options& opt
   using Mode = RedisConnection::Mode;
   conn_ = std::make_unique<RedisConnection>(loop, endpoint, options_, Mode::kCommands);
   renew_ = std::make_unique<RedisConnection>(loop, endpoint, options_, Mode::kCommands);
+  if (options_.min_replicas > 0) acquire_ = std::make_unique<RedisConnection>(loop, endpoint, options_, Mode::kCommands);
   const bool sharded = notices_ == Notices::kSharded;
   RedisConnection::Hooks hooks;
   hooks.on_message = [this, sharded](std::string_view kind, std::string_view channel, std::string_view) {
@@ -76,10 +77,12 @@ void RedisNodeStore::follow_sentinels(std::unique_ptr<SentinelWatcher> watcher) 
       events_.log(true, fmt::format("the sentinels give {} as the master (was {})", master.name(), conn_->name()));
     conn_->set_endpoint(master);
     renew_->set_endpoint(master);
+    if (acquire_) acquire_->set_endpoint(master);
     sub_->set_endpoint(master);
   });
   conn_->require_master();
   renew_->require_master();
+  if (acquire_) acquire_->require_master();
   conn_->set_down_hook([this] { sentinel_->refresh(); });
 }
 
@@ -98,6 +101,7 @@ void RedisNodeStore::start(StoreEvents events) {
   started_ = true;
   conn_->start();
   renew_->start();
+  if (acquire_) acquire_->start();
   sub_->start();
   if (sentinel_) sentinel_->start();
 }
@@ -204,7 +208,7 @@ void RedisNodeStore::send_acquire_batch(std::vector<QueuedAcquire> batch) {
     args.push_back(a.ttl_ms);
   }
   const int num_keys = static_cast<int>(2 * batch.size());
-  conn_->eval(acquire_batch_script(), std::move(args), num_keys,
+  for_acquire().eval(acquire_batch_script(), std::move(args), num_keys,
               [this, batch = std::move(batch)](const redisReply* r, std::exception_ptr err) mutable {
                 batch_answered();
                 if (!err && (r == nullptr || r->type != REDIS_REPLY_STRING))
@@ -277,7 +281,7 @@ void RedisNodeStore::send_release_batch(std::vector<QueuedRelease> batch) {
 void RedisNodeStore::acquire_one(std::string name, std::string token, std::string ttl_ms, std::size_t index,
                                  std::shared_ptr<AcquireDone> done, bool in_batch) {
   std::vector<std::string> args{name, redis_keys::fence(name), token, std::move(ttl_ms)};
-  conn_->eval(acquire_script(), std::move(args), 2,
+  with_asking(for_acquire()).eval(acquire_script(), std::move(args), 2,
               [this, index, in_batch, done = std::move(done), name = std::move(name), token = std::move(token)](
                   const redisReply* r, std::exception_ptr err) mutable {
                 if (in_batch) batch_answered();
@@ -305,7 +309,7 @@ void RedisNodeStore::acquired(Acquired out, std::string name, std::string token,
 }
 
 void RedisNodeStore::release_one(QueuedRelease q, bool in_batch) {
-  conn_->eval(release_script(), {std::move(q.name), std::move(q.token), std::move(q.channel), notice()}, 1,
+  with_asking(*conn_).eval(release_script(), {std::move(q.name), std::move(q.token), std::move(q.channel), notice()}, 1,
               [this, in_batch, index = q.index, done = std::move(q.done)](const redisReply* r, std::exception_ptr err) {
                 if (in_batch) batch_answered();
                 if (err) {
@@ -321,7 +325,9 @@ void RedisNodeStore::wait_for_replicas(std::string name, std::string token, Acqu
                                        std::shared_ptr<AcquireDone> done) {
   // The lock write must reach min_replicas replicas before the lease is
   // handed out, so a failover right after cannot drop it.
-  conn_->command(
+  // On the acquisitions' own connection: WAIT counts that connection's
+  // writes, and blocks only it (never a release or a renewal).
+  for_acquire().command(
       {"WAIT", std::to_string(options_.min_replicas), std::to_string(options_.replica_ack_timeout.count())},
       [this, name = std::move(name), token = std::move(token), taken, index, done = std::move(done)](
           const redisReply* w, std::exception_ptr werr) mutable {
@@ -336,7 +342,7 @@ void RedisNodeStore::wait_for_replicas(std::string name, std::string token, Acqu
                                   conn_->name(), fmt::format("the lock write reached {} of the {} replicas required",
                                                              acks, options_.min_replicas)));
         // Give the lock back before the caller hears of the failure.
-        conn_->eval(release_script(), {name, token, std::string()}, 1,
+        for_acquire().eval(release_script(), {name, token, std::string()}, 1,
                     [index, done, failed](const redisReply*, std::exception_ptr) { (*done)(index, failed); });
       });
 }
@@ -389,7 +395,7 @@ void RedisNodeStore::raise_fence(std::string_view name, std::uint64_t fence, std
 
 void RedisNodeStore::raise_fence_or_error(std::string_view name, std::uint64_t fence,
                                           std::function<void(std::exception_ptr)> done) {
-  conn_->eval(raise_fence_script(), {redis_keys::fence(name), std::to_string(fence)}, 1,
+  with_asking(*conn_).eval(raise_fence_script(), {redis_keys::fence(name), std::to_string(fence)}, 1,
               [done = std::move(done)](const redisReply*, std::exception_ptr err) { done(err); });
 }
 
@@ -406,7 +412,7 @@ void RedisNodeStore::claim_period(std::string_view name, std::string_view token,
                                   std::function<void(const ClaimResult&)> done) {
   std::string lock(name);
   auto start_ms = std::chrono::duration_cast<std::chrono::milliseconds>(start.time_since_epoch()).count();
-  conn_->eval(claim_period_script(),
+  with_asking(*conn_).eval(claim_period_script(),
               {lock, redis_keys::period(lock), std::string(token), std::to_string(period), std::to_string(start_ms)}, 2,
               [endpoint = conn_->name(), done = std::move(done)](const redisReply* r, std::exception_ptr err) {
                 ClaimResult out;
@@ -430,7 +436,7 @@ void RedisNodeStore::claim_period(std::string_view name, std::string_view token,
 
 void RedisNodeStore::inspect(std::string_view name, std::function<void(const LockInfo&, std::exception_ptr)> done) {
   std::string lock(name);
-  conn_->eval(inspect_script(), {lock, redis_keys::fence(lock)}, 2,
+  with_asking(*conn_).eval(inspect_script(), {lock, redis_keys::fence(lock)}, 2,
               [this, lock, done = std::move(done)](const redisReply* r, std::exception_ptr err) {
                 LockInfo info;
                 if (!err && integer_at(r, 0) == -1) {
@@ -452,13 +458,21 @@ void RedisNodeStore::inspect(std::string_view name, std::function<void(const Loc
 
 void RedisNodeStore::force_release(std::string_view name, std::function<void(bool, std::exception_ptr)> done) {
   std::string lock(name);
-  conn_->eval(force_release_script(), {lock, redis_keys::channel(lock), notice()}, 1,
+  with_asking(*conn_).eval(force_release_script(), {lock, redis_keys::channel(lock), notice()}, 1,
               [done = std::move(done)](const redisReply* r, std::exception_ptr err) {
                 done(!err && r->type == REDIS_REPLY_INTEGER && r->integer == 1, err);
               });
 }
 
-void RedisNodeStore::send_asking() { conn_->ask_next(); }
+void RedisNodeStore::send_asking() { asking_ = true; }
+
+RedisConnection& RedisNodeStore::with_asking(RedisConnection& c) {
+  if (asking_) {
+    c.ask_next();
+    asking_ = false;
+  }
+  return c;
+}
 void RedisNodeStore::send_renewal_asking() { renew_->ask_next(); }
 
 std::string RedisNodeStore::notice() const { return notices_ == Notices::kSharded ? "s" : "p"; }
@@ -476,6 +490,7 @@ void RedisNodeStore::close() {
   if (sentinel_) sentinel_->close();
   conn_->close();
   renew_->close();
+  if (acquire_) acquire_->close();
   sub_->close();
 }
 

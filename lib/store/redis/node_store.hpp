@@ -9,16 +9,18 @@
 // iteration go to the node as one script call each (at most kMaxBatch locks
 // a call), written together just before the loop next polls. Nothing waits
 // for a batch to fill; at most kMaxBatchesInFlight calls are unanswered at
-// a time, the rest wait in the store. Releases go before acquisitions (a lock given back
-// and taken again in one iteration is free for the taker, unless the
-// release script met NOSCRIPT and went again as EVAL); other commands go
-// out as they are made. A lone lock uses the one-lock scripts. Redis
+// a time, the rest wait in the store. Releases go before acquisitions (a
+// lock given back and taken again in one iteration is free for the taker,
+// unless the release script met NOSCRIPT and went again as EVAL); other
+// commands go out as they are made. A lone lock uses the one-lock scripts. Redis
 // Cluster turns batching off (no_batching()): a script's keys must share a
 // slot, and an ASKING must come right before its command.
 //
 // With Options::min_replicas, a lock write must reach that many replicas
 // (WAIT) before the lease is handed out; short of it, the lock is given back
-// and the acquisition fails.
+// and the acquisition fails. Acquisitions and their WAITs then go on a
+// fourth connection of their own: a WAIT blocks its connection until the
+// replicas answer, and must hold up no release or operators' call.
 //
 // Sentinel: follow_sentinels() hands the store a watcher that points all
 // three connections at the master it learns, and is asked again whenever
@@ -129,6 +131,9 @@ class RedisNodeStore final : public LockStore {
   void release_one(QueuedRelease r, bool in_batch = false);
   // The acquire script's answer for one lock, then WAIT for replicas when asked.
   void acquired(Acquired out, std::string name, std::string token, std::size_t index, std::shared_ptr<AcquireDone> done);
+  RedisConnection& for_acquire() { return acquire_ ? *acquire_ : *conn_; }
+  // `c`, after an ASKING when send_asking() asked for one.
+  RedisConnection& with_asking(RedisConnection& c);
   void want_batch();
   // Sends what is queued, kMaxBatchesInFlight calls at most (`all`: every
   // call, as the store closes).
@@ -147,6 +152,10 @@ class RedisNodeStore final : public LockStore {
   std::unique_ptr<RedisConnection> conn_;   // commands, pipelined
   std::unique_ptr<RedisConnection> renew_;  // renewals only
   std::unique_ptr<RedisConnection> sub_;    // release notices
+  // With min_replicas: acquisitions and their WAITs, so that a WAIT holds
+  // up nothing else (null without).
+  std::unique_ptr<RedisConnection> acquire_;
+  bool asking_ = false;  // send_asking(): the next call goes after an ASKING
   std::unique_ptr<SentinelWatcher> sentinel_;
   StoreEvents events_;
   std::vector<std::string_view> renew_args_;  // reused per batch
