@@ -16,6 +16,8 @@
 //       lives on an I/O thread; loop_pool_loop: caller -> loop -> pool ->
 //       loop -> caller, the hops of a LOCKED call (its work runs on the
 //       pool, its release on the loop).
+//   BM_Hops/chain/pool_loop_pool       a contended key's chain of local
+//       hand-offs with no Redis: pool -> loop -> pool, one link a cycle.
 //   BM_LockedRuntimes/3x16/<mode>      three runtimes in this process, each
 //       with its own connections and owner tokens (to Redis they are three
 //       processes), 16 LOCKED callers each, all on one key.
@@ -659,6 +661,37 @@ void BM_Hops(benchmark::State& state, int conc, bool through_pool) {
   loop.shutdown([] {});
 }
 
+// The serial chain of a contended key with local hand-off, with no Redis:
+// a holder's work ends on a pool thread, which tells the loop; the loop
+// hands the lock on and wakes a pool thread for the next holder's work.
+// One cycle is one such link (pool -> loop -> pool); nothing else runs.
+void BM_HopsChain(benchmark::State& state) {
+  prepare_run();
+  lockwatch::detail::Loop loop;
+  lockwatch::ThreadPool pool(runtime_options().threads);
+  run_threaded(state, 1, false, [&](int, Tally& tally, Clock::time_point deadline) {
+    std::promise<void> done;
+    auto f = done.get_future();
+    std::function<void()> link;  // runs on the pool
+    Clock::time_point last = Clock::now();
+    link = [&] {
+      auto now = Clock::now();
+      tally.cycle_us.push_back(static_cast<float>(micros(now - last)));
+      last = now;
+      ++tally.cycles;
+      if (now >= deadline) {
+        done.set_value();
+        return;
+      }
+      loop.post([&] { pool.post([&] { link(); }); });
+    };
+    pool.post([&] { link(); });
+    if (!ready_in_bound(f, tally, "chain")) std::abort();  // the chain still runs on our locals
+  });
+  pool.shutdown();
+  loop.shutdown([] {});
+}
+
 // --------------------------------------------------------- raw hiredis
 
 // The protocol with nothing around it: <conc> callers as state machines on
@@ -892,6 +925,9 @@ void register_benchmarks() {
         ->UseManualTime()
         ->Unit(benchmark::kMillisecond);
   }
+  benchmark::RegisterBenchmark("BM_Hops/chain/pool_loop_pool", BM_HopsChain)
+      ->UseManualTime()
+      ->Unit(benchmark::kMillisecond);
   for (int conc : {1, 64}) {
     for (bool pool : {false, true}) {
       benchmark::RegisterBenchmark(fmt::format("BM_Hops/{}/{}", conc, pool ? "loop_pool_loop" : "loop").c_str(),
