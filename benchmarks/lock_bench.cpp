@@ -395,6 +395,27 @@ struct WorkStart {
   Clock::time_point at;
 };
 
+// One LOCKED call made by `call()`, waited for and noted in `tally` (its
+// cycle, and with `note_wait` its wait for the lock, from `started`). False
+// when the caller must stop: the call failed or hung.
+template <class Call>
+bool locked_cycle(Call&& call, const WorkStart& started, Tally& tally, bool note_wait) {
+  auto t0 = Clock::now();
+  try {
+    auto done = call();
+    if (!ready_in_bound(done, tally, "locked call")) return false;
+    done.get();
+    tally.cycle_us.push_back(static_cast<float>(micros(Clock::now() - t0)));
+    tally.max_wait_us = std::max(tally.max_wait_us, micros(started.at - t0));
+    if (note_wait) tally.wait_us.push_back(static_cast<float>(micros(started.at - t0)));
+    ++tally.cycles;
+    return true;
+  } catch (const std::exception& e) {
+    tally.fail(e.what());
+    return false;
+  }
+}
+
 void BM_Locked(benchmark::State& state, int conc, bool contended, bool handoff) {
   prepare_run();
   std::uint64_t run = ++g_run;
@@ -413,20 +434,7 @@ void BM_Locked(benchmark::State& state, int conc, bool contended, bool handoff) 
     std::uint64_t& n = next[static_cast<std::size_t>(caller)];
     WorkStart& started = starts[static_cast<std::size_t>(caller)];
     while (Clock::now() < deadline) {
-      auto t0 = Clock::now();
-      try {
-        auto done = fn(run, caller, n++, &started);
-        if (!ready_in_bound(done, tally, "locked call")) return;
-        done.get();
-        auto t1 = Clock::now();
-        tally.cycle_us.push_back(static_cast<float>(micros(t1 - t0)));
-        tally.max_wait_us = std::max(tally.max_wait_us, micros(started.at - t0));
-        if (contended) tally.wait_us.push_back(static_cast<float>(micros(started.at - t0)));
-        ++tally.cycles;
-      } catch (const std::exception& e) {
-        tally.fail(e.what());
-        return;
-      }
+      if (!locked_cycle([&] { return fn(run, caller, n++, &started); }, started, tally, contended)) return;
     }
   });
 }
@@ -455,20 +463,7 @@ void BM_LockedRuntimes(benchmark::State& state, int runtimes, int per, bool hand
     auto& fn = fns[static_cast<std::size_t>(caller / per)];
     WorkStart& started = starts[static_cast<std::size_t>(caller)];
     while (Clock::now() < deadline) {
-      auto t0 = Clock::now();
-      try {
-        auto done = fn(run, &started);
-        if (!ready_in_bound(done, tally, "locked call")) return;
-        done.get();
-        auto t1 = Clock::now();
-        tally.cycle_us.push_back(static_cast<float>(micros(t1 - t0)));
-        tally.wait_us.push_back(static_cast<float>(micros(started.at - t0)));
-        tally.max_wait_us = std::max(tally.max_wait_us, micros(started.at - t0));
-        ++tally.cycles;
-      } catch (const std::exception& e) {
-        tally.fail(e.what());
-        return;
-      }
+      if (!locked_cycle([&] { return fn(run, &started); }, started, tally, true)) return;
     }
   });
   run_slices(state, rec, callers, true);
@@ -514,18 +509,7 @@ int run_contender(char** argv) {
       Tally& tally = tallies[static_cast<std::size_t>(c)];
       WorkStart& started = starts[static_cast<std::size_t>(c)];
       while (Clock::now() < deadline) {
-        auto t0 = Clock::now();
-        try {
-          auto done = fn(&started);
-          if (!ready_in_bound(done, tally, "locked call")) return;
-          done.get();
-          tally.wait_us.push_back(static_cast<float>(micros(started.at - t0)));
-          tally.max_wait_us = std::max(tally.max_wait_us, micros(started.at - t0));
-          ++tally.cycles;
-        } catch (const std::exception& e) {
-          tally.fail(e.what());
-          return;
-        }
+        if (!locked_cycle([&] { return fn(&started); }, started, tally, true)) return;
       }
     });
   }
