@@ -10,7 +10,9 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cstdlib>
 #include <cstring>
+#include <fstream>
 #include <functional>
 #include <future>
 #include <iostream>
@@ -276,6 +278,40 @@ TEST_F(ClusterTest, ContendedWorkNeverOverlaps) {
   EXPECT_EQ(overlaps.load(), 0);
 }
 
+// Three processes (tests/file_counter) count in files, each file under the
+// lock of its own key, with keys on every master: a lost increment would
+// be two holders at once.
+TEST_F(ClusterTest, SeveralProcessesCountExactlyOnKeysOfEveryShard) {
+  const char* counter = std::getenv("LOCKWATCH_FILE_COUNTER");
+  ASSERT_NE(counter, nullptr);
+  constexpr int kKeys = 6, kProcs = 3, kIncrements = 60;
+  std::set<int> shards;
+  for (int k = 0; k < kKeys; ++k) {
+    Runtime probe(options(1));
+    auto h = take(probe, "fc:" + std::to_string(k), 2s);
+    shards.insert(holder_of("fc:" + std::to_string(k)));
+    auto f = h.release();
+    get_bounded(f);
+  }
+  ASSERT_EQ(shards.size(), 3u) << "the keys must span every master";
+  char tmpl[] = "/tmp/lockwatch-fc-XXXXXX";
+  ASSERT_NE(::mkdtemp(tmpl), nullptr);
+  const std::string dir = tmpl;
+  std::vector<std::unique_ptr<ChildProcess>> procs;
+  for (int p = 0; p < kProcs; ++p) {
+    procs.push_back(std::make_unique<ChildProcess>(std::vector<std::string>{
+        counter, cluster_->url(), dir, std::to_string(kKeys), std::to_string(kIncrements)}));
+  }
+  for (auto& p : procs) EXPECT_EQ(p->wait(60s), 0);
+  for (int k = 0; k < kKeys; ++k) {
+    std::ifstream in(dir + "/fc-" + std::to_string(k));
+    long n = 0;
+    in >> n;
+    EXPECT_EQ(n, kProcs * kIncrements / kKeys) << "key fc:" << k;
+  }
+  EXPECT_EQ(std::system(("rm -rf '" + dir + "'").c_str()), 0);
+}
+
 TEST_F(ClusterTest, RenewalsOfManyLeasesOverAllShardsLoseNone) {
   constexpr int kLeases = 200;
   Runtime rt(options());
@@ -295,7 +331,7 @@ TEST_F(ClusterTest, RenewalsOfManyLeasesOverAllShardsLoseNone) {
 }
 
 TEST_F(ClusterTest, AGracefulFailoverLosesNoLeaseAndLockingGoesOn) {
-  constexpr int kLeases = 200;
+  constexpr int kLeases = 1000;
   Runtime rt(options());
   auto held = hold_all(rt, numbered("fo", kLeases), 2s);
   const auto lost_before = rt.stats().leases_lost;
