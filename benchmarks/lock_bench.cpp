@@ -47,6 +47,8 @@
 //   cycles_per_s        completed cycles / measured time (kIsRate)
 //   p50_us, p99_us      latency of a whole cycle, acquire to release done
 //   cpu_us_per_cycle    this process's CPU (user + sys, all threads) / cycle
+//   allocs_per_cycle    operator new calls in this process (the library's
+//                       and the caller's, every thread) / cycle
 //   evals_per_cycle     EVALSHA + EVAL calls seen by Redis / cycle (2 ideal)
 //   srv_cmds_per_cycle  every command Redis ran, Lua's included, / cycle
 //   redis_cpu_us_per_cycle  redis-server's CPU / cycle
@@ -84,6 +86,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
+#include <new>
 #include <cstring>
 #include <functional>
 #include <future>
@@ -101,6 +104,43 @@
 #include "store/redis/scripts.hpp"
 #include "bench_common.hpp"
 #include "support/redis_server.hpp"
+
+// Allocation counting: operator new is replaced for the whole process (the
+// library's calls included), each thread counting in a slot of its own.
+namespace alloc_count {
+struct alignas(64) Slot {
+  std::atomic<std::uint64_t> n{0};
+};
+inline Slot g_slots[128];
+inline std::atomic<unsigned> g_next{0};
+inline std::uint64_t& local_index_plus_one() {
+  thread_local std::uint64_t i = 0;
+  return i;
+}
+inline void note() {
+  std::uint64_t& i = local_index_plus_one();
+  if (i == 0) i = g_next.fetch_add(1, std::memory_order_relaxed) % 128 + 1;
+  g_slots[i - 1].n.fetch_add(1, std::memory_order_relaxed);
+}
+inline std::uint64_t total() {
+  std::uint64_t sum = 0;
+  for (auto& s : g_slots) sum += s.n.load(std::memory_order_relaxed);
+  return sum;
+}
+}  // namespace alloc_count
+
+void* operator new(std::size_t n) {
+  alloc_count::note();
+  if (void* p = std::malloc(n == 0 ? 1 : n)) return p;
+  throw std::bad_alloc();
+}
+// GCC, seeing these inlined where a `new` expression's block is freed,
+// takes the malloc/free pair for a mismatch; they are the matching pair.
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wmismatched-new-delete"
+void operator delete(void* p) noexcept { std::free(p); }
+void operator delete(void* p, std::size_t) noexcept { std::free(p); }
+#pragma GCC diagnostic pop
 
 namespace {
 
@@ -183,8 +223,11 @@ class Recorder {
  public:
   Recorder() : commands_before_(command_calls()), cpu_before_(sample_cpu()) {}
 
-  // This process's CPU during one slice.
-  void add_slice(double cpu_seconds) { cpu_seconds_ += cpu_seconds; }
+  // This process's CPU and allocations during one slice.
+  void add_slice(double cpu_seconds, std::uint64_t allocations) {
+    cpu_seconds_ += cpu_seconds;
+    allocations_ += allocations;
+  }
 
   void report(benchmark::State& state, std::vector<Tally>& tallies, bool contended) {
     CpuDelta cpu = cpu_delta(cpu_before_, sample_cpu());
@@ -208,6 +251,7 @@ class Recorder {
     state.counters["p50_us"] = percentile(all, 0.50);
     state.counters["p99_us"] = percentile(all, 0.99);
     state.counters["cpu_us_per_cycle"] = cpu_seconds_ * 1e6 / n;
+    state.counters["allocs_per_cycle"] = static_cast<double>(allocations_) / n;
     state.counters["evals_per_cycle"] = static_cast<double>(cmds.evals) / n;
     state.counters["srv_cmds_per_cycle"] = static_cast<double>(cmds.all) / n;
     state.counters["redis_cpu_us_per_cycle"] = cpu.redis * 1e6 / n;
@@ -234,6 +278,7 @@ class Recorder {
   std::map<std::string, long long> commands_before_;
   CpuSample cpu_before_;
   double cpu_seconds_ = 0;
+  std::uint64_t allocations_ = 0;
 };
 
 // Runs `body(caller, tally, deadline)` on n threads, one slice at a time.
@@ -316,8 +361,9 @@ template <class Driver>
 void run_slices(benchmark::State& state, Recorder& rec, Driver& driver, bool contended) {
   for (auto _ : state) {
     double cpu0 = process_cpu_seconds();
+    std::uint64_t allocs0 = alloc_count::total();
     double seconds = driver.run_slice(kSlice);
-    rec.add_slice(process_cpu_seconds() - cpu0);
+    rec.add_slice(process_cpu_seconds() - cpu0, alloc_count::total() - allocs0);
     state.SetIterationTime(seconds);
   }
   rec.report(state, driver.tallies(), contended);
