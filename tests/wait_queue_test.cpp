@@ -186,6 +186,29 @@ TEST_F(WaitQueueTest, AWaitSpentOnConnectionErrorsReportsThem) {
   EXPECT_EQ(err->endpoint(), "memory");
 }
 
+TEST_F(WaitQueueTest, AClusterFailingOverKeepsTheWaitersPlace) {
+  // CLUSTERDOWN (a failover under way) and TRYAGAIN (a slot migrating) are
+  // "not now": a waiter rides them out within its wait, a caller without a
+  // wait gets them at once.
+  auto answered = std::make_shared<std::atomic<int>>(0);
+  script_->script_acquire([answered](const std::string&) -> std::optional<Acquired> {
+    const int n = answered->fetch_add(1);
+    if (n >= 3) return std::nullopt;  // the real store from now on
+    Acquired a;
+    a.error = std::make_exception_ptr(
+        RedisError("memory", n % 2 == 0 ? "CLUSTERDOWN The cluster is down" : "TRYAGAIN Multiple keys request"));
+    return a;
+  });
+  auto first = rt_->acquire("failing-over", 1s, forever);  // no wait: at once
+  auto err = error_of<RedisError>(first);
+  ASSERT_TRUE(err);
+  EXPECT_EQ(err->redis_message().rfind("CLUSTERDOWN", 0), 0u) << err->redis_message();
+  auto f = rt_->acquire("failing-over", 1s, forever, 10s);
+  auto h = get_bounded(f);
+  EXPECT_EQ(acquires_of("failing-over"), 4u);  // TRYAGAIN, CLUSTERDOWN, then taken
+  h.release().get();
+}
+
 TEST_F(WaitQueueTest, AnErrorOtherThanAConnectionFailsTheWaiterAtOnce) {
   script_->script_acquire([](const std::string&) -> std::optional<Acquired> {
     Acquired a;

@@ -102,11 +102,11 @@ void WaitQueue::on_outcome(const std::shared_ptr<Acquisition>& a, const Acquired
     // The head stays at the front until it is done: only it attempts.
     assert(!w->waiting.empty() && w->waiting.front() == a);
   }
-  if (w && out.status == Status::kFailed && is_connection_error(out.error)) {
-    // A waiter keeps its place through a connection blip and tries again
-    // shortly (a request made while down waits for the reconnect). Its wait
-    // deadline still bounds it, and then it reports this error rather than
-    // a busy lock.
+  if (w && out.status == Status::kFailed && is_transient_error(out.error)) {
+    // A waiter keeps its place through a connection blip (or a cluster
+    // failing over) and tries again shortly (a request made while down
+    // waits for the reconnect). Its wait deadline still bounds it, and then
+    // it reports this error rather than a busy lock.
     w->connection_error = out.error;
     w->retry = clock_.at(*w, Clock::now() + options_.reconnect_min);
     return;
