@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <charconv>
 #include <cstdlib>
 #include <deque>
 #include <iterator>
@@ -30,6 +31,15 @@ std::string string_at(const redisReply* r, std::size_t i) {
   if (e->type == REDIS_REPLY_STRING || e->type == REDIS_REPLY_STATUS) return std::string(e->str, e->len);
   if (e->type == REDIS_REPLY_INTEGER) return std::to_string(e->integer);
   return {};
+}
+
+// The decimal number `text` holds (0 if none), without a copy: one per lock
+// of an acquisition batch's reply.
+template <class T>
+T number_in(std::string_view text) {
+  T v = 0;
+  std::from_chars(text.data(), text.data() + text.size(), v);
+  return v;
 }
 
 long long to_ll(const std::string& s) { return s.empty() ? 0 : std::strtoll(s.c_str(), nullptr, 10); }
@@ -223,10 +233,10 @@ void RedisNodeStore::send_acquire_batch(std::vector<QueuedAcquire> batch) {
                     out.error = err;
                   } else if (entry.size() > 1 && entry[0] == 't') {
                     out.status = Acquired::Status::kTaken;
-                    out.fence = std::strtoull(std::string(entry.substr(1)).c_str(), nullptr, 10);
+                    out.fence = number_in<std::uint64_t>(entry.substr(1));
                   } else if (entry.size() > 1 && entry[0] == 'b') {
                     out.status = Acquired::Status::kBusy;
-                    out.busy_for = std::chrono::milliseconds(std::strtoll(std::string(entry.substr(1)).c_str(), nullptr, 10));
+                    out.busy_for = std::chrono::milliseconds(number_in<long long>(entry.substr(1)));
                   } else if (entry == "n") {
                     out.error = std::make_exception_ptr(RedisError(
                         conn_->name(), "LOCKWATCH " + a.name + " exists without expiry: not a lockwatch lock"));
