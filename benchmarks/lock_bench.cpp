@@ -27,7 +27,9 @@
 // <mode>: uncontended = a fresh key every cycle; contended = every caller on
 // one key, waiting up to 10 s for it (.wait(10s) / the wait argument);
 // contended_handoff = contended with Options::local_handoff on (rows at 64
-// callers, and 3x16).
+// callers, and 3x16). A name ending "+busy_poll" is the same row with
+// Options::busy_poll = 200 us (the I/O thread and one idle pool worker poll
+// that long before they sleep).
 // <conc> = 1, 16, 64 callers. Lock ttl 30 s (as the peers' harness).
 //
 // Concurrency: the callers of BM_LockHandle and BM_Locked are std::threads,
@@ -383,11 +385,16 @@ bool ready_in_bound(std::future<T>& f, Tally& tally, const char* what) {
   return false;
 }
 
+// Options::busy_poll for the rows named "+busy_poll" (kBusyPoll), else 0.
+constexpr std::chrono::microseconds kBusyPoll{200};
+std::chrono::microseconds g_busy_poll{0};
+
 lockwatch::Options runtime_options(bool handoff = false) {
   lockwatch::Options o;
   o.redis_url = g_redis->url();
   o.threads = 2;  // one per core
   o.local_handoff = handoff;
+  o.busy_poll = g_busy_poll;
   return o;
 }
 
@@ -668,8 +675,8 @@ void BM_LockedFanOut(benchmark::State& state, int conc) {
 
 void BM_Hops(benchmark::State& state, int conc, bool through_pool) {
   prepare_run();
-  lockwatch::detail::Loop loop;
-  lockwatch::ThreadPool pool(runtime_options().threads);
+  lockwatch::detail::Loop loop(runtime_options().busy_poll);
+  lockwatch::ThreadPool pool(runtime_options().threads, runtime_options().busy_poll);
   run_threaded(state, conc, false, [&](int, Tally& tally, Clock::time_point deadline) {
     while (Clock::now() < deadline) {
       auto t0 = Clock::now();
@@ -697,8 +704,8 @@ void BM_Hops(benchmark::State& state, int conc, bool through_pool) {
 // One cycle is one such link (pool -> loop -> pool); nothing else runs.
 void BM_HopsChain(benchmark::State& state) {
   prepare_run();
-  lockwatch::detail::Loop loop;
-  lockwatch::ThreadPool pool(runtime_options().threads);
+  lockwatch::detail::Loop loop(runtime_options().busy_poll);
+  lockwatch::ThreadPool pool(runtime_options().threads, runtime_options().busy_poll);
   run_threaded(state, 1, false, [&](int, Tally& tally, Clock::time_point deadline) {
     std::promise<void> done;
     auto f = done.get_future();
@@ -902,6 +909,20 @@ void BM_RawHiredis(benchmark::State& state, int conc) {
   run_slices(state, rec, client, false);
 }
 
+// The row `name` once more as "name+busy_poll", with Options::busy_poll
+// at kBusyPoll for the runtime (or the loop and pool) it builds.
+template <class Fn, class... A>
+void register_busy_poll(const std::string& name, Fn fn, A... a) {
+  benchmark::RegisterBenchmark((name + "+busy_poll").c_str(),
+                               [=](benchmark::State& state) {
+                                 g_busy_poll = kBusyPoll;
+                                 fn(state, a...);
+                                 g_busy_poll = {};
+                               })
+      ->UseManualTime()
+      ->Unit(benchmark::kMillisecond);
+}
+
 void register_benchmarks() {
   const int kConcurrency[] = {1, 16, 64};
   for (int conc : kConcurrency) {
@@ -909,6 +930,17 @@ void register_benchmarks() {
         ->UseManualTime()
         ->Unit(benchmark::kMillisecond);
   }
+  // Options::busy_poll: the rows it changes most, next to the raw client.
+  for (int conc : {1, 64}) {
+    register_busy_poll(fmt::format("BM_LockHandle/{}/uncontended", conc), BM_LockHandle, conc, false, false);
+    register_busy_poll(fmt::format("BM_Locked/{}/uncontended", conc), BM_Locked, conc, false, false);
+  }
+  register_busy_poll("BM_LockedFanOut/64/uncontended", BM_LockedFanOut, 64);
+  register_busy_poll("BM_LockHandle/64/contended_handoff", BM_LockHandle, 64, true, true);
+  register_busy_poll("BM_Locked/64/contended_handoff", BM_Locked, 64, true, true);
+  register_busy_poll("BM_LockedRuntimes/3x16/contended_handoff", BM_LockedRuntimes, 3, 16, true);
+  register_busy_poll("BM_Hops/chain/pool_loop_pool", BM_HopsChain);
+  register_busy_poll("BM_Hops/1/loop_pool_loop", BM_Hops, 1, true);
   for (bool contended : {false, true}) {
     const char* mode = contended ? "contended" : "uncontended";
     for (int conc : kConcurrency) {

@@ -2,6 +2,7 @@
 #include <gtest/gtest.h>
 
 #include <future>
+#include <memory>
 #include <stdexcept>
 #include <thread>
 #include <vector>
@@ -45,6 +46,45 @@ TEST(LoopTest, PostIsRefusedOnceShutdownHasBegunAndQueuedTasksStillRun) {
   EXPECT_EQ(ran.load(), 10);
   EXPECT_FALSE(loop.post([&] { ran++; }));
   EXPECT_EQ(ran.load(), 10);
+}
+
+// Options::busy_poll: after a drain the loop polls for the window, so a
+// task posted from a task finds it awake; once the window has passed with
+// nothing posted, it sleeps again. A loop without the option never polls.
+TEST(LoopTest, ABusyPollingLoopStaysAwakeForItsWindowThenSleeps) {
+  Loop loop(10ms);
+  auto polling_seen_by_next_task = [&loop] {
+    auto seen = std::make_shared<std::promise<bool>>();
+    auto f = seen->get_future();
+    loop.post([&loop, seen] { loop.post([&loop, seen] { seen->set_value(loop.polling()); }); });
+    EXPECT_EQ(f.wait_for(10s), std::future_status::ready);
+    return f.get();
+  };
+  EXPECT_TRUE(polling_seen_by_next_task());
+  // A probe sees what the previous drain left; probes far apart see the
+  // window ended. Bounded: 100 probes 30 ms apart.
+  bool slept = false;
+  for (int probe = 0; probe < 100 && !slept; ++probe) {
+    std::this_thread::sleep_for(30ms);  // lets the window pass: time is what is tested
+    std::promise<bool> seen;
+    loop.post([&] { seen.set_value(loop.polling()); });
+    auto f = seen.get_future();
+    ASSERT_EQ(f.wait_for(10s), std::future_status::ready);
+    slept = !f.get();
+  }
+  EXPECT_TRUE(slept);
+  EXPECT_TRUE(polling_seen_by_next_task());
+  EXPECT_EQ(loop.shutdown([] {}), 0);  // closes the polling handle too, while it is active
+}
+
+TEST(LoopTest, WithoutBusyPollTheLoopNeverPolls) {
+  Loop loop;
+  std::promise<bool> seen;
+  loop.post([&] { loop.post([&] { seen.set_value(loop.polling()); }); });
+  auto f = seen.get_future();
+  ASSERT_EQ(f.wait_for(10s), std::future_status::ready);
+  EXPECT_FALSE(f.get());
+  EXPECT_EQ(loop.shutdown([] {}), 0);
 }
 
 }  // namespace

@@ -65,6 +65,11 @@ TEST(OptionsTest, ValidateRejectsOutOfRangeFields) {
   bad([](Options& x) { x.connect_timeout = 0ms; });
   bad([](Options& x) { x.redis_url = "nope"; });
   bad([](Options& x) { x.min_renewal_window = -1ms; });
+  bad([](Options& x) { x.busy_poll = std::chrono::microseconds(-1); });
+  bad([](Options& x) { x.busy_poll = 10ms + std::chrono::microseconds(1); });
+  Options polling;
+  polling.busy_poll = 10ms;
+  EXPECT_NO_THROW(polling.validate());
   Options out_of_range;
   out_of_range.redis_url = "redis://h:99999";
   EXPECT_THROW(Runtime{out_of_range}, InvalidArgument);

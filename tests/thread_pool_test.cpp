@@ -263,5 +263,34 @@ TEST(ThreadPoolTest, EmptyTaskIsRejected) {
   EXPECT_THROW(pool.post(UniqueFunction{}), InvalidArgument);
 }
 
+// Options::busy_poll: a polling worker takes tasks as a sleeping one does,
+// each exactly once, in a ping-pong (every task posted after the previous
+// one ran, which is the case polling serves) and from several producers;
+// shutdown still joins within the window.
+TEST(ThreadPoolTest, BusyPollingWorkersRunEveryTaskOnceAndStillShutDown) {
+  constexpr int kRounds = 2000;
+  ThreadPool pool(2, std::chrono::microseconds(500));
+  for (int i = 0; i < kRounds; ++i) {
+    auto f = pool.submit([i] { return i * 2; });
+    ASSERT_EQ(f.wait_for(kWaitLimit), std::future_status::ready);
+    ASSERT_EQ(f.get(), i * 2);
+  }
+  constexpr int kProducers = 3;
+  constexpr int kPerProducer = 2000;
+  std::vector<std::atomic<int>> runs(kProducers * kPerProducer);
+  std::vector<std::thread> producers;
+  for (int p = 0; p < kProducers; ++p) {
+    producers.emplace_back([&pool, &runs, p] {
+      for (int i = 0; i < kPerProducer; ++i)
+        pool.post([&runs, slot = p * kPerProducer + i] { runs[slot].fetch_add(1, std::memory_order_relaxed); });
+    });
+  }
+  for (std::thread& t : producers) t.join();
+  auto start = std::chrono::steady_clock::now();
+  pool.shutdown();
+  EXPECT_LT(std::chrono::steady_clock::now() - start, kWaitLimit);
+  for (std::size_t i = 0; i < runs.size(); ++i) ASSERT_EQ(runs[i].load(), 1) << "task " << i;
+}
+
 }  // namespace
 }  // namespace lockwatch

@@ -56,6 +56,11 @@ struct Options {
   std::chrono::milliseconds replica_ack_timeout{200};
   // Worker threads that run locked work; 0 means one per core.
   std::size_t threads = 0;
+  // Trades CPU for latency, as SO_BUSY_POLL does: after its last work the
+  // I/O thread, and one idle pool worker, keep polling for this long before
+  // they sleep, so that the next step of a call finds them awake instead of
+  // paying a thread wake-up. 0 (the default) never polls; 0 .. 10 ms.
+  std::chrono::microseconds busy_poll{0};
   // The watchdog's hashed wheel: tick and number of slots.
   std::chrono::milliseconds tick{5};
   std::size_t wheel_size = 512;

@@ -18,6 +18,7 @@
 // second across many cores.
 #pragma once
 
+#include <chrono>
 #include <cstddef>
 #include <functional>
 #include <future>
@@ -155,7 +156,10 @@ class ThreadPool {
  public:
   // Starts `threads` workers; 0 means std::thread::hardware_concurrency()
   // (at least 1). Throws std::system_error if a thread cannot be started.
-  explicit ThreadPool(std::size_t threads);
+  // busy_poll > 0: a worker that runs out of tasks keeps looking for the
+  // next one this long before it sleeps (one such worker at a time), so
+  // that a task posted soon after costs no thread wake-up.
+  explicit ThreadPool(std::size_t threads, std::chrono::microseconds busy_poll = {});
 
   // Calls shutdown(): queued tasks still run, then the workers are joined.
   // If the pool is destroyed from one of its own tasks, that worker cannot

@@ -7,10 +7,12 @@
 
 namespace lockwatch::detail {
 
-Loop::Loop() {
+Loop::Loop(std::chrono::microseconds busy_poll) : busy_poll_(busy_poll) {
   if (uv_loop_init(&loop_) != 0) std::abort();
   async_.data = this;
   uv_async_init(&loop_, &async_, &Loop::on_async);
+  spin_.data = this;
+  uv_idle_init(&loop_, &spin_);
   std::promise<void> started;
   auto ready = started.get_future();
   thread_ = std::thread([this, &started] {
@@ -51,6 +53,15 @@ void Loop::run_guarded(Task& task) noexcept {
 
 void Loop::on_async(uv_async_t* handle) { static_cast<Loop*>(handle->data)->drain(); }
 
+// While the idle handle is active, libuv polls with a zero timeout: the loop
+// stays awake until the window after the last drain has passed.
+void Loop::on_spin(uv_idle_t* handle) {
+  auto* self = static_cast<Loop*>(handle->data);
+  if (uv_hrtime() < self->spin_until_) return;
+  uv_idle_stop(handle);
+  self->spinning_ = false;
+}
+
 void Loop::drain() {
   for (;;) {
     {
@@ -59,13 +70,23 @@ void Loop::drain() {
     }
     for (auto& t : running_) run_guarded(t);
     running_.clear();
-    if (!closing_) return;
+    if (!closing_) {
+      if (busy_poll_.count() > 0) {
+        spin_until_ = uv_hrtime() + static_cast<std::uint64_t>(busy_poll_.count()) * 1000;
+        if (!spinning_) {
+          spinning_ = true;
+          uv_idle_start(&spin_, &Loop::on_spin);
+        }
+      }
+      return;
+    }
     // Shutting down: whatever was posted before post() stopped accepting
     // still runs, in order, and then the wake-up handle goes.
     std::lock_guard lk(mu_);
     if (queue_.empty()) break;
   }
   uv_close(reinterpret_cast<uv_handle_t*>(&async_), nullptr);
+  uv_close(reinterpret_cast<uv_handle_t*>(&spin_), nullptr);
 }
 
 int Loop::shutdown(Task close_all) {

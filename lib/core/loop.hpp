@@ -6,6 +6,8 @@
 
 #include <uv.h>
 
+#include <chrono>
+#include <cstdint>
 #include <functional>
 #include <mutex>
 #include <thread>
@@ -17,7 +19,10 @@ class Loop {
  public:
   using Task = std::function<void()>;
 
-  Loop();
+  // busy_poll > 0: after running posted tasks the loop keeps polling
+  // (epoll with a zero timeout) for this long before it sleeps, so that a
+  // task posted soon after finds it awake (Options::busy_poll).
+  explicit Loop(std::chrono::microseconds busy_poll = {});
   // Joins the thread; the owner must have closed its handles through
   // shutdown() first.
   ~Loop();
@@ -29,6 +34,8 @@ class Loop {
   // throw; one that does is reported on stderr and the loop goes on.
   bool post(Task task);
   uv_loop_t* uv() noexcept { return &loop_; }
+  // Loop thread only: whether the loop is in a busy-poll window.
+  bool polling() const noexcept { return spinning_; }
 
   // Any thread but the loop's. Runs `close_all` on the loop thread (it must
   // close every handle the owner made), then drains the loop, closes it
@@ -37,11 +44,16 @@ class Loop {
 
  private:
   static void on_async(uv_async_t* handle);
+  static void on_spin(uv_idle_t* handle);
   static void run_guarded(Task& task) noexcept;
   void drain();
 
   uv_loop_t loop_{};
   uv_async_t async_{};
+  uv_idle_t spin_{};                       // loop thread: active while polling
+  std::chrono::microseconds busy_poll_{};  // 0: never polls
+  std::uint64_t spin_until_ = 0;           // loop thread: uv_hrtime() ns
+  bool spinning_ = false;                  // loop thread
   std::thread thread_;
   std::mutex mu_;
   std::vector<Task> queue_;  // guarded by mu_

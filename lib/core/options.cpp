@@ -177,6 +177,8 @@ void Options::validate() const {
   if (handoff_max_streak == 0 || handoff_max_streak >= (std::uint32_t{1} << 20))
     throw InvalidArgument("Options::handoff_max_streak must be in 1..1048575");
   if (handoff_max_time.count() <= 0) throw InvalidArgument("Options::handoff_max_time must be positive");
+  if (busy_poll.count() < 0 || busy_poll > std::chrono::milliseconds(10))
+    throw InvalidArgument(fmt::format("Options::busy_poll must be 0 .. 10 ms, got {} us", busy_poll.count()));
 }
 
 }  // namespace lockwatch

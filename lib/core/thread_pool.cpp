@@ -4,6 +4,8 @@
 #include "lockwatch/thread_pool.hpp"
 
 #include <algorithm>
+#include <atomic>
+#include <chrono>
 #include <condition_variable>
 #include <deque>
 #include <mutex>
@@ -19,6 +21,29 @@ struct ThreadPool::State {
   std::condition_variable wake_;
   std::deque<detail::UniqueFunction> queue_;  // guarded by mutex_
   bool stopping_ = false;                     // guarded by mutex_
+  // Written under mutex_, read without it by a polling worker.
+  std::atomic<std::size_t> queued_{0};
+  std::chrono::nanoseconds busy_poll_{};
+  std::atomic<bool> polling_{false};  // one worker polls at a time
+
+  // Busy-polls for a task before the worker sleeps (Options::busy_poll).
+  // Only one worker polls, so that idle workers do not take the cores the
+  // loop and the server need.
+  void poll_for_work() {
+    if (busy_poll_.count() == 0 || polling_.exchange(true, std::memory_order_acquire)) return;
+    auto until = std::chrono::steady_clock::now() + busy_poll_;
+    for (unsigned i = 1;; ++i) {
+      if (queued_.load(std::memory_order_relaxed) != 0) break;
+      if (i % 64 == 0) {
+        if (std::chrono::steady_clock::now() >= until) break;
+        std::this_thread::yield();  // the cores are few: let a runnable thread go first
+      }
+#if defined(__x86_64__) || defined(__i386__)
+      __builtin_ia32_pause();
+#endif
+    }
+    polling_.store(false, std::memory_order_release);
+  }
 
   // Serialises joining, so that concurrent shutdown() calls do not join the
   // same std::thread twice. Pool threads never take it while they could be
@@ -57,10 +82,11 @@ thread_local const void* t_current_pool = nullptr;
 
 }  // namespace
 
-ThreadPool::ThreadPool(std::size_t threads)
+ThreadPool::ThreadPool(std::size_t threads, std::chrono::microseconds busy_poll)
     : state_(std::make_shared<State>()),
       size_(threads != 0 ? threads
                          : std::max<std::size_t>(1, std::thread::hardware_concurrency())) {
+  state_->busy_poll_ = busy_poll;
   std::lock_guard join_lock(state_->join_mutex_);
   state_->threads_.reserve(size_);
   try {
@@ -93,6 +119,7 @@ void ThreadPool::post(detail::UniqueFunction task) {
     std::lock_guard lock(state_->mutex_);
     if (state_->stopping_) throw RuntimeStopped("ThreadPool: shut down, no new work accepted");
     state_->queue_.push_back(std::move(task));
+    state_->queued_.store(state_->queue_.size(), std::memory_order_relaxed);
   }
   state_->wake_.notify_one();
 }
@@ -114,6 +141,7 @@ void ThreadPool::run_worker(std::shared_ptr<State> state) {
   t_current_pool = state.get();
   for (;;) {
     detail::UniqueFunction task;
+    if (state->queued_.load(std::memory_order_relaxed) == 0) state->poll_for_work();
     {
       std::unique_lock lock(state->mutex_);
       state->wake_.wait(lock, [&] { return state->stopping_ || !state->queue_.empty(); });
@@ -121,6 +149,7 @@ void ThreadPool::run_worker(std::shared_ptr<State> state) {
       if (state->queue_.empty()) break;
       task = std::move(state->queue_.front());
       state->queue_.pop_front();
+      state->queued_.store(state->queue_.size(), std::memory_order_relaxed);
     }
     try {
       task();

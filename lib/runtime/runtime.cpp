@@ -20,7 +20,7 @@ Retries::Retries(int count) : count_(count) {
 
 Runtime::Impl::Impl(Options opts, const detail::StoreFactory& make_store)
     : options(std::move(opts)),
-      pool(options.threads),
+      pool(options.threads, options.busy_poll),
       events(event_thread, options.log),
       store(make_store(loop, options)),
       clock(loop, options, stats),

@@ -81,7 +81,7 @@ struct Runtime::Impl : std::enable_shared_from_this<Runtime::Impl> {
   ThreadPool notifier{1};      // runs stop callbacks: user code never runs on the loop
   ThreadPool event_thread{1};  // observers and the log sink: they never delay a stop callback
   detail::Events events;
-  detail::Loop loop;
+  detail::Loop loop{options.busy_poll};
   std::unique_ptr<detail::LockStore> store;
   detail::WheelClock clock;
   detail::Watchdog watchdog;
