@@ -91,7 +91,7 @@ void Loop::drain() {
 
 int Loop::shutdown(Task close_all) {
   if (!thread_.joinable()) return close_result_;
-  post([this, close_all = std::move(close_all)] {
+  post([this, close_all = std::move(close_all)]() mutable {
     close_all();
     {
       std::lock_guard lk(mu_);

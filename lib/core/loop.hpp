@@ -6,6 +6,8 @@
 
 #include <uv.h>
 
+#include "lockwatch/thread_pool.hpp"
+
 #include <chrono>
 #include <cstdint>
 #include <functional>
@@ -17,7 +19,7 @@ namespace lockwatch::detail {
 
 class Loop {
  public:
-  using Task = std::function<void()>;
+  using Task = UniqueFunction;
 
   // busy_poll > 0: after running posted tasks the loop keeps polling
   // (epoll with a zero timeout) for this long before it sleeps, so that a
