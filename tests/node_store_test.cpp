@@ -158,6 +158,22 @@ TEST_F(NodeStoreTest, OneCallOfManyLocksIsOneScriptCallWithEachLockAnsweredAlone
   EXPECT_EQ(again[2].status, Acquired::Status::kBusy);
 }
 
+// A lone lock goes through the one-lock script: a fencing counter Redis
+// refuses fails the acquisition with Redis's error and leaves no lock (the
+// script takes the lock first, then gives it back in the same call).
+TEST_F(NodeStoreTest, ALoneLockWhoseCounterRedisRefusesFailsAndLeavesNoLock) {
+  server_.command({"HSET", lock_key("alone") + ":fence", "f", "1"});
+  auto r = acquire({{{"alone", "t1"}}});
+  ASSERT_EQ(r[0].status, Acquired::Status::kFailed);
+  EXPECT_THROW(std::rethrow_exception(r[0].error), RedisError);
+  EXPECT_NE(detail::what_of(r[0].error).find("WRONGTYPE"), std::string::npos) << detail::what_of(r[0].error);
+  EXPECT_EQ(server_.command({"EXISTS", lock_key("alone")}).integer, 0);
+  server_.command({"DEL", lock_key("alone") + ":fence"});
+  auto again = acquire({{{"alone", "t2"}}});
+  EXPECT_EQ(again[0].status, Acquired::Status::kTaken);
+  EXPECT_EQ(again[0].fence, 1u);
+}
+
 TEST_F(NodeStoreTest, AcquisitionsAskedForInOneIterationShareOneScriptCall) {
   acquire({{{"warm-a", "t0"}, {"warm-b", "t0"}}});
   const long long before = script_calls();

@@ -5,28 +5,33 @@
 namespace lockwatch::detail {
 namespace {
 
-// EXISTS first: a busy lock must neither bump the fencing counter nor be
-// overwritten; a key without expiry is not ours (a user's key, or a lock
-// someone made by hand) and is reported instead of waited on forever. A
+// SET NX first, the one call a free lock needs before its counter: a busy
+// lock is neither overwritten nor counted. A counter Redis refuses (a key
+// of another type) gives the lock back in the same script and fails. A
+// busy key without expiry is not ours (a user's key, or a lock someone
+// made by hand) and is reported instead of waited on forever. A
 // lock that already holds the caller's token is a retry of an acquisition
 // whose reply was lost: it is taken again (the ttl set anew) with the
 // current fencing counter, so retrying with the same token is safe. pcall:
 // a key of another type is simply not ours.
 constexpr std::string_view kAcquire = R"lua(
-if redis.call('exists', KEYS[1]) == 1 then
-  local t = redis.call('pttl', KEYS[1])
-  if t < 0 then
-    return redis.error_reply('LOCKWATCH ' .. KEYS[1] .. ' exists without expiry: not a lockwatch lock')
+if redis.call('set', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then
+  local f = redis.pcall('incr', KEYS[2])
+  if type(f) == 'table' then
+    redis.call('del', KEYS[1])
+    return f
   end
-  if redis.pcall('get', KEYS[1]) == ARGV[1] then
-    redis.call('pexpire', KEYS[1], ARGV[2])
-    return {1, tonumber(redis.call('get', KEYS[2]) or '0')}
-  end
-  return {0, t}
+  return {1, f}
 end
-local f = redis.call('incr', KEYS[2])
-redis.call('set', KEYS[1], ARGV[1], 'PX', ARGV[2])
-return {1, f}
+local t = redis.call('pttl', KEYS[1])
+if t < 0 then
+  return redis.error_reply('LOCKWATCH ' .. KEYS[1] .. ' exists without expiry: not a lockwatch lock')
+end
+if redis.pcall('get', KEYS[1]) == ARGV[1] then
+  redis.call('pexpire', KEYS[1], ARGV[2])
+  return {1, tonumber(redis.call('get', KEYS[2]) or '0')}
+end
+return {0, t}
 )lua";
 
 // Renews every lease due in one tick with one command. pcall: one key of
@@ -85,7 +90,15 @@ return 0
 constexpr std::string_view kAcquireBatch = R"lua(
 local out = {}
 for i = 1, #KEYS, 2 do
-  if redis.call('exists', KEYS[i]) == 1 then
+  if redis.call('set', KEYS[i], ARGV[i], 'NX', 'PX', ARGV[i + 1]) then
+    local f = redis.pcall('incr', KEYS[i + 1])
+    if type(f) == 'table' then
+      redis.call('del', KEYS[i])
+      out[#out + 1] = 'e'
+    else
+      out[#out + 1] = 't' .. f
+    end
+  else
     local t = redis.call('pttl', KEYS[i])
     if t < 0 then
       out[#out + 1] = 'n'
@@ -99,14 +112,6 @@ for i = 1, #KEYS, 2 do
       end
     else
       out[#out + 1] = 'b' .. t
-    end
-  else
-    local f = redis.pcall('incr', KEYS[i + 1])
-    if type(f) == 'table' then
-      out[#out + 1] = 'e'
-    else
-      redis.call('set', KEYS[i], ARGV[i], 'PX', ARGV[i + 1])
-      out[#out + 1] = 't' .. f
     end
   end
 end
