@@ -18,6 +18,9 @@
 //       pool, its release on the loop).
 //   BM_Hops/chain/pool_loop_pool       a contended key's chain of local
 //       hand-offs with no Redis: pool -> loop -> pool, one link a cycle.
+//   BM_Hops/fanout64/loop_pool_loop    BM_LockedFanOut's shape with no
+//       Redis: one thread, rounds of 64 caller -> loop -> pool -> loop ->
+//       caller trips.
 //   BM_LockedRuntimes/3x16/<mode>      three runtimes in this process, each
 //       with its own connections and owner tokens (to Redis they are three
 //       processes), 16 LOCKED callers each, all on one key.
@@ -698,6 +701,38 @@ void BM_Hops(benchmark::State& state, int conc, bool through_pool) {
   loop.shutdown([] {});
 }
 
+// The hops of BM_LockedFanOut with no Redis and no lock: one thread
+// issues a round of <conc> caller -> loop -> pool -> loop -> caller trips,
+// then waits for each. The ceiling of the fan-out shape's own threads.
+void BM_HopsFanOut(benchmark::State& state, int conc) {
+  prepare_run();
+  lockwatch::detail::Loop loop(runtime_options().busy_poll);
+  lockwatch::ThreadPool pool(runtime_options().threads, runtime_options().busy_poll);
+  run_threaded(state, 1, false, [&](int, Tally& tally, Clock::time_point deadline) {
+    std::vector<std::future<void>> round;
+    std::vector<Clock::time_point> issued;
+    while (Clock::now() < deadline) {
+      round.clear();
+      issued.clear();
+      for (int i = 0; i < conc; ++i) {
+        issued.push_back(Clock::now());
+        auto done = std::make_shared<std::promise<void>>();
+        round.push_back(done->get_future());
+        loop.post([&loop, &pool, done] {
+          pool.post([&loop, done] { loop.post([done] { done->set_value(); }); });
+        });
+      }
+      for (int i = 0; i < conc; ++i) {
+        if (!ready_in_bound(round[static_cast<std::size_t>(i)], tally, "hop")) return;
+        tally.cycle_us.push_back(static_cast<float>(micros(Clock::now() - issued[static_cast<std::size_t>(i)])));
+        ++tally.cycles;
+      }
+    }
+  });
+  pool.shutdown();
+  loop.shutdown([] {});
+}
+
 // The serial chain of a contended key with local hand-off, with no Redis:
 // a holder's work ends on a pool thread, which tells the loop; the loop
 // hands the lock on and wakes a pool thread for the next holder's work.
@@ -941,6 +976,7 @@ void register_benchmarks() {
   register_busy_poll("BM_LockedRuntimes/3x16/contended_handoff", BM_LockedRuntimes, 3, 16, true);
   register_busy_poll("BM_Hops/chain/pool_loop_pool", BM_HopsChain);
   register_busy_poll("BM_Hops/1/loop_pool_loop", BM_Hops, 1, true);
+  register_busy_poll("BM_Hops/fanout64/loop_pool_loop", BM_HopsFanOut, 64);
   for (bool contended : {false, true}) {
     const char* mode = contended ? "contended" : "uncontended";
     for (int conc : kConcurrency) {
@@ -988,6 +1024,9 @@ void register_benchmarks() {
         ->Unit(benchmark::kMillisecond);
   }
   benchmark::RegisterBenchmark("BM_Hops/chain/pool_loop_pool", BM_HopsChain)
+      ->UseManualTime()
+      ->Unit(benchmark::kMillisecond);
+  benchmark::RegisterBenchmark("BM_Hops/fanout64/loop_pool_loop", BM_HopsFanOut, 64)
       ->UseManualTime()
       ->Unit(benchmark::kMillisecond);
   for (int conc : {1, 64}) {
