@@ -53,12 +53,17 @@ TEST(LoopTest, PostIsRefusedOnceShutdownHasBegunAndQueuedTasksStillRun) {
 // nothing posted, it sleeps again. A loop without the option never polls.
 TEST(LoopTest, ABusyPollingLoopStaysAwakeForItsWindowThenSleeps) {
   Loop loop(10ms);
+  // A task posted by a task runs within the window unless this thread or
+  // the loop lost its core for 10 ms; a few tries make that no failure.
   auto polling_seen_by_next_task = [&loop] {
-    auto seen = std::make_shared<std::promise<bool>>();
-    auto f = seen->get_future();
-    loop.post([&loop, seen] { loop.post([&loop, seen] { seen->set_value(loop.polling()); }); });
-    EXPECT_EQ(f.wait_for(10s), std::future_status::ready);
-    return f.get();
+    for (int attempt = 0; attempt < 20; ++attempt) {
+      auto seen = std::make_shared<std::promise<bool>>();
+      auto f = seen->get_future();
+      loop.post([&loop, seen] { loop.post([&loop, seen] { seen->set_value(loop.polling()); }); });
+      EXPECT_EQ(f.wait_for(10s), std::future_status::ready);
+      if (f.get()) return true;
+    }
+    return false;
   };
   EXPECT_TRUE(polling_seen_by_next_task());
   // A probe sees what the previous drain left; probes far apart see the
