@@ -158,7 +158,8 @@ class ThreadPool {
   // (at least 1). Throws std::system_error if a thread cannot be started.
   // busy_poll > 0: a worker that runs out of tasks keeps looking for the
   // next one this long before it sleeps (one such worker at a time), so
-  // that a task posted soon after costs no thread wake-up.
+  // that a task posted soon after costs no thread wake-up; 0 or less never
+  // polls.
   explicit ThreadPool(std::size_t threads, std::chrono::microseconds busy_poll = {});
 
   // Calls shutdown(): queued tasks still run, then the workers are joined.

@@ -6,14 +6,14 @@
 
 #include <uv.h>
 
-#include "lockwatch/thread_pool.hpp"
-
 #include <chrono>
 #include <cstdint>
 #include <functional>
 #include <mutex>
 #include <thread>
 #include <vector>
+
+#include "lockwatch/thread_pool.hpp"
 
 namespace lockwatch::detail {
 

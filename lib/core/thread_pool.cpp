@@ -30,7 +30,7 @@ struct ThreadPool::State {
   // Only one worker polls, so that idle workers do not take the cores the
   // loop and the server need.
   void poll_for_work() {
-    if (busy_poll_.count() == 0 || polling_.exchange(true, std::memory_order_acquire)) return;
+    if (busy_poll_.count() <= 0 || polling_.exchange(true, std::memory_order_acquire)) return;
     auto until = std::chrono::steady_clock::now() + busy_poll_;
     for (unsigned i = 1;; ++i) {
       if (queued_.load(std::memory_order_relaxed) != 0) break;
