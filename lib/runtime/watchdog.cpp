@@ -14,13 +14,10 @@ Watchdog::Watchdog(LockStore& store, WheelClock& clock, ThreadPool& notifier, co
                    StatsCounters& stats, Events& events)
     : store_(store), clock_(clock), notifier_(notifier), options_(options), stats_(stats), events_(events) {}
 
-std::shared_ptr<LeaseRecord> Watchdog::grant(const Acquisition& a, std::uint64_t fence, Clock::time_point sent) {
-  auto drift = drift_for(options_, a.spec.ttl);
-  auto l = std::make_shared<LeaseRecord>(this, a.spec.key, fence, a.spec.ttl, sent + a.spec.ttl - drift);
+std::shared_ptr<LeaseRecord> Watchdog::new_lease(const Acquisition& a, std::uint64_t fence,
+                                                Clock::time_point deadline, Clock::time_point last_sent) {
+  auto l = std::make_shared<LeaseRecord>(this, a.spec.key, fence, a.spec.ttl, deadline);
   if (!a.handle) l->call = a.call;  // a handle's lease is its own state
-  l->name = a.name;
-  l->token = a.token;
-  l->ttl_ms = a.ttl_ms;
   l->retries = a.spec.retries > std::numeric_limits<std::int32_t>::max() ? -1 : static_cast<std::int32_t>(a.spec.retries);
   // The wheel fires on the first tick at or after a deadline. A renewal must
   // not lose that tick out of the little time it has: it is due a tick less
@@ -28,18 +25,22 @@ std::shared_ptr<LeaseRecord> Watchdog::grant(const Acquisition& a, std::uint64_t
   // Deadlines stay as they are, judged at the tick after (remaining() is
   // exact meanwhile).
   l->renew_after = renew_after(options_, a.spec.ttl, a.spec.renew_weight) - (clock_.tick() - Clock::duration(1));
-  l->last_sent = sent;
+  l->last_sent = last_sent;
   l->finished = a.finished;
   l->granted_at = Clock::now();
+  stats_.acquired.fetch_add(1, std::memory_order_relaxed);
+  return l;
+}
+
+std::shared_ptr<LeaseRecord> Watchdog::grant(const Acquisition& a, std::uint64_t fence, Clock::time_point sent) {
+  auto l = new_lease(a, fence, sent + a.spec.ttl - drift_for(options_, a.spec.ttl), sent);
+  l->name = a.name;
+  l->token = a.token;
+  l->ttl_ms = a.ttl_ms;
   l->slot = static_cast<std::uint32_t>(leases_.size());
   leases_.push_back(l);
   stats_.held.fetch_add(1, std::memory_order_relaxed);
-  stats_.acquired.fetch_add(1, std::memory_order_relaxed);
-  if (l->retries != 0) {
-    schedule(*l, LeaseRecord::Phase::kRenewDue, sent + l->renew_after);
-  } else {
-    schedule(*l, LeaseRecord::Phase::kExhausted, l->deadline());
-  }
+  schedule_next(*l, sent);
   return l;
 }
 
@@ -60,17 +61,10 @@ bool Watchdog::can_hand_off(const LeaseRecord& l, Clock::time_point now) const {
 
 std::shared_ptr<LeaseRecord> Watchdog::hand_off(const std::shared_ptr<LeaseRecord>& from, const Acquisition& a,
                                                 std::uint64_t fence) {
-  auto now = Clock::now();
-  auto l = std::make_shared<LeaseRecord>(this, a.spec.key, fence, a.spec.ttl, from->deadline());
-  if (!a.handle) l->call = a.call;
+  auto l = new_lease(a, fence, from->deadline(), from->last_sent);
   l->name = from->name.view();
   l->token = from->token;
   l->ttl_ms = from->ttl_ms;
-  l->retries = a.spec.retries > std::numeric_limits<std::int32_t>::max() ? -1 : static_cast<std::int32_t>(a.spec.retries);
-  l->renew_after = renew_after(options_, a.spec.ttl, a.spec.renew_weight) - (clock_.tick() - Clock::duration(1));
-  l->last_sent = from->last_sent;
-  l->finished = a.finished;
-  l->granted_at = now;
   if (!from->streak) from->streak = std::make_shared<HandOffStreak>(HandOffStreak{{}, from->granted_at});
   l->streak = from->streak;
   l->streak->holder = l;
@@ -79,17 +73,22 @@ std::shared_ptr<LeaseRecord> Watchdog::hand_off(const std::shared_ptr<LeaseRecor
   l->slot = from->slot;
   leases_[l->slot] = l;
   from->slot = LeaseRecord::kNoSlot;
-  stats_.acquired.fetch_add(1, std::memory_order_relaxed);
-  events_.released(from->key(), now - from->granted_at);
+  events_.released(from->key(), l->granted_at - from->granted_at);
   if (from->phase == LeaseRecord::Phase::kAwaitingReply) {
     // Its reply comes to `l` (through the streak).
     schedule(*l, LeaseRecord::Phase::kAwaitingReply, l->deadline());
-  } else if (l->retries != 0) {
-    schedule(*l, LeaseRecord::Phase::kRenewDue, l->last_sent + l->renew_after);
   } else {
-    schedule(*l, LeaseRecord::Phase::kExhausted, l->deadline());
+    schedule_next(*l, l->last_sent);
   }
   return l;
+}
+
+void Watchdog::schedule_next(LeaseRecord& l, Clock::time_point extended_at) {
+  if (l.retries < 0 || static_cast<std::int64_t>(l.renewals()) < l.retries) {
+    schedule(l, LeaseRecord::Phase::kRenewDue, extended_at + l.renew_after);
+  } else {
+    schedule(l, LeaseRecord::Phase::kExhausted, l.deadline());
+  }
 }
 
 void Watchdog::schedule(LeaseRecord& l, LeaseRecord::Phase phase, Clock::time_point at) {
@@ -221,11 +220,7 @@ void Watchdog::on_renewed(const std::shared_ptr<LeaseRecord>& l, Clock::time_poi
     stats_.min_renewal_slack_us.store(slack, std::memory_order_relaxed);
   l->set_deadline(sent + l->ttl() - drift_for(options_, l->ttl()));
   l->set_lost_detail({});
-  if (l->retries < 0 || static_cast<std::int64_t>(l->renewals()) < l->retries) {
-    schedule(*l, LeaseRecord::Phase::kRenewDue, sent + l->renew_after);
-  } else {
-    schedule(*l, LeaseRecord::Phase::kExhausted, l->deadline());
-  }
+  schedule_next(*l, sent);
 }
 
 void Watchdog::lose(const std::shared_ptr<LeaseRecord>& l, LostReason reason, std::string detail) {

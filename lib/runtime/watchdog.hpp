@@ -74,7 +74,15 @@ class Watchdog {
   }
 
  private:
+  // A lease record for acquisition `a`'s holder: what comes from the
+  // acquisition (its call, renewals, timing); the caller sets the store's
+  // names and token, and its place in the registry.
+  std::shared_ptr<LeaseRecord> new_lease(const Acquisition& a, std::uint64_t fence, Clock::time_point deadline,
+                                         Clock::time_point last_sent);
   void schedule(LeaseRecord& l, LeaseRecord::Phase phase, Clock::time_point at);
+  // The next renewal, ttl * weight after the request sent at `extended_at`
+  // (that extended the key), or, with the renewals spent, the deadline.
+  void schedule_next(LeaseRecord& l, Clock::time_point extended_at);
   void send_renew(const std::shared_ptr<LeaseRecord>& l);
   void on_renew_result(const std::shared_ptr<LeaseRecord>& l, Clock::time_point sent, Renewed status,
                        std::string_view why);
