@@ -492,6 +492,11 @@ ClusterReply ClusterStore::note_reply(std::string_view why) {
   return c;
 }
 
+void ClusterStore::count_redirect(const ClusterReply& c) {
+  const bool ask = c.kind == ClusterReply::Kind::kAsk;
+  if ((ask || c.kind == ClusterReply::Kind::kMoved) && events_.redirected) events_.redirected(ask);
+}
+
 // ------------------------------------------------------------------ locks
 
 void ClusterStore::route(std::shared_ptr<Call> call, std::function<void(std::exception_ptr)> unrouted) {
@@ -523,7 +528,7 @@ bool ClusterStore::follow(const std::shared_ptr<Call>& call, std::string_view re
   // when the budget is spent, so that the next call goes the right way.
   if (c.kind != ClusterReply::Kind::kAsk) request_refresh();
   if (++call->hops > kRedirectBudget) return false;
-  if (c.kind != ClusterReply::Kind::kRetry && events_.redirected) events_.redirected(c.kind == ClusterReply::Kind::kAsk);
+  count_redirect(c);
   switch (c.kind) {
     case ClusterReply::Kind::kMoved:
       send_to(node_at(c.target.host, c.target.port), false, call);
@@ -663,34 +668,36 @@ std::size_t ClusterStore::renew_now(std::span<const LockRef> locks, std::shared_
   std::sort(entries.begin(), entries.end(), [](const Entry& a, const Entry& b) {
     return a.node != b.node ? a.node < b.node : a.slot != b.slot ? a.slot < b.slot : a.index < b.index;
   });
-  std::vector<LockRef> group;
   for (std::size_t from = 0; from < entries.size();) {
     std::size_t to = from;
     while (to < entries.size() && entries[to].node == entries[from].node && entries[to].slot == entries[from].slot) ++to;
-    auto indexes = std::make_shared<std::vector<std::size_t>>();
-    indexes->reserve(to - from);
-    group.clear();
+    // The group's locks (views that `keepalive`, holding the leases, keeps
+    // valid) and their indexes in `locks`: an ASK is answered from here.
+    struct Group {
+      std::vector<std::size_t> indexes;
+      std::vector<LockRef> refs;
+    };
+    auto g = std::make_shared<Group>();
+    g->indexes.reserve(to - from);
+    g->refs.reserve(to - from);
     for (std::size_t e = from; e < to; ++e) {
-      indexes->push_back(entries[e].index);
-      group.push_back(locks[entries[e].index]);
+      g->indexes.push_back(entries[e].index);
+      g->refs.push_back(locks[entries[e].index]);
     }
     Node* node = nodes_[static_cast<std::size_t>(entries[from].node)].get();
-    // The views stay valid while `keepalive` holds the leases.
-    auto refs = std::make_shared<std::vector<LockRef>>(group);
-    commands += node->store->renew(group, keepalive, [this, indexes, refs, keepalive, done](std::size_t k, Renewed status,
-                                                                                           std::string_view why) {
+    commands += node->store->renew(g->refs, keepalive, [this, g, keepalive, done](std::size_t k, Renewed status,
+                                                                                 std::string_view why) {
       if (status == Renewed::kTransient && !closed_) {
         ClusterReply c = note_reply(why);
-        if ((c.kind == ClusterReply::Kind::kMoved || c.kind == ClusterReply::Kind::kAsk) && events_.redirected)
-          events_.redirected(c.kind == ClusterReply::Kind::kAsk);
+        count_redirect(c);
         if (c.kind == ClusterReply::Kind::kAsk) {
           // The slot is migrating and the key is on the target already:
           // renew it there now, after ASKING, for as long as the migration
           // lasts (the map stays as it is). The target's answer is final.
           Node* target = node_at(c.target.host, c.target.port);
           target->store->send_renewal_asking();
-          target->store->renew(std::span<const LockRef>(&(*refs)[k], 1), keepalive,
-                               [done, index = (*indexes)[k]](std::size_t, Renewed s, std::string_view w) {
+          target->store->renew(std::span<const LockRef>(&g->refs[k], 1), keepalive,
+                               [done, index = g->indexes[k]](std::size_t, Renewed s, std::string_view w) {
                                  (*done)(index, s, w);
                                });
           return;
@@ -701,7 +708,7 @@ std::size_t ClusterStore::renew_now(std::span<const LockRef> locks, std::shared_
         // the replica is promoted.
         if (c.kind == ClusterReply::Kind::kNone) request_refresh();
       }
-      (*done)((*indexes)[k], status, why);
+      (*done)(g->indexes[k], status, why);
     });
     from = to;
   }

@@ -197,6 +197,8 @@ class ClusterStore final : public LockStore {
   // A node store's reply `why` ("redis h:p answered an error: MOVED ...")
   // as a redirect, and the refresh it calls for.
   ClusterReply note_reply(std::string_view why);
+  // A MOVED or an ASK followed, for the metrics.
+  void count_redirect(const ClusterReply& c);
 
   static void on_refresh_timer(uv_timer_t* t);
   static void on_wait_timer(uv_timer_t* t);
