@@ -635,6 +635,37 @@ void BM_LockedProcesses(benchmark::State& state, int procs, int per, bool handof
   if (!error.empty()) state.SkipWithError(error.c_str());
 }
 
+// One thread keeping <conc> calls in flight: rounds of <conc> calls made by
+// `call()` (each returns a std::future<void>), then each awaited in turn.
+template <class Call>
+void fan_out_rounds(benchmark::State& state, int conc, Call&& call) {
+  run_threaded(state, 1, false, [&](int, Tally& tally, Clock::time_point deadline) {
+    std::vector<std::future<void>> round;
+    std::vector<Clock::time_point> issued;
+    round.reserve(static_cast<std::size_t>(conc));
+    while (Clock::now() < deadline) {
+      round.clear();
+      issued.clear();
+      for (int i = 0; i < conc; ++i) {
+        issued.push_back(Clock::now());
+        round.push_back(call());
+      }
+      for (int i = 0; i < conc; ++i) {
+        auto& f = round[static_cast<std::size_t>(i)];
+        try {
+          if (!ready_in_bound(f, tally, "call")) return;
+          f.get();
+        } catch (const std::exception& e) {
+          tally.fail(e.what());
+          return;
+        }
+        tally.cycle_us.push_back(static_cast<float>(micros(Clock::now() - issued[static_cast<std::size_t>(i)])));
+        ++tally.cycles;
+      }
+    }
+  });
+}
+
 // One caller thread keeping <conc> LOCKED calls in flight: it issues a
 // round of <conc> calls, then waits for their futures. This is how an
 // application fans work out with futures, and what the node peers do (one
@@ -647,31 +678,7 @@ void BM_LockedFanOut(benchmark::State& state, int conc) {
   warm_up(rt, run);
   auto fn = lockwatch::locked("lf:{0}:{1}", kTtl, lockwatch::forever).on(rt)([](std::uint64_t, std::uint64_t) {});
   std::uint64_t n = 0;
-  run_threaded(state, 1, false, [&](int, Tally& tally, Clock::time_point deadline) {
-    std::vector<std::future<void>> round;
-    std::vector<Clock::time_point> issued;
-    round.reserve(static_cast<std::size_t>(conc));
-    while (Clock::now() < deadline) {
-      round.clear();
-      issued.clear();
-      for (int i = 0; i < conc; ++i) {
-        issued.push_back(Clock::now());
-        round.push_back(fn(run, n++));
-      }
-      for (int i = 0; i < conc; ++i) {
-        auto& f = round[static_cast<std::size_t>(i)];
-        try {
-          if (!ready_in_bound(f, tally, "locked call")) return;
-          f.get();
-        } catch (const std::exception& e) {
-          tally.fail(e.what());
-          return;
-        }
-        tally.cycle_us.push_back(static_cast<float>(micros(Clock::now() - issued[static_cast<std::size_t>(i)])));
-        ++tally.cycles;
-      }
-    }
-  });
+  fan_out_rounds(state, conc, [&] { return fn(run, n++); });
 }
 
 // ------------------------------------------------------------ hops only
@@ -708,26 +715,11 @@ void BM_HopsFanOut(benchmark::State& state, int conc) {
   prepare_run();
   lockwatch::detail::Loop loop(runtime_options().busy_poll);
   lockwatch::ThreadPool pool(runtime_options().threads, runtime_options().busy_poll);
-  run_threaded(state, 1, false, [&](int, Tally& tally, Clock::time_point deadline) {
-    std::vector<std::future<void>> round;
-    std::vector<Clock::time_point> issued;
-    while (Clock::now() < deadline) {
-      round.clear();
-      issued.clear();
-      for (int i = 0; i < conc; ++i) {
-        issued.push_back(Clock::now());
-        auto done = std::make_shared<std::promise<void>>();
-        round.push_back(done->get_future());
-        loop.post([&loop, &pool, done] {
-          pool.post([&loop, done] { loop.post([done] { done->set_value(); }); });
-        });
-      }
-      for (int i = 0; i < conc; ++i) {
-        if (!ready_in_bound(round[static_cast<std::size_t>(i)], tally, "hop")) return;
-        tally.cycle_us.push_back(static_cast<float>(micros(Clock::now() - issued[static_cast<std::size_t>(i)])));
-        ++tally.cycles;
-      }
-    }
+  fan_out_rounds(state, conc, [&] {
+    auto done = std::make_shared<std::promise<void>>();
+    auto f = done->get_future();
+    loop.post([&loop, &pool, done] { pool.post([&loop, done] { loop.post([done] { done->set_value(); }); }); });
+    return f;
   });
   pool.shutdown();
   loop.shutdown([] {});
