@@ -11,6 +11,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
+#include <future>
 #include <string>
 #include <thread>
 
@@ -39,7 +40,15 @@ int main(int argc, char** argv) {
                       std::this_thread::sleep_for(std::chrono::milliseconds(1));  // widen the race
                       std::ofstream(path, std::ios::trunc) << n + 1 << "\n";
                     });
-    for (int i = 0; i < increments; ++i) bump(i % keys).get();
+    for (int i = 0; i < increments; ++i) {
+      auto done = bump(i % keys);
+      // Bounded, as the parent's wait is: a hung call is an error here.
+      if (done.wait_for(std::chrono::seconds(60)) != std::future_status::ready) {
+        std::printf("error increment %d did not finish within 60 s\n", i);
+        return 1;
+      }
+      done.get();
+    }
   } catch (const std::exception& e) {
     std::printf("error %s\n", e.what());
     return 1;

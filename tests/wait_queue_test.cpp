@@ -206,7 +206,8 @@ TEST_F(WaitQueueTest, AClusterFailingOverKeepsTheWaitersPlace) {
   auto f = rt_->acquire("failing-over", 1s, forever, 10s);
   auto h = get_bounded(f);
   EXPECT_EQ(acquires_of("failing-over"), 4u);  // TRYAGAIN, CLUSTERDOWN, then taken
-  h.release().get();
+  auto released = h.release();
+  get_bounded(released);
 }
 
 TEST_F(WaitQueueTest, AnErrorOtherThanAConnectionFailsTheWaiterAtOnce) {
