@@ -288,6 +288,40 @@ TEST_P(StoreContractTest, AHungServerCannotHangACall) {
   EXPECT_EQ(get_bounded(a), 2);
 }
 
+// An acquire whose answer never came (the server hung past the command
+// timeout) may still be run by the server once it goes on: the runtime
+// gives that token back as soon as the server answers again, so no lock
+// is left that nobody owns for its ttl (30 s here).
+TEST_P(StoreContractTest, AnAcquireThatTimedOutLeavesNoGhostLock) {
+  Options o = options();
+  o.command_timeout = 300ms;
+  Runtime rt(o);
+  auto warm = rt.acquire("ghost-warm", 1s);  // connected before the pause
+  give_back(*std::make_unique<LockHandle>(get_bounded(warm)));
+  backend_->pause("ghost");
+  auto f = rt.acquire("ghost", 30s);
+  auto err = error_of<ConnectionError>(f);
+  backend_->resume();
+  ASSERT_TRUE(err);
+  // Free again within the bound, long before the ttl.
+  bool held = true;
+  auto until = std::chrono::steady_clock::now() + kBound;
+  while (held && std::chrono::steady_clock::now() < until) {
+    auto state = rt.inspect("ghost");
+    try {
+      held = get_bounded(state).held;
+    } catch (const ConnectionError&) {
+      // reconnecting
+    }
+    if (held) std::this_thread::sleep_for(20ms);  // polling the store's state
+  }
+  EXPECT_FALSE(held);
+  Runtime other(options());
+  auto next = other.acquire("ghost", 1s);
+  auto h = get_bounded(next);
+  give_back(h);
+}
+
 // Safe to retry after a lost reply: acquiring again with the same owner
 // token is the same acquisition (the same fencing token, the ttl set anew),
 // and a release of a lock already gone says so (kGone), which a retry

@@ -210,6 +210,75 @@ TEST_F(WaitQueueTest, AClusterFailingOverKeepsTheWaitersPlace) {
   get_bounded(released);
 }
 
+TEST_F(WaitQueueTest, AWaitOnAStoreThatIsDownFailsAfterTheConnectTimeoutNotTheWait) {
+  // A wait is for a busy lock: a store down for longer than the connect
+  // timeout fails every waiter of the key with the connection error.
+  rt_.reset();
+  Options o = memory_options();
+  o.connect_timeout = 300ms;
+  rt_ = memory_runtime(backend_, script_, o);
+  script_->set_down(true);
+  auto t0 = std::chrono::steady_clock::now();
+  auto first = rt_->acquire("down-long", 1s, forever, 8s);
+  auto second = rt_->acquire("down-long", 1s, forever, 8s);
+  auto err = error_of<ConnectionError>(first);
+  ASSERT_TRUE(err);
+  EXPECT_TRUE(error_of<ConnectionError>(second));
+  auto took = ms_between(t0, std::chrono::steady_clock::now());
+  EXPECT_GE(took, 300ms);  // a blip shorter than the connect timeout is ridden out
+  EXPECT_LT(took, 3s);     // not the 8 s wait
+}
+
+TEST_F(WaitQueueTest, AnAcquireWhoseAnswerWasLostIsGivenBackOnceTheStoreAnswers) {
+  // The acquire is applied but its answer lost (a command timeout while
+  // the server hung): the lock is held by a token nobody renews. The
+  // runtime gives it back, instead of leaving it for its whole ttl.
+  script_->lose_replies(Op::kAcquire, 1);
+  auto f = rt_->acquire("ghost", 30s);
+  ASSERT_TRUE(error_of<ConnectionError>(f));
+  auto until = std::chrono::steady_clock::now() + kBound;
+  while (backend_->owner(memory_name("ghost")) && std::chrono::steady_clock::now() < until)
+    std::this_thread::sleep_for(2ms);  // the backend's state, moved by the runtime's release
+  EXPECT_FALSE(backend_->owner(memory_name("ghost")));
+  auto again = rt_->acquire("ghost", 1s);
+  auto h = get_bounded(again);  // free at once, not in 30 s
+  auto released = h.release();
+  get_bounded(released);
+}
+
+TEST_F(WaitQueueTest, AGhostIsGivenBackWhenTheStoreComesBack) {
+  // The store stays unreachable for a while after the lost answer: the
+  // give-back is retried with a back-off until it is answered.
+  script_->lose_replies(Op::kAcquire, 1);
+  auto f = rt_->acquire("ghost-later", 30s);
+  ASSERT_TRUE(error_of<ConnectionError>(f));
+  script_->set_down(true);
+  ASSERT_TRUE(script_->wait_for(Op::kRelease, 3));  // tried, and tried again
+  EXPECT_TRUE(backend_->owner(memory_name("ghost-later")));
+  script_->set_down(false);
+  auto until = std::chrono::steady_clock::now() + kBound;
+  while (backend_->owner(memory_name("ghost-later")) && std::chrono::steady_clock::now() < until)
+    std::this_thread::sleep_for(2ms);
+  EXPECT_FALSE(backend_->owner(memory_name("ghost-later")));
+}
+
+TEST_F(WaitQueueTest, AWaiterGivenUpAfterAConnectionErrorGivesItsTokenBack) {
+  // A waiter whose last attempt went unanswered and whose wait then runs
+  // out: that attempt may have taken the lock.
+  held_elsewhere("ghost-wait", 200ms);
+  script_->set_delay(Op::kAcquire, 0ms);
+  auto f = rt_->acquire("ghost-wait", 30s, forever, 400ms);
+  ASSERT_TRUE(script_->wait_for(Op::kAcquire, 1));
+  script_->lose_replies(Op::kAcquire, 1000);  // from now on every attempt is applied, its answer lost
+  auto err = error_of<ConnectionError>(f);
+  ASSERT_TRUE(err);
+  script_->lose_replies(Op::kAcquire, 0);
+  auto until = std::chrono::steady_clock::now() + kBound;
+  while (backend_->owner(memory_name("ghost-wait")) && std::chrono::steady_clock::now() < until)
+    std::this_thread::sleep_for(2ms);
+  EXPECT_FALSE(backend_->owner(memory_name("ghost-wait")));
+}
+
 TEST_F(WaitQueueTest, AnErrorOtherThanAConnectionFailsTheWaiterAtOnce) {
   script_->script_acquire([](const std::string&) -> std::optional<Acquired> {
     Acquired a;

@@ -47,7 +47,8 @@ enum class LostReason {
   kTakenByOther,       // the key held another owner's token
   kRenewalsExhausted,  // the `retries` renewals were spent and the ttl ran out
   kRedisUnreachable,   // no renewal was confirmed before the local deadline
-  kRuntimeStopped,     // the runtime was destroyed while the work ran
+  kRuntimeStopped,     // the runtime was destroyed while the work ran (or the handle held it)
+  kNotStarted,         // granted, but no pool worker was free within Options::queue_timeout
 };
 const char* to_string(LostReason reason) noexcept;
 

@@ -56,6 +56,13 @@ struct Options {
   std::chrono::milliseconds replica_ack_timeout{200};
   // Worker threads that run locked work; 0 means one per core.
   std::size_t threads = 0;
+  // How long a granted call may wait for a free worker. Meanwhile its lease
+  // is renewed without spending its `retries`, and the work starts with a
+  // full ttl; past this the lock is given back and the call fails with
+  // LeaseLost (LostReason::kNotStarted): a locked call that blocks a
+  // worker on another locked call queued behind it fails instead of
+  // deadlocking silently.
+  std::chrono::milliseconds queue_timeout{60000};
   // Trades CPU for latency, as SO_BUSY_POLL does: after its last work the
   // I/O thread, and one idle pool worker, keep polling for this long before
   // they sleep, so that the next step of a call finds them awake instead of

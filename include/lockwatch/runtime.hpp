@@ -38,6 +38,12 @@ struct Forever {
 };
 inline constexpr Forever forever{};
 
+// The longest ttl and wait a call may ask for (7 days): longer ones are
+// InvalidArgument at the call, before anything starts (a ttl is renewed
+// for as long as the work runs, so none needs more).
+inline constexpr std::chrono::milliseconds max_ttl{7LL * 24 * 3600 * 1000};
+inline constexpr std::chrono::milliseconds max_wait = max_ttl;
+
 // How many renewals the watchdog may make: a count >= 0, or forever.
 class Retries {
  public:

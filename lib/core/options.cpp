@@ -163,6 +163,7 @@ void Options::validate() const {
   if (min_replicas < 0) throw InvalidArgument("Options::min_replicas must not be negative");
   if (replica_ack_timeout.count() <= 0) throw InvalidArgument("Options::replica_ack_timeout must be positive");
   if (tick < std::chrono::milliseconds(1)) throw InvalidArgument("Options::tick must be at least 1 ms");
+  if (queue_timeout.count() <= 0) throw InvalidArgument("Options::queue_timeout must be positive");
   if (wheel_size == 0 || wheel_size > (std::size_t{1} << 20))
     throw InvalidArgument("Options::wheel_size must be in 1..1048576");
   if (!(renew_weight > 0.0 && renew_weight < 1.0)) throw InvalidArgument("Options::renew_weight must be in (0, 1)");

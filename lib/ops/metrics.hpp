@@ -55,8 +55,8 @@ struct Metrics {
 
   std::atomic<std::uint64_t> acquired{0}, busy{0}, acquire_errors{0};
   std::atomic<std::uint64_t> renewals{0}, renewal_failures{0};
-  // By LostReason: expired, taken_by_other, renewals_exhausted, unreachable.
-  std::array<std::atomic<std::uint64_t>, 4> lost{};
+  // By LostReason: expired, taken_by_other, renewals_exhausted, unreachable, not_started.
+  std::array<std::atomic<std::uint64_t>, 5> lost{};
   // Redis Cluster redirects followed: MOVED, ASK.
   std::array<std::atomic<std::uint64_t>, 2> redirects{};
   Histogram acquire_duration;

@@ -8,6 +8,7 @@
 #include <chrono>
 #include <future>
 #include <memory>
+#include <mutex>
 #include <string>
 
 #include "lockwatch/lock_handle.hpp"
@@ -27,12 +28,31 @@ struct HandleCall final : Call {
   void run() noexcept override {}
   // Loop thread: the acquisition failed.
   void finish(std::exception_ptr error) noexcept override {
+    failed.store(true, std::memory_order_release);
     try {
       acquired.set_exception(error ? error : std::make_exception_ptr(RuntimeStopped("lockwatch runtime stopped")));
     } catch (...) {
     }
   }
   std::promise<LockHandle> acquired;  // given up at grant
+
+  // For reentrancy on the thread that asked for the handle (see
+  // Runtime::Impl::handle_held_here): the lease once granted.
+  std::shared_ptr<LeaseRecord> lease() const {
+    std::lock_guard lk(mu);
+    return lease_.lock();
+  }
+  void set_lease(const std::shared_ptr<LeaseRecord>& l) {
+    std::lock_guard lk(mu);
+    lease_ = l;
+    granted.store(true, std::memory_order_release);
+  }
+  std::atomic<bool> failed{false};
+  std::atomic<bool> granted{false};
+
+ private:
+  mutable std::mutex mu;
+  std::weak_ptr<LeaseRecord> lease_;
 };
 
 struct Acquisition final : TimerTask {
@@ -54,6 +74,11 @@ struct Acquisition final : TimerTask {
   OwnerToken token;
   Timeout wait_timeout;
   bool done = false;
+  // An attempt may have taken the lock without our learning it (it failed,
+  // or was answered after the call ended): if the call ends without the
+  // lock, the wait queue gives the token back (WaitQueue::abandon).
+  bool maybe_held = false;
+  Clock::time_point last_sent;  // the latest attempt's send time
 
   LockRef ref() const noexcept { return LockRef{name, token.view(), ttl_ms.view(), spec.ttl}; }
   void run(Timeout) noexcept override;  // the wait deadline

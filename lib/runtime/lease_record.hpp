@@ -61,6 +61,8 @@ struct HandleState {
     return future;
   }
   std::weak_ptr<Runtime::Impl> runtime;  // set at grant; the handle never keeps it alive
+  // Any thread: the handle has not been released (nor the lease ended).
+  bool handle_open() const noexcept { return outcome_.load(std::memory_order_acquire) == kOpen; }
 
  private:
   // Whichever of finish() and released() comes second settles the promise.
@@ -160,6 +162,14 @@ struct LeaseRecord final : Lease, TimerTask, HandleState {
   // Held through a LockHandle, not by running work.
   bool is_handle() const noexcept { return call == nullptr; }
 
+  // Work queued for a pool worker: the worker starts it (begin_work) unless
+  // the watchdog gave up on it first (give_up_start), never both. Until it
+  // starts, renewals do not spend the lease's `retries`.
+  void queue_for_worker() noexcept { start_.store(kQueued, std::memory_order_relaxed); }
+  bool begin_work() noexcept { return claim(kStarted); }
+  bool give_up_start() noexcept { return claim(kAbandoned); }
+  bool started() const noexcept { return start_.load(std::memory_order_acquire) == kStarted; }
+
   // Loop thread (packed behind the handle state's last byte).
   Phase phase = Phase::kRenewDue;
   bool work_finished = false;
@@ -167,7 +177,9 @@ struct LeaseRecord final : Lease, TimerTask, HandleState {
   // Released because a local hand-off streak reached its bound while
   // others waited here: those wait for the store's release notice too.
   bool yield_on_release = false;
+  bool renewal_counts = false;  // the renewal in flight spends one of `retries`
   std::int32_t retries = 0;  // set at grant; < 0: forever (more than 2^31 renewals count as forever)
+  std::int32_t spent = 0;    // renewals confirmed that counted against `retries`
   // Set once at grant, then read-only.
   Watchdog* const watchdog;  // outlives every lease (both belong to the runtime)
   std::shared_ptr<Call> call;  // the work; none for a handle
@@ -180,6 +192,9 @@ struct LeaseRecord final : Lease, TimerTask, HandleState {
   Clock::duration renew_after{};   // from a renewal's send to the next one (a tick early)
   Clock::time_point granted_at;  // for the hold time
   std::shared_ptr<std::promise<void>> finished;  // a nested call's thread waits on it
+  // A worker that starts the work late waits on it for the renewal made at
+  // the start (Watchdog::renew_at_start) to be answered.
+  std::shared_ptr<std::promise<void>> start_renewal;
   Timeout timeout;
   Clock::time_point last_sent;  // the latest request that may have extended the key
   // Local hand-offs (Options::local_handoff): shared by the leases of one
@@ -192,7 +207,13 @@ struct LeaseRecord final : Lease, TimerTask, HandleState {
   bool renewal_failing() const noexcept { return lost_detail_ != nullptr; }
 
  private:
+  enum : std::uint8_t { kStarted, kQueued, kAbandoned };
+  bool claim(std::uint8_t to) noexcept {
+    std::uint8_t queued = kQueued;
+    return start_.compare_exchange_strong(queued, to, std::memory_order_acq_rel);
+  }
   std::unique_ptr<std::string> lost_detail_;  // rare: kept off the record
+  std::atomic<std::uint8_t> start_{kStarted};
 };
 
 inline LeaseRecord::Clock::time_point LeaseRecord::streak_start() const noexcept {

@@ -71,14 +71,36 @@ std::string Runtime::Impl::render_metrics() const { return events.metrics().rend
 
 // ---------------------------------------------------------------- admission
 
+namespace {
+// The handles asked for on this thread (Runtime::acquire), for reentrancy:
+// a LOCKED call on a key whose handle this thread holds runs inline.
+struct HandleOnThread {
+  const void* runtime;
+  std::shared_ptr<detail::HandleCall> call;
+};
+std::vector<HandleOnThread>& handles_on_this_thread() noexcept {
+  thread_local std::vector<HandleOnThread> handles;
+  return handles;
+}
+// A handle's entry is over once its acquisition failed or its lease ended.
+bool handle_over(const HandleOnThread& h) {
+  if (h.call->failed.load(std::memory_order_acquire)) return true;
+  if (!h.call->granted.load(std::memory_order_acquire)) return false;
+  auto l = h.call->lease();
+  return !l || !l->handle_open() || l->lost();
+}
+}  // namespace
+
 void Runtime::Impl::validate(detail::LockSpec& spec) const {
   if (spec.key.empty()) throw InvalidArgument("lock key is empty");
   if (spec.key.size() > options.max_key_bytes)
     throw InvalidArgument(fmt::format("lock key is {} bytes; the limit (Options::max_key_bytes) is {}",
                                       spec.key.size(), options.max_key_bytes));
   if (const char* why = store->check_key(spec.key)) throw InvalidArgument(why);
-  if (spec.ttl <= milliseconds(0)) throw InvalidArgument(fmt::format("ttl must be positive, got {} ms", spec.ttl.count()));
-  if (spec.wait < milliseconds(0)) throw InvalidArgument("wait must not be negative");
+  if (spec.ttl <= milliseconds(0) || spec.ttl > max_ttl)
+    throw InvalidArgument(fmt::format("ttl must be 1 .. {} ms (7 days), got {} ms", max_ttl.count(), spec.ttl.count()));
+  if (spec.wait < milliseconds(0) || spec.wait > max_wait)
+    throw InvalidArgument(fmt::format("wait must be 0 .. {} ms (7 days), got {} ms", max_wait.count(), spec.wait.count()));
   if (spec.renew_weight == 0) spec.renew_weight = options.renew_weight;
   if (!(spec.renew_weight > 0 && spec.renew_weight < 1))
     throw InvalidArgument(fmt::format("renewal weight must be in (0, 1), got {}", spec.renew_weight));
@@ -117,6 +139,9 @@ std::future<LockHandle> Runtime::Impl::acquire(detail::LockSpec spec) {
   auto future = call->acquired.get_future();
   auto a = make_acquisition(std::move(spec), call);
   a->handle = call;
+  auto& handles = handles_on_this_thread();
+  std::erase_if(handles, handle_over);
+  handles.push_back({this, call});
   if (!loop.post([this, a] { start_acquire(a); })) {
     a->call->finish(std::make_exception_ptr(RuntimeStopped("lockwatch runtime is stopping")));
     call_done();
@@ -124,20 +149,40 @@ std::future<LockHandle> Runtime::Impl::acquire(detail::LockSpec spec) {
   return future;
 }
 
+std::shared_ptr<LeaseRecord> Runtime::Impl::handle_held_here(const std::string& key) const {
+  auto& handles = handles_on_this_thread();
+  for (auto it = handles.rbegin(); it != handles.rend(); ++it) {
+    if (it->runtime != this) continue;
+    auto l = it->call->lease();
+    if (l && l->key() == key && l->handle_open() && !l->lost()) return l;
+  }
+  return nullptr;
+}
+
 void Runtime::Impl::dispatch(detail::LockSpec spec, std::shared_ptr<detail::Call> call) {
   validate(spec);
 
   // Reentrant and nested calls run on this thread.
   auto& held_here = detail::leases_on_this_thread();
+  auto run_reentrant = [&](LeaseRecord* l) {
+    {
+      detail::ThreadLeaseScope scope(this, l);
+      call->run();
+    }
+    // lost_detail belongs to the loop thread: the reason alone here.
+    call->finish(l->lost() ? std::make_exception_ptr(LeaseLost(l->key(), *l->lost_reason())) : nullptr);
+  };
   for (auto it = held_here.rbegin(); it != held_here.rend(); ++it) {
     if (it->runtime == this && it->lease->key() == spec.key) {
-      LeaseRecord* l = it->lease;  // the scope below may move the vector
-      {
-        detail::ThreadLeaseScope scope(this, l);
-        call->run();
-      }
-      // lost_detail belongs to the loop thread: the reason alone here.
-      call->finish(l->lost() ? std::make_exception_ptr(LeaseLost(l->key(), *l->lost_reason())) : nullptr);
+      run_reentrant(it->lease);  // the scope in it may move the vector: `it` is not used after
+      return;
+    }
+  }
+  // A key whose LockHandle this thread asked for is held here too: waiting
+  // for it could only run out (the handle is not released meanwhile).
+  if (!handles_on_this_thread().empty()) {
+    if (auto l = handle_held_here(spec.key)) {
+      run_reentrant(l.get());
       return;
     }
   }
@@ -216,6 +261,7 @@ void Runtime::Impl::start_lease(const std::shared_ptr<Acquisition>& a, const std
   if (stopping.load()) l->request_stop();
   if (a->handle) {
     l->runtime = weak_from_this();
+    a->handle->set_lease(l);
     // The handle lives only in the future (the call's promise is given up
     // here), so a future dropped unread releases the lock with it.
     std::promise<LockHandle> acquired = std::move(a->handle->acquired);
@@ -230,6 +276,17 @@ void Runtime::Impl::start_lease(const std::shared_ptr<Acquisition>& a, const std
 void Runtime::Impl::run_on_pool(const std::shared_ptr<LeaseRecord>& l) {
   try {
     pool.post([this, l] {
+      // Given up while it waited (Options::queue_timeout): answered already.
+      if (!l->begin_work()) return;
+      // A wait for a worker that used a fifth of the ttl or more is made
+      // good before the work counts on remaining(): one round trip, on this
+      // rare path only (bounded by the command timeout).
+      if (l->remaining() < l->ttl() * 4 / 5) {
+        auto answered = std::make_shared<std::promise<void>>();
+        auto renewed = answered->get_future();
+        if (loop.post([this, l, answered] { watchdog.renew_at_start(l, answered); }))
+          renewed.wait_for(options.command_timeout + 2 * options.tick);
+      }
       {
         detail::ThreadLeaseScope scope(this, l.get());
         l->call->run();
@@ -238,6 +295,7 @@ void Runtime::Impl::run_on_pool(const std::shared_ptr<LeaseRecord>& l) {
     });
   } catch (...) {
     // The pool refused (stopping): the work never ran; give the lock back.
+    l->give_up_start();
     l->mark_lost(LostReason::kRuntimeStopped);
     watchdog.work_done(l);
   }
@@ -275,7 +333,7 @@ void Runtime::Impl::lease_finished(const std::shared_ptr<LeaseRecord>& l) {
 
 void Runtime::Impl::complete(const std::shared_ptr<LeaseRecord>& l) {
   std::exception_ptr err;
-  if (auto reason = l->lost_reason(); reason && *reason != LostReason::kRuntimeStopped)
+  if (auto reason = l->lost_reason(); reason && (*reason != LostReason::kRuntimeStopped || l->is_handle()))
     err = std::make_exception_ptr(LeaseLost(l->key(), *reason, l->lost_detail()));
   else if (reason)
     err = std::make_exception_ptr(RuntimeStopped("lockwatch runtime stopped before the work could run"));
@@ -332,8 +390,13 @@ std::future<bool> Runtime::Impl::force_release(std::string key) {
 
 void Runtime::Impl::begin_stop() {
   waits.fail_all(std::make_exception_ptr(RuntimeStopped("lockwatch runtime stopped while waiting for the lock")));
-  // Nobody may be left to release a handle: the runtime gives them back.
-  for (auto& l : watchdog.stop_all()) watchdog.work_done(l);
+  // Nobody may be left to release a handle: the runtime gives them back,
+  // and a handle that outlives it reads lost (kRuntimeStopped) from now on,
+  // so its remaining() no longer vouches for a lock it does not hold.
+  for (auto& l : watchdog.stop_all()) {
+    watchdog.lose(l, LostReason::kRuntimeStopped, "the runtime was destroyed and released the lock");
+    watchdog.work_done(l);
+  }
 }
 
 void Runtime::Impl::close_all() {

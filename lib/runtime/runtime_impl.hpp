@@ -55,6 +55,9 @@ struct Runtime::Impl : std::enable_shared_from_this<Runtime::Impl> {
   void validate(detail::LockSpec& spec) const;
   std::shared_ptr<detail::Acquisition> make_acquisition(detail::LockSpec spec, std::shared_ptr<detail::Call> call);
   void dispatch(detail::LockSpec spec, std::shared_ptr<detail::Call> call);
+  // The lease of a LockHandle that this thread asked for on `key` and still
+  // holds (nullptr if none).
+  std::shared_ptr<detail::LeaseRecord> handle_held_here(const std::string& key) const;
   std::future<LockHandle> acquire(detail::LockSpec spec);
   std::string operator_name(const std::string& key) const;
   std::future<LockState> inspect(std::string key);

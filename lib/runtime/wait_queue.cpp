@@ -4,6 +4,7 @@
 #include <cassert>
 
 #include "core/error_values.hpp"
+#include "core/timing.hpp"
 #include "lockwatch/errors.hpp"
 
 namespace lockwatch::detail {
@@ -23,6 +24,9 @@ struct WaitQueue::KeyWaiters final : TimerTask {
   Timeout retry;              // the holder's ttl runs out, or the poll back-off
   milliseconds poll{0};       // stores without notices: the current back-off
   std::exception_ptr connection_error;  // the head's last attempt could not reach the store
+  // When the first of the head's attempts that found the store unreachable
+  // in a row was sent (max: the last one reached it).
+  Clock::time_point unreachable_since = Clock::time_point::max();
 
   void run(Timeout) noexcept override {
     yielding = false;
@@ -33,7 +37,9 @@ struct WaitQueue::KeyWaiters final : TimerTask {
 void Acquisition::run(Timeout) noexcept { queue->on_wait_expired(this); }
 
 WaitQueue::WaitQueue(LockStore& store, WheelClock& clock, const Options& options, Hooks hooks)
-    : store_(store), clock_(clock), options_(options), hooks_(std::move(hooks)) {}
+    : store_(store), clock_(clock), options_(options), hooks_(std::move(hooks)) {
+  orphan_timer_.queue = this;
+}
 
 WaitQueue::~WaitQueue() = default;
 void WaitQueue::clear() { waiters_.clear(); }
@@ -58,6 +64,7 @@ void WaitQueue::start(std::shared_ptr<Acquisition> a) {
 
 void WaitQueue::attempt(const std::shared_ptr<Acquisition>& a, KeyWaiters* w) {
   auto sent = Clock::now();
+  a->last_sent = sent;
   LockRef ref = a->ref();
   store_.acquire(std::span<const LockRef>(&ref, 1), [this, a, w, sent](std::size_t, const Acquired& out) {
     if (w) w->in_flight = false;
@@ -80,18 +87,82 @@ void WaitQueue::attempt_head(std::string_view name) {
   attempt(w->waiting.front(), w);
 }
 
-void WaitQueue::give_back(const Acquisition& a) {
-  LockRef ref = a.ref();
-  store_.release(std::span<const LockRef>(&ref, 1), false, [](std::size_t, Released, std::string_view) {});
+void WaitQueue::abandon(const Acquisition& a) {
+  if (!a.maybe_held) return;
+  // The store drops the key a ttl after the last attempt that could have
+  // set it, at the latest (its clock may run a drift faster than ours).
+  auto until = a.last_sent + a.spec.ttl + drift_for(options_, a.spec.ttl);
+  if (Clock::now() >= until) return;
+  orphans_.push_back(Orphan{a.name, a.token, a.ttl_ms, a.spec.ttl, until});
+  if (orphans_sending_ == 0) give_back_orphans();
+}
+
+void WaitQueue::give_back_orphans() {
+  orphan_retry_.cancel();
+  auto now = Clock::now();
+  std::erase_if(orphans_, [now](const Orphan& o) { return now >= o.until; });
+  if (orphans_.empty() || orphans_sending_ != 0) {
+    if (orphans_.empty() && orphans_sending_ == 0) orphan_backoff_ = milliseconds(0);
+    return;
+  }
+  auto batch = std::make_shared<std::vector<Orphan>>(std::move(orphans_));
+  orphans_.clear();
+  orphans_sending_ = batch->size();
+  std::vector<LockRef> refs;
+  refs.reserve(batch->size());
+  for (auto& o : *batch) {
+    o.tried = true;
+    refs.push_back(LockRef{o.name, o.token.view(), o.ttl_ms.view(), o.ttl});
+  }
+  // With notify: a ghost's waiters in other processes wake at once.
+  store_.release(refs, true, [this, batch](std::size_t i, Released status, std::string_view) {
+    // Any answer settles it: released, gone (never taken, or expired) or
+    // another owner's. Only no answer leaves it for another try.
+    if (status == Released::kUnconfirmed) orphans_.push_back(std::move((*batch)[i]));
+    if (--orphans_sending_ != 0) return;
+    if (orphans_.empty()) {
+      orphan_backoff_ = milliseconds(0);
+      return;
+    }
+    bool fresh = std::any_of(orphans_.begin(), orphans_.end(), [](const Orphan& o) { return !o.tried; });
+    if (fresh) {
+      give_back_orphans();
+      return;
+    }
+    if (stopping_) return;  // the store closes: what is left expires by its ttl
+    orphan_backoff_ = orphan_backoff_.count() == 0 ? options_.reconnect_min
+                                                   : std::min(orphan_backoff_ * 2, options_.reconnect_max);
+    orphan_retry_ = clock_.at(orphan_timer_, Clock::now() + orphan_backoff_);
+  });
+}
+
+void WaitQueue::fail_waiters(KeyWaiters* w, std::exception_ptr error) {
+  // The head's attempt is not in flight (its answer brought us here); the
+  // others never attempted.
+  auto waiting = std::move(w->waiting);
+  w->waiting.clear();
+  w->retry.cancel();
+  w->connection_error = nullptr;
+  w->unreachable_since = Clock::time_point::max();
+  for (auto& a : waiting) {
+    if (a->done) continue;
+    a->done = true;
+    a->wait_timeout.cancel();
+    hooks_.failed(a, error, false);
+    abandon(*a);
+  }
+  maybe_forget(w);  // w may be gone
 }
 
 void WaitQueue::on_outcome(const std::shared_ptr<Acquisition>& a, const Acquired& out, Clock::time_point sent,
                            KeyWaiters* w) {
   using Status = Acquired::Status;
+  if (out.status != Status::kBusy) a->maybe_held = true;  // taken, or unknown: kept only if it ends well
   if (a->done) {
     // Its wait ran out (or the runtime stopped) while the attempt was in
-    // flight: a lock taken now belongs to nobody, so give it back.
-    if (out.status == Status::kTaken) give_back(*a);
+    // flight: a lock taken now belongs to nobody, so give it back (also
+    // when the answer was an error: the store may have taken it).
+    abandon(*a);
     if (w) {
       attempt_head(w->name);
       maybe_forget(w);
@@ -105,19 +176,35 @@ void WaitQueue::on_outcome(const std::shared_ptr<Acquisition>& a, const Acquired
   if (w && out.status == Status::kFailed && is_transient_error(out.error)) {
     // A waiter keeps its place through a connection blip (or a cluster
     // failing over) and tries again shortly (a request made while down
-    // waits for the reconnect). Its wait deadline still bounds it, and then
-    // it reports this error rather than a busy lock.
+    // waits for the reconnect). A store that stays unreachable for the
+    // connect timeout is down, not busy: every waiter of the key fails now
+    // rather than at its wait's end. A cluster's "not now" is ridden out
+    // within the wait. Either way a wait that runs out meanwhile reports
+    // this error rather than a busy lock.
     w->connection_error = out.error;
+    if (is_connection_error(out.error)) {
+      w->unreachable_since = std::min(w->unreachable_since, sent);
+      if (Clock::now() - w->unreachable_since >= options_.connect_timeout) {
+        fail_waiters(w, out.error);
+        return;
+      }
+    } else {
+      w->unreachable_since = Clock::time_point::max();
+    }
     w->retry = clock_.at(*w, Clock::now() + options_.reconnect_min);
     return;
   }
-  if (w) w->connection_error = nullptr;
+  if (w) {
+    w->connection_error = nullptr;
+    w->unreachable_since = Clock::time_point::max();
+  }
   if (out.status != Status::kBusy) {
     if (w) w->waiting.pop_front();
     a->done = true;
     a->wait_timeout.cancel();
     if (out.status == Status::kFailed) {
       hooks_.failed(a, out.error, false);
+      abandon(*a);
       if (w) attempt_head(w->name);
     } else {
       if (w) {
@@ -231,7 +318,10 @@ void WaitQueue::on_wait_expired(Acquisition* raw) {
                   std::make_exception_ptr(LockNotAcquired(
                       a->spec.key, std::chrono::duration_cast<milliseconds>(Clock::now() - a->started))),
                   true);
-  if (!head_in_flight) attempt_head(w->name);
+  if (!head_in_flight) {
+    abandon(*a);  // in flight: its answer does it
+    attempt_head(w->name);
+  }
   maybe_forget(w);
 }
 
@@ -243,11 +333,14 @@ void WaitQueue::maybe_forget(KeyWaiters* w) {
 }
 
 void WaitQueue::fail_all(std::exception_ptr error) {
+  stopping_ = true;
   for (auto& [name, w] : waiters_) {
-    for (auto& a : w->waiting) {
+    for (std::size_t i = 0; i < w->waiting.size(); ++i) {
+      auto& a = w->waiting[i];
       if (a->done) continue;
       a->done = true;
       hooks_.failed(a, error, false);
+      if (i != 0 || !w->in_flight) abandon(*a);  // in flight: its answer does it
     }
     w->waiting.clear();
     w->retry.cancel();

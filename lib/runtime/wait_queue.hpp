@@ -8,8 +8,18 @@
 // ttl runs out (a holder that died never publishes), or, on a store without
 // notices, until a bounded back-off. When one of our own leases on the key
 // ends, the next in line goes at once (or, with Options::local_handoff, the
-// runtime passes the lock to it without the store: take_next()). A waiter keeps its place through a
-// connection blip and reports that error if its wait runs out meanwhile.
+// runtime passes the lock to it without the store: take_next()). A waiter
+// keeps its place through a connection blip shorter than the connect
+// timeout (a wait is for a busy lock, not for a store that is down); past
+// that, every waiter of the key fails with the connection error.
+//
+// An attempt whose answer never came (a timeout, a reset) may still have
+// taken the lock: Redis runs a request it read before it hung once it goes
+// on. A call that ends without the lock after such an attempt leaves its
+// owner token here, and the queue gives it back (a release by that token)
+// as soon as the store answers, retrying with a back-off until a release is
+// answered or the attempt's ttl has surely run out. So a timed-out acquire
+// leaves no lock that nobody owns for its whole ttl.
 //
 // Threading: loop thread only.
 #pragma once
@@ -21,6 +31,7 @@
 #include <string>
 #include <string_view>
 #include <unordered_map>
+#include <vector>
 
 #include "lockwatch/options.hpp"
 #include "runtime/acquisition.hpp"
@@ -61,6 +72,8 @@ class WaitQueue {
   // Every waiter fails with `error` (the runtime stops).
   void fail_all(std::exception_ptr error);
   void clear();
+  // Tokens of ended calls not yet given back (see above).
+  std::size_t orphans() const noexcept { return orphans_.size() + orphans_sending_; }
 
  private:
   friend struct Acquisition;
@@ -70,7 +83,12 @@ class WaitQueue {
   void on_outcome(const std::shared_ptr<Acquisition>& a, const Acquired& out, Clock::time_point sent, KeyWaiters* w);
   void on_wait_expired(Acquisition* a);
   void maybe_forget(KeyWaiters* w);
-  void give_back(const Acquisition& a);
+  // `a` ended without the lock: if an attempt may have taken it, its token
+  // is given back.
+  void abandon(const Acquisition& a);
+  void give_back_orphans();
+  // Every waiter of `w` fails with `error` (the store cannot be reached).
+  void fail_waiters(KeyWaiters* w, std::exception_ptr error);
 
   LockStore& store_;
   WheelClock& clock_;
@@ -82,6 +100,26 @@ class WaitQueue {
     std::size_t operator()(std::string_view s) const noexcept { return std::hash<std::string_view>{}(s); }
   };
   std::unordered_map<std::string, std::unique_ptr<KeyWaiters>, NameHash, std::equal_to<>> waiters_;  // by store name
+
+  // A token to give back, until `until` (the last attempt's ttl is over).
+  struct Orphan {
+    std::string name;
+    OwnerToken token;
+    TtlText ttl_ms;
+    std::chrono::milliseconds ttl;
+    Clock::time_point until;
+    bool tried = false;
+  };
+  struct OrphanTimer final : TimerTask {
+    WaitQueue* queue = nullptr;
+    void run(Timeout) noexcept override { queue->give_back_orphans(); }
+  };
+  std::vector<Orphan> orphans_;        // waiting for their (next) release
+  std::size_t orphans_sending_ = 0;    // in the release batch in flight
+  std::chrono::milliseconds orphan_backoff_{0};
+  OrphanTimer orphan_timer_;
+  Timeout orphan_retry_;
+  bool stopping_ = false;  // fail_all ran: one last try, no more retries
 };
 
 }  // namespace lockwatch::detail

@@ -1,6 +1,7 @@
 #include "runtime/watchdog.hpp"
 
 #include <limits>
+#include <utility>
 
 #include "core/timing.hpp"
 
@@ -26,6 +27,7 @@ std::shared_ptr<LeaseRecord> Watchdog::new_lease(const Acquisition& a, std::uint
   // exact meanwhile).
   l->renew_after = renew_after(options_, a.spec.ttl, a.spec.renew_weight) - (clock_.tick() - Clock::duration(1));
   l->last_sent = last_sent;
+  if (!a.handle && !a.inline_run) l->queue_for_worker();
   l->finished = a.finished;
   l->granted_at = Clock::now();
   stats_.acquired.fetch_add(1, std::memory_order_relaxed);
@@ -83,8 +85,13 @@ std::shared_ptr<LeaseRecord> Watchdog::hand_off(const std::shared_ptr<LeaseRecor
   return l;
 }
 
+bool Watchdog::may_renew(const LeaseRecord& l) const noexcept {
+  // Renewals while the work waits for a worker are free.
+  return l.retries < 0 || l.spent < l.retries || !l.started();
+}
+
 void Watchdog::schedule_next(LeaseRecord& l, Clock::time_point extended_at) {
-  if (l.retries < 0 || static_cast<std::int64_t>(l.renewals()) < l.retries) {
+  if (may_renew(l)) {
     schedule(l, LeaseRecord::Phase::kRenewDue, extended_at + l.renew_after);
   } else {
     schedule(l, LeaseRecord::Phase::kExhausted, l.deadline());
@@ -131,13 +138,43 @@ void Watchdog::on_timer(LeaseRecord* raw) {
   }
   switch (l->phase) {
     case LeaseRecord::Phase::kRenewDue:
-    case LeaseRecord::Phase::kRetryDue:
+      if (!l->started() && now - l->granted_at >= options_.queue_timeout && l->give_up_start()) {
+        // Granted, renewed, and still no worker to run it: the pool is full
+        // of work that may be waiting for this very call. Give the lock back
+        // and answer the call, rather than hold the key with nothing running.
+        lose(l, LostReason::kNotStarted,
+             "no pool worker was free within Options::queue_timeout (" + std::to_string(options_.queue_timeout.count()) +
+                 " ms); is a locked call blocking its worker on another locked call?");
+        work_done(l);
+        break;
+      }
+      if (!may_renew(*l)) {  // the work started meanwhile, with its renewals spent
+        schedule(*l, LeaseRecord::Phase::kExhausted, l->deadline());
+        break;
+      }
+      l->renewal_counts = l->started();
       send_renew(l);
+      break;
+    case LeaseRecord::Phase::kRetryDue:
+      send_renew(l);  // the same renewal again: it counts as it did
       break;
     default:
       schedule(*l, l->phase, l->deadline());
       break;
   }
+}
+
+void Watchdog::renew_at_start(const std::shared_ptr<LeaseRecord>& l, std::shared_ptr<std::promise<void>> answered) {
+  // The work starts late (it waited for a worker): renew now, for free, so
+  // that it runs with a whole ttl, not what the queue left of one.
+  if (l->slot == LeaseRecord::kNoSlot || l->lost() || l->work_finished || l->phase != LeaseRecord::Phase::kRenewDue) {
+    answered->set_value();
+    return;
+  }
+  l->start_renewal = std::move(answered);
+  l->timeout.cancel();
+  l->renewal_counts = false;
+  send_renew(l);
 }
 
 void Watchdog::send_renew(const std::shared_ptr<LeaseRecord>& l) {
@@ -182,6 +219,15 @@ void Watchdog::on_renew_result(const std::shared_ptr<LeaseRecord>& sent_for, Clo
     if (!current) return;
   }
   const auto& l = current ? current : sent_for;
+  // A worker waiting on the renewal made at the start goes on once it is
+  // answered, whatever became of it (a lost lease shows in the lease).
+  auto answered = status != Renewed::kTransient ? std::exchange(l->start_renewal, nullptr) : nullptr;
+  on_renew_result_now(l, sent, status, why);
+  if (answered) answered->set_value();
+}
+
+void Watchdog::on_renew_result_now(const std::shared_ptr<LeaseRecord>& l, Clock::time_point sent, Renewed status,
+                                   std::string_view why) {
   if ((l->work_finished && !l->releasing) || l->lost()) return;
   switch (status) {
     case Renewed::kYes:
@@ -212,7 +258,10 @@ void Watchdog::renewal_failed(const std::shared_ptr<LeaseRecord>& l, std::string
 
 void Watchdog::on_renewed(const std::shared_ptr<LeaseRecord>& l, Clock::time_point sent) {
   l->timeout.cancel();
-  l->bump_renewals();
+  if (l->renewal_counts) {
+    ++l->spent;
+    l->bump_renewals();
+  }
   auto left = l->deadline() - Clock::now();
   events_.renewed(l->key(), left);
   auto slack = std::chrono::duration_cast<std::chrono::microseconds>(left).count();
@@ -224,6 +273,7 @@ void Watchdog::on_renewed(const std::shared_ptr<LeaseRecord>& l, Clock::time_poi
 }
 
 void Watchdog::lose(const std::shared_ptr<LeaseRecord>& l, LostReason reason, std::string detail) {
+  if (l->start_renewal) std::exchange(l->start_renewal, nullptr)->set_value();
   if (!l->mark_lost(reason)) return;
   stats_.leases_lost.fetch_add(1, std::memory_order_relaxed);
   l->timeout.cancel();

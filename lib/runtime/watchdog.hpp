@@ -57,6 +57,10 @@ class Watchdog {
   // registry. `from` is over without a release (the caller finishes it).
   std::shared_ptr<LeaseRecord> hand_off(const std::shared_ptr<LeaseRecord>& from, const Acquisition& a,
                                         std::uint64_t fence);
+  // The work starts after waiting for a worker long enough to have used
+  // part of its ttl: renew it now, without spending a retry.
+  // `answered` is set once the renewal is answered (at once if none goes).
+  void renew_at_start(const std::shared_ptr<LeaseRecord>& l, std::shared_ptr<std::promise<void>> answered);
   // The work is over: release, then finish.
   void work_done(const std::shared_ptr<LeaseRecord>& l);
   // Marks the lease lost (once) and asks its work to stop.
@@ -80,12 +84,17 @@ class Watchdog {
   std::shared_ptr<LeaseRecord> new_lease(const Acquisition& a, std::uint64_t fence, Clock::time_point deadline,
                                          Clock::time_point last_sent);
   void schedule(LeaseRecord& l, LeaseRecord::Phase phase, Clock::time_point at);
+  // Whether a renewal may go out: the work has not started, or it has
+  // renewals left.
+  bool may_renew(const LeaseRecord& l) const noexcept;
   // The next renewal, ttl * weight after the request sent at `extended_at`
   // (that extended the key), or, with the renewals spent, the deadline.
   void schedule_next(LeaseRecord& l, Clock::time_point extended_at);
   void send_renew(const std::shared_ptr<LeaseRecord>& l);
   void on_renew_result(const std::shared_ptr<LeaseRecord>& l, Clock::time_point sent, Renewed status,
                        std::string_view why);
+  void on_renew_result_now(const std::shared_ptr<LeaseRecord>& l, Clock::time_point sent, Renewed status,
+                           std::string_view why);
   void on_renewed(const std::shared_ptr<LeaseRecord>& l, Clock::time_point sent);
   void renewal_failed(const std::shared_ptr<LeaseRecord>& l, std::string why);
   void finish(const std::shared_ptr<LeaseRecord>& l);

@@ -1,0 +1,193 @@
+// The runtime's edges on an in-memory store: bounds of the arguments, a
+// handle that outlives its runtime, work queued for a worker, and a handle
+// and LOCKED on the same key from one thread.
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <limits>
+#include <thread>
+
+#include "memory_runtime.hpp"
+
+namespace lockwatch::testing {
+namespace {
+
+class RuntimeTest : public ::testing::Test {
+ protected:
+  void SetUp() override { rt_ = memory_runtime(backend_, script_, options_); }
+  void TearDown() override { rt_.reset(); }
+  void restart(Options o) {
+    rt_.reset();
+    rt_ = memory_runtime(backend_, script_, std::move(o));
+  }
+
+  std::shared_ptr<MemoryBackend> backend_ = std::make_shared<MemoryBackend>();
+  std::shared_ptr<StoreScript> script_ = std::make_shared<StoreScript>();
+  Options options_ = memory_options();
+  std::unique_ptr<Runtime> rt_;
+};
+
+// The message names the allowed range.
+template <class F>
+std::string invalid_argument_of(F&& f) {
+  try {
+    f();
+  } catch (const InvalidArgument& e) {
+    return e.what();
+  } catch (const std::exception& e) {
+    return std::string("another error: ") + e.what();
+  }
+  return "no error";
+}
+
+TEST_F(RuntimeTest, AbsurdTtlsAndWaitsAreInvalidArgumentsAtTheCall) {
+  const auto huge = std::chrono::milliseconds(std::int64_t{1} << 45);
+  for (auto ttl : {huge, std::chrono::milliseconds::max(), max_ttl + 1ms}) {
+    auto what = invalid_argument_of([&] { (void)rt_->acquire("k", ttl); });
+    EXPECT_NE(what.find("ttl must be 1 .. 604800000 ms"), std::string::npos) << what;
+    auto call = locked("k", ttl, 0).on(*rt_)([] { return 1; })();
+    auto err = error_of<InvalidArgument>(call);
+    ASSERT_TRUE(err);
+    EXPECT_NE(std::string(err->what()).find("ttl must be"), std::string::npos) << err->what();
+  }
+  for (auto wait : {huge, std::chrono::milliseconds::max(), -1ms}) {
+    auto what = invalid_argument_of([&] { (void)rt_->acquire("k", 1s, forever, wait); });
+    EXPECT_NE(what.find("wait must be 0 .. 604800000 ms"), std::string::npos) << what;
+  }
+  // The bounds themselves are taken.
+  auto f = rt_->acquire("k", max_ttl, 0, 0ms);
+  auto h = get_bounded(f);
+  EXPECT_GT(h.lease().remaining(), max_ttl * 9 / 10);  // less the drift allowance
+  auto released = h.release();
+  get_bounded(released);
+  // And so is a scheduled job's lease, checked as a lock's ttl.
+  auto what = invalid_argument_of([&] {
+    JobOptions jo;
+    jo.lease = huge;
+    Scheduler s(*rt_);
+    (void)s.every(1s, "absurd", [] {}, jo);
+  });
+  EXPECT_NE(what.find("ttl must be"), std::string::npos) << what;
+}
+
+TEST_F(RuntimeTest, AHandleThatOutlivesItsRuntimeReadsLostAndItsReleaseSaysSo) {
+  auto f = rt_->acquire("outlived", 30s);
+  auto h = get_bounded(f);
+  ASSERT_FALSE(h.lease().lost());
+  rt_.reset();  // releases the key
+  EXPECT_FALSE(backend_->owner(memory_name("outlived")));
+  EXPECT_TRUE(h.lease().lost());
+  EXPECT_EQ(h.lease().lost_reason(), LostReason::kRuntimeStopped);
+  EXPECT_EQ(h.lease().remaining(), 0ms);
+  EXPECT_TRUE(h.lease().stop_token().stop_requested());
+  // Another runtime takes the key; the old handle still reads lost.
+  rt_ = memory_runtime(backend_, script_, options_);
+  auto other = rt_->acquire("outlived", 30s);
+  auto h2 = get_bounded(other);
+  EXPECT_TRUE(h.lease().lost());
+  auto released = h.release();
+  auto err = error_of<LeaseLost>(released);
+  ASSERT_TRUE(err);
+  EXPECT_EQ(err->reason(), LostReason::kRuntimeStopped);
+  EXPECT_TRUE(backend_->owner(memory_name("outlived")));  // the other holder's, untouched
+  auto released2 = h2.release();
+  get_bounded(released2);
+}
+
+TEST_F(RuntimeTest, TimeQueuedForAWorkerDoesNotEatTheLease) {
+  // One worker: the second call's lock is granted at once and its work
+  // waits for the first. Its ttl and retries count from its start.
+  Options o = memory_options(1);
+  restart(o);
+  Gate second_started;
+  auto first = locked("busy-worker", 500ms, forever).on(*rt_)([] { std::this_thread::sleep_for(700ms); });
+  std::atomic<long long> left_at_start{-1};
+  auto second = locked("queued", 500ms, 0).on(*rt_)([&] {
+    left_at_start = this_lease().remaining().count();
+    std::this_thread::sleep_for(300ms);  // the work itself: within its ttl
+    return this_lease().lost();
+  });
+  auto f1 = first();
+  auto f2 = second();
+  get_bounded(f1);
+  EXPECT_FALSE(get_bounded(f2));  // not lost: the wait did not count
+  // It started with (nearly) a whole ttl, not what the queue left of one.
+  EXPECT_GT(left_at_start.load(), 300) << left_at_start.load();
+}
+
+TEST_F(RuntimeTest, RenewalsWhileQueuedDoNotSpendTheRetries) {
+  Options o = memory_options(1);
+  restart(o);
+  auto first = locked("blocker", 300ms, forever).on(*rt_)([] { std::this_thread::sleep_for(900ms); });
+  auto second = locked("queued-retries", 300ms, 1).on(*rt_)([] {
+    std::this_thread::sleep_for(400ms);  // needs its one renewal
+    return std::pair(this_lease().lost(), this_lease().renewals());
+  });
+  auto f1 = first();
+  auto f2 = second();
+  get_bounded(f1);
+  auto [lost, renewals] = get_bounded(f2);
+  EXPECT_FALSE(lost);
+  EXPECT_EQ(renewals, 1u);  // the one it was allowed, spent on its work
+}
+
+TEST_F(RuntimeTest, ALockedCallBlockingTheOnlyWorkerOnAnotherFailsItInsteadOfDeadlocking) {
+  Options o = memory_options(1);
+  o.queue_timeout = 300ms;
+  restart(o);
+  auto inner = locked("inner", 200ms, forever).on(*rt_)([] { return 1; });
+  std::promise<std::shared_future<int>> handed;
+  Gate outer_runs;
+  auto outer = locked("outer", 200ms, forever).on(*rt_)([&] {
+    // Blocks the only worker on a call queued behind it: a deadlock
+    // unless the queued call gives up.
+    outer_runs.open();
+    auto inner_done = handed.get_future().get();
+    return inner_done.wait_for(kBound) == std::future_status::ready;
+  });
+  auto f = outer();
+  ASSERT_TRUE(outer_runs.wait());
+  std::shared_future<int> shared = inner().share();
+  handed.set_value(shared);
+  EXPECT_TRUE(get_bounded(f));
+  ASSERT_EQ(shared.wait_for(kBound), std::future_status::ready);
+  try {
+    shared.get();
+    ADD_FAILURE() << "the queued call ran";
+  } catch (const LeaseLost& e) {
+    EXPECT_EQ(e.reason(), LostReason::kNotStarted);
+    EXPECT_NE(std::string(e.what()).find("queue_timeout"), std::string::npos) << e.what();
+  }
+  // Its lock was given back, and the runtime goes on.
+  EXPECT_FALSE(backend_->owner(memory_name("inner")));
+  auto again = inner();
+  EXPECT_EQ(get_bounded(again), 1);
+}
+
+TEST_F(RuntimeTest, LockedOnAKeyWhoseHandleThisThreadHoldsIsReentrant) {
+  auto f = rt_->acquire("handle-then-locked", 5s);
+  auto h = get_bounded(f);
+  const auto acquires = script_->count(Op::kAcquire);
+  auto inside = locked("handle-then-locked", 5s, 0).on(*rt_).wait(10s)([] { return this_lease().fencing_token(); });
+  auto t0 = std::chrono::steady_clock::now();
+  auto inside_done = inside();
+  auto token = get_bounded(inside_done);
+  EXPECT_LT(ms_between(t0, std::chrono::steady_clock::now()), 1s);  // not the 10 s wait
+  EXPECT_EQ(token, h.lease().fencing_token());                      // the handle's lease
+  EXPECT_EQ(script_->count(Op::kAcquire), acquires);                // the store was not asked
+  // Another thread has no claim on the handle: it waits, as any caller.
+  std::future<std::uint64_t> elsewhere;
+  std::thread([&] {
+    elsewhere = locked("handle-then-locked", 5s, 0).on(*rt_)([] { return this_lease().fencing_token(); })();
+  }).join();
+  EXPECT_TRUE(error_of<LockNotAcquired>(elsewhere));
+  auto released = h.release();
+  get_bounded(released);
+  // Released: the next call takes the key from the store again.
+  auto after = locked("handle-then-locked", 5s, 0).on(*rt_)([] { return this_lease().fencing_token(); });
+  auto after_done = after();
+  EXPECT_GT(get_bounded(after_done), token);
+}
+
+}  // namespace
+}  // namespace lockwatch::testing
