@@ -189,7 +189,13 @@ TEST_P(SentinelTest, FailoverWhileLeasesAreHeldAndCallersWait) {
   });
   auto held = hold();
   ASSERT_TRUE(held_started.wait());
-  auto waiter = locked("fo", 4s, forever).on(rt).wait(40s)([] { return this_lease().fencing_token(); });
+  // A waiter rides out a master it cannot reach for up to the connect
+  // timeout (a wait is for a busy lock, not for a store that is down): one
+  // that is to outlast a failover needs a connect timeout longer than it.
+  Options patient = options();
+  patient.connect_timeout = 15s;
+  Runtime waiting_rt(patient);
+  auto waiter = locked("fo", 4s, forever).on(waiting_rt).wait(40s)([] { return this_lease().fencing_token(); });
   auto waiting = waiter();
 
   master_->kill();

@@ -153,8 +153,8 @@ TEST_P(StoreContractTest, AWaiterGetsTheLockSoonAfterTheRelease) {
 }
 
 TEST_P(StoreContractTest, AWaitRunsOutWithLockNotAcquired) {
-  Runtime rt(options());
-  auto held = take(rt, "wait-out", 5s);
+  Runtime rt(options()), holder(options());
+  auto held = take(holder, "wait-out", 5s);  // another process's (a handle of this thread would be reentrant)
   auto waiter = locked("wait-out", 5s, 0).on(rt).wait(300ms)([] { return 1; });
   auto t0 = std::chrono::steady_clock::now();
   auto fut = waiter();

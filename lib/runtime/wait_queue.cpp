@@ -345,6 +345,8 @@ void WaitQueue::fail_all(std::exception_ptr error) {
     w->waiting.clear();
     w->retry.cancel();
   }
+  // One last try for the tokens still to give back, before the store closes.
+  if (!orphans_.empty() && orphans_sending_ == 0) give_back_orphans();
 }
 
 }  // namespace lockwatch::detail
