@@ -49,8 +49,12 @@ Violations, and why each means the library broke a promise:
                   in Redis right after it (on a majority of Redlock nodes;
                   with Sentinel on the master the sentinels name, checked
                   only if no failover happened during the call, as a stale
-                  old master may keep keys), or when the workers had ended;
-                  or a lock key without expiry.
+                  old master may keep keys; on a Redis Cluster on the master
+                  of the key's slot, checked only if the same node answered
+                  before and after; on SQL the lock row, held while it has
+                  an owner and its expiry is ahead), or when the workers had
+                  ended (on every master; SQL: the rows held); or a lock key
+                  without expiry.
   outlived        a lock key still existed a ttl after every worker ended.
   scan            the lock nodes could not be read at the end.
   incomplete      the soak itself did not run to its end.
@@ -432,6 +436,18 @@ def _self_test_cases():
     def held_at_end(r):
         r["scan_end"][0]["keys"].append({"key": "lockwatch:{soak:k0}", "value": "ownerB", "pttl": 400})
 
+    def sql_row_held_at_end(r):
+        r["meta"]["topology"] = "sql"
+        for scan in ("scan_end", "scan_later"):
+            r[scan] = [{"node": "mariadbd", "ok": True, "keys": []}]
+        r["scan_end"][0]["keys"].append({"key": "lockwatch:soak:k0", "value": "ownerB", "pttl": 400})
+
+    def cluster_master_held_at_end(r):
+        r["meta"]["topology"] = "cluster"
+        for scan in ("scan_end", "scan_later"):
+            r[scan] = [{"node": "cnode%d" % i, "ok": True, "keys": []} for i in range(3)]
+        r["scan_end"][2]["keys"].append({"key": "lockwatch:{soak:k0}", "value": "ownerB", "pttl": 400})
+
     def no_expiry(r):
         r["scan_end"][0]["keys"][0]["pttl"] = -1
 
@@ -477,6 +493,8 @@ def _self_test_cases():
         ("the same call, its process stopped meanwhile", stopped_not_over, set()),
         ("a released lock still held", held_after_release, {"released-held"}),
         ("a released owner left at the end", held_at_end, {"released-held"}),
+        ("SQL: a released lock's row held at the end", sql_row_held_at_end, {"released-held"}),
+        ("Cluster: a released owner on one master at the end", cluster_master_held_at_end, {"released-held"}),
         ("a lock key without expiry", no_expiry, {"released-held"}),
         ("a lock key outliving its ttl", outlived, {"outlived"}),
         ("Redlock: one node of three missed a release", redlock_minority, set()),

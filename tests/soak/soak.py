@@ -1,8 +1,9 @@
 #!/usr/bin/env python3
 """The fault soak's orchestrator; run it through scripts/soak.
 
-Starts the lock topology (one redis-server, three Redlock masters, or a
-master, a replica and three sentinels), the resource (one more
+Starts the lock topology (one redis-server, three Redlock masters, a
+master, a replica and three sentinels, a Redis Cluster of three masters
+and three replicas, or one mariadbd), the resource (one more
 redis-server, never faulted) and several lockwatch-soak-worker processes,
 injects faults at random from a seed for the given time, then collects
 what the checker (scripts/soak_check.py) reads into --dir:
@@ -13,13 +14,21 @@ what the checker (scripts/soak_check.py) reads into --dir:
   faults.jsonl       each fault: kind, target, start and end (CLOCK_MONOTONIC ns)
   resource.json      the resource's counters, accepted writes and refusals
   locks_end.json     lock keys on the nodes right after the workers ended
+                     (on SQL: the lock table's rows held then)
   locks_later.json   the same once the longest ttl has passed
 
 Every lock node runs with appendonly and appendfsync always: the restart
 faults are crashes (SIGKILL) of nodes that keep their keys and fencing
 counters, which is what the README asks of a deployment that wants
-fencing tokens to survive a restart. Faults stop some seconds before the
-end so that the run ends on a healthy system.
+fencing tokens to survive a restart; mariadbd commits every statement to
+its log (innodb_flush_log_at_trx_commit=1). The cluster's nodes time out
+after 1 s; its faults are a master killed (its replica takes over, it
+comes back as a replica), a graceful CLUSTER FAILOVER, a slot of a lock
+moved to another master while locks are held (IMPORTING/MIGRATING,
+MIGRATE, SETSLOT NODE, as redis-cli --cluster reshard does) and a master
+stopped for less than the node timeout. Faults stop some seconds before
+the end so that the run ends on a healthy system. Cluster and SQL faults
+stay on 127.0.0.1 (no network namespace).
 
 Every child is killed on exit (also on SIGTERM/SIGINT, and by the kernel
 should this process die: PR_SET_PDEATHSIG), the network namespace is
@@ -37,6 +46,7 @@ import argparse
 import ctypes
 import json
 import os
+import pwd
 import random
 import shutil
 import signal
@@ -49,6 +59,8 @@ MAX_TTL_MS = 2500  # the longest ttl the workers use (kTtls in soak_worker.cpp)
 MAX_FAULT_S = 4.5  # the longest a fault lasts (down, stopped, hung, cut)
 GUARD_METRIC = "4242"  # the blackhole route behind the veth's own
 SENTINEL_MASTER = "mymaster"
+CLUSTER_NODE_TIMEOUT_MS = 1000
+SQL_USER, SQL_PASSWORD, SQL_DATABASE = "lockwatch", "lockwatch-soak", "lockwatch_soak"
 
 
 def mono_ns():
@@ -156,9 +168,11 @@ class Child:
 class RedisNode:
     """One redis-server on a fixed port, restartable, with appendonly."""
 
-    def __init__(self, root, name, port=None, host="127.0.0.1", netns=None, persist=True):
+    def __init__(self, root, name, port=None, host="127.0.0.1", netns=None, persist=True, cluster=False):
         self.name, self.host, self.netns, self.persist = name, host, netns, persist
         self.port = port or free_port()
+        # A cluster node: its bus on a port of its own (port + 10000 may not exist).
+        self.bus_port = free_port() if cluster else None
         self.dir = os.path.join(root, name)
         os.makedirs(self.dir, exist_ok=True)
         self.proc = None
@@ -178,6 +192,9 @@ class RedisNode:
         argv += ["--repl-diskless-sync-delay", "0"]
         if self.replicaof:
             argv += ["--replicaof", "127.0.0.1", str(self.replicaof)]
+        if self.bus_port:
+            argv += ["--cluster-enabled", "yes", "--cluster-config-file", os.path.join(self.dir, "nodes.conf"),
+                     "--cluster-node-timeout", str(CLUSTER_NODE_TIMEOUT_MS), "--cluster-port", str(self.bus_port)]
         return argv
 
     def start(self, replicaof=None):
@@ -247,6 +264,178 @@ class Sentinel:
         return dict(zip(r[0::2], r[1::2])) if isinstance(r, list) else {}
 
 
+class MariaDb:
+    """One mariadbd on a loopback port and a socket of its own, restartable;
+    every commit reaches its log before it is acknowledged."""
+
+    def __init__(self, root):
+        self.name = "mariadbd"
+        self.dir = os.path.join(root, "mariadb")
+        os.makedirs(self.dir, exist_ok=True)
+        self.port = free_port()
+        self.sock = os.path.join(self.dir, "sock")
+        self.proc = None
+        self.user = pwd.getpwuid(os.geteuid()).pw_name
+        with open(os.path.join(self.dir, "install.log"), "wb") as log:
+            rc = subprocess.run(["mariadb-install-db", "--no-defaults", "--datadir=" + os.path.join(self.dir, "data"),
+                                 "--user=" + self.user, "--auth-root-authentication-method=normal", "--skip-test-db",
+                                 "--innodb-log-file-size=4M"], stdin=subprocess.DEVNULL, stdout=log,
+                                stderr=subprocess.STDOUT, timeout=120).returncode
+        if rc != 0:
+            raise RuntimeError("mariadb-install-db failed (see %s/install.log)" % self.dir)
+
+    @property
+    def addr(self):
+        return "127.0.0.1:%d" % self.port
+
+    def start(self):
+        argv = ["mariadbd", "--no-defaults", "--datadir=" + os.path.join(self.dir, "data"), "--user=" + self.user,
+                "--socket=" + self.sock, "--port=%d" % self.port, "--bind-address=127.0.0.1", "--skip-name-resolve",
+                "--log-error=" + os.path.join(self.dir, "error.log"), "--skip-log-bin",
+                "--innodb-buffer-pool-size=64M", "--innodb-flush-log-at-trx-commit=1", "--max-connections=200"]
+        self.proc = Child(argv, os.path.join(self.dir, "stdout.log"))
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline and self.proc.p.poll() is None:
+            if self.ping():
+                return
+            time.sleep(0.05)  # a starting server (crash recovery included): nothing signals "ready"
+        raise RuntimeError("mariadbd did not answer within 30 s (see %s/error.log)" % self.dir)
+
+    def kill(self):
+        if self.proc:
+            self.proc.kill()
+            self.proc = None
+
+    def pause(self):
+        self.proc.signal(signal.SIGSTOP)
+
+    def resume(self):
+        self.proc.signal(signal.SIGCONT)
+
+    def query(self, sql, timeout=3.0):
+        """The rows (lists of strings) of `sql`, run as root over the socket.
+        Raises OSError when the server does not answer or refuses."""
+        try:
+            r = subprocess.run(["mariadb", "--no-defaults", "--socket=" + self.sock, "-uroot", "-N", "-B",
+                                "--connect-timeout=1", "-e", sql], stdin=subprocess.DEVNULL, capture_output=True,
+                               text=True, timeout=timeout)
+        except subprocess.TimeoutExpired:
+            raise OSError("mariadbd did not answer within %.1f s" % timeout)
+        if r.returncode != 0:
+            raise OSError(r.stderr.strip() or "mariadb exited with %d" % r.returncode)
+        return [line.split("\t") for line in r.stdout.splitlines()]
+
+    def ping(self):
+        try:
+            return self.query("SELECT 1", timeout=1.0) == [["1"]]
+        except OSError:
+            return False
+
+    def create_user(self):
+        self.query("CREATE DATABASE %s; CREATE USER '%s'@'127.0.0.1' IDENTIFIED BY '%s'; "
+                   "GRANT ALL ON %s.* TO '%s'@'127.0.0.1'"
+                   % (SQL_DATABASE, SQL_USER, SQL_PASSWORD, SQL_DATABASE, SQL_USER, ))
+
+    def lock_keys(self):
+        """[{key, value, pttl}] of every lock row held now (owner set, not expired)."""
+        try:
+            rows = self.query("SELECT lock_name, owner, TIMESTAMPDIFF(MICROSECOND, NOW(6), expires_at) DIV 1000 "
+                              "FROM %s.lockwatch_locks WHERE owner <> '' AND expires_at > NOW(6)" % SQL_DATABASE)
+        except OSError as e:
+            if "doesn't exist" in str(e):
+                return []  # no lock was ever taken
+            raise
+        return [{"key": r[0], "value": r[1], "pttl": int(r[2])} for r in rows]
+
+
+class Cluster:
+    """Six cluster nodes (appendonly), made three masters with a replica
+    each by redis-cli --cluster create; nodes keep their ports across
+    restarts and rejoin from their nodes.conf."""
+
+    def __init__(self, root):
+        self.nodes = [RedisNode(root, "cnode%d" % i, cluster=True) for i in range(6)]
+
+    def start(self):
+        for n in self.nodes:
+            n.start()
+        r = subprocess.run(["redis-cli", "--cluster", "create"] + [n.addr for n in self.nodes]
+                           + ["--cluster-replicas", "1", "--cluster-yes"], stdin=subprocess.DEVNULL,
+                           capture_output=True, text=True, timeout=60)
+        if r.returncode != 0:
+            raise RuntimeError("redis-cli --cluster create failed: %s" % (r.stdout + r.stderr)[-500:])
+
+    def live(self):
+        return [n for n in self.nodes if n.proc is not None]
+
+    def masters(self):
+        return [n for n in self.live() if info(n).get("role") == "master"]
+
+    def replicas_of(self, m):
+        return [n for n in self.live() if info(n).get("role") == "slave" and info(n).get("master_port") == str(m.port)]
+
+    def by_port(self, port):
+        return next((n for n in self.nodes if n.port == port), None)
+
+    def owner(self, slot):
+        """The master of `slot` as a live master sees it, or None."""
+        for m in self.masters():
+            try:
+                for r in m.cmd("CLUSTER", "SLOTS"):
+                    if r[0] <= slot <= r[1]:
+                        return self.by_port(int(r[2][1]))
+            except (OSError, TypeError, IndexError):
+                continue
+        return None
+
+    def healthy(self):
+        """Every node up and cluster_state:ok with all slots served, three
+        masters, each with one replica whose link is up."""
+        try:
+            if len(self.live()) != len(self.nodes):
+                return False
+            for n in self.nodes:
+                ci = dict(l.split(":", 1) for l in n.cmd("CLUSTER", "INFO", timeout=0.5).splitlines() if ":" in l)
+                if ci.get("cluster_state") != "ok" or ci.get("cluster_slots_ok") != "16384":
+                    return False
+            masters = self.masters()
+            if len(masters) != 3:
+                return False
+            for m in masters:
+                reps = self.replicas_of(m)
+                if len(reps) != 1 or info(reps[0]).get("master_link_status") != "up":
+                    return False
+            return True
+        except (OSError, ValueError, TypeError, AttributeError):
+            return False
+
+    def move_slot(self, slot, src, dst, rng):
+        """Moves `slot` from master src to master dst as redis-cli --cluster
+        reshard does, a key at a time with short pauses (so that calls meet
+        ASK and TRYAGAIN). Returns how many keys moved."""
+        sid, did = src.cmd("CLUSTER", "MYID"), dst.cmd("CLUSTER", "MYID")
+        for node, args in ((dst, ("IMPORTING", sid)), (src, ("MIGRATING", did))):
+            r = node.cmd("CLUSTER", "SETSLOT", slot, *args)
+            if isinstance(r, ReplyError):
+                raise OSError("CLUSTER SETSLOT %s %s on %s: %s" % (slot, args[0], node.name, r))
+        moved = 0
+        for _ in range(100):
+            keys = src.cmd("CLUSTER", "GETKEYSINSLOT", slot, 10)
+            if not keys:
+                break
+            for k in keys:
+                time.sleep(rng.uniform(0.0, 0.3))  # a slot half moved: ASK and TRYAGAIN meanwhile
+                r = src.cmd("MIGRATE", dst.host, dst.port, "", 0, 5000, "KEYS", k, timeout=6.0)
+                if isinstance(r, ReplyError):
+                    raise OSError("MIGRATE of %s to %s: %s" % (k, dst.name, r))
+                moved += r == "OK"
+        for node in [dst, src] + [m for m in self.masters() if m not in (src, dst)]:
+            r = node.cmd("CLUSTER", "SETSLOT", slot, "NODE", did)
+            if isinstance(r, ReplyError):
+                raise OSError("CLUSTER SETSLOT %s NODE on %s: %s" % (slot, node.name, r))
+        return moved
+
+
 def info(node):
     try:
         text = node.cmd("INFO", "replication", timeout=0.5)
@@ -277,6 +466,8 @@ class Soak:
         self.next_worker = 0
         self.nodes = []  # lock nodes
         self.sentinels = []
+        self.cluster = None
+        self.sql = None
         self.netns = None
         self.guard = None  # the blackhole route's arguments, once added
         self.net_mode = None  # "netem", "partition" or None
@@ -291,8 +482,8 @@ class Soak:
             why = "not running as root"
         elif not shutil.which("ip") or not shutil.which("tc"):
             why = "ip or tc not found (Debian package iproute2)"
-        elif a.topology == "sentinel":
-            why = "sentinel nodes stay on loopback"
+        elif a.topology in ("sentinel", "cluster", "sql"):
+            why = "%s nodes stay on 127.0.0.1" % a.topology
         if why:
             say("soak: network faults skipped: %s" % why)
             return None
@@ -345,6 +536,11 @@ class Soak:
                 self.nodes = [RedisNode(self.dir, "redis", port=6379, host=ns_addr, netns=self.netns)]
             else:
                 self.nodes = [RedisNode(self.dir, "redis")]
+        elif a.topology == "cluster":
+            self.cluster = Cluster(self.dir)
+            self.nodes = self.cluster.nodes
+        elif a.topology == "sql":
+            self.sql = MariaDb(self.dir)
         elif a.topology == "redlock":
             self.nodes = [RedisNode(self.dir, "node%d" % i) for i in range(2)]
             if ns_addr:
@@ -353,9 +549,21 @@ class Soak:
                 self.nodes.append(RedisNode(self.dir, "node2"))
         else:
             self.nodes = [RedisNode(self.dir, "data0"), RedisNode(self.dir, "data1")]
-        for i, n in enumerate(self.nodes):
-            n.start(replicaof=self.nodes[0].port if a.topology == "sentinel" and i > 0 else None)
-        if a.topology == "sentinel":
+        if self.cluster:
+            self.cluster.start()
+            if not self.wait_for(self.cluster.healthy, 40):
+                raise RuntimeError("the cluster was not healthy within 40 s")
+            self.url = "redis-cluster://" + ",".join(n.addr for n in self.nodes[:3])
+        elif self.sql:
+            self.sql.start()
+            self.sql.create_user()
+            self.url = "mysql://%s:%s@%s/%s" % (SQL_USER, SQL_PASSWORD, self.sql.addr, SQL_DATABASE)
+        else:
+            for i, n in enumerate(self.nodes):
+                n.start(replicaof=self.nodes[0].port if a.topology == "sentinel" and i > 0 else None)
+        if a.topology in ("cluster", "sql"):
+            pass
+        elif a.topology == "sentinel":
             self.sentinels = [Sentinel(self.dir, "sentinel%d" % i, self.nodes[0].port) for i in range(3)]
             if not self.wait_for(self.sentinel_healthy, 40):
                 raise RuntimeError("the sentinels did not see a healthy master and replica within 40 s")
@@ -366,8 +574,11 @@ class Soak:
         self.meta.update(url=self.url, majority=len(self.nodes) // 2 + 1 if a.topology == "redlock" else 1,
                          net_faults=self.net_mode or "none")
         desc = {"single": "one redis-server", "redlock": "Redlock over 3 redis-server masters",
-                "sentinel": "a master, a replica and 3 sentinels (min_replicas 1)"}[a.topology]
-        say("soak: %s (appendonly, fsync always) at %s; resource on %s" % (desc, self.url, self.resource.addr))
+                "sentinel": "a master, a replica and 3 sentinels (min_replicas 1)",
+                "cluster": "a Redis Cluster of 3 masters and 3 replicas (node timeout 1 s, min_replicas 1)",
+                "sql": "one mariadbd"}[a.topology]
+        durable = "flush at every commit" if a.topology == "sql" else "appendonly, fsync always"
+        say("soak: %s (%s) at %s; resource on %s" % (desc, durable, self.url, self.resource.addr))
         say("soak: %d processes x %d threads on %d keys for %d s" % (a.procs, a.threads, a.keys, a.seconds))
 
     @staticmethod
@@ -437,7 +648,7 @@ class Soak:
                 "--history", os.path.join(self.dir, "hist", wid + ".jsonl"), "--until-ns", str(until_ns),
                 "--threads", str(self.a.threads), "--keys", str(self.a.keys),
                 "--seed", str(self.a.seed * 1000 + self.next_worker)]
-        if self.a.topology == "sentinel":
+        if self.a.topology in ("sentinel", "cluster"):
             argv += ["--min-replicas", "1"]
         child = Child(argv, os.path.join(self.dir, wid + ".log"))
         self.workers[wid] = {"w": wid, "child": child, "t0": mono_ns(), "until": until_ns}
@@ -507,7 +718,10 @@ class Soak:
         port = replicaof() if replicaof else None
         if replicaof:
             detail["restarted_as"] = "replica" if port else "master"
-        node.start(replicaof=port)
+        if self.sql:
+            node.start()
+        else:
+            node.start(replicaof=port)
         if self.sentinels:
             self.wait_for(lambda: self.sentinel_master() is not None, 3)
             detail["master_now"] = getattr(self.sentinel_master(), "name", "undecided")
@@ -519,6 +733,40 @@ class Soak:
         time.sleep(d)
         node.resume()
         self.fault(kind, node.name, t0, seconds=d)
+
+    def lock_slot(self):
+        """The cluster slot of one of the workers' locks, picked at random."""
+        key = "lockwatch:{soak:k%d}" % self.rng.randrange(self.a.keys)
+        return int(self.nodes[0].cmd("CLUSTER", "KEYSLOT", key)) if self.nodes[0].proc else None
+
+    def cluster_fault(self, kind):
+        """One cluster fault on the master of a lock's slot (the cluster is
+        healthy when it starts)."""
+        rng, c = self.rng, self.cluster
+        slot = self.lock_slot()
+        m = c.owner(slot)
+        if m is None:
+            return
+        if kind == "master_kill":
+            # Its replica takes over after the node timeout; back, it rejoins as a replica.
+            self.node_kill("master_kill", m, rng.uniform(0.5, 3.0))
+        elif kind == "master_hang":
+            # Shorter than the node timeout: a hang, not a failover.
+            self.node_hang("master_hang", m, rng.uniform(0.2, 0.6))
+        elif kind == "failover":
+            r = c.replicas_of(m)[0]
+            t0 = mono_ns()
+            answer = r.cmd("CLUSTER", "FAILOVER")
+            done = self.wait_for(lambda: info(r).get("role") == "master", 10)
+            self.fault("failover", m.name, t0, to=r.name, answer=str(answer), done=done)
+        elif kind == "slot_move":
+            dst = rng.choice([x for x in c.masters() if x is not m])
+            t0 = mono_ns()
+            try:
+                moved, error = c.move_slot(slot, m, dst, rng), ""
+            except OSError as e:
+                moved, error = -1, str(e)
+            self.fault("slot_move", m.name, t0, slot=slot, to=dst.name, keys=moved, error=error)
 
     def net_fault(self):
         node = next(n for n in self.nodes if n.netns)
@@ -554,6 +802,10 @@ class Soak:
             self.deck = ["holder_kill", "holder_stop"]
             if topo == "single":
                 self.deck += ["redis_restart", "redis_hang"]
+            elif topo == "cluster":
+                self.deck += ["c_master_kill", "c_failover", "c_slot_move", "c_slot_move", "c_master_hang"]
+            elif topo == "sql":
+                self.deck += ["sql_restart", "sql_hang"]
             elif topo == "redlock":
                 self.deck += ["node_kill", "redis_hang"]
             else:
@@ -569,7 +821,17 @@ class Soak:
                 # Let the last failover settle first; this kind comes up again later.
                 self.deck.insert(0, kind)
                 kind = rng.choice(["holder_kill", "holder_stop"])
-        if kind == "holder_kill":
+        if kind.startswith("c_") and not self.cluster.healthy():
+            # Let the last failover settle first; this kind comes up again later.
+            self.deck.insert(0, kind)
+            kind = rng.choice(["holder_kill", "holder_stop"])
+        if kind.startswith("c_"):
+            self.cluster_fault(kind[2:])
+        elif kind == "sql_restart":
+            self.node_kill("sql_restart", self.sql, rng.uniform(0.0, 1.5))
+        elif kind == "sql_hang":
+            self.node_hang("sql_hang", self.sql, rng.uniform(0.3, 3.0))
+        elif kind == "holder_kill":
             self.holder_kill()
         elif kind == "holder_stop":
             self.holder_stop()
@@ -604,7 +866,7 @@ class Soak:
     def run(self):
         a = self.a
         self.setup()
-        quiet = 8 if a.topology == "sentinel" else 5
+        quiet = 8 if a.topology in ("sentinel", "cluster") else 5
         self.t_start = mono_ns()
         end = self.t_start + a.seconds * 10**9
         # The last fault is over `quiet` seconds before the end.
@@ -634,7 +896,20 @@ class Soak:
 
     def scan(self):
         out = []
-        targets = [self.sentinel_master()] if self.a.topology == "sentinel" else self.nodes
+        if self.sql:
+            try:
+                return [{"node": self.sql.name, "ok": True, "keys": self.sql.lock_keys()}]
+            except OSError as e:
+                return [{"node": self.sql.name, "ok": False, "error": str(e)}]
+        if self.cluster:
+            # Every key lives on the master of its slot: a healed cluster's masters hold them all.
+            if not self.wait_for(self.cluster.healthy, 15):
+                out.append({"node": "cluster", "ok": False, "error": "the cluster was not healthy within 15 s"})
+            targets = self.cluster.masters()
+        elif self.a.topology == "sentinel":
+            targets = [self.sentinel_master()]
+        else:
+            targets = self.nodes
         for n in targets:
             if n is None:
                 out.append({"node": "sentinel master", "ok": False, "error": "the sentinels do not agree"})
@@ -692,7 +967,7 @@ class Stop(Exception):
 def main():
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--seconds", type=int, default=60)
-    p.add_argument("--topology", choices=["single", "redlock", "sentinel"], default="single")
+    p.add_argument("--topology", choices=["single", "redlock", "sentinel", "cluster", "sql"], default="single")
     p.add_argument("--seed", type=int, required=True)
     p.add_argument("--procs", type=int, default=3)
     p.add_argument("--threads", type=int, default=3)

@@ -32,8 +32,14 @@
 // as when the owner was read: across a failover the old master can live
 // on as a stale master (its ROLE still says master) with keys the new one
 // no longer has, and which of them the library released on is not known.
+// On a Redis Cluster the owner is read from the master serving the key's
+// slot (following MOVED, and ASK after ASKING), and the check after the
+// release is made only if the same node answers (a failover or a slot
+// moved in between leaves it out). On SQL (mysql://) the owner is the
+// lock row's while it has not expired, read on the database's clock.
 #include <hiredis/hiredis.h>
 #include <lockwatch/lockwatch.hpp>
+#include <mysql.h>
 #include <signal.h>
 #include <unistd.h>
 
@@ -284,22 +290,94 @@ class Resource {
 
 // -------------------------------------------------------------- lock nodes
 
-// Reads lock keys straight from the lock's Redis nodes: the fixed masters,
-// or (Sentinel) the master every answering sentinel names (a majority of
-// them must answer), checked with ROLE. where() says which node that was.
+// Where the lock nodes are, from the URL the runtime gets: fixed masters
+// and Sentinel as the library parses them, a Redis Cluster's seeds, or a
+// mysql:// database.
+struct Where {
+  enum class Kind { kRedis, kCluster, kSql } kind = Kind::kRedis;
+  lockwatch::detail::Topology topology;  // kRedis
+  std::vector<std::pair<std::string, int>> seeds;  // kCluster
+  std::string user, password, host, database;  // kSql
+  int port = 3306;
+
+  static Where parse(const std::string& url) {
+    Where w;
+    constexpr std::string_view kCluster = "redis-cluster://", kSql = "mysql://";
+    auto host_port = [&](const std::string& hp) {
+      auto colon = hp.rfind(':');
+      if (colon == std::string::npos) throw std::runtime_error("host:port expected in " + url);
+      return std::make_pair(hp.substr(0, colon), std::atoi(hp.c_str() + colon + 1));
+    };
+    if (url.starts_with(kCluster)) {
+      w.kind = Kind::kCluster;
+      std::string rest = url.substr(kCluster.size());
+      for (std::size_t at = 0;;) {
+        auto comma = rest.find(',', at);
+        w.seeds.push_back(host_port(rest.substr(at, comma == std::string::npos ? std::string::npos : comma - at)));
+        if (comma == std::string::npos) break;
+        at = comma + 1;
+      }
+    } else if (url.starts_with(kSql)) {
+      // mysql://user:password@host:port/database, as scripts/soak writes it.
+      w.kind = Kind::kSql;
+      std::string rest = url.substr(kSql.size());
+      auto at = rest.rfind('@'), slash = rest.find('/', at);
+      auto colon = rest.find(':');
+      if (at == std::string::npos || slash == std::string::npos || colon > at)
+        throw std::runtime_error("mysql://user:password@host:port/database expected: " + url);
+      w.user = rest.substr(0, colon);
+      w.password = rest.substr(colon + 1, at - colon - 1);
+      std::tie(w.host, w.port) = host_port(rest.substr(at + 1, slash - at - 1));
+      w.database = rest.substr(slash + 1, rest.find('?') == std::string::npos ? std::string::npos : rest.find('?') - slash - 1);
+    } else {
+      w.topology = lockwatch::detail::Topology::parse(url);
+    }
+    return w;
+  }
+};
+
+// The SQL store's row for the lock whose Redis key is `redis_key`
+// ("lockwatch:{K}"): key_prefix + K, "lockwatch:K".
+std::string sql_lock_name(const std::string& redis_key) {
+  auto open = redis_key.find('{'), close = redis_key.rfind('}');
+  return "lockwatch:" + redis_key.substr(open + 1, close - open - 1);
+}
+
+// Reads lock keys straight from the lock's nodes: the fixed masters, or
+// (Sentinel) the master every answering sentinel names (a majority of
+// them must answer), checked with ROLE; on a Redis Cluster the node that
+// serves the key's slot (following MOVED, and ASK after ASKING); on SQL the
+// owner of the key's row while it has not expired. where() says which node
+// that was.
 class LockNodes {
  public:
-  explicit LockNodes(const lockwatch::detail::Topology& t) : master_name_(t.master_name) {
-    for (const auto& m : t.masters) masters_.emplace_back(m.host, m.port, kProbeTimeout);
-    for (const auto& s : t.sentinels) sentinels_.emplace_back(s.host, s.port, kProbeTimeout);
+  explicit LockNodes(const Where& w) : where_of_(w), master_name_(w.topology.master_name) {
+    for (const auto& m : w.topology.masters) masters_.emplace_back(m.host, m.port, kProbeTimeout);
+    for (const auto& s : w.topology.sentinels) sentinels_.emplace_back(s.host, s.port, kProbeTimeout);
   }
-  std::size_t nodes() const { return sentinels_.empty() ? masters_.size() : 1; }
+  ~LockNodes() {
+    if (sql_ != nullptr) mysql_close(sql_);
+  }
+  LockNodes(const LockNodes&) = delete;
+  LockNodes& operator=(const LockNodes&) = delete;
+
+  std::size_t nodes() const { return where_of_.kind == Where::Kind::kRedis && sentinels_.empty() ? masters_.size() : 1; }
+  // The longest one values() can take.
+  milliseconds probe_bound() const {
+    switch (where_of_.kind) {
+      case Where::Kind::kCluster: return kClusterHops * 2 * kProbeTimeout;
+      case Where::Kind::kSql: return 3 * kSqlTimeout;  // connect, write, read
+      default: return static_cast<long>(nodes()) * 2 * kProbeTimeout;
+    }
+  }
   // The node values() read last ("" when it found none); "masters" with
   // fixed masters.
   const std::string& where() const { return where_; }
 
   // What each node holds at `key` (nullopt: the node did not answer).
   std::vector<std::optional<std::string>> values(const std::string& key) {
+    if (where_of_.kind == Where::Kind::kCluster) return {cluster_value(key)};
+    if (where_of_.kind == Where::Kind::kSql) return {sql_value(key)};
     std::vector<std::optional<std::string>> out;
     if (sentinels_.empty()) {
       where_ = "masters";
@@ -328,6 +406,91 @@ class LockNodes {
   }
 
  private:
+  static constexpr int kClusterHops = 3;
+  static constexpr auto kSqlTimeout = 1000ms;  // the client library counts in seconds
+
+  // The value at `key` on the master serving its slot. The first try goes
+  // where the last answer came from, else to a seed.
+  std::optional<std::string> cluster_value(const std::string& key) {
+    where_.clear();
+    std::pair<std::string, int> at = last_.second > 0 ? last_ : where_of_.seeds.front();
+    bool asking = false;
+    for (int hop = 0; hop < kClusterHops; ++hop) {
+      Conn& c = cluster_conn(at);
+      std::vector<std::vector<std::string>> cmds;
+      if (asking) cmds.push_back({"ASKING"});
+      cmds.push_back({"GET", key});
+      auto r = c.run(cmds);
+      if (r.empty()) {
+        // Down (killed, or failed over): the next seed.
+        last_ = {};
+        at = where_of_.seeds[static_cast<std::size_t>(hop + 1) % where_of_.seeds.size()];
+        asking = false;
+        continue;
+      }
+      const redisReply* got = r.back().get();
+      if (got->type != REDIS_REPLY_ERROR) {
+        last_ = at;
+        where_ = at.first + ":" + std::to_string(at.second);
+        return str_of(got);
+      }
+      std::string err(got->str, got->len);
+      asking = err.starts_with("ASK ");
+      if (!asking && !err.starts_with("MOVED ")) return std::nullopt;  // TRYAGAIN, CLUSTERDOWN, ...
+      auto hp = err.substr(err.rfind(' ') + 1);
+      auto colon = hp.rfind(':');
+      at = {hp.substr(0, colon), std::atoi(hp.c_str() + colon + 1)};
+    }
+    return std::nullopt;
+  }
+  Conn& cluster_conn(const std::pair<std::string, int>& at) {
+    auto name = at.first + ":" + std::to_string(at.second);
+    auto it = cluster_.find(name);
+    if (it == cluster_.end()) it = cluster_.emplace(name, Conn(at.first, at.second, kProbeTimeout)).first;
+    return it->second;
+  }
+
+  std::optional<std::string> sql_value(const std::string& key) {
+    where_.clear();
+    if (sql_ == nullptr) {
+      sql_ = mysql_init(nullptr);
+      unsigned seconds = static_cast<unsigned>(kSqlTimeout.count() / 1000);
+      mysql_options(sql_, MYSQL_OPT_CONNECT_TIMEOUT, &seconds);
+      mysql_options(sql_, MYSQL_OPT_READ_TIMEOUT, &seconds);
+      mysql_options(sql_, MYSQL_OPT_WRITE_TIMEOUT, &seconds);
+      if (mysql_real_connect(sql_, where_of_.host.c_str(), where_of_.user.c_str(), where_of_.password.c_str(),
+                             where_of_.database.c_str(), static_cast<unsigned>(where_of_.port), nullptr, 0) == nullptr) {
+        mysql_close(sql_);
+        sql_ = nullptr;
+        return std::nullopt;
+      }
+    }
+    // Judged on the database's clock, as the store does.
+    std::string q = "SELECT owner FROM lockwatch_locks WHERE lock_name = '" + sql_lock_name(key) +
+                    "' AND owner <> '' AND expires_at > NOW(6)";
+    if (mysql_real_query(sql_, q.data(), q.size()) != 0) {
+      // No table yet (no lock taken so far) is "not held"; anything else
+      // is no answer, and the connection is made again next time.
+      bool no_table = mysql_errno(sql_) == 1146;
+      mysql_close(sql_);
+      sql_ = nullptr;
+      if (no_table) return std::string();
+      return std::nullopt;
+    }
+    MYSQL_RES* res = mysql_store_result(sql_);
+    if (res == nullptr) {
+      mysql_close(sql_);
+      sql_ = nullptr;
+      return std::nullopt;
+    }
+    std::string owner;
+    if (MYSQL_ROW row = mysql_fetch_row(res); row != nullptr && row[0] != nullptr)
+      owner.assign(row[0], mysql_fetch_lengths(res)[0]);
+    mysql_free_result(res);
+    where_ = "sql";
+    return owner;
+  }
+
   // "host:port" that every answering sentinel names, or "" (too few
   // answered, or they disagree: a failover is under way).
   std::string agreed_master() {
@@ -343,10 +506,14 @@ class LockNodes {
     return answered >= sentinels_.size() / 2 + 1 ? named : "";
   }
 
+  const Where& where_of_;
   std::string master_name_;
   std::vector<Conn> masters_;
   std::vector<Conn> sentinels_;
   std::optional<Conn> master_;
+  std::map<std::string, Conn> cluster_;
+  std::pair<std::string, int> last_;
+  MYSQL* sql_ = nullptr;
   std::string where_;
 };
 
@@ -420,10 +587,10 @@ struct Op {
   std::string owner;
   std::string owner_node;  // where the owner was read
 
-  milliseconds bound(std::size_t nodes) const {
+  // `probe`: the longest one read of the lock's owner takes (two per call).
+  milliseconds bound(milliseconds probe) const {
     auto acquire = 3 * (kConnectTimeout + kCommandTimeout);
-    auto work = milliseconds(hold_ms) + static_cast<long>(gaps_ms.size()) * (15ms + 2 * kResourceTimeout) +
-                static_cast<long>(2 * nodes) * 2 * kProbeTimeout;
+    auto work = milliseconds(hold_ms) + static_cast<long>(gaps_ms.size()) * (15ms + 2 * kResourceTimeout) + 2 * probe;
     auto release = milliseconds(ttl_ms) + kConnectTimeout + kCommandTimeout;
     return milliseconds(wait_ms) + acquire + work + release + 2s;
   }
@@ -434,7 +601,7 @@ std::string lock_key(const std::string& key) { return "lockwatch:{soak:" + key +
 class Worker {
  public:
   Worker(const Args& args, History& history)
-      : args_(args), history_(history), topology_(lockwatch::detail::Topology::parse(args.redis)) {}
+      : args_(args), history_(history), where_(Where::parse(args.redis)) {}
 
   void run(lockwatch::Runtime& rt, int thread) {
     std::mt19937_64 rng(args_.seed * 1000003u + static_cast<std::uint64_t>(thread));
@@ -457,7 +624,7 @@ class Worker {
   }
 
  private:
-  static LockNodes& nodes(const lockwatch::detail::Topology& t) {
+  static LockNodes& nodes(const Where& t) {
     thread_local std::unique_ptr<LockNodes> n;
     if (!n) n = std::make_unique<LockNodes>(t);
     return *n;
@@ -482,13 +649,13 @@ class Worker {
     op.token = lease.fencing_token();
     // The majority value is the owner (with one node: its value). Valid
     // only if the lease was still ours after the read.
-    auto vals = nodes(topology_).values(lock_key(op.key));
+    auto vals = nodes(where_).values(lock_key(op.key));
     std::map<std::string, std::size_t> votes;
     for (const auto& v : vals)
       if (v && !v->empty()) ++votes[*v];
     for (const auto& [value, count] : votes)
       if (count >= vals.size() / 2 + 1 && !gone(lease)) op.owner = value;
-    op.owner_node = nodes(topology_).where();
+    op.owner_node = nodes(where_).where();
 
     auto until = Clock::now() + milliseconds(op.hold_ms);
     while (Clock::now() < until && !gone(lease)) std::this_thread::sleep_for(5ms);
@@ -529,7 +696,7 @@ class Worker {
 
   // Runs one call to its end and records it; returns the outcome.
   std::string call(lockwatch::Runtime& rt, Op& op) {
-    const auto bound = op.bound(nodes(topology_).nodes());
+    const auto bound = op.bound(nodes(where_).probe_bound());
     const std::int64_t t0 = mono_ns();
     history_.write(Json()
                        .s("e", "b")
@@ -583,10 +750,10 @@ class Worker {
     // A release reported done must have left the owner nowhere in Redis
     // (the checker judges the counts per topology).
     int held = 0, answered = 0;
-    const std::size_t total = nodes(topology_).nodes();
+    const std::size_t total = nodes(where_).nodes();
     if (out == "ok" && !op.owner.empty()) {
-      auto vals = nodes(topology_).values(lock_key(op.key));
-      if (nodes(topology_).where() == op.owner_node) {
+      auto vals = nodes(where_).values(lock_key(op.key));
+      if (nodes(where_).where() == op.owner_node) {
         for (const auto& v : vals) {
           if (!v) continue;
           ++answered;
@@ -621,7 +788,7 @@ class Worker {
 
   const Args& args_;
   History& history_;
-  lockwatch::detail::Topology topology_;
+  Where where_;
 };
 
 }  // namespace

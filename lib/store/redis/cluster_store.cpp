@@ -492,6 +492,13 @@ ClusterReply ClusterStore::note_reply(std::string_view why) {
   return c;
 }
 
+void ClusterStore::learn_owner(std::uint16_t slot, const Node* node) {
+  // What a MOVED says holds until the next map (already asked for) says
+  // otherwise: the calls and renewals made meanwhile go there directly.
+  for (std::size_t i = 0; i < nodes_.size(); ++i)
+    if (nodes_[i].get() == node) owner_[slot] = static_cast<std::int16_t>(i);
+}
+
 void ClusterStore::count_redirect(const ClusterReply& c) {
   const bool ask = c.kind == ClusterReply::Kind::kAsk;
   if ((ask || c.kind == ClusterReply::Kind::kMoved) && events_.redirected) events_.redirected(ask);
@@ -530,9 +537,12 @@ bool ClusterStore::follow(const std::shared_ptr<Call>& call, std::string_view re
   if (++call->hops > kRedirectBudget) return false;
   count_redirect(c);
   switch (c.kind) {
-    case ClusterReply::Kind::kMoved:
-      send_to(node_at(c.target.host, c.target.port), false, call);
+    case ClusterReply::Kind::kMoved: {
+      Node* target = node_at(c.target.host, c.target.port);
+      learn_owner(key_slot(call->name), target);
+      send_to(target, false, call);
       return true;
+    }
     case ClusterReply::Kind::kAsk:
       send_to(node_at(c.target.host, c.target.port), true, call);
       return true;
@@ -671,45 +681,15 @@ std::size_t ClusterStore::renew_now(std::span<const LockRef> locks, std::shared_
   for (std::size_t from = 0; from < entries.size();) {
     std::size_t to = from;
     while (to < entries.size() && entries[to].node == entries[from].node && entries[to].slot == entries[from].slot) ++to;
-    // The group's locks (views that `keepalive`, holding the leases, keeps
-    // valid) and their indexes in `locks`: an ASK is answered from here.
-    struct Group {
-      std::vector<std::size_t> indexes;
-      std::vector<LockRef> refs;
-    };
-    auto g = std::make_shared<Group>();
+    auto g = std::make_shared<RenewGroup>();
     g->indexes.reserve(to - from);
     g->refs.reserve(to - from);
     for (std::size_t e = from; e < to; ++e) {
       g->indexes.push_back(entries[e].index);
       g->refs.push_back(locks[entries[e].index]);
     }
-    Node* node = nodes_[static_cast<std::size_t>(entries[from].node)].get();
-    commands += node->store->renew(g->refs, keepalive, [this, g, keepalive, done](std::size_t k, Renewed status,
-                                                                                 std::string_view why) {
-      if (status == Renewed::kTransient && !closed_) {
-        ClusterReply c = note_reply(why);
-        count_redirect(c);
-        if (c.kind == ClusterReply::Kind::kAsk) {
-          // The slot is migrating and the key is on the target already:
-          // renew it there now, after ASKING, for as long as the migration
-          // lasts (the map stays as it is). The target's answer is final.
-          Node* target = node_at(c.target.host, c.target.port);
-          target->store->send_renewal_asking();
-          target->store->renew(std::span<const LockRef>(&g->refs[k], 1), keepalive,
-                               [done, index = g->indexes[k]](std::size_t, Renewed s, std::string_view w) {
-                                 (*done)(index, s, w);
-                               });
-          return;
-        }
-        // Any other failure asks for the map again (throttled): a node that
-        // cannot be reached may have failed over, and only a new map names
-        // the replica that took its slots. Its loss alone asks once, before
-        // the replica is promoted.
-        if (c.kind == ClusterReply::Kind::kNone) request_refresh();
-      }
-      (*done)(g->indexes[k], status, why);
-    });
+    commands += renew_group(nodes_[static_cast<std::size_t>(entries[from].node)].get(), false, std::move(g), 0,
+                            keepalive, done);
     from = to;
   }
   if (!unrouted.empty()) {
@@ -719,6 +699,62 @@ std::size_t ClusterStore::renew_now(std::span<const LockRef> locks, std::shared_
     });
   }
   return commands;
+}
+
+std::size_t ClusterStore::renew_group(Node* node, bool asking, std::shared_ptr<const RenewGroup> g, int hops,
+                                      std::shared_ptr<const void> keepalive, std::shared_ptr<RenewDone> done) {
+  // A redirect answers the group's one script call, so every lock of the
+  // group gets it: they are gathered over the group's answers and sent on
+  // together, as one call, once the last answer is in.
+  struct Redirect {
+    std::size_t answered = 0;
+    ClusterReply to;
+    std::vector<std::size_t> at;  // positions in `g`
+    std::string why;
+  };
+  auto r = std::make_shared<Redirect>();
+  if (asking) node->store->send_renewal_asking();
+  return node->store->renew(g->refs, keepalive, [this, g, hops, keepalive, done, r](std::size_t k, Renewed status,
+                                                                                  std::string_view why) {
+    const bool last = ++r->answered == g->refs.size();
+    bool held_back = false;
+    if (status == Renewed::kTransient && !closed_) {
+      ClusterReply c = note_reply(why);
+      if ((c.kind == ClusterReply::Kind::kMoved || c.kind == ClusterReply::Kind::kAsk) && hops < kRedirectBudget) {
+        count_redirect(c);
+        r->to = c;
+        r->at.push_back(k);
+        if (r->why.empty()) r->why = why;
+        held_back = true;
+      } else if (c.kind == ClusterReply::Kind::kNone) {
+        // Any other failure asks for the map again (throttled): a node that
+        // cannot be reached may have failed over, and only a new map names
+        // the replica that took its slots. Its loss alone asks once, before
+        // the replica is promoted.
+        request_refresh();
+      }
+    }
+    if (!held_back) (*done)(g->indexes[k], status, why);
+    if (!last || r->at.empty()) return;
+    // MOVED: the slot is the target's now (the map is read again too, see
+    // note_reply); ASK: the slot is migrating and the keys are on the
+    // target already, renewed there after ASKING while the map stays as it
+    // is. Either way at once, not at the watchdog's next try: a moved slot
+    // costs a round trip, not the lease's remaining time.
+    auto next = std::make_shared<RenewGroup>();
+    for (std::size_t at : r->at) {
+      next->indexes.push_back(g->indexes[at]);
+      next->refs.push_back(g->refs[at]);
+    }
+    if (closed_) {
+      for (std::size_t index : next->indexes) (*done)(index, Renewed::kTransient, r->why);
+      return;
+    }
+    const bool ask = r->to.kind == ClusterReply::Kind::kAsk;
+    Node* target = node_at(r->to.target.host, r->to.target.port);
+    if (!ask) learn_owner(key_slot(next->refs.front().name), target);
+    renew_group(target, ask, std::move(next), hops + 1, keepalive, done);
+  });
 }
 
 // ------------------------------------------------------------------ the rest, routed by slot

@@ -34,8 +34,11 @@
 // refresh (which is throttled, so this is the back-off). Each call has a
 // budget of kRedirectBudget hops; past it the last error is reported. A
 // command answered with one of those did not run, so retrying cannot take
-// a lock twice. A renewal answered ASK is sent on at once to the node named,
-// after an ASKING on its renewal connection; renewals answered otherwise
+// a lock twice. A MOVED also puts the slot on the node named in our map
+// until the refresh. A renewal group answered MOVED or ASK is sent on at
+// once, as one call, to the node named (after an ASKING on its renewal
+// connection for ASK), within the same budget: a slot that moved costs the
+// renewal a round trip, not a watchdog retry. Renewals answered otherwise
 // are kTransient and go to the refreshed owner at the watchdog's next try.
 //
 // Lost replies. Acquire and release are safe to repeat: the acquire script
@@ -194,6 +197,19 @@ class ClusterStore final : public LockStore {
   // Returns the number of script calls sent.
   std::size_t renew_now(std::span<const LockRef> locks, std::shared_ptr<const void> keepalive,
                  std::shared_ptr<RenewDone> done);
+  // One slot group of a renewal batch: its locks (views that the batch's
+  // keepalive, holding the leases, keeps valid) and their indexes in it.
+  struct RenewGroup {
+    std::vector<std::size_t> indexes;
+    std::vector<LockRef> refs;
+  };
+  // Renews group `g` on `node` (after ASKING if `asking`) as one script
+  // call; a MOVED or ASK answering it sends the group on to the node named
+  // at once, within kRedirectBudget hops. Returns the calls sent (1).
+  std::size_t renew_group(Node* node, bool asking, std::shared_ptr<const RenewGroup> g, int hops,
+                          std::shared_ptr<const void> keepalive, std::shared_ptr<RenewDone> done);
+  // A MOVED named `node` for `slot`: the map says so until the next refresh.
+  void learn_owner(std::uint16_t slot, const Node* node);
   // A node store's reply `why` ("redis h:p answered an error: MOVED ...")
   // as a redirect, and the refresh it calls for.
   ClusterReply note_reply(std::string_view why);
