@@ -106,6 +106,7 @@
 #include "core/loop.hpp"
 #include "lockwatch/lockwatch.hpp"
 #include "lockwatch/thread_pool.hpp"
+#include "store/redis/cluster_slot.hpp"
 #include "store/redis/scripts.hpp"
 #include "bench_common.hpp"
 #include "support/redis_server.hpp"
@@ -825,7 +826,8 @@ class RawClient {
     std::uint64_t n = 0;
     Clock::time_point started;
     char lock_key[96] = {};
-    char fence_key[104] = {};
+    char counter_key[32] = {};
+    char legacy_key[104] = {};
     char channel[104] = {};
     char token[33] = {};
   };
@@ -848,16 +850,19 @@ class RawClient {
     // Same key layout and token size as lockwatch: `<prefix>{key}`, 32 hex.
     std::snprintf(c.lock_key, sizeof c.lock_key, "lockwatch:{raw:%llu:%d:%llu}",
                   static_cast<unsigned long long>(run_), c.id, static_cast<unsigned long long>(c.n++));
-    std::snprintf(c.fence_key, sizeof c.fence_key, "%s:fence", c.lock_key);
+    const std::string_view tag = lockwatch::detail::slot_tag(lockwatch::detail::key_slot(c.lock_key));
+    std::snprintf(c.counter_key, sizeof c.counter_key, "lockwatch:fence:{%.*s}", static_cast<int>(tag.size()),
+                  tag.data());
+    std::snprintf(c.legacy_key, sizeof c.legacy_key, "%s:fence", c.lock_key);
     std::snprintf(c.channel, sizeof c.channel, "%s:rel", c.lock_key);
     std::snprintf(c.token, sizeof c.token, "%016llx%016llx", static_cast<unsigned long long>(run_),
                   static_cast<unsigned long long>(++tokens_));
     c.started = Clock::now();
     const auto& script = lockwatch::detail::acquire_script();
-    const char* argv[] = {"EVALSHA", script.sha1.c_str(), "2", c.lock_key, c.fence_key, c.token, "30000"};
-    std::size_t lens[7];
-    for (int i = 0; i < 7; ++i) lens[i] = std::strlen(argv[i]);
-    redisAsyncCommandArgv(ac_, &RawClient::on_acquired, &c, 7, argv, lens);
+    const char* argv[] = {"EVALSHA", script.sha1.c_str(), "3", c.lock_key, c.counter_key, c.legacy_key, c.token, "30000"};
+    std::size_t lens[8];
+    for (int i = 0; i < 8; ++i) lens[i] = std::strlen(argv[i]);
+    redisAsyncCommandArgv(ac_, &RawClient::on_acquired, &c, 8, argv, lens);
   }
 
   static void on_acquired(redisAsyncContext*, void* reply, void* privdata) {

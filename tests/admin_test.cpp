@@ -162,7 +162,7 @@ class AdminRedlockTest : public ::testing::Test {
 TEST_F(AdminRedlockTest, HeldOnAMajorityIsHeldAndTheCounterIsTheLargest) {
   auto acquired = rt_->acquire("k", 10s);
   LockHandle h = get_bounded(acquired);
-  servers_[2]->command({"SET", lock_key("k") + ":fence", "100"});
+  servers_[2]->command({"SET", fence_key("k"), "100"});
   auto f = rt_->inspect("k");
   LockState s = get_bounded(f);
   EXPECT_TRUE(s.held);
@@ -200,7 +200,7 @@ TEST_F(AdminRedlockTest, ForceReleaseRemovesTheLockEverywhereAndKeepsTheCounters
   EXPECT_TRUE(get_bounded(f));
   for (auto& s : servers_) {
     EXPECT_EQ(s->command({"EXISTS", lock_key("k")}).integer, 0);
-    EXPECT_EQ(s->command({"GET", lock_key("k") + ":fence"}).str, token);
+    EXPECT_EQ(s->command({"GET", fence_key("k")}).str, token);
   }
 }
 

@@ -386,7 +386,7 @@ TEST_F(CliTest, AMissingCommandExits127AndNeverTakesTheLock) {
   Outcome denied = run({"run", "--key", test_key(), "--", plain});
   EXPECT_EQ(denied.code, 126);
   EXPECT_TRUE(contains(denied.output, "Permission denied")) << denied.output;
-  EXPECT_EQ(server_->command({"EXISTS", lock_key(test_key()) + ":fence"}).integer, 0) << "no lock was taken";
+  EXPECT_EQ(server_->command({"EXISTS", fence_key(test_key())}).integer, 0) << "no lock was taken";
 
   std::string garbage = dir_ + "/not-a-program";
   std::ofstream(garbage) << "\x7f"

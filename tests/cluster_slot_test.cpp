@@ -3,6 +3,9 @@
 // function is checked against a real node's CLUSTER KEYSLOT in cluster_test.
 #include <gtest/gtest.h>
 
+#include <cstdint>
+#include <string>
+
 #include "store/redis/cluster_slot.hpp"
 
 namespace lockwatch::detail {
@@ -41,7 +44,45 @@ TEST(ClusterSlotTest, AllKeysOfOneLockShareASlot) {
     std::string lock = "lockwatch:{" + std::string(k) + "}";
     EXPECT_EQ(key_slot(lock), key_slot(lock + ":fence")) << k;
     EXPECT_EQ(key_slot(lock), key_slot(lock + ":rel")) << k;
+    const std::string counter = "lockwatch:fence:{" + std::string(slot_tag(key_slot(lock))) + "}";
+    EXPECT_EQ(key_slot(lock), key_slot(counter)) << k;
   }
+}
+
+TEST(ClusterSlotTest, EverySlotHasAShortTagOfItsOwn) {
+  const std::string_view alphabet = "0123456789abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ";
+  for (int slot = 0; slot < kClusterSlots; ++slot) {
+    const std::string_view tag = slot_tag(static_cast<std::uint16_t>(slot));
+    ASSERT_GE(tag.size(), 1u) << slot;
+    ASSERT_LE(tag.size(), 3u) << slot;
+    EXPECT_EQ(tag.find_first_not_of(alphabet), std::string_view::npos) << slot;
+    ASSERT_EQ(key_slot(tag), slot) << tag;
+    ASSERT_EQ(key_slot("lockwatch:fence:{" + std::string(tag) + "}"), slot) << tag;
+  }
+}
+
+// The tags name the fencing counters in Redis: another rule would start
+// new counters from zero after an upgrade, and tokens would go back. These
+// values pin the rule (the first, among the shortest strings over 0-9a-zA-Z
+// in that order, that lands in the slot), "06S" as Redis's own test suite
+// uses it for slot 0.
+TEST(ClusterSlotTest, TheTagRuleNeverChanges) {
+  EXPECT_EQ(slot_tag(0), "06S");
+  EXPECT_EQ(slot_tag(1), "Qi");
+  EXPECT_EQ(slot_tag(13907), "0");
+  EXPECT_EQ(slot_tag(12182), "9Le");
+  EXPECT_EQ(slot_tag(16383), "6ZJ");
+  // FNV-1a (64 bits) of every tag in slot order, each ended by '\n'.
+  std::uint64_t h = 0xcbf29ce484222325ull;
+  std::size_t chars = 0;
+  for (int slot = 0; slot < kClusterSlots; ++slot) {
+    std::string line(slot_tag(static_cast<std::uint16_t>(slot)));
+    chars += line.size();
+    line.push_back('\n');
+    for (unsigned char c : line) h = (h ^ c) * 0x100000001b3ull;
+  }
+  EXPECT_EQ(chars, 45580u);
+  EXPECT_EQ(h, 0x5d3648f5941e0973ull);
 }
 
 TEST(ClusterSlotTest, SlotsStayInRange) {

@@ -252,6 +252,50 @@ TEST_F(ClusterTest, OneHolderAtATimeAcrossRuntimesAndTokensRise) {
   }
 }
 
+// One fencing counter per slot, each on the master of its slot: 20,000
+// names of `sku:{0}` locked and released leave 11,090 keys over the
+// masters (a counter per name left 20,000). A prefix of their own keeps
+// other tests' keys out of the count.
+TEST_F(ClusterTest, TwentyThousandNamesLeaveOneCounterPerSlotOnItsMaster) {
+  constexpr int kNames = 20000;
+  constexpr int kInFlight = 1000;
+  Options o = options();
+  o.key_prefix = "manynames:";
+  Runtime rt(o);
+  auto token_of = locked("sku:{0}", 10s, 0).on(rt)([](int) { return this_lease().fencing_token(); });
+  std::vector<std::uint64_t> first(kNames);
+  for (int round = 0; round < 2; ++round) {
+    for (int base = 0; base < kNames; base += kInFlight) {
+      std::vector<std::future<std::uint64_t>> calls;
+      for (int i = base; i < base + kInFlight; ++i) calls.push_back(token_of(i));
+      for (int i = base; i < base + kInFlight; ++i) {
+        const std::uint64_t t = get_bounded(calls[i - base]);
+        if (round == 0) first[i] = t;
+        else ASSERT_GT(t, first[i]) << "sku:" << i;
+      }
+    }
+  }
+  std::set<std::string> counters;  // of the slots the names use
+  for (int i = 0; i < kNames; ++i)
+    counters.insert("manynames:fence:{" +
+                    std::string(detail::slot_tag(detail::key_slot("{sku:" + std::to_string(i) + "}"))) + "}");
+  long long left = 0;
+  for (int m : cluster_->masters()) {
+    std::string cursor = "0";
+    do {
+      auto r = cluster_->node(m).command({"SCAN", cursor, "MATCH", "manynames:*", "COUNT", "1000"});
+      ASSERT_EQ(r.elements.size(), 2u);
+      cursor = r.elements[0].str;
+      for (const auto& k : r.elements[1].elements) {
+        ++left;
+        EXPECT_EQ(counters.count(k.str), 1u) << k.str;
+      }
+    } while (cursor != "0");
+  }
+  EXPECT_EQ(left, 11090);
+  EXPECT_EQ(counters.size(), 11090u);
+}
+
 TEST_F(ClusterTest, ContendedWorkNeverOverlaps) {
   std::vector<std::unique_ptr<Runtime>> runtimes;
   for (int i = 0; i < 2; ++i) runtimes.push_back(std::make_unique<Runtime>(options(2)));
@@ -1005,7 +1049,7 @@ TEST_F(ClusterTest, InspectAndForceReleaseFollowAskWhileTheSlotMigrates) {
   // source: the source answers ASK, and only with ASKING does the target
   // serve the slot.
   const int from = cluster_->begin_migration(slot, to);
-  cluster_->migrate(from, to, {lock_key(key), lock_key(key) + ":fence"});
+  cluster_->migrate(from, to, {lock_key(key), fence_key(key)});
   // A target without the scripts: the EVAL sent after NOSCRIPT needs its
   // own ASKING, or it is sent back with MOVED.
   ASSERT_EQ(cluster_->node(to).command({"SCRIPT", "FLUSH"}).str, "OK");
@@ -1253,7 +1297,7 @@ TEST_F(ClusterTest, ACallWhoseReplyWasLostIsSentAgainAndKeepsItsFence) {
     auto at = info.find("cmdstat_evalsha:calls=");
     return at == std::string::npos ? 0LL : std::atoll(info.c_str() + at + 22);
   };
-  auto fence_now = [&] { return std::atoll(cluster_->node(m).command({"GET", name + ":fence"}).str.c_str()); };
+  auto fence_now = [&] { return std::atoll(cluster_->node(m).command({"GET", fence_key(key)}).str.c_str()); };
   const long long calls_before = evalsha_calls();
   const long long fence_before = fence_now();
 
@@ -1309,7 +1353,7 @@ TEST_F(ClusterTest, RaiseFenceAndClaimPeriodFollowASlotThatMoved) {
 
   cluster_->move_slot(slot, from);
   EXPECT_TRUE(store.raise_fence(name, taken.fence + 1000));
-  EXPECT_EQ(cluster_->node(from).command({"GET", name + ":fence"}).str, std::to_string(taken.fence + 1000));
+  EXPECT_EQ(cluster_->node(from).command({"GET", fence_key(key)}).str, std::to_string(taken.fence + 1000));
 }
 
 // rediss-cluster://: six nodes that speak TLS only to clients (and on

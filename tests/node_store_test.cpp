@@ -16,6 +16,8 @@
 #include "core/loop.hpp"
 #include "lockwatch/errors.hpp"
 #include "lockwatch/lockwatch.hpp"
+#include "store/redis/cluster_slot.hpp"
+#include "store/redis/keys.hpp"
 #include "store/redis/node_store.hpp"
 #include "test_util.hpp"
 
@@ -25,6 +27,9 @@ namespace {
 using detail::Acquired;
 using detail::LockRef;
 using detail::Released;
+
+// The fencing counter of `key`'s slot, as the store names it.
+std::string counter_of(const std::string& key) { return detail::redis_keys::counter("lockwatch:", lock_key(key)); }
 
 struct Want {
   std::string key;    // the user's key; the store's name is lock_key(key)
@@ -120,6 +125,8 @@ TEST_F(NodeStoreTest, OneCallOfManyLocksIsOneScriptCallWithEachLockAnsweredAlone
   acquire({{{"warm-a", "t0"}, {"warm-b", "t0"}}});
   server_.command({"SET", lock_key("busy"), "someone", "PX", "60000"});
   server_.command({"SET", lock_key("plain"), "a user's value"});  // no expiry: not a lock
+  // Per-name counters as versions before left them: one that is no
+  // counter, one at 41.
   server_.command({"HSET", lock_key("badfence") + ":fence", "f", "1"});
   server_.command({"SET", lock_key("counted") + ":fence", "41"});
   const long long before = script_calls();
@@ -147,6 +154,9 @@ TEST_F(NodeStoreTest, OneCallOfManyLocksIsOneScriptCallWithEachLockAnsweredAlone
   EXPECT_EQ(server_.command({"GET", lock_key("busy")}).str, "someone");
   EXPECT_EQ(server_.command({"GET", lock_key("plain")}).str, "a user's value");
   EXPECT_EQ(server_.command({"EXISTS", lock_key("badfence")}).integer, 0);
+  // The old counter went into the slot's and is gone.
+  EXPECT_EQ(server_.command({"GET", counter_of("counted")}).str, "42");
+  EXPECT_EQ(server_.command({"EXISTS", lock_key("counted") + ":fence"}).integer, 0);
 
   // Asked again with the same tokens (a retry after a lost reply), the locks
   // taken answer their tokens again; the others still answer as before.
@@ -159,19 +169,97 @@ TEST_F(NodeStoreTest, OneCallOfManyLocksIsOneScriptCallWithEachLockAnsweredAlone
 }
 
 // A lone lock goes through the one-lock script: a fencing counter Redis
-// refuses fails the acquisition with Redis's error and leaves no lock (the
-// script takes the lock first, then gives it back in the same call).
+// refuses (the slot's, or the name's old one) fails the acquisition with
+// Redis's error and leaves no lock (the script takes the lock first, then
+// gives it back in the same call) and no counter changed.
 TEST_F(NodeStoreTest, ALoneLockWhoseCounterRedisRefusesFailsAndLeavesNoLock) {
-  server_.command({"HSET", lock_key("alone") + ":fence", "f", "1"});
-  auto r = acquire({{{"alone", "t1"}}});
-  ASSERT_EQ(r[0].status, Acquired::Status::kFailed);
-  EXPECT_THROW(std::rethrow_exception(r[0].error), RedisError);
-  EXPECT_NE(detail::what_of(r[0].error).find("WRONGTYPE"), std::string::npos) << detail::what_of(r[0].error);
-  EXPECT_EQ(server_.command({"EXISTS", lock_key("alone")}).integer, 0);
-  server_.command({"DEL", lock_key("alone") + ":fence"});
+  for (const std::string& counter : {counter_of("alone"), lock_key("alone") + ":fence"}) {
+    server_.command({"HSET", counter, "f", "1"});
+    auto r = acquire({{{"alone", "t1"}}});
+    ASSERT_EQ(r[0].status, Acquired::Status::kFailed) << counter;
+    EXPECT_THROW(std::rethrow_exception(r[0].error), RedisError);
+    EXPECT_NE(detail::what_of(r[0].error).find("WRONGTYPE"), std::string::npos) << detail::what_of(r[0].error);
+    EXPECT_EQ(server_.command({"EXISTS", lock_key("alone")}).integer, 0);
+    EXPECT_EQ(server_.command({"DBSIZE"}).integer, 1) << "only the refused counter";
+    server_.command({"DEL", counter});
+  }
   auto again = acquire({{{"alone", "t2"}}});
   EXPECT_EQ(again[0].status, Acquired::Status::kTaken);
   EXPECT_EQ(again[0].fence, 1u);
+}
+
+// 20,000 names (as `sku:{0}` makes them) leave one counter per slot they
+// use, not one per name: 11,090 for these names (one per name before, so
+// 20,000), never more than the 16,384 slots. Each name's tokens still
+// rise: every token of a second round is above the name's first.
+TEST_F(NodeStoreTest, ManyNamesLeaveOneCounterPerSlotAndEachNamesTokensRise) {
+  constexpr int kNames = 20000;
+  constexpr int kChunk = 2000;
+  std::set<std::uint16_t> slots;
+  for (int i = 0; i < kNames; ++i) slots.insert(detail::key_slot(lock_key("sku:" + std::to_string(i))));
+  ASSERT_EQ(slots.size(), 11090u);
+
+  std::vector<std::uint64_t> first(kNames);
+  std::map<std::uint16_t, std::set<std::uint64_t>> tokens_of_slot;
+  for (int round = 0; round < 2; ++round) {
+    for (int base = 0; base < kNames; base += kChunk) {
+      std::vector<Want> chunk;
+      for (int i = base; i < base + kChunk; ++i) chunk.push_back({"sku:" + std::to_string(i), "r" + std::to_string(round)});
+      auto r = acquire({chunk});
+      for (int k = 0; k < kChunk; ++k) {
+        const int i = base + k;
+        ASSERT_EQ(r[k].status, Acquired::Status::kTaken) << i;
+        if (round == 0) {
+          first[i] = r[k].fence;
+          // Within a slot, each acquisition has a token of its own.
+          EXPECT_TRUE(tokens_of_slot[detail::key_slot(lock_key(chunk[k].key))].insert(r[k].fence).second) << i;
+        } else {
+          EXPECT_GT(r[k].fence, first[i]) << i;
+        }
+      }
+      for (auto released : release(chunk)) ASSERT_EQ(released, Released::kYes);
+    }
+  }
+  const long long left = server_.command({"DBSIZE"}).integer;
+  EXPECT_EQ(left, static_cast<long long>(slots.size()));
+  EXPECT_LE(left, detail::kClusterSlots);
+  for (std::uint16_t slot : {*slots.begin(), *slots.rbegin()}) {
+    const std::string counter = "lockwatch:fence:{" + std::string(detail::slot_tag(slot)) + "}";
+    EXPECT_EQ(server_.command({"GET", counter}).str, std::to_string(2 * tokens_of_slot[slot].size())) << counter;
+  }
+}
+
+// An upgrade from per-name counters: a name whose old counter is ahead of
+// its slot's gets tokens above it, alone (the one-lock script) or in a
+// batch; the old counter is then gone, and so are tokens at or below it
+// for any name of the slot.
+TEST_F(NodeStoreTest, AnOldPerNameCounterIsFoldedIntoItsSlotsSoTokensNeverGoBack) {
+  // Two names of one slot, and one of another.
+  const std::uint16_t slot = detail::key_slot(lock_key("sku:7"));
+  std::string twin;
+  for (int i = 0; twin.empty(); ++i)
+    if (detail::key_slot(lock_key("twin:" + std::to_string(i))) == slot) twin = "twin:" + std::to_string(i);
+  ASSERT_EQ(acquire({{{twin, "t0"}}})[0].fence, 1u);  // the slot's counter exists, far behind
+  server_.command({"SET", lock_key("sku:7") + ":fence", "1000"});
+  server_.command({"SET", lock_key("sku:8") + ":fence", "500"});
+
+  auto alone = acquire({{{"sku:7", "t1"}}});
+  ASSERT_EQ(alone[0].status, Acquired::Status::kTaken);
+  EXPECT_EQ(alone[0].fence, 1001u);
+  EXPECT_EQ(server_.command({"EXISTS", lock_key("sku:7") + ":fence"}).integer, 0);
+  EXPECT_EQ(server_.command({"GET", counter_of("sku:7")}).str, "1001");
+  ASSERT_EQ(release({{"sku:7", "t1"}, {twin, "t0"}})[0], Released::kYes);
+
+  auto batch = acquire({{{"sku:7", "t2"}, {"sku:8", "t2"}, {twin, "t2"}}});
+  EXPECT_EQ(batch[0].fence, 1002u);
+  EXPECT_EQ(batch[1].fence, 501u);
+  EXPECT_EQ(batch[2].fence, 1003u);
+  EXPECT_EQ(server_.command({"EXISTS", lock_key("sku:8") + ":fence"}).integer, 0);
+  // An old counter below the slot's changes nothing but goes.
+  ASSERT_EQ(release({{"sku:7", "t2"}})[0], Released::kYes);
+  server_.command({"SET", lock_key("sku:7") + ":fence", "3"});
+  EXPECT_EQ(acquire({{{"sku:7", "t3"}}})[0].fence, 1004u);
+  EXPECT_EQ(server_.command({"EXISTS", lock_key("sku:7") + ":fence"}).integer, 0);
 }
 
 TEST_F(NodeStoreTest, AcquisitionsAskedForInOneIterationShareOneScriptCall) {
@@ -196,10 +284,20 @@ TEST_F(NodeStoreTest, MoreLocksThanOneBatchHoldsGoOutInSeveralCallsAndAllAreTake
   const long long calls = script_calls() - before;
   EXPECT_GE(calls, 4);       // 256 + 256 + 256 + 7
   EXPECT_LE(calls, 8);       // each at most once more as EVAL after NOSCRIPT
+  // Names of one slot share its counter: they hold its tokens 1, 2, ...
+  std::map<std::uint16_t, std::set<std::uint64_t>> tokens;
+  for (std::size_t i = 0; i < n; ++i) {
+    EXPECT_EQ(r[i].status, Acquired::Status::kTaken) << i;
+    tokens[detail::key_slot(lock_key(many[i].key))].insert(r[i].fence);
+  }
   std::size_t taken = 0;
-  for (const auto& a : r) taken += a.status == Acquired::Status::kTaken && a.fence == 1;
+  for (const auto& [slot, t] : tokens) {
+    EXPECT_EQ(*t.begin(), 1u) << slot;
+    EXPECT_EQ(*t.rbegin(), t.size()) << slot;
+    taken += t.size();
+  }
   EXPECT_EQ(taken, n);
-  EXPECT_EQ(server_.command({"DBSIZE"}).integer, static_cast<long long>(2 * n));  // locks and counters
+  EXPECT_EQ(server_.command({"DBSIZE"}).integer, static_cast<long long>(n + tokens.size()));  // locks and counters
 }
 
 TEST_F(NodeStoreTest, ReleasesOfOneIterationAreOneCallAndEachSaysWhatItFound) {
@@ -290,7 +388,8 @@ TEST_F(NodeStoreBurstTest, ABurstRedisTakesLongerThanTheCommandTimeoutToServeIsN
   }
   EXPECT_EQ(taken, kLocks) << first_error;
   EXPECT_GT(took, options_.command_timeout) << "the burst must outlast the timeout to test anything";
-  EXPECT_EQ(server_.command({"DBSIZE"}).integer, static_cast<long long>(2 * kLocks));
+  // The locks and one counter per slot (these names use every slot).
+  EXPECT_EQ(server_.command({"DBSIZE"}).integer, static_cast<long long>(kLocks + detail::kClusterSlots));
 }
 
 // A field of INFO's text ("connected_slaves", "blocked_clients"), or "".

@@ -8,6 +8,7 @@
 #include <memory>
 #include <string>
 #include <thread>
+#include <string_view>
 #include <vector>
 
 #include "lockwatch/lockwatch.hpp"
@@ -48,6 +49,41 @@ inline std::vector<std::string> env_for(const RedisServer& server) {
 
 // The Redis key lockwatch uses for `key` with the default prefix.
 inline std::string lock_key(const std::string& key) { return "lockwatch:{" + key + "}"; }
+
+// CRC16/XMODEM mod 16384: the Redis Cluster slot of `s`, hashed whole.
+inline unsigned slot_of(std::string_view s) {
+  unsigned crc = 0;
+  for (unsigned char c : s) {
+    crc ^= static_cast<unsigned>(c) << 8;
+    for (int i = 0; i < 8; ++i) crc = (crc & 0x8000) ? ((crc << 1) ^ 0x1021) & 0xffff : (crc << 1) & 0xffff;
+  }
+  return crc % 16384;
+}
+
+// The slot of lock_key(key): its hash tag is `key` up to its first '}'.
+inline unsigned lock_slot(const std::string& key) { return slot_of(key.substr(0, key.find('}'))); }
+
+// The fencing counter lockwatch uses for `key` with the default prefix:
+// `lockwatch:fence:{T}`, T the first of the shortest strings over 0-9a-zA-Z
+// (in that order) in the slot of lock_key(key), as the README's "Redis
+// layout" gives the rule (written here from it, apart from the library's
+// table, which cluster_slot_test pins). A search: up to 240,000 CRCs.
+inline std::string fence_key(const std::string& key) {
+  const unsigned slot = lock_slot(key);
+  const std::string_view alphabet = "0123456789abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ";
+  for (std::size_t len = 1; len <= 3; ++len) {
+    std::vector<std::size_t> idx(len, 0);
+    for (;;) {
+      std::string tag;
+      for (std::size_t i : idx) tag.push_back(alphabet[i]);
+      if (slot_of(tag) == slot) return "lockwatch:fence:{" + tag + "}";
+      std::size_t pos = len;
+      while (pos > 0 && ++idx[pos - 1] == alphabet.size()) idx[--pos] = 0;
+      if (pos == 0) break;
+    }
+  }
+  return {};
+}
 
 inline bool exists(const RedisServer& server, const std::string& key) {
   return server.command({"EXISTS", lock_key(key)}).integer == 1;

@@ -89,7 +89,11 @@ struct LockState {
   std::string key;
   bool held = false;
   std::chrono::milliseconds ttl{0};   // remaining ttl when held
-  std::uint64_t fencing_counter = 0;  // the key's fencing counter (0 if never locked)
+  // The counter the key's next token comes from: on Redis its Cluster
+  // slot's, shared with the other keys of that slot, so at least the key's
+  // last token (the highest token handed out in the slot); on SQL the
+  // key's own. 0 if nothing was ever locked there.
+  std::uint64_t fencing_counter = 0;
 };
 
 // Counters since the runtime started; each is read on its own (relaxed).

@@ -235,7 +235,8 @@ class RedisNode:
         """[{key, value, pttl}] of every lock key (not the fencing counters)."""
         keys, cursor = [], "0"
         while True:
-            cursor, batch = self.cmd("SCAN", cursor, "MATCH", "lockwatch:*", "COUNT", 1000)
+            # Locks are lockwatch:{K}; the slots' counters lockwatch:fence:{T}.
+            cursor, batch = self.cmd("SCAN", cursor, "MATCH", "lockwatch:{*", "COUNT", 1000)
             keys += [k for k in batch if not k.endswith(":fence")]
             if cursor == "0":
                 break

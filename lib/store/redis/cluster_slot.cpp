@@ -1,6 +1,7 @@
 #include "store/redis/cluster_slot.hpp"
 
 #include <array>
+#include <cstddef>
 
 namespace lockwatch::detail {
 
@@ -18,6 +19,35 @@ constexpr std::array<std::uint16_t, 256> make_table() {
 }
 
 constexpr std::array<std::uint16_t, 256> kTable = make_table();
+
+constexpr std::string_view kTagAlphabet = "0123456789abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ";
+
+// One tag per slot, NUL-padded: every slot has one of at most three
+// characters (cluster_slot_test checks it), so four bytes hold any.
+using TagTable = std::array<std::array<char, 4>, kClusterSlots>;
+
+TagTable make_tags() {
+  TagTable tags{};
+  std::size_t found = 0;
+  char s[3];
+  // Shortest first; within a length, in alphabet order, first character
+  // most significant. The first string to land in a slot names it.
+  for (std::size_t len = 1; len <= 3 && found < kClusterSlots; ++len) {
+    std::size_t idx[3] = {0, 0, 0};
+    for (;;) {
+      for (std::size_t i = 0; i < len; ++i) s[i] = kTagAlphabet[idx[i]];
+      const std::uint16_t slot = key_slot(std::string_view(s, len));
+      if (tags[slot][0] == '\0') {
+        for (std::size_t i = 0; i < len; ++i) tags[slot][i] = s[i];
+        ++found;
+      }
+      std::size_t pos = len;
+      while (pos > 0 && ++idx[pos - 1] == kTagAlphabet.size()) idx[--pos] = 0;
+      if (pos == 0) break;
+    }
+  }
+  return tags;
+}
 
 }  // namespace
 
@@ -38,6 +68,14 @@ std::string_view hash_tag(std::string_view key) noexcept {
 
 std::uint16_t key_slot(std::string_view key) noexcept {
   return static_cast<std::uint16_t>(crc16(hash_tag(key)) & (kClusterSlots - 1));
+}
+
+std::string_view slot_tag(std::uint16_t slot) noexcept {
+  static const TagTable tags = make_tags();
+  const auto& t = tags[slot & (kClusterSlots - 1)];
+  std::size_t len = 0;
+  while (len < t.size() && t[len] != '\0') ++len;
+  return std::string_view(t.data(), len);
 }
 
 }  // namespace lockwatch::detail

@@ -4,10 +4,13 @@
 // (polynomial 0x1021, initial value 0, no reflection) and the hashed part is
 // the key's hash tag when it has one: the text between its first '{' and the
 // first '}' after it, if that text is not empty; otherwise the whole key.
-// All keys of one lock (`P{K}`, `P{K}:fence`, `P{K}:rel`) share the tag K and
-// so the slot.
+// All keys of one lock (`P{K}`, `P{K}:rel`) share the tag K and so the slot;
+// its fencing counter, one per slot, is named with slot_tag(), a short tag
+// of the same slot.
 //
-// Threading: pure functions. Costs: a table lookup per byte of the tag.
+// Threading: pure functions; slot_tag() builds its table once, on first use
+// (thread-safe). Costs: a table lookup per byte of the tag; the first
+// slot_tag() call about 240,000 CRCs of three bytes (a millisecond or two).
 #pragma once
 
 #include <cstdint>
@@ -25,5 +28,13 @@ std::string_view hash_tag(std::string_view key) noexcept;
 
 // The slot of `key`, in [0, 16384).
 std::uint16_t key_slot(std::string_view key) noexcept;
+
+// A tag of `slot`: crc16(slot_tag(s)) % 16384 == s. It is the first, among
+// the shortest, of the strings over "0-9a-zA-Z" in that order (first
+// character most significant) whose slot is `slot`: one to three
+// characters, "06S" for slot 0. The rule names the fencing counters in
+// Redis, so it must never change (cluster_slot_test pins it). `slot` must
+// be below kClusterSlots.
+std::string_view slot_tag(std::uint16_t slot) noexcept;
 
 }  // namespace lockwatch::detail

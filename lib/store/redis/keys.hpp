@@ -1,21 +1,32 @@
 // lib/store/redis/keys.hpp: how a lock is named in Redis.
 //
 // For a user's key K and the prefix P (Options::key_prefix): the lock is
-// `P{K}` (a string holding the owner token, with the ttl as its expiry),
-// its fencing counter `P{K}:fence` (never expires, so tokens keep rising
-// across holders) and its release channel `P{K}:rel`. All three share the
-// hash tag K, so they live on one Redis Cluster slot and one script may
-// touch them together. Two keys break that and are refused: a K that
+// `P{K}` (a string holding the owner token, with the ttl as its expiry) and
+// its release channel `P{K}:rel`. Its fencing counter is its Redis Cluster
+// slot's, `P` `fence:{T}` with T = slot_tag(slot of K): one counter per
+// slot, on every topology, so what the store keeps stays bounded (at most
+// 16384 counters, however many names are locked) while each name's tokens
+// still rise, since its slot's counter only rises. The counter never
+// expires. All of them share K's slot, so one script may touch them
+// together on a cluster. Two keys break that and are refused: a K that
 // starts with '}' (the tag would be empty, so Redis would hash each whole
 // name on its own), and a P with '{' or '}' (its tag would win, pinning
-// every lock to one slot).
+// every lock to one slot). No lock or channel name can be a counter's: a
+// lock's name has '{' right after P, a counter's has 'f'.
+//
+// Versions before kept one counter per name, `P{K}:fence`
+// (legacy_fence()); the acquire script folds it into the slot's counter
+// the first time K is locked again, then deletes it.
 #pragma once
 
 #include <string>
 #include <string_view>
 
+#include "store/redis/cluster_slot.hpp"
+
 namespace lockwatch::detail::redis_keys {
 
+inline constexpr std::string_view kCounterInfix = "fence:";
 inline constexpr std::string_view kFenceSuffix = ":fence";
 inline constexpr std::string_view kChannelSuffix = ":rel";
 inline constexpr std::string_view kPeriodSuffix = ":period";
@@ -30,7 +41,18 @@ inline std::string lock(std::string_view prefix, std::string_view key) {
   return out;
 }
 
-inline std::string fence(std::string_view lock_name) { return std::string(lock_name).append(kFenceSuffix); }
+// The fencing counter of the slot of `lock_name` (a name lock() made with
+// the same prefix).
+inline std::string counter(std::string_view prefix, std::string_view lock_name) {
+  const std::string_view tag = slot_tag(key_slot(lock_name));
+  std::string out;
+  out.reserve(prefix.size() + kCounterInfix.size() + tag.size() + 2);
+  out.append(prefix).append(kCounterInfix).push_back('{');
+  out.append(tag).push_back('}');
+  return out;
+}
+// The per-name counter of versions before the slot counters.
+inline std::string legacy_fence(std::string_view lock_name) { return std::string(lock_name).append(kFenceSuffix); }
 inline std::string period(std::string_view lock_name) { return std::string(lock_name).append(kPeriodSuffix); }
 inline std::string channel(std::string_view lock_name) { return std::string(lock_name).append(kChannelSuffix); }
 

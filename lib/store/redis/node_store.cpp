@@ -208,16 +208,17 @@ void RedisNodeStore::send_acquire_batch(std::vector<QueuedAcquire> batch) {
     return;
   }
   std::vector<std::string> args;
-  args.reserve(4 * batch.size());
+  args.reserve(5 * batch.size());
   for (const auto& a : batch) {
     args.push_back(a.name);
-    args.push_back(redis_keys::fence(a.name));
+    args.push_back(redis_keys::counter(options_.key_prefix, a.name));
+    args.push_back(redis_keys::legacy_fence(a.name));
   }
   for (const auto& a : batch) {
     args.push_back(a.token);
     args.push_back(a.ttl_ms);
   }
-  const int num_keys = static_cast<int>(2 * batch.size());
+  const int num_keys = static_cast<int>(3 * batch.size());
   for_acquire().eval(acquire_batch_script(), std::move(args), num_keys,
               [this, batch = std::move(batch)](const redisReply* r, std::exception_ptr err) mutable {
                 batch_answered();
@@ -240,9 +241,11 @@ void RedisNodeStore::send_acquire_batch(std::vector<QueuedAcquire> batch) {
                   } else if (entry == "n") {
                     out.error = std::make_exception_ptr(RedisError(
                         conn_->name(), "LOCKWATCH " + a.name + " exists without expiry: not a lockwatch lock"));
-                  } else if (entry == "e") {
-                    out.error = std::make_exception_ptr(RedisError(
-                        conn_->name(), "LOCKWATCH " + redis_keys::fence(a.name) + " is not a fencing counter"));
+                  } else if (entry == "e" || entry == "o") {
+                    const std::string counter = entry == "e" ? redis_keys::counter(options_.key_prefix, a.name)
+                                                             : redis_keys::legacy_fence(a.name);
+                    out.error = std::make_exception_ptr(
+                        RedisError(conn_->name(), "LOCKWATCH " + counter + " is not a fencing counter"));
                   } else {
                     if (!short_reply)
                       short_reply = std::make_exception_ptr(
@@ -290,8 +293,9 @@ void RedisNodeStore::send_release_batch(std::vector<QueuedRelease> batch) {
 
 void RedisNodeStore::acquire_one(std::string name, std::string token, std::string ttl_ms, std::size_t index,
                                  std::shared_ptr<AcquireDone> done, bool in_batch) {
-  std::vector<std::string> args{name, redis_keys::fence(name), token, std::move(ttl_ms)};
-  with_asking(for_acquire()).eval(acquire_script(), std::move(args), 2,
+  std::vector<std::string> args{name, redis_keys::counter(options_.key_prefix, name), redis_keys::legacy_fence(name),
+                                token, std::move(ttl_ms)};
+  with_asking(for_acquire()).eval(acquire_script(), std::move(args), 3,
               [this, index, in_batch, done = std::move(done), name = std::move(name), token = std::move(token)](
                   const redisReply* r, std::exception_ptr err) mutable {
                 if (in_batch) batch_answered();
@@ -405,7 +409,7 @@ void RedisNodeStore::raise_fence(std::string_view name, std::uint64_t fence, std
 
 void RedisNodeStore::raise_fence_or_error(std::string_view name, std::uint64_t fence,
                                           std::function<void(std::exception_ptr)> done) {
-  with_asking(*conn_).eval(raise_fence_script(), {redis_keys::fence(name), std::to_string(fence)}, 1,
+  with_asking(*conn_).eval(raise_fence_script(), {redis_keys::counter(options_.key_prefix, name), std::to_string(fence)}, 1,
               [done = std::move(done)](const redisReply*, std::exception_ptr err) { done(err); });
 }
 
@@ -446,7 +450,8 @@ void RedisNodeStore::claim_period(std::string_view name, std::string_view token,
 
 void RedisNodeStore::inspect(std::string_view name, std::function<void(const LockInfo&, std::exception_ptr)> done) {
   std::string lock(name);
-  with_asking(*conn_).eval(inspect_script(), {lock, redis_keys::fence(lock)}, 2,
+  with_asking(*conn_).eval(inspect_script(),
+                           {lock, redis_keys::counter(options_.key_prefix, lock), redis_keys::legacy_fence(lock)}, 2,
               [this, lock, done = std::move(done)](const redisReply* r, std::exception_ptr err) {
                 LockInfo info;
                 if (!err && integer_at(r, 0) == -1) {

@@ -6,20 +6,43 @@ namespace lockwatch::detail {
 namespace {
 
 // SET NX first, the one call a free lock needs before its counter: a busy
-// lock is neither overwritten nor counted. A counter Redis refuses (a key
-// of another type) gives the lock back in the same script and fails. A
-// busy key without expiry is not ours (a user's key, or a lock someone
-// made by hand) and is reported instead of waited on forever. A
-// lock that already holds the caller's token is a retry of an acquisition
-// whose reply was lost: it is taken again (the ttl set anew) with the
-// current fencing counter, so retrying with the same token is safe. pcall:
-// a key of another type is simply not ours.
+// lock is neither overwritten nor counted. The token is the slot's counter
+// (KEYS[2]) incremented; the name's own counter of versions before
+// (KEYS[3], a declared key so that a cluster runs the script only where
+// all three are, or nowhere) is folded in the first time: the slot's
+// counter goes past it, so the name's tokens never go back across the
+// upgrade, and it is deleted. A counter Redis refuses (a key of another
+// type, an old counter that is no number) gives the lock back in the same
+// script and fails; nothing else was written. A busy key without expiry is
+// not ours (a user's key, or a lock someone made by hand) and is reported
+// instead of waited on forever. A lock that already holds the caller's
+// token is a retry of an acquisition whose reply was lost: it is taken
+// again (the ttl set anew) with the slot's counter as it stands, at least
+// the token the lost reply carried and below the next holder's, so
+// retrying with the same token is safe. pcall: a key of another type is
+// simply not ours.
 constexpr std::string_view kAcquire = R"lua(
 if redis.call('set', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then
+  local old = redis.pcall('get', KEYS[3])
+  if type(old) == 'table' then
+    redis.call('del', KEYS[1])
+    return old
+  end
+  if old and not string.match(old, '^%d+$') then
+    redis.call('del', KEYS[1])
+    return redis.error_reply('LOCKWATCH ' .. KEYS[3] .. ' is not a fencing counter')
+  end
   local f = redis.pcall('incr', KEYS[2])
   if type(f) == 'table' then
     redis.call('del', KEYS[1])
     return f
+  end
+  if old then
+    if tonumber(old) >= f then
+      redis.call('set', KEYS[2], old)
+      f = redis.call('incr', KEYS[2])
+    end
+    redis.call('del', KEYS[3])
   end
   return {1, f}
 end
@@ -82,36 +105,53 @@ return 0
 
 // The acquisitions of one loop iteration on one node, in one call: the
 // acquire script for each lock in turn (a lock that holds the caller's
-// token already is a retry: taken again with its counter). pcall on the counter: a fencing key
-// that is no counter fails its own lock, not the locks taken before it in
-// the batch (a script's writes are not undone by a later error). One entry
-// per lock, separated by spaces: 't<fencing token>' taken, 'b<pttl>' busy,
-// 'n' exists without expiry, 'e' Redis refused the counter.
+// token already is a retry: taken again with its slot's counter). pcall on
+// the counters: a counter that is no counter fails its own lock, not the
+// locks taken before it in the batch (a script's writes are not undone by
+// a later error). Several locks of one slot share its counter, counted in
+// turn. One entry per lock, separated by spaces: 't<fencing token>' taken,
+// 'b<pttl>' busy, 'n' exists without expiry, 'e' Redis refused the slot's
+// counter, 'o' the name's old counter is no counter.
 constexpr std::string_view kAcquireBatch = R"lua(
 local out = {}
-for i = 1, #KEYS, 2 do
-  if redis.call('set', KEYS[i], ARGV[i], 'NX', 'PX', ARGV[i + 1]) then
-    local f = redis.pcall('incr', KEYS[i + 1])
-    if type(f) == 'table' then
-      redis.call('del', KEYS[i])
-      out[#out + 1] = 'e'
-    else
-      out[#out + 1] = 't' .. f
+local function take(lock, counter, legacy)
+  local old = redis.pcall('get', legacy)
+  if type(old) == 'table' or (old and not string.match(old, '^%d+$')) then
+    redis.call('del', lock)
+    return 'o'
+  end
+  local f = redis.pcall('incr', counter)
+  if type(f) == 'table' then
+    redis.call('del', lock)
+    return 'e'
+  end
+  if old then
+    if tonumber(old) >= f then
+      redis.call('set', counter, old)
+      f = redis.call('incr', counter)
     end
+    redis.call('del', legacy)
+  end
+  return 't' .. f
+end
+for i = 1, #KEYS / 3 do
+  local lock, counter, token, ttl = KEYS[3 * i - 2], KEYS[3 * i - 1], ARGV[2 * i - 1], ARGV[2 * i]
+  if redis.call('set', lock, token, 'NX', 'PX', ttl) then
+    out[i] = take(lock, counter, KEYS[3 * i])
   else
-    local t = redis.call('pttl', KEYS[i])
+    local t = redis.call('pttl', lock)
     if t < 0 then
-      out[#out + 1] = 'n'
-    elseif redis.pcall('get', KEYS[i]) == ARGV[i] then
-      local f = redis.pcall('get', KEYS[i + 1])
+      out[i] = 'n'
+    elseif redis.pcall('get', lock) == token then
+      local f = redis.pcall('get', counter)
       if type(f) == 'table' then
-        out[#out + 1] = 'e'
+        out[i] = 'e'
       else
-        redis.call('pexpire', KEYS[i], ARGV[i + 1])
-        out[#out + 1] = 't' .. (f or '0')
+        redis.call('pexpire', lock, ttl)
+        out[i] = 't' .. (f or '0')
       end
     else
-      out[#out + 1] = 'b' .. t
+      out[i] = 'b' .. t
     end
   end
 end
@@ -140,8 +180,10 @@ end
 return table.concat(out)
 )lua";
 
-// Redlock: raises a node's fencing counter to the token handed out, so any
-// later majority (which shares a node with this one) counts past it.
+// Redlock: raises a node's counter of the lock's slot to the token handed
+// out, so any later majority (which shares a node with this one) counts
+// past it. The acquisition that handed the token out folded the name's old
+// counter into the slot's on each of these nodes already.
 constexpr std::string_view kRaiseFence = R"lua(
 local c = tonumber(redis.call('get', KEYS[1]) or '0')
 local f = tonumber(ARGV[1])
@@ -150,10 +192,20 @@ return 1
 )lua";
 
 // Operators' view of one lock: {pttl (-2 absent, -1 no expiry), fencing
-// counter, owner token or ''}.
+// counter, owner token or ''}. The counter is the slot's, or the name's
+// old counter (ARGV[1]) if that is higher: the next token is above both.
+// The old counter is read without being declared, so that a slot in
+// migration, where it is almost never present, does not turn every
+// inspect into TRYAGAIN; where Redis will not serve it (mid-migration on a
+// cluster) it is left out: the view decides nothing.
 constexpr std::string_view kInspect = R"lua(
 local t = redis.call('pttl', KEYS[1])
 local f = tonumber(redis.call('get', KEYS[2]) or '0')
+local old = redis.pcall('get', ARGV[1])
+if type(old) == 'string' then
+  local o = tonumber(old)
+  if o and o > f then f = o end
+end
 local v = redis.call('get', KEYS[1]) or ''
 return {t, f, v}
 )lua";
