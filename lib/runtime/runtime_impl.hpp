@@ -27,7 +27,7 @@
 #include "ops/metrics_server.hpp"
 #include "lockwatch/runtime.hpp"
 #include "runtime/acquisition.hpp"
-#include "runtime/stats.hpp"
+#include "ops/stats.hpp"
 #include "runtime/wait_queue.hpp"
 #include "runtime/watchdog.hpp"
 #include "runtime/wheel_clock.hpp"

@@ -9,6 +9,7 @@
 #include "store/redis/keys.hpp"
 #include "store/redis/node_store.hpp"
 #include "store/redis/sentinel.hpp"
+#include "store/redis/tls.hpp"
 #include "store/redis/topology.hpp"
 #include "store/sql/sql_store.hpp"
 #include "store/sql/sql_target.hpp"
@@ -42,6 +43,8 @@ Scheme scheme_of(const std::string& url) {
 }  // namespace
 
 void check_store_options(const Options& options) {
+  if (options.min_replicas < 0) throw InvalidArgument("Options::min_replicas must not be negative");
+  if (options.replica_ack_timeout.count() <= 0) throw InvalidArgument("Options::replica_ack_timeout must be positive");
   if (scheme_of(options.redis_url) == Scheme::kMysql) {
     (void)SqlTarget::parse(options.redis_url);
     if (options.min_replicas > 0)
@@ -57,6 +60,9 @@ void check_store_options(const Options& options) {
     (void)Topology::parse(options.redis_url);
   }
   if (const char* why = redis_keys::prefix_problem(options.key_prefix)) throw InvalidArgument(why);
+  // The files are read now, so that a wrong path fails here and not at
+  // every connection attempt.
+  if (url_wants_tls(options.redis_url)) check_tls_options(options);
 }
 
 std::unique_ptr<LockStore> make_store(Loop& loop, const Options& options) {
