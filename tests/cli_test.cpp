@@ -374,6 +374,27 @@ TEST_F(CliTest, AnUnreachableOrRefusingStoreExits69) {
   EXPECT_FALSE(contains(refused.output, "wrong")) << "no password in messages";
 }
 
+TEST_F(CliTest, ReconnectWarningsAreLeftOutUnlessVerbose) {
+  const std::string nowhere = "redis://127.0.0.1:" + std::to_string(free_loopback_port());
+  const std::vector<std::vector<std::string>> commands = {{"status", "--redis", nowhere, test_key()},
+                                                          {"release", "--redis", nowhere, "--force", test_key()},
+                                                          {"run", "--redis", nowhere, "--key", test_key(), "--", "true"}};
+  for (const auto& args : commands) {
+    Outcome o = run(args);
+    EXPECT_EQ(o.code, 69) << args.front() << ": " << o.output;
+    EXPECT_TRUE(contains(o.output, "cannot reach the store")) << args.front() << ": " << o.output;
+    EXPECT_FALSE(contains(o.output, "reconnecting")) << args.front() << ": " << o.output;
+    EXPECT_FALSE(contains(o.output, "warning:")) << args.front() << ": " << o.output;
+
+    std::vector<std::string> verbose = args;
+    verbose.insert(verbose.begin() + 1, "--verbose");
+    Outcome v = run(verbose);
+    EXPECT_EQ(v.code, 69) << args.front() << " --verbose: " << v.output;
+    EXPECT_TRUE(contains(v.output, "warning: connection to 127.0.0.1:")) << args.front() << " --verbose: " << v.output;
+    EXPECT_TRUE(contains(v.output, "cannot reach the store")) << args.front() << " --verbose: " << v.output;
+  }
+}
+
 TEST_F(CliTest, AMissingCommandExits127AndNeverTakesTheLock) {
   Outcome missing = run({"run", "--key", test_key(), "--", "lockwatch-test-no-such-command"});
   EXPECT_EQ(missing.code, 127);

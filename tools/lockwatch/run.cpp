@@ -165,6 +165,15 @@ void say(const std::string& message) {
   std::fflush(stderr);
 }
 
+LogSink library_log(bool verbose) {
+  if (!verbose) return [](LogLevel, std::string_view) {};
+  return [](LogLevel level, std::string_view line) {
+    if (level < LogLevel::kInfo) return;
+    fmt::print(stderr, "lockwatch: {}: {}\n", to_string(level), line);
+    std::fflush(stderr);
+  };
+}
+
 int run_command(const RunArgs& a, const Inherited& inherited) {
   // The command is found before the lock is taken: a typo never takes it.
   Command command;
@@ -188,6 +197,7 @@ int run_command(const RunArgs& a, const Inherited& inherited) {
   Options o = Options::from_env();
   if (a.redis_url) o.redis_url = *a.redis_url;
   o.threads = 1;  // no locked work runs on the pool
+  o.log = library_log(a.verbose);  // a lost lease is told below, once
   auto rt = std::make_unique<Runtime>(o);
   const milliseconds margin = default_kill_grace(o, a.ttl, LostReason::kRedisUnreachable);
   if (a.kill_grace && *a.kill_grace > margin)
