@@ -4,10 +4,15 @@
 #include <arpa/inet.h>
 #include <gtest/gtest.h>
 #include <netinet/in.h>
+#include <pthread.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <filesystem>
+#include <fstream>
+#include <future>
 #include <map>
+#include <set>
 #include <mutex>
 #include <sstream>
 #include <type_traits>
@@ -326,6 +331,44 @@ TEST_F(MetricsTest, HeadMetricsGetsTheHeadOfGetWithoutTheBody) {
   std::string missing = http_get(rt_->metrics_address(), "HEAD /other HTTP/1.1\r\n\r\n");
   EXPECT_TRUE(missing.starts_with("HTTP/1.1 404 Not Found\r\n")) << missing;
   EXPECT_EQ(missing.size(), missing.find("\r\n\r\n") + 4) << missing;
+}
+
+// The names of this process's threads, from /proc (what ps -L shows).
+std::multiset<std::string> thread_names() {
+  std::multiset<std::string> names;
+  for (const auto& task : std::filesystem::directory_iterator("/proc/self/task")) {
+    std::ifstream comm(task.path() / "comm");
+    std::string name;
+    if (std::getline(comm, name)) names.insert(name);
+  }
+  return names;
+}
+
+TEST_F(MetricsTest, TheRuntimesThreadsAreNamed) {
+  start(memory_options(2));
+  auto names = thread_names();
+  for (const char* name : {"lw-loop", "lw-notify", "lw-events", "lw-pool-0", "lw-pool-1"})
+    EXPECT_EQ(names.count(name), 1u) << name;
+  // Observers run on the event thread, locked work on the pool.
+  struct NameOfEventThread : Observer {
+    std::promise<std::string> name;
+    void on_acquired(std::string_view, std::uint64_t, Duration) override {
+      char buf[16] = {};
+      ::pthread_getname_np(::pthread_self(), buf, sizeof buf);
+      name.set_value(buf);
+    }
+  };
+  auto observer = std::make_shared<NameOfEventThread>();
+  auto told = observer->name.get_future();
+  rt_->add_observer(observer);
+  auto f = locked("named", 1s, forever).on(*rt_)([] {
+    char buf[16] = {};
+    ::pthread_getname_np(::pthread_self(), buf, sizeof buf);
+    return std::string(buf);
+  })();
+  EXPECT_TRUE(get_bounded(f).starts_with("lw-pool-"));
+  ASSERT_EQ(told.wait_for(kBound), std::future_status::ready);
+  EXPECT_EQ(told.get(), "lw-events");
 }
 
 TEST_F(MetricsTest, ObserversHearEveryEventOffTheLoopInOrder) {
