@@ -4,6 +4,8 @@
 
 #include <algorithm>
 #include <atomic>
+#include <filesystem>
+#include <fstream>
 #include <map>
 #include <mutex>
 #include <set>
@@ -183,6 +185,19 @@ TEST_F(SchedulerTest, OneStickyLeaderAndPromptTakeoverOnDestroy) {
   EXPECT_LT(took, 1000ms);
   std::printf("takeover after a release: %lld ms\n", static_cast<long long>(duration_cast<milliseconds>(took).count()));
   EXPECT_FALSE(nodes[leader]->handle.is_leader());
+}
+
+TEST_F(SchedulerTest, EachJobHasAThreadNamedLwJob) {
+  auto n = node();
+  n->handle = n->scheduler->every(100ms, "named", [this](const JobRun& r) { record(0, r); }, opts());
+  ASSERT_TRUE(wait_runs(1));
+  int jobs = 0;
+  for (const auto& task : std::filesystem::directory_iterator("/proc/self/task")) {
+    std::ifstream comm(task.path() / "comm");
+    std::string name;
+    if (std::getline(comm, name) && name == "lw-job") ++jobs;
+  }
+  EXPECT_EQ(jobs, 1);
 }
 
 TEST_F(SchedulerTest, ALongRunDelaysTheNextAndRunsTheLatestMissedOnce) {

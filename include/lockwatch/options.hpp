@@ -111,7 +111,8 @@ struct Options {
   // Longest key accepted (bytes, before the prefix).
   std::size_t max_key_bytes = std::size_t{1} << 20;
   // "host:port" (e.g. "127.0.0.1:9464") to serve GET /metrics in the
-  // Prometheus text format from the runtime's own loop; empty: off.
+  // Prometheus text format from the runtime's own loop; empty: off. The
+  // Runtime constructor throws ListenError if it cannot listen there.
   std::string metrics_listen;
   // In-process hand-off on a contended key. Off by default.
   //

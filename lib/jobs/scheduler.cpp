@@ -20,6 +20,7 @@
 #include <algorithm>
 
 #include "core/error_values.hpp"
+#include "core/thread_name.hpp"
 #include "runtime/runtime_impl.hpp"
 
 namespace lockwatch {
@@ -103,6 +104,7 @@ Job::Job(Runtime& runtime, std::string name, std::unique_ptr<Schedule> schedule,
 
 void Job::start() {
   thread_ = std::thread([this] { main(); });
+  detail::name_thread(thread_, "lw-job");
 }
 
 void Job::request_cancel() noexcept {

@@ -81,8 +81,8 @@ struct Runtime::Impl : std::enable_shared_from_this<Runtime::Impl> {
   const Options options;
   detail::StatsCounters stats;
   ThreadPool pool;
-  ThreadPool notifier{1};      // runs stop callbacks: user code never runs on the loop
-  ThreadPool event_thread{1};  // observers and the log sink: they never delay a stop callback
+  ThreadPool notifier{1, {}, "lw-notify"};       // runs stop callbacks: user code never runs on the loop
+  ThreadPool event_thread{1, {}, "lw-events"};  // observers and the log sink: they never delay a stop callback
   detail::Events events;
   detail::Loop loop{options.busy_poll};
   std::unique_ptr<detail::LockStore> store;
