@@ -45,7 +45,10 @@ struct Options {
   // Cluster (seed nodes: any one reachable is enough).
   // `rediss://`, `rediss-sentinel://` and `rediss-cluster://` are the same
   // over TLS (with Sentinel, to the sentinels and to the master alike; in a
-  // cluster, to every node).
+  // cluster, to every node). `mysql://user:password@host[:port]/database`
+  // for a SQL lock table. `memory://[name]` for locks in this process's
+  // memory, shared by its runtimes that name the same space (for unit
+  // tests and programs of one process; no server).
   std::string redis_url = "redis://127.0.0.1:6379";
   // Sentinel: credentials of the sentinels themselves (the URL's are the
   // master's), and how many replicas must acknowledge a lock write (WAIT)
