@@ -183,6 +183,25 @@ TEST_F(QuorumStoreTest, AnErrorThatIsNotAConnectionErrorIsReportedAsItself) {
   EXPECT_THROW(std::rethrow_exception(lockwatch::detail::to_exception(a.error)), RedisError);
 }
 
+// The quorum reports the failure that says most: refused credentials on
+// one node over another node that could not be reached (which answers
+// first here), whatever the order of the answers.
+TEST_F(QuorumStoreTest, TheMostTellingFailureIsReported) {
+  make(3);
+  scripts_[0]->set_down(true);
+  scripts_[1]->script_acquire([](const std::string&) -> std::optional<Acquired> {
+    Acquired a;
+    a.error = detail::redis_reply_error("node1", "WRONGPASS invalid username-password pair or user is disabled.");
+    return a;
+  });
+  TestLock l("k", "t1");
+  auto a = acquire(l);
+  ASSERT_EQ(a.status, Status::kFailed);
+  EXPECT_EQ(a.error.kind, detail::StoreError::Kind::kAuth) << a.error.describe();
+  EXPECT_THROW(std::rethrow_exception(lockwatch::detail::to_exception(a.error)), AuthError);
+  EXPECT_EQ(holders(l), 0u);  // node2 took it and gave it back
+}
+
 TEST_F(QuorumStoreTest, TheFenceIsTheMaximumOfTheMajorityAndTheMajorityIsRaisedToIt) {
   make(3);
   backends_[0]->raise("k", 10);
