@@ -11,8 +11,8 @@
 // a known master or a seed, one refresh in flight at a time. It is read at
 // start, after a MOVED, a CLUSTERDOWN, a connection loss or a failed
 // renewal (throttled), and every 5 s. Requests made before the first map
-// is known wait for it, at most connect_timeout, then fail with a
-// ConnectionError naming the seeds.
+// is known wait for it, at most connect_timeout, then fail as unavailable
+// (a ConnectionError to the user) naming the seeds.
 //
 // Routing. Every lock lives in the slot of `P{K}` (its fencing counter,
 // period and channel share the hash tag). Each master gets one

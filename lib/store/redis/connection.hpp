@@ -33,8 +33,8 @@
 // OpenSSL session over memory BIOs, on the loop thread: the handshake runs
 // after the TCP connect and within the same connect timeout, writes are
 // encrypted as they are flushed and reads decrypted before the reader sees
-// them. A refused certificate or a broken handshake fails what waited with a
-// ConnectionError saying why.
+// them. A refused certificate or a broken handshake fails what waited as
+// unavailable, saying why.
 //
 // Costs: one uv_write (usually one non-blocking write) per loop iteration
 // with something queued; replies are copied once into the reader's buffer.

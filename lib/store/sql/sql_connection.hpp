@@ -18,12 +18,13 @@
 // A connection runs a session set-up first (UTC time zone, strict mode,
 // READ COMMITTED, a lock wait bounded by command_timeout) and then checks
 // the lock table, creating it when it is missing; requests wait for that.
-// A refused login is an AuthError, anything else that stops the connection
-// a ConnectionError, both naming the server; a statement the server refuses
-// is a SqlError with its code. A statement without an answer within
-// command_timeout, or a connection attempt past connect_timeout, drops the
-// connection: what was in flight fails, what was queued goes to the next
-// attempt. Lost connections come back on a doubling back-off
+// Failures are StoreErrors naming the server: a refused login is kAuth,
+// anything else that stops the connection kUnavailable; a statement the
+// server refuses carries its error number, classified by sql_error() (a
+// deadlock is kRetryLater, most are kRefused). A statement without an
+// answer within command_timeout, or a connection attempt past
+// connect_timeout, drops the connection: what was in flight fails, what was
+// queued goes to the next attempt. Lost connections come back on a doubling back-off
 // (reconnect_min .. reconnect_max); an idle connection the server closed
 // is noticed at once.
 #pragma once
