@@ -250,7 +250,7 @@ void RedisNodeStore::send_acquire_batch(std::vector<QueuedAcquire> batch) {
                   } else {
                     out.error = StoreError::refused(conn_->name(), "unexpected reply to the acquire script");
                   }
-                  acquired(out, std::move(a.name), std::move(a.token), a.index, std::move(a.done));
+                  acquired(std::move(out), std::move(a.name), std::move(a.token), a.index, std::move(a.done));
                 }
               });
 }
@@ -307,7 +307,7 @@ void RedisNodeStore::acquire_one(std::string name, std::string token, std::strin
                   out.status = Acquired::Status::kBusy;
                   out.busy_for = std::chrono::milliseconds(integer_at(r, 1));
                 }
-                acquired(out, std::move(name), std::move(token), index, std::move(done));
+                acquired(std::move(out), std::move(name), std::move(token), index, std::move(done));
               });
 }
 
