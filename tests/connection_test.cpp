@@ -1,6 +1,7 @@
 // One Redis connection against real servers: the handshake (ROLE for
 // masters learned from sentinels), answers after close(), and pub/sub pushes
 // including sharded ones.
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 
 #include <arpa/inet.h>
@@ -15,6 +16,7 @@
 #include <thread>
 
 #include "core/loop.hpp"
+#include "runtime/store_errors.hpp"
 #include "store/redis/connection.hpp"
 #include "test_util.hpp"
 
@@ -30,13 +32,14 @@ class ConnectionTest : public ::testing::Test {
     ep.port = s.port();
     return ep;
   }
-  // Runs one command on `conn` (on the loop) and waits for its answer.
+  // Runs one command on `conn` (on the loop) and waits for its answer; a
+  // failure as the public error it maps to.
   std::pair<std::string, std::exception_ptr> run(RedisConnection& conn, std::vector<std::string> argv) {
     std::promise<std::pair<std::string, std::exception_ptr>> p;
     auto f = p.get_future();
     loop_.post([&] {
-      conn.command(std::move(argv), [&p](const redisReply* r, std::exception_ptr e) {
-        p.set_value({r && r->str ? std::string(r->str, r->len) : std::string(), e});
+      conn.command(std::move(argv), [&p](const redisReply* r, const detail::StoreError* e) {
+        p.set_value({r && r->str ? std::string(r->str, r->len) : std::string(), e ? detail::to_exception(*e) : nullptr});
       });
     });
     EXPECT_EQ(f.wait_for(kBound), std::future_status::ready);
@@ -89,7 +92,7 @@ TEST_F(ConnectionTest, ACommandAfterCloseIsAnsweredOnceOutsideTheCall) {
     conn.start();
     conn.close();
     inside = true;
-    conn.command({"PING"}, [&](const redisReply*, std::exception_ptr e) { p.set_value({inside, e != nullptr}); });
+    conn.command({"PING"}, [&](const redisReply*, const detail::StoreError* e) { p.set_value({inside, e != nullptr}); });
     inside = false;
   });
   ASSERT_EQ(f.wait_for(kBound), std::future_status::ready);
@@ -172,7 +175,7 @@ TEST_F(ConnectionTest, ShardedModeSubscribesConfirmsAndResubscribesAfterAReconne
   hooks.on_message = [&](std::string_view kind, std::string_view channel, std::string_view payload) {
     pushes.add(kind, channel, payload);
   };
-  hooks.on_dropped = [&](std::string_view channel, std::string_view) { dropped.emplace_back(channel); };
+  hooks.on_dropped = [&](std::string_view channel, const detail::StoreError*) { dropped.emplace_back(channel); };
   RedisConnection conn(loop_, endpoint_of(server), options_, RedisConnection::Mode::kShardedPubSub, std::move(hooks));
   loop_.post([&] {
     conn.start();
@@ -327,8 +330,13 @@ TEST_F(ConnectionTest, PushFramesOfEveryKindNeitherAbortNorConfuseTheReader) {
   hooks.on_message = [&](std::string_view kind, std::string_view channel, std::string_view payload) {
     pushes.add(kind, channel, payload);
   };
-  hooks.on_dropped = [&](std::string_view channel, std::string_view why) {
-    dropped.push_back(std::string(channel) + " " + std::string(why));
+  hooks.on_dropped = [&](std::string_view channel, const detail::StoreError* why) {
+    // A refusal arrives parsed (a MOVED with its slot and target); null: the
+    // node unsubscribed the channel on its own.
+    dropped.push_back(std::string(channel) + " " +
+                      (why == nullptr ? std::string("unsolicited")
+                       : why->redirect() ? fmt::format("redirect {} {}:{}", why->slot, why->target_host, why->target_port)
+                                         : why->message));
   };
   hooks.on_down = [&] {
     if (!down_seen) down.set_value();
@@ -359,8 +367,8 @@ TEST_F(ConnectionTest, PushFramesOfEveryKindNeitherAbortNorConfuseTheReader) {
   EXPECT_NE(again.find("SSUBSCRIBE\r\n$17\r\nlockwatch:{a}:rel"), std::string::npos) << again;
   EXPECT_EQ(again.find("{b}"), std::string::npos) << again;
   EXPECT_EQ(again.find("{c}"), std::string::npos) << again;
-  EXPECT_EQ(dropped, (std::vector<std::string>{"lockwatch:{b}:rel MOVED 1234 127.0.0.1:7001",
-                                               "lockwatch:{c}:rel the node unsubscribed it (its slot moved)"}));
+  EXPECT_EQ(dropped, (std::vector<std::string>{"lockwatch:{b}:rel redirect 1234 127.0.0.1:7001",
+                                               "lockwatch:{c}:rel unsolicited"}));
 }
 
 // A host name is looked up off the loop thread, and connected to.
@@ -388,7 +396,7 @@ TEST_F(ConnectionTest, RequestsQueuedTogetherAreAllAnsweredInOrder) {
   loop_.post([&] {
     conn.start();
     for (int i = 0; i < kRequests; ++i) {
-      conn.command({"INCR", "n"}, [&](const redisReply* r, std::exception_ptr e) {
+      conn.command({"INCR", "n"}, [&](const redisReply* r, const detail::StoreError* e) {
         got.push_back(e || r == nullptr ? -1 : r->integer);
         if (got.size() == kRequests) p.set_value(got);
       });

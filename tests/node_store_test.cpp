@@ -16,6 +16,7 @@
 #include "core/loop.hpp"
 #include "lockwatch/errors.hpp"
 #include "lockwatch/lockwatch.hpp"
+#include "runtime/store_errors.hpp"
 #include "store/redis/cluster_slot.hpp"
 #include "store/redis/keys.hpp"
 #include "store/redis/node_store.hpp"
@@ -93,7 +94,7 @@ class NodeStoreTest : public ::testing::Test {
         const std::string name = lock_key(locks[k].key);
         LockRef ref{name, locks[k].token, "0", 0ms};
         store_->release(std::span<const LockRef>(&ref, 1), true,
-                        [&all, results, left, k](std::size_t, Released r, std::string_view) {
+                        [&all, results, left, k](std::size_t, Released r, const lockwatch::detail::StoreError*) {
                           (*results)[k] = r;
                           if (--*left == 0) all.set_value();
                         });
@@ -140,10 +141,10 @@ TEST_F(NodeStoreTest, OneCallOfManyLocksIsOneScriptCallWithEachLockAnsweredAlone
   EXPECT_EQ(r[1].status, Acquired::Status::kBusy);
   EXPECT_GT(r[1].busy_for, 50s);
   ASSERT_EQ(r[2].status, Acquired::Status::kFailed);
-  EXPECT_THROW(std::rethrow_exception(r[2].error), RedisError);
-  EXPECT_NE(detail::what_of(r[2].error).find("exists without expiry"), std::string::npos) << detail::what_of(r[2].error);
+  EXPECT_THROW(std::rethrow_exception(lockwatch::detail::to_exception(r[2].error)), RedisError);
+  EXPECT_NE(r[2].error.describe().find("exists without expiry"), std::string::npos) << r[2].error.describe();
   ASSERT_EQ(r[3].status, Acquired::Status::kFailed);
-  EXPECT_NE(detail::what_of(r[3].error).find("not a fencing counter"), std::string::npos) << detail::what_of(r[3].error);
+  EXPECT_NE(r[3].error.describe().find("not a fencing counter"), std::string::npos) << r[3].error.describe();
   EXPECT_EQ(r[4].status, Acquired::Status::kTaken);
   EXPECT_EQ(r[4].fence, 42u);
   EXPECT_EQ(r[5].status, Acquired::Status::kTaken);
@@ -177,8 +178,8 @@ TEST_F(NodeStoreTest, ALoneLockWhoseCounterRedisRefusesFailsAndLeavesNoLock) {
     server_.command({"HSET", counter, "f", "1"});
     auto r = acquire({{{"alone", "t1"}}});
     ASSERT_EQ(r[0].status, Acquired::Status::kFailed) << counter;
-    EXPECT_THROW(std::rethrow_exception(r[0].error), RedisError);
-    EXPECT_NE(detail::what_of(r[0].error).find("WRONGTYPE"), std::string::npos) << detail::what_of(r[0].error);
+    EXPECT_THROW(std::rethrow_exception(lockwatch::detail::to_exception(r[0].error)), RedisError);
+    EXPECT_NE(r[0].error.describe().find("WRONGTYPE"), std::string::npos) << r[0].error.describe();
     EXPECT_EQ(server_.command({"EXISTS", lock_key("alone")}).integer, 0);
     EXPECT_EQ(server_.command({"DBSIZE"}).integer, 1) << "only the refused counter";
     server_.command({"DEL", counter});
@@ -325,7 +326,7 @@ TEST_F(NodeStoreTest, ALockGivenBackAndAskedForInOneIterationIsFreeForTheAsker) 
     auto released = std::make_shared<Released>(Released::kUnconfirmed);
     LockRef mine{name, "first", "0", 0ms};
     store_->release(std::span<const LockRef>(&mine, 1), true,
-                    [released](std::size_t, Released r, std::string_view) { *released = r; });
+                    [released](std::size_t, Released r, const lockwatch::detail::StoreError*) { *released = r; });
     LockRef next{name, "second", "10000", 10s};
     store_->acquire(std::span<const LockRef>(&next, 1),
                     [&p, released](std::size_t, const Acquired& a) { p.set_value({*released, a}); });
@@ -348,7 +349,7 @@ TEST_F(NodeStoreTest, RequestsQueuedWhenTheStoreClosesAreEachAnsweredOnceWithAnE
     std::vector<LockRef> refs;
     for (const auto& n : names) refs.push_back(LockRef{n, "tok", "10000", 10s});
     store_->acquire(refs, [&all, answers, errors](std::size_t i, const Acquired& a) {
-      if (a.status == Acquired::Status::kFailed && a.error) ++*errors;
+      if (a.status == Acquired::Status::kFailed && !a.error.message.empty()) ++*errors;
       if (++(*answers)[i] == 1 && answers->size() == 3) all.set_value();
     });
     store_->close();  // before the loop's next iteration would send them
@@ -384,7 +385,7 @@ TEST_F(NodeStoreBurstTest, ABurstRedisTakesLongerThanTheCommandTimeoutToServeIsN
   std::string first_error;
   for (const auto& a : r) {
     taken += a.status == Acquired::Status::kTaken;
-    if (a.error && first_error.empty()) first_error = detail::what_of(a.error);
+    if (a.status == Acquired::Status::kFailed && first_error.empty()) first_error = a.error.describe();
   }
   EXPECT_EQ(taken, kLocks) << first_error;
   EXPECT_GT(took, options_.command_timeout) << "the burst must outlast the timeout to test anything";

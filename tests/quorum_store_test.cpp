@@ -3,8 +3,10 @@
 #include <gtest/gtest.h>
 
 #include <future>
+#include <optional>
 
 #include "core/loop.hpp"
+#include "runtime/store_errors.hpp"
 #include "store/quorum_store.hpp"
 #include "support/memory_store.hpp"
 #include "test_util.hpp"
@@ -72,7 +74,9 @@ class QuorumStoreTest : public ::testing::Test {
     on_loop([&] {
       LockRef r = l.ref();
       q_->renew(std::span<const LockRef>(&r, 1), nullptr,
-                [&p](std::size_t, Renewed v, std::string_view why) { p.set_value({v, std::string(why)}); });
+                [&p](std::size_t, Renewed v, const detail::StoreError* why) {
+                  p.set_value({v, why != nullptr ? why->describe() : std::string()});
+                });
     });
     EXPECT_EQ(f.wait_for(kBound), std::future_status::ready);
     return f.get();
@@ -83,7 +87,7 @@ class QuorumStoreTest : public ::testing::Test {
     on_loop([&] {
       LockRef r = l.ref();
       q_->release(std::span<const LockRef>(&r, 1), true,
-                  [&p](std::size_t, Released v, std::string_view) { p.set_value(v); });
+                  [&p](std::size_t, Released v, const lockwatch::detail::StoreError*) { p.set_value(v); });
     });
     EXPECT_EQ(f.wait_for(kBound), std::future_status::ready);
     return f.get();
@@ -131,7 +135,7 @@ TEST_F(QuorumStoreTest, AMajorityDownFailsAndGivesBackWhatItTook) {
   auto a = acquire(l);
   ASSERT_EQ(a.status, Status::kFailed);
   try {
-    std::rethrow_exception(a.error);
+    std::rethrow_exception(lockwatch::detail::to_exception(a.error));
   } catch (const ConnectionError& e) {
     std::string what = e.what();
     EXPECT_NE(what.find("no majority"), std::string::npos) << what;
@@ -169,14 +173,33 @@ TEST_F(QuorumStoreTest, AnErrorThatIsNotAConnectionErrorIsReportedAsItself) {
   for (int i = 1; i < 3; ++i) {
     scripts_[i]->script_acquire([](const std::string&) -> std::optional<Acquired> {
       Acquired a;
-      a.error = std::make_exception_ptr(RedisError("node", "WRONGTYPE"));
+      a.error = detail::redis_reply_error("node", "WRONGTYPE Operation against a key holding the wrong kind of value");
       return a;
     });
   }
   TestLock l("k", "t1");
   auto a = acquire(l);
   ASSERT_EQ(a.status, Status::kFailed);
-  EXPECT_THROW(std::rethrow_exception(a.error), RedisError);
+  EXPECT_THROW(std::rethrow_exception(lockwatch::detail::to_exception(a.error)), RedisError);
+}
+
+// The quorum reports the failure that says most: refused credentials on
+// one node over another node that could not be reached (which answers
+// first here), whatever the order of the answers.
+TEST_F(QuorumStoreTest, TheMostTellingFailureIsReported) {
+  make(3);
+  scripts_[0]->set_down(true);
+  scripts_[1]->script_acquire([](const std::string&) -> std::optional<Acquired> {
+    Acquired a;
+    a.error = detail::redis_reply_error("node1", "WRONGPASS invalid username-password pair or user is disabled.");
+    return a;
+  });
+  TestLock l("k", "t1");
+  auto a = acquire(l);
+  ASSERT_EQ(a.status, Status::kFailed);
+  EXPECT_EQ(a.error.kind, detail::StoreError::Kind::kAuth) << a.error.describe();
+  EXPECT_THROW(std::rethrow_exception(lockwatch::detail::to_exception(a.error)), AuthError);
+  EXPECT_EQ(holders(l), 0u);  // node2 took it and gave it back
 }
 
 TEST_F(QuorumStoreTest, TheFenceIsTheMaximumOfTheMajorityAndTheMajorityIsRaisedToIt) {
@@ -213,7 +236,7 @@ TEST_F(QuorumStoreTest, WithoutEnoughRaisesTheLockIsGivenBack) {
   TestLock l("k", "t1");
   auto a = acquire(l);
   ASSERT_EQ(a.status, Status::kFailed);
-  EXPECT_THROW(std::rethrow_exception(a.error), ConnectionError);
+  EXPECT_THROW(std::rethrow_exception(lockwatch::detail::to_exception(a.error)), ConnectionError);
   EXPECT_EQ(holders(l), 0u);
 }
 
@@ -234,7 +257,7 @@ TEST_F(QuorumStoreTest, AMajorityReachedAfterTheValidityTimeIsGivenBack) {
   auto a = acquire(l);
   ASSERT_EQ(a.status, Status::kFailed);
   try {
-    std::rethrow_exception(a.error);
+    std::rethrow_exception(lockwatch::detail::to_exception(a.error));
   } catch (const ConnectionError& e) {
     EXPECT_NE(std::string(e.what()).find("validity"), std::string::npos) << e.what();
   }
@@ -248,7 +271,7 @@ TEST_F(QuorumStoreTest, ARaiseConfirmedAfterTheValidityTimeGivesTheLockBack) {
   auto a = acquire(l);
   ASSERT_EQ(a.status, Status::kFailed);
   try {
-    std::rethrow_exception(a.error);
+    std::rethrow_exception(lockwatch::detail::to_exception(a.error));
   } catch (const ConnectionError& e) {
     EXPECT_NE(std::string(e.what()).find("raised its fencing counters only after the validity time"),
               std::string::npos)
@@ -312,7 +335,7 @@ TEST_F(QuorumStoreTest, EveryLockOfABatchIsAnsweredExactlyOnce) {
   on_loop([&] {
     std::vector<LockRef> refs;
     for (auto& l : locks) refs.push_back(l.ref());
-    q_->renew(refs, nullptr, [&](std::size_t k, Renewed v, std::string_view) {
+    q_->renew(refs, nullptr, [&](std::size_t k, Renewed v, const lockwatch::detail::StoreError*) {
       answers[k]++;
       result[k] = v;
       if (--left == 0) all.set_value();
@@ -378,9 +401,13 @@ TEST_F(QuorumStoreTest, InspectSeesAHolderOnlyWithAMajority) {
   TestLock l("k", "t1");
   ASSERT_EQ(acquire(l).status, Status::kTaken);
   auto inspect = [&] {
-    std::promise<std::pair<LockInfo, std::exception_ptr>> p;
+    std::promise<std::pair<LockInfo, std::optional<detail::StoreError>>> p;
     auto f = p.get_future();
-    on_loop([&] { q_->inspect("k", [&p](const LockInfo& i, std::exception_ptr e) { p.set_value({i, e}); }); });
+    on_loop([&] {
+      q_->inspect("k", [&p](const LockInfo& i, const detail::StoreError* e) {
+        p.set_value({i, e ? std::optional<detail::StoreError>(*e) : std::nullopt});
+      });
+    });
     EXPECT_EQ(f.wait_for(kBound), std::future_status::ready);
     return f.get();
   };
@@ -394,7 +421,10 @@ TEST_F(QuorumStoreTest, InspectSeesAHolderOnlyWithAMajority) {
   EXPECT_FALSE(inspect().first.held);  // three owners, no majority
   scripts_[0]->set_down(true);
   scripts_[1]->set_down(true);
-  EXPECT_TRUE(inspect().second);  // too few answers to say
+  auto unknown = inspect().second;  // too few answers to say
+  ASSERT_TRUE(unknown);
+  EXPECT_EQ(unknown->kind, detail::StoreError::Kind::kUnavailable);
+  EXPECT_NE(unknown->describe().find("cannot tell"), std::string::npos) << unknown->describe();
 }
 
 TEST_F(QuorumStoreTest, ForceReleaseRemovesTheLockFromEveryNode) {
@@ -403,7 +433,7 @@ TEST_F(QuorumStoreTest, ForceReleaseRemovesTheLockFromEveryNode) {
   ASSERT_EQ(acquire(l).status, Status::kTaken);
   std::promise<bool> p;
   auto f = p.get_future();
-  on_loop([&] { q_->force_release("k", [&p](bool held, std::exception_ptr) { p.set_value(held); }); });
+  on_loop([&] { q_->force_release("k", [&p](bool held, const detail::StoreError*) { p.set_value(held); }); });
   ASSERT_EQ(f.wait_for(kBound), std::future_status::ready);
   EXPECT_TRUE(f.get());
   EXPECT_EQ(holders(l), 0u);

@@ -65,7 +65,7 @@ class StoreOnLoop {
     loop_.post([&] {
       detail::LockRef ref{name, token, {}, {}};
       store_->release(std::span<const detail::LockRef>(&ref, 1), true,
-                      [&p](std::size_t, detail::Released r, std::string_view) { p.set_value(r); });
+                      [&p](std::size_t, detail::Released r, const detail::StoreError*) { p.set_value(r); });
     });
     return get_bounded(f);
   }

@@ -195,8 +195,8 @@ TEST_F(WaitQueueTest, AClusterFailingOverKeepsTheWaitersPlace) {
     const int n = answered->fetch_add(1);
     if (n >= 3) return std::nullopt;  // the real store from now on
     Acquired a;
-    a.error = std::make_exception_ptr(
-        RedisError("memory", n % 2 == 0 ? "CLUSTERDOWN The cluster is down" : "TRYAGAIN Multiple keys request"));
+    a.error = detail::redis_reply_error("memory", n % 2 == 0 ? "CLUSTERDOWN The cluster is down"
+                                                             : "TRYAGAIN Multiple keys request");
     return a;
   });
   auto first = rt_->acquire("failing-over", 1s, forever);  // no wait: at once
@@ -288,7 +288,7 @@ TEST_F(WaitQueueTest, AWaiterGivenUpAfterAConnectionErrorGivesItsTokenBack) {
 TEST_F(WaitQueueTest, AnErrorOtherThanAConnectionFailsTheWaiterAtOnce) {
   script_->script_acquire([](const std::string&) -> std::optional<Acquired> {
     Acquired a;
-    a.error = std::make_exception_ptr(RedisError("memory", "WRONGTYPE"));
+    a.error = detail::redis_reply_error("memory", "WRONGTYPE Operation against a key holding the wrong kind of value");
     return a;
   });
   auto t0 = std::chrono::steady_clock::now();

@@ -169,10 +169,10 @@ std::optional<T> Job::on_loop(Start start) {
 }
 
 std::optional<system_clock::time_point> Job::fetch_store_time() {
-  using R = std::pair<system_clock::time_point, std::exception_ptr>;
+  using R = std::pair<system_clock::time_point, bool>;  // the store's time, failed
   auto sent = local_now();
   auto r = on_loop<R>([](LockStore& s, auto done) {
-    s.server_time([done](system_clock::time_point t, std::exception_ptr e) { done(R{t, e}); });
+    s.server_time([done](system_clock::time_point t, const StoreError* e) { done(R{t, e != nullptr}); });
   });
   if (!r || r->second) return std::nullopt;
   learn_store_time(r->first, sent);
@@ -187,7 +187,7 @@ ClaimResult Job::claim(const std::string& token, std::int64_t period) {
   });
   if (!r) {
     ClaimResult out;
-    out.error = std::make_exception_ptr(RuntimeStopped("lockwatch runtime is stopping"));
+    out.error.message = "lockwatch runtime is stopping";
     return out;
   }
   if (r->status != ClaimResult::Status::kFailed) learn_store_time(r->store_time, sent);

@@ -4,6 +4,7 @@
 #include <fmt/format.h>
 
 #include "core/error_values.hpp"
+#include "runtime/store_errors.hpp"
 #include "core/timing.hpp"
 #include "runtime/runtime_impl.hpp"
 #include "store/make_store.hpp"
@@ -360,9 +361,9 @@ std::future<LockState> Runtime::Impl::inspect(std::string key) {
   auto promise = std::make_shared<std::promise<LockState>>();
   auto future = promise->get_future();
   if (!loop.post([this, promise, name = operator_name(key), key]() mutable {
-        store->inspect(name, [promise, key = std::move(key)](const detail::LockInfo& info, std::exception_ptr err) {
+        store->inspect(name, [promise, key = std::move(key)](const detail::LockInfo& info, const detail::StoreError* err) {
           if (err)
-            promise->set_exception(err);
+            promise->set_exception(detail::to_exception(*err));
           else
             promise->set_value(LockState{key, info.held, info.ttl, info.fence_counter});
         });
@@ -375,9 +376,9 @@ std::future<bool> Runtime::Impl::force_release(std::string key) {
   auto promise = std::make_shared<std::promise<bool>>();
   auto future = promise->get_future();
   if (!loop.post([this, promise, name = operator_name(key)] {
-        store->force_release(name, [promise](bool held, std::exception_ptr err) {
+        store->force_release(name, [promise](bool held, const detail::StoreError* err) {
           if (err)
-            promise->set_exception(err);
+            promise->set_exception(detail::to_exception(*err));
           else
             promise->set_value(held);
         });

@@ -3,9 +3,9 @@
 #include <algorithm>
 #include <cassert>
 
-#include "core/error_values.hpp"
 #include "core/timing.hpp"
 #include "lockwatch/errors.hpp"
+#include "runtime/store_errors.hpp"
 
 namespace lockwatch::detail {
 
@@ -23,7 +23,9 @@ struct WaitQueue::KeyWaiters final : TimerTask {
   bool yielding = false;      // a streak's end: others' turn until `retry` fires
   Timeout retry;              // the holder's ttl runs out, or the poll back-off
   milliseconds poll{0};       // stores without notices: the current back-off
-  std::exception_ptr connection_error;  // the head's last attempt could not reach the store
+  // The head's last attempt could not reach the store, or was told "not
+  // now": what a wait that runs out reports (the public error).
+  std::exception_ptr connection_error;
   // When the first of the head's attempts that found the store unreachable
   // in a row was sent (max: the last one reached it).
   Clock::time_point unreachable_since = Clock::time_point::max();
@@ -115,7 +117,7 @@ void WaitQueue::give_back_orphans() {
     refs.push_back(LockRef{o.name, o.token.view(), o.ttl_ms.view(), o.ttl});
   }
   // With notify: a ghost's waiters in other processes wake at once.
-  store_.release(refs, true, [this, batch](std::size_t i, Released status, std::string_view) {
+  store_.release(refs, true, [this, batch](std::size_t i, Released status, const StoreError*) {
     // Any answer settles it: released, gone (never taken, or expired) or
     // another owner's. Only no answer leaves it for another try.
     if (status == Released::kUnconfirmed) orphans_.push_back(std::move((*batch)[i]));
@@ -173,7 +175,7 @@ void WaitQueue::on_outcome(const std::shared_ptr<Acquisition>& a, const Acquired
     // The head stays at the front until it is done: only it attempts.
     assert(!w->waiting.empty() && w->waiting.front() == a);
   }
-  if (w && out.status == Status::kFailed && is_transient_error(out.error)) {
+  if (w && out.status == Status::kFailed && out.error.transient()) {
     // A waiter keeps its place through a connection blip (or a cluster
     // failing over) and tries again shortly (a request made while down
     // waits for the reconnect). A store that stays unreachable for the
@@ -181,11 +183,11 @@ void WaitQueue::on_outcome(const std::shared_ptr<Acquisition>& a, const Acquired
     // rather than at its wait's end. A cluster's "not now" is ridden out
     // within the wait. Either way a wait that runs out meanwhile reports
     // this error rather than a busy lock.
-    w->connection_error = out.error;
-    if (is_connection_error(out.error)) {
+    w->connection_error = to_exception(out.error);
+    if (out.error.unavailable()) {
       w->unreachable_since = std::min(w->unreachable_since, sent);
       if (Clock::now() - w->unreachable_since >= options_.connect_timeout) {
-        fail_waiters(w, out.error);
+        fail_waiters(w, w->connection_error);
         return;
       }
     } else {
@@ -203,7 +205,7 @@ void WaitQueue::on_outcome(const std::shared_ptr<Acquisition>& a, const Acquired
     a->done = true;
     a->wait_timeout.cancel();
     if (out.status == Status::kFailed) {
-      hooks_.failed(a, out.error, false);
+      hooks_.failed(a, to_exception(out.error), false);
       abandon(*a);
       if (w) attempt_head(w->name);
     } else {

@@ -201,7 +201,7 @@ void Watchdog::flush() {
     for (const auto& l : *batch) refs_.push_back(l->ref());
     stats_.renewals_sent.fetch_add(batch->size(), std::memory_order_relaxed);
     const auto* leases = batch.get();
-    auto commands = store_.renew(refs_, batch, [this, leases, sent](std::size_t k, Renewed status, std::string_view why) {
+    auto commands = store_.renew(refs_, batch, [this, leases, sent](std::size_t k, Renewed status, const StoreError* why) {
       on_renew_result((*leases)[k], sent, status, why);
     });
     stats_.renew_commands.fetch_add(commands, std::memory_order_relaxed);
@@ -210,7 +210,7 @@ void Watchdog::flush() {
 }
 
 void Watchdog::on_renew_result(const std::shared_ptr<LeaseRecord>& sent_for, Clock::time_point sent,
-                               Renewed status, std::string_view why) {
+                               Renewed status, const StoreError* why) {
   // Sent for a lease since handed on locally: the answer is the current
   // holder's (the store's key is the same).
   std::shared_ptr<LeaseRecord> current;
@@ -227,7 +227,7 @@ void Watchdog::on_renew_result(const std::shared_ptr<LeaseRecord>& sent_for, Clo
 }
 
 void Watchdog::on_renew_result_now(const std::shared_ptr<LeaseRecord>& l, Clock::time_point sent, Renewed status,
-                                   std::string_view why) {
+                                   const StoreError* why) {
   if ((l->work_finished && !l->releasing) || l->lost()) return;
   switch (status) {
     case Renewed::kYes:
@@ -241,7 +241,7 @@ void Watchdog::on_renew_result_now(const std::shared_ptr<LeaseRecord>& l, Clock:
         lose(l, status == Renewed::kTakenByOther ? LostReason::kTakenByOther : LostReason::kExpired);
       break;
     case Renewed::kTransient:
-      renewal_failed(l, std::string(why));
+      renewal_failed(l, why != nullptr ? why->describe() : std::string("the renewal was not confirmed"));
       break;
   }
 }
@@ -298,11 +298,12 @@ void Watchdog::work_done(const std::shared_ptr<LeaseRecord>& l) {
   l->releasing = true;
   LockRef ref = l->ref();
   store_.release(std::span<const LockRef>(&ref, 1), true,
-                 [this, l](std::size_t, Released status, std::string_view why) {
+                 [this, l](std::size_t, Released status, const StoreError* why) {
                    l->releasing = false;
                    l->timeout.cancel();
                    if (status == Released::kUnconfirmed) {
-                     if (!l->lost()) l->set_lost_detail("release not confirmed: " + std::string(why));
+                     if (!l->lost())
+                       l->set_lost_detail("release not confirmed: " + (why != nullptr ? why->describe() : std::string()));
                      // The key expires at most a ttl after our last request
                      // that could have extended it. Complete then, never
                      // earlier.

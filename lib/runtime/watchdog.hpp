@@ -92,9 +92,9 @@ class Watchdog {
   void schedule_next(LeaseRecord& l, Clock::time_point extended_at);
   void send_renew(const std::shared_ptr<LeaseRecord>& l);
   void on_renew_result(const std::shared_ptr<LeaseRecord>& l, Clock::time_point sent, Renewed status,
-                       std::string_view why);
+                       const StoreError* why);
   void on_renew_result_now(const std::shared_ptr<LeaseRecord>& l, Clock::time_point sent, Renewed status,
-                           std::string_view why);
+                           const StoreError* why);
   void on_renewed(const std::shared_ptr<LeaseRecord>& l, Clock::time_point sent);
   void renewal_failed(const std::shared_ptr<LeaseRecord>& l, std::string why);
   void finish(const std::shared_ptr<LeaseRecord>& l);

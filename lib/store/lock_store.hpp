@@ -19,8 +19,10 @@
 // once defers through Loop::post), so callers may hold state across a call.
 //
 // Errors are values here: a store never throws through the loop. A failure
-// is a status, with a typed lockwatch error (ConnectionError, AuthError,
-// RedisError) as an exception_ptr where the caller may hand it to a user.
+// is a status with a StoreError (store_error.hpp): a kind, the server's code
+// and message, and for a redirect its target. Callbacks that answer with or
+// without one take it by pointer, null on success. The runtime decides by
+// kind and alone turns it into the public exception (store_errors.hpp).
 //
 // Costs: one virtual call per batch; a store must not copy the names and
 // tokens of a renewal batch (they stay valid while its keepalive lives).
@@ -29,12 +31,13 @@
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
-#include <exception>
 #include <functional>
 #include <memory>
 #include <span>
 #include <string>
 #include <string_view>
+
+#include "store/store_error.hpp"
 
 namespace lockwatch::detail {
 
@@ -53,7 +56,7 @@ struct Acquired {
   Status status = Status::kFailed;
   std::uint64_t fence = 0;                 // kTaken: the fencing token
   std::chrono::milliseconds busy_for{0};   // kBusy: the holder's remaining ttl
-  std::exception_ptr error;                // kFailed: a typed lockwatch error
+  StoreError error;                        // kFailed: why (empty on success: no allocation)
 };
 
 enum class Renewed : std::uint8_t {
@@ -94,7 +97,7 @@ struct ClaimResult {
   std::int64_t last = 0;  // kAlreadyRun: the last period run
   // The store's clock when it decided (every status but kFailed).
   std::chrono::system_clock::time_point store_time{};
-  std::exception_ptr error;  // kFailed: a typed lockwatch error
+  StoreError error;  // kFailed: why
 };
 
 // Things a store reports on its own. Set once, by start().
@@ -118,8 +121,10 @@ struct StoreEvents {
 class LockStore {
  public:
   using AcquireDone = std::function<void(std::size_t index, const Acquired& result)>;
-  using RenewDone = std::function<void(std::size_t index, Renewed status, std::string_view why)>;
-  using ReleaseDone = std::function<void(std::size_t index, Released status, std::string_view why)>;
+  // `error`: why, for kTransient and kUnconfirmed (null otherwise); valid
+  // during the callback only.
+  using RenewDone = std::function<void(std::size_t index, Renewed status, const StoreError* error)>;
+  using ReleaseDone = std::function<void(std::size_t index, Released status, const StoreError* error)>;
 
   virtual ~LockStore() = default;
 
@@ -151,10 +156,10 @@ class LockStore {
   virtual void raise_fence(std::string_view name, std::uint64_t fence, std::function<void(bool ok)> done) = 0;
 
   // Scheduled jobs. The store's clock (Redis TIME), so that processes
-  // with skewed clocks agree which period is due; `error` when no answer
-  // could be had.
+  // with skewed clocks agree which period is due; `error` (else null) when
+  // no answer could be had.
   virtual void server_time(
-      std::function<void(std::chrono::system_clock::time_point now, std::exception_ptr error)> done) = 0;
+      std::function<void(std::chrono::system_clock::time_point now, const StoreError* error)> done) = 0;
   // Claims `period` of the job whose lock is `name` (encode()d), held with
   // `token`, if the store's clock has reached `start` (the period's start
   // on the store's clock). See ClaimResult. Not batched: one claim per run.
@@ -163,9 +168,9 @@ class LockStore {
 
   // Operators' tools: what the store holds for `name`, and removing it
   // whoever owns it (waking its waiters; the fencing counter stays).
-  // `error` is set when the store could not answer.
-  virtual void inspect(std::string_view name, std::function<void(const LockInfo&, std::exception_ptr error)> done) = 0;
-  virtual void force_release(std::string_view name, std::function<void(bool was_held, std::exception_ptr error)> done) = 0;
+  // `error` is set (else null) when the store could not answer.
+  virtual void inspect(std::string_view name, std::function<void(const LockInfo&, const StoreError* error)> done) = 0;
+  virtual void force_release(std::string_view name, std::function<void(bool was_held, const StoreError* error)> done) = 0;
 
   // Release notices for `name` (no-ops without release_events()).
   virtual void subscribe(std::string_view name) = 0;

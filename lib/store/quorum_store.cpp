@@ -5,14 +5,39 @@
 #include <algorithm>
 #include <map>
 
-#include "core/error_values.hpp"
 #include "core/timing.hpp"
-#include "lockwatch/errors.hpp"
 
 namespace lockwatch::detail {
 
 using Clock = std::chrono::steady_clock;
 using std::chrono::milliseconds;
+
+namespace {
+
+// How much a node's failure says: a refusal or refused credentials say
+// what is wrong, a "not now" or a redirect less, an unreachable node least.
+int weight(const StoreError& e) {
+  switch (e.kind) {
+    case StoreError::Kind::kAuth: return 4;
+    case StoreError::Kind::kRefused:
+    case StoreError::Kind::kInvalid: return 3;
+    case StoreError::Kind::kRetryLater: return 2;
+    case StoreError::Kind::kRedirect: return 1;
+    case StoreError::Kind::kUnavailable: return 0;
+  }
+  return 0;
+}
+
+// Keeps the most telling of the nodes' failures (the first among equals).
+void keep_most_telling(std::unique_ptr<StoreError>& kept, const StoreError& e) {
+  if (!kept) {
+    kept = std::make_unique<StoreError>(e);
+  } else if (weight(e) > weight(*kept)) {
+    *kept = e;
+  }
+}
+
+}  // namespace
 
 QuorumStore::QuorumStore(std::vector<std::unique_ptr<LockStore>> stores, std::vector<std::string> names,
                          const Options& options)
@@ -39,7 +64,7 @@ struct QuorumStore::AcquireBatch {
     std::uint64_t max_fence = 0;
     long long min_busy = -1;
     std::vector<std::string> errors;
-    std::exception_ptr first_error;
+    std::unique_ptr<StoreError> telling;  // the most telling failure
     bool only_connection_errors = true;
     bool decided = false;   // a majority took it (raising), or it was given up
     bool finished = false;  // the caller was answered, or is about to be
@@ -79,9 +104,9 @@ void QuorumStore::on_acquire_vote(const std::shared_ptr<AcquireBatch>& b, std::s
   switch (r.status) {
     case Acquired::Status::kFailed:
       t.failed++;
-      t.errors.push_back(fmt::format("{}: {}", names_[store], what_of(r.error)));
-      if (!t.first_error) t.first_error = r.error;
-      if (!is_connection_error(r.error)) t.only_connection_errors = false;
+      t.errors.push_back(fmt::format("{}: {}", names_[store], r.error.describe()));
+      keep_most_telling(t.telling, r.error);
+      if (!r.error.unavailable()) t.only_connection_errors = false;
       break;
     case Acquired::Status::kTaken:
       took_here = true;
@@ -105,8 +130,7 @@ void QuorumStore::on_acquire_vote(const std::shared_ptr<AcquireBatch>& b, std::s
     t.decided = true;
     auto validity = t.ttl - drift_for(options_, t.ttl);
     if (Clock::now() - b->sent >= validity) {
-      out.error = std::make_exception_ptr(
-          ConnectionError(names_[store], "a majority took the lock only after its validity time"));
+      out.error = StoreError::unavailable(names_[store], "a majority took the lock only after its validity time");
       give_back(b, k, out);
       return;
     }
@@ -120,14 +144,13 @@ void QuorumStore::on_acquire_vote(const std::shared_ptr<AcquireBatch>& b, std::s
     if (t.busy > 0 && t.took.size() + t.busy >= quorum_) {
       out.status = Acquired::Status::kBusy;
       out.busy_for = milliseconds(std::max<long long>(1, t.min_busy));
-    } else if (!t.only_connection_errors && t.first_error) {
-      out.error = t.first_error;
+    } else if (!t.only_connection_errors && t.telling) {
+      out.error = *t.telling;
     } else {
       std::string names;
       for (const auto& e : t.errors) names += (names.empty() ? "" : "; ") + e;
-      out.error = std::make_exception_ptr(
-          ConnectionError(names.empty() ? names_[store] : names,
-                          fmt::format("no majority: {} of {} nodes failed, {} busy", t.failed, n, t.busy)));
+      out.error = StoreError::unavailable(names.empty() ? names_[store] : names,
+                                          fmt::format("no majority: {} of {} nodes failed, {} busy", t.failed, n, t.busy));
     }
     give_back(b, k, out);
   }
@@ -156,8 +179,8 @@ void QuorumStore::check_raised(const std::shared_ptr<AcquireBatch>& b, std::size
     // model/redlock_fence.pml with two acquisitions overlapping).
     if (Clock::now() - b->sent >= t.ttl - drift_for(options_, t.ttl)) {
       Acquired late;
-      late.error = std::make_exception_ptr(ConnectionError(
-          names_[t.took.empty() ? 0 : t.took.front()], "a majority raised its fencing counters only after the validity time"));
+      late.error = StoreError::unavailable(names_[t.took.empty() ? 0 : t.took.front()],
+                                           "a majority raised its fencing counters only after the validity time");
       give_back(b, k, late);
       return;
     }
@@ -168,8 +191,8 @@ void QuorumStore::check_raised(const std::shared_ptr<AcquireBatch>& b, std::size
     b->done(k, out);
   } else if (t.replies == stores_.size() && t.raise_replies == t.raise_asked) {
     Acquired out;
-    out.error = std::make_exception_ptr(ConnectionError(names_[t.took.empty() ? 0 : t.took.front()],
-                                                        "could not raise a majority's fencing counters"));
+    out.error = StoreError::unavailable(names_[t.took.empty() ? 0 : t.took.front()],
+                                        "could not raise a majority's fencing counters");
     give_back(b, k, out);
   }
 }
@@ -181,7 +204,7 @@ void QuorumStore::give_back(const std::shared_ptr<AcquireBatch>& b, std::size_t 
   t.finished = true;  // no other path may answer meanwhile
   LockRef ref = t.ref();
   release(std::span<const LockRef>(&ref, 1), false,
-          [b, k, out](std::size_t, Released, std::string_view) { b->done(k, out); });
+          [b, k, out](std::size_t, Released, const StoreError*) { b->done(k, out); });
 }
 
 // -------------------------------------------------------------------- renew
@@ -190,7 +213,7 @@ std::size_t QuorumStore::renew(std::span<const LockRef> locks, std::shared_ptr<c
   struct Tally {
     std::uint16_t ok = 0, no = 0, replies = 0;
     bool taken = false, decided = false;
-    std::string error;
+    std::unique_ptr<StoreError> error;  // the first failure (allocated only then)
   };
   struct Batch {
     std::vector<Tally> tally;
@@ -202,7 +225,7 @@ std::size_t QuorumStore::renew(std::span<const LockRef> locks, std::shared_ptr<c
   const std::size_t n = stores_.size();
   std::size_t commands = 0;
   for (std::size_t i = 0; i < n; ++i) {
-    commands += stores_[i]->renew(locks, keepalive, [this, b, n](std::size_t k, Renewed v, std::string_view why) {
+    commands += stores_[i]->renew(locks, keepalive, [this, b, n](std::size_t k, Renewed v, const StoreError* why) {
       auto& t = b->tally[k];
       if (t.decided) return;
       t.replies++;
@@ -211,18 +234,18 @@ std::size_t QuorumStore::renew(std::span<const LockRef> locks, std::shared_ptr<c
       } else if (v == Renewed::kGone || v == Renewed::kTakenByOther) {
         t.no++;
         if (v == Renewed::kTakenByOther) t.taken = true;
-      } else if (t.error.empty()) {
-        t.error = why;
+      } else if (!t.error && why != nullptr) {
+        t.error = std::make_unique<StoreError>(*why);
       }
       if (t.ok >= quorum_) {
         t.decided = true;
-        b->done(k, Renewed::kYes, {});
+        b->done(k, Renewed::kYes, nullptr);
       } else if (t.no > n - quorum_) {
         t.decided = true;
-        b->done(k, t.taken ? Renewed::kTakenByOther : Renewed::kGone, {});
+        b->done(k, t.taken ? Renewed::kTakenByOther : Renewed::kGone, nullptr);
       } else if (t.replies == n) {
         t.decided = true;
-        b->done(k, Renewed::kTransient, t.error);
+        b->done(k, Renewed::kTransient, t.error.get());
       }
     });
   }
@@ -235,7 +258,7 @@ void QuorumStore::release(std::span<const LockRef> locks, bool notify, ReleaseDo
   struct Tally {
     std::size_t replies = 0, confirmed = 0, held = 0;
     bool taken = false;
-    std::string why;
+    std::unique_ptr<StoreError> why;  // the most telling failure
   };
   struct Batch {
     std::vector<Tally> tally;
@@ -246,11 +269,11 @@ void QuorumStore::release(std::span<const LockRef> locks, bool notify, ReleaseDo
   b->done = std::move(done);
   const std::size_t n = stores_.size();
   for (std::size_t i = 0; i < n; ++i) {
-    stores_[i]->release(locks, notify, [this, b, i, n](std::size_t k, Released v, std::string_view why) {
+    stores_[i]->release(locks, notify, [this, b, n](std::size_t k, Released v, const StoreError* why) {
       auto& t = b->tally[k];
       t.replies++;
       if (v == Released::kUnconfirmed) {
-        if (t.why.empty()) t.why = fmt::format("{}: {}", names_[i], why);
+        if (why != nullptr) keep_most_telling(t.why, *why);
       } else {
         t.confirmed++;
         if (v == Released::kYes) t.held++;
@@ -258,11 +281,11 @@ void QuorumStore::release(std::span<const LockRef> locks, bool notify, ReleaseDo
       }
       if (t.replies < n) return;
       if (t.confirmed < quorum_) {
-        b->done(k, Released::kUnconfirmed, t.why);
+        b->done(k, Released::kUnconfirmed, t.why.get());
       } else if (t.held >= quorum_) {
-        b->done(k, Released::kYes, {});
+        b->done(k, Released::kYes, nullptr);
       } else {
-        b->done(k, t.taken ? Released::kTakenByOther : Released::kGone, {});
+        b->done(k, t.taken ? Released::kTakenByOther : Released::kGone, nullptr);
       }
     });
   }
@@ -293,26 +316,27 @@ std::chrono::system_clock::time_point median(std::vector<std::chrono::system_clo
 }
 }  // namespace
 
-void QuorumStore::server_time(std::function<void(std::chrono::system_clock::time_point, std::exception_ptr)> done) {
+void QuorumStore::server_time(std::function<void(std::chrono::system_clock::time_point, const StoreError*)> done) {
   struct Tally {
     std::size_t replies = 0;
     std::vector<std::chrono::system_clock::time_point> times;
-    std::exception_ptr error;
-    std::function<void(std::chrono::system_clock::time_point, std::exception_ptr)> done;
+    std::unique_ptr<StoreError> error;
+    std::function<void(std::chrono::system_clock::time_point, const StoreError*)> done;
   };
   auto t = std::make_shared<Tally>();
   t->done = std::move(done);
   for (auto& s : stores_) {
-    s->server_time([this, t](std::chrono::system_clock::time_point now, std::exception_ptr err) {
+    s->server_time([this, t](std::chrono::system_clock::time_point now, const StoreError* err) {
       t->replies++;
       if (err) {
-        if (!t->error) t->error = err;
+        keep_most_telling(t->error, *err);
       } else {
         t->times.push_back(now);
       }
       if (t->replies < stores_.size()) return;
       if (t->times.size() < quorum_) {
-        t->done({}, t->error ? t->error : std::make_exception_ptr(ConnectionError("quorum", "no majority answered TIME")));
+        const StoreError none = StoreError::unavailable("quorum", "no majority answered TIME");
+        t->done({}, t->error ? t->error.get() : &none);
         return;
       }
       t->done(median(t->times), nullptr);
@@ -327,7 +351,7 @@ void QuorumStore::claim_period(std::string_view name, std::string_view token, st
     std::size_t replies = 0, claimed = 0, already = 0, not_due = 0, not_leader = 0;
     std::int64_t last = 0;
     std::vector<std::chrono::system_clock::time_point> times;
-    std::exception_ptr error;
+    std::unique_ptr<StoreError> error;
     std::function<void(const ClaimResult&)> done;
   };
   auto t = std::make_shared<Tally>();
@@ -345,7 +369,7 @@ void QuorumStore::claim_period(std::string_view name, std::string_view token, st
         case S::kNotDue: t->not_due++; break;
         case S::kNotLeader: t->not_leader++; break;
         case S::kFailed:
-          if (!t->error) t->error = r.error;
+          keep_most_telling(t->error, r.error);
           break;
       }
       if (r.status != S::kFailed) t->times.push_back(r.store_time);
@@ -366,8 +390,8 @@ void QuorumStore::claim_period(std::string_view name, std::string_view token, st
         out.last = t->last;
       } else {
         out.status = S::kFailed;
-        out.error = t->error ? t->error
-                             : std::make_exception_ptr(ConnectionError("quorum", "no majority agreed on the period claim"));
+        out.error = t->error ? *t->error
+                             : StoreError::unavailable("quorum", "no majority agreed on the period claim");
       }
       t->done(out);
     });
@@ -376,20 +400,20 @@ void QuorumStore::claim_period(std::string_view name, std::string_view token, st
 
 // ---------------------------------------------------------------- operators
 
-void QuorumStore::inspect(std::string_view name, std::function<void(const LockInfo&, std::exception_ptr)> done) {
+void QuorumStore::inspect(std::string_view name, std::function<void(const LockInfo&, const StoreError*)> done) {
   struct Tally {
     std::size_t replies = 0, answered = 0;
     std::vector<LockInfo> infos;
-    std::exception_ptr error;
-    std::function<void(const LockInfo&, std::exception_ptr)> done;
+    std::unique_ptr<StoreError> error;
+    std::function<void(const LockInfo&, const StoreError*)> done;
   };
   auto t = std::make_shared<Tally>();
   t->done = std::move(done);
   for (auto& s : stores_) {
-    s->inspect(name, [this, t](const LockInfo& info, std::exception_ptr err) {
+    s->inspect(name, [this, t](const LockInfo& info, const StoreError* err) {
       t->replies++;
       if (err) {
-        if (!t->error) t->error = err;
+        keep_most_telling(t->error, *err);
       } else {
         t->answered++;
         t->infos.push_back(info);
@@ -418,8 +442,9 @@ void QuorumStore::inspect(std::string_view name, std::function<void(const LockIn
       if (!out.held && (largest + silent >= quorum_ || t->answered < quorum_)) {
         std::string why = fmt::format("cannot tell whether the lock is held: {} of {} nodes did not answer", silent,
                                       stores_.size());
-        if (t->error) why += " (" + what_of(t->error) + ")";
-        t->done(LockInfo{}, std::make_exception_ptr(ConnectionError("quorum", why)));
+        if (t->error) why += " (" + t->error->describe() + ")";
+        const StoreError unknown = StoreError::unavailable("quorum", why);
+        t->done(LockInfo{}, &unknown);
         return;
       }
       t->done(out, nullptr);
@@ -427,26 +452,26 @@ void QuorumStore::inspect(std::string_view name, std::function<void(const LockIn
   }
 }
 
-void QuorumStore::force_release(std::string_view name, std::function<void(bool, std::exception_ptr)> done) {
+void QuorumStore::force_release(std::string_view name, std::function<void(bool, const StoreError*)> done) {
   struct Tally {
     std::size_t replies = 0, answered = 0;
     bool held = false;
-    std::exception_ptr error;
-    std::function<void(bool, std::exception_ptr)> done;
+    std::unique_ptr<StoreError> error;
+    std::function<void(bool, const StoreError*)> done;
   };
   auto t = std::make_shared<Tally>();
   t->done = std::move(done);
   for (auto& s : stores_) {
-    s->force_release(name, [this, t](bool held, std::exception_ptr err) {
+    s->force_release(name, [this, t](bool held, const StoreError* err) {
       t->replies++;
       if (err) {
-        if (!t->error) t->error = err;
+        keep_most_telling(t->error, *err);
       } else {
         t->answered++;
         t->held = t->held || held;
       }
       if (t->replies < stores_.size()) return;
-      t->done(t->held, t->answered >= quorum_ ? nullptr : t->error);
+      t->done(t->held, t->answered >= quorum_ ? nullptr : t->error.get());
     });
   }
 }

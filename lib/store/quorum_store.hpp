@@ -51,11 +51,11 @@ class QuorumStore final : public LockStore {
   std::size_t renew(std::span<const LockRef> locks, std::shared_ptr<const void> keepalive, RenewDone done) override;
   void release(std::span<const LockRef> locks, bool notify, ReleaseDone done) override;
   void raise_fence(std::string_view name, std::uint64_t fence, std::function<void(bool ok)> done) override;
-  void server_time(std::function<void(std::chrono::system_clock::time_point, std::exception_ptr)> done) override;
+  void server_time(std::function<void(std::chrono::system_clock::time_point, const StoreError*)> done) override;
   void claim_period(std::string_view name, std::string_view token, std::int64_t period,
                     std::chrono::system_clock::time_point start, std::function<void(const ClaimResult&)> done) override;
-  void inspect(std::string_view name, std::function<void(const LockInfo&, std::exception_ptr)> done) override;
-  void force_release(std::string_view name, std::function<void(bool, std::exception_ptr)> done) override;
+  void inspect(std::string_view name, std::function<void(const LockInfo&, const StoreError*)> done) override;
+  void force_release(std::string_view name, std::function<void(bool, const StoreError*)> done) override;
   void subscribe(std::string_view name) override;
   void unsubscribe(std::string_view name) override;
   void poll_replies() override;

@@ -2,7 +2,6 @@
 
 #include <algorithm>
 
-#include "lockwatch/errors.hpp"
 
 namespace lockwatch::testing {
 
@@ -306,8 +305,8 @@ const char* MemoryStore::check_key(std::string_view key) const noexcept {
 
 void MemoryStore::start(detail::StoreEvents events) { events_ = std::move(events); }
 
-std::exception_ptr MemoryStore::down_error() const {
-  return std::make_exception_ptr(ConnectionError("memory", "the store is down"));
+detail::StoreError MemoryStore::down_error() {
+  return detail::StoreError::unavailable("memory", "the store is down");
 }
 
 void MemoryStore::deliver(milliseconds delay, std::function<void()> answer) {
@@ -359,7 +358,9 @@ std::size_t MemoryStore::renew(std::span<const LockRef> locks, std::shared_ptr<c
   auto plan = script_->plan(Op::kRenew, locks.empty() ? std::string() : std::string(locks[0].name), locks.size());
   std::vector<Owned> owned(locks.begin(), locks.end());
   deliver(plan.delay, [this, plan, owned = std::move(owned), keepalive, done = std::move(done)] {
-    std::string why = plan.down ? "memory: the store is down" : plan.lose ? "memory: the reply was lost" : "";
+    const detail::StoreError why = plan.down   ? down_error()
+                                   : plan.lose ? detail::StoreError::unavailable("memory", "the reply was lost")
+                                               : detail::StoreError::refused("memory", "refused");
     for (std::size_t k = 0; k < owned.size(); ++k) {
       Renewed out = Renewed::kTransient;
       if (!plan.down) {
@@ -367,7 +368,7 @@ std::size_t MemoryStore::renew(std::span<const LockRef> locks, std::shared_ptr<c
         out = scripted ? *scripted : backend_->renew(owned[k].ref());
         if (plan.lose) out = Renewed::kTransient;
       }
-      done(k, out, out == Renewed::kTransient ? (why.empty() ? "memory: refused" : why) : "");
+      done(k, out, out == Renewed::kTransient ? &why : nullptr);
     }
   });
   return 1;
@@ -377,6 +378,7 @@ void MemoryStore::release(std::span<const LockRef> locks, bool notify, ReleaseDo
   auto plan = script_->plan(Op::kRelease, locks.empty() ? std::string() : std::string(locks[0].name), locks.size());
   std::vector<Owned> owned(locks.begin(), locks.end());
   deliver(plan.delay, [this, plan, notify, owned = std::move(owned), done = std::move(done)] {
+    const detail::StoreError why = detail::StoreError::unavailable("memory", "no answer");
     for (std::size_t k = 0; k < owned.size(); ++k) {
       Released out = Released::kUnconfirmed;
       if (!plan.down) {
@@ -384,7 +386,7 @@ void MemoryStore::release(std::span<const LockRef> locks, bool notify, ReleaseDo
         out = scripted ? *scripted : backend_->release(owned[k].ref(), notify);
         if (plan.lose) out = Released::kUnconfirmed;
       }
-      done(k, out, out == Released::kUnconfirmed ? "memory: no answer" : "");
+      done(k, out, out == Released::kUnconfirmed ? &why : nullptr);
     }
   });
 }
@@ -396,11 +398,14 @@ void MemoryStore::raise_fence(std::string_view name, std::uint64_t fence, std::f
   deliver(plan.delay, [ok, done = std::move(done)] { done(ok); });
 }
 
-void MemoryStore::server_time(std::function<void(std::chrono::system_clock::time_point, std::exception_ptr)> done) {
+void MemoryStore::server_time(std::function<void(std::chrono::system_clock::time_point, const detail::StoreError*)> done) {
   auto plan = script_->plan(Op::kTime, std::string(), 1);
   auto now = backend_->system_now();
-  auto err = plan.down || plan.lose ? down_error() : nullptr;
-  deliver(plan.delay, [now, err, done = std::move(done)] { done(now, err); });
+  const bool failed = plan.down || plan.lose;
+  deliver(plan.delay, [now, failed, done = std::move(done)] {
+    const detail::StoreError err = down_error();
+    done(now, failed ? &err : nullptr);
+  });
 }
 
 void MemoryStore::claim_period(std::string_view name, std::string_view token, std::int64_t period,
@@ -416,18 +421,24 @@ void MemoryStore::claim_period(std::string_view name, std::string_view token, st
   deliver(plan.delay, [out, done = std::move(done)] { done(out); });
 }
 
-void MemoryStore::inspect(std::string_view name, std::function<void(const LockInfo&, std::exception_ptr)> done) {
+void MemoryStore::inspect(std::string_view name, std::function<void(const LockInfo&, const detail::StoreError*)> done) {
   auto plan = script_->plan(Op::kInspect, std::string(name), 1);
   LockInfo info = plan.down ? LockInfo{} : backend_->inspect(std::string(name));
-  auto err = plan.down ? down_error() : nullptr;
-  deliver(plan.delay, [info, err, done = std::move(done)] { done(info, err); });
+  const bool failed = plan.down;
+  deliver(plan.delay, [info, failed, done = std::move(done)] {
+    const detail::StoreError err = down_error();
+    done(info, failed ? &err : nullptr);
+  });
 }
 
-void MemoryStore::force_release(std::string_view name, std::function<void(bool, std::exception_ptr)> done) {
+void MemoryStore::force_release(std::string_view name, std::function<void(bool, const detail::StoreError*)> done) {
   auto plan = script_->plan(Op::kForceRelease, std::string(name), 1);
   bool held = plan.down ? false : backend_->force_release(std::string(name));
-  auto err = plan.down ? down_error() : nullptr;
-  deliver(plan.delay, [held, err, done = std::move(done)] { done(held, err); });
+  const bool failed = plan.down;
+  deliver(plan.delay, [held, failed, done = std::move(done)] {
+    const detail::StoreError err = down_error();
+    done(held, failed ? &err : nullptr);
+  });
 }
 
 void MemoryStore::subscribe(std::string_view name) {

@@ -8,10 +8,11 @@
 // nodes. A release with notify reaches every client subscribed to the name.
 //
 // StoreScript is what a test does to one client: take it down (every
-// request fails with ConnectionError, the backend untouched), delay its
+// request fails as unreachable (a StoreError of kind kUnavailable, which
+// users see as ConnectionError), the backend untouched), delay its
 // requests (processed and answered that much later, as behind a busy
 // server's queue), lose replies (the request is applied, but the answer is
-// a ConnectionError, as after a command timeout), script the answer to a
+// kUnavailable, as after a command timeout), script the answer to a
 // request, and count what it was asked. The test keeps the script after
 // handing the store to a runtime.
 //
@@ -174,12 +175,12 @@ class MemoryStore final : public detail::LockStore {
                     RenewDone done) override;
   void release(std::span<const detail::LockRef> locks, bool notify, ReleaseDone done) override;
   void raise_fence(std::string_view name, std::uint64_t fence, std::function<void(bool ok)> done) override;
-  void server_time(std::function<void(std::chrono::system_clock::time_point, std::exception_ptr)> done) override;
+  void server_time(std::function<void(std::chrono::system_clock::time_point, const detail::StoreError*)> done) override;
   void claim_period(std::string_view name, std::string_view token, std::int64_t period,
                     std::chrono::system_clock::time_point start,
                     std::function<void(const detail::ClaimResult&)> done) override;
-  void inspect(std::string_view name, std::function<void(const detail::LockInfo&, std::exception_ptr)> done) override;
-  void force_release(std::string_view name, std::function<void(bool, std::exception_ptr)> done) override;
+  void inspect(std::string_view name, std::function<void(const detail::LockInfo&, const detail::StoreError*)> done) override;
+  void force_release(std::string_view name, std::function<void(bool, const detail::StoreError*)> done) override;
   void subscribe(std::string_view name) override;
   void unsubscribe(std::string_view name) override;
   void close() override;
@@ -195,7 +196,7 @@ class MemoryStore final : public detail::LockStore {
   // Runs `answer` on the loop after the plan's delay (a posted task, or a
   // uv timer): never inside the caller's call.
   void deliver(std::chrono::milliseconds delay, std::function<void()> answer);
-  std::exception_ptr down_error() const;
+  static detail::StoreError down_error();
   // A request's lock, owned until its answer is delivered.
   struct Owned {
     explicit Owned(const detail::LockRef& r)

@@ -6,10 +6,8 @@
 #include <algorithm>
 #include <cstring>
 
-#include "core/error_values.hpp"
 #include "core/loop.hpp"
 #include "core/url.hpp"
-#include "lockwatch/errors.hpp"
 #include "store/redis/connection.hpp"
 #include "store/redis/keys.hpp"
 #include "store/redis/node_store.hpp"
@@ -54,67 +52,7 @@ std::string ClusterSeeds::names() const {
   return out;
 }
 
-ClusterReply ClusterReply::of(std::string_view msg) {
-  ClusterReply out;
-  auto target_of = [&](std::string_view rest) {
-    // "<slot> <host>:<port>"
-    auto space = rest.find(' ');
-    if (space == std::string_view::npos) return false;
-    std::string_view hp = rest.substr(space + 1);
-    auto colon = hp.rfind(':');
-    if (colon == std::string_view::npos || colon == 0) return false;
-    int port = 0;
-    for (char c : hp.substr(colon + 1)) {
-      if (c < '0' || c > '9') return false;
-      port = port * 10 + (c - '0');
-      if (port > 65535) return false;
-    }
-    out.target.host = std::string(hp.substr(0, colon));
-    out.target.port = port;
-    return port > 0;
-  };
-  if (msg.starts_with("MOVED ")) {
-    if (target_of(msg.substr(6))) out.kind = Kind::kMoved;
-  } else if (msg.starts_with("ASK ")) {
-    if (target_of(msg.substr(4))) out.kind = Kind::kAsk;
-  } else if (msg.starts_with("TRYAGAIN") || msg.starts_with("CLUSTERDOWN") || msg.starts_with("LOADING") ||
-             msg.starts_with("MASTERDOWN")) {
-    out.kind = Kind::kRetry;
-  }
-  return out;
-}
-
 namespace {
-
-// Redis's own message of a RedisError, else empty.
-std::string redis_message_of(std::exception_ptr e) {
-  if (!e) return {};
-  try {
-    std::rethrow_exception(e);
-  } catch (const RedisError& r) {
-    return r.redis_message();
-  } catch (...) {
-    return {};
-  }
-}
-
-bool is_auth_error(std::exception_ptr e) {
-  try {
-    std::rethrow_exception(e);
-  } catch (const AuthError&) {
-    return true;
-  } catch (...) {
-    return false;
-  }
-}
-
-// A node store reports failures as text (what_of its RedisError):
-// "redis h:p answered an error: <Redis's message>".
-std::string_view redis_message_in(std::string_view why) {
-  constexpr std::string_view kMark = "answered an error: ";
-  auto at = why.find(kMark);
-  return at == std::string_view::npos ? std::string_view() : why.substr(at + kMark.size());
-}
 
 std::string text(const redisReply* r) {
   if (r == nullptr) return {};
@@ -204,7 +142,7 @@ ClusterStore::Node* ClusterStore::node_at(const std::string& host, int port) {
   node->store->no_batching();  // one slot per script call, ASKING right before its command
   Node* raw = node.get();
   raw->store->set_dropped_hook(
-      [this, raw](std::string_view lock, std::string_view why) { subscription_dropped(raw, lock, why); });
+      [this, raw](std::string_view lock, const StoreError* why) { subscription_dropped(raw, lock, why); });
   nodes_.push_back(std::move(node));
   by_name_.emplace(name, raw);
   if (started_ && !closed_) raw->store->start(node_events(raw));
@@ -233,9 +171,9 @@ ClusterStore::Node* ClusterStore::owner_of(std::string_view name) {
   return i < 0 ? nullptr : nodes_[static_cast<std::size_t>(i)].get();
 }
 
-std::exception_ptr ClusterStore::unserved(std::string_view name) const {
-  return std::make_exception_ptr(ConnectionError(
-      seeds_.names(), fmt::format("no master serves slot {} (of '{}') in the cluster's slot map", key_slot(name), name)));
+StoreError ClusterStore::unserved(std::string_view name) const {
+  return StoreError::unavailable(
+      seeds_.names(), fmt::format("no master serves slot {} (of '{}') in the cluster's slot map", key_slot(name), name));
 }
 
 // ------------------------------------------------------------------ the map
@@ -243,7 +181,8 @@ std::exception_ptr ClusterStore::unserved(std::string_view name) const {
 void ClusterStore::when_mapped(MapWaiter fn) {
   if (closed_) {
     loop_.post([fn = std::move(fn)] {
-      fn(std::make_exception_ptr(ConnectionError("redis-cluster", "the store is closed")));
+      const StoreError closed = StoreError::unavailable("redis-cluster", "the store is closed");
+      fn(&closed);
     });
     return;
   }
@@ -270,10 +209,10 @@ void ClusterStore::expire_waiters() {
   std::vector<Waiting> due, keep;
   for (auto& w : map_waiters_) (w.deadline <= now ? due : keep).push_back(std::move(w));
   map_waiters_ = std::move(keep);
-  auto err = std::make_exception_ptr(ConnectionError(
+  const StoreError err = StoreError::unavailable(
       seeds_.names(), fmt::format("no slot map within the connect timeout ({} ms){}", options_.connect_timeout.count(),
-                                  last_refresh_error_.empty() ? "" : ": " + last_refresh_error_)));
-  for (auto& w : due) w.fn(err);
+                                  last_refresh_error_.empty() ? "" : ": " + last_refresh_error_));
+  for (auto& w : due) w.fn(&err);
   if (!map_waiters_.empty()) {
     auto next = std::chrono::duration_cast<std::chrono::milliseconds>(map_waiters_.front().deadline - now);
     uv_timer_start(&wait_timer_, &ClusterStore::on_wait_timer, static_cast<std::uint64_t>(std::max<long long>(1, next.count() + 1)), 0);
@@ -332,7 +271,7 @@ void ClusterStore::start_refresh() {
     add(ep);
   }
   for (const auto& s : seeds_.seeds) add(s);
-  refresh_auth_error_ = nullptr;
+  refresh_auth_error_.reset();
   refresh_from(0);
 }
 
@@ -344,7 +283,7 @@ void ClusterStore::refresh_from(std::size_t i) {
   }
   topo_->set_endpoint(candidates_[i]);
   const std::string where = candidates_[i].name();
-  topo_->command({"CLUSTER", "SHARDS"}, [this, i, where](const redisReply* r, std::exception_ptr err) {
+  topo_->command({"CLUSTER", "SHARDS"}, [this, i, where](const redisReply* r, const StoreError* err) {
     if (closed_) return;
     if (!err) {
       if (apply_shards(r)) {
@@ -355,25 +294,27 @@ void ClusterStore::refresh_from(std::size_t i) {
       refresh_from(i + 1);
       return;
     }
-    if (redis_message_of(err).empty()) {
+    if (err->kind == StoreError::Kind::kUnavailable || err->kind == StoreError::Kind::kAuth) {
       // Not an answer: the node is unreachable (or refused the credentials).
-      if (is_auth_error(err)) refresh_auth_error_ = err;
-      last_refresh_error_ = what_of(err);
+      if (err->kind == StoreError::Kind::kAuth) refresh_auth_error_ = *err;
+      last_refresh_error_ = err->describe();
       refresh_from(i + 1);
       return;
     }
     // An older server, or not a cluster node at all: CLUSTER SLOTS tells.
-    topo_->command({"CLUSTER", "SLOTS"}, [this, i, where](const redisReply* r2, std::exception_ptr err2) {
+    topo_->command({"CLUSTER", "SLOTS"}, [this, i, where](const redisReply* r2, const StoreError* err2) {
       if (closed_) return;
       if (!err2 && apply_slots(r2)) {
         refresh_done();
         return;
       }
-      if (err2 && is_auth_error(err2)) refresh_auth_error_ = err2;
-      std::string msg = redis_message_of(err2);
-      last_refresh_error_ = !err2 ? where + " gave an unreadable CLUSTER SLOTS reply"
-                            : msg.empty() ? what_of(err2)
-                                          : fmt::format("{} is not a Redis Cluster node (CLUSTER SLOTS: {})", where, msg);
+      const bool answered = err2 != nullptr && err2->kind != StoreError::Kind::kUnavailable &&
+                            err2->kind != StoreError::Kind::kAuth;
+      if (err2 && err2->kind == StoreError::Kind::kAuth) refresh_auth_error_ = *err2;
+      last_refresh_error_ = !err2      ? where + " gave an unreadable CLUSTER SLOTS reply"
+                            : !answered ? err2->describe()
+                                        : fmt::format("{} is not a Redis Cluster node (CLUSTER SLOTS: {})", where,
+                                                      err2->message);
       refresh_from(i + 1);
     });
   });
@@ -464,10 +405,10 @@ void ClusterStore::refresh_failed(const std::string& why) {
   last_refresh_ = Clock::now();
   // Before the first map, a round that reached no usable node fails what
   // waits at once (no seed answers, or none is a cluster node).
-  std::exception_ptr err = refresh_auth_error_
-                               ? refresh_auth_error_
-                               : std::make_exception_ptr(ConnectionError(
-                                     seeds_.names(), "could not read the cluster's slot map from any node: " + why));
+  const StoreError err = refresh_auth_error_
+                             ? *refresh_auth_error_
+                             : StoreError::unavailable(seeds_.names(),
+                                                       "could not read the cluster's slot map from any node: " + why);
   auto mapped = mapped_ ? std::vector<Waiting>() : std::move(map_waiters_);
   if (!mapped_) {
     map_waiters_.clear();
@@ -475,8 +416,8 @@ void ClusterStore::refresh_failed(const std::string& why) {
   }
   auto refreshed = std::move(refresh_waiters_);
   refresh_waiters_.clear();
-  for (auto& w : mapped) w.fn(err);
-  for (auto& w : refreshed) w(err);
+  for (auto& w : mapped) w.fn(&err);
+  for (auto& w : refreshed) w(&err);
   if (closed_ || refreshing_) return;
   // Once per distinct reason, not once per retry.
   if (events_.log && why != logged_refresh_error_)
@@ -486,10 +427,8 @@ void ClusterStore::refresh_failed(const std::string& why) {
   uv_timer_start(&refresh_timer_, &ClusterStore::on_refresh_timer, 250, 0);
 }
 
-ClusterReply ClusterStore::note_reply(std::string_view why) {
-  ClusterReply c = ClusterReply::of(redis_message_in(why));
-  if (c.kind == ClusterReply::Kind::kMoved || c.kind == ClusterReply::Kind::kRetry) request_refresh();
-  return c;
+void ClusterStore::note_reply(const StoreError& e) {
+  if ((e.redirect() && !e.ask) || e.kind == StoreError::Kind::kRetryLater) request_refresh();
 }
 
 void ClusterStore::learn_owner(std::uint16_t slot, const Node* node) {
@@ -499,24 +438,26 @@ void ClusterStore::learn_owner(std::uint16_t slot, const Node* node) {
     if (nodes_[i].get() == node) owner_[slot] = static_cast<std::int16_t>(i);
 }
 
-void ClusterStore::count_redirect(const ClusterReply& c) {
-  const bool ask = c.kind == ClusterReply::Kind::kAsk;
-  if ((ask || c.kind == ClusterReply::Kind::kMoved) && events_.redirected) events_.redirected(ask);
+void ClusterStore::count_redirect(const StoreError& e) {
+  if (e.redirect() && events_.redirected) events_.redirected(e.ask);
 }
 
 // ------------------------------------------------------------------ locks
 
-void ClusterStore::route(std::shared_ptr<Call> call, std::function<void(std::exception_ptr)> unrouted) {
-  when_mapped([this, call, unrouted = std::move(unrouted)](std::exception_ptr err) {
+void ClusterStore::route(std::shared_ptr<Call> call, std::function<void(const StoreError&)> unrouted) {
+  when_mapped([this, call, unrouted = std::move(unrouted)](const StoreError* err) {
+    StoreError why;
     if (!err) {
       if (Node* node = owner_of(call->name)) {
         send_to(node, false, call);
         return;
       }
       request_refresh();
-      err = unserved(call->name);
+      why = unserved(call->name);
+    } else {
+      why = *err;
     }
-    loop_.post([unrouted, err] { unrouted(err); });
+    loop_.post([unrouted, why = std::move(why)] { unrouted(why); });
   });
 }
 
@@ -526,34 +467,9 @@ void ClusterStore::send_to(Node* node, bool asking, const std::shared_ptr<Call>&
   call->send(*node->store, call);
 }
 
-bool ClusterStore::follow(const std::shared_ptr<Call>& call, std::string_view redis_message,
-                          std::function<void()> give_up) {
-  if (closed_) return false;
-  ClusterReply c = ClusterReply::of(redis_message);
-  if (c.kind == ClusterReply::Kind::kNone) return false;
-  // The map is wrong (MOVED) or the slot is in flux: read it again, also
-  // when the budget is spent, so that the next call goes the right way.
-  if (c.kind != ClusterReply::Kind::kAsk) request_refresh();
-  if (++call->hops > kRedirectBudget) return false;
-  count_redirect(c);
-  switch (c.kind) {
-    case ClusterReply::Kind::kMoved: {
-      Node* target = node_at(c.target.host, c.target.port);
-      learn_owner(key_slot(call->name), target);
-      send_to(target, false, call);
-      return true;
-    }
-    case ClusterReply::Kind::kAsk:
-      send_to(node_at(c.target.host, c.target.port), true, call);
-      return true;
-    default:
-      send_after_refresh(call, std::move(give_up));
-      return true;
-  }
-}
 
 void ClusterStore::send_after_refresh(const std::shared_ptr<Call>& call, std::function<void()> give_up) {
-  after_refresh([this, call, give_up = std::move(give_up)](std::exception_ptr) {
+  after_refresh([this, call, give_up = std::move(give_up)](const StoreError*) {
     Node* owner = closed_ ? nullptr : owner_of(call->name);
     if (owner != nullptr) {
       send_to(owner, false, call);
@@ -563,10 +479,25 @@ void ClusterStore::send_after_refresh(const std::shared_ptr<Call>& call, std::fu
   });
 }
 
-bool ClusterStore::follow(const std::shared_ptr<Call>& call, std::exception_ptr error, std::function<void()> give_up) {
-  if (!error || closed_) return false;
-  if (follow(call, redis_message_of(error), give_up)) return true;
-  if (!is_connection_error(error)) return false;
+bool ClusterStore::follow(const std::shared_ptr<Call>& call, const StoreError& error, std::function<void()> give_up) {
+  if (closed_) return false;
+  using Kind = StoreError::Kind;
+  if (error.kind == Kind::kRedirect || error.kind == Kind::kRetryLater) {
+    // The map is wrong (MOVED) or the slot is in flux: read it again, also
+    // when the budget is spent, so that the next call goes the right way.
+    if (!(error.redirect() && error.ask)) request_refresh();
+    if (++call->hops > kRedirectBudget) return false;
+    if (error.kind == Kind::kRetryLater) {
+      send_after_refresh(call, std::move(give_up));
+      return true;
+    }
+    count_redirect(error);
+    Node* target = node_at(error.target_host, error.target_port);
+    if (!error.ask) learn_owner(key_slot(call->name), target);
+    send_to(target, error.ask, call);
+    return true;
+  }
+  if (error.kind != Kind::kUnavailable) return false;
   // The node is down, or it failed over: the call may or may not have run.
   if (resend_after_loss(call, std::move(give_up))) return true;
   request_refresh();
@@ -599,7 +530,7 @@ void ClusterStore::acquire(std::span<const LockRef> locks, AcquireDone done) {
         (*shared)(i, r);
       });
     };
-    route(std::move(call), [i, shared](std::exception_ptr err) {
+    route(std::move(call), [i, shared](const StoreError& err) {
       Acquired out;
       out.error = err;
       (*shared)(i, out);
@@ -617,15 +548,12 @@ void ClusterStore::release(std::span<const LockRef> locks, bool notify, ReleaseD
                                                                               const std::shared_ptr<Call>& self) {
       LockRef ref{self->name, token, {}, {}};
       node.release(std::span<const LockRef>(&ref, 1), notify,
-                   [this, self, i, shared](std::size_t, Released status, std::string_view why) {
-                     if (status == Released::kUnconfirmed) {
-                       auto give_up = [i, shared, why = std::string(why)] {
-                         (*shared)(i, Released::kUnconfirmed, why);
-                       };
-                       // A redirect did not run; any other failure may
-                       // have (the reply was lost): sent again either way.
-                       if (follow(self, redis_message_in(why), give_up)) return;
-                       if (redis_message_in(why).empty() && resend_after_loss(self, give_up)) return;
+                   [this, self, i, shared](std::size_t, Released status, const StoreError* why) {
+                     if (status == Released::kUnconfirmed && why != nullptr) {
+                       auto give_up = [i, shared, why = *why] { (*shared)(i, Released::kUnconfirmed, &why); };
+                       // A redirect did not run; a lost reply may have
+                       // (the release ran): sent again either way.
+                       if (follow(self, *why, give_up)) return;
                      }
                      // Sent again after a lost reply, a lock found gone
                      // was released by the first run (or its ttl ran out
@@ -634,7 +562,7 @@ void ClusterStore::release(std::span<const LockRef> locks, bool notify, ReleaseD
                      (*shared)(i, status, why);
                    });
     };
-    route(std::move(call), [i, shared](std::exception_ptr err) { (*shared)(i, Released::kUnconfirmed, what_of(err)); });
+    route(std::move(call), [i, shared](const StoreError& err) { (*shared)(i, Released::kUnconfirmed, &err); });
   }
 }
 
@@ -643,12 +571,12 @@ std::size_t ClusterStore::renew(std::span<const LockRef> locks, std::shared_ptr<
   if (mapped_ || closed_) return renew_now(locks, std::move(keepalive), std::move(shared));
   // Leases exist only once the map is known; this is for completeness.
   auto copy = std::make_shared<std::vector<LockRef>>(locks.begin(), locks.end());
-  when_mapped([this, copy, keepalive, shared](std::exception_ptr err) {
+  when_mapped([this, copy, keepalive, shared](const StoreError* err) {
     if (!err) {
       renew_now(*copy, keepalive, shared);
       return;
     }
-    for (std::size_t k = 0; k < copy->size(); ++k) (*shared)(k, Renewed::kTransient, what_of(err));
+    for (std::size_t k = 0; k < copy->size(); ++k) (*shared)(k, Renewed::kTransient, err);
   });
   return 1;
 }
@@ -694,8 +622,9 @@ std::size_t ClusterStore::renew_now(std::span<const LockRef> locks, std::shared_
   }
   if (!unrouted.empty()) {
     if (!closed_) request_refresh();
-    loop_.post([done, unrouted, keepalive] {
-      for (std::size_t k : unrouted) (*done)(k, Renewed::kTransient, "no master serves the lock's slot yet");
+    loop_.post([done, unrouted, keepalive, where = seeds_.names()] {
+      const StoreError why = StoreError::unavailable(where, "no master serves the lock's slot yet");
+      for (std::size_t k : unrouted) (*done)(k, Renewed::kTransient, &why);
     });
   }
   return commands;
@@ -708,25 +637,23 @@ std::size_t ClusterStore::renew_group(Node* node, bool asking, std::shared_ptr<c
   // together, as one call, once the last answer is in.
   struct Redirect {
     std::size_t answered = 0;
-    ClusterReply to;
+    StoreError to;                // the redirect (kRedirect: slot and target)
     std::vector<std::size_t> at;  // positions in `g`
-    std::string why;
   };
   auto r = std::make_shared<Redirect>();
   if (asking) node->store->send_renewal_asking();
   return node->store->renew(g->refs, keepalive, [this, g, hops, keepalive, done, r](std::size_t k, Renewed status,
-                                                                                  std::string_view why) {
+                                                                                  const StoreError* why) {
     const bool last = ++r->answered == g->refs.size();
     bool held_back = false;
-    if (status == Renewed::kTransient && !closed_) {
-      ClusterReply c = note_reply(why);
-      if ((c.kind == ClusterReply::Kind::kMoved || c.kind == ClusterReply::Kind::kAsk) && hops < kRedirectBudget) {
-        count_redirect(c);
-        r->to = c;
+    if (status == Renewed::kTransient && !closed_ && why != nullptr) {
+      note_reply(*why);
+      if (why->redirect() && hops < kRedirectBudget) {
+        count_redirect(*why);
+        r->to = *why;
         r->at.push_back(k);
-        if (r->why.empty()) r->why = why;
         held_back = true;
-      } else if (c.kind == ClusterReply::Kind::kNone) {
+      } else if (!why->redirect() && why->kind != StoreError::Kind::kRetryLater) {
         // Any other failure asks for the map again (throttled): a node that
         // cannot be reached may have failed over, and only a new map names
         // the replica that took its slots. Its loss alone asks once, before
@@ -747,11 +674,11 @@ std::size_t ClusterStore::renew_group(Node* node, bool asking, std::shared_ptr<c
       next->refs.push_back(g->refs[at]);
     }
     if (closed_) {
-      for (std::size_t index : next->indexes) (*done)(index, Renewed::kTransient, r->why);
+      for (std::size_t index : next->indexes) (*done)(index, Renewed::kTransient, &r->to);
       return;
     }
-    const bool ask = r->to.kind == ClusterReply::Kind::kAsk;
-    Node* target = node_at(r->to.target.host, r->to.target.port);
+    const bool ask = r->to.ask;
+    Node* target = node_at(r->to.target_host, r->to.target_port);
     if (!ask) learn_owner(key_slot(next->refs.front().name), target);
     renew_group(target, ask, std::move(next), hops + 1, keepalive, done);
   });
@@ -764,17 +691,19 @@ void ClusterStore::raise_fence(std::string_view name, std::uint64_t fence, std::
   auto call = std::make_shared<Call>();
   call->name = name;
   call->send = [this, fence, shared](RedisNodeStore& node, const std::shared_ptr<Call>& self) {
-    node.raise_fence_or_error(self->name, fence, [this, self, shared](std::exception_ptr err) {
-      if (err && follow(self, err, [shared] { (*shared)(false); })) return;
-      (*shared)(!err);
+    node.raise_fence_or_error(self->name, fence, [this, self, shared](const StoreError* err) {
+      if (err && follow(self, *err, [shared] { (*shared)(false); })) return;
+      (*shared)(err == nullptr);
     });
   };
-  route(std::move(call), [shared](std::exception_ptr) { (*shared)(false); });
+  route(std::move(call), [shared](const StoreError&) { (*shared)(false); });
 }
 
-void ClusterStore::server_time(std::function<void(std::chrono::system_clock::time_point, std::exception_ptr)> done) {
-  when_mapped([this, done = std::move(done)](std::exception_ptr err) mutable {
+void ClusterStore::server_time(std::function<void(std::chrono::system_clock::time_point, const StoreError*)> done) {
+  when_mapped([this, done = std::move(done)](const StoreError* failed) mutable {
     Node* node = nullptr;
+    std::optional<StoreError> err;
+    if (failed) err = *failed;
     if (!err) {
       for (auto i : owner_) {
         if (i >= 0) {
@@ -782,10 +711,10 @@ void ClusterStore::server_time(std::function<void(std::chrono::system_clock::tim
           break;
         }
       }
-      if (node == nullptr) err = std::make_exception_ptr(ConnectionError(seeds_.names(), "no master serves any slot"));
+      if (node == nullptr) err = StoreError::unavailable(seeds_.names(), "no master serves any slot");
     }
     if (err) {
-      loop_.post([done = std::move(done), err] { done({}, err); });
+      loop_.post([done = std::move(done), err = std::move(*err)] { done({}, &err); });
       return;
     }
     node->store->server_time(std::move(done));
@@ -801,46 +730,46 @@ void ClusterStore::claim_period(std::string_view name, std::string_view token, s
   call->send = [this, tok = std::string(token), period, start, shared](RedisNodeStore& node,
                                                                         const std::shared_ptr<Call>& self) {
     node.claim_period(self->name, tok, period, start, [this, self, shared](const ClaimResult& r) {
-      if (r.error && follow(self, r.error, [shared, r] { (*shared)(r); })) return;
+      if (r.status == ClaimResult::Status::kFailed && follow(self, r.error, [shared, r] { (*shared)(r); })) return;
       (*shared)(r);
     });
   };
-  route(std::move(call), [shared](std::exception_ptr err) {
+  route(std::move(call), [shared](const StoreError& err) {
     ClaimResult out;
     out.error = err;
     (*shared)(out);
   });
 }
 
-void ClusterStore::inspect(std::string_view name, std::function<void(const LockInfo&, std::exception_ptr)> done) {
-  auto shared = std::make_shared<std::function<void(const LockInfo&, std::exception_ptr)>>(std::move(done));
+void ClusterStore::inspect(std::string_view name, std::function<void(const LockInfo&, const StoreError*)> done) {
+  auto shared = std::make_shared<std::function<void(const LockInfo&, const StoreError*)>>(std::move(done));
   auto call = std::make_shared<Call>();
   call->name = name;
   call->idempotent = true;
   call->send = [this, shared](RedisNodeStore& node, const std::shared_ptr<Call>& self) {
-    node.inspect(self->name, [this, self, shared](const LockInfo& info, std::exception_ptr err) {
-      if (err && follow(self, err, [shared, err] { (*shared)(LockInfo{}, err); })) return;
+    node.inspect(self->name, [this, self, shared](const LockInfo& info, const StoreError* err) {
+      if (err && follow(self, *err, [shared, e = *err] { (*shared)(LockInfo{}, &e); })) return;
       (*shared)(info, err);
     });
   };
-  route(std::move(call), [shared](std::exception_ptr err) { (*shared)(LockInfo{}, err); });
+  route(std::move(call), [shared](const StoreError& err) { (*shared)(LockInfo{}, &err); });
 }
 
-void ClusterStore::force_release(std::string_view name, std::function<void(bool, std::exception_ptr)> done) {
-  auto shared = std::make_shared<std::function<void(bool, std::exception_ptr)>>(std::move(done));
+void ClusterStore::force_release(std::string_view name, std::function<void(bool, const StoreError*)> done) {
+  auto shared = std::make_shared<std::function<void(bool, const StoreError*)>>(std::move(done));
   auto call = std::make_shared<Call>();
   call->name = name;
   call->send = [this, shared](RedisNodeStore& node, const std::shared_ptr<Call>& self) {
-    node.force_release(self->name, [this, self, shared](bool was_held, std::exception_ptr err) {
-      if (err && follow(self, err, [shared, err] { (*shared)(false, err); })) return;
+    node.force_release(self->name, [this, self, shared](bool was_held, const StoreError* err) {
+      if (err && follow(self, *err, [shared, e = *err] { (*shared)(false, &e); })) return;
       (*shared)(was_held, err);
     });
   };
-  route(std::move(call), [shared](std::exception_ptr err) { (*shared)(false, err); });
+  route(std::move(call), [shared](const StoreError& err) { (*shared)(false, &err); });
 }
 
 void ClusterStore::subscribe(std::string_view name) {
-  when_mapped([this, lock = std::string(name)](std::exception_ptr err) {
+  when_mapped([this, lock = std::string(name)](const StoreError* err) {
     if (err || closed_ || subscribed_.count(lock) > 0) return;
     Node* node = owner_of(lock);
     subscribed_.emplace(lock, Subscription{node, 0});
@@ -853,7 +782,7 @@ void ClusterStore::subscribe(std::string_view name) {
 }
 
 void ClusterStore::unsubscribe(std::string_view name) {
-  when_mapped([this, lock = std::string(name)](std::exception_ptr) {
+  when_mapped([this, lock = std::string(name)](const StoreError*) {
     auto it = subscribed_.find(lock);
     if (it == subscribed_.end()) return;
     if (!closed_ && it->second.node != nullptr) it->second.node->store->unsubscribe(lock);
@@ -861,7 +790,7 @@ void ClusterStore::unsubscribe(std::string_view name) {
   });
 }
 
-void ClusterStore::subscription_dropped(Node* node, std::string_view name, std::string_view why) {
+void ClusterStore::subscription_dropped(Node* node, std::string_view name, const StoreError* why) {
   if (closed_) return;
   auto it = subscribed_.find(name);
   if (it == subscribed_.end() || it->second.node != node) return;
@@ -870,9 +799,8 @@ void ClusterStore::subscription_dropped(Node* node, std::string_view name, std::
   it->second.node = nullptr;
   if (events_.subscriptions_lost) events_.subscriptions_lost();
   request_refresh();
-  ClusterReply c = ClusterReply::of(why);
-  if (c.kind == ClusterReply::Kind::kMoved && ++it->second.hops <= kRedirectBudget) {
-    Node* target = node_at(c.target.host, c.target.port);
+  if (why != nullptr && why->redirect() && !why->ask && ++it->second.hops <= kRedirectBudget) {
+    Node* target = node_at(why->target_host, why->target_port);
     it->second.node = target;
     target->store->subscribe(it->first);
   }
@@ -908,13 +836,13 @@ void ClusterStore::close() {
     uv_close(reinterpret_cast<uv_handle_t*>(&refresh_timer_), nullptr);
     uv_close(reinterpret_cast<uv_handle_t*>(&wait_timer_), nullptr);
   }
-  auto err = std::make_exception_ptr(ConnectionError(seeds_.names(), "the store is closed"));
+  const StoreError err = StoreError::unavailable(seeds_.names(), "the store is closed");
   auto mapped = std::move(map_waiters_);
   map_waiters_.clear();
   auto refreshed = std::move(refresh_waiters_);
   refresh_waiters_.clear();
-  for (auto& w : mapped) w.fn(err);
-  for (auto& w : refreshed) w(err);
+  for (auto& w : mapped) w.fn(&err);
+  for (auto& w : refreshed) w(&err);
 }
 
 }  // namespace lockwatch::detail

@@ -11,8 +11,8 @@
 // a known master or a seed, one refresh in flight at a time. It is read at
 // start, after a MOVED, a CLUSTERDOWN, a connection loss or a failed
 // renewal (throttled), and every 5 s. Requests made before the first map
-// is known wait for it, at most connect_timeout, then fail with a
-// ConnectionError naming the seeds.
+// is known wait for it, at most connect_timeout, then fail as unavailable
+// (a ConnectionError to the user) naming the seeds.
 //
 // Routing. Every lock lives in the slot of `P{K}` (its fencing counter,
 // period and channel share the hash tag). Each master gets one
@@ -77,6 +77,7 @@
 #include <cstdint>
 #include <functional>
 #include <map>
+#include <optional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -102,15 +103,6 @@ struct ClusterSeeds {
   std::string names() const;
 };
 
-// What a cluster error reply asks of a client.
-struct ClusterReply {
-  enum class Kind : std::uint8_t { kNone, kMoved, kAsk, kRetry };
-  Kind kind = Kind::kNone;
-  Endpoint target;  // kMoved, kAsk: host and port only
-  // Parses Redis's own message ("MOVED 3999 127.0.0.1:6381", "TRYAGAIN ...").
-  static ClusterReply of(std::string_view redis_message);
-};
-
 class ClusterStore final : public LockStore {
  public:
   static constexpr int kRedirectBudget = 5;
@@ -128,11 +120,11 @@ class ClusterStore final : public LockStore {
   std::size_t renew(std::span<const LockRef> locks, std::shared_ptr<const void> keepalive, RenewDone done) override;
   void release(std::span<const LockRef> locks, bool notify, ReleaseDone done) override;
   void raise_fence(std::string_view name, std::uint64_t fence, std::function<void(bool ok)> done) override;
-  void server_time(std::function<void(std::chrono::system_clock::time_point, std::exception_ptr)> done) override;
+  void server_time(std::function<void(std::chrono::system_clock::time_point, const StoreError*)> done) override;
   void claim_period(std::string_view name, std::string_view token, std::int64_t period,
                     std::chrono::system_clock::time_point start, std::function<void(const ClaimResult&)> done) override;
-  void inspect(std::string_view name, std::function<void(const LockInfo&, std::exception_ptr)> done) override;
-  void force_release(std::string_view name, std::function<void(bool, std::exception_ptr)> done) override;
+  void inspect(std::string_view name, std::function<void(const LockInfo&, const StoreError*)> done) override;
+  void force_release(std::string_view name, std::function<void(bool, const StoreError*)> done) override;
   void subscribe(std::string_view name) override;
   void unsubscribe(std::string_view name) override;
   void poll_replies() override;
@@ -143,7 +135,7 @@ class ClusterStore final : public LockStore {
   struct Call;
   // Runs `fn` once the map is known (at once if it is), or with an error
   // when it could not be had within connect_timeout.
-  using MapWaiter = std::function<void(std::exception_ptr)>;
+  using MapWaiter = std::function<void(const StoreError*)>;
   void when_mapped(MapWaiter fn);
   // Runs `fn` after the next refresh completed (or failed).
   void after_refresh(MapWaiter fn);
@@ -165,7 +157,7 @@ class ClusterStore final : public LockStore {
   // Node `node` gave up the subscription for `name` (its slot moved, or its
   // SSUBSCRIBE was answered `why`, e.g. MOVED): placed again, at the node a
   // MOVED names or at the slot's owner after the next refresh.
-  void subscription_dropped(Node* node, std::string_view name, std::string_view why);
+  void subscription_dropped(Node* node, std::string_view name, const StoreError* why);
   // After a refresh: each subscription on the master that serves its slot
   // now (moved ones are reported lost until confirmed again).
   void place_subscriptions();
@@ -178,22 +170,21 @@ class ClusterStore final : public LockStore {
   Node* node_at(const std::string& host, int port);
   // The master of `name`'s slot; null when no node serves it.
   Node* owner_of(std::string_view name);
-  std::exception_ptr unserved(std::string_view name) const;
+  StoreError unserved(std::string_view name) const;
   // Sends `call` to the master of its lock's slot once the map is known;
   // `unrouted` reports (posted) when there is none or no map.
-  void route(std::shared_ptr<Call> call, std::function<void(std::exception_ptr)> unrouted);
+  void route(std::shared_ptr<Call> call, std::function<void(const StoreError&)> unrouted);
   void send_to(Node* node, bool asking, const std::shared_ptr<Call>& call);
   // Sends `call` to its slot's owner once the next refresh ended; with no
   // owner then, `give_up` reports the failure.
   void send_after_refresh(const std::shared_ptr<Call>& call, std::function<void()> give_up);
-  // What a failed call's error asks for. True: the call was sent on (a
-  // MOVED, an ASK, or a refusal retried after the next refresh) and the
-  // caller reports nothing now; should the retry find no owner, `give_up`
-  // reports the failure. False: the caller reports it (no redirect, or the
-  // hop budget is spent). The second form also asks for a refresh after a
-  // connection error.
-  bool follow(const std::shared_ptr<Call>& call, std::string_view redis_message, std::function<void()> give_up);
-  bool follow(const std::shared_ptr<Call>& call, std::exception_ptr error, std::function<void()> give_up);
+  // What a failed call's error asks for, by its kind. True: the call was
+  // sent on (a redirect, a "retry later" retried after the next refresh,
+  // or a call whose reply was lost resent once) and the caller reports
+  // nothing now; should the retry find no owner, `give_up` reports the
+  // failure. False: the caller reports it (a refusal, or the hop budget is
+  // spent); an unreachable node also asks for a refresh.
+  bool follow(const std::shared_ptr<Call>& call, const StoreError& error, std::function<void()> give_up);
   // Returns the number of script calls sent.
   std::size_t renew_now(std::span<const LockRef> locks, std::shared_ptr<const void> keepalive,
                  std::shared_ptr<RenewDone> done);
@@ -210,11 +201,10 @@ class ClusterStore final : public LockStore {
                           std::shared_ptr<const void> keepalive, std::shared_ptr<RenewDone> done);
   // A MOVED named `node` for `slot`: the map says so until the next refresh.
   void learn_owner(std::uint16_t slot, const Node* node);
-  // A node store's reply `why` ("redis h:p answered an error: MOVED ...")
-  // as a redirect, and the refresh it calls for.
-  ClusterReply note_reply(std::string_view why);
+  // A redirect (MOVED) or "retry later" calls for the map again.
+  void note_reply(const StoreError& error);
   // A MOVED or an ASK followed, for the metrics.
-  void count_redirect(const ClusterReply& c);
+  void count_redirect(const StoreError& redirect);
 
   static void on_refresh_timer(uv_timer_t* t);
   static void on_wait_timer(uv_timer_t* t);
@@ -232,7 +222,7 @@ class ClusterStore final : public LockStore {
   bool mapped_ = false;
   std::string last_refresh_error_;
   std::string logged_refresh_error_;
-  std::exception_ptr refresh_auth_error_;  // a node refused the credentials
+  std::optional<StoreError> refresh_auth_error_;  // a node refused the credentials
 
   std::unique_ptr<RedisConnection> topo_;  // CLUSTER SHARDS / SLOTS
   bool refreshing_ = false;

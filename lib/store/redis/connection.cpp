@@ -11,7 +11,6 @@
 #include <cstdio>
 #include <cstring>
 
-#include "lockwatch/errors.hpp"
 #include "core/loop.hpp"
 
 namespace lockwatch::detail {
@@ -427,10 +426,10 @@ void RedisConnection::send(Queued q) {
   }
   if (state_ == State::kClosed) {
     // Never inside the caller's call: it may hold state across it.
-    auto err = std::make_exception_ptr(ConnectionError(name_, "connection closed"));
+    auto err = std::make_shared<const StoreError>(StoreError::unavailable(name_, "connection closed"));
     auto cb = std::make_shared<ReplyCallback>(std::move(q.cb));
-    if (!loop_.post([cb, err] { guarded([&] { (*cb)(nullptr, err); }); })) {
-      guarded([&] { (*cb)(nullptr, err); });
+    if (!loop_.post([cb, err] { guarded([&] { (*cb)(nullptr, err.get()); }); })) {
+      guarded([&] { (*cb)(nullptr, err.get()); });
     }
     return;
   }
@@ -448,7 +447,7 @@ void RedisConnection::submit(Queued q) {
   std::string& out = link_->out;
   if (q.asking) {
     // Its reply (OK) matters to nobody; it only has to come first.
-    Queued ask{{"ASKING"}, {}, [](const redisReply*, std::exception_ptr) {}, nullptr, nullptr, {}};
+    Queued ask{{"ASKING"}, {}, [](const redisReply*, const StoreError*) {}, nullptr, nullptr, {}};
     append_resp(out, ask.argv);
     pending_.push_back(Pending{Handshake::kNone, std::chrono::steady_clock::now(), std::move(ask)});
   }
@@ -560,11 +559,11 @@ void RedisConnection::dispatch(const redisReply* r) {
   }
 }
 
-std::exception_ptr RedisConnection::error_for(const redisReply* r) const {
-  std::string msg(r->str ? r->str : "", r->str ? r->len : 0);
-  if (auth_failed_ || starts_with(r, "NOAUTH") || starts_with(r, "WRONGPASS"))
-    return std::make_exception_ptr(AuthError(name_, auth_failed_ ? auth_error_ : msg));
-  return std::make_exception_ptr(RedisError(name_, std::move(msg)));
+StoreError RedisConnection::error_for(const redisReply* r) const {
+  StoreError e = redis_reply_error(name_, std::string_view(r->str ? r->str : "", r->str ? r->len : 0));
+  // After a refused AUTH every answer is NOAUTH: say what AUTH answered.
+  if (auth_failed_) e = StoreError::auth(name_, auth_error_);
+  return e;
 }
 
 void RedisConnection::on_request_reply(Queued q, const redisReply* r) {
@@ -583,7 +582,8 @@ void RedisConnection::on_request_reply(Queued q, const redisReply* r) {
         q.script = nullptr;
         send(std::move(q));
       } else {
-        q.cb(nullptr, error_for(r));
+        const StoreError err = error_for(r);
+        q.cb(nullptr, &err);
       }
     } else {
       q.cb(r, nullptr);
@@ -673,7 +673,7 @@ bool RedisConnection::on_sharded_push(std::string_view kind, std::string_view ch
   std::string ch = *wanted;
   channels_.erase(wanted);
   if (hooks_.on_dropped)
-    guarded([&] { hooks_.on_dropped(ch, "the node unsubscribed it (its slot moved)"); });
+    guarded([&] { hooks_.on_dropped(ch, nullptr); });
   return true;
 }
 
@@ -685,8 +685,8 @@ void RedisConnection::on_sharded_error(const redisReply* r) {
   auto wanted = channels_.find(sent.channel);
   if (wanted == channels_.end()) return;
   channels_.erase(wanted);
-  std::string why(r->str != nullptr ? r->str : "", r->str != nullptr ? r->len : 0);
-  if (hooks_.on_dropped) guarded([&] { hooks_.on_dropped(sent.channel, why); });
+  const StoreError why = error_for(r);
+  if (hooks_.on_dropped) guarded([&] { hooks_.on_dropped(sent.channel, &why); });
 }
 
 void RedisConnection::write_subscription(bool subscribe, const std::string& channel) {
@@ -724,9 +724,9 @@ void RedisConnection::drop_link(const std::string& why) {
   // the next attempt.
   auto pending = std::move(pending_);
   pending_.clear();
-  auto err = std::make_exception_ptr(ConnectionError(name_, why));
+  const StoreError err = StoreError::unavailable(name_, why);
   for (auto& p : pending) {
-    if (p.step == Handshake::kNone) guarded([&] { p.q.cb(nullptr, err); });
+    if (p.step == Handshake::kNone) guarded([&] { p.q.cb(nullptr, &err); });
   }
 }
 
@@ -737,8 +737,8 @@ void RedisConnection::link_failed(const std::string& why) {
   waiting_.clear();
   drop_link(why);
   if (!waited.empty()) {
-    auto err = down_error(why);
-    for (auto& q : waited) guarded([&] { q.cb(nullptr, err); });
+    const StoreError err = down_error(why);
+    for (auto& q : waited) guarded([&] { q.cb(nullptr, &err); });
   }
   went_down(why);
 }
@@ -764,15 +764,14 @@ void RedisConnection::went_down(const std::string& why) {
 void RedisConnection::fail_queued(const std::string& why) {
   auto waiting = std::move(waiting_);
   waiting_.clear();
-  auto err = down_error(why);
+  const StoreError err = down_error(why);
   for (auto& q : waiting) {
-    guarded([&] { q.cb(nullptr, err); });
+    guarded([&] { q.cb(nullptr, &err); });
   }
 }
 
-std::exception_ptr RedisConnection::down_error(const std::string& why) const {
-  if (auth_failed_) return std::make_exception_ptr(AuthError(name_, why));
-  return std::make_exception_ptr(ConnectionError(name_, why));
+StoreError RedisConnection::down_error(const std::string& why) const {
+  return auth_failed_ ? StoreError::auth(name_, why) : StoreError::unavailable(name_, why);
 }
 
 void RedisConnection::schedule_reconnect() {

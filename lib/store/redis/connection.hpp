@@ -33,8 +33,8 @@
 // OpenSSL session over memory BIOs, on the loop thread: the handshake runs
 // after the TCP connect and within the same connect timeout, writes are
 // encrypted as they are flushed and reads decrypted before the reader sees
-// them. A refused certificate or a broken handshake fails what waited with a
-// ConnectionError saying why.
+// them. A refused certificate or a broken handshake fails what waited as
+// unavailable, saying why.
 //
 // Costs: one uv_write (usually one non-blocking write) per loop iteration
 // with something queued; replies are copied once into the reader's buffer.
@@ -56,15 +56,18 @@
 
 #include "lockwatch/options.hpp"
 #include "scripts.hpp"
+#include "store/store_error.hpp"
 #include "tls.hpp"
 
 namespace lockwatch::detail {
 
 class Loop;
 
-// `reply` is null exactly when `error` is set; a reply is valid only during
-// the callback. Error replies from Redis arrive as RedisError / AuthError.
-using ReplyCallback = std::function<void(const redisReply* reply, std::exception_ptr error)>;
+// `reply` is null exactly when `error` is set; both are valid only during
+// the callback. Error replies from Redis arrive classified (store_error.hpp:
+// MOVED and ASK parsed, NOAUTH as kAuth, ...), a lost connection or a
+// timeout as kUnavailable.
+using ReplyCallback = std::function<void(const redisReply* reply, const StoreError* error)>;
 
 class RedisConnection {
  public:
@@ -77,9 +80,10 @@ class RedisConnection {
     // the reconnect resubscribes).
     std::function<void()> on_down;
     // Sharded pubsub mode: the node no longer serves `channel` (`why`:
-    // Redis's error, e.g. "MOVED 3999 127.0.0.1:7001", or that it sent an
-    // unsolicited sunsubscribe). The channel is no longer wanted here.
-    std::function<void(std::string_view channel, std::string_view why)> on_dropped;
+    // Redis's error answering its SSUBSCRIBE, classified, e.g. a MOVED with
+    // its target; null: the node sent an unsolicited sunsubscribe). The
+    // channel is no longer wanted here.
+    std::function<void(std::string_view channel, const StoreError* why)> on_dropped;
     // Sent right after AUTH on every new connection (e.g. SUBSCRIBE in a
     // sentinel watcher); its replies reach on_message.
     std::vector<std::string> on_connect_command;
@@ -187,8 +191,8 @@ class RedisConnection {
   void became_usable();
   void schedule_reconnect();
   void fail_queued(const std::string& why);
-  std::exception_ptr down_error(const std::string& why) const;
-  std::exception_ptr error_for(const redisReply* reply) const;
+  StoreError down_error(const std::string& why) const;
+  StoreError error_for(const redisReply* reply) const;
   void send_handshake(Handshake step, std::vector<std::string> argv);
   void start_timeout_check();
 

@@ -8,9 +8,7 @@
 #include <deque>
 #include <iterator>
 
-#include "core/error_values.hpp"
 #include "core/loop.hpp"
-#include "lockwatch/errors.hpp"
 #include "store/redis/keys.hpp"
 #include "store/redis/scripts.hpp"
 #include "store/redis/sentinel.hpp"
@@ -70,7 +68,7 @@ RedisNodeStore::RedisNodeStore(Loop& loop, Endpoint endpoint, const Options& opt
   hooks.on_down = [this] {
     if (events_.subscriptions_lost) events_.subscriptions_lost();
   };
-  hooks.on_dropped = [this](std::string_view channel, std::string_view why) {
+  hooks.on_dropped = [this](std::string_view channel, const StoreError* why) {
     std::string_view name = redis_keys::lock_of_channel(channel);
     if (!name.empty() && dropped_) dropped_(name, why);
   };
@@ -220,18 +218,20 @@ void RedisNodeStore::send_acquire_batch(std::vector<QueuedAcquire> batch) {
   }
   const int num_keys = static_cast<int>(3 * batch.size());
   for_acquire().eval(acquire_batch_script(), std::move(args), num_keys,
-              [this, batch = std::move(batch)](const redisReply* r, std::exception_ptr err) mutable {
+              [this, batch = std::move(batch)](const redisReply* r, const StoreError* err) mutable {
                 batch_answered();
-                if (!err && (r == nullptr || r->type != REDIS_REPLY_STRING))
-                  err = std::make_exception_ptr(RedisError(conn_->name(), "unexpected reply to the acquire script"));
+                StoreError unexpected;
+                if (err == nullptr && (r == nullptr || r->type != REDIS_REPLY_STRING)) {
+                  unexpected = StoreError::refused(conn_->name(), "unexpected reply to the acquire script");
+                  err = &unexpected;
+                }
                 std::string_view rest = err ? std::string_view() : std::string_view(r->str, r->len);
-                std::exception_ptr short_reply;
                 for (auto& a : batch) {
                   Acquired out;
                   std::string_view entry = rest.substr(0, rest.find(' '));
                   rest.remove_prefix(std::min(rest.size(), entry.size() + 1));
                   if (err) {
-                    out.error = err;
+                    out.error = *err;
                   } else if (entry.size() > 1 && entry[0] == 't') {
                     out.status = Acquired::Status::kTaken;
                     out.fence = number_in<std::uint64_t>(entry.substr(1));
@@ -239,20 +239,18 @@ void RedisNodeStore::send_acquire_batch(std::vector<QueuedAcquire> batch) {
                     out.status = Acquired::Status::kBusy;
                     out.busy_for = std::chrono::milliseconds(number_in<long long>(entry.substr(1)));
                   } else if (entry == "n") {
-                    out.error = std::make_exception_ptr(RedisError(
-                        conn_->name(), "LOCKWATCH " + a.name + " exists without expiry: not a lockwatch lock"));
+                    out.error = StoreError::refused(conn_->name(),
+                                                    "LOCKWATCH " + a.name + " exists without expiry: not a lockwatch lock");
+                    out.error.code = "LOCKWATCH";
                   } else if (entry == "e" || entry == "o") {
                     const std::string counter = entry == "e" ? redis_keys::counter(options_.key_prefix, a.name)
                                                              : redis_keys::legacy_fence(a.name);
-                    out.error = std::make_exception_ptr(
-                        RedisError(conn_->name(), "LOCKWATCH " + counter + " is not a fencing counter"));
+                    out.error = StoreError::refused(conn_->name(), "LOCKWATCH " + counter + " is not a fencing counter");
+                    out.error.code = "LOCKWATCH";
                   } else {
-                    if (!short_reply)
-                      short_reply = std::make_exception_ptr(
-                          RedisError(conn_->name(), "unexpected reply to the acquire script"));
-                    out.error = short_reply;
+                    out.error = StoreError::refused(conn_->name(), "unexpected reply to the acquire script");
                   }
-                  acquired(out, std::move(a.name), std::move(a.token), a.index, std::move(a.done));
+                  acquired(std::move(out), std::move(a.name), std::move(a.token), a.index, std::move(a.done));
                 }
               });
 }
@@ -271,22 +269,22 @@ void RedisNodeStore::send_release_batch(std::vector<QueuedRelease> batch) {
   }
   const int num_keys = static_cast<int>(batch.size());
   conn_->eval(release_batch_script(), std::move(args), num_keys,
-              [this, batch = std::move(batch)](const redisReply* r, std::exception_ptr err) {
+              [this, batch = std::move(batch)](const redisReply* r, const StoreError* err) {
                 batch_answered();
-                std::string why;
-                if (err) {
-                  why = what_of(err);
-                } else if (r == nullptr || r->type != REDIS_REPLY_STRING || r->len != batch.size()) {
-                  why = fmt::format("{}: unexpected reply to the release script", conn_->name());
+                StoreError unexpected;
+                if (err == nullptr && (r == nullptr || r->type != REDIS_REPLY_STRING || r->len != batch.size())) {
+                  unexpected = StoreError::refused(conn_->name(), "unexpected reply to the release script");
+                  err = &unexpected;
                 }
                 for (std::size_t k = 0; k < batch.size(); ++k) {
                   const QueuedRelease& q = batch[k];
-                  if (!why.empty()) {
-                    (*q.done)(q.index, Released::kUnconfirmed, why);
+                  if (err != nullptr) {
+                    (*q.done)(q.index, Released::kUnconfirmed, err);
                     continue;
                   }
                   const char c = r->str[k];
-                  (*q.done)(q.index, c == '1' ? Released::kYes : c == '0' ? Released::kGone : Released::kTakenByOther, {});
+                  (*q.done)(q.index, c == '1' ? Released::kYes : c == '0' ? Released::kGone : Released::kTakenByOther,
+                            nullptr);
                 }
               });
 }
@@ -297,11 +295,11 @@ void RedisNodeStore::acquire_one(std::string name, std::string token, std::strin
                                 token, std::move(ttl_ms)};
   with_asking(for_acquire()).eval(acquire_script(), std::move(args), 3,
               [this, index, in_batch, done = std::move(done), name = std::move(name), token = std::move(token)](
-                  const redisReply* r, std::exception_ptr err) mutable {
+                  const redisReply* r, const StoreError* err) mutable {
                 if (in_batch) batch_answered();
                 Acquired out;
                 if (err) {
-                  out.error = err;
+                  out.error = *err;
                 } else if (integer_at(r, 0) == 1) {
                   out.status = Acquired::Status::kTaken;
                   out.fence = static_cast<std::uint64_t>(integer_at(r, 1));
@@ -309,7 +307,7 @@ void RedisNodeStore::acquire_one(std::string name, std::string token, std::strin
                   out.status = Acquired::Status::kBusy;
                   out.busy_for = std::chrono::milliseconds(integer_at(r, 1));
                 }
-                acquired(out, std::move(name), std::move(token), index, std::move(done));
+                acquired(std::move(out), std::move(name), std::move(token), index, std::move(done));
               });
 }
 
@@ -324,14 +322,14 @@ void RedisNodeStore::acquired(Acquired out, std::string name, std::string token,
 
 void RedisNodeStore::release_one(QueuedRelease q, bool in_batch) {
   with_asking(*conn_).eval(release_script(), {std::move(q.name), std::move(q.token), std::move(q.channel), notice()}, 1,
-              [this, in_batch, index = q.index, done = std::move(q.done)](const redisReply* r, std::exception_ptr err) {
+              [this, in_batch, index = q.index, done = std::move(q.done)](const redisReply* r, const StoreError* err) {
                 if (in_batch) batch_answered();
                 if (err) {
-                  (*done)(index, Released::kUnconfirmed, what_of(err));
+                  (*done)(index, Released::kUnconfirmed, err);
                   return;
                 }
                 long long v = r->type == REDIS_REPLY_INTEGER ? r->integer : 0;
-                (*done)(index, v == 1 ? Released::kYes : v < 0 ? Released::kTakenByOther : Released::kGone, {});
+                (*done)(index, v == 1 ? Released::kYes : v < 0 ? Released::kTakenByOther : Released::kGone, nullptr);
               });
 }
 
@@ -344,20 +342,20 @@ void RedisNodeStore::wait_for_replicas(std::string name, std::string token, Acqu
   for_acquire().command(
       {"WAIT", std::to_string(options_.min_replicas), std::to_string(options_.replica_ack_timeout.count())},
       [this, name = std::move(name), token = std::move(token), taken, index, done = std::move(done)](
-          const redisReply* w, std::exception_ptr werr) mutable {
+          const redisReply* w, const StoreError* werr) mutable {
         long long acks = (!werr && w->type == REDIS_REPLY_INTEGER) ? w->integer : 0;
         if (acks >= options_.min_replicas) {
           (*done)(index, taken);
           return;
         }
         Acquired failed;
-        failed.error = werr ? werr
-                            : std::make_exception_ptr(ConnectionError(
-                                  conn_->name(), fmt::format("the lock write reached {} of the {} replicas required",
-                                                             acks, options_.min_replicas)));
+        failed.error = werr ? *werr
+                            : StoreError::unavailable(conn_->name(),
+                                                      fmt::format("the lock write reached {} of the {} replicas required",
+                                                                  acks, options_.min_replicas));
         // Give the lock back before the caller hears of the failure.
         for_acquire().eval(release_script(), {name, token, std::string()}, 1,
-                    [index, done, failed](const redisReply*, std::exception_ptr) { (*done)(index, failed); });
+                    [index, done, failed](const redisReply*, const StoreError*) { (*done)(index, failed); });
       });
 }
 
@@ -374,26 +372,26 @@ std::size_t RedisNodeStore::renew(std::span<const LockRef> locks, std::shared_pt
     renew_args_.push_back(l.ttl_ms);
   }
   renew_->eval_views(renew_script(), renew_args_, static_cast<int>(n), std::move(keepalive),
-                     [this, n, done = std::move(done)](const redisReply* r, std::exception_ptr err) {
-                       std::string why;
-                       if (err) {
-                         why = what_of(err);
-                       } else if (r->type != REDIS_REPLY_STRING || r->len != n) {
-                         why = fmt::format("{}: unexpected reply to the renewal script", renew_->name());
+                     [this, n, done = std::move(done)](const redisReply* r, const StoreError* err) {
+                       StoreError unexpected;
+                       if (err == nullptr && (r->type != REDIS_REPLY_STRING || r->len != n)) {
+                         unexpected = StoreError::refused(renew_->name(), "unexpected reply to the renewal script");
+                         err = &unexpected;
                        }
-                       std::string refused;
+                       StoreError refused;
                        for (std::size_t k = 0; k < n; ++k) {
-                         if (!why.empty()) {
-                           done(k, Renewed::kTransient, why);
+                         if (err != nullptr) {
+                           done(k, Renewed::kTransient, err);
                            continue;
                          }
                          switch (r->str[k]) {
-                           case '1': done(k, Renewed::kYes, {}); break;
-                           case '0': done(k, Renewed::kGone, {}); break;
-                           case 'x': done(k, Renewed::kTakenByOther, {}); break;
+                           case '1': done(k, Renewed::kYes, nullptr); break;
+                           case '0': done(k, Renewed::kGone, nullptr); break;
+                           case 'x': done(k, Renewed::kTakenByOther, nullptr); break;
                            default:
-                             if (refused.empty()) refused = renew_->name() + ": Redis refused the renewal";
-                             done(k, Renewed::kTransient, refused);
+                             if (refused.message.empty())
+                               refused = StoreError::refused(renew_->name(), "Redis refused the renewal");
+                             done(k, Renewed::kTransient, &refused);
                              break;
                          }
                        }
@@ -404,19 +402,22 @@ std::size_t RedisNodeStore::renew(std::span<const LockRef> locks, std::shared_pt
 }
 
 void RedisNodeStore::raise_fence(std::string_view name, std::uint64_t fence, std::function<void(bool)> done) {
-  raise_fence_or_error(name, fence, [done = std::move(done)](std::exception_ptr err) { done(!err); });
+  raise_fence_or_error(name, fence, [done = std::move(done)](const StoreError* err) { done(err == nullptr); });
 }
 
 void RedisNodeStore::raise_fence_or_error(std::string_view name, std::uint64_t fence,
-                                          std::function<void(std::exception_ptr)> done) {
+                                          std::function<void(const StoreError*)> done) {
   with_asking(*conn_).eval(raise_fence_script(), {redis_keys::counter(options_.key_prefix, name), std::to_string(fence)}, 1,
-              [done = std::move(done)](const redisReply*, std::exception_ptr err) { done(err); });
+              [done = std::move(done)](const redisReply*, const StoreError* err) { done(err); });
 }
 
-void RedisNodeStore::server_time(std::function<void(std::chrono::system_clock::time_point, std::exception_ptr)> done) {
-  conn_->command({"TIME"}, [endpoint = conn_->name(), done = std::move(done)](const redisReply* r, std::exception_ptr err) {
-    if (!err && (r == nullptr || r->type != REDIS_REPLY_ARRAY || r->elements != 2))
-      err = std::make_exception_ptr(RedisError(endpoint, "unexpected reply to TIME"));
+void RedisNodeStore::server_time(std::function<void(std::chrono::system_clock::time_point, const StoreError*)> done) {
+  conn_->command({"TIME"}, [endpoint = conn_->name(), done = std::move(done)](const redisReply* r, const StoreError* err) {
+    StoreError unexpected;
+    if (!err && (r == nullptr || r->type != REDIS_REPLY_ARRAY || r->elements != 2)) {
+      unexpected = StoreError::refused(endpoint, "unexpected reply to TIME");
+      err = &unexpected;
+    }
     done(err ? std::chrono::system_clock::time_point{} : time_at(r, 0), err);
   });
 }
@@ -428,12 +429,15 @@ void RedisNodeStore::claim_period(std::string_view name, std::string_view token,
   auto start_ms = std::chrono::duration_cast<std::chrono::milliseconds>(start.time_since_epoch()).count();
   with_asking(*conn_).eval(claim_period_script(),
               {lock, redis_keys::period(lock), std::string(token), std::to_string(period), std::to_string(start_ms)}, 2,
-              [endpoint = conn_->name(), done = std::move(done)](const redisReply* r, std::exception_ptr err) {
+              [endpoint = conn_->name(), done = std::move(done)](const redisReply* r, const StoreError* err) {
                 ClaimResult out;
-                if (!err && (r == nullptr || r->type != REDIS_REPLY_ARRAY || r->elements != 4))
-                  err = std::make_exception_ptr(RedisError(endpoint, "unexpected reply to the period claim"));
                 if (err) {
-                  out.error = err;
+                  out.error = *err;
+                  done(out);
+                  return;
+                }
+                if (r == nullptr || r->type != REDIS_REPLY_ARRAY || r->elements != 4) {
+                  out.error = StoreError::refused(endpoint, "unexpected reply to the period claim");
                   done(out);
                   return;
                 }
@@ -448,16 +452,19 @@ void RedisNodeStore::claim_period(std::string_view name, std::string_view token,
               });
 }
 
-void RedisNodeStore::inspect(std::string_view name, std::function<void(const LockInfo&, std::exception_ptr)> done) {
+void RedisNodeStore::inspect(std::string_view name, std::function<void(const LockInfo&, const StoreError*)> done) {
   std::string lock(name);
   with_asking(*conn_).eval(inspect_script(),
                            {lock, redis_keys::counter(options_.key_prefix, lock), redis_keys::legacy_fence(lock)}, 2,
-              [this, lock, done = std::move(done)](const redisReply* r, std::exception_ptr err) {
+              [this, lock, done = std::move(done)](const redisReply* r, const StoreError* err) {
                 LockInfo info;
+                StoreError not_ours;
                 if (!err && integer_at(r, 0) == -1) {
                   // The acquire script would refuse it the same way.
-                  err = std::make_exception_ptr(RedisError(
-                      conn_->name(), "LOCKWATCH " + lock + " exists without expiry: not a lockwatch lock"));
+                  not_ours = StoreError::refused(conn_->name(),
+                                                 "LOCKWATCH " + lock + " exists without expiry: not a lockwatch lock");
+                  not_ours.code = "LOCKWATCH";
+                  err = &not_ours;
                 }
                 if (!err) {
                   long long pttl = integer_at(r, 0);
@@ -471,10 +478,10 @@ void RedisNodeStore::inspect(std::string_view name, std::function<void(const Loc
               });
 }
 
-void RedisNodeStore::force_release(std::string_view name, std::function<void(bool, std::exception_ptr)> done) {
+void RedisNodeStore::force_release(std::string_view name, std::function<void(bool, const StoreError*)> done) {
   std::string lock(name);
   with_asking(*conn_).eval(force_release_script(), {lock, redis_keys::channel(lock), notice()}, 1,
-              [done = std::move(done)](const redisReply* r, std::exception_ptr err) {
+              [done = std::move(done)](const redisReply* r, const StoreError* err) {
                 done(!err && r->type == REDIS_REPLY_INTEGER && r->integer == 1, err);
               });
 }

@@ -73,11 +73,11 @@ class RedisNodeStore final : public LockStore {
   void no_batching() { batching_ = false; }
   // raise_fence() with the reason it failed (null: raised), for a caller
   // that must tell a redirect from other failures.
-  void raise_fence_or_error(std::string_view name, std::uint64_t fence, std::function<void(std::exception_ptr)> done);
+  void raise_fence_or_error(std::string_view name, std::uint64_t fence, std::function<void(const StoreError*)> done);
   // Before start(), sharded notices: told when the node gave up the
-  // subscription for lock `name` (`why`: Redis's error, e.g. a MOVED, or an
-  // unsolicited sunsubscribe); it is no longer wanted on this node.
-  void set_dropped_hook(std::function<void(std::string_view name, std::string_view why)> hook) {
+  // subscription for lock `name` (`why`: Redis's error, e.g. a MOVED; null:
+  // an unsolicited sunsubscribe); it is no longer wanted on this node.
+  void set_dropped_hook(std::function<void(std::string_view name, const StoreError* why)> hook) {
     dropped_ = std::move(hook);
   }
   // Whether a call made now goes out at once on the command connection
@@ -94,11 +94,11 @@ class RedisNodeStore final : public LockStore {
   std::size_t renew(std::span<const LockRef> locks, std::shared_ptr<const void> keepalive, RenewDone done) override;
   void release(std::span<const LockRef> locks, bool notify, ReleaseDone done) override;
   void raise_fence(std::string_view name, std::uint64_t fence, std::function<void(bool ok)> done) override;
-  void server_time(std::function<void(std::chrono::system_clock::time_point, std::exception_ptr)> done) override;
+  void server_time(std::function<void(std::chrono::system_clock::time_point, const StoreError*)> done) override;
   void claim_period(std::string_view name, std::string_view token, std::int64_t period,
                     std::chrono::system_clock::time_point start, std::function<void(const ClaimResult&)> done) override;
-  void inspect(std::string_view name, std::function<void(const LockInfo&, std::exception_ptr)> done) override;
-  void force_release(std::string_view name, std::function<void(bool, std::exception_ptr)> done) override;
+  void inspect(std::string_view name, std::function<void(const LockInfo&, const StoreError*)> done) override;
+  void force_release(std::string_view name, std::function<void(bool, const StoreError*)> done) override;
   void subscribe(std::string_view name) override;
   void unsubscribe(std::string_view name) override;
   void poll_replies() override;
@@ -148,7 +148,7 @@ class RedisNodeStore final : public LockStore {
 
   const Options options_;
   const Notices notices_;
-  std::function<void(std::string_view, std::string_view)> dropped_;
+  std::function<void(std::string_view, const StoreError*)> dropped_;
   std::unique_ptr<RedisConnection> conn_;   // commands, pipelined
   std::unique_ptr<RedisConnection> renew_;  // renewals only
   std::unique_ptr<RedisConnection> sub_;    // release notices

@@ -57,7 +57,7 @@ void SentinelWatcher::refresh() {
   votes_.clear();
   for (auto& s : sentinels_) {
     s.query->command({"SENTINEL", "get-master-addr-by-name", master_name_},
-                     [this](const redisReply* r, std::exception_ptr err) {
+                     [this](const redisReply* r, const StoreError* err) {
                        std::string host;
                        int p = 0;
                        if (!err && r != nullptr && r->type == REDIS_REPLY_ARRAY && r->elements == 2 &&

@@ -14,7 +14,6 @@
 #include <mutex>
 
 #include "core/loop.hpp"
-#include "lockwatch/errors.hpp"
 
 namespace lockwatch::detail {
 
@@ -75,8 +74,7 @@ void SqlConnection::start() {
 
 void SqlConnection::query(std::string sql, SqlDone done) {
   if (state_ == State::kClosed) {
-    auto err = down_error("the store is closed");
-    loop_.post([done = std::move(done), err] { done(SqlResult{}, err); });
+    loop_.post([done = std::move(done), err = down_error("the store is closed")] { done(SqlResult{}, &err); });
     return;
   }
   queue_.push_back(Request{std::move(sql), std::move(done)});
@@ -234,7 +232,7 @@ void SqlConnection::connected() {
   phase_ = Phase::kNone;
   handshaking_ = true;
   for (const auto& sql : session_.setup)
-    handshake_.push_back(Request{sql, [this](const SqlResult&, std::exception_ptr err) {
+    handshake_.push_back(Request{sql, [this](const SqlResult&, const StoreError* err) {
                                    if (err) went_down(fmt::format("the session set-up failed: {}", last_error_), false);
                                  }});
   run_handshake(0);
@@ -243,7 +241,7 @@ void SqlConnection::connected() {
 
 void SqlConnection::run_handshake(std::size_t attempt) {
   // The table check; when the table is missing, create it and check again.
-  handshake_.push_back(Request{session_.check, [this, attempt](const SqlResult&, std::exception_ptr err) {
+  handshake_.push_back(Request{session_.check, [this, attempt](const SqlResult&, const StoreError* err) {
                                  if (!err) {
                                    handshaking_ = false;
                                    uv_timer_stop(&deadline_timer_);
@@ -252,7 +250,7 @@ void SqlConnection::run_handshake(std::size_t attempt) {
                                    return;
                                  }
                                  if (last_errno_ == ER_NO_SUCH_TABLE && attempt == 0) {
-                                   handshake_.push_back(Request{session_.create, [this](const SqlResult&, std::exception_ptr e) {
+                                   handshake_.push_back(Request{session_.create, [this](const SqlResult&, const StoreError* e) {
                                                                   if (e)
                                                                     went_down(fmt::format("cannot create the lock table {}: {}",
                                                                                           session_.table, last_error_),
@@ -461,7 +459,8 @@ void SqlConnection::statement_failed() {
   phase_ = Phase::kNone;
   Request r = std::move(inflight_.front());
   inflight_.pop_front();
-  r.done(SqlResult{}, std::make_exception_ptr(SqlError(name_, code, last_error_)));
+  const StoreError err = sql_error(name_, code, last_error_);
+  r.done(SqlResult{}, &err);
   if (state_ == State::kClosed || state_ != State::kBusy) return;
   after_results();
 }
@@ -479,13 +478,13 @@ void SqlConnection::on_deadline(uv_timer_t* t) {
   }
 }
 
-std::exception_ptr SqlConnection::connect_error() const {
-  if (auth_refused(last_errno_)) return std::make_exception_ptr(AuthError(name_, last_error_));
-  return std::make_exception_ptr(ConnectionError(name_, last_error_));
+StoreError SqlConnection::connect_error() const {
+  if (auth_refused(last_errno_)) return StoreError::auth(name_, last_error_, StoreError::Origin::kSql);
+  return StoreError::unavailable(name_, last_error_, StoreError::Origin::kSql);
 }
 
-std::exception_ptr SqlConnection::down_error(const std::string& why) const {
-  return std::make_exception_ptr(ConnectionError(name_, why));
+StoreError SqlConnection::down_error(const std::string& why) const {
+  return StoreError::unavailable(name_, why, StoreError::Origin::kSql);
 }
 
 void SqlConnection::went_down(const std::string& why, bool connection_error) {
@@ -495,9 +494,11 @@ void SqlConnection::went_down(const std::string& why, bool connection_error) {
   // What was in flight may or may not have run: it fails. What was queued
   // waits for the next attempt, unless this was an attempt (it waited for
   // this one) or the set-up itself was refused.
-  std::exception_ptr err;
+  StoreError err;
   if (!connection_error) {
-    err = std::make_exception_ptr(SqlError(name_, last_errno_, why));
+    // The session set-up was refused: the server's answer, though the
+    // connection is given up.
+    err = sql_error(name_, last_errno_, why);
   } else if (was_connecting) {
     err = connect_error();
   } else {
@@ -520,9 +521,9 @@ void SqlConnection::went_down(const std::string& why, bool connection_error) {
   schedule_reconnect();
 }
 
-void SqlConnection::fail_all(std::deque<Request>& requests, std::exception_ptr error) {
+void SqlConnection::fail_all(std::deque<Request>& requests, const StoreError& error) {
   for (auto& r : requests) {
-    r.done(SqlResult{}, error);
+    r.done(SqlResult{}, &error);
   }
   requests.clear();
 }

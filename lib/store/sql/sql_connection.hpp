@@ -18,12 +18,13 @@
 // A connection runs a session set-up first (UTC time zone, strict mode,
 // READ COMMITTED, a lock wait bounded by command_timeout) and then checks
 // the lock table, creating it when it is missing; requests wait for that.
-// A refused login is an AuthError, anything else that stops the connection
-// a ConnectionError, both naming the server; a statement the server refuses
-// is a SqlError with its code. A statement without an answer within
-// command_timeout, or a connection attempt past connect_timeout, drops the
-// connection: what was in flight fails, what was queued goes to the next
-// attempt. Lost connections come back on a doubling back-off
+// Failures are StoreErrors naming the server: a refused login is kAuth,
+// anything else that stops the connection kUnavailable; a statement the
+// server refuses carries its error number, classified by sql_error() (a
+// deadlock is kRetryLater, most are kRefused). A statement without an
+// answer within command_timeout, or a connection attempt past
+// connect_timeout, drops the connection: what was in flight fails, what was
+// queued goes to the next attempt. Lost connections come back on a doubling back-off
 // (reconnect_min .. reconnect_max); an idle connection the server closed
 // is noticed at once.
 #pragma once
@@ -40,6 +41,7 @@
 
 #include "lockwatch/options.hpp"
 #include "store/sql/sql_target.hpp"
+#include "store/store_error.hpp"
 
 struct st_mysql;
 struct st_mysql_res;
@@ -54,8 +56,11 @@ struct SqlResult {
   std::vector<std::vector<std::string>> rows;  // a result set's rows; NULL reads as ""
 };
 
-// `result` is meaningful only when `error` is null.
-using SqlDone = std::function<void(const SqlResult& result, std::exception_ptr error)>;
+// `result` is meaningful only when `error` is null; `error` is valid during
+// the call only. The server's error numbers arrive classified (sql_error()
+// in store_error.hpp: 1213 a deadlock, "retry later"; 1045 refused
+// credentials; ...), a lost connection or a timeout as kUnavailable.
+using SqlDone = std::function<void(const SqlResult& result, const StoreError* error)>;
 
 // What a connection runs before it takes requests: `setup` statements in
 // order, then `check` (a SELECT of the table's columns); when the server
@@ -115,10 +120,10 @@ class SqlConnection {
   void went_down(const std::string& why, bool connection_error);
   void teardown();
   void schedule_reconnect();
-  void fail_all(std::deque<Request>& requests, std::exception_ptr error);
+  void fail_all(std::deque<Request>& requests, const StoreError& error);
   void became_usable();
-  std::exception_ptr connect_error() const;
-  std::exception_ptr down_error(const std::string& why) const;
+  StoreError connect_error() const;
+  StoreError down_error(const std::string& why) const;
 
   static void on_poll(uv_poll_t* handle, int status, int events);
   static void on_io_timer(uv_timer_t* t);

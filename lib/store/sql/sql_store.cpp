@@ -7,9 +7,7 @@
 #include <charconv>
 #include <map>
 
-#include "core/error_values.hpp"
 #include "core/loop.hpp"
-#include "lockwatch/errors.hpp"
 
 namespace lockwatch::detail {
 
@@ -71,16 +69,6 @@ std::string datetime_literal(std::chrono::system_clock::time_point t) {
   return fmt::format("'{:04}-{:02}-{:02} {:02}:{:02}:{:02}.{:06}'", static_cast<int>(ymd.year()),
                      static_cast<unsigned>(ymd.month()), static_cast<unsigned>(ymd.day()), secs / 3600, secs / 60 % 60,
                      secs % 60, in_day % 1000000);
-}
-
-bool retry_worthy(std::exception_ptr e) {
-  try {
-    std::rethrow_exception(e);
-  } catch (const SqlError& s) {
-    return s.code() == ER_LOCK_DEADLOCK || s.code() == ER_LOCK_WAIT_TIMEOUT;
-  } catch (...) {
-    return false;
-  }
 }
 
 }  // namespace
@@ -210,18 +198,20 @@ void SqlStore::acquire_batch(std::shared_ptr<AcquireBatch> batch) {
       "SELECT lock_name, owner, fence, GREATEST(TIMESTAMPDIFF(MICROSECOND, NOW(6), expires_at), 0) FROM {} "
       "WHERE lock_name IN ({})",
       table_, names);
-  auto failed = std::make_shared<std::exception_ptr>();
+  auto failed = std::make_shared<bool>(false);
   auto retried = std::make_shared<bool>(false);
   SqlConnection& conn = command_connection();
-  conn.query(std::move(insert), [this, batch, failed, retried](const SqlResult&, std::exception_ptr err) {
+  conn.query(std::move(insert), [this, batch, failed, retried](const SqlResult&, const StoreError* err) {
     if (!err) return;
-    if (retry_worthy(err) && batch->attempt < kAcquireAttempts) {
+    // A deadlock or a lock wait timeout: the statement is tried again.
+    const bool retry_later = err->kind == StoreError::Kind::kRetryLater;
+    if (retry_later && batch->attempt < kAcquireAttempts) {
       *retried = true;
       ++batch->attempt;
       acquire_batch(batch);
       return;
     }
-    if (batch->locks.size() > 1 && !is_connection_error(err) && !retry_worthy(err)) {
+    if (batch->locks.size() > 1 && err->kind == StoreError::Kind::kRefused) {
       // The server refused the statement for one of its rows (a name too
       // long for the column, say): each lock again on its own, so only
       // that one fails.
@@ -234,16 +224,16 @@ void SqlStore::acquire_batch(std::shared_ptr<AcquireBatch> batch) {
       }
       return;
     }
-    *failed = err;
+    *failed = true;
     Acquired out;
-    out.error = err;
+    out.error = *err;
     for (const auto& l : batch->locks) (*batch->done)(l.index, out);
   });
-  conn.query(std::move(report), [batch, failed, retried](const SqlResult& r, std::exception_ptr err) {
+  conn.query(std::move(report), [batch, failed, retried](const SqlResult& r, const StoreError* err) {
     if (*failed || *retried) return;  // answered by the insert's failure, or sent again
     if (err) {
       Acquired out;
-      out.error = err;
+      out.error = *err;
       for (const auto& l : batch->locks) (*batch->done)(l.index, out);
       return;
     }
@@ -321,14 +311,13 @@ void SqlStore::renew_group(std::shared_ptr<RenewBatch> batch, std::vector<std::s
       "AND (lock_name, owner) IN ({})",
       table_, micros(ttl), names, pairs);
   renew_->query(std::move(sql), [this, batch, members = std::move(members)](const SqlResult& r,
-                                                                           std::exception_ptr err) mutable {
+                                                                           const StoreError* err) mutable {
     if (err) {
-      std::string why = what_of(err);
-      for (std::size_t i : members) batch->done(i, Renewed::kTransient, why);
+      for (std::size_t i : members) batch->done(i, Renewed::kTransient, err);
       return;
     }
     if (r.affected == members.size()) {
-      for (std::size_t i : members) batch->done(i, Renewed::kYes, {});
+      for (std::size_t i : members) batch->done(i, Renewed::kYes, nullptr);
       return;
     }
     classify_renewals(std::move(batch), std::move(members));
@@ -346,10 +335,9 @@ void SqlStore::classify_renewals(std::shared_ptr<RenewBatch> batch, std::vector<
     sql += hex(batch->locks[members[k]].name);
   }
   sql += ')';
-  renew_->query(std::move(sql), [batch, members = std::move(members)](const SqlResult& r, std::exception_ptr err) {
+  renew_->query(std::move(sql), [batch, members = std::move(members)](const SqlResult& r, const StoreError* err) {
     if (err) {
-      std::string why = what_of(err);
-      for (std::size_t i : members) batch->done(i, Renewed::kTransient, why);
+      for (std::size_t i : members) batch->done(i, Renewed::kTransient, err);
       return;
     }
     std::map<std::string_view, const std::vector<std::string>*> rows;
@@ -359,17 +347,17 @@ void SqlStore::classify_renewals(std::shared_ptr<RenewBatch> batch, std::vector<
       const LockRef& l = batch->locks[i];
       auto it = rows.find(l.name);
       if (it == rows.end()) {
-        batch->done(i, Renewed::kGone, {});
+        batch->done(i, Renewed::kGone, nullptr);
         continue;
       }
       const auto& row = *it->second;
       bool live = row[2] == "1";
       if (live && row[1] == l.token)
-        batch->done(i, Renewed::kYes, {});
+        batch->done(i, Renewed::kYes, nullptr);
       else if (live && !row[1].empty())
-        batch->done(i, Renewed::kTakenByOther, {});
+        batch->done(i, Renewed::kTakenByOther, nullptr);
       else
-        batch->done(i, Renewed::kGone, {});
+        batch->done(i, Renewed::kGone, nullptr);
     }
   });
 }
@@ -402,7 +390,7 @@ void SqlStore::release(std::span<const LockRef> locks, bool /*notify: no release
     // that are ours. The read before only names the outcome; the write
     // decides (only rows still ours and unexpired are released).
     conn.query(fmt::format("SELECT lock_name, owner, expires_at > NOW(6) FROM {} WHERE lock_name IN ({})", table_, names),
-               [batch](const SqlResult& r, std::exception_ptr err) {
+               [batch](const SqlResult& r, const StoreError* err) {
                  if (err) return;  // the update fails too and answers
                  for (const auto& row : r.rows)
                    if (row.size() == 3) batch->before[row[0]] = {row[1], row[2] == "1"};
@@ -411,10 +399,9 @@ void SqlStore::release(std::span<const LockRef> locks, bool /*notify: no release
         fmt::format("UPDATE {} SET owner = '', expires_at = NOW(6) WHERE lock_name IN ({}) AND expires_at > NOW(6) "
                     "AND (lock_name, owner) IN ({})",
                     table_, names, pairs),
-        [this, batch, names](const SqlResult& r, std::exception_ptr err) {
+        [this, batch, names](const SqlResult& r, const StoreError* err) {
           if (err) {
-            std::string why = what_of(err);
-            for (std::size_t k = 0; k < batch->locks.size(); ++k) (*batch->done)(batch->index[k], Released::kUnconfirmed, why);
+            for (std::size_t k = 0; k < batch->locks.size(); ++k) (*batch->done)(batch->index[k], Released::kUnconfirmed, err);
             return;
           }
           auto ours = [&](std::size_t k) {
@@ -427,7 +414,7 @@ void SqlStore::release(std::span<const LockRef> locks, bool /*notify: no release
             for (std::size_t k = 0; k < batch->locks.size(); ++k) {
               auto it = batch->before.find(batch->locks[k].first);
               bool other = it != batch->before.end() && it->second.second && !it->second.first.empty() && !ours(k);
-              (*batch->done)(batch->index[k], ours(k) ? Released::kYes : other ? Released::kTakenByOther : Released::kGone, {});
+              (*batch->done)(batch->index[k], ours(k) ? Released::kYes : other ? Released::kTakenByOther : Released::kGone, nullptr);
             }
             return;
           }
@@ -436,7 +423,7 @@ void SqlStore::release(std::span<const LockRef> locks, bool /*notify: no release
           // took it since; an emptied row was released by us.
           command_connection().query(
               fmt::format("SELECT lock_name, owner, expires_at > NOW(6) FROM {} WHERE lock_name IN ({})", table_, names),
-              [batch](const SqlResult& after, std::exception_ptr e2) {
+              [batch](const SqlResult& after, const StoreError* e2) {
                 std::map<std::string_view, const std::vector<std::string>*> rows;
                 if (!e2)
                   for (const auto& row : after.rows)
@@ -454,7 +441,7 @@ void SqlStore::release(std::span<const LockRef> locks, bool /*notify: no release
                     else if (row[1] != token && row[2] == "1")
                       st = Released::kTakenByOther;
                   }
-                  (*batch->done)(batch->index[k], st, e2 ? what_of(e2) : std::string());
+                  (*batch->done)(batch->index[k], st, e2);
                 }
               });
         });
@@ -466,14 +453,17 @@ void SqlStore::raise_fence(std::string_view name, std::uint64_t fence, std::func
       fmt::format("INSERT INTO {} (lock_name, owner, fence, expires_at) VALUES ({}, '', {}, NOW(6)) "
                   "ON DUPLICATE KEY UPDATE fence = GREATEST(fence, VALUES(fence))",
                   table_, hex(name), fence),
-      [done = std::move(done)](const SqlResult&, std::exception_ptr err) { done(!err); });
+      [done = std::move(done)](const SqlResult&, const StoreError* err) { done(!err); });
 }
 
-void SqlStore::server_time(std::function<void(std::chrono::system_clock::time_point, std::exception_ptr)> done) {
+void SqlStore::server_time(std::function<void(std::chrono::system_clock::time_point, const StoreError*)> done) {
   command_connection().query("SELECT UNIX_TIMESTAMP(NOW(6))",
-                             [this, done = std::move(done)](const SqlResult& r, std::exception_ptr err) {
-                               if (!err && (r.rows.empty() || r.rows[0].empty()))
-                                 err = std::make_exception_ptr(SqlError(target_.name(), 0, "no answer to NOW(6)"));
+                             [this, done = std::move(done)](const SqlResult& r, const StoreError* err) {
+                               StoreError no_answer;
+                               if (!err && (r.rows.empty() || r.rows[0].empty())) {
+                                 no_answer = sql_error(target_.name(), 0, "no answer to NOW(6)");
+                                 err = &no_answer;
+                               }
                                done(err ? std::chrono::system_clock::time_point{} : unix_time(r.rows[0][0]), err);
                              });
 }
@@ -491,10 +481,10 @@ void SqlStore::claim_period(std::string_view name, std::string_view token, std::
   conn.query(fmt::format("UPDATE {} SET last_period = {} WHERE lock_name = {} AND owner = {} AND expires_at > NOW(6) "
                          "AND NOW(6) >= {} AND (last_period IS NULL OR last_period < {})",
                          table_, period, n, t, datetime_literal(start), period),
-             [claimed, done](const SqlResult& r, std::exception_ptr err) {
+             [claimed, done](const SqlResult& r, const StoreError* err) {
                if (err) {
                  ClaimResult out;
-                 out.error = err;
+                 out.error = *err;
                  done(out);
                  return;
                }
@@ -503,9 +493,10 @@ void SqlStore::claim_period(std::string_view name, std::string_view token, std::
   conn.query(fmt::format("SELECT UNIX_TIMESTAMP(NOW(6)), owner = {} AND expires_at > NOW(6), NOW(6) >= {}, "
                          "IFNULL(last_period, '') FROM {} WHERE lock_name = {}",
                          t, datetime_literal(start), table_, n),
-             [this, claimed, period, done](const SqlResult& r, std::exception_ptr err) {
+             [this, claimed, period, done](const SqlResult& r, const StoreError* err) {
                if (*claimed < 0) return;  // the claim failed and said so
                ClaimResult out;
+               StoreError gone;
                if (!err && (r.rows.empty() || r.rows[0].size() != 4)) {
                  // No row: the job's lock is not there at all.
                  if (*claimed == 0) {
@@ -514,10 +505,11 @@ void SqlStore::claim_period(std::string_view name, std::string_view token, std::
                    done(out);
                    return;
                  }
-                 err = std::make_exception_ptr(SqlError(target_.name(), 0, "the claimed period's row is gone"));
+                 gone = sql_error(target_.name(), 0, "the claimed period's row is gone");
+                 err = &gone;
                }
                if (err) {
-                 out.error = err;
+                 out.error = *err;
                  done(out);
                  return;
                }
@@ -538,12 +530,12 @@ void SqlStore::claim_period(std::string_view name, std::string_view token, std::
              });
 }
 
-void SqlStore::inspect(std::string_view name, std::function<void(const LockInfo&, std::exception_ptr)> done) {
+void SqlStore::inspect(std::string_view name, std::function<void(const LockInfo&, const StoreError*)> done) {
   command_connection().query(
       fmt::format("SELECT GREATEST(TIMESTAMPDIFF(MICROSECOND, NOW(6), expires_at), 0), fence, owner FROM {} "
                   "WHERE lock_name = {}",
                   table_, hex(name)),
-      [done = std::move(done)](const SqlResult& r, std::exception_ptr err) {
+      [done = std::move(done)](const SqlResult& r, const StoreError* err) {
         LockInfo info;
         if (!err && !r.rows.empty() && r.rows[0].size() == 3) {
           const auto& row = r.rows[0];
@@ -557,12 +549,12 @@ void SqlStore::inspect(std::string_view name, std::function<void(const LockInfo&
       });
 }
 
-void SqlStore::force_release(std::string_view name, std::function<void(bool, std::exception_ptr)> done) {
+void SqlStore::force_release(std::string_view name, std::function<void(bool, const StoreError*)> done) {
   command_connection().query(
       fmt::format("UPDATE {} SET owner = '', expires_at = NOW(6) WHERE lock_name = {} AND owner <> '' "
                   "AND expires_at > NOW(6)",
                   table_, hex(name)),
-      [done = std::move(done)](const SqlResult& r, std::exception_ptr err) { done(!err && r.affected == 1, err); });
+      [done = std::move(done)](const SqlResult& r, const StoreError* err) { done(!err && r.affected == 1, err); });
 }
 
 void SqlStore::close() {

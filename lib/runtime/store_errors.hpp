@@ -1,0 +1,23 @@
+// lib/runtime/store_errors.hpp: the one place a store's failure (a
+// StoreError, decided by kind inside the library) becomes the public
+// exception a user catches.
+//
+//   kUnavailable                     ConnectionError(endpoint, message)
+//   kAuth                            AuthError(endpoint, message)
+//   kRefused, kRetryLater, kRedirect RedisError(endpoint, message) from Redis,
+//                                    SqlError(endpoint, code, message) from SQL
+//   kInvalid                         InvalidArgument(message)
+//
+// Their what() reads as StoreError::describe(). Threading: any. Costs: one
+// exception object per failure; nothing on a success path.
+#pragma once
+
+#include <exception>
+
+#include "store/store_error.hpp"
+
+namespace lockwatch::detail {
+
+std::exception_ptr to_exception(const StoreError& error);
+
+}  // namespace lockwatch::detail

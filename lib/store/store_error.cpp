@@ -1,0 +1,127 @@
+#include "store/store_error.hpp"
+
+#include <fmt/format.h>
+
+#include <charconv>
+
+namespace lockwatch::detail {
+
+namespace {
+
+// The first word of a Redis error line: its code ("MOVED", "WRONGTYPE", "ERR").
+std::string_view first_word(std::string_view message) { return message.substr(0, message.find(' ')); }
+
+// "<slot> <host>:<port>" after MOVED or ASK; false when it is not that.
+bool parse_redirect(std::string_view rest, StoreError& out) {
+  auto space = rest.find(' ');
+  if (space == std::string_view::npos || space == 0) return false;
+  unsigned slot = 0;
+  auto [end, ec] = std::from_chars(rest.data(), rest.data() + space, slot);
+  if (ec != std::errc() || end != rest.data() + space || slot >= 16384) return false;
+  std::string_view hp = rest.substr(space + 1);
+  auto colon = hp.rfind(':');
+  if (colon == std::string_view::npos || colon == 0 || colon + 1 == hp.size()) return false;
+  int port = 0;
+  for (char c : hp.substr(colon + 1)) {
+    if (c < '0' || c > '9') return false;
+    port = port * 10 + (c - '0');
+    if (port > 65535) return false;
+  }
+  if (port == 0) return false;
+  out.slot = static_cast<std::uint16_t>(slot);
+  out.target_host = std::string(hp.substr(0, colon));
+  out.target_port = port;
+  return true;
+}
+
+StoreError make(StoreError::Kind kind, StoreError::Origin origin, std::string endpoint, std::string message) {
+  StoreError e;
+  e.kind = kind;
+  e.origin = origin;
+  e.endpoint = std::move(endpoint);
+  e.message = std::move(message);
+  return e;
+}
+
+}  // namespace
+
+// The wording of the public errors' what() (core/errors.cpp), which tests
+// and users' logs have always read; store_errors_test checks they agree.
+std::string StoreError::describe() const {
+  switch (kind) {
+    case Kind::kUnavailable:
+    case Kind::kAuth:
+      return endpoint.find("://") == std::string::npos ? fmt::format("redis {}: {}", endpoint, message)
+                                                       : fmt::format("{}: {}", endpoint, message);
+    case Kind::kInvalid:
+      return message;
+    case Kind::kRefused:
+    case Kind::kRedirect:
+    case Kind::kRetryLater:
+      break;
+  }
+  if (origin == Origin::kSql) return fmt::format("{} answered error {}: {}", endpoint, code.empty() ? "0" : code, message);
+  return fmt::format("redis {} answered an error: {}", endpoint, message);
+}
+
+StoreError StoreError::unavailable(std::string endpoint, std::string why, Origin origin) {
+  return make(Kind::kUnavailable, origin, std::move(endpoint), std::move(why));
+}
+
+StoreError StoreError::auth(std::string endpoint, std::string why, Origin origin) {
+  return make(Kind::kAuth, origin, std::move(endpoint), std::move(why));
+}
+
+StoreError StoreError::refused(std::string endpoint, std::string message, Origin origin) {
+  return make(Kind::kRefused, origin, std::move(endpoint), std::move(message));
+}
+
+StoreError StoreError::invalid(std::string endpoint, std::string why, Origin origin) {
+  return make(Kind::kInvalid, origin, std::move(endpoint), std::move(why));
+}
+
+StoreError redis_reply_error(std::string endpoint, std::string_view message) {
+  StoreError e = make(StoreError::Kind::kRefused, StoreError::Origin::kRedis, std::move(endpoint), std::string(message));
+  const std::string_view code = first_word(message);
+  e.code = std::string(code);
+  if (code == "MOVED" || code == "ASK") {
+    if (parse_redirect(message.substr(std::min(message.size(), code.size() + 1)), e)) {
+      e.kind = StoreError::Kind::kRedirect;
+      e.ask = code == "ASK";
+    }
+  } else if (code == "TRYAGAIN" || code == "CLUSTERDOWN" || code == "LOADING" || code == "MASTERDOWN") {
+    e.kind = StoreError::Kind::kRetryLater;
+  } else if (code == "NOAUTH" || code == "WRONGPASS" || code == "NOPERM") {
+    e.kind = StoreError::Kind::kAuth;
+  }
+  return e;
+}
+
+StoreError sql_error(std::string endpoint, unsigned number, std::string message) {
+  using Kind = StoreError::Kind;
+  Kind kind = Kind::kRefused;
+  switch (number) {
+    case 1205:  // ER_LOCK_WAIT_TIMEOUT
+    case 1213:  // ER_LOCK_DEADLOCK
+      kind = Kind::kRetryLater;
+      break;
+    case 1044:  // ER_DBACCESS_DENIED_ERROR
+    case 1045:  // ER_ACCESS_DENIED_ERROR
+    case 1698:  // ER_ACCESS_DENIED_NO_PASSWORD_ERROR
+      kind = Kind::kAuth;
+      break;
+    case 2002:  // CR_CONNECTION_ERROR
+    case 2003:  // CR_CONN_HOST_ERROR
+    case 2006:  // CR_SERVER_GONE_ERROR
+    case 2013:  // CR_SERVER_LOST
+      kind = Kind::kUnavailable;
+      break;
+    default:
+      break;
+  }
+  StoreError e = make(kind, StoreError::Origin::kSql, std::move(endpoint), std::move(message));
+  e.code = std::to_string(number);
+  return e;
+}
+
+}  // namespace lockwatch::detail

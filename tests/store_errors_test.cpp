@@ -1,0 +1,159 @@
+// The store's failure values: where a reply is classified, and the one
+// mapping to the public exceptions (whose wording users have always read).
+#include <gtest/gtest.h>
+
+#include <exception>
+#include <string>
+
+#include "lockwatch/errors.hpp"
+#include "runtime/store_errors.hpp"
+#include "store/store_error.hpp"
+
+namespace lockwatch::detail {
+namespace {
+
+using Kind = StoreError::Kind;
+
+std::string what_of(std::exception_ptr e) {
+  try {
+    std::rethrow_exception(e);
+  } catch (const std::exception& ex) {
+    return ex.what();
+  }
+}
+
+TEST(StoreErrorTest, MovedIsARedirectWithItsSlotAndTarget) {
+  StoreError e = redis_reply_error("127.0.0.1:7000", "MOVED 3999 127.0.0.1:7002");
+  EXPECT_EQ(e.kind, Kind::kRedirect);
+  EXPECT_FALSE(e.ask);
+  EXPECT_EQ(e.slot, 3999);
+  EXPECT_EQ(e.target_host, "127.0.0.1");
+  EXPECT_EQ(e.target_port, 7002);
+  EXPECT_EQ(e.code, "MOVED");
+}
+
+TEST(StoreErrorTest, AskIsARedirectMarkedAsk) {
+  StoreError e = redis_reply_error("n:1", "ASK 12 [::1]:7003");
+  EXPECT_EQ(e.kind, Kind::kRedirect);
+  EXPECT_TRUE(e.ask);
+  EXPECT_EQ(e.slot, 12);
+  EXPECT_EQ(e.target_host, "[::1]");
+  EXPECT_EQ(e.target_port, 7003);
+}
+
+TEST(StoreErrorTest, AMalformedRedirectIsARefusal) {
+  for (const char* m : {"MOVED", "MOVED x 1.2.3.4:5", "MOVED 1 host", "ASK 1 host:0", "MOVED 99999 h:1", "MOVEDX 1 h:2"}) {
+    StoreError e = redis_reply_error("n:1", m);
+    EXPECT_EQ(e.kind, Kind::kRefused) << m;
+    EXPECT_TRUE(e.target_host.empty()) << m;
+  }
+}
+
+TEST(StoreErrorTest, ClusterNotNowRepliesAreRetryLater) {
+  for (const char* m : {"TRYAGAIN Multiple keys request during rehashing of slot", "CLUSTERDOWN The cluster is down",
+                        "LOADING Redis is loading the dataset in memory", "MASTERDOWN Link with MASTER is down"}) {
+    EXPECT_EQ(redis_reply_error("n:1", m).kind, Kind::kRetryLater) << m;
+  }
+}
+
+TEST(StoreErrorTest, RefusedCredentialsAreAuth) {
+  for (const char* m : {"NOAUTH Authentication required.", "WRONGPASS invalid username-password pair",
+                        "NOPERM this user has no permissions to run the 'evalsha' command"}) {
+    EXPECT_EQ(redis_reply_error("n:1", m).kind, Kind::kAuth) << m;
+  }
+}
+
+TEST(StoreErrorTest, OtherRepliesAreRefusedWithTheirFirstWordAsCode) {
+  StoreError e = redis_reply_error("n:1", "WRONGTYPE Operation against a key holding the wrong kind of value");
+  EXPECT_EQ(e.kind, Kind::kRefused);
+  EXPECT_EQ(e.code, "WRONGTYPE");
+  EXPECT_EQ(e.message, "WRONGTYPE Operation against a key holding the wrong kind of value");
+  EXPECT_EQ(redis_reply_error("n:1", "OOM").code, "OOM");
+}
+
+TEST(StoreErrorTest, SqlNumbersAreClassified) {
+  EXPECT_EQ(sql_error("mysql://h:1/db", 1213, "Deadlock found").kind, Kind::kRetryLater);
+  EXPECT_EQ(sql_error("mysql://h:1/db", 1205, "Lock wait timeout exceeded").kind, Kind::kRetryLater);
+  EXPECT_EQ(sql_error("mysql://h:1/db", 1045, "Access denied").kind, Kind::kAuth);
+  for (unsigned n : {2002u, 2003u, 2006u, 2013u}) EXPECT_EQ(sql_error("mysql://h:1/db", n, "gone").kind, Kind::kUnavailable);
+  StoreError e = sql_error("mysql://h:1/db", 1406, "Data too long for column 'lock_name'");
+  EXPECT_EQ(e.kind, Kind::kRefused);
+  EXPECT_EQ(e.code, "1406");
+  EXPECT_EQ(e.origin, StoreError::Origin::kSql);
+}
+
+TEST(StoreErrorTest, TransientMeansUnavailableOrRetryLater) {
+  EXPECT_TRUE(StoreError::unavailable("n:1", "connection lost").transient());
+  EXPECT_TRUE(redis_reply_error("n:1", "CLUSTERDOWN down").transient());
+  EXPECT_FALSE(StoreError::auth("n:1", "no").transient());
+  EXPECT_FALSE(redis_reply_error("n:1", "ERR x").transient());
+  EXPECT_FALSE(redis_reply_error("n:1", "MOVED 1 h:2").transient());
+}
+
+// Each kind becomes the public error users catch, with today's wording,
+// which describe() repeats (it is the watchdog's lost-lease detail).
+TEST(StoreErrorsTest, EachKindMapsToItsPublicError) {
+  {
+    StoreError e = StoreError::unavailable("127.0.0.1:6379", "connection lost: connection reset by peer");
+    auto x = to_exception(e);
+    EXPECT_EQ(what_of(x), "redis 127.0.0.1:6379: connection lost: connection reset by peer");
+    EXPECT_EQ(what_of(x), e.describe());
+    try {
+      std::rethrow_exception(x);
+    } catch (const AuthError&) {
+      ADD_FAILURE() << "not an AuthError";
+    } catch (const ConnectionError& c) {
+      EXPECT_EQ(c.endpoint(), "127.0.0.1:6379");
+    }
+  }
+  {
+    StoreError e = StoreError::auth("h:1", "WRONGPASS invalid username-password pair");
+    auto x = to_exception(e);
+    EXPECT_EQ(what_of(x), e.describe());
+    EXPECT_THROW(std::rethrow_exception(x), AuthError);
+  }
+  for (const char* m : {"WRONGTYPE wrong kind", "MOVED 1 h:2", "TRYAGAIN later"}) {
+    StoreError e = redis_reply_error("h:1", m);
+    auto x = to_exception(e);
+    EXPECT_EQ(what_of(x), std::string("redis h:1 answered an error: ") + m);
+    EXPECT_EQ(what_of(x), e.describe());
+    try {
+      std::rethrow_exception(x);
+    } catch (const RedisError& r) {
+      EXPECT_EQ(r.redis_message(), m);
+      EXPECT_EQ(r.endpoint(), "h:1");
+    } catch (...) {
+      ADD_FAILURE() << m << " is not a RedisError";
+    }
+  }
+  for (unsigned n : {1406u, 1213u}) {
+    StoreError e = sql_error("mysql://h:1/db", n, "the server's text");
+    auto x = to_exception(e);
+    EXPECT_EQ(what_of(x), e.describe());
+    try {
+      std::rethrow_exception(x);
+    } catch (const SqlError& s) {
+      EXPECT_EQ(s.code(), n);
+      EXPECT_EQ(s.server_message(), "the server's text");
+      EXPECT_EQ(what_of(x), "mysql://h:1/db answered error " + std::to_string(n) + ": the server's text");
+    } catch (...) {
+      ADD_FAILURE() << n << " is not an SqlError";
+    }
+  }
+  {
+    StoreError e = sql_error("mysql://h:1/db", 2013, "Lost connection to server during query");
+    auto x = to_exception(e);
+    EXPECT_EQ(what_of(x), "mysql://h:1/db: Lost connection to server during query");
+    EXPECT_EQ(what_of(x), e.describe());
+    EXPECT_THROW(std::rethrow_exception(x), ConnectionError);
+  }
+  {
+    StoreError e = StoreError::invalid("h:1", "a lock name longer than the column");
+    auto x = to_exception(e);
+    EXPECT_EQ(what_of(x), e.describe());
+    EXPECT_THROW(std::rethrow_exception(x), InvalidArgument);
+  }
+}
+
+}  // namespace
+}  // namespace lockwatch::detail
