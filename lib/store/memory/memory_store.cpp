@@ -41,10 +41,10 @@ std::string MemoryStore::encode(std::string_view key) const {
 
 void MemoryStore::start(StoreEvents events) { events_ = std::move(events); }
 
-std::exception_ptr MemoryStore::no_answer() const {
-  return std::make_exception_ptr(ConnectionError(
+StoreError MemoryStore::no_answer() const {
+  return StoreError::unavailable(
       std::string(kScheme) + space_->name(),
-      fmt::format("no answer within the command timeout ({} ms): the space is paused", command_timeout_.count())));
+      fmt::format("no answer within the command timeout ({} ms): the space is paused", command_timeout_.count()));
 }
 
 void MemoryStore::submit(std::function<std::function<void()>(MemorySpace::State&)> op, std::function<void()> fail) {
@@ -127,11 +127,11 @@ std::size_t MemoryStore::renew(std::span<const LockRef> locks, std::shared_ptr<c
         for (const auto& l : *refs) out.push_back(s.renew(l));
         // The leases go with the answer, and so are let go on the loop.
         return [out = std::move(out), shared_done, keepalive = std::move(keepalive)] {
-          for (std::size_t k = 0; k < out.size(); ++k) (*shared_done)(k, out[k], {});
+          for (std::size_t k = 0; k < out.size(); ++k) (*shared_done)(k, out[k], nullptr);
         };
       },
-      [n = locks.size(), shared_done, why = std::string("memory: the space is paused and did not answer")] {
-        for (std::size_t k = 0; k < n; ++k) (*shared_done)(k, Renewed::kTransient, why);
+      [n = locks.size(), shared_done, err = no_answer()] {
+        for (std::size_t k = 0; k < n; ++k) (*shared_done)(k, Renewed::kTransient, &err);
       });
   return 1;
 }
@@ -145,11 +145,11 @@ void MemoryStore::release(std::span<const LockRef> locks, bool notify, ReleaseDo
         out.reserve(owned->size());
         for (const auto& l : *owned) out.push_back(s.release(l.ref(), notify));
         return [out = std::move(out), shared_done] {
-          for (std::size_t k = 0; k < out.size(); ++k) (*shared_done)(k, out[k], {});
+          for (std::size_t k = 0; k < out.size(); ++k) (*shared_done)(k, out[k], nullptr);
         };
       },
-      [n = locks.size(), shared_done, why = std::string("memory: the space is paused and did not answer")] {
-        for (std::size_t k = 0; k < n; ++k) (*shared_done)(k, Released::kUnconfirmed, why);
+      [n = locks.size(), shared_done, err = no_answer()] {
+        for (std::size_t k = 0; k < n; ++k) (*shared_done)(k, Released::kUnconfirmed, &err);
       });
 }
 
@@ -164,13 +164,13 @@ void MemoryStore::raise_fence(std::string_view name, std::uint64_t fence, std::f
 }
 
 void MemoryStore::server_time(
-    std::function<void(std::chrono::system_clock::time_point, std::exception_ptr)> done) {
+    std::function<void(std::chrono::system_clock::time_point, const StoreError*)> done) {
   auto shared_done = std::make_shared<decltype(done)>(std::move(done));
   submit(
       [shared_done](MemorySpace::State&) -> std::function<void()> {
         return [now = std::chrono::system_clock::now(), shared_done] { (*shared_done)(now, nullptr); };
       },
-      [shared_done, err = no_answer()] { (*shared_done)({}, err); });
+      [shared_done, err = no_answer()] { (*shared_done)({}, &err); });
 }
 
 void MemoryStore::claim_period(std::string_view name, std::string_view token, std::int64_t period,
@@ -189,22 +189,22 @@ void MemoryStore::claim_period(std::string_view name, std::string_view token, st
       });
 }
 
-void MemoryStore::inspect(std::string_view name, std::function<void(const LockInfo&, std::exception_ptr)> done) {
+void MemoryStore::inspect(std::string_view name, std::function<void(const LockInfo&, const StoreError*)> done) {
   auto shared_done = std::make_shared<decltype(done)>(std::move(done));
   submit(
       [n = std::string(name), shared_done](MemorySpace::State& s) -> std::function<void()> {
         return [info = s.inspect(n), shared_done] { (*shared_done)(info, nullptr); };
       },
-      [shared_done, err = no_answer()] { (*shared_done)(LockInfo{}, err); });
+      [shared_done, err = no_answer()] { (*shared_done)(LockInfo{}, &err); });
 }
 
-void MemoryStore::force_release(std::string_view name, std::function<void(bool, std::exception_ptr)> done) {
+void MemoryStore::force_release(std::string_view name, std::function<void(bool, const StoreError*)> done) {
   auto shared_done = std::make_shared<decltype(done)>(std::move(done));
   submit(
       [n = std::string(name), shared_done](MemorySpace::State& s) -> std::function<void()> {
         return [was = s.force_release(n), shared_done] { (*shared_done)(was, nullptr); };
       },
-      [shared_done, err = no_answer()] { (*shared_done)(false, err); });
+      [shared_done, err = no_answer()] { (*shared_done)(false, &err); });
 }
 
 void MemoryStore::subscribe(std::string_view name) {

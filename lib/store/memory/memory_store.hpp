@@ -13,7 +13,7 @@
 //
 // Options that concern a server (TLS, timeouts, replicas) do not apply,
 // but for command_timeout: a request held by a paused space (a test hook)
-// fails with ConnectionError when it passes.
+// fails as unavailable (a ConnectionError to users) when it passes.
 //
 // Threading: as LockStore (loop thread, but construction, encode() and
 // check_key()). Costs: per request one lock of the space's mutex (shared
@@ -58,11 +58,11 @@ class MemoryStore final : public LockStore {
   std::size_t renew(std::span<const LockRef> locks, std::shared_ptr<const void> keepalive, RenewDone done) override;
   void release(std::span<const LockRef> locks, bool notify, ReleaseDone done) override;
   void raise_fence(std::string_view name, std::uint64_t fence, std::function<void(bool ok)> done) override;
-  void server_time(std::function<void(std::chrono::system_clock::time_point, std::exception_ptr)> done) override;
+  void server_time(std::function<void(std::chrono::system_clock::time_point, const StoreError*)> done) override;
   void claim_period(std::string_view name, std::string_view token, std::int64_t period,
                     std::chrono::system_clock::time_point start, std::function<void(const ClaimResult&)> done) override;
-  void inspect(std::string_view name, std::function<void(const LockInfo&, std::exception_ptr)> done) override;
-  void force_release(std::string_view name, std::function<void(bool, std::exception_ptr)> done) override;
+  void inspect(std::string_view name, std::function<void(const LockInfo&, const StoreError*)> done) override;
+  void force_release(std::string_view name, std::function<void(bool, const StoreError*)> done) override;
   void subscribe(std::string_view name) override;
   void unsubscribe(std::string_view name) override;
   void close() override;
@@ -91,7 +91,7 @@ class MemoryStore final : public LockStore {
   // function it returns is the answer, run on the loop unless `fail` ran
   // first.
   void submit(std::function<std::function<void()>(MemorySpace::State&)> op, std::function<void()> fail);
-  std::exception_ptr no_answer() const;
+  StoreError no_answer() const;
   void arm_timeout();
   static void on_timeout(uv_timer_t* timer);
 
