@@ -51,7 +51,7 @@ TEST_F(AdminTest, AKeyNeverLockedIsFreeWithCounterZero) {
   EXPECT_EQ(s.key, test_key());
   EXPECT_FALSE(s.held);
   EXPECT_EQ(s.ttl, 0ms);
-  EXPECT_EQ(s.fencing_counter, 0u);
+  EXPECT_EQ(s.fencing_token, 0u);
 }
 
 TEST_F(AdminTest, AHeldLockShowsItsRemainingTtlAndFencingCounter) {
@@ -61,13 +61,13 @@ TEST_F(AdminTest, AHeldLockShowsItsRemainingTtlAndFencingCounter) {
   EXPECT_TRUE(s.held);
   EXPECT_GT(s.ttl, 0ms);
   EXPECT_LE(s.ttl, 5s);
-  EXPECT_EQ(s.fencing_counter, h.lease().fencing_token());
+  EXPECT_EQ(s.fencing_token, h.lease().fencing_token());
   auto released = h.release();
   get_bounded(released);
   LockState after = inspect(test_key());
   EXPECT_FALSE(after.held);
   EXPECT_EQ(after.ttl, 0ms);
-  EXPECT_EQ(after.fencing_counter, s.fencing_counter) << "the counter outlives the lock";
+  EXPECT_EQ(after.fencing_token, s.fencing_token) << "the counter outlives the lock";
 }
 
 TEST_F(AdminTest, ForceReleaseRemovesAnotherOwnersLockAndItsHolderLosesTheLease) {
@@ -80,7 +80,7 @@ TEST_F(AdminTest, ForceReleaseRemovesAnotherOwnersLockAndItsHolderLosesTheLease)
   EXPECT_FALSE(exists(*server_, test_key()));
   LockState s = inspect(test_key());
   EXPECT_FALSE(s.held);
-  EXPECT_EQ(s.fencing_counter, token);
+  EXPECT_EQ(s.fencing_token, token);
 
   // The holder finds its key gone at its next renewal.
   ASSERT_TRUE(lost_within_bound(h.lease()));
@@ -96,7 +96,7 @@ TEST_F(AdminTest, ForceReleaseRemovesAnotherOwnersLockAndItsHolderLosesTheLease)
 
 TEST_F(AdminTest, ForceReleaseOfAFreeKeySaysNothingWasHeld) {
   EXPECT_FALSE(force_release(test_key()));
-  EXPECT_EQ(inspect(test_key()).fencing_counter, 0u);
+  EXPECT_EQ(inspect(test_key()).fencing_token, 0u);
 }
 
 TEST_F(AdminTest, ForceReleaseWakesAWaiterLongBeforeTheHoldersTtl) {
@@ -168,7 +168,7 @@ TEST_F(AdminRedlockTest, HeldOnAMajorityIsHeldAndTheCounterIsTheLargest) {
   EXPECT_TRUE(s.held);
   EXPECT_GT(s.ttl, 0ms);
   EXPECT_LE(s.ttl, 10s);
-  EXPECT_EQ(s.fencing_counter, 100u);
+  EXPECT_EQ(s.fencing_token, 100u);
 
   servers_[0]->kill();  // two of three still hold it
   auto again = rt_->inspect("k");

@@ -480,7 +480,7 @@ TEST_F(CliTest, StatusAndReleaseSpeakInLinesForScripts) {
   const std::string k = test_key();
   Outcome free_status = run({"status", k});
   EXPECT_EQ(free_status.code, 0);
-  EXPECT_EQ(free_status.output, "key=" + k + "\nstate=free\nttl_ms=0\nfencing_counter=0\n");
+  EXPECT_EQ(free_status.output, "key=" + k + "\nstate=free\nttl_ms=0\nfencing_token=0\n");
 
   auto started = Clock::now();
   auto holder = start({"run", "--key", k, "--ttl", "2s", "-c", "echo ready; exec sleep 1000"});
@@ -499,7 +499,7 @@ TEST_F(CliTest, StatusAndReleaseSpeakInLinesForScripts) {
   long ttl_ms = std::stol(l3.substr(7));
   EXPECT_GT(ttl_ms, 0);
   EXPECT_LE(ttl_ms, 2000);
-  EXPECT_EQ(l4, "fencing_counter=1");
+  EXPECT_EQ(l4, "fencing_token=1");
 
   Outcome released = run({"release", "--force", k});
   EXPECT_EQ(released.code, 0);
@@ -508,7 +508,7 @@ TEST_F(CliTest, StatusAndReleaseSpeakInLinesForScripts) {
   Outcome o = finish(*holder, started);
   EXPECT_EQ(o.code, 76) << o.output;
 
-  EXPECT_EQ(run({"status", k}).output, "key=" + k + "\nstate=free\nttl_ms=0\nfencing_counter=1\n");
+  EXPECT_EQ(run({"status", k}).output, "key=" + k + "\nstate=free\nttl_ms=0\nfencing_token=1\n");
   EXPECT_EQ(run({"release", "--force", k}).output, "key=" + k + "\nwas_held=no\n");
 }
 
@@ -555,7 +555,7 @@ TEST_F(CliTest, RunsOverSql) {
   ASSERT_TRUE(read_until(*p, "ready"));
   Outcome status = run({"status", "--redis", db.url(), test_key()});
   EXPECT_TRUE(contains(status.output, "state=held")) << status.output;
-  EXPECT_TRUE(contains(status.output, "fencing_counter=1")) << status.output;
+  EXPECT_TRUE(contains(status.output, "fencing_token=1")) << status.output;
   p->kill(SIGTERM);
   EXPECT_EQ(finish(*p, started).code, 128 + SIGTERM);
   Outcome after = run({"status", "--redis", db.url(), test_key()});

@@ -999,7 +999,7 @@ struct HeldForAdmin {
     auto f = admin.inspect(key);
     LockState state = get_bounded(f);
     EXPECT_TRUE(state.held);
-    EXPECT_EQ(state.fencing_counter, token);
+    EXPECT_EQ(state.fencing_token, token);
     return state;
   }
   // After a forced release: free, and the fencing counter kept.
@@ -1007,7 +1007,7 @@ struct HeldForAdmin {
     auto after = admin.inspect(key);
     LockState gone = get_bounded(after);
     EXPECT_FALSE(gone.held);
-    EXPECT_EQ(gone.fencing_counter, token);
+    EXPECT_EQ(gone.fencing_token, token);
   }
   std::string key;
   Runtime holder, admin;
@@ -1090,7 +1090,7 @@ TEST_F(ClusterTest, ASplitSlotIsRetriedWithinTheHopBudgetThenReported) {
   auto whole = admin.inspect(key);
   LockState state = get_bounded(whole);
   EXPECT_TRUE(state.held);
-  EXPECT_EQ(state.fencing_counter, token);
+  EXPECT_EQ(state.fencing_token, token);
   cluster_->move_slot(slot, from);
 }
 
@@ -1423,7 +1423,7 @@ TEST_F(ClusterTlsTest, AMovedSlotIsFollowedOverTls) {
   auto state = rt.inspect(key);
   LockState s = get_bounded(state);
   EXPECT_TRUE(s.held);
-  EXPECT_EQ(s.fencing_counter, h.lease().fencing_token());
+  EXPECT_EQ(s.fencing_token, h.lease().fencing_token());
   auto f = h.release();
   get_bounded(f);
   EXPECT_EQ(cluster_->node(to).command({"EXISTS", lock_key(key)}).integer, 0);

@@ -103,7 +103,7 @@ TEST(FencingTest, TokensKeepRisingAcrossTheUpgradeFromPerNameCounters) {
   Runtime rt(options_for(server));
   server.command({"SET", lock_key("sku:7") + ":fence", "1000"});
   auto before = rt.inspect("sku:7");
-  EXPECT_EQ(get_bounded(before).fencing_counter, 1000u);
+  EXPECT_EQ(get_bounded(before).fencing_token, 1000u);
 
   auto token_of = locked("sku:{0}", 10s, 0).on(rt)([](int) { return this_lease().fencing_token(); });
   auto first = token_of(7);
@@ -113,7 +113,7 @@ TEST(FencingTest, TokensKeepRisingAcrossTheUpgradeFromPerNameCounters) {
   auto second = token_of(7);
   EXPECT_EQ(get_bounded(second), 1002u);
   auto after = rt.inspect("sku:7");
-  EXPECT_EQ(get_bounded(after).fencing_counter, 1002u);
+  EXPECT_EQ(get_bounded(after).fencing_token, 1002u);
 }
 
 }  // namespace

@@ -324,7 +324,7 @@ TEST_F(HandoffRedisTest, TokensIncreaseAcrossHandOffsAndAcrossRuntimes) {
   EXPECT_GT(h.lease().fencing_token(), tokens.back());
   EXPECT_EQ(h.lease().fencing_token() & kLocalSeqMask, 0u);
   auto state = other.inspect("fence");
-  EXPECT_EQ(get_bounded(state).fencing_counter, h.lease().fencing_token() >> kLocalSeqBits);
+  EXPECT_EQ(get_bounded(state).fencing_token, h.lease().fencing_token() >> kLocalSeqBits);
 }
 
 TEST_F(HandoffRedisTest, TheStreakBoundLetsAnotherRuntimeIn) {

@@ -113,7 +113,7 @@ TEST(MemoryStoreTest, ARuntimeGoneWhileItsSpaceHeldItsRequestsHearsNothingAfter)
   auto late = other.inspect("late");
   auto state = get_bounded(late);
   EXPECT_FALSE(state.held);
-  EXPECT_EQ(state.fencing_counter, 0u);
+  EXPECT_EQ(state.fencing_token, 0u);
   give_back(h);  // a release notice with nobody of `rt` left to tell
   EXPECT_FALSE(held(other, "busy"));
 }

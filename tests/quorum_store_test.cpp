@@ -415,7 +415,7 @@ TEST_F(QuorumStoreTest, InspectSeesAHolderOnlyWithAMajority) {
   EXPECT_FALSE(err);
   EXPECT_TRUE(info.held);
   EXPECT_EQ(info.owner, "t1");
-  EXPECT_EQ(info.fence_counter, 1u);
+  EXPECT_EQ(info.fencing_token, 1u);
   backends_[0]->set_owner("k", "x", 5s);
   backends_[1]->set_owner("k", "y", 5s);
   EXPECT_FALSE(inspect().first.held);  // three owners, no majority

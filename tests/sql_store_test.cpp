@@ -155,7 +155,7 @@ TEST_F(SqlStoreTest, TheFenceLivesInTheRowAndSurvivesReleases) {
   auto state = rt.inspect(key());
   auto s = get_bounded(state);
   EXPECT_FALSE(s.held);
-  EXPECT_EQ(s.fencing_counter, last);
+  EXPECT_EQ(s.fencing_token, last);
 }
 
 TEST_F(SqlStoreTest, OperatorsCanInspectAndForceRelease) {
@@ -165,7 +165,7 @@ TEST_F(SqlStoreTest, OperatorsCanInspectAndForceRelease) {
   auto s = get_bounded(state);
   EXPECT_TRUE(s.held);
   EXPECT_GT(s.ttl, 5s);
-  EXPECT_EQ(s.fencing_counter, h.lease().fencing_token());
+  EXPECT_EQ(s.fencing_token, h.lease().fencing_token());
   auto forced = b.force_release(key());
   EXPECT_TRUE(get_bounded(forced));
   auto again = take(b, key(), 2s, 0);

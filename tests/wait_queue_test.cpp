@@ -401,7 +401,7 @@ TEST_F(WaitQueueTest, InspectAndForceReleaseReachTheStore) {
   EXPECT_TRUE(state.held);
   EXPECT_EQ(state.key, "inspected");
   EXPECT_GT(state.ttl, 4s);
-  EXPECT_EQ(state.fencing_counter, 1u);
+  EXPECT_EQ(state.fencing_token, 1u);
   auto forced = rt_->force_release("inspected");
   EXPECT_TRUE(get_bounded(forced));
   auto s2 = rt_->inspect("inspected");

@@ -139,7 +139,7 @@ struct Options {
   // holder's token ONLY IF EVERY PROCESS SHARING A KEY USES THE SAME
   // SETTING: a process with it off hands out the raw counter, which is
   // smaller than the tokens of one with it on. The store's counter itself
-  // stays raw: Runtime::inspect and `lockwatch status` (fencing_counter=)
+  // stays raw: Runtime::inspect and `lockwatch status` (fencing_token=)
   // show it, not the encoded token (token >> 20 is the counter). Hand-offs
   // are also not made to a waiter with another ttl or with retries 0.
   bool local_handoff = false;

@@ -89,11 +89,12 @@ struct LockState {
   std::string key;
   bool held = false;
   std::chrono::milliseconds ttl{0};   // remaining ttl when held
-  // The counter the key's next token comes from: on Redis its Cluster
-  // slot's, shared with the other keys of that slot, so at least the key's
-  // last token (the highest token handed out in the slot); on SQL the
-  // key's own. 0 if nothing was ever locked there.
-  std::uint64_t fencing_counter = 0;
+  // The highest fencing token handed out for the key, or above it: on
+  // Redis the counter of its Cluster slot, shared with the other keys of
+  // that slot (the highest token handed out in the slot); on SQL the key's
+  // own. The next holder's token is higher. 0 if nothing was ever locked
+  // there.
+  std::uint64_t fencing_token = 0;
 };
 
 // Counters since the runtime started; each is read on its own (relaxed).

@@ -72,11 +72,11 @@ void Events::log(LogLevel level, std::string line) {
   }
 }
 
-void Events::acquired(const std::string& key, std::uint64_t fence, Duration waited) {
+void Events::acquired(const std::string& key, std::uint64_t fencing_token, Duration waited) {
   metrics_.acquired.fetch_add(1, std::memory_order_relaxed);
   metrics_.acquire_duration.observe(waited);
   if (!observed()) return;
-  tell([key, fence, waited](Observer& o) { o.on_acquired(key, fence, waited); });
+  tell([key, fencing_token, waited](Observer& o) { o.on_acquired(key, fencing_token, waited); });
 }
 
 void Events::busy(const std::string& key, Duration waited) {
@@ -106,8 +106,11 @@ void Events::renewal_failed(const std::string& key, const std::string& why) {
 
 void Events::lost(const std::string& key, LostReason reason, const std::string& detail) {
   metrics_.count_lost(reason);
-  log(LogLevel::kWarning, fmt::format("lease lost: key '{}', reason {}{}{}", key, to_string(reason),
-                                      detail.empty() ? "" : ": ", detail));
+  // A handle the runtime gives back as it is destroyed is what its owner
+  // asked for by destroying it: told to observers, not warned of.
+  if (reason != LostReason::kRuntimeStopped)
+    log(LogLevel::kWarning, fmt::format("lease lost: key '{}', reason {}{}{}", key, to_string(reason),
+                                        detail.empty() ? "" : ": ", detail));
   if (!observed()) return;
   tell([key, reason, detail](Observer& o) { o.on_lost(key, reason, detail); });
 }

@@ -37,7 +37,7 @@ class Events {
   Metrics& metrics() noexcept { return metrics_; }
   const Metrics& metrics() const noexcept { return metrics_; }
 
-  void acquired(const std::string& key, std::uint64_t fence, Duration waited);
+  void acquired(const std::string& key, std::uint64_t fencing_token, Duration waited);
   void busy(const std::string& key, Duration waited);
   void acquire_failed(const std::string& key, std::exception_ptr error);
   void renewed(const std::string& key, Duration slack);

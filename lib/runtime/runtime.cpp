@@ -365,7 +365,7 @@ std::future<LockState> Runtime::Impl::inspect(std::string key) {
           if (err)
             promise->set_exception(detail::to_exception(*err));
           else
-            promise->set_value(LockState{key, info.held, info.ttl, info.fence_counter});
+            promise->set_value(LockState{key, info.held, info.ttl, info.fencing_token});
         });
       }))
     throw RuntimeStopped("lockwatch runtime is stopping");

@@ -77,7 +77,7 @@ enum class Released : std::uint8_t {
 struct LockInfo {
   bool held = false;
   std::chrono::milliseconds ttl{0};  // remaining, when held
-  std::uint64_t fence_counter = 0;   // the highest fencing token handed out (0: never locked)
+  std::uint64_t fencing_token = 0;   // the highest fencing token handed out (0: never locked)
   std::string owner;                 // the holder's token, when held
 };
 

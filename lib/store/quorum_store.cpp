@@ -425,7 +425,7 @@ void QuorumStore::inspect(std::string_view name, std::function<void(const LockIn
       std::map<std::string, std::vector<const LockInfo*>> by_owner;
       std::size_t largest = 0;
       for (const auto& i : t->infos) {
-        out.fence_counter = std::max(out.fence_counter, i.fence_counter);
+        out.fencing_token = std::max(out.fencing_token, i.fencing_token);
         if (i.held) by_owner[i.owner].push_back(&i);
       }
       for (const auto& [owner, held] : by_owner) {

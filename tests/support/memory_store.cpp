@@ -162,7 +162,7 @@ LockInfo MemoryBackend::inspect(const std::string& name) const {
     info.owner = locks_.at(name).owner;
     info.ttl = std::chrono::duration_cast<milliseconds>(locks_.at(name).expires - now);
   }
-  if (auto it = fences_.find(name); it != fences_.end()) info.fence_counter = it->second;
+  if (auto it = fences_.find(name); it != fences_.end()) info.fencing_token = it->second;
   return info;
 }
 

@@ -20,8 +20,8 @@ Options options_for(const std::optional<std::string>& redis_url, bool verbose) {
 int status_command(const std::optional<std::string>& redis_url, const std::string& key, bool verbose) {
   Runtime rt(options_for(redis_url, verbose));
   LockState s = rt.inspect(key).get();  // bounded: every request ends by reply or command timeout
-  fmt::print("key={}\nstate={}\nttl_ms={}\nfencing_counter={}\n", s.key, s.held ? "held" : "free", s.ttl.count(),
-             s.fencing_counter);
+  fmt::print("key={}\nstate={}\nttl_ms={}\nfencing_token={}\n", s.key, s.held ? "held" : "free", s.ttl.count(),
+             s.fencing_token);
   return 0;
 }
 

@@ -30,7 +30,7 @@ struct RunArgs {
 
 // Runs the command under the lock.
 int run_command(const RunArgs& args, const Inherited& inherited);
-// Prints key=, state=, ttl_ms=, fencing_counter= lines.
+// Prints key=, state=, ttl_ms=, fencing_token= lines.
 int status_command(const std::optional<std::string>& redis_url, const std::string& key, bool verbose);
 // Removes the lock whatever its owner; prints key= and was_held= lines.
 int release_command(const std::optional<std::string>& redis_url, const std::string& key, bool verbose);

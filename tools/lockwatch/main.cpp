@@ -126,7 +126,7 @@ int main(int argc, char** argv) {
   std::string status_key;
   std::string status_url;
   CLI::App* status = app.add_subcommand(
-      "status", "Print what the store says of the lock on KEY: key=, state=held|free, ttl_ms=, fencing_counter= lines");
+      "status", "Print what the store says of the lock on KEY: key=, state=held|free, ttl_ms=, fencing_token= lines");
   status->footer("Takes no lease. state=held over Redlock means a majority of the nodes hold it for one owner.");
   CLI::Option* status_redis = status->add_option("--redis", status_url, kRedisHelp)->type_name("URL");
   status->add_option("KEY", status_key, "The lock's name")->required();

@@ -115,7 +115,7 @@ LockInfo MemorySpace::State::inspect(std::string_view name) const {
   auto it = entries_.find(name);
   if (it == entries_.end()) return info;
   auto now = Clock::now();
-  info.fence_counter = it->second.fence;
+  info.fencing_token = it->second.fence;
   if (it->second.expires > now) {
     info.held = true;
     info.ttl = std::chrono::duration_cast<milliseconds>(it->second.expires - now);

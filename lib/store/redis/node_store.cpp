@@ -470,7 +470,7 @@ void RedisNodeStore::inspect(std::string_view name, std::function<void(const Loc
                   long long pttl = integer_at(r, 0);
                   info.held = pttl > 0;
                   info.ttl = std::chrono::milliseconds(pttl > 0 ? pttl : 0);
-                  info.fence_counter = static_cast<std::uint64_t>(integer_at(r, 1));
+                  info.fencing_token = static_cast<std::uint64_t>(integer_at(r, 1));
                   if (r->elements > 2 && r->element[2]->type == REDIS_REPLY_STRING)
                     info.owner.assign(r->element[2]->str, r->element[2]->len);
                 }

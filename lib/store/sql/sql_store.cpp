@@ -542,7 +542,7 @@ void SqlStore::inspect(std::string_view name, std::function<void(const LockInfo&
           long long us = to_ll(row[0]);
           info.held = us > 0 && !row[2].empty();
           info.ttl = info.held ? std::chrono::milliseconds((us + 999) / 1000) : std::chrono::milliseconds(0);
-          info.fence_counter = static_cast<std::uint64_t>(to_ll(row[1]));
+          info.fencing_token = static_cast<std::uint64_t>(to_ll(row[1]));
           if (info.held) info.owner = row[2];
         }
         done(info, err);
