@@ -172,7 +172,8 @@ TEST_F(AsyncTest, CancelRacingTheGrantEitherWinsOrDeliversTheHandleNeverBoth) {
   int handles = 0, cancelled = 0;
   for (int i = 0; i < 300; ++i) {
     Recorder r;
-    auto ticket = rt_->acquire("race" + std::to_string(i % 3), 1s, forever, (i % 2) ? 1s : 0ms, r.handler());
+    const std::string key = "race" + std::to_string(i % 3);
+    auto ticket = rt_->acquire(key, 1s, forever, (i % 2) ? 1s : 0ms, r.handler());
     if (i % 5 != 0) std::this_thread::yield();
     bool won = ticket.cancel();
     ASSERT_EQ(r.future.wait_for(kBound), std::future_status::ready);
@@ -181,12 +182,14 @@ TEST_F(AsyncTest, CancelRacingTheGrantEitherWinsOrDeliversTheHandleNeverBoth) {
       EXPECT_TRUE(holds<Cancelled>(o.error));
       EXPECT_FALSE(o.handle);
       ++cancelled;
+      ASSERT_TRUE(nothing_held(key));  // given back before the key's next round
     } else {
       EXPECT_FALSE(o.error);
-      EXPECT_TRUE(o.handle);
+      ASSERT_TRUE(o.handle);
       ++handles;
+      auto released = o.handle.release();  // before the key's next round
+      get_bounded(released);
     }
-    // A handle dropped here is released.
   }
   for (int k = 0; k < 3; ++k) EXPECT_TRUE(nothing_held("race" + std::to_string(k)));
   EXPECT_EQ(handles + cancelled, 300);
