@@ -256,6 +256,24 @@ TEST_F(AsyncTest, OnLostTellsTheReasonOrThatTheLeaseWasReleased) {
   EXPECT_EQ(cancelled_calls.load(), 0);
 }
 
+TEST_F(AsyncTest, HandlersOfAHandleOutlivingItsRuntimeStillRunOnceOffTheCallingThread) {
+  auto f = rt_->acquire("outlived", 30s);
+  auto h = get_bounded(f);
+  rt_.reset();  // releases the key; the handle reads lost from now on
+  std::promise<std::pair<std::optional<LostReason>, std::thread::id>> told;
+  auto reason = told.get_future();
+  h.lease().on_lost([&told](std::optional<LostReason> r) { told.set_value({r, std::this_thread::get_id()}); });
+  ASSERT_EQ(reason.wait_for(kBound), std::future_status::ready);
+  auto [why, where] = reason.get();
+  EXPECT_EQ(why, LostReason::kRuntimeStopped);
+  EXPECT_NE(where, std::this_thread::get_id());
+  std::promise<std::exception_ptr> released;
+  auto result = released.get_future();
+  h.release([&released](std::exception_ptr e) { released.set_value(e); });
+  ASSERT_EQ(result.wait_for(kBound), std::future_status::ready);
+  EXPECT_TRUE(holds<LeaseLost>(result.get()));
+}
+
 // ------------------------------------------------------------ the mutex
 
 TEST_F(AsyncTest, MutexWorksWithUniqueLockAndScopedLock) {
