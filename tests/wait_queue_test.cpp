@@ -248,14 +248,20 @@ TEST_F(WaitQueueTest, AnAcquireWhoseAnswerWasLostIsGivenBackOnceTheStoreAnswers)
 
 TEST_F(WaitQueueTest, AGhostIsGivenBackWhenTheStoreComesBack) {
   // The store stays unreachable for a while after the lost answer: the
-  // give-back is retried with a back-off until it is answered.
+  // give-back is retried with a back-off until it is answered. (Its
+  // releases go unanswered from the start: a store taken down only once
+  // the caller saw the error could answer the first give-back first.)
+  auto down = std::make_shared<std::atomic<bool>>(true);
+  script_->script_release([down](const std::string&) -> std::optional<detail::Released> {
+    if (down->load()) return detail::Released::kUnconfirmed;
+    return std::nullopt;
+  });
   script_->lose_replies(Op::kAcquire, 1);
   auto f = rt_->acquire("ghost-later", 30s);
   ASSERT_TRUE(error_of<ConnectionError>(f));
-  script_->set_down(true);
   ASSERT_TRUE(script_->wait_for(Op::kRelease, 3));  // tried, and tried again
   EXPECT_TRUE(backend_->owner(memory_name("ghost-later")));
-  script_->set_down(false);
+  down->store(false);
   auto until = std::chrono::steady_clock::now() + kBound;
   while (backend_->owner(memory_name("ghost-later")) && std::chrono::steady_clock::now() < until)
     std::this_thread::sleep_for(2ms);
