@@ -67,6 +67,17 @@ TEST_F(AsioTest, AsyncLockWithUseFuture) {
   EXPECT_TRUE(error_of<LockNotAcquired>(busy));
 }
 
+TEST_F(AsioTest, AsyncLockWithDeferredStartsOnlyWhenLaunched) {
+  auto op = async_lock(*rt_, "deferred", 1s, forever, 0ms, asio::experimental::deferred);
+  EXPECT_EQ(script_->count(Op::kAcquire), 0u);  // nothing asked yet
+  run_to_end(ctx_, [&]() -> asio::awaitable<void> {
+    LockHandle h = co_await std::move(op)(asio::use_awaitable);
+    EXPECT_TRUE(held("deferred"));
+    co_await h.async_release(asio::experimental::deferred)(asio::use_awaitable);
+  }());
+  EXPECT_FALSE(held("deferred"));
+}
+
 TEST_F(AsioTest, CallbackRunsOnItsAssociatedExecutorNeverInsideTheCall) {
   std::thread::id ran_on;
   bool inside_call = true;

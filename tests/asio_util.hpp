@@ -5,6 +5,7 @@
 
 #include <asio.hpp>
 #include <asio/experimental/awaitable_operators.hpp>
+#include <asio/experimental/deferred.hpp>
 #include <gtest/gtest.h>
 
 #include <algorithm>

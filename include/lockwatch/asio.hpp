@@ -13,7 +13,8 @@
 //   int left = co_await reserve(42);                   // no thread blocks
 //
 // Every operation follows Asio's rules: it takes any completion token
-// (asio::use_awaitable, asio::use_future, asio::deferred, a callback), its
+// (asio::use_awaitable, asio::use_future, asio::experimental::deferred, a
+// callback), its
 // handler runs exactly once on the handler's associated executor (never
 // inside the initiating call), the executor's work is tracked while it is
 // pending, and the handler's associated cancellation slot is honoured:
