@@ -318,5 +318,14 @@ TEST_F(AsioTest, ManyCoroutinesOnFewKeysNeverOverlapAndNothingBlocksTheContext) 
   EXPECT_EQ(rt_->held_leases(), 0u);
 }
 
+TEST(AsioLockedMacroTest, LockedOnACoroutineLambdaGivesAnAwaitableThatStartsOnlyWhenAwaited) {
+  // LOCKED (the default runtime) on a coroutine: calling it makes an
+  // awaitable and nothing else (no runtime is made, no lock asked for).
+  auto f = LOCKED("k:{0}", 1s, 0)[](int x) -> asio::awaitable<int> { co_return x; };
+  static_assert(std::is_same_v<decltype(f(1)), asio::awaitable<int>>);
+  auto lazy = f(1);
+  EXPECT_EQ(f.key_for(7), "k:7");
+}
+
 }  // namespace
 }  // namespace lockwatch::testing

@@ -14,10 +14,10 @@
 //
 // Every operation follows Asio's rules: it takes any completion token
 // (asio::use_awaitable, asio::use_future, asio::experimental::deferred, a
-// callback), its
-// handler runs exactly once on the handler's associated executor (never
-// inside the initiating call), the executor's work is tracked while it is
-// pending, and the handler's associated cancellation slot is honoured:
+// callback), its handler runs exactly once on the handler's associated
+// executor (never inside the initiating call), the executor's work is
+// tracked while it is pending, and the handler's associated cancellation
+// slot is honoured:
 //
 // - async_lock(runtime, key, ttl, retries, wait, token) completes with
 //   void(std::exception_ptr, LockHandle). Any cancellation type ends a
