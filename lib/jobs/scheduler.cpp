@@ -157,7 +157,26 @@ void Job::learn_store_time(system_clock::time_point store, system_clock::time_po
   offset_ = duration_cast<milliseconds>(store - (sent_local + (now - sent_local) / 2));
 }
 
-void Job::wake_at(steady_clock::time_point at, void (Job::*step)()) {
+void Job::Wake::run(Timeout) noexcept { job->take_step(step); }
+
+void Job::take_step(Step step) {
+  switch (step) {
+    case Step::kCompete:
+      compete();
+      break;
+    case Step::kPlan:
+      plan();
+      break;
+    case Step::kPeriodDue:
+      on_period_due();
+      break;
+    case Step::kMaxRun:
+      on_max_run();
+      break;
+  }
+}
+
+void Job::wake_at(steady_clock::time_point at, Step step) {
   wake_timeout_.cancel();
   wake_.step = step;
   wake_timeout_ = impl_.clock.at(wake_, at);
@@ -171,7 +190,7 @@ void Job::wake_at_store(system_clock::time_point t) {
     claim_target();
     return;
   }
-  wake_at(steady_clock::now() + duration_cast<steady_clock::duration>(left), &Job::on_period_due);
+  wake_at(steady_clock::now() + duration_cast<steady_clock::duration>(left), Step::kPeriodDue);
 }
 
 // ------------------------------------------------------------- standby
@@ -223,7 +242,7 @@ void Job::on_acquired(std::exception_ptr error, LockHandle h) {
       return;
     }
     auto backoff = std::clamp(options_.lease / 4, milliseconds(50), milliseconds(1000));
-    wake_at(steady_clock::now() + backoff, &Job::compete);
+    wake_at(steady_clock::now() + backoff, Step::kCompete);
   }
 }
 
@@ -292,7 +311,7 @@ void Job::fetch_store_time() {
     if (self->over_) return;
     if (e) {
       auto backoff = std::clamp(self->options_.lease / 4, milliseconds(20), milliseconds(500));
-      self->wake_at(steady_clock::now() + backoff, &Job::plan);
+      self->wake_at(steady_clock::now() + backoff, Step::kPlan);
       return;
     }
     self->learn_store_time(t, sent);
@@ -330,7 +349,7 @@ void Job::on_claim(const ClaimResult& r, system_clock::time_point sent) {
       return;
     case ClaimResult::Status::kFailed: {
       auto backoff = std::clamp(options_.lease / 4, milliseconds(20), milliseconds(500));
-      wake_at(steady_clock::now() + backoff, &Job::plan);
+      wake_at(steady_clock::now() + backoff, Step::kPlan);
       return;
     }
   }
@@ -347,7 +366,7 @@ void Job::run_target() {
   const std::int64_t period = target_;
   if (options_.max_run > milliseconds(0)) {  // asked to stop after max_run
     max_run_stop_ = stop;
-    max_run_.step = &Job::on_max_run;
+    max_run_.step = Step::kMaxRun;
     max_run_timeout_ = impl_.clock.at(max_run_, steady_clock::now() + options_.max_run);
   }
   impl_.events.run_started(name_, period);
@@ -405,14 +424,14 @@ void Job::on_run_done(std::int64_t period, const std::string& error) {
 void Job::on_lease_lost() {
   if (over_ || !handle_ || running_) return;  // a run ends first: its end goes on from there
   // Sleeping (or between steps): go on at once; the step sees the loss.
-  if (wake_timeout_.cancel()) (this->*wake_.step)();
+  if (wake_timeout_.cancel()) take_step(wake_.step);
 }
 
 void Job::on_cancel() {
   if (over_) return;
   if (ticket_) ticket_.cancel();  // its handler ends the job
   if (running_) return;           // asked to stop; its end goes on from there
-  if (wake_timeout_.cancel()) (this->*wake_.step)();  // every step starts by checking
+  if (wake_timeout_.cancel()) take_step(wake_.step);  // every step starts by checking
 }
 
 void Job::stop_leading() {
@@ -426,6 +445,7 @@ void Job::stop_leading() {
     return;
   }
   lost_watch_.cancel();
+  lost_watch_ = LeaseWatch();
   leader_.store(false, std::memory_order_release);
   metrics_->leaders.fetch_sub(1, std::memory_order_relaxed);
   record_ = nullptr;

@@ -52,12 +52,14 @@ struct Job : std::enable_shared_from_this<Job> {
   const std::string& name() const noexcept { return name_; }
 
  private:
-  // A wheel timeout calling one of the job's steps.
+  // What a wheel timeout of the job goes on with.
+  enum class Step : std::uint8_t { kCompete, kPlan, kPeriodDue, kMaxRun };
   struct Wake final : TimerTask {
     Job* job = nullptr;
-    void (Job::*step)() = nullptr;
-    void run(Timeout) noexcept override { (job->*step)(); }
+    Step step = Step::kPlan;
+    void run(Timeout) noexcept override;
   };
+  void take_step(Step step);
 
   // Loop thread: the steps.
   void compete();
@@ -76,7 +78,7 @@ struct Job : std::enable_shared_from_this<Job> {
   void stop_leading();
   void finish() noexcept;
   // Runs `step` at `at` (one timeout at a time), or at once if that is now.
-  void wake_at(std::chrono::steady_clock::time_point at, void (Job::*step)());
+  void wake_at(std::chrono::steady_clock::time_point at, Step step);
   void wake_at_store(std::chrono::system_clock::time_point t);
   // Any thread: `task` on the loop. False (and the job is over) once the
   // loop takes no more tasks (the runtime stopped).

@@ -56,7 +56,13 @@ bool Lease::mark_lost(LostReason reason) noexcept {
   return lost_reason_.compare_exchange_strong(expected, static_cast<std::int8_t>(reason), std::memory_order_acq_rel);
 }
 
-bool LeaseWatch::cancel() noexcept { return watcher_ && watcher_->claim(); }
+bool LeaseWatch::cancel() noexcept {
+  if (!watcher_ || !watcher_->claim()) return false;
+  // Never called now: what it keeps goes at once (it may keep its owner,
+  // which keeps this watch).
+  watcher_->handler = nullptr;
+  return true;
+}
 
 LeaseWatch Lease::on_lost(std::function<void(std::optional<LostReason>)> handler) const {
   if (!handler) throw InvalidArgument("Lease::on_lost() needs a handler");
