@@ -1,10 +1,12 @@
 // The lock stores the shared suites run on, each a real server the test
 // starts: one Redis node (redis-server, with a password), a Redis Cluster
-// (3 masters, 3 replicas, with a password) and a SQL table (mariadbd).
+// (3 masters, 3 replicas, with a password) and a SQL table (mariadbd);
+// and the in-process store (memory://), a space of the test's own.
 // What a test needs to look into or tamper with in a store goes through
 // Backend, so the tests themselves are written once.
 #pragma once
 
+#include <atomic>
 #include <chrono>
 #include <memory>
 #include <stdexcept>
@@ -12,6 +14,7 @@
 #include <vector>
 
 #include "lockwatch/options.hpp"
+#include "store/memory/memory_space.hpp"
 #include "store/redis/cluster_slot.hpp"
 #include "support/mariadb_server.hpp"
 #include "support/redis_cluster.hpp"
@@ -22,6 +25,10 @@ namespace lockwatch::testing {
 class Backend {
  public:
   virtual ~Backend() = default;
+  // Whether the store is a server of its own, with what only a server
+  // has: other processes as clients, credentials, an address where
+  // nothing listens. (A test that needs one skips the in-process store.)
+  virtual bool has_server() const { return true; }
   virtual std::string url() const = 0;
   // The same server, with a password it refuses.
   virtual std::string url_with_wrong_password() const = 0;
@@ -198,10 +205,48 @@ class ClusterBackend final : public Backend {
   int paused_ = -1;
 };
 
-// "redis", "redis-cluster" or "mysql".
+// memory://: a space of its own per test, held by the backend as a
+// server outlives its clients. The faults are the space's: kill() loses
+// every lock, counter and period (a server restarted empty; start() has
+// nothing to do), pause() holds every request until resume() runs them
+// in order (clients time out meanwhile, as with a hung server).
+class EmbeddedBackend final : public Backend {
+ public:
+  EmbeddedBackend() : space_(detail::MemorySpace::open(next_name())) {}
+  bool has_server() const override { return false; }
+  std::string url() const override { return "memory://" + space_->name(); }
+  std::string url_with_wrong_password() const override { return url(); }
+  std::string unreachable_url() const override { return url(); }
+  std::size_t longest_key(const Options& o) const override { return o.max_key_bytes; }
+  void steal(const std::string& key, const std::string& owner, std::chrono::milliseconds ms) const override {
+    space_->steal("lockwatch:" + key, owner, ms);
+  }
+  long long now_ms() const override {
+    return std::chrono::duration_cast<std::chrono::milliseconds>(
+               std::chrono::system_clock::now().time_since_epoch())
+        .count();
+  }
+  long long last_period(const std::string& job) const override {
+    return space_->last_period("lockwatch:job:" + job).value_or(-1);
+  }
+  void kill(const std::string&) override { space_->clear(); }
+  void start() override {}
+  void pause(const std::string&) override { space_->pause(); }
+  void resume() override { space_->resume(); }
+
+ private:
+  static std::string next_name() {
+    static std::atomic<int> n{0};
+    return "backend-" + std::to_string(n.fetch_add(1));
+  }
+  std::shared_ptr<detail::MemorySpace> space_;
+};
+
+// "redis", "redis-cluster", "mysql" or "memory".
 inline std::unique_ptr<Backend> make_backend(const std::string& kind) {
   if (kind == "redis") return std::make_unique<RedisBackend>();
   if (kind == "redis-cluster") return std::make_unique<ClusterBackend>();
+  if (kind == "memory") return std::make_unique<EmbeddedBackend>();
   return std::make_unique<MariaDbBackend>();
 }
 

@@ -262,6 +262,60 @@ TEST_F(CliTest, ALostLeaseSendsSigtermBeforeTheKillGraceEnds) {
   EXPECT_LT(o.took, 10s) << "the command ended on SIGTERM; no need to wait for the SIGKILL";
 }
 
+TEST_F(CliTest, ALeaseLostWithRedisExits76AsSoonAsTheCommandIsGone) {
+  RedisServer dying;
+  auto started = Clock::now();
+  auto p = std::make_unique<ChildProcess>(
+      cli_argv({"run", "--redis", dying.url(), "--key", test_key(), "--ttl", "3s", "-c", "echo ready; exec sleep 1000"}),
+      env());
+  ASSERT_TRUE(read_until(*p, "ready"));
+  dying.kill();
+  // The loss is declared at the local deadline, up to a ttl from now; then
+  // the command gets SIGTERM and dies of it at once.
+  std::string before;
+  std::optional<Clock::time_point> stopping;
+  for (auto until = Clock::now() + kBound; !stopping && Clock::now() < until;) {
+    auto line = p->read_line(std::chrono::ceil<std::chrono::milliseconds>(until - Clock::now()));
+    if (!line) break;
+    before += *line + "\n";
+    if (contains(*line, "stopping the command")) stopping = Clock::now();
+  }
+  ASSERT_TRUE(stopping) << before;
+  Outcome o = finish(*p, started);
+  EXPECT_EQ(o.code, 76) << before << o.output;
+  // The key expires on its own: lockwatch does not wait for that (it did,
+  // up to a ttl, 2.7 s here) once nothing of the command runs.
+  EXPECT_LT(started + o.took - *stopping, 1500ms) << before << o.output;
+  EXPECT_FALSE(contains(before + o.output, "reconnecting")) << "the library's log is left out: " << before;
+}
+
+TEST_F(CliTest, ACommandThatIgnoresSigtermIsKilledWhenTheGraceEnds) {
+  auto started = Clock::now();
+  auto p = start({"run", "--key", test_key(), "--ttl", "1s", "--kill-grace", "300ms", "-c",
+                  "trap '' TERM; echo pid $$; exec sleep 1000"});
+  pid_t child = 0;
+  while (child == 0) {
+    auto line = p->read_line(kBound);
+    if (!line) break;
+    if (line->starts_with("pid ")) child = std::stoi(line->substr(4));  // after the --kill-grace warning
+  }
+  ASSERT_GT(child, 0);
+  server_->command({"DEL", lock_key(test_key())});
+  std::string before;
+  std::optional<Clock::time_point> stopping;
+  for (auto until = Clock::now() + kBound; !stopping && Clock::now() < until;) {
+    auto l = p->read_line(std::chrono::ceil<std::chrono::milliseconds>(until - Clock::now()));
+    if (!l) break;
+    before += *l + "\n";
+    if (contains(*l, "stopping the command")) stopping = Clock::now();
+  }
+  ASSERT_TRUE(stopping) << before;
+  Outcome o = finish(*p, started);
+  EXPECT_EQ(o.code, 76) << before << o.output;
+  EXPECT_GE(started + o.took - *stopping, 250ms) << "SIGKILL only once the grace is over";
+  EXPECT_TRUE(stops_running(child));
+}
+
 TEST_F(CliTest, KillingLockwatchKillsTheCommandAndTheLockExpiresAfterItsTtl) {
   auto p = start({"run", "--key", test_key(), "--ttl", "1s", "-c", "sleep 1000 & echo \"$! $$\"; wait"});
   auto line = p->read_line(kBound);
@@ -372,6 +426,27 @@ TEST_F(CliTest, AnUnreachableOrRefusingStoreExits69) {
   EXPECT_EQ(refused.code, 69) << refused.output;
   EXPECT_TRUE(contains(refused.output, "refused the credentials")) << refused.output;
   EXPECT_FALSE(contains(refused.output, "wrong")) << "no password in messages";
+}
+
+TEST_F(CliTest, ReconnectWarningsAreLeftOutUnlessVerbose) {
+  const std::string nowhere = "redis://127.0.0.1:" + std::to_string(free_loopback_port());
+  const std::vector<std::vector<std::string>> commands = {{"status", "--redis", nowhere, test_key()},
+                                                          {"release", "--redis", nowhere, "--force", test_key()},
+                                                          {"run", "--redis", nowhere, "--key", test_key(), "--", "true"}};
+  for (const auto& args : commands) {
+    Outcome o = run(args);
+    EXPECT_EQ(o.code, 69) << args.front() << ": " << o.output;
+    EXPECT_TRUE(contains(o.output, "cannot reach the store")) << args.front() << ": " << o.output;
+    EXPECT_FALSE(contains(o.output, "reconnecting")) << args.front() << ": " << o.output;
+    EXPECT_FALSE(contains(o.output, "warning:")) << args.front() << ": " << o.output;
+
+    std::vector<std::string> verbose = args;
+    verbose.insert(verbose.begin() + 1, "--verbose");
+    Outcome v = run(verbose);
+    EXPECT_EQ(v.code, 69) << args.front() << " --verbose: " << v.output;
+    EXPECT_TRUE(contains(v.output, "warning: connection to 127.0.0.1:")) << args.front() << " --verbose: " << v.output;
+    EXPECT_TRUE(contains(v.output, "cannot reach the store")) << args.front() << " --verbose: " << v.output;
+  }
 }
 
 TEST_F(CliTest, AMissingCommandExits127AndNeverTakesTheLock) {

@@ -1,9 +1,11 @@
 // The I/O thread's task queue.
 #include <gtest/gtest.h>
+#include <pthread.h>
 
 #include <future>
 #include <memory>
 #include <stdexcept>
+#include <string>
 #include <thread>
 #include <vector>
 
@@ -26,6 +28,20 @@ TEST(LoopTest, TasksRunOnTheLoopThreadInPostingOrder) {
   EXPECT_EQ(loop.shutdown([] {}), 0);
   ASSERT_EQ(order.size(), 100u);
   for (int i = 0; i < 100; ++i) EXPECT_EQ(order[static_cast<std::size_t>(i)], i);
+}
+
+TEST(LoopTest, TheLoopThreadIsNamedLwLoop) {
+  Loop loop;
+  std::promise<std::string> name;
+  loop.post([&] {
+    char buf[16] = {};
+    ::pthread_getname_np(::pthread_self(), buf, sizeof buf);
+    name.set_value(buf);
+  });
+  auto f = name.get_future();
+  ASSERT_EQ(f.wait_for(10s), std::future_status::ready);
+  EXPECT_EQ(f.get(), "lw-loop");
+  EXPECT_EQ(loop.shutdown([] {}), 0);
 }
 
 TEST(LoopTest, ATaskThatThrowsDoesNotStopTheLoop) {

@@ -4,12 +4,18 @@
 #include <arpa/inet.h>
 #include <gtest/gtest.h>
 #include <netinet/in.h>
+#include <pthread.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <filesystem>
+#include <fstream>
+#include <future>
 #include <map>
+#include <set>
 #include <mutex>
 #include <sstream>
+#include <type_traits>
 
 #include "memory_runtime.hpp"
 
@@ -284,13 +290,85 @@ TEST_F(MetricsTest, ABadListenAddressIsInvalid) {
   }
 }
 
-TEST_F(MetricsTest, AnAddressInUseIsAConnectionError) {
+TEST_F(MetricsTest, AnAddressInUseIsAListenErrorThatSaysMetrics) {
   Options o = memory_options();
   o.metrics_listen = "127.0.0.1:0";
   start(o);
   Options again = memory_options();
   again.metrics_listen = rt_->metrics_address();
-  EXPECT_THROW(memory_runtime(backend_, script_, again), ConnectionError);
+  try {
+    memory_runtime(backend_, script_, again);
+    ADD_FAILURE() << "a second runtime listened on " << again.metrics_listen;
+  } catch (const ListenError& e) {
+    EXPECT_EQ(e.address(), again.metrics_listen);
+    std::string what = e.what();
+    EXPECT_NE(what.find("metrics"), std::string::npos) << what;
+    EXPECT_NE(what.find(again.metrics_listen), std::string::npos) << what;
+    EXPECT_NE(what.find("address already in use"), std::string::npos) << what;
+    EXPECT_EQ(what.find("redis"), std::string::npos) << "the store is not involved: " << what;
+  }
+  static_assert(!std::is_base_of_v<ConnectionError, ListenError>, "a busy port is no store error");
+}
+
+TEST_F(MetricsTest, HeadMetricsGetsTheHeadOfGetWithoutTheBody) {
+  Options o = memory_options();
+  o.metrics_listen = "127.0.0.1:0";
+  start(o);
+  std::string get = http_get(rt_->metrics_address(), "GET /metrics HTTP/1.1\r\n\r\n");
+  std::string head = http_get(rt_->metrics_address(), "HEAD /metrics HTTP/1.1\r\n\r\n");
+  ASSERT_TRUE(head.starts_with("HTTP/1.1 200 OK\r\n")) << head.substr(0, 80);
+  EXPECT_NE(head.find("Content-Type: text/plain; version=0.0.4\r\n"), std::string::npos) << head;
+  auto end = head.find("\r\n\r\n");
+  ASSERT_NE(end, std::string::npos) << head;
+  EXPECT_EQ(head.size(), end + 4) << "no body after the head: " << head;
+  // The length GET's body has (nothing changed in between).
+  auto length_of = [](const std::string& r) {
+    auto at = r.find("Content-Length: ");
+    return at == std::string::npos ? -1 : std::stol(r.substr(at + 16));
+  };
+  EXPECT_EQ(length_of(head), length_of(get));
+  EXPECT_GT(length_of(head), 0);
+  std::string missing = http_get(rt_->metrics_address(), "HEAD /other HTTP/1.1\r\n\r\n");
+  EXPECT_TRUE(missing.starts_with("HTTP/1.1 404 Not Found\r\n")) << missing;
+  EXPECT_EQ(missing.size(), missing.find("\r\n\r\n") + 4) << missing;
+}
+
+// The names of this process's threads, from /proc (what ps -L shows).
+std::multiset<std::string> thread_names() {
+  std::multiset<std::string> names;
+  for (const auto& task : std::filesystem::directory_iterator("/proc/self/task")) {
+    std::ifstream comm(task.path() / "comm");
+    std::string name;
+    if (std::getline(comm, name)) names.insert(name);
+  }
+  return names;
+}
+
+TEST_F(MetricsTest, TheRuntimesThreadsAreNamed) {
+  start(memory_options(2));
+  auto names = thread_names();
+  for (const char* name : {"lw-loop", "lw-notify", "lw-events", "lw-pool-0", "lw-pool-1"})
+    EXPECT_EQ(names.count(name), 1u) << name;
+  // Observers run on the event thread, locked work on the pool.
+  struct NameOfEventThread : Observer {
+    std::promise<std::string> name;
+    void on_acquired(std::string_view, std::uint64_t, Duration) override {
+      char buf[16] = {};
+      ::pthread_getname_np(::pthread_self(), buf, sizeof buf);
+      name.set_value(buf);
+    }
+  };
+  auto observer = std::make_shared<NameOfEventThread>();
+  auto told = observer->name.get_future();
+  rt_->add_observer(observer);
+  auto f = locked("named", 1s, forever).on(*rt_)([] {
+    char buf[16] = {};
+    ::pthread_getname_np(::pthread_self(), buf, sizeof buf);
+    return std::string(buf);
+  })();
+  EXPECT_TRUE(get_bounded(f).starts_with("lw-pool-"));
+  ASSERT_EQ(told.wait_for(kBound), std::future_status::ready);
+  EXPECT_EQ(told.get(), "lw-events");
 }
 
 TEST_F(MetricsTest, ObserversHearEveryEventOffTheLoopInOrder) {

@@ -1,11 +1,12 @@
 // Scheduled jobs on the in-memory store: the cron parser, one leader per
 // job, periods on the store's clock, misfires, errors, lease loss.
 #include <gtest/gtest.h>
-
-#include <filesystem>
+#include <pthread.h>
 
 #include <algorithm>
 #include <atomic>
+#include <filesystem>
+#include <fstream>
 #include <map>
 #include <mutex>
 #include <set>
@@ -185,6 +186,29 @@ TEST_F(SchedulerTest, OneStickyLeaderAndPromptTakeoverOnDestroy) {
   EXPECT_LT(took, 1000ms);
   std::printf("takeover after a release: %lld ms\n", static_cast<long long>(duration_cast<milliseconds>(took).count()));
   EXPECT_FALSE(nodes[leader]->handle.is_leader());
+}
+
+TEST_F(SchedulerTest, AJobRunsOnTheRuntimesNamedThreadsWithNoneOfItsOwn) {
+  auto n = node();
+  std::string ran_on;
+  n->handle = n->scheduler->every(
+      100ms, "named",
+      [this, &ran_on](const JobRun& r) {
+        char name[16] = {};
+        pthread_getname_np(pthread_self(), name, sizeof name);
+        if (ran_on.empty()) ran_on = name;
+        record(0, r);
+      },
+      opts());
+  ASSERT_TRUE(wait_runs(1));
+  EXPECT_EQ(ran_on.rfind("lw-pool-", 0), 0u) << ran_on;  // runs go to the runtime's pool
+  int jobs = 0;
+  for (const auto& task : std::filesystem::directory_iterator("/proc/self/task")) {
+    std::ifstream comm(task.path() / "comm");
+    std::string name;
+    if (std::getline(comm, name) && name == "lw-job") ++jobs;
+  }
+  EXPECT_EQ(jobs, 0);  // a job waits on the runtime's loop, not on a thread
 }
 
 TEST_F(SchedulerTest, ALongRunDelaysTheNextAndRunsTheLatestMissedOnce) {

@@ -2,7 +2,12 @@
 
 #include <gtest/gtest.h>
 
+#include <pthread.h>
+
+#include <algorithm>
 #include <array>
+#include <condition_variable>
+#include <mutex>
 #include <atomic>
 #include <chrono>
 #include <future>
@@ -22,6 +27,12 @@ using detail::UniqueFunction;
 
 // Every wait is bounded so that a bug fails the test instead of hanging it.
 constexpr auto kWaitLimit = 10s;
+
+std::string this_thread_name() {
+  char name[16] = {};
+  ::pthread_getname_np(::pthread_self(), name, sizeof name);
+  return name;
+}
 
 template <class T>
 ::testing::AssertionResult ready(std::future<T>& f) {
@@ -290,6 +301,43 @@ TEST(ThreadPoolTest, BusyPollingWorkersRunEveryTaskOnceAndStillShutDown) {
   pool.shutdown();
   EXPECT_LT(std::chrono::steady_clock::now() - start, kWaitLimit);
   for (std::size_t i = 0; i < runs.size(); ++i) ASSERT_EQ(runs[i].load(), 1) << "task " << i;
+}
+
+TEST(ThreadPoolTest, WorkersAreNamedLwPoolAndTheirIndex) {
+  ThreadPool pool(3);
+  // Each task holds its worker until all three run, so each worker runs one.
+  std::mutex mu;
+  std::condition_variable all_in;
+  std::vector<std::string> names;
+  std::vector<std::future<bool>> done;
+  for (int i = 0; i < 3; ++i) {
+    done.push_back(pool.submit([&] {
+      std::unique_lock lk(mu);
+      names.push_back(this_thread_name());
+      all_in.notify_all();
+      return all_in.wait_for(lk, kWaitLimit, [&] { return names.size() == 3; });
+    }));
+  }
+  for (auto& f : done) {
+    ASSERT_TRUE(ready(f));
+    EXPECT_TRUE(f.get());
+  }
+  std::sort(names.begin(), names.end());
+  EXPECT_EQ(names, (std::vector<std::string>{"lw-pool-0", "lw-pool-1", "lw-pool-2"}));
+}
+
+TEST(ThreadPoolTest, TheNamePatternNamesTheWorkersCutTo15Bytes) {
+  ThreadPool numbered(1, {}, "job-{}-x");
+  ThreadPool fixed(1, {}, "lw-events");
+  ThreadPool long_name(1, {}, "a-very-long-thread-name-{}");
+  auto a = numbered.submit(this_thread_name);
+  auto b = fixed.submit(this_thread_name);
+  auto c = long_name.submit(this_thread_name);
+  ASSERT_TRUE(ready(a) && ready(b) && ready(c));
+  EXPECT_EQ(a.get(), "job-0-x");
+  EXPECT_EQ(b.get(), "lw-events");
+  EXPECT_EQ(c.get(), "a-very-long-thr");
+  EXPECT_EQ(this_thread_name().rfind("lw-", 0), std::string::npos) << "the caller's name is its own";
 }
 
 }  // namespace

@@ -77,6 +77,19 @@ class ConnectionError : public Error {
   std::string endpoint_;
 };
 
+// The runtime could not serve its metrics where Options::metrics_listen
+// says: the port is taken, the address is not one of this host's, or the
+// port needs privileges. Thrown by the Runtime constructor; `address()` is
+// Options::metrics_listen. Not a ConnectionError: the store is not involved.
+class ListenError : public Error {
+ public:
+  ListenError(std::string address, const std::string& why);
+  const std::string& address() const noexcept { return address_; }
+
+ private:
+  std::string address_;
+};
+
 // Redis refused the credentials (AUTH answered an error).
 class AuthError : public ConnectionError {
  public:

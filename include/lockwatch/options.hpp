@@ -45,7 +45,10 @@ struct Options {
   // Cluster (seed nodes: any one reachable is enough).
   // `rediss://`, `rediss-sentinel://` and `rediss-cluster://` are the same
   // over TLS (with Sentinel, to the sentinels and to the master alike; in a
-  // cluster, to every node).
+  // cluster, to every node). `mysql://user:password@host[:port]/database`
+  // for a SQL lock table. `memory://[name]` for locks in this process's
+  // memory, shared by its runtimes that name the same space (for unit
+  // tests and programs of one process; no server).
   std::string redis_url = "redis://127.0.0.1:6379";
   // Sentinel: credentials of the sentinels themselves (the URL's are the
   // master's), and how many replicas must acknowledge a lock write (WAIT)
@@ -111,7 +114,8 @@ struct Options {
   // Longest key accepted (bytes, before the prefix).
   std::size_t max_key_bytes = std::size_t{1} << 20;
   // "host:port" (e.g. "127.0.0.1:9464") to serve GET /metrics in the
-  // Prometheus text format from the runtime's own loop; empty: off.
+  // Prometheus text format from the runtime's own loop; empty: off. The
+  // Runtime constructor throws ListenError if it cannot listen there.
   std::string metrics_listen;
   // In-process hand-off on a contended key. Off by default.
   //

@@ -140,8 +140,10 @@ struct RuntimeStats {
 
 class Runtime {
  public:
-  // Throws InvalidArgument for bad options. Connecting starts at once but
-  // never blocks: an unreachable Redis shows as ConnectionError on calls.
+  // Throws InvalidArgument for bad options, and ListenError when
+  // Options::metrics_listen is set and the metrics endpoint cannot listen
+  // there (the port is taken, say). Connecting starts at once but never
+  // blocks: an unreachable Redis shows as ConnectionError on calls.
   explicit Runtime(Options options = Options::from_env());
   ~Runtime();
   Runtime(const Runtime&) = delete;

@@ -24,6 +24,7 @@
 #include <future>
 #include <memory>
 #include <new>
+#include <string>
 #include <type_traits>
 #include <utility>
 
@@ -160,7 +161,12 @@ class ThreadPool {
   // next one this long before it sleeps (one such worker at a time), so
   // that a task posted soon after costs no thread wake-up; 0 or less never
   // polls.
-  explicit ThreadPool(std::size_t threads, std::chrono::microseconds busy_poll = {});
+  // name_pattern names the workers (what ps -L, top -H and gdb show): its
+  // first "{}" is replaced by the worker's index from 0 ("lw-pool-{}":
+  // lw-pool-0, lw-pool-1, ...); without one every worker has the same
+  // name. Linux keeps 15 bytes of a name and cuts the rest.
+  explicit ThreadPool(std::size_t threads, std::chrono::microseconds busy_poll = {},
+                      std::string name_pattern = "lw-pool-{}");
 
   // Calls shutdown(): queued tasks still run, then the workers are joined.
   // If the pool is destroyed from one of its own tasks, that worker cannot

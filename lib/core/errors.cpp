@@ -47,6 +47,9 @@ ConnectionError::ConnectionError(std::string endpoint, const std::string& what)
                                                         : fmt::format("{}: {}", endpoint, what)),
       endpoint_(std::move(endpoint)) {}
 
+ListenError::ListenError(std::string address, const std::string& why)
+    : Error(fmt::format("cannot serve metrics on {}: {}", address, why)), address_(std::move(address)) {}
+
 RedisError::RedisError(std::string endpoint, std::string redis_message)
     : Error(fmt::format("redis {} answered an error: {}", endpoint, redis_message)),
       endpoint_(std::move(endpoint)),

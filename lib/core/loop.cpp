@@ -5,6 +5,8 @@
 #include <exception>
 #include <future>
 
+#include "core/thread_name.hpp"
+
 namespace lockwatch::detail {
 
 Loop::Loop(std::chrono::microseconds busy_poll) : busy_poll_(busy_poll) {
@@ -19,6 +21,7 @@ Loop::Loop(std::chrono::microseconds busy_poll) : busy_poll_(busy_poll) {
     started.set_value();
     uv_run(&loop_, UV_RUN_DEFAULT);
   });
+  name_thread(thread_, "lw-loop");
   ready.wait();
 }
 

@@ -6,11 +6,9 @@
 #include <charconv>
 #include <cstdlib>
 
+#include "core/option_checks.hpp"
 #include "core/url.hpp"
 #include "lockwatch/errors.hpp"
-#include "ops/metrics_server.hpp"
-#include "store/make_store.hpp"
-#include "store/redis/tls.hpp"
 
 namespace lockwatch {
 
@@ -154,32 +152,25 @@ Options Options::from_env() {
   return o;
 }
 
-void Options::validate() const {
-  detail::check_store_options(*this);
-  // The files are read now, so that a wrong path fails here and not at
-  // every connection attempt.
-  if (detail::url_wants_tls(redis_url)) detail::check_tls_options(*this);
-  if (!metrics_listen.empty()) detail::MetricsServer::check_address(metrics_listen);
-  if (min_replicas < 0) throw InvalidArgument("Options::min_replicas must not be negative");
-  if (replica_ack_timeout.count() <= 0) throw InvalidArgument("Options::replica_ack_timeout must be positive");
-  if (tick < std::chrono::milliseconds(1)) throw InvalidArgument("Options::tick must be at least 1 ms");
-  if (queue_timeout.count() <= 0) throw InvalidArgument("Options::queue_timeout must be positive");
-  if (wheel_size == 0 || wheel_size > (std::size_t{1} << 20))
+void detail::check_runtime_options(const Options& o) {
+  if (o.tick < std::chrono::milliseconds(1)) throw InvalidArgument("Options::tick must be at least 1 ms");
+  if (o.queue_timeout.count() <= 0) throw InvalidArgument("Options::queue_timeout must be positive");
+  if (o.wheel_size == 0 || o.wheel_size > (std::size_t{1} << 20))
     throw InvalidArgument("Options::wheel_size must be in 1..1048576");
-  if (!(renew_weight > 0.0 && renew_weight < 1.0)) throw InvalidArgument("Options::renew_weight must be in (0, 1)");
-  if (!(drift_factor >= 0.0 && drift_factor < 0.5)) throw InvalidArgument("Options::drift_factor must be in [0, 0.5)");
-  if (drift_floor.count() < 0) throw InvalidArgument("Options::drift_floor must not be negative");
-  if (min_renewal_window.count() < 0) throw InvalidArgument("Options::min_renewal_window must not be negative");
-  if (connect_timeout.count() <= 0 || command_timeout.count() <= 0)
+  if (!(o.renew_weight > 0.0 && o.renew_weight < 1.0)) throw InvalidArgument("Options::renew_weight must be in (0, 1)");
+  if (!(o.drift_factor >= 0.0 && o.drift_factor < 0.5)) throw InvalidArgument("Options::drift_factor must be in [0, 0.5)");
+  if (o.drift_floor.count() < 0) throw InvalidArgument("Options::drift_floor must not be negative");
+  if (o.min_renewal_window.count() < 0) throw InvalidArgument("Options::min_renewal_window must not be negative");
+  if (o.connect_timeout.count() <= 0 || o.command_timeout.count() <= 0)
     throw InvalidArgument("Options::connect_timeout and command_timeout must be positive");
-  if (reconnect_min.count() <= 0 || reconnect_max < reconnect_min)
+  if (o.reconnect_min.count() <= 0 || o.reconnect_max < o.reconnect_min)
     throw InvalidArgument("Options::reconnect_min must be positive and not above reconnect_max");
-  if (max_key_bytes == 0) throw InvalidArgument("Options::max_key_bytes must be positive");
-  if (handoff_max_streak == 0 || handoff_max_streak >= (std::uint32_t{1} << 20))
+  if (o.max_key_bytes == 0) throw InvalidArgument("Options::max_key_bytes must be positive");
+  if (o.handoff_max_streak == 0 || o.handoff_max_streak >= (std::uint32_t{1} << 20))
     throw InvalidArgument("Options::handoff_max_streak must be in 1..1048575");
-  if (handoff_max_time.count() <= 0) throw InvalidArgument("Options::handoff_max_time must be positive");
-  if (busy_poll.count() < 0 || busy_poll > std::chrono::milliseconds(10))
-    throw InvalidArgument(fmt::format("Options::busy_poll must be 0 .. 10 ms, got {} us", busy_poll.count()));
+  if (o.handoff_max_time.count() <= 0) throw InvalidArgument("Options::handoff_max_time must be positive");
+  if (o.busy_poll.count() < 0 || o.busy_poll > std::chrono::milliseconds(10))
+    throw InvalidArgument(fmt::format("Options::busy_poll must be 0 .. 10 ms, got {} us", o.busy_poll.count()));
 }
 
 }  // namespace lockwatch

@@ -9,9 +9,11 @@
 #include <condition_variable>
 #include <deque>
 #include <mutex>
+#include <string>
 #include <thread>
 #include <vector>
 
+#include "core/thread_name.hpp"
 #include "lockwatch/errors.hpp"
 
 namespace lockwatch {
@@ -80,9 +82,15 @@ namespace {
 // bool so that shutdown() can tell its own workers from another pool's.
 thread_local const void* t_current_pool = nullptr;
 
+// The pattern with its first "{}" replaced by the worker's index.
+std::string worker_name(std::string name, std::size_t index) {
+  if (auto at = name.find("{}"); at != std::string::npos) name.replace(at, 2, std::to_string(index));
+  return name;
+}
+
 }  // namespace
 
-ThreadPool::ThreadPool(std::size_t threads, std::chrono::microseconds busy_poll)
+ThreadPool::ThreadPool(std::size_t threads, std::chrono::microseconds busy_poll, std::string name_pattern)
     : state_(std::make_shared<State>()),
       size_(threads != 0 ? threads
                          : std::max<std::size_t>(1, std::thread::hardware_concurrency())) {
@@ -92,6 +100,7 @@ ThreadPool::ThreadPool(std::size_t threads, std::chrono::microseconds busy_poll)
   try {
     for (std::size_t i = 0; i < size_; ++i) {
       state_->threads_.emplace_back([state = state_] { run_worker(state); });
+      detail::name_thread(state_->threads_.back(), worker_name(name_pattern, i));
     }
   } catch (...) {
     // Stop the workers that did start before reporting the failure.

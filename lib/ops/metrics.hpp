@@ -22,7 +22,7 @@
 #include <string_view>
 
 #include "lockwatch/errors.hpp"
-#include "runtime/stats.hpp"
+#include "ops/stats.hpp"
 
 namespace lockwatch::detail {
 

@@ -97,7 +97,7 @@ MetricsServer::MetricsServer(Loop& loop, const std::string& listen, std::functio
   if (rc != 0) {
     closed_ = true;
     uv_close(reinterpret_cast<uv_handle_t*>(&server_), nullptr);
-    throw ConnectionError(listen, fmt::format("cannot serve metrics there: {}", uv_strerror(rc)));
+    throw ListenError(listen, uv_strerror(rc));
   }
   sockaddr_storage bound{};
   int len = sizeof bound;
@@ -158,12 +158,14 @@ void MetricsServer::on_connection(uv_stream_t* s, int status) {
 }
 
 void MetricsServer::answer(Client* c) {
-  // "GET /metrics HTTP/1.1": the method and the path, queries ignored.
+  // "GET /metrics HTTP/1.1": the method and the path, queries ignored. HEAD
+  // gets the head GET would get (scrapers and probes check with it).
   std::string_view line(c->head);
   line = line.substr(0, line.find_first_of("\r\n"));
+  bool head_only = line.starts_with("HEAD ");
   bool ok = false;
-  if (line.starts_with("GET ")) {
-    std::string_view target = line.substr(4);
+  if (line.starts_with("GET ") || head_only) {
+    std::string_view target = line.substr(line.find(' ') + 1);
     target = target.substr(0, target.find(' '));
     target = target.substr(0, target.find('?'));
     ok = target == "/metrics";
@@ -177,9 +179,10 @@ void MetricsServer::answer(Client* c) {
     }
   }
   if (!ok) body = "not found: GET /metrics\n";
-  c->response = fmt::format(
-      "HTTP/1.1 {}\r\nContent-Type: {}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{}",
-      ok ? "200 OK" : "404 Not Found", ok ? "text/plain; version=0.0.4" : "text/plain", body.size(), body);
+  c->response = fmt::format("HTTP/1.1 {}\r\nContent-Type: {}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
+                            ok ? "200 OK" : "404 Not Found", ok ? "text/plain; version=0.0.4" : "text/plain",
+                            body.size());
+  if (!head_only) c->response += body;
   uv_buf_t buf = uv_buf_init(c->response.data(), static_cast<unsigned>(c->response.size()));
   c->write_req.data = c;
   if (uv_write(&c->write_req, reinterpret_cast<uv_stream_t*>(&c->tcp), &buf, 1,

@@ -3,7 +3,8 @@
 //
 // One request per connection: the request head is read (at most 8 KiB,
 // within 5 s), `GET /metrics` is answered with the Prometheus text format
-// 0.0.4, anything else with 404, and the connection is closed. Writes are
+// 0.0.4 (`HEAD /metrics` with the same head and no body), anything else
+// with 404, and the connection is closed. Writes are
 // asynchronous and a connection that stalls is closed by its timer, so a
 // slow or broken client never holds the loop; at most 64 connections are
 // open at once (more are closed at once).
@@ -24,7 +25,7 @@ class Loop;
 class MetricsServer {
  public:
   // Listens on "host:port" (port 0: any free one). Throws InvalidArgument
-  // for a malformed address and ConnectionError if it cannot listen.
+  // for a malformed address and ListenError if it cannot listen.
   MetricsServer(Loop& loop, const std::string& listen, std::function<std::string()> render);
   ~MetricsServer();
   MetricsServer(const MetricsServer&) = delete;

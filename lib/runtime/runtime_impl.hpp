@@ -27,7 +27,7 @@
 #include "ops/metrics_server.hpp"
 #include "lockwatch/runtime.hpp"
 #include "runtime/acquisition.hpp"
-#include "runtime/stats.hpp"
+#include "ops/stats.hpp"
 #include "runtime/wait_queue.hpp"
 #include "runtime/watchdog.hpp"
 #include "runtime/wheel_clock.hpp"
@@ -90,9 +90,10 @@ struct Runtime::Impl : std::enable_shared_from_this<Runtime::Impl> {
   // Runs stop callbacks and completion handlers: user code never runs on
   // the loop. Shared: a lease outliving the runtime reaches it (shut down
   // by then) through a weak reference.
-  std::shared_ptr<ThreadPool> notifier_pool = std::make_shared<ThreadPool>(1);
+  std::shared_ptr<ThreadPool> notifier_pool =
+      std::make_shared<ThreadPool>(1, std::chrono::microseconds{}, "lw-notify");
   ThreadPool& notifier = *notifier_pool;
-  ThreadPool event_thread{1};  // observers and the log sink: they never delay a stop callback
+  ThreadPool event_thread{1, {}, "lw-events"};  // observers and the log sink: they never delay a stop callback
   detail::Events events;
   detail::Loop loop{options.busy_poll};
   std::unique_ptr<detail::LockStore> store;

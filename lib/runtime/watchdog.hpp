@@ -28,7 +28,7 @@
 #include "ops/events.hpp"
 #include "runtime/acquisition.hpp"
 #include "runtime/lease_record.hpp"
-#include "runtime/stats.hpp"
+#include "ops/stats.hpp"
 #include "runtime/wheel_clock.hpp"
 #include "store/lock_store.hpp"
 

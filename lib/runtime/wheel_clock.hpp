@@ -16,7 +16,7 @@
 
 #include "lockwatch/options.hpp"
 #include "lockwatch/timer_wheel.hpp"
-#include "runtime/stats.hpp"
+#include "ops/stats.hpp"
 
 namespace lockwatch::detail {
 

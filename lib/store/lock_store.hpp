@@ -1,6 +1,7 @@
 // lib/store/lock_store.hpp: the one interface between the runtime and every
 // place a lock can live (one Redis node, a node found through Sentinel, a
-// quorum of stores for Redlock, an in-memory store in the unit tests).
+// quorum of stores for Redlock, a SQL table, a space in this process's
+// memory, an in-memory store in the unit tests).
 //
 // The runtime knows what a lock means (admission, waiting, the watchdog);
 // a store knows where it lives: connections, scripts, key names and reply

@@ -4,11 +4,13 @@
 
 #include "core/url.hpp"
 #include "lockwatch/errors.hpp"
+#include "store/memory/memory_store.hpp"
 #include "store/quorum_store.hpp"
 #include "store/redis/cluster_store.hpp"
 #include "store/redis/keys.hpp"
 #include "store/redis/node_store.hpp"
 #include "store/redis/sentinel.hpp"
+#include "store/redis/tls.hpp"
 #include "store/redis/topology.hpp"
 #include "store/sql/sql_store.hpp"
 #include "store/sql/sql_target.hpp"
@@ -21,9 +23,10 @@ constexpr std::string_view kSupported =
     "redis://[user:password@]host:port[/db] (a comma-separated list of them for Redlock), "
     "redis-sentinel://[user:password@]host:port[,host:port...]/master-name[/db], the same over TLS as "
     "rediss:// and rediss-sentinel://, redis-cluster://[user:password@]host:port[,host:port...] (seed nodes of a "
-    "Redis Cluster; rediss-cluster:// over TLS), and mysql://user:password@host[:port]/database[?socket=/path&table=name]";
+    "Redis Cluster; rediss-cluster:// over TLS), mysql://user:password@host[:port]/database[?socket=/path&table=name], "
+    "and memory://[name] (in this process: runtimes naming the same space share it)";
 
-enum class Scheme { kRedis, kRedisSentinel, kRedisCluster, kMysql };
+enum class Scheme { kRedis, kRedisSentinel, kRedisCluster, kMysql, kMemory };
 
 Scheme scheme_of(const std::string& url) {
   auto sep = url.find("://");
@@ -32,6 +35,7 @@ Scheme scheme_of(const std::string& url) {
   if (scheme == "redis-sentinel" || scheme == "rediss-sentinel") return Scheme::kRedisSentinel;
   if (scheme == "redis-cluster" || scheme == "rediss-cluster") return Scheme::kRedisCluster;
   if (scheme == "mysql") return Scheme::kMysql;
+  if (scheme == "memory") return Scheme::kMemory;
   if (scheme.empty())
     throw InvalidArgument(fmt::format("malformed URL '{}': no scheme; lockwatch supports {}", url_for_messages(url),
                                       kSupported));
@@ -42,6 +46,11 @@ Scheme scheme_of(const std::string& url) {
 }  // namespace
 
 void check_store_options(const Options& options) {
+  if (options.min_replicas < 0) throw InvalidArgument("Options::min_replicas must not be negative");
+  if (options.replica_ack_timeout.count() <= 0) throw InvalidArgument("Options::replica_ack_timeout must be positive");
+  // In memory, the options for servers (TLS, replicas) have nothing to act
+  // on: a test swaps the URL alone.
+  if (scheme_of(options.redis_url) == Scheme::kMemory) return;
   if (scheme_of(options.redis_url) == Scheme::kMysql) {
     (void)SqlTarget::parse(options.redis_url);
     if (options.min_replicas > 0)
@@ -57,10 +66,15 @@ void check_store_options(const Options& options) {
     (void)Topology::parse(options.redis_url);
   }
   if (const char* why = redis_keys::prefix_problem(options.key_prefix)) throw InvalidArgument(why);
+  // The files are read now, so that a wrong path fails here and not at
+  // every connection attempt.
+  if (url_wants_tls(options.redis_url)) check_tls_options(options);
 }
 
 std::unique_ptr<LockStore> make_store(Loop& loop, const Options& options) {
   check_store_options(options);
+  if (scheme_of(options.redis_url) == Scheme::kMemory)
+    return std::make_unique<MemoryStore>(loop, MemorySpace::open(MemoryStore::space_name(options.redis_url)), options);
   if (scheme_of(options.redis_url) == Scheme::kMysql)
     return std::make_unique<SqlStore>(loop, SqlTarget::parse(options.redis_url), options);
   if (scheme_of(options.redis_url) == Scheme::kRedisCluster)

@@ -6,6 +6,8 @@
 //   redis-cluster://h:p[,h:p...]     ClusterStore (a RedisNodeStore per master, routed by slot)
 //   rediss://, rediss-sentinel://,   the same over TLS
 //   rediss-cluster://
+//   mysql://user:password@host/db    SqlStore (a lock table)
+//   memory://[name]                  MemoryStore (this process's memory, shared by name)
 //
 // A new store is one more line here; nothing else in the runtime changes.
 #pragma once

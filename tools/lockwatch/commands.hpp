@@ -23,6 +23,7 @@ struct RunArgs {
   std::optional<std::chrono::milliseconds> kill_grace;  // else the default (run.cpp)
   int busy_code = 75;
   bool quiet = false;
+  bool verbose = false;  // the library's log lines too (library_log)
   std::optional<std::string> shell_command;  // -c
   std::vector<std::string> argv;             // -- CMD ARGS...
 };
@@ -30,11 +31,18 @@ struct RunArgs {
 // Runs the command under the lock.
 int run_command(const RunArgs& args, const Inherited& inherited);
 // Prints key=, state=, ttl_ms=, fencing_counter= lines.
-int status_command(const std::optional<std::string>& redis_url, const std::string& key);
+int status_command(const std::optional<std::string>& redis_url, const std::string& key, bool verbose);
 // Removes the lock whatever its owner; prints key= and was_held= lines.
-int release_command(const std::optional<std::string>& redis_url, const std::string& key);
+int release_command(const std::optional<std::string>& redis_url, const std::string& key, bool verbose);
 
 // `lockwatch: <message>` on standard error.
 void say(const std::string& message);
+
+// Options::log for the subcommands. The library logs for long-lived
+// services (a connection lost and being retried, a lease lost); a command
+// that runs once says what matters itself, as its final error or its exit
+// status, so these lines are dropped, unless `verbose` (--verbose), which
+// shows them from kInfo up on standard error.
+LogSink library_log(bool verbose);
 
 }  // namespace lockwatch::cli

@@ -2,9 +2,9 @@
 // or remove a lock.
 //
 //   lockwatch run [--redis URL] --key KEY [--ttl 30s] [--wait 0s] [--retries N|forever]
-//                 [--kill-grace D] [-E CODE] [-q] (-c 'shell command' | -- CMD ARGS...)
-//   lockwatch status [--redis URL] KEY
-//   lockwatch release [--redis URL] --force KEY
+//                 [--kill-grace D] [-E CODE] [-q] [-v] (-c 'shell command' | -- CMD ARGS...)
+//   lockwatch status [--redis URL] [-v] KEY
+//   lockwatch release [--redis URL] [-v] --force KEY
 //
 // Arguments are parsed by CLI11; the subcommands are in run.cpp and
 // admin_commands.cpp; exit codes in exit_codes.hpp (and --help).
@@ -38,6 +38,10 @@ constexpr const char* kRedisHelp =
     "redis-cluster://[user:password@]host:port[,host:port...], rediss://, rediss-sentinel:// and "
     "rediss-cluster:// for TLS, "
     "or mysql://user:password@host[:port]/database. Default: $LOCKWATCH_REDIS_URL, else redis://127.0.0.1:6379";
+
+constexpr const char* kVerboseHelp =
+    "Also print the library's log on standard error: connections lost and retried, found again, leases lost "
+    "(left out by default: they are meant for long-lived services; errors are always printed)";
 
 CLI::Validator duration_validator() {
   return CLI::Validator(
@@ -111,6 +115,7 @@ int main(int argc, char** argv) {
       ->capture_default_str()
       ->check(CLI::Range(0, 255));
   run->add_flag("-q,--quiet", run_args.quiet, "A busy lock exits 0, silently");
+  run->add_flag("-v,--verbose", run_args.verbose, kVerboseHelp);
   CLI::Option* shell =
       run->add_option("-c,--command", shell_command, "Run this with /bin/sh -c")->type_name("'SHELL COMMAND'");
   CLI::Option* direct =
@@ -125,6 +130,8 @@ int main(int argc, char** argv) {
   status->footer("Takes no lease. state=held over Redlock means a majority of the nodes hold it for one owner.");
   CLI::Option* status_redis = status->add_option("--redis", status_url, kRedisHelp)->type_name("URL");
   status->add_option("KEY", status_key, "The lock's name")->required();
+  bool status_verbose = false;
+  status->add_flag("-v,--verbose", status_verbose, kVerboseHelp);
 
   std::string release_key;
   std::string release_url;
@@ -137,6 +144,8 @@ int main(int argc, char** argv) {
   CLI::Option* release_redis = release->add_option("--redis", release_url, kRedisHelp)->type_name("URL");
   release->add_flag("--force", force, "Required: say that you mean to remove someone else's lock")->required();
   release->add_option("KEY", release_key, "The lock's name")->required();
+  bool release_verbose = false;
+  release->add_flag("-v,--verbose", release_verbose, kVerboseHelp);
 
   for (CLI::Option* o : {run_redis, status_redis, release_redis}) o->envname("LOCKWATCH_REDIS_URL");
 
@@ -160,8 +169,10 @@ int main(int argc, char** argv) {
       return run_command(run_args, inherited);
     }
     if (*status)
-      return status_command(status_redis->count() > 0 ? std::optional(status_url) : std::nullopt, status_key);
-    return release_command(release_redis->count() > 0 ? std::optional(release_url) : std::nullopt, release_key);
+      return status_command(status_redis->count() > 0 ? std::optional(status_url) : std::nullopt, status_key,
+                            status_verbose);
+    return release_command(release_redis->count() > 0 ? std::optional(release_url) : std::nullopt, release_key,
+                           release_verbose);
   } catch (const lockwatch::InvalidArgument& e) {
     say(e.what());
     return kExitUsage;

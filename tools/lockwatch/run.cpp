@@ -165,6 +165,15 @@ void say(const std::string& message) {
   std::fflush(stderr);
 }
 
+LogSink library_log(bool verbose) {
+  if (!verbose) return [](LogLevel, std::string_view) {};
+  return [](LogLevel level, std::string_view line) {
+    if (level < LogLevel::kInfo) return;
+    fmt::print(stderr, "lockwatch: {}: {}\n", to_string(level), line);
+    std::fflush(stderr);
+  };
+}
+
 int run_command(const RunArgs& a, const Inherited& inherited) {
   // The command is found before the lock is taken: a typo never takes it.
   Command command;
@@ -188,6 +197,7 @@ int run_command(const RunArgs& a, const Inherited& inherited) {
   Options o = Options::from_env();
   if (a.redis_url) o.redis_url = *a.redis_url;
   o.threads = 1;  // no locked work runs on the pool
+  o.log = library_log(a.verbose);  // a lost lease is told below, once
   auto rt = std::make_unique<Runtime>(o);
   const milliseconds margin = default_kill_grace(o, a.ttl, LostReason::kRedisUnreachable);
   if (a.kill_grace && *a.kill_grace > margin)
@@ -307,7 +317,18 @@ int run_command(const RunArgs& a, const Inherited& inherited) {
   // when Redis confirmed, or, with Redis unreachable, once the key has surely
   // expired (up to a ttl): a job should not hang that long for it.
   std::future<void> released = handle.release();
-  if (released.wait_for(o.connect_timeout + o.command_timeout + std::chrono::seconds(1)) != std::future_status::ready) {
+  if (lost) {
+    // Nothing is left to wait for: the key is gone, someone else's, or
+    // expires on its own (the loss was declared at its local deadline), and
+    // the exit code is 76 whatever the release says. It is asked for, and
+    // lockwatch exits now rather than after the expiry (the runtime's
+    // destructor would wait for it).
+    if (released.wait_for(std::chrono::seconds(0)) != std::future_status::ready) {
+      std::fflush(stdout);
+      std::_Exit(code);
+    }
+  } else if (released.wait_for(o.connect_timeout + o.command_timeout + std::chrono::seconds(1)) !=
+             std::future_status::ready) {
     say(fmt::format("could not confirm the release of '{}'; the lock expires within {}", a.key,
                     format_duration(a.ttl)));
     std::fflush(stdout);

@@ -1,4 +1,4 @@
-// lib/runtime/stats.hpp: the counters behind Runtime::stats(). Written on
+// lib/ops/stats.hpp: the counters behind Runtime::stats(). Written on
 // the loop thread, read from any thread (relaxed atomics, each on its own).
 #pragma once
 

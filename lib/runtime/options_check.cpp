@@ -1,0 +1,17 @@
+// Options::validate(): the runtime's own settings (core), the store's
+// URL and settings (the store picked by the URL's scheme), and the metrics
+// address (ops). Defined here, where all three are known.
+#include "core/option_checks.hpp"
+#include "lockwatch/options.hpp"
+#include "ops/metrics_server.hpp"
+#include "store/make_store.hpp"
+
+namespace lockwatch {
+
+void Options::validate() const {
+  detail::check_store_options(*this);
+  if (!metrics_listen.empty()) detail::MetricsServer::check_address(metrics_listen);
+  detail::check_runtime_options(*this);
+}
+
+}  // namespace lockwatch

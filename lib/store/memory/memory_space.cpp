@@ -1,0 +1,249 @@
+#include "store/memory/memory_space.hpp"
+
+#include <algorithm>
+
+#include "store/memory/memory_store.hpp"
+
+namespace lockwatch::detail {
+
+namespace {
+
+using std::chrono::milliseconds;
+
+// Names to the spaces that live. Never destroyed: a space may go after
+// static destructors ran (a runtime in a static).
+struct Registry {
+  std::mutex mu;
+  std::map<std::string, std::weak_ptr<MemorySpace>, std::less<>> spaces;
+};
+
+Registry& registry() {
+  static auto* r = new Registry;
+  return *r;
+}
+
+}  // namespace
+
+// ------------------------------------------------------------------- link
+
+bool MemoryLink::post(Loop::Task task) {
+  std::lock_guard lk(mu_);
+  return open_ && loop_.post(std::move(task));
+}
+
+void MemoryLink::close() {
+  std::lock_guard lk(mu_);
+  open_ = false;
+  store_ = nullptr;
+}
+
+// ----------------------------------------------------------------- state
+
+Acquired MemorySpace::State::acquire(const LockRef& lock) {
+  auto now = Clock::now();
+  auto it = entries_.find(lock.name);
+  if (it == entries_.end()) it = entries_.emplace(std::string(lock.name), Entry{}).first;
+  Entry& e = it->second;
+  Acquired out;
+  if (e.expires > now && e.owner != lock.token) {
+    out.status = Acquired::Status::kBusy;
+    out.busy_for = std::chrono::ceil<milliseconds>(e.expires - now);
+    return out;
+  }
+  // A lock that holds the caller's token already is a retry after a lost
+  // answer: the same acquisition, with the ttl set anew and the counter as
+  // it stands (what the lost answer carried, unless raised since).
+  if (e.expires <= now) {
+    e.owner.assign(lock.token);
+    ++e.fence;
+  }
+  e.expires = now + lock.ttl;
+  out.status = Acquired::Status::kTaken;
+  out.fence = e.fence;
+  return out;
+}
+
+Renewed MemorySpace::State::renew(const LockRef& lock) {
+  auto now = Clock::now();
+  auto it = entries_.find(lock.name);
+  if (it == entries_.end() || it->second.expires <= now) return Renewed::kGone;
+  if (it->second.owner != lock.token) return Renewed::kTakenByOther;
+  it->second.expires = now + lock.ttl;
+  return Renewed::kYes;
+}
+
+Released MemorySpace::State::release(const LockRef& lock, bool notify_waiters) {
+  auto it = entries_.find(lock.name);
+  if (it == entries_.end() || it->second.expires <= Clock::now()) return Released::kGone;
+  if (it->second.owner != lock.token) return Released::kTakenByOther;
+  it->second.expires = Clock::time_point::min();
+  it->second.owner.clear();
+  if (notify_waiters) notify(lock.name);
+  return Released::kYes;
+}
+
+void MemorySpace::State::raise_fence(std::string_view name, std::uint64_t fence) {
+  auto it = entries_.find(name);
+  if (it == entries_.end()) it = entries_.emplace(std::string(name), Entry{}).first;
+  it->second.fence = std::max(it->second.fence, fence);
+}
+
+// As the stores on servers: the lease check, the clock and the
+// at-most-once record in one step.
+ClaimResult MemorySpace::State::claim(std::string_view name, std::string_view token, std::int64_t period,
+                                      std::chrono::system_clock::time_point start) {
+  ClaimResult out;
+  out.store_time = std::chrono::system_clock::now();
+  auto it = entries_.find(name);
+  if (it == entries_.end() || it->second.expires <= Clock::now() || it->second.owner != token) {
+    out.status = ClaimResult::Status::kNotLeader;
+  } else if (out.store_time < start) {
+    out.status = ClaimResult::Status::kNotDue;
+  } else if (it->second.last_period && *it->second.last_period >= period) {
+    out.status = ClaimResult::Status::kAlreadyRun;
+    out.last = *it->second.last_period;
+  } else {
+    it->second.last_period = period;
+    out.status = ClaimResult::Status::kClaimed;
+    out.last = period;
+  }
+  return out;
+}
+
+LockInfo MemorySpace::State::inspect(std::string_view name) const {
+  LockInfo info;
+  auto it = entries_.find(name);
+  if (it == entries_.end()) return info;
+  auto now = Clock::now();
+  info.fence_counter = it->second.fence;
+  if (it->second.expires > now) {
+    info.held = true;
+    info.ttl = std::chrono::duration_cast<milliseconds>(it->second.expires - now);
+    info.owner = it->second.owner;
+  }
+  return info;
+}
+
+bool MemorySpace::State::force_release(std::string_view name) {
+  auto it = entries_.find(name);
+  bool was_held = it != entries_.end() && it->second.expires > Clock::now();
+  if (it != entries_.end()) {
+    it->second.expires = Clock::time_point::min();
+    it->second.owner.clear();
+  }
+  notify(name);
+  return was_held;
+}
+
+void MemorySpace::State::notify(std::string_view name) {
+  auto it = subscribers_.find(name);
+  if (it == subscribers_.end()) return;
+  for (const auto& link : it->second) {
+    link->post([link, n = std::string(name)] {
+      if (MemoryStore* store = link->store()) store->notice(n);
+    });
+  }
+}
+
+// ----------------------------------------------------------------- space
+
+std::shared_ptr<MemorySpace> MemorySpace::open(const std::string& name) {
+  Registry& r = registry();
+  std::lock_guard lk(r.mu);
+  auto& slot = r.spaces[name];
+  if (auto live = slot.lock()) return live;
+  // The deleter forgets the name, unless a new space took it meanwhile.
+  std::shared_ptr<MemorySpace> space(new MemorySpace(name), [](MemorySpace* s) {
+    {
+      Registry& r = registry();
+      std::lock_guard lk(r.mu);
+      auto it = r.spaces.find(s->name());
+      if (it != r.spaces.end() && it->second.expired()) r.spaces.erase(it);
+    }
+    delete s;
+  });
+  slot = space;
+  return space;
+}
+
+std::shared_ptr<MemorySpace> MemorySpace::find(const std::string& name) {
+  Registry& r = registry();
+  std::lock_guard lk(r.mu);
+  auto it = r.spaces.find(name);
+  return it == r.spaces.end() ? nullptr : it->second.lock();
+}
+
+bool MemorySpace::run(const std::shared_ptr<MemoryLink>& from, Op op) {
+  std::lock_guard lk(mu_);
+  if (paused_) {
+    held_.emplace_back(from, std::move(op));
+    return false;
+  }
+  op(state_);
+  return true;
+}
+
+void MemorySpace::subscribe(const std::shared_ptr<MemoryLink>& link, std::string_view name) {
+  std::lock_guard lk(mu_);
+  auto it = state_.subscribers_.find(name);
+  if (it == state_.subscribers_.end()) it = state_.subscribers_.emplace(std::string(name), std::set<std::shared_ptr<MemoryLink>>{}).first;
+  it->second.insert(link);
+}
+
+void MemorySpace::unsubscribe(const std::shared_ptr<MemoryLink>& link, std::string_view name) {
+  std::lock_guard lk(mu_);
+  auto it = state_.subscribers_.find(name);
+  if (it == state_.subscribers_.end()) return;
+  it->second.erase(link);
+  if (it->second.empty()) state_.subscribers_.erase(it);
+}
+
+void MemorySpace::detach(const std::shared_ptr<MemoryLink>& link) {
+  std::deque<std::pair<std::shared_ptr<MemoryLink>, Op>> dropped;  // destroyed outside the lock
+  std::lock_guard lk(mu_);
+  for (auto it = state_.subscribers_.begin(); it != state_.subscribers_.end();) {
+    it->second.erase(link);
+    it = it->second.empty() ? state_.subscribers_.erase(it) : std::next(it);
+  }
+  for (auto it = held_.begin(); it != held_.end();) {
+    if (it->first == link) {
+      dropped.push_back(std::move(*it));
+      it = held_.erase(it);
+    } else {
+      ++it;
+    }
+  }
+}
+
+void MemorySpace::steal(std::string_view name, std::string_view owner, milliseconds ttl) {
+  std::lock_guard lk(mu_);
+  auto it = state_.entries_.find(name);
+  if (it == state_.entries_.end()) it = state_.entries_.emplace(std::string(name), State::Entry{}).first;
+  it->second.owner.assign(owner);
+  it->second.expires = Clock::now() + ttl;
+}
+
+std::optional<std::int64_t> MemorySpace::last_period(std::string_view name) const {
+  std::lock_guard lk(mu_);
+  auto it = state_.entries_.find(name);
+  return it == state_.entries_.end() ? std::nullopt : it->second.last_period;
+}
+
+void MemorySpace::clear() {
+  std::lock_guard lk(mu_);
+  state_.entries_.clear();
+}
+
+void MemorySpace::pause() {
+  std::lock_guard lk(mu_);
+  paused_ = true;
+}
+
+void MemorySpace::resume() {
+  std::lock_guard lk(mu_);
+  paused_ = false;
+  for (auto& [link, op] : held_) op(state_);
+  held_.clear();
+}
+
+}  // namespace lockwatch::detail

@@ -1,0 +1,137 @@
+// lib/store/memory/memory_space.hpp: the state behind memory://NAME, shared
+// by the runtimes of one process that name the same space.
+//
+// A space holds what a lock server would: per lock name the owner token and
+// expiry (judged on the steady clock at each operation, so no timers), a
+// fencing counter that never goes back, a scheduled job's last period run,
+// and the stores subscribed to its release notices. One mutex guards it
+// all; an operation is a map lookup or two under it. A name's entry stays
+// once locked (its counter lives there), as a row of the SQL table does.
+//
+// Spaces are found by name in a process-wide registry that holds them
+// weakly: a space lives while a store (or a test) holds it, and the next
+// store to name it after the last one went starts an empty one, its
+// counters at zero.
+//
+// A store hears from the space through its MemoryLink: posts to the
+// store's loop that stop, atomically, when the store closes, so a runtime
+// being torn down never gets a notice or an answer after close().
+//
+// Test hooks (steal, clear, pause/resume) let the shared suites play a
+// server's faults on a space: pause() holds every request until resume()
+// runs them in order (the stores fail them at their command timeout
+// meanwhile, as clients of a hung server do).
+//
+// Threading: every member of MemorySpace and MemoryLink is thread-safe,
+// except where a comment says loop thread.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <set>
+#include <string>
+#include <string_view>
+
+#include "core/loop.hpp"
+#include "store/lock_store.hpp"
+
+namespace lockwatch::detail {
+
+class MemoryStore;
+
+// One store's way in from the space (and from other threads).
+class MemoryLink {
+ public:
+  MemoryLink(Loop& loop, MemoryStore* store) : loop_(loop), store_(store) {}
+
+  // Any thread. Runs `task` on the store's loop; false (dropped) once the
+  // store closed.
+  bool post(Loop::Task task);
+  // Loop thread (or the store's destructor). No post lands after it returns.
+  void close();
+  // Loop thread: the store, or nullptr once it closed.
+  MemoryStore* store() const noexcept { return store_; }
+
+ private:
+  Loop& loop_;
+  std::mutex mu_;
+  bool open_ = true;     // guarded by mu_
+  MemoryStore* store_;  // written by close() only
+};
+
+class MemorySpace {
+ public:
+  using Clock = std::chrono::steady_clock;
+
+  // What an operation sees: the space's contents, its lock held.
+  class State {
+   public:
+    Acquired acquire(const LockRef& lock);
+    Renewed renew(const LockRef& lock);
+    Released release(const LockRef& lock, bool notify);
+    void raise_fence(std::string_view name, std::uint64_t fence);
+    ClaimResult claim(std::string_view name, std::string_view token, std::int64_t period,
+                      std::chrono::system_clock::time_point start);
+    LockInfo inspect(std::string_view name) const;
+    bool force_release(std::string_view name);
+
+   private:
+    friend class MemorySpace;
+    struct Entry {
+      std::string owner;
+      Clock::time_point expires = Clock::time_point::min();  // held while in the future
+      std::uint64_t fence = 0;
+      std::optional<std::int64_t> last_period;
+    };
+    // Tells every subscribed store that `name` was released.
+    void notify(std::string_view name);
+
+    std::map<std::string, Entry, std::less<>> entries_;
+    std::map<std::string, std::set<std::shared_ptr<MemoryLink>>, std::less<>> subscribers_;
+  };
+  using Op = std::function<void(State&)>;
+
+  // The space named `name` ("" for memory:// alone), made if none lives.
+  static std::shared_ptr<MemorySpace> open(const std::string& name);
+  // The space named `name` if one lives (nullptr otherwise).
+  static std::shared_ptr<MemorySpace> find(const std::string& name);
+
+  const std::string& name() const noexcept { return name_; }
+
+  // Runs `op` under the space's lock now and returns true, or, while the
+  // space is paused, keeps it for resume() and returns false.
+  bool run(const std::shared_ptr<MemoryLink>& from, Op op);
+  // Release notices for `name` reach `link` (not held by pause()).
+  void subscribe(const std::shared_ptr<MemoryLink>& link, std::string_view name);
+  void unsubscribe(const std::shared_ptr<MemoryLink>& link, std::string_view name);
+  // Forgets `link`: its subscriptions and its requests still held.
+  void detach(const std::shared_ptr<MemoryLink>& link);
+
+  // Test hooks, as an operator with a server's own client would.
+  // `owner` holds `name` for `ttl`, whoever held it.
+  void steal(std::string_view name, std::string_view owner, std::chrono::milliseconds ttl);
+  // The last period run of the job whose lock is `name` (nullopt: none).
+  std::optional<std::int64_t> last_period(std::string_view name) const;
+  // Loses every lock, counter and period (a server restarted empty).
+  void clear();
+  // Holds every request from now until resume(), which runs them in order.
+  void pause();
+  void resume();
+
+  explicit MemorySpace(std::string name) : name_(std::move(name)) {}
+
+ private:
+  const std::string name_;
+  mutable std::mutex mu_;
+  State state_;  // guarded by mu_
+  bool paused_ = false;  // guarded by mu_
+  std::deque<std::pair<std::shared_ptr<MemoryLink>, Op>> held_;  // guarded by mu_
+};
+
+}  // namespace lockwatch::detail

@@ -1,0 +1,111 @@
+// lib/store/memory/memory_store.hpp: locks in this process's memory
+// (memory://NAME), for single-process programs and for users' unit tests
+// without a server.
+//
+// Every runtime of the process whose URL names the same space shares its
+// locks, fencing counters, scheduled jobs' periods and release notices
+// (see memory_space.hpp); other names are separate, and `memory://` alone
+// is one default space. Ttls, fencing, the watchdog, waiting on release
+// notices and scheduled jobs behave as on a server, minus the network:
+// each request is done under the space's lock inside the call, and its
+// answer posted to the runtime's loop (never run inside the call).
+// Nothing survives the process, or the last runtime of a space.
+//
+// Options that concern a server (TLS, timeouts, replicas) do not apply,
+// but for command_timeout: a request held by a paused space (a test hook)
+// fails with ConnectionError when it passes.
+//
+// Threading: as LockStore (loop thread, but construction, encode() and
+// check_key()). Costs: per request one lock of the space's mutex (shared
+// by its runtimes), a few allocations for the answer, and for acquire and
+// release a copy of the names and tokens (a paused space keeps them).
+#pragma once
+
+#include <uv.h>
+
+#include <chrono>
+#include <deque>
+#include <memory>
+#include <set>
+#include <string>
+
+#include "lockwatch/options.hpp"
+#include "store/lock_store.hpp"
+#include "store/memory/memory_space.hpp"
+
+namespace lockwatch::detail {
+
+class Loop;
+
+class MemoryStore final : public LockStore {
+ public:
+  static constexpr std::string_view kScheme = "memory://";
+
+  // The space a memory:// URL names ("" for the default space). Throws
+  // InvalidArgument for another scheme.
+  static std::string space_name(const std::string& url);
+
+  MemoryStore(Loop& loop, std::shared_ptr<MemorySpace> space, const Options& options);
+  ~MemoryStore() override;
+  MemoryStore(const MemoryStore&) = delete;
+  MemoryStore& operator=(const MemoryStore&) = delete;
+
+  std::string encode(std::string_view key) const override;
+  const char* check_key(std::string_view) const noexcept override { return nullptr; }
+  bool release_events() const noexcept override { return true; }
+  void start(StoreEvents events) override;
+  void acquire(std::span<const LockRef> locks, AcquireDone done) override;
+  std::size_t renew(std::span<const LockRef> locks, std::shared_ptr<const void> keepalive, RenewDone done) override;
+  void release(std::span<const LockRef> locks, bool notify, ReleaseDone done) override;
+  void raise_fence(std::string_view name, std::uint64_t fence, std::function<void(bool ok)> done) override;
+  void server_time(std::function<void(std::chrono::system_clock::time_point, std::exception_ptr)> done) override;
+  void claim_period(std::string_view name, std::string_view token, std::int64_t period,
+                    std::chrono::system_clock::time_point start, std::function<void(const ClaimResult&)> done) override;
+  void inspect(std::string_view name, std::function<void(const LockInfo&, std::exception_ptr)> done) override;
+  void force_release(std::string_view name, std::function<void(bool, std::exception_ptr)> done) override;
+  void subscribe(std::string_view name) override;
+  void unsubscribe(std::string_view name) override;
+  void close() override;
+
+  // Loop thread (posted by the space): `name` was released.
+  void notice(const std::string& name);
+
+ private:
+  using Clock = std::chrono::steady_clock;
+  // A request the space held (paused): answered by the space on resume,
+  // or failed here at the command timeout or at close, whichever is first.
+  struct Request {
+    bool done = false;  // loop thread
+    Clock::time_point sent;
+    std::function<void()> fail;
+  };
+  // A lock of a request the space may hold past the call.
+  struct Owned {
+    explicit Owned(const LockRef& r) : name(r.name), token(r.token), ttl(r.ttl) {}
+    LockRef ref() const { return LockRef{name, token, {}, ttl}; }
+    std::string name, token;
+    std::chrono::milliseconds ttl;
+  };
+
+  // Runs `op` on the space (now, or when a paused space resumes); the
+  // function it returns is the answer, run on the loop unless `fail` ran
+  // first.
+  void submit(std::function<std::function<void()>(MemorySpace::State&)> op, std::function<void()> fail);
+  std::exception_ptr no_answer() const;
+  void arm_timeout();
+  static void on_timeout(uv_timer_t* timer);
+
+  Loop& loop_;
+  const std::shared_ptr<MemorySpace> space_;
+  const std::shared_ptr<MemoryLink> link_;
+  const std::string prefix_;
+  const std::chrono::milliseconds command_timeout_;
+  StoreEvents events_;
+  bool started_ = false;  // loop thread: timer_ initialised
+  bool closed_ = false;   // loop thread
+  std::set<std::string, std::less<>> subscribed_;  // loop thread
+  std::deque<std::shared_ptr<Request>> held_;      // loop thread, oldest first
+  uv_timer_t timer_{};                              // the held requests' command timeout
+};
+
+}  // namespace lockwatch::detail
