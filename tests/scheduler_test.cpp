@@ -1,6 +1,7 @@
 // Scheduled jobs on the in-memory store: the cron parser, one leader per
 // job, periods on the store's clock, misfires, errors, lease loss.
 #include <gtest/gtest.h>
+#include <pthread.h>
 
 #include <algorithm>
 #include <atomic>
@@ -187,17 +188,27 @@ TEST_F(SchedulerTest, OneStickyLeaderAndPromptTakeoverOnDestroy) {
   EXPECT_FALSE(nodes[leader]->handle.is_leader());
 }
 
-TEST_F(SchedulerTest, EachJobHasAThreadNamedLwJob) {
+TEST_F(SchedulerTest, AJobRunsOnTheRuntimesNamedThreadsWithNoneOfItsOwn) {
   auto n = node();
-  n->handle = n->scheduler->every(100ms, "named", [this](const JobRun& r) { record(0, r); }, opts());
+  std::string ran_on;
+  n->handle = n->scheduler->every(
+      100ms, "named",
+      [this, &ran_on](const JobRun& r) {
+        char name[16] = {};
+        pthread_getname_np(pthread_self(), name, sizeof name);
+        if (ran_on.empty()) ran_on = name;
+        record(0, r);
+      },
+      opts());
   ASSERT_TRUE(wait_runs(1));
+  EXPECT_EQ(ran_on.rfind("lw-pool-", 0), 0u) << ran_on;  // runs go to the runtime's pool
   int jobs = 0;
   for (const auto& task : std::filesystem::directory_iterator("/proc/self/task")) {
     std::ifstream comm(task.path() / "comm");
     std::string name;
     if (std::getline(comm, name) && name == "lw-job") ++jobs;
   }
-  EXPECT_EQ(jobs, 1);
+  EXPECT_EQ(jobs, 0);  // a job waits on the runtime's loop, not on a thread
 }
 
 TEST_F(SchedulerTest, ALongRunDelaysTheNextAndRunsTheLatestMissedOnce) {
@@ -328,6 +339,48 @@ TEST_F(SchedulerTest, MaxRunAsksTheRunToStop) {
       },
       o);
   EXPECT_TRUE(stopped.wait());
+}
+
+// Threads of this process right now (/proc/self/task).
+std::size_t threads_now() {
+  std::size_t n = 0;
+  for ([[maybe_unused]] const auto& e : std::filesystem::directory_iterator("/proc/self/task")) ++n;
+  return n;
+}
+
+TEST_F(SchedulerTest, JobsCostNoThreadOfTheirOwnAndCancelPromptly) {
+  // Two nodes with 40 jobs each: one leads some, the other waits for them.
+  // A job waits on the runtime's loop, not on a thread: the thread count
+  // does not grow with the jobs, and a cancel ends a standby at once.
+  auto a = node();
+  auto b = node();
+  constexpr int kJobs = 40;
+  std::atomic<int> ran{0};
+  const auto before = threads_now();
+  std::vector<JobHandle> ha, hb;
+  for (int i = 0; i < kJobs; ++i) {
+    auto name = "many" + std::to_string(i);
+    ha.push_back(a->scheduler->every(50ms, name, [&ran] { ++ran; }, opts(2000ms)));
+    hb.push_back(b->scheduler->every(50ms, name, [&ran] { ++ran; }, opts(2000ms)));
+  }
+  auto until = steady_clock::now() + kBound;
+  auto leaders_now = [&] {
+    int k = 0;
+    for (int i = 0; i < kJobs; ++i) k += (ha[i].is_leader() ? 1 : 0) + (hb[i].is_leader() ? 1 : 0);
+    return k;
+  };
+  while (leaders_now() < kJobs && steady_clock::now() < until)
+    std::this_thread::sleep_for(5ms);  // is_leader() has no event to wait for
+  EXPECT_EQ(leaders_now(), kJobs);
+  EXPECT_LE(threads_now(), before + 2) << "jobs took threads of their own";
+  // Cancelling every job of both nodes (standbys included, whose waits run
+  // for 2 s) is prompt: nothing polls a cancel flag.
+  auto t0 = steady_clock::now();
+  for (auto& h : hb) h.cancel();
+  for (auto& h : ha) h.cancel();
+  EXPECT_LT(steady_clock::now() - t0, 1500ms);
+  for (int i = 0; i < kJobs; ++i) EXPECT_FALSE(ha[i].is_leader() || hb[i].is_leader());
+  EXPECT_GT(ran.load(), 0);
 }
 
 TEST_F(SchedulerTest, CronAndNoArgumentCallablesAreAccepted) {

@@ -132,6 +132,18 @@ class RuntimeStopped : public Error {
   using Error::Error;
 };
 
+// An asynchronous acquisition was cancelled before it completed
+// (AcquireTicket::cancel(), an Asio cancellation slot, a LeaseWatch): the
+// handler gets this instead of a lock, and no lock is left held for it.
+class Cancelled : public Error {
+ public:
+  explicit Cancelled(std::string key);
+  const std::string& key() const noexcept { return key_; }
+
+ private:
+  std::string key_;
+};
+
 // `this_lease()` was called outside a locked call.
 class NoActiveLease : public Error {
  public:

@@ -14,6 +14,8 @@
 #include <atomic>
 #include <chrono>
 #include <cstdint>
+#include <functional>
+#include <memory>
 #include <optional>
 #include <stop_token>
 #include <string>
@@ -21,6 +23,26 @@
 #include "lockwatch/errors.hpp"
 
 namespace lockwatch {
+
+namespace detail {
+struct LeaseWatcher;
+}
+
+// A handler waiting for a lease to end (Lease::on_lost). Copyable;
+// cancel() is safe from any thread.
+class LeaseWatch {
+ public:
+  LeaseWatch() noexcept = default;
+  // True only for the call that won: the handler is then never called.
+  // False once it was called or is about to be.
+  bool cancel() noexcept;
+  explicit operator bool() const noexcept { return watcher_ != nullptr; }
+
+ private:
+  friend class Lease;
+  explicit LeaseWatch(std::shared_ptr<detail::LeaseWatcher> w) noexcept : watcher_(std::move(w)) {}
+  std::shared_ptr<detail::LeaseWatcher> watcher_;
+};
 
 class Lease {
  public:
@@ -44,6 +66,15 @@ class Lease {
   // The ttl the lease was taken with, and how many renewals succeeded.
   std::chrono::milliseconds ttl() const noexcept { return ttl_; }
   std::uint64_t renewals() const noexcept { return renewals_.load(std::memory_order_relaxed); }
+
+  // Calls `handler` once when the lease ends: with the reason when it is
+  // lost (as stop_token() fires), or with std::nullopt when it ends held
+  // (released, or passed on). At once (but never inside this call) if it
+  // is over already. The handler runs on the runtime's notifier thread
+  // (on a thread of its own once the runtime is gone): keep it short and
+  // non-blocking. Any thread. Costs one small block per call, kept until
+  // the lease ends.
+  LeaseWatch on_lost(std::function<void(std::optional<LostReason>)> handler) const;
 
  protected:
   Lease(std::string key, std::uint64_t fencing_token, std::chrono::milliseconds ttl, Clock::time_point deadline);

@@ -13,6 +13,8 @@
 // are safe from any thread. Move-only.
 #pragma once
 
+#include <exception>
+#include <functional>
 #include <future>
 #include <memory>
 
@@ -42,6 +44,15 @@ class LockHandle {
   // release (or the key has surely expired), with LeaseLost if the lease
   // was lost while held. Throws InvalidArgument on an empty handle.
   std::future<void> release();
+  // The same with a handler instead of a future: called once with the
+  // error (LeaseLost) or none, on the runtime's notifier thread (never
+  // inside this call). Throws InvalidArgument on an empty handle (the
+  // handler is then never called).
+  void release(std::function<void(std::exception_ptr)> handler);
+  // Asio: release() with a completion token, completing with
+  // void(std::exception_ptr). Defined by <lockwatch/asio.hpp>.
+  template <class CompletionToken>
+  auto async_release(CompletionToken&& token);
 
  private:
   friend struct HandleAccess;

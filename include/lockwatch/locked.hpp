@@ -31,6 +31,10 @@
 // Arguments are copied into the call, as std::async does; the object of a
 // member function passed as an lvalue is kept by reference and must outlive
 // the future. The callable is shared by all calls of one decorated object.
+//
+// A callable returning asio::awaitable<T> (with <lockwatch/asio.hpp>
+// included) gives one returning asio::awaitable<T> instead of a future:
+// see that header.
 #pragma once
 
 #include <fmt/format.h>
@@ -238,6 +242,20 @@ class CallImpl final : public Call {
   std::exception_ptr error_;
 };
 
+// A callable whose result is asynchronous (an Asio coroutine) gets its own
+// call path, defined by the header of its framework: lockwatch/asio.hpp
+// specialises this for asio::awaitable<T>. `start` returns what the
+// decorated callable returns.
+template <class R>
+struct AsyncCall {
+  static constexpr bool enabled = false;
+};
+
+// What looks like an Asio awaitable (its members, without naming Asio).
+template <class R>
+concept AwaitableLike = requires { typename R::value_type; typename R::executor_type; } &&
+                        requires(R& r) { r.await_ready(); };
+
 template <class K>
 using key_holder_t = std::conditional_t<RuntimeString<std::decay_t<K>>, std::string, std::decay_t<K>>;
 
@@ -254,7 +272,13 @@ class Locked {
   auto operator()(Args&&... args) const {
     if constexpr (std::is_member_pointer_v<Fn>) {
       return call_member(std::forward<Args>(args)...);
+    } else if constexpr (detail::AsyncCall<std::invoke_result_t<Fn&, std::decay_t<Args>&&...>>::enabled) {
+      using R = std::invoke_result_t<Fn&, std::decay_t<Args>&&...>;
+      return start_async<R, std::decay_t<Args>...>(make_key(args...), std::forward<Args>(args)...);
     } else {
+      using R0 = std::invoke_result_t<Fn&, std::decay_t<Args>&&...>;
+      static_assert(!detail::AwaitableLike<std::remove_cvref_t<R0>>,
+                    "LOCKED on a coroutine returning asio::awaitable needs #include <lockwatch/asio.hpp>");
       using Call = detail::CallImpl<std::invoke_result_t<Fn&, std::decay_t<Args>&&...>, Fn, std::decay_t<Args>...>;
       // The key first: the arguments are moved into the call after.
       auto [key, error] = make_key(args...);
@@ -280,6 +304,16 @@ class Locked {
   auto call_member(Obj&& obj, Args&&... args) const {
     using ObjT = detail::stored_t<true, Obj&&>;
     using R = std::invoke_result_t<Fn&, detail::unwrapped_t<ObjT>, std::decay_t<Args>&&...>;
+    if constexpr (detail::AsyncCall<R>::enabled) {
+      if constexpr (std::is_same_v<ObjT, detail::ObjectRef<std::remove_reference_t<Obj>>>) {
+        return start_async<R, ObjT, std::decay_t<Args>...>(make_key(args...), ObjT(obj), std::forward<Args>(args)...);
+      } else {
+        return start_async<R, ObjT, std::decay_t<Args>...>(make_key(args...), std::forward<Obj>(obj),
+                                                           std::forward<Args>(args)...);
+      }
+    } else {
+    static_assert(!detail::AwaitableLike<std::remove_cvref_t<R>>,
+                  "LOCKED on a coroutine returning asio::awaitable needs #include <lockwatch/asio.hpp>");
     using Call = detail::CallImpl<R, Fn, ObjT, std::decay_t<Args>...>;
     auto [key, error] = make_key(args...);
     std::shared_ptr<Call> call;
@@ -291,6 +325,19 @@ class Locked {
     auto future = call->get_future();
     start(call, std::move(key), error);
     return future;
+    }
+  }
+
+  // An asynchronous callable (see detail::AsyncCall): the call keeps the
+  // arguments (stored as S...) and the callable until its result is done.
+  template <class R, class... S, class... A>
+  auto start_async(std::pair<std::string, std::exception_ptr> key, A&&... a) const {
+    auto invoke = [fn = fn_, args = std::tuple<S...>(std::forward<A>(a)...)]() mutable -> R {
+      return std::apply([&fn](S&... s) -> R { return std::invoke(*fn, detail::unwrapped<S>::get(s)...); }, args);
+    };
+    detail::LockSpec spec = spec_;
+    spec.key = std::move(key.first);
+    return detail::AsyncCall<R>::start(runtime_, std::move(spec), key.second, std::move(invoke));
   }
 
   template <class Obj, class... Args>

@@ -5,6 +5,7 @@
 #include "lockwatch/lease.hpp"
 #include "lockwatch/lock_handle.hpp"
 #include "lockwatch/locked.hpp"
+#include "lockwatch/mutex.hpp"
 #include "lockwatch/observer.hpp"
 #include "lockwatch/options.hpp"
 #include "lockwatch/runtime.hpp"

@@ -19,6 +19,7 @@
 #include <chrono>
 #include <cstdint>
 #include <exception>
+#include <functional>
 #include <future>
 #include <memory>
 #include <string>
@@ -80,8 +81,33 @@ class Call {
 };
 
 struct RuntimeAccess;
+struct HandleCall;
 
 }  // namespace detail
+
+// What Runtime::acquire's handler is called with: the error and an empty
+// handle, or no error and the handle.
+using AcquireHandler = std::function<void(std::exception_ptr error, LockHandle handle)>;
+
+// Cancels an acquisition started with a handler (Runtime::acquire), as
+// Netty's Timeout cancels its task. Copyable; cancel() is safe from any
+// thread and may race with the grant: exactly one of the two wins.
+class AcquireTicket {
+ public:
+  AcquireTicket() noexcept = default;
+  // True only for the call that won: the acquisition leaves the wait queue
+  // and its handler gets Cancelled (on the notifier thread, like any
+  // outcome). A lock granted in the race is given back, never reaches the
+  // handler, and is released a round trip later. False once the handler was
+  // called or is about to be (granted, failed) or it was cancelled already.
+  bool cancel() noexcept;
+  explicit operator bool() const noexcept { return call_ != nullptr; }
+
+ private:
+  friend struct detail::RuntimeAccess;
+  explicit AcquireTicket(std::shared_ptr<detail::HandleCall> call) noexcept : call_(std::move(call)) {}
+  std::shared_ptr<detail::HandleCall> call_;
+};
 
 // What the store says of a lock right now (an operator's view; no lease is
 // taken). Over Redlock: held when a majority holds it for one owner.
@@ -145,6 +171,23 @@ class Runtime {
   // InvalidArgument or RuntimeStopped before anything starts.
   std::future<LockHandle> acquire(std::string key, std::chrono::milliseconds ttl, Retries retries = forever,
                                   std::chrono::milliseconds wait = std::chrono::milliseconds(0));
+
+  // The same without a future: `handler` is called exactly once, with the
+  // error (LockNotAcquired, ConnectionError, RuntimeStopped, Cancelled...)
+  // or the LockHandle, on the runtime's notifier thread: never inside this
+  // call, never on the I/O thread. The handler should be short and not
+  // block (it delays the other handlers and the leases' stop callbacks):
+  // hand the outcome to your own executor. A handle the handler drops is
+  // released. Arguments are checked first: InvalidArgument or
+  // RuntimeStopped are thrown, and then the handler is never called.
+  // Unlike the future form, it registers nothing on the calling thread (a
+  // coroutine's thread is shared): LOCKED on the same key from this thread
+  // is not reentrant with it.
+  AcquireTicket acquire(std::string key, std::chrono::milliseconds ttl, Retries retries,
+                        std::chrono::milliseconds wait, AcquireHandler handler);
+  // What lockwatch/asio.hpp's LOCKED uses: the same, from a spec (its
+  // renewal weight included).
+  AcquireTicket dispatch_acquire(detail::LockSpec spec, AcquireHandler handler);
 
   // Operators' tools (the `lockwatch status` and `release --force`
   // commands). inspect() says what the store holds for `key`;

@@ -25,9 +25,11 @@
 // kRunOnce): a new leader cannot tell a new job from a missed period.
 // Changing a job's schedule kind (every <-> cron) needs a new name.
 //
-// Threading: every() and cron() from any thread. Each job has one thread
-// of its own that waits for the lease and the periods; runs execute on
-// the runtime's pool, one at a time per job, with this_lease() bound.
+// Threading: every() and cron() from any thread. A job has no thread of
+// its own and never polls: it waits for the lease and the periods on the
+// runtime's I/O loop (the acquisition's handler, the timer wheel, store
+// replies), so a thousand jobs cost no more threads than one; runs execute
+// on the runtime's pool, one at a time per job, with this_lease() bound.
 // Destroying the Scheduler stops its jobs in order: no new runs, running
 // ones are asked to stop (their stop token) and awaited, leases released
 // so another process takes over at once. Destroy it before its Runtime,

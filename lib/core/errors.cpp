@@ -31,6 +31,9 @@ LockNotAcquired::LockNotAcquired(std::string key, std::chrono::milliseconds wait
       key_(std::move(key)),
       waited_(waited) {}
 
+Cancelled::Cancelled(std::string key)
+    : Error(fmt::format("waiting for lock '{}' was cancelled", shown_key(key))), key_(std::move(key)) {}
+
 LeaseLost::LeaseLost(std::string key, LostReason reason, std::string detail)
     : Error(fmt::format("lease on '{}' lost: {}{}{}", shown_key(key), to_string(reason), detail.empty() ? "" : ": ",
                         detail)),

@@ -1,8 +1,8 @@
 // lib/core/thread_name.hpp: names a thread, as ps -L, top -H,
 // gdb, perf and /proc/<pid>/task/<tid>/comm show it. lockwatch's threads
 // are lw-loop (the I/O loop), lw-pool-N (the runtime's pool), lw-notify
-// (stop callbacks), lw-events (observers and the log) and lw-job (a
-// scheduled job).
+// (stop callbacks and completion handlers) and lw-events (observers and the
+// log).
 #pragma once
 
 #include <pthread.h>

@@ -1,15 +1,19 @@
 // Scheduled jobs (lockwatch/scheduler.hpp) on the runtime's leases.
 //
-// Each job has one thread that moves between two states:
-// - standby: Runtime::acquire("job:<name>", lease, forever, wait = lease),
-//   again and again: the runtime's wait queue wakes it on a release notice
-//   or the holder's ttl, so a standby costs one request per lease at most;
+// A job has no thread: it is a state machine on the runtime's loop thread,
+// moved on by events there (the acquisition's handler, store replies, wheel
+// timeouts, a run's end, the lease's loss, a cancel), between two states:
+// - standby: Runtime::acquire("job:<name>", lease, forever, wait = lease)
+//   with a handler, again and again: the runtime's wait queue wakes it on a
+//   release notice or the holder's ttl, so a standby costs one request per
+//   lease at most, and no thread;
 // - leader: it holds the LockHandle (the watchdog renews it) and sleeps on
-//   a condition variable until the next period starts by its estimate of
-//   the store's clock, then claims the period (store/lock_store.hpp,
+//   the runtime's timer wheel until the next period starts by its estimate
+//   of the store's clock, then claims the period (store/lock_store.hpp,
 //   claim_period: lease check, store clock and at-most-once in one step)
 //   and, if claimed, runs the callable on the runtime's pool with
-//   this_lease() bound, supervising it (max_run, cancel, lease loss).
+//   this_lease() bound (max_run on the wheel, cancel and lease loss through
+//   the run's stop source).
 // The clock estimate is an offset from the local system clock, measured
 // at each claim and TIME request: an estimate only decides when to ask;
 // the store decides whether the period is due.
@@ -18,9 +22,9 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <thread>
 
 #include "core/error_values.hpp"
-#include "core/thread_name.hpp"
 #include "runtime/runtime_impl.hpp"
 
 namespace lockwatch {
@@ -90,8 +94,7 @@ std::string what_of_current() {
 
 Job::Job(Runtime& runtime, std::string name, std::unique_ptr<Schedule> schedule, Scheduler::Body body,
          JobOptions options, milliseconds skew)
-    : runtime_(runtime),
-      impl_(RuntimeAccess::impl(runtime)),
+    : impl_(RuntimeAccess::impl(runtime)),
       name_(std::move(name)),
       key_("job:" + name_),
       schedule_(std::move(schedule)),
@@ -100,24 +103,44 @@ Job::Job(Runtime& runtime, std::string name, std::unique_ptr<Schedule> schedule,
       skew_(skew),
       metrics_(impl_.events.metrics().job(name_)) {
   lock_name_ = impl_.store->encode(key_);
+  wake_.job = this;
+  max_run_.job = this;
+}
+
+bool Job::post(UniqueFunction task) {
+  if (impl_.loop.post(std::move(task))) return true;
+  // The loop is closed (the runtime stopped): nothing runs there any more.
+  leader_.store(false, std::memory_order_release);
+  {
+    std::lock_guard lk(mu_);
+    finished_ = true;
+  }
+  cv_.notify_all();
+  return false;
 }
 
 void Job::start() {
-  thread_ = std::thread([this] { main(); });
-  detail::name_thread(thread_, "lw-job");
+  post([self = shared_from_this()] { self->compete(); });
 }
 
 void Job::request_cancel() noexcept {
-  std::lock_guard lk(mu_);
-  cancelled_ = true;
-  if (run_stop_) run_stop_->request_stop();
-  cv_.notify_all();
+  {
+    std::lock_guard lk(mu_);
+    if (cancelled_) return;
+    cancelled_ = true;
+    if (run_stop_) run_stop_->request_stop();
+  }
+  try {
+    post([self = shared_from_this()] { self->on_cancel(); });
+  } catch (...) {
+    // Out of memory: the job ends at its next step.
+  }
 }
 
 void Job::join() noexcept {
   if (running_job == this) return;  // from inside our own run: only asked
-  std::lock_guard lk(join_mu_);
-  if (thread_.joinable()) thread_.join();
+  std::unique_lock lk(mu_);
+  cv_.wait(lk, [this] { return finished_; });
 }
 
 bool Job::cancelled() const {
@@ -134,208 +157,322 @@ void Job::learn_store_time(system_clock::time_point store, system_clock::time_po
   offset_ = duration_cast<milliseconds>(store - (sent_local + (now - sent_local) / 2));
 }
 
-bool Job::sleep_until_store(system_clock::time_point store_time, const Lease* lease) {
-  std::unique_lock lk(mu_);
-  for (;;) {
-    if (cancelled_ || (lease && lease->lost())) return false;
-    auto left = store_time - store_now();
-    if (left <= system_clock::duration::zero()) return true;
-    cv_.wait_for(lk, left);
+void Job::Wake::run(Timeout) noexcept { job->take_step(step); }
+
+void Job::take_step(Step step) {
+  switch (step) {
+    case Step::kCompete:
+      compete();
+      break;
+    case Step::kPlan:
+      plan();
+      break;
+    case Step::kPeriodDue:
+      on_period_due();
+      break;
+    case Step::kMaxRun:
+      on_max_run();
+      break;
   }
 }
 
-bool Job::wait_for_lease(std::future<LockHandle>& f) {
-  for (;;) {
-    {
-      std::unique_lock lk(mu_);
-      if (cancelled_) return false;
-    }
-    // The runtime answers the acquisition within its wait (the lease);
-    // checking the cancel flag in between keeps cancel() prompt.
-    if (f.wait_for(milliseconds(50)) == std::future_status::ready) return true;
+void Job::wake_at(steady_clock::time_point at, Step step) {
+  wake_timeout_.cancel();
+  wake_.step = step;
+  wake_timeout_ = impl_.clock.at(wake_, at);
+}
+
+void Job::wake_at_store(system_clock::time_point t) {
+  // The estimate decides only when to ask; the store decides whether the
+  // period is due (a kNotDue claim corrects the estimate).
+  auto left = t - store_now();
+  if (left <= system_clock::duration::zero()) {
+    claim_target();
+    return;
+  }
+  wake_at(steady_clock::now() + duration_cast<steady_clock::duration>(left), Step::kPeriodDue);
+}
+
+// ------------------------------------------------------------- standby
+
+void Job::compete() {
+  if (over_) return;
+  if (cancelled()) {
+    finish();
+    return;
+  }
+  // Standby: wait for the lease as long as a lease lasts, again and again;
+  // the wait queue wakes us on a release notice or the holder's ttl.
+  detail::LockSpec spec;
+  spec.key = key_;
+  spec.ttl = options_.lease;
+  spec.retries = Retries(forever).count();
+  spec.wait = options_.lease;
+  try {
+    ticket_ = impl_.acquire(std::move(spec), [self = shared_from_this()](std::exception_ptr e, LockHandle h) {
+      self->post([self, e, h = std::move(h)]() mutable { self->on_acquired(e, std::move(h)); });
+    });
+  } catch (const RuntimeStopped&) {
+    finish();
+  } catch (...) {
+    impl_.events.log(LogLevel::kError,
+                     fmt::format("job '{}': cannot compete for its lease: {}", name_, what_of_current()));
+    finish();
   }
 }
 
-template <class T, class Start>
-std::optional<T> Job::on_loop(Start start) {
-  auto p = std::make_shared<std::promise<T>>();
-  auto f = p->get_future();
-  if (!impl_.loop.post([this, p, start]() mutable { start(*impl_.store, [p](T v) { p->set_value(std::move(v)); }); }))
-    return std::nullopt;
-  // Every store request completes (by reply or command timeout); the bound
-  // only guards against a stopped loop.
-  if (f.wait_for(impl_.options.command_timeout * 3 + seconds(5)) != std::future_status::ready) return std::nullopt;
-  return f.get();
-}
-
-std::optional<system_clock::time_point> Job::fetch_store_time() {
-  using R = std::pair<system_clock::time_point, bool>;  // the store's time, failed
-  auto sent = local_now();
-  auto r = on_loop<R>([](LockStore& s, auto done) {
-    s.server_time([done](system_clock::time_point t, const StoreError* e) { done(R{t, e != nullptr}); });
-  });
-  if (!r || r->second) return std::nullopt;
-  learn_store_time(r->first, sent);
-  return r->first;
-}
-
-ClaimResult Job::claim(const std::string& token, std::int64_t period) {
-  auto sent = local_now();
-  auto start = schedule_->start(period);
-  auto r = on_loop<ClaimResult>([this, token, period, start](LockStore& s, auto done) {
-    s.claim_period(lock_name_, token, period, start, [done](const ClaimResult& c) { done(c); });
-  });
-  if (!r) {
-    ClaimResult out;
-    out.error.message = "lockwatch runtime is stopping";
-    return out;
+void Job::on_acquired(std::exception_ptr error, LockHandle h) {
+  ticket_ = AcquireTicket();
+  if (over_) return;
+  if (!error) {
+    lead(std::move(h));
+    return;
   }
-  if (r->status != ClaimResult::Status::kFailed) learn_store_time(r->store_time, sent);
-  return *r;
-}
-
-void Job::main() {
-  const auto backoff = std::clamp(options_.lease / 4, milliseconds(50), milliseconds(1000));
-  while (!cancelled()) {
-    std::future<LockHandle> f;
-    try {
-      f = runtime_.acquire(key_, options_.lease, forever, options_.lease);
-    } catch (const RuntimeStopped&) {
+  try {
+    std::rethrow_exception(error);
+  } catch (const LockNotAcquired&) {
+    compete();  // someone else leads; wait again
+  } catch (const RuntimeStopped&) {
+    finish();
+  } catch (const Cancelled&) {
+    finish();
+  } catch (...) {
+    if (cancelled()) {
+      finish();
       return;
-    } catch (...) {
-      impl_.events.log(LogLevel::kError, fmt::format("job '{}': cannot compete for its lease: {}", name_,
-                                                     what_of_current()));
-      return;
     }
-    if (!wait_for_lease(f)) return;  // cancelled; a late grant is released with the future
-    LockHandle h;
-    try {
-      h = f.get();
-    } catch (const LockNotAcquired&) {
-      continue;  // someone else leads; wait again
-    } catch (const RuntimeStopped&) {
-      return;
-    } catch (...) {
-      std::unique_lock lk(mu_);
-      cv_.wait_for(lk, backoff, [this] { return cancelled_; });
-      continue;
-    }
-    lead(h);
-    try {
-      auto released = h.release();
-      released.wait_for(impl_.options.command_timeout * 2 + seconds(1));
-    } catch (...) {
-    }
+    auto backoff = std::clamp(options_.lease / 4, milliseconds(50), milliseconds(1000));
+    wake_at(steady_clock::now() + backoff, Step::kCompete);
   }
 }
 
-void Job::lead(LockHandle& h) {
-  const Lease& lease = h.lease();
-  // The handle's lease is the runtime's record of it (the scope below
-  // needs the record to bind this_lease() on the pool thread).
-  auto* record = const_cast<LeaseRecord*>(static_cast<const LeaseRecord*>(&lease));
-  std::string token = record->token.str();  // set at grant, read-only after
+// -------------------------------------------------------------- leading
+
+void Job::lead(LockHandle h) {
+  handle_ = std::move(h);
+  // The handle's lease is the runtime's record of it (binding this_lease()
+  // on the pool thread needs the record).
+  record_ = const_cast<LeaseRecord*>(static_cast<const LeaseRecord*>(&handle_.lease()));
+  token_ = record_->token.str();  // set at grant, read-only after
   leader_.store(true, std::memory_order_release);
   metrics_->leaders.fetch_add(1, std::memory_order_relaxed);
-  std::stop_callback wake(lease.stop_token(), [this] {
-    std::lock_guard lk(mu_);
-    cv_.notify_all();
+  lost_watch_ = handle_.lease().on_lost([self = shared_from_this()](std::optional<LostReason> reason) {
+    if (reason) self->post([self] { self->on_lease_lost(); });
   });
-  const auto backoff = std::clamp(options_.lease / 4, milliseconds(20), milliseconds(500));
-  auto pause = [&] {
-    std::unique_lock lk(mu_);
-    cv_.wait_for(lk, backoff, [&] { return cancelled_ || lease.lost(); });
-  };
-
-  std::optional<std::int64_t> done_upto;  // the last period run, as far as we know
-  bool clock_known = fetch_store_time().has_value();
-  while (!cancelled() && !lease.lost()) {
-    if (!clock_known) {
-      clock_known = fetch_store_time().has_value();
-      if (!clock_known) {
-        pause();
-        continue;
-      }
-    }
-    auto now = store_now();
-    auto cur = schedule_->latest(now);
-    std::optional<std::int64_t> target;
-    if (cur && (!done_upto || *cur > *done_upto)) {
-      bool late = options_.misfire == Misfire::kSkip && now - schedule_->start(*cur) > options_.misfire_grace;
-      target = late ? schedule_->next(*cur) : cur;
-    } else {
-      auto after = done_upto ? (cur ? std::max(*cur, *done_upto) : *done_upto) : cur.value_or(0);
-      target = schedule_->next(after);
-    }
-    if (!target) {
-      impl_.events.log(LogLevel::kError, fmt::format("job '{}' has no next period; it stops here", name_));
-      break;
-    }
-    if (!sleep_until_store(schedule_->start(*target), &lease)) break;
-    auto r = claim(token, *target);
-    switch (r.status) {
-      case ClaimResult::Status::kClaimed:
-        run(*target, lease, record);
-        done_upto = *target;
-        break;
-      case ClaimResult::Status::kAlreadyRun:
-        done_upto = std::max(done_upto.value_or(r.last), r.last);
-        break;
-      case ClaimResult::Status::kNotDue:
-        break;  // the estimate was early; it was corrected from the reply
-      case ClaimResult::Status::kNotLeader:
-        goto out;
-      case ClaimResult::Status::kFailed:
-        pause();
-        break;
-    }
-  }
-out:
-  leader_.store(false, std::memory_order_release);
-  metrics_->leaders.fetch_sub(1, std::memory_order_relaxed);
+  clock_known_ = false;
+  done_upto_.reset();
+  plan();
 }
 
-void Job::run(std::int64_t period, const Lease& lease, LeaseRecord* record) {
-  std::stop_source stop;
+void Job::plan() {
+  if (over_) return;
+  if (cancelled() || lease_lost()) {
+    stop_leading();
+    return;
+  }
+  if (!clock_known_) {
+    fetch_store_time();
+    return;
+  }
+  auto now = store_now();
+  auto cur = schedule_->latest(now);
+  std::optional<std::int64_t> target;
+  if (cur && (!done_upto_ || *cur > *done_upto_)) {
+    bool late = options_.misfire == Misfire::kSkip && now - schedule_->start(*cur) > options_.misfire_grace;
+    target = late ? schedule_->next(*cur) : cur;
+  } else {
+    auto after = done_upto_ ? (cur ? std::max(*cur, *done_upto_) : *done_upto_) : cur.value_or(0);
+    target = schedule_->next(after);
+  }
+  if (!target) {
+    impl_.events.log(LogLevel::kError, fmt::format("job '{}' has no next period; it stops here", name_));
+    {
+      std::lock_guard lk(mu_);
+      cancelled_ = true;
+    }
+    stop_leading();
+    return;
+  }
+  target_ = *target;
+  wake_at_store(schedule_->start(target_));
+}
+
+void Job::on_period_due() {
+  if (cancelled() || lease_lost()) {
+    stop_leading();
+    return;
+  }
+  wake_at_store(schedule_->start(target_));
+}
+
+void Job::fetch_store_time() {
+  auto sent = local_now();
+  impl_.store->server_time([self = shared_from_this(), sent](system_clock::time_point t, const StoreError* e) {
+    if (self->over_) return;
+    if (e) {
+      auto backoff = std::clamp(self->options_.lease / 4, milliseconds(20), milliseconds(500));
+      self->wake_at(steady_clock::now() + backoff, Step::kPlan);
+      return;
+    }
+    self->learn_store_time(t, sent);
+    self->clock_known_ = true;
+    self->plan();
+  });
+}
+
+void Job::claim_target() {
+  auto sent = local_now();
+  impl_.store->claim_period(lock_name_, token_, target_, schedule_->start(target_),
+                            [self = shared_from_this(), sent](const ClaimResult& r) { self->on_claim(r, sent); });
+}
+
+void Job::on_claim(const ClaimResult& r, system_clock::time_point sent) {
+  if (over_) return;
+  if (r.status != ClaimResult::Status::kFailed) learn_store_time(r.store_time, sent);
+  switch (r.status) {
+    case ClaimResult::Status::kClaimed:
+      if (cancelled() || lease_lost()) {
+        stop_leading();  // claimed as we stopped: the period is the next leader's loss, never run twice
+        return;
+      }
+      run_target();
+      return;
+    case ClaimResult::Status::kAlreadyRun:
+      done_upto_ = std::max(done_upto_.value_or(r.last), r.last);
+      plan();
+      return;
+    case ClaimResult::Status::kNotDue:
+      plan();  // the estimate was early; it was corrected from the reply
+      return;
+    case ClaimResult::Status::kNotLeader:
+      stop_leading();
+      return;
+    case ClaimResult::Status::kFailed: {
+      auto backoff = std::clamp(options_.lease / 4, milliseconds(20), milliseconds(500));
+      wake_at(steady_clock::now() + backoff, Step::kPlan);
+      return;
+    }
+  }
+}
+
+void Job::run_target() {
+  auto stop = std::make_shared<std::stop_source>();
   {
     std::lock_guard lk(mu_);
-    if (cancelled_) stop.request_stop();
-    run_stop_ = &stop;
+    if (cancelled_) stop->request_stop();
+    run_stop_ = stop;
   }
-  std::stop_callback on_lost(lease.stop_token(), [&stop] { stop.request_stop(); });
-  JobRun info(name_, period, schedule_->start(period), lease, stop.get_token());
+  running_ = true;
+  const std::int64_t period = target_;
+  if (options_.max_run > milliseconds(0)) {  // asked to stop after max_run
+    max_run_stop_ = stop;
+    max_run_.step = Step::kMaxRun;
+    max_run_timeout_ = impl_.clock.at(max_run_, steady_clock::now() + options_.max_run);
+  }
   impl_.events.run_started(name_, period);
-  std::promise<std::string> finished;
-  auto result = finished.get_future();
-  auto work = [this, &info, &finished, record] {
+  // The handle is held until the run is over (no step releases it while
+  // one runs).
+  auto work = [self = shared_from_this(), stop, period, record = record_] {
+    const Lease& lease = *record;
+    std::stop_callback on_lost(lease.stop_token(), [&stop] { stop->request_stop(); });
+    JobRun info(self->name_, period, self->schedule_->start(period), lease, stop->get_token());
     std::string error;
     {
-      ThreadLeaseScope scope(&impl_, record);
+      ThreadLeaseScope scope(&self->impl_, record);
       const Job* outer = running_job;
-      running_job = this;
+      running_job = self.get();
       try {
-        body_(info);
+        self->body_(info);
       } catch (...) {
         error = what_of_current();
       }
       running_job = outer;
     }
-    finished.set_value(std::move(error));
+    self->post([self, period, error = std::move(error)] { self->on_run_done(period, error); });
   };
   try {
     impl_.pool.post(work);
   } catch (...) {
-    work();  // the pool stopped: run here rather than lose a claimed period
+    // The pool stopped (the runtime is stopping): the claimed period runs
+    // on a thread of its own rather than be lost (never on the loop).
+    try {
+      std::thread(work).detach();
+    } catch (...) {
+      on_run_done(period, "no thread could run it");
+    }
   }
-  if (options_.max_run > milliseconds(0) && result.wait_for(options_.max_run) != std::future_status::ready)
-    stop.request_stop();
-  std::string error = result.get();
+}
+
+void Job::on_max_run() {
+  if (max_run_stop_) max_run_stop_->request_stop();
+}
+
+void Job::on_run_done(std::int64_t period, const std::string& error) {
+  running_ = false;
+  max_run_timeout_.cancel();
+  max_run_stop_.reset();
   {
     std::lock_guard lk(mu_);
-    run_stop_ = nullptr;
+    run_stop_.reset();
   }
   (error.empty() ? metrics_->runs_ok : metrics_->runs_error).fetch_add(1, std::memory_order_relaxed);
   impl_.events.run_finished(name_, period, error);
+  done_upto_ = period;
+  plan();
+}
+
+void Job::on_lease_lost() {
+  if (over_ || !handle_ || running_) return;  // a run ends first: its end goes on from there
+  // Sleeping (or between steps): go on at once; the step sees the loss.
+  if (wake_timeout_.cancel()) take_step(wake_.step);
+}
+
+void Job::on_cancel() {
+  if (over_) return;
+  if (ticket_) ticket_.cancel();  // its handler ends the job
+  if (running_) return;           // asked to stop; its end goes on from there
+  if (wake_timeout_.cancel()) take_step(wake_.step);  // every step starts by checking
+}
+
+void Job::stop_leading() {
+  wake_timeout_.cancel();
+  if (!handle_) {
+    if (cancelled()) {
+      finish();
+    } else {
+      compete();
+    }
+    return;
+  }
+  lost_watch_.cancel();
+  lost_watch_ = LeaseWatch();
+  leader_.store(false, std::memory_order_release);
+  metrics_->leaders.fetch_sub(1, std::memory_order_relaxed);
+  record_ = nullptr;
+  // Released so another process takes over at once; then compete again,
+  // or stop.
+  LockHandle h = std::move(handle_);
+  h.release([self = shared_from_this()](std::exception_ptr) {
+    self->post([self] {
+      if (self->cancelled())
+        self->finish();
+      else
+        self->compete();
+    });
+  });
+}
+
+void Job::finish() noexcept {
+  if (over_) return;
+  over_ = true;
+  wake_timeout_.cancel();
+  max_run_timeout_.cancel();
+  leader_.store(false, std::memory_order_release);
+  {
+    std::lock_guard lk(mu_);
+    finished_ = true;
+  }
+  cv_.notify_all();
 }
 
 }  // namespace detail

@@ -6,6 +6,7 @@
 #pragma once
 
 #include <chrono>
+#include <functional>
 #include <future>
 #include <memory>
 #include <mutex>
@@ -22,19 +23,47 @@ namespace lockwatch::detail {
 class WaitQueue;
 class Watchdog;
 
+struct Acquisition;
+
 // The call behind Runtime::acquire until its lock is granted: no work, and
-// one outcome. Once granted, the lease record itself is the handle's state.
+// one outcome, delivered through `complete` exactly once: by the loop
+// (granted, or failed) or by AcquireTicket::cancel(), whichever claims it
+// first. Once granted, the lease record itself is the handle's state.
 struct HandleCall final : Call {
+  using Complete = std::function<void(std::exception_ptr, LockHandle)>;
+
   void run() noexcept override {}
   // Loop thread: the acquisition failed.
   void finish(std::exception_ptr error) noexcept override {
     failed.store(true, std::memory_order_release);
+    if (!claim(kDone)) return;  // cancelled: told already
+    deliver(error ? error : std::make_exception_ptr(RuntimeStopped("lockwatch runtime stopped")), LockHandle());
+  }
+  // Loop thread, or the cancelling one. Calls `complete` and drops it
+  // (with whatever it keeps: a promise holding a handle must not outlive
+  // its future). Only after winning claim().
+  void deliver(std::exception_ptr error, LockHandle handle) noexcept {
+    Complete c = std::move(complete);
+    complete = nullptr;
     try {
-      acquired.set_exception(error ? error : std::make_exception_ptr(RuntimeStopped("lockwatch runtime stopped")));
+      c(error, std::move(handle));
     } catch (...) {
     }
   }
-  std::promise<LockHandle> acquired;  // given up at grant
+  // The outcome is ours to deliver: the grant or failure (kDone) or a
+  // cancel (kCancelled). True for the first claimant only.
+  bool claim(std::uint8_t to) noexcept {
+    std::uint8_t pending = kPending;
+    return state.compare_exchange_strong(pending, to, std::memory_order_acq_rel);
+  }
+  bool cancelled() const noexcept { return state.load(std::memory_order_acquire) == kCancelled; }
+  enum : std::uint8_t { kPending, kDone, kCancelled };
+
+  // Set on the caller's thread before the loop sees the call.
+  Complete complete;
+  std::string key;
+  std::weak_ptr<Runtime::Impl> runtime;    // for a cancel
+  std::weak_ptr<Acquisition> acquisition;  // for a cancel: none once it ended
 
   // For reentrancy on the thread that asked for the handle (see
   // Runtime::Impl::handle_held_here): the lease once granted.
@@ -49,6 +78,7 @@ struct HandleCall final : Call {
   }
   std::atomic<bool> failed{false};
   std::atomic<bool> granted{false};
+  std::atomic<std::uint8_t> state{kPending};
 
  private:
   mutable std::mutex mu;

@@ -56,7 +56,59 @@ bool Lease::mark_lost(LostReason reason) noexcept {
   return lost_reason_.compare_exchange_strong(expected, static_cast<std::int8_t>(reason), std::memory_order_acq_rel);
 }
 
+bool LeaseWatch::cancel() noexcept {
+  if (!watcher_ || !watcher_->claim()) return false;
+  // Never called now: what it keeps goes at once (it may keep its owner,
+  // which keeps this watch).
+  watcher_->handler = nullptr;
+  return true;
+}
+
+LeaseWatch Lease::on_lost(std::function<void(std::optional<LostReason>)> handler) const {
+  if (!handler) throw InvalidArgument("Lease::on_lost() needs a handler");
+  auto w = std::make_shared<detail::LeaseWatcher>(std::move(handler));
+  // Every Lease is a lease record (its constructor is protected, and the
+  // record is the one class made from it).
+  const_cast<detail::LeaseRecord*>(static_cast<const detail::LeaseRecord*>(this))->watch(w);
+  return LeaseWatch(w);
+}
+
 namespace detail {
+
+namespace {
+void tell(const std::weak_ptr<ThreadPool>& notifier, const std::shared_ptr<LeaseWatcher>& w,
+          std::optional<LostReason> reason) noexcept {
+  if (!w->claim()) return;  // cancelled
+  post_completion(notifier, [w, reason] { w->handler(reason); });
+}
+}  // namespace
+
+void LeaseRecord::watch(const std::shared_ptr<LeaseWatcher>& w) {
+  {
+    std::lock_guard lk(stop_lock(this));
+    // lost() is published before the watchers are taken (end_watchers), so
+    // a lease lost meanwhile is seen here or tells this watcher there.
+    if (!watch_ended_ && !lost()) {
+      if (!watchers_) watchers_ = std::make_unique<std::vector<std::shared_ptr<LeaseWatcher>>>();
+      std::erase_if(*watchers_, [](const auto& x) { return x->done.load(std::memory_order_relaxed); });
+      watchers_->push_back(w);
+      return;
+    }
+  }
+  tell(notifier, w, lost_reason());
+}
+
+void LeaseRecord::end_watchers(std::optional<LostReason> reason) noexcept {
+  std::unique_ptr<std::vector<std::shared_ptr<LeaseWatcher>>> ws;
+  {
+    std::lock_guard lk(stop_lock(this));
+    watch_ended_ = true;
+    ws = std::move(watchers_);
+  }
+  if (!ws) return;
+  for (auto& w : *ws) tell(notifier, w, reason);
+}
+
 std::vector<HeldOnThread>& leases_on_this_thread() noexcept {
   thread_local std::vector<HeldOnThread> held;
   return held;

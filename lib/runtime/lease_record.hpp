@@ -21,6 +21,7 @@
 #include "core/token.hpp"
 #include "lockwatch/lease.hpp"
 #include "lockwatch/runtime.hpp"
+#include "lockwatch/thread_pool.hpp"
 #include "lockwatch/timer_wheel.hpp"
 #include "store/lock_store.hpp"
 
@@ -44,9 +45,14 @@ class TtlText {
   std::uint8_t size_ = 0;
 };
 
+// Runs `task` off the calling thread for a completion handler: on the
+// runtime's notifier thread, or, once the runtime is gone (or stopped
+// taking tasks), on a thread of its own. Any thread.
+void post_completion(const std::weak_ptr<ThreadPool>& notifier, UniqueFunction task) noexcept;
+
 // What a LockHandle holds (as part of its lease's record): whether the
-// lease ended, how, and the promise of the release, made only when the
-// handle releases.
+// lease ended, how, and what awaits the release, made only when the handle
+// releases: a promise (release()) or a handler (release(handler)).
 struct HandleState {
   // Loop thread: the held lease ended (released, or lost and given back).
   void finish(std::exception_ptr error) noexcept {
@@ -60,7 +66,14 @@ struct HandleState {
     if (outcome_.exchange(kAwaited, std::memory_order_acq_rel) == kFinished) settle();
     return future;
   }
-  std::weak_ptr<Runtime::Impl> runtime;  // set at grant; the handle never keeps it alive
+  // The handle's thread, once: `handler` is called with the outcome, off
+  // this thread (post_completion).
+  void released(std::function<void(std::exception_ptr)> handler) {
+    on_released_ = std::make_unique<std::function<void(std::exception_ptr)>>(std::move(handler));
+    if (outcome_.exchange(kAwaited, std::memory_order_acq_rel) == kFinished) settle();
+  }
+  std::weak_ptr<Runtime::Impl> runtime;  // set at grant; the lease never keeps it alive
+  std::weak_ptr<ThreadPool> notifier;    // set at grant: the runtime's, for handlers
   // Any thread: the handle has not been released (nor the lease ended).
   bool handle_open() const noexcept { return outcome_.load(std::memory_order_acquire) == kOpen; }
 
@@ -68,6 +81,10 @@ struct HandleState {
   // Whichever of finish() and released() comes second settles the promise.
   enum : std::uint8_t { kOpen, kAwaited, kFinished };
   void settle() noexcept {
+    if (on_released_) {
+      post_completion(notifier, [h = std::move(on_released_), e = error_] { (*h)(e); });
+      return;
+    }
     try {
       if (error_)
         released_->set_exception(error_);
@@ -78,7 +95,20 @@ struct HandleState {
   }
   std::exception_ptr error_;                      // written before finish() publishes
   std::unique_ptr<std::promise<void>> released_;  // written before released() publishes
+  std::unique_ptr<std::function<void(std::exception_ptr)>> on_released_;  // or this
   std::atomic<std::uint8_t> outcome_{kOpen};      // last: the record packs its flags behind it
+};
+
+// One handler waiting for a lease's end (Lease::on_lost). Whoever flips
+// `state` first, the end or LeaseWatch::cancel(), decides.
+struct LeaseWatcher {
+  explicit LeaseWatcher(std::function<void(std::optional<LostReason>)> h) : handler(std::move(h)) {}
+  bool claim() noexcept {
+    bool open = false;
+    return done.compare_exchange_strong(open, true, std::memory_order_acq_rel);
+  }
+  std::function<void(std::optional<LostReason>)> handler;
+  std::atomic<bool> done{false};
 };
 
 // The store's name for a key, inline when short (most are), so a lease
@@ -206,6 +236,12 @@ struct LeaseRecord final : Lease, TimerTask, HandleState {
   // Whether any renewal failed since the last confirmed one.
   bool renewal_failing() const noexcept { return lost_detail_ != nullptr; }
 
+  // Lease::on_lost: adds a watcher (any thread), and tells the watchers
+  // the lease ended, lost with `reason` or held (loop thread; each is told
+  // once, the first time).
+  void watch(const std::shared_ptr<LeaseWatcher>& w);
+  void end_watchers(std::optional<LostReason> reason) noexcept;
+
  private:
   enum : std::uint8_t { kStarted, kQueued, kAbandoned };
   bool claim(std::uint8_t to) noexcept {
@@ -213,6 +249,10 @@ struct LeaseRecord final : Lease, TimerTask, HandleState {
     return start_.compare_exchange_strong(queued, to, std::memory_order_acq_rel);
   }
   std::unique_ptr<std::string> lost_detail_;  // rare: kept off the record
+  // Lease::on_lost's watchers (rare: made on the first), and whether the
+  // lease ended (no watcher waits then); both under the lease's striped lock.
+  std::unique_ptr<std::vector<std::shared_ptr<LeaseWatcher>>> watchers_;
+  bool watch_ended_ = false;
   std::atomic<std::uint8_t> start_{kStarted};
 };
 

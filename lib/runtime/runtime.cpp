@@ -134,20 +134,64 @@ std::shared_ptr<Acquisition> Runtime::Impl::make_acquisition(detail::LockSpec sp
   return a;
 }
 
-std::future<LockHandle> Runtime::Impl::acquire(detail::LockSpec spec) {
-  validate(spec);
-  auto call = std::make_shared<detail::HandleCall>();
-  auto future = call->acquired.get_future();
+std::shared_ptr<Acquisition> Runtime::Impl::start_handle(detail::LockSpec spec,
+                                                         const std::shared_ptr<detail::HandleCall>& call) {
+  call->key = spec.key;
   auto a = make_acquisition(std::move(spec), call);
   a->handle = call;
-  auto& handles = handles_on_this_thread();
-  std::erase_if(handles, handle_over);
-  handles.push_back({this, call});
+  call->runtime = weak_from_this();
+  call->acquisition = a;
   if (!loop.post([this, a] { start_acquire(a); })) {
     a->call->finish(std::make_exception_ptr(RuntimeStopped("lockwatch runtime is stopping")));
     call_done();
   }
+  return a;
+}
+
+std::future<LockHandle> Runtime::Impl::acquire(detail::LockSpec spec) {
+  validate(spec);
+  // The future form is the handler form whose handler fulfils a promise
+  // (on the loop thread: no user code runs there).
+  auto promise = std::make_shared<std::promise<LockHandle>>();
+  auto future = promise->get_future();
+  auto call = std::make_shared<detail::HandleCall>();
+  call->complete = [promise](std::exception_ptr e, LockHandle h) {
+    if (e)
+      promise->set_exception(e);
+    else
+      promise->set_value(std::move(h));
+  };
+  auto& handles = handles_on_this_thread();
+  std::erase_if(handles, handle_over);
+  handles.push_back({this, call});
+  try {
+    start_handle(std::move(spec), call);
+  } catch (...) {
+    handles.pop_back();
+    throw;
+  }
   return future;
+}
+
+AcquireTicket Runtime::Impl::acquire(detail::LockSpec spec, AcquireHandler handler) {
+  if (!handler) throw InvalidArgument("Runtime::acquire: the handler is empty");
+  validate(spec);
+  auto call = std::make_shared<detail::HandleCall>();
+  // Called on the loop (or the cancelling thread): the handler itself runs
+  // on the notifier.
+  call->complete = [notifier = std::weak_ptr<ThreadPool>(notifier_pool), h = std::move(handler)](
+                       std::exception_ptr e, LockHandle lh) mutable {
+    detail::post_completion(notifier, [h = std::move(h), e, lh = std::move(lh)]() mutable { h(e, std::move(lh)); });
+  };
+  start_handle(std::move(spec), call);
+  return detail::RuntimeAccess::ticket(std::move(call));
+}
+
+void Runtime::Impl::cancel_acquire(const std::shared_ptr<Acquisition>& a) {
+  // Ended meanwhile (granted and given back, or failed), or one attempt
+  // with no wait in flight (its answer finds it cancelled): nothing here.
+  if (a->done || a->spec.wait == milliseconds(0)) return;
+  waits.cancel(a.get(), std::make_exception_ptr(Cancelled(a->spec.key)));
 }
 
 std::shared_ptr<LeaseRecord> Runtime::Impl::handle_held_here(const std::string& key) const {
@@ -235,11 +279,13 @@ void Runtime::Impl::start_acquire(std::shared_ptr<Acquisition> a) {
 
 void Runtime::Impl::fail(const std::shared_ptr<Acquisition>& a, std::exception_ptr err, bool busy) {
   // The wait queue says whether it was busy: no exception is rethrown to
-  // find out.
-  if (busy)
+  // find out. A cancelled wait is neither.
+  if (a->handle && a->handle->cancelled()) {
+  } else if (busy) {
     events.busy(a->spec.key, Clock::now() - a->started);
-  else
+  } else {
     events.acquire_failed(a->spec.key, err);
+  }
   a->done = true;
   a->wait_timeout.cancel();
   a->call->finish(err);
@@ -260,13 +306,19 @@ void Runtime::Impl::taken(const std::shared_ptr<Acquisition>& a, std::uint64_t f
 void Runtime::Impl::start_lease(const std::shared_ptr<Acquisition>& a, const std::shared_ptr<LeaseRecord>& l) {
   events.acquired(a->spec.key, l->fencing_token(), l->granted_at - a->started);
   if (stopping.load()) l->request_stop();
+  l->runtime = weak_from_this();
+  l->notifier = notifier_pool;
   if (a->handle) {
-    l->runtime = weak_from_this();
+    if (!a->handle->claim(detail::HandleCall::kDone)) {
+      // Cancelled while the grant was on its way: nobody will hold it, so
+      // it is given back at once (as a dropped handle is).
+      watchdog.work_done(l);
+      return;
+    }
     a->handle->set_lease(l);
-    // The handle lives only in the future (the call's promise is given up
-    // here), so a future dropped unread releases the lock with it.
-    std::promise<LockHandle> acquired = std::move(a->handle->acquired);
-    acquired.set_value(HandleAccess::make(l));
+    // The handle lives only in what `complete` keeps (dropped with it, so
+    // a future dropped unread releases the lock with it).
+    a->handle->deliver(nullptr, HandleAccess::make(l));
   } else if (a->inline_run) {
     a->granted.set_value(l);
   } else {
@@ -333,6 +385,7 @@ void Runtime::Impl::lease_finished(const std::shared_ptr<LeaseRecord>& l) {
 }
 
 void Runtime::Impl::complete(const std::shared_ptr<LeaseRecord>& l) {
+  l->end_watchers(std::nullopt);  // ended held (a lost lease told them already)
   std::exception_ptr err;
   if (auto reason = l->lost_reason(); reason && (*reason != LostReason::kRuntimeStopped || l->is_handle()))
     err = std::make_exception_ptr(LeaseLost(l->key(), *reason, l->lost_detail()));
@@ -419,7 +472,7 @@ void Runtime::Impl::stop() {
     cv.wait(lk, [this] { return active_calls == 0; });
   }
   pool.shutdown();
-  notifier.shutdown();
+  notifier.shutdown();  // the last handlers (RuntimeStopped) run first
   loop.shutdown([this] { close_all(); });
   event_thread.shutdown();  // after the loop: its last events are told
   // The loop has joined: what it owned belongs to this thread now.
@@ -449,6 +502,55 @@ std::future<LockHandle> Runtime::acquire(std::string key, std::chrono::milliseco
   return impl_->acquire(std::move(spec));
 }
 
+AcquireTicket Runtime::acquire(std::string key, std::chrono::milliseconds ttl, Retries retries,
+                               std::chrono::milliseconds wait, AcquireHandler handler) {
+  detail::LockSpec spec;
+  spec.key = std::move(key);
+  spec.ttl = ttl;
+  spec.retries = retries.count();
+  spec.wait = wait;
+  return impl_->acquire(std::move(spec), std::move(handler));
+}
+
+AcquireTicket Runtime::dispatch_acquire(detail::LockSpec spec, AcquireHandler handler) {
+  return impl_->acquire(std::move(spec), std::move(handler));
+}
+
+bool AcquireTicket::cancel() noexcept {
+  if (!call_ || !call_->claim(detail::HandleCall::kCancelled)) return false;
+  try {
+    call_->deliver(std::make_exception_ptr(Cancelled(call_->key)), LockHandle());
+    // Out of the wait queue, on the loop. A pending acquisition keeps its
+    // runtime from stopping, so the runtime is there.
+    if (auto a = call_->acquisition.lock()) {
+      if (auto rt = call_->runtime.lock()) {
+        Runtime::Impl* impl = rt.get();
+        impl->loop.post([impl, a] { impl->cancel_acquire(a); });
+      }
+    }
+  } catch (...) {
+    // Out of memory: the wait runs out by itself.
+  }
+  return true;
+}
+
+void detail::post_completion(const std::weak_ptr<ThreadPool>& notifier, UniqueFunction task) noexcept {
+  // Kept outside the pool's queue until it is surely taken: a refused post
+  // must not lose it.
+  auto held = std::make_shared<UniqueFunction>(std::move(task));
+  if (auto pool = notifier.lock()) {
+    try {
+      pool->post([held] { (*held)(); });
+      return;
+    } catch (...) {
+    }
+  }
+  try {
+    std::thread([held] { (*held)(); }).detach();
+  } catch (...) {
+  }
+}
+
 std::future<LockState> Runtime::inspect(std::string key) { return impl_->inspect(std::move(key)); }
 std::future<bool> Runtime::force_release(std::string key) { return impl_->force_release(std::move(key)); }
 
@@ -472,6 +574,18 @@ LockHandle::~LockHandle() {
 }
 
 const Lease& LockHandle::lease() const noexcept { return static_cast<const detail::LeaseRecord&>(*state_); }
+
+void LockHandle::release(std::function<void(std::exception_ptr)> handler) {
+  if (!state_) throw InvalidArgument("LockHandle::release() on a handle that holds no lock");
+  if (!handler) throw InvalidArgument("LockHandle::release: the handler is empty");
+  auto state = std::move(state_);
+  state->released(std::move(handler));
+  if (auto rt = state->runtime.lock()) {
+    auto l = std::static_pointer_cast<detail::LeaseRecord>(std::move(state));
+    Runtime::Impl* impl = rt.get();
+    impl->loop.post([impl, l] { impl->watchdog.work_done(l); });
+  }
+}
 
 std::future<void> LockHandle::release() {
   if (!state_) throw InvalidArgument("LockHandle::release() on a handle that holds no lock");

@@ -59,10 +59,16 @@ struct Runtime::Impl : std::enable_shared_from_this<Runtime::Impl> {
   // holds (nullptr if none).
   std::shared_ptr<detail::LeaseRecord> handle_held_here(const std::string& key) const;
   std::future<LockHandle> acquire(detail::LockSpec spec);
+  // The handler form: `handler` runs on the notifier thread.
+  AcquireTicket acquire(detail::LockSpec spec, AcquireHandler handler);
+  // Loop: a cancelled acquisition leaves the wait queue.
+  void cancel_acquire(const std::shared_ptr<detail::Acquisition>& a);
   std::string operator_name(const std::string& key) const;
   std::future<LockState> inspect(std::string key);
   std::future<bool> force_release(std::string key);
   void call_done();
+  // Starts a handle's acquisition (both forms of acquire).
+  std::shared_ptr<detail::Acquisition> start_handle(detail::LockSpec spec, const std::shared_ptr<detail::HandleCall>& call);
   void stop();
   std::string render_metrics() const;
 
@@ -81,7 +87,12 @@ struct Runtime::Impl : std::enable_shared_from_this<Runtime::Impl> {
   const Options options;
   detail::StatsCounters stats;
   ThreadPool pool;
-  ThreadPool notifier{1, {}, "lw-notify"};       // runs stop callbacks: user code never runs on the loop
+  // Runs stop callbacks and completion handlers: user code never runs on
+  // the loop. Shared: a lease outliving the runtime reaches it (shut down
+  // by then) through a weak reference.
+  std::shared_ptr<ThreadPool> notifier_pool =
+      std::make_shared<ThreadPool>(1, std::chrono::microseconds{}, "lw-notify");
+  ThreadPool& notifier = *notifier_pool;
   ThreadPool event_thread{1, {}, "lw-events"};  // observers and the log sink: they never delay a stop callback
   detail::Events events;
   detail::Loop loop{options.busy_poll};
@@ -104,6 +115,7 @@ struct RuntimeAccess {
   static std::unique_ptr<Runtime> make(Options options, const StoreFactory& make_store);
   // What parts of the library built on the runtime (the scheduler) use.
   static Runtime::Impl& impl(Runtime& runtime) noexcept { return *runtime.impl_; }
+  static AcquireTicket ticket(std::shared_ptr<HandleCall> call) noexcept { return AcquireTicket(std::move(call)); }
 };
 }  // namespace detail
 

@@ -302,7 +302,11 @@ std::shared_ptr<Acquisition> WaitQueue::take_next(std::string_view name) {
   return a;
 }
 
-void WaitQueue::on_wait_expired(Acquisition* raw) {
+void WaitQueue::on_wait_expired(Acquisition* raw) { end_wait(raw, nullptr); }
+
+void WaitQueue::cancel(Acquisition* a, std::exception_ptr error) { end_wait(a, std::move(error)); }
+
+void WaitQueue::end_wait(Acquisition* raw, std::exception_ptr error) {
   if (raw->done) return;
   auto wit = waiters_.find(raw->name);
   if (wit == waiters_.end()) return;
@@ -313,7 +317,10 @@ void WaitQueue::on_wait_expired(Acquisition* raw) {
   bool head_in_flight = (pos == w->waiting.begin()) && w->in_flight;
   w->waiting.erase(pos);  // a head in flight: its answer sees done and cleans up
   a->done = true;
-  if (w->connection_error)
+  a->wait_timeout.cancel();
+  if (error)
+    hooks_.failed(a, error, false);
+  else if (w->connection_error)
     hooks_.failed(a, w->connection_error, false);
   else
     hooks_.failed(a,

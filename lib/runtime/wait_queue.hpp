@@ -69,6 +69,9 @@ class WaitQueue {
   // wait deadline is cancelled).
   Acquisition* next_waiter(std::string_view name) const;
   std::shared_ptr<Acquisition> take_next(std::string_view name);
+  // `a` leaves the queue and fails with `error` (it was cancelled); a lock
+  // its attempt in flight takes is given back.
+  void cancel(Acquisition* a, std::exception_ptr error);
   // Every waiter fails with `error` (the runtime stops).
   void fail_all(std::exception_ptr error);
   void clear();
@@ -82,6 +85,8 @@ class WaitQueue {
   void attempt_head(std::string_view name);
   void on_outcome(const std::shared_ptr<Acquisition>& a, const Acquired& out, Clock::time_point sent, KeyWaiters* w);
   void on_wait_expired(Acquisition* a);
+  // `a` leaves the queue: with `error`, or busy past its wait (none).
+  void end_wait(Acquisition* a, std::exception_ptr error);
   void maybe_forget(KeyWaiters* w);
   // `a` ended without the lock: if an attempt may have taken it, its token
   // is given back.

@@ -280,6 +280,7 @@ void Watchdog::lose(const std::shared_ptr<LeaseRecord>& l, LostReason reason, st
   events_.lost(l->key(), reason, detail);
   l->set_lost_detail(std::move(detail));
   request_stop(l);
+  l->end_watchers(reason);  // Lease::on_lost's handlers, on the notifier
 }
 
 void Watchdog::request_stop(const std::shared_ptr<LeaseRecord>& l) {

@@ -1,0 +1,308 @@
+// lockwatch/asio.hpp: lockwatch for Asio (standalone Asio, namespace
+// `asio`, 1.22 or later): completion tokens, cancellation slots and
+// C++20 coroutines. Header only; the library itself does not link Asio.
+//
+//   asio::awaitable<void> handle(lockwatch::Runtime& rt) {
+//     lockwatch::LockHandle h = co_await lockwatch::async_lock(
+//         rt, "sku:42", 5s, lockwatch::forever, 2s, asio::use_awaitable);
+//     co_await write(h.lease().fencing_token());        // renewed meanwhile
+//     co_await h.async_release(asio::use_awaitable);
+//   }
+//   auto reserve = LOCKED("sku:{0}", 5s, lockwatch::forever)
+//       [&](int sku) -> asio::awaitable<int> { co_return co_await take(sku); };
+//   int left = co_await reserve(42);                   // no thread blocks
+//
+// Every operation follows Asio's rules: it takes any completion token
+// (asio::use_awaitable, asio::use_future, asio::experimental::deferred, a
+// callback), its handler runs exactly once on the handler's associated
+// executor (never inside the initiating call), the executor's work is
+// tracked while it is pending, and the handler's associated cancellation
+// slot is honoured:
+//
+// - async_lock(runtime, key, ttl, retries, wait, token) completes with
+//   void(std::exception_ptr, LockHandle). Any cancellation type ends a
+//   pending wait with Cancelled; a lock granted in the race is given back.
+// - LockHandle::async_release(token) completes with
+//   void(std::exception_ptr): LeaseLost if the lease was lost while held.
+// - async_lost(lease, token) completes with
+//   void(std::exception_ptr, std::optional<LostReason>) when the lease ends:
+//   the reason if it was lost, std::nullopt once it was released.
+//   Cancellation: Cancelled.
+// - LOCKED / lockwatch::locked(...) (with .on(), .wait(),
+//   .renew_weight()) on a callable returning asio::awaitable<T> (member
+//   functions too) give a callable returning asio::awaitable<T>: awaiting
+//   it takes the lock without blocking, runs the coroutine on the awaiting
+//   coroutine's executor with the lease renewed across every suspension,
+//   releases the lock when the coroutine finishes (also by an exception)
+//   and only then completes. A lost lease cancels the coroutine
+//   (cancellation_type::terminal through its cancellation state: the
+//   operation it awaits fails with operation_aborted), and the caller gets
+//   LeaseLost whatever the coroutine did. Cancelling the caller cancels the
+//   wait for the lock (Cancelled) or, once it runs, the coroutine. Errors
+//   are the same typed exceptions as the future form's.
+//
+// Threading: a coroutine and the cancellation it receives must share one
+// thread or strand (Asio's rule for cancellation signals); the runtime's
+// notifier thread only posts to the executor. Costs: per operation one
+// shared block and one post to the executor; LOCKED adds a coroutine frame
+// and a co_spawn for the callable.
+#pragma once
+
+#include <asio/associated_cancellation_slot.hpp>
+#include <asio/associated_executor.hpp>
+#include <asio/async_result.hpp>
+#include <asio/awaitable.hpp>
+#include <asio/bind_cancellation_slot.hpp>
+#include <asio/cancellation_signal.hpp>
+#include <asio/cancellation_state.hpp>
+#include <asio/co_spawn.hpp>
+#include <asio/executor_work_guard.hpp>
+#include <asio/post.hpp>
+#include <asio/this_coro.hpp>
+#include <asio/use_awaitable.hpp>
+
+#include <chrono>
+#include <exception>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <type_traits>
+#include <utility>
+
+#include "lockwatch/lockwatch.hpp"
+
+namespace lockwatch {
+namespace detail {
+
+// A completion handler waiting for the runtime: it keeps the handler's
+// executor busy (work guard) until complete() posts it there, once.
+template <class Handler, class... Args>
+class AsioCompletion {
+ public:
+  explicit AsioCompletion(Handler h)
+      : work_(asio::make_work_guard(asio::get_associated_executor(h))), handler_(std::move(h)) {}
+
+  // Any thread, once: the handler runs on its executor with `args`, after
+  // its cancellation slot is cleared (the slot's handler may refer to it).
+  void complete(Args... args) {
+    auto ex = work_.get_executor();
+    asio::post(ex, [h = std::move(handler_), w = std::move(work_), ... a = std::move(args)]() mutable {
+      asio::get_associated_cancellation_slot(h).clear();
+      std::move(h)(std::move(a)...);
+    });
+  }
+
+ private:
+  asio::executor_work_guard<asio::associated_executor_t<Handler>> work_;
+  Handler handler_;
+};
+
+// A cancel that may come before the runtime handed out what cancels (a
+// ticket or a watch): it is applied as soon as that is known.
+template <class Canceller>
+class PendingCancel {
+ public:
+  // Any thread: the operation should end.
+  void request() {
+    Canceller c;
+    {
+      std::lock_guard lk(mu_);
+      requested_ = true;
+      c = canceller_;
+    }
+    if (c) after_cancel(c.cancel());
+  }
+  void set(Canceller c) {
+    bool requested;
+    {
+      std::lock_guard lk(mu_);
+      canceller_ = c;
+      requested = requested_;
+    }
+    if (requested) after_cancel(c.cancel());
+  }
+  // What to do when a cancel won (async_lost completes the handler itself).
+  std::function<void()> on_won;
+
+ private:
+  void after_cancel(bool won) {
+    if (won && on_won) on_won();
+  }
+  std::mutex mu_;
+  bool requested_ = false;
+  Canceller canceller_;
+};
+
+template <class Handler, class Canceller>
+void connect_cancel(Handler& handler, const std::shared_ptr<PendingCancel<Canceller>>& cancel) {
+  auto slot = asio::get_associated_cancellation_slot(handler);
+  if (slot.is_connected()) {
+    slot.assign([cancel](asio::cancellation_type_t type) {
+      if (type != asio::cancellation_type::none) cancel->request();
+    });
+  }
+}
+
+// async_lock from a spec (LOCKED's renewal weight included).
+template <class CompletionToken>
+auto async_lock_spec(Runtime& runtime, LockSpec spec, CompletionToken&& token) {
+  return asio::async_initiate<CompletionToken, void(std::exception_ptr, LockHandle)>(
+      [](auto handler, Runtime* rt, LockSpec spec) {
+        using Done = AsioCompletion<decltype(handler), std::exception_ptr, LockHandle>;
+        auto cancel = std::make_shared<PendingCancel<AcquireTicket>>();
+        connect_cancel(handler, cancel);
+        auto done = std::make_shared<Done>(std::move(handler));
+        try {
+          cancel->set(rt->dispatch_acquire(
+              std::move(spec), [done](std::exception_ptr e, LockHandle h) { done->complete(e, std::move(h)); }));
+        } catch (...) {
+          // Refused before anything started (InvalidArgument,
+          // RuntimeStopped): through the handler, on its executor.
+          done->complete(std::current_exception(), LockHandle());
+        }
+      },
+      token, &runtime, std::move(spec));
+}
+
+// The state a LOCKED coroutine shares with the lease's loss handler and
+// the caller's cancellation; touched on the coroutine's executor only.
+template <class Executor>
+struct LockedRun {
+  explicit LockedRun(Executor e) : ex(std::move(e)) {}
+  Executor ex;
+  asio::cancellation_signal signal;  // the callable's cancellation
+  bool done = false;                 // the callable finished: nothing more to cancel
+};
+
+template <class T, class Executor, class Invoke>
+asio::awaitable<T, Executor> run_locked(Runtime* rt, LockSpec spec, std::exception_ptr key_error, Invoke invoke) {
+  if (key_error) std::rethrow_exception(key_error);
+  // The release below must run even when the caller was cancelled.
+  const bool throw_if_cancelled = co_await asio::this_coro::throw_if_cancelled();
+  co_await asio::this_coro::throw_if_cancelled(false);
+  Runtime& runtime = rt ? *rt : Runtime::default_runtime();
+  std::exception_ptr error;
+  LockHandle h;
+  try {
+    h = co_await async_lock_spec(runtime, std::move(spec), asio::use_awaitable_t<Executor>{});
+  } catch (...) {
+    error = std::current_exception();
+  }
+  if (error) {
+    co_await asio::this_coro::throw_if_cancelled(throw_if_cancelled);
+    std::rethrow_exception(error);
+  }
+  auto ex = co_await asio::this_coro::executor;
+  auto run = std::make_shared<LockedRun<Executor>>(ex);
+  // A lost lease cancels the callable, on its executor.
+  LeaseWatch watch = h.lease().on_lost([run](std::optional<LostReason> reason) {
+    if (!reason) return;
+    asio::post(run->ex, [run] {
+      if (!run->done) run->signal.emit(asio::cancellation_type::terminal);
+    });
+  });
+  // So does the caller's cancellation (its slot is free while the callable
+  // runs on a slot of its own).
+  asio::cancellation_state cs = co_await asio::this_coro::cancellation_state;
+  using Value = std::conditional_t<std::is_void_v<T>, bool, T>;
+  std::optional<Value> value;
+  if (cs.cancelled() != asio::cancellation_type::none) {
+    error = std::make_exception_ptr(Cancelled(h.lease().key()));  // granted as it was cancelled
+  } else {
+    auto caller = cs.slot();  // unconnected when the caller cannot be cancelled
+    if (caller.is_connected()) {
+      caller.assign([run](asio::cancellation_type_t type) {
+        if (!run->done) run->signal.emit(type);
+      });
+    }
+    try {
+      if constexpr (std::is_void_v<T>) {
+        co_await asio::co_spawn(ex, invoke(), asio::bind_cancellation_slot(run->signal.slot(), asio::use_awaitable_t<Executor>{}));
+        value.emplace(true);
+      } else {
+        value.emplace(co_await asio::co_spawn(
+            ex, invoke(), asio::bind_cancellation_slot(run->signal.slot(), asio::use_awaitable_t<Executor>{})));
+      }
+    } catch (...) {
+      error = std::current_exception();
+    }
+    if (caller.is_connected()) caller.clear();
+  }
+  run->done = true;
+  watch.cancel();
+  // Released before the caller goes on; a lease lost while held overrides
+  // whatever the callable did.
+  std::exception_ptr release_error;
+  try {
+    co_await h.async_release(asio::use_awaitable_t<Executor>{});
+  } catch (...) {
+    release_error = std::current_exception();
+  }
+  co_await asio::this_coro::throw_if_cancelled(throw_if_cancelled);
+  if (release_error) std::rethrow_exception(release_error);
+  if (error) std::rethrow_exception(error);
+  if constexpr (!std::is_void_v<T>) co_return std::move(*value);
+}
+
+template <class T, class Executor>
+struct AsyncCall<asio::awaitable<T, Executor>> {
+  static constexpr bool enabled = true;
+  template <class Invoke>
+  static asio::awaitable<T, Executor> start(Runtime* rt, LockSpec spec, std::exception_ptr key_error, Invoke invoke) {
+    return run_locked<T, Executor>(rt, std::move(spec), std::move(key_error), std::move(invoke));
+  }
+};
+
+}  // namespace detail
+
+// Takes the lock for `key` (see Runtime::acquire for the arguments and
+// errors); completes with void(std::exception_ptr, LockHandle).
+template <class CompletionToken>
+auto async_lock(Runtime& runtime, std::string key, std::chrono::milliseconds ttl, Retries retries,
+                std::chrono::milliseconds wait, CompletionToken&& token) {
+  detail::LockSpec spec;
+  spec.key = std::move(key);
+  spec.ttl = ttl;
+  spec.retries = retries.count();
+  spec.wait = wait;
+  return detail::async_lock_spec(runtime, std::move(spec), std::forward<CompletionToken>(token));
+}
+
+// Completes when `lease` ends: void(std::exception_ptr, std::optional<LostReason>),
+// the reason if it was lost, std::nullopt if it was released. The lease
+// must outlive the call (not the operation).
+template <class CompletionToken>
+auto async_lost(const Lease& lease, CompletionToken&& token) {
+  return asio::async_initiate<CompletionToken, void(std::exception_ptr, std::optional<LostReason>)>(
+      [](auto handler, const Lease* lease) {
+        using Done = detail::AsioCompletion<decltype(handler), std::exception_ptr, std::optional<LostReason>>;
+        auto cancel = std::make_shared<detail::PendingCancel<LeaseWatch>>();
+        auto slot = asio::get_associated_cancellation_slot(handler);
+        auto done = std::make_shared<Done>(std::move(handler));
+        cancel->on_won = [done, key = lease->key()] {
+          done->complete(std::make_exception_ptr(Cancelled(key)), std::nullopt);
+        };
+        if (slot.is_connected()) {
+          slot.assign([cancel](asio::cancellation_type_t type) {
+            if (type != asio::cancellation_type::none) cancel->request();
+          });
+        }
+        cancel->set(lease->on_lost([done](std::optional<LostReason> reason) { done->complete(nullptr, reason); }));
+      },
+      token, &lease);
+}
+
+template <class CompletionToken>
+auto LockHandle::async_release(CompletionToken&& token) {
+  if (!state_) throw InvalidArgument("LockHandle::async_release() on a handle that holds no lock");
+  return asio::async_initiate<CompletionToken, void(std::exception_ptr)>(
+      [](auto handler, LockHandle handle) {
+        auto done = std::make_shared<detail::AsioCompletion<decltype(handler), std::exception_ptr>>(std::move(handler));
+        handle.release([done](std::exception_ptr e) { done->complete(e); });
+      },
+      token, std::move(*this));
+}
+
+}  // namespace lockwatch

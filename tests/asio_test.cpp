@@ -1,0 +1,331 @@
+// lockwatch/asio.hpp on an in-memory store, on one single-threaded
+// io_context: async_lock with use_awaitable, use_future and callbacks, its
+// handler on its executor, per-operation cancellation (slots and
+// awaitable_operators timeouts) before and at the grant, async_release,
+// async_lost, and LOCKED on coroutines: lambdas and member functions, the
+// lease renewed across suspensions, a lost lease cancelling the coroutine,
+// errors as typed exceptions.
+#include "asio_util.hpp"
+
+#include <atomic>
+#include <thread>
+
+#include "memory_runtime.hpp"
+
+namespace lockwatch::testing {
+namespace {
+
+using namespace asio::experimental::awaitable_operators;
+
+class AsioTest : public ::testing::Test {
+ protected:
+  void SetUp() override { rt_ = memory_runtime(backend_, script_, memory_options()); }
+  void TearDown() override { rt_.reset(); }
+
+  // Waits (bounded) until nothing holds `key` and no lease is held.
+  bool nothing_held(const std::string& key) {
+    auto until = std::chrono::steady_clock::now() + kBound;
+    while (std::chrono::steady_clock::now() < until) {
+      if (!backend_->owner(memory_name(key)) && rt_->held_leases() == 0) return true;
+      std::this_thread::sleep_for(1ms);  // polling the store, which has no event for this
+    }
+    return false;
+  }
+  bool held(const std::string& key) const { return backend_->owner(memory_name(key)).has_value(); }
+
+  std::shared_ptr<MemoryBackend> backend_ = std::make_shared<MemoryBackend>();
+  std::shared_ptr<StoreScript> script_ = std::make_shared<StoreScript>();
+  std::unique_ptr<Runtime> rt_;
+  asio::io_context ctx_{1};
+};
+
+TEST_F(AsioTest, AsyncLockWithUseAwaitableResumesOnTheCoroutinesThread) {
+  auto me = std::this_thread::get_id();
+  run_to_end(ctx_, [&]() -> asio::awaitable<void> {
+    LockHandle h = co_await async_lock(*rt_, "aw", 1s, forever, 0ms, asio::use_awaitable);
+    EXPECT_EQ(std::this_thread::get_id(), me);
+    EXPECT_TRUE(h);
+    EXPECT_TRUE(held("aw"));
+    co_await h.async_release(asio::use_awaitable);
+    EXPECT_EQ(std::this_thread::get_id(), me);
+    EXPECT_FALSE(h);
+  }());
+  EXPECT_FALSE(held("aw"));
+}
+
+TEST_F(AsioTest, AsyncLockWithUseFuture) {
+  std::future<LockHandle> f = async_lock(*rt_, "fut", 1s, forever, 0ms, asio::use_future);
+  LockHandle h = get_bounded(f);
+  EXPECT_TRUE(held("fut"));
+  std::future<void> released = h.async_release(asio::use_future);
+  get_bounded(released);
+  EXPECT_FALSE(held("fut"));
+  // Errors are the future's exception.
+  auto busy_holder = async_lock(*rt_, "fut", 5s, forever, 0ms, asio::use_future);
+  auto holder = get_bounded(busy_holder);
+  auto busy = async_lock(*rt_, "fut", 1s, forever, 0ms, asio::use_future);
+  EXPECT_TRUE(error_of<LockNotAcquired>(busy));
+}
+
+TEST_F(AsioTest, AsyncLockWithDeferredStartsOnlyWhenLaunched) {
+  auto op = async_lock(*rt_, "deferred", 1s, forever, 0ms, asio::experimental::deferred);
+  EXPECT_EQ(script_->count(Op::kAcquire), 0u);  // nothing asked yet
+  run_to_end(ctx_, [&]() -> asio::awaitable<void> {
+    LockHandle h = co_await std::move(op)(asio::use_awaitable);
+    EXPECT_TRUE(held("deferred"));
+    co_await h.async_release(asio::experimental::deferred)(asio::use_awaitable);
+  }());
+  EXPECT_FALSE(held("deferred"));
+}
+
+TEST_F(AsioTest, CallbackRunsOnItsAssociatedExecutorNeverInsideTheCall) {
+  std::thread::id ran_on;
+  bool inside_call = true;
+  bool called = false;
+  auto me = std::this_thread::get_id();
+  async_lock(*rt_, "cb", 1s, forever, 0ms,
+             asio::bind_executor(ctx_.get_executor(), [&](std::exception_ptr e, LockHandle h) {
+               called = true;
+               ran_on = std::this_thread::get_id();
+               EXPECT_FALSE(inside_call);
+               EXPECT_FALSE(e);
+               EXPECT_TRUE(h);
+             }));
+  inside_call = false;
+  EXPECT_FALSE(called);
+  // Work is tracked: run() returns only once the handler ran.
+  ctx_.run_for(kBound);
+  EXPECT_TRUE(called);
+  EXPECT_EQ(ran_on, me);
+  EXPECT_TRUE(nothing_held("cb"));  // the handle was dropped by the handler
+}
+
+TEST_F(AsioTest, CancellationSlotEndsAPendingWaitWithCancelled) {
+  auto holder_f = rt_->acquire("slot", 5s);
+  auto holder = get_bounded(holder_f);
+  asio::cancellation_signal signal;
+  std::exception_ptr error;
+  bool called = false;
+  async_lock(*rt_, "slot", 1s, forever, 10s,
+             asio::bind_cancellation_slot(signal.slot(), asio::bind_executor(ctx_, [&](std::exception_ptr e, LockHandle h) {
+                                            called = true;
+                                            error = e;
+                                            EXPECT_FALSE(h);
+                                          })));
+  ASSERT_TRUE(script_->wait_for(Op::kAcquire, 2));
+  asio::post(ctx_, [&] { signal.emit(asio::cancellation_type::terminal); });
+  auto t0 = std::chrono::steady_clock::now();
+  ctx_.run_for(kBound);
+  ASSERT_TRUE(called);
+  EXPECT_LT(ms_between(t0, std::chrono::steady_clock::now()), 2s);
+  EXPECT_TRUE(thrown<Cancelled>([&] { std::rethrow_exception(error); }));
+  auto released = holder.release();
+  get_bounded(released);
+  EXPECT_TRUE(nothing_held("slot"));
+}
+
+TEST_F(AsioTest, TimeoutWithAwaitableOperatorsCancelsTheWait) {
+  auto holder_f = rt_->acquire("timeout", 5s);
+  auto holder = get_bounded(holder_f);
+  auto result = run_to_end(ctx_, [&]() -> asio::awaitable<std::size_t> {
+    asio::steady_timer timer(co_await asio::this_coro::executor, 50ms);
+    auto r = co_await (async_lock(*rt_, "timeout", 1s, forever, 10s, asio::use_awaitable) ||
+                       timer.async_wait(asio::use_awaitable));
+    co_return r.index();
+  }());
+  EXPECT_EQ(result, 1u);  // the timer won
+  auto attempts = script_->count(Op::kAcquire);
+  auto released = holder.release();
+  get_bounded(released);
+  EXPECT_TRUE(nothing_held("timeout"));
+  EXPECT_EQ(script_->count(Op::kAcquire), attempts);  // the cancelled waiter left the queue
+}
+
+TEST_F(AsioTest, CancelledExactlyAtTheGrantLeavesNoLockHeld) {
+  // The store takes the lock at once but answers 40 ms later; the timeout
+  // fires at 20 ms, while the grant is on its way.
+  script_->set_delay(Op::kAcquire, 40ms);
+  for (auto wait : {0ms, 5000ms}) {
+    auto result = run_to_end(ctx_, [&]() -> asio::awaitable<std::size_t> {
+      asio::steady_timer timer(co_await asio::this_coro::executor, 20ms);
+      auto r = co_await (async_lock(*rt_, "grant", 1s, forever, wait, asio::use_awaitable) ||
+                         timer.async_wait(asio::use_awaitable));
+      co_return r.index();
+    }());
+    EXPECT_EQ(result, 1u);
+    EXPECT_GE(script_->count(Op::kAcquire), 1u);
+    EXPECT_TRUE(nothing_held("grant")) << "wait " << wait.count();
+  }
+}
+
+TEST_F(AsioTest, AsyncLostCompletesWithTheReasonOrOnRelease) {
+  run_to_end(ctx_, [&]() -> asio::awaitable<void> {
+    LockHandle h = co_await async_lock(*rt_, "lost", 200ms, forever, 0ms, asio::use_awaitable);
+    backend_->erase(memory_name("lost"));
+    std::optional<LostReason> reason = co_await async_lost(h.lease(), asio::use_awaitable);
+    EXPECT_EQ(reason, LostReason::kExpired);
+    try {
+      co_await h.async_release(asio::use_awaitable);
+      ADD_FAILURE() << "release of a lost lease succeeded";
+    } catch (const LeaseLost& e) {
+      EXPECT_EQ(e.reason(), LostReason::kExpired);
+    }
+
+    LockHandle g = co_await async_lock(*rt_, "lost2", 1s, forever, 0ms, asio::use_awaitable);
+    // Cancelled by a timeout: Cancelled; the lease is kept.
+    asio::steady_timer timer(co_await asio::this_coro::executor, 30ms);
+    auto r = co_await (async_lost(g.lease(), asio::use_awaitable) || timer.async_wait(asio::use_awaitable));
+    EXPECT_EQ(r.index(), 1u);
+    EXPECT_FALSE(g.lease().lost());
+    // Released: std::nullopt.
+    asio::cancellation_signal never;
+    std::optional<LostReason> end = LostReason::kExpired;
+    bool told = false;
+    async_lost(g.lease(), asio::bind_executor(ctx_, [&](std::exception_ptr e, std::optional<LostReason> why) {
+                 EXPECT_FALSE(e);
+                 end = why;
+                 told = true;
+               }));
+    co_await g.async_release(asio::use_awaitable);
+    asio::steady_timer wait(co_await asio::this_coro::executor);
+    for (int i = 0; i < 1000 && !told; ++i) {
+      wait.expires_after(1ms);
+      co_await wait.async_wait(asio::use_awaitable);
+    }
+    EXPECT_TRUE(told);
+    EXPECT_EQ(end, std::nullopt);
+  }());
+}
+
+TEST_F(AsioTest, LockedCoroutineHoldsAcrossSuspensionsAndReleasesAfter) {
+  auto renewals_seen = std::make_shared<std::uint64_t>(0);
+  auto work = locked("job:{0}", 100ms, forever).on(*rt_)([&](int id) -> asio::awaitable<int> {
+    EXPECT_TRUE(held("job:7"));
+    asio::steady_timer t(co_await asio::this_coro::executor);
+    for (int i = 0; i < 5; ++i) {  // 300 ms: three ttls, renewed meanwhile
+      t.expires_after(60ms);
+      co_await t.async_wait(asio::use_awaitable);
+      EXPECT_TRUE(held("job:7"));
+    }
+    co_return id * 2;
+  });
+  auto before = rt_->stats().renewals_sent;
+  int v = run_to_end(ctx_, work(7));
+  EXPECT_EQ(v, 14);
+  EXPECT_GE(rt_->stats().renewals_sent - before, 2u);
+  EXPECT_FALSE(held("job:7"));  // released before the caller went on
+  EXPECT_EQ(rt_->held_leases(), 0u);
+}
+
+class Inventory {
+ public:
+  asio::awaitable<int> take(int sku, int n) {
+    asio::steady_timer t(co_await asio::this_coro::executor, 1ms);
+    co_await t.async_wait(asio::use_awaitable);
+    stock -= n;
+    (void)sku;
+    co_return stock;
+  }
+  int stock = 100;
+};
+
+TEST_F(AsioTest, LockedMemberCoroutineKeysOnTheFirstDeclaredParameter) {
+  Inventory inv;
+  auto take = locked("sku:{0}", 1s, 3).on(*rt_).wait(1s)(&Inventory::take);
+  EXPECT_EQ(take.key_for(inv, 42, 1), "sku:42");
+  int left = run_to_end(ctx_, [&]() -> asio::awaitable<int> {
+    co_await take(inv, 42, 1);
+    co_return co_await take(&inv, 42, 2);
+  }());
+  EXPECT_EQ(left, 97);
+  EXPECT_EQ(inv.stock, 97);
+}
+
+TEST_F(AsioTest, ALostLeaseCancelsTheCoroutineAndTheCallerGetsLeaseLost) {
+  bool aborted = false;
+  auto work = locked("doomed", 200ms, forever).on(*rt_)([&]() -> asio::awaitable<int> {
+    asio::steady_timer t(co_await asio::this_coro::executor, 10s);
+    backend_->erase(memory_name("doomed"));  // the next renewal finds the key gone
+    try {
+      co_await t.async_wait(asio::use_awaitable);
+    } catch (const std::system_error& e) {
+      aborted = e.code() == asio::error::operation_aborted;
+      throw;
+    }
+    co_return 1;
+  });
+  auto t0 = std::chrono::steady_clock::now();
+  auto err = thrown<LeaseLost>([&] { run_to_end(ctx_, work()); });
+  ASSERT_TRUE(err);
+  EXPECT_EQ(err->reason(), LostReason::kExpired);
+  EXPECT_TRUE(aborted);
+  EXPECT_LT(ms_between(t0, std::chrono::steady_clock::now()), 5s);  // not the 10 s timer
+}
+
+TEST_F(AsioTest, LockedCoroutineErrorsAreTypedAndTheLockIsReleased) {
+  auto holder_f = rt_->acquire("busy", 5s);
+  auto holder = get_bounded(holder_f);
+  int ran = 0;
+  auto work = locked("busy", 1s, 0).on(*rt_)([&]() -> asio::awaitable<void> {
+    ++ran;
+    co_return;
+  });
+  EXPECT_TRUE(thrown<LockNotAcquired>([&] { run_to_end(ctx_, work()); }));
+  EXPECT_EQ(ran, 0);
+  auto released = holder.release();
+  get_bounded(released);
+
+  auto failing = locked("fails", 1s, 0).on(*rt_)([&]() -> asio::awaitable<int> {
+    co_await asio::post(co_await asio::this_coro::executor, asio::use_awaitable);
+    throw std::logic_error("boom");
+  });
+  EXPECT_TRUE(thrown<std::logic_error>([&] { run_to_end(ctx_, failing()); }));
+  EXPECT_TRUE(nothing_held("fails"));
+
+  auto bad_key = locked("", 1s, 0).on(*rt_)([]() -> asio::awaitable<void> { co_return; });
+  EXPECT_TRUE(thrown<InvalidArgument>([&] { run_to_end(ctx_, bad_key()); }));
+}
+
+TEST_F(AsioTest, CancellingTheCallerCancelsTheRunningCoroutineAndReleases) {
+  bool aborted = false;
+  auto work = locked("slow", 1s, forever).on(*rt_)([&]() -> asio::awaitable<void> {
+    asio::steady_timer t(co_await asio::this_coro::executor, 10s);
+    try {
+      co_await t.async_wait(asio::use_awaitable);
+    } catch (const std::system_error& e) {
+      aborted = e.code() == asio::error::operation_aborted;
+      throw;
+    }
+  });
+  auto index = run_to_end(ctx_, [&]() -> asio::awaitable<std::size_t> {
+    asio::steady_timer timeout(co_await asio::this_coro::executor, 50ms);
+    auto r = co_await (work() || timeout.async_wait(asio::use_awaitable));
+    co_return r.index();
+  }());
+  EXPECT_EQ(index, 1u);
+  EXPECT_TRUE(aborted);
+  EXPECT_TRUE(nothing_held("slow"));
+}
+
+TEST_F(AsioTest, ManyCoroutinesOnFewKeysNeverOverlapAndNothingBlocksTheContext) {
+  auto r = coroutine_stress(*rt_, 200, 3, {"s0", "s1", "s2", "s3"});
+  EXPECT_EQ(r.done, 200);
+  EXPECT_EQ(r.errors, 0);
+  EXPECT_EQ(r.overlaps, 0);
+  for (int n : r.per_key) EXPECT_EQ(n, 150);
+  EXPECT_GT(r.ticks, 0);
+  EXPECT_LT(r.max_tick_late, std::chrono::microseconds(20000)) << "a 1 ms timer ran late by " << r.max_tick_late.count() << " us";
+  EXPECT_EQ(rt_->held_leases(), 0u);
+}
+
+TEST(AsioLockedMacroTest, LockedOnACoroutineLambdaGivesAnAwaitableThatStartsOnlyWhenAwaited) {
+  // LOCKED (the default runtime) on a coroutine: calling it makes an
+  // awaitable and nothing else (no runtime is made, no lock asked for).
+  auto f = LOCKED("k:{0}", 1s, 0)[](int x) -> asio::awaitable<int> { co_return x; };
+  static_assert(std::is_same_v<decltype(f(1)), asio::awaitable<int>>);
+  auto lazy = f(1);
+  EXPECT_EQ(f.key_for(7), "k:7");
+}
+
+}  // namespace
+}  // namespace lockwatch::testing

@@ -1,0 +1,353 @@
+// The handler path without Asio, on an in-memory store: Runtime::acquire
+// with a handler (once, off the calling thread, cancellable, no lock leaked
+// by a cancel racing the grant), LockHandle::release with a handler,
+// Lease::on_lost, and lockwatch::mutex under the standard lock types.
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <mutex>
+#include <thread>
+
+#include "memory_runtime.hpp"
+
+namespace lockwatch::testing {
+namespace {
+
+// What a handler was called with, and where.
+struct Outcome {
+  std::exception_ptr error;
+  LockHandle handle;
+  std::thread::id thread;
+};
+
+// A handler that counts its calls and hands the first outcome to a future.
+struct Recorder {
+  std::shared_ptr<std::promise<Outcome>> promise = std::make_shared<std::promise<Outcome>>();
+  std::shared_ptr<std::atomic<int>> calls = std::make_shared<std::atomic<int>>(0);
+  std::future<Outcome> future = promise->get_future();
+
+  AcquireHandler handler() {
+    return [p = promise, calls = calls](std::exception_ptr e, LockHandle h) {
+      if (calls->fetch_add(1) == 0) p->set_value(Outcome{e, std::move(h), std::this_thread::get_id()});
+    };
+  }
+};
+
+template <class E>
+bool holds(const std::exception_ptr& e) {
+  if (!e) return false;
+  try {
+    std::rethrow_exception(e);
+  } catch (const E&) {
+    return true;
+  } catch (...) {
+    return false;
+  }
+}
+
+class AsyncTest : public ::testing::Test {
+ protected:
+  void SetUp() override { rt_ = memory_runtime(backend_, script_, memory_options()); }
+  void TearDown() override { rt_.reset(); }
+
+  // Waits (bounded) until nothing holds `key` in the store and the runtime
+  // holds no lease: a cancelled or given-back lock is released a round
+  // trip after its handler ran.
+  bool nothing_held(const std::string& key) {
+    auto until = std::chrono::steady_clock::now() + kBound;
+    while (std::chrono::steady_clock::now() < until) {
+      if (!backend_->owner(memory_name(key)) && rt_->held_leases() == 0 && rt_->stats().held_leases == 0) return true;
+      std::this_thread::sleep_for(1ms);  // polling the store, which has no event for this
+    }
+    return false;
+  }
+
+  std::shared_ptr<MemoryBackend> backend_ = std::make_shared<MemoryBackend>();
+  std::shared_ptr<StoreScript> script_ = std::make_shared<StoreScript>();
+  std::unique_ptr<Runtime> rt_;
+};
+
+TEST_F(AsyncTest, HandlerGetsTheHandleOnceOffTheCallingThread) {
+  Recorder r;
+  auto ticket = rt_->acquire("h", 1s, forever, 0ms, r.handler());
+  ASSERT_EQ(r.future.wait_for(kBound), std::future_status::ready);
+  Outcome o = r.future.get();
+  EXPECT_FALSE(o.error);
+  ASSERT_TRUE(o.handle);
+  EXPECT_NE(o.thread, std::this_thread::get_id());
+  EXPECT_EQ(o.handle.lease().key(), "h");
+  EXPECT_TRUE(backend_->owner(memory_name("h")));
+  EXPECT_FALSE(ticket.cancel());  // completed: nothing to cancel
+  auto released = o.handle.release();
+  get_bounded(released);
+  rt_.reset();  // the notifier is joined: every handler that was going to run ran
+  EXPECT_EQ(r.calls->load(), 1);
+}
+
+TEST_F(AsyncTest, HandlerNeverRunsInsideTheCall) {
+  // The handler blocks until the call returned: if it ran inside the
+  // call, on this thread, the call would never return and the bound fails.
+  std::promise<void> returned;
+  std::shared_future<void> call_returned = returned.get_future().share();
+  std::promise<bool> waited;
+  auto ok = waited.get_future();
+  rt_->acquire("inline", 1s, forever, 0ms, [call_returned, &waited](std::exception_ptr, LockHandle) {
+    waited.set_value(call_returned.wait_for(kBound) == std::future_status::ready);
+  });
+  returned.set_value();
+  ASSERT_EQ(ok.wait_for(kBound), std::future_status::ready);
+  EXPECT_TRUE(ok.get());
+}
+
+TEST_F(AsyncTest, ErrorsReachTheHandlerAsTypedExceptions) {
+  auto held = rt_->acquire("busy", 5s);
+  auto h = get_bounded(held);
+  Recorder r;
+  rt_->acquire("busy", 1s, forever, 0ms, r.handler());
+  ASSERT_EQ(r.future.wait_for(kBound), std::future_status::ready);
+  Outcome o = r.future.get();
+  EXPECT_TRUE(holds<LockNotAcquired>(o.error));
+  EXPECT_FALSE(o.handle);
+
+  // Refused at the call: thrown, and the handler never runs.
+  Recorder never;
+  EXPECT_THROW(rt_->acquire("", 1s, forever, 0ms, never.handler()), InvalidArgument);
+  EXPECT_THROW(rt_->acquire("k", 0ms, forever, 0ms, never.handler()), InvalidArgument);
+  EXPECT_THROW(rt_->acquire("k", 1s, forever, 0ms, AcquireHandler()), InvalidArgument);
+  rt_.reset();
+  EXPECT_EQ(never.calls->load(), 0);
+}
+
+TEST_F(AsyncTest, CancelEndsAPendingWaitAndTheWaiterNeverTakesTheLock) {
+  auto held = rt_->acquire("wait", 5s);
+  auto h = get_bounded(held);
+  Recorder r;
+  auto ticket = rt_->acquire("wait", 1s, forever, 10s, r.handler());
+  ASSERT_TRUE(script_->wait_for(Op::kAcquire, 2));  // the waiter asked once and sleeps
+  auto t0 = std::chrono::steady_clock::now();
+  EXPECT_TRUE(ticket.cancel());
+  EXPECT_FALSE(ticket.cancel());  // only the first wins
+  ASSERT_EQ(r.future.wait_for(kBound), std::future_status::ready);
+  EXPECT_LT(ms_between(t0, std::chrono::steady_clock::now()), 1000ms);  // not the 10 s wait
+  Outcome o = r.future.get();
+  ASSERT_TRUE(holds<Cancelled>(o.error));
+  try {
+    std::rethrow_exception(o.error);
+  } catch (const Cancelled& c) {
+    EXPECT_EQ(c.key(), "wait");
+  }
+  EXPECT_FALSE(o.handle);
+  // The holder's release wakes nobody: the cancelled waiter left the queue.
+  auto attempts = script_->count(Op::kAcquire);
+  auto released = h.release();
+  get_bounded(released);
+  EXPECT_TRUE(nothing_held("wait"));
+  EXPECT_EQ(script_->count(Op::kAcquire), attempts);
+  rt_.reset();
+  EXPECT_EQ(r.calls->load(), 1);
+}
+
+TEST_F(AsyncTest, CancelWhileTheGrantIsInFlightGivesTheLockBack) {
+  // The store takes the lock, but its answer comes 50 ms later: the cancel
+  // wins, and the lock granted meanwhile is released, never handed out.
+  for (auto wait : {0ms, 5000ms}) {
+    script_->set_delay(Op::kAcquire, 50ms);
+    Recorder r;
+    auto before = script_->count(Op::kAcquire);
+    auto ticket = rt_->acquire("race", 1s, forever, wait, r.handler());
+    ASSERT_TRUE(script_->wait_for(Op::kAcquire, before + 1));
+    EXPECT_TRUE(ticket.cancel());
+    ASSERT_EQ(r.future.wait_for(kBound), std::future_status::ready);
+    Outcome o = r.future.get();
+    EXPECT_TRUE(holds<Cancelled>(o.error)) << "wait " << wait.count();
+    EXPECT_FALSE(o.handle);
+    script_->set_delay(Op::kAcquire, 0ms);
+    EXPECT_TRUE(nothing_held("race")) << "wait " << wait.count();
+  }
+}
+
+TEST_F(AsyncTest, CancelRacingTheGrantEitherWinsOrDeliversTheHandleNeverBoth) {
+  // Cancels from this thread while the loop grants: each acquisition ends
+  // exactly once, as a handle or as Cancelled, and no lock stays held.
+  int handles = 0, cancelled = 0;
+  for (int i = 0; i < 300; ++i) {
+    Recorder r;
+    const std::string key = "race" + std::to_string(i % 3);
+    auto ticket = rt_->acquire(key, 1s, forever, (i % 2) ? 1s : 0ms, r.handler());
+    if (i % 5 != 0) std::this_thread::yield();
+    bool won = ticket.cancel();
+    ASSERT_EQ(r.future.wait_for(kBound), std::future_status::ready);
+    Outcome o = r.future.get();
+    if (won) {
+      EXPECT_TRUE(holds<Cancelled>(o.error));
+      EXPECT_FALSE(o.handle);
+      ++cancelled;
+      ASSERT_TRUE(nothing_held(key));  // given back before the key's next round
+    } else {
+      EXPECT_FALSE(o.error);
+      ASSERT_TRUE(o.handle);
+      ++handles;
+      auto released = o.handle.release();  // before the key's next round
+      get_bounded(released);
+    }
+  }
+  for (int k = 0; k < 3; ++k) EXPECT_TRUE(nothing_held("race" + std::to_string(k)));
+  EXPECT_EQ(handles + cancelled, 300);
+}
+
+TEST_F(AsyncTest, ReleaseWithAHandlerReportsTheOutcome) {
+  auto f = rt_->acquire("rel", 1s);
+  auto h = get_bounded(f);
+  std::promise<std::pair<std::exception_ptr, std::thread::id>> done;
+  auto result = done.get_future();
+  h.release([&done](std::exception_ptr e) { done.set_value({e, std::this_thread::get_id()}); });
+  EXPECT_FALSE(h);
+  ASSERT_EQ(result.wait_for(kBound), std::future_status::ready);
+  auto [error, thread] = result.get();
+  EXPECT_FALSE(error);
+  EXPECT_NE(thread, std::this_thread::get_id());
+  EXPECT_FALSE(backend_->owner(memory_name("rel")));
+  EXPECT_THROW(h.release([](std::exception_ptr) {}), InvalidArgument);
+
+  // A lease lost while held: LeaseLost.
+  auto g = rt_->acquire("rel2", 200ms);
+  auto h2 = get_bounded(g);
+  backend_->erase(memory_name("rel2"));
+  ASSERT_TRUE(stopped_within_bound(h2.lease().stop_token()));
+  std::promise<std::exception_ptr> lost;
+  auto lost_result = lost.get_future();
+  h2.release([&lost](std::exception_ptr e) { lost.set_value(e); });
+  ASSERT_EQ(lost_result.wait_for(kBound), std::future_status::ready);
+  EXPECT_TRUE(holds<LeaseLost>(lost_result.get()));
+}
+
+TEST_F(AsyncTest, OnLostTellsTheReasonOrThatTheLeaseWasReleased) {
+  auto f = rt_->acquire("watched", 200ms);
+  auto h = get_bounded(f);
+  std::promise<std::optional<LostReason>> told;
+  auto reason = told.get_future();
+  auto watch = h.lease().on_lost([&told](std::optional<LostReason> r) { told.set_value(r); });
+  std::atomic<int> cancelled_calls{0};
+  auto cancelled_watch = h.lease().on_lost([&](std::optional<LostReason>) { ++cancelled_calls; });
+  EXPECT_TRUE(cancelled_watch.cancel());
+  EXPECT_EQ(reason.wait_for(300ms), std::future_status::timeout);  // renewed meanwhile: not lost
+  backend_->erase(memory_name("watched"));
+  ASSERT_EQ(reason.wait_for(kBound), std::future_status::ready);
+  EXPECT_EQ(reason.get(), LostReason::kExpired);
+  EXPECT_FALSE(watch.cancel());  // told already
+  // Asked after the loss: told at once, with the reason.
+  std::promise<std::optional<LostReason>> late;
+  auto late_reason = late.get_future();
+  h.lease().on_lost([&late](std::optional<LostReason> r) { late.set_value(r); });
+  ASSERT_EQ(late_reason.wait_for(kBound), std::future_status::ready);
+  EXPECT_EQ(late_reason.get(), LostReason::kExpired);
+
+  // Released while held: std::nullopt.
+  auto g = rt_->acquire("watched2", 1s);
+  auto h2 = get_bounded(g);
+  std::promise<std::optional<LostReason>> ended;
+  auto end = ended.get_future();
+  h2.lease().on_lost([&ended](std::optional<LostReason> r) { ended.set_value(r); });
+  auto released = h2.release();
+  get_bounded(released);
+  ASSERT_EQ(end.wait_for(kBound), std::future_status::ready);
+  EXPECT_EQ(end.get(), std::nullopt);
+  rt_.reset();
+  EXPECT_EQ(cancelled_calls.load(), 0);
+}
+
+TEST_F(AsyncTest, HandlersOfAHandleOutlivingItsRuntimeStillRunOnceOffTheCallingThread) {
+  auto f = rt_->acquire("outlived", 30s);
+  auto h = get_bounded(f);
+  rt_.reset();  // releases the key; the handle reads lost from now on
+  std::promise<std::pair<std::optional<LostReason>, std::thread::id>> told;
+  auto reason = told.get_future();
+  h.lease().on_lost([&told](std::optional<LostReason> r) { told.set_value({r, std::this_thread::get_id()}); });
+  ASSERT_EQ(reason.wait_for(kBound), std::future_status::ready);
+  auto [why, where] = reason.get();
+  EXPECT_EQ(why, LostReason::kRuntimeStopped);
+  EXPECT_NE(where, std::this_thread::get_id());
+  std::promise<std::exception_ptr> released;
+  auto result = released.get_future();
+  h.release([&released](std::exception_ptr e) { released.set_value(e); });
+  ASSERT_EQ(result.wait_for(kBound), std::future_status::ready);
+  EXPECT_TRUE(holds<LeaseLost>(result.get()));
+}
+
+// ------------------------------------------------------------ the mutex
+
+TEST_F(AsyncTest, MutexWorksWithUniqueLockAndScopedLock) {
+  lockwatch::mutex a(*rt_, "m:a", 1s);
+  lockwatch::mutex b(*rt_, "m:b", 1s);
+  {
+    std::unique_lock lk(a);
+    EXPECT_TRUE(lk.owns_lock());
+    EXPECT_TRUE(a.locked());
+    EXPECT_TRUE(backend_->owner(memory_name("m:a")));
+    EXPECT_GT(a.lease().fencing_token(), 0u);
+  }
+  EXPECT_FALSE(a.locked());
+  EXPECT_THROW((void)a.lease(), NoActiveLease);
+  {
+    std::scoped_lock both(a, b);
+    EXPECT_TRUE(a.locked());
+    EXPECT_TRUE(b.locked());
+  }
+  EXPECT_TRUE(nothing_held("m:a"));
+  EXPECT_TRUE(nothing_held("m:b"));
+}
+
+TEST_F(AsyncTest, MutexTryLockOnABusyLockIsFalseNotAnError) {
+  lockwatch::mutex holder(*rt_, "m:busy", 2s);
+  lockwatch::mutex other(*rt_, "m:busy", 2s);
+  holder.lock();
+  EXPECT_FALSE(other.try_lock());
+  std::unique_lock lk(other, std::try_to_lock);
+  EXPECT_FALSE(lk.owns_lock());
+  auto t0 = std::chrono::steady_clock::now();
+  EXPECT_FALSE(other.try_lock_for(100ms));
+  EXPECT_GE(ms_between(t0, std::chrono::steady_clock::now()), 95ms);
+  // try_lock_for is woken by the release, long before its bound.
+  std::thread releaser([&] {
+    std::this_thread::sleep_for(50ms);  // the release comes while the other waits
+    holder.unlock();
+  });
+  t0 = std::chrono::steady_clock::now();
+  EXPECT_TRUE(other.try_lock_for(10s));
+  EXPECT_LT(ms_between(t0, std::chrono::steady_clock::now()), 5s);
+  releaser.join();
+  other.unlock();
+}
+
+TEST_F(AsyncTest, MutexIsALeaseNotAThreadsLock) {
+  lockwatch::mutex m(*rt_, "m:lease", 1s);
+  m.lock();
+  std::thread([&] { m.unlock(); }).join();  // unlocked from another thread
+  EXPECT_TRUE(nothing_held("m:lease"));
+  EXPECT_TRUE(m.try_lock());
+  m.unlock();
+}
+
+TEST_F(AsyncTest, MutexGivesExactCountsUnderContention) {
+  // Four threads, each with its own mutex on one key, make racy
+  // read-yield-write increments: none is lost.
+  constexpr int kThreads = 4, kEach = 40;
+  int counter = 0;  // guarded by the distributed lock only
+  std::vector<std::thread> threads;
+  for (int t = 0; t < kThreads; ++t) {
+    threads.emplace_back([&] {
+      lockwatch::mutex m(*rt_, "m:count", 2s);
+      for (int i = 0; i < kEach; ++i) {
+        std::lock_guard lk(m);
+        int v = counter;
+        std::this_thread::yield();
+        counter = v + 1;
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  EXPECT_EQ(counter, kThreads * kEach);
+}
+
+}  // namespace
+}  // namespace lockwatch::testing
