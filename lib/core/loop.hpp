@@ -1,5 +1,5 @@
 // lib/core/loop.hpp: the I/O thread. One libuv loop on its own thread; the only
-// thread that touches uv handles, hiredis contexts and the timer wheel.
+// thread that touches uv handles, the stores' connections and the timer wheel.
 // Other threads hand it work with post(), which is one mutex-guarded append
 // and, when the queue was empty, one uv_async_send.
 #pragma once

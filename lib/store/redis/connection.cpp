@@ -165,7 +165,6 @@ void RedisConnection::connect() {
   }
   uv_tcp_init(loop_.uv(), &link->tcp);
   link->tcp.data = link;
-  open_links_++;
   link_ = link;
 
   // The handshake goes first in the pipeline; what waits is sent once it
@@ -716,7 +715,6 @@ void RedisConnection::drop_link(const std::string& why) {
   uv_close(reinterpret_cast<uv_handle_t*>(&link->tcp), [](uv_handle_t* h) {
     auto* l = static_cast<Link*>(h->data);
     l->tcp_closed = true;
-    l->conn->open_links_--;
     if (!l->resolving) delete l;
   });
   handshake_pending_ = 0;
@@ -880,10 +878,9 @@ void RedisConnection::close() {
   state_ = State::kClosed;
   drop_link("connection closed");
   fail_queued("connection closed");
-  auto on_closed = [](uv_handle_t* h) { static_cast<RedisConnection*>(h->data)->closed_handles_++; };
-  uv_close(reinterpret_cast<uv_handle_t*>(&connect_timer_), on_closed);
-  uv_close(reinterpret_cast<uv_handle_t*>(&check_timer_), on_closed);
-  uv_close(reinterpret_cast<uv_handle_t*>(&flush_), on_closed);
+  uv_close(reinterpret_cast<uv_handle_t*>(&connect_timer_), nullptr);
+  uv_close(reinterpret_cast<uv_handle_t*>(&check_timer_), nullptr);
+  uv_close(reinterpret_cast<uv_handle_t*>(&flush_), nullptr);
 }
 
 }  // namespace lockwatch::detail

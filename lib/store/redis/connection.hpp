@@ -130,10 +130,10 @@ class RedisConnection {
   void subscribe(const std::string& channel);
   void unsubscribe(const std::string& channel);
   // Stops reconnecting, fails what is pending, closes the uv handles. The
-  // object may be destroyed once closed() is true. A request made after
-  // close() fails through a posted callback, never inside the call.
+  // loop then drains (Loop::shutdown): the object may be destroyed once the
+  // loop has stopped. A request made after close() fails through a posted
+  // callback, never inside the call.
   void close();
-  bool closed() const noexcept { return closed_handles_ == 3 && open_links_ == 0; }
   // Connected and past the handshake: a request made now is written at
   // once (at the end of this loop iteration).
   bool usable() const noexcept { return state_ == State::kConnected && link_ != nullptr && handshake_pending_ == 0; }
@@ -215,11 +215,9 @@ class RedisConnection {
   std::shared_ptr<const TlsContext> tls_;  // set for rediss:// endpoints
   std::string tls_error_;                   // why tls_ could not be made
   Link* link_ = nullptr;        // the current attempt or connection
-  int open_links_ = 0;          // links whose handle has not closed yet
   uv_timer_t connect_timer_{};  // connect timeout, then reconnect back-off
   uv_timer_t check_timer_{};    // command timeouts
   uv_prepare_t flush_{};        // writes what was queued, once per loop iteration
-  int closed_handles_ = 0;
   std::chrono::milliseconds backoff_{0};
   std::string last_error_ = "not connected yet";
   bool auth_failed_ = false;

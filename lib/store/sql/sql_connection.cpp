@@ -588,6 +588,5 @@ void SqlConnection::close() {
   uv_close(reinterpret_cast<uv_handle_t*>(&kick_), on_closed);
 }
 
-bool SqlConnection::closed() const noexcept { return state_ == State::kClosed && open_handles_ == 0 && resolving_ == 0; }
 
 }  // namespace lockwatch::detail

@@ -87,10 +87,10 @@ class SqlConnection {
   void set_state_hook(std::function<void(bool up, const std::string& why)> hook) { state_hook_ = std::move(hook); }
   // Requests queued or in flight.
   std::size_t pending() const noexcept { return queue_.size() + inflight_.size(); }
-  // Stops reconnecting, fails what is pending, closes the handles. The
-  // object may be destroyed once closed() is true.
+  // Stops reconnecting, fails what is pending, closes the handles. The loop
+  // then drains (Loop::shutdown): the object may be destroyed once the loop
+  // has stopped.
   void close();
-  bool closed() const noexcept;
   const std::string& name() const noexcept { return name_; }
 
  private:
