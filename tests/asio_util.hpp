@@ -47,21 +47,6 @@ T run_to_end(asio::io_context& ctx, asio::awaitable<T> coro) {
   if constexpr (!std::is_void_v<T>) return std::move(*value);
 }
 
-// The exception of type E `f` threw (nullptr, with a failure, otherwise).
-template <class E, class F>
-std::unique_ptr<E> thrown(F&& f) {
-  try {
-    f();
-  } catch (const E& e) {
-    return std::make_unique<E>(e);
-  } catch (const std::exception& e) {
-    ADD_FAILURE() << "unexpected exception: " << e.what();
-    return nullptr;
-  }
-  ADD_FAILURE() << "no exception";
-  return nullptr;
-}
-
 struct StressResult {
   int done = 0;                              // coroutines that finished their cycles
   int errors = 0;                            // coroutines that ended with an error

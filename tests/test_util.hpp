@@ -166,11 +166,30 @@ bool completes(std::future<T>& f) {
   }
 }
 
-// Runs `f` and returns the exception of type E it threw through the future.
-template <class E, class T>
-std::unique_ptr<E> error_of(std::future<T>& f) {
+// Locks `sku:0` .. `sku:<names - 1>` through `rt` twice, `in_flight` calls at
+// a time (each released before its future is ready), and checks that each
+// name's second token is above its first.
+inline void lock_names_twice(Runtime& rt, int names, int in_flight) {
+  auto token_of = locked("sku:{0}", std::chrono::seconds(10), 0).on(rt)([](int) { return this_lease().fencing_token(); });
+  std::vector<std::uint64_t> first(static_cast<std::size_t>(names));
+  for (int round = 0; round < 2; ++round) {
+    for (int base = 0; base < names; base += in_flight) {
+      std::vector<std::future<std::uint64_t>> calls;
+      for (int i = base; i < base + in_flight; ++i) calls.push_back(token_of(i));
+      for (int i = base; i < base + in_flight; ++i) {
+        const std::uint64_t t = get_bounded(calls[static_cast<std::size_t>(i - base)]);
+        if (round == 0) first[static_cast<std::size_t>(i)] = t;
+        else ASSERT_GT(t, first[static_cast<std::size_t>(i)]) << "sku:" << i;
+      }
+    }
+  }
+}
+
+// The exception of type E `f` threw (nullptr, with a failure, otherwise).
+template <class E, class F>
+std::unique_ptr<E> thrown(F&& f) {
   try {
-    get_bounded(f);
+    f();
   } catch (const E& e) {
     return std::make_unique<E>(e);
   } catch (const std::exception& e) {
@@ -179,6 +198,12 @@ std::unique_ptr<E> error_of(std::future<T>& f) {
   }
   ADD_FAILURE() << "no exception";
   return nullptr;
+}
+
+// The exception of type E the future holds (bounded), as thrown().
+template <class E, class T>
+std::unique_ptr<E> error_of(std::future<T>& f) {
+  return thrown<E>([&] { get_bounded(f); });
 }
 
 }  // namespace lockwatch::testing

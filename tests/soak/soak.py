@@ -165,7 +165,23 @@ class Child:
         self.log.close()
 
 
-class RedisNode:
+class Server:
+    """A restartable server process (self.proc, a Child, or None while down):
+    the faults every node kind takes."""
+
+    def kill(self):
+        if self.proc:
+            self.proc.kill()
+            self.proc = None
+
+    def pause(self):
+        self.proc.signal(signal.SIGSTOP)
+
+    def resume(self):
+        self.proc.signal(signal.SIGCONT)
+
+
+class RedisNode(Server):
     """One redis-server on a fixed port, restartable, with appendonly."""
 
     def __init__(self, root, name, port=None, host="127.0.0.1", netns=None, persist=True, cluster=False):
@@ -211,17 +227,6 @@ class RedisNode:
                 raise RuntimeError("redis-server %s on %s did not start (see %s)" % (self.name, self.addr, self.dir))
             time.sleep(0.1)  # the port is still held by the killed server: try again
 
-    def kill(self):
-        if self.proc:
-            self.proc.kill()
-            self.proc = None
-
-    def pause(self):
-        self.proc.signal(signal.SIGSTOP)
-
-    def resume(self):
-        self.proc.signal(signal.SIGCONT)
-
     def ping(self):
         try:
             return redis(self.host, self.port, "PING", timeout=0.3) == "PONG"
@@ -265,7 +270,7 @@ class Sentinel:
         return dict(zip(r[0::2], r[1::2])) if isinstance(r, list) else {}
 
 
-class MariaDb:
+class MariaDb(Server):
     """One mariadbd on a loopback port and a socket of its own, restartable;
     every commit reaches its log before it is acknowledged."""
 
@@ -301,17 +306,6 @@ class MariaDb:
                 return
             time.sleep(0.05)  # a starting server (crash recovery included): nothing signals "ready"
         raise RuntimeError("mariadbd did not answer within 30 s (see %s/error.log)" % self.dir)
-
-    def kill(self):
-        if self.proc:
-            self.proc.kill()
-            self.proc = None
-
-    def pause(self):
-        self.proc.signal(signal.SIGSTOP)
-
-    def resume(self):
-        self.proc.signal(signal.SIGCONT)
 
     def query(self, sql, timeout=3.0):
         """The rows (lists of strings) of `sql`, run as root over the socket.
