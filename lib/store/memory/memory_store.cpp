@@ -19,10 +19,10 @@ std::string MemoryStore::space_name(const std::string& url) {
 }
 
 MemoryStore::MemoryStore(Loop& loop, std::shared_ptr<MemorySpace> space, const Options& options)
-    : loop_(loop),
+    : StoreBase(KeyRules{options.key_prefix}, /*release_events=*/true),
+      loop_(loop),
       space_(std::move(space)),
       link_(std::make_shared<MemoryLink>(loop, this)),
-      prefix_(options.key_prefix),
       command_timeout_(options.command_timeout) {}
 
 MemoryStore::~MemoryStore() {
@@ -30,16 +30,6 @@ MemoryStore::~MemoryStore() {
   space_->detach(link_);
   link_->close();
 }
-
-std::string MemoryStore::encode(std::string_view key) const {
-  std::string name;
-  name.reserve(prefix_.size() + key.size());
-  name += prefix_;
-  name += key;
-  return name;
-}
-
-void MemoryStore::start(StoreEvents events) { events_ = std::move(events); }
 
 StoreError MemoryStore::no_answer() const {
   return StoreError::unavailable(

@@ -30,14 +30,15 @@
 #include <string>
 
 #include "lockwatch/options.hpp"
-#include "store/lock_store.hpp"
+#include "store/capabilities.hpp"
+#include "store/store_base.hpp"
 #include "store/memory/memory_space.hpp"
 
 namespace lockwatch::detail {
 
 class Loop;
 
-class MemoryStore final : public LockStore {
+class MemoryStore final : public StoreBase, public FenceRaising, public JobClaims, public OperatorTools {
  public:
   static constexpr std::string_view kScheme = "memory://";
 
@@ -50,17 +51,16 @@ class MemoryStore final : public LockStore {
   MemoryStore(const MemoryStore&) = delete;
   MemoryStore& operator=(const MemoryStore&) = delete;
 
-  std::string encode(std::string_view key) const override;
-  const char* check_key(std::string_view) const noexcept override { return nullptr; }
-  bool release_events() const noexcept override { return true; }
-  void start(StoreEvents events) override;
   void acquire(std::span<const LockRef> locks, AcquireDone done) override;
   std::size_t renew(std::span<const LockRef> locks, std::shared_ptr<const void> keepalive, RenewDone done) override;
   void release(std::span<const LockRef> locks, bool notify, ReleaseDone done) override;
+  // FenceRaising
   void raise_fence(std::string_view name, std::uint64_t fence, std::function<void(bool ok)> done) override;
+  // JobClaims
   void server_time(std::function<void(std::chrono::system_clock::time_point, const StoreError*)> done) override;
   void claim_period(std::string_view name, std::string_view token, std::int64_t period,
                     std::chrono::system_clock::time_point start, std::function<void(const ClaimResult&)> done) override;
+  // OperatorTools
   void inspect(std::string_view name, std::function<void(const LockInfo&, const StoreError*)> done) override;
   void force_release(std::string_view name, std::function<void(bool, const StoreError*)> done) override;
   void subscribe(std::string_view name) override;
@@ -98,9 +98,7 @@ class MemoryStore final : public LockStore {
   Loop& loop_;
   const std::shared_ptr<MemorySpace> space_;
   const std::shared_ptr<MemoryLink> link_;
-  const std::string prefix_;
   const std::chrono::milliseconds command_timeout_;
-  StoreEvents events_;
   bool started_ = false;  // loop thread: timer_ initialised
   bool closed_ = false;   // loop thread
   std::set<std::string, std::less<>> subscribed_;  // loop thread

@@ -107,19 +107,15 @@ struct ClusterStore::Call {
 };
 
 ClusterStore::ClusterStore(Loop& loop, ClusterSeeds seeds, const Options& options)
-    : loop_(loop), seeds_(std::move(seeds)), options_(options) {
+    : StoreBase(redis_keys::rules(options.key_prefix), /*release_events=*/true),
+      loop_(loop), seeds_(std::move(seeds)), options_(options) {
   owner_.fill(-1);
   topo_ = std::make_unique<RedisConnection>(loop_, seeds_.seeds.front(), options_, RedisConnection::Mode::kCommands);
 }
 
 ClusterStore::~ClusterStore() = default;
 
-std::string ClusterStore::encode(std::string_view key) const { return redis_keys::lock(options_.key_prefix, key); }
-
-const char* ClusterStore::check_key(std::string_view key) const noexcept { return redis_keys::key_problem(key); }
-
-void ClusterStore::start(StoreEvents events) {
-  events_ = std::move(events);
+void ClusterStore::started() {
   started_ = true;
   uv_timer_init(loop_.uv(), &refresh_timer_);
   refresh_timer_.data = this;

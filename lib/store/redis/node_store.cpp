@@ -52,7 +52,8 @@ std::chrono::system_clock::time_point time_at(const redisReply* r, std::size_t f
 }  // namespace
 
 RedisNodeStore::RedisNodeStore(Loop& loop, Endpoint endpoint, const Options& options, Notices notices)
-    : options_(options), notices_(notices), loop_(loop) {
+    : StoreBase(redis_keys::rules(options.key_prefix), /*release_events=*/true),
+      options_(options), notices_(notices), loop_(loop) {
   using Mode = RedisConnection::Mode;
   conn_ = std::make_unique<RedisConnection>(loop, endpoint, options_, Mode::kCommands);
   renew_ = std::make_unique<RedisConnection>(loop, endpoint, options_, Mode::kCommands);
@@ -94,12 +95,7 @@ void RedisNodeStore::follow_sentinels(std::unique_ptr<SentinelWatcher> watcher) 
   conn_->set_down_hook([this] { sentinel_->refresh(); });
 }
 
-std::string RedisNodeStore::encode(std::string_view key) const { return redis_keys::lock(options_.key_prefix, key); }
-
-const char* RedisNodeStore::check_key(std::string_view key) const noexcept { return redis_keys::key_problem(key); }
-
-void RedisNodeStore::start(StoreEvents events) {
-  events_ = std::move(events);
+void RedisNodeStore::started() {
   // The command connection speaks for the node (three would repeat it).
   conn_->set_state_hook([this](bool up, const std::string& why) {
     if (events_.connection) events_.connection(conn_->name(), up, why);
