@@ -56,8 +56,9 @@ struct ClaimResult {
 class FenceRaising {
  public:
   static constexpr std::string_view kName = "fencing counters raised by a quorum";
+  using RaiseDone = std::function<void(bool ok)>;
   // Raises the lock's fencing counter to at least `fence`.
-  virtual void raise_fence(std::string_view name, std::uint64_t fence, std::function<void(bool ok)> done) = 0;
+  virtual void raise_fence(std::string_view name, std::uint64_t fence, RaiseDone done) = 0;
 
  protected:
   ~FenceRaising() = default;
@@ -66,16 +67,16 @@ class FenceRaising {
 class JobClaims {
  public:
   static constexpr std::string_view kName = "scheduled jobs (a clock and period claims)";
+  using TimeDone = std::function<void(std::chrono::system_clock::time_point now, const StoreError* error)>;
+  using ClaimDone = std::function<void(const ClaimResult&)>;
   // The store's clock, so that processes with skewed clocks agree which
   // period is due; `error` (else null) when no answer could be had.
-  virtual void server_time(
-      std::function<void(std::chrono::system_clock::time_point now, const StoreError* error)> done) = 0;
+  virtual void server_time(TimeDone done) = 0;
   // Claims `period` of the job whose lock is `name` (encode()d), held with
   // `token`, if the store's clock has reached `start` (the period's start
   // on the store's clock). See ClaimResult. Not batched: one claim per run.
   virtual void claim_period(std::string_view name, std::string_view token, std::int64_t period,
-                            std::chrono::system_clock::time_point start,
-                            std::function<void(const ClaimResult&)> done) = 0;
+                            std::chrono::system_clock::time_point start, ClaimDone done) = 0;
 
  protected:
   ~JobClaims() = default;
@@ -84,11 +85,12 @@ class JobClaims {
 class OperatorTools {
  public:
   static constexpr std::string_view kName = "operators' inspect and force_release";
+  using InspectDone = std::function<void(const LockInfo&, const StoreError* error)>;
+  using ForceDone = std::function<void(bool was_held, const StoreError* error)>;
   // What the store holds for `name`; `error` (else null) when it could not answer.
-  virtual void inspect(std::string_view name, std::function<void(const LockInfo&, const StoreError* error)> done) = 0;
+  virtual void inspect(std::string_view name, InspectDone done) = 0;
   // Removes `name` whoever owns it, waking its waiters; the fencing counter stays.
-  virtual void force_release(std::string_view name,
-                             std::function<void(bool was_held, const StoreError* error)> done) = 0;
+  virtual void force_release(std::string_view name, ForceDone done) = 0;
 
  protected:
   ~OperatorTools() = default;

@@ -308,7 +308,7 @@ std::chrono::system_clock::time_point median(std::vector<std::chrono::system_clo
 }
 }  // namespace
 
-void QuorumStore::server_time(std::function<void(std::chrono::system_clock::time_point, const StoreError*)> done) {
+void QuorumStore::server_time(TimeDone done) {
   struct Tally {
     std::size_t replies = 0;
     std::vector<std::chrono::system_clock::time_point> times;
@@ -338,7 +338,7 @@ void QuorumStore::server_time(std::function<void(std::chrono::system_clock::time
 
 void QuorumStore::claim_period(std::string_view name, std::string_view token, std::int64_t period,
                                std::chrono::system_clock::time_point start,
-                               std::function<void(const ClaimResult&)> done) {
+                               ClaimDone done) {
   struct Tally {
     std::size_t replies = 0, claimed = 0, already = 0, not_due = 0, not_leader = 0;
     std::int64_t last = 0;
@@ -392,7 +392,7 @@ void QuorumStore::claim_period(std::string_view name, std::string_view token, st
 
 // ---------------------------------------------------------------- operators
 
-void QuorumStore::inspect(std::string_view name, std::function<void(const LockInfo&, const StoreError*)> done) {
+void QuorumStore::inspect(std::string_view name, InspectDone done) {
   struct Tally {
     std::size_t replies = 0, answered = 0;
     std::vector<LockInfo> infos;
@@ -444,7 +444,7 @@ void QuorumStore::inspect(std::string_view name, std::function<void(const LockIn
   }
 }
 
-void QuorumStore::force_release(std::string_view name, std::function<void(bool, const StoreError*)> done) {
+void QuorumStore::force_release(std::string_view name, ForceDone done) {
   struct Tally {
     std::size_t replies = 0, answered = 0;
     bool held = false;

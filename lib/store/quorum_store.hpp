@@ -48,20 +48,22 @@ class QuorumStore final : public StoreBase, public JobClaims, public OperatorToo
   std::string encode(std::string_view key) const override { return stores_.front()->encode(key); }
   const char* check_key(std::string_view key) const noexcept override { return stores_.front()->check_key(key); }
 
+  // Every call to every store; each lock decided by its majority (see above).
   void acquire(std::span<const LockRef> locks, AcquireDone done) override;
   std::size_t renew(std::span<const LockRef> locks, std::shared_ptr<const void> keepalive, RenewDone done) override;
   void release(std::span<const LockRef> locks, bool notify, ReleaseDone done) override;
-  // JobClaims
-  void server_time(std::function<void(std::chrono::system_clock::time_point, const StoreError*)> done) override;
-  void claim_period(std::string_view name, std::string_view token, std::int64_t period,
-                    std::chrono::system_clock::time_point start, std::function<void(const ClaimResult&)> done) override;
-  // OperatorTools
-  void inspect(std::string_view name, std::function<void(const LockInfo&, const StoreError*)> done) override;
-  void force_release(std::string_view name, std::function<void(bool, const StoreError*)> done) override;
+  void close() override;
+  // On every store: a notice from any one wakes a waiter.
   void subscribe(std::string_view name) override;
   void unsubscribe(std::string_view name) override;
   void poll_replies() override;
-  void close() override;
+  // JobClaims: the median clock; claimed when a majority claimed.
+  void server_time(TimeDone done) override;
+  void claim_period(std::string_view name, std::string_view token, std::int64_t period,
+                    std::chrono::system_clock::time_point start, ClaimDone done) override;
+  // OperatorTools: held when a majority holds it, with their highest token.
+  void inspect(std::string_view name, InspectDone done) override;
+  void force_release(std::string_view name, ForceDone done) override;
 
  private:
   void started() override;

@@ -143,7 +143,7 @@ void MemoryStore::release(std::span<const LockRef> locks, bool notify, ReleaseDo
       });
 }
 
-void MemoryStore::raise_fence(std::string_view name, std::uint64_t fence, std::function<void(bool)> done) {
+void MemoryStore::raise_fence(std::string_view name, std::uint64_t fence, RaiseDone done) {
   auto shared_done = std::make_shared<std::function<void(bool)>>(std::move(done));
   submit(
       [n = std::string(name), fence, shared_done](MemorySpace::State& s) -> std::function<void()> {
@@ -165,7 +165,7 @@ void MemoryStore::server_time(
 
 void MemoryStore::claim_period(std::string_view name, std::string_view token, std::int64_t period,
                                std::chrono::system_clock::time_point start,
-                               std::function<void(const ClaimResult&)> done) {
+                               ClaimDone done) {
   auto shared_done = std::make_shared<decltype(done)>(std::move(done));
   submit(
       [n = std::string(name), t = std::string(token), period, start,
@@ -179,7 +179,7 @@ void MemoryStore::claim_period(std::string_view name, std::string_view token, st
       });
 }
 
-void MemoryStore::inspect(std::string_view name, std::function<void(const LockInfo&, const StoreError*)> done) {
+void MemoryStore::inspect(std::string_view name, InspectDone done) {
   auto shared_done = std::make_shared<decltype(done)>(std::move(done));
   submit(
       [n = std::string(name), shared_done](MemorySpace::State& s) -> std::function<void()> {
@@ -188,7 +188,7 @@ void MemoryStore::inspect(std::string_view name, std::function<void(const LockIn
       [shared_done, err = no_answer()] { (*shared_done)(LockInfo{}, &err); });
 }
 
-void MemoryStore::force_release(std::string_view name, std::function<void(bool, const StoreError*)> done) {
+void MemoryStore::force_release(std::string_view name, ForceDone done) {
   auto shared_done = std::make_shared<decltype(done)>(std::move(done));
   submit(
       [n = std::string(name), shared_done](MemorySpace::State& s) -> std::function<void()> {

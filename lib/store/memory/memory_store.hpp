@@ -51,21 +51,22 @@ class MemoryStore final : public StoreBase, public FenceRaising, public JobClaim
   MemoryStore(const MemoryStore&) = delete;
   MemoryStore& operator=(const MemoryStore&) = delete;
 
+  // Each call one step on the space's state under its mutex; the answer
+  // posted to this store's loop.
   void acquire(std::span<const LockRef> locks, AcquireDone done) override;
   std::size_t renew(std::span<const LockRef> locks, std::shared_ptr<const void> keepalive, RenewDone done) override;
   void release(std::span<const LockRef> locks, bool notify, ReleaseDone done) override;
-  // FenceRaising
-  void raise_fence(std::string_view name, std::uint64_t fence, std::function<void(bool ok)> done) override;
-  // JobClaims
-  void server_time(std::function<void(std::chrono::system_clock::time_point, const StoreError*)> done) override;
-  void claim_period(std::string_view name, std::string_view token, std::int64_t period,
-                    std::chrono::system_clock::time_point start, std::function<void(const ClaimResult&)> done) override;
-  // OperatorTools
-  void inspect(std::string_view name, std::function<void(const LockInfo&, const StoreError*)> done) override;
-  void force_release(std::string_view name, std::function<void(bool, const StoreError*)> done) override;
+  void close() override;
+  // The space tells every store subscribed to a name of its release.
   void subscribe(std::string_view name) override;
   void unsubscribe(std::string_view name) override;
-  void close() override;
+  // Capabilities, on the space's state (its clock is this host's).
+  void raise_fence(std::string_view name, std::uint64_t fence, RaiseDone done) override;
+  void server_time(TimeDone done) override;
+  void claim_period(std::string_view name, std::string_view token, std::int64_t period,
+                    std::chrono::system_clock::time_point start, ClaimDone done) override;
+  void inspect(std::string_view name, InspectDone done) override;
+  void force_release(std::string_view name, ForceDone done) override;
 
   // Loop thread (posted by the space): `name` was released.
   void notice(const std::string& name);

@@ -682,7 +682,7 @@ std::size_t ClusterStore::renew_group(Node* node, bool asking, std::shared_ptr<c
 
 // ------------------------------------------------------------------ the rest, routed by slot
 
-void ClusterStore::raise_fence(std::string_view name, std::uint64_t fence, std::function<void(bool)> done) {
+void ClusterStore::raise_fence(std::string_view name, std::uint64_t fence, RaiseDone done) {
   auto shared = std::make_shared<std::function<void(bool)>>(std::move(done));
   auto call = std::make_shared<Call>();
   call->name = name;
@@ -695,7 +695,7 @@ void ClusterStore::raise_fence(std::string_view name, std::uint64_t fence, std::
   route(std::move(call), [shared](const StoreError&) { (*shared)(false); });
 }
 
-void ClusterStore::server_time(std::function<void(std::chrono::system_clock::time_point, const StoreError*)> done) {
+void ClusterStore::server_time(TimeDone done) {
   when_mapped([this, done = std::move(done)](const StoreError* failed) mutable {
     Node* node = nullptr;
     std::optional<StoreError> err;
@@ -719,7 +719,7 @@ void ClusterStore::server_time(std::function<void(std::chrono::system_clock::tim
 
 void ClusterStore::claim_period(std::string_view name, std::string_view token, std::int64_t period,
                                 std::chrono::system_clock::time_point start,
-                                std::function<void(const ClaimResult&)> done) {
+                                ClaimDone done) {
   auto shared = std::make_shared<std::function<void(const ClaimResult&)>>(std::move(done));
   auto call = std::make_shared<Call>();
   call->name = name;
@@ -737,7 +737,7 @@ void ClusterStore::claim_period(std::string_view name, std::string_view token, s
   });
 }
 
-void ClusterStore::inspect(std::string_view name, std::function<void(const LockInfo&, const StoreError*)> done) {
+void ClusterStore::inspect(std::string_view name, InspectDone done) {
   auto shared = std::make_shared<std::function<void(const LockInfo&, const StoreError*)>>(std::move(done));
   auto call = std::make_shared<Call>();
   call->name = name;
@@ -751,7 +751,7 @@ void ClusterStore::inspect(std::string_view name, std::function<void(const LockI
   route(std::move(call), [shared](const StoreError& err) { (*shared)(LockInfo{}, &err); });
 }
 
-void ClusterStore::force_release(std::string_view name, std::function<void(bool, const StoreError*)> done) {
+void ClusterStore::force_release(std::string_view name, ForceDone done) {
   auto shared = std::make_shared<std::function<void(bool, const StoreError*)>>(std::move(done));
   auto call = std::make_shared<Call>();
   call->name = name;

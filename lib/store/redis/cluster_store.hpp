@@ -113,22 +113,23 @@ class ClusterStore final : public StoreBase, public FenceRaising, public JobClai
   ClusterStore(Loop& loop, ClusterSeeds seeds, const Options& options);
   ~ClusterStore() override;
 
+  // Each lock routed to its slot's master (once the map is known), and
+  // followed across MOVED and ASK.
   void acquire(std::span<const LockRef> locks, AcquireDone done) override;
   std::size_t renew(std::span<const LockRef> locks, std::shared_ptr<const void> keepalive, RenewDone done) override;
   void release(std::span<const LockRef> locks, bool notify, ReleaseDone done) override;
-  // FenceRaising
-  void raise_fence(std::string_view name, std::uint64_t fence, std::function<void(bool ok)> done) override;
-  // JobClaims
-  void server_time(std::function<void(std::chrono::system_clock::time_point, const StoreError*)> done) override;
-  void claim_period(std::string_view name, std::string_view token, std::int64_t period,
-                    std::chrono::system_clock::time_point start, std::function<void(const ClaimResult&)> done) override;
-  // OperatorTools
-  void inspect(std::string_view name, std::function<void(const LockInfo&, const StoreError*)> done) override;
-  void force_release(std::string_view name, std::function<void(bool, const StoreError*)> done) override;
+  void poll_replies() override;  // every node's
+  void close() override;
+  // Notices are sharded: SSUBSCRIBE on the node of each name's slot.
   void subscribe(std::string_view name) override;
   void unsubscribe(std::string_view name) override;
-  void poll_replies() override;
-  void close() override;
+  // Capabilities, on the node of the name's slot (TIME: any node).
+  void raise_fence(std::string_view name, std::uint64_t fence, RaiseDone done) override;
+  void server_time(TimeDone done) override;
+  void claim_period(std::string_view name, std::string_view token, std::int64_t period,
+                    std::chrono::system_clock::time_point start, ClaimDone done) override;
+  void inspect(std::string_view name, InspectDone done) override;
+  void force_release(std::string_view name, ForceDone done) override;
 
  private:
   void started() override;

@@ -397,7 +397,7 @@ std::size_t RedisNodeStore::renew(std::span<const LockRef> locks, std::shared_pt
   return 1;
 }
 
-void RedisNodeStore::raise_fence(std::string_view name, std::uint64_t fence, std::function<void(bool)> done) {
+void RedisNodeStore::raise_fence(std::string_view name, std::uint64_t fence, RaiseDone done) {
   raise_fence_or_error(name, fence, [done = std::move(done)](const StoreError* err) { done(err == nullptr); });
 }
 
@@ -407,7 +407,7 @@ void RedisNodeStore::raise_fence_or_error(std::string_view name, std::uint64_t f
               [done = std::move(done)](const redisReply*, const StoreError* err) { done(err); });
 }
 
-void RedisNodeStore::server_time(std::function<void(std::chrono::system_clock::time_point, const StoreError*)> done) {
+void RedisNodeStore::server_time(TimeDone done) {
   conn_->command({"TIME"}, [endpoint = conn_->name(), done = std::move(done)](const redisReply* r, const StoreError* err) {
     StoreError unexpected;
     if (!err && (r == nullptr || r->type != REDIS_REPLY_ARRAY || r->elements != 2)) {
@@ -420,7 +420,7 @@ void RedisNodeStore::server_time(std::function<void(std::chrono::system_clock::t
 
 void RedisNodeStore::claim_period(std::string_view name, std::string_view token, std::int64_t period,
                                   std::chrono::system_clock::time_point start,
-                                  std::function<void(const ClaimResult&)> done) {
+                                  ClaimDone done) {
   std::string lock(name);
   auto start_ms = std::chrono::duration_cast<std::chrono::milliseconds>(start.time_since_epoch()).count();
   with_asking(*conn_).eval(claim_period_script(),
@@ -448,7 +448,7 @@ void RedisNodeStore::claim_period(std::string_view name, std::string_view token,
               });
 }
 
-void RedisNodeStore::inspect(std::string_view name, std::function<void(const LockInfo&, const StoreError*)> done) {
+void RedisNodeStore::inspect(std::string_view name, InspectDone done) {
   std::string lock(name);
   with_asking(*conn_).eval(inspect_script(),
                            {lock, redis_keys::counter(options_.key_prefix, lock), redis_keys::legacy_fence(lock)}, 2,
@@ -474,7 +474,7 @@ void RedisNodeStore::inspect(std::string_view name, std::function<void(const Loc
               });
 }
 
-void RedisNodeStore::force_release(std::string_view name, std::function<void(bool, const StoreError*)> done) {
+void RedisNodeStore::force_release(std::string_view name, ForceDone done) {
   std::string lock(name);
   with_asking(*conn_).eval(force_release_script(), {lock, redis_keys::channel(lock), notice()}, 1,
               [done = std::move(done)](const redisReply* r, const StoreError* err) {

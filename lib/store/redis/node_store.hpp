@@ -87,22 +87,22 @@ class RedisNodeStore final : public StoreBase, public FenceRaising, public JobCl
   // "host:port" of the node (as error messages name it).
   const std::string& name() const noexcept { return conn_->name(); }
 
+  // Acquisitions and releases batched per loop iteration on the command
+  // connection (see above), renewals on their own; notices on the third.
   void acquire(std::span<const LockRef> locks, AcquireDone done) override;
   std::size_t renew(std::span<const LockRef> locks, std::shared_ptr<const void> keepalive, RenewDone done) override;
   void release(std::span<const LockRef> locks, bool notify, ReleaseDone done) override;
-  // FenceRaising
-  void raise_fence(std::string_view name, std::uint64_t fence, std::function<void(bool ok)> done) override;
-  // JobClaims
-  void server_time(std::function<void(std::chrono::system_clock::time_point, const StoreError*)> done) override;
-  void claim_period(std::string_view name, std::string_view token, std::int64_t period,
-                    std::chrono::system_clock::time_point start, std::function<void(const ClaimResult&)> done) override;
-  // OperatorTools
-  void inspect(std::string_view name, std::function<void(const LockInfo&, const StoreError*)> done) override;
-  void force_release(std::string_view name, std::function<void(bool, const StoreError*)> done) override;
   void subscribe(std::string_view name) override;
   void unsubscribe(std::string_view name) override;
-  void poll_replies() override;
+  void poll_replies() override;  // the renewal connection's
   void close() override;
+  // Capabilities, each one script call on the command connection.
+  void raise_fence(std::string_view name, std::uint64_t fence, RaiseDone done) override;
+  void server_time(TimeDone done) override;  // TIME
+  void claim_period(std::string_view name, std::string_view token, std::int64_t period,
+                    std::chrono::system_clock::time_point start, ClaimDone done) override;
+  void inspect(std::string_view name, InspectDone done) override;
+  void force_release(std::string_view name, ForceDone done) override;
 
   static constexpr std::size_t kMaxBatch = 256;
   // Batch calls written and not answered yet, at most. More wait here, not

@@ -441,7 +441,7 @@ void SqlStore::release(std::span<const LockRef> locks, bool /*notify: no release
   }
 }
 
-void SqlStore::server_time(std::function<void(std::chrono::system_clock::time_point, const StoreError*)> done) {
+void SqlStore::server_time(TimeDone done) {
   command_connection().query("SELECT UNIX_TIMESTAMP(NOW(6))",
                              [this, done = std::move(done)](const SqlResult& r, const StoreError* err) {
                                StoreError no_answer;
@@ -454,7 +454,7 @@ void SqlStore::server_time(std::function<void(std::chrono::system_clock::time_po
 }
 
 void SqlStore::claim_period(std::string_view name, std::string_view token, std::int64_t period,
-                            std::chrono::system_clock::time_point start, std::function<void(const ClaimResult&)> done) {
+                            std::chrono::system_clock::time_point start, ClaimDone done) {
   // The claim is one conditional write: the lease is ours and unexpired,
   // the store's clock has reached the period's start, and no period as
   // late was run. The select after it (same round trip) reads the clock
@@ -515,7 +515,7 @@ void SqlStore::claim_period(std::string_view name, std::string_view token, std::
              });
 }
 
-void SqlStore::inspect(std::string_view name, std::function<void(const LockInfo&, const StoreError*)> done) {
+void SqlStore::inspect(std::string_view name, InspectDone done) {
   command_connection().query(
       fmt::format("SELECT GREATEST(TIMESTAMPDIFF(MICROSECOND, NOW(6), expires_at), 0), fence, owner FROM {} "
                   "WHERE lock_name = {}",
@@ -534,7 +534,7 @@ void SqlStore::inspect(std::string_view name, std::function<void(const LockInfo&
       });
 }
 
-void SqlStore::force_release(std::string_view name, std::function<void(bool, const StoreError*)> done) {
+void SqlStore::force_release(std::string_view name, ForceDone done) {
   command_connection().query(
       fmt::format("UPDATE {} SET owner = '', expires_at = NOW(6) WHERE lock_name = {} AND owner <> '' "
                   "AND expires_at > NOW(6)",

@@ -47,17 +47,18 @@ class SqlStore final : public StoreBase, public JobClaims, public OperatorTools 
   // The table as created when it is missing (also in the README).
   static std::string table_definition(const std::string& table);
 
+  // One statement per batch (see above); no release notices, so waiters
+  // poll with the runtime's back-off.
   void acquire(std::span<const LockRef> locks, AcquireDone done) override;
   std::size_t renew(std::span<const LockRef> locks, std::shared_ptr<const void> keepalive, RenewDone done) override;
   void release(std::span<const LockRef> locks, bool notify, ReleaseDone done) override;
-  // JobClaims
-  void server_time(std::function<void(std::chrono::system_clock::time_point, const StoreError*)> done) override;
-  void claim_period(std::string_view name, std::string_view token, std::int64_t period,
-                    std::chrono::system_clock::time_point start, std::function<void(const ClaimResult&)> done) override;
-  // OperatorTools
-  void inspect(std::string_view name, std::function<void(const LockInfo&, const StoreError*)> done) override;
-  void force_release(std::string_view name, std::function<void(bool, const StoreError*)> done) override;
   void close() override;
+  // JobClaims on the database's clock (NOW(6)); OperatorTools on the row.
+  void server_time(TimeDone done) override;
+  void claim_period(std::string_view name, std::string_view token, std::int64_t period,
+                    std::chrono::system_clock::time_point start, ClaimDone done) override;
+  void inspect(std::string_view name, InspectDone done) override;
+  void force_release(std::string_view name, ForceDone done) override;
 
  private:
   void started() override;
