@@ -267,7 +267,7 @@ int run_command(const RunArgs& a, const Inherited& inherited) {
     }
     if (!claim->claimed) {
       if (!a.quiet)
-        say(fmt::format("'{}': the period of {} was run already; the command was not run", a.key,
+        say(fmt::format("'{}': the period from {} was run already; the command was not run", a.key,
                         period_text(claim->scheduled_for)));
       std::future<void> released = handle.release();
       const int code = a.quiet ? 0 : kExitAlreadyRun;
