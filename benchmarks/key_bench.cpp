@@ -4,7 +4,8 @@
 //   BM_Key/<case>/lockwatch   Locked::key_for(), what a call runs (a LOCKED
 //                             literal: checked at compile time)
 //   BM_Key/<case>/fmt         fmt::vformat with the same pattern and
-//                             arguments
+//                             arguments: how LOCKED built keys before it
+//                             had its own formatter
 // Counter allocs: heap allocations per key (the key itself, once it is
 // longer than std::string's inline 15 bytes).
 //
