@@ -498,9 +498,6 @@ void check_renew_weight(double w);
 template <class K, class Fn>
 class Locked {
  public:
-  Locked(K key, detail::LockSpec spec, Runtime* runtime, Fn fn)
-      : key_(std::move(key)), spec_(std::move(spec)), runtime_(runtime), fn_(std::make_shared<Fn>(std::move(fn))) {}
-
   template <class... Args>
   auto operator()(Args&&... args) const {
     if constexpr (std::is_member_pointer_v<Fn>) {
@@ -533,6 +530,11 @@ class Locked {
   }
 
  private:
+  template <class>
+  friend class LockedBuilder;
+  Locked(K key, detail::LockSpec spec, Runtime* runtime, Fn fn)
+      : key_(std::move(key)), spec_(std::move(spec)), runtime_(runtime), fn_(std::make_shared<Fn>(std::move(fn))) {}
+
   template <class Obj, class... Args>
   auto call_member(Obj&& obj, Args&&... args) const {
     using ObjT = detail::stored_t<true, Obj&&>;
@@ -596,7 +598,7 @@ class Locked {
       detail::LockSpec spec = spec_;
       spec.key = std::move(key);
       Runtime& rt = runtime_ ? *runtime_ : Runtime::default_runtime();
-      rt.dispatch(std::move(spec), call);
+      detail::DispatchAccess::dispatch(rt, std::move(spec), call);
     } catch (...) {
       // dispatch() throws only before anything started.
       call->finish(std::current_exception());

@@ -320,7 +320,7 @@ void Runtime::Impl::start_lease(const std::shared_ptr<Acquisition>& a, const std
     a->handle->set_lease(l);
     // The handle lives only in what `complete` keeps (dropped with it, so
     // a future dropped unread releases the lock with it).
-    a->handle->deliver(nullptr, HandleAccess::make(l));
+    a->handle->deliver(nullptr, detail::HandleAccess::make(l));
   } else if (a->inline_run) {
     a->granted.set_value(l);
   } else {
