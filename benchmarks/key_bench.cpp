@@ -65,92 +65,32 @@ void run(benchmark::State& state, Make make) {
       static_cast<double>(g_allocs.load(std::memory_order_relaxed) - before) / static_cast<double>(state.iterations()));
 }
 
-template <class... A>
-std::string with_fmt(std::string_view pattern, const A&... a) {
-  return fmt::vformat(pattern, fmt::make_format_args(a...));
+// Registers one case twice: the key of `locked` (a LOCKED callable) for
+// these arguments, and fmt::vformat of the same `pattern` with them. The
+// arguments are the registered benchmark's captures, read from memory by
+// each call: neither side sees constants.
+template <class Locked, class... A>
+void add_case(const std::string& name, Locked locked, const char* pattern, A... a) {
+  benchmark::RegisterBenchmark(("BM_Key/" + name + "/lockwatch").c_str(), [=](benchmark::State& state) {
+    run(state, [&] { return locked.key_for(a...); });
+  });
+  benchmark::RegisterBenchmark(("BM_Key/" + name + "/fmt").c_str(), [=](benchmark::State& state) {
+    run(state, [&] { return fmt::vformat(pattern, fmt::make_format_args(a...)); });
+  });
 }
-
-// Arguments pass through memory the compiler must assume changed, so that
-// neither side sees constants. (DoNotOptimize(v) on a double itself loses
-// the value with Google Benchmark 1.7 and g++ 12: hence its address.)
-template <class T>
-T opaque(T v) {
-  benchmark::DoNotOptimize(&v);
-  benchmark::ClobberMemory();
-  return v;
-}
-
-void BM_Key_Int_Lockwatch(benchmark::State& state) {
-  auto f = LOCKED("sku:{0}", 5s, 3)[](int) {};
-  const int sku = opaque(42);
-  run(state, [&] { return f.key_for(sku); });
-}
-void BM_Key_Int_Fmt(benchmark::State& state) {
-  const int sku = opaque(42);
-  run(state, [&] { return with_fmt("sku:{0}", sku); });
-}
-
-void BM_Key_IntString_Lockwatch(benchmark::State& state) {
-  auto f = LOCKED("order:{0}:{1}", 5s, 3)[](int, const std::string&) {};
-  const int id = opaque(7);
-  const std::string who = opaque(std::string("ann"));
-  run(state, [&] { return f.key_for(id, who); });
-}
-void BM_Key_IntString_Fmt(benchmark::State& state) {
-  const int id = opaque(7);
-  const std::string who = opaque(std::string("ann"));
-  run(state, [&] { return with_fmt("order:{0}:{1}", id, who); });
-}
-
-void BM_Key_Mixed_Lockwatch(benchmark::State& state) {
-  auto f = LOCKED("{}:{}:{}", 5s, 3)[](std::string_view, std::uint64_t, double) {};
-  const std::string_view tenant = opaque(std::string_view("acme"));
-  const std::uint64_t n = opaque(std::uint64_t{9001});
-  const double share = opaque(0.25);
-  run(state, [&] { return f.key_for(tenant, n, share); });
-}
-void BM_Key_Mixed_Fmt(benchmark::State& state) {
-  const std::string_view tenant = opaque(std::string_view("acme"));
-  const std::uint64_t n = opaque(std::uint64_t{9001});
-  const double share = opaque(0.25);
-  run(state, [&] { return with_fmt("{}:{}:{}", tenant, n, share); });
-}
-
-void BM_Key_Double_Lockwatch(benchmark::State& state) {
-  auto f = LOCKED("price:{0}", 5s, 3)[](double) {};
-  const double price = opaque(19.99);
-  run(state, [&] { return f.key_for(price); });
-}
-void BM_Key_Double_Fmt(benchmark::State& state) {
-  const double price = opaque(19.99);
-  run(state, [&] { return with_fmt("price:{0}", price); });
-}
-
-void BM_Key_Long_Lockwatch(benchmark::State& state) {
-  auto f = LOCKED("tenant:{0}:warehouse:{1}:sku:{2}", 5s, 3)[](const std::string&, const std::string&, long) {};
-  const std::string tenant = opaque(std::string("acme"));
-  const std::string warehouse = opaque(std::string("eu-west-1"));
-  const long sku = opaque(123456789L);
-  run(state, [&] { return f.key_for(tenant, warehouse, sku); });
-}
-void BM_Key_Long_Fmt(benchmark::State& state) {
-  const std::string tenant = opaque(std::string("acme"));
-  const std::string warehouse = opaque(std::string("eu-west-1"));
-  const long sku = opaque(123456789L);
-  run(state, [&] { return with_fmt("tenant:{0}:warehouse:{1}:sku:{2}", tenant, warehouse, sku); });
-}
-
-BENCHMARK(BM_Key_Int_Lockwatch)->Name("BM_Key/int/lockwatch");
-BENCHMARK(BM_Key_Int_Fmt)->Name("BM_Key/int/fmt");
-BENCHMARK(BM_Key_IntString_Lockwatch)->Name("BM_Key/int_string/lockwatch");
-BENCHMARK(BM_Key_IntString_Fmt)->Name("BM_Key/int_string/fmt");
-BENCHMARK(BM_Key_Mixed_Lockwatch)->Name("BM_Key/mixed/lockwatch");
-BENCHMARK(BM_Key_Mixed_Fmt)->Name("BM_Key/mixed/fmt");
-BENCHMARK(BM_Key_Double_Lockwatch)->Name("BM_Key/double/lockwatch");
-BENCHMARK(BM_Key_Double_Fmt)->Name("BM_Key/double/fmt");
-BENCHMARK(BM_Key_Long_Lockwatch)->Name("BM_Key/long/lockwatch");
-BENCHMARK(BM_Key_Long_Fmt)->Name("BM_Key/long/fmt");
 
 }  // namespace
 
-BENCHMARK_MAIN();
+int main(int argc, char** argv) {
+  add_case("int", LOCKED("sku:{0}", 5s, 3)[](int) {}, "sku:{0}", 42);
+  add_case("int_string", LOCKED("order:{0}:{1}", 5s, 3)[](int, const std::string&) {}, "order:{0}:{1}", 7,
+           std::string("ann"));
+  add_case("mixed", LOCKED("{}:{}:{}", 5s, 3)[](std::string_view, std::uint64_t, double) {}, "{}:{}:{}",
+           std::string_view("acme"), std::uint64_t{9001}, 0.25);
+  add_case("double", LOCKED("price:{0}", 5s, 3)[](double) {}, "price:{0}", 19.99);
+  add_case("long", LOCKED("tenant:{0}:warehouse:{1}:sku:{2}", 5s, 3)[](const std::string&, const std::string&, long) {},
+           "tenant:{0}:warehouse:{1}:sku:{2}", std::string("acme"), std::string("eu-west-1"), 123456789L);
+  benchmark::Initialize(&argc, argv);
+  benchmark::RunSpecifiedBenchmarks();
+  benchmark::Shutdown();
+}
