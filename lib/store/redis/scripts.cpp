@@ -32,52 +32,46 @@ namespace {
 // not an array: the client parses one reply object, not one per lock); a
 // failure's entry is an error line, with Redis's code first (or LOCKWATCH),
 // kept on one line whatever the key's name holds. Tokens go out with %d:
-// Lua would print a number of 15 digits or more in exponent form.
+// Lua would print a number of 15 digits or more in exponent form. No
+// helper functions: a closure would be made anew on every call, which a
+// lone lock pays for.
 constexpr std::string_view kAcquire = R"lua(
 local out = {}
-local function failed(line)
-  return 'e' .. (string.gsub(line, '[\r\n]', ' '))
-end
-local function not_a_counter(key, e)
-  return failed(e.err .. ' (' .. key .. ' is not a fencing counter)')
-end
 for i = 1, #KEYS / 3 do
   local lock, counter, legacy = KEYS[3 * i - 2], KEYS[3 * i - 1], KEYS[3 * i]
   local token, ttl = ARGV[2 * i - 1], ARGV[2 * i]
+  local f, err
   if redis.call('set', lock, token, 'NX', 'PX', ttl) then
     local old = redis.pcall('get', legacy)
-    local f
     if type(old) == 'table' then
-      out[i] = not_a_counter(legacy, old)
+      err = old.err .. ' (' .. legacy .. ' is not a fencing counter)'
     elseif old and not string.match(old, '^%d+$') then
-      out[i] = failed('LOCKWATCH ' .. legacy .. ' is not a fencing counter')
+      err = 'LOCKWATCH ' .. legacy .. ' is not a fencing counter'
     else
       f = redis.pcall('incr', counter)
       if type(f) == 'table' then
-        out[i] = not_a_counter(counter, f)
-        f = nil
-      end
-    end
-    if f then
-      if old then
+        err = f.err .. ' (' .. counter .. ' is not a fencing counter)'
+      elseif old then
         if tonumber(old) >= f then
           redis.call('set', counter, old)
           f = redis.call('incr', counter)
         end
         redis.call('del', legacy)
       end
-      out[i] = 't' .. string.format('%d', f)
-    else
+    end
+    if err then
       redis.call('del', lock)
+    else
+      out[i] = 't' .. string.format('%d', f)
     end
   else
     local t = redis.call('pttl', lock)
     if t < 0 then
-      out[i] = failed('LOCKWATCH ' .. lock .. ' exists without expiry: not a lockwatch lock')
+      err = 'LOCKWATCH ' .. lock .. ' exists without expiry: not a lockwatch lock'
     elseif redis.pcall('get', lock) == token then
-      local f = redis.pcall('get', counter)
+      f = redis.pcall('get', counter)
       if type(f) == 'table' then
-        out[i] = not_a_counter(counter, f)
+        err = f.err .. ' (' .. counter .. ' is not a fencing counter)'
       else
         redis.call('pexpire', lock, ttl)
         out[i] = 't' .. (f or '0')
@@ -86,6 +80,7 @@ for i = 1, #KEYS / 3 do
       out[i] = 'b' .. t
     end
   end
+  if err then out[i] = 'e' .. string.gsub(err, '[\r\n]', ' ') end
 end
 return table.concat(out, '\n')
 )lua";
