@@ -51,9 +51,11 @@ int uv_events_of(int status) {
 SqlConnection::SqlConnection(Loop& loop, SqlTarget target, const Options& options, SqlSession session)
     : loop_(loop), target_(std::move(target)), options_(options), session_(std::move(session)), name_(target_.name()) {
   library_init();
+  if (session_.stale) session_.stale->connections.push_back(this);
 }
 
 SqlConnection::~SqlConnection() {
+  if (session_.stale) std::erase(session_.stale->connections, this);
   // close() ran on the loop thread and the loop drained: nothing is left
   // but, if the loop never ran, the handle itself.
   if (mysql_ != nullptr) mysql_close(mysql_);
@@ -227,16 +229,56 @@ void SqlConnection::store_step(int status, MYSQL_RES* res) {
 }
 
 void SqlConnection::connected() {
-  // The socket is up; the session set-up and the table check come first.
+  // The socket is up; the threads left behind are ended, then the session
+  // set-up and the table check.
   state_ = State::kIdle;
   phase_ = Phase::kNone;
   handshaking_ = true;
+  end_stale_threads(0);
+  kick();
+}
+
+void SqlConnection::end_stale_threads(int round) {
+  if (!session_.stale || session_.stale->ids.empty()) {
+    run_setup();
+    return;
+  }
+  std::vector<unsigned long> ids = session_.stale->ids;
+  std::string list;
+  for (unsigned long id : ids) list += (list.empty() ? "" : ",") + std::to_string(id);
+  auto ignore = [](const SqlResult&, const StoreError*) {};
+  if (round == 0) {
+    // Gone already (1094) or not ours to end (1095): the statement fails
+    // alone and the wait below tells.
+    for (unsigned long id : ids) handshake_.push_back(Request{fmt::format("KILL CONNECTION {}", id), ignore});
+  } else {
+    handshake_.push_back(Request{"DO SLEEP(0.02)", ignore});
+  }
+  // A killed thread leaves the process list when it has stopped; the wait
+  // is bounded by half the connect timeout (the whole set-up by all of it).
+  const long long rounds = std::max<long long>(1, options_.connect_timeout.count() / 2 / 20);
+  handshake_.push_back(Request{
+      fmt::format("SELECT COUNT(*) FROM information_schema.PROCESSLIST WHERE ID IN ({}) AND ID <> CONNECTION_ID()", list),
+      [this, ids, round, rounds](const SqlResult& result, const StoreError* err) {
+        if (state_ != State::kIdle && state_ != State::kBusy) return;  // dropped meanwhile
+        bool left = !err && !result.rows.empty() && !result.rows[0].empty() && result.rows[0][0] != "0";
+        if (left && round + 1 < rounds) {
+          end_stale_threads(round + 1);
+          return;
+        }
+        // Ended, or beyond waiting for: not tried again.
+        std::erase_if(session_.stale->ids,
+                      [&](unsigned long id) { return std::find(ids.begin(), ids.end(), id) != ids.end(); });
+        run_setup();
+      }});
+}
+
+void SqlConnection::run_setup() {
   for (const auto& sql : session_.setup)
     handshake_.push_back(Request{sql, [this](const SqlResult&, const StoreError* err) {
                                    if (err) went_down(fmt::format("the session set-up failed: {}", last_error_), false);
                                  }});
   run_handshake(0);
-  kick();
 }
 
 void SqlConnection::run_handshake(std::size_t attempt) {
@@ -490,6 +532,12 @@ StoreError SqlConnection::down_error(const std::string& why) const {
 void SqlConnection::went_down(const std::string& why, bool connection_error) {
   if (state_ == State::kClosed) return;
   bool was_connecting = state_ == State::kConnecting || handshaking_;
+  const bool left_behind = session_.stale && mysql_ != nullptr && !inflight_.empty() && !handshaking_;
+  if (left_behind) {
+    const unsigned long id = mysql_thread_id(mysql_);
+    auto& ids = session_.stale->ids;
+    if (id != 0 && std::find(ids.begin(), ids.end(), id) == ids.end()) ids.push_back(id);
+  }
   teardown();
   // What was in flight may or may not have run: it fails. What was queued
   // waits for the next attempt, unless this was an attempt (it waited for
@@ -516,6 +564,14 @@ void SqlConnection::went_down(const std::string& why, bool connection_error) {
     std::deque<Request> queued = std::move(queue_);
     queue_.clear();
     fail_all(queued, err);
+  }
+  if (left_behind) {
+    // The store's other connections may be answered before that thread
+    // runs what it had: they start again too, behind its end.
+    std::vector<SqlConnection*> others = session_.stale->connections;
+    for (SqlConnection* c : others)
+      if (c != this && (c->state_ == State::kIdle || c->state_ == State::kBusy))
+        c->went_down("starting again behind a connection given up on with statements in flight", true);
   }
   if (state_ == State::kClosed) return;
   schedule_reconnect();

@@ -27,6 +27,16 @@
 // queued goes to the next attempt. Lost connections come back on a doubling back-off
 // (reconnect_min .. reconnect_max); an idle connection the server closed
 // is noticed at once.
+//
+// A connection given up on with statements in flight (a command timeout)
+// leaves its server thread behind, which may still run them: a hung server
+// that goes on runs what it had read, after the client has gone. Its thread
+// id goes on a list the store's connections share; the others start again
+// too, and each connection, before its set-up, ends the threads on the list
+// (KILL CONNECTION, then waiting until the process list no longer shows
+// them), so that nothing sent before a failure takes effect after the store
+// answers again (a ghost acquisition would, after its release was answered
+// "gone").
 #pragma once
 
 #include <uv.h>
@@ -36,6 +46,7 @@
 #include <deque>
 #include <exception>
 #include <functional>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -62,10 +73,22 @@ struct SqlResult {
 // credentials; ...), a lost connection or a timeout as kUnavailable.
 using SqlDone = std::function<void(const SqlResult& result, const StoreError* error)>;
 
-// What a connection runs before it takes requests: `setup` statements in
-// order, then `check` (a SELECT of the table's columns); when the server
-// says the table is missing (1146), `create` and `check` again.
+class SqlConnection;
+
+// The server threads of connections given up on with statements in flight,
+// and the connections that share the list (a store's connections). Loop
+// thread only.
+struct SqlStaleThreads {
+  std::vector<unsigned long> ids;
+  std::vector<SqlConnection*> connections;
+};
+
+// What a connection runs before it takes requests: the stale threads
+// ended, `setup` statements in order, then `check` (a SELECT of the
+// table's columns); when the server says the table is missing (1146),
+// `create` and `check` again.
 struct SqlSession {
+  std::shared_ptr<SqlStaleThreads> stale;  // null: not tracked
   std::vector<std::string> setup;
   std::string check;
   std::string create;
@@ -105,6 +128,8 @@ class SqlConnection {
   void connect();
   void connect_to(const std::string& host);
   void connected();
+  void end_stale_threads(int round);
+  void run_setup();
   void run_handshake(std::size_t attempt);
   void kick();
   void pump();

@@ -107,6 +107,7 @@ SqlStore::SqlStore(Loop& loop, SqlTarget target, const Options& options)
   session.check = fmt::format("SELECT lock_name, owner, fence, expires_at, last_period FROM {} LIMIT 0", table_);
   session.create = table_definition(target_.table);
   session.table = fmt::format("{}.{}", target_.database, target_.table);
+  session.stale = std::make_shared<SqlStaleThreads>();
   for (int i = 0; i < kCommandConnections; ++i)
     commands_.push_back(std::make_unique<SqlConnection>(loop, target_, options_, session));
   renew_ = std::make_unique<SqlConnection>(loop, target_, options_, session);
