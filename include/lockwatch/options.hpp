@@ -46,7 +46,10 @@ struct Options {
   // `rediss://`, `rediss-sentinel://` and `rediss-cluster://` are the same
   // over TLS (with Sentinel, to the sentinels and to the master alike; in a
   // cluster, to every node). `mysql://user:password@host[:port]/database`
-  // for a SQL lock table. `memory://[name]` for locks in this process's
+  // for a SQL lock table, `postgresql://user:password@host[:port]/database`
+  // (or `postgres://`, with `?sslmode=` and libpq's other TLS parameters)
+  // for a PostgreSQL one, when lockwatch is built with its Meson feature
+  // `postgresql`. `memory://[name]` for locks in this process's
   // memory, shared by its runtimes that name the same space (for unit
   // tests and programs of one process; no server).
   std::string redis_url = "redis://127.0.0.1:6379";

@@ -14,6 +14,10 @@
 #include "store/redis/topology.hpp"
 #include "store/sql/sql_store.hpp"
 #include "store/sql/sql_target.hpp"
+#ifdef LOCKWATCH_HAVE_POSTGRESQL
+#include "store/postgresql/pg_store.hpp"
+#include "store/postgresql/pg_target.hpp"
+#endif
 
 namespace lockwatch::detail {
 
@@ -24,9 +28,10 @@ constexpr std::string_view kSupported =
     "redis-sentinel://[user:password@]host:port[,host:port...]/master-name[/db], the same over TLS as "
     "rediss:// and rediss-sentinel://, redis-cluster://[user:password@]host:port[,host:port...] (seed nodes of a "
     "Redis Cluster; rediss-cluster:// over TLS), mysql://user:password@host[:port]/database[?socket=/path&table=name], "
+    "postgresql://user[:password]@host[:port]/database[?table=name&sslmode=...] (or postgres://), "
     "and memory://[name] (in this process: runtimes naming the same space share it)";
 
-enum class Scheme { kRedis, kRedisSentinel, kRedisCluster, kMysql, kMemory };
+enum class Scheme { kRedis, kRedisSentinel, kRedisCluster, kMysql, kPostgresql, kMemory };
 
 Scheme scheme_of(const std::string& url) {
   auto sep = url.find("://");
@@ -35,6 +40,7 @@ Scheme scheme_of(const std::string& url) {
   if (scheme == "redis-sentinel" || scheme == "rediss-sentinel") return Scheme::kRedisSentinel;
   if (scheme == "redis-cluster" || scheme == "rediss-cluster") return Scheme::kRedisCluster;
   if (scheme == "mysql") return Scheme::kMysql;
+  if (scheme == "postgresql" || scheme == "postgres") return Scheme::kPostgresql;
   if (scheme == "memory") return Scheme::kMemory;
   if (scheme.empty())
     throw InvalidArgument(fmt::format("malformed URL '{}': no scheme; lockwatch supports {}", url_for_messages(url),
@@ -51,6 +57,17 @@ void check_store_options(const Options& options) {
   // In memory, the options for servers (TLS, replicas) have nothing to act
   // on: a test swaps the URL alone.
   if (scheme_of(options.redis_url) == Scheme::kMemory) return;
+  if (scheme_of(options.redis_url) == Scheme::kPostgresql) {
+#ifdef LOCKWATCH_HAVE_POSTGRESQL
+    PgStore::check_options(PgTarget::parse(options.redis_url), options);
+    return;
+#else
+    throw InvalidArgument(fmt::format("'{}' needs the PostgreSQL store, which this lockwatch was built without: "
+                                      "configure it with the Meson feature postgresql enabled (-Dpostgresql=enabled, "
+                                      "libpq >= 14: Debian's libpq-dev)",
+                                      url_for_messages(options.redis_url)));
+#endif
+  }
   if (scheme_of(options.redis_url) == Scheme::kMysql) {
     (void)SqlTarget::parse(options.redis_url);
     if (options.min_replicas > 0)
@@ -77,6 +94,10 @@ std::unique_ptr<LockStore> make_store(Loop& loop, const Options& options) {
     return std::make_unique<MemoryStore>(loop, MemorySpace::open(MemoryStore::space_name(options.redis_url)), options);
   if (scheme_of(options.redis_url) == Scheme::kMysql)
     return std::make_unique<SqlStore>(loop, SqlTarget::parse(options.redis_url), options);
+#ifdef LOCKWATCH_HAVE_POSTGRESQL
+  if (scheme_of(options.redis_url) == Scheme::kPostgresql)
+    return std::make_unique<PgStore>(loop, PgTarget::parse(options.redis_url), options);
+#endif
   if (scheme_of(options.redis_url) == Scheme::kRedisCluster)
     return std::make_unique<ClusterStore>(loop, ClusterSeeds::parse(options.redis_url), options);
   Topology topology = Topology::parse(options.redis_url);

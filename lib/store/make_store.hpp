@@ -7,6 +7,7 @@
 //   rediss://, rediss-sentinel://,   the same over TLS
 //   rediss-cluster://
 //   mysql://user:password@host/db    SqlStore (a lock table)
+//   postgresql://user@host/db        PgStore (a lock table; postgres:// too; the Meson feature postgresql)
 //   memory://[name]                  MemoryStore (this process's memory, shared by name)
 //
 // A new store is one more line here; nothing else in the runtime changes.

@@ -1,0 +1,105 @@
+// lib/store/postgresql/pg_store.hpp: locks in a PostgreSQL table
+// (postgresql://user:password@host[:port]/database).
+//
+// One row per lock name: the owner token, the fencing counter, the expiry
+// (set and judged on the database's clock only, clock_timestamp()) and a
+// scheduled job's last period. Each step is one statement, its own
+// transaction, never a read then a write:
+//   acquire  INSERT ... ON CONFLICT (lock_name) DO UPDATE ... WHERE expired
+//            (or ours) ... RETURNING the fence, for a batch of names: each
+//            free or expired row becomes ours with its fence raised;
+//   renew    UPDATE ... FROM (the batch's (name, owner) pairs) WHERE
+//            unexpired: every renewal due in one tick, in chunks, on a
+//            connection of its own so that it never queues behind
+//            acquisitions;
+//   release  UPDATE ... SET owner = '', expires_at = clock_timestamp()
+//            WHERE ours, with pg_notify() for each row released (a lock
+//            given back unused notifies nobody).
+// A statement answers with what it decided (RETURNING); a read that says
+// why a row was not ours (who holds it, for how long) comes from the same
+// statement and decides nothing. The row is never deleted: the fencing
+// counter lives in it and never goes back.
+//
+// Release notices: LISTEN on a channel named after the table, on a
+// connection of its own made at the first subscribe(); the payload is
+// the lock's name in hex. release_events() is true: waiters sleep until a
+// notice or the holder's ttl. `subscribed` is reported for every name once
+// LISTEN is confirmed (again after each reconnect), `subscriptions_lost`
+// when that connection drops (notices sent meanwhile are lost).
+//
+// Connections (PgConnection): two for commands, one for renewals, one for
+// notices.
+//
+// Threading: as LockStore (loop thread, but encode()/check_key()).
+#pragma once
+
+#include <memory>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "lockwatch/options.hpp"
+#include "store/lock_store.hpp"
+#include "store/postgresql/pg_connection.hpp"
+#include "store/postgresql/pg_target.hpp"
+
+namespace lockwatch::detail {
+
+class Loop;
+
+class PgStore final : public LockStore {
+ public:
+  // The lock_name column's limit (a CHECK in the table): longer names
+  // (prefix + key) are refused before anything is sent.
+  static constexpr std::size_t kMaxNameBytes = 255;
+
+  PgStore(Loop& loop, PgTarget target, const Options& options);
+  ~PgStore() override;
+
+  // Any thread. InvalidArgument if the options do not suit this store.
+  static void check_options(const PgTarget& target, const Options& options);
+  // The table as created when it is missing (also in the README).
+  static std::string table_definition(const std::string& table);
+
+  std::string encode(std::string_view key) const override;
+  const char* check_key(std::string_view key) const noexcept override;
+  bool release_events() const noexcept override { return true; }
+  void start(StoreEvents events) override;
+  void acquire(std::span<const LockRef> locks, AcquireDone done) override;
+  std::size_t renew(std::span<const LockRef> locks, std::shared_ptr<const void> keepalive, RenewDone done) override;
+  void release(std::span<const LockRef> locks, bool notify, ReleaseDone done) override;
+  void raise_fence(std::string_view name, std::uint64_t fence, std::function<void(bool ok)> done) override;
+  void server_time(std::function<void(std::chrono::system_clock::time_point, const StoreError*)> done) override;
+  void claim_period(std::string_view name, std::string_view token, std::int64_t period,
+                    std::chrono::system_clock::time_point start, std::function<void(const ClaimResult&)> done) override;
+  void inspect(std::string_view name, std::function<void(const LockInfo&, const StoreError*)> done) override;
+  void force_release(std::string_view name, std::function<void(bool, const StoreError*)> done) override;
+  void subscribe(std::string_view name) override;
+  void unsubscribe(std::string_view name) override;
+  void poll_replies() override;
+  void close() override;
+
+ private:
+  struct AcquireBatch;
+  struct RenewBatch;
+  struct ReleaseBatch;
+  PgConnection& command_connection();
+  void acquire_batch(std::shared_ptr<AcquireBatch> batch);
+  void renew_group(std::shared_ptr<RenewBatch> batch, std::vector<std::size_t> members);
+  void release_batch(std::shared_ptr<ReleaseBatch> batch);
+  void start_notices();
+
+  Loop& loop_;
+  const Options options_;
+  const PgTarget target_;
+  const std::string channel_;
+  std::vector<std::unique_ptr<PgConnection>> commands_;
+  std::unique_ptr<PgConnection> renew_;
+  std::unique_ptr<PgConnection> notices_;  // made at the first subscribe()
+  std::set<std::string, std::less<>> subscribed_;
+  bool listening_ = false;  // LISTEN is confirmed on notices_
+  bool closed_ = false;
+  StoreEvents events_;
+};
+
+}  // namespace lockwatch::detail
