@@ -19,7 +19,7 @@
 #include "store/memory/memory_space.hpp"
 #include "store/redis/cluster_slot.hpp"
 #include "support/mariadb_server.hpp"
-#ifdef LOCKWATCH_HAVE_POSTGRESQL
+#if LOCKWATCH_WITH_POSTGRESQL
 #include "support/postgres_server.hpp"
 #endif
 #include "support/redis_cluster.hpp"
@@ -131,7 +131,7 @@ class MariaDbBackend final : public Backend {
   MariaDbServer server_;
 };
 
-#ifdef LOCKWATCH_HAVE_POSTGRESQL
+#if LOCKWATCH_WITH_POSTGRESQL
 // One postgres for every case of the program (initdb costs a second): the
 // cases use keys of their own, and a case that killed or paused it has
 // started or resumed it before it ends.
@@ -293,7 +293,7 @@ inline std::unique_ptr<Backend> make_backend(const std::string& kind) {
   if (kind == "redis") return std::make_unique<RedisBackend>();
   if (kind == "redis-cluster") return std::make_unique<ClusterBackend>();
   if (kind == "memory") return std::make_unique<EmbeddedBackend>();
-#ifdef LOCKWATCH_HAVE_POSTGRESQL
+#if LOCKWATCH_WITH_POSTGRESQL
   if (kind == "postgresql") return std::make_unique<PostgresBackend>();
 #endif
   if (kind == "mysql") return std::make_unique<MariaDbBackend>();
@@ -303,7 +303,7 @@ inline std::unique_ptr<Backend> make_backend(const std::string& kind) {
 // Every kind this build has (postgresql with the Meson feature).
 inline std::vector<std::string> backend_kinds() {
   std::vector<std::string> kinds{"redis", "redis-cluster", "mysql"};
-#ifdef LOCKWATCH_HAVE_POSTGRESQL
+#if LOCKWATCH_WITH_POSTGRESQL
   kinds.push_back("postgresql");
 #endif
   kinds.push_back("memory");

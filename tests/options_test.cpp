@@ -164,20 +164,20 @@ TEST(OptionsTest, AnUnknownSchemeIsNamedWithTheSupportedOnes) {
 }
 
 // postgresql:// (and postgres://) is a store of its own Meson feature:
-// without it, the URL names what is missing.
+// without it, the URL is Unsupported, naming what is missing.
 TEST(OptionsTest, APostgresqlUrlNeedsThePostgresqlFeature) {
   for (const char* url : {"postgresql://app:hunter2@db.example/locks", "postgres://app:hunter2@db.example/locks"}) {
     Options o;
     o.redis_url = url;
-#ifdef LOCKWATCH_HAVE_POSTGRESQL
+#if LOCKWATCH_WITH_POSTGRESQL
     EXPECT_NO_THROW(o.validate()) << url;
 #else
     try {
       o.validate();
       ADD_FAILURE() << "accepted " << url;
-    } catch (const InvalidArgument& e) {
+    } catch (const Unsupported& e) {
       std::string what = e.what();
-      EXPECT_NE(what.find("feature postgresql"), std::string::npos) << what;
+      EXPECT_NE(what.find("feature 'postgresql'"), std::string::npos) << what;
       EXPECT_EQ(what.find("hunter2"), std::string::npos) << what;
     }
 #endif

@@ -8,7 +8,7 @@
 #include "lockwatch/errors.hpp"
 #include "runtime/store_errors.hpp"
 #include "store/store_error.hpp"
-#ifdef LOCKWATCH_HAVE_POSTGRESQL
+#if LOCKWATCH_WITH_POSTGRESQL
 #include "store/postgresql/pg_error.hpp"
 #endif
 
@@ -158,7 +158,7 @@ TEST(StoreErrorsTest, EachKindMapsToItsPublicError) {
   }
 }
 
-#ifdef LOCKWATCH_HAVE_POSTGRESQL
+#if LOCKWATCH_WITH_POSTGRESQL
 TEST(StoreErrorTest, PostgresSqlstatesAreClassified) {
   const std::string pg = "postgresql://h:1/db";
   for (const char* code : {"40001", "40P01", "55P03", "57014"})

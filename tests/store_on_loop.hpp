@@ -16,7 +16,8 @@
 #include <string>
 
 #include "core/loop.hpp"
-#include "store/make_store.hpp"
+#include "store/capabilities.hpp"
+#include "store/registry.hpp"
 #include "test_util.hpp"
 
 namespace lockwatch::testing {
@@ -72,15 +73,17 @@ class StoreOnLoop {
   bool raise_fence(const std::string& name, std::uint64_t fence) {
     std::promise<bool> p;
     auto f = p.get_future();
-    loop_.post([&] { store_->raise_fence(name, fence, [&p](bool ok) { p.set_value(ok); }); });
+    auto& fences = detail::require<detail::FenceRaising>(*store_, "this store");
+    loop_.post([&] { fences.raise_fence(name, fence, [&p](bool ok) { p.set_value(ok); }); });
     return get_bounded(f);
   }
   detail::ClaimResult claim(const std::string& name, const std::string& token, std::int64_t period) {
     std::promise<detail::ClaimResult> p;
     auto f = p.get_future();
+    auto& claims = detail::require<detail::JobClaims>(*store_, "this store");
     loop_.post([&] {
-      store_->claim_period(name, token, period, std::chrono::system_clock::time_point{},
-                           [&p](const detail::ClaimResult& r) { p.set_value(r); });
+      claims.claim_period(name, token, period, std::chrono::system_clock::time_point{},
+                          [&p](const detail::ClaimResult& r) { p.set_value(r); });
     });
     return get_bounded(f);
   }

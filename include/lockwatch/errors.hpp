@@ -28,6 +28,15 @@ class InvalidArgument : public Error {
   using Error::Error;
 };
 
+// The store the runtime uses cannot do what was asked, or cannot give it
+// its guarantee (a build without the feature a URL needs, an operators'
+// call on a store without it, a kind of lock the store cannot hold
+// safely). `what()` names the store and the missing part; nothing was done.
+class Unsupported : public Error {
+ public:
+  using Error::Error;
+};
+
 // The lock was held by someone else and did not become free within the wait
 // the call allowed (zero unless `.wait()` was used).
 class LockNotAcquired : public Error {

@@ -35,27 +35,40 @@ struct Endpoint {
 };
 
 struct Options {
-  // Where the locks live (the URL's scheme picks the store):
-  // `redis://[user:password@]host:port[/db]`; a
-  // comma-separated list of such URLs for Redlock over independent masters
-  // (every acquisition and renewal then needs a majority of them); or
-  // `redis-sentinel://[user:password@]host:port[,host:port...]/master-name[/db]`
-  // for a master found (and followed across failovers) through Sentinel;
-  // `redis-cluster://[user:password@]host:port[,host:port...]` for a Redis
-  // Cluster (seed nodes: any one reachable is enough).
-  // `rediss://`, `rediss-sentinel://` and `rediss-cluster://` are the same
-  // over TLS (with Sentinel, to the sentinels and to the master alike; in a
-  // cluster, to every node). `mysql://user:password@host[:port]/database`
-  // for a SQL lock table, `postgresql://user:password@host[:port]/database`
-  // (or `postgres://`, with `?sslmode=` and libpq's other TLS parameters)
-  // for a PostgreSQL one, when lockwatch is built with its Meson feature
-  // `postgresql`. `memory://[name]` for locks in this process's
-  // memory, shared by its runtimes that name the same space (for unit
-  // tests and programs of one process; no server).
+  // Where the locks live; the URL's scheme picks the store:
+  //   redis://[user:password@]host:port[/db]       one Redis master
+  //   redis://...,redis://...                       Redlock over independent
+  //                                                 masters (every acquisition
+  //                                                 and renewal needs a majority)
+  //   redis-sentinel://[user:password@]host:port[,host:port...]/master-name[/db]
+  //                                                 a master found (and followed
+  //                                                 across failovers) through Sentinel
+  //   redis-cluster://[user:password@]host:port[,host:port...]
+  //                                                 a Redis Cluster (seed nodes)
+  //   rediss://, rediss-sentinel://, rediss-cluster://   the same over TLS
+  //                                                 (the `tls` feature)
+  //   mysql://user:password@host[:port]/database[?socket=/path&table=name]
+  //                                                 a MariaDB/MySQL lock table
+  //                                                 (the `sql` feature)
+  //   postgresql://user[:password]@host[:port]/database[?table=name&sslmode=...]
+  //                                                 a PostgreSQL lock table
+  //                                                 (postgres:// too; TLS by
+  //                                                 libpq's sslmode, sslrootcert,
+  //                                                 sslcert, sslkey; the
+  //                                                 `postgresql` feature)
+  //   memory://[name]                               this process's memory,
+  //                                                 shared by its runtimes that
+  //                                                 name the same space
+  // A scheme the build has no feature for fails with Unsupported naming it.
+  // Empty: redis_url.
+  std::string store_url;
+  // The older name of store_url, used when store_url is empty (any scheme).
   std::string redis_url = "redis://127.0.0.1:6379";
-  // Sentinel: credentials of the sentinels themselves (the URL's are the
-  // master's), and how many replicas must acknowledge a lock write (WAIT)
-  // before the lease is handed out, within replica_ack_timeout.
+  // Settings of the Redis stores (the SQL stores refuse min_replicas:
+  // their durability is the database's replication):
+  // the sentinels' own credentials (the URL's are the master's), and how
+  // many replicas must acknowledge a lock write (WAIT) before the lease is
+  // handed out, within replica_ack_timeout.
   std::string sentinel_user;
   std::string sentinel_password;
   int min_replicas = 0;
@@ -162,7 +175,8 @@ struct Options {
   // stderr, prefixed "lockwatch:".
   LogSink log;
 
-  // Defaults, with redis_url taken from LOCKWATCH_REDIS_URL and tls_ca_file,
+  // Defaults, with store_url taken from LOCKWATCH_STORE_URL, redis_url
+  // from LOCKWATCH_REDIS_URL and tls_ca_file,
   // tls_cert_file, tls_key_file from LOCKWATCH_TLS_CA_FILE,
   // LOCKWATCH_TLS_CERT_FILE, LOCKWATCH_TLS_KEY_FILE when they are set.
   static Options from_env();

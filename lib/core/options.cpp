@@ -145,6 +145,7 @@ std::string Endpoint::name() const {
 
 Options Options::from_env() {
   Options o;
+  if (const char* url = std::getenv("LOCKWATCH_STORE_URL"); url && *url) o.store_url = url;
   if (const char* url = std::getenv("LOCKWATCH_REDIS_URL"); url && *url) o.redis_url = url;
   if (const char* f = std::getenv("LOCKWATCH_TLS_CA_FILE"); f && *f) o.tls_ca_file = f;
   if (const char* f = std::getenv("LOCKWATCH_TLS_CERT_FILE"); f && *f) o.tls_cert_file = f;

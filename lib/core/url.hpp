@@ -4,7 +4,19 @@
 #include <string>
 #include <string_view>
 
+#include "lockwatch/options.hpp"
+
 namespace lockwatch::detail {
+
+// Where the locks live: Options::store_url, else Options::redis_url.
+inline const std::string& store_url(const Options& options) noexcept {
+  return options.store_url.empty() ? options.redis_url : options.store_url;
+}
+// The scheme of `url` ("mysql" for "mysql://..."), empty when it has none.
+inline std::string_view scheme_of(std::string_view url) noexcept {
+  auto sep = url.find("://");
+  return sep == std::string_view::npos ? std::string_view() : url.substr(0, sep);
+}
 
 // The URL as error messages show it: the scheme given, never a password.
 std::string url_for_messages(const std::string& url);

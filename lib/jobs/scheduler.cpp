@@ -25,7 +25,8 @@
 #include <thread>
 
 #include "core/error_values.hpp"
-#include "runtime/runtime_impl.hpp"
+#include "ops/events.hpp"
+#include "runtime/job_host.hpp"
 
 namespace lockwatch {
 
@@ -94,21 +95,22 @@ std::string what_of_current() {
 
 Job::Job(Runtime& runtime, std::string name, std::unique_ptr<Schedule> schedule, Scheduler::Body body,
          JobOptions options, milliseconds skew)
-    : impl_(RuntimeAccess::impl(runtime)),
+    : host_(JobHost::of(runtime)),
       name_(std::move(name)),
       key_("job:" + name_),
       schedule_(std::move(schedule)),
       body_(std::move(body)),
       options_(options),
       skew_(skew),
-      metrics_(impl_.events.metrics().job(name_)) {
-  lock_name_ = impl_.store->encode(key_);
+      metrics_(host_.job_events().metrics().job(name_)) {
+  lock_name_ = host_.store_name(key_);
+  claims_ = &host_.job_claims();
   wake_.job = this;
   max_run_.job = this;
 }
 
 bool Job::post(UniqueFunction task) {
-  if (impl_.loop.post(std::move(task))) return true;
+  if (host_.post(std::move(task))) return true;
   // The loop is closed (the runtime stopped): nothing runs there any more.
   leader_.store(false, std::memory_order_release);
   {
@@ -179,7 +181,7 @@ void Job::take_step(Step step) {
 void Job::wake_at(steady_clock::time_point at, Step step) {
   wake_timeout_.cancel();
   wake_.step = step;
-  wake_timeout_ = impl_.clock.at(wake_, at);
+  wake_timeout_ = host_.at(wake_, at);
 }
 
 void Job::wake_at_store(system_clock::time_point t) {
@@ -209,13 +211,13 @@ void Job::compete() {
   spec.retries = Retries(forever).count();
   spec.wait = options_.lease;
   try {
-    ticket_ = impl_.acquire(std::move(spec), [self = shared_from_this()](std::exception_ptr e, LockHandle h) {
+    ticket_ = host_.acquire(std::move(spec), [self = shared_from_this()](std::exception_ptr e, LockHandle h) {
       self->post([self, e, h = std::move(h)]() mutable { self->on_acquired(e, std::move(h)); });
     });
   } catch (const RuntimeStopped&) {
     finish();
   } catch (...) {
-    impl_.events.log(LogLevel::kError,
+    host_.job_events().log(LogLevel::kError,
                      fmt::format("job '{}': cannot compete for its lease: {}", name_, what_of_current()));
     finish();
   }
@@ -250,10 +252,7 @@ void Job::on_acquired(std::exception_ptr error, LockHandle h) {
 
 void Job::lead(LockHandle h) {
   handle_ = std::move(h);
-  // The handle's lease is the runtime's record of it (binding this_lease()
-  // on the pool thread needs the record).
-  record_ = const_cast<LeaseRecord*>(static_cast<const LeaseRecord*>(&handle_.lease()));
-  token_ = record_->token.str();  // set at grant, read-only after
+  token_ = host_.owner_token(handle_.lease());  // set at grant, read-only after
   leader_.store(true, std::memory_order_release);
   metrics_->leaders.fetch_add(1, std::memory_order_relaxed);
   lost_watch_ = handle_.lease().on_lost([self = shared_from_this()](std::optional<LostReason> reason) {
@@ -285,7 +284,7 @@ void Job::plan() {
     target = schedule_->next(after);
   }
   if (!target) {
-    impl_.events.log(LogLevel::kError, fmt::format("job '{}' has no next period; it stops here", name_));
+    host_.job_events().log(LogLevel::kError, fmt::format("job '{}' has no next period; it stops here", name_));
     {
       std::lock_guard lk(mu_);
       cancelled_ = true;
@@ -307,7 +306,7 @@ void Job::on_period_due() {
 
 void Job::fetch_store_time() {
   auto sent = local_now();
-  impl_.store->server_time([self = shared_from_this(), sent](system_clock::time_point t, const StoreError* e) {
+  claims_->server_time([self = shared_from_this(), sent](system_clock::time_point t, const StoreError* e) {
     if (self->over_) return;
     if (e) {
       auto backoff = std::clamp(self->options_.lease / 4, milliseconds(20), milliseconds(500));
@@ -322,8 +321,8 @@ void Job::fetch_store_time() {
 
 void Job::claim_target() {
   auto sent = local_now();
-  impl_.store->claim_period(lock_name_, token_, target_, schedule_->start(target_),
-                            [self = shared_from_this(), sent](const ClaimResult& r) { self->on_claim(r, sent); });
+  claims_->claim_period(lock_name_, token_, target_, schedule_->start(target_),
+                        [self = shared_from_this(), sent](const ClaimResult& r) { self->on_claim(r, sent); });
 }
 
 void Job::on_claim(const ClaimResult& r, system_clock::time_point sent) {
@@ -367,18 +366,17 @@ void Job::run_target() {
   if (options_.max_run > milliseconds(0)) {  // asked to stop after max_run
     max_run_stop_ = stop;
     max_run_.step = Step::kMaxRun;
-    max_run_timeout_ = impl_.clock.at(max_run_, steady_clock::now() + options_.max_run);
+    max_run_timeout_ = host_.at(max_run_, steady_clock::now() + options_.max_run);
   }
-  impl_.events.run_started(name_, period);
+  host_.job_events().run_started(name_, period);
   // The handle is held until the run is over (no step releases it while
   // one runs).
-  auto work = [self = shared_from_this(), stop, period, record = record_] {
-    const Lease& lease = *record;
+  auto work = [self = shared_from_this(), stop, period, lease_ptr = &handle_.lease()] {
+    const Lease& lease = *lease_ptr;
     std::stop_callback on_lost(lease.stop_token(), [&stop] { stop->request_stop(); });
     JobRun info(self->name_, period, self->schedule_->start(period), lease, stop->get_token());
     std::string error;
-    {
-      ThreadLeaseScope scope(&self->impl_, record);
+    self->host_.with_lease(lease, [&] {
       const Job* outer = running_job;
       running_job = self.get();
       try {
@@ -387,11 +385,11 @@ void Job::run_target() {
         error = what_of_current();
       }
       running_job = outer;
-    }
+    });
     self->post([self, period, error = std::move(error)] { self->on_run_done(period, error); });
   };
   try {
-    impl_.pool.post(work);
+    host_.run_on_pool(work);
   } catch (...) {
     // The pool stopped (the runtime is stopping): the claimed period runs
     // on a thread of its own rather than be lost (never on the loop).
@@ -416,7 +414,7 @@ void Job::on_run_done(std::int64_t period, const std::string& error) {
     run_stop_.reset();
   }
   (error.empty() ? metrics_->runs_ok : metrics_->runs_error).fetch_add(1, std::memory_order_relaxed);
-  impl_.events.run_finished(name_, period, error);
+  host_.job_events().run_finished(name_, period, error);
   done_upto_ = period;
   plan();
 }
@@ -448,7 +446,6 @@ void Job::stop_leading() {
   lost_watch_ = LeaseWatch();
   leader_.store(false, std::memory_order_release);
   metrics_->leaders.fetch_sub(1, std::memory_order_relaxed);
-  record_ = nullptr;
   // Released so another process takes over at once; then compete again,
   // or stop.
   LockHandle h = std::move(handle_);
@@ -514,9 +511,7 @@ std::shared_ptr<Job> Scheduler::Impl::add(std::string name, std::unique_ptr<deta
   detail::LockSpec spec;
   spec.key = "job:" + name;
   spec.ttl = options.lease;
-  auto& rt = detail::RuntimeAccess::impl(runtime);
-  rt.validate(spec);
-  if (rt.stopping.load()) throw RuntimeStopped("lockwatch runtime is stopping");
+  detail::JobHost::of(runtime).check_lease(spec);
   auto job = std::make_shared<Job>(runtime, name, std::move(schedule), std::move(body), options, skew);
   {
     std::lock_guard lk(mu);

@@ -16,8 +16,8 @@
 #include "lockwatch/scheduler.hpp"
 #include "ops/metrics.hpp"
 #include "lockwatch/timer_wheel.hpp"
-#include "runtime/lease_record.hpp"
-#include "store/lock_store.hpp"
+#include "runtime/job_host.hpp"
+#include "store/capabilities.hpp"
 
 namespace lockwatch {
 
@@ -90,10 +90,11 @@ struct Job : std::enable_shared_from_this<Job> {
   std::chrono::system_clock::time_point store_now() const;
   void learn_store_time(std::chrono::system_clock::time_point store, std::chrono::system_clock::time_point sent_local);
 
-  Runtime::Impl& impl_;
+  JobHost& host_;
   const std::string name_;
   const std::string key_;  // "job:<name>"
   std::string lock_name_;  // the store's name for key_
+  JobClaims* claims_ = nullptr;  // the store's (the runtime's store outlives its jobs)
   const std::unique_ptr<Schedule> schedule_;
   const Scheduler::Body body_;
   const JobOptions options_;
@@ -105,7 +106,6 @@ struct Job : std::enable_shared_from_this<Job> {
   std::chrono::milliseconds offset_{0};  // store clock - local clock
   AcquireTicket ticket_;                 // the acquisition while competing
   LockHandle handle_;                    // while leading
-  LeaseRecord* record_ = nullptr;        // handle_'s lease record
   std::string token_;                    // handle_'s owner token
   LeaseWatch lost_watch_;
   bool clock_known_ = false;

@@ -263,14 +263,14 @@ inline LeaseRecord::Clock::time_point LeaseRecord::streak_start() const noexcept
 // The leases of the locked calls running on this thread, innermost last.
 struct HeldOnThread {
   const void* runtime;  // the Runtime::Impl that granted it
-  LeaseRecord* lease;
+  const LeaseRecord* lease;
 };
 std::vector<HeldOnThread>& leases_on_this_thread() noexcept;
 
 // Pushes a lease for the scope of the work on this thread.
 class ThreadLeaseScope {
  public:
-  ThreadLeaseScope(const void* runtime, LeaseRecord* lease) { leases_on_this_thread().push_back({runtime, lease}); }
+  ThreadLeaseScope(const void* runtime, const LeaseRecord* lease) { leases_on_this_thread().push_back({runtime, lease}); }
   ~ThreadLeaseScope() { leases_on_this_thread().pop_back(); }
   ThreadLeaseScope(const ThreadLeaseScope&) = delete;
   ThreadLeaseScope& operator=(const ThreadLeaseScope&) = delete;

@@ -4,7 +4,7 @@
 #include "core/option_checks.hpp"
 #include "lockwatch/options.hpp"
 #include "ops/metrics_server.hpp"
-#include "store/make_store.hpp"
+#include "store/registry.hpp"
 
 namespace lockwatch {
 

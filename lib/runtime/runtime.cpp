@@ -5,9 +5,11 @@
 
 #include "core/error_values.hpp"
 #include "runtime/store_errors.hpp"
+#include "store/capabilities.hpp"
 #include "core/timing.hpp"
+#include "core/url.hpp"
 #include "runtime/runtime_impl.hpp"
-#include "store/make_store.hpp"
+#include "store/registry.hpp"
 
 namespace lockwatch {
 
@@ -209,7 +211,7 @@ void Runtime::Impl::dispatch(detail::LockSpec spec, std::shared_ptr<detail::Call
 
   // Reentrant and nested calls run on this thread.
   auto& held_here = detail::leases_on_this_thread();
-  auto run_reentrant = [&](LeaseRecord* l) {
+  auto run_reentrant = [&](const LeaseRecord* l) {
     {
       detail::ThreadLeaseScope scope(this, l);
       call->run();
@@ -410,11 +412,39 @@ std::string Runtime::Impl::operator_name(const std::string& key) const {
   return store->encode(key);
 }
 
+// ---------------------------------------------------------- JobHost
+
+detail::JobHost& detail::JobHost::of(Runtime& runtime) noexcept { return detail::RuntimeAccess::impl(runtime); }
+
+detail::JobClaims& Runtime::Impl::job_claims() { return detail::require<detail::JobClaims>(*store, store_kind()); }
+
+void Runtime::Impl::check_lease(detail::LockSpec& spec) const {
+  validate(spec);
+  if (stopping.load()) throw RuntimeStopped("lockwatch runtime is stopping");
+}
+
+// The leases this runtime hands out are its LeaseRecords.
+void Runtime::Impl::with_lease(const Lease& lease, const std::function<void()>& body) {
+  detail::ThreadLeaseScope scope(this, static_cast<const detail::LeaseRecord*>(&lease));
+  body();
+}
+
+std::string Runtime::Impl::owner_token(const Lease& lease) const {
+  return static_cast<const detail::LeaseRecord&>(lease).token.str();
+}
+
+std::string Runtime::Impl::store_kind() const {
+  const std::string& url = detail::store_url(options);
+  auto sep = url.find("://");
+  return "the " + (sep == std::string::npos ? url : url.substr(0, sep + 3)) + " store";
+}
+
 std::future<LockState> Runtime::Impl::inspect(std::string key) {
   auto promise = std::make_shared<std::promise<LockState>>();
   auto future = promise->get_future();
-  if (!loop.post([this, promise, name = operator_name(key), key]() mutable {
-        store->inspect(name, [promise, key = std::move(key)](const detail::LockInfo& info, const detail::StoreError* err) {
+  auto& tools = detail::require<detail::OperatorTools>(*store, store_kind());
+  if (!loop.post([&tools, promise, name = operator_name(key), key]() mutable {
+        tools.inspect(name, [promise, key = std::move(key)](const detail::LockInfo& info, const detail::StoreError* err) {
           if (err)
             promise->set_exception(detail::to_exception(*err));
           else
@@ -428,8 +458,9 @@ std::future<LockState> Runtime::Impl::inspect(std::string key) {
 std::future<bool> Runtime::Impl::force_release(std::string key) {
   auto promise = std::make_shared<std::promise<bool>>();
   auto future = promise->get_future();
-  if (!loop.post([this, promise, name = operator_name(key)] {
-        store->force_release(name, [promise](bool held, const detail::StoreError* err) {
+  auto& tools = detail::require<detail::OperatorTools>(*store, store_kind());
+  if (!loop.post([&tools, promise, name = operator_name(key)] {
+        tools.force_release(name, [promise](bool held, const detail::StoreError* err) {
           if (err)
             promise->set_exception(detail::to_exception(*err));
           else

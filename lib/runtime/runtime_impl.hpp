@@ -27,6 +27,7 @@
 #include "ops/metrics_server.hpp"
 #include "lockwatch/runtime.hpp"
 #include "runtime/acquisition.hpp"
+#include "runtime/job_host.hpp"
 #include "ops/stats.hpp"
 #include "runtime/wait_queue.hpp"
 #include "runtime/watchdog.hpp"
@@ -46,10 +47,22 @@ inline constexpr std::uint64_t kLocalSeqMask = (std::uint64_t{1} << kLocalSeqBit
 using StoreFactory = std::function<std::unique_ptr<LockStore>(Loop& loop, const Options& options)>;
 }  // namespace detail
 
-struct Runtime::Impl : std::enable_shared_from_this<Runtime::Impl> {
+struct Runtime::Impl final : std::enable_shared_from_this<Runtime::Impl>, detail::JobHost {
   using Clock = std::chrono::steady_clock;
 
   Impl(Options opts, const detail::StoreFactory& make_store);
+
+  // JobHost (the scheduled jobs).
+  std::string store_name(std::string_view key) const override { return store->encode(key); }
+  detail::JobClaims& job_claims() override;
+  void check_lease(detail::LockSpec& spec) const override;
+  detail::Events& job_events() noexcept override { return events; }
+  bool post(detail::UniqueFunction task) override { return loop.post(std::move(task)); }
+  AcquireTicket acquire(detail::LockSpec spec, AcquireHandler handler) override;
+  void run_on_pool(detail::UniqueFunction work) override { pool.post(std::move(work)); }
+  Timeout at(TimerTask& task, Clock::time_point when) override { return clock.at(task, when); }
+  void with_lease(const Lease& lease, const std::function<void()>& body) override;
+  std::string owner_token(const Lease& lease) const override;
 
   // Any thread.
   void validate(detail::LockSpec& spec) const;
@@ -59,11 +72,12 @@ struct Runtime::Impl : std::enable_shared_from_this<Runtime::Impl> {
   // holds (nullptr if none).
   std::shared_ptr<detail::LeaseRecord> handle_held_here(const std::string& key) const;
   std::future<LockHandle> acquire(detail::LockSpec spec);
-  // The handler form: `handler` runs on the notifier thread.
-  AcquireTicket acquire(detail::LockSpec spec, AcquireHandler handler);
+  // The handler form (JobHost above): `handler` runs on the notifier thread.
   // Loop: a cancelled acquisition leaves the wait queue.
   void cancel_acquire(const std::shared_ptr<detail::Acquisition>& a);
   std::string operator_name(const std::string& key) const;
+  // "the mysql:// store", for messages.
+  std::string store_kind() const;
   std::future<LockState> inspect(std::string key);
   std::future<bool> force_release(std::string key);
   void call_done();

@@ -26,6 +26,13 @@
 //
 // Costs: one virtual call per batch; a store must not copy the names and
 // tokens of a renewal batch (they stay valid while its keepalive lives).
+//
+// What not every store can do is not here: raising a fencing counter for a
+// quorum, the scheduled jobs' period claims and clock, and the operators'
+// inspect and force-release are small interfaces of their own
+// (capabilities.hpp) that a store implements if it can. StoreBase
+// (store_base.hpp) holds what most stores share: key rules, the events,
+// no-op subscriptions.
 #pragma once
 
 #include <chrono>
@@ -71,33 +78,6 @@ enum class Released : std::uint8_t {
   kGone,          // it was gone already (expired)
   kTakenByOther,  // another owner held it: left alone
   kUnconfirmed,   // no answer could be had; it expires by its ttl
-};
-
-// What a store says of one lock right now (operators' view).
-struct LockInfo {
-  bool held = false;
-  std::chrono::milliseconds ttl{0};  // remaining, when held
-  std::uint64_t fencing_token = 0;   // the highest fencing token handed out (0: never locked)
-  std::string owner;                 // the holder's token, when held
-};
-
-// What a scheduled job's claim on a period found (claim_period). The
-// store keeps, per job, the last period run; a claim sets it to `period`
-// only when the job's lock holds our token, the store's clock has reached
-// the period's start and the last period run is lower: one atomic step.
-struct ClaimResult {
-  enum class Status : std::uint8_t {
-    kClaimed,     // ours to run: the store now records it as run
-    kAlreadyRun,  // a period >= this one was run already (`last`)
-    kNotDue,      // the store's clock is before the period's start
-    kNotLeader,   // the job's lock is not ours (lost, expired, taken)
-    kFailed,      // no answer could be had (`error`); nothing is known
-  };
-  Status status = Status::kFailed;
-  std::int64_t last = 0;  // kAlreadyRun: the last period run
-  // The store's clock when it decided (every status but kFailed).
-  std::chrono::system_clock::time_point store_time{};
-  StoreError error;  // kFailed: why
 };
 
 // Things a store reports on its own. Set once, by start().
@@ -151,27 +131,6 @@ class LockStore {
   // Deletes each lock that is ours; with `notify`, tells waiters (a lock
   // given back unused notifies nobody). The fencing counter stays.
   virtual void release(std::span<const LockRef> locks, bool notify, ReleaseDone done) = 0;
-  // Raises the lock's fencing counter to at least `fence` (a quorum makes
-  // its majority agree on the token it hands out).
-  virtual void raise_fence(std::string_view name, std::uint64_t fence, std::function<void(bool ok)> done) = 0;
-
-  // Scheduled jobs. The store's clock (Redis TIME), so that processes
-  // with skewed clocks agree which period is due; `error` (else null) when
-  // no answer could be had.
-  virtual void server_time(
-      std::function<void(std::chrono::system_clock::time_point now, const StoreError* error)> done) = 0;
-  // Claims `period` of the job whose lock is `name` (encode()d), held with
-  // `token`, if the store's clock has reached `start` (the period's start
-  // on the store's clock). See ClaimResult. Not batched: one claim per run.
-  virtual void claim_period(std::string_view name, std::string_view token, std::int64_t period,
-                            std::chrono::system_clock::time_point start, std::function<void(const ClaimResult&)> done) = 0;
-
-  // Operators' tools: what the store holds for `name`, and removing it
-  // whoever owns it (waking its waiters; the fencing counter stays).
-  // `error` is set (else null) when the store could not answer.
-  virtual void inspect(std::string_view name, std::function<void(const LockInfo&, const StoreError* error)> done) = 0;
-  virtual void force_release(std::string_view name, std::function<void(bool was_held, const StoreError* error)> done) = 0;
-
   // Release notices for `name` (no-ops without release_events()).
   virtual void subscribe(std::string_view name) = 0;
   virtual void unsubscribe(std::string_view name) = 0;

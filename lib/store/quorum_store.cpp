@@ -41,16 +41,24 @@ void keep_most_telling(std::unique_ptr<StoreError>& kept, const StoreError& e) {
 
 QuorumStore::QuorumStore(std::vector<std::unique_ptr<LockStore>> stores, std::vector<std::string> names,
                          const Options& options)
-    : stores_(std::move(stores)), names_(std::move(names)), options_(options), quorum_(stores_.size() / 2 + 1) {}
-
-bool QuorumStore::release_events() const noexcept {
-  return std::all_of(stores_.begin(), stores_.end(), [](const auto& s) { return s->release_events(); });
+    : StoreBase(KeyRules{}, std::all_of(stores.begin(), stores.end(), [](const auto& s) { return s->release_events(); })),
+      stores_(std::move(stores)),
+      names_(std::move(names)),
+      options_(options),
+      quorum_(stores_.size() / 2 + 1) {
+  // A majority must agree on each token it hands out, and every store must
+  // answer the same questions: each member offers all three.
+  for (std::size_t i = 0; i < stores_.size(); ++i) {
+    fences_.push_back(&require<FenceRaising>(*stores_[i], names_[i]));
+    jobs_.push_back(&require<JobClaims>(*stores_[i], names_[i]));
+    tools_.push_back(&require<OperatorTools>(*stores_[i], names_[i]));
+  }
 }
 
-void QuorumStore::start(StoreEvents events) {
+void QuorumStore::started() {
   // A release publishes on every store; any one notice wakes the waiter,
   // and a subscription on any store is enough to be told.
-  for (auto& s : stores_) s->start(events);
+  for (auto& s : stores_) s->start(events_);
 }
 
 // ------------------------------------------------------------------ acquire
@@ -159,7 +167,7 @@ void QuorumStore::on_acquire_vote(const std::shared_ptr<AcquireBatch>& b, std::s
 void QuorumStore::raise_on(const std::shared_ptr<AcquireBatch>& b, std::size_t k, std::size_t store) {
   auto& t = b->locks[k];
   t.raise_asked++;
-  stores_[store]->raise_fence(t.name, t.fence, [this, b, k](bool ok) {
+  fences_[store]->raise_fence(t.name, t.fence, [this, b, k](bool ok) {
     auto& t = b->locks[k];
     t.raise_replies++;
     if (ok) t.raise_ok++;
@@ -291,22 +299,6 @@ void QuorumStore::release(std::span<const LockRef> locks, bool notify, ReleaseDo
   }
 }
 
-void QuorumStore::raise_fence(std::string_view name, std::uint64_t fence, std::function<void(bool)> done) {
-  struct Tally {
-    std::size_t replies = 0, ok = 0;
-    std::function<void(bool)> done;
-  };
-  auto t = std::make_shared<Tally>();
-  t->done = std::move(done);
-  for (auto& s : stores_) {
-    s->raise_fence(name, fence, [this, t](bool ok) {
-      t->replies++;
-      if (ok) t->ok++;
-      if (t->replies == stores_.size()) t->done(t->ok >= quorum_);
-    });
-  }
-}
-
 // ------------------------------------------------------------ scheduled jobs
 
 namespace {
@@ -316,7 +308,7 @@ std::chrono::system_clock::time_point median(std::vector<std::chrono::system_clo
 }
 }  // namespace
 
-void QuorumStore::server_time(std::function<void(std::chrono::system_clock::time_point, const StoreError*)> done) {
+void QuorumStore::server_time(TimeDone done) {
   struct Tally {
     std::size_t replies = 0;
     std::vector<std::chrono::system_clock::time_point> times;
@@ -325,7 +317,7 @@ void QuorumStore::server_time(std::function<void(std::chrono::system_clock::time
   };
   auto t = std::make_shared<Tally>();
   t->done = std::move(done);
-  for (auto& s : stores_) {
+  for (auto* s : jobs_) {
     s->server_time([this, t](std::chrono::system_clock::time_point now, const StoreError* err) {
       t->replies++;
       if (err) {
@@ -346,7 +338,7 @@ void QuorumStore::server_time(std::function<void(std::chrono::system_clock::time
 
 void QuorumStore::claim_period(std::string_view name, std::string_view token, std::int64_t period,
                                std::chrono::system_clock::time_point start,
-                               std::function<void(const ClaimResult&)> done) {
+                               ClaimDone done) {
   struct Tally {
     std::size_t replies = 0, claimed = 0, already = 0, not_due = 0, not_leader = 0;
     std::int64_t last = 0;
@@ -356,7 +348,7 @@ void QuorumStore::claim_period(std::string_view name, std::string_view token, st
   };
   auto t = std::make_shared<Tally>();
   t->done = std::move(done);
-  for (auto& s : stores_) {
+  for (auto* s : jobs_) {
     s->claim_period(name, token, period, start, [this, t](const ClaimResult& r) {
       t->replies++;
       using S = ClaimResult::Status;
@@ -400,7 +392,7 @@ void QuorumStore::claim_period(std::string_view name, std::string_view token, st
 
 // ---------------------------------------------------------------- operators
 
-void QuorumStore::inspect(std::string_view name, std::function<void(const LockInfo&, const StoreError*)> done) {
+void QuorumStore::inspect(std::string_view name, InspectDone done) {
   struct Tally {
     std::size_t replies = 0, answered = 0;
     std::vector<LockInfo> infos;
@@ -409,7 +401,7 @@ void QuorumStore::inspect(std::string_view name, std::function<void(const LockIn
   };
   auto t = std::make_shared<Tally>();
   t->done = std::move(done);
-  for (auto& s : stores_) {
+  for (auto* s : tools_) {
     s->inspect(name, [this, t](const LockInfo& info, const StoreError* err) {
       t->replies++;
       if (err) {
@@ -452,7 +444,7 @@ void QuorumStore::inspect(std::string_view name, std::function<void(const LockIn
   }
 }
 
-void QuorumStore::force_release(std::string_view name, std::function<void(bool, const StoreError*)> done) {
+void QuorumStore::force_release(std::string_view name, ForceDone done) {
   struct Tally {
     std::size_t replies = 0, answered = 0;
     bool held = false;
@@ -461,7 +453,7 @@ void QuorumStore::force_release(std::string_view name, std::function<void(bool, 
   };
   auto t = std::make_shared<Tally>();
   t->done = std::move(done);
-  for (auto& s : stores_) {
+  for (auto* s : tools_) {
     s->force_release(name, [this, t](bool held, const StoreError* err) {
       t->replies++;
       if (err) {

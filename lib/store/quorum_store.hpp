@@ -32,36 +32,41 @@
 #include <vector>
 
 #include "lockwatch/options.hpp"
-#include "store/lock_store.hpp"
+#include "store/capabilities.hpp"
+#include "store/store_base.hpp"
 
 namespace lockwatch::detail {
 
-class QuorumStore final : public LockStore {
+class QuorumStore final : public StoreBase, public JobClaims, public OperatorTools {
  public:
   // `names` name the stores in error messages, one each.
   QuorumStore(std::vector<std::unique_ptr<LockStore>> stores, std::vector<std::string> names, const Options& options);
 
   std::size_t quorum() const noexcept { return quorum_; }
 
+  // Each store's own names and key rules: they agree.
   std::string encode(std::string_view key) const override { return stores_.front()->encode(key); }
   const char* check_key(std::string_view key) const noexcept override { return stores_.front()->check_key(key); }
-  bool release_events() const noexcept override;
-  void start(StoreEvents events) override;
+
+  // Every call to every store; each lock decided by its majority (see above).
   void acquire(std::span<const LockRef> locks, AcquireDone done) override;
   std::size_t renew(std::span<const LockRef> locks, std::shared_ptr<const void> keepalive, RenewDone done) override;
   void release(std::span<const LockRef> locks, bool notify, ReleaseDone done) override;
-  void raise_fence(std::string_view name, std::uint64_t fence, std::function<void(bool ok)> done) override;
-  void server_time(std::function<void(std::chrono::system_clock::time_point, const StoreError*)> done) override;
-  void claim_period(std::string_view name, std::string_view token, std::int64_t period,
-                    std::chrono::system_clock::time_point start, std::function<void(const ClaimResult&)> done) override;
-  void inspect(std::string_view name, std::function<void(const LockInfo&, const StoreError*)> done) override;
-  void force_release(std::string_view name, std::function<void(bool, const StoreError*)> done) override;
+  void close() override;
+  // On every store: a notice from any one wakes a waiter.
   void subscribe(std::string_view name) override;
   void unsubscribe(std::string_view name) override;
   void poll_replies() override;
-  void close() override;
+  // JobClaims: the median clock; claimed when a majority claimed.
+  void server_time(TimeDone done) override;
+  void claim_period(std::string_view name, std::string_view token, std::int64_t period,
+                    std::chrono::system_clock::time_point start, ClaimDone done) override;
+  // OperatorTools: held when a majority holds it, with their highest token.
+  void inspect(std::string_view name, InspectDone done) override;
+  void force_release(std::string_view name, ForceDone done) override;
 
  private:
+  void started() override;
   struct AcquireBatch;
   void on_acquire_vote(const std::shared_ptr<AcquireBatch>& b, std::size_t store, std::size_t index,
                        const Acquired& result);
@@ -70,6 +75,10 @@ class QuorumStore final : public LockStore {
   void give_back(const std::shared_ptr<AcquireBatch>& b, std::size_t index, Acquired out);
 
   std::vector<std::unique_ptr<LockStore>> stores_;
+  // Each store's capabilities, in stores_'s order (every store has them).
+  std::vector<FenceRaising*> fences_;
+  std::vector<JobClaims*> jobs_;
+  std::vector<OperatorTools*> tools_;
   std::vector<std::string> names_;
   const Options options_;
   const std::size_t quorum_;

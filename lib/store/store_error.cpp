@@ -1,4 +1,7 @@
 #include "store/store_error.hpp"
+#include "store/capabilities.hpp"
+
+#include "lockwatch/errors.hpp"
 
 #include <fmt/format.h>
 
@@ -123,6 +126,10 @@ StoreError sql_error(std::string endpoint, unsigned number, std::string message)
   StoreError e = make(kind, StoreError::Origin::kSql, std::move(endpoint), std::move(message));
   e.code = std::to_string(number);
   return e;
+}
+
+[[noreturn]] void throw_unsupported(std::string_view store_kind, std::string_view what) {
+  throw Unsupported(std::string(store_kind) + " offers no " + std::string(what));
 }
 
 }  // namespace lockwatch::detail

@@ -38,6 +38,7 @@
 #include <vector>
 
 #include "core/loop.hpp"
+#include "store/capabilities.hpp"
 #include "store/lock_store.hpp"
 
 namespace lockwatch::testing {
@@ -160,7 +161,10 @@ class StoreScript {
   std::vector<Call> calls_;
 };
 
-class MemoryStore final : public detail::LockStore {
+class MemoryStore final : public detail::LockStore,
+                          public detail::FenceRaising,
+                          public detail::JobClaims,
+                          public detail::OperatorTools {
  public:
   MemoryStore(detail::Loop& loop, std::shared_ptr<MemoryBackend> backend, std::shared_ptr<StoreScript> script,
               std::string prefix = "lockwatch:");

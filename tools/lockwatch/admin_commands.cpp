@@ -9,7 +9,7 @@ namespace {
 
 Options options_for(const std::optional<std::string>& redis_url, bool verbose) {
   Options o = Options::from_env();
-  if (redis_url) o.redis_url = *redis_url;
+  if (redis_url) o.store_url = *redis_url;
   o.threads = 1;  // no locked work runs here
   o.log = library_log(verbose);
   return o;

@@ -28,7 +28,7 @@ constexpr const char* kExitCodes = R"(Exit status of run:
   75                 busy past --wait (-E CODE changes it, -q makes it 0)
   76                 the lease was lost while the command ran, and the command was stopped
   69                 the store could not be reached, or refused the credentials or the request
-  64                 usage error
+  64                 usage error (also a store this build left out)
   70                 internal error
   126 / 127          the command could not be executed / was not found)";
 
@@ -37,7 +37,7 @@ constexpr const char* kRedisHelp =
     "(Redlock), redis-sentinel://[user:password@]host:port[,host:port...]/master-name[/db], "
     "redis-cluster://[user:password@]host:port[,host:port...], rediss://, rediss-sentinel:// and "
     "rediss-cluster:// for TLS, "
-    "or mysql://user:password@host[:port]/database. Default: $LOCKWATCH_REDIS_URL, else redis://127.0.0.1:6379";
+    "mysql://user:password@host[:port]/database, or memory://[name]. Default: $LOCKWATCH_STORE_URL, else $LOCKWATCH_REDIS_URL, else redis://127.0.0.1:6379";
 
 constexpr const char* kVerboseHelp =
     "Also print the library's log on standard error: connections lost and retried, found again, leases lost "
@@ -174,6 +174,9 @@ int main(int argc, char** argv) {
     return release_command(release_redis->count() > 0 ? std::optional(release_url) : std::nullopt, release_key,
                            release_verbose);
   } catch (const lockwatch::InvalidArgument& e) {
+    say(e.what());
+    return kExitUsage;
+  } catch (const lockwatch::Unsupported& e) {
     say(e.what());
     return kExitUsage;
   } catch (const lockwatch::AuthError& e) {

@@ -195,7 +195,7 @@ int run_command(const RunArgs& a, const Inherited& inherited) {
   ::signal(SIGPIPE, SIG_IGN);  // a write to a Redis that went away must not end lockwatch
 
   Options o = Options::from_env();
-  if (a.redis_url) o.redis_url = *a.redis_url;
+  if (a.redis_url) o.store_url = *a.redis_url;
   o.threads = 1;  // no locked work runs on the pool
   o.log = library_log(a.verbose);  // a lost lease is told below, once
   auto rt = std::make_unique<Runtime>(o);

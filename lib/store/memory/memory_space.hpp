@@ -39,7 +39,7 @@
 #include <string_view>
 
 #include "core/loop.hpp"
-#include "store/lock_store.hpp"
+#include "store/capabilities.hpp"
 
 namespace lockwatch::detail {
 

@@ -19,10 +19,10 @@ std::string MemoryStore::space_name(const std::string& url) {
 }
 
 MemoryStore::MemoryStore(Loop& loop, std::shared_ptr<MemorySpace> space, const Options& options)
-    : loop_(loop),
+    : StoreBase(KeyRules{options.key_prefix}, /*release_events=*/true),
+      loop_(loop),
       space_(std::move(space)),
       link_(std::make_shared<MemoryLink>(loop, this)),
-      prefix_(options.key_prefix),
       command_timeout_(options.command_timeout) {}
 
 MemoryStore::~MemoryStore() {
@@ -30,16 +30,6 @@ MemoryStore::~MemoryStore() {
   space_->detach(link_);
   link_->close();
 }
-
-std::string MemoryStore::encode(std::string_view key) const {
-  std::string name;
-  name.reserve(prefix_.size() + key.size());
-  name += prefix_;
-  name += key;
-  return name;
-}
-
-void MemoryStore::start(StoreEvents events) { events_ = std::move(events); }
 
 StoreError MemoryStore::no_answer() const {
   return StoreError::unavailable(
@@ -153,7 +143,7 @@ void MemoryStore::release(std::span<const LockRef> locks, bool notify, ReleaseDo
       });
 }
 
-void MemoryStore::raise_fence(std::string_view name, std::uint64_t fence, std::function<void(bool)> done) {
+void MemoryStore::raise_fence(std::string_view name, std::uint64_t fence, RaiseDone done) {
   auto shared_done = std::make_shared<std::function<void(bool)>>(std::move(done));
   submit(
       [n = std::string(name), fence, shared_done](MemorySpace::State& s) -> std::function<void()> {
@@ -175,7 +165,7 @@ void MemoryStore::server_time(
 
 void MemoryStore::claim_period(std::string_view name, std::string_view token, std::int64_t period,
                                std::chrono::system_clock::time_point start,
-                               std::function<void(const ClaimResult&)> done) {
+                               ClaimDone done) {
   auto shared_done = std::make_shared<decltype(done)>(std::move(done));
   submit(
       [n = std::string(name), t = std::string(token), period, start,
@@ -189,7 +179,7 @@ void MemoryStore::claim_period(std::string_view name, std::string_view token, st
       });
 }
 
-void MemoryStore::inspect(std::string_view name, std::function<void(const LockInfo&, const StoreError*)> done) {
+void MemoryStore::inspect(std::string_view name, InspectDone done) {
   auto shared_done = std::make_shared<decltype(done)>(std::move(done));
   submit(
       [n = std::string(name), shared_done](MemorySpace::State& s) -> std::function<void()> {
@@ -198,7 +188,7 @@ void MemoryStore::inspect(std::string_view name, std::function<void(const LockIn
       [shared_done, err = no_answer()] { (*shared_done)(LockInfo{}, &err); });
 }
 
-void MemoryStore::force_release(std::string_view name, std::function<void(bool, const StoreError*)> done) {
+void MemoryStore::force_release(std::string_view name, ForceDone done) {
   auto shared_done = std::make_shared<decltype(done)>(std::move(done));
   submit(
       [n = std::string(name), shared_done](MemorySpace::State& s) -> std::function<void()> {

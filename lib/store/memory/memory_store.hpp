@@ -30,14 +30,15 @@
 #include <string>
 
 #include "lockwatch/options.hpp"
-#include "store/lock_store.hpp"
+#include "store/capabilities.hpp"
+#include "store/store_base.hpp"
 #include "store/memory/memory_space.hpp"
 
 namespace lockwatch::detail {
 
 class Loop;
 
-class MemoryStore final : public LockStore {
+class MemoryStore final : public StoreBase, public FenceRaising, public JobClaims, public OperatorTools {
  public:
   static constexpr std::string_view kScheme = "memory://";
 
@@ -50,22 +51,22 @@ class MemoryStore final : public LockStore {
   MemoryStore(const MemoryStore&) = delete;
   MemoryStore& operator=(const MemoryStore&) = delete;
 
-  std::string encode(std::string_view key) const override;
-  const char* check_key(std::string_view) const noexcept override { return nullptr; }
-  bool release_events() const noexcept override { return true; }
-  void start(StoreEvents events) override;
+  // Each call one step on the space's state under its mutex; the answer
+  // posted to this store's loop.
   void acquire(std::span<const LockRef> locks, AcquireDone done) override;
   std::size_t renew(std::span<const LockRef> locks, std::shared_ptr<const void> keepalive, RenewDone done) override;
   void release(std::span<const LockRef> locks, bool notify, ReleaseDone done) override;
-  void raise_fence(std::string_view name, std::uint64_t fence, std::function<void(bool ok)> done) override;
-  void server_time(std::function<void(std::chrono::system_clock::time_point, const StoreError*)> done) override;
-  void claim_period(std::string_view name, std::string_view token, std::int64_t period,
-                    std::chrono::system_clock::time_point start, std::function<void(const ClaimResult&)> done) override;
-  void inspect(std::string_view name, std::function<void(const LockInfo&, const StoreError*)> done) override;
-  void force_release(std::string_view name, std::function<void(bool, const StoreError*)> done) override;
+  void close() override;
+  // The space tells every store subscribed to a name of its release.
   void subscribe(std::string_view name) override;
   void unsubscribe(std::string_view name) override;
-  void close() override;
+  // Capabilities, on the space's state (its clock is this host's).
+  void raise_fence(std::string_view name, std::uint64_t fence, RaiseDone done) override;
+  void server_time(TimeDone done) override;
+  void claim_period(std::string_view name, std::string_view token, std::int64_t period,
+                    std::chrono::system_clock::time_point start, ClaimDone done) override;
+  void inspect(std::string_view name, InspectDone done) override;
+  void force_release(std::string_view name, ForceDone done) override;
 
   // Loop thread (posted by the space): `name` was released.
   void notice(const std::string& name);
@@ -98,9 +99,7 @@ class MemoryStore final : public LockStore {
   Loop& loop_;
   const std::shared_ptr<MemorySpace> space_;
   const std::shared_ptr<MemoryLink> link_;
-  const std::string prefix_;
   const std::chrono::milliseconds command_timeout_;
-  StoreEvents events_;
   bool started_ = false;  // loop thread: timer_ initialised
   bool closed_ = false;   // loop thread
   std::set<std::string, std::less<>> subscribed_;  // loop thread

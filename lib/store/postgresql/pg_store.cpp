@@ -216,7 +216,18 @@ void PgStore::check_options(const PgTarget&, const Options& options) {
 }
 
 PgStore::PgStore(Loop& loop, PgTarget target, const Options& options)
-    : loop_(loop), options_(options), target_(std::move(target)), channel_(target_.channel()) {
+    : StoreBase(KeyRules{options.key_prefix, KeyRules::plain,
+                         [](std::string_view prefix, std::string_view key) noexcept -> const char* {
+                           if (prefix.size() + key.size() > kMaxNameBytes)
+                             return "the lock name (key_prefix + key) is longer than the 255 bytes the PostgreSQL "
+                                    "lock table's lock_name takes";
+                           return nullptr;
+                         }},
+                /*release_events=*/true),
+      loop_(loop),
+      options_(options),
+      target_(std::move(target)),
+      channel_(target_.channel()) {
   PgSession session;
   session.statements = statements(quoted(target_.table));
   session.create = table_definition(target_.table);
@@ -231,22 +242,7 @@ PgStore::PgStore(Loop& loop, PgTarget target, const Options& options)
 
 PgStore::~PgStore() = default;
 
-std::string PgStore::encode(std::string_view key) const {
-  std::string name;
-  name.reserve(options_.key_prefix.size() + key.size());
-  name += options_.key_prefix;
-  name += key;
-  return name;
-}
-
-const char* PgStore::check_key(std::string_view key) const noexcept {
-  if (options_.key_prefix.size() + key.size() > kMaxNameBytes)
-    return "the lock name (key_prefix + key) is longer than the 255 bytes the PostgreSQL lock table's lock_name takes";
-  return nullptr;
-}
-
-void PgStore::start(StoreEvents events) {
-  events_ = std::move(events);
+void PgStore::started() {
   // The first command connection speaks for the server.
   commands_.front()->set_state_hook([this](bool up, const std::string& why) {
     if (events_.connection) events_.connection(commands_.front()->name(), up, why);
@@ -474,12 +470,12 @@ void PgStore::release_batch(std::shared_ptr<ReleaseBatch> batch) {
 
 // ---- the rest
 
-void PgStore::raise_fence(std::string_view name, std::uint64_t fence, std::function<void(bool)> done) {
+void PgStore::raise_fence(std::string_view name, std::uint64_t fence, RaiseDone done) {
   command_connection().execute("lockwatch_raise_fence", {hex(name), std::to_string(fence)},
                                [done = std::move(done)](const PgRows&, const StoreError* err) { done(!err); });
 }
 
-void PgStore::server_time(std::function<void(std::chrono::system_clock::time_point, const StoreError*)> done) {
+void PgStore::server_time(TimeDone done) {
   command_connection().execute("lockwatch_time", {}, [this, done = std::move(done)](const PgRows& rows,
                                                                                     const StoreError* err) {
     StoreError no_answer;
@@ -492,7 +488,7 @@ void PgStore::server_time(std::function<void(std::chrono::system_clock::time_poi
 }
 
 void PgStore::claim_period(std::string_view name, std::string_view token, std::int64_t period,
-                           std::chrono::system_clock::time_point start, std::function<void(const ClaimResult&)> done) {
+                           std::chrono::system_clock::time_point start, ClaimDone done) {
   std::vector<std::string> params{hex(name), hex(token), std::to_string(period), std::to_string(to_micros(start))};
   command_connection().execute(
       "lockwatch_claim", std::move(params),
@@ -527,7 +523,7 @@ void PgStore::claim_period(std::string_view name, std::string_view token, std::i
       });
 }
 
-void PgStore::inspect(std::string_view name, std::function<void(const LockInfo&, const StoreError*)> done) {
+void PgStore::inspect(std::string_view name, InspectDone done) {
   command_connection().execute("lockwatch_inspect", {hex(name)},
                                [done = std::move(done)](const PgRows& rows, const StoreError* err) {
                                  LockInfo info;
@@ -544,7 +540,7 @@ void PgStore::inspect(std::string_view name, std::function<void(const LockInfo&,
                                });
 }
 
-void PgStore::force_release(std::string_view name, std::function<void(bool, const StoreError*)> done) {
+void PgStore::force_release(std::string_view name, ForceDone done) {
   command_connection().execute("lockwatch_force_release", {hex(name), channel_},
                                [done = std::move(done)](const PgRows& rows, const StoreError* err) {
                                  done(!err && rows.size() == 1, err);

@@ -39,15 +39,16 @@
 #include <vector>
 
 #include "lockwatch/options.hpp"
-#include "store/lock_store.hpp"
+#include "store/capabilities.hpp"
 #include "store/postgresql/pg_connection.hpp"
 #include "store/postgresql/pg_target.hpp"
+#include "store/store_base.hpp"
 
 namespace lockwatch::detail {
 
 class Loop;
 
-class PgStore final : public LockStore {
+class PgStore final : public StoreBase, public FenceRaising, public JobClaims, public OperatorTools {
  public:
   // The lock_name column's limit (a CHECK in the table): longer names
   // (prefix + key) are refused before anything is sent.
@@ -61,25 +62,25 @@ class PgStore final : public LockStore {
   // The table as created when it is missing (also in the README).
   static std::string table_definition(const std::string& table);
 
-  std::string encode(std::string_view key) const override;
-  const char* check_key(std::string_view key) const noexcept override;
-  bool release_events() const noexcept override { return true; }
-  void start(StoreEvents events) override;
+  // One statement per batch (see above); release notices by LISTEN.
   void acquire(std::span<const LockRef> locks, AcquireDone done) override;
   std::size_t renew(std::span<const LockRef> locks, std::shared_ptr<const void> keepalive, RenewDone done) override;
   void release(std::span<const LockRef> locks, bool notify, ReleaseDone done) override;
-  void raise_fence(std::string_view name, std::uint64_t fence, std::function<void(bool ok)> done) override;
-  void server_time(std::function<void(std::chrono::system_clock::time_point, const StoreError*)> done) override;
-  void claim_period(std::string_view name, std::string_view token, std::int64_t period,
-                    std::chrono::system_clock::time_point start, std::function<void(const ClaimResult&)> done) override;
-  void inspect(std::string_view name, std::function<void(const LockInfo&, const StoreError*)> done) override;
-  void force_release(std::string_view name, std::function<void(bool, const StoreError*)> done) override;
   void subscribe(std::string_view name) override;
   void unsubscribe(std::string_view name) override;
   void poll_replies() override;
   void close() override;
+  // FenceRaising, JobClaims on the database's clock (clock_timestamp()),
+  // OperatorTools: on the row.
+  void raise_fence(std::string_view name, std::uint64_t fence, RaiseDone done) override;
+  void server_time(TimeDone done) override;
+  void claim_period(std::string_view name, std::string_view token, std::int64_t period,
+                    std::chrono::system_clock::time_point start, ClaimDone done) override;
+  void inspect(std::string_view name, InspectDone done) override;
+  void force_release(std::string_view name, ForceDone done) override;
 
  private:
+  void started() override;
   struct AcquireBatch;
   struct RenewBatch;
   struct ReleaseBatch;
@@ -99,7 +100,6 @@ class PgStore final : public LockStore {
   std::set<std::string, std::less<>> subscribed_;
   bool listening_ = false;  // LISTEN is confirmed on notices_
   bool closed_ = false;
-  StoreEvents events_;
 };
 
 }  // namespace lockwatch::detail

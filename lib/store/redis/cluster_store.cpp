@@ -107,19 +107,15 @@ struct ClusterStore::Call {
 };
 
 ClusterStore::ClusterStore(Loop& loop, ClusterSeeds seeds, const Options& options)
-    : loop_(loop), seeds_(std::move(seeds)), options_(options) {
+    : StoreBase(redis_keys::rules(options.key_prefix), /*release_events=*/true),
+      loop_(loop), seeds_(std::move(seeds)), options_(options) {
   owner_.fill(-1);
   topo_ = std::make_unique<RedisConnection>(loop_, seeds_.seeds.front(), options_, RedisConnection::Mode::kCommands);
 }
 
 ClusterStore::~ClusterStore() = default;
 
-std::string ClusterStore::encode(std::string_view key) const { return redis_keys::lock(options_.key_prefix, key); }
-
-const char* ClusterStore::check_key(std::string_view key) const noexcept { return redis_keys::key_problem(key); }
-
-void ClusterStore::start(StoreEvents events) {
-  events_ = std::move(events);
+void ClusterStore::started() {
   started_ = true;
   uv_timer_init(loop_.uv(), &refresh_timer_);
   refresh_timer_.data = this;
@@ -686,7 +682,7 @@ std::size_t ClusterStore::renew_group(Node* node, bool asking, std::shared_ptr<c
 
 // ------------------------------------------------------------------ the rest, routed by slot
 
-void ClusterStore::raise_fence(std::string_view name, std::uint64_t fence, std::function<void(bool)> done) {
+void ClusterStore::raise_fence(std::string_view name, std::uint64_t fence, RaiseDone done) {
   auto shared = std::make_shared<std::function<void(bool)>>(std::move(done));
   auto call = std::make_shared<Call>();
   call->name = name;
@@ -699,7 +695,7 @@ void ClusterStore::raise_fence(std::string_view name, std::uint64_t fence, std::
   route(std::move(call), [shared](const StoreError&) { (*shared)(false); });
 }
 
-void ClusterStore::server_time(std::function<void(std::chrono::system_clock::time_point, const StoreError*)> done) {
+void ClusterStore::server_time(TimeDone done) {
   when_mapped([this, done = std::move(done)](const StoreError* failed) mutable {
     Node* node = nullptr;
     std::optional<StoreError> err;
@@ -723,7 +719,7 @@ void ClusterStore::server_time(std::function<void(std::chrono::system_clock::tim
 
 void ClusterStore::claim_period(std::string_view name, std::string_view token, std::int64_t period,
                                 std::chrono::system_clock::time_point start,
-                                std::function<void(const ClaimResult&)> done) {
+                                ClaimDone done) {
   auto shared = std::make_shared<std::function<void(const ClaimResult&)>>(std::move(done));
   auto call = std::make_shared<Call>();
   call->name = name;
@@ -741,7 +737,7 @@ void ClusterStore::claim_period(std::string_view name, std::string_view token, s
   });
 }
 
-void ClusterStore::inspect(std::string_view name, std::function<void(const LockInfo&, const StoreError*)> done) {
+void ClusterStore::inspect(std::string_view name, InspectDone done) {
   auto shared = std::make_shared<std::function<void(const LockInfo&, const StoreError*)>>(std::move(done));
   auto call = std::make_shared<Call>();
   call->name = name;
@@ -755,7 +751,7 @@ void ClusterStore::inspect(std::string_view name, std::function<void(const LockI
   route(std::move(call), [shared](const StoreError& err) { (*shared)(LockInfo{}, &err); });
 }
 
-void ClusterStore::force_release(std::string_view name, std::function<void(bool, const StoreError*)> done) {
+void ClusterStore::force_release(std::string_view name, ForceDone done) {
   auto shared = std::make_shared<std::function<void(bool, const StoreError*)>>(std::move(done));
   auto call = std::make_shared<Call>();
   call->name = name;

@@ -83,7 +83,8 @@
 #include <vector>
 
 #include "lockwatch/options.hpp"
-#include "store/lock_store.hpp"
+#include "store/capabilities.hpp"
+#include "store/store_base.hpp"
 #include "store/redis/cluster_slot.hpp"
 
 struct redisReply;  // hiredis
@@ -103,7 +104,7 @@ struct ClusterSeeds {
   std::string names() const;
 };
 
-class ClusterStore final : public LockStore {
+class ClusterStore final : public StoreBase, public FenceRaising, public JobClaims, public OperatorTools {
  public:
   static constexpr int kRedirectBudget = 5;
   static constexpr std::chrono::milliseconds kRefreshInterval{5000};
@@ -112,25 +113,26 @@ class ClusterStore final : public LockStore {
   ClusterStore(Loop& loop, ClusterSeeds seeds, const Options& options);
   ~ClusterStore() override;
 
-  std::string encode(std::string_view key) const override;
-  const char* check_key(std::string_view key) const noexcept override;
-  bool release_events() const noexcept override { return true; }
-  void start(StoreEvents events) override;
+  // Each lock routed to its slot's master (once the map is known), and
+  // followed across MOVED and ASK.
   void acquire(std::span<const LockRef> locks, AcquireDone done) override;
   std::size_t renew(std::span<const LockRef> locks, std::shared_ptr<const void> keepalive, RenewDone done) override;
   void release(std::span<const LockRef> locks, bool notify, ReleaseDone done) override;
-  void raise_fence(std::string_view name, std::uint64_t fence, std::function<void(bool ok)> done) override;
-  void server_time(std::function<void(std::chrono::system_clock::time_point, const StoreError*)> done) override;
-  void claim_period(std::string_view name, std::string_view token, std::int64_t period,
-                    std::chrono::system_clock::time_point start, std::function<void(const ClaimResult&)> done) override;
-  void inspect(std::string_view name, std::function<void(const LockInfo&, const StoreError*)> done) override;
-  void force_release(std::string_view name, std::function<void(bool, const StoreError*)> done) override;
+  void poll_replies() override;  // every node's
+  void close() override;
+  // Notices are sharded: SSUBSCRIBE on the node of each name's slot.
   void subscribe(std::string_view name) override;
   void unsubscribe(std::string_view name) override;
-  void poll_replies() override;
-  void close() override;
+  // Capabilities, on the node of the name's slot (TIME: any node).
+  void raise_fence(std::string_view name, std::uint64_t fence, RaiseDone done) override;
+  void server_time(TimeDone done) override;
+  void claim_period(std::string_view name, std::string_view token, std::int64_t period,
+                    std::chrono::system_clock::time_point start, ClaimDone done) override;
+  void inspect(std::string_view name, InspectDone done) override;
+  void force_release(std::string_view name, ForceDone done) override;
 
  private:
+  void started() override;
   struct Node;
   struct Call;
   // Runs `fn` once the map is known (at once if it is), or with an error
@@ -212,7 +214,6 @@ class ClusterStore final : public LockStore {
   Loop& loop_;
   const ClusterSeeds seeds_;
   const Options options_;
-  StoreEvents events_;
   bool started_ = false;
   bool closed_ = false;
 

@@ -1,6 +1,9 @@
 #include "connection.hpp"
 
+#if LOCKWATCH_WITH_TLS
 #include <openssl/err.h>
+#include <openssl/ssl.h>
+#endif
 #include <sys/socket.h>
 
 #include <fmt/format.h>
@@ -23,7 +26,9 @@ struct RedisConnection::Link {
   explicit Link(RedisConnection* c) : conn(c), reader(redisReaderCreate()) {}
   ~Link() {
     if (reader != nullptr) redisReaderFree(reader);
+#if LOCKWATCH_WITH_TLS
     if (ssl != nullptr) SSL_free(ssl);  // and its BIOs
+#endif
   }
   Link(const Link&) = delete;
   Link& operator=(const Link&) = delete;
@@ -305,6 +310,9 @@ void RedisConnection::link_ready(Link* link) {
   if (link_ == link) want_flush();
 }
 
+// Without the `tls` feature no link has a session (TlsContext::make()
+// throws), so these are never reached.
+#if LOCKWATCH_WITH_TLS
 void RedisConnection::tls_handshake(Link* link) {
   ERR_clear_error();
   const int rc = SSL_do_handshake(link->ssl);
@@ -379,6 +387,13 @@ void RedisConnection::received_raw(Link* link, const char* data, std::size_t n) 
   }
   if (!link->dead) tls_send_pending(link);  // e.g. an answer to a key update
 }
+
+#else
+void RedisConnection::tls_handshake(Link*) {}
+void RedisConnection::tls_send_pending(Link*) {}
+std::string RedisConnection::failure_reason(Link*, std::string why) { return why; }
+void RedisConnection::received_raw(Link* link, const char* data, std::size_t n) { received(link, data, n); }
+#endif
 
 void RedisConnection::send_handshake(Handshake step, std::vector<std::string> argv) {
   append_resp(link_->out, argv);
@@ -474,6 +489,7 @@ void RedisConnection::on_flush(uv_prepare_t* p) {
 void RedisConnection::flush() {
   Link* link = link_;
   if (link == nullptr || !link->connected || link->out.empty()) return;
+#if LOCKWATCH_WITH_TLS
   if (link->ssl != nullptr) {
     // A memory BIO takes all of it; what it produced goes out in one write.
     ERR_clear_error();
@@ -485,6 +501,9 @@ void RedisConnection::flush() {
   } else {
     write_bytes(link, link->out.data(), link->out.size());
   }
+#else
+  write_bytes(link, link->out.data(), link->out.size());
+#endif
   link->out.clear();
   // A renewal batch needs tens of KiB; one huge key must not pin its size.
   if (link->out.capacity() > (std::size_t{256} << 10)) std::string().swap(link->out);

@@ -23,6 +23,7 @@
 #include <string_view>
 
 #include "store/redis/cluster_slot.hpp"
+#include "store/store_base.hpp"
 
 namespace lockwatch::detail::redis_keys {
 
@@ -66,6 +67,12 @@ inline const char* key_problem(std::string_view key) noexcept {
   if (!key.empty() && key.front() == '}')
     return "a key must not start with '}': Redis would hash the lock and its fencing counter to different slots";
   return nullptr;
+}
+
+// A store's key rules for Redis names: `prefix{key}`, no key starting with '}'.
+inline KeyRules rules(std::string_view prefix) {
+  return KeyRules{std::string(prefix), [](std::string_view p, std::string_view key) { return lock(p, key); },
+                  [](std::string_view, std::string_view key) noexcept { return key_problem(key); }};
 }
 
 inline const char* prefix_problem(std::string_view prefix) noexcept {

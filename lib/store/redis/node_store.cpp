@@ -52,7 +52,8 @@ std::chrono::system_clock::time_point time_at(const redisReply* r, std::size_t f
 }  // namespace
 
 RedisNodeStore::RedisNodeStore(Loop& loop, Endpoint endpoint, const Options& options, Notices notices)
-    : options_(options), notices_(notices), loop_(loop) {
+    : StoreBase(redis_keys::rules(options.key_prefix), /*release_events=*/true),
+      options_(options), notices_(notices), loop_(loop) {
   using Mode = RedisConnection::Mode;
   conn_ = std::make_unique<RedisConnection>(loop, endpoint, options_, Mode::kCommands);
   renew_ = std::make_unique<RedisConnection>(loop, endpoint, options_, Mode::kCommands);
@@ -94,12 +95,7 @@ void RedisNodeStore::follow_sentinels(std::unique_ptr<SentinelWatcher> watcher) 
   conn_->set_down_hook([this] { sentinel_->refresh(); });
 }
 
-std::string RedisNodeStore::encode(std::string_view key) const { return redis_keys::lock(options_.key_prefix, key); }
-
-const char* RedisNodeStore::check_key(std::string_view key) const noexcept { return redis_keys::key_problem(key); }
-
-void RedisNodeStore::start(StoreEvents events) {
-  events_ = std::move(events);
+void RedisNodeStore::started() {
   // The command connection speaks for the node (three would repeat it).
   conn_->set_state_hook([this](bool up, const std::string& why) {
     if (events_.connection) events_.connection(conn_->name(), up, why);
@@ -401,7 +397,7 @@ std::size_t RedisNodeStore::renew(std::span<const LockRef> locks, std::shared_pt
   return 1;
 }
 
-void RedisNodeStore::raise_fence(std::string_view name, std::uint64_t fence, std::function<void(bool)> done) {
+void RedisNodeStore::raise_fence(std::string_view name, std::uint64_t fence, RaiseDone done) {
   raise_fence_or_error(name, fence, [done = std::move(done)](const StoreError* err) { done(err == nullptr); });
 }
 
@@ -411,7 +407,7 @@ void RedisNodeStore::raise_fence_or_error(std::string_view name, std::uint64_t f
               [done = std::move(done)](const redisReply*, const StoreError* err) { done(err); });
 }
 
-void RedisNodeStore::server_time(std::function<void(std::chrono::system_clock::time_point, const StoreError*)> done) {
+void RedisNodeStore::server_time(TimeDone done) {
   conn_->command({"TIME"}, [endpoint = conn_->name(), done = std::move(done)](const redisReply* r, const StoreError* err) {
     StoreError unexpected;
     if (!err && (r == nullptr || r->type != REDIS_REPLY_ARRAY || r->elements != 2)) {
@@ -424,7 +420,7 @@ void RedisNodeStore::server_time(std::function<void(std::chrono::system_clock::t
 
 void RedisNodeStore::claim_period(std::string_view name, std::string_view token, std::int64_t period,
                                   std::chrono::system_clock::time_point start,
-                                  std::function<void(const ClaimResult&)> done) {
+                                  ClaimDone done) {
   std::string lock(name);
   auto start_ms = std::chrono::duration_cast<std::chrono::milliseconds>(start.time_since_epoch()).count();
   with_asking(*conn_).eval(claim_period_script(),
@@ -452,7 +448,7 @@ void RedisNodeStore::claim_period(std::string_view name, std::string_view token,
               });
 }
 
-void RedisNodeStore::inspect(std::string_view name, std::function<void(const LockInfo&, const StoreError*)> done) {
+void RedisNodeStore::inspect(std::string_view name, InspectDone done) {
   std::string lock(name);
   with_asking(*conn_).eval(inspect_script(),
                            {lock, redis_keys::counter(options_.key_prefix, lock), redis_keys::legacy_fence(lock)}, 2,
@@ -478,7 +474,7 @@ void RedisNodeStore::inspect(std::string_view name, std::function<void(const Loc
               });
 }
 
-void RedisNodeStore::force_release(std::string_view name, std::function<void(bool, const StoreError*)> done) {
+void RedisNodeStore::force_release(std::string_view name, ForceDone done) {
   std::string lock(name);
   with_asking(*conn_).eval(force_release_script(), {lock, redis_keys::channel(lock), notice()}, 1,
               [done = std::move(done)](const redisReply* r, const StoreError* err) {

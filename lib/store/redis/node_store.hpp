@@ -45,7 +45,8 @@
 #include <vector>
 
 #include "lockwatch/options.hpp"
-#include "store/lock_store.hpp"
+#include "store/capabilities.hpp"
+#include "store/store_base.hpp"
 #include "store/redis/connection.hpp"
 
 namespace lockwatch::detail {
@@ -53,7 +54,7 @@ namespace lockwatch::detail {
 class Loop;
 class SentinelWatcher;
 
-class RedisNodeStore final : public LockStore {
+class RedisNodeStore final : public StoreBase, public FenceRaising, public JobClaims, public OperatorTools {
  public:
   enum class Notices : std::uint8_t { kClassic, kSharded };
   // `endpoint` with port 0: the address comes from follow_sentinels().
@@ -86,23 +87,22 @@ class RedisNodeStore final : public LockStore {
   // "host:port" of the node (as error messages name it).
   const std::string& name() const noexcept { return conn_->name(); }
 
-  std::string encode(std::string_view key) const override;
-  const char* check_key(std::string_view key) const noexcept override;
-  bool release_events() const noexcept override { return true; }
-  void start(StoreEvents events) override;
+  // Acquisitions and releases batched per loop iteration on the command
+  // connection (see above), renewals on their own; notices on the third.
   void acquire(std::span<const LockRef> locks, AcquireDone done) override;
   std::size_t renew(std::span<const LockRef> locks, std::shared_ptr<const void> keepalive, RenewDone done) override;
   void release(std::span<const LockRef> locks, bool notify, ReleaseDone done) override;
-  void raise_fence(std::string_view name, std::uint64_t fence, std::function<void(bool ok)> done) override;
-  void server_time(std::function<void(std::chrono::system_clock::time_point, const StoreError*)> done) override;
-  void claim_period(std::string_view name, std::string_view token, std::int64_t period,
-                    std::chrono::system_clock::time_point start, std::function<void(const ClaimResult&)> done) override;
-  void inspect(std::string_view name, std::function<void(const LockInfo&, const StoreError*)> done) override;
-  void force_release(std::string_view name, std::function<void(bool, const StoreError*)> done) override;
   void subscribe(std::string_view name) override;
   void unsubscribe(std::string_view name) override;
-  void poll_replies() override;
+  void poll_replies() override;  // the renewal connection's
   void close() override;
+  // Capabilities, each one script call on the command connection.
+  void raise_fence(std::string_view name, std::uint64_t fence, RaiseDone done) override;
+  void server_time(TimeDone done) override;  // TIME
+  void claim_period(std::string_view name, std::string_view token, std::int64_t period,
+                    std::chrono::system_clock::time_point start, ClaimDone done) override;
+  void inspect(std::string_view name, InspectDone done) override;
+  void force_release(std::string_view name, ForceDone done) override;
 
   static constexpr std::size_t kMaxBatch = 256;
   // Batch calls written and not answered yet, at most. More wait here, not
@@ -113,6 +113,7 @@ class RedisNodeStore final : public LockStore {
   static constexpr int kMaxBatchesInFlight = 64;
 
  private:
+  void started() override;
   // The release scripts' notice argument: "s" SPUBLISH, "p" PUBLISH.
   std::string notice() const;
   struct QueuedAcquire {
@@ -157,7 +158,6 @@ class RedisNodeStore final : public LockStore {
   std::unique_ptr<RedisConnection> acquire_;
   bool asking_ = false;  // send_asking(): the next call goes after an ASKING
   std::unique_ptr<SentinelWatcher> sentinel_;
-  StoreEvents events_;
   std::vector<std::string_view> renew_args_;  // reused per batch
   Loop& loop_;
   bool batching_ = true;

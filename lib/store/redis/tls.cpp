@@ -2,6 +2,7 @@
 
 #include <arpa/inet.h>
 #include <openssl/err.h>
+#include <openssl/ssl.h>
 #include <openssl/x509v3.h>
 
 #include <fmt/format.h>
@@ -40,12 +41,6 @@ void check_readable(const char* option, const std::string& path) {
 }
 
 }  // namespace
-
-bool url_wants_tls(const std::string& url) {
-  return url.rfind("rediss://", 0) == 0 || url.rfind("rediss-sentinel://", 0) == 0 ||
-         url.rfind("rediss-cluster://", 0) == 0 ||
-         url.find(",rediss://") != std::string::npos || url.find(", rediss://") != std::string::npos;
-}
 
 std::shared_ptr<const TlsContext> TlsContext::make(const Options& o) {
   if (o.tls_cert_file.empty() != o.tls_key_file.empty())

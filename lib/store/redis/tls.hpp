@@ -16,17 +16,27 @@
 // session belongs to one connection on the loop thread.
 #pragma once
 
-#include <openssl/ssl.h>
 
 #include <memory>
 #include <string>
 
 #include "lockwatch/options.hpp"
 
+// OpenSSL's own names for its types, so that this header (and the
+// connection's) builds without OpenSSL's headers when the `tls` feature is
+// off; then tls_off.cpp stands in: making a context or checking the
+// options throws Unsupported.
+typedef struct ssl_st SSL;
+typedef struct ssl_ctx_st SSL_CTX;
+
 namespace lockwatch::detail {
 
 // Whether a URL asks for TLS: rediss://, rediss-sentinel:// or rediss-cluster://.
-bool url_wants_tls(const std::string& url);
+inline bool url_wants_tls(const std::string& url) {
+  return url.rfind("rediss://", 0) == 0 || url.rfind("rediss-sentinel://", 0) == 0 ||
+         url.rfind("rediss-cluster://", 0) == 0 || url.find(",rediss://") != std::string::npos ||
+         url.find(", rediss://") != std::string::npos;
+}
 
 class TlsContext {
  public:

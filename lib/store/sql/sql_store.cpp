@@ -87,7 +87,15 @@ std::string SqlStore::table_definition(const std::string& table) {
 }
 
 SqlStore::SqlStore(Loop& loop, SqlTarget target, const Options& options)
-    : options_(options), target_(std::move(target)), table_("`" + target_.table + "`") {
+    : StoreBase(KeyRules{options.key_prefix, KeyRules::plain,
+                         [](std::string_view prefix, std::string_view key) noexcept -> const char* {
+                           if (prefix.size() + key.size() > kMaxNameBytes)
+                             return "the lock name (key_prefix + key) is longer than the 255 bytes of the SQL lock "
+                                    "table's lock_name column";
+                           return nullptr;
+                         }},
+                /*release_events=*/false),
+      options_(options), target_(std::move(target)), table_("`" + target_.table + "`") {
   SqlSession session;
   long long wait_s = std::max<long long>(1, options_.command_timeout.count() / 1000);
   session.setup = {
@@ -106,22 +114,7 @@ SqlStore::SqlStore(Loop& loop, SqlTarget target, const Options& options)
 
 SqlStore::~SqlStore() = default;
 
-std::string SqlStore::encode(std::string_view key) const {
-  std::string name;
-  name.reserve(options_.key_prefix.size() + key.size());
-  name += options_.key_prefix;
-  name += key;
-  return name;
-}
-
-const char* SqlStore::check_key(std::string_view key) const noexcept {
-  if (options_.key_prefix.size() + key.size() > kMaxNameBytes)
-    return "the lock name (key_prefix + key) is longer than the 255 bytes of the SQL lock table's lock_name column";
-  return nullptr;
-}
-
-void SqlStore::start(StoreEvents events) {
-  events_ = std::move(events);
+void SqlStore::started() {
   // The first command connection speaks for the server.
   commands_.front()->set_state_hook([this](bool up, const std::string& why) {
     if (events_.connection) events_.connection(commands_.front()->name(), up, why);
@@ -448,15 +441,7 @@ void SqlStore::release(std::span<const LockRef> locks, bool /*notify: no release
   }
 }
 
-void SqlStore::raise_fence(std::string_view name, std::uint64_t fence, std::function<void(bool)> done) {
-  command_connection().query(
-      fmt::format("INSERT INTO {} (lock_name, owner, fence, expires_at) VALUES ({}, '', {}, NOW(6)) "
-                  "ON DUPLICATE KEY UPDATE fence = GREATEST(fence, VALUES(fence))",
-                  table_, hex(name), fence),
-      [done = std::move(done)](const SqlResult&, const StoreError* err) { done(!err); });
-}
-
-void SqlStore::server_time(std::function<void(std::chrono::system_clock::time_point, const StoreError*)> done) {
+void SqlStore::server_time(TimeDone done) {
   command_connection().query("SELECT UNIX_TIMESTAMP(NOW(6))",
                              [this, done = std::move(done)](const SqlResult& r, const StoreError* err) {
                                StoreError no_answer;
@@ -469,7 +454,7 @@ void SqlStore::server_time(std::function<void(std::chrono::system_clock::time_po
 }
 
 void SqlStore::claim_period(std::string_view name, std::string_view token, std::int64_t period,
-                            std::chrono::system_clock::time_point start, std::function<void(const ClaimResult&)> done) {
+                            std::chrono::system_clock::time_point start, ClaimDone done) {
   // The claim is one conditional write: the lease is ours and unexpired,
   // the store's clock has reached the period's start, and no period as
   // late was run. The select after it (same round trip) reads the clock
@@ -530,7 +515,7 @@ void SqlStore::claim_period(std::string_view name, std::string_view token, std::
              });
 }
 
-void SqlStore::inspect(std::string_view name, std::function<void(const LockInfo&, const StoreError*)> done) {
+void SqlStore::inspect(std::string_view name, InspectDone done) {
   command_connection().query(
       fmt::format("SELECT GREATEST(TIMESTAMPDIFF(MICROSECOND, NOW(6), expires_at), 0), fence, owner FROM {} "
                   "WHERE lock_name = {}",
@@ -549,7 +534,7 @@ void SqlStore::inspect(std::string_view name, std::function<void(const LockInfo&
       });
 }
 
-void SqlStore::force_release(std::string_view name, std::function<void(bool, const StoreError*)> done) {
+void SqlStore::force_release(std::string_view name, ForceDone done) {
   command_connection().query(
       fmt::format("UPDATE {} SET owner = '', expires_at = NOW(6) WHERE lock_name = {} AND owner <> '' "
                   "AND expires_at > NOW(6)",

@@ -27,7 +27,8 @@
 #include <vector>
 
 #include "lockwatch/options.hpp"
-#include "store/lock_store.hpp"
+#include "store/capabilities.hpp"
+#include "store/store_base.hpp"
 #include "store/sql/sql_connection.hpp"
 #include "store/sql/sql_target.hpp"
 
@@ -35,7 +36,7 @@ namespace lockwatch::detail {
 
 class Loop;
 
-class SqlStore final : public LockStore {
+class SqlStore final : public StoreBase, public JobClaims, public OperatorTools {
  public:
   // The lock_name column's size: longer names (prefix + key) are refused.
   static constexpr std::size_t kMaxNameBytes = 255;
@@ -46,24 +47,21 @@ class SqlStore final : public LockStore {
   // The table as created when it is missing (also in the README).
   static std::string table_definition(const std::string& table);
 
-  std::string encode(std::string_view key) const override;
-  const char* check_key(std::string_view key) const noexcept override;
-  bool release_events() const noexcept override { return false; }
-  void start(StoreEvents events) override;
+  // One statement per batch (see above); no release notices, so waiters
+  // poll with the runtime's back-off.
   void acquire(std::span<const LockRef> locks, AcquireDone done) override;
   std::size_t renew(std::span<const LockRef> locks, std::shared_ptr<const void> keepalive, RenewDone done) override;
   void release(std::span<const LockRef> locks, bool notify, ReleaseDone done) override;
-  void raise_fence(std::string_view name, std::uint64_t fence, std::function<void(bool ok)> done) override;
-  void server_time(std::function<void(std::chrono::system_clock::time_point, const StoreError*)> done) override;
-  void claim_period(std::string_view name, std::string_view token, std::int64_t period,
-                    std::chrono::system_clock::time_point start, std::function<void(const ClaimResult&)> done) override;
-  void inspect(std::string_view name, std::function<void(const LockInfo&, const StoreError*)> done) override;
-  void force_release(std::string_view name, std::function<void(bool, const StoreError*)> done) override;
-  void subscribe(std::string_view) override {}
-  void unsubscribe(std::string_view) override {}
   void close() override;
+  // JobClaims on the database's clock (NOW(6)); OperatorTools on the row.
+  void server_time(TimeDone done) override;
+  void claim_period(std::string_view name, std::string_view token, std::int64_t period,
+                    std::chrono::system_clock::time_point start, ClaimDone done) override;
+  void inspect(std::string_view name, InspectDone done) override;
+  void force_release(std::string_view name, ForceDone done) override;
 
  private:
+  void started() override;
   struct RenewBatch;
   struct AcquireBatch;
   SqlConnection& command_connection();
@@ -76,7 +74,6 @@ class SqlStore final : public LockStore {
   std::string table_;  // quoted
   std::vector<std::unique_ptr<SqlConnection>> commands_;
   std::unique_ptr<SqlConnection> renew_;
-  StoreEvents events_;
 };
 
 }  // namespace lockwatch::detail

@@ -1,0 +1,115 @@
+// lib/store/capabilities.hpp: what a store may offer beyond locking.
+//
+// LockStore (lock_store.hpp) is what every lock needs. These are the parts
+// not every store can give: each is a small interface that a store class
+// also derives from when it can. The runtime asks for one with
+// capability<T>(store), and a call that needs one the store lacks fails
+// with lockwatch::Unsupported naming it (require<T>).
+//
+//   FenceRaising   raise a lock's fencing counter (a quorum's members, so
+//                  that a majority agrees on the token it hands out)
+//   JobClaims      the store's clock and the scheduled jobs' period claims
+//   OperatorTools  what the store holds for a name, and removing it
+//
+// Threading and callbacks as in LockStore: loop thread only; a callback
+// runs exactly once and never inside the call that registered it.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <string_view>
+
+#include "store/lock_store.hpp"
+#include "store/store_error.hpp"
+
+namespace lockwatch::detail {
+
+// What a store says of one lock right now (operators' view).
+struct LockInfo {
+  bool held = false;
+  std::chrono::milliseconds ttl{0};  // remaining, when held
+  std::uint64_t fencing_token = 0;   // the highest fencing token handed out (0: never locked)
+  std::string owner;                 // the holder's token, when held
+};
+
+// What a scheduled job's claim on a period found (claim_period). The
+// store keeps, per job, the last period run; a claim sets it to `period`
+// only when the job's lock holds our token, the store's clock has reached
+// the period's start and the last period run is lower: one atomic step.
+struct ClaimResult {
+  enum class Status : std::uint8_t {
+    kClaimed,     // ours to run: the store now records it as run
+    kAlreadyRun,  // a period >= this one was run already (`last`)
+    kNotDue,      // the store's clock is before the period's start
+    kNotLeader,   // the job's lock is not ours (lost, expired, taken)
+    kFailed,      // no answer could be had (`error`); nothing is known
+  };
+  Status status = Status::kFailed;
+  std::int64_t last = 0;  // kAlreadyRun: the last period run
+  // The store's clock when it decided (every status but kFailed).
+  std::chrono::system_clock::time_point store_time{};
+  StoreError error;  // kFailed: why
+};
+
+class FenceRaising {
+ public:
+  static constexpr std::string_view kName = "fencing counters raised by a quorum";
+  using RaiseDone = std::function<void(bool ok)>;
+  // Raises the lock's fencing counter to at least `fence`.
+  virtual void raise_fence(std::string_view name, std::uint64_t fence, RaiseDone done) = 0;
+
+ protected:
+  ~FenceRaising() = default;
+};
+
+class JobClaims {
+ public:
+  static constexpr std::string_view kName = "scheduled jobs (a clock and period claims)";
+  using TimeDone = std::function<void(std::chrono::system_clock::time_point now, const StoreError* error)>;
+  using ClaimDone = std::function<void(const ClaimResult&)>;
+  // The store's clock, so that processes with skewed clocks agree which
+  // period is due; `error` (else null) when no answer could be had.
+  virtual void server_time(TimeDone done) = 0;
+  // Claims `period` of the job whose lock is `name` (encode()d), held with
+  // `token`, if the store's clock has reached `start` (the period's start
+  // on the store's clock). See ClaimResult. Not batched: one claim per run.
+  virtual void claim_period(std::string_view name, std::string_view token, std::int64_t period,
+                            std::chrono::system_clock::time_point start, ClaimDone done) = 0;
+
+ protected:
+  ~JobClaims() = default;
+};
+
+class OperatorTools {
+ public:
+  static constexpr std::string_view kName = "operators' inspect and force_release";
+  using InspectDone = std::function<void(const LockInfo&, const StoreError* error)>;
+  using ForceDone = std::function<void(bool was_held, const StoreError* error)>;
+  // What the store holds for `name`; `error` (else null) when it could not answer.
+  virtual void inspect(std::string_view name, InspectDone done) = 0;
+  // Removes `name` whoever owns it, waking its waiters; the fencing counter stays.
+  virtual void force_release(std::string_view name, ForceDone done) = 0;
+
+ protected:
+  ~OperatorTools() = default;
+};
+
+// `store` as a T, or null when it does not offer T.
+template <class T>
+T* capability(LockStore& store) noexcept {
+  return dynamic_cast<T*>(&store);
+}
+
+// Throws lockwatch::Unsupported: `store_kind` (e.g. "mysql://") offers no `what`.
+[[noreturn]] void throw_unsupported(std::string_view store_kind, std::string_view what);
+
+// `store` as a T; throws Unsupported naming T when it does not offer it.
+template <class T>
+T& require(LockStore& store, std::string_view store_kind) {
+  if (T* t = capability<T>(store)) return *t;
+  throw_unsupported(store_kind, T::kName);
+}
+
+}  // namespace lockwatch::detail

@@ -1,0 +1,21 @@
+// lib/store/redis/redis_kinds.hpp: the Redis stores in the registry.
+//
+//   kRedisStore         redis[s]://h:p          one master (RedisNodeStore)
+//                       redis[s]://..,redis..   Redlock: a QuorumStore over one
+//                                               RedisNodeStore per master
+//                       redis[s]-sentinel://    a master found through Sentinel
+//   kRedisClusterStore  redis[s]-cluster://     a Redis Cluster (ClusterStore)
+//
+// Their settings: Options::key_prefix (no '{' or '}'), min_replicas and
+// replica_ack_timeout, the sentinels' credentials, and the tls_* files
+// (read when the options are checked; the `tls` feature).
+#pragma once
+
+#include "store/registry.hpp"
+
+namespace lockwatch::detail {
+
+extern const StoreKind kRedisStore;
+extern const StoreKind kRedisClusterStore;
+
+}  // namespace lockwatch::detail

@@ -1,0 +1,92 @@
+#include "store/registry.hpp"
+
+#include <fmt/format.h>
+
+#include "core/url.hpp"
+#include "lockwatch/errors.hpp"
+#include "store/memory/memory_kind.hpp"
+#include "store/redis/redis_kinds.hpp"
+#if LOCKWATCH_WITH_SQL
+#include "store/sql/sql_kind.hpp"
+#endif
+#if LOCKWATCH_WITH_POSTGRESQL
+#include "store/postgresql/pg_kind.hpp"
+#endif
+
+namespace lockwatch::detail {
+
+namespace {
+
+#if !LOCKWATCH_WITH_SQL
+constexpr StoreKind kSqlStore = missing_store(
+    "mysql", "mysql://user:password@host[:port]/database[?socket=/path&table=name]", "'sql' (libmariadb)");
+#endif
+#if !LOCKWATCH_WITH_POSTGRESQL
+constexpr StoreKind kPostgresStore =
+    missing_store("postgresql postgres", "postgresql://user[:password]@host[:port]/database (or postgres://)",
+                  "'postgresql' (libpq >= 14)");
+#endif
+
+// Scheme to store: one line per kind.
+constexpr const StoreKind* kKinds[] = {
+    &kRedisStore,
+    &kRedisClusterStore,
+    &kSqlStore,
+    &kPostgresStore,
+    &kMemoryStore,
+};
+
+bool serves(const StoreKind& kind, std::string_view scheme) {
+  std::string_view rest = kind.schemes;
+  while (!rest.empty()) {
+    auto space = rest.find(' ');
+    if (rest.substr(0, space) == scheme) return true;
+    if (space == std::string_view::npos) break;
+    rest.remove_prefix(space + 1);
+  }
+  return false;
+}
+
+std::string supported() {
+  std::string out;
+  for (const StoreKind* k : kKinds) {
+    if (!out.empty()) out += ", ";
+    out += k->usage;
+  }
+  return out;
+}
+
+const StoreKind& kind_of(const std::string& url) {
+  std::string_view scheme = scheme_of(url);
+  if (scheme.empty())
+    throw InvalidArgument(
+        fmt::format("malformed URL '{}': no scheme; lockwatch supports {}", url_for_messages(url), supported()));
+  for (const StoreKind* k : kKinds) {
+    if (!serves(*k, scheme)) continue;
+    if (!k->missing_feature.empty()) throw_missing_feature(url, k->missing_feature);
+    return *k;
+  }
+  throw InvalidArgument(fmt::format("unsupported URL scheme '{}://' in '{}': lockwatch supports {}", scheme,
+                                    url_for_messages(url), supported()));
+}
+
+}  // namespace
+
+void throw_missing_feature(const std::string& url, std::string_view feature) {
+  throw Unsupported(fmt::format("'{}' needs lockwatch built with the Meson feature {}, which this build left out",
+                                url_for_messages(url), feature));
+}
+
+void check_store_options(const Options& options) {
+  const std::string& url = store_url(options);
+  kind_of(url).check(url, options);
+}
+
+std::unique_ptr<LockStore> make_store(Loop& loop, const Options& options) {
+  const std::string& url = store_url(options);
+  const StoreKind& kind = kind_of(url);
+  kind.check(url, options);
+  return kind.make(loop, url, options);
+}
+
+}  // namespace lockwatch::detail

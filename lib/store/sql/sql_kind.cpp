@@ -1,0 +1,28 @@
+#include "store/sql/sql_kind.hpp"
+
+#include "lockwatch/errors.hpp"
+#include "store/sql/sql_store.hpp"
+#include "store/sql/sql_target.hpp"
+
+namespace lockwatch::detail {
+
+namespace {
+
+void check_sql(const std::string& url, const Options& options) {
+  (void)SqlTarget::parse(url);
+  if (options.min_replicas > 0)
+    throw InvalidArgument("Options::min_replicas applies to Redis replicas; a mysql:// store takes its durability "
+                          "from the database's own replication settings");
+  if (options.key_prefix.size() >= SqlStore::kMaxNameBytes)
+    throw InvalidArgument("Options::key_prefix leaves no room for a key in the SQL lock table's 255-byte lock_name");
+}
+
+}  // namespace
+
+constinit const StoreKind kSqlStore{
+    "mysql", "mysql://user:password@host[:port]/database[?socket=/path&table=name]", check_sql,
+    [](Loop& loop, const std::string& url, const Options& options) -> std::unique_ptr<LockStore> {
+      return std::make_unique<SqlStore>(loop, SqlTarget::parse(url), options);
+    }};
+
+}  // namespace lockwatch::detail

@@ -1,0 +1,164 @@
+// The store seam: scheme to store (the registry), Options::store_url, and
+// the capabilities a store may lack (a call that needs one fails with
+// Unsupported naming it; locking still works).
+#include <gtest/gtest.h>
+
+#include <cstdlib>
+
+#include "lockwatch/lockwatch.hpp"
+#include "memory_runtime.hpp"
+#include "store/capabilities.hpp"
+#include "store/quorum_store.hpp"
+#include "store/registry.hpp"
+#include "store/store_base.hpp"
+
+namespace lockwatch::testing {
+namespace {
+
+using namespace std::chrono_literals;
+
+// A store with the core seam only: every lock operation goes to a
+// MemoryStore, and it offers no capability.
+class CoreOnlyStore final : public detail::StoreBase {
+ public:
+  explicit CoreOnlyStore(std::unique_ptr<MemoryStore> inner)
+      : StoreBase(detail::KeyRules{"lockwatch:"}, /*release_events=*/true), inner_(std::move(inner)) {}
+
+  void acquire(std::span<const detail::LockRef> locks, AcquireDone done) override {
+    inner_->acquire(locks, std::move(done));
+  }
+  std::size_t renew(std::span<const detail::LockRef> locks, std::shared_ptr<const void> keepalive,
+                    RenewDone done) override {
+    return inner_->renew(locks, std::move(keepalive), std::move(done));
+  }
+  void release(std::span<const detail::LockRef> locks, bool notify, ReleaseDone done) override {
+    inner_->release(locks, notify, std::move(done));
+  }
+  void subscribe(std::string_view name) override { inner_->subscribe(name); }
+  void unsubscribe(std::string_view name) override { inner_->unsubscribe(name); }
+  void close() override { inner_->close(); }
+
+ private:
+  void started() override { inner_->start(events_); }
+  std::unique_ptr<MemoryStore> inner_;
+};
+
+std::unique_ptr<Runtime> core_only_runtime() {
+  auto backend = std::make_shared<MemoryBackend>();
+  auto script = std::make_shared<StoreScript>();
+  return detail::RuntimeAccess::make(memory_options(2), [backend, script](detail::Loop& loop, const Options& o) {
+    return std::make_unique<CoreOnlyStore>(std::make_unique<MemoryStore>(loop, backend, script, o.key_prefix));
+  });
+}
+
+TEST(StoreSeamTest, AStoreWithoutOperatorToolsFailsInspectWithUnsupportedButStillLocks) {
+  auto rt = core_only_runtime();
+  auto h = rt->acquire("seam", 2s);
+  auto handle = get_bounded(h);
+  EXPECT_GT(handle.lease().fencing_token(), 0u);
+  try {
+    (void)rt->inspect("seam");
+    ADD_FAILURE() << "inspect on a store without operator tools did not throw";
+  } catch (const Unsupported& e) {
+    EXPECT_NE(std::string(e.what()).find("inspect"), std::string::npos) << e.what();
+  }
+  EXPECT_THROW((void)rt->force_release("seam"), Unsupported);
+  // Nothing was done: the lock is still ours, and the release confirms it.
+  EXPECT_FALSE(handle.lease().lost());
+  EXPECT_NO_THROW(handle.release());
+}
+
+TEST(StoreSeamTest, AStoreWithoutJobClaimsRefusesAJobWhenItIsDeclared) {
+  auto rt = core_only_runtime();
+  Scheduler scheduler(*rt);
+  try {
+    (void)scheduler.every(1s, "nightly", [](const JobRun&) {});
+    ADD_FAILURE() << "a job on a store without period claims was accepted";
+  } catch (const Unsupported& e) {
+    EXPECT_NE(std::string(e.what()).find("scheduled jobs"), std::string::npos) << e.what();
+  }
+}
+
+TEST(StoreSeamTest, AQuorumRefusesAMemberThatCannotRaiseFences) {
+  detail::Loop loop{std::chrono::microseconds{0}};
+  auto backend = std::make_shared<MemoryBackend>();
+  auto script = std::make_shared<StoreScript>();
+  std::vector<std::unique_ptr<detail::LockStore>> members;
+  std::vector<std::string> names;
+  for (int i = 0; i < 3; ++i) {
+    members.push_back(std::make_unique<CoreOnlyStore>(std::make_unique<MemoryStore>(loop, backend, script)));
+    names.push_back("node" + std::to_string(i));
+  }
+  try {
+    detail::QuorumStore quorum(std::move(members), std::move(names), Options{});
+    ADD_FAILURE() << "a quorum of stores without fence raising was built";
+  } catch (const Unsupported& e) {
+    EXPECT_NE(std::string(e.what()).find("node0"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("fencing"), std::string::npos) << e.what();
+  }
+}
+
+TEST(StoreSeamTest, StoreUrlWinsOverRedisUrl) {
+  Options o;
+  o.redis_url = "redis://127.0.0.1:1";  // nothing listens there
+  o.store_url = "memory://seam-store-url";
+  Runtime rt(o);
+  auto h = rt.acquire("k", 2s);
+  EXPECT_GT(get_bounded(h).lease().fencing_token(), 0u);
+}
+
+TEST(StoreSeamTest, FromEnvReadsTheStoreUrlBesideTheRedisUrl) {
+  ::setenv("LOCKWATCH_STORE_URL", "memory://from-env", 1);
+  ::setenv("LOCKWATCH_REDIS_URL", "redis://10.0.0.9:7777", 1);
+  Options o = Options::from_env();
+  ::unsetenv("LOCKWATCH_STORE_URL");
+  ::unsetenv("LOCKWATCH_REDIS_URL");
+  EXPECT_EQ(o.store_url, "memory://from-env");
+  EXPECT_EQ(o.redis_url, "redis://10.0.0.9:7777");
+  EXPECT_EQ(Options::from_env().store_url, "");
+}
+
+TEST(StoreSeamTest, AnUnknownSchemeListsEveryStoreOfTheRegistry) {
+  Options o;
+  o.store_url = "zookeeper://127.0.0.1:2181";
+  try {
+    o.validate();
+    ADD_FAILURE() << "an unknown scheme was accepted";
+  } catch (const InvalidArgument& e) {
+    const std::string what = e.what();
+    for (const char* scheme : {"'zookeeper://'", "redis://", "redis-sentinel://", "redis-cluster://", "mysql://",
+                               "postgresql://", "memory://"})
+      EXPECT_NE(what.find(scheme), std::string::npos) << scheme << " missing in: " << what;
+  }
+}
+
+TEST(StoreSeamTest, EachStoreChecksItsOwnSettings) {
+  Options sql;
+  sql.store_url = "mysql://u:secret@127.0.0.1/db";
+  sql.min_replicas = 1;  // a Redis setting
+#if LOCKWATCH_WITH_SQL
+  EXPECT_THROW(sql.validate(), InvalidArgument);
+#else
+  EXPECT_THROW(sql.validate(), Unsupported);
+#endif
+  Options pg;
+  pg.store_url = "postgresql://u:secret@127.0.0.1/db";
+  pg.min_replicas = 1;
+#if LOCKWATCH_WITH_POSTGRESQL
+  EXPECT_THROW(pg.validate(), InvalidArgument);
+#else
+  EXPECT_THROW(pg.validate(), Unsupported);
+#endif
+  Options redis;
+  redis.store_url = "redis://127.0.0.1:6379";
+  redis.key_prefix = "a{b}:";
+  EXPECT_THROW(redis.validate(), InvalidArgument);
+  Options memory;  // servers' settings have nothing to act on in memory
+  memory.store_url = "memory://";
+  memory.key_prefix = "a{b}:";
+  memory.min_replicas = 2;
+  EXPECT_NO_THROW(memory.validate());
+}
+
+}  // namespace
+}  // namespace lockwatch::testing
