@@ -1,10 +1,12 @@
 // lockwatch: run a command under a distributed lock on Redis, and look at
 // or remove a lock.
 //
-//   lockwatch run [--redis URL] --key KEY [--ttl 30s] [--wait 0s] [--retries N|forever]
+//   lockwatch run [--store URL] --key KEY [--ttl 30s] [--wait 0s] [--retries N|forever]
 //                 [--kill-grace D] [-E CODE] [-q] [-v] (-c 'shell command' | -- CMD ARGS...)
-//   lockwatch status [--redis URL] [-v] KEY
-//   lockwatch release [--redis URL] [-v] --force KEY
+//   lockwatch status [--store URL] [-v] KEY
+//   lockwatch release [--store URL] [-v] --force KEY
+//
+// --redis is the same option as --store (its first name, kept).
 //
 // Arguments are parsed by CLI11; the subcommands are in run.cpp and
 // admin_commands.cpp; exit codes in exit_codes.hpp (and --help).
@@ -32,12 +34,15 @@ constexpr const char* kExitCodes = R"(Exit status of run:
   70                 internal error
   126 / 127          the command could not be executed / was not found)";
 
-constexpr const char* kRedisHelp =
-    "Where the locks live: redis://[user:password@]host:port[/db], a comma-separated list of redis:// URLs "
-    "(Redlock), redis-sentinel://[user:password@]host:port[,host:port...]/master-name[/db], "
+constexpr const char* kStoreOption = "--store,--redis";
+constexpr const char* kStoreHelp =
+    "Where the locks live (--redis is the same option): redis://[user:password@]host:port[/db], a "
+    "comma-separated list of redis:// URLs (Redlock), "
+    "redis-sentinel://[user:password@]host:port[,host:port...]/master-name[/db], "
     "redis-cluster://[user:password@]host:port[,host:port...], rediss://, rediss-sentinel:// and "
-    "rediss-cluster:// for TLS, "
-    "mysql://user:password@host[:port]/database, or memory://[name]. Default: $LOCKWATCH_STORE_URL, else $LOCKWATCH_REDIS_URL, else redis://127.0.0.1:6379";
+    "rediss-cluster:// for TLS, mysql://user:password@host[:port]/database, "
+    "postgresql://user:password@host[:port]/database[?sslmode=...], or memory://[name]. Default: "
+    "$LOCKWATCH_STORE_URL, else $LOCKWATCH_REDIS_URL, else redis://127.0.0.1:6379";
 
 constexpr const char* kVerboseHelp =
     "Also print the library's log on standard error: connections lost and retried, found again, leases lost "
@@ -78,7 +83,7 @@ int main(int argc, char** argv) {
 
   CLI::App* run = app.add_subcommand("run", "Run a command while holding the lock on KEY");
   run->footer(kExitCodes);
-  CLI::Option* run_redis = run->add_option("--redis", redis_url, kRedisHelp)->type_name("URL");
+  CLI::Option* run_redis = run->add_option(kStoreOption, redis_url, kStoreHelp)->type_name("URL");
   run->add_option("--key", run_args.key, "The lock's name")->required()->type_name("KEY");
   run->add_option("--ttl", ttl,
                   "Lease time-to-live, renewed by the watchdog while the command runs (500ms, 30s, 5m, 1h)")
@@ -128,7 +133,7 @@ int main(int argc, char** argv) {
   CLI::App* status = app.add_subcommand(
       "status", "Print what the store says of the lock on KEY: key=, state=held|free, ttl_ms=, fencing_token= lines");
   status->footer("Takes no lease. state=held over Redlock means a majority of the nodes hold it for one owner.");
-  CLI::Option* status_redis = status->add_option("--redis", status_url, kRedisHelp)->type_name("URL");
+  CLI::Option* status_redis = status->add_option(kStoreOption, status_url, kStoreHelp)->type_name("URL");
   status->add_option("KEY", status_key, "The lock's name")->required();
   bool status_verbose = false;
   status->add_flag("-v,--verbose", status_verbose, kVerboseHelp);
@@ -141,7 +146,7 @@ int main(int argc, char** argv) {
   release->footer(
       "The holder, if any, finds its lease gone at its next renewal (a lockwatch run holding it stops its command "
       "and exits 76). The fencing counter is kept; waiters are woken.");
-  CLI::Option* release_redis = release->add_option("--redis", release_url, kRedisHelp)->type_name("URL");
+  CLI::Option* release_redis = release->add_option(kStoreOption, release_url, kStoreHelp)->type_name("URL");
   release->add_flag("--force", force, "Required: say that you mean to remove someone else's lock")->required();
   release->add_option("KEY", release_key, "The lock's name")->required();
   bool release_verbose = false;
