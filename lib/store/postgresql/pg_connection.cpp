@@ -24,14 +24,19 @@ using Clock = std::chrono::steady_clock;
 void ignore_notice(void*, const PGresult*) {}
 
 // libpq's message as one line: without the LOCATION line the verbose form
-// adds (the server's source file) and without trailing newlines.
+// adds (the server's source file), its line breaks and tabs one space.
 std::string one_line(const char* message) {
   std::string s = message != nullptr ? message : "";
   if (auto loc = s.find("\nLOCATION:"); loc != std::string::npos) s.resize(loc);
   while (!s.empty() && (s.back() == '\n' || s.back() == ' ')) s.pop_back();
-  for (char& c : s)
-    if (c == '\n') c = ' ';
-  return s;
+  std::string out;
+  out.reserve(s.size());
+  for (char c : s) {
+    if (c == '\n' || c == '\t') c = ' ';
+    if (c == ' ' && !out.empty() && out.back() == ' ') continue;
+    out.push_back(c);
+  }
+  return out;
 }
 
 bool numeric_host(const std::string& host) {
@@ -242,9 +247,9 @@ void PgConnection::connect_step(int polling_status) {
       watch_socket(UV_WRITABLE, true);
       return;
     default: {
-      std::string why = one_line(PQerrorMessage(conn_));
-      std::string code(sqlstate_in_verbose_message(why));
-      went_down(pg_connect_error(name_, code, std::move(why)), true);
+      const char* raw = PQerrorMessage(conn_);
+      std::string code(sqlstate_in_verbose_message(raw != nullptr ? raw : ""));  // in libpq's own layout
+      went_down(pg_connect_error(name_, code, one_line(raw)), true);
       return;
     }
   }
