@@ -79,9 +79,12 @@ PgConnection::PgConnection(Loop& loop, PgTarget target, const Options& options, 
       options_(options),
       session_(std::move(session)),
       name_(target_.name()),
-      startup_options_(startup_options(options_)) {}
+      startup_options_(startup_options(options_)) {
+  if (session_.stale) session_.stale->connections.push_back(this);
+}
 
 PgConnection::~PgConnection() {
+  if (session_.stale) std::erase(session_.stale->connections, this);
   // close() ran on the loop thread and the loop drained: nothing is left
   // but, if the loop never ran, the connection itself.
   if (conn_ != nullptr) PQfinish(conn_);
@@ -320,7 +323,36 @@ void PgConnection::connected() {
   }
   watch_socket(UV_READABLE, true);
   if (state_ != State::kHandshake) return;
-  handshake(false);
+  end_stale_backends();
+}
+
+void PgConnection::end_stale_backends() {
+  if (!session_.stale || session_.stale->pids.empty()) {
+    handshake(false);
+    return;
+  }
+  std::vector<int> pids = session_.stale->pids;
+  std::string list;
+  for (int pid : pids) list += (list.empty() ? "" : ",") + std::to_string(pid);
+  // Only lockwatch's own sessions of this role, never this one (a pid can
+  // have been reused meanwhile). PostgreSQL 14 and later wait for the
+  // process to exit, within half the connect timeout.
+  const long long wait_ms = std::max<long long>(1, options_.connect_timeout.count() / 2);
+  const std::string terminate =
+      PQserverVersion(conn_) >= 140000 ? fmt::format("pg_terminate_backend(a.pid, {})", wait_ms) : "pg_terminate_backend(a.pid)";
+  Request r;
+  r.kind = Kind::kSql;
+  r.sql = fmt::format("SELECT {} FROM pg_stat_activity a WHERE a.pid = ANY('{{{}}}'::int[]) AND a.usename = current_user "
+                      "AND a.application_name = 'lockwatch' AND a.pid <> pg_backend_pid()",
+                      terminate, list);
+  r.done = [this, pids](const PgRows&, const StoreError*) {
+    if (state_ != State::kHandshake) return;
+    // Ended, gone already, or not ours to end (refused): either way not
+    // tried again.
+    std::erase_if(session_.stale->pids, [&](int p) { return std::find(pids.begin(), pids.end(), p) != pids.end(); });
+    handshake(false);
+  };
+  send_handshake(std::move(r));
 }
 
 void PgConnection::send_handshake(Request r) {
@@ -369,10 +401,10 @@ void PgConnection::handshake(bool created) {
       c.sql = session_.create;
       c.done = [this](const PgRows&, const StoreError* e) {
         if (state_ != State::kHandshake) return;
-        // Another connection may have created it meanwhile (42P07, or
-        // 23505 when both got as far as the catalog): the next prepare
+        // Another connection may have created it meanwhile (42P07; 42710
+        // or 23505 when both got as far as the catalog): the next prepare
         // tells.
-        if (e && e->code != "42P07" && e->code != "23505") {
+        if (e && e->code != "42P07" && e->code != "42710" && e->code != "23505") {
           StoreError why = *e;
           why.message = fmt::format("cannot create the lock table {}: {}", session_.table, e->message);
           went_down(why, true);
@@ -623,6 +655,12 @@ void PgConnection::went_down_unavailable(const std::string& why) { went_down(una
 void PgConnection::went_down(const StoreError& error, bool fail_queued) {
   if (state_ == State::kClosed || state_ == State::kDown) return;
   const bool was_connecting = state_ == State::kConnecting || state_ == State::kHandshake;
+  const bool left_behind = session_.stale && conn_ != nullptr && !inflight_.empty();
+  if (left_behind) {
+    const int pid = PQbackendPID(conn_);
+    auto& pids = session_.stale->pids;
+    if (pid > 0 && std::find(pids.begin(), pids.end(), pid) == pids.end()) pids.push_back(pid);
+  }
   teardown(false);
   // What was in flight may or may not have run: it fails. What was queued
   // waits for the next attempt, unless this was an attempt (it waited for
@@ -638,6 +676,14 @@ void PgConnection::went_down(const StoreError& error, bool fail_queued) {
     std::deque<Request> queued = std::move(queue_);
     queue_.clear();
     fail_all(queued, error);
+  }
+  if (left_behind) {
+    // The store's other connections may be answered before that process
+    // runs what it had: they start again too, behind its end.
+    std::vector<PgConnection*> others = session_.stale->connections;
+    for (PgConnection* c : others)
+      if (c != this && (c->state_ == State::kReady || c->state_ == State::kHandshake))
+        c->went_down_unavailable("starting again behind a connection given up on with statements in flight");
   }
   if (state_ == State::kClosed) return;
   schedule_reconnect();

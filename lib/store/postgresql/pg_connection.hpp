@@ -21,6 +21,16 @@
 // an EXPLAIN, and the connection reports it);
 // a notices connection runs LISTEN. Requests wait for that.
 //
+// A connection given up on with statements in flight (a command timeout,
+// a reset) leaves its server process behind, which may still run them:
+// a hung server that goes on runs what it had read, after the client has
+// gone. Its pid goes on a list the store's statement connections share;
+// the others are dropped too, and each connection, before its set-up,
+// ends the processes on the list (pg_terminate_backend, waiting for them
+// to exit), so that nothing sent before a failure takes effect after the
+// store answers again (a ghost acquisition would, after its release was
+// answered "gone").
+//
 // Failures are StoreErrors naming the server: a refused login is kAuth,
 // anything else that stops the connection kUnavailable; a statement the
 // server refuses carries its SQLSTATE (pg_error.hpp). A request without an
@@ -82,8 +92,19 @@ struct PgStatement {
 };
 
 // What a connection runs before it takes requests.
+class PgConnection;
+
+// The server processes of connections given up on with statements in
+// flight, and the connections that share the list (a store's statement
+// connections). Loop thread only.
+struct PgStaleBackends {
+  std::vector<int> pids;
+  std::vector<PgConnection*> connections;
+};
+
 struct PgSession {
   std::vector<PgStatement> statements;  // prepared, the first doubling as the table check
+  std::shared_ptr<PgStaleBackends> stale;  // null: not tracked (a notices connection)
   std::string create;                   // run once when the first prepare finds no table
   std::string plan_check;               // run after the prepares (a planner's refusal: no key for ON CONFLICT)
   std::string table;                    // for messages
@@ -147,6 +168,7 @@ class PgConnection {
   void connect_step(int polling_status);
   void watch_socket(int events, bool renew_handle);
   void connected();
+  void end_stale_backends();
   void handshake(bool created);
   void prepare_rest();
   void check_plan();

@@ -235,6 +235,7 @@ PgStore::PgStore(Loop& loop, PgTarget target, const Options& options)
   // table's key, which only the planner checks.
   session.plan_check = "EXPLAIN EXECUTE lockwatch_acquire('{}', '{}', '{}')";
   session.table = fmt::format("{}.{}", target_.database, target_.table);
+  session.stale = std::make_shared<PgStaleBackends>();
   for (int i = 0; i < kCommandConnections; ++i)
     commands_.push_back(std::make_unique<PgConnection>(loop, target_, options_, session));
   renew_ = std::make_unique<PgConnection>(loop, target_, options_, session);
