@@ -363,7 +363,7 @@ TEST_F(PostgresStoreTest, ARowLockedElsewhereIsRetriedThenReportedNeverWaitedOnF
 TEST_F(PostgresStoreTest, TheFenceSurvivesReleasesAndACrashMidLease) {
   Options o = options(server_->url());
   o.command_timeout = 300ms;
-  o.connect_timeout = 300ms;
+  o.connect_timeout = 1500ms;  // a first login (TLS, SCRAM) is slow under the sanitizers
   Runtime rt(o);
   std::uint64_t last = 0;
   for (int i = 0; i < 3; ++i) {
@@ -400,7 +400,7 @@ TEST_F(PostgresStoreTest, TheFenceSurvivesReleasesAndACrashMidLease) {
 TEST_F(PostgresStoreTest, AHungServerLosesTheLeaseByItsDeadlineAndRecovers) {
   Options o = options(server_->url());
   o.command_timeout = 300ms;
-  o.connect_timeout = 300ms;
+  o.connect_timeout = 1500ms;  // a first login (TLS, SCRAM) is slow under the sanitizers
   Runtime rt(o);
   Gate started;
   auto f = locked(key(), 1s, forever).on(rt)([&] {
