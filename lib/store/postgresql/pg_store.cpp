@@ -244,6 +244,9 @@ PgStore::PgStore(Loop& loop, PgTarget target, const Options& options)
 PgStore::~PgStore() = default;
 
 void PgStore::started() {
+  uv_idle_init(loop_.uv(), &coalesce_);
+  coalesce_.data = this;
+  started_ = true;
   // The first command connection speaks for the server.
   commands_.front()->set_state_hook([this](bool up, const std::string& why) {
     if (events_.connection) events_.connection(commands_.front()->name(), up, why);
@@ -261,30 +264,56 @@ PgConnection& PgStore::command_connection() {
 
 // ---- acquire
 
-// A batch of acquisitions as one statement sees it: owned copies, since
-// the statement is answered after the call returns.
+// One lock of an acquire() call, kept until its statement goes out (owned
+// copies: the caller's views end with the call).
+struct PgStore::PendingAcquire {
+  std::string name;
+  std::string token;
+  std::chrono::milliseconds ttl;
+  std::size_t index;                  // in its call's batch
+  std::shared_ptr<AcquireDone> done;  // its call's callback
+};
+
+// The locks one acquire statement carries: distinct names, sorted.
 struct PgStore::AcquireBatch {
-  struct Lock {
-    std::string name;
-    std::string token;
-    std::chrono::milliseconds ttl;
-    std::size_t index;  // in the caller's batch
-  };
-  std::vector<Lock> locks;  // distinct names, sorted
-  std::shared_ptr<AcquireDone> done;  // shared by the statements of one call
+  std::vector<PendingAcquire> locks;
   int attempt = 1;
 };
 
 void PgStore::acquire(std::span<const LockRef> locks, AcquireDone done) {
   auto shared_done = std::make_shared<AcquireDone>(std::move(done));
-  std::vector<AcquireBatch::Lock> all;
-  all.reserve(locks.size());
   for (std::size_t i = 0; i < locks.size(); ++i)
-    all.push_back({std::string(locks[i].name), std::string(locks[i].token), locks[i].ttl, i});
+    acquires_.push_back({std::string(locks[i].name), std::string(locks[i].token), locks[i].ttl, i, shared_done});
+  coalesce();
+}
+
+void PgStore::coalesce() {
+  if (coalescing_) return;
+  if (!started_) {  // closed: out at once, to be failed by the connections
+    send_acquisitions();
+    send_releases();
+    return;
+  }
+  coalescing_ = true;
+  uv_idle_start(&coalesce_, on_coalesce);
+}
+
+void PgStore::on_coalesce(uv_idle_t* idle) {
+  auto* self = static_cast<PgStore*>(idle->data);
+  uv_idle_stop(idle);
+  self->coalescing_ = false;
+  self->send_acquisitions();
+  self->send_releases();
+}
+
+void PgStore::send_acquisitions() {
+  if (acquires_.empty()) return;
+  std::vector<PendingAcquire> all = std::move(acquires_);
+  acquires_.clear();
   std::stable_sort(all.begin(), all.end(), [](const auto& a, const auto& b) { return a.name < b.name; });
   // ON CONFLICT updates a row once per statement: the k-th request for a
-  // name in this batch goes in the k-th statement.
-  std::vector<std::vector<AcquireBatch::Lock>> rounds;
+  // name in this turn goes in the k-th statement.
+  std::vector<std::vector<PendingAcquire>> rounds;
   for (std::size_t i = 0; i < all.size();) {
     std::size_t j = i;
     while (j < all.size() && all[j].name == all[i].name) {
@@ -298,7 +327,6 @@ void PgStore::acquire(std::span<const LockRef> locks, AcquireDone done) {
   for (auto& round : rounds) {
     for (std::size_t from = 0; from < round.size(); from += kChunk) {
       auto batch = std::make_shared<AcquireBatch>();
-      batch->done = shared_done;
       auto to = std::min(round.size(), from + kChunk);
       batch->locks.assign(std::make_move_iterator(round.begin() + from), std::make_move_iterator(round.begin() + to));
       acquire_batch(std::move(batch));
@@ -327,7 +355,6 @@ void PgStore::acquire_batch(std::shared_ptr<AcquireBatch> batch) {
         // own, so that only that one fails.
         for (auto& lock : batch->locks) {
           auto single = std::make_shared<AcquireBatch>();
-          single->done = batch->done;
           single->locks.push_back(std::move(lock));
           acquire_batch(std::move(single));
         }
@@ -335,7 +362,7 @@ void PgStore::acquire_batch(std::shared_ptr<AcquireBatch> batch) {
       }
       Acquired out;
       out.error = *err;
-      for (const auto& lock : batch->locks) (*batch->done)(lock.index, out);
+      for (const auto& lock : batch->locks) (*lock.done)(lock.index, out);
       return;
     }
     std::vector<bool> answered(batch->locks.size(), false);
@@ -353,13 +380,15 @@ void PgStore::acquire_batch(std::shared_ptr<AcquireBatch> batch) {
         out.status = Acquired::Status::kBusy;
         out.busy_for = rows.null(r, 2) ? std::chrono::milliseconds(1) : ceil_ms(to_ll(rows.at(r, 2)));
       }
-      (*batch->done)(batch->locks[i].index, out);
+      const auto& lock = batch->locks[i];
+      (*lock.done)(lock.index, out);
     }
     for (std::size_t i = 0; i < answered.size(); ++i) {
       if (answered[i]) continue;
       Acquired out;
       out.error = pg_statement_error(target_.name(), "", "the acquisition's answer left a lock out");
-      (*batch->done)(batch->locks[i].index, out);
+      const auto& lock = batch->locks[i];
+      (*lock.done)(lock.index, out);
     }
   });
 }
@@ -417,33 +446,52 @@ void PgStore::renew_group(std::shared_ptr<RenewBatch> batch, std::vector<std::si
 
 // ---- release
 
+// One lock of a release() call, kept until its statement goes out.
+struct PgStore::PendingRelease {
+  std::string name;
+  std::string token;
+  std::size_t index;                  // in its call's batch
+  std::shared_ptr<ReleaseDone> done;  // its call's callback
+};
+
+// The locks one release statement carries (all with notices, or none).
 struct PgStore::ReleaseBatch {
-  std::vector<std::pair<std::string, std::string>> locks;  // name, token
-  std::vector<std::size_t> index;                           // in the caller's batch
+  std::vector<PendingRelease> locks;
   bool notify = false;
-  std::shared_ptr<ReleaseDone> done;  // shared by the statements of one call
   int attempt = 1;
 };
 
 void PgStore::release(std::span<const LockRef> locks, bool notify, ReleaseDone done) {
   auto shared_done = std::make_shared<ReleaseDone>(std::move(done));
-  for (std::size_t from = 0; from < locks.size(); from += kChunk) {
-    auto batch = std::make_shared<ReleaseBatch>();
-    batch->done = shared_done;
-    batch->notify = notify;
-    for (std::size_t i = from; i < std::min(locks.size(), from + kChunk); ++i) {
-      batch->locks.emplace_back(std::string(locks[i].name), std::string(locks[i].token));
-      batch->index.push_back(i);
+  auto& queue = notify ? releases_ : quiet_releases_;
+  for (std::size_t i = 0; i < locks.size(); ++i)
+    queue.push_back({std::string(locks[i].name), std::string(locks[i].token), i, shared_done});
+  coalesce();
+}
+
+void PgStore::send_releases() {
+  for (bool notify : {true, false}) {
+    auto& queue = notify ? releases_ : quiet_releases_;
+    if (queue.empty()) continue;
+    std::vector<PendingRelease> all = std::move(queue);
+    queue.clear();
+    // In name order, as the other statements lock rows.
+    std::stable_sort(all.begin(), all.end(), [](const auto& a, const auto& b) { return a.name < b.name; });
+    for (std::size_t from = 0; from < all.size(); from += kChunk) {
+      auto batch = std::make_shared<ReleaseBatch>();
+      batch->notify = notify;
+      auto to = std::min(all.size(), from + kChunk);
+      batch->locks.assign(std::make_move_iterator(all.begin() + from), std::make_move_iterator(all.begin() + to));
+      release_batch(std::move(batch));
     }
-    release_batch(std::move(batch));
   }
 }
 
 void PgStore::release_batch(std::shared_ptr<ReleaseBatch> batch) {
   const auto& l = batch->locks;
   std::vector<std::string> params{
-      hex_array(l.size(), [&](std::size_t i) -> std::string_view { return l[i].first; }),
-      hex_array(l.size(), [&](std::size_t i) -> std::string_view { return l[i].second; }),
+      hex_array(l.size(), [&](std::size_t i) -> std::string_view { return l[i].name; }),
+      hex_array(l.size(), [&](std::size_t i) -> std::string_view { return l[i].token; }),
       batch->notify ? "t" : "f",
       channel_,
   };
@@ -455,7 +503,7 @@ void PgStore::release_batch(std::shared_ptr<ReleaseBatch> batch) {
         release_batch(batch);
         return;
       }
-      for (std::size_t k = 0; k < batch->locks.size(); ++k) (*batch->done)(batch->index[k], Released::kUnconfirmed, err);
+      for (const auto& lock : batch->locks) (*lock.done)(lock.index, Released::kUnconfirmed, err);
       return;
     }
     // The answer names those not released.
@@ -465,7 +513,7 @@ void PgStore::release_batch(std::shared_ptr<ReleaseBatch> batch) {
       if (k < 0 || k >= static_cast<long long>(status.size())) continue;
       status[k] = rows.at(r, 1) == "t" ? Released::kTakenByOther : Released::kGone;
     }
-    for (std::size_t k = 0; k < status.size(); ++k) (*batch->done)(batch->index[k], status[k], nullptr);
+    for (std::size_t k = 0; k < status.size(); ++k) (*batch->locks[k].done)(batch->locks[k].index, status[k], nullptr);
   });
 }
 
@@ -599,6 +647,16 @@ void PgStore::poll_replies() { renew_->poll_now(); }
 
 void PgStore::close() {
   closed_ = true;
+  // What is queued goes to the connections, which fail it as they close:
+  // every callback runs.
+  if (started_) {
+    uv_idle_stop(&coalesce_);
+    uv_close(reinterpret_cast<uv_handle_t*>(&coalesce_), nullptr);
+    started_ = false;
+    coalescing_ = false;
+  }
+  send_acquisitions();
+  send_releases();
   for (auto& c : commands_) c->close();
   renew_->close();
   if (notices_) notices_->close();

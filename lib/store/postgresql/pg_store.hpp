@@ -6,7 +6,8 @@
 // scheduled job's last period. Each step is one statement, its own
 // transaction, never a read then a write:
 //   acquire  INSERT ... ON CONFLICT (lock_name) DO UPDATE ... WHERE expired
-//            (or ours) ... RETURNING the fence, for a batch of names: each
+//            (or ours) ... RETURNING the fence, for every acquisition asked
+//            for in a loop turn (calls of one name or a few coalesced): each
 //            free or expired row becomes ours with its fence raised;
 //   renew    UPDATE ... FROM (the batch's (name, owner) pairs) WHERE
 //            unexpired: every renewal due in one tick, in chunks, on a
@@ -14,7 +15,11 @@
 //            acquisitions;
 //   release  UPDATE ... SET owner = '', expires_at = clock_timestamp()
 //            WHERE ours, with pg_notify() for each row released (a lock
-//            given back unused notifies nobody).
+//            given back unused notifies nobody), for every release of a
+//            loop turn.
+// Each statement is its own transaction (pipeline mode, a sync each):
+// coalescing calls into one statement is what saves the server a
+// transaction per lock when many callers lock at once.
 // A statement answers with what it decided (RETURNING); a read that says
 // why a row was not ours (who holds it, for how long) comes from the same
 // statement and decides nothing. The row is never deleted: the fencing
@@ -32,6 +37,8 @@
 //
 // Threading: as LockStore (loop thread, but encode()/check_key()).
 #pragma once
+
+#include <uv.h>
 
 #include <memory>
 #include <set>
@@ -84,7 +91,13 @@ class PgStore final : public StoreBase, public FenceRaising, public JobClaims, p
   struct AcquireBatch;
   struct RenewBatch;
   struct ReleaseBatch;
+  struct PendingAcquire;
+  struct PendingRelease;
   PgConnection& command_connection();
+  void coalesce();
+  static void on_coalesce(uv_idle_t* idle);
+  void send_acquisitions();
+  void send_releases();
   void acquire_batch(std::shared_ptr<AcquireBatch> batch);
   void renew_group(std::shared_ptr<RenewBatch> batch, std::vector<std::size_t> members);
   void release_batch(std::shared_ptr<ReleaseBatch> batch);
@@ -98,6 +111,14 @@ class PgStore final : public StoreBase, public FenceRaising, public JobClaims, p
   std::unique_ptr<PgConnection> renew_;
   std::unique_ptr<PgConnection> notices_;  // made at the first subscribe()
   std::set<std::string, std::less<>> subscribed_;
+  // Acquisitions and releases asked for in this loop turn, sent together
+  // by coalesce_ (an idle handle: the turn's end).
+  std::vector<PendingAcquire> acquires_;
+  std::vector<PendingRelease> releases_;        // with release notices
+  std::vector<PendingRelease> quiet_releases_;  // without
+  uv_idle_t coalesce_{};
+  bool coalescing_ = false;
+  bool started_ = false;
   bool listening_ = false;  // LISTEN is confirmed on notices_
   bool closed_ = false;
 };
