@@ -5,7 +5,9 @@
 #include <libpq-fe.h>
 #include <netdb.h>
 #include <netinet/in.h>
+#include <fcntl.h>
 #include <sys/socket.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <memory>
@@ -261,35 +263,56 @@ void PgConnection::connect_step(int polling_status) {
 // While connecting, libpq may close its socket and open another (TLS
 // refused, then plain text): each step gets a fresh handle, since a new
 // socket can reuse the old number.
+//
+// The handle watches a duplicate of libpq's descriptor, closed only once
+// the handle is: libpq closes its own when it finds the connection lost,
+// and that number may be another thread's by the time the loop stops
+// watching it.
 void PgConnection::watch_socket(int events, bool renew_handle) {
   int fd = PQsocket(conn_);
   if (fd < 0) {
     went_down_unavailable("libpq has no socket");
     return;
   }
-  if (poll_ != nullptr && (renew_handle || poll_fd_ != fd)) {
-    uv_poll_stop(poll_);
-    uv_close(reinterpret_cast<uv_handle_t*>(poll_), [](uv_handle_t* h) { delete reinterpret_cast<uv_poll_t*>(h); });
-    poll_ = nullptr;
-  }
+  if (poll_ != nullptr && (renew_handle || poll_sock_ != fd)) close_poll();
   if (poll_ == nullptr) {
-    poll_ = new uv_poll_t{};
-    if (uv_poll_init_socket(loop_.uv(), poll_, fd) != 0) {
-      delete poll_;
-      poll_ = nullptr;
+    int dup = ::fcntl(fd, F_DUPFD_CLOEXEC, 0);
+    if (dup < 0) {
+      went_down_unavailable("cannot watch the connection's socket (dup)");
+      return;
+    }
+    auto* p = new PollHandle{};
+    if (uv_poll_init_socket(loop_.uv(), &p->handle, dup) != 0) {
+      ::close(dup);
+      delete p;
       went_down_unavailable("cannot watch the connection's socket");
       return;
     }
-    poll_->data = this;
-    poll_fd_ = fd;
+    p->fd = dup;
+    p->handle.data = this;
+    poll_ = p;
+    poll_sock_ = fd;
     poll_events_ = 0;
   }
   if (events == poll_events_) return;
   poll_events_ = events;
   if (events != 0)
-    uv_poll_start(poll_, events | UV_DISCONNECT, on_poll);
+    uv_poll_start(&poll_->handle, events | UV_DISCONNECT, on_poll);
   else
-    uv_poll_stop(poll_);
+    uv_poll_stop(&poll_->handle);
+}
+
+void PgConnection::close_poll() {
+  if (poll_ == nullptr) return;
+  uv_poll_stop(&poll_->handle);
+  uv_close(reinterpret_cast<uv_handle_t*>(&poll_->handle), [](uv_handle_t* h) {
+    auto* p = reinterpret_cast<PollHandle*>(h);  // the handle is its first member
+    ::close(p->fd);
+    delete p;
+  });
+  poll_ = nullptr;
+  poll_sock_ = -1;
+  poll_events_ = 0;
 }
 
 void PgConnection::on_poll(uv_poll_t* handle, int status, int events) {
@@ -696,16 +719,12 @@ void PgConnection::fail_all(std::deque<Request>& requests, const StoreError& err
 
 void PgConnection::teardown(bool graceful) {
   uv_timer_stop(&deadline_timer_);
-  if (poll_ != nullptr) {
-    uv_poll_stop(poll_);
-    uv_close(reinterpret_cast<uv_handle_t*>(poll_), [](uv_handle_t* h) { delete reinterpret_cast<uv_poll_t*>(h); });
-    poll_ = nullptr;
-  }
-  poll_fd_ = -1;
-  poll_events_ = 0;
+  // A connection given up on is shut first (through the duplicate, which
+  // is open even when libpq closed its own): its goodbye cannot wait on a
+  // server that stopped answering (libpq is non-blocking anyway).
+  if (!graceful && poll_ != nullptr) ::shutdown(poll_->fd, SHUT_RDWR);
+  close_poll();
   if (conn_ != nullptr) {
-    // A connection given up on is shut first: its goodbye cannot wait on
-    // a server that stopped answering (libpq is non-blocking anyway).
     if (!graceful) {
       int fd = PQsocket(conn_);
       if (fd >= 0) ::shutdown(fd, SHUT_RDWR);

@@ -167,6 +167,7 @@ class PgConnection {
   void connect_to(const std::string& hostaddr);
   void connect_step(int polling_status);
   void watch_socket(int events, bool renew_handle);
+  void close_poll();
   void connected();
   void end_stale_backends();
   void handshake(bool created);
@@ -207,8 +208,14 @@ class PgConnection {
 
   State state_ = State::kDown;
   pg_conn* conn_ = nullptr;
-  uv_poll_t* poll_ = nullptr;  // for conn_'s socket; freed by its close callback
-  int poll_fd_ = -1;
+  // A uv_poll_t on a duplicate of conn_'s socket (see watch_socket()),
+  // freed, and the duplicate closed, by the handle's close callback.
+  struct PollHandle {
+    uv_poll_t handle;  // first: the close callback gets it
+    int fd = -1;
+  };
+  PollHandle* poll_ = nullptr;
+  int poll_sock_ = -1;  // libpq's descriptor it duplicates
   int poll_events_ = 0;
   uv_timer_t deadline_timer_{};  // connect_timeout (an attempt) / command_timeout (the oldest request)
   uv_timer_t reconnect_timer_{};
