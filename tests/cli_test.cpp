@@ -589,5 +589,107 @@ TEST_F(CliTest, RunsOverPostgresqlWithRedisOrStore) {
 }
 #endif
 
+// ------------------------------------------------------- --once-per PERIOD
+
+// The lines of $D/ran: one per run of the command.
+int runs_recorded(const std::string& dir) {
+  std::ifstream in(dir + "/ran");
+  int n = 0;
+  for (std::string line; std::getline(in, line);) n++;
+  return n;
+}
+
+const std::string kRecordRun = "echo ran >> \"$D/ran\"";
+
+TEST_F(CliTest, OncePerRunsTheCommandOncePerPeriodAcrossHosts) {
+  Outcome first = run({"run", "--key", test_key(), "--once-per", "1d", "-c", kRecordRun});
+  EXPECT_EQ(first.code, 0) << first.output;
+  EXPECT_EQ(first.output, "");
+  std::this_thread::sleep_for(1s);  // the second host's cron fires a second later
+  Outcome second = run({"run", "--key", test_key(), "--once-per", "1d", "-c", kRecordRun});
+  EXPECT_EQ(second.code, 79) << second.output;
+  EXPECT_TRUE(contains(second.output, "was run already")) << second.output;
+  EXPECT_TRUE(contains(second.output, "T00:00:00Z")) << "1d periods start at midnight UTC: " << second.output;
+  Outcome quiet = run({"run", "--key", test_key(), "--once-per", "1d", "-q", "-c", kRecordRun});
+  EXPECT_EQ(quiet.code, 0);
+  EXPECT_EQ(quiet.output, "");
+  EXPECT_EQ(runs_recorded(dir_), 1);
+  EXPECT_FALSE(exists(*server_, test_key())) << "the lock was given back each time";
+}
+
+TEST_F(CliTest, OncePerRunsAgainInTheNextPeriod) {
+  // 2 s periods on the server's clock (this machine's); each step starts
+  // just after a period begins, so that its two runs fall in one period.
+  const auto next_period = [] {
+    auto now = std::chrono::system_clock::now();
+    auto into = now.time_since_epoch() % 2s;
+    std::this_thread::sleep_for(2s - into + 100ms);  // bounded: at most 2.1 s
+  };
+  next_period();
+  EXPECT_EQ(run({"run", "--key", test_key(), "--once-per", "2s", "-c", kRecordRun}).code, 0);
+  EXPECT_EQ(run({"run", "--key", test_key(), "--once-per", "2s", "-c", kRecordRun}).code, 79);
+  next_period();
+  Outcome next = run({"run", "--key", test_key(), "--once-per", "2s", "-c", kRecordRun});
+  EXPECT_EQ(next.code, 0) << next.output;
+  EXPECT_EQ(runs_recorded(dir_), 2);
+}
+
+TEST_F(CliTest, OncePerWithACronExpressionClaimsItsLatestFireTime) {
+  // Every minute: the current period began at this minute's start. Both
+  // runs fall in one minute (started early enough in it).
+  auto into = std::chrono::system_clock::now().time_since_epoch() % 60s;
+  if (into > 50s) std::this_thread::sleep_for(60s - into + 100ms);  // bounded: at most 10.1 s
+  Outcome first = run({"run", "--key", test_key(), "--once-per", "* * * * *", "-c", kRecordRun});
+  EXPECT_EQ(first.code, 0) << first.output;
+  Outcome again = run({"run", "--key", test_key(), "--once-per", "* * * * *", "-c", kRecordRun});
+  EXPECT_EQ(again.code, 79) << again.output;
+  EXPECT_TRUE(contains(again.output, ":00Z")) << "a fire time, at a minute's start: " << again.output;
+  EXPECT_EQ(runs_recorded(dir_), 1);
+}
+
+TEST_F(CliTest, AHostThatWaitsForARunningPeriodFindsItRunAndExits79) {
+  auto started = Clock::now();
+  auto first = start({"run", "--key", test_key(), "--once-per", "1d", "-c",
+                      kRecordRun + "; echo ready; while [ ! -e \"$D/go\" ]; do sleep 0.01; done"});
+  ASSERT_TRUE(read_until(*first, "ready"));
+  auto second = start({"run", "--key", test_key(), "--once-per", "1d", "--wait", "20s", "-c", kRecordRun});
+  ASSERT_TRUE(wait_for_subscriber());
+  std::ofstream(dir_ + "/go") << "go\n";
+  EXPECT_EQ(finish(*first, started).code, 0);
+  Outcome o = finish(*second, started);
+  EXPECT_EQ(o.code, 79) << o.output;
+  EXPECT_EQ(runs_recorded(dir_), 1);
+}
+
+TEST_F(CliTest, OncePerOverSql) {
+  MariaDbServer db;
+  Outcome first = run({"run", "--redis", db.url(), "--key", test_key(), "--once-per", "1d", "-c", kRecordRun});
+  EXPECT_EQ(first.code, 0) << first.output;
+  Outcome second = run({"run", "--redis", db.url(), "--key", test_key(), "--once-per", "1d", "-c", kRecordRun});
+  EXPECT_EQ(second.code, 79) << second.output;
+  EXPECT_EQ(runs_recorded(dir_), 1);
+}
+
+TEST_F(CliTest, BadPeriodsExit64WithoutRunningTheCommand) {
+  const std::vector<std::pair<std::string, std::string>> cases = {
+      {"1x", "unknown unit 'x'"},
+      {"0s", "a period must be positive"},
+      {"0 3 * *", "it has 4 fields, not 5"},
+      {"61 3 * * *", "minute"},
+  };
+  for (const auto& [period, message] : cases) {
+    Outcome o = run({"run", "--key", test_key(), "--once-per", period, "-c", kRecordRun});
+    EXPECT_EQ(o.code, 64) << period << ": " << o.output;
+    EXPECT_TRUE(contains(o.output, message)) << period << ": expected '" << message << "' in\n" << o.output;
+  }
+  EXPECT_EQ(runs_recorded(dir_), 0);
+}
+
+TEST_F(CliTest, VersionPrintsTheProjectsVersion) {
+  Outcome o = run({"--version"});
+  EXPECT_EQ(o.code, 0);
+  EXPECT_EQ(o.output, std::string("lockwatch ") + LOCKWATCH_VERSION + "\n");
+}
+
 }  // namespace
 }  // namespace lockwatch::testing

@@ -407,5 +407,74 @@ TEST_F(SchedulerTest, BadInputThrowsInvalidArgument) {
   EXPECT_THROW(s.every(1s, "dup", [] {}), InvalidArgument);
 }
 
+// ----------------------------------------- once per period (claim_period)
+
+LockHandle take(Runtime& rt, const std::string& key, milliseconds ttl = 2s) {
+  auto f = rt.acquire(key, ttl);
+  return get_bounded(f);
+}
+
+PeriodClaim claimed(std::future<PeriodClaim> f) { return get_bounded(f); }
+
+TEST_F(SchedulerTest, ClaimPeriodRunsEachPeriodOnceAcrossProcesses) {
+  auto a = node();
+  auto b = node();
+  LockHandle ha = take(*a->runtime, "once");
+  PeriodClaim first = claimed(claim_period(*a->runtime, ha, 1h));
+  EXPECT_TRUE(first.claimed);
+  auto now = backend_->system_now();
+  EXPECT_LE(first.scheduled_for, now);
+  EXPECT_GT(first.scheduled_for + 1h, now);
+  EXPECT_EQ(first.period, duration_cast<hours>(first.scheduled_for.time_since_epoch()).count());
+  EXPECT_EQ(backend_->last_period(memory_name("once")), first.period);
+  ha.release().get();
+
+  // Another process, a moment later: the same period, run already.
+  LockHandle hb = take(*b->runtime, "once");
+  PeriodClaim second = claimed(claim_period(*b->runtime, hb, 1h));
+  EXPECT_FALSE(second.claimed);
+  EXPECT_EQ(second.period, first.period);
+  EXPECT_EQ(second.last_run, first.period);
+  hb.release().get();
+
+  // The next period, on the store's clock.
+  backend_->advance(1h);
+  LockHandle hb2 = take(*b->runtime, "once");
+  PeriodClaim third = claimed(claim_period(*b->runtime, hb2, 1h));
+  EXPECT_TRUE(third.claimed);
+  EXPECT_EQ(third.period, first.period + 1);
+}
+
+TEST_F(SchedulerTest, ClaimCronPeriodNumbersPeriodsByTheirMinute) {
+  auto a = node();
+  LockHandle h = take(*a->runtime, "nightly");
+  PeriodClaim c = claimed(claim_cron_period(*a->runtime, h, "0 3 * * *"));
+  EXPECT_TRUE(c.claimed);
+  auto fire = floor<days>(backend_->system_now()) + 3h;
+  if (fire > backend_->system_now()) fire -= days(1);
+  EXPECT_EQ(c.scheduled_for, fire);
+  EXPECT_EQ(c.period, duration_cast<minutes>(fire.time_since_epoch()).count());
+  EXPECT_FALSE(claimed(claim_cron_period(*a->runtime, h, "0 3 * * *")).claimed) << "once per period, also for the same holder";
+}
+
+TEST_F(SchedulerTest, AClaimWithoutTheLockFailsWithLeaseLostAndRecordsNothing) {
+  auto a = node();
+  LockHandle h = take(*a->runtime, "gone");
+  backend_->set_owner(memory_name("gone"), "someone-else", 5s);
+  auto f = claim_period(*a->runtime, h, 1h);
+  EXPECT_TRUE(error_of<LeaseLost>(f));
+  EXPECT_FALSE(backend_->last_period(memory_name("gone")));
+}
+
+TEST_F(SchedulerTest, ABadClaimThrowsInvalidArgumentBeforeAnythingStarts) {
+  auto a = node();
+  LockHandle empty;
+  EXPECT_THROW((void)claim_period(*a->runtime, empty, 1h), InvalidArgument);
+  LockHandle h = take(*a->runtime, "bad");
+  EXPECT_THROW((void)claim_period(*a->runtime, h, 0ms), InvalidArgument);
+  EXPECT_THROW((void)claim_cron_period(*a->runtime, h, "61 * * * *"), InvalidArgument);
+  EXPECT_FALSE(backend_->last_period(memory_name("bad")));
+}
+
 }  // namespace
 }  // namespace lockwatch::testing

@@ -68,6 +68,20 @@ TEST(StoreSeamTest, AStoreWithoutOperatorToolsFailsInspectWithUnsupportedButStil
   EXPECT_NO_THROW(handle.release());
 }
 
+TEST(StoreSeamTest, AStoreWithoutJobClaimsRefusesAPeriodClaimButKeepsTheLock) {
+  auto rt = core_only_runtime();
+  auto h = rt->acquire("once", 2s);
+  auto handle = get_bounded(h);
+  try {
+    (void)claim_period(*rt, handle, std::chrono::hours(24));
+    ADD_FAILURE() << "a period claim on a store without period claims was accepted";
+  } catch (const Unsupported& e) {
+    EXPECT_NE(std::string(e.what()).find("scheduled jobs"), std::string::npos) << e.what();
+  }
+  EXPECT_FALSE(handle.lease().lost());
+  EXPECT_NO_THROW(handle.release());
+}
+
 TEST(StoreSeamTest, AStoreWithoutJobClaimsRefusesAJobWhenItIsDeclared) {
   auto rt = core_only_runtime();
   Scheduler scheduler(*rt);

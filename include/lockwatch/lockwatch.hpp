@@ -4,6 +4,7 @@
 #include "lockwatch/errors.hpp"
 #include "lockwatch/lease.hpp"
 #include "lockwatch/lock_handle.hpp"
+#include "lockwatch/lock_kind.hpp"
 #include "lockwatch/locked.hpp"
 #include "lockwatch/mutex.hpp"
 #include "lockwatch/observer.hpp"

@@ -25,6 +25,11 @@
 // kRunOnce): a new leader cannot tell a new job from a missed period.
 // Changing a job's schedule kind (every <-> cron) needs a new name.
 //
+// A program started by cron on every host (lockwatch run --once-per) has
+// no leader to keep: it takes the lock, claims the current period with
+// claim_period() or claim_cron_period(), and runs only if it claimed it.
+// The claim is the one a job's leader makes before each run.
+//
 // Threading: every() and cron() from any thread. A job has no thread of
 // its own and never polls: it waits for the lease and the periods on the
 // runtime's I/O loop (the acquisition's handler, the timer wheel, store
@@ -39,9 +44,11 @@
 #include <chrono>
 #include <cstdint>
 #include <functional>
+#include <future>
 #include <memory>
 #include <stop_token>
 #include <string>
+#include <string_view>
 #include <type_traits>
 #include <vector>
 
@@ -168,5 +175,42 @@ class Scheduler {
 
   std::unique_ptr<Impl> impl_;
 };
+
+// ------------------------------------------------- once per period, from cron
+
+// What claim_period() found.
+struct PeriodClaim {
+  // True: the period is the caller's to run, and the store records it as
+  // run (whether the run then succeeds or not). False: it was run already,
+  // here or on another host.
+  bool claimed = false;
+  // The current period's number and start, on the store's clock (numbered
+  // as JobRun::period() numbers them).
+  std::int64_t period = 0;
+  std::chrono::system_clock::time_point scheduled_for{};
+  // Not claimed: the latest period the store records as run (>= period).
+  std::int64_t last_run = 0;
+};
+
+// Claims the current period of every(`period`) (started at n * period +
+// offset since the epoch, on the store's clock) for the lock `held`, a
+// handle taken on `runtime`: the store's record of the last period run is
+// kept with that lock (so a Scheduler job "NAME" shares it with a holder of
+// "job:NAME"), and a claim succeeds only while the lock is ours. Two round
+// trips: the store's clock, then the claim, which checks the lease, the
+// clock and the record in one atomic step. Changing the period of a lock's
+// claims renumbers its periods: use a new key.
+//
+// Any thread; never blocks. The future holds the PeriodClaim, or LeaseLost
+// (the store no longer holds the lock for us), ConnectionError and the
+// other store errors. Throws before anything starts: InvalidArgument (an
+// empty handle, period <= 0), Unsupported (a store without scheduled jobs'
+// claims), RuntimeStopped.
+std::future<PeriodClaim> claim_period(Runtime& runtime, const LockHandle& held, std::chrono::milliseconds period,
+                                      std::chrono::milliseconds offset = std::chrono::milliseconds(0));
+// The same for the periods of a cron expression (as Scheduler::cron: UTC,
+// a period is a fire time, numbered by its minute since the epoch). Also
+// throws InvalidArgument for a bad expression.
+std::future<PeriodClaim> claim_cron_period(Runtime& runtime, const LockHandle& held, std::string_view expression);
 
 }  // namespace lockwatch

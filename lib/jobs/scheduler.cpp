@@ -27,6 +27,7 @@
 #include "core/error_values.hpp"
 #include "ops/events.hpp"
 #include "runtime/job_host.hpp"
+#include "runtime/store_errors.hpp"
 
 namespace lockwatch {
 
@@ -535,6 +536,114 @@ JobHandle Scheduler::add_cron(std::string expression, std::string name, Body bod
   auto expr = detail::CronExpr::parse(expression);
   return JobHandle(
       impl_->add(std::move(name), std::make_unique<detail::CronSchedule>(std::move(expr)), std::move(body), options));
+}
+
+}  // namespace lockwatch
+
+// ------------------------------------------------- once per period, from cron
+
+namespace lockwatch {
+
+namespace {
+
+// One claim of the current period, on the loop thread: the store's clock,
+// then the claim of the period that clock is in. A claim found not due
+// (the store's clock stepped back between the two, or a quorum's members
+// disagree) is retried for the period its reply's clock is in, a few times.
+struct OnceClaim : std::enable_shared_from_this<OnceClaim> {
+  static constexpr int kAttempts = 3;
+
+  OnceClaim(detail::JobHost& h, detail::JobClaims& c, std::string k, std::unique_ptr<detail::Schedule> s)
+      : host(h), claims(c), key(std::move(k)), schedule(std::move(s)) {}
+
+  void start() {
+    claims.server_time([self = shared_from_this()](system_clock::time_point now, const detail::StoreError* e) {
+      if (e) {
+        self->promise.set_exception(detail::to_exception(*e));
+        return;
+      }
+      self->claim_at(now);
+    });
+  }
+
+  void claim_at(system_clock::time_point now) {
+    auto period = schedule->latest(now);
+    if (!period) {
+      promise.set_exception(
+          std::make_exception_ptr(InvalidArgument(fmt::format("'{}': the schedule has no period in reach", key))));
+      return;
+    }
+    ++attempts;
+    claims.claim_period(name, token, *period, schedule->start(*period),
+                        [self = shared_from_this(), period = *period](const ClaimResult& r) { self->on_claim(r, period); });
+  }
+
+  void on_claim(const ClaimResult& r, std::int64_t period) {
+    PeriodClaim out;
+    out.period = period;
+    out.scheduled_for = schedule->start(period);
+    switch (r.status) {
+      case ClaimResult::Status::kClaimed:
+        out.claimed = true;
+        out.last_run = period;
+        promise.set_value(out);
+        return;
+      case ClaimResult::Status::kAlreadyRun:
+        out.last_run = std::max(r.last, period);
+        promise.set_value(out);
+        return;
+      case ClaimResult::Status::kNotDue:
+        if (attempts < kAttempts) {
+          claim_at(r.store_time);
+          return;
+        }
+        promise.set_exception(std::make_exception_ptr(
+            InvalidArgument(fmt::format("'{}': the store's clock does not settle on a period", key))));
+        return;
+      case ClaimResult::Status::kNotLeader:
+        promise.set_exception(std::make_exception_ptr(
+            LeaseLost(key, LostReason::kExpired, "the store no longer held the lock when its period was claimed")));
+        return;
+      case ClaimResult::Status::kFailed:
+        promise.set_exception(detail::to_exception(r.error));
+        return;
+    }
+  }
+
+  detail::JobHost& host;
+  detail::JobClaims& claims;
+  const std::string key;
+  std::string name;   // the store's name for key
+  std::string token;  // the holder's owner token
+  const std::unique_ptr<detail::Schedule> schedule;
+  std::promise<PeriodClaim> promise;
+  int attempts = 0;
+};
+
+std::future<PeriodClaim> claim_current(Runtime& runtime, const LockHandle& held,
+                                       std::unique_ptr<detail::Schedule> schedule) {
+  if (!held) throw InvalidArgument("claiming a period needs a held lock; the handle is empty");
+  auto& host = detail::JobHost::of(runtime);
+  const Lease& lease = held.lease();
+  auto claim = std::make_shared<OnceClaim>(host, host.job_claims(), lease.key(), std::move(schedule));
+  claim->name = host.store_name(lease.key());
+  claim->token = host.owner_token(lease);
+  auto future = claim->promise.get_future();
+  if (!host.post([claim] { claim->start(); })) throw RuntimeStopped("lockwatch runtime is stopping");
+  return future;
+}
+
+}  // namespace
+
+std::future<PeriodClaim> claim_period(Runtime& runtime, const LockHandle& held, milliseconds period,
+                                      milliseconds offset) {
+  if (period <= milliseconds(0))
+    throw InvalidArgument(fmt::format("the period must be positive, got {} ms", period.count()));
+  return claim_current(runtime, held, std::make_unique<detail::EverySchedule>(period, offset));
+}
+
+std::future<PeriodClaim> claim_cron_period(Runtime& runtime, const LockHandle& held, std::string_view expression) {
+  return claim_current(runtime, held, std::make_unique<detail::CronSchedule>(detail::CronExpr::parse(expression)));
 }
 
 }  // namespace lockwatch

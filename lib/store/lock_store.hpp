@@ -44,6 +44,7 @@
 #include <string>
 #include <string_view>
 
+#include "lockwatch/lock_kind.hpp"
 #include "store/store_error.hpp"
 
 namespace lockwatch::detail {
@@ -56,6 +57,7 @@ struct LockRef {
   std::string_view token;   // the owner token (random, unique per acquisition)
   std::string_view ttl_ms;  // the ttl in milliseconds as decimal text, formatted once per lease
   std::chrono::milliseconds ttl{0};
+  LockKind kind{};          // how it is held (a store takes only those supports() says)
 };
 
 struct Acquired {
@@ -117,6 +119,11 @@ class LockStore {
   // Whether the store reports releases (pub/sub). Without them waiters
   // retry on the holder's remaining ttl and a bounded back-off.
   virtual bool release_events() const noexcept = 0;
+  // Any thread. Why this store cannot hold a lock of `kind` with its
+  // guarantee (nullptr: it can). The runtime makes it Unsupported.
+  virtual const char* check_kind(LockKind kind) const noexcept {
+    return kind.exclusive_kind() ? nullptr : "this store holds exclusive locks only";
+  }
 
   virtual void start(StoreEvents events) = 0;
 

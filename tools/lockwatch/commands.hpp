@@ -21,6 +21,9 @@ struct RunArgs {
   std::chrono::milliseconds wait{0};
   Retries retries = forever;
   std::optional<std::chrono::milliseconds> kill_grace;  // else the default (run.cpp)
+  // --once-per: a period of every(d), or of a cron expression (non-empty).
+  std::optional<std::chrono::milliseconds> once_every;
+  std::string once_cron;
   int busy_code = 75;
   bool quiet = false;
   bool verbose = false;  // the library's log lines too (library_log)

@@ -24,10 +24,12 @@ std::optional<std::chrono::milliseconds> parse_duration(std::string_view text, s
     scale = 60 * 1000;
   } else if (unit == "h") {
     scale = 3600 * 1000;
+  } else if (unit == "d") {
+    scale = 24 * 3600 * 1000;
   } else {
     error = "'" + std::string(text) + "' is not a duration: " +
             (unit.empty() ? std::string("it needs a unit") : "unknown unit '" + std::string(unit) + "'") +
-            " (ms, s, m or h, as in 500ms, 30s, 5m, 1h)";
+            " (ms, s, m, h or d, as in 500ms, 30s, 5m, 1h, 1d)";
     return std::nullopt;
   }
   std::int64_t value = 0;
@@ -45,6 +47,7 @@ std::optional<std::chrono::milliseconds> parse_duration(std::string_view text, s
 std::string format_duration(std::chrono::milliseconds d) {
   auto ms = d.count();
   if (ms == 0) return "0s";
+  if (ms % (24 * 3600 * 1000) == 0) return std::to_string(ms / (24 * 3600 * 1000)) + "d";
   if (ms % (3600 * 1000) == 0) return std::to_string(ms / (3600 * 1000)) + "h";
   if (ms % (60 * 1000) == 0) return std::to_string(ms / (60 * 1000)) + "m";
   if (ms % 1000 == 0) return std::to_string(ms / 1000) + "s";

@@ -1,5 +1,5 @@
 // tools/lockwatch/duration.hpp: durations as the command line writes them,
-// a whole number and a unit: 500ms, 30s, 5m, 1h.
+// a whole number and a unit: 500ms, 30s, 5m, 1h, 1d.
 #pragma once
 
 #include <chrono>
@@ -13,7 +13,7 @@ namespace lockwatch::cli {
 // (a missing unit, a sign, a fraction, an overflow).
 std::optional<std::chrono::milliseconds> parse_duration(std::string_view text, std::string& error);
 
-// The shortest exact form: "0s", "1500ms", "30s", "5m", "2h".
+// The shortest exact form: "0s", "1500ms", "30s", "5m", "2h", "1d".
 std::string format_duration(std::chrono::milliseconds d);
 
 }  // namespace lockwatch::cli

@@ -1,12 +1,15 @@
 // `lockwatch run`: takes the lock, runs the command in a process group of
 // its own while the watchdog renews the lease, and gives the lock back once
-// the command and everything it started have ended.
+// the command and everything it started have ended. With --once-per it
+// first claims the current period under the lock (lockwatch/scheduler.hpp,
+// claim_period), and runs the command only if the claim is its own.
 //
 // Everything happens on the main thread around one poll(): a signalfd for
 // the signals lockwatch forwards, an eventfd the lease's stop callback
 // writes when the lease is lost, and the supervisor's report pipe
 // (supervisor.hpp). The library's threads never see a signal: they are
 // blocked before the runtime starts them.
+#include <fmt/chrono.h>
 #include <fmt/format.h>
 #include <poll.h>
 #include <sys/eventfd.h>
@@ -30,6 +33,7 @@
 #include "duration.hpp"
 #include "exit_codes.hpp"
 #include "lockwatch/errors.hpp"
+#include "lockwatch/scheduler.hpp"
 
 extern char** environ;
 
@@ -152,6 +156,11 @@ std::vector<std::string> child_environment(const std::string& key, std::uint64_t
   return env;
 }
 
+// "2024-05-01T03:00:00Z".
+std::string period_text(std::chrono::system_clock::time_point t) {
+  return fmt::format("{:%Y-%m-%dT%H:%M:%SZ}", fmt::gmtime(std::chrono::system_clock::to_time_t(t)));
+}
+
 int status_code(int wait_status) {
   if (WIFEXITED(wait_status)) return WEXITSTATUS(wait_status);
   if (WIFSIGNALED(wait_status)) return 128 + WTERMSIG(wait_status);
@@ -245,6 +254,32 @@ int run_command(const RunArgs& a, const Inherited& inherited) {
     say(e.what());
     return a.busy_code;
   }
+  if (a.once_every || !a.once_cron.empty()) {
+    // Claimed under the lock, before the command starts; a period run
+    // already gives the lock back at once.
+    std::optional<PeriodClaim> claim;
+    try {
+      claim = (a.once_every ? claim_period(*rt, handle, *a.once_every) : claim_cron_period(*rt, handle, a.once_cron))
+                  .get();  // bounded: the store's clock and the claim each end by reply or command timeout
+    } catch (const LeaseLost& e) {
+      say(fmt::format("{}; the command was not run", e.what()));
+      return kExitLeaseLost;
+    }
+    if (!claim->claimed) {
+      if (!a.quiet)
+        say(fmt::format("'{}': the period from {} was run already; the command was not run", a.key,
+                        period_text(claim->scheduled_for)));
+      std::future<void> released = handle.release();
+      const int code = a.quiet ? 0 : kExitAlreadyRun;
+      if (released.wait_for(o.connect_timeout + o.command_timeout + std::chrono::seconds(1)) !=
+          std::future_status::ready) {
+        std::fflush(stdout);
+        std::_Exit(code);  // the runtime would wait for the expiry
+      }
+      return code;
+    }
+  }
+
   const Lease& lease = handle.lease();
   command.env = child_environment(a.key, lease.fencing_token(), a.ttl);
 

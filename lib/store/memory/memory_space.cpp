@@ -39,15 +39,48 @@ void MemoryLink::close() {
 
 // ----------------------------------------------------------------- state
 
+void MemorySpace::State::Entry::purge(Clock::time_point now) {
+  std::erase_if(holders, [now](const auto& h) { return h.second <= now; });
+  if (holders.empty()) permits = 0;
+}
+
+milliseconds MemorySpace::State::Entry::next_expiry(Clock::time_point now) const {
+  auto first = Clock::time_point::max();
+  for (const auto& [token, until] : holders) first = std::min(first, until);
+  if (expires > now) first = std::min(first, expires);
+  return first == Clock::time_point::max() ? milliseconds(0) : std::chrono::ceil<milliseconds>(first - now);
+}
+
+Acquired MemorySpace::State::wrong_kind(const LockRef& lock, const std::string& held_as) {
+  Acquired out;
+  out.status = Acquired::Status::kFailed;
+  out.error = StoreError::invalid("memory", "the lock '" + std::string(lock.name) + "' is held as " + held_as +
+                                                "; this call asked for it " + lock.kind.describe());
+  return out;
+}
+
 Acquired MemorySpace::State::acquire(const LockRef& lock) {
   auto now = Clock::now();
   auto it = entries_.find(lock.name);
   if (it == entries_.end()) it = entries_.emplace(std::string(lock.name), Entry{}).first;
   Entry& e = it->second;
+  e.purge(now);
+  switch (lock.kind.mode()) {
+    case LockKind::Mode::kShared: return acquire_shared(e, lock, now);
+    case LockKind::Mode::kPermits: return acquire_permit(e, lock, now);
+    case LockKind::Mode::kExclusive: break;
+  }
+  return acquire_exclusive(e, lock, now);
+}
+
+Acquired MemorySpace::State::acquire_exclusive(Entry& e, const LockRef& lock, Clock::time_point now) {
+  if (e.permits > 0) return wrong_kind(lock, "a semaphore of " + LockKind::permits(e.permits).describe());
   Acquired out;
-  if (e.expires > now && e.owner != lock.token) {
+  if ((e.expires > now && e.owner != lock.token) || !e.holders.empty()) {
+    // Readers hold it: new readers wait behind this writer while it waits.
+    if (!e.holders.empty()) e.writer_waits = now + lock.ttl;
     out.status = Acquired::Status::kBusy;
-    out.busy_for = std::chrono::ceil<milliseconds>(e.expires - now);
+    out.busy_for = e.next_expiry(now);
     return out;
   }
   // A lock that holds the caller's token already is a retry after a lost
@@ -58,6 +91,43 @@ Acquired MemorySpace::State::acquire(const LockRef& lock) {
     ++e.fence;
   }
   e.expires = now + lock.ttl;
+  e.writer_waits = Clock::time_point::min();
+  out.status = Acquired::Status::kTaken;
+  out.fence = e.fence;
+  return out;
+}
+
+Acquired MemorySpace::State::acquire_shared(Entry& e, const LockRef& lock, Clock::time_point now) {
+  if (e.permits > 0) return wrong_kind(lock, "a semaphore of " + LockKind::permits(e.permits).describe());
+  Acquired out;
+  auto mine = e.holders.find(lock.token);
+  const bool writer = e.expires > now;
+  if (mine == e.holders.end() && (writer || e.writer_waits > now)) {
+    out.status = Acquired::Status::kBusy;
+    out.busy_for = writer ? e.next_expiry(now) : std::chrono::ceil<milliseconds>(e.writer_waits - now);
+    return out;
+  }
+  e.holders.insert_or_assign(std::string(lock.token), now + lock.ttl);
+  out.status = Acquired::Status::kTaken;
+  out.fence = e.fence;  // the last writer's
+  return out;
+}
+
+Acquired MemorySpace::State::acquire_permit(Entry& e, const LockRef& lock, Clock::time_point now) {
+  const std::uint32_t n = lock.kind.permit_count();
+  if (e.expires > now) return wrong_kind(lock, "an exclusive lock");
+  if (!e.holders.empty() && e.permits == 0) return wrong_kind(lock, "a shared lock");
+  if (e.permits > 0 && e.permits != n) return wrong_kind(lock, "a semaphore of " + LockKind::permits(e.permits).describe());
+  Acquired out;
+  auto mine = e.holders.find(lock.token);
+  if (mine == e.holders.end() && e.holders.size() >= n) {
+    out.status = Acquired::Status::kBusy;
+    out.busy_for = e.next_expiry(now);
+    return out;
+  }
+  if (mine == e.holders.end()) ++e.fence;  // else a retry after a lost answer
+  e.holders.insert_or_assign(std::string(lock.token), now + lock.ttl);
+  e.permits = n;
   out.status = Acquired::Status::kTaken;
   out.fence = e.fence;
   return out;
@@ -66,6 +136,14 @@ Acquired MemorySpace::State::acquire(const LockRef& lock) {
 Renewed MemorySpace::State::renew(const LockRef& lock) {
   auto now = Clock::now();
   auto it = entries_.find(lock.name);
+  if (!lock.kind.exclusive_kind()) {
+    if (it == entries_.end()) return Renewed::kGone;
+    it->second.purge(now);
+    auto mine = it->second.holders.find(lock.token);
+    if (mine == it->second.holders.end()) return Renewed::kGone;
+    mine->second = now + lock.ttl;
+    return Renewed::kYes;
+  }
   if (it == entries_.end() || it->second.expires <= now) return Renewed::kGone;
   if (it->second.owner != lock.token) return Renewed::kTakenByOther;
   it->second.expires = now + lock.ttl;
@@ -74,6 +152,18 @@ Renewed MemorySpace::State::renew(const LockRef& lock) {
 
 Released MemorySpace::State::release(const LockRef& lock, bool notify_waiters) {
   auto it = entries_.find(lock.name);
+  if (!lock.kind.exclusive_kind()) {
+    if (it == entries_.end()) return Released::kGone;
+    Entry& e = it->second;
+    e.purge(Clock::now());
+    auto mine = e.holders.find(lock.token);
+    if (mine == e.holders.end()) return Released::kGone;
+    e.holders.erase(mine);
+    if (e.holders.empty()) e.permits = 0;
+    // A semaphore's waiter may take the permit; a writer waits for the last reader.
+    if (notify_waiters && (lock.kind.mode() == LockKind::Mode::kPermits || e.holders.empty())) notify(lock.name);
+    return Released::kYes;
+  }
   if (it == entries_.end() || it->second.expires <= Clock::now()) return Released::kGone;
   if (it->second.owner != lock.token) return Released::kTakenByOther;
   it->second.expires = Clock::time_point::min();
@@ -121,15 +211,23 @@ LockInfo MemorySpace::State::inspect(std::string_view name) const {
     info.ttl = std::chrono::duration_cast<milliseconds>(it->second.expires - now);
     info.owner = it->second.owner;
   }
+  // Shared or permit holders: held until the last one's ttl runs out.
+  for (const auto& [token, until] : it->second.holders) {
+    if (until <= now) continue;
+    info.held = true;
+    info.ttl = std::max(info.ttl, std::chrono::duration_cast<milliseconds>(until - now));
+  }
   return info;
 }
 
 bool MemorySpace::State::force_release(std::string_view name) {
   auto it = entries_.find(name);
-  bool was_held = it != entries_.end() && it->second.expires > Clock::now();
+  bool was_held = it != entries_.end() && inspect(name).held;
   if (it != entries_.end()) {
     it->second.expires = Clock::time_point::min();
     it->second.owner.clear();
+    it->second.holders.clear();
+    it->second.permits = 0;
   }
   notify(name);
   return was_held;

@@ -84,11 +84,24 @@ class MemorySpace {
    private:
     friend class MemorySpace;
     struct Entry {
-      std::string owner;
+      std::string owner;  // the exclusive holder
       Clock::time_point expires = Clock::time_point::min();  // held while in the future
       std::uint64_t fence = 0;
       std::optional<std::int64_t> last_period;
+      // Shared holders (readers) or permit holders, by token: their expiry.
+      std::map<std::string, Clock::time_point, std::less<>> holders;
+      std::uint32_t permits = 0;  // holders are a semaphore's of this many (0: readers)
+      Clock::time_point writer_waits = Clock::time_point::min();  // no new reader until then
+      // Forgets holders whose ttl ran out (and the semaphore with the last).
+      void purge(Clock::time_point now);
+      // The shortest time a holder has left (a waiter's next try).
+      std::chrono::milliseconds next_expiry(Clock::time_point now) const;
     };
+    Acquired acquire_exclusive(Entry& e, const LockRef& lock, Clock::time_point now);
+    Acquired acquire_shared(Entry& e, const LockRef& lock, Clock::time_point now);
+    Acquired acquire_permit(Entry& e, const LockRef& lock, Clock::time_point now);
+    // The failure of a call whose kind the key is not held as now.
+    static Acquired wrong_kind(const LockRef& lock, const std::string& held_as);
     // Tells every subscribed store that `name` was released.
     void notify(std::string_view name);
 

@@ -1,0 +1,58 @@
+// lockwatch/lock_kind.hpp: how a lock on a key is held.
+//
+//   exclusive()   one holder (the default): a mutex, and the writer of a
+//                 read-write lock
+//   shared()      many holders, and no exclusive one: the readers of a
+//                 read-write lock on the same key. A waiting writer stops
+//                 new readers (writers are not starved); each reader's lease
+//                 is its own, renewed and lost like any other, so a dead
+//                 reader frees its share after its ttl. Readers see the
+//                 fencing token of the last writer's grant.
+//   permits(n)    at most n holders at once (a semaphore); every permit is a
+//                 lease, so a crashed holder's permit comes back after its
+//                 ttl. Each permit's grant raises the fencing token. Callers
+//                 that name the key with another n, or hold it as another
+//                 kind, fail with InvalidArgument: never an over-admission.
+//
+// A key is used as one family while anyone holds it: exclusive and shared
+// together, or permits alone. A store that cannot give a kind its guarantee
+// refuses it with Unsupported, never a weaker lock.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+namespace lockwatch {
+
+class LockKind {
+ public:
+  enum class Mode : std::uint8_t { kExclusive, kShared, kPermits };
+
+  constexpr LockKind() noexcept = default;  // exclusive
+  static constexpr LockKind exclusive() noexcept { return {}; }
+  static constexpr LockKind shared() noexcept { return LockKind(Mode::kShared, 0); }
+  static constexpr LockKind permits(std::uint32_t n) noexcept { return LockKind(Mode::kPermits, n); }
+
+  constexpr Mode mode() const noexcept { return mode_; }
+  // permits(n): n; 0 for the other kinds.
+  constexpr std::uint32_t permit_count() const noexcept { return permits_; }
+  constexpr bool exclusive_kind() const noexcept { return mode_ == Mode::kExclusive; }
+  constexpr bool operator==(const LockKind&) const noexcept = default;
+
+  // "exclusive", "shared", "3 permits".
+  std::string describe() const {
+    switch (mode_) {
+      case Mode::kShared: return "shared";
+      case Mode::kPermits: return std::to_string(permits_) + (permits_ == 1 ? " permit" : " permits");
+      case Mode::kExclusive: break;
+    }
+    return "exclusive";
+  }
+
+ private:
+  constexpr LockKind(Mode mode, std::uint32_t permits) noexcept : mode_(mode), permits_(permits) {}
+  Mode mode_ = Mode::kExclusive;
+  std::uint32_t permits_ = 0;
+};
+
+}  // namespace lockwatch

@@ -1,0 +1,63 @@
+// tools/lockwatch/app.hpp: the command line of `lockwatch`, defined once.
+// main.cpp parses with it; doc.cpp renders the same definition as the man
+// page lockwatch(1) and the bash completion at build time, so that --help,
+// the man page and the completion cannot disagree.
+//
+// It needs CLI11 and nothing of the library: the generator builds without
+// it. Threading: one thread.
+#pragma once
+
+#include <CLI/CLI.hpp>
+#include <memory>
+#include <string>
+#include <vector>
+
+namespace lockwatch::cli {
+
+// The arguments as parsed, still text where the library or main() reads them.
+struct CliArgs {
+  // run
+  std::string run_url;
+  std::string key;
+  std::string ttl = "30s";
+  std::string wait = "0s";
+  std::string retries = "forever";
+  std::string kill_grace;
+  std::string once_per;
+  int busy_code = 75;
+  bool quiet = false;
+  bool run_verbose = false;
+  std::string shell_command;
+  std::vector<std::string> argv;
+  // status
+  std::string status_url;
+  std::string status_key;
+  bool status_verbose = false;
+  // release
+  std::string release_url;
+  std::string release_key;
+  bool force = false;
+  bool release_verbose = false;
+};
+
+struct CliApp {
+  std::unique_ptr<CLI::App> app;
+  CLI::App* run = nullptr;
+  CLI::App* status = nullptr;
+  CLI::App* release = nullptr;
+  // Whether they were given (count() after parsing).
+  CLI::Option* run_redis = nullptr;
+  CLI::Option* status_redis = nullptr;
+  CLI::Option* release_redis = nullptr;
+  CLI::Option* shell = nullptr;
+  CLI::Option* once_per = nullptr;
+};
+
+// The app, writing into `args` (which must outlive it).
+CliApp make_app(CliArgs& args);
+
+// The one text of the tables --help's footers and the man page show.
+std::string exit_status_text();       // "Exit status of run:" and its rows
+std::string command_environment_text();  // what the command finds in its environment
+
+}  // namespace lockwatch::cli
