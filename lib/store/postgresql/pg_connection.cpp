@@ -47,12 +47,14 @@ bool numeric_host(const std::string& host) {
 }
 
 // Session settings, sent in the startup packet: no round trip, and in
-// force before the first statement. A statement is cancelled by the
-// server at the command timeout (the client gives up then too), a wait
-// for a row lock at half of it (then reported as "retry later").
+// force before the first statement. The server cancels a statement at
+// three quarters of the command timeout and a wait for a row lock at half
+// of it: answered "retry later" (nothing was done) before the client gives
+// up on the connection (then nothing is known).
 std::string startup_options(const Options& o) {
-  long long statement_ms = std::max<long long>(1, o.command_timeout.count());
-  long long lock_ms = std::max<long long>(1, statement_ms / 2);
+  const long long command_ms = o.command_timeout.count();
+  long long statement_ms = std::max<long long>(1, command_ms * 3 / 4);
+  long long lock_ms = std::max<long long>(1, command_ms / 2);
   return fmt::format("-c TimeZone=UTC -c statement_timeout={} -c lock_timeout={} -c bytea_output=hex", statement_ms,
                      lock_ms);
 }
@@ -600,7 +602,10 @@ void PgConnection::drain() {
     PGresult* r = PQgetResult(conn_);
     Request& front = inflight_.front();
     if (r == nullptr) {
-      if (front.stage == Stage::kResult) break;  // nothing to read yet
+      // The end of the front's results; else nothing to read yet, or (a
+      // connection gone bad) nothing more will come: on_readable() sees
+      // the status.
+      if (front.stage != Stage::kEnd) break;
       front.stage = Stage::kSync;
       continue;
     }
