@@ -858,8 +858,9 @@ class RawClient {
     std::snprintf(c.token, sizeof c.token, "%016llx%016llx", static_cast<unsigned long long>(run_),
                   static_cast<unsigned long long>(++tokens_));
     c.started = Clock::now();
-    const auto& script = lockwatch::detail::acquire_script();
-    const char* argv[] = {"EVALSHA", script.sha1.c_str(), "3", c.lock_key, c.counter_key, c.legacy_key, c.token, "30000"};
+    const auto& script = lockwatch::detail::script(lockwatch::detail::ScriptId::kAcquire);
+    const char* argv[] = {"EVALSHA",     script.sha1.c_str(), "3",     c.lock_key,
+                          c.counter_key, c.legacy_key,        c.token, "30000"};
     std::size_t lens[8];
     for (int i = 0; i < 8; ++i) lens[i] = std::strlen(argv[i]);
     redisAsyncCommandArgv(ac_, &RawClient::on_acquired, &c, 8, argv, lens);
@@ -869,22 +870,23 @@ class RawClient {
     auto& c = *static_cast<Caller*>(privdata);
     auto* r = static_cast<redisReply*>(reply);
     RawClient* self = c.client;
-    if (r == nullptr || r->type != REDIS_REPLY_ARRAY || r->elements != 2 || r->element[0]->integer != 1) {
+    // One entry for the one lock: 't<fencing token>' when taken.
+    if (r == nullptr || r->type != REDIS_REPLY_STRING || r->len < 2 || r->str[0] != 't') {
       self->caller_failed(c, r == nullptr ? "no reply to acquire" : "acquire refused or failed");
       return;
     }
-    const auto& script = lockwatch::detail::release_script();
-    const char* argv[] = {"EVALSHA", script.sha1.c_str(), "1", c.lock_key, c.token, c.channel};
-    std::size_t lens[6];
-    for (int i = 0; i < 6; ++i) lens[i] = std::strlen(argv[i]);
-    redisAsyncCommandArgv(self->ac_, &RawClient::on_released, &c, 6, argv, lens);
+    const auto& script = lockwatch::detail::script(lockwatch::detail::ScriptId::kRelease);
+    const char* argv[] = {"EVALSHA", script.sha1.c_str(), "1", c.lock_key, "p", c.token, c.channel};
+    std::size_t lens[7];
+    for (int i = 0; i < 7; ++i) lens[i] = std::strlen(argv[i]);
+    redisAsyncCommandArgv(self->ac_, &RawClient::on_released, &c, 7, argv, lens);
   }
 
   static void on_released(redisAsyncContext*, void* reply, void* privdata) {
     auto& c = *static_cast<Caller*>(privdata);
     auto* r = static_cast<redisReply*>(reply);
     RawClient* self = c.client;
-    if (r == nullptr || r->type != REDIS_REPLY_INTEGER || r->integer != 1) {
+    if (r == nullptr || r->type != REDIS_REPLY_STRING || r->len != 1 || r->str[0] != '1') {
       self->caller_failed(c, r == nullptr ? "no reply to release" : "release did not delete");
       return;
     }
@@ -930,8 +932,8 @@ void BM_RawHiredis(benchmark::State& state, int conc) {
   prepare_run();
   std::uint64_t run = ++g_run;
   // EVALSHA only: the scripts must be in Redis's cache.
-  g_redis->command({"SCRIPT", "LOAD", std::string(lockwatch::detail::acquire_script().source)});
-  g_redis->command({"SCRIPT", "LOAD", std::string(lockwatch::detail::release_script().source)});
+  for (auto id : {lockwatch::detail::ScriptId::kAcquire, lockwatch::detail::ScriptId::kRelease})
+    g_redis->command({"SCRIPT", "LOAD", std::string(lockwatch::detail::script(id).source)});
   Recorder rec;
   RawClient client(conc, run);
   if (!client.error().empty()) {

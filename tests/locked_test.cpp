@@ -283,9 +283,11 @@ TEST_P(LockedTest, OnlyTheOwnerCanReleaseOrRenew) {
   auto held = hold();
   ASSERT_TRUE(started.wait());
   std::string lk = lock_key(k);
-  auto rel = server().command({"EVAL", std::string(detail::release_script().source), "1", lk, "not-the-owner", lk + ":rel"});
-  EXPECT_EQ(rel.integer, -1);
-  auto ren = server().command({"EVAL", std::string(detail::renew_script().source), "1", lk, "not-the-owner", "100"});
+  const std::string release_source(detail::script(detail::ScriptId::kRelease).source);
+  auto rel = server().command({"EVAL", release_source, "1", lk, "p", "not-the-owner", lk + ":rel"});
+  EXPECT_EQ(rel.str, "x");  // someone else's: left alone
+  auto ren = server().command(
+      {"EVAL", std::string(detail::script(detail::ScriptId::kRenew).source), "1", lk, "not-the-owner", "100"});
   EXPECT_EQ(ren.str, "x");  // someone else's: nothing changed
   EXPECT_TRUE(exists(server(), k));
   EXPECT_GT(server().command({"PTTL", lk}).integer, 1000);  // the wrong owner's 100 ms did not apply

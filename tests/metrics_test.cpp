@@ -2,6 +2,7 @@
 // store: parsed as a Prometheus scraper would, and checked against what the
 // test did.
 #include <arpa/inet.h>
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 #include <netinet/in.h>
 #include <pthread.h>

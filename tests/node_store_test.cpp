@@ -35,14 +35,16 @@ std::string counter_of(const std::string& key) { return detail::redis_keys::coun
 struct Want {
   std::string key;    // the user's key; the store's name is lock_key(key)
   std::string token;
+  bool notify = true;  // release(): publish a notice
 };
 
 class NodeStoreTest : public ::testing::Test {
  protected:
-  explicit NodeStoreTest(Options options = {}) : options_(std::move(options)) {
+  explicit NodeStoreTest(Options options = {}, detail::RedisNodeStore::Notices notices = {})
+      : options_(std::move(options)) {
     Endpoint ep;
     ep.port = server_.port();
-    store_ = std::make_unique<detail::RedisNodeStore>(loop_, ep, options_);
+    store_ = std::make_unique<detail::RedisNodeStore>(loop_, ep, options_, notices);
     detail::StoreEvents events;
     events.released = [](std::string_view) {};
     events.subscribed = [](std::string_view) {};
@@ -83,7 +85,8 @@ class NodeStoreTest : public ::testing::Test {
     return *results;
   }
 
-  // Releases each (key, token) in one loop iteration, one release() call each.
+  // Releases each (key, token) in one loop iteration, one release() call
+  // each, with a notice if the Want says so.
   std::vector<Released> release(const std::vector<Want>& locks) {
     auto results = std::make_shared<std::vector<Released>>(locks.size(), Released::kUnconfirmed);
     auto left = std::make_shared<std::size_t>(locks.size());
@@ -93,7 +96,7 @@ class NodeStoreTest : public ::testing::Test {
       for (std::size_t k = 0; k < locks.size(); ++k) {
         const std::string name = lock_key(locks[k].key);
         LockRef ref{name, locks[k].token, "0", 0ms};
-        store_->release(std::span<const LockRef>(&ref, 1), true,
+        store_->release(std::span<const LockRef>(&ref, 1), locks[k].notify,
                         [&all, results, left, k](std::size_t, Released r, const lockwatch::detail::StoreError*) {
                           (*results)[k] = r;
                           if (--*left == 0) all.set_value();
@@ -104,16 +107,16 @@ class NodeStoreTest : public ::testing::Test {
     return *results;
   }
 
-  // Script calls the server has run so far (EVAL and EVALSHA).
-  long long script_calls() {
+  // Calls of `command` (lower case) the server has run so far, commands
+  // run by scripts included.
+  long long calls_of(const std::string& command) {
     auto r = server_.command({"INFO", "commandstats"});
-    long long calls = 0;
-    for (std::string_view cmd : {"cmdstat_evalsha:calls=", "cmdstat_eval:calls="}) {
-      auto at = r.str.find(cmd);
-      if (at != std::string::npos) calls += std::stoll(r.str.substr(at + cmd.size()));
-    }
-    return calls;
+    const std::string field = "cmdstat_" + command + ":calls=";
+    auto at = r.str.find(field);
+    return at == std::string::npos ? 0 : std::stoll(r.str.substr(at + field.size()));
   }
+  // Script calls the server has run so far (EVAL and EVALSHA).
+  long long script_calls() { return calls_of("evalsha") + calls_of("eval"); }
 
   RedisServer server_;
   const Options options_;
@@ -169,10 +172,10 @@ TEST_F(NodeStoreTest, OneCallOfManyLocksIsOneScriptCallWithEachLockAnsweredAlone
   EXPECT_EQ(again[2].status, Acquired::Status::kBusy);
 }
 
-// A lone lock goes through the one-lock script: a fencing counter Redis
-// refuses (the slot's, or the name's old one) fails the acquisition with
-// Redis's error and leaves no lock (the script takes the lock first, then
-// gives it back in the same call) and no counter changed.
+// A lone lock (a batch of one): a fencing counter Redis refuses (the
+// slot's, or the name's old one) fails the acquisition with Redis's error
+// and leaves no lock (the script takes the lock first, then gives it back
+// in the same call) and no counter changed.
 TEST_F(NodeStoreTest, ALoneLockWhoseCounterRedisRefusesFailsAndLeavesNoLock) {
   for (const std::string& counter : {counter_of("alone"), lock_key("alone") + ":fence"}) {
     server_.command({"HSET", counter, "f", "1"});
@@ -231,8 +234,7 @@ TEST_F(NodeStoreTest, ManyNamesLeaveOneCounterPerSlotAndEachNamesTokensRise) {
 }
 
 // An upgrade from per-name counters: a name whose old counter is ahead of
-// its slot's gets tokens above it, alone (the one-lock script) or in a
-// batch; the old counter is then gone, and so are tokens at or below it
+// its slot's gets tokens above it, alone or in a batch; the old counter is then gone, and so are tokens at or below it
 // for any name of the slot.
 TEST_F(NodeStoreTest, AnOldPerNameCounterIsFoldedIntoItsSlotsSoTokensNeverGoBack) {
   // Two names of one slot, and one of another.
@@ -337,6 +339,138 @@ TEST_F(NodeStoreTest, ALockGivenBackAndAskedForInOneIterationIsFreeForTheAsker) 
   EXPECT_EQ(acquired.status, Acquired::Status::kTaken);
   EXPECT_EQ(acquired.fence, 2u);
   EXPECT_EQ(server_.command({"GET", lock_key("passed-on")}).str, "second");
+}
+
+// One result as text, to compare a lone lock's with a batch's (a busy
+// lock's remaining ttl aside: it runs down between the two).
+std::string text_of(const Acquired& a) {
+  switch (a.status) {
+    case Acquired::Status::kTaken: return "taken " + std::to_string(a.fence);
+    case Acquired::Status::kBusy: return a.busy_for > 50s ? "busy" : "busy for " + std::to_string(a.busy_for.count());
+    case Acquired::Status::kFailed: break;
+  }
+  return "failed " + std::to_string(static_cast<int>(a.error.kind)) + " " + a.error.code + " " + a.error.describe();
+}
+
+// What one side of LoneLocksAndABatchOfAHundred... found and left.
+struct Outcome {
+  std::vector<std::string> acquired, released;
+  std::map<std::string, std::string> keys_after_acquire, keys_after_release;  // value, and whether it expires
+  long long publishes = 0;
+  bool operator==(const Outcome&) const = default;
+};
+
+// A hundred locks of every kind the acquire script tells apart: free, held
+// by someone else, a user's key without expiry, an old per-name counter
+// that is no counter or one to fold in, one holding the caller's token
+// already (a retry after a lost reply).
+std::vector<Want> hundred_locks(RedisServer& server) {
+  std::vector<Want> locks;
+  for (int i = 0; i < 100; ++i) {
+    const std::string key = "n:" + std::to_string(i);
+    Want w{key, "tok:" + std::to_string(i), i % 3 != 0};
+    switch (i % 10) {
+      case 5: server.command({"SET", lock_key(key), "someone", "PX", "60000"}); break;
+      case 6: server.command({"SET", lock_key(key), "a user's value"}); break;
+      case 7: server.command({"HSET", lock_key(key) + ":fence", "f", "1"}); break;
+      case 8: server.command({"SET", lock_key(key) + ":fence", std::to_string(1000 + i)}); break;
+      case 9: server.command({"SET", lock_key(key), w.token, "PX", "60000"}); break;
+      default: break;
+    }
+    locks.push_back(w);
+  }
+  return locks;
+}
+
+// Every key with its value (or type) and whether it expires.
+std::map<std::string, std::string> keys_of(RedisServer& server) {
+  std::map<std::string, std::string> out;
+  auto keys = server.command({"KEYS", "*"});
+  for (const auto& e : keys.elements) {
+    const std::string type = server.command({"TYPE", e.str}).str;
+    const std::string value = type == "string" ? server.command({"GET", e.str}).str : type;
+    out[e.str] = value + (server.command({"PTTL", e.str}).integer > 0 ? " expiring" : " persistent");
+  }
+  return out;
+}
+
+// The same hundred locks, taken and given back one call each (a lone lock
+// each time) and then all in one call (a batch of 100), answer the same,
+// leave the same keys, counters and tokens, and publish the same notices:
+// one script, one reply shape.
+TEST_F(NodeStoreTest, LoneLocksAndABatchOfAHundredAnswerAndLeaveTheSame) {
+  Outcome side[2];
+  for (int batch = 0; batch < 2; ++batch) {
+    server_.command({"FLUSHALL"});
+    const std::vector<Want> locks = hundred_locks(server_);
+    Outcome& o = side[batch];
+    std::vector<Acquired> acquired;
+    if (batch) {
+      const long long before = script_calls();
+      acquired = acquire({locks});
+      EXPECT_LE(script_calls() - before, 2);  // one call (EVAL after a NOSCRIPT at most)
+    } else {
+      for (const Want& w : locks) acquired.push_back(acquire({{w}})[0]);
+    }
+    for (const auto& a : acquired) o.acquired.push_back(text_of(a));
+    o.keys_after_acquire = keys_of(server_);
+    const long long publishes = calls_of("publish") + calls_of("spublish");
+    std::vector<Released> released;
+    if (batch) {
+      released = release(locks);
+    } else {
+      for (const Want& w : locks) released.push_back(release({w})[0]);
+    }
+    for (Released r : released) o.released.push_back(std::to_string(static_cast<int>(r)));
+    o.keys_after_release = keys_of(server_);
+    o.publishes = calls_of("publish") + calls_of("spublish") - publishes;
+  }
+  EXPECT_EQ(side[0].acquired, side[1].acquired);
+  EXPECT_EQ(side[0].released, side[1].released);
+  EXPECT_EQ(side[0].keys_after_acquire, side[1].keys_after_acquire);
+  EXPECT_EQ(side[0].keys_after_release, side[1].keys_after_release);
+  EXPECT_EQ(side[0].publishes, side[1].publishes);
+
+  // And what they answered is what each kind of lock calls for.
+  const Outcome& o = side[1];
+  long long notices = 0;
+  for (int i = 0; i < 100; ++i) {
+    const std::string& a = o.acquired[static_cast<std::size_t>(i)];
+    const bool ours = i % 10 < 5 || i % 10 >= 8;
+    switch (i % 10) {
+      case 5: EXPECT_EQ(a, "busy") << i; break;
+      case 6: EXPECT_NE(a.find("LOCKWATCH " + lock_key("n:" + std::to_string(i)) + " exists without expiry"),
+                        std::string::npos) << a; break;
+      case 7: EXPECT_NE(a.find("WRONGTYPE"), std::string::npos) << a;
+              EXPECT_NE(a.find("is not a fencing counter"), std::string::npos) << a; break;
+      case 8: EXPECT_EQ(a, "taken " + std::to_string(1001 + i)) << i; break;
+      default: EXPECT_EQ(a.rfind("taken ", 0), 0u) << i << ": " << a; break;
+    }
+    const Released r = static_cast<Released>(std::stoi(o.released[static_cast<std::size_t>(i)]));
+    EXPECT_EQ(r, ours ? Released::kYes : i % 10 == 7 ? Released::kGone : Released::kTakenByOther) << i;
+    notices += ours && i % 3 != 0;
+  }
+  EXPECT_EQ(o.publishes, notices) << "a release told only when it took the lock away and notify was asked for";
+  EXPECT_GT(notices, 0);
+}
+
+class NodeStoreShardedTest : public NodeStoreTest {
+ protected:
+  NodeStoreShardedTest() : NodeStoreTest({}, detail::RedisNodeStore::Notices::kSharded) {}
+};
+
+// A store of a Redis Cluster's node tells releases with SPUBLISH, alone
+// or in a batch; never a classic PUBLISH (which a cluster broadcasts).
+TEST_F(NodeStoreShardedTest, ReleasesAloneOrInABatchAreToldBySpublish) {
+  std::vector<Want> locks;
+  for (int i = 0; i < 10; ++i) locks.push_back({"s:" + std::to_string(i), "tok", i != 3});
+  for (const auto& a : acquire({locks})) ASSERT_EQ(a.status, Acquired::Status::kTaken);
+  const long long spublish = calls_of("spublish");
+  EXPECT_EQ(release({locks[0]})[0], Released::kYes);
+  EXPECT_EQ(release({locks[3]})[0], Released::kYes);  // no notice asked for
+  for (Released r : release(std::vector<Want>(locks.begin() + 4, locks.end()))) EXPECT_EQ(r, Released::kYes);
+  EXPECT_EQ(calls_of("spublish") - spublish, 7);
+  EXPECT_EQ(calls_of("publish"), 0);
 }
 
 TEST_F(NodeStoreTest, RequestsQueuedWhenTheStoreClosesAreEachAnsweredOnceWithAnError) {

@@ -1,7 +1,11 @@
 // Pure logic: URL parsing, option checks, key patterns, script names.
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 
+#include <cstdint>
+#include <limits>
 #include <set>
+#include <string_view>
 
 #include "lockwatch/lockwatch.hpp"
 #include "core/timing.hpp"
@@ -102,9 +106,73 @@ TEST(KeyPatternTest, FormatsReferencedArguments) {
   EXPECT_EQ(auto_index.key_for(1, 2), "a1b2");
   auto braces = LOCKED("{{lit}}:{0}", 1s, 0)[](int) {};
   EXPECT_EQ(braces.key_for(3), "{lit}:3");
-  // An unformattable argument is fine while the pattern does not use it.
+  auto twice = LOCKED("}}{1}{{{0}}}{1}", 1s, 0)[](int, int) {};
+  EXPECT_EQ(twice.key_for(1, 2), "}2{1}2");
+  // An argument of any type is fine while the pattern does not use it.
   auto opaque = LOCKED("job:{0}", 1s, 0)[](int, Opaque) {};
   EXPECT_EQ(opaque.key_for(5, Opaque{}), "job:5");
+}
+
+enum Plain { kPlainThree = 3 };
+enum class Level : std::uint8_t { kLow = 0, kHigh = 200 };
+
+TEST(KeyPatternTest, WritesEveryKindOfKeyPart) {
+  auto numbers = LOCKED("{}|{}|{}|{}|{}|{}", 1s, 0)[](int, std::int64_t, std::uint64_t, signed char, Plain, Level) {};
+  EXPECT_EQ(numbers.key_for(-7, std::numeric_limits<std::int64_t>::min(), std::numeric_limits<std::uint64_t>::max(),
+                            static_cast<signed char>(-3), kPlainThree, Level::kHigh),
+            "-7|-9223372036854775808|18446744073709551615|-3|3|200");
+  auto others = LOCKED("{}|{}|{}|{}|{}|{}|{}", 1s, 0)[](bool, bool, char, double, float, const char*,
+                                                         std::string_view) {};
+  EXPECT_EQ(others.key_for(true, false, 'x', 0.1, 0.1F, "c", std::string_view("sv")), "true|false|x|0.1|0.1|c|sv");
+  const char name[] = "array";
+  auto array = locked("{0}", 1s, 0)([](const char*) {});
+  EXPECT_EQ(array.key_for(name), "array");
+}
+
+}  // namespace
+}  // namespace lockwatch
+
+// lockwatch_key, found by argument-dependent lookup in the type's namespace.
+namespace shop {
+struct Sku {
+  int id;
+};
+std::string lockwatch_key(const Sku& s) { return "sku-" + std::to_string(s.id); }
+enum class Color { kRed, kBlue };
+const char* lockwatch_key(Color c) { return c == Color::kRed ? "red" : "blue"; }
+struct Named {
+  std::string name;
+};
+const std::string& lockwatch_key(const Named& n) { return n.name; }
+}  // namespace shop
+
+namespace lockwatch {
+namespace {
+
+TEST(KeyPatternTest, TypesSpellThemselvesWithLockwatchKey) {
+  auto f = LOCKED("{}:{}:{}", 1s, 0)[](shop::Sku, shop::Color, const shop::Named&) {};
+  EXPECT_EQ(f.key_for(shop::Sku{42}, shop::Color::kBlue, shop::Named{"north"}), "sku-42:blue:north");
+  // A long one, returned by value, outlives the call that made it.
+  EXPECT_EQ(f.key_for(shop::Sku{1234567890}, shop::Color::kRed, shop::Named{std::string(40, 'n')}),
+            "sku-1234567890:red:" + std::string(40, 'n'));
+}
+
+// Keys name locks across processes, some of them on earlier lockwatch
+// versions (whose keys fmt's "{}" spelled): numbers must read the same.
+TEST(KeyPatternTest, NumbersAreSpelledAsBefore) {
+  auto d = LOCKED("{}", 1s, 0)[](double) {};
+  for (double v : {0.0, -0.0, 0.1, 1.0 / 3, 19.99, 1e-4, 1.5e-5, 1e-5, 123456.789, 1e15, 9.999999999999998e15, 1e16,
+                   1.5e16, 1e100, -2.5e-300, 5e-324, std::numeric_limits<double>::max(),
+                   std::numeric_limits<double>::infinity(), -std::numeric_limits<double>::infinity(),
+                   std::numeric_limits<double>::quiet_NaN()}) {
+    EXPECT_EQ(d.key_for(v), fmt::format("{}", v)) << v;
+  }
+  auto f = LOCKED("{}", 1s, 0)[](float) {};
+  for (float v : {0.1F, 1e-5F, 3.4028235e38F, 16777216.0F, 1e16F}) EXPECT_EQ(f.key_for(v), fmt::format("{}", v)) << v;
+  auto i = LOCKED("{}", 1s, 0)[](long long) {};
+  for (long long v : {0LL, -1LL, std::numeric_limits<long long>::min(), std::numeric_limits<long long>::max()}) {
+    EXPECT_EQ(i.key_for(v), fmt::format("{}", v));
+  }
 }
 
 TEST(KeyPatternTest, RuntimePatternsReportErrorsAsInvalidArgument) {
@@ -113,8 +181,17 @@ TEST(KeyPatternTest, RuntimePatternsReportErrorsAsInvalidArgument) {
   EXPECT_THROW(missing.key_for(1), InvalidArgument);
   auto opaque = locked(std::string("job:{1}"), 1s, 0)([](int, Opaque) {});
   EXPECT_THROW(opaque.key_for(1, Opaque{}), InvalidArgument);
-  auto broken = locked(std::string("job:{0"), 1s, 0)([](int) {});
-  EXPECT_THROW(broken.key_for(1), InvalidArgument);
+  try {
+    opaque.key_for(1, Opaque{});
+  } catch (const InvalidArgument& e) {
+    EXPECT_NE(std::string(e.what()).find("lockwatch_key"), std::string::npos) << e.what();
+  }
+  for (const char* bad : {"job:{0", "job:0}", "job:{id}", "job:{0:x}", "job:{}:{0}", "job:{0}:{}", "job:{}:{}"}) {
+    auto broken = locked(std::string(bad), 1s, 0)([](int) {});
+    EXPECT_THROW(broken.key_for(1), InvalidArgument) << bad;
+  }
+  auto null_string = locked("job:{0}", 1s, 0)([](const char*) {});
+  EXPECT_THROW(null_string.key_for(static_cast<const char*>(nullptr)), InvalidArgument);
 }
 
 TEST(KeyPatternTest, MemberFunctionKeysSkipTheObject) {

@@ -1,5 +1,6 @@
 // Scheduled jobs on the in-memory store: the cron parser, one leader per
 // job, periods on the store's clock, misfires, errors, lease loss.
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 #include <pthread.h>
 

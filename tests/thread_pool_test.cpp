@@ -23,7 +23,6 @@ namespace lockwatch {
 namespace {
 
 using namespace std::chrono_literals;
-using detail::UniqueFunction;
 
 // Every wait is bounded so that a bug fails the test instead of hanging it.
 constexpr auto kWaitLimit = 10s;

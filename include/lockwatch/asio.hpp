@@ -155,8 +155,8 @@ auto async_lock_spec(Runtime& runtime, LockSpec spec, CompletionToken&& token) {
         connect_cancel(handler, cancel);
         auto done = std::make_shared<Done>(std::move(handler));
         try {
-          cancel->set(rt->dispatch_acquire(
-              std::move(spec), [done](std::exception_ptr e, LockHandle h) { done->complete(e, std::move(h)); }));
+          cancel->set(DispatchAccess::dispatch_acquire(
+              *rt, std::move(spec), [done](std::exception_ptr e, LockHandle h) { done->complete(e, std::move(h)); }));
         } catch (...) {
           // Refused before anything started (InvalidArgument,
           // RuntimeStopped): through the handler, on its executor.

@@ -22,7 +22,8 @@ class Error : public std::runtime_error {
 // A caller passed something lockwatch cannot use: an empty or oversized key,
 // a ttl that is not positive or too short for the wheel's tick, a renewal
 // weight outside (0, 1), a negative retry count, a malformed URL, a key
-// pattern referring to an argument that is missing or cannot be formatted.
+// pattern that is malformed or refers to an argument that is missing or
+// cannot be a key part.
 class InvalidArgument : public Error {
  public:
   using Error::Error;

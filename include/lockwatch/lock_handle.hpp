@@ -24,7 +24,8 @@ namespace lockwatch {
 
 namespace detail {
 struct HandleState;
-}
+struct HandleAccess;
+}  // namespace detail
 
 class LockHandle {
  public:
@@ -55,7 +56,7 @@ class LockHandle {
   auto async_release(CompletionToken&& token);
 
  private:
-  friend struct HandleAccess;
+  friend struct detail::HandleAccess;
   explicit LockHandle(std::shared_ptr<detail::HandleState> state) noexcept : state_(std::move(state)) {}
   std::shared_ptr<detail::HandleState> state_;
 };

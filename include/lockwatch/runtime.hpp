@@ -81,6 +81,7 @@ class Call {
 };
 
 struct RuntimeAccess;
+struct DispatchAccess;
 struct HandleCall;
 
 }  // namespace detail
@@ -157,14 +158,6 @@ class Runtime {
   const Options& options() const noexcept;
   ThreadPool& pool() noexcept;
 
-  // Used by LOCKED. Validates the spec (throws InvalidArgument or
-  // RuntimeStopped before anything starts), then acquires the lock and runs
-  // the call on the pool. A call made from inside another locked call runs
-  // inline on the calling thread instead, and dispatch() returns only when
-  // it has finished; on a key the enclosing calls hold it is reentrant and
-  // does not touch Redis.
-  void dispatch(detail::LockSpec spec, std::shared_ptr<detail::Call> call);
-
   // Takes the lock for `key` outside LOCKED: the future holds a LockHandle
   // once acquired (renewed by the watchdog until released), or the error
   // (LockNotAcquired after `wait`, ConnectionError, ...). Throws
@@ -185,9 +178,6 @@ class Runtime {
   // is not reentrant with it.
   AcquireTicket acquire(std::string key, std::chrono::milliseconds ttl, Retries retries,
                         std::chrono::milliseconds wait, AcquireHandler handler);
-  // What lockwatch/asio.hpp's LOCKED uses: the same, from a spec (its
-  // renewal weight included).
-  AcquireTicket dispatch_acquire(detail::LockSpec spec, AcquireHandler handler);
 
   // Operators' tools (the `lockwatch status` and `release --force`
   // commands). inspect() says what the store holds for `key`;
@@ -218,8 +208,32 @@ class Runtime {
 
  private:
   friend struct detail::RuntimeAccess;
+  friend struct detail::DispatchAccess;
   explicit Runtime(std::shared_ptr<Impl> impl) noexcept : impl_(std::move(impl)) {}
+  // Used by LOCKED. Validates the spec (throws InvalidArgument or
+  // RuntimeStopped before anything starts), then acquires the lock and runs
+  // the call on the pool. A call made from inside another locked call runs
+  // inline on the calling thread instead, and dispatch() returns only when
+  // it has finished; on a key the enclosing calls hold it is reentrant and
+  // does not touch Redis.
+  void dispatch(detail::LockSpec spec, std::shared_ptr<detail::Call> call);
+  // What lockwatch/asio.hpp's LOCKED uses: acquire() with a handler, from a
+  // spec (its renewal weight included).
+  AcquireTicket dispatch_acquire(detail::LockSpec spec, AcquireHandler handler);
   std::shared_ptr<Impl> impl_;  // lock handles keep a weak reference
 };
+
+namespace detail {
+// How LOCKED and lockwatch/asio.hpp, which live in headers, reach the
+// runtime's entry points that take lockwatch's internal types.
+struct DispatchAccess {
+  static void dispatch(Runtime& rt, LockSpec spec, std::shared_ptr<Call> call) {
+    rt.dispatch(std::move(spec), std::move(call));
+  }
+  static AcquireTicket dispatch_acquire(Runtime& rt, LockSpec spec, AcquireHandler handler) {
+    return rt.dispatch_acquire(std::move(spec), std::move(handler));
+  }
+};
+}  // namespace detail
 
 }  // namespace lockwatch

@@ -30,11 +30,10 @@
 
 namespace lockwatch {
 
-namespace detail {
-
 // A move-only `void()` callable, like C++23's std::move_only_function<void()>:
 // unlike std::function it accepts callables that capture move-only state
-// (std::unique_ptr, std::packaged_task, std::promise).
+// (std::unique_ptr, std::packaged_task, std::promise). ThreadPool::post takes
+// one; any such callable converts to it.
 //
 // Callables up to kInlineSize bytes whose move constructor is noexcept live
 // inside the object; others are kept on the heap. Moving a UniqueFunction
@@ -147,8 +146,6 @@ class UniqueFunction {
   const Ops* ops_ = nullptr;
 };
 
-}  // namespace detail
-
 // Fixed-size pool of worker threads running posted tasks in FIFO order: tasks
 // start in the order they were posted (with one thread they also finish in
 // that order). The threads start in the constructor and live until
@@ -184,7 +181,7 @@ class ThreadPool {
   // An exception thrown by a posted task is caught and dropped so that it
   // cannot take the worker (and the process) down; use submit() when the
   // caller needs to see it.
-  void post(detail::UniqueFunction task);
+  void post(UniqueFunction task);
 
   // Queues `f` and returns a future for its result; an exception thrown by
   // `f` is stored in the future. Throws like post() (synchronously, with no

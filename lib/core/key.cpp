@@ -1,3 +1,5 @@
+// What lockwatch/locked.hpp leaves to the library: the messages of key
+// patterns found faulty at run time, and of the builder's checks.
 #include <fmt/format.h>
 
 #include "lockwatch/errors.hpp"
@@ -5,18 +7,48 @@
 
 namespace lockwatch::detail {
 
-void key_pattern_refers_to_an_argument_that_cannot_be_formatted(std::size_t index) {
-  throw InvalidArgument(fmt::format("key pattern refers to argument {}, whose type has no fmt::formatter", index));
+namespace {
+std::string what_is_wrong(KeyPatternFault f, std::size_t args, const char* type_name) {
+  switch (f.error) {
+    case KeyPatternError::kNone: break;
+    case KeyPatternError::kUnclosedBrace:
+      return fmt::format("the '{{' at offset {} has no '}}' (a literal one is written '{{{{')", f.offset);
+    case KeyPatternError::kLoneClosingBrace:
+      return fmt::format("the '}}' at offset {} closes no field (a literal one is written '}}}}')", f.offset);
+    case KeyPatternError::kBadField:
+      return fmt::format("the field at offset {} is neither {{}} nor {{N}}, N an argument's index", f.offset);
+    case KeyPatternError::kFormatSpec:
+      return fmt::format("the field at offset {} has a format spec, which key patterns do not take", f.offset);
+    case KeyPatternError::kMixedIndexing:
+      return fmt::format("the field at offset {} mixes {{N}} and {{}} fields in one pattern", f.offset);
+    case KeyPatternError::kNoSuchArgument:
+      return fmt::format("the field at offset {} refers to argument {}, and the call has {}", f.offset, f.index,
+                         args);
+    case KeyPatternError::kNotAKeyPart:
+      return fmt::format(
+          "the field at offset {} refers to argument {}, of type {}, which cannot be a key part; give the type a "
+          "lockwatch_key() or use a key function",
+          f.offset, f.index, type_name);
+  }
+  return "unknown fault";
+}
+}  // namespace
+
+void throw_bad_key_pattern(std::string_view pattern, KeyPatternFault fault, std::size_t args,
+                           const char* type_name) {
+  throw InvalidArgument(fmt::format("bad key pattern '{}': {}", pattern, what_is_wrong(fault, args, type_name)));
 }
 
-void throw_unformattable_key_argument(const char* type_name) {
-  throw InvalidArgument(fmt::format(
-      "key pattern refers to an argument of type {} that has no fmt::formatter; give it one or use a key function",
-      type_name));
+void throw_null_key_string() { throw InvalidArgument("a key pattern refers to a null const char* argument"); }
+
+void check_builder_ttl(std::chrono::milliseconds ttl) {
+  if (ttl <= std::chrono::milliseconds(0)) {
+    throw InvalidArgument(fmt::format("ttl must be positive, got {} ms", ttl.count()));
+  }
 }
 
-void throw_bad_key_pattern(std::string_view pattern, const char* why) {
-  throw InvalidArgument(fmt::format("bad key pattern '{}': {}", pattern, why));
+void check_renew_weight(double w) {
+  if (!(w > 0 && w < 1)) throw InvalidArgument(fmt::format("renewal weight must be in (0, 1), got {}", w));
 }
 
 }  // namespace lockwatch::detail

@@ -21,7 +21,7 @@ namespace lockwatch {
 struct ThreadPool::State {
   std::mutex mutex_;
   std::condition_variable wake_;
-  std::deque<detail::UniqueFunction> queue_;  // guarded by mutex_
+  std::deque<UniqueFunction> queue_;  // guarded by mutex_
   bool stopping_ = false;                     // guarded by mutex_
   // Written under mutex_, read without it by a polling worker.
   std::atomic<std::size_t> queued_{0};
@@ -122,7 +122,7 @@ ThreadPool::~ThreadPool() {
   state_->join_all_but_self();
 }
 
-void ThreadPool::post(detail::UniqueFunction task) {
+void ThreadPool::post(UniqueFunction task) {
   if (!task) throw InvalidArgument("ThreadPool::post: empty task");
   {
     std::lock_guard lock(state_->mutex_);
@@ -149,7 +149,7 @@ bool ThreadPool::on_pool_thread() noexcept { return t_current_pool != nullptr; }
 void ThreadPool::run_worker(std::shared_ptr<State> state) {
   t_current_pool = state.get();
   for (;;) {
-    detail::UniqueFunction task;
+    UniqueFunction task;
     if (state->queued_.load(std::memory_order_relaxed) == 0) state->poll_for_work();
     {
       std::unique_lock lock(state->mutex_);

@@ -114,10 +114,8 @@ struct Acquisition final : TimerTask {
   void run(Timeout) noexcept override;  // the wait deadline
 };
 
-}  // namespace lockwatch::detail
-
-namespace lockwatch {
 struct HandleAccess {
-  static LockHandle make(std::shared_ptr<detail::HandleState> state) { return LockHandle(std::move(state)); }
+  static LockHandle make(std::shared_ptr<HandleState> state) { return LockHandle(std::move(state)); }
 };
-}  // namespace lockwatch
+
+}  // namespace lockwatch::detail

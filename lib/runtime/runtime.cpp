@@ -3,6 +3,7 @@
 // wheel_clock; the store behind them: store/.
 #include <fmt/format.h>
 
+#include "lockwatch/locked.hpp"
 #include "core/error_values.hpp"
 #include "runtime/store_errors.hpp"
 #include "store/capabilities.hpp"
@@ -105,8 +106,7 @@ void Runtime::Impl::validate(detail::LockSpec& spec) const {
   if (spec.wait < milliseconds(0) || spec.wait > max_wait)
     throw InvalidArgument(fmt::format("wait must be 0 .. {} ms (7 days), got {} ms", max_wait.count(), spec.wait.count()));
   if (spec.renew_weight == 0) spec.renew_weight = options.renew_weight;
-  if (!(spec.renew_weight > 0 && spec.renew_weight < 1))
-    throw InvalidArgument(fmt::format("renewal weight must be in (0, 1), got {}", spec.renew_weight));
+  detail::check_renew_weight(spec.renew_weight);
   // The renewal fires at ttl*weight (or earlier, see renew_after), up to a
   // tick early, and must be confirmed before the local deadline (ttl - drift),
   // which is judged up to a tick late.
@@ -320,7 +320,7 @@ void Runtime::Impl::start_lease(const std::shared_ptr<Acquisition>& a, const std
     a->handle->set_lease(l);
     // The handle lives only in what `complete` keeps (dropped with it, so
     // a future dropped unread releases the lock with it).
-    a->handle->deliver(nullptr, HandleAccess::make(l));
+    a->handle->deliver(nullptr, detail::HandleAccess::make(l));
   } else if (a->inline_run) {
     a->granted.set_value(l);
   } else {

@@ -57,9 +57,9 @@ struct Runtime::Impl final : std::enable_shared_from_this<Runtime::Impl>, detail
   detail::JobClaims& job_claims() override;
   void check_lease(detail::LockSpec& spec) const override;
   detail::Events& job_events() noexcept override { return events; }
-  bool post(detail::UniqueFunction task) override { return loop.post(std::move(task)); }
+  bool post(UniqueFunction task) override { return loop.post(std::move(task)); }
   AcquireTicket acquire(detail::LockSpec spec, AcquireHandler handler) override;
-  void run_on_pool(detail::UniqueFunction work) override { pool.post(std::move(work)); }
+  void run_on_pool(UniqueFunction work) override { pool.post(std::move(work)); }
   Timeout at(TimerTask& task, Clock::time_point when) override { return clock.at(task, when); }
   void with_lease(const Lease& lease, const std::function<void()>& body) override;
   std::string owner_token(const Lease& lease) const override;

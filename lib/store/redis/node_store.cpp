@@ -3,7 +3,6 @@
 #include <fmt/format.h>
 
 #include <algorithm>
-#include <charconv>
 #include <cstdlib>
 #include <deque>
 #include <iterator>
@@ -17,27 +16,12 @@ namespace lockwatch::detail {
 
 namespace {
 
-long long integer_at(const redisReply* r, std::size_t i) {
-  if (r == nullptr || r->type != REDIS_REPLY_ARRAY || r->elements <= i) return 0;
-  const redisReply* e = r->element[i];
-  return e->type == REDIS_REPLY_INTEGER ? e->integer : 0;
-}
-
 std::string string_at(const redisReply* r, std::size_t i) {
   if (r == nullptr || r->type != REDIS_REPLY_ARRAY || r->elements <= i) return {};
   const redisReply* e = r->element[i];
   if (e->type == REDIS_REPLY_STRING || e->type == REDIS_REPLY_STATUS) return std::string(e->str, e->len);
   if (e->type == REDIS_REPLY_INTEGER) return std::to_string(e->integer);
   return {};
-}
-
-// The decimal number `text` holds (0 if none), without a copy: one per lock
-// of an acquisition batch's reply.
-template <class T>
-T number_in(std::string_view text) {
-  T v = 0;
-  std::from_chars(text.data(), text.data() + text.size(), v);
-  return v;
 }
 
 long long to_ll(const std::string& s) { return s.empty() ? 0 : std::strtoll(s.c_str(), nullptr, 10); }
@@ -114,11 +98,11 @@ void RedisNodeStore::acquire(std::span<const LockRef> locks, AcquireDone done) {
   auto shared_done = std::make_shared<AcquireDone>(std::move(done));
   for (std::size_t i = 0; i < locks.size(); ++i) {
     const LockRef& l = locks[i];
+    QueuedAcquire a{std::string(l.name), std::string(l.token), std::string(l.ttl_ms), i, shared_done};
     if (batching_) {
-      acquire_batch_.push_back(
-          QueuedAcquire{std::string(l.name), std::string(l.token), std::string(l.ttl_ms), i, shared_done});
+      acquire_batch_.push_back(std::move(a));
     } else {
-      acquire_one(std::string(l.name), std::string(l.token), std::string(l.ttl_ms), i, shared_done);
+      send_acquire_batch({std::move(a)}, false);
     }
   }
   if (batching_) want_batch();
@@ -133,7 +117,7 @@ void RedisNodeStore::release(std::span<const LockRef> locks, bool notify, Releas
     if (batching_) {
       release_batch_.push_back(std::move(r));
     } else {
-      release_one(std::move(r));
+      send_release_batch({std::move(r)}, false);
     }
   }
   if (batching_) want_batch();
@@ -195,12 +179,7 @@ void RedisNodeStore::batch_answered() {
   if (!release_batch_.empty() || !acquire_batch_.empty()) send_batches();
 }
 
-void RedisNodeStore::send_acquire_batch(std::vector<QueuedAcquire> batch) {
-  if (batch.size() == 1) {
-    QueuedAcquire& a = batch.front();
-    acquire_one(std::move(a.name), std::move(a.token), std::move(a.ttl_ms), a.index, std::move(a.done), true);
-    return;
-  }
+void RedisNodeStore::send_acquire_batch(std::vector<QueuedAcquire> batch, bool counted) {
   std::vector<std::string> args;
   args.reserve(5 * batch.size());
   for (const auto& a : batch) {
@@ -208,103 +187,41 @@ void RedisNodeStore::send_acquire_batch(std::vector<QueuedAcquire> batch) {
     args.push_back(redis_keys::counter(options_.key_prefix, a.name));
     args.push_back(redis_keys::legacy_fence(a.name));
   }
-  for (const auto& a : batch) {
+  for (auto& a : batch) {
     args.push_back(a.token);
-    args.push_back(a.ttl_ms);
+    args.push_back(std::move(a.ttl_ms));
   }
   const int num_keys = static_cast<int>(3 * batch.size());
-  for_acquire().eval(acquire_batch_script(), std::move(args), num_keys,
-              [this, batch = std::move(batch)](const redisReply* r, const StoreError* err) mutable {
-                batch_answered();
-                StoreError unexpected;
-                if (err == nullptr && (r == nullptr || r->type != REDIS_REPLY_STRING)) {
-                  unexpected = StoreError::refused(conn_->name(), "unexpected reply to the acquire script");
-                  err = &unexpected;
-                }
-                std::string_view rest = err ? std::string_view() : std::string_view(r->str, r->len);
-                for (auto& a : batch) {
-                  Acquired out;
-                  std::string_view entry = rest.substr(0, rest.find(' '));
-                  rest.remove_prefix(std::min(rest.size(), entry.size() + 1));
-                  if (err) {
-                    out.error = *err;
-                  } else if (entry.size() > 1 && entry[0] == 't') {
-                    out.status = Acquired::Status::kTaken;
-                    out.fence = number_in<std::uint64_t>(entry.substr(1));
-                  } else if (entry.size() > 1 && entry[0] == 'b') {
-                    out.status = Acquired::Status::kBusy;
-                    out.busy_for = std::chrono::milliseconds(number_in<long long>(entry.substr(1)));
-                  } else if (entry == "n") {
-                    out.error = StoreError::refused(conn_->name(),
-                                                    "LOCKWATCH " + a.name + " exists without expiry: not a lockwatch lock");
-                    out.error.code = "LOCKWATCH";
-                  } else if (entry == "e" || entry == "o") {
-                    const std::string counter = entry == "e" ? redis_keys::counter(options_.key_prefix, a.name)
-                                                             : redis_keys::legacy_fence(a.name);
-                    out.error = StoreError::refused(conn_->name(), "LOCKWATCH " + counter + " is not a fencing counter");
-                    out.error.code = "LOCKWATCH";
-                  } else {
-                    out.error = StoreError::refused(conn_->name(), "unexpected reply to the acquire script");
-                  }
-                  acquired(std::move(out), std::move(a.name), std::move(a.token), a.index, std::move(a.done));
-                }
-              });
+  RedisConnection& c = with_asking(for_acquire());
+  c.eval(script(ScriptId::kAcquire), std::move(args), num_keys,
+         [this, &c, counted, batch = std::move(batch)](const redisReply* r, const StoreError* err) mutable {
+           if (counted) batch_answered();
+           AcquireReply reply(r, err, batch.size(), c.name());
+           for (auto& a : batch)
+             acquired(reply.next(), std::move(a.name), std::move(a.token), a.index, std::move(a.done));
+         });
 }
 
-void RedisNodeStore::send_release_batch(std::vector<QueuedRelease> batch) {
-  if (batch.size() == 1) {
-    release_one(std::move(batch.front()), true);
-    return;
-  }
+void RedisNodeStore::send_release_batch(std::vector<QueuedRelease> batch, bool counted) {
   std::vector<std::string> args;
-  args.reserve(3 * batch.size());
+  args.reserve(1 + 3 * batch.size());
   for (const auto& r : batch) args.push_back(r.name);
+  args.push_back(notice());
   for (auto& r : batch) {
     args.push_back(std::move(r.token));
     args.push_back(std::move(r.channel));
   }
   const int num_keys = static_cast<int>(batch.size());
-  conn_->eval(release_batch_script(), std::move(args), num_keys,
-              [this, batch = std::move(batch)](const redisReply* r, const StoreError* err) {
-                batch_answered();
-                StoreError unexpected;
-                if (err == nullptr && (r == nullptr || r->type != REDIS_REPLY_STRING || r->len != batch.size())) {
-                  unexpected = StoreError::refused(conn_->name(), "unexpected reply to the release script");
-                  err = &unexpected;
-                }
-                for (std::size_t k = 0; k < batch.size(); ++k) {
-                  const QueuedRelease& q = batch[k];
-                  if (err != nullptr) {
-                    (*q.done)(q.index, Released::kUnconfirmed, err);
-                    continue;
-                  }
-                  const char c = r->str[k];
-                  (*q.done)(q.index, c == '1' ? Released::kYes : c == '0' ? Released::kGone : Released::kTakenByOther,
-                            nullptr);
-                }
-              });
-}
-
-void RedisNodeStore::acquire_one(std::string name, std::string token, std::string ttl_ms, std::size_t index,
-                                 std::shared_ptr<AcquireDone> done, bool in_batch) {
-  std::vector<std::string> args{name, redis_keys::counter(options_.key_prefix, name), redis_keys::legacy_fence(name),
-                                token, std::move(ttl_ms)};
-  with_asking(for_acquire()).eval(acquire_script(), std::move(args), 3,
-              [this, index, in_batch, done = std::move(done), name = std::move(name), token = std::move(token)](
-                  const redisReply* r, const StoreError* err) mutable {
-                if (in_batch) batch_answered();
-                Acquired out;
-                if (err) {
-                  out.error = *err;
-                } else if (integer_at(r, 0) == 1) {
-                  out.status = Acquired::Status::kTaken;
-                  out.fence = static_cast<std::uint64_t>(integer_at(r, 1));
-                } else {
-                  out.status = Acquired::Status::kBusy;
-                  out.busy_for = std::chrono::milliseconds(integer_at(r, 1));
-                }
-                acquired(std::move(out), std::move(name), std::move(token), index, std::move(done));
-              });
+  with_asking(*conn_).eval(script(ScriptId::kRelease), std::move(args), num_keys,
+                           [this, counted, batch = std::move(batch)](const redisReply* r, const StoreError* err) {
+                             if (counted) batch_answered();
+                             ReleaseReply reply(r, err, batch.size(), conn_->name());
+                             for (const QueuedRelease& q : batch) {
+                               const StoreError* why = nullptr;
+                               const Released status = reply.next(&why);
+                               (*q.done)(q.index, status, why);
+                             }
+                           });
 }
 
 void RedisNodeStore::acquired(Acquired out, std::string name, std::string token, std::size_t index,
@@ -314,19 +231,6 @@ void RedisNodeStore::acquired(Acquired out, std::string name, std::string token,
     return;
   }
   wait_for_replicas(std::move(name), std::move(token), out, index, std::move(done));
-}
-
-void RedisNodeStore::release_one(QueuedRelease q, bool in_batch) {
-  with_asking(*conn_).eval(release_script(), {std::move(q.name), std::move(q.token), std::move(q.channel), notice()}, 1,
-              [this, in_batch, index = q.index, done = std::move(q.done)](const redisReply* r, const StoreError* err) {
-                if (in_batch) batch_answered();
-                if (err) {
-                  (*done)(index, Released::kUnconfirmed, err);
-                  return;
-                }
-                long long v = r->type == REDIS_REPLY_INTEGER ? r->integer : 0;
-                (*done)(index, v == 1 ? Released::kYes : v < 0 ? Released::kTakenByOther : Released::kGone, nullptr);
-              });
 }
 
 void RedisNodeStore::wait_for_replicas(std::string name, std::string token, Acquired taken, std::size_t index,
@@ -350,7 +254,7 @@ void RedisNodeStore::wait_for_replicas(std::string name, std::string token, Acqu
                                                       fmt::format("the lock write reached {} of the {} replicas required",
                                                                   acks, options_.min_replicas));
         // Give the lock back before the caller hears of the failure.
-        for_acquire().eval(release_script(), {name, token, std::string()}, 1,
+        for_acquire().eval(script(ScriptId::kRelease), {name, notice(), token, std::string()}, 1,
                     [index, done, failed](const redisReply*, const StoreError*) { (*done)(index, failed); });
       });
 }
@@ -367,29 +271,13 @@ std::size_t RedisNodeStore::renew(std::span<const LockRef> locks, std::shared_pt
     renew_args_.push_back(l.token);
     renew_args_.push_back(l.ttl_ms);
   }
-  renew_->eval_views(renew_script(), renew_args_, static_cast<int>(n), std::move(keepalive),
+  renew_->eval_views(script(ScriptId::kRenew), renew_args_, static_cast<int>(n), std::move(keepalive),
                      [this, n, done = std::move(done)](const redisReply* r, const StoreError* err) {
-                       StoreError unexpected;
-                       if (err == nullptr && (r->type != REDIS_REPLY_STRING || r->len != n)) {
-                         unexpected = StoreError::refused(renew_->name(), "unexpected reply to the renewal script");
-                         err = &unexpected;
-                       }
-                       StoreError refused;
+                       RenewReply reply(r, err, n, renew_->name());
                        for (std::size_t k = 0; k < n; ++k) {
-                         if (err != nullptr) {
-                           done(k, Renewed::kTransient, err);
-                           continue;
-                         }
-                         switch (r->str[k]) {
-                           case '1': done(k, Renewed::kYes, nullptr); break;
-                           case '0': done(k, Renewed::kGone, nullptr); break;
-                           case 'x': done(k, Renewed::kTakenByOther, nullptr); break;
-                           default:
-                             if (refused.message.empty())
-                               refused = StoreError::refused(renew_->name(), "Redis refused the renewal");
-                             done(k, Renewed::kTransient, &refused);
-                             break;
-                         }
+                         const StoreError* why = nullptr;
+                         const Renewed status = reply.next(&why);
+                         done(k, status, why);
                        }
                      });
   renew_args_.clear();
@@ -403,8 +291,12 @@ void RedisNodeStore::raise_fence(std::string_view name, std::uint64_t fence, Rai
 
 void RedisNodeStore::raise_fence_or_error(std::string_view name, std::uint64_t fence,
                                           std::function<void(const StoreError*)> done) {
-  with_asking(*conn_).eval(raise_fence_script(), {redis_keys::counter(options_.key_prefix, name), std::to_string(fence)}, 1,
-              [done = std::move(done)](const redisReply*, const StoreError* err) { done(err); });
+  with_asking(*conn_).eval(script(ScriptId::kRaiseFence),
+                           {redis_keys::counter(options_.key_prefix, name), std::to_string(fence)}, 1,
+                           [this, done = std::move(done)](const redisReply* r, const StoreError* err) {
+                             const auto failed = read_raise_fence(r, err, conn_->name());
+                             done(failed ? &*failed : nullptr);
+                           });
 }
 
 void RedisNodeStore::server_time(TimeDone done) {
@@ -423,63 +315,33 @@ void RedisNodeStore::claim_period(std::string_view name, std::string_view token,
                                   ClaimDone done) {
   std::string lock(name);
   auto start_ms = std::chrono::duration_cast<std::chrono::milliseconds>(start.time_since_epoch()).count();
-  with_asking(*conn_).eval(claim_period_script(),
-              {lock, redis_keys::period(lock), std::string(token), std::to_string(period), std::to_string(start_ms)}, 2,
-              [endpoint = conn_->name(), done = std::move(done)](const redisReply* r, const StoreError* err) {
-                ClaimResult out;
-                if (err) {
-                  out.error = *err;
-                  done(out);
-                  return;
-                }
-                if (r == nullptr || r->type != REDIS_REPLY_ARRAY || r->elements != 4) {
-                  out.error = StoreError::refused(endpoint, "unexpected reply to the period claim");
-                  done(out);
-                  return;
-                }
-                std::string status = string_at(r, 0);
-                out.store_time = time_at(r, 1);
-                out.last = to_ll(string_at(r, 3));
-                if (status == "1") out.status = ClaimResult::Status::kClaimed;
-                else if (status == "0") out.status = ClaimResult::Status::kAlreadyRun;
-                else if (status == "2") out.status = ClaimResult::Status::kNotDue;
-                else out.status = ClaimResult::Status::kNotLeader;
-                done(out);
-              });
+  with_asking(*conn_).eval(script(ScriptId::kClaimPeriod),
+                           {lock, redis_keys::period(lock), std::string(token), std::to_string(period),
+                            std::to_string(start_ms)},
+                           2, [this, done = std::move(done)](const redisReply* r, const StoreError* err) {
+                             done(read_claim_period(r, err, conn_->name()));
+                           });
 }
 
 void RedisNodeStore::inspect(std::string_view name, InspectDone done) {
   std::string lock(name);
-  with_asking(*conn_).eval(inspect_script(),
+  with_asking(*conn_).eval(script(ScriptId::kInspect),
                            {lock, redis_keys::counter(options_.key_prefix, lock), redis_keys::legacy_fence(lock)}, 2,
-              [this, lock, done = std::move(done)](const redisReply* r, const StoreError* err) {
-                LockInfo info;
-                StoreError not_ours;
-                if (!err && integer_at(r, 0) == -1) {
-                  // The acquire script would refuse it the same way.
-                  not_ours = StoreError::refused(conn_->name(),
-                                                 "LOCKWATCH " + lock + " exists without expiry: not a lockwatch lock");
-                  not_ours.code = "LOCKWATCH";
-                  err = &not_ours;
-                }
-                if (!err) {
-                  long long pttl = integer_at(r, 0);
-                  info.held = pttl > 0;
-                  info.ttl = std::chrono::milliseconds(pttl > 0 ? pttl : 0);
-                  info.fencing_token = static_cast<std::uint64_t>(integer_at(r, 1));
-                  if (r->elements > 2 && r->element[2]->type == REDIS_REPLY_STRING)
-                    info.owner.assign(r->element[2]->str, r->element[2]->len);
-                }
-                done(info, err);
-              });
+                           [this, lock, done = std::move(done)](const redisReply* r, const StoreError* err) {
+                             LockInfo info;
+                             const auto failed = read_inspect(r, err, conn_->name(), lock, info);
+                             done(info, failed ? &*failed : nullptr);
+                           });
 }
 
 void RedisNodeStore::force_release(std::string_view name, ForceDone done) {
   std::string lock(name);
-  with_asking(*conn_).eval(force_release_script(), {lock, redis_keys::channel(lock), notice()}, 1,
-              [done = std::move(done)](const redisReply* r, const StoreError* err) {
-                done(!err && r->type == REDIS_REPLY_INTEGER && r->integer == 1, err);
-              });
+  with_asking(*conn_).eval(script(ScriptId::kForceRelease), {lock, redis_keys::channel(lock), notice()}, 1,
+                           [this, done = std::move(done)](const redisReply* r, const StoreError* err) {
+                             bool held = false;
+                             const auto failed = read_force_release(r, err, conn_->name(), held);
+                             done(held, failed ? &*failed : nullptr);
+                           });
 }
 
 void RedisNodeStore::send_asking() { asking_ = true; }

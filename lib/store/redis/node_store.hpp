@@ -12,7 +12,7 @@
 // a time, the rest wait in the store. Releases go before acquisitions (a
 // lock given back and taken again in one iteration is free for the taker,
 // unless the release script met NOSCRIPT and went again as EVAL); other
-// commands go out as they are made. A lone lock uses the one-lock scripts. Redis
+// commands go out as they are made. A lone lock is a batch of one. Redis
 // Cluster turns batching off (no_batching()): a script's keys must share a
 // slot, and an ASKING must come right before its command.
 //
@@ -126,10 +126,6 @@ class RedisNodeStore final : public StoreBase, public FenceRaising, public JobCl
     std::size_t index;
     std::shared_ptr<ReleaseDone> done;
   };
-  // `in_batch`: sent by send_batches(), and so counted in flight.
-  void acquire_one(std::string name, std::string token, std::string ttl_ms, std::size_t index,
-                   std::shared_ptr<AcquireDone> done, bool in_batch = false);
-  void release_one(QueuedRelease r, bool in_batch = false);
   // The acquire script's answer for one lock, then WAIT for replicas when asked.
   void acquired(Acquired out, std::string name, std::string token, std::size_t index, std::shared_ptr<AcquireDone> done);
   RedisConnection& for_acquire() { return acquire_ ? *acquire_ : *conn_; }
@@ -141,8 +137,10 @@ class RedisNodeStore final : public StoreBase, public FenceRaising, public JobCl
   void send_batches(bool all = false);
   // A batch's reply came: the next queued batch may go.
   void batch_answered();
-  void send_acquire_batch(std::vector<QueuedAcquire> batch);
-  void send_release_batch(std::vector<QueuedRelease> batch);
+  // One script call for `batch` (a lone lock is a batch of one); `counted`:
+  // sent by send_batches(), and so counted in flight.
+  void send_acquire_batch(std::vector<QueuedAcquire> batch, bool counted = true);
+  void send_release_batch(std::vector<QueuedRelease> batch, bool counted = true);
   static void on_batch(uv_idle_t* h);
   void wait_for_replicas(std::string name, std::string token, Acquired taken, std::size_t index,
                          std::shared_ptr<AcquireDone> done);

@@ -1,60 +1,88 @@
 #include "scripts.hpp"
 
+#include <hiredis/hiredis.h>
+
+#include <algorithm>
+#include <array>
+#include <charconv>
 #include <cstdint>
+#include <iterator>
 
 namespace lockwatch::detail {
 namespace {
 
-// SET NX first, the one call a free lock needs before its counter: a busy
-// lock is neither overwritten nor counted. The token is the slot's counter
-// (KEYS[2]) incremented; the name's own counter of versions before
-// (KEYS[3], a declared key so that a cluster runs the script only where
-// all three are, or nowhere) is folded in the first time: the slot's
-// counter goes past it, so the name's tokens never go back across the
-// upgrade, and it is deleted. A counter Redis refuses (a key of another
-// type, an old counter that is no number) gives the lock back in the same
-// script and fails; nothing else was written. A busy key without expiry is
-// not ours (a user's key, or a lock someone made by hand) and is reported
-// instead of waited on forever. A lock that already holds the caller's
-// token is a retry of an acquisition whose reply was lost: it is taken
-// again (the ttl set anew) with the slot's counter as it stands, at least
-// the token the lost reply carried and below the next holder's, so
-// retrying with the same token is safe. pcall: a key of another type is
-// simply not ours.
+// The acquisitions of one call, any number of locks (a lone lock is a
+// batch of one), each in turn. SET NX first, the one call a free lock
+// needs before its counter: a busy lock is neither overwritten nor
+// counted. The token is the slot's counter incremented; the name's own
+// counter of versions before (a declared key, so that a cluster runs the
+// script only where all three are, or nowhere) is folded in the first
+// time: the slot's counter goes past it, so the name's tokens never go
+// back across the upgrade, and it is deleted. A counter Redis refuses (a
+// key of another type, an old counter that is no number) gives the lock
+// back and fails that lock alone: pcall, as a script's writes for the
+// locks before it are not undone by a later error. A busy key without
+// expiry is not ours (a user's key, or a lock someone made by hand) and is
+// reported instead of waited on forever. A lock that already holds the
+// caller's token is a retry of an acquisition whose reply was lost: it is
+// taken again (the ttl set anew) with the slot's counter as it stands, at
+// least the token the lost reply carried and below the next holder's, so
+// retrying with the same token is safe; pcall on its GET: a key of another
+// type is simply not ours. One entry per lock, joined by '\n' (one string,
+// not an array: the client parses one reply object, not one per lock); a
+// failure's entry is an error line, with Redis's code first (or LOCKWATCH),
+// kept on one line whatever the key's name holds. Tokens go out with %d:
+// Lua would print a number of 15 digits or more in exponent form. No
+// helper functions: a closure would be made anew on every call, which a
+// lone lock pays for.
 constexpr std::string_view kAcquire = R"lua(
-if redis.call('set', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then
-  local old = redis.pcall('get', KEYS[3])
-  if type(old) == 'table' then
-    redis.call('del', KEYS[1])
-    return old
-  end
-  if old and not string.match(old, '^%d+$') then
-    redis.call('del', KEYS[1])
-    return redis.error_reply('LOCKWATCH ' .. KEYS[3] .. ' is not a fencing counter')
-  end
-  local f = redis.pcall('incr', KEYS[2])
-  if type(f) == 'table' then
-    redis.call('del', KEYS[1])
-    return f
-  end
-  if old then
-    if tonumber(old) >= f then
-      redis.call('set', KEYS[2], old)
-      f = redis.call('incr', KEYS[2])
+local out = {}
+for i = 1, #KEYS / 3 do
+  local lock, counter, legacy = KEYS[3 * i - 2], KEYS[3 * i - 1], KEYS[3 * i]
+  local token, ttl = ARGV[2 * i - 1], ARGV[2 * i]
+  local f, err
+  if redis.call('set', lock, token, 'NX', 'PX', ttl) then
+    local old = redis.pcall('get', legacy)
+    if type(old) == 'table' then
+      err = old.err .. ' (' .. legacy .. ' is not a fencing counter)'
+    elseif old and not string.match(old, '^%d+$') then
+      err = 'LOCKWATCH ' .. legacy .. ' is not a fencing counter'
+    else
+      f = redis.pcall('incr', counter)
+      if type(f) == 'table' then
+        err = f.err .. ' (' .. counter .. ' is not a fencing counter)'
+      elseif old then
+        if tonumber(old) >= f then
+          redis.call('set', counter, old)
+          f = redis.call('incr', counter)
+        end
+        redis.call('del', legacy)
+      end
     end
-    redis.call('del', KEYS[3])
+    if err then
+      redis.call('del', lock)
+    else
+      out[i] = 't' .. string.format('%d', f)
+    end
+  else
+    local t = redis.call('pttl', lock)
+    if t < 0 then
+      err = 'LOCKWATCH ' .. lock .. ' exists without expiry: not a lockwatch lock'
+    elseif redis.pcall('get', lock) == token then
+      f = redis.pcall('get', counter)
+      if type(f) == 'table' then
+        err = f.err .. ' (' .. counter .. ' is not a fencing counter)'
+      else
+        redis.call('pexpire', lock, ttl)
+        out[i] = 't' .. (f or '0')
+      end
+    else
+      out[i] = 'b' .. t
+    end
   end
-  return {1, f}
+  if err then out[i] = 'e' .. string.gsub(err, '[\r\n]', ' ') end
 end
-local t = redis.call('pttl', KEYS[1])
-if t < 0 then
-  return redis.error_reply('LOCKWATCH ' .. KEYS[1] .. ' exists without expiry: not a lockwatch lock')
-end
-if redis.pcall('get', KEYS[1]) == ARGV[1] then
-  redis.call('pexpire', KEYS[1], ARGV[2])
-  return {1, tonumber(redis.call('get', KEYS[2]) or '0')}
-end
-return {0, t}
+return table.concat(out, '\n')
 )lua";
 
 // Renews every lease due in one tick with one command. pcall: one key of
@@ -80,96 +108,23 @@ end
 return table.concat(out)
 )lua";
 
-// ARGV[2] is the channel ('' for a lock given back unused: nobody is
-// woken), ARGV[3] how it is told: 's' SPUBLISH (a cluster), else PUBLISH
-// (one node, Sentinel, Redlock). The channel shares the lock's hash tag and
-// so its slot; it is not declared as a key: a declared key that is no key
-// would make a migrating slot answer TRYAGAIN. A lock already gone answers
-// 0, which a retry after a lost reply counts as released.
+// The releases of one call, any number of locks, each in turn. ARGV[1]
+// says how a release is told: 's' SPUBLISH (a cluster), else PUBLISH (one
+// node, Sentinel, Redlock); then each lock's token and channel ('' for a
+// lock given back unused: nobody is woken). The channel shares the lock's
+// hash tag and so its slot; it is not declared as a key: a declared key
+// that is no key would make a migrating slot answer TRYAGAIN. A lock
+// already gone answers '0', which a retry after a lost reply counts as
+// released; a key of another type is not ours ('x': left alone). One byte
+// per lock: '1' released (and published), '0' gone, 'x' another owner's.
 constexpr std::string_view kRelease = R"lua(
-local v = redis.call('get', KEYS[1])
-if v == ARGV[1] then
-  redis.call('del', KEYS[1])
-  if ARGV[2] ~= '' then
-    if ARGV[3] == 's' then
-      redis.call('spublish', ARGV[2], '1')
-    else
-      redis.call('publish', ARGV[2], '1')
-    end
-  end
-  return 1
-end
-if v then return -1 end
-return 0
-)lua";
-
-// The acquisitions of one loop iteration on one node, in one call: the
-// acquire script for each lock in turn (a lock that holds the caller's
-// token already is a retry: taken again with its slot's counter). pcall on
-// the counters: a counter that is no counter fails its own lock, not the
-// locks taken before it in the batch (a script's writes are not undone by
-// a later error). Several locks of one slot share its counter, counted in
-// turn. One entry per lock, separated by spaces: 't<fencing token>' taken,
-// 'b<pttl>' busy, 'n' exists without expiry, 'e' Redis refused the slot's
-// counter, 'o' the name's old counter is no counter.
-constexpr std::string_view kAcquireBatch = R"lua(
-local out = {}
-local function take(lock, counter, legacy)
-  local old = redis.pcall('get', legacy)
-  if type(old) == 'table' or (old and not string.match(old, '^%d+$')) then
-    redis.call('del', lock)
-    return 'o'
-  end
-  local f = redis.pcall('incr', counter)
-  if type(f) == 'table' then
-    redis.call('del', lock)
-    return 'e'
-  end
-  if old then
-    if tonumber(old) >= f then
-      redis.call('set', counter, old)
-      f = redis.call('incr', counter)
-    end
-    redis.call('del', legacy)
-  end
-  return 't' .. f
-end
-for i = 1, #KEYS / 3 do
-  local lock, counter, token, ttl = KEYS[3 * i - 2], KEYS[3 * i - 1], ARGV[2 * i - 1], ARGV[2 * i]
-  if redis.call('set', lock, token, 'NX', 'PX', ttl) then
-    out[i] = take(lock, counter, KEYS[3 * i])
-  else
-    local t = redis.call('pttl', lock)
-    if t < 0 then
-      out[i] = 'n'
-    elseif redis.pcall('get', lock) == token then
-      local f = redis.pcall('get', counter)
-      if type(f) == 'table' then
-        out[i] = 'e'
-      else
-        redis.call('pexpire', lock, ttl)
-        out[i] = 't' .. (f or '0')
-      end
-    else
-      out[i] = 'b' .. t
-    end
-  end
-end
-return table.concat(out, ' ')
-)lua";
-
-// The releases of one loop iteration on one node: the release script for
-// each lock in turn. One byte per lock: '1' released (and published), '0'
-// gone, 'x' another owner's (or not a string: left alone).
-constexpr std::string_view kReleaseBatch = R"lua(
+local publish = ARGV[1] == 's' and 'spublish' or 'publish'
 local out = {}
 for i = 1, #KEYS do
   local v = redis.pcall('get', KEYS[i])
-  if type(v) == 'table' then
-    out[i] = 'x'
-  elseif v == ARGV[2 * i - 1] then
+  if v == ARGV[2 * i] then
     redis.call('del', KEYS[i])
-    if ARGV[2 * i] ~= '' then redis.call('publish', ARGV[2 * i], '1') end
+    if ARGV[2 * i + 1] ~= '' then redis.call(publish, ARGV[2 * i + 1], '1') end
     out[i] = '1'
   elseif v then
     out[i] = 'x'
@@ -294,41 +249,214 @@ std::string sha1_hex(std::string_view data) {
   return out;
 }
 
-const Script& acquire_script() {
-  static const Script s{kAcquire, sha1_hex(kAcquire)};
-  return s;
+const Script& script(ScriptId id) {
+  // In ScriptId's order.
+  static constexpr std::string_view kSources[] = {kAcquire, kRenew,        kRelease,    kRaiseFence,
+                                                  kInspect, kForceRelease, kClaimPeriod};
+  static const auto table = [] {
+    std::array<Script, std::size(kSources)> t;
+    for (std::size_t i = 0; i < t.size(); ++i) t[i] = Script{kSources[i], sha1_hex(kSources[i])};
+    return t;
+  }();
+  return table[static_cast<std::size_t>(id)];
 }
-const Script& renew_script() {
-  static const Script s{kRenew, sha1_hex(kRenew)};
-  return s;
+
+namespace {
+
+// What a reply is, for the error that says it was not what was asked for.
+std::string shape_of(const redisReply* r) {
+  if (r == nullptr) return "no reply";
+  switch (r->type) {
+    case REDIS_REPLY_STRING: return "a string of " + std::to_string(r->len) + " bytes";
+    case REDIS_REPLY_ARRAY: return "an array of " + std::to_string(r->elements);
+    case REDIS_REPLY_INTEGER: return "the integer " + std::to_string(r->integer);
+    case REDIS_REPLY_NIL: return "nil";
+    case REDIS_REPLY_STATUS: return "a status";
+    default: return "a reply of type " + std::to_string(r->type);
+  }
 }
-const Script& raise_fence_script() {
-  static const Script s{kRaiseFence, sha1_hex(kRaiseFence)};
-  return s;
+
+StoreError unexpected_reply(std::string_view endpoint, std::string_view script, std::string_view what) {
+  return StoreError::refused(std::string(endpoint),
+                             "unexpected reply to the " + std::string(script) + " script: " + std::string(what));
 }
-const Script& inspect_script() {
-  static const Script s{kInspect, sha1_hex(kInspect)};
-  return s;
+
+// `text` whole as a decimal number of type T; false if it is not one.
+template <class T>
+bool whole_number(std::string_view text, T& out) {
+  const char* end = text.data() + text.size();
+  auto [p, ec] = std::from_chars(text.data(), end, out);
+  return !text.empty() && ec == std::errc() && p == end;
 }
-const Script& force_release_script() {
-  static const Script s{kForceRelease, sha1_hex(kForceRelease)};
-  return s;
+
+// An entry as the error says it, cut short.
+std::string quoted(std::string_view entry) {
+  constexpr std::size_t kShown = 40;
+  return "'" + std::string(entry.substr(0, kShown)) + (entry.size() > kShown ? "...'" : "'");
 }
-const Script& claim_period_script() {
-  static const Script s{kClaimPeriod, sha1_hex(kClaimPeriod)};
-  return s;
+
+bool is_string(const redisReply* r) { return r != nullptr && r->type == REDIS_REPLY_STRING; }
+
+bool is_array_of(const redisReply* r, std::size_t n) {
+  return r != nullptr && r->type == REDIS_REPLY_ARRAY && r->elements == n;
 }
-const Script& acquire_batch_script() {
-  static const Script s{kAcquireBatch, sha1_hex(kAcquireBatch)};
-  return s;
+
+std::string_view text_of(const redisReply* r) { return std::string_view(r->str, r->len); }
+
+}  // namespace
+
+AcquireReply::AcquireReply(const redisReply* reply, const StoreError* err, std::size_t locks, std::string_view endpoint)
+    : endpoint_(endpoint), failed_(err) {
+  if (failed_ != nullptr) return;
+  if (!is_string(reply)) {
+    own_ = unexpected_reply(endpoint, "acquire", shape_of(reply));
+  } else {
+    rest_ = text_of(reply);
+    const std::size_t separators = static_cast<std::size_t>(std::count(rest_.begin(), rest_.end(), '\n'));
+    const std::size_t entries = rest_.empty() ? 0 : separators + 1;
+    if (entries != locks)
+      own_ = unexpected_reply(endpoint, "acquire",
+                              std::to_string(entries) + " entries for " + std::to_string(locks) + " locks");
+  }
+  if (own_) failed_ = &*own_;
 }
-const Script& release_batch_script() {
-  static const Script s{kReleaseBatch, sha1_hex(kReleaseBatch)};
-  return s;
+
+Acquired AcquireReply::next() {
+  Acquired out;
+  if (failed_ != nullptr) {
+    out.error = *failed_;
+    return out;
+  }
+  const std::size_t end = std::min(rest_.find('\n'), rest_.size());
+  const std::string_view entry = rest_.substr(0, end);
+  rest_.remove_prefix(std::min(rest_.size(), end + 1));
+  const std::string_view value = entry.empty() ? entry : entry.substr(1);
+  const char status = entry.empty() ? '\0' : entry.front();
+  long long busy = 0;
+  if (status == 't' && whole_number(value, out.fence)) {
+    out.status = Acquired::Status::kTaken;
+  } else if (status == 'b' && whole_number(value, busy) && busy >= 0) {
+    out.status = Acquired::Status::kBusy;
+    out.busy_for = std::chrono::milliseconds(busy);
+  } else if (status == 'e' && !value.empty()) {
+    out.error = redis_reply_error(std::string(endpoint_), value);
+  } else {
+    out.error = unexpected_reply(endpoint_, "acquire", "entry " + quoted(entry));
+  }
+  return out;
 }
-const Script& release_script() {
-  static const Script s{kRelease, sha1_hex(kRelease)};
-  return s;
+
+StatusReply::StatusReply(const redisReply* reply, const StoreError* err, std::size_t locks, std::string_view endpoint,
+                         std::string_view script, bool refusals)
+    : endpoint_(endpoint), script_(script), refusals_(refusals), failed_(err) {
+  if (failed_ != nullptr) return;
+  if (!is_string(reply) || reply->len != locks) {
+    own_ = unexpected_reply(endpoint, script,
+                            shape_of(reply) + " for " + std::to_string(locks) + " locks (one byte each)");
+    failed_ = &*own_;
+    return;
+  }
+  bytes_ = text_of(reply);
+}
+
+std::size_t StatusReply::next_index(const StoreError** why) {
+  constexpr std::string_view kStatuses = "10x";
+  *why = failed_;
+  if (failed_ != nullptr) return kStatuses.size();
+  const char status = bytes_[at_++];
+  const std::size_t at = kStatuses.find(status);
+  if (at != std::string_view::npos) return at;
+  if (status == 'e' && refusals_) {
+    entry_ = StoreError::refused(std::string(endpoint_), "Redis refused the " + std::string(script_));
+  } else {
+    entry_ = unexpected_reply(endpoint_, script_, "status " + quoted(std::string_view(&status, 1)));
+  }
+  *why = &*entry_;
+  return kStatuses.size();
+}
+
+Renewed RenewReply::next(const StoreError** why) {
+  static constexpr Renewed kByIndex[] = {Renewed::kYes, Renewed::kGone, Renewed::kTakenByOther, Renewed::kTransient};
+  return kByIndex[next_index(why)];
+}
+
+Released ReleaseReply::next(const StoreError** why) {
+  static constexpr Released kByIndex[] = {Released::kYes, Released::kGone, Released::kTakenByOther,
+                                          Released::kUnconfirmed};
+  return kByIndex[next_index(why)];
+}
+
+std::optional<StoreError> read_raise_fence(const redisReply* reply, const StoreError* err, std::string_view endpoint) {
+  if (err != nullptr) return *err;
+  if (reply == nullptr || reply->type != REDIS_REPLY_INTEGER || reply->integer != 1)
+    return unexpected_reply(endpoint, "fence raising", shape_of(reply));
+  return std::nullopt;
+}
+
+std::optional<StoreError> read_inspect(const redisReply* reply, const StoreError* err, std::string_view endpoint,
+                                       std::string_view lock, LockInfo& info) {
+  info = LockInfo{};
+  if (err != nullptr) return *err;
+  if (!is_array_of(reply, 3) || reply->element[0]->type != REDIS_REPLY_INTEGER ||
+      reply->element[1]->type != REDIS_REPLY_INTEGER || !is_string(reply->element[2]) ||
+      reply->element[1]->integer < 0)
+    return unexpected_reply(endpoint, "inspect", shape_of(reply));
+  const long long pttl = reply->element[0]->integer;
+  if (pttl == -1) {
+    // The acquire script would refuse it the same way.
+    return redis_reply_error(std::string(endpoint),
+                             "LOCKWATCH " + std::string(lock) + " exists without expiry: not a lockwatch lock");
+  }
+  info.held = pttl > 0;
+  info.ttl = std::chrono::milliseconds(pttl > 0 ? pttl : 0);
+  info.fencing_token = static_cast<std::uint64_t>(reply->element[1]->integer);
+  info.owner.assign(text_of(reply->element[2]));
+  return std::nullopt;
+}
+
+std::optional<StoreError> read_force_release(const redisReply* reply, const StoreError* err,
+                                             std::string_view endpoint, bool& held) {
+  held = false;
+  if (err != nullptr) return *err;
+  if (reply == nullptr || reply->type != REDIS_REPLY_INTEGER || (reply->integer != 0 && reply->integer != 1))
+    return unexpected_reply(endpoint, "force release", shape_of(reply));
+  held = reply->integer == 1;
+  return std::nullopt;
+}
+
+ClaimResult read_claim_period(const redisReply* reply, const StoreError* err, std::string_view endpoint) {
+  ClaimResult out;
+  if (err != nullptr) {
+    out.error = *err;
+    return out;
+  }
+  bool fields_ok = is_array_of(reply, 4);
+  for (std::size_t i = 0; fields_ok && i < 4; ++i) fields_ok = is_string(reply->element[i]);
+  long long seconds = 0, micros = 0;
+  std::int64_t last = 0;
+  if (!fields_ok || !whole_number(text_of(reply->element[1]), seconds) ||
+      !whole_number(text_of(reply->element[2]), micros) || !whole_number(text_of(reply->element[3]), last)) {
+    out.error = unexpected_reply(endpoint, "period claim", shape_of(reply));
+    return out;
+  }
+  const std::string_view status = text_of(reply->element[0]);
+  if (status == "1") {
+    out.status = ClaimResult::Status::kClaimed;
+  } else if (status == "0") {
+    out.status = ClaimResult::Status::kAlreadyRun;
+  } else if (status == "2") {
+    out.status = ClaimResult::Status::kNotDue;
+  } else if (status == "-1") {
+    out.status = ClaimResult::Status::kNotLeader;
+  } else {
+    out.error = unexpected_reply(endpoint, "period claim", "status " + quoted(status));
+    return out;
+  }
+  out.last = last;
+  using std::chrono::system_clock;
+  out.store_time = system_clock::time_point(std::chrono::duration_cast<system_clock::duration>(
+      std::chrono::seconds(seconds) + std::chrono::microseconds(micros)));
+  return out;
 }
 
 }  // namespace lockwatch::detail

@@ -1,15 +1,40 @@
-// lib/store/redis/scripts.hpp: the Lua scripts that make up the lock protocol, with
-// their SHA-1 so they run by EVALSHA (falling back to EVAL on NOSCRIPT).
+// lib/store/redis/scripts.hpp: the Lua scripts that make up the lock
+// protocol, with their SHA-1 so they run by EVALSHA (falling back to EVAL
+// on NOSCRIPT), and the readers of their replies.
+//
+// One script per operation. Acquire, renew and release take any number of
+// locks (a lone lock is a batch of one), so a lone lock and a batch meet
+// the same errors and send the same notices, and each answers one reply
+// shape, read by one reader below: a bulk string with one entry per lock,
+// in KEYS order. A reply of any other shape (another type, another number
+// of entries, a status no script sends) is an error for the locks it
+// cannot answer (StoreError kRefused, "unexpected reply to ..."), never a
+// default result.
 //
 // Keys of one lock stay on one Redis Cluster slot: the lock itself,
 // `<prefix>{<key>}`, its release channel `...:rel` (both with the hash tag
 // <key>) and its slot's fencing counter `<prefix>fence:{<tag>}` (a tag of
 // the same slot; never expiring, so tokens keep rising across holders). See
-// keys.hpp.
+// keys.hpp. A call of several locks names keys of several slots: a Redis
+// Cluster sends each lock alone (RedisNodeStore::no_batching()), or groups
+// by slot (renewals).
+//
+// Threading: script() any thread; the readers are plain values, used
+// inside a reply's callback. Costs: a reader copies nothing from the reply
+// on success; each failure costs its StoreError.
 #pragma once
 
+#include <cstddef>
+#include <cstdint>
+#include <optional>
 #include <string>
 #include <string_view>
+
+#include "store/capabilities.hpp"
+#include "store/lock_store.hpp"
+#include "store/store_error.hpp"
+
+struct redisReply;  // hiredis
 
 namespace lockwatch::detail {
 
@@ -18,47 +43,120 @@ struct Script {
   std::string sha1;  // 40 lowercase hex characters
 };
 
-// KEYS: lock, its slot's counter, its old per-name counter. ARGV: token,
-// ttl ms. Returns {1, fencing token} when taken, {0, pttl} when busy. A lock
-// that holds the token already (a retry) is taken again: its ttl is set
-// anew and the slot's counter returned as it is.
-const Script& acquire_script();
-// KEYS: locks. ARGV: token, ttl ms for each lock in turn. Returns a string
-// of one byte per lock: '1' renewed, '0' gone, 'x' other owner, 'e' Redis
-// refused.
-const Script& renew_script();
-// KEYS: lock. ARGV: token, channel ('' for a lock given back unused: no
-// one is woken for it), 's' to SPUBLISH (a cluster) rather than PUBLISH.
-// Returns 1 released (and published), 0 gone, -1 other owner.
-const Script& release_script();
+enum class ScriptId : std::uint8_t {
+  // KEYS: lock, its slot's counter, its old per-name counter, for each lock
+  // in turn. ARGV: token, ttl ms for each. Entries, separated by '\n':
+  // 't<fencing token>' taken, 'b<pttl>' busy, 'e<error line>' failed (a
+  // counter Redis refuses, a key without expiry: Redis's own error, or one
+  // with code LOCKWATCH). A lock that holds the token already (a retry) is
+  // taken again: its ttl is set anew and its slot's counter answered as it
+  // is. Several locks of one slot share its counter, counted in turn.
+  kAcquire,
+  // KEYS: locks. ARGV: token, ttl ms for each lock in turn. One byte per
+  // lock: '1' renewed, '0' gone, 'x' other owner, 'e' Redis refused.
+  kRenew,
+  // KEYS: locks. ARGV: 's' to SPUBLISH (a cluster) or 'p' to PUBLISH; then
+  // token, channel for each lock in turn ('' for a lock given back unused:
+  // no one is woken for it). One byte per lock: '1' released (and
+  // published), '0' gone, 'x' another owner's (or not a string: left alone).
+  kRelease,
+  // KEYS: the lock's slot's counter. ARGV: token. Raises the counter to the
+  // token if below it; answers 1.
+  kRaiseFence,
+  // KEYS: lock, its slot's counter. ARGV: its old per-name counter. Answers
+  // {pttl (-2 absent), fencing counter (the higher of the two), owner or ''}.
+  kInspect,
+  // KEYS: lock. ARGV: channel, 's' SPUBLISH or 'p' PUBLISH. Deletes the
+  // lock whoever owns it and publishes; answers 1 if it was held, else 0.
+  kForceRelease,
+  // Scheduled jobs. KEYS: lock, period. ARGV: token, period, the period's
+  // start in ms since the epoch. Answers {status, seconds, microseconds,
+  // last}, all as text: status '1' claimed, '0' already run (last: the last
+  // period run), '2' not due yet, '-1' the lock is not ours; seconds and
+  // microseconds are the server's TIME.
+  kClaimPeriod,
+};
 
-// Many locks in one call (the requests of one loop iteration on one node).
-// KEYS: lock, its slot's counter, its old per-name counter for each lock in
-// turn. ARGV: token, ttl ms for each. Returns one entry per lock,
-// space-separated: 't<fencing token>' taken, 'b<pttl>' busy, 'n' exists
-// without expiry, 'e' the slot's counter was refused, 'o' the old one.
-const Script& acquire_batch_script();
-// KEYS: locks. ARGV: token, channel ('' for none) for each. Returns one byte
-// per lock: '1' released, '0' gone, 'x' another owner's.
-const Script& release_batch_script();
+// The script `id`, its SHA-1 computed once (at first use); static storage.
+const Script& script(ScriptId id);
 
-// KEYS: the lock's slot's counter. ARGV: token. Raises the counter to the
-// token if below it.
-const Script& raise_fence_script();
+// The acquire script's reply (or `err`, the call's failure: every lock
+// gets it) for a call of `locks` locks; next() answers each lock in turn,
+// exactly `locks` times. `endpoint` names the node in errors and must
+// outlive the reader.
+class AcquireReply {
+ public:
+  AcquireReply(const redisReply* reply, const StoreError* err, std::size_t locks, std::string_view endpoint);
+  AcquireReply(const AcquireReply&) = delete;  // failed_ may point into it
+  AcquireReply& operator=(const AcquireReply&) = delete;
+  Acquired next();
 
-// KEYS: lock, its slot's counter. ARGV: its old per-name counter. Returns
-// {pttl (-2 absent), fencing counter (the higher of the two), owner or ''}.
-const Script& inspect_script();
-// KEYS: lock. ARGV: channel, 's' SPUBLISH or 'p' PUBLISH. Deletes the lock
-// whoever owns it and publishes; returns 1 if it was held.
-const Script& force_release_script();
+ private:
+  std::string_view rest_;
+  std::string_view endpoint_;
+  const StoreError* failed_ = nullptr;  // the whole call's failure: `err`, or own_
+  std::optional<StoreError> own_;       // a reply of another shape
+};
 
-// Scheduled jobs. KEYS: lock, period. ARGV: token, period, the period's
-// start in ms since the epoch. Returns {status, seconds, microseconds,
-// last}, all as text: status '1' claimed, '0' already run (last: the last
-// period run), '2' not due yet, '-1' the lock is not ours; seconds and
-// microseconds are the server's TIME.
-const Script& claim_period_script();
+// The renew or release script's reply: one status byte per lock.
+class StatusReply {
+ protected:
+  // `refusals`: the script answers 'e' for a lock whose command Redis refused.
+  StatusReply(const redisReply* reply, const StoreError* err, std::size_t locks, std::string_view endpoint,
+              std::string_view script, bool refusals);
+  StatusReply(const StatusReply&) = delete;  // failed_ may point into it
+  StatusReply& operator=(const StatusReply&) = delete;
+  // The next lock's status as its place in "10x" (done, gone, another
+  // owner's), or 3 with `*why` set: the call failed, Redis refused the
+  // lock's command, or the byte is no status the script sends. `*why` is
+  // valid until the next call.
+  std::size_t next_index(const StoreError** why);
+
+ private:
+  std::string_view bytes_;
+  std::size_t at_ = 0;
+  std::string_view endpoint_;
+  std::string_view script_;
+  bool refusals_;
+  const StoreError* failed_ = nullptr;  // the whole call's failure: `err`, or own_
+  std::optional<StoreError> own_;       // a reply of another shape
+  std::optional<StoreError> entry_;     // the last entry's failure
+};
+
+// The renew script's reply for `locks` leases. next() answers each in turn;
+// `*why` is the reason for kTransient (null otherwise), valid until the
+// next call.
+class RenewReply : StatusReply {
+ public:
+  RenewReply(const redisReply* reply, const StoreError* err, std::size_t locks, std::string_view endpoint)
+      : StatusReply(reply, err, locks, endpoint, "renewal", true) {}
+  Renewed next(const StoreError** why);
+};
+
+// The release script's reply for `locks` locks, as RenewReply; `*why` is
+// the reason for kUnconfirmed.
+class ReleaseReply : StatusReply {
+ public:
+  ReleaseReply(const redisReply* reply, const StoreError* err, std::size_t locks, std::string_view endpoint)
+      : StatusReply(reply, err, locks, endpoint, "release", false) {}
+  Released next(const StoreError** why);
+};
+
+// The other scripts' replies, one lock each. Each answers the error the
+// call ended with (`err`), or the one a reply of another shape is; nothing
+// when the reply reads as the script promises.
+
+// raise_fence: 1.
+std::optional<StoreError> read_raise_fence(const redisReply* reply, const StoreError* err, std::string_view endpoint);
+// inspect, into `info`. A lock without expiry is not a lockwatch lock: an
+// error, as the acquire script would answer (code LOCKWATCH).
+std::optional<StoreError> read_inspect(const redisReply* reply, const StoreError* err, std::string_view endpoint,
+                                       std::string_view lock, LockInfo& info);
+// force_release: whether the lock was held, into `held`.
+std::optional<StoreError> read_force_release(const redisReply* reply, const StoreError* err, std::string_view endpoint,
+                                             bool& held);
+// claim_period: the whole result (its error when kFailed).
+ClaimResult read_claim_period(const redisReply* reply, const StoreError* err, std::string_view endpoint);
 
 std::string sha1_hex(std::string_view data);
 

@@ -1,4 +1,5 @@
-// Must not compile: the pattern refers to {1}, a type without a formatter.
+// Must not compile: the pattern refers to {1}, whose type cannot be a key
+// part (key_patterns.cpp is the control).
 #include <lockwatch/locked.hpp>
 
 struct Opaque {};
