@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "lockwatch/lockwatch.hpp"
+#include "store_on_loop.hpp"
 #include "support/postgres_server.hpp"
 #include "test_util.hpp"
 
@@ -421,6 +422,24 @@ TEST_F(PostgresStoreTest, AHungServerLosesTheLeaseByItsDeadlineAndRecovers) {
   EXPECT_TRUE(other_err);
   auto again = rt.acquire(key(), 1s, forever, 10s);
   EXPECT_GE(get_bounded(again).lease().fencing_token(), 2u);
+}
+
+// raise_fence (a quorum's members raise their counters to the token it
+// hands out) on a name never locked, then on a locked one: the next
+// token is above the raise, and a raise below the counter changes nothing.
+TEST_F(PostgresStoreTest, ARaisedFenceIsWhereTheNextTokenStarts) {
+  StoreOnLoop store(options(server_->url()));
+  const std::string name = store.encode(key());
+  ASSERT_TRUE(store.raise_fence(name, 41));
+  auto first = store.acquire(name, "token-one", 2s);
+  ASSERT_EQ(first.status, detail::Acquired::Status::kTaken);
+  EXPECT_EQ(first.fence, 42u);
+  ASSERT_TRUE(store.raise_fence(name, 7));
+  EXPECT_EQ(store.release(name, "token-one"), detail::Released::kYes);
+  auto second = store.acquire(name, "token-two", 2s);
+  ASSERT_EQ(second.status, detail::Acquired::Status::kTaken);
+  EXPECT_EQ(second.fence, 43u);
+  EXPECT_EQ(store.release(name, "token-two"), detail::Released::kYes);
 }
 
 TEST_F(PostgresStoreTest, ManyAcquisitionsShareStatementsAndANameTooLongForTheTableFailsAlone) {
