@@ -1,9 +1,11 @@
 // The same lock work on each lock store, in one run: one Redis node
 // (redis-server) in plaintext (`redis`) and over TLS (`rediss`, its own
 // server with a TLS port), a Redis Cluster of 3 masters and 3 replicas
-// (`cluster`), and a SQL table (`mysql`, mariadbd), each started here on
-// loopback. Server CPU is the server's process; for the cluster, the sum
-// over its six nodes.
+// (`cluster`), a SQL table (`mysql`, mariadbd) and, when lockwatch is built
+// with it, a PostgreSQL table (`postgresql`, postgres), each started here
+// on loopback. Server CPU is the server's process; for the cluster, the sum
+// over its six nodes; for postgres, over its process tree (the postmaster,
+// a process per connection and its helpers, and those that ended).
 //
 //   BM_Cycle/<store>/<callers>     acquire + release through LockHandle on
 //                                  distinct keys, <callers> threads
@@ -12,9 +14,13 @@
 //                                  renewal, renewal commands per round,
 //                                  leases lost (must be 0)
 //
-// Both servers run with their stock durability for this kind of test
-// server: redis-server without persistence, mariadbd with
-// innodb_flush_log_at_trx_commit=2 (tests/support/mariadb_server.cpp).
+// The servers run with the durability of the tests' servers:
+// redis-server without persistence, mariadbd with
+// innodb_flush_log_at_trx_commit=2 (tests/support/mariadb_server.cpp),
+// postgres with fsync=off (tests/support/postgres_server.cpp): each
+// commit is written to the OS, none is flushed to disk, as with
+// mariadbd's 2 (a crash of the server loses nothing, one of the machine
+// may).
 #include <benchmark/benchmark.h>
 #include <fmt/format.h>
 
@@ -29,6 +35,9 @@
 #include "bench_common.hpp"
 #include "lockwatch/lockwatch.hpp"
 #include "support/mariadb_server.hpp"
+#if LOCKWATCH_WITH_POSTGRESQL
+#include "support/postgres_server.hpp"
+#endif
 #include "support/redis_cluster.hpp"
 #include "support/redis_server.hpp"
 
@@ -42,6 +51,9 @@ constexpr auto kFutureBound = 30s;
 lockwatch::testing::RedisServer* g_redis = nullptr;
 lockwatch::testing::RedisServer* g_rediss = nullptr;
 lockwatch::testing::MariaDbServer* g_mariadb = nullptr;
+#if LOCKWATCH_WITH_POSTGRESQL
+lockwatch::testing::PostgresServer* g_postgres = nullptr;
+#endif
 lockwatch::testing::RedisCluster* g_cluster = nullptr;
 std::atomic<std::uint64_t> g_run{0};
 bool g_failed = false;
@@ -50,6 +62,9 @@ std::string url_of(const std::string& store) {
   if (store == "redis") return g_redis->url();
   if (store == "rediss") return g_rediss->url();
   if (store == "cluster") return g_cluster->url();
+#if LOCKWATCH_WITH_POSTGRESQL
+  if (store == "postgresql") return g_postgres->url();
+#endif
   return g_mariadb->url();
 }
 std::vector<pid_t> server_pids(const std::string& store) {
@@ -60,25 +75,36 @@ std::vector<pid_t> server_pids(const std::string& store) {
     for (int i = 0; i < lockwatch::testing::RedisCluster::kNodes; ++i) all.push_back(g_cluster->node(i).pid());
     return all;
   }
+#if LOCKWATCH_WITH_POSTGRESQL
+  if (store == "postgresql") return g_postgres->pids();
+#endif
   return {g_mariadb->pid()};
 }
 
-// CPU seconds a process has used (user + system), from /proc.
-double process_cpu(pid_t pid);
+// CPU seconds a process has used (user + system), from /proc; with
+// `reaped`, also that of its children that ended and were waited for.
+double process_cpu(pid_t pid, bool reaped = false);
 double servers_cpu(const std::string& store) {
   double sum = 0;
-  for (pid_t p : server_pids(store)) sum += process_cpu(p);
+  // postgres: the processes there now, and the postmaster's reaped
+  // children (connections and helpers that ended in between).
+  bool first = true;
+  for (pid_t p : server_pids(store)) {
+    sum += process_cpu(p, first && store == "postgresql");
+    first = false;
+  }
   return sum;
 }
-double process_cpu(pid_t pid) {
+double process_cpu(pid_t pid, bool reaped) {
   std::ifstream in("/proc/" + std::to_string(pid) + "/stat");
   std::string s;
   std::getline(in, s);
+  if (s.empty()) return 0;  // ended meanwhile
   std::istringstream rest(s.substr(s.rfind(')') + 2));
   std::string field;
   double ticks = 0;
-  for (int i = 3; i <= 15 && rest >> field; ++i)
-    if (i == 14 || i == 15) ticks += std::stod(field);
+  for (int i = 3; i <= 17 && rest >> field; ++i)
+    if (i == 14 || i == 15 || (reaped && (i == 16 || i == 17))) ticks += std::stod(field);
   return ticks / static_cast<double>(sysconf(_SC_CLK_TCK));
 }
 
@@ -178,7 +204,11 @@ void BM_Watchdog(benchmark::State& state, const std::string& store) {
 int main(int argc, char** argv) {
   benchmark::Initialize(&argc, argv);
   if (benchmark::ReportUnrecognizedArguments(argc, argv)) return 1;
-  for (std::string store : {"redis", "rediss", "cluster", "mysql"}) {
+  std::vector<std::string> stores{"redis", "rediss", "cluster", "mysql"};
+#if LOCKWATCH_WITH_POSTGRESQL
+  stores.push_back("postgresql");
+#endif
+  for (const std::string& store : stores) {
     for (int callers : {1, 16, 64})
       benchmark::RegisterBenchmark(fmt::format("BM_Cycle/{}", store).c_str(), BM_Cycle, store)
           ->Threads(callers)
@@ -186,7 +216,7 @@ int main(int argc, char** argv) {
           ->MinTime(2.0);
     auto* wd = benchmark::RegisterBenchmark(fmt::format("BM_Watchdog/{}", store).c_str(), BM_Watchdog, store);
     wd->Arg(10000);
-    if (store != "mysql") wd->Arg(100000);
+    if (store != "mysql" && store != "postgresql") wd->Arg(100000);
     wd->Iterations(1)
         ->UseRealTime()
         ->Unit(benchmark::kMillisecond);
@@ -198,6 +228,10 @@ int main(int argc, char** argv) {
     tls_options.tls = lockwatch::testing::RedisTls{};
     lockwatch::testing::RedisServer rediss(tls_options);
     lockwatch::testing::MariaDbServer mariadb;
+#if LOCKWATCH_WITH_POSTGRESQL
+    lockwatch::testing::PostgresServer postgres;
+    g_postgres = &postgres;
+#endif
     lockwatch::testing::RedisCluster cluster;
     g_cluster = &cluster;
     g_redis = &redis;
@@ -208,6 +242,9 @@ int main(int argc, char** argv) {
     g_redis = nullptr;
     g_rediss = nullptr;
     g_mariadb = nullptr;
+#if LOCKWATCH_WITH_POSTGRESQL
+    g_postgres = nullptr;
+#endif
     g_cluster = nullptr;
   } catch (const std::exception& e) {
     std::fprintf(stderr, "store_bench: %s\n", e.what());

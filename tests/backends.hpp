@@ -1,7 +1,9 @@
 // The lock stores the shared suites run on, each a real server the test
 // starts: one Redis node (redis-server, with a password), a Redis Cluster
-// (3 masters, 3 replicas, with a password) and a SQL table (mariadbd);
-// and the in-process store (memory://), a space of the test's own.
+// (3 masters, 3 replicas, with a password), a SQL table (mariadbd) and,
+// when lockwatch is built with it, a PostgreSQL table (postgres, one server
+// for the whole test program); and the in-process store (memory://), a
+// space of the test's own.
 // What a test needs to look into or tamper with in a store goes through
 // Backend, so the tests themselves are written once.
 #pragma once
@@ -17,6 +19,9 @@
 #include "store/memory/memory_space.hpp"
 #include "store/redis/cluster_slot.hpp"
 #include "support/mariadb_server.hpp"
+#if LOCKWATCH_WITH_POSTGRESQL
+#include "support/postgres_server.hpp"
+#endif
 #include "support/redis_cluster.hpp"
 #include "support/redis_server.hpp"
 
@@ -125,6 +130,47 @@ class MariaDbBackend final : public Backend {
  private:
   MariaDbServer server_;
 };
+
+#if LOCKWATCH_WITH_POSTGRESQL
+// One postgres for every case of the program (initdb costs a second): the
+// cases use keys of their own, and a case that killed or paused it has
+// started or resumed it before it ends.
+class PostgresBackend final : public Backend {
+ public:
+  std::string url() const override { return server().url(); }
+  std::string url_with_wrong_password() const override {
+    return "postgresql://lockwatch:wrong@127.0.0.1:" + std::to_string(server().port()) + "/" +
+           PostgresServer::kDatabase;
+  }
+  std::string unreachable_url() const override {
+    return "postgresql://lockwatch:x@127.0.0.1:" + std::to_string(free_loopback_port()) + "/lockwatch_test";
+  }
+  std::size_t longest_key(const Options& o) const override { return 255 - o.key_prefix.size(); }
+  void steal(const std::string& key, const std::string& owner, std::chrono::milliseconds ms) const override {
+    server().query("UPDATE lockwatch_locks SET owner = convert_to('" + owner +
+                   "', 'UTF8'), expires_at = clock_timestamp() + interval '" + std::to_string(ms.count()) +
+                   " milliseconds' WHERE lock_name = convert_to('lockwatch:" + key + "', 'UTF8')");
+  }
+  long long now_ms() const override {
+    return std::stoll(server().query("SELECT (extract(epoch FROM clock_timestamp()) * 1000)::int8").at(0).at(0));
+  }
+  long long last_period(const std::string& job) const override {
+    auto rows = server().query("SELECT coalesce(last_period, -1) FROM lockwatch_locks WHERE lock_name = "
+                               "convert_to('lockwatch:job:" + job + "', 'UTF8')");
+    return rows.empty() ? -1 : std::stoll(rows[0][0]);
+  }
+  void kill(const std::string&) override { server().kill(); }
+  void start() override { server().start(); }
+  void pause(const std::string&) override { server().pause(); }
+  void resume() override { server().resume(); }
+
+ private:
+  static PostgresServer& server() {
+    static PostgresServer shared;
+    return shared;
+  }
+};
+#endif
 
 // The key's server in a cluster is its slot's master. kill() takes its
 // replicas down with it, so that no failover can keep the lock: the
@@ -242,12 +288,26 @@ class EmbeddedBackend final : public Backend {
   std::shared_ptr<detail::MemorySpace> space_;
 };
 
-// "redis", "redis-cluster", "mysql" or "memory".
+// "redis", "redis-cluster", "mysql", "postgresql" or "memory".
 inline std::unique_ptr<Backend> make_backend(const std::string& kind) {
   if (kind == "redis") return std::make_unique<RedisBackend>();
   if (kind == "redis-cluster") return std::make_unique<ClusterBackend>();
   if (kind == "memory") return std::make_unique<EmbeddedBackend>();
-  return std::make_unique<MariaDbBackend>();
+#if LOCKWATCH_WITH_POSTGRESQL
+  if (kind == "postgresql") return std::make_unique<PostgresBackend>();
+#endif
+  if (kind == "mysql") return std::make_unique<MariaDbBackend>();
+  throw std::invalid_argument("no backend " + kind);
+}
+
+// Every kind this build has (postgresql with the Meson feature).
+inline std::vector<std::string> backend_kinds() {
+  std::vector<std::string> kinds{"redis", "redis-cluster", "mysql"};
+#if LOCKWATCH_WITH_POSTGRESQL
+  kinds.push_back("postgresql");
+#endif
+  kinds.push_back("memory");
+  return kinds;
 }
 
 }  // namespace lockwatch::testing

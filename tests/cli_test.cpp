@@ -1,5 +1,6 @@
 // The `lockwatch` command as a user runs it: the real binary (its path in
-// LOCKWATCH_CLI), real child processes, a real redis-server.
+// LOCKWATCH_CLI), real child processes, a real redis-server (mariadbd and
+// postgres for the SQL stores).
 #include <gtest/gtest.h>
 #include <signal.h>
 #include <stdlib.h>
@@ -12,6 +13,9 @@
 
 #include "lockwatch/lockwatch.hpp"
 #include "support/mariadb_server.hpp"
+#if LOCKWATCH_WITH_POSTGRESQL
+#include "support/postgres_server.hpp"
+#endif
 #include "test_util.hpp"
 
 namespace lockwatch::testing {
@@ -561,6 +565,29 @@ TEST_F(CliTest, RunsOverSql) {
   Outcome after = run({"status", "--redis", db.url(), test_key()});
   EXPECT_TRUE(contains(after.output, "state=free")) << after.output;
 }
+
+#if LOCKWATCH_WITH_POSTGRESQL
+// --store is the store-neutral name of --redis: either takes any URL.
+TEST_F(CliTest, RunsOverPostgresqlWithRedisOrStore) {
+  PostgresServer db;
+  auto started = Clock::now();
+  auto p = start({"run", "--redis", db.url(), "--key", test_key(), "-c", "echo ready; exec sleep 1000"});
+  ASSERT_TRUE(read_until(*p, "ready"));
+  Outcome status = run({"status", "--store", db.url(), test_key()});
+  EXPECT_TRUE(contains(status.output, "state=held")) << status.output;
+  EXPECT_TRUE(contains(status.output, "fencing_token=1")) << status.output;
+  Outcome busy = run({"run", "--store", db.url(), "--key", test_key(), "-c", "echo ran"});
+  EXPECT_EQ(busy.code, 75) << busy.output;
+  EXPECT_FALSE(contains(busy.output, "ran\n")) << busy.output;
+  p->kill(SIGTERM);
+  EXPECT_EQ(finish(*p, started).code, 128 + SIGTERM);
+  Outcome next = run({"run", "--store", db.url(), "--key", test_key(), "-c", "echo token=$LOCKWATCH_FENCING_TOKEN"});
+  EXPECT_EQ(next.code, 0) << next.output;
+  EXPECT_TRUE(contains(next.output, "token=2")) << next.output;
+  Outcome after = run({"status", "--store", db.url(), test_key()});
+  EXPECT_TRUE(contains(after.output, "state=free")) << after.output;
+}
+#endif
 
 // ------------------------------------------------------- --once-per PERIOD
 

@@ -223,20 +223,42 @@ TEST(TokenTest, TokensAre128BitHexAndDistinct) {
 
 TEST(OptionsTest, AnUnknownSchemeIsNamedWithTheSupportedOnes) {
   Options o;
-  o.redis_url = "postgres://app:hunter2@db.example/locks";
+  o.redis_url = "mongodb://app:hunter2@db.example/locks";
   try {
     o.validate();
     FAIL() << "accepted " << o.redis_url;
   } catch (const InvalidArgument& e) {
     std::string what = e.what();
-    EXPECT_NE(what.find("'postgres://'"), std::string::npos) << what;
+    EXPECT_NE(what.find("'mongodb://'"), std::string::npos) << what;
     EXPECT_NE(what.find("redis-sentinel://"), std::string::npos) << what;
     EXPECT_NE(what.find("mysql://"), std::string::npos) << what;
+    EXPECT_NE(what.find("postgresql://"), std::string::npos) << what;
     EXPECT_EQ(what.find("hunter2"), std::string::npos) << what;
     EXPECT_EQ(what.find("redis://***"), std::string::npos) << what;  // the scheme is not rewritten
   }
   o.redis_url = "localhost:6379";
   EXPECT_THROW(o.validate(), InvalidArgument);
+}
+
+// postgresql:// (and postgres://) is a store of its own Meson feature:
+// without it, the URL is Unsupported, naming what is missing.
+TEST(OptionsTest, APostgresqlUrlNeedsThePostgresqlFeature) {
+  for (const char* url : {"postgresql://app:hunter2@db.example/locks", "postgres://app:hunter2@db.example/locks"}) {
+    Options o;
+    o.redis_url = url;
+#if LOCKWATCH_WITH_POSTGRESQL
+    EXPECT_NO_THROW(o.validate()) << url;
+#else
+    try {
+      o.validate();
+      ADD_FAILURE() << "accepted " << url;
+    } catch (const Unsupported& e) {
+      std::string what = e.what();
+      EXPECT_NE(what.find("feature 'postgresql'"), std::string::npos) << what;
+      EXPECT_EQ(what.find("hunter2"), std::string::npos) << what;
+    }
+#endif
+  }
 }
 
 TEST(OptionsTest, AMalformedUrlKeepsItsSchemeInTheMessage) {

@@ -1,6 +1,7 @@
 // What every lock store must do, run against each real server: one Redis
-// node (redis-server), a Redis Cluster (six redis-servers) and a SQL table
-// (mariadbd), and against the in-process store (memory://). Exclusion, a holder that dies, fencing, waiting, renewal, and
+// node (redis-server), a Redis Cluster (six redis-servers), a SQL table
+// (mariadbd) and a PostgreSQL table (postgres), and against the in-process
+// store (memory://). Exclusion, a holder that dies, fencing, waiting, renewal, and
 // bad input; each test starts its own servers. Store-specific behaviour
 // stays in the stores' own suites.
 #include <gtest/gtest.h>
@@ -349,7 +350,7 @@ TEST_P(StoreContractTest, AcquireAndReleaseAreSafeToRepeatWithTheSameToken) {
   EXPECT_EQ(store.release(name, "token-two"), detail::Released::kYes);
 }
 
-INSTANTIATE_TEST_SUITE_P(Stores, StoreContractTest, ::testing::Values("redis", "redis-cluster", "mysql", "memory"),
+INSTANTIATE_TEST_SUITE_P(Stores, StoreContractTest, ::testing::ValuesIn(backend_kinds()),
                          [](const ::testing::TestParamInfo<std::string>& p) {
                            std::string name = p.param;
                            std::replace(name.begin(), name.end(), '-', '_');  // a test name is an identifier

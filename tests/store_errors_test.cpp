@@ -8,6 +8,9 @@
 #include "lockwatch/errors.hpp"
 #include "runtime/store_errors.hpp"
 #include "store/store_error.hpp"
+#if LOCKWATCH_WITH_POSTGRESQL
+#include "store/postgresql/pg_error.hpp"
+#endif
 
 namespace lockwatch::detail {
 namespace {
@@ -154,6 +157,54 @@ TEST(StoreErrorsTest, EachKindMapsToItsPublicError) {
     EXPECT_THROW(std::rethrow_exception(x), InvalidArgument);
   }
 }
+
+#if LOCKWATCH_WITH_POSTGRESQL
+TEST(StoreErrorTest, PostgresSqlstatesAreClassified) {
+  const std::string pg = "postgresql://h:1/db";
+  for (const char* code : {"40001", "40P01", "55P03", "57014"})
+    EXPECT_EQ(pg_statement_error(pg, code, "later").kind, Kind::kRetryLater) << code;
+  for (const char* code : {"08006", "57P01", "57P03", ""})
+    EXPECT_EQ(pg_statement_error(pg, code, "gone").kind, Kind::kUnavailable) << code;
+  StoreError e = pg_statement_error(pg, "22001", "value too long");
+  EXPECT_EQ(e.kind, Kind::kRefused);
+  EXPECT_EQ(e.code, "22001");
+  EXPECT_EQ(e.origin, StoreError::Origin::kPostgres);
+  // A login: refused credentials or privilege are auth; anything else
+  // (no such database, too many connections, no code at all) unavailable.
+  for (const char* code : {"28P01", "28000", "42501"}) EXPECT_EQ(pg_connect_error(pg, code, "no").kind, Kind::kAuth);
+  for (const char* code : {"3D000", "53300", ""}) EXPECT_EQ(pg_connect_error(pg, code, "no").kind, Kind::kUnavailable);
+}
+
+TEST(StoreErrorTest, APostgresLoginsSqlstateIsReadFromLibpqsVerboseMessage) {
+  EXPECT_EQ(sqlstate_in_verbose_message("connection to server at \"127.0.0.1\", port 5432 failed: FATAL:  28P01: "
+                                        "password authentication failed for user \"u\""),
+            "28P01");
+  EXPECT_EQ(sqlstate_in_verbose_message("FATAL:  3D000: database \"nope\" does not exist"), "3D000");
+  // libpq's own failures carry none.
+  EXPECT_EQ(sqlstate_in_verbose_message("connection to server at \"127.0.0.1\", port 1 failed: Connection refused"),
+            "");
+  EXPECT_EQ(sqlstate_in_verbose_message("SSL error:  certificate verify failed"), "");
+}
+
+TEST(StoreErrorsTest, APostgresRefusalIsAnSqlErrorWithItsSqlstate) {
+  StoreError e = pg_statement_error("postgresql://h:1/db", "23514", "new row violates check constraint");
+  auto x = to_exception(e);
+  EXPECT_EQ(what_of(x), "postgresql://h:1/db answered error 23514: new row violates check constraint");
+  EXPECT_EQ(what_of(x), e.describe());
+  try {
+    std::rethrow_exception(x);
+  } catch (const SqlError& s) {
+    EXPECT_EQ(s.sqlstate(), "23514");
+    EXPECT_EQ(s.code(), 0u);
+    EXPECT_EQ(s.server_message(), "new row violates check constraint");
+  } catch (...) {
+    ADD_FAILURE() << "not an SqlError";
+  }
+  StoreError login = pg_connect_error("postgresql://h:1/db", "28P01", "password authentication failed");
+  EXPECT_EQ(what_of(to_exception(login)), login.describe());
+  EXPECT_THROW(std::rethrow_exception(to_exception(login)), AuthError);
+}
+#endif
 
 }  // namespace
 }  // namespace lockwatch::detail

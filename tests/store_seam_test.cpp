@@ -141,7 +141,7 @@ TEST(StoreSeamTest, AnUnknownSchemeListsEveryStoreOfTheRegistry) {
   } catch (const InvalidArgument& e) {
     const std::string what = e.what();
     for (const char* scheme : {"'zookeeper://'", "redis://", "redis-sentinel://", "redis-cluster://", "mysql://",
-                               "memory://"})
+                               "postgresql://", "memory://"})
       EXPECT_NE(what.find(scheme), std::string::npos) << scheme << " missing in: " << what;
   }
 }
@@ -154,6 +154,14 @@ TEST(StoreSeamTest, EachStoreChecksItsOwnSettings) {
   EXPECT_THROW(sql.validate(), InvalidArgument);
 #else
   EXPECT_THROW(sql.validate(), Unsupported);
+#endif
+  Options pg;
+  pg.store_url = "postgresql://u:secret@127.0.0.1/db";
+  pg.min_replicas = 1;
+#if LOCKWATCH_WITH_POSTGRESQL
+  EXPECT_THROW(pg.validate(), InvalidArgument);
+#else
+  EXPECT_THROW(pg.validate(), Unsupported);
 #endif
   Options redis;
   redis.store_url = "redis://127.0.0.1:6379";

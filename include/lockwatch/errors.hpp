@@ -119,20 +119,24 @@ class RedisError : public Error {
   std::string redis_message_;
 };
 
-// A SQL lock store (mysql://) answered a statement with an error: a lock
-// name too long for its column, a table with the wrong columns, a refused
-// privilege. `code()` is the server's error number (e.g. 1406), and
-// `server_message()` its own text.
+// A SQL lock store (mysql://, postgresql://) answered a statement with an
+// error: a lock name too long for its column, a table with the wrong
+// columns, a refused privilege. `code()` is MariaDB's error number (e.g.
+// 1406; 0 from PostgreSQL), `sqlstate()` PostgreSQL's SQLSTATE (e.g.
+// "22001"; empty from MariaDB), and `server_message()` the server's text.
 class SqlError : public Error {
  public:
   SqlError(std::string endpoint, unsigned code, std::string server_message);
+  SqlError(std::string endpoint, std::string sqlstate, std::string server_message);
   const std::string& endpoint() const noexcept { return endpoint_; }
   unsigned code() const noexcept { return code_; }
+  const std::string& sqlstate() const noexcept { return sqlstate_; }
   const std::string& server_message() const noexcept { return server_message_; }
 
  private:
   std::string endpoint_;
-  unsigned code_;
+  unsigned code_ = 0;
+  std::string sqlstate_;
   std::string server_message_;
 };
 

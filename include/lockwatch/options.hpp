@@ -50,6 +50,12 @@ struct Options {
   //   mysql://user:password@host[:port]/database[?socket=/path&table=name]
   //                                                 a MariaDB/MySQL lock table
   //                                                 (the `sql` feature)
+  //   postgresql://user[:password]@host[:port]/database[?table=name&sslmode=...]
+  //                                                 a PostgreSQL lock table
+  //                                                 (postgres:// too; TLS by
+  //                                                 libpq's sslmode, sslrootcert,
+  //                                                 sslcert, sslkey; the
+  //                                                 `postgresql` feature)
   //   memory://[name]                               this process's memory,
   //                                                 shared by its runtimes that
   //                                                 name the same space
@@ -58,8 +64,8 @@ struct Options {
   std::string store_url;
   // The older name of store_url, used when store_url is empty (any scheme).
   std::string redis_url = "redis://127.0.0.1:6379";
-  // Settings of the Redis stores (a mysql:// store refuses min_replicas:
-  // its durability is the database's replication):
+  // Settings of the Redis stores (the SQL stores refuse min_replicas:
+  // their durability is the database's replication):
   // the sentinels' own credentials (the URL's are the master's), and how
   // many replicas must acknowledge a lock write (WAIT) before the lease is
   // handed out, within replica_ack_timeout.

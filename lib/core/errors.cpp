@@ -61,4 +61,10 @@ SqlError::SqlError(std::string endpoint, unsigned code, std::string server_messa
       code_(code),
       server_message_(std::move(server_message)) {}
 
+SqlError::SqlError(std::string endpoint, std::string sqlstate, std::string server_message)
+    : Error(fmt::format("{} answered error {}: {}", endpoint, sqlstate, server_message)),
+      endpoint_(std::move(endpoint)),
+      sqlstate_(std::move(sqlstate)),
+      server_message_(std::move(server_message)) {}
+
 }  // namespace lockwatch

@@ -9,6 +9,9 @@
 #if LOCKWATCH_WITH_SQL
 #include "store/sql/sql_kind.hpp"
 #endif
+#if LOCKWATCH_WITH_POSTGRESQL
+#include "store/postgresql/pg_kind.hpp"
+#endif
 
 namespace lockwatch::detail {
 
@@ -18,12 +21,18 @@ namespace {
 constexpr StoreKind kSqlStore = missing_store(
     "mysql", "mysql://user:password@host[:port]/database[?socket=/path&table=name]", "'sql' (libmariadb)");
 #endif
+#if !LOCKWATCH_WITH_POSTGRESQL
+constexpr StoreKind kPostgresStore =
+    missing_store("postgresql postgres", "postgresql://user[:password]@host[:port]/database (or postgres://)",
+                  "'postgresql' (libpq >= 14)");
+#endif
 
 // Scheme to store: one line per kind.
 constexpr const StoreKind* kKinds[] = {
     &kRedisStore,
     &kRedisClusterStore,
     &kSqlStore,
+    &kPostgresStore,
     &kMemoryStore,
 };
 

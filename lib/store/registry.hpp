@@ -11,6 +11,7 @@
 //   rediss-sentinel://                                       Sentinel)
 //   redis-cluster://, rediss-cluster://       store/redis/  (Redis Cluster)
 //   mysql://                                  store/sql/    (feature `sql`)
+//   postgresql://, postgres://                store/postgresql/  (feature `postgresql`)
 //   memory://                                 store/memory/
 //
 // The rediss schemes need the `tls` feature; their kinds say so.

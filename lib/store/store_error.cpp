@@ -63,7 +63,8 @@ std::string StoreError::describe() const {
     case Kind::kRetryLater:
       break;
   }
-  if (origin == Origin::kSql) return fmt::format("{} answered error {}: {}", endpoint, code.empty() ? "0" : code, message);
+  if (origin == Origin::kSql || origin == Origin::kPostgres)
+    return fmt::format("{} answered error {}: {}", endpoint, code.empty() ? "0" : code, message);
   return fmt::format("redis {} answered an error: {}", endpoint, message);
 }
 

@@ -3,7 +3,7 @@
 
 Starts the lock topology (one redis-server, three Redlock masters, a
 master, a replica and three sentinels, a Redis Cluster of three masters
-and three replicas, or one mariadbd), the resource (one more
+and three replicas, one mariadbd, or one postgres), the resource (one more
 redis-server, never faulted) and several lockwatch-soak-worker processes,
 injects faults at random from a seed for the given time, then collects
 what the checker (scripts/soak_check.py) reads into --dir:
@@ -14,21 +14,23 @@ what the checker (scripts/soak_check.py) reads into --dir:
   faults.jsonl       each fault: kind, target, start and end (CLOCK_MONOTONIC ns)
   resource.json      the resource's counters, accepted writes and refusals
   locks_end.json     lock keys on the nodes right after the workers ended
-                     (on SQL: the lock table's rows held then)
+                     (on SQL and PostgreSQL: the lock table's rows held then)
   locks_later.json   the same once the longest ttl has passed
 
 Every lock node runs with appendonly and appendfsync always: the restart
 faults are crashes (SIGKILL) of nodes that keep their keys and fencing
 counters, which is what the README asks of a deployment that wants
 fencing tokens to survive a restart; mariadbd commits every statement to
-its log (innodb_flush_log_at_trx_commit=1). The cluster's nodes time out
+its log (innodb_flush_log_at_trx_commit=1), postgres likewise (fsync and
+synchronous_commit on, its defaults); postgres's faults (kill, stop)
+take every process of the server, the postmaster and its children. The cluster's nodes time out
 after 1 s; its faults are a master killed (its replica takes over, it
 comes back as a replica), a graceful CLUSTER FAILOVER, a slot of a lock
 moved to another master while locks are held (IMPORTING/MIGRATING,
 MIGRATE, SETSLOT NODE, as redis-cli --cluster reshard does) and a master
 stopped for less than the node timeout. Faults stop some seconds before
-the end so that the run ends on a healthy system. Cluster and SQL faults
-stay on 127.0.0.1 (no network namespace).
+the end so that the run ends on a healthy system. Cluster, SQL and
+PostgreSQL faults stay on 127.0.0.1 (no network namespace).
 
 Every child is killed on exit (also on SIGTERM/SIGINT, and by the kernel
 should this process die: PR_SET_PDEATHSIG), the network namespace is
@@ -343,6 +345,177 @@ class MariaDb(Server):
         return [{"key": r[0], "value": r[1], "pttl": int(r[2])} for r in rows]
 
 
+def pg_bin():
+    """Debian's newest /usr/lib/postgresql/<version>/bin, else where PATH
+    has postgres."""
+    best, version = None, -1
+    try:
+        for v in os.listdir("/usr/lib/postgresql"):
+            b = os.path.join("/usr/lib/postgresql", v, "bin")
+            if v.isdigit() and int(v) > version and os.access(os.path.join(b, "postgres"), os.X_OK):
+                best, version = b, int(v)
+    except OSError:
+        pass
+    if best:
+        return best
+    found = shutil.which("postgres")
+    if not found:
+        raise RuntimeError("postgres not found (Debian package postgresql)")
+    return os.path.dirname(found)
+
+
+def children_of(pid):
+    """The pids whose parent is `pid` (live ones)."""
+    out = []
+    for d in os.listdir("/proc"):
+        if not d.isdigit():
+            continue
+        try:
+            with open("/proc/%s/stat" % d) as f:
+                rest = f.read().rsplit(")", 1)[1].split()
+        except (OSError, IndexError):
+            continue
+        if int(rest[1]) == pid and rest[0] != "Z":
+            out.append(int(d))
+    return out
+
+
+class Postgres(Server):
+    """One postgres on a loopback port and a socket of its own, restartable;
+    every commit reaches its log (fsync) before it is acknowledged. A
+    server is a process tree (the postmaster and a process per connection):
+    kill, pause and resume act on all of it. PostgreSQL refuses to run as
+    root: then initdb and the server run as the postgres user (else
+    nobody), through setpriv."""
+
+    def __init__(self, root):
+        self.name = "postgres"
+        self.dir = os.path.join(root, "postgres")
+        os.makedirs(self.dir, exist_ok=True)
+        self.port = free_port()
+        self.bin = pg_bin()
+        self.proc = None
+        self.run_as = []
+        if os.geteuid() == 0:
+            try:
+                pw = pwd.getpwnam("postgres")
+            except KeyError:
+                pw = pwd.getpwnam("nobody")
+            os.chown(self.dir, pw.pw_uid, pw.pw_gid)
+            # The run's directory is root's: that user may pass through it
+            # (not list it) to reach its own.
+            os.chmod(root, os.stat(root).st_mode | 0o011)
+            self.run_as = ["setpriv", "--reuid=%d" % pw.pw_uid, "--regid=%d" % pw.pw_gid, "--clear-groups",
+                           "--pdeathsig", "KILL"]
+        data = os.path.join(self.dir, "data")
+        with open(os.path.join(self.dir, "initdb.log"), "wb") as log:
+            rc = subprocess.run(self.run_as + [os.path.join(self.bin, "initdb"), "-D", data, "-U", "postgres",
+                                               "--auth=trust", "--encoding=UTF8", "--no-locale", "--no-instructions"],
+                                stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, timeout=120).returncode
+        if rc != 0:
+            raise RuntimeError("initdb failed (see %s/initdb.log)" % self.dir)
+        with open(os.path.join(data, "pg_hba.conf"), "w") as f:
+            f.write("local all postgres trust\nhost all all 127.0.0.1/32 scram-sha-256\n")
+
+    @property
+    def addr(self):
+        return "127.0.0.1:%d" % self.port
+
+    def start(self):
+        argv = self.run_as + [os.path.join(self.bin, "postgres"), "-D", os.path.join(self.dir, "data"),
+                              "-p", str(self.port), "-k", self.dir, "-c", "listen_addresses=127.0.0.1",
+                              "-c", "max_connections=200", "-c", "log_min_messages=warning"]
+        self.proc = Child(argv, os.path.join(self.dir, "server.log"))
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline and self.proc.p.poll() is None:
+            if self.ping():
+                return
+            time.sleep(0.05)  # a starting server (crash recovery included): nothing signals "ready"
+        raise RuntimeError("postgres did not answer within 30 s (see %s/server.log)" % self.dir)
+
+    def tree(self):
+        return [self.proc.pid] + children_of(self.proc.pid) if self.proc else []
+
+    def kill(self):
+        if not self.proc:
+            return
+        # Stopped first, the postmaster starts nothing while its children die.
+        self.proc.signal(signal.SIGSTOP)
+        children = children_of(self.proc.pid)
+        for c in children:
+            try:
+                os.kill(c, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        self.proc.kill()
+        self.proc = None
+        until = time.monotonic() + 10
+        while any(os.path.exists("/proc/%d" % c) and self._state(c) not in ("Z", None) for c in children) \
+                and time.monotonic() < until:
+            time.sleep(0.005)  # the kernel ends a killed process as it next runs
+
+    @staticmethod
+    def _state(pid):
+        try:
+            with open("/proc/%d/stat" % pid) as f:
+                return f.read().rsplit(")", 1)[1].split()[0]
+        except (OSError, IndexError):
+            return None
+
+    def pause(self):
+        self.proc.signal(signal.SIGSTOP)
+        for c in children_of(self.proc.pid):
+            try:
+                os.kill(c, signal.SIGSTOP)
+            except ProcessLookupError:
+                pass
+
+    def resume(self):
+        for c in children_of(self.proc.pid):
+            try:
+                os.kill(c, signal.SIGCONT)
+            except ProcessLookupError:
+                pass
+        self.proc.signal(signal.SIGCONT)
+
+    def query(self, sql, database=None, timeout=3.0):
+        """The rows (lists of strings) of `sql`, run as the superuser over
+        the socket. Raises OSError when the server does not answer or refuses."""
+        try:
+            r = subprocess.run([os.path.join(self.bin, "psql"), "-X", "-q", "-A", "-t", "-F", "\t", "-v",
+                                "ON_ERROR_STOP=1", "-h", self.dir, "-p", str(self.port), "-U", "postgres",
+                                "-d", database or SQL_DATABASE, "-c", sql],
+                               stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=timeout,
+                               env=dict(os.environ, PGCONNECT_TIMEOUT="1"))
+        except subprocess.TimeoutExpired:
+            raise OSError("postgres did not answer within %.1f s" % timeout)
+        if r.returncode != 0:
+            raise OSError(r.stderr.strip() or "psql exited with %d" % r.returncode)
+        return [line.split("\t") for line in r.stdout.splitlines()]
+
+    def ping(self):
+        try:
+            return self.query("SELECT 1", database="postgres", timeout=1.0) == [["1"]]
+        except OSError:
+            return False
+
+    def create_user(self):
+        self.query("CREATE ROLE %s LOGIN PASSWORD '%s'" % (SQL_USER, SQL_PASSWORD), database="postgres")
+        self.query("CREATE DATABASE %s OWNER %s" % (SQL_DATABASE, SQL_USER), database="postgres")
+
+    def lock_keys(self):
+        """[{key, value, pttl}] of every lock row held now (owner set, not expired)."""
+        try:
+            rows = self.query("SELECT convert_from(lock_name, 'UTF8'), convert_from(owner, 'UTF8'), "
+                              "(extract(epoch FROM expires_at - clock_timestamp()) * 1000)::int8 "
+                              "FROM lockwatch_locks WHERE owner <> '' AND expires_at > clock_timestamp()")
+        except OSError as e:
+            if "does not exist" in str(e):
+                return []  # no lock was ever taken
+            raise
+        return [{"key": r[0], "value": r[1], "pttl": int(r[2])} for r in rows]
+
+
 class Cluster:
     """Six cluster nodes (appendonly), made three masters with a replica
     each by redis-cli --cluster create; nodes keep their ports across
@@ -477,7 +650,7 @@ class Soak:
             why = "not running as root"
         elif not shutil.which("ip") or not shutil.which("tc"):
             why = "ip or tc not found (Debian package iproute2)"
-        elif a.topology in ("sentinel", "cluster", "sql"):
+        elif a.topology in ("sentinel", "cluster", "sql", "postgresql"):
             why = "%s nodes stay on 127.0.0.1" % a.topology
         if why:
             say("soak: network faults skipped: %s" % why)
@@ -536,6 +709,8 @@ class Soak:
             self.nodes = self.cluster.nodes
         elif a.topology == "sql":
             self.sql = MariaDb(self.dir)
+        elif a.topology == "postgresql":
+            self.sql = Postgres(self.dir)
         elif a.topology == "redlock":
             self.nodes = [RedisNode(self.dir, "node%d" % i) for i in range(2)]
             if ns_addr:
@@ -552,11 +727,12 @@ class Soak:
         elif self.sql:
             self.sql.start()
             self.sql.create_user()
-            self.url = "mysql://%s:%s@%s/%s" % (SQL_USER, SQL_PASSWORD, self.sql.addr, SQL_DATABASE)
+            scheme = "postgresql" if a.topology == "postgresql" else "mysql"
+            self.url = "%s://%s:%s@%s/%s" % (scheme, SQL_USER, SQL_PASSWORD, self.sql.addr, SQL_DATABASE)
         else:
             for i, n in enumerate(self.nodes):
                 n.start(replicaof=self.nodes[0].port if a.topology == "sentinel" and i > 0 else None)
-        if a.topology in ("cluster", "sql"):
+        if a.topology in ("cluster", "sql", "postgresql"):
             pass
         elif a.topology == "sentinel":
             self.sentinels = [Sentinel(self.dir, "sentinel%d" % i, self.nodes[0].port) for i in range(3)]
@@ -571,8 +747,8 @@ class Soak:
         desc = {"single": "one redis-server", "redlock": "Redlock over 3 redis-server masters",
                 "sentinel": "a master, a replica and 3 sentinels (min_replicas 1)",
                 "cluster": "a Redis Cluster of 3 masters and 3 replicas (node timeout 1 s, min_replicas 1)",
-                "sql": "one mariadbd"}[a.topology]
-        durable = "flush at every commit" if a.topology == "sql" else "appendonly, fsync always"
+                "sql": "one mariadbd", "postgresql": "one postgres"}[a.topology]
+        durable = "flush at every commit" if a.topology in ("sql", "postgresql") else "appendonly, fsync always"
         say("soak: %s (%s) at %s; resource on %s" % (desc, durable, self.url, self.resource.addr))
         say("soak: %d processes x %d threads on %d keys for %d s" % (a.procs, a.threads, a.keys, a.seconds))
 
@@ -799,7 +975,7 @@ class Soak:
                 self.deck += ["redis_restart", "redis_hang"]
             elif topo == "cluster":
                 self.deck += ["c_master_kill", "c_failover", "c_slot_move", "c_slot_move", "c_master_hang"]
-            elif topo == "sql":
+            elif topo in ("sql", "postgresql"):
                 self.deck += ["sql_restart", "sql_hang"]
             elif topo == "redlock":
                 self.deck += ["node_kill", "redis_hang"]
@@ -962,7 +1138,8 @@ class Stop(Exception):
 def main():
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--seconds", type=int, default=60)
-    p.add_argument("--topology", choices=["single", "redlock", "sentinel", "cluster", "sql"], default="single")
+    p.add_argument("--topology", choices=["single", "redlock", "sentinel", "cluster", "sql", "postgresql"],
+                   default="single")
     p.add_argument("--seed", type=int, required=True)
     p.add_argument("--procs", type=int, default=3)
     p.add_argument("--threads", type=int, default=3)

@@ -35,11 +35,17 @@
 // On a Redis Cluster the owner is read from the master serving the key's
 // slot (following MOVED, and ASK after ASKING), and the check after the
 // release is made only if the same node answers (a failover or a slot
-// moved in between leaves it out). On SQL (mysql://) the owner is the
-// lock row's while it has not expired, read on the database's clock.
+// moved in between leaves it out). On SQL (mysql://, postgresql://) the
+// owner is the lock row's while it has not expired, read on the database's
+// clock.
 #include <hiredis/hiredis.h>
 #include <lockwatch/lockwatch.hpp>
 #include <mysql.h>
+#if LOCKWATCH_WITH_POSTGRESQL
+#include <libpq-fe.h>
+#include <poll.h>
+#include <sys/socket.h>
+#endif
 #include <signal.h>
 #include <unistd.h>
 
@@ -292,9 +298,9 @@ class Resource {
 
 // Where the lock nodes are, from the URL the runtime gets: fixed masters
 // and Sentinel as the library parses them, a Redis Cluster's seeds, or a
-// mysql:// database.
+// mysql:// or postgresql:// database.
 struct Where {
-  enum class Kind { kRedis, kCluster, kSql } kind = Kind::kRedis;
+  enum class Kind { kRedis, kCluster, kSql, kPostgres } kind = Kind::kRedis;
   lockwatch::detail::Topology topology;  // kRedis
   std::vector<std::pair<std::string, int>> seeds;  // kCluster
   std::string user, password, host, database;  // kSql
@@ -302,7 +308,7 @@ struct Where {
 
   static Where parse(const std::string& url) {
     Where w;
-    constexpr std::string_view kCluster = "redis-cluster://", kSql = "mysql://";
+    constexpr std::string_view kCluster = "redis-cluster://", kSql = "mysql://", kPostgres = "postgresql://";
     auto host_port = [&](const std::string& hp) {
       auto colon = hp.rfind(':');
       if (colon == std::string::npos) throw std::runtime_error("host:port expected in " + url);
@@ -317,14 +323,15 @@ struct Where {
         if (comma == std::string::npos) break;
         at = comma + 1;
       }
-    } else if (url.starts_with(kSql)) {
-      // mysql://user:password@host:port/database, as scripts/soak writes it.
-      w.kind = Kind::kSql;
-      std::string rest = url.substr(kSql.size());
+    } else if (url.starts_with(kSql) || url.starts_with(kPostgres)) {
+      // mysql:// or postgresql://user:password@host:port/database, as
+      // scripts/soak writes it.
+      w.kind = url.starts_with(kSql) ? Kind::kSql : Kind::kPostgres;
+      std::string rest = url.substr(url.find("://") + 3);
       auto at = rest.rfind('@'), slash = rest.find('/', at);
       auto colon = rest.find(':');
       if (at == std::string::npos || slash == std::string::npos || colon > at)
-        throw std::runtime_error("mysql://user:password@host:port/database expected: " + url);
+        throw std::runtime_error("user:password@host:port/database expected: " + url);
       w.user = rest.substr(0, colon);
       w.password = rest.substr(colon + 1, at - colon - 1);
       std::tie(w.host, w.port) = host_port(rest.substr(at + 1, slash - at - 1));
@@ -357,6 +364,9 @@ class LockNodes {
   }
   ~LockNodes() {
     if (sql_ != nullptr) mysql_close(sql_);
+#if LOCKWATCH_WITH_POSTGRESQL
+    if (pg_ != nullptr) PQfinish(pg_);
+#endif
   }
   LockNodes(const LockNodes&) = delete;
   LockNodes& operator=(const LockNodes&) = delete;
@@ -367,6 +377,7 @@ class LockNodes {
     switch (where_of_.kind) {
       case Where::Kind::kCluster: return kClusterHops * 2 * kProbeTimeout;
       case Where::Kind::kSql: return 3 * kSqlTimeout;  // connect, write, read
+      case Where::Kind::kPostgres: return 2 * kSqlTimeout;  // connect, query
       default: return static_cast<long>(nodes()) * 2 * kProbeTimeout;
     }
   }
@@ -378,6 +389,9 @@ class LockNodes {
   std::vector<std::optional<std::string>> values(const std::string& key) {
     if (where_of_.kind == Where::Kind::kCluster) return {cluster_value(key)};
     if (where_of_.kind == Where::Kind::kSql) return {sql_value(key)};
+#if LOCKWATCH_WITH_POSTGRESQL
+    if (where_of_.kind == Where::Kind::kPostgres) return {pg_value(key)};
+#endif
     std::vector<std::optional<std::string>> out;
     if (sentinels_.empty()) {
       where_ = "masters";
@@ -491,6 +505,87 @@ class LockNodes {
     return owner;
   }
 
+#if LOCKWATCH_WITH_POSTGRESQL
+  // Waits for libpq's socket until `until` (false: timed out or failed).
+  bool pg_wait(bool for_write, Clock::time_point until) {
+    auto left = std::chrono::ceil<milliseconds>(until - Clock::now()).count();
+    if (left <= 0) return false;
+    pollfd p{PQsocket(pg_), static_cast<short>(for_write ? POLLOUT : POLLIN), 0};
+    return ::poll(&p, 1, static_cast<int>(left)) == 1;
+  }
+  void pg_drop() {
+    if (pg_ == nullptr) return;
+    if (int fd = PQsocket(pg_); fd >= 0) ::shutdown(fd, SHUT_RDWR);  // a hung server is not waited on
+    PQfinish(pg_);
+    pg_ = nullptr;
+  }
+  // The owner of the key's row on the database's clock, through libpq's
+  // asynchronous calls with a deadline each (a blocking query would wait
+  // forever on a stopped server).
+  std::optional<std::string> pg_value(const std::string& key) {
+    where_.clear();
+    if (pg_ == nullptr) {
+      const std::string port = std::to_string(where_of_.port);
+      const char* keys[] = {"hostaddr", "port", "dbname", "user", "password", "sslmode", "gssencmode", nullptr};
+      const char* vals[] = {where_of_.host.c_str(), port.c_str(), where_of_.database.c_str(), where_of_.user.c_str(),
+                            where_of_.password.c_str(), "disable", "disable", nullptr};
+      pg_ = PQconnectStartParams(keys, vals, 0);
+      if (pg_ == nullptr) return std::nullopt;
+      auto until = Clock::now() + kSqlTimeout;
+      PostgresPollingStatusType st = PGRES_POLLING_WRITING;
+      while (st != PGRES_POLLING_OK) {
+        if (st == PGRES_POLLING_FAILED || !pg_wait(st == PGRES_POLLING_WRITING, until)) {
+          pg_drop();
+          return std::nullopt;
+        }
+        st = PQconnectPoll(pg_);
+      }
+      PQsetnonblocking(pg_, 1);
+    }
+    const std::string name = sql_lock_name(key);
+    const char* params[] = {name.c_str()};
+    if (PQsendQueryParams(pg_,
+                          "SELECT convert_from(owner, 'UTF8') FROM lockwatch_locks WHERE lock_name = "
+                          "convert_to($1, 'UTF8') AND owner <> '' AND expires_at > clock_timestamp()",
+                          1, nullptr, params, nullptr, nullptr, 0) != 1) {
+      pg_drop();
+      return std::nullopt;
+    }
+    auto until = Clock::now() + kSqlTimeout;
+    while (PQflush(pg_) == 1)
+      if (!pg_wait(true, until)) {
+        pg_drop();
+        return std::nullopt;
+      }
+    std::optional<std::string> owner;
+    bool no_table = false;
+    for (;;) {
+      while (PQisBusy(pg_) == 1) {
+        if (!pg_wait(false, until) || PQconsumeInput(pg_) == 0) {
+          pg_drop();
+          return std::nullopt;
+        }
+      }
+      PGresult* r = PQgetResult(pg_);
+      if (r == nullptr) break;
+      if (PQresultStatus(r) == PGRES_TUPLES_OK) {
+        owner = PQntuples(r) > 0 ? std::string(PQgetvalue(r, 0, 0)) : std::string();
+      } else {
+        const char* code = PQresultErrorField(r, PG_DIAG_SQLSTATE);
+        no_table = code != nullptr && std::strcmp(code, "42P01") == 0;  // no lock taken so far
+      }
+      PQclear(r);
+    }
+    if (no_table) owner = std::string();
+    if (!owner) {
+      pg_drop();
+      return std::nullopt;
+    }
+    where_ = "sql";
+    return owner;
+  }
+#endif
+
   // "host:port" that every answering sentinel names, or "" (too few
   // answered, or they disagree: a failover is under way).
   std::string agreed_master() {
@@ -514,6 +609,9 @@ class LockNodes {
   std::map<std::string, Conn> cluster_;
   std::pair<std::string, int> last_;
   MYSQL* sql_ = nullptr;
+#if LOCKWATCH_WITH_POSTGRESQL
+  PGconn* pg_ = nullptr;
+#endif
   std::string where_;
 };
 

@@ -14,13 +14,16 @@
 namespace lockwatch::cli {
 namespace {
 
-constexpr const char* kRedisHelp =
-    "Where the locks live: redis://[user:password@]host:port[/db], a comma-separated list of redis:// URLs "
-    "(Redlock), redis-sentinel://[user:password@]host:port[,host:port...]/master-name[/db], "
+// --store is the store-neutral name; --redis, its first, is kept.
+constexpr const char* kStoreOption = "--store,--redis";
+constexpr const char* kStoreHelp =
+    "Where the locks live (--redis is the same option): redis://[user:password@]host:port[/db], a "
+    "comma-separated list of redis:// URLs (Redlock), "
+    "redis-sentinel://[user:password@]host:port[,host:port...]/master-name[/db], "
     "redis-cluster://[user:password@]host:port[,host:port...], rediss://, rediss-sentinel:// and "
-    "rediss-cluster:// for TLS, "
-    "mysql://user:password@host[:port]/database, or memory://[name]. Default: $LOCKWATCH_STORE_URL, else "
-    "$LOCKWATCH_REDIS_URL, else redis://127.0.0.1:6379";
+    "rediss-cluster:// for TLS, mysql://user:password@host[:port]/database, "
+    "postgresql://user:password@host[:port]/database[?sslmode=...], or memory://[name]. Default: "
+    "$LOCKWATCH_STORE_URL, else $LOCKWATCH_REDIS_URL, else redis://127.0.0.1:6379";
 
 constexpr const char* kVerboseHelp =
     "Also print the library's log on standard error: connections lost and retried, found again, leases lost "
@@ -103,7 +106,7 @@ CliApp make_app(CliArgs& a) {
 
   CLI::App* run = c.run = app.add_subcommand("run", "Run a command while holding the lock on KEY");
   run->footer(exit_status_text() + "\n\n" + command_environment_text());
-  c.run_redis = run->add_option("--redis", a.run_url, kRedisHelp)->type_name("URL");
+  c.run_redis = run->add_option(kStoreOption, a.run_url, kStoreHelp)->type_name("URL");
   run->add_option("--key", a.key, "The lock's name")->required()->type_name("KEY");
   run->add_option("--ttl", a.ttl,
                   "Lease time-to-live, renewed by the watchdog while the command runs (500ms, 30s, 5m, 1h)")
@@ -150,7 +153,7 @@ CliApp make_app(CliArgs& a) {
   CLI::App* status = c.status = app.add_subcommand(
       "status", "Print what the store says of the lock on KEY: key=, state=held|free, ttl_ms=, fencing_token= lines");
   status->footer("Takes no lease. state=held over Redlock means a majority of the nodes hold it for one owner.");
-  c.status_redis = status->add_option("--redis", a.status_url, kRedisHelp)->type_name("URL");
+  c.status_redis = status->add_option(kStoreOption, a.status_url, kStoreHelp)->type_name("URL");
   status->add_option("KEY", a.status_key, "The lock's name")->required();
   status->add_flag("-v,--verbose", a.status_verbose, kVerboseHelp);
 
@@ -159,7 +162,7 @@ CliApp make_app(CliArgs& a) {
   release->footer(
       "The holder, if any, finds its lease gone at its next renewal (a lockwatch run holding it stops its command "
       "and exits 76). The fencing counter is kept; waiters are woken.");
-  c.release_redis = release->add_option("--redis", a.release_url, kRedisHelp)->type_name("URL");
+  c.release_redis = release->add_option(kStoreOption, a.release_url, kStoreHelp)->type_name("URL");
   release->add_flag("--force", a.force, "Required: say that you mean to remove someone else's lock")->required();
   release->add_option("KEY", a.release_key, "The lock's name")->required();
   release->add_flag("-v,--verbose", a.release_verbose, kVerboseHelp);

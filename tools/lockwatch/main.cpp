@@ -1,11 +1,13 @@
 // lockwatch: run a command under a distributed lock on Redis, and look at
 // or remove a lock.
 //
-//   lockwatch run [--redis URL] --key KEY [--ttl 30s] [--wait 0s] [--retries N|forever]
+//   lockwatch run [--store URL] --key KEY [--ttl 30s] [--wait 0s] [--retries N|forever]
 //                 [--kill-grace D] [--once-per PERIOD] [-E CODE] [-q] [-v]
 //                 (-c 'shell command' | -- CMD ARGS...)
-//   lockwatch status [--redis URL] [-v] KEY
-//   lockwatch release [--redis URL] [-v] --force KEY
+//   lockwatch status [--store URL] [-v] KEY
+//   lockwatch release [--store URL] [-v] --force KEY
+//
+// --redis is the same option as --store (its first name, kept).
 //
 // The command line is defined in app.cpp (and rendered from there as the
 // man page and the bash completion); the subcommands are in run.cpp and

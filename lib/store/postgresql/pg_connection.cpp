@@ -1,0 +1,773 @@
+#include "store/postgresql/pg_connection.hpp"
+
+#include <arpa/inet.h>
+#include <fmt/format.h>
+#include <libpq-fe.h>
+#include <netdb.h>
+#include <netinet/in.h>
+#include <fcntl.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <memory>
+
+#include "core/loop.hpp"
+#include "store/postgresql/pg_error.hpp"
+
+namespace lockwatch::detail {
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+// The server's notices (CREATE TABLE IF NOT EXISTS on an existing table
+// says so) would go to stderr by default.
+void ignore_notice(void*, const PGresult*) {}
+
+// libpq's message as one line: without the LOCATION line the verbose form
+// adds (the server's source file), its line breaks and tabs one space.
+std::string one_line(const char* message) {
+  std::string s = message != nullptr ? message : "";
+  if (auto loc = s.find("\nLOCATION:"); loc != std::string::npos) s.resize(loc);
+  while (!s.empty() && (s.back() == '\n' || s.back() == ' ')) s.pop_back();
+  std::string out;
+  out.reserve(s.size());
+  for (char c : s) {
+    if (c == '\n' || c == '\t') c = ' ';
+    if (c == ' ' && !out.empty() && out.back() == ' ') continue;
+    out.push_back(c);
+  }
+  return out;
+}
+
+bool numeric_host(const std::string& host) {
+  unsigned char buf[sizeof(in6_addr)];
+  return ::inet_pton(AF_INET, host.c_str(), buf) == 1 || ::inet_pton(AF_INET6, host.c_str(), buf) == 1;
+}
+
+// Session settings, sent in the startup packet: no round trip, and in
+// force before the first statement. The server cancels a statement at
+// three quarters of the command timeout and a wait for a row lock at half
+// of it: answered "retry later" (nothing was done) before the client gives
+// up on the connection (then nothing is known).
+std::string startup_options(const Options& o) {
+  const long long command_ms = o.command_timeout.count();
+  long long statement_ms = std::max<long long>(1, command_ms * 3 / 4);
+  long long lock_ms = std::max<long long>(1, command_ms / 2);
+  return fmt::format("-c TimeZone=UTC -c statement_timeout={} -c lock_timeout={} -c bytea_output=hex", statement_ms,
+                     lock_ms);
+}
+
+std::uint64_t ms_count(std::chrono::milliseconds d) { return static_cast<std::uint64_t>(std::max<long long>(0, d.count())); }
+
+}  // namespace
+
+void PgConnection::ResultFree::operator()(pg_result* r) const noexcept { PQclear(r); }
+
+int PgRows::size() const noexcept { return result_ == nullptr ? 0 : PQntuples(result_); }
+
+std::string_view PgRows::at(int row, int column) const noexcept {
+  if (result_ == nullptr || row >= PQntuples(result_) || column >= PQnfields(result_)) return {};
+  return {PQgetvalue(result_, row, column), static_cast<std::size_t>(PQgetlength(result_, row, column))};
+}
+
+bool PgRows::null(int row, int column) const noexcept {
+  if (result_ == nullptr || row >= PQntuples(result_) || column >= PQnfields(result_)) return true;
+  return PQgetisnull(result_, row, column) != 0;
+}
+
+PgConnection::PgConnection(Loop& loop, PgTarget target, const Options& options, PgSession session)
+    : loop_(loop),
+      target_(std::move(target)),
+      options_(options),
+      session_(std::move(session)),
+      name_(target_.name()),
+      startup_options_(startup_options(options_)) {
+  if (session_.stale) session_.stale->connections.push_back(this);
+}
+
+PgConnection::~PgConnection() {
+  if (session_.stale) std::erase(session_.stale->connections, this);
+  // close() ran on the loop thread and the loop drained: nothing is left
+  // but, if the loop never ran, the connection itself.
+  if (conn_ != nullptr) PQfinish(conn_);
+}
+
+void PgConnection::start() {
+  uv_loop_t* uv = loop_.uv();
+  for (uv_timer_t* t : {&deadline_timer_, &reconnect_timer_}) {
+    uv_timer_init(uv, t);
+    t->data = this;
+    ++open_handles_;
+  }
+  uv_idle_init(uv, &kick_);
+  kick_.data = this;
+  ++open_handles_;
+  connect();
+}
+
+void PgConnection::execute(const std::string& statement, std::vector<std::string> params, PgDone done) {
+  if (state_ == State::kClosed) {
+    loop_.post([done = std::move(done), err = unavailable("the store is closed")] { done(PgRows(nullptr), &err); });
+    return;
+  }
+  Request r;
+  r.statement = statement;
+  r.params = std::move(params);
+  r.done = std::move(done);
+  queue_.push_back(std::move(r));
+  if (state_ == State::kReady) kick();
+}
+
+void PgConnection::kick() {
+  if (kicked_ || state_ == State::kClosed) return;
+  kicked_ = true;
+  uv_idle_start(&kick_, on_kick);
+}
+
+void PgConnection::on_kick(uv_idle_t* idle) {
+  auto* self = static_cast<PgConnection*>(idle->data);
+  uv_idle_stop(idle);
+  self->kicked_ = false;
+  self->send_queued();
+}
+
+// ---- connecting
+
+// A host name is looked up on libuv's thread pool (libpq's own lookup
+// would block the loop); the attempt then connects to the address, IPv4
+// first, and libpq keeps the name for TLS's host name check.
+struct PgConnection::Resolve {
+  uv_getaddrinfo_t req{};
+  PgConnection* self;
+  unsigned attempt;
+};
+
+void PgConnection::connect() {
+  if (state_ == State::kClosed) return;
+  state_ = State::kConnecting;
+  ++attempt_;
+  uv_timer_start(&deadline_timer_, on_deadline, ms_count(options_.connect_timeout), 0);
+  if (!target_.socket_dir.empty() || numeric_host(target_.host)) {
+    connect_to(target_.socket_dir.empty() ? target_.host : std::string());
+    return;
+  }
+  auto* r = new Resolve{{}, this, attempt_};
+  r->req.data = r;
+  addrinfo hints{};
+  hints.ai_family = AF_UNSPEC;
+  hints.ai_socktype = SOCK_STREAM;
+  int rc = uv_getaddrinfo(
+      loop_.uv(), &r->req,
+      [](uv_getaddrinfo_t* req, int status, addrinfo* res) {
+        std::unique_ptr<Resolve> r(static_cast<Resolve*>(req->data));
+        PgConnection* self = r->self;
+        std::string address;
+        if (status == 0 && res != nullptr) {
+          const addrinfo* pick = res;
+          for (const addrinfo* a = res; a != nullptr; a = a->ai_next)
+            if (a->ai_family == AF_INET) {
+              pick = a;
+              break;
+            }
+          char text[INET6_ADDRSTRLEN] = {};
+          if (pick->ai_family == AF_INET)
+            ::inet_ntop(AF_INET, &reinterpret_cast<const sockaddr_in*>(pick->ai_addr)->sin_addr, text, sizeof text);
+          else
+            ::inet_ntop(AF_INET6, &reinterpret_cast<const sockaddr_in6*>(pick->ai_addr)->sin6_addr, text, sizeof text);
+          address = text;
+        }
+        if (res != nullptr) uv_freeaddrinfo(res);
+        // Cancelled (the loop is closing), a closed connection, or an
+        // attempt that timed out meanwhile.
+        if (status == UV_ECANCELED) return;
+        if (self->state_ != State::kConnecting || self->attempt_ != r->attempt || self->conn_ != nullptr) return;
+        if (address.empty()) {
+          self->went_down(self->unavailable(fmt::format("cannot resolve {}: {}", self->target_.host,
+                                                        status == 0 ? "no address" : uv_strerror(status))),
+                          true);
+          return;
+        }
+        self->connect_to(address);
+      },
+      target_.host.c_str(), nullptr, &hints);
+  if (rc < 0) {
+    delete r;
+    went_down(unavailable(fmt::format("cannot resolve {}: {}", target_.host, uv_strerror(rc))), true);
+  }
+}
+
+void PgConnection::connect_to(const std::string& hostaddr) {
+  std::vector<const char*> keys, values;
+  std::deque<std::string> held;  // the values' storage, until PQconnectStartParams copied them
+  auto add = [&](const char* key, std::string_view value) {
+    if (value.empty()) return;
+    keys.push_back(key);
+    values.push_back(held.emplace_back(value).c_str());
+  };
+  add("host", target_.socket_dir.empty() ? target_.host : target_.socket_dir);
+  add("hostaddr", hostaddr);
+  add("port", std::to_string(target_.port));
+  add("dbname", target_.database);
+  add("user", target_.user);
+  add("password", target_.password);
+  add("options", startup_options_);
+  add("application_name", "lockwatch");
+  // GSSAPI encryption is not asked for: libpq would otherwise look for
+  // Kerberos credentials first.
+  add("gssencmode", "disable");
+  add("sslmode", target_.sslmode);
+  add("sslrootcert", target_.sslrootcert);
+  add("sslcert", target_.sslcert);
+  add("sslkey", target_.sslkey);
+  add("sslcrl", target_.sslcrl);
+  keys.push_back(nullptr);
+  values.push_back(nullptr);
+  conn_ = PQconnectStartParams(keys.data(), values.data(), 0);
+  if (conn_ == nullptr) {
+    went_down(unavailable("out of memory for a connection"), true);
+    return;
+  }
+  // Non-blocking from the start: nothing libpq does later (a flush, its
+  // goodbye in PQfinish) may wait on the socket.
+  PQsetnonblocking(conn_, 1);
+  PQsetNoticeReceiver(conn_, ignore_notice, nullptr);
+  // A failed login's SQLSTATE is only in the message, in this form.
+  PQsetErrorVerbosity(conn_, PQERRORS_VERBOSE);
+  if (PQstatus(conn_) == CONNECTION_BAD) {
+    connect_step(PGRES_POLLING_FAILED);
+    return;
+  }
+  connect_step(PGRES_POLLING_WRITING);
+}
+
+void PgConnection::connect_step(int polling_status) {
+  switch (polling_status) {
+    case PGRES_POLLING_OK:
+      connected();
+      return;
+    case PGRES_POLLING_READING:
+      watch_socket(UV_READABLE, true);
+      return;
+    case PGRES_POLLING_WRITING:
+      watch_socket(UV_WRITABLE, true);
+      return;
+    default: {
+      const char* raw = PQerrorMessage(conn_);
+      std::string code(sqlstate_in_verbose_message(raw != nullptr ? raw : ""));  // in libpq's own layout
+      went_down(pg_connect_error(name_, code, one_line(raw)), true);
+      return;
+    }
+  }
+}
+
+// While connecting, libpq may close its socket and open another (TLS
+// refused, then plain text): each step gets a fresh handle, since a new
+// socket can reuse the old number.
+//
+// The handle watches a duplicate of libpq's descriptor, closed only once
+// the handle is: libpq closes its own when it finds the connection lost,
+// and that number may be another thread's by the time the loop stops
+// watching it.
+void PgConnection::watch_socket(int events, bool renew_handle) {
+  int fd = PQsocket(conn_);
+  if (fd < 0) {
+    went_down_unavailable("libpq has no socket");
+    return;
+  }
+  if (poll_ != nullptr && (renew_handle || poll_sock_ != fd)) close_poll();
+  if (poll_ == nullptr) {
+    int dup = ::fcntl(fd, F_DUPFD_CLOEXEC, 0);
+    if (dup < 0) {
+      went_down_unavailable("cannot watch the connection's socket (dup)");
+      return;
+    }
+    auto* p = new PollHandle{};
+    if (uv_poll_init_socket(loop_.uv(), &p->handle, dup) != 0) {
+      ::close(dup);
+      delete p;
+      went_down_unavailable("cannot watch the connection's socket");
+      return;
+    }
+    p->fd = dup;
+    p->handle.data = this;
+    poll_ = p;
+    poll_sock_ = fd;
+    poll_events_ = 0;
+  }
+  if (events == poll_events_) return;
+  poll_events_ = events;
+  if (events != 0)
+    uv_poll_start(&poll_->handle, events | UV_DISCONNECT, on_poll);
+  else
+    uv_poll_stop(&poll_->handle);
+}
+
+void PgConnection::close_poll() {
+  if (poll_ == nullptr) return;
+  uv_poll_stop(&poll_->handle);
+  uv_close(reinterpret_cast<uv_handle_t*>(&poll_->handle), [](uv_handle_t* h) {
+    auto* p = reinterpret_cast<PollHandle*>(h);  // the handle is its first member
+    ::close(p->fd);
+    delete p;
+  });
+  poll_ = nullptr;
+  poll_sock_ = -1;
+  poll_events_ = 0;
+}
+
+void PgConnection::on_poll(uv_poll_t* handle, int status, int events) {
+  auto* self = static_cast<PgConnection*>(handle->data);
+  switch (self->state_) {
+    case State::kConnecting:
+      self->connect_step(PQconnectPoll(self->conn_));
+      return;
+    case State::kHandshake:
+    case State::kReady:
+      if (status == 0 && (events & UV_WRITABLE)) {
+        self->flush();
+        if (self->state_ != State::kHandshake && self->state_ != State::kReady) return;
+      }
+      if (status < 0 || (events & (UV_READABLE | UV_DISCONNECT))) self->on_readable();
+      return;
+    case State::kDown:
+    case State::kClosed:
+      return;
+  }
+}
+
+void PgConnection::connected() {
+  // The socket is up and the login done; the set-up comes first. The
+  // connect deadline keeps running until it is over.
+  state_ = State::kHandshake;
+  PQsetErrorVerbosity(conn_, PQERRORS_DEFAULT);
+  if (PQenterPipelineMode(conn_) != 1) {
+    went_down_unavailable(fmt::format("cannot enter pipeline mode: {}", one_line(PQerrorMessage(conn_))));
+    return;
+  }
+  watch_socket(UV_READABLE, true);
+  if (state_ != State::kHandshake) return;
+  end_stale_backends();
+}
+
+void PgConnection::end_stale_backends() {
+  if (!session_.stale || session_.stale->pids.empty()) {
+    handshake(false);
+    return;
+  }
+  std::vector<int> pids = session_.stale->pids;
+  std::string list;
+  for (int pid : pids) list += (list.empty() ? "" : ",") + std::to_string(pid);
+  // Only lockwatch's own sessions of this role, never this one (a pid can
+  // have been reused meanwhile). PostgreSQL 14 and later wait for the
+  // process to exit, within half the connect timeout.
+  const long long wait_ms = std::max<long long>(1, options_.connect_timeout.count() / 2);
+  const std::string terminate =
+      PQserverVersion(conn_) >= 140000 ? fmt::format("pg_terminate_backend(a.pid, {})", wait_ms) : "pg_terminate_backend(a.pid)";
+  Request r;
+  r.kind = Kind::kSql;
+  r.sql = fmt::format("SELECT {} FROM pg_stat_activity a WHERE a.pid = ANY('{{{}}}'::int[]) AND a.usename = current_user "
+                      "AND a.application_name = 'lockwatch' AND a.pid <> pg_backend_pid()",
+                      terminate, list);
+  r.done = [this, pids](const PgRows&, const StoreError*) {
+    if (state_ != State::kHandshake) return;
+    // Ended, gone already, or not ours to end (refused): either way not
+    // tried again.
+    std::erase_if(session_.stale->pids, [&](int p) { return std::find(pids.begin(), pids.end(), p) != pids.end(); });
+    handshake(false);
+  };
+  send_handshake(std::move(r));
+}
+
+void PgConnection::send_handshake(Request r) {
+  inflight_.push_back(std::move(r));
+  if (!send(inflight_.back())) {
+    went_down_unavailable(one_line(PQerrorMessage(conn_)));
+    return;
+  }
+  flush();
+}
+
+void PgConnection::handshake(bool created) {
+  if (!session_.listen.empty()) {
+    Request r;
+    r.kind = Kind::kSql;
+    r.sql = fmt::format("LISTEN \"{}\"", session_.listen);
+    r.done = [this](const PgRows&, const StoreError* err) {
+      if (state_ != State::kHandshake) return;
+      if (err) {
+        went_down(*err, true);
+        return;
+      }
+      became_usable();
+    };
+    send_handshake(std::move(r));
+    return;
+  }
+  // The first statement's prepare is the table check: a missing table is
+  // created once, then prepared again; any other refusal says what the
+  // table lacks.
+  const PgStatement& first = session_.statements.front();
+  Request r;
+  r.kind = Kind::kPrepare;
+  r.statement = first.name;
+  r.sql = first.sql;
+  r.param_types = &first.param_types;
+  r.done = [this, created](const PgRows&, const StoreError* err) {
+    if (state_ != State::kHandshake) return;
+    if (!err) {
+      prepare_rest();
+      return;
+    }
+    if (err->code == "42P01" && !created) {  // undefined_table
+      Request c;
+      c.kind = Kind::kSql;
+      c.sql = session_.create;
+      c.done = [this](const PgRows&, const StoreError* e) {
+        if (state_ != State::kHandshake) return;
+        // Another connection may have created it meanwhile (42P07; 42710
+        // or 23505 when both got as far as the catalog): the next prepare
+        // tells.
+        if (e && e->code != "42P07" && e->code != "42710" && e->code != "23505") {
+          StoreError why = *e;
+          why.message = fmt::format("cannot create the lock table {}: {}", session_.table, e->message);
+          went_down(why, true);
+          return;
+        }
+        handshake(true);
+      };
+      send_handshake(std::move(c));
+      return;
+    }
+    table_error(*err);
+  };
+  send_handshake(std::move(r));
+}
+
+void PgConnection::prepare_rest() {
+  auto left = std::make_shared<std::size_t>(session_.statements.size() - 1);
+  if (*left == 0) {
+    check_plan();
+    return;
+  }
+  for (std::size_t i = 1; i < session_.statements.size(); ++i) {
+    const PgStatement& s = session_.statements[i];
+    Request r;
+    r.kind = Kind::kPrepare;
+    r.statement = s.name;
+    r.sql = s.sql;
+    r.param_types = &s.param_types;
+    r.done = [this, left](const PgRows&, const StoreError* err) {
+      if (state_ != State::kHandshake) return;
+      if (err) {
+        table_error(*err);
+        return;
+      }
+      if (--*left == 0) check_plan();
+    };
+    send_handshake(std::move(r));
+    if (state_ != State::kHandshake) return;
+  }
+}
+
+void PgConnection::check_plan() {
+  if (session_.plan_check.empty()) {
+    became_usable();
+    return;
+  }
+  Request r;
+  r.kind = Kind::kSql;
+  r.sql = session_.plan_check;
+  r.done = [this](const PgRows&, const StoreError* err) {
+    if (state_ != State::kHandshake) return;
+    if (err) {
+      table_error(*err);
+      return;
+    }
+    became_usable();
+  };
+  send_handshake(std::move(r));
+}
+
+void PgConnection::table_error(const StoreError& error) {
+  if (error.kind == StoreError::Kind::kUnavailable || error.kind == StoreError::Kind::kRetryLater) {
+    went_down(error, true);
+    return;
+  }
+  StoreError why = error;
+  if (error.code == "42501")  // insufficient_privilege
+    why.message = fmt::format("the lock table {} cannot be used by this user (it needs SELECT, INSERT and UPDATE "
+                              "on it): {}",
+                              session_.table, error.message);
+  else
+    why.message = fmt::format(
+        "the lock table {} cannot be used: it needs lockwatch's columns (lock_name, owner, fence, expires_at, "
+        "last_period, of the README's types) and lock_name as its key: {}",
+        session_.table, error.message);
+  went_down(why, true);
+}
+
+void PgConnection::became_usable() {
+  state_ = State::kReady;
+  uv_timer_stop(&deadline_timer_);
+  backoff_ = std::chrono::milliseconds(0);
+  if (reported_down_) {
+    reported_down_ = false;
+    if (state_hook_) state_hook_(true, {});
+    if (state_ != State::kReady) return;
+  }
+  if (ready_hook_) ready_hook_();
+  if (state_ == State::kReady && !queue_.empty()) kick();
+}
+
+// ---- requests
+
+bool PgConnection::send(Request& r) {
+  int ok = 0;
+  std::vector<const char*> values;
+  values.reserve(r.params.size());
+  for (const auto& p : r.params) values.push_back(p.c_str());
+  const int n = static_cast<int>(values.size());
+  switch (r.kind) {
+    case Kind::kExecute:
+      ok = PQsendQueryPrepared(conn_, r.statement.c_str(), n, values.data(), nullptr, nullptr, 0);
+      break;
+    case Kind::kPrepare: {
+      std::vector<Oid> types(r.param_types->begin(), r.param_types->end());
+      ok = PQsendPrepare(conn_, r.statement.c_str(), r.sql.c_str(), static_cast<int>(types.size()), types.data());
+      break;
+    }
+    case Kind::kSql:
+      ok = PQsendQueryParams(conn_, r.sql.c_str(), 0, nullptr, nullptr, nullptr, nullptr, 0);
+      break;
+  }
+  // Each statement its own sync: its own implicit transaction, and a
+  // failure aborts nothing after it.
+  if (ok == 1) ok = PQpipelineSync(conn_);
+  r.sent = Clock::now();
+  return ok == 1;
+}
+
+void PgConnection::send_queued() {
+  if (state_ != State::kReady) return;
+  const bool was_idle = inflight_.empty();
+  while (!queue_.empty()) {
+    inflight_.push_back(std::move(queue_.front()));
+    queue_.pop_front();
+    if (!send(inflight_.back())) {
+      went_down_unavailable(one_line(PQerrorMessage(conn_)));
+      return;
+    }
+  }
+  if (was_idle) arm_deadline();
+  flush();
+}
+
+void PgConnection::flush() {
+  int rc = PQflush(conn_);
+  if (rc < 0) {
+    went_down_unavailable(one_line(PQerrorMessage(conn_)));
+    return;
+  }
+  want_write_ = rc == 1;
+  watch_socket(UV_READABLE | (want_write_ ? UV_WRITABLE : 0), false);
+}
+
+void PgConnection::on_readable() {
+  if (PQconsumeInput(conn_) == 0) {
+    std::string why = one_line(PQerrorMessage(conn_));
+    went_down_unavailable(why.empty() ? "the server closed the connection" : why);
+    return;
+  }
+  drain();
+  if (state_ != State::kReady && state_ != State::kHandshake) return;
+  while (PGnotify* n = PQnotifies(conn_)) {
+    std::string payload = n->extra != nullptr ? n->extra : "";
+    PQfreemem(n);
+    if (notify_hook_) notify_hook_(payload);
+    if (state_ != State::kReady && state_ != State::kHandshake) return;
+  }
+  if (PQstatus(conn_) == CONNECTION_BAD) went_down_unavailable("the server closed the connection");
+}
+
+void PgConnection::poll_now() {
+  if (state_ == State::kReady && !inflight_.empty()) on_readable();
+}
+
+// Answers arrive in order, each as its result(s), a null, then the sync's
+// own result: the request at the front is complete at its sync.
+void PgConnection::drain() {
+  while (!inflight_.empty() && (state_ == State::kReady || state_ == State::kHandshake) && PQisBusy(conn_) == 0) {
+    PGresult* r = PQgetResult(conn_);
+    Request& front = inflight_.front();
+    if (r == nullptr) {
+      // The end of the front's results; else nothing to read yet, or (a
+      // connection gone bad) nothing more will come: on_readable() sees
+      // the status.
+      if (front.stage != Stage::kEnd) break;
+      front.stage = Stage::kSync;
+      continue;
+    }
+    if (PQresultStatus(r) == PGRES_PIPELINE_SYNC) {
+      PQclear(r);
+      complete_front();
+      continue;
+    }
+    if (!front.result) {
+      front.result.reset(r);
+      front.stage = Stage::kEnd;
+    } else {
+      PQclear(r);
+    }
+  }
+}
+
+void PgConnection::complete_front() {
+  Request r = std::move(inflight_.front());
+  inflight_.pop_front();
+  arm_deadline();
+  StoreError error;
+  const StoreError* err = nullptr;
+  if (!r.result) {
+    error = pg_statement_error(name_, "", "the server sent no result for a statement");
+    err = &error;
+  } else {
+    ExecStatusType st = PQresultStatus(r.result.get());
+    if (st != PGRES_COMMAND_OK && st != PGRES_TUPLES_OK) {
+      const char* code = PQresultErrorField(r.result.get(), PG_DIAG_SQLSTATE);
+      const char* primary = PQresultErrorField(r.result.get(), PG_DIAG_MESSAGE_PRIMARY);
+      error = pg_statement_error(name_, code != nullptr ? code : "",
+                                 primary != nullptr ? primary : one_line(PQresultErrorMessage(r.result.get())));
+      err = &error;
+    }
+  }
+  r.done(PgRows(err ? nullptr : r.result.get()), err);
+}
+
+void PgConnection::arm_deadline() {
+  if (state_ != State::kReady) return;  // connecting: the connect deadline runs
+  if (inflight_.empty()) {
+    uv_timer_stop(&deadline_timer_);
+    return;
+  }
+  auto due = inflight_.front().sent + options_.command_timeout;
+  auto left = std::chrono::ceil<std::chrono::milliseconds>(due - Clock::now());
+  uv_timer_start(&deadline_timer_, on_deadline, ms_count(left), 0);
+}
+
+void PgConnection::on_deadline(uv_timer_t* t) {
+  auto* self = static_cast<PgConnection*>(t->data);
+  if (self->state_ == State::kConnecting || self->state_ == State::kHandshake) {
+    self->went_down(self->unavailable(fmt::format("no connection within the connect timeout ({} ms)",
+                                                  self->options_.connect_timeout.count())),
+                    true);
+  } else if (self->state_ == State::kReady && !self->inflight_.empty()) {
+    if (Clock::now() < self->inflight_.front().sent + self->options_.command_timeout) {
+      self->arm_deadline();
+      return;
+    }
+    self->went_down_unavailable(
+        fmt::format("no answer within the command timeout ({} ms)", self->options_.command_timeout.count()));
+  }
+}
+
+// ---- down, up, closed
+
+StoreError PgConnection::unavailable(const std::string& why) const {
+  return StoreError::unavailable(name_, why, StoreError::Origin::kPostgres);
+}
+
+void PgConnection::went_down_unavailable(const std::string& why) { went_down(unavailable(why), false); }
+
+void PgConnection::went_down(const StoreError& error, bool fail_queued) {
+  if (state_ == State::kClosed || state_ == State::kDown) return;
+  const bool was_connecting = state_ == State::kConnecting || state_ == State::kHandshake;
+  const bool left_behind = session_.stale && conn_ != nullptr && !inflight_.empty();
+  if (left_behind) {
+    const int pid = PQbackendPID(conn_);
+    auto& pids = session_.stale->pids;
+    if (pid > 0 && std::find(pids.begin(), pids.end(), pid) == pids.end()) pids.push_back(pid);
+  }
+  teardown(false);
+  // What was in flight may or may not have run: it fails. What was queued
+  // waits for the next attempt, unless this was an attempt (it waited for
+  // this one) or the set-up was refused.
+  std::deque<Request> inflight = std::move(inflight_);
+  inflight_.clear();
+  if (!reported_down_) {
+    reported_down_ = true;
+    if (state_hook_) state_hook_(false, error.message);
+  }
+  fail_all(inflight, error);
+  if (was_connecting || fail_queued) {
+    std::deque<Request> queued = std::move(queue_);
+    queue_.clear();
+    fail_all(queued, error);
+  }
+  if (left_behind) {
+    // The store's other connections may be answered before that process
+    // runs what it had: they start again too, behind its end.
+    std::vector<PgConnection*> others = session_.stale->connections;
+    for (PgConnection* c : others)
+      if (c != this && (c->state_ == State::kReady || c->state_ == State::kHandshake))
+        c->went_down_unavailable("starting again behind a connection given up on with statements in flight");
+  }
+  if (state_ == State::kClosed) return;
+  schedule_reconnect();
+}
+
+void PgConnection::fail_all(std::deque<Request>& requests, const StoreError& error) {
+  for (auto& r : requests) r.done(PgRows(nullptr), &error);
+  requests.clear();
+}
+
+void PgConnection::teardown(bool graceful) {
+  uv_timer_stop(&deadline_timer_);
+  // A connection given up on is shut first (through the duplicate, which
+  // is open even when libpq closed its own): its goodbye cannot wait on a
+  // server that stopped answering (libpq is non-blocking anyway).
+  if (!graceful && poll_ != nullptr) ::shutdown(poll_->fd, SHUT_RDWR);
+  close_poll();
+  if (conn_ != nullptr) {
+    if (!graceful) {
+      int fd = PQsocket(conn_);
+      if (fd >= 0) ::shutdown(fd, SHUT_RDWR);
+    }
+    PQfinish(conn_);
+    conn_ = nullptr;
+  }
+  want_write_ = false;
+  if (state_ != State::kClosed) state_ = State::kDown;
+}
+
+void PgConnection::schedule_reconnect() {
+  backoff_ = backoff_.count() == 0 ? options_.reconnect_min : std::min(backoff_ * 2, options_.reconnect_max);
+  uv_timer_start(&reconnect_timer_, on_reconnect, ms_count(backoff_), 0);
+}
+
+void PgConnection::on_reconnect(uv_timer_t* t) {
+  auto* self = static_cast<PgConnection*>(t->data);
+  if (self->state_ == State::kDown) self->connect();
+}
+
+void PgConnection::close() {
+  if (state_ == State::kClosed) return;
+  const bool healthy = state_ == State::kReady;
+  state_ = State::kClosed;
+  teardown(healthy);
+  auto err = unavailable("the store is closed");
+  std::deque<Request> inflight = std::move(inflight_);
+  std::deque<Request> queued = std::move(queue_);
+  inflight_.clear();
+  queue_.clear();
+  fail_all(inflight, err);
+  fail_all(queued, err);
+  if (open_handles_ == 0) return;  // never started
+  auto on_closed = [](uv_handle_t* h) { --static_cast<PgConnection*>(h->data)->open_handles_; };
+  uv_close(reinterpret_cast<uv_handle_t*>(&deadline_timer_), on_closed);
+  uv_close(reinterpret_cast<uv_handle_t*>(&reconnect_timer_), on_closed);
+  uv_close(reinterpret_cast<uv_handle_t*>(&kick_), on_closed);
+}
+
+}  // namespace lockwatch::detail

@@ -1,0 +1,234 @@
+// lib/store/postgresql/pg_connection.hpp: one PostgreSQL connection on the
+// loop thread, through libpq's asynchronous API.
+//
+// Connecting is PQconnectStartParams and PQconnectPoll driven by a
+// uv_poll_t on the connection's socket (a host name is looked up on
+// libuv's thread pool first and handed to libpq as hostaddr, so libpq
+// never resolves on the loop). Once connected the connection is in
+// pipeline mode and non-blocking: each request is a prepared statement
+// sent with PQsendQueryPrepared and its own sync (so each runs as its own
+// transaction, and one that fails fails alone), sent on the next loop turn
+// together with whatever else was queued, without waiting for the answers
+// before it; PQconsumeInput and PQgetResult, as far as PQisBusy allows,
+// read the answers in order. The loop never waits on the database.
+//
+// A connection first runs its session's set-up: the session settings
+// travel in the startup packet (TimeZone UTC, statement_timeout,
+// lock_timeout); a statements connection then prepares its statements,
+// which is also the check of the lock table (a missing table is created
+// once and the statements prepared again; a table without lockwatch's
+// columns or types fails the prepare, one without its key the planning of
+// an EXPLAIN, and the connection reports it);
+// a notices connection runs LISTEN. Requests wait for that.
+//
+// A connection given up on with statements in flight (a command timeout,
+// a reset) leaves its server process behind, which may still run them:
+// a hung server that goes on runs what it had read, after the client has
+// gone. Its pid goes on a list the store's statement connections share;
+// the others are dropped too, and each connection, before its set-up,
+// ends the processes on the list (pg_terminate_backend, waiting for them
+// to exit), so that nothing sent before a failure takes effect after the
+// store answers again (a ghost acquisition would, after its release was
+// answered "gone").
+//
+// Failures are StoreErrors naming the server: a refused login is kAuth,
+// anything else that stops the connection kUnavailable; a statement the
+// server refuses carries its SQLSTATE (pg_error.hpp). A request without an
+// answer within command_timeout, or a connection attempt past
+// connect_timeout, drops the connection: what was in flight fails, what
+// was queued goes to the next attempt. Lost connections come back on a
+// doubling back-off (reconnect_min .. reconnect_max); an idle connection
+// the server closed is noticed at once (the socket is always watched).
+//
+// Every callback runs exactly once, on the loop thread, never inside
+// execute(). Not thread-safe: the loop thread only, but construction.
+#pragma once
+
+#include <uv.h>
+
+#include <chrono>
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <memory>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "lockwatch/options.hpp"
+#include "store/postgresql/pg_target.hpp"
+#include "store/store_error.hpp"
+
+struct pg_conn;
+struct pg_result;
+
+namespace lockwatch::detail {
+
+class Loop;
+
+// A statement's rows as text (libpq's text format), valid during the
+// callback it is passed to only.
+class PgRows {
+ public:
+  explicit PgRows(const pg_result* result) : result_(result) {}
+  int size() const noexcept;
+  std::string_view at(int row, int column) const noexcept;
+  bool null(int row, int column) const noexcept;
+
+ private:
+  const pg_result* result_;
+};
+
+// `rows` is meaningful only when `error` is null; `error` is valid during
+// the call only.
+using PgDone = std::function<void(const PgRows& rows, const StoreError* error)>;
+
+// A statement prepared at connect: its name, text, and the type (an OID)
+// of each parameter.
+struct PgStatement {
+  std::string name;
+  std::string sql;
+  std::vector<unsigned> param_types;
+};
+
+// What a connection runs before it takes requests.
+class PgConnection;
+
+// The server processes of connections given up on with statements in
+// flight, and the connections that share the list (a store's statement
+// connections). Loop thread only.
+struct PgStaleBackends {
+  std::vector<int> pids;
+  std::vector<PgConnection*> connections;
+};
+
+struct PgSession {
+  std::vector<PgStatement> statements;  // prepared, the first doubling as the table check
+  std::shared_ptr<PgStaleBackends> stale;  // null: not tracked (a notices connection)
+  std::string create;                   // run once when the first prepare finds no table
+  std::string plan_check;               // run after the prepares (a planner's refusal: no key for ON CONFLICT)
+  std::string table;                    // for messages
+  std::string listen;                   // non-empty: a notices connection, LISTEN on this channel
+};
+
+class PgConnection {
+ public:
+  PgConnection(Loop& loop, PgTarget target, const Options& options, PgSession session);
+  ~PgConnection();
+  PgConnection(const PgConnection&) = delete;
+  PgConnection& operator=(const PgConnection&) = delete;
+
+  // Loop thread only, from here on.
+  void start();
+  // Runs the prepared statement `statement` with these parameters (text
+  // format, none NULL).
+  void execute(const std::string& statement, std::vector<std::string> params, PgDone done);
+  // Told when the connection goes down (with why) and when it is usable
+  // again: once per transition (set before start()).
+  void set_state_hook(std::function<void(bool up, const std::string& why)> hook) { state_hook_ = std::move(hook); }
+  // Told each time the connection became usable (its set-up done: for a
+  // notices connection, LISTEN confirmed).
+  void set_ready_hook(std::function<void()> hook) { ready_hook_ = std::move(hook); }
+  // A notices connection: each NOTIFY on its channel (payload as sent).
+  void set_notify_hook(std::function<void(std::string_view payload)> hook) { notify_hook_ = std::move(hook); }
+  // Requests queued or in flight.
+  std::size_t pending() const noexcept { return queue_.size() + inflight_.size(); }
+  bool usable() const noexcept { return state_ == State::kReady; }
+  // Reads and dispatches the answers that have arrived, now. Never from
+  // inside one of this connection's callbacks.
+  void poll_now();
+  // Stops reconnecting, fails what is pending, closes the handles. The loop
+  // then drains (Loop::shutdown): the object may be destroyed once the loop
+  // has stopped.
+  void close();
+  const std::string& name() const noexcept { return name_; }
+
+ private:
+  enum class State { kDown, kConnecting, kHandshake, kReady, kClosed };
+  enum class Kind { kExecute, kPrepare, kSql };
+  enum class Stage { kResult, kEnd, kSync };
+  struct ResultFree {
+    void operator()(pg_result* r) const noexcept;
+  };
+  struct Request {
+    Kind kind = Kind::kExecute;
+    std::string statement;  // kExecute, kPrepare: the statement's name
+    std::string sql;        // kPrepare, kSql
+    std::vector<std::string> params;
+    const std::vector<unsigned>* param_types = nullptr;  // kPrepare
+    PgDone done;
+    std::chrono::steady_clock::time_point sent{};
+    Stage stage = Stage::kResult;
+    std::unique_ptr<pg_result, ResultFree> result;  // once read
+  };
+  struct Resolve;
+
+  void connect();
+  void connect_to(const std::string& hostaddr);
+  void connect_step(int polling_status);
+  void watch_socket(int events, bool renew_handle);
+  void close_poll();
+  void connected();
+  void end_stale_backends();
+  void handshake(bool created);
+  void prepare_rest();
+  void check_plan();
+  void send_handshake(Request r);
+  void table_error(const StoreError& error);
+  void kick();
+  void send_queued();
+  bool send(Request& r);
+  void flush();
+  void on_readable();
+  void drain();
+  void complete_front();
+  void arm_deadline();
+  void went_down(const StoreError& error, bool fail_queued);
+  void went_down_unavailable(const std::string& why);
+  void teardown(bool graceful);
+  void schedule_reconnect();
+  void fail_all(std::deque<Request>& requests, const StoreError& error);
+  void became_usable();
+  StoreError unavailable(const std::string& why) const;
+
+  static void on_poll(uv_poll_t* handle, int status, int events);
+  static void on_deadline(uv_timer_t* t);
+  static void on_reconnect(uv_timer_t* t);
+  static void on_kick(uv_idle_t* idle);
+
+  Loop& loop_;
+  const PgTarget target_;
+  const Options options_;
+  const PgSession session_;
+  const std::string name_;
+  const std::string startup_options_;  // "-c TimeZone=UTC -c statement_timeout=..."
+  std::function<void(bool, const std::string&)> state_hook_;
+  std::function<void()> ready_hook_;
+  std::function<void(std::string_view)> notify_hook_;
+
+  State state_ = State::kDown;
+  pg_conn* conn_ = nullptr;
+  // A uv_poll_t on a duplicate of conn_'s socket (see watch_socket()),
+  // freed, and the duplicate closed, by the handle's close callback.
+  struct PollHandle {
+    uv_poll_t handle;  // first: the close callback gets it
+    int fd = -1;
+  };
+  PollHandle* poll_ = nullptr;
+  int poll_sock_ = -1;  // libpq's descriptor it duplicates
+  int poll_events_ = 0;
+  uv_timer_t deadline_timer_{};  // connect_timeout (an attempt) / command_timeout (the oldest request)
+  uv_timer_t reconnect_timer_{};
+  uv_idle_t kick_{};             // sends what was queued, on the next loop turn
+  int open_handles_ = 0;
+  unsigned attempt_ = 0;  // connection attempts made: a late lookup answers an old one
+  bool kicked_ = false;
+  bool reported_down_ = false;
+  bool want_write_ = false;  // libpq has output it could not send yet
+  std::chrono::milliseconds backoff_{0};
+
+  std::deque<Request> queue_;      // not yet sent
+  std::deque<Request> inflight_;   // sent (the session set-up too), answered in order
+};
+
+}  // namespace lockwatch::detail

@@ -1,0 +1,16 @@
+#include "store/postgresql/pg_kind.hpp"
+
+#include "store/postgresql/pg_store.hpp"
+#include "store/postgresql/pg_target.hpp"
+
+namespace lockwatch::detail {
+
+constinit const StoreKind kPostgresStore{
+    "postgresql postgres",
+    "postgresql://user[:password]@host[:port]/database[?table=name&sslmode=...] (or postgres://)",
+    [](const std::string& url, const Options& options) { PgStore::check_options(PgTarget::parse(url), options); },
+    [](Loop& loop, const std::string& url, const Options& options) -> std::unique_ptr<LockStore> {
+      return std::make_unique<PgStore>(loop, PgTarget::parse(url), options);
+    }};
+
+}  // namespace lockwatch::detail

@@ -1,0 +1,170 @@
+#include "store/postgresql/pg_target.hpp"
+
+#include <fmt/format.h>
+
+#include <charconv>
+#include <cstdint>
+#include <string_view>
+
+#include "core/url.hpp"
+#include "lockwatch/errors.hpp"
+
+namespace lockwatch::detail {
+
+namespace {
+
+constexpr std::string_view kSchemes[] = {"postgresql://", "postgres://"};
+constexpr std::string_view kShape = "expected postgresql://user[:password]@host[:port]/database";
+constexpr std::size_t kMaxIdentifier = 63;  // NAMEDATALEN - 1
+
+// The table goes into statements as "name": lower-case letters, digits and
+// '_' only (PostgreSQL's own spelling of an unquoted name, so that the
+// table reads the same quoted or not), and nothing a URL carries can
+// change a statement.
+bool plain_identifier(std::string_view s) {
+  if (s.empty() || s.size() > kMaxIdentifier) return false;
+  if (s.front() >= '0' && s.front() <= '9') return false;
+  for (char c : s) {
+    bool ok = (c >= 'a' && c <= 'z') || (c >= '0' && c <= '9') || c == '_';
+    if (!ok) return false;
+  }
+  return true;
+}
+
+bool known_sslmode(std::string_view m) {
+  for (std::string_view k : {"disable", "allow", "prefer", "require", "verify-ca", "verify-full"})
+    if (m == k) return true;
+  return false;
+}
+
+int parse_port(const std::string& url, std::string_view text) {
+  int port = 0;
+  auto [p, ec] = std::from_chars(text.data(), text.data() + text.size(), port);
+  if (text.empty() || ec != std::errc() || p != text.data() + text.size()) throw_bad_url(url, "bad port");
+  if (port <= 0 || port > 65535) throw_bad_url(url, "port out of range");
+  return port;
+}
+
+}  // namespace
+
+bool PgTarget::takes(const std::string& url) {
+  for (std::string_view s : kSchemes)
+    if (url.compare(0, s.size(), s) == 0) return true;
+  return false;
+}
+
+PgTarget PgTarget::parse(const std::string& url) {
+  std::string_view rest(url);
+  bool schemed = false;
+  for (std::string_view s : kSchemes) {
+    if (rest.substr(0, s.size()) == s) {
+      rest.remove_prefix(s.size());
+      schemed = true;
+      break;
+    }
+  }
+  if (!schemed) throw_bad_url(url, kShape.data());
+
+  PgTarget t;
+  std::string_view query;
+  if (auto q = rest.find('?'); q != std::string_view::npos) {
+    query = rest.substr(q + 1);
+    rest = rest.substr(0, q);
+  }
+  if (auto at = rest.rfind('@'); at != std::string_view::npos) {
+    std::string_view cred = rest.substr(0, at);
+    rest.remove_prefix(at + 1);
+    auto colon = cred.find(':');
+    t.user = percent_decode(url, cred.substr(0, colon));
+    if (colon != std::string_view::npos) t.password = percent_decode(url, cred.substr(colon + 1));
+  }
+  if (t.user.empty()) throw_bad_url(url, "no user: expected postgresql://user[:password]@host[:port]/database");
+  auto slash = rest.find('/');
+  if (slash == std::string_view::npos || slash + 1 >= rest.size())
+    throw_bad_url(url, "no database: expected postgresql://user[:password]@host[:port]/database");
+  t.database = percent_decode(url, rest.substr(slash + 1));
+  if (t.database.find('\0') != std::string::npos || t.database.size() > kMaxIdentifier)
+    throw_bad_url(url, "the database name must be 1 to 63 bytes, without NUL");
+  std::string_view hostport = rest.substr(0, slash);
+  std::string_view host = hostport;
+  if (!hostport.empty() && hostport.front() == '[') {  // [::1]:5432
+    auto close = hostport.find(']');
+    if (close == std::string_view::npos) throw_bad_url(url, "unclosed '[' in host");
+    host = hostport.substr(1, close - 1);
+    std::string_view after = hostport.substr(close + 1);
+    if (!after.empty()) {
+      if (after.front() != ':') throw_bad_url(url, "bad port");
+      t.port = parse_port(url, after.substr(1));
+    }
+  } else if (auto colon = hostport.rfind(':'); colon != std::string_view::npos) {
+    host = hostport.substr(0, colon);
+    t.port = parse_port(url, hostport.substr(colon + 1));
+  }
+  t.host = percent_decode(url, host);
+
+  while (!query.empty()) {
+    auto amp = query.find('&');
+    std::string_view param = query.substr(0, amp);
+    query = amp == std::string_view::npos ? std::string_view() : query.substr(amp + 1);
+    auto eq = param.find('=');
+    std::string_view key = param.substr(0, eq);
+    std::string value = eq == std::string_view::npos ? std::string() : percent_decode(url, param.substr(eq + 1));
+    auto absolute_path = [&](const char* why) {
+      if (value.empty() || value.front() != '/' || value.find('\0') != std::string::npos) throw_bad_url(url, why);
+      return std::move(value);
+    };
+    if (key == "table") {
+      if (!plain_identifier(value))
+        throw_bad_url(url, "table= must be 1 to 63 lower-case letters, digits or '_', not starting with a digit");
+      t.table = std::move(value);
+    } else if (key == "host") {
+      t.socket_dir = absolute_path("host= must be an absolute path (a unix socket directory)");
+    } else if (key == "sslmode") {
+      if (!known_sslmode(value))
+        throw_bad_url(url, "sslmode= must be disable, allow, prefer, require, verify-ca or verify-full");
+      t.sslmode = std::move(value);
+    } else if (key == "sslrootcert") {
+      t.sslrootcert = absolute_path("sslrootcert= must be an absolute path");
+    } else if (key == "sslcert") {
+      t.sslcert = absolute_path("sslcert= must be an absolute path");
+    } else if (key == "sslkey") {
+      t.sslkey = absolute_path("sslkey= must be an absolute path");
+    } else if (key == "sslcrl") {
+      t.sslcrl = absolute_path("sslcrl= must be an absolute path");
+    } else {
+      throw InvalidArgument(fmt::format(
+          "malformed URL '{}': unknown parameter '{}' (postgresql:// takes table=, host=, sslmode=, sslrootcert=, "
+          "sslcert=, sslkey= and sslcrl=)",
+          url_for_messages(url), key));
+    }
+  }
+  if (t.host.empty()) {
+    if (t.socket_dir.empty()) throw_bad_url(url, "no host");
+    t.host = "localhost";  // postgresql://user@/db?host=/dir: a name for messages only
+  }
+  if (t.socket_dir.empty() && (t.host.find('/') != std::string::npos || t.host.find('\0') != std::string::npos))
+    throw_bad_url(url, "bad host (a unix socket directory goes in ?host=/path)");
+  return t;
+}
+
+std::string PgTarget::name() const {
+  if (!socket_dir.empty()) return fmt::format("postgresql://{}/{}?host={}", host, database, socket_dir);
+  if (host.find(':') != std::string::npos) return fmt::format("postgresql://[{}]:{}/{}", host, port, database);
+  return fmt::format("postgresql://{}:{}/{}", host, port, database);
+}
+
+std::string PgTarget::channel() const {
+  // Notices are per database: the table's name tells the stores of one
+  // database apart. A long name keeps its start and gains a hash of the
+  // whole, to stay within 63 bytes.
+  std::string ch = table + "_released";
+  if (ch.size() <= kMaxIdentifier) return ch;
+  std::uint64_t h = 1469598103934665603ull;  // FNV-1a
+  for (unsigned char c : table) {
+    h ^= c;
+    h *= 1099511628211ull;
+  }
+  return fmt::format("{}_{:016x}", table.substr(0, kMaxIdentifier - 17), h);
+}
+
+}  // namespace lockwatch::detail
