@@ -76,16 +76,16 @@
 namespace lockwatch {
 namespace detail {
 
-// A completion handler waiting for the runtime: it keeps the handler's
-// executor busy (work guard) until complete() posts it there, once.
+/// A completion handler waiting for the runtime: it keeps the handler's
+/// executor busy (work guard) until complete() posts it there, once.
 template <class Handler, class... Args>
 class AsioCompletion {
  public:
   explicit AsioCompletion(Handler h)
       : work_(asio::make_work_guard(asio::get_associated_executor(h))), handler_(std::move(h)) {}
 
-  // Any thread, once: the handler runs on its executor with `args`, after
-  // its cancellation slot is cleared (the slot's handler may refer to it).
+  /// Any thread, once: the handler runs on its executor with `args`, after
+  /// its cancellation slot is cleared (the slot's handler may refer to it).
   void complete(Args... args) {
     auto ex = work_.get_executor();
     asio::post(ex, [h = std::move(handler_), w = std::move(work_), ... a = std::move(args)]() mutable {
@@ -99,12 +99,12 @@ class AsioCompletion {
   Handler handler_;
 };
 
-// A cancel that may come before the runtime handed out what cancels (a
-// ticket or a watch): it is applied as soon as that is known.
+/// A cancel that may come before the runtime handed out what cancels (a
+/// ticket or a watch): it is applied as soon as that is known.
 template <class Canceller>
 class PendingCancel {
  public:
-  // Any thread: the operation should end.
+  /// Any thread: the operation should end.
   void request() {
     Canceller c;
     {
@@ -123,7 +123,7 @@ class PendingCancel {
     }
     if (requested) after_cancel(c.cancel());
   }
-  // What to do when a cancel won (async_lost completes the handler itself).
+  /// What to do when a cancel won (async_lost completes the handler itself).
   std::function<void()> on_won;
 
  private:
@@ -145,7 +145,7 @@ void connect_cancel(Handler& handler, const std::shared_ptr<PendingCancel<Cancel
   }
 }
 
-// async_lock from a spec (LOCKED's renewal weight included).
+/// async_lock from a spec (LOCKED's renewal weight included).
 template <class CompletionToken>
 auto async_lock_spec(Runtime& runtime, LockSpec spec, CompletionToken&& token) {
   return asio::async_initiate<CompletionToken, void(std::exception_ptr, LockHandle)>(
@@ -166,14 +166,14 @@ auto async_lock_spec(Runtime& runtime, LockSpec spec, CompletionToken&& token) {
       token, &runtime, std::move(spec));
 }
 
-// The state a LOCKED coroutine shares with the lease's loss handler and
-// the caller's cancellation; touched on the coroutine's executor only.
+/// The state a LOCKED coroutine shares with the lease's loss handler and
+/// the caller's cancellation; touched on the coroutine's executor only.
 template <class Executor>
 struct LockedRun {
   explicit LockedRun(Executor e) : ex(std::move(e)) {}
   Executor ex;
-  asio::cancellation_signal signal;  // the callable's cancellation
-  bool done = false;                 // the callable finished: nothing more to cancel
+  asio::cancellation_signal signal;  ///< the callable's cancellation
+  bool done = false;                 ///< the callable finished: nothing more to cancel
 };
 
 template <class T, class Executor, class Invoke>
@@ -257,8 +257,8 @@ struct AsyncCall<asio::awaitable<T, Executor>> {
 
 }  // namespace detail
 
-// Takes the lock for `key` (see Runtime::acquire for the arguments and
-// errors); completes with void(std::exception_ptr, LockHandle).
+/// Takes the lock for `key` (see Runtime::acquire for the arguments and
+/// errors); completes with void(std::exception_ptr, LockHandle).
 template <class CompletionToken>
 auto async_lock(Runtime& runtime, std::string key, std::chrono::milliseconds ttl, Retries retries,
                 std::chrono::milliseconds wait, CompletionToken&& token) {
@@ -270,9 +270,9 @@ auto async_lock(Runtime& runtime, std::string key, std::chrono::milliseconds ttl
   return detail::async_lock_spec(runtime, std::move(spec), std::forward<CompletionToken>(token));
 }
 
-// Completes when `lease` ends: void(std::exception_ptr, std::optional<LostReason>),
-// the reason if it was lost, std::nullopt if it was released. The lease
-// must outlive the call (not the operation).
+/// Completes when `lease` ends: void(std::exception_ptr, std::optional<LostReason>),
+/// the reason if it was lost, std::nullopt if it was released. The lease
+/// must outlive the call (not the operation).
 template <class CompletionToken>
 auto async_lost(const Lease& lease, CompletionToken&& token) {
   return asio::async_initiate<CompletionToken, void(std::exception_ptr, std::optional<LostReason>)>(

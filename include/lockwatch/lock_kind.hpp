@@ -24,22 +24,31 @@
 
 namespace lockwatch {
 
+/// How a lock on a key is held: exclusive (the default), shared, or permits(n) (see the header
+/// comment). A small value type.
 class LockKind {
  public:
+  /// The three kinds.
   enum class Mode : std::uint8_t { kExclusive, kShared, kPermits };
 
-  constexpr LockKind() noexcept = default;  // exclusive
+  constexpr LockKind() noexcept = default;  ///< exclusive
+  /// One holder (the default): a mutex, and the writer of a read-write lock.
   static constexpr LockKind exclusive() noexcept { return {}; }
+  /// Many holders, and no exclusive one: the readers of a read-write lock.
   static constexpr LockKind shared() noexcept { return LockKind(Mode::kShared, 0); }
+  /// At most `n` holders at once (a semaphore).
   static constexpr LockKind permits(std::uint32_t n) noexcept { return LockKind(Mode::kPermits, n); }
 
+  /// Which of the three kinds.
   constexpr Mode mode() const noexcept { return mode_; }
-  // permits(n): n; 0 for the other kinds.
+  /// permits(n): n; 0 for the other kinds.
   constexpr std::uint32_t permit_count() const noexcept { return permits_; }
+  /// True for exclusive().
   constexpr bool exclusive_kind() const noexcept { return mode_ == Mode::kExclusive; }
+  /// Equal when of the same mode and permit count.
   constexpr bool operator==(const LockKind&) const noexcept = default;
 
-  // "exclusive", "shared", "3 permits".
+  /// "exclusive", "shared", "3 permits".
   std::string describe() const {
     switch (mode_) {
       case Mode::kShared: return "shared";

@@ -90,8 +90,8 @@ namespace detail {
 
 // ------------------------------------------------------------ key patterns
 
-// Only argument-dependent lookup finds a user's lockwatch_key: this
-// declaration stops ordinary lookup from looking further out.
+/// Only argument-dependent lookup finds a user's lockwatch_key: this
+/// declaration stops ordinary lookup from looking further out.
 namespace key_lookup {
 void lockwatch_key() = delete;
 
@@ -106,13 +106,13 @@ decltype(auto) lockwatch_key_of(const T& v) {
 }
 }  // namespace key_lookup
 
-// Characters other than char: no key parts (a key is bytes, with no
-// encoding to write them in).
+/// Characters other than char: no key parts (a key is bytes, with no
+/// encoding to write them in).
 template <class T>
 concept OtherCharacterType = std::is_same_v<T, wchar_t> || std::is_same_v<T, char8_t> ||
                              std::is_same_v<T, char16_t> || std::is_same_v<T, char32_t>;
 
-// What can be a key part (see the top of this file).
+/// What can be a key part (see the top of this file).
 template <class T, class U = std::remove_cvref_t<T>>
 concept KeyPart = key_lookup::HasLockwatchKey<U> || (std::is_arithmetic_v<U> && !OtherCharacterType<U>) ||
                   std::is_enum_v<U> ||
@@ -120,25 +120,25 @@ concept KeyPart = key_lookup::HasLockwatchKey<U> || (std::is_arithmetic_v<U> && 
 
 enum class KeyPatternError : unsigned char {
   kNone,
-  kUnclosedBrace,     // a '{' without its '}'
-  kLoneClosingBrace,  // a '}' that closes no field ("}}" is a literal one)
-  kBadField,          // a field other than {} and {N}
-  kFormatSpec,        // {N:spec}
-  kMixedIndexing,     // {} and {N} in one pattern
-  kNoSuchArgument,    // {N} past the last argument, or one {} too many
-  kNotAKeyPart,       // the argument's type cannot be a key part
+  kUnclosedBrace,     ///< a '{' without its '}'
+  kLoneClosingBrace,  ///< a '}' that closes no field ("}}" is a literal one)
+  kBadField,          ///< a field other than {} and {N}
+  kFormatSpec,        ///< {N:spec}
+  kMixedIndexing,     ///< {} and {N} in one pattern
+  kNoSuchArgument,    ///< {N} past the last argument, or one {} too many
+  kNotAKeyPart,       ///< the argument's type cannot be a key part
 };
 
 struct KeyPatternFault {
   KeyPatternError error = KeyPatternError::kNone;
-  std::size_t offset = 0;  // of the brace at fault in the pattern
-  std::size_t index = 0;   // the argument (kNoSuchArgument, kNotAKeyPart)
+  std::size_t offset = 0;  ///< of the brace at fault in the pattern
+  std::size_t index = 0;   ///< the argument (kNoSuchArgument, kNotAKeyPart)
 };
 
-// Walks `p` for a call of `args` arguments: on_text(view) for each run of
-// literal text (escapes undone), on_field(index) for each field, which
-// returns kNone or refuses the argument. Stops at the first fault. The same
-// walk checks a pattern at compile time and builds keys at run time.
+/// Walks `p` for a call of `args` arguments: on_text(view) for each run of
+/// literal text (escapes undone), on_field(index) for each field, which
+/// returns kNone or refuses the argument. Stops at the first fault. The same
+/// walk checks a pattern at compile time and builds keys at run time.
 template <class OnText, class OnField>
 constexpr KeyPatternFault walk_key_pattern(std::string_view p, std::size_t args, OnText&& on_text,
                                            OnField&& on_field) {
@@ -185,8 +185,8 @@ constexpr KeyPatternFault walk_key_pattern(std::string_view p, std::size_t args,
   return {};
 }
 
-// Not constexpr on purpose, and never defined: reaching one while checking
-// a pattern at compile time is the compile error, and its name the message.
+/// Not constexpr on purpose, and never defined: reaching one while checking
+/// a pattern at compile time is the compile error, and its name the message.
 void key_pattern_has_an_unclosed_brace_write_two_for_a_literal_one();
 void key_pattern_has_a_lone_closing_brace_write_two_for_a_literal_one();
 void key_pattern_field_is_neither_empty_nor_an_argument_index();
@@ -195,14 +195,14 @@ void key_pattern_mixes_automatic_and_numbered_fields();
 void key_pattern_refers_to_an_argument_the_call_does_not_have();
 void key_pattern_refers_to_an_argument_that_cannot_be_a_key_part();
 
-// A pattern found faulty at run time: InvalidArgument saying what is wrong
-// where. `type_name`: the argument's, for kNotAKeyPart.
+/// A pattern found faulty at run time: InvalidArgument saying what is wrong
+/// where. `type_name`: the argument's, for kNotAKeyPart.
 [[noreturn]] void throw_bad_key_pattern(std::string_view pattern, KeyPatternFault fault, std::size_t args,
                                         const char* type_name);
 [[noreturn]] void throw_null_key_string();
 
-// A key pattern checked at compile time against the call's argument types
-// (through LOCKED).
+/// A key pattern checked at compile time against the call's argument types
+/// (through LOCKED).
 template <class... A>
 class KeyPattern {
  public:
@@ -233,8 +233,8 @@ class KeyPattern {
   std::string_view pattern_;
 };
 
-// A lockwatch_key returning a std::string (or another class) by value: the
-// text is kept in a KeyPartOwned until the key is written.
+/// A lockwatch_key returning a std::string (or another class) by value: the
+/// text is kept in a KeyPartOwned until the key is written.
 template <class T>
 using lockwatch_key_t = decltype(key_lookup::lockwatch_key_of(std::declval<const T&>()));
 template <class T>
@@ -248,8 +248,8 @@ struct KeyPartOwned<T> {
   std::string text;
 };
 
-// Room for any number's text: a 128-bit integer, a long double's 21 digits
-// with its sign, point and exponent.
+/// Room for any number's text: a 128-bit integer, a long double's 21 digits
+/// with its sign, point and exponent.
 using KeyDigits = char[48];
 
 template <class S>
@@ -263,11 +263,11 @@ std::string_view key_string(const S& s) {
   }
 }
 
-// The shortest text that reads back as `v`, in fixed notation for decimal
-// exponents -4 .. 15 and in scientific otherwise: the spelling of keys made
-// by earlier lockwatch versions, which a process must still match while
-// others run them. std::to_chars picks the shorter notation, which is that
-// one for most values; the others are written a second time.
+/// The shortest text that reads back as `v`, in fixed notation for decimal
+/// exponents -4 .. 15 and in scientific otherwise: the spelling of keys made
+/// by earlier lockwatch versions, which a process must still match while
+/// others run them. std::to_chars picks the shorter notation, which is that
+/// one for most values; the others are written a second time.
 template <class F>
 std::string_view key_float(KeyDigits& out, F v) {
   char* const end = std::to_chars(out, out + sizeof out, v).ptr;
@@ -295,8 +295,8 @@ std::string_view key_float(KeyDigits& out, F v) {
   return {out, static_cast<std::size_t>(std::to_chars(out, out + sizeof out, v, format).ptr - out)};
 }
 
-// One argument's text (see the top of this file), viewing the argument,
-// `digits` or `owned`.
+/// One argument's text (see the top of this file), viewing the argument,
+/// `digits` or `owned`.
 template <class T>
 std::string_view key_part_text(KeyDigits& digits, KeyPartOwned<T>& owned, const T& v) {
   if constexpr (!KeyPart<T>) {
@@ -367,8 +367,8 @@ std::string build_key(std::string_view pattern, std::index_sequence<I...>, const
 template <class S>
 concept RuntimeString = !std::is_array_v<std::remove_cvref_t<S>> && std::is_convertible_v<const S&, std::string_view>;
 
-// Three ways to make a key: a pattern checked at compile time (a literal),
-// a pattern known only at run time, or a key function.
+/// Three ways to make a key: a pattern checked at compile time (a literal),
+/// a pattern known only at run time, or a key function.
 template <class... A>
 std::string format_key(KeyPattern<std::type_identity_t<A>...> pattern, const A&... a) {
   return build_key(pattern.pattern(), std::index_sequence_for<A...>{}, a...);
@@ -387,10 +387,10 @@ std::string format_key(const F& key_fn, const A&... a) {
 
 // --------------------------------------------------------------- the call
 
-// The object of a member function given as an lvalue, kept by reference.
-// Unlike std::reference_wrapper it is unwrapped before std::invoke sees it,
-// so the object may be anything std::invoke takes: a T, a pointer, a
-// std::shared_ptr / std::unique_ptr, a std::reference_wrapper.
+/// The object of a member function given as an lvalue, kept by reference.
+/// Unlike std::reference_wrapper it is unwrapped before std::invoke sees it,
+/// so the object may be anything std::invoke takes: a T, a pointer, a
+/// std::shared_ptr / std::unique_ptr, a std::reference_wrapper.
 template <class T>
 class ObjectRef {
  public:
@@ -414,8 +414,8 @@ struct unwrapped<ObjectRef<T>> {
 template <class S>
 using unwrapped_t = typename unwrapped<S>::type;
 
-// How an argument waits for the work: a decayed copy, except the object of
-// a member function given as an lvalue, which is kept by reference.
+/// How an argument waits for the work: a decayed copy, except the object of
+/// a member function given as an lvalue, which is kept by reference.
 template <bool ObjectSlot, class A>
 using stored_t = std::conditional_t<ObjectSlot && std::is_lvalue_reference_v<A> &&
                                         !std::is_pointer_v<std::remove_cvref_t<A>>,
@@ -471,16 +471,16 @@ class CallImpl final : public Call {
   std::exception_ptr error_;
 };
 
-// A callable whose result is asynchronous (an Asio coroutine) gets its own
-// call path, defined by the header of its framework: lockwatch/asio.hpp
-// specialises this for asio::awaitable<T>. `start` returns what the
-// decorated callable returns.
+/// A callable whose result is asynchronous (an Asio coroutine) gets its own
+/// call path, defined by the header of its framework: lockwatch/asio.hpp
+/// specialises this for asio::awaitable<T>. `start` returns what the
+/// decorated callable returns.
 template <class R>
 struct AsyncCall {
   static constexpr bool enabled = false;
 };
 
-// What looks like an Asio awaitable (its members, without naming Asio).
+/// What looks like an Asio awaitable (its members, without naming Asio).
 template <class R>
 concept AwaitableLike = requires { typename R::value_type; typename R::executor_type; } &&
                         requires(R& r) { r.await_ready(); };
@@ -488,17 +488,20 @@ concept AwaitableLike = requires { typename R::value_type; typename R::executor_
 template <class K>
 using key_holder_t = std::conditional_t<RuntimeString<std::decay_t<K>>, std::string, std::decay_t<K>>;
 
-// The builder's argument checks: InvalidArgument if they fail.
+/// The builder's argument checks: InvalidArgument if they fail.
 void check_builder_ttl(std::chrono::milliseconds ttl);
 void check_renew_weight(double w);
 
 }  // namespace detail
 
-// A decorated callable: calling it takes the lock and runs the callable.
+/// A decorated callable: calling it takes the lock and runs the callable.
 template <class K, class Fn>
 class Locked {
  public:
   template <class... Args>
+  /// Takes the lock on the key built from `args` and runs the callable with them on the runtime's
+  /// pool: a std::future of its result (an asio::awaitable for a coroutine, with
+  /// lockwatch/asio.hpp). Returns at once; errors come through the future.
   auto operator()(Args&&... args) const {
     if constexpr (std::is_member_pointer_v<Fn>) {
       return call_member(std::forward<Args>(args)...);
@@ -519,7 +522,7 @@ class Locked {
     }
   }
 
-  // The key a call with these arguments would lock (without the prefix).
+  /// The key a call with these arguments would lock (without the prefix).
   template <class... Args>
   std::string key_for(const Args&... args) const {
     if constexpr (std::is_member_pointer_v<Fn>) {
@@ -563,8 +566,8 @@ class Locked {
     }
   }
 
-  // An asynchronous callable (see detail::AsyncCall): the call keeps the
-  // arguments (stored as S...) and the callable until its result is done.
+  /// An asynchronous callable (see detail::AsyncCall): the call keeps the
+  /// arguments (stored as S...) and the callable until its result is done.
   template <class R, class... S, class... A>
   auto start_async(std::pair<std::string, std::exception_ptr> key, A&&... a) const {
     auto invoke = [fn = fn_, args = std::tuple<S...>(std::forward<A>(a)...)]() mutable -> R {
@@ -611,31 +614,32 @@ class Locked {
   std::shared_ptr<Fn> fn_;
 };
 
-// The builder behind LOCKED. Immutable: each modifier returns a copy.
+/// The builder behind LOCKED. Immutable: each modifier returns a copy.
 template <class K>
 class LockedBuilder {
  public:
+  /// Checks `ttl` (InvalidArgument); `retries` is a count or lockwatch::forever.
   LockedBuilder(K key, std::chrono::milliseconds ttl, Retries retries) : key_(std::move(key)) {
     detail::check_builder_ttl(ttl);
     spec_.ttl = ttl;
     spec_.retries = retries.count();
   }
 
-  // Use this runtime instead of the process-wide default.
+  /// Use this runtime instead of the process-wide default.
   LockedBuilder on(Runtime& runtime) const {
     LockedBuilder b = *this;
     b.runtime_ = &runtime;
     return b;
   }
-  // Wait up to `d` for a busy lock (woken by its release, not by polling)
-  // instead of failing at once.
+  /// Wait up to `d` for a busy lock (woken by its release, not by polling)
+  /// instead of failing at once.
   LockedBuilder wait(std::chrono::milliseconds d) const {
     if (d < std::chrono::milliseconds(0)) throw InvalidArgument("wait must not be negative");
     LockedBuilder b = *this;
     b.spec_.wait = d;
     return b;
   }
-  // Renew at ttl * w (default: the runtime's Options::renew_weight, 0.9).
+  /// Renew at ttl * w (default: the runtime's Options::renew_weight, 0.9).
   LockedBuilder renew_weight(double w) const {
     detail::check_renew_weight(w);
     LockedBuilder b = *this;
@@ -644,10 +648,11 @@ class LockedBuilder {
   }
 
   template <class F>
+  /// Decorates `fn`: a Locked that takes the lock for each call.
   Locked<K, std::decay_t<F>> operator()(F&& fn) const {
     return Locked<K, std::decay_t<F>>(key_, spec_, runtime_, std::forward<F>(fn));
   }
-  // LOCKED(...) ends in `+`, so the callable written after it is applied.
+  /// LOCKED(...) ends in `+`, so the callable written after it is applied.
   template <class F>
   friend Locked<K, std::decay_t<F>> operator+(const LockedBuilder& b, F&& fn) {
     return b(std::forward<F>(fn));

@@ -44,38 +44,48 @@
 
 namespace lockwatch {
 
+/// A distributed lock as a standard Lockable and TimedLockable, for std::unique_lock and
+/// std::scoped_lock. A lease, not a thread's lock: unlock() may come from any thread. Its blocking
+/// calls must not run on the runtime's own threads.
 class mutex {  // NOLINT: named as std::mutex, whose role it takes
  public:
-  // Throws InvalidArgument for an empty key or a bad ttl (checked at the
-  // first lock, as every acquisition's are).
+  /// Throws InvalidArgument for an empty key or a bad ttl (checked at the
+  /// first lock, as every acquisition's are).
   mutex(Runtime& runtime, std::string key, std::chrono::milliseconds ttl, Retries retries = forever);
   mutex(const mutex&) = delete;
   mutex& operator=(const mutex&) = delete;
-  // Releases the lock if it is held (without waiting).
+  /// Releases the lock if it is held (without waiting).
   ~mutex();
 
+  /// Takes the lock, waiting for it without polling. Throws what the acquisition failed with
+  /// (ConnectionError, ...).
   void lock();
+  /// One try: false when the lock is busy; other failures are thrown.
   bool try_lock();
   template <class Rep, class Period>
+  /// Waits up to `d` for a busy lock: false when still busy.
   bool try_lock_for(const std::chrono::duration<Rep, Period>& d) {
     return try_lock_wait(std::chrono::ceil<std::chrono::milliseconds>(d));
   }
   template <class Clock, class Duration>
+  /// Waits until `t` for a busy lock: false when still busy.
   bool try_lock_until(const std::chrono::time_point<Clock, Duration>& t) {
     return try_lock_wait(std::chrono::ceil<std::chrono::milliseconds>(t - Clock::now()));
   }
+  /// Releases the lock; never throws and does not wait for the store.
   void unlock() noexcept;
 
-  // The held lock's lease; valid until unlock(). Throws NoActiveLease when
-  // the mutex is not held.
+  /// The held lock's lease; valid until unlock(). Throws NoActiveLease when
+  /// the mutex is not held.
   const Lease& lease() const;
-  // Whether the mutex is held (by any thread).
+  /// Whether the mutex is held (by any thread).
   bool locked() const noexcept;
+  /// The lock's key.
   const std::string& key() const noexcept { return key_; }
 
  private:
-  // One acquisition with a wait of `wait` (clamped to 0 .. max_wait):
-  // true when taken, false when busy past it.
+  /// One acquisition with a wait of `wait` (clamped to 0 .. max_wait):
+  /// true when taken, false when busy past it.
   bool try_lock_wait(std::chrono::milliseconds wait);
 
   Runtime& runtime_;
@@ -83,7 +93,7 @@ class mutex {  // NOLINT: named as std::mutex, whose role it takes
   const std::chrono::milliseconds ttl_;
   const Retries retries_;
   mutable std::mutex mu_;
-  LockHandle held_;  // guarded by mu_
+  LockHandle held_;  ///< guarded by mu_
 };
 
 }  // namespace lockwatch
