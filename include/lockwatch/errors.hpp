@@ -11,6 +11,7 @@
 #include <stdexcept>
 #include <string>
 
+/// Distributed locks with a watchdog: every public name of lockwatch.
 namespace lockwatch {
 
 /// Base of every lockwatch error.
@@ -63,6 +64,7 @@ enum class LostReason {
   kRuntimeStopped,     ///< the runtime was destroyed while the work ran (or the handle held it)
   kNotStarted,         ///< granted, but no pool worker was free within Options::queue_timeout
 };
+/// The reason in words, for messages and logs ("the key expired", ...).
 const char* to_string(LostReason reason) noexcept;
 
 /// The lease was lost while the work ran: the work was asked to stop through

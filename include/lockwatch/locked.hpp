@@ -664,6 +664,10 @@ class LockedBuilder {
   Runtime* runtime_ = nullptr;
 };
 
+/// The builder LOCKED is shorthand for: lockwatch::locked(key_expr, ttl, retries)(fn). `key_expr`
+/// is a key pattern ("sku:{0}"), a constant string, or a callable taking the call's arguments and
+/// returning the key; a pattern is checked at each call (InvalidArgument through the future).
+/// Throws InvalidArgument for a bad ttl.
 template <class K>
 LockedBuilder<detail::key_holder_t<K>> locked(K&& key_expr, std::chrono::milliseconds ttl, Retries retries) {
   return LockedBuilder<detail::key_holder_t<K>>(detail::key_holder_t<K>(std::forward<K>(key_expr)), ttl, retries);

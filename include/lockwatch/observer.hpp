@@ -66,7 +66,9 @@ class Observer {
   }
 };
 
+/// How much a log line matters; the default sink writes kWarning and kError.
 enum class LogLevel { kDebug, kInfo, kWarning, kError };
+/// The level as a word ("debug", "info", "warning", "error").
 const char* to_string(LogLevel level) noexcept;
 
 /// Where the runtime's log lines go (Options::log). Called on the event

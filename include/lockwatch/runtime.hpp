@@ -37,12 +37,14 @@ namespace lockwatch {
 struct Forever {
   explicit constexpr Forever() = default;
 };
+/// Renew for as long as the work runs: the retries argument of LOCKED, locked(), Runtime::acquire.
 inline constexpr Forever forever{};
 
 /// The longest ttl and wait a call may ask for (7 days): longer ones are
 /// InvalidArgument at the call, before anything starts (a ttl is renewed
 /// for as long as the work runs, so none needs more).
 inline constexpr std::chrono::milliseconds max_ttl{7LL * 24 * 3600 * 1000};
+/// The longest wait a call may ask for: 7 days, as max_ttl.
 inline constexpr std::chrono::milliseconds max_wait = max_ttl;
 
 /// How many renewals the watchdog may make: a count >= 0, or forever.
