@@ -1,51 +1,52 @@
-// lockwatch/asio.hpp: lockwatch for Asio (standalone Asio, namespace
-// `asio`, 1.22 or later): completion tokens, cancellation slots and
-// C++20 coroutines. Header only; the library itself does not link Asio.
-//
-//   asio::awaitable<void> handle(lockwatch::Runtime& rt) {
-//     lockwatch::LockHandle h = co_await lockwatch::async_lock(
-//         rt, "sku:42", 5s, lockwatch::forever, 2s, asio::use_awaitable);
-//     co_await write(h.lease().fencing_token());        // renewed meanwhile
-//     co_await h.async_release(asio::use_awaitable);
-//   }
-//   auto reserve = LOCKED("sku:{0}", 5s, lockwatch::forever)
-//       [&](int sku) -> asio::awaitable<int> { co_return co_await take(sku); };
-//   int left = co_await reserve(42);                   // no thread blocks
-//
-// Every operation follows Asio's rules: it takes any completion token
-// (asio::use_awaitable, asio::use_future, asio::experimental::deferred, a
-// callback), its handler runs exactly once on the handler's associated
-// executor (never inside the initiating call), the executor's work is
-// tracked while it is pending, and the handler's associated cancellation
-// slot is honoured:
-//
-// - async_lock(runtime, key, ttl, retries, wait, token) completes with
-//   void(std::exception_ptr, LockHandle). Any cancellation type ends a
-//   pending wait with Cancelled; a lock granted in the race is given back.
-// - LockHandle::async_release(token) completes with
-//   void(std::exception_ptr): LeaseLost if the lease was lost while held.
-// - async_lost(lease, token) completes with
-//   void(std::exception_ptr, std::optional<LostReason>) when the lease ends:
-//   the reason if it was lost, std::nullopt once it was released.
-//   Cancellation: Cancelled.
-// - LOCKED / lockwatch::locked(...) (with .on(), .wait(),
-//   .renew_weight()) on a callable returning asio::awaitable<T> (member
-//   functions too) give a callable returning asio::awaitable<T>: awaiting
-//   it takes the lock without blocking, runs the coroutine on the awaiting
-//   coroutine's executor with the lease renewed across every suspension,
-//   releases the lock when the coroutine finishes (also by an exception)
-//   and only then completes. A lost lease cancels the coroutine
-//   (cancellation_type::terminal through its cancellation state: the
-//   operation it awaits fails with operation_aborted), and the caller gets
-//   LeaseLost whatever the coroutine did. Cancelling the caller cancels the
-//   wait for the lock (Cancelled) or, once it runs, the coroutine. Errors
-//   are the same typed exceptions as the future form's.
-//
-// Threading: a coroutine and the cancellation it receives must share one
-// thread or strand (Asio's rule for cancellation signals); the runtime's
-// notifier thread only posts to the executor. Costs: per operation one
-// shared block and one post to the executor; LOCKED adds a coroutine frame
-// and a co_spawn for the callable.
+/// @file
+/// lockwatch/asio.hpp: lockwatch for Asio (standalone Asio, namespace
+/// `asio`, 1.22 or later): completion tokens, cancellation slots and
+/// C++20 coroutines. Header only; the library itself does not link Asio.
+///
+///   asio::awaitable<void> handle(lockwatch::Runtime& rt) {
+///     lockwatch::LockHandle h = co_await lockwatch::async_lock(
+///         rt, "sku:42", 5s, lockwatch::forever, 2s, asio::use_awaitable);
+///     co_await write(h.lease().fencing_token());        // renewed meanwhile
+///     co_await h.async_release(asio::use_awaitable);
+///   }
+///   auto reserve = LOCKED("sku:{0}", 5s, lockwatch::forever)
+///       [&](int sku) -> asio::awaitable<int> { co_return co_await take(sku); };
+///   int left = co_await reserve(42);                   // no thread blocks
+///
+/// Every operation follows Asio's rules: it takes any completion token
+/// (asio::use_awaitable, asio::use_future, asio::experimental::deferred, a
+/// callback), its handler runs exactly once on the handler's associated
+/// executor (never inside the initiating call), the executor's work is
+/// tracked while it is pending, and the handler's associated cancellation
+/// slot is honoured:
+///
+/// - async_lock(runtime, key, ttl, retries, wait, token) completes with
+///   void(std::exception_ptr, LockHandle). Any cancellation type ends a
+///   pending wait with Cancelled; a lock granted in the race is given back.
+/// - LockHandle::async_release(token) completes with
+///   void(std::exception_ptr): LeaseLost if the lease was lost while held.
+/// - async_lost(lease, token) completes with
+///   void(std::exception_ptr, std::optional<LostReason>) when the lease ends:
+///   the reason if it was lost, std::nullopt once it was released.
+///   Cancellation: Cancelled.
+/// - LOCKED / lockwatch::locked(...) (with .on(), .wait(),
+///   .renew_weight()) on a callable returning asio::awaitable<T> (member
+///   functions too) give a callable returning asio::awaitable<T>: awaiting
+///   it takes the lock without blocking, runs the coroutine on the awaiting
+///   coroutine's executor with the lease renewed across every suspension,
+///   releases the lock when the coroutine finishes (also by an exception)
+///   and only then completes. A lost lease cancels the coroutine
+///   (cancellation_type::terminal through its cancellation state: the
+///   operation it awaits fails with operation_aborted), and the caller gets
+///   LeaseLost whatever the coroutine did. Cancelling the caller cancels the
+///   wait for the lock (Cancelled) or, once it runs, the coroutine. Errors
+///   are the same typed exceptions as the future form's.
+///
+/// Threading: a coroutine and the cancellation it receives must share one
+/// thread or strand (Asio's rule for cancellation signals); the runtime's
+/// notifier thread only posts to the executor. Costs: per operation one
+/// shared block and one post to the executor; LOCKED adds a coroutine frame
+/// and a co_spawn for the callable.
 #pragma once
 
 #include <asio/associated_cancellation_slot.hpp>

@@ -1,10 +1,11 @@
-// lockwatch/errors.hpp: the typed errors lockwatch reports.
-//
-// Every error a caller can see derives from lockwatch::Error, so one catch
-// takes them all; the concrete types say what happened and carry the facts
-// (key, node, how long was waited). They reach callers through the futures
-// that decorated calls return, or are thrown synchronously by constructors
-// and argument checks. Nothing in lockwatch throws from a destructor.
+/// @file
+/// lockwatch/errors.hpp: the typed errors lockwatch reports.
+///
+/// Every error a caller can see derives from lockwatch::Error, so one catch
+/// takes them all; the concrete types say what happened and carry the facts
+/// (key, node, how long was waited). They reach callers through the futures
+/// that decorated calls return, or are thrown synchronously by constructors
+/// and argument checks. Nothing in lockwatch throws from a destructor.
 #pragma once
 
 #include <chrono>

@@ -1,14 +1,15 @@
-// lockwatch/lease.hpp: the lease a locked call holds while it runs.
-//
-// Inside a callable run by LOCKED (or Runtime::acquire's holder),
-// lockwatch::this_lease() gives the lease: its key, its fencing token, the
-// time left before the holder must assume it lost the lock, and a
-// std::stop_token that is triggered when the lease is lost or its renewals
-// are spent. Work that writes to an external store passes fencing_token()
-// along so the store can reject a holder that was paused past its lease.
-//
-// Threading: every accessor is safe from any thread. The watchdog updates
-// the lease on the runtime's I/O thread.
+/// @file
+/// lockwatch/lease.hpp: the lease a locked call holds while it runs.
+///
+/// Inside a callable run by LOCKED (or Runtime::acquire's holder),
+/// lockwatch::this_lease() gives the lease: its key, its fencing token, the
+/// time left before the holder must assume it lost the lock, and a
+/// std::stop_token that is triggered when the lease is lost or its renewals
+/// are spent. Work that writes to an external store passes fencing_token()
+/// along so the store can reject a holder that was paused past its lease.
+///
+/// Threading: every accessor is safe from any thread. The watchdog updates
+/// the lease on the runtime's I/O thread.
 #pragma once
 
 #include <atomic>

@@ -1,16 +1,17 @@
-// lockwatch/lock_handle.hpp: a lock held outside LOCKED.
-//
-//   lockwatch::LockHandle h = runtime.acquire("report:daily", 30s).get();
-//   ... h.lease().fencing_token(), h.lease().stop_token() ...
-//   h.release().get();   // or let the handle go: it releases (without waiting)
-//
-// For code that cannot be shaped as one callable (a lock held across
-// several steps, a benchmark of the bare protocol). The watchdog renews the
-// lease exactly as for LOCKED until release(); a lost lease shows in
-// lease().lost() / stop_token(), and release() then reports LeaseLost.
-//
-// Threading: a handle is used by one thread at a time; lease() accessors
-// are safe from any thread. Move-only.
+/// @file
+/// lockwatch/lock_handle.hpp: a lock held outside LOCKED.
+///
+///   lockwatch::LockHandle h = runtime.acquire("report:daily", 30s).get();
+///   ... h.lease().fencing_token(), h.lease().stop_token() ...
+///   h.release().get();   // or let the handle go: it releases (without waiting)
+///
+/// For code that cannot be shaped as one callable (a lock held across
+/// several steps, a benchmark of the bare protocol). The watchdog renews the
+/// lease exactly as for LOCKED until release(); a lost lease shows in
+/// lease().lost() / stop_token(), and release() then reports LeaseLost.
+///
+/// Threading: a handle is used by one thread at a time; lease() accessors
+/// are safe from any thread. Move-only.
 #pragma once
 
 #include <exception>

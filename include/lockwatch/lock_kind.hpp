@@ -1,22 +1,23 @@
-// lockwatch/lock_kind.hpp: how a lock on a key is held.
-//
-//   exclusive()   one holder (the default): a mutex, and the writer of a
-//                 read-write lock
-//   shared()      many holders, and no exclusive one: the readers of a
-//                 read-write lock on the same key. A waiting writer stops
-//                 new readers (writers are not starved); each reader's lease
-//                 is its own, renewed and lost like any other, so a dead
-//                 reader frees its share after its ttl. Readers see the
-//                 fencing token of the last writer's grant.
-//   permits(n)    at most n holders at once (a semaphore); every permit is a
-//                 lease, so a crashed holder's permit comes back after its
-//                 ttl. Each permit's grant raises the fencing token. Callers
-//                 that name the key with another n, or hold it as another
-//                 kind, fail with InvalidArgument: never an over-admission.
-//
-// A key is used as one family while anyone holds it: exclusive and shared
-// together, or permits alone. A store that cannot give a kind its guarantee
-// refuses it with Unsupported, never a weaker lock.
+/// @file
+/// lockwatch/lock_kind.hpp: how a lock on a key is held.
+///
+///   exclusive()   one holder (the default): a mutex, and the writer of a
+///                 read-write lock
+///   shared()      many holders, and no exclusive one: the readers of a
+///                 read-write lock on the same key. A waiting writer stops
+///                 new readers (writers are not starved); each reader's lease
+///                 is its own, renewed and lost like any other, so a dead
+///                 reader frees its share after its ttl. Readers see the
+///                 fencing token of the last writer's grant.
+///   permits(n)    at most n holders at once (a semaphore); every permit is a
+///                 lease, so a crashed holder's permit comes back after its
+///                 ttl. Each permit's grant raises the fencing token. Callers
+///                 that name the key with another n, or hold it as another
+///                 kind, fail with InvalidArgument: never an over-admission.
+///
+/// A key is used as one family while anyone holds it: exclusive and shared
+/// together, or permits alone. A store that cannot give a kind its guarantee
+/// refuses it with Unsupported, never a weaker lock.
 #pragma once
 
 #include <cstdint>

@@ -1,69 +1,70 @@
-// lockwatch/locked.hpp: the LOCKED decorator.
-//
-//   auto reserve = LOCKED("sku:{0}", 5s, 3) [&](int sku, int qty) { ... };
-//   std::future<int> left = reserve(42, 1);
-//
-// LOCKED(key_expr, ttl, retries) wraps any callable: a lambda, a function,
-// a pointer to member function (called with the object first; `{0}` is then
-// the first declared parameter) or a function object. Calling the result
-// returns a std::future at once; the lock for the key built from the call's
-// arguments is taken asynchronously, the callable runs on the runtime's
-// thread pool while the watchdog renews the lease every ttl * weight (at
-// most `retries` times, or lockwatch::forever), and the lock is released
-// before the future becomes ready, also when the callable throws.
-//
-// key_expr is a key pattern whose fields take the call's arguments, a
-// constant string, or a callable that takes the call's arguments and
-// returns the key.
-//
-// Key patterns are lockwatch's own (a small part of std::format's syntax):
-//   {}      the next argument (the first {} is argument 0)
-//   {N}     argument N, from 0; a pattern uses {} or {N}, not both
-//   {{ }}   a literal brace
-// A field takes no format spec ({0:x} is an error): a key is a name that
-// every process must spell alike, so its parts have one spelling each. For
-// another one, use a key function or give the type a lockwatch_key().
-// What an argument becomes:
-//   integers, enums  decimal (an enum: its underlying value)
-//   floating point   the shortest text that reads back as the same value
-//                    (std::to_chars), fixed for decimal exponents -4 .. 15,
-//                    else scientific (1e+16), as lockwatch always spelled it
-//   bool, char       true / false; the character (signed and unsigned char
-//                    are numbers)
-//   strings          std::string, std::string_view, const char* (not null),
-//                    char arrays
-//   your type T      lockwatch_key(const T&), found by argument-dependent
-//                    lookup (declare it next to T), returning std::string,
-//                    std::string_view or const char*; it comes before the
-//                    rules above (an enum's names, say)
-// No other type can be a key part; an argument the pattern does not use may
-// be of any type. With LOCKED the pattern is checked at compile time against
-// the call's argument types: a malformed pattern, a field without its
-// argument, or one whose argument cannot be a key part does not compile (the
-// error names the rule: key_pattern_...). A pattern given to
-// lockwatch::locked() is checked at each call: the same faults are an
-// InvalidArgument through the future. Costs: no iostream, no locale; the
-// key is sized first and written into one string (no allocation up to 15
-// bytes); a lockwatch_key() returning a std::string adds that string.
-//
-// LOCKED is shorthand for the builder lockwatch::locked(key_expr, ttl,
-// retries), which also offers .on(runtime), .wait(duration) and
-// .renew_weight(w):
-//   auto job = lockwatch::locked("job:{0}", 10s, 5).on(rt).wait(2s)(fn);
-//
-// Errors reach the future: LockNotAcquired (busy past the wait), LeaseLost
-// (the lease could not be kept: the callable's result is discarded),
-// ConnectionError / AuthError / RedisError, InvalidArgument, RuntimeStopped,
-// and whatever the callable threw. Builder arguments are checked at once
-// (InvalidArgument is thrown).
-//
-// Arguments are copied into the call, as std::async does; the object of a
-// member function passed as an lvalue is kept by reference and must outlive
-// the future. The callable is shared by all calls of one decorated object.
-//
-// A callable returning asio::awaitable<T> (with <lockwatch/asio.hpp>
-// included) gives one returning asio::awaitable<T> instead of a future:
-// see that header.
+/// @file
+/// lockwatch/locked.hpp: the LOCKED decorator.
+///
+///   auto reserve = LOCKED("sku:{0}", 5s, 3) [&](int sku, int qty) { ... };
+///   std::future<int> left = reserve(42, 1);
+///
+/// LOCKED(key_expr, ttl, retries) wraps any callable: a lambda, a function,
+/// a pointer to member function (called with the object first; `{0}` is then
+/// the first declared parameter) or a function object. Calling the result
+/// returns a std::future at once; the lock for the key built from the call's
+/// arguments is taken asynchronously, the callable runs on the runtime's
+/// thread pool while the watchdog renews the lease every ttl * weight (at
+/// most `retries` times, or lockwatch::forever), and the lock is released
+/// before the future becomes ready, also when the callable throws.
+///
+/// key_expr is a key pattern whose fields take the call's arguments, a
+/// constant string, or a callable that takes the call's arguments and
+/// returns the key.
+///
+/// Key patterns are lockwatch's own (a small part of std::format's syntax):
+///   {}      the next argument (the first {} is argument 0)
+///   {N}     argument N, from 0; a pattern uses {} or {N}, not both
+///   {{ }}   a literal brace
+/// A field takes no format spec ({0:x} is an error): a key is a name that
+/// every process must spell alike, so its parts have one spelling each. For
+/// another one, use a key function or give the type a lockwatch_key().
+/// What an argument becomes:
+///   integers, enums  decimal (an enum: its underlying value)
+///   floating point   the shortest text that reads back as the same value
+///                    (std::to_chars), fixed for decimal exponents -4 .. 15,
+///                    else scientific (1e+16), as lockwatch always spelled it
+///   bool, char       true / false; the character (signed and unsigned char
+///                    are numbers)
+///   strings          std::string, std::string_view, const char* (not null),
+///                    char arrays
+///   your type T      lockwatch_key(const T&), found by argument-dependent
+///                    lookup (declare it next to T), returning std::string,
+///                    std::string_view or const char*; it comes before the
+///                    rules above (an enum's names, say)
+/// No other type can be a key part; an argument the pattern does not use may
+/// be of any type. With LOCKED the pattern is checked at compile time against
+/// the call's argument types: a malformed pattern, a field without its
+/// argument, or one whose argument cannot be a key part does not compile (the
+/// error names the rule: key_pattern_...). A pattern given to
+/// lockwatch::locked() is checked at each call: the same faults are an
+/// InvalidArgument through the future. Costs: no iostream, no locale; the
+/// key is sized first and written into one string (no allocation up to 15
+/// bytes); a lockwatch_key() returning a std::string adds that string.
+///
+/// LOCKED is shorthand for the builder lockwatch::locked(key_expr, ttl,
+/// retries), which also offers .on(runtime), .wait(duration) and
+/// .renew_weight(w):
+///   auto job = lockwatch::locked("job:{0}", 10s, 5).on(rt).wait(2s)(fn);
+///
+/// Errors reach the future: LockNotAcquired (busy past the wait), LeaseLost
+/// (the lease could not be kept: the callable's result is discarded),
+/// ConnectionError / AuthError / RedisError, InvalidArgument, RuntimeStopped,
+/// and whatever the callable threw. Builder arguments are checked at once
+/// (InvalidArgument is thrown).
+///
+/// Arguments are copied into the call, as std::async does; the object of a
+/// member function passed as an lvalue is kept by reference and must outlive
+/// the future. The callable is shared by all calls of one decorated object.
+///
+/// A callable returning asio::awaitable<T> (with <lockwatch/asio.hpp>
+/// included) gives one returning asio::awaitable<T> instead of a future:
+/// see that header.
 #pragma once
 
 #include <charconv>
@@ -675,10 +676,10 @@ LockedBuilder<detail::key_holder_t<K>> locked(K&& key_expr, std::chrono::millise
 
 }  // namespace lockwatch
 
-// LOCKED(key_expr, ttl, retries) callable: see the top of this file. The
-// key expression is evaluated inside a lambda instantiated with the call's
-// argument types, which is what lets a literal pattern be checked at compile
-// time; anything else it names is captured by copy.
+/// LOCKED(key_expr, ttl, retries) callable: see the top of this file. The
+/// key expression is evaluated inside a lambda instantiated with the call's
+/// argument types, which is what lets a literal pattern be checked at compile
+/// time; anything else it names is captured by copy.
 #define LOCKED(key_expr, ttl, retries)                                                          \
   ::lockwatch::locked(                                                                          \
       [=](const auto&... lockwatch_key_args_) {                                                 \

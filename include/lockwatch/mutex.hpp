@@ -1,36 +1,37 @@
-// lockwatch/mutex.hpp: a distributed lock as a standard Lockable.
-//
-//   lockwatch::mutex inventory(runtime, "inventory", 10s);
-//   {
-//     std::unique_lock lk(inventory);              // waits for the lock
-//     write(inventory.lease().fencing_token());
-//   }                                              // released
-//   std::scoped_lock both(m1, m2);                 // std::lock's deadlock avoidance
-//   if (std::unique_lock lk(m, std::try_to_lock); lk) { ... }   // busy: not owned
-//
-// A mutex names one lock (a key) on one runtime and models the standard
-// Lockable and TimedLockable requirements, so std::unique_lock,
-// std::scoped_lock, std::lock and std::condition_variable_any work with it.
-// lock() waits for the lock without polling (release notices, as .wait()
-// does), try_lock() makes one attempt and is false when the lock is busy,
-// try_lock_for()/try_lock_until() wait up to a bound, unlock() releases.
-// While it is held the watchdog renews it (at most `retries` times), and
-// lease() gives the lease: its fencing token, remaining(), stop_token().
-//
-// It is a lease, not a thread's lock: unlock() may come from any thread,
-// and lock() while the object is held (from any thread) waits for that
-// unlock(), as a binary semaphore does. It is not reentrant, and
-// is not a handle from Runtime::acquire: a LOCKED call on the same key
-// from the locking thread waits like any other caller.
-//
-// Errors: lock() and the try_ forms throw what the store reports
-// (ConnectionError, RedisError, RuntimeStopped...); only "busy" is a
-// false. unlock() never throws and does not wait for the store: a lease
-// lost while held is seen in lease().lost() / stop_token() before it.
-//
-// Threading: any thread; the blocking calls must not run on the runtime's
-// own threads (its notifier delivers their outcome). Costs: one
-// acquisition per lock, as Runtime::acquire.
+/// @file
+/// lockwatch/mutex.hpp: a distributed lock as a standard Lockable.
+///
+///   lockwatch::mutex inventory(runtime, "inventory", 10s);
+///   {
+///     std::unique_lock lk(inventory);              // waits for the lock
+///     write(inventory.lease().fencing_token());
+///   }                                              // released
+///   std::scoped_lock both(m1, m2);                 // std::lock's deadlock avoidance
+///   if (std::unique_lock lk(m, std::try_to_lock); lk) { ... }   // busy: not owned
+///
+/// A mutex names one lock (a key) on one runtime and models the standard
+/// Lockable and TimedLockable requirements, so std::unique_lock,
+/// std::scoped_lock, std::lock and std::condition_variable_any work with it.
+/// lock() waits for the lock without polling (release notices, as .wait()
+/// does), try_lock() makes one attempt and is false when the lock is busy,
+/// try_lock_for()/try_lock_until() wait up to a bound, unlock() releases.
+/// While it is held the watchdog renews it (at most `retries` times), and
+/// lease() gives the lease: its fencing token, remaining(), stop_token().
+///
+/// It is a lease, not a thread's lock: unlock() may come from any thread,
+/// and lock() while the object is held (from any thread) waits for that
+/// unlock(), as a binary semaphore does. It is not reentrant, and
+/// is not a handle from Runtime::acquire: a LOCKED call on the same key
+/// from the locking thread waits like any other caller.
+///
+/// Errors: lock() and the try_ forms throw what the store reports
+/// (ConnectionError, RedisError, RuntimeStopped...); only "busy" is a
+/// false. unlock() never throws and does not wait for the store: a lease
+/// lost while held is seen in lease().lost() / stop_token() before it.
+///
+/// Threading: any thread; the blocking calls must not run on the runtime's
+/// own threads (its notifier delivers their outcome). Costs: one
+/// acquisition per lock, as Runtime::acquire.
 #pragma once
 
 #include <chrono>

@@ -1,21 +1,22 @@
-// lockwatch/observer.hpp: being told what the locks do.
-//
-//   struct Tracer : lockwatch::Observer {
-//     void on_lost(std::string_view key, lockwatch::LostReason why, std::string_view detail) override {
-//       page_someone(key, lockwatch::to_string(why));
-//     }
-//   };
-//   runtime.add_observer(std::make_shared<Tracer>());
-//
-// One virtual per event, each with a default that does nothing: override
-// what you need. The runtime's own metrics (Runtime::metrics_text()) and
-// log lines (Options::log) are built on the same events.
-//
-// Threading: events are delivered on the runtime's event thread, one at a
-// time and in the order they happened, never on the I/O thread: an observer
-// that blocks delays other observers, never a lock. An observer must not
-// destroy the runtime. Costs: nothing while no observer is attached; with
-// one, each event is one queued task (the key is copied).
+/// @file
+/// lockwatch/observer.hpp: being told what the locks do.
+///
+///   struct Tracer : lockwatch::Observer {
+///     void on_lost(std::string_view key, lockwatch::LostReason why, std::string_view detail) override {
+///       page_someone(key, lockwatch::to_string(why));
+///     }
+///   };
+///   runtime.add_observer(std::make_shared<Tracer>());
+///
+/// One virtual per event, each with a default that does nothing: override
+/// what you need. The runtime's own metrics (Runtime::metrics_text()) and
+/// log lines (Options::log) are built on the same events.
+///
+/// Threading: events are delivered on the runtime's event thread, one at a
+/// time and in the order they happened, never on the I/O thread: an observer
+/// that blocks delays other observers, never a lock. An observer must not
+/// destroy the runtime. Costs: nothing while no observer is attached; with
+/// one, each event is one queued task (the key is copied).
 #pragma once
 
 #include <chrono>

@@ -1,9 +1,10 @@
-// lockwatch/options.hpp: how a Runtime is configured.
-//
-// Options is a plain value: fill it, hand it to a Runtime, done. Every field
-// has a default that works for a local Redis. Options::from_env() reads
-// LOCKWATCH_REDIS_URL (and the LOCKWATCH_TLS_* files), which is what the
-// process-wide default runtime uses.
+/// @file
+/// lockwatch/options.hpp: how a Runtime is configured.
+///
+/// Options is a plain value: fill it, hand it to a Runtime, done. Every field
+/// has a default that works for a local Redis. Options::from_env() reads
+/// LOCKWATCH_REDIS_URL (and the LOCKWATCH_TLS_* files), which is what the
+/// process-wide default runtime uses.
 #pragma once
 
 #include <chrono>

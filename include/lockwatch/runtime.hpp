@@ -1,19 +1,20 @@
-// lockwatch/runtime.hpp: the engine behind every locked call.
-//
-// A Runtime owns one I/O thread (a libuv loop holding the Redis
-// connections and the watchdog's timer wheel), a thread pool for the work,
-// and the set of leases it holds. Calls from any thread are handed to the
-// I/O thread through one queue; commands from all of them are pipelined on
-// one connection per Redis endpoint.
-//
-// LOCKED without .on(runtime) uses Runtime::default_runtime(), created on
-// first use from the environment (LOCKWATCH_REDIS_URL).
-//
-// Destruction stops in one order: new calls are refused (RuntimeStopped),
-// calls waiting for a lock fail with RuntimeStopped, running work is asked
-// to stop through its stop_token and awaited, held locks are released, the
-// connections are closed and the threads joined. Destroying a runtime from
-// one of its own pool threads is not allowed.
+/// @file
+/// lockwatch/runtime.hpp: the engine behind every locked call.
+///
+/// A Runtime owns one I/O thread (a libuv loop holding the Redis
+/// connections and the watchdog's timer wheel), a thread pool for the work,
+/// and the set of leases it holds. Calls from any thread are handed to the
+/// I/O thread through one queue; commands from all of them are pipelined on
+/// one connection per Redis endpoint.
+///
+/// LOCKED without .on(runtime) uses Runtime::default_runtime(), created on
+/// first use from the environment (LOCKWATCH_REDIS_URL).
+///
+/// Destruction stops in one order: new calls are refused (RuntimeStopped),
+/// calls waiting for a lock fail with RuntimeStopped, running work is asked
+/// to stop through its stop_token and awaited, held locks are released, the
+/// connections are closed and the threads joined. Destroying a runtime from
+/// one of its own pool threads is not allowed.
 #pragma once
 
 #include <chrono>

@@ -1,44 +1,45 @@
-// lockwatch/scheduler.hpp: highly available scheduled jobs.
-//
-//   lockwatch::Scheduler jobs;                      // or Scheduler jobs(runtime)
-//   lockwatch::JobOptions o;
-//   o.lease = 10s;
-//   auto h = jobs.every(1h, "report:hourly", [](const lockwatch::JobRun& run) {
-//     write_report(run.period(), run.fencing_token());
-//   }, o);
-//   jobs.cron("0 3 * * *", "nightly", [] { vacuum(); });   // 5-field cron, UTC
-//
-// Every process that declares a job competes for its lease (the lock
-// "job:<name>"); one holds it continuously, renewed by the watchdog between
-// runs and during them, and runs every period while it is healthy. The
-// others wait for it without polling (release notices, or the holder's
-// ttl) and one takes over within one lease plus one period when it dies.
-//
-// Periods are numbered on the store's clock (Redis TIME), not the local
-// one: every(p) periods start at multiples of p since the Unix epoch
-// (shifted by JobOptions::offset) and are numbered by that multiple; cron
-// periods are UTC minutes and are numbered by the minute since the epoch.
-// A run claims its period in one atomic step with the check that the
-// lease is still ours and that the store's clock has reached the period:
-// a period runs at most once, whoever leads and however skewed the clocks.
-// A job the store has no record of runs its current period at once (under
-// kRunOnce): a new leader cannot tell a new job from a missed period.
-// Changing a job's schedule kind (every <-> cron) needs a new name.
-//
-// A program started by cron on every host (lockwatch run --once-per) has
-// no leader to keep: it takes the lock, claims the current period with
-// claim_period() or claim_cron_period(), and runs only if it claimed it.
-// The claim is the one a job's leader makes before each run.
-//
-// Threading: every() and cron() from any thread. A job has no thread of
-// its own and never polls: it waits for the lease and the periods on the
-// runtime's I/O loop (the acquisition's handler, the timer wheel, store
-// replies), so a thousand jobs cost no more threads than one; runs execute
-// on the runtime's pool, one at a time per job, with this_lease() bound.
-// Destroying the Scheduler stops its jobs in order: no new runs, running
-// ones are asked to stop (their stop token) and awaited, leases released
-// so another process takes over at once. Destroy it before its Runtime,
-// and never from inside one of its runs.
+/// @file
+/// lockwatch/scheduler.hpp: highly available scheduled jobs.
+///
+///   lockwatch::Scheduler jobs;                      // or Scheduler jobs(runtime)
+///   lockwatch::JobOptions o;
+///   o.lease = 10s;
+///   auto h = jobs.every(1h, "report:hourly", [](const lockwatch::JobRun& run) {
+///     write_report(run.period(), run.fencing_token());
+///   }, o);
+///   jobs.cron("0 3 * * *", "nightly", [] { vacuum(); });   // 5-field cron, UTC
+///
+/// Every process that declares a job competes for its lease (the lock
+/// "job:<name>"); one holds it continuously, renewed by the watchdog between
+/// runs and during them, and runs every period while it is healthy. The
+/// others wait for it without polling (release notices, or the holder's
+/// ttl) and one takes over within one lease plus one period when it dies.
+///
+/// Periods are numbered on the store's clock (Redis TIME), not the local
+/// one: every(p) periods start at multiples of p since the Unix epoch
+/// (shifted by JobOptions::offset) and are numbered by that multiple; cron
+/// periods are UTC minutes and are numbered by the minute since the epoch.
+/// A run claims its period in one atomic step with the check that the
+/// lease is still ours and that the store's clock has reached the period:
+/// a period runs at most once, whoever leads and however skewed the clocks.
+/// A job the store has no record of runs its current period at once (under
+/// kRunOnce): a new leader cannot tell a new job from a missed period.
+/// Changing a job's schedule kind (every <-> cron) needs a new name.
+///
+/// A program started by cron on every host (lockwatch run --once-per) has
+/// no leader to keep: it takes the lock, claims the current period with
+/// claim_period() or claim_cron_period(), and runs only if it claimed it.
+/// The claim is the one a job's leader makes before each run.
+///
+/// Threading: every() and cron() from any thread. A job has no thread of
+/// its own and never polls: it waits for the lease and the periods on the
+/// runtime's I/O loop (the acquisition's handler, the timer wheel, store
+/// replies), so a thousand jobs cost no more threads than one; runs execute
+/// on the runtime's pool, one at a time per job, with this_lease() bound.
+/// Destroying the Scheduler stops its jobs in order: no new runs, running
+/// ones are asked to stop (their stop token) and awaited, leases released
+/// so another process takes over at once. Destroy it before its Runtime,
+/// and never from inside one of its runs.
 #pragma once
 
 #include <chrono>

@@ -1,21 +1,22 @@
-// lockwatch/thread_pool.hpp: a fixed-size pool of worker threads that runs
-// posted tasks in FIFO order.
-//
-// lockwatch runs user work here so that the I/O loop never does: the loop
-// posts the decorated call, a worker runs it, and the result travels back
-// through a future. The pool is also usable on its own.
-//
-// Threading: post(), submit(), size() and on_pool_thread() may be called from
-// any thread, pool threads included. shutdown() may be called from any
-// thread; see its comment for what it does on a pool thread.
-//
-// Costs: one mutex-protected deque shared by all workers, so a post is one
-// lock, one push and one condition-variable notify. A task whose callable
-// fits in UniqueFunction's inline buffer (48 bytes, nothrow-movable) needs no
-// allocation beyond the deque's own; larger ones take one heap allocation.
-// submit() adds the shared state of a std::packaged_task. The single queue
-// keeps FIFO order simple; it is not meant for millions of tiny tasks per
-// second across many cores.
+/// @file
+/// lockwatch/thread_pool.hpp: a fixed-size pool of worker threads that runs
+/// posted tasks in FIFO order.
+///
+/// lockwatch runs user work here so that the I/O loop never does: the loop
+/// posts the decorated call, a worker runs it, and the result travels back
+/// through a future. The pool is also usable on its own.
+///
+/// Threading: post(), submit(), size() and on_pool_thread() may be called from
+/// any thread, pool threads included. shutdown() may be called from any
+/// thread; see its comment for what it does on a pool thread.
+///
+/// Costs: one mutex-protected deque shared by all workers, so a post is one
+/// lock, one push and one condition-variable notify. A task whose callable
+/// fits in UniqueFunction's inline buffer (48 bytes, nothrow-movable) needs no
+/// allocation beyond the deque's own; larger ones take one heap allocation.
+/// submit() adds the shared state of a std::packaged_task. The single queue
+/// keeps FIFO order simple; it is not meant for millions of tiny tasks per
+/// second across many cores.
 #pragma once
 
 #include <chrono>

@@ -1,58 +1,59 @@
-// lockwatch/timer_wheel.hpp: a hashed timing wheel that runs a task once a
-// delay has passed, built for very many short-lived timeouts that are mostly
-// cancelled before they fire (lease renewals, request deadlines).
-//
-// Three concepts: a TimerTask is the work, a Timeout is the handle that a
-// schedule returns (it can cancel and tell what happened), and the TimerWheel
-// keeps the pending timeouts and runs the ones that are due when its owner
-// calls advance().
-//
-// How it works: time is cut into ticks, and ticks into epochs of `wheel_size`
-// ticks. A near ring of `wheel_size` buckets holds the current epoch, one
-// bucket per tick, visited when its tick passes. A far ring of as many buckets
-// holds later epochs, one bucket per epoch; when an epoch begins its bucket is
-// poured into the near ring. So, unlike a single ring with rounds (Netty), a
-// timeout many revolutions away is moved once instead of being revisited every
-// revolution; only beyond `wheel_size` epochs does the far ring count rounds.
-// Scheduling and cancelling are O(1) list operations; advancing costs the
-// occupied buckets passed (empty ones are skipped by a bitmap) plus at most
-// two visits per timeout.
-//
-// Threading: one thread, the owner, calls advance(), next_expiry_in() and
-// stop() (the first advance() binds the owner unless bind_to_current_thread()
-// did). new_timeout() and Timeout::cancel() may be called from any thread,
-// including from inside a running task. On the owner they link and unlink
-// directly, without locks; other threads put new timeouts and cancellations on
-// a mutex-guarded batch that the next advance() takes in one swap, so a
-// timeout scheduled elsewhere can only fire from an advance() after its
-// new_timeout() returned. A Timeout may be used from any thread.
-//
-// Time: deadlines are never early: a task runs at the first advance() whose
-// time is at or after its deadline, rounded up to the next tick boundary
-// (delays <= 0 run at the next advance()). So lateness is up to one tick plus
-// however late the owner calls advance(). Like libuv's uv_now(), the owner does
-// not read the clock when it schedules: delays given on the owner thread count
-// from the time of the last advance() (the wheel's construction before the
-// first), which keeps the fast path cheap and makes a task that re-arms itself
-// keep a steady period. Delays given on other threads count from the clock.
-//
-// Costs: one schedule or cancel on the owner is a pop from or push to a free
-// list, a compare-and-swap and a few pointer writes (about 20 ns when the
-// timeout is in cache; a cancel of a cold one costs its cache misses); nodes
-// come from slabs that are reused, so steady-state scheduling does not
-// allocate (the std::function overload allocates the function). Other threads
-// pay a clock read and the batch mutex per call. A pending timeout takes 40
-// bytes of slab; an empty wheel about 17 KB (two rings of 16-byte buckets at
-// the default size). Slabs are kept until the wheel is destroyed, so memory
-// follows the peak number of pending timeouts.
-//
-// Tuning: `tick` bounds lateness and precision (and how often a busy loop
-// wakes). `wheel_size * tick` is one epoch (512 x 5 ms = 2.56 s by default):
-// timeouts due within the current epoch are visited once, later ones twice,
-// and the whole far ring spans `wheel_size` epochs (22 min by default), past
-// which timeouts are revisited once per such span. A wheel covering the usual
-// delay saves the second visit at 32 bytes per bucket. `max_pending` caps
-// memory when producers may outrun expiry.
+/// @file
+/// lockwatch/timer_wheel.hpp: a hashed timing wheel that runs a task once a
+/// delay has passed, built for very many short-lived timeouts that are mostly
+/// cancelled before they fire (lease renewals, request deadlines).
+///
+/// Three concepts: a TimerTask is the work, a Timeout is the handle that a
+/// schedule returns (it can cancel and tell what happened), and the TimerWheel
+/// keeps the pending timeouts and runs the ones that are due when its owner
+/// calls advance().
+///
+/// How it works: time is cut into ticks, and ticks into epochs of `wheel_size`
+/// ticks. A near ring of `wheel_size` buckets holds the current epoch, one
+/// bucket per tick, visited when its tick passes. A far ring of as many buckets
+/// holds later epochs, one bucket per epoch; when an epoch begins its bucket is
+/// poured into the near ring. So, unlike a single ring with rounds (Netty), a
+/// timeout many revolutions away is moved once instead of being revisited every
+/// revolution; only beyond `wheel_size` epochs does the far ring count rounds.
+/// Scheduling and cancelling are O(1) list operations; advancing costs the
+/// occupied buckets passed (empty ones are skipped by a bitmap) plus at most
+/// two visits per timeout.
+///
+/// Threading: one thread, the owner, calls advance(), next_expiry_in() and
+/// stop() (the first advance() binds the owner unless bind_to_current_thread()
+/// did). new_timeout() and Timeout::cancel() may be called from any thread,
+/// including from inside a running task. On the owner they link and unlink
+/// directly, without locks; other threads put new timeouts and cancellations on
+/// a mutex-guarded batch that the next advance() takes in one swap, so a
+/// timeout scheduled elsewhere can only fire from an advance() after its
+/// new_timeout() returned. A Timeout may be used from any thread.
+///
+/// Time: deadlines are never early: a task runs at the first advance() whose
+/// time is at or after its deadline, rounded up to the next tick boundary
+/// (delays <= 0 run at the next advance()). So lateness is up to one tick plus
+/// however late the owner calls advance(). Like libuv's uv_now(), the owner does
+/// not read the clock when it schedules: delays given on the owner thread count
+/// from the time of the last advance() (the wheel's construction before the
+/// first), which keeps the fast path cheap and makes a task that re-arms itself
+/// keep a steady period. Delays given on other threads count from the clock.
+///
+/// Costs: one schedule or cancel on the owner is a pop from or push to a free
+/// list, a compare-and-swap and a few pointer writes (about 20 ns when the
+/// timeout is in cache; a cancel of a cold one costs its cache misses); nodes
+/// come from slabs that are reused, so steady-state scheduling does not
+/// allocate (the std::function overload allocates the function). Other threads
+/// pay a clock read and the batch mutex per call. A pending timeout takes 40
+/// bytes of slab; an empty wheel about 17 KB (two rings of 16-byte buckets at
+/// the default size). Slabs are kept until the wheel is destroyed, so memory
+/// follows the peak number of pending timeouts.
+///
+/// Tuning: `tick` bounds lateness and precision (and how often a busy loop
+/// wakes). `wheel_size * tick` is one epoch (512 x 5 ms = 2.56 s by default):
+/// timeouts due within the current epoch are visited once, later ones twice,
+/// and the whole far ring spans `wheel_size` epochs (22 min by default), past
+/// which timeouts are revisited once per such span. A wheel covering the usual
+/// delay saves the second visit at 32 bytes per bucket. `max_pending` caps
+/// memory when producers may outrun expiry.
 #pragma once
 
 #include <chrono>
