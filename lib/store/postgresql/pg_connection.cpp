@@ -465,7 +465,7 @@ void PgConnection::table_error(const StoreError& error) {
   else
     why.message = fmt::format(
         "the lock table {} cannot be used: it needs lockwatch's columns (lock_name, owner, fence, expires_at, "
-        "last_period, of the README's types) and lock_name as its key: {}",
+        "last_period, of the types in lockwatch's docs/stores.md) and lock_name as its key: {}",
         session_.table, error.message);
   went_down(why, true);
 }

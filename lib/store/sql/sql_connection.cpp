@@ -260,8 +260,8 @@ void SqlConnection::run_handshake(std::size_t attempt) {
                                    return;
                                  }
                                  went_down(fmt::format("the lock table {} does not have lockwatch's columns "
-                                                       "(lock_name, owner, fence, expires_at, last_period; see the "
-                                                       "README for its definition): {}",
+                                                       "(lock_name, owner, fence, expires_at, last_period; see "
+                                                       "lockwatch's docs/stores.md for its definition): {}",
                                                        session_.table, last_error_),
                                            false);
                                }});
