@@ -483,6 +483,23 @@ TEST_P(StoreContractTest, AWriterIsNotStarvedByAStreamOfReaders) {
   EXPECT_LT(waited, 3s);
 }
 
+TEST_P(StoreContractTest, AWriterThatStopsWaitingHoldsReadersBackBriefly) {
+  Runtime readers(options()), writer_rt(options());
+  if (refuses_kinds(readers, GetParam())) GTEST_SKIP() << GetParam() << " holds exclusive locks only (Unsupported)";
+  auto first = readers.acquire("gave-up", LockKind::shared(), 30s);
+  LockHandle reader = get_bounded(first);
+  // A writer with a long ttl waits a little for the reader, and gives up.
+  auto writer = writer_rt.acquire("gave-up", 30s, forever, 200ms);
+  EXPECT_TRUE(error_of<LockNotAcquired>(writer));
+  // Its mark outlives it by 2 s at most, not by its ttl.
+  auto t0 = std::chrono::steady_clock::now();
+  auto next = readers.acquire("gave-up", LockKind::shared(), 30s, forever, 10s);
+  LockHandle r = get_bounded(next);
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, 2500ms);
+  give_back(r);
+  give_back(reader);
+}
+
 TEST_P(StoreContractTest, AKilledReaderFreesItsShareAfterItsTtl) {
   Runtime rt(options());
   if (refuses_kinds(rt, GetParam())) GTEST_SKIP() << GetParam() << " holds exclusive locks only (Unsupported)";

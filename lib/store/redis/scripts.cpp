@@ -34,7 +34,11 @@ namespace {
 // kept on one line whatever the key's name holds. Tokens go out with %d:
 // Lua would print a number of 15 digits or more in exponent form. No
 // helper functions: a closure would be made anew on every call, which a
-// lone lock pays for.
+// lone lock pays for. A writer's mark for readers (see kAcquireKind) is
+// read, set and deleted by name, undeclared, and with pcall: it shares the
+// lock's slot, but a node importing that slot (an ASK) refuses keys not
+// declared; the mark is a preference, never what exclusion rests on, so
+// that attempt goes without it.
 constexpr std::string_view kAcquire = R"lua(
 local out = {}
 for i = 1, #KEYS / 3 do
@@ -65,7 +69,7 @@ for i = 1, #KEYS / 3 do
       out[i] = 't' .. string.format('%d', f)
     end
     local mark = lock .. ':writer'
-    if redis.call('get', mark) == token then redis.call('del', mark) end
+    if redis.pcall('get', mark) == token then redis.pcall('del', mark) end
   else
     local t = redis.call('pttl', lock)
     local v = redis.pcall('get', lock)
@@ -80,10 +84,10 @@ for i = 1, #KEYS / 3 do
         out[i] = 't' .. (f or '0')
       end
     elseif v == 'lockwatch:shared' then
-      local mark = lock .. ':writer'
-      local other = redis.call('get', mark)
-      if not other or other == token then redis.call('set', mark, token, 'PX', ttl) end
-      out[i] = 'b' .. math.min(t, math.max(1, math.floor(tonumber(ttl) / 2)))
+      local mark, mark_ttl = lock .. ':writer', math.min(tonumber(ttl), 2000)
+      local other = redis.pcall('get', mark)
+      if not other or other == token then redis.pcall('set', mark, token, 'PX', mark_ttl) end
+      out[i] = 'b' .. math.min(t, math.max(1, math.floor(mark_ttl / 2)))
     elseif type(v) == 'string' and string.sub(v, 1, 18) == 'lockwatch:permits:' then
       err = 'LOCKWATCH-KIND ' .. lock .. ' is held as a semaphore of ' .. string.sub(v, 19) ..
             ' permit(s); this call asked for it exclusive'
@@ -105,10 +109,11 @@ return table.concat(out, '\n')
 // the server's clock (TIME, in ms), expiring with the lock; a member past
 // its deadline is a dead holder and is pruned by the next script, so a
 // crashed holder's share comes back after its ttl. A writer that waits for
-// readers leaves `<lock>:writer` (its token, with its ttl as expiry,
-// refreshed at each of its attempts, which come at least every half ttl);
-// while it is there no new reader goes in (writers are not starved), and
-// the writer's grant deletes it. Readers take no fencing token: they are
+// readers leaves `<lock>:writer` (its token, expiring after 2 s, or its ttl
+// if shorter, refreshed at each of its attempts, which the busy answer
+// brings within half of that); while it is there no new reader goes in
+// (writers are not starved), and the writer's grant deletes it. A writer
+// that stops waiting holds readers back for that short expiry at most. Readers take no fencing token: they are
 // answered the slot's counter as it stands (the last writer's, or above
 // it); each permit's grant raises it. All these keys share the lock's hash
 // tag, so one Cluster slot. KEYS: lock, holders, writer mark, the slot's
@@ -322,9 +327,12 @@ return {t, f, v}
 )lua";
 
 // Operators' removal of a lock whoever holds it; the fencing counter stays.
+// A shared or permit lock's holders and a writer's mark go too (undeclared,
+// with pcall: a node importing the slot refuses them, and the next
+// acquisition clears holders left without their lock).
 // ARGV: the channel, and 's' (SPUBLISH) or 'p' (PUBLISH).
 constexpr std::string_view kForceRelease = R"lua(
-redis.call('del', KEYS[1] .. ':holders', KEYS[1] .. ':writer')
+redis.pcall('del', KEYS[1] .. ':holders', KEYS[1] .. ':writer')
 if redis.call('del', KEYS[1]) == 1 then
   if ARGV[2] == 's' then
     redis.call('spublish', ARGV[1], '1')
