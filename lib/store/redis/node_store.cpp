@@ -339,6 +339,7 @@ std::size_t RedisNodeStore::renew(std::span<const LockRef> locks, std::shared_pt
                      });
   renew_args_.clear();
   if (renew_args_.capacity() > 4096) std::vector<std::string_view>().swap(renew_args_);
+  renewal_asking_ = false;
   return 1;
 }
 
@@ -367,6 +368,7 @@ std::size_t RedisNodeStore::renew_mixed(std::span<const LockRef> locks, std::sha
   }
   auto shared_done = std::make_shared<RenewDone>(std::move(done));
   std::size_t commands = 0;
+  const bool asking = renewal_asking_;
   if (!exclusive.empty()) {
     commands += renew(exclusive, keepalive,
                       [shared_done, at = std::move(exclusive_at)](std::size_t k, Renewed status, const StoreError* why) {
@@ -374,6 +376,8 @@ std::size_t RedisNodeStore::renew_mixed(std::span<const LockRef> locks, std::sha
                       });
   }
   const int num_keys = static_cast<int>(2 * kinds_at.size());
+  if (asking) renew_->ask_next();  // the exclusive call took the first
+  renewal_asking_ = false;
   renew_->eval(script(ScriptId::kRenewKind), std::move(args), num_keys,
                [this, shared_done, keepalive, at = std::move(kinds_at)](const redisReply* r, const StoreError* err) {
                  RenewReply reply(r, err, at.size(), renew_->name());
@@ -454,7 +458,10 @@ RedisConnection& RedisNodeStore::with_asking(RedisConnection& c) {
   }
   return c;
 }
-void RedisNodeStore::send_renewal_asking() { renew_->ask_next(); }
+void RedisNodeStore::send_renewal_asking() {
+  renew_->ask_next();
+  renewal_asking_ = true;  // renew_mixed() sends two calls: both go after one
+}
 
 std::string RedisNodeStore::notice() const { return notices_ == Notices::kSharded ? "s" : "p"; }
 

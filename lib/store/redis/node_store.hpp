@@ -168,6 +168,7 @@ class RedisNodeStore final : public StoreBase, public FenceRaising, public JobCl
   // up nothing else (null without).
   std::unique_ptr<RedisConnection> acquire_;
   bool asking_ = false;  // send_asking(): the next call goes after an ASKING
+  bool renewal_asking_ = false;  // send_renewal_asking(): the next renew() goes after one
   std::unique_ptr<SentinelWatcher> sentinel_;
   std::vector<std::string_view> renew_args_;  // reused per batch
   Loop& loop_;
