@@ -100,7 +100,7 @@
  *                          with fencing. A paused holder's write that reaches
  *                          the resource before the new holder's first write
  *                          is accepted; fencing orders writes, it does not
- *                          stop that one (see README, Guarantees).
+ *                          stop that one (see docs/stores.md, Guarantees).
  *
  * Not modelled here: Redlock quorums (model/redlock_fence.pml), Sentinel
  * failover, a Redis that loses keys (restart without persistence), an

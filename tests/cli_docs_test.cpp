@@ -2,7 +2,7 @@
 // in LOCKWATCH_MAN, LOCKWATCH_BASH_COMPLETION), against what `lockwatch
 // --help` lists: every option of every subcommand is in both, the
 // completion completes, the man page renders without warnings, and the
-// README's section on the command names every option and exit status.
+// page on the command (docs/cli.md) names every option and exit status.
 #include <gtest/gtest.h>
 #include <sys/wait.h>
 
@@ -159,12 +159,9 @@ TEST(CliDocsTest, TheManPageRendersWithoutWarnings) {
   EXPECT_NE(text.output.find("--once-per PERIOD"), std::string::npos) << text.output;
 }
 
-TEST(CliDocsTest, TheReadmeNamesEveryOptionAndExitStatusOfTheCommand) {
-  const std::string readme = read_file(env_path("LOCKWATCH_README"));
-  auto begin = readme.find("## The `lockwatch` command");
-  ASSERT_NE(begin, std::string::npos);
-  auto end = readme.find("\n## ", begin + 1);
-  const std::string section = readme.substr(begin, end - begin);
+TEST(CliDocsTest, TheCommandsPageNamesEveryOptionAndExitStatusOfTheCommand) {
+  const std::string section = read_file(env_path("LOCKWATCH_CLI_DOC"));
+  ASSERT_NE(section.find("# The `lockwatch` command"), std::string::npos);
   for (const char* scope : kHelpScopes) {
     for (const auto& option : options_in_help(scope)) {
       if (option == "-h") continue;  // --help stands for both

@@ -65,7 +65,7 @@ inline unsigned lock_slot(const std::string& key) { return slot_of(key.substr(0,
 
 // The fencing counter lockwatch uses for `key` with the default prefix:
 // `lockwatch:fence:{T}`, T the first of the shortest strings over 0-9a-zA-Z
-// (in that order) in the slot of lock_key(key), as the README's "Redis
+// (in that order) in the slot of lock_key(key), as docs/how-it-works.md's "Redis
 // layout" gives the rule (written here from it, apart from the library's
 // table, which cluster_slot_test pins). A search: up to 240,000 CRCs.
 inline std::string fence_key(const std::string& key) {

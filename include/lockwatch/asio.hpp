@@ -1,51 +1,52 @@
-// lockwatch/asio.hpp: lockwatch for Asio (standalone Asio, namespace
-// `asio`, 1.22 or later): completion tokens, cancellation slots and
-// C++20 coroutines. Header only; the library itself does not link Asio.
-//
-//   asio::awaitable<void> handle(lockwatch::Runtime& rt) {
-//     lockwatch::LockHandle h = co_await lockwatch::async_lock(
-//         rt, "sku:42", 5s, lockwatch::forever, 2s, asio::use_awaitable);
-//     co_await write(h.lease().fencing_token());        // renewed meanwhile
-//     co_await h.async_release(asio::use_awaitable);
-//   }
-//   auto reserve = LOCKED("sku:{0}", 5s, lockwatch::forever)
-//       [&](int sku) -> asio::awaitable<int> { co_return co_await take(sku); };
-//   int left = co_await reserve(42);                   // no thread blocks
-//
-// Every operation follows Asio's rules: it takes any completion token
-// (asio::use_awaitable, asio::use_future, asio::experimental::deferred, a
-// callback), its handler runs exactly once on the handler's associated
-// executor (never inside the initiating call), the executor's work is
-// tracked while it is pending, and the handler's associated cancellation
-// slot is honoured:
-//
-// - async_lock(runtime, key, ttl, retries, wait, token) completes with
-//   void(std::exception_ptr, LockHandle). Any cancellation type ends a
-//   pending wait with Cancelled; a lock granted in the race is given back.
-// - LockHandle::async_release(token) completes with
-//   void(std::exception_ptr): LeaseLost if the lease was lost while held.
-// - async_lost(lease, token) completes with
-//   void(std::exception_ptr, std::optional<LostReason>) when the lease ends:
-//   the reason if it was lost, std::nullopt once it was released.
-//   Cancellation: Cancelled.
-// - LOCKED / lockwatch::locked(...) (with .on(), .wait(),
-//   .renew_weight()) on a callable returning asio::awaitable<T> (member
-//   functions too) give a callable returning asio::awaitable<T>: awaiting
-//   it takes the lock without blocking, runs the coroutine on the awaiting
-//   coroutine's executor with the lease renewed across every suspension,
-//   releases the lock when the coroutine finishes (also by an exception)
-//   and only then completes. A lost lease cancels the coroutine
-//   (cancellation_type::terminal through its cancellation state: the
-//   operation it awaits fails with operation_aborted), and the caller gets
-//   LeaseLost whatever the coroutine did. Cancelling the caller cancels the
-//   wait for the lock (Cancelled) or, once it runs, the coroutine. Errors
-//   are the same typed exceptions as the future form's.
-//
-// Threading: a coroutine and the cancellation it receives must share one
-// thread or strand (Asio's rule for cancellation signals); the runtime's
-// notifier thread only posts to the executor. Costs: per operation one
-// shared block and one post to the executor; LOCKED adds a coroutine frame
-// and a co_spawn for the callable.
+/// @file
+/// lockwatch/asio.hpp: lockwatch for Asio (standalone Asio, namespace
+/// `asio`, 1.22 or later): completion tokens, cancellation slots and
+/// C++20 coroutines. Header only; the library itself does not link Asio.
+///
+///   asio::awaitable<void> handle(lockwatch::Runtime& rt) {
+///     lockwatch::LockHandle h = co_await lockwatch::async_lock(
+///         rt, "sku:42", 5s, lockwatch::forever, 2s, asio::use_awaitable);
+///     co_await write(h.lease().fencing_token());        // renewed meanwhile
+///     co_await h.async_release(asio::use_awaitable);
+///   }
+///   auto reserve = LOCKED("sku:{0}", 5s, lockwatch::forever)
+///       [&](int sku) -> asio::awaitable<int> { co_return co_await take(sku); };
+///   int left = co_await reserve(42);                   // no thread blocks
+///
+/// Every operation follows Asio's rules: it takes any completion token
+/// (asio::use_awaitable, asio::use_future, asio::experimental::deferred, a
+/// callback), its handler runs exactly once on the handler's associated
+/// executor (never inside the initiating call), the executor's work is
+/// tracked while it is pending, and the handler's associated cancellation
+/// slot is honoured:
+///
+/// - async_lock(runtime, key, ttl, retries, wait, token) completes with
+///   void(std::exception_ptr, LockHandle). Any cancellation type ends a
+///   pending wait with Cancelled; a lock granted in the race is given back.
+/// - LockHandle::async_release(token) completes with
+///   void(std::exception_ptr): LeaseLost if the lease was lost while held.
+/// - async_lost(lease, token) completes with
+///   void(std::exception_ptr, std::optional<LostReason>) when the lease ends:
+///   the reason if it was lost, std::nullopt once it was released.
+///   Cancellation: Cancelled.
+/// - LOCKED / lockwatch::locked(...) (with .on(), .wait(),
+///   .renew_weight()) on a callable returning asio::awaitable<T> (member
+///   functions too) give a callable returning asio::awaitable<T>: awaiting
+///   it takes the lock without blocking, runs the coroutine on the awaiting
+///   coroutine's executor with the lease renewed across every suspension,
+///   releases the lock when the coroutine finishes (also by an exception)
+///   and only then completes. A lost lease cancels the coroutine
+///   (cancellation_type::terminal through its cancellation state: the
+///   operation it awaits fails with operation_aborted), and the caller gets
+///   LeaseLost whatever the coroutine did. Cancelling the caller cancels the
+///   wait for the lock (Cancelled) or, once it runs, the coroutine. Errors
+///   are the same typed exceptions as the future form's.
+///
+/// Threading: a coroutine and the cancellation it receives must share one
+/// thread or strand (Asio's rule for cancellation signals); the runtime's
+/// notifier thread only posts to the executor. Costs: per operation one
+/// shared block and one post to the executor; LOCKED adds a coroutine frame
+/// and a co_spawn for the callable.
 #pragma once
 
 #include <asio/associated_cancellation_slot.hpp>
@@ -76,16 +77,16 @@
 namespace lockwatch {
 namespace detail {
 
-// A completion handler waiting for the runtime: it keeps the handler's
-// executor busy (work guard) until complete() posts it there, once.
+/// A completion handler waiting for the runtime: it keeps the handler's
+/// executor busy (work guard) until complete() posts it there, once.
 template <class Handler, class... Args>
 class AsioCompletion {
  public:
   explicit AsioCompletion(Handler h)
       : work_(asio::make_work_guard(asio::get_associated_executor(h))), handler_(std::move(h)) {}
 
-  // Any thread, once: the handler runs on its executor with `args`, after
-  // its cancellation slot is cleared (the slot's handler may refer to it).
+  /// Any thread, once: the handler runs on its executor with `args`, after
+  /// its cancellation slot is cleared (the slot's handler may refer to it).
   void complete(Args... args) {
     auto ex = work_.get_executor();
     asio::post(ex, [h = std::move(handler_), w = std::move(work_), ... a = std::move(args)]() mutable {
@@ -99,12 +100,12 @@ class AsioCompletion {
   Handler handler_;
 };
 
-// A cancel that may come before the runtime handed out what cancels (a
-// ticket or a watch): it is applied as soon as that is known.
+/// A cancel that may come before the runtime handed out what cancels (a
+/// ticket or a watch): it is applied as soon as that is known.
 template <class Canceller>
 class PendingCancel {
  public:
-  // Any thread: the operation should end.
+  /// Any thread: the operation should end.
   void request() {
     Canceller c;
     {
@@ -123,7 +124,7 @@ class PendingCancel {
     }
     if (requested) after_cancel(c.cancel());
   }
-  // What to do when a cancel won (async_lost completes the handler itself).
+  /// What to do when a cancel won (async_lost completes the handler itself).
   std::function<void()> on_won;
 
  private:
@@ -145,7 +146,7 @@ void connect_cancel(Handler& handler, const std::shared_ptr<PendingCancel<Cancel
   }
 }
 
-// async_lock from a spec (LOCKED's renewal weight included).
+/// async_lock from a spec (LOCKED's renewal weight included).
 template <class CompletionToken>
 auto async_lock_spec(Runtime& runtime, LockSpec spec, CompletionToken&& token) {
   return asio::async_initiate<CompletionToken, void(std::exception_ptr, LockHandle)>(
@@ -166,14 +167,14 @@ auto async_lock_spec(Runtime& runtime, LockSpec spec, CompletionToken&& token) {
       token, &runtime, std::move(spec));
 }
 
-// The state a LOCKED coroutine shares with the lease's loss handler and
-// the caller's cancellation; touched on the coroutine's executor only.
+/// The state a LOCKED coroutine shares with the lease's loss handler and
+/// the caller's cancellation; touched on the coroutine's executor only.
 template <class Executor>
 struct LockedRun {
   explicit LockedRun(Executor e) : ex(std::move(e)) {}
   Executor ex;
-  asio::cancellation_signal signal;  // the callable's cancellation
-  bool done = false;                 // the callable finished: nothing more to cancel
+  asio::cancellation_signal signal;  ///< the callable's cancellation
+  bool done = false;                 ///< the callable finished: nothing more to cancel
 };
 
 template <class T, class Executor, class Invoke>
@@ -257,8 +258,8 @@ struct AsyncCall<asio::awaitable<T, Executor>> {
 
 }  // namespace detail
 
-// Takes the lock for `key` (see Runtime::acquire for the arguments and
-// errors); completes with void(std::exception_ptr, LockHandle).
+/// Takes the lock for `key` (see Runtime::acquire for the arguments and
+/// errors); completes with void(std::exception_ptr, LockHandle).
 template <class CompletionToken>
 auto async_lock(Runtime& runtime, std::string key, std::chrono::milliseconds ttl, Retries retries,
                 std::chrono::milliseconds wait, CompletionToken&& token) {
@@ -270,7 +271,7 @@ auto async_lock(Runtime& runtime, std::string key, std::chrono::milliseconds ttl
   return detail::async_lock_spec(runtime, std::move(spec), std::forward<CompletionToken>(token));
 }
 
-// The same, held as `kind` (lock_kind.hpp; see Runtime::acquire).
+/// The same, held as `kind` (lock_kind.hpp; see Runtime::acquire).
 template <class CompletionToken>
 auto async_lock(Runtime& runtime, std::string key, LockKind kind, std::chrono::milliseconds ttl, Retries retries,
                 std::chrono::milliseconds wait, CompletionToken&& token) {
@@ -283,9 +284,9 @@ auto async_lock(Runtime& runtime, std::string key, LockKind kind, std::chrono::m
   return detail::async_lock_spec(runtime, std::move(spec), std::forward<CompletionToken>(token));
 }
 
-// Completes when `lease` ends: void(std::exception_ptr, std::optional<LostReason>),
-// the reason if it was lost, std::nullopt if it was released. The lease
-// must outlive the call (not the operation).
+/// Completes when `lease` ends: void(std::exception_ptr, std::optional<LostReason>),
+/// the reason if it was lost, std::nullopt if it was released. The lease
+/// must outlive the call (not the operation).
 template <class CompletionToken>
 auto async_lost(const Lease& lease, CompletionToken&& token) {
   return asio::async_initiate<CompletionToken, void(std::exception_ptr, std::optional<LostReason>)>(

@@ -1,16 +1,17 @@
-// lockwatch/lock_handle.hpp: a lock held outside LOCKED.
-//
-//   lockwatch::LockHandle h = runtime.acquire("report:daily", 30s).get();
-//   ... h.lease().fencing_token(), h.lease().stop_token() ...
-//   h.release().get();   // or let the handle go: it releases (without waiting)
-//
-// For code that cannot be shaped as one callable (a lock held across
-// several steps, a benchmark of the bare protocol). The watchdog renews the
-// lease exactly as for LOCKED until release(); a lost lease shows in
-// lease().lost() / stop_token(), and release() then reports LeaseLost.
-//
-// Threading: a handle is used by one thread at a time; lease() accessors
-// are safe from any thread. Move-only.
+/// @file
+/// lockwatch/lock_handle.hpp: a lock held outside LOCKED.
+///
+///   lockwatch::LockHandle h = runtime.acquire("report:daily", 30s).get();
+///   ... h.lease().fencing_token(), h.lease().stop_token() ...
+///   h.release().get();   // or let the handle go: it releases (without waiting)
+///
+/// For code that cannot be shaped as one callable (a lock held across
+/// several steps, a benchmark of the bare protocol). The watchdog renews the
+/// lease exactly as for LOCKED until release(); a lost lease shows in
+/// lease().lost() / stop_token(), and release() then reports LeaseLost.
+///
+/// Threading: a handle is used by one thread at a time; lease() accessors
+/// are safe from any thread. Move-only.
 #pragma once
 
 #include <exception>
@@ -27,31 +28,36 @@ struct HandleState;
 struct HandleAccess;
 }  // namespace detail
 
+/// A lock held outside a callable (Runtime::acquire, async_lock): renewed by the watchdog until
+/// release(), or released when the handle is destroyed. Move-only; release() and the destructor
+/// never throw.
 class LockHandle {
  public:
   LockHandle() noexcept = default;
+  /// Takes over `other`'s lock; `other` is left empty.
   LockHandle(LockHandle&&) noexcept = default;
+  /// Releases the lock this handle held (without waiting), then takes over `other`'s.
   LockHandle& operator=(LockHandle&& other) noexcept;
   LockHandle(const LockHandle&) = delete;
   LockHandle& operator=(const LockHandle&) = delete;
-  // Releases the lock if release() was not called; does not wait.
+  /// Releases the lock if release() was not called; does not wait.
   ~LockHandle();
 
-  // True until release() (or a move) takes the lock away.
+  /// True until release() (or a move) takes the lock away.
   explicit operator bool() const noexcept { return state_ != nullptr; }
-  // Precondition: *this holds a lock.
+  /// Precondition: *this holds a lock.
   const Lease& lease() const noexcept;
-  // Releases the lock. The future becomes ready once Redis confirmed the
-  // release (or the key has surely expired), with LeaseLost if the lease
-  // was lost while held. Throws InvalidArgument on an empty handle.
+  /// Releases the lock. The future becomes ready once Redis confirmed the
+  /// release (or the key has surely expired), with LeaseLost if the lease
+  /// was lost while held. Throws InvalidArgument on an empty handle.
   std::future<void> release();
-  // The same with a handler instead of a future: called once with the
-  // error (LeaseLost) or none, on the runtime's notifier thread (never
-  // inside this call). Throws InvalidArgument on an empty handle (the
-  // handler is then never called).
+  /// The same with a handler instead of a future: called once with the
+  /// error (LeaseLost) or none, on the runtime's notifier thread (never
+  /// inside this call). Throws InvalidArgument on an empty handle (the
+  /// handler is then never called).
   void release(std::function<void(std::exception_ptr)> handler);
-  // Asio: release() with a completion token, completing with
-  // void(std::exception_ptr). Defined by <lockwatch/asio.hpp>.
+  /// Asio: release() with a completion token, completing with
+  /// void(std::exception_ptr). Defined by <lockwatch/asio.hpp>.
   template <class CompletionToken>
   auto async_release(CompletionToken&& token);
 

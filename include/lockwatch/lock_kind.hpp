@@ -1,22 +1,23 @@
-// lockwatch/lock_kind.hpp: how a lock on a key is held.
-//
-//   exclusive()   one holder (the default): a mutex, and the writer of a
-//                 read-write lock
-//   shared()      many holders, and no exclusive one: the readers of a
-//                 read-write lock on the same key. A waiting writer stops
-//                 new readers (writers are not starved); each reader's lease
-//                 is its own, renewed and lost like any other, so a dead
-//                 reader frees its share after its ttl. Readers see the
-//                 fencing token of the last writer's grant.
-//   permits(n)    at most n holders at once (a semaphore); every permit is a
-//                 lease, so a crashed holder's permit comes back after its
-//                 ttl. Each permit's grant raises the fencing token. Callers
-//                 that name the key with another n, or hold it as another
-//                 kind, fail with InvalidArgument: never an over-admission.
-//
-// A key is used as one family while anyone holds it: exclusive and shared
-// together, or permits alone. A store that cannot give a kind its guarantee
-// refuses it with Unsupported, never a weaker lock.
+/// @file
+/// lockwatch/lock_kind.hpp: how a lock on a key is held.
+///
+///   exclusive()   one holder (the default): a mutex, and the writer of a
+///                 read-write lock
+///   shared()      many holders, and no exclusive one: the readers of a
+///                 read-write lock on the same key. A waiting writer stops
+///                 new readers (writers are not starved); each reader's lease
+///                 is its own, renewed and lost like any other, so a dead
+///                 reader frees its share after its ttl. Readers see the
+///                 fencing token of the last writer's grant.
+///   permits(n)    at most n holders at once (a semaphore); every permit is a
+///                 lease, so a crashed holder's permit comes back after its
+///                 ttl. Each permit's grant raises the fencing token. Callers
+///                 that name the key with another n, or hold it as another
+///                 kind, fail with InvalidArgument: never an over-admission.
+///
+/// A key is used as one family while anyone holds it: exclusive and shared
+/// together, or permits alone. A store that cannot give a kind its guarantee
+/// refuses it with Unsupported, never a weaker lock.
 #pragma once
 
 #include <cstdint>
@@ -24,22 +25,31 @@
 
 namespace lockwatch {
 
+/// How a lock on a key is held: exclusive (the default), shared, or permits(n) (see the header
+/// comment). A small value type.
 class LockKind {
  public:
+  /// The three kinds.
   enum class Mode : std::uint8_t { kExclusive, kShared, kPermits };
 
-  constexpr LockKind() noexcept = default;  // exclusive
+  constexpr LockKind() noexcept = default;  ///< exclusive
+  /// One holder (the default): a mutex, and the writer of a read-write lock.
   static constexpr LockKind exclusive() noexcept { return {}; }
+  /// Many holders, and no exclusive one: the readers of a read-write lock.
   static constexpr LockKind shared() noexcept { return LockKind(Mode::kShared, 0); }
+  /// At most `n` holders at once (a semaphore).
   static constexpr LockKind permits(std::uint32_t n) noexcept { return LockKind(Mode::kPermits, n); }
 
+  /// Which of the three kinds.
   constexpr Mode mode() const noexcept { return mode_; }
-  // permits(n): n; 0 for the other kinds.
+  /// permits(n): n; 0 for the other kinds.
   constexpr std::uint32_t permit_count() const noexcept { return permits_; }
+  /// True for exclusive().
   constexpr bool exclusive_kind() const noexcept { return mode_ == Mode::kExclusive; }
+  /// Equal when of the same mode and permit count.
   constexpr bool operator==(const LockKind&) const noexcept = default;
 
-  // "exclusive", "shared", "3 permits".
+  /// "exclusive", "shared", "3 permits".
   std::string describe() const {
     switch (mode_) {
       case Mode::kShared: return "shared";

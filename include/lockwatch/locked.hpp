@@ -1,72 +1,73 @@
-// lockwatch/locked.hpp: the LOCKED decorator.
-//
-//   auto reserve = LOCKED("sku:{0}", 5s, 3) [&](int sku, int qty) { ... };
-//   std::future<int> left = reserve(42, 1);
-//
-// LOCKED(key_expr, ttl, retries) wraps any callable: a lambda, a function,
-// a pointer to member function (called with the object first; `{0}` is then
-// the first declared parameter) or a function object. Calling the result
-// returns a std::future at once; the lock for the key built from the call's
-// arguments is taken asynchronously, the callable runs on the runtime's
-// thread pool while the watchdog renews the lease every ttl * weight (at
-// most `retries` times, or lockwatch::forever), and the lock is released
-// before the future becomes ready, also when the callable throws.
-//
-// key_expr is a key pattern whose fields take the call's arguments, a
-// constant string, or a callable that takes the call's arguments and
-// returns the key.
-//
-// Key patterns are lockwatch's own (a small part of std::format's syntax):
-//   {}      the next argument (the first {} is argument 0)
-//   {N}     argument N, from 0; a pattern uses {} or {N}, not both
-//   {{ }}   a literal brace
-// A field takes no format spec ({0:x} is an error): a key is a name that
-// every process must spell alike, so its parts have one spelling each. For
-// another one, use a key function or give the type a lockwatch_key().
-// What an argument becomes:
-//   integers, enums  decimal (an enum: its underlying value)
-//   floating point   the shortest text that reads back as the same value
-//                    (std::to_chars), fixed for decimal exponents -4 .. 15,
-//                    else scientific (1e+16), as lockwatch always spelled it
-//   bool, char       true / false; the character (signed and unsigned char
-//                    are numbers)
-//   strings          std::string, std::string_view, const char* (not null),
-//                    char arrays
-//   your type T      lockwatch_key(const T&), found by argument-dependent
-//                    lookup (declare it next to T), returning std::string,
-//                    std::string_view or const char*; it comes before the
-//                    rules above (an enum's names, say)
-// No other type can be a key part; an argument the pattern does not use may
-// be of any type. With LOCKED the pattern is checked at compile time against
-// the call's argument types: a malformed pattern, a field without its
-// argument, or one whose argument cannot be a key part does not compile (the
-// error names the rule: key_pattern_...). A pattern given to
-// lockwatch::locked() is checked at each call: the same faults are an
-// InvalidArgument through the future. Costs: no iostream, no locale; the
-// key is sized first and written into one string (no allocation up to 15
-// bytes); a lockwatch_key() returning a std::string adds that string.
-//
-// LOCKED is shorthand for the builder lockwatch::locked(key_expr, ttl,
-// retries), which also offers .on(runtime), .wait(duration),
-// .renew_weight(w), and the kind of lock (lock_kind.hpp): .shared() (a
-// reader of a read-write lock) or .permits(n) (one of n permits):
-//   auto job = lockwatch::locked("job:{0}", 10s, 5).on(rt).wait(2s)(fn);
-//   auto read = LOCKED("doc:{0}", 5s, forever, .shared()) [&](int id) { ... };
-// (LOCKED takes the modifiers as an optional fourth argument, see below.)
-//
-// Errors reach the future: LockNotAcquired (busy past the wait), LeaseLost
-// (the lease could not be kept: the callable's result is discarded),
-// ConnectionError / AuthError / RedisError, InvalidArgument, RuntimeStopped,
-// and whatever the callable threw. Builder arguments are checked at once
-// (InvalidArgument is thrown).
-//
-// Arguments are copied into the call, as std::async does; the object of a
-// member function passed as an lvalue is kept by reference and must outlive
-// the future. The callable is shared by all calls of one decorated object.
-//
-// A callable returning asio::awaitable<T> (with <lockwatch/asio.hpp>
-// included) gives one returning asio::awaitable<T> instead of a future:
-// see that header.
+/// @file
+/// lockwatch/locked.hpp: the LOCKED decorator.
+///
+///   auto reserve = LOCKED("sku:{0}", 5s, 3) [&](int sku, int qty) { ... };
+///   std::future<int> left = reserve(42, 1);
+///
+/// LOCKED(key_expr, ttl, retries) wraps any callable: a lambda, a function,
+/// a pointer to member function (called with the object first; `{0}` is then
+/// the first declared parameter) or a function object. Calling the result
+/// returns a std::future at once; the lock for the key built from the call's
+/// arguments is taken asynchronously, the callable runs on the runtime's
+/// thread pool while the watchdog renews the lease every ttl * weight (at
+/// most `retries` times, or lockwatch::forever), and the lock is released
+/// before the future becomes ready, also when the callable throws.
+///
+/// key_expr is a key pattern whose fields take the call's arguments, a
+/// constant string, or a callable that takes the call's arguments and
+/// returns the key.
+///
+/// Key patterns are lockwatch's own (a small part of std::format's syntax):
+///   {}      the next argument (the first {} is argument 0)
+///   {N}     argument N, from 0; a pattern uses {} or {N}, not both
+///   {{ }}   a literal brace
+/// A field takes no format spec ({0:x} is an error): a key is a name that
+/// every process must spell alike, so its parts have one spelling each. For
+/// another one, use a key function or give the type a lockwatch_key().
+/// What an argument becomes:
+///   integers, enums  decimal (an enum: its underlying value)
+///   floating point   the shortest text that reads back as the same value
+///                    (std::to_chars), fixed for decimal exponents -4 .. 15,
+///                    else scientific (1e+16), as lockwatch always spelled it
+///   bool, char       true / false; the character (signed and unsigned char
+///                    are numbers)
+///   strings          std::string, std::string_view, const char* (not null),
+///                    char arrays
+///   your type T      lockwatch_key(const T&), found by argument-dependent
+///                    lookup (declare it next to T), returning std::string,
+///                    std::string_view or const char*; it comes before the
+///                    rules above (an enum's names, say)
+/// No other type can be a key part; an argument the pattern does not use may
+/// be of any type. With LOCKED the pattern is checked at compile time against
+/// the call's argument types: a malformed pattern, a field without its
+/// argument, or one whose argument cannot be a key part does not compile (the
+/// error names the rule: key_pattern_...). A pattern given to
+/// lockwatch::locked() is checked at each call: the same faults are an
+/// InvalidArgument through the future. Costs: no iostream, no locale; the
+/// key is sized first and written into one string (no allocation up to 15
+/// bytes); a lockwatch_key() returning a std::string adds that string.
+///
+/// LOCKED is shorthand for the builder lockwatch::locked(key_expr, ttl,
+/// retries), which also offers .on(runtime), .wait(duration),
+/// .renew_weight(w), and the kind of lock (lock_kind.hpp): .shared() (a
+/// reader of a read-write lock) or .permits(n) (one of n permits):
+///   auto job = lockwatch::locked("job:{0}", 10s, 5).on(rt).wait(2s)(fn);
+///   auto read = LOCKED("doc:{0}", 5s, forever, .shared()) [&](int id) { ... };
+/// (LOCKED takes the modifiers as an optional fourth argument, see below.)
+///
+/// Errors reach the future: LockNotAcquired (busy past the wait), LeaseLost
+/// (the lease could not be kept: the callable's result is discarded),
+/// ConnectionError / AuthError / RedisError, InvalidArgument, RuntimeStopped,
+/// and whatever the callable threw. Builder arguments are checked at once
+/// (InvalidArgument is thrown).
+///
+/// Arguments are copied into the call, as std::async does; the object of a
+/// member function passed as an lvalue is kept by reference and must outlive
+/// the future. The callable is shared by all calls of one decorated object.
+///
+/// A callable returning asio::awaitable<T> (with <lockwatch/asio.hpp>
+/// included) gives one returning asio::awaitable<T> instead of a future:
+/// see that header.
 #pragma once
 
 #include <charconv>
@@ -93,8 +94,8 @@ namespace detail {
 
 // ------------------------------------------------------------ key patterns
 
-// Only argument-dependent lookup finds a user's lockwatch_key: this
-// declaration stops ordinary lookup from looking further out.
+/// Only argument-dependent lookup finds a user's lockwatch_key: this
+/// declaration stops ordinary lookup from looking further out.
 namespace key_lookup {
 void lockwatch_key() = delete;
 
@@ -109,13 +110,13 @@ decltype(auto) lockwatch_key_of(const T& v) {
 }
 }  // namespace key_lookup
 
-// Characters other than char: no key parts (a key is bytes, with no
-// encoding to write them in).
+/// Characters other than char: no key parts (a key is bytes, with no
+/// encoding to write them in).
 template <class T>
 concept OtherCharacterType = std::is_same_v<T, wchar_t> || std::is_same_v<T, char8_t> ||
                              std::is_same_v<T, char16_t> || std::is_same_v<T, char32_t>;
 
-// What can be a key part (see the top of this file).
+/// What can be a key part (see the top of this file).
 template <class T, class U = std::remove_cvref_t<T>>
 concept KeyPart = key_lookup::HasLockwatchKey<U> || (std::is_arithmetic_v<U> && !OtherCharacterType<U>) ||
                   std::is_enum_v<U> ||
@@ -123,25 +124,25 @@ concept KeyPart = key_lookup::HasLockwatchKey<U> || (std::is_arithmetic_v<U> && 
 
 enum class KeyPatternError : unsigned char {
   kNone,
-  kUnclosedBrace,     // a '{' without its '}'
-  kLoneClosingBrace,  // a '}' that closes no field ("}}" is a literal one)
-  kBadField,          // a field other than {} and {N}
-  kFormatSpec,        // {N:spec}
-  kMixedIndexing,     // {} and {N} in one pattern
-  kNoSuchArgument,    // {N} past the last argument, or one {} too many
-  kNotAKeyPart,       // the argument's type cannot be a key part
+  kUnclosedBrace,     ///< a '{' without its '}'
+  kLoneClosingBrace,  ///< a '}' that closes no field ("}}" is a literal one)
+  kBadField,          ///< a field other than {} and {N}
+  kFormatSpec,        ///< {N:spec}
+  kMixedIndexing,     ///< {} and {N} in one pattern
+  kNoSuchArgument,    ///< {N} past the last argument, or one {} too many
+  kNotAKeyPart,       ///< the argument's type cannot be a key part
 };
 
 struct KeyPatternFault {
   KeyPatternError error = KeyPatternError::kNone;
-  std::size_t offset = 0;  // of the brace at fault in the pattern
-  std::size_t index = 0;   // the argument (kNoSuchArgument, kNotAKeyPart)
+  std::size_t offset = 0;  ///< of the brace at fault in the pattern
+  std::size_t index = 0;   ///< the argument (kNoSuchArgument, kNotAKeyPart)
 };
 
-// Walks `p` for a call of `args` arguments: on_text(view) for each run of
-// literal text (escapes undone), on_field(index) for each field, which
-// returns kNone or refuses the argument. Stops at the first fault. The same
-// walk checks a pattern at compile time and builds keys at run time.
+/// Walks `p` for a call of `args` arguments: on_text(view) for each run of
+/// literal text (escapes undone), on_field(index) for each field, which
+/// returns kNone or refuses the argument. Stops at the first fault. The same
+/// walk checks a pattern at compile time and builds keys at run time.
 template <class OnText, class OnField>
 constexpr KeyPatternFault walk_key_pattern(std::string_view p, std::size_t args, OnText&& on_text,
                                            OnField&& on_field) {
@@ -188,8 +189,8 @@ constexpr KeyPatternFault walk_key_pattern(std::string_view p, std::size_t args,
   return {};
 }
 
-// Not constexpr on purpose, and never defined: reaching one while checking
-// a pattern at compile time is the compile error, and its name the message.
+/// Not constexpr on purpose, and never defined: reaching one while checking
+/// a pattern at compile time is the compile error, and its name the message.
 void key_pattern_has_an_unclosed_brace_write_two_for_a_literal_one();
 void key_pattern_has_a_lone_closing_brace_write_two_for_a_literal_one();
 void key_pattern_field_is_neither_empty_nor_an_argument_index();
@@ -198,14 +199,14 @@ void key_pattern_mixes_automatic_and_numbered_fields();
 void key_pattern_refers_to_an_argument_the_call_does_not_have();
 void key_pattern_refers_to_an_argument_that_cannot_be_a_key_part();
 
-// A pattern found faulty at run time: InvalidArgument saying what is wrong
-// where. `type_name`: the argument's, for kNotAKeyPart.
+/// A pattern found faulty at run time: InvalidArgument saying what is wrong
+/// where. `type_name`: the argument's, for kNotAKeyPart.
 [[noreturn]] void throw_bad_key_pattern(std::string_view pattern, KeyPatternFault fault, std::size_t args,
                                         const char* type_name);
 [[noreturn]] void throw_null_key_string();
 
-// A key pattern checked at compile time against the call's argument types
-// (through LOCKED).
+/// A key pattern checked at compile time against the call's argument types
+/// (through LOCKED).
 template <class... A>
 class KeyPattern {
  public:
@@ -236,8 +237,8 @@ class KeyPattern {
   std::string_view pattern_;
 };
 
-// A lockwatch_key returning a std::string (or another class) by value: the
-// text is kept in a KeyPartOwned until the key is written.
+/// A lockwatch_key returning a std::string (or another class) by value: the
+/// text is kept in a KeyPartOwned until the key is written.
 template <class T>
 using lockwatch_key_t = decltype(key_lookup::lockwatch_key_of(std::declval<const T&>()));
 template <class T>
@@ -251,8 +252,8 @@ struct KeyPartOwned<T> {
   std::string text;
 };
 
-// Room for any number's text: a 128-bit integer, a long double's 21 digits
-// with its sign, point and exponent.
+/// Room for any number's text: a 128-bit integer, a long double's 21 digits
+/// with its sign, point and exponent.
 using KeyDigits = char[48];
 
 template <class S>
@@ -266,11 +267,11 @@ std::string_view key_string(const S& s) {
   }
 }
 
-// The shortest text that reads back as `v`, in fixed notation for decimal
-// exponents -4 .. 15 and in scientific otherwise: the spelling of keys made
-// by earlier lockwatch versions, which a process must still match while
-// others run them. std::to_chars picks the shorter notation, which is that
-// one for most values; the others are written a second time.
+/// The shortest text that reads back as `v`, in fixed notation for decimal
+/// exponents -4 .. 15 and in scientific otherwise: the spelling of keys made
+/// by earlier lockwatch versions, which a process must still match while
+/// others run them. std::to_chars picks the shorter notation, which is that
+/// one for most values; the others are written a second time.
 template <class F>
 std::string_view key_float(KeyDigits& out, F v) {
   char* const end = std::to_chars(out, out + sizeof out, v).ptr;
@@ -298,8 +299,8 @@ std::string_view key_float(KeyDigits& out, F v) {
   return {out, static_cast<std::size_t>(std::to_chars(out, out + sizeof out, v, format).ptr - out)};
 }
 
-// One argument's text (see the top of this file), viewing the argument,
-// `digits` or `owned`.
+/// One argument's text (see the top of this file), viewing the argument,
+/// `digits` or `owned`.
 template <class T>
 std::string_view key_part_text(KeyDigits& digits, KeyPartOwned<T>& owned, const T& v) {
   if constexpr (!KeyPart<T>) {
@@ -370,8 +371,8 @@ std::string build_key(std::string_view pattern, std::index_sequence<I...>, const
 template <class S>
 concept RuntimeString = !std::is_array_v<std::remove_cvref_t<S>> && std::is_convertible_v<const S&, std::string_view>;
 
-// Three ways to make a key: a pattern checked at compile time (a literal),
-// a pattern known only at run time, or a key function.
+/// Three ways to make a key: a pattern checked at compile time (a literal),
+/// a pattern known only at run time, or a key function.
 template <class... A>
 std::string format_key(KeyPattern<std::type_identity_t<A>...> pattern, const A&... a) {
   return build_key(pattern.pattern(), std::index_sequence_for<A...>{}, a...);
@@ -390,10 +391,10 @@ std::string format_key(const F& key_fn, const A&... a) {
 
 // --------------------------------------------------------------- the call
 
-// The object of a member function given as an lvalue, kept by reference.
-// Unlike std::reference_wrapper it is unwrapped before std::invoke sees it,
-// so the object may be anything std::invoke takes: a T, a pointer, a
-// std::shared_ptr / std::unique_ptr, a std::reference_wrapper.
+/// The object of a member function given as an lvalue, kept by reference.
+/// Unlike std::reference_wrapper it is unwrapped before std::invoke sees it,
+/// so the object may be anything std::invoke takes: a T, a pointer, a
+/// std::shared_ptr / std::unique_ptr, a std::reference_wrapper.
 template <class T>
 class ObjectRef {
  public:
@@ -417,8 +418,8 @@ struct unwrapped<ObjectRef<T>> {
 template <class S>
 using unwrapped_t = typename unwrapped<S>::type;
 
-// How an argument waits for the work: a decayed copy, except the object of
-// a member function given as an lvalue, which is kept by reference.
+/// How an argument waits for the work: a decayed copy, except the object of
+/// a member function given as an lvalue, which is kept by reference.
 template <bool ObjectSlot, class A>
 using stored_t = std::conditional_t<ObjectSlot && std::is_lvalue_reference_v<A> &&
                                         !std::is_pointer_v<std::remove_cvref_t<A>>,
@@ -474,16 +475,16 @@ class CallImpl final : public Call {
   std::exception_ptr error_;
 };
 
-// A callable whose result is asynchronous (an Asio coroutine) gets its own
-// call path, defined by the header of its framework: lockwatch/asio.hpp
-// specialises this for asio::awaitable<T>. `start` returns what the
-// decorated callable returns.
+/// A callable whose result is asynchronous (an Asio coroutine) gets its own
+/// call path, defined by the header of its framework: lockwatch/asio.hpp
+/// specialises this for asio::awaitable<T>. `start` returns what the
+/// decorated callable returns.
 template <class R>
 struct AsyncCall {
   static constexpr bool enabled = false;
 };
 
-// What looks like an Asio awaitable (its members, without naming Asio).
+/// What looks like an Asio awaitable (its members, without naming Asio).
 template <class R>
 concept AwaitableLike = requires { typename R::value_type; typename R::executor_type; } &&
                         requires(R& r) { r.await_ready(); };
@@ -491,17 +492,20 @@ concept AwaitableLike = requires { typename R::value_type; typename R::executor_
 template <class K>
 using key_holder_t = std::conditional_t<RuntimeString<std::decay_t<K>>, std::string, std::decay_t<K>>;
 
-// The builder's argument checks: InvalidArgument if they fail.
+/// The builder's argument checks: InvalidArgument if they fail.
 void check_builder_ttl(std::chrono::milliseconds ttl);
 void check_renew_weight(double w);
 
 }  // namespace detail
 
-// A decorated callable: calling it takes the lock and runs the callable.
+/// A decorated callable: calling it takes the lock and runs the callable.
 template <class K, class Fn>
 class Locked {
  public:
   template <class... Args>
+  /// Takes the lock on the key built from `args` and runs the callable with them on the runtime's
+  /// pool: a std::future of its result (an asio::awaitable for a coroutine, with
+  /// lockwatch/asio.hpp). Returns at once; errors come through the future.
   auto operator()(Args&&... args) const {
     if constexpr (std::is_member_pointer_v<Fn>) {
       return call_member(std::forward<Args>(args)...);
@@ -522,7 +526,7 @@ class Locked {
     }
   }
 
-  // The key a call with these arguments would lock (without the prefix).
+  /// The key a call with these arguments would lock (without the prefix).
   template <class... Args>
   std::string key_for(const Args&... args) const {
     if constexpr (std::is_member_pointer_v<Fn>) {
@@ -566,8 +570,8 @@ class Locked {
     }
   }
 
-  // An asynchronous callable (see detail::AsyncCall): the call keeps the
-  // arguments (stored as S...) and the callable until its result is done.
+  /// An asynchronous callable (see detail::AsyncCall): the call keeps the
+  /// arguments (stored as S...) and the callable until its result is done.
   template <class R, class... S, class... A>
   auto start_async(std::pair<std::string, std::exception_ptr> key, A&&... a) const {
     auto invoke = [fn = fn_, args = std::tuple<S...>(std::forward<A>(a)...)]() mutable -> R {
@@ -614,48 +618,49 @@ class Locked {
   std::shared_ptr<Fn> fn_;
 };
 
-// The builder behind LOCKED. Immutable: each modifier returns a copy.
+/// The builder behind LOCKED. Immutable: each modifier returns a copy.
 template <class K>
 class LockedBuilder {
  public:
+  /// Checks `ttl` (InvalidArgument); `retries` is a count or lockwatch::forever.
   LockedBuilder(K key, std::chrono::milliseconds ttl, Retries retries) : key_(std::move(key)) {
     detail::check_builder_ttl(ttl);
     spec_.ttl = ttl;
     spec_.retries = retries.count();
   }
 
-  // Use this runtime instead of the process-wide default.
+  /// Use this runtime instead of the process-wide default.
   LockedBuilder on(Runtime& runtime) const {
     LockedBuilder b = *this;
     b.runtime_ = &runtime;
     return b;
   }
-  // Wait up to `d` for a busy lock (woken by its release, not by polling)
-  // instead of failing at once.
+  /// Wait up to `d` for a busy lock (woken by its release, not by polling)
+  /// instead of failing at once.
   LockedBuilder wait(std::chrono::milliseconds d) const {
     if (d < std::chrono::milliseconds(0)) throw InvalidArgument("wait must not be negative");
     LockedBuilder b = *this;
     b.spec_.wait = d;
     return b;
   }
-  // Take the key in read mode: many shared holders at once, none while an
-  // exclusive one (a call without .shared()) holds it; a waiting exclusive
-  // caller stops new shared ones. See lock_kind.hpp.
+  /// Take the key in read mode: many shared holders at once, none while an
+  /// exclusive one (a call without .shared()) holds it; a waiting exclusive
+  /// caller stops new shared ones. See lock_kind.hpp.
   LockedBuilder shared() const {
     LockedBuilder b = *this;
     b.spec_.kind = LockKind::shared();
     return b;
   }
-  // Up to `n` holders of the key at once (a semaphore): each holds a permit
-  // of its own, leased and renewed like a lock. Every caller of the key must
-  // name the same n (another n fails with InvalidArgument). n >= 1.
+  /// Up to `n` holders of the key at once (a semaphore): each holds a permit
+  /// of its own, leased and renewed like a lock. Every caller of the key must
+  /// name the same n (another n fails with InvalidArgument). n >= 1.
   LockedBuilder permits(std::uint32_t n) const {
     if (n == 0) throw InvalidArgument("permits(n) needs n >= 1");
     LockedBuilder b = *this;
     b.spec_.kind = LockKind::permits(n);
     return b;
   }
-  // Renew at ttl * w (default: the runtime's Options::renew_weight, 0.9).
+  /// Renew at ttl * w (default: the runtime's Options::renew_weight, 0.9).
   LockedBuilder renew_weight(double w) const {
     detail::check_renew_weight(w);
     LockedBuilder b = *this;
@@ -664,10 +669,11 @@ class LockedBuilder {
   }
 
   template <class F>
+  /// Decorates `fn`: a Locked that takes the lock for each call.
   Locked<K, std::decay_t<F>> operator()(F&& fn) const {
     return Locked<K, std::decay_t<F>>(key_, spec_, runtime_, std::forward<F>(fn));
   }
-  // LOCKED(...) ends in `+`, so the callable written after it is applied.
+  /// LOCKED(...) ends in `+`, so the callable written after it is applied.
   template <class F>
   friend Locked<K, std::decay_t<F>> operator+(const LockedBuilder& b, F&& fn) {
     return b(std::forward<F>(fn));
@@ -679,6 +685,10 @@ class LockedBuilder {
   Runtime* runtime_ = nullptr;
 };
 
+/// The builder LOCKED is shorthand for: lockwatch::locked(key_expr, ttl, retries)(fn). `key_expr`
+/// is a key pattern ("sku:{0}"), a constant string, or a callable taking the call's arguments and
+/// returning the key; a pattern is checked at each call (InvalidArgument through the future).
+/// Throws InvalidArgument for a bad ttl.
 template <class K>
 LockedBuilder<detail::key_holder_t<K>> locked(K&& key_expr, std::chrono::milliseconds ttl, Retries retries) {
   return LockedBuilder<detail::key_holder_t<K>>(detail::key_holder_t<K>(std::forward<K>(key_expr)), ttl, retries);
@@ -686,14 +696,14 @@ LockedBuilder<detail::key_holder_t<K>> locked(K&& key_expr, std::chrono::millise
 
 }  // namespace lockwatch
 
-// LOCKED(key_expr, ttl, retries) callable: see the top of this file. The
-// key expression is evaluated inside a lambda instantiated with the call's
-// argument types, which is what lets a literal pattern be checked at compile
-// time; anything else it names is captured by copy. An optional fourth
-// argument is the builder's modifiers, written as they are chained (the
-// macro ends in `+`, so nothing can be chained after it):
-//   LOCKED("doc:{0}", 5s, forever, .shared()) [&](int id) { ... };
-//   LOCKED("gpu", 30s, forever, .permits(4).wait(10s).on(rt)) [&] { ... };
+/// LOCKED(key_expr, ttl, retries) callable: see the top of this file. The
+/// key expression is evaluated inside a lambda instantiated with the call's
+/// argument types, which is what lets a literal pattern be checked at compile
+/// time; anything else it names is captured by copy. An optional fourth
+/// argument is the builder's modifiers, written as they are chained (the
+/// macro ends in `+`, so nothing can be chained after it):
+///   LOCKED("doc:{0}", 5s, forever, .shared()) [&](int id) { ... };
+///   LOCKED("gpu", 30s, forever, .permits(4).wait(10s).on(rt)) [&] { ... };
 #define LOCKED(key_expr, ttl, retries, ...)                                                     \
   ::lockwatch::locked(                                                                          \
       [=](const auto&... lockwatch_key_args_) {                                                 \

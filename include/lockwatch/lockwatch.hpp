@@ -1,4 +1,5 @@
-// lockwatch/lockwatch.hpp: everything a user of lockwatch includes.
+/// @file
+/// lockwatch/lockwatch.hpp: everything a user of lockwatch includes.
 #pragma once
 
 #include "lockwatch/errors.hpp"

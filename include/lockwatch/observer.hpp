@@ -1,21 +1,22 @@
-// lockwatch/observer.hpp: being told what the locks do.
-//
-//   struct Tracer : lockwatch::Observer {
-//     void on_lost(std::string_view key, lockwatch::LostReason why, std::string_view detail) override {
-//       page_someone(key, lockwatch::to_string(why));
-//     }
-//   };
-//   runtime.add_observer(std::make_shared<Tracer>());
-//
-// One virtual per event, each with a default that does nothing: override
-// what you need. The runtime's own metrics (Runtime::metrics_text()) and
-// log lines (Options::log) are built on the same events.
-//
-// Threading: events are delivered on the runtime's event thread, one at a
-// time and in the order they happened, never on the I/O thread: an observer
-// that blocks delays other observers, never a lock. An observer must not
-// destroy the runtime. Costs: nothing while no observer is attached; with
-// one, each event is one queued task (the key is copied).
+/// @file
+/// lockwatch/observer.hpp: being told what the locks do.
+///
+///   struct Tracer : lockwatch::Observer {
+///     void on_lost(std::string_view key, lockwatch::LostReason why, std::string_view detail) override {
+///       page_someone(key, lockwatch::to_string(why));
+///     }
+///   };
+///   runtime.add_observer(std::make_shared<Tracer>());
+///
+/// One virtual per event, each with a default that does nothing: override
+/// what you need. The runtime's own metrics (Runtime::metrics_text()) and
+/// log lines (Options::log) are built on the same events.
+///
+/// Threading: events are delivered on the runtime's event thread, one at a
+/// time and in the order they happened, never on the I/O thread: an observer
+/// that blocks delays other observers, never a lock. An observer must not
+/// destroy the runtime. Costs: nothing while no observer is attached; with
+/// one, each event is one queued task (the key is copied).
 #pragma once
 
 #include <chrono>
@@ -27,47 +28,53 @@
 
 namespace lockwatch {
 
+/// Told what the locks do: one virtual per event, each a no-op by default (see the header comment).
+/// Attached with Runtime::add_observer(); called on the runtime's event thread.
 class Observer {
  public:
+  /// Durations of waits and holds.
   using Duration = std::chrono::nanoseconds;
   virtual ~Observer() = default;
 
-  // A lock was taken after `waited` (from the call to the grant).
+  /// A lock was taken after `waited` (from the call to the grant).
   virtual void on_acquired(std::string_view key, std::uint64_t fencing_token, Duration waited) {
     (void)key, (void)fencing_token, (void)waited;
   }
-  // A lock was busy past the call's wait (the call fails with LockNotAcquired).
+  /// A lock was busy past the call's wait (the call fails with LockNotAcquired).
   virtual void on_busy(std::string_view key, Duration waited) { (void)key, (void)waited; }
-  // Taking a lock failed with an error (ConnectionError, RedisError, ...).
+  /// Taking a lock failed with an error (ConnectionError, RedisError, ...).
   virtual void on_acquire_failed(std::string_view key, std::string_view what) { (void)key, (void)what; }
-  // A renewal was confirmed with `slack` left before the local deadline.
+  /// A renewal was confirmed with `slack` left before the local deadline.
   virtual void on_renewed(std::string_view key, Duration slack) { (void)key, (void)slack; }
-  // A renewal failed for a transient reason; it is retried until the deadline.
+  /// A renewal failed for a transient reason; it is retried until the deadline.
   virtual void on_renewal_failed(std::string_view key, std::string_view why) { (void)key, (void)why; }
-  // The lease was lost: its work was asked to stop and will see LeaseLost.
+  /// The lease was lost: its work was asked to stop and will see LeaseLost.
   virtual void on_lost(std::string_view key, LostReason reason, std::string_view detail) {
     (void)key, (void)reason, (void)detail;
   }
-  // The lock was released (or surely expired) after being held for `held`.
+  /// The lock was released (or surely expired) after being held for `held`.
   virtual void on_released(std::string_view key, Duration held) { (void)key, (void)held; }
-  // A connection to a store node went down, or came back.
+  /// A connection to a store node went down, or came back.
   virtual void on_connection(std::string_view endpoint, bool up, std::string_view why) {
     (void)endpoint, (void)up, (void)why;
   }
-  // Scheduled jobs: a run of `job` for `period` started, and finished
-  // (`error` empty when it returned normally).
+  /// Scheduled jobs: a run of `job` for `period` started, and finished
+  /// (`error` empty when it returned normally).
   virtual void on_run_started(std::string_view job, std::int64_t period) { (void)job, (void)period; }
+  /// A run ended; `error` is empty when it returned normally.
   virtual void on_run_finished(std::string_view job, std::int64_t period, std::string_view error) {
     (void)job, (void)period, (void)error;
   }
 };
 
+/// How much a log line matters; the default sink writes kWarning and kError.
 enum class LogLevel { kDebug, kInfo, kWarning, kError };
+/// The level as a word ("debug", "info", "warning", "error").
 const char* to_string(LogLevel level) noexcept;
 
-// Where the runtime's log lines go (Options::log). Called on the event
-// thread. The default writes warnings and errors to stderr, prefixed
-// "lockwatch:"; nothing is logged on the happy path.
+/// Where the runtime's log lines go (Options::log). Called on the event
+/// thread. The default writes warnings and errors to stderr, prefixed
+/// "lockwatch:"; nothing is logged on the happy path.
 using LogSink = std::function<void(LogLevel level, std::string_view line)>;
 
 }  // namespace lockwatch

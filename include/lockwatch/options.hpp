@@ -1,9 +1,10 @@
-// lockwatch/options.hpp: how a Runtime is configured.
-//
-// Options is a plain value: fill it, hand it to a Runtime, done. Every field
-// has a default that works for a local Redis. Options::from_env() reads
-// LOCKWATCH_REDIS_URL (and the LOCKWATCH_TLS_* files), which is what the
-// process-wide default runtime uses.
+/// @file
+/// lockwatch/options.hpp: how a Runtime is configured.
+///
+/// Options is a plain value: fill it, hand it to a Runtime, done. Every field
+/// has a default that works for a local Redis. Options::from_env() reads
+/// LOCKWATCH_REDIS_URL (and the LOCKWATCH_TLS_* files), which is what the
+/// process-wide default runtime uses.
 #pragma once
 
 #include <chrono>
@@ -16,172 +17,186 @@
 
 namespace lockwatch {
 
-// One Redis node, parsed from `redis://[user:password@]host:port[/db]`
-// (`rediss://` for TLS).
+/// One Redis node, parsed from `redis://[user:password@]host:port[/db]`
+/// (`rediss://` for TLS).
 struct Endpoint {
+  /// Host name or address.
   std::string host = "127.0.0.1";
+  /// TCP port.
   int port = 6379;
-  std::string user;      // empty: AUTH with the password only (default user)
-  std::string password;  // empty: no AUTH
+  std::string user;      ///< empty: AUTH with the password only (default user)
+  std::string password;  ///< empty: no AUTH
+  /// The database SELECTed after connecting.
   int db = 0;
-  bool tls = false;      // rediss://
+  bool tls = false;      ///< rediss://
 
-  // Parses a redis:// or rediss:// URL; throws InvalidArgument naming what is wrong.
+  /// Parses a redis:// or rediss:// URL; throws InvalidArgument naming what is wrong.
   static Endpoint parse(const std::string& url);
-  // Parses a comma-separated list of redis:// or rediss:// URLs (one or more).
+  /// Parses a comma-separated list of redis:// or rediss:// URLs (one or more).
   static std::vector<Endpoint> parse_list(const std::string& urls);
-  // "host:port" (credentials never appear in messages).
+  /// "host:port" (credentials never appear in messages).
   std::string name() const;
 };
 
+/// What a Runtime is made from: the store's URL and the settings of the watchdog, connections, TLS,
+/// metrics and logs. Every field has a default; validate() (and the Runtime) check them.
 struct Options {
-  // Where the locks live; the URL's scheme picks the store:
-  //   redis://[user:password@]host:port[/db]       one Redis master
-  //   redis://...,redis://...                       Redlock over independent
-  //                                                 masters (every acquisition
-  //                                                 and renewal needs a majority)
-  //   redis-sentinel://[user:password@]host:port[,host:port...]/master-name[/db]
-  //                                                 a master found (and followed
-  //                                                 across failovers) through Sentinel
-  //   redis-cluster://[user:password@]host:port[,host:port...]
-  //                                                 a Redis Cluster (seed nodes)
-  //   rediss://, rediss-sentinel://, rediss-cluster://   the same over TLS
-  //                                                 (the `tls` feature)
-  //   mysql://user:password@host[:port]/database[?socket=/path&table=name]
-  //                                                 a MariaDB/MySQL lock table
-  //                                                 (the `sql` feature)
-  //   postgresql://user[:password]@host[:port]/database[?table=name&sslmode=...]
-  //                                                 a PostgreSQL lock table
-  //                                                 (postgres:// too; TLS by
-  //                                                 libpq's sslmode, sslrootcert,
-  //                                                 sslcert, sslkey; the
-  //                                                 `postgresql` feature)
-  //   memory://[name]                               this process's memory,
-  //                                                 shared by its runtimes that
-  //                                                 name the same space
-  // A scheme the build has no feature for fails with Unsupported naming it.
-  // Empty: redis_url.
+  /// Where the locks live; the URL's scheme picks the store:
+  ///   redis://[user:password@]host:port[/db]       one Redis master
+  ///   redis://...,redis://...                       Redlock over independent
+  ///                                                 masters (every acquisition
+  ///                                                 and renewal needs a majority)
+  ///   redis-sentinel://[user:password@]host:port[,host:port...]/master-name[/db]
+  ///                                                 a master found (and followed
+  ///                                                 across failovers) through Sentinel
+  ///   redis-cluster://[user:password@]host:port[,host:port...]
+  ///                                                 a Redis Cluster (seed nodes)
+  ///   rediss://, rediss-sentinel://, rediss-cluster://   the same over TLS
+  ///                                                 (the `tls` feature)
+  ///   mysql://user:password\@host[:port]/database[?socket=/path&table=name]
+  ///                                                 a MariaDB/MySQL lock table
+  ///                                                 (the `sql` feature)
+  ///   postgresql://user[:password]\@host[:port]/database[?table=name&sslmode=...]
+  ///                                                 a PostgreSQL lock table
+  ///                                                 (postgres:// too; TLS by
+  ///                                                 libpq's sslmode, sslrootcert,
+  ///                                                 sslcert, sslkey; the
+  ///                                                 `postgresql` feature)
+  ///   memory://[name]                               this process's memory,
+  ///                                                 shared by its runtimes that
+  ///                                                 name the same space
+  /// A scheme the build has no feature for fails with Unsupported naming it.
+  /// Empty: redis_url.
   std::string store_url;
-  // The older name of store_url, used when store_url is empty (any scheme).
+  /// The older name of store_url, used when store_url is empty (any scheme).
   std::string redis_url = "redis://127.0.0.1:6379";
-  // Settings of the Redis stores (the SQL stores refuse min_replicas:
-  // their durability is the database's replication):
-  // the sentinels' own credentials (the URL's are the master's), and how
-  // many replicas must acknowledge a lock write (WAIT) before the lease is
-  // handed out, within replica_ack_timeout.
+  /// Settings of the Redis stores (the SQL stores refuse min_replicas:
+  /// their durability is the database's replication):
+  /// the sentinels' own credentials (the URL's are the master's), and how
+  /// many replicas must acknowledge a lock write (WAIT) before the lease is
+  /// handed out, within replica_ack_timeout.
   std::string sentinel_user;
+  /// The sentinels' own password (see sentinel_user).
   std::string sentinel_password;
+  /// Replicas that must acknowledge a lock write (WAIT) before the lease is handed out; 0: none.
   int min_replicas = 0;
+  /// How long that WAIT may take.
   std::chrono::milliseconds replica_ack_timeout{200};
-  // Worker threads that run locked work; 0 means one per core.
+  /// Worker threads that run locked work; 0 means one per core.
   std::size_t threads = 0;
-  // How long a granted call may wait for a free worker. Meanwhile its lease
-  // is renewed without spending its `retries`, and the work starts with a
-  // full ttl; past this the lock is given back and the call fails with
-  // LeaseLost (LostReason::kNotStarted): a locked call that blocks a
-  // worker on another locked call queued behind it fails instead of
-  // deadlocking silently.
+  /// How long a granted call may wait for a free worker. Meanwhile its lease
+  /// is renewed without spending its `retries`, and the work starts with a
+  /// full ttl; past this the lock is given back and the call fails with
+  /// LeaseLost (LostReason::kNotStarted): a locked call that blocks a
+  /// worker on another locked call queued behind it fails instead of
+  /// deadlocking silently.
   std::chrono::milliseconds queue_timeout{60000};
-  // Trades CPU for latency, as SO_BUSY_POLL does: after its last work the
-  // I/O thread, and one idle pool worker, keep polling for this long before
-  // they sleep, so that the next step of a call finds them awake instead of
-  // paying a thread wake-up. 0 (the default) never polls; 0 .. 10 ms.
+  /// Trades CPU for latency, as SO_BUSY_POLL does: after its last work the
+  /// I/O thread, and one idle pool worker, keep polling for this long before
+  /// they sleep, so that the next step of a call finds them awake instead of
+  /// paying a thread wake-up. 0 (the default) never polls; 0 .. 10 ms.
   std::chrono::microseconds busy_poll{0};
-  // The watchdog's hashed wheel: tick and number of slots.
+  /// The watchdog's hashed wheel: tick and number of slots.
   std::chrono::milliseconds tick{5};
+  /// Number of the wheel's slots.
   std::size_t wheel_size = 512;
-  // Prepended to every Redis key and channel lockwatch uses. It must not
-  // contain '{' or '}': each lock's hash tag is its own key.
+  /// Prepended to every Redis key and channel lockwatch uses. It must not
+  /// contain '{' or '}': each lock's hash tag is its own key.
   std::string key_prefix = "lockwatch:";
-  // A renewal is sent ttl * renew_weight after the previous one was sent
-  // (or the lock taken) ...
+  /// A renewal is sent ttl * renew_weight after the previous one was sent
+  /// (or the lock taken) ...
   double renew_weight = 0.9;
-  // ... or earlier, so that it has at least this long to be confirmed
-  // before the local deadline, but never earlier than half the ttl. Only
-  // short ttls feel it (with the defaults, those under about 580 ms): a
-  // tenth of 200 ms would leave a stalled host or Redis 16 ms. 0 renews at
-  // exactly ttl * renew_weight.
+  /// ... or earlier, so that it has at least this long to be confirmed
+  /// before the local deadline, but never earlier than half the ttl. Only
+  /// short ttls feel it (with the defaults, those under about 580 ms): a
+  /// tenth of 200 ms would leave a stalled host or Redis 16 ms. 0 renews at
+  /// exactly ttl * renew_weight.
   std::chrono::milliseconds min_renewal_window{50};
-  // The holder considers its lease gone this early (clock drift between
-  // this host and Redis): drift = ttl * drift_factor + drift_floor.
+  /// The holder considers its lease gone this early (clock drift between
+  /// this host and Redis): drift = ttl * drift_factor + drift_floor.
   double drift_factor = 0.01;
+  /// The fixed part of the drift allowance.
   std::chrono::milliseconds drift_floor{2};
-  // A connection attempt that has not completed by then fails.
+  /// A connection attempt that has not completed by then fails.
   std::chrono::milliseconds connect_timeout{2000};
-  // A request without a reply by then fails and the connection is reset.
+  /// A request without a reply by then fails and the connection is reset.
   std::chrono::milliseconds command_timeout{2000};
-  // TLS (rediss:// URLs). PEM files: the CA that signed the servers'
-  // certificates (empty: the system's CAs), and a client certificate with
-  // its key for servers that require one (mutual TLS). A file that cannot be
-  // read is an InvalidArgument when the options are checked.
+  /// TLS (rediss:// URLs). PEM files: the CA that signed the servers'
+  /// certificates (empty: the system's CAs), and a client certificate with
+  /// its key for servers that require one (mutual TLS). A file that cannot be
+  /// read is an InvalidArgument when the options are checked.
   std::string tls_ca_file;
+  /// PEM client certificate, for mutual TLS (empty: none).
   std::string tls_cert_file;
+  /// PEM key of tls_cert_file.
   std::string tls_key_file;
-  // The name the servers' certificates must carry, also sent as SNI; empty:
-  // each node's host as the URL (or a sentinel) gives it. An IP address is
-  // matched against the certificate's IP addresses.
+  /// The name the servers' certificates must carry, also sent as SNI; empty:
+  /// each node's host as the URL (or a sentinel) gives it. An IP address is
+  /// matched against the certificate's IP addresses.
   std::string tls_server_name;
-  // Verify the servers' certificates (chain, dates, name). Turn it off only
-  // to try things out: without it anyone on the path can read the locks.
+  /// Verify the servers' certificates (chain, dates, name). Turn it off only
+  /// to try things out: without it anyone on the path can read the locks.
   bool tls_verify = true;
-  // Reconnect back-off after a connection is lost: doubles up to the max.
+  /// Reconnect back-off after a connection is lost: doubles up to the max.
   std::chrono::milliseconds reconnect_min{10};
+  /// The longest reconnect back-off.
   std::chrono::milliseconds reconnect_max{1000};
-  // Longest key accepted (bytes, before the prefix).
+  /// Longest key accepted (bytes, before the prefix).
   std::size_t max_key_bytes = std::size_t{1} << 20;
-  // "host:port" (e.g. "127.0.0.1:9464") to serve GET /metrics in the
-  // Prometheus text format from the runtime's own loop; empty: off. The
-  // Runtime constructor throws ListenError if it cannot listen there.
+  /// "host:port" (e.g. "127.0.0.1:9464") to serve GET /metrics in the
+  /// Prometheus text format from the runtime's own loop; empty: off. The
+  /// Runtime constructor throws ListenError if it cannot listen there.
   std::string metrics_listen;
-  // In-process hand-off on a contended key. Off by default.
-  //
-  // When on, and one of this runtime's leases ends while another caller in
-  // this runtime waits for the same key (with the same ttl and a retries
-  // count other than 0), the lock passes to that caller without a store
-  // round trip: the store's key stays held by this runtime's owner token
-  // and renewed by the watchdog; the new holder gets a lease of its own
-  // (a fresh stop_token, LeaseLost, its own renewal count for `retries`,
-  // and remaining() as the key's current deadline, which the watchdog keeps
-  // moving). The hand-off counts as the previous holder's release. It never
-  // happens once the lease is lost, while a renewal is failing, or past the
-  // local deadline; the waiter then takes the lock the normal way.
-  //
-  // FENCING CHANGES. With local_handoff on, every fencing token this
-  // runtime hands out (Lease::fencing_token(), on any key) is
-  //   store_counter * 2^20 + local_seq
-  // where local_seq is 0 for the holder that took the key from the store and
-  // 1, 2, ... for each local hand-off after it (a streak is bounded below
-  // 2^20, so it never carries). That is strictly greater than every earlier
-  // holder's token ONLY IF EVERY PROCESS SHARING A KEY USES THE SAME
-  // SETTING: a process with it off hands out the raw counter, which is
-  // smaller than the tokens of one with it on. The store's counter itself
-  // stays raw: Runtime::inspect and `lockwatch status` (fencing_token=)
-  // show it, not the encoded token (token >> 20 is the counter). Hand-offs
-  // are also not made to a waiter with another ttl or with retries 0.
+  /// In-process hand-off on a contended key. Off by default.
+  ///
+  /// When on, and one of this runtime's leases ends while another caller in
+  /// this runtime waits for the same key (with the same ttl and a retries
+  /// count other than 0), the lock passes to that caller without a store
+  /// round trip: the store's key stays held by this runtime's owner token
+  /// and renewed by the watchdog; the new holder gets a lease of its own
+  /// (a fresh stop_token, LeaseLost, its own renewal count for `retries`,
+  /// and remaining() as the key's current deadline, which the watchdog keeps
+  /// moving). The hand-off counts as the previous holder's release. It never
+  /// happens once the lease is lost, while a renewal is failing, or past the
+  /// local deadline; the waiter then takes the lock the normal way.
+  ///
+  /// FENCING CHANGES. With local_handoff on, every fencing token this
+  /// runtime hands out (Lease::fencing_token(), on any key) is
+  ///   store_counter * 2^20 + local_seq
+  /// where local_seq is 0 for the holder that took the key from the store and
+  /// 1, 2, ... for each local hand-off after it (a streak is bounded below
+  /// 2^20, so it never carries). That is strictly greater than every earlier
+  /// holder's token ONLY IF EVERY PROCESS SHARING A KEY USES THE SAME
+  /// SETTING: a process with it off hands out the raw counter, which is
+  /// smaller than the tokens of one with it on. The store's counter itself
+  /// stays raw: Runtime::inspect and `lockwatch status` (fencing_token=)
+  /// show it, not the encoded token (token >> 20 is the counter). Hand-offs
+  /// are also not made to a waiter with another ttl or with retries 0.
   bool local_handoff = false;
-  // A process must not keep a contended key forever: after this many local
-  // hand-offs in a row (1 .. 2^20 - 1), or once this long has passed since
-  // the process took the key from the store, the lease is released to the
-  // store (with its release notice) and the local waiters sit out one tick
-  // before they try again, so that other processes' waiters, woken by the
-  // notice, get their turn. Each streak's end costs this process that tick
-  // and two round trips, about a tick per 20 ms with the defaults (1024
-  // empty critical sections also take about 20 ms on a 2-core machine); a
-  // bound of 64 hand-offs cost a process alone on a key most of its
-  // throughput, a longer time makes other processes wait longer.
+  /// A process must not keep a contended key forever: after this many local
+  /// hand-offs in a row (1 .. 2^20 - 1), or once this long has passed since
+  /// the process took the key from the store, the lease is released to the
+  /// store (with its release notice) and the local waiters sit out one tick
+  /// before they try again, so that other processes' waiters, woken by the
+  /// notice, get their turn. Each streak's end costs this process that tick
+  /// and two round trips, about a tick per 20 ms with the defaults (1024
+  /// empty critical sections also take about 20 ms on a 2-core machine); a
+  /// bound of 64 hand-offs cost a process alone on a key most of its
+  /// throughput, a longer time makes other processes wait longer.
   std::uint32_t handoff_max_streak = 1024;
+  /// See handoff_max_streak.
   std::chrono::milliseconds handoff_max_time{20};
-  // Where log lines go (see observer.hpp); empty: warnings and errors to
-  // stderr, prefixed "lockwatch:".
+  /// Where log lines go (see observer.hpp); empty: warnings and errors to
+  /// stderr, prefixed "lockwatch:".
   LogSink log;
 
-  // Defaults, with store_url taken from LOCKWATCH_STORE_URL, redis_url
-  // from LOCKWATCH_REDIS_URL and tls_ca_file,
-  // tls_cert_file, tls_key_file from LOCKWATCH_TLS_CA_FILE,
-  // LOCKWATCH_TLS_CERT_FILE, LOCKWATCH_TLS_KEY_FILE when they are set.
+  /// Defaults, with store_url taken from LOCKWATCH_STORE_URL, redis_url
+  /// from LOCKWATCH_REDIS_URL and tls_ca_file,
+  /// tls_cert_file, tls_key_file from LOCKWATCH_TLS_CA_FILE,
+  /// LOCKWATCH_TLS_CERT_FILE, LOCKWATCH_TLS_KEY_FILE when they are set.
   static Options from_env();
-  // Throws InvalidArgument if a field is out of range, the URL is bad or a
-  // TLS file cannot be used.
+  /// Throws InvalidArgument if a field is out of range, the URL is bad or a
+  /// TLS file cannot be used.
   void validate() const;
 };
 

@@ -1,19 +1,20 @@
-// lockwatch/runtime.hpp: the engine behind every locked call.
-//
-// A Runtime owns one I/O thread (a libuv loop holding the Redis
-// connections and the watchdog's timer wheel), a thread pool for the work,
-// and the set of leases it holds. Calls from any thread are handed to the
-// I/O thread through one queue; commands from all of them are pipelined on
-// one connection per Redis endpoint.
-//
-// LOCKED without .on(runtime) uses Runtime::default_runtime(), created on
-// first use from the environment (LOCKWATCH_REDIS_URL).
-//
-// Destruction stops in one order: new calls are refused (RuntimeStopped),
-// calls waiting for a lock fail with RuntimeStopped, running work is asked
-// to stop through its stop_token and awaited, held locks are released, the
-// connections are closed and the threads joined. Destroying a runtime from
-// one of its own pool threads is not allowed.
+/// @file
+/// lockwatch/runtime.hpp: the engine behind every locked call.
+///
+/// A Runtime owns one I/O thread (a libuv loop holding the Redis
+/// connections and the watchdog's timer wheel), a thread pool for the work,
+/// and the set of leases it holds. Calls from any thread are handed to the
+/// I/O thread through one queue; commands from all of them are pipelined on
+/// one connection per Redis endpoint.
+///
+/// LOCKED without .on(runtime) uses Runtime::default_runtime(), created on
+/// first use from the environment (LOCKWATCH_REDIS_URL).
+///
+/// Destruction stops in one order: new calls are refused (RuntimeStopped),
+/// calls waiting for a lock fail with RuntimeStopped, running work is asked
+/// to stop through its stop_token and awaited, held locks are released, the
+/// connections are closed and the threads joined. Destroying a runtime from
+/// one of its own pool threads is not allowed.
 #pragma once
 
 #include <chrono>
@@ -33,25 +34,30 @@
 
 namespace lockwatch {
 
-// `lockwatch::forever` as the retries argument: renew for as long as the
-// work runs.
+/// `lockwatch::forever` as the retries argument: renew for as long as the
+/// work runs.
 struct Forever {
   explicit constexpr Forever() = default;
 };
+/// Renew for as long as the work runs: the retries argument of LOCKED, locked(), Runtime::acquire.
 inline constexpr Forever forever{};
 
-// The longest ttl and wait a call may ask for (7 days): longer ones are
-// InvalidArgument at the call, before anything starts (a ttl is renewed
-// for as long as the work runs, so none needs more).
+/// The longest ttl and wait a call may ask for (7 days): longer ones are
+/// InvalidArgument at the call, before anything starts (a ttl is renewed
+/// for as long as the work runs, so none needs more).
 inline constexpr std::chrono::milliseconds max_ttl{7LL * 24 * 3600 * 1000};
+/// The longest wait a call may ask for: 7 days, as max_ttl.
 inline constexpr std::chrono::milliseconds max_wait = max_ttl;
 
-// How many renewals the watchdog may make: a count >= 0, or forever.
+/// How many renewals the watchdog may make: a count >= 0, or forever.
 class Retries {
  public:
-  Retries(int count);  // NOLINT: implicit on purpose (LOCKED("k", 1s, 3)); throws InvalidArgument if < 0
+  Retries(int count);  ///< NOLINT: implicit on purpose (LOCKED("k", 1s, 3)); throws InvalidArgument if < 0
+  /// lockwatch::forever: no limit.
   constexpr Retries(Forever) noexcept : count_(-1) {}  // NOLINT
+  /// True for lockwatch::forever.
   constexpr bool is_forever() const noexcept { return count_ < 0; }
+  /// The count; -1 for forever.
   constexpr std::int64_t count() const noexcept { return count_; }
 
  private:
@@ -60,21 +66,21 @@ class Retries {
 
 namespace detail {
 
-// What a decorated call asks of the runtime.
+/// What a decorated call asks of the runtime.
 struct LockSpec {
   std::string key;
   std::chrono::milliseconds ttl{0};
-  std::int64_t retries = 0;  // < 0: forever
-  double renew_weight = 0;   // 0: the runtime's Options::renew_weight
+  std::int64_t retries = 0;  ///< < 0: forever
+  double renew_weight = 0;   ///< 0: the runtime's Options::renew_weight
   std::chrono::milliseconds wait{0};
-  LockKind kind{};           // exclusive unless .shared() or .permits(n)
+  LockKind kind{};           ///< exclusive unless .shared() or .permits(n)
 };
 
-// One decorated invocation, as the runtime sees it. run() executes the
-// callable on a pool thread (keeping its result or exception); finish() is
-// called exactly once, after the lock is released, to make the future
-// ready: with `error` if the call failed or the lease was lost, otherwise
-// with what run() kept.
+/// One decorated invocation, as the runtime sees it. run() executes the
+/// callable on a pool thread (keeping its result or exception); finish() is
+/// called exactly once, after the lock is released, to make the future
+/// ready: with `error` if the call failed or the lease was lost, otherwise
+/// with what run() kept.
 class Call {
  public:
   virtual ~Call() = default;
@@ -88,22 +94,23 @@ struct HandleCall;
 
 }  // namespace detail
 
-// What Runtime::acquire's handler is called with: the error and an empty
-// handle, or no error and the handle.
+/// What Runtime::acquire's handler is called with: the error and an empty
+/// handle, or no error and the handle.
 using AcquireHandler = std::function<void(std::exception_ptr error, LockHandle handle)>;
 
-// Cancels an acquisition started with a handler (Runtime::acquire), as
-// Netty's Timeout cancels its task. Copyable; cancel() is safe from any
-// thread and may race with the grant: exactly one of the two wins.
+/// Cancels an acquisition started with a handler (Runtime::acquire), as
+/// Netty's Timeout cancels its task. Copyable; cancel() is safe from any
+/// thread and may race with the grant: exactly one of the two wins.
 class AcquireTicket {
  public:
   AcquireTicket() noexcept = default;
-  // True only for the call that won: the acquisition leaves the wait queue
-  // and its handler gets Cancelled (on the notifier thread, like any
-  // outcome). A lock granted in the race is given back, never reaches the
-  // handler, and is released a round trip later. False once the handler was
-  // called or is about to be (granted, failed) or it was cancelled already.
+  /// True only for the call that won: the acquisition leaves the wait queue
+  /// and its handler gets Cancelled (on the notifier thread, like any
+  /// outcome). A lock granted in the race is given back, never reaches the
+  /// handler, and is released a round trip later. False once the handler was
+  /// called or is about to be (granted, failed) or it was cancelled already.
   bool cancel() noexcept;
+  /// True when the ticket refers to an acquisition (not default-constructed).
   explicit operator bool() const noexcept { return call_ != nullptr; }
 
  private:
@@ -112,110 +119,121 @@ class AcquireTicket {
   std::shared_ptr<detail::HandleCall> call_;
 };
 
-// What the store says of a lock right now (an operator's view; no lease is
-// taken). Over Redlock: held when a majority holds it for one owner.
+/// What the store says of a lock right now (an operator's view; no lease is
+/// taken). Over Redlock: held when a majority holds it for one owner.
 struct LockState {
+  /// The key as asked for.
   std::string key;
+  /// Whether the lock is held by anyone.
   bool held = false;
-  std::chrono::milliseconds ttl{0};   // remaining ttl when held
-  // The highest fencing token handed out for the key, or above it: on
-  // Redis the counter of its Cluster slot, shared with the other keys of
-  // that slot (the highest token handed out in the slot); on SQL the key's
-  // own. The next holder's token is higher. 0 if nothing was ever locked
-  // there.
+  std::chrono::milliseconds ttl{0};   ///< remaining ttl when held
+  /// The highest fencing token handed out for the key, or above it: on
+  /// Redis the counter of its Cluster slot, shared with the other keys of
+  /// that slot (the highest token handed out in the slot); on SQL the key's
+  /// own. The next holder's token is higher. 0 if nothing was ever locked
+  /// there.
   std::uint64_t fencing_token = 0;
 };
 
-// Counters since the runtime started; each is read on its own (relaxed).
+/// Counters since the runtime started; each is read on its own (relaxed).
 struct RuntimeStats {
-  std::uint64_t held_leases = 0;     // held right now
-  std::uint64_t acquired = 0;        // leases taken
-  std::uint64_t renewals_sent = 0;   // lease renewals sent
-  std::uint64_t renew_commands = 0;  // commands that carried them (one per tick and chunk)
-  std::uint64_t leases_lost = 0;     // leases reported lost
-  std::uint64_t timer_wakeups = 0;   // times the watchdog's wheel woke the I/O thread
-  // The least time any lease had left before its local deadline when a
-  // renewal was confirmed (microseconds::max() until one is): how close the
-  // watchdog came to losing a lease. Alert on it falling towards zero.
-  // Negative: a confirmation was read only after the deadline had passed
-  // (a stalled process); it still counted, as Redis had kept the key.
+  std::uint64_t held_leases = 0;     ///< held right now
+  std::uint64_t acquired = 0;        ///< leases taken
+  std::uint64_t renewals_sent = 0;   ///< lease renewals sent
+  std::uint64_t renew_commands = 0;  ///< commands that carried them (one per tick and chunk)
+  std::uint64_t leases_lost = 0;     ///< leases reported lost
+  std::uint64_t timer_wakeups = 0;   ///< times the watchdog's wheel woke the I/O thread
+  /// The least time any lease had left before its local deadline when a
+  /// renewal was confirmed (microseconds::max() until one is): how close the
+  /// watchdog came to losing a lease. Alert on it falling towards zero.
+  /// Negative: a confirmation was read only after the deadline had passed
+  /// (a stalled process); it still counted, as Redis had kept the key.
   std::chrono::microseconds min_renewal_slack = std::chrono::microseconds::max();
 };
 
+/// Owns everything a lock needs: one I/O thread (a libuv loop holding the store's connections and
+/// the watchdog's timer wheel), a thread pool for the locked work, and the leases. Its calls are
+/// safe from any thread. Destroying it stops in one order: new calls fail with RuntimeStopped,
+/// waiting calls fail, running work is asked to stop and awaited, held locks are released,
+/// connections closed, threads joined.
 class Runtime {
  public:
-  // Throws InvalidArgument for bad options, and ListenError when
-  // Options::metrics_listen is set and the metrics endpoint cannot listen
-  // there (the port is taken, say). Connecting starts at once but never
-  // blocks: an unreachable Redis shows as ConnectionError on calls.
+  /// Throws InvalidArgument for bad options, and ListenError when
+  /// Options::metrics_listen is set and the metrics endpoint cannot listen
+  /// there (the port is taken, say). Connecting starts at once but never
+  /// blocks: an unreachable Redis shows as ConnectionError on calls.
   explicit Runtime(Options options = Options::from_env());
   ~Runtime();
   Runtime(const Runtime&) = delete;
   Runtime& operator=(const Runtime&) = delete;
 
-  // The process-wide runtime used by LOCKED without .on(): created on first
-  // use from Options::from_env(); lives until the process exits.
+  /// The process-wide runtime used by LOCKED without .on(): created on first
+  /// use from Options::from_env(); lives until the process exits.
   static Runtime& default_runtime();
 
+  /// The options the runtime was made with.
   const Options& options() const noexcept;
+  /// The pool that runs locked work.
   ThreadPool& pool() noexcept;
 
-  // Takes the lock for `key` outside LOCKED: the future holds a LockHandle
-  // once acquired (renewed by the watchdog until released), or the error
-  // (LockNotAcquired after `wait`, ConnectionError, ...). Throws
-  // InvalidArgument or RuntimeStopped before anything starts.
+  /// Takes the lock for `key` outside LOCKED: the future holds a LockHandle
+  /// once acquired (renewed by the watchdog until released), or the error
+  /// (LockNotAcquired after `wait`, ConnectionError, ...). Throws
+  /// InvalidArgument or RuntimeStopped before anything starts.
   std::future<LockHandle> acquire(std::string key, std::chrono::milliseconds ttl, Retries retries = forever,
                                   std::chrono::milliseconds wait = std::chrono::milliseconds(0));
-  // The same, held as `kind` (lock_kind.hpp): LockKind::shared() for a
-  // reader of a read-write lock, LockKind::permits(n) for one of n permits.
-  // A store that cannot hold that kind with its guarantee throws
-  // Unsupported before anything starts; permits(0) is InvalidArgument. A
-  // key held as another kind (or a semaphore of another n) fails with
-  // InvalidArgument through the future, never admitting more holders.
+  /// The same, held as `kind` (lock_kind.hpp): LockKind::shared() for a
+  /// reader of a read-write lock, LockKind::permits(n) for one of n permits.
+  /// A store that cannot hold that kind with its guarantee throws
+  /// Unsupported before anything starts; permits(0) is InvalidArgument. A
+  /// key held as another kind (or a semaphore of another n) fails with
+  /// InvalidArgument through the future, never admitting more holders.
   std::future<LockHandle> acquire(std::string key, LockKind kind, std::chrono::milliseconds ttl,
                                   Retries retries = forever,
                                   std::chrono::milliseconds wait = std::chrono::milliseconds(0));
 
-  // The same without a future: `handler` is called exactly once, with the
-  // error (LockNotAcquired, ConnectionError, RuntimeStopped, Cancelled...)
-  // or the LockHandle, on the runtime's notifier thread: never inside this
-  // call, never on the I/O thread. The handler should be short and not
-  // block (it delays the other handlers and the leases' stop callbacks):
-  // hand the outcome to your own executor. A handle the handler drops is
-  // released. Arguments are checked first: InvalidArgument or
-  // RuntimeStopped are thrown, and then the handler is never called.
-  // Unlike the future form, it registers nothing on the calling thread (a
-  // coroutine's thread is shared): LOCKED on the same key from this thread
-  // is not reentrant with it.
+  /// The same without a future: `handler` is called exactly once, with the
+  /// error (LockNotAcquired, ConnectionError, RuntimeStopped, Cancelled...)
+  /// or the LockHandle, on the runtime's notifier thread: never inside this
+  /// call, never on the I/O thread. The handler should be short and not
+  /// block (it delays the other handlers and the leases' stop callbacks):
+  /// hand the outcome to your own executor. A handle the handler drops is
+  /// released. Arguments are checked first: InvalidArgument or
+  /// RuntimeStopped are thrown, and then the handler is never called.
+  /// Unlike the future form, it registers nothing on the calling thread (a
+  /// coroutine's thread is shared): LOCKED on the same key from this thread
+  /// is not reentrant with it.
   AcquireTicket acquire(std::string key, std::chrono::milliseconds ttl, Retries retries,
                         std::chrono::milliseconds wait, AcquireHandler handler);
-  // The handler form, held as `kind` (as above).
+  /// The handler form, held as `kind` (as above).
   AcquireTicket acquire(std::string key, LockKind kind, std::chrono::milliseconds ttl, Retries retries,
                         std::chrono::milliseconds wait, AcquireHandler handler);
 
-  // Operators' tools (the `lockwatch status` and `release --force`
-  // commands). inspect() says what the store holds for `key`;
-  // force_release() removes the lock whatever its owner and wakes its
-  // waiters (the fencing counter stays), and says whether one was held.
-  // A holder that loses its lock this way learns it at its next renewal.
-  // Errors (ConnectionError, ...) through the future; InvalidArgument or
-  // RuntimeStopped are thrown before anything starts.
+  /// Operators' tools (the `lockwatch status` and `release --force`
+  /// commands). inspect() says what the store holds for `key`;
+  /// force_release() removes the lock whatever its owner and wakes its
+  /// waiters (the fencing counter stays), and says whether one was held.
+  /// A holder that loses its lock this way learns it at its next renewal.
+  /// Errors (ConnectionError, ...) through the future; InvalidArgument or
+  /// RuntimeStopped are thrown before anything starts.
   std::future<LockState> inspect(std::string key);
+  /// Removes the lock whoever holds it (see inspect()): true when one was held.
   std::future<bool> force_release(std::string key);
 
-  // The runtime's metrics in the Prometheus text format 0.0.4 (every
-  // family from the start, with zeros; no label carries a key). Any thread;
-  // reads relaxed atomics, takes no lock the hot path takes.
+  /// The runtime's metrics in the Prometheus text format 0.0.4 (every
+  /// family from the start, with zeros; no label carries a key). Any thread;
+  /// reads relaxed atomics, takes no lock the hot path takes.
   std::string metrics_text() const;
-  // The actual "host:port" the metrics endpoint listens on (useful with
-  // port 0), or empty when Options::metrics_listen is empty.
+  /// The actual "host:port" the metrics endpoint listens on (useful with
+  /// port 0), or empty when Options::metrics_listen is empty.
   std::string metrics_address() const;
-  // Attaches an observer (see observer.hpp) for the runtime's life. Any
-  // thread; events that happen from now on reach it on the event thread.
+  /// Attaches an observer (see observer.hpp) for the runtime's life. Any
+  /// thread; events that happen from now on reach it on the event thread.
   void add_observer(std::shared_ptr<Observer> observer);
 
-  // Leases held right now (acquired, not yet released).
+  /// Leases held right now (acquired, not yet released).
   std::size_t held_leases() const noexcept;
+  /// The counters since the runtime started.
   RuntimeStats stats() const noexcept;
 
   struct Impl;
@@ -224,22 +242,22 @@ class Runtime {
   friend struct detail::RuntimeAccess;
   friend struct detail::DispatchAccess;
   explicit Runtime(std::shared_ptr<Impl> impl) noexcept : impl_(std::move(impl)) {}
-  // Used by LOCKED. Validates the spec (throws InvalidArgument or
-  // RuntimeStopped before anything starts), then acquires the lock and runs
-  // the call on the pool. A call made from inside another locked call runs
-  // inline on the calling thread instead, and dispatch() returns only when
-  // it has finished; on a key the enclosing calls hold it is reentrant and
-  // does not touch Redis.
+  /// Used by LOCKED. Validates the spec (throws InvalidArgument or
+  /// RuntimeStopped before anything starts), then acquires the lock and runs
+  /// the call on the pool. A call made from inside another locked call runs
+  /// inline on the calling thread instead, and dispatch() returns only when
+  /// it has finished; on a key the enclosing calls hold it is reentrant and
+  /// does not touch Redis.
   void dispatch(detail::LockSpec spec, std::shared_ptr<detail::Call> call);
-  // What lockwatch/asio.hpp's LOCKED uses: acquire() with a handler, from a
-  // spec (its renewal weight included).
+  /// What lockwatch/asio.hpp's LOCKED uses: acquire() with a handler, from a
+  /// spec (its renewal weight included).
   AcquireTicket dispatch_acquire(detail::LockSpec spec, AcquireHandler handler);
-  std::shared_ptr<Impl> impl_;  // lock handles keep a weak reference
+  std::shared_ptr<Impl> impl_;  ///< lock handles keep a weak reference
 };
 
 namespace detail {
-// How LOCKED and lockwatch/asio.hpp, which live in headers, reach the
-// runtime's entry points that take lockwatch's internal types.
+/// How LOCKED and lockwatch/asio.hpp, which live in headers, reach the
+/// runtime's entry points that take lockwatch's internal types.
 struct DispatchAccess {
   static void dispatch(Runtime& rt, LockSpec spec, std::shared_ptr<Call> call) {
     rt.dispatch(std::move(spec), std::move(call));

@@ -1,21 +1,22 @@
-// lockwatch/thread_pool.hpp: a fixed-size pool of worker threads that runs
-// posted tasks in FIFO order.
-//
-// lockwatch runs user work here so that the I/O loop never does: the loop
-// posts the decorated call, a worker runs it, and the result travels back
-// through a future. The pool is also usable on its own.
-//
-// Threading: post(), submit(), size() and on_pool_thread() may be called from
-// any thread, pool threads included. shutdown() may be called from any
-// thread; see its comment for what it does on a pool thread.
-//
-// Costs: one mutex-protected deque shared by all workers, so a post is one
-// lock, one push and one condition-variable notify. A task whose callable
-// fits in UniqueFunction's inline buffer (48 bytes, nothrow-movable) needs no
-// allocation beyond the deque's own; larger ones take one heap allocation.
-// submit() adds the shared state of a std::packaged_task. The single queue
-// keeps FIFO order simple; it is not meant for millions of tiny tasks per
-// second across many cores.
+/// @file
+/// lockwatch/thread_pool.hpp: a fixed-size pool of worker threads that runs
+/// posted tasks in FIFO order.
+///
+/// lockwatch runs user work here so that the I/O loop never does: the loop
+/// posts the decorated call, a worker runs it, and the result travels back
+/// through a future. The pool is also usable on its own.
+///
+/// Threading: post(), submit(), size() and on_pool_thread() may be called from
+/// any thread, pool threads included. shutdown() may be called from any
+/// thread; see its comment for what it does on a pool thread.
+///
+/// Costs: one mutex-protected deque shared by all workers, so a post is one
+/// lock, one push and one condition-variable notify. A task whose callable
+/// fits in UniqueFunction's inline buffer (48 bytes, nothrow-movable) needs no
+/// allocation beyond the deque's own; larger ones take one heap allocation.
+/// submit() adds the shared state of a std::packaged_task. The single queue
+/// keeps FIFO order simple; it is not meant for millions of tiny tasks per
+/// second across many cores.
 #pragma once
 
 #include <chrono>
@@ -30,27 +31,30 @@
 
 namespace lockwatch {
 
-// A move-only `void()` callable, like C++23's std::move_only_function<void()>:
-// unlike std::function it accepts callables that capture move-only state
-// (std::unique_ptr, std::packaged_task, std::promise). ThreadPool::post takes
-// one; any such callable converts to it.
-//
-// Callables up to kInlineSize bytes whose move constructor is noexcept live
-// inside the object; others are kept on the heap. Moving a UniqueFunction
-// moves the callable (or the pointer to it) and leaves the source empty.
-// Calling an empty UniqueFunction throws std::bad_function_call. Not
-// thread-safe: one owner at a time, like any value.
+/// A move-only `void()` callable, like C++23's std::move_only_function<void()>:
+/// unlike std::function it accepts callables that capture move-only state
+/// (std::unique_ptr, std::packaged_task, std::promise). ThreadPool::post takes
+/// one; any such callable converts to it.
+///
+/// Callables up to kInlineSize bytes whose move constructor is noexcept live
+/// inside the object; others are kept on the heap. Moving a UniqueFunction
+/// moves the callable (or the pointer to it) and leaves the source empty.
+/// Calling an empty UniqueFunction throws std::bad_function_call. Not
+/// thread-safe: one owner at a time, like any value.
 class UniqueFunction {
  public:
+  /// Callables up to this size (and nothrow-movable) are stored inline, without an allocation.
   static constexpr std::size_t kInlineSize = 48;
 
   UniqueFunction() noexcept = default;
+  /// An empty function.
   UniqueFunction(std::nullptr_t) noexcept {}  // NOLINT: mirrors std::function
 
   template <class F, class D = std::decay_t<F>,
             class = std::enable_if_t<!std::is_same_v<D, UniqueFunction> &&
                                      std::is_invocable_r_v<void, D&> &&
                                      std::is_constructible_v<D, F>>>
+  /// Takes `f` (a null function pointer makes an empty function).
   UniqueFunction(F&& f) {  // NOLINT: implicit, so that post([] {...}) reads naturally
     if constexpr (std::is_pointer_v<D>) {
       if (f == nullptr) return;  // a null function pointer makes an empty function
@@ -65,8 +69,10 @@ class UniqueFunction {
     }
   }
 
+  /// Takes `other`'s callable; `other` is left empty.
   UniqueFunction(UniqueFunction&& other) noexcept { take(other); }
 
+  /// Destroys the callable held, then takes `other`'s.
   UniqueFunction& operator=(UniqueFunction&& other) noexcept {
     if (this != &other) {
       reset();
@@ -75,6 +81,7 @@ class UniqueFunction {
     return *this;
   }
 
+  /// Destroys the callable held; empty afterwards.
   UniqueFunction& operator=(std::nullptr_t) noexcept {
     reset();
     return *this;
@@ -85,19 +92,20 @@ class UniqueFunction {
 
   ~UniqueFunction() { reset(); }
 
-  // Runs the callable; whatever it throws propagates.
+  /// Runs the callable; whatever it throws propagates.
   void operator()() {
     if (ops_ == nullptr) throw std::bad_function_call();
     ops_->invoke(storage_);
   }
 
+  /// True when a callable is held.
   explicit operator bool() const noexcept { return ops_ != nullptr; }
 
  private:
   struct Ops {
     void (*invoke)(void* storage);
-    // Moves the callable from `from` into the raw storage `to` and ends the
-    // life of what `from` held.
+    /// Moves the callable from `from` into the raw storage `to` and ends the
+    /// life of what `from` held.
     void (*relocate)(void* from, void* to) noexcept;
     void (*destroy)(void* storage) noexcept;
   };
@@ -146,46 +154,46 @@ class UniqueFunction {
   const Ops* ops_ = nullptr;
 };
 
-// Fixed-size pool of worker threads running posted tasks in FIFO order: tasks
-// start in the order they were posted (with one thread they also finish in
-// that order). The threads start in the constructor and live until
-// shutdown().
+/// Fixed-size pool of worker threads running posted tasks in FIFO order: tasks
+/// start in the order they were posted (with one thread they also finish in
+/// that order). The threads start in the constructor and live until
+/// shutdown().
 class ThreadPool {
  public:
-  // Starts `threads` workers; 0 means std::thread::hardware_concurrency()
-  // (at least 1). Throws std::system_error if a thread cannot be started.
-  // busy_poll > 0: a worker that runs out of tasks keeps looking for the
-  // next one this long before it sleeps (one such worker at a time), so
-  // that a task posted soon after costs no thread wake-up; 0 or less never
-  // polls.
-  // name_pattern names the workers (what ps -L, top -H and gdb show): its
-  // first "{}" is replaced by the worker's index from 0 ("lw-pool-{}":
-  // lw-pool-0, lw-pool-1, ...); without one every worker has the same
-  // name. Linux keeps 15 bytes of a name and cuts the rest.
+  /// Starts `threads` workers; 0 means std::thread::hardware_concurrency()
+  /// (at least 1). Throws std::system_error if a thread cannot be started.
+  /// busy_poll > 0: a worker that runs out of tasks keeps looking for the
+  /// next one this long before it sleeps (one such worker at a time), so
+  /// that a task posted soon after costs no thread wake-up; 0 or less never
+  /// polls.
+  /// name_pattern names the workers (what ps -L, top -H and gdb show): its
+  /// first "{}" is replaced by the worker's index from 0 ("lw-pool-{}":
+  /// lw-pool-0, lw-pool-1, ...); without one every worker has the same
+  /// name. Linux keeps 15 bytes of a name and cuts the rest.
   explicit ThreadPool(std::size_t threads, std::chrono::microseconds busy_poll = {},
                       std::string name_pattern = "lw-pool-{}");
 
-  // Calls shutdown(): queued tasks still run, then the workers are joined.
-  // If the pool is destroyed from one of its own tasks, that worker cannot
-  // join itself: it is detached and finishes its current task on state it
-  // shares with the pool, so nothing dangles. Never throws.
+  /// Calls shutdown(): queued tasks still run, then the workers are joined.
+  /// If the pool is destroyed from one of its own tasks, that worker cannot
+  /// join itself: it is detached and finishes its current task on state it
+  /// shares with the pool, so nothing dangles. Never throws.
   ~ThreadPool();
 
   ThreadPool(const ThreadPool&) = delete;
   ThreadPool& operator=(const ThreadPool&) = delete;
 
-  // Queues `task` to run on a worker. Thread-safe, never blocks on running
-  // tasks. Throws lockwatch::RuntimeStopped once shutdown() has begun, and
-  // lockwatch::InvalidArgument for an empty task.
-  //
-  // An exception thrown by a posted task is caught and dropped so that it
-  // cannot take the worker (and the process) down; use submit() when the
-  // caller needs to see it.
+  /// Queues `task` to run on a worker. Thread-safe, never blocks on running
+  /// tasks. Throws lockwatch::RuntimeStopped once shutdown() has begun, and
+  /// lockwatch::InvalidArgument for an empty task.
+  ///
+  /// An exception thrown by a posted task is caught and dropped so that it
+  /// cannot take the worker (and the process) down; use submit() when the
+  /// caller needs to see it.
   void post(UniqueFunction task);
 
-  // Queues `f` and returns a future for its result; an exception thrown by
-  // `f` is stored in the future. Throws like post() (synchronously, with no
-  // future) when the pool is shut down.
+  /// Queues `f` and returns a future for its result; an exception thrown by
+  /// `f` is stored in the future. Throws like post() (synchronously, with no
+  /// future) when the pool is shut down.
   template <class F>
   auto submit(F&& f) -> std::future<std::invoke_result_t<std::decay_t<F>>> {
     using R = std::invoke_result_t<std::decay_t<F>>;
@@ -195,20 +203,20 @@ class ThreadPool {
     return result;
   }
 
-  // Refuses new work from now on, lets the workers run everything already
-  // queued, and joins them. Idempotent and thread-safe; concurrent callers
-  // all return after the join.
-  //
-  // Called from one of this pool's own tasks, it cannot wait for the queue
-  // (the caller is part of the draining): it only refuses new work and
-  // returns at once; the workers drain the queue and exit on their own, and
-  // the destructor (or a later shutdown() from another thread) joins them.
+  /// Refuses new work from now on, lets the workers run everything already
+  /// queued, and joins them. Idempotent and thread-safe; concurrent callers
+  /// all return after the join.
+  ///
+  /// Called from one of this pool's own tasks, it cannot wait for the queue
+  /// (the caller is part of the draining): it only refuses new work and
+  /// returns at once; the workers drain the queue and exit on their own, and
+  /// the destructor (or a later shutdown() from another thread) joins them.
   void shutdown() noexcept;
 
-  // The number of worker threads, fixed at construction.
+  /// The number of worker threads, fixed at construction.
   std::size_t size() const noexcept;
 
-  // True when the calling thread is a worker of any lockwatch ThreadPool.
+  /// True when the calling thread is a worker of any lockwatch ThreadPool.
   static bool on_pool_thread() noexcept;
 
  private:

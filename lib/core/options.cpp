@@ -57,6 +57,64 @@ std::string percent_decode(const std::string& url, std::string_view s) {
   return out;
 }
 
+namespace {
+
+int url_port(const std::string& url, std::string_view text) {
+  int port = 0;
+  auto [p, ec] = std::from_chars(text.data(), text.data() + text.size(), port);
+  if (text.empty() || ec != std::errc() || p != text.data() + text.size()) throw_bad_url(url, "bad port");
+  if (port <= 0 || port > 65535) throw_bad_url(url, "port out of range");
+  return port;
+}
+
+}  // namespace
+
+DatabaseUrl split_database_url(const std::string& url, std::string_view rest, std::string_view shape) {
+  DatabaseUrl d;
+  std::string_view query;
+  if (auto q = rest.find('?'); q != std::string_view::npos) {
+    query = rest.substr(q + 1);
+    rest = rest.substr(0, q);
+  }
+  if (auto at = rest.rfind('@'); at != std::string_view::npos) {
+    std::string_view cred = rest.substr(0, at);
+    rest.remove_prefix(at + 1);
+    auto colon = cred.find(':');
+    d.user = percent_decode(url, cred.substr(0, colon));
+    if (colon != std::string_view::npos) d.password = percent_decode(url, cred.substr(colon + 1));
+  }
+  if (d.user.empty()) throw_bad_url(url, fmt::format("no user: {}", shape).c_str());
+  auto slash = rest.find('/');
+  if (slash == std::string_view::npos || slash + 1 >= rest.size())
+    throw_bad_url(url, fmt::format("no database: {}", shape).c_str());
+  d.database = percent_decode(url, rest.substr(slash + 1));
+  std::string_view hostport = rest.substr(0, slash);
+  std::string_view host = hostport;
+  if (!hostport.empty() && hostport.front() == '[') {  // [::1]:5432
+    auto close = hostport.find(']');
+    if (close == std::string_view::npos) throw_bad_url(url, "unclosed '[' in host");
+    host = hostport.substr(1, close - 1);
+    std::string_view after = hostport.substr(close + 1);
+    if (!after.empty()) {
+      if (after.front() != ':') throw_bad_url(url, "bad port");
+      d.port = url_port(url, after.substr(1));
+    }
+  } else if (auto colon = hostport.rfind(':'); colon != std::string_view::npos) {
+    host = hostport.substr(0, colon);
+    d.port = url_port(url, hostport.substr(colon + 1));
+  }
+  d.host = percent_decode(url, host);
+  while (!query.empty()) {
+    auto amp = query.find('&');
+    std::string_view param = query.substr(0, amp);
+    query = amp == std::string_view::npos ? std::string_view() : query.substr(amp + 1);
+    auto eq = param.find('=');
+    d.params.emplace_back(std::string(param.substr(0, eq)),
+                          eq == std::string_view::npos ? std::string() : percent_decode(url, param.substr(eq + 1)));
+  }
+  return d;
+}
+
 }  // namespace detail
 
 namespace {

@@ -3,6 +3,8 @@
 
 #include <string>
 #include <string_view>
+#include <utility>
+#include <vector>
 
 #include "lockwatch/options.hpp"
 
@@ -25,5 +27,21 @@ std::string url_for_messages(const std::string& url);
 // Decodes %XX escapes of a part of `url` (credentials, paths); a bad escape
 // is throw_bad_url().
 std::string percent_decode(const std::string& url, std::string_view part);
+
+// A database URL's parts: `user[:password]@host[:port]/database[?k=v&...]`,
+// credentials, host and values decoded. Each store checks what it needs
+// of them (a host, the database name's spelling, the parameters it knows).
+struct DatabaseUrl {
+  std::string user;      // never empty
+  std::string password;
+  std::string host;      // no brackets; may be empty
+  int port = 0;          // 0: none given; else 1..65535
+  std::string database;  // never empty
+  std::vector<std::pair<std::string, std::string>> params;  // in order
+};
+// Splits `rest`, the part of `url` after its scheme; `shape` is how the URL
+// should look ("expected mysql://user:password@host[:port]/database"), for
+// the messages of a URL without a user or a database.
+DatabaseUrl split_database_url(const std::string& url, std::string_view rest, std::string_view shape);
 
 }  // namespace lockwatch::detail

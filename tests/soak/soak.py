@@ -19,7 +19,7 @@ what the checker (scripts/soak_check.py) reads into --dir:
 
 Every lock node runs with appendonly and appendfsync always: the restart
 faults are crashes (SIGKILL) of nodes that keep their keys and fencing
-counters, which is what the README asks of a deployment that wants
+counters, which is what docs/stores.md asks of a deployment that wants
 fencing tokens to survive a restart; mariadbd commits every statement to
 its log (innodb_flush_log_at_trx_commit=1), postgres likewise (fsync and
 synchronous_commit on, its defaults); postgres's faults (kill, stop)

@@ -163,7 +163,7 @@ std::string render_man(const CLI::App& app) {
   m << roff("One nightly backup across all the hosts, from the same crontab line on each:") << "\n";
   m << ".PP\n.nf\n"
     << roff("0 3 * * *  lockwatch run --key backup --once-per 1d --wait 2h -q -- /usr/local/bin/backup") << "\n.fi\n";
-  m << ".SH \"SEE ALSO\"\n/usr/share/doc/lockwatch/examples, the README of the library.\n";
+  m << ".SH \"SEE ALSO\"\nthe guides in /usr/share/doc/lockwatch/docs (getting-started.md first; cli.md for this command) and the examples in /usr/share/doc/lockwatch/examples.\n";
   return m.str();
 }
 

@@ -2,7 +2,7 @@
 // command's own status (and 128+N when the command died of signal N). The
 // values follow sysexits.h and timeout(1), so scripts and cron can tell a
 // busy lock from a failed job. kRunExitStatus is the one text of the table
-// that --help, the man page and the README show.
+// that --help, the man page and docs/cli.md show.
 #pragma once
 
 namespace lockwatch::cli {

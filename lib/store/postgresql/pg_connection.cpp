@@ -13,6 +13,7 @@
 #include <memory>
 
 #include "core/loop.hpp"
+#include "core/net.hpp"
 #include "store/postgresql/pg_error.hpp"
 
 namespace lockwatch::detail {
@@ -39,11 +40,6 @@ std::string one_line(const char* message) {
     out.push_back(c);
   }
   return out;
-}
-
-bool numeric_host(const std::string& host) {
-  unsigned char buf[sizeof(in6_addr)];
-  return ::inet_pton(AF_INET, host.c_str(), buf) == 1 || ::inet_pton(AF_INET6, host.c_str(), buf) == 1;
 }
 
 // Session settings, sent in the startup packet: no round trip, and in
@@ -138,12 +134,6 @@ void PgConnection::on_kick(uv_idle_t* idle) {
 // A host name is looked up on libuv's thread pool (libpq's own lookup
 // would block the loop); the attempt then connects to the address, IPv4
 // first, and libpq keeps the name for TLS's host name check.
-struct PgConnection::Resolve {
-  uv_getaddrinfo_t req{};
-  PgConnection* self;
-  unsigned attempt;
-};
-
 void PgConnection::connect() {
   if (state_ == State::kClosed) return;
   state_ = State::kConnecting;
@@ -153,49 +143,21 @@ void PgConnection::connect() {
     connect_to(target_.socket_dir.empty() ? target_.host : std::string());
     return;
   }
-  auto* r = new Resolve{{}, this, attempt_};
-  r->req.data = r;
-  addrinfo hints{};
-  hints.ai_family = AF_UNSPEC;
-  hints.ai_socktype = SOCK_STREAM;
-  int rc = uv_getaddrinfo(
-      loop_.uv(), &r->req,
-      [](uv_getaddrinfo_t* req, int status, addrinfo* res) {
-        std::unique_ptr<Resolve> r(static_cast<Resolve*>(req->data));
-        PgConnection* self = r->self;
-        std::string address;
-        if (status == 0 && res != nullptr) {
-          const addrinfo* pick = res;
-          for (const addrinfo* a = res; a != nullptr; a = a->ai_next)
-            if (a->ai_family == AF_INET) {
-              pick = a;
-              break;
-            }
-          char text[INET6_ADDRSTRLEN] = {};
-          if (pick->ai_family == AF_INET)
-            ::inet_ntop(AF_INET, &reinterpret_cast<const sockaddr_in*>(pick->ai_addr)->sin_addr, text, sizeof text);
-          else
-            ::inet_ntop(AF_INET6, &reinterpret_cast<const sockaddr_in6*>(pick->ai_addr)->sin6_addr, text, sizeof text);
-          address = text;
-        }
-        if (res != nullptr) uv_freeaddrinfo(res);
-        // Cancelled (the loop is closing), a closed connection, or an
-        // attempt that timed out meanwhile.
-        if (status == UV_ECANCELED) return;
-        if (self->state_ != State::kConnecting || self->attempt_ != r->attempt || self->conn_ != nullptr) return;
-        if (address.empty()) {
-          self->went_down(self->unavailable(fmt::format("cannot resolve {}: {}", self->target_.host,
-                                                        status == 0 ? "no address" : uv_strerror(status))),
-                          true);
-          return;
-        }
-        self->connect_to(address);
-      },
-      target_.host.c_str(), nullptr, &hints);
-  if (rc < 0) {
-    delete r;
-    went_down(unavailable(fmt::format("cannot resolve {}: {}", target_.host, uv_strerror(rc))), true);
-  }
+  const unsigned attempt = attempt_;
+  int rc = resolve_host(loop_.uv(), target_.host, [this, attempt](int status, std::string address) {
+    // Cancelled (the loop is closing), a closed connection, or an attempt
+    // that timed out meanwhile.
+    if (status == UV_ECANCELED) return;
+    if (state_ != State::kConnecting || attempt_ != attempt || conn_ != nullptr) return;
+    if (address.empty()) {
+      went_down(unavailable(fmt::format("cannot resolve {}: {}", target_.host,
+                                        status == 0 ? "no address" : uv_strerror(status))),
+                true);
+      return;
+    }
+    connect_to(address);
+  });
+  if (rc < 0) went_down(unavailable(fmt::format("cannot resolve {}: {}", target_.host, uv_strerror(rc))), true);
 }
 
 void PgConnection::connect_to(const std::string& hostaddr) {
@@ -503,7 +465,7 @@ void PgConnection::table_error(const StoreError& error) {
   else
     why.message = fmt::format(
         "the lock table {} cannot be used: it needs lockwatch's columns (lock_name, owner, fence, expires_at, "
-        "last_period, of the README's types) and lock_name as its key: {}",
+        "last_period, of the types in lockwatch's docs/stores.md) and lock_name as its key: {}",
         session_.table, error.message);
   went_down(why, true);
 }

@@ -161,7 +161,6 @@ class PgConnection {
     Stage stage = Stage::kResult;
     std::unique_ptr<pg_result, ResultFree> result;  // once read
   };
-  struct Resolve;
 
   void connect();
   void connect_to(const std::string& hostaddr);

@@ -66,7 +66,7 @@ class PgStore final : public StoreBase, public FenceRaising, public JobClaims, p
 
   // Any thread. InvalidArgument if the options do not suit this store.
   static void check_options(const PgTarget& target, const Options& options);
-  // The table as created when it is missing (also in the README).
+  // The table as created when it is missing (also in docs/stores.md).
   static std::string table_definition(const std::string& table);
 
   // One statement per batch (see above); release notices by LISTEN.

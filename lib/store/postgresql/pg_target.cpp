@@ -2,7 +2,6 @@
 
 #include <fmt/format.h>
 
-#include <charconv>
 #include <cstdint>
 #include <string_view>
 
@@ -37,14 +36,6 @@ bool known_sslmode(std::string_view m) {
   return false;
 }
 
-int parse_port(const std::string& url, std::string_view text) {
-  int port = 0;
-  auto [p, ec] = std::from_chars(text.data(), text.data() + text.size(), port);
-  if (text.empty() || ec != std::errc() || p != text.data() + text.size()) throw_bad_url(url, "bad port");
-  if (port <= 0 || port > 65535) throw_bad_url(url, "port out of range");
-  return port;
-}
-
 }  // namespace
 
 bool PgTarget::takes(const std::string& url) {
@@ -65,50 +56,17 @@ PgTarget PgTarget::parse(const std::string& url) {
   }
   if (!schemed) throw_bad_url(url, kShape.data());
 
+  DatabaseUrl d = split_database_url(url, rest, kShape);
   PgTarget t;
-  std::string_view query;
-  if (auto q = rest.find('?'); q != std::string_view::npos) {
-    query = rest.substr(q + 1);
-    rest = rest.substr(0, q);
-  }
-  if (auto at = rest.rfind('@'); at != std::string_view::npos) {
-    std::string_view cred = rest.substr(0, at);
-    rest.remove_prefix(at + 1);
-    auto colon = cred.find(':');
-    t.user = percent_decode(url, cred.substr(0, colon));
-    if (colon != std::string_view::npos) t.password = percent_decode(url, cred.substr(colon + 1));
-  }
-  if (t.user.empty()) throw_bad_url(url, "no user: expected postgresql://user[:password]@host[:port]/database");
-  auto slash = rest.find('/');
-  if (slash == std::string_view::npos || slash + 1 >= rest.size())
-    throw_bad_url(url, "no database: expected postgresql://user[:password]@host[:port]/database");
-  t.database = percent_decode(url, rest.substr(slash + 1));
+  t.user = std::move(d.user);
+  t.password = std::move(d.password);
+  t.database = std::move(d.database);
   if (t.database.find('\0') != std::string::npos || t.database.size() > kMaxIdentifier)
     throw_bad_url(url, "the database name must be 1 to 63 bytes, without NUL");
-  std::string_view hostport = rest.substr(0, slash);
-  std::string_view host = hostport;
-  if (!hostport.empty() && hostport.front() == '[') {  // [::1]:5432
-    auto close = hostport.find(']');
-    if (close == std::string_view::npos) throw_bad_url(url, "unclosed '[' in host");
-    host = hostport.substr(1, close - 1);
-    std::string_view after = hostport.substr(close + 1);
-    if (!after.empty()) {
-      if (after.front() != ':') throw_bad_url(url, "bad port");
-      t.port = parse_port(url, after.substr(1));
-    }
-  } else if (auto colon = hostport.rfind(':'); colon != std::string_view::npos) {
-    host = hostport.substr(0, colon);
-    t.port = parse_port(url, hostport.substr(colon + 1));
-  }
-  t.host = percent_decode(url, host);
+  t.host = std::move(d.host);
+  if (d.port != 0) t.port = d.port;
 
-  while (!query.empty()) {
-    auto amp = query.find('&');
-    std::string_view param = query.substr(0, amp);
-    query = amp == std::string_view::npos ? std::string_view() : query.substr(amp + 1);
-    auto eq = param.find('=');
-    std::string_view key = param.substr(0, eq);
-    std::string value = eq == std::string_view::npos ? std::string() : percent_decode(url, param.substr(eq + 1));
+  for (auto& [key, value] : d.params) {
     auto absolute_path = [&](const char* why) {
       if (value.empty() || value.front() != '/' || value.find('\0') != std::string::npos) throw_bad_url(url, why);
       return std::move(value);

@@ -15,6 +15,7 @@
 #include <cstring>
 
 #include "core/loop.hpp"
+#include "core/net.hpp"
 
 namespace lockwatch::detail {
 
@@ -217,15 +218,7 @@ void RedisConnection::connect() {
           if (status < 0 || res == nullptr) {
             l->conn->link_failed(fmt::format("cannot resolve {}: {}", l->conn->endpoint_.host, uv_strerror(status)));
           } else {
-            // IPv4 first, as servers bound to 127.0.0.1 for "localhost" expect.
-            const addrinfo* pick = res;
-            for (const addrinfo* a = res; a != nullptr; a = a->ai_next) {
-              if (a->ai_family == AF_INET) {
-                pick = a;
-                break;
-              }
-            }
-            l->conn->start_tcp(l, pick->ai_addr);
+            l->conn->start_tcp(l, preferred_address(res)->ai_addr);
           }
           if (res != nullptr) uv_freeaddrinfo(res);
         },

@@ -14,6 +14,7 @@
 #include <mutex>
 
 #include "core/loop.hpp"
+#include "core/net.hpp"
 
 namespace lockwatch::detail {
 
@@ -96,24 +97,9 @@ void SqlConnection::on_kick(uv_idle_t* idle) {
   self->pump();
 }
 
-namespace {
-
-bool numeric_host(const std::string& host) {
-  unsigned char buf[sizeof(in6_addr)];
-  return ::inet_pton(AF_INET, host.c_str(), buf) == 1 || ::inet_pton(AF_INET6, host.c_str(), buf) == 1;
-}
-
-}  // namespace
-
 // A host name is looked up on libuv's thread pool (the client library's
 // own lookup would block the loop); the attempt then connects to the
 // address, IPv4 first.
-struct SqlConnection::Resolve {
-  uv_getaddrinfo_t req{};
-  SqlConnection* self;
-  unsigned attempt;
-};
-
 void SqlConnection::connect() {
   if (state_ == State::kClosed) return;
   state_ = State::kConnecting;
@@ -124,48 +110,20 @@ void SqlConnection::connect() {
     connect_to(target_.socket.empty() ? target_.host : std::string("localhost"));
     return;
   }
-  auto* r = new Resolve{{}, this, attempt_};
-  r->req.data = r;
-  addrinfo hints{};
-  hints.ai_family = AF_UNSPEC;
-  hints.ai_socktype = SOCK_STREAM;
-  ++resolving_;
-  int rc = uv_getaddrinfo(
-      loop_.uv(), &r->req,
-      [](uv_getaddrinfo_t* req, int status, addrinfo* res) {
-        std::unique_ptr<Resolve> r(static_cast<Resolve*>(req->data));
-        SqlConnection* self = r->self;
-        --self->resolving_;
-        std::string address;
-        if (status == 0 && res != nullptr) {
-          const addrinfo* pick = res;
-          for (const addrinfo* a = res; a != nullptr; a = a->ai_next)
-            if (a->ai_family == AF_INET) {
-              pick = a;
-              break;
-            }
-          char text[INET6_ADDRSTRLEN] = {};
-          if (pick->ai_family == AF_INET)
-            ::inet_ntop(AF_INET, &reinterpret_cast<const sockaddr_in*>(pick->ai_addr)->sin_addr, text, sizeof text);
-          else
-            ::inet_ntop(AF_INET6, &reinterpret_cast<const sockaddr_in6*>(pick->ai_addr)->sin6_addr, text, sizeof text);
-          address = text;
-        }
-        if (res != nullptr) uv_freeaddrinfo(res);
-        // A closed connection, or an attempt that timed out meanwhile.
-        if (self->state_ != State::kConnecting || self->attempt_ != r->attempt || self->mysql_ != nullptr) return;
-        if (address.empty()) {
-          self->last_errno_ = 0;
-          self->last_error_ = fmt::format("cannot resolve {}: {}", self->target_.host, uv_strerror(status));
-          self->went_down(self->last_error_, true);
-          return;
-        }
-        self->connect_to(address);
-      },
-      target_.host.c_str(), nullptr, &hints);
+  const unsigned attempt = attempt_;
+  int rc = resolve_host(loop_.uv(), target_.host, [this, attempt](int status, std::string address) {
+    // A closed connection, or an attempt that timed out meanwhile (the
+    // loop runs a lookup's callback before it stops).
+    if (state_ != State::kConnecting || attempt_ != attempt || mysql_ != nullptr) return;
+    if (address.empty()) {
+      last_errno_ = 0;
+      last_error_ = fmt::format("cannot resolve {}: {}", target_.host, status == 0 ? "no address" : uv_strerror(status));
+      went_down(last_error_, true);
+      return;
+    }
+    connect_to(address);
+  });
   if (rc < 0) {
-    --resolving_;
-    delete r;
     last_errno_ = 0;
     last_error_ = fmt::format("cannot resolve {}: {}", target_.host, uv_strerror(rc));
     went_down(last_error_, true);
@@ -302,8 +260,8 @@ void SqlConnection::run_handshake(std::size_t attempt) {
                                    return;
                                  }
                                  went_down(fmt::format("the lock table {} does not have lockwatch's columns "
-                                                       "(lock_name, owner, fence, expires_at, last_period; see the "
-                                                       "README for its definition): {}",
+                                                       "(lock_name, owner, fence, expires_at, last_period; see "
+                                                       "lockwatch's docs/stores.md for its definition): {}",
                                                        session_.table, last_error_),
                                            false);
                                }});

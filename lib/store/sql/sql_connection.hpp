@@ -124,7 +124,6 @@ class SqlConnection {
     SqlDone done;
   };
 
-  struct Resolve;
   void connect();
   void connect_to(const std::string& host);
   void connected();
@@ -173,7 +172,6 @@ class SqlConnection {
   uv_timer_t reconnect_timer_{};
   uv_idle_t kick_{};             // sends what was queued, on the next loop turn
   int open_handles_ = 0;
-  int resolving_ = 0;     // host name lookups in flight (each holds a pointer to us)
   unsigned attempt_ = 0;  // connection attempts made: a late lookup answers an old one
   bool kicked_ = false;
   bool reported_down_ = false;

@@ -44,7 +44,7 @@ class SqlStore final : public StoreBase, public JobClaims, public OperatorTools 
   SqlStore(Loop& loop, SqlTarget target, const Options& options);
   ~SqlStore() override;
 
-  // The table as created when it is missing (also in the README).
+  // The table as created when it is missing (also in docs/stores.md).
   static std::string table_definition(const std::string& table);
 
   // One statement per batch (see above); no release notices, so waiters

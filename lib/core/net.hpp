@@ -1,0 +1,28 @@
+// lib/core/net.hpp: host names and addresses, looked up off the loop thread.
+#pragma once
+
+#include <netdb.h>
+#include <uv.h>
+
+#include <functional>
+#include <string>
+
+namespace lockwatch::detail {
+
+// True when `host` is a numeric IPv4 or IPv6 address: nothing to look up.
+bool numeric_host(const std::string& host) noexcept;
+
+// Of getaddrinfo's answers, the one to connect to: the first IPv4 address
+// (a server bound to 127.0.0.1 for "localhost" expects it), else the
+// first; null when there is none.
+const addrinfo* preferred_address(const addrinfo* answers) noexcept;
+
+// Looks `host` up on libuv's thread pool (getaddrinfo blocks) and calls
+// `done` on the loop thread with preferred_address()'s address as text
+// (no port), or with an empty one and `status` saying why (a libuv error;
+// 0 when the name has no address; UV_ECANCELED when the loop was closing).
+// Returns uv_getaddrinfo()'s result: below 0, `done` is never called.
+using ResolveDone = std::function<void(int status, std::string address)>;
+int resolve_host(uv_loop_t* loop, const std::string& host, ResolveDone done);
+
+}  // namespace lockwatch::detail
