@@ -67,6 +67,18 @@ TEST_F(AsioTest, AsyncLockWithUseFuture) {
   EXPECT_TRUE(error_of<LockNotAcquired>(busy));
 }
 
+TEST(AsioKindsTest, AsyncLockTakesAKind) {
+  Options o;
+  o.redis_url = "memory://asio-kinds";  // a store that keeps every kind
+  o.threads = 2;
+  Runtime rt(o);
+  auto a = async_lock(rt, "doc", LockKind::shared(), 1s, forever, 0ms, asio::use_future);
+  auto b = async_lock(rt, "doc", LockKind::shared(), 1s, forever, 0ms, asio::use_future);
+  LockHandle ha = get_bounded(a), hb = get_bounded(b);
+  auto writer = async_lock(rt, "doc", LockKind::exclusive(), 1s, forever, 0ms, asio::use_future);
+  EXPECT_TRUE(error_of<LockNotAcquired>(writer));
+}
+
 TEST_F(AsioTest, AsyncLockWithDeferredStartsOnlyWhenLaunched) {
   auto op = async_lock(*rt_, "deferred", 1s, forever, 0ms, asio::experimental::deferred);
   EXPECT_EQ(script_->count(Op::kAcquire), 0u);  // nothing asked yet

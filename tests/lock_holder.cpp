@@ -1,36 +1,46 @@
 // A process that takes a lock and holds it until it is killed, for tests of
 // what happens when a holder dies. Prints "held <fencing token>" once the
-// lock is taken.
-//   lock_holder REDIS_URL KEY TTL_MS
+// lock is taken. KIND: "shared" or "permits:N" (default: exclusive).
+//   lock_holder REDIS_URL KEY TTL_MS [KIND]
 #include <lockwatch/lockwatch.hpp>
 
 #include <cstdio>
+#include <cstdint>
 #include <cstdlib>
+#include <string>
 #include <thread>
 
 int main(int argc, char** argv) {
-  if (argc != 4) {
-    std::fprintf(stderr, "usage: lock_holder REDIS_URL KEY TTL_MS\n");
+  if (argc != 4 && argc != 5) {
+    std::fprintf(stderr, "usage: lock_holder REDIS_URL KEY TTL_MS [shared|permits:N]\n");
     return 2;
   }
+  const std::string kind = argc == 5 ? argv[4] : "";
   lockwatch::Options o = lockwatch::Options::from_env();  // the TLS files, if any
   o.redis_url = argv[1];
   o.threads = 1;
   lockwatch::Runtime rt(o);
-  auto hold = lockwatch::locked([key = std::string(argv[2])] { return key; },
-                                std::chrono::milliseconds(std::atoi(argv[3])), lockwatch::forever)
-                  .on(rt)([] {
-                    std::printf("held %llu\n", static_cast<unsigned long long>(lockwatch::this_lease().fencing_token()));
-                    std::fflush(stdout);
-                    // Hold until killed (or the lease is lost).
-                    auto stop = lockwatch::this_lease().stop_token();
-                    while (!stop.stop_requested()) std::this_thread::sleep_for(std::chrono::milliseconds(20));
-                  });
-  try {
-    hold().get();
-  } catch (const std::exception& e) {
-    std::printf("lost %s\n", e.what());
-    return 1;
-  }
-  return 0;
+  auto base = lockwatch::locked([key = std::string(argv[2])] { return key; },
+                               std::chrono::milliseconds(std::atoi(argv[3])), lockwatch::forever)
+                  .on(rt);
+  auto body = [] {
+    std::printf("held %llu\n", static_cast<unsigned long long>(lockwatch::this_lease().fencing_token()));
+    std::fflush(stdout);
+    // Hold until killed (or the lease is lost).
+    auto stop = lockwatch::this_lease().stop_token();
+    while (!stop.stop_requested()) std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  };
+  auto run = [&](const auto& builder) {
+    auto hold = builder(body);
+    try {
+      hold().get();
+    } catch (const std::exception& e) {
+      std::printf("lost %s\n", e.what());
+      return 1;
+    }
+    return 0;
+  };
+  if (kind == "shared") return run(base.shared());
+  if (kind.rfind("permits:", 0) == 0) return run(base.permits(static_cast<std::uint32_t>(std::atoi(kind.c_str() + 8))));
+  return run(base);
 }

@@ -1,12 +1,22 @@
-// The kinds of lock (lockwatch/lock_kind.hpp) as a store keeps them, on
-// the memory:// space's state: read-write locks and leased semaphores.
+// The kinds of lock (lockwatch/lock_kind.hpp): as a store keeps them, on
+// the memory:// space's state (read-write locks and leased semaphores), and
+// as a runtime on memory:// takes, waits for, renews and releases them
+// (Runtime::acquire with a kind, LOCKED(...).shared() and .permits(n)). The
+// same guarantees on every store: store_contract_test.
 #include <gtest/gtest.h>
 
+#include <atomic>
+#include <condition_variable>
+#include <mutex>
 #include <chrono>
+#include <future>
 #include <string>
 #include <thread>
+#include <vector>
 
+#include "lockwatch/lockwatch.hpp"
 #include "store/memory/memory_space.hpp"
+#include "test_util.hpp"
 
 namespace lockwatch::testing {
 namespace {
@@ -121,6 +131,187 @@ TEST(LockKindsTest, InspectAndForceReleaseSeeEveryHolder) {
   EXPECT_TRUE(s.force_release("k"));
   EXPECT_FALSE(s.inspect("k").held);
   EXPECT_EQ(s.renew(ref("r1", LockKind::shared())), Renewed::kGone);
+}
+
+// ------------------------------------------------------------ the runtime
+
+Options space(const std::string& name) {
+  Options o;
+  o.redis_url = "memory://" + name;
+  o.threads = 4;
+  return o;
+}
+
+template <class T>
+bool ready(std::future<T>& f) {
+  return f.wait_for(0s) == std::future_status::ready;
+}
+
+void give_back(LockHandle& h) {
+  auto f = h.release();
+  get_bounded(f);
+}
+
+// Everyone who arrives waits for the others, up to the test bound: true
+// if all `n` were there together.
+class Rendezvous {
+ public:
+  explicit Rendezvous(int n) : left_(n) {}
+  bool arrive() {
+    std::unique_lock lk(mu_);
+    if (--left_ <= 0) cv_.notify_all();
+    return cv_.wait_for(lk, kBound, [&] { return left_ <= 0; });
+  }
+
+ private:
+  std::mutex mu_;
+  std::condition_variable cv_;
+  int left_;
+};
+
+TEST(LockKindsRuntimeTest, SharedCallsRunTogetherAndAnExclusiveOneAlone) {
+  Runtime rt(space("rw-overlap"));
+  constexpr int kReaders = 3;
+  Rendezvous together(kReaders);
+  std::atomic<int> readers{0};
+  std::atomic<bool> writer_saw_reader{false};
+  auto read = LOCKED("doc", 5s, forever, .shared().wait(kBound).on(rt))[&] {
+    readers.fetch_add(1);
+    bool met = together.arrive();
+    readers.fetch_sub(1);
+    return met;
+  };
+  auto write = lockwatch::locked("doc", 5s, forever).on(rt).wait(kBound)([&] {
+    if (readers.load() != 0) writer_saw_reader = true;
+  });
+  std::vector<std::future<bool>> reads;
+  for (int i = 0; i < kReaders; ++i) reads.push_back(read());
+  auto w = write();
+  for (auto& f : reads) EXPECT_TRUE(get_bounded(f)) << "the readers were never inside together";
+  get_bounded(w);
+  EXPECT_FALSE(writer_saw_reader);
+}
+
+// Tries a shared lock of `key` without waiting, until one is refused (a
+// writer's wait stops new readers), bounded; a lock it gets is given back.
+bool readers_stopped(Runtime& rt, const std::string& key) {
+  const auto until = std::chrono::steady_clock::now() + kBound;
+  while (std::chrono::steady_clock::now() < until) {
+    auto f = rt.acquire(key, LockKind::shared(), 5s, forever, 0ms);
+    if (f.wait_for(kBound) != std::future_status::ready) return false;
+    try {
+      LockHandle h = f.get();
+      give_back(h);
+    } catch (const LockNotAcquired&) {
+      return true;
+    }
+  }
+  return false;
+}
+
+TEST(LockKindsRuntimeTest, AWaitingWriterGoesBeforeReadersThatCameAfterIt) {
+  Runtime rt(space("rw-order")), other(space("rw-order"));
+  auto first = rt.acquire("doc", LockKind::shared(), 5s);
+  LockHandle reader = get_bounded(first);
+  // A writer in another runtime of the space waits; once its attempt has
+  // reached the store, new readers wait behind it.
+  auto writer = other.acquire("doc", LockKind::exclusive(), 5s, forever, kBound);
+  ASSERT_TRUE(readers_stopped(rt, "doc"));
+  auto later = rt.acquire("doc", LockKind::shared(), 5s, forever, kBound);
+  give_back(reader);
+  // Had the later reader gone in first, the writer would still wait.
+  LockHandle w = get_bounded(writer);
+  EXPECT_FALSE(ready(later)) << "a reader went in beside the writer";
+  const auto token = w.lease().fencing_token();
+  give_back(w);
+  LockHandle r = get_bounded(later);
+  EXPECT_EQ(r.lease().fencing_token(), token) << "readers see the last writer's token";
+  give_back(r);
+}
+
+TEST(LockKindsRuntimeTest, LocalReadersGoInTogetherAndALocalWriterWaitsForThemAll) {
+  // All in one runtime: its wait queue lets readers in side by side, and a
+  // writer queued behind them waits for the last.
+  Runtime rt(space("rw-local"));
+  auto r1 = rt.acquire("doc", LockKind::shared(), 5s, forever, kBound);
+  auto r2 = rt.acquire("doc", LockKind::shared(), 5s, forever, kBound);
+  LockHandle a = get_bounded(r1), b = get_bounded(r2);
+  auto w = rt.acquire("doc", LockKind::exclusive(), 5s, forever, kBound);
+  auto r3 = rt.acquire("doc", LockKind::shared(), 5s, forever, kBound);
+  give_back(a);
+  EXPECT_EQ(w.wait_for(50ms), std::future_status::timeout) << "a writer beside a reader";
+  give_back(b);
+  LockHandle writer = get_bounded(w);
+  EXPECT_FALSE(ready(r3));
+  give_back(writer);
+  LockHandle c = get_bounded(r3);
+  give_back(c);
+}
+
+TEST(LockKindsRuntimeTest, ASharedLeaseIsRenewedLikeAnyOther) {
+  Runtime rt(space("rw-renew"));
+  auto f = rt.acquire("doc", LockKind::shared(), 300ms);
+  LockHandle h = get_bounded(f);
+  EXPECT_TRUE(renewed_again(h.lease(), 3));
+  auto writer = rt.acquire("doc", LockKind::exclusive(), 5s, forever, 0ms);
+  EXPECT_TRUE(error_of<LockNotAcquired>(writer));
+  EXPECT_FALSE(h.lease().lost());
+  give_back(h);
+}
+
+TEST(LockKindsRuntimeTest, PermitsLetNHoldersInAndTheNextWaitsForOneToComeBack) {
+  Runtime rt(space("sem"));
+  std::vector<LockHandle> held;
+  std::uint64_t last = 0;
+  for (int i = 0; i < 3; ++i) {
+    auto f = rt.acquire("gpu", LockKind::permits(3), 5s);
+    held.push_back(get_bounded(f));
+    EXPECT_GT(held.back().lease().fencing_token(), last) << "each permit's grant raises the token";
+    last = held.back().lease().fencing_token();
+  }
+  auto refused = rt.acquire("gpu", LockKind::permits(3), 5s, forever, 0ms);
+  EXPECT_TRUE(error_of<LockNotAcquired>(refused));
+  auto next = rt.acquire("gpu", LockKind::permits(3), 5s, forever, kBound);
+  EXPECT_EQ(next.wait_for(50ms), std::future_status::timeout);
+  give_back(held[1]);
+  LockHandle got = get_bounded(next);
+  give_back(got);
+  give_back(held[0]);
+  give_back(held[2]);
+}
+
+TEST(LockKindsRuntimeTest, ACallerWithAnotherNOrKindGetsInvalidArgumentNeverAnExtraPermit) {
+  Runtime rt(space("sem-n"));
+  auto f = rt.acquire("gpu", LockKind::permits(1), 5s);
+  LockHandle one = get_bounded(f);
+  auto more = rt.acquire("gpu", LockKind::permits(2), 5s, forever, 0ms);
+  auto e = error_of<InvalidArgument>(more);
+  ASSERT_TRUE(e);
+  EXPECT_NE(std::string(e->what()).find("1 permit"), std::string::npos) << e->what();
+  auto exclusive = rt.acquire("gpu", 5s, forever, 0ms);
+  EXPECT_TRUE(error_of<InvalidArgument>(exclusive));
+  EXPECT_THROW(rt.acquire("gpu", LockKind::permits(0), 5s), InvalidArgument);
+  EXPECT_THROW((void)lockwatch::locked("gpu", 5s, 0).permits(0), InvalidArgument);
+  give_back(one);
+}
+
+TEST(LockKindsRuntimeTest, ACallInsideAHoldingRunsWithinItOnlyIfTheHoldingCoversIt) {
+  Runtime rt(space("reentrant"));
+  auto write = lockwatch::locked("doc", 5s, forever).on(rt)([&] {
+    // Exclusive covers shared: runs inline, on the same lease.
+    auto read = LOCKED("doc", 5s, forever, .shared().on(rt))[&] { return this_lease().fencing_token(); };
+    auto f = read();
+    return get_bounded(f) == this_lease().fencing_token();
+  });
+  auto w = write();
+  EXPECT_TRUE(get_bounded(w));
+  auto read = LOCKED("doc", 5s, forever, .shared().on(rt))[&] {
+    auto upgrade = lockwatch::locked("doc", 5s, forever).on(rt)([] {});
+    auto f = upgrade();
+    return static_cast<bool>(error_of<InvalidArgument>(f));
+  };
+  auto r = read();
+  EXPECT_TRUE(get_bounded(r)) << "a writer inside a reader of its own key would wait for itself";
 }
 
 }  // namespace

@@ -163,6 +163,48 @@ TEST_F(RedlockTest, ContendedCallsNeverOverlapAndTokensRise) {
   EXPECT_EQ(regressions.load(), 0);
 }
 
+TEST_F(RedlockTest, ReadWriteLocksHoldOnAMajorityAndPermitsAreUnsupported) {
+  std::vector<std::unique_ptr<Runtime>> rts;
+  for (int i = 0; i < 2; ++i) rts.push_back(std::make_unique<Runtime>(options(3)));
+  // A reader's majority and a writer's share a node, which holds one or
+  // the other: never a reader with a writer.
+  std::atomic<int> readers{0}, writers{0}, violations{0}, done{0};
+  std::vector<std::thread> threads;
+  for (int t = 0; t < 4; ++t) {
+    threads.emplace_back([&, t] {
+      auto read = locked("rl-rw", 2s, forever).on(*rts[t % 2]).shared().wait(30s)([&] {
+        readers.fetch_add(1);
+        if (writers.load() != 0) violations++;
+        std::this_thread::sleep_for(2ms);
+        readers.fetch_sub(1);
+        done++;
+      });
+      auto write = locked("rl-rw", 2s, forever).on(*rts[t % 2]).wait(30s)([&] {
+        if (writers.fetch_add(1) != 0 || readers.load() != 0) violations++;
+        std::this_thread::sleep_for(2ms);
+        writers.fetch_sub(1);
+        done++;
+      });
+      for (int i = 0; i < 5; ++i) {
+        auto r = read();
+        auto w = write();
+        if (!completes(r) || !completes(w)) return;
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  EXPECT_EQ(done.load(), 40);
+  EXPECT_EQ(violations.load(), 0);
+  // Each node counts its own permit holders, and majorities of different
+  // holders overlap: a quorum cannot bound a semaphore, so it refuses one.
+  try {
+    (void)rts[0]->acquire("rl-sem", LockKind::permits(2), 2s);
+    ADD_FAILURE() << "a quorum took a semaphore";
+  } catch (const Unsupported& e) {
+    EXPECT_NE(std::string(e.what()).find("2 permits"), std::string::npos) << e.what();
+  }
+}
+
 TEST_F(RedlockTest, LosingTwoOfFiveNodesKeepsLeasesAndLocking) {
   Runtime rt(options());
   Gate started, killed;

@@ -70,6 +70,27 @@ TEST_F(RuntimeTest, AbsurdTtlsAndWaitsAreInvalidArgumentsAtTheCall) {
   EXPECT_NE(what.find("ttl must be"), std::string::npos) << what;
 }
 
+TEST_F(RuntimeTest, AKindTheStoreCannotHoldIsUnsupportedAtTheCallNamingKindAndStore) {
+  // This store holds exclusive locks only (LockStore::check_kind's default).
+  auto message = [&](auto&& f) -> std::string {
+    try {
+      f();
+    } catch (const Unsupported& e) {
+      return e.what();
+    }
+    return "no Unsupported";
+  };
+  auto shared = message([&] { (void)rt_->acquire("k", LockKind::shared(), 5s); });
+  EXPECT_NE(shared.find("shared"), std::string::npos) << shared;
+  EXPECT_NE(shared.find("store"), std::string::npos) << shared;
+  auto permits = message([&] { (void)rt_->acquire("k", LockKind::permits(3), 5s, forever, 0ms, [](auto, auto) {}); });
+  EXPECT_NE(permits.find("3 permits"), std::string::npos) << permits;
+  auto call = lockwatch::locked("k", 5s, 0).on(*rt_).shared()([] {});
+  auto f = call();
+  EXPECT_TRUE(error_of<Unsupported>(f));
+  EXPECT_EQ(rt_->held_leases(), 0u);
+}
+
 TEST_F(RuntimeTest, AHandleThatOutlivesItsRuntimeReadsLostAndItsReleaseSaysSo) {
   auto f = rt_->acquire("outlived", 30s);
   auto h = get_bounded(f);

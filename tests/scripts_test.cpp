@@ -106,6 +106,18 @@ TEST(AcquireReplyTest, AnEntrysErrorIsClassifiedAsAnErrorReply) {
   EXPECT_EQ(r[1].error.code, "OOM");
 }
 
+TEST(AcquireReplyTest, AKeyHeldAsAnotherKindIsAnInvalidArgumentNamingIt) {
+  // What the kinds' acquire script answers for a semaphore of another n,
+  // and the acquire script for a semaphore asked for exclusively.
+  auto r = acquired(read(bulk("eLOCKWATCH-KIND lockwatch:{gpu} is held as a semaphore of 2 permit(s); this call "
+                              "asked for it 3 permit(s)")).get(),
+                    1);
+  ASSERT_EQ(r[0].status, Acquired::Status::kFailed);
+  EXPECT_EQ(r[0].error.kind, StoreError::Kind::kInvalid);
+  EXPECT_EQ(r[0].error.message.find("LOCKWATCH-KIND"), std::string::npos) << r[0].error.message;
+  EXPECT_NE(r[0].error.message.find("2 permit(s)"), std::string::npos) << r[0].error.message;
+}
+
 TEST(AcquireReplyTest, AnEntryOfUnknownStatusFailsItsLockAlone) {
   for (const std::string bad : {"q9", "b", "t", "e", "", "t12x", "b-5", "bx", "t-1", "T5", "t 5", "1", "0"}) {
     auto r = acquired(read(bulk("t1\n" + bad + "\nb20")).get(), 3);
@@ -313,14 +325,15 @@ TEST(ScriptTableTest, EachScriptHasItsOwnSourceAndSha1) {
   using detail::ScriptId;
   std::set<std::string> shas;
   for (ScriptId id : {ScriptId::kAcquire, ScriptId::kRenew, ScriptId::kRelease, ScriptId::kRaiseFence,
-                      ScriptId::kInspect, ScriptId::kForceRelease, ScriptId::kClaimPeriod}) {
+                      ScriptId::kInspect, ScriptId::kForceRelease, ScriptId::kClaimPeriod, ScriptId::kAcquireKind,
+                      ScriptId::kRenewKind, ScriptId::kReleaseKind}) {
     const detail::Script& s = detail::script(id);
     EXPECT_EQ(&s, &detail::script(id)) << "one copy, in static storage";
     EXPECT_FALSE(s.source.empty());
     EXPECT_EQ(s.sha1, detail::sha1_hex(s.source));
     shas.insert(s.sha1);
   }
-  EXPECT_EQ(shas.size(), 7u);
+  EXPECT_EQ(shas.size(), 10u);
 }
 
 }  // namespace

@@ -175,6 +175,27 @@ TEST_P(SentinelTest, FindsTheMasterAndWaitsForTheReplica) {
   EXPECT_FALSE(exists(*master_, "sen2"));
 }
 
+TEST_P(SentinelTest, SharedAndPermitLocksOnTheMasterFoundReachItsReplica) {
+  Options o = options();
+  o.min_replicas = 1;
+  Runtime rt(o);
+  auto r1 = rt.acquire("sen-rw", LockKind::shared(), 2s);
+  auto r2 = rt.acquire("sen-rw", LockKind::shared(), 2s);
+  LockHandle a = get_bounded(r1), b = get_bounded(r2);
+  EXPECT_TRUE(exists(*master_, "sen-rw") && exists(*replica_, "sen-rw"));
+  auto writer = rt.acquire("sen-rw", 2s, forever, 0ms);
+  EXPECT_TRUE(error_of<LockNotAcquired>(writer));
+  auto p1 = rt.acquire("sen-sem", LockKind::permits(1), 2s);
+  LockHandle p = get_bounded(p1);
+  auto p2 = rt.acquire("sen-sem", LockKind::permits(1), 2s, forever, 0ms);
+  EXPECT_TRUE(error_of<LockNotAcquired>(p2));
+  for (LockHandle* h : {&a, &b, &p}) {
+    auto f = h->release();
+    get_bounded(f);
+  }
+  EXPECT_FALSE(exists(*master_, "sen-rw"));
+}
+
 TEST_P(SentinelTest, FailoverWhileLeasesAreHeldAndCallersWait) {
   Runtime rt(options());
   Gate held_started;

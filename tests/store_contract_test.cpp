@@ -2,13 +2,17 @@
 // node (redis-server), a Redis Cluster (six redis-servers), a SQL table
 // (mariadbd) and a PostgreSQL table (postgres), and against the in-process
 // store (memory://). Exclusion, a holder that dies, fencing, waiting, renewal, and
-// bad input; each test starts its own servers. Store-specific behaviour
-// stays in the stores' own suites.
+// bad input; the kinds of lock (read-write locks, leased semaphores), where
+// a store that cannot hold a kind must refuse it with Unsupported; each
+// test starts its own servers. Store-specific behaviour stays in the
+// stores' own suites.
 #include <gtest/gtest.h>
 #include <signal.h>
 
 #include <algorithm>
 #include <atomic>
+#include <condition_variable>
+#include <mutex>
 #include <thread>
 #include <vector>
 
@@ -348,6 +352,249 @@ TEST_P(StoreContractTest, AcquireAndReleaseAreSafeToRepeatWithTheSameToken) {
   ASSERT_EQ(next.status, detail::Acquired::Status::kTaken);
   EXPECT_GT(next.fence, first.fence);
   EXPECT_EQ(store.release(name, "token-two"), detail::Released::kYes);
+}
+
+// ------------------------------------------------------------ kinds of lock
+
+// The stores that keep shared and permit locks; the others must refuse
+// them with Unsupported (at the call, before anything starts).
+bool keeps_kinds(const std::string& store) { return store != "mysql" && store != "postgresql"; }
+
+// True (the test then skips) for a store that refuses shared and permit
+// locks, after checking that it does so with Unsupported, naming the kind.
+bool refuses_kinds(Runtime& rt, const std::string& store) {
+  if (keeps_kinds(store)) return false;
+  for (LockKind kind : {LockKind::shared(), LockKind::permits(2)}) {
+    try {
+      (void)rt.acquire("kinds", kind, 1s);
+      ADD_FAILURE() << store << " took a " << kind.describe() << " lock";
+    } catch (const Unsupported& e) {
+      EXPECT_NE(std::string(e.what()).find(kind.describe()), std::string::npos) << e.what();
+    }
+  }
+  return true;
+}
+
+// Everyone who arrives waits for the others, up to the test bound: true
+// if all `n` were there together.
+class Rendezvous {
+ public:
+  explicit Rendezvous(int n) : left_(n) {}
+  bool arrive() {
+    std::unique_lock lk(mu_);
+    if (--left_ <= 0) cv_.notify_all();
+    return cv_.wait_for(lk, kBound, [&] { return left_ <= 0; });
+  }
+
+ private:
+  std::mutex mu_;
+  std::condition_variable cv_;
+  int left_;
+};
+
+TEST_P(StoreContractTest, ReadersOverlapAndNeverHoldWithAWriter) {
+  Runtime a(options()), b(options());
+  if (refuses_kinds(a, GetParam())) GTEST_SKIP() << GetParam() << " holds exclusive locks only (Unsupported)";
+  // Two readers, one per runtime, inside together.
+  Rendezvous together(2);
+  auto meet = [&](Runtime& rt) {
+    return locked("rw", 5s, forever).on(rt).shared().wait(kBound)([&] { return together.arrive(); });
+  };
+  auto meet_a = meet(a);
+  auto meet_b = meet(b);
+  auto ra = meet_a(), rb = meet_b();
+  EXPECT_TRUE(get_bounded(ra) && get_bounded(rb)) << "the readers were never inside together";
+  // Readers and writers of both runtimes at once: a writer alone.
+  std::atomic<int> readers{0}, writers{0}, violations{0}, done{0};
+  auto read = [&](Runtime& rt) {
+    return locked("rw", 5s, forever).on(rt).shared().wait(30s)([&] {
+      readers.fetch_add(1);
+      if (writers.load() != 0) violations++;
+      std::this_thread::sleep_for(2ms);  // the section's work
+      if (writers.load() != 0) violations++;
+      readers.fetch_sub(1);
+      done++;
+    });
+  };
+  auto write = [&](Runtime& rt) {
+    return locked("rw", 5s, forever).on(rt).wait(30s)([&] {
+      if (writers.fetch_add(1) != 0 || readers.load() != 0) violations++;
+      std::this_thread::sleep_for(2ms);
+      if (readers.load() != 0) violations++;
+      writers.fetch_sub(1);
+      done++;
+    });
+  };
+  constexpr int kRounds = 6;
+  auto read_a = read(a), read_b = read(b);
+  auto write_a = write(a), write_b = write(b);
+  std::vector<std::future<void>> calls;
+  for (int i = 0; i < kRounds; ++i) {
+    calls.push_back(read_a());
+    calls.push_back(read_b());
+    calls.push_back(write_a());
+    calls.push_back(read_b());
+    calls.push_back(read_a());
+    calls.push_back(write_b());
+  }
+  for (auto& f : calls) get_bounded(f);
+  EXPECT_EQ(done.load(), kRounds * 6);
+  EXPECT_EQ(violations.load(), 0);
+}
+
+TEST_P(StoreContractTest, AWriterIsNotStarvedByAStreamOfReaders) {
+  Runtime readers_rt(options()), writer_rt(options());
+  if (refuses_kinds(readers_rt, GetParam())) GTEST_SKIP() << GetParam() << " holds exclusive locks only (Unsupported)";
+  // Readers that overlap one another without a gap: each one's section
+  // lasts until the next reader is inside (200 ms at most). Without a
+  // writer's preference the key would never be free.
+  std::atomic<bool> stop{false};
+  std::atomic<int> inside{0}, reads{0};
+  auto reader = [&] {
+    auto read = locked("stream", 5s, forever).on(readers_rt).shared().wait(kBound)([&] {
+      inside.fetch_add(1);
+      const int me = ++reads;
+      auto until = std::chrono::steady_clock::now() + 200ms;
+      while (reads.load() == me && std::chrono::steady_clock::now() < until && !stop.load())
+        std::this_thread::sleep_for(1ms);  // the section's work, until the next reader is in
+      inside.fetch_sub(1);
+    });
+    while (!stop.load()) {
+      auto f = read();
+      if (!completes(f)) return;
+    }
+  };
+  std::vector<std::thread> threads;
+  for (int i = 0; i < 3; ++i) threads.emplace_back(reader);
+  // Wait (bounded) until the stream flows.
+  auto until = std::chrono::steady_clock::now() + kBound;
+  while (reads.load() < 6 && std::chrono::steady_clock::now() < until) std::this_thread::sleep_for(5ms);
+  ASSERT_GE(reads.load(), 6);
+  auto t0 = std::chrono::steady_clock::now();
+  auto write = locked("stream", 5s, forever).on(writer_rt).wait(kBound)([&] { return inside.load(); });
+  auto w = write();
+  const int readers_beside = get_bounded(w);
+  auto waited = std::chrono::steady_clock::now() - t0;
+  stop = true;
+  for (auto& t : threads) t.join();
+  EXPECT_EQ(readers_beside, 0);
+  // The writer waits for the readers inside (200 ms at most), not for the
+  // stream to end.
+  EXPECT_LT(waited, 3s);
+}
+
+TEST_P(StoreContractTest, AWriterThatStopsWaitingHoldsReadersBackBriefly) {
+  Runtime readers(options()), writer_rt(options());
+  if (refuses_kinds(readers, GetParam())) GTEST_SKIP() << GetParam() << " holds exclusive locks only (Unsupported)";
+  auto first = readers.acquire("gave-up", LockKind::shared(), 30s);
+  LockHandle reader = get_bounded(first);
+  // A writer with a long ttl waits a little for the reader, and gives up.
+  auto writer = writer_rt.acquire("gave-up", 30s, forever, 200ms);
+  EXPECT_TRUE(error_of<LockNotAcquired>(writer));
+  // Its mark outlives it by 2 s at most, not by its ttl.
+  auto t0 = std::chrono::steady_clock::now();
+  auto next = readers.acquire("gave-up", LockKind::shared(), 30s, forever, 10s);
+  LockHandle r = get_bounded(next);
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, 2500ms);
+  give_back(r);
+  give_back(reader);
+}
+
+TEST_P(StoreContractTest, AKilledReaderFreesItsShareAfterItsTtl) {
+  Runtime rt(options());
+  if (refuses_kinds(rt, GetParam())) GTEST_SKIP() << GetParam() << " holds exclusive locks only (Unsupported)";
+  if (!backend_->has_server()) GTEST_SKIP() << "a memory space is per process: a child process cannot hold its lock";
+  const char* holder = std::getenv("LOCKWATCH_LOCK_HOLDER");
+  ASSERT_NE(holder, nullptr);
+  ChildProcess child({holder, backend_->url(), "killed-reader", "1000", "shared"});
+  auto line = child.read_line(kBound);
+  ASSERT_TRUE(line.has_value());
+  ASSERT_EQ(line->rfind("held ", 0), 0u) << *line;
+  child.kill(SIGKILL);
+  auto killed_at = std::chrono::steady_clock::now();
+  auto f = locked("killed-reader", 1s, 0).on(rt).wait(10s)([] { return this_lease().fencing_token(); });
+  auto fut = f();
+  auto token = get_bounded(fut);
+  EXPECT_GT(token, std::stoull(line->substr(5)));  // a writer's grant raises the token readers saw
+  EXPECT_LT(std::chrono::steady_clock::now() - killed_at, 1600ms);  // the reader's ttl (1 s), plus slack
+}
+
+TEST_P(StoreContractTest, PermitsNeverAdmitMoreThanN) {
+  constexpr int kRuntimes = 3, kThreads = 2, kCalls = 5;
+  constexpr std::uint32_t kPermits = 2;
+  std::vector<std::unique_ptr<Runtime>> runtimes;
+  for (int i = 0; i < kRuntimes; ++i) runtimes.push_back(std::make_unique<Runtime>(options(2)));
+  if (refuses_kinds(*runtimes[0], GetParam())) GTEST_SKIP() << GetParam() << " holds exclusive locks only (Unsupported)";
+  std::atomic<int> inside{0}, most{0}, done{0};
+  std::atomic<std::uint64_t> tokens_seen{0};
+  std::vector<std::thread> threads;
+  for (int r = 0; r < kRuntimes; ++r) {
+    for (int t = 0; t < kThreads; ++t) {
+      threads.emplace_back([&, r] {
+        auto use = locked("pool", 2s, forever).on(*runtimes[r]).permits(kPermits).wait(30s)([&] {
+          int now = inside.fetch_add(1) + 1;
+          int seen = most.load();
+          while (now > seen && !most.compare_exchange_weak(seen, now)) {
+          }
+          std::this_thread::sleep_for(3ms);  // the section's work
+          inside.fetch_sub(1);
+          done++;
+        });
+        for (int i = 0; i < kCalls; ++i) {
+          auto f = use();
+          if (!completes(f)) return;
+        }
+      });
+    }
+  }
+  for (auto& t : threads) t.join();
+  EXPECT_EQ(done.load(), kRuntimes * kThreads * kCalls);
+  EXPECT_LE(most.load(), static_cast<int>(kPermits));
+  EXPECT_GE(most.load(), 1);
+}
+
+TEST_P(StoreContractTest, AKilledHoldersPermitComesBackAfterItsTtl) {
+  Runtime rt(options());
+  if (refuses_kinds(rt, GetParam())) GTEST_SKIP() << GetParam() << " holds exclusive locks only (Unsupported)";
+  if (!backend_->has_server()) GTEST_SKIP() << "a memory space is per process: a child process cannot hold its lock";
+  const char* holder = std::getenv("LOCKWATCH_LOCK_HOLDER");
+  ASSERT_NE(holder, nullptr);
+  ChildProcess child({holder, backend_->url(), "killed-permit", "1000", "permits:2"});
+  auto line = child.read_line(kBound);
+  ASSERT_TRUE(line.has_value());
+  ASSERT_EQ(line->rfind("held ", 0), 0u) << *line;
+  child.kill(SIGKILL);
+  auto killed_at = std::chrono::steady_clock::now();
+  // One permit is free at once; the dead holder's comes back after its ttl.
+  auto first = rt.acquire("killed-permit", LockKind::permits(2), 1s, forever, 0ms);
+  LockHandle one = get_bounded(first);
+  auto second = rt.acquire("killed-permit", LockKind::permits(2), 1s, forever, 10s);
+  LockHandle two = get_bounded(second);
+  EXPECT_LT(std::chrono::steady_clock::now() - killed_at, 1600ms);
+  EXPECT_GT(two.lease().fencing_token(), one.lease().fencing_token());
+  give_back(two);
+  give_back(one);
+}
+
+TEST_P(StoreContractTest, CallersThatDisagreeOnNOrKindGetInvalidArgument) {
+  Runtime a(options()), b(options());
+  if (refuses_kinds(a, GetParam())) GTEST_SKIP() << GetParam() << " holds exclusive locks only (Unsupported)";
+  auto f = a.acquire("agreed", LockKind::permits(2), 5s);
+  LockHandle held = get_bounded(f);
+  auto more = b.acquire("agreed", LockKind::permits(3), 5s, forever, 0ms);
+  auto e = error_of<InvalidArgument>(more);
+  ASSERT_TRUE(e);
+  EXPECT_NE(std::string(e->what()).find("2 permit"), std::string::npos) << e->what();
+  auto exclusive = b.acquire("agreed", 5s, forever, 0ms);
+  EXPECT_TRUE(error_of<InvalidArgument>(exclusive));
+  auto shared = b.acquire("agreed", LockKind::shared(), 5s, forever, 0ms);
+  EXPECT_TRUE(error_of<InvalidArgument>(shared));
+  // The holder keeps its permit; once it is back, any kind may take the key.
+  EXPECT_FALSE(held.lease().lost());
+  give_back(held);
+  auto after = b.acquire("agreed", LockKind::permits(3), 5s, forever, 0ms);
+  LockHandle h = get_bounded(after);
+  give_back(h);
 }
 
 INSTANTIATE_TEST_SUITE_P(Stores, StoreContractTest, ::testing::ValuesIn(backend_kinds()),

@@ -271,6 +271,19 @@ auto async_lock(Runtime& runtime, std::string key, std::chrono::milliseconds ttl
   return detail::async_lock_spec(runtime, std::move(spec), std::forward<CompletionToken>(token));
 }
 
+/// The same, held as `kind` (lock_kind.hpp; see Runtime::acquire).
+template <class CompletionToken>
+auto async_lock(Runtime& runtime, std::string key, LockKind kind, std::chrono::milliseconds ttl, Retries retries,
+                std::chrono::milliseconds wait, CompletionToken&& token) {
+  detail::LockSpec spec;
+  spec.key = std::move(key);
+  spec.ttl = ttl;
+  spec.retries = retries.count();
+  spec.wait = wait;
+  spec.kind = kind;
+  return detail::async_lock_spec(runtime, std::move(spec), std::forward<CompletionToken>(token));
+}
+
 /// Completes when `lease` ends: void(std::exception_ptr, std::optional<LostReason>),
 /// the reason if it was lost, std::nullopt if it was released. The lease
 /// must outlive the call (not the operation).

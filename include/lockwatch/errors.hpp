@@ -25,7 +25,10 @@ class Error : public std::runtime_error {
 /// a ttl that is not positive or too short for the wheel's tick, a renewal
 /// weight outside (0, 1), a negative retry count, a malformed URL, a key
 /// pattern that is malformed or refers to an argument that is missing or
-/// cannot be a key part.
+/// cannot be a key part, permits(0); a lock asked for as another kind than
+/// the key is held as now, or as a semaphore of another n than its holders'
+/// (lock_kind.hpp, through the call's future); a locked call inside one
+/// holding its key in a way that does not cover it (a writer in a reader).
 class InvalidArgument : public Error {
  public:
   using Error::Error;

@@ -48,9 +48,12 @@
 /// bytes); a lockwatch_key() returning a std::string adds that string.
 ///
 /// LOCKED is shorthand for the builder lockwatch::locked(key_expr, ttl,
-/// retries), which also offers .on(runtime), .wait(duration) and
-/// .renew_weight(w):
+/// retries), which also offers .on(runtime), .wait(duration),
+/// .renew_weight(w), and the kind of lock (lock_kind.hpp): .shared() (a
+/// reader of a read-write lock) or .permits(n) (one of n permits):
 ///   auto job = lockwatch::locked("job:{0}", 10s, 5).on(rt).wait(2s)(fn);
+///   auto read = LOCKED("doc:{0}", 5s, forever, .shared()) [&](int id) { ... };
+/// (LOCKED takes the modifiers as an optional fourth argument, see below.)
 ///
 /// Errors reach the future: LockNotAcquired (busy past the wait), LeaseLost
 /// (the lease could not be kept: the callable's result is discarded),
@@ -640,6 +643,23 @@ class LockedBuilder {
     b.spec_.wait = d;
     return b;
   }
+  /// Take the key in read mode: many shared holders at once, none while an
+  /// exclusive one (a call without .shared()) holds it; a waiting exclusive
+  /// caller stops new shared ones. See lock_kind.hpp.
+  LockedBuilder shared() const {
+    LockedBuilder b = *this;
+    b.spec_.kind = LockKind::shared();
+    return b;
+  }
+  /// Up to `n` holders of the key at once (a semaphore): each holds a permit
+  /// of its own, leased and renewed like a lock. Every caller of the key must
+  /// name the same n (another n fails with InvalidArgument). n >= 1.
+  LockedBuilder permits(std::uint32_t n) const {
+    if (n == 0) throw InvalidArgument("permits(n) needs n >= 1");
+    LockedBuilder b = *this;
+    b.spec_.kind = LockKind::permits(n);
+    return b;
+  }
   /// Renew at ttl * w (default: the runtime's Options::renew_weight, 0.9).
   LockedBuilder renew_weight(double w) const {
     detail::check_renew_weight(w);
@@ -679,10 +699,14 @@ LockedBuilder<detail::key_holder_t<K>> locked(K&& key_expr, std::chrono::millise
 /// LOCKED(key_expr, ttl, retries) callable: see the top of this file. The
 /// key expression is evaluated inside a lambda instantiated with the call's
 /// argument types, which is what lets a literal pattern be checked at compile
-/// time; anything else it names is captured by copy.
-#define LOCKED(key_expr, ttl, retries)                                                          \
+/// time; anything else it names is captured by copy. An optional fourth
+/// argument is the builder's modifiers, written as they are chained (the
+/// macro ends in `+`, so nothing can be chained after it):
+///   LOCKED("doc:{0}", 5s, forever, .shared()) [&](int id) { ... };
+///   LOCKED("gpu", 30s, forever, .permits(4).wait(10s).on(rt)) [&] { ... };
+#define LOCKED(key_expr, ttl, retries, ...)                                                     \
   ::lockwatch::locked(                                                                          \
       [=](const auto&... lockwatch_key_args_) {                                                 \
         return ::lockwatch::detail::format_key(key_expr, lockwatch_key_args_...);               \
       },                                                                                        \
-      ttl, retries) +
+      ttl, retries) __VA_ARGS__ +

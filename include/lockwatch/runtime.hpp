@@ -27,6 +27,7 @@
 
 #include "lockwatch/errors.hpp"
 #include "lockwatch/lock_handle.hpp"
+#include "lockwatch/lock_kind.hpp"
 #include "lockwatch/observer.hpp"
 #include "lockwatch/options.hpp"
 #include "lockwatch/thread_pool.hpp"
@@ -72,6 +73,7 @@ struct LockSpec {
   std::int64_t retries = 0;  ///< < 0: forever
   double renew_weight = 0;   ///< 0: the runtime's Options::renew_weight
   std::chrono::milliseconds wait{0};
+  LockKind kind{};           ///< exclusive unless .shared() or .permits(n)
 };
 
 /// One decorated invocation, as the runtime sees it. run() executes the
@@ -180,6 +182,15 @@ class Runtime {
   /// InvalidArgument or RuntimeStopped before anything starts.
   std::future<LockHandle> acquire(std::string key, std::chrono::milliseconds ttl, Retries retries = forever,
                                   std::chrono::milliseconds wait = std::chrono::milliseconds(0));
+  /// The same, held as `kind` (lock_kind.hpp): LockKind::shared() for a
+  /// reader of a read-write lock, LockKind::permits(n) for one of n permits.
+  /// A store that cannot hold that kind with its guarantee throws
+  /// Unsupported before anything starts; permits(0) is InvalidArgument. A
+  /// key held as another kind (or a semaphore of another n) fails with
+  /// InvalidArgument through the future, never admitting more holders.
+  std::future<LockHandle> acquire(std::string key, LockKind kind, std::chrono::milliseconds ttl,
+                                  Retries retries = forever,
+                                  std::chrono::milliseconds wait = std::chrono::milliseconds(0));
 
   /// The same without a future: `handler` is called exactly once, with the
   /// error (LockNotAcquired, ConnectionError, RuntimeStopped, Cancelled...)
@@ -193,6 +204,9 @@ class Runtime {
   /// coroutine's thread is shared): LOCKED on the same key from this thread
   /// is not reentrant with it.
   AcquireTicket acquire(std::string key, std::chrono::milliseconds ttl, Retries retries,
+                        std::chrono::milliseconds wait, AcquireHandler handler);
+  /// The handler form, held as `kind` (as above).
+  AcquireTicket acquire(std::string key, LockKind kind, std::chrono::milliseconds ttl, Retries retries,
                         std::chrono::milliseconds wait, AcquireHandler handler);
 
   /// Operators' tools (the `lockwatch status` and `release --force`

@@ -110,7 +110,7 @@ struct Acquisition final : TimerTask {
   bool maybe_held = false;
   Clock::time_point last_sent;  // the latest attempt's send time
 
-  LockRef ref() const noexcept { return LockRef{name, token.view(), ttl_ms.view(), spec.ttl}; }
+  LockRef ref() const noexcept { return LockRef{name, token.view(), ttl_ms.view(), spec.ttl, spec.kind}; }
   void run(Timeout) noexcept override;  // the wait deadline
 };
 

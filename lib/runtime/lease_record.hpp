@@ -179,7 +179,7 @@ struct LeaseRecord final : Lease, TimerTask, HandleState {
   using Lease::set_deadline;
   using Lease::request_stop;
   void bump_renewals() noexcept { renewals_.fetch_add(1, std::memory_order_relaxed); }
-  LockRef ref() const noexcept { return LockRef{name.view(), token.view(), ttl_ms.view(), ttl()}; }
+  LockRef ref() const noexcept { return LockRef{name.view(), token.view(), ttl_ms.view(), ttl(), kind}; }
   // Why renewals failed or the lease was lost ("" if nothing went wrong).
   std::string lost_detail() const { return lost_detail_ ? *lost_detail_ : std::string(); }
   void set_lost_detail(std::string why) {
@@ -216,6 +216,7 @@ struct LeaseRecord final : Lease, TimerTask, HandleState {
   StoreName name;      // the store's name for the key
   OwnerToken token;    // the owner token
   TtlText ttl_ms;      // the ttl as the store takes it, formatted once
+  LockKind kind;       // how it is held (renewed and released as such)
   // Loop thread.
   static constexpr std::uint32_t kNoSlot = ~std::uint32_t{0};
   std::uint32_t slot = kNoSlot;    // its place in the watchdog's registry

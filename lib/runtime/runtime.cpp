@@ -105,6 +105,10 @@ void Runtime::Impl::validate(detail::LockSpec& spec) const {
     throw InvalidArgument(fmt::format("ttl must be 1 .. {} ms (7 days), got {} ms", max_ttl.count(), spec.ttl.count()));
   if (spec.wait < milliseconds(0) || spec.wait > max_wait)
     throw InvalidArgument(fmt::format("wait must be 0 .. {} ms (7 days), got {} ms", max_wait.count(), spec.wait.count()));
+  if (spec.kind.mode() == LockKind::Mode::kPermits && spec.kind.permit_count() == 0)
+    throw InvalidArgument("permits(n) needs n >= 1");
+  if (const char* why = store->check_kind(spec.kind))
+    throw Unsupported(fmt::format("{} locks: {} cannot hold them ({})", spec.kind.describe(), store_kind(), why));
   if (spec.renew_weight == 0) spec.renew_weight = options.renew_weight;
   detail::check_renew_weight(spec.renew_weight);
   // The renewal fires at ttl*weight (or earlier, see renew_after), up to a
@@ -206,6 +210,18 @@ std::shared_ptr<LeaseRecord> Runtime::Impl::handle_held_here(const std::string& 
   return nullptr;
 }
 
+namespace {
+// A call inside one that holds its key runs within that holding: an
+// exclusive holding covers a shared call, and a holding covers a call of
+// its own kind. Any other would wait for the holding around it forever.
+void check_reentrant(const std::string& key, const LockKind& held, const LockKind& asked) {
+  if (held == asked || (held.exclusive_kind() && asked.mode() == LockKind::Mode::kShared)) return;
+  throw InvalidArgument(fmt::format(
+      "the lock '{}' is held {} on this thread: a call inside it cannot take it {} (it would wait for itself)", key,
+      held.describe(), asked.describe()));
+}
+}  // namespace
+
 void Runtime::Impl::dispatch(detail::LockSpec spec, std::shared_ptr<detail::Call> call) {
   validate(spec);
 
@@ -221,6 +237,7 @@ void Runtime::Impl::dispatch(detail::LockSpec spec, std::shared_ptr<detail::Call
   };
   for (auto it = held_here.rbegin(); it != held_here.rend(); ++it) {
     if (it->runtime == this && it->lease->key() == spec.key) {
+      check_reentrant(spec.key, it->lease->kind, spec.kind);
       run_reentrant(it->lease);  // the scope in it may move the vector: `it` is not used after
       return;
     }
@@ -229,6 +246,7 @@ void Runtime::Impl::dispatch(detail::LockSpec spec, std::shared_ptr<detail::Call
   // for it could only run out (the handle is not released meanwhile).
   if (!handles_on_this_thread().empty()) {
     if (auto l = handle_held_here(spec.key)) {
+      check_reentrant(spec.key, l->kind, spec.kind);
       run_reentrant(l.get());
       return;
     }
@@ -360,8 +378,11 @@ bool Runtime::Impl::try_hand_off(const std::shared_ptr<LeaseRecord>& l) {
   if (!options.local_handoff || stopping.load()) return false;
   detail::Acquisition* next = waits.next_waiter(l->name.view());
   // A waiter with another ttl, or without renewals (it counts on a whole
-  // ttl from its start), takes the lock from the store.
-  if (next == nullptr || next->spec.ttl != l->ttl() || next->spec.retries == 0) return false;
+  // ttl from its start), takes the lock from the store; so do shared and
+  // permit holders (their leases are each their own in the store).
+  if (next == nullptr || next->spec.ttl != l->ttl() || next->spec.retries == 0 || !l->kind.exclusive_kind() ||
+      !next->spec.kind.exclusive_kind())
+    return false;
   auto now = Clock::now();
   if (!watchdog.can_hand_off(*l, now)) return false;
   std::uint64_t fence = l->fencing_token() + 1;
@@ -382,7 +403,7 @@ bool Runtime::Impl::try_hand_off(const std::shared_ptr<LeaseRecord>& l) {
 
 void Runtime::Impl::lease_finished(const std::shared_ptr<LeaseRecord>& l) {
   complete(l);
-  waits.on_lease_finished(l->name.view(), l->yield_on_release);
+  waits.on_lease_finished(l->name.view(), l->kind, l->yield_on_release);
   call_done();
 }
 
@@ -540,6 +561,28 @@ AcquireTicket Runtime::acquire(std::string key, std::chrono::milliseconds ttl, R
   spec.ttl = ttl;
   spec.retries = retries.count();
   spec.wait = wait;
+  return impl_->acquire(std::move(spec), std::move(handler));
+}
+
+std::future<LockHandle> Runtime::acquire(std::string key, LockKind kind, std::chrono::milliseconds ttl,
+                                         Retries retries, std::chrono::milliseconds wait) {
+  detail::LockSpec spec;
+  spec.key = std::move(key);
+  spec.ttl = ttl;
+  spec.retries = retries.count();
+  spec.wait = wait;
+  spec.kind = kind;
+  return impl_->acquire(std::move(spec));
+}
+
+AcquireTicket Runtime::acquire(std::string key, LockKind kind, std::chrono::milliseconds ttl, Retries retries,
+                               std::chrono::milliseconds wait, AcquireHandler handler) {
+  detail::LockSpec spec;
+  spec.key = std::move(key);
+  spec.ttl = ttl;
+  spec.retries = retries.count();
+  spec.wait = wait;
+  spec.kind = kind;
   return impl_->acquire(std::move(spec), std::move(handler));
 }
 

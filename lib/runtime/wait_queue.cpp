@@ -19,7 +19,10 @@ struct WaitQueue::KeyWaiters final : TimerTask {
   bool in_flight = false;     // the head's attempt awaits its answer
   bool again = false;         // a wake-up came while it was in flight
   bool subscribed = false;    // release notices are confirmed
-  bool held_locally = false;  // one of our leases holds it: its end wakes us
+  // Our leases on the key granted through this queue (their ends wake us):
+  // exclusive ones, and shared or permit ones (a key is one family at a time).
+  std::uint32_t held_exclusive = 0;
+  std::uint32_t held_shared = 0;
   bool yielding = false;      // a streak's end: others' turn until `retry` fires
   Timeout retry;              // the holder's ttl runs out, or the poll back-off
   milliseconds poll{0};       // stores without notices: the current back-off
@@ -33,6 +36,23 @@ struct WaitQueue::KeyWaiters final : TimerTask {
   void run(Timeout) noexcept override {
     yielding = false;
     queue->attempt_head(name);
+  }
+
+  // Whether the head may ask the store now, given our own holders: none
+  // while we hold it exclusively; a permit only while we hold fewer than n;
+  // a reader, or a writer, while we hold it shared (the writer's attempt is
+  // what makes the store stop new readers for it).
+  bool admits(const LockKind& kind) const noexcept {
+    if (held_exclusive != 0) return false;
+    if (kind.mode() == LockKind::Mode::kPermits) return held_shared < kind.permit_count();
+    return true;
+  }
+  void count_grant(const LockKind& kind) noexcept { ++(kind.exclusive_kind() ? held_exclusive : held_shared); }
+  // Leases granted before this queue of waiters was made are not counted:
+  // the count never goes below zero (the store still decides).
+  void count_end(const LockKind& kind) noexcept {
+    auto& n = kind.exclusive_kind() ? held_exclusive : held_shared;
+    if (n != 0) --n;
   }
 };
 
@@ -78,7 +98,7 @@ void WaitQueue::attempt_head(std::string_view name) {
   auto it = waiters_.find(name);
   if (it == waiters_.end()) return;
   KeyWaiters* w = it->second.get();
-  if (w->waiting.empty() || w->held_locally || w->yielding) return;
+  if (w->waiting.empty() || w->yielding || !w->admits(w->waiting.front()->spec.kind)) return;
   if (w->in_flight) {
     w->again = true;
     return;
@@ -95,7 +115,7 @@ void WaitQueue::abandon(const Acquisition& a) {
   // set it, at the latest (its clock may run a drift faster than ours).
   auto until = a.last_sent + a.spec.ttl + drift_for(options_, a.spec.ttl);
   if (Clock::now() >= until) return;
-  orphans_.push_back(Orphan{a.name, a.token, a.ttl_ms, a.spec.ttl, until});
+  orphans_.push_back(Orphan{a.name, a.token, a.ttl_ms, a.spec.ttl, a.spec.kind, until});
   if (orphans_sending_ == 0) give_back_orphans();
 }
 
@@ -114,7 +134,7 @@ void WaitQueue::give_back_orphans() {
   refs.reserve(batch->size());
   for (auto& o : *batch) {
     o.tried = true;
-    refs.push_back(LockRef{o.name, o.token.view(), o.ttl_ms.view(), o.ttl});
+    refs.push_back(LockRef{o.name, o.token.view(), o.ttl_ms.view(), o.ttl, o.kind});
   }
   // With notify: a ghost's waiters in other processes wake at once.
   store_.release(refs, true, [this, batch](std::size_t i, Released status, const StoreError*) {
@@ -210,10 +230,21 @@ void WaitQueue::on_outcome(const std::shared_ptr<Acquisition>& a, const Acquired
       if (w) attempt_head(w->name);
     } else {
       if (w) {
-        w->held_locally = true;
+        w->count_grant(a->spec.kind);
         w->poll = milliseconds(0);
       }
       hooks_.taken(a, out.fence, sent);
+      if (w) {
+        // The grant may have handed the lock on and ended the waiters of the
+        // key (a cancelled handle's lease given back at once): look again.
+        auto it = waiters_.find(a->name);
+        if (it == waiters_.end()) return;
+        w = it->second.get();
+        // A shared grant lets the next head try at once (another reader
+        // goes in beside it; a writer marks that it waits); an exclusive
+        // one leaves the next waiting for its end.
+        attempt_head(w->name);
+      }
     }
     if (w) maybe_forget(w);
     return;
@@ -260,11 +291,11 @@ void WaitQueue::on_subscriptions_lost() {
   for (auto& [name, w] : waiters_) w->subscribed = false;
 }
 
-void WaitQueue::on_lease_finished(std::string_view name, bool yield) {
+void WaitQueue::on_lease_finished(std::string_view name, const LockKind& kind, bool yield) {
   auto it = waiters_.find(name);
   if (it == waiters_.end()) return;
   KeyWaiters* w = it->second.get();
-  w->held_locally = false;
+  w->count_end(kind);
   if (yield && !w->waiting.empty() && !w->in_flight) {
     // Other processes' waiters learn of the release from its notice, a
     // round trip or so from now; ours, awake already, would win every time.
@@ -296,7 +327,8 @@ std::shared_ptr<Acquisition> WaitQueue::take_next(std::string_view name) {
   w->waiting.pop_front();
   a->done = true;
   a->wait_timeout.cancel();
-  w->held_locally = true;
+  // The handed-on lease takes its giver's place (counted, or not yet).
+  w->held_exclusive = std::max<std::uint32_t>(w->held_exclusive, 1);
   w->connection_error = nullptr;
   maybe_forget(w);  // w may be gone (not while an attempt is in flight)
   return a;

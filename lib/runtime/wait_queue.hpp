@@ -8,7 +8,12 @@
 // ttl runs out (a holder that died never publishes), or, on a store without
 // notices, until a bounded back-off. When one of our own leases on the key
 // ends, the next in line goes at once (or, with Options::local_handoff, the
-// runtime passes the lock to it without the store: take_next()). A waiter
+// runtime passes the lock to it without the store: take_next(), for
+// exclusive locks only). Admission is per kind: while our own leases hold
+// the key shared, a shared head goes to the store at once (a reader's grant
+// lets the next head try too), and so does an exclusive head, so that the
+// store stops new readers for it; a permit head goes while we hold fewer
+// than n; nothing goes while we hold it exclusively. A waiter
 // keeps its place through a connection blip shorter than the connect
 // timeout (a wait is for a busy lock, not for a store that is down); past
 // that, every waiter of the key fails with the connection error.
@@ -63,7 +68,7 @@ class WaitQueue {
   // `yield` (a local hand-off streak reached its bound), it first sits out
   // a tick, so that other processes' waiters, woken by the release notice,
   // get their turn.
-  void on_lease_finished(std::string_view name, bool yield = false);
+  void on_lease_finished(std::string_view name, const LockKind& kind, bool yield = false);
   // Local hand-off: the waiter next in line for `name` (nullptr if none),
   // and taking it out of the queue, as if it took the lock (it is done; its
   // wait deadline is cancelled).
@@ -112,6 +117,7 @@ class WaitQueue {
     OwnerToken token;
     TtlText ttl_ms;
     std::chrono::milliseconds ttl;
+    LockKind kind;  // a reader's or a permit's token is given back as such
     Clock::time_point until;
     bool tried = false;
   };

@@ -39,6 +39,7 @@ std::shared_ptr<LeaseRecord> Watchdog::grant(const Acquisition& a, std::uint64_t
   l->name = a.name;
   l->token = a.token;
   l->ttl_ms = a.ttl_ms;
+  l->kind = a.spec.kind;
   l->slot = static_cast<std::uint32_t>(leases_.size());
   leases_.push_back(l);
   stats_.held.fetch_add(1, std::memory_order_relaxed);
@@ -67,6 +68,7 @@ std::shared_ptr<LeaseRecord> Watchdog::hand_off(const std::shared_ptr<LeaseRecor
   l->name = from->name.view();
   l->token = from->token;
   l->ttl_ms = from->ttl_ms;
+  l->kind = from->kind;  // exclusive: only those are handed on
   if (!from->streak) from->streak = std::make_shared<HandOffStreak>(HandOffStreak{{}, from->granted_at});
   l->streak = from->streak;
   l->streak->holder = l;

@@ -79,7 +79,9 @@ struct QuorumStore::AcquireBatch {
     std::uint64_t fence = 0;
     std::size_t raise_asked = 0, raise_replies = 0, raise_ok = 0;
 
-    LockRef ref() const { return LockRef{name, token, ttl_ms, ttl}; }
+    LockKind kind;
+
+    LockRef ref() const { return LockRef{name, token, ttl_ms, ttl, kind}; }
   };
   std::vector<Lock> locks;
   Clock::time_point sent;
@@ -97,6 +99,7 @@ void QuorumStore::acquire(std::span<const LockRef> locks, AcquireDone done) {
     l.token = locks[k].token;
     l.ttl_ms = locks[k].ttl_ms;
     l.ttl = locks[k].ttl;
+    l.kind = locks[k].kind;
   }
   for (std::size_t i = 0; i < stores_.size(); ++i) {
     stores_[i]->acquire(locks, [this, b, i](std::size_t k, const Acquired& r) { on_acquire_vote(b, i, k, r); });

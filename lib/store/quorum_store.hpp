@@ -11,6 +11,8 @@
 // - renew: each store renews the batch; a lock is renewed once Q stores
 //   confirmed, gone once more than N - Q said "not yours", and transient
 //   when every store answered without either.
+// - kinds (lock_kind.hpp): shared locks as exclusive ones, each store
+//   keeping its readers; no permits (check_kind() says why).
 // - release: goes to every store; confirmed when Q stores answered, and
 //   answered only once every store did (or failed, bounded by its own
 //   timeouts), so a reachable store never keeps the key after the caller
@@ -47,6 +49,19 @@ class QuorumStore final : public StoreBase, public JobClaims, public OperatorToo
   // Each store's own names and key rules: they agree.
   std::string encode(std::string_view key) const override { return stores_.front()->encode(key); }
   const char* check_key(std::string_view key) const noexcept override { return stores_.front()->check_key(key); }
+  // Exclusive and shared locks, where every store holds them: a reader's
+  // majority and a writer's share a store, which holds one or the other.
+  // Not permits: each store counts its own holders, and majorities of
+  // different holders overlap (3 stores, n = 2: holders on {1,2}, {2,3} and
+  // {1,3} leave 2 on each store), so more than n could hold.
+  const char* check_kind(LockKind kind) const noexcept override {
+    if (kind.mode() == LockKind::Mode::kPermits)
+      return "a quorum cannot bound a semaphore: each store counts its own holders, and majorities of different "
+             "holders overlap, so more than n could hold";
+    for (const auto& s : stores_)
+      if (const char* why = s->check_kind(kind)) return why;
+    return nullptr;
+  }
 
   // Every call to every store; each lock decided by its majority (see above).
   void acquire(std::span<const LockRef> locks, AcquireDone done) override;

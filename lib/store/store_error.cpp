@@ -97,6 +97,10 @@ StoreError redis_reply_error(std::string endpoint, std::string_view message) {
     e.kind = StoreError::Kind::kRetryLater;
   } else if (code == "NOAUTH" || code == "WRONGPASS" || code == "NOPERM") {
     e.kind = StoreError::Kind::kAuth;
+  } else if (code == "LOCKWATCH-KIND") {
+    // A key held as another kind of lock (or a semaphore of another n).
+    e.kind = StoreError::Kind::kInvalid;
+    e.message = std::string(message.substr(std::min(message.size(), code.size() + 1)));
   }
   return e;
 }

@@ -516,8 +516,8 @@ void ClusterStore::acquire(std::span<const LockRef> locks, AcquireDone done) {
     // token of the first run if that one took the lock.
     call->idempotent = true;
     call->send = [this, i, shared, token = std::string(locks[i].token), ttl_ms = std::string(locks[i].ttl_ms),
-                  ttl = locks[i].ttl](RedisNodeStore& node, const std::shared_ptr<Call>& self) {
-      LockRef ref{self->name, token, ttl_ms, ttl};
+                  ttl = locks[i].ttl, kind = locks[i].kind](RedisNodeStore& node, const std::shared_ptr<Call>& self) {
+      LockRef ref{self->name, token, ttl_ms, ttl, kind};
       node.acquire(std::span<const LockRef>(&ref, 1), [this, self, i, shared](std::size_t, const Acquired& r) {
         // A redirected or refused command did not run: sending it again
         // cannot take the lock twice.
@@ -540,9 +540,9 @@ void ClusterStore::release(std::span<const LockRef> locks, bool notify, ReleaseD
     auto call = std::make_shared<Call>();
     call->name = locks[i].name;
     call->idempotent = true;
-    call->send = [this, i, shared, notify, token = std::string(locks[i].token)](RedisNodeStore& node,
-                                                                              const std::shared_ptr<Call>& self) {
-      LockRef ref{self->name, token, {}, {}};
+    call->send = [this, i, shared, notify, token = std::string(locks[i].token),
+                  kind = locks[i].kind](RedisNodeStore& node, const std::shared_ptr<Call>& self) {
+      LockRef ref{self->name, token, {}, {}, kind};
       node.release(std::span<const LockRef>(&ref, 1), notify,
                    [this, self, i, shared](std::size_t, Released status, const StoreError* why) {
                      if (status == Released::kUnconfirmed && why != nullptr) {

@@ -115,6 +115,9 @@ class ClusterStore final : public StoreBase, public FenceRaising, public JobClai
 
   // Each lock routed to its slot's master (once the map is known), and
   // followed across MOVED and ASK.
+  // Every kind: a lock's keys (lock, holders, writer mark, counter) share
+  // its hash tag, so one slot, and its node's scripts keep them.
+  const char* check_kind(LockKind) const noexcept override { return nullptr; }
   void acquire(std::span<const LockRef> locks, AcquireDone done) override;
   std::size_t renew(std::span<const LockRef> locks, std::shared_ptr<const void> keepalive, RenewDone done) override;
   void release(std::span<const LockRef> locks, bool notify, ReleaseDone done) override;

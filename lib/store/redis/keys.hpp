@@ -14,6 +14,12 @@
 // every lock to one slot). No lock or channel name can be a counter's: a
 // lock's name has '{' right after P, a counter's has 'f'.
 //
+// Shared and permit locks (lock_kind.hpp) keep their holders beside the
+// lock, in `P{K}:holders` (a sorted set of tokens by deadline), and a
+// writer waiting for readers leaves `P{K}:writer`; the lock itself then
+// holds a marker (marker()) instead of an owner token. Same hash tag, same
+// slot. A lock's name ends in '}', these do not: no key's lock is one.
+//
 // Versions before kept one counter per name, `P{K}:fence`
 // (legacy_fence()); the acquire script folds it into the slot's counter
 // the first time K is locked again, then deletes it.
@@ -22,6 +28,7 @@
 #include <string>
 #include <string_view>
 
+#include "lockwatch/lock_kind.hpp"
 #include "store/redis/cluster_slot.hpp"
 #include "store/store_base.hpp"
 
@@ -56,6 +63,18 @@ inline std::string counter(std::string_view prefix, std::string_view lock_name) 
 inline std::string legacy_fence(std::string_view lock_name) { return std::string(lock_name).append(kFenceSuffix); }
 inline std::string period(std::string_view lock_name) { return std::string(lock_name).append(kPeriodSuffix); }
 inline std::string channel(std::string_view lock_name) { return std::string(lock_name).append(kChannelSuffix); }
+inline std::string holders(std::string_view lock_name) { return std::string(lock_name).append(":holders"); }
+inline std::string writer_mark(std::string_view lock_name) { return std::string(lock_name).append(":writer"); }
+// What the lock's key holds while held as `kind` (not exclusive): no owner
+// token (32 hex characters) can be one.
+inline std::string marker(const LockKind& kind) {
+  return kind.mode() == LockKind::Mode::kShared ? std::string("lockwatch:shared")
+                                                : "lockwatch:permits:" + std::to_string(kind.permit_count());
+}
+// The kind argument of the kind scripts: 's', or n.
+inline std::string kind_arg(const LockKind& kind) {
+  return kind.mode() == LockKind::Mode::kShared ? std::string("s") : std::to_string(kind.permit_count());
+}
 
 // The lock's name for a release channel, or empty if it is not one.
 inline std::string_view lock_of_channel(std::string_view channel) {

@@ -98,8 +98,10 @@ void RedisNodeStore::acquire(std::span<const LockRef> locks, AcquireDone done) {
   auto shared_done = std::make_shared<AcquireDone>(std::move(done));
   for (std::size_t i = 0; i < locks.size(); ++i) {
     const LockRef& l = locks[i];
-    QueuedAcquire a{std::string(l.name), std::string(l.token), std::string(l.ttl_ms), i, shared_done};
-    if (batching_) {
+    QueuedAcquire a{std::string(l.name), std::string(l.token), std::string(l.ttl_ms), i, shared_done, l.kind};
+    if (!l.kind.exclusive_kind()) {
+      send_kind_acquire(std::move(a));
+    } else if (batching_) {
       acquire_batch_.push_back(std::move(a));
     } else {
       send_acquire_batch({std::move(a)}, false);
@@ -110,7 +112,12 @@ void RedisNodeStore::acquire(std::span<const LockRef> locks, AcquireDone done) {
 
 void RedisNodeStore::release(std::span<const LockRef> locks, bool notify, ReleaseDone done) {
   auto shared_done = std::make_shared<ReleaseDone>(std::move(done));
+  std::vector<std::size_t> kinds;
   for (std::size_t i = 0; i < locks.size(); ++i) {
+    if (!locks[i].kind.exclusive_kind()) {
+      kinds.push_back(i);
+      continue;
+    }
     std::string name(locks[i].name);
     std::string channel = notify ? redis_keys::channel(name) : std::string();
     QueuedRelease r{std::move(name), std::string(locks[i].token), std::move(channel), i, shared_done};
@@ -120,7 +127,47 @@ void RedisNodeStore::release(std::span<const LockRef> locks, bool notify, Releas
       send_release_batch({std::move(r)}, false);
     }
   }
+  if (!kinds.empty()) send_kind_release(with_asking(*conn_), locks, std::move(kinds), notify, shared_done);
   if (batching_) want_batch();
+}
+
+void RedisNodeStore::send_kind_acquire(QueuedAcquire a) {
+  std::vector<std::string> args{a.name, redis_keys::holders(a.name), redis_keys::writer_mark(a.name),
+                                redis_keys::counter(options_.key_prefix, a.name), a.token, a.ttl_ms,
+                                redis_keys::kind_arg(a.kind)};
+  RedisConnection& c = with_asking(for_acquire());
+  c.eval(script(ScriptId::kAcquireKind), std::move(args), 4,
+         [this, &c, a = std::move(a)](const redisReply* r, const StoreError* err) mutable {
+           AcquireReply reply(r, err, 1, c.name());
+           acquired(reply.next(), std::move(a.name), std::move(a.token), a.kind, a.index, std::move(a.done));
+         });
+}
+
+void RedisNodeStore::send_kind_release(RedisConnection& c, std::span<const LockRef> locks,
+                                       std::vector<std::size_t> indexes, bool notify,
+                                       std::shared_ptr<ReleaseDone> done) {
+  std::vector<std::string> args;
+  args.reserve(6 * indexes.size() + 1);
+  for (std::size_t i : indexes) {
+    args.emplace_back(locks[i].name);
+    args.push_back(redis_keys::holders(locks[i].name));
+  }
+  args.push_back(notice());
+  for (std::size_t i : indexes) {
+    args.emplace_back(locks[i].token);
+    args.push_back(notify ? redis_keys::channel(locks[i].name) : std::string());
+    args.push_back(redis_keys::marker(locks[i].kind));
+  }
+  const int num_keys = static_cast<int>(2 * indexes.size());
+  c.eval(script(ScriptId::kReleaseKind), std::move(args), num_keys,
+         [&c, indexes = std::move(indexes), done = std::move(done)](const redisReply* r, const StoreError* err) {
+           ReleaseReply reply(r, err, indexes.size(), c.name());
+           for (std::size_t i : indexes) {
+             const StoreError* why = nullptr;
+             const Released status = reply.next(&why);
+             (*done)(i, status, why);
+           }
+         });
 }
 
 void RedisNodeStore::want_batch() {
@@ -198,7 +245,7 @@ void RedisNodeStore::send_acquire_batch(std::vector<QueuedAcquire> batch, bool c
            if (counted) batch_answered();
            AcquireReply reply(r, err, batch.size(), c.name());
            for (auto& a : batch)
-             acquired(reply.next(), std::move(a.name), std::move(a.token), a.index, std::move(a.done));
+             acquired(reply.next(), std::move(a.name), std::move(a.token), a.kind, a.index, std::move(a.done));
          });
 }
 
@@ -224,24 +271,24 @@ void RedisNodeStore::send_release_batch(std::vector<QueuedRelease> batch, bool c
                            });
 }
 
-void RedisNodeStore::acquired(Acquired out, std::string name, std::string token, std::size_t index,
+void RedisNodeStore::acquired(Acquired out, std::string name, std::string token, LockKind kind, std::size_t index,
                               std::shared_ptr<AcquireDone> done) {
   if (out.status != Acquired::Status::kTaken || options_.min_replicas <= 0) {
     (*done)(index, out);
     return;
   }
-  wait_for_replicas(std::move(name), std::move(token), out, index, std::move(done));
+  wait_for_replicas(std::move(name), std::move(token), kind, out, index, std::move(done));
 }
 
-void RedisNodeStore::wait_for_replicas(std::string name, std::string token, Acquired taken, std::size_t index,
-                                       std::shared_ptr<AcquireDone> done) {
+void RedisNodeStore::wait_for_replicas(std::string name, std::string token, LockKind kind, Acquired taken,
+                                       std::size_t index, std::shared_ptr<AcquireDone> done) {
   // The lock write must reach min_replicas replicas before the lease is
   // handed out, so a failover right after cannot drop it.
   // On the acquisitions' own connection: WAIT counts that connection's
   // writes, and blocks only it (never a release or a renewal).
   for_acquire().command(
       {"WAIT", std::to_string(options_.min_replicas), std::to_string(options_.replica_ack_timeout.count())},
-      [this, name = std::move(name), token = std::move(token), taken, index, done = std::move(done)](
+      [this, name = std::move(name), token = std::move(token), kind, taken, index, done = std::move(done)](
           const redisReply* w, const StoreError* werr) mutable {
         long long acks = (!werr && w->type == REDIS_REPLY_INTEGER) ? w->integer : 0;
         if (acks >= options_.min_replicas) {
@@ -254,6 +301,14 @@ void RedisNodeStore::wait_for_replicas(std::string name, std::string token, Acqu
                                                       fmt::format("the lock write reached {} of the {} replicas required",
                                                                   acks, options_.min_replicas));
         // Give the lock back before the caller hears of the failure.
+        if (!kind.exclusive_kind()) {
+          LockRef ref{name, token, {}, {}, kind};
+          send_kind_release(for_acquire(), std::span<const LockRef>(&ref, 1), {0}, false,
+                            std::make_shared<ReleaseDone>([index, done, failed](std::size_t, Released, const StoreError*) {
+                              (*done)(index, failed);
+                            }));
+          return;
+        }
         for_acquire().eval(script(ScriptId::kRelease), {name, notice(), token, std::string()}, 1,
                     [index, done, failed](const redisReply*, const StoreError*) { (*done)(index, failed); });
       });
@@ -261,6 +316,8 @@ void RedisNodeStore::wait_for_replicas(std::string name, std::string token, Acqu
 
 std::size_t RedisNodeStore::renew(std::span<const LockRef> locks, std::shared_ptr<const void> keepalive,
                                   RenewDone done) {
+  if (std::any_of(locks.begin(), locks.end(), [](const LockRef& l) { return !l.kind.exclusive_kind(); }))
+    return renew_mixed(locks, std::move(keepalive), std::move(done));
   const std::size_t n = locks.size();
   // The arguments are views into the leases, which `keepalive` holds until
   // the reply: no copies of keys and tokens per renewal.
@@ -282,7 +339,55 @@ std::size_t RedisNodeStore::renew(std::span<const LockRef> locks, std::shared_pt
                      });
   renew_args_.clear();
   if (renew_args_.capacity() > 4096) std::vector<std::string_view>().swap(renew_args_);
+  renewal_asking_ = false;
   return 1;
+}
+
+std::size_t RedisNodeStore::renew_mixed(std::span<const LockRef> locks, std::shared_ptr<const void> keepalive,
+                                        RenewDone done) {
+  // The exclusive leases as always (one call); the others in one kRenewKind
+  // call, their arguments copied (they are few). Each call keeps the
+  // leases alive until its answer (the callback is told about them).
+  std::vector<LockRef> exclusive;
+  std::vector<std::size_t> exclusive_at, kinds_at;
+  std::vector<std::string> args;
+  for (std::size_t i = 0; i < locks.size(); ++i) {
+    if (locks[i].kind.exclusive_kind()) {
+      exclusive.push_back(locks[i]);
+      exclusive_at.push_back(i);
+    } else {
+      kinds_at.push_back(i);
+      args.emplace_back(locks[i].name);
+      args.push_back(redis_keys::holders(locks[i].name));
+    }
+  }
+  for (std::size_t i : kinds_at) {
+    args.emplace_back(locks[i].token);
+    args.emplace_back(locks[i].ttl_ms);
+    args.push_back(redis_keys::marker(locks[i].kind));
+  }
+  auto shared_done = std::make_shared<RenewDone>(std::move(done));
+  std::size_t commands = 0;
+  const bool asking = renewal_asking_;
+  if (!exclusive.empty()) {
+    commands += renew(exclusive, keepalive,
+                      [shared_done, at = std::move(exclusive_at)](std::size_t k, Renewed status, const StoreError* why) {
+                        (*shared_done)(at[k], status, why);
+                      });
+  }
+  const int num_keys = static_cast<int>(2 * kinds_at.size());
+  if (asking) renew_->ask_next();  // the exclusive call took the first
+  renewal_asking_ = false;
+  renew_->eval(script(ScriptId::kRenewKind), std::move(args), num_keys,
+               [this, shared_done, keepalive, at = std::move(kinds_at)](const redisReply* r, const StoreError* err) {
+                 RenewReply reply(r, err, at.size(), renew_->name());
+                 for (std::size_t i : at) {
+                   const StoreError* why = nullptr;
+                   const Renewed status = reply.next(&why);
+                   (*shared_done)(i, status, why);
+                 }
+               });
+  return commands + 1;
 }
 
 void RedisNodeStore::raise_fence(std::string_view name, std::uint64_t fence, RaiseDone done) {
@@ -353,7 +458,10 @@ RedisConnection& RedisNodeStore::with_asking(RedisConnection& c) {
   }
   return c;
 }
-void RedisNodeStore::send_renewal_asking() { renew_->ask_next(); }
+void RedisNodeStore::send_renewal_asking() {
+  renew_->ask_next();
+  renewal_asking_ = true;  // renew_mixed() sends two calls: both go after one
+}
 
 std::string RedisNodeStore::notice() const { return notices_ == Notices::kSharded ? "s" : "p"; }
 

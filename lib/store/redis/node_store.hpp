@@ -89,6 +89,10 @@ class RedisNodeStore final : public StoreBase, public FenceRaising, public JobCl
 
   // Acquisitions and releases batched per loop iteration on the command
   // connection (see above), renewals on their own; notices on the third.
+  // Shared and permit locks (check_kind(): every kind) go one script call
+  // each (kAcquireKind, kRenewKind, kReleaseKind; a call's renewals and
+  // releases of them together), beside the exclusive batches.
+  const char* check_kind(LockKind) const noexcept override { return nullptr; }
   void acquire(std::span<const LockRef> locks, AcquireDone done) override;
   std::size_t renew(std::span<const LockRef> locks, std::shared_ptr<const void> keepalive, RenewDone done) override;
   void release(std::span<const LockRef> locks, bool notify, ReleaseDone done) override;
@@ -120,6 +124,7 @@ class RedisNodeStore final : public StoreBase, public FenceRaising, public JobCl
     std::string name, token, ttl_ms;
     std::size_t index;
     std::shared_ptr<AcquireDone> done;
+    LockKind kind{};
   };
   struct QueuedRelease {
     std::string name, token, channel;
@@ -127,7 +132,15 @@ class RedisNodeStore final : public StoreBase, public FenceRaising, public JobCl
     std::shared_ptr<ReleaseDone> done;
   };
   // The acquire script's answer for one lock, then WAIT for replicas when asked.
-  void acquired(Acquired out, std::string name, std::string token, std::size_t index, std::shared_ptr<AcquireDone> done);
+  void acquired(Acquired out, std::string name, std::string token, LockKind kind, std::size_t index,
+                std::shared_ptr<AcquireDone> done);
+  // A shared or permit lock: one kAcquireKind call.
+  void send_kind_acquire(QueuedAcquire a);
+  // renew() of a batch with shared or permit leases in it.
+  std::size_t renew_mixed(std::span<const LockRef> locks, std::shared_ptr<const void> keepalive, RenewDone done);
+  // Shared and permit releases of one call: one kReleaseKind call on `c`.
+  void send_kind_release(RedisConnection& c, std::span<const LockRef> locks, std::vector<std::size_t> indexes,
+                         bool notify, std::shared_ptr<ReleaseDone> done);
   RedisConnection& for_acquire() { return acquire_ ? *acquire_ : *conn_; }
   // `c`, after an ASKING when send_asking() asked for one.
   RedisConnection& with_asking(RedisConnection& c);
@@ -142,7 +155,7 @@ class RedisNodeStore final : public StoreBase, public FenceRaising, public JobCl
   void send_acquire_batch(std::vector<QueuedAcquire> batch, bool counted = true);
   void send_release_batch(std::vector<QueuedRelease> batch, bool counted = true);
   static void on_batch(uv_idle_t* h);
-  void wait_for_replicas(std::string name, std::string token, Acquired taken, std::size_t index,
+  void wait_for_replicas(std::string name, std::string token, LockKind kind, Acquired taken, std::size_t index,
                          std::shared_ptr<AcquireDone> done);
 
   const Options options_;
@@ -155,6 +168,7 @@ class RedisNodeStore final : public StoreBase, public FenceRaising, public JobCl
   // up nothing else (null without).
   std::unique_ptr<RedisConnection> acquire_;
   bool asking_ = false;  // send_asking(): the next call goes after an ASKING
+  bool renewal_asking_ = false;  // send_renewal_asking(): the next renew() goes after one
   std::unique_ptr<SentinelWatcher> sentinel_;
   std::vector<std::string_view> renew_args_;  // reused per batch
   Loop& loop_;

@@ -34,7 +34,11 @@ namespace {
 // kept on one line whatever the key's name holds. Tokens go out with %d:
 // Lua would print a number of 15 digits or more in exponent form. No
 // helper functions: a closure would be made anew on every call, which a
-// lone lock pays for.
+// lone lock pays for. A writer's mark for readers (see kAcquireKind) is
+// read, set and deleted by name, undeclared, and with pcall: it shares the
+// lock's slot, but a node importing that slot (an ASK) refuses keys not
+// declared; the mark is a preference, never what exclusion rests on, so
+// that attempt goes without it.
 constexpr std::string_view kAcquire = R"lua(
 local out = {}
 for i = 1, #KEYS / 3 do
@@ -64,11 +68,14 @@ for i = 1, #KEYS / 3 do
     else
       out[i] = 't' .. string.format('%d', f)
     end
+    local mark = lock .. ':writer'
+    if redis.pcall('get', mark) == token then redis.pcall('del', mark) end
   else
     local t = redis.call('pttl', lock)
+    local v = redis.pcall('get', lock)
     if t < 0 then
       err = 'LOCKWATCH ' .. lock .. ' exists without expiry: not a lockwatch lock'
-    elseif redis.pcall('get', lock) == token then
+    elseif v == token then
       f = redis.pcall('get', counter)
       if type(f) == 'table' then
         err = f.err .. ' (' .. counter .. ' is not a fencing counter)'
@@ -76,6 +83,14 @@ for i = 1, #KEYS / 3 do
         redis.call('pexpire', lock, ttl)
         out[i] = 't' .. (f or '0')
       end
+    elseif v == 'lockwatch:shared' then
+      local mark, mark_ttl = lock .. ':writer', math.min(tonumber(ttl), 2000)
+      local other = redis.pcall('get', mark)
+      if not other or other == token then redis.pcall('set', mark, token, 'PX', mark_ttl) end
+      out[i] = 'b' .. math.min(t, math.max(1, math.floor(mark_ttl / 2)))
+    elseif type(v) == 'string' and string.sub(v, 1, 18) == 'lockwatch:permits:' then
+      err = 'LOCKWATCH-KIND ' .. lock .. ' is held as a semaphore of ' .. string.sub(v, 19) ..
+            ' permit(s); this call asked for it exclusive'
     else
       out[i] = 'b' .. t
     end
@@ -83,6 +98,152 @@ for i = 1, #KEYS / 3 do
   if err then out[i] = 'e' .. string.gsub(err, '[\r\n]', ' ') end
 end
 return table.concat(out, '\n')
+)lua";
+
+// The kinds of lock other than exclusive (lock_kind.hpp): shared (the
+// readers of a read-write lock) and permits(n) (a semaphore). The lock's
+// key holds a marker instead of a token, 'lockwatch:shared' or
+// 'lockwatch:permits:<n>', expiring with the last holder, so an exclusive
+// SET NX finds it busy without a look at anything else. The holders are a
+// sorted set `<lock>:holders` of their tokens scored by their deadlines on
+// the server's clock (TIME, in ms), expiring with the lock; a member past
+// its deadline is a dead holder and is pruned by the next script, so a
+// crashed holder's share comes back after its ttl. A writer that waits for
+// readers leaves `<lock>:writer` (its token, expiring after 2 s, or its ttl
+// if shorter, refreshed at each of its attempts, which the busy answer
+// brings within half of that); while it is there no new reader goes in
+// (writers are not starved), and the writer's grant deletes it. A writer
+// that stops waiting holds readers back for that short expiry at most. Readers take no fencing token: they are
+// answered the slot's counter as it stands (the last writer's, or above
+// it); each permit's grant raises it. All these keys share the lock's hash
+// tag, so one Cluster slot. KEYS: lock, holders, writer mark, the slot's
+// counter. ARGV: token, ttl ms, 's' (shared) or n (permits). One entry, as
+// the acquire script's: 't<token>', 'b<ms>', or 'e<error>' where a key
+// held as another kind, or a semaphore of another n, is refused with the
+// code LOCKWATCH-KIND (InvalidArgument), never joined.
+constexpr std::string_view kAcquireKind = R"lua(
+local lock, holders, mark, counter = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
+local token, ttl, kind = ARGV[1], tonumber(ARGV[2]), ARGV[3]
+local marker = kind == 's' and 'lockwatch:shared' or ('lockwatch:permits:' .. kind)
+local asked = kind == 's' and 'shared' or (kind .. ' permit(s)')
+local v = redis.pcall('get', lock)
+if type(v) == 'table' then return 'e' .. string.gsub(v.err .. ' (' .. lock .. ')', '[\r\n]', ' ') end
+local held_as
+if v and v ~= marker then
+  if v == 'lockwatch:shared' then
+    held_as = 'shared'
+  elseif string.sub(v, 1, 18) == 'lockwatch:permits:' then
+    held_as = 'a semaphore of ' .. string.sub(v, 19) .. ' permit(s)'
+  else
+    local t = redis.call('pttl', lock)
+    if t < 0 then return 'eLOCKWATCH ' .. string.gsub(lock, '[\r\n]', ' ') .. ' exists without expiry: not a lockwatch lock' end
+    if kind == 's' then return 'b' .. t end
+    held_as = 'exclusive'
+  end
+end
+if held_as then
+  return 'eLOCKWATCH-KIND ' .. string.gsub(lock .. ' is held as ' .. held_as .. '; this call asked for it ' .. asked, '[\r\n]', ' ')
+end
+local now = redis.call('time')
+now = tonumber(now[1]) * 1000 + math.floor(tonumber(now[2]) / 1000)
+if not v then redis.call('del', holders) end
+redis.call('zremrangebyscore', holders, '-inf', now)
+local mine = redis.call('zscore', holders, token)
+local f
+if kind == 's' then
+  if not mine then
+    local w = redis.call('pttl', mark)
+    if w > 0 then return 'b' .. w end
+  end
+  f = redis.pcall('get', counter)
+else
+  if not mine and redis.call('zcard', holders) >= tonumber(kind) then
+    local first = redis.call('zrange', holders, 0, 0, 'WITHSCORES')
+    return 'b' .. string.format('%d', math.max(1, tonumber(first[2]) - now))
+  end
+  if mine then f = redis.pcall('get', counter) else f = redis.pcall('incr', counter) end
+end
+if type(f) == 'table' then return 'e' .. f.err .. ' (' .. counter .. ' is not a fencing counter)' end
+redis.call('zadd', holders, string.format('%d', now + ttl), token)
+local last = redis.call('zrange', holders, -1, -1, 'WITHSCORES')
+local px = string.format('%d', tonumber(last[2]) - now)
+redis.call('set', lock, marker, 'PX', px)
+redis.call('pexpire', holders, px)
+return 't' .. string.format('%d', tonumber(f or '0'))
+)lua";
+
+// Renews shared and permit leases, any number in one call. KEYS: lock,
+// holders for each. ARGV: token, ttl ms, marker for each. One byte per
+// lease as the renew script's: '1' renewed (its deadline moved, the lock's
+// expiry raised to it if lower), '0' gone (its deadline had passed, or the
+// lock is gone), 'x' the key is held otherwise now, 'e' Redis refused.
+constexpr std::string_view kRenewKind = R"lua(
+local now = redis.call('time')
+now = tonumber(now[1]) * 1000 + math.floor(tonumber(now[2]) / 1000)
+local out = {}
+for i = 1, #KEYS / 2 do
+  local lock, holders = KEYS[2 * i - 1], KEYS[2 * i]
+  local token, ttl, marker = ARGV[3 * i - 2], ARGV[3 * i - 1], ARGV[3 * i]
+  local v = redis.pcall('get', lock)
+  if type(v) == 'table' then
+    out[i] = 'e'
+  elseif v ~= marker then
+    out[i] = v and 'x' or '0'
+  else
+    local s = redis.pcall('zscore', holders, token)
+    if type(s) == 'table' then
+      out[i] = 'e'
+    elseif not s or tonumber(s) <= now then
+      out[i] = '0'
+    else
+      redis.call('zadd', holders, string.format('%d', now + tonumber(ttl)), token)
+      if redis.call('pttl', lock) < tonumber(ttl) then
+        redis.call('pexpire', lock, ttl)
+        redis.call('pexpire', holders, ttl)
+      end
+      out[i] = '1'
+    end
+  end
+end
+return table.concat(out)
+)lua";
+
+// Releases shared and permit leases. KEYS: lock, holders for each. ARGV:
+// 's' SPUBLISH or 'p' PUBLISH; then token, channel ('' for nobody to
+// wake), marker for each. The lock's expiry shrinks to its last live
+// holder's deadline; the last holder's release deletes both keys. A
+// permit's release wakes the waiters (one may take it), a reader's only
+// when it was the last (a writer waits for that). One byte per lease as the
+// release script's: '1' released, '0' gone (past its deadline), 'x' the key
+// is held otherwise.
+constexpr std::string_view kReleaseKind = R"lua(
+local publish = ARGV[1] == 's' and 'spublish' or 'publish'
+local now = redis.call('time')
+now = tonumber(now[1]) * 1000 + math.floor(tonumber(now[2]) / 1000)
+local out = {}
+for i = 1, #KEYS / 2 do
+  local lock, holders = KEYS[2 * i - 1], KEYS[2 * i]
+  local token, channel, marker = ARGV[3 * i - 1], ARGV[3 * i], ARGV[3 * i + 1]
+  local v = redis.pcall('get', lock)
+  if v ~= marker then
+    out[i] = v and 'x' or '0'
+  else
+    redis.call('zremrangebyscore', holders, '-inf', now)
+    local gone = redis.call('zrem', holders, token)
+    local last = redis.call('zrange', holders, -1, -1, 'WITHSCORES')
+    if #last == 0 then
+      redis.call('del', lock, holders)
+      if channel ~= '' then redis.call(publish, channel, '1') end
+    else
+      local px = string.format('%d', tonumber(last[2]) - now)
+      redis.call('pexpire', lock, px)
+      redis.call('pexpire', holders, px)
+      if channel ~= '' and marker ~= 'lockwatch:shared' then redis.call(publish, channel, '1') end
+    end
+    out[i] = gone == 1 and '1' or '0'
+  end
+end
+return table.concat(out)
 )lua";
 
 // Renews every lease due in one tick with one command. pcall: one key of
@@ -166,8 +327,12 @@ return {t, f, v}
 )lua";
 
 // Operators' removal of a lock whoever holds it; the fencing counter stays.
+// A shared or permit lock's holders and a writer's mark go too (undeclared,
+// with pcall: a node importing the slot refuses them, and the next
+// acquisition clears holders left without their lock).
 // ARGV: the channel, and 's' (SPUBLISH) or 'p' (PUBLISH).
 constexpr std::string_view kForceRelease = R"lua(
+redis.pcall('del', KEYS[1] .. ':holders', KEYS[1] .. ':writer')
 if redis.call('del', KEYS[1]) == 1 then
   if ARGV[2] == 's' then
     redis.call('spublish', ARGV[1], '1')
@@ -251,8 +416,9 @@ std::string sha1_hex(std::string_view data) {
 
 const Script& script(ScriptId id) {
   // In ScriptId's order.
-  static constexpr std::string_view kSources[] = {kAcquire, kRenew,        kRelease,    kRaiseFence,
-                                                  kInspect, kForceRelease, kClaimPeriod};
+  static constexpr std::string_view kSources[] = {kAcquire,     kRenew,       kRelease,   kRaiseFence,
+                                                  kInspect,     kForceRelease, kClaimPeriod, kAcquireKind,
+                                                  kRenewKind,   kReleaseKind};
   static const auto table = [] {
     std::array<Script, std::size(kSources)> t;
     for (std::size_t i = 0; i < t.size(); ++i) t[i] = Script{kSources[i], sha1_hex(kSources[i])};

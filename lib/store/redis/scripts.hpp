@@ -75,6 +75,17 @@ enum class ScriptId : std::uint8_t {
   // period run), '2' not due yet, '-1' the lock is not ours; seconds and
   // microseconds are the server's TIME.
   kClaimPeriod,
+  // Shared and permit locks (scripts.cpp says how they are kept). KEYS:
+  // lock, its holders, its writer mark, its slot's counter. ARGV: token,
+  // ttl ms, 's' or n. One entry as kAcquire's; a key held as another kind
+  // is an error with code LOCKWATCH-KIND (StoreError kInvalid).
+  kAcquireKind,
+  // KEYS: lock, holders for each. ARGV: token, ttl ms, marker for each.
+  // One byte per lease as kRenew's.
+  kRenewKind,
+  // KEYS: lock, holders for each. ARGV: 's' or 'p'; then token, channel,
+  // marker for each. One byte per lease as kRelease's.
+  kReleaseKind,
 };
 
 // The script `id`, its SHA-1 computed once (at first use); static storage.

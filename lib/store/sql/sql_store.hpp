@@ -49,6 +49,10 @@ class SqlStore final : public StoreBase, public JobClaims, public OperatorTools 
 
   // One statement per batch (see above); no release notices, so waiters
   // poll with the runtime's back-off.
+  // Exclusive locks only.
+  const char* check_kind(LockKind kind) const noexcept override {
+    return kind.exclusive_kind() ? nullptr : "the lock table keeps one owner per key: shared and permit locks are not kept on MariaDB yet";
+  }
   void acquire(std::span<const LockRef> locks, AcquireDone done) override;
   std::size_t renew(std::span<const LockRef> locks, std::shared_ptr<const void> keepalive, RenewDone done) override;
   void release(std::span<const LockRef> locks, bool notify, ReleaseDone done) override;
