@@ -28,9 +28,10 @@
  *   - a read acquisition is granted when no writer's lease is live and no
  *     other writer's intent is (a reader that holds already may renew);
  *   - a write acquisition is granted when no lease at all is live; when
- *     readers hold, it marks the writer's intent (with the writer's ttl,
- *     set anew each time it asks) and the writer waits for a release
- *     notice or the readers' expiry, then asks again;
+ *     readers hold, it marks the writer's intent (`<lock>:writer` on Redis,
+ *     expiring after the writer's ttl or 2 s, whichever is shorter, set
+ *     anew each time it asks) and the writer waits for a release notice or
+ *     at most half the mark's life, then asks again;
  *   - a renewal extends a live lease of its own token and nothing else (an
  *     expired lease is not brought back);
  *   - a release removes the token's lease.
@@ -40,10 +41,10 @@
  *   holder); the writer likewise. Time is a process of its own that takes
  *   a tick from every live lease; a lease runs out after TTL ticks without
  *   a renewal. The intent does not run out while its writer waits here:
- *   a waiting writer asks again well within its ttl (the runtime's waiter
- *   retries at the holder's remaining ttl at the latest); a writer that
- *   dies while it waits leaves an intent that runs out after its ttl (not
- *   modelled: it only delays readers by that ttl).
+ *   a waiting writer asks again within half the mark's life (the store's
+ *   busy answer says so); a writer that dies or gives up while it waits
+ *   leaves a mark that runs out within 2 s (not modelled: it only delays
+ *   readers by that much).
  * - The client side of each lease (the local deadline before the store's
  *   expiry, fencing) is model/lease.pml's; here a holder is a holder while
  *   its lease is live on the store.
