@@ -307,6 +307,31 @@ TEST_F(RedisAclTest, WithoutTheChannelsTheRefusedSubscriptionAndReleaseNoticeAre
   EXPECT_FALSE(exists(*server_, test_key()));
 }
 
+// A release the ACL refuses half way (PUBLISH, after the DEL) is
+// unconfirmed: it completes once the key surely expired, and a runtime
+// destroyed meanwhile waits for that, not longer.
+TEST_F(RedisAclTest, WithoutPublishTheRuntimeStopsOnceAnUnconfirmedReleaseRanOut) {
+  add_user(*server_, "nopublish", "pw", without(doc_rule("node"), "+publish"));
+  LogLines log;
+  Options o = as("nopublish");
+  o.log = log.sink();
+  auto rt = std::make_unique<Runtime>(o);
+  auto f = rt->acquire(test_key(), 1s);
+  LockHandle h = get_bounded(f);
+  auto back = h.release();
+  // Answered: it waits for the key's expiry now.
+  ASSERT_TRUE(log.wait_for("the release is unconfirmed"));
+  auto stopped = std::make_shared<std::promise<void>>();
+  auto done = stopped->get_future();
+  std::thread([rt = std::move(rt), stopped]() mutable {
+    rt.reset();
+    stopped->set_value();
+  }).detach();
+  ASSERT_EQ(done.wait_for(kBound), std::future_status::ready) << "the runtime did not stop";
+  EXPECT_EQ(back.wait_for(0s), std::future_status::ready);
+  EXPECT_FALSE(exists(*server_, test_key()));
+}
+
 TEST_F(RedisAclTest, AWrongPasswordIsAnAuthError) {
   Options o = as("lockwatch");
   o.redis_url = as_user(server_->url(), "lockwatch", "wrong");
