@@ -85,6 +85,26 @@ std::string as_user(const std::string& url, const std::string& user, const std::
 
 std::string test_key() { return ::testing::UnitTest::GetInstance()->current_test_info()->name(); }
 
+// What `ACL LOG` holds, one "reason object (context)" per line: every
+// command, key or channel the server refused, also those whose refusal
+// fails no call (an UNSUBSCRIBE, a sentinel's SUBSCRIBE).
+std::string refusals(const Reply& log) {
+  std::string out;
+  for (const auto& entry : log.elements) {
+    std::string reason, object, context;
+    for (std::size_t i = 0; i + 1 < entry.elements.size(); i += 2) {
+      const std::string& field = entry.elements[i].str;
+      if (field == "reason") reason = entry.elements[i + 1].str;
+      if (field == "object") object = entry.elements[i + 1].str;
+      if (field == "context") context = entry.elements[i + 1].str;
+    }
+    out += reason + " " + object + " (" + context + ")\n";
+  }
+  return out;
+}
+std::string refusals(const RedisServer& server) { return refusals(server.command({"ACL", "LOG"})); }
+void forget_refusals(const RedisServer& server) { server.command({"ACL", "LOG", "RESET"}); }
+
 // The AuthError a future holds (bounded), with a failure otherwise.
 template <class T>
 std::string auth_error_of(std::future<T>& f) {
@@ -222,7 +242,9 @@ class RedisAclTest : public ::testing::Test {
 RedisServer* RedisAclTest::server_ = nullptr;
 
 TEST_F(RedisAclTest, TheDocumentedRulesCoverLocksWaitsRenewalsFencingOperatorsAndJobs) {
+  forget_refusals(*server_);
   run_core_cases(as("lockwatch"), test_key());
+  EXPECT_EQ(refusals(*server_), "");
 }
 
 TEST_F(RedisAclTest, TheRuleHoldsAfterTheScriptCacheIsFlushed) {
@@ -246,6 +268,7 @@ TEST_F(RedisAclTest, RedlockOverThreeMastersWithTheNodeRule) {
   Options o = options_for(*server_, 2);
   o.redis_url = urls;
   run_core_cases(o, test_key());
+  for (const auto& m : masters) EXPECT_EQ(refusals(*m), "") << m->port();
 }
 
 TEST_F(RedisAclTest, WithoutEvalshaAnAcquisitionFailsWithAuthErrorNamingItAndTheScript) {
@@ -367,7 +390,9 @@ class RedisAclClusterTest : public ::testing::Test {
 RedisCluster* RedisAclClusterTest::cluster_ = nullptr;
 
 TEST_F(RedisAclClusterTest, TheDocumentedRulesCoverLocksWaitsRenewalsFencingOperatorsAndJobs) {
+  for (int i = 0; i < RedisCluster::kNodes; ++i) forget_refusals(cluster_->node(i));
   run_core_cases(as("lockwatch"), test_key());
+  for (int i = 0; i < RedisCluster::kNodes; ++i) EXPECT_EQ(refusals(cluster_->node(i)), "") << "node " << i;
 }
 
 // A renewal while its slot migrates, the lock on the target already: the
@@ -375,6 +400,7 @@ TEST_F(RedisAclClusterTest, TheDocumentedRulesCoverLocksWaitsRenewalsFencingOper
 TEST_F(RedisAclClusterTest, ARenewalFollowsAnAskRedirectAsTheUser) {
   Runtime rt(as("lockwatch"));
   const std::string key = test_key();
+  for (int i = 0; i < RedisCluster::kNodes; ++i) forget_refusals(cluster_->node(i));
   auto f = rt.acquire(key, 300ms);
   LockHandle h = get_bounded(f);
   const int slot = static_cast<int>(lock_slot(key));
@@ -395,6 +421,7 @@ TEST_F(RedisAclClusterTest, ARenewalFollowsAnAskRedirectAsTheUser) {
   EXPECT_TRUE(renewed_again(h.lease(), 1));
   auto back = h.release();
   get_bounded(back);
+  EXPECT_EQ(refusals(cluster_->node(to)), "");
 }
 
 TEST_F(RedisAclClusterTest, WithoutTheSlotMapCommandsCallsFailWithAuthErrorNamingThem) {
@@ -439,6 +466,39 @@ class Sentinel {
     if (std::system(cmd.c_str()) != 0) std::fprintf(stderr, "could not remove %s\n", dir_.c_str());
   }
   int port() const { return port_; }
+  // `ACL LOG` (RESET with `reset`), as the default user.
+  std::string refusals(bool reset = false) const {
+    timeval tv{1, 0};
+    redisContext* c = redisConnectWithTimeout("127.0.0.1", port_, tv);
+    if (c == nullptr || c->err) {
+      if (c) redisFree(c);
+      return "(no connection)";
+    }
+    auto* r = static_cast<redisReply*>(redisCommand(c, reset ? "ACL LOG RESET" : "ACL LOG"));
+    std::string out;
+    if (r == nullptr) {
+      out = "(no reply)";
+    } else if (r->type == REDIS_REPLY_ARRAY) {
+      Reply log;
+      log.type = Reply::Type::kArray;
+      for (std::size_t i = 0; i < r->elements; ++i) {
+        Reply entry;
+        const redisReply* e = r->element[i];
+        for (std::size_t j = 0; e->type == REDIS_REPLY_ARRAY && j < e->elements; ++j) {
+          Reply field;
+          if (e->element[j]->str != nullptr) field.str.assign(e->element[j]->str, e->element[j]->len);
+          entry.elements.push_back(field);
+        }
+        log.elements.push_back(entry);
+      }
+      out = lockwatch::testing::refusals(log);
+    } else if (r->type == REDIS_REPLY_ERROR) {
+      out = std::string("(error: ") + r->str + ")";
+    }
+    if (r) freeReplyObject(r);
+    redisFree(c);
+    return out;
+  }
 
  private:
   // The default user asks for the master's address.
@@ -489,7 +549,11 @@ RedisServer* RedisAclSentinelTest::master_ = nullptr;
 Sentinel* RedisAclSentinelTest::sentinel_ = nullptr;
 
 TEST_F(RedisAclSentinelTest, TheDocumentedRulesCoverLocksWaitsRenewalsFencingOperatorsAndJobs) {
+  forget_refusals(*master_);
+  sentinel_->refusals(/*reset=*/true);
   run_core_cases(as("lockwatch"), test_key());
+  EXPECT_EQ(refusals(*master_), "");
+  EXPECT_EQ(sentinel_->refusals(), "") << "the sentinel refused nothing (SUBSCRIBE +switch-master included)";
 }
 
 TEST_F(RedisAclSentinelTest, WithoutRoleOnTheMasterCallsFailWithAuthErrorNamingIt) {
