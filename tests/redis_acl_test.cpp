@@ -355,6 +355,23 @@ TEST_F(RedisAclTest, WithoutPublishTheRuntimeStopsOnceAnUnconfirmedReleaseRanOut
   EXPECT_FALSE(exists(*server_, test_key()));
 }
 
+// redis://user:@host logs in as `user` (AUTH with an empty password, which
+// a nopass user takes), not as the default user: its key pattern applies.
+TEST_F(RedisAclTest, AUserWithoutAPasswordIsThatUser) {
+  add_user(*server_, "nopass-user", "unused", plus(doc_rule("node"), {"nopass"}));
+  Options o = as("lockwatch");
+  o.redis_url = as_user(server_->url(), "nopass-user", "");
+  Runtime rt(o);
+  auto f = rt.acquire(test_key(), 5s);
+  LockHandle h = get_bounded(f);
+  auto back = h.release();
+  get_bounded(back);
+  o.key_prefix = "elsewhere:";
+  Runtime outside(o);
+  auto refused = outside.acquire(test_key(), 5s);
+  EXPECT_NE(auth_error_of(refused).find("NOPERM"), std::string::npos);
+}
+
 TEST_F(RedisAclTest, AWrongPasswordIsAnAuthError) {
   Options o = as("lockwatch");
   o.redis_url = as_user(server_->url(), "lockwatch", "wrong");

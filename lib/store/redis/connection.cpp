@@ -177,7 +177,9 @@ void RedisConnection::connect() {
   // was answered (at once if there is none).
   handshake_pending_ = 0;
   handshake_error_.clear();
-  if (!endpoint_.password.empty()) {
+  // A user without a password (redis://user:@host) is still that user:
+  // AUTH with an empty password logs in an ACL user that has nopass.
+  if (!endpoint_.password.empty() || !endpoint_.user.empty()) {
     std::vector<std::string> auth{"AUTH"};
     if (!endpoint_.user.empty()) auth.push_back(endpoint_.user);
     auth.push_back(endpoint_.password);
