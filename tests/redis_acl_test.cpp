@@ -5,15 +5,19 @@
 // locks, waiting by release notices, renewals, fencing tokens, the
 // operators' inspect and force_release, and a scheduled job's claim. Then
 // users that lack part of a rule: their calls fail with AuthError naming
-// what was refused.
+// what was refused. Each topology is started once per suite; the whole
+// program takes seconds.
 #include <gtest/gtest.h>
 #include <hiredis/hiredis.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
+#include <memory>
 #include <mutex>
 #include <sstream>
+#include <thread>
 
 #include "lockwatch/lockwatch.hpp"
 #include "support/redis_cluster.hpp"
