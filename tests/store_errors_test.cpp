@@ -66,6 +66,28 @@ TEST(StoreErrorTest, RefusedCredentialsAreAuth) {
   }
 }
 
+TEST(StoreErrorTest, AScriptsCommandRefusedByTheAclIsAuth) {
+  // Redis 7.0's words, then 7.2's: an ERR, where a command sent directly
+  // gets NOPERM.
+  for (const char* m :
+       {"ERR The user executing the script can't run this command or subcommand script: 1a8c, on @user_script:1.",
+        "ERR The user executing the script can't access at least one of the keys mentioned in the command arguments",
+        "ERR The user executing the script can't publish to the channel mentioned in the command script: 8ec7",
+        "ERR ACL failure in script: User lw has no permissions to run the 'time' command script: 1a8c"}) {
+    const StoreError e = redis_reply_error("n:1", m);
+    EXPECT_EQ(e.kind, Kind::kAuth) << m;
+    EXPECT_TRUE(e.acl_refusal()) << m;
+  }
+  EXPECT_TRUE(redis_reply_error("n:1", "NOPERM this user has no permissions to run the 'evalsha' command").acl_refusal());
+  // Refused credentials are no ACL refusal of a command; other ERRs are
+  // refusals.
+  EXPECT_FALSE(redis_reply_error("n:1", "WRONGPASS invalid username-password pair").acl_refusal());
+  EXPECT_FALSE(StoreError::auth("n:1", "authentication failed").acl_refusal());
+  const StoreError other = redis_reply_error("n:1", "ERR Error running script: the user executing it");
+  EXPECT_EQ(other.kind, Kind::kRefused);
+  EXPECT_FALSE(other.acl_refusal());
+}
+
 TEST(StoreErrorTest, OtherRepliesAreRefusedWithTheirFirstWordAsCode) {
   StoreError e = redis_reply_error("n:1", "WRONGTYPE Operation against a key holding the wrong kind of value");
   EXPECT_EQ(e.kind, Kind::kRefused);

@@ -37,6 +37,16 @@ bool parse_redirect(std::string_view rest, StoreError& out) {
   return true;
 }
 
+// A command a script called, refused by the user's ACL: Redis answers ERR
+// with these words (7.0: "The user executing the script can't run this
+// command ...", "... can't access at least one of the keys ...", "...
+// can't publish to the channel ..."; 7.2 on: "ACL failure in script: User
+// u has no permissions to run the 'x' command"), where a command sent
+// directly gets NOPERM.
+bool script_acl_refusal(std::string_view text) {
+  return text.starts_with("The user executing the script can't") || text.starts_with("ACL failure in script:");
+}
+
 StoreError make(StoreError::Kind kind, StoreError::Origin origin, std::string endpoint, std::string message) {
   StoreError e;
   e.kind = kind;
@@ -95,7 +105,8 @@ StoreError redis_reply_error(std::string endpoint, std::string_view message) {
     }
   } else if (code == "TRYAGAIN" || code == "CLUSTERDOWN" || code == "LOADING" || code == "MASTERDOWN") {
     e.kind = StoreError::Kind::kRetryLater;
-  } else if (code == "NOAUTH" || code == "WRONGPASS" || code == "NOPERM") {
+  } else if (code == "NOAUTH" || code == "WRONGPASS" || code == "NOPERM" ||
+             (code == "ERR" && script_acl_refusal(message.substr(std::min(message.size(), code.size() + 1))))) {
     e.kind = StoreError::Kind::kAuth;
   } else if (code == "LOCKWATCH-KIND") {
     // A key held as another kind of lock (or a semaphore of another n).

@@ -22,7 +22,7 @@ namespace lockwatch::detail {
 struct StoreError {
   enum class Kind : std::uint8_t {
     kUnavailable,  // no answer could be had: connect, reset, timeout, closed, no node for the slot
-    kAuth,         // the credentials were refused
+    kAuth,         // the credentials were refused, or a command by the user's ACL (NOPERM)
     kRefused,      // the server answered the command with an error
     kRedirect,     // Redis Cluster: MOVED or ASK (slot, target)
     kRetryLater,   // "not now": TRYAGAIN, CLUSTERDOWN, LOADING, MASTERDOWN; a deadlock, a lock wait timeout
@@ -50,6 +50,11 @@ struct StoreError {
   std::string describe() const;
 
   bool unavailable() const noexcept { return kind == Kind::kUnavailable; }
+  // Redis's ACL refused a command (NOPERM, or a script's command refused),
+  // as opposed to refused credentials.
+  bool acl_refusal() const noexcept {
+    return kind == Kind::kAuth && origin == Origin::kRedis && (code == "NOPERM" || code == "ERR");
+  }
   bool redirect() const noexcept { return kind == Kind::kRedirect; }
   // What a waiter rides out, keeping its place until its wait runs out.
   bool transient() const noexcept { return kind == Kind::kUnavailable || kind == Kind::kRetryLater; }
@@ -64,7 +69,8 @@ struct StoreError {
 
 // A Redis error reply, classified: MOVED/ASK (parsed: slot and target) as
 // kRedirect; TRYAGAIN, CLUSTERDOWN, LOADING, MASTERDOWN as kRetryLater;
-// NOAUTH, WRONGPASS, NOPERM as kAuth; anything else kRefused. `code` is the
+// NOAUTH, WRONGPASS, NOPERM, and an ERR saying the user's ACL refused a
+// command a script called, as kAuth; anything else kRefused. `code` is the
 // reply's first word. A MOVED or ASK that cannot be parsed is kRefused.
 StoreError redis_reply_error(std::string endpoint, std::string_view message);
 

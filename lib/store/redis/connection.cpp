@@ -177,7 +177,9 @@ void RedisConnection::connect() {
   // was answered (at once if there is none).
   handshake_pending_ = 0;
   handshake_error_.clear();
-  if (!endpoint_.password.empty()) {
+  // A user without a password (redis://user:@host) is still that user:
+  // AUTH with an empty password logs in an ACL user that has nopass.
+  if (!endpoint_.password.empty() || !endpoint_.user.empty()) {
     std::vector<std::string> auth{"AUTH"};
     if (!endpoint_.user.empty()) auth.push_back(endpoint_.user);
     auth.push_back(endpoint_.password);
@@ -412,12 +414,15 @@ void RedisConnection::eval(const Script& script, std::vector<std::string> keys_t
   argv.push_back(script.sha1);
   argv.push_back(std::to_string(num_keys));
   for (auto& a : keys_then_args) argv.push_back(std::move(a));
-  send(Queued{std::move(argv), {}, std::move(cb), &script, nullptr, {}});
+  Queued q{std::move(argv), {}, std::move(cb), &script, nullptr, {}};
+  q.ran = &script;
+  send(std::move(q));
 }
 
 void RedisConnection::eval_views(const Script& script, const std::vector<std::string_view>& keys_then_args,
                                  int num_keys, std::shared_ptr<const void> keepalive, ReplyCallback cb) {
   Queued q{{}, {}, std::move(cb), &script, std::move(keepalive), std::to_string(num_keys)};
+  q.ran = &script;
   q.views.reserve(keys_then_args.size() + 3);
   q.views.emplace_back("EVALSHA");
   q.views.emplace_back(script.sha1);
@@ -557,7 +562,13 @@ void RedisConnection::dispatch(const redisReply* r) {
     // Pubsub mode: an error for a SUBSCRIBE, which nothing waits for (in
     // sharded mode it answers the oldest SSUBSCRIBE or SUNSUBSCRIBE). In
     // command mode replies and requests no longer match: start afresh.
-    if (sharded_ && r->type == REDIS_REPLY_ERROR) on_sharded_error(r);
+    if (sharded_ && r->type == REDIS_REPLY_ERROR) {
+      on_sharded_error(r);
+    } else if (pubsub_ && r->type == REDIS_REPLY_ERROR && hooks_.on_refused) {
+      StoreError why = error_for(r);
+      if (why.acl_refusal()) why.message += " (sent: SUBSCRIBE or UNSUBSCRIBE)";
+      guarded([&] { hooks_.on_refused(why); });
+    }
     if (!pubsub_) link_failed("a reply to no request: the connection is out of step");
     return;
   }
@@ -593,13 +604,28 @@ void RedisConnection::on_request_reply(Queued q, const redisReply* r) {
         q.script = nullptr;
         send(std::move(q));
       } else {
-        const StoreError err = error_for(r);
+        StoreError err = error_for(r);
+        // Redis names the command at best, never the script or what it
+        // calls: say what was sent.
+        if (err.acl_refusal() && !auth_failed_) err.message += " (sent: " + sent(q) + ")";
         q.cb(nullptr, &err);
       }
     } else {
       q.cb(r, nullptr);
     }
   });
+}
+
+std::string RedisConnection::sent(const Queued& q) {
+  if (q.ran != nullptr) return running(*q.ran);
+  auto arg = [&](std::size_t i) -> std::string_view {
+    if (q.views.empty()) return i < q.argv.size() ? std::string_view(q.argv[i]) : std::string_view();
+    return i < q.views.size() ? q.views[i] : std::string_view();
+  };
+  std::string out(arg(0));
+  // Commands whose subcommand the ACL decides on.
+  if (out == "CLUSTER" || out == "SENTINEL") out.append(" ").append(arg(1));
+  return out;
 }
 
 void RedisConnection::on_handshake_reply(Handshake step, const redisReply* r) {
@@ -623,6 +649,12 @@ void RedisConnection::on_handshake_reply(Handshake step, const redisReply* r) {
           break;
         case Handshake::kNone:
           break;
+      }
+      if (step != Handshake::kAuth && redis_reply_error(name_, msg).acl_refusal()) {
+        // The user may not SELECT or ask ROLE: refused credentials, not a
+        // node to wait for.
+        auth_failed_ = true;
+        auth_error_ = handshake_error_;
       }
     } else if (step == Handshake::kRole) {
       std::string role;

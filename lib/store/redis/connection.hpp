@@ -84,6 +84,9 @@ class RedisConnection {
     // its target; null: the node sent an unsolicited sunsubscribe). The
     // channel is no longer wanted here.
     std::function<void(std::string_view channel, const StoreError* why)> on_dropped;
+    // Pubsub mode (not sharded): the server answered a SUBSCRIBE or
+    // UNSUBSCRIBE with an error (the user's ACL refused the channel, say).
+    std::function<void(const StoreError& why)> on_refused;
     // Sent right after AUTH on every new connection (e.g. SUBSCRIBE in a
     // sentinel watcher); its replies reach on_message.
     std::vector<std::string> on_connect_command;
@@ -150,7 +153,10 @@ class RedisConnection {
     std::shared_ptr<const void> keepalive;
     std::string num_keys;  // storage for the views' key count
     bool asking = false;   // written after an ASKING (ask_next())
+    const Script* ran = nullptr;  // the script, also once `script` fell back to EVAL: for errors
   };
+  // What `q` sent, for an error that the user's ACL refused it.
+  static std::string sent(const Queued& q);
   enum class Handshake : std::uint8_t { kNone, kAuth, kSelect, kRole };
   // A request written on the current link whose reply has not come yet;
   // replies come in this order.

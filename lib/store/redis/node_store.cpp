@@ -55,13 +55,23 @@ RedisNodeStore::RedisNodeStore(Loop& loop, Endpoint endpoint, const Options& opt
   };
   hooks.on_dropped = [this](std::string_view channel, const StoreError* why) {
     std::string_view name = redis_keys::lock_of_channel(channel);
+    if (why != nullptr && why->acl_refusal()) refused_notices(*why);
     if (!name.empty() && dropped_) dropped_(name, why);
+  };
+  hooks.on_refused = [this](const StoreError& why) {
+    if (why.acl_refusal()) refused_notices(why);
   };
   sub_ = std::make_unique<RedisConnection>(loop, endpoint, options_, sharded ? Mode::kShardedPubSub : Mode::kPubSub,
                                            std::move(hooks));
 }
 
 RedisNodeStore::~RedisNodeStore() = default;
+
+void RedisNodeStore::refused_notices(const StoreError& why) {
+  // Nothing fails for it, so nothing else would tell.
+  if (events_.log)
+    events_.log(true, why.describe() + ": no release notices; waiters wait for the holder's ttl to run out instead");
+}
 
 void RedisNodeStore::follow_sentinels(std::unique_ptr<SentinelWatcher> watcher) {
   sentinel_ = std::move(watcher);
@@ -263,6 +273,11 @@ void RedisNodeStore::send_release_batch(std::vector<QueuedRelease> batch, bool c
                            [this, counted, batch = std::move(batch)](const redisReply* r, const StoreError* err) {
                              if (counted) batch_answered();
                              ReleaseReply reply(r, err, batch.size(), conn_->name());
+                             // A release whose notice the ACL refused deleted
+                             // the lock, but is unconfirmed: only a log line
+                             // tells why.
+                             if (err != nullptr && err->acl_refusal() && events_.log)
+                               events_.log(true, err->describe() + ": the release is unconfirmed");
                              for (const QueuedRelease& q : batch) {
                                const StoreError* why = nullptr;
                                const Released status = reply.next(&why);

@@ -120,6 +120,8 @@ class RedisNodeStore final : public StoreBase, public FenceRaising, public JobCl
   void started() override;
   // The release scripts' notice argument: "s" SPUBLISH, "p" PUBLISH.
   std::string notice() const;
+  // The user's ACL refused a subscription: logged as a warning.
+  void refused_notices(const StoreError& why);
   struct QueuedAcquire {
     std::string name, token, ttl_ms;
     std::size_t index;

@@ -416,15 +416,36 @@ std::string sha1_hex(std::string_view data) {
 
 const Script& script(ScriptId id) {
   // In ScriptId's order.
-  static constexpr std::string_view kSources[] = {kAcquire,     kRenew,       kRelease,   kRaiseFence,
-                                                  kInspect,     kForceRelease, kClaimPeriod, kAcquireKind,
-                                                  kRenewKind,   kReleaseKind};
+  struct Named {
+    std::string_view source, name, calls;
+  };
+  static constexpr Named kScripts[] = {
+      {kAcquire, "acquire", "SET, GET, INCR, DEL, PTTL, PEXPIRE"},
+      {kRenew, "renew", "GET, PEXPIRE"},
+      {kRelease, "release", "GET, DEL, PUBLISH or SPUBLISH"},
+      {kRaiseFence, "raise-fence", "GET, SET"},
+      {kInspect, "inspect", "PTTL, GET"},
+      {kForceRelease, "force-release", "DEL, PUBLISH or SPUBLISH"},
+      {kClaimPeriod, "period claim", "TIME, GET, SET"},
+      {kAcquireKind, "shared or permit acquire",
+       "GET, SET, DEL, INCR, PTTL, PEXPIRE, TIME, ZADD, ZCARD, ZRANGE, ZREMRANGEBYSCORE, ZSCORE"},
+      {kRenewKind, "shared or permit renew", "GET, PTTL, PEXPIRE, TIME, ZADD, ZSCORE"},
+      {kReleaseKind, "shared or permit release",
+       "GET, DEL, PEXPIRE, TIME, ZRANGE, ZREM, ZREMRANGEBYSCORE, PUBLISH or SPUBLISH"},
+  };
   static const auto table = [] {
-    std::array<Script, std::size(kSources)> t;
-    for (std::size_t i = 0; i < t.size(); ++i) t[i] = Script{kSources[i], sha1_hex(kSources[i])};
+    std::array<Script, std::size(kScripts)> t;
+    for (std::size_t i = 0; i < t.size(); ++i)
+      t[i] = Script{kScripts[i].source, sha1_hex(kScripts[i].source), kScripts[i].name, kScripts[i].calls};
     return t;
   }();
   return table[static_cast<std::size_t>(id)];
+}
+
+std::string running(const Script& s) {
+  std::string out = "EVALSHA of lockwatch's ";
+  out.append(s.name).append(" script, which calls ").append(s.calls);
+  return out;
 }
 
 namespace {
@@ -506,6 +527,7 @@ Acquired AcquireReply::next() {
     out.busy_for = std::chrono::milliseconds(busy);
   } else if (status == 'e' && !value.empty()) {
     out.error = redis_reply_error(std::string(endpoint_), value);
+    if (out.error.acl_refusal()) out.error.message += " (sent: " + running(script(ScriptId::kAcquire)) + ")";
   } else {
     out.error = unexpected_reply(endpoint_, "acquire", "entry " + quoted(entry));
   }

@@ -41,6 +41,10 @@ namespace lockwatch::detail {
 struct Script {
   std::string_view source;
   std::string sha1;  // 40 lowercase hex characters
+  // For errors: what the script is for ("acquire") and the commands it
+  // calls ("SET, GET, ..."), which Redis's ACLs check as the user's own.
+  std::string_view name;
+  std::string_view calls;
 };
 
 enum class ScriptId : std::uint8_t {
@@ -90,6 +94,10 @@ enum class ScriptId : std::uint8_t {
 
 // The script `id`, its SHA-1 computed once (at first use); static storage.
 const Script& script(ScriptId id);
+
+// "EVALSHA of lockwatch's <name> script, which calls <calls>": what was
+// sent, for an error saying the user's ACL refused it.
+std::string running(const Script& s);
 
 // The acquire script's reply (or `err`, the call's failure: every lock
 // gets it) for a call of `locks` locks; next() answers each lock in turn,

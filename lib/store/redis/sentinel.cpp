@@ -12,7 +12,7 @@ SentinelWatcher::SentinelWatcher(Loop& loop, const Topology& topology, const Opt
   for (const auto& s : topology.sentinels) {
     Endpoint ep = s;
     ep.db = 0;
-    if (!options.sentinel_password.empty()) {
+    if (!options.sentinel_password.empty() || !options.sentinel_user.empty()) {
       ep.user = options.sentinel_user;
       ep.password = options.sentinel_password;
     }
