@@ -2,8 +2,9 @@
 // starts: one Redis node (redis-server, with a password), a Redis Cluster
 // (3 masters, 3 replicas, with a password), a SQL table (mariadbd) and,
 // when lockwatch is built with it, a PostgreSQL table (postgres, one server
-// for the whole test program); and the in-process store (memory://), a
-// space of the test's own.
+// for the whole test program), a ZooKeeper ensemble (three members, one
+// for the whole program) when built with it; and the in-process store
+// (memory://), a space of the test's own.
 // What a test needs to look into or tamper with in a store goes through
 // Backend, so the tests themselves are written once.
 #pragma once
@@ -24,6 +25,10 @@
 #endif
 #include "support/redis_cluster.hpp"
 #include "support/redis_server.hpp"
+#if LOCKWATCH_WITH_ZOOKEEPER
+#include "lockwatch/runtime.hpp"
+#include "support/zookeeper_ensemble.hpp"
+#endif
 
 namespace lockwatch::testing {
 
@@ -47,6 +52,10 @@ class Backend {
     for (int i = 0; i < n; ++i) out.push_back("batch" + std::to_string(i));
     return out;
   }
+  // Whether acquiring again with the same owner token may lengthen the
+  // lock's ttl (ZooKeeper's ttl is its session's timeout, fixed when the
+  // lock was taken).
+  virtual bool repeat_lengthens_ttl() const { return true; }
   // Makes `owner` hold the lock of `key` for `ms`, whoever held it (an
   // intruder, or a clock gone wrong), with the default prefix.
   virtual void steal(const std::string& key, const std::string& owner, std::chrono::milliseconds ms) const = 0;
@@ -172,6 +181,64 @@ class PostgresBackend final : public Backend {
 };
 #endif
 
+#if LOCKWATCH_WITH_ZOOKEEPER
+// One 3-member ensemble for every case of the program (three JVMs cost
+// seconds to start), with digest credentials: the first connection, made
+// here, creates /lockwatch with its creator's ACL, which a wrong password
+// then cannot pass. The store's faults are the ensemble's: kill() crashes
+// every member (no quorum: the lock's lease can only be lost), start()
+// brings them back on their data; pause() stops every member answering.
+// The scheduled jobs' claims (JobClaims) are not offered by this store:
+// steal(), now_ms() and last_period() are not used.
+class ZooKeeperBackend final : public Backend {
+ public:
+  ZooKeeperBackend() { (void)ensemble(); }
+  std::string url() const override { return "zookeeper://lockwatch:right@" + ensemble().hosts(); }
+  std::string url_with_wrong_password() const override {
+    return "zookeeper://lockwatch:wrong@" + ensemble().hosts();
+  }
+  std::string unreachable_url() const override {
+    return "zookeeper://127.0.0.1:" + std::to_string(free_loopback_port());
+  }
+  std::size_t longest_key(const Options& o) const override { return 255 - o.key_prefix.size(); }
+  bool repeat_lengthens_ttl() const override { return false; }
+  void steal(const std::string&, const std::string&, std::chrono::milliseconds) const override {
+    throw std::logic_error("the zookeeper:// store offers no scheduled jobs");
+  }
+  long long now_ms() const override { throw std::logic_error("the zookeeper:// store offers no scheduled jobs"); }
+  long long last_period(const std::string&) const override {
+    throw std::logic_error("the zookeeper:// store offers no scheduled jobs");
+  }
+  void kill(const std::string&) override {
+    for (int i = 0; i < ensemble().size(); ++i) ensemble().kill(i);
+  }
+  void start() override {
+    for (int i = 0; i < ensemble().size(); ++i) ensemble().start(i);
+    if (!ensemble().wait_serving()) throw std::runtime_error("the ZooKeeper ensemble did not serve again");
+  }
+  void pause(const std::string&) override {
+    for (int i = 0; i < ensemble().size(); ++i) ensemble().pause(i);
+  }
+  void resume() override {
+    for (int i = 0; i < ensemble().size(); ++i) ensemble().resume(i);
+  }
+  static ZooKeeperEnsemble& ensemble() {
+    static ZooKeeperEnsemble* shared = [] {
+      auto* e = new ZooKeeperEnsemble(3);
+      Options o;
+      o.redis_url = "zookeeper://lockwatch:right@" + e->hosts();
+      o.threads = 1;
+      Runtime rt(o);
+      auto f = rt.acquire("set-up", std::chrono::seconds(2), 0);
+      auto h = f.get();
+      h.release().get();
+      return e;
+    }();
+    return *shared;
+  }
+};
+#endif
+
 // The key's server in a cluster is its slot's master. kill() takes its
 // replicas down with it, so that no failover can keep the lock: the
 // slot is gone, as one server would be. pause() stops the master alone;
@@ -288,13 +355,16 @@ class EmbeddedBackend final : public Backend {
   std::shared_ptr<detail::MemorySpace> space_;
 };
 
-// "redis", "redis-cluster", "mysql", "postgresql" or "memory".
+// "redis", "redis-cluster", "mysql", "postgresql", "zookeeper" or "memory".
 inline std::unique_ptr<Backend> make_backend(const std::string& kind) {
   if (kind == "redis") return std::make_unique<RedisBackend>();
   if (kind == "redis-cluster") return std::make_unique<ClusterBackend>();
   if (kind == "memory") return std::make_unique<EmbeddedBackend>();
 #if LOCKWATCH_WITH_POSTGRESQL
   if (kind == "postgresql") return std::make_unique<PostgresBackend>();
+#endif
+#if LOCKWATCH_WITH_ZOOKEEPER
+  if (kind == "zookeeper") return std::make_unique<ZooKeeperBackend>();
 #endif
   if (kind == "mysql") return std::make_unique<MariaDbBackend>();
   throw std::invalid_argument("no backend " + kind);
@@ -306,7 +376,17 @@ inline std::vector<std::string> backend_kinds() {
 #if LOCKWATCH_WITH_POSTGRESQL
   kinds.push_back("postgresql");
 #endif
+#if LOCKWATCH_WITH_ZOOKEEPER
+  kinds.push_back("zookeeper");
+#endif
   kinds.push_back("memory");
+  return kinds;
+}
+
+// The kinds that offer scheduled jobs (JobClaims): all but zookeeper.
+inline std::vector<std::string> job_backend_kinds() {
+  auto kinds = backend_kinds();
+  std::erase(kinds, "zookeeper");
   return kinds;
 }
 
