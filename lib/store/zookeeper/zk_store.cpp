@@ -59,6 +59,9 @@ struct ZkStore::Session {
   int negotiated_ms = 0;
   bool ever_connected = false;
   Clock::time_point started;
+  // Requests made while it is not connected, sent once it is: the client
+  // fails what it queued at every connection attempt that fails.
+  std::vector<std::pair<std::uint64_t, std::function<int(zhandle_t*, void*)>>> parked;
 };
 
 namespace {
@@ -367,6 +370,15 @@ ZkStore::Session* ZkStore::live(std::uint64_t serial) {
 
 void ZkStore::retire(Session* s) {
   s->state = Session::State::kExpired;
+  auto parked = std::move(s->parked);
+  s->parked.clear();
+  for (auto& [id, issue] : parked) {
+    sink_->post([id](ZkStore& st) {
+      Result r;
+      r.rc = ZSESSIONEXPIRED;
+      st.complete(id, r);
+    });
+  }
   close_later(s->zh, s->watch_ctx);
   s->zh = nullptr;
   s->watch_ctx = nullptr;
@@ -389,6 +401,10 @@ void ZkStore::on_session_state(std::uint64_t serial, int state) {
     s->state = Session::State::kConnected;
     s->ever_connected = true;
     s->negotiated_ms = zoo_recv_timeout(s->zh);
+    auto parked = std::move(s->parked);
+    s->parked.clear();
+    for (auto& [id, issue] : parked)
+      if (pending_.count(id) != 0) issue_now(*s, id, issue);  // else timed out meanwhile
     if (!was_up && events_.connection) events_.connection(endpoint_, true, "");
     if (!cleanups_.empty()) run_cleanups();
   } else if (state == ZOO_CONNECTING_STATE || state == ZOO_ASSOCIATING_STATE) {
@@ -422,11 +438,19 @@ void ZkStore::on_watch(int type, const std::string& path) {
 
 // ---- requests
 
-void ZkStore::send(Session& s, Reply reply, const std::function<int(zhandle_t*, void*)>& issue) {
+void ZkStore::send(Session& s, Reply reply, std::function<int(zhandle_t*, void*)> issue) {
   const std::uint64_t id = next_id_++;
   auto deadline = Clock::now() + options_.command_timeout;
   if (!s.ever_connected) deadline = std::min(deadline, s.started + options_.connect_timeout);
   pending_.emplace(id, Pending{deadline, std::move(reply)});
+  if (!closed_ && s.zh != nullptr && s.state != Session::State::kConnected) {
+    s.parked.emplace_back(id, std::move(issue));  // sent on connecting, or timed out
+    return;
+  }
+  issue_now(s, id, issue);
+}
+
+void ZkStore::issue_now(Session& s, std::uint64_t id, const std::function<int(zhandle_t*, void*)>& issue) {
   int rc = ZCLOSING;
   if (!closed_ && s.zh != nullptr) {
     auto* ctx = new Ctx{sink_, id, {}};
@@ -624,7 +648,7 @@ void ZkStore::create_node(std::shared_ptr<AcquireOp> op, bool parents_made) {
         }
         list_nodes(op);
       },
-      [&](zhandle_t* zh, void* ctx) {
+      [=](zhandle_t* zh, void* ctx) {
         return zoo_acreate2(zh, prefix.c_str(), data.data(), static_cast<int>(data.size()), acl,
                             ZOO_EPHEMERAL_SEQUENTIAL, on_created, ctx);
       });
@@ -652,7 +676,7 @@ void ZkStore::make_parents(std::shared_ptr<AcquireOp> op, int step) {
         else
           create_node(op, true);
       },
-      [&](zhandle_t* zh, void* ctx) {
+      [=](zhandle_t* zh, void* ctx) {
         return zoo_acreate(zh, path.c_str(), "", 0, acl, ZOO_PERSISTENT, on_created_path, ctx);
       });
 }
@@ -723,10 +747,10 @@ void ZkStore::list_nodes(std::shared_ptr<AcquireOp> op) {
                 }
                 finish(op, out);
               },
-              [&](zhandle_t* zh, void* ctx) { return zoo_aget(zh, holder.c_str(), 1, on_data, ctx); });
+              [=](zhandle_t* zh, void* ctx) { return zoo_aget(zh, holder.c_str(), 1, on_data, ctx); });
         });
       },
-      [&](zhandle_t* zh, void* ctx) { return zoo_aget_children(zh, dir.c_str(), 0, on_strings, ctx); });
+      [=](zhandle_t* zh, void* ctx) { return zoo_aget_children(zh, dir.c_str(), 0, on_strings, ctx); });
 }
 
 void ZkStore::delete_paths(Session& s, std::vector<std::string> paths, std::function<void(int rc)> done) {
@@ -748,7 +772,7 @@ void ZkStore::delete_paths(Session& s, std::vector<std::string> paths, std::func
           if (r.rc == ZNONODE && st->rc == ZOK) st->rc = ZOK;
           if (--st->left == 0) st->done(st->rc);
         },
-        [&](zhandle_t* zh, void* ctx) { return zoo_adelete(zh, p.c_str(), -1, on_void, ctx); });
+        [=](zhandle_t* zh, void* ctx) { return zoo_adelete(zh, p.c_str(), -1, on_void, ctx); });
   }
 }
 
@@ -841,7 +865,7 @@ std::size_t ZkStore::renew(std::span<const LockRef> locks, std::shared_ptr<const
             StoreError e = error(r.rc, "renewing");
             for (const auto& c : *chunk) (*shared_done)(c.index, Renewed::kTransient, &e);
           },
-          [&](zhandle_t* zh, void* ctx) {
+          [=](zhandle_t* zh, void* ctx) {
             auto* c = static_cast<Ctx*>(ctx);
             c->results.resize(chunk->size());
             std::vector<zoo_op_t> ops(chunk->size());
@@ -923,7 +947,7 @@ void ZkStore::delete_nodes(const Cleanup& c, std::function<void(Released, const 
           }
         });
       },
-      [&](zhandle_t* zh, void* ctx) { return zoo_aget_children(zh, dir.c_str(), 0, on_strings, ctx); });
+      [=](zhandle_t* zh, void* ctx) { return zoo_aget_children(zh, dir.c_str(), 0, on_strings, ctx); });
 }
 
 // Nodes whose removal found no answer: such a node would hold the lock for
@@ -1011,9 +1035,9 @@ void ZkStore::inspect(std::string_view name, InspectDone done) {
               info.fencing_token = static_cast<std::uint64_t>(r.stat.czxid);
               done(info, nullptr);
             },
-            [&](zhandle_t* zh, void* ctx) { return zoo_aget(zh, holder.c_str(), 0, on_data, ctx); });
+            [=](zhandle_t* zh, void* ctx) { return zoo_aget(zh, holder.c_str(), 0, on_data, ctx); });
       },
-      [&](zhandle_t* zh, void* ctx) { return zoo_aget_children(zh, dir.c_str(), 0, on_strings, ctx); });
+      [=](zhandle_t* zh, void* ctx) { return zoo_aget_children(zh, dir.c_str(), 0, on_strings, ctx); });
 }
 
 void ZkStore::force_release(std::string_view name, ForceDone done) {
@@ -1047,7 +1071,7 @@ void ZkStore::force_release(std::string_view name, ForceDone done) {
           }
         });
       },
-      [&](zhandle_t* zh, void* ctx) { return zoo_aget_children(zh, dir.c_str(), 0, on_strings, ctx); });
+      [=](zhandle_t* zh, void* ctx) { return zoo_aget_children(zh, dir.c_str(), 0, on_strings, ctx); });
 }
 
 // ---- release notices

@@ -147,7 +147,8 @@ class ZkStore final : public StoreBase, public OperatorTools {
   // Sends one request on `s` (issue() makes the call with the context it
   // is given); `reply` runs once on the loop, with the answer or a
   // failure (ZOPERATIONTIMEOUT: no answer within the bound).
-  void send(Session& s, Reply reply, const std::function<int(zhandle_t*, void*)>& issue);
+  void send(Session& s, Reply reply, std::function<int(zhandle_t*, void*)> issue);
+  void issue_now(Session& s, std::uint64_t id, const std::function<int(zhandle_t*, void*)>& issue);
   static void on_sweep(uv_timer_t* t);
   StoreError error(int rc, const std::string& doing) const;
 
