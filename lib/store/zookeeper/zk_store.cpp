@@ -219,8 +219,12 @@ std::pair<std::string, long long> parse_data(const std::string& data) {
   return {data.substr(0, nl), ms};
 }
 
+// Not ZooKeeper's: zookeeper_init() made no handle (no member's name
+// resolved, or the client could not start its threads).
+constexpr int kNoHandle = -1000;
+
 bool unreachable(int rc) {
-  return rc == ZCONNECTIONLOSS || rc == ZOPERATIONTIMEOUT || rc == ZSESSIONEXPIRED || rc == ZSESSIONMOVED ||
+  return rc == kNoHandle || rc == ZCONNECTIONLOSS || rc == ZOPERATIONTIMEOUT || rc == ZSESSIONEXPIRED || rc == ZSESSIONMOVED ||
          rc == ZCLOSING || rc == ZINVALIDSTATE || rc == ZSYSTEMERROR || rc == ZMARSHALLINGERROR ||
          rc == ZNOTHING || rc == ZNEWCONFIGNOQUORUM;
 }
@@ -451,7 +455,7 @@ void ZkStore::send(Session& s, Reply reply, std::function<int(zhandle_t*, void*)
 }
 
 void ZkStore::issue_now(Session& s, std::uint64_t id, const std::function<int(zhandle_t*, void*)>& issue) {
-  int rc = ZCLOSING;
+  int rc = closed_ ? ZCLOSING : kNoHandle;
   if (!closed_ && s.zh != nullptr) {
     auto* ctx = new Ctx{sink_, id, {}};
     rc = issue(s.zh, ctx);
@@ -512,7 +516,9 @@ void ZkStore::expire_held(Clock::time_point now) {
 }
 
 StoreError ZkStore::error(int rc, const std::string& doing) const {
-  const char* text = rc == ZOPERATIONTIMEOUT ? "no answer within the timeout" : zerror(rc);
+  const char* text = rc == ZOPERATIONTIMEOUT ? "no answer within the timeout"
+                     : rc == kNoHandle       ? "no session could be started (no member's name resolves?)"
+                                             : zerror(rc);
   std::string message = doing.empty() ? std::string(text) : fmt::format("{}: {}", doing, text);
   StoreError e;
   if (unreachable(rc)) {
