@@ -892,14 +892,15 @@ void ZkStore::release(std::span<const LockRef> locks, bool, ReleaseDone done) {
     Cleanup c{std::string(locks[i].name), std::string(locks[i].token), 0, 0};
     auto h = held_.find(c.name + '\0' + c.token);
     if (h != held_.end()) {
-      // On the session that made it, and only that attempt's node: the
-      // session's order puts this after anything it sent before.
-      c.attempt = h->second.attempt;
+      // On the session that made it: the session's order puts this after
+      // anything it sent before. Every node of the token goes, the held
+      // one and any an earlier attempt of the same acquisition made late
+      // (a request the ensemble ran after its answer was given up on).
       c.session = h->second.session;
       held_.erase(h);
     }
     // Otherwise not known here (an acquisition whose answer was lost):
-    // every node of the token.
+    // every node of the token, on any session.
     delete_nodes(c, [this, i, c, shared_done](Released st, const StoreError* e) {
       if (st == Released::kUnconfirmed) remember_cleanup(c);
       (*shared_done)(i, st, e);
