@@ -26,7 +26,10 @@
 #include "support/redis_cluster.hpp"
 #include "support/redis_server.hpp"
 #if LOCKWATCH_WITH_ZOOKEEPER
+#include <thread>
+
 #include "lockwatch/runtime.hpp"
+#include "store/zookeeper/zk_store.hpp"
 #include "support/zookeeper_ensemble.hpp"
 #endif
 
@@ -56,6 +59,9 @@ class Backend {
   // lock's ttl (ZooKeeper's ttl is its session's timeout, fixed when the
   // lock was taken).
   virtual bool repeat_lengthens_ttl() const { return true; }
+  // How much longer than the lock's ttl a release that found no answer
+  // takes to settle (ZooKeeper's waits out its session's expiry).
+  virtual std::chrono::milliseconds unconfirmed_release_wait(std::chrono::milliseconds) const { return {}; }
   // Makes `owner` hold the lock of `key` for `ms`, whoever held it (an
   // intruder, or a clock gone wrong), with the default prefix.
   virtual void steal(const std::string& key, const std::string& owner, std::chrono::milliseconds ms) const = 0;
@@ -188,11 +194,14 @@ class PostgresBackend final : public Backend {
 // then cannot pass. The store's faults are the ensemble's: kill() crashes
 // every member (no quorum: the lock's lease can only be lost), start()
 // brings them back on their data; pause() stops every member answering.
-// The scheduled jobs' claims (JobClaims) are not offered by this store:
-// steal(), now_ms() and last_period() are not used.
+// steal() replaces the lock's nodes by an intruder's, of a session of the
+// test's own, removed again after `ms`.
 class ZooKeeperBackend final : public Backend {
  public:
   ZooKeeperBackend() { (void)ensemble(); }
+  ~ZooKeeperBackend() override {
+    for (auto& t : intruders_) t.join();
+  }
   std::string url() const override { return "zookeeper://lockwatch:right@" + ensemble().hosts(); }
   std::string url_with_wrong_password() const override {
     return "zookeeper://lockwatch:wrong@" + ensemble().hosts();
@@ -202,12 +211,25 @@ class ZooKeeperBackend final : public Backend {
   }
   std::size_t longest_key(const Options& o) const override { return 255 - o.key_prefix.size(); }
   bool repeat_lengthens_ttl() const override { return false; }
-  void steal(const std::string&, const std::string&, std::chrono::milliseconds) const override {
-    throw std::logic_error("the zookeeper:// store offers no scheduled jobs");
+  // The session's timeout (the ttl) and the drift allowance.
+  std::chrono::milliseconds unconfirmed_release_wait(std::chrono::milliseconds ttl) const override {
+    return ttl + ttl / 100 + std::chrono::milliseconds(2);
   }
-  long long now_ms() const override { throw std::logic_error("the zookeeper:// store offers no scheduled jobs"); }
-  long long last_period(const std::string&) const override {
-    throw std::logic_error("the zookeeper:// store offers no scheduled jobs");
+  void steal(const std::string& key, const std::string& owner, std::chrono::milliseconds ms) const override {
+    const std::string dir = dir_of("lockwatch:" + key);
+    for (const auto& c : client().children(dir))
+      if (c.rfind("lock-", 0) == 0) client().remove(dir + "/" + c);
+    std::string made = client().create_ephemeral_sequential(
+        dir + "/lock-" + detail::ZkStore::escape(owner) + ".0-", owner + "\n" + std::to_string(ms.count()));
+    intruders_.emplace_back([made, ms] {
+      std::this_thread::sleep_for(ms);  // the intruder's ttl
+      client().remove(made);
+    });
+  }
+  long long now_ms() const override { return client().touch(detail::ZkStore::kRoot); }
+  long long last_period(const std::string& job) const override {
+    auto v = client().get(dir_of("lockwatch:job:" + job) + "/period");
+    return v ? std::stoll(*v) : -1;
   }
   void kill(const std::string&) override {
     for (int i = 0; i < ensemble().size(); ++i) ensemble().kill(i);
@@ -221,6 +243,13 @@ class ZooKeeperBackend final : public Backend {
   }
   void resume() override {
     for (int i = 0; i < ensemble().size(); ++i) ensemble().resume(i);
+  }
+  static std::string dir_of(const std::string& name) {
+    return std::string(detail::ZkStore::kRoot) + "/" + detail::ZkStore::escape(name);
+  }
+  static ZooKeeperClient& client() {
+    static ZooKeeperClient* shared = new ZooKeeperClient(ensemble().hosts(), "lockwatch:right");
+    return *shared;
   }
   static ZooKeeperEnsemble& ensemble() {
     static ZooKeeperEnsemble* shared = [] {
@@ -236,6 +265,9 @@ class ZooKeeperBackend final : public Backend {
     }();
     return *shared;
   }
+
+ private:
+  mutable std::vector<std::thread> intruders_;
 };
 #endif
 
@@ -380,13 +412,6 @@ inline std::vector<std::string> backend_kinds() {
   kinds.push_back("zookeeper");
 #endif
   kinds.push_back("memory");
-  return kinds;
-}
-
-// The kinds that offer scheduled jobs (JobClaims): all but zookeeper.
-inline std::vector<std::string> job_backend_kinds() {
-  auto kinds = backend_kinds();
-  std::erase(kinds, "zookeeper");
   return kinds;
 }
 

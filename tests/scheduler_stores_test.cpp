@@ -1,6 +1,5 @@
 // Scheduled jobs across real processes on each real store (redis-server,
-// a Redis Cluster, mariadbd and postgres; in one process on memory://; not
-// zookeeper://, which offers no JobClaims): each period runs once and only once, a killed leader is
+// a Redis Cluster, mariadbd, postgres and a ZooKeeper ensemble; in one process on memory://): each period runs once and only once, a killed leader is
 // replaced within one lease plus one period, skewed local clocks change
 // nothing, a long run delays the next without overlap or burst, a thrown
 // exception costs only its own run, and a lease stolen mid-run stops the
@@ -256,7 +255,7 @@ TEST_P(SchedulerStoresTest, AThrowingRunCostsOnlyItsOwnPeriod) {
       << metrics;
 }
 
-INSTANTIATE_TEST_SUITE_P(Stores, SchedulerStoresTest, ::testing::ValuesIn(job_backend_kinds()),
+INSTANTIATE_TEST_SUITE_P(Stores, SchedulerStoresTest, ::testing::ValuesIn(backend_kinds()),
                          [](const ::testing::TestParamInfo<std::string>& p) {
                            std::string name = p.param;
                            std::replace(name.begin(), name.end(), '-', '_');  // a test name is an identifier

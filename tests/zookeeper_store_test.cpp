@@ -5,8 +5,8 @@
 // leader killed and paused, a minority down (locks still granted), a
 // majority down (no lock granted, waiters fail at their wait, holders lose
 // their leases by their deadline, their stop token fired first). What a
-// zookeeper:// store cannot give (scheduled jobs, shared locks) fails
-// saying so. The behaviour every store shares is in store_contract_test.cpp.
+// zookeeper:// store cannot give (shared and permit locks) fails saying
+// so. The behaviour every store shares is in store_contract_test.cpp.
 #include <gtest/gtest.h>
 #include <netinet/in.h>
 #include <sys/socket.h>
@@ -175,15 +175,6 @@ TEST_F(ZooKeeperStoreTest, ADeadMemberInTheListIsPassedOver) {
 }
 
 TEST_F(ZooKeeperStoreTest, WhatTheStoreCannotGiveFailsSayingSo) {
-  Runtime rt(options());
-  try {
-    Scheduler jobs(rt);
-    auto h = jobs.every(1s, key(), [](const JobRun&) {});
-    ADD_FAILURE() << "a scheduled job on zookeeper://";
-  } catch (const Unsupported& e) {
-    EXPECT_NE(std::string(e.what()).find("scheduled jobs"), std::string::npos) << e.what();
-    EXPECT_NE(std::string(e.what()).find("zookeeper"), std::string::npos) << e.what();
-  }
   detail::Loop loop;
   auto store = detail::make_store(loop, options());
   EXPECT_NE(store->check_kind(LockKind::shared()), nullptr);

@@ -8,11 +8,16 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <sstream>
 #include <stdexcept>
 #include <thread>
+
+// The client's blocking calls are declared for its threaded library only.
+#define THREADED 1
+#include <zookeeper/zookeeper.h>
 
 #include "redis_server.hpp"
 
@@ -258,6 +263,72 @@ std::string ZooKeeperEnsemble::log_tail(int i) const {
   s << log.rdbuf();
   std::string all = s.str();
   return all.size() > 4096 ? all.substr(all.size() - 4096) : all;
+}
+
+namespace {
+void no_log(const char*) {}
+void check(int rc, const char* what) {
+  if (rc != ZOK) throw std::runtime_error(std::string("zookeeper ") + what + ": " + zerror(rc));
+}
+}  // namespace
+
+ZooKeeperClient::ZooKeeperClient(const std::string& hosts, const std::string& digest) {
+  zh_ = zookeeper_init2(hosts.c_str(), nullptr, 10000, nullptr, nullptr, 0, no_log);
+  if (zh_ == nullptr) throw std::runtime_error("zookeeper_init failed for " + hosts);
+  auto until = std::chrono::steady_clock::now() + 10s;
+  while (zoo_state(zh_) != ZOO_CONNECTED_STATE) {
+    if (std::chrono::steady_clock::now() > until) {
+      zookeeper_close(zh_);
+      throw std::runtime_error("no ZooKeeper session with " + hosts + " within 10 s");
+    }
+    std::this_thread::sleep_for(5ms);  // the client's own thread connects: no event handed to us
+  }
+  if (!digest.empty()) check(zoo_add_auth(zh_, "digest", digest.data(), static_cast<int>(digest.size()), nullptr, nullptr), "add_auth");
+}
+
+ZooKeeperClient::~ZooKeeperClient() {
+  if (zh_ != nullptr) zookeeper_close(zh_);
+}
+
+std::vector<std::string> ZooKeeperClient::children(const std::string& path) {
+  String_vector v{};
+  int rc = zoo_get_children(zh_, path.c_str(), 0, &v);
+  std::vector<std::string> out;
+  if (rc == ZNONODE) return out;
+  check(rc, "get_children");
+  for (int i = 0; i < v.count; ++i) out.emplace_back(v.data[i]);
+  deallocate_String_vector(&v);
+  return out;
+}
+
+std::optional<std::string> ZooKeeperClient::get(const std::string& path) {
+  std::string buf(1 << 16, '\0');
+  int len = static_cast<int>(buf.size());
+  int rc = zoo_get(zh_, path.c_str(), 0, buf.data(), &len, nullptr);
+  if (rc == ZNONODE) return std::nullopt;
+  check(rc, "get");
+  buf.resize(len < 0 ? 0 : static_cast<std::size_t>(len));
+  return buf;
+}
+
+void ZooKeeperClient::remove(const std::string& path) {
+  int rc = zoo_delete(zh_, path.c_str(), -1);
+  if (rc != ZNONODE) check(rc, "delete");
+}
+
+std::string ZooKeeperClient::create_ephemeral_sequential(const std::string& prefix, const std::string& data) {
+  std::string made(prefix.size() + 64, '\0');
+  check(zoo_create(zh_, prefix.c_str(), data.data(), static_cast<int>(data.size()), &ZOO_CREATOR_ALL_ACL,
+                   ZOO_EPHEMERAL_SEQUENTIAL, made.data(), static_cast<int>(made.size())),
+        "create");
+  made.resize(std::strlen(made.c_str()));
+  return made;
+}
+
+long long ZooKeeperClient::touch(const std::string& path) {
+  Stat st{};
+  check(zoo_set2(zh_, path.c_str(), "", 0, -1, &st), "set");
+  return st.mtime;
 }
 
 }  // namespace lockwatch::testing

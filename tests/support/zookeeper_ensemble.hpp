@@ -25,8 +25,11 @@
 
 #include <chrono>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
+
+typedef struct _zhandle zhandle_t;
 
 namespace lockwatch::testing {
 
@@ -66,6 +69,35 @@ class ZooKeeperEnsemble {
   std::string dir_;
   std::string run_as_;
   std::vector<std::unique_ptr<Member>> members_;
+};
+
+}  // namespace lockwatch::testing
+
+namespace lockwatch::testing {
+
+// A blocking client of an ensemble for tests (the C client's synchronous
+// calls): what a test reads or tampers with behind lockwatch's back. With
+// `digest` ("user:password") it authenticates as that identity.
+// Throws std::runtime_error when it cannot connect within 10 s.
+class ZooKeeperClient {
+ public:
+  explicit ZooKeeperClient(const std::string& hosts, const std::string& digest = "");
+  ~ZooKeeperClient();
+  ZooKeeperClient(const ZooKeeperClient&) = delete;
+  ZooKeeperClient& operator=(const ZooKeeperClient&) = delete;
+
+  // The children of `path` (empty when it does not exist).
+  std::vector<std::string> children(const std::string& path);
+  // The data of `path`, or nullopt when it does not exist.
+  std::optional<std::string> get(const std::string& path);
+  void remove(const std::string& path);  // gone already: nothing
+  // Creates an ephemeral sequential node (of this client's session).
+  std::string create_ephemeral_sequential(const std::string& prefix, const std::string& data);
+  // The ensemble's clock: the mtime a write to `path` gets, in ms.
+  long long touch(const std::string& path);
+
+ private:
+  zhandle_t* zh_ = nullptr;
 };
 
 }  // namespace lockwatch::testing

@@ -71,6 +71,7 @@ struct Ctx {
   std::shared_ptr<ZkStore::Sink> sink;
   std::uint64_t id = 0;
   std::vector<zoo_op_result_t> results;  // multi
+  std::string created;                   // multi: where a create op writes its path
 };
 
 struct WatchCtx {
@@ -121,6 +122,16 @@ void on_created(int rc, const char* path, const Stat* stat, const void* data) {
 }
 
 void on_created_path(int rc, const char* path, const void* data) { on_created(rc, path, nullptr, data); }
+
+void on_stat_set(int rc, const Stat* stat, const void* data) {
+  ZkStore::Result r;
+  r.rc = rc;
+  if (rc == ZOK && stat != nullptr) {
+    r.has_stat = true;
+    r.stat = *stat;
+  }
+  deliver(data, std::move(r));
+}
 
 void on_multi(int rc, const void* data) {
   ZkStore::Result r;
@@ -457,7 +468,7 @@ void ZkStore::send(Session& s, Reply reply, std::function<int(zhandle_t*, void*)
 void ZkStore::issue_now(Session& s, std::uint64_t id, const std::function<int(zhandle_t*, void*)>& issue) {
   int rc = closed_ ? ZCLOSING : kNoHandle;
   if (!closed_ && s.zh != nullptr) {
-    auto* ctx = new Ctx{sink_, id, {}};
+    auto* ctx = new Ctx{sink_, id, {}, {}};
     rc = issue(s.zh, ctx);
     if (rc != ZOK) delete ctx;
   }
@@ -483,6 +494,15 @@ void ZkStore::on_sweep(uv_timer_t* t) {
   auto* self = static_cast<ZkStore*>(t->data);
   auto now = Clock::now();
   self->expire_held(now);
+  if (!self->deferred_.empty()) {
+    std::vector<std::function<void()>> due;
+    std::erase_if(self->deferred_, [&](auto& d) {
+      if (d.first > now) return false;
+      due.push_back(std::move(d.second));
+      return true;
+    });
+    for (auto& f : due) f();
+  }
   if (self->pending_.empty()) return;
   std::vector<std::uint64_t> late;
   for (const auto& [id, p] : self->pending_)
@@ -902,10 +922,50 @@ void ZkStore::release(std::span<const LockRef> locks, bool, ReleaseDone done) {
     // Otherwise not known here (an acquisition whose answer was lost):
     // every node of the token, on any session.
     delete_nodes(c, [this, i, c, shared_done](Released st, const StoreError* e) {
-      if (st == Released::kUnconfirmed) remember_cleanup(c);
-      (*shared_done)(i, st, e);
+      if (st != Released::kUnconfirmed) {
+        (*shared_done)(i, st, e);
+        return;
+      }
+      remember_cleanup(c);
+      give_up_release(c, *e, [i, shared_done](const StoreError& err) { (*shared_done)(i, Released::kUnconfirmed, &err); });
     });
   }
+}
+
+// A node this store could not remove lives as long as its session does,
+// which may be much longer than the lock's ttl: the runtime would take the
+// lock for gone by then. So the sessions that may hold it end now (their
+// other locks are lost with them: their renewals answer "gone"), and the
+// release is answered once the ensemble has surely expired them (their
+// timeout plus the drift allowance, on our clock), not before.
+void ZkStore::give_up_release(const Cleanup& c, StoreError why, std::function<void(const StoreError&)> answer) {
+  std::vector<Session*> ending;
+  auto add = [&](std::uint64_t serial) {
+    if (Session* s = live(serial); s != nullptr && std::find(ending.begin(), ending.end(), s) == ending.end())
+      ending.push_back(s);
+  };
+  if (c.session != 0) add(c.session);
+  for (const auto& other : cleanups_)
+    if (other.token == c.token && other.name == c.name && other.session != 0) add(other.session);
+  milliseconds wait{0};
+  for (Session* s : ending) {
+    wait = std::max(wait, milliseconds(std::max<long long>(s->negotiated_ms, s->requested_ms)));
+    const std::uint64_t serial = s->serial;
+    const bool had_locks =
+        std::any_of(held_.begin(), held_.end(), [&](const auto& h) { return h.second.session == serial; });
+    retire(s);
+    if (events_.log)
+      events_.log(true, fmt::format("{}: a lock's release could not be confirmed; its session ends so that the "
+                                    "ensemble removes its node{}",
+                                    endpoint_, had_locks ? " (the session's other locks are lost with it)" : ""));
+    if (events_.subscriptions_lost) events_.subscriptions_lost();
+  }
+  if (wait.count() == 0) {
+    sink_->post([answer = std::move(answer), why](ZkStore&) { answer(why); });
+    return;
+  }
+  deferred_.emplace_back(Clock::now() + wait + drift_for(options_, wait),
+                         [answer = std::move(answer), why] { answer(why); });
 }
 
 void ZkStore::delete_nodes(const Cleanup& c, std::function<void(Released, const StoreError*)> done) {
@@ -994,6 +1054,175 @@ void ZkStore::run_cleanups() {
       if (again.empty() && !cleanups_.empty()) run_cleanups();
     });
   }
+}
+
+// ---- scheduled jobs
+
+namespace {
+constexpr int kClaimAttempts = 5;  // a version changed under us: read again
+constexpr const char* kPeriodNode = "period";
+
+std::chrono::system_clock::time_point from_ms(std::int64_t ms) {
+  return std::chrono::system_clock::time_point(std::chrono::milliseconds(ms));
+}
+}  // namespace
+
+void ZkStore::server_time(TimeDone done) {
+  Session* s = any_session();
+  const std::uint64_t serial = s->serial;
+  auto shared = std::make_shared<TimeDone>(std::move(done));
+  // A write's mtime is the leader's clock when it ran the write.
+  send(
+      *s,
+      [this, shared, serial](const Result& r) {
+        if (r.rc == ZNONODE) {
+          // No lock taken on this ensemble yet: /lockwatch first.
+          Session* s = live(serial);
+          if (s == nullptr) {
+            auto e = error(ZSESSIONEXPIRED, "reading the ensemble's clock");
+            (*shared)({}, &e);
+            return;
+          }
+          ACL_vector* acl = target_.digest() ? &ZOO_CREATOR_ALL_ACL : &ZOO_OPEN_ACL_UNSAFE;
+          send(
+              *s,
+              [this, shared](const Result& r) {
+                if (r.rc != ZOK && r.rc != ZNODEEXISTS) {
+                  auto e = error(r.rc, "creating /lockwatch");
+                  (*shared)({}, &e);
+                  return;
+                }
+                server_time([shared](std::chrono::system_clock::time_point t, const StoreError* e) { (*shared)(t, e); });
+              },
+              [=](zhandle_t* zh, void* ctx) {
+                return zoo_acreate(zh, kRoot, "", 0, acl, ZOO_PERSISTENT, on_created_path, ctx);
+              });
+          return;
+        }
+        if (r.rc != ZOK || !r.has_stat) {
+          auto e = error(r.rc != ZOK ? r.rc : ZMARSHALLINGERROR, "reading the ensemble's clock");
+          (*shared)({}, &e);
+          return;
+        }
+        (*shared)(from_ms(r.stat.mtime), nullptr);
+      },
+      [=](zhandle_t* zh, void* ctx) { return zoo_aset(zh, kRoot, "", 0, -1, on_stat_set, ctx); });
+}
+
+struct ZkStore::Claim {
+  std::string name;
+  std::string token;
+  std::int64_t period = 0;
+  std::chrono::system_clock::time_point start;
+  ClaimDone done;
+  int attempt = 0;
+  ClaimResult out;
+};
+
+void ZkStore::claim_period(std::string_view name, std::string_view token, std::int64_t period,
+                           std::chrono::system_clock::time_point start, ClaimDone done) {
+  auto c = std::make_shared<Claim>();
+  c->name = std::string(name);
+  c->token = std::string(token);
+  c->period = period;
+  c->start = start;
+  c->done = std::move(done);
+  // The clock first: a claim runs only once the ensemble's clock reached
+  // the period's start (the write after it is later still).
+  server_time([this, c](std::chrono::system_clock::time_point now, const StoreError* e) {
+    if (e != nullptr) {
+      c->out.status = ClaimResult::Status::kFailed;
+      c->out.error = *e;
+      c->done(c->out);
+      return;
+    }
+    c->out.store_time = now;
+    if (now < c->start) {
+      c->out.status = ClaimResult::Status::kNotDue;
+      c->done(c->out);
+      return;
+    }
+    claim_step(c);
+  });
+}
+
+void ZkStore::claim_step(std::shared_ptr<Claim> c) {
+  auto finish_with = [c](ClaimResult::Status st) {
+    c->out.status = st;
+    c->done(c->out);
+  };
+  auto h = held_.find(c->name + '\0' + c->token);
+  Session* s = h == held_.end() ? nullptr : live(h->second.session);
+  if (s == nullptr) {
+    finish_with(ClaimResult::Status::kNotLeader);
+    return;
+  }
+  const std::string lock_path = h->second.path;
+  const std::string period_path = dir_of(c->name) + "/" + kPeriodNode;
+  const std::uint64_t serial = s->serial;
+  send(
+      *s,
+      [this, c, lock_path, period_path, serial, finish_with](const Result& r) {
+        if (r.rc != ZOK && r.rc != ZNONODE) {
+          c->out.status = ClaimResult::Status::kFailed;
+          c->out.error = error(r.rc, "reading the job's last period");
+          c->done(c->out);
+          return;
+        }
+        const bool exists = r.rc == ZOK;
+        std::int64_t last = -1;
+        if (exists) std::from_chars(r.value.data(), r.value.data() + r.value.size(), last);
+        if (exists && last >= c->period) {
+          c->out.last = last;
+          finish_with(ClaimResult::Status::kAlreadyRun);
+          return;
+        }
+        Session* s = live(serial);
+        if (s == nullptr) {
+          finish_with(ClaimResult::Status::kNotLeader);
+          return;
+        }
+        const int version = exists ? r.stat.version : -1;
+        const std::string value = std::to_string(c->period);
+        ACL_vector* acl = target_.digest() ? &ZOO_CREATOR_ALL_ACL : &ZOO_OPEN_ACL_UNSAFE;
+        // One step: our lock's node is there, and the period node is as read.
+        send(
+            *s,
+            [this, c, finish_with](const Result& r) {
+              if (r.rc == ZOK) {
+                c->out.last = c->period;
+                finish_with(ClaimResult::Status::kClaimed);
+                return;
+              }
+              if (r.op_errors.size() == 2 && r.op_errors[0] == ZNONODE) {
+                finish_with(ClaimResult::Status::kNotLeader);
+                return;
+              }
+              if (r.op_errors.size() == 2 && (r.op_errors[1] == ZBADVERSION || r.op_errors[1] == ZNODEEXISTS) &&
+                  ++c->attempt < kClaimAttempts) {
+                claim_step(c);  // another claim came first: read again
+                return;
+              }
+              c->out.status = ClaimResult::Status::kFailed;
+              c->out.error = error(r.rc, "claiming the period");
+              c->done(c->out);
+            },
+            [=](zhandle_t* zh, void* ctx) {
+              auto* x = static_cast<Ctx*>(ctx);
+              x->results.resize(2);
+              x->created.resize(period_path.size() + 64);
+              zoo_op_t ops[2];
+              zoo_check_op_init(&ops[0], lock_path.c_str(), -1);
+              if (exists)
+                zoo_set_op_init(&ops[1], period_path.c_str(), value.data(), static_cast<int>(value.size()), version,
+                                nullptr);
+              else
+                zoo_create_op_init(&ops[1], period_path.c_str(), value.data(), static_cast<int>(value.size()), acl,
+                                   ZOO_PERSISTENT, x->created.data(), static_cast<int>(x->created.size()));
+              return zoo_amulti(zh, 2, ops, x->results.data(), on_multi, ctx);
+            });
+      },
+      [=](zhandle_t* zh, void* ctx) { return zoo_aget(zh, period_path.c_str(), 0, on_data, ctx); });
 }
 
 // ---- operators
@@ -1109,6 +1338,10 @@ void ZkStore::close() {
     auto id = pending_.begin()->first;
     complete(id, closing);
   }
+  // Releases waiting out their sessions' expiry are answered now.
+  auto deferred = std::move(deferred_);
+  deferred_.clear();
+  for (auto& [when, f] : deferred) f();
   {
     std::lock_guard lk(sink_->mu);
     sink_->store = nullptr;

@@ -24,8 +24,11 @@
 //            on. Its watchdog's deadline came earlier (sent + ttl - drift);
 //            a renewal answered after the removal reports the lock gone.
 //   release  deletes our node (found by the token in its name when its path
-//            is not known: an acquisition whose answer was lost); a release
-//            that could not be confirmed is retried by the store until it is.
+//            is not known: an acquisition whose answer was lost). A release
+//            that could not be confirmed ends the session that may hold the
+//            node, and is answered (unconfirmed) once the ensemble has
+//            surely expired it: a node lives as long as its session, and
+//            the runtime takes an unconfirmed lock for gone after its ttl.
 //
 // The session is the lease. Its timeout is the ttl: one session per ttl,
 // made at the first lock of that ttl. The ensemble deletes a session's
@@ -75,7 +78,7 @@ namespace lockwatch::detail {
 
 class Loop;
 
-class ZkStore final : public StoreBase, public OperatorTools {
+class ZkStore final : public StoreBase, public JobClaims, public OperatorTools {
  public:
   // The longest lock name (key_prefix + key), in bytes; escaped, a node
   // name is at most three times as long.
@@ -98,6 +101,14 @@ class ZkStore final : public StoreBase, public OperatorTools {
   void subscribe(std::string_view name) override;
   void unsubscribe(std::string_view name) override;
   void close() override;
+  // JobClaims: the store's clock is the ensemble's, read as the mtime a
+  // write to /lockwatch gets (the leader's clock when it ran it); a job's
+  // last period is the data of a persistent node `period` in its lock's
+  // directory, set by one multi that also checks our lock's node is there
+  // (and the version read, so that two claims cannot both pass).
+  void server_time(TimeDone done) override;
+  void claim_period(std::string_view name, std::string_view token, std::int64_t period,
+                    std::chrono::system_clock::time_point start, ClaimDone done) override;
   // OperatorTools: the holder is the lowest node; a lock not held reports
   // fencing token 0 (the ensemble keeps no counter apart from the nodes).
   void inspect(std::string_view name, InspectDone done) override;
@@ -164,9 +175,12 @@ class ZkStore final : public StoreBase, public OperatorTools {
   void abandon_attempt(const std::shared_ptr<AcquireOp>& op);
   void delete_paths(Session& s, std::vector<std::string> paths, std::function<void(int rc)> done);
   void remember_cleanup(Cleanup c);
+  void give_up_release(const Cleanup& c, StoreError why, std::function<void(const StoreError&)> answer);
   void run_cleanups();
   static void on_cleanup(uv_timer_t* t);
   void close_later(zhandle_t* zh, void* watch_ctx);
+  struct Claim;
+  void claim_step(std::shared_ptr<Claim> c);
   void expire_held(Clock::time_point now);
 
   Loop& loop_;
@@ -181,6 +195,8 @@ class ZkStore final : public StoreBase, public OperatorTools {
   std::uint64_t next_id_ = 1;
   std::set<std::string, std::less<>> subscribed_;
   std::vector<Cleanup> cleanups_;  // nodes whose removal is unconfirmed
+  // Answers due later (give_up_release), run by the sweep.
+  std::vector<std::pair<Clock::time_point, std::function<void()>>> deferred_;
   std::uint64_t next_attempt_ = 1;
   bool cleaning_ = false;
   std::chrono::milliseconds cleanup_backoff_{0};
