@@ -185,7 +185,9 @@ TEST_F(ZooKeeperStoreTest, WhatTheStoreCannotGiveFailsSayingSo) {
 
 TEST_F(ZooKeeperStoreTest, TheLeaderKilledOrPausedKeepsLeasesAndGrantsLocks) {
   Runtime rt(options()), other(options());
-  auto held = take(rt, key("-held"), 5s);
+  // Longer than an election takes on a loaded machine: the lock is kept
+  // through it.
+  auto held = take(rt, key("-held"), 15s);
   const auto fence = held.lease().fencing_token();
   for (bool pause : {false, true}) {
     int leader = ensemble_->leader();

@@ -429,6 +429,7 @@ void ZkStore::on_session_state(std::uint64_t serial, int state) {
     }
   } else if (state == ZOO_EXPIRED_SESSION_STATE || state == ZOO_AUTH_FAILED_STATE) {
     const bool had_locks = std::any_of(held_.begin(), held_.end(), [&](const auto& h) { return h.second.session == serial; });
+    if (state == ZOO_EXPIRED_SESSION_STATE) expired_.insert(serial);  // the ensemble says its nodes are gone
     retire(s);
     if (events_.connection)
       events_.connection(endpoint_, false,
@@ -927,7 +928,9 @@ void ZkStore::release(std::span<const LockRef> locks, bool, ReleaseDone done) {
         return;
       }
       remember_cleanup(c);
-      give_up_release(c, *e, [i, shared_done](const StoreError& err) { (*shared_done)(i, Released::kUnconfirmed, &err); });
+      give_up_release(
+          c, *e, [i, shared_done](const StoreError& err) { (*shared_done)(i, Released::kUnconfirmed, &err); },
+          [i, shared_done](Released confirmed) { (*shared_done)(i, confirmed, nullptr); });
     });
   }
 }
@@ -938,7 +941,8 @@ void ZkStore::release(std::span<const LockRef> locks, bool, ReleaseDone done) {
 // other locks are lost with them: their renewals answer "gone"), and the
 // release is answered once the ensemble has surely expired them (their
 // timeout plus the drift allowance, on our clock), not before.
-void ZkStore::give_up_release(const Cleanup& c, StoreError why, std::function<void(const StoreError&)> answer) {
+void ZkStore::give_up_release(const Cleanup& c, StoreError why, std::function<void(const StoreError&)> answer,
+                              std::function<void(Released)> confirmed) {
   std::vector<Session*> ending;
   auto add = [&](std::uint64_t serial) {
     if (Session* s = live(serial); s != nullptr && std::find(ending.begin(), ending.end(), s) == ending.end())
@@ -964,17 +968,58 @@ void ZkStore::give_up_release(const Cleanup& c, StoreError why, std::function<vo
     sink_->post([answer = std::move(answer), why](ZkStore&) { answer(why); });
     return;
   }
-  deferred_.emplace_back(Clock::now() + wait + drift_for(options_, wait),
-                         [answer = std::move(answer), why] { answer(why); });
+  // Meanwhile the node is looked for from a new session, again and again:
+  // found gone or removed, the release is confirmed after all (a quorum
+  // that comes back gives every session a fresh timeout, so waiting alone
+  // could end before the ensemble removes it).
+  auto state = std::make_shared<GiveUp>();
+  state->c = c;
+  state->c.session = 0;
+  state->c.attempt = 0;
+  state->why = std::move(why);
+  state->answer = std::move(answer);
+  state->answer_confirmed = std::move(confirmed);
+  state->until = Clock::now() + wait + drift_for(options_, wait);
+  retry_give_up(state);
+}
+
+void ZkStore::retry_give_up(std::shared_ptr<GiveUp> g) {
+  if (g->answered) return;
+  delete_nodes(g->c, [this, g](Released st, const StoreError*) {
+    if (g->answered) return;
+    if (st != Released::kUnconfirmed) {
+      g->answered = true;
+      g->answer_confirmed(st);
+      return;
+    }
+    if (Clock::now() >= g->until || closed_) {
+      g->answered = true;
+      g->answer(g->why);
+      return;
+    }
+    deferred_.emplace_back(std::min(g->until, Clock::now() + options_.reconnect_min), [this, g] {
+      if (closed_) {
+        if (!g->answered) {
+          g->answered = true;
+          g->answer(g->why);
+        }
+        return;
+      }
+      retry_give_up(g);
+    });
+  });
 }
 
 void ZkStore::delete_nodes(const Cleanup& c, std::function<void(Released, const StoreError*)> done) {
   Session* s = c.session != 0 ? live(c.session) : any_session();
-  if (s == nullptr) {
-    // Its session is over: the ensemble removed its nodes with it.
+  if (s == nullptr && expired_.count(c.session) != 0) {
+    // The ensemble expired its session: it removed its nodes with it.
     sink_->post([done = std::move(done)](ZkStore&) { done(Released::kGone, nullptr); });
     return;
   }
+  // A session this store ended itself may live on in the ensemble until
+  // it expires there: its nodes are looked for from another.
+  if (s == nullptr) s = any_session();
   const std::string dir = dir_of(c.name);
   const std::uint64_t serial = s->serial;
   send(

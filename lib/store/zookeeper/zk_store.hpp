@@ -175,7 +175,18 @@ class ZkStore final : public StoreBase, public JobClaims, public OperatorTools {
   void abandon_attempt(const std::shared_ptr<AcquireOp>& op);
   void delete_paths(Session& s, std::vector<std::string> paths, std::function<void(int rc)> done);
   void remember_cleanup(Cleanup c);
-  void give_up_release(const Cleanup& c, StoreError why, std::function<void(const StoreError&)> answer);
+  // A release given up on: see release() in the .cpp.
+  struct GiveUp {
+    Cleanup c;
+    StoreError why;
+    std::function<void(const StoreError&)> answer;  // unconfirmed, after `until`
+    std::function<void(Released)> answer_confirmed;  // found gone or removed meanwhile
+    Clock::time_point until;
+    bool answered = false;
+  };
+  void give_up_release(const Cleanup& c, StoreError why, std::function<void(const StoreError&)> answer,
+                       std::function<void(Released)> confirmed);
+  void retry_give_up(std::shared_ptr<GiveUp> g);
   void run_cleanups();
   static void on_cleanup(uv_timer_t* t);
   void close_later(zhandle_t* zh, void* watch_ctx);
@@ -190,6 +201,7 @@ class ZkStore final : public StoreBase, public JobClaims, public OperatorTools {
   std::shared_ptr<Sink> sink_;
   std::map<long long, std::unique_ptr<Session>> sessions_;  // by requested timeout (ms)
   std::uint64_t next_serial_ = 1;
+  std::set<std::uint64_t> expired_;  // sessions the ensemble said it expired
   std::unordered_map<std::string, Held> held_;  // by name + '\0' + token
   std::unordered_map<std::uint64_t, Pending> pending_;
   std::uint64_t next_id_ = 1;
