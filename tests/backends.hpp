@@ -198,7 +198,8 @@ class PostgresBackend final : public Backend {
 // test's own, removed again after `ms`.
 class ZooKeeperBackend final : public Backend {
  public:
-  ZooKeeperBackend() { (void)ensemble(); }
+  // Each case starts on an ensemble that commits writes.
+  ZooKeeperBackend() { wait_writable(); }
   ~ZooKeeperBackend() override {
     for (auto& t : intruders_) t.join();
   }
@@ -237,12 +238,28 @@ class ZooKeeperBackend final : public Backend {
   void start() override {
     for (int i = 0; i < ensemble().size(); ++i) ensemble().start(i);
     if (!ensemble().wait_serving()) throw std::runtime_error("the ZooKeeper ensemble did not serve again");
+    wait_writable();
   }
   void pause(const std::string&) override {
     for (int i = 0; i < ensemble().size(); ++i) ensemble().pause(i);
   }
   void resume() override {
     for (int i = 0; i < ensemble().size(); ++i) ensemble().resume(i);
+  }
+  // Until a write commits: members answering `srvr` may still be electing
+  // a leader or syncing with it (after a kill, or a pause long enough for
+  // the followers to give the leader up).
+  static void wait_writable() {
+    auto until = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+    for (;;) {
+      try {
+        ZooKeeperClient fresh(ensemble().hosts(), "lockwatch:right");
+        (void)fresh.touch(detail::ZkStore::kRoot);
+        return;
+      } catch (const std::exception&) {
+        if (std::chrono::steady_clock::now() > until) throw;
+      }
+    }
   }
   static std::string dir_of(const std::string& name) {
     return std::string(detail::ZkStore::kRoot) + "/" + detail::ZkStore::escape(name);

@@ -4,8 +4,8 @@
 //
 // A lock of name N is a directory /lockwatch/<N escaped> (persistent, made
 // on first use and left in place) of ephemeral sequential nodes
-// lock-<owner token>-<sequence>, each holding its owner token and ttl. The
-// lowest sequence holds the lock:
+// lock-<owner token>.<attempt>-<sequence>, each holding its owner token
+// and ttl. The lowest sequence holds the lock:
 //   acquire  creates our node, lists the directory: ours the lowest, the
 //            lock is ours and its fencing token is our node's creation
 //            zxid (czxid: strictly rising, as holders follow creation
@@ -23,12 +23,18 @@
 //            until its deadline) frees the lock although the session lives
 //            on. Its watchdog's deadline came earlier (sent + ttl - drift);
 //            a renewal answered after the removal reports the lock gone.
-//   release  deletes our node (found by the token in its name when its path
-//            is not known: an acquisition whose answer was lost). A release
-//            that could not be confirmed ends the session that may hold the
-//            node, and is answered (unconfirmed) once the ensemble has
-//            surely expired it: a node lives as long as its session, and
-//            the runtime takes an unconfirmed lock for gone after its ttl.
+//   release  deletes every node of our token (found by the token in their
+//            names: the held one, and any an earlier attempt whose answer
+//            was lost made late). A release that could not be confirmed
+//            ends the session that may hold the node (a node lives as long
+//            as its session, and the runtime takes an unconfirmed lock for
+//            gone after its ttl), looks for the node from another session
+//            until that session's timeout has passed, and is answered
+//            removed or gone when it finds so, unconfirmed otherwise.
+//   claims   (JobClaims) the ensemble's clock is the mtime a write to
+//            /lockwatch gets; a job's last period is the node `period` in
+//            its lock's directory, set by a multi that checks our lock's
+//            node and the version read.
 //
 // The session is the lease. Its timeout is the ttl: one session per ttl,
 // made at the first lock of that ttl. The ensemble deletes a session's
@@ -47,7 +53,16 @@
 // The client calls back on its own threads: every answer goes to the loop
 // through Loop::post (Sink), where the store's state lives; a request
 // unanswered after the command timeout (the connect timeout while a
-// session was never up) fails as unavailable.
+// session was never up) fails as unavailable. Requests wait for their
+// session to connect before they go to the client, which fails what it
+// queued at every connection attempt that fails. zookeeper_init() looks
+// host names up on the calling (loop) thread; numeric addresses cost
+// nothing. zookeeper_close() blocks: handles close on a thread of the
+// store's own.
+//
+// Costs: one session (two client threads) per distinct ttl; an acquisition
+// two round trips (four when busy), a release two, renewals one request
+// per session and 256 locks.
 //
 // Threading: as LockStore (loop thread, but encode()/check_key()).
 #pragma once
