@@ -640,15 +640,17 @@ class LockNodes {
     if (zh_ == nullptr) return std::nullopt;
     const std::string dir =
         std::string(lockwatch::detail::ZkStore::kRoot) + "/" + lockwatch::detail::ZkStore::escape(sql_lock_name(key));
-    // A member may lag the leader: sync first (its answer comes once the
-    // member has caught up), so that the read sees every committed write.
+    // A member may lag the leader, and a leader stopped for a while may
+    // answer as one until it learns it was replaced (a sync would pass
+    // there): a write first, which only the ensemble's quorum commits, so
+    // that the read after it sees every write committed before.
     auto synced = std::make_shared<ZkWait>();
-    if (zoo_async(zh_, dir.c_str(),
-                  [](int rc, const char*, const void* d) {
-                    zk_done(static_cast<std::shared_ptr<ZkWait>*>(const_cast<void*>(d)), [&](ZkWait& w) { w.rc = rc; });
-                  },
-                  new std::shared_ptr<ZkWait>(synced)) != ZOK ||
-        !zk_wait(*synced) || synced->rc != ZOK)
+    if (zoo_aset(zh_, lockwatch::detail::ZkStore::kRoot, "", 0, -1,
+                 [](int rc, const Stat*, const void* d) {
+                   zk_done(static_cast<std::shared_ptr<ZkWait>*>(const_cast<void*>(d)), [&](ZkWait& w) { w.rc = rc; });
+                 },
+                 new std::shared_ptr<ZkWait>(synced)) != ZOK ||
+        !zk_wait(*synced) || (synced->rc != ZOK && synced->rc != ZNONODE))
       return std::nullopt;
     auto list = std::make_shared<ZkWait>();
     if (zoo_aget_children(zh_, dir.c_str(), 0,
