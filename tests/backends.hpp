@@ -2,8 +2,9 @@
 // starts: one Redis node (redis-server, with a password), a Redis Cluster
 // (3 masters, 3 replicas, with a password), a SQL table (mariadbd) and,
 // when lockwatch is built with it, a PostgreSQL table (postgres, one server
-// for the whole test program); and the in-process store (memory://), a
-// space of the test's own.
+// for the whole test program), a ZooKeeper ensemble (three members, one
+// for the whole program) when built with it; and the in-process store
+// (memory://), a space of the test's own.
 // What a test needs to look into or tamper with in a store goes through
 // Backend, so the tests themselves are written once.
 #pragma once
@@ -24,6 +25,13 @@
 #endif
 #include "support/redis_cluster.hpp"
 #include "support/redis_server.hpp"
+#if LOCKWATCH_WITH_ZOOKEEPER
+#include <thread>
+
+#include "lockwatch/runtime.hpp"
+#include "store/zookeeper/zk_store.hpp"
+#include "support/zookeeper_ensemble.hpp"
+#endif
 
 namespace lockwatch::testing {
 
@@ -47,6 +55,13 @@ class Backend {
     for (int i = 0; i < n; ++i) out.push_back("batch" + std::to_string(i));
     return out;
   }
+  // Whether acquiring again with the same owner token may lengthen the
+  // lock's ttl (ZooKeeper's ttl is its session's timeout, fixed when the
+  // lock was taken).
+  virtual bool repeat_lengthens_ttl() const { return true; }
+  // How much longer than the lock's ttl a release that found no answer
+  // takes to settle (ZooKeeper's waits out its session's expiry).
+  virtual std::chrono::milliseconds unconfirmed_release_wait(std::chrono::milliseconds) const { return {}; }
   // Makes `owner` hold the lock of `key` for `ms`, whoever held it (an
   // intruder, or a clock gone wrong), with the default prefix.
   virtual void steal(const std::string& key, const std::string& owner, std::chrono::milliseconds ms) const = 0;
@@ -172,6 +187,107 @@ class PostgresBackend final : public Backend {
 };
 #endif
 
+#if LOCKWATCH_WITH_ZOOKEEPER
+// One 3-member ensemble for every case of the program (three JVMs cost
+// seconds to start), with digest credentials: the first connection, made
+// here, creates /lockwatch with its creator's ACL, which a wrong password
+// then cannot pass. The store's faults are the ensemble's: kill() crashes
+// every member (no quorum: the lock's lease can only be lost), start()
+// brings them back on their data; pause() stops every member answering.
+// steal() replaces the lock's nodes by an intruder's, of a session of the
+// test's own, removed again after `ms`.
+class ZooKeeperBackend final : public Backend {
+ public:
+  // Each case starts on an ensemble that commits writes.
+  ZooKeeperBackend() { wait_writable(); }
+  ~ZooKeeperBackend() override {
+    for (auto& t : intruders_) t.join();
+  }
+  std::string url() const override { return "zookeeper://lockwatch:right@" + ensemble().hosts(); }
+  std::string url_with_wrong_password() const override {
+    return "zookeeper://lockwatch:wrong@" + ensemble().hosts();
+  }
+  std::string unreachable_url() const override {
+    return "zookeeper://127.0.0.1:" + std::to_string(free_loopback_port());
+  }
+  std::size_t longest_key(const Options& o) const override { return 255 - o.key_prefix.size(); }
+  bool repeat_lengthens_ttl() const override { return false; }
+  // The session's timeout (the ttl) and the drift allowance.
+  std::chrono::milliseconds unconfirmed_release_wait(std::chrono::milliseconds ttl) const override {
+    return ttl + ttl / 100 + std::chrono::milliseconds(2);
+  }
+  void steal(const std::string& key, const std::string& owner, std::chrono::milliseconds ms) const override {
+    const std::string dir = dir_of("lockwatch:" + key);
+    for (const auto& c : client().children(dir))
+      if (c.rfind("lock-", 0) == 0) client().remove(dir + "/" + c);
+    std::string made = client().create_ephemeral_sequential(
+        dir + "/lock-" + detail::ZkStore::escape(owner) + ".0-", owner + "\n" + std::to_string(ms.count()));
+    intruders_.emplace_back([made, ms] {
+      std::this_thread::sleep_for(ms);  // the intruder's ttl
+      client().remove(made);
+    });
+  }
+  long long now_ms() const override { return client().touch(detail::ZkStore::kRoot); }
+  long long last_period(const std::string& job) const override {
+    auto v = client().get(dir_of("lockwatch:job:" + job) + "/period");
+    return v ? std::stoll(*v) : -1;
+  }
+  void kill(const std::string&) override {
+    for (int i = 0; i < ensemble().size(); ++i) ensemble().kill(i);
+  }
+  void start() override {
+    for (int i = 0; i < ensemble().size(); ++i) ensemble().start(i);
+    if (!ensemble().wait_serving()) throw std::runtime_error("the ZooKeeper ensemble did not serve again");
+    wait_writable();
+  }
+  void pause(const std::string&) override {
+    for (int i = 0; i < ensemble().size(); ++i) ensemble().pause(i);
+  }
+  void resume() override {
+    for (int i = 0; i < ensemble().size(); ++i) ensemble().resume(i);
+  }
+  // Until a write commits: members answering `srvr` may still be electing
+  // a leader or syncing with it (after a kill, or a pause long enough for
+  // the followers to give the leader up).
+  static void wait_writable() {
+    auto until = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+    for (;;) {
+      try {
+        ZooKeeperClient fresh(ensemble().hosts(), "lockwatch:right");
+        (void)fresh.touch(detail::ZkStore::kRoot);
+        return;
+      } catch (const std::exception&) {
+        if (std::chrono::steady_clock::now() > until) throw;
+      }
+    }
+  }
+  static std::string dir_of(const std::string& name) {
+    return std::string(detail::ZkStore::kRoot) + "/" + detail::ZkStore::escape(name);
+  }
+  static ZooKeeperClient& client() {
+    static ZooKeeperClient* shared = new ZooKeeperClient(ensemble().hosts(), "lockwatch:right");
+    return *shared;
+  }
+  static ZooKeeperEnsemble& ensemble() {
+    static ZooKeeperEnsemble* shared = [] {
+      auto* e = new ZooKeeperEnsemble(3);
+      Options o;
+      o.redis_url = "zookeeper://lockwatch:right@" + e->hosts();
+      o.threads = 1;
+      Runtime rt(o);
+      auto f = rt.acquire("set-up", std::chrono::seconds(2), 0);
+      auto h = f.get();
+      h.release().get();
+      return e;
+    }();
+    return *shared;
+  }
+
+ private:
+  mutable std::vector<std::thread> intruders_;
+};
+#endif
+
 // The key's server in a cluster is its slot's master. kill() takes its
 // replicas down with it, so that no failover can keep the lock: the
 // slot is gone, as one server would be. pause() stops the master alone;
@@ -288,13 +404,16 @@ class EmbeddedBackend final : public Backend {
   std::shared_ptr<detail::MemorySpace> space_;
 };
 
-// "redis", "redis-cluster", "mysql", "postgresql" or "memory".
+// "redis", "redis-cluster", "mysql", "postgresql", "zookeeper" or "memory".
 inline std::unique_ptr<Backend> make_backend(const std::string& kind) {
   if (kind == "redis") return std::make_unique<RedisBackend>();
   if (kind == "redis-cluster") return std::make_unique<ClusterBackend>();
   if (kind == "memory") return std::make_unique<EmbeddedBackend>();
 #if LOCKWATCH_WITH_POSTGRESQL
   if (kind == "postgresql") return std::make_unique<PostgresBackend>();
+#endif
+#if LOCKWATCH_WITH_ZOOKEEPER
+  if (kind == "zookeeper") return std::make_unique<ZooKeeperBackend>();
 #endif
   if (kind == "mysql") return std::make_unique<MariaDbBackend>();
   throw std::invalid_argument("no backend " + kind);
@@ -305,6 +424,9 @@ inline std::vector<std::string> backend_kinds() {
   std::vector<std::string> kinds{"redis", "redis-cluster", "mysql"};
 #if LOCKWATCH_WITH_POSTGRESQL
   kinds.push_back("postgresql");
+#endif
+#if LOCKWATCH_WITH_ZOOKEEPER
+  kinds.push_back("zookeeper");
 #endif
   kinds.push_back("memory");
   return kinds;

@@ -167,6 +167,27 @@ class SqlError : public Error {
   std::string server_message_;
 };
 
+/// A ZooKeeper ensemble (zookeeper://) answered a request with an error
+/// that is neither a lost connection nor refused credentials: a node name
+/// or a chroot it refuses, say. `code()` is ZooKeeper's return code (e.g.
+/// -8, ZBADARGUMENTS), `server_message()` the client library's text for it.
+class ZooKeeperError : public Error {
+ public:
+  /// An error `endpoint` answered with ZooKeeper's return `code`.
+  ZooKeeperError(std::string endpoint, int code, std::string server_message);
+  /// The ensemble, as the URL named it (never a password).
+  const std::string& endpoint() const noexcept { return endpoint_; }
+  /// ZooKeeper's return code (negative; ZBADARGUMENTS is -8).
+  int code() const noexcept { return code_; }
+  /// The client library's text for the code.
+  const std::string& server_message() const noexcept { return server_message_; }
+
+ private:
+  std::string endpoint_;
+  int code_ = 0;
+  std::string server_message_;
+};
+
 /// The runtime was stopped (or is stopping) before the request could run.
 class RuntimeStopped : public Error {
  public:

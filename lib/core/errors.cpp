@@ -67,4 +67,10 @@ SqlError::SqlError(std::string endpoint, std::string sqlstate, std::string serve
       sqlstate_(std::move(sqlstate)),
       server_message_(std::move(server_message)) {}
 
+ZooKeeperError::ZooKeeperError(std::string endpoint, int code, std::string server_message)
+    : Error(fmt::format("{} answered error {}: {}", endpoint, code, server_message)),
+      endpoint_(std::move(endpoint)),
+      code_(code),
+      server_message_(std::move(server_message)) {}
+
 }  // namespace lockwatch

@@ -500,10 +500,6 @@ void Runtime::Impl::begin_stop() {
   // and a handle that outlives it reads lost (kRuntimeStopped) from now on,
   // so its remaining() no longer vouches for a lock it does not hold.
   for (auto& l : watchdog.stop_all()) {
-    // A handle given back already completes by itself: when its release is
-    // answered, or, unconfirmed, once its key surely expired. Losing it
-    // now would cancel that timer, and stopping would wait for it forever.
-    if (l->work_finished) continue;
     watchdog.lose(l, LostReason::kRuntimeStopped, "the runtime was destroyed and released the lock");
     watchdog.work_done(l);
   }

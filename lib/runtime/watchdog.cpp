@@ -338,7 +338,10 @@ void Watchdog::finish(const std::shared_ptr<LeaseRecord>& l) {
 std::vector<std::shared_ptr<LeaseRecord>> Watchdog::stop_all() {
   std::vector<std::shared_ptr<LeaseRecord>> handles;
   for (auto& l : leases_) {
-    if (l->is_handle()) handles.push_back(l);
+    // A handle released already (its release unconfirmed, waiting out the
+    // ttl in kReleasing) keeps its timer: losing it would cancel the one
+    // thing that finishes it.
+    if (l->is_handle() && !l->work_finished) handles.push_back(l);
     request_stop(l);
   }
   return handles;

@@ -12,6 +12,9 @@
 #if LOCKWATCH_WITH_POSTGRESQL
 #include "store/postgresql/pg_kind.hpp"
 #endif
+#if LOCKWATCH_WITH_ZOOKEEPER
+#include "store/zookeeper/zk_kind.hpp"
+#endif
 
 namespace lockwatch::detail {
 
@@ -26,6 +29,11 @@ constexpr StoreKind kPostgresStore =
     missing_store("postgresql postgres", "postgresql://user[:password]@host[:port]/database (or postgres://)",
                   "'postgresql' (libpq >= 14)");
 #endif
+#if !LOCKWATCH_WITH_ZOOKEEPER
+constexpr StoreKind kZooKeeperStore =
+    missing_store("zookeeper", "zookeeper://[user:password@]host:port[,host:port...][/chroot]",
+                  "'zookeeper' (the ZooKeeper C client, libzookeeper_mt)");
+#endif
 
 // Scheme to store: one line per kind.
 constexpr const StoreKind* kKinds[] = {
@@ -33,6 +41,7 @@ constexpr const StoreKind* kKinds[] = {
     &kRedisClusterStore,
     &kSqlStore,
     &kPostgresStore,
+    &kZooKeeperStore,
     &kMemoryStore,
 };
 

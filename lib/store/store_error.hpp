@@ -29,9 +29,9 @@ struct StoreError {
     kInvalid,      // the request cannot be made (bad input)
   };
   // Which kind of server answered: the public error it becomes depends on
-  // it (RedisError or SqlError; a MariaDB error number or a PostgreSQL
-  // SQLSTATE).
-  enum class Origin : std::uint8_t { kRedis, kSql, kPostgres };
+  // it (RedisError, SqlError or ZooKeeperError; a MariaDB error number,
+  // a PostgreSQL SQLSTATE or a ZooKeeper return code).
+  enum class Origin : std::uint8_t { kRedis, kSql, kPostgres, kZooKeeper };
 
   Kind kind = Kind::kUnavailable;
   Origin origin = Origin::kRedis;
@@ -41,7 +41,7 @@ struct StoreError {
   std::string target_host;  // kRedirect
   std::string endpoint;     // the server ("host:port", "mysql://host:port/db", "quorum")
   std::string code;         // the server's code: Redis's first word ("WRONGTYPE"), MariaDB's number ("1406"),
-                            // PostgreSQL's SQLSTATE ("22001"); may be empty
+                            // PostgreSQL's SQLSTATE ("22001"), ZooKeeper's return code ("-110"); may be empty
   std::string message;      // the server's own text (Redis: its whole error line) or why no answer could be had
 
   // The text users have always read for it (what() of the public error it

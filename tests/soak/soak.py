@@ -3,7 +3,8 @@
 
 Starts the lock topology (one redis-server, three Redlock masters, a
 master, a replica and three sentinels, a Redis Cluster of three masters
-and three replicas, one mariadbd, or one postgres), the resource (one more
+and three replicas, one mariadbd, one postgres, or a ZooKeeper ensemble of
+three members), the resource (one more
 redis-server, never faulted) and several lockwatch-soak-worker processes,
 injects faults at random from a seed for the given time, then collects
 what the checker (scripts/soak_check.py) reads into --dir:
@@ -22,7 +23,8 @@ faults are crashes (SIGKILL) of nodes that keep their keys and fencing
 counters, which is what docs/stores.md asks of a deployment that wants
 fencing tokens to survive a restart; mariadbd commits every statement to
 its log (innodb_flush_log_at_trx_commit=1), postgres likewise (fsync and
-synchronous_commit on, its defaults); postgres's faults (kill, stop)
+synchronous_commit on, its defaults), ZooKeeper members likewise (forceSync,
+their default); postgres's faults (kill, stop)
 take every process of the server, the postmaster and its children. The cluster's nodes time out
 after 1 s; its faults are a master killed (its replica takes over, it
 comes back as a replica), a graceful CLUSTER FAILOVER, a slot of a lock
@@ -30,7 +32,10 @@ moved to another master while locks are held (IMPORTING/MIGRATING,
 MIGRATE, SETSLOT NODE, as redis-cli --cluster reshard does) and a master
 stopped for less than the node timeout. Faults stop some seconds before
 the end so that the run ends on a healthy system. Cluster, SQL and
-PostgreSQL faults stay on 127.0.0.1 (no network namespace).
+PostgreSQL faults stay on 127.0.0.1 (no network namespace). ZooKeeper's
+faults (on 127.0.0.1 too) are a member killed and restarted, the leader
+killed and restarted or stopped, and a majority killed for a while (no
+lock is granted then, and holders lose their leases).
 
 Every child is killed on exit (also on SIGTERM/SIGINT, and by the kernel
 should this process die: PR_SET_PDEATHSIG), the network namespace is
@@ -516,6 +521,132 @@ class Postgres(Server):
         return [{"key": r[0], "value": r[1], "pttl": int(r[2])} for r in rows]
 
 
+ZK_JAR = "/usr/share/java/zookeeper.jar"
+
+
+class ZooKeeperMember(Server):
+    """One member of the ensemble (java, Debian's zookeeper.jar), on fixed
+    loopback ports, restartable on its data directory."""
+
+    def __init__(self, root, i, servers):
+        self.name = "zk%d" % (i + 1)
+        self.dir = os.path.join(root, self.name)
+        os.makedirs(self.dir, exist_ok=True)
+        self.port = servers[i][0]
+        self.proc = None
+        with open(os.path.join(self.dir, "myid"), "w") as f:
+            f.write("%d\n" % (i + 1))
+        with open(os.path.join(self.dir, "zoo.cfg"), "w") as f:
+            f.write("tickTime=100\ninitLimit=50\nsyncLimit=5\ndataDir=%s\nclientPort=%d\n"
+                    "clientPortAddress=127.0.0.1\nminSessionTimeout=200\nmaxSessionTimeout=60000\n"
+                    "admin.enableServer=false\n4lw.commands.whitelist=srvr,ruok\npreAllocSize=1024\n"
+                    "maxClientCnxns=0\n" % (self.dir, self.port))
+            for j, (_, peer, election) in enumerate(servers):
+                f.write("server.%d=127.0.0.1:%d:%d\n" % (j + 1, peer, election))
+
+    @property
+    def addr(self):
+        return "127.0.0.1:%d" % self.port
+
+    def start(self, replicaof=None):
+        self.proc = Child(["java", "-Xmx96m", "-XX:+UseSerialGC", "-XX:TieredStopAtLevel=1",
+                           "-Dorg.slf4j.simpleLogger.defaultLogLevel=warn",
+                           "-cp", ZK_JAR + ":/usr/share/java/slf4j-simple.jar",
+                           "org.apache.zookeeper.server.quorum.QuorumPeerMain", os.path.join(self.dir, "zoo.cfg")],
+                          os.path.join(self.dir, "server.log"))
+
+    def mode(self):
+        """'leader', 'follower', or None (no answer within 0.5 s, no quorum)."""
+        try:
+            with socket.create_connection(("127.0.0.1", self.port), timeout=0.5) as c:
+                c.settimeout(0.5)
+                c.sendall(b"srvr")
+                out = b""
+                while True:
+                    chunk = c.recv(4096)
+                    if not chunk:
+                        break
+                    out += chunk
+        except OSError:
+            return None
+        for line in out.decode(errors="replace").splitlines():
+            if line.startswith("Mode: "):
+                return line[6:].strip()
+        return None
+
+
+class ZooKeeper:
+    """Three members; the locks' nodes are read with ZooKeeper's own
+    command-line client."""
+
+    def __init__(self, root):
+        ports = set()
+        servers = []
+        for _ in range(3):
+            trio = []
+            while len(trio) < 3:
+                p = free_port()
+                if p not in ports:
+                    ports.add(p)
+                    trio.append(p)
+            servers.append(tuple(trio))
+        self.members = [ZooKeeperMember(root, i, servers) for i in range(3)]
+        self.name = "zookeeper"
+
+    @property
+    def hosts(self):
+        return ",".join(m.addr for m in self.members)
+
+    def start(self):
+        for m in self.members:
+            m.start()
+
+    def healthy(self):
+        return all(m.proc is None or m.mode() is not None for m in self.members)
+
+    def leader(self):
+        for m in self.members:
+            if m.proc is not None and m.mode() == "leader":
+                return m
+        return None
+
+    def cli(self, command, timeout=20.0):
+        """ZooKeeperMain's output for one command (its own JVM)."""
+        r = subprocess.run(["java", "-Xmx64m", "-XX:TieredStopAtLevel=1", "-cp",
+                            ZK_JAR + ":/usr/share/java/slf4j-nop.jar", "org.apache.zookeeper.ZooKeeperMain",
+                            "-server", self.hosts] + command.split(" "),
+                           stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=timeout)
+        if r.returncode != 0:
+            raise OSError("zkCli %s: %s" % (command, (r.stderr or r.stdout).strip()[-300:]))
+        return r.stdout
+
+    def lock_keys(self):
+        """[{key, value, pttl}] of every lock held now: the lowest node of
+        each lock's directory (pttl None: a node lives with its session)."""
+        from urllib.parse import unquote
+        try:
+            listing = self.cli("ls -R /lockwatch")
+        except subprocess.TimeoutExpired:
+            raise OSError("the ensemble did not answer within 20 s")
+        lowest = {}
+        for line in listing.splitlines():
+            parts = line.strip().split("/")
+            if len(parts) != 4 or parts[1] != "lockwatch" or not parts[3].startswith("lock-"):
+                continue
+            d, node = parts[2], parts[3]
+            if d not in lowest or node[-10:] < lowest[d][-10:]:
+                lowest[d] = node
+        out = []
+        for d, node in sorted(lowest.items()):
+            data = self.cli("get /lockwatch/%s/%s" % (d, node))
+            # The node's data is "<owner token>\n<ttl>"; the client adds
+            # lines of its own around it. Owner tokens are 32 hex digits.
+            value = next((l.strip() for l in data.splitlines()
+                          if len(l.strip()) == 32 and all(c in "0123456789abcdef" for c in l.strip())), "")
+            out.append({"key": unquote(d), "value": value, "pttl": None})
+        return out
+
+
 class Cluster:
     """Six cluster nodes (appendonly), made three masters with a replica
     each by redis-cli --cluster create; nodes keep their ports across
@@ -636,6 +767,7 @@ class Soak:
         self.sentinels = []
         self.cluster = None
         self.sql = None
+        self.zk = None
         self.netns = None
         self.guard = None  # the blackhole route's arguments, once added
         self.net_mode = None  # "netem", "partition" or None
@@ -650,7 +782,7 @@ class Soak:
             why = "not running as root"
         elif not shutil.which("ip") or not shutil.which("tc"):
             why = "ip or tc not found (Debian package iproute2)"
-        elif a.topology in ("sentinel", "cluster", "sql", "postgresql"):
+        elif a.topology in ("sentinel", "cluster", "sql", "postgresql", "zookeeper"):
             why = "%s nodes stay on 127.0.0.1" % a.topology
         if why:
             say("soak: network faults skipped: %s" % why)
@@ -711,6 +843,8 @@ class Soak:
             self.sql = MariaDb(self.dir)
         elif a.topology == "postgresql":
             self.sql = Postgres(self.dir)
+        elif a.topology == "zookeeper":
+            self.zk = ZooKeeper(self.dir)
         elif a.topology == "redlock":
             self.nodes = [RedisNode(self.dir, "node%d" % i) for i in range(2)]
             if ns_addr:
@@ -724,6 +858,11 @@ class Soak:
             if not self.wait_for(self.cluster.healthy, 40):
                 raise RuntimeError("the cluster was not healthy within 40 s")
             self.url = "redis-cluster://" + ",".join(n.addr for n in self.nodes[:3])
+        elif self.zk:
+            self.zk.start()
+            if not self.wait_for(lambda: self.zk.leader() is not None and self.zk.healthy(), 60):
+                raise RuntimeError("the ZooKeeper ensemble did not serve within 60 s")
+            self.url = "zookeeper://" + self.zk.hosts
         elif self.sql:
             self.sql.start()
             self.sql.create_user()
@@ -732,7 +871,7 @@ class Soak:
         else:
             for i, n in enumerate(self.nodes):
                 n.start(replicaof=self.nodes[0].port if a.topology == "sentinel" and i > 0 else None)
-        if a.topology in ("cluster", "sql", "postgresql"):
+        if a.topology in ("cluster", "sql", "postgresql", "zookeeper"):
             pass
         elif a.topology == "sentinel":
             self.sentinels = [Sentinel(self.dir, "sentinel%d" % i, self.nodes[0].port) for i in range(3)]
@@ -747,8 +886,10 @@ class Soak:
         desc = {"single": "one redis-server", "redlock": "Redlock over 3 redis-server masters",
                 "sentinel": "a master, a replica and 3 sentinels (min_replicas 1)",
                 "cluster": "a Redis Cluster of 3 masters and 3 replicas (node timeout 1 s, min_replicas 1)",
-                "sql": "one mariadbd", "postgresql": "one postgres"}[a.topology]
-        durable = "flush at every commit" if a.topology in ("sql", "postgresql") else "appendonly, fsync always"
+                "sql": "one mariadbd", "postgresql": "one postgres",
+                "zookeeper": "a ZooKeeper ensemble of 3 members (tick 100 ms)"}[a.topology]
+        durable = "flush at every commit" if a.topology in ("sql", "postgresql", "zookeeper") \
+            else "appendonly, fsync always"
         say("soak: %s (%s) at %s; resource on %s" % (desc, durable, self.url, self.resource.addr))
         say("soak: %d processes x %d threads on %d keys for %d s" % (a.procs, a.threads, a.keys, a.seconds))
 
@@ -905,6 +1046,28 @@ class Soak:
         node.resume()
         self.fault(kind, node.name, t0, seconds=d)
 
+    def zk_fault(self, kind):
+        rng, zk = self.rng, self.zk
+        leader = zk.leader() or rng.choice(zk.members)
+        if kind == "zk_member_kill":
+            self.node_kill(kind, rng.choice(zk.members), rng.uniform(0.2, 3.0))
+        elif kind == "zk_leader_kill":
+            self.node_kill(kind, leader, rng.uniform(0.2, 3.0))
+        elif kind == "zk_leader_hang":
+            self.node_hang(kind, leader, rng.uniform(0.3, 3.0))
+        else:
+            # No quorum for a while: nothing is granted, holders lose their leases.
+            down = rng.sample(zk.members, 2)
+            t0 = mono_ns()
+            for m in down:
+                m.kill()
+            d = rng.uniform(0.5, 3.0)
+            time.sleep(d)
+            for m in down:
+                m.start()
+            self.fault(kind, "+".join(m.name for m in down), t0, down=d)
+        self.wait_for(lambda: zk.leader() is not None, 20)
+
     def lock_slot(self):
         """The cluster slot of one of the workers' locks, picked at random."""
         key = "lockwatch:{soak:k%d}" % self.rng.randrange(self.a.keys)
@@ -977,6 +1140,8 @@ class Soak:
                 self.deck += ["c_master_kill", "c_failover", "c_slot_move", "c_slot_move", "c_master_hang"]
             elif topo in ("sql", "postgresql"):
                 self.deck += ["sql_restart", "sql_hang"]
+            elif topo == "zookeeper":
+                self.deck += ["zk_member_kill", "zk_leader_kill", "zk_leader_hang", "zk_majority_down"]
             elif topo == "redlock":
                 self.deck += ["node_kill", "redis_hang"]
             else:
@@ -996,7 +1161,13 @@ class Soak:
             # Let the last failover settle first; this kind comes up again later.
             self.deck.insert(0, kind)
             kind = rng.choice(["holder_kill", "holder_stop"])
-        if kind.startswith("c_"):
+        if kind.startswith("zk_") and not self.zk.healthy():
+            # Let the last fault settle first; this kind comes up again later.
+            self.deck.insert(0, kind)
+            kind = rng.choice(["holder_kill", "holder_stop"])
+        if kind.startswith("zk_"):
+            self.zk_fault(kind)
+        elif kind.startswith("c_"):
             self.cluster_fault(kind[2:])
         elif kind == "sql_restart":
             self.node_kill("sql_restart", self.sql, rng.uniform(0.0, 1.5))
@@ -1067,6 +1238,13 @@ class Soak:
 
     def scan(self):
         out = []
+        if self.zk:
+            if not self.wait_for(lambda: self.zk.leader() is not None, 20):
+                return [{"node": "zookeeper", "ok": False, "error": "no leader within 20 s"}]
+            try:
+                return [{"node": "zookeeper", "ok": True, "keys": self.zk.lock_keys()}]
+            except (OSError, subprocess.TimeoutExpired) as e:
+                return [{"node": "zookeeper", "ok": False, "error": str(e)}]
         if self.sql:
             try:
                 return [{"node": self.sql.name, "ok": True, "keys": self.sql.lock_keys()}]
@@ -1138,7 +1316,8 @@ class Stop(Exception):
 def main():
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--seconds", type=int, default=60)
-    p.add_argument("--topology", choices=["single", "redlock", "sentinel", "cluster", "sql", "postgresql"],
+    p.add_argument("--topology",
+                   choices=["single", "redlock", "sentinel", "cluster", "sql", "postgresql", "zookeeper"],
                    default="single")
     p.add_argument("--seed", type=int, required=True)
     p.add_argument("--procs", type=int, default=3)

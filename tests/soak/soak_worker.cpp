@@ -67,6 +67,11 @@
 // The URL forms as the library parses them (to read lock keys on the same
 // nodes the library uses).
 #include "store/redis/topology.hpp"
+#if LOCKWATCH_WITH_ZOOKEEPER
+#include <zookeeper/zookeeper.h>
+
+#include "store/zookeeper/zk_store.hpp"
+#endif
 
 using namespace std::chrono_literals;
 
@@ -298,23 +303,29 @@ class Resource {
 
 // Where the lock nodes are, from the URL the runtime gets: fixed masters
 // and Sentinel as the library parses them, a Redis Cluster's seeds, or a
-// mysql:// or postgresql:// database.
+// mysql:// or postgresql:// database, or a ZooKeeper ensemble.
 struct Where {
-  enum class Kind { kRedis, kCluster, kSql, kPostgres } kind = Kind::kRedis;
+  enum class Kind { kRedis, kCluster, kSql, kPostgres, kZooKeeper } kind = Kind::kRedis;
   lockwatch::detail::Topology topology;  // kRedis
   std::vector<std::pair<std::string, int>> seeds;  // kCluster
   std::string user, password, host, database;  // kSql
   int port = 3306;
+  std::string zk_hosts;  // kZooKeeper: "h:p,h:p"
 
   static Where parse(const std::string& url) {
     Where w;
-    constexpr std::string_view kCluster = "redis-cluster://", kSql = "mysql://", kPostgres = "postgresql://";
+    constexpr std::string_view kCluster = "redis-cluster://", kSql = "mysql://", kPostgres = "postgresql://",
+                               kZooKeeper = "zookeeper://";
     auto host_port = [&](const std::string& hp) {
       auto colon = hp.rfind(':');
       if (colon == std::string::npos) throw std::runtime_error("host:port expected in " + url);
       return std::make_pair(hp.substr(0, colon), std::atoi(hp.c_str() + colon + 1));
     };
-    if (url.starts_with(kCluster)) {
+    if (url.starts_with(kZooKeeper)) {
+      // zookeeper://h:p,h:p, as scripts/soak writes it (no credentials, no chroot).
+      w.kind = Kind::kZooKeeper;
+      w.zk_hosts = url.substr(kZooKeeper.size());
+    } else if (url.starts_with(kCluster)) {
       w.kind = Kind::kCluster;
       std::string rest = url.substr(kCluster.size());
       for (std::size_t at = 0;;) {
@@ -367,6 +378,9 @@ class LockNodes {
 #if LOCKWATCH_WITH_POSTGRESQL
     if (pg_ != nullptr) PQfinish(pg_);
 #endif
+#if LOCKWATCH_WITH_ZOOKEEPER
+    if (zh_ != nullptr) zookeeper_close(zh_);
+#endif
   }
   LockNodes(const LockNodes&) = delete;
   LockNodes& operator=(const LockNodes&) = delete;
@@ -378,6 +392,7 @@ class LockNodes {
       case Where::Kind::kCluster: return kClusterHops * 2 * kProbeTimeout;
       case Where::Kind::kSql: return 3 * kSqlTimeout;  // connect, write, read
       case Where::Kind::kPostgres: return 2 * kSqlTimeout;  // connect, query
+      case Where::Kind::kZooKeeper: return 3 * kSqlTimeout;  // sync, list, read
       default: return static_cast<long>(nodes()) * 2 * kProbeTimeout;
     }
   }
@@ -391,6 +406,9 @@ class LockNodes {
     if (where_of_.kind == Where::Kind::kSql) return {sql_value(key)};
 #if LOCKWATCH_WITH_POSTGRESQL
     if (where_of_.kind == Where::Kind::kPostgres) return {pg_value(key)};
+#endif
+#if LOCKWATCH_WITH_ZOOKEEPER
+    if (where_of_.kind == Where::Kind::kZooKeeper) return {zk_value(key)};
 #endif
     std::vector<std::optional<std::string>> out;
     if (sentinels_.empty()) {
@@ -584,6 +602,99 @@ class LockNodes {
     where_ = "sql";
     return owner;
   }
+#endif
+
+#if LOCKWATCH_WITH_ZOOKEEPER
+  // One answer of the client's, waited for with a deadline (the client's
+  // own calls would wait on a stopped ensemble for the session timeout).
+  struct ZkWait {
+    std::mutex mu;
+    std::condition_variable cv;
+    bool done = false;
+    int rc = 0;
+    std::vector<std::string> children;
+    std::string data;
+  };
+  static void zk_done(std::shared_ptr<ZkWait>* ctx, const std::function<void(ZkWait&)>& fill) {
+    auto w = std::move(*ctx);
+    delete ctx;
+    std::lock_guard lk(w->mu);
+    fill(*w);
+    w->done = true;
+    w->cv.notify_all();
+  }
+  bool zk_wait(ZkWait& w) {
+    std::unique_lock lk(w.mu);
+    return w.cv.wait_for(lk, kSqlTimeout, [&] { return w.done; });
+  }
+  static void zk_no_log(const char*) {}
+  // The holder of the key's lock: the owner token in the lowest node of its
+  // directory ("" when there is none).
+  std::optional<std::string> zk_value(const std::string& key) {
+    where_.clear();
+    if (zh_ != nullptr && (zoo_state(zh_) == ZOO_EXPIRED_SESSION_STATE || zoo_state(zh_) == ZOO_AUTH_FAILED_STATE)) {
+      zookeeper_close(zh_);
+      zh_ = nullptr;
+    }
+    if (zh_ == nullptr) zh_ = zookeeper_init2(where_of_.zk_hosts.c_str(), nullptr, 10000, nullptr, nullptr, 0, zk_no_log);
+    if (zh_ == nullptr) return std::nullopt;
+    const std::string dir =
+        std::string(lockwatch::detail::ZkStore::kRoot) + "/" + lockwatch::detail::ZkStore::escape(sql_lock_name(key));
+    // A member may lag the leader, and a leader stopped for a while may
+    // answer as one until it learns it was replaced (a sync would pass
+    // there): a write first, which only the ensemble's quorum commits, so
+    // that the read after it sees every write committed before.
+    auto synced = std::make_shared<ZkWait>();
+    if (zoo_aset(zh_, lockwatch::detail::ZkStore::kRoot, "", 0, -1,
+                 [](int rc, const Stat*, const void* d) {
+                   zk_done(static_cast<std::shared_ptr<ZkWait>*>(const_cast<void*>(d)), [&](ZkWait& w) { w.rc = rc; });
+                 },
+                 new std::shared_ptr<ZkWait>(synced)) != ZOK ||
+        !zk_wait(*synced) || (synced->rc != ZOK && synced->rc != ZNONODE))
+      return std::nullopt;
+    auto list = std::make_shared<ZkWait>();
+    if (zoo_aget_children(zh_, dir.c_str(), 0,
+                          [](int rc, const String_vector* v, const void* d) {
+                            zk_done(static_cast<std::shared_ptr<ZkWait>*>(const_cast<void*>(d)), [&](ZkWait& w) {
+                              w.rc = rc;
+                              if (rc == ZOK && v != nullptr)
+                                for (int i = 0; i < v->count; ++i) w.children.emplace_back(v->data[i]);
+                            });
+                          },
+                          new std::shared_ptr<ZkWait>(list)) != ZOK ||
+        !zk_wait(*list))
+      return std::nullopt;
+    if (list->rc == ZNONODE) list->children.clear();
+    else if (list->rc != ZOK) return std::nullopt;
+    std::string lowest;
+    for (const auto& c : list->children) {
+      if (c.size() < 11 || c.rfind("lock-", 0) != 0) continue;
+      if (lowest.empty() || c.substr(c.size() - 10) < lowest.substr(lowest.size() - 10)) lowest = c;
+    }
+    where_ = "zookeeper";
+    if (lowest.empty()) return std::string();
+    auto get = std::make_shared<ZkWait>();
+    const std::string node = dir + "/" + lowest;
+    if (zoo_aget(zh_, node.c_str(), 0,
+                 [](int rc, const char* value, int len, const Stat*, const void* d) {
+                   zk_done(static_cast<std::shared_ptr<ZkWait>*>(const_cast<void*>(d)), [&](ZkWait& w) {
+                     w.rc = rc;
+                     if (rc == ZOK && value != nullptr && len > 0) w.data.assign(value, static_cast<std::size_t>(len));
+                   });
+                 },
+                 new std::shared_ptr<ZkWait>(get)) != ZOK ||
+        !zk_wait(*get)) {
+      where_.clear();
+      return std::nullopt;
+    }
+    if (get->rc == ZNONODE) return std::string();  // released meanwhile
+    if (get->rc != ZOK) {
+      where_.clear();
+      return std::nullopt;
+    }
+    return get->data.substr(0, get->data.find('\n'));
+  }
+  zhandle_t* zh_ = nullptr;
 #endif
 
   // "host:port" that every answering sentinel names, or "" (too few

@@ -1,0 +1,1410 @@
+#include "store/zookeeper/zk_store.hpp"
+
+#include <fmt/format.h>
+#include <zookeeper/zookeeper.h>
+
+#include <algorithm>
+#include <charconv>
+
+#include "core/loop.hpp"
+#include "core/timing.hpp"
+#include "lockwatch/errors.hpp"
+
+namespace lockwatch::detail {
+
+using std::chrono::milliseconds;
+
+// ---- the client's threads and the loop
+
+struct ZkStore::Result {
+  int rc = ZOK;
+  bool has_stat = false;
+  Stat stat{};
+  std::string value;                  // a node's data, or the path created
+  std::vector<std::string> children;  // get_children
+  std::vector<int> op_errors;         // multi: each operation's outcome
+};
+
+// Shared by the store and the client's threads. `store` is cleared (on the
+// loop) when the store closes: answers after that are dropped.
+struct ZkStore::Sink : std::enable_shared_from_this<ZkStore::Sink> {
+  std::mutex mu;
+  ZkStore* store = nullptr;
+  Loop* loop = nullptr;
+
+  void post(std::function<void(ZkStore&)> f) {
+    {
+      std::lock_guard lk(mu);
+      if (store == nullptr) return;
+    }
+    loop->post([self = shared_from_this(), f = std::move(f)] {
+      ZkStore* s;
+      {
+        std::lock_guard lk(self->mu);
+        s = self->store;
+      }
+      if (s != nullptr) f(*s);
+    });
+  }
+};
+
+// One session: a zhandle_t and what the store knows of it.
+struct ZkStore::Session {
+  enum class State : std::uint8_t { kConnecting, kConnected, kDisconnected, kExpired };
+  std::uint64_t serial = 0;
+  long long requested_ms = 0;
+  zhandle_t* zh = nullptr;
+  void* watch_ctx = nullptr;  // the global watcher's context, freed with zh
+  State state = State::kConnecting;
+  int negotiated_ms = 0;
+  bool ever_connected = false;
+  Clock::time_point started;
+  // Requests made while it is not connected, sent once it is: the client
+  // fails what it queued at every connection attempt that fails.
+  std::vector<std::pair<std::uint64_t, std::function<int(zhandle_t*, void*)>>> parked;
+};
+
+namespace {
+
+// A request's context, given to the client and back to a completion.
+struct Ctx {
+  std::shared_ptr<ZkStore::Sink> sink;
+  std::uint64_t id = 0;
+  std::vector<zoo_op_result_t> results;  // multi
+  std::string created;                   // multi: where a create op writes its path
+};
+
+struct WatchCtx {
+  std::shared_ptr<ZkStore::Sink> sink;
+  std::uint64_t serial = 0;
+};
+
+void deliver(const void* data, ZkStore::Result r);
+
+void on_void(int rc, const void* data) {
+  ZkStore::Result r;
+  r.rc = rc;
+  deliver(data, std::move(r));
+}
+
+void on_data(int rc, const char* value, int len, const Stat* stat, const void* data) {
+  ZkStore::Result r;
+  r.rc = rc;
+  if (rc == ZOK) {
+    if (value != nullptr && len > 0) r.value.assign(value, static_cast<std::size_t>(len));
+    if (stat != nullptr) {
+      r.has_stat = true;
+      r.stat = *stat;
+    }
+  }
+  deliver(data, std::move(r));
+}
+
+void on_strings(int rc, const String_vector* strings, const void* data) {
+  ZkStore::Result r;
+  r.rc = rc;
+  if (rc == ZOK && strings != nullptr)
+    for (int i = 0; i < strings->count; ++i) r.children.emplace_back(strings->data[i]);
+  deliver(data, std::move(r));
+}
+
+void on_created(int rc, const char* path, const Stat* stat, const void* data) {
+  ZkStore::Result r;
+  r.rc = rc;
+  if (rc == ZOK) {
+    if (path != nullptr) r.value = path;
+    if (stat != nullptr) {
+      r.has_stat = true;
+      r.stat = *stat;
+    }
+  }
+  deliver(data, std::move(r));
+}
+
+void on_created_path(int rc, const char* path, const void* data) { on_created(rc, path, nullptr, data); }
+
+void on_stat_set(int rc, const Stat* stat, const void* data) {
+  ZkStore::Result r;
+  r.rc = rc;
+  if (rc == ZOK && stat != nullptr) {
+    r.has_stat = true;
+    r.stat = *stat;
+  }
+  deliver(data, std::move(r));
+}
+
+void on_multi(int rc, const void* data) {
+  ZkStore::Result r;
+  r.rc = rc;
+  const auto* ctx = static_cast<const Ctx*>(data);
+  for (const auto& res : ctx->results) r.op_errors.push_back(res.err);
+  deliver(data, std::move(r));
+}
+
+void on_global_watch(zhandle_t*, int type, int state, const char* path, void* context) {
+  auto* w = static_cast<WatchCtx*>(context);
+  if (w == nullptr) return;
+  const std::uint64_t serial = w->serial;
+  if (type == ZOO_SESSION_EVENT) {
+    w->sink->post([serial, state](ZkStore& s) { s.on_session_state(serial, state); });
+    return;
+  }
+  if (path == nullptr) return;
+  w->sink->post([type, p = std::string(path)](ZkStore& s) { s.on_watch(type, p); });
+}
+
+void drop_log(const char*) {}
+
+bool keep_byte(unsigned char c) {
+  return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '_' || c == ':' ||
+         c == '-' || c == '=';
+}
+
+int hex_digit(char c) {
+  if (c >= '0' && c <= '9') return c - '0';
+  if (c >= 'A' && c <= 'F') return c - 'A' + 10;
+  if (c >= 'a' && c <= 'f') return c - 'a' + 10;
+  return -1;
+}
+
+bool unescape(std::string_view text, std::string& out) {
+  out.clear();
+  for (std::size_t i = 0; i < text.size(); ++i) {
+    if (text[i] != '%') {
+      out.push_back(text[i]);
+      continue;
+    }
+    if (i + 2 >= text.size()) return false;
+    int hi = hex_digit(text[i + 1]), lo = hex_digit(text[i + 2]);
+    if (hi < 0 || lo < 0) return false;
+    out.push_back(static_cast<char>(hi * 16 + lo));
+    i += 2;
+  }
+  return true;
+}
+
+constexpr std::string_view kNodePrefix = "lock-";
+constexpr std::size_t kSeqDigits = 10;
+
+// A child's sequence number (-1: not one of ours) and escaped token.
+std::int64_t seq_of(std::string_view child, std::string_view* token = nullptr) {
+  if (child.size() < kNodePrefix.size() + kSeqDigits + 1 || child.substr(0, kNodePrefix.size()) != kNodePrefix)
+    return -1;
+  std::string_view digits = child.substr(child.size() - kSeqDigits);
+  if (child[child.size() - kSeqDigits - 1] != '-') return -1;
+  std::int64_t seq = 0;
+  auto [p, ec] = std::from_chars(digits.data(), digits.data() + digits.size(), seq);
+  if (ec != std::errc() || p != digits.data() + digits.size()) return -1;
+  if (token != nullptr)
+    *token = child.substr(kNodePrefix.size(), child.size() - kNodePrefix.size() - kSeqDigits - 1);
+  return seq;
+}
+
+// A child's escaped token and attempt ("<token>.<attempt>").
+std::pair<std::string_view, std::string_view> owner_of(std::string_view child) {
+  std::string_view t;
+  if (seq_of(child, &t) < 0) return {};
+  auto dot = t.rfind('.');
+  if (dot == std::string_view::npos) return {t, {}};
+  return {t.substr(0, dot), t.substr(dot + 1)};
+}
+
+// The lock's nodes in sequence order.
+std::vector<std::string> in_order(std::vector<std::string> children) {
+  std::erase_if(children, [](const std::string& c) { return seq_of(c) < 0; });
+  std::sort(children.begin(), children.end(),
+            [](const std::string& a, const std::string& b) { return seq_of(a) < seq_of(b); });
+  return children;
+}
+
+std::string node_data(std::string_view token, milliseconds ttl) {
+  return std::string(token) + "\n" + std::to_string(ttl.count());
+}
+
+// A node's data: the owner token and the ttl (ms; 0 when unreadable).
+std::pair<std::string, long long> parse_data(const std::string& data) {
+  auto nl = data.rfind('\n');
+  if (nl == std::string::npos) return {data, 0};
+  long long ms = 0;
+  std::from_chars(data.data() + nl + 1, data.data() + data.size(), ms);
+  return {data.substr(0, nl), ms};
+}
+
+// Not ZooKeeper's: zookeeper_init() made no handle (no member's name
+// resolved, or the client could not start its threads).
+constexpr int kNoHandle = -1000;
+
+bool unreachable(int rc) {
+  return rc == kNoHandle || rc == ZCONNECTIONLOSS || rc == ZOPERATIONTIMEOUT || rc == ZSESSIONEXPIRED || rc == ZSESSIONMOVED ||
+         rc == ZCLOSING || rc == ZINVALIDSTATE || rc == ZSYSTEMERROR || rc == ZMARSHALLINGERROR ||
+         rc == ZNOTHING || rc == ZNEWCONFIGNOQUORUM;
+}
+
+void deliver(const void* data, ZkStore::Result r) {
+  auto* ctx = static_cast<Ctx*>(const_cast<void*>(data));
+  const std::uint64_t id = ctx->id;
+  auto sink = std::move(ctx->sink);
+  delete ctx;
+  sink->post([id, r = std::move(r)](ZkStore& s) { s.complete(id, r); });
+}
+
+}  // namespace
+
+// ---- set-up
+
+std::string ZkStore::escape(std::string_view bytes) {
+  static constexpr char kHex[] = "0123456789ABCDEF";
+  std::string out;
+  out.reserve(bytes.size());
+  for (unsigned char c : bytes) {
+    if (keep_byte(c)) {
+      out.push_back(static_cast<char>(c));
+    } else {
+      out.push_back('%');
+      out.push_back(kHex[c >> 4]);
+      out.push_back(kHex[c & 15]);
+    }
+  }
+  return out;
+}
+
+void ZkStore::check_options(const ZkTarget&, const Options& options) {
+  if (options.min_replicas > 0)
+    throw InvalidArgument("Options::min_replicas applies to Redis replicas; a zookeeper:// store's writes are "
+                          "committed by a majority of the ensemble");
+  if (options.key_prefix.size() >= kMaxNameBytes)
+    throw InvalidArgument("Options::key_prefix leaves no room for a key in a ZooKeeper lock name (255 bytes)");
+}
+
+ZkStore::ZkStore(Loop& loop, ZkTarget target, const Options& options)
+    : StoreBase(KeyRules{options.key_prefix, KeyRules::plain,
+                         [](std::string_view prefix, std::string_view key) noexcept -> const char* {
+                           if (prefix.size() + key.size() > kMaxNameBytes)
+                             return "the lock name (key_prefix + key) is longer than the 255 bytes a ZooKeeper "
+                                    "lock name takes";
+                           return nullptr;
+                         }},
+                /*release_events=*/true),
+      loop_(loop),
+      options_(options),
+      target_(std::move(target)),
+      endpoint_(target_.name()),
+      sink_(std::make_shared<Sink>()) {
+  sink_->store = this;
+  sink_->loop = &loop;
+  closer_ = std::thread([this] {
+    std::unique_lock lk(closer_mu_);
+    for (;;) {
+      closer_cv_.wait(lk, [this] { return closer_stop_ || !to_close_.empty(); });
+      if (to_close_.empty() && closer_stop_) return;
+      auto batch = std::move(to_close_);
+      to_close_.clear();
+      lk.unlock();
+      for (auto& [zh, ctx] : batch) {
+        zookeeper_close(zh);
+        delete static_cast<WatchCtx*>(ctx);
+      }
+      lk.lock();
+    }
+  });
+}
+
+ZkStore::~ZkStore() {
+  {
+    std::lock_guard lk(closer_mu_);
+    for (auto& [ms, s] : sessions_)
+      if (s->zh != nullptr) to_close_.emplace_back(s->zh, s->watch_ctx);
+    sessions_.clear();
+    closer_stop_ = true;
+  }
+  closer_cv_.notify_all();
+  closer_.join();
+}
+
+void ZkStore::started() {
+  uv_timer_init(loop_.uv(), &sweep_);
+  sweep_.data = this;
+  auto every = std::clamp(std::min(options_.command_timeout, options_.connect_timeout) / 20, milliseconds(5),
+                          milliseconds(50));
+  uv_timer_start(&sweep_, on_sweep, every.count(), every.count());
+  uv_timer_init(loop_.uv(), &cleanup_);
+  cleanup_.data = this;
+  started_ = true;
+}
+
+void ZkStore::close_later(zhandle_t* zh, void* watch_ctx) {
+  if (zh == nullptr) {
+    delete static_cast<WatchCtx*>(watch_ctx);
+    return;
+  }
+  {
+    std::lock_guard lk(closer_mu_);
+    to_close_.emplace_back(zh, watch_ctx);
+  }
+  closer_cv_.notify_all();
+}
+
+ZkStore::Session* ZkStore::session_for(milliseconds ttl) {
+  const long long ms = std::max<long long>(ttl.count(), 1);
+  auto it = sessions_.find(ms);
+  if (it != sessions_.end() && it->second->zh != nullptr) return it->second.get();
+  if (it != sessions_.end()) sessions_.erase(it);  // its set-up failed: try again
+  auto s = std::make_unique<Session>();
+  s->serial = next_serial_++;
+  s->requested_ms = ms;
+  s->started = Clock::now();
+  auto* w = new WatchCtx{sink_, s->serial};
+  s->watch_ctx = w;
+  // The timeout is an int of ms; the ensemble bounds it anyway.
+  const int timeout = static_cast<int>(std::min<long long>(ms, 1LL << 30));
+  s->zh = zookeeper_init2(target_.connect_string().c_str(), on_global_watch, timeout, nullptr, w, 0, drop_log);
+  if (s->zh != nullptr && target_.digest()) {
+    const std::string cred = target_.user + ":" + target_.password;
+    // Digest authentication is not checked when it is added: it gives the
+    // session an identity, which the nodes' ACLs then admit or refuse.
+    zoo_add_auth(s->zh, "digest", cred.data(), static_cast<int>(cred.size()), nullptr, nullptr);
+  }
+  Session* raw = s.get();
+  sessions_[ms] = std::move(s);
+  return raw;
+}
+
+ZkStore::Session* ZkStore::any_session() {
+  for (auto& [ms, s] : sessions_)
+    if (s->zh != nullptr && s->state == Session::State::kConnected) return s.get();
+  for (auto& [ms, s] : sessions_)
+    if (s->zh != nullptr) return s.get();
+  return session_for(std::max(options_.connect_timeout, milliseconds(2000)));
+}
+
+ZkStore::Session* ZkStore::live(std::uint64_t serial) {
+  for (auto& [ms, s] : sessions_)
+    if (s->serial == serial && s->zh != nullptr && s->state != Session::State::kExpired) return s.get();
+  return nullptr;
+}
+
+void ZkStore::retire(Session* s) {
+  s->state = Session::State::kExpired;
+  auto parked = std::move(s->parked);
+  s->parked.clear();
+  for (auto& [id, issue] : parked) {
+    sink_->post([id](ZkStore& st) {
+      Result r;
+      r.rc = ZSESSIONEXPIRED;
+      st.complete(id, r);
+    });
+  }
+  close_later(s->zh, s->watch_ctx);
+  s->zh = nullptr;
+  s->watch_ctx = nullptr;
+  for (auto it = held_.begin(); it != held_.end();) {
+    if (it->second.session == s->serial)
+      it = held_.erase(it);
+    else
+      ++it;
+  }
+  sessions_.erase(s->requested_ms);
+}
+
+void ZkStore::on_session_state(std::uint64_t serial, int state) {
+  Session* s = nullptr;
+  for (auto& [ms, each] : sessions_)
+    if (each->serial == serial) s = each.get();
+  if (s == nullptr || closed_) return;
+  if (state == ZOO_CONNECTED_STATE) {
+    const bool was_up = s->state == Session::State::kConnected;
+    s->state = Session::State::kConnected;
+    s->ever_connected = true;
+    s->negotiated_ms = zoo_recv_timeout(s->zh);
+    auto parked = std::move(s->parked);
+    s->parked.clear();
+    for (auto& [id, issue] : parked)
+      if (pending_.count(id) != 0) issue_now(*s, id, issue);  // else timed out meanwhile
+    if (!was_up && events_.connection) events_.connection(endpoint_, true, "");
+    if (!cleanups_.empty()) run_cleanups();
+  } else if (state == ZOO_CONNECTING_STATE || state == ZOO_ASSOCIATING_STATE) {
+    if (s->state == Session::State::kConnected) {
+      s->state = Session::State::kDisconnected;
+      if (events_.connection) events_.connection(endpoint_, false, "connection to the ensemble lost");
+    }
+  } else if (state == ZOO_EXPIRED_SESSION_STATE || state == ZOO_AUTH_FAILED_STATE) {
+    const bool had_locks = std::any_of(held_.begin(), held_.end(), [&](const auto& h) { return h.second.session == serial; });
+    if (state == ZOO_EXPIRED_SESSION_STATE) expired_.insert(serial);  // the ensemble says its nodes are gone
+    retire(s);
+    if (events_.connection)
+      events_.connection(endpoint_, false,
+                         state == ZOO_EXPIRED_SESSION_STATE ? "the session expired" : "authentication failed");
+    if (events_.log && had_locks)
+      events_.log(true, fmt::format("{}: a session expired; its locks are lost", endpoint_));
+    if (events_.subscriptions_lost) events_.subscriptions_lost();
+  }
+}
+
+void ZkStore::on_watch(int type, const std::string& path) {
+  if (closed_ || (type != ZOO_DELETED_EVENT && type != ZOO_CHANGED_EVENT)) return;
+  // /lockwatch/<name escaped>/lock-...
+  const std::string root = std::string(kRoot) + "/";
+  if (path.compare(0, root.size(), root) != 0) return;
+  auto slash = path.find('/', root.size());
+  if (slash == std::string::npos) return;
+  std::string name;
+  if (!unescape(std::string_view(path).substr(root.size(), slash - root.size()), name)) return;
+  if (subscribed_.count(name) != 0 && events_.released) events_.released(name);
+}
+
+// ---- requests
+
+void ZkStore::send(Session& s, Reply reply, std::function<int(zhandle_t*, void*)> issue) {
+  const std::uint64_t id = next_id_++;
+  auto deadline = Clock::now() + options_.command_timeout;
+  if (!s.ever_connected) deadline = std::min(deadline, s.started + options_.connect_timeout);
+  pending_.emplace(id, Pending{deadline, std::move(reply)});
+  if (!closed_ && s.zh != nullptr && s.state != Session::State::kConnected) {
+    s.parked.emplace_back(id, std::move(issue));  // sent on connecting, or timed out
+    return;
+  }
+  issue_now(s, id, issue);
+}
+
+void ZkStore::issue_now(Session& s, std::uint64_t id, const std::function<int(zhandle_t*, void*)>& issue) {
+  int rc = closed_ ? ZCLOSING : kNoHandle;
+  if (!closed_ && s.zh != nullptr) {
+    auto* ctx = new Ctx{sink_, id, {}, {}};
+    rc = issue(s.zh, ctx);
+    if (rc != ZOK) delete ctx;
+  }
+  if (rc != ZOK) {
+    // Never inside the call: the answer goes round the loop.
+    sink_->post([id, rc](ZkStore& st) {
+      Result r;
+      r.rc = rc;
+      st.complete(id, r);
+    });
+  }
+}
+
+void ZkStore::complete(std::uint64_t id, const Result& r) {
+  auto it = pending_.find(id);
+  if (it == pending_.end()) return;  // timed out already
+  Reply reply = std::move(it->second.reply);
+  pending_.erase(it);
+  reply(r);
+}
+
+void ZkStore::on_sweep(uv_timer_t* t) {
+  auto* self = static_cast<ZkStore*>(t->data);
+  auto now = Clock::now();
+  self->expire_held(now);
+  if (!self->deferred_.empty()) {
+    std::vector<std::function<void()>> due;
+    std::erase_if(self->deferred_, [&](auto& d) {
+      if (d.first > now) return false;
+      due.push_back(std::move(d.second));
+      return true;
+    });
+    for (auto& f : due) f();
+  }
+  if (self->pending_.empty()) return;
+  std::vector<std::uint64_t> late;
+  for (const auto& [id, p] : self->pending_)
+    if (p.deadline <= now) late.push_back(id);
+  std::sort(late.begin(), late.end());
+  Result timeout;
+  timeout.rc = ZOPERATIONTIMEOUT;
+  for (auto id : late) self->complete(id, timeout);
+}
+
+void ZkStore::expire_held(Clock::time_point now) {
+  // A scan of the held locks at most every 20 ms: their expiry is a ttl
+  // away, and a lease's own deadline came earlier.
+  if (held_.empty() || now < next_expiry_scan_) return;
+  next_expiry_scan_ = now + milliseconds(20);
+  std::vector<Cleanup> gone;
+  for (auto it = held_.begin(); it != held_.end();) {
+    if (it->second.expires > now) {
+      ++it;
+      continue;
+    }
+    auto zero = it->first.find('\0');
+    gone.push_back(Cleanup{it->first.substr(0, zero), it->first.substr(zero + 1), it->second.attempt,
+                           it->second.session});
+    it = held_.erase(it);
+  }
+  for (auto& c : gone)
+    delete_nodes(c, [this, c](Released st, const StoreError*) {
+      if (st == Released::kUnconfirmed) remember_cleanup(c);
+    });
+}
+
+StoreError ZkStore::error(int rc, const std::string& doing) const {
+  const char* text = rc == ZOPERATIONTIMEOUT ? "no answer within the timeout"
+                     : rc == kNoHandle       ? "no session could be started (no member's name resolves?)"
+                                             : zerror(rc);
+  std::string message = doing.empty() ? std::string(text) : fmt::format("{}: {}", doing, text);
+  StoreError e;
+  if (unreachable(rc)) {
+    e = StoreError::unavailable(endpoint_, message, StoreError::Origin::kZooKeeper);
+  } else if (rc == ZNOAUTH || rc == ZAUTHFAILED) {
+    e = StoreError::auth(endpoint_, message, StoreError::Origin::kZooKeeper);
+  } else {
+    e = StoreError::refused(endpoint_, message, StoreError::Origin::kZooKeeper);
+  }
+  e.code = std::to_string(rc);
+  return e;
+}
+
+std::string ZkStore::dir_of(std::string_view name) const { return std::string(kRoot) + "/" + escape(name); }
+
+// ---- acquire
+
+struct ZkStore::AcquireOp {
+  std::string name;
+  std::string token;
+  milliseconds ttl{0};
+  std::size_t index = 0;
+  std::shared_ptr<AcquireDone> done;
+  std::string dir;
+  std::string path;  // our node, once made (or found)
+  std::int64_t czxid = 0;
+  std::uint64_t session = 0;
+  std::uint64_t attempt = 0;  // in the node's name: this attempt's nodes only
+  Clock::time_point sent;     // when the request that made (or found) the node went out
+};
+
+void ZkStore::acquire(std::span<const LockRef> locks, AcquireDone done) {
+  auto shared_done = std::make_shared<AcquireDone>(std::move(done));
+  for (std::size_t i = 0; i < locks.size(); ++i) {
+    auto op = std::make_shared<AcquireOp>();
+    op->name = std::string(locks[i].name);
+    op->token = std::string(locks[i].token);
+    op->ttl = locks[i].ttl;
+    op->index = i;
+    op->done = shared_done;
+    op->dir = dir_of(op->name);
+    op->attempt = next_attempt_++;
+    acquire_one(std::move(op));
+  }
+}
+
+void ZkStore::finish(const std::shared_ptr<AcquireOp>& op, const Acquired& out) { (*op->done)(op->index, out); }
+
+void ZkStore::fail(const std::shared_ptr<AcquireOp>& op, const StoreError& e) {
+  Acquired out;
+  out.error = e;
+  finish(op, out);
+}
+
+void ZkStore::acquire_one(std::shared_ptr<AcquireOp> op) {
+  if (closed_) {
+    auto e = error(ZCLOSING, "");
+    sink_->post([op, e](ZkStore& st) { st.fail(op, e); });
+    return;
+  }
+  auto h = held_.find(op->name + '\0' + op->token);
+  if (h != held_.end()) {
+    // A repeat of an acquisition that took the lock: its node, if it is
+    // still there, and only within its session's timeout.
+    Session* s = live(h->second.session);
+    if (s != nullptr) {
+      if (op->ttl.count() > s->negotiated_ms) {
+        auto e = StoreError::invalid(
+            endpoint_,
+            fmt::format("a repeated acquisition asks a ttl of {} ms, longer than the {} ms session that holds the "
+                        "lock: ZooKeeper cannot lengthen a session",
+                        op->ttl.count(), s->negotiated_ms),
+            StoreError::Origin::kZooKeeper);
+        sink_->post([op, e](ZkStore& st) { st.fail(op, e); });
+        return;
+      }
+      op->path = h->second.path;
+      op->czxid = h->second.czxid;
+      op->session = s->serial;
+      op->attempt = h->second.attempt;
+      op->sent = Clock::now();
+      list_nodes(std::move(op));
+      return;
+    }
+    held_.erase(h);
+  }
+  create_node(std::move(op), false);
+}
+
+void ZkStore::create_node(std::shared_ptr<AcquireOp> op, bool parents_made) {
+  Session* s = session_for(op->ttl);
+  const std::uint64_t serial = s->serial;
+  op->session = serial;
+  op->sent = Clock::now();
+  const std::string prefix =
+      op->dir + "/" + std::string(kNodePrefix) + escape(op->token) + "." + std::to_string(op->attempt) + "-";
+  const std::string data = node_data(op->token, op->ttl);
+  ACL_vector* acl = target_.digest() ? &ZOO_CREATOR_ALL_ACL : &ZOO_OPEN_ACL_UNSAFE;
+  send(
+      *s,
+      [this, op, serial, parents_made](const Result& r) {
+        if (r.rc == ZNONODE && !parents_made) {
+          make_parents(op, 0);
+          return;
+        }
+        if (r.rc != ZOK) {
+          // No answer: the node may be made yet (the client sends what it
+          // queued once it connects), and the store removes it then.
+          if (unreachable(r.rc)) abandon_attempt(op);
+          fail(op, error(r.rc, "creating the lock's node"));
+          return;
+        }
+        op->path = r.value;
+        op->czxid = r.stat.czxid;
+        Session* s = live(serial);
+        if (s == nullptr) {
+          fail(op, error(ZSESSIONEXPIRED, "the session ended"));
+          return;
+        }
+        if (s->negotiated_ms == 0 && s->zh != nullptr) s->negotiated_ms = zoo_recv_timeout(s->zh);
+        if (op->ttl.count() > s->negotiated_ms) {
+          // The ensemble's maxSessionTimeout is below the ttl: a lease
+          // would outlive what guards it. The node goes; the lock is
+          // refused.
+          abandon_attempt(op);
+          fail(op, StoreError::invalid(
+                       endpoint_,
+                       fmt::format("the ttl {} ms is longer than the session timeout the ZooKeeper ensemble grants "
+                                   "({} ms: its maxSessionTimeout); a lock's ttl is its session's timeout",
+                                   op->ttl.count(), s->negotiated_ms),
+                       StoreError::Origin::kZooKeeper));
+          return;
+        }
+        list_nodes(op);
+      },
+      [=](zhandle_t* zh, void* ctx) {
+        return zoo_acreate2(zh, prefix.c_str(), data.data(), static_cast<int>(data.size()), acl,
+                            ZOO_EPHEMERAL_SEQUENTIAL, on_created, ctx);
+      });
+}
+
+void ZkStore::abandon_attempt(const std::shared_ptr<AcquireOp>& op) {
+  remember_cleanup(Cleanup{op->name, op->token, op->attempt, op->session});
+}
+
+void ZkStore::make_parents(std::shared_ptr<AcquireOp> op, int step) {
+  Session* s = session_for(op->ttl);
+  ACL_vector* acl = target_.digest() ? &ZOO_CREATOR_ALL_ACL : &ZOO_OPEN_ACL_UNSAFE;
+  const std::string path = step == 0 ? std::string(kRoot) : op->dir;
+  send(
+      *s,
+      [this, op, step](const Result& r) {
+        if (r.rc != ZOK && r.rc != ZNODEEXISTS) {
+          fail(op, error(r.rc, r.rc == ZNONODE && !target_.chroot.empty()
+                                   ? fmt::format("the chroot {} does not exist on the ensemble", target_.chroot)
+                                   : std::string("creating the lock's directory")));
+          return;
+        }
+        if (step == 0)
+          make_parents(op, 1);
+        else
+          create_node(op, true);
+      },
+      [=](zhandle_t* zh, void* ctx) {
+        return zoo_acreate(zh, path.c_str(), "", 0, acl, ZOO_PERSISTENT, on_created_path, ctx);
+      });
+}
+
+void ZkStore::list_nodes(std::shared_ptr<AcquireOp> op) {
+  Session* s = live(op->session);
+  if (s == nullptr) {
+    held_.erase(op->name + '\0' + op->token);
+    auto e = error(ZSESSIONEXPIRED, "the session that made the lock's node ended");
+    sink_->post([op, e](ZkStore& st) { st.fail(op, e); });
+    return;
+  }
+  const std::string dir = op->dir;
+  send(
+      *s,
+      [this, op](const Result& r) {
+        Session* s = live(op->session);
+        if (r.rc != ZOK || s == nullptr) {
+          abandon_attempt(op);
+          held_.erase(op->name + '\0' + op->token);
+          fail(op, error(r.rc != ZOK ? r.rc : ZSESSIONEXPIRED, "listing the lock's nodes"));
+          return;
+        }
+        auto nodes = in_order(r.children);
+        const std::string own_child = op->path.substr(op->path.rfind('/') + 1);
+        if (std::find(nodes.begin(), nodes.end(), own_child) == nodes.end()) {
+          // Gone: its session expired meanwhile (or an operator removed it).
+          held_.erase(op->name + '\0' + op->token);
+          fail(op, error(ZSESSIONEXPIRED, "the lock's node is gone"));
+          return;
+        }
+        if (nodes.front() == own_child) {
+          // Ours is the lowest: the lock is ours.
+          held_[op->name + '\0' + op->token] = Held{op->path,    op->session, op->czxid,
+                                                     op->attempt, op->ttl,
+                                                     op->sent + op->ttl + drift_for(options_, op->ttl)};
+          Acquired out;
+          out.status = Acquired::Status::kTaken;
+          out.fence = static_cast<std::uint64_t>(op->czxid);
+          finish(op, out);
+          return;
+        }
+        // Busy: our node goes (confirmed first, so that none is left to come
+        // to the front unowned), then the holder's node is read with a
+        // watch: its deletion is the release notice.
+        held_.erase(op->name + '\0' + op->token);
+        const std::string holder = op->dir + "/" + nodes.front();
+        delete_paths(*s, {op->path}, [this, op, holder](int rc) {
+          Session* s = live(op->session);
+          if (rc != ZOK || s == nullptr) {
+            if (rc != ZOK) abandon_attempt(op);
+            fail(op, error(rc != ZOK ? rc : ZSESSIONEXPIRED, "removing a waiter's node"));
+            return;
+          }
+          send(
+              *s,
+              [this, op](const Result& r) {
+                Acquired out;
+                out.status = Acquired::Status::kBusy;
+                if (r.rc == ZOK) {
+                  auto [token, ttl_ms] = parse_data(r.value);
+                  out.busy_for = milliseconds(ttl_ms > 0 ? ttl_ms : op->ttl.count());
+                } else if (r.rc == ZNONODE) {
+                  out.busy_for = milliseconds(1);  // released meanwhile: try again now
+                } else {
+                  fail(op, error(r.rc, "watching the holder's node"));
+                  return;
+                }
+                finish(op, out);
+              },
+              [=](zhandle_t* zh, void* ctx) { return zoo_aget(zh, holder.c_str(), 1, on_data, ctx); });
+        });
+      },
+      [=](zhandle_t* zh, void* ctx) { return zoo_aget_children(zh, dir.c_str(), 0, on_strings, ctx); });
+}
+
+void ZkStore::delete_paths(Session& s, std::vector<std::string> paths, std::function<void(int rc)> done) {
+  if (paths.empty()) {
+    sink_->post([done = std::move(done)](ZkStore&) { done(ZOK); });
+    return;
+  }
+  struct State {
+    std::size_t left;
+    int rc = ZOK;
+    std::function<void(int)> done;
+  };
+  auto st = std::make_shared<State>(State{paths.size(), ZOK, std::move(done)});
+  for (const auto& p : paths) {
+    send(
+        s,
+        [st](const Result& r) {
+          if (r.rc != ZOK && r.rc != ZNONODE && st->rc == ZOK) st->rc = r.rc;
+          if (r.rc == ZNONODE && st->rc == ZOK) st->rc = ZOK;
+          if (--st->left == 0) st->done(st->rc);
+        },
+        [=](zhandle_t* zh, void* ctx) { return zoo_adelete(zh, p.c_str(), -1, on_void, ctx); });
+  }
+}
+
+// ---- renew
+
+namespace {
+// Check operations per multi: well within jute.maxbuffer for the longest
+// paths.
+constexpr std::size_t kChunk = 256;
+}  // namespace
+
+std::size_t ZkStore::renew(std::span<const LockRef> locks, std::shared_ptr<const void> keepalive, RenewDone done) {
+  auto shared_done = std::make_shared<RenewDone>(std::move(done));
+  // By session: one multi of checks per chunk.
+  struct Check {
+    std::size_t index;
+    std::string path;
+    std::string key;  // in held_
+    std::uint64_t attempt;
+    milliseconds ttl;
+  };
+  std::map<std::uint64_t, std::vector<Check>> by_session;
+  std::vector<std::pair<std::size_t, Renewed>> now;
+  StoreError down = error(ZCONNECTIONLOSS, "the session is disconnected");
+  std::vector<std::size_t> transient;
+  for (std::size_t i = 0; i < locks.size(); ++i) {
+    std::string key = std::string(locks[i].name) + '\0' + std::string(locks[i].token);
+    auto h = held_.find(key);
+    Session* s = h == held_.end() ? nullptr : live(h->second.session);
+    if (s == nullptr) {
+      now.emplace_back(i, Renewed::kGone);  // its session expired (or it was never ours)
+    } else if (s->state != Session::State::kConnected) {
+      transient.push_back(i);
+    } else {
+      by_session[s->serial].push_back(Check{i, h->second.path, std::move(key), h->second.attempt, locks[i].ttl});
+    }
+  }
+  if (!now.empty() || !transient.empty())
+    sink_->post([shared_done, now, transient, down, keepalive](ZkStore&) {
+      for (auto [i, st] : now) (*shared_done)(i, st, nullptr);
+      for (auto i : transient) (*shared_done)(i, Renewed::kTransient, &down);
+    });
+  std::size_t commands = 0;
+  for (auto& [serial, members] : by_session) {
+    for (std::size_t from = 0; from < members.size(); from += kChunk) {
+      auto chunk = std::make_shared<std::vector<Check>>(members.begin() + from,
+                                                        members.begin() + std::min(members.size(), from + kChunk));
+      const auto sent = Clock::now();
+      ++commands;
+      Session* s = live(serial);
+      send(
+          *s,
+          [this, chunk, shared_done, keepalive, sent](const Result& r) {
+            // Confirmed: the lock's expiry moves on, unless the store
+            // removed it meanwhile (its expiry passed): then it is gone.
+            auto confirm = [&](const Check& c) {
+              auto h = held_.find(c.key);
+              if (h == held_.end() || h->second.attempt != c.attempt) {
+                (*shared_done)(c.index, Renewed::kGone, nullptr);
+                return;
+              }
+              h->second.expires = std::max(h->second.expires, sent + c.ttl + drift_for(options_, c.ttl));
+              (*shared_done)(c.index, Renewed::kYes, nullptr);
+            };
+            if (r.rc == ZOK) {
+              for (const auto& c : *chunk) confirm(c);
+              return;
+            }
+            if (r.op_errors.size() == chunk->size() && !unreachable(r.rc)) {
+              // A check failed: each operation says which. Those before it
+              // were answered (ours, and the session alive); a node gone is
+              // a lock gone; the rest were not tried.
+              StoreError again = error(ZCONNECTIONLOSS, "a renewal in a batch with a lost lock");
+              for (std::size_t k = 0; k < chunk->size(); ++k) {
+                int e = r.op_errors[k];
+                auto i = (*chunk)[k].index;
+                if (e == ZOK)
+                  confirm((*chunk)[k]);
+                else if (e == ZNONODE || e == ZBADVERSION)
+                  (*shared_done)(i, Renewed::kGone, nullptr);
+                else
+                  (*shared_done)(i, Renewed::kTransient, &again);
+              }
+              return;
+            }
+            if (r.rc == ZSESSIONEXPIRED) {
+              for (const auto& c : *chunk) (*shared_done)(c.index, Renewed::kGone, nullptr);
+              return;
+            }
+            StoreError e = error(r.rc, "renewing");
+            for (const auto& c : *chunk) (*shared_done)(c.index, Renewed::kTransient, &e);
+          },
+          [=](zhandle_t* zh, void* ctx) {
+            auto* c = static_cast<Ctx*>(ctx);
+            c->results.resize(chunk->size());
+            std::vector<zoo_op_t> ops(chunk->size());
+            for (std::size_t k = 0; k < chunk->size(); ++k) zoo_check_op_init(&ops[k], (*chunk)[k].path.c_str(), -1);
+            return zoo_amulti(zh, static_cast<int>(ops.size()), ops.data(), c->results.data(), on_multi, ctx);
+          });
+    }
+  }
+  return commands;
+}
+
+// ---- release
+
+void ZkStore::release(std::span<const LockRef> locks, bool, ReleaseDone done) {
+  // Every release wakes the holder's watchers: ZooKeeper has no quiet delete.
+  auto shared_done = std::make_shared<ReleaseDone>(std::move(done));
+  for (std::size_t i = 0; i < locks.size(); ++i) {
+    Cleanup c{std::string(locks[i].name), std::string(locks[i].token), 0, 0};
+    auto h = held_.find(c.name + '\0' + c.token);
+    if (h != held_.end()) {
+      // On the session that made it: the session's order puts this after
+      // anything it sent before. Every node of the token goes, the held
+      // one and any an earlier attempt of the same acquisition made late
+      // (a request the ensemble ran after its answer was given up on).
+      c.session = h->second.session;
+      held_.erase(h);
+    }
+    // Otherwise not known here (an acquisition whose answer was lost):
+    // every node of the token, on any session.
+    delete_nodes(c, [this, i, c, shared_done](Released st, const StoreError* e) {
+      if (st != Released::kUnconfirmed) {
+        (*shared_done)(i, st, e);
+        return;
+      }
+      remember_cleanup(c);
+      give_up_release(
+          c, *e, [i, shared_done](const StoreError& err) { (*shared_done)(i, Released::kUnconfirmed, &err); },
+          [i, shared_done](Released confirmed) { (*shared_done)(i, confirmed, nullptr); });
+    });
+  }
+}
+
+// A node this store could not remove lives as long as its session does,
+// which may be much longer than the lock's ttl: the runtime would take the
+// lock for gone by then. So the sessions that may hold it end now (their
+// other locks are lost with them: their renewals answer "gone"), and the
+// release is answered once the ensemble has surely expired them (their
+// timeout plus the drift allowance, on our clock), not before.
+void ZkStore::give_up_release(const Cleanup& c, StoreError why, std::function<void(const StoreError&)> answer,
+                              std::function<void(Released)> confirmed) {
+  std::vector<Session*> ending;
+  auto add = [&](std::uint64_t serial) {
+    if (Session* s = live(serial); s != nullptr && std::find(ending.begin(), ending.end(), s) == ending.end())
+      ending.push_back(s);
+  };
+  if (c.session != 0) add(c.session);
+  for (const auto& other : cleanups_)
+    if (other.token == c.token && other.name == c.name && other.session != 0) add(other.session);
+  milliseconds wait{0};
+  for (Session* s : ending) {
+    wait = std::max(wait, milliseconds(std::max<long long>(s->negotiated_ms, s->requested_ms)));
+    const std::uint64_t serial = s->serial;
+    const bool had_locks =
+        std::any_of(held_.begin(), held_.end(), [&](const auto& h) { return h.second.session == serial; });
+    retire(s);
+    if (events_.log)
+      events_.log(true, fmt::format("{}: a lock's release could not be confirmed; its session ends so that the "
+                                    "ensemble removes its node{}",
+                                    endpoint_, had_locks ? " (the session's other locks are lost with it)" : ""));
+    if (events_.subscriptions_lost) events_.subscriptions_lost();
+  }
+  if (wait.count() == 0) {
+    sink_->post([answer = std::move(answer), why](ZkStore&) { answer(why); });
+    return;
+  }
+  // Meanwhile the node is looked for from a new session, again and again:
+  // found gone or removed, the release is confirmed after all (a quorum
+  // that comes back gives every session a fresh timeout, so waiting alone
+  // could end before the ensemble removes it).
+  auto state = std::make_shared<GiveUp>();
+  state->c = c;
+  state->c.session = 0;
+  state->c.attempt = 0;
+  state->why = std::move(why);
+  state->answer = std::move(answer);
+  state->answer_confirmed = std::move(confirmed);
+  state->until = Clock::now() + wait + drift_for(options_, wait);
+  retry_give_up(state);
+}
+
+void ZkStore::retry_give_up(std::shared_ptr<GiveUp> g) {
+  if (g->answered) return;
+  delete_nodes(g->c, [this, g](Released st, const StoreError*) {
+    if (g->answered) return;
+    if (st != Released::kUnconfirmed) {
+      g->answered = true;
+      g->answer_confirmed(st);
+      return;
+    }
+    if (Clock::now() >= g->until || closed_) {
+      g->answered = true;
+      g->answer(g->why);
+      return;
+    }
+    deferred_.emplace_back(std::min(g->until, Clock::now() + options_.reconnect_min), [this, g] {
+      if (closed_) {
+        if (!g->answered) {
+          g->answered = true;
+          g->answer(g->why);
+        }
+        return;
+      }
+      retry_give_up(g);
+    });
+  });
+}
+
+void ZkStore::delete_nodes(const Cleanup& c, std::function<void(Released, const StoreError*)> done) {
+  Session* s = c.session != 0 ? live(c.session) : any_session();
+  if (s == nullptr && expired_.count(c.session) != 0) {
+    // The ensemble expired its session: it removed its nodes with it.
+    sink_->post([done = std::move(done)](ZkStore&) { done(Released::kGone, nullptr); });
+    return;
+  }
+  // A session this store ended itself may live on in the ensemble until
+  // it expires there: its nodes are looked for from another.
+  if (s == nullptr) s = any_session();
+  const std::string dir = dir_of(c.name);
+  const std::uint64_t serial = s->serial;
+  send(
+      *s,
+      [this, dir, c, serial, done = std::move(done)](const Result& r) {
+        if (r.rc == ZNONODE) {
+          done(Released::kGone, nullptr);
+          return;
+        }
+        Session* s = live(serial);
+        if (r.rc == ZSESSIONEXPIRED && c.session != 0) {
+          done(Released::kGone, nullptr);
+          return;
+        }
+        if (r.rc != ZOK || s == nullptr) {
+          auto e = error(r.rc != ZOK ? r.rc : ZSESSIONEXPIRED, "listing the lock's nodes");
+          done(Released::kUnconfirmed, &e);
+          return;
+        }
+        const std::string token = escape(c.token);
+        const std::string attempt = std::to_string(c.attempt);
+        std::vector<std::string> mine;
+        for (const auto& n : r.children) {
+          auto [t, a] = owner_of(n);
+          if (t == token && (c.attempt == 0 || a == attempt)) mine.push_back(dir + "/" + n);
+        }
+        if (mine.empty()) {
+          done(Released::kGone, nullptr);
+          return;
+        }
+        delete_paths(*s, mine, [this, done](int rc) {
+          if (rc == ZOK) {
+            done(Released::kYes, nullptr);
+          } else {
+            auto e = error(rc, "deleting the lock's node");
+            done(Released::kUnconfirmed, &e);
+          }
+        });
+      },
+      [=](zhandle_t* zh, void* ctx) { return zoo_aget_children(zh, dir.c_str(), 0, on_strings, ctx); });
+}
+
+// Nodes whose removal found no answer: such a node would hold the lock for
+// as long as its session lives (a waiter's node would come to the front),
+// so the store keeps at it, after each reconnect and on a back-off, until
+// an answer settles it (or the session ends, taking its nodes along).
+void ZkStore::remember_cleanup(Cleanup c) {
+  if (closed_) return;
+  cleanups_.push_back(std::move(c));
+  if (!cleaning_ && started_) {
+    cleanup_backoff_ = cleanup_backoff_.count() == 0 ? options_.reconnect_min
+                                                     : std::min(cleanup_backoff_ * 2, options_.reconnect_max);
+    uv_timer_start(&cleanup_, on_cleanup, static_cast<std::uint64_t>(cleanup_backoff_.count()), 0);
+  }
+}
+
+void ZkStore::on_cleanup(uv_timer_t* t) { static_cast<ZkStore*>(t->data)->run_cleanups(); }
+
+void ZkStore::run_cleanups() {
+  if (cleaning_ || closed_ || cleanups_.empty()) return;
+  cleaning_ = true;
+  auto batch = std::make_shared<std::vector<Cleanup>>(std::move(cleanups_));
+  cleanups_.clear();
+  auto left = std::make_shared<std::size_t>(batch->size());
+  auto retry = std::make_shared<std::vector<Cleanup>>();
+  for (const auto& c : *batch) {
+    delete_nodes(c, [this, left, retry, c](Released st, const StoreError*) {
+      if (st == Released::kUnconfirmed) retry->push_back(c);
+      if (--*left != 0) return;
+      cleaning_ = false;
+      if (retry->empty() && cleanups_.empty()) {
+        cleanup_backoff_ = milliseconds(0);
+        return;
+      }
+      auto again = std::move(*retry);
+      for (auto& each : again) remember_cleanup(std::move(each));
+      if (again.empty() && !cleanups_.empty()) run_cleanups();
+    });
+  }
+}
+
+// ---- scheduled jobs
+
+namespace {
+constexpr int kClaimAttempts = 5;  // a version changed under us: read again
+constexpr const char* kPeriodNode = "period";
+
+std::chrono::system_clock::time_point from_ms(std::int64_t ms) {
+  return std::chrono::system_clock::time_point(std::chrono::milliseconds(ms));
+}
+}  // namespace
+
+void ZkStore::server_time(TimeDone done) {
+  Session* s = any_session();
+  const std::uint64_t serial = s->serial;
+  auto shared = std::make_shared<TimeDone>(std::move(done));
+  // A write's mtime is the leader's clock when it ran the write.
+  send(
+      *s,
+      [this, shared, serial](const Result& r) {
+        if (r.rc == ZNONODE) {
+          // No lock taken on this ensemble yet: /lockwatch first.
+          Session* s = live(serial);
+          if (s == nullptr) {
+            auto e = error(ZSESSIONEXPIRED, "reading the ensemble's clock");
+            (*shared)({}, &e);
+            return;
+          }
+          ACL_vector* acl = target_.digest() ? &ZOO_CREATOR_ALL_ACL : &ZOO_OPEN_ACL_UNSAFE;
+          send(
+              *s,
+              [this, shared](const Result& r) {
+                if (r.rc != ZOK && r.rc != ZNODEEXISTS) {
+                  auto e = error(r.rc, "creating /lockwatch");
+                  (*shared)({}, &e);
+                  return;
+                }
+                server_time([shared](std::chrono::system_clock::time_point t, const StoreError* e) { (*shared)(t, e); });
+              },
+              [=](zhandle_t* zh, void* ctx) {
+                return zoo_acreate(zh, kRoot, "", 0, acl, ZOO_PERSISTENT, on_created_path, ctx);
+              });
+          return;
+        }
+        if (r.rc != ZOK || !r.has_stat) {
+          auto e = error(r.rc != ZOK ? r.rc : ZMARSHALLINGERROR, "reading the ensemble's clock");
+          (*shared)({}, &e);
+          return;
+        }
+        (*shared)(from_ms(r.stat.mtime), nullptr);
+      },
+      [=](zhandle_t* zh, void* ctx) { return zoo_aset(zh, kRoot, "", 0, -1, on_stat_set, ctx); });
+}
+
+struct ZkStore::Claim {
+  std::string name;
+  std::string token;
+  std::int64_t period = 0;
+  std::chrono::system_clock::time_point start;
+  ClaimDone done;
+  int attempt = 0;
+  ClaimResult out;
+};
+
+void ZkStore::claim_period(std::string_view name, std::string_view token, std::int64_t period,
+                           std::chrono::system_clock::time_point start, ClaimDone done) {
+  auto c = std::make_shared<Claim>();
+  c->name = std::string(name);
+  c->token = std::string(token);
+  c->period = period;
+  c->start = start;
+  c->done = std::move(done);
+  // The clock first: a claim runs only once the ensemble's clock reached
+  // the period's start (the write after it is later still).
+  server_time([this, c](std::chrono::system_clock::time_point now, const StoreError* e) {
+    if (e != nullptr) {
+      c->out.status = ClaimResult::Status::kFailed;
+      c->out.error = *e;
+      c->done(c->out);
+      return;
+    }
+    c->out.store_time = now;
+    if (now < c->start) {
+      c->out.status = ClaimResult::Status::kNotDue;
+      c->done(c->out);
+      return;
+    }
+    claim_step(c);
+  });
+}
+
+void ZkStore::claim_step(std::shared_ptr<Claim> c) {
+  auto finish_with = [c](ClaimResult::Status st) {
+    c->out.status = st;
+    c->done(c->out);
+  };
+  auto h = held_.find(c->name + '\0' + c->token);
+  Session* s = h == held_.end() ? nullptr : live(h->second.session);
+  if (s == nullptr) {
+    finish_with(ClaimResult::Status::kNotLeader);
+    return;
+  }
+  const std::string lock_path = h->second.path;
+  const std::string period_path = dir_of(c->name) + "/" + kPeriodNode;
+  const std::uint64_t serial = s->serial;
+  send(
+      *s,
+      [this, c, lock_path, period_path, serial, finish_with](const Result& r) {
+        if (r.rc != ZOK && r.rc != ZNONODE) {
+          c->out.status = ClaimResult::Status::kFailed;
+          c->out.error = error(r.rc, "reading the job's last period");
+          c->done(c->out);
+          return;
+        }
+        const bool exists = r.rc == ZOK;
+        std::int64_t last = -1;
+        if (exists) std::from_chars(r.value.data(), r.value.data() + r.value.size(), last);
+        if (exists && last >= c->period) {
+          c->out.last = last;
+          finish_with(ClaimResult::Status::kAlreadyRun);
+          return;
+        }
+        Session* s = live(serial);
+        if (s == nullptr) {
+          finish_with(ClaimResult::Status::kNotLeader);
+          return;
+        }
+        const int version = exists ? r.stat.version : -1;
+        const std::string value = std::to_string(c->period);
+        ACL_vector* acl = target_.digest() ? &ZOO_CREATOR_ALL_ACL : &ZOO_OPEN_ACL_UNSAFE;
+        // One step: our lock's node is there, and the period node is as read.
+        send(
+            *s,
+            [this, c, finish_with](const Result& r) {
+              if (r.rc == ZOK) {
+                c->out.last = c->period;
+                finish_with(ClaimResult::Status::kClaimed);
+                return;
+              }
+              if (r.op_errors.size() == 2 && r.op_errors[0] == ZNONODE) {
+                finish_with(ClaimResult::Status::kNotLeader);
+                return;
+              }
+              if (r.op_errors.size() == 2 && (r.op_errors[1] == ZBADVERSION || r.op_errors[1] == ZNODEEXISTS) &&
+                  ++c->attempt < kClaimAttempts) {
+                claim_step(c);  // another claim came first: read again
+                return;
+              }
+              c->out.status = ClaimResult::Status::kFailed;
+              c->out.error = error(r.rc, "claiming the period");
+              c->done(c->out);
+            },
+            [=](zhandle_t* zh, void* ctx) {
+              auto* x = static_cast<Ctx*>(ctx);
+              x->results.resize(2);
+              x->created.resize(period_path.size() + 64);
+              zoo_op_t ops[2];
+              zoo_check_op_init(&ops[0], lock_path.c_str(), -1);
+              if (exists)
+                zoo_set_op_init(&ops[1], period_path.c_str(), value.data(), static_cast<int>(value.size()), version,
+                                nullptr);
+              else
+                zoo_create_op_init(&ops[1], period_path.c_str(), value.data(), static_cast<int>(value.size()), acl,
+                                   ZOO_PERSISTENT, x->created.data(), static_cast<int>(x->created.size()));
+              return zoo_amulti(zh, 2, ops, x->results.data(), on_multi, ctx);
+            });
+      },
+      [=](zhandle_t* zh, void* ctx) { return zoo_aget(zh, period_path.c_str(), 0, on_data, ctx); });
+}
+
+// ---- operators
+
+void ZkStore::inspect(std::string_view name, InspectDone done) {
+  Session* s = any_session();
+  const std::string dir = dir_of(name);
+  const std::uint64_t serial = s->serial;
+  send(
+      *s,
+      [this, dir, serial, done = std::move(done)](const Result& r) {
+        LockInfo info;
+        if (r.rc == ZNONODE) {
+          done(info, nullptr);
+          return;
+        }
+        if (r.rc != ZOK) {
+          auto e = error(r.rc, "listing the lock's nodes");
+          done(info, &e);
+          return;
+        }
+        auto nodes = in_order(r.children);
+        Session* s = live(serial);
+        if (nodes.empty() || s == nullptr) {
+          done(info, nullptr);
+          return;
+        }
+        const std::string holder = dir + "/" + nodes.front();
+        send(
+            *s,
+            [this, done](const Result& r) {
+              LockInfo info;
+              if (r.rc == ZNONODE) {
+                done(info, nullptr);
+                return;
+              }
+              if (r.rc != ZOK) {
+                auto e = error(r.rc, "reading the holder's node");
+                done(info, &e);
+                return;
+              }
+              auto [owner, ttl_ms] = parse_data(r.value);
+              info.held = true;
+              info.owner = owner;
+              info.ttl = milliseconds(ttl_ms);
+              info.fencing_token = static_cast<std::uint64_t>(r.stat.czxid);
+              done(info, nullptr);
+            },
+            [=](zhandle_t* zh, void* ctx) { return zoo_aget(zh, holder.c_str(), 0, on_data, ctx); });
+      },
+      [=](zhandle_t* zh, void* ctx) { return zoo_aget_children(zh, dir.c_str(), 0, on_strings, ctx); });
+}
+
+void ZkStore::force_release(std::string_view name, ForceDone done) {
+  Session* s = any_session();
+  const std::string dir = dir_of(name);
+  const std::uint64_t serial = s->serial;
+  send(
+      *s,
+      [this, dir, serial, done = std::move(done)](const Result& r) {
+        if (r.rc == ZNONODE) {
+          done(false, nullptr);
+          return;
+        }
+        auto nodes = in_order(r.children);
+        Session* s = live(serial);
+        if (r.rc != ZOK || s == nullptr) {
+          auto e = error(r.rc != ZOK ? r.rc : ZSESSIONEXPIRED, "listing the lock's nodes");
+          done(false, &e);
+          return;
+        }
+        if (nodes.empty()) {
+          done(false, nullptr);
+          return;
+        }
+        delete_paths(*s, {dir + "/" + nodes.front()}, [this, done](int rc) {
+          if (rc == ZOK) {
+            done(true, nullptr);
+          } else {
+            auto e = error(rc, "deleting the holder's node");
+            done(false, &e);
+          }
+        });
+      },
+      [=](zhandle_t* zh, void* ctx) { return zoo_aget_children(zh, dir.c_str(), 0, on_strings, ctx); });
+}
+
+// ---- release notices
+
+void ZkStore::subscribe(std::string_view name) {
+  if (closed_) return;
+  subscribed_.emplace(name);
+  // Every busy answer comes after the holder's node is watched: confirmed
+  // at once (on the next turn, never inside the call).
+  sink_->post([n = std::string(name)](ZkStore& st) {
+    if (st.subscribed_.count(n) != 0 && st.events_.subscribed) st.events_.subscribed(n);
+  });
+}
+
+void ZkStore::unsubscribe(std::string_view name) {
+  if (auto it = subscribed_.find(name); it != subscribed_.end()) subscribed_.erase(it);
+}
+
+// ---- close
+
+void ZkStore::close() {
+  if (closed_) return;
+  closed_ = true;
+  // Every request still waiting is answered (unavailable), once.
+  Result closing;
+  closing.rc = ZCLOSING;
+  while (!pending_.empty()) {
+    auto id = pending_.begin()->first;
+    complete(id, closing);
+  }
+  // Releases waiting out their sessions' expiry are answered now.
+  auto deferred = std::move(deferred_);
+  deferred_.clear();
+  for (auto& [when, f] : deferred) f();
+  {
+    std::lock_guard lk(sink_->mu);
+    sink_->store = nullptr;
+  }
+  for (auto& [ms, s] : sessions_) {
+    close_later(s->zh, s->watch_ctx);
+    s->zh = nullptr;
+    s->watch_ctx = nullptr;
+  }
+  sessions_.clear();
+  held_.clear();
+  if (started_) {
+    uv_timer_stop(&sweep_);
+    uv_close(reinterpret_cast<uv_handle_t*>(&sweep_), nullptr);
+    uv_timer_stop(&cleanup_);
+    uv_close(reinterpret_cast<uv_handle_t*>(&cleanup_), nullptr);
+    started_ = false;
+  }
+}
+
+}  // namespace lockwatch::detail

@@ -1,0 +1,283 @@
+// What only the ZooKeeper store (zookeeper://) has, against one real
+// 3-member ensemble for the whole suite (Debian's zookeeper): its URL,
+// the ttl bounded by the ensemble's session timeouts, a chroot missing on
+// the ensemble, a member answering garbage, and the ensemble's faults: the
+// leader killed and paused, a minority down (locks still granted), a
+// majority down (no lock granted, waiters fail at their wait, holders lose
+// their leases by their deadline, their stop token fired first). What a
+// zookeeper:// store cannot give (shared and permit locks) fails saying
+// so. The behaviour every store shares is in store_contract_test.cpp.
+#include <gtest/gtest.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <thread>
+
+#include "core/loop.hpp"
+#include "lockwatch/lockwatch.hpp"
+#include "store/registry.hpp"
+#include "support/zookeeper_ensemble.hpp"
+#include "test_util.hpp"
+
+namespace lockwatch::testing {
+namespace {
+
+class ZooKeeperStoreTest : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() { ensemble_ = new ZooKeeperEnsemble(3); }
+  static void TearDownTestSuite() {
+    delete ensemble_;
+    ensemble_ = nullptr;
+  }
+  void TearDown() override {
+    // A test that failed half-way leaves every member serving for the next.
+    for (int i = 0; i < ensemble_->size(); ++i) {
+      ensemble_->resume(i);
+      ensemble_->start(i);
+    }
+    ASSERT_TRUE(ensemble_->wait_serving());
+  }
+
+  static Options options(const std::string& url = "") {
+    Options o;
+    o.redis_url = url.empty() ? "zookeeper://" + ensemble_->hosts() : url;
+    o.threads = 2;
+    // Long enough for a waiter to ride out an election (the ensemble's
+    // tick is 100 ms; members close their clients' connections meanwhile).
+    o.connect_timeout = 5s;
+    o.command_timeout = 1s;
+    return o;
+  }
+  // A key unique to the running test.
+  static std::string key(const std::string& suffix = "") {
+    return std::string(::testing::UnitTest::GetInstance()->current_test_info()->name()) + suffix;
+  }
+  static LockHandle take(Runtime& rt, const std::string& k, std::chrono::milliseconds ttl,
+                         std::chrono::milliseconds wait = 0ms) {
+    auto f = rt.acquire(k, ttl, forever, wait);
+    return get_bounded(f);
+  }
+  // Members other than the leader, in order.
+  static std::vector<int> followers(int leader) {
+    std::vector<int> out;
+    for (int i = 0; i < ensemble_->size(); ++i)
+      if (i != leader) out.push_back(i);
+    return out;
+  }
+
+  static ZooKeeperEnsemble* ensemble_;
+};
+ZooKeeperEnsemble* ZooKeeperStoreTest::ensemble_ = nullptr;
+
+TEST_F(ZooKeeperStoreTest, MalformedUrlsAreInvalidArgumentsThatHideThePassword) {
+  const char* bad[] = {
+      "zookeeper://",                                   // no host
+      "zookeeper://u:secret@",                          // no host, with credentials
+      "zookeeper://127.0.0.1:x",                        // bad port
+      "zookeeper://127.0.0.1:70000",                    // port out of range
+      "zookeeper://127.0.0.1:2181,,127.0.0.1:2182",     // an empty member
+      "zookeeper://u:secret@127.0.0.1:2181/a//b",       // an empty chroot segment
+      "zookeeper://u:secret@127.0.0.1:2181/a/../b",     // '..' in the chroot
+      "zookeeper://u:secret@127.0.0.1:2181/zookeeper",  // ZooKeeper's own tree
+      "zookeeper://u:secret@127.0.0.1:2181?timeout=1",  // parameters
+      "zookeeper://usersecret@127.0.0.1:2181",          // digest credentials without a password
+      "zookeeper://u:secret@127.0.0.1:2181/a%zz",       // a bad escape
+  };
+  for (const char* url : bad) {
+    Options o = options(url);
+    try {
+      o.validate();
+      ADD_FAILURE() << "accepted " << url;
+    } catch (const InvalidArgument& e) {
+      EXPECT_EQ(std::string(e.what()).find("secret"), std::string::npos) << e.what();
+      EXPECT_NE(std::string(e.what()).find("zookeeper"), std::string::npos) << e.what();
+    }
+  }
+  Options replicas = options();
+  replicas.min_replicas = 1;
+  EXPECT_THROW(replicas.validate(), InvalidArgument);
+  for (const char* fine : {"zookeeper://zk1:2181,zk2:2181,zk3:2181/apps/locks", "zookeeper://u:p%40ss@[::1]:2181",
+                           "zookeeper://zk", "zookeeper://a:b@zk1,zk2:2182/"}) {
+    Options o = options(fine);
+    EXPECT_NO_THROW(o.validate()) << fine;
+  }
+}
+
+TEST_F(ZooKeeperStoreTest, ATtlAboveTheEnsemblesSessionTimeoutIsRefused) {
+  // The ensemble grants sessions of 200 ms to 60 s (tests/support).
+  Runtime rt(options());
+  auto f = rt.acquire(key(), 120s, forever);
+  auto err = error_of<InvalidArgument>(f);
+  ASSERT_TRUE(err);
+  EXPECT_NE(std::string(err->what()).find("60000 ms"), std::string::npos) << err->what();
+  // Nothing left behind: a ttl in range takes the lock at once.
+  Runtime other(options());
+  auto h = take(other, key(), 2s);
+  EXPECT_GE(h.lease().fencing_token(), 1u);
+  // A ttl below the ensemble's minimum gets the minimum: still a lock.
+  auto small = take(other, key("-small"), 100ms);
+  EXPECT_GE(small.lease().fencing_token(), 1u);
+}
+
+TEST_F(ZooKeeperStoreTest, AChrootMissingOnTheEnsembleIsAnErrorNamingIt) {
+  Runtime rt(options("zookeeper://" + ensemble_->hosts() + "/no/such/root"));
+  auto f = rt.acquire(key(), 1s, forever);
+  auto err = error_of<ZooKeeperError>(f);
+  ASSERT_TRUE(err);
+  EXPECT_NE(std::string(err->what()).find("/no/such/root"), std::string::npos) << err->what();
+}
+
+TEST_F(ZooKeeperStoreTest, AMemberAnsweringGarbageIsAConnectionErrorWithinTheConnectTimeout) {
+  // A listener that answers every connection with bytes that are not
+  // ZooKeeper's, then closes it.
+  int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  ASSERT_GE(fd, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  ASSERT_EQ(::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr), 0);
+  socklen_t len = sizeof addr;
+  ::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len);
+  ASSERT_EQ(::listen(fd, 16), 0);
+  std::atomic<bool> stop{false};
+  std::thread garbage([&] {
+    while (!stop) {
+      int c = ::accept(fd, nullptr, nullptr);
+      if (c < 0) break;
+      const char junk[] = "-ERR this is not ZooKeeper\r\n\0\0\0\x05hello";
+      (void)::send(c, junk, sizeof junk, MSG_NOSIGNAL);
+      ::close(c);
+    }
+  });
+  Options o = options("zookeeper://127.0.0.1:" + std::to_string(ntohs(addr.sin_port)));
+  o.connect_timeout = 1s;
+  {
+    Runtime rt(o);
+    auto t0 = std::chrono::steady_clock::now();
+    auto f = rt.acquire(key(), 1s, forever);
+    auto err = error_of<ConnectionError>(f);
+    ASSERT_TRUE(err);
+    EXPECT_LT(std::chrono::steady_clock::now() - t0, 3s);
+  }
+  stop = true;
+  ::shutdown(fd, SHUT_RDWR);
+  ::close(fd);
+  garbage.join();
+}
+
+TEST_F(ZooKeeperStoreTest, ADeadMemberInTheListIsPassedOver) {
+  const std::string dead = "127.0.0.1:" + std::to_string(free_loopback_port());
+  Runtime rt(options("zookeeper://" + dead + "," + ensemble_->hosts()));
+  auto h = take(rt, key(), 2s);
+  EXPECT_GE(h.lease().fencing_token(), 1u);
+}
+
+TEST_F(ZooKeeperStoreTest, WhatTheStoreCannotGiveFailsSayingSo) {
+  detail::Loop loop;
+  auto store = detail::make_store(loop, options());
+  EXPECT_NE(store->check_kind(LockKind::shared()), nullptr);
+  EXPECT_NE(store->check_kind(LockKind::permits(3)), nullptr);
+  EXPECT_EQ(store->check_kind(LockKind::exclusive()), nullptr);
+  EXPECT_EQ(loop.shutdown([&] { store->close(); }), 0);
+}
+
+TEST_F(ZooKeeperStoreTest, TheLeaderKilledOrPausedKeepsLeasesAndGrantsLocks) {
+  Runtime rt(options()), other(options());
+  // Longer than an election takes on a loaded machine: the lock is kept
+  // through it.
+  auto held = take(rt, key("-held"), 15s);
+  const auto fence = held.lease().fencing_token();
+  for (bool pause : {false, true}) {
+    int leader = ensemble_->leader();
+    ASSERT_GE(leader, 0);
+    if (pause)
+      ensemble_->pause(leader);
+    else
+      ensemble_->kill(leader);
+    // The others elect a leader; a new lock is granted meanwhile (the
+    // waiter rides out the election), and the held one stays held.
+    auto next = other.acquire(key(pause ? "-paused" : "-killed"), 5s, forever, 15s);
+    auto h = get_bounded(next);
+    EXPECT_GT(h.lease().fencing_token(), fence);
+    auto busy = other.acquire(key("-held"), 5s, forever);
+    EXPECT_TRUE(error_of<LockNotAcquired>(busy));
+    if (pause)
+      ensemble_->resume(leader);
+    else
+      ensemble_->start(leader);
+    ASSERT_TRUE(ensemble_->wait_serving());
+  }
+  EXPECT_FALSE(held.lease().lost());
+  auto f = held.release();
+  get_bounded(f);
+}
+
+TEST_F(ZooKeeperStoreTest, AMinorityDownStillGrantsLocksOneAtATime) {
+  int leader = ensemble_->leader();
+  ASSERT_GE(leader, 0);
+  const int down = followers(leader).front();
+  ensemble_->kill(down);
+  Runtime a(options()), b(options());
+  auto h = take(a, key(), 2s);
+  const auto first = h.lease().fencing_token();
+  auto busy = b.acquire(key(), 2s, forever);
+  EXPECT_TRUE(error_of<LockNotAcquired>(busy));
+  auto f = h.release();
+  get_bounded(f);
+  auto again = take(b, key(), 2s);
+  EXPECT_GT(again.lease().fencing_token(), first);
+  ensemble_->start(down);
+}
+
+TEST_F(ZooKeeperStoreTest, AMajorityDownGrantsNothingAndHoldersLoseTheirLeasesByTheirDeadline) {
+  Options o = options();
+  o.command_timeout = 500ms;
+  Runtime rt(o), waiter_rt(o);
+  std::atomic<bool> stopped_before_lost{false};
+  std::atomic<std::chrono::steady_clock::rep> stopped_at{0};
+  Gate started;
+  auto work = locked(key("-held"), 1500ms, forever).on(rt)([&] {
+    started.open();
+    bool stopped = stopped_within_bound(this_lease().stop_token());
+    stopped_at = std::chrono::steady_clock::now().time_since_epoch().count();
+    stopped_before_lost = stopped;
+    return stopped;
+  });
+  auto holding = work();
+  ASSERT_TRUE(started.wait());
+  auto waiting = waiter_rt.acquire(key("-held"), 1500ms, forever, 2s);
+  int leader = ensemble_->leader();
+  ASSERT_GE(leader, 0);
+  ensemble_->kill(followers(leader).front());
+  auto lost_at = std::chrono::steady_clock::now();  // the quorum goes with the next
+  ensemble_->kill(leader);
+  // The holder's lease ends by its deadline (the ttl), its stop token fired.
+  // Its stop token fires by the lease's deadline: at most a ttl after the
+  // last renewal the ensemble answered, which came before the quorum went.
+  EXPECT_TRUE(error_of<LeaseLost>(holding));
+  auto stopped_after = std::chrono::steady_clock::time_point(std::chrono::steady_clock::duration(stopped_at.load())) - lost_at;
+  std::printf("stop token fired %lld ms after the quorum went (ttl 1500 ms)\n",
+              static_cast<long long>(std::chrono::duration_cast<std::chrono::milliseconds>(stopped_after).count()));
+  EXPECT_LT(stopped_after, 1500ms + 200ms);
+  EXPECT_TRUE(stopped_before_lost.load());
+  // The waiter fails at its wait, with the ensemble's error, not a grant.
+  auto err = error_of<ConnectionError>(waiting);
+  EXPECT_TRUE(err);
+  // A new lock is not granted either; it fails within its timeouts.
+  auto t0 = std::chrono::steady_clock::now();
+  auto fresh = waiter_rt.acquire(key("-fresh"), 1s, forever);
+  EXPECT_TRUE(error_of<ConnectionError>(fresh));
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, 3s);
+  for (int i = 0; i < ensemble_->size(); ++i) ensemble_->start(i);
+  ASSERT_TRUE(ensemble_->wait_serving());
+  // Once a quorum serves again, the lock is granted (the lost holder's
+  // session expired with its node, or it gave the node back).
+  auto after = waiter_rt.acquire(key("-held"), 2s, forever, 15s);
+  auto h = get_bounded(after);
+  EXPECT_GE(h.lease().fencing_token(), 1u);
+}
+
+}  // namespace
+}  // namespace lockwatch::testing
