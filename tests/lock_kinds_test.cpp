@@ -152,23 +152,6 @@ void give_back(LockHandle& h) {
   get_bounded(f);
 }
 
-// Everyone who arrives waits for the others, up to the test bound: true
-// if all `n` were there together.
-class Rendezvous {
- public:
-  explicit Rendezvous(int n) : left_(n) {}
-  bool arrive() {
-    std::unique_lock lk(mu_);
-    if (--left_ <= 0) cv_.notify_all();
-    return cv_.wait_for(lk, kBound, [&] { return left_ <= 0; });
-  }
-
- private:
-  std::mutex mu_;
-  std::condition_variable cv_;
-  int left_;
-};
-
 TEST(LockKindsRuntimeTest, SharedCallsRunTogetherAndAnExclusiveOneAlone) {
   Runtime rt(space("rw-overlap"));
   constexpr int kReaders = 3;

@@ -385,23 +385,6 @@ bool refuses_kinds(Runtime& rt, const std::string& store) {
   return true;
 }
 
-// Everyone who arrives waits for the others, up to the test bound: true
-// if all `n` were there together.
-class Rendezvous {
- public:
-  explicit Rendezvous(int n) : left_(n) {}
-  bool arrive() {
-    std::unique_lock lk(mu_);
-    if (--left_ <= 0) cv_.notify_all();
-    return cv_.wait_for(lk, kBound, [&] { return left_ <= 0; });
-  }
-
- private:
-  std::mutex mu_;
-  std::condition_variable cv_;
-  int left_;
-};
-
 TEST_P(StoreContractTest, ReadersOverlapAndNeverHoldWithAWriter) {
   Runtime a(options()), b(options());
   if (refuses_kinds(a, GetParam())) GTEST_SKIP() << GetParam() << " holds exclusive locks only (Unsupported)";

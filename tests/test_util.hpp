@@ -4,8 +4,10 @@
 #include <gtest/gtest.h>
 
 #include <chrono>
+#include <condition_variable>
 #include <future>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <thread>
 #include <string_view>
@@ -205,5 +207,22 @@ template <class E, class T>
 std::unique_ptr<E> error_of(std::future<T>& f) {
   return thrown<E>([&] { get_bounded(f); });
 }
+
+// Everyone who arrives waits for the others, up to the test bound: true
+// if all `n` were there together.
+class Rendezvous {
+ public:
+  explicit Rendezvous(int n) : left_(n) {}
+  bool arrive() {
+    std::unique_lock lk(mu_);
+    if (--left_ <= 0) cv_.notify_all();
+    return cv_.wait_for(lk, kBound, [&] { return left_ <= 0; });
+  }
+
+ private:
+  std::mutex mu_;
+  std::condition_variable cv_;
+  int left_;
+};
 
 }  // namespace lockwatch::testing
