@@ -47,7 +47,9 @@ class ZooKeeperStoreTest : public ::testing::Test {
     // Long enough for a waiter to ride out an election (the ensemble's
     // tick is 100 ms; members close their clients' connections meanwhile).
     o.connect_timeout = 5s;
-    o.command_timeout = 1s;
+    // A new session is committed through the leader before its first
+    // request goes: on a loaded machine that alone can take a second.
+    o.command_timeout = 2s;
     return o;
   }
   // A key unique to the running test.

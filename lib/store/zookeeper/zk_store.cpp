@@ -5,6 +5,8 @@
 
 #include <algorithm>
 #include <charconv>
+#include <mutex>
+#include <unordered_map>
 
 #include "core/loop.hpp"
 #include "core/timing.hpp"
@@ -31,6 +33,14 @@ struct ZkStore::Sink : std::enable_shared_from_this<ZkStore::Sink> {
   std::mutex mu;
   ZkStore* store = nullptr;
   Loop* loop = nullptr;
+  // The contexts the client holds, by the session that sent them: a
+  // handle closed while disconnected does not always call back what it
+  // had queued, so what is left once zookeeper_close() returns is freed
+  // here (no thread of that handle runs by then).
+  std::mutex ctx_mu;
+  std::unordered_map<void*, std::uint64_t> in_flight;
+
+  void forget_session(std::uint64_t serial);
 
   void post(std::function<void(ZkStore&)> f) {
     {
@@ -70,6 +80,7 @@ namespace {
 struct Ctx {
   std::shared_ptr<ZkStore::Sink> sink;
   std::uint64_t id = 0;
+  std::uint64_t session = 0;  // Session::serial
   std::vector<zoo_op_result_t> results;  // multi
   std::string created;                   // multi: where a create op writes its path
 };
@@ -244,11 +255,31 @@ void deliver(const void* data, ZkStore::Result r) {
   auto* ctx = static_cast<Ctx*>(const_cast<void*>(data));
   const std::uint64_t id = ctx->id;
   auto sink = std::move(ctx->sink);
+  {
+    std::lock_guard lk(sink->ctx_mu);
+    sink->in_flight.erase(ctx);
+  }
   delete ctx;
   sink->post([id, r = std::move(r)](ZkStore& s) { s.complete(id, r); });
 }
 
 }  // namespace
+
+void ZkStore::Sink::forget_session(std::uint64_t serial) {
+  std::vector<Ctx*> left;
+  {
+    std::lock_guard lk(ctx_mu);
+    for (auto it = in_flight.begin(); it != in_flight.end();) {
+      if (it->second == serial) {
+        left.push_back(static_cast<Ctx*>(it->first));
+        it = in_flight.erase(it);
+      } else {
+        ++it;
+      }
+    }
+  }
+  for (auto* c : left) delete c;
+}
 
 // ---- set-up
 
@@ -302,7 +333,9 @@ ZkStore::ZkStore(Loop& loop, ZkTarget target, const Options& options)
       lk.unlock();
       for (auto& [zh, ctx] : batch) {
         zookeeper_close(zh);
-        delete static_cast<WatchCtx*>(ctx);
+        auto* w = static_cast<WatchCtx*>(ctx);
+        if (w != nullptr) sink_->forget_session(w->serial);
+        delete w;
       }
       lk.lock();
     }
@@ -418,8 +451,13 @@ void ZkStore::on_session_state(std::uint64_t serial, int state) {
     s->negotiated_ms = zoo_recv_timeout(s->zh);
     auto parked = std::move(s->parked);
     s->parked.clear();
-    for (auto& [id, issue] : parked)
-      if (pending_.count(id) != 0) issue_now(*s, id, issue);  // else timed out meanwhile
+    const auto now = Clock::now();
+    for (auto& [id, issue] : parked) {
+      auto p = pending_.find(id);
+      if (p == pending_.end()) continue;  // timed out meanwhile
+      p->second.deadline = std::max(p->second.deadline, now + options_.command_timeout);
+      issue_now(*s, id, issue);
+    }
     if (!was_up && events_.connection) events_.connection(endpoint_, true, "");
     if (!cleanups_.empty()) run_cleanups();
   } else if (state == ZOO_CONNECTING_STATE || state == ZOO_ASSOCIATING_STATE) {
@@ -456,6 +494,10 @@ void ZkStore::on_watch(int type, const std::string& path) {
 
 void ZkStore::send(Session& s, Reply reply, std::function<int(zhandle_t*, void*)> issue) {
   const std::uint64_t id = next_id_++;
+  // A request parked on a session that is not connected fails at this
+  // deadline (sooner on one that never connected: the connect timeout
+  // bounds that); one sent when the session connects has the command
+  // timeout from then (see on_session_state).
   auto deadline = Clock::now() + options_.command_timeout;
   if (!s.ever_connected) deadline = std::min(deadline, s.started + options_.connect_timeout);
   pending_.emplace(id, Pending{deadline, std::move(reply)});
@@ -469,9 +511,19 @@ void ZkStore::send(Session& s, Reply reply, std::function<int(zhandle_t*, void*)
 void ZkStore::issue_now(Session& s, std::uint64_t id, const std::function<int(zhandle_t*, void*)>& issue) {
   int rc = closed_ ? ZCLOSING : kNoHandle;
   if (!closed_ && s.zh != nullptr) {
-    auto* ctx = new Ctx{sink_, id, {}, {}};
+    auto* ctx = new Ctx{sink_, id, s.serial, {}, {}};
+    {
+      std::lock_guard lk(sink_->ctx_mu);
+      sink_->in_flight.emplace(ctx, s.serial);
+    }
     rc = issue(s.zh, ctx);
-    if (rc != ZOK) delete ctx;
+    if (rc != ZOK) {
+      {
+        std::lock_guard lk(sink_->ctx_mu);
+        sink_->in_flight.erase(ctx);
+      }
+      delete ctx;
+    }
   }
   if (rc != ZOK) {
     // Never inside the call: the answer goes round the loop.
