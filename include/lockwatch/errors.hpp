@@ -140,6 +140,24 @@ class SqlError : public Error {
   std::string server_message_;
 };
 
+// An etcd store (etcd://) had a call answered with an error other than a
+// lost connection or refused credentials: a request etcd refuses (too
+// large, too many operations), a failed precondition. `code()` is the gRPC
+// status code's name (e.g. "INVALID_ARGUMENT"), `server_message()` etcd's
+// text.
+class EtcdError : public Error {
+ public:
+  EtcdError(std::string endpoint, std::string code, std::string server_message);
+  const std::string& endpoint() const noexcept { return endpoint_; }
+  const std::string& code() const noexcept { return code_; }
+  const std::string& server_message() const noexcept { return server_message_; }
+
+ private:
+  std::string endpoint_;
+  std::string code_;
+  std::string server_message_;
+};
+
 // The runtime was stopped (or is stopping) before the request could run.
 class RuntimeStopped : public Error {
  public:

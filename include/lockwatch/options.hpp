@@ -56,6 +56,10 @@ struct Options {
   //                                                 libpq's sslmode, sslrootcert,
   //                                                 sslcert, sslkey; the
   //                                                 `postgresql` feature)
+  //   etcd://[user:password@]host:port[,host:port...]
+  //                                                 keys bound to leases in an
+  //                                                 etcd cluster (v3 API; the
+  //                                                 `etcd` feature)
   //   memory://[name]                               this process's memory,
   //                                                 shared by its runtimes that
   //                                                 name the same space

@@ -67,4 +67,10 @@ SqlError::SqlError(std::string endpoint, std::string sqlstate, std::string serve
       sqlstate_(std::move(sqlstate)),
       server_message_(std::move(server_message)) {}
 
+EtcdError::EtcdError(std::string endpoint, std::string code, std::string server_message)
+    : Error(fmt::format("{} answered {}: {}", endpoint, code, server_message)),
+      endpoint_(std::move(endpoint)),
+      code_(std::move(code)),
+      server_message_(std::move(server_message)) {}
+
 }  // namespace lockwatch

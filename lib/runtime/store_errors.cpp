@@ -20,6 +20,7 @@ std::exception_ptr to_exception(const StoreError& e) {
     case Kind::kRedirect:
       break;
   }
+  if (e.origin == StoreError::Origin::kEtcd) return std::make_exception_ptr(EtcdError(e.endpoint, e.code, e.message));
   if (e.origin == StoreError::Origin::kPostgres) return std::make_exception_ptr(SqlError(e.endpoint, e.code, e.message));
   if (e.origin == StoreError::Origin::kSql) {
     unsigned code = 0;

@@ -12,6 +12,9 @@
 #if LOCKWATCH_WITH_POSTGRESQL
 #include "store/postgresql/pg_kind.hpp"
 #endif
+#if LOCKWATCH_WITH_ETCD
+#include "store/etcd/etcd_kind.hpp"
+#endif
 
 namespace lockwatch::detail {
 
@@ -26,6 +29,10 @@ constexpr StoreKind kPostgresStore =
     missing_store("postgresql postgres", "postgresql://user[:password]@host[:port]/database (or postgres://)",
                   "'postgresql' (libpq >= 14)");
 #endif
+#if !LOCKWATCH_WITH_ETCD
+constexpr StoreKind kEtcdStore = missing_store("etcd", "etcd://[user:password@]host:port[,host:port...]",
+                                               "'etcd' (grpc++, protobuf, protoc)");
+#endif
 
 // Scheme to store: one line per kind.
 constexpr const StoreKind* kKinds[] = {
@@ -33,6 +40,7 @@ constexpr const StoreKind* kKinds[] = {
     &kRedisClusterStore,
     &kSqlStore,
     &kPostgresStore,
+    &kEtcdStore,
     &kMemoryStore,
 };
 

@@ -29,9 +29,9 @@ struct StoreError {
     kInvalid,      // the request cannot be made (bad input)
   };
   // Which kind of server answered: the public error it becomes depends on
-  // it (RedisError or SqlError; a MariaDB error number or a PostgreSQL
-  // SQLSTATE).
-  enum class Origin : std::uint8_t { kRedis, kSql, kPostgres };
+  // it (RedisError, SqlError or EtcdError; a MariaDB error number, a
+  // PostgreSQL SQLSTATE or a gRPC status code's name).
+  enum class Origin : std::uint8_t { kRedis, kSql, kPostgres, kEtcd };
 
   Kind kind = Kind::kUnavailable;
   Origin origin = Origin::kRedis;
