@@ -1,6 +1,7 @@
 // What every lock store must do, run against each real server: one Redis
 // node (redis-server), a Redis Cluster (six redis-servers), a SQL table
-// (mariadbd) and a PostgreSQL table (postgres), and against the in-process
+// (mariadbd), a PostgreSQL table (postgres) and an etcd cluster (three
+// etcd members, authentication on), and against the in-process
 // store (memory://). Exclusion, a holder that dies, fencing, waiting, renewal, and
 // bad input; each test starts its own servers. Store-specific behaviour
 // stays in the stores' own suites.

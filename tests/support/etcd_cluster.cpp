@@ -234,6 +234,12 @@ void EtcdCluster::start(int member) {
                            log_tail(member));
 }
 
+void EtcdCluster::start_all() {
+  for (int i = 0; i < size(); ++i)
+    if (!running(i)) spawn(i, /*fresh=*/false);
+  wait_ready(30s);
+}
+
 void EtcdCluster::pause(int member) {
   Member& m = members_.at(member);
   if (!m.process || m.paused) return;

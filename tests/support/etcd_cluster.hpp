@@ -62,6 +62,9 @@ class EtcdCluster {
   // Starts a killed member again (same ports and data); waits until it
   // answers. No-op if running.
   void start(int member);
+  // Starts every killed member again and waits until a write through the
+  // cluster succeeds (after all were killed: none answers alone).
+  void start_all();
   // pause() returns once the process has stopped.
   void pause(int member);
   void resume(int member);

@@ -198,6 +198,12 @@ void EtcdClient::member_failed(std::size_t member) {
   if (member == current_ && members_.size() > 1) current_ = (current_ + 1) % members_.size();
 }
 
+void EtcdClient::token_refused(const grpc::Status& status) {
+  // A token the cluster no longer takes (it expired, or the member that
+  // issued it restarted): the next call authenticates again.
+  if (status.error_code() == grpc::StatusCode::UNAUTHENTICATED) token_.clear();
+}
+
 void EtcdClient::prepare(grpc::ClientContext& context, std::chrono::milliseconds timeout) const {
   if (timeout.count() > 0) context.set_deadline(std::chrono::system_clock::now() + timeout);
   if (!token_.empty()) context.AddMetadata("token", token_);
@@ -498,6 +504,7 @@ struct EtcdClient::KeepAlive final : Call {
       return;
     }
     if (no_answer(status.error_code())) client->member_failed(member);
+    client->token_refused(status);
     StoreError error = status.ok() ? StoreError::unavailable("etcd://" + client->members_[member]->address,
                                                              "the keep-alive stream ended without every answer",
                                                              StoreError::Origin::kEtcd)
@@ -606,6 +613,7 @@ class EtcdClient::Watch final : public Call {
       me->client->finished(me.get());
       if (me->cancelled) return;
       if (no_answer(me->status.error_code())) me->client->member_failed(me->member);
+      me->client->token_refused(me->status);
       StoreError error = me->status.ok() ? StoreError::unavailable("etcd://" + me->client->members_[me->member]->address,
                                                                    "the watch was cancelled by the server",
                                                                    StoreError::Origin::kEtcd)

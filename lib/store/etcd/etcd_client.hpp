@@ -117,6 +117,7 @@ class EtcdClient {
   // The context of a call to the current member: deadline, token.
   void prepare(grpc::ClientContext& context, std::chrono::milliseconds timeout) const;
   StoreError error_of(const grpc::Status& status, std::size_t member, bool authenticating = false) const;
+  void token_refused(const grpc::Status& status);
   // A call to `member` had no answer: later calls go to the next member.
   void member_failed(std::size_t member);
   template <class Request, class Response, class Prepare>

@@ -53,7 +53,15 @@ std::int64_t EtcdStore::lease_seconds(milliseconds ttl) noexcept {
 }
 
 EtcdStore::EtcdStore(Loop& loop, EtcdTarget target, const Options& options)
-    : StoreBase(KeyRules{options.key_prefix, KeyRules::plain, KeyRules::any}, /*release_events=*/true),
+    : StoreBase(KeyRules{options.key_prefix, KeyRules::plain,
+                         [](std::string_view prefix, std::string_view key) noexcept -> const char* {
+                           if (prefix.size() + key.size() > kMaxNameBytes)
+                             return "the lock name (key_prefix + key) is longer than the 32 KiB an etcd:// store "
+                                    "takes (a transaction names it six times, and etcd refuses requests over "
+                                    "1.5 MiB by default)";
+                           return nullptr;
+                         }},
+                /*release_events=*/true),
       loop_(loop),
       client_(std::make_unique<EtcdClient>(loop, std::move(target), options)) {}
 
@@ -83,6 +91,9 @@ void EtcdStore::acquire_one(std::string name, std::string token, milliseconds tt
       return;
     }
     const std::int64_t lease = granted.id();
+    // If absent: put. Else, if ours (the same request again): read it,
+    // then put it on the new lease (a put keeps the create_revision, so
+    // the fence stays, and the key leaves its old lease). Else: read it.
     etcdserverpb::TxnRequest txn;
     auto* absent = txn.add_compare();
     absent->set_key(name);
@@ -93,7 +104,15 @@ void EtcdStore::acquire_one(std::string name, std::string token, milliseconds tt
     put->set_key(name);
     put->set_value(token);
     put->set_lease(lease);
-    txn.add_failure()->mutable_request_range()->set_key(name);
+    auto* present = txn.add_failure()->mutable_request_txn();
+    auto* ours = present->add_compare();
+    ours->set_key(name);
+    ours->set_target(etcdserverpb::Compare::VALUE);
+    ours->set_result(etcdserverpb::Compare::EQUAL);
+    ours->set_value(token);
+    present->add_success()->mutable_request_range()->set_key(name);
+    *present->add_success()->mutable_request_put() = *put;
+    present->add_failure()->mutable_request_range()->set_key(name);
     client_->txn(std::move(txn), [this, name, token, ttl, lease, done = std::move(done)](
                                      const etcdserverpb::TxnResponse& response, const StoreError* err) mutable {
       if (err) {
@@ -108,36 +127,28 @@ void EtcdStore::acquire_one(std::string name, std::string token, milliseconds tt
         done(taken(response.header().revision()));
         return;
       }
-      revoke(lease);
-      const mvccpb::KeyValue* kv = ranged(response);
+      const etcdserverpb::TxnResponse* inner =
+          response.responses_size() > 0 && response.responses(0).has_response_txn()
+              ? &response.responses(0).response_txn()
+              : nullptr;
+      const mvccpb::KeyValue* kv = inner ? ranged(*inner) : nullptr;
       if (kv == nullptr) {
         // Not absent, yet not there in the same transaction: an answer
         // that cannot be.
+        revoke(lease);
         done(failed(StoreError::refused(client_->name(), "the acquisition's transaction answered no key",
                                         StoreError::Origin::kEtcd)));
         return;
       }
-      if (kv->value() != token) {
+      if (!inner->succeeded()) {
+        revoke(lease);
         busy(kv->lease(), ttl, std::move(done));
         return;
       }
-      // Ours already (the same request again): the same acquisition, its
-      // lease kept alive.
-      const std::int64_t ours = kv->lease();
-      const std::int64_t fence = kv->create_revision();
-      client_->keep_alive({ours}, [this, name, token, ours, fence, ttl, done = std::move(done)](
-                                      const std::vector<std::int64_t>& ttls, const StoreError* err) mutable {
-        if (err) {
-          done(failed(*err));
-          return;
-        }
-        if (ttls.empty() || ttls[0] <= 0) {
-          done(busy_for(milliseconds(1)));  // it expired just now: free again
-          return;
-        }
-        held_[name] = Held{token, ours};
-        done(taken(fence));
-      });
+      // Ours already: the same acquisition, now on the new lease.
+      if (kv->lease() != lease) revoke(kv->lease());
+      held_[name] = Held{token, lease};
+      done(taken(kv->create_revision()));
     });
   });
 }

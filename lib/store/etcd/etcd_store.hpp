@@ -5,11 +5,13 @@
 // the key's value is the owner token. Each step:
 //   acquire  LeaseGrant(the ttl, in whole seconds, rounded up), then one
 //            transaction: if the key's create_revision is 0 (absent), Put
-//            it with the token and the lease, else Range it. Created: the
+//            it with the token and the lease; else, in a nested
+//            transaction, if its value is our token (a repeated request),
+//            Range it and Put it again on the new lease (a Put keeps the
+//            create_revision: the same acquisition, its fence, the new
+//            ttl; the old lease is revoked), else Range it. Created: the
 //            fencing token is the transaction's revision, which is the
-//            key's create_revision. Held with our token already (a
-//            repeated request): the same acquisition, its fence and its
-//            lease, kept alive once. Held by another: busy for what its
+//            key's create_revision. Held by another: busy for what its
 //            lease has left (LeaseTimeToLive). A lease not used is
 //            revoked.
 //   renew    one LeaseKeepAlive stream per batch: every lease of the
@@ -57,6 +59,10 @@ class Loop;
 
 class EtcdStore final : public StoreBase, public OperatorTools {
  public:
+  // The longest lock name (prefix + key) taken: a transaction names it
+  // six times, and etcd refuses requests over 1.5 MiB by default.
+  static constexpr std::size_t kMaxNameBytes = 32 * 1024;
+
   EtcdStore(Loop& loop, EtcdTarget target, const Options& options);
   ~EtcdStore() override;
 
