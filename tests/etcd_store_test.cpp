@@ -3,7 +3,8 @@
 // authentication on, for the credential tests): its URL, its lease per
 // lock, the fencing token from the key's create_revision, waiting by
 // Watch, the operators' tools, members unreachable or refusing the
-// credentials, and a member killed or paused while locks are taken.
+// credentials, TLS (etcds://, a cluster of one member of its own), and a
+// member killed or paused while locks are taken.
 #include <gtest/gtest.h>
 #include <signal.h>
 
@@ -299,6 +300,50 @@ TEST_F(EtcdStoreTest, WrongCredentialsAreAuthErrorsThatHideThePassword) {
   Runtime anonymous(options("etcd://127.0.0.1:" + std::to_string(secured.client_port(0))));
   auto f = anonymous.acquire(key(), 1s, 0);
   EXPECT_TRUE(error_of<AuthError>(f));
+}
+
+TEST_F(EtcdStoreTest, EtcdsSpeaksTlsWithTheTlsOptions) {
+  EtcdCluster secured(EtcdClusterOptions{.members = 1, .tls = true});
+  const TestCertificates& c = test_certificates();
+  auto with_tls = [&](Options o) {
+    o.tls_ca_file = c.ca_cert;
+    o.tls_cert_file = c.client_cert;
+    o.tls_key_file = c.client_key;
+    return o;
+  };
+  {
+    Runtime rt(with_tls(options(secured.url())));
+    auto h = take(rt, key(), 2s);
+    EXPECT_GT(h.lease().fencing_token(), 0u);
+    give_back(h);
+  }
+  // Refused, each within the timeouts: plain text to a TLS member, no
+  // client certificate, a CA that did not sign the member's, a name its
+  // certificate does not carry.
+  std::vector<std::pair<std::string, Options>> refused;
+  refused.emplace_back("plain text", options("etcd://127.0.0.1:" + std::to_string(secured.client_port(0))));
+  Options no_cert = options(secured.url());
+  no_cert.tls_ca_file = c.ca_cert;
+  refused.emplace_back("no client certificate", no_cert);
+  Options untrusted = with_tls(options(secured.url()));
+  untrusted.tls_ca_file = c.untrusted_cert;
+  refused.emplace_back("an untrusted CA", untrusted);
+  Options wrong_name = with_tls(options(secured.url()));
+  wrong_name.tls_server_name = "wrong.example";
+  refused.emplace_back("a wrong name", wrong_name);
+  for (auto& [what, o] : refused) {
+    Runtime rt(o);
+    auto t0 = std::chrono::steady_clock::now();
+    auto f = rt.acquire(key(), 1s, 0);
+    EXPECT_TRUE(error_of<ConnectionError>(f)) << what;
+    EXPECT_LT(std::chrono::steady_clock::now() - t0, 3s) << what;
+  }
+  Options unverified = with_tls(options(secured.url()));
+  unverified.tls_verify = false;
+  EXPECT_THROW(unverified.validate(), InvalidArgument);
+  Options unreadable = with_tls(options(secured.url()));
+  unreadable.tls_ca_file = "/nonexistent/ca.crt";
+  EXPECT_THROW(unreadable.validate(), InvalidArgument);
 }
 
 TEST_F(EtcdStoreTest, LocksAreGrantedWithTheLeaderKilled) {

@@ -30,7 +30,8 @@ constexpr StoreKind kPostgresStore =
                   "'postgresql' (libpq >= 14)");
 #endif
 #if !LOCKWATCH_WITH_ETCD
-constexpr StoreKind kEtcdStore = missing_store("etcd", "etcd://[user:password@]host:port[,host:port...]",
+constexpr StoreKind kEtcdStore = missing_store("etcd etcds",
+                                               "etcd://[user:password@]host:port[,host:port...] (etcds:// over TLS)",
                                                "'etcd' (grpc++, protobuf, protoc)");
 #endif
 

@@ -12,7 +12,7 @@
 //   redis-cluster://, rediss-cluster://       store/redis/  (Redis Cluster)
 //   mysql://                                  store/sql/    (feature `sql`)
 //   postgresql://, postgres://                store/postgresql/  (feature `postgresql`)
-//   etcd://                                   store/etcd/   (feature `etcd`)
+//   etcd://, etcds://                         store/etcd/   (feature `etcd`)
 //   memory://                                 store/memory/
 //
 // The rediss schemes need the `tls` feature; their kinds say so.

@@ -121,12 +121,19 @@ std::string EtcdCluster::endpoints() const {
 
 std::string EtcdCluster::url() const {
   std::string credentials = options_.auth ? std::string(kUser) + ":" + kPassword + "@" : "";
-  return "etcd://" + credentials + endpoints();
+  return (options_.tls ? "etcds://" : "etcd://") + credentials + endpoints();
 }
 
 std::string EtcdCluster::member_url(int member) const {
   std::string credentials = options_.auth ? std::string(kUser) + ":" + kPassword + "@" : "";
-  return "etcd://" + credentials + local(client_port(member));
+  return (options_.tls ? "etcds://" : "etcd://") + credentials + local(client_port(member));
+}
+
+std::string EtcdCluster::tls_flags() const {
+  if (!options_.tls) return "";
+  const TestCertificates& c = test_certificates();
+  return " --cert-file " + quote(c.server_cert) + " --key-file " + quote(c.server_key) + " --client-cert-auth" +
+         " --trusted-ca-file " + quote(c.ca_cert);
 }
 
 std::string EtcdCluster::initial_cluster() const {
@@ -141,7 +148,7 @@ std::string EtcdCluster::initial_cluster() const {
 void EtcdCluster::spawn(int member, bool fresh) {
   Member& m = members_.at(member);
   const std::string data = dir_ + "/" + m.name;
-  const std::string client = "http://" + local(m.client_port);
+  const std::string client = (options_.tls ? "https://" : "http://") + local(m.client_port);
   const std::string peer = "http://" + local(m.peer_port);
   std::string command = "exec " + quote(bin_) + " --name " + m.name + " --data-dir " + quote(data) +
                         " --listen-client-urls " + client + " --advertise-client-urls " + client +
@@ -149,7 +156,7 @@ void EtcdCluster::spawn(int member, bool fresh) {
                         " --initial-cluster " + initial_cluster() +
                         " --initial-cluster-state " + (fresh ? "new" : "existing") +
                         " --initial-cluster-token lockwatch-test --heartbeat-interval 50 --election-timeout 500"
-                        " --logger zap --log-level warn >>" +
+                        " --logger zap --log-level warn" + tls_flags() + " >>" +
                         quote(dir_ + "/" + m.name + ".log") + " 2>&1";
   m.process = std::make_unique<ChildProcess>(std::vector<std::string>{"/bin/sh", "-c", command});
   m.paused = false;
@@ -191,6 +198,10 @@ std::string EtcdCluster::etcdctl(const std::string& args, const std::string& end
   std::string auth;
   // Before auth is enabled root's password is not needed; after, it is.
   if (auth_enabled_) auth = std::string(" --user root:") + kRootPassword;
+  if (options_.tls) {
+    const TestCertificates& c = test_certificates();
+    auth += " --cacert=" + quote(c.ca_cert) + " --cert=" + quote(c.client_cert) + " --key=" + quote(c.client_key);
+  }
   ChildProcess p({"/bin/sh", "-c",
                   "ETCDCTL_API=3 exec " + quote(etcdctl_) + " --endpoints=" + eps +
                       " --dial-timeout=2s --command-timeout=5s" + auth + " " + args + " 2>&1"});

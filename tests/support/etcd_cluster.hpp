@@ -11,6 +11,8 @@
 // its ports and data, pause()/resume() (SIGSTOP/SIGCONT, a hung machine).
 // leader() asks the members (etcdctl endpoint status) which one leads.
 //
+// With tls, clients must connect over TLS with a client certificate (see
+// EtcdClusterOptions); url() is then etcds://.
 // With auth, the cluster has the users root (kRootPassword) and kUser
 // (kPassword, read-write on every key) and authentication enabled.
 //
@@ -33,6 +35,10 @@ class ChildProcess;
 struct EtcdClusterOptions {
   int members = 3;
   bool auth = false;
+  // Clients speak TLS (test_certificates()'s server certificate) and must
+  // present a certificate its CA signed; the members speak to each other
+  // in plain text.
+  bool tls = false;
 };
 
 class EtcdCluster {
@@ -51,7 +57,8 @@ class EtcdCluster {
 
   int size() const { return static_cast<int>(members_.size()); }
   int client_port(int member) const;
-  // "etcd://127.0.0.1:P1,127.0.0.1:P2,..." (with auth: kUser's credentials).
+  // "etcd://127.0.0.1:P1,127.0.0.1:P2,..." (with auth: kUser's credentials;
+  // with tls: etcds://).
   std::string url() const;
   // The same naming only `member`.
   std::string member_url(int member) const;
@@ -88,6 +95,7 @@ class EtcdCluster {
   };
   void spawn(int member, bool fresh);
   std::string initial_cluster() const;
+  std::string tls_flags() const;
   std::string log_tail(int member) const;
   void wait_ready(std::chrono::milliseconds bound) const;
 

@@ -2,6 +2,9 @@
 
 #include <fmt/format.h>
 
+#include <fstream>
+#include <sstream>
+
 #include "core/loop.hpp"
 
 namespace lockwatch::detail {
@@ -38,6 +41,15 @@ const char* code_name(grpc::StatusCode code) {
     case grpc::StatusCode::UNAUTHENTICATED: return "UNAUTHENTICATED";
     default: return "UNKNOWN";
   }
+}
+
+// A PEM file's text (checked readable by EtcdStore::check_options).
+std::string read_file(const std::string& path) {
+  if (path.empty()) return {};
+  std::ifstream f(path);
+  std::stringstream s;
+  s << f.rdbuf();
+  return s.str();
 }
 
 // No answer from that member: the next calls go to another.
@@ -118,6 +130,16 @@ EtcdClient::EtcdClient(Loop& loop, EtcdTarget target, const Options& options)
       name_(target_.name()),
       connect_timeout_(options.connect_timeout),
       command_timeout_(options.command_timeout) {
+  std::shared_ptr<grpc::ChannelCredentials> credentials = grpc::InsecureChannelCredentials();
+  if (target_.tls) {
+    // The members' certificates checked against tls_ca_file (else gRPC's
+    // roots); a client certificate when the members ask for one.
+    grpc::SslCredentialsOptions ssl;
+    ssl.pem_root_certs = read_file(options.tls_ca_file);
+    ssl.pem_cert_chain = read_file(options.tls_cert_file);
+    ssl.pem_private_key = read_file(options.tls_key_file);
+    credentials = grpc::SslCredentials(ssl);
+  }
   for (const auto& m : target_.members) {
     auto member = std::make_unique<Member>();
     member->address = m.address();
@@ -130,7 +152,8 @@ EtcdClient::EtcdClient(Loop& loop, EtcdTarget target, const Options& options)
     // deadline of their own); etcd refuses pings more often than 5 s.
     args.SetInt(GRPC_ARG_KEEPALIVE_TIME_MS, 10000);
     args.SetInt(GRPC_ARG_KEEPALIVE_TIMEOUT_MS, static_cast<int>(std::max<long long>(command_timeout_.count(), 1000)));
-    member->channel = grpc::CreateCustomChannel(member->address, grpc::InsecureChannelCredentials(), args);
+    if (target_.tls && !options.tls_server_name.empty()) args.SetSslTargetNameOverride(options.tls_server_name);
+    member->channel = grpc::CreateCustomChannel(member->address, credentials, args);
     member->kv = etcdserverpb::KV::NewStub(member->channel);
     member->lease = etcdserverpb::Lease::NewStub(member->channel);
     member->watch = etcdserverpb::Watch::NewStub(member->channel);
@@ -186,12 +209,16 @@ StoreError EtcdClient::error_of(const grpc::Status& status, std::size_t member, 
   StoreError e;
   e.kind = kind;
   e.origin = StoreError::Origin::kEtcd;
-  e.endpoint = "etcd://" + members_[member].get()->address;
+  e.endpoint = endpoint(member);
   e.code = code_name(status.error_code());
   e.message = status.error_message().empty() ? e.code : status.error_message();
   if (status.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED)
     e.message = fmt::format("no answer within the {} ms command timeout", command_timeout_.count());
   return e;
+}
+
+std::string EtcdClient::endpoint(std::size_t member) const {
+  return (target_.tls ? "etcds://" : "etcd://") + members_[member]->address;
 }
 
 void EtcdClient::member_failed(std::size_t member) {
@@ -258,7 +285,7 @@ void EtcdClient::authenticate() {
       error = error_of(*status, member, /*authenticating=*/true);
       failed = &error;
     } else if (status && response.token().empty()) {
-      error = StoreError::auth("etcd://" + members_[member]->address,
+      error = StoreError::auth(endpoint(member),
                                "authentication is not enabled on the cluster, yet the URL names a user",
                                StoreError::Origin::kEtcd);
       failed = &error;
@@ -505,7 +532,7 @@ struct EtcdClient::KeepAlive final : Call {
     }
     if (no_answer(status.error_code())) client->member_failed(member);
     client->token_refused(status);
-    StoreError error = status.ok() ? StoreError::unavailable("etcd://" + client->members_[member]->address,
+    StoreError error = status.ok() ? StoreError::unavailable(client->endpoint(member),
                                                              "the keep-alive stream ended without every answer",
                                                              StoreError::Origin::kEtcd)
                                    : client->error_of(status, member);
@@ -614,7 +641,7 @@ class EtcdClient::Watch final : public Call {
       if (me->cancelled) return;
       if (no_answer(me->status.error_code())) me->client->member_failed(me->member);
       me->client->token_refused(me->status);
-      StoreError error = me->status.ok() ? StoreError::unavailable("etcd://" + me->client->members_[me->member]->address,
+      StoreError error = me->status.ok() ? StoreError::unavailable(me->client->endpoint(me->member),
                                                                    "the watch was cancelled by the server",
                                                                    StoreError::Origin::kEtcd)
                                          : me->client->error_of(me->status, me->member);

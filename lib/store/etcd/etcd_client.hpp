@@ -21,6 +21,11 @@
 // answered UNAVAILABLE (refused, or a member without a leader) is made
 // again on the next member at once, within its first deadline.
 //
+// TLS (etcds://): gRPC's own, with the members' certificates checked
+// against Options::tls_ca_file (else gRPC's roots) for tls_server_name
+// (else each member's host), and tls_cert_file/tls_key_file as the client
+// certificate.
+//
 // Authentication: with a user in the URL, Authenticate (within
 // Options::connect_timeout) runs before the first call, and its token goes
 // with every call as the `token` metadata; a call refused for its token
@@ -118,6 +123,8 @@ class EtcdClient {
   void prepare(grpc::ClientContext& context, std::chrono::milliseconds timeout) const;
   StoreError error_of(const grpc::Status& status, std::size_t member, bool authenticating = false) const;
   void token_refused(const grpc::Status& status);
+  // "etcd://host:port" (or etcds://) of one member, for errors.
+  std::string endpoint(std::size_t member) const;
   // A call to `member` had no answer: later calls go to the next member.
   void member_failed(std::size_t member);
   template <class Request, class Response, class Prepare>

@@ -1,6 +1,11 @@
 #include "store/etcd/etcd_store.hpp"
 
+#include <fmt/format.h>
+
 #include <algorithm>
+#include <cerrno>
+#include <cstring>
+#include <fstream>
 #include <vector>
 
 #include "core/loop.hpp"
@@ -42,10 +47,23 @@ const mvccpb::KeyValue* ranged(const etcdserverpb::TxnResponse& response) {
 
 }  // namespace
 
-void EtcdStore::check_options(const EtcdTarget&, const Options& options) {
+void EtcdStore::check_options(const EtcdTarget& target, const Options& options) {
   if (options.min_replicas > 0)
     throw InvalidArgument("Options::min_replicas applies to Redis replicas; an etcd:// store's writes are "
                           "committed by a majority of its members (Raft) before they are answered");
+  if (!target.tls) return;
+  if (!options.tls_verify)
+    throw InvalidArgument("etcds:// always verifies the members' certificates: Options::tls_verify must stay true");
+  if (options.tls_cert_file.empty() != options.tls_key_file.empty())
+    throw InvalidArgument("Options::tls_cert_file and tls_key_file go together (a client certificate needs its key)");
+  for (const auto& [option, path] : {std::pair{"tls_ca_file", &options.tls_ca_file},
+                                     std::pair{"tls_cert_file", &options.tls_cert_file},
+                                     std::pair{"tls_key_file", &options.tls_key_file}}) {
+    if (path->empty()) continue;
+    std::ifstream f(*path);
+    if (!f)
+      throw InvalidArgument(fmt::format("Options::{}: cannot read '{}': {}", option, *path, std::strerror(errno)));
+  }
 }
 
 std::int64_t EtcdStore::lease_seconds(milliseconds ttl) noexcept {

@@ -53,10 +53,12 @@ std::string EtcdTarget::Member::address() const {
 }
 
 EtcdTarget EtcdTarget::parse(const std::string& url) {
-  constexpr std::string_view kScheme = "etcd://";
-  if (url.compare(0, kScheme.size(), kScheme) != 0) throw_bad_url(url, "expected etcd://host:port[,host:port...]");
-  std::string_view rest = std::string_view(url).substr(kScheme.size());
+  constexpr std::string_view kScheme = "etcd://", kTlsScheme = "etcds://";
   EtcdTarget t;
+  t.tls = url.compare(0, kTlsScheme.size(), kTlsScheme) == 0;
+  if (!t.tls && url.compare(0, kScheme.size(), kScheme) != 0)
+    throw_bad_url(url, "expected etcd://host:port[,host:port...]");
+  std::string_view rest = std::string_view(url).substr(t.tls ? kTlsScheme.size() : kScheme.size());
   if (auto at = rest.rfind('@'); at != std::string_view::npos) {
     std::string_view credentials = rest.substr(0, at);
     rest.remove_prefix(at + 1);
@@ -79,7 +81,7 @@ EtcdTarget EtcdTarget::parse(const std::string& url) {
 }
 
 std::string EtcdTarget::name() const {
-  std::string out = "etcd://";
+  std::string out = tls ? "etcds://" : "etcd://";
   for (std::size_t i = 0; i < members.size(); ++i) {
     if (i > 0) out += ',';
     out += members[i].address();

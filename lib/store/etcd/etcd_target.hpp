@@ -2,6 +2,7 @@
 // from its URL.
 //
 //   etcd://[user[:password]@]host:port[,host:port...]
+//   etcds://...                         the same over TLS (Options::tls_*)
 //
 // One or more members of one cluster; the port may be left out (2379).
 // A host is a name, an IPv4 address or a bracketed IPv6 one. With a user,
@@ -26,12 +27,14 @@ struct EtcdTarget {
     std::string address() const;
   };
   std::vector<Member> members;  // never empty
+  bool tls = false;             // etcds://
   std::string user;             // empty: no authentication
   std::string password;
 
   // Throws InvalidArgument naming what is wrong (never showing the password).
   static EtcdTarget parse(const std::string& url);
-  // "etcd://host:port,host:port", for messages: never the credentials.
+  // "etcd://host:port,host:port" (or etcds://), for messages: never the
+  // credentials.
   std::string name() const;
 };
 
