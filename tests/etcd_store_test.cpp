@@ -23,7 +23,11 @@ namespace {
 
 class EtcdStoreTest : public ::testing::Test {
  protected:
-  static void SetUpTestSuite() { cluster_ = new EtcdCluster(); }
+  // Requests over 64 KiB are refused, so that a member answering an error
+  // is easy to make.
+  static void SetUpTestSuite() {
+    cluster_ = new EtcdCluster(EtcdClusterOptions{.extra_flags = " --max-request-bytes 65536"});
+  }
   static void TearDownTestSuite() {
     delete cluster_;
     cluster_ = nullptr;
@@ -346,6 +350,47 @@ TEST_F(EtcdStoreTest, EtcdsSpeaksTlsWithTheTlsOptions) {
   EXPECT_THROW(unreadable.validate(), InvalidArgument);
 }
 
+TEST_F(EtcdStoreTest, ARequestTheClusterRefusesIsAnEtcdError) {
+  // 20 KiB: within the store's own limit, but a transaction naming it six
+  // times is over the cluster's 64 KiB.
+  Runtime rt(options());
+  auto t0 = std::chrono::steady_clock::now();
+  auto f = rt.acquire(std::string(20 * 1024, 'k'), 1s, 0);
+  auto err = error_of<EtcdError>(f);
+  ASSERT_TRUE(err);
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, 3s);
+  EXPECT_EQ(err->code(), "INVALID_ARGUMENT") << err->what();
+  EXPECT_NE(err->endpoint().find("etcd://127.0.0.1:"), std::string::npos) << err->endpoint();
+  // The store goes on.
+  auto h = take(rt, key(), 1s);
+  give_back(h);
+}
+
+TEST_F(EtcdStoreTest, AServerThatIsNotEtcdIsAConnectionError) {
+  RedisServer redis;
+  Runtime rt(options("etcd://127.0.0.1:" + std::to_string(redis.port())));
+  auto t0 = std::chrono::steady_clock::now();
+  auto f = rt.acquire(key(), 1s, 0);
+  EXPECT_TRUE(error_of<ConnectionError>(f));
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, 3s);
+}
+
+TEST_F(EtcdStoreTest, LocksAreGrantedWithTheLeaderPaused) {
+  Runtime rt(options());
+  auto h = take(rt, key("held"), 3s);
+  const std::uint64_t held = h.lease().fencing_token();
+  const int leader = cluster_->leader();
+  cluster_->pause(leader);
+  // The others elect a leader; calls to the paused one time out and move on.
+  auto f = rt.acquire(key(), 2s, forever, 10s);
+  auto got = get_bounded(f);
+  EXPECT_GT(got.lease().fencing_token(), held);
+  EXPECT_FALSE(h.lease().lost());
+  give_back(got);
+  give_back(h);
+  cluster_->resume(leader);
+}
+
 TEST_F(EtcdStoreTest, LocksAreGrantedWithTheLeaderKilled) {
   Runtime rt(options());
   auto h = take(rt, key("held"), 3s);
@@ -366,8 +411,11 @@ TEST_F(EtcdStoreTest, NoLockIsGrantedWithoutAMajority) {
   std::vector<int> others;
   for (int i = 0; i < cluster_->size(); ++i)
     if (i != leader) others.push_back(i);
-  Runtime rt(options(cluster_->member_url(leader)));
+  Runtime rt(options(cluster_->member_url(leader))), waiting(options(cluster_->member_url(leader)));
   auto h = take(rt, key("held"), 2s);
+  // A waiter for the held lock, waiting at most 2 s.
+  auto waiter_started = std::chrono::steady_clock::now();
+  auto waiter = waiting.acquire(key("held"), 2s, forever, 2s);
   cluster_->kill(others[0]);
   cluster_->kill(others[1]);
   auto t0 = std::chrono::steady_clock::now();
@@ -379,6 +427,9 @@ TEST_F(EtcdStoreTest, NoLockIsGrantedWithoutAMajority) {
   auto deadline = std::chrono::steady_clock::now() + 10s;
   while (!h.lease().lost() && std::chrono::steady_clock::now() < deadline) std::this_thread::sleep_for(20ms);
   EXPECT_TRUE(h.lease().lost());
+  // The waiter fails at its wait (or as the store is unreachable), not later.
+  EXPECT_TRUE(error_of<Error>(waiter));
+  EXPECT_LT(std::chrono::steady_clock::now() - waiter_started, 2s + 3s);
   cluster_->start(others[0]);
   cluster_->start(others[1]);
 }

@@ -156,7 +156,7 @@ void EtcdCluster::spawn(int member, bool fresh) {
                         " --initial-cluster " + initial_cluster() +
                         " --initial-cluster-state " + (fresh ? "new" : "existing") +
                         " --initial-cluster-token lockwatch-test --heartbeat-interval 50 --election-timeout 500"
-                        " --logger zap --log-level warn" + tls_flags() + " >>" +
+                        " --logger zap --log-level warn" + tls_flags() + options_.extra_flags + " >>" +
                         quote(dir_ + "/" + m.name + ".log") + " 2>&1";
   m.process = std::make_unique<ChildProcess>(std::vector<std::string>{"/bin/sh", "-c", command});
   m.paused = false;

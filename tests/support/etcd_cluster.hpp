@@ -39,6 +39,8 @@ struct EtcdClusterOptions {
   // present a certificate its CA signed; the members speak to each other
   // in plain text.
   bool tls = false;
+  // More etcd flags for every member (e.g. " --max-request-bytes 65536").
+  std::string extra_flags = "";
 };
 
 class EtcdCluster {
