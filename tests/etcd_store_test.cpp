@@ -281,6 +281,12 @@ TEST_F(EtcdStoreTest, ADeadFirstMemberIsPassedOver) {
   auto h = get_bounded(f);
   EXPECT_GT(h.lease().fencing_token(), 0u);
   give_back(h);
+  // The dead member is reported down.
+  StoreOnLoop store(options(url));
+  const std::string name = store.encode(key("direct"));
+  EXPECT_EQ(store.acquire(name, "t", 2s).status, detail::Acquired::Status::kTaken);
+  EXPECT_GE(store.downs(), 1);
+  EXPECT_EQ(store.release(name, "t"), detail::Released::kYes);
 }
 
 TEST_F(EtcdStoreTest, WrongCredentialsAreAuthErrorsThatHideThePassword) {

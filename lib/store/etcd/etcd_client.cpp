@@ -2,6 +2,7 @@
 
 #include <fmt/format.h>
 
+#include <cstdio>
 #include <fstream>
 #include <sstream>
 
@@ -108,13 +109,16 @@ struct EtcdClient::Unary final : Call, Tag {
 
   void completed(bool) override {
     auto me = std::move(self);
-    client->loop_.post([me] {
+    EtcdClient* c = client;
+    c->loop_.post([me] {
       auto* u = static_cast<Unary*>(me.get());
       if (u->answered) return;
       u->answered = true;
       u->client->finished(u);
       u->done(u->response, &u->status);
     });
+    me.reset();
+    c->left_queue();  // the last use of the client on this thread
   }
   void fail(const StoreError&) override {
     answered = true;
@@ -160,16 +164,30 @@ EtcdClient::EtcdClient(Loop& loop, EtcdTarget target, const Options& options)
     member->auth = etcdserverpb::Auth::NewStub(member->channel);
     members_.push_back(std::move(member));
   }
+  member_down_.assign(members_.size(), false);
   queue_thread_ = std::thread([this] { run_queue(); });
 }
 
 EtcdClient::~EtcdClient() {
   // close() cancelled every call; anything left (a client never closed)
-  // is cancelled here, so that the queue drains.
+  // is cancelled here. A cancelled call's steps come back at once, and a
+  // stream may start its last one (Finish) from there: the queue is shut
+  // only once every call is back for good. The bound is for a gRPC that
+  // would break that promise: better a report than a hang.
   for (const auto& call : live_) call->context.TryCancel();
   live_.clear();
+  {
+    std::unique_lock lock(in_queue_mu_);
+    if (!in_queue_cv_.wait_for(lock, std::chrono::seconds(30), [this] { return in_queue_ == 0; }))
+      std::fprintf(stderr, "lockwatch: %d etcd calls still in gRPC's queue after 30 s\n", in_queue_);
+  }
   queue_.Shutdown();
   queue_thread_.join();
+}
+
+void EtcdClient::left_queue() {
+  std::lock_guard lock(in_queue_mu_);
+  if (--in_queue_ == 0) in_queue_cv_.notify_all();
 }
 
 void EtcdClient::run_queue() {
@@ -221,6 +239,13 @@ std::string EtcdClient::endpoint(std::size_t member) const {
   return (target_.tls ? "etcds://" : "etcd://") + members_[member]->address;
 }
 
+void EtcdClient::member_answered(std::size_t member, const grpc::Status& status) {
+  const bool down = no_answer(status.error_code());
+  if (member_down_[member] == down) return;
+  member_down_[member] = down;
+  if (state_hook_) state_hook_(endpoint(member), !down, down ? error_of(status, member).message : std::string());
+}
+
 void EtcdClient::member_failed(std::size_t member) {
   if (member == current_ && members_.size() > 1) current_ = (current_ + 1) % members_.size();
 }
@@ -237,6 +262,10 @@ void EtcdClient::prepare(grpc::ClientContext& context, std::chrono::milliseconds
 }
 
 void EtcdClient::track(std::shared_ptr<Call> call) {
+  {
+    std::lock_guard lock(in_queue_mu_);
+    ++in_queue_;
+  }
   call->client = this;
   call->member = current_;
   call->self = call;
@@ -325,6 +354,7 @@ void EtcdClient::unary(Request request, Done<Response> done, Prepare prepare_cal
         done(Response{}, &closed);
         return;
       }
+      member_answered(member, *status);
       if (status->ok()) {
         done(response, nullptr);
         return;
@@ -515,17 +545,21 @@ struct EtcdClient::KeepAlive final : Call {
       return;
     }
     auto me = std::move(self);
-    client->loop_.post([me] {
+    EtcdClient* c = client;
+    c->loop_.post([me] {
       auto* k = static_cast<KeepAlive*>(me.get());
       if (k->answered) return;
       k->answered = true;
       k->client->finished(k);
       k->deliver();
     });
+    me.reset();
+    c->left_queue();
   }
   // Loop thread.
   void deliver() {
     bool all = read >= ids.size();
+    if (!all || status.ok()) client->member_answered(member, status);
     if (all) {
       done(ttls, nullptr);
       return;
@@ -634,7 +668,8 @@ class EtcdClient::Watch final : public Call {
       return;
     }
     auto me = std::static_pointer_cast<Watch>(std::move(self));
-    client->loop_.post([me] {
+    EtcdClient* c = client;
+    c->loop_.post([me] {
       if (me->answered) return;
       me->answered = true;
       me->client->finished(me.get());
@@ -647,6 +682,8 @@ class EtcdClient::Watch final : public Call {
                                          : me->client->error_of(me->status, me->member);
       if (me->hooks.ended) me->hooks.ended(error);
     });
+    me.reset();
+    c->left_queue();
   }
   void fail(const StoreError&) override {
     answered = true;

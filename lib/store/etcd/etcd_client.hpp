@@ -48,9 +48,11 @@
 
 #include <atomic>
 #include <chrono>
+#include <condition_variable>
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <mutex>
 #include <set>
 #include <string>
 #include <thread>
@@ -90,6 +92,10 @@ class EtcdClient {
 
   // "etcd://host:port,...", for messages.
   const std::string& name() const noexcept { return name_; }
+  // Told, on the loop thread, when a member stops answering (a call to it
+  // got no answer) and when it answers again.
+  using StateHook = std::function<void(const std::string& endpoint, bool up, const std::string& why)>;
+  void set_state_hook(StateHook hook) { state_hook_ = std::move(hook); }
 
   void range(etcdserverpb::RangeRequest request, Done<etcdserverpb::RangeResponse> done);
   void txn(etcdserverpb::TxnRequest request, Done<etcdserverpb::TxnResponse> done);
@@ -127,11 +133,17 @@ class EtcdClient {
   std::string endpoint(std::size_t member) const;
   // A call to `member` had no answer: later calls go to the next member.
   void member_failed(std::size_t member);
+  // A call to `member` was answered (`status` ok or an error from etcd) or
+  // not (no_answer): reported to the state hook when that changes.
+  void member_answered(std::size_t member, const grpc::Status& status);
   template <class Request, class Response, class Prepare>
   void unary(Request request, Done<Response> done, Prepare prepare_call, std::chrono::milliseconds timeout,
              int attempt = 1, std::chrono::steady_clock::time_point deadline = {}, bool reauthenticated = false);
   void track(std::shared_ptr<Call> call);
   void finished(Call* call);
+  // Queue thread: a call's last step came back; nothing of it is left in
+  // the queue (the destructor waits for every one before shutting it).
+  void left_queue();
   void run_queue();
 
   Loop& loop_;
@@ -141,8 +153,15 @@ class EtcdClient {
   const std::chrono::milliseconds command_timeout_;
   std::vector<std::unique_ptr<Member>> members_;
   std::size_t current_ = 0;  // loop thread
+  std::vector<bool> member_down_;  // loop thread: as last reported
+  StateHook state_hook_;
   grpc::CompletionQueue queue_;
   std::thread queue_thread_;
+  // Calls started and not yet back from the queue for the last time: no
+  // step may start on a queue already shut down.
+  std::mutex in_queue_mu_;
+  std::condition_variable in_queue_cv_;
+  int in_queue_ = 0;  // guarded by in_queue_mu_
   // Loop thread: calls not yet answered, failed by close().
   std::set<std::shared_ptr<Call>> live_;
   // Authentication (loop thread).

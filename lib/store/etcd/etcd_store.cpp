@@ -85,6 +85,12 @@ EtcdStore::EtcdStore(Loop& loop, EtcdTarget target, const Options& options)
 
 EtcdStore::~EtcdStore() = default;
 
+void EtcdStore::started() {
+  client_->set_state_hook([this](const std::string& endpoint, bool up, const std::string& why) {
+    if (!closed_ && events_.connection) events_.connection(endpoint, up, why);
+  });
+}
+
 // ---- acquire
 
 void EtcdStore::acquire(std::span<const LockRef> locks, AcquireDone done) {

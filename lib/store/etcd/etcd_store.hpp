@@ -31,6 +31,9 @@
 // stream ends reports `subscriptions_lost`, and the next subscribe()
 // watches again.
 //
+// Connection events: a member that stops answering (a call to it got no
+// answer) is reported down, and up when a call to it is answered again.
+//
 // Capabilities: OperatorTools (inspect: Range and LeaseTimeToLive;
 // force_release: a transaction deleting the key if unchanged, then its
 // lease revoked, so the holder's next renewal finds it gone). No
@@ -82,6 +85,7 @@ class EtcdStore final : public StoreBase, public OperatorTools {
   void force_release(std::string_view name, ForceDone done) override;
 
  private:
+  void started() override;
   using AcquireOne = std::function<void(const Acquired&)>;
   void acquire_one(std::string name, std::string token, std::chrono::milliseconds ttl, AcquireOne done);
   void busy(std::int64_t holder_lease, std::chrono::milliseconds ttl, AcquireOne done);
