@@ -70,6 +70,10 @@ std::int64_t EtcdStore::lease_seconds(milliseconds ttl) noexcept {
   return std::max<std::int64_t>(1, (ttl.count() + 999) / 1000);
 }
 
+milliseconds EtcdStore::expiry_bound(milliseconds ttl) const noexcept {
+  return std::chrono::seconds(lease_seconds(ttl)) + kExpirySlack;
+}
+
 EtcdStore::EtcdStore(Loop& loop, EtcdTarget target, const Options& options)
     : StoreBase(KeyRules{options.key_prefix, KeyRules::plain,
                          [](std::string_view prefix, std::string_view key) noexcept -> const char* {
@@ -219,7 +223,7 @@ std::size_t EtcdStore::renew(std::span<const LockRef> locks, std::shared_ptr<con
     which.push_back(i);
   }
   if (!not_held.empty())
-    loop_.post([done, not_held] {
+    loop_.post([done, not_held, keepalive] {  // the caller's batch lives until answered
       for (std::size_t i : not_held) done(i, Renewed::kGone, nullptr);
     });
   if (ids.empty()) return 0;
@@ -251,40 +255,63 @@ std::size_t EtcdStore::renew(std::span<const LockRef> locks, std::shared_ptr<con
 
 // ---- release
 
+// One lock's release, until answered or given up.
+struct EtcdStore::Releasing {
+  std::string name, token;
+  std::size_t index = 0;
+  std::shared_ptr<ReleaseDone> done;
+  std::int64_t lease = 0;
+  bool maybe_applied = false;  // an attempt went without an answer
+};
+
 void EtcdStore::release(std::span<const LockRef> locks, bool, ReleaseDone done) {
   // A deletion wakes the key's watchers whether or not `notify` asks for
   // it: a waiter woken for nothing asks once and sleeps again.
   auto shared_done = std::make_shared<ReleaseDone>(std::move(done));
   for (std::size_t i = 0; i < locks.size(); ++i) {
-    std::string name(locks[i].name), token(locks[i].token);
-    etcdserverpb::TxnRequest txn;
-    auto* ours = txn.add_compare();
-    ours->set_key(name);
-    ours->set_target(etcdserverpb::Compare::VALUE);
-    ours->set_result(etcdserverpb::Compare::EQUAL);
-    ours->set_value(token);
-    txn.add_success()->mutable_request_delete_range()->set_key(name);
-    txn.add_failure()->mutable_request_range()->set_key(name);
-    client_->txn(std::move(txn), [this, name, token, i, shared_done](const etcdserverpb::TxnResponse& response,
-                                                                      const StoreError* err) {
-      std::int64_t lease = 0;
-      if (auto it = held_.find(name); it != held_.end() && it->second.token == token) {
-        lease = it->second.lease;
-        held_.erase(it);
-      }
-      // Our lease goes either way: unconfirmed, revoking it takes the key
-      // away if it is still there.
-      revoke(lease);
-      if (err) {
-        (*shared_done)(i, Released::kUnconfirmed, err);
+    auto r = std::make_shared<Releasing>();
+    r->name = std::string(locks[i].name);
+    r->token = std::string(locks[i].token);
+    r->index = i;
+    r->done = shared_done;
+    if (auto it = held_.find(r->name); it != held_.end() && it->second.token == r->token) r->lease = it->second.lease;
+    release_attempt(std::move(r));
+  }
+}
+
+void EtcdStore::release_attempt(std::shared_ptr<Releasing> r) {
+  etcdserverpb::TxnRequest txn;
+  auto* ours = txn.add_compare();
+  ours->set_key(r->name);
+  ours->set_target(etcdserverpb::Compare::VALUE);
+  ours->set_result(etcdserverpb::Compare::EQUAL);
+  ours->set_value(r->token);
+  txn.add_success()->mutable_request_delete_range()->set_key(r->name);
+  txn.add_failure()->mutable_request_range()->set_key(r->name);
+  client_->txn(std::move(txn), [this, r](const etcdserverpb::TxnResponse& response, const StoreError* err) {
+    // Not ours to renew any more, whatever the answer (renewals racing the
+    // release until then are answered as before).
+    if (auto it = held_.find(r->name); it != held_.end() && it->second.token == r->token) held_.erase(it);
+    if (err) {
+      // No answer in time from a member that may be hung: once more, on
+      // the next one (the client moved on).
+      if (err->unavailable() && err->code == "DEADLINE_EXCEEDED" && !r->maybe_applied && !closed_) {
+        r->maybe_applied = true;
+        release_attempt(r);
         return;
       }
-      Released status = response.succeeded() ? Released::kYes
-                        : ranged(response)   ? Released::kTakenByOther
-                                             : Released::kGone;
-      (*shared_done)(i, status, nullptr);
-    });
-  }
+      // Our lease goes either way: revoking it takes the key away if it is
+      // still there.
+      revoke(r->lease);
+      (*r->done)(r->index, Released::kUnconfirmed, err);
+      return;
+    }
+    revoke(r->lease);
+    Released status = response.succeeded() || r->maybe_applied ? Released::kYes
+                      : ranged(response)                        ? Released::kTakenByOther
+                                                                : Released::kGone;
+    (*r->done)(r->index, status, nullptr);
+  });
 }
 
 // ---- release notices

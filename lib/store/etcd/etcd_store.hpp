@@ -19,7 +19,12 @@
 //            with a ttl <= 0 is gone (the key went with it).
 //   release  a transaction: if the key's value is our token, DeleteRange
 //            it, else Range it (gone, or another owner's); then the lease
-//            is revoked.
+//            is revoked. A first attempt without an answer within the
+//            command timeout (a hung member) is made once more, on the
+//            next member; the key then found gone (or another owner's)
+//            is ours released. Still no answer: unconfirmed, and the
+//            runtime waits expiry_bound() (the lease's whole seconds plus
+//            kExpirySlack), not the ttl, before it counts it done.
 //
 // The fencing token is the key's create_revision: etcd's revision counter
 // is the cluster's, raised by every write and agreed by Raft, so a later
@@ -65,6 +70,10 @@ class EtcdStore final : public StoreBase, public OperatorTools {
   // The longest lock name (prefix + key) taken: a transaction names it
   // six times, and etcd refuses requests over 1.5 MiB by default.
   static constexpr std::size_t kMaxNameBytes = 32 * 1024;
+  // How much longer than its granted ttl a lease may live on the server:
+  // etcd looks for expired leases twice a second, and a new leader gives
+  // every lease an election timeout more (one second by default).
+  static constexpr std::chrono::milliseconds kExpirySlack{2000};
 
   EtcdStore(Loop& loop, EtcdTarget target, const Options& options);
   ~EtcdStore() override;
@@ -75,6 +84,8 @@ class EtcdStore final : public StoreBase, public OperatorTools {
   // (etcd raises it further to its own minimum).
   static std::int64_t lease_seconds(std::chrono::milliseconds ttl) noexcept;
 
+  // The lease's whole seconds, plus kExpirySlack.
+  std::chrono::milliseconds expiry_bound(std::chrono::milliseconds ttl) const noexcept override;
   void acquire(std::span<const LockRef> locks, AcquireDone done) override;
   std::size_t renew(std::span<const LockRef> locks, std::shared_ptr<const void> keepalive, RenewDone done) override;
   void release(std::span<const LockRef> locks, bool notify, ReleaseDone done) override;
@@ -91,6 +102,8 @@ class EtcdStore final : public StoreBase, public OperatorTools {
   void busy(std::int64_t holder_lease, std::chrono::milliseconds ttl, AcquireOne done);
   void revoke(std::int64_t lease);
   void force_release_attempt(std::string name, int attempt, ForceDone done);
+  struct Releasing;
+  void release_attempt(std::shared_ptr<Releasing> r);
 
   // Our lease for each name we hold, with the token it was taken with.
   struct Held {
