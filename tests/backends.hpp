@@ -23,6 +23,12 @@
 #if LOCKWATCH_WITH_POSTGRESQL
 #include "support/postgres_server.hpp"
 #endif
+#if LOCKWATCH_WITH_ETCD
+#include <cstdio>
+
+#include "store/etcd/etcd_store.hpp"
+#include "support/etcd_cluster.hpp"
+#endif
 #include "support/redis_cluster.hpp"
 #include "support/redis_server.hpp"
 #if LOCKWATCH_WITH_ZOOKEEPER
@@ -288,6 +294,54 @@ class ZooKeeperBackend final : public Backend {
 };
 #endif
 
+#if LOCKWATCH_WITH_ETCD
+// One etcd cluster of three members, with authentication on, for every
+// case of the program (as PostgresBackend). Its faults are the whole
+// cluster's: kill() crashes every member (start() brings them back on
+// their data), pause() stops every member answering. etcd has no clock to
+// read and keeps no periods: the scheduler's suite does not run on it.
+class EtcdBackend final : public Backend {
+ public:
+  std::string url() const override { return cluster().url(); }
+  std::string url_with_wrong_password() const override {
+    return std::string("etcd://") + EtcdCluster::kUser + ":wrong@" + cluster().endpoints();
+  }
+  std::string unreachable_url() const override { return "etcd://127.0.0.1:" + std::to_string(free_loopback_port()); }
+  std::size_t longest_key(const Options& o) const override {
+    return detail::EtcdStore::kMaxNameBytes - o.key_prefix.size();
+  }
+  // The key put on a lease of its own (whole seconds, rounded up).
+  void steal(const std::string& key, const std::string& owner, std::chrono::milliseconds ms) const override {
+    std::string granted = cluster().etcdctl("lease grant " + std::to_string((ms.count() + 999) / 1000));
+    char id[32] = {};
+    if (std::sscanf(granted.c_str(), "lease %31s granted", id) != 1)
+      throw std::runtime_error("etcdctl lease grant: " + granted);
+    cluster().etcdctl("put --lease=" + std::string(id) + " 'lockwatch:" + key + "' '" + owner + "'");
+  }
+  long long now_ms() const override {
+    return std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::system_clock::now().time_since_epoch())
+        .count();
+  }
+  long long last_period(const std::string&) const override { return -1; }
+  void kill(const std::string&) override {
+    for (int i = 0; i < cluster().size(); ++i) cluster().kill(i);
+  }
+  void start() override { cluster().start_all(); }
+  void pause(const std::string&) override {
+    for (int i = 0; i < cluster().size(); ++i) cluster().pause(i);
+  }
+  void resume() override {
+    for (int i = 0; i < cluster().size(); ++i) cluster().resume(i);
+  }
+
+ private:
+  static EtcdCluster& cluster() {
+    static EtcdCluster shared(EtcdClusterOptions{.members = 3, .auth = true});
+    return shared;
+  }
+};
+#endif
+
 // The key's server in a cluster is its slot's master. kill() takes its
 // replicas down with it, so that no failover can keep the lock: the
 // slot is gone, as one server would be. pause() stops the master alone;
@@ -404,7 +458,7 @@ class EmbeddedBackend final : public Backend {
   std::shared_ptr<detail::MemorySpace> space_;
 };
 
-// "redis", "redis-cluster", "mysql", "postgresql", "zookeeper" or "memory".
+// "redis", "redis-cluster", "mysql", "postgresql", "zookeeper", "etcd" or "memory".
 inline std::unique_ptr<Backend> make_backend(const std::string& kind) {
   if (kind == "redis") return std::make_unique<RedisBackend>();
   if (kind == "redis-cluster") return std::make_unique<ClusterBackend>();
@@ -415,11 +469,14 @@ inline std::unique_ptr<Backend> make_backend(const std::string& kind) {
 #if LOCKWATCH_WITH_ZOOKEEPER
   if (kind == "zookeeper") return std::make_unique<ZooKeeperBackend>();
 #endif
+#if LOCKWATCH_WITH_ETCD
+  if (kind == "etcd") return std::make_unique<EtcdBackend>();
+#endif
   if (kind == "mysql") return std::make_unique<MariaDbBackend>();
   throw std::invalid_argument("no backend " + kind);
 }
 
-// Every kind this build has (postgresql with the Meson feature).
+// Every kind this build has (postgresql and etcd with their Meson features).
 inline std::vector<std::string> backend_kinds() {
   std::vector<std::string> kinds{"redis", "redis-cluster", "mysql"};
 #if LOCKWATCH_WITH_POSTGRESQL
@@ -428,7 +485,19 @@ inline std::vector<std::string> backend_kinds() {
 #if LOCKWATCH_WITH_ZOOKEEPER
   kinds.push_back("zookeeper");
 #endif
+#if LOCKWATCH_WITH_ETCD
+  kinds.push_back("etcd");
+#endif
   kinds.push_back("memory");
+  return kinds;
+}
+
+// Those of them that run scheduled jobs (JobClaims): not etcd, which has
+// no clock to read.
+inline std::vector<std::string> job_backend_kinds() {
+  std::vector<std::string> kinds;
+  for (auto& k : backend_kinds())
+    if (k != "etcd") kinds.push_back(k);
   return kinds;
 }
 

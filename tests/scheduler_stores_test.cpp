@@ -255,7 +255,7 @@ TEST_P(SchedulerStoresTest, AThrowingRunCostsOnlyItsOwnPeriod) {
       << metrics;
 }
 
-INSTANTIATE_TEST_SUITE_P(Stores, SchedulerStoresTest, ::testing::ValuesIn(backend_kinds()),
+INSTANTIATE_TEST_SUITE_P(Stores, SchedulerStoresTest, ::testing::ValuesIn(job_backend_kinds()),
                          [](const ::testing::TestParamInfo<std::string>& p) {
                            std::string name = p.param;
                            std::replace(name.begin(), name.end(), '-', '_');  // a test name is an identifier

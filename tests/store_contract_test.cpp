@@ -1,7 +1,8 @@
 // What every lock store must do, run against each real server: one Redis
 // node (redis-server), a Redis Cluster (six redis-servers), a SQL table
-// (mariadbd), a PostgreSQL table (postgres) and a ZooKeeper ensemble (three
-// members), and against the in-process
+// (mariadbd), a PostgreSQL table (postgres), a ZooKeeper ensemble (three
+// members) and an etcd cluster (three etcd members, authentication on),
+// and against the in-process
 // store (memory://). Exclusion, a holder that dies, fencing, waiting, renewal, and
 // bad input; the kinds of lock (read-write locks, leased semaphores), where
 // a store that cannot hold a kind must refuse it with Unsupported; each
@@ -367,7 +368,7 @@ TEST_P(StoreContractTest, AcquireAndReleaseAreSafeToRepeatWithTheSameToken) {
 // The stores that keep shared and permit locks; the others must refuse
 // them with Unsupported (at the call, before anything starts).
 bool keeps_kinds(const std::string& store) {
-  return store != "mysql" && store != "postgresql" && store != "zookeeper";
+  return store != "mysql" && store != "postgresql" && store != "zookeeper" && store != "etcd";
 }
 
 // True (the test then skips) for a store that refuses shared and permit

@@ -315,6 +315,19 @@ TEST_F(WatchdogTest, AnUnconfirmedReleaseCompletesOnlyOnceTheKeyHasSurelyExpired
   EXPECT_FALSE(backend_->owner(memory_name("unconfirmed")));  // expired by then
 }
 
+// A store that may keep a lock past its ttl (etcd's leases count whole
+// seconds): an unconfirmed release waits its expiry bound, not the ttl.
+TEST_F(WatchdogTest, AnUnconfirmedReleaseWaitsTheStoresExpiryBound) {
+  script_->set_expiry_slack(700ms);
+  auto h = hold("unconfirmed-bound", 300ms);
+  script_->set_down(true);
+  auto t0 = std::chrono::steady_clock::now();
+  auto rel = h.release();
+  ASSERT_EQ(rel.wait_for(kBound), std::future_status::ready);
+  EXPECT_GE(ms_between(t0, std::chrono::steady_clock::now()), 700ms);  // the ttl alone: under 300 ms
+  script_->set_down(false);
+}
+
 TEST_F(WatchdogTest, AReleaseThatFindsAnotherOwnerReportsTakenByOther) {
   auto f = locked("taken-at-release", 5s, forever).on(*rt_)([this] {
     backend_->set_owner(memory_name("taken-at-release"), "intruder", 5s);

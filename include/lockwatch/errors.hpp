@@ -188,6 +188,28 @@ class ZooKeeperError : public Error {
   std::string server_message_;
 };
 
+/// An etcd cluster (etcd://, etcds://) answered a call with an error other
+/// than a lost connection or refused credentials: a request etcd refuses
+/// (too large, too many operations), a failed precondition. `code()` is the
+/// gRPC status code's name (e.g. "INVALID_ARGUMENT"), `server_message()`
+/// etcd's text.
+class EtcdError : public Error {
+ public:
+  /// An error `endpoint` answered with the gRPC status `code`.
+  EtcdError(std::string endpoint, std::string code, std::string server_message);
+  /// The cluster, as the URL named it (never a password).
+  const std::string& endpoint() const noexcept { return endpoint_; }
+  /// The gRPC status code's name, e.g. "INVALID_ARGUMENT".
+  const std::string& code() const noexcept { return code_; }
+  /// etcd's text for the error.
+  const std::string& server_message() const noexcept { return server_message_; }
+
+ private:
+  std::string endpoint_;
+  std::string code_;
+  std::string server_message_;
+};
+
 /// The runtime was stopped (or is stopping) before the request could run.
 class RuntimeStopped : public Error {
  public:

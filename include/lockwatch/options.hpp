@@ -62,6 +62,16 @@ struct Options {
   ///                                                 libpq's sslmode, sslrootcert,
   ///                                                 sslcert, sslkey; the
   ///                                                 `postgresql` feature)
+  ///   zookeeper://[user:password\@]host:port[,host:port...][/chroot]
+  ///                                                 ephemeral sequential nodes
+  ///                                                 on a ZooKeeper ensemble, the
+  ///                                                 session as the lease (the
+  ///                                                 `zookeeper` feature)
+  ///   etcd://[user:password\@]host:port[,host:port...]
+  ///                                                 keys bound to leases in an
+  ///                                                 etcd cluster (v3 API; the
+  ///                                                 `etcd` feature); etcds://
+  ///                                                 over TLS
   ///   memory://[name]                               this process's memory,
   ///                                                 shared by its runtimes that
   ///                                                 name the same space
@@ -121,7 +131,7 @@ struct Options {
   std::chrono::milliseconds connect_timeout{2000};
   /// A request without a reply by then fails and the connection is reset.
   std::chrono::milliseconds command_timeout{2000};
-  /// TLS (rediss:// URLs). PEM files: the CA that signed the servers'
+  /// TLS (rediss:// and etcds:// URLs). PEM files: the CA that signed the servers'
   /// certificates (empty: the system's CAs), and a client certificate with
   /// its key for servers that require one (mutual TLS). A file that cannot be
   /// read is an InvalidArgument when the options are checked.

@@ -73,4 +73,10 @@ ZooKeeperError::ZooKeeperError(std::string endpoint, int code, std::string serve
       code_(code),
       server_message_(std::move(server_message)) {}
 
+EtcdError::EtcdError(std::string endpoint, std::string code, std::string server_message)
+    : Error(fmt::format("{} answered {}: {}", endpoint, code, server_message)),
+      endpoint_(std::move(endpoint)),
+      code_(std::move(code)),
+      server_message_(std::move(server_message)) {}
+
 }  // namespace lockwatch

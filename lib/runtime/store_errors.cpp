@@ -25,6 +25,7 @@ std::exception_ptr to_exception(const StoreError& e) {
     std::from_chars(e.code.data(), e.code.data() + e.code.size(), code);
     return std::make_exception_ptr(ZooKeeperError(e.endpoint, code, e.message));
   }
+  if (e.origin == StoreError::Origin::kEtcd) return std::make_exception_ptr(EtcdError(e.endpoint, e.code, e.message));
   if (e.origin == StoreError::Origin::kPostgres) return std::make_exception_ptr(SqlError(e.endpoint, e.code, e.message));
   if (e.origin == StoreError::Origin::kSql) {
     unsigned code = 0;

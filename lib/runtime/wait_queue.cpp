@@ -111,9 +111,10 @@ void WaitQueue::attempt_head(std::string_view name) {
 
 void WaitQueue::abandon(const Acquisition& a) {
   if (!a.maybe_held) return;
-  // The store drops the key a ttl after the last attempt that could have
-  // set it, at the latest (its clock may run a drift faster than ours).
-  auto until = a.last_sent + a.spec.ttl + drift_for(options_, a.spec.ttl);
+  // The store drops the key its expiry bound (the ttl, or more where it
+  // rounds the ttl up) after the last attempt that could have set it, at
+  // the latest (its clock may run a drift faster than ours).
+  auto until = a.last_sent + store_.expiry_bound(a.spec.ttl) + drift_for(options_, a.spec.ttl);
   if (Clock::now() >= until) return;
   orphans_.push_back(Orphan{a.name, a.token, a.ttl_ms, a.spec.ttl, a.spec.kind, until});
   if (orphans_sending_ == 0) give_back_orphans();

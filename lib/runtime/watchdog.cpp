@@ -307,11 +307,14 @@ void Watchdog::work_done(const std::shared_ptr<LeaseRecord>& l) {
                    if (status == Released::kUnconfirmed) {
                      if (!l->lost())
                        l->set_lost_detail("release not confirmed: " + (why != nullptr ? why->describe() : std::string()));
-                     // The key expires at most a ttl after our last request
-                     // that could have extended it. Complete then, never
-                     // earlier.
+                     // The key expires at most the store's expiry bound (the
+                     // ttl, or more where the store rounds it up) after our
+                     // last request that could have extended it. Complete
+                     // then, never earlier. A lease lost already was never
+                     // counted on past its ttl: it completes at that.
+                     const auto keep = l->lost() ? l->ttl() : store_.expiry_bound(l->ttl());
                      schedule(*l, LeaseRecord::Phase::kReleasing,
-                              std::max(Clock::now(), l->last_sent + l->ttl() + drift_for(options_, l->ttl())));
+                              std::max(Clock::now(), l->last_sent + keep + drift_for(options_, l->ttl())));
                      return;
                    }
                    if (status != Released::kYes)

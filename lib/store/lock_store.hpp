@@ -125,6 +125,13 @@ class LockStore {
     return kind.exclusive_kind() ? nullptr : "this store holds exclusive locks only";
   }
 
+  // Any thread. How long after the last request that could have set or
+  // extended it the server may still keep a lock of `ttl`: the ttl itself
+  // where the server keeps it to the millisecond; longer where it rounds
+  // it up (etcd's leases count whole seconds). The runtime waits this long
+  // before it counts an unconfirmed release as done.
+  virtual std::chrono::milliseconds expiry_bound(std::chrono::milliseconds ttl) const noexcept { return ttl; }
+
   virtual void start(StoreEvents events) = 0;
 
   // Takes each lock that is free, with its token and ttl, and raises its

@@ -15,6 +15,9 @@
 #if LOCKWATCH_WITH_ZOOKEEPER
 #include "store/zookeeper/zk_kind.hpp"
 #endif
+#if LOCKWATCH_WITH_ETCD
+#include "store/etcd/etcd_kind.hpp"
+#endif
 
 namespace lockwatch::detail {
 
@@ -34,6 +37,11 @@ constexpr StoreKind kZooKeeperStore =
     missing_store("zookeeper", "zookeeper://[user:password@]host:port[,host:port...][/chroot]",
                   "'zookeeper' (the ZooKeeper C client, libzookeeper_mt)");
 #endif
+#if !LOCKWATCH_WITH_ETCD
+constexpr StoreKind kEtcdStore = missing_store("etcd etcds",
+                                               "etcd://[user:password@]host:port[,host:port...] (etcds:// over TLS)",
+                                               "'etcd' (grpc++, protobuf, protoc)");
+#endif
 
 // Scheme to store: one line per kind.
 constexpr const StoreKind* kKinds[] = {
@@ -42,6 +50,7 @@ constexpr const StoreKind* kKinds[] = {
     &kSqlStore,
     &kPostgresStore,
     &kZooKeeperStore,
+    &kEtcdStore,
     &kMemoryStore,
 };
 

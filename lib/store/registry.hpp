@@ -13,6 +13,7 @@
 //   mysql://                                  store/sql/    (feature `sql`)
 //   postgresql://, postgres://                store/postgresql/  (feature `postgresql`)
 //   zookeeper://                              store/zookeeper/  (feature `zookeeper`)
+//   etcd://, etcds://                         store/etcd/   (feature `etcd`)
 //   memory://                                 store/memory/
 //
 // The rediss schemes need the `tls` feature; their kinds say so.

@@ -73,6 +73,7 @@ std::string StoreError::describe() const {
     case Kind::kRetryLater:
       break;
   }
+  if (origin == Origin::kEtcd) return fmt::format("{} answered {}: {}", endpoint, code, message);
   if (origin == Origin::kSql || origin == Origin::kPostgres || origin == Origin::kZooKeeper)
     return fmt::format("{} answered error {}: {}", endpoint, code.empty() ? "0" : code, message);
   return fmt::format("redis {} answered an error: {}", endpoint, message);

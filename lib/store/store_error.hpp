@@ -29,9 +29,10 @@ struct StoreError {
     kInvalid,      // the request cannot be made (bad input)
   };
   // Which kind of server answered: the public error it becomes depends on
-  // it (RedisError, SqlError or ZooKeeperError; a MariaDB error number,
-  // a PostgreSQL SQLSTATE or a ZooKeeper return code).
-  enum class Origin : std::uint8_t { kRedis, kSql, kPostgres, kZooKeeper };
+  // it (RedisError, SqlError, ZooKeeperError or EtcdError; a MariaDB error
+  // number, a PostgreSQL SQLSTATE, a ZooKeeper return code or a gRPC status
+  // code's name).
+  enum class Origin : std::uint8_t { kRedis, kSql, kPostgres, kZooKeeper, kEtcd };
 
   Kind kind = Kind::kUnavailable;
   Origin origin = Origin::kRedis;

@@ -3,8 +3,8 @@
 
 Starts the lock topology (one redis-server, three Redlock masters, a
 master, a replica and three sentinels, a Redis Cluster of three masters
-and three replicas, one mariadbd, one postgres, or a ZooKeeper ensemble of
-three members), the resource (one more
+and three replicas, one mariadbd, one postgres, a ZooKeeper ensemble of
+three members, or three etcd members), the resource (one more
 redis-server, never faulted) and several lockwatch-soak-worker processes,
 injects faults at random from a seed for the given time, then collects
 what the checker (scripts/soak_check.py) reads into --dir:
@@ -647,6 +647,105 @@ class ZooKeeper:
         return out
 
 
+class EtcdMember(Server):
+    """One member of the etcd cluster, restartable on its data directory."""
+
+    def __init__(self, root, name, etcd):
+        self.name = name
+        self.etcd = etcd
+        self.dir = os.path.join(root, name)
+        os.makedirs(self.dir, exist_ok=True)
+        self.port = free_port()
+        self.peer_port = free_port()
+        self.proc = None
+
+    @property
+    def addr(self):
+        return "127.0.0.1:%d" % self.port
+
+    def start(self):
+        client, peer = "http://" + self.addr, "http://127.0.0.1:%d" % self.peer_port
+        argv = [self.etcd.bin, "--name", self.name, "--data-dir", os.path.join(self.dir, "data"),
+                "--listen-client-urls", client, "--advertise-client-urls", client,
+                "--listen-peer-urls", peer, "--initial-advertise-peer-urls", peer,
+                "--initial-cluster", self.etcd.initial_cluster(), "--initial-cluster-state", "new",
+                "--initial-cluster-token", "lockwatch-soak", "--heartbeat-interval", "50",
+                "--election-timeout", "500", "--logger", "zap", "--log-level", "warn"]
+        self.proc = Child(argv, os.path.join(self.dir, "server.log"))
+
+
+class Etcd:
+    """Three etcd members on loopback ports (every write is fsynced by a
+    majority before it is answered; 50 ms heartbeats and 500 ms elections,
+    which make etcd's shortest lease one second). Faults: the leader killed
+    or stopped, a follower killed, a majority killed for a moment."""
+
+    def __init__(self, root):
+        self.bin = shutil.which("etcd")
+        self.ctl = shutil.which("etcdctl")
+        if not self.bin or not self.ctl:
+            raise RuntimeError("etcd or etcdctl not found (Debian packages etcd-server, etcd-client)")
+        self.members = [EtcdMember(root, "etcd%d" % i, self) for i in range(3)]
+        self.name = "etcd"
+
+    def initial_cluster(self):
+        return ",".join("%s=http://127.0.0.1:%d" % (m.name, m.peer_port) for m in self.members)
+
+    def start(self):
+        for m in self.members:
+            m.start()
+        if not Soak.wait_for(self.healthy, 30):
+            raise RuntimeError("etcd did not answer within 30 s (see its members' server.log)")
+
+    def ctl_run(self, args, endpoints=None, timeout=3.0):
+        eps = endpoints or ",".join(m.addr for m in self.members if m.proc)
+        try:
+            r = subprocess.run([self.ctl, "--endpoints=" + eps, "--dial-timeout=1s", "--command-timeout=2s"] + args,
+                               stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=timeout,
+                               env=dict(os.environ, ETCDCTL_API="3"))
+        except subprocess.TimeoutExpired:
+            raise OSError("etcdctl %s did not answer within %.1f s" % (" ".join(args), timeout))
+        if r.returncode != 0:
+            raise OSError(r.stderr.strip() or "etcdctl exited with %d" % r.returncode)
+        return r.stdout
+
+    def healthy(self):
+        """Every member up, and a write through the cluster answered."""
+        if not all(m.proc for m in self.members):
+            return False
+        try:
+            self.ctl_run(["put", "lockwatch-soak-health", "1"])
+            return True
+        except OSError:
+            return False
+
+    def leader(self):
+        """The member that leads now, or None."""
+        for m in self.members:
+            if not m.proc:
+                continue
+            try:
+                st = json.loads(self.ctl_run(["endpoint", "status", "-w", "json"], endpoints=m.addr, timeout=2.0))
+            except (OSError, ValueError):
+                continue
+            s = st[0]["Status"]
+            if s["header"]["member_id"] == s["leader"]:
+                return m
+        return None
+
+    def lock_keys(self):
+        """[{key, value, pttl}] of every lock key (pttl None: bound to a
+        lease; -1: to none, which would never expire)."""
+        import base64
+        got = json.loads(self.ctl_run(["get", "--prefix", "lockwatch:", "-w", "json"]))
+        out = []
+        for kv in got.get("kvs", []):
+            out.append({"key": base64.b64decode(kv["key"]).decode("utf-8", "replace"),
+                        "value": base64.b64decode(kv.get("value", "")).decode("utf-8", "replace"),
+                        "pttl": None if kv.get("lease") else -1})
+        return out
+
+
 class Cluster:
     """Six cluster nodes (appendonly), made three masters with a replica
     each by redis-cli --cluster create; nodes keep their ports across
@@ -768,6 +867,7 @@ class Soak:
         self.cluster = None
         self.sql = None
         self.zk = None
+        self.etcd = None
         self.netns = None
         self.guard = None  # the blackhole route's arguments, once added
         self.net_mode = None  # "netem", "partition" or None
@@ -782,7 +882,7 @@ class Soak:
             why = "not running as root"
         elif not shutil.which("ip") or not shutil.which("tc"):
             why = "ip or tc not found (Debian package iproute2)"
-        elif a.topology in ("sentinel", "cluster", "sql", "postgresql", "zookeeper"):
+        elif a.topology in ("sentinel", "cluster", "sql", "postgresql", "zookeeper", "etcd"):
             why = "%s nodes stay on 127.0.0.1" % a.topology
         if why:
             say("soak: network faults skipped: %s" % why)
@@ -845,6 +945,8 @@ class Soak:
             self.sql = Postgres(self.dir)
         elif a.topology == "zookeeper":
             self.zk = ZooKeeper(self.dir)
+        elif a.topology == "etcd":
+            self.etcd = Etcd(self.dir)
         elif a.topology == "redlock":
             self.nodes = [RedisNode(self.dir, "node%d" % i) for i in range(2)]
             if ns_addr:
@@ -863,6 +965,9 @@ class Soak:
             if not self.wait_for(lambda: self.zk.leader() is not None and self.zk.healthy(), 60):
                 raise RuntimeError("the ZooKeeper ensemble did not serve within 60 s")
             self.url = "zookeeper://" + self.zk.hosts
+        elif self.etcd:
+            self.etcd.start()
+            self.url = "etcd://" + ",".join(m.addr for m in self.etcd.members)
         elif self.sql:
             self.sql.start()
             self.sql.create_user()
@@ -871,7 +976,7 @@ class Soak:
         else:
             for i, n in enumerate(self.nodes):
                 n.start(replicaof=self.nodes[0].port if a.topology == "sentinel" and i > 0 else None)
-        if a.topology in ("cluster", "sql", "postgresql", "zookeeper"):
+        if a.topology in ("cluster", "sql", "postgresql", "zookeeper", "etcd"):
             pass
         elif a.topology == "sentinel":
             self.sentinels = [Sentinel(self.dir, "sentinel%d" % i, self.nodes[0].port) for i in range(3)]
@@ -887,9 +992,10 @@ class Soak:
                 "sentinel": "a master, a replica and 3 sentinels (min_replicas 1)",
                 "cluster": "a Redis Cluster of 3 masters and 3 replicas (node timeout 1 s, min_replicas 1)",
                 "sql": "one mariadbd", "postgresql": "one postgres",
-                "zookeeper": "a ZooKeeper ensemble of 3 members (tick 100 ms)"}[a.topology]
-        durable = "flush at every commit" if a.topology in ("sql", "postgresql", "zookeeper") \
-            else "appendonly, fsync always"
+                "zookeeper": "a ZooKeeper ensemble of 3 members (tick 100 ms)",
+                "etcd": "an etcd cluster of 3 members"}[a.topology]
+        durable = ("flush at every commit" if a.topology in ("sql", "postgresql", "zookeeper")
+                   else "a majority's fsync" if a.topology == "etcd" else "appendonly, fsync always")
         say("soak: %s (%s) at %s; resource on %s" % (desc, durable, self.url, self.resource.addr))
         say("soak: %d processes x %d threads on %d keys for %d s" % (a.procs, a.threads, a.keys, a.seconds))
 
@@ -1102,6 +1208,30 @@ class Soak:
                 moved, error = -1, str(e)
             self.fault("slot_move", m.name, t0, slot=slot, to=dst.name, keys=moved, error=error)
 
+    def etcd_fault(self, kind):
+        """One etcd fault (the cluster is healthy when it starts): the
+        leader killed or stopped, a follower killed, or the leader and a
+        follower killed at once (no majority: no lock granted meanwhile)."""
+        rng, e = self.rng, self.etcd
+        leader = e.leader()
+        if leader is None:
+            return
+        followers = [m for m in e.members if m is not leader]
+        if kind == "leader_hang":
+            self.node_hang("leader_hang", leader, rng.uniform(0.3, 3.0))
+            return
+        down = {"leader_kill": [leader], "follower_kill": [rng.choice(followers)],
+                "majority_down": [leader, rng.choice(followers)]}[kind]
+        d = rng.uniform(0.5, 3.0) if kind != "majority_down" else rng.uniform(0.5, 2.0)
+        t0 = mono_ns()
+        for m in down:
+            m.kill()
+        time.sleep(d)
+        for m in down:
+            m.start()
+        self.wait_for(e.healthy, 10)
+        self.fault(kind, "+".join(m.name for m in down), t0, down=d)
+
     def net_fault(self):
         node = next(n for n in self.nodes if n.netns)
         d = self.rng.uniform(1.0, 4.0)
@@ -1142,6 +1272,8 @@ class Soak:
                 self.deck += ["sql_restart", "sql_hang"]
             elif topo == "zookeeper":
                 self.deck += ["zk_member_kill", "zk_leader_kill", "zk_leader_hang", "zk_majority_down"]
+            elif topo == "etcd":
+                self.deck += ["e_leader_kill", "e_leader_hang", "e_follower_kill", "e_majority_down"]
             elif topo == "redlock":
                 self.deck += ["node_kill", "redis_hang"]
             else:
@@ -1165,10 +1297,15 @@ class Soak:
             # Let the last fault settle first; this kind comes up again later.
             self.deck.insert(0, kind)
             kind = rng.choice(["holder_kill", "holder_stop"])
+        if kind.startswith("e_") and not self.etcd.healthy():
+            self.deck.insert(0, kind)
+            kind = rng.choice(["holder_kill", "holder_stop"])
         if kind.startswith("zk_"):
             self.zk_fault(kind)
         elif kind.startswith("c_"):
             self.cluster_fault(kind[2:])
+        elif kind.startswith("e_"):
+            self.etcd_fault(kind[2:])
         elif kind == "sql_restart":
             self.node_kill("sql_restart", self.sql, rng.uniform(0.0, 1.5))
         elif kind == "sql_hang":
@@ -1245,6 +1382,13 @@ class Soak:
                 return [{"node": "zookeeper", "ok": True, "keys": self.zk.lock_keys()}]
             except (OSError, subprocess.TimeoutExpired) as e:
                 return [{"node": "zookeeper", "ok": False, "error": str(e)}]
+        if self.etcd:
+            if not self.wait_for(self.etcd.healthy, 15):
+                return [{"node": "etcd", "ok": False, "error": "etcd was not healthy within 15 s"}]
+            try:
+                return [{"node": "etcd", "ok": True, "keys": self.etcd.lock_keys()}]
+            except (OSError, ValueError) as e:
+                return [{"node": "etcd", "ok": False, "error": str(e)}]
         if self.sql:
             try:
                 return [{"node": self.sql.name, "ok": True, "keys": self.sql.lock_keys()}]
@@ -1317,7 +1461,7 @@ def main():
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--seconds", type=int, default=60)
     p.add_argument("--topology",
-                   choices=["single", "redlock", "sentinel", "cluster", "sql", "postgresql", "zookeeper"],
+                   choices=["single", "redlock", "sentinel", "cluster", "sql", "postgresql", "zookeeper", "etcd"],
                    default="single")
     p.add_argument("--seed", type=int, required=True)
     p.add_argument("--procs", type=int, default=3)

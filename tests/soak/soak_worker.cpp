@@ -37,7 +37,8 @@
 // release is made only if the same node answers (a failover or a slot
 // moved in between leaves it out). On SQL (mysql://, postgresql://) the
 // owner is the lock row's while it has not expired, read on the database's
-// clock.
+// clock. On etcd (etcd://) it is the key's value, read by a linearizable
+// Range from the first member that answers.
 #include <hiredis/hiredis.h>
 #include <lockwatch/lockwatch.hpp>
 #include <mysql.h>
@@ -45,6 +46,11 @@
 #include <libpq-fe.h>
 #include <poll.h>
 #include <sys/socket.h>
+#endif
+#if LOCKWATCH_WITH_ETCD
+#include <grpcpp/grpcpp.h>
+
+#include "rpc.grpc.pb.h"
 #endif
 #include <signal.h>
 #include <unistd.h>
@@ -303,11 +309,12 @@ class Resource {
 
 // Where the lock nodes are, from the URL the runtime gets: fixed masters
 // and Sentinel as the library parses them, a Redis Cluster's seeds, or a
-// mysql:// or postgresql:// database, or a ZooKeeper ensemble.
+// mysql:// or postgresql:// database, a ZooKeeper ensemble, or etcd's
+// members.
 struct Where {
-  enum class Kind { kRedis, kCluster, kSql, kPostgres, kZooKeeper } kind = Kind::kRedis;
+  enum class Kind { kRedis, kCluster, kSql, kPostgres, kZooKeeper, kEtcd } kind = Kind::kRedis;
   lockwatch::detail::Topology topology;  // kRedis
-  std::vector<std::pair<std::string, int>> seeds;  // kCluster
+  std::vector<std::pair<std::string, int>> seeds;  // kCluster, kEtcd (its members)
   std::string user, password, host, database;  // kSql
   int port = 3306;
   std::string zk_hosts;  // kZooKeeper: "h:p,h:p"
@@ -315,7 +322,7 @@ struct Where {
   static Where parse(const std::string& url) {
     Where w;
     constexpr std::string_view kCluster = "redis-cluster://", kSql = "mysql://", kPostgres = "postgresql://",
-                               kZooKeeper = "zookeeper://";
+                               kZooKeeper = "zookeeper://", kEtcd = "etcd://";
     auto host_port = [&](const std::string& hp) {
       auto colon = hp.rfind(':');
       if (colon == std::string::npos) throw std::runtime_error("host:port expected in " + url);
@@ -325,9 +332,10 @@ struct Where {
       // zookeeper://h:p,h:p, as scripts/soak writes it (no credentials, no chroot).
       w.kind = Kind::kZooKeeper;
       w.zk_hosts = url.substr(kZooKeeper.size());
-    } else if (url.starts_with(kCluster)) {
-      w.kind = Kind::kCluster;
-      std::string rest = url.substr(kCluster.size());
+    } else if (url.starts_with(kCluster) || url.starts_with(kEtcd)) {
+      // Seeds or members, host:port each (scripts/soak writes no credentials).
+      w.kind = url.starts_with(kCluster) ? Kind::kCluster : Kind::kEtcd;
+      std::string rest = url.substr(url.find("://") + 3);
       for (std::size_t at = 0;;) {
         auto comma = rest.find(',', at);
         w.seeds.push_back(host_port(rest.substr(at, comma == std::string::npos ? std::string::npos : comma - at)));
@@ -393,6 +401,7 @@ class LockNodes {
       case Where::Kind::kSql: return 3 * kSqlTimeout;  // connect, write, read
       case Where::Kind::kPostgres: return 2 * kSqlTimeout;  // connect, query
       case Where::Kind::kZooKeeper: return 3 * kSqlTimeout;  // sync, list, read
+      case Where::Kind::kEtcd: return static_cast<long>(where_of_.seeds.size()) * kEtcdTimeout;
       default: return static_cast<long>(nodes()) * 2 * kProbeTimeout;
     }
   }
@@ -404,6 +413,9 @@ class LockNodes {
   std::vector<std::optional<std::string>> values(const std::string& key) {
     if (where_of_.kind == Where::Kind::kCluster) return {cluster_value(key)};
     if (where_of_.kind == Where::Kind::kSql) return {sql_value(key)};
+#if LOCKWATCH_WITH_ETCD
+    if (where_of_.kind == Where::Kind::kEtcd) return {etcd_value(key)};
+#endif
 #if LOCKWATCH_WITH_POSTGRESQL
     if (where_of_.kind == Where::Kind::kPostgres) return {pg_value(key)};
 #endif
@@ -440,6 +452,36 @@ class LockNodes {
  private:
   static constexpr int kClusterHops = 3;
   static constexpr auto kSqlTimeout = 1000ms;  // the client library counts in seconds
+  static constexpr auto kEtcdTimeout = 500ms;    // per member (a linearizable read goes through the leader)
+
+#if LOCKWATCH_WITH_ETCD
+  // The key's value ("" when absent) from the first member that answers a
+  // linearizable Range, starting with the one that answered last.
+  std::optional<std::string> etcd_value(const std::string& key) {
+    where_.clear();
+    const std::size_t n = where_of_.seeds.size();
+    if (etcd_.empty()) {
+      for (const auto& [host, port] : where_of_.seeds)
+        etcd_.push_back(etcdserverpb::KV::NewStub(
+            grpc::CreateChannel(host + ":" + std::to_string(port), grpc::InsecureChannelCredentials())));
+    }
+    for (std::size_t i = 0; i < n; ++i) {
+      const std::size_t m = (etcd_last_ + i) % n;
+      grpc::ClientContext ctx;
+      ctx.set_deadline(std::chrono::system_clock::now() + kEtcdTimeout);
+      etcdserverpb::RangeRequest req;
+      req.set_key(sql_lock_name(key));
+      etcdserverpb::RangeResponse resp;
+      if (!etcd_[m]->Range(&ctx, req, &resp).ok()) continue;
+      etcd_last_ = m;
+      where_ = "etcd";
+      return resp.kvs_size() > 0 ? resp.kvs(0).value() : std::string();
+    }
+    return std::nullopt;
+  }
+  std::vector<std::unique_ptr<etcdserverpb::KV::Stub>> etcd_;
+  std::size_t etcd_last_ = 0;
+#endif
 
   // The value at `key` on the master serving its slot. The first try goes
   // where the last answer came from, else to a seed.

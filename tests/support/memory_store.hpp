@@ -128,6 +128,10 @@ class StoreScript {
   // Whether the store reports releases (default true).
   void set_release_events(bool on) { release_events_ = on; }
   bool release_events() const { return release_events_; }
+  // How much longer than its ttl the store says it may keep a lock
+  // (LockStore::expiry_bound; default 0: the ttl, to the millisecond).
+  void set_expiry_slack(std::chrono::milliseconds slack) { expiry_slack_ms_ = slack.count(); }
+  std::chrono::milliseconds expiry_slack() const { return std::chrono::milliseconds(expiry_slack_ms_.load()); }
 
   // What the store was asked, in order.
   std::vector<Call> calls() const;
@@ -158,6 +162,7 @@ class StoreScript {
   std::function<std::optional<detail::Renewed>(const std::string&)> renew_fn_;
   std::function<std::optional<detail::Released>(const std::string&)> release_fn_;
   std::atomic<bool> release_events_{true};
+  std::atomic<long long> expiry_slack_ms_{0};
   std::vector<Call> calls_;
 };
 
@@ -173,6 +178,9 @@ class MemoryStore final : public detail::LockStore,
   std::string encode(std::string_view key) const override;
   const char* check_key(std::string_view key) const noexcept override;
   bool release_events() const noexcept override { return script_->release_events(); }
+  std::chrono::milliseconds expiry_bound(std::chrono::milliseconds ttl) const noexcept override {
+    return ttl + script_->expiry_slack();
+  }
   void start(detail::StoreEvents events) override;
   void acquire(std::span<const detail::LockRef> locks, AcquireDone done) override;
   std::size_t renew(std::span<const detail::LockRef> locks, std::shared_ptr<const void> keepalive,

@@ -23,7 +23,8 @@ constexpr const char* kStoreHelp =
     "redis-cluster://[user:password@]host:port[,host:port...], rediss://, rediss-sentinel:// and "
     "rediss-cluster:// for TLS, mysql://user:password@host[:port]/database, "
     "postgresql://user:password@host[:port]/database[?sslmode=...], "
-    "zookeeper://[user:password@]host:port[,host:port...][/chroot], or memory://[name]. Default: "
+    "zookeeper://[user:password@]host:port[,host:port...][/chroot], "
+    "etcd://[user:password@]host:port[,host:port...] (etcds:// for TLS), or memory://[name]. Default: "
     "$LOCKWATCH_STORE_URL, else $LOCKWATCH_REDIS_URL, else redis://127.0.0.1:6379";
 
 constexpr const char* kVerboseHelp =

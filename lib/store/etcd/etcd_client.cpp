@@ -1,0 +1,738 @@
+#include "store/etcd/etcd_client.hpp"
+
+#include <fmt/format.h>
+
+#include <cstdio>
+#include <fstream>
+#include <sstream>
+
+#include "core/loop.hpp"
+
+namespace lockwatch::detail {
+
+namespace {
+
+// Something the completion queue reports on: a unary call's answer or one
+// step of a stream. completed() runs on the queue's thread.
+struct Tag {
+  virtual void completed(bool ok) = 0;
+
+ protected:
+  ~Tag() = default;
+};
+
+const char* code_name(grpc::StatusCode code) {
+  switch (code) {
+    case grpc::StatusCode::OK: return "OK";
+    case grpc::StatusCode::CANCELLED: return "CANCELLED";
+    case grpc::StatusCode::UNKNOWN: return "UNKNOWN";
+    case grpc::StatusCode::INVALID_ARGUMENT: return "INVALID_ARGUMENT";
+    case grpc::StatusCode::DEADLINE_EXCEEDED: return "DEADLINE_EXCEEDED";
+    case grpc::StatusCode::NOT_FOUND: return "NOT_FOUND";
+    case grpc::StatusCode::ALREADY_EXISTS: return "ALREADY_EXISTS";
+    case grpc::StatusCode::PERMISSION_DENIED: return "PERMISSION_DENIED";
+    case grpc::StatusCode::RESOURCE_EXHAUSTED: return "RESOURCE_EXHAUSTED";
+    case grpc::StatusCode::FAILED_PRECONDITION: return "FAILED_PRECONDITION";
+    case grpc::StatusCode::ABORTED: return "ABORTED";
+    case grpc::StatusCode::OUT_OF_RANGE: return "OUT_OF_RANGE";
+    case grpc::StatusCode::UNIMPLEMENTED: return "UNIMPLEMENTED";
+    case grpc::StatusCode::INTERNAL: return "INTERNAL";
+    case grpc::StatusCode::UNAVAILABLE: return "UNAVAILABLE";
+    case grpc::StatusCode::DATA_LOSS: return "DATA_LOSS";
+    case grpc::StatusCode::UNAUTHENTICATED: return "UNAUTHENTICATED";
+    default: return "UNKNOWN";
+  }
+}
+
+// A PEM file's text (checked readable by EtcdStore::check_options).
+std::string read_file(const std::string& path) {
+  if (path.empty()) return {};
+  std::ifstream f(path);
+  std::stringstream s;
+  s << f.rdbuf();
+  return s.str();
+}
+
+// No answer from that member: the next calls go to another.
+bool no_answer(grpc::StatusCode code) {
+  return code == grpc::StatusCode::UNAVAILABLE || code == grpc::StatusCode::DEADLINE_EXCEEDED;
+}
+
+// etcd names its errors by their text alone (its own client's rpctypes
+// table matches these exact strings): those about credentials, which
+// etcd sends with codes that also mean other things.
+bool credentials_refused(const grpc::Status& status) {
+  static constexpr std::string_view kAuthErrors[] = {
+      "etcdserver: user name is empty",
+      "etcdserver: authentication failed, invalid user ID or password",
+      "etcdserver: invalid auth token",
+      "etcdserver: permission denied",
+      "etcdserver: user name not found",
+      "etcdserver: authentication is not enabled",
+  };
+  for (auto text : kAuthErrors)
+    if (status.error_message() == text) return true;
+  return false;
+}
+
+}  // namespace
+
+struct EtcdClient::Member {
+  std::string address;
+  std::shared_ptr<grpc::Channel> channel;
+  std::unique_ptr<etcdserverpb::KV::Stub> kv;
+  std::unique_ptr<etcdserverpb::Lease::Stub> lease;
+  std::unique_ptr<etcdserverpb::Watch::Stub> watch;
+  std::unique_ptr<etcdserverpb::Auth::Stub> auth;
+};
+
+// A call or a stream, as the loop thread tracks it until it is answered.
+struct EtcdClient::Call : std::enable_shared_from_this<EtcdClient::Call> {
+  virtual ~Call() = default;
+  // Loop thread: answer with `error` now (close()); the queue's later
+  // answer is then dropped.
+  virtual void fail(const StoreError& error) = 0;
+
+  EtcdClient* client = nullptr;
+  grpc::ClientContext context;
+  std::size_t member = 0;
+  bool answered = false;       // loop thread
+  std::shared_ptr<Call> self;  // kept until the queue's last answer
+};
+
+template <class Request, class Response>
+struct EtcdClient::Unary final : Call, Tag {
+  Response response;
+  grpc::Status status;
+  std::unique_ptr<grpc::ClientAsyncResponseReader<Response>> reader;
+  std::function<void(const Response&, const grpc::Status*)> done;
+
+  void completed(bool) override {
+    auto me = std::move(self);
+    EtcdClient* c = client;
+    c->loop_.post([me] {
+      auto* u = static_cast<Unary*>(me.get());
+      if (u->answered) return;
+      u->answered = true;
+      u->client->finished(u);
+      u->done(u->response, &u->status);
+    });
+    me.reset();
+    c->left_queue();  // the last use of the client on this thread
+  }
+  void fail(const StoreError&) override {
+    answered = true;
+    done(Response{}, nullptr);
+  }
+};
+
+// ---- construction
+
+EtcdClient::EtcdClient(Loop& loop, EtcdTarget target, const Options& options)
+    : loop_(loop),
+      target_(std::move(target)),
+      name_(target_.name()),
+      connect_timeout_(options.connect_timeout),
+      command_timeout_(options.command_timeout) {
+  std::shared_ptr<grpc::ChannelCredentials> credentials = grpc::InsecureChannelCredentials();
+  if (target_.tls) {
+    // The members' certificates checked against tls_ca_file (else gRPC's
+    // roots); a client certificate when the members ask for one.
+    grpc::SslCredentialsOptions ssl;
+    ssl.pem_root_certs = read_file(options.tls_ca_file);
+    ssl.pem_cert_chain = read_file(options.tls_cert_file);
+    ssl.pem_private_key = read_file(options.tls_key_file);
+    credentials = grpc::SslCredentials(ssl);
+  }
+  for (const auto& m : target_.members) {
+    auto member = std::make_unique<Member>();
+    member->address = m.address();
+    grpc::ChannelArguments args;
+    // A member killed and back is found again within a second.
+    args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
+    args.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, 100);
+    args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 1000);
+    // A hung member's connection is given up on (watch streams have no
+    // deadline of their own); etcd refuses pings more often than 5 s.
+    args.SetInt(GRPC_ARG_KEEPALIVE_TIME_MS, 10000);
+    args.SetInt(GRPC_ARG_KEEPALIVE_TIMEOUT_MS, static_cast<int>(std::max<long long>(command_timeout_.count(), 1000)));
+    if (target_.tls && !options.tls_server_name.empty()) args.SetSslTargetNameOverride(options.tls_server_name);
+    member->channel = grpc::CreateCustomChannel(member->address, credentials, args);
+    member->kv = etcdserverpb::KV::NewStub(member->channel);
+    member->lease = etcdserverpb::Lease::NewStub(member->channel);
+    member->watch = etcdserverpb::Watch::NewStub(member->channel);
+    member->auth = etcdserverpb::Auth::NewStub(member->channel);
+    members_.push_back(std::move(member));
+  }
+  member_down_.assign(members_.size(), false);
+  queue_thread_ = std::thread([this] { run_queue(); });
+}
+
+EtcdClient::~EtcdClient() {
+  // close() cancelled every call; anything left (a client never closed)
+  // is cancelled here. A cancelled call's steps come back at once, and a
+  // stream may start its last one (Finish) from there: the queue is shut
+  // only once every call is back for good. The bound is for a gRPC that
+  // would break that promise: better a report than a hang.
+  for (const auto& call : live_) call->context.TryCancel();
+  live_.clear();
+  {
+    std::unique_lock lock(in_queue_mu_);
+    if (!in_queue_cv_.wait_for(lock, std::chrono::seconds(30), [this] { return in_queue_ == 0; }))
+      std::fprintf(stderr, "lockwatch: %d etcd calls still in gRPC's queue after 30 s\n", in_queue_);
+  }
+  queue_.Shutdown();
+  queue_thread_.join();
+}
+
+void EtcdClient::left_queue() {
+  std::lock_guard lock(in_queue_mu_);
+  if (--in_queue_ == 0) in_queue_cv_.notify_all();
+}
+
+void EtcdClient::run_queue() {
+  void* tag = nullptr;
+  bool ok = false;
+  while (queue_.Next(&tag, &ok)) static_cast<Tag*>(tag)->completed(ok);
+}
+
+// ---- errors, members
+
+StoreError EtcdClient::error_of(const grpc::Status& status, std::size_t member, bool authenticating) const {
+  using Kind = StoreError::Kind;
+  Kind kind = Kind::kRefused;
+  switch (status.error_code()) {
+    case grpc::StatusCode::UNAVAILABLE:
+    case grpc::StatusCode::DEADLINE_EXCEEDED:
+    case grpc::StatusCode::CANCELLED:
+    case grpc::StatusCode::ABORTED:
+      kind = Kind::kUnavailable;
+      break;
+    case grpc::StatusCode::UNAUTHENTICATED:
+    case grpc::StatusCode::PERMISSION_DENIED:
+      kind = Kind::kAuth;
+      break;
+    case grpc::StatusCode::INVALID_ARGUMENT:
+    case grpc::StatusCode::FAILED_PRECONDITION:
+      // Authenticate answers refused credentials so; other calls a
+      // missing user.
+      kind = authenticating || credentials_refused(status) ? Kind::kAuth : Kind::kRefused;
+      break;
+    case grpc::StatusCode::RESOURCE_EXHAUSTED:
+      kind = Kind::kRetryLater;
+      break;
+    default:
+      break;
+  }
+  StoreError e;
+  e.kind = kind;
+  e.origin = StoreError::Origin::kEtcd;
+  e.endpoint = endpoint(member);
+  e.code = code_name(status.error_code());
+  e.message = status.error_message().empty() ? e.code : status.error_message();
+  if (status.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED)
+    e.message = fmt::format("no answer within the {} ms command timeout", command_timeout_.count());
+  return e;
+}
+
+std::string EtcdClient::endpoint(std::size_t member) const {
+  return (target_.tls ? "etcds://" : "etcd://") + members_[member]->address;
+}
+
+void EtcdClient::member_answered(std::size_t member, const grpc::Status& status) {
+  const bool down = no_answer(status.error_code());
+  if (member_down_[member] == down) return;
+  member_down_[member] = down;
+  if (state_hook_) state_hook_(endpoint(member), !down, down ? error_of(status, member).message : std::string());
+}
+
+void EtcdClient::member_failed(std::size_t member) {
+  if (member == current_ && members_.size() > 1) current_ = (current_ + 1) % members_.size();
+}
+
+void EtcdClient::token_refused(const grpc::Status& status) {
+  // A token the cluster no longer takes (it expired, or the member that
+  // issued it restarted): the next call authenticates again.
+  if (status.error_code() == grpc::StatusCode::UNAUTHENTICATED) token_.clear();
+}
+
+void EtcdClient::prepare(grpc::ClientContext& context, std::chrono::milliseconds timeout) const {
+  if (timeout.count() > 0) context.set_deadline(std::chrono::system_clock::now() + timeout);
+  if (!token_.empty()) context.AddMetadata("token", token_);
+}
+
+void EtcdClient::track(std::shared_ptr<Call> call) {
+  {
+    std::lock_guard lock(in_queue_mu_);
+    ++in_queue_;
+  }
+  call->client = this;
+  call->member = current_;
+  call->self = call;
+  live_.insert(std::move(call));
+}
+
+void EtcdClient::finished(Call* call) {
+  auto it = live_.find(call->shared_from_this());
+  if (it != live_.end()) live_.erase(it);
+}
+
+// ---- authentication
+
+void EtcdClient::with_token(std::function<void(const StoreError*)> start) {
+  if (closed_) {
+    auto closed = StoreError::unavailable(name_, "the store is closed", StoreError::Origin::kEtcd);
+    loop_.post([start = std::move(start), closed] { start(&closed); });
+    return;
+  }
+  if (target_.user.empty() || !token_.empty()) {
+    start(nullptr);
+    return;
+  }
+  waiting_for_token_.push_back(std::move(start));
+  if (!authenticating_) authenticate();
+}
+
+void EtcdClient::authenticate() {
+  authenticating_ = true;
+  using U = Unary<etcdserverpb::AuthenticateRequest, etcdserverpb::AuthenticateResponse>;
+  auto call = std::make_shared<U>();
+  track(call);
+  const std::size_t member = call->member;
+  prepare(call->context, connect_timeout_);
+  etcdserverpb::AuthenticateRequest request;
+  request.set_name(target_.user);
+  request.set_password(target_.password);
+  call->done = [this, member](const etcdserverpb::AuthenticateResponse& response, const grpc::Status* status) {
+    authenticating_ = false;
+    auto waiting = std::move(waiting_for_token_);
+    waiting_for_token_.clear();
+    StoreError error = status ? StoreError{} : StoreError::unavailable(name_, "the store is closed", StoreError::Origin::kEtcd);
+    const StoreError* failed = status ? nullptr : &error;
+    if (status && !status->ok()) {
+      if (no_answer(status->error_code())) member_failed(member);
+      error = error_of(*status, member, /*authenticating=*/true);
+      failed = &error;
+    } else if (status && response.token().empty()) {
+      error = StoreError::auth(endpoint(member),
+                               "authentication is not enabled on the cluster, yet the URL names a user",
+                               StoreError::Origin::kEtcd);
+      failed = &error;
+    } else if (status) {
+      token_ = response.token();
+    }
+    for (auto& start : waiting) start(failed);
+  };
+  Member& m = *members_[member];
+  call->reader = m.auth->PrepareAsyncAuthenticate(&call->context, request, &queue_);
+  call->reader->StartCall();
+  call->reader->Finish(&call->response, &call->status, static_cast<Tag*>(call.get()));
+}
+
+// ---- unary calls
+
+template <class Request, class Response, class Prepare>
+void EtcdClient::unary(Request request, Done<Response> done, Prepare prepare_call, std::chrono::milliseconds timeout,
+                       int attempt, std::chrono::steady_clock::time_point deadline, bool reauthenticated) {
+  if (attempt == 1) deadline = std::chrono::steady_clock::now() + timeout;
+  with_token([this, request = std::move(request), done = std::move(done), prepare_call, timeout, attempt, deadline,
+              reauthenticated](const StoreError* auth_error) mutable {
+    if (auth_error) {
+      done(Response{}, auth_error);
+      return;
+    }
+    auto call = std::make_shared<Unary<Request, Response>>();
+    track(call);
+    const std::size_t member = call->member;
+    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
+    prepare(call->context, std::max(left, std::chrono::milliseconds(1)));
+    call->reader = prepare_call(*members_[member], &call->context, request, &queue_);
+    call->done = [this, member, attempt, request = std::move(request), done = std::move(done), prepare_call, timeout,
+                  deadline, reauthenticated](const Response& response, const grpc::Status* status) mutable {
+      if (!status) {
+        auto closed = StoreError::unavailable(name_, "the store is closed", StoreError::Origin::kEtcd);
+        done(Response{}, &closed);
+        return;
+      }
+      member_answered(member, *status);
+      if (status->ok()) {
+        done(response, nullptr);
+        return;
+      }
+      if (no_answer(status->error_code())) member_failed(member);
+      // Unavailable (a member down, without a leader, or refusing the
+      // connection): the next member, within the same deadline. Every
+      // call the store makes may be made twice (a repeated acquisition
+      // finds its own token).
+      if (status->error_code() == grpc::StatusCode::UNAVAILABLE && attempt < static_cast<int>(members_.size()) &&
+          std::chrono::steady_clock::now() < deadline && !closed_) {
+        unary<Request, Response>(std::move(request), std::move(done), prepare_call, timeout, attempt + 1, deadline,
+                                 reauthenticated);
+        return;
+      }
+      // A token the cluster no longer takes (it expired): once more with a
+      // new one.
+      if (status->error_code() == grpc::StatusCode::UNAUTHENTICATED && !target_.user.empty() && !reauthenticated &&
+          !closed_) {
+        token_.clear();
+        unary<Request, Response>(std::move(request), std::move(done), prepare_call, timeout, attempt + 1, deadline,
+                                 /*reauthenticated=*/true);
+        return;
+      }
+      StoreError error = error_of(*status, member);
+      done(Response{}, &error);
+    };
+    call->reader->StartCall();
+    call->reader->Finish(&call->response, &call->status, static_cast<Tag*>(call.get()));
+  });
+}
+
+void EtcdClient::range(etcdserverpb::RangeRequest request, Done<etcdserverpb::RangeResponse> done) {
+  unary<etcdserverpb::RangeRequest, etcdserverpb::RangeResponse>(
+      std::move(request), std::move(done),
+      [](Member& m, grpc::ClientContext* c, const etcdserverpb::RangeRequest& r, grpc::CompletionQueue* q) {
+        return m.kv->PrepareAsyncRange(c, r, q);
+      },
+      command_timeout_);
+}
+
+void EtcdClient::txn(etcdserverpb::TxnRequest request, Done<etcdserverpb::TxnResponse> done) {
+  unary<etcdserverpb::TxnRequest, etcdserverpb::TxnResponse>(
+      std::move(request), std::move(done),
+      [](Member& m, grpc::ClientContext* c, const etcdserverpb::TxnRequest& r, grpc::CompletionQueue* q) {
+        return m.kv->PrepareAsyncTxn(c, r, q);
+      },
+      command_timeout_);
+}
+
+void EtcdClient::lease_grant(etcdserverpb::LeaseGrantRequest request, Done<etcdserverpb::LeaseGrantResponse> done) {
+  unary<etcdserverpb::LeaseGrantRequest, etcdserverpb::LeaseGrantResponse>(
+      std::move(request), std::move(done),
+      [](Member& m, grpc::ClientContext* c, const etcdserverpb::LeaseGrantRequest& r, grpc::CompletionQueue* q) {
+        return m.lease->PrepareAsyncLeaseGrant(c, r, q);
+      },
+      command_timeout_);
+}
+
+void EtcdClient::lease_revoke(etcdserverpb::LeaseRevokeRequest request, Done<etcdserverpb::LeaseRevokeResponse> done) {
+  unary<etcdserverpb::LeaseRevokeRequest, etcdserverpb::LeaseRevokeResponse>(
+      std::move(request), std::move(done),
+      [](Member& m, grpc::ClientContext* c, const etcdserverpb::LeaseRevokeRequest& r, grpc::CompletionQueue* q) {
+        return m.lease->PrepareAsyncLeaseRevoke(c, r, q);
+      },
+      command_timeout_);
+}
+
+void EtcdClient::lease_time_to_live(etcdserverpb::LeaseTimeToLiveRequest request,
+                                    Done<etcdserverpb::LeaseTimeToLiveResponse> done) {
+  unary<etcdserverpb::LeaseTimeToLiveRequest, etcdserverpb::LeaseTimeToLiveResponse>(
+      std::move(request), std::move(done),
+      [](Member& m, grpc::ClientContext* c, const etcdserverpb::LeaseTimeToLiveRequest& r, grpc::CompletionQueue* q) {
+        return m.lease->PrepareAsyncLeaseTimeToLive(c, r, q);
+      },
+      command_timeout_);
+}
+
+// ---- streams
+
+namespace {
+
+// One step of a stream, reported to its owner on the queue's thread.
+template <class Owner>
+struct Step final : Tag {
+  Owner* owner = nullptr;
+  int kind = 0;
+  void completed(bool ok) override { owner->step(kind, ok); }
+};
+
+enum StepKind { kStart, kWrite, kRead, kWritesDone, kFinish };
+
+}  // namespace
+
+// One batch of keep-alives on a stream of its own: every id written, an
+// answer read for each, then the stream closed. Its steps run on the
+// queue's thread only; the result goes to the loop.
+struct EtcdClient::KeepAlive final : Call {
+  std::unique_ptr<grpc::ClientAsyncReaderWriter<etcdserverpb::LeaseKeepAliveRequest,
+                                                etcdserverpb::LeaseKeepAliveResponse>>
+      stream;
+  std::vector<std::int64_t> ids;
+  std::vector<std::int64_t> ttls;  // -1: no answer (yet)
+  KeepAliveDone done;
+  grpc::Status status;
+  // Queue thread only, from StartCall on.
+  etcdserverpb::LeaseKeepAliveRequest request;
+  etcdserverpb::LeaseKeepAliveResponse response;
+  std::size_t written = 0, read = 0;
+  int outstanding = 0;
+  bool writing = true, reading = true, finishing = false;
+  Step<KeepAlive> steps[5];
+
+  void begin() {
+    for (int k = 0; k < 5; ++k) {
+      steps[k].owner = this;
+      steps[k].kind = k;
+    }
+    ++outstanding;
+    stream->StartCall(&steps[kStart]);
+  }
+  void write_next() {
+    if (written < ids.size()) {
+      request.set_id(ids[written]);
+      ++outstanding;
+      stream->Write(request, &steps[kWrite]);
+    } else {
+      writing = false;
+      ++outstanding;
+      stream->WritesDone(&steps[kWritesDone]);
+    }
+  }
+  void read_next() {
+    ++outstanding;
+    stream->Read(&response, &steps[kRead]);
+  }
+  void step(int kind, bool ok) {
+    --outstanding;
+    switch (kind) {
+      case kStart:
+        if (ok) {
+          write_next();
+          read_next();
+        } else {
+          writing = reading = false;
+        }
+        break;
+      case kWrite:
+        if (ok) {
+          ++written;
+          write_next();
+        } else {
+          writing = false;
+        }
+        break;
+      case kRead:
+        if (!ok) {
+          reading = false;
+          break;
+        }
+        // Answers come in order; matched by id all the same.
+        for (std::size_t i = 0; i < ids.size(); ++i) {
+          if (ids[i] == response.id() && ttls[i] == -1) {
+            ttls[i] = response.ttl();
+            break;
+          }
+        }
+        if (++read >= ids.size())
+          reading = false;
+        else
+          read_next();
+        break;
+      default:
+        break;
+    }
+    if (outstanding > 0) return;
+    if (!finishing) {
+      if (reading) return;
+      if (writing) {
+        writing = false;
+        ++outstanding;
+        stream->WritesDone(&steps[kWritesDone]);
+        return;
+      }
+      finishing = true;
+      ++outstanding;
+      stream->Finish(&status, &steps[kFinish]);
+      return;
+    }
+    auto me = std::move(self);
+    EtcdClient* c = client;
+    c->loop_.post([me] {
+      auto* k = static_cast<KeepAlive*>(me.get());
+      if (k->answered) return;
+      k->answered = true;
+      k->client->finished(k);
+      k->deliver();
+    });
+    me.reset();
+    c->left_queue();
+  }
+  // Loop thread.
+  void deliver() {
+    bool all = read >= ids.size();
+    if (!all || status.ok()) client->member_answered(member, status);
+    if (all) {
+      done(ttls, nullptr);
+      return;
+    }
+    if (no_answer(status.error_code())) client->member_failed(member);
+    client->token_refused(status);
+    StoreError error = status.ok() ? StoreError::unavailable(client->endpoint(member),
+                                                             "the keep-alive stream ended without every answer",
+                                                             StoreError::Origin::kEtcd)
+                                   : client->error_of(status, member);
+    done(ttls, &error);
+  }
+  void fail(const StoreError& error) override {
+    answered = true;
+    done(std::vector<std::int64_t>(ids.size(), -1), &error);
+  }
+};
+
+void EtcdClient::keep_alive(std::vector<std::int64_t> ids, KeepAliveDone done) {
+  with_token([this, ids = std::move(ids), done = std::move(done)](const StoreError* auth_error) mutable {
+    if (auth_error) {
+      done(std::vector<std::int64_t>(ids.size(), -1), auth_error);
+      return;
+    }
+    auto call = std::make_shared<KeepAlive>();
+    track(call);
+    prepare(call->context, command_timeout_);
+    call->ttls.assign(ids.size(), -1);
+    call->ids = std::move(ids);
+    call->done = std::move(done);
+    call->stream = members_[call->member]->lease->PrepareAsyncLeaseKeepAlive(&call->context, &queue_);
+    call->begin();
+  });
+}
+
+// A watch on one key for its deletion. Steps on the queue's thread; what
+// it reports goes to the loop.
+class EtcdClient::Watch final : public Call {
+ public:
+  std::unique_ptr<grpc::ClientAsyncReaderWriter<etcdserverpb::WatchRequest, etcdserverpb::WatchResponse>> stream;
+  std::string key;
+  WatchHooks hooks;
+  bool cancelled = false;  // loop thread
+  // Queue thread only.
+  grpc::Status status;
+  etcdserverpb::WatchRequest request;
+  etcdserverpb::WatchResponse response;
+  int outstanding = 0;
+  bool reading = true, finishing = false;
+  Step<Watch> steps[5];
+
+  void begin() {
+    for (int k = 0; k < 5; ++k) {
+      steps[k].owner = this;
+      steps[k].kind = k;
+    }
+    auto* create = request.mutable_create_request();
+    create->set_key(key);
+    create->add_filters(etcdserverpb::WatchCreateRequest::NOPUT);
+    ++outstanding;
+    stream->StartCall(&steps[kStart]);
+  }
+  void report(int what) {
+    auto me = std::static_pointer_cast<Watch>(shared_from_this());
+    client->loop_.post([me, what] {
+      if (me->cancelled || me->answered) return;
+      if (what == 0 && me->hooks.created) me->hooks.created();
+      if (what == 1 && me->hooks.deleted) me->hooks.deleted();
+    });
+  }
+  void step(int kind, bool ok) {
+    --outstanding;
+    if (kind == kStart) {
+      if (ok) {
+        ++outstanding;
+        stream->Write(request, &steps[kWrite]);
+        ++outstanding;
+        stream->Read(&response, &steps[kRead]);
+      } else {
+        reading = false;
+      }
+    } else if (kind == kRead) {
+      if (!ok) {
+        reading = false;
+      } else {
+        if (response.created()) report(0);
+        for (const auto& e : response.events())
+          if (e.type() == mvccpb::Event::DELETE) {
+            report(1);
+            break;
+          }
+        if (response.canceled()) {
+          reading = false;
+          context.TryCancel();
+        } else {
+          ++outstanding;
+          stream->Read(&response, &steps[kRead]);
+        }
+      }
+    }
+    if (outstanding > 0 || reading) return;
+    if (!finishing) {
+      finishing = true;
+      ++outstanding;
+      stream->Finish(&status, &steps[kFinish]);
+      return;
+    }
+    auto me = std::static_pointer_cast<Watch>(std::move(self));
+    EtcdClient* c = client;
+    c->loop_.post([me] {
+      if (me->answered) return;
+      me->answered = true;
+      me->client->finished(me.get());
+      if (me->cancelled) return;
+      if (no_answer(me->status.error_code())) me->client->member_failed(me->member);
+      me->client->token_refused(me->status);
+      StoreError error = me->status.ok() ? StoreError::unavailable(me->client->endpoint(me->member),
+                                                                   "the watch was cancelled by the server",
+                                                                   StoreError::Origin::kEtcd)
+                                         : me->client->error_of(me->status, me->member);
+      if (me->hooks.ended) me->hooks.ended(error);
+    });
+    me.reset();
+    c->left_queue();
+  }
+  void fail(const StoreError&) override {
+    answered = true;
+    cancelled = true;
+  }
+};
+
+std::shared_ptr<EtcdClient::Watch> EtcdClient::watch(std::string key, WatchHooks hooks) {
+  auto call = std::make_shared<Watch>();
+  call->key = std::move(key);
+  call->hooks = std::move(hooks);
+  std::weak_ptr<Watch> weak = call;
+  with_token([this, weak](const StoreError* auth_error) {
+    auto call = weak.lock();
+    if (!call || call->cancelled) return;
+    if (auth_error) {
+      call->answered = true;
+      if (call->hooks.ended) call->hooks.ended(*auth_error);
+      return;
+    }
+    track(call);
+    prepare(call->context, {});
+    call->stream = members_[call->member]->watch->PrepareAsyncWatch(&call->context, &queue_);
+    call->begin();
+  });
+  return call;
+}
+
+void EtcdClient::cancel(const std::shared_ptr<Watch>& watch) {
+  if (!watch) return;
+  watch->cancelled = true;
+  watch->context.TryCancel();
+}
+
+// ---- closing
+
+void EtcdClient::close() {
+  if (closed_) return;
+  closed_ = true;
+  auto live = std::move(live_);
+  live_.clear();
+  const auto closed = StoreError::unavailable(name_, "the store is closed", StoreError::Origin::kEtcd);
+  for (const auto& call : live) {
+    call->context.TryCancel();
+    if (!call->answered) call->fail(closed);
+  }
+  auto waiting = std::move(waiting_for_token_);
+  waiting_for_token_.clear();
+  for (auto& start : waiting) start(&closed);
+}
+
+}  // namespace lockwatch::detail

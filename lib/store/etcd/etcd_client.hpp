@@ -1,0 +1,174 @@
+// lib/store/etcd/etcd_client.hpp: etcd's v3 API over gRPC for the etcd
+// store, driven so that nothing blocks the loop.
+//
+// One gRPC channel per member of the URL and one CompletionQueue with a
+// thread of its own. Calls start on the loop thread (starting a gRPC call
+// does not block); the queue's thread takes their completions and hands
+// each to the loop (Loop::post), so every callback runs on the loop
+// thread, exactly once, never inside the call that started it.
+//
+//   unary calls   Range, Txn, LeaseGrant, LeaseRevoke, LeaseTimeToLive,
+//                 each with a deadline of Options::command_timeout
+//   keep_alive    one LeaseKeepAlive stream per batch of leases (a tick's
+//                 renewals), every lease's answer read before it closes,
+//                 bounded by the command timeout as a whole
+//   watch         one Watch stream per watched key (release notices),
+//                 without a deadline, until cancelled
+//
+// Members: calls go to the current member; a call that gets no answer
+// (UNAVAILABLE, a deadline) moves the next calls to the next member, so a
+// killed or hung member costs one command timeout, not every call. A call
+// answered UNAVAILABLE (refused, or a member without a leader) is made
+// again on the next member at once, within its first deadline.
+//
+// TLS (etcds://): gRPC's own, with the members' certificates checked
+// against Options::tls_ca_file (else gRPC's roots) for tls_server_name
+// (else each member's host), and tls_cert_file/tls_key_file as the client
+// certificate.
+//
+// Authentication: with a user in the URL, Authenticate (within
+// Options::connect_timeout) runs before the first call, and its token goes
+// with every call as the `token` metadata; a call refused for its token
+// authenticates again once.
+//
+// Errors are StoreErrors (Origin::kEtcd) classified by gRPC status code:
+// UNAVAILABLE, DEADLINE_EXCEEDED, CANCELLED, ABORTED are kUnavailable;
+// UNAUTHENTICATED, PERMISSION_DENIED and a refused Authenticate are kAuth;
+// RESOURCE_EXHAUSTED is kRetryLater; the rest kRefused with the code's
+// name. etcd sends a missing user as INVALID_ARGUMENT, told apart only by
+// its error text, as etcd's own client does (its rpctypes table): those
+// few exact texts are kAuth too.
+//
+// Threading: construction on any thread; every other member on the loop
+// thread, but the destructor, which must run off the loop thread after
+// close() (it shuts the queue down and joins its thread).
+#pragma once
+
+#include <grpcpp/grpcpp.h>
+
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <set>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "lockwatch/options.hpp"
+#include "rpc.grpc.pb.h"
+#include "store/etcd/etcd_target.hpp"
+#include "store/store_error.hpp"
+
+namespace lockwatch::detail {
+
+class Loop;
+
+class EtcdClient {
+ public:
+  template <class Response>
+  using Done = std::function<void(const Response&, const StoreError*)>;
+  // A lease's answer to a keep-alive: its remaining ttl in seconds (<= 0:
+  // gone), or -1 when the batch had no answer for it.
+  using KeepAliveDone = std::function<void(const std::vector<std::int64_t>& ttls, const StoreError*)>;
+
+  // What a watch reports, on the loop thread: the watch is confirmed
+  // (created), the key was deleted, the watch ended (its stream broke or
+  // the server cancelled it; not after cancel()).
+  struct WatchHooks {
+    std::function<void()> created;
+    std::function<void()> deleted;
+    std::function<void(const StoreError&)> ended;
+  };
+  class Watch;
+
+  EtcdClient(Loop& loop, EtcdTarget target, const Options& options);
+  ~EtcdClient();
+  EtcdClient(const EtcdClient&) = delete;
+  EtcdClient& operator=(const EtcdClient&) = delete;
+
+  // "etcd://host:port,...", for messages.
+  const std::string& name() const noexcept { return name_; }
+  // Told, on the loop thread, when a member stops answering (a call to it
+  // got no answer) and when it answers again.
+  using StateHook = std::function<void(const std::string& endpoint, bool up, const std::string& why)>;
+  void set_state_hook(StateHook hook) { state_hook_ = std::move(hook); }
+
+  void range(etcdserverpb::RangeRequest request, Done<etcdserverpb::RangeResponse> done);
+  void txn(etcdserverpb::TxnRequest request, Done<etcdserverpb::TxnResponse> done);
+  void lease_grant(etcdserverpb::LeaseGrantRequest request, Done<etcdserverpb::LeaseGrantResponse> done);
+  void lease_revoke(etcdserverpb::LeaseRevokeRequest request, Done<etcdserverpb::LeaseRevokeResponse> done);
+  void lease_time_to_live(etcdserverpb::LeaseTimeToLiveRequest request,
+                          Done<etcdserverpb::LeaseTimeToLiveResponse> done);
+  // Keeps each lease alive once, on one stream; `done` gets a ttl per id,
+  // in order.
+  void keep_alive(std::vector<std::int64_t> ids, KeepAliveDone done);
+  // Watches `key` for its deletion until the handle is cancelled.
+  std::shared_ptr<Watch> watch(std::string key, WatchHooks hooks);
+  void cancel(const std::shared_ptr<Watch>& watch);
+
+  // Fails what is pending (each callback runs once, now) and cancels every
+  // call and stream; later calls fail at once (on the next loop turn).
+  void close();
+
+ private:
+  struct Call;
+  template <class Request, class Response>
+  struct Unary;
+  struct KeepAlive;
+  struct Member;
+  friend class Watch;
+
+  // Runs `start` now (authenticated) or once the token is there.
+  void with_token(std::function<void(const StoreError*)> start);
+  void authenticate();
+  // The context of a call to the current member: deadline, token.
+  void prepare(grpc::ClientContext& context, std::chrono::milliseconds timeout) const;
+  StoreError error_of(const grpc::Status& status, std::size_t member, bool authenticating = false) const;
+  void token_refused(const grpc::Status& status);
+  // "etcd://host:port" (or etcds://) of one member, for errors.
+  std::string endpoint(std::size_t member) const;
+  // A call to `member` had no answer: later calls go to the next member.
+  void member_failed(std::size_t member);
+  // A call to `member` was answered (`status` ok or an error from etcd) or
+  // not (no_answer): reported to the state hook when that changes.
+  void member_answered(std::size_t member, const grpc::Status& status);
+  template <class Request, class Response, class Prepare>
+  void unary(Request request, Done<Response> done, Prepare prepare_call, std::chrono::milliseconds timeout,
+             int attempt = 1, std::chrono::steady_clock::time_point deadline = {}, bool reauthenticated = false);
+  void track(std::shared_ptr<Call> call);
+  void finished(Call* call);
+  // Queue thread: a call's last step came back; nothing of it is left in
+  // the queue (the destructor waits for every one before shutting it).
+  void left_queue();
+  void run_queue();
+
+  Loop& loop_;
+  const EtcdTarget target_;
+  const std::string name_;
+  const std::chrono::milliseconds connect_timeout_;
+  const std::chrono::milliseconds command_timeout_;
+  std::vector<std::unique_ptr<Member>> members_;
+  std::size_t current_ = 0;  // loop thread
+  std::vector<bool> member_down_;  // loop thread: as last reported
+  StateHook state_hook_;
+  grpc::CompletionQueue queue_;
+  std::thread queue_thread_;
+  // Calls started and not yet back from the queue for the last time: no
+  // step may start on a queue already shut down.
+  std::mutex in_queue_mu_;
+  std::condition_variable in_queue_cv_;
+  int in_queue_ = 0;  // guarded by in_queue_mu_
+  // Loop thread: calls not yet answered, failed by close().
+  std::set<std::shared_ptr<Call>> live_;
+  // Authentication (loop thread).
+  std::string token_;
+  bool authenticating_ = false;
+  std::vector<std::function<void(const StoreError*)>> waiting_for_token_;
+  bool closed_ = false;
+};
+
+}  // namespace lockwatch::detail

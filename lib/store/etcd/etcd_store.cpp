@@ -1,0 +1,447 @@
+#include "store/etcd/etcd_store.hpp"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+#include <fstream>
+#include <vector>
+
+#include "core/loop.hpp"
+#include "lockwatch/errors.hpp"
+
+namespace lockwatch::detail {
+
+namespace {
+
+using std::chrono::milliseconds;
+
+Acquired failed(const StoreError& error) {
+  Acquired out;
+  out.status = Acquired::Status::kFailed;
+  out.error = error;
+  return out;
+}
+
+Acquired taken(std::int64_t revision) {
+  Acquired out;
+  out.status = Acquired::Status::kTaken;
+  out.fence = static_cast<std::uint64_t>(revision);
+  return out;
+}
+
+Acquired busy_for(milliseconds how_long) {
+  Acquired out;
+  out.status = Acquired::Status::kBusy;
+  out.busy_for = std::max(how_long, milliseconds(1));
+  return out;
+}
+
+// The key's value in the Range a transaction answered with, if it was there.
+const mvccpb::KeyValue* ranged(const etcdserverpb::TxnResponse& response) {
+  if (response.responses_size() < 1 || !response.responses(0).has_response_range()) return nullptr;
+  const auto& range = response.responses(0).response_range();
+  return range.kvs_size() > 0 ? &range.kvs(0) : nullptr;
+}
+
+}  // namespace
+
+void EtcdStore::check_options(const EtcdTarget& target, const Options& options) {
+  if (options.min_replicas > 0)
+    throw InvalidArgument("Options::min_replicas applies to Redis replicas; an etcd:// store's writes are "
+                          "committed by a majority of its members (Raft) before they are answered");
+  if (!target.tls) return;
+  if (!options.tls_verify)
+    throw InvalidArgument("etcds:// always verifies the members' certificates: Options::tls_verify must stay true");
+  if (options.tls_cert_file.empty() != options.tls_key_file.empty())
+    throw InvalidArgument("Options::tls_cert_file and tls_key_file go together (a client certificate needs its key)");
+  for (const auto& [option, path] : {std::pair{"tls_ca_file", &options.tls_ca_file},
+                                     std::pair{"tls_cert_file", &options.tls_cert_file},
+                                     std::pair{"tls_key_file", &options.tls_key_file}}) {
+    if (path->empty()) continue;
+    std::ifstream f(*path);
+    if (!f)
+      throw InvalidArgument(fmt::format("Options::{}: cannot read '{}': {}", option, *path, std::strerror(errno)));
+  }
+}
+
+std::int64_t EtcdStore::lease_seconds(milliseconds ttl) noexcept {
+  return std::max<std::int64_t>(1, (ttl.count() + 999) / 1000);
+}
+
+milliseconds EtcdStore::expiry_bound(milliseconds ttl) const noexcept {
+  return std::chrono::seconds(lease_seconds(ttl)) + kExpirySlack;
+}
+
+EtcdStore::EtcdStore(Loop& loop, EtcdTarget target, const Options& options)
+    : StoreBase(KeyRules{options.key_prefix, KeyRules::plain,
+                         [](std::string_view prefix, std::string_view key) noexcept -> const char* {
+                           if (prefix.size() + key.size() > kMaxNameBytes)
+                             return "the lock name (key_prefix + key) is longer than the 32 KiB an etcd:// store "
+                                    "takes (a transaction names it six times, and etcd refuses requests over "
+                                    "1.5 MiB by default)";
+                           return nullptr;
+                         }},
+                /*release_events=*/true),
+      loop_(loop),
+      client_(std::make_unique<EtcdClient>(loop, std::move(target), options)) {}
+
+EtcdStore::~EtcdStore() = default;
+
+void EtcdStore::started() {
+  client_->set_state_hook([this](const std::string& endpoint, bool up, const std::string& why) {
+    if (!closed_ && events_.connection) events_.connection(endpoint, up, why);
+  });
+}
+
+// ---- acquire
+
+void EtcdStore::acquire(std::span<const LockRef> locks, AcquireDone done) {
+  auto shared_done = std::make_shared<AcquireDone>(std::move(done));
+  for (std::size_t i = 0; i < locks.size(); ++i)
+    acquire_one(std::string(locks[i].name), std::string(locks[i].token), locks[i].ttl,
+                [shared_done, i](const Acquired& result) { (*shared_done)(i, result); });
+}
+
+void EtcdStore::acquire_one(std::string name, std::string token, milliseconds ttl, AcquireOne done) {
+  etcdserverpb::LeaseGrantRequest grant;
+  grant.set_ttl(lease_seconds(ttl));
+  client_->lease_grant(std::move(grant), [this, name = std::move(name), token = std::move(token), ttl,
+                                          done = std::move(done)](const etcdserverpb::LeaseGrantResponse& granted,
+                                                                  const StoreError* err) mutable {
+    if (err) {
+      done(failed(*err));
+      return;
+    }
+    if (!granted.error().empty() || granted.id() == 0) {
+      done(failed(StoreError::refused(client_->name(), "LeaseGrant: " + granted.error(), StoreError::Origin::kEtcd)));
+      return;
+    }
+    const std::int64_t lease = granted.id();
+    // If absent: put. Else, if ours (the same request again): read it,
+    // then put it on the new lease (a put keeps the create_revision, so
+    // the fence stays, and the key leaves its old lease). Else: read it.
+    etcdserverpb::TxnRequest txn;
+    auto* absent = txn.add_compare();
+    absent->set_key(name);
+    absent->set_target(etcdserverpb::Compare::CREATE);
+    absent->set_result(etcdserverpb::Compare::EQUAL);
+    absent->set_create_revision(0);
+    auto* put = txn.add_success()->mutable_request_put();
+    put->set_key(name);
+    put->set_value(token);
+    put->set_lease(lease);
+    auto* present = txn.add_failure()->mutable_request_txn();
+    auto* ours = present->add_compare();
+    ours->set_key(name);
+    ours->set_target(etcdserverpb::Compare::VALUE);
+    ours->set_result(etcdserverpb::Compare::EQUAL);
+    ours->set_value(token);
+    present->add_success()->mutable_request_range()->set_key(name);
+    *present->add_success()->mutable_request_put() = *put;
+    present->add_failure()->mutable_request_range()->set_key(name);
+    client_->txn(std::move(txn), [this, name, token, ttl, lease, done = std::move(done)](
+                                     const etcdserverpb::TxnResponse& response, const StoreError* err) mutable {
+      if (err) {
+        // Whether the write was made is unknown: revoking the lease takes
+        // the key away with it if it was.
+        revoke(lease);
+        done(failed(*err));
+        return;
+      }
+      if (response.succeeded()) {
+        held_[name] = Held{token, lease};
+        done(taken(response.header().revision()));
+        return;
+      }
+      const etcdserverpb::TxnResponse* inner =
+          response.responses_size() > 0 && response.responses(0).has_response_txn()
+              ? &response.responses(0).response_txn()
+              : nullptr;
+      const mvccpb::KeyValue* kv = inner ? ranged(*inner) : nullptr;
+      if (kv == nullptr) {
+        // Not absent, yet not there in the same transaction: an answer
+        // that cannot be.
+        revoke(lease);
+        done(failed(StoreError::refused(client_->name(), "the acquisition's transaction answered no key",
+                                        StoreError::Origin::kEtcd)));
+        return;
+      }
+      if (!inner->succeeded()) {
+        revoke(lease);
+        busy(kv->lease(), ttl, std::move(done));
+        return;
+      }
+      // Ours already: the same acquisition, now on the new lease.
+      if (kv->lease() != lease) revoke(kv->lease());
+      held_[name] = Held{token, lease};
+      done(taken(kv->create_revision()));
+    });
+  });
+}
+
+void EtcdStore::busy(std::int64_t holder_lease, milliseconds ttl, AcquireOne done) {
+  if (holder_lease == 0) {  // a key without a lease (not lockwatch's): busy for a ttl
+    done(busy_for(ttl));
+    return;
+  }
+  etcdserverpb::LeaseTimeToLiveRequest request;
+  request.set_id(holder_lease);
+  client_->lease_time_to_live(std::move(request), [ttl, done = std::move(done)](
+                                                      const etcdserverpb::LeaseTimeToLiveResponse& response,
+                                                      const StoreError* err) {
+    // etcd answers whole seconds, rounded down: a second more is the
+    // bound. Without an answer, the ttl asked for.
+    if (err)
+      done(busy_for(ttl));
+    else
+      done(busy_for(response.ttl() <= 0 ? milliseconds(1) : milliseconds((response.ttl() + 1) * 1000)));
+  });
+}
+
+void EtcdStore::revoke(std::int64_t lease) {
+  if (closed_ || lease == 0) return;
+  etcdserverpb::LeaseRevokeRequest request;
+  request.set_id(lease);
+  client_->lease_revoke(std::move(request), [](const etcdserverpb::LeaseRevokeResponse&, const StoreError*) {});
+}
+
+// ---- renew
+
+std::size_t EtcdStore::renew(std::span<const LockRef> locks, std::shared_ptr<const void> keepalive, RenewDone done) {
+  std::vector<std::int64_t> ids;
+  std::vector<std::size_t> which;     // the lock of each id
+  std::vector<std::size_t> not_held;  // locks this store holds no lease for
+  for (std::size_t i = 0; i < locks.size(); ++i) {
+    auto it = held_.find(locks[i].name);
+    if (it == held_.end() || it->second.token != locks[i].token) {
+      not_held.push_back(i);
+      continue;
+    }
+    ids.push_back(it->second.lease);
+    which.push_back(i);
+  }
+  if (!not_held.empty())
+    loop_.post([done, not_held, keepalive] {  // the caller's batch lives until answered
+      for (std::size_t i : not_held) done(i, Renewed::kGone, nullptr);
+    });
+  if (ids.empty()) return 0;
+  std::vector<LockRef> refs(locks.begin(), locks.end());
+  client_->keep_alive(std::move(ids), [this, refs = std::move(refs), keepalive = std::move(keepalive),
+                                       which = std::move(which), done = std::move(done)](
+                                          const std::vector<std::int64_t>& ttls, const StoreError* err) {
+    StoreError partial;
+    for (std::size_t k = 0; k < which.size(); ++k) {
+      const std::size_t i = which[k];
+      const std::int64_t left = k < ttls.size() ? ttls[k] : -1;
+      if (left > 0) {
+        done(i, Renewed::kYes, nullptr);
+      } else if (left == -1) {
+        if (!err && partial.message.empty())
+          partial = StoreError::unavailable(client_->name(), "no keep-alive answer for the lease",
+                                            StoreError::Origin::kEtcd);
+        done(i, Renewed::kTransient, err ? err : &partial);
+      } else {
+        // The lease expired or was revoked: the key went with it.
+        auto it = held_.find(refs[i].name);
+        if (it != held_.end() && it->second.token == refs[i].token) held_.erase(it);
+        done(i, Renewed::kGone, nullptr);
+      }
+    }
+  });
+  return 1;
+}
+
+// ---- release
+
+// One lock's release, until answered or given up.
+struct EtcdStore::Releasing {
+  std::string name, token;
+  std::size_t index = 0;
+  std::shared_ptr<ReleaseDone> done;
+  std::int64_t lease = 0;
+  bool maybe_applied = false;  // an attempt went without an answer
+};
+
+void EtcdStore::release(std::span<const LockRef> locks, bool, ReleaseDone done) {
+  // A deletion wakes the key's watchers whether or not `notify` asks for
+  // it: a waiter woken for nothing asks once and sleeps again.
+  auto shared_done = std::make_shared<ReleaseDone>(std::move(done));
+  for (std::size_t i = 0; i < locks.size(); ++i) {
+    auto r = std::make_shared<Releasing>();
+    r->name = std::string(locks[i].name);
+    r->token = std::string(locks[i].token);
+    r->index = i;
+    r->done = shared_done;
+    if (auto it = held_.find(r->name); it != held_.end() && it->second.token == r->token) r->lease = it->second.lease;
+    release_attempt(std::move(r));
+  }
+}
+
+void EtcdStore::release_attempt(std::shared_ptr<Releasing> r) {
+  etcdserverpb::TxnRequest txn;
+  auto* ours = txn.add_compare();
+  ours->set_key(r->name);
+  ours->set_target(etcdserverpb::Compare::VALUE);
+  ours->set_result(etcdserverpb::Compare::EQUAL);
+  ours->set_value(r->token);
+  txn.add_success()->mutable_request_delete_range()->set_key(r->name);
+  txn.add_failure()->mutable_request_range()->set_key(r->name);
+  client_->txn(std::move(txn), [this, r](const etcdserverpb::TxnResponse& response, const StoreError* err) {
+    // Not ours to renew any more, whatever the answer (renewals racing the
+    // release until then are answered as before).
+    if (auto it = held_.find(r->name); it != held_.end() && it->second.token == r->token) held_.erase(it);
+    if (err) {
+      // No answer in time from a member that may be hung: once more, on
+      // the next one (the client moved on).
+      if (err->unavailable() && err->code == "DEADLINE_EXCEEDED" && !r->maybe_applied && !closed_) {
+        r->maybe_applied = true;
+        release_attempt(r);
+        return;
+      }
+      // Our lease goes either way: revoking it takes the key away if it is
+      // still there.
+      revoke(r->lease);
+      (*r->done)(r->index, Released::kUnconfirmed, err);
+      return;
+    }
+    revoke(r->lease);
+    Released status = response.succeeded() || r->maybe_applied ? Released::kYes
+                      : ranged(response)                        ? Released::kTakenByOther
+                                                                : Released::kGone;
+    (*r->done)(r->index, status, nullptr);
+  });
+}
+
+// ---- release notices
+
+void EtcdStore::subscribe(std::string_view name) {
+  if (closed_) return;
+  auto [it, fresh] = watched_.try_emplace(std::string(name));
+  if (!fresh) {
+    if (it->second.created)  // confirmed already: on the next turn, never inside the call
+      loop_.post([this, n = it->first, id = it->second.id] {
+        auto w = watched_.find(n);
+        if (!closed_ && w != watched_.end() && w->second.id == id && events_.subscribed) events_.subscribed(n);
+      });
+    return;
+  }
+  const std::uint64_t id = next_watch_++;
+  it->second.id = id;
+  const std::string& n = it->first;
+  EtcdClient::WatchHooks hooks;
+  hooks.created = [this, n, id] {
+    auto w = watched_.find(n);
+    if (closed_ || w == watched_.end() || w->second.id != id) return;
+    w->second.created = true;
+    if (events_.subscribed) events_.subscribed(n);
+  };
+  hooks.deleted = [this, n, id] {
+    auto w = watched_.find(n);
+    if (closed_ || w == watched_.end() || w->second.id != id) return;
+    if (events_.released) events_.released(n);
+  };
+  hooks.ended = [this, n, id](const StoreError& why) {
+    auto w = watched_.find(n);
+    if (closed_ || w == watched_.end() || w->second.id != id) return;
+    watched_.erase(w);
+    if (events_.log) events_.log(true, "etcd watch on a lock's key ended (" + why.describe() + "); watching again");
+    if (events_.subscriptions_lost) events_.subscriptions_lost();
+  };
+  it->second.watch = client_->watch(n, std::move(hooks));
+}
+
+void EtcdStore::unsubscribe(std::string_view name) {
+  auto it = watched_.find(name);
+  if (it == watched_.end()) return;
+  client_->cancel(it->second.watch);
+  watched_.erase(it);
+}
+
+// ---- operators
+
+void EtcdStore::inspect(std::string_view name, InspectDone done) {
+  etcdserverpb::RangeRequest request;
+  request.set_key(std::string(name));
+  client_->range(std::move(request), [this, done = std::move(done)](const etcdserverpb::RangeResponse& response,
+                                                                    const StoreError* err) {
+    LockInfo info;
+    if (err || response.kvs_size() == 0) {
+      // Not held: the cluster's revision now is above every token handed
+      // out, and the next holder's is above it.
+      if (!err) info.fencing_token = static_cast<std::uint64_t>(response.header().revision());
+      done(info, err);
+      return;
+    }
+    const auto& kv = response.kvs(0);
+    info.held = true;
+    info.owner = kv.value();
+    info.fencing_token = static_cast<std::uint64_t>(kv.create_revision());
+    if (kv.lease() == 0) {
+      done(info, nullptr);
+      return;
+    }
+    etcdserverpb::LeaseTimeToLiveRequest ttl;
+    ttl.set_id(kv.lease());
+    client_->lease_time_to_live(std::move(ttl), [info, done](const etcdserverpb::LeaseTimeToLiveResponse& r,
+                                                             const StoreError* err) mutable {
+      if (!err && r.ttl() > 0) info.ttl = milliseconds(r.ttl() * 1000);
+      done(info, err);
+    });
+  });
+}
+
+void EtcdStore::force_release(std::string_view name, ForceDone done) {
+  force_release_attempt(std::string(name), 1, std::move(done));
+}
+
+void EtcdStore::force_release_attempt(std::string name, int attempt, ForceDone done) {
+  etcdserverpb::RangeRequest request;
+  request.set_key(name);
+  client_->range(std::move(request), [this, name, attempt, done = std::move(done)](
+                                         const etcdserverpb::RangeResponse& response, const StoreError* err) mutable {
+    if (err || response.kvs_size() == 0) {
+      done(false, err);
+      return;
+    }
+    const auto kv = response.kvs(0);
+    etcdserverpb::TxnRequest txn;
+    auto* same = txn.add_compare();
+    same->set_key(name);
+    same->set_target(etcdserverpb::Compare::MOD);
+    same->set_result(etcdserverpb::Compare::EQUAL);
+    same->set_mod_revision(kv.mod_revision());
+    txn.add_success()->mutable_request_delete_range()->set_key(name);
+    client_->txn(std::move(txn), [this, name, attempt, lease = kv.lease(), done = std::move(done)](
+                                     const etcdserverpb::TxnResponse& response, const StoreError* err) mutable {
+      if (err) {
+        done(false, err);
+        return;
+      }
+      if (!response.succeeded()) {
+        // Taken or released meanwhile: look again.
+        if (attempt < 3 && !closed_) {
+          force_release_attempt(std::move(name), attempt + 1, std::move(done));
+          return;
+        }
+        done(false, nullptr);
+        return;
+      }
+      // The holder's lease too: its next renewal finds it gone.
+      revoke(lease);
+      done(true, nullptr);
+    });
+  });
+}
+
+// ---- closing
+
+void EtcdStore::close() {
+  closed_ = true;
+  for (auto& [name, w] : watched_) client_->cancel(w.watch);
+  watched_.clear();
+  client_->close();
+}
+
+}  // namespace lockwatch::detail

@@ -1,0 +1,127 @@
+// lib/store/etcd/etcd_store.hpp: locks in an etcd cluster
+// (etcd://host:port[,host:port...]), over etcd's v3 API (EtcdClient).
+//
+// A lock is a key (key_prefix + key) bound to an etcd lease of its own;
+// the key's value is the owner token. Each step:
+//   acquire  LeaseGrant(the ttl, in whole seconds, rounded up), then one
+//            transaction: if the key's create_revision is 0 (absent), Put
+//            it with the token and the lease; else, in a nested
+//            transaction, if its value is our token (a repeated request),
+//            Range it and Put it again on the new lease (a Put keeps the
+//            create_revision: the same acquisition, its fence, the new
+//            ttl; the old lease is revoked), else Range it. Created: the
+//            fencing token is the transaction's revision, which is the
+//            key's create_revision. Held by another: busy for what its
+//            lease has left (LeaseTimeToLive). A lease not used is
+//            revoked.
+//   renew    one LeaseKeepAlive stream per batch: every lease of the
+//            tick's renewals written, each answer read; a lease answered
+//            with a ttl <= 0 is gone (the key went with it).
+//   release  a transaction: if the key's value is our token, DeleteRange
+//            it, else Range it (gone, or another owner's); then the lease
+//            is revoked. A first attempt without an answer within the
+//            command timeout (a hung member) is made once more, on the
+//            next member; the key then found gone (or another owner's)
+//            is ours released. Still no answer: unconfirmed, and the
+//            runtime waits expiry_bound() (the lease's whole seconds plus
+//            kExpirySlack), not the ttl, before it counts it done.
+//
+// The fencing token is the key's create_revision: etcd's revision counter
+// is the cluster's, raised by every write and agreed by Raft, so a later
+// acquisition of any key has a higher one.
+//
+// Release notices: a Watch on each waited-for key (deletions only), so a
+// release wakes those waiting for that key only. release_events() is true.
+// `subscribed` is reported when etcd confirms the watch; a watch whose
+// stream ends reports `subscriptions_lost`, and the next subscribe()
+// watches again.
+//
+// Connection events: a member that stops answering (a call to it got no
+// answer) is reported down, and up when a call to it is answered again.
+//
+// Capabilities: OperatorTools (inspect: Range and LeaseTimeToLive;
+// force_release: a transaction deleting the key if unchanged, then its
+// lease revoked, so the holder's next renewal finds it gone). No
+// JobClaims: etcd has no clock a client can read, so period claims
+// cannot be made on the store's time. No FenceRaising: the revision is
+// the cluster's, not a counter per name.
+//
+// Threading: as LockStore (loop thread, but encode()/check_key()). The
+// destructor runs off the loop thread, after close().
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <string>
+
+#include "lockwatch/options.hpp"
+#include "store/capabilities.hpp"
+#include "store/etcd/etcd_client.hpp"
+#include "store/etcd/etcd_target.hpp"
+#include "store/store_base.hpp"
+
+namespace lockwatch::detail {
+
+class Loop;
+
+class EtcdStore final : public StoreBase, public OperatorTools {
+ public:
+  // The longest lock name (prefix + key) taken: a transaction names it
+  // six times, and etcd refuses requests over 1.5 MiB by default.
+  static constexpr std::size_t kMaxNameBytes = 32 * 1024;
+  // How much longer than its granted ttl a lease may live on the server:
+  // etcd looks for expired leases twice a second, and a new leader gives
+  // every lease an election timeout more (one second by default).
+  static constexpr std::chrono::milliseconds kExpirySlack{2000};
+
+  EtcdStore(Loop& loop, EtcdTarget target, const Options& options);
+  ~EtcdStore() override;
+
+  // Any thread. InvalidArgument if the options do not suit this store.
+  static void check_options(const EtcdTarget& target, const Options& options);
+  // The ttl of a lock's lease: whole seconds, rounded up, at least one
+  // (etcd raises it further to its own minimum).
+  static std::int64_t lease_seconds(std::chrono::milliseconds ttl) noexcept;
+
+  // The lease's whole seconds, plus kExpirySlack.
+  std::chrono::milliseconds expiry_bound(std::chrono::milliseconds ttl) const noexcept override;
+  void acquire(std::span<const LockRef> locks, AcquireDone done) override;
+  std::size_t renew(std::span<const LockRef> locks, std::shared_ptr<const void> keepalive, RenewDone done) override;
+  void release(std::span<const LockRef> locks, bool notify, ReleaseDone done) override;
+  void subscribe(std::string_view name) override;
+  void unsubscribe(std::string_view name) override;
+  void close() override;
+  void inspect(std::string_view name, InspectDone done) override;
+  void force_release(std::string_view name, ForceDone done) override;
+
+ private:
+  void started() override;
+  using AcquireOne = std::function<void(const Acquired&)>;
+  void acquire_one(std::string name, std::string token, std::chrono::milliseconds ttl, AcquireOne done);
+  void busy(std::int64_t holder_lease, std::chrono::milliseconds ttl, AcquireOne done);
+  void revoke(std::int64_t lease);
+  void force_release_attempt(std::string name, int attempt, ForceDone done);
+  struct Releasing;
+  void release_attempt(std::shared_ptr<Releasing> r);
+
+  // Our lease for each name we hold, with the token it was taken with.
+  struct Held {
+    std::string token;
+    std::int64_t lease = 0;
+  };
+  struct Watched {
+    std::shared_ptr<EtcdClient::Watch> watch;
+    std::uint64_t id = 0;  // tells a watch from a later one of the same name
+    bool created = false;  // etcd confirmed it
+  };
+
+  Loop& loop_;
+  std::unique_ptr<EtcdClient> client_;
+  std::map<std::string, Held, std::less<>> held_;
+  std::map<std::string, Watched, std::less<>> watched_;
+  std::uint64_t next_watch_ = 1;
+  bool closed_ = false;
+};
+
+}  // namespace lockwatch::detail

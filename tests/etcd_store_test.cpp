@@ -1,0 +1,444 @@
+// What only the etcd store (etcd://) has, against one real cluster of
+// three members for the whole suite (and one of a single member with
+// authentication on, for the credential tests): its URL, its lease per
+// lock, the fencing token from the key's create_revision, waiting by
+// Watch, the operators' tools, members unreachable or refusing the
+// credentials, TLS (etcds://, a cluster of one member of its own), and a
+// member killed or paused while locks are taken.
+#include <gtest/gtest.h>
+#include <signal.h>
+
+#include <atomic>
+#include <thread>
+#include <vector>
+
+#include "lockwatch/lockwatch.hpp"
+#include "store_on_loop.hpp"
+#include "support/etcd_cluster.hpp"
+#include "support/redis_server.hpp"
+#include "test_util.hpp"
+
+namespace lockwatch::testing {
+namespace {
+
+class EtcdStoreTest : public ::testing::Test {
+ protected:
+  // Requests over 64 KiB are refused, so that a member answering an error
+  // is easy to make.
+  static void SetUpTestSuite() {
+    cluster_ = new EtcdCluster(EtcdClusterOptions{.extra_flags = " --max-request-bytes 65536"});
+  }
+  static void TearDownTestSuite() {
+    delete cluster_;
+    cluster_ = nullptr;
+  }
+  void TearDown() override {
+    // A test that failed half-way leaves every member running for the next.
+    for (int i = 0; i < cluster_->size(); ++i) {
+      cluster_->resume(i);
+      if (!cluster_->running(i)) cluster_->start(i);
+    }
+  }
+
+  static Options options(const std::string& url, std::size_t threads = 2) {
+    Options o;
+    o.store_url = url;
+    o.threads = threads;
+    o.connect_timeout = 2s;
+    o.command_timeout = 1s;
+    return o;
+  }
+  static Options options() { return options(cluster_->url()); }
+  // A key unique to the running test.
+  static std::string key(const std::string& suffix = "") {
+    return std::string(::testing::UnitTest::GetInstance()->current_test_info()->name()) + suffix;
+  }
+
+  static EtcdCluster* cluster_;
+};
+EtcdCluster* EtcdStoreTest::cluster_ = nullptr;
+
+// Takes `key`, waiting for it at most `wait`.
+LockHandle take(Runtime& rt, const std::string& key, std::chrono::milliseconds ttl,
+                std::chrono::milliseconds wait = 0ms) {
+  auto f = rt.acquire(key, ttl, forever, wait);
+  return get_bounded(f);
+}
+
+void give_back(LockHandle& h) {
+  auto f = h.release();
+  get_bounded(f);
+}
+
+TEST_F(EtcdStoreTest, MalformedUrlsAreInvalidArgumentsThatHideThePassword) {
+  const char* bad[] = {
+      "etcd://",                                // no member
+      "etcd://127.0.0.1:x",                     // bad port
+      "etcd://127.0.0.1:70000",                 // port out of range
+      "etcd://127.0.0.1:2379,",                 // an empty member
+      "etcd://u:secret@127.0.0.1:2379/prefix",  // a path
+      "etcd://u:secret@127.0.0.1:2379?tls=1",   // parameters
+      "etcd://:secret@127.0.0.1:2379",          // a password without a user
+      "etcd://[::1:2379",                       // an unclosed bracket
+      "etcd://ho st:2379",                      // not a host name
+      "etcd://u:secret%zz@127.0.0.1:2379",      // a bad escape
+  };
+  for (const char* url : bad) {
+    Options o = options(url);
+    try {
+      o.validate();
+      ADD_FAILURE() << "accepted " << url;
+    } catch (const InvalidArgument& e) {
+      EXPECT_EQ(std::string(e.what()).find("secret"), std::string::npos) << e.what();
+      EXPECT_NE(std::string(e.what()).find("etcd"), std::string::npos) << e.what();
+    }
+  }
+  Options replicas = options();
+  replicas.min_replicas = 1;
+  EXPECT_THROW(replicas.validate(), InvalidArgument);
+  for (const char* fine : {"etcd://127.0.0.1", "etcd://u:p%40ss@etcd-1.example:2379,etcd-2.example:2379,[::1]:2380/",
+                           "etcd://u@[::1]"}) {
+    Options o = options(fine);
+    EXPECT_NO_THROW(o.validate()) << fine;
+  }
+}
+
+TEST_F(EtcdStoreTest, TheFenceIsTheKeysCreateRevisionAndRisesAcrossKeys) {
+  StoreOnLoop store(options());
+  const std::string a = store.encode(key("a")), b = store.encode(key("b"));
+  auto first = store.acquire(a, "token-1", 5s);
+  ASSERT_EQ(first.status, detail::Acquired::Status::kTaken) << first.error.describe();
+  EXPECT_GT(first.fence, 0u);
+  auto rev = cluster_->etcdctl("get " + a + " -w json");
+  EXPECT_NE(rev.find("\"create_revision\":" + std::to_string(first.fence)), std::string::npos) << rev;
+
+  // The same owner again: the same acquisition.
+  auto again = store.acquire(a, "token-1", 5s);
+  ASSERT_EQ(again.status, detail::Acquired::Status::kTaken);
+  EXPECT_EQ(again.fence, first.fence);
+
+  // Another owner: busy for what the holder's lease has left (whole
+  // seconds, and a second more).
+  auto other = store.acquire(a, "token-2", 5s);
+  ASSERT_EQ(other.status, detail::Acquired::Status::kBusy);
+  EXPECT_GT(other.busy_for, 1s);
+  EXPECT_LE(other.busy_for, 7s);
+
+  // Another key later: a higher token, from the one revision counter.
+  auto second = store.acquire(b, "token-3", 5s);
+  ASSERT_EQ(second.status, detail::Acquired::Status::kTaken);
+  EXPECT_GT(second.fence, first.fence);
+
+  EXPECT_EQ(store.release(a, "token-2"), detail::Released::kTakenByOther);
+  EXPECT_EQ(store.release(a, "token-1"), detail::Released::kYes);
+  EXPECT_EQ(store.release(a, "token-1"), detail::Released::kGone);
+  auto third = store.acquire(a, "token-4", 5s);
+  ASSERT_EQ(third.status, detail::Acquired::Status::kTaken);
+  EXPECT_GT(third.fence, second.fence);
+  EXPECT_EQ(store.release(a, "token-4"), detail::Released::kYes);
+  EXPECT_EQ(store.release(b, "token-3"), detail::Released::kYes);
+}
+
+TEST_F(EtcdStoreTest, ALeaseIsGivenBackWithItsLock) {
+  StoreOnLoop store(options());
+  const std::string a = store.encode(key());
+  auto before = cluster_->etcdctl("lease list");
+  ASSERT_EQ(store.acquire(a, "t1", 30s).status, detail::Acquired::Status::kTaken);
+  // A busy attempt's lease is revoked at once.
+  ASSERT_EQ(store.acquire(a, "t2", 30s).status, detail::Acquired::Status::kBusy);
+  EXPECT_EQ(store.release(a, "t1"), detail::Released::kYes);
+  EXPECT_EQ(cluster_->etcdctl("lease list"), before);
+}
+
+TEST_F(EtcdStoreTest, TheWatchdogKeepsALockPastItsTtl) {
+  Runtime rt(options());
+  auto h = take(rt, key(), 1s);
+  auto before = rt.stats();
+  auto after = after_renewals(rt, before, 3);
+  EXPECT_GE(after.renewals_sent - before.renewals_sent, 3u);
+  EXPECT_FALSE(h.lease().lost());
+  Runtime other(options());
+  auto f = other.acquire(key(), 1s, 0);
+  EXPECT_TRUE(error_of<LockNotAcquired>(f));
+  give_back(h);
+}
+
+TEST_F(EtcdStoreTest, OneHolderAtATimeAcrossRuntimes) {
+  constexpr int kRuntimes = 3, kThreads = 2, kCalls = 10;
+  std::vector<std::unique_ptr<Runtime>> runtimes;
+  for (int i = 0; i < kRuntimes; ++i) runtimes.push_back(std::make_unique<Runtime>(options()));
+  std::atomic<int> inside{0}, overlaps{0}, done{0}, regressions{0};
+  std::atomic<std::uint64_t> last{0};
+  std::vector<std::thread> threads;
+  for (int r = 0; r < kRuntimes; ++r)
+    for (int t = 0; t < kThreads; ++t)
+      threads.emplace_back([&, r] {
+        auto inc = locked(key(), 2s, forever).on(*runtimes[r]).wait(30s)([&] {
+          if (inside.fetch_add(1) != 0) overlaps++;
+          auto token = this_lease().fencing_token();
+          if (token <= last.load()) regressions++;
+          last = token;
+          std::this_thread::sleep_for(1ms);
+          inside.fetch_sub(1);
+          done++;
+        });
+        for (int i = 0; i < kCalls; ++i) {
+          auto f = inc();
+          if (!completes(f)) return;
+        }
+      });
+  for (auto& t : threads) t.join();
+  EXPECT_EQ(done.load(), kRuntimes * kThreads * kCalls);
+  EXPECT_EQ(overlaps.load(), 0);
+  EXPECT_EQ(regressions.load(), 0);
+}
+
+TEST_F(EtcdStoreTest, AWaiterWakesOnTheReleaseNotAtTheTtl) {
+  Runtime holder(options()), waiter(options());
+  auto h = take(holder, key(), 20s);
+  const std::uint64_t first = h.lease().fencing_token();
+  auto t0 = std::chrono::steady_clock::now();
+  auto f = waiter.acquire(key(), 20s, forever, 20s);
+  std::this_thread::sleep_for(300ms);  // the waiter is watching by now
+  give_back(h);
+  auto got = get_bounded(f);
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, 3s);
+  EXPECT_GT(got.lease().fencing_token(), first);
+  give_back(got);
+}
+
+TEST_F(EtcdStoreTest, AKilledHoldersLockIsFreeAfterItsLease) {
+  const char* holder_exe = std::getenv("LOCKWATCH_LOCK_HOLDER");
+  ASSERT_NE(holder_exe, nullptr);
+  ChildProcess holder({holder_exe, cluster_->url(), key(), "1000"});
+  auto line = holder.read_line(10s);
+  ASSERT_TRUE(line && line->rfind("held ", 0) == 0) << (line ? *line : "no line");
+  const std::uint64_t held = std::stoull(line->substr(5));
+  holder.kill(SIGKILL);
+  holder.wait(5s);
+  Runtime rt(options());
+  auto t0 = std::chrono::steady_clock::now();
+  auto h = take(rt, key(), 1s, 10s);
+  // etcd's shortest lease here is a second; its expiry is checked by the
+  // leader every half second.
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, 4s);
+  EXPECT_GT(h.lease().fencing_token(), held);
+  give_back(h);
+}
+
+TEST_F(EtcdStoreTest, InspectAndForceRelease) {
+  Runtime rt(options()), other(options());
+  auto h = take(rt, key(), 3s);
+  auto s = rt.inspect(key());
+  auto state = get_bounded(s);
+  EXPECT_TRUE(state.held);
+  EXPECT_EQ(state.fencing_token, h.lease().fencing_token());
+  EXPECT_GT(state.ttl, 1s);
+  auto waiting = other.acquire(key(), 10s, forever, 10s);
+  auto forced = rt.force_release(key());
+  EXPECT_TRUE(get_bounded(forced));
+  auto got = get_bounded(waiting);
+  EXPECT_GT(got.lease().fencing_token(), h.lease().fencing_token());
+  // The holder's next renewal finds its lease revoked.
+  auto deadline = std::chrono::steady_clock::now() + 15s;
+  while (!h.lease().lost() && std::chrono::steady_clock::now() < deadline) std::this_thread::sleep_for(20ms);
+  EXPECT_TRUE(h.lease().lost());
+  const std::uint64_t last = got.lease().fencing_token();
+  give_back(got);
+  auto after = rt.inspect(key());
+  auto free = get_bounded(after);
+  EXPECT_FALSE(free.held);
+  EXPECT_GE(free.fencing_token, last);
+}
+
+TEST_F(EtcdStoreTest, ScheduledJobsAreUnsupportedNamingTheCapability) {
+  StoreOnLoop store(options());
+  try {
+    store.claim(store.encode(key()), "t", 1);
+    ADD_FAILURE() << "claimed a period";
+  } catch (const Unsupported& e) {
+    EXPECT_NE(std::string(e.what()).find("scheduled jobs"), std::string::npos) << e.what();
+  }
+}
+
+TEST_F(EtcdStoreTest, UnreachableMembersAreConnectionErrorsWithinTheTimeouts) {
+  std::string url = "etcd://127.0.0.1:" + std::to_string(free_loopback_port()) + ",127.0.0.1:" +
+                    std::to_string(free_loopback_port());
+  Runtime rt(options(url));
+  auto t0 = std::chrono::steady_clock::now();
+  auto f = rt.acquire(key(), 1s, 0);
+  auto err = error_of<ConnectionError>(f);
+  ASSERT_TRUE(err);
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, 3s);
+  EXPECT_NE(std::string(err->what()).find("127.0.0.1"), std::string::npos) << err->what();
+}
+
+TEST_F(EtcdStoreTest, ADeadFirstMemberIsPassedOver) {
+  // The URL names a closed port first: calls move on to the cluster.
+  std::string url = "etcd://127.0.0.1:" + std::to_string(free_loopback_port()) + "," + cluster_->endpoints();
+  Runtime rt(options(url));
+  auto f = rt.acquire(key(), 2s, 0);
+  auto h = get_bounded(f);
+  EXPECT_GT(h.lease().fencing_token(), 0u);
+  give_back(h);
+  // The dead member is reported down.
+  StoreOnLoop store(options(url));
+  const std::string name = store.encode(key("direct"));
+  EXPECT_EQ(store.acquire(name, "t", 2s).status, detail::Acquired::Status::kTaken);
+  EXPECT_GE(store.downs(), 1);
+  EXPECT_EQ(store.release(name, "t"), detail::Released::kYes);
+}
+
+TEST_F(EtcdStoreTest, WrongCredentialsAreAuthErrorsThatHideThePassword) {
+  EtcdCluster secured(EtcdClusterOptions{.members = 1, .auth = true});
+  {
+    Runtime rt(options(secured.url()));
+    auto h = take(rt, key(), 2s);
+    EXPECT_GT(h.lease().fencing_token(), 0u);
+    give_back(h);
+  }
+  for (const char* credentials : {"lockwatch:not-the-password", "nobody-here:pw"}) {
+    Runtime rt(options("etcd://" + std::string(credentials) + "@127.0.0.1:" + std::to_string(secured.client_port(0))));
+    auto t0 = std::chrono::steady_clock::now();
+    auto f = rt.acquire(key(), 1s, 0);
+    auto err = error_of<AuthError>(f);
+    ASSERT_TRUE(err) << credentials;
+    EXPECT_LT(std::chrono::steady_clock::now() - t0, 3s);
+    EXPECT_EQ(std::string(err->what()).find("not-the-password"), std::string::npos) << err->what();
+  }
+  // No credentials at all: refused too.
+  Runtime anonymous(options("etcd://127.0.0.1:" + std::to_string(secured.client_port(0))));
+  auto f = anonymous.acquire(key(), 1s, 0);
+  EXPECT_TRUE(error_of<AuthError>(f));
+}
+
+TEST_F(EtcdStoreTest, EtcdsSpeaksTlsWithTheTlsOptions) {
+  EtcdCluster secured(EtcdClusterOptions{.members = 1, .tls = true});
+  const TestCertificates& c = test_certificates();
+  auto with_tls = [&](Options o) {
+    o.tls_ca_file = c.ca_cert;
+    o.tls_cert_file = c.client_cert;
+    o.tls_key_file = c.client_key;
+    return o;
+  };
+  {
+    Runtime rt(with_tls(options(secured.url())));
+    auto h = take(rt, key(), 2s);
+    EXPECT_GT(h.lease().fencing_token(), 0u);
+    give_back(h);
+  }
+  // Refused, each within the timeouts: plain text to a TLS member, no
+  // client certificate, a CA that did not sign the member's, a name its
+  // certificate does not carry.
+  std::vector<std::pair<std::string, Options>> refused;
+  refused.emplace_back("plain text", options("etcd://127.0.0.1:" + std::to_string(secured.client_port(0))));
+  Options no_cert = options(secured.url());
+  no_cert.tls_ca_file = c.ca_cert;
+  refused.emplace_back("no client certificate", no_cert);
+  Options untrusted = with_tls(options(secured.url()));
+  untrusted.tls_ca_file = c.untrusted_cert;
+  refused.emplace_back("an untrusted CA", untrusted);
+  Options wrong_name = with_tls(options(secured.url()));
+  wrong_name.tls_server_name = "wrong.example";
+  refused.emplace_back("a wrong name", wrong_name);
+  for (auto& [what, o] : refused) {
+    Runtime rt(o);
+    auto t0 = std::chrono::steady_clock::now();
+    auto f = rt.acquire(key(), 1s, 0);
+    EXPECT_TRUE(error_of<ConnectionError>(f)) << what;
+    EXPECT_LT(std::chrono::steady_clock::now() - t0, 3s) << what;
+  }
+  Options unverified = with_tls(options(secured.url()));
+  unverified.tls_verify = false;
+  EXPECT_THROW(unverified.validate(), InvalidArgument);
+  Options unreadable = with_tls(options(secured.url()));
+  unreadable.tls_ca_file = "/nonexistent/ca.crt";
+  EXPECT_THROW(unreadable.validate(), InvalidArgument);
+}
+
+TEST_F(EtcdStoreTest, ARequestTheClusterRefusesIsAnEtcdError) {
+  // 20 KiB: within the store's own limit, but a transaction naming it six
+  // times is over the cluster's 64 KiB.
+  Runtime rt(options());
+  auto t0 = std::chrono::steady_clock::now();
+  auto f = rt.acquire(std::string(20 * 1024, 'k'), 1s, 0);
+  auto err = error_of<EtcdError>(f);
+  ASSERT_TRUE(err);
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, 3s);
+  EXPECT_EQ(err->code(), "INVALID_ARGUMENT") << err->what();
+  EXPECT_NE(err->endpoint().find("etcd://127.0.0.1:"), std::string::npos) << err->endpoint();
+  // The store goes on.
+  auto h = take(rt, key(), 1s);
+  give_back(h);
+}
+
+TEST_F(EtcdStoreTest, AServerThatIsNotEtcdIsAConnectionError) {
+  RedisServer redis;
+  Runtime rt(options("etcd://127.0.0.1:" + std::to_string(redis.port())));
+  auto t0 = std::chrono::steady_clock::now();
+  auto f = rt.acquire(key(), 1s, 0);
+  EXPECT_TRUE(error_of<ConnectionError>(f));
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, 3s);
+}
+
+TEST_F(EtcdStoreTest, LocksAreGrantedWithTheLeaderPaused) {
+  Runtime rt(options());
+  auto h = take(rt, key("held"), 3s);
+  const std::uint64_t held = h.lease().fencing_token();
+  const int leader = cluster_->leader();
+  cluster_->pause(leader);
+  // The others elect a leader; calls to the paused one time out and move on.
+  auto f = rt.acquire(key(), 2s, forever, 10s);
+  auto got = get_bounded(f);
+  EXPECT_GT(got.lease().fencing_token(), held);
+  EXPECT_FALSE(h.lease().lost());
+  give_back(got);
+  give_back(h);
+  cluster_->resume(leader);
+}
+
+TEST_F(EtcdStoreTest, LocksAreGrantedWithTheLeaderKilled) {
+  Runtime rt(options());
+  auto h = take(rt, key("held"), 3s);
+  const int leader = cluster_->leader();
+  cluster_->kill(leader);
+  // A new leader within an election or two; a waiter rides it out.
+  auto f = rt.acquire(key(), 2s, forever, 10s);
+  auto got = get_bounded(f);
+  EXPECT_GT(got.lease().fencing_token(), h.lease().fencing_token());
+  EXPECT_FALSE(h.lease().lost());
+  give_back(got);
+  give_back(h);
+  cluster_->start(leader);
+}
+
+TEST_F(EtcdStoreTest, NoLockIsGrantedWithoutAMajority) {
+  const int leader = cluster_->leader();
+  std::vector<int> others;
+  for (int i = 0; i < cluster_->size(); ++i)
+    if (i != leader) others.push_back(i);
+  Runtime rt(options(cluster_->member_url(leader))), waiting(options(cluster_->member_url(leader)));
+  auto h = take(rt, key("held"), 2s);
+  // A waiter for the held lock, waiting at most 2 s.
+  auto waiter_started = std::chrono::steady_clock::now();
+  auto waiter = waiting.acquire(key("held"), 2s, forever, 2s);
+  cluster_->kill(others[0]);
+  cluster_->kill(others[1]);
+  auto t0 = std::chrono::steady_clock::now();
+  auto f = rt.acquire(key(), 2s, 0);
+  auto err = error_of<ConnectionError>(f);
+  EXPECT_TRUE(err);
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, 5s);
+  // The holder's renewals get no answer: its lease is lost by its deadline.
+  auto deadline = std::chrono::steady_clock::now() + 10s;
+  while (!h.lease().lost() && std::chrono::steady_clock::now() < deadline) std::this_thread::sleep_for(20ms);
+  EXPECT_TRUE(h.lease().lost());
+  // The waiter fails at its wait (or as the store is unreachable), not later.
+  EXPECT_TRUE(error_of<Error>(waiter));
+  EXPECT_LT(std::chrono::steady_clock::now() - waiter_started, 2s + 3s);
+  cluster_->start(others[0]);
+  cluster_->start(others[1]);
+}
+
+}  // namespace
+}  // namespace lockwatch::testing
