@@ -19,52 +19,14 @@ namespace {
 using namespace std::chrono_literals;
 namespace fs = std::filesystem;
 
-std::string make_temp_dir() {
-  std::string pattern = (fs::temp_directory_path() / "lockwatch-etcd-XXXXXX").string();
-  if (::mkdtemp(pattern.data()) == nullptr) throw std::runtime_error("mkdtemp " + pattern);
-  return pattern;
-}
-
-std::string find_program(const char* name) {
-  const std::string debian = std::string("/usr/bin/") + name;
-  if (::access(debian.c_str(), X_OK) == 0) return debian;
-  const char* path = std::getenv("PATH");
-  std::stringstream dirs(path != nullptr ? path : "/usr/bin:/bin");
-  for (std::string d; std::getline(dirs, d, ':');)
-    if (!d.empty() && ::access((d + "/" + name).c_str(), X_OK) == 0) return d + "/" + name;
-  throw std::runtime_error(std::string(name) +
-                           " not found (looked in /usr/bin and PATH); the etcd tests need Debian's etcd-server and "
-                           "etcd-client packages and do not skip without them");
-}
-
-std::string quote(const std::string& s) {
-  std::string out = "'";
-  for (char c : s) {
-    if (c == '\'')
-      out += "'\\''";
-    else
-      out += c;
-  }
-  return out + "'";
-}
-
-// The state letter of /proc/<pid>/stat ('\0' when the process is gone).
-char state_of(pid_t pid) {
-  std::ifstream stat("/proc/" + std::to_string(pid) + "/stat");
-  std::string s;
-  std::getline(stat, s);
-  auto close = s.rfind(')');
-  return close != std::string::npos && close + 2 < s.size() ? s[close + 2] : '\0';
-}
-
 std::string local(int port) { return "127.0.0.1:" + std::to_string(port); }
 
 }  // namespace
 
 EtcdCluster::EtcdCluster(EtcdClusterOptions options) : options_(options) {
-  bin_ = find_program("etcd");
-  etcdctl_ = find_program("etcdctl");
-  dir_ = make_temp_dir();
+  bin_ = find_program("etcd", "Debian's etcd-server and etcd-client packages");
+  etcdctl_ = find_program("etcdctl", "Debian's etcd-server and etcd-client packages");
+  dir_ = make_temp_dir("lockwatch-etcd");
   try {
     for (int attempt = 0;; ++attempt) {
       members_.clear();
@@ -132,8 +94,8 @@ std::string EtcdCluster::member_url(int member) const {
 std::string EtcdCluster::tls_flags() const {
   if (!options_.tls) return "";
   const TestCertificates& c = test_certificates();
-  return " --cert-file " + quote(c.server_cert) + " --key-file " + quote(c.server_key) + " --client-cert-auth" +
-         " --trusted-ca-file " + quote(c.ca_cert);
+  return " --cert-file " + shell_quote(c.server_cert) + " --key-file " + shell_quote(c.server_key) + " --client-cert-auth" +
+         " --trusted-ca-file " + shell_quote(c.ca_cert);
 }
 
 std::string EtcdCluster::initial_cluster() const {
@@ -150,14 +112,14 @@ void EtcdCluster::spawn(int member, bool fresh) {
   const std::string data = dir_ + "/" + m.name;
   const std::string client = (options_.tls ? "https://" : "http://") + local(m.client_port);
   const std::string peer = "http://" + local(m.peer_port);
-  std::string command = "exec " + quote(bin_) + " --name " + m.name + " --data-dir " + quote(data) +
+  std::string command = "exec " + shell_quote(bin_) + " --name " + m.name + " --data-dir " + shell_quote(data) +
                         " --listen-client-urls " + client + " --advertise-client-urls " + client +
                         " --listen-peer-urls " + peer + " --initial-advertise-peer-urls " + peer +
                         " --initial-cluster " + initial_cluster() +
                         " --initial-cluster-state " + (fresh ? "new" : "existing") +
                         " --initial-cluster-token lockwatch-test --heartbeat-interval 50 --election-timeout 500"
                         " --logger zap --log-level warn" + tls_flags() + options_.extra_flags + " >>" +
-                        quote(dir_ + "/" + m.name + ".log") + " 2>&1";
+                        shell_quote(dir_ + "/" + m.name + ".log") + " 2>&1";
   m.process = std::make_unique<ChildProcess>(std::vector<std::string>{"/bin/sh", "-c", command});
   m.paused = false;
 }
@@ -200,10 +162,10 @@ std::string EtcdCluster::etcdctl(const std::string& args, const std::string& end
   if (auth_enabled_) auth = std::string(" --user root:") + kRootPassword;
   if (options_.tls) {
     const TestCertificates& c = test_certificates();
-    auth += " --cacert=" + quote(c.ca_cert) + " --cert=" + quote(c.client_cert) + " --key=" + quote(c.client_key);
+    auth += " --cacert=" + shell_quote(c.ca_cert) + " --cert=" + shell_quote(c.client_cert) + " --key=" + shell_quote(c.client_key);
   }
   ChildProcess p({"/bin/sh", "-c",
-                  "ETCDCTL_API=3 exec " + quote(etcdctl_) + " --endpoints=" + eps +
+                  "ETCDCTL_API=3 exec " + shell_quote(etcdctl_) + " --endpoints=" + eps +
                       " --dial-timeout=2s --command-timeout=5s" + auth + " " + args + " 2>&1"});
   std::string out;
   auto deadline = std::chrono::steady_clock::now() + 10s;
@@ -256,7 +218,7 @@ void EtcdCluster::pause(int member) {
   if (!m.process || m.paused) return;
   m.process->kill(SIGSTOP);
   auto deadline = std::chrono::steady_clock::now() + 5s;
-  while (state_of(m.process->pid()) != 'T' && std::chrono::steady_clock::now() < deadline)
+  while (process_state(m.process->pid()) != 'T' && std::chrono::steady_clock::now() < deadline)
     std::this_thread::sleep_for(1ms);
   m.paused = true;
 }

@@ -23,12 +23,6 @@ namespace fs = std::filesystem;
 constexpr auto kStartTimeout = 30s;
 constexpr auto kStopTimeout = 10s;
 
-std::string make_temp_dir(const char* name) {
-  std::string pattern = (fs::temp_directory_path() / (std::string(name) + "-XXXXXX")).string();
-  if (::mkdtemp(pattern.data()) == nullptr) throw std::runtime_error("mkdtemp " + pattern);
-  return pattern;
-}
-
 // A data directory made once per process; each server copies it.
 const std::string& template_datadir() {
   static std::once_flag once;

@@ -26,12 +26,6 @@ namespace fs = std::filesystem;
 constexpr auto kStartTimeout = 30s;
 constexpr auto kStopTimeout = 10s;
 
-std::string make_temp_dir(const char* name) {
-  std::string pattern = (fs::temp_directory_path() / (std::string(name) + "-XXXXXX")).string();
-  if (::mkdtemp(pattern.data()) == nullptr) throw std::runtime_error("mkdtemp " + pattern);
-  return pattern;
-}
-
 // Debian's newest /usr/lib/postgresql/<version>/bin, else the directory
 // of `postgres` on PATH.
 std::string find_bin() {
@@ -55,28 +49,6 @@ std::string find_bin() {
   throw std::runtime_error(
       "postgres and initdb not found (looked in /usr/lib/postgresql/*/bin and PATH); the PostgreSQL tests need "
       "Debian's postgresql package and do not skip without it");
-}
-
-// Paths here come from mkdtemp and the certificates' directory: quoted for
-// the shell all the same.
-std::string quote(const std::string& s) {
-  std::string out = "'";
-  for (char c : s) {
-    if (c == '\'')
-      out += "'\\''";
-    else
-      out += c;
-  }
-  return out + "'";
-}
-
-// The state letter of /proc/<pid>/stat ('\0' when the process is gone).
-char state_of(pid_t pid) {
-  std::ifstream stat("/proc/" + std::to_string(pid) + "/stat");
-  std::string s;
-  std::getline(stat, s);
-  auto close = s.rfind(')');
-  return close != std::string::npos && close + 2 < s.size() ? s[close + 2] : '\0';
 }
 
 // The processes whose parent is `parent` (the postmaster's are all its
@@ -138,9 +110,9 @@ PostgresServer::PostgresServer(PostgresServerOptions options) : options_(options
       if (::chown(dir_.c_str(), uid, gid) != 0) throw std::runtime_error("chown " + dir_);
     }
     ChildProcess initdb({"/bin/sh", "-c",
-                         "exec " + run_as_ + quote(bin_ + "/initdb") + " -D " + quote(dir_ + "/data") +
+                         "exec " + run_as_ + shell_quote(bin_ + "/initdb") + " -D " + shell_quote(dir_ + "/data") +
                              " -U postgres --auth=trust --encoding=UTF8 --no-locale --no-sync --no-instructions >" +
-                             quote(dir_ + "/initdb.log") + " 2>&1"});
+                             shell_quote(dir_ + "/initdb.log") + " 2>&1"});
     if (int rc = initdb.wait(60000ms); rc != 0) {
       std::ifstream log(dir_ + "/initdb.log");
       std::stringstream s;
@@ -210,14 +182,14 @@ PostgresServer::~PostgresServer() {
 }
 
 void PostgresServer::spawn() {
-  std::string args = " -D " + quote(dir_ + "/data") + " -p " + std::to_string(port_) + " -k " + quote(dir_) +
+  std::string args = " -D " + shell_quote(dir_ + "/data") + " -p " + std::to_string(port_) + " -k " + shell_quote(dir_) +
                      " -c listen_addresses=127.0.0.1 -c max_connections=200 -c fsync=off"
                      " -c full_page_writes=off -c log_min_messages=warning"
                      " -c shared_preload_libraries=pg_stat_statements";
   if (options_.tls)
     args += " -c ssl=on -c ssl_cert_file=server.crt -c ssl_key_file=server.key -c ssl_ca_file=root.crt";
   process_ = std::make_unique<ChildProcess>(std::vector<std::string>{
-      "/bin/sh", "-c", "exec " + run_as_ + quote(bin_ + "/postgres") + args + " >>" + quote(dir_ + "/server.log") + " 2>&1"});
+      "/bin/sh", "-c", "exec " + run_as_ + shell_quote(bin_ + "/postgres") + args + " >>" + shell_quote(dir_ + "/server.log") + " 2>&1"});
   auto until = std::chrono::steady_clock::now() + kStartTimeout;
   while (true) {
     Conn c;
@@ -250,7 +222,7 @@ std::vector<pid_t> PostgresServer::pids() const {
 
 bool PostgresServer::running() const {
   if (!process_) return false;
-  char state = state_of(process_->pid());
+  char state = process_state(process_->pid());
   return state != '\0' && state != 'Z';
 }
 
@@ -269,7 +241,7 @@ void PostgresServer::kill() {
   // their shared memory.
   auto until = std::chrono::steady_clock::now() + kStopTimeout;
   for (pid_t c : children)
-    while (state_of(c) != '\0' && state_of(c) != 'Z' && std::chrono::steady_clock::now() < until)
+    while (process_state(c) != '\0' && process_state(c) != 'Z' && std::chrono::steady_clock::now() < until)
       std::this_thread::sleep_for(1ms);  // the kernel ends a killed process as it next runs
 }
 
@@ -302,7 +274,7 @@ void PostgresServer::pause() {
   auto until = std::chrono::steady_clock::now() + kStopTimeout;
   while (std::chrono::steady_clock::now() < until) {
     bool all_stopped = std::all_of(all.begin(), all.end(), [](pid_t p) {
-      char s = state_of(p);
+      char s = process_state(p);
       return s == 'T' || s == 't' || s == '\0' || s == 'Z';
     });
     if (all_stopped) return;

@@ -18,6 +18,7 @@
 #include <filesystem>
 #include <fstream>
 #include <memory>
+#include <sstream>
 #include <stdexcept>
 #include <system_error>
 #include <thread>
@@ -355,6 +356,42 @@ int free_loopback_port() {
   return ntohs(addr.sin_port);
 }
 
+std::string make_temp_dir(std::string_view name) {
+  std::string pattern = (std::filesystem::temp_directory_path() / (std::string(name) + "-XXXXXX")).string();
+  if (::mkdtemp(pattern.data()) == nullptr) throw_errno("mkdtemp " + pattern);
+  return pattern;
+}
+
+std::string shell_quote(const std::string& s) {
+  std::string out = "'";
+  for (char c : s) {
+    if (c == '\'')
+      out += "'\\''";
+    else
+      out += c;
+  }
+  return out + "'";
+}
+
+char process_state(pid_t pid) {
+  std::ifstream stat("/proc/" + std::to_string(pid) + "/stat");
+  std::string s;
+  std::getline(stat, s);
+  auto close = s.rfind(')');
+  return close != std::string::npos && close + 2 < s.size() ? s[close + 2] : '\0';
+}
+
+std::string find_program(const char* name, const char* needs) {
+  const std::string debian = std::string("/usr/bin/") + name;
+  if (::access(debian.c_str(), X_OK) == 0) return debian;
+  const char* path = std::getenv("PATH");
+  std::stringstream dirs(path != nullptr ? path : "/usr/bin:/bin");
+  for (std::string d; std::getline(dirs, d, ':');)
+    if (!d.empty() && ::access((d + "/" + name).c_str(), X_OK) == 0) return d + "/" + name;
+  throw std::runtime_error(std::string(name) + " not found (looked in /usr/bin and PATH); the tests need " + needs +
+                           ", and do not skip without it");
+}
+
 namespace {
 
 // Runs openssl with `args` in `dir`; throws with its output on failure.
@@ -410,9 +447,7 @@ void make_ca(const std::string& dir, const std::string& ca) {
 const TestCertificates& test_certificates() {
   static CertificatesDir made = [] {
     CertificatesDir m;
-    std::string pattern = (std::filesystem::temp_directory_path() / "lockwatch-tls-XXXXXX").string();
-    if (::mkdtemp(pattern.data()) == nullptr) throw_errno("mkdtemp " + pattern);
-    const std::string d = pattern;
+    const std::string d = make_temp_dir("lockwatch-tls");
     m.certs.dir = d;
     make_ca(d, "ca");
     make_ca(d, "other-ca");
@@ -436,9 +471,7 @@ const TestCertificates& test_certificates() {
 
 RedisServer::RedisServer(RedisServerOptions options) : options_(std::move(options)) {
   binary_ = find_redis_server();
-  std::string pattern = (std::filesystem::temp_directory_path() / "lockwatch-redis-XXXXXX").string();
-  if (::mkdtemp(pattern.data()) == nullptr) throw_errno("mkdtemp " + pattern);
-  dir_ = pattern;
+  dir_ = make_temp_dir("lockwatch-redis");
   try {
     // The port was only free when we looked; another process may take it
     // before the server binds it, so pick a fresh one and try again.

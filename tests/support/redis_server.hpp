@@ -23,6 +23,7 @@
 #include <chrono>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <vector>
 
 namespace lockwatch::testing {
@@ -81,6 +82,18 @@ struct Reply {
 // before it is used, which is why RedisServer retries with a fresh port.
 // Throws std::runtime_error if no socket can be bound.
 int free_loopback_port();
+
+// What the servers' fixtures share. A fresh directory $TMPDIR/<name>-XXXXXX
+// (std::runtime_error if it cannot be made).
+std::string make_temp_dir(std::string_view name);
+// `s` in single quotes for /bin/sh.
+std::string shell_quote(const std::string& s);
+// The state letter of /proc/<pid>/stat ('T' stopped, 'Z' a zombie; '\0'
+// when the process is gone).
+char process_state(pid_t pid);
+// /usr/bin/<name>, else <name> on PATH; std::runtime_error naming `needs`
+// (the Debian packages the tests need) when it is in neither.
+std::string find_program(const char* name, const char* needs);
 
 // One redis-server process bound to 127.0.0.1, owned by the test.
 //

@@ -39,14 +39,6 @@ namespace {
 constexpr const char* kJava = "/usr/bin/java";
 constexpr const char* kJar = "/usr/share/java/zookeeper.jar";
 
-char state_of(pid_t pid) {
-  std::ifstream stat("/proc/" + std::to_string(pid) + "/stat");
-  std::string s;
-  std::getline(stat, s);
-  auto close = s.rfind(')');
-  return close != std::string::npos && close + 2 < s.size() ? s[close + 2] : '\0';
-}
-
 // A four-letter word's answer, or empty after `bound` (a paused member
 // accepts the connection in the kernel and never answers).
 std::string four_letters(int port, const char* word, std::chrono::milliseconds bound) {
@@ -99,9 +91,7 @@ ZooKeeperEnsemble::ZooKeeperEnsemble(int members) {
   if (::access(kJava, X_OK) != 0 || ::access(kJar, R_OK) != 0)
     throw std::runtime_error(std::string("ZooKeeper's tests need ") + kJava + " and " + kJar +
                              " (Debian's zookeeper package) and do not skip without them");
-  std::string pattern = (fs::temp_directory_path() / "lockwatch-zk-XXXXXX").string();
-  if (::mkdtemp(pattern.data()) == nullptr) throw std::runtime_error("mkdtemp " + pattern);
-  dir_ = pattern;
+  dir_ = make_temp_dir("lockwatch-zk");
   try {
     for (int i = 0; i < members; ++i) {
       auto m = std::make_unique<Member>();
@@ -205,7 +195,7 @@ void ZooKeeperEnsemble::pause(int i) {
   m.paused = true;
   auto until = std::chrono::steady_clock::now() + 10s;
   while (std::chrono::steady_clock::now() < until) {
-    char s = state_of(m.process->pid());
+    char s = process_state(m.process->pid());
     if (s == 'T' || s == 't' || s == '\0' || s == 'Z') return;
     std::this_thread::sleep_for(1ms);  // the kernel stops it as it next runs: no event to wait on
   }
@@ -222,7 +212,7 @@ void ZooKeeperEnsemble::resume(int i) {
 bool ZooKeeperEnsemble::running(int i) const {
   const auto& m = *members_.at(i);
   if (!m.process) return false;
-  char s = state_of(m.process->pid());
+  char s = process_state(m.process->pid());
   return s != '\0' && s != 'Z';
 }
 
