@@ -328,6 +328,31 @@ TEST_F(WatchdogTest, AnUnconfirmedReleaseWaitsTheStoresExpiryBound) {
   script_->set_down(false);
 }
 
+// A store that may keep a lock past any bound (etcd: a new leader renews
+// every lease): an unconfirmed release is a lost lease to the caller, never
+// a release, for a handle and for LOCKED alike.
+TEST_F(WatchdogTest, AnUnconfirmedReleaseOnAStoreWithoutAnExpiryBoundIsALostLease) {
+  script_->set_expiry_bounded(false);
+  auto h = hold("unconfirmed-unbounded", 300ms);
+  script_->set_down(true);
+  auto rel = h.release();
+  ASSERT_EQ(rel.wait_for(kBound), std::future_status::ready);
+  auto err = error_of<LeaseLost>(rel);
+  ASSERT_TRUE(err);
+  EXPECT_EQ(err->reason(), LostReason::kRedisUnreachable);
+  EXPECT_NE(std::string(err->what()).find("release not confirmed"), std::string::npos) << err->what();
+  script_->set_down(false);
+
+  auto f = locked("unconfirmed-locked", 300ms, forever).on(*rt_)([&] {
+    script_->set_down(true);
+    return 7;
+  })();
+  auto lost = error_of<LeaseLost>(f);
+  ASSERT_TRUE(lost);
+  EXPECT_NE(std::string(lost->what()).find("not counted released"), std::string::npos) << lost->what();
+  script_->set_down(false);
+}
+
 TEST_F(WatchdogTest, AReleaseThatFindsAnotherOwnerReportsTakenByOther) {
   auto f = locked("taken-at-release", 5s, forever).on(*rt_)([this] {
     backend_->set_owner(memory_name("taken-at-release"), "intruder", 5s);

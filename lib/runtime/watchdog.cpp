@@ -305,8 +305,13 @@ void Watchdog::work_done(const std::shared_ptr<LeaseRecord>& l) {
                    l->releasing = false;
                    l->timeout.cancel();
                    if (status == Released::kUnconfirmed) {
-                     if (!l->lost())
-                       l->set_lost_detail("release not confirmed: " + (why != nullptr ? why->describe() : std::string()));
+                     const std::string detail =
+                         "release not confirmed: " + (why != nullptr ? why->describe() : std::string());
+                     if (!l->lost() && !store_.expiry_bounded())
+                       lose(l, LostReason::kRedisUnreachable,
+                            detail + "; the store may keep the lock past its ttl, so it is not counted released");
+                     else if (!l->lost())
+                       l->set_lost_detail(detail);
                      // The key expires at most the store's expiry bound (the
                      // ttl, or more where the store rounds it up) after our
                      // last request that could have extended it. Complete

@@ -131,6 +131,11 @@ class LockStore {
   // it up (etcd's leases count whole seconds). The runtime waits this long
   // before it counts an unconfirmed release as done.
   virtual std::chrono::milliseconds expiry_bound(std::chrono::milliseconds ttl) const noexcept { return ttl; }
+  // Any thread. False where the server may keep a lock past any bound the
+  // client can know (etcd renews every lease when a new leader takes over,
+  // and expires none while it has no leader): a release left unconfirmed is
+  // then reported to its caller as a lost lease, never counted done.
+  virtual bool expiry_bounded() const noexcept { return true; }
 
   virtual void start(StoreEvents events) = 0;
 

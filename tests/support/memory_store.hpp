@@ -132,6 +132,10 @@ class StoreScript {
   // (LockStore::expiry_bound; default 0: the ttl, to the millisecond).
   void set_expiry_slack(std::chrono::milliseconds slack) { expiry_slack_ms_ = slack.count(); }
   std::chrono::milliseconds expiry_slack() const { return std::chrono::milliseconds(expiry_slack_ms_.load()); }
+  // Whether a lock surely expires within expiry_bound() (LockStore::
+  // expiry_bounded; default true; false as on etcd).
+  void set_expiry_bounded(bool bounded) { expiry_bounded_ = bounded; }
+  bool expiry_bounded() const { return expiry_bounded_.load(); }
 
   // What the store was asked, in order.
   std::vector<Call> calls() const;
@@ -163,6 +167,7 @@ class StoreScript {
   std::function<std::optional<detail::Released>(const std::string&)> release_fn_;
   std::atomic<bool> release_events_{true};
   std::atomic<long long> expiry_slack_ms_{0};
+  std::atomic<bool> expiry_bounded_{true};
   std::vector<Call> calls_;
 };
 
@@ -181,6 +186,7 @@ class MemoryStore final : public detail::LockStore,
   std::chrono::milliseconds expiry_bound(std::chrono::milliseconds ttl) const noexcept override {
     return ttl + script_->expiry_slack();
   }
+  bool expiry_bounded() const noexcept override { return script_->expiry_bounded(); }
   void start(detail::StoreEvents events) override;
   void acquire(std::span<const detail::LockRef> locks, AcquireDone done) override;
   std::size_t renew(std::span<const detail::LockRef> locks, std::shared_ptr<const void> keepalive,

@@ -200,11 +200,17 @@ void EtcdStore::busy(std::int64_t holder_lease, milliseconds ttl, AcquireOne don
   });
 }
 
-void EtcdStore::revoke(std::int64_t lease) {
+void EtcdStore::revoke(std::int64_t lease, int attempts_left) {
   if (closed_ || lease == 0) return;
   etcdserverpb::LeaseRevokeRequest request;
   request.set_id(lease);
-  client_->lease_revoke(std::move(request), [](const etcdserverpb::LeaseRevokeResponse&, const StoreError*) {});
+  // A lease whose revoke got no answer keeps its key until it expires,
+  // which a leader change postpones: try again, on the next member.
+  client_->lease_revoke(std::move(request),
+                        [this, lease, attempts_left](const etcdserverpb::LeaseRevokeResponse&, const StoreError* err) {
+                          if (err != nullptr && err->unavailable() && attempts_left > 1 && !closed_)
+                            revoke(lease, attempts_left - 1);
+                        });
 }
 
 // ---- renew

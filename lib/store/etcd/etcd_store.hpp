@@ -22,9 +22,11 @@
 //            is revoked. A first attempt without an answer within the
 //            command timeout (a hung member) is made once more, on the
 //            next member; the key then found gone (or another owner's)
-//            is ours released. Still no answer: unconfirmed, and the
-//            runtime waits expiry_bound() (the lease's whole seconds plus
-//            kExpirySlack), not the ttl, before it counts it done.
+//            is ours released. Still no answer: unconfirmed, and as a
+//            new leader renews every lease (and none expires while there
+//            is no leader), the runtime reports it to the caller as a lost
+//            lease (expiry_bounded() is false), never as released; the
+//            lease is revoked meanwhile, a few times if need be.
 //
 // The fencing token is the key's create_revision: etcd's revision counter
 // is the cluster's, raised by every write and agreed by Raft, so a later
@@ -86,6 +88,9 @@ class EtcdStore final : public StoreBase, public OperatorTools {
 
   // The lease's whole seconds, plus kExpirySlack.
   std::chrono::milliseconds expiry_bound(std::chrono::milliseconds ttl) const noexcept override;
+  // A new leader renews every lease: an unconfirmed release is never
+  // counted done.
+  bool expiry_bounded() const noexcept override { return false; }
   void acquire(std::span<const LockRef> locks, AcquireDone done) override;
   std::size_t renew(std::span<const LockRef> locks, std::shared_ptr<const void> keepalive, RenewDone done) override;
   void release(std::span<const LockRef> locks, bool notify, ReleaseDone done) override;
@@ -100,7 +105,8 @@ class EtcdStore final : public StoreBase, public OperatorTools {
   using AcquireOne = std::function<void(const Acquired&)>;
   void acquire_one(std::string name, std::string token, std::chrono::milliseconds ttl, AcquireOne done);
   void busy(std::int64_t holder_lease, std::chrono::milliseconds ttl, AcquireOne done);
-  void revoke(std::int64_t lease);
+  // Revokes `lease` (0: none), trying again on no answer, `attempts_left` times in all.
+  void revoke(std::int64_t lease, int attempts_left = 3);
   void force_release_attempt(std::string name, int attempt, ForceDone done);
   struct Releasing;
   void release_attempt(std::shared_ptr<Releasing> r);
