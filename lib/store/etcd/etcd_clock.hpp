@@ -34,11 +34,12 @@
 //
 // Threading: now() and close() on the loop thread; answers are posted to
 // the loop, each exactly once and never inside now(). Measuring runs on a
-// thread of its own (started by the first now()): connecting, resolving
-// names, the TLS handshake and the samples block that thread only, each
-// bounded by Options::connect_timeout or command_timeout. The destructor
-// (off the loop thread, after close()) stops and joins it within a
-// sample's timeout.
+// thread of its own (started by the first measurement): resolving names,
+// connecting, the TLS handshake and the samples block that thread only;
+// connecting and the handshake are bounded by Options::connect_timeout,
+// each request by command_timeout, name resolution by the system's
+// resolver. The destructor (off the loop thread, after close()) stops and
+// joins it: a wait in progress sees the stop within 50 ms.
 #pragma once
 
 #include <chrono>
