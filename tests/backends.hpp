@@ -26,6 +26,11 @@
 #if LOCKWATCH_WITH_ETCD
 #include <cstdio>
 
+#include <future>
+#include <optional>
+
+#include "core/loop.hpp"
+#include "store/etcd/etcd_clock.hpp"
 #include "store/etcd/etcd_store.hpp"
 #include "support/etcd_cluster.hpp"
 #endif
@@ -298,8 +303,9 @@ class ZooKeeperBackend final : public Backend {
 // One etcd cluster of three members, with authentication on, for every
 // case of the program (as PostgresBackend). Its faults are the whole
 // cluster's: kill() crashes every member (start() brings them back on
-// their data), pause() stops every member answering. etcd has no clock to
-// read and keeps no periods: the scheduler's suite does not run on it.
+// their data), pause() stops every member answering. Its clock is the
+// members', read as the store reads it (EtcdClock: their HTTP Date
+// headers); a job's last period is its period key.
 class EtcdBackend final : public Backend {
  public:
   std::string url() const override { return cluster().url(); }
@@ -310,8 +316,19 @@ class EtcdBackend final : public Backend {
   std::size_t longest_key(const Options& o) const override {
     return detail::EtcdStore::kMaxNameBytes - o.key_prefix.size();
   }
-  // The key put on a lease of its own (whole seconds, rounded up).
+  EtcdBackend() { (void)clock_offset(); }
+  // The holder's lease revoked (as force_release does: a lock in etcd is
+  // taken from its holder only so, and its next renewal finds it gone),
+  // then the key put on a lease of the intruder's own (whole seconds,
+  // rounded up).
   void steal(const std::string& key, const std::string& owner, std::chrono::milliseconds ms) const override {
+    std::string held = cluster().etcdctl("get 'lockwatch:" + key + "' -w json");
+    if (auto at = held.find("\"lease\":"); at != std::string::npos) {
+      long long lease = std::stoll(held.substr(at + 8));
+      char hex[32];
+      std::snprintf(hex, sizeof hex, "%llx", lease);
+      if (lease != 0) cluster().etcdctl(std::string("lease revoke ") + hex);
+    }
     std::string granted = cluster().etcdctl("lease grant " + std::to_string((ms.count() + 999) / 1000));
     char id[32] = {};
     if (std::sscanf(granted.c_str(), "lease %31s granted", id) != 1)
@@ -319,10 +336,16 @@ class EtcdBackend final : public Backend {
     cluster().etcdctl("put --lease=" + std::string(id) + " 'lockwatch:" + key + "' '" + owner + "'");
   }
   long long now_ms() const override {
-    return std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::system_clock::now().time_since_epoch())
+    return std::chrono::duration_cast<std::chrono::milliseconds>(
+               (std::chrono::system_clock::now() + clock_offset()).time_since_epoch())
         .count();
   }
-  long long last_period(const std::string&) const override { return -1; }
+  long long last_period(const std::string& job) const override {
+    std::string v = cluster().etcdctl("get --print-value-only " +
+                                      detail::EtcdStore::period_key("lockwatch:job:" + job));
+    while (!v.empty() && (v.back() == '\n' || v.back() == '\r')) v.pop_back();
+    return v.empty() ? -1 : std::stoll(v);
+  }
   void kill(const std::string&) override {
     for (int i = 0; i < cluster().size(); ++i) cluster().kill(i);
   }
@@ -338,6 +361,32 @@ class EtcdBackend final : public Backend {
   static EtcdCluster& cluster() {
     static EtcdCluster shared(EtcdClusterOptions{.members = 3, .auth = true});
     return shared;
+  }
+  // The members' clock minus ours, measured once per program (a
+  // measurement takes up to a second and a fifth, too long to make while
+  // a test counts periods).
+  static std::chrono::milliseconds clock_offset() {
+    static const std::chrono::milliseconds offset = [] {
+      detail::Loop loop;
+      Options o;
+      o.connect_timeout = std::chrono::seconds(2);
+      o.command_timeout = std::chrono::seconds(1);
+      auto clock = std::make_unique<detail::EtcdClock>(loop, detail::EtcdTarget::parse(cluster().url()), o);
+      std::promise<std::optional<std::chrono::milliseconds>> p;
+      auto f = p.get_future();
+      loop.post([&] {
+        clock->now([&p](std::chrono::system_clock::time_point t, const detail::StoreError* e) {
+          if (e) p.set_value(std::nullopt);
+          else
+            p.set_value(std::chrono::duration_cast<std::chrono::milliseconds>(t - std::chrono::system_clock::now()));
+        });
+      });
+      auto got = f.wait_for(std::chrono::seconds(10)) == std::future_status::ready ? f.get() : std::nullopt;
+      loop.shutdown([&] { clock->close(); });
+      if (!got) throw std::runtime_error("the etcd members' clock could not be read");
+      return *got;
+    }();
+    return offset;
   }
 };
 #endif
@@ -492,13 +541,7 @@ inline std::vector<std::string> backend_kinds() {
   return kinds;
 }
 
-// Those of them that run scheduled jobs (JobClaims): not etcd, which has
-// no clock to read.
-inline std::vector<std::string> job_backend_kinds() {
-  std::vector<std::string> kinds;
-  for (auto& k : backend_kinds())
-    if (k != "etcd") kinds.push_back(k);
-  return kinds;
-}
+// Those of them that run scheduled jobs (JobClaims): all of them.
+inline std::vector<std::string> job_backend_kinds() { return backend_kinds(); }
 
 }  // namespace lockwatch::testing

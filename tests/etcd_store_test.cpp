@@ -3,16 +3,23 @@
 // authentication on, for the credential tests): its URL, its lease per
 // lock, the fencing token from the key's create_revision, waiting by
 // Watch, the operators' tools, members unreachable or refusing the
-// credentials, TLS (etcds://, a cluster of one member of its own), and a
-// member killed or paused while locks are taken.
+// credentials, TLS (etcds://, a cluster of one member of its own), a
+// member killed or paused while locks are taken, and scheduled jobs: the
+// members' clock read from their HTTP Date headers and period claims.
 #include <gtest/gtest.h>
 #include <signal.h>
 
 #include <atomic>
+#include <cstdio>
+#include <future>
 #include <thread>
 #include <vector>
 
+#include "core/loop.hpp"
 #include "lockwatch/lockwatch.hpp"
+#include "runtime/store_errors.hpp"
+#include "store/etcd/etcd_clock.hpp"
+#include "store/etcd/etcd_store.hpp"
 #include "store_on_loop.hpp"
 #include "support/etcd_cluster.hpp"
 #include "support/redis_server.hpp"
@@ -251,14 +258,147 @@ TEST_F(EtcdStoreTest, InspectAndForceRelease) {
   EXPECT_GE(free.fencing_token, last);
 }
 
-TEST_F(EtcdStoreTest, ScheduledJobsAreUnsupportedNamingTheCapability) {
-  StoreOnLoop store(options());
-  try {
-    store.claim(store.encode(key()), "t", 1);
-    ADD_FAILURE() << "claimed a period";
-  } catch (const Unsupported& e) {
-    EXPECT_NE(std::string(e.what()).find("scheduled jobs"), std::string::npos) << e.what();
+// The members' clock read from their HTTP Date headers, by a process
+// whose own clock is 3.7 s fast: the members run on this machine, so
+// their clock is the real one.
+TEST_F(EtcdStoreTest, TheClockIsTheMembersWithinATenthOfASecondWhateverOurs) {
+  static constexpr auto kSkew = 3700ms;
+  detail::Loop loop;
+  auto clock = std::make_unique<detail::EtcdClock>(loop, detail::EtcdTarget::parse(cluster_->url()), options(),
+                                                   [] { return std::chrono::system_clock::now() + kSkew; });
+  auto read = [&] {
+    auto p = std::make_shared<std::promise<std::chrono::system_clock::time_point>>();
+    auto f = p->get_future();
+    loop.post([&clock, p] {
+      clock->now([p](std::chrono::system_clock::time_point t, const detail::StoreError* e) {
+        if (e) ADD_FAILURE() << e->describe();
+        p->set_value(t);
+      });
+    });
+    auto t = get_bounded(f);
+    return std::pair{t, std::chrono::system_clock::now()};
+  };
+  auto t0 = std::chrono::steady_clock::now();
+  auto [first, real] = read();
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, 2s) << "a measurement samples at most ~1.2 s";
+  EXPECT_LT(std::chrono::abs(first - real), 100ms)
+      << std::chrono::duration_cast<std::chrono::milliseconds>(first - real).count() << " ms off";
+  // Kept: the next reads cost no measurement.
+  t0 = std::chrono::steady_clock::now();
+  for (int i = 0; i < 5; ++i) {
+    auto [t, r] = read();
+    EXPECT_LT(std::chrono::abs(t - r), 100ms);
   }
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, 200ms);
+  std::promise<std::chrono::milliseconds> u;
+  loop.post([&] { u.set_value(clock->uncertainty()); });
+  auto uf = u.get_future();
+  const auto uncertainty = get_bounded(uf);
+  EXPECT_LT(uncertainty, 100ms);
+  std::printf("members' clock read %lld ms off (uncertainty %lld ms)\n",
+              static_cast<long long>(std::chrono::duration_cast<std::chrono::milliseconds>(first - real).count()),
+              static_cast<long long>(uncertainty.count()));
+  EXPECT_EQ(loop.shutdown([&] { clock->close(); }), 0);
+  clock.reset();
+}
+
+TEST_F(EtcdStoreTest, APeriodIsClaimedOnceAndRecordedInTheJobsPeriodKey) {
+  StoreOnLoop store(options());
+  const std::string lock = store.encode("job:" + key());
+  ASSERT_EQ(store.acquire(lock, "leader", 10s).status, detail::Acquired::Status::kTaken);
+  auto now = store.server_time();
+  ASSERT_FALSE(now.error) << now.error->describe();
+  EXPECT_LT(std::chrono::abs(now.now - std::chrono::system_clock::now()), 100ms);
+
+  auto first = store.claim(lock, "leader", 5);
+  ASSERT_EQ(first.status, detail::ClaimResult::Status::kClaimed) << first.error.describe();
+  EXPECT_LT(std::chrono::abs(first.store_time - std::chrono::system_clock::now()), 100ms);
+  EXPECT_EQ(cluster_->etcdctl("get --print-value-only " + detail::EtcdStore::period_key(lock)), "5\n");
+  // The same period again, or an older one: already run.
+  for (std::int64_t p : {5, 4}) {
+    auto again = store.claim(lock, "leader", p);
+    EXPECT_EQ(again.status, detail::ClaimResult::Status::kAlreadyRun) << p;
+    EXPECT_EQ(again.last, 5) << p;
+  }
+  EXPECT_EQ(store.claim(lock, "leader", 6).status, detail::ClaimResult::Status::kClaimed);
+  // A period not yet due on the members' clock: not claimed, not recorded.
+  auto early = store.claim(lock, "leader", 7, std::chrono::system_clock::now() + 30s);
+  EXPECT_EQ(early.status, detail::ClaimResult::Status::kNotDue);
+  EXPECT_EQ(cluster_->etcdctl("get --print-value-only " + detail::EtcdStore::period_key(lock)), "6\n");
+  EXPECT_EQ(store.release(lock, "leader"), detail::Released::kYes);
+}
+
+TEST_F(EtcdStoreTest, AClaimByATokenThatNoLongerHoldsTheLockIsRefused) {
+  StoreOnLoop store(options());
+  const std::string lock = store.encode("job:" + key());
+  const std::string period_key = detail::EtcdStore::period_key(lock);
+  ASSERT_EQ(store.acquire(lock, "old", 10s).status, detail::Acquired::Status::kTaken);
+  ASSERT_EQ(store.claim(lock, "old", 1).status, detail::ClaimResult::Status::kClaimed);
+  // Another holder's lock (forced off, taken by another token).
+  EXPECT_EQ(store.claim(lock, "intruder", 2).status, detail::ClaimResult::Status::kNotLeader);
+  EXPECT_EQ(store.release(lock, "old"), detail::Released::kYes);
+  // No holder at all.
+  EXPECT_EQ(store.claim(lock, "old", 2).status, detail::ClaimResult::Status::kNotLeader);
+  ASSERT_EQ(store.acquire(lock, "new", 10s).status, detail::Acquired::Status::kTaken);
+  EXPECT_EQ(store.claim(lock, "old", 2).status, detail::ClaimResult::Status::kNotLeader);
+  EXPECT_EQ(cluster_->etcdctl("get --print-value-only " + period_key), "1\n");
+  EXPECT_EQ(store.claim(lock, "new", 2).status, detail::ClaimResult::Status::kClaimed);
+  EXPECT_EQ(store.release(lock, "new"), detail::Released::kYes);
+  // Garbage in the period key: a clear error, never a claim.
+  cluster_->etcdctl("put " + period_key + " not-a-number");
+  ASSERT_EQ(store.acquire(lock, "new", 10s).status, detail::Acquired::Status::kTaken);
+  auto bad = store.claim(lock, "new", 3);
+  EXPECT_EQ(bad.status, detail::ClaimResult::Status::kFailed);
+  EXPECT_NE(bad.error.describe().find("not-a-number"), std::string::npos) << bad.error.describe();
+  EXPECT_EQ(store.release(lock, "new"), detail::Released::kYes);
+}
+
+TEST_F(EtcdStoreTest, AClusterThatDoesNotAnswerGivesAConnectionErrorNeverAClaim) {
+  // Nothing listening: the clock cannot be read.
+  {
+    StoreOnLoop store(options("etcd://127.0.0.1:" + std::to_string(free_loopback_port())));
+    auto t0 = std::chrono::steady_clock::now();
+    auto now = store.server_time();
+    ASSERT_TRUE(now.error);
+    EXPECT_TRUE(now.error->unavailable());
+    EXPECT_THROW(std::rethrow_exception(detail::to_exception(*now.error)), ConnectionError);
+    auto claim = store.claim(store.encode("job:" + key()), "t", 1);
+    EXPECT_EQ(claim.status, detail::ClaimResult::Status::kFailed);
+    EXPECT_TRUE(claim.error.unavailable()) << claim.error.describe();
+    EXPECT_LT(std::chrono::steady_clock::now() - t0, 5s);
+  }
+  // A server that is not etcd (no /version as etcd answers it).
+  {
+    RedisServer redis;
+    StoreOnLoop store(options("etcd://127.0.0.1:" + std::to_string(redis.port())));
+    auto now = store.server_time();
+    ASSERT_TRUE(now.error);
+    EXPECT_THROW(std::rethrow_exception(detail::to_exception(*now.error)), ConnectionError);
+  }
+  // A hung cluster: with the clock kept, the claim's transaction gets no
+  // answer within the command timeout.
+  StoreOnLoop store(options());
+  const std::string lock = store.encode("job:" + key());
+  ASSERT_EQ(store.acquire(lock, "leader", 10s).status, detail::Acquired::Status::kTaken);
+  ASSERT_FALSE(store.server_time().error);
+  for (int i = 0; i < cluster_->size(); ++i) cluster_->pause(i);
+  auto t0 = std::chrono::steady_clock::now();
+  auto claim = store.claim(lock, "leader", 1);
+  auto took = std::chrono::steady_clock::now() - t0;
+  for (int i = 0; i < cluster_->size(); ++i) cluster_->resume(i);
+  EXPECT_EQ(claim.status, detail::ClaimResult::Status::kFailed);
+  EXPECT_TRUE(claim.error.unavailable()) << claim.error.describe();
+  EXPECT_LT(took, 5s);
+  // And a fresh store's clock from a hung cluster: an error within the timeouts.
+  for (int i = 0; i < cluster_->size(); ++i) cluster_->pause(i);
+  StoreOnLoop fresh(options());
+  t0 = std::chrono::steady_clock::now();
+  auto none = fresh.server_time();
+  took = std::chrono::steady_clock::now() - t0;
+  for (int i = 0; i < cluster_->size(); ++i) cluster_->resume(i);
+  ASSERT_TRUE(none.error);
+  EXPECT_TRUE(none.error->unavailable()) << none.error->describe();
+  EXPECT_LT(took, 3 * 1s + 2s);  // a command timeout per member, and slack
 }
 
 TEST_F(EtcdStoreTest, UnreachableMembersAreConnectionErrorsWithinTheTimeouts) {
@@ -306,6 +446,13 @@ TEST_F(EtcdStoreTest, WrongCredentialsAreAuthErrorsThatHideThePassword) {
     EXPECT_LT(std::chrono::steady_clock::now() - t0, 3s);
     EXPECT_EQ(std::string(err->what()).find("not-the-password"), std::string::npos) << err->what();
   }
+  // The clock is read without credentials (etcd answers /version to anyone).
+  {
+    StoreOnLoop store(options(secured.url()));
+    auto now = store.server_time();
+    ASSERT_FALSE(now.error) << now.error->describe();
+    EXPECT_LT(std::chrono::abs(now.now - std::chrono::system_clock::now()), 100ms);
+  }
   // No credentials at all: refused too.
   Runtime anonymous(options("etcd://127.0.0.1:" + std::to_string(secured.client_port(0))));
   auto f = anonymous.acquire(key(), 1s, 0);
@@ -326,6 +473,20 @@ TEST_F(EtcdStoreTest, EtcdsSpeaksTlsWithTheTlsOptions) {
     auto h = take(rt, key(), 2s);
     EXPECT_GT(h.lease().fencing_token(), 0u);
     give_back(h);
+  }
+  // The clock over HTTPS, with the same options.
+  {
+    StoreOnLoop store(with_tls(options(secured.url())));
+    auto now = store.server_time();
+    ASSERT_FALSE(now.error) << now.error->describe();
+    EXPECT_LT(std::chrono::abs(now.now - std::chrono::system_clock::now()), 100ms);
+    // A CA that did not sign the member's certificate: no clock either.
+    Options untrusted = with_tls(options(secured.url()));
+    untrusted.tls_ca_file = c.untrusted_cert;
+    StoreOnLoop refused(untrusted);
+    auto none = refused.server_time();
+    ASSERT_TRUE(none.error);
+    EXPECT_NE(none.error->describe().find("TLS"), std::string::npos) << none.error->describe();
   }
   // Refused, each within the timeouts: plain text to a TLS member, no
   // client certificate, a CA that did not sign the member's, a name its

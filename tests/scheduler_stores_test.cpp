@@ -1,5 +1,6 @@
 // Scheduled jobs across real processes on each real store (redis-server,
-// a Redis Cluster, mariadbd, postgres and a ZooKeeper ensemble; in one process on memory://): each period runs once and only once, a killed leader is
+// a Redis Cluster, mariadbd, postgres, a ZooKeeper ensemble and an etcd
+// cluster; in one process on memory://): each period runs once and only once, a killed leader is
 // replaced within one lease plus one period, skewed local clocks change
 // nothing, a long run delays the next without overlap or burst, a thrown
 // exception costs only its own run, and a lease stolen mid-run stops the

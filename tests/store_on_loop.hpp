@@ -13,6 +13,7 @@
 #include <atomic>
 #include <future>
 #include <memory>
+#include <optional>
 #include <string>
 
 #include "core/loop.hpp"
@@ -77,13 +78,31 @@ class StoreOnLoop {
     loop_.post([&] { fences.raise_fence(name, fence, [&p](bool ok) { p.set_value(ok); }); });
     return get_bounded(f);
   }
-  detail::ClaimResult claim(const std::string& name, const std::string& token, std::int64_t period) {
+  // Claims `period`, due from `start` on the store's clock (by default
+  // long due).
+  detail::ClaimResult claim(const std::string& name, const std::string& token, std::int64_t period,
+                            std::chrono::system_clock::time_point start = {}) {
     std::promise<detail::ClaimResult> p;
     auto f = p.get_future();
     auto& claims = detail::require<detail::JobClaims>(*store_, "this store");
     loop_.post([&] {
-      claims.claim_period(name, token, period, std::chrono::system_clock::time_point{},
-                          [&p](const detail::ClaimResult& r) { p.set_value(r); });
+      claims.claim_period(name, token, period, start, [&p](const detail::ClaimResult& r) { p.set_value(r); });
+    });
+    return get_bounded(f);
+  }
+  // The store's clock, or its error.
+  struct StoreTime {
+    std::chrono::system_clock::time_point now;
+    std::optional<detail::StoreError> error;
+  };
+  StoreTime server_time() {
+    std::promise<StoreTime> p;
+    auto f = p.get_future();
+    auto& claims = detail::require<detail::JobClaims>(*store_, "this store");
+    loop_.post([&] {
+      claims.server_time([&p](std::chrono::system_clock::time_point now, const detail::StoreError* e) {
+        p.set_value(StoreTime{now, e ? std::optional<detail::StoreError>(*e) : std::nullopt});
+      });
     });
     return get_bounded(f);
   }

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <charconv>
 #include <cstring>
 #include <fstream>
 #include <vector>
@@ -85,11 +86,13 @@ EtcdStore::EtcdStore(Loop& loop, EtcdTarget target, const Options& options)
                          }},
                 /*release_events=*/true),
       loop_(loop),
-      client_(std::make_unique<EtcdClient>(loop, std::move(target), options)) {}
+      client_(std::make_unique<EtcdClient>(loop, target, options)),
+      clock_(std::make_unique<EtcdClock>(loop, std::move(target), options)) {}
 
 EtcdStore::~EtcdStore() = default;
 
 void EtcdStore::started() {
+  clock_->warm();
   client_->set_state_hook([this](const std::string& endpoint, bool up, const std::string& why) {
     if (!closed_ && events_.connection) events_.connection(endpoint, up, why);
   });
@@ -441,10 +444,135 @@ void EtcdStore::force_release_attempt(std::string name, int attempt, ForceDone d
   });
 }
 
+// ---- scheduled jobs
+
+namespace {
+constexpr int kClaimAttempts = 5;  // the period key changed under us, still lower: read again
+}  // namespace
+
+struct EtcdStore::Claim {
+  std::string name, token, key;
+  std::int64_t period = 0;
+  ClaimDone done;
+  int attempt = 0;
+  ClaimResult out;
+};
+
+void EtcdStore::server_time(TimeDone done) { clock_->now(std::move(done)); }
+
+void EtcdStore::claim_period(std::string_view name, std::string_view token, std::int64_t period,
+                             std::chrono::system_clock::time_point start, ClaimDone done) {
+  auto c = std::make_shared<Claim>();
+  c->name = std::string(name);
+  c->token = std::string(token);
+  c->key = period_key(name);
+  c->period = period;
+  c->done = std::move(done);
+  // The clock decides only whether the period is due; that it runs once
+  // rests on the transaction alone.
+  clock_->now([this, c, start](std::chrono::system_clock::time_point now, const StoreError* err) {
+    if (err) {
+      c->out.status = ClaimResult::Status::kFailed;
+      c->out.error = *err;
+      c->done(c->out);
+      return;
+    }
+    c->out.store_time = now;
+    if (now < start) {
+      c->out.status = ClaimResult::Status::kNotDue;
+      c->done(c->out);
+      return;
+    }
+    claim_step(c);
+  });
+}
+
+void EtcdStore::claim_step(std::shared_ptr<Claim> c) {
+  auto finish = [this, c](ClaimResult::Status status, const StoreError* err = nullptr) {
+    c->out.status = status;
+    if (err) c->out.error = *err;
+    if (auto now = clock_->estimate()) c->out.store_time = *now;
+    c->done(c->out);
+  };
+  // The last period run and the revision it was written at.
+  etcdserverpb::RangeRequest read;
+  read.set_key(c->key);
+  client_->range(std::move(read), [this, c, finish](const etcdserverpb::RangeResponse& response,
+                                                   const StoreError* err) {
+    if (err) {
+      finish(ClaimResult::Status::kFailed, err);
+      return;
+    }
+    std::int64_t mod = 0;
+    if (response.kvs_size() > 0) {
+      const auto& kv = response.kvs(0);
+      std::int64_t last = 0;
+      const std::string& v = kv.value();
+      if (std::from_chars(v.data(), v.data() + v.size(), last).ec != std::errc() || v.empty()) {
+        auto e = StoreError::refused(client_->name(), "the job's period key " + c->key + " holds '" + v +
+                                                          "', not a period", StoreError::Origin::kEtcd);
+        finish(ClaimResult::Status::kFailed, &e);
+        return;
+      }
+      if (last >= c->period) {
+        c->out.last = last;
+        finish(ClaimResult::Status::kAlreadyRun);
+        return;
+      }
+      mod = kv.mod_revision();
+    }
+    // One step: the job's lock holds our token, and the period key is as
+    // read (absent: mod_revision 0); then the period is recorded.
+    etcdserverpb::TxnRequest txn;
+    auto* ours = txn.add_compare();
+    ours->set_key(c->name);
+    ours->set_target(etcdserverpb::Compare::VALUE);
+    ours->set_result(etcdserverpb::Compare::EQUAL);
+    ours->set_value(c->token);
+    auto* same = txn.add_compare();
+    same->set_key(c->key);
+    same->set_target(etcdserverpb::Compare::MOD);
+    same->set_result(etcdserverpb::Compare::EQUAL);
+    same->set_mod_revision(mod);
+    auto* put = txn.add_success()->mutable_request_put();
+    put->set_key(c->key);
+    put->set_value(std::to_string(c->period));
+    txn.add_failure()->mutable_request_range()->set_key(c->name);
+    txn.add_failure()->mutable_request_range()->set_key(c->key);
+    client_->txn(std::move(txn), [this, c, finish](const etcdserverpb::TxnResponse& response,
+                                                  const StoreError* err) {
+      if (err) {
+        // Whether it was recorded is unknown: a period recorded and not
+        // run is lost, never run twice.
+        finish(ClaimResult::Status::kFailed, err);
+        return;
+      }
+      if (response.succeeded()) {
+        c->out.last = c->period;
+        finish(ClaimResult::Status::kClaimed);
+        return;
+      }
+      const mvccpb::KeyValue* lock = ranged(response);
+      if (lock == nullptr || lock->value() != c->token) {
+        finish(ClaimResult::Status::kNotLeader);
+        return;
+      }
+      if (++c->attempt < kClaimAttempts && !closed_) {
+        claim_step(c);  // another write to the period key came first: read again
+        return;
+      }
+      auto e = StoreError::unavailable(client_->name(), "the job's period key kept changing under the claim",
+                                       StoreError::Origin::kEtcd);
+      finish(ClaimResult::Status::kFailed, &e);
+    });
+  });
+}
+
 // ---- closing
 
 void EtcdStore::close() {
   closed_ = true;
+  clock_->close();
   for (auto& [name, w] : watched_) client_->cancel(w.watch);
   watched_.clear();
   client_->close();

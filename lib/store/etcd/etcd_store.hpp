@@ -43,10 +43,22 @@
 //
 // Capabilities: OperatorTools (inspect: Range and LeaseTimeToLive;
 // force_release: a transaction deleting the key if unchanged, then its
-// lease revoked, so the holder's next renewal finds it gone). No
-// JobClaims: etcd has no clock a client can read, so period claims
-// cannot be made on the store's time. No FenceRaising: the revision is
-// the cluster's, not a counter per name.
+// lease revoked, so the holder's next renewal finds it gone). JobClaims:
+//   server_time   the members' clock (EtcdClock: etcd's v3 API has none,
+//                 so it is read from the Date headers of the members'
+//                 HTTP answers, finer than their whole seconds, and kept
+//                 as an offset; measured once when the store starts)
+//   claim_period  the clock estimate must have reached the period's
+//                 start (else kNotDue); then the job's period key
+//                 (period_key(): the lock's name + ":period", the last
+//                 period run, in decimal, on no lease) is read, and one
+//                 transaction puts the period if the lock's key still
+//                 holds our token and the period key's mod_revision is
+//                 the one read (0: absent). Refused: the lock's key not
+//                 ours is kNotLeader; else the period key moved, read
+//                 again (a period >= ours: kAlreadyRun). At most once per
+//                 period rests on that transaction alone, not on clocks.
+// No FenceRaising: the revision is the cluster's, not a counter per name.
 //
 // Threading: as LockStore (loop thread, but encode()/check_key()). The
 // destructor runs off the loop thread, after close().
@@ -60,6 +72,7 @@
 #include "lockwatch/options.hpp"
 #include "store/capabilities.hpp"
 #include "store/etcd/etcd_client.hpp"
+#include "store/etcd/etcd_clock.hpp"
 #include "store/etcd/etcd_target.hpp"
 #include "store/store_base.hpp"
 
@@ -67,7 +80,7 @@ namespace lockwatch::detail {
 
 class Loop;
 
-class EtcdStore final : public StoreBase, public OperatorTools {
+class EtcdStore final : public StoreBase, public JobClaims, public OperatorTools {
  public:
   // The longest lock name (prefix + key) taken: a transaction names it
   // six times, and etcd refuses requests over 1.5 MiB by default.
@@ -99,6 +112,12 @@ class EtcdStore final : public StoreBase, public OperatorTools {
   void close() override;
   void inspect(std::string_view name, InspectDone done) override;
   void force_release(std::string_view name, ForceDone done) override;
+  void server_time(TimeDone done) override;
+  void claim_period(std::string_view name, std::string_view token, std::int64_t period,
+                    std::chrono::system_clock::time_point start, ClaimDone done) override;
+
+  // The key of the last period run of the job whose lock is `name`.
+  static std::string period_key(std::string_view name) { return std::string(name) + ":period"; }
 
  private:
   void started() override;
@@ -110,6 +129,8 @@ class EtcdStore final : public StoreBase, public OperatorTools {
   void force_release_attempt(std::string name, int attempt, ForceDone done);
   struct Releasing;
   void release_attempt(std::shared_ptr<Releasing> r);
+  struct Claim;
+  void claim_step(std::shared_ptr<Claim> c);
 
   // Our lease for each name we hold, with the token it was taken with.
   struct Held {
@@ -124,6 +145,7 @@ class EtcdStore final : public StoreBase, public OperatorTools {
 
   Loop& loop_;
   std::unique_ptr<EtcdClient> client_;
+  std::unique_ptr<EtcdClock> clock_;
   std::map<std::string, Held, std::less<>> held_;
   std::map<std::string, Watched, std::less<>> watched_;
   std::uint64_t next_watch_ = 1;

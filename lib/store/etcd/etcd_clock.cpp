@@ -1,0 +1,532 @@
+#include "store/etcd/etcd_clock.hpp"
+
+#include <fcntl.h>
+#include <netdb.h>
+#include <poll.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#if LOCKWATCH_WITH_TLS
+#include <openssl/bio.h>
+#include <openssl/err.h>
+#include <openssl/ssl.h>
+#endif
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <charconv>
+#include <cstring>
+#include <ctime>
+
+#include "core/loop.hpp"
+#include "store/redis/tls.hpp"
+
+namespace lockwatch::detail {
+
+using std::chrono::duration_cast;
+using std::chrono::milliseconds;
+using std::chrono::steady_clock;
+using std::chrono::system_clock;
+
+struct EtcdClock::State {
+  bool have = false;
+  milliseconds offset{0};
+  milliseconds uncertainty{0};
+  steady_clock::time_point measured_at{};
+  bool measuring = false;
+  std::vector<Done> waiting;
+  bool closed = false;
+  LocalClock local;
+
+  void measured(const Measured& m) {
+    measuring = false;
+    if (closed) return;
+    if (m.ok) {
+      have = true;
+      offset = m.offset;
+      uncertainty = m.uncertainty;
+      measured_at = steady_clock::now();
+    }
+    // A background refresh that failed keeps the offset until kMaxAge.
+    auto waiting_now = std::move(waiting);
+    waiting.clear();
+    for (auto& done : waiting_now) {
+      if (m.ok)
+        done(local() + offset, nullptr);
+      else
+        done({}, &m.error);
+    }
+  }
+};
+
+namespace {
+
+// "Wed, 25 Nov 2026 09:35:30 GMT" (RFC 7231's IMF-fixdate, the only form
+// Go writes) as seconds since the epoch; nothing if it is not one.
+std::optional<std::int64_t> parse_http_date(std::string_view s) {
+  static constexpr const char* kMonths[] = {"Jan", "Feb", "Mar", "Apr", "May", "Jun",
+                                            "Jul", "Aug", "Sep", "Oct", "Nov", "Dec"};
+  auto comma = s.find(", ");
+  if (comma == std::string_view::npos) return std::nullopt;
+  std::string rest(s.substr(comma + 2));
+  int day = 0, year = 0, h = 0, m = 0, sec = 0;
+  char month[4] = {};
+  char zone[4] = {};
+  if (std::sscanf(rest.c_str(), "%2d %3s %4d %2d:%2d:%2d %3s", &day, month, &year, &h, &m, &sec, zone) != 7)
+    return std::nullopt;
+  if (std::strcmp(zone, "GMT") != 0) return std::nullopt;
+  int mon = -1;
+  for (int i = 0; i < 12; ++i)
+    if (std::strcmp(month, kMonths[i]) == 0) mon = i;
+  if (mon < 0 || day < 1 || day > 31 || h > 23 || m > 59 || sec > 60 || year < 1970) return std::nullopt;
+  std::tm tm{};
+  tm.tm_year = year - 1900;
+  tm.tm_mon = mon;
+  tm.tm_mday = day;
+  tm.tm_hour = h;
+  tm.tm_min = m;
+  tm.tm_sec = sec;
+  return static_cast<std::int64_t>(::timegm(&tm));
+}
+
+// The value of header `name` (case-insensitive) in `head`, trimmed.
+std::optional<std::string_view> header(std::string_view head, std::string_view name) {
+  std::size_t at = head.find("\r\n");
+  while (at != std::string_view::npos && at + 2 < head.size()) {
+    std::size_t start = at + 2;
+    std::size_t end = head.find("\r\n", start);
+    if (end == std::string_view::npos) end = head.size();
+    std::string_view line = head.substr(start, end - start);
+    auto colon = line.find(':');
+    if (colon == name.size() && std::equal(name.begin(), name.end(), line.begin(), [](char a, char b) {
+          return std::tolower(static_cast<unsigned char>(a)) == std::tolower(static_cast<unsigned char>(b));
+        })) {
+      std::string_view v = line.substr(colon + 1);
+      while (!v.empty() && (v.front() == ' ' || v.front() == '\t')) v.remove_prefix(1);
+      while (!v.empty() && (v.back() == ' ' || v.back() == '\t')) v.remove_suffix(1);
+      return v;
+    }
+    at = end;
+  }
+  return std::nullopt;
+}
+
+}  // namespace
+
+// One kept-alive HTTP/1.1 connection to a member, plain or TLS (OpenSSL
+// over memory BIOs, as the Redis connections use it, fed from a blocking
+// socket). Every step is bounded by a deadline and gives up early when
+// the clock stops.
+struct EtcdClock::Conn {
+  EtcdClock& clock;
+  int fd = -1;
+  SSL* ssl = nullptr;
+  std::string in;  // read and not yet consumed
+
+  explicit Conn(EtcdClock& c) : clock(c) {}
+  ~Conn() {
+#if LOCKWATCH_WITH_TLS
+    if (ssl != nullptr) SSL_free(ssl);
+#endif
+    if (fd >= 0) ::close(fd);
+  }
+
+  // Waits until fd is ready for `events`, in slices, so that a stop is seen.
+  bool wait(short events, steady_clock::time_point deadline, std::string& why) {
+    for (;;) {
+      if (clock.stopping()) {
+        why = "the store is closing";
+        return false;
+      }
+      auto left = duration_cast<milliseconds>(deadline - steady_clock::now());
+      if (left <= milliseconds(0)) {
+        why = "no answer in time";
+        return false;
+      }
+      pollfd p{fd, events, 0};
+      int r = ::poll(&p, 1, static_cast<int>(std::min<long long>(left.count(), 50)));
+      if (r > 0) return true;
+      if (r < 0 && errno != EINTR) {
+        why = std::strerror(errno);
+        return false;
+      }
+    }
+  }
+
+  bool connect(const EtcdTarget::Member& m, steady_clock::time_point deadline, std::string& why) {
+    addrinfo hints{};
+    hints.ai_family = AF_UNSPEC;
+    hints.ai_socktype = SOCK_STREAM;
+    addrinfo* found = nullptr;
+    const std::string port = std::to_string(m.port);
+    if (int rc = ::getaddrinfo(m.host.c_str(), port.c_str(), &hints, &found); rc != 0) {
+      why = std::string("cannot resolve: ") + ::gai_strerror(rc);
+      return false;
+    }
+    why = "no address";
+    for (addrinfo* a = found; a != nullptr; a = a->ai_next) {
+      fd = ::socket(a->ai_family, a->ai_socktype | SOCK_NONBLOCK | SOCK_CLOEXEC, a->ai_protocol);
+      if (fd < 0) {
+        why = std::strerror(errno);
+        continue;
+      }
+      int rc = ::connect(fd, a->ai_addr, a->ai_addrlen);
+      if (rc != 0 && errno == EINPROGRESS && wait(POLLOUT, deadline, why)) {
+        int err = 0;
+        socklen_t len = sizeof err;
+        ::getsockopt(fd, SOL_SOCKET, SO_ERROR, &err, &len);
+        rc = err == 0 ? 0 : -1;
+        if (err != 0) why = std::strerror(err);
+      } else if (rc != 0 && errno != EINPROGRESS) {
+        why = std::strerror(errno);
+      }
+      if (rc == 0) break;
+      ::close(fd);
+      fd = -1;
+    }
+    ::freeaddrinfo(found);
+    if (fd < 0) return false;
+#if LOCKWATCH_WITH_TLS
+    if (clock.target_.tls) {
+      ssl = clock.tls_->new_session(m.host, why);
+      if (ssl == nullptr) return false;
+      if (!tls_step([this] { return SSL_connect(ssl); }, deadline, why)) return false;
+    }
+#endif
+    return true;
+  }
+
+  bool send_raw(const char* data, std::size_t n, steady_clock::time_point deadline, std::string& why) {
+    while (n > 0) {
+      ssize_t w = ::send(fd, data, n, MSG_NOSIGNAL);
+      if (w > 0) {
+        data += w;
+        n -= static_cast<std::size_t>(w);
+        continue;
+      }
+      if (w < 0 && errno == EINTR) continue;
+      if (w < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
+        if (!wait(POLLOUT, deadline, why)) return false;
+        continue;
+      }
+      why = std::strerror(errno);
+      return false;
+    }
+    return true;
+  }
+
+  // Some bytes from the socket (never none: the end of the stream fails).
+  bool recv_raw(std::string& out, steady_clock::time_point deadline, std::string& why) {
+    char buf[4096];
+    for (;;) {
+      ssize_t r = ::recv(fd, buf, sizeof buf, 0);
+      if (r > 0) {
+        out.append(buf, static_cast<std::size_t>(r));
+        return true;
+      }
+      if (r == 0) {
+        why = "the member closed the connection";
+        return false;
+      }
+      if (errno == EINTR) continue;
+      if (errno != EAGAIN && errno != EWOULDBLOCK) {
+        why = std::strerror(errno);
+        return false;
+      }
+      if (!wait(POLLIN, deadline, why)) return false;
+    }
+  }
+
+#if LOCKWATCH_WITH_TLS
+  // Writes what the session produced to the socket.
+  bool flush_tls(steady_clock::time_point deadline, std::string& why) {
+    char buf[4096];
+    BIO* out = SSL_get_wbio(ssl);
+    while (BIO_ctrl_pending(out) > 0) {
+      int n = BIO_read(out, buf, sizeof buf);
+      if (n <= 0) break;
+      if (!send_raw(buf, static_cast<std::size_t>(n), deadline, why)) return false;
+    }
+    return true;
+  }
+
+  // Runs `op` (SSL_connect, SSL_write, SSL_read) until it returns > 0,
+  // feeding the session from the socket.
+  template <class Op>
+  int tls_step(Op op, steady_clock::time_point deadline, std::string& why) {
+    for (;;) {
+      ERR_clear_error();
+      int r = op();
+      if (!flush_tls(deadline, why)) return 0;
+      if (r > 0) return r;
+      int e = SSL_get_error(ssl, r);
+      if (e == SSL_ERROR_WANT_WRITE) continue;
+      if (e != SSL_ERROR_WANT_READ) {
+        why = "TLS: " + tls_error_text(ssl);
+        return 0;
+      }
+      std::string got;
+      if (!recv_raw(got, deadline, why)) return 0;
+      BIO_write(SSL_get_rbio(ssl), got.data(), static_cast<int>(got.size()));
+    }
+  }
+#endif
+
+  bool send(const std::string& data, steady_clock::time_point deadline, std::string& why) {
+#if LOCKWATCH_WITH_TLS
+    if (ssl != nullptr)
+      return tls_step([&] { return SSL_write(ssl, data.data(), static_cast<int>(data.size())); }, deadline, why) > 0;
+#endif
+    return send_raw(data.data(), data.size(), deadline, why);
+  }
+
+  bool recv(steady_clock::time_point deadline, std::string& why) {
+#if LOCKWATCH_WITH_TLS
+    if (ssl != nullptr) {
+      char buf[4096];
+      int n = tls_step([&] { return SSL_read(ssl, buf, sizeof buf); }, deadline, why);
+      if (n <= 0) return false;
+      in.append(buf, static_cast<std::size_t>(n));
+      return true;
+    }
+#endif
+    return recv_raw(in, deadline, why);
+  }
+
+  // One GET /version: the Date's second, and whether the connection may
+  // be used again. False with `why` for anything but etcd's answer.
+  bool get_version(const std::string& host, steady_clock::time_point deadline, std::int64_t& second,
+                   bool& keep, std::string& why) {
+    const std::string request = "GET /version HTTP/1.1\r\nHost: " + host +
+                                "\r\nUser-Agent: lockwatch\r\nAccept: application/json\r\n\r\n";
+    if (!send(request, deadline, why)) return false;
+    std::size_t end;
+    while ((end = in.find("\r\n\r\n")) == std::string::npos) {
+      if (in.size() > 64 * 1024) {
+        why = "an answer that is not HTTP";
+        return false;
+      }
+      if (!recv(deadline, why)) return false;
+    }
+    const std::string head = in.substr(0, end);
+    in.erase(0, end + 4);
+    if (head.rfind("HTTP/1.", 0) != 0 || head.size() < 12) {
+      why = "an answer that is not HTTP";
+      return false;
+    }
+    if (head.compare(9, 3, "200") != 0) {
+      why = "GET /version answered " + head.substr(9, head.find("\r\n") - 9);
+      return false;
+    }
+    auto date = header(head, "Date");
+    auto parsed = date ? parse_http_date(*date) : std::nullopt;
+    if (!parsed) {
+      why = "GET /version answered without a Date header";
+      return false;
+    }
+    std::size_t length = 0;
+    auto cl = header(head, "Content-Length");
+    if (!cl || std::from_chars(cl->data(), cl->data() + cl->size(), length).ec != std::errc() ||
+        length > 64 * 1024) {
+      why = "GET /version answered without a usable Content-Length";
+      return false;
+    }
+    while (in.size() < length)
+      if (!recv(deadline, why)) return false;
+    const std::string body = in.substr(0, length);
+    in.erase(0, length);
+    if (body.find("\"etcdserver\"") == std::string::npos) {
+      why = "GET /version answered, but not as etcd does";
+      return false;
+    }
+    auto connection = header(head, "Connection");
+    keep = !(connection && (*connection == "close" || *connection == "Close"));
+    second = *parsed;
+    return true;
+  }
+};
+
+EtcdClock::EtcdClock(Loop& loop, EtcdTarget target, const Options& options, LocalClock local)
+    : loop_(loop),
+      target_(std::move(target)),
+      name_(target_.name()),
+      connect_timeout_(options.connect_timeout),
+      command_timeout_(options.command_timeout),
+      local_(local ? std::move(local) : LocalClock([] { return system_clock::now(); })),
+      state_(std::make_shared<State>()) {
+  state_->local = local_;
+  if (target_.tls) {
+    try {
+      tls_ = TlsContext::make(options);
+    } catch (const std::exception& e) {
+      tls_error_ = e.what();
+    }
+  }
+}
+
+EtcdClock::~EtcdClock() {
+  {
+    std::lock_guard lk(mu_);
+    stop_ = true;
+  }
+  cv_.notify_all();
+  if (thread_.joinable()) thread_.join();
+}
+
+bool EtcdClock::stopping() {
+  std::lock_guard lk(mu_);
+  return stop_;
+}
+
+std::optional<system_clock::time_point> EtcdClock::estimate() const {
+  if (!state_->have || steady_clock::now() - state_->measured_at > kMaxAge) return std::nullopt;
+  return local_() + state_->offset;
+}
+
+milliseconds EtcdClock::uncertainty() const { return state_->have ? state_->uncertainty : milliseconds(0); }
+
+void EtcdClock::now(Done done) {
+  State& s = *state_;
+  if (s.closed) {
+    loop_.post([done = std::move(done), name = name_] {
+      auto e = StoreError::unavailable(name, "the store is closed", StoreError::Origin::kEtcd);
+      done({}, &e);
+    });
+    return;
+  }
+  const auto age = steady_clock::now() - s.measured_at;
+  if (s.have && age <= kMaxAge) {
+    if (age > kRefresh) want_measure();
+    loop_.post([state = state_, done = std::move(done)] {
+      if (state->closed) {
+        auto e = StoreError::unavailable("etcd", "the store is closed", StoreError::Origin::kEtcd);
+        done({}, &e);
+        return;
+      }
+      done(state->local() + state->offset, nullptr);
+    });
+    return;
+  }
+  s.waiting.push_back(std::move(done));
+  want_measure();
+}
+
+void EtcdClock::warm() {
+  if (!state_->have && !state_->closed) want_measure();
+}
+
+void EtcdClock::want_measure() {
+  State& s = *state_;
+  if (s.measuring) return;
+  s.measuring = true;
+  if (!thread_.joinable()) thread_ = std::thread([this] { run(); });
+  {
+    std::lock_guard lk(mu_);
+    wanted_ = true;
+  }
+  cv_.notify_all();
+}
+
+void EtcdClock::close() {
+  State& s = *state_;
+  s.closed = true;
+  auto waiting = std::move(s.waiting);
+  s.waiting.clear();
+  {
+    std::lock_guard lk(mu_);
+    stop_ = true;
+  }
+  cv_.notify_all();
+  auto e = StoreError::unavailable(name_, "the store is closed", StoreError::Origin::kEtcd);
+  for (auto& done : waiting) done({}, &e);
+}
+
+void EtcdClock::run() {
+  for (;;) {
+    {
+      std::unique_lock lk(mu_);
+      cv_.wait(lk, [this] { return wanted_ || stop_; });
+      if (stop_) return;
+      wanted_ = false;
+    }
+    Measured m = measure();
+    loop_.post([state = state_, m = std::move(m)] { state->measured(m); });
+  }
+}
+
+EtcdClock::Measured EtcdClock::measure() {
+  Measured out;
+  if (target_.tls && !tls_) {
+    out.error = StoreError::invalid(name_, "cannot read the members' clock over TLS: " + tls_error_,
+                                    StoreError::Origin::kEtcd);
+    return out;
+  }
+  std::string whys;
+  for (std::size_t i = 0; i < target_.members.size(); ++i) {
+    Measured m = measure_member(i);
+    if (m.ok || stopping()) return m;
+    whys += (whys.empty() ? "" : "; ") + m.error.message;
+  }
+  out.error = StoreError::unavailable(name_, "no member's clock could be read: " + whys, StoreError::Origin::kEtcd);
+  return out;
+}
+
+EtcdClock::Measured EtcdClock::measure_member(std::size_t member) {
+  const EtcdTarget::Member& m = target_.members[member];
+  const std::string endpoint = (target_.tls ? "https://" : "http://") + m.address();
+  Measured out;
+  auto fail = [&](const std::string& why) {
+    out.error = StoreError::unavailable(name_, endpoint + ": " + why, StoreError::Origin::kEtcd);
+    return out;
+  };
+  std::unique_ptr<Conn> conn;
+  std::string why;
+  auto reconnect = [&]() -> bool {
+    conn = std::make_unique<Conn>(*this);
+    return conn->connect(m, steady_clock::now() + connect_timeout_, why);
+  };
+  struct Sample {
+    system_clock::time_point sent, answered;
+    std::int64_t second = 0;
+  };
+  auto sample = [&](Sample& s) -> bool {
+    if (!conn && !reconnect()) return false;
+    bool keep = true;
+    s.sent = local_();
+    bool ok = conn->get_version(m.address(), steady_clock::now() + command_timeout_, s.second, keep, why);
+    s.answered = local_();
+    if (!ok || !keep) conn.reset();
+    return ok;
+  };
+  Sample prev;
+  if (!sample(prev)) return fail(why);
+  // Until the second changes: the change lies between the sending of the
+  // last request that saw the old second and the answer of the first
+  // that saw the new one.
+  const auto until = steady_clock::now() + kSampleSpan;
+  auto next_at = steady_clock::now() + kSampleGap;
+  while (steady_clock::now() < until) {
+    {
+      std::unique_lock lk(mu_);
+      if (cv_.wait_until(lk, next_at, [this] { return stop_; })) return fail("the store is closing");
+    }
+    next_at = steady_clock::now() + kSampleGap;
+    Sample s;
+    if (!sample(s)) return fail(why);
+    if (s.second == prev.second + 1) {
+      const auto span = s.answered - prev.sent;
+      const auto change = prev.sent + span / 2;
+      const system_clock::time_point start{std::chrono::seconds(s.second)};
+      out.offset = duration_cast<milliseconds>(start - change);
+      out.uncertainty = duration_cast<milliseconds>(span / 2) + milliseconds(1);
+      out.ok = true;
+      return out;
+    }
+    prev = s;  // the same second, or a jump (a slow answer, a clock stepped): from here
+  }
+  return fail(fmt::format("the Date it answers did not change within {} ms", kSampleSpan.count()));
+}
+
+}  // namespace lockwatch::detail
