@@ -113,3 +113,15 @@ T& require(LockStore& store, std::string_view store_kind) {
 }
 
 }  // namespace lockwatch::detail
+
+// A store class declares the capabilities it offers with these (as
+// LOCKWATCH_STORE_OPERATIONS in lock_store.hpp).
+#define LOCKWATCH_FENCE_RAISING_OPERATIONS \
+  void raise_fence(std::string_view name, std::uint64_t fence, RaiseDone done) override
+#define LOCKWATCH_JOB_CLAIMS_OPERATIONS                                                      \
+  void server_time(TimeDone done) override;                                                  \
+  void claim_period(std::string_view name, std::string_view token, std::int64_t period,      \
+                    std::chrono::system_clock::time_point start, ClaimDone done) override
+#define LOCKWATCH_OPERATOR_TOOLS_OPERATIONS                       \
+  void inspect(std::string_view name, InspectDone done) override; \
+  void force_release(std::string_view name, ForceDone done) override

@@ -165,3 +165,17 @@ class LockStore {
 };
 
 }  // namespace lockwatch::detail
+
+// A store class declares LockStore's operations with these, named once
+// here rather than in every store's header: LOCKWATCH_STORE_OPERATIONS;
+// (acquire, renew, release, close) and, for a store with release notices,
+// LOCKWATCH_STORE_NOTICES; (subscribe, unsubscribe).
+#define LOCKWATCH_STORE_OPERATIONS                                                                           \
+  void acquire(std::span<const ::lockwatch::detail::LockRef> locks, AcquireDone done) override;              \
+  std::size_t renew(std::span<const ::lockwatch::detail::LockRef> locks, std::shared_ptr<const void> keepalive, \
+                    RenewDone done) override;                                                                \
+  void release(std::span<const ::lockwatch::detail::LockRef> locks, bool notify, ReleaseDone done) override; \
+  void close() override
+#define LOCKWATCH_STORE_NOTICES                  \
+  void subscribe(std::string_view name) override; \
+  void unsubscribe(std::string_view name) override

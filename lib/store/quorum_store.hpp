@@ -64,21 +64,14 @@ class QuorumStore final : public StoreBase, public JobClaims, public OperatorToo
   }
 
   // Every call to every store; each lock decided by its majority (see above).
-  void acquire(std::span<const LockRef> locks, AcquireDone done) override;
-  std::size_t renew(std::span<const LockRef> locks, std::shared_ptr<const void> keepalive, RenewDone done) override;
-  void release(std::span<const LockRef> locks, bool notify, ReleaseDone done) override;
-  void close() override;
+  LOCKWATCH_STORE_OPERATIONS;
   // On every store: a notice from any one wakes a waiter.
-  void subscribe(std::string_view name) override;
-  void unsubscribe(std::string_view name) override;
+  LOCKWATCH_STORE_NOTICES;
   void poll_replies() override;
   // JobClaims: the median clock; claimed when a majority claimed.
-  void server_time(TimeDone done) override;
-  void claim_period(std::string_view name, std::string_view token, std::int64_t period,
-                    std::chrono::system_clock::time_point start, ClaimDone done) override;
+  LOCKWATCH_JOB_CLAIMS_OPERATIONS;
   // OperatorTools: held when a majority holds it, with their highest token.
-  void inspect(std::string_view name, InspectDone done) override;
-  void force_release(std::string_view name, ForceDone done) override;
+  LOCKWATCH_OPERATOR_TOOLS_OPERATIONS;
 
  private:
   void started() override;

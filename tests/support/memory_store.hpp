@@ -188,20 +188,11 @@ class MemoryStore final : public detail::LockStore,
   }
   bool expiry_bounded() const noexcept override { return script_->expiry_bounded(); }
   void start(detail::StoreEvents events) override;
-  void acquire(std::span<const detail::LockRef> locks, AcquireDone done) override;
-  std::size_t renew(std::span<const detail::LockRef> locks, std::shared_ptr<const void> keepalive,
-                    RenewDone done) override;
-  void release(std::span<const detail::LockRef> locks, bool notify, ReleaseDone done) override;
-  void raise_fence(std::string_view name, std::uint64_t fence, std::function<void(bool ok)> done) override;
-  void server_time(std::function<void(std::chrono::system_clock::time_point, const detail::StoreError*)> done) override;
-  void claim_period(std::string_view name, std::string_view token, std::int64_t period,
-                    std::chrono::system_clock::time_point start,
-                    std::function<void(const detail::ClaimResult&)> done) override;
-  void inspect(std::string_view name, std::function<void(const detail::LockInfo&, const detail::StoreError*)> done) override;
-  void force_release(std::string_view name, std::function<void(bool, const detail::StoreError*)> done) override;
-  void subscribe(std::string_view name) override;
-  void unsubscribe(std::string_view name) override;
-  void close() override;
+  LOCKWATCH_STORE_OPERATIONS;
+  LOCKWATCH_STORE_NOTICES;
+  LOCKWATCH_FENCE_RAISING_OPERATIONS;
+  LOCKWATCH_JOB_CLAIMS_OPERATIONS;
+  LOCKWATCH_OPERATOR_TOOLS_OPERATIONS;
 
   // Any thread (the backend): a release notice for `name`.
   void notice(const std::string& name);

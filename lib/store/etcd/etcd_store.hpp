@@ -104,17 +104,10 @@ class EtcdStore final : public StoreBase, public JobClaims, public OperatorTools
   // A new leader renews every lease: an unconfirmed release is never
   // counted done.
   bool expiry_bounded() const noexcept override { return false; }
-  void acquire(std::span<const LockRef> locks, AcquireDone done) override;
-  std::size_t renew(std::span<const LockRef> locks, std::shared_ptr<const void> keepalive, RenewDone done) override;
-  void release(std::span<const LockRef> locks, bool notify, ReleaseDone done) override;
-  void subscribe(std::string_view name) override;
-  void unsubscribe(std::string_view name) override;
-  void close() override;
-  void inspect(std::string_view name, InspectDone done) override;
-  void force_release(std::string_view name, ForceDone done) override;
-  void server_time(TimeDone done) override;
-  void claim_period(std::string_view name, std::string_view token, std::int64_t period,
-                    std::chrono::system_clock::time_point start, ClaimDone done) override;
+  LOCKWATCH_STORE_OPERATIONS;
+  LOCKWATCH_STORE_NOTICES;
+  LOCKWATCH_OPERATOR_TOOLS_OPERATIONS;
+  LOCKWATCH_JOB_CLAIMS_OPERATIONS;
 
   // The key of the last period run of the job whose lock is `name`.
   static std::string period_key(std::string_view name) { return std::string(name) + ":period"; }

@@ -54,20 +54,13 @@ class MemoryStore final : public StoreBase, public FenceRaising, public JobClaim
   // Each call one step on the space's state under its mutex; the answer
   // posted to this store's loop.
   const char* check_kind(LockKind) const noexcept override { return nullptr; }  // every kind
-  void acquire(std::span<const LockRef> locks, AcquireDone done) override;
-  std::size_t renew(std::span<const LockRef> locks, std::shared_ptr<const void> keepalive, RenewDone done) override;
-  void release(std::span<const LockRef> locks, bool notify, ReleaseDone done) override;
-  void close() override;
+  LOCKWATCH_STORE_OPERATIONS;
   // The space tells every store subscribed to a name of its release.
-  void subscribe(std::string_view name) override;
-  void unsubscribe(std::string_view name) override;
+  LOCKWATCH_STORE_NOTICES;
   // Capabilities, on the space's state (its clock is this host's).
-  void raise_fence(std::string_view name, std::uint64_t fence, RaiseDone done) override;
-  void server_time(TimeDone done) override;
-  void claim_period(std::string_view name, std::string_view token, std::int64_t period,
-                    std::chrono::system_clock::time_point start, ClaimDone done) override;
-  void inspect(std::string_view name, InspectDone done) override;
-  void force_release(std::string_view name, ForceDone done) override;
+  LOCKWATCH_FENCE_RAISING_OPERATIONS;
+  LOCKWATCH_JOB_CLAIMS_OPERATIONS;
+  LOCKWATCH_OPERATOR_TOOLS_OPERATIONS;
 
   // Loop thread (posted by the space): `name` was released.
   void notice(const std::string& name);

@@ -74,21 +74,14 @@ class PgStore final : public StoreBase, public FenceRaising, public JobClaims, p
   const char* check_kind(LockKind kind) const noexcept override {
     return kind.exclusive_kind() ? nullptr : "the lock table keeps one owner per key: shared and permit locks are not kept on PostgreSQL yet";
   }
-  void acquire(std::span<const LockRef> locks, AcquireDone done) override;
-  std::size_t renew(std::span<const LockRef> locks, std::shared_ptr<const void> keepalive, RenewDone done) override;
-  void release(std::span<const LockRef> locks, bool notify, ReleaseDone done) override;
-  void subscribe(std::string_view name) override;
-  void unsubscribe(std::string_view name) override;
+  LOCKWATCH_STORE_OPERATIONS;
+  LOCKWATCH_STORE_NOTICES;
   void poll_replies() override;
-  void close() override;
   // FenceRaising, JobClaims on the database's clock (clock_timestamp()),
   // OperatorTools: on the row.
-  void raise_fence(std::string_view name, std::uint64_t fence, RaiseDone done) override;
-  void server_time(TimeDone done) override;
-  void claim_period(std::string_view name, std::string_view token, std::int64_t period,
-                    std::chrono::system_clock::time_point start, ClaimDone done) override;
-  void inspect(std::string_view name, InspectDone done) override;
-  void force_release(std::string_view name, ForceDone done) override;
+  LOCKWATCH_FENCE_RAISING_OPERATIONS;
+  LOCKWATCH_JOB_CLAIMS_OPERATIONS;
+  LOCKWATCH_OPERATOR_TOOLS_OPERATIONS;
 
  private:
   void started() override;

@@ -118,21 +118,14 @@ class ClusterStore final : public StoreBase, public FenceRaising, public JobClai
   // Every kind: a lock's keys (lock, holders, writer mark, counter) share
   // its hash tag, so one slot, and its node's scripts keep them.
   const char* check_kind(LockKind) const noexcept override { return nullptr; }
-  void acquire(std::span<const LockRef> locks, AcquireDone done) override;
-  std::size_t renew(std::span<const LockRef> locks, std::shared_ptr<const void> keepalive, RenewDone done) override;
-  void release(std::span<const LockRef> locks, bool notify, ReleaseDone done) override;
+  LOCKWATCH_STORE_OPERATIONS;
   void poll_replies() override;  // every node's
-  void close() override;
   // Notices are sharded: SSUBSCRIBE on the node of each name's slot.
-  void subscribe(std::string_view name) override;
-  void unsubscribe(std::string_view name) override;
+  LOCKWATCH_STORE_NOTICES;
   // Capabilities, on the node of the name's slot (TIME: any node).
-  void raise_fence(std::string_view name, std::uint64_t fence, RaiseDone done) override;
-  void server_time(TimeDone done) override;
-  void claim_period(std::string_view name, std::string_view token, std::int64_t period,
-                    std::chrono::system_clock::time_point start, ClaimDone done) override;
-  void inspect(std::string_view name, InspectDone done) override;
-  void force_release(std::string_view name, ForceDone done) override;
+  LOCKWATCH_FENCE_RAISING_OPERATIONS;
+  LOCKWATCH_JOB_CLAIMS_OPERATIONS;
+  LOCKWATCH_OPERATOR_TOOLS_OPERATIONS;
 
  private:
   void started() override;

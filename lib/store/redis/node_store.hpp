@@ -93,20 +93,13 @@ class RedisNodeStore final : public StoreBase, public FenceRaising, public JobCl
   // each (kAcquireKind, kRenewKind, kReleaseKind; a call's renewals and
   // releases of them together), beside the exclusive batches.
   const char* check_kind(LockKind) const noexcept override { return nullptr; }
-  void acquire(std::span<const LockRef> locks, AcquireDone done) override;
-  std::size_t renew(std::span<const LockRef> locks, std::shared_ptr<const void> keepalive, RenewDone done) override;
-  void release(std::span<const LockRef> locks, bool notify, ReleaseDone done) override;
-  void subscribe(std::string_view name) override;
-  void unsubscribe(std::string_view name) override;
+  LOCKWATCH_STORE_OPERATIONS;
+  LOCKWATCH_STORE_NOTICES;
   void poll_replies() override;  // the renewal connection's
-  void close() override;
   // Capabilities, each one script call on the command connection.
-  void raise_fence(std::string_view name, std::uint64_t fence, RaiseDone done) override;
-  void server_time(TimeDone done) override;  // TIME
-  void claim_period(std::string_view name, std::string_view token, std::int64_t period,
-                    std::chrono::system_clock::time_point start, ClaimDone done) override;
-  void inspect(std::string_view name, InspectDone done) override;
-  void force_release(std::string_view name, ForceDone done) override;
+  LOCKWATCH_FENCE_RAISING_OPERATIONS;
+  LOCKWATCH_JOB_CLAIMS_OPERATIONS;
+  LOCKWATCH_OPERATOR_TOOLS_OPERATIONS;
 
   static constexpr std::size_t kMaxBatch = 256;
   // Batch calls written and not answered yet, at most. More wait here, not

@@ -53,16 +53,10 @@ class SqlStore final : public StoreBase, public JobClaims, public OperatorTools 
   const char* check_kind(LockKind kind) const noexcept override {
     return kind.exclusive_kind() ? nullptr : "the lock table keeps one owner per key: shared and permit locks are not kept on MariaDB yet";
   }
-  void acquire(std::span<const LockRef> locks, AcquireDone done) override;
-  std::size_t renew(std::span<const LockRef> locks, std::shared_ptr<const void> keepalive, RenewDone done) override;
-  void release(std::span<const LockRef> locks, bool notify, ReleaseDone done) override;
-  void close() override;
+  LOCKWATCH_STORE_OPERATIONS;
   // JobClaims on the database's clock (NOW(6)); OperatorTools on the row.
-  void server_time(TimeDone done) override;
-  void claim_period(std::string_view name, std::string_view token, std::int64_t period,
-                    std::chrono::system_clock::time_point start, ClaimDone done) override;
-  void inspect(std::string_view name, InspectDone done) override;
-  void force_release(std::string_view name, ForceDone done) override;
+  LOCKWATCH_JOB_CLAIMS_OPERATIONS;
+  LOCKWATCH_OPERATOR_TOOLS_OPERATIONS;
 
  private:
   void started() override;

@@ -110,24 +110,17 @@ class ZkStore final : public StoreBase, public JobClaims, public OperatorTools {
   // they are, any other byte as %XX.
   static std::string escape(std::string_view bytes);
 
-  void acquire(std::span<const LockRef> locks, AcquireDone done) override;
-  std::size_t renew(std::span<const LockRef> locks, std::shared_ptr<const void> keepalive, RenewDone done) override;
-  void release(std::span<const LockRef> locks, bool notify, ReleaseDone done) override;
-  void subscribe(std::string_view name) override;
-  void unsubscribe(std::string_view name) override;
-  void close() override;
+  LOCKWATCH_STORE_OPERATIONS;
+  LOCKWATCH_STORE_NOTICES;
   // JobClaims: the store's clock is the ensemble's, read as the mtime a
   // write to /lockwatch gets (the leader's clock when it ran it); a job's
   // last period is the data of a persistent node `period` in its lock's
   // directory, set by one multi that also checks our lock's node is there
   // (and the version read, so that two claims cannot both pass).
-  void server_time(TimeDone done) override;
-  void claim_period(std::string_view name, std::string_view token, std::int64_t period,
-                    std::chrono::system_clock::time_point start, ClaimDone done) override;
+  LOCKWATCH_JOB_CLAIMS_OPERATIONS;
   // OperatorTools: the holder is the lowest node; a lock not held reports
   // fencing token 0 (the ensemble keeps no counter apart from the nodes).
-  void inspect(std::string_view name, InspectDone done) override;
-  void force_release(std::string_view name, ForceDone done) override;
+  LOCKWATCH_OPERATOR_TOOLS_OPERATIONS;
 
   struct Result;  // a ZooKeeper answer, copied off the client's thread
   struct Sink;    // how the client's threads reach the loop
