@@ -48,27 +48,19 @@ LockHandle take(Runtime& rt, const std::string& key, std::chrono::milliseconds t
 }
 
 TEST_F(SqlStoreTest, MalformedUrlsAreInvalidArgumentsThatHideThePassword) {
-  const char* bad[] = {
-      "mysql://127.0.0.1:3306/db",                       // no user
-      "mysql://u:secret@127.0.0.1:3306",                 // no database
-      "mysql://u:secret@127.0.0.1:x/db",                 // bad port
-      "mysql://u:secret@127.0.0.1:70000/db",             // port out of range
-      "mysql://u:secret@:3306/db",                       // no host
-      "mysql://u:secret@127.0.0.1/db?table=a;drop",      // a table name that is not an identifier
-      "mysql://u:secret@127.0.0.1/db-1",                 // nor a database name
-      "mysql://u:secret@localhost/db?socket=relative",   // a socket path that is not absolute
-      "mysql://u:secret@127.0.0.1/db?colour=blue",       // an unknown parameter
-  };
-  for (const char* url : bad) {
-    Options o = options(url);
-    try {
-      o.validate();
-      ADD_FAILURE() << "accepted " << url;
-    } catch (const InvalidArgument& e) {
-      EXPECT_EQ(std::string(e.what()).find("secret"), std::string::npos) << e.what();
-      EXPECT_NE(std::string(e.what()).find("mysql://"), std::string::npos) << e.what();
-    }
-  }
+  expect_refused_urls(
+      {
+        "mysql://127.0.0.1:3306/db",                       // no user
+        "mysql://u:secret@127.0.0.1:3306",                 // no database
+        "mysql://u:secret@127.0.0.1:x/db",                 // bad port
+        "mysql://u:secret@127.0.0.1:70000/db",             // port out of range
+        "mysql://u:secret@:3306/db",                       // no host
+        "mysql://u:secret@127.0.0.1/db?table=a;drop",      // a table name that is not an identifier
+        "mysql://u:secret@127.0.0.1/db-1",                 // nor a database name
+        "mysql://u:secret@localhost/db?socket=relative",   // a socket path that is not absolute
+        "mysql://u:secret@127.0.0.1/db?colour=blue",       // an unknown parameter
+      },
+      [](const char* url) { return options(url); }, "mysql://");
   Options replicas = options(server_->url());
   replicas.min_replicas = 1;
   EXPECT_THROW(replicas.validate(), InvalidArgument);

@@ -6,6 +6,7 @@
 #include <chrono>
 #include <condition_variable>
 #include <future>
+#include <initializer_list>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -224,5 +225,22 @@ class Rendezvous {
   std::condition_variable cv_;
   int left_;
 };
+
+// Every URL of `bad` is refused when options made of it (by `make`) are
+// checked: an InvalidArgument that names `store` and never shows the
+// password, which is "secret" in each.
+template <class MakeOptions>
+void expect_refused_urls(std::initializer_list<const char*> bad, MakeOptions make, std::string_view store) {
+  for (const char* url : bad) {
+    Options o = make(url);
+    try {
+      o.validate();
+      ADD_FAILURE() << "accepted " << url;
+    } catch (const InvalidArgument& e) {
+      EXPECT_EQ(std::string(e.what()).find("secret"), std::string::npos) << e.what();
+      EXPECT_NE(std::string(e.what()).find(store), std::string::npos) << e.what();
+    }
+  }
+}
 
 }  // namespace lockwatch::testing
