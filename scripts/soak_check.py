@@ -36,6 +36,12 @@ Violations, and why each means the library broke a promise:
                   two leases of one key got the same token; or a call that
                   started after another lease had been granted got a token
                   no higher than that lease's.
+  rw-overlap      on the read-write key "rw", a writer that ended well
+                  overlapped another holder that ended well (a reader or
+                  a writer), between being handed its lease and its work
+                  returning. Readers may overlap each other.
+  over-admission  on the semaphore key "sem", more holders that ended well
+                  held a permit at one time than there are permits.
   lost-increment  the counter differs from the number of accepted writes.
   history         the workers' record of a write disagrees with the
                   resource's log (the checker's inputs are not coherent).
@@ -69,6 +75,7 @@ from collections import defaultdict, namedtuple
 LogEntry = namedtuple("LogEntry", "n tok lease rseq value now")
 Refusal = namedtuple("Refusal", "n tok lease rseq why hi now dl")
 SHOW = 8  # violations printed per kind
+SEM_PERMITS = 2  # the soak worker's semaphore (kSemPermits)
 
 
 def load(d):
@@ -210,9 +217,18 @@ def check(run):
             bad("history", "%s: write #%d reported %s by %s, the resource logged %s"
                 % (w["k"], w["seq"], w["res"], w["op"], entry))
 
+    # Calls of the other kinds of lock (--kinds): readers share the last
+    # writer's token, and permits are held by several at once. They are
+    # judged below; the checks of exclusive locks see writers and permits
+    # only where those rules hold (tokens), or not at all (one holder).
+    def kind_of(op):
+        return (begins.get(op) or ends.get(op) or {}).get("kind", "")
+
     # -- tokens in real time: granted before another call began => lower
     leases = {}
     for op, c in ends.items():
+        if kind_of(op) == "reader":
+            continue
         if c["tok"] > 0 and c["acq"] > 0:
             leases[op] = (c["k"], begins[op]["t"] if op in begins else c["t0"], c["acq"], c["tok"])
     for w in writes:  # calls of killed workers: granted before their first read
@@ -243,9 +259,28 @@ def check(run):
 
     # -- calls that ended well held their key alone
     done = defaultdict(list)
+    kinds_done = defaultdict(list)
     for op, c in ends.items():
         if c["out"] == "ok" and c["acq"] > 0 and c.get("wend", 0) > 0:
-            done[c["k"]].append((c["acq"], c["wend"], op))
+            if kind_of(op):
+                kinds_done[c["k"]].append((c["acq"], c["wend"], op, kind_of(op)))
+            else:
+                done[c["k"]].append((c["acq"], c["wend"], op))
+    # -- a writer alone; no more permit holders than permits
+    for k, ls in sorted(kinds_done.items()):
+        writers = [x for x in ls if x[3] == "writer"]
+        for acq, wend, op, _ in writers:
+            for acq2, wend2, op2, kind2 in ls:
+                if op2 != op and acq2 < wend and acq < wend2:
+                    bad("rw-overlap", "%s: writer %s held it from %.3f s to %.3f s, and %s %s from %.3f s to "
+                        "%.3f s; both ended well" % (k, op, acq / 1e9, wend / 1e9, kind2, op2, acq2 / 1e9, wend2 / 1e9))
+        permits = sorted((x for x in ls if x[3] == "permit"), key=lambda x: x[0])
+        held = []  # (wend, op) of the permit holders at the time
+        for acq, wend, op, _ in permits:
+            held = [h for h in held if h[0] > acq] + [(wend, op)]
+            if len(held) > SEM_PERMITS:
+                bad("over-admission", "%s: %d holders at %.3f s (%s), %d permits; all ended well"
+                    % (k, len(held), acq / 1e9, ", ".join(sorted(o for _, o in held)), SEM_PERMITS))
     for k, ls in sorted(done.items()):
         ls.sort()
         last = None  # the lease whose work ended last so far
@@ -301,6 +336,8 @@ def check(run):
              "accepted": accepted, "late": late, "stale": stale, "procs": dict(how), "slowest": slowest[1],
              "messages": {o: sorted(m.items(), key=lambda x: -x[1])[:2] for o, m in messages.items()},
              "owners": len(released), "probed": probed,
+             "kinds": {kind: sum(1 for ls in kinds_done.values() for x in ls if x[3] == kind)
+                       for kind in ("reader", "writer", "permit")},
              "keys": {k: r["hash"].get("count", "0") for k, r in sorted(run["resource"].items())}}
     return stats, V
 
@@ -317,6 +354,10 @@ def report(stats, V):
     print("soak_check: counters: %s" % (", ".join("%s=%s" % kv for kv in stats["keys"].items()) or "none"))
     print("soak_check: released locks: %d owner tokens known, %d looked for in Redis right after the release"
           % (stats["owners"], stats["probed"]))
+    if any(stats.get("kinds", {}).values()):
+        k = stats["kinds"]
+        print("soak_check: other kinds, ended well: %d readers and %d writers of 'rw', %d holders of a permit of 'sem'"
+              % (k["reader"], k["writer"], k["permit"]))
     if stats["slowest"]:
         print("soak_check: slowest call (stopped time excluded): %s" % stats["slowest"])
     print("soak_check: worker processes: %s" % (", ".join("%d %s" % (n, k) for k, n in sorted(stats["procs"].items()))
@@ -478,6 +519,34 @@ def _self_test_cases():
     def incomplete(r):
         r["meta"] = {"completed": False, "error": "RuntimeError: redis-server did not start"}
 
+    def kinds_call(op, k, kind, acq, wend, tok):
+        w = op.split(".")[0]
+        return [{"e": "b", "op": op, "k": k, "api": "locked", "kind": kind, "ttl": 500, "wait": 0, "retries": -1,
+                 "t": acq - s // 100, "bound": 5000},
+                {"e": "c", "op": op, "k": k, "kind": kind, "out": "ok", "msg": "", "t0": acq - s // 100,
+                 "t1": wend + s // 100, "acq": acq, "wend": wend, "tok": tok, "owner": "", "held": 0,
+                 "answered": 0, "nodes": 1}]
+
+    def readers_overlap(r):  # two readers at once, a writer after them (a higher token), then a reader
+        r["events"] += kinds_call("p0.0.1", "rw", "reader", 3 * s, 4 * s, 7)
+        r["events"] += kinds_call("p1.0.1", "rw", "reader", 3 * s + s // 2, 5 * s, 7)
+        r["events"] += kinds_call("p0.0.2", "rw", "writer", 5 * s + s // 10, 6 * s, 8)
+        r["events"] += kinds_call("p1.0.2", "rw", "reader", 6 * s + s // 10, 7 * s, 8)
+
+    def writer_with_reader(r):
+        readers_overlap(r)
+        r["events"] += kinds_call("p2.0.1", "rw", "writer", 3 * s + s // 4, 3 * s + s // 3, 9)
+
+    def permits_in_turn(r):  # two holders at once, then a third after one ended
+        r["events"] += kinds_call("p0.0.1", "sem", "permit", 3 * s, 4 * s, 7)
+        r["events"] += kinds_call("p1.0.1", "sem", "permit", 3 * s + s // 2, 5 * s, 8)
+        r["events"] += kinds_call("p0.0.2", "sem", "permit", 4 * s + s // 10, 6 * s, 9)
+
+    def permits_over(r):  # a third holder while two hold (tokens in order of grant)
+        r["events"] += kinds_call("p0.0.1", "sem", "permit", 3 * s, 4 * s, 7)
+        r["events"] += kinds_call("p1.0.1", "sem", "permit", 3 * s + s // 2, 5 * s, 8)
+        r["events"] += kinds_call("p1.0.2", "sem", "permit", 3 * s + s // 2 + s // 10, 3 * s + s // 2 + s // 5, 9)
+
     return [
         ("a good history", lambda r: None, set()),
         ("interleaved read/write pairs", interleave, {"interleave", "lost-increment"}),
@@ -504,6 +573,10 @@ def _self_test_cases():
         ("a paused holder's late write", late_is_fine, set()),
         ("history and resource disagreeing", mismatch, {"history"}),
         ("a soak that did not complete", incomplete, {"incomplete"}),
+        ("readers holding a read-write lock together, a writer after them", readers_overlap, set()),
+        ("a writer holding it with readers", writer_with_reader, {"rw-overlap"}),
+        ("permit holders no more than the permits", permits_in_turn, set()),
+        ("a permit holder too many", permits_over, {"over-admission"}),
     ]
 
 

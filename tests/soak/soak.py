@@ -247,9 +247,11 @@ class RedisNode(Server):
         """[{key, value, pttl}] of every lock key (not the fencing counters)."""
         keys, cursor = [], "0"
         while True:
-            # Locks are lockwatch:{K}; the slots' counters lockwatch:fence:{T}.
+            # Locks are lockwatch:{K}; the slots' counters lockwatch:fence:{T};
+            # a shared or permit lock's holders lockwatch:{K}:holders (and a
+            # waiting writer's lockwatch:{K}:writer), which go with it.
             cursor, batch = self.cmd("SCAN", cursor, "MATCH", "lockwatch:{*", "COUNT", 1000)
-            keys += [k for k in batch if not k.endswith(":fence")]
+            keys += [k for k in batch if k.endswith("}")]
             if cursor == "0":
                 break
         return [{"key": k, "value": self.cmd("GET", k), "pttl": self.cmd("PTTL", k)} for k in sorted(set(keys))]
@@ -1068,6 +1070,11 @@ class Soak:
                 "--seed", str(self.a.seed * 1000 + self.next_worker)]
         if self.a.topology in ("sentinel", "cluster"):
             argv += ["--min-replicas", "1"]
+        # Read-write locks and semaphores where the store keeps them
+        # (Redlock: no permits).
+        kinds = {"single": "rw,sem", "sentinel": "rw,sem", "cluster": "rw,sem", "redlock": "rw"}.get(self.a.topology)
+        if kinds:
+            argv += ["--kinds", kinds]
         child = Child(argv, os.path.join(self.dir, wid + ".log"))
         self.workers[wid] = {"w": wid, "child": child, "t0": mono_ns(), "until": until_ns}
         return wid

@@ -2,6 +2,7 @@
 //
 //   lockwatch-soak-worker --redis URL --resource HOST:PORT --id p1 --history FILE
 //                         --until-ns T [--threads 3] [--keys 3] [--seed S] [--min-replicas N]
+//                         [--kinds rw,sem]
 //
 // Its threads take locks on a few shared keys until the monotonic time T,
 // through the public API only (LOCKED-style `locked()` and
@@ -16,6 +17,12 @@
 // backwards, show up in what it accepted: interleaved read/write pairs,
 // "stale" refusals of writes made in time, a counter that lags the number
 // of accepted writes.
+//
+// With --kinds, some calls take other kinds of lock (lock_kind.hpp) on
+// keys of their own: "rw" as a reader (shared) or a writer (exclusive),
+// "sem" as one of 2 permits. They hold for a while and write nothing; the
+// checker judges them by when each held its lease: a writer that ended
+// well overlapped no one, no more than 2 permit holders at once.
 //
 // Everything scripts/soak_check.py needs goes to the history, one JSON
 // object per line, flushed at once (a process killed with SIGKILL loses at
@@ -781,12 +788,13 @@ struct Args {
   int keys = 3;
   std::uint64_t seed = 1;
   int min_replicas = 0;
+  bool rw = false, sem = false;  // --kinds
 };
 
 [[noreturn]] void usage(const char* why) {
   std::fprintf(stderr,
                "lockwatch-soak-worker: %s\nusage: lockwatch-soak-worker --redis URL --resource HOST:PORT --id NAME "
-               "--history FILE --until-ns T [--threads N] [--keys N] [--seed S] [--min-replicas N]\n",
+               "--history FILE --until-ns T [--threads N] [--keys N] [--seed S] [--min-replicas N] [--kinds rw,sem]\n",
                why);
   std::exit(2);
 }
@@ -813,6 +821,11 @@ Args parse(int argc, char** argv) {
     else if (opt == "--keys") a.keys = std::atoi(value().c_str());
     else if (opt == "--seed") a.seed = std::strtoull(value().c_str(), nullptr, 10);
     else if (opt == "--min-replicas") a.min_replicas = std::atoi(value().c_str());
+    else if (opt == "--kinds") {
+      const std::string v = value();
+      a.rw = v.find("rw") != std::string::npos;
+      a.sem = v.find("sem") != std::string::npos;
+    }
     else usage("unknown option");
   }
   if (a.redis.empty() || a.resource_port <= 0 || a.history.empty() || a.until_ns <= 0) usage("missing option");
@@ -831,6 +844,9 @@ struct Op {
   int retries = -1;  // < 0: forever
   int hold_ms = 0;   // a longer hold before the writes, so renewals happen
   std::vector<int> gaps_ms;  // per write: the sleep between read and write
+  // --kinds: "reader" or "writer" on key "rw", "permit" (of kSemPermits) on
+  // "sem"; empty for the counters' exclusive locks.
+  std::string kind;
 
   std::int64_t acq_ns = 0;
   std::int64_t work_end_ns = 0;  // the work returned (the release comes after)
@@ -848,6 +864,14 @@ struct Op {
 };
 
 std::string lock_key(const std::string& key) { return "lockwatch:{soak:" + key + "}"; }
+
+constexpr std::uint32_t kSemPermits = 2;
+
+lockwatch::LockKind kind_of(const std::string& kind) {
+  if (kind == "reader") return lockwatch::LockKind::shared();
+  if (kind == "permit") return lockwatch::LockKind::permits(kSemPermits);
+  return lockwatch::LockKind::exclusive();
+}
 
 class Worker {
  public:
@@ -867,7 +891,14 @@ class Worker {
       op.wait_ms = pick(0, 9) < 4 ? 0 : pick(50, 2000);
       op.retries = pick(0, 9) < 8 ? -1 : pick(0, 3);
       op.hold_ms = pick(0, 99) < 15 ? pick(op.ttl_ms / 2, op.ttl_ms * 2) : 0;
-      for (int w = pick(1, 3); w > 0; --w) op.gaps_ms.push_back(pick(0, 15));
+      if ((args_.rw || args_.sem) && pick(0, 9) < 3) {
+        const bool rw = args_.rw && (!args_.sem || pick(0, 1) == 0);
+        op.key = rw ? "rw" : "sem";
+        op.kind = !rw ? "permit" : pick(0, 9) < 7 ? "reader" : "writer";
+        op.hold_ms = pick(0, 99) < 15 ? pick(op.ttl_ms / 2, op.ttl_ms * 2) : pick(2, 40);
+      } else {
+        for (int w = pick(1, 3); w > 0; --w) op.gaps_ms.push_back(pick(0, 15));
+      }
       std::string outcome = call(rt, op);
       // Back off a little after a refusal, so that a busy key is not hammered.
       std::this_thread::sleep_for(milliseconds(outcome == "ok" ? pick(0, 5) : pick(5, 30)));
@@ -898,6 +929,11 @@ class Worker {
       ~Done() { op.work_end_ns = mono_ns(); }
     } done{op};
     op.token = lease.fencing_token();
+    if (!op.kind.empty()) {  // other kinds: the time held is what is judged
+      auto until = Clock::now() + milliseconds(op.hold_ms);
+      while (Clock::now() < until && !gone(lease)) std::this_thread::sleep_for(2ms);
+      return;
+    }
     // The majority value is the owner (with one node: its value). Valid
     // only if the lease was still ours after the read.
     auto vals = nodes(where_).values(lock_key(op.key));
@@ -954,6 +990,7 @@ class Worker {
                        .s("op", op.id)
                        .s("k", op.key)
                        .s("api", op.handle ? "handle" : "locked")
+                       .s("kind", op.kind)
                        .i("ttl", op.ttl_ms)
                        .i("wait", op.wait_ms)
                        .i("retries", op.retries)
@@ -964,7 +1001,8 @@ class Worker {
     std::string out = "ok", msg;
     try {
       if (op.handle) {
-        auto f = rt.acquire("soak:" + op.key, milliseconds(op.ttl_ms), retries, milliseconds(op.wait_ms));
+        auto f = rt.acquire("soak:" + op.key, kind_of(op.kind), milliseconds(op.ttl_ms), retries,
+                            milliseconds(op.wait_ms));
         if (f.wait_for(hard) != std::future_status::ready) hang(op, "acquire");
         lockwatch::LockHandle h = f.get();
         work(h.lease(), op);
@@ -972,8 +1010,10 @@ class Worker {
         if (r.wait_for(hard) != std::future_status::ready) hang(op, "release");
         r.get();
       } else {
-        auto fn = lockwatch::locked("soak:{0}", milliseconds(op.ttl_ms), retries)
-                      .on(rt)
+        auto builder = lockwatch::locked("soak:{0}", milliseconds(op.ttl_ms), retries);
+        if (op.kind == "reader") builder = builder.shared();
+        if (op.kind == "permit") builder = builder.permits(kSemPermits);
+        auto fn = builder.on(rt)
                       .wait(milliseconds(op.wait_ms))([this, &op](const std::string&) { work(lockwatch::this_lease(), op); });
         auto f = fn(op.key);
         if (f.wait_for(hard) != std::future_status::ready) hang(op, "locked call");
@@ -1016,6 +1056,7 @@ class Worker {
                        .s("e", "c")
                        .s("op", op.id)
                        .s("k", op.key)
+                       .s("kind", op.kind)
                        .s("out", out)
                        .s("msg", msg)
                        .i("t0", t0)
