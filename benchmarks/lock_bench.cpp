@@ -445,6 +445,52 @@ void BM_LockHandle(benchmark::State& state, int conc, bool contended, bool hando
   });
 }
 
+// ------------------------------------------------------------ kinds of lock
+
+// Every caller on one key, held as `kind` (lock_kind.hpp) through
+// Runtime::acquire: "exclusive" (the mutex), "shared" (readers only),
+// "permits4" (a semaphore of 4), "rw9to1" (a read-write lock, one call in
+// ten a writer). A reader's or permit holder's cycle needs no other to
+// leave first, so these rows show what sharing buys beside the mutex.
+void BM_Kind(benchmark::State& state, int conc, std::string kind) {
+  prepare_run();
+  std::uint64_t run = ++g_run;
+  lockwatch::Runtime rt(runtime_options());
+  warm_up(rt, run);
+  const std::string hot = fmt::format("kind:{}:{}", kind, run);
+  std::vector<std::uint64_t> next(static_cast<std::size_t>(conc), 0);
+  auto kind_of = [&](std::uint64_t n) {
+    if (kind == "shared") return lockwatch::LockKind::shared();
+    if (kind == "permits4") return lockwatch::LockKind::permits(4);
+    if (kind == "rw9to1" && n % 10 != 0) return lockwatch::LockKind::shared();
+    return lockwatch::LockKind::exclusive();
+  };
+
+  run_threaded(state, conc, true, [&](int caller, Tally& tally, Clock::time_point deadline) {
+    std::uint64_t& n = next[static_cast<std::size_t>(caller)];
+    while (Clock::now() < deadline) {
+      auto t0 = Clock::now();
+      try {
+        auto acquired = rt.acquire(hot, kind_of(n++ + static_cast<std::uint64_t>(caller)), kTtl, lockwatch::forever,
+                                   std::chrono::milliseconds(kContendedWait));
+        if (!ready_in_bound(acquired, tally, "acquire")) return;
+        lockwatch::LockHandle h = acquired.get();
+        auto t1 = Clock::now();
+        auto released = h.release();
+        if (!ready_in_bound(released, tally, "release")) return;
+        released.get();
+        tally.cycle_us.push_back(static_cast<float>(micros(Clock::now() - t0)));
+        tally.max_wait_us = std::max(tally.max_wait_us, micros(t1 - t0));
+        tally.wait_us.push_back(static_cast<float>(micros(t1 - t0)));
+        ++tally.cycles;
+      } catch (const std::exception& e) {
+        tally.fail(e.what());
+        return;
+      }
+    }
+  });
+}
+
 // ---------------------------------------------------------------- LOCKED
 
 // Where the callable notes when it started, to tell the wait for the lock.
@@ -959,6 +1005,13 @@ void register_busy_poll(const std::string& name, Fn fn, A... a) {
 
 void register_benchmarks() {
   const int kConcurrency[] = {1, 16, 64};
+  for (const char* kind : {"exclusive", "shared", "permits4", "rw9to1"}) {
+    for (int conc : kConcurrency) {
+      benchmark::RegisterBenchmark(fmt::format("BM_Kind/{}/{}", kind, conc).c_str(), BM_Kind, conc, std::string(kind))
+          ->UseManualTime()
+          ->Unit(benchmark::kMillisecond);
+    }
+  }
   for (int conc : kConcurrency) {
     benchmark::RegisterBenchmark(fmt::format("BM_RawHiredis/{}/uncontended", conc).c_str(), BM_RawHiredis, conc)
         ->UseManualTime()
