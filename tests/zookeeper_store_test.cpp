@@ -168,6 +168,29 @@ TEST_F(ZooKeeperStoreTest, ADeadMemberInTheListIsPassedOver) {
   EXPECT_GE(h.lease().fencing_token(), 1u);
 }
 
+// Member names are looked up off the loop, then the session is made on
+// their addresses; a name that resolves to nothing is passed over, and
+// none resolving is a ConnectionError within the connect timeout.
+TEST_F(ZooKeeperStoreTest, MemberNamesAreResolvedAndANameWithoutAddressIsAConnectionError) {
+  std::string by_name;
+  for (int i = 0; i < ensemble_->size(); ++i)
+    by_name += (i ? ",localhost:" : "localhost:") + std::to_string(ensemble_->client_port(i));
+  Runtime rt(options("zookeeper://no-such-member.invalid:2181," + by_name));
+  auto h = take(rt, key(), 2s);
+  EXPECT_GE(h.lease().fencing_token(), 1u);
+  auto released = h.release();
+  get_bounded(released);
+
+  Options o = options("zookeeper://no-such-member.invalid:2181");
+  o.connect_timeout = 1s;
+  Runtime nowhere(o);
+  auto t0 = std::chrono::steady_clock::now();
+  auto f = nowhere.acquire(key("-nowhere"), 1s, forever);
+  auto err = error_of<ConnectionError>(f);
+  ASSERT_TRUE(err);
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, 3s);
+}
+
 TEST_F(ZooKeeperStoreTest, WhatTheStoreCannotGiveFailsSayingSo) {
   detail::Loop loop;
   auto store = detail::make_store(loop, options());

@@ -9,6 +9,7 @@
 #include <unordered_map>
 
 #include "core/loop.hpp"
+#include "core/net.hpp"
 #include "core/timing.hpp"
 #include "lockwatch/errors.hpp"
 
@@ -68,6 +69,9 @@ struct ZkStore::Session {
   State state = State::kConnecting;
   int negotiated_ms = 0;
   bool ever_connected = false;
+  // Its members' names are being looked up (off the loop): no handle yet,
+  // and what is sent meanwhile is parked.
+  bool awaiting_names = false;
   Clock::time_point started;
   // Requests made while it is not connected, sent once it is: the client
   // fails what it queued at every connection attempt that fails.
@@ -380,33 +384,96 @@ void ZkStore::close_later(zhandle_t* zh, void* watch_ctx) {
 ZkStore::Session* ZkStore::session_for(milliseconds ttl) {
   const long long ms = std::max<long long>(ttl.count(), 1);
   auto it = sessions_.find(ms);
-  if (it != sessions_.end() && it->second->zh != nullptr) return it->second.get();
-  if (it != sessions_.end()) sessions_.erase(it);  // its set-up failed: try again
+  if (it != sessions_.end() && (it->second->zh != nullptr || it->second->awaiting_names)) return it->second.get();
+  if (it != sessions_.end()) {  // its set-up failed: try again
+    delete static_cast<WatchCtx*>(it->second->watch_ctx);
+    sessions_.erase(it);
+  }
   auto s = std::make_unique<Session>();
   s->serial = next_serial_++;
   s->requested_ms = ms;
   s->started = Clock::now();
-  auto* w = new WatchCtx{sink_, s->serial};
-  s->watch_ctx = w;
+  Session* raw = s.get();
+  sessions_[ms] = std::move(s);
+  // Member names are looked up on libuv's thread pool (the client library
+  // would look them up in zookeeper_init(), on the loop), then the handle
+  // is made on their addresses.
+  std::vector<std::size_t> names;
+  for (std::size_t i = 0; i < target_.hosts.size(); ++i)
+    if (!numeric_host(target_.hosts[i].first)) names.push_back(i);
+  if (names.empty()) {
+    open_handle(*raw, target_.connect_string());
+    return raw;
+  }
+  raw->awaiting_names = true;
+  struct Lookup {
+    std::vector<std::string> addresses;  // per member; empty: not resolved
+    std::size_t left = 0;
+  };
+  auto lookup = std::make_shared<Lookup>();
+  lookup->addresses.resize(target_.hosts.size());
+  for (std::size_t i = 0; i < target_.hosts.size(); ++i)
+    if (numeric_host(target_.hosts[i].first)) lookup->addresses[i] = target_.hosts[i].first;
+  lookup->left = names.size();
+  const std::uint64_t serial = raw->serial;
+  for (std::size_t i : names) {
+    auto done = [sink = sink_, lookup, i, serial, ms](int status, std::string address) {
+      if (status == 0) lookup->addresses[i] = std::move(address);
+      if (--lookup->left != 0) return;
+      ZkStore* st;
+      {
+        std::lock_guard lk(sink->mu);
+        st = sink->store;  // null once the store closed
+      }
+      if (st != nullptr) st->names_resolved(ms, serial, lookup->addresses);
+    };
+    if (resolve_host(loop_.uv(), target_.hosts[i].first, done) < 0) done(UV_EAI_NONAME, std::string());
+  }
+  return raw;
+}
+
+void ZkStore::names_resolved(long long ms, std::uint64_t serial, const std::vector<std::string>& addresses) {
+  auto it = sessions_.find(ms);
+  if (closed_ || it == sessions_.end() || it->second->serial != serial) return;
+  Session& s = *it->second;
+  s.awaiting_names = false;
+  std::string hosts;
+  for (std::size_t i = 0; i < addresses.size(); ++i) {
+    if (addresses[i].empty()) continue;
+    if (!hosts.empty()) hosts += ',';
+    const bool v6 = addresses[i].find(':') != std::string::npos;
+    hosts += (v6 ? "[" + addresses[i] + "]" : addresses[i]) + ":" + std::to_string(target_.hosts[i].second);
+  }
+  if (!hosts.empty()) {
+    open_handle(s, hosts + target_.chroot);
+    if (s.zh != nullptr) return;  // parked requests go once it connects
+  }
+  // No member's name resolved: what waited fails now (kNoHandle), and
+  // the next request starts over.
+  auto parked = std::move(s.parked);
+  s.parked.clear();
+  for (auto& [id, issue] : parked) issue_now(s, id, issue);
+}
+
+void ZkStore::open_handle(Session& s, const std::string& hosts) {
+  auto* w = new WatchCtx{sink_, s.serial};
+  s.watch_ctx = w;
   // The timeout is an int of ms; the ensemble bounds it anyway.
-  const int timeout = static_cast<int>(std::min<long long>(ms, 1LL << 30));
-  s->zh = zookeeper_init2(target_.connect_string().c_str(), on_global_watch, timeout, nullptr, w, 0, drop_log);
-  if (s->zh != nullptr && target_.digest()) {
+  const int timeout = static_cast<int>(std::min<long long>(s.requested_ms, 1LL << 30));
+  s.zh = zookeeper_init2(hosts.c_str(), on_global_watch, timeout, nullptr, w, 0, drop_log);
+  if (s.zh != nullptr && target_.digest()) {
     const std::string cred = target_.user + ":" + target_.password;
     // Digest authentication is not checked when it is added: it gives the
     // session an identity, which the nodes' ACLs then admit or refuse.
-    zoo_add_auth(s->zh, "digest", cred.data(), static_cast<int>(cred.size()), nullptr, nullptr);
+    zoo_add_auth(s.zh, "digest", cred.data(), static_cast<int>(cred.size()), nullptr, nullptr);
   }
-  Session* raw = s.get();
-  sessions_[ms] = std::move(s);
-  return raw;
 }
 
 ZkStore::Session* ZkStore::any_session() {
   for (auto& [ms, s] : sessions_)
     if (s->zh != nullptr && s->state == Session::State::kConnected) return s.get();
   for (auto& [ms, s] : sessions_)
-    if (s->zh != nullptr) return s.get();
+    if (s->zh != nullptr || s->awaiting_names) return s.get();
   return session_for(std::max(options_.connect_timeout, milliseconds(2000)));
 }
 
@@ -501,7 +568,7 @@ void ZkStore::send(Session& s, Reply reply, std::function<int(zhandle_t*, void*)
   auto deadline = Clock::now() + options_.command_timeout;
   if (!s.ever_connected) deadline = std::min(deadline, s.started + options_.connect_timeout);
   pending_.emplace(id, Pending{deadline, std::move(reply)});
-  if (!closed_ && s.zh != nullptr && s.state != Session::State::kConnected) {
+  if (!closed_ && (s.zh != nullptr || s.awaiting_names) && s.state != Session::State::kConnected) {
     s.parked.emplace_back(id, std::move(issue));  // sent on connecting, or timed out
     return;
   }

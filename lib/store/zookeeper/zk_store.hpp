@@ -198,6 +198,12 @@ class ZkStore final : public StoreBase, public JobClaims, public OperatorTools {
   void run_cleanups();
   static void on_cleanup(uv_timer_t* t);
   void close_later(zhandle_t* zh, void* watch_ctx);
+  // Makes `s`'s handle on "h:p,h:p[/chroot]" (addresses, or names only
+  // where they are numeric already).
+  void open_handle(Session& s, const std::string& hosts);
+  // The members' addresses (empty where a name did not resolve) for the
+  // session of `ms` with `serial`, if it is still the one waiting.
+  void names_resolved(long long ms, std::uint64_t serial, const std::vector<std::string>& addresses);
   struct Claim;
   void claim_step(std::shared_ptr<Claim> c);
   void expire_held(Clock::time_point now);
