@@ -1,6 +1,7 @@
 // A process that takes a lock and holds it until it is killed, for tests of
 // what happens when a holder dies. Prints "held <fencing token>" once the
-// lock is taken. KIND: "shared" or "permits:N" (default: exclusive).
+// lock is taken. KIND: "shared", "permits:N" or "fair" (which waits up to a
+// minute for the lock) (default: exclusive).
 //   lock_holder REDIS_URL KEY TTL_MS [KIND]
 #include <lockwatch/lockwatch.hpp>
 
@@ -12,7 +13,7 @@
 
 int main(int argc, char** argv) {
   if (argc != 4 && argc != 5) {
-    std::fprintf(stderr, "usage: lock_holder REDIS_URL KEY TTL_MS [shared|permits:N]\n");
+    std::fprintf(stderr, "usage: lock_holder REDIS_URL KEY TTL_MS [shared|permits:N|fair]\n");
     return 2;
   }
   const std::string kind = argc == 5 ? argv[4] : "";
@@ -41,6 +42,7 @@ int main(int argc, char** argv) {
     return 0;
   };
   if (kind == "shared") return run(base.shared());
+  if (kind == "fair") return run(base.fair().wait(std::chrono::minutes(1)));
   if (kind.rfind("permits:", 0) == 0) return run(base.permits(static_cast<std::uint32_t>(std::atoi(kind.c_str() + 8))));
   return run(base);
 }

@@ -38,7 +38,11 @@ namespace lockwatch::detail {
 
 class Loop;
 
-class MemoryStore final : public StoreBase, public FenceRaising, public JobClaims, public OperatorTools {
+class MemoryStore final : public StoreBase,
+                          public FenceRaising,
+                          public JobClaims,
+                          public OperatorTools,
+                          public FairQueue {
  public:
   static constexpr std::string_view kScheme = "memory://";
 
@@ -68,6 +72,7 @@ class MemoryStore final : public StoreBase, public FenceRaising, public JobClaim
                     std::chrono::system_clock::time_point start, ClaimDone done) override;
   void inspect(std::string_view name, InspectDone done) override;
   void force_release(std::string_view name, ForceDone done) override;
+  void withdraw(const LockRef& lock, WithdrawDone done) override;
 
   // Loop thread (posted by the space): `name` was released.
   void notice(const std::string& name);

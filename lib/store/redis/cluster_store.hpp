@@ -104,7 +104,11 @@ struct ClusterSeeds {
   std::string names() const;
 };
 
-class ClusterStore final : public StoreBase, public FenceRaising, public JobClaims, public OperatorTools {
+class ClusterStore final : public StoreBase,
+                           public FenceRaising,
+                           public JobClaims,
+                           public OperatorTools,
+                           public FairQueue {
  public:
   static constexpr int kRedirectBudget = 5;
   static constexpr std::chrono::milliseconds kRefreshInterval{5000};
@@ -133,6 +137,9 @@ class ClusterStore final : public StoreBase, public FenceRaising, public JobClai
                     std::chrono::system_clock::time_point start, ClaimDone done) override;
   void inspect(std::string_view name, InspectDone done) override;
   void force_release(std::string_view name, ForceDone done) override;
+  // A fair waiter leaves its lock's queue, on the slot's node (its keys
+  // share the lock's hash tag); redirects followed as for the others.
+  void withdraw(const LockRef& lock, WithdrawDone done) override;
 
  private:
   void started() override;
