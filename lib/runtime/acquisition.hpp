@@ -129,6 +129,7 @@ struct Acquisition final : TimerTask {
 
 struct HandleAccess {
   static LockHandle make(std::shared_ptr<HandleState> state) { return LockHandle(std::move(state)); }
+  static std::shared_ptr<HandleState> state(const LockHandle& h) { return h.state_; }
 };
 
 }  // namespace lockwatch::detail

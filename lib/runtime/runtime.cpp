@@ -481,6 +481,22 @@ std::future<LockState> Runtime::Impl::inspect(std::string key) {
   return future;
 }
 
+std::future<detail::LockInfo> Runtime::Impl::inspect_info(std::string key) {
+  auto promise = std::make_shared<std::promise<detail::LockInfo>>();
+  auto future = promise->get_future();
+  auto& tools = detail::require<detail::OperatorTools>(*store, store_kind());
+  if (!loop.post([&tools, promise, name = operator_name(key)] {
+        tools.inspect(name, [promise](const detail::LockInfo& info, const detail::StoreError* err) {
+          if (err)
+            promise->set_exception(detail::to_exception(*err));
+          else
+            promise->set_value(info);
+        });
+      }))
+    throw RuntimeStopped("lockwatch runtime is stopping");
+  return future;
+}
+
 std::future<bool> Runtime::Impl::force_release(std::string key) {
   auto promise = std::make_shared<std::promise<bool>>();
   auto future = promise->get_future();
