@@ -124,7 +124,8 @@ class Election {
   std::optional<LeaderInfo> leader();
   /// Calls `handler` with the current leader (or std::nullopt), then at each
   /// change (see the header comment), on a thread of the Election's own
-  /// (keep it short). Handlers are kept for the Election's life.
+  /// (keep it short). Handlers are kept for the Election's life. A handler
+  /// may call the Election's members.
   void on_change(std::function<void(const std::optional<LeaderInfo>&)> handler);
 
   struct State;

@@ -230,7 +230,13 @@ Election::~Election() {
   }
   if (state_->watcher.joinable()) {
     state_->watcher.request_stop();
-    state_->watcher.join();
+    state_->wake.notify_all();
+    // From one of its own handlers the thread cannot wait for itself: it
+    // ends on its own, its state kept alive by the handler's caller.
+    if (state_->watcher.get_id() == std::this_thread::get_id())
+      state_->watcher.detach();
+    else
+      state_->watcher.join();
   }
 }
 
@@ -286,7 +292,9 @@ void Election::on_change(std::function<void(const std::optional<LeaderInfo>&)> h
   }
   state_->wake.notify_all();
   std::call_once(state_->watcher_started, [this] {
-    state_->watcher = std::jthread([s = state_.get()](std::stop_token stop) { s->watch(stop); });
+    // The thread keeps the state: an Election destroyed by one of its own
+    // handlers lets the thread finish on it.
+    state_->watcher = std::jthread([s = state_](std::stop_token stop) { s->watch(stop); });
   });
 }
 
