@@ -198,6 +198,18 @@ TEST_P(ElectionTest, ObserversSeeEveryChangeInOrder) {
   ASSERT_TRUE(own.wait_for(std::nullopt));
 }
 
+TEST_P(ElectionTest, AnElectionDestroyedByItsOwnHandlerStopsCleanly) {
+  Runtime rt(options());
+  auto owner = std::make_shared<std::unique_ptr<Election>>(std::make_unique<Election>(rt, "self-destroyed", 1s));
+  std::promise<void> destroyed;
+  (*owner)->on_change([owner, &destroyed](const std::optional<LeaderInfo>&) {
+    if (!*owner) return;
+    owner->reset();  // on the Election's own thread
+    destroyed.set_value();
+  });
+  EXPECT_EQ(destroyed.get_future().wait_for(kBound), std::future_status::ready);
+}
+
 INSTANTIATE_TEST_SUITE_P(Stores, ElectionTest, ::testing::Values("memory", "redis"),
                          [](const ::testing::TestParamInfo<std::string>& p) { return p.param; });
 

@@ -55,8 +55,8 @@ struct Election::State : std::enable_shared_from_this<Election::State> {
   std::vector<Handler> handlers;       // guarded by mu
   bool poked = false;                  // guarded by mu
   std::condition_variable_any wake;
-  std::once_flag watcher_started;
-  std::jthread watcher;
+  bool closing = false;                // guarded by mu: the Election is being destroyed
+  std::jthread watcher;                // guarded by mu; started by the first on_change
 
   void start_campaign(std::shared_ptr<std::promise<Leadership>> promise);
   void campaign_done(const std::shared_ptr<std::promise<Leadership>>& promise, std::exception_ptr error,
@@ -224,19 +224,24 @@ Election::Election(Runtime& runtime, std::string name, milliseconds ttl)
 }
 
 Election::~Election() {
+  std::jthread watcher;
+  {
+    std::lock_guard lk(state_->mu);
+    state_->closing = true;
+    watcher = std::move(state_->watcher);
+  }
   try {
     (void)resign();
   } catch (...) {
   }
-  if (state_->watcher.joinable()) {
-    state_->watcher.request_stop();
-    state_->wake.notify_all();
+  if (watcher.joinable()) {
+    watcher.request_stop();  // wakes it (its wait takes the stop token)
     // From one of its own handlers the thread cannot wait for itself: it
-    // ends on its own, its state kept alive by the handler's caller.
-    if (state_->watcher.get_id() == std::this_thread::get_id())
-      state_->watcher.detach();
+    // ends on its own once the handler returns, on the state it keeps.
+    if (watcher.get_id() == std::this_thread::get_id())
+      watcher.detach();
     else
-      state_->watcher.join();
+      watcher.join();
   }
 }
 
@@ -289,13 +294,13 @@ void Election::on_change(std::function<void(const std::optional<LeaderInfo>&)> h
     std::lock_guard lk(state_->mu);
     state_->handlers.push_back(std::move(handler));
     state_->poked = true;  // a new handler hears the current view at once
+    // Started under the mutex, which its first read takes: no handler runs
+    // (and none can destroy the Election) before it is in place. The thread
+    // keeps the state, so one destroyed by its own handler ends cleanly.
+    if (!state_->watcher.joinable() && !state_->closing)
+      state_->watcher = std::jthread([s = state_](std::stop_token stop) { s->watch(stop); });
   }
   state_->wake.notify_all();
-  std::call_once(state_->watcher_started, [this] {
-    // The thread keeps the state: an Election destroyed by one of its own
-    // handlers lets the thread finish on it.
-    state_->watcher = std::jthread([s = state_](std::stop_token stop) { s->watch(stop); });
-  });
 }
 
 }  // namespace lockwatch
