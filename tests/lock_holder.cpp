@@ -1,6 +1,8 @@
 // A process that takes a lock and holds it until it is killed, for tests of
 // what happens when a holder dies. Prints "held <fencing token>" once the
-// lock is taken. KIND: "shared" or "permits:N" (default: exclusive).
+// lock is taken. KIND: "shared", "permits:N" or "fair" (which waits up to a
+// minute for the lock), or "leader": campaigns in the Election named KEY
+// and prints "leader <term>" once it leads (default: exclusive).
 //   lock_holder REDIS_URL KEY TTL_MS [KIND]
 #include <lockwatch/lockwatch.hpp>
 
@@ -12,7 +14,7 @@
 
 int main(int argc, char** argv) {
   if (argc != 4 && argc != 5) {
-    std::fprintf(stderr, "usage: lock_holder REDIS_URL KEY TTL_MS [shared|permits:N]\n");
+    std::fprintf(stderr, "usage: lock_holder REDIS_URL KEY TTL_MS [shared|permits:N|fair|leader]\n");
     return 2;
   }
   const std::string kind = argc == 5 ? argv[4] : "";
@@ -20,6 +22,16 @@ int main(int argc, char** argv) {
   o.redis_url = argv[1];
   o.threads = 1;
   lockwatch::Runtime rt(o);
+  if (kind == "leader") {
+    lockwatch::Election election(rt, argv[2], std::chrono::milliseconds(std::atoi(argv[3])));
+    lockwatch::Leadership me = election.campaign().get();
+    std::printf("leader %llu\n", static_cast<unsigned long long>(me.term()));
+    std::fflush(stdout);
+    auto stop = me.stop_token();
+    while (!stop.stop_requested()) std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    std::printf("lost\n");
+    return 1;
+  }
   auto base = lockwatch::locked([key = std::string(argv[2])] { return key; },
                                std::chrono::milliseconds(std::atoi(argv[3])), lockwatch::forever)
                   .on(rt);
@@ -41,6 +53,7 @@ int main(int argc, char** argv) {
     return 0;
   };
   if (kind == "shared") return run(base.shared());
+  if (kind == "fair") return run(base.fair().wait(std::chrono::minutes(1)));
   if (kind.rfind("permits:", 0) == 0) return run(base.permits(static_cast<std::uint32_t>(std::atoi(kind.c_str() + 8))));
   return run(base);
 }

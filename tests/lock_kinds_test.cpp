@@ -133,6 +133,59 @@ TEST(LockKindsTest, InspectAndForceReleaseSeeEveryHolder) {
   EXPECT_EQ(s.renew(ref("r1", LockKind::shared())), Renewed::kGone);
 }
 
+TEST(LockKindsTest, AFairLockGoesToItsWaitersInArrivalOrderWithRisingTokens) {
+  State s;
+  auto held = s.acquire(ref("h", LockKind::fair()));
+  ASSERT_EQ(held.status, Acquired::Status::kTaken);
+  for (const char* w : {"w1", "w2", "w3"}) {
+    auto busy = s.acquire(ref(w, LockKind::fair(), 9s));
+    ASSERT_EQ(busy.status, Acquired::Status::kBusy);
+    EXPECT_LE(busy.busy_for, 3s);  // a third of the ttl: its next attempt keeps its place
+  }
+  ASSERT_EQ(s.release(ref("h", LockKind::fair()), true), Released::kYes);
+  // Free now, but only for the first waiter.
+  EXPECT_EQ(s.acquire(ref("w3", LockKind::fair())).status, Acquired::Status::kBusy);
+  EXPECT_EQ(s.acquire(ref("w2", LockKind::fair())).status, Acquired::Status::kBusy);
+  auto first = s.acquire(ref("w1", LockKind::fair()));
+  ASSERT_EQ(first.status, Acquired::Status::kTaken);
+  EXPECT_GT(first.fence, held.fence);
+  EXPECT_EQ(s.acquire(ref("w1", LockKind::fair())).fence, first.fence);  // a retry: the same grant
+  ASSERT_EQ(s.release(ref("w1", LockKind::fair()), true), Released::kYes);
+  auto second = s.acquire(ref("w2", LockKind::fair()));
+  ASSERT_EQ(second.status, Acquired::Status::kTaken);
+  EXPECT_GT(second.fence, first.fence);
+}
+
+TEST(LockKindsTest, AFairWaiterThatWithdrawsOrStopsAttemptingLeavesTheQueue) {
+  State s;
+  ASSERT_EQ(s.acquire(ref("h", LockKind::fair())).status, Acquired::Status::kTaken);
+  ASSERT_EQ(s.acquire(ref("gives-up", LockKind::fair())).status, Acquired::Status::kBusy);
+  ASSERT_EQ(s.acquire(ref("dies", LockKind::fair(), 50ms)).status, Acquired::Status::kBusy);
+  ASSERT_EQ(s.acquire(ref("last", LockKind::fair())).status, Acquired::Status::kBusy);
+  s.withdraw(ref("gives-up", LockKind::fair()));
+  ASSERT_EQ(s.release(ref("h", LockKind::fair()), true), Released::kYes);
+  // "dies" is first and never comes: its place runs out 50 ms after its
+  // attempt, on the store's clock; the waiter behind it is told so.
+  auto busy = s.acquire(ref("last", LockKind::fair()));
+  ASSERT_EQ(busy.status, Acquired::Status::kBusy);
+  EXPECT_LE(busy.busy_for, 50ms);
+  std::this_thread::sleep_for(busy.busy_for + 5ms);
+  EXPECT_EQ(s.acquire(ref("last", LockKind::fair())).status, Acquired::Status::kTaken);
+}
+
+TEST(LockKindsTest, AKeyIsFairOrAnotherKindNeverBoth) {
+  State s;
+  ASSERT_EQ(s.acquire(ref("f", LockKind::fair())).status, Acquired::Status::kTaken);
+  for (LockKind other : {LockKind::exclusive(), LockKind::shared(), LockKind::permits(2)}) {
+    auto refused = s.acquire(ref("o", other));
+    EXPECT_EQ(refused.status, Acquired::Status::kFailed) << other.describe();
+    EXPECT_EQ(refused.error.kind, detail::StoreError::Kind::kInvalid) << other.describe();
+  }
+  ASSERT_EQ(s.release(ref("f", LockKind::fair()), true), Released::kYes);
+  ASSERT_EQ(s.acquire(ref("r", LockKind::shared())).status, Acquired::Status::kTaken);
+  EXPECT_EQ(s.acquire(ref("f", LockKind::fair())).status, Acquired::Status::kFailed);
+}
+
 // ------------------------------------------------------------ the runtime
 
 Options space(const std::string& name) {

@@ -332,6 +332,26 @@ TEST_F(RedisAclTest, TheKindsRuleCoversReadersAndPermitsRenewedAndReleased) {
   EXPECT_EQ(refusals(*server_), "");
 }
 
+TEST_F(RedisAclTest, TheKindsRuleCoversFairLocksQueuedWithdrawnAndReleased) {
+  add_user(*server_, "fair", "pw", plus(doc_rule("node"), doc_rule("kinds")));
+  forget_refusals(*server_);
+  Runtime rt(as("fair"));
+  const std::string key = test_key() + ":fair";
+  auto first = rt.acquire(key, LockKind::fair(), 300ms);
+  LockHandle holder = get_bounded(first);
+  ASSERT_TRUE(renewed_again(holder.lease(), 1));  // the kinds' renew script, as this user
+  auto quitter = rt.acquire(key, LockKind::fair(), 300ms, forever, 100ms);  // queued, then withdrawn
+  EXPECT_THROW(get_bounded(quitter), LockNotAcquired);
+  auto next = rt.acquire(key, LockKind::fair(), 300ms, forever, kBound);
+  auto back = holder.release();  // publishes: the next one is granted
+  get_bounded(back);
+  LockHandle h = get_bounded(next);
+  auto done = h.release();
+  get_bounded(done);
+  EXPECT_FALSE(exists(*server_, key));
+  EXPECT_EQ(refusals(*server_), "");
+}
+
 TEST_F(RedisAclTest, WithoutTheKindsRuleASharedLockFailsWithAuthErrorNamingTheScript) {
   add_user(*server_, "nokinds", "pw", doc_rule("node"));
   Runtime rt(as("nokinds"));

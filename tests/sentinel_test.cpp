@@ -196,6 +196,33 @@ TEST_P(SentinelTest, SharedAndPermitLocksOnTheMasterFoundReachItsReplica) {
   EXPECT_FALSE(exists(*master_, "sen-rw"));
 }
 
+TEST_P(SentinelTest, FairLocksOnTheMasterFoundGrantInArrivalOrder) {
+  Runtime a(options()), b(options()), c(options());
+  auto first = a.acquire("sen-fair", LockKind::fair(), 2s);
+  LockHandle holder = get_bounded(first);
+  const std::uint64_t holder_token = holder.lease().fencing_token();
+  EXPECT_TRUE(exists(*master_, "sen-fair"));
+  auto queued = [&](long long n) {
+    return eventually([&] { return master_->command({"ZCARD", lock_key("sen-fair") + ":queue"}).integer == n; });
+  };
+  auto one = b.acquire("sen-fair", LockKind::fair(), 2s, forever, kBound);
+  ASSERT_TRUE(queued(1));
+  auto two = c.acquire("sen-fair", LockKind::fair(), 2s, forever, kBound);
+  ASSERT_TRUE(queued(2));
+  auto back = holder.release();
+  get_bounded(back);
+  LockHandle h1 = get_bounded(one);
+  EXPECT_GT(h1.lease().fencing_token(), holder_token);
+  EXPECT_NE(two.wait_for(0s), std::future_status::ready);  // the second waits for the first
+  const std::uint64_t t1 = h1.lease().fencing_token();
+  auto back1 = h1.release();
+  get_bounded(back1);
+  LockHandle h2 = get_bounded(two);
+  EXPECT_GT(h2.lease().fencing_token(), t1);
+  auto back2 = h2.release();
+  get_bounded(back2);
+}
+
 TEST_P(SentinelTest, FailoverWhileLeasesAreHeldAndCallersWait) {
   Runtime rt(options());
   Gate held_started;

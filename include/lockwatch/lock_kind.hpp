@@ -14,9 +14,16 @@
 ///                 ttl. Each permit's grant raises the fencing token. Callers
 ///                 that name the key with another n, or hold it as another
 ///                 kind, fail with InvalidArgument: never an over-admission.
+///   fair()        one holder, granted in the order the waiters arrived,
+///                 across processes: the store keeps a queue of waiters. A
+///                 waiter keeps its place while it waits (each attempt
+///                 refreshes it, at least every ttl/3) and leaves it when it
+///                 gives up; one that dies is dropped from the queue within
+///                 its ttl, so it never blocks the others. Each grant raises
+///                 the fencing token.
 ///
 /// A key is used as one family while anyone holds it: exclusive and shared
-/// together, or permits alone. A store that cannot give a kind its guarantee
+/// together, or permits alone, or fair alone. A store that cannot give a kind its guarantee
 /// refuses it with Unsupported, never a weaker lock.
 #pragma once
 
@@ -25,12 +32,12 @@
 
 namespace lockwatch {
 
-/// How a lock on a key is held: exclusive (the default), shared, or permits(n) (see the header
-/// comment). A small value type.
+/// How a lock on a key is held: exclusive (the default), shared, permits(n) or fair (see the
+/// header comment). A small value type.
 class LockKind {
  public:
-  /// The three kinds.
-  enum class Mode : std::uint8_t { kExclusive, kShared, kPermits };
+  /// The kinds.
+  enum class Mode : std::uint8_t { kExclusive, kShared, kPermits, kFair };
 
   constexpr LockKind() noexcept = default;  ///< exclusive
   /// One holder (the default): a mutex, and the writer of a read-write lock.
@@ -40,7 +47,10 @@ class LockKind {
   /// At most `n` holders at once (a semaphore).
   static constexpr LockKind permits(std::uint32_t n) noexcept { return LockKind(Mode::kPermits, n); }
 
-  /// Which of the three kinds.
+  /// One holder, granted in the waiters' order of arrival (a fair lock).
+  static constexpr LockKind fair() noexcept { return LockKind(Mode::kFair, 0); }
+
+  /// Which of the kinds.
   constexpr Mode mode() const noexcept { return mode_; }
   /// permits(n): n; 0 for the other kinds.
   constexpr std::uint32_t permit_count() const noexcept { return permits_; }
@@ -49,10 +59,13 @@ class LockKind {
   /// Equal when of the same mode and permit count.
   constexpr bool operator==(const LockKind&) const noexcept = default;
 
-  /// "exclusive", "shared", "3 permits".
+  /// True for the kinds with one holder at a time: exclusive() and fair().
+  constexpr bool single_holder() const noexcept { return mode_ == Mode::kExclusive || mode_ == Mode::kFair; }
+  /// "exclusive", "shared", "3 permits", "fair".
   std::string describe() const {
     switch (mode_) {
       case Mode::kShared: return "shared";
+      case Mode::kFair: return "fair";
       case Mode::kPermits: return std::to_string(permits_) + (permits_ == 1 ? " permit" : " permits");
       case Mode::kExclusive: break;
     }

@@ -50,7 +50,8 @@
 /// LOCKED is shorthand for the builder lockwatch::locked(key_expr, ttl,
 /// retries), which also offers .on(runtime), .wait(duration),
 /// .renew_weight(w), and the kind of lock (lock_kind.hpp): .shared() (a
-/// reader of a read-write lock) or .permits(n) (one of n permits):
+/// reader of a read-write lock), .permits(n) (one of n permits) or .fair()
+/// (one holder, granted in the order the callers came):
 ///   auto job = lockwatch::locked("job:{0}", 10s, 5).on(rt).wait(2s)(fn);
 ///   auto read = LOCKED("doc:{0}", 5s, forever, .shared()) [&](int id) { ... };
 /// (LOCKED takes the modifiers as an optional fourth argument, see below.)
@@ -660,6 +661,15 @@ class LockedBuilder {
     b.spec_.kind = LockKind::permits(n);
     return b;
   }
+  /// One holder at a time, granted in the order the callers began to wait,
+  /// across processes (a fair lock): see lock_kind.hpp. Combine with
+  /// .wait(d): a caller that does not wait leaves the queue at once. A
+  /// store that keeps no queue of waiters fails the call with Unsupported.
+  LockedBuilder fair() const {
+    LockedBuilder b = *this;
+    b.spec_.kind = LockKind::fair();
+    return b;
+  }
   /// Renew at ttl * w (default: the runtime's Options::renew_weight, 0.9).
   LockedBuilder renew_weight(double w) const {
     detail::check_renew_weight(w);
@@ -704,6 +714,7 @@ LockedBuilder<detail::key_holder_t<K>> locked(K&& key_expr, std::chrono::millise
 /// macro ends in `+`, so nothing can be chained after it):
 ///   LOCKED("doc:{0}", 5s, forever, .shared()) [&](int id) { ... };
 ///   LOCKED("gpu", 30s, forever, .permits(4).wait(10s).on(rt)) [&] { ... };
+///   LOCKED("queue", 5s, forever, .fair().wait(1min)) [&] { ... };
 #define LOCKED(key_expr, ttl, retries, ...)                                                     \
   ::lockwatch::locked(                                                                          \
       [=](const auto&... lockwatch_key_args_) {                                                 \

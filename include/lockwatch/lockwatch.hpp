@@ -2,6 +2,7 @@
 /// lockwatch/lockwatch.hpp: everything a user of lockwatch includes.
 #pragma once
 
+#include "lockwatch/election.hpp"
 #include "lockwatch/errors.hpp"
 #include "lockwatch/lease.hpp"
 #include "lockwatch/lock_handle.hpp"

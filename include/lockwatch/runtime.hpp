@@ -73,7 +73,7 @@ struct LockSpec {
   std::int64_t retries = 0;  ///< < 0: forever
   double renew_weight = 0;   ///< 0: the runtime's Options::renew_weight
   std::chrono::milliseconds wait{0};
-  LockKind kind{};           ///< exclusive unless .shared() or .permits(n)
+  LockKind kind{};           ///< exclusive unless .shared(), .permits(n) or .fair()
 };
 
 /// One decorated invocation, as the runtime sees it. run() executes the
@@ -183,7 +183,8 @@ class Runtime {
   std::future<LockHandle> acquire(std::string key, std::chrono::milliseconds ttl, Retries retries = forever,
                                   std::chrono::milliseconds wait = std::chrono::milliseconds(0));
   /// The same, held as `kind` (lock_kind.hpp): LockKind::shared() for a
-  /// reader of a read-write lock, LockKind::permits(n) for one of n permits.
+  /// reader of a read-write lock, LockKind::permits(n) for one of n permits,
+  /// LockKind::fair() for a lock granted in the waiters' order of arrival.
   /// A store that cannot hold that kind with its guarantee throws
   /// Unsupported before anything starts; permits(0) is InvalidArgument. A
   /// key held as another kind (or a semaphore of another n) fails with

@@ -110,12 +110,26 @@ struct Acquisition final : TimerTask {
   bool maybe_held = false;
   Clock::time_point last_sent;  // the latest attempt's send time
 
+  // A fair lock's waiter (LockKind::fair()) asks the store on its own, not
+  // only when first in line here: each attempt keeps its place in the
+  // store's queue (WaitQueue::attempt_fair).
+  struct FairRetry final : TimerTask {
+    Acquisition* owner = nullptr;
+    void run(Timeout) noexcept override;
+  };
+  FairRetry fair_retry;
+  Timeout fair_timeout;         // its next attempt
+  bool fair_in_flight = false;  // its attempt awaits the answer
+  bool fair_again = false;      // a wake-up came meanwhile
+
+  bool fair() const noexcept { return spec.kind.mode() == LockKind::Mode::kFair; }
   LockRef ref() const noexcept { return LockRef{name, token.view(), ttl_ms.view(), spec.ttl, spec.kind}; }
   void run(Timeout) noexcept override;  // the wait deadline
 };
 
 struct HandleAccess {
   static LockHandle make(std::shared_ptr<HandleState> state) { return LockHandle(std::move(state)); }
+  static std::shared_ptr<HandleState> state(const LockHandle& h) { return h.state_; }
 };
 
 }  // namespace lockwatch::detail

@@ -109,6 +109,11 @@ void Runtime::Impl::validate(detail::LockSpec& spec) const {
     throw InvalidArgument("permits(n) needs n >= 1");
   if (const char* why = store->check_kind(spec.kind))
     throw Unsupported(fmt::format("{} locks: {} cannot hold them ({})", spec.kind.describe(), store_kind(), why));
+  // A fair waiter that gives up must leave the store's queue: without a way
+  // to, it would stall the waiters behind it for its ttl.
+  if (spec.kind.mode() == LockKind::Mode::kFair && detail::capability<detail::FairQueue>(*store) == nullptr)
+    throw Unsupported(fmt::format("fair locks: {} cannot hold them (it offers no {})", store_kind(),
+                                  detail::FairQueue::kName));
   if (spec.renew_weight == 0) spec.renew_weight = options.renew_weight;
   detail::check_renew_weight(spec.renew_weight);
   // The renewal fires at ttl*weight (or earlier, see renew_after), up to a
@@ -470,6 +475,22 @@ std::future<LockState> Runtime::Impl::inspect(std::string key) {
             promise->set_exception(detail::to_exception(*err));
           else
             promise->set_value(LockState{key, info.held, info.ttl, info.fencing_token});
+        });
+      }))
+    throw RuntimeStopped("lockwatch runtime is stopping");
+  return future;
+}
+
+std::future<detail::LockInfo> Runtime::Impl::inspect_info(std::string key) {
+  auto promise = std::make_shared<std::promise<detail::LockInfo>>();
+  auto future = promise->get_future();
+  auto& tools = detail::require<detail::OperatorTools>(*store, store_kind());
+  if (!loop.post([&tools, promise, name = operator_name(key)] {
+        tools.inspect(name, [promise](const detail::LockInfo& info, const detail::StoreError* err) {
+          if (err)
+            promise->set_exception(detail::to_exception(*err));
+          else
+            promise->set_value(info);
         });
       }))
     throw RuntimeStopped("lockwatch runtime is stopping");

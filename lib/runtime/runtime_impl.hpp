@@ -32,6 +32,7 @@
 #include "runtime/wait_queue.hpp"
 #include "runtime/watchdog.hpp"
 #include "runtime/wheel_clock.hpp"
+#include "store/capabilities.hpp"
 #include "store/lock_store.hpp"
 
 namespace lockwatch {
@@ -79,6 +80,9 @@ struct Runtime::Impl final : std::enable_shared_from_this<Runtime::Impl>, detail
   // "the mysql:// store", for messages.
   std::string store_kind() const;
   std::future<LockState> inspect(std::string key);
+  // The store's whole view of `key`, its holder's owner token included
+  // (Election reads who leads).
+  std::future<detail::LockInfo> inspect_info(std::string key);
   std::future<bool> force_release(std::string key);
   void call_done();
   // Starts a handle's acquisition (both forms of acquire).

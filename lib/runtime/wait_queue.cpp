@@ -6,6 +6,7 @@
 #include "core/timing.hpp"
 #include "lockwatch/errors.hpp"
 #include "runtime/store_errors.hpp"
+#include "store/capabilities.hpp"
 
 namespace lockwatch::detail {
 
@@ -47,16 +48,17 @@ struct WaitQueue::KeyWaiters final : TimerTask {
     if (kind.mode() == LockKind::Mode::kPermits) return held_shared < kind.permit_count();
     return true;
   }
-  void count_grant(const LockKind& kind) noexcept { ++(kind.exclusive_kind() ? held_exclusive : held_shared); }
+  void count_grant(const LockKind& kind) noexcept { ++(kind.single_holder() ? held_exclusive : held_shared); }
   // Leases granted before this queue of waiters was made are not counted:
   // the count never goes below zero (the store still decides).
   void count_end(const LockKind& kind) noexcept {
-    auto& n = kind.exclusive_kind() ? held_exclusive : held_shared;
+    auto& n = kind.single_holder() ? held_exclusive : held_shared;
     if (n != 0) --n;
   }
 };
 
 void Acquisition::run(Timeout) noexcept { queue->on_wait_expired(this); }
+void Acquisition::FairRetry::run(Timeout) noexcept { owner->queue->on_fair_retry(owner); }
 
 WaitQueue::WaitQueue(LockStore& store, WheelClock& clock, const Options& options, Hooks hooks)
     : store_(store), clock_(clock), options_(options), hooks_(std::move(hooks)) {
@@ -81,7 +83,111 @@ void WaitQueue::start(std::shared_ptr<Acquisition> a) {
   KeyWaiters* w = slot.get();
   a->wait_timeout = clock_.at(*a, a->started + a->spec.wait);
   w->waiting.push_back(a);
+  if (a->fair()) {
+    // Its place in the store's queue is taken now, not when it comes first here.
+    a->fair_retry.owner = a.get();
+    attempt_fair(a);
+    return;
+  }
   if (w->waiting.size() == 1) attempt_head(w->name);
+}
+
+void WaitQueue::attempt_fair(const std::shared_ptr<Acquisition>& a) {
+  if (a->done) return;
+  if (a->fair_in_flight) {
+    a->fair_again = true;
+    return;
+  }
+  a->fair_timeout.cancel();
+  a->fair_in_flight = true;
+  a->fair_again = false;
+  auto sent = Clock::now();
+  a->last_sent = sent;
+  LockRef ref = a->ref();
+  store_.acquire(std::span<const LockRef>(&ref, 1), [this, a, sent](std::size_t, const Acquired& out) {
+    a->fair_in_flight = false;
+    on_fair_outcome(a, out, sent);
+  });
+}
+
+void WaitQueue::on_fair_retry(Acquisition* raw) {
+  auto it = waiters_.find(raw->name);
+  if (it == waiters_.end()) return;
+  for (const auto& a : it->second->waiting) {
+    if (a.get() != raw) continue;
+    attempt_fair(a);
+    return;
+  }
+}
+
+void WaitQueue::withdraw(const Acquisition& a) {
+  auto* queue = capability<FairQueue>(store_);
+  if (queue == nullptr) return;  // never: the runtime offers fair locks only with it
+  LockRef ref = a.ref();
+  // A withdraw that fails leaves the place to run out by its ttl.
+  queue->withdraw(ref, [](const StoreError*) {});
+}
+
+void WaitQueue::on_fair_outcome(const std::shared_ptr<Acquisition>& a, const Acquired& out, Clock::time_point sent) {
+  using Status = Acquired::Status;
+  if (out.status != Status::kBusy) a->maybe_held = true;
+  if (a->done) {
+    // It gave up (or the runtime stops) while the attempt was in flight.
+    abandon(*a);
+    return;
+  }
+  auto it = waiters_.find(a->name);
+  assert(it != waiters_.end());
+  KeyWaiters* w = it->second.get();
+  if (out.status == Status::kFailed && out.error.transient()) {
+    // As for the head of other kinds: a blip is ridden out, a store down
+    // for the connect timeout fails every waiter of the key.
+    w->connection_error = to_exception(out.error);
+    if (out.error.unavailable()) {
+      w->unreachable_since = std::min(w->unreachable_since, sent);
+      if (Clock::now() - w->unreachable_since >= options_.connect_timeout) {
+        fail_waiters(w, w->connection_error);
+        return;
+      }
+    } else {
+      w->unreachable_since = Clock::time_point::max();
+    }
+    a->fair_timeout = clock_.at(a->fair_retry, Clock::now() + options_.reconnect_min);
+    return;
+  }
+  w->connection_error = nullptr;
+  w->unreachable_since = Clock::time_point::max();
+  if (out.status != Status::kBusy) {
+    auto pos = std::find(w->waiting.begin(), w->waiting.end(), a);
+    if (pos != w->waiting.end()) w->waiting.erase(pos);
+    a->done = true;
+    a->wait_timeout.cancel();
+    a->fair_timeout.cancel();
+    if (out.status == Status::kFailed) {
+      hooks_.failed(a, to_exception(out.error), false);
+      abandon(*a);
+    } else {
+      w->count_grant(a->spec.kind);
+      hooks_.taken(a, out.fence, sent);
+    }
+    // The grant may have ended the key's waiters already: look again.
+    it = waiters_.find(a->name);
+    if (it != waiters_.end()) maybe_forget(it->second.get());
+    return;
+  }
+  if (a->fair_again) {
+    attempt_fair(a);
+    return;
+  }
+  // Busy: the store says when to try again (within a third of the ttl, which
+  // keeps our place); a release notice for the key wakes our first waiter.
+  auto next = std::max(out.busy_for, milliseconds(1)) + milliseconds(1);
+  if (store_.release_events()) {
+    if (!w->subscribed) store_.subscribe(w->name);
+  } else {
+    next = std::min(next, milliseconds(1000));
+  }
+  a->fair_timeout = clock_.at(a->fair_retry, Clock::now() + next);
 }
 
 void WaitQueue::attempt(const std::shared_ptr<Acquisition>& a, KeyWaiters* w) {
@@ -99,6 +205,10 @@ void WaitQueue::attempt_head(std::string_view name) {
   if (it == waiters_.end()) return;
   KeyWaiters* w = it->second.get();
   if (w->waiting.empty() || w->yielding || !w->admits(w->waiting.front()->spec.kind)) return;
+  if (w->waiting.front()->fair()) {
+    attempt_fair(w->waiting.front());
+    return;
+  }
   if (w->in_flight) {
     w->again = true;
     return;
@@ -110,6 +220,7 @@ void WaitQueue::attempt_head(std::string_view name) {
 }
 
 void WaitQueue::abandon(const Acquisition& a) {
+  if (a.fair()) withdraw(a);
   if (!a.maybe_held) return;
   // The store drops the key its expiry bound (the ttl, or more where it
   // rounds the ttl up) after the last attempt that could have set it, at
@@ -171,8 +282,9 @@ void WaitQueue::fail_waiters(KeyWaiters* w, std::exception_ptr error) {
     if (a->done) continue;
     a->done = true;
     a->wait_timeout.cancel();
+    a->fair_timeout.cancel();
     hooks_.failed(a, error, false);
-    abandon(*a);
+    if (!a->fair_in_flight) abandon(*a);  // in flight: its answer does it
   }
   maybe_forget(w);  // w may be gone
 }
@@ -254,6 +366,7 @@ void WaitQueue::on_outcome(const std::shared_ptr<Acquisition>& a, const Acquired
   auto busy_for = std::max(out.busy_for, milliseconds(1));
   if (w == nullptr) {
     a->done = true;
+    if (a->fair()) withdraw(*a);  // it does not wait: its place goes
     hooks_.failed(a,
                   std::make_exception_ptr(LockNotAcquired(
                       a->spec.key, std::chrono::duration_cast<milliseconds>(Clock::now() - a->started))),
@@ -347,10 +460,11 @@ void WaitQueue::end_wait(Acquisition* raw, std::exception_ptr error) {
   auto pos = std::find_if(w->waiting.begin(), w->waiting.end(), [raw](const auto& p) { return p.get() == raw; });
   if (pos == w->waiting.end()) return;
   auto a = *pos;
-  bool head_in_flight = (pos == w->waiting.begin()) && w->in_flight;
+  bool head_in_flight = a->fair() ? a->fair_in_flight : (pos == w->waiting.begin()) && w->in_flight;
   w->waiting.erase(pos);  // a head in flight: its answer sees done and cleans up
   a->done = true;
   a->wait_timeout.cancel();
+  a->fair_timeout.cancel();
   if (error)
     hooks_.failed(a, error, false);
   else if (w->connection_error)
@@ -381,8 +495,10 @@ void WaitQueue::fail_all(std::exception_ptr error) {
       auto& a = w->waiting[i];
       if (a->done) continue;
       a->done = true;
+      a->fair_timeout.cancel();
       hooks_.failed(a, error, false);
-      if (i != 0 || !w->in_flight) abandon(*a);  // in flight: its answer does it
+      const bool in_flight = a->fair() ? a->fair_in_flight : i == 0 && w->in_flight;
+      if (!in_flight) abandon(*a);  // in flight: its answer does it
     }
     w->waiting.clear();
     w->retry.cancel();

@@ -26,6 +26,15 @@
 // answered or the attempt's ttl has surely run out. So a timed-out acquire
 // leaves no lock that nobody owns for its whole ttl.
 //
+// Fair locks (LockKind::fair()) are queued by the store, in arrival order
+// across processes, so every fair waiter asks the store itself: at once
+// when it starts (taking its place there), then whenever the store's busy
+// answer says (within a third of its ttl, which keeps its place), and, the
+// first of ours in line only, on a release notice. A fair waiter that gives
+// up, or whose call ends without the lock, withdraws from the store's queue
+// (FairQueue::withdraw); a call without a wait withdraws after its one
+// busy answer.
+//
 // Threading: loop thread only.
 #pragma once
 
@@ -85,9 +94,16 @@ class WaitQueue {
 
  private:
   friend struct Acquisition;
+  friend struct Acquisition::FairRetry;
   struct KeyWaiters;
   void attempt(const std::shared_ptr<Acquisition>& a, KeyWaiters* w);
   void attempt_head(std::string_view name);
+  // A fair waiter's own attempt (see above), and its answer.
+  void attempt_fair(const std::shared_ptr<Acquisition>& a);
+  void on_fair_outcome(const std::shared_ptr<Acquisition>& a, const Acquired& out, Clock::time_point sent);
+  void on_fair_retry(Acquisition* a);
+  // A fair waiter leaves the store's queue (no answer awaited).
+  void withdraw(const Acquisition& a);
   void on_outcome(const std::shared_ptr<Acquisition>& a, const Acquired& out, Clock::time_point sent, KeyWaiters* w);
   void on_wait_expired(Acquisition* a);
   // `a` leaves the queue: with `error`, or busy past its wait (none).

@@ -10,6 +10,10 @@
 //                  that a majority agrees on the token it hands out)
 //   JobClaims      the store's clock and the scheduled jobs' period claims
 //   OperatorTools  what the store holds for a name, and removing it
+//   FairQueue      fair locks (LockKind::fair()): the store keeps each
+//                  lock's waiters in arrival order; withdraw() takes a
+//                  waiter that gives up out of it. A store without it is
+//                  never offered a fair lock (Unsupported).
 //
 // Threading and callbacks as in LockStore: loop thread only; a callback
 // runs exactly once and never inside the call that registered it.
@@ -94,6 +98,22 @@ class OperatorTools {
 
  protected:
   ~OperatorTools() = default;
+};
+
+class FairQueue {
+ public:
+  static constexpr std::string_view kName = "fair locks (a queue of waiters in arrival order)";
+  using WithdrawDone = std::function<void(const StoreError* error)>;
+  // `lock` (fair; its acquire() answered busy, so it is queued) gives up its
+  // place in the lock's queue. If it was first while the lock is free, the
+  // new first is woken (a release notice). Removing a waiter that is not
+  // queued is no error. A withdraw that fails leaves the waiter to be
+  // dropped when its place runs out (its ttl after its last attempt). It
+  // does not release a lock the token holds: release() does.
+  virtual void withdraw(const LockRef& lock, WithdrawDone done) = 0;
+
+ protected:
+  ~FairQueue() = default;
 };
 
 // `store` as a T, or null when it does not offer T.

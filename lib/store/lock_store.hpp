@@ -122,7 +122,9 @@ class LockStore {
   // Any thread. Why this store cannot hold a lock of `kind` with its
   // guarantee (nullptr: it can). The runtime makes it Unsupported.
   virtual const char* check_kind(LockKind kind) const noexcept {
-    return kind.exclusive_kind() ? nullptr : "this store holds exclusive locks only";
+    if (kind.exclusive_kind()) return nullptr;
+    return kind.mode() == LockKind::Mode::kFair ? "this store keeps no queue of waiters for fair locks"
+                                                : "this store holds exclusive locks only";
   }
 
   // Any thread. How long after the last request that could have set or

@@ -53,8 +53,12 @@ class QuorumStore final : public StoreBase, public JobClaims, public OperatorToo
   // majority and a writer's share a store, which holds one or the other.
   // Not permits: each store counts its own holders, and majorities of
   // different holders overlap (3 stores, n = 2: holders on {1,2}, {2,3} and
-  // {1,3} leave 2 on each store), so more than n could hold.
+  // {1,3} leave 2 on each store), so more than n could hold. Not fair
+  // locks: each store's queue has its own order.
   const char* check_kind(LockKind kind) const noexcept override {
+    if (kind.mode() == LockKind::Mode::kFair)
+      return "a quorum cannot keep one order of waiters: each store queues its own, and majorities of different "
+             "queues could grant out of arrival order";
     if (kind.mode() == LockKind::Mode::kPermits)
       return "a quorum cannot bound a semaphore: each store counts its own holders, and majorities of different "
              "holders overlap, so more than n could hold";

@@ -42,6 +42,8 @@ void MemoryLink::close() {
 void MemorySpace::State::Entry::purge(Clock::time_point now) {
   std::erase_if(holders, [now](const auto& h) { return h.second <= now; });
   if (holders.empty()) permits = 0;
+  std::erase_if(queue, [now](const Waiter& w) { return w.until <= now; });
+  if (holders.empty() && queue.empty()) fair = false;
 }
 
 milliseconds MemorySpace::State::Entry::next_expiry(Clock::time_point now) const {
@@ -68,6 +70,7 @@ Acquired MemorySpace::State::acquire(const LockRef& lock) {
   switch (lock.kind.mode()) {
     case LockKind::Mode::kShared: return acquire_shared(e, lock, now);
     case LockKind::Mode::kPermits: return acquire_permit(e, lock, now);
+    case LockKind::Mode::kFair: return acquire_fair(e, lock, now);
     case LockKind::Mode::kExclusive: break;
   }
   return acquire_exclusive(e, lock, now);
@@ -75,6 +78,7 @@ Acquired MemorySpace::State::acquire(const LockRef& lock) {
 
 Acquired MemorySpace::State::acquire_exclusive(Entry& e, const LockRef& lock, Clock::time_point now) {
   if (e.permits > 0) return wrong_kind(lock, "a semaphore of " + LockKind::permits(e.permits).describe());
+  if (e.fair) return wrong_kind(lock, "a fair lock");
   Acquired out;
   if ((e.expires > now && e.owner != lock.token) || !e.holders.empty()) {
     // Readers hold it: new readers wait behind this writer while it waits.
@@ -107,6 +111,7 @@ Acquired MemorySpace::State::acquire_exclusive(Entry& e, const LockRef& lock, Cl
 
 Acquired MemorySpace::State::acquire_shared(Entry& e, const LockRef& lock, Clock::time_point now) {
   if (e.permits > 0) return wrong_kind(lock, "a semaphore of " + LockKind::permits(e.permits).describe());
+  if (e.fair) return wrong_kind(lock, "a fair lock");
   Acquired out;
   auto mine = e.holders.find(lock.token);
   const bool writer = e.expires > now;
@@ -124,6 +129,7 @@ Acquired MemorySpace::State::acquire_shared(Entry& e, const LockRef& lock, Clock
 Acquired MemorySpace::State::acquire_permit(Entry& e, const LockRef& lock, Clock::time_point now) {
   const std::uint32_t n = lock.kind.permit_count();
   if (e.expires > now) return wrong_kind(lock, "an exclusive lock");
+  if (e.fair) return wrong_kind(lock, "a fair lock");
   if (!e.holders.empty() && e.permits == 0) return wrong_kind(lock, "a shared lock");
   if (e.permits > 0 && e.permits != n) return wrong_kind(lock, "a semaphore of " + LockKind::permits(e.permits).describe());
   Acquired out;
@@ -139,6 +145,56 @@ Acquired MemorySpace::State::acquire_permit(Entry& e, const LockRef& lock, Clock
   out.status = Acquired::Status::kTaken;
   out.fence = e.fence;
   return out;
+}
+
+// As on Redis: the caller's place in the queue is made or refreshed, and it
+// is granted only when the lock is free and it is first. A waiter that is
+// told busy tries again within a third of its ttl, which keeps its place.
+Acquired MemorySpace::State::acquire_fair(Entry& e, const LockRef& lock, Clock::time_point now) {
+  if (e.permits > 0) return wrong_kind(lock, "a semaphore of " + LockKind::permits(e.permits).describe());
+  if (e.expires > now) return wrong_kind(lock, "an exclusive lock");
+  if (!e.holders.empty() && !e.fair) return wrong_kind(lock, "a shared lock");
+  e.fair = true;
+  const auto until = now + lock.ttl;
+  Acquired out;
+  if (auto mine = e.holders.find(lock.token); mine != e.holders.end()) {
+    mine->second = until;  // a retry after a lost answer: the same grant
+    out.status = Acquired::Status::kTaken;
+    out.fence = e.fence;
+    return out;
+  }
+  auto place = std::find_if(e.queue.begin(), e.queue.end(), [&](const Entry::Waiter& w) { return w.token == lock.token; });
+  if (place == e.queue.end()) {
+    e.queue.push_back(Entry::Waiter{std::string(lock.token), until});
+  } else {
+    place->until = until;
+  }
+  if (e.holders.empty() && e.queue.front().token == lock.token) {
+    e.queue.pop_front();
+    ++e.fence;
+    e.holders.emplace(std::string(lock.token), until);
+    out.status = Acquired::Status::kTaken;
+    out.fence = e.fence;
+    return out;
+  }
+  out.status = Acquired::Status::kBusy;
+  const auto first_leaves = e.holders.empty() ? std::chrono::ceil<milliseconds>(e.queue.front().until - now)
+                                              : e.next_expiry(now);
+  out.busy_for = std::max(milliseconds(1), std::min(first_leaves, lock.ttl / 3));
+  return out;
+}
+
+void MemorySpace::State::withdraw(const LockRef& lock) {
+  auto it = entries_.find(lock.name);
+  if (it == entries_.end()) return;
+  Entry& e = it->second;
+  auto place = std::find_if(e.queue.begin(), e.queue.end(), [&](const Entry::Waiter& w) { return w.token == lock.token; });
+  if (place == e.queue.end()) return;
+  const bool was_first = place == e.queue.begin();
+  e.queue.erase(place);
+  e.purge(Clock::now());
+  // The new first would otherwise learn it only at its next attempt.
+  if (was_first && e.holders.empty() && !e.queue.empty()) notify(lock.name);
 }
 
 Renewed MemorySpace::State::renew(const LockRef& lock) {
@@ -236,6 +292,7 @@ bool MemorySpace::State::force_release(std::string_view name) {
     it->second.owner.clear();
     it->second.holders.clear();
     it->second.permits = 0;
+    it->second.fair = !it->second.queue.empty();
   }
   notify(name);
   return was_held;
@@ -327,6 +384,15 @@ void MemorySpace::steal(std::string_view name, std::string_view owner, milliseco
   if (it == state_.entries_.end()) it = state_.entries_.emplace(std::string(name), State::Entry{}).first;
   it->second.owner.assign(owner);
   it->second.expires = Clock::now() + ttl;
+}
+
+std::size_t MemorySpace::fair_waiters(std::string_view name) const {
+  std::lock_guard lk(mu_);
+  auto it = state_.entries_.find(name);
+  if (it == state_.entries_.end()) return 0;
+  const auto now = Clock::now();
+  return static_cast<std::size_t>(std::count_if(it->second.queue.begin(), it->second.queue.end(),
+                                                [now](const State::Entry::Waiter& w) { return w.until > now; }));
 }
 
 std::optional<std::int64_t> MemorySpace::last_period(std::string_view name) const {

@@ -75,6 +75,8 @@ class MemorySpace {
     Acquired acquire(const LockRef& lock);
     Renewed renew(const LockRef& lock);
     Released release(const LockRef& lock, bool notify);
+    // A fair waiter gives up its place (FairQueue::withdraw).
+    void withdraw(const LockRef& lock);
     void raise_fence(std::string_view name, std::uint64_t fence);
     ClaimResult claim(std::string_view name, std::string_view token, std::int64_t period,
                       std::chrono::system_clock::time_point start);
@@ -92,7 +94,17 @@ class MemorySpace {
       std::map<std::string, Clock::time_point, std::less<>> holders;
       std::uint32_t permits = 0;  // holders are a semaphore's of this many (0: readers)
       Clock::time_point writer_waits = Clock::time_point::min();  // no new reader until then
-      // Forgets holders whose ttl ran out (and the semaphore with the last).
+      // A fair lock: its holder (one at most) is in `holders`, its waiters
+      // here in arrival order, each with the time its place runs out
+      // (refreshed by each of its attempts).
+      struct Waiter {
+        std::string token;
+        Clock::time_point until;
+      };
+      bool fair = false;  // held or waited for as a fair lock
+      std::deque<Waiter> queue;
+      // Forgets holders whose ttl ran out (and the semaphore with the last),
+      // and fair waiters whose place ran out.
       void purge(Clock::time_point now);
       // The shortest time a holder has left (a waiter's next try).
       std::chrono::milliseconds next_expiry(Clock::time_point now) const;
@@ -100,6 +112,7 @@ class MemorySpace {
     Acquired acquire_exclusive(Entry& e, const LockRef& lock, Clock::time_point now);
     Acquired acquire_shared(Entry& e, const LockRef& lock, Clock::time_point now);
     Acquired acquire_permit(Entry& e, const LockRef& lock, Clock::time_point now);
+    Acquired acquire_fair(Entry& e, const LockRef& lock, Clock::time_point now);
     // The failure of a call whose kind the key is not held as now.
     static Acquired wrong_kind(const LockRef& lock, const std::string& held_as);
     // Tells every subscribed store that `name` was released.
@@ -129,6 +142,8 @@ class MemorySpace {
   // Test hooks, as an operator with a server's own client would.
   // `owner` holds `name` for `ttl`, whoever held it.
   void steal(std::string_view name, std::string_view owner, std::chrono::milliseconds ttl);
+  // How many fair waiters `name`'s queue holds now (places not run out).
+  std::size_t fair_waiters(std::string_view name) const;
   // The last period run of the job whose lock is `name` (nullopt: none).
   std::optional<std::int64_t> last_period(std::string_view name) const;
   // Loses every lock, counter and period (a server restarted empty).

@@ -197,6 +197,17 @@ void MemoryStore::force_release(std::string_view name, ForceDone done) {
       [shared_done, err = no_answer()] { (*shared_done)(false, &err); });
 }
 
+void MemoryStore::withdraw(const LockRef& lock, WithdrawDone done) {
+  auto owned = std::make_shared<Owned>(lock);
+  auto shared_done = std::make_shared<WithdrawDone>(std::move(done));
+  submit(
+      [owned, shared_done](MemorySpace::State& s) -> std::function<void()> {
+        s.withdraw(owned->ref());
+        return [shared_done] { (*shared_done)(nullptr); };
+      },
+      [shared_done, err = no_answer()] { (*shared_done)(&err); });
+}
+
 void MemoryStore::subscribe(std::string_view name) {
   if (closed_ || !subscribed_.emplace(name).second) return;
   space_->subscribe(link_, name);

@@ -38,7 +38,11 @@ namespace lockwatch::detail {
 
 class Loop;
 
-class MemoryStore final : public StoreBase, public FenceRaising, public JobClaims, public OperatorTools {
+class MemoryStore final : public StoreBase,
+                          public FenceRaising,
+                          public JobClaims,
+                          public OperatorTools,
+                          public FairQueue {
  public:
   static constexpr std::string_view kScheme = "memory://";
 
@@ -61,6 +65,7 @@ class MemoryStore final : public StoreBase, public FenceRaising, public JobClaim
   LOCKWATCH_FENCE_RAISING_OPERATIONS;
   LOCKWATCH_JOB_CLAIMS_OPERATIONS;
   LOCKWATCH_OPERATOR_TOOLS_OPERATIONS;
+  void withdraw(const LockRef& lock, WithdrawDone done) override;
 
   // Loop thread (posted by the space): `name` was released.
   void notice(const std::string& name);

@@ -70,9 +70,12 @@ class PgStore final : public StoreBase, public FenceRaising, public JobClaims, p
   static std::string table_definition(const std::string& table);
 
   // One statement per batch (see above); release notices by LISTEN.
-  // Exclusive locks only.
+  // Exclusive locks only (no shared, permit or fair ones).
   const char* check_kind(LockKind kind) const noexcept override {
-    return kind.exclusive_kind() ? nullptr : "the lock table keeps one owner per key: shared and permit locks are not kept on PostgreSQL yet";
+    if (kind.exclusive_kind()) return nullptr;
+    if (kind.mode() == LockKind::Mode::kFair)
+      return "the lock table keeps no queue of waiters: fair locks are not kept on PostgreSQL yet";
+    return "the lock table keeps one owner per key: shared and permit locks are not kept on PostgreSQL yet";
   }
   LOCKWATCH_STORE_OPERATIONS;
   LOCKWATCH_STORE_NOTICES;

@@ -764,6 +764,22 @@ void ClusterStore::force_release(std::string_view name, ForceDone done) {
   route(std::move(call), [shared](const StoreError& err) { (*shared)(false, &err); });
 }
 
+void ClusterStore::withdraw(const LockRef& lock, WithdrawDone done) {
+  auto shared = std::make_shared<WithdrawDone>(std::move(done));
+  auto call = std::make_shared<Call>();
+  call->name = lock.name;
+  call->idempotent = true;  // a token withdrawn twice is withdrawn
+  call->send = [this, shared, token = std::string(lock.token), ttl = lock.ttl, kind = lock.kind](
+                   RedisNodeStore& node, const std::shared_ptr<Call>& self) {
+    LockRef ref{self->name, token, {}, ttl, kind};
+    node.withdraw(ref, [this, self, shared](const StoreError* err) {
+      if (err && follow(self, *err, [shared, e = *err] { (*shared)(&e); })) return;
+      (*shared)(err);
+    });
+  };
+  route(std::move(call), [shared](const StoreError& err) { (*shared)(&err); });
+}
+
 void ClusterStore::subscribe(std::string_view name) {
   when_mapped([this, lock = std::string(name)](const StoreError* err) {
     if (err || closed_ || subscribed_.count(lock) > 0) return;

@@ -104,7 +104,11 @@ struct ClusterSeeds {
   std::string names() const;
 };
 
-class ClusterStore final : public StoreBase, public FenceRaising, public JobClaims, public OperatorTools {
+class ClusterStore final : public StoreBase,
+                           public FenceRaising,
+                           public JobClaims,
+                           public OperatorTools,
+                           public FairQueue {
  public:
   static constexpr int kRedirectBudget = 5;
   static constexpr std::chrono::milliseconds kRefreshInterval{5000};
@@ -126,6 +130,9 @@ class ClusterStore final : public StoreBase, public FenceRaising, public JobClai
   LOCKWATCH_FENCE_RAISING_OPERATIONS;
   LOCKWATCH_JOB_CLAIMS_OPERATIONS;
   LOCKWATCH_OPERATOR_TOOLS_OPERATIONS;
+  // A fair waiter leaves its lock's queue, on the slot's node (its keys
+  // share the lock's hash tag); redirects followed as for the others.
+  void withdraw(const LockRef& lock, WithdrawDone done) override;
 
  private:
   void started() override;

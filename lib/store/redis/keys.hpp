@@ -20,6 +20,11 @@
 // holds a marker (marker()) instead of an owner token. Same hash tag, same
 // slot. A lock's name ends in '}', these do not: no key's lock is one.
 //
+// Fair locks keep their holder in `P{K}:holders` too (the lock holding
+// the marker 'lockwatch:fair'), and their waiters in `P{K}:queue` (by
+// arrival) and `P{K}:waiting` (by the time each one's place runs out).
+// Same hash tag, same slot.
+//
 // Versions before kept one counter per name, `P{K}:fence`
 // (legacy_fence()); the acquire script folds it into the slot's counter
 // the first time K is locked again, then deletes it.
@@ -65,9 +70,12 @@ inline std::string period(std::string_view lock_name) { return std::string(lock_
 inline std::string channel(std::string_view lock_name) { return std::string(lock_name).append(kChannelSuffix); }
 inline std::string holders(std::string_view lock_name) { return std::string(lock_name).append(":holders"); }
 inline std::string writer_mark(std::string_view lock_name) { return std::string(lock_name).append(":writer"); }
+inline std::string queue(std::string_view lock_name) { return std::string(lock_name).append(":queue"); }
+inline std::string waiting(std::string_view lock_name) { return std::string(lock_name).append(":waiting"); }
 // What the lock's key holds while held as `kind` (not exclusive): no owner
 // token (32 hex characters) can be one.
 inline std::string marker(const LockKind& kind) {
+  if (kind.mode() == LockKind::Mode::kFair) return "lockwatch:fair";
   return kind.mode() == LockKind::Mode::kShared ? std::string("lockwatch:shared")
                                                 : "lockwatch:permits:" + std::to_string(kind.permit_count());
 }

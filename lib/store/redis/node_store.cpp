@@ -142,6 +142,10 @@ void RedisNodeStore::release(std::span<const LockRef> locks, bool notify, Releas
 }
 
 void RedisNodeStore::send_kind_acquire(QueuedAcquire a) {
+  if (a.kind.mode() == LockKind::Mode::kFair) {
+    send_fair_acquire(std::move(a));
+    return;
+  }
   std::vector<std::string> args{a.name, redis_keys::holders(a.name), redis_keys::writer_mark(a.name),
                                 redis_keys::counter(options_.key_prefix, a.name), a.token, a.ttl_ms,
                                 redis_keys::kind_arg(a.kind)};
@@ -151,6 +155,35 @@ void RedisNodeStore::send_kind_acquire(QueuedAcquire a) {
            AcquireReply reply(r, err, 1, c.name());
            acquired(reply.next(), std::move(a.name), std::move(a.token), a.kind, a.index, std::move(a.done));
          });
+}
+
+void RedisNodeStore::send_fair_acquire(QueuedAcquire a) {
+  std::vector<std::string> args{a.name,
+                                redis_keys::holders(a.name),
+                                redis_keys::queue(a.name),
+                                redis_keys::waiting(a.name),
+                                redis_keys::counter(options_.key_prefix, a.name),
+                                a.token,
+                                a.ttl_ms,
+                                redis_keys::channel(a.name),
+                                notice()};
+  RedisConnection& c = with_asking(for_acquire());
+  c.eval(script(ScriptId::kAcquireFair), std::move(args), 5,
+         [this, &c, a = std::move(a)](const redisReply* r, const StoreError* err) mutable {
+           AcquireReply reply(r, err, 1, c.name());
+           acquired(reply.next(), std::move(a.name), std::move(a.token), a.kind, a.index, std::move(a.done));
+         });
+}
+
+void RedisNodeStore::withdraw(const LockRef& lock, WithdrawDone done) {
+  std::string name(lock.name);
+  std::vector<std::string> args{name, redis_keys::queue(name), redis_keys::waiting(name), std::string(lock.token),
+                                redis_keys::channel(name), notice()};
+  with_asking(*conn_).eval(script(ScriptId::kWithdrawFair), std::move(args), 3,
+                           [this, done = std::move(done)](const redisReply* r, const StoreError* err) {
+                             const auto failed = read_withdraw(r, err, conn_->name());
+                             done(failed ? &*failed : nullptr);
+                           });
 }
 
 void RedisNodeStore::send_kind_release(RedisConnection& c, std::span<const LockRef> locks,

@@ -54,7 +54,11 @@ namespace lockwatch::detail {
 class Loop;
 class SentinelWatcher;
 
-class RedisNodeStore final : public StoreBase, public FenceRaising, public JobClaims, public OperatorTools {
+class RedisNodeStore final : public StoreBase,
+                             public FenceRaising,
+                             public JobClaims,
+                             public OperatorTools,
+                             public FairQueue {
  public:
   enum class Notices : std::uint8_t { kClassic, kSharded };
   // `endpoint` with port 0: the address comes from follow_sentinels().
@@ -100,6 +104,9 @@ class RedisNodeStore final : public StoreBase, public FenceRaising, public JobCl
   LOCKWATCH_FENCE_RAISING_OPERATIONS;
   LOCKWATCH_JOB_CLAIMS_OPERATIONS;
   LOCKWATCH_OPERATOR_TOOLS_OPERATIONS;
+  // Fair locks: acquired by kAcquireFair (one call each), renewed and
+  // released as the other kinds; a waiter that gives up, kWithdrawFair.
+  void withdraw(const LockRef& lock, WithdrawDone done) override;
 
   static constexpr std::size_t kMaxBatch = 256;
   // Batch calls written and not answered yet, at most. More wait here, not
@@ -131,6 +138,7 @@ class RedisNodeStore final : public StoreBase, public FenceRaising, public JobCl
                 std::shared_ptr<AcquireDone> done);
   // A shared or permit lock: one kAcquireKind call.
   void send_kind_acquire(QueuedAcquire a);
+  void send_fair_acquire(QueuedAcquire a);
   // renew() of a batch with shared or permit leases in it.
   std::size_t renew_mixed(std::span<const LockRef> locks, std::shared_ptr<const void> keepalive, RenewDone done);
   // Shared and permit releases of one call: one kReleaseKind call on `c`.

@@ -91,6 +91,8 @@ for i = 1, #KEYS / 3 do
     elseif type(v) == 'string' and string.sub(v, 1, 18) == 'lockwatch:permits:' then
       err = 'LOCKWATCH-KIND ' .. lock .. ' is held as a semaphore of ' .. string.sub(v, 19) ..
             ' permit(s); this call asked for it exclusive'
+    elseif v == 'lockwatch:fair' then
+      err = 'LOCKWATCH-KIND ' .. lock .. ' is held as fair; this call asked for it exclusive'
     else
       out[i] = 'b' .. t
     end
@@ -134,6 +136,8 @@ if v and v ~= marker then
     held_as = 'shared'
   elseif string.sub(v, 1, 18) == 'lockwatch:permits:' then
     held_as = 'a semaphore of ' .. string.sub(v, 19) .. ' permit(s)'
+  elseif v == 'lockwatch:fair' then
+    held_as = 'fair'
   else
     local t = redis.call('pttl', lock)
     if t < 0 then return 'eLOCKWATCH ' .. string.gsub(lock, '[\r\n]', ' ') .. ' exists without expiry: not a lockwatch lock' end
@@ -244,6 +248,122 @@ for i = 1, #KEYS / 2 do
   end
 end
 return table.concat(out)
+)lua";
+
+// Fair locks (LockKind::fair()): one holder, granted in arrival order. The
+// lock's key holds the marker 'lockwatch:fair' and its holder is the one
+// member of `<lock>:holders` (scored by its deadline, as a permit's), so
+// renewals and releases are the kind scripts' (kRenewKind, kReleaseKind:
+// the release publishes, the next waiter tries at once) and an exclusive,
+// shared or permit call finds the key held as another kind. The waiters are
+// `<lock>:queue`, a sorted set of tokens scored by arrival (the last score
+// plus one: scripts run one at a time, so no two share one), and
+// `<lock>:waiting`, the same tokens scored by the time their place runs
+// out on the server's clock: the attempt's now + ttl, so a waiter that
+// tries again within its ttl keeps its place (the busy answer asks it to
+// within a third of it). Each attempt first drops the waiters whose place
+// ran out (a waiter that died, or left without a word), so a dead waiter
+// stalls the queue for its ttl at most, never for good; then grants only
+// a free lock, and only to the first waiter. A waiter told busy is told
+// when to try again: the holder's deadline, or while the lock is free the
+// first waiter's (it was woken and has not come yet), capped at ttl/3;
+// when dropping dead waiters leaves a free lock to another first, the
+// release channel wakes it. The token comes from the slot's counter, as a
+// mutex's. All these keys share the lock's hash tag (one Cluster slot);
+// the queue's keys expire with the last place in it. KEYS: lock, holders,
+// queue, waiting, the slot's counter. ARGV: token, ttl ms, channel, 's'
+// SPUBLISH or 'p' PUBLISH. One entry as kAcquireKind's.
+constexpr std::string_view kAcquireFair = R"lua(
+local lock, holders, queue, waiting, counter = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
+local token, ttl, channel = ARGV[1], tonumber(ARGV[2]), ARGV[3]
+local publish = ARGV[4] == 's' and 'spublish' or 'publish'
+local v = redis.pcall('get', lock)
+if type(v) == 'table' then return 'e' .. string.gsub(v.err .. ' (' .. lock .. ')', '[\r\n]', ' ') end
+if v and v ~= 'lockwatch:fair' then
+  local held_as
+  if v == 'lockwatch:shared' then
+    held_as = 'shared'
+  elseif string.sub(v, 1, 18) == 'lockwatch:permits:' then
+    held_as = 'a semaphore of ' .. string.sub(v, 19) .. ' permit(s)'
+  else
+    if redis.call('pttl', lock) < 0 then
+      return 'eLOCKWATCH ' .. string.gsub(lock, '[\r\n]', ' ') .. ' exists without expiry: not a lockwatch lock'
+    end
+    held_as = 'exclusive'
+  end
+  return 'eLOCKWATCH-KIND ' .. string.gsub(lock .. ' is held as ' .. held_as .. '; this call asked for it fair', '[\r\n]', ' ')
+end
+local now = redis.call('time')
+now = tonumber(now[1]) * 1000 + math.floor(tonumber(now[2]) / 1000)
+local dropped = false
+while true do
+  local w = redis.call('zrange', waiting, 0, 0, 'WITHSCORES')
+  if #w == 0 or tonumber(w[2]) > now then break end
+  redis.call('zrem', waiting, w[1])
+  redis.call('zrem', queue, w[1])
+  dropped = true
+end
+if not v then redis.call('del', holders) end
+redis.call('zremrangebyscore', holders, '-inf', now)
+local out
+if redis.call('zscore', holders, token) then
+  local f = redis.pcall('get', counter)
+  if type(f) == 'table' then return 'e' .. f.err .. ' (' .. counter .. ' is not a fencing counter)' end
+  redis.call('zadd', holders, string.format('%d', now + ttl), token)
+  redis.call('set', lock, 'lockwatch:fair', 'PX', ttl)
+  redis.call('pexpire', holders, ttl)
+  return 't' .. string.format('%d', tonumber(f or '0'))
+end
+if not redis.call('zscore', queue, token) then
+  local last = redis.call('zrange', queue, -1, -1, 'WITHSCORES')
+  local seq = #last > 0 and tonumber(last[2]) + 1 or 1
+  redis.call('zadd', queue, string.format('%d', seq), token)
+end
+redis.call('zadd', waiting, string.format('%d', now + ttl), token)
+local first = redis.call('zrange', queue, 0, 0)[1]
+local holder = redis.call('zrange', holders, 0, 0, 'WITHSCORES')
+if #holder == 0 and first == token then
+  local f = redis.pcall('incr', counter)
+  if type(f) == 'table' then return 'e' .. f.err .. ' (' .. counter .. ' is not a fencing counter)' end
+  redis.call('zrem', queue, token)
+  redis.call('zrem', waiting, token)
+  redis.call('zadd', holders, string.format('%d', now + ttl), token)
+  redis.call('set', lock, 'lockwatch:fair', 'PX', ttl)
+  redis.call('pexpire', holders, ttl)
+  out = 't' .. string.format('%d', f)
+else
+  local left
+  if #holder == 0 then
+    left = tonumber(redis.call('zscore', waiting, first)) - now
+    if dropped then redis.call(publish, channel, '1') end
+  else
+    left = tonumber(holder[2]) - now
+  end
+  out = 'b' .. string.format('%d', math.max(1, math.min(left, math.floor(ttl / 3))))
+end
+local last = redis.call('zrange', waiting, -1, -1, 'WITHSCORES')
+if #last == 0 then
+  redis.call('del', queue, waiting)
+else
+  local px = string.format('%d', math.max(1, tonumber(last[2]) - now))
+  redis.call('pexpire', queue, px)
+  redis.call('pexpire', waiting, px)
+end
+return out
+)lua";
+
+// A fair waiter gives up its place (FairQueue::withdraw). KEYS: lock,
+// queue, waiting. ARGV: token, channel, 's' SPUBLISH or 'p' PUBLISH. If it
+// was first while the lock is free, the new first is woken. Answers 1 if
+// it was queued, else 0.
+constexpr std::string_view kWithdrawFair = R"lua(
+local first = redis.call('zrange', KEYS[2], 0, 0)[1]
+local gone = redis.call('zrem', KEYS[2], ARGV[1])
+redis.call('zrem', KEYS[3], ARGV[1])
+if gone == 1 and first == ARGV[1] and not redis.call('get', KEYS[1]) and redis.call('zcard', KEYS[2]) > 0 then
+  redis.call(ARGV[3] == 's' and 'spublish' or 'publish', ARGV[2], '1')
+end
+return gone
 )lua";
 
 // Renews every lease due in one tick with one command. pcall: one key of
@@ -432,6 +552,10 @@ const Script& script(ScriptId id) {
       {kRenewKind, "shared or permit renew", "GET, PTTL, PEXPIRE, TIME, ZADD, ZSCORE"},
       {kReleaseKind, "shared or permit release",
        "GET, DEL, PEXPIRE, TIME, ZRANGE, ZREM, ZREMRANGEBYSCORE, PUBLISH or SPUBLISH"},
+      {kAcquireFair, "fair acquire",
+       "GET, SET, DEL, INCR, PTTL, PEXPIRE, TIME, ZADD, ZCARD, ZRANGE, ZREM, ZREMRANGEBYSCORE, ZSCORE, PUBLISH or "
+       "SPUBLISH"},
+      {kWithdrawFair, "fair withdraw", "GET, ZCARD, ZRANGE, ZREM, PUBLISH or SPUBLISH"},
   };
   static const auto table = [] {
     std::array<Script, std::size(kScripts)> t;
@@ -609,6 +733,13 @@ std::optional<StoreError> read_force_release(const redisReply* reply, const Stor
   if (reply == nullptr || reply->type != REDIS_REPLY_INTEGER || (reply->integer != 0 && reply->integer != 1))
     return unexpected_reply(endpoint, "force release", shape_of(reply));
   held = reply->integer == 1;
+  return std::nullopt;
+}
+
+std::optional<StoreError> read_withdraw(const redisReply* reply, const StoreError* err, std::string_view endpoint) {
+  if (err != nullptr) return *err;
+  if (reply == nullptr || reply->type != REDIS_REPLY_INTEGER || (reply->integer != 0 && reply->integer != 1))
+    return unexpected_reply(endpoint, "fair withdraw", shape_of(reply));
   return std::nullopt;
 }
 

@@ -90,6 +90,14 @@ enum class ScriptId : std::uint8_t {
   // KEYS: lock, holders for each. ARGV: 's' or 'p'; then token, channel,
   // marker for each. One byte per lease as kRelease's.
   kReleaseKind,
+  // Fair locks (scripts.cpp says how they are kept); renewed and released
+  // by kRenewKind and kReleaseKind with the marker 'lockwatch:fair'. KEYS:
+  // lock, holders, queue, waiting, the slot's counter. ARGV: token, ttl ms,
+  // channel, 's' or 'p'. One entry as kAcquireKind's.
+  kAcquireFair,
+  // KEYS: lock, queue, waiting. ARGV: token, channel, 's' or 'p'. Answers
+  // 1 if the token was queued, else 0.
+  kWithdrawFair,
 };
 
 // The script `id`, its SHA-1 computed once (at first use); static storage.
@@ -174,6 +182,8 @@ std::optional<StoreError> read_inspect(const redisReply* reply, const StoreError
 // force_release: whether the lock was held, into `held`.
 std::optional<StoreError> read_force_release(const redisReply* reply, const StoreError* err, std::string_view endpoint,
                                              bool& held);
+// withdraw: 0 or 1.
+std::optional<StoreError> read_withdraw(const redisReply* reply, const StoreError* err, std::string_view endpoint);
 // claim_period: the whole result (its error when kFailed).
 ClaimResult read_claim_period(const redisReply* reply, const StoreError* err, std::string_view endpoint);
 

@@ -49,9 +49,12 @@ class SqlStore final : public StoreBase, public JobClaims, public OperatorTools 
 
   // One statement per batch (see above); no release notices, so waiters
   // poll with the runtime's back-off.
-  // Exclusive locks only.
+  // Exclusive locks only (no shared, permit or fair ones).
   const char* check_kind(LockKind kind) const noexcept override {
-    return kind.exclusive_kind() ? nullptr : "the lock table keeps one owner per key: shared and permit locks are not kept on MariaDB yet";
+    if (kind.exclusive_kind()) return nullptr;
+    if (kind.mode() == LockKind::Mode::kFair)
+      return "the lock table keeps no queue of waiters: fair locks are not kept on MariaDB yet";
+    return "the lock table keeps one owner per key: shared and permit locks are not kept on MariaDB yet";
   }
   LOCKWATCH_STORE_OPERATIONS;
   // JobClaims on the database's clock (NOW(6)); OperatorTools on the row.

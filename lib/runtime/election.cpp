@@ -1,0 +1,306 @@
+// Leader election on the runtime's exclusive lock (lockwatch/election.hpp).
+//
+// A campaign is one Runtime::acquire with a handler that waits as long as
+// the runtime allows (max_wait), and starts again if that runs out. The
+// won lock's handle is the leadership; its lease's end (lost, or released
+// by resign()) fires the Leadership's stop source. Who leads is read with
+// the operators' inspect (the holder's owner token and the key's fencing
+// counter). on_change runs a thread that reads it every ttl/4 (at most 1 s),
+// and at once when this Election wins, resigns or loses.
+#include "lockwatch/election.hpp"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <condition_variable>
+#include <mutex>
+#include <thread>
+#include <vector>
+
+#include "runtime/lease_record.hpp"
+#include "runtime/runtime_impl.hpp"
+
+namespace lockwatch {
+
+using std::chrono::milliseconds;
+
+struct Leadership::State {
+  std::uint64_t term = 0;
+  std::string identity;
+  std::stop_source stop;
+  // The lease's state, kept so that lease() stays valid after the release.
+  std::shared_ptr<detail::HandleState> kept;
+  const Lease* lease = nullptr;
+  LockHandle handle;  // guarded by the Election's mutex; empty once given up
+};
+
+struct Election::State : std::enable_shared_from_this<Election::State> {
+  using Handler = std::function<void(const std::optional<LeaderInfo>&)>;
+  State(Runtime& rt, std::string n, milliseconds t) : runtime(rt), name(std::move(n)), ttl(t) {}
+
+  Runtime& runtime;
+  const std::string name;
+  const milliseconds ttl;
+
+  std::mutex mu;
+  bool campaigning = false;            // guarded by mu
+  AcquireTicket ticket;                // guarded by mu: the campaign's acquisition
+  std::shared_ptr<Leadership::State> leading;  // guarded by mu
+  // The leader last seen in the store and the term first reported for it
+  // (see the header: a store's counter may be above the term).
+  std::string seen_owner;              // guarded by mu
+  std::uint64_t seen_term = 0;         // guarded by mu
+
+  // on_change.
+  std::vector<Handler> handlers;       // guarded by mu
+  bool poked = false;                  // guarded by mu
+  std::condition_variable_any wake;
+  bool closing = false;                // guarded by mu: the Election is being destroyed
+  std::jthread watcher;                // guarded by mu; started by the first on_change
+
+  void start_campaign(std::shared_ptr<std::promise<Leadership>> promise);
+  void campaign_done(const std::shared_ptr<std::promise<Leadership>>& promise, std::exception_ptr error,
+                     LockHandle handle);
+  void ended(const std::shared_ptr<Leadership::State>& l);
+  void poke();
+  std::optional<LeaderInfo> read();
+  void watch(std::stop_token stop);
+};
+
+void Election::State::poke() {
+  {
+    std::lock_guard lk(mu);
+    poked = true;
+  }
+  wake.notify_all();
+}
+
+void Election::State::start_campaign(std::shared_ptr<std::promise<Leadership>> promise) {
+  std::weak_ptr<State> weak = weak_from_this();
+  // Called with mu held: the handler never runs inside acquire().
+  ticket = runtime.acquire(name, ttl, forever, max_wait, [weak, promise](std::exception_ptr error, LockHandle h) {
+    if (auto self = weak.lock()) {
+      self->campaign_done(promise, std::move(error), std::move(h));
+      return;
+    }
+    // The Election is gone: the handle, dropped, releases the lock.
+    promise->set_exception(error ? error : std::make_exception_ptr(Cancelled(h ? h.lease().key() : std::string())));
+  });
+}
+
+void Election::State::campaign_done(const std::shared_ptr<std::promise<Leadership>>& promise,
+                                    std::exception_ptr error, LockHandle handle) {
+  if (error) {
+    bool again = false;
+    try {
+      std::rethrow_exception(error);
+    } catch (const LockNotAcquired&) {
+      again = true;  // max_wait ran out: a campaign waits as long as it takes
+    } catch (...) {
+    }
+    std::unique_lock lk(mu);
+    if (again && campaigning) {
+      try {
+        start_campaign(promise);
+        return;
+      } catch (...) {
+        error = std::current_exception();
+      }
+    }
+    campaigning = false;
+    lk.unlock();
+    promise->set_exception(error);
+    return;
+  }
+  auto l = std::make_shared<Leadership::State>();
+  l->term = handle.lease().fencing_token();
+  auto& impl = detail::RuntimeAccess::impl(runtime);
+  l->identity = impl.owner_token(handle.lease());
+  l->kept = detail::HandleAccess::state(handle);
+  l->lease = &handle.lease();
+  {
+    std::unique_lock lk(mu);
+    if (!campaigning) {
+      // resign() came first: the lock goes back (the handle's destructor).
+      lk.unlock();
+      promise->set_exception(std::make_exception_ptr(Cancelled(name)));
+      return;
+    }
+    campaigning = false;
+    leading = l;
+    l->handle = std::move(handle);
+    seen_owner = l->identity;
+    seen_term = l->term;
+  }
+  std::weak_ptr<State> weak = weak_from_this();
+  std::weak_ptr<Leadership::State> weak_l = l;
+  l->lease->on_lost([weak, weak_l](std::optional<LostReason>) {
+    auto l = weak_l.lock();
+    if (!l) return;
+    l->stop.request_stop();
+    if (auto self = weak.lock()) self->ended(l);
+  });
+  promise->set_value(Leadership(l));
+  poke();
+}
+
+void Election::State::ended(const std::shared_ptr<Leadership::State>& l) {
+  LockHandle dropped;  // released outside the mutex
+  {
+    std::lock_guard lk(mu);
+    if (leading == l) {
+      leading.reset();
+      dropped = std::move(l->handle);
+    }
+  }
+  poke();
+}
+
+std::optional<LeaderInfo> Election::State::read() {
+  auto f = detail::RuntimeAccess::impl(runtime).inspect_info(name);
+  const detail::LockInfo info = f.get();
+  std::lock_guard lk(mu);
+  if (!info.held || info.owner.empty()) return std::nullopt;
+  if (leading && leading->identity == info.owner) return LeaderInfo{info.owner, leading->term};
+  if (info.owner != seen_owner) {
+    // A leader first seen: the counter now is its term or above it, and
+    // below the next leader's; never below a term reported before.
+    seen_term = std::max(info.fencing_token, seen_term + 1);
+    seen_owner = info.owner;
+  }
+  return LeaderInfo{info.owner, seen_term};
+}
+
+void Election::State::watch(std::stop_token stop) {
+  const milliseconds every = std::clamp(ttl / 4, milliseconds(10), milliseconds(1000));
+  std::optional<std::optional<LeaderInfo>> last;  // nothing reported yet
+  std::size_t told = 0;  // handlers that heard `last`
+  while (!stop.stop_requested()) {
+    std::optional<LeaderInfo> now;
+    bool known = true;
+    try {
+      now = read();
+    } catch (...) {
+      known = false;  // the store did not answer: nothing changed that we know of
+    }
+    if (known) {
+      // Everyone hears a change; a handler attached since the last report
+      // hears the current view.
+      const bool changed = !last || *last != now;
+      last = now;
+      std::vector<Handler> hs;
+      {
+        std::lock_guard lk(mu);
+        hs.assign(handlers.begin() + static_cast<std::ptrdiff_t>(changed ? 0 : told), handlers.end());
+        told = handlers.size();
+      }
+      for (auto& h : hs) {
+        try {
+          h(now);
+        } catch (...) {
+        }
+      }
+    }
+    std::unique_lock lk(mu);
+    wake.wait_for(lk, stop, every, [this] { return poked; });
+    poked = false;
+  }
+}
+
+// ------------------------------------------------------------- Leadership
+
+std::uint64_t Leadership::term() const noexcept { return state_->term; }
+std::stop_token Leadership::stop_token() const noexcept { return state_->stop.get_token(); }
+const std::string& Leadership::identity() const noexcept { return state_->identity; }
+const Lease& Leadership::lease() const noexcept { return *state_->lease; }
+
+// --------------------------------------------------------------- Election
+
+Election::Election(Runtime& runtime, std::string name, milliseconds ttl)
+    : state_(std::make_shared<State>(runtime, std::move(name), ttl)) {
+  if (state_->name.empty()) throw InvalidArgument("an election's name is its lock's key: it must not be empty");
+  if (ttl <= milliseconds(0) || ttl > max_ttl)
+    throw InvalidArgument(fmt::format("ttl must be 1 .. {} ms (7 days), got {} ms", max_ttl.count(), ttl.count()));
+}
+
+Election::~Election() {
+  std::jthread watcher;
+  {
+    std::lock_guard lk(state_->mu);
+    state_->closing = true;
+    watcher = std::move(state_->watcher);
+  }
+  try {
+    (void)resign();
+  } catch (...) {
+  }
+  if (watcher.joinable()) {
+    watcher.request_stop();  // wakes it (its wait takes the stop token)
+    // From one of its own handlers the thread cannot wait for itself: it
+    // ends on its own once the handler returns, on the state it keeps.
+    if (watcher.get_id() == std::this_thread::get_id())
+      watcher.detach();
+    else
+      watcher.join();
+  }
+}
+
+std::future<Leadership> Election::campaign() {
+  auto promise = std::make_shared<std::promise<Leadership>>();
+  auto future = promise->get_future();
+  std::lock_guard lk(state_->mu);
+  if (state_->campaigning || state_->leading)
+    throw InvalidArgument("this Election campaigns or leads already: resign() first");
+  state_->start_campaign(promise);  // throws before anything started
+  state_->campaigning = true;
+  return future;
+}
+
+std::future<void> Election::resign() {
+  AcquireTicket ticket;
+  std::shared_ptr<Leadership::State> l;
+  LockHandle handle;
+  {
+    std::lock_guard lk(state_->mu);
+    if (state_->campaigning) {
+      state_->campaigning = false;
+      ticket = state_->ticket;
+    }
+    l = std::move(state_->leading);
+    state_->leading.reset();
+    if (l) handle = std::move(l->handle);
+  }
+  // A grant racing the cancel sees the campaign given up and gives the lock back.
+  if (ticket) (void)ticket.cancel();
+  std::future<void> released;
+  if (l) l->stop.request_stop();
+  if (handle) {
+    try {
+      released = handle.release();
+    } catch (...) {
+    }
+  }
+  state_->poke();
+  if (released.valid()) return released;
+  std::promise<void> none;
+  none.set_value();
+  return none.get_future();
+}
+
+std::optional<LeaderInfo> Election::leader() { return state_->read(); }
+
+void Election::on_change(std::function<void(const std::optional<LeaderInfo>&)> handler) {
+  {
+    std::lock_guard lk(state_->mu);
+    state_->handlers.push_back(std::move(handler));
+    state_->poked = true;  // a new handler hears the current view at once
+    // Started under the mutex, which its first read takes: no handler runs
+    // (and none can destroy the Election) before it is in place. The thread
+    // keeps the state, so one destroyed by its own handler ends cleanly.
+    if (!state_->watcher.joinable() && !state_->closing)
+      state_->watcher = std::jthread([s = state_](std::stop_token stop) { s->watch(stop); });
+  }
+  state_->wake.notify_all();
+}
+
+}  // namespace lockwatch
