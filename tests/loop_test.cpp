@@ -9,7 +9,6 @@
 #include <thread>
 #include <vector>
 
-#include "core/fifo.hpp"
 #include "core/loop.hpp"
 
 namespace lockwatch::detail {
@@ -107,26 +106,6 @@ TEST(LoopTest, WithoutBusyPollTheLoopNeverPolls) {
   ASSERT_EQ(f.wait_for(10s), std::future_status::ready);
   EXPECT_FALSE(f.get());
   EXPECT_EQ(loop.shutdown([] {}), 0);
-}
-
-TEST(FifoTest, KeepsOrderAcrossWrapsAndGrowthAndResetsPoppedSlots) {
-  Fifo<std::shared_ptr<int>> q;
-  auto held = std::make_shared<int>(0);
-  int next_in = 0, next_out = 0;
-  // Lengths that wrap the ring and make it grow while wrapped.
-  for (int length : {3, 7, 8, 20, 5, 64, 1}) {
-    while (static_cast<int>(q.size()) < length) q.push_back(std::make_shared<int>(next_in++));
-    while (static_cast<int>(q.size()) > length / 2) {
-      ASSERT_EQ(*q.front(), next_out);
-      ASSERT_EQ(*q.take_front(), next_out++);
-    }
-  }
-  q.push_back(held);
-  while (q.size() > 1) q.take_front();
-  EXPECT_EQ(held.use_count(), 2);
-  q.take_front();
-  EXPECT_EQ(held.use_count(), 1) << "a popped slot keeps nothing alive";
-  EXPECT_TRUE(q.empty());
 }
 
 TEST(AdaptiveSpinTest, GrowsAfterShortSleepsUpToTheWakeCostAndHalvesToNoneWhenWasted) {

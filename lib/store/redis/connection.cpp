@@ -410,16 +410,14 @@ void RedisConnection::command(std::vector<std::string> argv, ReplyCallback cb) {
 
 void RedisConnection::eval(const Script& script, std::vector<std::string> keys_then_args, int num_keys,
                            ReplyCallback cb) {
-  // The arguments stay where they are: the request views them (a vector's
-  // elements keep their place when the vector moves), and the script's
-  // name and text are static, so nothing is copied.
-  Queued q{std::move(keys_then_args), {}, std::move(cb), &script, nullptr, std::to_string(num_keys)};
+  std::vector<std::string> argv;
+  argv.reserve(keys_then_args.size() + 3);
+  argv.emplace_back("EVALSHA");
+  argv.push_back(script.sha1);
+  argv.push_back(std::to_string(num_keys));
+  for (auto& a : keys_then_args) argv.push_back(std::move(a));
+  Queued q{std::move(argv), {}, std::move(cb), &script, nullptr, {}};
   q.ran = &script;
-  q.views.reserve(q.argv.size() + 3);
-  q.views.emplace_back("EVALSHA");
-  q.views.emplace_back(script.sha1);
-  q.views.emplace_back();  // the count, pointed at q.num_keys when it is written
-  for (const auto& a : q.argv) q.views.emplace_back(a);
   send(std::move(q));
 }
 
@@ -583,7 +581,8 @@ void RedisConnection::dispatch(const redisReply* r) {
     if (!pubsub_) link_failed("a reply to no request: the connection is out of step");
     return;
   }
-  Pending p = pending_.take_front();
+  Pending p = std::move(pending_.front());
+  pending_.pop_front();
   if (p.awaited) --awaited_;
   if (p.step == Handshake::kNone) {
     on_request_reply(std::move(p.q), r);
@@ -775,9 +774,8 @@ void RedisConnection::drop_link(const std::string& why) {
   handshake_pending_ = 0;
   // What was sent on it fails; what those callbacks send again waits for
   // the next attempt.
-  std::vector<Pending> pending;
-  pending.reserve(pending_.size());
-  while (!pending_.empty()) pending.push_back(pending_.take_front());
+  auto pending = std::move(pending_);
+  pending_.clear();
   awaited_ = 0;
   const StoreError err = StoreError::unavailable(name_, why);
   for (auto& p : pending) {

@@ -54,7 +54,6 @@
 #include <unordered_set>
 #include <vector>
 
-#include "core/fifo.hpp"
 #include "lockwatch/options.hpp"
 #include "scripts.hpp"
 #include "store/store_error.hpp"
@@ -238,7 +237,7 @@ class RedisConnection {
   std::string handshake_error_;  // why the last handshake failed
   bool reconnect_scheduled_ = false;
   std::deque<Queued> waiting_;   // made while down: sent on the next attempt
-  Fifo<Pending> pending_;        // written on link_, awaiting replies
+  std::deque<Pending> pending_;  // written on link_, awaiting replies
   std::unordered_set<std::string> channels_;  // pubsub mode: wanted subscriptions
   bool sharded_ = false;                      // SSUBSCRIBE / SUNSUBSCRIBE
   // Sharded mode: SSUBSCRIBE (true) and SUNSUBSCRIBE (false) written on the
