@@ -30,9 +30,14 @@
 // <mode>: uncontended = a fresh key every cycle; contended = every caller on
 // one key, waiting up to 10 s for it (.wait(10s) / the wait argument);
 // contended_handoff = contended with Options::local_handoff on (rows at 64
-// callers, and 3x16). A name ending "+busy_poll" is the same row with
+// callers, and 3x16). Rows without a suffix run with Options::busy_poll = 0
+// (no polling). A name ending "+busy_poll" is the same row with
 // Options::busy_poll = 200 us (the I/O thread and one idle pool worker poll
-// that long before they sleep).
+// that long before they sleep); "+adaptive" with kBusyPollAdaptive, the
+// default (they poll only while something is outstanding, at most about
+// a wake-up's cost).
+//   BM_IdleLeases/100                  an idle runtime holding 100 leases
+//       that the watchdog renews: its CPU over 10 s (see BM_IdleLeases).
 // <conc> = 1, 16, 64 callers. Lock ttl 30 s (as the peers' harness).
 //
 // Concurrency: the callers of BM_LockHandle and BM_Locked are std::threads,
@@ -389,7 +394,8 @@ bool ready_in_bound(std::future<T>& f, Tally& tally, const char* what) {
   return false;
 }
 
-// Options::busy_poll for the rows named "+busy_poll" (kBusyPoll), else 0.
+// Options::busy_poll for the rows named "+busy_poll" (kBusyPoll) and
+// "+adaptive" (kBusyPollAdaptive), else 0 (off).
 constexpr std::chrono::microseconds kBusyPoll{200};
 std::chrono::microseconds g_busy_poll{0};
 
@@ -540,6 +546,69 @@ void BM_Locked(benchmark::State& state, int conc, bool contended, bool handoff) 
       if (!locked_cycle([&] { return fn(run, caller, n++, &started); }, started, tally, contended)) return;
     }
   });
+}
+
+// ------------------------------------------------------------ idle leases
+
+// An idle runtime: `leases` LockHandles held with a short ttl (kIdleTtl, so
+// the watchdog renews each about every 150 ms), taken kIdleTtl / leases
+// apart so that their renewals fall in different ticks (one renewal a
+// round trip, the worst case for polling), then nothing but renewals for
+// kIdleFor. Counters:
+//   cpu_pct              this process's CPU (getrusage: user + sys, every
+//                        thread) over kIdleFor, in % of one core
+//   renewals_per_s       renewals sent (RuntimeStats::renewals_sent)
+//   cpu_us_per_renewal   this process's CPU / renewal
+//   redis_cpu_pct        redis-server's CPU over the same time
+//   lost                 leases lost (must be 0)
+constexpr auto kIdleTtl = 200ms;
+constexpr auto kIdleFor = 10s;
+
+void BM_IdleLeases(benchmark::State& state, int leases) {
+  prepare_run();
+  std::uint64_t run = ++g_run;
+  lockwatch::Runtime rt(runtime_options());
+  warm_up(rt, run);
+  for (auto _ : state) {
+    std::vector<lockwatch::LockHandle> held;
+    held.reserve(static_cast<std::size_t>(leases));
+    const auto spacing = std::chrono::duration_cast<Clock::duration>(kIdleTtl) / leases;
+    auto next = Clock::now();
+    for (int i = 0; i < leases; ++i) {
+      auto f = rt.acquire(fmt::format("idle:{}:{}", run, i), kIdleTtl);
+      if (f.wait_for(kFutureBound) != std::future_status::ready) {
+        state.SkipWithError("acquire not ready in bound");
+        return;
+      }
+      held.push_back(f.get());
+      next += spacing;
+      std::this_thread::sleep_until(next);  // spreads the renewals: the pace is what is measured
+    }
+    const auto renewals0 = rt.stats().renewals_sent;
+    const CpuSample c0 = sample_cpu();
+    std::this_thread::sleep_for(kIdleFor);  // idle: what the runtime costs meanwhile is the measurement
+    const CpuSample c1 = sample_cpu();
+    const auto renewals = rt.stats().renewals_sent - renewals0;
+    const CpuDelta cpu = cpu_delta(c0, c1);
+    state.SetIterationTime(cpu.wall);
+    int lost = 0;
+    for (auto& h : held) lost += h.lease().lost() ? 1 : 0;
+    for (auto& h : held) {
+      auto r = h.release();
+      if (r.wait_for(kFutureBound) != std::future_status::ready) {
+        state.SkipWithError("release not ready in bound");
+        return;
+      }
+    }
+    state.counters["cpu_pct"] = cpu.self / cpu.wall * 100;
+    state.counters["renewals_per_s"] = static_cast<double>(renewals) / cpu.wall;
+    state.counters["cpu_us_per_renewal"] = renewals > 0 ? cpu.self * 1e6 / static_cast<double>(renewals) : 0;
+    state.counters["redis_cpu_pct"] = cpu.redis / cpu.wall * 100;
+    state.counters["lost"] = lost;
+    state.counters["foreign_cores"] = cpu.foreign_cores;
+    state.counters["steal_cores"] = cpu.steal_cores;
+    if (lost != 0) state.SkipWithError("a lease was lost while idle");
+  }
 }
 
 // <runtimes> runtimes in this process, each with its own connections and
@@ -989,18 +1058,28 @@ void BM_RawHiredis(benchmark::State& state, int conc) {
   run_slices(state, rec, client, false);
 }
 
+struct PollVariant {
+  const char* suffix;
+  std::chrono::microseconds poll;
+};
+constexpr PollVariant kPollVariants[] = {{"+busy_poll", kBusyPoll}, {"+adaptive", lockwatch::kBusyPollAdaptive}};
+
 // The row `name` once more as "name+busy_poll", with Options::busy_poll
-// at kBusyPoll for the runtime (or the loop and pool) it builds.
+// at kBusyPoll for the runtime (or the loop and pool) it builds, and as
+// "name+adaptive" with kBusyPollAdaptive (the default).
 template <class Fn, class... A>
 void register_busy_poll(const std::string& name, Fn fn, A... a) {
-  benchmark::RegisterBenchmark((name + "+busy_poll").c_str(),
-                               [=](benchmark::State& state) {
-                                 g_busy_poll = kBusyPoll;
-                                 fn(state, a...);
-                                 g_busy_poll = {};
-                               })
-      ->UseManualTime()
-      ->Unit(benchmark::kMillisecond);
+  for (const auto& variant : kPollVariants) {
+    const auto poll = variant.poll;
+    benchmark::RegisterBenchmark((name + variant.suffix).c_str(),
+                                 [=](benchmark::State& state) {
+                                   g_busy_poll = poll;
+                                   fn(state, a...);
+                                   g_busy_poll = {};
+                                 })
+        ->UseManualTime()
+        ->Unit(benchmark::kMillisecond);
+  }
 }
 
 void register_benchmarks() {
@@ -1029,6 +1108,23 @@ void register_benchmarks() {
   register_busy_poll("BM_Hops/chain/pool_loop_pool", BM_HopsChain);
   register_busy_poll("BM_Hops/1/loop_pool_loop", BM_Hops, 1, true);
   register_busy_poll("BM_Hops/fanout64/loop_pool_loop", BM_HopsFanOut, 64);
+  // An idle runtime's own CPU, with polling off and in both forms.
+  benchmark::RegisterBenchmark("BM_IdleLeases/100", BM_IdleLeases, 100)
+      ->UseManualTime()
+      ->Iterations(1)
+      ->Unit(benchmark::kMillisecond);
+  for (const auto& variant : kPollVariants) {
+    const auto poll = variant.poll;
+    benchmark::RegisterBenchmark((std::string("BM_IdleLeases/100") + variant.suffix).c_str(),
+                                 [=](benchmark::State& state) {
+                                   g_busy_poll = poll;
+                                   BM_IdleLeases(state, 100);
+                                   g_busy_poll = {};
+                                 })
+        ->UseManualTime()
+        ->Iterations(1)
+        ->Unit(benchmark::kMillisecond);
+  }
   for (bool contended : {false, true}) {
     const char* mode = contended ? "contended" : "uncontended";
     for (int conc : kConcurrency) {

@@ -108,5 +108,86 @@ TEST(LoopTest, WithoutBusyPollTheLoopNeverPolls) {
   EXPECT_EQ(loop.shutdown([] {}), 0);
 }
 
+TEST(AdaptiveSpinTest, GrowsAfterShortSleepsUpToTheWakeCostAndHalvesToNoneWhenWasted) {
+  AdaptiveSpin a;
+  EXPECT_EQ(a.window(), 0) << "no polling before a short sleep was seen";
+  a.slept(a.limit() * 2);  // a long sleep: polling would not have caught it
+  EXPECT_EQ(a.window(), 0);
+  a.slept(1'000);
+  EXPECT_EQ(a.window(), AdaptiveSpin::kStart);
+  for (int i = 0; i < 20; ++i) a.slept(1'000);
+  EXPECT_EQ(a.window(), a.limit()) << "never longer than a wake-up costs";
+  for (int i = 0; i < 200; ++i) a.woke(1'000'000'000);  // a very slow wake-up
+  EXPECT_EQ(a.limit(), AdaptiveSpin::kCap);
+  for (int i = 0; i < 200; ++i) a.woke(1);
+  EXPECT_EQ(a.limit(), AdaptiveSpin::kStart);
+  EXPECT_LE(a.window(), AdaptiveSpin::kCap);
+  for (int i = 0; i < 20 && a.window() != 0; ++i) a.wasted();
+  EXPECT_EQ(a.window(), 0) << "polls that catch nothing back off to none";
+}
+
+// Adaptive (busy_poll < 0): with nothing outstanding the loop sleeps after
+// every task, however fast tasks come.
+TEST(LoopTest, AnAdaptiveLoopWithNothingOutstandingNeverPolls) {
+  Loop loop(std::chrono::microseconds(-1));
+  for (int i = 0; i < 200; ++i) {
+    std::promise<bool> seen;
+    loop.post([&] { loop.post([&] { seen.set_value(loop.polling()); }); });
+    auto f = seen.get_future();
+    ASSERT_EQ(f.wait_for(10s), std::future_status::ready);
+    ASSERT_FALSE(f.get()) << "task " << i;
+  }
+  EXPECT_EQ(loop.shutdown([] {}), 0);
+}
+
+// With a reply outstanding that keeps coming at once, the loop learns to
+// poll for it; once nothing is outstanding it stops.
+TEST(LoopTest, AnAdaptiveLoopPollsWhileSomethingIsOutstandingThenStops) {
+  Loop loop(std::chrono::microseconds(-1));
+  std::size_t outstanding = 0;  // loop thread
+  std::size_t id = 0;
+  std::promise<void> added;
+  loop.post([&] {
+    id = loop.add_demand([&outstanding] { return outstanding; });
+    added.set_value();
+  });
+  ASSERT_EQ(added.get_future().wait_for(10s), std::future_status::ready);
+  // Each round: something becomes outstanding and its answer is posted at
+  // once (by the loop itself, so that it comes sooner than any wake-up);
+  // bounded by the rounds, not by time.
+  bool polled = false;
+  for (int round = 0; round < 2000 && !polled; ++round) {
+    std::promise<bool> seen;
+    loop.post([&] {
+      outstanding = 1;
+      loop.post([&] {
+        outstanding = 0;
+        seen.set_value(loop.polling());
+      });
+    });
+    auto f = seen.get_future();
+    ASSERT_EQ(f.wait_for(10s), std::future_status::ready);
+    polled = f.get();
+  }
+  EXPECT_TRUE(polled) << "never polled although the answer always came at once";
+  // Nothing outstanding now: the window ends at the next iteration.
+  bool stopped = false;
+  for (int probe = 0; probe < 100 && !stopped; ++probe) {
+    std::promise<bool> seen;
+    loop.post([&] { loop.post([&] { seen.set_value(loop.polling()); }); });
+    auto f = seen.get_future();
+    ASSERT_EQ(f.wait_for(10s), std::future_status::ready);
+    stopped = !f.get();
+  }
+  EXPECT_TRUE(stopped);
+  std::promise<void> removed;
+  loop.post([&] {
+    loop.remove_demand(id);
+    removed.set_value();
+  });
+  ASSERT_EQ(removed.get_future().wait_for(10s), std::future_status::ready);
+  EXPECT_EQ(loop.shutdown([] {}), 0);
+}
+
 }  // namespace
 }  // namespace lockwatch::detail

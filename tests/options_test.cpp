@@ -69,14 +69,30 @@ TEST(OptionsTest, ValidateRejectsOutOfRangeFields) {
   bad([](Options& x) { x.connect_timeout = 0ms; });
   bad([](Options& x) { x.redis_url = "nope"; });
   bad([](Options& x) { x.min_renewal_window = -1ms; });
-  bad([](Options& x) { x.busy_poll = std::chrono::microseconds(-1); });
+  bad([](Options& x) { x.busy_poll = std::chrono::microseconds(-2); });
   bad([](Options& x) { x.busy_poll = 10ms + std::chrono::microseconds(1); });
   Options polling;
   polling.busy_poll = 10ms;
   EXPECT_NO_THROW(polling.validate());
+  polling.busy_poll = 0ms;  // off
+  EXPECT_NO_THROW(polling.validate());
   Options out_of_range;
   out_of_range.redis_url = "redis://h:99999";
   EXPECT_THROW(Runtime{out_of_range}, InvalidArgument);
+}
+
+TEST(OptionsTest, BusyPollIsAdaptiveByDefaultAndFromEnv) {
+  EXPECT_EQ(Options{}.busy_poll, kBusyPollAdaptive);
+  EXPECT_EQ(Options::from_env().busy_poll, kBusyPollAdaptive);
+  EXPECT_NO_THROW(Options{}.validate());
+  Options bad;
+  bad.busy_poll = std::chrono::microseconds(-5);
+  try {
+    bad.validate();
+    ADD_FAILURE() << "a negative busy_poll other than kBusyPollAdaptive was accepted";
+  } catch (const InvalidArgument& e) {
+    EXPECT_NE(std::string(e.what()).find("busy_poll"), std::string::npos) << e.what();
+  }
 }
 
 TEST(OptionsTest, FromEnvReadsTheRedisUrl) {

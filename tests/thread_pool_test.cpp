@@ -277,9 +277,12 @@ TEST(ThreadPoolTest, EmptyTaskIsRejected) {
 // each exactly once, in a ping-pong (every task posted after the previous
 // one ran, which is the case polling serves) and from several producers;
 // shutdown still joins within the window.
-TEST(ThreadPoolTest, BusyPollingWorkersRunEveryTaskOnceAndStillShutDown) {
+class BusyPollTest : public ::testing::TestWithParam<std::chrono::microseconds> {};
+
+// A fixed window (500 us) and adaptive polling (negative).
+TEST_P(BusyPollTest, BusyPollingWorkersRunEveryTaskOnceAndStillShutDown) {
   constexpr int kRounds = 2000;
-  ThreadPool pool(2, std::chrono::microseconds(500));
+  ThreadPool pool(2, GetParam());
   for (int i = 0; i < kRounds; ++i) {
     auto f = pool.submit([i] { return i * 2; });
     ASSERT_EQ(f.wait_for(kWaitLimit), std::future_status::ready);
@@ -301,6 +304,9 @@ TEST(ThreadPoolTest, BusyPollingWorkersRunEveryTaskOnceAndStillShutDown) {
   EXPECT_LT(std::chrono::steady_clock::now() - start, kWaitLimit);
   for (std::size_t i = 0; i < runs.size(); ++i) ASSERT_EQ(runs[i].load(), 1) << "task " << i;
 }
+
+INSTANTIATE_TEST_SUITE_P(FixedAndAdaptive, BusyPollTest,
+                         ::testing::Values(std::chrono::microseconds(500), std::chrono::microseconds(-1)));
 
 TEST(ThreadPoolTest, WorkersAreNamedLwPoolAndTheirIndex) {
   ThreadPool pool(3);

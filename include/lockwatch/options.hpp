@@ -17,6 +17,10 @@
 
 namespace lockwatch {
 
+/// The value of Options::busy_poll (its default) that makes polling
+/// adaptive; see there. Any other negative value is rejected.
+inline constexpr std::chrono::microseconds kBusyPollAdaptive{-1};
+
 /// One Redis node, parsed from `redis://[user:password@]host:port[/db]`
 /// (`rediss://` for TLS).
 struct Endpoint {
@@ -101,11 +105,24 @@ struct Options {
   /// worker on another locked call queued behind it fails instead of
   /// deadlocking silently.
   std::chrono::milliseconds queue_timeout{60000};
-  /// Trades CPU for latency, as SO_BUSY_POLL does: after its last work the
-  /// I/O thread, and one idle pool worker, keep polling for this long before
-  /// they sleep, so that the next step of a call finds them awake instead of
-  /// paying a thread wake-up. 0 (the default) never polls; 0 .. 10 ms.
-  std::chrono::microseconds busy_poll{0};
+  /// Trades CPU for latency, as SO_BUSY_POLL does: the I/O thread, and one
+  /// idle pool worker, keep polling for a while before they sleep, so that
+  /// the next step of a call (often the store's reply) finds them awake
+  /// instead of paying a thread wake-up.
+  ///   kBusyPollAdaptive (the default): polling that pays for itself. The
+  ///     I/O thread polls only while a call waits on it (replies to a
+  ///     call's requests, not the watchdog's renewals, or locked work on
+  ///     the pool), and a pool worker only while tasks have been coming
+  ///     sooner than a wake-up costs. Each polls at most as long as a
+  ///     wake-up is measured to cost (at most 200 us), and a poll that
+  ///     catches nothing halves the next one, down to none. A runtime that
+  ///     only holds and renews leases never polls.
+  ///   0: never polls.
+  ///   1 us .. 10 ms: a fixed window, after every piece of work, whether
+  ///     anything is outstanding or not (the CPU is spent even when idle
+  ///     between calls).
+  /// Any other value is an InvalidArgument.
+  std::chrono::microseconds busy_poll = kBusyPollAdaptive;
   /// The watchdog's hashed wheel: tick and number of slots.
   std::chrono::milliseconds tick{5};
   /// Number of the wheel's slots.

@@ -164,8 +164,11 @@ class ThreadPool {
   /// (at least 1). Throws std::system_error if a thread cannot be started.
   /// busy_poll > 0: a worker that runs out of tasks keeps looking for the
   /// next one this long before it sleeps (one such worker at a time), so
-  /// that a task posted soon after costs no thread wake-up; 0 or less never
-  /// polls.
+  /// that a task posted soon after costs no thread wake-up; 0 never polls.
+  /// Negative (kBusyPollAdaptive, options.hpp): adaptive, as
+  /// Options::busy_poll's default: a worker polls only while tasks have
+  /// been arriving sooner than waking it costs, and at most that long
+  /// (200 us at most), and stops polling when polls catch nothing.
   /// name_pattern names the workers (what ps -L, top -H and gdb show): its
   /// first "{}" is replaced by the worker's index from 0 ("lw-pool-{}":
   /// lw-pool-0, lw-pool-1, ...); without one every worker has the same

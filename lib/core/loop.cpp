@@ -9,12 +9,23 @@
 
 namespace lockwatch::detail {
 
-Loop::Loop(std::chrono::microseconds busy_poll) : busy_poll_(busy_poll) {
+Loop::Loop(std::chrono::microseconds busy_poll) : busy_poll_(busy_poll), adaptive_(busy_poll.count() < 0) {
   if (uv_loop_init(&loop_) != 0) std::abort();
   async_.data = this;
   uv_async_init(&loop_, &async_, &Loop::on_async);
   spin_.data = this;
   uv_idle_init(&loop_, &spin_);
+  prepare_.data = this;
+  uv_prepare_init(&loop_, &prepare_);
+  check_.data = this;
+  uv_check_init(&loop_, &check_);
+  if (adaptive_) {
+    uv_prepare_start(&prepare_, &Loop::on_prepare);
+    uv_check_start(&check_, &Loop::on_check);
+    // Neither keeps the loop alive: the async handle does.
+    uv_unref(reinterpret_cast<uv_handle_t*>(&prepare_));
+    uv_unref(reinterpret_cast<uv_handle_t*>(&check_));
+  }
   std::promise<void> started;
   auto ready = started.get_future();
   thread_ = std::thread([this, &started] {
@@ -36,6 +47,7 @@ bool Loop::post(Task task) {
     if (!accepting_) return false;
     wake = queue_.empty();
     queue_.push_back(std::move(task));
+    if (wake && adaptive_) posted_at_ = uv_hrtime();
   }
   // uv_async_send coalesces; one send per non-empty transition is enough
   // because drain() takes the whole queue.
@@ -56,20 +68,114 @@ void Loop::run_guarded(Task& task) noexcept {
 
 void Loop::on_async(uv_async_t* handle) { static_cast<Loop*>(handle->data)->drain(); }
 
+std::size_t Loop::add_demand(Demand count) {
+  demands_.emplace_back(next_demand_, std::move(count));
+  return next_demand_++;
+}
+
+void Loop::remove_demand(std::size_t id) noexcept {
+  std::erase_if(demands_, [id](const auto& d) { return d.first == id; });
+}
+
+std::size_t Loop::outstanding() const {
+  int expected = expected_.load(std::memory_order_relaxed);
+  std::size_t n = expected > 0 ? static_cast<std::size_t>(expected) : 0;
+  for (const auto& d : demands_) n += d.second();
+  return n;
+}
+
+void Loop::start_spin(std::uint64_t now) {
+  spin_until_ = now + static_cast<std::uint64_t>(adapt_.window());
+  spin_activity_ = activity_;
+  spin_outstanding_ = outstanding();
+  spinning_ = true;
+  uv_idle_start(&spin_, &Loop::on_spin);
+}
+
+void Loop::stop_spin() noexcept {
+  uv_idle_stop(&spin_);
+  spinning_ = false;
+}
+
 // While the idle handle is active, libuv polls with a zero timeout: the loop
-// stays awake until the window after the last drain has passed.
+// stays awake until the window after the last drain has passed. Adaptive:
+// each event that comes during the window (a task, a reply) starts it
+// again while something is still outstanding; a window that passes with
+// none is wasted and makes the next one shorter.
 void Loop::on_spin(uv_idle_t* handle) {
   auto* self = static_cast<Loop*>(handle->data);
-  if (uv_hrtime() < self->spin_until_) return;
-  uv_idle_stop(handle);
-  self->spinning_ = false;
+  const std::uint64_t now = uv_hrtime();
+  if (!self->adaptive_) {
+    if (now < self->spin_until_) return;
+    self->stop_spin();
+    return;
+  }
+  const std::size_t n = self->outstanding();
+  if (n == 0) {  // what it polled for came: no more reason to poll
+    self->stop_spin();
+    self->idle_since_ = 0;
+    return;
+  }
+  if (self->activity_ != self->spin_activity_ || n < self->spin_outstanding_) {
+    self->start_spin(now);  // paid: poll again for what is still outstanding
+    self->idle_since_ = now;
+    return;
+  }
+  if (now < self->spin_until_) return;
+  self->adapt_.wasted();
+  self->spun_out_ = true;
+  self->stop_spin();
+}
+
+// Adaptive: before each poll. With something outstanding the loop polls
+// for the current window, unless its last window was just wasted;
+// otherwise the poll may sleep, and on_check learns how long it slept.
+void Loop::on_prepare(uv_prepare_t* handle) {
+  auto* self = static_cast<Loop*>(handle->data);
+  if (self->spinning_ || self->closing_) return;
+  const std::uint64_t now = uv_hrtime();
+  if (self->outstanding() == 0) {
+    self->idle_since_ = 0;
+  } else {
+    if (self->idle_since_ == 0) self->idle_since_ = now;
+    // A wasted window is not tried again before the next event.
+    if (!self->spun_out_ && self->adapt_.window() > 0) {
+      self->start_spin(now);
+      return;
+    }
+  }
+  self->blocking_ = true;
+  self->block_start_ = now;
+}
+
+void Loop::on_check(uv_check_t* handle) {
+  auto* self = static_cast<Loop*>(handle->data);
+  if (!self->blocking_) return;
+  self->blocking_ = false;
+  self->spun_out_ = false;
+  if (self->idle_since_ != 0) {
+    // Something was outstanding: had the loop polled this long it would
+    // have saved the wake-up.
+    self->adapt_.slept(static_cast<AdaptiveSpin::Nanos>(uv_hrtime() - self->idle_since_));
+    self->idle_since_ = 0;
+  }
 }
 
 void Loop::drain() {
   for (;;) {
+    std::uint64_t posted_at = 0;
     {
       std::lock_guard lk(mu_);
       running_.swap(queue_);
+      posted_at = posted_at_;
+      posted_at_ = 0;
+    }
+    if (adaptive_) {
+      ++activity_;
+      // Posted while the loop was about to sleep: what waking it cost.
+      if (blocking_ && posted_at >= block_start_) {
+        adapt_.woke(static_cast<AdaptiveSpin::Nanos>(uv_hrtime() - posted_at));
+      }
     }
     for (auto& t : running_) run_guarded(t);
     running_.clear();
@@ -90,6 +196,8 @@ void Loop::drain() {
   }
   uv_close(reinterpret_cast<uv_handle_t*>(&async_), nullptr);
   uv_close(reinterpret_cast<uv_handle_t*>(&spin_), nullptr);
+  uv_close(reinterpret_cast<uv_handle_t*>(&prepare_), nullptr);
+  uv_close(reinterpret_cast<uv_handle_t*>(&check_), nullptr);
 }
 
 int Loop::shutdown(Task close_all) {

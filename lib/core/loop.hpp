@@ -6,13 +6,16 @@
 
 #include <uv.h>
 
+#include <atomic>
 #include <chrono>
 #include <cstdint>
 #include <functional>
 #include <mutex>
 #include <thread>
+#include <utility>
 #include <vector>
 
+#include "core/adaptive_spin.hpp"
 #include "lockwatch/thread_pool.hpp"
 
 namespace lockwatch::detail {
@@ -20,10 +23,15 @@ namespace lockwatch::detail {
 class Loop {
  public:
   using Task = UniqueFunction;
+  // How many replies (or other events) an owner of the loop still awaits.
+  using Demand = std::function<std::size_t()>;
 
   // busy_poll > 0: after running posted tasks the loop keeps polling
   // (epoll with a zero timeout) for this long before it sleeps, so that a
   // task posted soon after finds it awake (Options::busy_poll).
+  // busy_poll < 0: adaptive. The loop polls only while something is
+  // outstanding (a demand below, or expect()), and only as long as
+  // AdaptiveSpin allows. 0: never polls.
   explicit Loop(std::chrono::microseconds busy_poll = {});
   // Joins the thread; the owner must have closed its handles through
   // shutdown() first.
@@ -39,6 +47,33 @@ class Loop {
   // Loop thread only: whether the loop is in a busy-poll window.
   bool polling() const noexcept { return spinning_; }
 
+  // Loop thread only. Adaptive polling asks `count` how many replies its
+  // owner awaits (a connection: its requests in flight); remove it with the
+  // id returned before the owner goes. Cheap to call with no polling.
+  std::size_t add_demand(Demand count);
+  void remove_demand(std::size_t id) noexcept;
+  // Loop thread: requests made while a Background lives are work no caller
+  // waits for (the watchdog's renewals); their owners leave them out of
+  // their demand, so that adaptive polling never spins for them.
+  class Background {
+   public:
+    Background() noexcept : outer_(std::exchange(t_background_, true)) {}
+    ~Background() { t_background_ = outer_; }
+    Background(const Background&) = delete;
+    Background& operator=(const Background&) = delete;
+
+   private:
+    bool outer_;
+  };
+  static bool background() noexcept { return t_background_; }
+  // Loop thread only: something it polled for came (a reply read), for
+  // adaptive polling to count the poll as paid.
+  void note_event() noexcept { ++activity_; }
+  // Any thread: `n` more (or, negative, fewer) posts are on their way to
+  // the loop from work running elsewhere (a locked call on the pool), which
+  // adaptive polling waits for like a reply.
+  void expect(int n) noexcept { expected_.fetch_add(n, std::memory_order_relaxed); }
+
   // Any thread but the loop's. Runs `close_all` on the loop thread (it must
   // close every handle the owner made), then drains the loop, closes it
   // and joins. Returns uv_loop_close()'s result (0 when all was closed).
@@ -47,15 +82,38 @@ class Loop {
  private:
   static void on_async(uv_async_t* handle);
   static void on_spin(uv_idle_t* handle);
+  static void on_prepare(uv_prepare_t* handle);
+  static void on_check(uv_check_t* handle);
   static void run_guarded(Task& task) noexcept;
   void drain();
+  // Adaptive: what is outstanding, summed.
+  std::size_t outstanding() const;
+  void start_spin(std::uint64_t now);
+  void stop_spin() noexcept;
 
+  static inline thread_local bool t_background_ = false;
   uv_loop_t loop_{};
   uv_async_t async_{};
   uv_idle_t spin_{};                       // loop thread: active while polling
-  std::chrono::microseconds busy_poll_{};  // 0: never polls
+  uv_prepare_t prepare_{};                 // adaptive only: before each poll
+  uv_check_t check_{};                     // adaptive only: after each poll
+  std::chrono::microseconds busy_poll_{};  // 0: never polls; < 0: adaptive
+  bool adaptive_ = false;
   std::uint64_t spin_until_ = 0;           // loop thread: uv_hrtime() ns
   bool spinning_ = false;                  // loop thread
+  // Adaptive, loop thread only.
+  AdaptiveSpin adapt_;
+  std::vector<std::pair<std::size_t, Demand>> demands_;
+  std::size_t next_demand_ = 1;
+  std::atomic<int> expected_{0};
+  std::uint64_t idle_since_ = 0;      // when the loop last ran out of work with something outstanding (0: nothing)
+  bool blocking_ = false;             // between prepare and check, the poll may sleep
+  std::uint64_t block_start_ = 0;     // when it began to
+  bool spun_out_ = false;             // the last window was wasted: sleep until an event
+  std::uint64_t activity_ = 0;        // drains, and replies seen by outstanding()
+  std::uint64_t spin_activity_ = 0;   // activity_ when the spin last checked
+  std::size_t spin_outstanding_ = 0;  // outstanding() then
+  std::uint64_t posted_at_ = 0;       // guarded by mu_: when a post woke the loop (adaptive)
   std::thread thread_;
   std::mutex mu_;
   std::vector<Task> queue_;  // guarded by mu_

@@ -228,8 +228,9 @@ void detail::check_runtime_options(const Options& o) {
   if (o.handoff_max_streak == 0 || o.handoff_max_streak >= (std::uint32_t{1} << 20))
     throw InvalidArgument("Options::handoff_max_streak must be in 1..1048575");
   if (o.handoff_max_time.count() <= 0) throw InvalidArgument("Options::handoff_max_time must be positive");
-  if (o.busy_poll.count() < 0 || o.busy_poll > std::chrono::milliseconds(10))
-    throw InvalidArgument(fmt::format("Options::busy_poll must be 0 .. 10 ms, got {} us", o.busy_poll.count()));
+  if ((o.busy_poll.count() < 0 && o.busy_poll != kBusyPollAdaptive) || o.busy_poll > std::chrono::milliseconds(10))
+    throw InvalidArgument(fmt::format("Options::busy_poll must be kBusyPollAdaptive, 0 (off) or up to 10 ms, got {} us",
+                                      o.busy_poll.count()));
 }
 
 }  // namespace lockwatch

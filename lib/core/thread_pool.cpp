@@ -13,6 +13,7 @@
 #include <thread>
 #include <vector>
 
+#include "core/adaptive_spin.hpp"
 #include "core/thread_name.hpp"
 #include "lockwatch/errors.hpp"
 
@@ -30,14 +31,22 @@ struct ThreadPool::State {
 
   // Busy-polls for a task before the worker sleeps (Options::busy_poll).
   // Only one worker polls, so that idle workers do not take the cores the
-  // loop and the server need.
+  // loop and the server need. Adaptive (busy_poll < 0): for the window
+  // AdaptiveSpin allows, which is 0 unless tasks have been coming sooner
+  // than a wake-up costs.
   void poll_for_work() {
-    if (busy_poll_.count() <= 0 || polling_.exchange(true, std::memory_order_acquire)) return;
-    auto until = std::chrono::steady_clock::now() + busy_poll_;
+    if (busy_poll_.count() == 0) return;
+    const bool adaptive = busy_poll_.count() < 0;
+    const auto window = adaptive ? std::chrono::nanoseconds(adapt_.window()) : busy_poll_;
+    if (window.count() <= 0 || polling_.exchange(true, std::memory_order_acquire)) return;
+    auto until = std::chrono::steady_clock::now() + window;
     for (unsigned i = 1;; ++i) {
       if (queued_.load(std::memory_order_relaxed) != 0) break;
       if (i % 64 == 0) {
-        if (std::chrono::steady_clock::now() >= until) break;
+        if (std::chrono::steady_clock::now() >= until) {
+          if (adaptive) adapt_.wasted();
+          break;
+        }
         std::this_thread::yield();  // the cores are few: let a runnable thread go first
       }
 #if defined(__x86_64__) || defined(__i386__)
@@ -46,6 +55,10 @@ struct ThreadPool::State {
     }
     polling_.store(false, std::memory_order_release);
   }
+  detail::AdaptiveSpin adapt_;
+  // Adaptive: workers waiting on wake_, and when post() last woke one.
+  std::size_t sleepers_ = 0;                          // guarded by mutex_
+  std::chrono::steady_clock::time_point notified_at_;  // guarded by mutex_
 
   // Serialises joining, so that concurrent shutdown() calls do not join the
   // same std::thread twice. Pool threads never take it while they could be
@@ -129,6 +142,8 @@ void ThreadPool::post(UniqueFunction task) {
     if (state_->stopping_) throw RuntimeStopped("ThreadPool: shut down, no new work accepted");
     state_->queue_.push_back(std::move(task));
     state_->queued_.store(state_->queue_.size(), std::memory_order_relaxed);
+    if (state_->sleepers_ != 0 && state_->notified_at_ == std::chrono::steady_clock::time_point{})
+      state_->notified_at_ = std::chrono::steady_clock::now();
   }
   state_->wake_.notify_one();
 }
@@ -150,9 +165,27 @@ void ThreadPool::run_worker(std::shared_ptr<State> state) {
   t_current_pool = state.get();
   for (;;) {
     UniqueFunction task;
+    const bool adaptive = state->busy_poll_.count() < 0;
+    const auto idle_since = adaptive ? std::chrono::steady_clock::now() : std::chrono::steady_clock::time_point{};
     if (state->queued_.load(std::memory_order_relaxed) == 0) state->poll_for_work();
     {
       std::unique_lock lock(state->mutex_);
+      if (adaptive && !state->stopping_ && state->queue_.empty()) {
+        // Adaptive: learn how long the worker slept before its next task,
+        // and what waking it cost.
+        ++state->sleepers_;
+        state->wake_.wait(lock, [&] { return state->stopping_ || !state->queue_.empty(); });
+        --state->sleepers_;
+        const auto now = std::chrono::steady_clock::now();
+        if (!state->queue_.empty()) {
+          state->adapt_.slept(std::chrono::duration_cast<std::chrono::nanoseconds>(now - idle_since).count());
+          if (state->notified_at_ != std::chrono::steady_clock::time_point{}) {
+            state->adapt_.woke(
+                std::chrono::duration_cast<std::chrono::nanoseconds>(now - state->notified_at_).count());
+            state->notified_at_ = {};
+          }
+        }
+      }
       state->wake_.wait(lock, [&] { return state->stopping_ || !state->queue_.empty(); });
       // Stopping only ends the loop once the queue is drained.
       if (state->queue_.empty()) break;

@@ -352,8 +352,19 @@ void Runtime::Impl::start_lease(const std::shared_ptr<Acquisition>& a, const std
 }
 
 void Runtime::Impl::run_on_pool(const std::shared_ptr<LeaseRecord>& l) {
+  // The work's end comes back to the loop: adaptive polling waits for it
+  // as for a reply (counted until the work's post is made).
+  struct Expected {
+    detail::Loop& loop;
+    explicit Expected(detail::Loop& lp) : loop(lp) {}
+    Expected(const Expected&) = delete;
+    Expected& operator=(const Expected&) = delete;
+    ~Expected() { loop.expect(-1); }
+  };
+  loop.expect(1);
   try {
     pool.post([this, l] {
+      Expected expected(loop);
       // Given up while it waited (Options::queue_timeout): answered already.
       if (!l->begin_work()) return;
       // A wait for a worker that used a fifth of the ttl or more is made
@@ -372,6 +383,7 @@ void Runtime::Impl::run_on_pool(const std::shared_ptr<LeaseRecord>& l) {
       loop.post([this, l] { watchdog.work_done(l); });
     });
   } catch (...) {
+    loop.expect(-1);
     // The pool refused (stopping): the work never ran; give the lock back.
     l->give_up_start();
     l->mark_lost(LostReason::kRuntimeStopped);

@@ -3,6 +3,7 @@
 #include <limits>
 #include <utility>
 
+#include "core/loop.hpp"
 #include "core/timing.hpp"
 
 namespace lockwatch::detail {
@@ -190,6 +191,8 @@ void Watchdog::flush() {
   // so one script never holds the store for long).
   constexpr std::size_t kChunk = 512;
   if (due_.empty()) return;
+  // Nobody waits for a renewal's reply: the I/O thread need not poll for it.
+  const Loop::Background background;
   auto sent = Clock::now();
   for (std::size_t from = 0; from < due_.size(); from += kChunk) {
     auto first = due_.begin() + static_cast<std::ptrdiff_t>(from);

@@ -143,6 +143,8 @@ void RedisConnection::start() {
   check_timer_.data = this;
   uv_prepare_init(loop_.uv(), &flush_);
   flush_.data = this;
+  // Adaptive polling waits for the replies of requests; pushes come unasked.
+  if (!pubsub_) demand_id_ = loop_.add_demand([this] { return awaited_; });
   connect();
 }
 
@@ -392,7 +394,7 @@ void RedisConnection::received_raw(Link* link, const char* data, std::size_t n) 
 
 void RedisConnection::send_handshake(Handshake step, std::vector<std::string> argv) {
   append_resp(link_->out, argv);
-  pending_.push_back(Pending{step, std::chrono::steady_clock::now(), {}});
+  push_pending(Pending{step, std::chrono::steady_clock::now(), {}});
   handshake_pending_++;
   start_timeout_check();
 }
@@ -461,7 +463,7 @@ void RedisConnection::submit(Queued q) {
     // Its reply (OK) matters to nobody; it only has to come first.
     Queued ask{{"ASKING"}, {}, [](const redisReply*, const StoreError*) {}, nullptr, nullptr, {}};
     append_resp(out, ask.argv);
-    pending_.push_back(Pending{Handshake::kNone, std::chrono::steady_clock::now(), std::move(ask)});
+    push_pending(Pending{Handshake::kNone, std::chrono::steady_clock::now(), std::move(ask)});
   }
   if (q.views.empty()) {
     append_resp(out, q.argv);
@@ -469,9 +471,15 @@ void RedisConnection::submit(Queued q) {
     q.views[2] = q.num_keys;  // valid until q moves, which is after this
     append_resp(out, q.views);
   }
-  pending_.push_back(Pending{Handshake::kNone, std::chrono::steady_clock::now(), std::move(q)});
+  push_pending(Pending{Handshake::kNone, std::chrono::steady_clock::now(), std::move(q)});
   start_timeout_check();
   want_flush();
+}
+
+void RedisConnection::push_pending(Pending p) {
+  p.awaited = !Loop::background();
+  if (p.awaited) ++awaited_;
+  pending_.push_back(std::move(p));
 }
 
 void RedisConnection::want_flush() {
@@ -537,6 +545,7 @@ void RedisConnection::write_bytes(Link* link, const char* data, std::size_t n) {
 }
 
 void RedisConnection::received(Link* link, const char* data, std::size_t n) {
+  loop_.note_event();
   if (redisReaderFeed(link->reader, data, n) != REDIS_OK) {
     link_failed(std::string("cannot read the reply: ") + link->reader->errstr);
     return;
@@ -574,6 +583,7 @@ void RedisConnection::dispatch(const redisReply* r) {
   }
   Pending p = std::move(pending_.front());
   pending_.pop_front();
+  if (p.awaited) --awaited_;
   if (p.step == Handshake::kNone) {
     on_request_reply(std::move(p.q), r);
   } else {
@@ -766,6 +776,7 @@ void RedisConnection::drop_link(const std::string& why) {
   // the next attempt.
   auto pending = std::move(pending_);
   pending_.clear();
+  awaited_ = 0;
   const StoreError err = StoreError::unavailable(name_, why);
   for (auto& p : pending) {
     if (p.step == Handshake::kNone) guarded([&] { p.q.cb(nullptr, &err); });
@@ -920,6 +931,8 @@ void RedisConnection::unsubscribe(const std::string& channel) {
 void RedisConnection::close() {
   if (state_ == State::kClosed) return;
   state_ = State::kClosed;
+  if (demand_id_ != 0) loop_.remove_demand(demand_id_);
+  demand_id_ = 0;
   drop_link("connection closed");
   fail_queued("connection closed");
   uv_close(reinterpret_cast<uv_handle_t*>(&connect_timer_), nullptr);

@@ -164,7 +164,9 @@ class RedisConnection {
     Handshake step;  // kNone: a request (q)
     std::chrono::steady_clock::time_point sent_at;
     Queued q;
+    bool awaited = true;  // counted in awaited_ (not made in a Loop::Background)
   };
+  void push_pending(Pending p);
 
   void connect();
   void send(Queued q);
@@ -224,6 +226,8 @@ class RedisConnection {
   uv_timer_t connect_timer_{};  // connect timeout, then reconnect back-off
   uv_timer_t check_timer_{};    // command timeouts
   uv_prepare_t flush_{};        // writes what was queued, once per loop iteration
+  std::size_t demand_id_ = 0;   // Loop::add_demand: awaited_ while open
+  std::size_t awaited_ = 0;     // entries of pending_ a caller waits for
   std::chrono::milliseconds backoff_{0};
   std::string last_error_ = "not connected yet";
   bool auth_failed_ = false;
