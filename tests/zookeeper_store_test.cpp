@@ -212,7 +212,10 @@ TEST_F(ZooKeeperStoreTest, AWaitingWriterStopsLaterReadersWhoThenSeeItsToken) {
   auto nodes = lock_nodes(name);
   EXPECT_EQ(nodes.size(), 2u);
   EXPECT_TRUE(std::any_of(nodes.begin(), nodes.end(), [](const std::string& n) { return n.find("w2") != n.npos; }));
-  // A later reader is stopped by it, though only a reader holds.
+  // A later reader is stopped by it, though only a reader holds (the
+  // writer's next attempt first, as its runtime's would come: its node is
+  // removed 2 s after the last).
+  ASSERT_EQ(store.acquire(name, "w2", 10s).status, Status::kBusy);
   auto later = rt.acquire(key(), LockKind::shared(), 10s, forever, 0ms);
   EXPECT_TRUE(error_of<LockNotAcquired>(later));
   give_back(reader);
