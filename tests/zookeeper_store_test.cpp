@@ -250,14 +250,16 @@ TEST_F(ZooKeeperStoreTest, PermitsThatDisagreeOnNAreRefusedAndLeaveNothingBehind
 }
 
 TEST_F(ZooKeeperStoreTest, APermitGoesWithItsHoldersSession) {
-  // With credentials: the holder's node below is made by the same identity.
-  Runtime rt(options("zookeeper://u:p@" + ensemble_->hosts()));
-  // The lock's directory, made by a first use.
+  // The lock's directory, made open to every client by a first use
+  // without credentials.
   {
-    auto f = rt.acquire(key(), LockKind::permits(1), 5s);
+    Runtime open(options());
+    auto f = open.acquire(key(), LockKind::permits(1), 5s);
     LockHandle h = get_bounded(f);
     give_back(h);
   }
+  // With credentials: the holder's node below is made by the same identity.
+  Runtime rt(options("zookeeper://u:p@" + ensemble_->hosts()));
   const std::string dir =
       std::string(detail::ZkStore::kRoot) + "/" + detail::ZkStore::escape(rt.options().key_prefix + key());
   // A holder of the one permit on a session of its own, as a process of

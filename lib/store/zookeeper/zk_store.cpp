@@ -936,11 +936,13 @@ void ZkStore::decide(const std::shared_ptr<AcquireOp>& op, const std::vector<std
       return;
     }
     case LockKind::Mode::kShared: {
-      // The nearest writer's node below ours (held or waiting) is watched.
+      // The nearest writer's node below ours is watched. Not the lowest, it
+      // is a waiting writer's, which the store removes 2 s after its last
+      // attempt: the next try comes by then even if no notice does.
       for (std::size_t i = at; i-- > 0;) {
         if (kind_of(nodes[i]).exclusive_kind()) {
           forget(*op);
-          wait_behind(op, {dir + nodes[i]}, false, milliseconds::max());
+          wait_behind(op, {dir + nodes[i]}, false, i == 0 ? milliseconds::max() : kMarkSpan);
           return;
         }
       }
