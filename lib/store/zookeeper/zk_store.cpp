@@ -659,6 +659,16 @@ StoreError ZkStore::error(int rc, const std::string& doing) const {
   return e;
 }
 
+const char* ZkStore::check_kind(LockKind kind) const noexcept {
+  switch (kind.mode()) {
+    case LockKind::Mode::kExclusive:
+    case LockKind::Mode::kShared:
+    case LockKind::Mode::kPermits:
+      return nullptr;
+  }
+  return LockStore::check_kind(kind);
+}
+
 std::string ZkStore::dir_of(std::string_view name) const { return std::string(kRoot) + "/" + escape(name); }
 
 // ---- acquire

@@ -124,8 +124,9 @@ class ZkStore final : public StoreBase, public JobClaims, public OperatorTools {
 
   LOCKWATCH_STORE_OPERATIONS;
   LOCKWATCH_STORE_NOTICES;
-  // Every kind: exclusive and shared (a read-write lock) and permits.
-  const char* check_kind(LockKind) const noexcept override { return nullptr; }
+  // Exclusive and shared (a read-write lock) and permits; any other kind
+  // is refused as LockStore refuses it, never taken as one of these.
+  const char* check_kind(LockKind kind) const noexcept override;
   // JobClaims: the store's clock is the ensemble's, read as the mtime a
   // write to /lockwatch gets (the leader's clock when it ran it); a job's
   // last period is the data of a persistent node `period` in its lock's
