@@ -46,19 +46,20 @@ class StoreOnLoop {
 
   // Starts an acquisition; the future has its answer.
   std::future<detail::Acquired> acquire_async(const std::string& name, const std::string& token,
-                                              std::chrono::milliseconds ttl) {
+                                              std::chrono::milliseconds ttl, LockKind kind = {}) {
     auto p = std::make_shared<std::promise<detail::Acquired>>();
     auto f = p->get_future();
-    loop_.post([this, p, name, token, ttl] {
+    loop_.post([this, p, name, token, ttl, kind] {
       const std::string ttl_ms = std::to_string(ttl.count());
-      detail::LockRef ref{name, token, ttl_ms, ttl};
+      detail::LockRef ref{name, token, ttl_ms, ttl, kind};
       store_->acquire(std::span<const detail::LockRef>(&ref, 1),
                       [p](std::size_t, const detail::Acquired& r) { p->set_value(r); });
     });
     return f;
   }
-  detail::Acquired acquire(const std::string& name, const std::string& token, std::chrono::milliseconds ttl) {
-    auto f = acquire_async(name, token, ttl);
+  detail::Acquired acquire(const std::string& name, const std::string& token, std::chrono::milliseconds ttl,
+                           LockKind kind = {}) {
+    auto f = acquire_async(name, token, ttl, kind);
     return get_bounded(f);
   }
   detail::Released release(const std::string& name, const std::string& token) {

@@ -4,9 +4,12 @@
 // the ensemble, a member answering garbage, and the ensemble's faults: the
 // leader killed and paused, a minority down (locks still granted), a
 // majority down (no lock granted, waiters fail at their wait, holders lose
-// their leases by their deadline, their stop token fired first). What a
-// zookeeper:// store cannot give (shared and permit locks) fails saying
-// so. The behaviour every store shares is in store_contract_test.cpp.
+// their leases by their deadline, their stop token fired first). Its
+// kinds: a waiting writer's node stops later readers, readers take the
+// last writer's token, permits that disagree on n leave nothing behind, a
+// permit goes with its holder's session, and a majority down grants no
+// share or permit either. The behaviour every store shares is in
+// store_contract_test.cpp.
 #include <gtest/gtest.h>
 #include <netinet/in.h>
 #include <sys/socket.h>
@@ -18,11 +21,18 @@
 #include "core/loop.hpp"
 #include "lockwatch/lockwatch.hpp"
 #include "store/registry.hpp"
+#include "store/zookeeper/zk_store.hpp"
+#include "store_on_loop.hpp"
 #include "support/zookeeper_ensemble.hpp"
 #include "test_util.hpp"
 
 namespace lockwatch::testing {
 namespace {
+
+void give_back(LockHandle& h) {
+  auto f = h.release();
+  get_bounded(f);
+}
 
 class ZooKeeperStoreTest : public ::testing::Test {
  protected:
@@ -60,6 +70,13 @@ class ZooKeeperStoreTest : public ::testing::Test {
                          std::chrono::milliseconds wait = 0ms) {
     auto f = rt.acquire(k, ttl, forever, wait);
     return get_bounded(f);
+  }
+  // The lock's nodes (sequential ones, not `fence`) as the ensemble has them.
+  static std::vector<std::string> lock_nodes(const std::string& name) {
+    ZooKeeperClient zk(ensemble_->hosts());
+    auto all = zk.children(std::string(detail::ZkStore::kRoot) + "/" + detail::ZkStore::escape(name));
+    std::erase_if(all, [](const std::string& c) { return c.rfind("lock-", 0) != 0; });
+    return all;
   }
   // Members other than the leader, in order.
   static std::vector<int> followers(int leader) {
@@ -191,13 +208,96 @@ TEST_F(ZooKeeperStoreTest, MemberNamesAreResolvedAndANameWithoutAddressIsAConnec
   EXPECT_LT(std::chrono::steady_clock::now() - t0, 3s);
 }
 
-TEST_F(ZooKeeperStoreTest, WhatTheStoreCannotGiveFailsSayingSo) {
+TEST_F(ZooKeeperStoreTest, EveryKindIsKept) {
   detail::Loop loop;
   auto store = detail::make_store(loop, options());
-  EXPECT_NE(store->check_kind(LockKind::shared()), nullptr);
-  EXPECT_NE(store->check_kind(LockKind::permits(3)), nullptr);
+  EXPECT_EQ(store->check_kind(LockKind::shared()), nullptr);
+  EXPECT_EQ(store->check_kind(LockKind::permits(3)), nullptr);
   EXPECT_EQ(store->check_kind(LockKind::exclusive()), nullptr);
   EXPECT_EQ(loop.shutdown([&] { store->close(); }), 0);
+}
+
+TEST_F(ZooKeeperStoreTest, AWaitingWriterStopsLaterReadersWhoThenSeeItsToken) {
+  Runtime rt(options());
+  StoreOnLoop store(options());
+  const std::string name = store.encode(key());
+  using Status = detail::Acquired::Status;
+  auto w1 = store.acquire(name, "w1", 5s);
+  ASSERT_EQ(w1.status, Status::kTaken) << w1.error.describe();
+  ASSERT_EQ(store.release(name, "w1"), detail::Released::kYes);
+  // A reader after it sees its token.
+  auto first = rt.acquire(key(), LockKind::shared(), 10s);
+  LockHandle reader = get_bounded(first);
+  EXPECT_EQ(reader.lease().fencing_token(), w1.fence);
+  // A writer finds the reader: busy, its node kept in the queue.
+  auto w2 = store.acquire(name, "w2", 10s);
+  ASSERT_EQ(w2.status, Status::kBusy) << w2.error.describe();
+  auto nodes = lock_nodes(name);
+  EXPECT_EQ(nodes.size(), 2u);
+  EXPECT_TRUE(std::any_of(nodes.begin(), nodes.end(), [](const std::string& n) { return n.find("w2") != n.npos; }));
+  // A later reader is stopped by it, though only a reader holds (the
+  // writer's next attempt first, as its runtime's would come: its node is
+  // removed 2 s after the last).
+  ASSERT_EQ(store.acquire(name, "w2", 10s).status, Status::kBusy);
+  auto later = rt.acquire(key(), LockKind::shared(), 10s, forever, 0ms);
+  EXPECT_TRUE(error_of<LockNotAcquired>(later));
+  give_back(reader);
+  // The writer's next attempt holds, under a higher token.
+  auto again = store.acquire(name, "w2", 10s);
+  ASSERT_EQ(again.status, Status::kTaken) << again.error.describe();
+  EXPECT_GT(again.fence, w1.fence);
+  // A reader waiting for it is let in by its release, with its token.
+  auto waiting = rt.acquire(key(), LockKind::shared(), 10s, forever, 10s);
+  ASSERT_EQ(store.release(name, "w2"), detail::Released::kYes);
+  LockHandle next = get_bounded(waiting);
+  EXPECT_EQ(next.lease().fencing_token(), again.fence);
+  give_back(next);
+}
+
+TEST_F(ZooKeeperStoreTest, PermitsThatDisagreeOnNAreRefusedAndLeaveNothingBehind) {
+  Runtime a(options()), b(options());
+  auto f = a.acquire(key(), LockKind::permits(2), 10s);
+  LockHandle held = get_bounded(f);
+  const std::string name = a.options().key_prefix + key();
+  auto more = b.acquire(key(), LockKind::permits(3), 10s, forever, 0ms);
+  auto e = error_of<InvalidArgument>(more);
+  ASSERT_TRUE(e);
+  EXPECT_NE(std::string(e->what()).find("2 permits"), std::string::npos) << e->what();
+  EXPECT_NE(std::string(e->what()).find("3 permits"), std::string::npos) << e->what();
+  auto writer = b.acquire(key(), 10s, forever, 0ms);
+  EXPECT_TRUE(error_of<InvalidArgument>(writer));
+  // Only the holder's node is there: the refused calls' nodes went first.
+  EXPECT_EQ(lock_nodes(name).size(), 1u);
+  EXPECT_FALSE(held.lease().lost());
+  give_back(held);
+}
+
+TEST_F(ZooKeeperStoreTest, APermitGoesWithItsHoldersSession) {
+  // The lock's directory, made open to every client by a first use
+  // without credentials.
+  {
+    Runtime open(options());
+    auto f = open.acquire(key(), LockKind::permits(1), 5s);
+    LockHandle h = get_bounded(f);
+    give_back(h);
+  }
+  // With credentials: the holder's node below is made by the same identity.
+  Runtime rt(options("zookeeper://u:p@" + ensemble_->hosts()));
+  const std::string dir =
+      std::string(detail::ZkStore::kRoot) + "/" + detail::ZkStore::escape(rt.options().key_prefix + key());
+  // A holder of the one permit on a session of its own, as a process of
+  // this store's makes it.
+  auto holder = std::make_unique<ZooKeeperClient>(ensemble_->hosts(), "u:p");
+  holder->create_ephemeral_sequential(dir + "/lock-other.1.p1-", "other\n5000");
+  auto busy = rt.acquire(key(), LockKind::permits(1), 5s, forever, 0ms);
+  EXPECT_TRUE(error_of<LockNotAcquired>(busy));
+  auto waiting = rt.acquire(key(), LockKind::permits(1), 5s, forever, 10s);
+  // Its session ends (as a killed holder's expires): the permit is back.
+  auto t0 = std::chrono::steady_clock::now();
+  holder.reset();
+  LockHandle h = get_bounded(waiting);
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, 3s);
+  give_back(h);
 }
 
 TEST_F(ZooKeeperStoreTest, TheLeaderKilledOrPausedKeepsLeasesAndGrantsLocks) {
@@ -294,6 +394,24 @@ TEST_F(ZooKeeperStoreTest, AMajorityDownGrantsNothingAndHoldersLoseTheirLeasesBy
   auto after = waiter_rt.acquire(key("-held"), 2s, forever, 15s);
   auto h = get_bounded(after);
   EXPECT_GE(h.lease().fencing_token(), 1u);
+}
+
+TEST_F(ZooKeeperStoreTest, AMajorityDownGrantsNoShareAndNoPermit) {
+  Options o = options();
+  o.command_timeout = 500ms;
+  Runtime rt(o);
+  int leader = ensemble_->leader();
+  ASSERT_GE(leader, 0);
+  ensemble_->kill(followers(leader).front());
+  ensemble_->kill(leader);
+  for (LockKind kind : {LockKind::shared(), LockKind::permits(3)}) {
+    auto t0 = std::chrono::steady_clock::now();
+    auto f = rt.acquire(key(), kind, 1s);
+    EXPECT_TRUE(error_of<ConnectionError>(f)) << kind.describe();
+    EXPECT_LT(std::chrono::steady_clock::now() - t0, 7s) << kind.describe();
+  }
+  for (int i = 0; i < ensemble_->size(); ++i) ensemble_->start(i);
+  ASSERT_TRUE(ensemble_->wait_serving());
 }
 
 }  // namespace

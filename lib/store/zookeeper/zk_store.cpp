@@ -215,13 +215,57 @@ std::int64_t seq_of(std::string_view child, std::string_view* token = nullptr) {
   return seq;
 }
 
-// A child's escaped token and attempt ("<token>.<attempt>").
+// A child's escaped token and attempt ("<token>.<attempt>[.<mode>]"; an
+// escaped token has no '.').
 std::pair<std::string_view, std::string_view> owner_of(std::string_view child) {
   std::string_view t;
   if (seq_of(child, &t) < 0) return {};
-  auto dot = t.rfind('.');
+  auto dot = t.find('.');
   if (dot == std::string_view::npos) return {t, {}};
-  return {t.substr(0, dot), t.substr(dot + 1)};
+  std::string_view rest = t.substr(dot + 1);
+  return {t.substr(0, dot), rest.substr(0, rest.find('.'))};
+}
+
+// How a child holds: its name's mode after the attempt, "r" a reader, "p<n>"
+// a permit of n; none a writer (an exclusive lock, and every node a client
+// without kinds made, so that such a client and this one never hold a
+// reader beside a writer).
+LockKind kind_of(std::string_view child) {
+  std::string_view t;
+  if (seq_of(child, &t) < 0) return LockKind::exclusive();
+  auto first = t.find('.');
+  auto second = first == std::string_view::npos ? first : t.find('.', first + 1);
+  if (second == std::string_view::npos) return LockKind::exclusive();
+  std::string_view mode = t.substr(second + 1);
+  if (mode == "r") return LockKind::shared();
+  if (mode.size() > 1 && mode[0] == 'p') {
+    std::uint32_t n = 0;
+    auto [p, ec] = std::from_chars(mode.data() + 1, mode.data() + mode.size(), n);
+    if (ec == std::errc() && p == mode.data() + mode.size() && n > 0) return LockKind::permits(n);
+  }
+  return LockKind::exclusive();  // unknown: the strictest reading
+}
+
+// The mode a node's name carries for `kind` (see kind_of).
+std::string mode_suffix(LockKind kind) {
+  switch (kind.mode()) {
+    case LockKind::Mode::kShared: return ".r";
+    case LockKind::Mode::kPermits: return ".p" + std::to_string(kind.permit_count());
+    case LockKind::Mode::kExclusive:
+    case LockKind::Mode::kFair: break;  // refused by check_kind()
+  }
+  return "";
+}
+
+// A key's family as a message names it.
+std::string family_of(LockKind kind) {
+  switch (kind.mode()) {
+    case LockKind::Mode::kShared: return "a shared lock";
+    case LockKind::Mode::kPermits: return "a semaphore of " + kind.describe();
+    case LockKind::Mode::kExclusive:
+    case LockKind::Mode::kFair: break;
+  }
+  return "an exclusive lock";
 }
 
 // The lock's nodes in sequence order.
@@ -503,6 +547,7 @@ void ZkStore::retire(Session* s) {
     else
       ++it;
   }
+  std::erase_if(marks_, [&](const auto& m) { return m.second.session == s->serial; });
   sessions_.erase(s->requested_ms);
 }
 
@@ -636,9 +681,20 @@ void ZkStore::on_sweep(uv_timer_t* t) {
 void ZkStore::expire_held(Clock::time_point now) {
   // A scan of the held locks at most every 20 ms: their expiry is a ttl
   // away, and a lease's own deadline came earlier.
-  if (held_.empty() || now < next_expiry_scan_) return;
+  if ((held_.empty() && marks_.empty()) || now < next_expiry_scan_) return;
   next_expiry_scan_ = now + milliseconds(20);
   std::vector<Cleanup> gone;
+  // A writer's mark no attempt renewed within its span goes too.
+  for (auto it = marks_.begin(); it != marks_.end();) {
+    if (it->second.until > now) {
+      ++it;
+      continue;
+    }
+    auto zero = it->first.find('\0');
+    gone.push_back(Cleanup{it->first.substr(0, zero), it->first.substr(zero + 1), it->second.attempt,
+                           it->second.session});
+    it = marks_.erase(it);
+  }
   for (auto it = held_.begin(); it != held_.end();) {
     if (it->second.expires > now) {
       ++it;
@@ -672,6 +728,19 @@ StoreError ZkStore::error(int rc, const std::string& doing) const {
   return e;
 }
 
+const char* ZkStore::check_kind(LockKind kind) const noexcept {
+  switch (kind.mode()) {
+    case LockKind::Mode::kExclusive:
+    case LockKind::Mode::kShared:
+    case LockKind::Mode::kPermits:
+      return nullptr;
+    case LockKind::Mode::kFair:
+      return "fair locks are not kept on ZooKeeper yet (its sequential nodes grant in arrival order, but a waiter "
+             "that gives up cannot take its node out of the queue through the store)";
+  }
+  return LockStore::check_kind(kind);
+}
+
 std::string ZkStore::dir_of(std::string_view name) const { return std::string(kRoot) + "/" + escape(name); }
 
 // ---- acquire
@@ -688,7 +757,26 @@ struct ZkStore::AcquireOp {
   std::uint64_t session = 0;
   std::uint64_t attempt = 0;  // in the node's name: this attempt's nodes only
   Clock::time_point sent;     // when the request that made (or found) the node went out
+  LockKind kind{};
+  bool repeat = false;     // a repeat of a granted acquisition: its fence again
+  bool from_mark = false;  // a writer's attempt that found its own mark
+  std::uint64_t fence = 0;
 };
+
+namespace {
+// How long a waiting writer's node stops new readers without an attempt of
+// its own (its ttl if shorter): a writer that gave up holds them back this
+// long at most, as Redis's writer's mark does.
+constexpr milliseconds kMarkSpan{2000};
+milliseconds mark_span(milliseconds ttl) { return std::clamp(ttl, milliseconds(1), kMarkSpan); }
+constexpr const char* kFenceNode = "fence";
+}  // namespace
+
+void ZkStore::forget(const AcquireOp& op) {
+  const std::string key = op.name + '\0' + op.token;
+  held_.erase(key);
+  if (auto m = marks_.find(key); m != marks_.end() && m->second.attempt == op.attempt) marks_.erase(m);
+}
 
 void ZkStore::acquire(std::span<const LockRef> locks, AcquireDone done) {
   auto shared_done = std::make_shared<AcquireDone>(std::move(done));
@@ -700,6 +788,7 @@ void ZkStore::acquire(std::span<const LockRef> locks, AcquireDone done) {
     op->index = i;
     op->done = shared_done;
     op->dir = dir_of(op->name);
+    op->kind = locks[i].kind;
     op->attempt = next_attempt_++;
     acquire_one(std::move(op));
   }
@@ -739,11 +828,34 @@ void ZkStore::acquire_one(std::shared_ptr<AcquireOp> op) {
       op->czxid = h->second.czxid;
       op->session = s->serial;
       op->attempt = h->second.attempt;
+      op->fence = h->second.fence;
+      op->repeat = true;
       op->sent = Clock::now();
       list_nodes(std::move(op));
       return;
     }
     held_.erase(h);
+  }
+  if (auto m = marks_.find(op->name + '\0' + op->token); m != marks_.end()) {
+    // A waiting writer tries again: its node, still in the queue, and
+    // another span for its mark.
+    Session* s = live(m->second.session);
+    if (s != nullptr && op->kind.exclusive_kind()) {
+      op->path = m->second.path;
+      op->czxid = m->second.czxid;
+      op->session = s->serial;
+      op->attempt = m->second.attempt;
+      op->from_mark = true;
+      op->sent = Clock::now();
+      m->second.until = op->sent + mark_span(op->ttl);
+      list_nodes(std::move(op));
+      return;
+    }
+    Cleanup c{op->name, op->token, m->second.attempt, m->second.session};
+    marks_.erase(m);
+    delete_nodes(c, [this, c](Released st, const StoreError*) {
+      if (st == Released::kUnconfirmed) remember_cleanup(c);
+    });
   }
   create_node(std::move(op), false);
 }
@@ -753,8 +865,8 @@ void ZkStore::create_node(std::shared_ptr<AcquireOp> op, bool parents_made) {
   const std::uint64_t serial = s->serial;
   op->session = serial;
   op->sent = Clock::now();
-  const std::string prefix =
-      op->dir + "/" + std::string(kNodePrefix) + escape(op->token) + "." + std::to_string(op->attempt) + "-";
+  const std::string prefix = op->dir + "/" + std::string(kNodePrefix) + escape(op->token) + "." +
+                             std::to_string(op->attempt) + mode_suffix(op->kind) + "-";
   const std::string data = node_data(op->token, op->ttl);
   ACL_vector* acl = target_.digest() ? &ZOO_CREATOR_ALL_ACL : &ZOO_OPEN_ACL_UNSAFE;
   send(
@@ -830,7 +942,7 @@ void ZkStore::make_parents(std::shared_ptr<AcquireOp> op, int step) {
 void ZkStore::list_nodes(std::shared_ptr<AcquireOp> op) {
   Session* s = live(op->session);
   if (s == nullptr) {
-    held_.erase(op->name + '\0' + op->token);
+    forget(*op);
     auto e = error(ZSESSIONEXPIRED, "the session that made the lock's node ended");
     sink_->post([op, e](ZkStore& st) { st.fail(op, e); });
     return;
@@ -842,61 +954,304 @@ void ZkStore::list_nodes(std::shared_ptr<AcquireOp> op) {
         Session* s = live(op->session);
         if (r.rc != ZOK || s == nullptr) {
           abandon_attempt(op);
-          held_.erase(op->name + '\0' + op->token);
+          forget(*op);
           fail(op, error(r.rc != ZOK ? r.rc : ZSESSIONEXPIRED, "listing the lock's nodes"));
           return;
         }
         auto nodes = in_order(r.children);
         const std::string own_child = op->path.substr(op->path.rfind('/') + 1);
-        if (std::find(nodes.begin(), nodes.end(), own_child) == nodes.end()) {
+        auto own = std::find(nodes.begin(), nodes.end(), own_child);
+        if (own == nodes.end() && op->from_mark) {
+          // The store removed the writer's mark meanwhile (its span
+          // passed): a new node, at the back of the queue.
+          forget(*op);
+          op->from_mark = false;
+          op->attempt = next_attempt_++;
+          create_node(op, true);
+          return;
+        }
+        if (own == nodes.end()) {
           // Gone: its session expired meanwhile (or an operator removed it).
-          held_.erase(op->name + '\0' + op->token);
+          forget(*op);
           fail(op, error(ZSESSIONEXPIRED, "the lock's node is gone"));
           return;
         }
-        if (nodes.front() == own_child) {
-          // Ours is the lowest: the lock is ours.
-          held_[op->name + '\0' + op->token] = Held{op->path,    op->session, op->czxid,
-                                                     op->attempt, op->ttl,
-                                                     op->sent + op->ttl + drift_for(options_, op->ttl)};
-          Acquired out;
-          out.status = Acquired::Status::kTaken;
-          out.fence = static_cast<std::uint64_t>(op->czxid);
-          finish(op, out);
-          return;
-        }
-        // Busy: our node goes (confirmed first, so that none is left to come
-        // to the front unowned), then the holder's node is read with a
-        // watch: its deletion is the release notice.
-        held_.erase(op->name + '\0' + op->token);
-        const std::string holder = op->dir + "/" + nodes.front();
-        delete_paths(*s, {op->path}, [this, op, holder](int rc) {
-          Session* s = live(op->session);
-          if (rc != ZOK || s == nullptr) {
-            if (rc != ZOK) abandon_attempt(op);
-            fail(op, error(rc != ZOK ? rc : ZSESSIONEXPIRED, "removing a waiter's node"));
-            return;
-          }
-          send(
-              *s,
-              [this, op](const Result& r) {
-                Acquired out;
-                out.status = Acquired::Status::kBusy;
-                if (r.rc == ZOK) {
-                  auto [token, ttl_ms] = parse_data(r.value);
-                  out.busy_for = milliseconds(ttl_ms > 0 ? ttl_ms : op->ttl.count());
-                } else if (r.rc == ZNONODE) {
-                  out.busy_for = milliseconds(1);  // released meanwhile: try again now
-                } else {
-                  fail(op, error(r.rc, "watching the holder's node"));
-                  return;
-                }
-                finish(op, out);
-              },
-              [=](zhandle_t* zh, void* ctx) { return zoo_aget(zh, holder.c_str(), 1, on_data, ctx); });
-        });
+        decide(op, nodes, static_cast<std::size_t>(own - nodes.begin()));
       },
       [=](zhandle_t* zh, void* ctx) { return zoo_aget_children(zh, dir.c_str(), 0, on_strings, ctx); });
+}
+
+// Who holds, from one listing in sequence order (nodes only come in
+// behind ours, so what is below ours decides, and it only shrinks):
+//   family     a node below ours of the other family (permits against
+//              exclusive or shared), or permits of another n: refused
+//              (InvalidArgument), our node removed. The first node decides,
+//              so a later caller that disagrees never holds.
+//   exclusive  ours is the lowest (a writer, and a plain mutex).
+//   shared     no writer's node below ours.
+//   permits(n) ours is one of the n lowest.
+void ZkStore::decide(const std::shared_ptr<AcquireOp>& op, const std::vector<std::string>& nodes, std::size_t at) {
+  const bool permits = op->kind.mode() == LockKind::Mode::kPermits;
+  for (std::size_t i = 0; i < at; ++i) {
+    LockKind k = kind_of(nodes[i]);
+    const bool other_permits = k.mode() == LockKind::Mode::kPermits;
+    if (permits != other_permits || (permits && k.permit_count() != op->kind.permit_count())) {
+      refuse_kind(op, k);
+      return;
+    }
+  }
+  const std::string dir = op->dir + "/";
+  switch (op->kind.mode()) {
+    case LockKind::Mode::kFair:  // refused by check_kind(): never here
+    case LockKind::Mode::kExclusive: {
+      if (at == 0) break;
+      // Only readers below: our node stays, a mark that stops new readers
+      // (writers are not starved), watching the node just below. Behind
+      // another writer: our node goes and the holder is watched.
+      const bool readers_only = std::none_of(nodes.begin(), nodes.begin() + static_cast<std::ptrdiff_t>(at),
+                                             [](const std::string& n) { return kind_of(n).exclusive_kind(); });
+      if (readers_only) {
+        wait_behind(op, {dir + nodes[at - 1]}, true, mark_span(op->ttl) / 2);
+      } else {
+        forget(*op);
+        wait_behind(op, {dir + nodes.front()}, false, milliseconds::max());
+      }
+      return;
+    }
+    case LockKind::Mode::kShared: {
+      // The nearest writer's node below ours is watched. Not the lowest, it
+      // is a waiting writer's, which the store removes 2 s after its last
+      // attempt: the next try comes by then even if no notice does.
+      for (std::size_t i = at; i-- > 0;) {
+        if (kind_of(nodes[i]).exclusive_kind()) {
+          forget(*op);
+          wait_behind(op, {dir + nodes[i]}, false, i == 0 ? milliseconds::max() : kMarkSpan);
+          return;
+        }
+      }
+      break;
+    }
+    case LockKind::Mode::kPermits: {
+      const std::size_t n = op->kind.permit_count();
+      if (at < n) break;
+      // Any holder's release frees a permit: each of the n is watched.
+      std::vector<std::string> holders;
+      for (std::size_t i = 0; i < n; ++i) holders.push_back(dir + nodes[i]);
+      forget(*op);
+      wait_behind(op, std::move(holders), false, milliseconds::max());
+      return;
+    }
+  }
+  grant(op);
+}
+
+void ZkStore::refuse_kind(const std::shared_ptr<AcquireOp>& op, LockKind held_as) {
+  forget(*op);
+  auto e = StoreError::invalid(endpoint_,
+                               fmt::format("the lock '{}' is held as {}; this call asked for it {}", op->name,
+                                           family_of(held_as), op->kind.describe()),
+                               StoreError::Origin::kZooKeeper);
+  Session* s = live(op->session);
+  if (s == nullptr) {
+    fail(op, e);
+    return;
+  }
+  // Our node goes first (confirmed, or left to the cleanups): nothing of a
+  // refused call stays in the queue.
+  delete_paths(*s, {op->path}, [this, op, e](int rc) {
+    if (rc != ZOK) abandon_attempt(op);
+    fail(op, e);
+  });
+}
+
+// A grant's fencing token:
+//   exclusive  our node's czxid (holders follow creation order); the
+//              directory's `fence` node is set to it before the answer, so
+//              readers that come after it see it.
+//   shared     the `fence` node's data, read after the listing that let us
+//              in: the token of the last writer granted before us (0 if
+//              none ever was). No writer is granted while our node is there
+//              (its node would be above ours), so none is missed.
+//   permits    the zxid of the write that sets `fence` for this grant:
+//              every grant writes, so every grant's token is above all
+//              earlier ones (node order alone is not grant order here).
+// A repeat of a granted acquisition answers the token it was given.
+void ZkStore::grant(const std::shared_ptr<AcquireOp>& op) {
+  const std::string key = op->name + '\0' + op->token;
+  if (op->from_mark) {
+    auto m = marks_.find(key);
+    if (m == marks_.end() || m->second.attempt != op->attempt) {
+      // The mark's span passed as the listing came back: the store is
+      // removing the node. A new one, at the back of the queue.
+      op->from_mark = false;
+      op->attempt = next_attempt_++;
+      create_node(op, true);
+      return;
+    }
+    marks_.erase(m);
+    op->from_mark = false;
+  }
+  auto done = [this, op, key](std::uint64_t fence) {
+    held_[key] = Held{op->path, op->session, op->czxid, op->attempt, op->ttl,
+                      op->sent + op->ttl + drift_for(options_, op->ttl), fence};
+    Acquired out;
+    out.status = Acquired::Status::kTaken;
+    out.fence = fence;
+    finish(op, out);
+  };
+  if (op->repeat) {
+    done(op->fence);
+    return;
+  }
+  Session* s = live(op->session);
+  if (s == nullptr) {
+    fail(op, error(ZSESSIONEXPIRED, "the session that made the lock's node ended"));
+    return;
+  }
+  auto failed = [this, op](int rc, const char* doing) {
+    abandon_attempt(op);
+    fail(op, error(rc, doing));
+  };
+  if (op->kind.mode() == LockKind::Mode::kShared) {
+    const std::string fence_path = op->dir + "/" + kFenceNode;
+    send(
+        *s,
+        [op, done, failed](const Result& r) {
+          if (r.rc != ZOK && r.rc != ZNONODE) {
+            failed(r.rc, "reading the last writer's fencing token");
+            return;
+          }
+          std::uint64_t fence = 0;
+          if (r.rc == ZOK) std::from_chars(r.value.data(), r.value.data() + r.value.size(), fence);
+          done(fence);
+        },
+        [=](zhandle_t* zh, void* ctx) { return zoo_aget(zh, fence_path.c_str(), 0, on_data, ctx); });
+    return;
+  }
+  const bool permit = op->kind.mode() == LockKind::Mode::kPermits;
+  write_fence(*s, op->dir, std::to_string(op->czxid), [op, done, failed, permit](int rc, std::int64_t zxid) {
+    if (rc != ZOK) {
+      failed(rc, "setting the lock's fencing token");
+      return;
+    }
+    done(static_cast<std::uint64_t>(permit ? zxid : op->czxid));
+  });
+}
+
+void ZkStore::write_fence(Session& s, const std::string& dir, std::string data,
+                          std::function<void(int, std::int64_t)> done, bool made) {
+  const std::string path = dir + "/" + kFenceNode;
+  const std::uint64_t serial = s.serial;
+  ACL_vector* acl = target_.digest() ? &ZOO_CREATOR_ALL_ACL : &ZOO_OPEN_ACL_UNSAFE;
+  auto reply = [this, dir, data, done, made, serial](const Result& r) {
+    if (r.rc == ZOK) {
+      done(ZOK, r.has_stat ? r.stat.mzxid : 0);
+      return;
+    }
+    Session* s = live(serial);
+    if ((r.rc == ZNONODE || r.rc == ZNODEEXISTS) && !made && s != nullptr) {
+      // Made by another meanwhile (or removed by an operator): once more.
+      write_fence(*s, dir, data, done, true);
+      return;
+    }
+    done(r.rc, 0);
+  };
+  if (!made) {
+    send(s, reply, [=](zhandle_t* zh, void* ctx) {
+      return zoo_aset(zh, path.c_str(), data.data(), static_cast<int>(data.size()), -1, on_stat_set, ctx);
+    });
+    return;
+  }
+  // The second try makes the node, or sets it if another made it.
+  send(
+      s,
+      [this, path, data, done, serial](const Result& r) {
+        if (r.rc != ZNODEEXISTS) {
+          done(r.rc, r.rc == ZOK && r.has_stat ? r.stat.mzxid : 0);
+          return;
+        }
+        Session* s = live(serial);
+        if (s == nullptr) {
+          done(ZSESSIONEXPIRED, 0);
+          return;
+        }
+        send(
+            *s, [done](const Result& r) { done(r.rc, r.rc == ZOK && r.has_stat ? r.stat.mzxid : 0); },
+            [=](zhandle_t* zh, void* ctx) {
+              return zoo_aset(zh, path.c_str(), data.data(), static_cast<int>(data.size()), -1, on_stat_set, ctx);
+            });
+      },
+      [=](zhandle_t* zh, void* ctx) {
+        return zoo_acreate2(zh, path.c_str(), data.data(), static_cast<int>(data.size()), acl, ZOO_PERSISTENT,
+                            on_created, ctx);
+      });
+}
+
+void ZkStore::wait_behind(const std::shared_ptr<AcquireOp>& op, std::vector<std::string> watch, bool keep_node,
+                          milliseconds cap) {
+  Session* s = live(op->session);
+  if (s == nullptr) {
+    forget(*op);
+    fail(op, error(ZSESSIONEXPIRED, "the session that made the lock's node ended"));
+    return;
+  }
+  // Then the nodes waited on are read with a watch: a deletion is the
+  // release notice, and their ttl the busy time.
+  auto read_watched = [this, op, watch = std::move(watch), cap]() {
+    Session* s = live(op->session);
+    if (s == nullptr) {
+      fail(op, error(ZSESSIONEXPIRED, "the session that made the lock's node ended"));
+      return;
+    }
+    struct Wait {
+      std::size_t left;
+      milliseconds busy_for;
+      int rc = ZOK;
+    };
+    auto w = std::make_shared<Wait>(Wait{watch.size(), cap, ZOK});
+    for (const auto& path : watch) {
+      send(
+          *s,
+          [this, op, w](const Result& r) {
+            if (r.rc == ZOK) {
+              auto [token, ttl_ms] = parse_data(r.value);
+              w->busy_for = std::min(w->busy_for, milliseconds(ttl_ms > 0 ? ttl_ms : op->ttl.count()));
+            } else if (r.rc == ZNONODE) {
+              w->busy_for = milliseconds(1);  // released meanwhile: try again now
+            } else if (w->rc == ZOK) {
+              w->rc = r.rc;
+            }
+            if (--w->left != 0) return;
+            if (w->rc != ZOK) {
+              fail(op, error(w->rc, "watching the holder's node"));
+              return;
+            }
+            Acquired out;
+            out.status = Acquired::Status::kBusy;
+            out.busy_for = std::max(w->busy_for, milliseconds(1));
+            finish(op, out);
+          },
+          [=](zhandle_t* zh, void* ctx) { return zoo_aget(zh, path.c_str(), 1, on_data, ctx); });
+    }
+  };
+  if (keep_node) {
+    // A waiting writer's mark: the store removes it unless the same
+    // acquisition tries again within its span.
+    marks_[op->name + '\0' + op->token] =
+        Mark{op->path, op->session, op->czxid, op->attempt, Clock::now() + mark_span(op->ttl)};
+    read_watched();
+    return;
+  }
+  // Our node goes (confirmed first, so that none is left to come to the
+  // front unowned).
+  delete_paths(*s, {op->path}, [this, op, read_watched](int rc) {
+    if (rc != ZOK) {
+      abandon_attempt(op);
+      fail(op, error(rc, "removing a waiter's node"));
+      return;
+    }
+    read_watched();
+  });
 }
 
 void ZkStore::delete_paths(Session& s, std::vector<std::string> paths, std::function<void(int rc)> done) {
@@ -1039,6 +1394,7 @@ void ZkStore::release(std::span<const LockRef> locks, bool, ReleaseDone done) {
       c.session = h->second.session;
       held_.erase(h);
     }
+    marks_.erase(c.name + '\0' + c.token);  // a waiting writer's node goes with the rest of the token's
     // Otherwise not known here (an acquisition whose answer was lost):
     // every node of the token, on any session.
     delete_nodes(c, [this, i, c, shared_done](Released st, const StoreError* e) {
@@ -1517,6 +1873,7 @@ void ZkStore::close() {
   }
   sessions_.clear();
   held_.clear();
+  marks_.clear();
   if (started_) {
     uv_timer_stop(&sweep_);
     uv_close(reinterpret_cast<uv_handle_t*>(&sweep_), nullptr);

@@ -31,6 +31,17 @@
 //            gone after its ttl), looks for the node from another session
 //            until that session's timeout has passed, and is answered
 //            removed or gone when it finds so, unconfirmed otherwise.
+//   kinds    a node's name carries its kind after the attempt (".r" a
+//            reader, ".p<n>" a permit of n, none a writer): a writer
+//            holds as the lowest, a reader with no writer's node below,
+//            a permit among the n lowest; a node below of the other
+//            family (or another n) is InvalidArgument. A writer behind
+//            readers only keeps its node while it waits (a mark that
+//            stops later readers), removed by the store unless it tries
+//            again within 2 s. Tokens: a writer's czxid, written to the
+//            directory's `fence` node before its answer; a reader gets
+//            that value (the last writer's); a permit the zxid of its
+//            grant's write to `fence`. See docs/zookeeper.md.
 //   claims   (JobClaims) the ensemble's clock is the mtime a write to
 //            /lockwatch gets; a job's last period is the node `period` in
 //            its lock's directory, set by a multi that checks our lock's
@@ -61,8 +72,9 @@
 // store's own.
 //
 // Costs: one session (two client threads) per distinct ttl; an acquisition
-// two round trips (four when busy), a release two, renewals one request
-// per session and 256 locks.
+// three round trips (create, list, the fence; four when busy, a busy
+// permit n + 3), a release two, renewals one request per session and 256
+// locks.
 //
 // Threading: as LockStore (loop thread, but encode()/check_key()).
 #pragma once
@@ -112,6 +124,9 @@ class ZkStore final : public StoreBase, public JobClaims, public OperatorTools {
 
   LOCKWATCH_STORE_OPERATIONS;
   LOCKWATCH_STORE_NOTICES;
+  // Exclusive and shared (a read-write lock) and permits; any other kind
+  // is refused as LockStore refuses it, never taken as one of these.
+  const char* check_kind(LockKind kind) const noexcept override;
   // JobClaims: the store's clock is the ensemble's, read as the mtime a
   // write to /lockwatch gets (the leader's clock when it ran it); a job's
   // last period is the data of a persistent node `period` in its lock's
@@ -144,6 +159,16 @@ class ZkStore final : public StoreBase, public JobClaims, public OperatorTools {
     // The last acquisition or renewal confirmed, sent + ttl + drift: past
     // it the store removes the node itself (see above).
     Clock::time_point expires;
+    std::uint64_t fence = 0;  // the token its grant answered (a repeat answers it again)
+  };
+  // A writer's node kept while it waits for readers (see above): removed
+  // by the store at `until` unless an attempt of the same acquisition came.
+  struct Mark {
+    std::string path;
+    std::uint64_t session = 0;
+    std::int64_t czxid = 0;
+    std::uint64_t attempt = 0;
+    Clock::time_point until;
   };
   // Nodes to remove: of `token` under `name`, of one attempt (0: all), on
   // one session (0: any).
@@ -176,6 +201,19 @@ class ZkStore final : public StoreBase, public JobClaims, public OperatorTools {
   void create_node(std::shared_ptr<AcquireOp> op, bool parents_made);
   void make_parents(std::shared_ptr<AcquireOp> op, int step);
   void list_nodes(std::shared_ptr<AcquireOp> op);
+  // The decision on a listing in which our node is at `at`.
+  void decide(const std::shared_ptr<AcquireOp>& op, const std::vector<std::string>& nodes, std::size_t at);
+  void grant(const std::shared_ptr<AcquireOp>& op);
+  void refuse_kind(const std::shared_ptr<AcquireOp>& op, LockKind held_as);
+  // Busy: our node goes (or stays, a writer's mark), `watch` is read with
+  // watches, and the answer is busy for their shortest ttl (at most `cap`).
+  void wait_behind(const std::shared_ptr<AcquireOp>& op, std::vector<std::string> watch, bool keep_node,
+                   std::chrono::milliseconds cap);
+  // Sets the directory's `fence` node to `data` (made if missing); `done`
+  // gets the outcome and the write's zxid.
+  void write_fence(Session& s, const std::string& dir, std::string data,
+                   std::function<void(int rc, std::int64_t zxid)> done, bool made = false);
+  void forget(const AcquireOp& op);
   void finish(const std::shared_ptr<AcquireOp>& op, const Acquired& out);
   void fail(const std::shared_ptr<AcquireOp>& op, const StoreError& e);
   // Deletes the nodes `c` names.
@@ -217,6 +255,7 @@ class ZkStore final : public StoreBase, public JobClaims, public OperatorTools {
   std::uint64_t next_serial_ = 1;
   std::set<std::uint64_t> expired_;  // sessions the ensemble said it expired
   std::unordered_map<std::string, Held> held_;  // by name + '\0' + token
+  std::unordered_map<std::string, Mark> marks_;  // by name + '\0' + token
   std::unordered_map<std::uint64_t, Pending> pending_;
   std::uint64_t next_id_ = 1;
   std::set<std::string, std::less<>> subscribed_;
