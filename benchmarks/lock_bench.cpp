@@ -416,6 +416,31 @@ void warm_up(lockwatch::Runtime& rt, std::uint64_t run) {
 
 // ------------------------------------------------------------ LockHandle
 
+// One acquisition of `key` as `kind` and its release by the handle, noted
+// in `tally` (its cycle, and with `note_wait` its wait for the lock). False
+// when the caller must stop: a call failed or hung.
+bool handle_cycle(lockwatch::Runtime& rt, std::string key, lockwatch::LockKind kind, std::chrono::milliseconds wait,
+                  Tally& tally, bool note_wait) {
+  auto t0 = Clock::now();
+  try {
+    auto acquired = rt.acquire(std::move(key), kind, kTtl, lockwatch::forever, wait);
+    if (!ready_in_bound(acquired, tally, "acquire")) return false;
+    lockwatch::LockHandle h = acquired.get();
+    auto t1 = Clock::now();
+    auto released = h.release();
+    if (!ready_in_bound(released, tally, "release")) return false;
+    released.get();
+    tally.cycle_us.push_back(static_cast<float>(micros(Clock::now() - t0)));
+    tally.max_wait_us = std::max(tally.max_wait_us, micros(t1 - t0));
+    if (note_wait) tally.wait_us.push_back(static_cast<float>(micros(t1 - t0)));
+    ++tally.cycles;
+    return true;
+  } catch (const std::exception& e) {
+    tally.fail(e.what());
+    return false;
+  }
+}
+
 void BM_LockHandle(benchmark::State& state, int conc, bool contended, bool handoff) {
   prepare_run();
   std::uint64_t run = ++g_run;
@@ -429,24 +454,7 @@ void BM_LockHandle(benchmark::State& state, int conc, bool contended, bool hando
     std::uint64_t& n = next[static_cast<std::size_t>(caller)];
     while (Clock::now() < deadline) {
       std::string key = contended ? hot : fmt::format("lh:{}:{}:{}", run, caller, n++);
-      auto t0 = Clock::now();
-      try {
-        auto acquired = rt.acquire(std::move(key), kTtl, lockwatch::forever, wait);
-        if (!ready_in_bound(acquired, tally, "acquire")) return;
-        lockwatch::LockHandle h = acquired.get();
-        auto t1 = Clock::now();
-        auto released = h.release();
-        if (!ready_in_bound(released, tally, "release")) return;
-        released.get();
-        auto t2 = Clock::now();
-        tally.cycle_us.push_back(static_cast<float>(micros(t2 - t0)));
-        tally.max_wait_us = std::max(tally.max_wait_us, micros(t1 - t0));
-        if (contended) tally.wait_us.push_back(static_cast<float>(micros(t1 - t0)));
-        ++tally.cycles;
-      } catch (const std::exception& e) {
-        tally.fail(e.what());
-        return;
-      }
+      if (!handle_cycle(rt, std::move(key), lockwatch::LockKind::exclusive(), wait, tally, contended)) return;
     }
   });
 }
@@ -475,24 +483,9 @@ void BM_Kind(benchmark::State& state, int conc, std::string kind) {
   run_threaded(state, conc, true, [&](int caller, Tally& tally, Clock::time_point deadline) {
     std::uint64_t& n = next[static_cast<std::size_t>(caller)];
     while (Clock::now() < deadline) {
-      auto t0 = Clock::now();
-      try {
-        auto acquired = rt.acquire(hot, kind_of(n++ + static_cast<std::uint64_t>(caller)), kTtl, lockwatch::forever,
-                                   std::chrono::milliseconds(kContendedWait));
-        if (!ready_in_bound(acquired, tally, "acquire")) return;
-        lockwatch::LockHandle h = acquired.get();
-        auto t1 = Clock::now();
-        auto released = h.release();
-        if (!ready_in_bound(released, tally, "release")) return;
-        released.get();
-        tally.cycle_us.push_back(static_cast<float>(micros(Clock::now() - t0)));
-        tally.max_wait_us = std::max(tally.max_wait_us, micros(t1 - t0));
-        tally.wait_us.push_back(static_cast<float>(micros(t1 - t0)));
-        ++tally.cycles;
-      } catch (const std::exception& e) {
-        tally.fail(e.what());
+      if (!handle_cycle(rt, hot, kind_of(n++ + static_cast<std::uint64_t>(caller)),
+                        std::chrono::milliseconds(kContendedWait), tally, true))
         return;
-      }
     }
   });
 }

@@ -142,16 +142,7 @@ void WaitQueue::on_fair_outcome(const std::shared_ptr<Acquisition>& a, const Acq
   if (out.status == Status::kFailed && out.error.transient()) {
     // As for the head of other kinds: a blip is ridden out, a store down
     // for the connect timeout fails every waiter of the key.
-    w->connection_error = to_exception(out.error);
-    if (out.error.unavailable()) {
-      w->unreachable_since = std::min(w->unreachable_since, sent);
-      if (Clock::now() - w->unreachable_since >= options_.connect_timeout) {
-        fail_waiters(w, w->connection_error);
-        return;
-      }
-    } else {
-      w->unreachable_since = Clock::time_point::max();
-    }
+    if (!ride_out(w, out.error, sent)) return;
     a->fair_timeout = clock_.at(a->fair_retry, Clock::now() + options_.reconnect_min);
     return;
   }
@@ -270,6 +261,18 @@ void WaitQueue::give_back_orphans() {
   });
 }
 
+bool WaitQueue::ride_out(KeyWaiters* w, const StoreError& error, Clock::time_point sent) {
+  w->connection_error = to_exception(error);
+  if (!error.unavailable()) {
+    w->unreachable_since = Clock::time_point::max();
+    return true;
+  }
+  w->unreachable_since = std::min(w->unreachable_since, sent);
+  if (Clock::now() - w->unreachable_since < options_.connect_timeout) return true;
+  fail_waiters(w, w->connection_error);
+  return false;
+}
+
 void WaitQueue::fail_waiters(KeyWaiters* w, std::exception_ptr error) {
   // The head's attempt is not in flight (its answer brought us here); the
   // others never attempted.
@@ -316,16 +319,7 @@ void WaitQueue::on_outcome(const std::shared_ptr<Acquisition>& a, const Acquired
     // rather than at its wait's end. A cluster's "not now" is ridden out
     // within the wait. Either way a wait that runs out meanwhile reports
     // this error rather than a busy lock.
-    w->connection_error = to_exception(out.error);
-    if (out.error.unavailable()) {
-      w->unreachable_since = std::min(w->unreachable_since, sent);
-      if (Clock::now() - w->unreachable_since >= options_.connect_timeout) {
-        fail_waiters(w, w->connection_error);
-        return;
-      }
-    } else {
-      w->unreachable_since = Clock::time_point::max();
-    }
+    if (!ride_out(w, out.error, sent)) return;
     w->retry = clock_.at(*w, Clock::now() + options_.reconnect_min);
     return;
   }

@@ -115,6 +115,11 @@ class WaitQueue {
   void give_back_orphans();
   // Every waiter of `w` fails with `error` (the store cannot be reached).
   void fail_waiters(KeyWaiters* w, std::exception_ptr error);
+  // A transient failure of the key's attempt sent at `sent`: kept as the
+  // error a wait that runs out reports. False when the store has now been
+  // unreachable for the connect timeout, and every waiter of the key has
+  // failed with it.
+  bool ride_out(KeyWaiters* w, const StoreError& error, Clock::time_point sent);
 
   LockStore& store_;
   WheelClock& clock_;
