@@ -464,8 +464,10 @@ void BM_LockHandle(benchmark::State& state, int conc, bool contended, bool hando
 // Every caller on one key, held as `kind` (lock_kind.hpp) through
 // Runtime::acquire: "exclusive" (the mutex), "shared" (readers only),
 // "permits4" (a semaphore of 4), "rw9to1" (a read-write lock, one call in
-// ten a writer). A reader's or permit holder's cycle needs no other to
-// leave first, so these rows show what sharing buys beside the mutex.
+// ten a writer), "fair" (granted in the callers' order of arrival). A
+// reader's or permit holder's cycle needs no other to leave first, so these
+// rows show what sharing buys beside the mutex, and "fair" what the order
+// costs.
 void BM_Kind(benchmark::State& state, int conc, std::string kind) {
   prepare_run();
   std::uint64_t run = ++g_run;
@@ -476,6 +478,7 @@ void BM_Kind(benchmark::State& state, int conc, std::string kind) {
   auto kind_of = [&](std::uint64_t n) {
     if (kind == "shared") return lockwatch::LockKind::shared();
     if (kind == "permits4") return lockwatch::LockKind::permits(4);
+    if (kind == "fair") return lockwatch::LockKind::fair();
     if (kind == "rw9to1" && n % 10 != 0) return lockwatch::LockKind::shared();
     return lockwatch::LockKind::exclusive();
   };
@@ -1077,7 +1080,7 @@ void register_busy_poll(const std::string& name, Fn fn, A... a) {
 
 void register_benchmarks() {
   const int kConcurrency[] = {1, 16, 64};
-  for (const char* kind : {"exclusive", "shared", "permits4", "rw9to1"}) {
+  for (const char* kind : {"exclusive", "fair", "shared", "permits4", "rw9to1"}) {
     for (int conc : kConcurrency) {
       benchmark::RegisterBenchmark(fmt::format("BM_Kind/{}/{}", kind, conc).c_str(), BM_Kind, conc, std::string(kind))
           ->UseManualTime()
