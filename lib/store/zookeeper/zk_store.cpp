@@ -893,15 +893,19 @@ void ZkStore::create_node(std::shared_ptr<AcquireOp> op, bool parents_made) {
         if (s->negotiated_ms == 0 && s->zh != nullptr) s->negotiated_ms = zoo_recv_timeout(s->zh);
         if (op->ttl.count() > s->negotiated_ms) {
           // The ensemble's maxSessionTimeout is below the ttl: a lease
-          // would outlive what guards it. The node goes; the lock is
-          // refused.
-          abandon_attempt(op);
-          fail(op, StoreError::invalid(
-                       endpoint_,
-                       fmt::format("the ttl {} ms is longer than the session timeout the ZooKeeper ensemble grants "
-                                   "({} ms: its maxSessionTimeout); a lock's ttl is its session's timeout",
-                                   op->ttl.count(), s->negotiated_ms),
-                       StoreError::Origin::kZooKeeper));
+          // would outlive what guards it. The node goes first (confirmed,
+          // or left to the cleanups), then the lock is refused: nothing of
+          // the refused call is in the queue when its caller hears.
+          auto e = StoreError::invalid(
+              endpoint_,
+              fmt::format("the ttl {} ms is longer than the session timeout the ZooKeeper ensemble grants "
+                          "({} ms: its maxSessionTimeout); a lock's ttl is its session's timeout",
+                          op->ttl.count(), s->negotiated_ms),
+              StoreError::Origin::kZooKeeper);
+          delete_paths(*s, {op->path}, [this, op, e](int rc) {
+            if (rc != ZOK) abandon_attempt(op);
+            fail(op, e);
+          });
           return;
         }
         list_nodes(op);
