@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include <atomic>
+#include <condition_variable>
 #include <mutex>
 #include <thread>
 
@@ -342,6 +343,46 @@ TEST_F(WaitQueueTest, LostSubscriptionsCostLatencyNotLiveness) {
   // The holder's ttl still ended the wait.
   EXPECT_GE(ms_between(t0, std::chrono::steady_clock::now()), 250ms);
   h.release().get();
+}
+
+// Election::on_change reads who leads on each release notice: an observer
+// of a key hears every release, and keeps its subscription while waiters
+// of the same key come and go.
+TEST_F(WaitQueueTest, AnObserverHearsEachReleaseAndKeepsItsSubscriptionPastTheWaiters) {
+  struct Looks {
+    std::mutex mu;
+    std::condition_variable cv;
+    int n = 0;
+    bool reached(int want) {
+      std::unique_lock lk(mu);
+      return cv.wait_for(lk, kBound, [&] { return n >= want; });
+    }
+  };
+  auto looks = std::make_shared<Looks>();  // a late call finds it still there
+  auto& impl = detail::RuntimeAccess::impl(*rt_);
+  const auto id = impl.observe_releases("observed", [looks] {
+    std::lock_guard lk(looks->mu);
+    ++looks->n;
+    looks->cv.notify_all();
+  });
+  ASSERT_NE(id, 0u);
+  ASSERT_TRUE(script_->wait_for(Op::kSubscribe, 1));
+  ASSERT_TRUE(looks->reached(1));  // the subscription's confirmation: look now
+  held_elsewhere("observed", 10s);
+  backend_->release_as_other(memory_name("observed"));
+  ASSERT_TRUE(looks->reached(2));
+  // A waiter of the key, woken by the next release, takes it and gives it back.
+  held_elsewhere("observed", 10s);
+  auto f = rt_->acquire("observed", 1s, forever, 15s);
+  ASSERT_TRUE(script_->wait_for(Op::kAcquire, 1));
+  backend_->release_as_other(memory_name("observed"));
+  auto h = get_bounded(f);
+  h.release().get();
+  ASSERT_TRUE(looks->reached(3));
+  EXPECT_EQ(script_->count(Op::kSubscribe), 1u);    // the observer's, shared by the waiter
+  EXPECT_EQ(script_->count(Op::kUnsubscribe), 0u);  // kept past the waiter
+  impl.unobserve_releases(id);
+  ASSERT_TRUE(script_->wait_for(Op::kUnsubscribe, 1));
 }
 
 TEST_F(WaitQueueTest, StoppingTheRuntimeFailsWaitersWithRuntimeStopped) {

@@ -31,14 +31,17 @@
 ///   - on_change: the handler is called with the current view first, then at
 ///     each change, in order, on a thread of the Election's own. This
 ///     Election's own wins, resignations and losses are reported as they
-///     happen; other processes' changes are seen by reading the store every
-///     ttl/4 (at most 1 s), so a leadership that begins and ends within one
-///     such interval may go unseen. No change is reported twice or out of
-///     order.
+///     happen. Other processes' changes are seen by reading the store: on
+///     each release notice for the key (stores with notices: every one but
+///     MariaDB), then every 10 ms doubling while nobody leads, just after
+///     the leader's lease would end unrenewed (a leader that died), and at
+///     the latest every ttl (at most 1 s); on a store without notices,
+///     every ttl/4 (at most 1 s). A leadership that begins and ends between
+///     two reads may go unseen. No change is reported twice or out of order.
 ///
 /// Threading: every member is safe from any thread. Costs: a campaign is one
-/// waiting acquisition; on_change adds one thread and one inspect of the
-/// key per interval while a handler is attached.
+/// waiting acquisition; on_change adds one thread, the key's release
+/// notices, and one inspect of the key per read while a handler is attached.
 #pragma once
 
 #include <chrono>

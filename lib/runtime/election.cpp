@@ -5,8 +5,13 @@
 // won lock's handle is the leadership; its lease's end (lost, or released
 // by resign()) fires the Leadership's stop source. Who leads is read with
 // the operators' inspect (the holder's owner token and the key's fencing
-// counter). on_change runs a thread that reads it every ttl/4 (at most 1 s),
-// and at once when this Election wins, resigns or loses.
+// counter). on_change runs a thread that reads it at once when this
+// Election wins, resigns or loses, on each release notice for the key
+// (Runtime::Impl::observe_releases), then soon again while nobody leads
+// (10 ms, doubling: the next leader is usually a waiter woken by the same
+// notice), just after the leader's lease would end unrenewed (a leader
+// that died publishes nothing), and at the latest every ttl (1 s at most);
+// on a store without notices, every ttl/4 (10 ms .. 1 s).
 #include "lockwatch/election.hpp"
 
 #include <fmt/format.h>
@@ -63,7 +68,8 @@ struct Election::State : std::enable_shared_from_this<Election::State> {
                      LockHandle handle);
   void ended(const std::shared_ptr<Leadership::State>& l);
   void poke();
-  std::optional<LeaderInfo> read();
+  // Who leads now; `left`, if given, gets what its lease has left.
+  std::optional<LeaderInfo> read(milliseconds* left = nullptr);
   void watch(std::stop_token stop);
 };
 
@@ -156,11 +162,12 @@ void Election::State::ended(const std::shared_ptr<Leadership::State>& l) {
   poke();
 }
 
-std::optional<LeaderInfo> Election::State::read() {
+std::optional<LeaderInfo> Election::State::read(milliseconds* left) {
   auto f = detail::RuntimeAccess::impl(runtime).inspect_info(name);
   const detail::LockInfo info = f.get();
   std::lock_guard lk(mu);
   if (!info.held || info.owner.empty()) return std::nullopt;
+  if (left != nullptr) *left = info.ttl;
   if (leading && leading->identity == info.owner) return LeaderInfo{info.owner, leading->term};
   if (info.owner != seen_owner) {
     // A leader first seen: the counter now is its term or above it, and
@@ -172,14 +179,26 @@ std::optional<LeaderInfo> Election::State::read() {
 }
 
 void Election::State::watch(std::stop_token stop) {
-  const milliseconds every = std::clamp(ttl / 4, milliseconds(10), milliseconds(1000));
+  auto& impl = detail::RuntimeAccess::impl(runtime);
+  std::uint64_t observer = 0;
+  try {
+    observer = impl.observe_releases(name, [weak = weak_from_this()] {
+      if (auto self = weak.lock()) self->poke();
+    });
+  } catch (...) {
+    // The runtime stops: reads fail from now on, and the thread waits to be stopped.
+  }
+  const milliseconds every = std::clamp(observer != 0 ? ttl : ttl / 4, milliseconds(10), milliseconds(1000));
+  constexpr milliseconds kSoon{10};
+  milliseconds soon{0};  // after a wake-up while nobody leads: the next read's delay (0: none due)
   std::optional<std::optional<LeaderInfo>> last;  // nothing reported yet
   std::size_t told = 0;  // handlers that heard `last`
   while (!stop.stop_requested()) {
     std::optional<LeaderInfo> now;
+    milliseconds left{0};
     bool known = true;
     try {
-      now = read();
+      now = read(&left);
     } catch (...) {
       known = false;  // the store did not answer: nothing changed that we know of
     }
@@ -201,10 +220,20 @@ void Election::State::watch(std::stop_token stop) {
         }
       }
     }
+    milliseconds next = every;
+    if (known && now) {
+      if (left.count() > 0) next = std::min(next, left + kSoon);  // just after its lease would end unrenewed
+      soon = milliseconds(0);
+    } else if (known && soon.count() != 0) {
+      next = std::min(next, soon);
+      soon = std::min(soon * 2, every);
+    }
+    impl.keep_observing(observer);
     std::unique_lock lk(mu);
-    wake.wait_for(lk, stop, every, [this] { return poked; });
+    if (wake.wait_for(lk, stop, next, [this] { return poked; })) soon = kSoon;
     poked = false;
   }
+  impl.unobserve_releases(observer);
 }
 
 // ------------------------------------------------------------- Leadership

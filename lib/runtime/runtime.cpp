@@ -493,6 +493,24 @@ std::future<LockState> Runtime::Impl::inspect(std::string key) {
   return future;
 }
 
+std::uint64_t Runtime::Impl::observe_releases(const std::string& key, std::function<void()> look) {
+  if (!store->release_events()) return 0;
+  const std::uint64_t id = next_observer.fetch_add(1, std::memory_order_relaxed);
+  if (!loop.post([this, id, name = operator_name(key), look = std::move(look)]() mutable {
+        waits.observe(id, name, std::move(look));
+      }))
+    return 0;
+  return id;
+}
+
+void Runtime::Impl::keep_observing(std::uint64_t id) {
+  if (id != 0) (void)loop.post([this, id] { waits.keep_observing(id); });
+}
+
+void Runtime::Impl::unobserve_releases(std::uint64_t id) {
+  if (id != 0) (void)loop.post([this, id] { waits.unobserve(id); });
+}
+
 std::future<detail::LockInfo> Runtime::Impl::inspect_info(std::string key) {
   auto promise = std::make_shared<std::promise<detail::LockInfo>>();
   auto future = promise->get_future();

@@ -84,6 +84,13 @@ struct Runtime::Impl final : std::enable_shared_from_this<Runtime::Impl>, detail
   // (Election reads who leads).
   std::future<detail::LockInfo> inspect_info(std::string key);
   std::future<bool> force_release(std::string key);
+  // Release notices for `key` (Election::on_change): `look` runs on the
+  // loop thread on each one (WaitQueue::observe). Returns the observer's
+  // id, or 0 when the store reports no releases or the runtime stops.
+  std::uint64_t observe_releases(const std::string& key, std::function<void()> look);
+  // Subscribes again if the store's subscriptions were lost meanwhile.
+  void keep_observing(std::uint64_t id);
+  void unobserve_releases(std::uint64_t id);
   void call_done();
   // Starts a handle's acquisition (both forms of acquire).
   std::shared_ptr<detail::Acquisition> start_handle(detail::LockSpec spec, const std::shared_ptr<detail::HandleCall>& call);
@@ -122,6 +129,7 @@ struct Runtime::Impl final : std::enable_shared_from_this<Runtime::Impl>, detail
   std::unique_ptr<detail::MetricsServer> metrics_server;  // loop thread
 
   std::atomic<bool> stopping{false};
+  std::atomic<std::uint64_t> next_observer{1};
   std::mutex mu;
   std::condition_variable cv;
   std::size_t active_calls = 0;  // guarded by mu

@@ -20,6 +20,8 @@ struct WaitQueue::KeyWaiters final : TimerTask {
   bool in_flight = false;     // the head's attempt awaits its answer
   bool again = false;         // a wake-up came while it was in flight
   bool subscribed = false;    // release notices are confirmed
+  // Observers of the key's releases (observe()), by id.
+  std::vector<std::pair<std::uint64_t, std::function<void()>>> observers;
   // Our leases on the key granted through this queue (their ends wake us):
   // exclusive ones, and shared or permit ones (a key is one family at a time).
   std::uint32_t held_exclusive = 0;
@@ -68,19 +70,24 @@ WaitQueue::WaitQueue(LockStore& store, WheelClock& clock, const Options& options
 WaitQueue::~WaitQueue() = default;
 void WaitQueue::clear() { waiters_.clear(); }
 
+WaitQueue::KeyWaiters& WaitQueue::waiters_of(std::string_view name) {
+  auto it = waiters_.find(name);
+  if (it != waiters_.end()) return *it->second;
+  auto w = std::make_unique<KeyWaiters>();
+  w->queue = this;
+  w->name = std::string(name);
+  auto& slot = waiters_[w->name];
+  slot = std::move(w);
+  return *slot;
+}
+
 void WaitQueue::start(std::shared_ptr<Acquisition> a) {
   a->queue = this;
   if (a->spec.wait == milliseconds(0)) {
     attempt(a, nullptr);
     return;
   }
-  auto& slot = waiters_[a->name];
-  if (!slot) {
-    slot = std::make_unique<KeyWaiters>();
-    slot->queue = this;
-    slot->name = a->name;
-  }
-  KeyWaiters* w = slot.get();
+  KeyWaiters* w = &waiters_of(a->name);
   a->wait_timeout = clock_.at(*a, a->started + a->spec.wait);
   w->waiting.push_back(a);
   if (a->fair()) {
@@ -386,12 +393,51 @@ void WaitQueue::on_outcome(const std::shared_ptr<Acquisition>& a, const Acquired
   w->retry = clock_.at(*w, Clock::now() + next);
 }
 
-void WaitQueue::on_released(std::string_view name) { attempt_head(name); }
+void WaitQueue::on_released(std::string_view name) {
+  attempt_head(name);
+  tell_observers(name);
+}
+
+void WaitQueue::tell_observers(std::string_view name) {
+  auto it = waiters_.find(name);
+  if (it == waiters_.end() || it->second->observers.empty()) return;
+  // A copy: an observer may leave (unobserve) from its own call.
+  auto observers = it->second->observers;
+  for (auto& [id, look] : observers) look();
+}
+
+void WaitQueue::observe(std::uint64_t id, std::string_view name, std::function<void()> look) {
+  KeyWaiters& w = waiters_of(name);
+  w.observers.emplace_back(id, std::move(look));
+  observed_.emplace(id, w.name);
+  if (store_.release_events() && !w.subscribed) store_.subscribe(w.name);
+}
+
+void WaitQueue::keep_observing(std::uint64_t id) {
+  auto o = observed_.find(id);
+  if (o == observed_.end()) return;
+  auto it = waiters_.find(o->second);
+  if (it != waiters_.end() && store_.release_events() && !it->second->subscribed) store_.subscribe(it->first);
+}
+
+void WaitQueue::unobserve(std::uint64_t id) {
+  auto o = observed_.find(id);
+  if (o == observed_.end()) return;
+  auto it = waiters_.find(o->second);
+  observed_.erase(o);
+  if (it == waiters_.end()) return;
+  auto& obs = it->second->observers;
+  std::erase_if(obs, [id](const auto& each) { return each.first == id; });
+  maybe_forget(it->second.get());
+}
 
 void WaitQueue::on_subscribed(std::string_view name) {
   auto it = waiters_.find(name);
   if (it == waiters_.end()) return;
   it->second->subscribed = true;
+  tell_observers(name);
+  it = waiters_.find(name);
+  if (it == waiters_.end()) return;
   attempt_head(it->first);
 }
 
@@ -478,6 +524,19 @@ void WaitQueue::end_wait(Acquisition* raw, std::exception_ptr error) {
 void WaitQueue::maybe_forget(KeyWaiters* w) {
   if (!w->waiting.empty() || w->in_flight) return;
   w->retry.cancel();
+  if (!w->observers.empty()) {
+    // Kept, and subscribed, for its observers; the next waiter starts
+    // afresh, as in a new entry (the counts of our own holders too: the
+    // store decides, they only spare it an attempt).
+    w->held_exclusive = 0;
+    w->held_shared = 0;
+    w->yielding = false;
+    w->again = false;
+    w->poll = milliseconds(0);
+    w->connection_error = nullptr;
+    w->unreachable_since = Clock::time_point::max();
+    return;
+  }
   store_.unsubscribe(w->name);
   waiters_.erase(w->name);  // w is gone
 }

@@ -88,6 +88,15 @@ class WaitQueue {
   void cancel(Acquisition* a, std::exception_ptr error);
   // Every waiter fails with `error` (the runtime stops).
   void fail_all(std::exception_ptr error);
+  // Observers: `look` runs (loop thread) on each release notice for
+  // `name`, and when its subscription is confirmed (a release before it
+  // may have gone unheard). The subscription lives while an observer or a
+  // waiter needs it; a store without notices never calls `look`.
+  // keep_observing() subscribes again after subscriptions were lost. The
+  // caller picks the id (unique in this queue).
+  void observe(std::uint64_t id, std::string_view name, std::function<void()> look);
+  void keep_observing(std::uint64_t id);
+  void unobserve(std::uint64_t id);
   void clear();
   // Tokens of ended calls not yet given back (see above).
   std::size_t orphans() const noexcept { return orphans_.size() + orphans_sending_; }
@@ -109,6 +118,7 @@ class WaitQueue {
   // `a` leaves the queue: with `error`, or busy past its wait (none).
   void end_wait(Acquisition* a, std::exception_ptr error);
   void maybe_forget(KeyWaiters* w);
+  void tell_observers(std::string_view name);
   // `a` ended without the lock: if an attempt may have taken it, its token
   // is given back.
   void abandon(const Acquisition& a);
@@ -131,6 +141,8 @@ class WaitQueue {
     std::size_t operator()(std::string_view s) const noexcept { return std::hash<std::string_view>{}(s); }
   };
   std::unordered_map<std::string, std::unique_ptr<KeyWaiters>, NameHash, std::equal_to<>> waiters_;  // by store name
+  KeyWaiters& waiters_of(std::string_view name);
+  std::unordered_map<std::uint64_t, std::string> observed_;  // observer id -> store name
 
   // A token to give back, until `until` (the last attempt's ttl is over).
   struct Orphan {
