@@ -1,8 +1,10 @@
-// Leader election (lockwatch/election.hpp) on memory:// and one Redis node
-// (started once for the suite): a campaign leads with a term; a second
-// candidate waits; resigning hands over with a higher term; a leader killed
-// (a process) or losing its lease in process is replaced, its stop_token
-// fired; leader() and on_change() see every change, in order.
+// Leader election (lockwatch/election.hpp) on every store of the store
+// contract suite (tests/backends.hpp; each server started once for the
+// suite): a campaign leads with a term; a second candidate waits;
+// resigning hands over with a higher term; a leader killed (kill -9 of a
+// process) or losing its lease in process is replaced, its stop_token
+// fired; leader() and on_change() see every change, in order. Under TSan,
+// which checks the Election's own threads, on memory:// and one Redis node.
 #include <gtest/gtest.h>
 #include <signal.h>
 
@@ -16,9 +18,8 @@
 #include <string>
 #include <vector>
 
+#include "backends.hpp"
 #include "lockwatch/lockwatch.hpp"
-#include "store/memory/memory_space.hpp"
-#include "support/redis_server.hpp"
 #include "test_util.hpp"
 
 namespace lockwatch::testing {
@@ -28,18 +29,19 @@ using namespace std::chrono_literals;
 
 class ElectionTest : public ::testing::TestWithParam<std::string> {
  protected:
-  static void TearDownTestSuite() { server().reset(); }
-  static std::unique_ptr<RedisServer>& server() {
-    static std::unique_ptr<RedisServer> s;
-    return s;
+  static void TearDownTestSuite() { backends().clear(); }
+  static std::map<std::string, std::unique_ptr<Backend>>& backends() {
+    static std::map<std::string, std::unique_ptr<Backend>> b;
+    return b;
+  }
+  Backend& backend() {
+    auto& slot = backends()[GetParam()];
+    if (!slot) slot = make_backend(GetParam());
+    return *slot;
   }
 
-  std::string url() {
-    if (GetParam() == "memory") return "memory://election-suite";
-    if (!server()) server() = std::make_unique<RedisServer>();
-    return server()->url();
-  }
-  bool has_server() const { return GetParam() != "memory"; }
+  std::string url() { return backend().url(); }
+  bool has_server() { return backend().has_server(); }
 
   Options options() {
     Options o;
@@ -47,9 +49,6 @@ class ElectionTest : public ::testing::TestWithParam<std::string> {
     o.threads = 2;
     return o;
   }
-
-  // Keeps the memory space between the runtimes of a test.
-  std::shared_ptr<detail::MemorySpace> space_ = detail::MemorySpace::open("election-suite");
 };
 
 // What an on_change handler saw, in order.
@@ -210,8 +209,20 @@ TEST_P(ElectionTest, AnElectionDestroyedByItsOwnHandlerStopsCleanly) {
   EXPECT_EQ(destroyed.get_future().wait_for(kBound), std::future_status::ready);
 }
 
-INSTANTIATE_TEST_SUITE_P(Stores, ElectionTest, ::testing::Values("memory", "redis"),
-                         [](const ::testing::TestParamInfo<std::string>& p) { return p.param; });
+std::vector<std::string> election_stores() {
+#if defined(__SANITIZE_THREAD__)
+  return {"memory", "redis"};
+#else
+  return backend_kinds();
+#endif
+}
+
+INSTANTIATE_TEST_SUITE_P(Stores, ElectionTest, ::testing::ValuesIn(election_stores()),
+                         [](const ::testing::TestParamInfo<std::string>& p) {
+                           std::string name = p.param;
+                           std::replace(name.begin(), name.end(), '-', '_');
+                           return name;
+                         });
 
 }  // namespace
 }  // namespace lockwatch::testing
