@@ -151,6 +151,34 @@ TEST_P(FairLockTest, GrantsFollowTheOrderOfArrivalAcrossRuntimes) {
   }
 }
 
+TEST_P(FairLockTest, GrantsFollowTheOrderOfArrivalAcrossThreeProcesses) {
+  if (!store().has_server()) GTEST_SKIP() << "a memory space is per process: a child process cannot wait on it";
+  const char* holder_exe = std::getenv("LOCKWATCH_LOCK_HOLDER");
+  ASSERT_NE(holder_exe, nullptr);
+  Runtime rt(options());
+  auto first = rt.acquire("processes", LockKind::fair(), 5s);
+  LockHandle holder = get_bounded(first);
+  std::uint64_t last = holder.lease().fencing_token();
+  std::vector<std::unique_ptr<ChildProcess>> waiters;
+  for (int i = 0; i < 3; ++i) {
+    waiters.push_back(std::make_unique<ChildProcess>(
+        std::vector<std::string>{holder_exe, store().url(), "processes", "5000", "fair"}));
+    ASSERT_TRUE(queued_within_bound("processes", i + 1)) << "process " << i << " never reached the store's queue";
+  }
+  give_back(holder);
+  for (int i = 0; i < 3; ++i) {
+    // Process i holds while those after it are still queued behind it.
+    auto line = waiters[i]->read_line(kBound);
+    ASSERT_TRUE(line.has_value()) << "process " << i << " was never granted";
+    ASSERT_EQ(line->rfind("held ", 0), 0u) << *line;
+    EXPECT_TRUE(queued_within_bound("processes", 2 - i)) << "process " << i << " was granted out of order";
+    const std::uint64_t token = std::stoull(line->substr(5));
+    EXPECT_GT(token, last);
+    last = token;
+    waiters[i]->kill(SIGTERM);  // gives the lock back: the next one goes
+  }
+}
+
 TEST_P(FairLockTest, AWaiterThatGivesUpLeavesTheQueueAndTheNextIsGranted) {
   Runtime a(options()), b(options()), c(options());
   auto first = a.acquire("give-up", LockKind::fair(), 5s);

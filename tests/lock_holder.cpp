@@ -1,18 +1,25 @@
 // A process that takes a lock and holds it until it is killed, for tests of
 // what happens when a holder dies. Prints "held <fencing token>" once the
-// lock is taken. KIND: "shared", "permits:N" or "fair" (which waits up to a
+// lock is taken; SIGTERM makes it give the lock back and exit 0 (SIGKILL is
+// the holder that dies). KIND: "shared", "permits:N" or "fair" (which waits up to a
 // minute for the lock), or "leader": campaigns in the Election named KEY
 // and prints "leader <term>" once it leads (default: exclusive).
 //   lock_holder REDIS_URL KEY TTL_MS [KIND]
 #include <lockwatch/lockwatch.hpp>
 
+#include <csignal>
 #include <cstdio>
 #include <cstdint>
 #include <cstdlib>
 #include <string>
 #include <thread>
 
+namespace {
+volatile std::sig_atomic_t terminated = 0;
+}
+
 int main(int argc, char** argv) {
+  std::signal(SIGTERM, [](int) { terminated = 1; });
   if (argc != 4 && argc != 5) {
     std::fprintf(stderr, "usage: lock_holder REDIS_URL KEY TTL_MS [shared|permits:N|fair|leader]\n");
     return 2;
@@ -38,9 +45,9 @@ int main(int argc, char** argv) {
   auto body = [] {
     std::printf("held %llu\n", static_cast<unsigned long long>(lockwatch::this_lease().fencing_token()));
     std::fflush(stdout);
-    // Hold until killed (or the lease is lost).
+    // Hold until killed, told to stop (SIGTERM), or the lease is lost.
     auto stop = lockwatch::this_lease().stop_token();
-    while (!stop.stop_requested()) std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    while (!stop.stop_requested() && terminated == 0) std::this_thread::sleep_for(std::chrono::milliseconds(20));
   };
   auto run = [&](const auto& builder) {
     auto hold = builder(body);
