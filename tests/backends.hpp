@@ -53,6 +53,10 @@ class Backend {
   // has: other processes as clients, credentials, an address where
   // nothing listens. (A test that needs one skips the in-process store.)
   virtual bool has_server() const { return true; }
+  // Before each case on a backend kept for the suite: until the store
+  // serves as at its start (a cluster shared by every backend of a kind may
+  // still be electing after another case's faults).
+  virtual void settle() {}
   virtual std::string url() const = 0;
   // The same server, with a password it refuses.
   virtual std::string url_with_wrong_password() const = 0;
@@ -211,6 +215,7 @@ class ZooKeeperBackend final : public Backend {
  public:
   // Each case starts on an ensemble that commits writes.
   ZooKeeperBackend() { wait_writable(); }
+  void settle() override { wait_writable(); }
   ~ZooKeeperBackend() override {
     for (auto& t : intruders_) t.join();
   }

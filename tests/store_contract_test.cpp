@@ -64,7 +64,10 @@ class StoreContractTest : public ::testing::TestWithParam<std::string> {
       return;
     }
     auto& slot = shared()[GetParam()];
-    if (!slot) slot = make_backend(GetParam());
+    if (!slot)
+      slot = make_backend(GetParam());
+    else
+      slot->settle();
     backend_ = slot.get();
   }
 

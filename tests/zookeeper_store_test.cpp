@@ -214,6 +214,7 @@ TEST_F(ZooKeeperStoreTest, EveryKindIsKept) {
   EXPECT_EQ(store->check_kind(LockKind::shared()), nullptr);
   EXPECT_EQ(store->check_kind(LockKind::permits(3)), nullptr);
   EXPECT_EQ(store->check_kind(LockKind::exclusive()), nullptr);
+  EXPECT_EQ(store->check_kind(LockKind::fair()), nullptr);
   EXPECT_EQ(loop.shutdown([&] { store->close(); }), 0);
 }
 

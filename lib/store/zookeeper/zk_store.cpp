@@ -227,7 +227,7 @@ std::pair<std::string_view, std::string_view> owner_of(std::string_view child) {
 }
 
 // How a child holds: its name's mode after the attempt, "r" a reader, "p<n>"
-// a permit of n; none a writer (an exclusive lock, and every node a client
+// a permit of n, "f" a fair lock's holder or waiter; none a writer (an exclusive lock, and every node a client
 // without kinds made, so that such a client and this one never hold a
 // reader beside a writer).
 LockKind kind_of(std::string_view child) {
@@ -238,6 +238,7 @@ LockKind kind_of(std::string_view child) {
   if (second == std::string_view::npos) return LockKind::exclusive();
   std::string_view mode = t.substr(second + 1);
   if (mode == "r") return LockKind::shared();
+  if (mode == "f") return LockKind::fair();
   if (mode.size() > 1 && mode[0] == 'p') {
     std::uint32_t n = 0;
     auto [p, ec] = std::from_chars(mode.data() + 1, mode.data() + mode.size(), n);
@@ -251,8 +252,8 @@ std::string mode_suffix(LockKind kind) {
   switch (kind.mode()) {
     case LockKind::Mode::kShared: return ".r";
     case LockKind::Mode::kPermits: return ".p" + std::to_string(kind.permit_count());
-    case LockKind::Mode::kExclusive:
-    case LockKind::Mode::kFair: break;  // refused by check_kind()
+    case LockKind::Mode::kFair: return ".f";
+    case LockKind::Mode::kExclusive: break;
   }
   return "";
 }
@@ -262,8 +263,8 @@ std::string family_of(LockKind kind) {
   switch (kind.mode()) {
     case LockKind::Mode::kShared: return "a shared lock";
     case LockKind::Mode::kPermits: return "a semaphore of " + kind.describe();
-    case LockKind::Mode::kExclusive:
-    case LockKind::Mode::kFair: break;
+    case LockKind::Mode::kFair: return "a fair lock";
+    case LockKind::Mode::kExclusive: break;
   }
   return "an exclusive lock";
 }
@@ -733,10 +734,8 @@ const char* ZkStore::check_kind(LockKind kind) const noexcept {
     case LockKind::Mode::kExclusive:
     case LockKind::Mode::kShared:
     case LockKind::Mode::kPermits:
-      return nullptr;
     case LockKind::Mode::kFair:
-      return "fair locks are not kept on ZooKeeper yet (its sequential nodes grant in arrival order, but a waiter "
-             "that gives up cannot take its node out of the queue through the store)";
+      return nullptr;
   }
   return LockStore::check_kind(kind);
 }
@@ -768,7 +767,12 @@ namespace {
 // its own (its ttl if shorter): a writer that gave up holds them back this
 // long at most, as Redis's writer's mark does.
 constexpr milliseconds kMarkSpan{2000};
-milliseconds mark_span(milliseconds ttl) { return std::clamp(ttl, milliseconds(1), kMarkSpan); }
+// A fair waiter's node is its place in the queue: it lasts its ttl after
+// its last attempt (the runtime tries again within a third of it).
+milliseconds mark_span(milliseconds ttl, LockKind kind) {
+  if (kind.mode() == LockKind::Mode::kFair) return std::max(ttl, milliseconds(1));
+  return std::clamp(ttl, milliseconds(1), kMarkSpan);
+}
 constexpr const char* kFenceNode = "fence";
 }  // namespace
 
@@ -840,14 +844,14 @@ void ZkStore::acquire_one(std::shared_ptr<AcquireOp> op) {
     // A waiting writer tries again: its node, still in the queue, and
     // another span for its mark.
     Session* s = live(m->second.session);
-    if (s != nullptr && op->kind.exclusive_kind()) {
+    if (s != nullptr && op->kind.single_holder()) {
       op->path = m->second.path;
       op->czxid = m->second.czxid;
       op->session = s->serial;
       op->attempt = m->second.attempt;
       op->from_mark = true;
       op->sent = Clock::now();
-      m->second.until = op->sent + mark_span(op->ttl);
+      m->second.until = op->sent + mark_span(op->ttl, op->kind);
       list_nodes(std::move(op));
       return;
     }
@@ -992,21 +996,33 @@ void ZkStore::list_nodes(std::shared_ptr<AcquireOp> op) {
 //              (InvalidArgument), our node removed. The first node decides,
 //              so a later caller that disagrees never holds.
 //   exclusive  ours is the lowest (a writer, and a plain mutex).
+//   fair       ours is the lowest; else our node stays, our place.
 //   shared     no writer's node below ours.
 //   permits(n) ours is one of the n lowest.
 void ZkStore::decide(const std::shared_ptr<AcquireOp>& op, const std::vector<std::string>& nodes, std::size_t at) {
   const bool permits = op->kind.mode() == LockKind::Mode::kPermits;
+  const bool fair = op->kind.mode() == LockKind::Mode::kFair;
   for (std::size_t i = 0; i < at; ++i) {
     LockKind k = kind_of(nodes[i]);
     const bool other_permits = k.mode() == LockKind::Mode::kPermits;
-    if (permits != other_permits || (permits && k.permit_count() != op->kind.permit_count())) {
+    const bool other_fair = k.mode() == LockKind::Mode::kFair;
+    if (permits != other_permits || fair != other_fair ||
+        (permits && k.permit_count() != op->kind.permit_count())) {
       refuse_kind(op, k);
       return;
     }
   }
   const std::string dir = op->dir + "/";
   switch (op->kind.mode()) {
-    case LockKind::Mode::kFair:  // refused by check_kind(): never here
+    case LockKind::Mode::kFair: {
+      if (at == 0) break;
+      // Our node is our place in the queue, kept (a mark) while we try
+      // again within its span, watching the node just below: its deletion
+      // (a release, a waiter that gave up, a session that expired) is the
+      // notice. Nodes only come in behind ours, so the order is arrival.
+      wait_behind(op, {dir + nodes[at - 1]}, true, mark_span(op->ttl, op->kind) / 3);
+      return;
+    }
     case LockKind::Mode::kExclusive: {
       if (at == 0) break;
       // Only readers below: our node stays, a mark that stops new readers
@@ -1015,7 +1031,7 @@ void ZkStore::decide(const std::shared_ptr<AcquireOp>& op, const std::vector<std
       const bool readers_only = std::none_of(nodes.begin(), nodes.begin() + static_cast<std::ptrdiff_t>(at),
                                              [](const std::string& n) { return kind_of(n).exclusive_kind(); });
       if (readers_only) {
-        wait_behind(op, {dir + nodes[at - 1]}, true, mark_span(op->ttl) / 2);
+        wait_behind(op, {dir + nodes[at - 1]}, true, mark_span(op->ttl, op->kind) / 2);
       } else {
         forget(*op);
         wait_behind(op, {dir + nodes.front()}, false, milliseconds::max());
@@ -1049,6 +1065,22 @@ void ZkStore::decide(const std::shared_ptr<AcquireOp>& op, const std::vector<std
   grant(op);
 }
 
+void ZkStore::withdraw(const LockRef& lock, WithdrawDone done) {
+  const std::string key = std::string(lock.name) + '\0' + std::string(lock.token);
+  auto m = marks_.find(key);
+  if (m == marks_.end()) {
+    // Not queued (never, or its place ran out): nothing to take out.
+    sink_->post([done = std::move(done)](ZkStore&) { done(nullptr); });
+    return;
+  }
+  Cleanup c{std::string(lock.name), std::string(lock.token), m->second.attempt, m->second.session};
+  marks_.erase(m);
+  delete_nodes(c, [this, c, done = std::move(done)](Released st, const StoreError* err) {
+    if (st == Released::kUnconfirmed) remember_cleanup(c);
+    done(st == Released::kUnconfirmed ? err : nullptr);
+  });
+}
+
 void ZkStore::refuse_kind(const std::shared_ptr<AcquireOp>& op, LockKind held_as) {
   forget(*op);
   auto e = StoreError::invalid(endpoint_,
@@ -1069,7 +1101,7 @@ void ZkStore::refuse_kind(const std::shared_ptr<AcquireOp>& op, LockKind held_as
 }
 
 // A grant's fencing token:
-//   exclusive  our node's czxid (holders follow creation order); the
+//   exclusive  (and fair) our node's czxid (holders follow creation order); the
 //              directory's `fence` node is set to it before the answer, so
 //              readers that come after it see it.
 //   shared     the `fence` node's data, read after the listing that let us
@@ -1242,7 +1274,7 @@ void ZkStore::wait_behind(const std::shared_ptr<AcquireOp>& op, std::vector<std:
     // A waiting writer's mark: the store removes it unless the same
     // acquisition tries again within its span.
     marks_[op->name + '\0' + op->token] =
-        Mark{op->path, op->session, op->czxid, op->attempt, Clock::now() + mark_span(op->ttl)};
+        Mark{op->path, op->session, op->czxid, op->attempt, Clock::now() + mark_span(op->ttl, op->kind)};
     read_watched();
     return;
   }

@@ -38,7 +38,11 @@
 //            family (or another n) is InvalidArgument. A writer behind
 //            readers only keeps its node while it waits (a mark that
 //            stops later readers), removed by the store unless it tries
-//            again within 2 s. Tokens: a writer's czxid, written to the
+//            again within 2 s. A fair lock's node ("f") is its place in
+//            the queue: the lowest holds; a waiter's node stays while it
+//            tries again within its ttl, and goes with its session, when
+//            it gives up (withdraw) or its span passes. Tokens: a writer's
+//            (and a fair holder's) czxid, written to the
 //            directory's `fence` node before its answer; a reader gets
 //            that value (the last writer's); a permit the zxid of its
 //            grant's write to `fence`. See docs/zookeeper.md.
@@ -105,7 +109,7 @@ namespace lockwatch::detail {
 
 class Loop;
 
-class ZkStore final : public StoreBase, public JobClaims, public OperatorTools {
+class ZkStore final : public StoreBase, public JobClaims, public OperatorTools, public FairQueue {
  public:
   // The longest lock name (key_prefix + key), in bytes; escaped, a node
   // name is at most three times as long.
@@ -124,9 +128,11 @@ class ZkStore final : public StoreBase, public JobClaims, public OperatorTools {
 
   LOCKWATCH_STORE_OPERATIONS;
   LOCKWATCH_STORE_NOTICES;
-  // Exclusive and shared (a read-write lock) and permits; any other kind
-  // is refused as LockStore refuses it, never taken as one of these.
+  // Exclusive, shared (a read-write lock), permits and fair: every kind.
   const char* check_kind(LockKind kind) const noexcept override;
+  // FairQueue: a waiter that gives up deletes its node (the next one's
+  // watch fires: its notice).
+  void withdraw(const LockRef& lock, WithdrawDone done) override;
   // JobClaims: the store's clock is the ensemble's, read as the mtime a
   // write to /lockwatch gets (the leader's clock when it ran it); a job's
   // last period is the data of a persistent node `period` in its lock's
