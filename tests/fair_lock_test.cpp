@@ -2,8 +2,8 @@
 // arrived across runtimes; a waiter that gives up or dies leaves the queue
 // and never blocks it; tokens rise; a lost lease stops its holder; one
 // family per key; stores that keep no queue refuse them with Unsupported.
-// Run on memory://, one Redis node and a Redis Cluster, each server started
-// once for the suite.
+// Run on memory://, one Redis node, a Redis Cluster and PostgreSQL (when
+// built with it), each server started once for the suite.
 #include <gtest/gtest.h>
 #include <signal.h>
 
@@ -19,6 +19,9 @@
 
 #include "lockwatch/lockwatch.hpp"
 #include "store/memory/memory_space.hpp"
+#if LOCKWATCH_WITH_POSTGRESQL
+#include "support/postgres_server.hpp"
+#endif
 #include "support/redis_cluster.hpp"
 #include "support/redis_server.hpp"
 #include "test_util.hpp"
@@ -75,6 +78,23 @@ class ClusterFairStore final : public FairStore {
   RedisCluster cluster_;
 };
 
+#if LOCKWATCH_WITH_POSTGRESQL
+class PostgresFairStore final : public FairStore {
+ public:
+  std::string url() const override { return server_.url(); }
+  long long queued(const std::string& key) const override {
+    return std::stoll(server_.query("SELECT count(*) FROM lockwatch_locks_holders WHERE role = 'q' AND "
+                                    "expires_at > clock_timestamp() AND lock_name = convert_to('lockwatch:" +
+                                    key + "', 'UTF8')")
+                          .at(0)
+                          .at(0));
+  }
+
+ private:
+  PostgresServer server_;
+};
+#endif
+
 class FairLockTest : public ::testing::TestWithParam<std::string> {
  protected:
   static void TearDownTestSuite() { stores().clear(); }
@@ -90,6 +110,9 @@ class FairLockTest : public ::testing::TestWithParam<std::string> {
       if (GetParam() == "memory") slot = std::make_unique<MemoryFairStore>();
       if (GetParam() == "redis") slot = std::make_unique<RedisFairStore>();
       if (GetParam() == "redis-cluster") slot = std::make_unique<ClusterFairStore>();
+#if LOCKWATCH_WITH_POSTGRESQL
+      if (GetParam() == "postgresql") slot = std::make_unique<PostgresFairStore>();
+#endif
     }
     return *slot;
   }
@@ -265,7 +288,13 @@ TEST_P(FairLockTest, AClustersLockKeepsItsQueueInItsOwnSlot) {
   give_back(next);
 }
 
-INSTANTIATE_TEST_SUITE_P(Stores, FairLockTest, ::testing::Values("memory", "redis", "redis-cluster"),
+INSTANTIATE_TEST_SUITE_P(Stores, FairLockTest,
+                         ::testing::Values("memory", "redis", "redis-cluster"
+#if LOCKWATCH_WITH_POSTGRESQL
+                                           ,
+                                           "postgresql"
+#endif
+                                           ),
                          [](const ::testing::TestParamInfo<std::string>& p) {
                            std::string name = p.param;
                            std::replace(name.begin(), name.end(), '-', '_');
@@ -280,9 +309,6 @@ TEST(FairLockRefusalTest, StoresWithoutAQueueRefuseFairWithUnsupported) {
   std::vector<std::string> urls{"mysql://u:p@" + at + "/db",
                                 "redis://" + at + ",redis://127.0.0.1:" + std::to_string(free_loopback_port()) +
                                     ",redis://127.0.0.1:" + std::to_string(free_loopback_port())};
-#if LOCKWATCH_WITH_POSTGRESQL
-  urls.push_back("postgresql://u:p@" + at + "/db");
-#endif
 #if LOCKWATCH_WITH_ZOOKEEPER
   urls.push_back("zookeeper://" + at);
 #endif
