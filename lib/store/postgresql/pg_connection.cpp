@@ -428,7 +428,8 @@ void PgConnection::create_tables(std::size_t next) {
     // tells.
     if (e && e->code != "42P07" && e->code != "42710" && e->code != "23505") {
       StoreError why = *e;
-      why.message = fmt::format("cannot create the lock table {} or its holders' table: {}", session_.table, e->message);
+      why.message =
+          fmt::format("cannot create the lock table {} or its holders' table: {}", session_.table, e->message);
       went_down(why, true);
       return;
     }

@@ -329,7 +329,8 @@ std::vector<PgStatement> statements(const std::string& t, const std::string& h) 
                    "WHERE s.owner = {5} AND s.expires_at > clock_timestamp() "
                    "AND r.lock_name NOT IN (SELECT lock_name FROM w) "
                    "ON CONFLICT (lock_name, owner) DO UPDATE SET expires_at = excluded.expires_at) "
-                   "SELECT r.i, w.fence, {2}, CASE WHEN {6} THEN encode(h.owner, 'hex') END "
+                   "SELECT r.i, w.fence, {2}, "
+                   "CASE WHEN {6} AND h.expires_at > clock_timestamp() THEN encode(h.owner, 'hex') END "
                    "FROM r LEFT JOIN w ON w.lock_name = r.lock_name "
                    "LEFT JOIN {0} h ON h.lock_name = r.lock_name AND w.fence IS NULL",
                    t, batch, fmt::format(fmt::runtime(remaining_us), "h.expires_at"), h, kWriterMarkUs,
@@ -718,7 +719,8 @@ void PgStore::acquire_batch(std::shared_ptr<AcquireBatch> batch) {
           } else {
             out.status = Acquired::Status::kFailed;
             out.error = StoreError::invalid(
-                target_.name(), fmt::format("{} is held as {}; this call asked for it exclusive", lock.name, held_as(owner)),
+                target_.name(),
+                fmt::format("{} is held as {}; this call asked for it exclusive", lock.name, held_as(owner)),
                 StoreError::Origin::kPostgres);
           }
         }
