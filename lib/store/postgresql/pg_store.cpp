@@ -325,14 +325,14 @@ std::vector<PgStatement> statements(const std::string& t, const std::string& h) 
                    "AND m.role = 'w' AND r.lock_name IN (SELECT lock_name FROM w)), "
                    "k AS (INSERT INTO {3} (lock_name, owner, role, expires_at) "
                    "SELECT r.lock_name, r.owner, 'w', clock_timestamp() + least(r.ttl_us, {4}) * interval "
-                   "'1 microsecond' FROM r JOIN {0} s ON s.lock_name = r.lock_name "
-                   "WHERE s.owner = {5} AND s.expires_at > clock_timestamp() "
-                   "AND r.lock_name NOT IN (SELECT lock_name FROM w) "
+                   "'1 microsecond' FROM r, LATERAL (SELECT 1 FROM {0} s WHERE s.lock_name = r.lock_name "
+                   "AND s.owner = {5} AND s.expires_at > clock_timestamp()) s "
+                   "WHERE r.lock_name NOT IN (SELECT lock_name FROM w) "
                    "ON CONFLICT (lock_name, owner) DO UPDATE SET expires_at = excluded.expires_at) "
-                   "SELECT r.i, w.fence, {2}, "
-                   "CASE WHEN {6} AND h.expires_at > clock_timestamp() THEN encode(h.owner, 'hex') END "
-                   "FROM r LEFT JOIN w ON w.lock_name = r.lock_name "
-                   "LEFT JOIN {0} h ON h.lock_name = r.lock_name AND w.fence IS NULL",
+                   "SELECT r.i, w.fence, b.left_us, b.marker FROM r LEFT JOIN w ON w.lock_name = r.lock_name "
+                   "LEFT JOIN LATERAL (SELECT {2} AS left_us, "
+                   "CASE WHEN {6} AND h.expires_at > clock_timestamp() THEN encode(h.owner, 'hex') END AS marker "
+                   "FROM {0} h WHERE h.lock_name = r.lock_name AND w.fence IS NULL) b ON true",
                    t, batch, fmt::format(fmt::runtime(remaining_us), "h.expires_at"), h, kWriterMarkUs,
                    kSharedMarker, is_marker("h.owner")),
        {kTextArray, kTextArray, kInt8Array}},
