@@ -347,11 +347,20 @@ TEST_F(PostgresStoreTest, ARowLockedElsewhereIsRetriedThenReportedNeverWaitedOnF
   auto f = rt.acquire(key(), 1s, 0);
   auto err = error_of<SqlError>(f);
   auto took = std::chrono::steady_clock::now() - t0;
+  // A reader's transaction stops at its first statement (the row's lock)
+  // the same way, and the connection goes on.
+  auto s = rt.acquire(key(), LockKind::shared(), 1s, 0);
+  auto shared_err = error_of<SqlError>(s);
   PQclear(PQexec(other, "ROLLBACK"));
   PQfinish(other);
   ASSERT_TRUE(err);
   EXPECT_EQ(err->sqlstate(), "55P03") << err->what();  // lock_not_available
   EXPECT_LT(took, 3s);
+  ASSERT_TRUE(shared_err);
+  EXPECT_EQ(shared_err->sqlstate(), "55P03") << shared_err->what();
+  auto reader = rt.acquire(key(), LockKind::shared(), 1s, 0);
+  LockHandle r = get_bounded(reader);
+  give_back(r);
   auto h = take(rt, key(), 1s, 0);
   EXPECT_GE(h.lease().fencing_token(), 2u);
 }
