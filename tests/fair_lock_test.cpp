@@ -2,8 +2,9 @@
 // arrived across runtimes; a waiter that gives up or dies leaves the queue
 // and never blocks it; tokens rise; a lost lease stops its holder; one
 // family per key; stores that keep no queue refuse them with Unsupported.
-// Run on memory://, one Redis node, a Redis Cluster and a ZooKeeper
-// ensemble, each started once for the suite.
+// Run on memory://, one Redis node, a Redis Cluster, PostgreSQL and a
+// ZooKeeper ensemble (when built with them), each started once for the
+// suite.
 #include <gtest/gtest.h>
 #include <signal.h>
 
@@ -20,6 +21,9 @@
 #include "backends.hpp"
 #include "lockwatch/lockwatch.hpp"
 #include "store/memory/memory_space.hpp"
+#if LOCKWATCH_WITH_POSTGRESQL
+#include "support/postgres_server.hpp"
+#endif
 #include "support/redis_cluster.hpp"
 #include "support/redis_server.hpp"
 #include "test_util.hpp"
@@ -94,6 +98,23 @@ class ZooKeeperFairStore final : public FairStore {
 };
 #endif
 
+#if LOCKWATCH_WITH_POSTGRESQL
+class PostgresFairStore final : public FairStore {
+ public:
+  std::string url() const override { return server_.url(); }
+  long long queued(const std::string& key) const override {
+    return std::stoll(server_.query("SELECT count(*) FROM lockwatch_locks_holders WHERE role = 'q' AND "
+                                    "expires_at > clock_timestamp() AND lock_name = convert_to('lockwatch:" +
+                                    key + "', 'UTF8')")
+                          .at(0)
+                          .at(0));
+  }
+
+ private:
+  PostgresServer server_;
+};
+#endif
+
 class FairLockTest : public ::testing::TestWithParam<std::string> {
  protected:
   static void TearDownTestSuite() { stores().clear(); }
@@ -111,6 +132,9 @@ class FairLockTest : public ::testing::TestWithParam<std::string> {
       if (GetParam() == "redis-cluster") slot = std::make_unique<ClusterFairStore>();
 #if LOCKWATCH_WITH_ZOOKEEPER
       if (GetParam() == "zookeeper") slot = std::make_unique<ZooKeeperFairStore>();
+#endif
+#if LOCKWATCH_WITH_POSTGRESQL
+      if (GetParam() == "postgresql") slot = std::make_unique<PostgresFairStore>();
 #endif
     }
     return *slot;
@@ -317,6 +341,9 @@ TEST_P(FairLockTest, AClustersLockKeepsItsQueueInItsOwnSlot) {
 
 std::vector<std::string> fair_stores() {
   std::vector<std::string> stores{"memory", "redis", "redis-cluster"};
+#if LOCKWATCH_WITH_POSTGRESQL
+  stores.push_back("postgresql");
+#endif
 #if LOCKWATCH_WITH_ZOOKEEPER && !defined(__SANITIZE_THREAD__)  // TSan: the runtime's side, on Redis
   stores.push_back("zookeeper");
 #endif
@@ -338,9 +365,6 @@ TEST(FairLockRefusalTest, StoresWithoutAQueueRefuseFairWithUnsupported) {
   std::vector<std::string> urls{"mysql://u:p@" + at + "/db",
                                 "redis://" + at + ",redis://127.0.0.1:" + std::to_string(free_loopback_port()) +
                                     ",redis://127.0.0.1:" + std::to_string(free_loopback_port())};
-#if LOCKWATCH_WITH_POSTGRESQL
-  urls.push_back("postgresql://u:p@" + at + "/db");
-#endif
   for (const auto& url : urls) {
     Options o;
     o.redis_url = url;

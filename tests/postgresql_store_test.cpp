@@ -5,8 +5,10 @@
 // ?table=), the unix socket, TLS through libpq's own parameters, logins
 // refused, the fence kept in the row across a crash, release notices
 // (LISTEN/NOTIFY) and their loss, a row lock held elsewhere, a hung
-// server, and a name too long for a table's own limit. The behaviour
-// every store shares is in store_contract_test.cpp.
+// server, a name too long for a table's own limit, and the kinds of lock
+// (their holders' table, made when missing beside an existing lock table;
+// one family per key; a reader's release waking a writer by a notice).
+// The behaviour every store shares is in store_contract_test.cpp.
 #include <gtest/gtest.h>
 #include <libpq-fe.h>
 
@@ -65,6 +67,11 @@ PostgresServer* PostgresStoreTest::server_ = nullptr;
 LockHandle take(Runtime& rt, const std::string& key, std::chrono::milliseconds ttl, Retries retries = forever) {
   auto f = rt.acquire(key, ttl, retries);
   return get_bounded(f);
+}
+
+void give_back(LockHandle& h) {
+  auto f = h.release();
+  get_bounded(f);
 }
 
 // The error a first call through `o` fails with (bounded), checked to come
@@ -340,11 +347,20 @@ TEST_F(PostgresStoreTest, ARowLockedElsewhereIsRetriedThenReportedNeverWaitedOnF
   auto f = rt.acquire(key(), 1s, 0);
   auto err = error_of<SqlError>(f);
   auto took = std::chrono::steady_clock::now() - t0;
+  // A reader's transaction stops at its first statement (the row's lock)
+  // the same way, and the connection goes on.
+  auto s = rt.acquire(key(), LockKind::shared(), 1s, 0);
+  auto shared_err = error_of<SqlError>(s);
   PQclear(PQexec(other, "ROLLBACK"));
   PQfinish(other);
   ASSERT_TRUE(err);
   EXPECT_EQ(err->sqlstate(), "55P03") << err->what();  // lock_not_available
   EXPECT_LT(took, 3s);
+  ASSERT_TRUE(shared_err);
+  EXPECT_EQ(shared_err->sqlstate(), "55P03") << shared_err->what();
+  auto reader = rt.acquire(key(), LockKind::shared(), 1s, 0);
+  LockHandle r = get_bounded(reader);
+  give_back(r);
   auto h = take(rt, key(), 1s, 0);
   EXPECT_GE(h.lease().fencing_token(), 2u);
 }
@@ -459,6 +475,97 @@ TEST_F(PostgresStoreTest, ManyAcquisitionsShareStatementsAndANameTooLongForTheTa
     taken.insert(h.lease().key());
   }
   EXPECT_EQ(taken.size(), static_cast<std::size_t>(kKeys - 1));
+}
+
+// A lock table made before the kinds (no holders' table beside it): the
+// holders' table is created at the first connection, exclusive locks work
+// as before, and a shared lock keeps its reader there; operators see the
+// key held (by the kind's marker) and force_release frees it, holders too.
+TEST_F(PostgresStoreTest, TheHoldersTableIsCreatedBesideAnExistingLockTable) {
+  server_->query("CREATE TABLE older_locks (lock_name bytea PRIMARY KEY CHECK (octet_length(lock_name) BETWEEN 1 "
+                 "AND 255), owner bytea NOT NULL DEFAULT '', fence bigint NOT NULL DEFAULT 0, expires_at timestamptz "
+                 "NOT NULL, last_period bigint) WITH (fillfactor = 70); ALTER TABLE older_locks OWNER TO lockwatch");
+  Runtime rt(options(url_with_table("older_locks")));
+  auto h = take(rt, key("-exclusive"), 2s);
+  auto columns = server_->query(
+      "SELECT column_name, data_type FROM information_schema.columns WHERE table_name = 'older_locks_holders' "
+      "ORDER BY ordinal_position");
+  std::vector<std::vector<std::string>> expected{{"lock_name", "bytea"},
+                                                 {"owner", "bytea"},
+                                                 {"role", "character"},
+                                                 {"seq", "bigint"},
+                                                 {"expires_at", "timestamp with time zone"}};
+  EXPECT_EQ(columns, expected);
+  auto f = rt.acquire(key(), LockKind::shared(), 1s);
+  LockHandle reader = get_bounded(f);
+  const std::string name = "convert_to('lockwatch:" + key() + "', 'UTF8')";
+  auto rows = server_->query("SELECT role, expires_at > clock_timestamp() FROM older_locks_holders WHERE lock_name = " +
+                             name);
+  EXPECT_EQ(rows, (std::vector<std::vector<std::string>>{{"s", "t"}}));
+  auto state = rt.inspect(key());
+  auto s = get_bounded(state);
+  EXPECT_TRUE(s.held);
+  EXPECT_GT(s.ttl, 0ms);
+  EXPECT_LE(s.ttl, 1s);
+  auto forced = rt.force_release(key());
+  EXPECT_TRUE(get_bounded(forced));
+  EXPECT_TRUE(server_->query("SELECT 1 FROM older_locks_holders WHERE lock_name = " + name).empty());
+  auto writer = rt.acquire(key(), 2s, 0);
+  LockHandle w = get_bounded(writer);
+  EXPECT_TRUE(stopped_within_bound(reader.lease().stop_token()));
+}
+
+// One family per key: a key held by permits is refused, with
+// InvalidArgument saying how it is held, to another n, to a reader, to a
+// writer and to a fair caller; a key held shared to permits and fair;
+// and the holder keeps its lock throughout.
+TEST_F(PostgresStoreTest, AKeyHeldAsOneKindIsRefusedAsAnother) {
+  Runtime a(options(server_->url())), b(options(server_->url()));
+  auto f = a.acquire(key(), LockKind::permits(2), 5s);
+  LockHandle permit = get_bounded(f);
+  for (LockKind other : {LockKind::permits(3), LockKind::shared(), LockKind::exclusive(), LockKind::fair()}) {
+    auto g = b.acquire(key(), other, 5s, forever, 0ms);
+    auto e = error_of<InvalidArgument>(g);
+    ASSERT_TRUE(e) << other.describe();
+    EXPECT_NE(std::string(e->what()).find("a semaphore of 2 permit(s)"), std::string::npos) << e->what();
+  }
+  auto s = a.acquire(key("-shared"), LockKind::shared(), 5s);
+  LockHandle reader = get_bounded(s);
+  for (LockKind other : {LockKind::permits(2), LockKind::fair()}) {
+    auto g = b.acquire(key("-shared"), other, 5s, forever, 0ms);
+    auto e = error_of<InvalidArgument>(g);
+    ASSERT_TRUE(e) << other.describe();
+    EXPECT_NE(std::string(e->what()).find("held as shared"), std::string::npos) << e->what();
+  }
+  EXPECT_FALSE(permit.lease().lost());
+  EXPECT_FALSE(reader.lease().lost());
+  give_back(permit);
+  give_back(reader);
+}
+
+// A writer waits for a reader with a long ttl: the last reader's release
+// notifies, and the writer (which asks again every second while it
+// waits, to keep its mark) takes the key at once, not at its next turn.
+TEST_F(PostgresStoreTest, AReadersReleaseWakesAWaitingWriterByANotice) {
+  const std::string table = "rw_notice_locks";
+  Runtime readers(options(url_with_table(table))), writers(options(url_with_table(table)));
+  auto f = readers.acquire(key(), LockKind::shared(), 10s);
+  LockHandle reader = get_bounded(f);
+  auto waited = writers.acquire(key(), 10s, forever, 15s);
+  EXPECT_EQ(waited.wait_for(1200ms), std::future_status::timeout);  // really waiting
+  auto marks = server_->query("SELECT count(*) FROM " + table + "_holders WHERE role = 'w' AND expires_at > "
+                              "clock_timestamp()");
+  EXPECT_EQ(marks.at(0).at(0), "1") << "the waiting writer left no mark";
+  auto released_at = std::chrono::steady_clock::now();
+  give_back(reader);
+  LockHandle w = get_bounded(waited);
+  EXPECT_LT(std::chrono::steady_clock::now() - released_at, 300ms);
+  // Its grant took its mark away: a reader may come once it is done.
+  EXPECT_TRUE(server_->query("SELECT 1 FROM " + table + "_holders WHERE role = 'w'").empty());
+  give_back(w);
+  auto again = readers.acquire(key(), LockKind::shared(), 2s, forever, 0ms);
+  LockHandle r = get_bounded(again);
+  give_back(r);
 }
 
 }  // namespace

@@ -116,6 +116,26 @@ void PgConnection::execute(const std::string& statement, std::vector<std::string
   if (state_ == State::kReady) kick();
 }
 
+void PgConnection::execute_all(std::vector<PgCall> calls, PgDone done) {
+  if (calls.empty()) {
+    loop_.post([done = std::move(done)] { done(PgRows(nullptr), nullptr); });
+    return;
+  }
+  PgCall first = std::move(calls.front());
+  calls.erase(calls.begin());
+  if (state_ == State::kClosed) {
+    loop_.post([done = std::move(done), err = unavailable("the store is closed")] { done(PgRows(nullptr), &err); });
+    return;
+  }
+  Request r;
+  r.statement = std::move(first.statement);
+  r.params = std::move(first.params);
+  r.then = std::move(calls);
+  r.done = std::move(done);
+  queue_.push_back(std::move(r));
+  if (state_ == State::kReady) kick();
+}
+
 void PgConnection::kick() {
   if (kicked_ || state_ == State::kClosed) return;
   kicked_ = true;
@@ -383,28 +403,39 @@ void PgConnection::handshake(bool created) {
       return;
     }
     if (err->code == "42P01" && !created) {  // undefined_table
-      Request c;
-      c.kind = Kind::kSql;
-      c.sql = session_.create;
-      c.done = [this](const PgRows&, const StoreError* e) {
-        if (state_ != State::kHandshake) return;
-        // Another connection may have created it meanwhile (42P07; 42710
-        // or 23505 when both got as far as the catalog): the next prepare
-        // tells.
-        if (e && e->code != "42P07" && e->code != "42710" && e->code != "23505") {
-          StoreError why = *e;
-          why.message = fmt::format("cannot create the lock table {}: {}", session_.table, e->message);
-          went_down(why, true);
-          return;
-        }
-        handshake(true);
-      };
-      send_handshake(std::move(c));
+      create_tables(0);
       return;
     }
     table_error(*err);
   };
   send_handshake(std::move(r));
+}
+
+// The lock table and its companion (CREATE TABLE IF NOT EXISTS each),
+// one after the other, then the prepares again.
+void PgConnection::create_tables(std::size_t next) {
+  if (next == session_.create.size()) {
+    handshake(true);
+    return;
+  }
+  Request c;
+  c.kind = Kind::kSql;
+  c.sql = session_.create[next];
+  c.done = [this, next](const PgRows&, const StoreError* e) {
+    if (state_ != State::kHandshake) return;
+    // Another connection may have created it meanwhile (42P07; 42710
+    // or 23505 when both got as far as the catalog): the next prepare
+    // tells.
+    if (e && e->code != "42P07" && e->code != "42710" && e->code != "23505") {
+      StoreError why = *e;
+      why.message =
+          fmt::format("cannot create the lock table {} or its holders' table: {}", session_.table, e->message);
+      went_down(why, true);
+      return;
+    }
+    create_tables(next + 1);
+  };
+  send_handshake(std::move(c));
 }
 
 void PgConnection::prepare_rest() {
@@ -494,6 +525,13 @@ bool PgConnection::send(Request& r) {
   switch (r.kind) {
     case Kind::kExecute:
       ok = PQsendQueryPrepared(conn_, r.statement.c_str(), n, values.data(), nullptr, nullptr, 0);
+      for (std::size_t i = 0; ok == 1 && i < r.then.size(); ++i) {
+        std::vector<const char*> more;
+        more.reserve(r.then[i].params.size());
+        for (const auto& p : r.then[i].params) more.push_back(p.c_str());
+        ok = PQsendQueryPrepared(conn_, r.then[i].statement.c_str(), static_cast<int>(more.size()), more.data(),
+                                 nullptr, nullptr, 0);
+      }
       break;
     case Kind::kPrepare: {
       std::vector<Oid> types(r.param_types->begin(), r.param_types->end());
@@ -504,8 +542,8 @@ bool PgConnection::send(Request& r) {
       ok = PQsendQueryParams(conn_, r.sql.c_str(), 0, nullptr, nullptr, nullptr, nullptr, 0);
       break;
   }
-  // Each statement its own sync: its own implicit transaction, and a
-  // failure aborts nothing after it.
+  // Each request its own sync: its own implicit transaction (one
+  // statement, or execute_all()'s), and a failure aborts nothing after it.
   if (ok == 1) ok = PQpipelineSync(conn_);
   r.sent = Clock::now();
   return ok == 1;
@@ -557,8 +595,10 @@ void PgConnection::poll_now() {
   if (state_ == State::kReady && !inflight_.empty()) on_readable();
 }
 
-// Answers arrive in order, each as its result(s), a null, then the sync's
-// own result: the request at the front is complete at its sync.
+// Answers arrive in order, each statement's as its result(s) and a null,
+// then the sync's own result: the request at the front is complete at its
+// sync. Of a transaction's statements the last one's result is kept, or
+// the first error (those skipped after it answer PGRES_PIPELINE_ABORTED).
 void PgConnection::drain() {
   while (!inflight_.empty() && (state_ == State::kReady || state_ == State::kHandshake) && PQisBusy(conn_) == 0) {
     PGresult* r = PQgetResult(conn_);
@@ -568,7 +608,7 @@ void PgConnection::drain() {
       // connection gone bad) nothing more will come: on_readable() sees
       // the status.
       if (front.stage != Stage::kEnd) break;
-      front.stage = Stage::kSync;
+      front.stage = ++front.ended < 1 + front.then.size() ? Stage::kResult : Stage::kSync;
       continue;
     }
     if (PQresultStatus(r) == PGRES_PIPELINE_SYNC) {
@@ -576,12 +616,16 @@ void PgConnection::drain() {
       complete_front();
       continue;
     }
-    if (!front.result) {
+    const auto ok = [](const PGresult* res) {
+      const ExecStatusType st = PQresultStatus(res);
+      return st == PGRES_COMMAND_OK || st == PGRES_TUPLES_OK;
+    };
+    if (!front.result || (front.ended > 0 && ok(front.result.get()))) {
       front.result.reset(r);
-      front.stage = Stage::kEnd;
     } else {
       PQclear(r);
     }
+    front.stage = Stage::kEnd;
   }
 }
 

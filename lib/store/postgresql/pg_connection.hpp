@@ -16,7 +16,7 @@
 // travel in the startup packet (TimeZone UTC, statement_timeout,
 // lock_timeout); a statements connection then prepares its statements,
 // which is also the check of the lock table (a missing table is created
-// once and the statements prepared again; a table without lockwatch's
+// once, with its holders' table, and the statements prepared again; a table without lockwatch's
 // columns or types fails the prepare, one without its key the planning of
 // an EXPLAIN, and the connection reports it);
 // a notices connection runs LISTEN. Requests wait for that.
@@ -91,6 +91,13 @@ struct PgStatement {
   std::vector<unsigned> param_types;
 };
 
+// One prepared statement of a transaction (execute_all) and its
+// parameters.
+struct PgCall {
+  std::string statement;
+  std::vector<std::string> params;
+};
+
 // What a connection runs before it takes requests.
 class PgConnection;
 
@@ -105,7 +112,7 @@ struct PgStaleBackends {
 struct PgSession {
   std::vector<PgStatement> statements;  // prepared, the first doubling as the table check
   std::shared_ptr<PgStaleBackends> stale;  // null: not tracked (a notices connection)
-  std::string create;                   // run once when the first prepare finds no table
+  std::vector<std::string> create;      // run once, in order, when the first prepare finds no table
   std::string plan_check;               // run after the prepares (a planner's refusal: no key for ON CONFLICT)
   std::string table;                    // for messages
   std::string listen;                   // non-empty: a notices connection, LISTEN on this channel
@@ -123,6 +130,11 @@ class PgConnection {
   // Runs the prepared statement `statement` with these parameters (text
   // format, none NULL).
   void execute(const std::string& statement, std::vector<std::string> params, PgDone done);
+  // Runs the statements as one transaction (one sync): each sees what the
+  // ones before it did and locked (READ COMMITTED takes a snapshot per
+  // statement), and the first that fails undoes them all and skips the
+  // rest. `done` gets the last statement's rows, or the first error.
+  void execute_all(std::vector<PgCall> calls, PgDone done);
   // Told when the connection goes down (with why) and when it is usable
   // again: once per transition (set before start()).
   void set_state_hook(std::function<void(bool up, const std::string& why)> hook) { state_hook_ = std::move(hook); }
@@ -155,6 +167,8 @@ class PgConnection {
     std::string statement;  // kExecute, kPrepare: the statement's name
     std::string sql;        // kPrepare, kSql
     std::vector<std::string> params;
+    std::vector<PgCall> then;  // kExecute: the transaction's statements after the first
+    std::size_t ended = 0;     // statements whose results have ended
     const std::vector<unsigned>* param_types = nullptr;  // kPrepare
     PgDone done;
     std::chrono::steady_clock::time_point sent{};
@@ -170,6 +184,7 @@ class PgConnection {
   void connected();
   void end_stale_backends();
   void handshake(bool created);
+  void create_tables(std::size_t next);
   void prepare_rest();
   void check_plan();
   void send_handshake(Request r);

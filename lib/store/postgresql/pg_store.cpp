@@ -106,11 +106,189 @@ long long to_micros(std::chrono::system_clock::time_point t) {
 
 std::chrono::milliseconds ceil_ms(long long us) { return std::chrono::milliseconds((std::max(us, 0LL) + 999) / 1000); }
 
+// Shared, permit and fair locks (see pg_store.hpp). A lock row held by
+// them holds a marker instead of an owner token, expiring with the latest
+// holder, so that the exclusive statements find it busy as they are.
+constexpr std::string_view kSharedMarker = "'lockwatch:shared'::bytea";
+// A writer's mark outlives its last attempt by this long at most (µs).
+constexpr long long kWriterMarkUs = 2'000'000;
+
+// Whether the bytea `column` is a marker: no owner token starts so.
+std::string is_marker(std::string_view column) {
+  return fmt::format("substr({}, 1, 10) = 'lockwatch:'::bytea", column);
+}
+
+// Microseconds from now to `at` (a timestamptz expression), at least 0.
+std::string remaining(std::string_view at, std::string_view now = "clock_timestamp()") {
+  return fmt::format("greatest(ceil(extract(epoch FROM {} - {}) * 1000000), 0)::int8", at, now);
+}
+
+// What every kind's decision starts from, read after the lock row was
+// locked: one clock reading (c.now), the lock row (l, with whether it is
+// held now) and its name, token and marker. $1 name, $2 token, $3 ttl in
+// µs, $4 the kind's marker, all but the ttl in hex.
+std::string kind_context(const std::string& t) {
+  return fmt::format(
+      "c AS (SELECT clock_timestamp() AS now, decode($1::text, 'hex') AS name, decode($2::text, 'hex') AS token, "
+      "$3::int8 * interval '1 microsecond' AS ttl, decode($4::text, 'hex') AS marker), "
+      "l AS (SELECT t.owner, t.fence, t.expires_at, t.owner <> '' AND t.expires_at > c.now AS live "
+      "FROM {} t, c WHERE t.lock_name = c.name)",
+      t);
+}
+
+// Rows of the name no one holds any more, deleted: any whose time ran
+// out, and holders' rows while the lock row holds no marker now (an
+// exclusive holder took it, or it is free). Never the caller's own row,
+// which the statement writes.
+std::string prune(const std::string& h) {
+  return fmt::format("p AS (DELETE FROM {} x USING c, l WHERE x.lock_name = c.name AND x.owner <> c.token "
+                     "AND (x.expires_at <= c.now OR (x.role IN ('s', 'p', 'f') AND NOT (l.live AND {}))))",
+                     h, is_marker("l.owner"));
+}
+
+// A share ($5 = 0) or a permit of $5. Refused (e) while held by the
+// other family or another n; busy (b) behind a writer (its remaining
+// ttl), a live writer's mark (a reader), or n live holders (a permit:
+// until the soonest one's deadline); taken (t), or taken again (r: the
+// caller's token holds it already, a retry). A grant writes the holder's
+// row and the lock row: the marker, an expiry covering every holder, and
+// the fence raised for a permit (a reader is answered the last writer's).
+// Answers one row: verdict, fence, busy µs, the lock row's owner (hex).
+std::string acquire_kind_sql(const std::string& t, const std::string& h) {
+  return fmt::format(
+      "WITH {2}, "
+      "k AS (SELECT x.owner, x.expires_at FROM {1} x, c, l WHERE x.lock_name = c.name "
+      "AND x.role IN ('s', 'p', 'f') AND x.expires_at > c.now AND l.live AND l.owner = c.marker), "
+      "m AS (SELECT max(x.expires_at) AS until FROM {1} x, c WHERE x.lock_name = c.name AND x.role = 'w' "
+      "AND x.expires_at > c.now), "
+      "d AS (SELECT CASE "
+      "WHEN l.live AND l.owner <> c.marker AND ($5::int8 > 0 OR {3}) THEN 'e' "
+      "WHEN l.live AND l.owner <> c.marker THEN 'b' "
+      "WHEN EXISTS (SELECT 1 FROM k WHERE k.owner = c.token) THEN 'r' "
+      "WHEN $5::int8 = 0 AND (SELECT until FROM m) IS NOT NULL THEN 'b' "
+      "WHEN $5::int8 > 0 AND (SELECT count(*) FROM k) >= $5::int8 THEN 'b' "
+      "ELSE 't' END AS verdict FROM c, l), "
+      "g AS (INSERT INTO {1} (lock_name, owner, role, expires_at) "
+      "SELECT c.name, c.token, CASE WHEN $5::int8 = 0 THEN 's' ELSE 'p' END, c.now + c.ttl FROM c, d "
+      "WHERE d.verdict IN ('t', 'r') "
+      "ON CONFLICT (lock_name, owner) DO UPDATE SET role = excluded.role, expires_at = excluded.expires_at), "
+      "u AS (UPDATE {0} t SET owner = c.marker, "
+      "fence = CASE WHEN d.verdict = 't' AND $5::int8 > 0 THEN t.fence + 1 ELSE t.fence END, "
+      "expires_at = CASE WHEN l.live THEN greatest(t.expires_at, c.now + c.ttl) ELSE c.now + c.ttl END "
+      "FROM c, d, l WHERE t.lock_name = c.name AND d.verdict IN ('t', 'r')), "
+      "{4} "
+      "SELECT d.verdict, CASE WHEN d.verdict = 't' AND $5::int8 > 0 THEN l.fence + 1 ELSE l.fence END, "
+      "CASE WHEN d.verdict <> 'b' THEN NULL "
+      "WHEN l.live AND l.owner <> c.marker THEN {5} "
+      "WHEN $5::int8 = 0 THEN {6} "
+      "ELSE {7} END, encode(l.owner, 'hex') FROM c, d, l",
+      t, h, kind_context(t), is_marker("l.owner"), prune(h), remaining("l.expires_at", "c.now"),
+      remaining("(SELECT until FROM m)", "c.now"), remaining("(SELECT min(expires_at) FROM k)", "c.now"));
+}
+
+// A fair lock ($4 its marker): refused (e) while held as another kind;
+// taken again (r) by its holder; taken (t) by the first live waiter (or
+// a caller with nobody queued) while no one holds it; else busy (b): the
+// caller keeps its place, or takes the next one, for a ttl from now. A
+// grant makes the caller's row the holder's ('f') and raises the fence.
+// Busy answers the holder's remaining ttl, or with the lock free the
+// first waiter's place; when waiters whose place ran out were dropped
+// and the lock is free, the new first is woken ($5: the channel).
+// Answers one row: verdict, fence, busy µs, the lock row's owner (hex),
+// and the notice's (ignored) result.
+std::string acquire_fair_sql(const std::string& t, const std::string& h) {
+  return fmt::format(
+      "WITH {2}, "
+      "k AS (SELECT x.owner, x.expires_at FROM {1} x, c, l WHERE x.lock_name = c.name AND x.role = 'f' "
+      "AND x.expires_at > c.now AND l.live AND l.owner = c.marker), "
+      "q AS (SELECT x.owner, x.seq, x.expires_at FROM {1} x, c WHERE x.lock_name = c.name AND x.role = 'q' "
+      "AND x.expires_at > c.now), "
+      "f AS (SELECT owner, expires_at FROM q ORDER BY seq LIMIT 1), "
+      "d AS (SELECT CASE "
+      "WHEN l.live AND l.owner <> c.marker THEN 'e' "
+      "WHEN EXISTS (SELECT 1 FROM k WHERE k.owner = c.token) THEN 'r' "
+      "WHEN NOT EXISTS (SELECT 1 FROM k) AND coalesce((SELECT owner FROM f), c.token) = c.token THEN 't' "
+      "ELSE 'b' END AS verdict, "
+      "EXISTS (SELECT 1 FROM {1} x WHERE x.lock_name = c.name AND x.role = 'q' AND x.expires_at <= c.now) "
+      "AS dropped FROM c, l), "
+      "g AS (INSERT INTO {1} (lock_name, owner, role, seq, expires_at) "
+      "SELECT c.name, c.token, CASE WHEN d.verdict = 'b' THEN 'q' ELSE 'f' END, "
+      "CASE WHEN d.verdict = 'b' THEN coalesce((SELECT seq FROM q WHERE q.owner = c.token), "
+      "(SELECT max(seq) FROM q) + 1, 1) ELSE 0 END, c.now + c.ttl FROM c, d WHERE d.verdict <> 'e' "
+      "ON CONFLICT (lock_name, owner) DO UPDATE SET role = excluded.role, seq = excluded.seq, "
+      "expires_at = excluded.expires_at), "
+      "u AS (UPDATE {0} t SET owner = c.marker, "
+      "fence = CASE WHEN d.verdict = 't' THEN t.fence + 1 ELSE t.fence END, expires_at = c.now + c.ttl "
+      "FROM c, d WHERE t.lock_name = c.name AND d.verdict IN ('t', 'r')), "
+      "{3} "
+      "SELECT d.verdict, CASE WHEN d.verdict = 't' THEN l.fence + 1 ELSE l.fence END, "
+      "CASE WHEN d.verdict = 'b' THEN {4} END, encode(l.owner, 'hex'), "
+      "CASE WHEN d.verdict = 'b' AND d.dropped AND NOT EXISTS (SELECT 1 FROM k) "
+      "THEN pg_notify($5::text, $1::text) END FROM c, d, l",
+      t, h, kind_context(t), prune(h),
+      remaining("coalesce((SELECT max(expires_at) FROM k), (SELECT expires_at FROM f))", "c.now"));
+}
+
+// Renews shares, permits and fair holders (one statement for all those
+// due in a tick, after their lock rows are locked): a holder's row not
+// past its deadline, under a lock row that holds its marker, gets a new
+// deadline, and the lock row's expiry is raised to cover it. Answers the
+// pairs it did not renew, and whether the lock is held otherwise now.
+// $1 names, $2 tokens, $3 ttls in µs, $4 markers (hex).
+std::string renew_kind_sql(const std::string& t, const std::string& h) {
+  return fmt::format(
+      "WITH c AS (SELECT clock_timestamp() AS now), "
+      "r AS (SELECT decode(n, 'hex') AS lock_name, decode(o, 'hex') AS owner, u AS ttl_us, "
+      "decode(m, 'hex') AS marker, i FROM unnest($1::text[], $2::text[], $3::int8[], $4::text[]) "
+      "WITH ORDINALITY AS x(n, o, u, m, i)), "
+      "u AS (UPDATE {1} x SET expires_at = c.now + r.ttl_us * interval '1 microsecond' FROM r, c, {0} t "
+      "WHERE (x.lock_name, x.owner) = (r.lock_name, r.owner) AND x.role IN ('s', 'p', 'f') "
+      "AND x.expires_at > c.now AND t.lock_name = r.lock_name AND t.owner = r.marker AND t.expires_at > c.now "
+      "RETURNING r.i, x.lock_name, x.expires_at), "
+      "e AS (UPDATE {0} t SET expires_at = greatest(t.expires_at, m.last) "
+      "FROM (SELECT lock_name, max(expires_at) AS last FROM u GROUP BY lock_name) m "
+      "WHERE t.lock_name = m.lock_name) "
+      "SELECT r.i, coalesce((SELECT t.owner <> '' AND t.owner <> r.marker AND t.expires_at > c.now FROM {0} t "
+      "WHERE t.lock_name = r.lock_name), false) FROM r, c WHERE r.i NOT IN (SELECT i FROM u)",
+      t, h);
+}
+
+// Releases shares, permits and fair holders (after their lock rows are
+// locked): each holder's row goes; the lock row's expiry shrinks to the
+// latest remaining holder's deadline, or with the last one the row is
+// free. With $4, a permit's or a fair holder's release notifies (a
+// waiter may take it), a reader's only when it was the last (a writer
+// waits for that). Answers the pairs it did not release (as
+// lockwatch_release). $1 names, $2 tokens, $3 markers (hex), $5 the
+// channel.
+std::string release_kind_sql(const std::string& t, const std::string& h) {
+  return fmt::format(
+      "WITH c AS (SELECT clock_timestamp() AS now), "
+      "r AS (SELECT decode(n, 'hex') AS lock_name, decode(o, 'hex') AS owner, decode(m, 'hex') AS marker, i "
+      "FROM unnest($1::text[], $2::text[], $3::text[]) WITH ORDINALITY AS x(n, o, m, i)), "
+      "ok AS (SELECT r.* FROM r, c, {0} t WHERE t.lock_name = r.lock_name AND t.owner = r.marker "
+      "AND t.expires_at > c.now), "
+      "g AS (DELETE FROM {1} x USING ok, c WHERE (x.lock_name, x.owner) = (ok.lock_name, ok.owner) "
+      "AND x.role IN ('s', 'p', 'f') RETURNING ok.i, x.expires_at > c.now AS live), "
+      "rest AS (SELECT x.lock_name, max(x.expires_at) AS last FROM {1} x, c "
+      "WHERE x.lock_name IN (SELECT lock_name FROM ok) AND x.role IN ('s', 'p', 'f') AND x.expires_at > c.now "
+      "AND (x.lock_name, x.owner) NOT IN (SELECT lock_name, owner FROM ok) GROUP BY x.lock_name), "
+      "s AS (UPDATE {0} t SET owner = CASE WHEN rest.last IS NULL THEN ''::bytea ELSE t.owner END, "
+      "expires_at = coalesce(rest.last, c.now) "
+      "FROM c, (SELECT DISTINCT lock_name, marker FROM ok) o LEFT JOIN rest ON rest.lock_name = o.lock_name "
+      "WHERE t.lock_name = o.lock_name "
+      "RETURNING CASE WHEN $4::bool AND (rest.last IS NULL OR o.marker <> {2}) "
+      "THEN pg_notify($5::text, encode(t.lock_name, 'hex')) END) "
+      "SELECT r.i, coalesce((SELECT t.owner <> '' AND t.owner <> r.marker AND t.expires_at > c.now FROM {0} t "
+      "WHERE t.lock_name = r.lock_name), false) FROM r, c WHERE r.i NOT IN (SELECT i FROM g WHERE live)",
+      t, h, kSharedMarker);
+}
+
 // The statements, prepared on every command and renewal connection; `t`
-// is the quoted table. A batch arrives as parallel arrays (names, owners,
-// ttls in µs) unnested WITH ORDINALITY, so that an answer names the
-// request by its position (1-based).
-std::vector<PgStatement> statements(const std::string& t) {
+// is the quoted lock table, `h` the quoted holders' table. A batch arrives
+// as parallel arrays (names, owners, ttls in µs) unnested WITH ORDINALITY,
+// so that an answer names the request by its position (1-based).
+std::vector<PgStatement> statements(const std::string& t, const std::string& h) {
   const std::string batch =
       "r AS (SELECT decode(n, 'hex') AS lock_name, decode(o, 'hex') AS owner, u AS ttl_us, i "
       "FROM unnest($1::text[], $2::text[], $3::int8[]) WITH ORDINALITY AS x(n, o, u, i))";
@@ -127,6 +305,13 @@ std::vector<PgStatement> statements(const std::string& t) {
       // (the same token: a repeated request) keeps its fence and gets the
       // new ttl; another owner's live row is left alone. Rows are taken
       // in name order, so that batches cannot deadlock each other.
+      // An exclusive acquisition also reads (from the snapshot, deciding
+      // nothing) whether a busy row holds a kind's marker: a shared one
+      // gets the writer's mark (readers stay out while it lives), the
+      // others are refused by the caller. A grant deletes the writer's
+      // own mark. Both touch a holders' row only after the name's lock
+      // row is locked (the mark needs all of w first), as the kinds'
+      // transactions do, so that they cannot deadlock each other.
       {"lockwatch_acquire",
        fmt::format("WITH {1}, w AS (INSERT INTO {0} AS l (lock_name, owner, fence, expires_at) "
                    "SELECT lock_name, owner, 1, clock_timestamp() + ttl_us * interval '1 microsecond' FROM r "
@@ -135,10 +320,21 @@ std::vector<PgStatement> statements(const std::string& t) {
                    "fence = CASE WHEN l.expires_at <= clock_timestamp() THEN l.fence + 1 ELSE l.fence END, "
                    "owner = excluded.owner, expires_at = excluded.expires_at "
                    "WHERE l.expires_at <= clock_timestamp() OR l.owner = excluded.owner "
-                   "RETURNING l.lock_name, l.fence) "
-                   "SELECT r.i, w.fence, (SELECT {2} FROM {0} h WHERE h.lock_name = r.lock_name AND w.fence IS NULL) "
-                   "FROM r LEFT JOIN w ON w.lock_name = r.lock_name",
-                   t, batch, fmt::format(fmt::runtime(remaining_us), "h.expires_at")),
+                   "RETURNING l.lock_name, l.fence), "
+                   "x AS (DELETE FROM {3} m USING r WHERE m.lock_name = r.lock_name AND m.owner = r.owner "
+                   "AND m.role = 'w' AND r.lock_name IN (SELECT lock_name FROM w)), "
+                   "k AS (INSERT INTO {3} (lock_name, owner, role, expires_at) "
+                   "SELECT r.lock_name, r.owner, 'w', clock_timestamp() + least(r.ttl_us, {4}) * interval "
+                   "'1 microsecond' FROM r, LATERAL (SELECT 1 FROM {0} s WHERE s.lock_name = r.lock_name "
+                   "AND s.owner = {5} AND s.expires_at > clock_timestamp()) s "
+                   "WHERE r.lock_name NOT IN (SELECT lock_name FROM w) "
+                   "ON CONFLICT (lock_name, owner) DO UPDATE SET expires_at = excluded.expires_at) "
+                   "SELECT r.i, w.fence, b.left_us, b.marker FROM r LEFT JOIN w ON w.lock_name = r.lock_name "
+                   "LEFT JOIN LATERAL (SELECT {2} AS left_us, "
+                   "CASE WHEN {6} AND h.expires_at > clock_timestamp() THEN encode(h.owner, 'hex') END AS marker "
+                   "FROM {0} h WHERE h.lock_name = r.lock_name AND w.fence IS NULL) b ON true",
+                   t, batch, fmt::format(fmt::runtime(remaining_us), "h.expires_at"), h, kWriterMarkUs,
+                   kSharedMarker, is_marker("h.owner")),
        {kTextArray, kTextArray, kInt8Array}},
       // Answers the pairs it did not renew: taken by another owner, or gone.
       {"lockwatch_renew",
@@ -182,16 +378,74 @@ std::vector<PgStatement> statements(const std::string& t) {
        fmt::format("SELECT {1}, fence, encode(owner, 'hex') FROM {0} WHERE lock_name = decode($1::text, 'hex')", t,
                    fmt::format(fmt::runtime(remaining_us), "expires_at")),
        {kText}},
+      // The rest run in transactions (execute_all) after
+      // lockwatch_lock_rows, which makes the names' lock rows if missing
+      // and locks them (ON CONFLICT locks a row even where its WHERE does
+      // not update it), in name order: every change to a name's holders
+      // is made by one transaction at a time, which reads them afresh (a
+      // statement of its own, so a snapshot taken after the lock).
+      {"lockwatch_lock_rows",
+       fmt::format("INSERT INTO {0} AS l (lock_name, owner, fence, expires_at) "
+                   "SELECT n, '', 0, clock_timestamp() FROM (SELECT DISTINCT decode(x, 'hex') AS n "
+                   "FROM unnest($1::text[]) AS x) d ORDER BY n "
+                   "ON CONFLICT (lock_name) DO UPDATE SET fence = l.fence WHERE false",
+                   t),
+       {kTextArray}},
       {"lockwatch_force_release",
-       fmt::format("UPDATE {0} SET owner = '', expires_at = clock_timestamp() WHERE lock_name = decode($1::text, "
+       fmt::format("WITH d AS (DELETE FROM {1} WHERE lock_name = decode($1::text, 'hex') AND role <> 'q') "
+                   "UPDATE {0} SET owner = '', expires_at = clock_timestamp() WHERE lock_name = decode($1::text, "
                    "'hex') AND owner <> '' AND expires_at > clock_timestamp() "
                    "RETURNING pg_notify($2::text, encode(lock_name, 'hex'))",
-                   t),
+                   t, h),
        {kText, kText}},
+      {"lockwatch_acquire_kind", acquire_kind_sql(t, h), {kText, kText, kInt8, kText, kInt8}},
+      {"lockwatch_acquire_fair", acquire_fair_sql(t, h), {kText, kText, kInt8, kText, kText}},
+      {"lockwatch_withdraw",
+       fmt::format("WITH c AS (SELECT clock_timestamp() AS now, decode($1::text, 'hex') AS name, "
+                   "decode($2::text, 'hex') AS token), "
+                   "l AS (SELECT t.owner <> '' AND t.expires_at > c.now AS live FROM {0} t, c "
+                   "WHERE t.lock_name = c.name), "
+                   "q AS (SELECT h.owner, h.seq FROM {1} h, c WHERE h.lock_name = c.name AND h.role = 'q' "
+                   "AND h.expires_at > c.now), "
+                   "g AS (DELETE FROM {1} h USING c WHERE h.lock_name = c.name AND h.owner = c.token "
+                   "AND h.role = 'q' RETURNING 1) "
+                   "SELECT (SELECT count(*) FROM g), CASE WHEN EXISTS (SELECT 1 FROM g) "
+                   "AND NOT coalesce((SELECT live FROM l), false) "
+                   "AND (SELECT owner FROM q ORDER BY seq LIMIT 1) = c.token AND (SELECT count(*) FROM q) > 1 "
+                   "THEN pg_notify($3::text, $1::text) END FROM c",
+                   t, h),
+       {kText, kText, kText}},
+      {"lockwatch_renew_kind", renew_kind_sql(t, h), {kTextArray, kTextArray, kInt8Array, kTextArray}},
+      {"lockwatch_release_kind", release_kind_sql(t, h), {kTextArray, kTextArray, kTextArray, kBool, kText}},
   };
 }
 
 std::string quoted(const std::string& table) { return "\"" + table + "\""; }
+
+// What a lock row held as `kind` (not exclusive) holds instead of an owner
+// token.
+std::string marker(LockKind kind) {
+  switch (kind.mode()) {
+    case LockKind::Mode::kShared: return "lockwatch:shared";
+    case LockKind::Mode::kFair: return "lockwatch:fair";
+    default: return "lockwatch:permits:" + std::to_string(kind.permit_count());
+  }
+}
+
+// How a lock row whose owner is `owner` is held, for the refusal of a
+// call of another kind.
+std::string held_as(std::string_view owner) {
+  constexpr std::string_view kPermits = "lockwatch:permits:";
+  if (owner == "lockwatch:shared") return "shared";
+  if (owner == "lockwatch:fair") return "fair";
+  if (owner.starts_with(kPermits))
+    return fmt::format("a semaphore of {} permit(s)", owner.substr(kPermits.size()));
+  return "exclusive";
+}
+
+std::string asked_as(LockKind kind) {
+  return kind.mode() == LockKind::Mode::kPermits ? fmt::format("{} permit(s)", kind.permit_count()) : kind.describe();
+}
 
 }  // namespace
 
@@ -205,6 +459,19 @@ std::string PgStore::table_definition(const std::string& table) {
       "  last_period bigint\n"
       ") WITH (fillfactor = 70)",
       quoted(table), kMaxNameBytes);
+}
+
+std::string PgStore::holders_table_definition(const std::string& table) {
+  return fmt::format(
+      "CREATE TABLE IF NOT EXISTS {} (\n"
+      "  lock_name  bytea NOT NULL,\n"
+      "  owner      bytea NOT NULL,\n"
+      "  role       char(1) NOT NULL CHECK (role IN ('s', 'p', 'f', 'q', 'w')),\n"
+      "  seq        bigint NOT NULL DEFAULT 0,\n"
+      "  expires_at timestamptz NOT NULL,\n"
+      "  PRIMARY KEY (lock_name, owner)\n"
+      ")",
+      quoted(table));
 }
 
 void PgStore::check_options(const PgTarget&, const Options& options) {
@@ -229,8 +496,8 @@ PgStore::PgStore(Loop& loop, PgTarget target, const Options& options)
       target_(std::move(target)),
       channel_(target_.channel()) {
   PgSession session;
-  session.statements = statements(quoted(target_.table));
-  session.create = table_definition(target_.table);
+  session.statements = statements(quoted(target_.table), quoted(target_.holders_table()));
+  session.create = {table_definition(target_.table), holders_table_definition(target_.holders_table())};
   // Planned, not run: ON CONFLICT (lock_name) needs lock_name to be the
   // table's key, which only the planner checks.
   session.plan_check = "EXPLAIN EXECUTE lockwatch_acquire('{}', '{}', '{}')";
@@ -272,6 +539,8 @@ struct PgStore::PendingAcquire {
   std::chrono::milliseconds ttl;
   std::size_t index;                  // in its call's batch
   std::shared_ptr<AcquireDone> done;  // its call's callback
+  LockKind kind{};
+  int attempt = 1;                    // a kind's transaction
 };
 
 // The locks one acquire statement carries: distinct names, sorted.
@@ -282,9 +551,68 @@ struct PgStore::AcquireBatch {
 
 void PgStore::acquire(std::span<const LockRef> locks, AcquireDone done) {
   auto shared_done = std::make_shared<AcquireDone>(std::move(done));
-  for (std::size_t i = 0; i < locks.size(); ++i)
-    acquires_.push_back({std::string(locks[i].name), std::string(locks[i].token), locks[i].ttl, i, shared_done});
-  coalesce();
+  bool exclusive = false;
+  for (std::size_t i = 0; i < locks.size(); ++i) {
+    PendingAcquire a{std::string(locks[i].name), std::string(locks[i].token), locks[i].ttl, i, shared_done,
+                     locks[i].kind};
+    if (locks[i].kind.exclusive_kind()) {
+      acquires_.push_back(std::move(a));
+      exclusive = true;
+    } else {
+      acquire_kind(std::make_shared<PendingAcquire>(std::move(a)));
+    }
+  }
+  if (exclusive) coalesce();
+}
+
+// One transaction per call: its lock row locked, then the kind's decision
+// (see statements()).
+void PgStore::acquire_kind(std::shared_ptr<PendingAcquire> a) {
+  const bool fair = a->kind.mode() == LockKind::Mode::kFair;
+  std::vector<std::string> params{hex(a->name), hex(a->token), std::to_string(micros(a->ttl)),
+                                  hex(marker(a->kind)),
+                                  fair ? channel_ : std::to_string(a->kind.permit_count())};
+  std::vector<PgCall> calls;
+  calls.push_back({"lockwatch_lock_rows", {hex_array(1, [&](std::size_t) -> std::string_view { return a->name; })}});
+  calls.push_back({fair ? "lockwatch_acquire_fair" : "lockwatch_acquire_kind", std::move(params)});
+  command_connection().execute_all(std::move(calls), [this, a, fair](const PgRows& rows, const StoreError* err) {
+    Acquired out;
+    StoreError no_answer;
+    if (!err && (rows.size() != 1 || rows.null(0, 0) || rows.null(0, 1))) {
+      no_answer = pg_statement_error(target_.name(), "", "no answer to the acquisition");
+      err = &no_answer;
+    }
+    if (err) {
+      if (err->kind == StoreError::Kind::kRetryLater && a->attempt < kAttempts) {
+        ++a->attempt;
+        acquire_kind(a);
+        return;
+      }
+      out.error = *err;
+      (*a->done)(a->index, out);
+      return;
+    }
+    const std::string_view verdict = rows.at(0, 0);
+    if (verdict == "t" || verdict == "r") {
+      out.status = Acquired::Status::kTaken;
+      out.fence = static_cast<std::uint64_t>(to_ll(rows.at(0, 1)));
+    } else if (verdict == "b") {
+      out.status = Acquired::Status::kBusy;
+      auto busy = rows.null(0, 2) ? std::chrono::milliseconds(1) : ceil_ms(to_ll(rows.at(0, 2)));
+      // A fair waiter comes back within a third of its ttl, which keeps
+      // its place.
+      if (fair) busy = std::min(busy, std::max(std::chrono::milliseconds(1), a->ttl / 3));
+      out.busy_for = std::max(busy, std::chrono::milliseconds(1));
+    } else {
+      std::string owner;
+      unhex(rows.at(0, 3), owner);
+      out.error = StoreError::invalid(
+          target_.name(),
+          fmt::format("{} is held as {}; this call asked for it {}", a->name, held_as(owner), asked_as(a->kind)),
+          StoreError::Origin::kPostgres);
+    }
+    (*a->done)(a->index, out);
+  });
 }
 
 void PgStore::coalesce() {
@@ -379,6 +707,23 @@ void PgStore::acquire_batch(std::shared_ptr<AcquireBatch> batch) {
         // that started later): busy for a moment, then asked again.
         out.status = Acquired::Status::kBusy;
         out.busy_for = rows.null(r, 2) ? std::chrono::milliseconds(1) : ceil_ms(to_ll(rows.at(r, 2)));
+        std::string owner;
+        if (!rows.null(r, 3) && unhex(rows.at(r, 3), owner)) {
+          const auto& lock = batch->locks[i];
+          if (owner == marker(LockKind::shared())) {
+            // Readers hold it: our mark holds new ones back; it lives
+            // min(2 s, ttl) and is renewed by the next attempt, which
+            // comes within half of that.
+            const auto mark = std::min(lock.ttl, std::chrono::milliseconds(kWriterMarkUs / 1000));
+            out.busy_for = std::max(std::chrono::milliseconds(1), std::min(out.busy_for, mark / 2));
+          } else {
+            out.status = Acquired::Status::kFailed;
+            out.error = StoreError::invalid(
+                target_.name(),
+                fmt::format("{} is held as {}; this call asked for it exclusive", lock.name, held_as(owner)),
+                StoreError::Origin::kPostgres);
+          }
+        }
       }
       const auto& lock = batch->locks[i];
       (*lock.done)(lock.index, out);
@@ -407,41 +752,55 @@ std::size_t PgStore::renew(std::span<const LockRef> locks, std::shared_ptr<const
   batch->keepalive = std::move(keepalive);
   batch->done = std::move(done);
   // In name order, in chunks; one statement per chunk whatever the ttls.
+  // Shares, permits and fair holders apart: a transaction per chunk, its
+  // lock rows locked first.
   std::vector<std::size_t> order(locks.size());
   for (std::size_t i = 0; i < order.size(); ++i) order[i] = i;
   std::sort(order.begin(), order.end(),
             [&](std::size_t a, std::size_t b) { return batch->locks[a].name < batch->locks[b].name; });
+  std::vector<std::size_t> exclusive, kinds;
+  for (std::size_t i : order) (batch->locks[i].kind.exclusive_kind() ? exclusive : kinds).push_back(i);
   std::size_t statements = 0;
-  for (std::size_t from = 0; from < order.size(); from += kChunk) {
-    std::size_t to = std::min(order.size(), from + kChunk);
-    renew_group(batch, std::vector<std::size_t>(order.begin() + from, order.begin() + to));
-    ++statements;
+  for (const auto* group : {&exclusive, &kinds}) {
+    for (std::size_t from = 0; from < group->size(); from += kChunk) {
+      std::size_t to = std::min(group->size(), from + kChunk);
+      renew_group(batch, std::vector<std::size_t>(group->begin() + from, group->begin() + to), group == &kinds);
+      ++statements;
+    }
   }
   return statements;
 }
 
-void PgStore::renew_group(std::shared_ptr<RenewBatch> batch, std::vector<std::size_t> members) {
+void PgStore::renew_group(std::shared_ptr<RenewBatch> batch, std::vector<std::size_t> members, bool kinds) {
   const auto& l = batch->locks;
   std::vector<std::string> params{
       hex_array(members.size(), [&](std::size_t k) { return l[members[k]].name; }),
       hex_array(members.size(), [&](std::size_t k) { return l[members[k]].token; }),
       int_array(members.size(), [&](std::size_t k) { return micros(l[members[k]].ttl); }),
   };
-  renew_->execute("lockwatch_renew", std::move(params),
-                  [batch, members = std::move(members)](const PgRows& rows, const StoreError* err) {
-                    if (err) {
-                      for (std::size_t i : members) batch->done(i, Renewed::kTransient, err);
-                      return;
-                    }
-                    // The answer names those not renewed.
-                    std::vector<Renewed> status(members.size(), Renewed::kYes);
-                    for (int r = 0; r < rows.size(); ++r) {
-                      long long k = to_ll(rows.at(r, 0)) - 1;
-                      if (k < 0 || k >= static_cast<long long>(members.size())) continue;
-                      status[k] = rows.at(r, 1) == "t" ? Renewed::kTakenByOther : Renewed::kGone;
-                    }
-                    for (std::size_t k = 0; k < members.size(); ++k) batch->done(members[k], status[k], nullptr);
-                  });
+  auto answered = [batch, members](const PgRows& rows, const StoreError* err) {
+    if (err) {
+      for (std::size_t i : members) batch->done(i, Renewed::kTransient, err);
+      return;
+    }
+    // The answer names those not renewed.
+    std::vector<Renewed> status(members.size(), Renewed::kYes);
+    for (int r = 0; r < rows.size(); ++r) {
+      long long k = to_ll(rows.at(r, 0)) - 1;
+      if (k < 0 || k >= static_cast<long long>(members.size())) continue;
+      status[k] = rows.at(r, 1) == "t" ? Renewed::kTakenByOther : Renewed::kGone;
+    }
+    for (std::size_t k = 0; k < members.size(); ++k) batch->done(members[k], status[k], nullptr);
+  };
+  if (!kinds) {
+    renew_->execute("lockwatch_renew", std::move(params), std::move(answered));
+    return;
+  }
+  params.push_back(hex_array(members.size(), [&](std::size_t k) { return marker(l[members[k]].kind); }));
+  std::vector<PgCall> calls;
+  calls.push_back({"lockwatch_lock_rows", {params[0]}});
+  calls.push_back({"lockwatch_renew_kind", std::move(params)});
+  renew_->execute_all(std::move(calls), std::move(answered));
 }
 
 // ---- release
@@ -452,9 +811,11 @@ struct PgStore::PendingRelease {
   std::string token;
   std::size_t index;                  // in its call's batch
   std::shared_ptr<ReleaseDone> done;  // its call's callback
+  LockKind kind{};
 };
 
-// The locks one release statement carries (all with notices, or none).
+// The locks one release statement carries (all with notices, or none;
+// all exclusive, or none: a kind's go in a transaction of their own).
 struct PgStore::ReleaseBatch {
   std::vector<PendingRelease> locks;
   bool notify = false;
@@ -464,9 +825,18 @@ struct PgStore::ReleaseBatch {
 void PgStore::release(std::span<const LockRef> locks, bool notify, ReleaseDone done) {
   auto shared_done = std::make_shared<ReleaseDone>(std::move(done));
   auto& queue = notify ? releases_ : quiet_releases_;
-  for (std::size_t i = 0; i < locks.size(); ++i)
-    queue.push_back({std::string(locks[i].name), std::string(locks[i].token), i, shared_done});
-  coalesce();
+  auto kinds = std::make_shared<ReleaseBatch>();
+  kinds->notify = notify;
+  for (std::size_t i = 0; i < locks.size(); ++i) {
+    PendingRelease r{std::string(locks[i].name), std::string(locks[i].token), i, shared_done, locks[i].kind};
+    (locks[i].kind.exclusive_kind() ? queue : kinds->locks).push_back(std::move(r));
+  }
+  if (!kinds->locks.empty()) {
+    std::stable_sort(kinds->locks.begin(), kinds->locks.end(),
+                     [](const auto& a, const auto& b) { return a.name < b.name; });
+    release_batch(std::move(kinds));
+  }
+  if (!queue.empty()) coalesce();
 }
 
 void PgStore::send_releases() {
@@ -489,14 +859,15 @@ void PgStore::send_releases() {
 
 void PgStore::release_batch(std::shared_ptr<ReleaseBatch> batch) {
   const auto& l = batch->locks;
+  const bool kinds = !l.empty() && !l.front().kind.exclusive_kind();
   std::vector<std::string> params{
       hex_array(l.size(), [&](std::size_t i) -> std::string_view { return l[i].name; }),
       hex_array(l.size(), [&](std::size_t i) -> std::string_view { return l[i].token; }),
-      batch->notify ? "t" : "f",
-      channel_,
   };
-  command_connection().execute("lockwatch_release", std::move(params), [this, batch](const PgRows& rows,
-                                                                                     const StoreError* err) {
+  if (kinds) params.push_back(hex_array(l.size(), [&](std::size_t i) { return marker(l[i].kind); }));
+  params.push_back(batch->notify ? "t" : "f");
+  params.push_back(channel_);
+  auto answered = [this, batch](const PgRows& rows, const StoreError* err) {
     if (err) {
       if (err->kind == StoreError::Kind::kRetryLater && batch->attempt < kAttempts) {
         ++batch->attempt;
@@ -514,7 +885,15 @@ void PgStore::release_batch(std::shared_ptr<ReleaseBatch> batch) {
       status[k] = rows.at(r, 1) == "t" ? Released::kTakenByOther : Released::kGone;
     }
     for (std::size_t k = 0; k < status.size(); ++k) (*batch->locks[k].done)(batch->locks[k].index, status[k], nullptr);
-  });
+  };
+  if (!kinds) {
+    command_connection().execute("lockwatch_release", std::move(params), std::move(answered));
+    return;
+  }
+  std::vector<PgCall> calls;
+  calls.push_back({"lockwatch_lock_rows", {params[0]}});
+  calls.push_back({"lockwatch_release_kind", std::move(params)});
+  command_connection().execute_all(std::move(calls), std::move(answered));
 }
 
 // ---- the rest
@@ -590,10 +969,24 @@ void PgStore::inspect(std::string_view name, InspectDone done) {
 }
 
 void PgStore::force_release(std::string_view name, ForceDone done) {
-  command_connection().execute("lockwatch_force_release", {hex(name), channel_},
-                               [done = std::move(done)](const PgRows& rows, const StoreError* err) {
-                                 done(!err && rows.size() == 1, err);
-                               });
+  // The holders' rows go too: after the lock row is locked, as every
+  // change to them.
+  std::vector<PgCall> calls;
+  calls.push_back({"lockwatch_lock_rows", {hex_array(1, [&](std::size_t) { return name; })}});
+  calls.push_back({"lockwatch_force_release", {hex(name), channel_}});
+  command_connection().execute_all(std::move(calls), [done = std::move(done)](const PgRows& rows,
+                                                                              const StoreError* err) {
+    done(!err && rows.size() == 1, err);
+  });
+}
+
+void PgStore::withdraw(const LockRef& lock, WithdrawDone done) {
+  std::vector<PgCall> calls;
+  calls.push_back({"lockwatch_lock_rows", {hex_array(1, [&](std::size_t) { return lock.name; })}});
+  calls.push_back({"lockwatch_withdraw", {hex(lock.name), hex(lock.token), channel_}});
+  command_connection().execute_all(std::move(calls), [done = std::move(done)](const PgRows&, const StoreError* err) {
+    done(err);
+  });
 }
 
 // ---- release notices

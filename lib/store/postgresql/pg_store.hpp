@@ -25,10 +25,43 @@
 // statement and decides nothing. The row is never deleted: the fencing
 // counter lives in it and never goes back.
 //
+// Shared, permit and fair locks keep their holders in a second table,
+// <table>_holders (holders_table_definition(), created when missing
+// beside an existing lock table): one row per (lock_name, owner) with a
+// role ('s' reader, 'p' permit, 'f' fair holder, 'q' fair waiter with its
+// place `seq`, 'w' a writer's mark) and its own expires_at. The lock row
+// then holds a marker instead of an owner token ('lockwatch:shared',
+// 'lockwatch:permits:<n>', 'lockwatch:fair') with an expiry covering its
+// latest holder, so the exclusive statements above find it busy as they
+// are; the acquire statement only adds the writer's mark (a busy row held
+// shared: readers stay out while it lives, 2 s or the ttl after the
+// writer's last attempt), its deletion at the grant, and the marker in a
+// busy answer (another family: InvalidArgument). The kinds' steps are
+// short transactions (PgConnection::execute_all, one sync): the first
+// statement locks the names' lock rows in name order (INSERT ... ON
+// CONFLICT DO UPDATE ... WHERE false: made when missing, locked either
+// way), the second reads afresh and decides and writes in one statement:
+//   acquire  one per call: refused as another family or n; a reader busy
+//            behind a writer or a live mark, a permit behind n live
+//            holders, a fair caller unless the lock is free and it is the
+//            first live waiter (else it takes or keeps its place); a grant
+//            writes its row, the marker and the expiry, and raises the
+//            fence (permits, fair; a reader gets the last writer's);
+//   renew    a tick's leases: the holder's row and the lock row's expiry;
+//   release  the holder's row goes, the lock row's expiry shrinks to the
+//            latest remaining holder's, or the row is freed with the last;
+//   withdraw a fair waiter's row goes (FairQueue).
+// Each acquisition also deletes the name's rows whose time ran out, and
+// holders' rows under a lock row without a marker. Every change to a name's
+// holders' rows comes after its lock row is locked (the exclusive
+// statement's too), so these never deadlock each other.
+//
 // Release notices: LISTEN on a channel named after the table, on a
 // connection of its own made at the first subscribe(); the payload is
-// the lock's name in hex. release_events() is true: waiters sleep until a
-// notice or the holder's ttl. `subscribed` is reported for every name once
+// the lock's name in hex (also for a permit's or fair holder's release, a
+// last reader's, and a fair waiter leaving a free lock to the next one).
+// release_events() is true: waiters sleep until a notice or the holder's
+// ttl. `subscribed` is reported for every name once
 // LISTEN is confirmed (again after each reconnect), `subscriptions_lost`
 // when that connection drops (notices sent meanwhile are lost).
 //
@@ -55,7 +88,11 @@ namespace lockwatch::detail {
 
 class Loop;
 
-class PgStore final : public StoreBase, public FenceRaising, public JobClaims, public OperatorTools {
+class PgStore final : public StoreBase,
+                      public FenceRaising,
+                      public JobClaims,
+                      public OperatorTools,
+                      public FairQueue {
  public:
   // The lock_name column's limit (a CHECK in the table): longer names
   // (prefix + key) are refused before anything is sent.
@@ -66,17 +103,12 @@ class PgStore final : public StoreBase, public FenceRaising, public JobClaims, p
 
   // Any thread. InvalidArgument if the options do not suit this store.
   static void check_options(const PgTarget& target, const Options& options);
-  // The table as created when it is missing (also in docs/stores.md).
+  // The tables as created when they are missing (also in docs/stores.md).
   static std::string table_definition(const std::string& table);
+  static std::string holders_table_definition(const std::string& table);
 
-  // One statement per batch (see above); release notices by LISTEN.
-  // Exclusive locks only (no shared, permit or fair ones).
-  const char* check_kind(LockKind kind) const noexcept override {
-    if (kind.exclusive_kind()) return nullptr;
-    if (kind.mode() == LockKind::Mode::kFair)
-      return "the lock table keeps no queue of waiters: fair locks are not kept on PostgreSQL yet";
-    return "the lock table keeps one owner per key: shared and permit locks are not kept on PostgreSQL yet";
-  }
+  // Every kind: exclusive, shared, permits(n) and fair (see above).
+  const char* check_kind(LockKind) const noexcept override { return nullptr; }
   LOCKWATCH_STORE_OPERATIONS;
   LOCKWATCH_STORE_NOTICES;
   void poll_replies() override;
@@ -85,6 +117,9 @@ class PgStore final : public StoreBase, public FenceRaising, public JobClaims, p
   LOCKWATCH_FENCE_RAISING_OPERATIONS;
   LOCKWATCH_JOB_CLAIMS_OPERATIONS;
   LOCKWATCH_OPERATOR_TOOLS_OPERATIONS;
+  // FairQueue: the waiter's row goes, in a transaction that locks the
+  // lock row first; a first waiter that leaves a free lock notifies.
+  void withdraw(const LockRef& lock, WithdrawDone done) override;
 
  private:
   void started() override;
@@ -99,7 +134,8 @@ class PgStore final : public StoreBase, public FenceRaising, public JobClaims, p
   void send_acquisitions();
   void send_releases();
   void acquire_batch(std::shared_ptr<AcquireBatch> batch);
-  void renew_group(std::shared_ptr<RenewBatch> batch, std::vector<std::size_t> members);
+  void acquire_kind(std::shared_ptr<PendingAcquire> lock);
+  void renew_group(std::shared_ptr<RenewBatch> batch, std::vector<std::size_t> members, bool kinds);
   void release_batch(std::shared_ptr<ReleaseBatch> batch);
   void start_notices();
 

@@ -111,18 +111,34 @@ std::string PgTarget::name() const {
   return fmt::format("postgresql://{}:{}/{}", host, port, database);
 }
 
-std::string PgTarget::channel() const {
-  // Notices are per database: the table's name tells the stores of one
-  // database apart. A long name keeps its start and gains a hash of the
-  // whole, to stay within 63 bytes.
-  std::string ch = table + "_released";
-  if (ch.size() <= kMaxIdentifier) return ch;
+namespace {
+
+// `table` + `suffix` as an identifier of at most 63 bytes: a long name
+// keeps its start and gains a hash of the whole instead.
+std::string derived_name(const std::string& table, std::string_view suffix) {
+  std::string name = table + std::string(suffix);
+  if (name.size() <= kMaxIdentifier) return name;
   std::uint64_t h = 1469598103934665603ull;  // FNV-1a
   for (unsigned char c : table) {
     h ^= c;
     h *= 1099511628211ull;
   }
   return fmt::format("{}_{:016x}", table.substr(0, kMaxIdentifier - 17), h);
+}
+
+}  // namespace
+
+std::string PgTarget::channel() const {
+  // Notices are per database: the table's name tells the stores of one
+  // database apart.
+  return derived_name(table, "_released");
+}
+
+std::string PgTarget::holders_table() const {
+  // A hashed long name must not be the channel's: the suffix goes into
+  // the hash too.
+  if (table.size() + 8 <= kMaxIdentifier) return table + "_holders";
+  return derived_name(table + "_holders", "_");
 }
 
 }  // namespace lockwatch::detail

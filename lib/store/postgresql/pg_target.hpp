@@ -46,6 +46,10 @@ struct PgTarget {
   // at most 63 bytes (PostgreSQL's identifier length), letters, digits
   // and '_' only.
   std::string channel() const;
+  // The table of shared, permit and fair holders, writers' marks and fair
+  // waiters beside the lock table: "<table>_holders", or for a long name
+  // its start and a hash, at most 63 bytes.
+  std::string holders_table() const;
 };
 
 }  // namespace lockwatch::detail
