@@ -712,6 +712,10 @@ void ZkStore::expire_held(Clock::time_point now) {
     });
 }
 
+StoreError ZkStore::refusal(std::string why) const {
+  return StoreError::invalid(endpoint_, std::move(why), StoreError::Origin::kZooKeeper);
+}
+
 StoreError ZkStore::error(int rc, const std::string& doing) const {
   const char* text = rc == ZOPERATIONTIMEOUT ? "no answer within the timeout"
                      : rc == kNoHandle       ? "no session could be started (no member's name resolves?)"
@@ -819,12 +823,10 @@ void ZkStore::acquire_one(std::shared_ptr<AcquireOp> op) {
     Session* s = live(h->second.session);
     if (s != nullptr) {
       if (op->ttl.count() > s->negotiated_ms) {
-        auto e = StoreError::invalid(
-            endpoint_,
+        auto e = refusal(
             fmt::format("a repeated acquisition asks a ttl of {} ms, longer than the {} ms session that holds the "
                         "lock: ZooKeeper cannot lengthen a session",
-                        op->ttl.count(), s->negotiated_ms),
-            StoreError::Origin::kZooKeeper);
+                        op->ttl.count(), s->negotiated_ms));
         sink_->post([op, e](ZkStore& st) { st.fail(op, e); });
         return;
       }
@@ -900,12 +902,10 @@ void ZkStore::create_node(std::shared_ptr<AcquireOp> op, bool parents_made) {
           // would outlive what guards it. The node goes first (confirmed,
           // or left to the cleanups), then the lock is refused: nothing of
           // the refused call is in the queue when its caller hears.
-          auto e = StoreError::invalid(
-              endpoint_,
+          auto e = refusal(
               fmt::format("the ttl {} ms is longer than the session timeout the ZooKeeper ensemble grants "
                           "({} ms: its maxSessionTimeout); a lock's ttl is its session's timeout",
-                          op->ttl.count(), s->negotiated_ms),
-              StoreError::Origin::kZooKeeper);
+                          op->ttl.count(), s->negotiated_ms));
           delete_paths(*s, {op->path}, [this, op, e](int rc) {
             if (rc != ZOK) abandon_attempt(op);
             fail(op, e);
@@ -1083,10 +1083,8 @@ void ZkStore::withdraw(const LockRef& lock, WithdrawDone done) {
 
 void ZkStore::refuse_kind(const std::shared_ptr<AcquireOp>& op, LockKind held_as) {
   forget(*op);
-  auto e = StoreError::invalid(endpoint_,
-                               fmt::format("the lock '{}' is held as {}; this call asked for it {}", op->name,
-                                           family_of(held_as), op->kind.describe()),
-                               StoreError::Origin::kZooKeeper);
+  auto e = refusal(fmt::format("the lock '{}' is held as {}; this call asked for it {}", op->name,
+                               family_of(held_as), op->kind.describe()));
   Session* s = live(op->session);
   if (s == nullptr) {
     fail(op, e);

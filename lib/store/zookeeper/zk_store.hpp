@@ -201,6 +201,8 @@ class ZkStore final : public StoreBase, public JobClaims, public OperatorTools, 
   void issue_now(Session& s, std::uint64_t id, const std::function<int(zhandle_t*, void*)>& issue);
   static void on_sweep(uv_timer_t* t);
   StoreError error(int rc, const std::string& doing) const;
+  // A call this store refuses (InvalidArgument), saying why.
+  StoreError refusal(std::string why) const;
 
   std::string dir_of(std::string_view name) const;
   void acquire_one(std::shared_ptr<AcquireOp> op);
