@@ -368,7 +368,7 @@ TEST_P(StoreContractTest, AcquireAndReleaseAreSafeToRepeatWithTheSameToken) {
 // The stores that keep shared and permit locks; the others must refuse
 // them with Unsupported (at the call, before anything starts).
 bool keeps_kinds(const std::string& store) {
-  return store != "mysql" && store != "postgresql" && store != "etcd";
+  return store != "postgresql" && store != "etcd";
 }
 
 // True (the test then skips) for a store that refuses shared and permit

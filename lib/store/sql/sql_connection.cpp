@@ -240,7 +240,7 @@ void SqlConnection::run_setup() {
 }
 
 void SqlConnection::run_handshake(std::size_t attempt) {
-  // The table check; when the table is missing, create it and check again.
+  // The tables' check; when one is missing, create them and check again.
   handshake_.push_back(Request{session_.check, [this, attempt](const SqlResult&, const StoreError* err) {
                                  if (!err) {
                                    handshaking_ = false;
@@ -250,18 +250,19 @@ void SqlConnection::run_handshake(std::size_t attempt) {
                                    return;
                                  }
                                  if (last_errno_ == ER_NO_SUCH_TABLE && attempt == 0) {
-                                   handshake_.push_back(Request{session_.create, [this](const SqlResult&, const StoreError* e) {
-                                                                  if (e)
-                                                                    went_down(fmt::format("cannot create the lock table {}: {}",
-                                                                                          session_.table, last_error_),
-                                                                              false);
-                                                                }});
+                                   for (const auto& create : session_.create)
+                                     handshake_.push_back(Request{create, [this](const SqlResult&, const StoreError* e) {
+                                                                    if (e)
+                                                                      went_down(fmt::format("cannot create the lock table {}: {}",
+                                                                                            session_.table, last_error_),
+                                                                                false);
+                                                                  }});
                                    run_handshake(1);
                                    return;
                                  }
-                                 went_down(fmt::format("the lock table {} does not have lockwatch's columns "
-                                                       "(lock_name, owner, fence, expires_at, last_period; see "
-                                                       "lockwatch's docs/stores.md for its definition): {}",
+                                 went_down(fmt::format("the lock table {} (or its companion _holders table) does not "
+                                                       "have lockwatch's columns (see lockwatch's docs/stores.md for "
+                                                       "their definitions): {}",
                                                        session_.table, last_error_),
                                            false);
                                }});

@@ -91,7 +91,7 @@ struct SqlSession {
   std::shared_ptr<SqlStaleThreads> stale;  // null: not tracked
   std::vector<std::string> setup;
   std::string check;
-  std::string create;
+  std::vector<std::string> create;
   std::string table;  // for messages
 };
 
