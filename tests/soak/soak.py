@@ -1071,9 +1071,9 @@ class Soak:
         if self.a.topology in ("sentinel", "cluster"):
             argv += ["--min-replicas", "1"]
         # Read-write locks and semaphores where the store keeps them
-        # (Redlock: no permits; not the SQL stores nor etcd).
+        # (Redlock: no permits; not PostgreSQL nor etcd).
         kinds = {"single": "rw,sem", "sentinel": "rw,sem", "cluster": "rw,sem", "redlock": "rw",
-                 "zookeeper": "rw,sem"}.get(self.a.topology)
+                 "zookeeper": "rw,sem", "sql": "rw,sem"}.get(self.a.topology)
         if kinds:
             argv += ["--kinds", kinds]
         child = Child(argv, os.path.join(self.dir, wid + ".log"))
