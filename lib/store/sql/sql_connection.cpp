@@ -142,8 +142,11 @@ void SqlConnection::connect_to(const std::string& host) {
   mysql_options(mysql_, MYSQL_OPT_PROTOCOL, &protocol);
   my_bool no = 0;
   mysql_options(mysql_, MYSQL_OPT_LOCAL_INFILE, &no);
+  // The client library keeps the host's pointer for the attempt (its
+  // error messages name it): it must outlive this call.
+  connect_host_ = host;
   MYSQL* ret = nullptr;
-  int status = mysql_real_connect_start(&ret, mysql_, host.c_str(), target_.user.c_str(), target_.password.c_str(),
+  int status = mysql_real_connect_start(&ret, mysql_, connect_host_.c_str(), target_.user.c_str(), target_.password.c_str(),
                                         target_.database.c_str(), static_cast<unsigned>(target_.port),
                                         target_.socket.empty() ? nullptr : target_.socket.c_str(),
                                         CLIENT_MULTI_STATEMENTS | CLIENT_MULTI_RESULTS);
