@@ -20,7 +20,7 @@
 // a reader ('r'), a permit ('p', with its n), a fair holder ('f'), a fair
 // waiter ('q', with its arrival number seq) and a writer's mark ('w',
 // owner 'lockwatch:writer', with the lock's fence when it was left), each
-// with its own expiry. While any of them holds or waits, the lock row's
+// with its own expiry. While a holder or a waiter lives, the lock row's
 // owner is a marker ('lockwatch:shared', 'lockwatch:permits:<n>',
 // 'lockwatch:fair') and its expiry covers the latest of them, so the
 // exclusive statements above see the key busy as they see another owner's.
