@@ -249,7 +249,8 @@ TEST_F(SqlStoreTest, ARowLeftByAKilledReaderExpiresOnTheDatabasesClock) {
   server_->query("INSERT INTO " + db_table() + " (lock_name, owner, fence, expires_at) VALUES (" + name +
                  ", 'lockwatch:shared', 7, UTC_TIMESTAMP(6) + INTERVAL 400000 MICROSECOND)");
   server_->query("INSERT INTO " + db_table("lockwatch_locks_holders") +
-                 " (lock_name, owner, role, expires_at) VALUES (" + name + ", 'dead', 'r', UTC_TIMESTAMP(6) + INTERVAL 400000 MICROSECOND)");
+                 " (lock_name, owner, role, expires_at) VALUES (" + name +
+                 ", 'dead', 'r', UTC_TIMESTAMP(6) + INTERVAL 400000 MICROSECOND)");
   Runtime rt(options(server_->url()));
   auto t0 = std::chrono::steady_clock::now();
   auto busy = rt.acquire(key(), 5s, forever, 0ms);

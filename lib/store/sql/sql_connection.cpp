@@ -253,13 +253,14 @@ void SqlConnection::run_handshake(std::size_t attempt) {
                                    return;
                                  }
                                  if (last_errno_ == ER_NO_SUCH_TABLE && attempt == 0) {
+                                   auto created = [this](const SqlResult&, const StoreError* e) {
+                                     if (e)
+                                       went_down(fmt::format("cannot create the lock table {} (or its companion): {}",
+                                                             session_.table, last_error_),
+                                                 false);
+                                   };
                                    for (const auto& create : session_.create)
-                                     handshake_.push_back(Request{create, [this](const SqlResult&, const StoreError* e) {
-                                                                    if (e)
-                                                                      went_down(fmt::format("cannot create the lock table {}: {}",
-                                                                                            session_.table, last_error_),
-                                                                                false);
-                                                                  }});
+                                     handshake_.push_back(Request{create, created});
                                    run_handshake(1);
                                    return;
                                  }
