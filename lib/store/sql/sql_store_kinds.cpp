@@ -188,6 +188,11 @@ void SqlStore::send_kind_acquire(std::shared_ptr<KindAcquire> a) {
     }
     Acquired out;
     out.error = *err;
+    if (err->code == "1064")
+      // A server without MariaDB's compound statements (MySQL): say what
+      // is missing rather than only where the syntax broke.
+      out.error.message = a->kind.describe() + " locks need MariaDB's compound statements (BEGIN NOT ATOMIC), which " +
+                          "this server does not take: " + err->message;
     (*a->done)(a->index, out);
   });
   conn.query("SELECT @lw_status, @lw_fence, @lw_wait, @lw_held_as",
