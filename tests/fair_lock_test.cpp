@@ -2,9 +2,9 @@
 // arrived across runtimes; a waiter that gives up or dies leaves the queue
 // and never blocks it; tokens rise; a lost lease stops its holder; one
 // family per key; stores that keep no queue refuse them with Unsupported.
-// Run on memory://, one Redis node, a Redis Cluster, PostgreSQL and a
-// ZooKeeper ensemble (when built with them), each started once for the
-// suite.
+// Run on memory://, one Redis node, a Redis Cluster, MariaDB, and
+// PostgreSQL and a ZooKeeper ensemble (when built with them), each started
+// once for the suite.
 #include <gtest/gtest.h>
 #include <signal.h>
 
@@ -21,6 +21,7 @@
 #include "backends.hpp"
 #include "lockwatch/lockwatch.hpp"
 #include "store/memory/memory_space.hpp"
+#include "support/mariadb_server.hpp"
 #if LOCKWATCH_WITH_POSTGRESQL
 #include "support/postgres_server.hpp"
 #endif
@@ -115,6 +116,20 @@ class PostgresFairStore final : public FairStore {
 };
 #endif
 
+class MySqlFairStore final : public FairStore {
+ public:
+  std::string url() const override { return server_.url(); }
+  long long queued(const std::string& key) const override {
+    auto rows = server_.query(std::string("SELECT COUNT(*) FROM ") + MariaDbServer::kDatabase +
+                              ".lockwatch_locks_holders WHERE lock_name = 'lockwatch:" + key +
+                              "' AND role = 'q' AND expires_at > NOW(6)");
+    return rows.empty() || rows[0].empty() ? 0 : std::stoll(rows[0][0]);
+  }
+
+ private:
+  MariaDbServer server_;
+};
+
 class FairLockTest : public ::testing::TestWithParam<std::string> {
  protected:
   static void TearDownTestSuite() { stores().clear(); }
@@ -136,6 +151,7 @@ class FairLockTest : public ::testing::TestWithParam<std::string> {
 #if LOCKWATCH_WITH_POSTGRESQL
       if (GetParam() == "postgresql") slot = std::make_unique<PostgresFairStore>();
 #endif
+      if (GetParam() == "mysql") slot = std::make_unique<MySqlFairStore>();
     }
     return *slot;
   }
@@ -344,6 +360,7 @@ TEST_P(FairLockTest, AClustersLockKeepsItsQueueInItsOwnSlot) {
 std::vector<std::string> fair_stores() {
   std::vector<std::string> stores{"memory", "redis", "redis-cluster"};
 #if !defined(__SANITIZE_THREAD__)
+  stores.push_back("mysql");
 #if LOCKWATCH_WITH_POSTGRESQL
   stores.push_back("postgresql");
 #endif
@@ -366,9 +383,11 @@ INSTANTIATE_TEST_SUITE_P(Stores, FairLockTest, ::testing::ValuesIn(fair_stores()
 TEST(FairLockRefusalTest, StoresWithoutAQueueRefuseFairWithUnsupported) {
   const int port = free_loopback_port();
   const std::string at = "127.0.0.1:" + std::to_string(port);
-  std::vector<std::string> urls{"mysql://u:p@" + at + "/db",
-                                "redis://" + at + ",redis://127.0.0.1:" + std::to_string(free_loopback_port()) +
+  std::vector<std::string> urls{"redis://" + at + ",redis://127.0.0.1:" + std::to_string(free_loopback_port()) +
                                     ",redis://127.0.0.1:" + std::to_string(free_loopback_port())};
+#if LOCKWATCH_WITH_ETCD
+  urls.push_back("etcd://" + at);
+#endif
   for (const auto& url : urls) {
     Options o;
     o.redis_url = url;

@@ -1,7 +1,8 @@
 // What only the SQL store (mysql://) has, against a real mariadbd: its URL,
 // its table (created when missing, refused with the wrong columns, named
-// by ?table=), the unix socket, the fence kept in the row, the operators'
-// tools, and many statements in one round trip where one may fail alone.
+// by ?table=) and the companion table of shared, permit and fair holders,
+// the unix socket, the fence kept in the row, the operators' tools, and
+// many statements in one round trip where one may fail alone.
 // The behaviour every store shares is in store_contract_test.cpp.
 #include <gtest/gtest.h>
 
@@ -191,6 +192,97 @@ TEST_F(SqlStoreTest, ManyAcquisitionsShareRoundTripsAndEachIsAnsweredOnItsOwn) {
     taken.insert(h.lease().key());
   }
   EXPECT_EQ(taken.size(), static_cast<std::size_t>(kKeys - 1));
+}
+
+TEST_F(SqlStoreTest, AnOlderInstallGetsTheHoldersTableWhenMissing) {
+  // A lock table made before the other kinds were kept: the store adds the
+  // companion table and keeps using the old one.
+  server_->query("CREATE TABLE " + db_table("older") +
+                 " (lock_name VARBINARY(255) NOT NULL PRIMARY KEY, owner VARBINARY(64) NOT NULL DEFAULT '', "
+                 "fence BIGINT UNSIGNED NOT NULL DEFAULT 0, expires_at DATETIME(6) NOT NULL, last_period BIGINT NULL)");
+  Runtime rt(options(server_->url() + "?table=older"));
+  auto f = rt.acquire(key(), LockKind::shared(), 5s);
+  LockHandle reader = get_bounded(f);
+  auto ddl = server_->query("SHOW CREATE TABLE " + db_table("older_holders"));
+  ASSERT_EQ(ddl.size(), 1u);
+  for (const char* column : {"lock_name", "owner", "role", "seq", "expires_at", "PRIMARY KEY"})
+    EXPECT_NE(ddl[0][1].find(column), std::string::npos) << ddl[0][1];
+  auto rows = server_->query("SELECT role FROM " + db_table("older_holders") + " WHERE lock_name = 'lockwatch:" +
+                             key() + "'");
+  ASSERT_EQ(rows.size(), 1u);
+  EXPECT_EQ(rows[0][0], "r");
+  auto g = reader.release();
+  get_bounded(g);
+  EXPECT_TRUE(server_->query("SELECT 1 FROM " + db_table("older_holders") + " WHERE lock_name = 'lockwatch:" + key() +
+                             "'")
+                  .empty());
+}
+
+TEST_F(SqlStoreTest, AKeyHeldAsOneKindIsRefusedAsAnother) {
+  Runtime a(options(server_->url())), b(options(server_->url()));
+  auto f = a.acquire(key(), LockKind::shared(), 5s);
+  LockHandle reader = get_bounded(f);
+  for (LockKind other : {LockKind::permits(2), LockKind::fair()}) {
+    auto refused = b.acquire(key(), other, 5s, forever, 0ms);
+    auto e = error_of<InvalidArgument>(refused);
+    ASSERT_TRUE(e) << other.describe();
+    EXPECT_NE(std::string(e->what()).find("shared"), std::string::npos) << e->what();
+  }
+  auto g = reader.release();
+  get_bounded(g);
+  // Free again: a fair holder now, and the other kinds are refused.
+  auto fair = b.acquire(key(), LockKind::fair(), 5s, forever, 0ms);
+  LockHandle h = get_bounded(fair);
+  auto exclusive = a.acquire(key(), 5s, forever, 0ms);
+  auto e = error_of<InvalidArgument>(exclusive);
+  ASSERT_TRUE(e);
+  EXPECT_NE(std::string(e->what()).find("fair"), std::string::npos) << e->what();
+  auto r = h.release();
+  get_bounded(r);
+}
+
+TEST_F(SqlStoreTest, ARowLeftByAKilledReaderExpiresOnTheDatabasesClock) {
+  // What a reader killed mid-lease leaves: its row and the lock row's
+  // marker, 400 ms to run on the server's clock. A writer waits that long,
+  // not for any client's clock.
+  const std::string name = "'lockwatch:" + key() + "'";
+  server_->query("INSERT INTO " + db_table() + " (lock_name, owner, fence, expires_at) VALUES (" + name +
+                 ", 'lockwatch:shared', 7, UTC_TIMESTAMP(6) + INTERVAL 400000 MICROSECOND)");
+  server_->query("INSERT INTO " + db_table("lockwatch_locks_holders") +
+                 " (lock_name, owner, role, expires_at) VALUES (" + name +
+                 ", 'dead', 'r', UTC_TIMESTAMP(6) + INTERVAL 400000 MICROSECOND)");
+  Runtime rt(options(server_->url()));
+  auto t0 = std::chrono::steady_clock::now();
+  auto busy = rt.acquire(key(), 5s, forever, 0ms);
+  EXPECT_TRUE(error_of<LockNotAcquired>(busy));
+  auto f = rt.acquire(key(), 5s, forever, 5s);
+  LockHandle writer = get_bounded(f);
+  EXPECT_GE(std::chrono::steady_clock::now() - t0, 300ms);
+  EXPECT_EQ(writer.lease().fencing_token(), 8u);
+  auto r = writer.release();
+  get_bounded(r);
+}
+
+TEST_F(SqlStoreTest, OperatorsSeeAndForceReleaseAKeyHeldByReaders) {
+  Runtime a(options(server_->url())), b(options(server_->url()));
+  auto f = a.acquire(key(), LockKind::shared(), 10s);
+  LockHandle reader = get_bounded(f);
+  auto state = b.inspect(key());
+  auto s = get_bounded(state);
+  EXPECT_TRUE(s.held);
+  EXPECT_GT(s.ttl, 5s);
+  auto forced = b.force_release(key());
+  EXPECT_TRUE(get_bounded(forced));
+  EXPECT_TRUE(server_->query("SELECT 1 FROM " + db_table("lockwatch_locks_holders") + " WHERE lock_name = 'lockwatch:" +
+                             key() + "'")
+                  .empty());
+  auto writer = b.acquire(key(), 2s, 0);
+  LockHandle w = get_bounded(writer);
+  // The reader learns it at its next renewal (or its release).
+  auto r = reader.release();
+  EXPECT_TRUE(error_of<LeaseLost>(r));
+  auto g = w.release();
+  get_bounded(g);
 }
 
 }  // namespace

@@ -396,7 +396,7 @@ TEST_P(StoreContractTest, AcquireAndReleaseAreSafeToRepeatWithTheSameToken) {
 
 // The stores that keep shared and permit locks; the others must refuse
 // them with Unsupported (at the call, before anything starts).
-bool keeps_kinds(const std::string& store) { return store != "mysql" && store != "etcd"; }
+bool keeps_kinds(const std::string& store) { return store != "etcd"; }
 
 // True (the test then skips) for a store that refuses shared and permit
 // locks, after checking that it does so with Unsupported, naming the kind.

@@ -1071,9 +1071,9 @@ class Soak:
         if self.a.topology in ("sentinel", "cluster"):
             argv += ["--min-replicas", "1"]
         # Read-write locks and semaphores where the store keeps them
-        # (Redlock: no permits; not MariaDB nor etcd).
+        # (Redlock: no permits; not etcd).
         kinds = {"single": "rw,sem", "sentinel": "rw,sem", "cluster": "rw,sem", "redlock": "rw",
-                 "postgresql": "rw,sem", "zookeeper": "rw,sem"}.get(self.a.topology)
+                 "sql": "rw,sem", "postgresql": "rw,sem", "zookeeper": "rw,sem"}.get(self.a.topology)
         if kinds:
             argv += ["--kinds", kinds]
         child = Child(argv, os.path.join(self.dir, wid + ".log"))

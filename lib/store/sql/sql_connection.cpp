@@ -142,8 +142,11 @@ void SqlConnection::connect_to(const std::string& host) {
   mysql_options(mysql_, MYSQL_OPT_PROTOCOL, &protocol);
   my_bool no = 0;
   mysql_options(mysql_, MYSQL_OPT_LOCAL_INFILE, &no);
+  // The client library keeps the host's pointer for the attempt (its
+  // error messages name it): it must outlive this call.
+  connect_host_ = host;
   MYSQL* ret = nullptr;
-  int status = mysql_real_connect_start(&ret, mysql_, host.c_str(), target_.user.c_str(), target_.password.c_str(),
+  int status = mysql_real_connect_start(&ret, mysql_, connect_host_.c_str(), target_.user.c_str(), target_.password.c_str(),
                                         target_.database.c_str(), static_cast<unsigned>(target_.port),
                                         target_.socket.empty() ? nullptr : target_.socket.c_str(),
                                         CLIENT_MULTI_STATEMENTS | CLIENT_MULTI_RESULTS);
@@ -240,7 +243,7 @@ void SqlConnection::run_setup() {
 }
 
 void SqlConnection::run_handshake(std::size_t attempt) {
-  // The table check; when the table is missing, create it and check again.
+  // The tables' check; when one is missing, create them and check again.
   handshake_.push_back(Request{session_.check, [this, attempt](const SqlResult&, const StoreError* err) {
                                  if (!err) {
                                    handshaking_ = false;
@@ -250,18 +253,20 @@ void SqlConnection::run_handshake(std::size_t attempt) {
                                    return;
                                  }
                                  if (last_errno_ == ER_NO_SUCH_TABLE && attempt == 0) {
-                                   handshake_.push_back(Request{session_.create, [this](const SqlResult&, const StoreError* e) {
-                                                                  if (e)
-                                                                    went_down(fmt::format("cannot create the lock table {}: {}",
-                                                                                          session_.table, last_error_),
-                                                                              false);
-                                                                }});
+                                   auto created = [this](const SqlResult&, const StoreError* e) {
+                                     if (e)
+                                       went_down(fmt::format("cannot create the lock table {} (or its companion): {}",
+                                                             session_.table, last_error_),
+                                                 false);
+                                   };
+                                   for (const auto& create : session_.create)
+                                     handshake_.push_back(Request{create, created});
                                    run_handshake(1);
                                    return;
                                  }
-                                 went_down(fmt::format("the lock table {} does not have lockwatch's columns "
-                                                       "(lock_name, owner, fence, expires_at, last_period; see "
-                                                       "lockwatch's docs/stores.md for its definition): {}",
+                                 went_down(fmt::format("the lock table {} (or its companion _holders table) does not "
+                                                       "have lockwatch's columns (see lockwatch's docs/stores.md for "
+                                                       "their definitions): {}",
                                                        session_.table, last_error_),
                                            false);
                                }});

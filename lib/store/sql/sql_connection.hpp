@@ -91,7 +91,7 @@ struct SqlSession {
   std::shared_ptr<SqlStaleThreads> stale;  // null: not tracked
   std::vector<std::string> setup;
   std::string check;
-  std::string create;
+  std::vector<std::string> create;
   std::string table;  // for messages
 };
 
@@ -177,6 +177,7 @@ class SqlConnection {
   bool reported_down_ = false;
   bool handshaking_ = false;
   std::chrono::milliseconds backoff_{0};
+  std::string connect_host_;  // the address of the attempt under way
   std::string last_error_ = "not connected yet";
   unsigned last_errno_ = 0;
 

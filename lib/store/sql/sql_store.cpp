@@ -4,12 +4,22 @@
 #include <mysqld_error.h>
 
 #include <algorithm>
-#include <charconv>
 #include <map>
 
 #include "core/loop.hpp"
+#include "store/sql/sql_literals.hpp"
 
 namespace lockwatch::detail {
+
+using sql::held_as;
+using sql::hex;
+using sql::kFairMarker;
+using sql::kPermitsMarker;
+using sql::kSharedMarker;
+using sql::kWriterMark;
+using sql::kWriterOwner;
+using sql::micros;
+using sql::to_ll;
 
 namespace {
 
@@ -20,29 +30,6 @@ constexpr std::size_t kChunk = 512;
 // A deadlock or lock-wait timeout on the lock's row: the statement is
 // tried again this many times before the acquisition fails.
 constexpr int kAcquireAttempts = 3;
-
-// Names and tokens go into statements as hex literals: any bytes, no
-// escaping, nothing a key holds can change a statement.
-std::string hex(std::string_view bytes) {
-  static constexpr char kHex[] = "0123456789abcdef";
-  std::string out;
-  out.reserve(3 + 2 * bytes.size());
-  out += "X'";
-  for (unsigned char c : bytes) {
-    out.push_back(kHex[c >> 4]);
-    out.push_back(kHex[c & 15]);
-  }
-  out.push_back('\'');
-  return out;
-}
-
-long long micros(std::chrono::milliseconds ttl) { return static_cast<long long>(ttl.count()) * 1000; }
-
-long long to_ll(const std::string& s) {
-  long long v = 0;
-  std::from_chars(s.data(), s.data() + s.size(), v);
-  return v;
-}
 
 // "1795441148.216002" (UNIX_TIMESTAMP(NOW(6))) as a time point.
 std::chrono::system_clock::time_point unix_time(const std::string& s) {
@@ -86,6 +73,20 @@ std::string SqlStore::table_definition(const std::string& table) {
       table, kMaxNameBytes);
 }
 
+std::string SqlStore::holders_definition(const std::string& table) {
+  return fmt::format(
+      "CREATE TABLE IF NOT EXISTS `{}_holders` (\n"
+      "  lock_name   VARBINARY({}) NOT NULL,\n"
+      "  owner       VARBINARY(64) NOT NULL,\n"
+      "  role        CHAR(1) NOT NULL,\n"
+      "  n           BIGINT UNSIGNED NOT NULL DEFAULT 0,\n"
+      "  seq         BIGINT UNSIGNED NOT NULL DEFAULT 0,\n"
+      "  expires_at  DATETIME(6) NOT NULL,\n"
+      "  PRIMARY KEY (lock_name, owner)\n"
+      ") ENGINE=InnoDB",
+      table, kMaxNameBytes);
+}
+
 SqlStore::SqlStore(Loop& loop, SqlTarget target, const Options& options)
     : StoreBase(KeyRules{options.key_prefix, KeyRules::plain,
                          [](std::string_view prefix, std::string_view key) noexcept -> const char* {
@@ -95,7 +96,8 @@ SqlStore::SqlStore(Loop& loop, SqlTarget target, const Options& options)
                            return nullptr;
                          }},
                 /*release_events=*/false),
-      options_(options), target_(std::move(target)), table_("`" + target_.table + "`") {
+      options_(options), target_(std::move(target)), table_("`" + target_.table + "`"),
+      holders_("`" + target_.table + "_holders`") {
   SqlSession session;
   long long wait_s = std::max<long long>(1, options_.command_timeout.count() / 1000);
   session.setup = {
@@ -104,8 +106,13 @@ SqlStore::SqlStore(Loop& loop, SqlTarget target, const Options& options)
                   wait_s),
       "SET SESSION TRANSACTION ISOLATION LEVEL READ COMMITTED",
   };
-  session.check = fmt::format("SELECT lock_name, owner, fence, expires_at, last_period FROM {} LIMIT 0", table_);
-  session.create = table_definition(target_.table);
+  // One statement checks both tables (a missing one is 1146, a missing
+  // column 1054); existing installs get the companion table made here.
+  session.check = fmt::format(
+      "SELECT l.lock_name, l.owner, l.fence, l.expires_at, l.last_period, h.lock_name, h.owner, h.role, h.n, h.seq, "
+      "h.expires_at FROM {} l, {} h LIMIT 0",
+      table_, holders_);
+  session.create = {table_definition(target_.table), holders_definition(target_.table)};
   session.table = fmt::format("{}.{}", target_.database, target_.table);
   session.stale = std::make_shared<SqlStaleThreads>();
   for (int i = 0; i < kCommandConnections; ++i)
@@ -149,8 +156,13 @@ void SqlStore::acquire(std::span<const LockRef> locks, AcquireDone done) {
   auto shared_done = std::make_shared<AcquireDone>(std::move(done));
   std::vector<AcquireBatch::Lock> all;
   all.reserve(locks.size());
-  for (std::size_t i = 0; i < locks.size(); ++i)
+  for (std::size_t i = 0; i < locks.size(); ++i) {
+    if (!locks[i].kind.exclusive_kind()) {
+      acquire_kind(locks[i], i, shared_done);
+      continue;
+    }
     all.push_back({std::string(locks[i].name), std::string(locks[i].token), locks[i].ttl, i});
+  }
   std::sort(all.begin(), all.end(), [](const auto& a, const auto& b) { return a.name < b.name; });
   for (std::size_t from = 0; from < all.size(); from += kChunk) {
     auto batch = std::make_shared<AcquireBatch>();
@@ -223,7 +235,7 @@ void SqlStore::acquire_batch(std::shared_ptr<AcquireBatch> batch) {
     out.error = *err;
     for (const auto& l : batch->locks) (*batch->done)(l.index, out);
   });
-  conn.query(std::move(report), [batch, failed, retried](const SqlResult& r, const StoreError* err) {
+  conn.query(std::move(report), [this, batch, failed, retried](const SqlResult& r, const StoreError* err) {
     if (*failed || *retried) return;  // answered by the insert's failure, or sent again
     if (err) {
       Acquired out;
@@ -234,32 +246,73 @@ void SqlStore::acquire_batch(std::shared_ptr<AcquireBatch> batch) {
     std::map<std::string_view, const std::vector<std::string>*> rows;
     for (const auto& row : r.rows)
       if (row.size() == 4) rows[row[0]] = &row;
-    for (const auto& l : batch->locks) {
-      Acquired out;
+    auto answers = std::make_shared<std::vector<Acquired>>(batch->locks.size());
+    std::vector<std::pair<std::string, std::chrono::milliseconds>> marks;
+    for (std::size_t k = 0; k < batch->locks.size(); ++k) {
+      const auto& l = batch->locks[k];
+      Acquired& out = (*answers)[k];
       auto it = rows.find(l.name);
       if (it == rows.end()) {
         out.status = Acquired::Status::kBusy;  // cannot be: the insert made the row
-      } else {
-        const auto& row = *it->second;
-        long long us = to_ll(row[3]);
-        if (row[1] == l.token && us > 0) {
-          out.status = Acquired::Status::kTaken;
-          out.fence = static_cast<std::uint64_t>(to_ll(row[2]));
-        } else {
-          out.status = Acquired::Status::kBusy;
-          out.busy_for = std::chrono::milliseconds((us + 999) / 1000);
-        }
+        continue;
       }
-      (*batch->done)(l.index, out);
+      const auto& row = *it->second;
+      long long us = to_ll(row[3]);
+      if (row[1] == l.token && us > 0) {
+        out.status = Acquired::Status::kTaken;
+        out.fence = static_cast<std::uint64_t>(to_ll(row[2]));
+        continue;
+      }
+      out.status = Acquired::Status::kBusy;
+      out.busy_for = sql::ms_up(us);
+      const std::string_view owner = row[1];
+      if (owner == kSharedMarker) {
+        // Readers hold it: this writer's mark stops new ones while it
+        // waits. The mark lasts 2 s (the ttl if shorter) and the writer
+        // tries again within half of it, so it keeps the mark while it
+        // waits and one that stops waiting holds readers back briefly.
+        const auto mark = std::min(l.ttl, kWriterMark);
+        out.busy_for = std::min(out.busy_for, std::max(mark / 2, std::chrono::milliseconds(1)));
+        marks.emplace_back(l.name, mark);
+      } else if (us > 0 && (owner == kFairMarker || owner.starts_with(kPermitsMarker))) {
+        out.status = Acquired::Status::kFailed;
+        out.error = StoreError::invalid(
+            target_.name(),
+            fmt::format("the lock '{}' is held as {}; this call asked for it exclusive", l.name, held_as(owner)),
+            StoreError::Origin::kSql);
+      }
     }
+    auto answer = [batch, answers] {
+      for (std::size_t k = 0; k < batch->locks.size(); ++k) (*batch->done)(batch->locks[k].index, (*answers)[k]);
+    };
+    if (marks.empty()) {
+      answer();
+      return;
+    }
+    mark_writers(std::move(marks), std::move(answer));
   });
 }
 
-struct SqlStore::RenewBatch {
-  std::vector<LockRef> locks;  // views, valid while keepalive lives
-  std::shared_ptr<const void> keepalive;
-  RenewDone done;
-};
+void SqlStore::mark_writers(std::vector<std::pair<std::string, std::chrono::milliseconds>> names,
+                            std::function<void()> done) {
+  // The mark carries the lock's fence: a writer's grant raises it, and so
+  // ends the mark however long it had to run. It is left only while
+  // readers still hold the row; a mark that fails to be written leaves
+  // the writer to try again (and mark again) on its back-off.
+  auto left = std::make_shared<std::size_t>(names.size());
+  auto shared_done = std::make_shared<std::function<void()>>(std::move(done));
+  SqlConnection& conn = command_connection();
+  for (const auto& [name, mark] : names) {
+    conn.query(fmt::format("INSERT INTO {} (lock_name, owner, role, n, seq, expires_at) "
+                           "SELECT lock_name, '{}', 'w', fence, 0, NOW(6) + INTERVAL {} MICROSECOND FROM {} "
+                           "WHERE lock_name = {} AND owner = '{}' AND expires_at > NOW(6) "
+                           "ON DUPLICATE KEY UPDATE n = VALUES(n), expires_at = VALUES(expires_at)",
+                           holders_, kWriterOwner, micros(mark), table_, hex(name), kSharedMarker),
+               [left, shared_done](const SqlResult&, const StoreError*) {
+                 if (--*left == 0) (*shared_done)();
+               });
+  }
+}
 
 std::size_t SqlStore::renew(std::span<const LockRef> locks, std::shared_ptr<const void> keepalive, RenewDone done) {
   auto batch = std::make_shared<RenewBatch>();
@@ -267,14 +320,19 @@ std::size_t SqlStore::renew(std::span<const LockRef> locks, std::shared_ptr<cons
   batch->keepalive = std::move(keepalive);
   batch->done = std::move(done);
   // One statement per ttl (a tick's renewals mostly share one), in chunks.
-  std::map<long long, std::vector<std::size_t>> by_ttl;
-  for (std::size_t i = 0; i < locks.size(); ++i) by_ttl[locks[i].ttl.count()].push_back(i);
+  // Holders of the other kinds renew their own rows, apart.
+  std::map<std::pair<bool, long long>, std::vector<std::size_t>> by_ttl;
+  for (std::size_t i = 0; i < locks.size(); ++i)
+    by_ttl[{locks[i].kind.exclusive_kind(), locks[i].ttl.count()}].push_back(i);
   std::size_t statements = 0;
-  for (auto& [ttl_ms, members] : by_ttl) {
+  for (auto& [group, members] : by_ttl) {
     for (std::size_t from = 0; from < members.size(); from += kChunk) {
       std::size_t to = std::min(members.size(), from + kChunk);
-      renew_group(batch, std::vector<std::size_t>(members.begin() + from, members.begin() + to),
-                  std::chrono::milliseconds(ttl_ms));
+      std::vector<std::size_t> chunk(members.begin() + from, members.begin() + to);
+      if (group.first)
+        renew_group(batch, std::move(chunk), std::chrono::milliseconds(group.second));
+      else
+        renew_kinds(batch, std::move(chunk), std::chrono::milliseconds(group.second));
       ++statements;
     }
   }
@@ -364,14 +422,18 @@ void SqlStore::release(std::span<const LockRef> locks, bool /*notify: no release
     std::map<std::string, std::pair<std::string, bool>> before;  // name -> owner, live
   };
   auto shared_done = std::make_shared<ReleaseDone>(std::move(done));
-  for (std::size_t from = 0; from < locks.size(); from += kChunk) {
+  std::vector<std::size_t> exclusive, kinds;
+  for (std::size_t i = 0; i < locks.size(); ++i) (locks[i].kind.exclusive_kind() ? exclusive : kinds).push_back(i);
+  if (!kinds.empty()) release_kinds(locks, std::move(kinds), shared_done);
+  for (std::size_t from = 0; from < exclusive.size(); from += kChunk) {
     auto batch = std::make_shared<Batch>();
     batch->done = shared_done;
     std::string names, pairs;
-    for (std::size_t i = from; i < std::min(locks.size(), from + kChunk); ++i) {
+    for (std::size_t e = from; e < std::min(exclusive.size(), from + kChunk); ++e) {
+      const std::size_t i = exclusive[e];
       batch->locks.emplace_back(std::string(locks[i].name), std::string(locks[i].token));
       batch->index.push_back(i);
-      if (i > from) {
+      if (e > from) {
         names += ',';
         pairs += ',';
       }
@@ -517,17 +579,20 @@ void SqlStore::claim_period(std::string_view name, std::string_view token, std::
 }
 
 void SqlStore::inspect(std::string_view name, InspectDone done) {
+  // A key held by shared, permit or fair holders shows their latest
+  // deadline, its owner the marker; fair waiters alone do not hold it.
   command_connection().query(
-      fmt::format("SELECT GREATEST(TIMESTAMPDIFF(MICROSECOND, NOW(6), expires_at), 0), fence, owner FROM {} "
-                  "WHERE lock_name = {}",
-                  table_, hex(name)),
+      fmt::format("SELECT GREATEST(TIMESTAMPDIFF(MICROSECOND, NOW(6), IF(owner LIKE '{}%', (SELECT MAX(h.expires_at) "
+                  "FROM {} h WHERE h.lock_name = l.lock_name AND h.role IN ('r', 'p', 'f')), expires_at)), 0), fence, "
+                  "owner FROM {} l WHERE lock_name = {}",
+                  sql::kMarkerPrefix, holders_, table_, hex(name)),
       [done = std::move(done)](const SqlResult& r, const StoreError* err) {
         LockInfo info;
         if (!err && !r.rows.empty() && r.rows[0].size() == 3) {
           const auto& row = r.rows[0];
           long long us = to_ll(row[0]);
           info.held = us > 0 && !row[2].empty();
-          info.ttl = info.held ? std::chrono::milliseconds((us + 999) / 1000) : std::chrono::milliseconds(0);
+          info.ttl = info.held ? sql::ms_up(us) : std::chrono::milliseconds(0);
           info.fencing_token = static_cast<std::uint64_t>(to_ll(row[1]));
           if (info.held) info.owner = row[2];
         }
@@ -536,11 +601,33 @@ void SqlStore::inspect(std::string_view name, InspectDone done) {
 }
 
 void SqlStore::force_release(std::string_view name, ForceDone done) {
-  command_connection().query(
-      fmt::format("UPDATE {} SET owner = '', expires_at = NOW(6) WHERE lock_name = {} AND owner <> '' "
-                  "AND expires_at > NOW(6)",
-                  table_, hex(name)),
-      [done = std::move(done)](const SqlResult& r, const StoreError* err) { done(!err && r.affected == 1, err); });
+  // One transaction on the lock's row: whether anyone held it, then the
+  // holders and the writer's mark gone and the row freed. Fair waiters keep
+  // their places (and the row its marker while they wait).
+  const std::string n = hex(name);
+  std::string body = fmt::format(
+      "SET @lw_was = 0; "
+      "SELECT COUNT(*) INTO @lw_row FROM {0} WHERE lock_name = {2} FOR UPDATE; "
+      "SELECT COUNT(*) INTO @lw_holders FROM {1} WHERE lock_name = {2} AND role IN ('r', 'p', 'f') "
+      "AND expires_at > NOW(6); "
+      "SELECT COUNT(*) INTO @lw_was FROM {0} WHERE lock_name = {2} AND owner <> '' AND expires_at > NOW(6) "
+      "AND (owner NOT LIKE '{3}%' OR @lw_holders > 0); "
+      "DELETE FROM {1} WHERE lock_name = {2} AND role IN ('r', 'p', 'f', 'w'); "
+      "UPDATE {0} SET owner = '', expires_at = NOW(6) WHERE lock_name = {2} AND owner NOT LIKE '{3}%'; ",
+      table_, holders_, n, sql::kMarkerPrefix);
+  body += shrink(n);
+  auto failed = std::make_shared<bool>(false);
+  auto shared_done = std::make_shared<ForceDone>(std::move(done));
+  SqlConnection& conn = command_connection();
+  conn.query(transaction(body), [failed, shared_done](const SqlResult&, const StoreError* err) {
+    if (!err) return;
+    *failed = true;
+    (*shared_done)(false, err);
+  });
+  conn.query("SELECT @lw_was", [failed, shared_done](const SqlResult& r, const StoreError* err) {
+    if (*failed) return;  // answered by the transaction's failure
+    (*shared_done)(!err && !r.rows.empty() && !r.rows[0].empty() && to_ll(r.rows[0][0]) > 0, err);
+  });
 }
 
 void SqlStore::close() {

@@ -3,7 +3,8 @@
 //
 // One row per lock name: the owner token, the fencing counter and the
 // expiry, set and judged on the database's clock only (NOW(6), UTC). Each
-// step is one atomic statement in autocommit, never a read then a write:
+// exclusive step is one atomic statement in autocommit, never a read then
+// a write:
 //   acquire  one INSERT ... ON DUPLICATE KEY UPDATE for the batch: each
 //            free or expired row -> ours, with its fence raised;
 //   renew    UPDATE ... WHERE (lock_name, owner) IN (...) AND unexpired:
@@ -14,6 +15,26 @@
 // back. A read that classifies an outcome (who holds a busy lock, why a
 // renewal missed) only ever follows the write that decided it.
 //
+// Shared, permit and fair locks (sql_store_kinds.cpp) keep their holders
+// in a companion table, `<table>_holders`, one row per (lock_name, owner):
+// a reader ('r'), a permit ('p', with its n), a fair holder ('f'), a fair
+// waiter ('q', with its arrival number seq) and a writer's mark ('w',
+// owner 'lockwatch:writer', with the lock's fence when it was left), each
+// with its own expiry. While a holder or a waiter lives, the lock row's
+// owner is a marker ('lockwatch:shared', 'lockwatch:permits:<n>',
+// 'lockwatch:fair') and its expiry covers the latest of them, so the
+// exclusive statements above see the key busy as they see another owner's.
+// An exclusive acquire that finds readers leaves the writer's mark in a
+// second statement; readers are refused while a mark of the lock's current
+// fence lives (a writer's grant raises the fence and voids it). The other
+// steps are each one compound statement (BEGIN NOT ATOMIC: a MariaDB
+// feature, so these kinds need MariaDB, not MySQL), a transaction that
+// first locks the lock's row (an insert of it when missing, then SELECT
+// ... FOR UPDATE), so that concurrent callers of one name serialise; it
+// leaves its outcome in session variables that the next statement of the
+// same round trip reads. Renewals of many holders are one multi-table
+// UPDATE per ttl (the holder's row and the lock row's expiry together).
+//
 // Connections (SqlConnection): two for commands and one for renewals, so
 // a renewal never queues behind a burst of acquisitions. There are no
 // release notices: release_events() is false and waiters retry on the
@@ -22,7 +43,9 @@
 // Threading: as LockStore (loop thread, but encode()/check_key()).
 #pragma once
 
+#include <functional>
 #include <memory>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -36,7 +59,7 @@ namespace lockwatch::detail {
 
 class Loop;
 
-class SqlStore final : public StoreBase, public JobClaims, public OperatorTools {
+class SqlStore final : public StoreBase, public JobClaims, public OperatorTools, public FairQueue {
  public:
   // The lock_name column's size: longer names (prefix + key) are refused.
   static constexpr std::size_t kMaxNameBytes = 255;
@@ -44,35 +67,54 @@ class SqlStore final : public StoreBase, public JobClaims, public OperatorTools 
   SqlStore(Loop& loop, SqlTarget target, const Options& options);
   ~SqlStore() override;
 
-  // The table as created when it is missing (also in docs/stores.md).
+  // The tables as created when missing (also in docs/stores.md): the lock
+  // table, and its companion for shared, permit and fair holders.
   static std::string table_definition(const std::string& table);
+  static std::string holders_definition(const std::string& table);
 
   // One statement per batch (see above); no release notices, so waiters
   // poll with the runtime's back-off.
-  // Exclusive locks only (no shared, permit or fair ones).
-  const char* check_kind(LockKind kind) const noexcept override {
-    if (kind.exclusive_kind()) return nullptr;
-    if (kind.mode() == LockKind::Mode::kFair)
-      return "the lock table keeps no queue of waiters: fair locks are not kept on MariaDB yet";
-    return "the lock table keeps one owner per key: shared and permit locks are not kept on MariaDB yet";
-  }
+  // Every kind (see above).
+  const char* check_kind(LockKind) const noexcept override { return nullptr; }
   LOCKWATCH_STORE_OPERATIONS;
   // JobClaims on the database's clock (NOW(6)); OperatorTools on the row.
   LOCKWATCH_JOB_CLAIMS_OPERATIONS;
   LOCKWATCH_OPERATOR_TOOLS_OPERATIONS;
+  void withdraw(const LockRef& lock, WithdrawDone done) override;
 
  private:
   void started() override;
-  struct RenewBatch;
+  // A renewal batch as the store keeps it until every lock was answered.
+  struct RenewBatch {
+    std::vector<LockRef> locks;  // views, valid while keepalive lives
+    std::shared_ptr<const void> keepalive;
+    RenewDone done;
+  };
   struct AcquireBatch;
   SqlConnection& command_connection();
   void acquire_batch(std::shared_ptr<AcquireBatch> batch);
   void renew_group(std::shared_ptr<RenewBatch> batch, std::vector<std::size_t> members, std::chrono::milliseconds ttl);
   void classify_renewals(std::shared_ptr<RenewBatch> batch, std::vector<std::size_t> members);
+  // The exclusive acquisitions of a batch that found readers leave the
+  // writer's mark; `done` runs once it is written (or failed).
+  void mark_writers(std::vector<std::pair<std::string, std::chrono::milliseconds>> names, std::function<void()> done);
+  // Shared, permit and fair locks (sql_store_kinds.cpp).
+  struct KindAcquire;
+  void acquire_kind(const LockRef& lock, std::size_t index, std::shared_ptr<AcquireDone> done);
+  void send_kind_acquire(std::shared_ptr<KindAcquire> a);
+  void renew_kinds(std::shared_ptr<RenewBatch> batch, std::vector<std::size_t> members, std::chrono::milliseconds ttl);
+  void release_kinds(std::span<const LockRef> locks, std::vector<std::size_t> at, std::shared_ptr<ReleaseDone> done);
+  // A compound statement around `body`: one transaction, rolled back (and
+  // the error passed on) when any of its statements fails.
+  static std::string transaction(const std::string& body);
+  // Statements that shrink the lock row's expiry to its latest live holder
+  // or waiter, or free it with the last (only while it holds a marker).
+  std::string shrink(const std::string& name) const;
 
   const Options options_;
   const SqlTarget target_;
-  std::string table_;  // quoted
+  std::string table_;    // quoted
+  std::string holders_;  // quoted: the companion table
   std::vector<std::unique_ptr<SqlConnection>> commands_;
   std::unique_ptr<SqlConnection> renew_;
 };

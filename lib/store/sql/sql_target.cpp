@@ -13,6 +13,7 @@ namespace {
 
 constexpr std::string_view kScheme = "mysql://";
 constexpr std::size_t kMaxIdentifier = 64;  // MariaDB's limit for database and table names
+constexpr std::string_view kHoldersSuffix = "_holders";
 
 // Identifiers are put into statements as `name`: letters, digits, '_' and
 // '$' only, so nothing a URL carries can change a statement.
@@ -49,7 +50,9 @@ SqlTarget SqlTarget::parse(const std::string& url) {
       if (value.empty() || value.front() != '/') throw_bad_url(url, "socket= must be an absolute path");
       t.socket = std::move(value);
     } else if (key == "table") {
-      if (!plain_identifier(value)) throw_bad_url(url, "table= must be 1 to 64 letters, digits, '_' or '$'");
+      // The companion table's name (`table`_holders) must fit in 64 too.
+      if (!plain_identifier(value) || value.size() > kMaxIdentifier - kHoldersSuffix.size())
+        throw_bad_url(url, "table= must be 1 to 56 letters, digits, '_' or '$'");
       t.table = std::move(value);
     } else {
       throw InvalidArgument(fmt::format("malformed URL '{}': unknown parameter '{}' (mysql:// takes socket= and table=)",

@@ -1,0 +1,66 @@
+// lib/store/sql/sql_literals.hpp: how the SQL store writes values into its
+// statements and reads numbers back from their text answers.
+//
+// Names and tokens go in as hex literals: any bytes, no escaping, nothing a
+// key holds can change a statement. The markers are what the lock row's
+// owner holds while shared, permit or fair holders (or fair waiters) hold
+// the key: owner tokens are hex, so none of them starts with "lockwatch:".
+#pragma once
+
+#include <charconv>
+#include <chrono>
+#include <string>
+#include <string_view>
+
+namespace lockwatch::detail::sql {
+
+inline constexpr std::string_view kSharedMarker = "lockwatch:shared";
+inline constexpr std::string_view kPermitsMarker = "lockwatch:permits:";  // + n
+inline constexpr std::string_view kFairMarker = "lockwatch:fair";
+inline constexpr std::string_view kMarkerPrefix = "lockwatch:";
+// The one writer's mark of a lock, in the companion table.
+inline constexpr std::string_view kWriterOwner = "lockwatch:writer";
+// How long a writer's mark stops new readers after its last attempt (the
+// writer's ttl if shorter), as on Redis.
+inline constexpr std::chrono::milliseconds kWriterMark{2000};
+
+// How a key is held, as its lock row's owner says: "an exclusive lock", "a
+// shared lock", "a semaphore of 2 permits", "a fair lock".
+inline std::string held_as(std::string_view owner) {
+  if (owner == kSharedMarker) return "a shared lock";
+  if (owner == kFairMarker) return "a fair lock";
+  if (owner.starts_with(kPermitsMarker)) {
+    std::string n(owner.substr(kPermitsMarker.size()));
+    return "a semaphore of " + n + (n == "1" ? " permit" : " permits");
+  }
+  return "an exclusive lock";
+}
+
+inline std::string hex(std::string_view bytes) {
+  static constexpr char kHex[] = "0123456789abcdef";
+  std::string out;
+  out.reserve(3 + 2 * bytes.size());
+  out += "X'";
+  for (unsigned char c : bytes) {
+    out.push_back(kHex[c >> 4]);
+    out.push_back(kHex[c & 15]);
+  }
+  out.push_back('\'');
+  return out;
+}
+
+inline long long micros(std::chrono::milliseconds ttl) { return static_cast<long long>(ttl.count()) * 1000; }
+
+// A number in an answer's text ("" and NULL read as 0).
+inline long long to_ll(std::string_view s) {
+  long long v = 0;
+  std::from_chars(s.data(), s.data() + s.size(), v);
+  return v;
+}
+
+// Microseconds left, as an answer gave them, in whole milliseconds (up).
+inline std::chrono::milliseconds ms_up(long long us) {
+  return std::chrono::milliseconds(us <= 0 ? 0 : (us + 999) / 1000);
+}
+
+}  // namespace lockwatch::detail::sql

@@ -1,0 +1,340 @@
+// SqlStore's shared, permit and fair locks: their rows in the companion
+// table (see sql_store.hpp). Each decision is one compound statement, a
+// transaction that locks the lock's own row before it reads anything, so
+// that the callers of one name take turns; its outcome is read from
+// session variables by the next statement on the same connection.
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <map>
+#include <set>
+
+#include "store/sql/sql_literals.hpp"
+#include "store/sql/sql_store.hpp"
+
+namespace lockwatch::detail {
+
+using sql::hex;
+using sql::micros;
+using sql::to_ll;
+
+namespace {
+
+// A deadlock or a lock-wait timeout rolls the transaction back whole: it
+// is tried again this many times before the acquisition fails.
+constexpr int kKindAttempts = 3;
+
+std::string marker(LockKind kind) {
+  switch (kind.mode()) {
+    case LockKind::Mode::kShared: return std::string(sql::kSharedMarker);
+    case LockKind::Mode::kPermits: return std::string(sql::kPermitsMarker) + std::to_string(kind.permit_count());
+    case LockKind::Mode::kFair: return std::string(sql::kFairMarker);
+    case LockKind::Mode::kExclusive: break;
+  }
+  return {};
+}
+
+}  // namespace
+
+std::string SqlStore::transaction(const std::string& body) {
+  return "BEGIN NOT ATOMIC DECLARE EXIT HANDLER FOR SQLEXCEPTION BEGIN ROLLBACK; RESIGNAL; END; START TRANSACTION; " +
+         body + " COMMIT; END";
+}
+
+std::string SqlStore::shrink(const std::string& name) const {
+  return fmt::format(
+      "SELECT MAX(expires_at) INTO @lw_last FROM {1} WHERE lock_name = {2} AND role IN ('r', 'p', 'f', 'q') "
+      "AND expires_at > NOW(6); "
+      "UPDATE {0} SET owner = IF(@lw_last IS NULL, '', owner), expires_at = IFNULL(@lw_last, NOW(6)) "
+      "WHERE lock_name = {2} AND owner LIKE '{3}%'; ",
+      table_, holders_, name, sql::kMarkerPrefix);
+}
+
+struct SqlStore::KindAcquire {
+  KindAcquire(const LockRef& l, std::size_t i, std::shared_ptr<AcquireDone> d)
+      : name(l.name), token(l.token), ttl(l.ttl), kind(l.kind), index(i), done(std::move(d)) {}
+  std::string name;
+  std::string token;
+  std::chrono::milliseconds ttl;
+  LockKind kind;
+  std::size_t index;  // in the caller's batch
+  std::shared_ptr<AcquireDone> done;
+  int attempt = 1;
+};
+
+void SqlStore::acquire_kind(const LockRef& lock, std::size_t index, std::shared_ptr<AcquireDone> done) {
+  send_kind_acquire(std::make_shared<KindAcquire>(lock, index, std::move(done)));
+}
+
+void SqlStore::send_kind_acquire(std::shared_ptr<KindAcquire> a) {
+  const std::string n = hex(a->name);
+  const std::string t = hex(a->token);
+  const std::string m = marker(a->kind);
+  const std::string deadline = fmt::format("@lw_now + INTERVAL {} MICROSECOND", micros(a->ttl));
+  // The lock row (made when missing) is locked first; then, on the
+  // database's clock, the rows whose time ran out are dropped, and the key
+  // is found free (''), held exclusively ('x') or held as the marker says.
+  // The lock row's expiry always covers its latest holder or waiter.
+  std::string body = fmt::format(
+      "SET @lw_status = 'busy', @lw_fence = 0, @lw_wait = 0, @lw_held_as = ''; "
+      "INSERT INTO {0} (lock_name, owner, fence, expires_at) VALUES ({2}, '', 0, NOW(6)) "
+      "ON DUPLICATE KEY UPDATE fence = fence; "
+      "SELECT owner, expires_at, fence INTO @lw_owner, @lw_expires, @lw_fence FROM {0} WHERE lock_name = {2} "
+      "FOR UPDATE; "
+      "SET @lw_now = NOW(6); "
+      "DELETE FROM {1} WHERE lock_name = {2} AND expires_at <= @lw_now; "
+      "SELECT COUNT(*) INTO @lw_held FROM {1} WHERE lock_name = {2} AND role IN ('r', 'p', 'f', 'q'); "
+      "SET @lw_held_as = IF(@lw_expires <= @lw_now OR @lw_owner = '', '', "
+      "IF(@lw_owner LIKE '{3}%', IF(@lw_held > 0, @lw_owner, ''), 'x')); "
+      "SET @lw_mine = (SELECT role FROM {1} WHERE lock_name = {2} AND owner = {4}); ",
+      table_, holders_, n, sql::kMarkerPrefix, t);
+  // The lock row after a grant (or a fair waiter's new place): the marker,
+  // and an expiry that covers this deadline too.
+  const std::string cover = fmt::format(
+      "owner = '{}', expires_at = IF(@lw_held_as = '', {}, GREATEST(expires_at, {}))", m, deadline, deadline);
+  switch (a->kind.mode()) {
+    case LockKind::Mode::kShared:
+      // A reader waits for the writer that holds it, and for a writer's
+      // mark left since the last writer's grant (the fence it carries).
+      body += fmt::format(
+          "IF @lw_held_as = 'x' THEN "
+          "  SET @lw_wait = TIMESTAMPDIFF(MICROSECOND, @lw_now, @lw_expires); "
+          "ELSEIF @lw_held_as NOT IN ('', '{m}') THEN "
+          "  SET @lw_status = 'invalid'; "
+          "ELSEIF @lw_mine = 'r' THEN "
+          "  UPDATE {h} SET expires_at = {d} WHERE lock_name = {n} AND owner = {t}; "
+          "  UPDATE {l} SET {cover} WHERE lock_name = {n}; "
+          "  SET @lw_status = 'taken'; "
+          "ELSEIF EXISTS (SELECT 1 FROM {h} WHERE lock_name = {n} AND role = 'w' AND n = @lw_fence) THEN "
+          "  SELECT TIMESTAMPDIFF(MICROSECOND, @lw_now, MAX(expires_at)) INTO @lw_wait FROM {h} "
+          "  WHERE lock_name = {n} AND role = 'w'; "
+          "ELSE "
+          "  INSERT INTO {h} (lock_name, owner, role, n, seq, expires_at) VALUES ({n}, {t}, 'r', 0, 0, {d}); "
+          "  UPDATE {l} SET {cover} WHERE lock_name = {n}; "
+          "  SET @lw_status = 'taken'; "
+          "END IF;",
+          fmt::arg("m", m), fmt::arg("h", holders_), fmt::arg("l", table_), fmt::arg("n", n), fmt::arg("t", t),
+          fmt::arg("d", deadline), fmt::arg("cover", cover));
+      break;
+    case LockKind::Mode::kPermits:
+      // Every grant raises the fence; a retry after a lost answer is the
+      // same grant, with the fence as it stands.
+      body += fmt::format(
+          "IF @lw_held_as NOT IN ('', '{m}') THEN "
+          "  SET @lw_status = 'invalid'; "
+          "ELSEIF @lw_mine = 'p' THEN "
+          "  UPDATE {h} SET expires_at = {d} WHERE lock_name = {n} AND owner = {t}; "
+          "  UPDATE {l} SET {cover} WHERE lock_name = {n}; "
+          "  SET @lw_status = 'taken'; "
+          "ELSEIF (SELECT COUNT(*) FROM {h} WHERE lock_name = {n} AND role = 'p') >= {count} THEN "
+          "  SELECT TIMESTAMPDIFF(MICROSECOND, @lw_now, MIN(expires_at)) INTO @lw_wait FROM {h} "
+          "  WHERE lock_name = {n} AND role = 'p'; "
+          "ELSE "
+          "  INSERT INTO {h} (lock_name, owner, role, n, seq, expires_at) VALUES ({n}, {t}, 'p', {count}, 0, {d}); "
+          "  UPDATE {l} SET fence = fence + 1, {cover} WHERE lock_name = {n}; "
+          "  SET @lw_fence = @lw_fence + 1, @lw_status = 'taken'; "
+          "END IF;",
+          fmt::arg("m", m), fmt::arg("h", holders_), fmt::arg("l", table_), fmt::arg("n", n), fmt::arg("t", t),
+          fmt::arg("d", deadline), fmt::arg("cover", cover), fmt::arg("count", a->kind.permit_count()));
+      break;
+    case LockKind::Mode::kFair:
+      // The caller takes a place at the end of the queue (the last
+      // number plus one) or refreshes its own, and is granted only when
+      // nobody holds the lock and its place is the first. A waiter told
+      // busy tries again within a third of its ttl, which keeps its place.
+      body += fmt::format(
+          "IF @lw_held_as NOT IN ('', '{m}') THEN "
+          "  SET @lw_status = 'invalid'; "
+          "ELSEIF @lw_mine = 'f' THEN "
+          "  UPDATE {h} SET expires_at = {d} WHERE lock_name = {n} AND owner = {t}; "
+          "  UPDATE {l} SET {cover} WHERE lock_name = {n}; "
+          "  SET @lw_status = 'taken'; "
+          "ELSE "
+          "  IF @lw_mine = 'q' THEN "
+          "    UPDATE {h} SET expires_at = {d} WHERE lock_name = {n} AND owner = {t}; "
+          "  ELSE "
+          "    SELECT IFNULL(MAX(seq), 0) + 1 INTO @lw_seq FROM {h} WHERE lock_name = {n}; "
+          "    INSERT INTO {h} (lock_name, owner, role, n, seq, expires_at) VALUES ({n}, {t}, 'q', 0, @lw_seq, {d}); "
+          "  END IF; "
+          "  UPDATE {l} SET {cover} WHERE lock_name = {n}; "
+          "  SET @lw_holder = (SELECT MAX(expires_at) FROM {h} WHERE lock_name = {n} AND role = 'f'); "
+          "  SET @lw_first = (SELECT owner FROM {h} WHERE lock_name = {n} AND role = 'q' ORDER BY seq LIMIT 1); "
+          "  IF @lw_holder IS NULL AND @lw_first = {t} THEN "
+          "    UPDATE {h} SET role = 'f' WHERE lock_name = {n} AND owner = {t}; "
+          "    UPDATE {l} SET fence = fence + 1 WHERE lock_name = {n}; "
+          "    SET @lw_fence = @lw_fence + 1, @lw_status = 'taken'; "
+          "  ELSEIF @lw_holder IS NOT NULL THEN "
+          "    SET @lw_wait = TIMESTAMPDIFF(MICROSECOND, @lw_now, @lw_holder); "
+          "  ELSE "
+          "    SELECT TIMESTAMPDIFF(MICROSECOND, @lw_now, expires_at) INTO @lw_wait FROM {h} "
+          "    WHERE lock_name = {n} AND role = 'q' ORDER BY seq LIMIT 1; "
+          "  END IF; "
+          "END IF;",
+          fmt::arg("m", m), fmt::arg("h", holders_), fmt::arg("l", table_), fmt::arg("n", n), fmt::arg("t", t),
+          fmt::arg("d", deadline), fmt::arg("cover", cover));
+      break;
+    case LockKind::Mode::kExclusive:
+      break;
+  }
+  auto failed = std::make_shared<bool>(false);
+  SqlConnection& conn = command_connection();
+  conn.query(transaction(body), [this, a, failed](const SqlResult&, const StoreError* err) {
+    if (!err) return;
+    *failed = true;
+    if (err->kind == StoreError::Kind::kRetryLater && a->attempt < kKindAttempts) {
+      ++a->attempt;
+      send_kind_acquire(a);
+      return;
+    }
+    Acquired out;
+    out.error = *err;
+    if (err->code == "1064")
+      // A server without MariaDB's compound statements (MySQL): say what
+      // is missing rather than only where the syntax broke.
+      out.error.message = a->kind.describe() + " locks need MariaDB's compound statements (BEGIN NOT ATOMIC), which " +
+                          "this server does not take: " + err->message;
+    (*a->done)(a->index, out);
+  });
+  conn.query("SELECT @lw_status, @lw_fence, @lw_wait, @lw_held_as",
+             [this, a, failed](const SqlResult& r, const StoreError* err) {
+               if (*failed) return;  // answered by the transaction's failure, or sent again
+               Acquired out;
+               StoreError no_answer;
+               if (!err && (r.rows.empty() || r.rows[0].size() != 4 || r.rows[0][0].empty())) {
+                 // The variables were not set in this session: the
+                 // connection was made anew between the two statements, and
+                 // what the transaction decided is not known.
+                 no_answer = StoreError::unavailable(target_.name(), "the outcome of a lock's transaction was lost "
+                                                                     "with its connection", StoreError::Origin::kSql);
+                 err = &no_answer;
+               }
+               if (err) {
+                 out.error = *err;
+                 (*a->done)(a->index, out);
+                 return;
+               }
+               const auto& row = r.rows[0];
+               if (row[0] == "taken") {
+                 out.status = Acquired::Status::kTaken;
+                 out.fence = static_cast<std::uint64_t>(to_ll(row[1]));
+               } else if (row[0] == "invalid") {
+                 out.error = StoreError::invalid(
+                     target_.name(),
+                     fmt::format("the lock '{}' is held as {}; this call asked for it {}", a->name,
+                                 row[3] == "x" ? std::string("an exclusive lock") : sql::held_as(row[3]),
+                                 a->kind.describe()),
+                     StoreError::Origin::kSql);
+               } else {
+                 out.status = Acquired::Status::kBusy;
+                 out.busy_for = sql::ms_up(to_ll(row[2]));
+                 if (a->kind.mode() == LockKind::Mode::kFair)
+                   out.busy_for = std::max(std::chrono::milliseconds(1), std::min(out.busy_for, a->ttl / 3));
+               }
+               (*a->done)(a->index, out);
+             });
+}
+
+void SqlStore::renew_kinds(std::shared_ptr<RenewBatch> batch, std::vector<std::size_t> members,
+                           std::chrono::milliseconds ttl) {
+  // One statement extends each holder's own row and its lock row's expiry
+  // together (the lock row first, as every transaction takes them); a
+  // holder whose time ran out is not extended: its lease is gone. The read
+  // after it names which were.
+  std::string names, pairs;
+  for (std::size_t k = 0; k < members.size(); ++k) {
+    const LockRef& l = batch->locks[members[k]];
+    if (k > 0) {
+      names += ',';
+      pairs += ',';
+    }
+    std::string n = hex(l.name);
+    names += n;
+    pairs += fmt::format("({},{})", n, hex(l.token));
+  }
+  auto failed = std::make_shared<bool>(false);
+  renew_->query(
+      fmt::format("UPDATE {0} l STRAIGHT_JOIN {1} h ON h.lock_name = l.lock_name "
+                  "SET h.expires_at = NOW(6) + INTERVAL {2} MICROSECOND, "
+                  "l.expires_at = GREATEST(l.expires_at, NOW(6) + INTERVAL {2} MICROSECOND) "
+                  "WHERE l.lock_name IN ({3}) AND (h.lock_name, h.owner) IN ({4}) AND h.role IN ('r', 'p', 'f') "
+                  "AND h.expires_at > NOW(6)",
+                  table_, holders_, micros(ttl), names, pairs),
+      [batch, members, failed](const SqlResult&, const StoreError* err) {
+        if (!err) return;
+        *failed = true;
+        for (std::size_t i : members) batch->done(i, Renewed::kTransient, err);
+      });
+  renew_->query(fmt::format("SELECT lock_name, owner FROM {} WHERE lock_name IN ({}) AND (lock_name, owner) IN ({}) "
+                            "AND role IN ('r', 'p', 'f') AND expires_at > NOW(6)",
+                            holders_, names, pairs),
+                [batch, members, failed](const SqlResult& r, const StoreError* err) {
+                  if (*failed) return;
+                  if (err) {
+                    for (std::size_t i : members) batch->done(i, Renewed::kTransient, err);
+                    return;
+                  }
+                  std::set<std::pair<std::string_view, std::string_view>> live;
+                  for (const auto& row : r.rows)
+                    if (row.size() == 2) live.emplace(row[0], row[1]);
+                  for (std::size_t i : members) {
+                    const LockRef& l = batch->locks[i];
+                    batch->done(i, live.count({l.name, l.token}) ? Renewed::kYes : Renewed::kGone, nullptr);
+                  }
+                });
+}
+
+void SqlStore::release_kinds(std::span<const LockRef> locks, std::vector<std::size_t> at,
+                             std::shared_ptr<ReleaseDone> done) {
+  // Each holder leaves in a transaction of its own: its row goes, and the
+  // lock row's expiry shrinks to the latest holder left, or the row is
+  // freed with the last (a writer may take it then).
+  SqlConnection& conn = command_connection();
+  for (std::size_t i : at) {
+    const std::string n = hex(locks[i].name);
+    std::string body = fmt::format(
+        "SELECT COUNT(*) INTO @lw_row FROM {0} WHERE lock_name = {2} FOR UPDATE; "
+        "DELETE FROM {1} WHERE lock_name = {2} AND owner = {3} AND role IN ('r', 'p', 'f') AND expires_at > NOW(6); "
+        "SET @lw_released = ROW_COUNT(); "
+        "DELETE FROM {1} WHERE lock_name = {2} AND owner = {3} AND role IN ('r', 'p', 'f'); ",
+        table_, holders_, n, hex(locks[i].token));
+    body += shrink(n);
+    auto failed = std::make_shared<bool>(false);
+    conn.query(transaction(body), [i, done, failed](const SqlResult&, const StoreError* err) {
+      if (!err) return;
+      *failed = true;
+      (*done)(i, Released::kUnconfirmed, err);
+    });
+    conn.query("SELECT @lw_released", [this, i, done, failed](const SqlResult& r, const StoreError* err) {
+      if (*failed) return;
+      StoreError no_answer;
+      if (!err && (r.rows.empty() || r.rows[0].empty() || r.rows[0][0].empty())) {
+        // A new session: what the transaction did is not known.
+        no_answer = StoreError::unavailable(target_.name(), "the outcome of a release was lost with its connection",
+                                            StoreError::Origin::kSql);
+        err = &no_answer;
+      }
+      if (err) {
+        (*done)(i, Released::kUnconfirmed, err);
+        return;
+      }
+      const bool released = !r.rows.empty() && !r.rows[0].empty() && to_ll(r.rows[0][0]) > 0;
+      (*done)(i, released ? Released::kYes : Released::kGone, nullptr);
+    });
+  }
+}
+
+void SqlStore::withdraw(const LockRef& lock, WithdrawDone done) {
+  // No notices to send on SQL: the next waiter finds itself first at its
+  // next attempt.
+  const std::string n = hex(lock.name);
+  std::string body = fmt::format(
+      "SELECT COUNT(*) INTO @lw_row FROM {0} WHERE lock_name = {2} FOR UPDATE; "
+      "DELETE FROM {1} WHERE lock_name = {2} AND owner = {3} AND role = 'q'; ",
+      table_, holders_, n, hex(lock.token));
+  body += shrink(n);
+  command_connection().query(transaction(body), [done = std::move(done)](const SqlResult&, const StoreError* err) {
+    done(err);
+  });
+}
+
+}  // namespace lockwatch::detail
