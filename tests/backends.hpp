@@ -74,6 +74,11 @@ class Backend {
   // lock's ttl (ZooKeeper's ttl is its session's timeout, fixed when the
   // lock was taken).
   virtual bool repeat_lengthens_ttl() const { return true; }
+  // The shortest ttl whose renewals a loaded test machine keeps without a
+  // miss. ZooKeeper's is longer: its client drops a connection silent for
+  // two thirds of the session timeout (the ttl), and a lease loses every
+  // renewal until it is back.
+  virtual std::chrono::milliseconds steady_ttl() const { return std::chrono::milliseconds(400); }
   // How much longer than the lock's ttl a release that found no answer
   // takes to settle (ZooKeeper's waits out its session's expiry).
   virtual std::chrono::milliseconds unconfirmed_release_wait(std::chrono::milliseconds) const { return {}; }
@@ -228,6 +233,7 @@ class ZooKeeperBackend final : public Backend {
   }
   std::size_t longest_key(const Options& o) const override { return 255 - o.key_prefix.size(); }
   bool repeat_lengthens_ttl() const override { return false; }
+  std::chrono::milliseconds steady_ttl() const override { return std::chrono::milliseconds(1000); }
   // The session's timeout (the ttl) and the drift allowance.
   std::chrono::milliseconds unconfirmed_release_wait(std::chrono::milliseconds ttl) const override {
     return ttl + ttl / 100 + std::chrono::milliseconds(2);

@@ -227,7 +227,7 @@ TEST_P(StoreContractTest, WorkLastingFiveTtlsKeepsItsLease) {
 TEST_P(StoreContractTest, RenewalsDueInOneTickShareACommand) {
   constexpr int kLeases = 200;
   Runtime rt(options());
-  auto held = hold_all(rt, backend_->batchable_keys(kLeases), 400ms);
+  auto held = hold_all(rt, backend_->batchable_keys(kLeases), backend_->steady_ttl());
   auto before = rt.stats();
   auto after = after_renewals(rt, before, 3 * kLeases);
   auto renewals = after.renewals_sent - before.renewals_sent;
