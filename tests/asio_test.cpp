@@ -330,6 +330,36 @@ TEST_F(AsioTest, ManyCoroutinesOnFewKeysNeverOverlapAndNothingBlocksTheContext) 
   EXPECT_EQ(rt_->held_leases(), 0u);
 }
 
+TEST(AsioElectionTest, AsyncCampaignLeadsAndACancelledOneGivesUp) {
+  Options o;
+  o.redis_url = "memory://asio-election";
+  o.threads = 2;
+  Runtime a(o), b(o);
+  Election first(a, "asio-lead", 1s), second(b, "asio-lead", 1s);
+  Leadership won = lockwatch::async_campaign(first, asio::use_future).get();
+  EXPECT_GE(won.term(), 1u);
+  // A second candidate waits; cancelling it gives the campaign up.
+  asio::io_context io;
+  asio::cancellation_signal cancel;
+  std::exception_ptr error;
+  bool completed = false;
+  lockwatch::async_campaign(second, asio::bind_cancellation_slot(
+                                        cancel.slot(), asio::bind_executor(io, [&](std::exception_ptr e, Leadership) {
+                                          error = e;
+                                          completed = true;
+                                        })));
+  asio::post(io, [&] { cancel.emit(asio::cancellation_type::terminal); });
+  io.run_for(kBound);
+  ASSERT_TRUE(completed);
+  EXPECT_THROW(std::rethrow_exception(error), Cancelled);
+  // Resigning hands over: the next campaign leads with a higher term.
+  lockwatch::async_resign(first, asio::use_future).get();
+  EXPECT_TRUE(won.stop_token().stop_requested());
+  Leadership next = lockwatch::async_campaign(second, asio::use_future).get();
+  EXPECT_GT(next.term(), won.term());
+  lockwatch::async_resign(second, asio::use_future).get();
+}
+
 TEST(AsioLockedMacroTest, LockedOnACoroutineLambdaGivesAnAwaitableThatStartsOnlyWhenAwaited) {
   // LOCKED (the default runtime) on a coroutine: calling it makes an
   // awaitable and nothing else (no runtime is made, no lock asked for).

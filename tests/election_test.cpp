@@ -16,6 +16,7 @@
 #include <mutex>
 #include <optional>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "backends.hpp"
@@ -195,6 +196,52 @@ TEST_P(ElectionTest, ObserversSeeEveryChangeInOrder) {
   // A handler attached later hears the current view first.
   first.on_change(std::ref(own));
   ASSERT_TRUE(own.wait_for(std::nullopt));
+}
+
+TEST_P(ElectionTest, TheHandlerFormsCampaignAndResignOffTheCallersThread) {
+  Runtime a(options()), b(options());
+  Election first(a, "handlers", 1s), second(b, "handlers", 1s);
+  const auto caller = std::this_thread::get_id();
+  std::promise<Leadership> won;
+  std::promise<std::thread::id> ran_on;
+  first.campaign([&](std::exception_ptr e, Leadership l) {
+    ran_on.set_value(std::this_thread::get_id());
+    if (e)
+      won.set_exception(e);
+    else
+      won.set_value(std::move(l));
+  });
+  EXPECT_THROW(first.campaign([](std::exception_ptr, Leadership) {}), InvalidArgument);  // it campaigns already
+  auto won_f = won.get_future();
+  auto ran_on_f = ran_on.get_future();
+  Leadership me = get_bounded(won_f);
+  EXPECT_NE(get_bounded(ran_on_f), caller);
+  std::promise<Leadership> next;
+  second.campaign([&](std::exception_ptr e, Leadership l) {
+    if (e)
+      next.set_exception(e);
+    else
+      next.set_value(std::move(l));
+  });
+  std::promise<void> resigned;
+  first.resign([&](std::exception_ptr e) {
+    if (e)
+      resigned.set_exception(e);
+    else
+      resigned.set_value();
+  });
+  auto resigned_f = resigned.get_future();
+  get_bounded(resigned_f);
+  EXPECT_TRUE(me.stop_token().stop_requested());
+  auto next_f = next.get_future();
+  EXPECT_GT(get_bounded(next_f).term(), me.term());
+  // Nothing to give up: the handler still runs, off this thread.
+  std::promise<std::thread::id> nothing;
+  first.resign([&](std::exception_ptr) { nothing.set_value(std::this_thread::get_id()); });
+  auto nothing_f = nothing.get_future();
+  EXPECT_NE(get_bounded(nothing_f), caller);
+  auto r = second.resign();
+  get_bounded(r);
 }
 
 TEST_P(ElectionTest, AnElectionDestroyedByItsOwnHandlerStopsCleanly) {

@@ -29,6 +29,13 @@
 ///   void(std::exception_ptr, std::optional<LostReason>) when the lease ends:
 ///   the reason if it was lost, std::nullopt once it was released.
 ///   Cancellation: Cancelled.
+/// - async_campaign(election, token) completes with
+///   void(std::exception_ptr, Leadership) once this candidate leads (see
+///   Election::campaign). Any cancellation type gives the campaign up
+///   (Election::resign()): it completes with Cancelled, and a leadership
+///   won in the race is given back (its stop_token fired).
+/// - async_resign(election, token) completes with void(std::exception_ptr)
+///   once the release is confirmed (see Election::resign).
 /// - LOCKED / lockwatch::locked(...) (with .on(), .wait(),
 ///   .renew_weight()) on a callable returning asio::awaitable<T> (member
 ///   functions too) give a callable returning asio::awaitable<T>: awaiting
@@ -306,6 +313,44 @@ auto async_lost(const Lease& lease, CompletionToken&& token) {
         cancel->set(lease->on_lost([done](std::optional<LostReason> reason) { done->complete(nullptr, reason); }));
       },
       token, &lease);
+}
+
+/// Campaigns in `election` (Election::campaign); completes with
+/// void(std::exception_ptr, Leadership). The election must outlive the
+/// operation.
+template <class CompletionToken>
+auto async_campaign(Election& election, CompletionToken&& token) {
+  return asio::async_initiate<CompletionToken, void(std::exception_ptr, Leadership)>(
+      [](auto handler, Election* election) {
+        auto slot = asio::get_associated_cancellation_slot(handler);
+        auto done =
+            std::make_shared<detail::AsioCompletion<decltype(handler), std::exception_ptr, Leadership>>(std::move(handler));
+        try {
+          election->campaign([done](std::exception_ptr e, Leadership won) { done->complete(e, std::move(won)); });
+        } catch (...) {
+          // Refused before anything started: through the handler, on its executor.
+          done->complete(std::current_exception(), Leadership());
+          return;
+        }
+        if (slot.is_connected()) {
+          slot.assign([election](asio::cancellation_type_t type) {
+            if (type != asio::cancellation_type::none) (void)election->resign();
+          });
+        }
+      },
+      token, &election);
+}
+
+/// Resigns from `election` (Election::resign); completes with
+/// void(std::exception_ptr) once the release is confirmed.
+template <class CompletionToken>
+auto async_resign(Election& election, CompletionToken&& token) {
+  return asio::async_initiate<CompletionToken, void(std::exception_ptr)>(
+      [](auto handler, Election* election) {
+        auto done = std::make_shared<detail::AsioCompletion<decltype(handler), std::exception_ptr>>(std::move(handler));
+        election->resign([done](std::exception_ptr e) { done->complete(e); });
+      },
+      token, &election);
 }
 
 template <class CompletionToken>

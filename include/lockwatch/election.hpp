@@ -115,12 +115,24 @@ class Election {
   /// connect timeout, RuntimeStopped, Cancelled by resign()). Throws
   /// InvalidArgument when a campaign of this Election is running or leads.
   std::future<Leadership> campaign();
+  /// campaign() without a future: `handler` runs once, on the runtime's
+  /// notifier thread and never inside this call, with the Leadership (and
+  /// a null exception_ptr) or the error that stopped the campaign. Throws
+  /// as campaign() does, and InvalidArgument for an empty handler.
+  /// (lockwatch/asio.hpp: async_campaign.)
+  void campaign(std::function<void(std::exception_ptr, Leadership)> handler);
   /// Gives up: a campaign still waiting fails with Cancelled; a leadership
   /// ends (its stop_token fires) and the key is released, so the next
   /// candidate takes over at once. The future is ready once the store
   /// confirmed the release (at once when there was nothing to give up).
   /// Never throws.
   std::future<void> resign();
+  /// resign() without a future: `handler` runs once, on the runtime's
+  /// notifier thread and never inside this call, once the release is
+  /// confirmed (with the release's error, if any), or at once there when
+  /// there was nothing to give up. InvalidArgument for an empty handler.
+  /// (lockwatch/asio.hpp: async_resign.)
+  void resign(std::function<void(std::exception_ptr)> handler);
   /// Who leads now, read from the store (one round trip; blocks for it, at
   /// most the runtime's command timeout): std::nullopt when nobody does.
   /// Throws ConnectionError and the like when the store cannot answer.

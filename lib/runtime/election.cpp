@@ -41,6 +41,8 @@ struct Leadership::State {
 
 struct Election::State : std::enable_shared_from_this<Election::State> {
   using Handler = std::function<void(const std::optional<LeaderInfo>&)>;
+  // How a campaign ends, once: a promise's setter or the caller's handler.
+  using Finish = std::function<void(std::exception_ptr, Leadership)>;
   State(Runtime& rt, std::string n, milliseconds t) : runtime(rt), name(std::move(n)), ttl(t) {}
 
   Runtime& runtime;
@@ -63,9 +65,11 @@ struct Election::State : std::enable_shared_from_this<Election::State> {
   bool closing = false;                // guarded by mu: the Election is being destroyed
   std::jthread watcher;                // guarded by mu; started by the first on_change
 
-  void start_campaign(std::shared_ptr<std::promise<Leadership>> promise);
-  void campaign_done(const std::shared_ptr<std::promise<Leadership>>& promise, std::exception_ptr error,
-                     LockHandle handle);
+  void start_campaign(std::shared_ptr<Finish> finish);
+  void campaign_done(const std::shared_ptr<Finish>& finish, std::exception_ptr error, LockHandle handle);
+  void begin(Finish finish);
+  // Gives up the campaign or the leadership; the lock's handle, if any, to release.
+  LockHandle give_up();
   void ended(const std::shared_ptr<Leadership::State>& l);
   void poke();
   // Who leads now; `left`, if given, gets what its lease has left.
@@ -81,21 +85,21 @@ void Election::State::poke() {
   wake.notify_all();
 }
 
-void Election::State::start_campaign(std::shared_ptr<std::promise<Leadership>> promise) {
+void Election::State::start_campaign(std::shared_ptr<Finish> finish) {
   std::weak_ptr<State> weak = weak_from_this();
   // Called with mu held: the handler never runs inside acquire().
-  ticket = runtime.acquire(name, ttl, forever, max_wait, [weak, promise](std::exception_ptr error, LockHandle h) {
+  ticket = runtime.acquire(name, ttl, forever, max_wait, [weak, finish](std::exception_ptr error, LockHandle h) {
     if (auto self = weak.lock()) {
-      self->campaign_done(promise, std::move(error), std::move(h));
+      self->campaign_done(finish, std::move(error), std::move(h));
       return;
     }
     // The Election is gone: the handle, dropped, releases the lock.
-    promise->set_exception(error ? error : std::make_exception_ptr(Cancelled(h ? h.lease().key() : std::string())));
+    (*finish)(error ? error : std::make_exception_ptr(Cancelled(h ? h.lease().key() : std::string())), Leadership());
   });
 }
 
-void Election::State::campaign_done(const std::shared_ptr<std::promise<Leadership>>& promise,
-                                    std::exception_ptr error, LockHandle handle) {
+void Election::State::campaign_done(const std::shared_ptr<Finish>& finish, std::exception_ptr error,
+                                    LockHandle handle) {
   if (error) {
     bool again = false;
     try {
@@ -107,7 +111,7 @@ void Election::State::campaign_done(const std::shared_ptr<std::promise<Leadershi
     std::unique_lock lk(mu);
     if (again && campaigning) {
       try {
-        start_campaign(promise);
+        start_campaign(finish);
         return;
       } catch (...) {
         error = std::current_exception();
@@ -115,7 +119,7 @@ void Election::State::campaign_done(const std::shared_ptr<std::promise<Leadershi
     }
     campaigning = false;
     lk.unlock();
-    promise->set_exception(error);
+    (*finish)(error, Leadership());
     return;
   }
   auto l = std::make_shared<Leadership::State>();
@@ -129,7 +133,7 @@ void Election::State::campaign_done(const std::shared_ptr<std::promise<Leadershi
     if (!campaigning) {
       // resign() came first: the lock goes back (the handle's destructor).
       lk.unlock();
-      promise->set_exception(std::make_exception_ptr(Cancelled(name)));
+      (*finish)(std::make_exception_ptr(Cancelled(name)), Leadership());
       return;
     }
     campaigning = false;
@@ -146,7 +150,7 @@ void Election::State::campaign_done(const std::shared_ptr<std::promise<Leadershi
     l->stop.request_stop();
     if (auto self = weak.lock()) self->ended(l);
   });
-  promise->set_value(Leadership(l));
+  (*finish)(nullptr, Leadership(l));
   poke();
 }
 
@@ -274,46 +278,74 @@ Election::~Election() {
   }
 }
 
+void Election::State::begin(Finish finish) {
+  std::lock_guard lk(mu);
+  if (campaigning || leading) throw InvalidArgument("this Election campaigns or leads already: resign() first");
+  start_campaign(std::make_shared<Finish>(std::move(finish)));  // throws before anything started
+  campaigning = true;
+}
+
 std::future<Leadership> Election::campaign() {
   auto promise = std::make_shared<std::promise<Leadership>>();
   auto future = promise->get_future();
-  std::lock_guard lk(state_->mu);
-  if (state_->campaigning || state_->leading)
-    throw InvalidArgument("this Election campaigns or leads already: resign() first");
-  state_->start_campaign(promise);  // throws before anything started
-  state_->campaigning = true;
+  state_->begin([promise](std::exception_ptr error, Leadership won) {
+    if (error)
+      promise->set_exception(error);
+    else
+      promise->set_value(std::move(won));
+  });
   return future;
 }
 
-std::future<void> Election::resign() {
-  AcquireTicket ticket;
+void Election::campaign(std::function<void(std::exception_ptr, Leadership)> handler) {
+  if (!handler) throw InvalidArgument("Election::campaign: the handler is empty");
+  state_->begin(std::move(handler));  // runs where the acquisition's handler does: the notifier
+}
+
+LockHandle Election::State::give_up() {
+  AcquireTicket cancelled;
   std::shared_ptr<Leadership::State> l;
   LockHandle handle;
   {
-    std::lock_guard lk(state_->mu);
-    if (state_->campaigning) {
-      state_->campaigning = false;
-      ticket = state_->ticket;
+    std::lock_guard lk(mu);
+    if (campaigning) {
+      campaigning = false;
+      cancelled = ticket;
     }
-    l = std::move(state_->leading);
-    state_->leading.reset();
+    l = std::move(leading);
+    leading.reset();
     if (l) handle = std::move(l->handle);
   }
   // A grant racing the cancel sees the campaign given up and gives the lock back.
-  if (ticket) (void)ticket.cancel();
-  std::future<void> released;
+  if (cancelled) (void)cancelled.cancel();
   if (l) l->stop.request_stop();
+  poke();
+  return handle;
+}
+
+std::future<void> Election::resign() {
+  LockHandle handle = state_->give_up();
   if (handle) {
     try {
-      released = handle.release();
+      return handle.release();
     } catch (...) {
     }
   }
-  state_->poke();
-  if (released.valid()) return released;
   std::promise<void> none;
   none.set_value();
   return none.get_future();
+}
+
+void Election::resign(std::function<void(std::exception_ptr)> handler) {
+  if (!handler) throw InvalidArgument("Election::resign: the handler is empty");
+  LockHandle handle = state_->give_up();
+  if (handle) {
+    handle.release(std::move(handler));
+    return;
+  }
+  // Nothing to give up: the handler still runs on the notifier, not here.
+  auto& impl = detail::RuntimeAccess::impl(state_->runtime);
+  detail::post_completion(impl.notifier_pool, [h = std::move(handler)]() mutable { h(nullptr); });
 }
 
 std::optional<LeaderInfo> Election::leader() { return state_->read(); }
