@@ -49,6 +49,33 @@ inline std::string hex(std::string_view bytes) {
   return out;
 }
 
+// A renewal's lists: `names` the locks' names ("X'..',X'..'"), `pairs`
+// their (name, owner) pairs ("(X'..',X'..'),..."), for `lock_name IN`
+// beside `(lock_name, owner) IN`: MariaDB reads a single pair as a full
+// index scan, the names as a range on the key.
+struct RenewalLists {
+  std::string names;
+  std::string pairs;
+  template <class Locks, class Members>
+  RenewalLists(const Locks& locks, const Members& members) {
+    bool first = true;
+    for (std::size_t i : members) {
+      if (!first) {
+        names += ',';
+        pairs += ',';
+      }
+      first = false;
+      std::string n = hex(locks[i].name);
+      names += n;
+      pairs += '(';
+      pairs += n;
+      pairs += ',';
+      pairs += hex(locks[i].token);
+      pairs += ')';
+    }
+  }
+};
+
 inline long long micros(std::chrono::milliseconds ttl) { return static_cast<long long>(ttl.count()) * 1000; }
 
 // A number in an answer's text ("" and NULL read as 0).

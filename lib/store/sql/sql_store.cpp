@@ -13,6 +13,7 @@ namespace lockwatch::detail {
 
 using sql::held_as;
 using sql::hex;
+using sql::RenewalLists;
 using sql::kFairMarker;
 using sql::kPermitsMarker;
 using sql::kSharedMarker;
@@ -341,27 +342,11 @@ std::size_t SqlStore::renew(std::span<const LockRef> locks, std::shared_ptr<cons
 
 void SqlStore::renew_group(std::shared_ptr<RenewBatch> batch, std::vector<std::size_t> members,
                            std::chrono::milliseconds ttl) {
-  // `lock_name IN` beside the pairs: MariaDB reads a single pair as a
-  // full index scan, the names as a range on the key.
-  std::string names, pairs;
-  for (std::size_t k = 0; k < members.size(); ++k) {
-    const LockRef& l = batch->locks[members[k]];
-    if (k > 0) {
-      names += ',';
-      pairs += ',';
-    }
-    std::string n = hex(l.name);
-    names += n;
-    pairs += '(';
-    pairs += n;
-    pairs += ',';
-    pairs += hex(l.token);
-    pairs += ')';
-  }
+  const RenewalLists lists(batch->locks, members);
   std::string sql = fmt::format(
       "UPDATE {} SET expires_at = NOW(6) + INTERVAL {} MICROSECOND WHERE lock_name IN ({}) AND expires_at > NOW(6) "
       "AND (lock_name, owner) IN ({})",
-      table_, micros(ttl), names, pairs);
+      table_, micros(ttl), lists.names, lists.pairs);
   renew_->query(std::move(sql), [this, batch, members = std::move(members)](const SqlResult& r,
                                                                            const StoreError* err) mutable {
     if (err) {

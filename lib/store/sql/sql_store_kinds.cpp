@@ -15,6 +15,7 @@
 namespace lockwatch::detail {
 
 using sql::hex;
+using sql::RenewalLists;
 using sql::micros;
 using sql::to_ll;
 
@@ -240,17 +241,7 @@ void SqlStore::renew_kinds(std::shared_ptr<RenewBatch> batch, std::vector<std::s
   // together (the lock row first, as every transaction takes them); a
   // holder whose time ran out is not extended: its lease is gone. The read
   // after it names which were.
-  std::string names, pairs;
-  for (std::size_t k = 0; k < members.size(); ++k) {
-    const LockRef& l = batch->locks[members[k]];
-    if (k > 0) {
-      names += ',';
-      pairs += ',';
-    }
-    std::string n = hex(l.name);
-    names += n;
-    pairs += fmt::format("({},{})", n, hex(l.token));
-  }
+  const RenewalLists lists(batch->locks, members);
   auto failed = std::make_shared<bool>(false);
   renew_->query(
       fmt::format("UPDATE {0} l STRAIGHT_JOIN {1} h ON h.lock_name = l.lock_name "
@@ -258,7 +249,7 @@ void SqlStore::renew_kinds(std::shared_ptr<RenewBatch> batch, std::vector<std::s
                   "l.expires_at = GREATEST(l.expires_at, NOW(6) + INTERVAL {2} MICROSECOND) "
                   "WHERE l.lock_name IN ({3}) AND (h.lock_name, h.owner) IN ({4}) AND h.role IN ('r', 'p', 'f') "
                   "AND h.expires_at > NOW(6)",
-                  table_, holders_, micros(ttl), names, pairs),
+                  table_, holders_, micros(ttl), lists.names, lists.pairs),
       [batch, members, failed](const SqlResult&, const StoreError* err) {
         if (!err) return;
         *failed = true;
@@ -266,7 +257,7 @@ void SqlStore::renew_kinds(std::shared_ptr<RenewBatch> batch, std::vector<std::s
       });
   renew_->query(fmt::format("SELECT lock_name, owner FROM {} WHERE lock_name IN ({}) AND (lock_name, owner) IN ({}) "
                             "AND role IN ('r', 'p', 'f') AND expires_at > NOW(6)",
-                            holders_, names, pairs),
+                            holders_, lists.names, lists.pairs),
                 [batch, members, failed](const SqlResult& r, const StoreError* err) {
                   if (*failed) return;
                   if (err) {
