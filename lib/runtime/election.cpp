@@ -20,6 +20,7 @@
 #include <condition_variable>
 #include <mutex>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "runtime/lease_record.hpp"
@@ -64,6 +65,11 @@ struct Election::State : std::enable_shared_from_this<Election::State> {
   std::condition_variable_any wake;
   bool closing = false;                // guarded by mu: the Election is being destroyed
   std::jthread watcher;                // guarded by mu; started by the first on_change
+  // The watcher's observer of the key's release notices (0: none), given
+  // up by the Election's destructor: the watcher, once stopped, never
+  // touches the runtime (an Election destroyed by its own handler leaves
+  // it running on, detached, while the runtime may go).
+  std::uint64_t observer = 0;          // guarded by mu
 
   void start_campaign(std::shared_ptr<Finish> finish);
   void campaign_done(const std::shared_ptr<Finish>& finish, std::exception_ptr error, LockHandle handle);
@@ -184,15 +190,19 @@ std::optional<LeaderInfo> Election::State::read(milliseconds* left) {
 
 void Election::State::watch(std::stop_token stop) {
   auto& impl = detail::RuntimeAccess::impl(runtime);
-  std::uint64_t observer = 0;
+  std::uint64_t observing = 0;
   try {
-    observer = impl.observe_releases(name, [weak = weak_from_this()] {
+    observing = impl.observe_releases(name, [weak = weak_from_this()] {
       if (auto self = weak.lock()) self->poke();
     });
   } catch (...) {
     // The runtime stops: reads fail from now on, and the thread waits to be stopped.
   }
-  const milliseconds every = std::clamp(observer != 0 ? ttl : ttl / 4, milliseconds(10), milliseconds(1000));
+  {
+    std::lock_guard lk(mu);
+    observer = observing;
+  }
+  const milliseconds every = std::clamp(observing != 0 ? ttl : ttl / 4, milliseconds(10), milliseconds(1000));
   constexpr milliseconds kSoon{10};
   milliseconds soon{0};  // after a wake-up while nobody leads: the next read's delay (0: none due)
   std::optional<std::optional<LeaderInfo>> last;  // nothing reported yet
@@ -232,12 +242,14 @@ void Election::State::watch(std::stop_token stop) {
       next = std::min(next, soon);
       soon = std::min(soon * 2, every);
     }
-    impl.keep_observing(observer);
+    // Stopped (the Election is being destroyed, maybe by that handler):
+    // the runtime is not ours to touch any more.
+    if (stop.stop_requested()) break;
+    impl.keep_observing(observing);
     std::unique_lock lk(mu);
     if (wake.wait_for(lk, stop, next, [this] { return poked; })) soon = kSoon;
     poked = false;
   }
-  impl.unobserve_releases(observer);
 }
 
 // ------------------------------------------------------------- Leadership
@@ -276,6 +288,12 @@ Election::~Election() {
     else
       watcher.join();
   }
+  std::uint64_t observer;
+  {
+    std::lock_guard lk(state_->mu);
+    observer = std::exchange(state_->observer, 0);
+  }
+  detail::RuntimeAccess::impl(state_->runtime).unobserve_releases(observer);
 }
 
 void Election::State::begin(Finish finish) {
