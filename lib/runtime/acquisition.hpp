@@ -96,8 +96,10 @@ struct Acquisition final : TimerTask {
   Clock::time_point started;
   bool inline_run = false;  // a nested call: the calling thread runs the work
   std::shared_ptr<HandleCall> handle;  // Runtime::acquire: granted makes a LockHandle
-  std::promise<std::shared_ptr<LeaseRecord>> granted;  // inline only
-  std::shared_ptr<std::promise<void>> finished;        // inline only
+  // Inline only (made for a nested call, none otherwise: a promise
+  // allocates its state when made).
+  std::unique_ptr<std::promise<std::shared_ptr<LeaseRecord>>> granted;
+  std::shared_ptr<std::promise<void>> finished;
 
   // Loop thread.
   WaitQueue* queue = nullptr;  // the wait deadline goes there

@@ -263,7 +263,8 @@ void Runtime::Impl::dispatch(detail::LockSpec spec, std::shared_ptr<detail::Call
   std::future<std::shared_ptr<LeaseRecord>> granted;
   std::future<void> finished;
   if (nested) {
-    granted = a->granted.get_future();
+    a->granted = std::make_unique<std::promise<std::shared_ptr<LeaseRecord>>>();
+    granted = a->granted->get_future();
     a->finished = std::make_shared<std::promise<void>>();
     finished = a->finished->get_future();
   }
@@ -315,7 +316,7 @@ void Runtime::Impl::fail(const std::shared_ptr<Acquisition>& a, std::exception_p
   a->wait_timeout.cancel();
   a->call->finish(err);
   if (a->inline_run) {
-    a->granted.set_value(nullptr);
+    a->granted->set_value(nullptr);
     a->finished->set_value();
   }
   call_done();
@@ -345,7 +346,7 @@ void Runtime::Impl::start_lease(const std::shared_ptr<Acquisition>& a, const std
     // a future dropped unread releases the lock with it).
     a->handle->deliver(nullptr, detail::HandleAccess::make(l));
   } else if (a->inline_run) {
-    a->granted.set_value(l);
+    a->granted->set_value(l);
   } else {
     run_on_pool(l);
   }
