@@ -433,6 +433,46 @@ void RedisConnection::eval_views(const Script& script, const std::vector<std::st
   send(std::move(q));
 }
 
+EvalRequest::EvalRequest(const Script& script, std::size_t keys, std::size_t args, std::size_t bytes_hint)
+    : script_(&script), expected_(args) {
+  resp_.reserve(64 + bytes_hint + 16 * args);
+  header('*', args + 3);
+  resp_.append("$7\r\nEVALSHA\r\n", 13);
+  header('$', script.sha1.size());
+  resp_.append(script.sha1).append("\r\n", 2);
+  body_at_ = resp_.size();
+  char digits[24];
+  auto end = std::to_chars(digits, digits + sizeof digits, keys).ptr;
+  header('$', static_cast<std::size_t>(end - digits));
+  resp_.append(digits, end).append("\r\n", 2);
+}
+
+void EvalRequest::header(char kind, std::size_t n) {
+  char digits[24];
+  resp_.push_back(kind);
+  auto end = std::to_chars(digits, digits + sizeof digits, n).ptr;
+  resp_.append(digits, end).append("\r\n", 2);
+}
+
+void RedisConnection::eval(EvalRequest request, ReplyCallback cb) {
+  // A miscounted request would desynchronise the connection's replies: it
+  // is not sent.
+  if (request.written_ != request.expected_) {
+    auto err = std::make_shared<const StoreError>(StoreError::invalid(
+        name_, fmt::format("{} request with {} of its {} arguments", running(*request.script_), request.written_,
+                           request.expected_)));
+    auto shared_cb = std::make_shared<ReplyCallback>(std::move(cb));
+    if (!loop_.post([shared_cb, err] { guarded([&] { (*shared_cb)(nullptr, err.get()); }); }))
+      guarded([&] { (*shared_cb)(nullptr, err.get()); });
+    return;
+  }
+  Queued q{{}, {}, std::move(cb), request.script_, nullptr, {}};
+  q.ran = request.script_;
+  q.resp = std::move(request.resp_);
+  q.body_at = request.body_at_;
+  send(std::move(q));
+}
+
 void RedisConnection::send(Queued q) {
   if (ask_next_) {
     q.asking = true;
@@ -465,7 +505,9 @@ void RedisConnection::submit(Queued q) {
     append_resp(out, ask.argv);
     push_pending(Pending{Handshake::kNone, std::chrono::steady_clock::now(), std::move(ask)});
   }
-  if (q.views.empty()) {
+  if (!q.resp.empty()) {
+    out.append(q.resp);
+  } else if (q.views.empty()) {
     append_resp(out, q.argv);
   } else {
     q.views[2] = q.num_keys;  // valid until q moves, which is after this
@@ -604,7 +646,16 @@ void RedisConnection::on_request_reply(Queued q, const redisReply* r) {
       if (q.script != nullptr && starts_with(r, "NOSCRIPT")) {
         // The server lost its script cache (restart, SCRIPT FLUSH): EVAL
         // runs the source and caches it again.
-        if (q.views.empty()) {
+        if (!q.resp.empty()) {
+          // Same arguments: the array header and the key count onwards stay.
+          const std::size_t header_end = q.resp.find("\r\n") + 2;
+          std::string eval = q.resp.substr(0, header_end);
+          eval.append("$4\r\nEVAL\r\n$").append(std::to_string(q.script->source.size())).append("\r\n");
+          eval.append(q.script->source).append("\r\n");
+          eval.append(q.resp, q.body_at, std::string::npos);
+          q.resp = std::move(eval);
+          q.body_at = 0;
+        } else if (q.views.empty()) {
           q.argv[0] = "EVAL";
           q.argv[1] = std::string(q.script->source);
         } else {

@@ -69,6 +69,35 @@ class Loop;
 // timeout as kUnavailable.
 using ReplyCallback = std::function<void(const redisReply* reply, const StoreError* error)>;
 
+// A script call (EVALSHA) written in RESP as it is built, each argument
+// straight from its pieces: no argument strings, no argument vector. The
+// counts are given first, as RESP's headers need them; add exactly `args`
+// arguments, the `keys` keys first.
+class EvalRequest {
+ public:
+  EvalRequest(const Script& script, std::size_t keys, std::size_t args, std::size_t bytes_hint = 0);
+  // One argument, the concatenation of `pieces`.
+  template <class... P>
+  EvalRequest& arg(const P&... pieces) {
+    const std::size_t n = (std::string_view(pieces).size() + ...);
+    header('$', n);
+    (resp_.append(std::string_view(pieces)), ...);
+    resp_.append("\r\n", 2);
+    ++written_;
+    return *this;
+  }
+  std::size_t written() const noexcept { return written_; }
+
+ private:
+  friend class RedisConnection;
+  void header(char kind, std::size_t n);
+  const Script* script_;
+  std::string resp_;
+  std::size_t body_at_ = 0;  // where the key count starts (after the sha)
+  std::size_t expected_ = 0;
+  std::size_t written_ = 0;
+};
+
 class RedisConnection {
  public:
   struct Hooks {
@@ -108,6 +137,8 @@ class RedisConnection {
   // the callback ran, which `keepalive` guarantees (it is held until then).
   void eval_views(const Script& script, const std::vector<std::string_view>& keys_then_args, int num_keys,
                   std::shared_ptr<const void> keepalive, ReplyCallback cb);
+  // The same, written already: one string of its own, nothing copied.
+  void eval(EvalRequest request, ReplyCallback cb);
   // Redis Cluster: the next request goes right after an ASKING (a slot this
   // node imports, an ASK redirect), and so does the EVAL it becomes on
   // NOSCRIPT: an EVAL without ASKING would only be sent back with MOVED,
@@ -152,6 +183,8 @@ class RedisConnection {
     const Script* script;  // non-null: an EVALSHA, retried as EVAL on NOSCRIPT
     std::shared_ptr<const void> keepalive;
     std::string num_keys;  // storage for the views' key count
+    std::string resp{};    // or the request written whole (EvalRequest)
+    std::size_t body_at = 0;  // there: where the key count starts
     bool asking = false;   // written after an ASKING (ask_next())
     const Script* ran = nullptr;  // the script, also once `script` fell back to EVAL: for errors
   };

@@ -128,9 +128,7 @@ void RedisNodeStore::release(std::span<const LockRef> locks, bool notify, Releas
       kinds.push_back(i);
       continue;
     }
-    std::string name(locks[i].name);
-    std::string channel = notify ? redis_keys::channel(name) : std::string();
-    QueuedRelease r{std::move(name), std::string(locks[i].token), std::move(channel), i, shared_done};
+    QueuedRelease r{std::string(locks[i].name), std::string(locks[i].token), notify, i, shared_done};
     if (batching_) {
       release_batch_.push_back(std::move(r));
     } else {
@@ -270,20 +268,17 @@ void RedisNodeStore::batch_answered() {
 }
 
 void RedisNodeStore::send_acquire_batch(std::vector<QueuedAcquire> batch, bool counted) {
-  std::vector<std::string> args;
-  args.reserve(5 * batch.size());
+  std::size_t bytes = 0;
+  for (const auto& a : batch) bytes += 3 * a.name.size() + a.token.size() + a.ttl_ms.size() + 64;
+  EvalRequest request(script(ScriptId::kAcquire), 3 * batch.size(), 5 * batch.size(), bytes);
   for (const auto& a : batch) {
-    args.push_back(a.name);
-    args.push_back(redis_keys::counter(options_.key_prefix, a.name));
-    args.push_back(redis_keys::legacy_fence(a.name));
+    request.arg(a.name);
+    request.arg(options_.key_prefix, redis_keys::kCounterInfix, "{", slot_tag(key_slot(a.name)), "}");
+    request.arg(a.name, redis_keys::kFenceSuffix);
   }
-  for (auto& a : batch) {
-    args.push_back(a.token);
-    args.push_back(std::move(a.ttl_ms));
-  }
-  const int num_keys = static_cast<int>(3 * batch.size());
+  for (const auto& a : batch) request.arg(a.token).arg(a.ttl_ms);
   RedisConnection& c = with_asking(for_acquire());
-  c.eval(script(ScriptId::kAcquire), std::move(args), num_keys,
+  c.eval(std::move(request),
          [this, &c, counted, batch = std::move(batch)](const redisReply* r, const StoreError* err) mutable {
            if (counted) batch_answered();
            AcquireReply reply(r, err, batch.size(), c.name());
@@ -293,16 +288,19 @@ void RedisNodeStore::send_acquire_batch(std::vector<QueuedAcquire> batch, bool c
 }
 
 void RedisNodeStore::send_release_batch(std::vector<QueuedRelease> batch, bool counted) {
-  std::vector<std::string> args;
-  args.reserve(1 + 3 * batch.size());
-  for (const auto& r : batch) args.push_back(r.name);
-  args.push_back(notice());
-  for (auto& r : batch) {
-    args.push_back(std::move(r.token));
-    args.push_back(std::move(r.channel));
+  std::size_t bytes = 0;
+  for (const auto& r : batch) bytes += 2 * r.name.size() + r.token.size() + 48;
+  EvalRequest request(script(ScriptId::kRelease), batch.size(), 1 + 3 * batch.size(), bytes);
+  for (const auto& r : batch) request.arg(r.name);
+  request.arg(notice());
+  for (const auto& r : batch) {
+    request.arg(r.token);
+    if (r.notify)
+      request.arg(r.name, redis_keys::kChannelSuffix);
+    else
+      request.arg(std::string_view());
   }
-  const int num_keys = static_cast<int>(batch.size());
-  with_asking(*conn_).eval(script(ScriptId::kRelease), std::move(args), num_keys,
+  with_asking(*conn_).eval(std::move(request),
                            [this, counted, batch = std::move(batch)](const redisReply* r, const StoreError* err) {
                              if (counted) batch_answered();
                              ReleaseReply reply(r, err, batch.size(), conn_->name());

@@ -129,7 +129,8 @@ class RedisNodeStore final : public StoreBase,
     LockKind kind{};
   };
   struct QueuedRelease {
-    std::string name, token, channel;
+    std::string name, token;
+    bool notify;  // the script publishes the release on the lock's channel
     std::size_t index;
     std::shared_ptr<ReleaseDone> done;
   };
