@@ -1098,6 +1098,9 @@ void register_benchmarks() {
     register_busy_poll(fmt::format("BM_Locked/{}/uncontended", conc), BM_Locked, conc, false, false);
   }
   register_busy_poll("BM_LockedFanOut/64/uncontended", BM_LockedFanOut, 64);
+  // 64 callers on one key with the default options (no local hand-off).
+  register_busy_poll("BM_LockHandle/64/contended", BM_LockHandle, 64, true, false);
+  register_busy_poll("BM_Locked/64/contended", BM_Locked, 64, true, false);
   register_busy_poll("BM_LockHandle/64/contended_handoff", BM_LockHandle, 64, true, true);
   register_busy_poll("BM_Locked/64/contended_handoff", BM_Locked, 64, true, true);
   register_busy_poll("BM_LockedRuntimes/3x16/contended_handoff", BM_LockedRuntimes, 3, 16, true);

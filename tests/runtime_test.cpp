@@ -210,5 +210,39 @@ TEST_F(RuntimeTest, LockedOnAKeyWhoseHandleThisThreadHoldsIsReentrant) {
   EXPECT_GT(get_bounded(after_done), token);
 }
 
+// The thread's table of handles is swept of released ones as it grows:
+// past many handles given back, one still held is found, and one given
+// back no longer counts.
+TEST_F(RuntimeTest, AThreadsHandleTableKeepsTheHeldAcrossItsSweeps) {
+  auto held_f = rt_->acquire("sweep-held", 5s);
+  auto held = get_bounded(held_f);
+  for (int round = 0; round < 3; ++round) {
+    std::vector<LockHandle> batch;
+    for (int i = 0; i < 150; ++i) {
+      auto f = rt_->acquire("sweep-" + std::to_string(round) + "-" + std::to_string(i), 5s);
+      batch.push_back(get_bounded(f));
+    }
+    for (auto& h : batch) {
+      auto r = h.release();
+      get_bounded(r);
+    }
+  }
+  auto gone_f = rt_->acquire("sweep-gone", 5s);
+  auto gone = get_bounded(gone_f);
+  const auto gone_token = gone.lease().fencing_token();
+  auto gone_released = gone.release();
+  get_bounded(gone_released);
+  const auto acquires = script_->count(Op::kAcquire);
+  auto inside = locked("sweep-held", 5s, 0).on(*rt_)([] { return this_lease().fencing_token(); });
+  auto inside_done = inside();
+  EXPECT_EQ(get_bounded(inside_done), held.lease().fencing_token());
+  EXPECT_EQ(script_->count(Op::kAcquire), acquires);  // run inside the held handle
+  // The released key is taken from the store like any other.
+  auto after = locked("sweep-gone", 5s, 0).on(*rt_)([] { return this_lease().fencing_token(); });
+  auto after_done = after();
+  EXPECT_GT(get_bounded(after_done), gone_token);
+  EXPECT_EQ(script_->count(Op::kAcquire), acquires + 1);
+}
+
 }  // namespace
 }  // namespace lockwatch::testing

@@ -3,6 +3,10 @@
 // wheel_clock; the store behind them: store/.
 #include <fmt/format.h>
 
+#include <algorithm>
+#include <string_view>
+#include <unordered_map>
+
 #include "lockwatch/locked.hpp"
 #include "core/error_values.hpp"
 #include "runtime/store_errors.hpp"
@@ -77,13 +81,20 @@ std::string Runtime::Impl::render_metrics() const { return events.metrics().rend
 
 namespace {
 // The handles asked for on this thread (Runtime::acquire), for reentrancy:
-// a LOCKED call on a key whose handle this thread holds runs inline.
+// a LOCKED call on a key whose handle this thread holds runs inline. By
+// key (a view of the call's own copy), so that neither asking for a handle
+// nor a LOCKED call scans every handle the thread holds (a thread may hold
+// a million).
 struct HandleOnThread {
   const void* runtime;
   std::shared_ptr<detail::HandleCall> call;
 };
-std::vector<HandleOnThread>& handles_on_this_thread() noexcept {
-  thread_local std::vector<HandleOnThread> handles;
+struct HandlesOnThread {
+  std::unordered_multimap<std::string_view, HandleOnThread> by_key;
+  std::size_t swept_at = 0;  // how many were left after the last sweep
+};
+HandlesOnThread& handles_on_this_thread() noexcept {
+  thread_local HandlesOnThread handles;
   return handles;
 }
 // A handle's entry is over once its acquisition failed or its lease ended.
@@ -92,6 +103,13 @@ bool handle_over(const HandleOnThread& h) {
   if (!h.call->granted.load(std::memory_order_acquire)) return false;
   auto l = h.call->lease();
   return !l || !l->handle_open() || l->lost();
+}
+// Entries that are over go in a sweep once the table has doubled since the
+// last one: amortised, each entry is looked at a bounded number of times.
+void sweep(HandlesOnThread& handles) {
+  if (handles.by_key.size() < std::max<std::size_t>(64, 2 * handles.swept_at)) return;
+  std::erase_if(handles.by_key, [](const auto& entry) { return handle_over(entry.second); });
+  handles.swept_at = handles.by_key.size();
 }
 }  // namespace
 
@@ -147,7 +165,6 @@ std::shared_ptr<Acquisition> Runtime::Impl::make_acquisition(detail::LockSpec sp
 
 std::shared_ptr<Acquisition> Runtime::Impl::start_handle(detail::LockSpec spec,
                                                          const std::shared_ptr<detail::HandleCall>& call) {
-  call->key = spec.key;
   auto a = make_acquisition(std::move(spec), call);
   a->handle = call;
   call->runtime = weak_from_this();
@@ -173,12 +190,13 @@ std::future<LockHandle> Runtime::Impl::acquire(detail::LockSpec spec) {
       promise->set_value(std::move(h));
   };
   auto& handles = handles_on_this_thread();
-  std::erase_if(handles, handle_over);
-  handles.push_back({this, call});
+  sweep(handles);
+  call->key = spec.key;  // before the view of it is kept
+  auto entry = handles.by_key.emplace(std::string_view(call->key), HandleOnThread{this, call});
   try {
     start_handle(std::move(spec), call);
   } catch (...) {
-    handles.pop_back();
+    handles.by_key.erase(entry);
     throw;
   }
   return future;
@@ -188,6 +206,7 @@ AcquireTicket Runtime::Impl::acquire(detail::LockSpec spec, AcquireHandler handl
   if (!handler) throw InvalidArgument("Runtime::acquire: the handler is empty");
   validate(spec);
   auto call = std::make_shared<detail::HandleCall>();
+  call->key = spec.key;
   // Called on the loop (or the cancelling thread): the handler itself runs
   // on the notifier.
   call->complete = [notifier = std::weak_ptr<ThreadPool>(notifier_pool), h = std::move(handler)](
@@ -206,11 +225,11 @@ void Runtime::Impl::cancel_acquire(const std::shared_ptr<Acquisition>& a) {
 }
 
 std::shared_ptr<LeaseRecord> Runtime::Impl::handle_held_here(const std::string& key) const {
-  auto& handles = handles_on_this_thread();
-  for (auto it = handles.rbegin(); it != handles.rend(); ++it) {
-    if (it->runtime != this) continue;
-    auto l = it->call->lease();
-    if (l && l->key() == key && l->handle_open() && !l->lost()) return l;
+  auto [from, to] = handles_on_this_thread().by_key.equal_range(key);
+  for (auto it = from; it != to; ++it) {
+    if (it->second.runtime != this) continue;
+    auto l = it->second.call->lease();
+    if (l && l->handle_open() && !l->lost()) return l;
   }
   return nullptr;
 }
@@ -249,7 +268,7 @@ void Runtime::Impl::dispatch(detail::LockSpec spec, std::shared_ptr<detail::Call
   }
   // A key whose LockHandle this thread asked for is held here too: waiting
   // for it could only run out (the handle is not released meanwhile).
-  if (!handles_on_this_thread().empty()) {
+  if (!handles_on_this_thread().by_key.empty()) {
     if (auto l = handle_held_here(spec.key)) {
       check_reentrant(spec.key, l->kind, spec.kind);
       run_reentrant(l.get());
