@@ -37,6 +37,7 @@ struct HandleCall final : Call {
   void finish(std::exception_ptr error) noexcept override {
     failed.store(true, std::memory_order_release);
     if (!claim(kDone)) return;  // cancelled: told already
+    acquisition.reset();
     deliver(error ? error : std::make_exception_ptr(RuntimeStopped("lockwatch runtime stopped")), LockHandle());
   }
   // Loop thread, or the cancelling one. Calls `complete` and drops it
@@ -63,7 +64,10 @@ struct HandleCall final : Call {
   Complete complete;
   std::string key;
   std::weak_ptr<Runtime::Impl> runtime;    // for a cancel
-  std::weak_ptr<Acquisition> acquisition;  // for a cancel: none once it ended
+  // For a cancel: reset by whoever wins claim(kDone), as no cancel can
+  // follow (a weak pointer would keep the acquisition's memory, made with
+  // its count, for as long as the handle is held).
+  std::weak_ptr<Acquisition> acquisition;
 
   // For reentrancy on the thread that asked for the handle (see
   // Runtime::Impl::handle_held_here): the lease once granted.

@@ -4,6 +4,8 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <deque>
+#include <functional>
 #include <string_view>
 #include <unordered_map>
 
@@ -81,35 +83,84 @@ std::string Runtime::Impl::render_metrics() const { return events.metrics().rend
 
 namespace {
 // The handles asked for on this thread (Runtime::acquire), for reentrancy:
-// a LOCKED call on a key whose handle this thread holds runs inline. By
-// key (a view of the call's own copy), so that neither asking for a handle
-// nor a LOCKED call scans every handle the thread holds (a thread may hold
-// a million).
+// a LOCKED call on a key whose handle this thread holds runs inline. By the
+// key's hash, so that neither asking for a handle nor a LOCKED call scans
+// every handle the thread holds (a thread may hold a million). An entry
+// keeps its call until the call is granted, then only a weak pointer to
+// the lease (the call, and the acquisition's memory with it, can go).
 struct HandleOnThread {
   const void* runtime;
-  std::shared_ptr<detail::HandleCall> call;
+  std::shared_ptr<detail::HandleCall> call;  // until granted
+  std::weak_ptr<LeaseRecord> lease;          // after
+  // The lease, if it is still held through its handle; null otherwise
+  // (and while the call waits).
+  std::shared_ptr<LeaseRecord> held() const {
+    auto l = call ? call->lease() : lease.lock();
+    return l && l->handle_open() && !l->lost() ? l : nullptr;
+  }
+  // Its entry is over once its acquisition failed or its lease ended.
+  bool over() const {
+    if (call && call->failed.load(std::memory_order_acquire)) return true;
+    if (call && !call->granted.load(std::memory_order_acquire)) return false;
+    return held() == nullptr;
+  }
 };
 struct HandlesOnThread {
-  std::unordered_multimap<std::string_view, HandleOnThread> by_key;
+  using Table = std::unordered_multimap<std::size_t, HandleOnThread, std::identity>;
+  Table by_hash;
+  std::deque<std::pair<std::size_t, const HandleOnThread*>> waiting;  // entries with a call, oldest first
   std::size_t swept_at = 0;  // how many were left after the last sweep
+
+  static std::size_t hash(std::string_view key) noexcept { return std::hash<std::string_view>{}(key); }
+  void add(std::string_view key, const void* runtime, std::shared_ptr<detail::HandleCall> call) {
+    settle();
+    if (by_hash.size() >= std::max<std::size_t>(64, 2 * swept_at)) {
+      std::erase_if(by_hash, [](const auto& e) { return e.second.over(); });
+      swept_at = by_hash.size();
+      std::erase_if(waiting, [this](const auto& w) { return !contains(w); });
+    }
+    auto it = by_hash.emplace(hash(key), HandleOnThread{runtime, std::move(call), {}});
+    waiting.emplace_back(it->first, &it->second);
+  }
+  // Undoes the last add() (its call could not start).
+  void drop_last() {
+    if (waiting.empty()) return;
+    erase(waiting.back());
+    waiting.pop_back();
+  }
+  // The calls granted meanwhile, oldest first, keep their lease only.
+  void settle() {
+    while (!waiting.empty()) {
+      auto [h, e] = waiting.front();
+      auto it = find(h, e);
+      if (it != by_hash.end()) {
+        if (!it->second.call->granted.load(std::memory_order_acquire) &&
+            !it->second.call->failed.load(std::memory_order_acquire))
+          return;  // still waiting: so, most likely, are those after it
+        it->second.lease = it->second.call->lease();
+        it->second.call.reset();
+        if (it->second.lease.expired()) by_hash.erase(it);
+      }
+      waiting.pop_front();
+    }
+  }
+
+ private:
+  Table::iterator find(std::size_t h, const HandleOnThread* e) {
+    auto [from, to] = by_hash.equal_range(h);
+    for (auto it = from; it != to; ++it)
+      if (&it->second == e) return it;
+    return by_hash.end();
+  }
+  bool contains(const std::pair<std::size_t, const HandleOnThread*>& w) { return find(w.first, w.second) != by_hash.end(); }
+  void erase(const std::pair<std::size_t, const HandleOnThread*>& w) {
+    auto it = find(w.first, w.second);
+    if (it != by_hash.end()) by_hash.erase(it);
+  }
 };
 HandlesOnThread& handles_on_this_thread() noexcept {
   thread_local HandlesOnThread handles;
   return handles;
-}
-// A handle's entry is over once its acquisition failed or its lease ended.
-bool handle_over(const HandleOnThread& h) {
-  if (h.call->failed.load(std::memory_order_acquire)) return true;
-  if (!h.call->granted.load(std::memory_order_acquire)) return false;
-  auto l = h.call->lease();
-  return !l || !l->handle_open() || l->lost();
-}
-// Entries that are over go in a sweep once the table has doubled since the
-// last one: amortised, each entry is looked at a bounded number of times.
-void sweep(HandlesOnThread& handles) {
-  if (handles.by_key.size() < std::max<std::size_t>(64, 2 * handles.swept_at)) return;
-  std::erase_if(handles.by_key, [](const auto& entry) { return handle_over(entry.second); });
-  handles.swept_at = handles.by_key.size();
 }
 }  // namespace
 
@@ -189,14 +240,13 @@ std::future<LockHandle> Runtime::Impl::acquire(detail::LockSpec spec) {
     else
       promise->set_value(std::move(h));
   };
+  call->key = spec.key;
   auto& handles = handles_on_this_thread();
-  sweep(handles);
-  call->key = spec.key;  // before the view of it is kept
-  auto entry = handles.by_key.emplace(std::string_view(call->key), HandleOnThread{this, call});
+  handles.add(call->key, this, call);
   try {
     start_handle(std::move(spec), call);
   } catch (...) {
-    handles.by_key.erase(entry);
+    handles.drop_last();
     throw;
   }
   return future;
@@ -225,11 +275,12 @@ void Runtime::Impl::cancel_acquire(const std::shared_ptr<Acquisition>& a) {
 }
 
 std::shared_ptr<LeaseRecord> Runtime::Impl::handle_held_here(const std::string& key) const {
-  auto [from, to] = handles_on_this_thread().by_key.equal_range(key);
+  auto& handles = handles_on_this_thread();
+  auto [from, to] = handles.by_hash.equal_range(HandlesOnThread::hash(key));
   for (auto it = from; it != to; ++it) {
     if (it->second.runtime != this) continue;
-    auto l = it->second.call->lease();
-    if (l && l->handle_open() && !l->lost()) return l;
+    auto l = it->second.held();
+    if (l && l->key() == key) return l;
   }
   return nullptr;
 }
@@ -268,7 +319,7 @@ void Runtime::Impl::dispatch(detail::LockSpec spec, std::shared_ptr<detail::Call
   }
   // A key whose LockHandle this thread asked for is held here too: waiting
   // for it could only run out (the handle is not released meanwhile).
-  if (!handles_on_this_thread().by_key.empty()) {
+  if (!handles_on_this_thread().by_hash.empty()) {
     if (auto l = handle_held_here(spec.key)) {
       check_reentrant(spec.key, l->kind, spec.kind);
       run_reentrant(l.get());
@@ -360,6 +411,7 @@ void Runtime::Impl::start_lease(const std::shared_ptr<Acquisition>& a, const std
       watchdog.work_done(l);
       return;
     }
+    a->handle->acquisition.reset();
     a->handle->set_lease(l);
     // The handle lives only in what `complete` keeps (dropped with it, so
     // a future dropped unread releases the lock with it).
