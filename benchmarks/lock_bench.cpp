@@ -37,7 +37,8 @@
 // default (they poll only while something is outstanding, at most about
 // a wake-up's cost).
 //   BM_IdleLeases/100                  an idle runtime holding 100 leases
-//       that the watchdog renews: its CPU over 10 s (see BM_IdleLeases).
+//       that the watchdog renews: its CPU over 10 s (see BM_IdleLeases);
+//       "/ttl2s" with a 2 s ttl instead of 200 ms.
 // <conc> = 1, 16, 64 callers. Lock ttl 30 s (as the peers' harness).
 //
 // Concurrency: the callers of BM_LockHandle and BM_Locked are std::threads,
@@ -546,8 +547,8 @@ void BM_Locked(benchmark::State& state, int conc, bool contended, bool handoff) 
 
 // ------------------------------------------------------------ idle leases
 
-// An idle runtime: `leases` LockHandles held with a short ttl (kIdleTtl, so
-// the watchdog renews each about every 150 ms), taken kIdleTtl / leases
+// An idle runtime: `leases` LockHandles held with `ttl` (kIdleTtl, 200 ms,
+// has the watchdog renew each about every 150 ms), taken ttl / leases
 // apart so that their renewals fall in different ticks (one renewal a
 // round trip, the worst case for polling), then nothing but renewals for
 // kIdleFor. Counters:
@@ -560,7 +561,7 @@ void BM_Locked(benchmark::State& state, int conc, bool contended, bool handoff) 
 constexpr auto kIdleTtl = 200ms;
 constexpr auto kIdleFor = 10s;
 
-void BM_IdleLeases(benchmark::State& state, int leases) {
+void BM_IdleLeases(benchmark::State& state, int leases, std::chrono::milliseconds ttl) {
   prepare_run();
   std::uint64_t run = ++g_run;
   lockwatch::Runtime rt(runtime_options());
@@ -568,10 +569,10 @@ void BM_IdleLeases(benchmark::State& state, int leases) {
   for (auto _ : state) {
     std::vector<lockwatch::LockHandle> held;
     held.reserve(static_cast<std::size_t>(leases));
-    const auto spacing = std::chrono::duration_cast<Clock::duration>(kIdleTtl) / leases;
+    const auto spacing = std::chrono::duration_cast<Clock::duration>(ttl) / leases;
     auto next = Clock::now();
     for (int i = 0; i < leases; ++i) {
-      auto f = rt.acquire(fmt::format("idle:{}:{}", run, i), kIdleTtl);
+      auto f = rt.acquire(fmt::format("idle:{}:{}", run, i), ttl);
       if (f.wait_for(kFutureBound) != std::future_status::ready) {
         state.SkipWithError("acquire not ready in bound");
         return;
@@ -1108,21 +1109,23 @@ void register_benchmarks() {
   register_busy_poll("BM_Hops/1/loop_pool_loop", BM_Hops, 1, true);
   register_busy_poll("BM_Hops/fanout64/loop_pool_loop", BM_HopsFanOut, 64);
   // An idle runtime's own CPU, with polling off and in both forms.
-  benchmark::RegisterBenchmark("BM_IdleLeases/100", BM_IdleLeases, 100)
-      ->UseManualTime()
-      ->Iterations(1)
-      ->Unit(benchmark::kMillisecond);
-  for (const auto& variant : kPollVariants) {
-    const auto poll = variant.poll;
-    benchmark::RegisterBenchmark((std::string("BM_IdleLeases/100") + variant.suffix).c_str(),
-                                 [=](benchmark::State& state) {
-                                   g_busy_poll = poll;
-                                   BM_IdleLeases(state, 100);
-                                   g_busy_poll = {};
-                                 })
-        ->UseManualTime()
-        ->Iterations(1)
-        ->Unit(benchmark::kMillisecond);
+  // Renewed about every 150 ms (kIdleTtl, the worst case), and with a 2 s
+  // ttl every 1.8 s ("/ttl2s").
+  for (auto [name, ttl] : {std::pair{"BM_IdleLeases/100", std::chrono::milliseconds(kIdleTtl)},
+                           std::pair{"BM_IdleLeases/100/ttl2s", std::chrono::milliseconds(2000)}}) {
+    benchmark::RegisterBenchmark(name, BM_IdleLeases, 100, ttl)->UseManualTime()->Iterations(1)->Unit(benchmark::kMillisecond);
+    for (const auto& variant : kPollVariants) {
+      const auto poll = variant.poll;
+      benchmark::RegisterBenchmark((std::string(name) + variant.suffix).c_str(),
+                                   [=](benchmark::State& state) {
+                                     g_busy_poll = poll;
+                                     BM_IdleLeases(state, 100, ttl);
+                                     g_busy_poll = {};
+                                   })
+          ->UseManualTime()
+          ->Iterations(1)
+          ->Unit(benchmark::kMillisecond);
+    }
   }
   for (bool contended : {false, true}) {
     const char* mode = contended ? "contended" : "uncontended";

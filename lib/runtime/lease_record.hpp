@@ -16,6 +16,7 @@
 #include <string>
 #include <string_view>
 #include <exception>
+#include <utility>
 #include <vector>
 
 #include "core/token.hpp"
@@ -222,16 +223,29 @@ struct LeaseRecord final : Lease, TimerTask, HandleState {
   std::uint32_t slot = kNoSlot;    // its place in the watchdog's registry
   Clock::duration renew_after{};   // from a renewal's send to the next one (a tick early)
   Clock::time_point granted_at;  // for the hold time
-  std::shared_ptr<std::promise<void>> finished;  // a nested call's thread waits on it
-  // A worker that starts the work late waits on it for the renewal made at
-  // the start (Watchdog::renew_at_start) to be answered.
-  std::shared_ptr<std::promise<void>> start_renewal;
   Timeout timeout;
   Clock::time_point last_sent;  // the latest request that may have extended the key
-  // Local hand-offs (Options::local_handoff): shared by the leases of one
-  // streak, made at its first hand-off (none: the lease took the key from
-  // the store and was never handed on).
-  std::shared_ptr<HandOffStreak> streak;
+  // What few leases use, kept off the record (a million held leases pay a
+  // pointer each for it): made on first use, loop thread.
+  struct Rare {
+    std::shared_ptr<std::promise<void>> finished;  // a nested call's thread waits on it
+    // A worker that starts the work late waits on it for the renewal made
+    // at the start (Watchdog::renew_at_start) to be answered.
+    std::shared_ptr<std::promise<void>> start_renewal;
+    // Local hand-offs (Options::local_handoff): shared by the leases of one
+    // streak, made at its first hand-off (none: the lease took the key
+    // from the store and was never handed on).
+    std::shared_ptr<HandOffStreak> streak;
+  };
+  Rare& rare() {
+    if (!rare_) rare_ = std::make_unique<Rare>();
+    return *rare_;
+  }
+  const Rare* rare_if() const noexcept { return rare_.get(); }
+  HandOffStreak* streak() const noexcept { return rare_ ? rare_->streak.get() : nullptr; }
+  std::shared_ptr<std::promise<void>> take_start_renewal() noexcept {
+    return rare_ ? std::exchange(rare_->start_renewal, nullptr) : nullptr;
+  }
   // When this runtime took the key from the store.
   Clock::time_point streak_start() const noexcept;
   // Whether any renewal failed since the last confirmed one.
@@ -249,6 +263,7 @@ struct LeaseRecord final : Lease, TimerTask, HandleState {
     std::uint8_t queued = kQueued;
     return start_.compare_exchange_strong(queued, to, std::memory_order_acq_rel);
   }
+  std::unique_ptr<Rare> rare_;
   std::unique_ptr<std::string> lost_detail_;  // rare: kept off the record
   // Lease::on_lost's watchers (rare: made on the first), and whether the
   // lease ended (no watcher waits then); both under the lease's striped lock.
@@ -258,7 +273,8 @@ struct LeaseRecord final : Lease, TimerTask, HandleState {
 };
 
 inline LeaseRecord::Clock::time_point LeaseRecord::streak_start() const noexcept {
-  return streak ? streak->started : granted_at;
+  const HandOffStreak* s = streak();
+  return s ? s->started : granted_at;
 }
 
 // The leases of the locked calls running on this thread, innermost last.

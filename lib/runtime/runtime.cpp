@@ -507,7 +507,7 @@ void Runtime::Impl::complete(const std::shared_ptr<LeaseRecord>& l) {
     l->finish(err);
   else
     l->call->finish(err);
-  if (l->finished) l->finished->set_value();
+  if (const auto* rare = l->rare_if(); rare && rare->finished) rare->finished->set_value();
 }
 
 // ----------------------------------------------------------- operators' tools

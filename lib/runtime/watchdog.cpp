@@ -29,7 +29,7 @@ std::shared_ptr<LeaseRecord> Watchdog::new_lease(const Acquisition& a, std::uint
   l->renew_after = renew_after(options_, a.spec.ttl, a.spec.renew_weight) - (clock_.tick() - Clock::duration(1));
   l->last_sent = last_sent;
   if (!a.handle && !a.inline_run) l->queue_for_worker();
-  l->finished = a.finished;
+  if (a.finished) l->rare().finished = a.finished;
   l->granted_at = Clock::now();
   stats_.acquired.fetch_add(1, std::memory_order_relaxed);
   return l;
@@ -70,9 +70,9 @@ std::shared_ptr<LeaseRecord> Watchdog::hand_off(const std::shared_ptr<LeaseRecor
   l->token = from->token;
   l->ttl_ms = from->ttl_ms;
   l->kind = from->kind;  // exclusive: only those are handed on
-  if (!from->streak) from->streak = std::make_shared<HandOffStreak>(HandOffStreak{{}, from->granted_at});
-  l->streak = from->streak;
-  l->streak->holder = l;
+  if (!from->streak()) from->rare().streak = std::make_shared<HandOffStreak>(HandOffStreak{{}, from->granted_at});
+  l->rare().streak = from->rare().streak;
+  l->streak()->holder = l;
   // `l` takes `from`'s place: `from` leaves without a release.
   from->timeout.cancel();
   l->slot = from->slot;
@@ -174,7 +174,7 @@ void Watchdog::renew_at_start(const std::shared_ptr<LeaseRecord>& l, std::shared
     answered->set_value();
     return;
   }
-  l->start_renewal = std::move(answered);
+  l->rare().start_renewal = std::move(answered);
   l->timeout.cancel();
   l->renewal_counts = false;
   send_renew(l);
@@ -219,14 +219,14 @@ void Watchdog::on_renew_result(const std::shared_ptr<LeaseRecord>& sent_for, Clo
   // Sent for a lease since handed on locally: the answer is the current
   // holder's (the store's key is the same).
   std::shared_ptr<LeaseRecord> current;
-  if (sent_for->streak && sent_for->slot == LeaseRecord::kNoSlot) {
-    current = sent_for->streak->holder.lock();
+  if (sent_for->streak() && sent_for->slot == LeaseRecord::kNoSlot) {
+    current = sent_for->streak()->holder.lock();
     if (!current) return;
   }
   const auto& l = current ? current : sent_for;
   // A worker waiting on the renewal made at the start goes on once it is
   // answered, whatever became of it (a lost lease shows in the lease).
-  auto answered = status != Renewed::kTransient ? std::exchange(l->start_renewal, nullptr) : nullptr;
+  auto answered = status != Renewed::kTransient ? l->take_start_renewal() : nullptr;
   on_renew_result_now(l, sent, status, why);
   if (answered) answered->set_value();
 }
@@ -278,7 +278,7 @@ void Watchdog::on_renewed(const std::shared_ptr<LeaseRecord>& l, Clock::time_poi
 }
 
 void Watchdog::lose(const std::shared_ptr<LeaseRecord>& l, LostReason reason, std::string detail) {
-  if (l->start_renewal) std::exchange(l->start_renewal, nullptr)->set_value();
+  if (auto answered = l->take_start_renewal()) answered->set_value();
   if (!l->mark_lost(reason)) return;
   stats_.leases_lost.fetch_add(1, std::memory_order_relaxed);
   l->timeout.cancel();
