@@ -29,8 +29,10 @@
 //
 // <mode>: uncontended = a fresh key every cycle; contended = every caller on
 // one key, waiting up to 10 s for it (.wait(10s) / the wait argument);
-// contended_handoff = contended with Options::local_handoff on (rows at 64
-// callers, and 3x16). Rows without a suffix run with Options::busy_poll = 0
+// contended_handoff = contended with Options::local_handoff on, the default
+// (rows at 64 callers, and 3x16); contended = with it off. Uncontended rows
+// at 1 and 64 callers with a poll suffix run with it on (the default; with
+// no caller waiting it makes no request). Rows without a suffix run with Options::busy_poll = 0
 // (no polling). A name ending "+busy_poll" is the same row with
 // Options::busy_poll = 200 us (the I/O thread and one idle pool worker poll
 // that long before they sleep); "+adaptive" with kBusyPollAdaptive, the
@@ -400,7 +402,7 @@ bool ready_in_bound(std::future<T>& f, Tally& tally, const char* what) {
 constexpr std::chrono::microseconds kBusyPoll{200};
 std::chrono::microseconds g_busy_poll{0};
 
-lockwatch::Options runtime_options(bool handoff = false) {
+lockwatch::Options runtime_options(bool handoff = true) {
   lockwatch::Options o;
   o.redis_url = g_redis->url();
   o.threads = 2;  // one per core
@@ -1095,11 +1097,11 @@ void register_benchmarks() {
   }
   // Options::busy_poll: the rows it changes most, next to the raw client.
   for (int conc : {1, 64}) {
-    register_busy_poll(fmt::format("BM_LockHandle/{}/uncontended", conc), BM_LockHandle, conc, false, false);
-    register_busy_poll(fmt::format("BM_Locked/{}/uncontended", conc), BM_Locked, conc, false, false);
+    register_busy_poll(fmt::format("BM_LockHandle/{}/uncontended", conc), BM_LockHandle, conc, false, true);
+    register_busy_poll(fmt::format("BM_Locked/{}/uncontended", conc), BM_Locked, conc, false, true);
   }
   register_busy_poll("BM_LockedFanOut/64/uncontended", BM_LockedFanOut, 64);
-  // 64 callers on one key with the default options (no local hand-off).
+  // 64 callers on one key with local hand-offs off, and on (the default).
   register_busy_poll("BM_LockHandle/64/contended", BM_LockHandle, 64, true, false);
   register_busy_poll("BM_Locked/64/contended", BM_Locked, 64, true, false);
   register_busy_poll("BM_LockHandle/64/contended_handoff", BM_LockHandle, 64, true, true);

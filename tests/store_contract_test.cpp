@@ -392,6 +392,30 @@ TEST_P(StoreContractTest, AcquireAndReleaseAreSafeToRepeatWithTheSameToken) {
   EXPECT_EQ(store.release(name, "token-two"), detail::Released::kYes);
 }
 
+// The stores that reserve tokens for in-process hand-offs (TokenBlocks):
+// only for the lock's holder, each block above every token before it and
+// below every one after.
+TEST_P(StoreContractTest, TokensAreReservedForTheHolderOnlyAndStayInOrder) {
+  StoreOnLoop store(options());
+  const std::string name = store.encode("reserved");
+  auto first = store.acquire(name, "holder", 10s);
+  ASSERT_EQ(first.status, detail::Acquired::Status::kTaken);
+  auto last = store.reserve_tokens(name, "holder", 8);
+  const bool reserves = GetParam() == "redis" || GetParam() == "redis-cluster" || GetParam() == "memory";
+  ASSERT_EQ(last.has_value(), reserves) << GetParam();
+  if (!last) GTEST_SKIP() << GetParam() << " reserves no tokens: no in-process hand-offs";
+  EXPECT_GE(*last, first.fence + 8);
+  auto more = store.reserve_tokens(name, "holder", 3);
+  EXPECT_GE(more.value_or(0), *last + 3);
+  EXPECT_EQ(store.reserve_tokens(name, "somebody-else", 8), std::optional<std::uint64_t>(0));
+  EXPECT_EQ(store.release(name, "holder"), detail::Released::kYes);
+  EXPECT_EQ(store.reserve_tokens(name, "holder", 8), std::optional<std::uint64_t>(0));
+  auto next = store.acquire(name, "next", 10s);
+  ASSERT_EQ(next.status, detail::Acquired::Status::kTaken);
+  EXPECT_GT(next.fence, more.value_or(0));
+  EXPECT_EQ(store.release(name, "next"), detail::Released::kYes);
+}
+
 // ------------------------------------------------------------ kinds of lock
 
 // The stores that keep shared and permit locks; the others must refuse

@@ -79,6 +79,22 @@ class StoreOnLoop {
     loop_.post([&] { fences.raise_fence(name, fence, [&p](bool ok) { p.set_value(ok); }); });
     return get_bounded(f);
   }
+  // TokenBlocks::reserve_tokens: the counter's new value (0: not held with
+  // `token`); nullopt for a store without the capability.
+  std::optional<std::uint64_t> reserve_tokens(const std::string& name, const std::string& token, std::uint32_t n) {
+    auto* blocks = detail::capability<detail::TokenBlocks>(*store_);
+    if (blocks == nullptr) return std::nullopt;
+    std::promise<std::uint64_t> p;
+    auto f = p.get_future();
+    loop_.post([&] {
+      detail::LockRef ref{name, token, {}, {}};
+      blocks->reserve_tokens(ref, n, [&p](std::uint64_t last, const detail::StoreError* e) {
+        EXPECT_EQ(e, nullptr) << e->describe();
+        p.set_value(last);
+      });
+    });
+    return get_bounded(f);
+  }
   // Claims `period`, due from `start` on the store's clock (by default
   // long due).
   detail::ClaimResult claim(const std::string& name, const std::string& token, std::int64_t period,

@@ -174,32 +174,32 @@ struct Options {
   /// Prometheus text format from the runtime's own loop; empty: off. The
   /// Runtime constructor throws ListenError if it cannot listen there.
   std::string metrics_listen;
-  /// In-process hand-off on a contended key. Off by default.
+  /// In-process hand-off on a contended key. On by default.
   ///
-  /// When on, and one of this runtime's leases ends while another caller in
-  /// this runtime waits for the same key (with the same ttl and a retries
-  /// count other than 0), the lock passes to that caller without a store
-  /// round trip: the store's key stays held by this runtime's owner token
-  /// and renewed by the watchdog; the new holder gets a lease of its own
-  /// (a fresh stop_token, LeaseLost, its own renewal count for `retries`,
-  /// and remaining() as the key's current deadline, which the watchdog keeps
-  /// moving). The hand-off counts as the previous holder's release. It never
-  /// happens once the lease is lost, while a renewal is failing, or past the
-  /// local deadline; the waiter then takes the lock the normal way.
+  /// When one of this runtime's leases ends while another caller in this
+  /// runtime waits for the same key (with the same ttl and a retries count
+  /// other than 0), the lock passes to that caller without a release and a
+  /// new acquisition: the store's key stays held by this runtime's owner
+  /// token and renewed by the watchdog; the new holder gets a lease of its
+  /// own (a fresh stop_token, LeaseLost, its own renewal count for
+  /// `retries`, and remaining() as the key's current deadline, which the
+  /// watchdog keeps moving). The hand-off counts as the previous holder's
+  /// release. It never happens once the lease is lost, while a renewal is
+  /// failing, or past the local deadline; the waiter then takes the lock
+  /// the normal way.
   ///
-  /// FENCING CHANGES. With local_handoff on, every fencing token this
-  /// runtime hands out (Lease::fencing_token(), on any key) is
-  ///   store_counter * 2^20 + local_seq
-  /// where local_seq is 0 for the holder that took the key from the store and
-  /// 1, 2, ... for each local hand-off after it (a streak is bounded below
-  /// 2^20, so it never carries). That is strictly greater than every earlier
-  /// holder's token ONLY IF EVERY PROCESS SHARING A KEY USES THE SAME
-  /// SETTING: a process with it off hands out the raw counter, which is
-  /// smaller than the tokens of one with it on. The store's counter itself
-  /// stays raw: Runtime::inspect and `lockwatch status` (fencing_token=)
-  /// show it, not the encoded token (token >> 20 is the counter). Hand-offs
-  /// are also not made to a waiter with another ttl or with retries 0.
-  bool local_handoff = false;
+  /// Fencing tokens keep their meaning: every holder's token comes from the
+  /// store. While callers wait here, the holder reserves the next tokens
+  /// from the store's fencing counter in blocks (one round trip per block,
+  /// made while the work runs, only if the store still holds the key with
+  /// this runtime's token); each hand-off takes the next one. They are
+  /// above every earlier holder's token, in every process, and below every
+  /// token the store hands out after, whatever the other processes' setting.
+  /// Tokens of a block left unused when the key goes back are skipped.
+  /// Stores that cannot reserve tokens (Redlock, MariaDB, PostgreSQL, etcd,
+  /// ZooKeeper) make no hand-offs; Redis (one node, Sentinel, Cluster) and
+  /// memory:// do. Off: every holder takes the key from the store.
+  bool local_handoff = true;
   /// A process must not keep a contended key forever: after this many local
   /// hand-offs in a row (1 .. 2^20 - 1), or once this long has passed since
   /// the process took the key from the store, the lease is released to the

@@ -74,6 +74,10 @@ struct LockSpec {
   double renew_weight = 0;   ///< 0: the runtime's Options::renew_weight
   std::chrono::milliseconds wait{0};
   LockKind kind{};           ///< exclusive unless .shared(), .permits(n) or .fair()
+  /// false: never passed on within the runtime (Options::local_handoff), to
+  /// it or from it; each holder takes the key from the store with an owner
+  /// token of its own (an Election's leaders, whom the owner token names).
+  bool handoff = true;
 };
 
 /// One decorated invocation, as the runtime sees it. run() executes the
@@ -143,6 +147,11 @@ struct RuntimeStats {
   std::uint64_t renew_commands = 0;  ///< commands that carried them (one per tick and chunk)
   std::uint64_t leases_lost = 0;     ///< leases reported lost
   std::uint64_t timer_wakeups = 0;   ///< times the watchdog's wheel woke the I/O thread
+  /// Locks passed to the next caller waiting in this runtime without a
+  /// release and a new acquisition (Options::local_handoff).
+  std::uint64_t local_handoffs = 0;
+  /// Blocks of fencing tokens reserved from the store for those hand-offs.
+  std::uint64_t token_reservations = 0;
   /// The least time any lease had left before its local deadline when a
   /// renewal was confirmed (microseconds::max() until one is): how close the
   /// watchdog came to losing a lease. Alert on it falling towards zero.

@@ -15,6 +15,8 @@ struct StatsCounters {
   std::atomic<std::uint64_t> renew_commands{0};
   std::atomic<std::uint64_t> leases_lost{0};
   std::atomic<std::uint64_t> timer_wakeups{0};
+  std::atomic<std::uint64_t> local_handoffs{0};
+  std::atomic<std::uint64_t> token_reservations{0};
   // In microseconds.
   std::atomic<std::int64_t> min_renewal_slack_us{std::numeric_limits<std::int64_t>::max()};
 };

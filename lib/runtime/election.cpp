@@ -94,7 +94,14 @@ void Election::State::poke() {
 void Election::State::start_campaign(std::shared_ptr<Finish> finish) {
   std::weak_ptr<State> weak = weak_from_this();
   // Called with mu held: the handler never runs inside acquire().
-  ticket = runtime.acquire(name, ttl, forever, max_wait, [weak, finish](std::exception_ptr error, LockHandle h) {
+  // Never handed on in-process: a leader is named by its own owner token.
+  detail::LockSpec spec;
+  spec.key = name;
+  spec.ttl = ttl;
+  spec.retries = -1;
+  spec.wait = max_wait;
+  spec.handoff = false;
+  ticket = detail::RuntimeAccess::impl(runtime).acquire(std::move(spec), [weak, finish](std::exception_ptr error, LockHandle h) {
     if (auto self = weak.lock()) {
       self->campaign_done(finish, std::move(error), std::move(h));
       return;

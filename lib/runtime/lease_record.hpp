@@ -155,6 +155,41 @@ struct LeaseRecord;
 struct HandOffStreak {
   std::weak_ptr<LeaseRecord> holder;
   std::chrono::steady_clock::time_point started;
+  // Local hand-offs so far in this streak.
+  std::uint32_t handoffs = 0;
+  // Fencing tokens the store reserved for this streak (TokenBlocks), not
+  // handed out yet: next .. last, then the block after it (none: next >
+  // last). They are good only while the store's key stays ours without a
+  // break: the streak's end drops them.
+  std::uint64_t next = 1, last = 0;
+  std::uint64_t after_next = 1, after_last = 0;
+  bool reserving = false;  // a reservation is on its way
+  bool refused = false;    // one failed or found the key not ours: no more hand-offs
+  // The lease whose work ended while no token was in stock: it keeps the
+  // key (renewed) until the reservation's answer hands it on or releases it.
+  std::shared_ptr<LeaseRecord> deferred;
+
+  std::uint64_t in_stock() const noexcept {
+    return (last >= next ? last - next + 1 : 0) + (after_last >= after_next ? after_last - after_next + 1 : 0);
+  }
+  // The next token (0: none in stock).
+  std::uint64_t take() noexcept {
+    if (next > last) {
+      next = std::exchange(after_next, 1);
+      last = std::exchange(after_last, 0);
+    }
+    return next <= last ? next++ : 0;
+  }
+  // A reserved block, first .. last.
+  void add(std::uint64_t first, std::uint64_t to) noexcept {
+    if (next > last) {
+      next = first;
+      last = to;
+    } else {
+      after_next = first;
+      after_last = to;
+    }
+  }
 };
 
 struct LeaseRecord final : Lease, TimerTask, HandleState {
@@ -205,6 +240,10 @@ struct LeaseRecord final : Lease, TimerTask, HandleState {
   Phase phase = Phase::kRenewDue;
   bool work_finished = false;
   bool releasing = false;  // release in flight: renewals go on until it is confirmed
+  // The work is over and the key waits for reserved tokens to be handed on
+  // (HandOffStreak::deferred): renewals go on meanwhile.
+  bool awaiting_tokens = false;
+  bool no_handoff = false;  // LockSpec::handoff was false
   // Released because a local hand-off streak reached its bound while
   // others waited here: those wait for the store's release notice too.
   bool yield_on_release = false;

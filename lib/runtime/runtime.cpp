@@ -393,10 +393,9 @@ void Runtime::Impl::fail(const std::shared_ptr<Acquisition>& a, std::exception_p
 }
 
 void Runtime::Impl::taken(const std::shared_ptr<Acquisition>& a, std::uint64_t fence, Clock::time_point sent) {
-  // The store's counter stays raw; with local hand-offs the holder's token
-  // leaves room for the streak's sequence below it.
-  if (options.local_handoff) fence <<= detail::kLocalSeqBits;
-  start_lease(a, watchdog.grant(*a, fence, sent));
+  auto l = watchdog.grant(*a, fence, sent);
+  start_lease(a, l);
+  reserve_ahead(l);
 }
 
 void Runtime::Impl::start_lease(const std::shared_ptr<Acquisition>& a, const std::shared_ptr<LeaseRecord>& l) {
@@ -463,30 +462,80 @@ void Runtime::Impl::run_on_pool(const std::shared_ptr<LeaseRecord>& l) {
   }
 }
 
-bool Runtime::Impl::try_hand_off(const std::shared_ptr<LeaseRecord>& l) {
-  if (!options.local_handoff || stopping.load()) return false;
-  detail::Acquisition* next = waits.next_waiter(l->name.view());
+bool Runtime::Impl::hand_off_fits(const LeaseRecord& l) const {
+  const detail::Acquisition* next = waits.next_waiter(l.name.view());
   // A waiter with another ttl, or without renewals (it counts on a whole
   // ttl from its start), takes the lock from the store; so do shared and
   // permit holders (their leases are each their own in the store).
-  if (next == nullptr || next->spec.ttl != l->ttl() || next->spec.retries == 0 || !l->kind.exclusive_kind() ||
-      !next->spec.kind.exclusive_kind())
-    return false;
+  return next != nullptr && next->spec.ttl == l.ttl() && next->spec.retries != 0 && l.kind.exclusive_kind() &&
+         next->spec.kind.exclusive_kind() && next->spec.handoff && !l.no_handoff;
+}
+
+void Runtime::Impl::reserve_ahead(const std::shared_ptr<LeaseRecord>& l) {
+  // Only while a caller here waits for the key, so that the next hand-off
+  // finds its token in stock: nothing for a lock nobody else here wants.
+  if (token_blocks == nullptr || !options.local_handoff || l->work_finished || l->lost() ||
+      l->slot == LeaseRecord::kNoSlot || !hand_off_fits(*l))
+    return;
+  auto s = watchdog.streak_of(*l);
+  const std::uint64_t stock = s->in_stock();
+  if (s->reserving || s->refused || stock > kTokenBlock / 2 || s->handoffs + stock >= options.handoff_max_streak)
+    return;
+  reserve(*l, s);
+}
+
+void Runtime::Impl::reserve(const LeaseRecord& l, const std::shared_ptr<detail::HandOffStreak>& s) {
+  // As many as the streak may still hand on, a block at most.
+  const auto left = static_cast<std::uint64_t>(options.handoff_max_streak - s->handoffs);
+  const auto n = static_cast<std::uint32_t>(std::min<std::uint64_t>(
+      kTokenBlock, left > s->in_stock() ? left - s->in_stock() : 1));
+  s->reserving = true;
+  stats.token_reservations.fetch_add(1, std::memory_order_relaxed);
+  token_blocks->reserve_tokens(l.ref(), n, [this, s, n](std::uint64_t last, const detail::StoreError* error) {
+    s->reserving = false;
+    if (error != nullptr || last < n) {
+      // Not ours any more, or no answer: no hand-off in this streak (the
+      // waiters take the key from the store).
+      s->refused = true;
+    } else {
+      s->add(last - n + 1, last);
+    }
+    if (auto d = std::exchange(s->deferred, nullptr)) {
+      d->awaiting_tokens = false;
+      if (!try_hand_off(d)) watchdog.release(d);
+    }
+  });
+}
+
+bool Runtime::Impl::try_hand_off(const std::shared_ptr<LeaseRecord>& l) {
+  if (token_blocks == nullptr || !options.local_handoff || stopping.load() || !hand_off_fits(*l)) return false;
   auto now = Clock::now();
   if (!watchdog.can_hand_off(*l, now)) return false;
-  std::uint64_t fence = l->fencing_token() + 1;
-  if ((fence & detail::kLocalSeqMask) > options.handoff_max_streak ||
-      now - l->streak_start() >= options.handoff_max_time) {
+  auto s = watchdog.streak_of(*l);
+  if (s->refused) return false;
+  if (s->handoffs >= options.handoff_max_streak || now - s->started >= options.handoff_max_time) {
     // The streak is over: back to the store, and our waiters take their
     // turn with everyone else's.
     l->yield_on_release = true;
     return false;
   }
+  const std::uint64_t fence = s->take();
+  if (fence == 0) {
+    // No token in stock: the key stays ours, renewed, until the
+    // reservation answers (one round trip), then goes on or back.
+    l->awaiting_tokens = true;
+    s->deferred = l;
+    if (!s->reserving) reserve(*l, s);
+    return true;
+  }
+  ++s->handoffs;
+  stats.local_handoffs.fetch_add(1, std::memory_order_relaxed);
   auto a = waits.take_next(l->name.view());
   auto handed = watchdog.hand_off(l, *a, fence);
   complete(l);  // the hand-off was its release
   call_done();
   start_lease(a, handed);
+  reserve_ahead(handed);
   return true;
 }
 
@@ -824,6 +873,8 @@ RuntimeStats Runtime::stats() const noexcept {
   s.renewals_sent = c.renewals_sent.load(std::memory_order_relaxed);
   s.renew_commands = c.renew_commands.load(std::memory_order_relaxed);
   s.leases_lost = c.leases_lost.load(std::memory_order_relaxed);
+  s.local_handoffs = c.local_handoffs.load(std::memory_order_relaxed);
+  s.token_reservations = c.token_reservations.load(std::memory_order_relaxed);
   s.timer_wakeups = c.timer_wakeups.load(std::memory_order_relaxed);
   s.min_renewal_slack = std::chrono::microseconds(c.min_renewal_slack_us.load(std::memory_order_relaxed));
   return s;

@@ -38,11 +38,6 @@
 namespace lockwatch {
 
 namespace detail {
-// With Options::local_handoff, a fencing token is the store's counter
-// shifted by this many bits, plus the local hand-off sequence.
-inline constexpr unsigned kLocalSeqBits = 20;
-inline constexpr std::uint64_t kLocalSeqMask = (std::uint64_t{1} << kLocalSeqBits) - 1;
-
 // Builds the store a runtime talks to; called once, on the constructing
 // thread, before the loop uses it.
 using StoreFactory = std::function<std::unique_ptr<LockStore>(Loop& loop, const Options& options)>;
@@ -103,7 +98,19 @@ struct Runtime::Impl final : std::enable_shared_from_this<Runtime::Impl>, detail
   void fail(const std::shared_ptr<detail::Acquisition>& a, std::exception_ptr err, bool busy = false);
   void start_lease(const std::shared_ptr<detail::Acquisition>& a, const std::shared_ptr<detail::LeaseRecord>& l);
   void run_on_pool(const std::shared_ptr<detail::LeaseRecord>& l);
+  // Local hand-offs (Options::local_handoff) on a store with TokenBlocks:
+  // the first caller waiting here fits (exclusive, same ttl, renewals).
+  bool hand_off_fits(const detail::LeaseRecord& l) const;
+  // Asks the store for the streak's next tokens when a caller waits here
+  // and the stock is low (one request at a time).
+  void reserve_ahead(const std::shared_ptr<detail::LeaseRecord>& l);
+  void reserve(const detail::LeaseRecord& l, const std::shared_ptr<detail::HandOffStreak>& s);
+  // `l`'s work is over: true if the key went on to the next caller here,
+  // or stays ours until a reservation lets it (then the answer hands it on
+  // or releases it).
   bool try_hand_off(const std::shared_ptr<detail::LeaseRecord>& l);
+  // Tokens a reservation asks for, at most.
+  static constexpr std::uint32_t kTokenBlock = 64;
   void complete(const std::shared_ptr<detail::LeaseRecord>& l);
   void lease_finished(const std::shared_ptr<detail::LeaseRecord>& l);
   void begin_stop();
@@ -122,6 +129,7 @@ struct Runtime::Impl final : std::enable_shared_from_this<Runtime::Impl>, detail
   detail::Events events;
   detail::Loop loop{options.busy_poll};
   std::unique_ptr<detail::LockStore> store;
+  detail::TokenBlocks* const token_blocks = detail::capability<detail::TokenBlocks>(*store);  // null: no hand-offs
   detail::WheelClock clock;
   detail::Watchdog watchdog;
   detail::WaitQueue waits;

@@ -28,6 +28,7 @@ std::shared_ptr<LeaseRecord> Watchdog::new_lease(const Acquisition& a, std::uint
   // exact meanwhile).
   l->renew_after = renew_after(options_, a.spec.ttl, a.spec.renew_weight) - (clock_.tick() - Clock::duration(1));
   l->last_sent = last_sent;
+  l->no_handoff = !a.spec.handoff;
   if (!a.handle && !a.inline_run) l->queue_for_worker();
   if (a.finished) l->rare().finished = a.finished;
   l->granted_at = Clock::now();
@@ -70,8 +71,7 @@ std::shared_ptr<LeaseRecord> Watchdog::hand_off(const std::shared_ptr<LeaseRecor
   l->token = from->token;
   l->ttl_ms = from->ttl_ms;
   l->kind = from->kind;  // exclusive: only those are handed on
-  if (!from->streak()) from->rare().streak = std::make_shared<HandOffStreak>(HandOffStreak{{}, from->granted_at});
-  l->rare().streak = from->rare().streak;
+  l->rare().streak = streak_of(*from);
   l->streak()->holder = l;
   // `l` takes `from`'s place: `from` leaves without a release.
   from->timeout.cancel();
@@ -86,6 +86,18 @@ std::shared_ptr<LeaseRecord> Watchdog::hand_off(const std::shared_ptr<LeaseRecor
     schedule_next(*l, l->last_sent);
   }
   return l;
+}
+
+std::shared_ptr<HandOffStreak> Watchdog::streak_of(LeaseRecord& l) {
+  auto& s = l.rare().streak;
+  if (!s) {
+    s = std::make_shared<HandOffStreak>();
+    s->started = l.granted_at;
+  }
+  // A lease that is given a streak now is its holder (renewal replies sent
+  // for it are the streak's current holder's).
+  if (s->holder.expired()) s->holder = leases_[l.slot];
+  return s;
 }
 
 bool Watchdog::may_renew(const LeaseRecord& l) const noexcept {
@@ -113,7 +125,7 @@ void Watchdog::on_timer(LeaseRecord* raw) {
   std::shared_ptr<LeaseRecord> l = leases_[raw->slot];  // kept alive to the end
   auto now = Clock::now();
   if (l->work_finished) {
-    if (!l->releasing) {
+    if (!l->releasing && !l->awaiting_tokens) {
       // Release could not be confirmed; the key has expired by now.
       if (l->phase == LeaseRecord::Phase::kReleasing) finish(l);
       return;
@@ -233,7 +245,7 @@ void Watchdog::on_renew_result(const std::shared_ptr<LeaseRecord>& sent_for, Clo
 
 void Watchdog::on_renew_result_now(const std::shared_ptr<LeaseRecord>& l, Clock::time_point sent, Renewed status,
                                    const StoreError* why) {
-  if ((l->work_finished && !l->releasing) || l->lost()) return;
+  if ((l->work_finished && !l->releasing && !l->awaiting_tokens) || l->lost()) return;
   switch (status) {
     case Renewed::kYes:
       on_renewed(l, sent);
@@ -301,6 +313,11 @@ void Watchdog::work_done(const std::shared_ptr<LeaseRecord>& l) {
   if (l->work_finished) return;
   l->work_finished = true;
   if (hand_off_ && hand_off_(l)) return;
+  release(l);
+}
+
+void Watchdog::release(const std::shared_ptr<LeaseRecord>& l) {
+  l->awaiting_tokens = false;
   l->releasing = true;
   LockRef ref = l->ref();
   store_.release(std::span<const LockRef>(&ref, 1), true,

@@ -61,8 +61,14 @@ class Watchdog {
   // part of its ttl: renew it now, without spending a retry.
   // `answered` is set once the renewal is answered (at once if none goes).
   void renew_at_start(const std::shared_ptr<LeaseRecord>& l, std::shared_ptr<std::promise<void>> answered);
-  // The work is over: release, then finish.
+  // The work is over: release (unless the hook handed it on, or keeps it
+  // until it can: LeaseRecord::awaiting_tokens), then finish.
   void work_done(const std::shared_ptr<LeaseRecord>& l);
+  // Releases `l`, whose work is over, then finishes it.
+  void release(const std::shared_ptr<LeaseRecord>& l);
+  // The hand-off streak of the store key `l` holds (made, with `l` its
+  // holder, on first use).
+  std::shared_ptr<HandOffStreak> streak_of(LeaseRecord& l);
   // Marks the lease lost (once) and asks its work to stop.
   void lose(const std::shared_ptr<LeaseRecord>& l, LostReason reason, std::string detail = {});
   // The runtime stops: every lease's work is asked to stop. Returns the

@@ -14,6 +14,9 @@
 //                  lock's waiters in arrival order; withdraw() takes a
 //                  waiter that gives up out of it. A store without it is
 //                  never offered a fair lock (Unsupported).
+//   TokenBlocks    fencing tokens reserved by a holder, for the next
+//                  holders in this process (Options::local_handoff): a
+//                  store without it gets no in-process hand-off
 //
 // Threading and callbacks as in LockStore: loop thread only; a callback
 // runs exactly once and never inside the call that registered it.
@@ -116,6 +119,23 @@ class FairQueue {
   ~FairQueue() = default;
 };
 
+class TokenBlocks {
+ public:
+  static constexpr std::string_view kName = "fencing tokens reserved by a holder (in-process hand-off)";
+  // `last`: the counter's new value, or 0 when the lock is not held with
+  // the token (any more); `error` (else null): no answer could be had.
+  using ReserveDone = std::function<void(std::uint64_t last, const StoreError* error)>;
+  // If exclusive `lock` is held with its token, raises its fencing counter
+  // by `n` (> 0) and answers the new value: the tokens last - n + 1 .. last
+  // are the holder's to hand to the next holders of the lock while its
+  // token holds it without a break. Each is above every token handed out
+  // before and below every token the store hands out after. One atomic step.
+  virtual void reserve_tokens(const LockRef& lock, std::uint32_t n, ReserveDone done) = 0;
+
+ protected:
+  ~TokenBlocks() = default;
+};
+
 // `store` as a T, or null when it does not offer T.
 template <class T>
 T* capability(LockStore& store) noexcept {
@@ -142,6 +162,8 @@ T& require(LockStore& store, std::string_view store_kind) {
   void server_time(TimeDone done) override;                                                  \
   void claim_period(std::string_view name, std::string_view token, std::int64_t period,      \
                     std::chrono::system_clock::time_point start, ClaimDone done) override
+#define LOCKWATCH_TOKEN_BLOCKS_OPERATIONS \
+  void reserve_tokens(const ::lockwatch::detail::LockRef& lock, std::uint32_t n, ReserveDone done) override
 #define LOCKWATCH_OPERATOR_TOOLS_OPERATIONS                       \
   void inspect(std::string_view name, InspectDone done) override; \
   void force_release(std::string_view name, ForceDone done) override

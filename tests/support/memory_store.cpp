@@ -153,6 +153,13 @@ void MemoryBackend::raise(const std::string& name, std::uint64_t fence) {
   f = std::max(f, fence);
 }
 
+std::uint64_t MemoryBackend::reserve(const detail::LockRef& lock, std::uint32_t n) {
+  std::lock_guard lk(mu_);
+  std::string name(lock.name);
+  if (!held(name, Clock::now() + offset_) || locks_.at(name).owner != lock.token) return 0;
+  return fences_[name] += n;
+}
+
 LockInfo MemoryBackend::inspect(const std::string& name) const {
   std::lock_guard lk(mu_);
   auto now = Clock::now() + offset_;
@@ -396,6 +403,16 @@ void MemoryStore::raise_fence(std::string_view name, std::uint64_t fence, std::f
   if (!plan.down) backend_->raise(std::string(name), fence);
   bool ok = !plan.down && !plan.lose;
   deliver(plan.delay, [ok, done = std::move(done)] { done(ok); });
+}
+
+void MemoryStore::reserve_tokens(const detail::LockRef& lock, std::uint32_t n, ReserveDone done) {
+  auto plan = script_->plan(Op::kReserve, std::string(lock.name), 1);
+  std::uint64_t last = plan.down ? 0 : backend_->reserve(lock, n);
+  const bool failed = plan.down || plan.lose;
+  deliver(plan.delay, [last, failed, done = std::move(done)] {
+    const detail::StoreError err = down_error();
+    done(failed ? 0 : last, failed ? &err : nullptr);
+  });
 }
 
 void MemoryStore::server_time(std::function<void(std::chrono::system_clock::time_point, const detail::StoreError*)> done) {

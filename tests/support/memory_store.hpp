@@ -76,6 +76,8 @@ class MemoryBackend {
   detail::Renewed renew(const detail::LockRef& lock);
   detail::Released release(const detail::LockRef& lock, bool notify);
   void raise(const std::string& name, std::uint64_t fence);
+  // Raises the counter by n if `lock` holds it; the new value, else 0.
+  std::uint64_t reserve(const detail::LockRef& lock, std::uint32_t n);
   detail::LockInfo inspect(const std::string& name) const;
   bool force_release(const std::string& name);
   detail::ClaimResult claim(const std::string& name, const std::string& token, std::int64_t period,
@@ -100,7 +102,7 @@ class MemoryBackend {
   std::map<std::string, std::set<MemoryStore*>> subscribers_;
 };
 
-enum class Op { kAcquire, kRenew, kRelease, kRaise, kInspect, kForceRelease, kSubscribe, kUnsubscribe, kTime, kClaim };
+enum class Op { kAcquire, kRenew, kRelease, kRaise, kInspect, kForceRelease, kSubscribe, kUnsubscribe, kTime, kClaim, kReserve };
 
 class StoreScript {
  public:
@@ -174,7 +176,8 @@ class StoreScript {
 class MemoryStore final : public detail::LockStore,
                           public detail::FenceRaising,
                           public detail::JobClaims,
-                          public detail::OperatorTools {
+                          public detail::OperatorTools,
+                          public detail::TokenBlocks {
  public:
   MemoryStore(detail::Loop& loop, std::shared_ptr<MemoryBackend> backend, std::shared_ptr<StoreScript> script,
               std::string prefix = "lockwatch:");
@@ -193,6 +196,7 @@ class MemoryStore final : public detail::LockStore,
   LOCKWATCH_FENCE_RAISING_OPERATIONS;
   LOCKWATCH_JOB_CLAIMS_OPERATIONS;
   LOCKWATCH_OPERATOR_TOOLS_OPERATIONS;
+  LOCKWATCH_TOKEN_BLOCKS_OPERATIONS;
 
   // Any thread (the backend): a release notice for `name`.
   void notice(const std::string& name);

@@ -242,6 +242,12 @@ void MemorySpace::State::raise_fence(std::string_view name, std::uint64_t fence)
   it->second.fence = std::max(it->second.fence, fence);
 }
 
+std::uint64_t MemorySpace::State::reserve_tokens(const LockRef& lock, std::uint32_t n) {
+  auto it = entries_.find(lock.name);
+  if (it == entries_.end() || it->second.expires <= Clock::now() || it->second.owner != lock.token) return 0;
+  return it->second.fence += n;
+}
+
 // As the stores on servers: the lease check, the clock and the
 // at-most-once record in one step.
 ClaimResult MemorySpace::State::claim(std::string_view name, std::string_view token, std::int64_t period,

@@ -78,6 +78,8 @@ class MemorySpace {
     // A fair waiter gives up its place (FairQueue::withdraw).
     void withdraw(const LockRef& lock);
     void raise_fence(std::string_view name, std::uint64_t fence);
+    // TokenBlocks::reserve_tokens: the counter's new value, 0 if not held with the token.
+    std::uint64_t reserve_tokens(const LockRef& lock, std::uint32_t n);
     ClaimResult claim(std::string_view name, std::string_view token, std::int64_t period,
                       std::chrono::system_clock::time_point start);
     LockInfo inspect(std::string_view name) const;

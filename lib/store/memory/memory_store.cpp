@@ -153,6 +153,15 @@ void MemoryStore::raise_fence(std::string_view name, std::uint64_t fence, RaiseD
       [shared_done] { (*shared_done)(false); });
 }
 
+void MemoryStore::reserve_tokens(const LockRef& lock, std::uint32_t n, ReserveDone done) {
+  auto shared_done = std::make_shared<ReserveDone>(std::move(done));
+  submit(
+      [owned = Owned(lock), n, shared_done](MemorySpace::State& s) -> std::function<void()> {
+        return [last = s.reserve_tokens(owned.ref(), n), shared_done] { (*shared_done)(last, nullptr); };
+      },
+      [shared_done, err = no_answer()] { (*shared_done)(0, &err); });
+}
+
 void MemoryStore::server_time(
     std::function<void(std::chrono::system_clock::time_point, const StoreError*)> done) {
   auto shared_done = std::make_shared<decltype(done)>(std::move(done));

@@ -42,7 +42,8 @@ class MemoryStore final : public StoreBase,
                           public FenceRaising,
                           public JobClaims,
                           public OperatorTools,
-                          public FairQueue {
+                          public FairQueue,
+                          public TokenBlocks {
  public:
   static constexpr std::string_view kScheme = "memory://";
 
@@ -65,6 +66,7 @@ class MemoryStore final : public StoreBase,
   LOCKWATCH_FENCE_RAISING_OPERATIONS;
   LOCKWATCH_JOB_CLAIMS_OPERATIONS;
   LOCKWATCH_OPERATOR_TOOLS_OPERATIONS;
+  LOCKWATCH_TOKEN_BLOCKS_OPERATIONS;
   void withdraw(const LockRef& lock, WithdrawDone done) override;
 
   // Loop thread (posted by the space): `name` was released.

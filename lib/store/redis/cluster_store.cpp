@@ -737,6 +737,22 @@ void ClusterStore::claim_period(std::string_view name, std::string_view token, s
   });
 }
 
+void ClusterStore::reserve_tokens(const LockRef& lock, std::uint32_t n, ReserveDone done) {
+  auto shared = std::make_shared<ReserveDone>(std::move(done));
+  auto call = std::make_shared<Call>();
+  call->name = lock.name;
+  call->send = [this, tok = std::string(lock.token), n, shared](RedisNodeStore& node, const std::shared_ptr<Call>& self) {
+    LockRef ref;
+    ref.name = self->name;
+    ref.token = tok;
+    node.reserve_tokens(ref, n, [this, self, shared](std::uint64_t last, const StoreError* err) {
+      if (err && follow(self, *err, [shared, e = *err] { (*shared)(0, &e); })) return;
+      (*shared)(last, err);
+    });
+  };
+  route(std::move(call), [shared](const StoreError& err) { (*shared)(0, &err); });
+}
+
 void ClusterStore::inspect(std::string_view name, InspectDone done) {
   auto shared = std::make_shared<std::function<void(const LockInfo&, const StoreError*)>>(std::move(done));
   auto call = std::make_shared<Call>();

@@ -108,7 +108,8 @@ class ClusterStore final : public StoreBase,
                            public FenceRaising,
                            public JobClaims,
                            public OperatorTools,
-                           public FairQueue {
+                           public FairQueue,
+                           public TokenBlocks {
  public:
   static constexpr int kRedirectBudget = 5;
   static constexpr std::chrono::milliseconds kRefreshInterval{5000};
@@ -130,6 +131,7 @@ class ClusterStore final : public StoreBase,
   LOCKWATCH_FENCE_RAISING_OPERATIONS;
   LOCKWATCH_JOB_CLAIMS_OPERATIONS;
   LOCKWATCH_OPERATOR_TOOLS_OPERATIONS;
+  LOCKWATCH_TOKEN_BLOCKS_OPERATIONS;
   // A fair waiter leaves its lock's queue, on the slot's node (its keys
   // share the lock's hash tag); redirects followed as for the others.
   void withdraw(const LockRef& lock, WithdrawDone done) override;

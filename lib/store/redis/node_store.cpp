@@ -450,6 +450,17 @@ void RedisNodeStore::raise_fence_or_error(std::string_view name, std::uint64_t f
                            });
 }
 
+void RedisNodeStore::reserve_tokens(const LockRef& lock, std::uint32_t n, ReserveDone done) {
+  with_asking(*conn_).eval(script(ScriptId::kReserveTokens),
+                           {std::string(lock.name), redis_keys::counter(options_.key_prefix, lock.name),
+                            std::string(lock.token), std::to_string(n)},
+                           2, [this, done = std::move(done)](const redisReply* r, const StoreError* err) {
+                             std::optional<StoreError> failed;
+                             const auto last = read_reserve_tokens(r, err, conn_->name(), failed);
+                             done(last, failed ? &*failed : nullptr);
+                           });
+}
+
 void RedisNodeStore::server_time(TimeDone done) {
   conn_->command({"TIME"}, [endpoint = conn_->name(), done = std::move(done)](const redisReply* r, const StoreError* err) {
     StoreError unexpected;

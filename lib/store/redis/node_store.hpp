@@ -58,7 +58,8 @@ class RedisNodeStore final : public StoreBase,
                              public FenceRaising,
                              public JobClaims,
                              public OperatorTools,
-                             public FairQueue {
+                             public FairQueue,
+                             public TokenBlocks {
  public:
   enum class Notices : std::uint8_t { kClassic, kSharded };
   // `endpoint` with port 0: the address comes from follow_sentinels().
@@ -104,6 +105,7 @@ class RedisNodeStore final : public StoreBase,
   LOCKWATCH_FENCE_RAISING_OPERATIONS;
   LOCKWATCH_JOB_CLAIMS_OPERATIONS;
   LOCKWATCH_OPERATOR_TOOLS_OPERATIONS;
+  LOCKWATCH_TOKEN_BLOCKS_OPERATIONS;
   // Fair locks: acquired by kAcquireFair (one call each), renewed and
   // released as the other kinds; a waiter that gives up, kWithdrawFair.
   void withdraw(const LockRef& lock, WithdrawDone done) override;

@@ -427,6 +427,19 @@ if c < f then redis.call('set', KEYS[1], ARGV[1]) end
 return 1
 )lua";
 
+// Tokens for the next holders in the holder's process (an in-process
+// hand-off): while the lock holds the caller's token, the slot's counter
+// goes up by n, and the holder hands out the n values below the new one,
+// in order. Every later acquisition counts past them. GET and SET (the
+// counter stays a decimal string, as INCR leaves it), which the ACL rule
+// for the acquire script allows already.
+constexpr std::string_view kReserveTokens = R"lua(
+if redis.call('get', KEYS[1]) ~= ARGV[1] then return 0 end
+local c = tonumber(redis.call('get', KEYS[2]) or '0') + tonumber(ARGV[2])
+redis.call('set', KEYS[2], string.format('%d', c))
+return c
+)lua";
+
 // Operators' view of one lock: {pttl (-2 absent, -1 no expiry), fencing
 // counter, owner token or ''}. The counter is the slot's, or the name's
 // old counter (ARGV[1]) if that is higher: the next token is above both.
@@ -556,6 +569,7 @@ const Script& script(ScriptId id) {
        "GET, SET, DEL, INCR, PTTL, PEXPIRE, TIME, ZADD, ZCARD, ZRANGE, ZREM, ZREMRANGEBYSCORE, ZSCORE, PUBLISH or "
        "SPUBLISH"},
       {kWithdrawFair, "fair withdraw", "GET, ZCARD, ZRANGE, ZREM, PUBLISH or SPUBLISH"},
+      {kReserveTokens, "token reservation", "GET, SET"},
   };
   static const auto table = [] {
     std::array<Script, std::size(kScripts)> t;
@@ -703,6 +717,20 @@ std::optional<StoreError> read_raise_fence(const redisReply* reply, const StoreE
   if (reply == nullptr || reply->type != REDIS_REPLY_INTEGER || reply->integer != 1)
     return unexpected_reply(endpoint, "fence raising", shape_of(reply));
   return std::nullopt;
+}
+
+std::uint64_t read_reserve_tokens(const redisReply* reply, const StoreError* err, std::string_view endpoint,
+                                  std::optional<StoreError>& error) {
+  error.reset();
+  if (err != nullptr) {
+    error = *err;
+    return 0;
+  }
+  if (reply == nullptr || reply->type != REDIS_REPLY_INTEGER || reply->integer < 0) {
+    error = unexpected_reply(endpoint, "token reservation", shape_of(reply));
+    return 0;
+  }
+  return static_cast<std::uint64_t>(reply->integer);
 }
 
 std::optional<StoreError> read_inspect(const redisReply* reply, const StoreError* err, std::string_view endpoint,

@@ -98,6 +98,9 @@ enum class ScriptId : std::uint8_t {
   // KEYS: lock, queue, waiting. ARGV: token, channel, 's' or 'p'. Answers
   // 1 if the token was queued, else 0.
   kWithdrawFair,
+  // KEYS: lock, its slot's counter. ARGV: token, n. If the lock holds the
+  // token, raises the counter by n and answers its new value; else 0.
+  kReserveTokens,
 };
 
 // The script `id`, its SHA-1 computed once (at first use); static storage.
@@ -175,6 +178,10 @@ class ReleaseReply : StatusReply {
 
 // raise_fence: 1.
 std::optional<StoreError> read_raise_fence(const redisReply* reply, const StoreError* err, std::string_view endpoint);
+// reserve_tokens: the counter's new value (0: the lock is not held with the
+// token), or the error.
+std::uint64_t read_reserve_tokens(const redisReply* reply, const StoreError* err, std::string_view endpoint,
+                                  std::optional<StoreError>& error);
 // inspect, into `info`. A lock without expiry is not a lockwatch lock: an
 // error, as the acquire script would answer (code LOCKWATCH).
 std::optional<StoreError> read_inspect(const redisReply* reply, const StoreError* err, std::string_view endpoint,
