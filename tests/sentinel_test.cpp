@@ -164,6 +164,26 @@ TEST_P(SentinelTest, FindsTheMasterAndWaitsForTheReplica) {
   auto f = locked("sen", 2s, forever).on(rt)([&] { return exists(*master_, "sen") && exists(*replica_, "sen"); });
   auto fut = f();
   EXPECT_TRUE(get_bounded(fut));  // WAIT made the replica have it before the work ran
+  {
+    // A local hand-off's tokens, reserved on the master, reach the replica
+    // before any is handed out, as the lock itself does: a failover cannot
+    // give a later holder a token below one handed out here.
+    Options slow = o;
+    slow.handoff_max_time = 60s;  // the streak outlasts a loaded machine's round trips
+    Runtime rt(slow);
+    auto first_f = rt.acquire("sen-hand", 2s);
+    LockHandle first = get_bounded(first_f);
+    auto second_f = rt.acquire("sen-hand", 2s, forever, kBound);
+    auto back = first.release();
+    LockHandle second = get_bounded(second_f);
+    get_bounded(back);
+    EXPECT_EQ(rt.stats().local_handoffs, 1u);
+    const std::string on_replica = replica_->command({"GET", fence_key("sen-hand")}).str;
+    ASSERT_FALSE(on_replica.empty());
+    EXPECT_GE(std::stoull(on_replica), second.lease().fencing_token());
+    auto done = second.release();
+    get_bounded(done);
+  }
   Options two = options();
   two.min_replicas = 2;
   Runtime rt2(two);

@@ -451,14 +451,38 @@ void RedisNodeStore::raise_fence_or_error(std::string_view name, std::uint64_t f
 }
 
 void RedisNodeStore::reserve_tokens(const LockRef& lock, std::uint32_t n, ReserveDone done) {
-  with_asking(*conn_).eval(script(ScriptId::kReserveTokens),
-                           {std::string(lock.name), redis_keys::counter(options_.key_prefix, lock.name),
-                            std::string(lock.token), std::to_string(n)},
-                           2, [this, done = std::move(done)](const redisReply* r, const StoreError* err) {
-                             std::optional<StoreError> failed;
-                             const auto last = read_reserve_tokens(r, err, conn_->name(), failed);
-                             done(last, failed ? &*failed : nullptr);
-                           });
+  // With min_replicas, the raised counter must reach the replicas before
+  // its tokens are handed out, as a lock write must (a failover must not
+  // hand a later holder a token below them): on the acquisitions'
+  // connection, then WAIT; short of it, no tokens.
+  RedisConnection& c = options_.min_replicas > 0 ? for_acquire() : *conn_;
+  with_asking(c).eval(
+      script(ScriptId::kReserveTokens),
+      {std::string(lock.name), redis_keys::counter(options_.key_prefix, lock.name), std::string(lock.token),
+       std::to_string(n)},
+      2, [this, done = std::move(done)](const redisReply* r, const StoreError* err) mutable {
+        std::optional<StoreError> failed;
+        const auto last = read_reserve_tokens(r, err, conn_->name(), failed);
+        if (failed || last == 0 || options_.min_replicas <= 0) {
+          done(last, failed ? &*failed : nullptr);
+          return;
+        }
+        for_acquire().command(
+            {"WAIT", std::to_string(options_.min_replicas), std::to_string(options_.replica_ack_timeout.count())},
+            [this, last, done = std::move(done)](const redisReply* w, const StoreError* werr) {
+              const long long acks = (!werr && w->type == REDIS_REPLY_INTEGER) ? w->integer : 0;
+              if (acks >= options_.min_replicas) {
+                done(last, nullptr);
+                return;
+              }
+              const StoreError short_of =
+                  werr ? *werr
+                       : StoreError::unavailable(conn_->name(),
+                                                 fmt::format("the token reservation reached {} of the {} replicas required",
+                                                             acks, options_.min_replicas));
+              done(0, &short_of);
+            });
+      });
 }
 
 void RedisNodeStore::server_time(TimeDone done) {
