@@ -152,12 +152,15 @@ TEST_F(SchedulerTest, SkewedNodesRunEachPeriodOnceOnTheStoresClock) {
     EXPECT_TRUE(seen.insert(r.period).second) << "period " << r.period << " ran twice";
     EXPECT_GT(r.period, prev);
     prev = r.period;
-    // Numbered and started on the store's clock, whatever the node's: within
-    // its own period (the first run of a new job starts its current period
-    // at once, which may be late in it).
+    // Numbered and started on the store's clock, whatever the node's (3 s
+    // behind and 4 s ahead): claimed within its own period (the first run
+    // of a new job, or of a new leader, claims its current period at once,
+    // which may be late in it). The body records the time after the
+    // claim's answer and a pool hop, which a loaded machine under ASan once
+    // stretched 0.45 ms past the period's end: the bound allows 100 ms for it.
     EXPECT_EQ(r.scheduled_for, system_clock::time_point(milliseconds(200) * r.period));
     EXPECT_GE(r.store_time_at_start, r.scheduled_for);
-    EXPECT_LT(r.store_time_at_start - r.scheduled_for, 200ms) << "node " << r.node;
+    EXPECT_LT(r.store_time_at_start - r.scheduled_for, 300ms) << "node " << r.node;
   }
   EXPECT_NE(all.back().node, first);
   EXPECT_EQ(backend_->last_period(memory_name("job:skewed")), all.back().period);

@@ -151,7 +151,8 @@ struct LeaseRecord;
 
 // The leases that held one store key in a row within this runtime, by
 // local hand-off: the current holder (a renewal reply sent for an earlier
-// one is its), and when the runtime took the key from the store.
+// one is its), when the runtime took the key from the store, and the
+// fencing tokens reserved for the next holders (Options::local_handoff).
 struct HandOffStreak {
   std::weak_ptr<LeaseRecord> holder;
   std::chrono::steady_clock::time_point started;
@@ -272,8 +273,8 @@ struct LeaseRecord final : Lease, TimerTask, HandleState {
     // at the start (Watchdog::renew_at_start) to be answered.
     std::shared_ptr<std::promise<void>> start_renewal;
     // Local hand-offs (Options::local_handoff): shared by the leases of one
-    // streak, made at its first hand-off (none: the lease took the key
-    // from the store and was never handed on).
+    // streak, made at its first token reservation or hand-off (none: the
+    // lease took the key from the store while nobody here waited for it).
     std::shared_ptr<HandOffStreak> streak;
   };
   Rare& rare() {
@@ -285,8 +286,6 @@ struct LeaseRecord final : Lease, TimerTask, HandleState {
   std::shared_ptr<std::promise<void>> take_start_renewal() noexcept {
     return rare_ ? std::exchange(rare_->start_renewal, nullptr) : nullptr;
   }
-  // When this runtime took the key from the store.
-  Clock::time_point streak_start() const noexcept;
   // Whether any renewal failed since the last confirmed one.
   bool renewal_failing() const noexcept { return lost_detail_ != nullptr; }
 
@@ -310,11 +309,6 @@ struct LeaseRecord final : Lease, TimerTask, HandleState {
   bool watch_ended_ = false;
   std::atomic<std::uint8_t> start_{kStarted};
 };
-
-inline LeaseRecord::Clock::time_point LeaseRecord::streak_start() const noexcept {
-  const HandOffStreak* s = streak();
-  return s ? s->started : granted_at;
-}
 
 // The leases of the locked calls running on this thread, innermost last.
 struct HeldOnThread {
