@@ -294,7 +294,8 @@ class ZooKeeperBackend final : public Backend {
   }
   static ZooKeeperEnsemble& ensemble() {
     static ZooKeeperEnsemble* shared = [] {
-      auto* e = new ZooKeeperEnsemble(3);
+      auto* e = new ZooKeeperEnsemble(3);  // for the whole program: its members die with it
+      remove_at_exit(e->dir());
       Options o;
       o.redis_url = "zookeeper://lockwatch:right@" + e->hosts();
       o.threads = 1;

@@ -29,6 +29,7 @@ const std::string& template_datadir() {
   static std::string dir;
   std::call_once(once, [] {
     std::string root = make_temp_dir("lockwatch-mariadb-template");
+    remove_at_exit(root);
     std::string data = root + "/data";
     ChildProcess install({"/bin/sh", "-c",
                           "exec mariadb-install-db --no-defaults --datadir='" + data +

@@ -18,11 +18,13 @@
 #include <filesystem>
 #include <fstream>
 #include <memory>
+#include <mutex>
 #include <sstream>
 #include <stdexcept>
 #include <system_error>
 #include <thread>
 #include <utility>
+#include <vector>
 
 extern char** environ;
 
@@ -360,6 +362,20 @@ std::string make_temp_dir(std::string_view name) {
   std::string pattern = (std::filesystem::temp_directory_path() / (std::string(name) + "-XXXXXX")).string();
   if (::mkdtemp(pattern.data()) == nullptr) throw_errno("mkdtemp " + pattern);
   return pattern;
+}
+
+void remove_at_exit(std::string dir) {
+  struct Dirs {
+    std::mutex mutex;
+    std::vector<std::string> list;
+    ~Dirs() {
+      std::error_code ec;
+      for (const auto& d : list) std::filesystem::remove_all(d, ec);
+    }
+  };
+  static Dirs dirs;
+  std::lock_guard lock(dirs.mutex);
+  dirs.list.push_back(std::move(dir));
 }
 
 std::string shell_quote(const std::string& s) {

@@ -86,6 +86,10 @@ int free_loopback_port();
 // What the servers' fixtures share. A fresh directory $TMPDIR/<name>-XXXXXX
 // (std::runtime_error if it cannot be made).
 std::string make_temp_dir(std::string_view name);
+// Removes `dir` when the program exits: for what lives as long as the
+// program (a server shared by every case, a template copied by each), which
+// no destructor removes.
+void remove_at_exit(std::string dir);
 // `s` in single quotes for /bin/sh.
 std::string shell_quote(const std::string& s);
 // The state letter of /proc/<pid>/stat ('T' stopped, 'Z' a zombie; '\0'

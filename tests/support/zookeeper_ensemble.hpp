@@ -46,6 +46,8 @@ class ZooKeeperEnsemble {
   int client_port(int i) const;
   // "127.0.0.1:p1,127.0.0.1:p2,127.0.0.1:p3"
   std::string hosts() const;
+  // Where the members keep their configuration, data and logs.
+  const std::string& dir() const { return dir_; }
 
   void kill(int i);
   void start(int i);
