@@ -12,7 +12,15 @@
 //   BM_Watchdog/<store>/<leases>   <leases> held for three renewal rounds
 //                                  (ttl 2 s): client and server CPU per
 //                                  renewal, renewal commands per round,
-//                                  leases lost (must be 0)
+//                                  leases lost (must be 0); and what says
+//                                  why one would be: the least slack a
+//                                  confirmed renewal left (min_slack_ms;
+//                                  negative: read after its deadline), the
+//                                  I/O thread's wake-ups that came 50 ms or
+//                                  more late (late_wakeups_50ms) and the
+//                                  latest one's bucket (max_lag_ms), and the
+//                                  lost leases by reason (lost_expired,
+//                                  lost_unreachable, lost_taken)
 //
 // The servers run with the durability of the tests' servers:
 // redis-server without persistence, mariadbd with
@@ -25,11 +33,14 @@
 #include <fmt/format.h>
 
 #include <atomic>
+#include <cstdlib>
 #include <fstream>
 #include <future>
 #include <memory>
 #include <sstream>
+#include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "bench_common.hpp"
@@ -153,6 +164,31 @@ void BM_Cycle(benchmark::State& state, const std::string& store) {
   state.SetItemsProcessed(state.iterations());  // items_per_second: cycles per second, all callers together
 }
 
+// A counter of the runtime's Prometheus text ("name{labels} value").
+double metric(const std::string& text, const std::string& name) {
+  auto at = text.find("\n" + name + " ");
+  if (at == std::string::npos) return 0;
+  return std::atof(text.c_str() + at + name.size() + 2);
+}
+
+// From the loop-lag histogram: wake-ups at least `bound` s late, and the
+// upper bound of the highest occupied bucket in ms (+Inf as 1e9).
+std::pair<double, double> lag_summary(const std::string& text, double bound) {
+  const std::string prefix = "lockwatch_loop_lag_seconds_bucket{le=\"";
+  const double count = metric(text, "lockwatch_loop_lag_seconds_count");
+  double below = 0, max_ms = 0, previous = 0;
+  for (std::size_t at = text.find(prefix); at != std::string::npos; at = text.find(prefix, at + 1)) {
+    const std::size_t le_at = at + prefix.size();
+    const std::string le = text.substr(le_at, text.find('"', le_at) - le_at);
+    const double cumulative = std::atof(text.c_str() + text.find("} ", le_at) + 2);
+    const double upper = le == "+Inf" ? 1e9 : std::atof(le.c_str()) * 1000;
+    if (le != "+Inf" && std::atof(le.c_str()) < bound + 1e-12) below = cumulative;
+    if (cumulative > previous) max_ms = upper;
+    previous = cumulative;
+  }
+  return {count - below, max_ms};
+}
+
 void BM_Watchdog(benchmark::State& state, const std::string& store) {
   const auto leases = static_cast<std::size_t>(state.range(0));
   constexpr auto kTtl = 2000ms;  // renewed every 1.8 s
@@ -193,6 +229,16 @@ void BM_Watchdog(benchmark::State& state, const std::string& store) {
     state.counters["commands_per_round"] =
         static_cast<double>(after.renew_commands - before.renew_commands) / static_cast<double>(kRounds);
     state.counters["lost"] = static_cast<double>(lost + (after.leases_lost - before.leases_lost));
+    const std::string text = rt.metrics_text();
+    const auto [late, max_lag_ms] = lag_summary(text, 0.05);
+    state.counters["min_slack_ms"] = after.min_renewal_slack == std::chrono::microseconds::max()
+                                         ? 0
+                                         : static_cast<double>(after.min_renewal_slack.count()) / 1000;
+    state.counters["late_wakeups_50ms"] = late;
+    state.counters["max_lag_ms"] = max_lag_ms;
+    state.counters["lost_expired"] = metric(text, "lockwatch_leases_lost_total{reason=\"expired\"}");
+    state.counters["lost_unreachable"] = metric(text, "lockwatch_leases_lost_total{reason=\"unreachable\"}");
+    state.counters["lost_taken"] = metric(text, "lockwatch_leases_lost_total{reason=\"taken_by_other\"}");
     if (lost > 0) g_failed = true;
     for (auto& h : held) (void)h.release();
     held.clear();

@@ -333,8 +333,9 @@ class EtcdBackend final : public Backend {
   EtcdBackend() { (void)clock_offset(); }
   // A keep-alive goes through the cluster's leader and its quorum: at
   // 400 ms the 50 ms a renewal has to be confirmed is less than a loaded
-  // two-core machine gives three members.
-  std::chrono::milliseconds steady_ttl() const override { return std::chrono::milliseconds(1000); }
+  // two-core machine gives three members, and under ASan so were the
+  // 100 ms of a 1 s ttl (175 of 200 leases lost once).
+  std::chrono::milliseconds steady_ttl() const override { return std::chrono::milliseconds(2000); }
   // The holder's lease revoked (as force_release does: a lock in etcd is
   // taken from its holder only so, and its next renewal finds it gone),
   // then the key put on a lease of the intruder's own (whole seconds,
