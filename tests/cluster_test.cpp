@@ -951,7 +951,10 @@ TEST_F(ClusterTest, ARenewalGroupAnsweredMovedOrAskIsSentOnAtOnceAndNeverFails) 
     cluster_->move_slot(slot, owner);
     EXPECT_TRUE(all_renewed(held, 2));
   }
-  EXPECT_GE(redirects(rt, "moved"), static_cast<long long>(keys.size()));
+  // One MOVED per lease when the four renew in one command; fewer when a
+  // slow build granted them in different ticks: the first MOVED teaches the
+  // store the slot's owner, and the later ticks' renewals go there directly.
+  EXPECT_GE(redirects(rt, "moved"), 1);
   for (const auto& k : keys) EXPECT_EQ(failures->of(k), 0) << k << ": a renewal answered MOVED was reported failed";
 
   // Migrating back home with the keys moved first: ASK, at once too.
