@@ -16,8 +16,8 @@
 //                                  why one would be: the least slack a
 //                                  confirmed renewal left (min_slack_ms;
 //                                  negative: read after its deadline), the
-//                                  I/O thread's wake-ups that came 50 ms or
-//                                  more late (late_wakeups_50ms) and the
+//                                  I/O thread's wake-ups that came more than
+//                                  50 ms late (late_wakeups_50ms) and the
 //                                  latest one's bucket (max_lag_ms), and the
 //                                  lost leases by reason (lost_expired,
 //                                  lost_unreachable, lost_taken)
@@ -171,7 +171,8 @@ double metric(const std::string& text, const std::string& name) {
   return std::atof(text.c_str() + at + name.size() + 2);
 }
 
-// From the loop-lag histogram: wake-ups at least `bound` s late, and the
+// From the loop-lag histogram: wake-ups more than `bound` s late (its
+// buckets count those at most so late), and the
 // upper bound of the highest occupied bucket in ms (+Inf as 1e9).
 std::pair<double, double> lag_summary(const std::string& text, double bound) {
   const std::string prefix = "lockwatch_loop_lag_seconds_bucket{le=\"";
