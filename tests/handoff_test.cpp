@@ -353,6 +353,74 @@ TEST_F(HandoffRedisTest, BusyPollingChangesNothingButTheWakeUps) {
   EXPECT_EQ(sixteen_threads_on_one_key(o, *server_), 0u);
 }
 
+// A streak's end: the key goes back to the store, and this runtime's
+// waiters sit out one tick only if its release notice reached another
+// runtime (a waiter elsewhere). A tick of 1 s makes a sit-out plain; one
+// hand-off per streak makes every second release a streak's end.
+Options one_handoff_streaks(Options o) {
+  o.tick = 1s;  // leases of 60 s (a tick of 1 s needs one of 23 s at least)
+  o.handoff_max_streak = 1;
+  o.handoff_max_time = 60s;
+  return o;
+}
+
+TEST_F(HandoffRedisTest, AStreakEndNobodyElseHeardGoesStraightToTheNextWaiterHere) {
+  Runtime rt(one_handoff_streaks(options()));
+  auto first_f = rt.acquire("alone", 60s, forever, kLongWait);
+  auto first = get_bounded(first_f);
+  auto second_f = rt.acquire("alone", 60s, forever, kLongWait);
+  auto third_f = rt.acquire("alone", 60s, forever, kLongWait);
+  settle(first.release());
+  auto second = get_bounded(second_f);  // handed on: the streak's one hand-off
+  ASSERT_EQ(rt.stats().local_handoffs, 1u);
+  const auto second_token = second.lease().fencing_token();
+  const auto released = std::chrono::steady_clock::now();
+  auto released_f = second.release();  // the streak's end: back to the store
+  auto third = get_bounded(third_f);
+  const auto took = std::chrono::steady_clock::now() - released;
+  EXPECT_NO_THROW(settle(std::move(released_f)));
+  // Taken from the store (a token of its own, the store's counter), in
+  // round trips, not after a 1 s tick's sit-out.
+  EXPECT_EQ(rt.stats().local_handoffs, 1u);
+  EXPECT_GT(third.lease().fencing_token(), second_token);
+  EXPECT_LT(took, 500ms);
+  settle(third.release());
+}
+
+TEST_F(HandoffRedisTest, AStreakEndAnotherRuntimeHeardIsItsTurnFirst) {
+  const std::string key = "two-runtimes";
+  Runtime rt(one_handoff_streaks(options()));
+  Runtime other(options());
+  auto first_f = rt.acquire(key, 60s, forever, kLongWait);
+  auto first = get_bounded(first_f);
+  auto second_f = rt.acquire(key, 60s, forever, kLongWait);
+  auto third_f = rt.acquire(key, 60s, forever, kLongWait);
+  // The other runtime waits, subscribed to the key's release notices.
+  auto theirs_f = other.acquire(key, 60s, forever, kLongWait);
+  auto until = std::chrono::steady_clock::now() + kBound;
+  auto listeners = [&] {
+    auto r = server_->command({"PUBSUB", "NUMSUB", lock_key(key) + ":rel"});
+    return r.elements.size() == 2 ? r.elements[1].integer : -1;
+  };
+  while (listeners() < 1 && std::chrono::steady_clock::now() < until)
+    std::this_thread::sleep_for(5ms);  // polling the server, as an operator would
+  ASSERT_GE(listeners(), 1);
+  settle(first.release());
+  auto second = get_bounded(second_f);  // handed on: the other is not asked
+  EXPECT_EQ(theirs_f.wait_for(0s), std::future_status::timeout);
+  const auto second_token = second.lease().fencing_token();
+  settle(second.release());  // the streak's end, heard by the other runtime
+  auto theirs = get_bounded(theirs_f);
+  EXPECT_GT(theirs.lease().fencing_token(), second_token);
+  // Ours sat out, then found the key held: it waits for the other's release.
+  EXPECT_EQ(third_f.wait_for(0s), std::future_status::timeout);
+  const auto theirs_token = theirs.lease().fencing_token();
+  settle(theirs.release());
+  auto third = get_bounded(third_f);
+  EXPECT_GT(third.lease().fencing_token(), theirs_token);
+  settle(third.release());
+}
+
 // Whatever the other runtime's setting: tokens come from the store.
 class HandoffAcrossRuntimesTest : public HandoffRedisTest, public ::testing::WithParamInterface<bool> {};
 

@@ -62,7 +62,7 @@ TEST(LockKindsTest, ReadersSeeTheLastWritersTokenAndWritersRaiseIt) {
   State s;
   auto w1 = s.acquire(ref("w1", LockKind::exclusive()));
   ASSERT_EQ(w1.status, Acquired::Status::kTaken);
-  ASSERT_EQ(s.release(ref("w1", LockKind::exclusive()), true), Released::kYes);
+  ASSERT_EQ(s.release(ref("w1", LockKind::exclusive()), true), Released::kYesUnheard);
   auto r = s.acquire(ref("r", LockKind::shared()));
   ASSERT_EQ(r.status, Acquired::Status::kTaken);
   EXPECT_EQ(r.fence, w1.fence);

@@ -134,6 +134,40 @@ TEST(MemoryStoreTest, TheEnvironmentNamesTheDefaultSpaceForLockedWithoutARuntime
   ::unsetenv("LOCKWATCH_REDIS_URL");
 }
 
+// A release says whether its notice reached a store other than the
+// releasing one: the runtime's waiters sit out a hand-off streak's end only
+// for others who heard it.
+TEST(MemoryStoreTest, AReleaseSaysWhetherItsNoticeReachedAnotherStore) {
+  auto space = MemorySpace::open("notice-listeners");
+  detail::Loop loop;
+  auto mine = std::make_shared<detail::MemoryLink>(loop, nullptr);
+  auto theirs = std::make_shared<detail::MemoryLink>(loop, nullptr);
+  auto cycle = [&](bool notify = true) {
+    auto out = detail::Released::kUnconfirmed;
+    space->run(mine, [&](MemorySpace::State& s) {
+      detail::LockRef ref{"k", "me", "10000", 10s, LockKind::exclusive()};
+      if (s.acquire(ref).status == detail::Acquired::Status::kTaken) out = s.release(ref, notify, mine.get());
+    });
+    return out;
+  };
+  using detail::Released;
+  EXPECT_EQ(cycle(), Released::kYesUnheard) << "nobody listens";
+  space->subscribe(mine, "k");
+  EXPECT_EQ(cycle(), Released::kYesUnheard) << "only the releasing store listens";
+  space->subscribe(theirs, "k");
+  EXPECT_EQ(cycle(), Released::kYes) << "another listens too";
+  EXPECT_EQ(cycle(false), Released::kYesUnheard) << "no notice sent";
+  space->unsubscribe(mine, "k");
+  EXPECT_EQ(cycle(), Released::kYes) << "only another listens";
+  space->unsubscribe(theirs, "k");
+  EXPECT_EQ(cycle(), Released::kYesUnheard) << "nobody listens any more";
+  EXPECT_EQ(loop.shutdown([&] {
+    mine->close();
+    theirs->close();
+  }),
+            0);
+}
+
 TEST(MemoryStoreTest, AnUnsupportedSchemeListsMemory) {
   try {
     Runtime rt(on("memcached://x"));

@@ -41,13 +41,15 @@ struct Want {
 class NodeStoreTest : public ::testing::Test {
  protected:
   explicit NodeStoreTest(Options options = {}, detail::RedisNodeStore::Notices notices = {})
-      : options_(std::move(options)) {
+      : options_(std::move(options)), sharded_(notices == detail::RedisNodeStore::Notices::kSharded) {
     Endpoint ep;
     ep.port = server_.port();
     store_ = std::make_unique<detail::RedisNodeStore>(loop_, ep, options_, notices);
     detail::StoreEvents events;
     events.released = [](std::string_view) {};
-    events.subscribed = [](std::string_view) {};
+    events.subscribed = [this](std::string_view name) {
+      if (on_subscribed_) on_subscribed_(name);
+    };
     events.subscriptions_lost = [] {};
     events.connection = [](const std::string&, bool, const std::string&) {};
     events.log = [](bool, const std::string&) {};
@@ -118,10 +120,69 @@ class NodeStoreTest : public ::testing::Test {
   // Script calls the server has run so far (EVAL and EVALSHA).
   long long script_calls() { return calls_of("evalsha") + calls_of("eval"); }
 
+  // Subscribes the store to `key`'s notices and waits (bounded) until it
+  // reports the subscription confirmed.
+  bool listen(const std::string& key) {
+    const std::string name = lock_key(key);
+    auto confirmed = std::make_shared<std::promise<void>>();
+    auto f = confirmed->get_future();
+    loop_.post([this, name, confirmed] {
+      on_subscribed_ = [name, confirmed, told = false](std::string_view n) mutable {
+        if (n == name && !std::exchange(told, true)) confirmed->set_value();
+      };
+      store_->subscribe(name);
+    });
+    const bool ok = f.wait_for(kBound) == std::future_status::ready;
+    loop_.post([this] { on_subscribed_ = nullptr; });
+    return ok;
+  }
+  // The channel's subscribers on the server, classic or sharded.
+  long long listeners(const std::string& key) {
+    const std::string channel = detail::redis_keys::channel(lock_key(key));
+    auto r = server_.command({"PUBSUB", sharded_ ? "SHARDNUMSUB" : "NUMSUB", channel});
+    return r.elements.size() == 2 ? r.elements[1].integer : -1;
+  }
+  // Waits (bounded) until `key`'s channel has `n` subscribers on the server.
+  bool listeners_become(const std::string& key, long long n) {
+    auto until = std::chrono::steady_clock::now() + kBound;
+    while (listeners(key) != n && std::chrono::steady_clock::now() < until)
+      std::this_thread::sleep_for(std::chrono::milliseconds(5));  // polling the server, as an operator would
+    return listeners(key) == n;
+  }
+  // Another process listening to `key`'s notices (redis-cli), until destroyed.
+  std::unique_ptr<ChildProcess> other_listener(const std::string& key) {
+    return std::make_unique<ChildProcess>(std::vector<std::string>{
+        "redis-cli", "-p", std::to_string(server_.port()), sharded_ ? "SSUBSCRIBE" : "SUBSCRIBE",
+        detail::redis_keys::channel(lock_key(key))});
+  }
+
+  // A release heard by nobody, by this store's own subscription alone, by
+  // it and another, and by another alone: only the first two are unheard.
+  void releases_say_who_heard_them() {
+    const std::string key = "heard";
+    auto cycle = [&] {
+      EXPECT_EQ(acquire({{{key, "me"}}})[0].status, Acquired::Status::kTaken);
+      return release({{key, "me"}})[0];
+    };
+    EXPECT_EQ(cycle(), Released::kYesUnheard) << "nobody listens";
+    ASSERT_TRUE(listen(key));
+    EXPECT_EQ(cycle(), Released::kYesUnheard) << "only our own subscription listens";
+    auto other = other_listener(key);
+    ASSERT_TRUE(listeners_become(key, 2));
+    EXPECT_EQ(cycle(), Released::kYes) << "another listens too";
+    loop_.post([this, name = lock_key(key)] { store_->unsubscribe(name); });
+    ASSERT_TRUE(listeners_become(key, 1));
+    EXPECT_EQ(cycle(), Released::kYes) << "only another listens";
+    other.reset();
+    ASSERT_TRUE(listeners_become(key, 0));
+    EXPECT_EQ(cycle(), Released::kYesUnheard) << "nobody listens any more";
+  }
   RedisServer server_;
   const Options options_;
   detail::Loop loop_;
   std::unique_ptr<detail::RedisNodeStore> store_;
+  std::function<void(std::string_view)> on_subscribed_;  // loop thread
+  const bool sharded_;
 };
 
 TEST_F(NodeStoreTest, OneCallOfManyLocksIsOneScriptCallWithEachLockAnsweredAlone) {
@@ -221,7 +282,7 @@ TEST_F(NodeStoreTest, ManyNamesLeaveOneCounterPerSlotAndEachNamesTokensRise) {
           EXPECT_GT(r[k].fence, first[i]) << i;
         }
       }
-      for (auto released : release(chunk)) ASSERT_EQ(released, Released::kYes);
+      for (auto released : release(chunk)) ASSERT_EQ(released, Released::kYesUnheard);
     }
   }
   const long long left = server_.command({"DBSIZE"}).integer;
@@ -251,7 +312,7 @@ TEST_F(NodeStoreTest, AnOldPerNameCounterIsFoldedIntoItsSlotsSoTokensNeverGoBack
   EXPECT_EQ(alone[0].fence, 1001u);
   EXPECT_EQ(server_.command({"EXISTS", lock_key("sku:7") + ":fence"}).integer, 0);
   EXPECT_EQ(server_.command({"GET", counter_of("sku:7")}).str, "1001");
-  ASSERT_EQ(release({{"sku:7", "t1"}, {twin, "t0"}})[0], Released::kYes);
+  ASSERT_EQ(release({{"sku:7", "t1"}, {twin, "t0"}})[0], Released::kYesUnheard);
 
   auto batch = acquire({{{"sku:7", "t2"}, {"sku:8", "t2"}, {twin, "t2"}}});
   EXPECT_EQ(batch[0].fence, 1002u);
@@ -259,7 +320,7 @@ TEST_F(NodeStoreTest, AnOldPerNameCounterIsFoldedIntoItsSlotsSoTokensNeverGoBack
   EXPECT_EQ(batch[2].fence, 1003u);
   EXPECT_EQ(server_.command({"EXISTS", lock_key("sku:8") + ":fence"}).integer, 0);
   // An old counter below the slot's changes nothing but goes.
-  ASSERT_EQ(release({{"sku:7", "t2"}})[0], Released::kYes);
+  ASSERT_EQ(release({{"sku:7", "t2"}})[0], Released::kYesUnheard);
   server_.command({"SET", lock_key("sku:7") + ":fence", "3"});
   EXPECT_EQ(acquire({{{"sku:7", "t3"}}})[0].fence, 1004u);
   EXPECT_EQ(server_.command({"EXISTS", lock_key("sku:7") + ":fence"}).integer, 0);
@@ -308,13 +369,17 @@ TEST_F(NodeStoreTest, ReleasesOfOneIterationAreOneCallAndEachSaysWhatItFound) {
   const long long before = script_calls();
   auto r = release({{"mine-1", "me"}, {"never", "me"}, {"theirs", "me"}, {"mine-2", "me"}});
   EXPECT_LE(script_calls() - before, 2);  // one call (EVAL after a NOSCRIPT at most)
-  EXPECT_EQ(r[0], Released::kYes);
+  EXPECT_EQ(r[0], Released::kYesUnheard);
   EXPECT_EQ(r[1], Released::kGone);
   EXPECT_EQ(r[2], Released::kTakenByOther);
-  EXPECT_EQ(r[3], Released::kYes);
+  EXPECT_EQ(r[3], Released::kYesUnheard);
   EXPECT_EQ(server_.command({"EXISTS", lock_key("mine-1")}).integer, 0);
   EXPECT_EQ(server_.command({"GET", lock_key("theirs")}).str, "them");
 }
+
+// What a release notice reached, which decides whether this process's
+// waiters sit out a streak's end for another's (the runtime's hand-off).
+TEST_F(NodeStoreTest, AReleaseSaysWhetherItsNoticeReachedAnotherSubscriber) { releases_say_who_heard_them(); }
 
 TEST_F(NodeStoreTest, ALockGivenBackAndAskedForInOneIterationIsFreeForTheAsker) {
   ASSERT_EQ(acquire({{{"passed-on", "first"}}})[0].status, Acquired::Status::kTaken);
@@ -335,7 +400,7 @@ TEST_F(NodeStoreTest, ALockGivenBackAndAskedForInOneIterationIsFreeForTheAsker) 
   });
   ASSERT_EQ(f.wait_for(kBound), std::future_status::ready);
   auto [released, acquired] = f.get();
-  EXPECT_EQ(released, Released::kYes);
+  EXPECT_EQ(released, Released::kYesUnheard);
   EXPECT_EQ(acquired.status, Acquired::Status::kTaken);
   EXPECT_EQ(acquired.fence, 2u);
   EXPECT_EQ(server_.command({"GET", lock_key("passed-on")}).str, "second");
@@ -447,7 +512,7 @@ TEST_F(NodeStoreTest, LoneLocksAndABatchOfAHundredAnswerAndLeaveTheSame) {
       default: EXPECT_EQ(a.rfind("taken ", 0), 0u) << i << ": " << a; break;
     }
     const Released r = static_cast<Released>(std::stoi(o.released[static_cast<std::size_t>(i)]));
-    EXPECT_EQ(r, ours ? Released::kYes : i % 10 == 7 ? Released::kGone : Released::kTakenByOther) << i;
+    EXPECT_EQ(r, ours ? Released::kYesUnheard : i % 10 == 7 ? Released::kGone : Released::kTakenByOther) << i;
     notices += ours && i % 3 != 0;
   }
   EXPECT_EQ(o.publishes, notices) << "a release told only when it took the lock away and notify was asked for";
@@ -466,12 +531,14 @@ TEST_F(NodeStoreShardedTest, ReleasesAloneOrInABatchAreToldBySpublish) {
   for (int i = 0; i < 10; ++i) locks.push_back({"s:" + std::to_string(i), "tok", i != 3});
   for (const auto& a : acquire({locks})) ASSERT_EQ(a.status, Acquired::Status::kTaken);
   const long long spublish = calls_of("spublish");
-  EXPECT_EQ(release({locks[0]})[0], Released::kYes);
-  EXPECT_EQ(release({locks[3]})[0], Released::kYes);  // no notice asked for
-  for (Released r : release(std::vector<Want>(locks.begin() + 4, locks.end()))) EXPECT_EQ(r, Released::kYes);
+  EXPECT_EQ(release({locks[0]})[0], Released::kYesUnheard);
+  EXPECT_EQ(release({locks[3]})[0], Released::kYesUnheard);  // no notice asked for
+  for (Released r : release(std::vector<Want>(locks.begin() + 4, locks.end()))) EXPECT_EQ(r, Released::kYesUnheard);
   EXPECT_EQ(calls_of("spublish") - spublish, 7);
   EXPECT_EQ(calls_of("publish"), 0);
 }
+
+TEST_F(NodeStoreShardedTest, AReleaseSaysWhetherItsNoticeReachedAnotherSubscriber) { releases_say_who_heard_them(); }
 
 TEST_F(NodeStoreTest, RequestsQueuedWhenTheStoreClosesAreEachAnsweredOnceWithAnError) {
   std::promise<void> all;

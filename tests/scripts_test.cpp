@@ -225,6 +225,22 @@ TEST(ReleaseReplyTest, OneByteAnswersEachLock) {
   EXPECT_EQ(released(read(bulk("1")).get(), 1)[0].first, Released::kYes);
 }
 
+// Released, by how many subscribers the notice reached: 'u' none, 'v' one
+// (kYes: the store decides whether that one was its own), '1' more.
+TEST(ReleaseReplyTest, AReleaseSaysHowManyHeardItsNotice) {
+  auto reader = read(bulk("uv1"));
+  detail::ReleaseReply reply(reader.get(), nullptr, 3, kNode);
+  const StoreError* why = nullptr;
+  bool once = true;
+  EXPECT_EQ(reply.next(&why, &once), Released::kYesUnheard);
+  EXPECT_FALSE(once);
+  EXPECT_EQ(reply.next(&why, &once), Released::kYes);
+  EXPECT_TRUE(once);
+  EXPECT_EQ(reply.next(&why, &once), Released::kYes);
+  EXPECT_FALSE(once);
+  EXPECT_EQ(why, nullptr);
+}
+
 TEST(ReleaseReplyTest, AnythingElseIsUnconfirmedNeverReleased) {
   auto r = released(read(bulk("1e")).get(), 2);
   EXPECT_EQ(r[0].first, Released::kYes);

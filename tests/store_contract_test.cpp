@@ -384,12 +384,12 @@ TEST_P(StoreContractTest, AcquireAndReleaseAreSafeToRepeatWithTheSameToken) {
   auto other = store.acquire(name, "token-two", 2s);
   ASSERT_EQ(other.status, detail::Acquired::Status::kBusy);
   EXPECT_GT(other.busy_for, 5s);  // the repeat gave it its own, longer ttl
-  EXPECT_EQ(store.release(name, "token-one"), detail::Released::kYes);
+  EXPECT_TRUE(detail::was_ours(store.release(name, "token-one")));
   EXPECT_EQ(store.release(name, "token-one"), detail::Released::kGone);
   auto next = store.acquire(name, "token-two", 2s);
   ASSERT_EQ(next.status, detail::Acquired::Status::kTaken);
   EXPECT_GT(next.fence, first.fence);
-  EXPECT_EQ(store.release(name, "token-two"), detail::Released::kYes);
+  EXPECT_TRUE(detail::was_ours(store.release(name, "token-two")));
 }
 
 // The stores that reserve tokens for in-process hand-offs (TokenBlocks):
@@ -408,12 +408,12 @@ TEST_P(StoreContractTest, TokensAreReservedForTheHolderOnlyAndStayInOrder) {
   auto more = store.reserve_tokens(name, "holder", 3);
   EXPECT_GE(more.value_or(0), *last + 3);
   EXPECT_EQ(store.reserve_tokens(name, "somebody-else", 8), std::optional<std::uint64_t>(0));
-  EXPECT_EQ(store.release(name, "holder"), detail::Released::kYes);
+  EXPECT_TRUE(detail::was_ours(store.release(name, "holder")));
   EXPECT_EQ(store.reserve_tokens(name, "holder", 8), std::optional<std::uint64_t>(0));
   auto next = store.acquire(name, "next", 10s);
   ASSERT_EQ(next.status, detail::Acquired::Status::kTaken);
   EXPECT_GT(next.fence, more.value_or(0));
-  EXPECT_EQ(store.release(name, "next"), detail::Released::kYes);
+  EXPECT_TRUE(detail::was_ours(store.release(name, "next")));
 }
 
 // ------------------------------------------------------------ kinds of lock

@@ -203,13 +203,15 @@ struct Options {
   /// A process must not keep a contended key forever: after this many local
   /// hand-offs in a row (1 .. 2^20 - 1), or once this long has passed since
   /// the process took the key from the store, the lease is released to the
-  /// store (with its release notice) and the local waiters sit out one tick
-  /// before they try again, so that other processes' waiters, woken by the
-  /// notice, get their turn. Each streak's end costs this process that tick
-  /// and two round trips, about a tick per 20 ms with the defaults (1024
-  /// empty critical sections also take about 20 ms on a 2-core machine); a
+  /// store (with its release notice). If the notice reached another
+  /// process's waiter, the local waiters sit out one tick before they try
+  /// again, so that the woken waiter gets its turn; that streak's end costs
+  /// this process the tick and two round trips. If it reached nobody else
+  /// (the Redis stores count the notice's subscribers; memory:// knows its
+  /// listeners), the next local waiter takes the key from the store at
+  /// once, in two round trips. Stores that cannot tell always sit out. A
   /// bound of 64 hand-offs cost a process alone on a key most of its
-  /// throughput, a longer time makes other processes wait longer.
+  /// throughput; a longer time makes other processes wait longer.
   std::uint32_t handoff_max_streak = 1024;
   /// See handoff_max_streak.
   std::chrono::milliseconds handoff_max_time{20};

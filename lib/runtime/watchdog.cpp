@@ -342,9 +342,14 @@ void Watchdog::release(const std::shared_ptr<LeaseRecord>& l) {
                               std::max(Clock::now(), l->last_sent + keep + drift_for(options_, l->ttl())));
                      return;
                    }
-                   if (status != Released::kYes)
+                   if (status == Released::kYesUnheard) {
+                     // Nobody elsewhere heard of it: our waiters, if any,
+                     // need not sit out for others (there are none to wait for).
+                     l->yield_on_release = false;
+                   } else if (status != Released::kYes) {
                      lose(l, status == Released::kTakenByOther ? LostReason::kTakenByOther : LostReason::kExpired,
                           "found at release");
+                   }
                    finish(l);
                  });
 }

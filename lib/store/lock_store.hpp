@@ -80,7 +80,15 @@ enum class Released : std::uint8_t {
   kGone,          // it was gone already (expired)
   kTakenByOther,  // another owner held it: left alone
   kUnconfirmed,   // no answer could be had; it expires by its ttl
+  // As kYes, and the store knows that its release notice reached no
+  // subscriber but this store's own: nobody elsewhere waits for the key
+  // with a confirmed subscription. Only a store that can count its
+  // notice's listeners says so; kYes claims nothing about them.
+  kYesUnheard,
 };
+
+// Whether a release found the lock ours (and so let it go).
+constexpr bool was_ours(Released r) noexcept { return r == Released::kYes || r == Released::kYesUnheard; }
 
 // Things a store reports on its own. Set once, by start().
 struct StoreEvents {

@@ -268,6 +268,7 @@ std::size_t QuorumStore::renew(std::span<const LockRef> locks, std::shared_ptr<c
 void QuorumStore::release(std::span<const LockRef> locks, bool notify, ReleaseDone done) {
   struct Tally {
     std::size_t replies = 0, confirmed = 0, held = 0;
+    std::size_t unheard = 0;  // nodes whose notice reached only our own subscription, or none
     bool taken = false;
     std::unique_ptr<StoreError> why;  // the most telling failure
   };
@@ -287,14 +288,17 @@ void QuorumStore::release(std::span<const LockRef> locks, bool notify, ReleaseDo
         if (why != nullptr) keep_most_telling(t.why, *why);
       } else {
         t.confirmed++;
-        if (v == Released::kYes) t.held++;
+        if (was_ours(v)) t.held++;
+        if (v == Released::kYesUnheard) t.unheard++;
         if (v == Released::kTakenByOther) t.taken = true;
       }
       if (t.replies < n) return;
       if (t.confirmed < quorum_) {
         b->done(k, Released::kUnconfirmed, t.why.get());
       } else if (t.held >= quorum_) {
-        b->done(k, Released::kYes, nullptr);
+        // Unheard only if no node's notice reached another: a waiter may
+        // listen on any of them.
+        b->done(k, t.unheard == n ? Released::kYesUnheard : Released::kYes, nullptr);
       } else {
         b->done(k, t.taken ? Released::kTakenByOther : Released::kGone, nullptr);
       }

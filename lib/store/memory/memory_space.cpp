@@ -214,7 +214,7 @@ Renewed MemorySpace::State::renew(const LockRef& lock) {
   return Renewed::kYes;
 }
 
-Released MemorySpace::State::release(const LockRef& lock, bool notify_waiters) {
+Released MemorySpace::State::release(const LockRef& lock, bool notify_waiters, const MemoryLink* self) {
   auto it = entries_.find(lock.name);
   if (!lock.kind.exclusive_kind()) {
     if (it == entries_.end()) return Released::kGone;
@@ -232,8 +232,8 @@ Released MemorySpace::State::release(const LockRef& lock, bool notify_waiters) {
   if (it->second.owner != lock.token) return Released::kTakenByOther;
   it->second.expires = Clock::time_point::min();
   it->second.owner.clear();
-  if (notify_waiters) notify(lock.name);
-  return Released::kYes;
+  const bool heard = notify_waiters && notify(lock.name, self);
+  return heard ? Released::kYes : Released::kYesUnheard;
 }
 
 void MemorySpace::State::raise_fence(std::string_view name, std::uint64_t fence) {
@@ -304,14 +304,17 @@ bool MemorySpace::State::force_release(std::string_view name) {
   return was_held;
 }
 
-void MemorySpace::State::notify(std::string_view name) {
+bool MemorySpace::State::notify(std::string_view name, const MemoryLink* self) {
   auto it = subscribers_.find(name);
-  if (it == subscribers_.end()) return;
+  if (it == subscribers_.end()) return false;
+  bool others = false;
   for (const auto& link : it->second) {
+    others = others || link.get() != self;
     link->post([link, n = std::string(name)] {
       if (MemoryStore* store = link->store()) store->notice(n);
     });
   }
+  return others;
 }
 
 // ----------------------------------------------------------------- space

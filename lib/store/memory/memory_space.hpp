@@ -74,7 +74,8 @@ class MemorySpace {
    public:
     Acquired acquire(const LockRef& lock);
     Renewed renew(const LockRef& lock);
-    Released release(const LockRef& lock, bool notify);
+    // kYesUnheard when its notice reached no store but `self` (or none).
+    Released release(const LockRef& lock, bool notify, const MemoryLink* self = nullptr);
     // A fair waiter gives up its place (FairQueue::withdraw).
     void withdraw(const LockRef& lock);
     void raise_fence(std::string_view name, std::uint64_t fence);
@@ -117,8 +118,9 @@ class MemorySpace {
     Acquired acquire_fair(Entry& e, const LockRef& lock, Clock::time_point now);
     // The failure of a call whose kind the key is not held as now.
     static Acquired wrong_kind(const LockRef& lock, const std::string& held_as);
-    // Tells every subscribed store that `name` was released.
-    void notify(std::string_view name);
+    // Tells every subscribed store that `name` was released; whether any
+    // store but `self` was told.
+    bool notify(std::string_view name, const MemoryLink* self = nullptr);
 
     std::map<std::string, Entry, std::less<>> entries_;
     std::map<std::string, std::set<std::shared_ptr<MemoryLink>>, std::less<>> subscribers_;

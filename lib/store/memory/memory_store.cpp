@@ -130,10 +130,10 @@ void MemoryStore::release(std::span<const LockRef> locks, bool notify, ReleaseDo
   auto owned = std::make_shared<std::vector<Owned>>(locks.begin(), locks.end());
   auto shared_done = std::make_shared<ReleaseDone>(std::move(done));
   submit(
-      [owned, notify, shared_done](MemorySpace::State& s) -> std::function<void()> {
+      [owned, notify, shared_done, self = link_.get()](MemorySpace::State& s) -> std::function<void()> {
         std::vector<Released> out;
         out.reserve(owned->size());
-        for (const auto& l : *owned) out.push_back(s.release(l.ref(), notify));
+        for (const auto& l : *owned) out.push_back(s.release(l.ref(), notify, self));
         return [out = std::move(out), shared_done] {
           for (std::size_t k = 0; k < out.size(); ++k) (*shared_done)(k, out[k], nullptr);
         };

@@ -48,13 +48,19 @@ RedisNodeStore::RedisNodeStore(Loop& loop, Endpoint endpoint, const Options& opt
     std::string_view name = redis_keys::lock_of_channel(channel);
     if (name.empty()) return;
     if (kind == (sharded ? "smessage" : "message") && events_.released) events_.released(name);
-    if (kind == (sharded ? "ssubscribe" : "subscribe") && events_.subscribed) events_.subscribed(name);
+    if (kind == (sharded ? "ssubscribe" : "subscribe")) {
+      if (listening_.find(name) == listening_.end()) listening_.emplace(name);
+      if (events_.subscribed) events_.subscribed(name);
+    }
+    if (kind == (sharded ? "sunsubscribe" : "unsubscribe")) erase_listening(name);
   };
   hooks.on_down = [this] {
+    listening_.clear();
     if (events_.subscriptions_lost) events_.subscriptions_lost();
   };
   hooks.on_dropped = [this](std::string_view channel, const StoreError* why) {
     std::string_view name = redis_keys::lock_of_channel(channel);
+    erase_listening(name);
     if (why != nullptr && why->acl_refusal()) refused_notices(*why);
     if (!name.empty() && dropped_) dropped_(name, why);
   };
@@ -311,8 +317,9 @@ void RedisNodeStore::send_release_batch(std::vector<QueuedRelease> batch, bool c
                                events_.log(true, err->describe() + ": the release is unconfirmed");
                              for (const QueuedRelease& q : batch) {
                                const StoreError* why = nullptr;
-                               const Released status = reply.next(&why);
-                               (*q.done)(q.index, status, why);
+                               bool heard_once = false;
+                               const Released status = reply.next(&why, &heard_once);
+                               (*q.done)(q.index, heard_by(q.name, status, heard_once), why);
                              }
                            });
 }
@@ -547,7 +554,20 @@ void RedisNodeStore::send_renewal_asking() {
 std::string RedisNodeStore::notice() const { return notices_ == Notices::kSharded ? "s" : "p"; }
 
 void RedisNodeStore::subscribe(std::string_view name) { sub_->subscribe(redis_keys::channel(name)); }
-void RedisNodeStore::unsubscribe(std::string_view name) { sub_->unsubscribe(redis_keys::channel(name)); }
+void RedisNodeStore::unsubscribe(std::string_view name) {
+  erase_listening(name);  // from now on a notice heard once is another's
+  sub_->unsubscribe(redis_keys::channel(name));
+}
+
+void RedisNodeStore::erase_listening(std::string_view name) {
+  if (auto it = listening_.find(name); it != listening_.end()) listening_.erase(it);
+}
+
+Released RedisNodeStore::heard_by(std::string_view name, Released status, bool heard_once) const {
+  // One listener on the node, and ours is confirmed there: it was ours.
+  if (heard_once && listening_.find(name) != listening_.end()) return Released::kYesUnheard;
+  return status;
+}
 void RedisNodeStore::poll_replies() { renew_->poll_replies(); }
 
 void RedisNodeStore::close() {

@@ -41,6 +41,7 @@
 #include <deque>
 #include <functional>
 #include <memory>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -185,6 +186,14 @@ class RedisNodeStore final : public StoreBase,
   std::deque<QueuedAcquire> acquire_batch_;
   std::deque<QueuedRelease> release_batch_;
   int batches_in_flight_ = 0;
+  // The names whose notices the node confirmed it sends to sub_ (until an
+  // unsubscribe, a drop or the connection going down): a release notice
+  // that reached one subscriber there reached ours.
+  std::set<std::string, std::less<>> listening_;
+  // A release's answer, with what its notice reached: kYesUnheard when it
+  // reached no subscriber of the node, or only our own.
+  Released heard_by(std::string_view name, Released status, bool heard_once) const;
+  void erase_listening(std::string_view name);
 };
 
 }  // namespace lockwatch::detail

@@ -397,7 +397,9 @@ return table.concat(out)
 // that is no key would make a migrating slot answer TRYAGAIN. A lock
 // already gone answers '0', which a retry after a lost reply counts as
 // released; a key of another type is not ours ('x': left alone). One byte
-// per lock: '1' released (and published), '0' gone, 'x' another owner's.
+// per lock: '0' gone, 'x' another owner's, or released, by how many
+// subscribers of this node the notice reached (PUBLISH's and SPUBLISH's
+// answer): 'u' none (or no notice), 'v' one, '1' more.
 constexpr std::string_view kRelease = R"lua(
 local publish = ARGV[1] == 's' and 'spublish' or 'publish'
 local out = {}
@@ -405,8 +407,9 @@ for i = 1, #KEYS do
   local v = redis.pcall('get', KEYS[i])
   if v == ARGV[2 * i] then
     redis.call('del', KEYS[i])
-    if ARGV[2 * i + 1] ~= '' then redis.call(publish, ARGV[2 * i + 1], '1') end
-    out[i] = '1'
+    local heard = 0
+    if ARGV[2 * i + 1] ~= '' then heard = redis.call(publish, ARGV[2 * i + 1], '1') end
+    out[i] = heard == 0 and 'u' or (heard == 1 and 'v' or '1')
   elseif v then
     out[i] = 'x'
   else
@@ -673,8 +676,8 @@ Acquired AcquireReply::next() {
 }
 
 StatusReply::StatusReply(const redisReply* reply, const StoreError* err, std::size_t locks, std::string_view endpoint,
-                         std::string_view script, bool refusals)
-    : endpoint_(endpoint), script_(script), refusals_(refusals), failed_(err) {
+                         std::string_view script, bool refusals, std::string_view statuses)
+    : statuses_(statuses), endpoint_(endpoint), script_(script), refusals_(refusals), failed_(err) {
   if (failed_ != nullptr) return;
   if (!is_string(reply) || reply->len != locks) {
     own_ = unexpected_reply(endpoint, script,
@@ -686,11 +689,10 @@ StatusReply::StatusReply(const redisReply* reply, const StoreError* err, std::si
 }
 
 std::size_t StatusReply::next_index(const StoreError** why) {
-  constexpr std::string_view kStatuses = "10x";
   *why = failed_;
-  if (failed_ != nullptr) return kStatuses.size();
+  if (failed_ != nullptr) return statuses_.size();
   const char status = bytes_[at_++];
-  const std::size_t at = kStatuses.find(status);
+  const std::size_t at = statuses_.find(status);
   if (at != std::string_view::npos) return at;
   if (status == 'e' && refusals_) {
     entry_ = StoreError::refused(std::string(endpoint_), "Redis refused the " + std::string(script_));
@@ -698,7 +700,7 @@ std::size_t StatusReply::next_index(const StoreError** why) {
     entry_ = unexpected_reply(endpoint_, script_, "status " + quoted(std::string_view(&status, 1)));
   }
   *why = &*entry_;
-  return kStatuses.size();
+  return statuses_.size();
 }
 
 Renewed RenewReply::next(const StoreError** why) {
@@ -706,10 +708,13 @@ Renewed RenewReply::next(const StoreError** why) {
   return kByIndex[next_index(why)];
 }
 
-Released ReleaseReply::next(const StoreError** why) {
-  static constexpr Released kByIndex[] = {Released::kYes, Released::kGone, Released::kTakenByOther,
-                                          Released::kUnconfirmed};
-  return kByIndex[next_index(why)];
+Released ReleaseReply::next(const StoreError** why, bool* heard_once) {
+  // The release script's "10x" and its listeners: 'u' none, 'v' one.
+  static constexpr Released kByIndex[] = {Released::kYes,         Released::kGone, Released::kTakenByOther,
+                                          Released::kYesUnheard, Released::kYes,  Released::kUnconfirmed};
+  const std::size_t at = next_index(why);
+  if (heard_once != nullptr) *heard_once = at == 4;
+  return kByIndex[at];
 }
 
 std::optional<StoreError> read_raise_fence(const redisReply* reply, const StoreError* err, std::string_view endpoint) {

@@ -132,17 +132,20 @@ class AcquireReply {
 class StatusReply {
  protected:
   // `refusals`: the script answers 'e' for a lock whose command Redis refused.
+  // `statuses`: the bytes the script answers, "10x" (done, gone, another
+  // owner's) and any of its own after them.
   StatusReply(const redisReply* reply, const StoreError* err, std::size_t locks, std::string_view endpoint,
-              std::string_view script, bool refusals);
+              std::string_view script, bool refusals, std::string_view statuses = "10x");
   StatusReply(const StatusReply&) = delete;  // failed_ may point into it
   StatusReply& operator=(const StatusReply&) = delete;
-  // The next lock's status as its place in "10x" (done, gone, another
-  // owner's), or 3 with `*why` set: the call failed, Redis refused the
-  // lock's command, or the byte is no status the script sends. `*why` is
-  // valid until the next call.
+  // The next lock's status as its place in the statuses, or their count
+  // with `*why` set: the call failed, Redis refused the lock's command, or
+  // the byte is no status the script sends. `*why` is valid until the next
+  // call.
   std::size_t next_index(const StoreError** why);
 
  private:
+  std::string_view statuses_;
   std::string_view bytes_;
   std::size_t at_ = 0;
   std::string_view endpoint_;
@@ -168,8 +171,11 @@ class RenewReply : StatusReply {
 class ReleaseReply : StatusReply {
  public:
   ReleaseReply(const redisReply* reply, const StoreError* err, std::size_t locks, std::string_view endpoint)
-      : StatusReply(reply, err, locks, endpoint, "release", false) {}
-  Released next(const StoreError** why);
+      : StatusReply(reply, err, locks, endpoint, "release", false, "10xuv") {}
+  // kYesUnheard: the notice reached no subscriber of the node. With
+  // `heard_once`, whether it reached exactly one (the answer is kYes): the
+  // caller's own subscription, if it has one confirmed there.
+  Released next(const StoreError** why, bool* heard_once = nullptr);
 };
 
 // The other scripts' replies, one lock each. Each answers the error the
