@@ -1000,7 +1000,9 @@ class RawClient {
     auto& c = *static_cast<Caller*>(privdata);
     auto* r = static_cast<redisReply*>(reply);
     RawClient* self = c.client;
-    if (r == nullptr || r->type != REDIS_REPLY_STRING || r->len != 1 || r->str[0] != '1') {
+    // Released: '1', 'u' or 'v' (by how many subscribers heard the notice).
+    if (r == nullptr || r->type != REDIS_REPLY_STRING || r->len != 1 ||
+        std::string_view("1uv").find(r->str[0]) == std::string_view::npos) {
       self->caller_failed(c, r == nullptr ? "no reply to release" : "release did not delete");
       return;
     }
