@@ -244,5 +244,34 @@ TEST_F(RuntimeTest, AThreadsHandleTableKeepsTheHeldAcrossItsSweeps) {
   EXPECT_EQ(script_->count(Op::kAcquire), acquires + 1);
 }
 
+// A thread holding many handles at once (its table grown several times
+// over) finds each held one, and no longer counts those given back in
+// between (their slots stay until the table is rebuilt).
+TEST_F(RuntimeTest, AThreadHoldingManyHandlesFindsEachAfterItsTableGrows) {
+  constexpr int kHandles = 400;
+  std::vector<LockHandle> handles;
+  for (int i = 0; i < kHandles; ++i) {
+    auto f = rt_->acquire("many-" + std::to_string(i), 5s);
+    handles.push_back(get_bounded(f));
+  }
+  for (int i = 1; i < kHandles; i += 2) {
+    auto r = handles[i].release();
+    get_bounded(r);
+  }
+  const auto acquires = script_->count(Op::kAcquire);
+  for (int i = 0; i < kHandles; i += 2) {
+    auto inside = locked("many-" + std::to_string(i), 5s, 0).on(*rt_)([] { return this_lease().fencing_token(); });
+    auto inside_done = inside();
+    ASSERT_EQ(get_bounded(inside_done), handles[i].lease().fencing_token()) << i;
+  }
+  EXPECT_EQ(script_->count(Op::kAcquire), acquires);  // every one inside its held handle
+  for (int i = 1; i < 40; i += 2) {
+    auto after = locked("many-" + std::to_string(i), 5s, 0).on(*rt_)([] { return this_lease().fencing_token(); });
+    auto after_done = after();
+    EXPECT_GT(get_bounded(after_done), 0u) << i;
+  }
+  EXPECT_EQ(script_->count(Op::kAcquire), acquires + 20);  // the released ones from the store
+}
+
 }  // namespace
 }  // namespace lockwatch::testing

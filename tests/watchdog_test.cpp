@@ -3,6 +3,7 @@
 
 #include <thread>
 
+#include "core/page_allocator.hpp"
 #include "memory_runtime.hpp"
 
 namespace lockwatch::testing {
@@ -452,6 +453,23 @@ TEST_F(WatchdogTest, FencingTokensRiseAcrossHolders) {
 
 TEST_F(WatchdogTest, TheStoreRefusesKeysItCannotHold) {
   EXPECT_THROW(rt_->acquire("refused:x", 1s), InvalidArgument);
+}
+
+// The registry's allocator: small blocks from malloc, large ones mapped
+// and unmapped; a vector on it grows past the threshold, keeps what it
+// holds through the moves, and shrinks back.
+TEST(PageAllocatorTest, AVectorGrowsPastTheMappedThresholdAndShrinksBack) {
+  using Slot = std::shared_ptr<int>;
+  std::vector<Slot, detail::PageAllocator<Slot>> v;
+  constexpr int kCount = 200'000;  // 3.2 MB of slots: mapped
+  for (int i = 0; i < kCount; ++i) v.push_back(std::make_shared<int>(i));
+  ASSERT_GE(v.capacity() * sizeof(Slot), detail::PageAllocator<Slot>::kMapFrom);
+  for (int i = 0; i < kCount; i += 997) ASSERT_EQ(*v[i], i);
+  v.resize(10);
+  v.shrink_to_fit();
+  EXPECT_LT(v.capacity() * sizeof(Slot), detail::PageAllocator<Slot>::kMapFrom);
+  for (int i = 0; i < 10; ++i) EXPECT_EQ(*v[i], i);
+  EXPECT_EQ(v[9].use_count(), 1);  // moved, not copied, across every block
 }
 
 }  // namespace

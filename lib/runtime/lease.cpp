@@ -89,24 +89,23 @@ void LeaseRecord::watch(const std::shared_ptr<LeaseWatcher>& w) {
     // lost() is published before the watchers are taken (end_watchers), so
     // a lease lost meanwhile is seen here or tells this watcher there.
     if (!watch_ended_ && !lost()) {
-      if (!watchers_) watchers_ = std::make_unique<std::vector<std::shared_ptr<LeaseWatcher>>>();
-      std::erase_if(*watchers_, [](const auto& x) { return x->done.load(std::memory_order_relaxed); });
-      watchers_->push_back(w);
+      auto& watchers = rare().watchers;
+      std::erase_if(watchers, [](const auto& x) { return x->done.load(std::memory_order_relaxed); });
+      watchers.push_back(w);
       return;
     }
   }
-  tell(notifier, w, lost_reason());
+  tell(notifier(), w, lost_reason());
 }
 
 void LeaseRecord::end_watchers(std::optional<LostReason> reason) noexcept {
-  std::unique_ptr<std::vector<std::shared_ptr<LeaseWatcher>>> ws;
+  std::vector<std::shared_ptr<LeaseWatcher>> ws;
   {
     std::lock_guard lk(stop_lock(this));
     watch_ended_ = true;
-    ws = std::move(watchers_);
+    if (Rare* r = rare_.load(std::memory_order_acquire)) ws = std::move(r->watchers);
   }
-  if (!ws) return;
-  for (auto& w : *ws) tell(notifier, w, reason);
+  for (auto& w : ws) tell(notifier(), w, reason);
 }
 
 std::vector<HeldOnThread>& leases_on_this_thread() noexcept {

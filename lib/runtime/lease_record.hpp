@@ -17,6 +17,7 @@
 #include <string_view>
 #include <exception>
 #include <utility>
+#include <variant>
 #include <vector>
 
 #include "core/token.hpp"
@@ -30,26 +31,36 @@ namespace lockwatch::detail {
 
 class Watchdog;
 
-// A ttl in milliseconds as decimal text, kept inline (a positive int64 has
-// at most 19 digits).
+// A valid ttl (1 .. max_ttl) in milliseconds as decimal text, kept inline
+// in 11 bytes (max_ttl has 9 digits).
 class TtlText {
  public:
   TtlText() = default;
   explicit TtlText(std::chrono::milliseconds ttl) noexcept {
     auto r = std::to_chars(text_.data(), text_.data() + text_.size(), ttl.count());
-    size_ = static_cast<std::uint8_t>(r.ptr - text_.data());
+    size_ = r.ec == std::errc() ? static_cast<std::uint8_t>(r.ptr - text_.data()) : 0;
   }
   std::string_view view() const noexcept { return {text_.data(), size_}; }
 
  private:
-  std::array<char, 19> text_{};
+  std::array<char, 10> text_{};
   std::uint8_t size_ = 0;
 };
+static_assert(max_ttl.count() < 10'000'000'000, "a valid ttl fits TtlText");
+static_assert(sizeof(TtlText) == 11);
 
 // Runs `task` off the calling thread for a completion handler: on the
 // runtime's notifier thread, or, once the runtime is gone (or stopped
 // taking tasks), on a thread of its own. Any thread.
 void post_completion(const std::weak_ptr<ThreadPool>& notifier, UniqueFunction task) noexcept;
+
+// What a lease knows of the runtime that granted it, without keeping the
+// runtime alive: one per runtime, shared by its leases (a lease pays one
+// pointer pair for both).
+struct RuntimeLinks {
+  std::weak_ptr<Runtime::Impl> runtime;
+  std::weak_ptr<ThreadPool> notifier;  // the runtime's, for handlers
+};
 
 // What a LockHandle holds (as part of its lease's record): whether the
 // lease ended, how, and what awaits the release, made only when the handle
@@ -62,19 +73,24 @@ struct HandleState {
   }
   // The handle's thread, once: the future of the release.
   std::future<void> released() {
-    released_ = std::make_unique<std::promise<void>>();
-    auto future = released_->get_future();
+    awaiter_ = std::make_unique<Awaiter>(std::in_place_index<0>);
+    auto future = std::get<0>(*awaiter_).get_future();
     if (outcome_.exchange(kAwaited, std::memory_order_acq_rel) == kFinished) settle();
     return future;
   }
   // The handle's thread, once: `handler` is called with the outcome, off
   // this thread (post_completion).
   void released(std::function<void(std::exception_ptr)> handler) {
-    on_released_ = std::make_unique<std::function<void(std::exception_ptr)>>(std::move(handler));
+    awaiter_ = std::make_unique<Awaiter>(std::in_place_index<1>, std::move(handler));
     if (outcome_.exchange(kAwaited, std::memory_order_acq_rel) == kFinished) settle();
   }
-  std::weak_ptr<Runtime::Impl> runtime;  // set at grant; the lease never keeps it alive
-  std::weak_ptr<ThreadPool> notifier;    // set at grant: the runtime's, for handlers
+  std::shared_ptr<const RuntimeLinks> links;  // set at grant
+  // The runtime (null once it is gone), and its notifier.
+  std::shared_ptr<Runtime::Impl> runtime() const noexcept { return links ? links->runtime.lock() : nullptr; }
+  const std::weak_ptr<ThreadPool>& notifier() const noexcept {
+    static const std::weak_ptr<ThreadPool> none;
+    return links ? links->notifier : none;
+  }
   // Any thread: the handle has not been released (nor the lease ended).
   bool handle_open() const noexcept { return outcome_.load(std::memory_order_acquire) == kOpen; }
 
@@ -82,22 +98,24 @@ struct HandleState {
   // Whichever of finish() and released() comes second settles the promise.
   enum : std::uint8_t { kOpen, kAwaited, kFinished };
   void settle() noexcept {
-    if (on_released_) {
-      post_completion(notifier, [h = std::move(on_released_), e = error_] { (*h)(e); });
+    if (awaiter_->index() == 1) {
+      post_completion(notifier(), [a = std::move(awaiter_), e = error_] { std::get<1>(*a)(e); });
       return;
     }
     try {
+      auto& promise = std::get<0>(*awaiter_);
       if (error_)
-        released_->set_exception(error_);
+        promise.set_exception(error_);
       else
-        released_->set_value();
+        promise.set_value();
     } catch (...) {
     }
   }
-  std::exception_ptr error_;                      // written before finish() publishes
-  std::unique_ptr<std::promise<void>> released_;  // written before released() publishes
-  std::unique_ptr<std::function<void(std::exception_ptr)>> on_released_;  // or this
-  std::atomic<std::uint8_t> outcome_{kOpen};      // last: the record packs its flags behind it
+  // The release's promise (released()) or its handler (released(handler)).
+  using Awaiter = std::variant<std::promise<void>, std::function<void(std::exception_ptr)>>;
+  std::exception_ptr error_;                  // written before finish() publishes
+  std::unique_ptr<Awaiter> awaiter_;          // written before released() publishes
+  std::atomic<std::uint8_t> outcome_{kOpen};  // last: the record packs its flags behind it
 };
 
 // One handler waiting for a lease's end (Lease::on_lost). Whoever flips
@@ -206,6 +224,9 @@ struct LeaseRecord final : Lease, TimerTask, HandleState {
   LeaseRecord(Watchdog* watchdog, std::string key, std::uint64_t fence, std::chrono::milliseconds ttl,
               Clock::time_point deadline)
       : Lease(std::move(key), fence, ttl, deadline), watchdog(watchdog) {}
+  ~LeaseRecord() { delete rare_.load(std::memory_order_acquire); }
+  LeaseRecord(const LeaseRecord&) = delete;
+  LeaseRecord& operator=(const LeaseRecord&) = delete;
 
   void run(Timeout timeout) noexcept override;
 
@@ -218,12 +239,13 @@ struct LeaseRecord final : Lease, TimerTask, HandleState {
   void bump_renewals() noexcept { renewals_.fetch_add(1, std::memory_order_relaxed); }
   LockRef ref() const noexcept { return LockRef{name.view(), token.view(), ttl_ms.view(), ttl(), kind}; }
   // Why renewals failed or the lease was lost ("" if nothing went wrong).
-  std::string lost_detail() const { return lost_detail_ ? *lost_detail_ : std::string(); }
+  // Loop thread.
+  std::string lost_detail() const {
+    const Rare* r = rare_if();
+    return r ? r->lost_detail : std::string();
+  }
   void set_lost_detail(std::string why) {
-    if (why.empty())
-      lost_detail_.reset();
-    else
-      lost_detail_ = std::make_unique<std::string>(std::move(why));
+    if (!why.empty() || rare_if()) rare().lost_detail = std::move(why);
   }
 
   // Held through a LockHandle, not by running work.
@@ -237,37 +259,53 @@ struct LeaseRecord final : Lease, TimerTask, HandleState {
   bool give_up_start() noexcept { return claim(kAbandoned); }
   bool started() const noexcept { return start_.load(std::memory_order_acquire) == kStarted; }
 
-  // Loop thread (packed behind the handle state's last byte).
+  // Loop thread (packed behind the handle state's last byte; the flags
+  // share one byte, which only the loop thread writes).
   Phase phase = Phase::kRenewDue;
-  bool work_finished = false;
-  bool releasing = false;  // release in flight: renewals go on until it is confirmed
+  bool work_finished : 1 = false;
+  bool releasing : 1 = false;  // release in flight: renewals go on until it is confirmed
   // The work is over and the key waits for reserved tokens to be handed on
   // (HandOffStreak::deferred): renewals go on meanwhile.
-  bool awaiting_tokens = false;
-  bool no_handoff = false;  // LockSpec::handoff was false
+  bool awaiting_tokens : 1 = false;
+  bool no_handoff : 1 = false;  // LockSpec::handoff was false
   // Released because a local hand-off streak reached its bound while
   // others waited here: those wait for the store's release notice too.
-  bool yield_on_release = false;
-  bool renewal_counts = false;  // the renewal in flight spends one of `retries`
-  std::int32_t retries = 0;  // set at grant; < 0: forever (more than 2^31 renewals count as forever)
-  std::int32_t spent = 0;    // renewals confirmed that counted against `retries`
+  bool yield_on_release : 1 = false;
+  bool renewal_counts : 1 = false;  // the renewal in flight spends one of `retries`
+
+ private:
+  enum : std::uint8_t { kStarted, kQueued, kAbandoned };
+  std::atomic<std::uint8_t> start_{kStarted};
+  // Whether the lease ended for Lease::on_lost (no watcher waits then);
+  // under the lease's striped lock.
+  bool watch_ended_ = false;
+
+ public:
+  // The members are in an order that leaves no padding (a million held
+  // leases pay for every byte).
   // Set once at grant, then read-only.
-  Watchdog* const watchdog;  // outlives every lease (both belong to the runtime)
-  std::shared_ptr<Call> call;  // the work; none for a handle
-  StoreName name;      // the store's name for the key
-  OwnerToken token;    // the owner token
-  TtlText ttl_ms;      // the ttl as the store takes it, formatted once
-  LockKind kind;       // how it is held (renewed and released as such)
-  // Loop thread.
+  TtlText ttl_ms;    // the ttl as the store takes it, formatted once
+  OwnerToken token;  // the owner token
+  // Loop thread: renewals that may still count against `retries`; set at
+  // grant, < 0: forever (more than 2^31 - 1 retries count as forever).
+  std::int32_t renewals_left = 0;
   static constexpr std::uint32_t kNoSlot = ~std::uint32_t{0};
-  std::uint32_t slot = kNoSlot;    // its place in the watchdog's registry
-  Clock::duration renew_after{};   // from a renewal's send to the next one (a tick early)
-  Clock::time_point granted_at;  // for the hold time
+  std::uint32_t slot = kNoSlot;  // loop thread: its place in the watchdog's registry
+  // Set once at grant, then read-only.
+  LockKind kind;               // how it is held (renewed and released as such)
+  StoreName name;              // the store's name for the key
+  Watchdog* const watchdog;    // outlives every lease (both belong to the runtime)
+  std::shared_ptr<Call> call;  // the work; none for a handle
+  // Loop thread.
+  Clock::duration renew_after{};  // from a renewal's send to the next one (a tick early)
+  Clock::time_point granted_at;   // for the hold time
   Timeout timeout;
   Clock::time_point last_sent;  // the latest request that may have extended the key
   // What few leases use, kept off the record (a million held leases pay a
-  // pointer each for it): made on first use, loop thread.
+  // pointer each for it): made on first use, by whichever thread needs it
+  // first (the watchers are added from any thread), then never replaced.
   struct Rare {
+    // Loop thread.
     std::shared_ptr<std::promise<void>> finished;  // a nested call's thread waits on it
     // A worker that starts the work late waits on it for the renewal made
     // at the start (Watchdog::renew_at_start) to be answered.
@@ -276,18 +314,31 @@ struct LeaseRecord final : Lease, TimerTask, HandleState {
     // streak, made at its first token reservation or hand-off (none: the
     // lease took the key from the store while nobody here waited for it).
     std::shared_ptr<HandOffStreak> streak;
+    std::string lost_detail;  // see lost_detail()
+    // Under the lease's striped lock: Lease::on_lost's watchers.
+    std::vector<std::shared_ptr<LeaseWatcher>> watchers;
   };
   Rare& rare() {
-    if (!rare_) rare_ = std::make_unique<Rare>();
-    return *rare_;
+    Rare* r = rare_.load(std::memory_order_acquire);
+    if (r != nullptr) return *r;
+    auto made = std::make_unique<Rare>();
+    if (rare_.compare_exchange_strong(r, made.get(), std::memory_order_acq_rel)) return *made.release();
+    return *r;  // another thread made it first
   }
-  const Rare* rare_if() const noexcept { return rare_.get(); }
-  HandOffStreak* streak() const noexcept { return rare_ ? rare_->streak.get() : nullptr; }
+  const Rare* rare_if() const noexcept { return rare_.load(std::memory_order_acquire); }
+  HandOffStreak* streak() const noexcept {
+    const Rare* r = rare_if();
+    return r ? r->streak.get() : nullptr;
+  }
   std::shared_ptr<std::promise<void>> take_start_renewal() noexcept {
-    return rare_ ? std::exchange(rare_->start_renewal, nullptr) : nullptr;
+    Rare* r = rare_.load(std::memory_order_acquire);
+    return r ? std::exchange(r->start_renewal, nullptr) : nullptr;
   }
   // Whether any renewal failed since the last confirmed one.
-  bool renewal_failing() const noexcept { return lost_detail_ != nullptr; }
+  bool renewal_failing() const noexcept {
+    const Rare* r = rare_if();
+    return r && !r->lost_detail.empty();
+  }
 
   // Lease::on_lost: adds a watcher (any thread), and tells the watchers
   // the lease ended, lost with `reason` or held (loop thread; each is told
@@ -296,19 +347,19 @@ struct LeaseRecord final : Lease, TimerTask, HandleState {
   void end_watchers(std::optional<LostReason> reason) noexcept;
 
  private:
-  enum : std::uint8_t { kStarted, kQueued, kAbandoned };
   bool claim(std::uint8_t to) noexcept {
     std::uint8_t queued = kQueued;
     return start_.compare_exchange_strong(queued, to, std::memory_order_acq_rel);
   }
-  std::unique_ptr<Rare> rare_;
-  std::unique_ptr<std::string> lost_detail_;  // rare: kept off the record
-  // Lease::on_lost's watchers (rare: made on the first), and whether the
-  // lease ended (no watcher waits then); both under the lease's striped lock.
-  std::unique_ptr<std::vector<std::shared_ptr<LeaseWatcher>>> watchers_;
-  bool watch_ended_ = false;
-  std::atomic<std::uint8_t> start_{kStarted};
+  std::atomic<Rare*> rare_{nullptr};
 };
+
+#if defined(__GLIBCXX__) && defined(__x86_64__)
+// With its shared_ptr's count, 320 bytes of the allocator's: what a million
+// held leases cost each, before the wheel's node and the registry's slot
+// (BENCHMARKS.md, million_bench). A member that grows it should say why.
+static_assert(sizeof(LeaseRecord) == 296);
+#endif
 
 // The leases of the locked calls running on this thread, innermost last.
 struct HeldOnThread {

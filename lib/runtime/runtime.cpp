@@ -11,6 +11,7 @@
 
 #include "lockwatch/locked.hpp"
 #include "core/error_values.hpp"
+#include "core/page_allocator.hpp"
 #include "runtime/store_errors.hpp"
 #include "store/capabilities.hpp"
 #include "core/timing.hpp"
@@ -85,78 +86,134 @@ namespace {
 // The handles asked for on this thread (Runtime::acquire), for reentrancy:
 // a LOCKED call on a key whose handle this thread holds runs inline. By the
 // key's hash, so that neither asking for a handle nor a LOCKED call scans
-// every handle the thread holds (a thread may hold a million). An entry
-// keeps its call until the call is granted, then only a weak pointer to
-// the lease (the call, and the acquisition's memory with it, can go).
-struct HandleOnThread {
-  const void* runtime;
-  std::shared_ptr<detail::HandleCall> call;  // until granted
-  std::weak_ptr<LeaseRecord> lease;          // after
-  // The lease, if it is still held through its handle; null otherwise
-  // (and while the call waits).
-  std::shared_ptr<LeaseRecord> held() const {
-    auto l = call ? call->lease() : lease.lock();
-    return l && l->handle_open() && !l->lost() ? l : nullptr;
-  }
-  // Its entry is over once its acquisition failed or its lease ended.
-  bool over() const {
-    if (call && call->failed.load(std::memory_order_acquire)) return true;
-    if (call && !call->granted.load(std::memory_order_acquire)) return false;
-    return held() == nullptr;
-  }
-};
+// every handle the thread holds (a thread may hold a million). A handle is
+// pending until its call is granted or fails; a granted one is kept as a
+// weak pointer to its lease only (the call, and the acquisition's memory
+// with it, can go), in an open-addressed table of 16 bytes a slot.
 struct HandlesOnThread {
-  using Table = std::unordered_multimap<std::size_t, HandleOnThread, std::identity>;
-  Table by_hash;
-  std::deque<std::pair<std::size_t, const HandleOnThread*>> waiting;  // entries with a call, oldest first
-  std::size_t swept_at = 0;  // how many were left after the last sweep
-
   static std::size_t hash(std::string_view key) noexcept { return std::hash<std::string_view>{}(key); }
+
+  bool empty() const noexcept { return pending_.empty() && used_ == 0; }
   void add(std::string_view key, const void* runtime, std::shared_ptr<detail::HandleCall> call) {
     settle();
-    if (by_hash.size() >= std::max<std::size_t>(64, 2 * swept_at)) {
-      std::erase_if(by_hash, [](const auto& e) { return e.second.over(); });
-      swept_at = by_hash.size();
-      std::erase_if(waiting, [this](const auto& w) { return !contains(w); });
-    }
-    auto it = by_hash.emplace(hash(key), HandleOnThread{runtime, std::move(call), {}});
-    waiting.emplace_back(it->first, &it->second);
+    if (pending_.size() >= std::max<std::size_t>(64, 2 * pending_swept_at_)) sweep_pending();
+    auto it = pending_.emplace(hash(key), Pending{runtime, std::move(call)});
+    order_.emplace_back(it->first, &it->second);
   }
   // Undoes the last add() (its call could not start).
   void drop_last() {
-    if (waiting.empty()) return;
-    erase(waiting.back());
-    waiting.pop_back();
+    if (order_.empty()) return;
+    if (auto it = find(order_.back()); it != pending_.end()) pending_.erase(it);
+    order_.pop_back();
   }
-  // The calls granted meanwhile, oldest first, keep their lease only.
-  void settle() {
-    while (!waiting.empty()) {
-      auto [h, e] = waiting.front();
-      auto it = find(h, e);
-      if (it != by_hash.end()) {
-        if (!it->second.call->granted.load(std::memory_order_acquire) &&
-            !it->second.call->failed.load(std::memory_order_acquire))
-          return;  // still waiting: so, most likely, are those after it
-        it->second.lease = it->second.call->lease();
-        it->second.call.reset();
-        if (it->second.lease.expired()) by_hash.erase(it);
-      }
-      waiting.pop_front();
+  // The lease of the handle this thread holds on `key` from `watchdog`'s
+  // runtime, if any.
+  std::shared_ptr<LeaseRecord> held(const std::string& key, const void* runtime,
+                                    const detail::Watchdog* watchdog) const {
+    const std::size_t h = hash(key);
+    auto [from, to] = pending_.equal_range(h);
+    for (auto it = from; it != to; ++it) {
+      if (it->second.runtime != runtime) continue;
+      auto l = held(it->second.call->lease());
+      if (l && l->key() == key) return l;
     }
+    if (used_ == 0) return nullptr;
+    const std::size_t mask = granted_.size() - 1;
+    for (std::size_t i = h & mask; !vacant(granted_[i]); i = (i + 1) & mask) {
+      auto l = held(granted_[i].lock());
+      if (l && l->watchdog == watchdog && l->key() == key) return l;
+    }
+    return nullptr;
   }
 
  private:
-  Table::iterator find(std::size_t h, const HandleOnThread* e) {
-    auto [from, to] = by_hash.equal_range(h);
+  struct Pending {
+    const void* runtime;
+    std::shared_ptr<detail::HandleCall> call;
+  };
+  using Order = std::pair<std::size_t, const Pending*>;
+
+  // The lease, if it is still held through its handle.
+  static std::shared_ptr<LeaseRecord> held(std::shared_ptr<LeaseRecord> l) {
+    return l && l->handle_open() && !l->lost() ? l : nullptr;
+  }
+  static bool vacant(const std::weak_ptr<LeaseRecord>& w) noexcept {
+    const std::weak_ptr<LeaseRecord> none;
+    return !w.owner_before(none) && !none.owner_before(w);
+  }
+  static bool settled(const Pending& p) noexcept {
+    return p.call->granted.load(std::memory_order_acquire) || p.call->failed.load(std::memory_order_acquire);
+  }
+
+  // The calls granted (or failed) meanwhile, oldest first, leave the
+  // pending ones; a granted one's lease goes to the table.
+  void settle() {
+    while (!order_.empty()) {
+      auto it = find(order_.front());
+      if (it != pending_.end()) {
+        if (!settled(it->second)) return;  // still waiting: so, most likely, are those after it
+        grant(it->second);
+        pending_.erase(it);
+      }
+      order_.pop_front();
+    }
+  }
+  // Every settled call leaves, wherever it is in the order: once their
+  // number has doubled since the last time, so each is looked at a bounded
+  // number of times.
+  void sweep_pending() {
+    for (auto it = pending_.begin(); it != pending_.end();) {
+      if (settled(it->second)) {
+        grant(it->second);
+        it = pending_.erase(it);
+      } else {
+        ++it;
+      }
+    }
+    std::erase_if(order_, [this](const Order& o) { return find(o) == pending_.end(); });
+    pending_swept_at_ = pending_.size();
+  }
+  void grant(const Pending& p) {
+    if (auto l = held(p.call->lease())) insert(l);
+  }
+  void insert(const std::shared_ptr<LeaseRecord>& l) {
+    if (4 * (used_ + 1) > 3 * granted_.size()) rehash();
+    const std::size_t mask = granted_.size() - 1;
+    std::size_t i = hash(l->key()) & mask;
+    while (!vacant(granted_[i])) i = (i + 1) & mask;
+    granted_[i] = l;
+    ++used_;
+  }
+  // Keeps the handles still held, in a table at most half full.
+  void rehash() {
+    std::vector<std::shared_ptr<LeaseRecord>> live;
+    for (auto& w : granted_)
+      if (auto l = held(w.lock())) live.push_back(std::move(l));
+    std::size_t size = 64;
+    while (size < 2 * (live.size() + 1)) size *= 2;
+    granted_.assign(size, {});
+    used_ = 0;
+    const std::size_t mask = size - 1;
+    for (auto& l : live) {
+      std::size_t i = hash(l->key()) & mask;
+      while (!vacant(granted_[i])) i = (i + 1) & mask;
+      granted_[i] = l;
+      ++used_;
+    }
+  }
+  std::unordered_multimap<std::size_t, Pending, std::identity>::iterator find(const Order& o) {
+    auto [from, to] = pending_.equal_range(o.first);
     for (auto it = from; it != to; ++it)
-      if (&it->second == e) return it;
-    return by_hash.end();
+      if (&it->second == o.second) return it;
+    return pending_.end();
   }
-  bool contains(const std::pair<std::size_t, const HandleOnThread*>& w) { return find(w.first, w.second) != by_hash.end(); }
-  void erase(const std::pair<std::size_t, const HandleOnThread*>& w) {
-    auto it = find(w.first, w.second);
-    if (it != by_hash.end()) by_hash.erase(it);
-  }
+
+  std::unordered_multimap<std::size_t, Pending, std::identity> pending_;
+  std::deque<Order> order_;  // the pending calls, oldest first
+  std::size_t pending_swept_at_ = 0;
+  // A power of two slots (or none), linear probing.
+  std::vector<std::weak_ptr<LeaseRecord>, detail::PageAllocator<std::weak_ptr<LeaseRecord>>> granted_;
+  std::size_t used_ = 0;  // slots taken (held or not any more)
 };
 HandlesOnThread& handles_on_this_thread() noexcept {
   thread_local HandlesOnThread handles;
@@ -275,14 +332,7 @@ void Runtime::Impl::cancel_acquire(const std::shared_ptr<Acquisition>& a) {
 }
 
 std::shared_ptr<LeaseRecord> Runtime::Impl::handle_held_here(const std::string& key) const {
-  auto& handles = handles_on_this_thread();
-  auto [from, to] = handles.by_hash.equal_range(HandlesOnThread::hash(key));
-  for (auto it = from; it != to; ++it) {
-    if (it->second.runtime != this) continue;
-    auto l = it->second.held();
-    if (l && l->key() == key) return l;
-  }
-  return nullptr;
+  return handles_on_this_thread().held(key, this, &watchdog);
 }
 
 namespace {
@@ -319,7 +369,7 @@ void Runtime::Impl::dispatch(detail::LockSpec spec, std::shared_ptr<detail::Call
   }
   // A key whose LockHandle this thread asked for is held here too: waiting
   // for it could only run out (the handle is not released meanwhile).
-  if (!handles_on_this_thread().by_hash.empty()) {
+  if (!handles_on_this_thread().empty()) {
     if (auto l = handle_held_here(spec.key)) {
       check_reentrant(spec.key, l->kind, spec.kind);
       run_reentrant(l.get());
@@ -401,8 +451,8 @@ void Runtime::Impl::taken(const std::shared_ptr<Acquisition>& a, std::uint64_t f
 void Runtime::Impl::start_lease(const std::shared_ptr<Acquisition>& a, const std::shared_ptr<LeaseRecord>& l) {
   events.acquired(a->spec.key, l->fencing_token(), l->granted_at - a->started);
   if (stopping.load()) l->request_stop();
-  l->runtime = weak_from_this();
-  l->notifier = notifier_pool;
+  if (!links) links = std::make_shared<const detail::RuntimeLinks>(weak_from_this(), notifier_pool);
+  l->links = links;
   if (a->handle) {
     if (!a->handle->claim(detail::HandleCall::kDone)) {
       // Cancelled while the grant was on its way: nobody will hold it, so
@@ -826,7 +876,7 @@ void LockHandle::release(std::function<void(std::exception_ptr)> handler) {
   if (!handler) throw InvalidArgument("LockHandle::release: the handler is empty");
   auto state = std::move(state_);
   state->released(std::move(handler));
-  if (auto rt = state->runtime.lock()) {
+  if (auto rt = state->runtime()) {
     auto l = std::static_pointer_cast<detail::LeaseRecord>(std::move(state));
     Runtime::Impl* impl = rt.get();
     impl->loop.post([impl, l] { impl->watchdog.work_done(l); });
@@ -837,7 +887,7 @@ std::future<void> LockHandle::release() {
   if (!state_) throw InvalidArgument("LockHandle::release() on a handle that holds no lock");
   auto state = std::move(state_);
   auto future = state->released();
-  if (auto rt = state->runtime.lock()) {
+  if (auto rt = state->runtime()) {
     auto l = std::static_pointer_cast<detail::LeaseRecord>(std::move(state));
     Runtime::Impl* impl = rt.get();
     // Refused only once the runtime closed, after it released the lock.

@@ -97,6 +97,9 @@ struct Runtime::Impl final : std::enable_shared_from_this<Runtime::Impl>, detail
   void taken(const std::shared_ptr<detail::Acquisition>& a, std::uint64_t fence, Clock::time_point sent);
   void fail(const std::shared_ptr<detail::Acquisition>& a, std::exception_ptr err, bool busy = false);
   void start_lease(const std::shared_ptr<detail::Acquisition>& a, const std::shared_ptr<detail::LeaseRecord>& l);
+  // What every lease granted here knows of the runtime (made at the first
+  // grant, loop thread).
+  std::shared_ptr<const detail::RuntimeLinks> links;
   void run_on_pool(const std::shared_ptr<detail::LeaseRecord>& l);
   // Local hand-offs (Options::local_handoff) on a store with TokenBlocks:
   // the first caller waiting here fits (exclusive, same ttl, renewals).

@@ -20,7 +20,8 @@ std::shared_ptr<LeaseRecord> Watchdog::new_lease(const Acquisition& a, std::uint
                                                 Clock::time_point deadline, Clock::time_point last_sent) {
   auto l = std::make_shared<LeaseRecord>(this, a.spec.key, fence, a.spec.ttl, deadline);
   if (!a.handle) l->call = a.call;  // a handle's lease is its own state
-  l->retries = a.spec.retries > std::numeric_limits<std::int32_t>::max() ? -1 : static_cast<std::int32_t>(a.spec.retries);
+  l->renewals_left =
+      a.spec.retries > std::numeric_limits<std::int32_t>::max() ? -1 : static_cast<std::int32_t>(a.spec.retries);
   // The wheel fires on the first tick at or after a deadline. A renewal must
   // not lose that tick out of the little time it has: it is due a tick less
   // one nanosecond early, so it goes on the last tick at or before its time.
@@ -102,7 +103,7 @@ std::shared_ptr<HandOffStreak> Watchdog::streak_of(LeaseRecord& l) {
 
 bool Watchdog::may_renew(const LeaseRecord& l) const noexcept {
   // Renewals while the work waits for a worker are free.
-  return l.retries < 0 || l.spent < l.retries || !l.started();
+  return l.renewals_left != 0 || !l.started();
 }
 
 void Watchdog::schedule_next(LeaseRecord& l, Clock::time_point extended_at) {
@@ -276,7 +277,7 @@ void Watchdog::renewal_failed(const std::shared_ptr<LeaseRecord>& l, std::string
 void Watchdog::on_renewed(const std::shared_ptr<LeaseRecord>& l, Clock::time_point sent) {
   l->timeout.cancel();
   if (l->renewal_counts) {
-    ++l->spent;
+    if (l->renewals_left > 0) --l->renewals_left;
     l->bump_renewals();
   }
   auto left = l->deadline() - Clock::now();
@@ -363,6 +364,8 @@ void Watchdog::finish(const std::shared_ptr<LeaseRecord>& l) {
   std::swap(leases_[l->slot], last);
   l->slot = LeaseRecord::kNoSlot;
   leases_.pop_back();  // may drop the last reference: `l` is the caller's
+  // Leases given back by the hundred thousand give their slots' memory back.
+  if (leases_.capacity() >= 65536 && leases_.size() < leases_.capacity() / 4) leases_.shrink_to_fit();
   stats_.held.fetch_sub(1, std::memory_order_relaxed);
   events_.released(l->key(), Clock::now() - l->granted_at);
   if (finished_) finished_(l);

@@ -23,6 +23,7 @@
 #include <string>
 #include <vector>
 
+#include "core/page_allocator.hpp"
 #include "lockwatch/options.hpp"
 #include "lockwatch/thread_pool.hpp"
 #include "ops/events.hpp"
@@ -114,7 +115,8 @@ class Watchdog {
   Events& events_;
   std::function<void(const std::shared_ptr<LeaseRecord>&)> finished_;
   std::function<bool(const std::shared_ptr<LeaseRecord>&)> hand_off_;
-  std::vector<std::shared_ptr<LeaseRecord>> leases_;  // held; a lease knows its slot
+  // Held; a lease knows its slot.
+  std::vector<std::shared_ptr<LeaseRecord>, PageAllocator<std::shared_ptr<LeaseRecord>>> leases_;
   std::vector<std::shared_ptr<LeaseRecord>> due_;  // renewals due this tick
   std::vector<LockRef> refs_;                      // reused per chunk
   std::uint64_t drained_at_ = ~std::uint64_t{0};   // the advance that last read replies early
