@@ -103,6 +103,25 @@ class Gate {
   }
   // Waits at most kBound; returns whether the gate opened.
   bool wait() const { return f_.wait_for(kBound) == std::future_status::ready; }
+  // Waits at most kBound for the gate, or for `call` to end first: then
+  // says, as a failure, how it ended. Returns whether the gate opened.
+  template <class T>
+  bool wait_or_ended(std::future<T>& call) const {
+    const auto until = std::chrono::steady_clock::now() + kBound;
+    while (std::chrono::steady_clock::now() < until) {
+      if (f_.wait_for(std::chrono::milliseconds(10)) == std::future_status::ready) return true;
+      if (call.wait_for(std::chrono::seconds(0)) != std::future_status::ready) continue;
+      try {
+        call.get();
+        ADD_FAILURE() << "the call ended before the gate opened";
+      } catch (const std::exception& e) {
+        ADD_FAILURE() << "the call ended before the gate opened: " << e.what();
+      }
+      return false;
+    }
+    ADD_FAILURE() << "the gate stayed shut and the call still runs after " << kBound.count() << " s";
+    return false;
+  }
 
  private:
   std::promise<void> p_;
