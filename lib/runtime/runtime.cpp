@@ -114,13 +114,13 @@ struct HandlesOnThread {
     auto [from, to] = pending_.equal_range(h);
     for (auto it = from; it != to; ++it) {
       if (it->second.runtime != runtime) continue;
-      auto l = held(it->second.call->lease());
+      auto l = if_still_held(it->second.call->lease());
       if (l && l->key() == key) return l;
     }
     if (used_ == 0) return nullptr;
     const std::size_t mask = granted_.size() - 1;
     for (std::size_t i = h & mask; !vacant(granted_[i]); i = (i + 1) & mask) {
-      auto l = held(granted_[i].lock());
+      auto l = if_still_held(granted_[i].lock());
       if (l && l->watchdog == watchdog && l->key() == key) return l;
     }
     return nullptr;
@@ -134,7 +134,7 @@ struct HandlesOnThread {
   using Order = std::pair<std::size_t, const Pending*>;
 
   // The lease, if it is still held through its handle.
-  static std::shared_ptr<LeaseRecord> held(std::shared_ptr<LeaseRecord> l) {
+  static std::shared_ptr<LeaseRecord> if_still_held(std::shared_ptr<LeaseRecord> l) {
     return l && l->handle_open() && !l->lost() ? l : nullptr;
   }
   static bool vacant(const std::weak_ptr<LeaseRecord>& w) noexcept {
@@ -174,10 +174,14 @@ struct HandlesOnThread {
     pending_swept_at_ = pending_.size();
   }
   void grant(const Pending& p) {
-    if (auto l = held(p.call->lease())) insert(l);
+    if (auto l = if_still_held(p.call->lease())) insert(l);
   }
   void insert(const std::shared_ptr<LeaseRecord>& l) {
     if (4 * (used_ + 1) > 3 * granted_.size()) rehash();
+    place(l);
+  }
+  // Into the first vacant slot from the key's hash on.
+  void place(const std::shared_ptr<LeaseRecord>& l) {
     const std::size_t mask = granted_.size() - 1;
     std::size_t i = hash(l->key()) & mask;
     while (!vacant(granted_[i])) i = (i + 1) & mask;
@@ -188,18 +192,12 @@ struct HandlesOnThread {
   void rehash() {
     std::vector<std::shared_ptr<LeaseRecord>> live;
     for (auto& w : granted_)
-      if (auto l = held(w.lock())) live.push_back(std::move(l));
+      if (auto l = if_still_held(w.lock())) live.push_back(std::move(l));
     std::size_t size = 64;
     while (size < 2 * (live.size() + 1)) size *= 2;
     granted_.assign(size, {});
     used_ = 0;
-    const std::size_t mask = size - 1;
-    for (auto& l : live) {
-      std::size_t i = hash(l->key()) & mask;
-      while (!vacant(granted_[i])) i = (i + 1) & mask;
-      granted_[i] = l;
-      ++used_;
-    }
+    for (auto& l : live) place(l);
   }
   std::unordered_multimap<std::size_t, Pending, std::identity>::iterator find(const Order& o) {
     auto [from, to] = pending_.equal_range(o.first);
