@@ -20,7 +20,20 @@
 //                                  50 ms late (late_wakeups_50ms) and the
 //                                  latest one's bucket (max_lag_ms), and the
 //                                  lost leases by reason (lost_expired,
-//                                  lost_unreachable, lost_taken)
+//                                  lost_unreachable, lost_taken); on Redis,
+//                                  the least slack as it stood after each
+//                                  round (slack_r1_ms, slack_r2_ms,
+//                                  slack_r3_ms: which round spent it) and the
+//                                  server's longest event by its latency
+//                                  monitor (server_max_event_ms, threshold
+//                                  1 ms; the events are printed); how long
+//                                  asking for the leases took (asked_in_s)
+//                                  and getting them (acquired_in_s)
+//   BM_WatchdogPaced/<store>/<leases>/<ms>
+//                                  the same, the leases asked for evenly
+//                                  over <ms> (redis, rediss): a round's
+//                                  renewals come due as densely as the
+//                                  acquisitions were sent
 //
 // The servers run with the durability of the tests' servers:
 // redis-server without persistence, mariadbd with
@@ -32,6 +45,7 @@
 #include <benchmark/benchmark.h>
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cstdlib>
 #include <fstream>
@@ -190,17 +204,56 @@ std::pair<double, double> lag_summary(const std::string& text, double bound) {
   return {count - below, max_ms};
 }
 
-void BM_Watchdog(benchmark::State& state, const std::string& store) {
+// The Redis server of `store` (plain or TLS), or none.
+lockwatch::testing::RedisServer* redis_of(const std::string& store) {
+  if (store == "redis") return g_redis;
+  if (store == "rediss") return g_rediss;
+  return nullptr;
+}
+
+// The longest event the server's latency monitor saw since it was reset
+// (ms), and the events, as "name:max_ms" each.
+std::pair<double, std::string> server_latency(const lockwatch::testing::RedisServer& server) {
+  double longest = 0;
+  std::string events;
+  for (const auto& e : server.command({"LATENCY", "LATEST"}).elements) {
+    if (e.elements.size() < 4) continue;
+    longest = std::max(longest, static_cast<double>(e.elements[3].integer));
+    events += fmt::format("{}{}:{}", events.empty() ? "" : " ", e.elements[0].str, e.elements[3].integer);
+  }
+  return {longest, events};
+}
+
+double slack_ms(const lockwatch::RuntimeStats& s) {
+  return s.min_renewal_slack == std::chrono::microseconds::max()
+             ? 0
+             : static_cast<double>(s.min_renewal_slack.count()) / 1000;
+}
+
+// `ask_span`: the leases are asked for evenly over it (zero: as fast as
+// the loop takes them).
+void watchdog_rounds(benchmark::State& state, const std::string& store, std::chrono::milliseconds ask_span) {
   const auto leases = static_cast<std::size_t>(state.range(0));
   constexpr auto kTtl = 2000ms;  // renewed every 1.8 s
   constexpr int kRounds = 3;
+  auto* redis = redis_of(store);
+  if (redis) redis->command({"CONFIG", "SET", "latency-monitor-threshold", "1"});
   for (auto _ : state) {
     std::uint64_t run = ++g_run;
+    if (redis) redis->command({"LATENCY", "RESET"});
     lockwatch::Runtime rt(options_for(store));
     std::vector<std::future<lockwatch::LockHandle>> acquiring;
     acquiring.reserve(leases);
     auto t0 = BenchClock::now();
-    for (std::size_t i = 0; i < leases; ++i) acquiring.push_back(rt.acquire(fmt::format("wd:{}:{}", run, i), kTtl));
+    for (std::size_t i = 0; i < leases; ++i) {
+      if (ask_span.count() > 0 && i % 1000 == 0)
+        std::this_thread::sleep_until(t0 + ask_span * static_cast<long>(i) / static_cast<long>(leases));
+      acquiring.push_back(rt.acquire(fmt::format("wd:{}:{}", run, i), kTtl));
+    }
+    // About the span over which the acquisitions were sent, which each
+    // renewal round repeats (a renewal goes out a fixed time after the
+    // request before it).
+    const double asked_s = std::chrono::duration<double>(BenchClock::now() - t0).count();
     std::vector<lockwatch::LockHandle> held;
     held.reserve(leases);
     try {
@@ -215,8 +268,16 @@ void BM_Watchdog(benchmark::State& state, const std::string& store) {
     double client0 = lockwatch::bench::process_cpu_seconds();
     double server0 = servers_cpu(store);
     auto until = BenchClock::now() + 60s;
-    while (rt.stats().renewals_sent - before.renewals_sent < kRounds * leases && BenchClock::now() < until)
-      std::this_thread::sleep_for(50ms);  // a benchmark watching counters, not synchronising
+    double slack_after[kRounds] = {};
+    for (int round = 1; round <= kRounds; ++round) {
+      // A round is over once the next one has begun: a round's renewals
+      // go out over about the second the acquisitions took, so each was
+      // answered, or its lease lost, by then.
+      const std::size_t ended = round < kRounds ? round * leases + 1 : kRounds * leases;
+      while (rt.stats().renewals_sent - before.renewals_sent < ended && BenchClock::now() < until)
+        std::this_thread::sleep_for(50ms);  // a benchmark watching counters, not synchronising
+      slack_after[round - 1] = slack_ms(rt.stats());
+    }
     auto after = rt.stats();
     double client = lockwatch::bench::process_cpu_seconds() - client0;
     double server = servers_cpu(store) - server0;
@@ -224,17 +285,26 @@ void BM_Watchdog(benchmark::State& state, const std::string& store) {
     std::size_t lost = 0;
     for (auto& h : held) lost += h.lease().lost() ? 1 : 0;
     state.counters["acquired_per_s"] = static_cast<double>(leases) / acquire_s;
+    state.counters["asked_in_s"] = asked_s;
+    state.counters["acquired_in_s"] = acquire_s;
     state.counters["renewals"] = renewals;
     state.counters["client_us_per_renewal"] = renewals > 0 ? client * 1e6 / renewals : 0;
     state.counters["server_us_per_renewal"] = renewals > 0 ? server * 1e6 / renewals : 0;
     state.counters["commands_per_round"] =
         static_cast<double>(after.renew_commands - before.renew_commands) / static_cast<double>(kRounds);
-    state.counters["lost"] = static_cast<double>(lost + (after.leases_lost - before.leases_lost));
+    // The same leases seen two ways (their handles, and the runtime's
+    // count): the larger of the two, not their sum.
+    state.counters["lost"] = static_cast<double>(std::max<std::uint64_t>(lost, after.leases_lost - before.leases_lost));
     const std::string text = rt.metrics_text();
     const auto [late, max_lag_ms] = lag_summary(text, 0.05);
-    state.counters["min_slack_ms"] = after.min_renewal_slack == std::chrono::microseconds::max()
-                                         ? 0
-                                         : static_cast<double>(after.min_renewal_slack.count()) / 1000;
+    state.counters["min_slack_ms"] = slack_ms(after);
+    if (redis) {
+      for (int round = 0; round < kRounds; ++round)
+        state.counters[fmt::format("slack_r{}_ms", round + 1)] = slack_after[round];
+      const auto [longest, events] = server_latency(*redis);
+      state.counters["server_max_event_ms"] = longest;
+      if (!events.empty()) fmt::print(stderr, "{}: server latency events (max ms): {}\n", store, events);
+    }
     state.counters["late_wakeups_50ms"] = late;
     state.counters["max_lag_ms"] = max_lag_ms;
     state.counters["lost_expired"] = metric(text, "lockwatch_leases_lost_total{reason=\"expired\"}");
@@ -244,6 +314,13 @@ void BM_Watchdog(benchmark::State& state, const std::string& store) {
     for (auto& h : held) (void)h.release();
     held.clear();
   }
+}
+
+void BM_Watchdog(benchmark::State& state, const std::string& store) { watchdog_rounds(state, store, {}); }
+
+// The same, the leases asked for over range(1) ms.
+void BM_WatchdogPaced(benchmark::State& state, const std::string& store) {
+  watchdog_rounds(state, store, std::chrono::milliseconds(state.range(1)));
 }
 
 }  // namespace
@@ -267,6 +344,12 @@ int main(int argc, char** argv) {
     wd->Iterations(1)
         ->UseRealTime()
         ->Unit(benchmark::kMillisecond);
+    if (store == "redis" || store == "rediss")
+      benchmark::RegisterBenchmark(fmt::format("BM_WatchdogPaced/{}", store).c_str(), BM_WatchdogPaced, store)
+          ->Args({100000, 1000})
+          ->Iterations(1)
+          ->UseRealTime()
+          ->Unit(benchmark::kMillisecond);
   }
   int status = 0;
   try {
