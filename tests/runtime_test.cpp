@@ -273,5 +273,52 @@ TEST_F(RuntimeTest, AThreadHoldingManyHandlesFindsEachAfterItsTableGrows) {
   EXPECT_EQ(script_->count(Op::kAcquire), acquires + 20);  // the released ones from the store
 }
 
+// More acquisitions at once than the window of attempts in flight (8,192):
+// those beyond it wait in the client and are sent as earlier ones are
+// answered, with a wait and without one; every one is granted.
+TEST_F(RuntimeTest, ABurstBeyondTheWindowOfAttemptsIsSentAsEarlierOnesAreAnswered) {
+  constexpr int kBurst = 20000;
+  std::vector<std::future<LockHandle>> asked;
+  asked.reserve(kBurst);
+  for (int i = 0; i < kBurst; ++i)
+    asked.push_back(rt_->acquire("burst-" + std::to_string(i), 5s, forever, i % 2 == 0 ? 0ms : 5000ms));
+  std::vector<LockHandle> held;
+  held.reserve(kBurst);
+  for (auto& f : asked) held.push_back(get_bounded(f));
+  EXPECT_EQ(script_->count(Op::kAcquire), static_cast<std::size_t>(kBurst));
+  for (const auto& h : held) EXPECT_FALSE(h.lease().lost());
+}
+
+// A runtime stopped while attempts wait for the window fails them: no
+// call is left hanging, and none sent is left held.
+TEST_F(RuntimeTest, AttemptsWaitingForTheWindowFailWhenTheRuntimeStops) {
+  constexpr int kBurst = 20000;
+  std::vector<std::future<LockHandle>> asked;
+  asked.reserve(kBurst);
+  for (int i = 0; i < kBurst; ++i)
+    asked.push_back(rt_->acquire("stop-" + std::to_string(i), 5s, forever, i % 2 == 0 ? 0ms : 5000ms));
+  rt_.reset();
+  int granted = 0, stopped = 0;
+  for (auto& f : asked) {
+    ASSERT_EQ(f.wait_for(kBound), std::future_status::ready);
+    try {
+      auto h = f.get();
+      ++granted;
+    } catch (const RuntimeStopped&) {
+      ++stopped;
+    } catch (const std::exception& e) {
+      ADD_FAILURE() << e.what();
+    }
+  }
+  EXPECT_EQ(granted + stopped, kBurst);
+  // Every key is free: those granted were released with the runtime, the
+  // rest were never taken or were given back.
+  restart(options_);
+  for (int i = 0; i < kBurst; i += 997) {
+    auto f = rt_->acquire("stop-" + std::to_string(i), 5s);
+    EXPECT_NO_THROW(get_bounded(f)) << i;
+  }
+}
+
 }  // namespace
 }  // namespace lockwatch::testing

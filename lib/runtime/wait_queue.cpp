@@ -68,7 +68,10 @@ WaitQueue::WaitQueue(LockStore& store, WheelClock& clock, const Options& options
 }
 
 WaitQueue::~WaitQueue() = default;
-void WaitQueue::clear() { waiters_.clear(); }
+void WaitQueue::clear() {
+  deferred_.clear();  // they point into waiters_
+  waiters_.clear();
+}
 
 WaitQueue::KeyWaiters& WaitQueue::waiters_of(std::string_view name) {
   auto it = waiters_.find(name);
@@ -189,13 +192,45 @@ void WaitQueue::on_fair_outcome(const std::shared_ptr<Acquisition>& a, const Acq
 }
 
 void WaitQueue::attempt(const std::shared_ptr<Acquisition>& a, KeyWaiters* w) {
+  if (attempts_in_flight_ >= kAttemptsInFlight) {
+    deferred_.push_back(Deferred{a, w});
+    return;
+  }
+  send_attempt(a, w);
+}
+
+void WaitQueue::send_attempt(const std::shared_ptr<Acquisition>& a, KeyWaiters* w) {
   auto sent = Clock::now();
   a->last_sent = sent;
   LockRef ref = a->ref();
+  ++attempts_in_flight_;
   store_.acquire(std::span<const LockRef>(&ref, 1), [this, a, w, sent](std::size_t, const Acquired& out) {
+    --attempts_in_flight_;
     if (w) w->in_flight = false;
     on_outcome(a, out, sent, w);
+    send_deferred();
   });
+}
+
+void WaitQueue::send_deferred() {
+  if (sending_deferred_) return;
+  sending_deferred_ = true;
+  while (!deferred_.empty() && attempts_in_flight_ < kAttemptsInFlight) {
+    Deferred d = std::move(deferred_.front());
+    deferred_.pop_front();
+    if (!d.a->done) {
+      send_attempt(d.a, d.w);
+      continue;
+    }
+    // Its wait ended while it waited here, never sent: nothing to give
+    // back; the key's next waiter goes on, as after an answer.
+    if (d.w) {
+      d.w->in_flight = false;
+      attempt_head(d.w->name);
+      maybe_forget(d.w);
+    }
+  }
+  sending_deferred_ = false;
 }
 
 void WaitQueue::attempt_head(std::string_view name) {
@@ -543,6 +578,17 @@ void WaitQueue::maybe_forget(KeyWaiters* w) {
 
 void WaitQueue::fail_all(std::exception_ptr error) {
   stopping_ = true;
+  // Never sent: nothing to give back. Those without a wait are in no
+  // key's queue, so they fail here.
+  for (auto& d : deferred_) {
+    if (d.w) d.w->in_flight = false;
+    if (d.a->done) continue;
+    if (d.w == nullptr) {
+      d.a->done = true;
+      hooks_.failed(d.a, error, false);
+    }
+  }
+  deferred_.clear();
   for (auto& [name, w] : waiters_) {
     for (std::size_t i = 0; i < w->waiting.size(); ++i) {
       auto& a = w->waiting[i];

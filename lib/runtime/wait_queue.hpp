@@ -164,6 +164,22 @@ class WaitQueue {
   OrphanTimer orphan_timer_;
   Timeout orphan_retry_;
   bool stopping_ = false;  // fail_all ran: one last try, no more retries
+
+  // At most this many attempts await the store's answer; the rest wait
+  // here, oldest first, and are sent (their leases' clocks started) as
+  // earlier ones are answered. A lease is renewed a fixed time after the
+  // request before it, so a round of renewals repeats the pace at which
+  // the acquisitions were sent: with the window, the server's own.
+  static constexpr std::size_t kAttemptsInFlight = 8192;
+  struct Deferred {
+    std::shared_ptr<Acquisition> a;
+    KeyWaiters* w;  // kept: its in_flight stays set meanwhile
+  };
+  void send_attempt(const std::shared_ptr<Acquisition>& a, KeyWaiters* w);
+  void send_deferred();
+  std::size_t attempts_in_flight_ = 0;
+  std::deque<Deferred> deferred_;
+  bool sending_deferred_ = false;  // an answer given inside the send lets the outer loop go on
 };
 
 }  // namespace lockwatch::detail
