@@ -273,48 +273,122 @@ TEST_F(RuntimeTest, AThreadHoldingManyHandlesFindsEachAfterItsTableGrows) {
   EXPECT_EQ(script_->count(Op::kAcquire), acquires + 20);  // the released ones from the store
 }
 
-// More acquisitions at once than the window of attempts in flight (8,192):
-// those beyond it wait in the client and are sent as earlier ones are
-// answered, with a wait and without one; every one is granted.
+// A grant that arrives after the stop began (its answer was on the way)
+// fails the call with RuntimeStopped, runs no work and gives the lock
+// back: the stop waits for no handle that nobody is left to release.
+TEST_F(RuntimeTest, AGrantArrivingAfterTheStopBeganFailsTheCallAndGivesTheLockBack) {
+  script_->set_delay(Op::kAcquire, 1s);
+  std::atomic<bool> ran{false};
+  auto handle = rt_->acquire("late-handle", 5s);
+  auto work = locked("late-work", 5s, forever).on(*rt_)([&] { ran = true; })();
+  ASSERT_TRUE(script_->wait_for(Op::kAcquire, 2));  // both on the way
+  auto stopped = std::async(std::launch::async, [this] { rt_.reset(); });
+  ASSERT_EQ(stopped.wait_for(kBound), std::future_status::ready);
+  EXPECT_NE(error_in<RuntimeStopped>(handle), nullptr);
+  EXPECT_NE(error_of<RuntimeStopped>(work), nullptr);
+  EXPECT_FALSE(ran.load());
+  script_->set_delay(Op::kAcquire, 0ms);
+  restart(options_);
+  for (const char* key : {"late-handle", "late-work"}) {
+    auto f = rt_->acquire(key, 5s);
+    EXPECT_NO_THROW(get_bounded(f)) << key;  // given back, not left to its ttl
+  }
+}
+
+// Holds the runtime's loop (I/O thread) until open(): what is asked for
+// meanwhile is started in one go once it opens, before any answer.
+class LoopHold {
+ public:
+  explicit LoopHold(Runtime& rt) {
+    detail::RuntimeAccess::impl(rt).loop.post([reached = reached_, gate = gate_] {
+      reached->open();
+      (void)gate->wait();
+    });
+  }
+  ~LoopHold() { open(); }
+  void open() { gate_->open(); }
+  // Waits (bounded) until the loop has run all posted before the hold.
+  bool reached() const { return reached_->wait(); }
+
+ private:
+  std::shared_ptr<Gate> reached_ = std::make_shared<Gate>();
+  std::shared_ptr<Gate> gate_ = std::make_shared<Gate>();
+};
+
+constexpr int kWindow = static_cast<int>(detail::WaitQueue::kAttemptsInFlight);
+
+// More acquisitions at once than the window of attempts in flight: those
+// beyond it wait in the client and are sent as earlier ones are answered,
+// with a wait and without one; every one is granted.
 TEST_F(RuntimeTest, ABurstBeyondTheWindowOfAttemptsIsSentAsEarlierOnesAreAnswered) {
-  constexpr int kBurst = 20000;
+  constexpr int kBurst = kWindow * 2 + 3000;
   std::vector<std::future<LockHandle>> asked;
   asked.reserve(kBurst);
-  for (int i = 0; i < kBurst; ++i)
-    asked.push_back(rt_->acquire("burst-" + std::to_string(i), 5s, forever, i % 2 == 0 ? 0ms : 5000ms));
+  {
+    LoopHold hold(*rt_);
+    for (int i = 0; i < kBurst; ++i)
+      asked.push_back(rt_->acquire("burst-" + std::to_string(i), 5s, forever, i % 2 == 0 ? 0ms : 5000ms));
+  }
   std::vector<LockHandle> held;
   held.reserve(kBurst);
   for (auto& f : asked) held.push_back(get_bounded(f));
-  EXPECT_EQ(script_->count(Op::kAcquire), static_cast<std::size_t>(kBurst));
+  EXPECT_EQ(script_->count(Op::kAcquire), static_cast<std::size_t>(kBurst));  // each sent once
+  EXPECT_EQ(rt_->stats().attempts_queued, static_cast<std::uint64_t>(kBurst - kWindow));
   for (const auto& h : held) EXPECT_FALSE(h.lease().lost());
+}
+
+// The window is shared: an attempt that waits for it and whose wait ends
+// meanwhile is never sent, and the key's next waiter goes on.
+TEST_F(RuntimeTest, AnAttemptWhoseWaitEndsBeforeTheWindowLetsItGoIsNeverSent) {
+  script_->set_delay(Op::kAcquire, 300ms);  // the window stays full past the short wait
+  std::vector<std::future<LockHandle>> asked;
+  std::future<LockHandle> brief, next;
+  {
+    LoopHold hold(*rt_);
+    for (int i = 0; i < kWindow; ++i) asked.push_back(rt_->acquire("full-" + std::to_string(i), 5s));
+    brief = rt_->acquire("contended", 5s, forever, 50ms);
+    next = rt_->acquire("contended", 5s, forever, 5000ms);
+  }
+  auto e = error_in<LockNotAcquired>(brief);  // its wait ended in the client
+  ASSERT_NE(e, nullptr);
+  auto h = get_bounded(next);  // the next in line was sent, and took it
+  EXPECT_FALSE(h.lease().lost());
+  for (auto& f : asked) (void)get_bounded(f);
+  EXPECT_EQ(script_->count(Op::kAcquire), static_cast<std::size_t>(kWindow + 1));  // not the brief one
+  EXPECT_EQ(rt_->stats().attempts_queued, 1u);  // the next one went as the window opened
 }
 
 // A runtime stopped while attempts wait for the window fails them: no
 // call is left hanging, and none sent is left held.
 TEST_F(RuntimeTest, AttemptsWaitingForTheWindowFailWhenTheRuntimeStops) {
-  constexpr int kBurst = 20000;
+  constexpr int kBurst = kWindow + 5000;
+  script_->set_delay(Op::kAcquire, 1s);  // none is answered before the stop
   std::vector<std::future<LockHandle>> asked;
   asked.reserve(kBurst);
+  LoopHold asking(*rt_);
   for (int i = 0; i < kBurst; ++i)
     asked.push_back(rt_->acquire("stop-" + std::to_string(i), 5s, forever, i % 2 == 0 ? 0ms : 5000ms));
-  rt_.reset();
-  int granted = 0, stopped = 0;
+  LoopHold started(*rt_);  // once reached, every one was started: the window is full
+  asking.open();
+  ASSERT_TRUE(started.reached());
+  auto& impl = detail::RuntimeAccess::impl(*rt_);
+  std::thread stopper([this] { rt_.reset(); });
+  const auto until = std::chrono::steady_clock::now() + kBound;
+  while (!impl.stopping.load() && std::chrono::steady_clock::now() < until)
+    std::this_thread::yield();  // the stop is under way: its first step is queued behind the hold
+  started.open();
+  stopper.join();
+  // Every call ends with RuntimeStopped: those waiting for the window and
+  // those in flight, whose grants come after the stop began.
   for (auto& f : asked) {
     ASSERT_EQ(f.wait_for(kBound), std::future_status::ready);
-    try {
-      auto h = f.get();
-      ++granted;
-    } catch (const RuntimeStopped&) {
-      ++stopped;
-    } catch (const std::exception& e) {
-      ADD_FAILURE() << e.what();
-    }
+    EXPECT_NE(error_in<RuntimeStopped>(f), nullptr);
   }
-  EXPECT_EQ(granted + stopped, kBurst);
-  // Every key is free: those granted were released with the runtime, the
-  // rest were never taken or were given back.
+  EXPECT_EQ(script_->count(Op::kAcquire), static_cast<std::size_t>(kWindow));  // never those waiting
+  // Those never sent were never taken.
+  script_->set_delay(Op::kAcquire, 0ms);
   restart(options_);
-  for (int i = 0; i < kBurst; i += 997) {
+  for (int i = kWindow; i < kBurst; i += 97) {
     auto f = rt_->acquire("stop-" + std::to_string(i), 5s);
     EXPECT_NO_THROW(get_bounded(f)) << i;
   }

@@ -17,6 +17,7 @@ struct StatsCounters {
   std::atomic<std::uint64_t> timer_wakeups{0};
   std::atomic<std::uint64_t> local_handoffs{0};
   std::atomic<std::uint64_t> token_reservations{0};
+  std::atomic<std::uint64_t> attempts_queued{0};
   // In microseconds.
   std::atomic<std::int64_t> min_renewal_slack_us{std::numeric_limits<std::int64_t>::max()};
 };

@@ -39,7 +39,8 @@ Runtime::Impl::Impl(Options opts, const detail::StoreFactory& make_store)
       waits(*store, clock, options,
             detail::WaitQueue::Hooks{
                 [this](const auto& a, std::uint64_t fence, Clock::time_point sent) { taken(a, fence, sent); },
-                [this](const auto& a, std::exception_ptr err, bool busy) { fail(a, std::move(err), busy); }}) {
+                [this](const auto& a, std::exception_ptr err, bool busy) { fail(a, std::move(err), busy); },
+                [this] { stats.attempts_queued.fetch_add(1, std::memory_order_relaxed); }}) {
   watchdog.on_finished([this](const std::shared_ptr<LeaseRecord>& l) { lease_finished(l); });
   watchdog.on_work_done([this](const std::shared_ptr<LeaseRecord>& l) { return try_hand_off(l); });
   clock.after_advance([this] { watchdog.flush(); });
@@ -451,6 +452,22 @@ void Runtime::Impl::start_lease(const std::shared_ptr<Acquisition>& a, const std
   if (stopping.load()) l->request_stop();
   if (!links) links = std::make_shared<const detail::RuntimeLinks>(weak_from_this(), notifier_pool);
   l->links = links;
+  if (stop_begun && !a->inline_run) {
+    // Granted after the stop began (its answer was on the way): nobody is
+    // left to release it, and the stop would wait for it. Its work never
+    // starts; the call fails with RuntimeStopped, as waiting ones did, and
+    // the lock goes back.
+    if (a->handle && a->handle->claim(detail::HandleCall::kDone)) {
+      a->handle->acquisition.reset();
+      a->handle->deliver(std::make_exception_ptr(RuntimeStopped("lockwatch runtime stopped while the lock was taken")),
+                         LockHandle());
+    } else if (!a->handle) {
+      l->give_up_start();
+      l->mark_lost(LostReason::kRuntimeStopped);  // complete() fails the call so
+    }
+    watchdog.work_done(l);
+    return;
+  }
   if (a->handle) {
     if (!a->handle->claim(detail::HandleCall::kDone)) {
       // Cancelled while the grant was on its way: nobody will hold it, so
@@ -715,6 +732,7 @@ std::future<bool> Runtime::Impl::force_release(std::string key) {
 // ---------------------------------------------------------------- stopping
 
 void Runtime::Impl::begin_stop() {
+  stop_begun = true;
   waits.fail_all(std::make_exception_ptr(RuntimeStopped("lockwatch runtime stopped while waiting for the lock")));
   // Nobody may be left to release a handle: the runtime gives them back,
   // and a handle that outlives it reads lost (kRuntimeStopped) from now on,
@@ -923,6 +941,7 @@ RuntimeStats Runtime::stats() const noexcept {
   s.leases_lost = c.leases_lost.load(std::memory_order_relaxed);
   s.local_handoffs = c.local_handoffs.load(std::memory_order_relaxed);
   s.token_reservations = c.token_reservations.load(std::memory_order_relaxed);
+  s.attempts_queued = c.attempts_queued.load(std::memory_order_relaxed);
   s.timer_wakeups = c.timer_wakeups.load(std::memory_order_relaxed);
   s.min_renewal_slack = std::chrono::microseconds(c.min_renewal_slack_us.load(std::memory_order_relaxed));
   return s;

@@ -140,6 +140,7 @@ struct Runtime::Impl final : std::enable_shared_from_this<Runtime::Impl>, detail
   std::unique_ptr<detail::MetricsServer> metrics_server;  // loop thread
 
   std::atomic<bool> stopping{false};
+  bool stop_begun = false;  // loop: begin_stop() ran (a lease granted since is given back)
   std::atomic<std::uint64_t> next_observer{1};
   std::mutex mu;
   std::condition_variable cv;

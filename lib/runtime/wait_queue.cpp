@@ -192,8 +192,9 @@ void WaitQueue::on_fair_outcome(const std::shared_ptr<Acquisition>& a, const Acq
 }
 
 void WaitQueue::attempt(const std::shared_ptr<Acquisition>& a, KeyWaiters* w) {
-  if (attempts_in_flight_ >= kAttemptsInFlight) {
+  if (attempts_in_flight_ >= kAttemptsInFlight || !deferred_.empty()) {
     deferred_.push_back(Deferred{a, w});
+    if (hooks_.queued) hooks_.queued();
     return;
   }
   send_attempt(a, w);

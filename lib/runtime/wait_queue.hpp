@@ -63,6 +63,8 @@ class WaitQueue {
     // `a` ends without the lock: busy past its wait (`busy`, and `error`
     // is LockNotAcquired), or an error, or stopping.
     std::function<void(const std::shared_ptr<Acquisition>& a, std::exception_ptr error, bool busy)> failed;
+    // An attempt waits in the client for the window (below); may be empty.
+    std::function<void()> queued;
   };
 
   WaitQueue(LockStore& store, WheelClock& clock, const Options& options, Hooks hooks);
@@ -100,6 +102,15 @@ class WaitQueue {
   void clear();
   // Tokens of ended calls not yet given back (see above).
   std::size_t orphans() const noexcept { return orphans_.size() + orphans_sending_; }
+
+  // At most this many attempts await the store's answer; the rest wait
+  // here, oldest first (a head retried meanwhile waits behind them), and
+  // are sent (their leases' clocks started) as earlier ones are answered.
+  // A lease is renewed a fixed time after the request before it, so a
+  // round of renewals repeats the pace at which the acquisitions were
+  // sent: with the window, the server's own. (Fair attempts, which keep
+  // a place in the store's queue, are sent at once.)
+  static constexpr std::size_t kAttemptsInFlight = 8192;
 
  private:
   friend struct Acquisition;
@@ -165,12 +176,7 @@ class WaitQueue {
   Timeout orphan_retry_;
   bool stopping_ = false;  // fail_all ran: one last try, no more retries
 
-  // At most this many attempts await the store's answer; the rest wait
-  // here, oldest first, and are sent (their leases' clocks started) as
-  // earlier ones are answered. A lease is renewed a fixed time after the
-  // request before it, so a round of renewals repeats the pace at which
-  // the acquisitions were sent: with the window, the server's own.
-  static constexpr std::size_t kAttemptsInFlight = 8192;
+  // The window (kAttemptsInFlight above).
   struct Deferred {
     std::shared_ptr<Acquisition> a;
     KeyWaiters* w;  // kept: its in_flight stays set meanwhile
