@@ -28,7 +28,10 @@
 //                                  monitor (server_max_event_ms, threshold
 //                                  1 ms; the events are printed); how long
 //                                  asking for the leases took (asked_in_s)
-//                                  and getting them (acquired_in_s)
+//                                  and getting them (acquired_in_s), and
+//                                  how many attempts waited in the client
+//                                  for the window of 16,384 in flight
+//                                  (queued: RuntimeStats::attempts_queued)
 //   BM_WatchdogPaced/<store>/<leases>/<ms>
 //                                  the same, the leases asked for evenly
 //                                  over <ms> (redis, rediss): a round's
@@ -287,6 +290,7 @@ void watchdog_rounds(benchmark::State& state, const std::string& store, std::chr
     state.counters["acquired_per_s"] = static_cast<double>(leases) / acquire_s;
     state.counters["asked_in_s"] = asked_s;
     state.counters["acquired_in_s"] = acquire_s;
+    state.counters["queued"] = static_cast<double>(after.attempts_queued);  // a fresh runtime
     state.counters["renewals"] = renewals;
     state.counters["client_us_per_renewal"] = renewals > 0 ? client * 1e6 / renewals : 0;
     state.counters["server_us_per_renewal"] = renewals > 0 ? server * 1e6 / renewals : 0;

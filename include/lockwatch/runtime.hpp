@@ -153,7 +153,7 @@ struct RuntimeStats {
   /// Blocks of fencing tokens reserved from the store for those hand-offs.
   std::uint64_t token_reservations = 0;
   /// Attempts to take a lock that waited in the client to be sent, because
-  /// 8,192 already awaited the store's answer. Each is sent as an earlier
+  /// 16,384 already awaited the store's answer. Each is sent as an earlier
   /// one is answered, and its lease's ttl counts from then: many locks
   /// asked for at once are taken, and then renewed, at the store's pace.
   std::uint64_t attempts_queued = 0;

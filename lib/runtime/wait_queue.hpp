@@ -110,7 +110,7 @@ class WaitQueue {
   // round of renewals repeats the pace at which the acquisitions were
   // sent: with the window, the server's own. (Fair attempts, which keep
   // a place in the store's queue, are sent at once.)
-  static constexpr std::size_t kAttemptsInFlight = 8192;
+  static constexpr std::size_t kAttemptsInFlight = 16384;
 
  private:
   friend struct Acquisition;
