@@ -249,7 +249,9 @@ TEST_P(FairLockTest, AWaiterThatGivesUpLeavesTheQueueAndTheNextIsGranted) {
   auto first = a.acquire("give-up", LockKind::fair(), 5s);
   LockHandle holder = get_bounded(first);
   const std::uint64_t holder_token = holder.lease().fencing_token();
-  auto quitter = b.acquire("give-up", LockKind::fair(), 5s, forever, 300ms);
+  // Its wait covers b's and c's first connections (a PostgreSQL login on a
+  // loaded machine can take most of a second) and both reaching the queue.
+  auto quitter = b.acquire("give-up", LockKind::fair(), 5s, forever, 2s);
   ASSERT_TRUE(queued_within_bound("give-up", 1));
   auto patient = c.acquire("give-up", LockKind::fair(), 5s, forever, kBound);
   ASSERT_TRUE(queued_within_bound("give-up", 2));
