@@ -321,6 +321,16 @@ constexpr int kWindow = static_cast<int>(detail::WaitQueue::kAttemptsInFlight);
 // held takes seconds to go through under TSan: these waits outlast it.
 constexpr auto kLongWait = std::chrono::milliseconds(60000);
 
+// `n` locks "<prefix><i>" asked for at once, every other one with a wait.
+std::vector<std::future<LockHandle>> ask_burst(Runtime& rt, const std::string& prefix, int n,
+                                               std::chrono::milliseconds ttl) {
+  std::vector<std::future<LockHandle>> asked;
+  asked.reserve(static_cast<std::size_t>(n));
+  for (int i = 0; i < n; ++i)
+    asked.push_back(rt.acquire(prefix + std::to_string(i), ttl, forever, i % 2 == 0 ? 0ms : kLongWait));
+  return asked;
+}
+
 // More acquisitions at once than the window of attempts in flight: those
 // beyond it wait in the client and are sent as earlier ones are answered,
 // with a wait and without one; every one is granted. (A long ttl: no
@@ -329,12 +339,10 @@ constexpr auto kLongWait = std::chrono::milliseconds(60000);
 TEST_F(RuntimeTest, ABurstBeyondTheWindowOfAttemptsIsSentAsEarlierOnesAreAnswered) {
   constexpr int kBurst = kWindow * 2 + 3000;
   std::vector<std::future<LockHandle>> asked;
-  asked.reserve(kBurst);
   {
     LoopHold hold(*rt_);
     ASSERT_TRUE(hold.reached());
-    for (int i = 0; i < kBurst; ++i)
-      asked.push_back(rt_->acquire("burst-" + std::to_string(i), 60s, forever, i % 2 == 0 ? 0ms : kLongWait));
+    asked = ask_burst(*rt_, "burst-", kBurst, 60s);
   }
   std::vector<LockHandle> held;
   held.reserve(kBurst);
@@ -380,12 +388,9 @@ TEST_F(RuntimeTest, AttemptsWaitingForTheWindowFailWhenTheRuntimeStops) {
   // None is answered before the stop, even when starting them all takes
   // seconds (TSan on a loaded machine); the stop waits for those sent.
   script_->set_delay(Op::kAcquire, 10s);
-  std::vector<std::future<LockHandle>> asked;
-  asked.reserve(kBurst);
   LoopHold asking(*rt_);
   ASSERT_TRUE(asking.reached());
-  for (int i = 0; i < kBurst; ++i)
-    asked.push_back(rt_->acquire("stop-" + std::to_string(i), 5s, forever, i % 2 == 0 ? 0ms : kLongWait));
+  auto asked = ask_burst(*rt_, "stop-", kBurst, 5s);
   LoopHold started(*rt_);  // once reached, every one was started: the window is full
   asking.open();
   ASSERT_TRUE(started.reached());
