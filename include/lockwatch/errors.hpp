@@ -11,6 +11,7 @@
 #include <chrono>
 #include <stdexcept>
 #include <string>
+#include <string_view>
 
 /// Distributed locks with a watchdog: every public name of lockwatch.
 namespace lockwatch {
@@ -49,6 +50,9 @@ class LockNotAcquired : public Error {
  public:
   /// Made by the runtime: `key` as the caller built it, `waited` how long the call waited.
   LockNotAcquired(std::string key, std::chrono::milliseconds waited);
+  /// As above, for a wait that ended for another reason than an owner seen
+  /// holding the lock: `why` says what kept it (it ends the message).
+  LockNotAcquired(std::string key, std::chrono::milliseconds waited, std::string_view why);
   /// The key as the caller built it.
   const std::string& key() const noexcept { return key_; }
   /// How long the call waited for the lock.

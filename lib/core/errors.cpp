@@ -31,6 +31,11 @@ LockNotAcquired::LockNotAcquired(std::string key, std::chrono::milliseconds wait
       key_(std::move(key)),
       waited_(waited) {}
 
+LockNotAcquired::LockNotAcquired(std::string key, std::chrono::milliseconds waited, std::string_view why)
+    : Error(fmt::format("lock '{}' was not acquired within its wait of {} ms: {}", shown_key(key), waited.count(), why)),
+      key_(std::move(key)),
+      waited_(waited) {}
+
 Cancelled::Cancelled(std::string key)
     : Error(fmt::format("waiting for lock '{}' was cancelled", shown_key(key))), key_(std::move(key)) {}
 

@@ -115,6 +115,7 @@ struct Acquisition final : TimerTask {
   // lock, the wait queue gives the token back (WaitQueue::abandon).
   bool maybe_held = false;
   Clock::time_point last_sent;  // the latest attempt's send time
+  bool in_window = false;       // its attempt waits in the client for the window (WaitQueue)
 
   // A fair lock's waiter (LockKind::fair()) asks the store on its own, not
   // only when first in line here: each attempt keeps its place in the

@@ -36,11 +36,10 @@ Runtime::Impl::Impl(Options opts, const detail::StoreFactory& make_store)
       store(make_store(loop, options)),
       clock(loop, options, stats),
       watchdog(*store, clock, notifier, options, stats, events),
-      waits(*store, clock, options,
+      waits(*store, clock, options, stats,
             detail::WaitQueue::Hooks{
                 [this](const auto& a, std::uint64_t fence, Clock::time_point sent) { taken(a, fence, sent); },
-                [this](const auto& a, std::exception_ptr err, bool busy) { fail(a, std::move(err), busy); },
-                [this] { stats.attempts_queued.fetch_add(1, std::memory_order_relaxed); }}) {
+                [this](const auto& a, std::exception_ptr err, bool busy) { fail(a, std::move(err), busy); }}) {
   watchdog.on_finished([this](const std::shared_ptr<LeaseRecord>& l) { lease_finished(l); });
   watchdog.on_work_done([this](const std::shared_ptr<LeaseRecord>& l) { return try_hand_off(l); });
   clock.after_advance([this] { watchdog.flush(); });
@@ -452,12 +451,15 @@ void Runtime::Impl::start_lease(const std::shared_ptr<Acquisition>& a, const std
   if (stopping.load()) l->request_stop();
   if (!links) links = std::make_shared<const detail::RuntimeLinks>(weak_from_this(), notifier_pool);
   l->links = links;
-  if (stop_begun && !a->inline_run) {
-    // Granted after the stop began (its answer was on the way): nobody is
-    // left to release it, and the stop would wait for it. Its work never
-    // starts; the call fails with RuntimeStopped, as waiting ones did, and
-    // the lock goes back.
-    if (a->handle && a->handle->claim(detail::HandleCall::kDone)) {
+  // Nobody will hold it when its handle was cancelled while the grant was
+  // on its way, or when it was granted after the stop began (nobody is left
+  // to release it, and the stop would wait for it): it is given back at
+  // once, as a dropped handle is. After the stop, its work never starts and
+  // its call fails with RuntimeStopped, as waiting ones did.
+  const bool after_stop = stop_begun && !a->inline_run;
+  const bool claimed = a->handle && a->handle->claim(detail::HandleCall::kDone);
+  if (after_stop || (a->handle && !claimed)) {
+    if (claimed) {
       a->handle->acquisition.reset();
       a->handle->deliver(std::make_exception_ptr(RuntimeStopped("lockwatch runtime stopped while the lock was taken")),
                          LockHandle());
@@ -469,12 +471,6 @@ void Runtime::Impl::start_lease(const std::shared_ptr<Acquisition>& a, const std
     return;
   }
   if (a->handle) {
-    if (!a->handle->claim(detail::HandleCall::kDone)) {
-      // Cancelled while the grant was on its way: nobody will hold it, so
-      // it is given back at once (as a dropped handle is).
-      watchdog.work_done(l);
-      return;
-    }
     a->handle->acquisition.reset();
     a->handle->set_lease(l);
     // The handle lives only in what `complete` keeps (dropped with it, so

@@ -62,8 +62,9 @@ struct WaitQueue::KeyWaiters final : TimerTask {
 void Acquisition::run(Timeout) noexcept { queue->on_wait_expired(this); }
 void Acquisition::FairRetry::run(Timeout) noexcept { owner->queue->on_fair_retry(owner); }
 
-WaitQueue::WaitQueue(LockStore& store, WheelClock& clock, const Options& options, Hooks hooks)
-    : store_(store), clock_(clock), options_(options), hooks_(std::move(hooks)) {
+WaitQueue::WaitQueue(LockStore& store, WheelClock& clock, const Options& options, StatsCounters& stats,
+                     Hooks hooks)
+    : store_(store), clock_(clock), options_(options), stats_(stats), hooks_(std::move(hooks)) {
   orphan_timer_.queue = this;
 }
 
@@ -194,7 +195,8 @@ void WaitQueue::on_fair_outcome(const std::shared_ptr<Acquisition>& a, const Acq
 void WaitQueue::attempt(const std::shared_ptr<Acquisition>& a, KeyWaiters* w) {
   if (attempts_in_flight_ >= kAttemptsInFlight || !deferred_.empty()) {
     deferred_.push_back(Deferred{a, w});
-    if (hooks_.queued) hooks_.queued();
+    a->in_window = true;
+    stats_.attempts_queued.fetch_add(1, std::memory_order_relaxed);
     return;
   }
   send_attempt(a, w);
@@ -219,6 +221,7 @@ void WaitQueue::send_deferred() {
   while (!deferred_.empty() && attempts_in_flight_ < kAttemptsInFlight) {
     Deferred d = std::move(deferred_.front());
     deferred_.pop_front();
+    d.a->in_window = false;
     if (!d.a->done) {
       send_attempt(d.a, d.w);
       continue;
@@ -545,6 +548,14 @@ void WaitQueue::end_wait(Acquisition* raw, std::exception_ptr error) {
     hooks_.failed(a, error, false);
   else if (w->connection_error)
     hooks_.failed(a, w->connection_error, false);
+  else if (a->in_window)
+    // Never asked for: the store was busy answering, not the lock.
+    hooks_.failed(a,
+                  std::make_exception_ptr(LockNotAcquired(
+                      a->spec.key, std::chrono::duration_cast<milliseconds>(Clock::now() - a->started),
+                      "it was never sent, while " + std::to_string(kAttemptsInFlight) +
+                          " earlier attempts awaited the store's answers")),
+                  true);
   else
     hooks_.failed(a,
                   std::make_exception_ptr(LockNotAcquired(

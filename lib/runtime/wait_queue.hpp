@@ -63,11 +63,11 @@ class WaitQueue {
     // `a` ends without the lock: busy past its wait (`busy`, and `error`
     // is LockNotAcquired), or an error, or stopping.
     std::function<void(const std::shared_ptr<Acquisition>& a, std::exception_ptr error, bool busy)> failed;
-    // An attempt waits in the client for the window (below); may be empty.
-    std::function<void()> queued;
   };
 
-  WaitQueue(LockStore& store, WheelClock& clock, const Options& options, Hooks hooks);
+  // `stats.attempts_queued` counts the attempts that wait in the client for
+  // the window (below).
+  WaitQueue(LockStore& store, WheelClock& clock, const Options& options, StatsCounters& stats, Hooks hooks);
   ~WaitQueue();
 
   void start(std::shared_ptr<Acquisition> a);
@@ -145,6 +145,7 @@ class WaitQueue {
   LockStore& store_;
   WheelClock& clock_;
   const Options& options_;
+  StatsCounters& stats_;
   Hooks hooks_;
   // Looked up by any text, without making a string of it.
   struct NameHash {
