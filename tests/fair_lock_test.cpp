@@ -260,7 +260,11 @@ TEST_P(FairLockTest, AWaiterThatGivesUpLeavesTheQueueAndTheNextIsGranted) {
   const auto released_at = std::chrono::steady_clock::now();
   give_back(holder);
   LockHandle next = get_bounded(patient);
-  EXPECT_LT(std::chrono::steady_clock::now() - released_at, 1s) << "the next waiter was not woken by the release";
+  // MySQL sends no release notice: its waiters ask again at least once a
+  // second (the runtime's back-off bound), so a release is seen within that
+  // and a round trip. The others wake the next waiter by the notice.
+  const auto prompt = GetParam() == "mysql" ? 1500ms : 1000ms;
+  EXPECT_LT(std::chrono::steady_clock::now() - released_at, prompt) << "the next waiter was not woken by the release";
   EXPECT_GT(next.lease().fencing_token(), holder_token);
   give_back(next);
 }
