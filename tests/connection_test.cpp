@@ -432,5 +432,62 @@ TEST_F(ConnectionTest, AHungServerFailsTheRequestWithinTheCommandTimeout) {
   close_all({&conn});
 }
 
+// The command timeout is the server's delay, not the client's: the loop's
+// thread kept busy past it (as by heavy work on the loop) neither fails a
+// request made just before (written only after the busy spell) nor one
+// whose reply came during it (unread when the timers run, which is before
+// the loop reads). Both are answered, on the same connection.
+TEST_F(ConnectionTest, ALoopKeptBusyPastTheCommandTimeoutIsNoServerTimeout) {
+  RedisServer server;
+  options_.command_timeout = 200ms;
+  RedisConnection conn(loop_, endpoint_of(server), options_, RedisConnection::Mode::kCommands);
+  loop_.post([&] { conn.start(); });
+  auto [pong, err0] = run(conn, {"PING"});
+  ASSERT_FALSE(err0);
+  auto [named, err1] = run(conn, {"CLIENT", "SETNAME", "kept"});  // a new connection would have no name
+  ASSERT_FALSE(err1);
+  auto busy = [] {
+    const auto until = std::chrono::steady_clock::now() + 500ms;
+    while (std::chrono::steady_clock::now() < until) {
+    }
+  };
+  std::promise<std::exception_ptr> made_before, written_before;
+  auto answer_to = [](std::promise<std::exception_ptr>& p) {
+    return [&p](const redisReply* r, const detail::StoreError* e) {
+      p.set_value(e ? detail::to_exception(*e)
+                    : (r && r->type == REDIS_REPLY_STATUS ? nullptr
+                                                          : std::make_exception_ptr(std::runtime_error("no PONG"))));
+    };
+  };
+  auto text = [](std::exception_ptr e) -> std::string {
+    if (!e) return "";
+    try {
+      std::rethrow_exception(e);
+    } catch (const std::exception& x) {
+      return x.what();
+    }
+  };
+  auto made = made_before.get_future();
+  loop_.post([&] {
+    conn.command({"PING"}, answer_to(made_before));
+    busy();  // before the loop's flush writes it
+  });
+  ASSERT_EQ(made.wait_for(kBound), std::future_status::ready);
+  EXPECT_EQ(text(made.get()), "") << "a request made before the busy spell";
+  auto written = written_before.get_future();
+  loop_.post([&] {
+    conn.command({"PING"}, answer_to(written_before));
+    // A task posted from the loop runs in a later iteration, after the
+    // flush that writes the PING: its reply comes while the loop is busy.
+    loop_.post(busy);
+  });
+  ASSERT_EQ(written.wait_for(kBound), std::future_status::ready);
+  EXPECT_EQ(text(written.get()), "") << "a request written before the busy spell";
+  auto [name, err2] = run(conn, {"CLIENT", "GETNAME"});
+  EXPECT_FALSE(err2);
+  EXPECT_EQ(name, "kept") << "the connection was reset";
+  close_all({&conn});
+}
+
 }  // namespace
 }  // namespace lockwatch::testing

@@ -147,6 +147,9 @@ struct Options {
   /// A connection attempt that has not completed by then fails.
   std::chrono::milliseconds connect_timeout{2000};
   /// A request without a reply by then fails and the connection is reset.
+  /// On Redis it counts from when the request was written to the socket, and
+  /// a reply already received is read before a request is called overdue: a
+  /// client too busy to write or read for a while is no server's delay.
   std::chrono::milliseconds command_timeout{2000};
   /// TLS (rediss:// and etcds:// URLs). PEM files: the CA that signed the servers'
   /// certificates (empty: the system's CAs), and a client certificate with

@@ -394,7 +394,7 @@ void RedisConnection::received_raw(Link* link, const char* data, std::size_t n) 
 
 void RedisConnection::send_handshake(Handshake step, std::vector<std::string> argv) {
   append_resp(link_->out, argv);
-  push_pending(Pending{step, std::chrono::steady_clock::now(), {}});
+  push_pending(Pending{step, kUnwritten, {}});
   handshake_pending_++;
   start_timeout_check();
 }
@@ -503,7 +503,7 @@ void RedisConnection::submit(Queued q) {
     // Its reply (OK) matters to nobody; it only has to come first.
     Queued ask{{"ASKING"}, {}, [](const redisReply*, const StoreError*) {}, nullptr, nullptr, {}};
     append_resp(out, ask.argv);
-    push_pending(Pending{Handshake::kNone, std::chrono::steady_clock::now(), std::move(ask)});
+    push_pending(Pending{Handshake::kNone, kUnwritten, std::move(ask)});
   }
   if (!q.resp.empty()) {
     out.append(q.resp);
@@ -513,7 +513,7 @@ void RedisConnection::submit(Queued q) {
     q.views[2] = q.num_keys;  // valid until q moves, which is after this
     append_resp(out, q.views);
   }
-  push_pending(Pending{Handshake::kNone, std::chrono::steady_clock::now(), std::move(q)});
+  push_pending(Pending{Handshake::kNone, kUnwritten, std::move(q)});
   start_timeout_check();
   want_flush();
 }
@@ -522,6 +522,7 @@ void RedisConnection::push_pending(Pending p) {
   p.awaited = !Loop::background();
   if (p.awaited) ++awaited_;
   pending_.push_back(std::move(p));
+  ++unwritten_;
 }
 
 void RedisConnection::want_flush() {
@@ -552,6 +553,12 @@ void RedisConnection::flush() {
 #else
   write_bytes(link, link->out.data(), link->out.size());
 #endif
+  if (link_ != link) return;  // the write failed: the link and what was pending are gone
+  // What was just written starts its command timeout now.
+  const auto now = std::chrono::steady_clock::now();
+  const auto written = static_cast<std::ptrdiff_t>(std::min(unwritten_, pending_.size()));
+  for (auto it = pending_.end() - written; it != pending_.end(); ++it) it->sent_at = now;
+  unwritten_ = 0;
   link->out.clear();
   // A renewal batch needs tens of KiB; one huge key must not pin its size.
   if (link->out.capacity() > (std::size_t{256} << 10)) std::string().swap(link->out);
@@ -827,6 +834,7 @@ void RedisConnection::drop_link(const std::string& why) {
   // the next attempt.
   auto pending = std::move(pending_);
   pending_.clear();
+  unwritten_ = 0;
   awaited_ = 0;
   const StoreError err = StoreError::unavailable(name_, why);
   for (auto& p : pending) {
@@ -920,7 +928,16 @@ void RedisConnection::on_command_check(uv_timer_t* t) {
     uv_timer_stop(t);
     return;
   }
-  if (std::chrono::steady_clock::now() - self->pending_.front().sent_at < self->options_.command_timeout) return;
+  auto overdue = [self] {
+    const auto sent = self->pending_.front().sent_at;
+    return sent != kUnwritten && std::chrono::steady_clock::now() - sent >= self->options_.command_timeout;
+  };
+  if (!overdue()) return;
+  // Replies may be waiting unread: timers run before the loop reads, and a
+  // loop kept busy past the timeout is no server's delay. What the kernel
+  // holds is read first.
+  self->poll_replies();
+  if (self->pending_.empty() || self->link_ == nullptr || !overdue()) return;
   // Replies come in order: the oldest request is overdue, so the server (or
   // the path to it) is not answering. Reset; everything pending fails.
   self->link_failed("no reply within " + std::to_string(self->options_.command_timeout.count()) + " ms");

@@ -195,10 +195,14 @@ class RedisConnection {
   // replies come in this order.
   struct Pending {
     Handshake step;  // kNone: a request (q)
-    std::chrono::steady_clock::time_point sent_at;
+    // When it was handed to the socket (flush); kUnwritten until then. The
+    // command timeout counts from here, not from when it was made: a loop
+    // kept busy between the two is no server's delay.
+    std::chrono::steady_clock::time_point sent_at = kUnwritten;
     Queued q;
     bool awaited = true;  // counted in awaited_ (not made in a Loop::Background)
   };
+  static constexpr auto kUnwritten = std::chrono::steady_clock::time_point::max();
   void push_pending(Pending p);
 
   void connect();
@@ -271,6 +275,7 @@ class RedisConnection {
   bool reconnect_scheduled_ = false;
   std::deque<Queued> waiting_;   // made while down: sent on the next attempt
   std::deque<Pending> pending_;  // written on link_, awaiting replies
+  std::size_t unwritten_ = 0;    // the last of pending_ still in link_->out
   std::unordered_set<std::string> channels_;  // pubsub mode: wanted subscriptions
   bool sharded_ = false;                      // SSUBSCRIBE / SUNSUBSCRIBE
   // Sharded mode: SSUBSCRIBE (true) and SUNSUBSCRIBE (false) written on the
