@@ -12,6 +12,7 @@
 
 #include <condition_variable>
 #include <future>
+#include <memory>
 #include <mutex>
 #include <thread>
 
@@ -44,6 +45,18 @@ class ConnectionTest : public ::testing::Test {
     });
     EXPECT_EQ(f.wait_for(kBound), std::future_status::ready);
     return f.get();
+  }
+  // A command connection to `server`, started with the given command
+  // timeout and known to answer (a first PING).
+  std::unique_ptr<RedisConnection> started(const RedisServer& server, std::chrono::milliseconds command_timeout) {
+    options_.command_timeout = command_timeout;
+    auto conn = std::make_unique<RedisConnection>(loop_, endpoint_of(server), options_,
+                                                  RedisConnection::Mode::kCommands);
+    loop_.post([c = conn.get()] { c->start(); });
+    auto [pong, err] = run(*conn, {"PING"});
+    EXPECT_FALSE(err);
+    EXPECT_EQ(pong, "PONG");
+    return conn;
   }
   void close_all(std::vector<RedisConnection*> conns) {
     loop_.shutdown([conns] {
@@ -371,6 +384,31 @@ TEST_F(ConnectionTest, PushFramesOfEveryKindNeitherAbortNorConfuseTheReader) {
                                                "lockwatch:{c}:rel unsolicited"}));
 }
 
+// A reply answers the oldest request written, never one not yet sent: a
+// server answering twice, read with a request its first answer's callback
+// made, resets the connection (out of step) and fails that request instead
+// of handing it the stray answer.
+TEST_F(ConnectionTest, AStrayReplyIsNeverTakenAsTheAnswerToARequestNotYetWritten) {
+  ScriptedNode node({{std::string("PING"), std::string("+PONG\r\n:42\r\n")}});
+  Endpoint ep;
+  ep.port = node.port();
+  RedisConnection conn(loop_, ep, options_, RedisConnection::Mode::kCommands);
+  std::promise<std::string> next;  // what the request made on the first answer got
+  loop_.post([&] {
+    conn.start();
+    conn.command({"PING"}, [&](const redisReply*, const detail::StoreError*) {
+      conn.command({"GET", "k"}, [&](const redisReply* r, const detail::StoreError* e) {
+        next.set_value(e ? "error: " + e->message : "reply of type " + std::to_string(r ? r->type : -1));
+      });
+    });
+  });
+  auto f = next.get_future();
+  ASSERT_EQ(f.wait_for(kBound), std::future_status::ready);
+  const std::string got = f.get();
+  EXPECT_NE(got.find("out of step"), std::string::npos) << got;
+  close_all({&conn});
+}
+
 // A host name is looked up off the loop thread, and connected to.
 TEST_F(ConnectionTest, AHostNameIsResolvedAndConnected) {
   RedisServer server;
@@ -413,11 +451,8 @@ TEST_F(ConnectionTest, RequestsQueuedTogetherAreAllAnsweredInOrder) {
 // succeeds on a new connection.
 TEST_F(ConnectionTest, AHungServerFailsTheRequestWithinTheCommandTimeout) {
   RedisServer server;
-  options_.command_timeout = 300ms;
-  RedisConnection conn(loop_, endpoint_of(server), options_, RedisConnection::Mode::kCommands);
-  loop_.post([&] { conn.start(); });
-  auto [pong, err0] = run(conn, {"PING"});
-  ASSERT_FALSE(err0);
+  auto owned = started(server, 300ms);
+  auto& conn = *owned;
   server.pause();
   auto t0 = std::chrono::steady_clock::now();
   auto [nothing, err] = run(conn, {"PING"});
@@ -439,11 +474,8 @@ TEST_F(ConnectionTest, AHungServerFailsTheRequestWithinTheCommandTimeout) {
 // the loop reads). Both are answered, on the same connection.
 TEST_F(ConnectionTest, ALoopKeptBusyPastTheCommandTimeoutIsNoServerTimeout) {
   RedisServer server;
-  options_.command_timeout = 200ms;
-  RedisConnection conn(loop_, endpoint_of(server), options_, RedisConnection::Mode::kCommands);
-  loop_.post([&] { conn.start(); });
-  auto [pong, err0] = run(conn, {"PING"});
-  ASSERT_FALSE(err0);
+  auto owned = started(server, 200ms);
+  auto& conn = *owned;
   auto [named, err1] = run(conn, {"CLIENT", "SETNAME", "kept"});  // a new connection would have no name
   ASSERT_FALSE(err1);
   auto busy = [] {
@@ -485,6 +517,46 @@ TEST_F(ConnectionTest, ALoopKeptBusyPastTheCommandTimeoutIsNoServerTimeout) {
   EXPECT_EQ(text(written.get()), "") << "a request written before the busy spell";
   auto [name, err2] = run(conn, {"CLIENT", "GETNAME"});
   EXPECT_FALSE(err2);
+  EXPECT_EQ(name, "kept") << "the connection was reset";
+  close_all({&conn});
+}
+
+// A server answering steadily is no hung server, however long the queue
+// of requests behind its answers: six requests written at once, each
+// taking the server 100 ms, are all answered on the same connection with a
+// 400 ms command timeout, although the last waits about 600 ms. (Redis
+// sends the replies to what one read of a client brought in together, and
+// reads at most 16 KiB at a time: requests of 20 kB are answered one by one.)
+TEST_F(ConnectionTest, AServerAnsweringSteadilyIsNoTimeoutHoweverLongTheQueue) {
+  RedisServer server;
+  auto owned = started(server, 400ms);
+  auto& conn = *owned;
+  auto [named, err0] = run(conn, {"CLIENT", "SETNAME", "kept"});  // a new connection would have no name
+  ASSERT_FALSE(err0);
+  // Busy for 100 ms by the server's clock.
+  const std::string busy =
+      "local t = redis.call('TIME') local stop = t[1] * 1000000 + t[2] + 100000 "
+      "repeat t = redis.call('TIME') until t[1] * 1000000 + t[2] >= stop return 1";
+  constexpr int kRequests = 6;
+  std::promise<std::vector<std::string>> p;
+  auto f = p.get_future();
+  std::vector<std::string> errors;  // loop thread
+  int answered = 0;                 // loop thread
+  const auto t0 = std::chrono::steady_clock::now();
+  loop_.post([&] {
+    for (int i = 0; i < kRequests; ++i) {
+      conn.command({"EVAL", busy, "0", std::string(20'000, 'x')}, [&](const redisReply*, const detail::StoreError* e) {
+        if (e) errors.push_back(e->message);
+        if (++answered == kRequests) p.set_value(errors);
+      });
+    }
+  });
+  ASSERT_EQ(f.wait_for(kBound), std::future_status::ready);
+  const auto took = std::chrono::steady_clock::now() - t0;
+  EXPECT_EQ(f.get(), std::vector<std::string>{});
+  EXPECT_GT(took, 400ms) << "the queue must outlast the command timeout to test anything";
+  auto [name, err] = run(conn, {"CLIENT", "GETNAME"});
+  EXPECT_FALSE(err);
   EXPECT_EQ(name, "kept") << "the connection was reset";
   close_all({&conn});
 }

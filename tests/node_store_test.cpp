@@ -575,8 +575,9 @@ class NodeStoreBurstTest : public NodeStoreTest {
 };
 
 TEST_F(NodeStoreBurstTest, ABurstRedisTakesLongerThanTheCommandTimeoutToServeIsNoTimeout) {
-  // 200,000 locks asked for at once take Redis well over 500 ms in all; only
-  // what is in flight counts against the timeout, so none may fail.
+  // 200,000 locks asked for at once take Redis well over 500 ms in all. The
+  // requests waiting in the client do not count against the timeout, and
+  // those in flight wait behind replies that keep coming: none may fail.
   constexpr std::size_t kLocks = 200'000;
   std::vector<Want> many;
   many.reserve(kLocks);

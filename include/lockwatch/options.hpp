@@ -147,9 +147,12 @@ struct Options {
   /// A connection attempt that has not completed by then fails.
   std::chrono::milliseconds connect_timeout{2000};
   /// A request without a reply by then fails and the connection is reset.
-  /// On Redis it counts from when the request was written to the socket, and
-  /// a reply already received is read before a request is called overdue: a
-  /// client too busy to write or read for a while is no server's delay.
+  /// On Redis it is the server's silence that counts: the connection is
+  /// reset when the server sent nothing for this long since the oldest
+  /// pending request was written to the socket. Replies come in order, so a
+  /// server still answering earlier ones is at work, however long the queue
+  /// behind them; and a reply already received is read before that is
+  /// decided, as a client too busy to read for a while is no server's delay.
   std::chrono::milliseconds command_timeout{2000};
   /// TLS (rediss:// and etcds:// URLs). PEM files: the CA that signed the servers'
   /// certificates (empty: the system's CAs), and a client certificate with

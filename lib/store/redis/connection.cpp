@@ -9,6 +9,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <cassert>
 #include <charconv>
 #include <cstdint>
 #include <cstdio>
@@ -556,8 +557,11 @@ void RedisConnection::flush() {
   if (link_ != link) return;  // the write failed: the link and what was pending are gone
   // What was just written starts its command timeout now.
   const auto now = std::chrono::steady_clock::now();
-  const auto written = static_cast<std::ptrdiff_t>(std::min(unwritten_, pending_.size()));
-  for (auto it = pending_.end() - written; it != pending_.end(); ++it) it->sent_at = now;
+  // Only written requests are answered (dispatch), so the unwritten are
+  // all still pending.
+  assert(unwritten_ <= pending_.size());
+  for (auto it = pending_.end() - static_cast<std::ptrdiff_t>(unwritten_); it != pending_.end(); ++it)
+    it->sent_at = now;
   unwritten_ = 0;
   link->out.clear();
   // A renewal batch needs tens of KiB; one huge key must not pin its size.
@@ -595,6 +599,7 @@ void RedisConnection::write_bytes(Link* link, const char* data, std::size_t n) {
 
 void RedisConnection::received(Link* link, const char* data, std::size_t n) {
   loop_.note_event();
+  heard_at_ = std::chrono::steady_clock::now();
   if (redisReaderFeed(link->reader, data, n) != REDIS_OK) {
     link_failed(std::string("cannot read the reply: ") + link->reader->errstr);
     return;
@@ -616,7 +621,9 @@ void RedisConnection::dispatch(const redisReply* r) {
     on_push(r);
     return;
   }
-  if (pending_.empty()) {
+  // A reply answers the oldest request written; one that is not written
+  // yet (made by a callback of this read) cannot have been answered.
+  if (pending_.empty() || pending_.front().sent_at == kUnwritten) {
     // Pubsub mode: an error for a SUBSCRIBE, which nothing waits for (in
     // sharded mode it answers the oldest SSUBSCRIBE or SUNSUBSCRIBE). In
     // command mode replies and requests no longer match: start afresh.
@@ -928,9 +935,13 @@ void RedisConnection::on_command_check(uv_timer_t* t) {
     uv_timer_stop(t);
     return;
   }
+  // The server has said nothing for the timeout since the oldest request
+  // was written: replies come in order, so one still coming for an earlier
+  // request is a server at work, however long the queue behind it.
   auto overdue = [self] {
     const auto sent = self->pending_.front().sent_at;
-    return sent != kUnwritten && std::chrono::steady_clock::now() - sent >= self->options_.command_timeout;
+    return sent != kUnwritten &&
+           std::chrono::steady_clock::now() - std::max(sent, self->heard_at_) >= self->options_.command_timeout;
   };
   if (!overdue()) return;
   // Replies may be waiting unread: timers run before the loop reads, and a
@@ -938,8 +949,8 @@ void RedisConnection::on_command_check(uv_timer_t* t) {
   // holds is read first.
   self->poll_replies();
   if (self->pending_.empty() || self->link_ == nullptr || !overdue()) return;
-  // Replies come in order: the oldest request is overdue, so the server (or
-  // the path to it) is not answering. Reset; everything pending fails.
+  // The server (or the path to it) is not answering. Reset; everything
+  // pending fails.
   self->link_failed("no reply within " + std::to_string(self->options_.command_timeout.count()) + " ms");
 }
 
