@@ -10,6 +10,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <condition_variable>
 #include <future>
 #include <memory>
@@ -47,16 +48,22 @@ class ConnectionTest : public ::testing::Test {
     return f.get();
   }
   // A command connection to `server`, started with the given command
-  // timeout and known to answer (a first PING).
+  // timeout, known to answer, and named (see still_the_first).
   std::unique_ptr<RedisConnection> started(const RedisServer& server, std::chrono::milliseconds command_timeout) {
     options_.command_timeout = command_timeout;
     auto conn = std::make_unique<RedisConnection>(loop_, endpoint_of(server), options_,
                                                   RedisConnection::Mode::kCommands);
     loop_.post([c = conn.get()] { c->start(); });
-    auto [pong, err] = run(*conn, {"PING"});
+    auto [ok, err] = run(*conn, {"CLIENT", "SETNAME", "first"});
     EXPECT_FALSE(err);
-    EXPECT_EQ(pong, "PONG");
+    EXPECT_EQ(ok, "OK");
     return conn;
+  }
+  // Whether a connection from started() was never reset: a new one would
+  // have no name.
+  bool still_the_first(RedisConnection& conn) {
+    auto [name, err] = run(conn, {"CLIENT", "GETNAME"});
+    return !err && name == "first";
   }
   void close_all(std::vector<RedisConnection*> conns) {
     loop_.shutdown([conns] {
@@ -464,6 +471,7 @@ TEST_F(ConnectionTest, AHungServerFailsTheRequestWithinTheCommandTimeout) {
   auto [pong2, err2] = run(conn, {"PING"});
   EXPECT_FALSE(err2);
   EXPECT_EQ(pong2, "PONG");
+  EXPECT_FALSE(still_the_first(conn)) << "the hung connection was kept";
   close_all({&conn});
 }
 
@@ -476,8 +484,6 @@ TEST_F(ConnectionTest, ALoopKeptBusyPastTheCommandTimeoutIsNoServerTimeout) {
   RedisServer server;
   auto owned = started(server, 200ms);
   auto& conn = *owned;
-  auto [named, err1] = run(conn, {"CLIENT", "SETNAME", "kept"});  // a new connection would have no name
-  ASSERT_FALSE(err1);
   auto busy = [] {
     const auto until = std::chrono::steady_clock::now() + 500ms;
     while (std::chrono::steady_clock::now() < until) {
@@ -515,9 +521,7 @@ TEST_F(ConnectionTest, ALoopKeptBusyPastTheCommandTimeoutIsNoServerTimeout) {
   });
   ASSERT_EQ(written.wait_for(kBound), std::future_status::ready);
   EXPECT_EQ(text(written.get()), "") << "a request written before the busy spell";
-  auto [name, err2] = run(conn, {"CLIENT", "GETNAME"});
-  EXPECT_FALSE(err2);
-  EXPECT_EQ(name, "kept") << "the connection was reset";
+  EXPECT_TRUE(still_the_first(conn)) << "the connection was reset";
   close_all({&conn});
 }
 
@@ -531,8 +535,6 @@ TEST_F(ConnectionTest, AServerAnsweringSteadilyIsNoTimeoutHoweverLongTheQueue) {
   RedisServer server;
   auto owned = started(server, 400ms);
   auto& conn = *owned;
-  auto [named, err0] = run(conn, {"CLIENT", "SETNAME", "kept"});  // a new connection would have no name
-  ASSERT_FALSE(err0);
   // Busy for 100 ms by the server's clock.
   const std::string busy =
       "local t = redis.call('TIME') local stop = t[1] * 1000000 + t[2] + 100000 "
@@ -555,9 +557,48 @@ TEST_F(ConnectionTest, AServerAnsweringSteadilyIsNoTimeoutHoweverLongTheQueue) {
   const auto took = std::chrono::steady_clock::now() - t0;
   EXPECT_EQ(f.get(), std::vector<std::string>{});
   EXPECT_GT(took, 400ms) << "the queue must outlast the command timeout to test anything";
-  auto [name, err] = run(conn, {"CLIENT", "GETNAME"});
-  EXPECT_FALSE(err);
-  EXPECT_EQ(name, "kept") << "the connection was reset";
+  EXPECT_TRUE(still_the_first(conn)) << "the connection was reset";
+  close_all({&conn});
+}
+
+// A reply trickling in a byte at a time, never whole, is no answer: the
+// request fails within about the command timeout, not when the trickle ends.
+TEST_F(ConnectionTest, AReplyThatTricklesInAndNeverEndsIsNoAnswer) {
+  int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t len = sizeof addr;
+  ASSERT_TRUE(fd >= 0 && ::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) == 0 && ::listen(fd, 1) == 0 &&
+              ::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len) == 0);
+  std::atomic<bool> done{false};
+  // Accepts one connection and sends the start of a long bulk string, then
+  // one byte every 20 ms, for at most kBound.
+  std::thread server([&] {
+    pollfd p{fd, POLLIN, 0};
+    if (::poll(&p, 1, static_cast<int>(std::chrono::milliseconds(kBound).count())) <= 0) return;
+    int c = ::accept(fd, nullptr, nullptr);
+    if (c < 0) return;
+    (void)!::send(c, "$100000\r\n", 9, MSG_NOSIGNAL);
+    const auto until = std::chrono::steady_clock::now() + kBound;
+    while (!done && std::chrono::steady_clock::now() < until && ::send(c, "x", 1, MSG_NOSIGNAL) == 1)
+      std::this_thread::sleep_for(20ms);  // the trickle's pace, not a wait for an event
+    ::close(c);
+  });
+  Endpoint ep;
+  ep.port = ntohs(addr.sin_port);
+  options_.command_timeout = 300ms;
+  RedisConnection conn(loop_, ep, options_, RedisConnection::Mode::kCommands);
+  loop_.post([&] { conn.start(); });
+  const auto t0 = std::chrono::steady_clock::now();
+  auto [nothing, err] = run(conn, {"GET", "k"});
+  const auto waited = std::chrono::steady_clock::now() - t0;
+  done = true;
+  server.join();
+  ::close(fd);
+  ASSERT_TRUE(err);
+  EXPECT_THROW(std::rethrow_exception(err), ConnectionError);
+  EXPECT_LT(waited, 2s) << "failed only when the trickle ended";
   close_all({&conn});
 }
 

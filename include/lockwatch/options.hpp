@@ -148,7 +148,7 @@ struct Options {
   std::chrono::milliseconds connect_timeout{2000};
   /// A request without a reply by then fails and the connection is reset.
   /// On Redis it is the server's silence that counts: the connection is
-  /// reset when the server sent nothing for this long since the oldest
+  /// reset when the server answered nothing for this long since the oldest
   /// pending request was written to the socket. Replies come in order, so a
   /// server still answering earlier ones is at work, however long the queue
   /// behind them; and a reply already received is read before that is

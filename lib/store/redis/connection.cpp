@@ -599,7 +599,6 @@ void RedisConnection::write_bytes(Link* link, const char* data, std::size_t n) {
 
 void RedisConnection::received(Link* link, const char* data, std::size_t n) {
   loop_.note_event();
-  heard_at_ = std::chrono::steady_clock::now();
   if (redisReaderFeed(link->reader, data, n) != REDIS_OK) {
     link_failed(std::string("cannot read the reply: ") + link->reader->errstr);
     return;
@@ -639,6 +638,8 @@ void RedisConnection::dispatch(const redisReply* r) {
   }
   Pending p = std::move(pending_.front());
   pending_.pop_front();
+  // A whole reply: bytes trickling in without ever making one are no answer.
+  answered_at_ = std::chrono::steady_clock::now();
   if (p.awaited) --awaited_;
   if (p.step == Handshake::kNone) {
     on_request_reply(std::move(p.q), r);
@@ -935,13 +936,13 @@ void RedisConnection::on_command_check(uv_timer_t* t) {
     uv_timer_stop(t);
     return;
   }
-  // The server has said nothing for the timeout since the oldest request
+  // The server answered nothing for the timeout since the oldest request
   // was written: replies come in order, so one still coming for an earlier
   // request is a server at work, however long the queue behind it.
   auto overdue = [self] {
     const auto sent = self->pending_.front().sent_at;
     return sent != kUnwritten &&
-           std::chrono::steady_clock::now() - std::max(sent, self->heard_at_) >= self->options_.command_timeout;
+           std::chrono::steady_clock::now() - std::max(sent, self->answered_at_) >= self->options_.command_timeout;
   };
   if (!overdue()) return;
   // Replies may be waiting unread: timers run before the loop reads, and a
