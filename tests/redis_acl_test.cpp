@@ -116,35 +116,6 @@ std::string auth_error_of(std::future<T>& f) {
   return e ? e->what() : std::string("(no AuthError)");
 }
 
-// What the log said at warning level, for the cases that wait for a line.
-class LogLines {
- public:
-  LogSink sink() {
-    return [this](LogLevel level, std::string_view line) {
-      if (level < LogLevel::kWarning) return;
-      std::lock_guard lk(mu_);
-      lines_.emplace_back(line);
-    };
-  }
-  // Waits (bounded) for a line holding `text`.
-  bool wait_for(const std::string& text) const {
-    const auto until = steady_clock::now() + kBound;
-    while (steady_clock::now() < until) {
-      {
-        std::lock_guard lk(mu_);
-        for (const auto& l : lines_)
-          if (l.find(text) != std::string::npos) return true;
-      }
-      std::this_thread::sleep_for(5ms);  // polling what the loop thread logs
-    }
-    return false;
-  }
-
- private:
-  mutable std::mutex mu_;
-  std::vector<std::string> lines_;
-};
-
 // The core cases, as `o`'s user: locks, a wait woken by the release notice
 // well before the holder's ttl, renewals, rising fencing tokens, inspect
 // and force_release, a scheduled job's claim.

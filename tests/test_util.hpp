@@ -129,6 +129,36 @@ class Gate {
   bool opened_ = false;
 };
 
+// What the log said at warning level (Options::log = lines.sink()), for
+// the cases that wait for a line. It must outlive the runtimes it serves.
+class LogLines {
+ public:
+  LogSink sink() {
+    return [this](LogLevel level, std::string_view line) {
+      if (level < LogLevel::kWarning) return;
+      {
+        std::lock_guard lk(mu_);
+        lines_.emplace_back(line);
+      }
+      cv_.notify_all();
+    };
+  }
+  // Waits at most kBound for a line holding `text`.
+  bool wait_for(const std::string& text) const {
+    std::unique_lock lk(mu_);
+    return cv_.wait_for(lk, kBound, [&] {
+      for (const auto& l : lines_)
+        if (l.find(text) != std::string::npos) return true;
+      return false;
+    });
+  }
+
+ private:
+  mutable std::mutex mu_;
+  mutable std::condition_variable cv_;
+  std::vector<std::string> lines_;
+};
+
 // Waits (bounded) until `lease` was renewed `more` times since the call, or
 // was lost; returns whether the renewals happened with the lease kept.
 inline bool renewed_again(const Lease& lease, std::uint64_t more) {

@@ -349,6 +349,54 @@ TEST_F(ZooKeeperStoreTest, AMinorityDownStillGrantsLocksOneAtATime) {
   ensemble_->start(down);
 }
 
+// A release its member does not answer ends the session holding the
+// node, and looks for the node from another session until that one
+// surely expired. Found gone (removed here, after the work, as the
+// ensemble removes an ended session's nodes), the node is the release
+// done: the work ended within its lease, and its caller gets its result,
+// not a lost lease.
+TEST_F(ZooKeeperStoreTest, ANodeGoneWithTheSessionEndedForItsReleaseIsNoLostLease) {
+  const int leader = ensemble_->leader();
+  ASSERT_GE(leader, 0);
+  const int member = followers(leader).front();  // the runtime's only one
+  std::string others;
+  for (int i = 0; i < ensemble_->size(); ++i)
+    if (i != member) others += (others.empty() ? "" : ",") + std::string("127.0.0.1:") + std::to_string(ensemble_->client_port(i));
+  LogLines log;
+  Options o = options("zookeeper://127.0.0.1:" + std::to_string(ensemble_->client_port(member)));
+  o.command_timeout = 500ms;
+  o.log = log.sink();
+  Runtime rt(o), other(options());
+  Gate started, finish;
+  auto work = locked(key(), 10s, forever).on(rt)([&] {
+    started.open();
+    finish.wait();
+    return this_lease().fencing_token();
+  });
+  auto done = work();
+  ASSERT_TRUE(started.wait());
+  const std::string name = StoreOnLoop(options()).encode(key());
+  const auto nodes = lock_nodes(name);
+  ASSERT_EQ(nodes.size(), 1u);
+  ensemble_->pause(member);
+  finish.open();  // its release goes unanswered
+  ASSERT_TRUE(log.wait_for("release could not be confirmed; its session ends"));
+  // The other two still serve: the node goes while the store cannot look.
+  ZooKeeperClient(others).remove(std::string(detail::ZkStore::kRoot) + "/" + detail::ZkStore::escape(name) + "/" +
+                                 nodes[0]);
+  ensemble_->resume(member);
+  ASSERT_TRUE(ensemble_->wait_serving());
+  // Answered once the node is found gone, well before the 10 s ttl the
+  // release would otherwise wait out.
+  const auto t0 = std::chrono::steady_clock::now();
+  EXPECT_GT(get_bounded(done), 0u);
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, 8s);
+  auto next = other.acquire(key(), 2s, forever);
+  auto h = get_bounded(next);
+  EXPECT_GE(h.lease().fencing_token(), 1u);
+  give_back(h);
+}
+
 TEST_F(ZooKeeperStoreTest, AMajorityDownGrantsNothingAndHoldersLoseTheirLeasesByTheirDeadline) {
   Options o = options();
   o.command_timeout = 500ms;

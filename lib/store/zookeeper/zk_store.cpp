@@ -1437,9 +1437,18 @@ void ZkStore::release(std::span<const LockRef> locks, bool, ReleaseDone done) {
         return;
       }
       remember_cleanup(c);
+      // Held here when the release began: its node found gone afterwards
+      // went with the session ended below, or with one the ensemble
+      // expired, which cannot come before the lease's deadline (a ttl
+      // after the last renewal it answered). The release is done; that
+      // deadline, the runtime's own, says whether the lease was kept.
+      const bool ends_with_its_session = c.session != 0;
       give_up_release(
           c, *e, [i, shared_done](const StoreError& err) { (*shared_done)(i, Released::kUnconfirmed, &err); },
-          [i, shared_done](Released confirmed) { (*shared_done)(i, confirmed, nullptr); });
+          [i, shared_done, ends_with_its_session](Released confirmed) {
+            if (ends_with_its_session && confirmed == Released::kGone) confirmed = Released::kYes;
+            (*shared_done)(i, confirmed, nullptr);
+          });
     });
   }
 }

@@ -30,7 +30,9 @@
 //            as its session, and the runtime takes an unconfirmed lock for
 //            gone after its ttl), looks for the node from another session
 //            until that session's timeout has passed, and is answered
-//            removed or gone when it finds so, unconfirmed otherwise.
+//            released when it finds the node gone (it went with the
+//            session ended here: the lock was held until then),
+//            unconfirmed otherwise.
 //   kinds    a node's name carries its kind after the attempt (".r" a
 //            reader, ".p<n>" a permit of n, none a writer): a writer
 //            holds as the lowest, a reader with no writer's node below,
