@@ -227,25 +227,14 @@ TEST_F(ConnectionTest, ShardedModeSubscribesConfirmsAndResubscribesAfterAReconne
 // reading until the client goes; one step per connection accepted.
 class ScriptedNode {
  public:
-  explicit ScriptedNode(std::vector<std::pair<std::string, std::string>> steps) {
-    fd_ = ::socket(AF_INET, SOCK_STREAM, 0);
-    sockaddr_in addr{};
-    addr.sin_family = AF_INET;
-    addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    addr.sin_port = 0;
-    if (fd_ < 0 || ::bind(fd_, reinterpret_cast<sockaddr*>(&addr), sizeof addr) != 0 || ::listen(fd_, 4) != 0)
-      throw std::runtime_error("cannot listen on loopback");
-    socklen_t len = sizeof addr;
-    ::getsockname(fd_, reinterpret_cast<sockaddr*>(&addr), &len);
-    port_ = ntohs(addr.sin_port);
+  explicit ScriptedNode(std::vector<std::pair<std::string, std::string>> steps) : listener_(4) {
     thread_ = std::thread([this, steps = std::move(steps)] { serve(steps); });
   }
   ~ScriptedNode() {
     stop_ = true;
     thread_.join();
-    ::close(fd_);
   }
-  int port() const { return port_; }
+  int port() const { return listener_.port(); }
   // What the i-th connection had sent when it reached its step's `expect`.
   std::string received(std::size_t i) {
     std::lock_guard<std::mutex> lock(mu_);
@@ -269,8 +258,8 @@ class ScriptedNode {
   void serve(const std::vector<std::pair<std::string, std::string>>& steps) {
     for (const auto& [expect, reply] : steps) {
       auto until = std::chrono::steady_clock::now() + kBound;
-      if (!readable(fd_, until)) return;
-      int c = ::accept(fd_, nullptr, nullptr);
+      if (!readable(listener_.fd(), until)) return;
+      int c = ::accept(listener_.fd(), nullptr, nullptr);
       if (c < 0) return;
       std::string got;
       char buf[4096];
@@ -294,8 +283,7 @@ class ScriptedNode {
     }
   }
 
-  int fd_ = -1;
-  int port_ = 0;
+  LoopbackListener listener_;
   std::atomic<bool> stop_{false};
   std::thread thread_;
   std::mutex mu_;
@@ -564,20 +552,14 @@ TEST_F(ConnectionTest, AServerAnsweringSteadilyIsNoTimeoutHoweverLongTheQueue) {
 // A reply trickling in a byte at a time, never whole, is no answer: the
 // request fails within about the command timeout, not when the trickle ends.
 TEST_F(ConnectionTest, AReplyThatTricklesInAndNeverEndsIsNoAnswer) {
-  int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  socklen_t len = sizeof addr;
-  ASSERT_TRUE(fd >= 0 && ::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) == 0 && ::listen(fd, 1) == 0 &&
-              ::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len) == 0);
+  LoopbackListener listener(1);
   std::atomic<bool> done{false};
   // Accepts one connection and sends the start of a long bulk string, then
   // one byte every 20 ms, for at most kBound.
   std::thread server([&] {
-    pollfd p{fd, POLLIN, 0};
+    pollfd p{listener.fd(), POLLIN, 0};
     if (::poll(&p, 1, static_cast<int>(std::chrono::milliseconds(kBound).count())) <= 0) return;
-    int c = ::accept(fd, nullptr, nullptr);
+    int c = ::accept(listener.fd(), nullptr, nullptr);
     if (c < 0) return;
     (void)!::send(c, "$100000\r\n", 9, MSG_NOSIGNAL);
     const auto until = std::chrono::steady_clock::now() + kBound;
@@ -586,7 +568,7 @@ TEST_F(ConnectionTest, AReplyThatTricklesInAndNeverEndsIsNoAnswer) {
     ::close(c);
   });
   Endpoint ep;
-  ep.port = ntohs(addr.sin_port);
+  ep.port = listener.port();
   options_.command_timeout = 300ms;
   RedisConnection conn(loop_, ep, options_, RedisConnection::Mode::kCommands);
   loop_.post([&] { conn.start(); });
@@ -595,7 +577,6 @@ TEST_F(ConnectionTest, AReplyThatTricklesInAndNeverEndsIsNoAnswer) {
   const auto waited = std::chrono::steady_clock::now() - t0;
   done = true;
   server.join();
-  ::close(fd);
   ASSERT_TRUE(err);
   EXPECT_THROW(std::rethrow_exception(err), ConnectionError);
   EXPECT_LT(waited, 2s) << "failed only when the trickle ended";

@@ -2,6 +2,9 @@
 #pragma once
 
 #include <gtest/gtest.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
 
 #include <chrono>
 #include <condition_variable>
@@ -9,6 +12,7 @@
 #include <initializer_list>
 #include <memory>
 #include <mutex>
+#include <stdexcept>
 #include <string>
 #include <thread>
 #include <string_view>
@@ -91,6 +95,36 @@ inline std::string fence_key(const std::string& key) {
 inline bool exists(const RedisServer& server, const std::string& key) {
   return server.command({"EXISTS", lock_key(key)}).integer == 1;
 }
+
+// A TCP listener on 127.0.0.1, on a port the kernel picks, for a test
+// that plays a server; closed with it. Throws std::runtime_error when it
+// cannot listen.
+class LoopbackListener {
+ public:
+  explicit LoopbackListener(int backlog = 16) : fd_(::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0)) {
+    sockaddr_in addr{};
+    addr.sin_family = AF_INET;
+    addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    socklen_t len = sizeof addr;
+    if (fd_ < 0 || ::bind(fd_, reinterpret_cast<sockaddr*>(&addr), sizeof addr) != 0 || ::listen(fd_, backlog) != 0 ||
+        ::getsockname(fd_, reinterpret_cast<sockaddr*>(&addr), &len) != 0) {
+      if (fd_ >= 0) ::close(fd_);
+      throw std::runtime_error("cannot listen on loopback");
+    }
+    port_ = ntohs(addr.sin_port);
+  }
+  ~LoopbackListener() { ::close(fd_); }
+  LoopbackListener(const LoopbackListener&) = delete;
+  LoopbackListener& operator=(const LoopbackListener&) = delete;
+  int fd() const { return fd_; }
+  int port() const { return port_; }
+  // Wakes an accept() blocked on it, which then fails.
+  void shut() { ::shutdown(fd_, SHUT_RDWR); }
+
+ private:
+  int fd_;
+  int port_ = 0;
+};
 
 // A one-shot gate a test opens to let held work finish.
 class Gate {

@@ -599,6 +599,8 @@ void RedisConnection::write_bytes(Link* link, const char* data, std::size_t n) {
 
 void RedisConnection::received(Link* link, const char* data, std::size_t n) {
   loop_.note_event();
+  // When this read's replies came: one clock read for all of them.
+  read_at_ = std::chrono::steady_clock::now();
   if (redisReaderFeed(link->reader, data, n) != REDIS_OK) {
     link_failed(std::string("cannot read the reply: ") + link->reader->errstr);
     return;
@@ -639,7 +641,7 @@ void RedisConnection::dispatch(const redisReply* r) {
   Pending p = std::move(pending_.front());
   pending_.pop_front();
   // A whole reply: bytes trickling in without ever making one are no answer.
-  answered_at_ = std::chrono::steady_clock::now();
+  answered_at_ = read_at_;
   if (p.awaited) --awaited_;
   if (p.step == Handshake::kNone) {
     on_request_reply(std::move(p.q), r);
@@ -952,7 +954,8 @@ void RedisConnection::on_command_check(uv_timer_t* t) {
   if (self->pending_.empty() || self->link_ == nullptr || !overdue()) return;
   // The server (or the path to it) is not answering. Reset; everything
   // pending fails.
-  self->link_failed("no reply within " + std::to_string(self->options_.command_timeout.count()) + " ms");
+  self->link_failed("the server answered nothing for " + std::to_string(self->options_.command_timeout.count()) +
+                    " ms (the command timeout)");
 }
 
 void RedisConnection::poll_replies() {

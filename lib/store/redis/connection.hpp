@@ -276,8 +276,10 @@ class RedisConnection {
   std::deque<Queued> waiting_;   // made while down: sent on the next attempt
   std::deque<Pending> pending_;  // written on link_, awaiting replies
   std::size_t unwritten_ = 0;    // the last of pending_ still in link_->out
-  // When the server last answered a request (a whole reply).
+  // When the server last answered a request (a whole reply), and when the
+  // read being dispatched came.
   std::chrono::steady_clock::time_point answered_at_{};
+  std::chrono::steady_clock::time_point read_at_{};
   std::unordered_set<std::string> channels_;  // pubsub mode: wanted subscriptions
   bool sharded_ = false;                      // SSUBSCRIBE / SUNSUBSCRIBE
   // Sharded mode: SSUBSCRIBE (true) and SUNSUBSCRIBE (false) written on the
