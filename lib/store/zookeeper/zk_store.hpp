@@ -31,8 +31,8 @@
 //            gone after its ttl), looks for the node from another session
 //            until that session's timeout has passed, and is answered
 //            released when it finds the node gone (it went with the
-//            session ended here: the lock was held until then),
-//            unconfirmed otherwise.
+//            session ended here, or with one the ensemble expired, never
+//            before the lease's deadline), unconfirmed otherwise.
 //   kinds    a node's name carries its kind after the attempt (".r" a
 //            reader, ".p<n>" a permit of n, none a writer): a writer
 //            holds as the lowest, a reader with no writer's node below,
