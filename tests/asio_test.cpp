@@ -329,7 +329,8 @@ TEST_F(AsioTest, ManyCoroutinesOnFewKeysNeverOverlapAndNothingBlocksTheContext) 
   EXPECT_EQ(r.overlaps, 0);
   for (int n : r.per_key) EXPECT_EQ(n, 150);
   EXPECT_GT(r.ticks, 0);
-  EXPECT_LT(r.max_tick_late, std::chrono::microseconds(20000)) << "a 1 ms timer ran late by " << r.max_tick_late.count() << " us";
+  EXPECT_LT(r.late_at(0.01), std::chrono::microseconds(20000))  // as in asio_redis_test.cpp
+      << "1% of the 1 ms timer's ticks ran late by " << r.late_at(0.01).count() << " us or more";
   EXPECT_EQ(rt_->held_leases(), 0u);
 }
 

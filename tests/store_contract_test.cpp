@@ -78,6 +78,25 @@ class StoreContractTest : public ::testing::TestWithParam<std::string> {
     return o;
   }
 
+  // Takes and gives back a lock on `rt` until one is had (bounded, each
+  // try on a key of its own): the runtime is connected, and a store just
+  // started (a test's own) is past its first requests, which it may answer
+  // slower than a short command timeout (a ZooKeeper ensemble did, 300 ms).
+  static bool warm_up(Runtime& rt) {
+    for (int i = 0; i < 10; ++i) {
+      auto f = rt.acquire("warm-up-" + std::to_string(i), 1s);
+      if (f.wait_for(kBound) != std::future_status::ready) return false;
+      try {
+        LockHandle h = f.get();
+        give_back(h);
+        return true;
+      } catch (const ConnectionError&) {
+        // too slow: again
+      }
+    }
+    return false;
+  }
+
   std::unique_ptr<Backend> own_;
   Backend* backend_ = nullptr;
 };
@@ -129,8 +148,11 @@ TEST_P(StoreContractTest, ABusyLockFailsAtOnceAndOnlyTheOwnerReleases) {
 
 TEST_P(StoreContractTest, FencingTokensRiseAcrossRuntimesReleasesAndExpiry) {
   Runtime a(options()), b(options());
+  // Ttls of seconds: on ZooKeeper a lock's ttl is its session's timeout,
+  // and a session of one second counts its connection lost after 667 ms
+  // without an answer, which a loaded machine can take.
   auto token_on = [](Runtime& rt) {
-    auto f = locked("fenced", 1s, 0).on(rt)([] { return this_lease().fencing_token(); });
+    auto f = locked("fenced", 3s, 0).on(rt)([] { return this_lease().fencing_token(); });
     auto fut = f();
     return get_bounded(fut);
   };
@@ -142,10 +164,10 @@ TEST_P(StoreContractTest, FencingTokensRiseAcrossRuntimesReleasesAndExpiry) {
   EXPECT_GT(t3, t2);
   // A lease left to expire (no renewals): the next holder's token is
   // higher still.
-  auto handle = take(b, "fenced", 300ms, 0);
+  auto handle = take(b, "fenced", 1s, 0);
   std::uint64_t t4 = handle.lease().fencing_token();
   EXPECT_GT(t4, t3);
-  auto late = locked("fenced", 1s, 0).on(a).wait(5s)([] { return this_lease().fencing_token(); });
+  auto late = locked("fenced", 3s, 0).on(a).wait(5s)([] { return this_lease().fencing_token(); });
   auto fut = late();
   EXPECT_GT(get_bounded(fut), t4);
 }
@@ -294,6 +316,7 @@ TEST_P(StoreContractTest, AServerGoneMidLeaseLosesTheLeaseByItsDeadline) {
   o.connect_timeout = 2s;
   o.command_timeout = 300ms;
   Runtime rt(o);
+  ASSERT_TRUE(warm_up(rt));
   Gate started;
   std::atomic<std::chrono::steady_clock::rep> stopped_at{0};
   auto f = locked("gone", 1s, forever).on(rt)([&] {
@@ -320,6 +343,7 @@ TEST_P(StoreContractTest, AHungServerCannotHangACall) {
   Options o = options();
   o.command_timeout = 500ms;
   Runtime rt(o);
+  ASSERT_TRUE(warm_up(rt));
   auto warm = locked("hung", 1s, 0).on(rt)([] { return 1; });
   auto w = warm();
   ASSERT_EQ(get_bounded(w), 1);
@@ -344,8 +368,7 @@ TEST_P(StoreContractTest, AnAcquireThatTimedOutLeavesNoGhostLock) {
   Options o = options();
   o.command_timeout = 300ms;
   Runtime rt(o);
-  auto warm = rt.acquire("ghost-warm", 1s);  // connected before the pause
-  give_back(*std::make_unique<LockHandle>(get_bounded(warm)));
+  ASSERT_TRUE(warm_up(rt));  // connected before the pause
   backend_->pause("ghost");
   auto f = rt.acquire("ghost", 30s);
   auto err = error_of<ConnectionError>(f);
