@@ -2,7 +2,8 @@
 // 3-member ensemble for the whole suite (Debian's zookeeper): its URL,
 // the ttl bounded by the ensemble's session timeouts, a chroot missing on
 // the ensemble, a member answering garbage, and the ensemble's faults: the
-// leader killed and paused, a minority down (locks still granted), a
+// leader killed and paused, a read lost with its connection (asked again
+// on the same session), a minority down (locks still granted), a
 // majority down (no lock granted, waiters fail at their wait, holders lose
 // their leases by their deadline, their stop token fired first). Its
 // kinds: a waiting writer's node stops later readers, readers take the
@@ -16,6 +17,10 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <filesystem>
+#include <fstream>
+#include <set>
+#include <sstream>
 #include <thread>
 
 #include "core/loop.hpp"
@@ -28,6 +33,46 @@
 
 namespace lockwatch::testing {
 namespace {
+
+// A TCP connection on loopback as /proc/net/tcp{,6} list it (ports and
+// queues; inode 0 for sockets of no process left).
+struct TcpLine {
+  unsigned local_port = 0, remote_port = 0, state = 0;
+  unsigned long rx_queue = 0, inode = 0;
+};
+
+std::vector<TcpLine> tcp_lines() {
+  std::vector<TcpLine> out;
+  // A member (Java) accepts on an IPv6 socket: its end is in tcp6.
+  for (const char* file : {"/proc/net/tcp", "/proc/net/tcp6"}) {
+    std::ifstream in(file);
+    std::string line;
+    std::getline(in, line);  // the heading
+    while (std::getline(in, line)) {
+      std::istringstream f(line);
+      std::string sl, local, remote, st, queues, timer, retr, uid, timeout;
+      TcpLine t;
+      f >> sl >> local >> remote >> st >> queues >> timer >> retr >> uid >> timeout >> t.inode;
+      t.local_port = std::stoul(local.substr(local.find(':') + 1), nullptr, 16);
+      t.remote_port = std::stoul(remote.substr(remote.find(':') + 1), nullptr, 16);
+      t.state = std::stoul(st, nullptr, 16);
+      t.rx_queue = std::stoul(queues.substr(queues.find(':') + 1), nullptr, 16);
+      out.push_back(t);
+    }
+  }
+  return out;
+}
+
+// The sockets this process holds (their inodes).
+std::set<unsigned long> own_sockets() {
+  std::set<unsigned long> out;
+  std::error_code ec;
+  for (const auto& fd : std::filesystem::directory_iterator("/proc/self/fd", ec)) {
+    auto target = std::filesystem::read_symlink(fd.path(), ec).string();
+    if (target.rfind("socket:[", 0) == 0) out.insert(std::stoul(target.substr(8)));
+  }
+  return out;
+}
 
 void give_back(LockHandle& h) {
   auto f = h.release();
@@ -71,10 +116,14 @@ class ZooKeeperStoreTest : public ::testing::Test {
     auto f = rt.acquire(k, ttl, forever, wait);
     return get_bounded(f);
   }
+  // Where the ensemble keeps the lock named `name` (the store's name).
+  static std::string lock_dir(const std::string& name) {
+    return std::string(detail::ZkStore::kRoot) + "/" + detail::ZkStore::escape(name);
+  }
   // The lock's nodes (sequential ones, not `fence`) as the ensemble has them.
   static std::vector<std::string> lock_nodes(const std::string& name) {
     ZooKeeperClient zk(ensemble_->hosts());
-    auto all = zk.children(std::string(detail::ZkStore::kRoot) + "/" + detail::ZkStore::escape(name));
+    auto all = zk.children(lock_dir(name));
     std::erase_if(all, [](const std::string& c) { return c.rfind("lock-", 0) != 0; });
     return all;
   }
@@ -274,8 +323,7 @@ TEST_F(ZooKeeperStoreTest, APermitGoesWithItsHoldersSession) {
   }
   // With credentials: the holder's node below is made by the same identity.
   Runtime rt(options("zookeeper://u:p@" + ensemble_->hosts()));
-  const std::string dir =
-      std::string(detail::ZkStore::kRoot) + "/" + detail::ZkStore::escape(rt.options().key_prefix + key());
+  const std::string dir = lock_dir(rt.options().key_prefix + key());
   // A holder of the one permit on a session of its own, as a process of
   // this store's makes it.
   auto holder = std::make_unique<ZooKeeperClient>(ensemble_->hosts(), "u:p");
@@ -349,9 +397,6 @@ TEST_F(ZooKeeperStoreTest, ANodeGoneWithTheSessionEndedForItsReleaseIsNoLostLeas
   const int leader = ensemble_->leader();
   ASSERT_GE(leader, 0);
   const int member = followers(leader).front();  // the runtime's only one
-  std::string others;
-  for (int i = 0; i < ensemble_->size(); ++i)
-    if (i != member) others += (others.empty() ? "" : ",") + std::string("127.0.0.1:") + std::to_string(ensemble_->client_port(i));
   LogLines log;
   Options o = options("zookeeper://127.0.0.1:" + std::to_string(ensemble_->client_port(member)));
   o.command_timeout = 500ms;
@@ -365,15 +410,14 @@ TEST_F(ZooKeeperStoreTest, ANodeGoneWithTheSessionEndedForItsReleaseIsNoLostLeas
   });
   auto done = work();
   ASSERT_TRUE(started.wait());
-  const std::string name = StoreOnLoop(options()).encode(key());
+  const std::string name = options().key_prefix + key();  // the store's name for it
   const auto nodes = lock_nodes(name);
   ASSERT_EQ(nodes.size(), 1u);
   ensemble_->pause(member);
   finish.open();  // its release goes unanswered
   ASSERT_TRUE(log.wait_for("release could not be confirmed; its session ends"));
   // The other two still serve: the node goes while the store cannot look.
-  ZooKeeperClient(others).remove(std::string(detail::ZkStore::kRoot) + "/" + detail::ZkStore::escape(name) + "/" +
-                                 nodes[0]);
+  ZooKeeperClient(ensemble_->hosts(member)).remove(lock_dir(name) + "/" + nodes[0]);
   ensemble_->resume(member);
   ASSERT_TRUE(ensemble_->wait_serving());
   // Answered once the node is found gone, well before the 10 s ttl the
@@ -385,6 +429,54 @@ TEST_F(ZooKeeperStoreTest, ANodeGoneWithTheSessionEndedForItsReleaseIsNoLostLeas
   auto h = get_bounded(next);
   EXPECT_GE(h.lease().fencing_token(), 1u);
   give_back(h);
+}
+
+TEST_F(ZooKeeperStoreTest, AReadLostWithItsConnectionIsAskedAgainOnTheSameSession) {
+  Options o = options();
+  o.command_timeout = 8s;  // room for the session to connect to another member
+  Runtime rt(o);
+  {
+    auto first = rt.inspect(key());  // the session connects
+    EXPECT_FALSE(get_bounded(first).held);
+  }
+  // The member its one connection is to, and the member's end of it.
+  int member = -1;
+  unsigned client_port = 0;
+  const auto own = own_sockets();
+  for (const auto& t : tcp_lines())
+    for (int i = 0; i < ensemble_->size(); ++i)
+      if (t.state == 1 && t.remote_port == static_cast<unsigned>(ensemble_->client_port(i)) && own.count(t.inode)) {
+        ASSERT_EQ(member, -1) << "one connection expected";
+        member = i;
+        client_port = t.local_port;
+      }
+  ASSERT_GE(member, 0);
+  // The member stops answering; a read is sent to it (its bytes wait in the
+  // member's queue), then the member dies and the connection with it.
+  ensemble_->pause(member);
+  auto reading = rt.inspect(key());
+  const auto bound = std::chrono::steady_clock::now() + 5s;
+  bool queued = false;
+  while (!queued && std::chrono::steady_clock::now() < bound) {
+    for (const auto& t : tcp_lines())
+      if (t.local_port == static_cast<unsigned>(ensemble_->client_port(member)) && t.remote_port == client_port &&
+          t.rx_queue > 0)
+        queued = true;
+    if (!queued) std::this_thread::sleep_for(5ms);  // polling /proc: no event to wait on
+  }
+  ASSERT_TRUE(queued);
+  ensemble_->kill(member);
+  // Answered on the same session through another member: the read is asked
+  // again, not failed with the connection.
+  auto state = get_bounded(reading);
+  EXPECT_FALSE(state.held);
+  // A lock is had and inspected on it as before.
+  auto h = take(rt, key(), 5s);
+  auto held = rt.inspect(key());
+  EXPECT_TRUE(get_bounded(held).held);
+  give_back(h);
+  ensemble_->start(member);
+  EXPECT_TRUE(ensemble_->wait_serving());
 }
 
 TEST_F(ZooKeeperStoreTest, AMajorityDownGrantsNothingAndHoldersLoseTheirLeasesByTheirDeadline) {

@@ -165,11 +165,12 @@ void ZooKeeperEnsemble::spawn(int i) {
 
 int ZooKeeperEnsemble::client_port(int i) const { return members_.at(i)->client_port; }
 
-std::string ZooKeeperEnsemble::hosts() const {
+std::string ZooKeeperEnsemble::hosts(int except) const {
   std::string out;
-  for (const auto& m : members_) {
+  for (int i = 0; i < size(); ++i) {
+    if (i == except) continue;
     if (!out.empty()) out += ',';
-    out += "127.0.0.1:" + std::to_string(m->client_port);
+    out += "127.0.0.1:" + std::to_string(members_[i]->client_port);
   }
   return out;
 }

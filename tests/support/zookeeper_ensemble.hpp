@@ -44,8 +44,9 @@ class ZooKeeperEnsemble {
 
   int size() const { return static_cast<int>(members_.size()); }
   int client_port(int i) const;
-  // "127.0.0.1:p1,127.0.0.1:p2,127.0.0.1:p3"
-  std::string hosts() const;
+  // "127.0.0.1:p1,127.0.0.1:p2,127.0.0.1:p3", without member `except`
+  // when one is given.
+  std::string hosts(int except = -1) const;
   // Where the members keep their configuration, data and logs.
   const std::string& dir() const { return dir_; }
 

@@ -69,6 +69,7 @@ struct ZkStore::Session {
   State state = State::kConnecting;
   int negotiated_ms = 0;
   bool ever_connected = false;
+  std::uint32_t connects = 0;  // times it connected (again)
   // Its members' names are being looked up (off the loop): no handle yet,
   // and what is sent meanwhile is parked.
   bool awaiting_names = false;
@@ -561,6 +562,7 @@ void ZkStore::on_session_state(std::uint64_t serial, int state) {
     const bool was_up = s->state == Session::State::kConnected;
     s->state = Session::State::kConnected;
     s->ever_connected = true;
+    ++s->connects;
     s->negotiated_ms = zoo_recv_timeout(s->zh);
     auto parked = std::move(s->parked);
     s->parked.clear();
@@ -605,7 +607,26 @@ void ZkStore::on_watch(int type, const std::string& path) {
 
 // ---- requests
 
-void ZkStore::send(Session& s, Reply reply, std::function<int(zhandle_t*, void*)> issue) {
+void ZkStore::send_read(Session& s, Reply reply, Issue issue) {
+  const std::uint64_t id = next_id_;
+  send(s, std::move(reply), issue);
+  if (auto p = pending_.find(id); p != pending_.end()) {
+    p->second.again = std::move(issue);
+    p->second.session = s.serial;
+  }
+}
+
+bool ZkStore::resend(std::uint64_t id, Pending& p) {
+  Session* s = closed_ || Clock::now() >= p.deadline ? nullptr : live(p.session);
+  if (s == nullptr) return false;
+  if (s->state == Session::State::kConnected && s->connects != p.connects)
+    issue_now(*s, id, p.again);  // it connected again before this answer came
+  else
+    s->parked.emplace_back(id, p.again);  // sent when it connects (on_session_state)
+  return true;
+}
+
+void ZkStore::send(Session& s, Reply reply, Issue issue) {
   const std::uint64_t id = next_id_++;
   // A request parked on a session that is not connected fails at this
   // deadline (sooner on one that never connected: the connect timeout
@@ -613,7 +634,7 @@ void ZkStore::send(Session& s, Reply reply, std::function<int(zhandle_t*, void*)
   // timeout from then (see on_session_state).
   auto deadline = Clock::now() + options_.command_timeout;
   if (!s.ever_connected) deadline = std::min(deadline, s.started + options_.connect_timeout);
-  pending_.emplace(id, Pending{deadline, std::move(reply)});
+  pending_.emplace(id, Pending{deadline, std::move(reply), {}, 0, 0});
   if (!closed_ && (s.zh != nullptr || s.awaiting_names) && s.state != Session::State::kConnected) {
     s.parked.emplace_back(id, std::move(issue));  // sent on connecting, or timed out
     return;
@@ -621,9 +642,10 @@ void ZkStore::send(Session& s, Reply reply, std::function<int(zhandle_t*, void*)
   issue_now(s, id, issue);
 }
 
-void ZkStore::issue_now(Session& s, std::uint64_t id, const std::function<int(zhandle_t*, void*)>& issue) {
+void ZkStore::issue_now(Session& s, std::uint64_t id, const Issue& issue) {
   int rc = closed_ ? ZCLOSING : kNoHandle;
   if (!closed_ && s.zh != nullptr) {
+    if (auto p = pending_.find(id); p != pending_.end()) p->second.connects = s.connects;
     auto* ctx = new Ctx{sink_, id, s.serial, {}, {}};
     {
       std::lock_guard lk(sink_->ctx_mu);
@@ -651,6 +673,7 @@ void ZkStore::issue_now(Session& s, std::uint64_t id, const std::function<int(zh
 void ZkStore::complete(std::uint64_t id, const Result& r) {
   auto it = pending_.find(id);
   if (it == pending_.end()) return;  // timed out already
+  if (r.rc == ZCONNECTIONLOSS && it->second.again && resend(id, it->second)) return;
   Reply reply = std::move(it->second.reply);
   pending_.erase(it);
   reply(r);
@@ -956,7 +979,7 @@ void ZkStore::list_nodes(std::shared_ptr<AcquireOp> op) {
     return;
   }
   const std::string dir = op->dir;
-  send(
+  send_read(
       *s,
       [this, op](const Result& r) {
         Session* s = live(op->session);
@@ -1148,7 +1171,7 @@ void ZkStore::grant(const std::shared_ptr<AcquireOp>& op) {
   };
   if (op->kind.mode() == LockKind::Mode::kShared) {
     const std::string fence_path = op->dir + "/" + kFenceNode;
-    send(
+    send_read(
         *s,
         [op, done, failed](const Result& r) {
           if (r.rc != ZOK && r.rc != ZNONODE) {
@@ -1244,7 +1267,7 @@ void ZkStore::wait_behind(const std::shared_ptr<AcquireOp>& op, std::vector<std:
     };
     auto w = std::make_shared<Wait>(Wait{watch.size(), cap, ZOK});
     for (const auto& path : watch) {
-      send(
+      send_read(
           *s,
           [this, op, w](const Result& r) {
             if (r.rc == ZOK) {
@@ -1540,7 +1563,7 @@ void ZkStore::delete_nodes(const Cleanup& c, std::function<void(Released, const 
   if (s == nullptr) s = any_session();
   const std::string dir = dir_of(c.name);
   const std::uint64_t serial = s->serial;
-  send(
+  send_read(
       *s,
       [this, dir, c, serial, done = std::move(done)](const Result& r) {
         if (r.rc == ZNONODE) {
@@ -1723,7 +1746,7 @@ void ZkStore::claim_step(std::shared_ptr<Claim> c) {
   const std::string lock_path = h->second.path;
   const std::string period_path = dir_of(c->name) + "/" + kPeriodNode;
   const std::uint64_t serial = s->serial;
-  send(
+  send_read(
       *s,
       [this, c, lock_path, period_path, serial, finish_with](const Result& r) {
         if (r.rc != ZOK && r.rc != ZNONODE) {
@@ -1794,7 +1817,7 @@ void ZkStore::inspect(std::string_view name, InspectDone done) {
   Session* s = any_session();
   const std::string dir = dir_of(name);
   const std::uint64_t serial = s->serial;
-  send(
+  send_read(
       *s,
       [this, dir, serial, done = std::move(done)](const Result& r) {
         LockInfo info;
@@ -1814,7 +1837,7 @@ void ZkStore::inspect(std::string_view name, InspectDone done) {
           return;
         }
         const std::string holder = dir + "/" + nodes.front();
-        send(
+        send_read(
             *s,
             [this, done](const Result& r) {
               LockInfo info;
@@ -1843,7 +1866,7 @@ void ZkStore::force_release(std::string_view name, ForceDone done) {
   Session* s = any_session();
   const std::string dir = dir_of(name);
   const std::uint64_t serial = s->serial;
-  send(
+  send_read(
       *s,
       [this, dir, serial, done = std::move(done)](const Result& r) {
         if (r.rc == ZNONODE) {

@@ -186,9 +186,15 @@ class ZkStore final : public StoreBase, public JobClaims, public OperatorTools, 
     std::uint64_t attempt = 0;
     std::uint64_t session = 0;
   };
+  using Issue = std::function<int(zhandle_t*, void*)>;
   struct Pending {
     Clock::time_point deadline;
     Reply reply;
+    // A read's call, made again when its connection is lost (see send_read):
+    // on `session` once it has connected again (`connects` counts that).
+    Issue again;
+    std::uint64_t session = 0;
+    std::uint32_t connects = 0;
   };
 
   void started() override;
@@ -199,8 +205,17 @@ class ZkStore final : public StoreBase, public JobClaims, public OperatorTools, 
   // Sends one request on `s` (issue() makes the call with the context it
   // is given); `reply` runs once on the loop, with the answer or a
   // failure (ZOPERATIONTIMEOUT: no answer within the bound).
-  void send(Session& s, Reply reply, std::function<int(zhandle_t*, void*)> issue);
-  void issue_now(Session& s, std::uint64_t id, const std::function<int(zhandle_t*, void*)>& issue);
+  void send(Session& s, Reply reply, Issue issue);
+  // As send(), for a read (a listing, a node's data): one whose answer is
+  // lost with its connection (ZCONNECTIONLOSS) is asked again on the same
+  // session once it connects again, within the same bound. The session,
+  // and so its nodes, outlived the connection; a write is not sent again
+  // (it may have been applied).
+  void send_read(Session& s, Reply reply, Issue issue);
+  void issue_now(Session& s, std::uint64_t id, const Issue& issue);
+  // A read lost with its connection, sent again (true) or not (false:
+  // past its bound, or its session is gone).
+  bool resend(std::uint64_t id, Pending& p);
   static void on_sweep(uv_timer_t* t);
   StoreError error(int rc, const std::string& doing) const;
   // A call this store refuses (InvalidArgument), saying why.
