@@ -7,6 +7,7 @@
 //   lock_holder REDIS_URL KEY TTL_MS [KIND]
 #include <lockwatch/lockwatch.hpp>
 
+#include <atomic>
 #include <csignal>
 #include <cstdio>
 #include <cstdint>
@@ -15,11 +16,14 @@
 #include <thread>
 
 namespace {
-volatile std::sig_atomic_t terminated = 0;
+// Set by the SIGTERM handler on whichever thread takes the signal (the
+// runtime's too), read by the work's: a lock-free atomic, safe in both.
+std::atomic<bool> terminated{false};
+static_assert(std::atomic<bool>::is_always_lock_free);
 }
 
 int main(int argc, char** argv) {
-  std::signal(SIGTERM, [](int) { terminated = 1; });
+  std::signal(SIGTERM, [](int) { terminated.store(true, std::memory_order_relaxed); });
   if (argc != 4 && argc != 5) {
     std::fprintf(stderr, "usage: lock_holder REDIS_URL KEY TTL_MS [shared|permits:N|fair|leader]\n");
     return 2;
@@ -47,7 +51,8 @@ int main(int argc, char** argv) {
     std::fflush(stdout);
     // Hold until killed, told to stop (SIGTERM), or the lease is lost.
     auto stop = lockwatch::this_lease().stop_token();
-    while (!stop.stop_requested() && terminated == 0) std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    while (!stop.stop_requested() && !terminated.load(std::memory_order_relaxed))
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
   };
   auto run = [&](const auto& builder) {
     auto hold = builder(body);

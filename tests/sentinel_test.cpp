@@ -2,15 +2,19 @@
 // The runtime finds the master through the sentinels and follows a failover
 // without the user doing anything. Each case runs in plaintext and over TLS
 // (rediss-sentinel://: TLS to the sentinels and to the masters, and the
-// servers replicate and talk among themselves over TLS).
+// servers replicate and talk among themselves over TLS). The servers are
+// started once per transport for the suite, and again after a failover.
 #include <gtest/gtest.h>
 #include <hiredis/hiredis.h>
 #include <stdlib.h>
 
+#include <array>
 #include <atomic>
 #include <cstdio>
 #include <fstream>
+#include <memory>
 #include <thread>
+#include <vector>
 
 #include "lockwatch/lockwatch.hpp"
 #include "test_util.hpp"
@@ -110,36 +114,63 @@ bool eventually(Pred pred, std::chrono::milliseconds bound = kBound) {
   return false;
 }
 
-class SentinelTest : public ::testing::TestWithParam<bool> {
- protected:
-  void SetUp() override {
-    const bool tls = GetParam();
+// A master, its replica and three sentinels watching it, over plain TCP or
+// TLS: made once per transport for the suite (the sentinels take seconds
+// to find each other), again only after a case failed the master over.
+struct SentinelTopology {
+  explicit SentinelTopology(bool tls) {
     RedisServerOptions mo;
     if (tls) {
       mo.tls = RedisTls{};
       mo.extra_args = {"--tls-replication", "yes"};
     }
-    master_ = std::make_unique<RedisServer>(mo);
+    master = std::make_unique<RedisServer>(mo);
     RedisServerOptions ro = mo;
-    ro.extra_args.insert(ro.extra_args.end(), {"--replicaof", "127.0.0.1", std::to_string(master_->port())});
-    replica_ = std::make_unique<RedisServer>(ro);
-    ASSERT_TRUE(eventually([&] {
-      return master_->command({"INFO", "replication"}).str.find("connected_slaves:1") != std::string::npos &&
-             replica_->command({"INFO", "replication"}).str.find("master_link_status:up") != std::string::npos;
-    }));
-    for (int i = 0; i < 3; ++i) sentinels_.push_back(std::make_unique<SentinelProcess>(master_->port(), tls));
+    ro.extra_args.insert(ro.extra_args.end(), {"--replicaof", "127.0.0.1", std::to_string(master->port())});
+    replica = std::make_unique<RedisServer>(ro);
+    if (!eventually([&] {
+          return master->command({"INFO", "replication"}).str.find("connected_slaves:1") != std::string::npos &&
+                 replica->command({"INFO", "replication"}).str.find("master_link_status:up") != std::string::npos;
+        }))
+      return;
+    for (int i = 0; i < 3; ++i) sentinels.push_back(std::make_unique<SentinelProcess>(master->port(), tls));
     // Sentinels find each other and the replica through the master.
-    ASSERT_TRUE(eventually([&] {
-      for (auto& s : sentinels_) {
-        if (s->query({"SENTINEL", "master", "mymaster"}, "num-other-sentinels") != "2") return false;
-        if (s->query({"SENTINEL", "master", "mymaster"}, "num-slaves") != "1") return false;
-      }
-      return true;
-    }, 30s));
+    ready = eventually(
+        [&] {
+          for (auto& s : sentinels) {
+            if (s->query({"SENTINEL", "master", "mymaster"}, "num-other-sentinels") != "2") return false;
+            if (s->query({"SENTINEL", "master", "mymaster"}, "num-slaves") != "1") return false;
+          }
+          return true;
+        },
+        30s);
   }
+  std::unique_ptr<RedisServer> master, replica;
+  std::vector<std::unique_ptr<SentinelProcess>> sentinels;
+  bool ready = false;        // replicating, and the sentinels know each other
+  bool failed_over = false;  // a case killed the master: the next makes another
+};
+
+class SentinelTest : public ::testing::TestWithParam<bool> {
+ protected:
+  static void TearDownTestSuite() {
+    for (auto& t : topologies_) t.reset();
+  }
+  void SetUp() override {
+    auto& t = topologies_[GetParam() ? 1 : 0];
+    if (t && (t->failed_over || !t->ready)) t.reset();
+    if (!t) t = std::make_unique<SentinelTopology>(GetParam());
+    ASSERT_TRUE(t->ready) << "the master, its replica and three sentinels did not come up";
+    topology_ = t.get();
+    master_ = t->master.get();
+    replica_ = t->replica.get();
+  }
+  // The case is about to kill the master.
+  void failing_over() { topology_->failed_over = true; }
+
   std::string url() const {
     std::string hosts;
-    for (auto& s : sentinels_)
+    for (auto& s : topology_->sentinels)
       hosts += (hosts.empty() ? "" : ",") + std::string("127.0.0.1:") + std::to_string(s->client_port());
     return (GetParam() ? "rediss-sentinel://" : "redis-sentinel://") + hosts + "/mymaster";
   }
@@ -153,9 +184,12 @@ class SentinelTest : public ::testing::TestWithParam<bool> {
     return o;
   }
 
-  std::unique_ptr<RedisServer> master_, replica_;
-  std::vector<std::unique_ptr<SentinelProcess>> sentinels_;
+  static std::array<std::unique_ptr<SentinelTopology>, 2> topologies_;  // plain, TLS
+  SentinelTopology* topology_ = nullptr;
+  RedisServer* master_ = nullptr;
+  RedisServer* replica_ = nullptr;
 };
+std::array<std::unique_ptr<SentinelTopology>, 2> SentinelTest::topologies_;
 
 TEST_P(SentinelTest, FindsTheMasterAndWaitsForTheReplica) {
   Options o = options();
@@ -266,6 +300,7 @@ TEST_P(SentinelTest, FailoverWhileLeasesAreHeldAndCallersWait) {
   auto waiter = locked("fo", 4s, forever).on(waiting_rt).wait(40s)([] { return this_lease().fencing_token(); });
   auto waiting = waiter();
 
+  failing_over();
   master_->kill();
   // The sentinels promote the replica.
   ASSERT_TRUE(eventually([&] {
