@@ -20,8 +20,8 @@ namespace {
 using namespace std::chrono_literals;
 namespace fs = std::filesystem;
 
-constexpr auto kStartTimeout = 30s;
-constexpr auto kStopTimeout = 10s;
+constexpr auto kMariadbStartTimeout = 30s;
+constexpr auto kMariadbStopTimeout = 10s;
 
 // A data directory made once per process; each server copies it.
 const std::string& template_datadir() {
@@ -47,14 +47,14 @@ const std::string& template_datadir() {
   return dir;
 }
 
-struct Conn {
+struct MariadbConn {
   MYSQL* m = nullptr;
-  ~Conn() {
+  ~MariadbConn() {
     if (m != nullptr) mysql_close(m);
   }
 };
 
-bool try_connect(const std::string& socket, Conn& c) {
+bool try_connect(const std::string& socket, MariadbConn& c) {
   c.m = mysql_init(nullptr);
   unsigned timeout = 2;
   mysql_options(c.m, MYSQL_OPT_CONNECT_TIMEOUT, &timeout);
@@ -106,9 +106,9 @@ void MariaDbServer::spawn() {
       "--log-error=" + dir_ + "/error.log", "--pid-file=" + dir_ + "/mariadbd.pid", "--innodb-buffer-pool-size=128M",
       "--skip-log-bin", "--innodb-flush-log-at-trx-commit=2", "--max-connections=500",
       "--open-files-limit=4096", "--table-open-cache=400"});
-  auto until = std::chrono::steady_clock::now() + kStartTimeout;
+  auto until = std::chrono::steady_clock::now() + kMariadbStartTimeout;
   while (true) {
-    Conn c;
+    MariadbConn c;
     if (try_connect(socket_, c)) return;
     if (!running()) throw std::runtime_error("mariadbd exited at start: " + log_tail());
     if (std::chrono::steady_clock::now() > until)
@@ -142,7 +142,7 @@ bool MariaDbServer::running() const {
 void MariaDbServer::kill() {
   if (!process_) return;
   process_->kill(SIGKILL);
-  process_->wait(kStopTimeout);
+  process_->wait(kMariadbStopTimeout);
   process_.reset();
 }
 
@@ -151,7 +151,7 @@ void MariaDbServer::stop() {
   process_->kill(SIGCONT);
   process_->kill(SIGTERM);
   try {
-    process_->wait(std::chrono::duration_cast<std::chrono::milliseconds>(kStopTimeout));
+    process_->wait(std::chrono::duration_cast<std::chrono::milliseconds>(kMariadbStopTimeout));
   } catch (const std::exception&) {
   }
   process_.reset();
@@ -167,7 +167,7 @@ void MariaDbServer::pause() {
   process_->kill(SIGSTOP);
   // The stop reaches each of mariadbd's threads on its own: wait until
   // every one is stopped, so nothing is answered after pause() returns.
-  auto until = std::chrono::steady_clock::now() + kStopTimeout;
+  auto until = std::chrono::steady_clock::now() + kMariadbStopTimeout;
   std::string tasks = "/proc/" + std::to_string(process_->pid()) + "/task";
   while (std::chrono::steady_clock::now() < until) {
     bool all_stopped = true;
@@ -191,7 +191,7 @@ void MariaDbServer::resume() {
 }
 
 std::vector<std::vector<std::string>> MariaDbServer::query(const std::string& sql) const {
-  Conn c;
+  MariadbConn c;
   if (!try_connect(socket_, c)) throw std::runtime_error(std::string("cannot connect to mariadbd: ") + mysql_error(c.m));
   if (mysql_real_query(c.m, sql.data(), sql.size()) != 0)
     throw std::runtime_error("mariadbd refused '" + sql + "': " + mysql_error(c.m));

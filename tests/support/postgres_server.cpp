@@ -23,8 +23,8 @@ namespace {
 using namespace std::chrono_literals;
 namespace fs = std::filesystem;
 
-constexpr auto kStartTimeout = 30s;
-constexpr auto kStopTimeout = 10s;
+constexpr auto kPostgresStartTimeout = 30s;
+constexpr auto kPostgresStopTimeout = 10s;
 
 // Debian's newest /usr/lib/postgresql/<version>/bin, else the directory
 // of `postgres` on PATH.
@@ -75,14 +75,14 @@ std::vector<pid_t> children_of(pid_t parent) {
   return out;
 }
 
-struct Conn {
+struct PgConn {
   PGconn* c = nullptr;
-  ~Conn() {
+  ~PgConn() {
     if (c != nullptr) PQfinish(c);
   }
 };
 
-bool try_connect(const std::string& socket_dir, int port, const std::string& database, Conn& conn, std::string* why) {
+bool try_connect(const std::string& socket_dir, int port, const std::string& database, PgConn& conn, std::string* why) {
   std::string info = "host=" + socket_dir + " port=" + std::to_string(port) + " dbname=" + database +
                      " user=postgres connect_timeout=2 options='-c statement_timeout=10000'";
   conn.c = PQconnectdb(info.c_str());
@@ -190,9 +190,9 @@ void PostgresServer::spawn() {
     args += " -c ssl=on -c ssl_cert_file=server.crt -c ssl_key_file=server.key -c ssl_ca_file=root.crt";
   process_ = std::make_unique<ChildProcess>(std::vector<std::string>{
       "/bin/sh", "-c", "exec " + run_as_ + shell_quote(bin_ + "/postgres") + args + " >>" + shell_quote(dir_ + "/server.log") + " 2>&1"});
-  auto until = std::chrono::steady_clock::now() + kStartTimeout;
+  auto until = std::chrono::steady_clock::now() + kPostgresStartTimeout;
   while (true) {
-    Conn c;
+    PgConn c;
     if (try_connect(dir_, port_, "postgres", c, nullptr)) return;
     if (!running()) throw std::runtime_error("postgres exited at start: " + log_tail());
     if (std::chrono::steady_clock::now() > until)
@@ -235,11 +235,11 @@ void PostgresServer::kill() {
   std::vector<pid_t> children = children_of(pm);
   for (pid_t c : children) ::kill(c, SIGKILL);
   process_->kill(SIGKILL);
-  process_->wait(std::chrono::duration_cast<std::chrono::milliseconds>(kStopTimeout));
+  process_->wait(std::chrono::duration_cast<std::chrono::milliseconds>(kPostgresStopTimeout));
   process_.reset();
   // The children are gone (or zombies) before a restart may look at
   // their shared memory.
-  auto until = std::chrono::steady_clock::now() + kStopTimeout;
+  auto until = std::chrono::steady_clock::now() + kPostgresStopTimeout;
   for (pid_t c : children)
     while (process_state(c) != '\0' && process_state(c) != 'Z' && std::chrono::steady_clock::now() < until)
       std::this_thread::sleep_for(1ms);  // the kernel ends a killed process as it next runs
@@ -250,7 +250,7 @@ void PostgresServer::stop() {
   for (pid_t p : pids()) ::kill(p, SIGCONT);
   process_->kill(SIGINT);
   try {
-    process_->wait(std::chrono::duration_cast<std::chrono::milliseconds>(kStopTimeout));
+    process_->wait(std::chrono::duration_cast<std::chrono::milliseconds>(kPostgresStopTimeout));
     process_.reset();
   } catch (const std::exception&) {
     kill();
@@ -271,7 +271,7 @@ void PostgresServer::pause() {
   all.push_back(pm);
   // Each process stops as it next runs: wait until every one has, so that
   // nothing is answered after pause() returns.
-  auto until = std::chrono::steady_clock::now() + kStopTimeout;
+  auto until = std::chrono::steady_clock::now() + kPostgresStopTimeout;
   while (std::chrono::steady_clock::now() < until) {
     bool all_stopped = std::all_of(all.begin(), all.end(), [](pid_t p) {
       char s = process_state(p);
@@ -290,7 +290,7 @@ void PostgresServer::resume() {
 }
 
 std::vector<std::vector<std::string>> PostgresServer::query(const std::string& sql, const std::string& database) const {
-  Conn c;
+  PgConn c;
   std::string why;
   if (!try_connect(dir_, port_, database, c, &why)) throw std::runtime_error("cannot connect to postgres: " + why);
   PGresult* r = PQexec(c.c, sql.c_str());

@@ -46,8 +46,6 @@ using std::chrono::milliseconds;
 // Sent to lockwatch, passed on to the command's group.
 constexpr std::initializer_list<int> kForwarded = {SIGINT, SIGTERM, SIGHUP, SIGQUIT, SIGUSR1, SIGUSR2};
 
-[[noreturn]] void throw_errno(const char* what) { throw std::system_error(errno, std::generic_category(), what); }
-
 // Blocks `signals` in this thread (and in the threads it starts later) and
 // reads them from a descriptor instead.
 class SignalFd {

@@ -29,8 +29,6 @@ constexpr int kMsgExecFailed = 1;
 constexpr int kMsgExited = 2;
 constexpr int kMsgAllGone = 3;
 
-[[noreturn]] void throw_errno(const char* what) { throw std::system_error(errno, std::generic_category(), what); }
-
 std::vector<char*> c_strings(const std::vector<std::string>& strings) {
   std::vector<char*> out;
   out.reserve(strings.size() + 1);

@@ -29,10 +29,12 @@
 // before the fork. Threading: a CommandGroup is used by one thread.
 #pragma once
 
+#include <errno.h>
 #include <signal.h>
 #include <sys/types.h>
 
 #include <string>
+#include <system_error>
 #include <vector>
 
 namespace lockwatch::cli {
@@ -106,5 +108,10 @@ class CommandGroup {
   bool finished_ = false;
   int status_ = 0;
 };
+
+// A failed system call, as std::system_error with its errno.
+[[noreturn]] inline void throw_errno(const char* what) {
+  throw std::system_error(errno, std::generic_category(), what);
+}
 
 }  // namespace lockwatch::cli

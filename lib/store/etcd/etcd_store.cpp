@@ -447,7 +447,7 @@ void EtcdStore::force_release_attempt(std::string name, int attempt, ForceDone d
 // ---- scheduled jobs
 
 namespace {
-constexpr int kClaimAttempts = 5;  // the period key changed under us, still lower: read again
+constexpr int kPeriodKeyAttempts = 5;  // the period key changed under us, still lower: read again
 }  // namespace
 
 struct EtcdStore::Claim {
@@ -557,7 +557,7 @@ void EtcdStore::claim_step(std::shared_ptr<Claim> c) {
         finish(ClaimResult::Status::kNotLeader);
         return;
       }
-      if (++c->attempt < kClaimAttempts && !closed_) {
+      if (++c->attempt < kPeriodKeyAttempts && !closed_) {
         claim_step(c);  // another write to the period key came first: read again
         return;
       }

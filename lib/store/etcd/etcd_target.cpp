@@ -8,7 +8,7 @@ namespace lockwatch::detail {
 
 namespace {
 
-int parse_port(const std::string& url, std::string_view text) {
+int member_port(const std::string& url, std::string_view text) {
   if (text.empty() || text.size() > 5) throw_bad_url(url, "a member's port is not a number from 1 to 65535");
   int port = 0;
   for (char c : text) {
@@ -29,7 +29,7 @@ EtcdTarget::Member parse_member(const std::string& url, std::string_view text) {
     std::string_view rest = text.substr(close + 1);
     if (!rest.empty()) {
       if (rest.front() != ':') throw_bad_url(url, "expected ':port' after a bracketed IPv6 address");
-      m.port = parse_port(url, rest.substr(1));
+      m.port = member_port(url, rest.substr(1));
     }
     return m;
   }
@@ -41,7 +41,7 @@ EtcdTarget::Member parse_member(const std::string& url, std::string_view text) {
               c == '_';
     if (!ok) throw_bad_url(url, "a member's host is not a name or an address");
   }
-  if (colon != std::string_view::npos) m.port = parse_port(url, text.substr(colon + 1));
+  if (colon != std::string_view::npos) m.port = member_port(url, text.substr(colon + 1));
   return m;
 }
 

@@ -14,14 +14,14 @@ namespace {
 
 constexpr std::string_view kSchemes[] = {"postgresql://", "postgres://"};
 constexpr std::string_view kShape = "expected postgresql://user[:password]@host[:port]/database";
-constexpr std::size_t kMaxIdentifier = 63;  // NAMEDATALEN - 1
+constexpr std::size_t kMaxPgName = 63;  // NAMEDATALEN - 1
 
 // The table goes into statements as "name": lower-case letters, digits and
 // '_' only (PostgreSQL's own spelling of an unquoted name, so that the
 // table reads the same quoted or not), and nothing a URL carries can
 // change a statement.
-bool plain_identifier(std::string_view s) {
-  if (s.empty() || s.size() > kMaxIdentifier) return false;
+bool lower_case_identifier(std::string_view s) {
+  if (s.empty() || s.size() > kMaxPgName) return false;
   if (s.front() >= '0' && s.front() <= '9') return false;
   for (char c : s) {
     bool ok = (c >= 'a' && c <= 'z') || (c >= '0' && c <= '9') || c == '_';
@@ -61,7 +61,7 @@ PgTarget PgTarget::parse(const std::string& url) {
   t.user = std::move(d.user);
   t.password = std::move(d.password);
   t.database = std::move(d.database);
-  if (t.database.find('\0') != std::string::npos || t.database.size() > kMaxIdentifier)
+  if (t.database.find('\0') != std::string::npos || t.database.size() > kMaxPgName)
     throw_bad_url(url, "the database name must be 1 to 63 bytes, without NUL");
   t.host = std::move(d.host);
   if (d.port != 0) t.port = d.port;
@@ -72,7 +72,7 @@ PgTarget PgTarget::parse(const std::string& url) {
       return std::move(value);
     };
     if (key == "table") {
-      if (!plain_identifier(value))
+      if (!lower_case_identifier(value))
         throw_bad_url(url, "table= must be 1 to 63 lower-case letters, digits or '_', not starting with a digit");
       t.table = std::move(value);
     } else if (key == "host") {
@@ -117,13 +117,13 @@ namespace {
 // keeps its start and gains a hash of the whole instead.
 std::string derived_name(const std::string& table, std::string_view suffix) {
   std::string name = table + std::string(suffix);
-  if (name.size() <= kMaxIdentifier) return name;
+  if (name.size() <= kMaxPgName) return name;
   std::uint64_t h = 1469598103934665603ull;  // FNV-1a
   for (unsigned char c : table) {
     h ^= c;
     h *= 1099511628211ull;
   }
-  return fmt::format("{}_{:016x}", table.substr(0, kMaxIdentifier - 17), h);
+  return fmt::format("{}_{:016x}", table.substr(0, kMaxPgName - 17), h);
 }
 
 }  // namespace
@@ -137,7 +137,7 @@ std::string PgTarget::channel() const {
 std::string PgTarget::holders_table() const {
   // A hashed long name must not be the channel's: the suffix goes into
   // the hash too.
-  if (table.size() + 8 <= kMaxIdentifier) return table + "_holders";
+  if (table.size() + 8 <= kMaxPgName) return table + "_holders";
   return derived_name(table + "_holders", "_");
 }
 
