@@ -2,6 +2,7 @@
 // releases asked for in one loop iteration go out as one script call, each
 // lock still answered once with its own result, and nothing queued is lost
 // when the store closes.
+#include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
 #include <future>
@@ -177,6 +178,38 @@ class NodeStoreTest : public ::testing::Test {
     ASSERT_TRUE(listeners_become(key, 0));
     EXPECT_EQ(cycle(), Released::kYesUnheard) << "nobody listens any more";
   }
+  // A subscription withdrawn before the server confirmed it is never
+  // reported confirmed: the server drops it at the UNSUBSCRIBE, so a waiter
+  // told otherwise would sleep through every release notice. Then the key is
+  // listened to again like any other.
+  void a_withdrawn_subscription_is_never_confirmed() {
+    const std::string name = lock_key("withdrawn"), probe = lock_key("probe");
+    auto confirmed = std::make_shared<std::vector<std::string>>();
+    auto probed = std::make_shared<std::promise<void>>();
+    auto f = probed->get_future();
+    loop_.post([=, this] {
+      on_subscribed_ = [=](std::string_view n) {
+        confirmed->emplace_back(n);
+        if (n == probe) probed->set_value();
+      };
+      // One iteration: the three requests go out in one write, and their
+      // answers come back in order, the probe's last.
+      store_->subscribe(name);
+      store_->unsubscribe(name);
+      store_->subscribe(probe);
+    });
+    ASSERT_EQ(f.wait_for(kBound), std::future_status::ready);
+    std::promise<std::vector<std::string>> seen;
+    loop_.post([&, confirmed] {
+      on_subscribed_ = nullptr;
+      seen.set_value(*confirmed);
+    });
+    EXPECT_THAT(seen.get_future().get(), ::testing::ElementsAre(probe));
+    EXPECT_TRUE(listeners_become("withdrawn", 0));
+    ASSERT_TRUE(listen("withdrawn"));
+    EXPECT_TRUE(listeners_become("withdrawn", 1));
+  }
+
   RedisServer server_;
   const Options options_;
   detail::Loop loop_;
@@ -381,6 +414,10 @@ TEST_F(NodeStoreTest, ReleasesOfOneIterationAreOneCallAndEachSaysWhatItFound) {
 // waiters sit out a streak's end for another's (the runtime's hand-off).
 TEST_F(NodeStoreTest, AReleaseSaysWhetherItsNoticeReachedAnotherSubscriber) { releases_say_who_heard_them(); }
 
+TEST_F(NodeStoreTest, ASubscriptionWithdrawnBeforeItsConfirmationIsNeverReportedConfirmed) {
+  a_withdrawn_subscription_is_never_confirmed();
+}
+
 TEST_F(NodeStoreTest, ALockGivenBackAndAskedForInOneIterationIsFreeForTheAsker) {
   ASSERT_EQ(acquire({{{"passed-on", "first"}}})[0].status, Acquired::Status::kTaken);
   // Warm the release script: a NOSCRIPT answer sends it again as EVAL, after
@@ -539,6 +576,10 @@ TEST_F(NodeStoreShardedTest, ReleasesAloneOrInABatchAreToldBySpublish) {
 }
 
 TEST_F(NodeStoreShardedTest, AReleaseSaysWhetherItsNoticeReachedAnotherSubscriber) { releases_say_who_heard_them(); }
+
+TEST_F(NodeStoreShardedTest, ASubscriptionWithdrawnBeforeItsConfirmationIsNeverReportedConfirmed) {
+  a_withdrawn_subscription_is_never_confirmed();
+}
 
 TEST_F(NodeStoreTest, RequestsQueuedWhenTheStoreClosesAreEachAnsweredOnceWithAnError) {
   std::promise<void> all;

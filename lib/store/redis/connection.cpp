@@ -192,6 +192,7 @@ void RedisConnection::connect() {
   if (require_master_) send_handshake(Handshake::kRole, {"ROLE"});
   if (pubsub_) {
     sharded_sent_.clear();  // what was unanswered went with the old link
+    subscribes_unanswered_.clear();
     for (const auto& ch : channels_) write_subscription(true, ch);
   }
   if (!hooks_.on_connect_command.empty()) {
@@ -767,6 +768,9 @@ void RedisConnection::on_push(const redisReply* r) {
     payload = std::string_view(r->element[at + 1]->str, r->element[at + 1]->len);
   if (sharded_ && on_sharded_push(std::string_view(kind->str, kind->len), std::string_view(channel->str, channel->len)))
     return;
+  if (!sharded_ && std::string_view(kind->str, kind->len) == "subscribe" &&
+      !subscription_answered(std::string(channel->str, channel->len)))
+    return;
   if (hooks_.on_message)
     guarded([&] {
       hooks_.on_message(std::string_view(kind->str, kind->len), std::string_view(channel->str, channel->len), payload);
@@ -798,6 +802,20 @@ bool RedisConnection::on_sharded_push(std::string_view kind, std::string_view ch
   return true;
 }
 
+bool RedisConnection::subscription_answered(const std::string& channel) {
+  auto sent = subscribes_unanswered_.find(channel);
+  if (sent == subscribes_unanswered_.end()) return true;  // not subscribe()'s
+  if (--sent->second == 0) subscribes_unanswered_.erase(sent);
+  if (channels_.find(channel) != channels_.end()) return true;
+  // The answer to a SUBSCRIBE that unsubscribe() followed before it was
+  // answered: not reported, since the channel is not listened to once the
+  // UNSUBSCRIBE is read (a waiter told it was would sleep through every
+  // release notice). Undone once more in case the UNSUBSCRIBE was not sent
+  // (before the connection was up); a second one is harmless.
+  if (link_ != nullptr && state_ == State::kConnected) write_subscription(false, channel);
+  return false;
+}
+
 void RedisConnection::on_sharded_error(const redisReply* r) {
   if (sharded_sent_.empty()) return;
   ShardedSent sent = std::move(sharded_sent_.front());
@@ -813,6 +831,7 @@ void RedisConnection::on_sharded_error(const redisReply* r) {
 void RedisConnection::write_subscription(bool subscribe, const std::string& channel) {
   if (!sharded_) {
     write_command({subscribe ? "SUBSCRIBE" : "UNSUBSCRIBE", channel});
+    if (subscribe) ++subscribes_unanswered_[channel];
     return;
   }
   write_command({subscribe ? "SSUBSCRIBE" : "SUNSUBSCRIBE", channel});

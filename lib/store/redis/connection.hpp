@@ -51,6 +51,7 @@
 #include <memory>
 #include <string_view>
 #include <string>
+#include <unordered_map>
 #include <unordered_set>
 #include <vector>
 
@@ -289,10 +290,16 @@ class RedisConnection {
     std::string channel;
   };
   std::deque<ShardedSent> sharded_sent_;
+  // Classic mode: SUBSCRIBEs of subscribe() written on the current link and
+  // not answered yet, by channel (on_connect_command's are not counted).
+  std::unordered_map<std::string, std::uint32_t> subscribes_unanswered_;
   void write_subscription(bool subscribe, const std::string& channel);
   void on_sharded_error(const redisReply* r);
   // True: the push is handled here and not reported.
   bool on_sharded_push(std::string_view kind, std::string_view channel);
+  // Classic mode: whether the answer to a SUBSCRIBE of `channel` is to be
+  // reported; false for one that unsubscribe() withdrew before the answer.
+  bool subscription_answered(const std::string& channel);
 };
 
 }  // namespace lockwatch::detail
