@@ -693,7 +693,8 @@ int run_contender(char** argv) {
     cycles += t.cycles;
     failures += t.failures;
     // Standard error is the benchmark's: a failed call says why there.
-    if (!t.first_error.empty()) std::fprintf(stderr, "contender %d: a call failed: %s\n", ::getpid(), t.first_error.c_str());
+    if (!t.first_error.empty())
+      std::fprintf(stderr, "contender %d: a call failed: %s\n", static_cast<int>(::getpid()), t.first_error.c_str());
     min_caller = std::min(min_caller, t.cycles);
     max_wait = std::max(max_wait, t.max_wait_us);
   }

@@ -192,8 +192,8 @@ class NodeStoreTest : public ::testing::Test {
         confirmed->emplace_back(n);
         if (n == probe) probed->set_value();
       };
-      // One iteration: the three requests go out in one write, and their
-      // answers come back in order, the probe's last.
+      // One iteration: the requests are written in this order (the
+      // UNSUBSCRIBE only once the connection is up), and answered in it.
       store_->subscribe(name);
       store_->unsubscribe(name);
       store_->subscribe(probe);
