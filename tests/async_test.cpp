@@ -8,6 +8,7 @@
 #include <mutex>
 #include <thread>
 
+#include "core/error_values.hpp"
 #include "memory_runtime.hpp"
 
 namespace lockwatch::testing {
@@ -32,18 +33,6 @@ struct Recorder {
     };
   }
 };
-
-// What `e` says ("" for none).
-std::string what(const std::exception_ptr& e) {
-  if (!e) return "";
-  try {
-    std::rethrow_exception(e);
-  } catch (const std::exception& x) {
-    return x.what();
-  } catch (...) {
-    return "(not a std::exception)";
-  }
-}
 
 template <class E>
 bool holds(const std::exception_ptr& e) {
@@ -216,7 +205,7 @@ TEST_F(AsyncTest, CancelRacingTheGrantEitherWinsOrDeliversTheHandleNeverBoth) {
       ASSERT_TRUE(caught_up());
       ASSERT_TRUE(nothing_held(key));
     } else {
-      EXPECT_FALSE(o.error) << what(o.error) << " (round " << i << ")";
+      EXPECT_FALSE(o.error) << detail::what_of(o.error) << " (round " << i << ")";
       ASSERT_TRUE(o.handle);
       ++handles;
       auto released = o.handle.release();  // before the key's next round
