@@ -232,6 +232,26 @@ TEST_F(AsioTest, LockedCoroutineHoldsAcrossSuspensionsAndReleasesAfter) {
   EXPECT_EQ(rt_->held_leases(), 0u);
 }
 
+// A LOCKED coroutine reaches its lease through a `const Lease&` first
+// parameter (this_lease() cannot follow a coroutine across threads): its
+// key, fencing token and time left, the call's own arguments after it.
+TEST_F(AsioTest, ALockedCoroutineTakingALeaseParameterReachesItsLease) {
+  auto work = locked("pay:{0}", 1s, forever).on(*rt_)([&](const Lease& lease, int order) -> asio::awaitable<std::uint64_t> {
+    EXPECT_EQ(lease.key(), "pay:" + std::to_string(order));
+    asio::steady_timer t(co_await asio::this_coro::executor, 5ms);
+    co_await t.async_wait(asio::use_awaitable);
+    EXPECT_GT(lease.remaining(), 0ms);  // across a suspension
+    EXPECT_FALSE(lease.stop_token().stop_requested());
+    co_return lease.fencing_token();
+  });
+  EXPECT_EQ(work.key_for(42), "pay:42");  // the lease is no key argument
+  std::uint64_t first = run_to_end(ctx_, work(42));
+  std::uint64_t second = run_to_end(ctx_, work(42));
+  EXPECT_GT(first, 0u);
+  EXPECT_GT(second, first);  // each holding its own token
+  EXPECT_FALSE(held("pay:42"));
+}
+
 class Inventory {
  public:
   asio::awaitable<int> take(int sku, int n) {

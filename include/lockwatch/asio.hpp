@@ -227,11 +227,11 @@ asio::awaitable<T, Executor> run_locked(Runtime* rt, LockSpec spec, std::excepti
     }
     try {
       if constexpr (std::is_void_v<T>) {
-        co_await asio::co_spawn(ex, invoke(), asio::bind_cancellation_slot(run->signal.slot(), asio::use_awaitable_t<Executor>{}));
+        co_await asio::co_spawn(ex, invoke(h.lease()), asio::bind_cancellation_slot(run->signal.slot(), asio::use_awaitable_t<Executor>{}));
         value.emplace(true);
       } else {
         value.emplace(co_await asio::co_spawn(
-            ex, invoke(), asio::bind_cancellation_slot(run->signal.slot(), asio::use_awaitable_t<Executor>{})));
+            ex, invoke(h.lease()), asio::bind_cancellation_slot(run->signal.slot(), asio::use_awaitable_t<Executor>{})));
       }
     } catch (...) {
       error = std::current_exception();

@@ -10,6 +10,11 @@
 /// lease exactly as for LOCKED until release(); a lost lease shows in
 /// lease().lost() / stop_token(), and release() then reports LeaseLost.
 ///
+/// Taking a handle makes nothing reentrant by itself: a LOCKED call on its
+/// key from the same thread waits like any other caller (two requests
+/// served by one worker thread are still two holders). Code that should
+/// run within the handle's holding says so with enter().
+///
 /// Threading: a handle is used by one thread at a time; lease() accessors
 /// are safe from any thread. Move-only.
 #pragma once
@@ -27,6 +32,26 @@ namespace detail {
 struct HandleState;
 struct HandleAccess;
 }  // namespace detail
+
+class LockHandle;
+
+/// A handle's lease handed over to the code of one scope on one thread
+/// (LockHandle::enter()): while it lives, this_lease() returns that lease,
+/// and a locked call on its key (LOCKED, lockwatch::mutex) made on the
+/// thread runs within the holding instead of waiting for it, as a LOCKED
+/// call nested in another does. Destroy it on the thread that made it,
+/// before the handle is released. Neither copyable nor movable.
+class [[nodiscard]] LeaseScope {
+ public:
+  ~LeaseScope();
+  LeaseScope(const LeaseScope&) = delete;
+  LeaseScope& operator=(const LeaseScope&) = delete;
+
+ private:
+  friend class LockHandle;
+  LeaseScope(const void* runtime, const Lease* lease);
+  const Lease* lease_;
+};
 
 /// A lock held outside a callable (Runtime::acquire, async_lock): renewed by the watchdog until
 /// release(), or released when the handle is destroyed. Move-only; release() and the destructor
@@ -47,6 +72,12 @@ class LockHandle {
   explicit operator bool() const noexcept { return state_ != nullptr; }
   /// Precondition: *this holds a lock.
   const Lease& lease() const noexcept;
+  /// Hands this handle's lease to the calling thread for the scope's life
+  /// (see LeaseScope). Taking a handle alone makes no later call on its
+  /// thread reentrant: reentrancy follows a lease handed over explicitly,
+  /// never the thread that happened to take it. Throws InvalidArgument on
+  /// an empty handle.
+  LeaseScope enter() const;
   /// Releases the lock. The future becomes ready once Redis confirmed the
   /// release (or the key has surely expired), with LeaseLost if the lease
   /// was lost while held. Throws InvalidArgument on an empty handle.

@@ -69,6 +69,17 @@
 /// A callable returning asio::awaitable<T> (with <lockwatch/asio.hpp>
 /// included) gives one returning asio::awaitable<T> instead of a future:
 /// see that header.
+///
+/// A callable (not a member function) whose first parameter is a
+/// `const lockwatch::Lease&` is given the call's lease there, ahead of the
+/// call's arguments (which alone make the key: `{0}` is still the first of
+/// them). A coroutine reaches its lease so (its fencing token,
+/// remaining(), stop_token()), as this_lease() cannot follow it across
+/// threads; a plain callable may use either:
+///   auto pay = LOCKED("order:{0}", 5s, forever)
+///       [&](const lockwatch::Lease& lease, int order) -> asio::awaitable<void> {
+///         co_await db.write(order, lease.fencing_token());
+///       };
 #pragma once
 
 #include <charconv>
@@ -426,7 +437,32 @@ using stored_t = std::conditional_t<ObjectSlot && std::is_lvalue_reference_v<A> 
                                         !std::is_pointer_v<std::remove_cvref_t<A>>,
                                     ObjectRef<std::remove_reference_t<A>>, std::decay_t<A>>;
 
-template <class R, class Fn, class... S>
+/// Whether a callable takes the call's lease first (`const Lease&`, then
+/// the call's arguments A...), rather than the arguments alone.
+template <class Fn, class... A>
+inline constexpr bool takes_lease_v =
+    !std::is_invocable_v<Fn&, A...> && std::is_invocable_v<Fn&, const Lease&, A...>;
+
+/// What a decorated callable returns, called with the arguments A... (and
+/// its lease first, if it takes one).
+template <class Fn, class... A>
+using locked_result_t = typename std::conditional_t<takes_lease_v<Fn, A...>, std::invoke_result<Fn&, const Lease&, A...>,
+                                                    std::invoke_result<Fn&, A...>>::type;
+
+/// Calls `fn` with the stored arguments, and `*lease` first if it takes one.
+template <class R, bool WithLease, class Fn, class... S>
+R invoke_locked(Fn& fn, const Lease* lease, std::tuple<S...>& args) {
+  return std::apply(
+      [&](S&... s) -> R {
+        if constexpr (WithLease)
+          return std::invoke(fn, *lease, unwrapped<S>::get(s)...);
+        else
+          return std::invoke(fn, unwrapped<S>::get(s)...);
+      },
+      args);
+}
+
+template <class R, bool WithLease, class Fn, class... S>
 class CallImpl final : public Call {
  public:
   template <class... A>
@@ -436,13 +472,14 @@ class CallImpl final : public Call {
 
   void run() noexcept override {
     try {
+      // run() is called within the lease's scope on this thread.
+      const Lease* lease = WithLease ? &this_lease() : nullptr;
       if constexpr (std::is_void_v<R>) {
-        std::apply([this](S&... s) { std::invoke(*fn_, unwrapped<S>::get(s)...); }, args_);
+        invoke_locked<R, WithLease>(*fn_, lease, args_);
       } else if constexpr (std::is_reference_v<R>) {
-        result_.emplace(
-            &std::apply([this](S&... s) -> R { return std::invoke(*fn_, unwrapped<S>::get(s)...); }, args_));
+        result_.emplace(&invoke_locked<R, WithLease>(*fn_, lease, args_));
       } else {
-        result_.emplace(std::apply([this](S&... s) -> R { return std::invoke(*fn_, unwrapped<S>::get(s)...); }, args_));
+        result_.emplace(invoke_locked<R, WithLease>(*fn_, lease, args_));
       }
     } catch (...) {
       error_ = std::current_exception();
@@ -510,14 +547,16 @@ class Locked {
   auto operator()(Args&&... args) const {
     if constexpr (std::is_member_pointer_v<Fn>) {
       return call_member(std::forward<Args>(args)...);
-    } else if constexpr (detail::AsyncCall<std::invoke_result_t<Fn&, std::decay_t<Args>&&...>>::enabled) {
-      using R = std::invoke_result_t<Fn&, std::decay_t<Args>&&...>;
-      return start_async<R, std::decay_t<Args>...>(make_key(args...), std::forward<Args>(args)...);
+    } else if constexpr (detail::AsyncCall<detail::locked_result_t<Fn, std::decay_t<Args>&&...>>::enabled) {
+      using R = detail::locked_result_t<Fn, std::decay_t<Args>&&...>;
+      return start_async<R, detail::takes_lease_v<Fn, std::decay_t<Args>&&...>, std::decay_t<Args>...>(
+          make_key(args...), std::forward<Args>(args)...);
     } else {
-      using R0 = std::invoke_result_t<Fn&, std::decay_t<Args>&&...>;
-      static_assert(!detail::AwaitableLike<std::remove_cvref_t<R0>>,
+      using R = detail::locked_result_t<Fn, std::decay_t<Args>&&...>;
+      static_assert(!detail::AwaitableLike<std::remove_cvref_t<R>>,
                     "LOCKED on a coroutine returning asio::awaitable needs #include <lockwatch/asio.hpp>");
-      using Call = detail::CallImpl<std::invoke_result_t<Fn&, std::decay_t<Args>&&...>, Fn, std::decay_t<Args>...>;
+      using Call =
+          detail::CallImpl<R, detail::takes_lease_v<Fn, std::decay_t<Args>&&...>, Fn, std::decay_t<Args>...>;
       // The key first: the arguments are moved into the call after.
       auto [key, error] = make_key(args...);
       auto call = std::make_shared<Call>(fn_, std::forward<Args>(args)...);
@@ -549,15 +588,16 @@ class Locked {
     using R = std::invoke_result_t<Fn&, detail::unwrapped_t<ObjT>, std::decay_t<Args>&&...>;
     if constexpr (detail::AsyncCall<R>::enabled) {
       if constexpr (std::is_same_v<ObjT, detail::ObjectRef<std::remove_reference_t<Obj>>>) {
-        return start_async<R, ObjT, std::decay_t<Args>...>(make_key(args...), ObjT(obj), std::forward<Args>(args)...);
+        return start_async<R, false, ObjT, std::decay_t<Args>...>(make_key(args...), ObjT(obj),
+                                                                  std::forward<Args>(args)...);
       } else {
-        return start_async<R, ObjT, std::decay_t<Args>...>(make_key(args...), std::forward<Obj>(obj),
-                                                           std::forward<Args>(args)...);
+        return start_async<R, false, ObjT, std::decay_t<Args>...>(make_key(args...), std::forward<Obj>(obj),
+                                                                  std::forward<Args>(args)...);
       }
     } else {
     static_assert(!detail::AwaitableLike<std::remove_cvref_t<R>>,
                   "LOCKED on a coroutine returning asio::awaitable needs #include <lockwatch/asio.hpp>");
-    using Call = detail::CallImpl<R, Fn, ObjT, std::decay_t<Args>...>;
+    using Call = detail::CallImpl<R, false, Fn, ObjT, std::decay_t<Args>...>;
     auto [key, error] = make_key(args...);
     std::shared_ptr<Call> call;
     if constexpr (std::is_same_v<ObjT, detail::ObjectRef<std::remove_reference_t<Obj>>>) {
@@ -572,11 +612,12 @@ class Locked {
   }
 
   /// An asynchronous callable (see detail::AsyncCall): the call keeps the
-  /// arguments (stored as S...) and the callable until its result is done.
-  template <class R, class... S, class... A>
+  /// arguments (stored as S...) and the callable until its result is done;
+  /// `invoke(lease)` starts it, with the lease first if it takes one.
+  template <class R, bool WithLease, class... S, class... A>
   auto start_async(std::pair<std::string, std::exception_ptr> key, A&&... a) const {
-    auto invoke = [fn = fn_, args = std::tuple<S...>(std::forward<A>(a)...)]() mutable -> R {
-      return std::apply([&fn](S&... s) -> R { return std::invoke(*fn, detail::unwrapped<S>::get(s)...); }, args);
+    auto invoke = [fn = fn_, args = std::tuple<S...>(std::forward<A>(a)...)](const Lease& lease) mutable -> R {
+      return detail::invoke_locked<R, WithLease>(*fn, &lease, args);
     };
     detail::LockSpec spec = spec_;
     spec.key = std::move(key.first);

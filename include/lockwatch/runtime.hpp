@@ -141,7 +141,7 @@ struct LockState {
 
 /// Counters since the runtime started; each is read on its own (relaxed).
 struct RuntimeStats {
-  std::uint64_t held_leases = 0;     ///< held right now
+  std::uint64_t held_leases = 0;     ///< held right now (neither released nor lost)
   std::uint64_t acquired = 0;        ///< leases taken
   std::uint64_t renewals_sent = 0;   ///< lease renewals sent
   std::uint64_t renew_commands = 0;  ///< commands that carried them (one per tick and chunk)
@@ -193,7 +193,8 @@ class Runtime {
   /// Takes the lock for `key` outside LOCKED: the future holds a LockHandle
   /// once acquired (renewed by the watchdog until released), or the error
   /// (LockNotAcquired after `wait`, ConnectionError, ...). Throws
-  /// InvalidArgument or RuntimeStopped before anything starts.
+  /// InvalidArgument or RuntimeStopped before anything starts. The handle
+  /// makes no later call on this thread reentrant (see LockHandle::enter).
   std::future<LockHandle> acquire(std::string key, std::chrono::milliseconds ttl, Retries retries = forever,
                                   std::chrono::milliseconds wait = std::chrono::milliseconds(0));
   /// The same, held as `kind` (lock_kind.hpp): LockKind::shared() for a
@@ -215,9 +216,9 @@ class Runtime {
   /// hand the outcome to your own executor. A handle the handler drops is
   /// released. Arguments are checked first: InvalidArgument or
   /// RuntimeStopped are thrown, and then the handler is never called.
-  /// Unlike the future form, it registers nothing on the calling thread (a
-  /// coroutine's thread is shared): LOCKED on the same key from this thread
-  /// is not reentrant with it.
+  /// As with the future form, nothing is registered on the calling thread:
+  /// LOCKED on the same key from this thread waits for the handle like any
+  /// caller, unless it runs inside LockHandle::enter().
   AcquireTicket acquire(std::string key, std::chrono::milliseconds ttl, Retries retries,
                         std::chrono::milliseconds wait, AcquireHandler handler);
   /// The handler form, held as `kind` (as above).
@@ -246,7 +247,7 @@ class Runtime {
   /// thread; events that happen from now on reach it on the event thread.
   void add_observer(std::shared_ptr<Observer> observer);
 
-  /// Leases held right now (acquired, not yet released).
+  /// Leases held right now (acquired, neither released nor lost).
   std::size_t held_leases() const noexcept;
   /// The counters since the runtime started.
   RuntimeStats stats() const noexcept;

@@ -9,7 +9,6 @@
 #include <functional>
 #include <future>
 #include <memory>
-#include <mutex>
 #include <string>
 
 #include "lockwatch/lock_handle.hpp"
@@ -35,7 +34,6 @@ struct HandleCall final : Call {
   void run() noexcept override {}
   // Loop thread: the acquisition failed.
   void finish(std::exception_ptr error) noexcept override {
-    failed.store(true, std::memory_order_release);
     if (!claim(kDone)) return;  // cancelled: told already
     acquisition.reset();
     deliver(error ? error : std::make_exception_ptr(RuntimeStopped("lockwatch runtime stopped")), LockHandle());
@@ -62,31 +60,14 @@ struct HandleCall final : Call {
 
   // Set on the caller's thread before the loop sees the call.
   Complete complete;
-  std::string key;
+  std::string key;  // for Cancelled's message
   std::weak_ptr<Runtime::Impl> runtime;    // for a cancel
   // For a cancel: reset by whoever wins claim(kDone), as no cancel can
   // follow (a weak pointer would keep the acquisition's memory, made with
   // its count, for as long as the handle is held).
   std::weak_ptr<Acquisition> acquisition;
 
-  // For reentrancy on the thread that asked for the handle (see
-  // Runtime::Impl::handle_held_here): the lease once granted.
-  std::shared_ptr<LeaseRecord> lease() const {
-    std::lock_guard lk(mu);
-    return lease_.lock();
-  }
-  void set_lease(const std::shared_ptr<LeaseRecord>& l) {
-    std::lock_guard lk(mu);
-    lease_ = l;
-    granted.store(true, std::memory_order_release);
-  }
-  std::atomic<bool> failed{false};
-  std::atomic<bool> granted{false};
   std::atomic<std::uint8_t> state{kPending};
-
- private:
-  mutable std::mutex mu;
-  std::weak_ptr<LeaseRecord> lease_;
 };
 
 struct Acquisition final : TimerTask {

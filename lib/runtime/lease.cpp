@@ -108,6 +108,22 @@ void LeaseRecord::end_watchers(std::optional<LostReason> reason) noexcept {
   for (auto& w : ws) tell(notifier(), w, reason);
 }
 
+void LeaseRecord::complete_call() noexcept {
+  if (call_completed) return;
+  call_completed = true;
+  end_watchers(std::nullopt);  // ended held (a lost lease told them already)
+  std::exception_ptr err;
+  if (auto reason = lost_reason(); reason && (*reason != LostReason::kRuntimeStopped || is_handle()))
+    err = std::make_exception_ptr(LeaseLost(key(), *reason, lost_detail()));
+  else if (reason)
+    err = std::make_exception_ptr(RuntimeStopped("lockwatch runtime stopped before the work could run"));
+  if (is_handle())
+    finish(err);
+  else
+    call->finish(err);
+  if (const auto* r = rare_if(); r && r->finished) r->finished->set_value();
+}
+
 std::vector<HeldOnThread>& leases_on_this_thread() noexcept {
   thread_local std::vector<HeldOnThread> held;
   return held;

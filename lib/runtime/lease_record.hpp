@@ -272,6 +272,8 @@ struct LeaseRecord final : Lease, TimerTask, HandleState {
   // others waited here: those wait for the store's release notice too.
   bool yield_on_release : 1 = false;
   bool renewal_counts : 1 = false;  // the renewal in flight spends one of `retries`
+  bool call_completed : 1 = false;  // complete_call() ran: the caller has its outcome
+  bool uncounted : 1 = false;       // lost: no longer counted among the held (RuntimeStats)
 
  private:
   enum : std::uint8_t { kStarted, kQueued, kAbandoned };
@@ -339,6 +341,13 @@ struct LeaseRecord final : Lease, TimerTask, HandleState {
     const Rare* r = rare_if();
     return r && !r->lost_detail.empty();
   }
+
+  // Loop thread, once (later calls do nothing): the caller learns how the
+  // lease ended. Held to the end: nothing (or RuntimeStopped for work that
+  // never ran); lost: LeaseLost. A lost lease whose work is over completes
+  // at once, while its release goes on (Watchdog::lose, work_done); one
+  // that ended held completes once its release is confirmed.
+  void complete_call() noexcept;
 
   // Lease::on_lost: adds a watcher (any thread), and tells the watchers
   // the lease ended, lost with `reason` or held (loop thread; each is told

@@ -4,14 +4,11 @@
 #include <fmt/format.h>
 
 #include <algorithm>
-#include <deque>
 #include <functional>
 #include <string_view>
-#include <unordered_map>
 
 #include "lockwatch/locked.hpp"
 #include "core/error_values.hpp"
-#include "core/page_allocator.hpp"
 #include "runtime/store_errors.hpp"
 #include "store/capabilities.hpp"
 #include "core/timing.hpp"
@@ -81,143 +78,6 @@ Runtime::Impl::Impl(Options opts, const detail::StoreFactory& make_store)
 std::string Runtime::Impl::render_metrics() const { return events.metrics().render(stats); }
 
 // ---------------------------------------------------------------- admission
-
-namespace {
-// The handles asked for on this thread (Runtime::acquire), for reentrancy:
-// a LOCKED call on a key whose handle this thread holds runs inline. By the
-// key's hash, so that neither asking for a handle nor a LOCKED call scans
-// every handle the thread holds (a thread may hold a million). A handle is
-// pending until its call is granted or fails; a granted one is kept as a
-// weak pointer to its lease only (the call, and the acquisition's memory
-// with it, can go), in an open-addressed table of 16 bytes a slot.
-struct HandlesOnThread {
-  static std::size_t hash(std::string_view key) noexcept { return std::hash<std::string_view>{}(key); }
-
-  bool empty() const noexcept { return pending_.empty() && used_ == 0; }
-  void add(std::string_view key, const void* runtime, std::shared_ptr<detail::HandleCall> call) {
-    settle();
-    if (pending_.size() >= std::max<std::size_t>(64, 2 * pending_swept_at_)) sweep_pending();
-    auto it = pending_.emplace(hash(key), Pending{runtime, std::move(call)});
-    order_.emplace_back(it->first, &it->second);
-  }
-  // Undoes the last add() (its call could not start).
-  void drop_last() {
-    if (order_.empty()) return;
-    if (auto it = find(order_.back()); it != pending_.end()) pending_.erase(it);
-    order_.pop_back();
-  }
-  // The lease of the handle this thread holds on `key` from `watchdog`'s
-  // runtime, if any.
-  std::shared_ptr<LeaseRecord> held(const std::string& key, const void* runtime,
-                                    const detail::Watchdog* watchdog) const {
-    const std::size_t h = hash(key);
-    auto [from, to] = pending_.equal_range(h);
-    for (auto it = from; it != to; ++it) {
-      if (it->second.runtime != runtime) continue;
-      auto l = if_still_held(it->second.call->lease());
-      if (l && l->key() == key) return l;
-    }
-    if (used_ == 0) return nullptr;
-    const std::size_t mask = granted_.size() - 1;
-    for (std::size_t i = h & mask; !vacant(granted_[i]); i = (i + 1) & mask) {
-      auto l = if_still_held(granted_[i].lock());
-      if (l && l->watchdog == watchdog && l->key() == key) return l;
-    }
-    return nullptr;
-  }
-
- private:
-  struct Pending {
-    const void* runtime;
-    std::shared_ptr<detail::HandleCall> call;
-  };
-  using Order = std::pair<std::size_t, const Pending*>;
-
-  // The lease, if it is still held through its handle.
-  static std::shared_ptr<LeaseRecord> if_still_held(std::shared_ptr<LeaseRecord> l) {
-    return l && l->handle_open() && !l->lost() ? l : nullptr;
-  }
-  static bool vacant(const std::weak_ptr<LeaseRecord>& w) noexcept {
-    const std::weak_ptr<LeaseRecord> none;
-    return !w.owner_before(none) && !none.owner_before(w);
-  }
-  static bool settled(const Pending& p) noexcept {
-    return p.call->granted.load(std::memory_order_acquire) || p.call->failed.load(std::memory_order_acquire);
-  }
-
-  // The calls granted (or failed) meanwhile, oldest first, leave the
-  // pending ones; a granted one's lease goes to the table.
-  void settle() {
-    while (!order_.empty()) {
-      auto it = find(order_.front());
-      if (it != pending_.end()) {
-        if (!settled(it->second)) return;  // still waiting: so, most likely, are those after it
-        grant(it->second);
-        pending_.erase(it);
-      }
-      order_.pop_front();
-    }
-  }
-  // Every settled call leaves, wherever it is in the order: once their
-  // number has doubled since the last time, so each is looked at a bounded
-  // number of times.
-  void sweep_pending() {
-    for (auto it = pending_.begin(); it != pending_.end();) {
-      if (settled(it->second)) {
-        grant(it->second);
-        it = pending_.erase(it);
-      } else {
-        ++it;
-      }
-    }
-    std::erase_if(order_, [this](const Order& o) { return find(o) == pending_.end(); });
-    pending_swept_at_ = pending_.size();
-  }
-  void grant(const Pending& p) {
-    if (auto l = if_still_held(p.call->lease())) insert(l);
-  }
-  void insert(const std::shared_ptr<LeaseRecord>& l) {
-    if (4 * (used_ + 1) > 3 * granted_.size()) rehash();
-    place(l);
-  }
-  // Into the first vacant slot from the key's hash on.
-  void place(const std::shared_ptr<LeaseRecord>& l) {
-    const std::size_t mask = granted_.size() - 1;
-    std::size_t i = hash(l->key()) & mask;
-    while (!vacant(granted_[i])) i = (i + 1) & mask;
-    granted_[i] = l;
-    ++used_;
-  }
-  // Keeps the handles still held, in a table at most half full.
-  void rehash() {
-    std::vector<std::shared_ptr<LeaseRecord>> live;
-    for (auto& w : granted_)
-      if (auto l = if_still_held(w.lock())) live.push_back(std::move(l));
-    std::size_t size = 64;
-    while (size < 2 * (live.size() + 1)) size *= 2;
-    granted_.assign(size, {});
-    used_ = 0;
-    for (auto& l : live) place(l);
-  }
-  std::unordered_multimap<std::size_t, Pending, std::identity>::iterator find(const Order& o) {
-    auto [from, to] = pending_.equal_range(o.first);
-    for (auto it = from; it != to; ++it)
-      if (&it->second == o.second) return it;
-    return pending_.end();
-  }
-
-  std::unordered_multimap<std::size_t, Pending, std::identity> pending_;
-  std::deque<Order> order_;  // the pending calls, oldest first
-  std::size_t pending_swept_at_ = 0;
-  // A power of two slots (or none), linear probing.
-  std::vector<std::weak_ptr<LeaseRecord>, detail::PageAllocator<std::weak_ptr<LeaseRecord>>> granted_;
-  std::size_t used_ = 0;  // slots taken (held or not any more)
-};
-HandlesOnThread& handles_on_this_thread() noexcept {
-  thread_local HandlesOnThread handles;
-  return handles;
-}
-}  // namespace
 
 void Runtime::Impl::validate(detail::LockSpec& spec) const {
   if (spec.key.empty()) throw InvalidArgument("lock key is empty");
@@ -289,21 +149,14 @@ std::future<LockHandle> Runtime::Impl::acquire(detail::LockSpec spec) {
   auto promise = std::make_shared<std::promise<LockHandle>>();
   auto future = promise->get_future();
   auto call = std::make_shared<detail::HandleCall>();
+  call->key = spec.key;
   call->complete = [promise](std::exception_ptr e, LockHandle h) {
     if (e)
       promise->set_exception(e);
     else
       promise->set_value(std::move(h));
   };
-  call->key = spec.key;
-  auto& handles = handles_on_this_thread();
-  handles.add(call->key, this, call);
-  try {
-    start_handle(std::move(spec), call);
-  } catch (...) {
-    handles.drop_last();
-    throw;
-  }
+  start_handle(std::move(spec), call);
   return future;
 }
 
@@ -327,10 +180,6 @@ void Runtime::Impl::cancel_acquire(const std::shared_ptr<Acquisition>& a) {
   // with no wait in flight (its answer finds it cancelled): nothing here.
   if (a->done || a->spec.wait == milliseconds(0)) return;
   waits.cancel(a.get(), std::make_exception_ptr(Cancelled(a->spec.key)));
-}
-
-std::shared_ptr<LeaseRecord> Runtime::Impl::handle_held_here(const std::string& key) const {
-  return handles_on_this_thread().held(key, this, &watchdog);
 }
 
 namespace {
@@ -362,15 +211,6 @@ void Runtime::Impl::dispatch(detail::LockSpec spec, std::shared_ptr<detail::Call
     if (it->runtime == this && it->lease->key() == spec.key) {
       check_reentrant(spec.key, it->lease->kind, spec.kind);
       run_reentrant(it->lease);  // the scope in it may move the vector: `it` is not used after
-      return;
-    }
-  }
-  // A key whose LockHandle this thread asked for is held here too: waiting
-  // for it could only run out (the handle is not released meanwhile).
-  if (!handles_on_this_thread().empty()) {
-    if (auto l = handle_held_here(spec.key)) {
-      check_reentrant(spec.key, l->kind, spec.kind);
-      run_reentrant(l.get());
       return;
     }
   }
@@ -465,14 +305,13 @@ void Runtime::Impl::start_lease(const std::shared_ptr<Acquisition>& a, const std
                          LockHandle());
     } else if (!a->handle) {
       l->give_up_start();
-      l->mark_lost(LostReason::kRuntimeStopped);  // complete() fails the call so
+      l->mark_lost(LostReason::kRuntimeStopped);  // complete_call() fails the call so
     }
     watchdog.work_done(l);
     return;
   }
   if (a->handle) {
     a->handle->acquisition.reset();
-    a->handle->set_lease(l);
     // The handle lives only in what `complete` keeps (dropped with it, so
     // a future dropped unread releases the lock with it).
     a->handle->deliver(nullptr, detail::HandleAccess::make(l));
@@ -593,7 +432,7 @@ bool Runtime::Impl::try_hand_off(const std::shared_ptr<LeaseRecord>& l) {
   stats.local_handoffs.fetch_add(1, std::memory_order_relaxed);
   auto a = waits.take_next(l->name.view());
   auto handed = watchdog.hand_off(l, *a, fence);
-  complete(l);  // the hand-off was its release
+  l->complete_call();  // the hand-off was its release
   call_done();
   start_lease(a, handed);
   reserve_ahead(handed);
@@ -601,24 +440,11 @@ bool Runtime::Impl::try_hand_off(const std::shared_ptr<LeaseRecord>& l) {
 }
 
 void Runtime::Impl::lease_finished(const std::shared_ptr<LeaseRecord>& l) {
-  complete(l);
+  l->complete_call();
   waits.on_lease_finished(l->name.view(), l->kind, l->yield_on_release);
   call_done();
 }
 
-void Runtime::Impl::complete(const std::shared_ptr<LeaseRecord>& l) {
-  l->end_watchers(std::nullopt);  // ended held (a lost lease told them already)
-  std::exception_ptr err;
-  if (auto reason = l->lost_reason(); reason && (*reason != LostReason::kRuntimeStopped || l->is_handle()))
-    err = std::make_exception_ptr(LeaseLost(l->key(), *reason, l->lost_detail()));
-  else if (reason)
-    err = std::make_exception_ptr(RuntimeStopped("lockwatch runtime stopped before the work could run"));
-  if (l->is_handle())
-    l->finish(err);
-  else
-    l->call->finish(err);
-  if (const auto* rare = l->rare_if(); rare && rare->finished) rare->finished->set_value();
-}
 
 // ----------------------------------------------------------- operators' tools
 
@@ -892,6 +718,28 @@ void LockHandle::release(std::function<void(std::exception_ptr)> handler) {
     auto l = std::static_pointer_cast<detail::LeaseRecord>(std::move(state));
     Runtime::Impl* impl = rt.get();
     impl->loop.post([impl, l] { impl->watchdog.work_done(l); });
+  }
+}
+
+LeaseScope LockHandle::enter() const {
+  if (!state_) throw InvalidArgument("LockHandle::enter() on a handle that holds no lock");
+  const auto& l = static_cast<const detail::LeaseRecord&>(*state_);
+  return LeaseScope(l.runtime().get(), &l);
+}
+
+LeaseScope::LeaseScope(const void* runtime, const Lease* lease) : lease_(lease) {
+  detail::leases_on_this_thread().push_back({runtime, static_cast<const detail::LeaseRecord*>(lease)});
+}
+
+LeaseScope::~LeaseScope() {
+  // Innermost last: scopes end in reverse order, but one ended out of
+  // order still takes only its own entry away.
+  auto& held = detail::leases_on_this_thread();
+  for (auto it = held.rbegin(); it != held.rend(); ++it) {
+    if (it->lease == lease_) {
+      held.erase(std::next(it).base());
+      return;
+    }
   }
 }
 

@@ -66,7 +66,6 @@ struct Runtime::Impl final : std::enable_shared_from_this<Runtime::Impl>, detail
   void dispatch(detail::LockSpec spec, std::shared_ptr<detail::Call> call);
   // The lease of a LockHandle that this thread asked for on `key` and still
   // holds (nullptr if none).
-  std::shared_ptr<detail::LeaseRecord> handle_held_here(const std::string& key) const;
   std::future<LockHandle> acquire(detail::LockSpec spec);
   // The handler form (JobHost above): `handler` runs on the notifier thread.
   // Loop: a cancelled acquisition leaves the wait queue.
@@ -114,7 +113,6 @@ struct Runtime::Impl final : std::enable_shared_from_this<Runtime::Impl>, detail
   bool try_hand_off(const std::shared_ptr<detail::LeaseRecord>& l);
   // Tokens a reservation asks for, at most.
   static constexpr std::uint32_t kTokenBlock = 64;
-  void complete(const std::shared_ptr<detail::LeaseRecord>& l);
   void lease_finished(const std::shared_ptr<detail::LeaseRecord>& l);
   void begin_stop();
   void close_all();

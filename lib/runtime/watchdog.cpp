@@ -294,11 +294,18 @@ void Watchdog::lose(const std::shared_ptr<LeaseRecord>& l, LostReason reason, st
   if (auto answered = l->take_start_renewal()) answered->set_value();
   if (!l->mark_lost(reason)) return;
   stats_.leases_lost.fetch_add(1, std::memory_order_relaxed);
+  if (l->slot != LeaseRecord::kNoSlot) {  // held no more, whatever its release does
+    l->uncounted = true;
+    stats_.held.fetch_sub(1, std::memory_order_relaxed);
+  }
   l->timeout.cancel();
   events_.lost(l->key(), reason, detail);
   l->set_lost_detail(std::move(detail));
   request_stop(l);
   l->end_watchers(reason);  // Lease::on_lost's handlers, on the notifier
+  // Work that is over learns it now: its release (in flight, or awaiting
+  // the key's expiry) goes on without it.
+  if (l->work_finished) l->complete_call();
 }
 
 void Watchdog::request_stop(const std::shared_ptr<LeaseRecord>& l) {
@@ -314,6 +321,8 @@ void Watchdog::work_done(const std::shared_ptr<LeaseRecord>& l) {
   if (l->work_finished) return;
   l->work_finished = true;
   if (hand_off_ && hand_off_(l)) return;
+  // Lost already: the caller learns it at once, not after the release.
+  if (l->lost()) l->complete_call();
   release(l);
 }
 
@@ -366,7 +375,7 @@ void Watchdog::finish(const std::shared_ptr<LeaseRecord>& l) {
   leases_.pop_back();  // may drop the last reference: `l` is the caller's
   // Leases given back by the hundred thousand give their slots' memory back.
   if (leases_.capacity() >= 65536 && leases_.size() < leases_.capacity() / 4) leases_.shrink_to_fit();
-  stats_.held.fetch_sub(1, std::memory_order_relaxed);
+  if (!l->uncounted) stats_.held.fetch_sub(1, std::memory_order_relaxed);
   events_.released(l->key(), Clock::now() - l->granted_at);
   if (finished_) finished_(l);
 }
