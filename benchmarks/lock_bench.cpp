@@ -426,7 +426,7 @@ bool handle_cycle(lockwatch::Runtime& rt, std::string key, lockwatch::LockKind k
                   Tally& tally, bool note_wait) {
   auto t0 = Clock::now();
   try {
-    auto acquired = rt.acquire(std::move(key), kind, kTtl, lockwatch::forever, wait);
+    auto acquired = rt.acquire({.key = std::move(key), .ttl = kTtl, .retries = lockwatch::forever, .wait = wait, .kind = kind});
     if (!ready_in_bound(acquired, tally, "acquire")) return false;
     lockwatch::LockHandle h = acquired.get();
     auto t1 = Clock::now();

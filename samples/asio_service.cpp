@@ -21,6 +21,7 @@
 #include <map>
 #include <sstream>
 #include <string>
+#include <system_error>
 
 using namespace std::chrono_literals;
 using asio::ip::tcp;
@@ -54,8 +55,9 @@ asio::awaitable<void> serve(tcp::socket socket, lockwatch::Runtime& rt) {
         if (int sku = 0, n = 0; verb == "take" && (words >> sku >> n)) {
           reply = co_await locked_take(sku, n);
         } else if (verb == "fenced" && (words >> sku)) {
-          lockwatch::LockHandle h = co_await lockwatch::async_lock(rt, "sku:" + std::to_string(sku), 5s,
-                                                                   lockwatch::forever, 5s, asio::use_awaitable);
+          // Named before the co_await (GCC 12: see lockwatch/asio.hpp).
+          const lockwatch::LockRequest request{.key = "sku:" + std::to_string(sku), .ttl = 5s, .wait = 5s};
+          lockwatch::LockHandle h = co_await lockwatch::async_lock(rt, request, asio::use_awaitable);
           reply = "token " + std::to_string(sku) + " " + std::to_string(h.lease().fencing_token());
           co_await h.async_release(asio::use_awaitable);
         } else if (verb == "quit") {
@@ -64,7 +66,9 @@ asio::awaitable<void> serve(tcp::socket socket, lockwatch::Runtime& rt) {
           reply = "err usage: take SKU N | fenced SKU | quit";
         }
       } catch (const lockwatch::Error& e) {
-        reply = std::string("err ") + e.what();  // LockNotAcquired, LeaseLost, ConnectionError...
+        reply = std::string("err ") + e.what();  // LOCKED: LockNotAcquired, LeaseLost, ConnectionError...
+      } catch (const std::system_error& e) {
+        reply = std::string("err ") + e.what();  // async_lock: the error code (lockwatch::errc::busy, ...)
       }
       reply += '\n';
       co_await asio::async_write(socket, asio::buffer(reply), asio::use_awaitable);

@@ -104,7 +104,7 @@ TEST_F(AdminTest, ForceReleaseWakesAWaiterLongBeforeTheHoldersTtl) {
   auto acquired = holder_rt.acquire(test_key(), 60s);
   LockHandle holder = get_bounded(acquired);
   auto start = std::chrono::steady_clock::now();
-  auto waiting = rt_->acquire(test_key(), 5s, forever, 30s);
+  auto waiting = rt_->acquire({.key = test_key(), .ttl = 5s, .retries = forever, .wait = 30s});
   EXPECT_TRUE(force_release(test_key()));
   LockHandle h = get_bounded(waiting);
   EXPECT_LT(std::chrono::steady_clock::now() - start, 10s) << "woken by the release, not the ttl";

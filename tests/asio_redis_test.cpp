@@ -73,7 +73,8 @@ TEST_F(AsioRedisTest, ACancelledWaitLeavesNoLockInRedis) {
   using namespace asio::experimental::awaitable_operators;
   auto index = run_to_end(ctx, [&]() -> asio::awaitable<std::size_t> {
     asio::steady_timer timer(co_await asio::this_coro::executor, 30ms);
-    auto r = co_await (async_lock(*rt_, "co:wait", 1s, forever, 10s, asio::use_awaitable) ||
+    const LockRequest request{.key = "co:wait", .ttl = 1s, .wait = 10s};
+    auto r = co_await (async_lock(*rt_, request, asio::use_awaitable) ||
                        timer.async_wait(asio::use_awaitable));
     co_return r.index();
   }());

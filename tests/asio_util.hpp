@@ -4,6 +4,7 @@
 #pragma once
 
 #include <asio.hpp>
+#include <asio/experimental/as_tuple.hpp>
 #include <asio/experimental/awaitable_operators.hpp>
 #include <asio/experimental/deferred.hpp>
 #include <gtest/gtest.h>

@@ -300,7 +300,7 @@ class ZooKeeperBackend final : public Backend {
       o.redis_url = "zookeeper://lockwatch:right@" + e->hosts();
       o.threads = 1;
       Runtime rt(o);
-      auto f = rt.acquire("set-up", std::chrono::seconds(2), 0);
+      auto f = rt.acquire({.key = "set-up", .ttl = std::chrono::seconds(2), .retries = 0});
       auto h = f.get();
       h.release().get();
       return e;

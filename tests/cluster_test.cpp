@@ -185,7 +185,7 @@ bool all_renewed(const std::vector<LockHandle>& held, std::uint64_t more) {
 }
 
 LockHandle take(Runtime& rt, const std::string& key, std::chrono::milliseconds ttl, Retries retries = 0) {
-  auto f = rt.acquire(key, ttl, retries);
+  auto f = rt.acquire({.key = key, .ttl = ttl, .retries = retries});
   return get_bounded(f);
 }
 
@@ -463,7 +463,7 @@ TEST_F(ClusterTest, AKilledMastersReplicatedLeasesAreRenewedOnThePromotedReplica
   EXPECT_EQ(rt.stats().leases_lost, lost_before);
   // A lease's key is still held: another runtime cannot take it.
   Runtime other(options());
-  auto refused = other.acquire(keys[on_victim.front()], 1s, 0);
+  auto refused = other.acquire({.key = keys[on_victim.front()], .ttl = 1s, .retries = 0});
   EXPECT_TRUE(error_of<LockNotAcquired>(refused));
   std::cout << "[ INFO     ] replica promoted " << std::chrono::duration_cast<std::chrono::milliseconds>(promoted_after).count()
             << " ms after the kill\n";
@@ -520,7 +520,7 @@ TEST_F(ClusterTest, ALockWriteLostInAFailoverIsReportedLostOrRefusedWithMinRepli
   }
 
   // Refused: no replica acknowledged the write, and the lock was given back.
-  auto refused = safe.acquire(safe_key, kTtl, forever);
+  auto refused = safe.acquire({.key = safe_key, .ttl = kTtl, .retries = forever});
   auto err = error_of<ConnectionError>(refused);
   ASSERT_TRUE(err);
   EXPECT_NE(std::string(err->what()).find("replicas required"), std::string::npos) << err->what();
@@ -628,7 +628,7 @@ TEST_F(ClusterTest, ReshardingUnderLoadLosesNoLeaseAndKeepsExclusion) {
       const auto until = Clock::now() + 60s;
       while (!stop.load() && Clock::now() < until) {
         const std::size_t i = rng() % keys.size();
-        auto f = rt.acquire(keys[i], 1s, forever);
+        auto f = rt.acquire({.key = keys[i], .ttl = 1s, .retries = forever});
         if (f.wait_for(10s) != std::future_status::ready) {
           hung++;
           return;
@@ -682,7 +682,7 @@ TEST_F(ClusterTest, ReshardingUnderLoadLosesNoLeaseAndKeepsExclusion) {
   // Renewed twice (ASK to the target) while the slot stays split.
   EXPECT_TRUE(renewed_again(mid_lease.lease(), 2));
   // Nobody else takes it meanwhile: TRYAGAIN (or busy), a typed error.
-  auto intruder = runtimes[0]->acquire(mid, 1s, 0);
+  auto intruder = runtimes[0]->acquire({.key = mid, .ttl = 1s, .retries = 0});
   try {
     get_bounded(intruder);
     ADD_FAILURE() << "a lock on a half-migrated slot was taken twice";
@@ -753,7 +753,7 @@ TEST_F(ClusterTest, AScriptFlushOnEveryMasterLosesNoLeaseAndLockingGoesOn) {
   std::thread worker([&] {
     const auto until = std::chrono::steady_clock::now() + 60s;
     for (int i = 0; !stop.load() && std::chrono::steady_clock::now() < until; ++i) {
-      auto f = rt.acquire("flush-new" + std::to_string(i % 50), 1s, forever);
+      auto f = rt.acquire({.key = "flush-new" + std::to_string(i % 50), .ttl = 1s, .retries = forever});
       try {
         auto h = get_bounded(f);
         auto r = h.release();
@@ -837,7 +837,7 @@ TEST_F(ClusterTest, ASlotNotServedFailsFastWithATypedErrorAndOtherSlotsWork) {
 
   auto typed_and_fast = [&](Runtime& rt, const char* which) {
     auto t0 = std::chrono::steady_clock::now();
-    auto f = rt.acquire(key, 2s, forever);
+    auto f = rt.acquire({.key = key, .ttl = 2s, .retries = forever});
     if (f.wait_for(kBound) != std::future_status::ready) {
       ADD_FAILURE() << which << ": no answer";
       return;
@@ -1110,7 +1110,7 @@ TEST_F(ClusterTest, AWaiterOnEveryMasterWakesPromptlyWhenTheHolderReleases) {
   for (const auto& [m, key] : key_on) {
     auto held = take(holder, key, kTtl, forever);
     const std::uint64_t held_token = held.lease().fencing_token();
-    auto waiting = waiter.acquire(key, kTtl, 0, 20s);
+    auto waiting = waiter.acquire({.key = key, .ttl = kTtl, .retries = 0, .wait = 20s});
     ASSERT_TRUE(shard_subscribers_become(m, key, 1)) << key;
     EXPECT_EQ(waiting.wait_for(0ms), std::future_status::timeout) << key;
     SCOPED_TRACE(key);
@@ -1140,7 +1140,7 @@ TEST_F(ClusterTest, AWaiterFollowsItsLockToAnotherMasterAndWakesThere) {
   const int to = other_master(from);
   ASSERT_GE(from, 0);
   ASSERT_GE(to, 0);
-  auto waiting = waiter.acquire(key, kTtl, 0, 30s);
+  auto waiting = waiter.acquire({.key = key, .ttl = kTtl, .retries = 0, .wait = 30s});
   ASSERT_TRUE(shard_subscribers_become(from, key, 1));
 
   cluster_->move_slot(slot, to);
@@ -1176,7 +1176,7 @@ TEST_F(ClusterTest, AWaiterWhosePubSubConnectionDropsSubscribesAgainAndWakes) {
   auto held = take(holder, key, kTtl, forever);
   const int m = holder_of(key);
   ASSERT_GE(m, 0);
-  auto waiting = waiter.acquire(key, kTtl, 0, 30s);
+  auto waiting = waiter.acquire({.key = key, .ttl = kTtl, .retries = 0, .wait = 30s});
   ASSERT_TRUE(shard_subscribers_become(m, key, 1));
   EXPECT_GE(cluster_->node(m).command({"CLIENT", "KILL", "TYPE", "pubsub"}).integer, 1);
   EXPECT_TRUE(shard_subscribers_become(m, key, 1));
@@ -1203,7 +1203,7 @@ TEST_F(ClusterTest, AWaiterWithAStaleMapSubscribesOnTheNewOwner) {
   ASSERT_GE(to, 0);
   cluster_->move_slot(slot, to);
 
-  auto waiting = waiter.acquire(key, kTtl, 0, 30s);
+  auto waiting = waiter.acquire({.key = key, .ttl = kTtl, .retries = 0, .wait = 30s});
   EXPECT_TRUE(shard_subscribers_become(to, key, 1));
   EXPECT_EQ(shard_subscribers(from, key), 0);
   EXPECT_EQ(waiting.wait_for(0ms), std::future_status::timeout);
@@ -1227,7 +1227,7 @@ TEST_F(ClusterTest, ShardedMessagesNeverAbortOrConfuseTheConnection) {
   const auto keys = numbered("noise", 6);
   auto held = hold_all(holder, keys, kTtl);
   std::vector<std::future<LockHandle>> waiting;
-  for (const auto& key : keys) waiting.push_back(waiter.acquire(key, kTtl, 0, 30s));
+  for (const auto& key : keys) waiting.push_back(waiter.acquire({.key = key, .ttl = kTtl, .retries = 0, .wait = 30s}));
   for (const auto& key : keys) ASSERT_TRUE(shard_subscribers_become(holder_of(key), key, 1)) << key;
 
   std::vector<int> master_of;
@@ -1437,7 +1437,7 @@ TEST_F(ClusterTlsTest, AnUntrustedServerCertificateIsAConnectionError) {
   o.redis_url = cluster_->url();  // no tls_ca_file: the test CA is not trusted
   o.connect_timeout = 1s;
   Runtime rt(o);
-  auto f = rt.acquire("k", 1s, 0);
+  auto f = rt.acquire({.key = "k", .ttl = 1s, .retries = 0});
   auto err = error_of<ConnectionError>(f);
   ASSERT_TRUE(err);
   EXPECT_NE(std::string(err->what()).find("certificate verify failed"), std::string::npos) << err->what();
@@ -1459,7 +1459,7 @@ TEST(ClusterAuthTest, WrongOrMissingCredentialsAreAnAuthErrorWithinTheConnectTim
     o.threads = 1;
     Runtime rt(o);
     auto t0 = std::chrono::steady_clock::now();
-    auto f = rt.acquire("k", 1s, 0);
+    auto f = rt.acquire({.key = "k", .ttl = 1s, .retries = 0});
     auto err = error_of<AuthError>(f);
     EXPECT_TRUE(err) << url;
     EXPECT_LT(std::chrono::steady_clock::now() - t0, o.connect_timeout) << url;
@@ -1490,7 +1490,7 @@ TEST(ClusterSeedTest, ANodeOutsideAClusterIsATypedError) {
   o.connect_timeout = 1s;
   Runtime rt(o);
   auto t0 = std::chrono::steady_clock::now();
-  auto f = rt.acquire("k", 1s, 0);
+  auto f = rt.acquire({.key = "k", .ttl = 1s, .retries = 0});
   auto err = error_of<ConnectionError>(f);
   ASSERT_TRUE(err);
   EXPECT_LT(std::chrono::steady_clock::now() - t0, 3s);
@@ -1505,7 +1505,7 @@ TEST(ClusterSeedTest, NoReachableSeedFailsWithinTheConnectTimeout) {
   o.connect_timeout = 500ms;
   Runtime rt(o);
   auto t0 = std::chrono::steady_clock::now();
-  auto f = rt.acquire("k", 1s, 0);
+  auto f = rt.acquire({.key = "k", .ttl = 1s, .retries = 0});
   auto err = error_of<ConnectionError>(f);
   ASSERT_TRUE(err);
   EXPECT_LT(std::chrono::steady_clock::now() - t0, 2s);

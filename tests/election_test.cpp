@@ -207,29 +207,29 @@ TEST_P(ElectionTest, TheHandlerFormsCampaignAndResignOffTheCallersThread) {
   const auto caller = std::this_thread::get_id();
   std::promise<Leadership> won;
   std::promise<std::thread::id> ran_on;
-  first.campaign([&](std::exception_ptr e, Leadership l) {
+  first.campaign([&](std::error_code e, Leadership l) {
     ran_on.set_value(std::this_thread::get_id());
     if (e)
-      won.set_exception(e);
+      won.set_exception(std::make_exception_ptr(std::system_error(e)));
     else
       won.set_value(std::move(l));
   });
-  EXPECT_THROW(first.campaign([](std::exception_ptr, Leadership) {}), InvalidArgument);  // it campaigns already
+  EXPECT_THROW(first.campaign([](std::error_code, Leadership) {}), InvalidArgument);  // it campaigns already
   auto won_f = won.get_future();
   auto ran_on_f = ran_on.get_future();
   Leadership me = get_bounded(won_f);
   EXPECT_NE(get_bounded(ran_on_f), caller);
   std::promise<Leadership> next;
-  second.campaign([&](std::exception_ptr e, Leadership l) {
+  second.campaign([&](std::error_code e, Leadership l) {
     if (e)
-      next.set_exception(e);
+      next.set_exception(std::make_exception_ptr(std::system_error(e)));
     else
       next.set_value(std::move(l));
   });
   std::promise<void> resigned;
-  first.resign([&](std::exception_ptr e) {
+  first.resign([&](std::error_code e) {
     if (e)
-      resigned.set_exception(e);
+      resigned.set_exception(std::make_exception_ptr(std::system_error(e)));
     else
       resigned.set_value();
   });
@@ -240,7 +240,7 @@ TEST_P(ElectionTest, TheHandlerFormsCampaignAndResignOffTheCallersThread) {
   EXPECT_GT(get_bounded(next_f).term(), me.term());
   // Nothing to give up: the handler still runs, off this thread.
   std::promise<std::thread::id> nothing;
-  first.resign([&](std::exception_ptr) { nothing.set_value(std::this_thread::get_id()); });
+  first.resign([&](std::error_code) { nothing.set_value(std::this_thread::get_id()); });
   auto nothing_f = nothing.get_future();
   EXPECT_NE(get_bounded(nothing_f), caller);
   auto r = second.resign();

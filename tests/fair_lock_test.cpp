@@ -187,7 +187,7 @@ TEST_P(FairLockTest, GrantsFollowTheOrderOfArrivalAcrossRuntimes) {
   Runtime holder_rt(options());
   std::vector<std::unique_ptr<Runtime>> rts;
   for (int i = 0; i < kWaiters; ++i) rts.push_back(std::make_unique<Runtime>(options()));
-  auto first = holder_rt.acquire("order", LockKind::fair(), 5s);
+  auto first = holder_rt.acquire({.key = "order", .ttl = 5s, .kind = LockKind::fair()});
   LockHandle holder = get_bounded(first);
   const std::uint64_t holder_token = holder.lease().fencing_token();
 
@@ -196,7 +196,7 @@ TEST_P(FairLockTest, GrantsFollowTheOrderOfArrivalAcrossRuntimes) {
   std::vector<int> order;
   std::vector<std::uint64_t> tokens;
   for (int i = 0; i < kWaiters; ++i) {
-    rts[i]->acquire("order", LockKind::fair(), 5s, forever, kBound, [&, i](std::exception_ptr e, LockHandle h) {
+    rts[i]->async_acquire({.key = "order", .ttl = 5s, .retries = forever, .wait = kBound, .kind = LockKind::fair()}, [&, i](std::error_code e, LockHandle h) {
       std::lock_guard lk(mu);
       order.push_back(e ? -1 : i);
       tokens.push_back(e ? 0 : h.lease().fencing_token());
@@ -221,7 +221,7 @@ TEST_P(FairLockTest, GrantsFollowTheOrderOfArrivalAcrossThreeProcesses) {
   const char* holder_exe = std::getenv("LOCKWATCH_LOCK_HOLDER");
   ASSERT_NE(holder_exe, nullptr);
   Runtime rt(options());
-  auto first = rt.acquire("processes", LockKind::fair(), 5s);
+  auto first = rt.acquire({.key = "processes", .ttl = 5s, .kind = LockKind::fair()});
   LockHandle holder = get_bounded(first);
   std::uint64_t last = holder.lease().fencing_token();
   std::vector<std::unique_ptr<ChildProcess>> waiters;
@@ -246,14 +246,14 @@ TEST_P(FairLockTest, GrantsFollowTheOrderOfArrivalAcrossThreeProcesses) {
 
 TEST_P(FairLockTest, AWaiterThatGivesUpLeavesTheQueueAndTheNextIsGranted) {
   Runtime a(options()), b(options()), c(options());
-  auto first = a.acquire("give-up", LockKind::fair(), 5s);
+  auto first = a.acquire({.key = "give-up", .ttl = 5s, .kind = LockKind::fair()});
   LockHandle holder = get_bounded(first);
   const std::uint64_t holder_token = holder.lease().fencing_token();
   // Its wait covers b's and c's first connections (a PostgreSQL login on a
   // loaded machine can take most of a second) and both reaching the queue.
-  auto quitter = b.acquire("give-up", LockKind::fair(), 5s, forever, 2s);
+  auto quitter = b.acquire({.key = "give-up", .ttl = 5s, .retries = forever, .wait = 2s, .kind = LockKind::fair()});
   ASSERT_TRUE(queued_within_bound("give-up", 1));
-  auto patient = c.acquire("give-up", LockKind::fair(), 5s, forever, kBound);
+  auto patient = c.acquire({.key = "give-up", .ttl = 5s, .retries = forever, .wait = kBound, .kind = LockKind::fair()});
   ASSERT_TRUE(queued_within_bound("give-up", 2));
   EXPECT_THROW(get_bounded(quitter), LockNotAcquired);
   EXPECT_TRUE(queued_within_bound("give-up", 1)) << "the waiter that gave up kept its place";
@@ -272,13 +272,13 @@ TEST_P(FairLockTest, AWaiterThatGivesUpLeavesTheQueueAndTheNextIsGranted) {
 TEST_P(FairLockTest, AFirstWaiterThatGivesUpWhileTheLockIsFreeWakesTheNext) {
   // A call without a wait takes its place and leaves it at once.
   Runtime a(options()), b(options());
-  auto first = a.acquire("no-wait", LockKind::fair(), 5s);
+  auto first = a.acquire({.key = "no-wait", .ttl = 5s, .kind = LockKind::fair()});
   LockHandle holder = get_bounded(first);
-  auto once = b.acquire("no-wait", LockKind::fair(), 5s, forever, 0ms);
+  auto once = b.acquire({.key = "no-wait", .ttl = 5s, .retries = forever, .wait = 0ms, .kind = LockKind::fair()});
   EXPECT_THROW(get_bounded(once), LockNotAcquired);
   EXPECT_TRUE(queued_within_bound("no-wait", 0));
   give_back(holder);
-  auto again = b.acquire("no-wait", LockKind::fair(), 5s, forever, 0ms);
+  auto again = b.acquire({.key = "no-wait", .ttl = 5s, .retries = forever, .wait = 0ms, .kind = LockKind::fair()});
   LockHandle h = get_bounded(again);
   give_back(h);
 }
@@ -288,12 +288,12 @@ TEST_P(FairLockTest, AKilledWaiterIsDroppedWithinItsTtlAndNeverBlocksTheQueue) {
   const char* holder_exe = std::getenv("LOCKWATCH_LOCK_HOLDER");
   ASSERT_NE(holder_exe, nullptr);
   Runtime a(options()), b(options());
-  auto first = a.acquire("killed-waiter", LockKind::fair(), 5s);
+  auto first = a.acquire({.key = "killed-waiter", .ttl = 5s, .kind = LockKind::fair()});
   LockHandle holder = get_bounded(first);
   const std::uint64_t holder_token = holder.lease().fencing_token();
   ChildProcess child({holder_exe, store().url(), "killed-waiter", "1000", "fair"});
   ASSERT_TRUE(queued_within_bound("killed-waiter", 1)) << "the child never queued";
-  auto next = b.acquire("killed-waiter", LockKind::fair(), 5s, forever, kBound);
+  auto next = b.acquire({.key = "killed-waiter", .ttl = 5s, .retries = forever, .wait = kBound, .kind = LockKind::fair()});
   ASSERT_TRUE(queued_within_bound("killed-waiter", 2));
   child.kill(SIGKILL);
   const auto killed_at = std::chrono::steady_clock::now();
@@ -308,7 +308,7 @@ TEST_P(FairLockTest, AKilledWaiterIsDroppedWithinItsTtlAndNeverBlocksTheQueue) {
 
 TEST_P(FairLockTest, AFairLeaseIsRenewedAndALostOneStopsItsHolder) {
   Runtime rt(options());
-  auto f = rt.acquire("lost-fair", LockKind::fair(), store().steady_ttl());
+  auto f = rt.acquire({.key = "lost-fair", .ttl = store().steady_ttl(), .kind = LockKind::fair()});
   LockHandle h = get_bounded(f);
   EXPECT_TRUE(renewed_again(h.lease(), 2)) << "the watchdog did not renew the fair lease";
   auto forced = rt.force_release("lost-fair");
@@ -319,16 +319,16 @@ TEST_P(FairLockTest, AFairLeaseIsRenewedAndALostOneStopsItsHolder) {
 
 TEST_P(FairLockTest, AKeyHeldFairIsRefusedAsAnotherKindAndTheOtherWayRound) {
   Runtime a(options()), b(options());
-  auto f = a.acquire("family", LockKind::fair(), 5s);
+  auto f = a.acquire({.key = "family", .ttl = 5s, .kind = LockKind::fair()});
   LockHandle h = get_bounded(f);
   for (LockKind other : {LockKind::shared(), LockKind::permits(2), LockKind::exclusive()}) {
-    auto g = b.acquire("family", other, 5s, forever, 0ms);
+    auto g = b.acquire({.key = "family", .ttl = 5s, .retries = forever, .wait = 0ms, .kind = other});
     EXPECT_THROW(get_bounded(g), InvalidArgument) << other.describe();
   }
   give_back(h);
-  auto s = a.acquire("family-shared", LockKind::shared(), 5s);
+  auto s = a.acquire({.key = "family-shared", .ttl = 5s, .kind = LockKind::shared()});
   LockHandle reader = get_bounded(s);
-  auto g = b.acquire("family-shared", LockKind::fair(), 5s, forever, 0ms);
+  auto g = b.acquire({.key = "family-shared", .ttl = 5s, .retries = forever, .wait = 0ms, .kind = LockKind::fair()});
   EXPECT_THROW(get_bounded(g), InvalidArgument);
   give_back(reader);
 }
@@ -350,9 +350,9 @@ TEST_P(FairLockTest, AClustersLockKeepsItsQueueInItsOwnSlot) {
   if (GetParam() != "redis-cluster") GTEST_SKIP() << "a Redis Cluster's slots";
   const auto& cluster = static_cast<ClusterFairStore&>(store()).cluster();
   Runtime a(options()), b(options());
-  auto f = a.acquire("slot", LockKind::fair(), 5s);
+  auto f = a.acquire({.key = "slot", .ttl = 5s, .kind = LockKind::fair()});
   LockHandle h = get_bounded(f);
-  auto w = b.acquire("slot", LockKind::fair(), 5s, forever, kBound);
+  auto w = b.acquire({.key = "slot", .ttl = 5s, .retries = forever, .wait = kBound, .kind = LockKind::fair()});
   ASSERT_TRUE(queued_within_bound("slot", 1));  // asked of the node serving the lock's slot
   const std::string lock = "lockwatch:{slot}";
   const auto slot = cluster.command_for(lock, {"CLUSTER", "KEYSLOT", lock}).integer;
@@ -404,7 +404,7 @@ TEST(FairLockRefusalTest, StoresWithoutAQueueRefuseFairWithUnsupported) {
     o.connect_timeout = 500ms;
     Runtime rt(o);
     try {
-      (void)rt.acquire("fair", LockKind::fair(), 5s);
+      (void)rt.acquire({.key = "fair", .ttl = 5s, .kind = LockKind::fair()});
       ADD_FAILURE() << url << " took a fair lock";
     } catch (const Unsupported& e) {
       EXPECT_NE(std::string(e.what()).find("fair"), std::string::npos) << e.what();

@@ -44,7 +44,7 @@ class HandoffTest : public ::testing::Test {
   }
   // Through the wait queue (a wait), so that the lock counts as held here.
   LockHandle hold(const std::string& key, std::chrono::milliseconds ttl = 2s) {
-    auto f = rt_->acquire(key, ttl, forever, kLongWait);
+    auto f = rt_->acquire({.key = key, .ttl = ttl, .retries = forever, .wait = kLongWait});
     return get_bounded(f);
   }
   std::size_t store_calls(Op op, const std::string& key) const {
@@ -70,8 +70,8 @@ TEST_F(HandoffTest, AWaiterTakesTheLockWithoutTheStoreAndTheNextReservedToken) {
   auto first = hold("k");
   auto store_fence = backend_->fence(memory_name("k"));
   EXPECT_EQ(first.lease().fencing_token(), store_fence);
-  auto second_f = rt_->acquire("k", 2s, forever, kLongWait);
-  auto third_f = rt_->acquire("k", 2s, forever, kLongWait);
+  auto second_f = rt_->acquire({.key = "k", .ttl = 2s, .retries = forever, .wait = kLongWait});
+  auto third_f = rt_->acquire({.key = "k", .ttl = 2s, .retries = forever, .wait = kLongWait});
   auto released = first.release();
   auto second = get_bounded(second_f);
   EXPECT_NO_THROW(get_bounded(released));
@@ -99,7 +99,7 @@ TEST_F(HandoffTest, TurnedOffEveryHolderGoesThroughTheStore) {
   auto first = hold("k");
   auto redis_fence = backend_->fence(memory_name("k"));
   EXPECT_EQ(first.lease().fencing_token(), redis_fence);
-  auto second_f = rt_->acquire("k", 2s, forever, kLongWait);
+  auto second_f = rt_->acquire({.key = "k", .ttl = 2s, .retries = forever, .wait = kLongWait});
   first.release().wait_for(kBound);
   auto second = get_bounded(second_f);
   EXPECT_EQ(second.lease().fencing_token(), redis_fence + 1);
@@ -120,7 +120,7 @@ TEST_F(HandoffTest, AHandOffWaitingForItsTokensKeepsTheKey) {
   const auto first_token = first.lease().fencing_token();
   auto owner = backend_->owner(memory_name("k"));
   ASSERT_TRUE(owner.has_value());
-  auto second_f = rt_->acquire("k", 2s, forever, kLongWait);
+  auto second_f = rt_->acquire({.key = "k", .ttl = 2s, .retries = forever, .wait = kLongWait});
   auto released = first.release();
   ASSERT_TRUE(script_->wait_for(Op::kReserve, 1));
   EXPECT_EQ(second_f.wait_for(50ms), std::future_status::timeout);
@@ -140,7 +140,7 @@ TEST_F(HandoffTest, AReservationWithoutAnAnswerSendsTheKeyBackToTheStore) {
   script_->lose_replies(Op::kReserve, 1);
   auto first = hold("k");
   const auto first_token = first.lease().fencing_token();
-  auto second_f = rt_->acquire("k", 2s, forever, kLongWait);
+  auto second_f = rt_->acquire({.key = "k", .ttl = 2s, .retries = forever, .wait = kLongWait});
   EXPECT_NO_THROW(settle(first.release()));
   auto second = get_bounded(second_f);
   EXPECT_EQ(store_calls(Op::kRelease, "k"), 1u);
@@ -156,7 +156,7 @@ TEST_F(HandoffTest, TheNewHolderHasALeaseOfItsOwn) {
   auto first = hold("k", 1s);
   ASSERT_TRUE(renewed_again(first.lease(), 1));
   auto first_token = first.lease().stop_token();
-  auto second_f = rt_->acquire("k", 1s, forever, kLongWait);
+  auto second_f = rt_->acquire({.key = "k", .ttl = 1s, .retries = forever, .wait = kLongWait});
   first.release().wait_for(kBound);
   auto second = get_bounded(second_f);
   const Lease& lease = second.lease();
@@ -178,7 +178,7 @@ TEST_F(HandoffTest, ARenewalInFlightAtTheHandOffCountsForTheNewHolder) {
   script_->set_delay(Op::kRenew, 100ms);  // each renewal is answered that much later
   auto first = hold("k", 2s);
   ASSERT_TRUE(script_->wait_for(Op::kRenew, 1));
-  auto second_f = rt_->acquire("k", 2s, forever, kLongWait);
+  auto second_f = rt_->acquire({.key = "k", .ttl = 2s, .retries = forever, .wait = kLongWait});
   first.release().wait_for(kBound);
   auto second = get_bounded(second_f);
   ASSERT_EQ(rt_->stats().local_handoffs, 1u);
@@ -190,11 +190,11 @@ TEST_F(HandoffTest, ARenewalInFlightAtTheHandOffCountsForTheNewHolder) {
 
 TEST_F(HandoffTest, AWaiterWithAnotherTtlOrNoRetriesTakesTheLockFromTheStore) {
   auto first = hold("k", 2s);
-  auto other_ttl_f = rt_->acquire("k", 3s, forever, kLongWait);
+  auto other_ttl_f = rt_->acquire({.key = "k", .ttl = 3s, .retries = forever, .wait = kLongWait});
   first.release().wait_for(kBound);
   auto other_ttl = get_bounded(other_ttl_f);
   EXPECT_EQ(other_ttl.lease().fencing_token(), 2u);
-  auto no_retries_f = rt_->acquire("k", 3s, Retries(0), kLongWait);
+  auto no_retries_f = rt_->acquire({.key = "k", .ttl = 3s, .retries = Retries(0), .wait = kLongWait});
   other_ttl.release().wait_for(kBound);
   auto no_retries = get_bounded(no_retries_f);
   EXPECT_EQ(no_retries.lease().fencing_token(), 3u);
@@ -210,7 +210,7 @@ TEST_F(HandoffTest, TheStreakCountBoundSendsTheKeyBackToTheStore) {
   restart(o);
   auto first = hold("k");
   std::vector<std::future<LockHandle>> waiting;
-  for (int i = 0; i < 4; ++i) waiting.push_back(rt_->acquire("k", 2s, forever, kLongWait));
+  for (int i = 0; i < 4; ++i) waiting.push_back(rt_->acquire({.key = "k", .ttl = 2s, .retries = forever, .wait = kLongWait}));
   std::vector<std::uint64_t> tokens{first.lease().fencing_token()};
   first.release().wait_for(kBound);
   for (auto& f : waiting) {
@@ -228,8 +228,8 @@ TEST_F(HandoffTest, TheStreakCountBoundSendsTheKeyBackToTheStore) {
 
 TEST_F(HandoffTest, ALostLeaseIsTheCurrentHoldersAndEndsTheStreak) {
   auto first = hold("k", 1s);
-  auto second_f = rt_->acquire("k", 1s, forever, kLongWait);
-  auto third_f = rt_->acquire("k", 1s, forever, kLongWait);
+  auto second_f = rt_->acquire({.key = "k", .ttl = 1s, .retries = forever, .wait = kLongWait});
+  auto third_f = rt_->acquire({.key = "k", .ttl = 1s, .retries = forever, .wait = kLongWait});
   auto first_stop = first.lease().stop_token();
   EXPECT_NO_THROW(settle(first.release()));
   auto second = get_bounded(second_f);
@@ -253,7 +253,7 @@ TEST_F(HandoffTest, ALostLeaseIsTheCurrentHoldersAndEndsTheStreak) {
 
 TEST_F(HandoffTest, AWaiterWhoseWaitRanOutGetsNothingAndTheLockIsReleased) {
   auto first = hold("k");
-  auto gone_f = rt_->acquire("k", 2s, forever, 30ms);
+  auto gone_f = rt_->acquire({.key = "k", .ttl = 2s, .retries = forever, .wait = 30ms});
   EXPECT_NE(error_in<LockNotAcquired>(gone_f), nullptr);
   EXPECT_NO_THROW(settle(first.release()));
   EXPECT_TRUE(freed("k"));
@@ -262,7 +262,7 @@ TEST_F(HandoffTest, AWaiterWhoseWaitRanOutGetsNothingAndTheLockIsReleased) {
 
 TEST_F(HandoffTest, AHandedOffLockWhoseFutureWasDroppedIsReleased) {
   auto first = hold("k");
-  { auto dropped = rt_->acquire("k", 2s, forever, kLongWait); }
+  { auto dropped = rt_->acquire({.key = "k", .ttl = 2s, .retries = forever, .wait = kLongWait}); }
   EXPECT_NO_THROW(settle(first.release()));
   EXPECT_TRUE(freed("k"));
   // It was handed off (from a reserved block), then given back.
@@ -272,8 +272,8 @@ TEST_F(HandoffTest, AHandedOffLockWhoseFutureWasDroppedIsReleased) {
 
 TEST_F(HandoffTest, TheRuntimeStopsWithLocalHoldersAndWaiters) {
   auto first = hold("k");
-  auto second_f = rt_->acquire("k", 2s, forever, kLongWait);
-  auto third_f = rt_->acquire("k", 2s, forever, kLongWait);
+  auto second_f = rt_->acquire({.key = "k", .ttl = 2s, .retries = forever, .wait = kLongWait});
+  auto third_f = rt_->acquire({.key = "k", .ttl = 2s, .retries = forever, .wait = kLongWait});
   first.release().wait_for(kBound);
   auto second = get_bounded(second_f);
   rt_.reset();
@@ -366,10 +366,10 @@ Options one_handoff_streaks(Options o) {
 
 TEST_F(HandoffRedisTest, AStreakEndNobodyElseHeardGoesStraightToTheNextWaiterHere) {
   Runtime rt(one_handoff_streaks(options()));
-  auto first_f = rt.acquire("alone", 60s, forever, kLongWait);
+  auto first_f = rt.acquire({.key = "alone", .ttl = 60s, .retries = forever, .wait = kLongWait});
   auto first = get_bounded(first_f);
-  auto second_f = rt.acquire("alone", 60s, forever, kLongWait);
-  auto third_f = rt.acquire("alone", 60s, forever, kLongWait);
+  auto second_f = rt.acquire({.key = "alone", .ttl = 60s, .retries = forever, .wait = kLongWait});
+  auto third_f = rt.acquire({.key = "alone", .ttl = 60s, .retries = forever, .wait = kLongWait});
   settle(first.release());
   auto second = get_bounded(second_f);  // handed on: the streak's one hand-off
   ASSERT_EQ(rt.stats().local_handoffs, 1u);
@@ -391,12 +391,12 @@ TEST_F(HandoffRedisTest, AStreakEndAnotherRuntimeHeardIsItsTurnFirst) {
   const std::string key = "two-runtimes";
   Runtime rt(one_handoff_streaks(options()));
   Runtime other(options());
-  auto first_f = rt.acquire(key, 60s, forever, kLongWait);
+  auto first_f = rt.acquire({.key = key, .ttl = 60s, .retries = forever, .wait = kLongWait});
   auto first = get_bounded(first_f);
-  auto second_f = rt.acquire(key, 60s, forever, kLongWait);
-  auto third_f = rt.acquire(key, 60s, forever, kLongWait);
+  auto second_f = rt.acquire({.key = key, .ttl = 60s, .retries = forever, .wait = kLongWait});
+  auto third_f = rt.acquire({.key = key, .ttl = 60s, .retries = forever, .wait = kLongWait});
   // The other runtime waits, subscribed to the key's release notices.
-  auto theirs_f = other.acquire(key, 60s, forever, kLongWait);
+  auto theirs_f = other.acquire({.key = key, .ttl = 60s, .retries = forever, .wait = kLongWait});
   auto until = std::chrono::steady_clock::now() + kBound;
   auto listeners = [&] {
     auto r = server_->command({"PUBSUB", "NUMSUB", lock_key(key) + ":rel"});
@@ -447,7 +447,7 @@ TEST_P(HandoffAcrossRuntimesTest, TokensIncreaseAcrossHandOffsAndAcrossRuntimes)
   auto o = options();
   o.local_handoff = GetParam();
   Runtime other(o);
-  auto f = other.acquire(key, 5s, forever, kLongWait);
+  auto f = other.acquire({.key = key, .ttl = 5s, .retries = forever, .wait = kLongWait});
   auto h = get_bounded(f);
   EXPECT_GT(h.lease().fencing_token(), tokens.back());
   auto state = other.inspect(key);
@@ -478,7 +478,7 @@ TEST_F(HandoffRedisTest, TheStreakBoundLetsAnotherRuntimeIn) {
   ASSERT_GE(calls.load(), 100);
   Runtime other(options());
   auto started = std::chrono::steady_clock::now();
-  auto f = other.acquire("turns", 5s, forever, 5s);
+  auto f = other.acquire({.key = "turns", .ttl = 5s, .retries = forever, .wait = 5s});
   auto h = get_bounded(f);
   auto took = std::chrono::steady_clock::now() - started;
   EXPECT_LT(took, 2s);

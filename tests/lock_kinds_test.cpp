@@ -233,7 +233,7 @@ TEST(LockKindsRuntimeTest, SharedCallsRunTogetherAndAnExclusiveOneAlone) {
 bool readers_stopped(Runtime& rt, const std::string& key) {
   const auto until = std::chrono::steady_clock::now() + kBound;
   while (std::chrono::steady_clock::now() < until) {
-    auto f = rt.acquire(key, LockKind::shared(), 5s, forever, 0ms);
+    auto f = rt.acquire({.key = key, .ttl = 5s, .retries = forever, .wait = 0ms, .kind = LockKind::shared()});
     if (f.wait_for(kBound) != std::future_status::ready) return false;
     try {
       LockHandle h = f.get();
@@ -247,13 +247,13 @@ bool readers_stopped(Runtime& rt, const std::string& key) {
 
 TEST(LockKindsRuntimeTest, AWaitingWriterGoesBeforeReadersThatCameAfterIt) {
   Runtime rt(space("rw-order")), other(space("rw-order"));
-  auto first = rt.acquire("doc", LockKind::shared(), 5s);
+  auto first = rt.acquire({.key = "doc", .ttl = 5s, .kind = LockKind::shared()});
   LockHandle reader = get_bounded(first);
   // A writer in another runtime of the space waits; once its attempt has
   // reached the store, new readers wait behind it.
-  auto writer = other.acquire("doc", LockKind::exclusive(), 5s, forever, kBound);
+  auto writer = other.acquire({.key = "doc", .ttl = 5s, .retries = forever, .wait = kBound, .kind = LockKind::exclusive()});
   ASSERT_TRUE(readers_stopped(rt, "doc"));
-  auto later = rt.acquire("doc", LockKind::shared(), 5s, forever, kBound);
+  auto later = rt.acquire({.key = "doc", .ttl = 5s, .retries = forever, .wait = kBound, .kind = LockKind::shared()});
   give_back(reader);
   // Had the later reader gone in first, the writer would still wait.
   LockHandle w = get_bounded(writer);
@@ -269,11 +269,11 @@ TEST(LockKindsRuntimeTest, LocalReadersGoInTogetherAndALocalWriterWaitsForThemAl
   // All in one runtime: its wait queue lets readers in side by side, and a
   // writer queued behind them waits for the last.
   Runtime rt(space("rw-local"));
-  auto r1 = rt.acquire("doc", LockKind::shared(), 5s, forever, kBound);
-  auto r2 = rt.acquire("doc", LockKind::shared(), 5s, forever, kBound);
+  auto r1 = rt.acquire({.key = "doc", .ttl = 5s, .retries = forever, .wait = kBound, .kind = LockKind::shared()});
+  auto r2 = rt.acquire({.key = "doc", .ttl = 5s, .retries = forever, .wait = kBound, .kind = LockKind::shared()});
   LockHandle a = get_bounded(r1), b = get_bounded(r2);
-  auto w = rt.acquire("doc", LockKind::exclusive(), 5s, forever, kBound);
-  auto r3 = rt.acquire("doc", LockKind::shared(), 5s, forever, kBound);
+  auto w = rt.acquire({.key = "doc", .ttl = 5s, .retries = forever, .wait = kBound, .kind = LockKind::exclusive()});
+  auto r3 = rt.acquire({.key = "doc", .ttl = 5s, .retries = forever, .wait = kBound, .kind = LockKind::shared()});
   give_back(a);
   EXPECT_EQ(w.wait_for(50ms), std::future_status::timeout) << "a writer beside a reader";
   give_back(b);
@@ -286,10 +286,10 @@ TEST(LockKindsRuntimeTest, LocalReadersGoInTogetherAndALocalWriterWaitsForThemAl
 
 TEST(LockKindsRuntimeTest, ASharedLeaseIsRenewedLikeAnyOther) {
   Runtime rt(space("rw-renew"));
-  auto f = rt.acquire("doc", LockKind::shared(), 300ms);
+  auto f = rt.acquire({.key = "doc", .ttl = 300ms, .kind = LockKind::shared()});
   LockHandle h = get_bounded(f);
   EXPECT_TRUE(renewed_again(h.lease(), 3));
-  auto writer = rt.acquire("doc", LockKind::exclusive(), 5s, forever, 0ms);
+  auto writer = rt.acquire({.key = "doc", .ttl = 5s, .retries = forever, .wait = 0ms, .kind = LockKind::exclusive()});
   EXPECT_TRUE(error_of<LockNotAcquired>(writer));
   EXPECT_FALSE(h.lease().lost());
   give_back(h);
@@ -300,14 +300,14 @@ TEST(LockKindsRuntimeTest, PermitsLetNHoldersInAndTheNextWaitsForOneToComeBack) 
   std::vector<LockHandle> held;
   std::uint64_t last = 0;
   for (int i = 0; i < 3; ++i) {
-    auto f = rt.acquire("gpu", LockKind::permits(3), 5s);
+    auto f = rt.acquire({.key = "gpu", .ttl = 5s, .kind = LockKind::permits(3)});
     held.push_back(get_bounded(f));
     EXPECT_GT(held.back().lease().fencing_token(), last) << "each permit's grant raises the token";
     last = held.back().lease().fencing_token();
   }
-  auto refused = rt.acquire("gpu", LockKind::permits(3), 5s, forever, 0ms);
+  auto refused = rt.acquire({.key = "gpu", .ttl = 5s, .retries = forever, .wait = 0ms, .kind = LockKind::permits(3)});
   EXPECT_TRUE(error_of<LockNotAcquired>(refused));
-  auto next = rt.acquire("gpu", LockKind::permits(3), 5s, forever, kBound);
+  auto next = rt.acquire({.key = "gpu", .ttl = 5s, .retries = forever, .wait = kBound, .kind = LockKind::permits(3)});
   EXPECT_EQ(next.wait_for(50ms), std::future_status::timeout);
   give_back(held[1]);
   LockHandle got = get_bounded(next);
@@ -318,15 +318,15 @@ TEST(LockKindsRuntimeTest, PermitsLetNHoldersInAndTheNextWaitsForOneToComeBack) 
 
 TEST(LockKindsRuntimeTest, ACallerWithAnotherNOrKindGetsInvalidArgumentNeverAnExtraPermit) {
   Runtime rt(space("sem-n"));
-  auto f = rt.acquire("gpu", LockKind::permits(1), 5s);
+  auto f = rt.acquire({.key = "gpu", .ttl = 5s, .kind = LockKind::permits(1)});
   LockHandle one = get_bounded(f);
-  auto more = rt.acquire("gpu", LockKind::permits(2), 5s, forever, 0ms);
+  auto more = rt.acquire({.key = "gpu", .ttl = 5s, .retries = forever, .wait = 0ms, .kind = LockKind::permits(2)});
   auto e = error_of<InvalidArgument>(more);
   ASSERT_TRUE(e);
   EXPECT_NE(std::string(e->what()).find("1 permit"), std::string::npos) << e->what();
-  auto exclusive = rt.acquire("gpu", 5s, forever, 0ms);
+  auto exclusive = rt.acquire({.key = "gpu", .ttl = 5s, .retries = forever, .wait = 0ms});
   EXPECT_TRUE(error_of<InvalidArgument>(exclusive));
-  EXPECT_THROW(rt.acquire("gpu", LockKind::permits(0), 5s), InvalidArgument);
+  EXPECT_THROW(rt.acquire({.key = "gpu", .ttl = 5s, .kind = LockKind::permits(0)}), InvalidArgument);
   EXPECT_THROW((void)lockwatch::locked("gpu", 5s, 0).permits(0), InvalidArgument);
   give_back(one);
 }

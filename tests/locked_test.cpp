@@ -473,7 +473,7 @@ TEST_P(LockedTest, LockHandleIsRenewedAndItsDestructorReleases) {
   }
   // The destructor released it (it does not wait for Redis): taken again
   // within 150 ms, before the 300 ms just renewed could run out.
-  auto again = rt_->acquire(k, 300ms, forever, 150ms);
+  auto again = rt_->acquire({.key = k, .ttl = 300ms, .retries = forever, .wait = 150ms});
   EXPECT_NO_THROW(get_bounded(again));  // LockNotAcquired if it was still held
 }
 

@@ -45,7 +45,7 @@ TEST(MemoryStoreTest, RuntimesNamingOneSpaceExcludeEachOtherAndAnotherSpaceDoesN
   Runtime a(on("memory://a")), also_a(on("memory://a")), b(on("memory://b"));
   auto h = take(a, "shared");
   const auto token = h.lease().fencing_token();
-  auto refused = also_a.acquire("shared", 5s, 0);
+  auto refused = also_a.acquire({.key = "shared", .ttl = 5s, .retries = 0});
   EXPECT_TRUE(error_of<LockNotAcquired>(refused));
   EXPECT_TRUE(held(also_a, "shared"));
   // Another space: its own lock, and its own counter.
@@ -101,7 +101,7 @@ TEST(MemoryStoreTest, ARuntimeGoneWhileItsSpaceHeldItsRequestsHearsNothingAfter)
   auto t0 = std::chrono::steady_clock::now();
   {
     Runtime rt(o);
-    auto waiting = rt.acquire("busy", 5s, forever, 10s);  // subscribed to "busy"'s releases
+    auto waiting = rt.acquire({.key = "busy", .ttl = 5s, .retries = forever, .wait = 10s});  // subscribed to "busy"'s releases
     space->pause();
     auto late = rt.acquire("late", 30s);
     EXPECT_TRUE(error_of<ConnectionError>(late));

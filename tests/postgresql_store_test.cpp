@@ -65,7 +65,7 @@ class PostgresStoreTest : public ::testing::Test {
 PostgresServer* PostgresStoreTest::server_ = nullptr;
 
 LockHandle take(Runtime& rt, const std::string& key, std::chrono::milliseconds ttl, Retries retries = forever) {
-  auto f = rt.acquire(key, ttl, retries);
+  auto f = rt.acquire({.key = key, .ttl = ttl, .retries = retries});
   return get_bounded(f);
 }
 
@@ -185,7 +185,7 @@ TEST_F(PostgresStoreTest, ATableWithoutLockwatchsColumnsTypesOrKeyIsAnErrorNamin
     EXPECT_NE(std::string(err->what()).find(c.table), std::string::npos) << err->what();
     EXPECT_NE(std::string(err->what()).find("columns"), std::string::npos) << err->what();
     EXPECT_EQ(err->sqlstate(), c.sqlstate) << err->what();
-    EXPECT_EQ(err->code(), 0u);
+    EXPECT_EQ(err->server_code(), 0u);
   }
 }
 
@@ -273,7 +273,7 @@ TEST_F(PostgresStoreTest, AWaiterSleepsOnNoticesAndTheReleaseWakesIt) {
   auto h = take(holder, key(), 10s);
   const std::uint64_t held_token = h.lease().fencing_token();
   const long long before = acquire_statements(table);
-  auto waited = waiter.acquire(key(), 10s, forever, 15s);
+  auto waited = waiter.acquire({.key = key(), .ttl = 10s, .retries = forever, .wait = 15s});
   EXPECT_EQ(waited.wait_for(1500ms), std::future_status::timeout);  // really waiting
   const long long while_held = acquire_statements(table) - before;
   EXPECT_LE(while_held, 2) << "the waiter polled";
@@ -294,7 +294,7 @@ TEST_F(PostgresStoreTest, NoticesComeBackAfterTheirConnectionDrops) {
   Runtime holder(options(url_with_table(table))), waiter(options(url_with_table(table)));
   auto h = take(holder, key(), 10s);
   const std::uint64_t held_token = h.lease().fencing_token();
-  auto waited = waiter.acquire(key(), 10s, forever, 15s);
+  auto waited = waiter.acquire({.key = key(), .ttl = 10s, .retries = forever, .wait = 15s});
   // Terminated once it listens; waits (bounded) for that connection.
   const std::string listening = "SELECT pid FROM pg_stat_activity WHERE query LIKE 'LISTEN%' AND state = 'idle'";
   auto until = std::chrono::steady_clock::now() + kBound;
@@ -344,12 +344,12 @@ TEST_F(PostgresStoreTest, ARowLockedElsewhereIsRetriedThenReportedNeverWaitedOnF
   ASSERT_EQ(PQntuples(locked_row), 1);
   PQclear(locked_row);
   auto t0 = std::chrono::steady_clock::now();
-  auto f = rt.acquire(key(), 1s, 0);
+  auto f = rt.acquire({.key = key(), .ttl = 1s, .retries = 0});
   auto err = error_of<SqlError>(f);
   auto took = std::chrono::steady_clock::now() - t0;
   // A reader's transaction stops at its first statement (the row's lock)
   // the same way, and the connection goes on.
-  auto s = rt.acquire(key(), LockKind::shared(), 1s, 0);
+  auto s = rt.acquire({.key = key(), .ttl = 1s, .retries = 0, .kind = LockKind::shared()});
   auto shared_err = error_of<SqlError>(s);
   PQclear(PQexec(other, "ROLLBACK"));
   PQfinish(other);
@@ -358,7 +358,7 @@ TEST_F(PostgresStoreTest, ARowLockedElsewhereIsRetriedThenReportedNeverWaitedOnF
   EXPECT_LT(took, 3s);
   ASSERT_TRUE(shared_err);
   EXPECT_EQ(shared_err->sqlstate(), "55P03") << shared_err->what();
-  auto reader = rt.acquire(key(), LockKind::shared(), 1s, 0);
+  auto reader = rt.acquire({.key = key(), .ttl = 1s, .retries = 0, .kind = LockKind::shared()});
   LockHandle r = get_bounded(reader);
   give_back(r);
   auto h = take(rt, key(), 1s, 0);
@@ -395,7 +395,7 @@ TEST_F(PostgresStoreTest, TheFenceSurvivesReleasesAndACrashMidLease) {
   ASSERT_TRUE(err);
   EXPECT_LT(std::chrono::steady_clock::now() - killed_at, 2s);
   server_->start();
-  auto after = rt.acquire(key(), 1s, forever, 10s);
+  auto after = rt.acquire({.key = key(), .ttl = 1s, .retries = forever, .wait = 10s});
   auto h = get_bounded(after);
   EXPECT_GT(h.lease().fencing_token(), last + 1);  // above the crashed lease's token too
   auto rows = server_->query("SELECT fence FROM lockwatch_locks WHERE lock_name = convert_to('lockwatch:" + key() +
@@ -422,13 +422,13 @@ TEST_F(PostgresStoreTest, AHungServerLosesTheLeaseByItsDeadlineAndRecovers) {
   auto paused_at = std::chrono::steady_clock::now();
   auto err = error_of<LeaseLost>(fut);
   auto lost_after = std::chrono::steady_clock::now() - paused_at;
-  auto other = rt.acquire(key("-other"), 1s, 0);
+  auto other = rt.acquire({.key = key("-other"), .ttl = 1s, .retries = 0});
   auto other_err = error_of<ConnectionError>(other);
   server_->resume();
   ASSERT_TRUE(err);
   EXPECT_LT(lost_after, 2s);
   EXPECT_TRUE(other_err);
-  auto again = rt.acquire(key(), 1s, forever, 10s);
+  auto again = rt.acquire({.key = key(), .ttl = 1s, .retries = forever, .wait = 10s});
   EXPECT_GE(get_bounded(again).lease().fencing_token(), 2u);
 }
 
@@ -496,7 +496,7 @@ TEST_F(PostgresStoreTest, TheHoldersTableIsCreatedBesideAnExistingLockTable) {
                                                  {"seq", "bigint"},
                                                  {"expires_at", "timestamp with time zone"}};
   EXPECT_EQ(columns, expected);
-  auto f = rt.acquire(key(), LockKind::shared(), 1s);
+  auto f = rt.acquire({.key = key(), .ttl = 1s, .kind = LockKind::shared()});
   LockHandle reader = get_bounded(f);
   const std::string name = "convert_to('lockwatch:" + key() + "', 'UTF8')";
   auto rows = server_->query("SELECT role, expires_at > clock_timestamp() FROM older_locks_holders WHERE lock_name = " +
@@ -510,7 +510,7 @@ TEST_F(PostgresStoreTest, TheHoldersTableIsCreatedBesideAnExistingLockTable) {
   auto forced = rt.force_release(key());
   EXPECT_TRUE(get_bounded(forced));
   EXPECT_TRUE(server_->query("SELECT 1 FROM older_locks_holders WHERE lock_name = " + name).empty());
-  auto writer = rt.acquire(key(), 2s, 0);
+  auto writer = rt.acquire({.key = key(), .ttl = 2s, .retries = 0});
   LockHandle w = get_bounded(writer);
   EXPECT_TRUE(stopped_within_bound(reader.lease().stop_token()));
 }
@@ -521,18 +521,18 @@ TEST_F(PostgresStoreTest, TheHoldersTableIsCreatedBesideAnExistingLockTable) {
 // and the holder keeps its lock throughout.
 TEST_F(PostgresStoreTest, AKeyHeldAsOneKindIsRefusedAsAnother) {
   Runtime a(options(server_->url())), b(options(server_->url()));
-  auto f = a.acquire(key(), LockKind::permits(2), 5s);
+  auto f = a.acquire({.key = key(), .ttl = 5s, .kind = LockKind::permits(2)});
   LockHandle permit = get_bounded(f);
   for (LockKind other : {LockKind::permits(3), LockKind::shared(), LockKind::exclusive(), LockKind::fair()}) {
-    auto g = b.acquire(key(), other, 5s, forever, 0ms);
+    auto g = b.acquire({.key = key(), .ttl = 5s, .retries = forever, .wait = 0ms, .kind = other});
     auto e = error_of<InvalidArgument>(g);
     ASSERT_TRUE(e) << other.describe();
     EXPECT_NE(std::string(e->what()).find("a semaphore of 2 permit(s)"), std::string::npos) << e->what();
   }
-  auto s = a.acquire(key("-shared"), LockKind::shared(), 5s);
+  auto s = a.acquire({.key = key("-shared"), .ttl = 5s, .kind = LockKind::shared()});
   LockHandle reader = get_bounded(s);
   for (LockKind other : {LockKind::permits(2), LockKind::fair()}) {
-    auto g = b.acquire(key("-shared"), other, 5s, forever, 0ms);
+    auto g = b.acquire({.key = key("-shared"), .ttl = 5s, .retries = forever, .wait = 0ms, .kind = other});
     auto e = error_of<InvalidArgument>(g);
     ASSERT_TRUE(e) << other.describe();
     EXPECT_NE(std::string(e->what()).find("held as shared"), std::string::npos) << e->what();
@@ -549,9 +549,9 @@ TEST_F(PostgresStoreTest, AKeyHeldAsOneKindIsRefusedAsAnother) {
 TEST_F(PostgresStoreTest, AReadersReleaseWakesAWaitingWriterByANotice) {
   const std::string table = "rw_notice_locks";
   Runtime readers(options(url_with_table(table))), writers(options(url_with_table(table)));
-  auto f = readers.acquire(key(), LockKind::shared(), 10s);
+  auto f = readers.acquire({.key = key(), .ttl = 10s, .kind = LockKind::shared()});
   LockHandle reader = get_bounded(f);
-  auto waited = writers.acquire(key(), 10s, forever, 15s);
+  auto waited = writers.acquire({.key = key(), .ttl = 10s, .retries = forever, .wait = 15s});
   EXPECT_EQ(waited.wait_for(1200ms), std::future_status::timeout);  // really waiting
   auto marks = server_->query("SELECT count(*) FROM " + table + "_holders WHERE role = 'w' AND expires_at > "
                               "clock_timestamp()");
@@ -563,7 +563,7 @@ TEST_F(PostgresStoreTest, AReadersReleaseWakesAWaitingWriterByANotice) {
   // Its grant took its mark away: a reader may come once it is done.
   EXPECT_TRUE(server_->query("SELECT 1 FROM " + table + "_holders WHERE role = 'w'").empty());
   give_back(w);
-  auto again = readers.acquire(key(), LockKind::shared(), 2s, forever, 0ms);
+  auto again = readers.acquire({.key = key(), .ttl = 2s, .retries = forever, .wait = 0ms, .kind = LockKind::shared()});
   LockHandle r = get_bounded(again);
   give_back(r);
 }

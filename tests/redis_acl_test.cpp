@@ -140,7 +140,7 @@ void run_core_cases(const Options& o, const std::string& key) {
   // before the holder's ttl (30 s) would have run out.
   auto long_held = other.acquire(key + ":wait", 30s);
   LockHandle holder = get_bounded(long_held);
-  auto waiting = rt.acquire(key + ":wait", 5s, forever, 25s);
+  auto waiting = rt.acquire({.key = key + ":wait", .ttl = 5s, .retries = forever, .wait = 25s});
   EXPECT_EQ(waiting.wait_for(100ms), std::future_status::timeout) << "busy: it waits";
   const auto released_at = steady_clock::now();
   auto given_back = holder.release();
@@ -288,12 +288,12 @@ TEST_F(RedisAclTest, TheKindsRuleCoversReadersAndPermitsRenewedAndReleased) {
   forget_refusals(*server_);
   Runtime rt(as("kinds"));
   const std::string reader_key = test_key() + ":rw";
-  auto r1 = rt.acquire(reader_key, LockKind::shared(), 300ms);
-  auto r2 = rt.acquire(reader_key, LockKind::shared(), 300ms);
+  auto r1 = rt.acquire({.key = reader_key, .ttl = 300ms, .kind = LockKind::shared()});
+  auto r2 = rt.acquire({.key = reader_key, .ttl = 300ms, .kind = LockKind::shared()});
   LockHandle a = get_bounded(r1);
   LockHandle b = get_bounded(r2);  // readers overlap
   ASSERT_TRUE(renewed_again(a.lease(), 1));  // the renew script, as this user
-  auto permit = rt.acquire(test_key() + ":sem", LockKind::permits(2), 5s);
+  auto permit = rt.acquire({.key = test_key() + ":sem", .ttl = 5s, .kind = LockKind::permits(2)});
   LockHandle p = get_bounded(permit);
   for (LockHandle* h : {&a, &b, &p}) {
     auto back = h->release();
@@ -308,12 +308,12 @@ TEST_F(RedisAclTest, TheKindsRuleCoversFairLocksQueuedWithdrawnAndReleased) {
   forget_refusals(*server_);
   Runtime rt(as("fair"));
   const std::string key = test_key() + ":fair";
-  auto first = rt.acquire(key, LockKind::fair(), 300ms);
+  auto first = rt.acquire({.key = key, .ttl = 300ms, .kind = LockKind::fair()});
   LockHandle holder = get_bounded(first);
   ASSERT_TRUE(renewed_again(holder.lease(), 1));  // the kinds' renew script, as this user
-  auto quitter = rt.acquire(key, LockKind::fair(), 300ms, forever, 100ms);  // queued, then withdrawn
+  auto quitter = rt.acquire({.key = key, .ttl = 300ms, .retries = forever, .wait = 100ms, .kind = LockKind::fair()});  // queued, then withdrawn
   EXPECT_THROW(get_bounded(quitter), LockNotAcquired);
-  auto next = rt.acquire(key, LockKind::fair(), 300ms, forever, kBound);
+  auto next = rt.acquire({.key = key, .ttl = 300ms, .retries = forever, .wait = kBound, .kind = LockKind::fair()});
   auto back = holder.release();  // publishes: the next one is granted
   get_bounded(back);
   LockHandle h = get_bounded(next);
@@ -326,7 +326,7 @@ TEST_F(RedisAclTest, TheKindsRuleCoversFairLocksQueuedWithdrawnAndReleased) {
 TEST_F(RedisAclTest, WithoutTheKindsRuleASharedLockFailsWithAuthErrorNamingTheScript) {
   add_user(*server_, "nokinds", "pw", doc_rule("node"));
   Runtime rt(as("nokinds"));
-  auto f = rt.acquire(test_key(), LockKind::shared(), 5s);
+  auto f = rt.acquire({.key = test_key(), .ttl = 5s, .kind = LockKind::shared()});
   const std::string what = auth_error_of(f);
   EXPECT_NE(what.find("shared or permit acquire script"), std::string::npos) << what;
   EXPECT_FALSE(exists(*server_, test_key()));
@@ -341,7 +341,7 @@ TEST_F(RedisAclTest, WithoutTheChannelsTheRefusedSubscriptionAndReleaseNoticeAre
   auto held = rt.acquire(test_key(), 1s);
   LockHandle h = get_bounded(held);
   // A waiter subscribes to the lock's channel, which Redis refuses.
-  auto waiting = rt.acquire(test_key(), 5s, forever, 50ms);
+  auto waiting = rt.acquire({.key = test_key(), .ttl = 5s, .retries = forever, .wait = 50ms});
   EXPECT_NE(error_of<LockNotAcquired>(waiting), nullptr);
   EXPECT_TRUE(log.wait_for("NOPERM")) << "the refused SUBSCRIBE is logged";
   EXPECT_TRUE(log.wait_for("no release notices"));

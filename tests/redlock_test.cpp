@@ -198,7 +198,7 @@ TEST_F(RedlockTest, ReadWriteLocksHoldOnAMajorityAndPermitsAreUnsupported) {
   // Each node counts its own permit holders, and majorities of different
   // holders overlap: a quorum cannot bound a semaphore, so it refuses one.
   try {
-    (void)rts[0]->acquire("rl-sem", LockKind::permits(2), 2s);
+    (void)rts[0]->acquire({.key = "rl-sem", .ttl = 2s, .kind = LockKind::permits(2)});
     ADD_FAILURE() << "a quorum took a semaphore";
   } catch (const Unsupported& e) {
     EXPECT_NE(std::string(e.what()).find("2 permits"), std::string::npos) << e.what();
@@ -280,7 +280,7 @@ TEST_F(RedlockTest, FencingTokensRiseWhenTheMajorityChanges) {
   Runtime rt(options());
   auto token_now = [&] {
     // A wait rides out the reconnects to the restarted nodes.
-    auto f = rt.acquire("rl-fence", 2s, forever, 10s);
+    auto f = rt.acquire({.key = "rl-fence", .ttl = 2s, .retries = forever, .wait = 10s});
     LockHandle h = get_bounded(f);
     auto t = h.lease().fencing_token();
     auto r = h.release();

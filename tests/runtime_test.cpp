@@ -51,11 +51,11 @@ TEST_F(RuntimeTest, AbsurdTtlsAndWaitsAreInvalidArgumentsAtTheCall) {
     EXPECT_NE(std::string(err->what()).find("ttl must be"), std::string::npos) << err->what();
   }
   for (auto wait : {huge, std::chrono::milliseconds::max(), -1ms}) {
-    auto what = invalid_argument_of([&] { (void)rt_->acquire("k", 1s, forever, wait); });
+    auto what = invalid_argument_of([&] { (void)rt_->acquire({.key = "k", .ttl = 1s, .retries = forever, .wait = wait}); });
     EXPECT_NE(what.find("wait must be 0 .. 604800000 ms"), std::string::npos) << what;
   }
   // The bounds themselves are taken.
-  auto f = rt_->acquire("k", max_ttl, 0, 0ms);
+  auto f = rt_->acquire({.key = "k", .ttl = max_ttl, .retries = 0, .wait = 0ms});
   auto h = get_bounded(f);
   EXPECT_GT(h.lease().remaining(), max_ttl * 9 / 10);  // less the drift allowance
   auto released = h.release();
@@ -80,11 +80,16 @@ TEST_F(RuntimeTest, AKindTheStoreCannotHoldIsUnsupportedAtTheCallNamingKindAndSt
     }
     return "no Unsupported";
   };
-  auto shared = message([&] { (void)rt_->acquire("k", LockKind::shared(), 5s); });
+  auto shared = message([&] { (void)rt_->acquire({.key = "k", .ttl = 5s, .kind = LockKind::shared()}); });
   EXPECT_NE(shared.find("shared"), std::string::npos) << shared;
   EXPECT_NE(shared.find("store"), std::string::npos) << shared;
-  auto permits = message([&] { (void)rt_->acquire("k", LockKind::permits(3), 5s, forever, 0ms, [](auto, auto) {}); });
-  EXPECT_NE(permits.find("3 permits"), std::string::npos) << permits;
+  // The asynchronous form tells its handler, and throws nothing.
+  std::promise<std::error_code> refused;
+  rt_->async_acquire({.key = "k", .ttl = 5s, .kind = LockKind::permits(3)},
+                     [&](std::error_code ec, LockHandle) { refused.set_value(ec); });
+  auto permits = refused.get_future();
+  ASSERT_EQ(permits.wait_for(kBound), std::future_status::ready);
+  EXPECT_EQ(permits.get(), errc::unsupported);
   auto call = lockwatch::locked("k", 5s, 0).on(*rt_).shared()([] {});
   auto f = call();
   EXPECT_TRUE(error_of<Unsupported>(f));
@@ -323,7 +328,7 @@ std::vector<std::future<LockHandle>> ask_burst(Runtime& rt, const std::string& p
   std::vector<std::future<LockHandle>> asked;
   asked.reserve(static_cast<std::size_t>(n));
   for (int i = 0; i < n; ++i)
-    asked.push_back(rt.acquire(prefix + std::to_string(i), ttl, forever, i % 2 == 0 ? 0ms : kLongWait));
+    asked.push_back(rt.acquire({.key = prefix + std::to_string(i), .ttl = ttl, .retries = forever, .wait = i % 2 == 0 ? 0ms : kLongWait}));
   return asked;
 }
 
@@ -365,8 +370,8 @@ TEST_F(RuntimeTest, AnAttemptWhoseWaitEndsBeforeTheWindowLetsItGoIsNeverSent) {
     LoopHold hold(*rt_);
     ASSERT_TRUE(hold.reached());
     for (int i = 0; i < kWindow; ++i) asked.push_back(rt_->acquire("full-" + std::to_string(i), 5s));
-    brief = rt_->acquire("contended", 5s, forever, 50ms);
-    next = rt_->acquire("contended", 5s, forever, kLongWait);
+    brief = rt_->acquire({.key = "contended", .ttl = 5s, .retries = forever, .wait = 50ms});
+    next = rt_->acquire({.key = "contended", .ttl = 5s, .retries = forever, .wait = kLongWait});
   }
   auto e = error_in<LockNotAcquired>(brief);  // its wait ended in the client
   ASSERT_NE(e, nullptr);

@@ -207,7 +207,7 @@ TEST_P(SentinelTest, FindsTheMasterAndWaitsForTheReplica) {
     Runtime rt(slow);
     auto first_f = rt.acquire("sen-hand", 2s);
     LockHandle first = get_bounded(first_f);
-    auto second_f = rt.acquire("sen-hand", 2s, forever, kBound);
+    auto second_f = rt.acquire({.key = "sen-hand", .ttl = 2s, .retries = forever, .wait = kBound});
     auto back = first.release();
     LockHandle second = get_bounded(second_f);
     get_bounded(back);
@@ -233,15 +233,15 @@ TEST_P(SentinelTest, SharedAndPermitLocksOnTheMasterFoundReachItsReplica) {
   Options o = options();
   o.min_replicas = 1;
   Runtime rt(o);
-  auto r1 = rt.acquire("sen-rw", LockKind::shared(), 2s);
-  auto r2 = rt.acquire("sen-rw", LockKind::shared(), 2s);
+  auto r1 = rt.acquire({.key = "sen-rw", .ttl = 2s, .kind = LockKind::shared()});
+  auto r2 = rt.acquire({.key = "sen-rw", .ttl = 2s, .kind = LockKind::shared()});
   LockHandle a = get_bounded(r1), b = get_bounded(r2);
   EXPECT_TRUE(exists(*master_, "sen-rw") && exists(*replica_, "sen-rw"));
-  auto writer = rt.acquire("sen-rw", 2s, forever, 0ms);
+  auto writer = rt.acquire({.key = "sen-rw", .ttl = 2s, .retries = forever, .wait = 0ms});
   EXPECT_TRUE(error_of<LockNotAcquired>(writer));
-  auto p1 = rt.acquire("sen-sem", LockKind::permits(1), 2s);
+  auto p1 = rt.acquire({.key = "sen-sem", .ttl = 2s, .kind = LockKind::permits(1)});
   LockHandle p = get_bounded(p1);
-  auto p2 = rt.acquire("sen-sem", LockKind::permits(1), 2s, forever, 0ms);
+  auto p2 = rt.acquire({.key = "sen-sem", .ttl = 2s, .retries = forever, .wait = 0ms, .kind = LockKind::permits(1)});
   EXPECT_TRUE(error_of<LockNotAcquired>(p2));
   for (LockHandle* h : {&a, &b, &p}) {
     auto f = h->release();
@@ -252,16 +252,16 @@ TEST_P(SentinelTest, SharedAndPermitLocksOnTheMasterFoundReachItsReplica) {
 
 TEST_P(SentinelTest, FairLocksOnTheMasterFoundGrantInArrivalOrder) {
   Runtime a(options()), b(options()), c(options());
-  auto first = a.acquire("sen-fair", LockKind::fair(), 2s);
+  auto first = a.acquire({.key = "sen-fair", .ttl = 2s, .kind = LockKind::fair()});
   LockHandle holder = get_bounded(first);
   const std::uint64_t holder_token = holder.lease().fencing_token();
   EXPECT_TRUE(exists(*master_, "sen-fair"));
   auto queued = [&](long long n) {
     return eventually([&] { return master_->command({"ZCARD", lock_key("sen-fair") + ":queue"}).integer == n; });
   };
-  auto one = b.acquire("sen-fair", LockKind::fair(), 2s, forever, kBound);
+  auto one = b.acquire({.key = "sen-fair", .ttl = 2s, .retries = forever, .wait = kBound, .kind = LockKind::fair()});
   ASSERT_TRUE(queued(1));
-  auto two = c.acquire("sen-fair", LockKind::fair(), 2s, forever, kBound);
+  auto two = c.acquire({.key = "sen-fair", .ttl = 2s, .retries = forever, .wait = kBound, .kind = LockKind::fair()});
   ASSERT_TRUE(queued(2));
   auto back = holder.release();
   get_bounded(back);

@@ -44,7 +44,7 @@ class SqlStoreTest : public ::testing::Test {
 MariaDbServer* SqlStoreTest::server_ = nullptr;
 
 LockHandle take(Runtime& rt, const std::string& key, std::chrono::milliseconds ttl, Retries retries = forever) {
-  auto f = rt.acquire(key, ttl, retries);
+  auto f = rt.acquire({.key = key, .ttl = ttl, .retries = retries});
   return get_bounded(f);
 }
 
@@ -101,7 +101,7 @@ TEST_F(SqlStoreTest, ATableWithTheWrongColumnsIsAClearErrorNamingIt) {
   ASSERT_TRUE(err);
   EXPECT_NE(std::string(err->what()).find("not_locks"), std::string::npos) << err->what();
   EXPECT_NE(std::string(err->what()).find("columns"), std::string::npos) << err->what();
-  EXPECT_EQ(err->code(), 1054u);  // unknown column
+  EXPECT_EQ(err->server_code(), 1054u);  // unknown column
 }
 
 TEST_F(SqlStoreTest, TheUnixSocketWorks) {
@@ -184,7 +184,7 @@ TEST_F(SqlStoreTest, ManyAcquisitionsShareRoundTripsAndEachIsAnsweredOnItsOwn) {
     if (i == 150) {
       auto err = error_of<SqlError>(acquiring[i]);
       ASSERT_TRUE(err);
-      EXPECT_EQ(err->code(), 1406u);  // data too long for the column (strict mode: never truncated)
+      EXPECT_EQ(err->server_code(), 1406u);  // data too long for the column (strict mode: never truncated)
       continue;
     }
     auto h = get_bounded(acquiring[i]);
@@ -201,7 +201,7 @@ TEST_F(SqlStoreTest, AnOlderInstallGetsTheHoldersTableWhenMissing) {
                  " (lock_name VARBINARY(255) NOT NULL PRIMARY KEY, owner VARBINARY(64) NOT NULL DEFAULT '', "
                  "fence BIGINT UNSIGNED NOT NULL DEFAULT 0, expires_at DATETIME(6) NOT NULL, last_period BIGINT NULL)");
   Runtime rt(options(server_->url() + "?table=older"));
-  auto f = rt.acquire(key(), LockKind::shared(), 5s);
+  auto f = rt.acquire({.key = key(), .ttl = 5s, .kind = LockKind::shared()});
   LockHandle reader = get_bounded(f);
   auto ddl = server_->query("SHOW CREATE TABLE " + db_table("older_holders"));
   ASSERT_EQ(ddl.size(), 1u);
@@ -220,10 +220,10 @@ TEST_F(SqlStoreTest, AnOlderInstallGetsTheHoldersTableWhenMissing) {
 
 TEST_F(SqlStoreTest, AKeyHeldAsOneKindIsRefusedAsAnother) {
   Runtime a(options(server_->url())), b(options(server_->url()));
-  auto f = a.acquire(key(), LockKind::shared(), 5s);
+  auto f = a.acquire({.key = key(), .ttl = 5s, .kind = LockKind::shared()});
   LockHandle reader = get_bounded(f);
   for (LockKind other : {LockKind::permits(2), LockKind::fair()}) {
-    auto refused = b.acquire(key(), other, 5s, forever, 0ms);
+    auto refused = b.acquire({.key = key(), .ttl = 5s, .retries = forever, .wait = 0ms, .kind = other});
     auto e = error_of<InvalidArgument>(refused);
     ASSERT_TRUE(e) << other.describe();
     EXPECT_NE(std::string(e->what()).find("shared"), std::string::npos) << e->what();
@@ -231,9 +231,9 @@ TEST_F(SqlStoreTest, AKeyHeldAsOneKindIsRefusedAsAnother) {
   auto g = reader.release();
   get_bounded(g);
   // Free again: a fair holder now, and the other kinds are refused.
-  auto fair = b.acquire(key(), LockKind::fair(), 5s, forever, 0ms);
+  auto fair = b.acquire({.key = key(), .ttl = 5s, .retries = forever, .wait = 0ms, .kind = LockKind::fair()});
   LockHandle h = get_bounded(fair);
-  auto exclusive = a.acquire(key(), 5s, forever, 0ms);
+  auto exclusive = a.acquire({.key = key(), .ttl = 5s, .retries = forever, .wait = 0ms});
   auto e = error_of<InvalidArgument>(exclusive);
   ASSERT_TRUE(e);
   EXPECT_NE(std::string(e->what()).find("fair"), std::string::npos) << e->what();
@@ -253,9 +253,9 @@ TEST_F(SqlStoreTest, ARowLeftByAKilledReaderExpiresOnTheDatabasesClock) {
                  ", 'dead', 'r', UTC_TIMESTAMP(6) + INTERVAL 400000 MICROSECOND)");
   Runtime rt(options(server_->url()));
   auto t0 = std::chrono::steady_clock::now();
-  auto busy = rt.acquire(key(), 5s, forever, 0ms);
+  auto busy = rt.acquire({.key = key(), .ttl = 5s, .retries = forever, .wait = 0ms});
   EXPECT_TRUE(error_of<LockNotAcquired>(busy));
-  auto f = rt.acquire(key(), 5s, forever, 5s);
+  auto f = rt.acquire({.key = key(), .ttl = 5s, .retries = forever, .wait = 5s});
   LockHandle writer = get_bounded(f);
   EXPECT_GE(std::chrono::steady_clock::now() - t0, 300ms);
   EXPECT_EQ(writer.lease().fencing_token(), 8u);
@@ -265,7 +265,7 @@ TEST_F(SqlStoreTest, ARowLeftByAKilledReaderExpiresOnTheDatabasesClock) {
 
 TEST_F(SqlStoreTest, OperatorsSeeAndForceReleaseAKeyHeldByReaders) {
   Runtime a(options(server_->url())), b(options(server_->url()));
-  auto f = a.acquire(key(), LockKind::shared(), 10s);
+  auto f = a.acquire({.key = key(), .ttl = 10s, .kind = LockKind::shared()});
   LockHandle reader = get_bounded(f);
   auto state = b.inspect(key());
   auto s = get_bounded(state);
@@ -276,7 +276,7 @@ TEST_F(SqlStoreTest, OperatorsSeeAndForceReleaseAKeyHeldByReaders) {
   EXPECT_TRUE(server_->query("SELECT 1 FROM " + db_table("lockwatch_locks_holders") + " WHERE lock_name = 'lockwatch:" +
                              key() + "'")
                   .empty());
-  auto writer = b.acquire(key(), 2s, 0);
+  auto writer = b.acquire({.key = key(), .ttl = 2s, .retries = 0});
   LockHandle w = get_bounded(writer);
   // The reader learns it at its next renewal (or its release).
   auto r = reader.release();

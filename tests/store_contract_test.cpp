@@ -31,7 +31,7 @@ namespace {
 
 // Takes `key` outside LOCKED (bounded).
 LockHandle take(Runtime& rt, const std::string& key, std::chrono::milliseconds ttl, Retries retries = forever) {
-  auto f = rt.acquire(key, ttl, retries);
+  auto f = rt.acquire({.key = key, .ttl = ttl, .retries = retries});
   return get_bounded(f);
 }
 
@@ -270,8 +270,8 @@ TEST_P(StoreContractTest, TheLongestKeyWorksAndOneByteMoreIsInvalid) {
   auto ok = take(rt, longest, 1s, 0);
   EXPECT_GE(ok.lease().fencing_token(), 1u);
   give_back(ok);
-  EXPECT_THROW(rt.acquire(longest + "k", 1s, 0), InvalidArgument);
-  EXPECT_THROW(rt.acquire("", 1s, 0), InvalidArgument);
+  EXPECT_THROW(rt.acquire({.key = longest + "k", .ttl = 1s, .retries = 0}), InvalidArgument);
+  EXPECT_THROW(rt.acquire({.key = "", .ttl = 1s, .retries = 0}), InvalidArgument);
 }
 
 TEST_P(StoreContractTest, KeysOfAnyBytesAreDistinctLocks) {
@@ -457,7 +457,7 @@ bool refuses_kinds(Runtime& rt, const std::string& store) {
   if (keeps_kinds(store)) return false;
   for (LockKind kind : {LockKind::shared(), LockKind::permits(2)}) {
     try {
-      (void)rt.acquire("kinds", kind, 1s);
+      (void)rt.acquire({.key = "kinds", .ttl = 1s, .kind = kind});
       ADD_FAILURE() << store << " took a " << kind.describe() << " lock";
     } catch (const Unsupported& e) {
       EXPECT_NE(std::string(e.what()).find(kind.describe()), std::string::npos) << e.what();
@@ -560,14 +560,14 @@ TEST_P(StoreContractTest, AWriterIsNotStarvedByAStreamOfReaders) {
 TEST_P(StoreContractTest, AWriterThatStopsWaitingHoldsReadersBackBriefly) {
   Runtime readers(options()), writer_rt(options());
   if (refuses_kinds(readers, GetParam())) GTEST_SKIP() << GetParam() << " holds exclusive locks only (Unsupported)";
-  auto first = readers.acquire("gave-up", LockKind::shared(), 30s);
+  auto first = readers.acquire({.key = "gave-up", .ttl = 30s, .kind = LockKind::shared()});
   LockHandle reader = get_bounded(first);
   // A writer with a long ttl waits a little for the reader, and gives up.
-  auto writer = writer_rt.acquire("gave-up", 30s, forever, 200ms);
+  auto writer = writer_rt.acquire({.key = "gave-up", .ttl = 30s, .retries = forever, .wait = 200ms});
   EXPECT_TRUE(error_of<LockNotAcquired>(writer));
   // Its mark outlives it by 2 s at most, not by its ttl.
   auto t0 = std::chrono::steady_clock::now();
-  auto next = readers.acquire("gave-up", LockKind::shared(), 30s, forever, 10s);
+  auto next = readers.acquire({.key = "gave-up", .ttl = 30s, .retries = forever, .wait = 10s, .kind = LockKind::shared()});
   LockHandle r = get_bounded(next);
   EXPECT_LT(std::chrono::steady_clock::now() - t0, 2500ms);
   give_back(r);
@@ -640,9 +640,9 @@ TEST_P(StoreContractTest, AKilledHoldersPermitComesBackAfterItsTtl) {
   child.kill(SIGKILL);
   auto killed_at = std::chrono::steady_clock::now();
   // One permit is free at once; the dead holder's comes back after its ttl.
-  auto first = rt.acquire("killed-permit", LockKind::permits(2), 1s, forever, 0ms);
+  auto first = rt.acquire({.key = "killed-permit", .ttl = 1s, .retries = forever, .wait = 0ms, .kind = LockKind::permits(2)});
   LockHandle one = get_bounded(first);
-  auto second = rt.acquire("killed-permit", LockKind::permits(2), 1s, forever, 10s);
+  auto second = rt.acquire({.key = "killed-permit", .ttl = 1s, .retries = forever, .wait = 10s, .kind = LockKind::permits(2)});
   LockHandle two = get_bounded(second);
   EXPECT_LT(std::chrono::steady_clock::now() - killed_at, 1600ms);
   EXPECT_GT(two.lease().fencing_token(), one.lease().fencing_token());
@@ -653,20 +653,20 @@ TEST_P(StoreContractTest, AKilledHoldersPermitComesBackAfterItsTtl) {
 TEST_P(StoreContractTest, CallersThatDisagreeOnNOrKindGetInvalidArgument) {
   Runtime a(options()), b(options());
   if (refuses_kinds(a, GetParam())) GTEST_SKIP() << GetParam() << " holds exclusive locks only (Unsupported)";
-  auto f = a.acquire("agreed", LockKind::permits(2), 5s);
+  auto f = a.acquire({.key = "agreed", .ttl = 5s, .kind = LockKind::permits(2)});
   LockHandle held = get_bounded(f);
-  auto more = b.acquire("agreed", LockKind::permits(3), 5s, forever, 0ms);
+  auto more = b.acquire({.key = "agreed", .ttl = 5s, .retries = forever, .wait = 0ms, .kind = LockKind::permits(3)});
   auto e = error_of<InvalidArgument>(more);
   ASSERT_TRUE(e);
   EXPECT_NE(std::string(e->what()).find("2 permit"), std::string::npos) << e->what();
-  auto exclusive = b.acquire("agreed", 5s, forever, 0ms);
+  auto exclusive = b.acquire({.key = "agreed", .ttl = 5s, .retries = forever, .wait = 0ms});
   EXPECT_TRUE(error_of<InvalidArgument>(exclusive));
-  auto shared = b.acquire("agreed", LockKind::shared(), 5s, forever, 0ms);
+  auto shared = b.acquire({.key = "agreed", .ttl = 5s, .retries = forever, .wait = 0ms, .kind = LockKind::shared()});
   EXPECT_TRUE(error_of<InvalidArgument>(shared));
   // The holder keeps its permit; once it is back, any kind may take the key.
   EXPECT_FALSE(held.lease().lost());
   give_back(held);
-  auto after = b.acquire("agreed", LockKind::permits(3), 5s, forever, 0ms);
+  auto after = b.acquire({.key = "agreed", .ttl = 5s, .retries = forever, .wait = 0ms, .kind = LockKind::permits(3)});
   LockHandle h = get_bounded(after);
   give_back(h);
 }

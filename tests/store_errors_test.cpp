@@ -158,7 +158,8 @@ TEST(StoreErrorsTest, EachKindMapsToItsPublicError) {
     try {
       std::rethrow_exception(x);
     } catch (const SqlError& s) {
-      EXPECT_EQ(s.code(), n);
+      EXPECT_EQ(s.server_code(), n);
+      EXPECT_EQ(s.code(), errc::store_refused);
       EXPECT_EQ(s.server_message(), "the server's text");
       EXPECT_EQ(what_of(x), "mysql://h:1/db answered error " + std::to_string(n) + ": the server's text");
     } catch (...) {
@@ -217,7 +218,7 @@ TEST(StoreErrorsTest, APostgresRefusalIsAnSqlErrorWithItsSqlstate) {
     std::rethrow_exception(x);
   } catch (const SqlError& s) {
     EXPECT_EQ(s.sqlstate(), "23514");
-    EXPECT_EQ(s.code(), 0u);
+    EXPECT_EQ(s.server_code(), 0u);
     EXPECT_EQ(s.server_message(), "new row violates check constraint");
   } catch (...) {
     ADD_FAILURE() << "not an SqlError";

@@ -46,7 +46,7 @@ TEST_F(WaitQueueTest, ABusyLockWithoutWaitFailsAtOnceAfterOneAttempt) {
 }
 
 TEST_F(WaitQueueTest, AFreeLockIsTakenWithOneRequest) {
-  auto f = rt_->acquire("free", 1s, forever, 5s);
+  auto f = rt_->acquire({.key = "free", .ttl = 1s, .retries = forever, .wait = 5s});
   auto h = get_bounded(f);
   EXPECT_EQ(acquires_of("free"), 1u);
   EXPECT_EQ(script_->count(Op::kSubscribe), 0u);
@@ -57,7 +57,7 @@ TEST_F(WaitQueueTest, AFreeLockIsTakenWithOneRequest) {
 TEST_F(WaitQueueTest, AReleaseNoticeWakesTheHeadLongBeforeTheHoldersTtl) {
   held_elsewhere("notice", 10s);
   auto t0 = std::chrono::steady_clock::now();
-  auto f = rt_->acquire("notice", 1s, forever, 15s);
+  auto f = rt_->acquire({.key = "notice", .ttl = 1s, .retries = forever, .wait = 15s});
   ASSERT_TRUE(script_->wait_for(Op::kSubscribe, 1));
   backend_->release_as_other(memory_name("notice"));
   auto h = get_bounded(f);
@@ -79,7 +79,7 @@ TEST_F(WaitQueueTest, TheHeadTriesAgainOnceItsSubscriptionIsConfirmed) {
     return a;
   });
   auto t0 = std::chrono::steady_clock::now();
-  auto f = rt_->acquire("confirmed", 1s, forever, 5s);
+  auto f = rt_->acquire({.key = "confirmed", .ttl = 1s, .retries = forever, .wait = 5s});
   auto h = get_bounded(f);
   EXPECT_LT(ms_between(t0, std::chrono::steady_clock::now()), 2s);  // not the 10 s the busy answer named
   EXPECT_EQ(acquires_of("confirmed"), 2u);
@@ -90,7 +90,7 @@ TEST_F(WaitQueueTest, TheHeadTriesAgainOnceItsSubscriptionIsConfirmed) {
 TEST_F(WaitQueueTest, AHolderThatDiesIsWaitedOutByItsTtl) {
   held_elsewhere("dead-holder", 400ms);  // never releases, never publishes
   auto t0 = std::chrono::steady_clock::now();
-  auto f = rt_->acquire("dead-holder", 1s, forever, 10s);
+  auto f = rt_->acquire({.key = "dead-holder", .ttl = 1s, .retries = forever, .wait = 10s});
   auto h = get_bounded(f);
   auto waited = ms_between(t0, std::chrono::steady_clock::now());
   EXPECT_GE(waited, 350ms);
@@ -122,7 +122,7 @@ TEST_F(WaitQueueTest, WaitersAreServedInArrivalOrder) {
 TEST_F(WaitQueueTest, OnlyTheHeadAsksTheStore) {
   held_elsewhere("head-only", 10s);
   std::vector<std::future<LockHandle>> waiting;
-  for (int i = 0; i < 20; ++i) waiting.push_back(rt_->acquire("head-only", 1s, forever, 15s));
+  for (int i = 0; i < 20; ++i) waiting.push_back(rt_->acquire({.key = "head-only", .ttl = 1s, .retries = forever, .wait = 15s}));
   ASSERT_TRUE(script_->wait_for(Op::kSubscribe, 1));
   ASSERT_TRUE(script_->wait_for(Op::kAcquire, 2));
   std::this_thread::sleep_for(100ms);  // a window in which twenty callers could have polled
@@ -139,7 +139,7 @@ TEST_F(WaitQueueTest, OurOwnReleaseHandsTheLockToOurNextWaiter) {
   script_->set_release_events(false);  // no notices: the hand-off must not need one
   auto first = rt_->acquire("hand-off", 10s);
   auto h = get_bounded(first);
-  auto next = rt_->acquire("hand-off", 10s, forever, 15s);
+  auto next = rt_->acquire({.key = "hand-off", .ttl = 10s, .retries = forever, .wait = 15s});
   ASSERT_TRUE(script_->wait_for(Op::kAcquire, 2));
   auto t0 = std::chrono::steady_clock::now();
   h.release().get();
@@ -151,7 +151,7 @@ TEST_F(WaitQueueTest, OurOwnReleaseHandsTheLockToOurNextWaiter) {
 TEST_F(WaitQueueTest, AWaitThatRunsOutIsLockNotAcquired) {
   held_elsewhere("runs-out", 10s);
   auto t0 = std::chrono::steady_clock::now();
-  auto f = rt_->acquire("runs-out", 1s, forever, 300ms);
+  auto f = rt_->acquire({.key = "runs-out", .ttl = 1s, .retries = forever, .wait = 300ms});
   auto err = error_of<LockNotAcquired>(f);
   ASSERT_TRUE(err);
   EXPECT_GE(err->waited(), 290ms);
@@ -161,8 +161,8 @@ TEST_F(WaitQueueTest, AWaitThatRunsOutIsLockNotAcquired) {
 
 TEST_F(WaitQueueTest, AWaiterWhoseWaitRanOutLeavesItsPlaceToTheNext) {
   held_elsewhere("leaves", 10s);
-  auto impatient = rt_->acquire("leaves", 1s, forever, 200ms);
-  auto patient = rt_->acquire("leaves", 1s, forever, 15s);
+  auto impatient = rt_->acquire({.key = "leaves", .ttl = 1s, .retries = forever, .wait = 200ms});
+  auto patient = rt_->acquire({.key = "leaves", .ttl = 1s, .retries = forever, .wait = 15s});
   EXPECT_TRUE(error_of<LockNotAcquired>(impatient));
   backend_->release_as_other(memory_name("leaves"));
   auto h = get_bounded(patient);
@@ -172,7 +172,7 @@ TEST_F(WaitQueueTest, AWaiterWhoseWaitRanOutLeavesItsPlaceToTheNext) {
 TEST_F(WaitQueueTest, AConnectionBlipKeepsTheWaitersPlace) {
   held_elsewhere("blip", 300ms);
   script_->set_down(true);
-  auto f = rt_->acquire("blip", 1s, forever, 10s);
+  auto f = rt_->acquire({.key = "blip", .ttl = 1s, .retries = forever, .wait = 10s});
   ASSERT_TRUE(script_->wait_for(Op::kAcquire, 3));  // retried while down
   script_->set_down(false);
   auto h = get_bounded(f);
@@ -181,7 +181,7 @@ TEST_F(WaitQueueTest, AConnectionBlipKeepsTheWaitersPlace) {
 
 TEST_F(WaitQueueTest, AWaitSpentOnConnectionErrorsReportsThem) {
   script_->set_down(true);
-  auto f = rt_->acquire("down", 1s, forever, 300ms);
+  auto f = rt_->acquire({.key = "down", .ttl = 1s, .retries = forever, .wait = 300ms});
   auto err = error_of<ConnectionError>(f);
   ASSERT_TRUE(err);
   EXPECT_EQ(err->endpoint(), "memory");
@@ -200,11 +200,11 @@ TEST_F(WaitQueueTest, AClusterFailingOverKeepsTheWaitersPlace) {
                                                              : "TRYAGAIN Multiple keys request");
     return a;
   });
-  auto first = rt_->acquire("failing-over", 1s, forever);  // no wait: at once
+  auto first = rt_->acquire({.key = "failing-over", .ttl = 1s, .retries = forever});  // no wait: at once
   auto err = error_of<RedisError>(first);
   ASSERT_TRUE(err);
   EXPECT_EQ(err->redis_message().rfind("CLUSTERDOWN", 0), 0u) << err->redis_message();
-  auto f = rt_->acquire("failing-over", 1s, forever, 10s);
+  auto f = rt_->acquire({.key = "failing-over", .ttl = 1s, .retries = forever, .wait = 10s});
   auto h = get_bounded(f);
   EXPECT_EQ(acquires_of("failing-over"), 4u);  // TRYAGAIN, CLUSTERDOWN, then taken
   auto released = h.release();
@@ -220,8 +220,8 @@ TEST_F(WaitQueueTest, AWaitOnAStoreThatIsDownFailsAfterTheConnectTimeoutNotTheWa
   rt_ = memory_runtime(backend_, script_, o);
   script_->set_down(true);
   auto t0 = std::chrono::steady_clock::now();
-  auto first = rt_->acquire("down-long", 1s, forever, 8s);
-  auto second = rt_->acquire("down-long", 1s, forever, 8s);
+  auto first = rt_->acquire({.key = "down-long", .ttl = 1s, .retries = forever, .wait = 8s});
+  auto second = rt_->acquire({.key = "down-long", .ttl = 1s, .retries = forever, .wait = 8s});
   auto err = error_of<ConnectionError>(first);
   ASSERT_TRUE(err);
   EXPECT_TRUE(error_of<ConnectionError>(second));
@@ -274,7 +274,7 @@ TEST_F(WaitQueueTest, AWaiterGivenUpAfterAConnectionErrorGivesItsTokenBack) {
   // out: that attempt may have taken the lock.
   held_elsewhere("ghost-wait", 200ms);
   script_->set_delay(Op::kAcquire, 0ms);
-  auto f = rt_->acquire("ghost-wait", 30s, forever, 400ms);
+  auto f = rt_->acquire({.key = "ghost-wait", .ttl = 30s, .retries = forever, .wait = 400ms});
   ASSERT_TRUE(script_->wait_for(Op::kAcquire, 1));
   script_->lose_replies(Op::kAcquire, 1000);  // from now on every attempt is applied, its answer lost
   auto err = error_of<ConnectionError>(f);
@@ -293,7 +293,7 @@ TEST_F(WaitQueueTest, AnErrorOtherThanAConnectionFailsTheWaiterAtOnce) {
     return a;
   });
   auto t0 = std::chrono::steady_clock::now();
-  auto f = rt_->acquire("wrongtype", 1s, forever, 10s);
+  auto f = rt_->acquire({.key = "wrongtype", .ttl = 1s, .retries = forever, .wait = 10s});
   auto err = error_of<RedisError>(f);
   ASSERT_TRUE(err);
   EXPECT_LT(ms_between(t0, std::chrono::steady_clock::now()), 2s);
@@ -302,7 +302,7 @@ TEST_F(WaitQueueTest, AnErrorOtherThanAConnectionFailsTheWaiterAtOnce) {
 
 TEST_F(WaitQueueTest, ALockTakenAfterTheWaitRanOutIsGivenBack) {
   script_->set_delay(Op::kAcquire, 400ms);
-  auto f = rt_->acquire("late", 1s, forever, 100ms);
+  auto f = rt_->acquire({.key = "late", .ttl = 1s, .retries = forever, .wait = 100ms});
   EXPECT_TRUE(error_of<LockNotAcquired>(f));
   ASSERT_TRUE(script_->wait_for(Op::kRelease, 1));
   script_->set_delay(Op::kAcquire, 0ms);
@@ -315,7 +315,7 @@ TEST_F(WaitQueueTest, WithoutReleaseNoticesTheHeadPollsWithABoundedBackOff) {
   script_->set_release_events(false);
   held_elsewhere("polled", 10s);
   auto t0 = std::chrono::steady_clock::now();
-  auto f = rt_->acquire("polled", 1s, forever, 15s);
+  auto f = rt_->acquire({.key = "polled", .ttl = 1s, .retries = forever, .wait = 15s});
   ASSERT_TRUE(script_->wait_for(Op::kAcquire, 3));
   backend_->erase(memory_name("polled"));  // released, and nobody is told
   auto h = get_bounded(f);
@@ -332,7 +332,7 @@ TEST_F(WaitQueueTest, LostSubscriptionsCostLatencyNotLiveness) {
   rt_ = memory_runtime(backend_, script_, memory_options(), &store);
   held_elsewhere("lost-subs", 500ms);
   auto t0 = std::chrono::steady_clock::now();
-  auto f = rt_->acquire("lost-subs", 1s, forever, 10s);
+  auto f = rt_->acquire({.key = "lost-subs", .ttl = 1s, .retries = forever, .wait = 10s});
   ASSERT_TRUE(script_->wait_for(Op::kSubscribe, 1));
   ASSERT_TRUE(script_->wait_for(Op::kAcquire, 2));
   store->drop_subscriptions_soon();  // as if the pub/sub connection dropped
@@ -373,7 +373,7 @@ TEST_F(WaitQueueTest, AnObserverHearsEachReleaseAndKeepsItsSubscriptionPastTheWa
   ASSERT_TRUE(looks->reached(2));
   // A waiter of the key, woken by the next release, takes it and gives it back.
   held_elsewhere("observed", 10s);
-  auto f = rt_->acquire("observed", 1s, forever, 15s);
+  auto f = rt_->acquire({.key = "observed", .ttl = 1s, .retries = forever, .wait = 15s});
   ASSERT_TRUE(script_->wait_for(Op::kAcquire, 1));
   backend_->release_as_other(memory_name("observed"));
   auto h = get_bounded(f);
@@ -387,7 +387,7 @@ TEST_F(WaitQueueTest, AnObserverHearsEachReleaseAndKeepsItsSubscriptionPastTheWa
 
 TEST_F(WaitQueueTest, StoppingTheRuntimeFailsWaitersWithRuntimeStopped) {
   held_elsewhere("stopping", 10s);
-  auto f = rt_->acquire("stopping", 1s, forever, 15s);
+  auto f = rt_->acquire({.key = "stopping", .ttl = 1s, .retries = forever, .wait = 15s});
   ASSERT_TRUE(script_->wait_for(Op::kSubscribe, 1));
   rt_.reset();
   EXPECT_TRUE(error_of<RuntimeStopped>(f));
@@ -398,7 +398,7 @@ TEST_F(WaitQueueTest, TwoProcessesTakeTurnsThroughNotices) {
   auto other = memory_runtime(backend_, other_script);
   auto mine = rt_->acquire("turns", 10s);
   auto h = get_bounded(mine);
-  auto theirs = other->acquire("turns", 10s, forever, 15s);
+  auto theirs = other->acquire({.key = "turns", .ttl = 10s, .retries = forever, .wait = 15s});
   ASSERT_TRUE(other_script->wait_for(Op::kSubscribe, 1));
   auto t0 = std::chrono::steady_clock::now();
   h.release().get();

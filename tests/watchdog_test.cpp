@@ -22,7 +22,7 @@ class WatchdogTest : public ::testing::Test {
     rt_ = memory_runtime(backend_, script_, std::move(o));
   }
   LockHandle hold(const std::string& key, std::chrono::milliseconds ttl, Retries retries = forever) {
-    auto f = rt_->acquire(key, ttl, retries);
+    auto f = rt_->acquire({.key = key, .ttl = ttl, .retries = retries});
     return get_bounded(f);
   }
   std::vector<StoreScript::Call> renewals_of(const std::string& key) const {
@@ -285,13 +285,13 @@ TEST_F(WatchdogTest, TheLockIsReleasedBeforeTheFutureIsReady) {
 TEST_F(WatchdogTest, AHandleWhoseFutureWasDroppedUnreadReleasesTheLock) {
   {
     script_->set_delay(Op::kAcquire, 100ms);  // the grant comes after the future is gone
-    auto f = rt_->acquire("dropped", 10s, forever);
+    auto f = rt_->acquire({.key = "dropped", .ttl = 10s, .retries = forever});
   }
   script_->set_delay(Op::kAcquire, 0ms);
   // The next caller queues behind the dropped one and gets the lock once it
   // is released: long before its 10 s ttl could free it.
   auto t0 = std::chrono::steady_clock::now();
-  auto next = rt_->acquire("dropped", 1s, forever, 5s);
+  auto next = rt_->acquire({.key = "dropped", .ttl = 1s, .retries = forever, .wait = 5s});
   auto h = get_bounded(next);
   EXPECT_LT(ms_between(t0, std::chrono::steady_clock::now()), 5s);
   EXPECT_EQ(script_->count(Op::kRelease), 1u);

@@ -113,7 +113,7 @@ class ZooKeeperStoreTest : public ::testing::Test {
   }
   static LockHandle take(Runtime& rt, const std::string& k, std::chrono::milliseconds ttl,
                          std::chrono::milliseconds wait = 0ms) {
-    auto f = rt.acquire(k, ttl, forever, wait);
+    auto f = rt.acquire({.key = k, .ttl = ttl, .retries = forever, .wait = wait});
     return get_bounded(f);
   }
   // Where the ensemble keeps the lock named `name` (the store's name).
@@ -168,7 +168,7 @@ TEST_F(ZooKeeperStoreTest, MalformedUrlsAreInvalidArgumentsThatHideThePassword) 
 TEST_F(ZooKeeperStoreTest, ATtlAboveTheEnsemblesSessionTimeoutIsRefused) {
   // The ensemble grants sessions of 200 ms to 60 s (tests/support).
   Runtime rt(options());
-  auto f = rt.acquire(key(), 120s, forever);
+  auto f = rt.acquire({.key = key(), .ttl = 120s, .retries = forever});
   auto err = error_of<InvalidArgument>(f);
   ASSERT_TRUE(err);
   EXPECT_NE(std::string(err->what()).find("60000 ms"), std::string::npos) << err->what();
@@ -183,7 +183,7 @@ TEST_F(ZooKeeperStoreTest, ATtlAboveTheEnsemblesSessionTimeoutIsRefused) {
 
 TEST_F(ZooKeeperStoreTest, AChrootMissingOnTheEnsembleIsAnErrorNamingIt) {
   Runtime rt(options("zookeeper://" + ensemble_->hosts() + "/no/such/root"));
-  auto f = rt.acquire(key(), 1s, forever);
+  auto f = rt.acquire({.key = key(), .ttl = 1s, .retries = forever});
   auto err = error_of<ZooKeeperError>(f);
   ASSERT_TRUE(err);
   EXPECT_NE(std::string(err->what()).find("/no/such/root"), std::string::npos) << err->what();
@@ -208,7 +208,7 @@ TEST_F(ZooKeeperStoreTest, AMemberAnsweringGarbageIsAConnectionErrorWithinTheCon
   {
     Runtime rt(o);
     auto t0 = std::chrono::steady_clock::now();
-    auto f = rt.acquire(key(), 1s, forever);
+    auto f = rt.acquire({.key = key(), .ttl = 1s, .retries = forever});
     EXPECT_TRUE(error_of<ConnectionError>(f));  // no ASSERT: the listener's thread is joined below
     EXPECT_LT(std::chrono::steady_clock::now() - t0, 3s);
   }
@@ -241,7 +241,7 @@ TEST_F(ZooKeeperStoreTest, MemberNamesAreResolvedAndANameWithoutAddressIsAConnec
   o.connect_timeout = 1s;
   Runtime nowhere(o);
   auto t0 = std::chrono::steady_clock::now();
-  auto f = nowhere.acquire(key("-nowhere"), 1s, forever);
+  auto f = nowhere.acquire({.key = key("-nowhere"), .ttl = 1s, .retries = forever});
   auto err = error_of<ConnectionError>(f);
   ASSERT_TRUE(err);
   EXPECT_LT(std::chrono::steady_clock::now() - t0, 3s);
@@ -266,7 +266,7 @@ TEST_F(ZooKeeperStoreTest, AWaitingWriterStopsLaterReadersWhoThenSeeItsToken) {
   ASSERT_EQ(w1.status, Status::kTaken) << w1.error.describe();
   ASSERT_EQ(store.release(name, "w1"), detail::Released::kYes);
   // A reader after it sees its token.
-  auto first = rt.acquire(key(), LockKind::shared(), 10s);
+  auto first = rt.acquire({.key = key(), .ttl = 10s, .kind = LockKind::shared()});
   LockHandle reader = get_bounded(first);
   EXPECT_EQ(reader.lease().fencing_token(), w1.fence);
   // A writer finds the reader: busy, its node kept in the queue.
@@ -279,7 +279,7 @@ TEST_F(ZooKeeperStoreTest, AWaitingWriterStopsLaterReadersWhoThenSeeItsToken) {
   // writer's next attempt first, as its runtime's would come: its node is
   // removed 2 s after the last).
   ASSERT_EQ(store.acquire(name, "w2", 10s).status, Status::kBusy);
-  auto later = rt.acquire(key(), LockKind::shared(), 10s, forever, 0ms);
+  auto later = rt.acquire({.key = key(), .ttl = 10s, .retries = forever, .wait = 0ms, .kind = LockKind::shared()});
   EXPECT_TRUE(error_of<LockNotAcquired>(later));
   give_back(reader);
   // The writer's next attempt holds, under a higher token.
@@ -287,7 +287,7 @@ TEST_F(ZooKeeperStoreTest, AWaitingWriterStopsLaterReadersWhoThenSeeItsToken) {
   ASSERT_EQ(again.status, Status::kTaken) << again.error.describe();
   EXPECT_GT(again.fence, w1.fence);
   // A reader waiting for it is let in by its release, with its token.
-  auto waiting = rt.acquire(key(), LockKind::shared(), 10s, forever, 10s);
+  auto waiting = rt.acquire({.key = key(), .ttl = 10s, .retries = forever, .wait = 10s, .kind = LockKind::shared()});
   ASSERT_EQ(store.release(name, "w2"), detail::Released::kYes);
   LockHandle next = get_bounded(waiting);
   EXPECT_EQ(next.lease().fencing_token(), again.fence);
@@ -296,15 +296,15 @@ TEST_F(ZooKeeperStoreTest, AWaitingWriterStopsLaterReadersWhoThenSeeItsToken) {
 
 TEST_F(ZooKeeperStoreTest, PermitsThatDisagreeOnNAreRefusedAndLeaveNothingBehind) {
   Runtime a(options()), b(options());
-  auto f = a.acquire(key(), LockKind::permits(2), 10s);
+  auto f = a.acquire({.key = key(), .ttl = 10s, .kind = LockKind::permits(2)});
   LockHandle held = get_bounded(f);
   const std::string name = a.options().key_prefix + key();
-  auto more = b.acquire(key(), LockKind::permits(3), 10s, forever, 0ms);
+  auto more = b.acquire({.key = key(), .ttl = 10s, .retries = forever, .wait = 0ms, .kind = LockKind::permits(3)});
   auto e = error_of<InvalidArgument>(more);
   ASSERT_TRUE(e);
   EXPECT_NE(std::string(e->what()).find("2 permits"), std::string::npos) << e->what();
   EXPECT_NE(std::string(e->what()).find("3 permits"), std::string::npos) << e->what();
-  auto writer = b.acquire(key(), 10s, forever, 0ms);
+  auto writer = b.acquire({.key = key(), .ttl = 10s, .retries = forever, .wait = 0ms});
   EXPECT_TRUE(error_of<InvalidArgument>(writer));
   // Only the holder's node is there: the refused calls' nodes went first.
   EXPECT_EQ(lock_nodes(name).size(), 1u);
@@ -317,7 +317,7 @@ TEST_F(ZooKeeperStoreTest, APermitGoesWithItsHoldersSession) {
   // without credentials.
   {
     Runtime open(options());
-    auto f = open.acquire(key(), LockKind::permits(1), 5s);
+    auto f = open.acquire({.key = key(), .ttl = 5s, .kind = LockKind::permits(1)});
     LockHandle h = get_bounded(f);
     give_back(h);
   }
@@ -328,9 +328,9 @@ TEST_F(ZooKeeperStoreTest, APermitGoesWithItsHoldersSession) {
   // this store's makes it.
   auto holder = std::make_unique<ZooKeeperClient>(ensemble_->hosts(), "u:p");
   holder->create_ephemeral_sequential(dir + "/lock-other.1.p1-", "other\n5000");
-  auto busy = rt.acquire(key(), LockKind::permits(1), 5s, forever, 0ms);
+  auto busy = rt.acquire({.key = key(), .ttl = 5s, .retries = forever, .wait = 0ms, .kind = LockKind::permits(1)});
   EXPECT_TRUE(error_of<LockNotAcquired>(busy));
-  auto waiting = rt.acquire(key(), LockKind::permits(1), 5s, forever, 10s);
+  auto waiting = rt.acquire({.key = key(), .ttl = 5s, .retries = forever, .wait = 10s, .kind = LockKind::permits(1)});
   // Its session ends (as a killed holder's expires): the permit is back.
   auto t0 = std::chrono::steady_clock::now();
   holder.reset();
@@ -354,10 +354,10 @@ TEST_F(ZooKeeperStoreTest, TheLeaderKilledOrPausedKeepsLeasesAndGrantsLocks) {
       ensemble_->kill(leader);
     // The others elect a leader; a new lock is granted meanwhile (the
     // waiter rides out the election), and the held one stays held.
-    auto next = other.acquire(key(pause ? "-paused" : "-killed"), 5s, forever, 15s);
+    auto next = other.acquire({.key = key(pause ? "-paused" : "-killed"), .ttl = 5s, .retries = forever, .wait = 15s});
     auto h = get_bounded(next);
     EXPECT_GT(h.lease().fencing_token(), fence);
-    auto busy = other.acquire(key("-held"), 5s, forever);
+    auto busy = other.acquire({.key = key("-held"), .ttl = 5s, .retries = forever});
     EXPECT_TRUE(error_of<LockNotAcquired>(busy));
     if (pause)
       ensemble_->resume(leader);
@@ -378,7 +378,7 @@ TEST_F(ZooKeeperStoreTest, AMinorityDownStillGrantsLocksOneAtATime) {
   Runtime a(options()), b(options());
   auto h = take(a, key(), 2s);
   const auto first = h.lease().fencing_token();
-  auto busy = b.acquire(key(), 2s, forever);
+  auto busy = b.acquire({.key = key(), .ttl = 2s, .retries = forever});
   EXPECT_TRUE(error_of<LockNotAcquired>(busy));
   auto f = h.release();
   get_bounded(f);
@@ -425,7 +425,7 @@ TEST_F(ZooKeeperStoreTest, ANodeGoneWithTheSessionEndedForItsReleaseIsNoLostLeas
   const auto t0 = std::chrono::steady_clock::now();
   EXPECT_GT(get_bounded(done), 0u);
   EXPECT_LT(std::chrono::steady_clock::now() - t0, 8s);
-  auto next = other.acquire(key(), 2s, forever);
+  auto next = other.acquire({.key = key(), .ttl = 2s, .retries = forever});
   auto h = get_bounded(next);
   EXPECT_GE(h.lease().fencing_token(), 1u);
   give_back(h);
@@ -495,7 +495,7 @@ TEST_F(ZooKeeperStoreTest, AMajorityDownGrantsNothingAndHoldersLoseTheirLeasesBy
   });
   auto holding = work();
   ASSERT_TRUE(started.wait());
-  auto waiting = waiter_rt.acquire(key("-held"), 1500ms, forever, 2s);
+  auto waiting = waiter_rt.acquire({.key = key("-held"), .ttl = 1500ms, .retries = forever, .wait = 2s});
   int leader = ensemble_->leader();
   ASSERT_GE(leader, 0);
   ensemble_->kill(followers(leader).front());
@@ -515,14 +515,14 @@ TEST_F(ZooKeeperStoreTest, AMajorityDownGrantsNothingAndHoldersLoseTheirLeasesBy
   EXPECT_TRUE(err);
   // A new lock is not granted either; it fails within its timeouts.
   auto t0 = std::chrono::steady_clock::now();
-  auto fresh = waiter_rt.acquire(key("-fresh"), 1s, forever);
+  auto fresh = waiter_rt.acquire({.key = key("-fresh"), .ttl = 1s, .retries = forever});
   EXPECT_TRUE(error_of<ConnectionError>(fresh));
   EXPECT_LT(std::chrono::steady_clock::now() - t0, 3s);
   for (int i = 0; i < ensemble_->size(); ++i) ensemble_->start(i);
   ASSERT_TRUE(ensemble_->wait_serving());
   // Once a quorum serves again, the lock is granted (the lost holder's
   // session expired with its node, or it gave the node back).
-  auto after = waiter_rt.acquire(key("-held"), 2s, forever, 15s);
+  auto after = waiter_rt.acquire({.key = key("-held"), .ttl = 2s, .retries = forever, .wait = 15s});
   auto h = get_bounded(after);
   EXPECT_GE(h.lease().fencing_token(), 1u);
 }
@@ -537,7 +537,7 @@ TEST_F(ZooKeeperStoreTest, AMajorityDownGrantsNoShareAndNoPermit) {
   ensemble_->kill(leader);
   for (LockKind kind : {LockKind::shared(), LockKind::permits(3)}) {
     auto t0 = std::chrono::steady_clock::now();
-    auto f = rt.acquire(key(), kind, 1s);
+    auto f = rt.acquire({.key = key(), .ttl = 1s, .kind = kind});
     EXPECT_TRUE(error_of<ConnectionError>(f)) << kind.describe();
     EXPECT_LT(std::chrono::steady_clock::now() - t0, 7s) << kind.describe();
   }

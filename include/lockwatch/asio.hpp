@@ -4,8 +4,8 @@
 /// C++20 coroutines. Header only; the library itself does not link Asio.
 ///
 ///   asio::awaitable<void> handle(lockwatch::Runtime& rt) {
-///     lockwatch::LockHandle h = co_await lockwatch::async_lock(
-///         rt, "sku:42", 5s, lockwatch::forever, 2s, asio::use_awaitable);
+///     const lockwatch::LockRequest r{.key = "sku:42", .ttl = 5s, .wait = 2s};
+///     lockwatch::LockHandle h = co_await lockwatch::async_lock(rt, r, asio::use_awaitable);
 ///     co_await write(h.lease().fencing_token());        // renewed meanwhile
 ///     co_await h.async_release(asio::use_awaitable);
 ///   }
@@ -14,27 +14,38 @@
 ///   int left = co_await reserve(42);                   // no thread blocks
 ///
 /// Every operation follows Asio's rules: it takes any completion token
-/// (asio::use_awaitable, asio::use_future, asio::experimental::deferred, a
-/// callback), its handler runs exactly once on the handler's associated
-/// executor (never inside the initiating call), the executor's work is
-/// tracked while it is pending, and the handler's associated cancellation
-/// slot is honoured:
+/// (asio::use_awaitable, asio::use_future, asio::experimental::deferred,
+/// asio::redirect_error, asio::experimental::as_tuple, a callback), its
+/// handler runs exactly once on the handler's associated executor (never
+/// inside the initiating call), the executor's work is tracked while it is
+/// pending, and the handler's associated cancellation slot is honoured.
+/// Errors are std::error_code values of lockwatch's category
+/// (lockwatch::errc, errors.hpp), first, as in any Asio library: with
+/// asio::use_awaitable a failure throws std::system_error carrying the
+/// code; with redirect_error or as_tuple it is a value to test
+/// (`if (ec == lockwatch::errc::busy)`), which also lets a coroutine give a
+/// first lock back when the second is busy without a catch block.
 ///
-/// - async_lock(runtime, key, ttl, retries, wait, token) completes with
-///   void(std::exception_ptr, LockHandle). Any cancellation type ends a
-///   pending wait with Cancelled; a lock granted in the race is given back.
+/// - async_lock(runtime, request, token) (LockRequest, lock_request.hpp;
+///   or the shorthand async_lock(runtime, key, ttl, token)) completes with
+///   void(std::error_code, LockHandle). In a coroutine, name the request
+///   before the co_await (GCC 12, see async_lock). Any cancellation
+///   type ends a pending wait with errc::cancelled; a lock granted in the
+///   race is given back. A bad request completes with
+///   errc::invalid_argument (or errc::unsupported), nothing thrown.
 /// - LockHandle::async_release(token) completes with
-///   void(std::exception_ptr): LeaseLost if the lease was lost while held.
+///   void(std::error_code): errc::lease_lost if the lease was lost while
+///   held.
 /// - async_lost(lease, token) completes with
-///   void(std::exception_ptr, std::optional<LostReason>) when the lease ends:
+///   void(std::error_code, std::optional<LostReason>) when the lease ends:
 ///   the reason if it was lost, std::nullopt once it was released.
-///   Cancellation: Cancelled.
+///   Cancellation: errc::cancelled.
 /// - async_campaign(election, token) completes with
-///   void(std::exception_ptr, Leadership) once this candidate leads (see
+///   void(std::error_code, Leadership) once this candidate leads (see
 ///   Election::campaign). Any cancellation type gives the campaign up
-///   (Election::resign()): it completes with Cancelled, and a leadership
-///   won in the race is given back (its stop_token fired).
-/// - async_resign(election, token) completes with void(std::exception_ptr)
+///   (Election::resign()): it completes with errc::cancelled, and a
+///   leadership won in the race is given back (its stop_token fired).
+/// - async_resign(election, token) completes with void(std::error_code)
 ///   once the release is confirmed (see Election::resign).
 /// - LOCKED / lockwatch::locked(...) (with .on(), .wait(),
 ///   .renew_weight()) on a callable returning asio::awaitable<T> (member
@@ -42,12 +53,14 @@
 ///   it takes the lock without blocking, runs the coroutine on the awaiting
 ///   coroutine's executor with the lease renewed across every suspension,
 ///   releases the lock when the coroutine finishes (also by an exception)
-///   and only then completes. A lost lease cancels the coroutine
+///   and only then completes. A callable whose first parameter is a
+///   `const Lease&` gets its lease there. A lost lease cancels the coroutine
 ///   (cancellation_type::terminal through its cancellation state: the
 ///   operation it awaits fails with operation_aborted), and the caller gets
 ///   LeaseLost whatever the coroutine did. Cancelling the caller cancels the
 ///   wait for the lock (Cancelled) or, once it runs, the coroutine. Errors
-///   are the same typed exceptions as the future form's.
+///   are the same typed exceptions as the future form's (each with its
+///   code()).
 ///
 /// Threading: a coroutine and the cancellation it receives must share one
 /// thread or strand (Asio's rule for cancellation signals); the runtime's
@@ -76,6 +89,7 @@
 #include <mutex>
 #include <optional>
 #include <string>
+#include <system_error>
 #include <type_traits>
 #include <utility>
 
@@ -153,7 +167,8 @@ void connect_cancel(Handler& handler, const std::shared_ptr<PendingCancel<Cancel
   }
 }
 
-/// async_lock from a spec (LOCKED's renewal weight included).
+/// A lock taken from a spec (LOCKED's renewal weight included), the error
+/// as the typed exception: what LOCKED on a coroutine awaits.
 template <class CompletionToken>
 auto async_lock_spec(Runtime& runtime, LockSpec spec, CompletionToken&& token) {
   return asio::async_initiate<CompletionToken, void(std::exception_ptr, LockHandle)>(
@@ -172,6 +187,17 @@ auto async_lock_spec(Runtime& runtime, LockSpec spec, CompletionToken&& token) {
         }
       },
       token, &runtime, std::move(spec));
+}
+
+/// LockHandle::async_release with the error as the typed exception.
+template <class CompletionToken>
+auto async_release_typed(LockHandle& handle, CompletionToken&& token) {
+  return asio::async_initiate<CompletionToken, void(std::exception_ptr)>(
+      [](auto handler, LockHandle handle) {
+        auto done = std::make_shared<AsioCompletion<decltype(handler), std::exception_ptr>>(std::move(handler));
+        ReleaseAccess::release(handle, [done](std::exception_ptr e) { done->complete(e); });
+      },
+      token, std::move(handle));
 }
 
 /// The state a LOCKED coroutine shares with the lease's loss handler and
@@ -244,7 +270,7 @@ asio::awaitable<T, Executor> run_locked(Runtime* rt, LockSpec spec, std::excepti
   // whatever the callable did.
   std::exception_ptr release_error;
   try {
-    co_await h.async_release(asio::use_awaitable_t<Executor>{});
+    co_await async_release_typed(h, asio::use_awaitable_t<Executor>{});
   } catch (...) {
     release_error = std::current_exception();
   }
@@ -265,71 +291,78 @@ struct AsyncCall<asio::awaitable<T, Executor>> {
 
 }  // namespace detail
 
-/// Takes the lock for `key` (see Runtime::acquire for the arguments and
-/// errors); completes with void(std::exception_ptr, LockHandle).
+/// Takes the lock `request` names (see Runtime::async_acquire);
+/// completes with void(std::error_code, LockHandle).
+///
+/// GCC 12 destroys the temporaries of a co_await expression twice when one
+/// of them is a braced aggregate (a compiler bug, fixed in GCC 13): inside
+/// a coroutine, name the request before awaiting,
+///   const lockwatch::LockRequest r{.key = "sku:42", .ttl = 5s, .wait = 2s};
+///   auto h = co_await lockwatch::async_lock(rt, r, asio::use_awaitable);
+/// never `co_await async_lock(rt, {.key = ...}, token)`; outside a
+/// coroutine a braced request is fine.
 template <class CompletionToken>
-auto async_lock(Runtime& runtime, std::string key, std::chrono::milliseconds ttl, Retries retries,
-                std::chrono::milliseconds wait, CompletionToken&& token) {
-  detail::LockSpec spec;
-  spec.key = std::move(key);
-  spec.ttl = ttl;
-  spec.retries = retries.count();
-  spec.wait = wait;
-  return detail::async_lock_spec(runtime, std::move(spec), std::forward<CompletionToken>(token));
+auto async_lock(Runtime& runtime, LockRequest request, CompletionToken&& token) {
+  return asio::async_initiate<CompletionToken, void(std::error_code, LockHandle)>(
+      [](auto handler, Runtime* rt, LockRequest request) {
+        using Done = detail::AsioCompletion<decltype(handler), std::error_code, LockHandle>;
+        auto cancel = std::make_shared<detail::PendingCancel<AcquireTicket>>();
+        detail::connect_cancel(handler, cancel);
+        auto done = std::make_shared<Done>(std::move(handler));
+        // A refused request reaches the handler too (an empty ticket).
+        cancel->set(rt->async_acquire(std::move(request),
+                                      [done](std::error_code ec, LockHandle h) { done->complete(ec, std::move(h)); }));
+      },
+      token, &runtime, std::move(request));
 }
 
-/// The same, held as `kind` (lock_kind.hpp; see Runtime::acquire).
+/// The shorthand: an exclusive lock on `key` with a lease of `ttl`, renewed
+/// for as long as it is held, without waiting (as Runtime::acquire(key, ttl)).
 template <class CompletionToken>
-auto async_lock(Runtime& runtime, std::string key, LockKind kind, std::chrono::milliseconds ttl, Retries retries,
-                std::chrono::milliseconds wait, CompletionToken&& token) {
-  detail::LockSpec spec;
-  spec.key = std::move(key);
-  spec.ttl = ttl;
-  spec.retries = retries.count();
-  spec.wait = wait;
-  spec.kind = kind;
-  return detail::async_lock_spec(runtime, std::move(spec), std::forward<CompletionToken>(token));
+auto async_lock(Runtime& runtime, std::string key, std::chrono::milliseconds ttl, CompletionToken&& token) {
+  LockRequest request;
+  request.key = std::move(key);
+  request.ttl = ttl;
+  return async_lock(runtime, std::move(request), std::forward<CompletionToken>(token));
 }
 
-/// Completes when `lease` ends: void(std::exception_ptr, std::optional<LostReason>),
+/// Completes when `lease` ends: void(std::error_code, std::optional<LostReason>),
 /// the reason if it was lost, std::nullopt if it was released. The lease
 /// must outlive the call (not the operation).
 template <class CompletionToken>
 auto async_lost(const Lease& lease, CompletionToken&& token) {
-  return asio::async_initiate<CompletionToken, void(std::exception_ptr, std::optional<LostReason>)>(
+  return asio::async_initiate<CompletionToken, void(std::error_code, std::optional<LostReason>)>(
       [](auto handler, const Lease* lease) {
-        using Done = detail::AsioCompletion<decltype(handler), std::exception_ptr, std::optional<LostReason>>;
+        using Done = detail::AsioCompletion<decltype(handler), std::error_code, std::optional<LostReason>>;
         auto cancel = std::make_shared<detail::PendingCancel<LeaseWatch>>();
         auto slot = asio::get_associated_cancellation_slot(handler);
         auto done = std::make_shared<Done>(std::move(handler));
-        cancel->on_won = [done, key = lease->key()] {
-          done->complete(std::make_exception_ptr(Cancelled(key)), std::nullopt);
-        };
+        cancel->on_won = [done] { done->complete(errc::cancelled, std::nullopt); };
         if (slot.is_connected()) {
           slot.assign([cancel](asio::cancellation_type_t type) {
             if (type != asio::cancellation_type::none) cancel->request();
           });
         }
-        cancel->set(lease->on_lost([done](std::optional<LostReason> reason) { done->complete(nullptr, reason); }));
+        cancel->set(lease->on_lost([done](std::optional<LostReason> reason) { done->complete({}, reason); }));
       },
       token, &lease);
 }
 
 /// Campaigns in `election` (Election::campaign); completes with
-/// void(std::exception_ptr, Leadership). The election must outlive the
+/// void(std::error_code, Leadership). The election must outlive the
 /// operation.
 template <class CompletionToken>
 auto async_campaign(Election& election, CompletionToken&& token) {
-  return asio::async_initiate<CompletionToken, void(std::exception_ptr, Leadership)>(
+  return asio::async_initiate<CompletionToken, void(std::error_code, Leadership)>(
       [](auto handler, Election* election) {
         auto slot = asio::get_associated_cancellation_slot(handler);
         auto done =
-            std::make_shared<detail::AsioCompletion<decltype(handler), std::exception_ptr, Leadership>>(std::move(handler));
+            std::make_shared<detail::AsioCompletion<decltype(handler), std::error_code, Leadership>>(std::move(handler));
         try {
-          election->campaign([done](std::exception_ptr e, Leadership won) { done->complete(e, std::move(won)); });
+          election->campaign([done](std::error_code e, Leadership won) { done->complete(e, std::move(won)); });
         } catch (...) {
           // Refused before anything started: through the handler, on its executor.
-          done->complete(std::current_exception(), Leadership());
+          done->complete(detail::code_of(std::current_exception()), Leadership());
           return;
         }
         if (slot.is_connected()) {
@@ -342,13 +375,13 @@ auto async_campaign(Election& election, CompletionToken&& token) {
 }
 
 /// Resigns from `election` (Election::resign); completes with
-/// void(std::exception_ptr) once the release is confirmed.
+/// void(std::error_code) once the release is confirmed.
 template <class CompletionToken>
 auto async_resign(Election& election, CompletionToken&& token) {
-  return asio::async_initiate<CompletionToken, void(std::exception_ptr)>(
+  return asio::async_initiate<CompletionToken, void(std::error_code)>(
       [](auto handler, Election* election) {
-        auto done = std::make_shared<detail::AsioCompletion<decltype(handler), std::exception_ptr>>(std::move(handler));
-        election->resign([done](std::exception_ptr e) { done->complete(e); });
+        auto done = std::make_shared<detail::AsioCompletion<decltype(handler), std::error_code>>(std::move(handler));
+        election->resign([done](std::error_code e) { done->complete(e); });
       },
       token, &election);
 }
@@ -356,10 +389,10 @@ auto async_resign(Election& election, CompletionToken&& token) {
 template <class CompletionToken>
 auto LockHandle::async_release(CompletionToken&& token) {
   if (!state_) throw InvalidArgument("LockHandle::async_release() on a handle that holds no lock");
-  return asio::async_initiate<CompletionToken, void(std::exception_ptr)>(
+  return asio::async_initiate<CompletionToken, void(std::error_code)>(
       [](auto handler, LockHandle handle) {
-        auto done = std::make_shared<detail::AsioCompletion<decltype(handler), std::exception_ptr>>(std::move(handler));
-        handle.release([done](std::exception_ptr e) { done->complete(e); });
+        auto done = std::make_shared<detail::AsioCompletion<decltype(handler), std::error_code>>(std::move(handler));
+        handle.release([done](std::error_code e) { done->complete(e); });
       },
       token, std::move(*this));
 }

@@ -52,6 +52,7 @@
 #include <optional>
 #include <stop_token>
 #include <string>
+#include <system_error>
 
 #include "lockwatch/lease.hpp"
 #include "lockwatch/runtime.hpp"
@@ -117,10 +118,10 @@ class Election {
   std::future<Leadership> campaign();
   /// campaign() without a future: `handler` runs once, on the runtime's
   /// notifier thread and never inside this call, with the Leadership (and
-  /// a null exception_ptr) or the error that stopped the campaign. Throws
+  /// no error) or the code of the error that stopped the campaign. Throws
   /// as campaign() does, and InvalidArgument for an empty handler.
   /// (lockwatch/asio.hpp: async_campaign.)
-  void campaign(std::function<void(std::exception_ptr, Leadership)> handler);
+  void campaign(std::function<void(std::error_code, Leadership)> handler);
   /// Gives up: a campaign still waiting fails with Cancelled; a leadership
   /// ends (its stop_token fires) and the key is released, so the next
   /// candidate takes over at once. The future is ready once the store
@@ -129,10 +130,10 @@ class Election {
   std::future<void> resign();
   /// resign() without a future: `handler` runs once, on the runtime's
   /// notifier thread and never inside this call, once the release is
-  /// confirmed (with the release's error, if any), or at once there when
-  /// there was nothing to give up. InvalidArgument for an empty handler.
-  /// (lockwatch/asio.hpp: async_resign.)
-  void resign(std::function<void(std::exception_ptr)> handler);
+  /// confirmed (with the code of the release's error, if any), or at once
+  /// there when there was nothing to give up. InvalidArgument for an empty
+  /// handler. (lockwatch/asio.hpp: async_resign.)
+  void resign(std::function<void(std::error_code)> handler);
   /// Who leads now, read from the store (one round trip; blocks for it, at
   /// most the runtime's command timeout): std::nullopt when nobody does.
   /// Throws ConnectionError and the like when the store cannot answer.

@@ -9,17 +9,57 @@
 #pragma once
 
 #include <chrono>
+#include <exception>
 #include <stdexcept>
 #include <string>
 #include <string_view>
+#include <system_error>
+#include <type_traits>
 
 /// Distributed locks with a watchdog: every public name of lockwatch.
 namespace lockwatch {
 
-/// Base of every lockwatch error.
+/// What went wrong, as a `std::error_code` of lockwatch's category
+/// (error_category()). The asynchronous forms (Runtime::async_acquire,
+/// LockHandle::release with a handler, lockwatch/asio.hpp's operations)
+/// complete with one; the future and `LOCKED` forms throw the exception
+/// type named here, whose code() is the same value. Compared by value,
+/// never by message: `if (ec == lockwatch::errc::busy)`.
+enum class errc {
+  busy = 1,             ///< LockNotAcquired: held by another owner past the wait
+  lease_lost,           ///< LeaseLost: the lease could not be kept
+  unreachable,          ///< ConnectionError: the store could not be reached
+  refused_credentials,  ///< AuthError: the store refused the credentials
+  invalid_argument,     ///< InvalidArgument: the request cannot be used
+  unsupported,          ///< Unsupported: the store cannot do it with its guarantee
+  cancelled,            ///< Cancelled: the caller cancelled it
+  runtime_stopped,      ///< RuntimeStopped: the runtime stopped first
+  store_refused,        ///< RedisError, SqlError, ZooKeeperError, EtcdError: the store answered an error
+  no_active_lease,      ///< NoActiveLease: this_lease() outside a locked call
+  listen_failed,        ///< ListenError: the metrics endpoint could not listen
+};
+
+}  // namespace lockwatch
+
+/// lockwatch::errc is an error code enum: it converts to std::error_code.
+template <>
+struct std::is_error_code_enum<lockwatch::errc> : std::true_type {};
+
+namespace lockwatch {
+
+/// lockwatch's error category: its name() is "lockwatch", its message()
+/// the errc's meaning in words.
+const std::error_category& error_category() noexcept;
+/// The error code of `e` (found by argument-dependent lookup, so an errc
+/// converts to std::error_code implicitly).
+inline std::error_code make_error_code(errc e) noexcept { return {static_cast<int>(e), error_category()}; }
+
+/// Base of every lockwatch error; code() says which kind it is.
 class Error : public std::runtime_error {
  public:
   using std::runtime_error::runtime_error;
+  /// The kind of failure as an error code of lockwatch's category.
+  virtual std::error_code code() const noexcept = 0;
 };
 
 /// A caller passed something lockwatch cannot use: an empty or oversized key,
@@ -32,6 +72,8 @@ class Error : public std::runtime_error {
 /// holding its key in a way that does not cover it (a writer in a reader).
 class InvalidArgument : public Error {
  public:
+  /// errc::invalid_argument.
+  std::error_code code() const noexcept override { return errc::invalid_argument; }
   using Error::Error;
 };
 
@@ -41,6 +83,8 @@ class InvalidArgument : public Error {
 /// safely). `what()` names the store and the missing part; nothing was done.
 class Unsupported : public Error {
  public:
+  /// errc::unsupported.
+  std::error_code code() const noexcept override { return errc::unsupported; }
   using Error::Error;
 };
 
@@ -48,6 +92,8 @@ class Unsupported : public Error {
 /// the call allowed (zero unless `.wait()` was used).
 class LockNotAcquired : public Error {
  public:
+  /// errc::busy.
+  std::error_code code() const noexcept override { return errc::busy; }
   /// Made by the runtime: `key` as the caller built it, `waited` how long the call waited.
   LockNotAcquired(std::string key, std::chrono::milliseconds waited);
   /// As above, for a wait that ended for another reason than an owner seen
@@ -80,6 +126,8 @@ const char* to_string(LostReason reason) noexcept;
 /// this error, because another holder may have run at the same time.
 class LeaseLost : public Error {
  public:
+  /// errc::lease_lost.
+  std::error_code code() const noexcept override { return errc::lease_lost; }
   /// Made by the runtime; `detail` says more of the reason (the store's answer, the node).
   LeaseLost(std::string key, LostReason reason, std::string detail = {});
   /// The key as the caller built it.
@@ -96,6 +144,8 @@ class LeaseLost : public Error {
 /// broke with the request in flight. `endpoint()` names the node.
 class ConnectionError : public Error {
  public:
+  /// errc::unreachable.
+  std::error_code code() const noexcept override { return errc::unreachable; }
   /// `endpoint` names the node ("host:port"); `what` is the message.
   ConnectionError(std::string endpoint, const std::string& what);
   /// The node that could not be reached ("host:port"; the seeds or nodes named, for a store of
@@ -112,6 +162,8 @@ class ConnectionError : public Error {
 /// Options::metrics_listen. Not a ConnectionError: the store is not involved.
 class ListenError : public Error {
  public:
+  /// errc::listen_failed.
+  std::error_code code() const noexcept override { return errc::listen_failed; }
   /// `address` is Options::metrics_listen; `why` the reason.
   ListenError(std::string address, const std::string& why);
   /// Where the runtime was to listen (Options::metrics_listen).
@@ -124,6 +176,8 @@ class ListenError : public Error {
 /// Redis refused the credentials (AUTH answered an error).
 class AuthError : public ConnectionError {
  public:
+  /// errc::refused_credentials.
+  std::error_code code() const noexcept override { return errc::refused_credentials; }
   /// `endpoint` names the node that refused the credentials.
   using ConnectionError::ConnectionError;
 };
@@ -132,6 +186,8 @@ class AuthError : public ConnectionError {
 /// OOM, a script error. `redis_message()` is Redis's own text.
 class RedisError : public Error {
  public:
+  /// errc::store_refused.
+  std::error_code code() const noexcept override { return errc::store_refused; }
   /// `endpoint` names the node; `redis_message` is its error reply.
   RedisError(std::string endpoint, std::string redis_message);
   /// The node that answered ("host:port").
@@ -146,11 +202,13 @@ class RedisError : public Error {
 
 /// A SQL lock store (mysql://, postgresql://) answered a statement with an
 /// error: a lock name too long for its column, a table with the wrong
-/// columns, a refused privilege. `code()` is MariaDB's error number (e.g.
+/// columns, a refused privilege. `server_code()` is MariaDB's error number (e.g.
 /// 1406; 0 from PostgreSQL), `sqlstate()` PostgreSQL's SQLSTATE (e.g.
 /// "22001"; empty from MariaDB), and `server_message()` the server's text.
 class SqlError : public Error {
  public:
+  /// errc::store_refused.
+  std::error_code code() const noexcept override { return errc::store_refused; }
   /// An error of MariaDB: its error number `code`.
   SqlError(std::string endpoint, unsigned code, std::string server_message);
   /// An error of PostgreSQL: its `sqlstate`.
@@ -158,7 +216,7 @@ class SqlError : public Error {
   /// The database server ("host:port/database").
   const std::string& endpoint() const noexcept { return endpoint_; }
   /// MariaDB's error number; 0 from PostgreSQL.
-  unsigned code() const noexcept { return code_; }
+  unsigned server_code() const noexcept { return code_; }
   /// PostgreSQL's SQLSTATE; empty from MariaDB.
   const std::string& sqlstate() const noexcept { return sqlstate_; }
   /// The server's own error text.
@@ -173,16 +231,18 @@ class SqlError : public Error {
 
 /// A ZooKeeper ensemble (zookeeper://) answered a request with an error
 /// that is neither a lost connection nor refused credentials: a node name
-/// or a chroot it refuses, say. `code()` is ZooKeeper's return code (e.g.
+/// or a chroot it refuses, say. `server_code()` is ZooKeeper's return code (e.g.
 /// -8, ZBADARGUMENTS), `server_message()` the client library's text for it.
 class ZooKeeperError : public Error {
  public:
+  /// errc::store_refused.
+  std::error_code code() const noexcept override { return errc::store_refused; }
   /// An error `endpoint` answered with ZooKeeper's return `code`.
   ZooKeeperError(std::string endpoint, int code, std::string server_message);
   /// The ensemble, as the URL named it (never a password).
   const std::string& endpoint() const noexcept { return endpoint_; }
   /// ZooKeeper's return code (negative; ZBADARGUMENTS is -8).
-  int code() const noexcept { return code_; }
+  int server_code() const noexcept { return code_; }
   /// The client library's text for the code.
   const std::string& server_message() const noexcept { return server_message_; }
 
@@ -194,17 +254,19 @@ class ZooKeeperError : public Error {
 
 /// An etcd cluster (etcd://, etcds://) answered a call with an error other
 /// than a lost connection or refused credentials: a request etcd refuses
-/// (too large, too many operations), a failed precondition. `code()` is the
+/// (too large, too many operations), a failed precondition. `server_code()` is the
 /// gRPC status code's name (e.g. "INVALID_ARGUMENT"), `server_message()`
 /// etcd's text.
 class EtcdError : public Error {
  public:
+  /// errc::store_refused.
+  std::error_code code() const noexcept override { return errc::store_refused; }
   /// An error `endpoint` answered with the gRPC status `code`.
   EtcdError(std::string endpoint, std::string code, std::string server_message);
   /// The cluster, as the URL named it (never a password).
   const std::string& endpoint() const noexcept { return endpoint_; }
   /// The gRPC status code's name, e.g. "INVALID_ARGUMENT".
-  const std::string& code() const noexcept { return code_; }
+  const std::string& server_code() const noexcept { return code_; }
   /// etcd's text for the error.
   const std::string& server_message() const noexcept { return server_message_; }
 
@@ -217,6 +279,8 @@ class EtcdError : public Error {
 /// The runtime was stopped (or is stopping) before the request could run.
 class RuntimeStopped : public Error {
  public:
+  /// errc::runtime_stopped.
+  std::error_code code() const noexcept override { return errc::runtime_stopped; }
   using Error::Error;
 };
 
@@ -225,6 +289,8 @@ class RuntimeStopped : public Error {
 /// handler gets this instead of a lock, and no lock is left held for it.
 class Cancelled : public Error {
  public:
+  /// errc::cancelled.
+  std::error_code code() const noexcept override { return errc::cancelled; }
   /// `key` is the key of the cancelled acquisition.
   explicit Cancelled(std::string key);
   /// The key of the cancelled acquisition.
@@ -237,7 +303,15 @@ class Cancelled : public Error {
 /// `this_lease()` was called outside a locked call.
 class NoActiveLease : public Error {
  public:
+  /// errc::no_active_lease.
+  std::error_code code() const noexcept override { return errc::no_active_lease; }
   using Error::Error;
 };
+
+namespace detail {
+/// The code() of the lockwatch error `e` holds (none for none; a generic
+/// code for an exception that is no lockwatch error).
+std::error_code code_of(std::exception_ptr e) noexcept;
+}  // namespace detail
 
 }  // namespace lockwatch

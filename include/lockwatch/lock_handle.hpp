@@ -23,6 +23,7 @@
 #include <functional>
 #include <future>
 #include <memory>
+#include <system_error>
 
 #include "lockwatch/lease.hpp"
 
@@ -31,6 +32,7 @@ namespace lockwatch {
 namespace detail {
 struct HandleState;
 struct HandleAccess;
+struct ReleaseAccess;
 }  // namespace detail
 
 class LockHandle;
@@ -83,19 +85,32 @@ class LockHandle {
   /// was lost while held. Throws InvalidArgument on an empty handle.
   std::future<void> release();
   /// The same with a handler instead of a future: called once with the
-  /// error (LeaseLost) or none, on the runtime's notifier thread (never
-  /// inside this call). Throws InvalidArgument on an empty handle (the
-  /// handler is then never called).
-  void release(std::function<void(std::exception_ptr)> handler);
+  /// error (errc::lease_lost) or none, on the runtime's notifier thread
+  /// (never inside this call). Throws InvalidArgument on an empty handle
+  /// (the handler is then never called).
+  void release(std::function<void(std::error_code)> handler);
   /// Asio: release() with a completion token, completing with
-  /// void(std::exception_ptr). Defined by <lockwatch/asio.hpp>.
+  /// void(std::error_code). Defined by <lockwatch/asio.hpp>.
   template <class CompletionToken>
   auto async_release(CompletionToken&& token);
 
  private:
   friend struct detail::HandleAccess;
+  friend struct detail::ReleaseAccess;
+  /// release(handler) with the error as the typed exception (LOCKED on a
+  /// coroutine rethrows it).
+  void release_typed(std::function<void(std::exception_ptr)> handler);
   explicit LockHandle(std::shared_ptr<detail::HandleState> state) noexcept : state_(std::move(state)) {}
   std::shared_ptr<detail::HandleState> state_;
 };
+
+namespace detail {
+/// How lockwatch/asio.hpp's LOCKED releases with the typed exception.
+struct ReleaseAccess {
+  static void release(LockHandle& h, std::function<void(std::exception_ptr)> handler) {
+    h.release_typed(std::move(handler));
+  }
+};
+}  // namespace detail
 
 }  // namespace lockwatch

@@ -7,6 +7,7 @@
 #include "lockwatch/lease.hpp"
 #include "lockwatch/lock_handle.hpp"
 #include "lockwatch/lock_kind.hpp"
+#include "lockwatch/lock_request.hpp"
 #include "lockwatch/locked.hpp"
 #include "lockwatch/mutex.hpp"
 #include "lockwatch/observer.hpp"

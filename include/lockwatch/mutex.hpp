@@ -20,9 +20,9 @@
 ///
 /// It is a lease, not a thread's lock: unlock() may come from any thread,
 /// and lock() while the object is held (from any thread) waits for that
-/// unlock(), as a binary semaphore does. It is not reentrant, and
-/// is not a handle from Runtime::acquire: a LOCKED call on the same key
-/// from the locking thread waits like any other caller.
+/// unlock(), as a binary semaphore does. It is not reentrant: a LOCKED
+/// call on the same key from the locking thread waits like any other
+/// caller.
 ///
 /// Errors: lock() and the try_ forms throw what the store reports
 /// (ConnectionError, RedisError, RuntimeStopped...); only "busy" is a

@@ -24,45 +24,17 @@
 #include <future>
 #include <memory>
 #include <string>
+#include <system_error>
 
 #include "lockwatch/errors.hpp"
 #include "lockwatch/lock_handle.hpp"
 #include "lockwatch/lock_kind.hpp"
+#include "lockwatch/lock_request.hpp"
 #include "lockwatch/observer.hpp"
 #include "lockwatch/options.hpp"
 #include "lockwatch/thread_pool.hpp"
 
 namespace lockwatch {
-
-/// `lockwatch::forever` as the retries argument: renew for as long as the
-/// work runs.
-struct Forever {
-  explicit constexpr Forever() = default;
-};
-/// Renew for as long as the work runs: the retries argument of LOCKED, locked(), Runtime::acquire.
-inline constexpr Forever forever{};
-
-/// The longest ttl and wait a call may ask for (7 days): longer ones are
-/// InvalidArgument at the call, before anything starts (a ttl is renewed
-/// for as long as the work runs, so none needs more).
-inline constexpr std::chrono::milliseconds max_ttl{7LL * 24 * 3600 * 1000};
-/// The longest wait a call may ask for: 7 days, as max_ttl.
-inline constexpr std::chrono::milliseconds max_wait = max_ttl;
-
-/// How many renewals the watchdog may make: a count >= 0, or forever.
-class Retries {
- public:
-  Retries(int count);  ///< NOLINT: implicit on purpose (LOCKED("k", 1s, 3)); throws InvalidArgument if < 0
-  /// lockwatch::forever: no limit.
-  constexpr Retries(Forever) noexcept : count_(-1) {}  // NOLINT
-  /// True for lockwatch::forever.
-  constexpr bool is_forever() const noexcept { return count_ < 0; }
-  /// The count; -1 for forever.
-  constexpr std::int64_t count() const noexcept { return count_; }
-
- private:
-  std::int64_t count_;
-};
 
 namespace detail {
 
@@ -98,11 +70,18 @@ struct HandleCall;
 
 }  // namespace detail
 
-/// What Runtime::acquire's handler is called with: the error and an empty
-/// handle, or no error and the handle.
-using AcquireHandler = std::function<void(std::exception_ptr error, LockHandle handle)>;
+/// What Runtime::async_acquire's handler is called with: the error (a
+/// code of lockwatch's category, errors.hpp) and an empty handle, or no
+/// error and the handle.
+using AcquireHandler = std::function<void(std::error_code error, LockHandle handle)>;
 
-/// Cancels an acquisition started with a handler (Runtime::acquire), as
+namespace detail {
+/// LOCKED on a coroutine (lockwatch/asio.hpp) keeps the typed exceptions
+/// of the future form: it takes the lock with this handler.
+using AcquireCallback = std::function<void(std::exception_ptr error, LockHandle handle)>;
+}  // namespace detail
+
+/// Cancels an acquisition started with a handler (Runtime::async_acquire), as
 /// Netty's Timeout cancels its task. Copyable; cancel() is safe from any
 /// thread and may race with the grant: exactly one of the two wins.
 class AcquireTicket {
@@ -190,40 +169,36 @@ class Runtime {
   /// The pool that runs locked work.
   ThreadPool& pool() noexcept;
 
-  /// Takes the lock for `key` outside LOCKED: the future holds a LockHandle
-  /// once acquired (renewed by the watchdog until released), or the error
-  /// (LockNotAcquired after `wait`, ConnectionError, ...). Throws
-  /// InvalidArgument or RuntimeStopped before anything starts. The handle
-  /// makes no later call on this thread reentrant (see LockHandle::enter).
-  std::future<LockHandle> acquire(std::string key, std::chrono::milliseconds ttl, Retries retries = forever,
-                                  std::chrono::milliseconds wait = std::chrono::milliseconds(0));
-  /// The same, held as `kind` (lock_kind.hpp): LockKind::shared() for a
-  /// reader of a read-write lock, LockKind::permits(n) for one of n permits,
-  /// LockKind::fair() for a lock granted in the waiters' order of arrival.
-  /// A store that cannot hold that kind with its guarantee throws
-  /// Unsupported before anything starts; permits(0) is InvalidArgument. A
-  /// key held as another kind (or a semaphore of another n) fails with
-  /// InvalidArgument through the future, never admitting more holders.
-  std::future<LockHandle> acquire(std::string key, LockKind kind, std::chrono::milliseconds ttl,
-                                  Retries retries = forever,
-                                  std::chrono::milliseconds wait = std::chrono::milliseconds(0));
+  /// Takes the lock `request` names, outside LOCKED: the future holds a
+  /// LockHandle once acquired (renewed by the watchdog until released), or
+  /// the error (LockNotAcquired after the wait, ConnectionError, LeaseLost,
+  /// ...; each carries its code()). A bad request (InvalidArgument,
+  /// Unsupported: see LockRequest) or a stopping runtime (RuntimeStopped) is
+  /// thrown before anything starts. A key held as another kind (or a
+  /// semaphore of another n) fails with InvalidArgument through the future,
+  /// never admitting more holders. The handle makes no later call on this
+  /// thread reentrant (see LockHandle::enter).
+  ///
+  ///   auto h = rt.acquire({.key = "sku:42", .ttl = 5s, .wait = 2s}).get();
+  [[nodiscard]] std::future<LockHandle> acquire(LockRequest request);
+  /// The same for an exclusive lock on `key` with a lease of `ttl`, renewed
+  /// for as long as it is held, without waiting for a busy lock.
+  [[nodiscard]] std::future<LockHandle> acquire(std::string key, std::chrono::milliseconds ttl);
 
-  /// The same without a future: `handler` is called exactly once, with the
-  /// error (LockNotAcquired, ConnectionError, RuntimeStopped, Cancelled...)
-  /// or the LockHandle, on the runtime's notifier thread: never inside this
-  /// call, never on the I/O thread. The handler should be short and not
-  /// block (it delays the other handlers and the leases' stop callbacks):
-  /// hand the outcome to your own executor. A handle the handler drops is
-  /// released. Arguments are checked first: InvalidArgument or
-  /// RuntimeStopped are thrown, and then the handler is never called.
-  /// As with the future form, nothing is registered on the calling thread:
-  /// LOCKED on the same key from this thread waits for the handle like any
-  /// caller, unless it runs inside LockHandle::enter().
-  AcquireTicket acquire(std::string key, std::chrono::milliseconds ttl, Retries retries,
-                        std::chrono::milliseconds wait, AcquireHandler handler);
-  /// The handler form, held as `kind` (as above).
-  AcquireTicket acquire(std::string key, LockKind kind, std::chrono::milliseconds ttl, Retries retries,
-                        std::chrono::milliseconds wait, AcquireHandler handler);
+  /// The same without a future, as an asynchronous operation: `handler` is
+  /// called exactly once, with an error code (errc::busy, errc::unreachable,
+  /// errc::cancelled, ...) and an empty handle, or with no error and the
+  /// handle, on the runtime's notifier thread: never inside this call,
+  /// never on the I/O thread. A bad request or a stopping runtime reaches
+  /// the handler too (errc::invalid_argument, errc::unsupported,
+  /// errc::runtime_stopped), and then the ticket is empty; nothing is
+  /// thrown but for an empty handler (InvalidArgument). The handler should
+  /// be short and not block (it delays the other handlers and the leases'
+  /// stop callbacks): hand the outcome to your own executor. A handle the
+  /// handler drops is released. Nothing is registered on the calling
+  /// thread: LOCKED on the same key from this thread waits for the handle
+  /// like any caller, unless it runs inside LockHandle::enter().
+  AcquireTicket async_acquire(LockRequest request, AcquireHandler handler);
 
   /// Operators' tools (the `lockwatch status` and `release --force`
   /// commands). inspect() says what the store holds for `key`;
@@ -265,9 +240,9 @@ class Runtime {
   /// it has finished; on a key the enclosing calls hold it is reentrant and
   /// does not touch Redis.
   void dispatch(detail::LockSpec spec, std::shared_ptr<detail::Call> call);
-  /// What lockwatch/asio.hpp's LOCKED uses: acquire() with a handler, from a
-  /// spec (its renewal weight included).
-  AcquireTicket dispatch_acquire(detail::LockSpec spec, AcquireHandler handler);
+  /// What lockwatch/asio.hpp's LOCKED uses: async_acquire() from a spec
+  /// (its renewal weight included), the error as the typed exception.
+  AcquireTicket dispatch_acquire(detail::LockSpec spec, detail::AcquireCallback handler);
   std::shared_ptr<Impl> impl_;  ///< lock handles keep a weak reference
 };
 
@@ -278,7 +253,7 @@ struct DispatchAccess {
   static void dispatch(Runtime& rt, LockSpec spec, std::shared_ptr<Call> call) {
     rt.dispatch(std::move(spec), std::move(call));
   }
-  static AcquireTicket dispatch_acquire(Runtime& rt, LockSpec spec, AcquireHandler handler) {
+  static AcquireTicket dispatch_acquire(Runtime& rt, LockSpec spec, AcquireCallback handler) {
     return rt.dispatch_acquire(std::move(spec), std::move(handler));
   }
 };

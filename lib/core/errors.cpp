@@ -2,6 +2,8 @@
 
 #include <fmt/format.h>
 
+#include <new>
+
 namespace lockwatch {
 
 const char* to_string(LostReason reason) noexcept {
@@ -14,6 +16,53 @@ const char* to_string(LostReason reason) noexcept {
     case LostReason::kNotStarted: return "no pool worker was free to start the work";
   }
   return "unknown";
+}
+
+namespace {
+class Category final : public std::error_category {
+ public:
+  const char* name() const noexcept override { return "lockwatch"; }
+  std::string message(int value) const override {
+    switch (static_cast<errc>(value)) {
+      case errc::busy: return "the lock is held by another owner";
+      case errc::lease_lost: return "the lease was lost";
+      case errc::unreachable: return "the store could not be reached";
+      case errc::refused_credentials: return "the store refused the credentials";
+      case errc::invalid_argument: return "invalid argument";
+      case errc::unsupported: return "not supported by the store";
+      case errc::cancelled: return "cancelled";
+      case errc::runtime_stopped: return "the runtime stopped";
+      case errc::store_refused: return "the store answered an error";
+      case errc::no_active_lease: return "no locked call is running";
+      case errc::listen_failed: return "the metrics endpoint could not listen";
+    }
+    return "unknown lockwatch error";
+  }
+  // errc::cancelled is also what a cancelled operation means anywhere
+  // (std::errc::operation_canceled), as Asio's operation_aborted is.
+  std::error_condition default_error_condition(int value) const noexcept override {
+    if (static_cast<errc>(value) == errc::cancelled) return std::errc::operation_canceled;
+    return {value, *this};
+  }
+};
+}  // namespace
+
+const std::error_category& error_category() noexcept {
+  static const Category category;
+  return category;
+}
+
+std::error_code detail::code_of(std::exception_ptr e) noexcept {
+  if (!e) return {};
+  try {
+    std::rethrow_exception(e);
+  } catch (const Error& ex) {
+    return ex.code();
+  } catch (const std::bad_alloc&) {
+    return std::make_error_code(std::errc::not_enough_memory);
+  } catch (...) {
+    return std::make_error_code(std::errc::state_not_recoverable);
+  }
 }
 
 namespace {

@@ -450,7 +450,7 @@ void Job::stop_leading() {
   // Released so another process takes over at once; then compete again,
   // or stop.
   LockHandle h = std::move(handle_);
-  h.release([self = shared_from_this()](std::exception_ptr) {
+  h.release([self = shared_from_this()](std::error_code) {
     self->post([self] {
       if (self->cancelled())
         self->finish();

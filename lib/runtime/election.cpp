@@ -322,9 +322,10 @@ std::future<Leadership> Election::campaign() {
   return future;
 }
 
-void Election::campaign(std::function<void(std::exception_ptr, Leadership)> handler) {
+void Election::campaign(std::function<void(std::error_code, Leadership)> handler) {
   if (!handler) throw InvalidArgument("Election::campaign: the handler is empty");
-  state_->begin(std::move(handler));  // runs where the acquisition's handler does: the notifier
+  // Runs where the acquisition's handler does: the notifier.
+  state_->begin([h = std::move(handler)](std::exception_ptr e, Leadership l) { h(detail::code_of(e), std::move(l)); });
 }
 
 LockHandle Election::State::give_up() {
@@ -361,7 +362,7 @@ std::future<void> Election::resign() {
   return none.get_future();
 }
 
-void Election::resign(std::function<void(std::exception_ptr)> handler) {
+void Election::resign(std::function<void(std::error_code)> handler) {
   if (!handler) throw InvalidArgument("Election::resign: the handler is empty");
   LockHandle handle = state_->give_up();
   if (handle) {
@@ -370,7 +371,7 @@ void Election::resign(std::function<void(std::exception_ptr)> handler) {
   }
   // Nothing to give up: the handler still runs on the notifier, not here.
   auto& impl = detail::RuntimeAccess::impl(state_->runtime);
-  detail::post_completion(impl.notifier_pool, [h = std::move(handler)]() mutable { h(nullptr); });
+  detail::post_completion(impl.notifier_pool, [h = std::move(handler)]() mutable { h({}); });
 }
 
 std::optional<LeaderInfo> Election::leader() { return state_->read(); }

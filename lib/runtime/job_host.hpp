@@ -36,7 +36,7 @@ class JobHost {
   // Runs `task` on the loop thread; false once the loop is closed.
   virtual bool post(UniqueFunction task) = 0;
   // The handler form of Runtime::acquire, for a spec check_lease() passed.
-  virtual AcquireTicket acquire(LockSpec spec, AcquireHandler handler) = 0;
+  virtual AcquireTicket acquire(LockSpec spec, AcquireCallback handler) = 0;
   // Runs `work` on the pool; throws once the pool stopped.
   virtual void run_on_pool(UniqueFunction work) = 0;
 

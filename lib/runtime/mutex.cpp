@@ -1,6 +1,5 @@
 // lockwatch::mutex (lockwatch/mutex.hpp): a LockHandle behind the standard
-// Lockable calls, taken through the handler form of Runtime::acquire so
-// that nothing is registered on the locking thread.
+// Lockable calls.
 #include "lockwatch/mutex.hpp"
 
 #include <algorithm>
@@ -20,14 +19,7 @@ mutex::~mutex() { unlock(); }
 
 bool mutex::try_lock_wait(milliseconds wait) {
   wait = std::clamp(wait, milliseconds(0), max_wait);
-  auto done = std::make_shared<std::promise<LockHandle>>();
-  auto outcome = done->get_future();
-  runtime_.acquire(key_, ttl_, retries_, wait, [done](std::exception_ptr e, LockHandle h) {
-    if (e)
-      done->set_exception(e);
-    else
-      done->set_value(std::move(h));
-  });
+  auto outcome = runtime_.acquire({.key = key_, .ttl = ttl_, .retries = retries_, .wait = wait});
   LockHandle h;
   try {
     // The runtime answers within the wait (and the command timeout), or

@@ -160,8 +160,8 @@ std::future<LockHandle> Runtime::Impl::acquire(detail::LockSpec spec) {
   return future;
 }
 
-AcquireTicket Runtime::Impl::acquire(detail::LockSpec spec, AcquireHandler handler) {
-  if (!handler) throw InvalidArgument("Runtime::acquire: the handler is empty");
+AcquireTicket Runtime::Impl::acquire(detail::LockSpec spec, detail::AcquireCallback handler) {
+  if (!handler) throw InvalidArgument("Runtime::async_acquire: the handler is empty");
   validate(spec);
   auto call = std::make_shared<detail::HandleCall>();
   call->key = spec.key;
@@ -604,49 +604,42 @@ Runtime::Runtime(Options options) {
   impl_ = std::make_shared<Impl>(std::move(options), &detail::make_store);
 }
 
-std::future<LockHandle> Runtime::acquire(std::string key, std::chrono::milliseconds ttl, Retries retries,
-                                         std::chrono::milliseconds wait) {
+namespace {
+detail::LockSpec spec_of(LockRequest r) {
   detail::LockSpec spec;
-  spec.key = std::move(key);
-  spec.ttl = ttl;
-  spec.retries = retries.count();
-  spec.wait = wait;
-  return impl_->acquire(std::move(spec));
+  spec.key = std::move(r.key);
+  spec.ttl = r.ttl;
+  spec.retries = r.retries.count();
+  spec.wait = r.wait;
+  spec.kind = r.kind;
+  return spec;
+}
+}  // namespace
+
+std::future<LockHandle> Runtime::acquire(LockRequest request) { return impl_->acquire(spec_of(std::move(request))); }
+
+std::future<LockHandle> Runtime::acquire(std::string key, std::chrono::milliseconds ttl) {
+  return acquire(LockRequest{.key = std::move(key), .ttl = ttl});
 }
 
-AcquireTicket Runtime::acquire(std::string key, std::chrono::milliseconds ttl, Retries retries,
-                               std::chrono::milliseconds wait, AcquireHandler handler) {
-  detail::LockSpec spec;
-  spec.key = std::move(key);
-  spec.ttl = ttl;
-  spec.retries = retries.count();
-  spec.wait = wait;
-  return impl_->acquire(std::move(spec), std::move(handler));
+AcquireTicket Runtime::async_acquire(LockRequest request, AcquireHandler handler) {
+  if (!handler) throw InvalidArgument("Runtime::async_acquire: the handler is empty");
+  // Shared, so that a request refused before it started still reaches it.
+  auto h = std::make_shared<AcquireHandler>(std::move(handler));
+  try {
+    return impl_->acquire(spec_of(std::move(request)), [h](std::exception_ptr e, LockHandle lh) {
+      (*h)(detail::code_of(e), std::move(lh));
+    });
+  } catch (...) {
+    // Refused before anything started: the handler learns it as it learns
+    // any outcome, off this thread, and nothing is thrown.
+    detail::post_completion(impl_->notifier_pool,
+                            [h, ec = detail::code_of(std::current_exception())] { (*h)(ec, LockHandle()); });
+    return AcquireTicket();
+  }
 }
 
-std::future<LockHandle> Runtime::acquire(std::string key, LockKind kind, std::chrono::milliseconds ttl,
-                                         Retries retries, std::chrono::milliseconds wait) {
-  detail::LockSpec spec;
-  spec.key = std::move(key);
-  spec.ttl = ttl;
-  spec.retries = retries.count();
-  spec.wait = wait;
-  spec.kind = kind;
-  return impl_->acquire(std::move(spec));
-}
-
-AcquireTicket Runtime::acquire(std::string key, LockKind kind, std::chrono::milliseconds ttl, Retries retries,
-                               std::chrono::milliseconds wait, AcquireHandler handler) {
-  detail::LockSpec spec;
-  spec.key = std::move(key);
-  spec.ttl = ttl;
-  spec.retries = retries.count();
-  spec.wait = wait;
-  spec.kind = kind;
-  return impl_->acquire(std::move(spec), std::move(handler));
-}
-
-AcquireTicket Runtime::dispatch_acquire(detail::LockSpec spec, AcquireHandler handler) {
+AcquireTicket Runtime::dispatch_acquire(detail::LockSpec spec, detail::AcquireCallback handler) {
   return impl_->acquire(std::move(spec), std::move(handler));
 }
 
@@ -709,7 +702,12 @@ LockHandle::~LockHandle() {
 
 const Lease& LockHandle::lease() const noexcept { return static_cast<const detail::LeaseRecord&>(*state_); }
 
-void LockHandle::release(std::function<void(std::exception_ptr)> handler) {
+void LockHandle::release(std::function<void(std::error_code)> handler) {
+  if (!handler) throw InvalidArgument("LockHandle::release: the handler is empty");
+  release_typed([h = std::move(handler)](std::exception_ptr e) { h(detail::code_of(e)); });
+}
+
+void LockHandle::release_typed(std::function<void(std::exception_ptr)> handler) {
   if (!state_) throw InvalidArgument("LockHandle::release() on a handle that holds no lock");
   if (!handler) throw InvalidArgument("LockHandle::release: the handler is empty");
   auto state = std::move(state_);

@@ -54,7 +54,7 @@ struct Runtime::Impl final : std::enable_shared_from_this<Runtime::Impl>, detail
   void check_lease(detail::LockSpec& spec) const override;
   detail::Events& job_events() noexcept override { return events; }
   bool post(UniqueFunction task) override { return loop.post(std::move(task)); }
-  AcquireTicket acquire(detail::LockSpec spec, AcquireHandler handler) override;
+  AcquireTicket acquire(detail::LockSpec spec, detail::AcquireCallback handler) override;
   void run_on_pool(UniqueFunction work) override { pool.post(std::move(work)); }
   Timeout at(TimerTask& task, Clock::time_point when) override { return clock.at(task, when); }
   void with_lease(const Lease& lease, const std::function<void()>& body) override;

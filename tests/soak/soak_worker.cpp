@@ -1001,8 +1001,11 @@ class Worker {
     std::string out = "ok", msg;
     try {
       if (op.handle) {
-        auto f = rt.acquire("soak:" + op.key, kind_of(op.kind), milliseconds(op.ttl_ms), retries,
-                            milliseconds(op.wait_ms));
+        auto f = rt.acquire({.key = "soak:" + op.key,
+                             .ttl = milliseconds(op.ttl_ms),
+                             .retries = retries,
+                             .wait = milliseconds(op.wait_ms),
+                             .kind = kind_of(op.kind)});
         if (f.wait_for(hard) != std::future_status::ready) hang(op, "acquire");
         lockwatch::LockHandle h = f.get();
         work(h.lease(), op);

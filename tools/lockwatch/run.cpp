@@ -215,7 +215,7 @@ int run_command(const RunArgs& a, const Inherited& inherited) {
 
   // Wait for the lock; a signal meanwhile gives up (the runtime's stop fails
   // the acquisition, or gives back a lock granted at that moment).
-  std::future<LockHandle> acquired = rt->acquire(a.key, a.ttl, a.retries, a.wait);
+  std::future<LockHandle> acquired = rt->acquire({.key = a.key, .ttl = a.ttl, .retries = a.retries, .wait = a.wait});
   int gave_up = 0;
   {
     EventFd ready;
