@@ -53,16 +53,16 @@ if (redis.call('exists', KEYS[1]) == 0) or (redis.call('hexists', KEYS[1], ARGV[
 end
 return redis.call('pttl', KEYS[1])
 )lua";
-// RedissonFencedLock: the same, taking a token from its counter: the token
-// when taken, else minus the PTTL.
+// RedissonFencedLock's: the same, taking a token from its counter (on
+// every entry): {-1, token} taken, else {PTTL, -1}.
 constexpr const char* kTryFencedLock = R"lua(
 if (redis.call('exists', KEYS[1]) == 0) or (redis.call('hexists', KEYS[1], ARGV[2]) == 1) then
   local token = redis.call('incr', KEYS[2])
   redis.call('hincrby', KEYS[1], ARGV[2], 1)
   redis.call('pexpire', KEYS[1], ARGV[1])
-  return token
+  return {-1, token}
 end
-return -redis.call('pttl', KEYS[1])
+return {redis.call('pttl', KEYS[1]), -1}
 )lua";
 // RedissonBaseLock.renewExpirationAsync: 1 extended, 0 not ours.
 constexpr const char* kRenew = R"lua(
@@ -256,9 +256,15 @@ class RedissonTest : public ::testing::TestWithParam<Where> {
   Reply try_lock(const std::string& name, long long lease_ms = 10000) const {
     return command(name, {"EVAL", kTryLock, "1", name, std::to_string(lease_ms), field_});
   }
-  Reply try_fenced_lock(const std::string& name, long long lease_ms = 10000) const {
-    return command(name, {"EVAL", kTryFencedLock, "2", name, prefixed("redisson_lock_token", name),
-                          std::to_string(lease_ms), field_});
+  // The token RFencedLock got (0: busy).
+  long long try_fenced_lock(const std::string& name, long long lease_ms = 10000) const {
+    Reply r = command(name, {"EVAL", kTryFencedLock, "2", name, prefixed("redisson_lock_token", name),
+                             std::to_string(lease_ms), field_});
+    if (r.elements.size() != 2) {
+      ADD_FAILURE() << "RFencedLock's script answered no pair";
+      return 0;
+    }
+    return r.elements[0].integer == -1 ? r.elements[1].integer : 0;
   }
   Reply renew(const std::string& name, long long lease_ms = 10000) const {
     return command(name, {"EVAL", kRenew, "1", name, std::to_string(lease_ms), field_});
@@ -529,18 +535,24 @@ TEST_P(RedissonTest, ARedissonLeaseThatRanOutGoesToLockwatchAndItsUnlockFails) {
 TEST_P(RedissonTest, FencingTokensComeFromRFencedLocksCounterOnBothSides) {
   Runtime rt(options());
   const std::string k = key();
-  Reply first = try_fenced_lock(k);
-  ASSERT_EQ(first.type, Reply::Type::kInteger);
-  ASSERT_GT(first.integer, 0);
+  const long long first = try_fenced_lock(k);
+  ASSERT_GT(first, 0);
   ASSERT_EQ(unlock(k).integer, 1);
   auto taken = rt.acquire(k, 5s, forever, 0ms);
   LockHandle h = get_bounded(taken);
   const std::uint64_t ours = h.lease().fencing_token();
-  EXPECT_GT(ours, static_cast<std::uint64_t>(first.integer));
+  EXPECT_GT(ours, static_cast<std::uint64_t>(first));
   auto released = h.release();
   get_bounded(released);
-  Reply third = try_fenced_lock(k);
-  EXPECT_GT(third.integer, static_cast<long long>(ours));
+  // Busy while lockwatch holds it: RFencedLock takes no token then.
+  auto again = rt.acquire(k, 5s);
+  LockHandle h2 = get_bounded(again);
+  EXPECT_EQ(try_fenced_lock(k), 0);
+  const std::uint64_t second = h2.lease().fencing_token();
+  EXPECT_GT(second, ours);
+  auto released2 = h2.release();
+  get_bounded(released2);
+  EXPECT_GT(try_fenced_lock(k), static_cast<long long>(second));
   EXPECT_EQ(unlock(k).integer, 1);
 }
 
