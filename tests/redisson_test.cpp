@@ -22,11 +22,14 @@
 #include <future>
 #include <memory>
 #include <optional>
+#include <span>
 #include <string>
 #include <vector>
 
+#include "core/loop.hpp"
 #include "lockwatch/lockwatch.hpp"
 #include "store/redis/cluster_slot.hpp"
+#include "store/redis/node_store.hpp"
 #include "support/redis_cluster.hpp"
 #include "test_util.hpp"
 
@@ -557,18 +560,63 @@ TEST_P(RedissonTest, FencingTokensComeFromRFencedLocksCounterOnBothSides) {
 }
 
 TEST_P(RedissonTest, ARetriedReleaseAnswersAsTheFirst) {
-  // Redisson's unlock latch: the lease's release leaves one behind, so a
-  // retry of that same call answers 'released' again and touches nothing.
-  Runtime rt(options());
+  // Redisson's unlock latch: a lease's release leaves one behind (named by
+  // its owner token), so the same call sent again, e.g. after a lost
+  // reply, answers 'released' as the first did, even once Redisson holds
+  // the lock again, and leaves that hold alone. The store of one node (on
+  // a Cluster, of the master of the key's slot, as the Cluster's store
+  // makes it).
   const std::string k = key();
-  auto taken = rt.acquire(k, 5s);
-  LockHandle h = get_bounded(taken);
-  auto released = h.release();
-  get_bounded(released);
+  detail::Loop loop;
+  Endpoint ep;
+  ep.port = port_of(k);
+  Options o;
+  detail::RedisNodeStore store(loop, ep, o,
+                               cluster() ? detail::RedisNodeStore::Notices::kSharded
+                                         : detail::RedisNodeStore::Notices::kClassic,
+                               detail::StoreLayout::make_redisson());
+  if (cluster()) store.no_batching();
+  loop.post([&] { store.start(detail::StoreEvents{}); });
+  const std::string token = "0123456789abcdef0123456789abcdef";
+  auto on_loop = [&](auto call) {
+    auto done = std::make_shared<std::promise<void>>();
+    auto f = done->get_future();
+    loop.post([&, call, done] { call(done); });
+    EXPECT_EQ(f.wait_for(kBound), std::future_status::ready);
+  };
+  detail::Acquired taken;
+  on_loop([&](std::shared_ptr<std::promise<void>> done) {
+    detail::LockRef ref{k, token, "5000", 5s};
+    store.acquire(std::span<const detail::LockRef>(&ref, 1), [&, done](std::size_t, const detail::Acquired& r) {
+      taken = r;
+      done->set_value();
+    });
+  });
+  ASSERT_EQ(taken.status, detail::Acquired::Status::kTaken) << taken.error.describe();
+  EXPECT_EQ(owners(k), 1);
+  auto release = [&] {
+    detail::Released out = detail::Released::kUnconfirmed;
+    on_loop([&](std::shared_ptr<std::promise<void>> done) {
+      detail::LockRef ref{k, token, "5000", 5s};
+      store.release(std::span<const detail::LockRef>(&ref, 1), true,
+                    [&, done](std::size_t, detail::Released r, const detail::StoreError*) {
+                      out = r;
+                      done->set_value();
+                    });
+    });
+    return out;
+  };
+  EXPECT_TRUE(detail::was_ours(release()));
+  EXPECT_EQ(command(k, {"EXISTS", k}).integer, 0);
+  ASSERT_EQ(try_lock(k).type, Reply::Type::kNil);  // Redisson's now
+  EXPECT_TRUE(detail::was_ours(release())) << "answered from the latch";
+  EXPECT_EQ(count_of(k, field_), 1) << "Redisson's hold is untouched";
   Reply latches = command(k, {"KEYS", prefixed("redisson_unlock_latch", k) + ":*"});
   ASSERT_EQ(latches.elements.size(), 1u);
-  EXPECT_EQ(command(k, {"GET", latches.elements[0].str}).str, "1");
-  EXPECT_GT(command(k, {"PTTL", latches.elements[0].str}).integer, 0);
+  EXPECT_EQ(latches.elements[0].str, prefixed("redisson_unlock_latch", k) + ":" + token);
+  EXPECT_GT(command(k, {"PTTL", latches.elements[0].str}).integer, 0) << "it expires";
+  EXPECT_EQ(unlock(k).integer, 1);
+  EXPECT_EQ(loop.shutdown([&] { store.close(); }), 0);
 }
 
 INSTANTIATE_TEST_SUITE_P(Where, RedissonTest, ::testing::Values(Where::kNode, Where::kCluster), where_name);

@@ -378,8 +378,8 @@ void RedisNodeStore::wait_for_replicas(std::string name, std::string token, Lock
         }
         if (layout_.redisson()) {
           for_acquire().eval(script(ScriptId::kRedissonRelease),
-                             {name, redisson_keys::latch(name, token), notice(), layout_.field(token), std::string(),
-                              latch_ms()},
+                             {name, redisson_keys::latch(name, token), notice(), layout_.field(token),
+                              redisson_keys::channel(name), latch_ms()},
                              2, [index, done, failed](const redisReply*, const StoreError*) { (*done)(index, failed); });
           return;
         }
@@ -618,14 +618,11 @@ void RedisNodeStore::send_redisson_release(std::vector<QueuedRelease> batch, boo
   for (const auto& r : batch) request.arg(r.name).arg(redisson_keys::latch(r.name, r.token));
   request.arg(notice());
   const std::string keep = latch_ms();
-  for (const auto& r : batch) {
-    request.arg(layout_.field(r.token));
-    if (r.notify)
-      request.arg(redisson_keys::channel(r.name));
-    else
-      request.arg(std::string_view());
-    request.arg(keep);
-  }
+  // Every release is announced, even of a lock given back unused: a
+  // Redisson waiter that found it busy meanwhile waits for the message (or
+  // else for the whole lease), and no lockwatch bookkeeping says whether
+  // one did.
+  for (const auto& r : batch) request.arg(layout_.field(r.token)).arg(redisson_keys::channel(r.name)).arg(keep);
   with_asking(*conn_).eval(std::move(request),
                            [this, counted, batch = std::move(batch)](const redisReply* r, const StoreError* err) {
                              if (counted) batch_answered();

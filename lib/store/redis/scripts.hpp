@@ -109,7 +109,8 @@ enum class ScriptId : std::uint8_t {
   // KEYS: locks. ARGV: owner field, ttl ms for each. Bytes as kRenew's.
   kRedissonRenew,
   // KEYS: lock, its unlock latch for each. ARGV: 's' or 'p'; then owner
-  // field, channel ('' no notice), the latch's expiry in ms for each.
+  // field, channel ('' no notice: the store always gives one), the latch's
+  // expiry in ms for each.
   // Bytes as kRelease's.
   kRedissonRelease,
 };
