@@ -658,5 +658,25 @@ TEST(RedissonLayout, UnknownLayoutsAndKindsItCannotHoldAreRefused) {
   EXPECT_EQ(server.command({"TYPE", "lockwatch:{k}"}).str, "string");
 }
 
+// Over TLS (rediss://) the layout is the same: a Redisson client on the
+// server's port sees lockwatch's hold and its release notice.
+TEST(RedissonLayout, OverTlsTheLayoutAndTheNoticesAreTheSame) {
+  RedisServer server(over(Transport::kTls));
+  Options o = options_for(server, 1);
+  o.redis_url += "?layout=redisson";
+  ASSERT_EQ(o.redis_url.rfind("rediss://", 0), 0u);
+  Runtime rt(o);
+  auto held = rt.acquire("acct:tls", 5s);
+  LockHandle h = get_bounded(held);
+  EXPECT_EQ(server.command({"TYPE", "acct:tls"}).str, "hash");
+  EXPECT_EQ(server.command({"HLEN", "acct:tls"}).integer, 1);
+  ChannelWaiter waiter(server.command_port(), channel_of("acct:tls"), false);
+  ASSERT_TRUE(waiter.subscribed());
+  auto released = h.release();
+  EXPECT_EQ(waiter.message(), std::optional<std::string>("0"));
+  get_bounded(released);
+  EXPECT_EQ(server.command({"EXISTS", "acct:tls"}).integer, 0);
+}
+
 }  // namespace
 }  // namespace lockwatch::testing
