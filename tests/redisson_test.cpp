@@ -584,14 +584,18 @@ TEST_P(RedissonTest, ARetriedReleaseAnswersAsTheFirst) {
     loop.post([&, call, done] { call(done); });
     EXPECT_EQ(f.wait_for(kBound), std::future_status::ready);
   };
-  detail::Acquired taken;
-  on_loop([&](std::shared_ptr<std::promise<void>> done) {
-    detail::LockRef ref{k, token, "5000", 5s};
-    store.acquire(std::span<const detail::LockRef>(&ref, 1), [&, done](std::size_t, const detail::Acquired& r) {
-      taken = r;
-      done->set_value();
+  auto acquire = [&] {
+    detail::Acquired out;
+    on_loop([&](std::shared_ptr<std::promise<void>> done) {
+      detail::LockRef ref{k, token, "5000", 5s};
+      store.acquire(std::span<const detail::LockRef>(&ref, 1), [&, done](std::size_t, const detail::Acquired& r) {
+        out = r;
+        done->set_value();
+      });
     });
-  });
+    return out;
+  };
+  const detail::Acquired taken = acquire();
   ASSERT_EQ(taken.status, detail::Acquired::Status::kTaken) << taken.error.describe();
   EXPECT_EQ(owners(k), 1);
   auto release = [&] {
@@ -616,6 +620,12 @@ TEST_P(RedissonTest, ARetriedReleaseAnswersAsTheFirst) {
   EXPECT_EQ(latches.elements[0].str, prefixed("redisson_unlock_latch", k) + ":" + token);
   EXPECT_GT(command(k, {"PTTL", latches.elements[0].str}).integer, 0) << "it expires";
   EXPECT_EQ(unlock(k).integer, 1);
+  // An acquisition that tries again with its token (after giving the lock
+  // back) gets a grant whose release is its own, not the latch's answer.
+  ASSERT_EQ(acquire().status, detail::Acquired::Status::kTaken);
+  EXPECT_EQ(command(k, {"EXISTS", latches.elements[0].str}).integer, 0) << "the take cleared the latch";
+  EXPECT_TRUE(detail::was_ours(release()));
+  EXPECT_EQ(command(k, {"EXISTS", k}).integer, 0) << "released for real";
   EXPECT_EQ(loop.shutdown([&] { store.close(); }), 0);
 }
 

@@ -597,9 +597,10 @@ std::string RedisNodeStore::latch_ms() const {
 
 void RedisNodeStore::send_redisson_acquire(std::vector<QueuedAcquire> batch, bool counted) {
   std::size_t bytes = 0;
-  for (const auto& a : batch) bytes += 3 * a.name.size() + layout_.client_id.size() + a.ttl_ms.size() + 96;
-  EvalRequest request(script(ScriptId::kRedissonAcquire), 2 * batch.size(), 4 * batch.size(), bytes);
-  for (const auto& a : batch) request.arg(a.name).arg(redisson_keys::token_counter(a.name));
+  for (const auto& a : batch) bytes += 4 * a.name.size() + a.token.size() + layout_.client_id.size() + a.ttl_ms.size() + 128;
+  EvalRequest request(script(ScriptId::kRedissonAcquire), 3 * batch.size(), 5 * batch.size(), bytes);
+  for (const auto& a : batch)
+    request.arg(a.name).arg(redisson_keys::token_counter(a.name)).arg(redisson_keys::latch(a.name, a.token));
   for (const auto& a : batch) request.arg(layout_.field(a.token)).arg(a.ttl_ms);
   RedisConnection& c = with_asking(for_acquire());
   c.eval(std::move(request),

@@ -432,10 +432,13 @@ return table.concat(out)
 // and answered the counter as it stands. Otherwise busy for its PTTL. A
 // key of another type, or a hash without expiry, is no Redisson lock: an
 // error, not a wait. TYPE first: HEXISTS on a string would abort the call.
+// A take also deletes the latch an earlier release with the same owner
+// token left (an acquisition that gave the lock back and tries again keeps
+// its token): this grant's release must not be answered by that one's.
 constexpr std::string_view kRedissonAcquire = R"lua(
 local out = {}
-for i = 1, #KEYS / 2 do
-  local lock, counter = KEYS[2 * i - 1], KEYS[2 * i]
+for i = 1, #KEYS / 3 do
+  local lock, counter, latch = KEYS[3 * i - 2], KEYS[3 * i - 1], KEYS[3 * i]
   local field, ttl = ARGV[2 * i - 1], ARGV[2 * i]
   local err
   local t = redis.call('type', lock).ok
@@ -444,6 +447,7 @@ for i = 1, #KEYS / 2 do
     if type(f) == 'table' then
       err = f.err .. ' (' .. counter .. ' is not a fencing counter)'
     else
+      redis.call('del', latch)
       redis.call('hincrby', lock, field, 1)
       redis.call('pexpire', lock, ttl)
       out[i] = 't' .. string.format('%d', f)
@@ -678,7 +682,7 @@ const Script& script(ScriptId id) {
        "SPUBLISH"},
       {kWithdrawFair, "fair withdraw", "GET, ZCARD, ZRANGE, ZREM, PUBLISH or SPUBLISH"},
       {kReserveTokens, "token reservation", "GET, SET"},
-      {kRedissonAcquire, "redisson acquire", "TYPE, HEXISTS, HINCRBY, PEXPIRE, PTTL, INCR, GET"},
+      {kRedissonAcquire, "redisson acquire", "TYPE, HEXISTS, HINCRBY, PEXPIRE, PTTL, INCR, GET, DEL"},
       {kRedissonRenew, "redisson renew", "HEXISTS, PEXPIRE, EXISTS"},
       {kRedissonRelease, "redisson release", "GET, SET, HEXISTS, HINCRBY, EXISTS, DEL, PUBLISH or SPUBLISH"},
   };

@@ -103,8 +103,9 @@ enum class ScriptId : std::uint8_t {
   kReserveTokens,
   // The redisson layout (layout.hpp): Redisson's RLock commands, a batch of
   // locks per call, answering as the scripts above do. KEYS: lock, its
-  // token counter (redisson_lock_token:{K}) for each. ARGV: owner field,
-  // ttl ms for each. Entries as kAcquire's.
+  // token counter (redisson_lock_token:{K}), the unlock latch of its owner
+  // token for each. ARGV: owner field, ttl ms for each. Entries as
+  // kAcquire's.
   kRedissonAcquire,
   // KEYS: locks. ARGV: owner field, ttl ms for each. Bytes as kRenew's.
   kRedissonRenew,
