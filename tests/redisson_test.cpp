@@ -29,6 +29,7 @@
 #include "core/loop.hpp"
 #include "lockwatch/lockwatch.hpp"
 #include "store/redis/cluster_slot.hpp"
+#include "store/redis/layout.hpp"
 #include "store/redis/node_store.hpp"
 #include "support/redis_cluster.hpp"
 #include "test_util.hpp"
@@ -666,6 +667,33 @@ TEST(RedissonLayout, UnknownLayoutsAndKindsItCannotHoldAreRefused) {
   auto held = plain.acquire("k", 5s);
   LockHandle h = get_bounded(held);
   EXPECT_EQ(server.command({"TYPE", "lockwatch:{k}"}).str, "string");
+}
+
+// The parameter on every Redis URL form: taken off the URL the topology
+// is read from, with the layout it names.
+TEST(RedissonLayout, TheParameterIsReadOnEveryRedisUrlForm) {
+  using detail::RedisLayout;
+  const std::pair<const char*, const char*> forms[] = {
+      {"redis://127.0.0.1:6379?layout=redisson", "redis://127.0.0.1:6379"},
+      {"rediss://u:p%3Fw@127.0.0.1:6380/2?layout=redisson", "rediss://u:p%3Fw@127.0.0.1:6380/2"},
+      {"redis-sentinel://127.0.0.1:26379,127.0.0.1:26380/mymaster/1?layout=redisson",
+       "redis-sentinel://127.0.0.1:26379,127.0.0.1:26380/mymaster/1"},
+      {"rediss-cluster://127.0.0.1:7000,127.0.0.1:7001?layout=redisson", "rediss-cluster://127.0.0.1:7000,127.0.0.1:7001"},
+  };
+  for (const auto& [url, rest] : forms) {
+    const detail::LayoutUrl split = detail::split_layout(url);
+    EXPECT_EQ(split.url, rest) << url;
+    EXPECT_EQ(split.layout, RedisLayout::kRedisson) << url;
+  }
+  EXPECT_EQ(detail::split_layout("redis://127.0.0.1:6379").layout, RedisLayout::kLockwatch);
+  EXPECT_EQ(detail::split_layout("redis://127.0.0.1:6379?layout=lockwatch").layout, RedisLayout::kLockwatch);
+  EXPECT_TRUE(thrown<InvalidArgument>([] { detail::split_layout("redis://h:1?layout=redisson&layout=lockwatch"); }));
+  EXPECT_TRUE(thrown<InvalidArgument>([] { detail::split_layout("redis://h:1?layout="); }));
+  // The owner field: `<uuid>:<thread id>`, the same for a token every time.
+  const detail::StoreLayout a = detail::StoreLayout::make_redisson(), b = detail::StoreLayout::make_redisson();
+  EXPECT_NE(a.client_id, b.client_id);
+  EXPECT_EQ(a.field("0000000000000ff00123456789abcdef"), a.client_id + ":255");
+  EXPECT_EQ(a.field("fffffffffffffff00000000000000000"), a.client_id + ":" + std::to_string((1ull << 60) - 1));
 }
 
 // Over TLS (rediss://) the layout is the same: a Redisson client on the
