@@ -57,6 +57,10 @@ struct Options {
   ///                                                 a Redis Cluster (seed nodes)
   ///   rediss://, rediss-sentinel://, rediss-cluster://   the same over TLS
   ///                                                 (the `tls` feature)
+  ///   any of these but Redlock's, with ?layout=redisson
+  ///                                                 exclusive locks kept as
+  ///                                                 Redisson's RLock, shared with
+  ///                                                 Java services (docs/redisson.md)
   ///   mysql://user:password\@host[:port]/database[?socket=/path&table=name]
   ///                                                 a MariaDB/MySQL lock table
   ///                                                 (the `sql` feature)

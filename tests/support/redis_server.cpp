@@ -671,7 +671,7 @@ Reply RedisServer::command(const std::vector<std::string>& args) const {
   return copy_reply(reply.get());
 }
 
-ChildProcess::ChildProcess(std::vector<std::string> argv, std::vector<std::string> extra_env) {
+ChildProcess::ChildProcess(std::vector<std::string> argv, std::vector<std::string> extra_env, bool piped_stdin) {
   if (argv.empty()) throw std::invalid_argument("ChildProcess: empty argv");
   std::optional<std::string> path = find_executable(argv[0]);
   if (!path) throw std::runtime_error("ChildProcess: cannot find executable " + argv[0]);
@@ -682,11 +682,39 @@ ChildProcess::ChildProcess(std::vector<std::string> argv, std::vector<std::strin
   Fd read_end = above_std_streams(out_pipe[0]);
   Fd write_end = above_std_streams(write_raw.release());
 
-  Fd in = above_std_streams(::open("/dev/null", O_RDONLY | O_CLOEXEC));
+  int in_pipe[2] = {-1, -1};
+  if (piped_stdin && ::pipe2(in_pipe, O_CLOEXEC) != 0) throw_errno("pipe2");
+  Fd to_child = piped_stdin ? above_std_streams(in_pipe[1]) : Fd();
+  Fd in = piped_stdin ? above_std_streams(in_pipe[0]) : above_std_streams(::open("/dev/null", O_RDONLY | O_CLOEXEC));
   if (in.get() < 0) throw_errno("open /dev/null");
   pid_ = spawn(*path, std::move(argv), merged_environment(extra_env),
                {in.get(), write_end.get(), STDERR_FILENO});
   stdout_fd_ = read_end.release();
+  stdin_fd_ = to_child.release();
+}
+
+bool ChildProcess::write_line(const std::string& line) {
+  if (stdin_fd_ < 0) return false;
+  const std::string out = line + "\n";
+  std::size_t done = 0;
+  while (done < out.size()) {
+    // MSG_NOSIGNAL is for sockets: a closed pipe is EPIPE here only if
+    // SIGPIPE is ignored, so the child's end is checked first.
+    pollfd p{stdin_fd_, POLLOUT, 0};
+    if (::poll(&p, 1, 0) == 1 && (p.revents & (POLLERR | POLLHUP)) != 0) return false;
+    const ssize_t n = ::write(stdin_fd_, out.data() + done, out.size() - done);
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      return false;
+    }
+    done += static_cast<std::size_t>(n);
+  }
+  return true;
+}
+
+void ChildProcess::close_stdin() {
+  if (stdin_fd_ >= 0) ::close(stdin_fd_);
+  stdin_fd_ = -1;
 }
 
 ChildProcess::~ChildProcess() {
@@ -695,6 +723,7 @@ ChildProcess::~ChildProcess() {
     reap(pid_);
   }
   if (stdout_fd_ >= 0) ::close(stdout_fd_);
+  if (stdin_fd_ >= 0) ::close(stdin_fd_);
 }
 
 std::optional<std::string> ChildProcess::read_line(std::chrono::milliseconds timeout) {

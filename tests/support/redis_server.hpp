@@ -181,7 +181,10 @@ class ChildProcess {
   // arguments and this process's environment plus `extra_env` entries of the
   // form "NAME=value", which replace variables of the same name. Throws
   // std::runtime_error when the program cannot be started.
-  explicit ChildProcess(std::vector<std::string> argv, std::vector<std::string> extra_env = {});
+  // With `piped_stdin`, the child reads what write_line() sends (else
+  // /dev/null).
+  explicit ChildProcess(std::vector<std::string> argv, std::vector<std::string> extra_env = {},
+                        bool piped_stdin = false);
 
   // SIGKILL and reap if still running. Never throws.
   ~ChildProcess();
@@ -200,6 +203,12 @@ class ChildProcess {
   // Calling it again returns the same status.
   int wait(std::chrono::milliseconds timeout);
 
+  // Writes `line` and '\n' to the child's standard input (piped_stdin);
+  // false when the child no longer reads it.
+  bool write_line(const std::string& line);
+  // Closes the child's standard input: it reads end of file.
+  void close_stdin();
+
   // Sends `sig` to the child; does nothing once it has been reaped.
   void kill(int sig);
 
@@ -210,6 +219,7 @@ class ChildProcess {
   bool reaped_ = false;
   int status_ = 0;
   int stdout_fd_ = -1;
+  int stdin_fd_ = -1;
   bool stdout_closed_ = false;
   std::string buffer_;
 };

@@ -106,9 +106,10 @@ struct ClusterStore::Call {
   std::function<void(RedisNodeStore& node, const std::shared_ptr<Call>& self)> send;
 };
 
-ClusterStore::ClusterStore(Loop& loop, ClusterSeeds seeds, const Options& options)
-    : StoreBase(redis_keys::rules(options.key_prefix), /*release_events=*/true),
-      loop_(loop), seeds_(std::move(seeds)), options_(options) {
+ClusterStore::ClusterStore(Loop& loop, ClusterSeeds seeds, const Options& options, StoreLayout layout)
+    : StoreBase(layout.redisson() ? redisson_keys::rules() : redis_keys::rules(options.key_prefix),
+                /*release_events=*/true),
+      loop_(loop), seeds_(std::move(seeds)), options_(options), layout_(std::move(layout)) {
   owner_.fill(-1);
   topo_ = std::make_unique<RedisConnection>(loop_, seeds_.seeds.front(), options_, RedisConnection::Mode::kCommands);
 }
@@ -134,7 +135,7 @@ ClusterStore::Node* ClusterStore::node_at(const std::string& host, int port) {
   if (auto it = by_name_.find(name); it != by_name_.end()) return it->second;
   auto node = std::make_unique<Node>();
   node->name = name;
-  node->store = std::make_unique<RedisNodeStore>(loop_, ep, options_, RedisNodeStore::Notices::kSharded);
+  node->store = std::make_unique<RedisNodeStore>(loop_, ep, options_, RedisNodeStore::Notices::kSharded, layout_);
   node->store->no_batching();  // one slot per script call, ASKING right before its command
   Node* raw = node.get();
   raw->store->set_dropped_hook(

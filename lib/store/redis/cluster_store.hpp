@@ -86,6 +86,7 @@
 #include "store/capabilities.hpp"
 #include "store/store_base.hpp"
 #include "store/redis/cluster_slot.hpp"
+#include "store/redis/layout.hpp"
 
 struct redisReply;  // hiredis
 
@@ -115,7 +116,8 @@ class ClusterStore final : public StoreBase,
   static constexpr std::chrono::milliseconds kRefreshInterval{5000};
   static constexpr std::chrono::milliseconds kRefreshThrottle{100};
 
-  ClusterStore(Loop& loop, ClusterSeeds seeds, const Options& options);
+  // `layout`: every node's (layout.hpp), one client id for them all.
+  ClusterStore(Loop& loop, ClusterSeeds seeds, const Options& options, StoreLayout layout = {});
   ~ClusterStore() override;
 
   // Each lock routed to its slot's master (once the map is known), and
@@ -219,6 +221,7 @@ class ClusterStore final : public StoreBase,
   Loop& loop_;
   const ClusterSeeds seeds_;
   const Options options_;
+  const StoreLayout layout_;
   bool started_ = false;
   bool closed_ = false;
 

@@ -35,19 +35,25 @@ std::chrono::system_clock::time_point time_at(const redisReply* r, std::size_t f
 
 }  // namespace
 
-RedisNodeStore::RedisNodeStore(Loop& loop, Endpoint endpoint, const Options& options, Notices notices)
-    : StoreBase(redis_keys::rules(options.key_prefix), /*release_events=*/true),
-      options_(options), notices_(notices), loop_(loop) {
+RedisNodeStore::RedisNodeStore(Loop& loop, Endpoint endpoint, const Options& options, Notices notices,
+                               StoreLayout layout)
+    : StoreBase(layout.redisson() ? redisson_keys::rules() : redis_keys::rules(options.key_prefix),
+                /*release_events=*/true),
+      options_(options), notices_(notices), layout_(std::move(layout)), loop_(loop) {
   using Mode = RedisConnection::Mode;
   conn_ = std::make_unique<RedisConnection>(loop, endpoint, options_, Mode::kCommands);
   renew_ = std::make_unique<RedisConnection>(loop, endpoint, options_, Mode::kCommands);
   if (options_.min_replicas > 0) acquire_ = std::make_unique<RedisConnection>(loop, endpoint, options_, Mode::kCommands);
   const bool sharded = notices_ == Notices::kSharded;
   RedisConnection::Hooks hooks;
-  hooks.on_message = [this, sharded](std::string_view kind, std::string_view channel, std::string_view) {
-    std::string_view name = redis_keys::lock_of_channel(channel);
+  hooks.on_message = [this, sharded](std::string_view kind, std::string_view channel, std::string_view payload) {
+    std::string_view name = lock_of(channel);
     if (name.empty()) return;
-    if (kind == (sharded ? "smessage" : "message") && events_.released) events_.released(name);
+    // Redisson's channel carries its unlock message only; anything else
+    // is no release.
+    if (kind == (sharded ? "smessage" : "message") && events_.released &&
+        (!layout_.redisson() || payload == redisson_keys::kUnlockMessage))
+      events_.released(name);
     if (kind == (sharded ? "ssubscribe" : "subscribe")) {
       if (listening_.find(name) == listening_.end()) listening_.emplace(name);
       if (events_.subscribed) events_.subscribed(name);
@@ -59,7 +65,7 @@ RedisNodeStore::RedisNodeStore(Loop& loop, Endpoint endpoint, const Options& opt
     if (events_.subscriptions_lost) events_.subscriptions_lost();
   };
   hooks.on_dropped = [this](std::string_view channel, const StoreError* why) {
-    std::string_view name = redis_keys::lock_of_channel(channel);
+    std::string_view name = lock_of(channel);
     erase_listening(name);
     if (why != nullptr && why->acl_refusal()) refused_notices(*why);
     if (!name.empty() && dropped_) dropped_(name, why);
@@ -274,6 +280,10 @@ void RedisNodeStore::batch_answered() {
 }
 
 void RedisNodeStore::send_acquire_batch(std::vector<QueuedAcquire> batch, bool counted) {
+  if (layout_.redisson()) {
+    send_redisson_acquire(std::move(batch), counted);
+    return;
+  }
   std::size_t bytes = 0;
   for (const auto& a : batch) bytes += 3 * a.name.size() + a.token.size() + a.ttl_ms.size() + 64;
   EvalRequest request(script(ScriptId::kAcquire), 3 * batch.size(), 5 * batch.size(), bytes);
@@ -294,6 +304,10 @@ void RedisNodeStore::send_acquire_batch(std::vector<QueuedAcquire> batch, bool c
 }
 
 void RedisNodeStore::send_release_batch(std::vector<QueuedRelease> batch, bool counted) {
+  if (layout_.redisson()) {
+    send_redisson_release(std::move(batch), counted);
+    return;
+  }
   std::size_t bytes = 0;
   for (const auto& r : batch) bytes += 2 * r.name.size() + r.token.size() + 48;
   EvalRequest request(script(ScriptId::kRelease), batch.size(), 1 + 3 * batch.size(), bytes);
@@ -362,6 +376,13 @@ void RedisNodeStore::wait_for_replicas(std::string name, std::string token, Lock
                             }));
           return;
         }
+        if (layout_.redisson()) {
+          for_acquire().eval(script(ScriptId::kRedissonRelease),
+                             {name, redisson_keys::latch(name, token), notice(), layout_.field(token),
+                              redisson_keys::channel(name), latch_ms()},
+                             2, [index, done, failed](const redisReply*, const StoreError*) { (*done)(index, failed); });
+          return;
+        }
         for_acquire().eval(script(ScriptId::kRelease), {name, notice(), token, std::string()}, 1,
                     [index, done, failed](const redisReply*, const StoreError*) { (*done)(index, failed); });
       });
@@ -371,6 +392,7 @@ std::size_t RedisNodeStore::renew(std::span<const LockRef> locks, std::shared_pt
                                   RenewDone done) {
   if (std::any_of(locks.begin(), locks.end(), [](const LockRef& l) { return !l.kind.exclusive_kind(); }))
     return renew_mixed(locks, std::move(keepalive), std::move(done));
+  if (layout_.redisson()) return renew_redisson(locks, std::move(keepalive), std::move(done));
   const std::size_t n = locks.size();
   // The arguments are views into the leases, which `keepalive` holds until
   // the reply: no copies of keys and tokens per renewal.
@@ -553,10 +575,94 @@ void RedisNodeStore::send_renewal_asking() {
 
 std::string RedisNodeStore::notice() const { return notices_ == Notices::kSharded ? "s" : "p"; }
 
-void RedisNodeStore::subscribe(std::string_view name) { sub_->subscribe(redis_keys::channel(name)); }
+void RedisNodeStore::subscribe(std::string_view name) { sub_->subscribe(channel_of(name)); }
 void RedisNodeStore::unsubscribe(std::string_view name) {
   erase_listening(name);  // from now on a notice heard once is another's
-  sub_->unsubscribe(redis_keys::channel(name));
+  sub_->unsubscribe(channel_of(name));
+}
+
+std::string RedisNodeStore::channel_of(std::string_view name) const {
+  return layout_.redisson() ? redisson_keys::channel(name) : redis_keys::channel(name);
+}
+
+std::string_view RedisNodeStore::lock_of(std::string_view channel) const {
+  return layout_.redisson() ? redisson_keys::lock_of_channel(channel) : redis_keys::lock_of_channel(channel);
+}
+
+std::string RedisNodeStore::latch_ms() const {
+  // Redisson keeps its latch for its command timeout times its retries; a
+  // retry of ours comes within two command timeouts.
+  return std::to_string(std::max<long long>(1000, 2 * options_.command_timeout.count()));
+}
+
+void RedisNodeStore::send_redisson_acquire(std::vector<QueuedAcquire> batch, bool counted) {
+  std::size_t bytes = 0;
+  for (const auto& a : batch) bytes += 4 * a.name.size() + a.token.size() + layout_.client_id.size() + a.ttl_ms.size() + 128;
+  EvalRequest request(script(ScriptId::kRedissonAcquire), 3 * batch.size(), 5 * batch.size(), bytes);
+  for (const auto& a : batch)
+    request.arg(a.name).arg(redisson_keys::token_counter(a.name)).arg(redisson_keys::latch(a.name, a.token));
+  for (const auto& a : batch) request.arg(layout_.field(a.token)).arg(a.ttl_ms);
+  RedisConnection& c = with_asking(for_acquire());
+  c.eval(std::move(request),
+         [this, &c, counted, batch = std::move(batch)](const redisReply* r, const StoreError* err) mutable {
+           if (counted) batch_answered();
+           AcquireReply reply(r, err, batch.size(), c.name());
+           for (auto& a : batch)
+             acquired(reply.next(), std::move(a.name), std::move(a.token), a.kind, a.index, std::move(a.done));
+         });
+}
+
+void RedisNodeStore::send_redisson_release(std::vector<QueuedRelease> batch, bool counted) {
+  std::size_t bytes = 0;
+  for (const auto& r : batch) bytes += 3 * r.name.size() + r.token.size() + layout_.client_id.size() + 128;
+  EvalRequest request(script(ScriptId::kRedissonRelease), 2 * batch.size(), 1 + 5 * batch.size(), bytes);
+  for (const auto& r : batch) request.arg(r.name).arg(redisson_keys::latch(r.name, r.token));
+  request.arg(notice());
+  const std::string keep = latch_ms();
+  // Every release is announced, even of a lock given back unused: a
+  // Redisson waiter that found it busy meanwhile waits for the message (or
+  // else for the whole lease), and no lockwatch bookkeeping says whether
+  // one did.
+  for (const auto& r : batch) request.arg(layout_.field(r.token)).arg(redisson_keys::channel(r.name)).arg(keep);
+  with_asking(*conn_).eval(std::move(request),
+                           [this, counted, batch = std::move(batch)](const redisReply* r, const StoreError* err) {
+                             if (counted) batch_answered();
+                             ReleaseReply reply(r, err, batch.size(), conn_->name());
+                             if (err != nullptr && err->acl_refusal() && events_.log)
+                               events_.log(true, err->describe() + ": the release is unconfirmed");
+                             for (const QueuedRelease& q : batch) {
+                               const StoreError* why = nullptr;
+                               bool heard_once = false;
+                               const Released status = reply.next(&why, &heard_once);
+                               (*q.done)(q.index, heard_by(q.name, status, heard_once), why);
+                             }
+                           });
+}
+
+std::size_t RedisNodeStore::renew_redisson(std::span<const LockRef> locks, std::shared_ptr<const void> keepalive,
+                                           RenewDone done) {
+  // The fields are made here, so the arguments are copied (as the kinds'
+  // renewals are), not viewed in the leases.
+  const std::size_t n = locks.size();
+  std::vector<std::string> args;
+  args.reserve(3 * n);
+  for (const auto& l : locks) args.emplace_back(l.name);
+  for (const auto& l : locks) {
+    args.push_back(layout_.field(l.token));
+    args.emplace_back(l.ttl_ms);
+  }
+  renew_->eval(script(ScriptId::kRedissonRenew), std::move(args), static_cast<int>(n),
+               [this, n, keepalive = std::move(keepalive), done = std::move(done)](const redisReply* r,
+                                                                                   const StoreError* err) {
+                 RenewReply reply(r, err, n, renew_->name());
+                 for (std::size_t k = 0; k < n; ++k) {
+                   const StoreError* why = nullptr;
+                   const Renewed status = reply.next(&why);
+                   done(k, status, why);
+                 }
+               });
+  renewal_asking_ = false;
+  return 1;
 }
 
 void RedisNodeStore::erase_listening(std::string_view name) {

@@ -32,6 +32,12 @@
 // serves the lock's slot; a subscription the node gives up (its slot moved)
 // is reported through the dropped hook for the cluster to place elsewhere.
 //
+// In the redisson layout (layout.hpp) exclusive locks are Redisson's RLock:
+// the acquire, renew and release calls run kRedissonAcquire, kRedissonRenew
+// and kRedissonRelease instead, with the same batching, and notices are
+// Redisson's channel and message. The store is then wrapped in a
+// RedissonStore (redisson_store.hpp), which offers exclusive locks only.
+//
 // Threading: as LockStore (loop thread, but encode()/check_key()).
 #pragma once
 
@@ -49,6 +55,7 @@
 #include "store/capabilities.hpp"
 #include "store/store_base.hpp"
 #include "store/redis/connection.hpp"
+#include "store/redis/layout.hpp"
 
 namespace lockwatch::detail {
 
@@ -64,7 +71,8 @@ class RedisNodeStore final : public StoreBase,
  public:
   enum class Notices : std::uint8_t { kClassic, kSharded };
   // `endpoint` with port 0: the address comes from follow_sentinels().
-  RedisNodeStore(Loop& loop, Endpoint endpoint, const Options& options, Notices notices = Notices::kClassic);
+  RedisNodeStore(Loop& loop, Endpoint endpoint, const Options& options, Notices notices = Notices::kClassic,
+                 StoreLayout layout = {});
   ~RedisNodeStore() override;
 
   // Before start(): the master is wherever `watcher` says it is.
@@ -165,8 +173,18 @@ class RedisNodeStore final : public StoreBase,
   void wait_for_replicas(std::string name, std::string token, LockKind kind, Acquired taken, std::size_t index,
                          std::shared_ptr<AcquireDone> done);
 
+  // The layout's channel of lock `name`, and the lock a channel is for.
+  std::string channel_of(std::string_view name) const;
+  std::string_view lock_of(std::string_view channel) const;
+  void send_redisson_acquire(std::vector<QueuedAcquire> batch, bool counted);
+  void send_redisson_release(std::vector<QueuedRelease> batch, bool counted);
+  std::size_t renew_redisson(std::span<const LockRef> locks, std::shared_ptr<const void> keepalive, RenewDone done);
+  // The unlock latch's expiry: long enough for a retry of the call.
+  std::string latch_ms() const;
+
   const Options options_;
   const Notices notices_;
+  const StoreLayout layout_;
   std::function<void(std::string_view, const StoreError*)> dropped_;
   std::unique_ptr<RedisConnection> conn_;   // commands, pipelined
   std::unique_ptr<RedisConnection> renew_;  // renewals only

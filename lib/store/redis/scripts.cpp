@@ -419,6 +419,115 @@ end
 return table.concat(out)
 )lua";
 
+// The redisson layout (layout.hpp), the commands of Redisson's RLock
+// (RedissonLock.tryLockInnerAsync, RedissonBaseLock.renewExpirationAsync
+// and unlockInnerAsync; the token as RedissonFencedLock takes it), each
+// lock in turn, answering as the scripts above.
+//
+// Acquire: a free lock (no key) is taken as Redisson takes it, the owner
+// field entered once (HINCRBY 1) and the lease set (PEXPIRE), and its
+// token counter incremented (INCR, RFencedLock's token). A lock that holds
+// the field already is a retry of this same acquisition (a lockwatch field
+// is one lease's): taken again with the lease set anew, not entered twice,
+// and answered the counter as it stands. Otherwise busy for its PTTL. A
+// key of another type, or a hash without expiry, is no Redisson lock: an
+// error, not a wait. TYPE first: HEXISTS on a string would abort the call.
+// A take also deletes the latch an earlier release with the same owner
+// token left (an acquisition that gave the lock back and tries again keeps
+// its token): this grant's release must not be answered by that one's.
+constexpr std::string_view kRedissonAcquire = R"lua(
+local out = {}
+for i = 1, #KEYS / 3 do
+  local lock, counter, latch = KEYS[3 * i - 2], KEYS[3 * i - 1], KEYS[3 * i]
+  local field, ttl = ARGV[2 * i - 1], ARGV[2 * i]
+  local err
+  local t = redis.call('type', lock).ok
+  if t == 'none' then
+    local f = redis.pcall('incr', counter)
+    if type(f) == 'table' then
+      err = f.err .. ' (' .. counter .. ' is not a fencing counter)'
+    else
+      redis.call('del', latch)
+      redis.call('hincrby', lock, field, 1)
+      redis.call('pexpire', lock, ttl)
+      out[i] = 't' .. string.format('%d', f)
+    end
+  elseif t ~= 'hash' then
+    err = 'LOCKWATCH ' .. lock .. ' is a ' .. t .. ', not a Redisson lock'
+  elseif redis.call('hexists', lock, field) == 1 then
+    local f = redis.pcall('get', counter)
+    if type(f) == 'table' then
+      err = f.err .. ' (' .. counter .. ' is not a fencing counter)'
+    else
+      redis.call('pexpire', lock, ttl)
+      out[i] = 't' .. (f or '0')
+    end
+  else
+    local p = redis.call('pttl', lock)
+    if p < 0 then
+      err = 'LOCKWATCH ' .. lock .. ' exists without expiry: not a Redisson lock'
+    else
+      out[i] = 'b' .. p
+    end
+  end
+  if err then out[i] = 'e' .. string.gsub(err, '[\r\n]', ' ') end
+end
+return table.concat(out, '\n')
+)lua";
+
+// Renew: the lease is extended only while the field is ours, as
+// Redisson's watchdog does (HEXISTS, then PEXPIRE). '1' renewed, '0' the
+// lock is gone, 'x' held without our field (or a key of another type).
+constexpr std::string_view kRedissonRenew = R"lua(
+local out = {}
+for i = 1, #KEYS do
+  local h = redis.pcall('hexists', KEYS[i], ARGV[2 * i - 1])
+  if h == 1 then
+    redis.call('pexpire', KEYS[i], ARGV[2 * i])
+    out[i] = '1'
+  elseif type(h) == 'table' or redis.call('exists', KEYS[i]) == 1 then
+    out[i] = 'x'
+  else
+    out[i] = '0'
+  end
+end
+return table.concat(out)
+)lua";
+
+// Release: Redisson's unlock. A latch already set answers for the first
+// call (a retried release: '1'). A lock without our field is another's
+// ('x') or gone ('0'). Else the field is left once (HINCRBY -1): at zero
+// the lock is deleted, the unlock message 0 published on its channel, and
+// the latch set to 1; above zero (someone entered our field again: never a
+// lockwatch lease) the lock stays and the latch is 0. The latch expires by
+// its PX. The notice as kRelease's: 'u' none heard, 'v' one, '1' more.
+constexpr std::string_view kRedissonRelease = R"lua(
+local publish = ARGV[1] == 's' and 'spublish' or 'publish'
+local out = {}
+for i = 1, #KEYS / 2 do
+  local lock, latch = KEYS[2 * i - 1], KEYS[2 * i]
+  local field, channel, keep = ARGV[3 * i - 1], ARGV[3 * i], ARGV[3 * i + 1]
+  if redis.call('get', latch) then
+    out[i] = '1'
+  else
+    local h = redis.pcall('hexists', lock, field)
+    if h ~= 1 then
+      out[i] = (type(h) == 'table' or redis.call('exists', lock) == 1) and 'x' or '0'
+    elseif redis.call('hincrby', lock, field, -1) > 0 then
+      redis.call('set', latch, '0', 'PX', keep)
+      out[i] = '1'
+    else
+      redis.call('del', lock)
+      local heard = 0
+      if channel ~= '' then heard = redis.call(publish, channel, '0') end
+      redis.call('set', latch, '1', 'PX', keep)
+      out[i] = heard == 0 and 'u' or (heard == 1 and 'v' or '1')
+    end
+  end
+end
+return table.concat(out)
+)lua";
+
 // Redlock: raises a node's counter of the lock's slot to the token handed
 // out, so any later majority (which shares a node with this one) counts
 // past it. The acquisition that handed the token out folded the name's old
@@ -573,6 +682,9 @@ const Script& script(ScriptId id) {
        "SPUBLISH"},
       {kWithdrawFair, "fair withdraw", "GET, ZCARD, ZRANGE, ZREM, PUBLISH or SPUBLISH"},
       {kReserveTokens, "token reservation", "GET, SET"},
+      {kRedissonAcquire, "redisson acquire", "TYPE, HEXISTS, HINCRBY, PEXPIRE, PTTL, INCR, GET, DEL"},
+      {kRedissonRenew, "redisson renew", "HEXISTS, PEXPIRE, EXISTS"},
+      {kRedissonRelease, "redisson release", "GET, SET, HEXISTS, HINCRBY, EXISTS, DEL, PUBLISH or SPUBLISH"},
   };
   static const auto table = [] {
     std::array<Script, std::size(kScripts)> t;

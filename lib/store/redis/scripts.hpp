@@ -101,6 +101,19 @@ enum class ScriptId : std::uint8_t {
   // KEYS: lock, its slot's counter. ARGV: token, n. If the lock holds the
   // token, raises the counter by n and answers its new value; else 0.
   kReserveTokens,
+  // The redisson layout (layout.hpp): Redisson's RLock commands, a batch of
+  // locks per call, answering as the scripts above do. KEYS: lock, its
+  // token counter (redisson_lock_token:{K}), the unlock latch of its owner
+  // token for each. ARGV: owner field, ttl ms for each. Entries as
+  // kAcquire's.
+  kRedissonAcquire,
+  // KEYS: locks. ARGV: owner field, ttl ms for each. Bytes as kRenew's.
+  kRedissonRenew,
+  // KEYS: lock, its unlock latch for each. ARGV: 's' or 'p'; then owner
+  // field, channel ('' no notice: the store always gives one), the latch's
+  // expiry in ms for each.
+  // Bytes as kRelease's.
+  kRedissonRelease,
 };
 
 // The script `id`, its SHA-1 computed once (at first use); static storage.

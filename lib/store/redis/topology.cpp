@@ -1,6 +1,11 @@
 #include "store/redis/topology.hpp"
 
+#include <fmt/format.h>
+
+#include "core/token.hpp"
 #include "core/url.hpp"
+#include "lockwatch/errors.hpp"
+#include "store/redis/layout.hpp"
 
 namespace lockwatch::detail {
 
@@ -46,6 +51,80 @@ Topology Topology::parse(const std::string& url) {
   t.master.host.clear();
   t.master.port = 0;  // found through the sentinels
   return t;
+}
+
+StoreLayout StoreLayout::make_redisson() {
+  // As Java's UUID.randomUUID(): 122 random bits, version 4, variant 10.
+  const OwnerToken t = TokenGenerator().next();
+  std::string hex = t.str();
+  hex[12] = '4';
+  static constexpr char kVariant[] = "89ab";
+  hex[16] = kVariant[(hex[16] >= 'a' ? hex[16] - 'a' + 10 : hex[16] - '0') & 3];
+  StoreLayout out;
+  out.kind = RedisLayout::kRedisson;
+  out.client_id = hex.substr(0, 8) + "-" + hex.substr(8, 4) + "-" + hex.substr(12, 4) + "-" + hex.substr(16, 4) + "-" +
+                  hex.substr(20);
+  return out;
+}
+
+std::string StoreLayout::field(std::string_view token) const {
+  constexpr std::size_t kDigits = 15;
+  std::uint64_t id = 0;
+  bool hex = token.size() >= kDigits;
+  for (std::size_t i = 0; hex && i < kDigits; ++i) {
+    const char c = token[i];
+    const int v = (c >= '0' && c <= '9') ? c - '0' : (c >= 'a' && c <= 'f') ? c - 'a' + 10 : -1;
+    if (v < 0) hex = false;
+    id = (id << 4) | static_cast<std::uint64_t>(v < 0 ? 0 : v);
+  }
+  if (!hex) {
+    id = 14695981039346656037ull;  // FNV-1a
+    for (char c : token) id = (id ^ static_cast<unsigned char>(c)) * 1099511628211ull;
+    id >>= 4;
+  }
+  std::string out;
+  out.reserve(client_id.size() + 21);
+  out.append(client_id).push_back(':');
+  return out.append(std::to_string(id));
+}
+
+LayoutUrl split_layout(const std::string& url) {
+  LayoutUrl out;
+  // The query follows the hosts (and a password, which may hold a '?'
+  // only %-escaped).
+  const auto at = url.rfind('@');
+  const auto q = url.find('?', at == std::string::npos ? 0 : at);
+  if (q == std::string::npos) {
+    out.url = url;
+    return out;
+  }
+  out.url = url.substr(0, q);
+  std::string_view query = std::string_view(url).substr(q + 1);
+  bool seen = false;
+  while (!query.empty()) {
+    const auto amp = query.find('&');
+    const std::string_view param = query.substr(0, amp);
+    query = amp == std::string_view::npos ? std::string_view() : query.substr(amp + 1);
+    if (param.empty()) continue;
+    const auto eq = param.find('=');
+    const std::string_view name = param.substr(0, eq);
+    const std::string value = eq == std::string_view::npos ? std::string() : percent_decode(url, param.substr(eq + 1));
+    if (name != "layout")
+      throw InvalidArgument(fmt::format("unknown parameter '{}' in '{}': a Redis URL takes only layout=lockwatch|redisson",
+                                        name, url_for_messages(url)));
+    if (seen) throw InvalidArgument(fmt::format("'{}' gives the layout twice", url_for_messages(url)));
+    seen = true;
+    if (value == "lockwatch") {
+      out.layout = RedisLayout::kLockwatch;
+    } else if (value == "redisson") {
+      out.layout = RedisLayout::kRedisson;
+    } else {
+      throw InvalidArgument(fmt::format("unknown layout '{}' in '{}': the layouts are 'lockwatch' (the default) and "
+                                        "'redisson' (Redisson's RLock, shared with Java services)",
+                                        value, url_for_messages(url)));
+    }
+  }
+  return out;
 }
 
 }  // namespace lockwatch::detail

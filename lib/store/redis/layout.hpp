@@ -1,0 +1,122 @@
+// lib/store/redis/layout.hpp: how a Redis store lays its locks out, chosen
+// per runtime by the URL's `layout` parameter (`redis://...?layout=...`).
+//
+// - kLockwatch (the default; no parameter): keys.hpp's layout.
+// - kRedisson: exclusive locks as Redisson's RLock keeps them, so a Java
+//   service (or any Redisson port) and lockwatch can share a lock. The lock
+//   is a hash under the key's own name (no Options::key_prefix), one field
+//   per owner, `<client id>:<thread id>` -> reentry count, with PEXPIRE for
+//   the lease. Its release channel is `redisson_lock__channel:{K}`, the
+//   message Redisson's unlock message, the integer 0; its fencing counter
+//   `redisson_lock_token:{K}` (RFencedLock's); an unlock leaves
+//   `redisson_unlock_latch:{K}:<request id>` behind for a short while so a
+//   retried unlock answers as the first. Redisson's rule for these names
+//   (RedissonObject.prefixName): the key in braces, or as it is when it
+//   holds a '{'. docs/redisson.md tells the whole mapping.
+//
+// The owner field: the client id is a random UUID (version 4, as Java's
+// UUID.randomUUID()) made once per store, so per runtime; the thread id is
+// a number made from the lease's owner token (60 of its random bits), so
+// stable for the lease and different for each one. A Redisson client's
+// UUID is its own random one: no lockwatch field is ever a Java thread's.
+//
+// Threading: pure functions, any thread.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <string_view>
+
+#include "store/redis/cluster_slot.hpp"
+#include "store/store_base.hpp"
+
+namespace lockwatch::detail {
+
+enum class RedisLayout : std::uint8_t { kLockwatch, kRedisson };
+
+// `url` without its query, and the layout its `layout` parameter names
+// (kLockwatch without one). Throws InvalidArgument for an unknown value or
+// parameter, naming the ones allowed.
+struct LayoutUrl {
+  std::string url;
+  RedisLayout layout = RedisLayout::kLockwatch;
+};
+LayoutUrl split_layout(const std::string& url);
+
+// A store's layout, with what it needs: in the redisson layout, the client
+// id of every owner field it writes (one per runtime: the nodes of a
+// cluster share it, so a lease keeps its field when its slot moves).
+struct StoreLayout {
+  RedisLayout kind = RedisLayout::kLockwatch;
+  std::string client_id;  // kRedisson: a random version-4 UUID, 36 characters
+
+  bool redisson() const noexcept { return kind == RedisLayout::kRedisson; }
+  // The redisson layout with a fresh client id.
+  static StoreLayout make_redisson();
+  // The owner field of the lease with owner token `token`:
+  // `<client id>:<thread id>`, the thread id the decimal value of the
+  // token's first 15 hex digits (60 random bits; a token that does not
+  // start with them, as tests may use, is hashed instead).
+  std::string field(std::string_view token) const;
+};
+
+namespace redisson_keys {
+
+inline constexpr std::string_view kChannelPrefix = "redisson_lock__channel";
+inline constexpr std::string_view kTokenPrefix = "redisson_lock_token";
+inline constexpr std::string_view kLatchPrefix = "redisson_unlock_latch";
+// RedissonLock.UNLOCK_MESSAGE, as Redisson's LongCodec writes it.
+inline constexpr std::string_view kUnlockMessage = "0";
+
+// RedissonObject.prefixName: `prefix:{name}`, or `prefix:name` when the
+// name holds a '{' (its own hash tag then decides the slot).
+inline std::string prefix_name(std::string_view prefix, std::string_view name) {
+  std::string out;
+  out.reserve(prefix.size() + name.size() + 3);
+  out.append(prefix).push_back(':');
+  if (name.find('{') != std::string_view::npos) return out.append(name);
+  out.push_back('{');
+  out.append(name).push_back('}');
+  return out;
+}
+inline std::string channel(std::string_view lock) { return prefix_name(kChannelPrefix, lock); }
+inline std::string token_counter(std::string_view lock) { return prefix_name(kTokenPrefix, lock); }
+// The latch of one unlock request (Redisson: a random id per unlock call;
+// lockwatch: the lease's owner token, released once).
+inline std::string latch(std::string_view lock, std::string_view request) {
+  return prefix_name(kLatchPrefix, lock).append(":").append(request);
+}
+
+// The lock a release channel is for (empty: not one). prefix_name() is
+// undone: `{K}` -> K when K holds no brace; problem() refuses the keys for
+// which that would be ambiguous.
+inline std::string_view lock_of_channel(std::string_view ch) {
+  if (ch.size() <= kChannelPrefix.size() + 1 || !ch.starts_with(kChannelPrefix) || ch[kChannelPrefix.size()] != ':')
+    return {};
+  std::string_view rest = ch.substr(kChannelPrefix.size() + 1);
+  if (rest.size() >= 2 && rest.front() == '{' && rest.back() == '}') {
+    std::string_view inner = rest.substr(1, rest.size() - 2);
+    if (inner.find_first_of("{}") == std::string_view::npos) return inner;
+  }
+  return rest;
+}
+
+inline const char* problem(std::string_view, std::string_view key) noexcept {
+  if (key.empty()) return "a key must not be empty";
+  if (key.size() >= 2 && key.front() == '{' && key.back() == '}' &&
+      key.substr(1, key.size() - 2).find_first_of("{}") == std::string_view::npos)
+    return "in the redisson layout a key must not be '{name}' alone: Redisson gives it the release channel of "
+           "the key 'name'";
+  if (key_slot(key) != key_slot(channel(key)))
+    return "in the redisson layout a key with '{' must carry a whole hash tag: Redisson's release channel of "
+           "this key would hash to another Redis Cluster slot than the lock";
+  return nullptr;
+}
+
+// The lock is the key itself: Redisson names it so (no prefix).
+inline KeyRules rules() {
+  return KeyRules{std::string(), [](std::string_view, std::string_view key) { return std::string(key); }, problem};
+}
+
+}  // namespace redisson_keys
+}  // namespace lockwatch::detail
