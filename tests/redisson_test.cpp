@@ -478,7 +478,11 @@ TEST_P(RedissonTest, AReentrantLockwatchHoldKeepsRedissonOutUntilTheOuterRelease
     EXPECT_FALSE(peer.try_lock(k));
     return this_lease().fencing_token();
   });
-  auto inside = inner();
+  std::future<std::uint64_t> inside;
+  {
+    LeaseScope in = h.enter();  // the handle's lease handed to this scope
+    inside = inner();
+  }
   ASSERT_EQ(inside.wait_for(0s), std::future_status::ready) << "reentrant: ran inline";
   EXPECT_EQ(inside.get(), h.lease().fencing_token());
   // The inner call's end leaves the hold as it was.
