@@ -180,6 +180,15 @@ struct Options {
   /// Prometheus text format from the runtime's own loop; empty: off. The
   /// Runtime constructor throws ListenError if it cannot listen there.
   std::string metrics_listen;
+  /// A call waiting for a busy lock longer than this counts in the gauge
+  /// lockwatch_waits_long while it waits (docs/operations.md). 0: every
+  /// waiting call counts. Must not be negative.
+  std::chrono::milliseconds wait_warning{10000};
+  /// A lease held longer than this counts once in
+  /// lockwatch_holds_long_total, and is told once to the observers
+  /// (Observer::on_held_long) and the log (a warning naming the key and this
+  /// runtime's identity). 0 (the default): off. Must not be negative.
+  std::chrono::milliseconds hold_warning{0};
   /// In-process hand-off on a contended key. On by default.
   ///
   /// When one of this runtime's leases ends while another caller in this
