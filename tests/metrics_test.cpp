@@ -500,6 +500,36 @@ TEST_F(MetricsTest, ALeaseHeldPastHoldWarningIsToldOnce) {
   EXPECT_NE(lines->front().find(std::to_string(::getpid())), std::string::npos) << lines->front();
 }
 
+TEST_F(MetricsTest, RedisUrlBesideADifferentStoreUrlIsWarnedOfAsDeprecated) {
+  auto lines = std::make_shared<std::vector<std::string>>();
+  auto mu = std::make_shared<std::mutex>();
+  auto runtime_with = [&](std::string store_url, std::string redis_url) {
+    Options o = memory_options();
+    o.store_url = std::move(store_url);
+    o.redis_url = std::move(redis_url);
+    o.log = [lines, mu](LogLevel level, std::string_view line) {
+      std::lock_guard lk(*mu);
+      if (level == LogLevel::kWarning) lines->emplace_back(line);
+    };
+    start(o);
+    rt_.reset();  // the event thread has told everything by now
+  };
+  runtime_with("memory://a", "redis://:secret@127.0.0.2:6390");
+  {
+    std::lock_guard lk(*mu);
+    ASSERT_EQ(lines->size(), 1u);
+    EXPECT_NE(lines->front().find("redis_url (LOCKWATCH_REDIS_URL) is the deprecated name"), std::string::npos)
+        << lines->front();
+    EXPECT_EQ(lines->front().find("secret"), std::string::npos) << "no URL in the log";
+    lines->clear();
+  }
+  runtime_with("memory://a", "redis://127.0.0.1:6379");  // the default: not set
+  runtime_with("", "redis://127.0.0.2:6390");            // the old name alone
+  runtime_with("memory://a", "memory://a");              // the same URL
+  std::lock_guard lk(*mu);
+  EXPECT_TRUE(lines->empty()) << lines->front();
+}
+
 TEST_F(MetricsTest, HoldWarningIsOffByDefaultAndNegativeWarningsAreInvalid) {
   EXPECT_EQ(Options().hold_warning, 0ms);
   Options o;

@@ -3,7 +3,7 @@
 ///
 /// Options is a plain value: fill it, hand it to a Runtime, done. Every field
 /// has a default that works for a local Redis. Options::from_env() reads
-/// LOCKWATCH_REDIS_URL (and the LOCKWATCH_TLS_* files), which is what the
+/// LOCKWATCH_STORE_URL (and the LOCKWATCH_TLS_* files), which is what the
 /// process-wide default runtime uses.
 #pragma once
 
@@ -82,7 +82,9 @@ struct Options {
   /// A scheme the build has no feature for fails with Unsupported naming it.
   /// Empty: redis_url.
   std::string store_url;
-  /// The older name of store_url, used when store_url is empty (any scheme).
+  /// Deprecated: the older name of store_url, used when store_url is empty
+  /// (any scheme). Set beside store_url to another URL, store_url is used
+  /// and the runtime logs a warning.
   std::string redis_url = "redis://127.0.0.1:6379";
   /// Settings of the Redis stores (the SQL stores refuse min_replicas:
   /// their durability is the database's replication):

@@ -131,11 +131,15 @@ milliseconds drift_allowance(const Options& o, milliseconds ttl) {
 // pass to another holder. A lease lost because no renewal was confirmed
 // (or the renewals ran out) has the drift allowance left; half of it goes
 // to the grace, the other half stays for what the allowance is for (clock
-// rates, the watchdog's tick, signal delivery). A lease lost because Redis
-// said the key is gone or someone else's has nothing left: no grace. Never
-// more than 5 s (consul lock's grace).
+// rates, the watchdog's tick, signal delivery). A lease lost because the
+// store said the key is someone else's has nothing left: no grace. A key
+// found gone at a renewal is, while the holder's deadline is ahead, one an
+// operator removed (`lockwatch release --force`; the stores report it as
+// expired): the operator asked for the command to stop, and it gets the
+// same grace as a lease that ran out. Never more than 5 s (consul lock's
+// grace).
 milliseconds default_kill_grace(const Options& o, milliseconds ttl, LostReason reason) {
-  if (reason == LostReason::kExpired || reason == LostReason::kTakenByOther) return milliseconds(0);
+  if (reason == LostReason::kTakenByOther) return milliseconds(0);
   return std::min<milliseconds>(std::chrono::seconds(5), drift_allowance(o, ttl) / 2);
 }
 
@@ -248,7 +252,7 @@ int run_command(const RunArgs& a, const Inherited& inherited) {
   try {
     handle = acquired.get();
   } catch (const LockNotAcquired& e) {
-    if (a.quiet) return 0;
+    if (a.quiet || a.busy_code == 0) return 0;  // -E 0 asks for a busy lock to be no failure: as -q
     say(e.what());
     return a.busy_code;
   }
