@@ -702,6 +702,22 @@ TEST_F(CliTest, OncePerRunsAgainInTheNextPeriod) {
   EXPECT_EQ(runs_recorded(dir_), 2);
 }
 
+TEST_F(CliTest, OncePerWithALongerPeriodThanTheKeysClaimsIsRefusedClearly) {
+  EXPECT_EQ(run({"run", "--key", test_key(), "--once-per", "1h", "-c", kRecordRun}).code, 0);
+  // Daily periods are numbered below the hourly one recorded: every day
+  // would be found run already. Refused, saying why.
+  Outcome longer = run({"run", "--key", test_key(), "--once-per", "1d", "-c", kRecordRun});
+  EXPECT_EQ(longer.code, 64) << longer.output;
+  EXPECT_TRUE(contains(longer.output, "claimed with another --once-per")) << longer.output;
+  EXPECT_TRUE(contains(longer.output, "use a new key")) << longer.output;
+  EXPECT_EQ(runs_recorded(dir_), 1);
+  EXPECT_FALSE(exists(*server_, test_key())) << "the lock was given back";
+  // A shorter period starts its own periods at once.
+  Outcome shorter = run({"run", "--key", test_key(), "--once-per", "1m", "-c", kRecordRun});
+  EXPECT_EQ(shorter.code, 0) << shorter.output;
+  EXPECT_EQ(runs_recorded(dir_), 2);
+}
+
 TEST_F(CliTest, OncePerWithACronExpressionClaimsItsLatestFireTime) {
   // Every minute: the current period began at this minute's start. Both
   // runs fall in one minute (started early enough in it).

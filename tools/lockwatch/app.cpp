@@ -41,7 +41,8 @@ constexpr const char* kOncePerHelp =
     "period run with the lock KEY; a run that finds the current one run exits 79 without running the command. "
     "The period is claimed before the command starts: one that fails is not run again in its period. Pass "
     "--wait as long as the command may run so that a host that finds it running waits and exits 79 rather than "
-    "75. Changing PERIOD for a KEY renumbers its periods: use a new key";
+    "75. Changing PERIOD for a KEY renumbers its periods: a longer one than the key's claims (1h, then 1d) is refused "
+    "(exit 64, the command not run: use a new key); a shorter one starts its own periods at once";
 
 CLI::Validator duration_validator() {
   return CLI::Validator(

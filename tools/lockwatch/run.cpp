@@ -267,6 +267,26 @@ int run_command(const RunArgs& a, const Inherited& inherited) {
       say(fmt::format("{}; the command was not run", e.what()));
       return kExitLeaseLost;
     }
+    if (!claim->claimed && claim->last_run > claim->period + 1) {
+      // The store records as run a period after the current one: it was
+      // numbered by another PERIOD (a shorter one: 1h before 1d, a cron
+      // expression before a duration). Every period of this one would be
+      // found run already, for ever: refused, with what to do. (One period
+      // ahead is let through as "run already": the nodes of a store with
+      // several clocks may straddle a period's start.)
+      say(fmt::format("'{}': the store records period {} as run, after the current period {} of --once-per {}: the "
+                      "key's periods were claimed with another --once-per. The command was not run; use a new key "
+                      "with the new period",
+                      a.key, claim->last_run, claim->period, a.once_cron.empty() ? format_duration(*a.once_every)
+                                                                                  : "'" + a.once_cron + "'"));
+      std::future<void> released = handle.release();
+      if (released.wait_for(o.connect_timeout + o.command_timeout + std::chrono::seconds(1)) !=
+          std::future_status::ready) {
+        std::fflush(stdout);
+        std::_Exit(kExitUsage);  // the runtime would wait for the expiry
+      }
+      return kExitUsage;
+    }
     if (!claim->claimed) {
       if (!a.quiet)
         say(fmt::format("'{}': the period from {} was run already; the command was not run", a.key,
