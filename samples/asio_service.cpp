@@ -2,7 +2,7 @@
 // thread, one io_context, any number of connections, and no thread ever
 // blocks on a lock.
 //
-//   LOCKWATCH_REDIS_URL=redis://127.0.0.1:6379 ./lockwatch-sample-asio-service 7000
+//   LOCKWATCH_STORE_URL=redis://127.0.0.1:6379 ./lockwatch-sample-asio-service 7000
 //   printf 'take 42 3\nfenced 42\n' | nc -q1 127.0.0.1 7000
 //   ./lockwatch-sample-asio-service --demo     # 16 clients of its own, then the final stock
 //
@@ -105,7 +105,7 @@ int main(int argc, char** argv) {
   bool demo = argc > 1 && std::strcmp(argv[1], "--demo") == 0;
   unsigned short port = (!demo && argc > 1) ? static_cast<unsigned short>(std::atoi(argv[1])) : 0;
   try {
-    lockwatch::Runtime rt;  // LOCKWATCH_REDIS_URL
+    lockwatch::Runtime rt;  // LOCKWATCH_STORE_URL
     asio::io_context ctx(1);
     tcp::acceptor acceptor(ctx, {asio::ip::address_v4::loopback(), port});
     port = acceptor.local_endpoint().port();

@@ -2,7 +2,7 @@
 // sleep, SET) made safe by a lock. Run several at once against one Redis;
 // with the lock, no increment is lost.
 //
-//   lockwatch-counter --redis redis://127.0.0.1:6379 --key demo --increments 50 --threads 4
+//   lockwatch-counter --store redis://127.0.0.1:6379 --key demo --increments 50 --threads 4
 //
 // Prints the counter's value after this process's increments, and exits
 // non-zero if any increment failed.
@@ -29,7 +29,7 @@ struct Args {
 };
 
 [[noreturn]] void usage(const char* why) {
-  std::fprintf(stderr, "lockwatch-counter: %s\nusage: lockwatch-counter --redis URL --key NAME --increments N --threads T\n",
+  std::fprintf(stderr, "lockwatch-counter: %s\nusage: lockwatch-counter --store URL --key NAME --increments N --threads T\n",
                why);
   std::exit(2);
 }
@@ -41,7 +41,7 @@ Args parse(int argc, char** argv) {
       if (i + 1 >= argc) usage("missing value");
       return argv[++i];
     };
-    if (!std::strcmp(argv[i], "--redis")) a.redis = value();
+    if (!std::strcmp(argv[i], "--store") || !std::strcmp(argv[i], "--redis")) a.redis = value();  // --redis: its old name
     else if (!std::strcmp(argv[i], "--key")) a.key = value();
     else if (!std::strcmp(argv[i], "--increments")) a.increments = std::atoi(value().c_str());
     else if (!std::strcmp(argv[i], "--threads")) a.threads = std::atoi(value().c_str());
@@ -96,7 +96,7 @@ thread_local std::unique_ptr<Store> store;
 int main(int argc, char** argv) {
   Args args = parse(argc, argv);
   lockwatch::Options options;
-  options.redis_url = args.redis;
+  options.store_url = args.redis;
   options.threads = static_cast<std::size_t>(args.threads);
   try {
     lockwatch::Runtime runtime(options);

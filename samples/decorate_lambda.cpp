@@ -1,7 +1,7 @@
 // Decorating a lambda: one reservation per SKU at a time, across every
 // process that uses the same Redis.
 //
-//   LOCKWATCH_REDIS_URL=redis://127.0.0.1:6379 ./lockwatch-sample-lambda
+//   LOCKWATCH_STORE_URL=redis://127.0.0.1:6379 ./lockwatch-sample-lambda
 #include <lockwatch/lockwatch.hpp>
 
 #include <cstdio>

@@ -1,7 +1,7 @@
 // lockwatch-fenced-writer: writes to a FencedStore under a lock, passing
 // the lease's fencing token along, and checks the lease before each write.
 //
-//   lockwatch-fenced-writer --redis URL --key NAME --ttl-ms 1000 --writes 100 --interval-ms 50
+//   lockwatch-fenced-writer --store URL --key NAME --ttl-ms 1000 --writes 100 --interval-ms 50
 //
 // Prints "held <token>" once the lock is taken, "wrote <token> ok|rejected"
 // per write, and "lost" when it learns (before writing) that its lease is
@@ -22,7 +22,7 @@ int main(int argc, char** argv) {
   std::string url = "redis://127.0.0.1:6379", key = "fenced";
   int ttl_ms = 1000, writes = 100, interval_ms = 50;
   for (int i = 1; i + 1 < argc; i += 2) {
-    if (!std::strcmp(argv[i], "--redis")) url = argv[i + 1];
+    if (!std::strcmp(argv[i], "--store") || !std::strcmp(argv[i], "--redis")) url = argv[i + 1];  // --redis: its old name
     else if (!std::strcmp(argv[i], "--key")) key = argv[i + 1];
     else if (!std::strcmp(argv[i], "--ttl-ms")) ttl_ms = std::atoi(argv[i + 1]);
     else if (!std::strcmp(argv[i], "--writes")) writes = std::atoi(argv[i + 1]);
@@ -30,7 +30,7 @@ int main(int argc, char** argv) {
   }
   try {
     lockwatch::Options o;
-    o.redis_url = url;
+    o.store_url = url;
     o.threads = 1;
     lockwatch::Runtime rt(o);
     auto ep = lockwatch::Endpoint::parse(url);

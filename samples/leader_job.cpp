@@ -11,7 +11,7 @@
 
 int main(int argc, char** argv) {
   lockwatch::Options o = lockwatch::Options::from_env();
-  if (argc > 1) o.redis_url = argv[1];
+  if (argc > 1) o.store_url = argv[1];
   auto period = std::chrono::milliseconds(argc > 2 ? std::atoi(argv[2]) : 1000);
   lockwatch::Runtime rt(o);
   lockwatch::Scheduler jobs(rt);

@@ -1,7 +1,7 @@
 // Wrapping a member function: `{0}` is the first declared parameter, the
 // object comes first in the call and is used by reference.
 //
-//   LOCKWATCH_REDIS_URL=redis://127.0.0.1:6379 ./lockwatch-sample-member
+//   LOCKWATCH_STORE_URL=redis://127.0.0.1:6379 ./lockwatch-sample-member
 #include <lockwatch/lockwatch.hpp>
 
 #include <cstdio>

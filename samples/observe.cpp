@@ -1,7 +1,7 @@
 // Watching the locks: an observer that reports lost leases, the metrics
 // endpoint, and the metrics as text.
 //
-//   LOCKWATCH_REDIS_URL=redis://127.0.0.1:6379 ./lockwatch-sample-observe
+//   LOCKWATCH_STORE_URL=redis://127.0.0.1:6379 ./lockwatch-sample-observe
 //   (meanwhile: curl http://127.0.0.1:9464/metrics)
 #include <lockwatch/lockwatch.hpp>
 

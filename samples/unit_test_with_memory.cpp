@@ -7,7 +7,7 @@
 //
 // The code under test takes its runtime from the caller (a test gives it
 // one on memory://test), or uses LOCKED's default runtime, which reads
-// LOCKWATCH_REDIS_URL (a test sets it to memory:// before the first call).
+// LOCKWATCH_STORE_URL (a test sets it to memory:// before the first call).
 // A test framework's ASSERTs would replace check() below.
 #include <lockwatch/lockwatch.hpp>
 
@@ -62,7 +62,7 @@ void check(bool ok, const char* what) {
 // Many concurrent reservations lose no update.
 void concurrent_reservations_lose_nothing() {
   lockwatch::Options o;
-  o.redis_url = "memory://test";  // a space of this test's own: nothing to start
+  o.store_url = "memory://test";  // a space of this test's own: nothing to start
   lockwatch::Runtime rt(o);
   Stock stock;
   stock.write(42, 100);
@@ -76,7 +76,7 @@ void concurrent_reservations_lose_nothing() {
 // holds the SKU's lock, the other's reservation waits for it.
 void another_process_waits_for_the_holder() {
   lockwatch::Options o;
-  o.redis_url = "memory://test";
+  o.store_url = "memory://test";
   lockwatch::Runtime here(o), there(o);
   Stock stock;
   stock.write(7, 10);
@@ -89,7 +89,7 @@ void another_process_waits_for_the_holder() {
 
 // LOCKED without .on() uses the default runtime, from the environment.
 void locked_on_the_default_runtime() {
-  ::setenv("LOCKWATCH_REDIS_URL", "memory://", 1);  // before the default runtime's first use
+  ::setenv("LOCKWATCH_STORE_URL", "memory://", 1);  // before the default runtime's first use
   Stock stock;
   stock.write(1, 2);
   auto take = LOCKED("sku:{0}", 5s, 3)[&stock](int sku) {

@@ -2,6 +2,8 @@
 // one node, and Redlock over three.
 #include <gtest/gtest.h>
 
+#include <thread>
+
 #include <stop_token>
 
 #include "lockwatch/lockwatch.hpp"
@@ -162,6 +164,12 @@ class AdminRedlockTest : public ::testing::Test {
 TEST_F(AdminRedlockTest, HeldOnAMajorityIsHeldAndTheCounterIsTheLargest) {
   auto acquired = rt_->acquire("k", 10s);
   LockHandle h = get_bounded(acquired);
+  // Granted on a majority: the third node's acquisition (which raises its
+  // counter) may still be on its way; the counter is set after it.
+  const auto until = std::chrono::steady_clock::now() + kBound;
+  while (servers_[2]->command({"EXISTS", lock_key("k")}).integer == 0 && std::chrono::steady_clock::now() < until)
+    std::this_thread::sleep_for(1ms);  // polling the server, which has no event for this
+  ASSERT_EQ(servers_[2]->command({"EXISTS", lock_key("k")}).integer, 1);
   servers_[2]->command({"SET", fence_key("k"), "100"});
   auto f = rt_->inspect("k");
   LockState s = get_bounded(f);

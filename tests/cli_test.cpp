@@ -125,7 +125,7 @@ class CliTest : public ::testing::Test {
   }
   void TearDown() override { std::filesystem::remove_all(dir_); }
 
-  std::vector<std::string> env() const { return {"LOCKWATCH_REDIS_URL=" + server_->url(), "D=" + dir_}; }
+  std::vector<std::string> env() const { return {"LOCKWATCH_STORE_URL=" + server_->url(), "D=" + dir_}; }
 
   // Starts lockwatch with `args`, against this suite's server.
   std::unique_ptr<ChildProcess> start(const std::vector<std::string>& args) const {
@@ -209,6 +209,10 @@ TEST_F(CliTest, ABusyLockExits75AtOnceWithoutRunningTheCommand) {
   Outcome quiet = run({"run", "--key", test_key(), "-q", "--", "true"});
   EXPECT_EQ(quiet.code, 0);
   EXPECT_EQ(quiet.output, "");
+  // -E 0 says a busy lock is no failure: silent, as -q.
+  Outcome zero = run({"run", "--key", test_key(), "-E", "0", "--", "true"});
+  EXPECT_EQ(zero.code, 0);
+  EXPECT_EQ(zero.output, "");
 
   Outcome waited = run({"run", "--key", test_key(), "--wait", "300ms", "--", "true"});
   EXPECT_EQ(waited.code, 75);
@@ -516,6 +520,70 @@ TEST_F(CliTest, StatusAndReleaseSpeakInLinesForScripts) {
   EXPECT_EQ(run({"release", "--force", k}).output, "key=" + k + "\nwas_held=no\n");
 }
 
+TEST_F(CliTest, ARunWhoseLockIsRemovedByReleaseForceGetsTheDefaultKillGrace) {
+  const std::string k = test_key();
+  auto started = Clock::now();
+  // ttl 2 s: the default grace is half the drift allowance (2 s x 1% +
+  // 2 ms), 11 ms; the key is found gone at the renewal 1.8 s on.
+  auto holder = start({"run", "--key", k, "--ttl", "2s", "-c", "echo ready; exec sleep 1000"});
+  ASSERT_TRUE(read_until(*holder, "ready"));
+  EXPECT_EQ(run({"release", "--force", k}).code, 0);
+  Outcome o = finish(*holder, started);
+  EXPECT_EQ(o.code, 76) << o.output;
+  EXPECT_TRUE(contains(o.output, "SIGKILL after 11ms")) << "not 0 s: " << o.output;
+}
+
+TEST_F(CliTest, TheStoreUrlHasOneNameAndTheRedisNamesAreDeprecatedAliases) {
+  const std::string k = test_key();
+  const std::string nowhere = "redis://127.0.0.1:" + std::to_string(free_loopback_port());
+  const std::string free_lines = "key=" + k + "\nstate=free\nttl_ms=0\nfencing_token=0\n";
+  // LOCKWATCH_STORE_URL (the suite's) wins over LOCKWATCH_REDIS_URL, with a warning when they differ.
+  auto both = std::make_unique<ChildProcess>(cli_argv({"status", k}),
+                                             std::vector<std::string>{"LOCKWATCH_STORE_URL=" + server_->url(),
+                                                                      "LOCKWATCH_REDIS_URL=" + nowhere});
+  Outcome o = finish(*both, Clock::now());
+  EXPECT_EQ(o.code, 0) << o.output;
+  EXPECT_TRUE(contains(o.output, "warning: LOCKWATCH_REDIS_URL is the deprecated name of LOCKWATCH_STORE_URL"))
+      << o.output;
+  EXPECT_TRUE(contains(o.output, free_lines)) << o.output;
+  EXPECT_FALSE(contains(o.output, nowhere)) << "no URL in messages (they may hold passwords)";
+  // The old variable alone still works, silently.
+  auto old_env = std::make_unique<ChildProcess>(cli_argv({"status", k}),
+                                                std::vector<std::string>{"LOCKWATCH_STORE_URL=",
+                                                                         "LOCKWATCH_REDIS_URL=" + server_->url()});
+  o = finish(*old_env, Clock::now());
+  EXPECT_EQ(o.code, 0) << o.output;
+  EXPECT_EQ(o.output, free_lines);
+  // --store wins over --redis, with a warning when they differ.
+  o = run({"status", "--store", server_->url(), "--redis", nowhere, k});
+  EXPECT_EQ(o.code, 0) << o.output;
+  EXPECT_TRUE(contains(o.output, "warning: --redis is the deprecated name of --store")) << o.output;
+  EXPECT_TRUE(contains(o.output, free_lines)) << o.output;
+  o = run({"status", "--store", server_->url(), "--redis", server_->url(), k});
+  EXPECT_EQ(o.output, free_lines) << "the same URL under both names: no warning";
+  o = run({"status", "--redis", server_->url(), k});
+  EXPECT_EQ(o.output, free_lines) << "the old option alone still works";
+  // --help speaks of stores, not of Redis only.
+  Outcome help = run({"--help"});
+  EXPECT_EQ(help.code, 0);
+  EXPECT_FALSE(contains(help.output, "on Redis")) << help.output;
+  EXPECT_TRUE(contains(help.output, "PostgreSQL")) << help.output;
+}
+
+TEST_F(CliTest, ADatabaseTheServerDoesNotHaveIsAConfigurationErrorAtOnce) {
+  // redis-server has 16 databases (0..15) by default.
+  const std::string url = server_->url() + "/99";
+  for (const std::vector<std::string>& args :
+       {std::vector<std::string>{"status", "--store", url, test_key()},
+        std::vector<std::string>{"run", "--store", url, "--key", test_key(), "--wait", "10s", "--", "true"}}) {
+    Outcome o = run(args);
+    EXPECT_EQ(o.code, 64) << o.output;
+    EXPECT_TRUE(contains(o.output, "SELECT 99 was refused")) << o.output;
+    EXPECT_LT(o.took, 1500ms) << "not retried as unreachable for the connect timeout: " << o.output;
+  }
+  EXPECT_EQ(run({"status", "--store", server_->url() + "/15", test_key()}).code, 0) << "a database it has";
+}
+
 TEST_F(CliTest, RunsOverRedlock) {
   std::array<std::unique_ptr<RedisServer>, 3> nodes;
   std::string url;
@@ -631,6 +699,22 @@ TEST_F(CliTest, OncePerRunsAgainInTheNextPeriod) {
   next_period();
   Outcome next = run({"run", "--key", test_key(), "--once-per", "2s", "-c", kRecordRun});
   EXPECT_EQ(next.code, 0) << next.output;
+  EXPECT_EQ(runs_recorded(dir_), 2);
+}
+
+TEST_F(CliTest, OncePerWithALongerPeriodThanTheKeysClaimsIsRefusedClearly) {
+  EXPECT_EQ(run({"run", "--key", test_key(), "--once-per", "1h", "-c", kRecordRun}).code, 0);
+  // Daily periods are numbered below the hourly one recorded: every day
+  // would be found run already. Refused, saying why.
+  Outcome longer = run({"run", "--key", test_key(), "--once-per", "1d", "-c", kRecordRun});
+  EXPECT_EQ(longer.code, 64) << longer.output;
+  EXPECT_TRUE(contains(longer.output, "claimed with another --once-per")) << longer.output;
+  EXPECT_TRUE(contains(longer.output, "use a new key")) << longer.output;
+  EXPECT_EQ(runs_recorded(dir_), 1);
+  EXPECT_FALSE(exists(*server_, test_key())) << "the lock was given back";
+  // A shorter period starts its own periods at once.
+  Outcome shorter = run({"run", "--key", test_key(), "--once-per", "1m", "-c", kRecordRun});
+  EXPECT_EQ(shorter.code, 0) << shorter.output;
   EXPECT_EQ(runs_recorded(dir_), 2);
 }
 

@@ -111,6 +111,7 @@ class Recorder : public Observer {
   }
   void on_released(std::string_view key, Duration) override { add("released " + std::string(key)); }
   void on_connection(std::string_view, bool up, std::string_view) override { add(up ? "up" : "down"); }
+  void on_held_long(std::string_view key, Duration) override { add("held_long " + std::string(key)); }
 
   std::vector<std::string> events() {
     std::lock_guard lk(mu_);
@@ -156,13 +157,14 @@ TEST_F(MetricsTest, EveryFamilyIsThereFromTheStartWithZeros) {
        {"lockwatch_acquisitions_total", "lockwatch_acquire_duration_seconds", "lockwatch_hold_duration_seconds",
         "lockwatch_renewals_total", "lockwatch_renewal_failures_total", "lockwatch_leases_lost_total",
         "lockwatch_leases_held", "lockwatch_renewal_slack_seconds", "lockwatch_loop_lag_seconds",
-        "lockwatch_cluster_redirects_total"})
+        "lockwatch_cluster_redirects_total", "lockwatch_waiting", "lockwatch_waits_long",
+        "lockwatch_oldest_wait_seconds", "lockwatch_holds_long_total"})
     EXPECT_TRUE(s.types.count(family)) << family;
   EXPECT_EQ(s.types["lockwatch_acquire_duration_seconds"], "histogram");
   EXPECT_EQ(s.types["lockwatch_leases_held"], "gauge");
   for (const char* result : {"acquired", "busy", "error"})
     EXPECT_EQ(s.at(fmt::format("lockwatch_acquisitions_total{{result=\"{}\"}}", result)), 0) << result;
-  for (const char* reason : {"expired", "taken_by_other", "renewals_exhausted", "unreachable"})
+  for (const char* reason : {"expired", "taken_by_other", "renewals_exhausted", "unreachable", "not_started"})
     EXPECT_EQ(s.at(fmt::format("lockwatch_leases_lost_total{{reason=\"{}\"}}", reason)), 0) << reason;
   for (const char* kind : {"moved", "ask"})
     EXPECT_EQ(s.at(fmt::format("lockwatch_cluster_redirects_total{{kind=\"{}\"}}", kind)), 0) << kind;
@@ -421,6 +423,121 @@ TEST_F(MetricsTest, TheLogSinkGetsLossesAndNothingOnTheHappyPath) {
   EXPECT_EQ(lines->front().first, LogLevel::kWarning);
   EXPECT_NE(lines->front().second.find("'unhappy'"), std::string::npos) << lines->front().second;
   EXPECT_NE(lines->front().second.find("taken by another owner"), std::string::npos) << lines->front().second;
+}
+
+// Scrapes until `ok` holds for the scrape, at most kBound; the last scrape.
+template <class F>
+Scrape scrape_until(Runtime& rt, F&& ok) {
+  const auto until = std::chrono::steady_clock::now() + kBound;
+  for (;;) {
+    Scrape s = parse(rt.metrics_text());
+    if (ok(s) || std::chrono::steady_clock::now() > until) return s;
+    std::this_thread::sleep_for(5ms);  // polling a gauge: no event to await
+  }
+}
+
+TEST_F(MetricsTest, WaitingCallsAreCountedWhileTheyWait) {
+  Options o = memory_options();
+  o.wait_warning = 150ms;
+  start(o);
+  auto s = parse(rt_->metrics_text());
+  EXPECT_EQ(s.types["lockwatch_waiting"], "gauge");
+  EXPECT_EQ(s.types["lockwatch_waits_long"], "gauge");
+  EXPECT_EQ(s.at("lockwatch_waiting"), 0);
+  EXPECT_EQ(s.at("lockwatch_oldest_wait_seconds"), 0);
+  backend_->set_owner(memory_name("contended"), "other", 60s);
+  auto a = rt_->acquire({.key = "contended", .ttl = 1s, .retries = forever, .wait = 30s});
+  auto b = rt_->acquire({.key = "contended", .ttl = 1s, .retries = forever, .wait = 30s});
+  auto once = rt_->acquire("contended", 1s);  // tries once: never waiting
+  EXPECT_TRUE(error_of<LockNotAcquired>(once));
+  s = scrape_until(*rt_, [](const Scrape& s) { return s.at("lockwatch_waiting") == 2; });
+  ASSERT_EQ(s.at("lockwatch_waiting"), 2);
+  // Seen while they wait, not only once they end.
+  s = scrape_until(*rt_, [](const Scrape& s) { return s.at("lockwatch_waits_long") == 2; });
+  EXPECT_EQ(s.at("lockwatch_waits_long"), 2);
+  EXPECT_GE(s.at("lockwatch_oldest_wait_seconds"), 0.15);
+  EXPECT_EQ(s.at("lockwatch_acquire_duration_seconds_count"), 1);  // the one that tried once
+  backend_->release_as_other(memory_name("contended"));
+  auto ha = get_bounded(a);
+  ha.release().get();
+  auto hb = get_bounded(b);
+  s = parse(rt_->metrics_text());
+  EXPECT_EQ(s.at("lockwatch_waiting"), 0);
+  EXPECT_EQ(s.at("lockwatch_waits_long"), 0);
+  EXPECT_EQ(s.at("lockwatch_oldest_wait_seconds"), 0);
+  hb.release().get();
+}
+
+TEST_F(MetricsTest, ALeaseHeldPastHoldWarningIsToldOnce) {
+  auto lines = std::make_shared<std::vector<std::string>>();
+  auto mu = std::make_shared<std::mutex>();
+  Options o = memory_options();
+  o.hold_warning = 200ms;
+  o.log = [lines, mu](LogLevel level, std::string_view line) {
+    std::lock_guard lk(*mu);
+    if (level == LogLevel::kWarning) lines->emplace_back(line);
+  };
+  start(o);
+  auto rec = std::make_shared<Recorder>();
+  rt_->add_observer(rec);
+  // Released before the warning: not counted.
+  auto quick = locked("quick", 1s, forever).on(*rt_)([] { return 1; })();
+  EXPECT_EQ(get_bounded(quick), 1);
+  auto h = get_bounded(*std::make_unique<std::future<LockHandle>>(rt_->acquire("slow-job", 150ms)));
+  ASSERT_TRUE(rec->wait_for("held_long slow-job"));
+  // Held on through more renewals: still told once.
+  ASSERT_TRUE(renewed_again(h.lease(), 3));
+  auto s = parse(rt_->metrics_text());
+  EXPECT_EQ(s.at("lockwatch_holds_long_total"), 1);
+  h.release().get();
+  rt_.reset();  // the event thread has told everything by now
+  auto ev = rec->events();
+  EXPECT_EQ(std::count(ev.begin(), ev.end(), "held_long slow-job"), 1);
+  EXPECT_EQ(std::count(ev.begin(), ev.end(), "held_long quick"), 0);
+  std::lock_guard lk(*mu);
+  ASSERT_EQ(lines->size(), 1u);
+  EXPECT_NE(lines->front().find("'slow-job'"), std::string::npos) << lines->front();
+  EXPECT_NE(lines->front().find(std::to_string(::getpid())), std::string::npos) << lines->front();
+}
+
+TEST_F(MetricsTest, RedisUrlBesideADifferentStoreUrlIsWarnedOfAsDeprecated) {
+  auto lines = std::make_shared<std::vector<std::string>>();
+  auto mu = std::make_shared<std::mutex>();
+  auto runtime_with = [&](std::string store_url, std::string redis_url) {
+    Options o = memory_options();
+    o.store_url = std::move(store_url);
+    o.redis_url = std::move(redis_url);
+    o.log = [lines, mu](LogLevel level, std::string_view line) {
+      std::lock_guard lk(*mu);
+      if (level == LogLevel::kWarning) lines->emplace_back(line);
+    };
+    start(o);
+    rt_.reset();  // the event thread has told everything by now
+  };
+  runtime_with("memory://a", "redis://:secret@127.0.0.2:6390");
+  {
+    std::lock_guard lk(*mu);
+    ASSERT_EQ(lines->size(), 1u);
+    EXPECT_NE(lines->front().find("redis_url (LOCKWATCH_REDIS_URL) is the deprecated name"), std::string::npos)
+        << lines->front();
+    EXPECT_EQ(lines->front().find("secret"), std::string::npos) << "no URL in the log";
+    lines->clear();
+  }
+  runtime_with("memory://a", "redis://127.0.0.1:6379");  // the default: not set
+  runtime_with("", "redis://127.0.0.2:6390");            // the old name alone
+  runtime_with("memory://a", "memory://a");              // the same URL
+  std::lock_guard lk(*mu);
+  EXPECT_TRUE(lines->empty()) << lines->front();
+}
+
+TEST_F(MetricsTest, HoldWarningIsOffByDefaultAndNegativeWarningsAreInvalid) {
+  EXPECT_EQ(Options().hold_warning, 0ms);
+  Options o;
+  o.hold_warning = -1ms;
+  EXPECT_THROW(o.validate(), InvalidArgument);
+  o.hold_warning = 0ms;
+  o.wait_warning = -1ms;
+  EXPECT_THROW(o.validate(), InvalidArgument);
 }
 
 }  // namespace

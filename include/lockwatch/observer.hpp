@@ -54,6 +54,9 @@ class Observer {
   }
   /// The lock was released (or surely expired) after being held for `held`.
   virtual void on_released(std::string_view key, Duration held) { (void)key, (void)held; }
+  /// The lease on `key` has been held for `held`, longer than
+  /// Options::hold_warning (told once per lease, while it is still held).
+  virtual void on_held_long(std::string_view key, Duration held) { (void)key, (void)held; }
   /// A connection to a store node went down, or came back.
   virtual void on_connection(std::string_view endpoint, bool up, std::string_view why) {
     (void)endpoint, (void)up, (void)why;

@@ -3,7 +3,7 @@
 ///
 /// Options is a plain value: fill it, hand it to a Runtime, done. Every field
 /// has a default that works for a local Redis. Options::from_env() reads
-/// LOCKWATCH_REDIS_URL (and the LOCKWATCH_TLS_* files), which is what the
+/// LOCKWATCH_STORE_URL (and the LOCKWATCH_TLS_* files), which is what the
 /// process-wide default runtime uses.
 #pragma once
 
@@ -86,7 +86,9 @@ struct Options {
   /// A scheme the build has no feature for fails with Unsupported naming it.
   /// Empty: redis_url.
   std::string store_url;
-  /// The older name of store_url, used when store_url is empty (any scheme).
+  /// Deprecated: the older name of store_url, used when store_url is empty
+  /// (any scheme). Set beside store_url to another URL, store_url is used
+  /// and the runtime logs a warning.
   std::string redis_url = "redis://127.0.0.1:6379";
   /// Settings of the Redis stores (the SQL stores refuse min_replicas:
   /// their durability is the database's replication):
@@ -184,6 +186,15 @@ struct Options {
   /// Prometheus text format from the runtime's own loop; empty: off. The
   /// Runtime constructor throws ListenError if it cannot listen there.
   std::string metrics_listen;
+  /// A call waiting for a busy lock longer than this counts in the gauge
+  /// lockwatch_waits_long while it waits (docs/operations.md). 0: every
+  /// waiting call counts. Must not be negative.
+  std::chrono::milliseconds wait_warning{10000};
+  /// A lease held longer than this counts once in
+  /// lockwatch_holds_long_total, and is told once to the observers
+  /// (Observer::on_held_long) and the log (a warning naming the key and this
+  /// runtime's identity). 0 (the default): off. Must not be negative.
+  std::chrono::milliseconds hold_warning{0};
   /// In-process hand-off on a contended key. On by default.
   ///
   /// When one of this runtime's leases ends while another caller in this

@@ -8,7 +8,7 @@
 /// one connection per Redis endpoint.
 ///
 /// LOCKED without .on(runtime) uses Runtime::default_runtime(), created on
-/// first use from the environment (LOCKWATCH_REDIS_URL).
+/// first use from the environment (LOCKWATCH_STORE_URL).
 ///
 /// Destruction stops in one order: new calls are refused (RuntimeStopped),
 /// calls waiting for a lock fail with RuntimeStopped, running work is asked

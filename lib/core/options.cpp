@@ -214,6 +214,8 @@ Options Options::from_env() {
 void detail::check_runtime_options(const Options& o) {
   if (o.tick < std::chrono::milliseconds(1)) throw InvalidArgument("Options::tick must be at least 1 ms");
   if (o.queue_timeout.count() <= 0) throw InvalidArgument("Options::queue_timeout must be positive");
+  if (o.wait_warning.count() < 0) throw InvalidArgument("Options::wait_warning must not be negative");
+  if (o.hold_warning.count() < 0) throw InvalidArgument("Options::hold_warning must not be negative (0: off)");
   if (o.wheel_size == 0 || o.wheel_size > (std::size_t{1} << 20))
     throw InvalidArgument("Options::wheel_size must be in 1..1048576");
   if (!(o.renew_weight > 0.0 && o.renew_weight < 1.0)) throw InvalidArgument("Options::renew_weight must be in (0, 1)");

@@ -14,6 +14,18 @@ namespace lockwatch::detail {
 inline const std::string& store_url(const Options& options) noexcept {
   return options.store_url.empty() ? options.redis_url : options.store_url;
 }
+// Options::redis_url's default.
+inline constexpr std::string_view kDefaultRedisUrl = "redis://127.0.0.1:6379";
+// The warning for Options::redis_url (and LOCKWATCH_REDIS_URL), the
+// deprecated name of store_url, set beside it to another URL: store_url is
+// used. Empty when there is nothing to warn of. Names no URL (they may
+// carry passwords).
+inline std::string deprecated_url_warning(const Options& options) {
+  if (options.store_url.empty() || options.redis_url == kDefaultRedisUrl || options.redis_url == options.store_url)
+    return {};
+  return "Options::redis_url (LOCKWATCH_REDIS_URL) is the deprecated name of Options::store_url "
+         "(LOCKWATCH_STORE_URL); both are set, to different URLs: store_url is used";
+}
 // The scheme of `url` ("mysql" for "mysql://..."), empty when it has none.
 inline std::string_view scheme_of(std::string_view url) noexcept {
   auto sep = url.find("://");

@@ -2,6 +2,8 @@
 
 #include <fmt/format.h>
 
+#include <unistd.h>
+
 #include <cstdio>
 
 #include "core/error_values.hpp"
@@ -21,6 +23,16 @@ const char* to_string(LogLevel level) noexcept {
 namespace detail {
 
 namespace {
+
+// "host:pid": who holds, as far as this process can say.
+const std::string& process_identity() {
+  static const std::string identity = [] {
+    char host[256] = {};
+    if (::gethostname(host, sizeof host - 1) != 0) host[0] = '\0';
+    return fmt::format("{}:{}", host[0] ? host : "unknown-host", static_cast<long>(::getpid()));
+  }();
+  return identity;
+}
 
 void stderr_sink(LogLevel level, std::string_view line) {
   if (level < LogLevel::kWarning) return;
@@ -119,6 +131,15 @@ void Events::released(const std::string& key, Duration held) {
   metrics_.hold_duration.observe(held);
   if (!observed()) return;
   tell([key, held](Observer& o) { o.on_released(key, held); });
+}
+
+void Events::held_long(const std::string& key, Duration held) {
+  metrics_.holds_long.fetch_add(1, std::memory_order_relaxed);
+  log(LogLevel::kWarning,
+      fmt::format("lease on key '{}' held by {} for {} ms, longer than Options::hold_warning", key,
+                  process_identity(), std::chrono::duration_cast<std::chrono::milliseconds>(held).count()));
+  if (!observed()) return;
+  tell([key, held](Observer& o) { o.on_held_long(key, held); });
 }
 
 void Events::connection(const std::string& endpoint, bool up, const std::string& why) {

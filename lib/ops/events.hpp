@@ -44,6 +44,8 @@ class Events {
   void renewal_failed(const std::string& key, const std::string& why);
   void lost(const std::string& key, LostReason reason, const std::string& detail);
   void released(const std::string& key, Duration held);
+  // Options::hold_warning: the lease on `key` is held `held` already (once per lease).
+  void held_long(const std::string& key, Duration held);
   void connection(const std::string& endpoint, bool up, const std::string& why);
   void log(LogLevel level, std::string line);
   // Scheduled jobs (any thread: the scheduler's). `error` empty: it returned.

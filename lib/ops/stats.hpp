@@ -6,6 +6,8 @@
 #include <cstdint>
 #include <limits>
 
+#include "ops/waits.hpp"
+
 namespace lockwatch::detail {
 
 struct StatsCounters {
@@ -20,6 +22,8 @@ struct StatsCounters {
   std::atomic<std::uint64_t> attempts_queued{0};
   // In microseconds.
   std::atomic<std::int64_t> min_renewal_slack_us{std::numeric_limits<std::int64_t>::max()};
+  // The calls waiting for a busy lock (the wait queue marks them).
+  Waits waits;
 };
 
 }  // namespace lockwatch::detail

@@ -14,6 +14,7 @@
 #include "lockwatch/lock_handle.hpp"
 #include "lockwatch/runtime.hpp"
 #include "lockwatch/timer_wheel.hpp"
+#include "ops/waits.hpp"
 #include "runtime/lease_record.hpp"
 #include "store/lock_store.hpp"
 
@@ -91,6 +92,7 @@ struct Acquisition final : TimerTask {
   OwnerToken token;
   Timeout wait_timeout;
   bool done = false;
+  WaitMark wait_mark;  // counted as waiting (ops/waits.hpp) until done
   // An attempt may have taken the lock without our learning it (it failed,
   // or was answered after the call ended): if the call ends without the
   // lock, the wait queue gives the token back (WaitQueue::abandon).

@@ -20,6 +20,7 @@
 #include <variant>
 #include <vector>
 
+#include "ops/hold_warning.hpp"
 #include "core/token.hpp"
 #include "lockwatch/lease.hpp"
 #include "lockwatch/runtime.hpp"
@@ -317,6 +318,8 @@ struct LeaseRecord final : Lease, TimerTask, HandleState {
     // lease took the key from the store while nobody here waited for it).
     std::shared_ptr<HandOffStreak> streak;
     std::string lost_detail;  // see lost_detail()
+    // Options::hold_warning (ops/hold_warning.hpp): made at grant when on.
+    std::unique_ptr<HoldWarning> hold_warning;
     // Under the lease's striped lock: Lease::on_lost's watchers.
     std::vector<std::shared_ptr<LeaseWatcher>> watchers;
   };

@@ -37,6 +37,7 @@ Runtime::Impl::Impl(Options opts, const detail::StoreFactory& make_store)
             detail::WaitQueue::Hooks{
                 [this](const auto& a, std::uint64_t fence, Clock::time_point sent) { taken(a, fence, sent); },
                 [this](const auto& a, std::exception_ptr err, bool busy) { fail(a, std::move(err), busy); }}) {
+  if (auto w = detail::deprecated_url_warning(options); !w.empty()) events.log(LogLevel::kWarning, std::move(w));
   watchdog.on_finished([this](const std::shared_ptr<LeaseRecord>& l) { lease_finished(l); });
   watchdog.on_work_done([this](const std::shared_ptr<LeaseRecord>& l) { return try_hand_off(l); });
   clock.after_advance([this] { watchdog.flush(); });

@@ -66,6 +66,7 @@ WaitQueue::WaitQueue(LockStore& store, WheelClock& clock, const Options& options
                      Hooks hooks)
     : store_(store), clock_(clock), options_(options), stats_(stats), hooks_(std::move(hooks)) {
   orphan_timer_.queue = this;
+  stats_.waits.set_warning(options.wait_warning);
 }
 
 WaitQueue::~WaitQueue() = default;
@@ -92,6 +93,7 @@ void WaitQueue::start(std::shared_ptr<Acquisition> a) {
     return;
   }
   KeyWaiters* w = &waiters_of(a->name);
+  a->wait_mark.begin(stats_.waits, a->started);
   a->wait_timeout = clock_.at(*a, a->started + a->spec.wait);
   w->waiting.push_back(a);
   if (a->fair()) {
@@ -163,6 +165,7 @@ void WaitQueue::on_fair_outcome(const std::shared_ptr<Acquisition>& a, const Acq
     auto pos = std::find(w->waiting.begin(), w->waiting.end(), a);
     if (pos != w->waiting.end()) w->waiting.erase(pos);
     a->done = true;
+    a->wait_mark.end();
     a->wait_timeout.cancel();
     a->fair_timeout.cancel();
     if (out.status == Status::kFailed) {
@@ -330,6 +333,7 @@ void WaitQueue::fail_waiters(KeyWaiters* w, std::exception_ptr error) {
   for (auto& a : waiting) {
     if (a->done) continue;
     a->done = true;
+    a->wait_mark.end();
     a->wait_timeout.cancel();
     a->fair_timeout.cancel();
     hooks_.failed(a, error, false);
@@ -376,6 +380,7 @@ void WaitQueue::on_outcome(const std::shared_ptr<Acquisition>& a, const Acquired
   if (out.status != Status::kBusy) {
     if (w) w->waiting.pop_front();
     a->done = true;
+    a->wait_mark.end();
     a->wait_timeout.cancel();
     if (out.status == Status::kFailed) {
       hooks_.failed(a, to_exception(out.error), false);
@@ -406,6 +411,7 @@ void WaitQueue::on_outcome(const std::shared_ptr<Acquisition>& a, const Acquired
   auto busy_for = std::max(out.busy_for, milliseconds(1));
   if (w == nullptr) {
     a->done = true;
+    a->wait_mark.end();
     if (a->fair()) withdraw(*a);  // it does not wait: its place goes
     hooks_.failed(a,
                   std::make_exception_ptr(LockNotAcquired(
@@ -519,6 +525,7 @@ std::shared_ptr<Acquisition> WaitQueue::take_next(std::string_view name) {
   auto a = std::move(w->waiting.front());
   w->waiting.pop_front();
   a->done = true;
+  a->wait_mark.end();
   a->wait_timeout.cancel();
   // The handed-on lease takes its giver's place (counted, or not yet).
   w->held_exclusive = std::max<std::uint32_t>(w->held_exclusive, 1);
@@ -542,6 +549,7 @@ void WaitQueue::end_wait(Acquisition* raw, std::exception_ptr error) {
   bool head_in_flight = a->fair() ? a->fair_in_flight : (pos == w->waiting.begin()) && w->in_flight;
   w->waiting.erase(pos);  // a head in flight: its answer sees done and cleans up
   a->done = true;
+  a->wait_mark.end();
   a->wait_timeout.cancel();
   a->fair_timeout.cancel();
   if (error)
@@ -597,6 +605,7 @@ void WaitQueue::fail_all(std::exception_ptr error) {
     if (d.a->done) continue;
     if (d.w == nullptr) {
       d.a->done = true;
+      d.a->wait_mark.end();
       hooks_.failed(d.a, error, false);
     }
   }
@@ -606,6 +615,7 @@ void WaitQueue::fail_all(std::exception_ptr error) {
       auto& a = w->waiting[i];
       if (a->done) continue;
       a->done = true;
+      a->wait_mark.end();
       a->fair_timeout.cancel();
       hooks_.failed(a, error, false);
       const bool in_flight = a->fair() ? a->fair_in_flight : i == 0 && w->in_flight;

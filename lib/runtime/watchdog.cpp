@@ -33,6 +33,10 @@ std::shared_ptr<LeaseRecord> Watchdog::new_lease(const Acquisition& a, std::uint
   if (!a.handle && !a.inline_run) l->queue_for_worker();
   if (a.finished) l->rare().finished = a.finished;
   l->granted_at = Clock::now();
+  if (options_.hold_warning.count() > 0) {
+    auto& w = l->rare().hold_warning = std::make_unique<HoldWarning>(events_, a.spec.key, l->granted_at);
+    w->timeout = clock_.at(*w, l->granted_at + options_.hold_warning);
+  }
   stats_.acquired.fetch_add(1, std::memory_order_relaxed);
   return l;
 }
@@ -366,6 +370,7 @@ void Watchdog::release(const std::shared_ptr<LeaseRecord>& l) {
 
 void Watchdog::finish(const std::shared_ptr<LeaseRecord>& l) {
   l->timeout.cancel();
+  if (l->rare_if() && l->rare().hold_warning) l->rare().hold_warning->timeout.cancel();
   if (l->slot == LeaseRecord::kNoSlot) return;
   // Out of the registry: the last lease takes this one's slot.
   auto& last = leases_.back();

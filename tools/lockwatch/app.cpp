@@ -14,10 +14,13 @@
 namespace lockwatch::cli {
 namespace {
 
-// --store is the store-neutral name; --redis, its first, is kept.
-constexpr const char* kStoreOption = "--store,--redis";
+// --store is the store's URL; --redis, its first name, is kept as a
+// deprecated alias (a warning when both are given and differ).
+constexpr const char* kStoreOption = "--store";
+constexpr const char* kRedisOption = "--redis";
+constexpr const char* kRedisHelp = "Deprecated: the old name of --store (--store wins when both are given)";
 constexpr const char* kStoreHelp =
-    "Where the locks live (--redis is the same option): redis://[user:password@]host:port[/db], a "
+    "Where the locks live: redis://[user:password@]host:port[/db], a "
     "comma-separated list of redis:// URLs (Redlock), "
     "redis-sentinel://[user:password@]host:port[,host:port...]/master-name[/db], "
     "redis-cluster://[user:password@]host:port[,host:port...], rediss://, rediss-sentinel:// and "
@@ -25,7 +28,7 @@ constexpr const char* kStoreHelp =
     "postgresql://user:password@host[:port]/database[?sslmode=...], "
     "zookeeper://[user:password@]host:port[,host:port...][/chroot], "
     "etcd://[user:password@]host:port[,host:port...] (etcds:// for TLS), or memory://[name]. Default: "
-    "$LOCKWATCH_STORE_URL, else $LOCKWATCH_REDIS_URL, else redis://127.0.0.1:6379";
+    "$LOCKWATCH_STORE_URL, else $LOCKWATCH_REDIS_URL (deprecated), else redis://127.0.0.1:6379";
 
 constexpr const char* kVerboseHelp =
     "Also print the library's log on standard error: connections lost and retried, found again, leases lost "
@@ -38,7 +41,8 @@ constexpr const char* kOncePerHelp =
     "period run with the lock KEY; a run that finds the current one run exits 79 without running the command. "
     "The period is claimed before the command starts: one that fails is not run again in its period. Pass "
     "--wait as long as the command may run so that a host that finds it running waits and exits 79 rather than "
-    "75. Changing PERIOD for a KEY renumbers its periods: use a new key";
+    "75. Changing PERIOD for a KEY renumbers its periods: a longer one than the key's claims (1h, then 1d) is refused "
+    "(exit 64, the command not run: use a new key); a shorter one starts its own periods at once";
 
 CLI::Validator duration_validator() {
   return CLI::Validator(
@@ -98,7 +102,8 @@ std::string command_environment_text() {
 CliApp make_app(CliArgs& a) {
   CliApp c;
   c.app = std::make_unique<CLI::App>(
-      "Runs a command under a distributed lock on Redis, renewing the lease while it runs.", "lockwatch");
+      "Runs a command under a distributed lock (Redis, Redis Cluster, Sentinel, PostgreSQL, MariaDB, ZooKeeper, etcd), "
+      "renewing the lease while it runs.", "lockwatch");
   CLI::App& app = *c.app;
   app.footer(exit_status_text() + "\nstatus and release exit 0, 69 or 64 alike.");
   app.set_version_flag("--version", "lockwatch " LOCKWATCH_VERSION, "Print lockwatch's version and exit");
@@ -108,7 +113,8 @@ CliApp make_app(CliArgs& a) {
 
   CLI::App* run = c.run = app.add_subcommand("run", "Run a command while holding the lock on KEY");
   run->footer(exit_status_text() + "\n\n" + command_environment_text());
-  c.run_redis = run->add_option(kStoreOption, a.run_url, kStoreHelp)->type_name("URL");
+  c.run_store = run->add_option(kStoreOption, a.run_url, kStoreHelp)->type_name("URL");
+  c.run_redis = run->add_option(kRedisOption, a.run_redis_url, kRedisHelp)->type_name("URL");
   run->add_option("--key", a.key, "The lock's name")->required()->type_name("KEY");
   run->add_option("--ttl", a.ttl,
                   "Lease time-to-live, renewed by the watchdog while the command runs (500ms, 30s, 5m, 1h)")
@@ -137,11 +143,12 @@ CliApp make_app(CliArgs& a) {
   run->add_option("--kill-grace", a.kill_grace,
                   "On a lost lease the command's process group gets SIGTERM, then SIGKILL after this long. "
                   "Default: what is left before another holder could take the lock, at most 5s (none when "
-                  "Redis says the key is gone or someone else's); a longer one is allowed, with a warning")
+                  "the store says the key is someone else's); a longer one is allowed, with a warning")
       ->type_name("DURATION")
       ->check(duration_validator());
   c.once_per = run->add_option("--once-per", a.once_per, kOncePerHelp)->type_name("PERIOD")->check(period_validator());
-  run->add_option("-E,--conflict-exit-code", a.busy_code, "Exit status when the lock stays busy past --wait")
+  run->add_option("-E,--conflict-exit-code", a.busy_code,
+                  "Exit status when the lock stays busy past --wait (0: silently, as -q)")
       ->type_name("CODE")
       ->capture_default_str()
       ->check(CLI::Range(0, 255));
@@ -155,7 +162,8 @@ CliApp make_app(CliArgs& a) {
   CLI::App* status = c.status = app.add_subcommand(
       "status", "Print what the store says of the lock on KEY: key=, state=held|free, ttl_ms=, fencing_token= lines");
   status->footer("Takes no lease. state=held over Redlock means a majority of the nodes hold it for one owner.");
-  c.status_redis = status->add_option(kStoreOption, a.status_url, kStoreHelp)->type_name("URL");
+  c.status_store = status->add_option(kStoreOption, a.status_url, kStoreHelp)->type_name("URL");
+  c.status_redis = status->add_option(kRedisOption, a.status_redis_url, kRedisHelp)->type_name("URL");
   status->add_option("KEY", a.status_key, "The lock's name")->required();
   status->add_flag("-v,--verbose", a.status_verbose, kVerboseHelp);
 
@@ -164,12 +172,12 @@ CliApp make_app(CliArgs& a) {
   release->footer(
       "The holder, if any, finds its lease gone at its next renewal (a lockwatch run holding it stops its command "
       "and exits 76). The fencing counter is kept; waiters are woken.");
-  c.release_redis = release->add_option(kStoreOption, a.release_url, kStoreHelp)->type_name("URL");
+  c.release_store = release->add_option(kStoreOption, a.release_url, kStoreHelp)->type_name("URL");
+  c.release_redis = release->add_option(kRedisOption, a.release_redis_url, kRedisHelp)->type_name("URL");
   release->add_flag("--force", a.force, "Required: say that you mean to remove someone else's lock")->required();
   release->add_option("KEY", a.release_key, "The lock's name")->required();
   release->add_flag("-v,--verbose", a.release_verbose, kVerboseHelp);
 
-  for (CLI::Option* o : {c.run_redis, c.status_redis, c.release_redis}) o->envname("LOCKWATCH_REDIS_URL");
   return c;
 }
 

@@ -18,6 +18,7 @@ namespace lockwatch::cli {
 struct CliArgs {
   // run
   std::string run_url;
+  std::string run_redis_url;  // --redis, the deprecated name of --store
   std::string key;
   std::string ttl = "30s";
   std::string wait = "0s";
@@ -31,10 +32,12 @@ struct CliArgs {
   std::vector<std::string> argv;
   // status
   std::string status_url;
+  std::string status_redis_url;
   std::string status_key;
   bool status_verbose = false;
   // release
   std::string release_url;
+  std::string release_redis_url;
   std::string release_key;
   bool force = false;
   bool release_verbose = false;
@@ -45,7 +48,11 @@ struct CliApp {
   CLI::App* run = nullptr;
   CLI::App* status = nullptr;
   CLI::App* release = nullptr;
-  // Whether they were given (count() after parsing).
+  // Whether they were given (count() after parsing): --store, and --redis,
+  // its deprecated name.
+  CLI::Option* run_store = nullptr;
+  CLI::Option* status_store = nullptr;
+  CLI::Option* release_store = nullptr;
   CLI::Option* run_redis = nullptr;
   CLI::Option* status_redis = nullptr;
   CLI::Option* release_redis = nullptr;

@@ -154,7 +154,8 @@ std::string render_man(const CLI::App& app) {
   m << ".PP\n\\fBstatus\\fR and \\fBrelease\\fR exit 0, 69 or 64 alike.\n";
   m << ".SH ENVIRONMENT\n";
   m << ".TP\n\\fBLOCKWATCH_STORE_URL\\fR, \\fBLOCKWATCH_REDIS_URL\\fR\n"
-    << roff("Where the locks live when --store (--redis) is not given (LOCKWATCH_STORE_URL first).") << "\n";
+    << roff("Where the locks live when --store is not given (LOCKWATCH_STORE_URL first; LOCKWATCH_REDIS_URL, its "
+            "deprecated name, with a warning when both are set and differ).") << "\n";
   m << ".TP\n\\fBLOCKWATCH_TLS_CA_FILE\\fR, \\fBLOCKWATCH_TLS_CERT_FILE\\fR, \\fBLOCKWATCH_TLS_KEY_FILE\\fR\n"
     << roff("The CA that signs the server's certificate, and the client's certificate and key, for rediss:// "
             "and the other TLS schemes.")

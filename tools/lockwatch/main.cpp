@@ -1,4 +1,5 @@
-// lockwatch: run a command under a distributed lock on Redis, and look at
+// lockwatch: run a command under a distributed lock (Redis, SQL, ZooKeeper,
+// etcd), and look at
 // or remove a lock.
 //
 //   lockwatch run [--store URL] --key KEY [--ttl 30s] [--wait 0s] [--retries N|forever]
@@ -7,12 +8,17 @@
 //   lockwatch status [--store URL] [-v] KEY
 //   lockwatch release [--store URL] [-v] --force KEY
 //
-// --redis is the same option as --store (its first name, kept).
+// --redis is the deprecated name of --store (kept; a warning when both are
+// given and differ).
 //
 // The command line is defined in app.cpp (and rendered from there as the
 // man page and the bash completion); the subcommands are in run.cpp and
 // admin_commands.cpp; exit codes in exit_codes.hpp (and --help).
 #include <fmt/format.h>
+
+#include <cstdlib>
+#include <optional>
+#include <string_view>
 
 #include "app.hpp"
 #include "commands.hpp"
@@ -23,6 +29,24 @@
 namespace {
 
 using namespace lockwatch::cli;
+
+// The store's URL from --store, else from --redis (its deprecated name),
+// else none (Options::from_env: LOCKWATCH_STORE_URL, else
+// LOCKWATCH_REDIS_URL). A warning when both names are given, or both
+// variables set, and they differ (naming no URL: they may hold passwords).
+std::optional<std::string> store_url(const CLI::Option* store, const std::string& store_url,
+                                     const CLI::Option* redis, const std::string& redis_url) {
+  if (store->count() > 0 && redis->count() > 0 && store_url != redis_url)
+    say("warning: --redis is the deprecated name of --store; both are given, with different URLs: using --store");
+  if (store->count() > 0) return store_url;
+  if (redis->count() > 0) return redis_url;
+  const char* store_env = std::getenv("LOCKWATCH_STORE_URL");
+  const char* redis_env = std::getenv("LOCKWATCH_REDIS_URL");
+  if (store_env && *store_env && redis_env && *redis_env && std::string_view(store_env) != redis_env)
+    say("warning: LOCKWATCH_REDIS_URL is the deprecated name of LOCKWATCH_STORE_URL; both are set, to different "
+        "URLs: using LOCKWATCH_STORE_URL");
+  return std::nullopt;
+}
 
 std::chrono::milliseconds duration_of(const std::string& text) {
   std::string error;
@@ -50,7 +74,7 @@ int main(int argc, char** argv) {
 
   try {
     if (*cli.run) {
-      if (cli.run_redis->count() > 0) run_args.redis_url = args.run_url;
+      run_args.redis_url = store_url(cli.run_store, args.run_url, cli.run_redis, args.run_redis_url);
       run_args.key = args.key;
       run_args.ttl = duration_of(args.ttl);
       run_args.wait = duration_of(args.wait);
@@ -70,9 +94,9 @@ int main(int argc, char** argv) {
       return run_command(run_args, inherited);
     }
     if (*cli.status)
-      return status_command(cli.status_redis->count() > 0 ? std::optional(args.status_url) : std::nullopt,
+      return status_command(store_url(cli.status_store, args.status_url, cli.status_redis, args.status_redis_url),
                             args.status_key, args.status_verbose);
-    return release_command(cli.release_redis->count() > 0 ? std::optional(args.release_url) : std::nullopt,
+    return release_command(store_url(cli.release_store, args.release_url, cli.release_redis, args.release_redis_url),
                            args.release_key, args.release_verbose);
   } catch (const lockwatch::InvalidArgument& e) {
     say(e.what());

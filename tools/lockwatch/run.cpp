@@ -131,11 +131,15 @@ milliseconds drift_allowance(const Options& o, milliseconds ttl) {
 // pass to another holder. A lease lost because no renewal was confirmed
 // (or the renewals ran out) has the drift allowance left; half of it goes
 // to the grace, the other half stays for what the allowance is for (clock
-// rates, the watchdog's tick, signal delivery). A lease lost because Redis
-// said the key is gone or someone else's has nothing left: no grace. Never
-// more than 5 s (consul lock's grace).
+// rates, the watchdog's tick, signal delivery). A lease lost because the
+// store said the key is someone else's has nothing left: no grace. A key
+// found gone at a renewal is, while the holder's deadline is ahead, one an
+// operator removed (`lockwatch release --force`; the stores report it as
+// expired): the operator asked for the command to stop, and it gets the
+// same grace as a lease that ran out. Never more than 5 s (consul lock's
+// grace).
 milliseconds default_kill_grace(const Options& o, milliseconds ttl, LostReason reason) {
-  if (reason == LostReason::kExpired || reason == LostReason::kTakenByOther) return milliseconds(0);
+  if (reason == LostReason::kTakenByOther) return milliseconds(0);
   return std::min<milliseconds>(std::chrono::seconds(5), drift_allowance(o, ttl) / 2);
 }
 
@@ -248,7 +252,7 @@ int run_command(const RunArgs& a, const Inherited& inherited) {
   try {
     handle = acquired.get();
   } catch (const LockNotAcquired& e) {
-    if (a.quiet) return 0;
+    if (a.quiet || a.busy_code == 0) return 0;  // -E 0 asks for a busy lock to be no failure: as -q
     say(e.what());
     return a.busy_code;
   }
@@ -262,6 +266,26 @@ int run_command(const RunArgs& a, const Inherited& inherited) {
     } catch (const LeaseLost& e) {
       say(fmt::format("{}; the command was not run", e.what()));
       return kExitLeaseLost;
+    }
+    if (!claim->claimed && claim->last_run > claim->period + 1) {
+      // The store records as run a period after the current one: it was
+      // numbered by another PERIOD (a shorter one: 1h before 1d, a cron
+      // expression before a duration). Every period of this one would be
+      // found run already, for ever: refused, with what to do. (One period
+      // ahead is let through as "run already": the nodes of a store with
+      // several clocks may straddle a period's start.)
+      say(fmt::format("'{}': the store records period {} as run, after the current period {} of --once-per {}: the "
+                      "key's periods were claimed with another --once-per. The command was not run; use a new key "
+                      "with the new period",
+                      a.key, claim->last_run, claim->period, a.once_cron.empty() ? format_duration(*a.once_every)
+                                                                                  : "'" + a.once_cron + "'"));
+      std::future<void> released = handle.release();
+      if (released.wait_for(o.connect_timeout + o.command_timeout + std::chrono::seconds(1)) !=
+          std::future_status::ready) {
+        std::fflush(stdout);
+        std::_Exit(kExitUsage);  // the runtime would wait for the expiry
+      }
+      return kExitUsage;
     }
     if (!claim->claimed) {
       if (!a.quiet)

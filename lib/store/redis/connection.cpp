@@ -152,6 +152,7 @@ void RedisConnection::start() {
 void RedisConnection::connect() {
   reconnect_scheduled_ = false;
   auth_failed_ = false;
+  select_failed_ = false;
   state_ = State::kConnecting;
   uv_timer_start(&connect_timer_, &RedisConnection::on_connect_timeout,
                  static_cast<uint64_t>(options_.connect_timeout.count()), 0);
@@ -722,6 +723,9 @@ void RedisConnection::on_handshake_reply(Handshake step, const redisReply* r) {
           break;
         case Handshake::kSelect:
           handshake_error_ = fmt::format("SELECT {} was refused: {}", endpoint_.db, msg);
+          // No such database ("DB index is out of range"): the URL is
+          // wrong, and no retry makes it right.
+          select_failed_ = true;
           break;
         case Handshake::kRole:
           handshake_error_ = "ROLE was refused: " + msg;
@@ -912,7 +916,11 @@ void RedisConnection::fail_queued(const std::string& why) {
 }
 
 StoreError RedisConnection::down_error(const std::string& why) const {
-  return auth_failed_ ? StoreError::auth(name_, why) : StoreError::unavailable(name_, why);
+  if (auth_failed_) return StoreError::auth(name_, why);
+  if (select_failed_)
+    return StoreError::invalid(name_, fmt::format("{}: {} (the URL's /db names a database the server does not have)",
+                                                  name_, why));
+  return StoreError::unavailable(name_, why);
 }
 
 void RedisConnection::schedule_reconnect() {

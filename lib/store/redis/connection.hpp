@@ -269,6 +269,7 @@ class RedisConnection {
   std::chrono::milliseconds backoff_{0};
   std::string last_error_ = "not connected yet";
   bool auth_failed_ = false;
+  bool select_failed_ = false;  // the server has no such database: a configuration error, not a node to wait for
   bool awaiting_endpoint_ = false;  // an attempt waits for the master's address
   std::string auth_error_;
   int handshake_pending_ = 0;    // AUTH / SELECT / ROLE answers still awaited
