@@ -64,8 +64,9 @@ Violations, and why each means the library broke a promise:
                   process (another call with the same owner token was
                   handed the lease when this one's work ended) leaves the
                   token held by that call, and is not counted.
-  told-late       a holder cut off alone from the lock servers (--nemesis
-                  partition: its clock and CPU intact) was told its lease
+  told-late       a holder cut off alone from the lock servers, both ways
+                  or its requests dropped (--nemesis partition: its clock
+                  and CPU intact), was told its lease
                   was lost (the lease's stop token) less than the drift
                   allowance (ttl * drift_factor + drift_floor, at their
                   defaults) less a tick (5 ms: the watchdog judges a
@@ -392,9 +393,12 @@ def check(run):
 # What a holder whose clock runs slow makes (it holds past its lease): see check().
 SLOW_CLOCK_BREAKS = ("stale-write", "two-holders", "interleave", "rw-overlap", "over-admission")
 
-# Faults after which a holder is cut off alone, its clock and CPU intact:
-# it must be told before the next holder is granted, by the drift allowance.
-CUT_ALONE = ("holder_cut", "holder_cut_to_store", "holder_cut_from_store")
+# Faults after which a holder is cut off alone, its clock and CPU intact,
+# and nothing it sends reaches the store: it must be told before the next
+# holder is granted, by the drift allowance. (When only the answers are
+# dropped, holder_cut_from_store, the release it sends once told frees the
+# key at once: the margin is reported, not judged.)
+CUT_ALONE = ("holder_cut", "holder_cut_to_store")
 # The watchdog judges a local deadline up to a tick late (Options::tick,
 # 5 ms by default; lib/runtime/runtime.cpp): what is promised is the drift
 # allowance less a tick.

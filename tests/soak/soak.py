@@ -1009,9 +1009,11 @@ class Soak:
             self.url = ",".join("redis://%s" % n.addr for n in self.nodes)
         self.meta.update(url=self.url, majority=len(self.nodes) // 2 + 1 if a.topology == "redlock" else 1,
                          net_faults=self.net_mode or "none")
+        mr = 1 if a.min_replicas is None else a.min_replicas
+        self.meta["min_replicas"] = mr
         desc = {"single": "one redis-server", "redlock": "Redlock over 3 redis-server masters",
-                "sentinel": "a master, a replica and 3 sentinels (min_replicas 1)",
-                "cluster": "a Redis Cluster of 3 masters and 3 replicas (node timeout 1 s, min_replicas 1)",
+                "sentinel": "a master, a replica and 3 sentinels (min_replicas %d)" % mr,
+                "cluster": "a Redis Cluster of 3 masters and 3 replicas (node timeout 1 s, min_replicas %d)" % mr,
                 "sql": "one mariadbd", "postgresql": "one postgres",
                 "zookeeper": "a ZooKeeper ensemble of 3 members (tick 100 ms)",
                 "etcd": "an etcd cluster of 3 members"}[a.topology]
@@ -1092,8 +1094,8 @@ class Soak:
                 "--history", os.path.join(self.dir, "hist", wid + ".jsonl"), "--until-ns", str(until_ns),
                 "--threads", str(self.a.threads), "--keys", str(self.a.keys),
                 "--seed", str(self.a.seed * 1000 + self.next_worker)]
-        if self.a.topology in ("sentinel", "cluster"):
-            argv += ["--min-replicas", "1"]
+        if self.a.topology in ("sentinel", "cluster") and self.a.min_replicas != 0:
+            argv += ["--min-replicas", str(self.a.min_replicas or 1)]
         # Read-write locks and semaphores where the store keeps them
         # (Redlock: no permits; not etcd).
         kinds = {"single": "rw,sem", "sentinel": "rw,sem", "cluster": "rw,sem", "redlock": "rw",
@@ -1746,6 +1748,8 @@ def main():
     p.add_argument("--netns", required=True, help="name of the network namespace to make (if root)")
     p.add_argument("--host-if", required=True)
     p.add_argument("--ns-if", required=True)
+    p.add_argument("--min-replicas", type=int, default=None,
+                   help="Sentinel and Cluster: the workers' min_replicas (default 1)")
     p.add_argument("--nemesis", choices=["faults", "partition", "clock", "starve"], default="faults")
     p.add_argument("--cgroup", default="lwsoak%d" % os.getpid(), help="--nemesis starve: the cgroup to make")
     a = p.parse_args()
