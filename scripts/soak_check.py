@@ -316,13 +316,26 @@ def check(run):
             handed_on[c["owner"]].append((c["acq"], op))
     released = {}
     probed = 0
+    # Calls made while their process was cut off (--nemesis partition): a
+    # request sent in the cut takes effect when TCP delivers it after the
+    # cut heals, later than the runtime counts from (its send time), so a
+    # release it could not confirm may be reported done up to that delay
+    # before the key expires. Shown apart (see docs/guarantees.md): the
+    # key is still this holder's, no one else's.
+    cuts = defaultdict(list)
+    for f in run["faults"]:
+        if f.get("kind", "").startswith("holder_cut"):
+            cuts[f["w"]].append((f["t0"], f["t1"]))
+    after_cut = 0
     for op, c in ends.items():
         if c["out"] == "ok" and c["owner"]:
             released[c["owner"]] = op
             probed += c["answered"] > 0
             if any(o != op and acq >= c.get("wend", 0) > 0 for acq, o in handed_on[c["owner"]]):
                 continue
-            if c["held"] >= need_held:
+            if c["held"] >= need_held and any(t0 <= c["t1"] and c["t0"] <= t1 for t0, t1 in cuts[op.split(".")[0]]):
+                after_cut += 1
+            elif c["held"] >= need_held:
                 bad("released-held", "%s: %s reported its release done, yet %d of %d nodes still held its owner "
                     "token right after" % (c["k"], op, c["held"], c["nodes"]))
     for name, scan in (("end", run["scan_end"]), ("later", run["scan_later"])):
@@ -373,7 +386,7 @@ def check(run):
              "kinds": {kind: sum(1 for ls in kinds_done.values() for x in ls if x[3] == kind)
                        for kind in ("reader", "writer", "permit")},
              "keys": {k: r["hash"].get("count", "0") for k, r in sorted(run["resource"].items())},
-             "margins": margins, "store": meta.get("topology", "?")}
+             "margins": margins, "store": meta.get("topology", "?"), "released_after_cut": after_cut}
     # A worker whose monotonic clock ran slow (--nemesis clock, 0.5x)
     # believes its leases last twice as long as they do: the overlaps it
     # makes are that fault's, shown apart. A lower token accepted, or a
@@ -469,6 +482,9 @@ def report(stats, V):
               % (store, fault, len(v), v[0] / 1e6, v[len(v) // 2] / 1e6, short, after))
     print("soak_check: worker processes: %s" % (", ".join("%d %s" % (n, k) for k, n in sorted(stats["procs"].items()))
                                                 or "none"))
+    if stats.get("released_after_cut"):
+        print("soak_check: releases reported done while the key was still the holder's, in a call its process was "
+              "cut off during (a request delivered after the cut heals): %d" % stats["released_after_cut"])
     if stats.get("explained"):
         print("soak_check: overlaps made by a worker whose clock ran at 0.5x (client_slow; fencing refused or "
               "ordered their writes): %s" % ", ".join("%d %s" % (n, k) for k, n in sorted(stats["explained"].items())))
@@ -588,6 +604,11 @@ def _self_test_cases():
     def held_after_release(r):
         _ev(r, "p1.0.0", "c")["held"] = 1
 
+    def held_after_release_in_a_cut(r):  # the same call, its process cut off while it ran
+        held_after_release(r)
+        c = _ev(r, "p1.0.0", "c")
+        r["faults"].append({"kind": "holder_cut", "target": "p1", "w": "p1", "t0": c["t0"] - s, "t1": c["t0"] + 1})
+
     def held_at_end(r):
         r["scan_end"][0]["keys"].append({"key": "lockwatch:{soak:k0}", "value": "ownerB", "pttl": 400})
 
@@ -683,6 +704,8 @@ def _self_test_cases():
         ("the same call, its process stopped meanwhile", stopped_not_over, set()),
         ("a released lock still held", held_after_release, {"released-held"}),
         ("a released owner left at the end", held_at_end, {"released-held"}),
+        ("a released lock still held, in a call made while its process was cut off",
+         held_after_release_in_a_cut, set()),
         ("SQL: a released lock's row held at the end", sql_row_held_at_end, {"released-held"}),
         ("Cluster: a released owner on one master at the end", cluster_master_held_at_end, {"released-held"}),
         ("a lock key without expiry", no_expiry, {"released-held"}),
