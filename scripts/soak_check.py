@@ -443,10 +443,12 @@ def told_margins(run, begins, ends):
         w = op.split(".")[0]
         fault = "none"
         for f in run["faults"]:
-            if f.get("w") == w and f["t0"] <= told <= f["t1"]:
-                # Told while its process was cut off (or starved, or on a
-                # faked clock): the release it sends then cannot free the
-                # key before the fault ends. Told after, it can.
+            # Told while its process was cut off (or on a faked clock): the
+            # release it sends then cannot free the key before the fault
+            # ends; told after, it can. A starved process is told when it
+            # runs again, once the fault is over.
+            late = max_ttl if f.get("kind") == "holder_starve" else 0
+            if f.get("w") == w and f["t0"] <= told <= f["t1"] + late:
                 fault = f["kind"]
             elif "w" not in f and fault == "none" and f["t0"] - max_ttl <= told <= f["t1"] + max_ttl:
                 fault = f["kind"]
