@@ -61,6 +61,7 @@ import socket
 import subprocess
 import sys
 import time
+import traceback
 
 MAX_TTL_MS = 2500  # the longest ttl the workers use (kTtls in soak_worker.cpp)
 MAX_FAULT_S = 4.5  # the longest a fault lasts (down, stopped, hung, cut)
@@ -68,6 +69,10 @@ GUARD_METRIC = "4242"  # the blackhole route behind the veth's own
 SENTINEL_MASTER = "mymaster"
 CLUSTER_NODE_TIMEOUT_MS = 1000
 SQL_USER, SQL_PASSWORD, SQL_DATABASE = "lockwatch", "lockwatch-soak", "lockwatch_soak"
+NFT_TABLE = "lwsoak"  # --nemesis partition: in the namespace scripts/soak makes for the run
+WORKER_UID0 = 61000  # --nemesis partition: worker pN runs as uid WORKER_UID0 + N
+FAKETIME_LIB = "/usr/lib/x86_64-linux-gnu/faketime/libfaketimeMT.so.1"
+CGROUP_CPU = "/sys/fs/cgroup/cpu"  # cgroup v1; v2 is tried at /sys/fs/cgroup
 
 
 def mono_ns():
@@ -144,14 +149,23 @@ def _die_with_parent():
 
 
 class Child:
-    """A process we started; every one is killed by Soak.cleanup()."""
+    """A process we started; every one is killed by Soak.cleanup(). With
+    uid, it runs as that user (and group): --nemesis partition tells the
+    workers' connections apart by the user that opened them."""
 
     all = []
 
-    def __init__(self, argv, log_path):
+    def __init__(self, argv, log_path, uid=None, env=None):
         self.log = open(log_path, "ab")
+
+        def pre():
+            _die_with_parent()
+            if uid is not None:
+                os.setgroups([])
+                os.setgid(uid)
+                os.setuid(uid)
         self.p = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=self.log, stderr=subprocess.STDOUT,
-                                  preexec_fn=_die_with_parent)
+                                  preexec_fn=pre, env=env)
         Child.all.append(self)
 
     @property
@@ -874,13 +888,18 @@ class Soak:
         self.guard = None  # the blackhole route's arguments, once added
         self.net_mode = None  # "netem", "partition" or None
         self.deck = []
+        self.nft = False  # --nemesis partition: our nftables table, once made
+        self.cgroup = None  # --nemesis starve: the cgroup made for it
+        self.fake_files = []
 
     # ---- set-up
 
     def setup_netns(self):
         a = self.a
         why = None
-        if os.geteuid() != 0:
+        if a.nemesis != "faults":
+            why = "--nemesis %s" % a.nemesis
+        elif os.geteuid() != 0:
             why = "not running as root"
         elif not shutil.which("ip") or not shutil.which("tc"):
             why = "ip or tc not found (Debian package iproute2)"
@@ -990,9 +1009,11 @@ class Soak:
             self.url = ",".join("redis://%s" % n.addr for n in self.nodes)
         self.meta.update(url=self.url, majority=len(self.nodes) // 2 + 1 if a.topology == "redlock" else 1,
                          net_faults=self.net_mode or "none")
+        mr = 1 if a.min_replicas is None else a.min_replicas
+        self.meta["min_replicas"] = mr
         desc = {"single": "one redis-server", "redlock": "Redlock over 3 redis-server masters",
-                "sentinel": "a master, a replica and 3 sentinels (min_replicas 1)",
-                "cluster": "a Redis Cluster of 3 masters and 3 replicas (node timeout 1 s, min_replicas 1)",
+                "sentinel": "a master, a replica and 3 sentinels (min_replicas %d)" % mr,
+                "cluster": "a Redis Cluster of 3 masters and 3 replicas (node timeout 1 s, min_replicas %d)" % mr,
                 "sql": "one mariadbd", "postgresql": "one postgres",
                 "zookeeper": "a ZooKeeper ensemble of 3 members (tick 100 ms)",
                 "etcd": "an etcd cluster of 3 members"}[a.topology]
@@ -1061,30 +1082,36 @@ class Soak:
 
     # ---- workers
 
-    def start_worker(self, until_ns):
+    def start_worker(self, until_ns, env=None):
         wid = "p%d" % self.next_worker
+        uid = WORKER_UID0 + self.next_worker if self.nft else None
         self.next_worker += 1
+        if uid is not None:
+            # Every connection this user opens carries its uid as conntrack
+            # mark, replies included: a cut drops them by mark.
+            self.nft_cmd("insert rule inet %s out ct state new meta skuid %d ct mark set %d" % (NFT_TABLE, uid, uid))
         argv = [self.a.worker, "--redis", self.url, "--resource", self.resource.addr, "--id", wid,
                 "--history", os.path.join(self.dir, "hist", wid + ".jsonl"), "--until-ns", str(until_ns),
                 "--threads", str(self.a.threads), "--keys", str(self.a.keys),
                 "--seed", str(self.a.seed * 1000 + self.next_worker)]
-        if self.a.topology in ("sentinel", "cluster"):
-            argv += ["--min-replicas", "1"]
+        if self.a.topology in ("sentinel", "cluster") and self.a.min_replicas != 0:
+            argv += ["--min-replicas", str(self.a.min_replicas or 1)]
         # Read-write locks and semaphores where the store keeps them
         # (Redlock: no permits; not etcd).
         kinds = {"single": "rw,sem", "sentinel": "rw,sem", "cluster": "rw,sem", "redlock": "rw",
                  "sql": "rw,sem", "postgresql": "rw,sem", "zookeeper": "rw,sem"}.get(self.a.topology)
         if kinds:
             argv += ["--kinds", kinds]
-        child = Child(argv, os.path.join(self.dir, wid + ".log"))
-        self.workers[wid] = {"w": wid, "child": child, "t0": mono_ns(), "until": until_ns}
+        child = Child(argv, os.path.join(self.dir, wid + ".log"), uid=uid, env=env)
+        self.workers[wid] = {"w": wid, "child": child, "t0": mono_ns(), "until": until_ns, "uid": uid,
+                             "fake": bool(env)}
         return wid
 
     def end_worker(self, wid, how):
         w = self.workers.pop(wid)
         rc = w["child"].p.returncode
         self.finished_workers.append({"w": wid, "pid": w["child"].pid, "t0": w["t0"], "t1": mono_ns(),
-                                      "how": how, "rc": rc})
+                                      "how": how, "rc": rc, "uid": w["uid"], "fake": w["fake"]})
         w["child"].log.close()
 
     def reap_workers(self):
@@ -1094,7 +1121,7 @@ class Soak:
                 continue
             clean = rc == 0 and mono_ns() >= w["until"]
             self.end_worker(wid, "clean" if clean else "crashed")
-            if not clean:
+            if not clean and not w["fake"]:
                 say("  worker %s exited early with status %s (see %s.log)" % (wid, rc, wid))
                 if mono_ns() < w["until"]:
                     self.start_worker(w["until"])
@@ -1109,7 +1136,8 @@ class Soak:
         say("  +%5.1fs %-14s %s %s" % ((t0 - self.t_start) / 1e9, kind, target, extra))
 
     def live_worker(self):
-        return self.rng.choice(sorted(self.workers)) if self.workers else None
+        live = sorted(w for w in self.workers if not self.workers[w]["fake"])
+        return self.rng.choice(live) if live else None
 
     def holder_kill(self):
         wid = self.live_worker()
@@ -1265,10 +1293,232 @@ class Soak:
             self.wait_for(node.ping, 10)
             self.fault("net_partition", node.name, t0, seconds=d)
 
+    # ---- nemeses other than the default faults (--nemesis)
+
+    def nft_cmd(self, text):
+        r = subprocess.run(["nft", text], capture_output=True, text=True)
+        if r.returncode != 0:
+            raise RuntimeError("nft %s: %s" % (text, r.stderr.strip()))
+
+    def setup_nft(self):
+        """--nemesis partition runs in a network namespace of its own
+        (scripts/soak makes it and runs this inside): every process talks
+        over its loopback, and the table below (gone with the namespace)
+        drops packets silently. A connection is told apart by the user
+        that opened it (a worker's uid, 0 for servers and this script),
+        kept as its conntrack mark for the replies too, and by the port it
+        went to (each server has its own)."""
+        if os.geteuid() != 0 or not shutil.which("nft"):
+            raise RuntimeError("--nemesis partition needs root and nft (Debian package nftables)")
+        self.nft_cmd("add table inet %s" % NFT_TABLE)
+        self.nft = True
+        self.nft_cmd("add chain inet %s out { type filter hook output priority 0; policy accept; }" % NFT_TABLE)
+        self.nft_cmd("add chain inet %s cut" % NFT_TABLE)
+        self.nft_cmd("add rule inet %s out jump cut" % NFT_TABLE)
+        say("soak: partitions: nftables drops in network namespace %s; workers run as uids %d+" %
+            (self.a.netns, WORKER_UID0))
+
+    def server_ports(self):
+        """Every port a worker may reach a lock server on (not the resource's)."""
+        if self.zk:
+            return sorted(m.port for m in self.zk.members)
+        if self.etcd:
+            return sorted(m.port for m in self.etcd.members)
+        if self.sql:
+            return [self.sql.port]
+        ports = [n.port for n in self.nodes] + [s.port for s in self.sentinels]
+        ports += [n.bus_port for n in self.nodes if n.bus_port]
+        return sorted(ports)
+
+    def cut(self, rules, seconds):
+        self.nft_cmd("flush chain inet %s cut" % NFT_TABLE)
+        for r in rules:
+            self.nft_cmd("add rule inet %s cut %s drop" % (NFT_TABLE, r))
+        time.sleep(seconds)
+        self.nft_cmd("flush chain inet %s cut" % NFT_TABLE)
+
+    def holding_worker(self, seconds=3.0):
+        """A worker (not on a faked clock) in a long hold of an exclusive
+        lease (its history's "a" without its "c"), waiting up to `seconds`
+        for one; else any."""
+        until = time.monotonic() + seconds
+        while time.monotonic() < until:
+            holding = []
+            for wid in sorted(self.workers):
+                if self.workers[wid]["fake"]:
+                    continue
+                open_ops = set()
+                try:
+                    with open(os.path.join(self.dir, "hist", wid + ".jsonl"), "rb") as f:
+                        f.seek(0, os.SEEK_END)
+                        f.seek(max(0, f.tell() - 16384))
+                        lines = f.read().splitlines()[1:]
+                except OSError:
+                    continue
+                for line in lines:
+                    try:
+                        e = json.loads(line)
+                    except ValueError:
+                        continue
+                    if e.get("e") == "a" and not e.get("kind"):
+                        open_ops.add(e["op"])
+                    elif e.get("e") == "c":
+                        open_ops.discard(e["op"])
+                if open_ops:
+                    holding.append(wid)
+            if holding:
+                return self.rng.choice(holding)
+            time.sleep(0.02)  # polling the workers' histories
+        return self.live_worker()
+
+    def holder_cut(self, kind):
+        """A holder alone cut off from every lock server (the others and the
+        resource still reach them): both ways, only its requests dropped
+        (to_store), or only the servers' answers (from_store)."""
+        wid = self.holding_worker()
+        if wid is None:
+            return
+        uid = self.workers[wid]["uid"]
+        way = {"holder_cut": "", "holder_cut_to_store": "ct direction original ",
+               "holder_cut_from_store": "ct direction reply "}[kind]
+        ports = ", ".join(str(p) for p in self.server_ports())
+        d = self.rng.uniform(3.0, MAX_FAULT_S)  # longer than the longest ttl
+        t0 = mono_ns()
+        self.cut(["ct mark %d %smeta l4proto tcp ct original proto-dst { %s }" % (uid, way, ports)], d)
+        self.fault(kind, wid, t0, w=wid, seconds=d)
+
+    def master_isolated(self):
+        """Sentinel: the master cut off from its replica and the sentinels
+        (every connection opened by a server), and from some of the
+        workers; the other workers still reach it."""
+        m = self.sentinel_master() if self.sentinel_healthy() else None
+        if m is None:
+            return self.holder_cut("holder_cut")
+        live = sorted(w for w in self.workers if not self.workers[w]["fake"])
+        cut = self.rng.sample(live, len(live) // 2)
+        marks = ", ".join(str(x) for x in [0] + [self.workers[w]["uid"] for w in cut])
+        d = self.rng.uniform(2.0, MAX_FAULT_S)  # longer than down-after-milliseconds (1 s)
+        t0 = mono_ns()
+        self.cut(["ct mark { %s } meta l4proto tcp ct original proto-dst %d" % (marks, m.port)], d)
+        self.wait_for(self.sentinel_healthy, 20)
+        self.fault("master_isolated", m.name, t0, seconds=d, with_workers=",".join(cut) or "none",
+                   master_now=getattr(self.sentinel_master(), "name", "undecided"))
+
+    def setup_cgroup(self):
+        """--nemesis starve: a CPU cgroup (v1 cpu controller, or v2) whose
+        quota is 1 ms per period of 1 s (v1's longest) while a holder is in it."""
+        name = self.a.cgroup
+        for root, v2 in ((CGROUP_CPU, False), ("/sys/fs/cgroup", True)):
+            path = os.path.join(root, name)
+            if not os.path.isfile(os.path.join(root, "cgroup.procs")):
+                continue
+            if v2 and "cpu" not in open(os.path.join(root, "cgroup.subtree_control")).read().split():
+                continue
+            try:
+                os.mkdir(path)
+                self.cgroup = (path, v2)
+                if v2:
+                    with open(os.path.join(path, "cpu.max"), "w") as f:
+                        f.write("1000 1000000")
+                else:
+                    with open(os.path.join(path, "cpu.cfs_period_us"), "w") as f:
+                        f.write("1000000")
+                    with open(os.path.join(path, "cpu.cfs_quota_us"), "w") as f:
+                        f.write("1000")
+                say("soak: starvation: a holder's process moved into cgroup %s (1 ms of CPU a second)" % path)
+                return
+            except OSError as e:
+                say("soak: cannot make cgroup %s: %s" % (path, e))
+        raise RuntimeError("--nemesis starve needs a writable CPU cgroup (v1 %s or v2 with cpu)" % CGROUP_CPU)
+
+    def holder_starve(self):
+        wid = self.holding_worker()
+        if wid is None:
+            return
+        pid = self.workers[wid]["child"].pid
+        path, v2 = self.cgroup
+        home = None
+        with open("/proc/%d/cgroup" % pid) as f:
+            for line in f:
+                _, ctrl, where = line.rstrip("\n").split(":", 2)
+                if (v2 and ctrl == "") or (not v2 and "cpu" in ctrl.split(",")):
+                    home = os.path.join(os.path.dirname(path), where.lstrip("/"))
+        d = self.rng.uniform(2.0, MAX_FAULT_S)
+        t0 = mono_ns()
+        with open(os.path.join(path, "cgroup.procs"), "w") as f:
+            f.write(str(pid))
+        time.sleep(d)
+        try:
+            with open(os.path.join(home, "cgroup.procs"), "w") as f:
+                f.write(str(pid))
+        except (OSError, TypeError):
+            pass  # the worker is gone, or its home is unknown: cleanup() kills what is left in the cgroup
+        self.fault("holder_starve", wid, t0, w=wid, pid=pid, seconds=d)
+
+    def client_clock(self, kind):
+        """One more worker, for a few seconds, under libfaketime: its
+        monotonic clock (the leases') at 2x or 0.5x, or its wall clock
+        stepped forward and back while the monotonic one is left alone (an
+        NTP step). The history's times are the kernel's (soak_worker.cpp)."""
+        d = self.rng.uniform(4.0, 8.0)
+        env = dict(os.environ, LD_PRELOAD=FAKETIME_LIB)
+        detail = {}
+        if kind == "client_jump":
+            path = os.path.join(self.dir, "faketime%d" % len(self.fake_files))
+            self.fake_files.append(path)
+            with open(path, "w") as f:
+                f.write("+0\n")
+            env.update(FAKETIME_TIMESTAMP_FILE=path, FAKETIME_NO_CACHE="1", FAKETIME_DONT_FAKE_MONOTONIC="1")
+        else:
+            rate = {"client_fast": "2", "client_slow": "0.5"}[kind]
+            env.update(FAKETIME="+0 x" + rate, FAKETIME_NO_CACHE="1")
+            detail["rate"] = rate
+        t0 = mono_ns()
+        wid = self.start_worker(t0 + int(d * 1e9), env=env)
+        if kind == "client_jump":
+            steps = []
+            until = time.monotonic() + d
+            while time.monotonic() < until - 0.5:
+                time.sleep(self.rng.uniform(0.5, 1.5))
+                step = self.rng.choice([-1, 1]) * self.rng.randint(1, 60)
+                steps.append(step)
+                with open(path + ".new", "w") as f:
+                    f.write("%+ds\n" % step)
+                os.rename(path + ".new", path)
+            detail["steps_s"] = ",".join(str(x) for x in steps)
+        while wid in self.workers and mono_ns() < t0 + int((d + 60) * 1e9):
+            self.reap_workers()
+            time.sleep(0.05)
+        self.fault(kind, wid, t0, w=wid, seconds=d, **detail)
+
+    def inject_nemesis(self):
+        topo, rng = self.a.topology, self.rng
+        if not self.deck:
+            if self.a.nemesis == "partition":
+                self.deck = ["holder_cut", "holder_cut", "holder_cut_to_store", "holder_cut_from_store"]
+                if topo == "sentinel":
+                    self.deck += ["master_isolated", "master_isolated"]
+            elif self.a.nemesis == "clock":
+                self.deck = ["client_fast", "client_slow", "client_jump"]
+            else:
+                self.deck = ["holder_starve"]
+            rng.shuffle(self.deck)
+        kind = self.deck.pop()
+        if kind.startswith("holder_cut"):
+            self.holder_cut(kind)
+        elif kind == "master_isolated":
+            self.master_isolated()
+        elif kind.startswith("client_"):
+            self.client_clock(kind)
+        else:
+            self.holder_starve()
+
     def inject(self):
         """One fault, picked by the seeded generator; returns when it is over.
         Kinds come from a shuffled deck, so that every kind comes up in
         each round (a short run still sees them all)."""
+        if self.a.nemesis != "faults":
+            return self.inject_nemesis()
         topo, rng = self.a.topology, self.rng
         if not self.deck:
             self.deck = ["holder_kill", "holder_stop"]
@@ -1352,7 +1602,18 @@ class Soak:
 
     def run(self):
         a = self.a
+        if a.nemesis == "partition":
+            self.setup_nft()
+        elif a.nemesis == "starve":
+            self.setup_cgroup()
+        elif a.nemesis == "clock" and not os.path.exists(FAKETIME_LIB):
+            raise RuntimeError("--nemesis clock needs %s (Debian package faketime)" % FAKETIME_LIB)
+        self.meta["nemesis"] = a.nemesis
         self.setup()
+        if self.nft:
+            # Workers run as other users: they write their histories here.
+            os.chmod(self.dir, 0o711)
+            os.chmod(os.path.join(self.dir, "hist"), 0o777)
         quiet = 8 if a.topology in ("sentinel", "cluster") else 5
         self.t_start = mono_ns()
         end = self.t_start + a.seconds * 10**9
@@ -1449,6 +1710,14 @@ class Soak:
             json.dump(self.meta, f)
 
     def cleanup(self):
+        if self.cgroup:
+            # A process held to 1 ms of CPU a second takes that long to die.
+            path, v2 = self.cgroup
+            try:
+                with open(os.path.join(path, "cpu.max" if v2 else "cpu.cfs_quota_us"), "w") as f:
+                    f.write("max" if v2 else "-1")
+            except OSError:
+                pass
         for c in Child.all:
             try:
                 c.kill()
@@ -1459,6 +1728,18 @@ class Soak:
             run_quiet(["ip", "link", "del", self.a.host_if])
         if self.guard:
             run_quiet(["ip", "route", "del"] + self.guard)
+        if self.nft:
+            run_quiet(["nft", "delete", "table", "inet", NFT_TABLE])
+        if self.cgroup:
+            for _ in range(50):  # its last process may take a moment to leave it
+                try:
+                    os.rmdir(self.cgroup[0])
+                    break
+                except OSError as e:
+                    why = e
+                    time.sleep(0.1)
+            else:
+                say("soak: cannot remove cgroup %s: %s" % (self.cgroup[0], why))
 
 
 class Stop(Exception):
@@ -1480,6 +1761,10 @@ def main():
     p.add_argument("--netns", required=True, help="name of the network namespace to make (if root)")
     p.add_argument("--host-if", required=True)
     p.add_argument("--ns-if", required=True)
+    p.add_argument("--min-replicas", type=int, default=None,
+                   help="Sentinel and Cluster: the workers' min_replicas (default 1)")
+    p.add_argument("--nemesis", choices=["faults", "partition", "clock", "starve"], default="faults")
+    p.add_argument("--cgroup", default="lwsoak%d" % os.getpid(), help="--nemesis starve: the cgroup to make")
     a = p.parse_args()
 
     def stop(sig, _frame):
@@ -1494,6 +1779,8 @@ def main():
     except Exception as e:  # Stop included; recorded for the checker, which then fails the run
         soak.meta["error"] = "%s: %s" % (type(e).__name__, e)
         say("soak: stopped: %s" % soak.meta["error"])
+        if not isinstance(e, Stop):
+            traceback.print_exc()
     finally:
         signal.alarm(0)
         soak.cleanup()

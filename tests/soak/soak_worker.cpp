@@ -29,7 +29,8 @@
 // most the line it was writing):
 //   {"e":"start"}  process start          {"e":"b"}  a call begins (with its bound)
 //   {"e":"w"}      one write attempt      {"e":"c"}  a call ended (outcome, token, owner,
-//   {"e":"exit"}   clean exit (stats)                 what Redis held after the release)
+//   {"e":"exit"}   clean exit (stats)                 what Redis held after the release,
+//   {"e":"a"}      a long hold began                  when the holder was told its lease was lost)
 // Times are CLOCK_MONOTONIC nanoseconds, shared by every process on the host.
 //
 // While holding, a call reads the lock's owner token straight from Redis
@@ -60,6 +61,8 @@
 #include "rpc.grpc.pb.h"
 #endif
 #include <signal.h>
+#include <sys/syscall.h>
+#include <time.h>
 #include <unistd.h>
 
 #include <atomic>
@@ -106,13 +109,22 @@ constexpr auto kHangGrace = 30s;
 // After --until-ns the process must be gone by this much later.
 constexpr auto kExitGrace = 45s;
 
+// The history's times come from the kernel, not from libc: under
+// scripts/soak --nemesis clock a worker runs with libfaketime, which fakes
+// the process's clocks (its leases' too) but not the times the checker
+// compares across processes.
 std::int64_t mono_ns() {
-  return std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now().time_since_epoch()).count();
+  timespec ts{};
+  ::syscall(SYS_clock_gettime, CLOCK_MONOTONIC, &ts);
+  return static_cast<std::int64_t>(ts.tv_sec) * 1000000000 + ts.tv_nsec;
 }
+// The resource judges a write's deadline on its own wall clock: the
+// writer's is read from the kernel too, so that a faked clock changes what
+// the lease says is left (remaining()), not what "now" is.
 std::int64_t real_us() {
-  return std::chrono::duration_cast<std::chrono::microseconds>(
-             std::chrono::system_clock::now().time_since_epoch())
-      .count();
+  timespec ts{};
+  ::syscall(SYS_clock_gettime, CLOCK_REALTIME, &ts);
+  return static_cast<std::int64_t>(ts.tv_sec) * 1000000 + ts.tv_nsec / 1000;
 }
 
 // ------------------------------------------------------------------ history
@@ -850,6 +862,9 @@ struct Op {
 
   std::int64_t acq_ns = 0;
   std::int64_t work_end_ns = 0;  // the work returned (the release comes after)
+  // When the lease's stop token fired while the work ran (the holder was
+  // told its lease was lost), 0 if it did not.
+  std::atomic<std::int64_t> told_ns{0};
   std::uint64_t token = 0;
   std::string owner;
   std::string owner_node;  // where the owner was read
@@ -917,8 +932,13 @@ class Worker {
     return *r;
   }
 
-  static bool gone(const lockwatch::Lease& lease) {
-    return lease.stop_token().stop_requested() || lease.remaining() <= 0ms;
+  // The holder learns its lease is gone from the stop token or from
+  // remaining(): the first time either says so is when it was told.
+  static bool gone(const lockwatch::Lease& lease, Op& op) {
+    const bool g = lease.stop_token().stop_requested() || lease.remaining() <= 0ms;
+    std::int64_t none = 0;
+    if (g) op.told_ns.compare_exchange_strong(none, mono_ns());
+    return g;
   }
 
   // The work under the lease: read the owner, hold, then read/sleep/write.
@@ -928,10 +948,19 @@ class Worker {
       Op& op;
       ~Done() { op.work_end_ns = mono_ns(); }
     } done{op};
+    // Runs on the thread that requests the stop: the moment the holder is told.
+    std::stop_callback told(lease.stop_token(), [&op] {
+      std::int64_t none = 0;
+      op.told_ns.compare_exchange_strong(none, mono_ns());
+    });
     op.token = lease.fencing_token();
+    // A long hold (renewed on the way) is announced, so that the soak can
+    // cut off or starve a process while it holds a lease.
+    if (op.hold_ms >= op.ttl_ms / 2)
+      history_.write(Json().s("e", "a").s("op", op.id).s("k", op.key).s("kind", op.kind).i("t", op.acq_ns));
     if (!op.kind.empty()) {  // other kinds: the time held is what is judged
       auto until = Clock::now() + milliseconds(op.hold_ms);
-      while (Clock::now() < until && !gone(lease)) std::this_thread::sleep_for(2ms);
+      while (Clock::now() < until && !gone(lease, op)) std::this_thread::sleep_for(2ms);
       return;
     }
     // The majority value is the owner (with one node: its value). Valid
@@ -941,14 +970,14 @@ class Worker {
     for (const auto& v : vals)
       if (v && !v->empty()) ++votes[*v];
     for (const auto& [value, count] : votes)
-      if (count >= vals.size() / 2 + 1 && !gone(lease)) op.owner = value;
+      if (count >= vals.size() / 2 + 1 && !gone(lease, op)) op.owner = value;
     op.owner_node = nodes(where_).where();
 
     auto until = Clock::now() + milliseconds(op.hold_ms);
-    while (Clock::now() < until && !gone(lease)) std::this_thread::sleep_for(5ms);
+    while (Clock::now() < until && !gone(lease, op)) std::this_thread::sleep_for(5ms);
 
     for (int gap : op.gaps_ms) {
-      if (gone(lease)) return;
+      if (gone(lease, op)) return;
       std::int64_t r0 = mono_ns();
       auto rd = resource().read(op.key);
       if (!rd) {
@@ -957,7 +986,7 @@ class Worker {
         return;
       }
       std::this_thread::sleep_for(milliseconds(gap));  // widen the race the lock closes
-      if (gone(lease)) return;
+      if (gone(lease, op)) return;
       // Wall clock first, remaining() second: the deadline errs early.
       std::int64_t now_us = real_us();
       std::int64_t deadline_us = now_us + lease.remaining().count() * 1000;
@@ -1066,6 +1095,7 @@ class Worker {
                        .i("t1", t1)
                        .i("acq", op.acq_ns)
                        .i("wend", op.work_end_ns)
+                       .i("told", op.told_ns.load())
                        .i("tok", static_cast<long long>(op.token))
                        .s("owner", op.owner)
                        .i("held", held)
