@@ -318,6 +318,10 @@ struct LeaseRecord final : Lease, TimerTask, HandleState {
     // lease took the key from the store while nobody here waited for it).
     std::shared_ptr<HandOffStreak> streak;
     std::string lost_detail;  // see lost_detail()
+    // Loop thread: when work ended past the local deadline with a renewal
+    // still unanswered (its answer may yet extend the deadline past it);
+    // the release's answer judges it (Watchdog::ended_in_time).
+    Clock::time_point work_ended_late{};
     // Options::hold_warning (ops/hold_warning.hpp): made at grant when on.
     std::unique_ptr<HoldWarning> hold_warning;
     // Under the lease's striped lock: Lease::on_lost's watchers.

@@ -324,10 +324,38 @@ void Watchdog::request_stop(const std::shared_ptr<LeaseRecord>& l) {
 void Watchdog::work_done(const std::shared_ptr<LeaseRecord>& l) {
   if (l->work_finished) return;
   l->work_finished = true;
+  // Work that ended past the local deadline did not end under its lease,
+  // whatever the store says of the key afterwards: a starved or paused
+  // process runs the watchdog late, and the lease's timer no longer judges
+  // once the work is over. Unless a renewal's answer is still to come
+  // (unread behind a stalled loop, it may extend the deadline past the
+  // end), that is decided now; otherwise at the release's answer.
+  if (!l->lost()) {
+    const auto now = Clock::now();
+    if (now >= l->deadline()) {
+      if (l->phase == LeaseRecord::Phase::kAwaitingReply)
+        l->rare().work_ended_late = now;
+      else
+        lose_past_deadline(l);
+    }
+  }
   if (hand_off_ && hand_off_(l)) return;
   // Lost already: the caller learns it at once, not after the release.
   if (l->lost()) l->complete_call();
   release(l);
+}
+
+void Watchdog::lose_past_deadline(const std::shared_ptr<LeaseRecord>& l) {
+  lose(l, l->phase == LeaseRecord::Phase::kExhausted ? LostReason::kRenewalsExhausted : LostReason::kRedisUnreachable,
+       "the work ended after the lease's local deadline (was the process starved or paused?)");
+}
+
+void Watchdog::judge_late_end(const std::shared_ptr<LeaseRecord>& l) {
+  const auto* r = l->rare_if();
+  if (r == nullptr || l->lost() || r->work_ended_late == Clock::time_point{}) return;
+  // The renewal that was unanswered at the work's end is answered by now
+  // (it was sent before the release): did it move the deadline past the end?
+  if (r->work_ended_late >= l->deadline()) lose_past_deadline(l);
 }
 
 void Watchdog::release(const std::shared_ptr<LeaseRecord>& l) {
@@ -338,6 +366,7 @@ void Watchdog::release(const std::shared_ptr<LeaseRecord>& l) {
                  [this, l](std::size_t, Released status, const StoreError* why) {
                    l->releasing = false;
                    l->timeout.cancel();
+                   judge_late_end(l);
                    if (status == Released::kUnconfirmed) {
                      const std::string detail =
                          "release not confirmed: " + (why != nullptr ? why->describe() : std::string());

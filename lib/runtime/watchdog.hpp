@@ -72,6 +72,11 @@ class Watchdog {
   std::shared_ptr<HandOffStreak> streak_of(LeaseRecord& l);
   // Marks the lease lost (once) and asks its work to stop.
   void lose(const std::shared_ptr<LeaseRecord>& l, LostReason reason, std::string detail = {});
+  // Work that ended past the lease's local deadline: the lease was lost
+  // (see work_done); judge_late_end decides it once the renewal that was
+  // in flight at the end is answered.
+  void lose_past_deadline(const std::shared_ptr<LeaseRecord>& l);
+  void judge_late_end(const std::shared_ptr<LeaseRecord>& l);
   // The runtime stops: every lease's work is asked to stop. Returns the
   // leases held through handles (nobody may be left to release them).
   std::vector<std::shared_ptr<LeaseRecord>> stop_all();
