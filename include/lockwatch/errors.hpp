@@ -41,9 +41,11 @@ enum class errc {
 
 }  // namespace lockwatch
 
-/// lockwatch::errc is an error code enum: it converts to std::error_code.
+// lockwatch::errc is an error code enum: it converts to std::error_code.
+/// @cond
 template <>
 struct std::is_error_code_enum<lockwatch::errc> : std::true_type {};
+/// @endcond
 
 namespace lockwatch {
 

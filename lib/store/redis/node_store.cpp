@@ -293,14 +293,7 @@ void RedisNodeStore::send_acquire_batch(std::vector<QueuedAcquire> batch, bool c
     request.arg(a.name, redis_keys::kFenceSuffix);
   }
   for (const auto& a : batch) request.arg(a.token).arg(a.ttl_ms);
-  RedisConnection& c = with_asking(for_acquire());
-  c.eval(std::move(request),
-         [this, &c, counted, batch = std::move(batch)](const redisReply* r, const StoreError* err) mutable {
-           if (counted) batch_answered();
-           AcquireReply reply(r, err, batch.size(), c.name());
-           for (auto& a : batch)
-             acquired(reply.next(), std::move(a.name), std::move(a.token), a.kind, a.index, std::move(a.done));
-         });
+  eval_acquire(std::move(request), std::move(batch), counted);
 }
 
 void RedisNodeStore::send_release_batch(std::vector<QueuedRelease> batch, bool counted) {
@@ -595,13 +588,9 @@ std::string RedisNodeStore::latch_ms() const {
   return std::to_string(std::max<long long>(1000, 2 * options_.command_timeout.count()));
 }
 
-void RedisNodeStore::send_redisson_acquire(std::vector<QueuedAcquire> batch, bool counted) {
-  std::size_t bytes = 0;
-  for (const auto& a : batch) bytes += 4 * a.name.size() + a.token.size() + layout_.client_id.size() + a.ttl_ms.size() + 128;
-  EvalRequest request(script(ScriptId::kRedissonAcquire), 3 * batch.size(), 5 * batch.size(), bytes);
-  for (const auto& a : batch)
-    request.arg(a.name).arg(redisson_keys::token_counter(a.name)).arg(redisson_keys::latch(a.name, a.token));
-  for (const auto& a : batch) request.arg(layout_.field(a.token)).arg(a.ttl_ms);
+// Sends a batch's acquire script (either layout's: both answer one entry
+// per lock) and hands each lock its answer.
+void RedisNodeStore::eval_acquire(EvalRequest request, std::vector<QueuedAcquire> batch, bool counted) {
   RedisConnection& c = with_asking(for_acquire());
   c.eval(std::move(request),
          [this, &c, counted, batch = std::move(batch)](const redisReply* r, const StoreError* err) mutable {
@@ -610,6 +599,16 @@ void RedisNodeStore::send_redisson_acquire(std::vector<QueuedAcquire> batch, boo
            for (auto& a : batch)
              acquired(reply.next(), std::move(a.name), std::move(a.token), a.kind, a.index, std::move(a.done));
          });
+}
+
+void RedisNodeStore::send_redisson_acquire(std::vector<QueuedAcquire> batch, bool counted) {
+  std::size_t bytes = 0;
+  for (const auto& a : batch) bytes += 4 * a.name.size() + a.token.size() + layout_.client_id.size() + a.ttl_ms.size() + 128;
+  EvalRequest request(script(ScriptId::kRedissonAcquire), 3 * batch.size(), 5 * batch.size(), bytes);
+  for (const auto& a : batch)
+    request.arg(a.name).arg(redisson_keys::token_counter(a.name)).arg(redisson_keys::latch(a.name, a.token));
+  for (const auto& a : batch) request.arg(layout_.field(a.token)).arg(a.ttl_ms);
+  eval_acquire(std::move(request), std::move(batch), counted);
 }
 
 void RedisNodeStore::send_redisson_release(std::vector<QueuedRelease> batch, bool counted) {
