@@ -313,22 +313,7 @@ void RedisNodeStore::send_release_batch(std::vector<QueuedRelease> batch, bool c
     else
       request.arg(std::string_view());
   }
-  with_asking(*conn_).eval(std::move(request),
-                           [this, counted, batch = std::move(batch)](const redisReply* r, const StoreError* err) {
-                             if (counted) batch_answered();
-                             ReleaseReply reply(r, err, batch.size(), conn_->name());
-                             // A release whose notice the ACL refused deleted
-                             // the lock, but is unconfirmed: only a log line
-                             // tells why.
-                             if (err != nullptr && err->acl_refusal() && events_.log)
-                               events_.log(true, err->describe() + ": the release is unconfirmed");
-                             for (const QueuedRelease& q : batch) {
-                               const StoreError* why = nullptr;
-                               bool heard_once = false;
-                               const Released status = reply.next(&why, &heard_once);
-                               (*q.done)(q.index, heard_by(q.name, status, heard_once), why);
-                             }
-                           });
+  eval_release(std::move(request), std::move(batch), counted);
 }
 
 void RedisNodeStore::acquired(Acquired out, std::string name, std::string token, LockKind kind, std::size_t index,
@@ -601,6 +586,27 @@ void RedisNodeStore::eval_acquire(EvalRequest request, std::vector<QueuedAcquire
          });
 }
 
+// Sends a batch's release script (either layout's: both answer one entry
+// per lock, and how many heard its notice) and hands each lock its answer.
+void RedisNodeStore::eval_release(EvalRequest request, std::vector<QueuedRelease> batch, bool counted) {
+  with_asking(*conn_).eval(std::move(request),
+                           [this, counted, batch = std::move(batch)](const redisReply* r, const StoreError* err) {
+                             if (counted) batch_answered();
+                             ReleaseReply reply(r, err, batch.size(), conn_->name());
+                             // A release whose notice the ACL refused deleted
+                             // the lock, but is unconfirmed: only a log line
+                             // tells why.
+                             if (err != nullptr && err->acl_refusal() && events_.log)
+                               events_.log(true, err->describe() + ": the release is unconfirmed");
+                             for (const QueuedRelease& q : batch) {
+                               const StoreError* why = nullptr;
+                               bool heard_once = false;
+                               const Released status = reply.next(&why, &heard_once);
+                               (*q.done)(q.index, heard_by(q.name, status, heard_once), why);
+                             }
+                           });
+}
+
 void RedisNodeStore::send_redisson_acquire(std::vector<QueuedAcquire> batch, bool counted) {
   std::size_t bytes = 0;
   for (const auto& a : batch) bytes += 4 * a.name.size() + a.token.size() + layout_.client_id.size() + a.ttl_ms.size() + 128;
@@ -623,19 +629,7 @@ void RedisNodeStore::send_redisson_release(std::vector<QueuedRelease> batch, boo
   // else for the whole lease), and no lockwatch bookkeeping says whether
   // one did.
   for (const auto& r : batch) request.arg(layout_.field(r.token)).arg(redisson_keys::channel(r.name)).arg(keep);
-  with_asking(*conn_).eval(std::move(request),
-                           [this, counted, batch = std::move(batch)](const redisReply* r, const StoreError* err) {
-                             if (counted) batch_answered();
-                             ReleaseReply reply(r, err, batch.size(), conn_->name());
-                             if (err != nullptr && err->acl_refusal() && events_.log)
-                               events_.log(true, err->describe() + ": the release is unconfirmed");
-                             for (const QueuedRelease& q : batch) {
-                               const StoreError* why = nullptr;
-                               bool heard_once = false;
-                               const Released status = reply.next(&why, &heard_once);
-                               (*q.done)(q.index, heard_by(q.name, status, heard_once), why);
-                             }
-                           });
+  eval_release(std::move(request), std::move(batch), counted);
 }
 
 std::size_t RedisNodeStore::renew_redisson(std::span<const LockRef> locks, std::shared_ptr<const void> keepalive,

@@ -178,6 +178,7 @@ class RedisNodeStore final : public StoreBase,
   std::string_view lock_of(std::string_view channel) const;
   void send_redisson_acquire(std::vector<QueuedAcquire> batch, bool counted);
   void eval_acquire(EvalRequest request, std::vector<QueuedAcquire> batch, bool counted);
+  void eval_release(EvalRequest request, std::vector<QueuedRelease> batch, bool counted);
   void send_redisson_release(std::vector<QueuedRelease> batch, bool counted);
   std::size_t renew_redisson(std::span<const LockRef> locks, std::shared_ptr<const void> keepalive, RenewDone done);
   // The unlock latch's expiry: long enough for a retry of the call.
