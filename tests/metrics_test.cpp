@@ -18,6 +18,7 @@
 #include <sstream>
 #include <type_traits>
 
+#include "loopback_http.hpp"
 #include "memory_runtime.hpp"
 
 namespace lockwatch::testing {
@@ -76,25 +77,7 @@ Scrape parse(const std::string& text) {
 // GET `path` from 127.0.0.1:port over a plain socket; returns the whole
 // response (head and body).
 std::string http_get(const std::string& address, const std::string& request) {
-  auto colon = address.rfind(':');
-  int port = std::stoi(address.substr(colon + 1));
-  int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_port = htons(static_cast<uint16_t>(port));
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  timeval tv{10, 0};
-  setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
-  if (::connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) != 0) {
-    ::close(fd);
-    return {};
-  }
-  (void)!::write(fd, request.data(), request.size());
-  std::string out;
-  char buf[4096];
-  for (ssize_t n; (n = ::read(fd, buf, sizeof buf)) > 0;) out.append(buf, static_cast<std::size_t>(n));
-  ::close(fd);
-  return out;
+  return loopback_exchange(std::stoi(address.substr(address.rfind(':') + 1)), request);
 }
 
 class Recorder : public Observer {

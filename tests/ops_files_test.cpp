@@ -21,6 +21,7 @@
 #include <set>
 #include <sstream>
 
+#include "loopback_http.hpp"
 #include "memory_runtime.hpp"
 #include "support/redis_server.hpp"
 
@@ -145,23 +146,7 @@ TEST(OpsFiles, EveryAlertNamesMetricsTheLibraryExports) {
 
 // GET `path` from 127.0.0.1:port; the body ("" on any failure).
 std::string http_body(int port, const std::string& path) {
-  int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_port = htons(static_cast<uint16_t>(port));
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  timeval tv{5, 0};
-  setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
-  if (::connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) != 0) {
-    ::close(fd);
-    return {};
-  }
-  const std::string request = "GET " + path + " HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n";
-  (void)!::write(fd, request.data(), request.size());
-  std::string out;
-  char buf[4096];
-  for (ssize_t n; (n = ::read(fd, buf, sizeof buf)) > 0;) out.append(buf, static_cast<std::size_t>(n));
-  ::close(fd);
+  const std::string out = loopback_exchange(port, "GET " + path + " HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n");
   auto body = out.find("\r\n\r\n");
   return out.starts_with("HTTP/1.") && out.find(" 200 ") != std::string::npos && body != std::string::npos
              ? out.substr(body + 4)
