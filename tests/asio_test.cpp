@@ -289,6 +289,28 @@ TEST_F(AsioTest, ALockedCoroutineTakingALeaseParameterReachesItsLease) {
   EXPECT_FALSE(held("pay:42"));
 }
 
+// A set (lockwatch::all_of) through async_lock and on a LOCKED coroutine:
+// every key held while it runs, each with its token, all given back after.
+TEST_F(AsioTest, ASetIsTakenByAsyncLockAndByALockedCoroutine) {
+  run_to_end(ctx_, [&]() -> asio::awaitable<void> {
+    const LockRequest r{.key = all_of("acct:2", "acct:1"), .ttl = 1s};
+    LockHandle h = co_await async_lock(*rt_, r, asio::use_awaitable);
+    EXPECT_TRUE(held("acct:1") && held("acct:2"));
+    EXPECT_EQ(h.lease().keys().size(), 2u);
+    co_await h.async_release(asio::use_awaitable);
+  }());
+  EXPECT_TRUE(nothing_held("acct:1") && nothing_held("acct:2"));
+  auto transfer = locked(all_of("acct:{0}", "acct:{1}"), 1s, forever)
+                      .on(*rt_)([&](const Lease& lease, int from, int to) -> asio::awaitable<bool> {
+                        asio::steady_timer t(co_await asio::this_coro::executor, 2ms);
+                        co_await t.async_wait(asio::use_awaitable);
+                        co_return held("acct:" + std::to_string(from)) && held("acct:" + std::to_string(to)) &&
+                            lease.fencing_token("acct:" + std::to_string(to)) > 0;
+                      });
+  EXPECT_TRUE(run_to_end(ctx_, transfer(2, 1)));
+  EXPECT_TRUE(nothing_held("acct:1") && nothing_held("acct:2"));
+}
+
 class Inventory {
  public:
   asio::awaitable<int> take(int sku, int n) {

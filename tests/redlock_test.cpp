@@ -134,6 +134,19 @@ TEST_F(RedlockTest, AMajorityHoldsTheLockAndEveryNodeIsReleased) {
   EXPECT_EQ(holders("rl"), 0);
 }
 
+// A set (lockwatch::all_of) is held on a majority for each of its keys,
+// and released from every node.
+TEST_F(RedlockTest, ASetIsHeldOnAMajorityAndReleasedEverywhere) {
+  Runtime rt(options());
+  auto f = LOCKED(all_of("rl-b", "rl-a"), 2s, forever, .on(rt))[&] {
+    return std::min(holders("rl-a"), holders("rl-b")) * 10 + (this_lease().fencing_token("rl-b") > 0 ? 1 : 0);
+  };
+  auto fut = f();
+  EXPECT_GE(get_bounded(fut), 31);
+  EXPECT_EQ(holders("rl-a"), 0);
+  EXPECT_EQ(holders("rl-b"), 0);
+}
+
 TEST_F(RedlockTest, ContendedCallsNeverOverlapAndTokensRise) {
   std::vector<std::unique_ptr<Runtime>> rts;
   for (int i = 0; i < 2; ++i) rts.push_back(std::make_unique<Runtime>(options(2)));

@@ -243,11 +243,16 @@ TEST_P(SentinelTest, SharedAndPermitLocksOnTheMasterFoundReachItsReplica) {
   LockHandle p = get_bounded(p1);
   auto p2 = rt.acquire({.key = "sen-sem", .ttl = 2s, .retries = forever, .wait = 0ms, .kind = LockKind::permits(1)});
   EXPECT_TRUE(error_of<LockNotAcquired>(p2));
-  for (LockHandle* h : {&a, &b, &p}) {
+  // A set's keys each reach the replica before the set is granted.
+  auto s1 = rt.acquire({.key = all_of("sen-set-b", "sen-set-a"), .ttl = 2s});
+  LockHandle set = get_bounded(s1);
+  EXPECT_TRUE(exists(*replica_, "sen-set-a") && exists(*replica_, "sen-set-b"));
+  for (LockHandle* h : {&a, &b, &p, &set}) {
     auto f = h->release();
     get_bounded(f);
   }
   EXPECT_FALSE(exists(*master_, "sen-rw"));
+  EXPECT_FALSE(exists(*master_, "sen-set-a"));
 }
 
 TEST_P(SentinelTest, FairLocksOnTheMasterFoundGrantInArrivalOrder) {

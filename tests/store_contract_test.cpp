@@ -17,6 +17,7 @@
 #include <condition_variable>
 #include <map>
 #include <mutex>
+#include <random>
 #include <set>
 #include <thread>
 #include <vector>
@@ -669,6 +670,86 @@ TEST_P(StoreContractTest, CallersThatDisagreeOnNOrKindGetInvalidArgument) {
   auto after = b.acquire({.key = "agreed", .ttl = 5s, .retries = forever, .wait = 0ms, .kind = LockKind::permits(3)});
   LockHandle h = get_bounded(after);
   give_back(h);
+}
+
+// Sets of keys (lockwatch::all_of): busy past the wait, a set gives back
+// what it took and names the busy key; held, it holds every key, each with
+// its own token.
+TEST_P(StoreContractTest, ASetIsTakenAllOrNone) {
+  Runtime a(options(2)), b(options(2));
+  LockHandle mid = take(a, "set-b", 5s);
+  auto busy = b.acquire({.key = all_of("set-c", "set-b", "set-a"), .ttl = 5s, .wait = 0ms});
+  auto err = error_of<LockNotAcquired>(busy);
+  ASSERT_TRUE(err);
+  EXPECT_NE(std::string(err->what()).find("set-b"), std::string::npos) << err->what();
+  auto first = b.acquire({.key = "set-a", .ttl = 5s, .wait = 5s});  // given back (a round trip away)
+  LockHandle ha = get_bounded(first);
+  give_back(ha);
+  give_back(mid);
+  auto whole = b.acquire({.key = all_of("set-c", "set-b", "set-a"), .ttl = 5s, .wait = 5s});
+  LockHandle set = get_bounded(whole);
+  EXPECT_EQ(set.lease().keys().size(), 3u);
+  EXPECT_GT(set.lease().fencing_token("set-a"), 0u);
+  EXPECT_GT(set.lease().fencing_token("set-c"), 0u);
+  auto other = a.acquire({.key = "set-c", .ttl = 5s, .wait = 0ms});
+  EXPECT_TRUE(error_of<LockNotAcquired>(other));
+  give_back(set);
+  auto again = a.acquire({.key = all_of("set-a", "set-b", "set-c"), .ttl = 5s, .wait = 5s});
+  LockHandle set2 = get_bounded(again);
+  EXPECT_GT(set2.lease().fencing_token("set-b"), 0u);
+  give_back(set2);
+}
+
+// Transfers between random pairs of accounts from three runtimes, each
+// thread naming the pair in its own order: no call fails (no deadlock),
+// no two transfers on one account overlap, balances stay exact, and each
+// account's fencing token rises.
+TEST_P(StoreContractTest, OppositeOrderTransfersKeepBalancesExact) {
+  constexpr int kRuntimes = 3, kThreads = 8, kTransfers = 4, kAccounts = 4;
+  std::vector<std::unique_ptr<Runtime>> runtimes;
+  for (int i = 0; i < kRuntimes; ++i) runtimes.push_back(std::make_unique<Runtime>(options(kThreads)));
+  long balance[kAccounts];
+  std::uint64_t last_token[kAccounts] = {};
+  std::atomic<int> busy[kAccounts] = {};
+  std::atomic<int> overlaps{0}, failures{0}, token_regressions{0};
+  for (long& b : balance) b = 1000;
+  std::vector<std::thread> threads;
+  for (int r = 0; r < kRuntimes; ++r) {
+    for (int t = 0; t < kThreads; ++t) {
+      threads.emplace_back([&, r, t] {
+        auto transfer = LOCKED(all_of("acct:{0}", "acct:{1}"), 3s, forever, .on(*runtimes[r]).wait(60s))[&](
+                            int from, int to, long cents) {
+          const int touched[] = {from, to};
+          for (int k = 0; k < (to == from ? 1 : 2); ++k) {
+            const int acct = touched[k];
+            auto token = this_lease().fencing_token("acct:" + std::to_string(acct));
+            if (busy[acct].fetch_add(1) != 0) overlaps++;
+            if (token <= last_token[acct]) token_regressions++;
+            last_token[acct] = token;
+          }
+          long f = balance[from];
+          std::this_thread::yield();
+          balance[from] = f - cents;
+          balance[to] += cents;
+          busy[from].fetch_sub(1);
+          if (to != from) busy[to].fetch_sub(1);
+        };
+        std::mt19937 rng(static_cast<unsigned>(r * 100 + t));
+        for (int i = 0; i < kTransfers; ++i) {
+          int from = static_cast<int>(rng() % kAccounts), to = static_cast<int>(rng() % kAccounts);
+          auto f = transfer(from, to, 1 + static_cast<long>(rng() % 9));
+          if (!completes(f)) failures++;
+        }
+      });
+    }
+  }
+  for (auto& t : threads) t.join();
+  long total = 0;
+  for (long b : balance) total += b;
+  EXPECT_EQ(failures.load(), 0);
+  EXPECT_EQ(overlaps.load(), 0);
+  EXPECT_EQ(token_regressions.load(), 0);
+  EXPECT_EQ(total, 1000L * kAccounts);
 }
 
 INSTANTIATE_TEST_SUITE_P(Stores, StoreContractTest, ::testing::ValuesIn(backend_kinds()),

@@ -18,8 +18,10 @@
 #include <functional>
 #include <memory>
 #include <optional>
+#include <span>
 #include <stop_token>
 #include <string>
+#include <string_view>
 
 #include "lockwatch/errors.hpp"
 
@@ -27,6 +29,7 @@ namespace lockwatch {
 
 namespace detail {
 struct LeaseWatcher;
+struct LeaseAccess;
 }
 
 /// A handler waiting for a lease to end (Lease::on_lost). Copyable;
@@ -57,12 +60,22 @@ class Lease {
   Lease(const Lease&) = delete;
   Lease& operator=(const Lease&) = delete;
 
-  /// The key as the caller built it (without the runtime's prefix).
+  /// The key as the caller built it (without the runtime's prefix). For a
+  /// set (lockwatch::all_of), how it is named in messages:
+  /// "all_of(acct:1, acct:2)"; keys() lists its keys.
   const std::string& key() const noexcept { return key_; }
-  /// Strictly increasing per key across every holder on every client.
+  /// The keys the lease holds, in canonical order: the one key, or a set's.
+  std::span<const std::string> keys() const noexcept;
+  /// Strictly increasing per key across every holder on every client. For
+  /// a set, the token of its first key in canonical order: a set's writes
+  /// check each key's own, fencing_token(key).
   std::uint64_t fencing_token() const noexcept { return fencing_token_; }
+  /// The fencing token of `key`, one of keys() (as the caller built it).
+  /// Throws InvalidArgument for a key the lease does not hold.
+  std::uint64_t fencing_token(std::string_view key) const;
   /// Time left before the local deadline (zero once lost). The deadline
-  /// moves forward with every confirmed renewal.
+  /// moves forward with every confirmed renewal. For a set, the least of
+  /// its keys'.
   std::chrono::milliseconds remaining() const noexcept;
   /// Triggered when the lease is lost; poll it or attach a stop_callback.
   std::stop_token stop_token() const noexcept;
@@ -72,8 +85,9 @@ class Lease {
   std::optional<LostReason> lost_reason() const noexcept;
   /// The ttl the lease was taken with, and how many renewals succeeded.
   std::chrono::milliseconds ttl() const noexcept { return ttl_; }
-  /// How many renewals the store confirmed.
-  std::uint64_t renewals() const noexcept { return renewals_.load(std::memory_order_relaxed); }
+  /// How many renewals the store confirmed (for a set, the fewest of its
+  /// keys').
+  std::uint64_t renewals() const noexcept;
 
   /// Calls `handler` once when the lease ends: with the reason when it is
   /// lost (as stop_token() fires), or with std::nullopt when it ends held
@@ -85,6 +99,7 @@ class Lease {
   LeaseWatch on_lost(std::function<void(std::optional<LostReason>)> handler) const;
 
  protected:
+  friend struct detail::LeaseAccess;
   /// Made by the runtime, which owns every lease.
   Lease(std::string key, std::uint64_t fencing_token, std::chrono::milliseconds ttl, Clock::time_point deadline);
   ~Lease() = default;
@@ -109,6 +124,8 @@ class Lease {
   /// Renewals confirmed so far.
   std::atomic<std::uint64_t> renewals_{0};
   std::atomic<std::int8_t> lost_reason_{-1};  ///< a LostReason once lost
+  /// A set's lease (lockwatch::all_of): its keys' leases answer for it.
+  bool set_ = false;
 
  private:
   /// Made on the first stop_token(): most leases never hand one out, and a

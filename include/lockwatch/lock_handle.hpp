@@ -15,6 +15,9 @@
 /// served by one worker thread are still two holders). Code that should
 /// run within the handle's holding says so with enter().
 ///
+/// A handle of a set (lockwatch::all_of) holds every key of the set: its
+/// lease() is the set's, release() gives back every key.
+///
 /// Threading: a handle is used by one thread at a time; lease() accessors
 /// are safe from any thread. Move-only.
 #pragma once
@@ -53,6 +56,7 @@ class [[nodiscard]] LeaseScope {
   friend class LockHandle;
   LeaseScope(const void* runtime, const Lease* lease);
   const Lease* lease_;
+  std::size_t entries_ = 1;  ///< one per key (a set's several)
 };
 
 /// A lock held outside a callable (Runtime::acquire, async_lock): renewed by the watchdog until
@@ -100,8 +104,10 @@ class LockHandle {
   /// release(handler) with the error as the typed exception (LOCKED on a
   /// coroutine rethrows it).
   void release_typed(std::function<void(std::exception_ptr)> handler);
-  explicit LockHandle(std::shared_ptr<detail::HandleState> state) noexcept : state_(std::move(state)) {}
+  explicit LockHandle(std::shared_ptr<detail::HandleState> state, bool set = false) noexcept
+      : state_(std::move(state)), set_(set) {}
   std::shared_ptr<detail::HandleState> state_;
+  bool set_ = false;  ///< a set's handle (lockwatch::all_of)
 };
 
 namespace detail {

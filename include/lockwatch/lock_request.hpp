@@ -17,6 +17,7 @@
 #include <string>
 
 #include "lockwatch/errors.hpp"
+#include "lockwatch/lock_key.hpp"
 #include "lockwatch/lock_kind.hpp"
 
 namespace lockwatch {
@@ -52,14 +53,16 @@ class Retries {
 };
 
 /// One lock asked for: the fields in this order, each with the default a
-/// caller most often wants. Checked before anything starts: an empty key,
-/// a ttl outside 1 ms .. max_ttl, a wait outside 0 .. max_wait or
+/// caller most often wants. Checked before anything starts: an empty key
+/// (or an empty set, or one of more than max_set_keys keys), a ttl outside 1 ms .. max_ttl, a wait outside 0 .. max_wait or
 /// permits(0) is errc::invalid_argument, a kind the store cannot hold
 /// errc::unsupported (thrown by the future form, given to the handler by
 /// the asynchronous ones, never both).
 struct LockRequest {
-  /// The key as the caller names it (the runtime adds its prefix).
-  std::string key;
+  /// The key as the caller names it (the runtime adds its prefix), or a
+  /// set of keys taken all or none: lockwatch::all_of("acct:1", "acct:2")
+  /// (lock_key.hpp).
+  LockKey key;
   /// The lease: how long the lock outlives a holder that stops renewing
   /// it. The watchdog renews it every ttl * 9/10 while it is held.
   std::chrono::milliseconds ttl{30000};

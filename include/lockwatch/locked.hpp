@@ -395,11 +395,30 @@ std::string format_key(const S& pattern, const A&... a) {
   return build_key(std::string_view(pattern), std::index_sequence_for<A...>{}, a...);
 }
 
-template <class F, class... A>
-  requires(!RuntimeString<F> && std::invocable<const F&, const A&...>)
-std::string format_key(const F& key_fn, const A&... a) {
-  return std::string(std::invoke(key_fn, a...));
+/// A set (lockwatch::all_of): each of its keys is a pattern, checked at
+/// run time.
+template <class K, class... A>
+  requires std::same_as<K, LockKey>
+LockKey format_key(const K& patterns, const A&... a) {
+  if (!patterns.is_set()) return build_key(std::string_view(patterns.key()), std::index_sequence_for<A...>{}, a...);
+  std::vector<std::string> keys;
+  keys.reserve(patterns.keys().size());
+  for (const auto& p : patterns.keys()) keys.push_back(build_key(std::string_view(p), std::index_sequence_for<A...>{}, a...));
+  return all_of(std::move(keys));
 }
+
+template <class F, class... A>
+  requires(!RuntimeString<F> && !std::is_same_v<F, LockKey> && std::invocable<const F&, const A&...>)
+auto format_key(const F& key_fn, const A&... a) {
+  if constexpr (std::is_same_v<std::remove_cvref_t<std::invoke_result_t<const F&, const A&...>>, LockKey>)
+    return LockKey(std::invoke(key_fn, a...));
+  else
+    return std::string(std::invoke(key_fn, a...));
+}
+
+/// Puts a built key (a string, or a set) into a spec.
+inline void put_built_key(LockSpec& spec, std::string&& key) { spec.key = std::move(key); }
+inline void put_built_key(LockSpec& spec, LockKey&& key) { put_key(spec, std::move(key)); }
 
 // --------------------------------------------------------------- the call
 
@@ -568,7 +587,7 @@ class Locked {
 
   /// The key a call with these arguments would lock (without the prefix).
   template <class... Args>
-  std::string key_for(const Args&... args) const {
+  auto key_for(const Args&... args) const {
     if constexpr (std::is_member_pointer_v<Fn>) {
       return key_skipping_object(args...);
     } else {
@@ -614,38 +633,40 @@ class Locked {
   /// An asynchronous callable (see detail::AsyncCall): the call keeps the
   /// arguments (stored as S...) and the callable until its result is done;
   /// `invoke(lease)` starts it, with the lease first if it takes one.
-  template <class R, bool WithLease, class... S, class... A>
-  auto start_async(std::pair<std::string, std::exception_ptr> key, A&&... a) const {
+  template <class R, bool WithLease, class... S, class Key, class... A>
+  auto start_async(std::pair<Key, std::exception_ptr> key, A&&... a) const {
     auto invoke = [fn = fn_, args = std::tuple<S...>(std::forward<A>(a)...)](const Lease& lease) mutable -> R {
       return detail::invoke_locked<R, WithLease>(*fn, &lease, args);
     };
     detail::LockSpec spec = spec_;
-    spec.key = std::move(key.first);
+    detail::put_built_key(spec, std::move(key.first));
     return detail::AsyncCall<R>::start(runtime_, std::move(spec), key.second, std::move(invoke));
   }
 
   template <class Obj, class... Args>
-  std::string key_skipping_object(const Obj&, const Args&... args) const {
+  auto key_skipping_object(const Obj&, const Args&... args) const {
     return detail::format_key(key_, args...);
   }
 
   template <class... Args>
-  std::pair<std::string, std::exception_ptr> make_key(const Args&... args) const {
+  auto make_key(const Args&... args) const {
+    using Key = decltype(detail::format_key(key_, args...));
     try {
-      return {detail::format_key(key_, args...), nullptr};
+      return std::pair<Key, std::exception_ptr>{detail::format_key(key_, args...), nullptr};
     } catch (...) {
-      return {std::string(), std::current_exception()};
+      return std::pair<Key, std::exception_ptr>{Key(), std::current_exception()};
     }
   }
 
-  void start(const std::shared_ptr<detail::Call>& call, std::string key, std::exception_ptr key_error) const {
+  template <class Key>
+  void start(const std::shared_ptr<detail::Call>& call, Key key, std::exception_ptr key_error) const {
     if (key_error) {
       call->finish(key_error);
       return;
     }
     try {
       detail::LockSpec spec = spec_;
-      spec.key = std::move(key);
+      detail::put_built_key(spec, std::move(key));
       Runtime& rt = runtime_ ? *runtime_ : Runtime::default_runtime();
       detail::DispatchAccess::dispatch(rt, std::move(spec), call);
     } catch (...) {

@@ -6,6 +6,7 @@
 #include "lockwatch/errors.hpp"
 #include "lockwatch/lease.hpp"
 #include "lockwatch/lock_handle.hpp"
+#include "lockwatch/lock_key.hpp"
 #include "lockwatch/lock_kind.hpp"
 #include "lockwatch/lock_request.hpp"
 #include "lockwatch/locked.hpp"

@@ -25,9 +25,11 @@
 #include <memory>
 #include <string>
 #include <system_error>
+#include <vector>
 
 #include "lockwatch/errors.hpp"
 #include "lockwatch/lock_handle.hpp"
+#include "lockwatch/lock_key.hpp"
 #include "lockwatch/lock_kind.hpp"
 #include "lockwatch/lock_request.hpp"
 #include "lockwatch/observer.hpp"
@@ -40,7 +42,12 @@ namespace detail {
 
 /// What a decorated call asks of the runtime.
 struct LockSpec {
+  /// The key; for a set (lockwatch::all_of), how the set is named in
+  /// messages, once the runtime has checked it.
   std::string key;
+  /// A set's keys (empty for one key): as the caller named them until the
+  /// runtime checks the spec, then distinct and in canonical order.
+  std::vector<std::string> set;
   std::chrono::milliseconds ttl{0};
   std::int64_t retries = 0;  ///< < 0: forever
   double renew_weight = 0;   ///< 0: the runtime's Options::renew_weight
@@ -63,6 +70,14 @@ class Call {
   virtual void run() noexcept = 0;
   virtual void finish(std::exception_ptr error) noexcept = 0;
 };
+
+/// Puts a request's key (one, or a set) into a spec.
+inline void put_key(LockSpec& spec, LockKey key) {
+  if (key.is_set())
+    spec.set = std::move(key).keys();
+  else
+    spec.key = std::move(key).key();
+}
 
 struct RuntimeAccess;
 struct DispatchAccess;

@@ -67,6 +67,9 @@ struct HandleCall final : Call {
   // follow (a weak pointer would keep the acquisition's memory, made with
   // its count, for as long as the handle is held).
   std::weak_ptr<Acquisition> acquisition;
+  // A set's acquisition (runtime/lock_set.hpp): cancels the key it is
+  // taking now. Set before the ticket is handed out.
+  std::function<void()> cancel_set;
 
   std::atomic<std::uint8_t> state{kPending};
 };
@@ -119,6 +122,7 @@ struct Acquisition final : TimerTask {
 
 struct HandleAccess {
   static LockHandle make(std::shared_ptr<HandleState> state) { return LockHandle(std::move(state)); }
+  static LockHandle make_set(std::shared_ptr<HandleState> state) { return LockHandle(std::move(state), true); }
   static std::shared_ptr<HandleState> state(const LockHandle& h) { return h.state_; }
 };
 

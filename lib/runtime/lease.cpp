@@ -4,7 +4,10 @@
 #include <cstdint>
 #include <mutex>
 
+#include <fmt/format.h>
+
 #include "runtime/lease_record.hpp"
+#include "runtime/lock_set.hpp"
 
 namespace lockwatch {
 
@@ -12,10 +15,27 @@ Lease::Lease(std::string key, std::uint64_t fencing_token, std::chrono::millisec
     : key_(std::move(key)), fencing_token_(fencing_token), ttl_(ttl), deadline_ns_(deadline.time_since_epoch().count()) {}
 
 std::chrono::milliseconds Lease::remaining() const noexcept {
+  if (set_) return static_cast<const detail::SetRecord*>(this)->least_remaining();
   if (lost()) return std::chrono::milliseconds(0);
   auto left = Clock::duration(deadline_ns_.load(std::memory_order_acquire)) - Clock::now().time_since_epoch();
   if (left <= Clock::duration::zero()) return std::chrono::milliseconds(0);
   return std::chrono::duration_cast<std::chrono::milliseconds>(left);
+}
+
+std::span<const std::string> Lease::keys() const noexcept {
+  if (set_) return static_cast<const detail::SetRecord*>(this)->set_keys();
+  return {&key_, 1};
+}
+
+std::uint64_t Lease::fencing_token(std::string_view key) const {
+  if (set_) return static_cast<const detail::SetRecord*>(this)->token_of(key);
+  if (key != key_) throw InvalidArgument(fmt::format("the lease of '{}' does not hold '{}'", key_, key));
+  return fencing_token_;
+}
+
+std::uint64_t Lease::renewals() const noexcept {
+  if (set_) return static_cast<const detail::SetRecord*>(this)->least_renewals();
+  return renewals_.load(std::memory_order_relaxed);
 }
 
 std::optional<LostReason> Lease::lost_reason() const noexcept {
@@ -67,6 +87,10 @@ bool LeaseWatch::cancel() noexcept {
 LeaseWatch Lease::on_lost(std::function<void(std::optional<LostReason>)> handler) const {
   if (!handler) throw InvalidArgument("Lease::on_lost() needs a handler");
   auto w = std::make_shared<detail::LeaseWatcher>(std::move(handler));
+  if (set_) {
+    const_cast<detail::SetRecord*>(static_cast<const detail::SetRecord*>(this))->watch(w);
+    return LeaseWatch(w);
+  }
   // Every Lease is a lease record (its constructor is protected, and the
   // record is the one class made from it).
   const_cast<detail::LeaseRecord*>(static_cast<const detail::LeaseRecord*>(this))->watch(w);
@@ -132,7 +156,7 @@ std::vector<HeldOnThread>& leases_on_this_thread() noexcept {
 
 const Lease* current_lease() noexcept {
   auto& held = detail::leases_on_this_thread();
-  return held.empty() ? nullptr : held.back().lease;
+  return held.empty() ? nullptr : held.back().shown;
 }
 
 const Lease& this_lease() {

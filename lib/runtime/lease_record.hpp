@@ -377,17 +377,22 @@ struct LeaseRecord final : Lease, TimerTask, HandleState {
 static_assert(sizeof(LeaseRecord) == 296);
 #endif
 
-// The leases of the locked calls running on this thread, innermost last.
+// The leases of the locked calls running on this thread, innermost last:
+// one entry per key held (a set's keys each have one, all showing the set's
+// lease).
 struct HeldOnThread {
   const void* runtime;  // the Runtime::Impl that granted it
-  const LeaseRecord* lease;
+  const LeaseRecord* lease;  // the key's lease
+  const Lease* shown;        // what this_lease() gives: the key's lease, or its set's
 };
 std::vector<HeldOnThread>& leases_on_this_thread() noexcept;
 
 // Pushes a lease for the scope of the work on this thread.
 class ThreadLeaseScope {
  public:
-  ThreadLeaseScope(const void* runtime, const LeaseRecord* lease) { leases_on_this_thread().push_back({runtime, lease}); }
+  ThreadLeaseScope(const void* runtime, const LeaseRecord* lease) {
+    leases_on_this_thread().push_back({runtime, lease, lease});
+  }
   ~ThreadLeaseScope() { leases_on_this_thread().pop_back(); }
   ThreadLeaseScope(const ThreadLeaseScope&) = delete;
   ThreadLeaseScope& operator=(const ThreadLeaseScope&) = delete;

@@ -2,6 +2,7 @@
 // LockHandle. The parts they wire together: wait_queue, watchdog,
 // wheel_clock; the store behind them: store/.
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include <algorithm>
 #include <functional>
@@ -13,6 +14,7 @@
 #include "store/capabilities.hpp"
 #include "core/timing.hpp"
 #include "core/url.hpp"
+#include "runtime/lock_set.hpp"
 #include "runtime/runtime_impl.hpp"
 #include "store/registry.hpp"
 
@@ -80,12 +82,17 @@ std::string Runtime::Impl::render_metrics() const { return events.metrics().rend
 
 // ---------------------------------------------------------------- admission
 
+void Runtime::Impl::check_key(const std::string& key) const {
+  if (key.empty()) throw InvalidArgument("lock key is empty");
+  if (key.size() > options.max_key_bytes)
+    throw InvalidArgument(fmt::format("lock key is {} bytes; the limit (Options::max_key_bytes) is {}", key.size(),
+                                      options.max_key_bytes));
+  if (const char* why = store->check_key(key)) throw InvalidArgument(why);
+}
+
 void Runtime::Impl::validate(detail::LockSpec& spec) const {
-  if (spec.key.empty()) throw InvalidArgument("lock key is empty");
-  if (spec.key.size() > options.max_key_bytes)
-    throw InvalidArgument(fmt::format("lock key is {} bytes; the limit (Options::max_key_bytes) is {}",
-                                      spec.key.size(), options.max_key_bytes));
-  if (const char* why = store->check_key(spec.key)) throw InvalidArgument(why);
+  if (!spec.set.empty() || spec.key.empty()) check_set(spec);
+  if (spec.set.empty()) check_key(spec.key);
   if (spec.ttl <= milliseconds(0) || spec.ttl > max_ttl)
     throw InvalidArgument(fmt::format("ttl must be 1 .. {} ms (7 days), got {} ms", max_ttl.count(), spec.ttl.count()));
   if (spec.wait < milliseconds(0) || spec.wait > max_wait)
@@ -149,6 +156,16 @@ std::future<LockHandle> Runtime::Impl::acquire(detail::LockSpec spec) {
   // (on the loop thread: no user code runs there).
   auto promise = std::make_shared<std::promise<LockHandle>>();
   auto future = promise->get_future();
+  if (!spec.set.empty()) {
+    if (stopping.load()) throw RuntimeStopped("lockwatch runtime is stopping");
+    detail::SetAcquirer::start(*this, std::move(spec), {}, [promise](std::exception_ptr e, LockHandle h) {
+      if (e)
+        promise->set_exception(e);
+      else
+        promise->set_value(std::move(h));
+    });
+    return future;
+  }
   auto call = std::make_shared<detail::HandleCall>();
   call->key = spec.key;
   call->complete = [promise](std::exception_ptr e, LockHandle h) {
@@ -164,6 +181,10 @@ std::future<LockHandle> Runtime::Impl::acquire(detail::LockSpec spec) {
 AcquireTicket Runtime::Impl::acquire(detail::LockSpec spec, detail::AcquireCallback handler) {
   if (!handler) throw InvalidArgument("Runtime::async_acquire: the handler is empty");
   validate(spec);
+  if (!spec.set.empty()) {
+    if (stopping.load()) throw RuntimeStopped("lockwatch runtime is stopping");
+    return detail::SetAcquirer::start(*this, std::move(spec), {}, std::move(handler));
+  }
   auto call = std::make_shared<detail::HandleCall>();
   call->key = spec.key;
   // Called on the loop (or the cancelling thread): the handler itself runs
@@ -183,20 +204,39 @@ void Runtime::Impl::cancel_acquire(const std::shared_ptr<Acquisition>& a) {
   waits.cancel(a.get(), std::make_exception_ptr(Cancelled(a->spec.key)));
 }
 
-namespace {
+void Runtime::Impl::check_set(detail::LockSpec& spec) const {
+  auto& keys = spec.set;
+  if (keys.empty()) throw InvalidArgument("lock key is empty (or lockwatch::all_of names no key)");
+  std::sort(keys.begin(), keys.end());
+  keys.erase(std::unique(keys.begin(), keys.end()), keys.end());
+  if (keys.size() > max_set_keys)
+    throw InvalidArgument(fmt::format("lockwatch::all_of names {} distinct keys; a set holds at most {}", keys.size(),
+                                      max_set_keys));
+  for (const auto& k : keys) check_key(k);
+  if (keys.size() == 1) {  // all_of(k) and all_of(k, k) are the key k
+    spec.key = std::move(keys.front());
+    keys.clear();
+    return;
+  }
+  spec.key = fmt::format("all_of({})", fmt::join(keys, ", "));
+}
+
 // A call inside one that holds its key runs within that holding: an
 // exclusive holding covers a shared call, and a holding covers a call of
 // its own kind. Any other would wait for the holding around it forever.
-void check_reentrant(const std::string& key, const LockKind& held, const LockKind& asked) {
+void detail::check_reentrant(const std::string& key, const LockKind& held, const LockKind& asked) {
   if (held == asked || (held.exclusive_kind() && asked.mode() == LockKind::Mode::kShared)) return;
   throw InvalidArgument(fmt::format(
       "the lock '{}' is held {} on this thread: a call inside it cannot take it {} (it would wait for itself)", key,
       held.describe(), asked.describe()));
 }
-}  // namespace
 
 void Runtime::Impl::dispatch(detail::LockSpec spec, std::shared_ptr<detail::Call> call) {
   validate(spec);
+  if (!spec.set.empty()) {
+    dispatch_set(std::move(spec), std::move(call));
+    return;
+  }
 
   // Reentrant and nested calls run on this thread.
   auto& held_here = detail::leases_on_this_thread();
@@ -210,7 +250,7 @@ void Runtime::Impl::dispatch(detail::LockSpec spec, std::shared_ptr<detail::Call
   };
   for (auto it = held_here.rbegin(); it != held_here.rend(); ++it) {
     if (it->runtime == this && it->lease->key() == spec.key) {
-      check_reentrant(spec.key, it->lease->kind, spec.kind);
+      detail::check_reentrant(spec.key, it->lease->kind, spec.kind);
       run_reentrant(it->lease);  // the scope in it may move the vector: `it` is not used after
       return;
     }
@@ -608,7 +648,7 @@ Runtime::Runtime(Options options) {
 namespace {
 detail::LockSpec spec_of(LockRequest r) {
   detail::LockSpec spec;
-  spec.key = std::move(r.key);
+  detail::put_key(spec, std::move(r.key));
   spec.ttl = r.ttl;
   spec.retries = r.retries.count();
   spec.wait = r.wait;
@@ -648,6 +688,7 @@ bool AcquireTicket::cancel() noexcept {
   if (!call_ || !call_->claim(detail::HandleCall::kCancelled)) return false;
   try {
     call_->deliver(std::make_exception_ptr(Cancelled(call_->key)), LockHandle());
+    if (call_->cancel_set) call_->cancel_set();  // a set: the key it is taking now
     // Out of the wait queue, on the loop. A pending acquisition keeps its
     // runtime from stopping, so the runtime is there.
     if (auto a = call_->acquisition.lock()) {
@@ -686,8 +727,14 @@ std::future<bool> Runtime::force_release(std::string key) { return impl_->force_
 
 LockHandle& LockHandle::operator=(LockHandle&& other) noexcept {
   if (this != &other) {
-    if (state_) (void)release();
+    if (state_) {
+      try {
+        (void)release();
+      } catch (...) {
+      }
+    }
     state_ = std::move(other.state_);
+    set_ = other.set_;
   }
   return *this;
 }
@@ -701,7 +748,10 @@ LockHandle::~LockHandle() {
   }
 }
 
-const Lease& LockHandle::lease() const noexcept { return static_cast<const detail::LeaseRecord&>(*state_); }
+const Lease& LockHandle::lease() const noexcept {
+  if (set_) return static_cast<const detail::SetRecord&>(*state_);
+  return static_cast<const detail::LeaseRecord&>(*state_);
+}
 
 void LockHandle::release(std::function<void(std::error_code)> handler) {
   if (!handler) throw InvalidArgument("LockHandle::release: the handler is empty");
@@ -713,6 +763,10 @@ void LockHandle::release_typed(std::function<void(std::exception_ptr)> handler) 
   if (!handler) throw InvalidArgument("LockHandle::release: the handler is empty");
   auto state = std::move(state_);
   state->released(std::move(handler));
+  if (set_) {
+    detail::SetRecord::release_keys(std::static_pointer_cast<detail::SetRecord>(std::move(state)));
+    return;
+  }
   if (auto rt = state->runtime()) {
     auto l = std::static_pointer_cast<detail::LeaseRecord>(std::move(state));
     Runtime::Impl* impl = rt.get();
@@ -722,22 +776,32 @@ void LockHandle::release_typed(std::function<void(std::exception_ptr)> handler) 
 
 LeaseScope LockHandle::enter() const {
   if (!state_) throw InvalidArgument("LockHandle::enter() on a handle that holds no lock");
-  const auto& l = static_cast<const detail::LeaseRecord&>(*state_);
-  return LeaseScope(l.runtime().get(), &l);
+  return LeaseScope(state_->runtime().get(), &lease());
 }
 
 LeaseScope::LeaseScope(const void* runtime, const Lease* lease) : lease_(lease) {
-  detail::leases_on_this_thread().push_back({runtime, static_cast<const detail::LeaseRecord*>(lease)});
+  auto& held = detail::leases_on_this_thread();
+  if (detail::LeaseAccess::is_set(*lease)) {
+    // One entry per key, each showing the set's lease.
+    const auto& parts = static_cast<const detail::SetRecord*>(lease)->parts();
+    held.reserve(held.size() + parts.size());
+    for (const auto* part : parts) held.push_back({runtime, part, lease});
+    entries_ = parts.size();
+    return;
+  }
+  held.push_back({runtime, static_cast<const detail::LeaseRecord*>(lease), lease});
 }
 
 LeaseScope::~LeaseScope() {
   // Innermost last: scopes end in reverse order, but one ended out of
-  // order still takes only its own entry away.
+  // order still takes only its own entries away.
   auto& held = detail::leases_on_this_thread();
-  for (auto it = held.rbegin(); it != held.rend(); ++it) {
-    if (it->lease == lease_) {
-      held.erase(std::next(it).base());
-      return;
+  for (std::size_t n = 0; n < entries_; ++n) {
+    for (auto it = held.rbegin(); it != held.rend(); ++it) {
+      if (it->shown == lease_) {
+        held.erase(std::next(it).base());
+        break;
+      }
     }
   }
 }
@@ -746,6 +810,10 @@ std::future<void> LockHandle::release() {
   if (!state_) throw InvalidArgument("LockHandle::release() on a handle that holds no lock");
   auto state = std::move(state_);
   auto future = state->released();
+  if (set_) {
+    detail::SetRecord::release_keys(std::static_pointer_cast<detail::SetRecord>(std::move(state)));
+    return future;
+  }
   if (auto rt = state->runtime()) {
     auto l = std::static_pointer_cast<detail::LeaseRecord>(std::move(state));
     Runtime::Impl* impl = rt.get();

@@ -62,8 +62,14 @@ struct Runtime::Impl final : std::enable_shared_from_this<Runtime::Impl>, detail
 
   // Any thread.
   void validate(detail::LockSpec& spec) const;
+  void check_key(const std::string& key) const;
+  // A set's keys made distinct and canonical (one key left: the spec names
+  // it alone); InvalidArgument for an empty or oversized set or a bad key.
+  void check_set(detail::LockSpec& spec) const;
   std::shared_ptr<detail::Acquisition> make_acquisition(detail::LockSpec spec, std::shared_ptr<detail::Call> call);
   void dispatch(detail::LockSpec spec, std::shared_ptr<detail::Call> call);
+  // A LOCKED call on a set (runtime/lock_set.cpp).
+  void dispatch_set(detail::LockSpec spec, std::shared_ptr<detail::Call> call);
   // The lease of a LockHandle that this thread asked for on `key` and still
   // holds (nullptr if none).
   std::future<LockHandle> acquire(detail::LockSpec spec);
@@ -146,6 +152,10 @@ struct Runtime::Impl final : std::enable_shared_from_this<Runtime::Impl>, detail
 };
 
 namespace detail {
+// A call inside one holding its key runs within that holding when the
+// holding covers its kind; InvalidArgument otherwise.
+void check_reentrant(const std::string& key, const LockKind& held, const LockKind& asked);
+
 // Internal constructors of a Runtime (the unit tests give it a store).
 struct RuntimeAccess {
   static std::unique_ptr<Runtime> make(Options options, const StoreFactory& make_store);

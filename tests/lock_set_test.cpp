@@ -1,0 +1,247 @@
+// Sets of keys (lockwatch::all_of) on an in-memory store: one order
+// whatever the caller's, all or none, one lease for the set, a token per
+// key, reentrancy per key, and the bounds of a set. The same on every real
+// store: store_contract_test.cpp.
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <map>
+#include <random>
+#include <thread>
+
+#include "memory_runtime.hpp"
+
+namespace lockwatch::testing {
+namespace {
+
+class LockSetTest : public ::testing::Test {
+ protected:
+  void SetUp() override { rt_ = memory_runtime(backend_, script_, memory_options(8)); }
+  void TearDown() override { rt_.reset(); }
+
+  // True when `key` can be taken at once (and gives it back).
+  bool free_now(const std::string& key) {
+    auto f = rt_->acquire({.key = key, .ttl = 5s, .wait = 0ms});
+    try {
+      LockHandle h = get_bounded(f);
+      auto r = h.release();
+      get_bounded(r);
+      return true;
+    } catch (const LockNotAcquired&) {
+      return false;
+    }
+  }
+
+  std::shared_ptr<MemoryBackend> backend_ = std::make_shared<MemoryBackend>();
+  std::shared_ptr<StoreScript> script_ = std::make_shared<StoreScript>();
+  std::unique_ptr<Runtime> rt_;
+};
+
+// Transfers between random pairs of accounts, each thread naming them in
+// its own order (from == to included): balances stay exact, no call fails,
+// no two transfers touching one account overlap.
+TEST_F(LockSetTest, OppositeOrderTransfersNeitherDeadlockNorOverlap) {
+  constexpr int kAccounts = 4, kThreads = 8, kTransfers = 40;
+  std::map<int, long> balance;
+  std::atomic<int> busy[kAccounts] = {};
+  std::atomic<int> overlaps{0}, failures{0};
+  for (int a = 0; a < kAccounts; ++a) balance[a] = 1000;
+  auto transfer = LOCKED(all_of("acct:{0}", "acct:{1}"), 2s, forever, .on(*rt_).wait(20s))[&](int from, int to, long cents) {
+    if (busy[from].fetch_add(1) != 0) overlaps++;
+    if (to != from && busy[to].fetch_add(1) != 0) overlaps++;
+    long f = balance[from];
+    std::this_thread::yield();
+    balance[from] = f - cents;
+    balance[to] += cents;
+    busy[from].fetch_sub(1);
+    if (to != from) busy[to].fetch_sub(1);
+  };
+  std::vector<std::thread> threads;
+  for (int t = 0; t < kThreads; ++t) {
+    threads.emplace_back([&, t] {
+      std::mt19937 rng(static_cast<unsigned>(t));
+      for (int i = 0; i < kTransfers; ++i) {
+        int from = static_cast<int>(rng() % kAccounts), to = static_cast<int>(rng() % kAccounts);
+        auto f = transfer(from, to, 1 + static_cast<long>(rng() % 9));
+        if (!completes(f)) failures++;
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  long total = 0;
+  for (auto& [a, b] : balance) total += b;
+  EXPECT_EQ(failures.load(), 0);
+  EXPECT_EQ(overlaps.load(), 0);
+  EXPECT_EQ(total, 1000L * kAccounts);
+  EXPECT_EQ(rt_->held_leases(), 0u);
+}
+
+// A set's keys are distinct and in one order; its lease names each key's
+// own token.
+TEST_F(LockSetTest, ASetIsDistinctCanonicalAndFencedPerKey) {
+  auto f = rt_->acquire({.key = all_of("set:c", "set:a", "set:b", "set:a"), .ttl = 5s});
+  LockHandle h = get_bounded(f);
+  const Lease& l = h.lease();
+  ASSERT_EQ(l.keys().size(), 3u);
+  EXPECT_EQ(l.keys()[0], "set:a");
+  EXPECT_EQ(l.keys()[2], "set:c");
+  EXPECT_EQ(l.key(), "all_of(set:a, set:b, set:c)");
+  EXPECT_GT(l.fencing_token("set:a"), 0u);
+  EXPECT_GT(l.fencing_token("set:c"), 0u);
+  EXPECT_EQ(l.fencing_token(), l.fencing_token("set:a"));
+  EXPECT_THROW((void)l.fencing_token("set:d"), InvalidArgument);
+  EXPECT_GT(l.remaining(), 4s);
+  EXPECT_EQ(rt_->held_leases(), 3u);
+  EXPECT_FALSE(free_now("set:b"));
+  auto r = h.release();
+  get_bounded(r);
+  EXPECT_TRUE(free_now("set:a"));
+  EXPECT_TRUE(free_now("set:b"));
+  EXPECT_TRUE(free_now("set:c"));
+
+  // all_of(k, k) is the key k.
+  auto one = rt_->acquire({.key = all_of("set:a", "set:a"), .ttl = 5s});
+  LockHandle o = get_bounded(one);
+  EXPECT_EQ(o.lease().key(), "set:a");
+  EXPECT_EQ(o.lease().keys().size(), 1u);
+  EXPECT_EQ(o.lease().fencing_token("set:a"), o.lease().fencing_token());
+}
+
+TEST_F(LockSetTest, AnEmptyOrOversizedSetIsInvalidBeforeAnythingStarts) {
+  EXPECT_THROW((void)rt_->acquire({.key = all_of(std::vector<std::string>{}), .ttl = 5s}), InvalidArgument);
+  std::vector<std::string> many;
+  for (std::size_t i = 0; i <= max_set_keys; ++i) many.push_back("many:" + std::to_string(i));
+  EXPECT_THROW((void)rt_->acquire({.key = all_of(many), .ttl = 5s}), InvalidArgument);
+  many.pop_back();
+  many.push_back("many:0");  // 64 distinct: taken
+  auto f = rt_->acquire({.key = all_of(many), .ttl = 5s});
+  LockHandle h = get_bounded(f);
+  EXPECT_EQ(h.lease().keys().size(), max_set_keys);
+  EXPECT_THROW((void)rt_->acquire({.key = all_of("ok", ""), .ttl = 5s}), InvalidArgument);
+  std::promise<std::error_code> got;
+  auto ticket = rt_->async_acquire({.key = all_of(std::vector<std::string>{}), .ttl = 5s},
+                                   [&got](std::error_code ec, LockHandle) { got.set_value(ec); });
+  auto code = got.get_future();
+  EXPECT_EQ(get_bounded(code), errc::invalid_argument);
+  EXPECT_FALSE(ticket);
+  // A pattern that does not fit the call fails its future.
+  auto bad = LOCKED(all_of("p:{0}", "p:{1}"), 5s, 0, .on(*rt_))[](int) { return 1; };
+  auto call = bad(1);
+  EXPECT_TRUE(error_of<InvalidArgument>(call));
+}
+
+// Busy past its wait: every key the set took is given back, and the error
+// names the busy key.
+TEST_F(LockSetTest, ASetThatCannotHaveEveryKeyGivesBackThoseItTook) {
+  auto hf = rt_->acquire("part:b", 5s);
+  LockHandle b = get_bounded(hf);
+  for (auto wait : {0ms, 150ms}) {
+    auto f = rt_->acquire({.key = all_of("part:c", "part:b", "part:a"), .ttl = 5s, .wait = wait});
+    auto err = error_of<LockNotAcquired>(f);
+    ASSERT_TRUE(err);
+    EXPECT_NE(std::string(err->what()).find("part:b"), std::string::npos) << err->what();
+    auto a = rt_->acquire({.key = "part:a", .ttl = 5s, .wait = 2s});  // its give-back may be a round trip away
+    LockHandle ha = get_bounded(a);
+    EXPECT_TRUE(free_now("part:c"));
+    auto r = ha.release();
+    get_bounded(r);
+  }
+  EXPECT_EQ(rt_->held_leases(), 1u);
+}
+
+// A waiting set cancelled: its handler gets Cancelled and the keys it
+// holds are given back.
+TEST_F(LockSetTest, ACancelledSetGivesBackItsKeys) {
+  auto hf = rt_->acquire("cancel:b", 5s);
+  LockHandle b = get_bounded(hf);
+  std::promise<std::error_code> got;
+  auto ticket = rt_->async_acquire({.key = all_of("cancel:a", "cancel:b"), .ttl = 5s, .wait = 20s},
+                                   [&got](std::error_code ec, LockHandle) { got.set_value(ec); });
+  // Once it holds cancel:a and waits for cancel:b.
+  for (int i = 0; i < 2000 && free_now("cancel:a"); ++i) std::this_thread::sleep_for(1ms);
+  ASSERT_FALSE(free_now("cancel:a"));
+  EXPECT_TRUE(ticket.cancel());
+  auto code = got.get_future();
+  EXPECT_EQ(get_bounded(code), errc::cancelled);
+  auto a = rt_->acquire({.key = "cancel:a", .ttl = 5s, .wait = 2s});
+  LockHandle ha = get_bounded(a);
+  auto r = b.release();
+  get_bounded(r);
+}
+
+// Losing any key stops the set's work, and LeaseLost names that key.
+TEST_F(LockSetTest, LosingOneKeyStopsTheWorkAndNamesTheKey) {
+  std::promise<void> inside;
+  auto work = LOCKED(all_of("lost:a", "lost:b"), 300ms, forever, .on(*rt_))[&] {
+    inside.set_value();
+    return stopped_within_bound(this_lease().stop_token());
+  };
+  auto done = work();
+  auto in = inside.get_future();
+  ASSERT_EQ(in.wait_for(kBound), std::future_status::ready);
+  auto removed = rt_->force_release("lost:b");
+  EXPECT_TRUE(get_bounded(removed));
+  auto lost = error_of<LeaseLost>(done);
+  ASSERT_TRUE(lost);
+  EXPECT_EQ(lost->key(), "lost:b");
+  EXPECT_TRUE(free_now("lost:a"));
+}
+
+// Within a set's call, a call on one of its keys is reentrant, and a set
+// nested in it borrows the keys it holds and takes the others.
+TEST_F(LockSetTest, ReentrancyFollowsEachKeyOfTheSet) {
+  auto inner = LOCKED("re:{0}", 5s, forever, .on(*rt_))[](const std::string&) { return this_lease().key(); };
+  auto nested = LOCKED(all_of("re:a", "re:c"), 5s, forever, .on(*rt_))[] {
+    const Lease& l = this_lease();
+    return l.fencing_token("re:a") > 0 && l.fencing_token("re:c") > 0 ? l.key() : std::string("no token");
+  };
+  auto outer = LOCKED(all_of("re:a", "re:b"), 5s, forever, .on(*rt_))[&] {
+    std::uint64_t token_a = this_lease().fencing_token("re:a");
+    auto one = inner(std::string("b"));
+    std::string one_key = get_bounded(one);
+    auto two = nested();
+    std::string two_key = get_bounded(two);
+    bool same_a = this_lease().fencing_token("re:a") == token_a;
+    return one_key + "|" + two_key + "|" + (same_a ? "same" : "other");
+  };
+  auto f = outer();
+  EXPECT_EQ(get_bounded(f), "re:b|all_of(re:a, re:c)|same");
+  EXPECT_TRUE(free_now("re:a"));
+  EXPECT_TRUE(free_now("re:c"));
+}
+
+// A set-waiter is granted within its wait while single-key callers keep
+// taking its keys: it queues on each key like any waiter.
+TEST_F(LockSetTest, ASetWaiterIsNotStarvedBySingleKeyCallers) {
+  std::atomic<bool> stop{false};
+  std::atomic<int> singles{0};
+  std::vector<std::thread> churn;
+  for (int t = 0; t < 4; ++t) {
+    churn.emplace_back([&, t] {
+      auto one = LOCKED("starve:{0}", 2s, forever, .on(*rt_).wait(10s))[&](int) {
+        singles++;
+        std::this_thread::sleep_for(2ms);
+      };
+      while (!stop.load()) {
+        auto f = one(t % 2);
+        if (!completes(f)) return;
+      }
+    });
+  }
+  for (int i = 0; i < 20000 && singles.load() < 20; ++i) std::this_thread::sleep_for(1ms);
+  ASSERT_GE(singles.load(), 20);
+  auto set = rt_->acquire({.key = all_of("starve:0", "starve:1"), .ttl = 2s, .wait = 5s});
+  auto status = set.wait_for(kBound);
+  std::size_t keys = 0;
+  if (status == std::future_status::ready) {
+    LockHandle h = set.get();
+    keys = h.lease().keys().size();
+  }
+  stop = true;
+  for (auto& t : churn) t.join();
+  ASSERT_EQ(status, std::future_status::ready);
+  EXPECT_EQ(keys, 2u);
+}
+
+}  // namespace
+}  // namespace lockwatch::testing
