@@ -8,8 +8,8 @@
  *   spin -a -DUNSORTED model/lock_set.pml && cc -O2 -DCOLLAPSE -o pan pan.c && ./pan -a -m1000000
  *
  * Results (spin 6.5.2, 2-core VM):
- *   as the library does it:  errors: 0, 14,157 states stored, under 1 s
- *   -DUNSORTED:              errors: 1 (345 states), P2: two callers each hold one key
+ *   as the library does it:  errors: 0, 252,732 states stored, under 1 s
+ *   -DUNSORTED:              errors: 1 (2,565 states), P2: two callers each hold one key
  *                            of the pair the other waits for (a transfer
  *                            1 -> 2 against one 2 -> 1), and every wait
  *                            can only run out
@@ -20,10 +20,14 @@
  * - Three keys (accounts) and three callers (lib/runtime/lock_set.cpp,
  *   SetAcquirer). Each caller, again and again, picks any pair of the keys
  *   in any order (a transfer from one account to another, or to itself),
- *   drops the duplicate (all_of("acct:7", "acct:7") is one key), and takes
- *   the keys one by one in canonical order (the smaller first), waiting
- *   for each while keeping those it took: the ordered way. With both held
- *   it does its work, then gives both back.
+ *   drops the duplicate (all_of("acct:7", "acct:7") is one key), and
+ *   first tries the whole set: each key taken if it is free, none waited
+ *   for, in two steps other callers' steps may come between (the requests
+ *   are sent together and answered one by one). With every key taken it
+ *   holds the set; else it gives back what it took and takes the keys one
+ *   by one in canonical order (the smaller first), waiting for each while
+ *   keeping those it took: the ordered way. With both held it does its
+ *   work, then gives both back.
  * - Taking a free key is one atomic step of the store; a caller waits for
  *   a held key until it is free (woken by the release).
  * - A wait runs out only when nothing else can happen: the `timeout` of
@@ -54,6 +58,7 @@ byte working[NKEYS];  /* callers in their work on each key */
 active [NCALLERS] proctype Caller() {
   byte me = _pid;
   byte x, y, first, second;
+  bool got_first, got_second;
   do
   :: atomic {
        /* a transfer between any two accounts, named in any order */
@@ -73,6 +78,24 @@ active [NCALLERS] proctype Caller() {
 #endif
        x = 0; y = 0
      }
+     /* the whole set, tried at once: nothing waited for */
+     atomic { if :: owner[first] == 0 -> owner[first] = me + 1; got_first = true :: else -> skip fi }
+     atomic {
+       if
+       :: second != first && owner[second] == 0 -> owner[second] = me + 1; got_second = true
+       :: second == first -> got_second = got_first
+       :: else -> skip
+       fi
+     }
+     if
+     :: got_first && got_second -> goto work
+     :: else ->
+        atomic {  /* what the try took is given back */
+          if :: got_first -> owner[first] = 0 :: else -> skip fi;
+          if :: got_second && second != first -> owner[second] = 0 :: else -> skip fi;
+          got_first = false; got_second = false
+        }
+     fi;
      /* the first key: wait until it is free */
      if
      :: atomic { owner[first] == 0 -> owner[first] = me + 1 }
@@ -89,7 +112,9 @@ active [NCALLERS] proctype Caller() {
         fi
      fi;
      /* the work, with every key held */
+work:
      atomic {
+       got_first = false; got_second = false;
        working[first]++;
        if :: second != first -> working[second]++ :: else -> skip fi;
        P1(first);

@@ -167,8 +167,83 @@ AcquireTicket SetAcquirer::start(Runtime::Impl& impl, LockSpec spec, std::vector
     if (auto s = weak.lock()) s->cancel_current();
   };
   self->outer_ = outer;
-  self->next();
+  const bool borrows = std::any_of(self->borrowed_.begin(), self->borrowed_.end(), [](auto* b) { return b != nullptr; });
+  if (borrows)
+    self->next();  // nested in a call holding some of the keys: the ordered way
+  else
+    self->try_whole();
   return RuntimeAccess::ticket(std::move(outer));
+}
+
+LockSpec SetAcquirer::key_spec(std::size_t i) const {
+  LockSpec one;
+  one.key = spec_.set[i];
+  one.ttl = spec_.ttl;
+  one.retries = spec_.retries;
+  one.renew_weight = spec_.renew_weight;
+  one.kind = spec_.kind;
+  one.handoff = spec_.handoff;
+  return one;
+}
+
+void SetAcquirer::try_whole() {
+  auto rt = runtime_.lock();
+  if (!rt) {
+    fail(std::make_exception_ptr(RuntimeStopped("lockwatch runtime stopped")));
+    return;
+  }
+  const std::size_t n = spec_.set.size();
+  {
+    std::lock_guard lk(mu_);
+    tries_left_ = n;
+    try_errors_.assign(n, nullptr);
+  }
+  for (std::size_t i = 0; i < n; ++i) {
+    try {
+      (void)rt->acquire(key_spec(i), [self = shared_from_this(), i](std::exception_ptr e, LockHandle h) {
+        self->tried(i, e, std::move(h));
+      });
+    } catch (...) {
+      tried(i, std::current_exception(), LockHandle());
+    }
+  }
+}
+
+void SetAcquirer::tried(std::size_t i, std::exception_ptr error, LockHandle handle) {
+  std::exception_ptr first;
+  {
+    std::lock_guard lk(mu_);
+    try_errors_[i] = error;
+    held_[i] = std::move(handle);
+    if (--tries_left_ != 0) return;
+    for (auto& e : try_errors_) {
+      if (e) {
+        first = e;
+        break;
+      }
+    }
+  }
+  if (!first) {
+    next_ = held_.size();
+    next();  // every key held: granted (or given back if cancelled)
+    return;
+  }
+  // Busy somewhere: a wait goes on the ordered way, holding nothing
+  // meanwhile; any other error, or no wait, ends the call.
+  bool busy = false;
+  try {
+    std::rethrow_exception(first);
+  } catch (const LockNotAcquired&) {
+    busy = true;
+  } catch (...) {
+  }
+  if (!busy || spec_.wait == milliseconds(0)) {
+    fail(first);
+    return;
+  }
+  for (auto& h : held_) h = LockHandle();  // given back, before the ordered way's first request
+  next_ = 0;
+  next();
 }
 
 void SetAcquirer::next() {
@@ -187,13 +262,7 @@ void SetAcquirer::next() {
     fail(std::make_exception_ptr(RuntimeStopped("lockwatch runtime stopped")));
     return;
   }
-  LockSpec one;
-  one.key = spec_.set[next_];
-  one.ttl = spec_.ttl;
-  one.retries = spec_.retries;
-  one.renew_weight = spec_.renew_weight;
-  one.kind = spec_.kind;
-  one.handoff = spec_.handoff;
+  LockSpec one = key_spec(next_);
   // What is left of the call's wait (at least one attempt).
   if (spec_.wait > milliseconds(0))
     one.wait = std::max(milliseconds(0), std::chrono::ceil<milliseconds>(deadline_ - Clock::now()));

@@ -1,18 +1,22 @@
 // lib/runtime/lock_set.hpp: several keys held all or none (lockwatch::all_of).
 //
-// A set is taken the ordered way on every store: its keys one by one in
-// canonical order (byte order), each through the runtime's own acquisition
-// (SetAcquirer), keeping the keys already taken while it waits for the next
-// one within what is left of the call's wait. Two callers of overlapping
+// A set is first tried whole: every key at once, none waited for (one
+// round trip on a pipelined store). When that finds every key free, the set
+// is held; when a key is busy, the keys taken are given back at once and
+// the set is taken the ordered way: its keys one by
+// one in canonical order (byte order), each through the runtime's own
+// acquisition (SetAcquirer), keeping the keys already taken while it waits
+// for the next one within what is left of the call's wait. Two callers of overlapping
 // sets always contend first on the lowest key they share, so neither holds
 // a key the other waits for while waiting itself: no deadlock, and a
-// set-waiter queues on each key like any waiter of that key. A call that
+// set-waiter queues on each key like any waiter of that key. Whole-set
+// tries hold nothing while they wait (they do not wait). A call that
 // ends without the whole set (busy past its wait, an error, cancelled)
 // drops the handles it took, which releases them.
 //
 // Held, a set is one SetRecord: a Lease over its keys' leases, which the
-// watchdog keeps as it keeps any (their renewals fall due together and
-// travel in the same commands per node). The first key lost marks the set
+// watchdog keeps as it keeps any (keys granted within a tick fall due
+// together, and renewals due together travel in one command per node). The first key lost marks the set
 // lost with its reason and stops the set's work; releasing the set releases
 // every key it took and reports the first error in canonical order.
 //
@@ -104,6 +108,11 @@ class SetAcquirer final : public std::enable_shared_from_this<SetAcquirer> {
                              AcquireCallback done);
 
  private:
+  LockSpec key_spec(std::size_t i) const;
+  // Every key at once, none waited for.
+  void try_whole();
+  void tried(std::size_t i, std::exception_ptr error, LockHandle handle);
+  // The ordered way, from the key next_.
   void next();
   void taken(std::exception_ptr error, LockHandle handle);
   void fail(std::exception_ptr error);
@@ -116,6 +125,10 @@ class SetAcquirer final : public std::enable_shared_from_this<SetAcquirer> {
   std::vector<const LeaseRecord*> borrowed_;
   std::vector<LockHandle> held_;
   std::size_t next_ = 0;  // the key being taken
+  // The whole-set try: answers still due, and the first error among them
+  // in canonical order (guarded by mu_: answers may come on any thread).
+  std::size_t tries_left_ = 0;
+  std::vector<std::exception_ptr> try_errors_;
   std::shared_ptr<HandleCall> outer_;
   std::mutex mu_;  // guards the two below (the canceller reads them)
   AcquireTicket current_;
