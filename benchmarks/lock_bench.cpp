@@ -5,6 +5,12 @@
 //       release scripts sent by hand through hiredis async on a libuv loop in
 //       this thread; <conc> state machines (acquire, on its reply release, on
 //       that reply the next cycle) pipelined on one connection.
+//   BM_RawHiredis2/<conc>/uncontended  the same limit for two locks a cycle:
+//       both acquire scripts pipelined, then both release scripts.
+//   BM_Transfer/<conc>/uncontended     LOCKED on lockwatch::all_of of two
+//       fresh keys with an empty callable (a transfer's shape).
+//   BM_Transfer/64/accounts16          64 callers transferring between random
+//       pairs of 16 accounts, in either order, waiting up to 10 s.
 //   BM_LockHandle/<conc>/<mode>        Runtime::acquire(), then
 //       LockHandle::release(), each waited on through its future.
 //   BM_Locked/<conc>/<mode>            lockwatch::locked(...) with an empty
@@ -84,6 +90,7 @@
 // (about a minute in all, plus at most 90 s waiting for a quiet machine);
 // --benchmark_min_time=0.01 runs one slice per row and does not wait.
 #include <benchmark/benchmark.h>
+#include <random>
 #include <fmt/format.h>
 #include <hiredis/adapters/libuv.h>
 #include <hiredis/async.h>
@@ -547,6 +554,44 @@ void BM_Locked(benchmark::State& state, int conc, bool contended, bool handoff) 
   });
 }
 
+// A transfer: LOCKED on a set of two keys (lockwatch::all_of) with an
+// empty callable. `accounts` = 0: a fresh pair every cycle (uncontended);
+// else each caller picks random pairs among that many accounts, in either
+// order, waiting up to kContendedWait.
+void BM_Transfer(benchmark::State& state, int conc, int accounts) {
+  prepare_run();
+  std::uint64_t run = ++g_run;
+  std::vector<WorkStart> starts(static_cast<std::size_t>(conc));
+  lockwatch::Runtime rt(runtime_options());
+  warm_up(rt, run);
+  auto work = [](std::uint64_t, std::uint64_t, std::uint64_t, WorkStart* s) { s->at = Clock::now(); };
+  auto fresh = lockwatch::locked(lockwatch::all_of("tr:{0}:{1}:a", "tr:{0}:{1}:b"), kTtl, lockwatch::forever)
+                   .on(rt)(work);
+  auto pair = lockwatch::locked(lockwatch::all_of("acct:{0}:{1}", "acct:{0}:{2}"), kTtl, lockwatch::forever)
+                  .on(rt)
+                  .wait(kContendedWait)(work);
+  std::vector<std::uint64_t> next(static_cast<std::size_t>(conc), 0);
+  const bool contended = accounts > 0;
+
+  run_threaded(state, conc, contended, [&](int caller, Tally& tally, Clock::time_point deadline) {
+    std::uint64_t& n = next[static_cast<std::size_t>(caller)];
+    WorkStart& started = starts[static_cast<std::size_t>(caller)];
+    std::mt19937_64 rng(run * 1000 + static_cast<std::uint64_t>(caller));
+    while (Clock::now() < deadline) {
+      bool ok;
+      if (contended) {
+        const auto a = static_cast<std::uint64_t>(accounts);
+        std::uint64_t from = rng() % a, to = rng() % a;
+        ok = locked_cycle([&] { return pair(run, from, to, &started); }, started, tally, true);
+      } else {
+        std::uint64_t id = (static_cast<std::uint64_t>(caller) << 40) | n++;
+        ok = locked_cycle([&] { return fresh(run, id, 0, &started); }, started, tally, false);
+      }
+      if (!ok) return;
+    }
+  });
+}
+
 // ------------------------------------------------------------ idle leases
 
 // An idle runtime: `leases` LockHandles held with `ttl` (kIdleTtl, 200 ms,
@@ -880,7 +925,10 @@ void BM_HopsChain(benchmark::State& state) {
 // one hiredis async connection and one libuv loop, run on this thread.
 class RawClient {
  public:
-  RawClient(int conc, std::uint64_t run) : run_(run), callers_(static_cast<std::size_t>(conc)) {
+  // `keys`: locks per cycle (2: a transfer's pair, their acquisitions
+  // pipelined, then their releases).
+  RawClient(int conc, std::uint64_t run, int keys = 1)
+      : run_(run), keys_(keys), callers_(static_cast<std::size_t>(conc)) {
     uv_loop_init(&loop_);
     uv_timer_init(&loop_, &bound_timer_);
     bound_timer_.data = this;
@@ -937,15 +985,20 @@ class RawClient {
   }
 
  private:
+  struct Lock {
+    char lock_key[96] = {};
+    char counter_key[32] = {};
+    char legacy_key[104] = {};
+    char channel[104] = {};
+  };
   struct Caller {
     RawClient* client = nullptr;
     int id = 0;
     std::uint64_t n = 0;
     Clock::time_point started;
-    char lock_key[96] = {};
-    char counter_key[32] = {};
-    char legacy_key[104] = {};
-    char channel[104] = {};
+    Lock locks[2];
+    int pending = 0;  // replies still due in this step
+    bool failed = false;
     char token[33] = {};
   };
 
@@ -965,22 +1018,28 @@ class RawClient {
 
   void send_acquire(Caller& c) {
     // Same key layout and token size as lockwatch: `<prefix>{key}`, 32 hex.
-    std::snprintf(c.lock_key, sizeof c.lock_key, "lockwatch:{raw:%llu:%d:%llu}",
-                  static_cast<unsigned long long>(run_), c.id, static_cast<unsigned long long>(c.n++));
-    const std::string_view tag = lockwatch::detail::slot_tag(lockwatch::detail::key_slot(c.lock_key));
-    std::snprintf(c.counter_key, sizeof c.counter_key, "lockwatch:fence:{%.*s}", static_cast<int>(tag.size()),
-                  tag.data());
-    std::snprintf(c.legacy_key, sizeof c.legacy_key, "%s:fence", c.lock_key);
-    std::snprintf(c.channel, sizeof c.channel, "%s:rel", c.lock_key);
+    const auto n = static_cast<unsigned long long>(c.n++);
     std::snprintf(c.token, sizeof c.token, "%016llx%016llx", static_cast<unsigned long long>(run_),
                   static_cast<unsigned long long>(++tokens_));
     c.started = Clock::now();
+    c.pending = keys_;
+    c.failed = false;
     const auto& script = lockwatch::detail::script(lockwatch::detail::ScriptId::kAcquire);
-    const char* argv[] = {"EVALSHA",     script.sha1.c_str(), "3",     c.lock_key,
-                          c.counter_key, c.legacy_key,        c.token, "30000"};
-    std::size_t lens[8];
-    for (int i = 0; i < 8; ++i) lens[i] = std::strlen(argv[i]);
-    redisAsyncCommandArgv(ac_, &RawClient::on_acquired, &c, 8, argv, lens);
+    for (int k = 0; k < keys_; ++k) {
+      Lock& l = c.locks[k];
+      std::snprintf(l.lock_key, sizeof l.lock_key, "lockwatch:{raw:%llu:%d:%llu:%d}",
+                    static_cast<unsigned long long>(run_), c.id, n, k);
+      const std::string_view tag = lockwatch::detail::slot_tag(lockwatch::detail::key_slot(l.lock_key));
+      std::snprintf(l.counter_key, sizeof l.counter_key, "lockwatch:fence:{%.*s}", static_cast<int>(tag.size()),
+                    tag.data());
+      std::snprintf(l.legacy_key, sizeof l.legacy_key, "%s:fence", l.lock_key);
+      std::snprintf(l.channel, sizeof l.channel, "%s:rel", l.lock_key);
+      const char* argv[] = {"EVALSHA",     script.sha1.c_str(), "3",     l.lock_key,
+                            l.counter_key, l.legacy_key,        c.token, "30000"};
+      std::size_t lens[8];
+      for (int i = 0; i < 8; ++i) lens[i] = std::strlen(argv[i]);
+      redisAsyncCommandArgv(ac_, &RawClient::on_acquired, &c, 8, argv, lens);
+    }
   }
 
   static void on_acquired(redisAsyncContext*, void* reply, void* privdata) {
@@ -988,15 +1047,21 @@ class RawClient {
     auto* r = static_cast<redisReply*>(reply);
     RawClient* self = c.client;
     // One entry for the one lock: 't<fencing token>' when taken.
-    if (r == nullptr || r->type != REDIS_REPLY_STRING || r->len < 2 || r->str[0] != 't') {
+    if (r == nullptr || r->type != REDIS_REPLY_STRING || r->len < 2 || r->str[0] != 't') c.failed = true;
+    if (--c.pending != 0) return;
+    if (c.failed) {
       self->caller_failed(c, r == nullptr ? "no reply to acquire" : "acquire refused or failed");
       return;
     }
     const auto& script = lockwatch::detail::script(lockwatch::detail::ScriptId::kRelease);
-    const char* argv[] = {"EVALSHA", script.sha1.c_str(), "1", c.lock_key, "p", c.token, c.channel};
-    std::size_t lens[7];
-    for (int i = 0; i < 7; ++i) lens[i] = std::strlen(argv[i]);
-    redisAsyncCommandArgv(self->ac_, &RawClient::on_released, &c, 7, argv, lens);
+    c.pending = self->keys_;
+    for (int k = 0; k < self->keys_; ++k) {
+      Lock& l = c.locks[k];
+      const char* argv[] = {"EVALSHA", script.sha1.c_str(), "1", l.lock_key, "p", c.token, l.channel};
+      std::size_t lens[7];
+      for (int i = 0; i < 7; ++i) lens[i] = std::strlen(argv[i]);
+      redisAsyncCommandArgv(self->ac_, &RawClient::on_released, &c, 7, argv, lens);
+    }
   }
 
   static void on_released(redisAsyncContext*, void* reply, void* privdata) {
@@ -1005,7 +1070,10 @@ class RawClient {
     RawClient* self = c.client;
     // Released: '1', 'u' or 'v' (by how many subscribers heard the notice).
     if (r == nullptr || r->type != REDIS_REPLY_STRING || r->len != 1 ||
-        std::string_view("1uv").find(r->str[0]) == std::string_view::npos) {
+        std::string_view("1uv").find(r->str[0]) == std::string_view::npos)
+      c.failed = true;
+    if (--c.pending != 0) return;
+    if (c.failed) {
       self->caller_failed(c, r == nullptr ? "no reply to release" : "release did not delete");
       return;
     }
@@ -1035,6 +1103,7 @@ class RawClient {
   }
 
   std::uint64_t run_;
+  int keys_;
   uv_loop_t loop_{};
   uv_timer_t bound_timer_{};
   redisAsyncContext* ac_ = nullptr;
@@ -1047,14 +1116,14 @@ class RawClient {
   std::string error_;
 };
 
-void BM_RawHiredis(benchmark::State& state, int conc) {
+void BM_RawHiredis(benchmark::State& state, int conc, int keys) {
   prepare_run();
   std::uint64_t run = ++g_run;
   // EVALSHA only: the scripts must be in Redis's cache.
   for (auto id : {lockwatch::detail::ScriptId::kAcquire, lockwatch::detail::ScriptId::kRelease})
     g_redis->command({"SCRIPT", "LOAD", std::string(lockwatch::detail::script(id).source)});
   Recorder rec;
-  RawClient client(conc, run);
+  RawClient client(conc, run, keys);
   if (!client.error().empty()) {
     state.SkipWithError(client.error().c_str());
     return;
@@ -1096,10 +1165,23 @@ void register_benchmarks() {
     }
   }
   for (int conc : kConcurrency) {
-    benchmark::RegisterBenchmark(fmt::format("BM_RawHiredis/{}/uncontended", conc).c_str(), BM_RawHiredis, conc)
+    benchmark::RegisterBenchmark(fmt::format("BM_RawHiredis/{}/uncontended", conc).c_str(), BM_RawHiredis, conc, 1)
         ->UseManualTime()
         ->Unit(benchmark::kMillisecond);
   }
+  // Sets of two keys (lockwatch::all_of) beside one key, and the limit
+  // for two: both acquisitions pipelined, then both releases.
+  for (int conc : {1, 64}) {
+    benchmark::RegisterBenchmark(fmt::format("BM_RawHiredis2/{}/uncontended", conc).c_str(), BM_RawHiredis, conc, 2)
+        ->UseManualTime()
+        ->Unit(benchmark::kMillisecond);
+    benchmark::RegisterBenchmark(fmt::format("BM_Transfer/{}/uncontended", conc).c_str(), BM_Transfer, conc, 0)
+        ->UseManualTime()
+        ->Unit(benchmark::kMillisecond);
+  }
+  benchmark::RegisterBenchmark("BM_Transfer/64/accounts16", BM_Transfer, 64, 16)
+      ->UseManualTime()
+      ->Unit(benchmark::kMillisecond);
   // Options::busy_poll: the rows it changes most, next to the raw client.
   for (int conc : {1, 64}) {
     register_busy_poll(fmt::format("BM_LockHandle/{}/uncontended", conc), BM_LockHandle, conc, false, true);
