@@ -350,6 +350,30 @@ TEST_P(LockedTest, NoRenewalIsSentAfterTheWorkEnds) {
   EXPECT_EQ(calls(), before);
 }
 
+// A free set (lockwatch::all_of) on one Redis node is taken by one script
+// call, which Redis runs atomically, and given back by one.
+TEST_P(LockedTest, AFreeSetIsTakenByOneScriptCall) {
+  auto calls = [&] {
+    auto info = server().command({"INFO", "commandstats"}).str;
+    auto pos = info.find("cmdstat_evalsha:calls=");
+    return pos == std::string::npos ? 0L : std::atol(info.c_str() + pos + 22);
+  };
+  auto warm = rt_->acquire(key("-warm"), 30s);
+  LockHandle w = get_bounded(warm);
+  auto back = w.release();
+  get_bounded(back);
+  const std::string k = key();
+  long before = calls();
+  auto f = rt_->acquire({.key = all_of(k + ":d", k + ":c", k + ":b", k + ":a"), .ttl = 30s});
+  LockHandle h = get_bounded(f);
+  EXPECT_EQ(calls() - before, 1);
+  EXPECT_TRUE(exists(server(), k + ":a") && exists(server(), k + ":d"));
+  auto released = h.release();
+  get_bounded(released);
+  EXPECT_EQ(calls() - before, 2);
+  EXPECT_FALSE(exists(server(), k + ":b"));
+}
+
 TEST_P(LockedTest, ReentrantCallRunsInlineWithoutTouchingRedis) {
   Options o = options_for(server(), 1);  // one pool thread: nesting must not need a second
   Runtime rt(o);

@@ -25,6 +25,9 @@ class Watchdog;
 
 struct Acquisition;
 
+// Runtime::Impl::acquire_together's handler: the index of the request.
+using AcquireEach = std::function<void(std::size_t index, std::exception_ptr, LockHandle)>;
+
 // The call behind Runtime::acquire until its lock is granted: no work, and
 // one outcome, delivered through `complete` exactly once: by the loop
 // (granted, or failed) or by AcquireTicket::cancel(), whichever claims it

@@ -198,14 +198,14 @@ void SetAcquirer::try_whole() {
     tries_left_ = n;
     try_errors_.assign(n, nullptr);
   }
-  for (std::size_t i = 0; i < n; ++i) {
-    try {
-      (void)rt->acquire(key_spec(i), [self = shared_from_this(), i](std::exception_ptr e, LockHandle h) {
-        self->tried(i, e, std::move(h));
-      });
-    } catch (...) {
-      tried(i, std::current_exception(), LockHandle());
-    }
+  std::vector<LockSpec> specs;
+  specs.reserve(n);
+  for (std::size_t i = 0; i < n; ++i) specs.push_back(key_spec(i));
+  try {
+    rt->acquire_together(std::move(specs), [self = shared_from_this()](std::size_t i, std::exception_ptr e,
+                                                                      LockHandle h) { self->tried(i, e, std::move(h)); });
+  } catch (...) {
+    fail(std::current_exception());  // nothing started
   }
 }
 

@@ -150,6 +150,46 @@ std::shared_ptr<Acquisition> Runtime::Impl::start_handle(detail::LockSpec spec,
   return a;
 }
 
+void Runtime::Impl::acquire_together(std::vector<detail::LockSpec> specs, detail::AcquireEach each) {
+  for (auto& spec : specs) validate(spec);  // throws before anything starts
+  auto shared_each = std::make_shared<detail::AcquireEach>(std::move(each));
+  std::weak_ptr<ThreadPool> notifier = notifier_pool;
+  std::vector<std::shared_ptr<Acquisition>> made;
+  made.reserve(specs.size());
+  std::exception_ptr stopped;
+  for (std::size_t i = 0; i < specs.size(); ++i) {
+    auto call = std::make_shared<detail::HandleCall>();
+    call->key = specs[i].key;
+    call->complete = [notifier, shared_each, i](std::exception_ptr e, LockHandle lh) mutable {
+      detail::post_completion(notifier, [shared_each, i, e, lh = std::move(lh)]() mutable { (*shared_each)(i, e, std::move(lh)); });
+    };
+    if (!stopped) {
+      try {
+        auto a = make_acquisition(std::move(specs[i]), call);
+        a->handle = call;
+        call->runtime = weak_from_this();
+        call->acquisition = a;
+        made.push_back(std::move(a));
+        continue;
+      } catch (...) {
+        stopped = std::current_exception();
+      }
+    }
+    if (call->claim(detail::HandleCall::kDone)) call->deliver(stopped, LockHandle());
+  }
+  // One task: the store sees every request in the same turn of its loop,
+  // and batches them as it batches any requests sent together.
+  auto task = [this, made] {
+    for (const auto& a : made) start_acquire(a);
+  };
+  if (!made.empty() && !loop.post(task)) {
+    for (const auto& a : made) {
+      a->call->finish(std::make_exception_ptr(RuntimeStopped("lockwatch runtime is stopping")));
+      call_done();
+    }
+  }
+}
+
 std::future<LockHandle> Runtime::Impl::acquire(detail::LockSpec spec) {
   validate(spec);
   // The future form is the handler form whose handler fulfils a promise

@@ -92,6 +92,10 @@ struct Runtime::Impl final : std::enable_shared_from_this<Runtime::Impl>, detail
   void keep_observing(std::uint64_t id);
   void unobserve_releases(std::uint64_t id);
   void call_done();
+  // Starts a handle's acquisition for each spec (one key each) in one task
+  // of the loop; `each(i, error, handle)` runs on the notifier thread once
+  // per spec. Throws only before anything starts (a bad spec).
+  void acquire_together(std::vector<detail::LockSpec> specs, detail::AcquireEach each);
   // Starts a handle's acquisition (both forms of acquire).
   std::shared_ptr<detail::Acquisition> start_handle(detail::LockSpec spec, const std::shared_ptr<detail::HandleCall>& call);
   void stop();
