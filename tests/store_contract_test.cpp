@@ -15,6 +15,7 @@
 #include <algorithm>
 #include <atomic>
 #include <condition_variable>
+#include <fstream>
 #include <map>
 #include <mutex>
 #include <random>
@@ -750,6 +751,38 @@ TEST_P(StoreContractTest, OppositeOrderTransfersKeepBalancesExact) {
   EXPECT_EQ(overlaps.load(), 0);
   EXPECT_EQ(token_regressions.load(), 0);
   EXPECT_EQ(total, 1000L * kAccounts);
+}
+
+// The same from three processes of eight threads (tests/file_counter in
+// its transfer mode), the balances in files: a transfer overlapping
+// another on an account would change the total.
+TEST_P(StoreContractTest, OppositeOrderTransfersAcrossProcessesKeepTheTotal) {
+  if (!backend_->has_server()) GTEST_SKIP() << "a memory space is per process";
+  const char* counter = std::getenv("LOCKWATCH_FILE_COUNTER");
+  ASSERT_NE(counter, nullptr);
+  constexpr int kProcs = 3, kThreads = 8, kTransfers = 4, kAccounts = 4;
+  const std::string dir = make_temp_dir("transfers");
+  std::vector<std::unique_ptr<ChildProcess>> procs;
+  for (int p = 0; p < kProcs; ++p) {
+    procs.push_back(std::make_unique<ChildProcess>(std::vector<std::string>{
+        counter, backend_->url(), dir, std::to_string(kAccounts), std::to_string(kTransfers), "transfer",
+        std::to_string(kThreads), std::to_string(p + 1)}));
+  }
+  for (auto& p : procs) EXPECT_EQ(p->wait(120s), 0);
+  long total = 0;
+  int touched = 0;
+  for (int a = 0; a < kAccounts; ++a) {
+    std::ifstream in(dir + "/acct-" + std::to_string(a));
+    long n = 1000;
+    if (in) {
+      in >> n;
+      touched++;
+    }
+    total += n;
+  }
+  EXPECT_GT(touched, 1);
+  EXPECT_EQ(total, 1000L * kAccounts);
+  EXPECT_EQ(std::system(("rm -rf '" + dir + "'").c_str()), 0);
 }
 
 INSTANTIATE_TEST_SUITE_P(Stores, StoreContractTest, ::testing::ValuesIn(backend_kinds()),
