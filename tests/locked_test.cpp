@@ -524,7 +524,7 @@ TEST_P(LockedTest, OneBrokenKeyDoesNotCostTheOtherLeasesInItsBatch) {
   auto until = std::chrono::steady_clock::now() + kBound;
   while (!stop.stop_requested() && std::chrono::steady_clock::now() < until) std::this_thread::sleep_for(5ms);
   EXPECT_TRUE(ha.lease().lost());
-  EXPECT_EQ(ha.lease().lost_reason(), LostReason::kRedisUnreachable);
+  EXPECT_EQ(ha.lease().lost_reason(), LostReason::kStoreUnreachable);
   EXPECT_TRUE(renewed_again(hb.lease(), 2));
   auto ra = ha.release();
   EXPECT_TRUE(error_of<LeaseLost>(ra));

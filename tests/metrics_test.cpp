@@ -90,7 +90,7 @@ class Recorder : public Observer {
   }
   void on_renewal_failed(std::string_view key, std::string_view) override { add("renewal_failed " + std::string(key)); }
   void on_lost(std::string_view key, LostReason r, std::string_view) override {
-    add("lost " + std::string(key) + (r == LostReason::kRedisUnreachable ? " unreachable" : " other"));
+    add("lost " + std::string(key) + (r == LostReason::kStoreUnreachable ? " unreachable" : " other"));
   }
   void on_released(std::string_view key, Duration) override { add("released " + std::string(key)); }
   void on_connection(std::string_view, bool up, std::string_view) override { add(up ? "up" : "down"); }

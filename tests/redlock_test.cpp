@@ -271,7 +271,7 @@ TEST_F(RedlockTest, LosingThreeOfFiveFailsAcquisitionAndReportsHeldLeasesLostByT
   auto lost_at = std::chrono::steady_clock::now();
   EXPECT_TRUE(stopped);
   EXPECT_TRUE(h.lease().lost());
-  EXPECT_EQ(h.lease().lost_reason(), LostReason::kRedisUnreachable);
+  EXPECT_EQ(h.lease().lost_reason(), LostReason::kStoreUnreachable);
   // One renewal may land before the kill: the deadline is at most ttl past it.
   EXPECT_LT(lost_at, deadline_bound);
   // New acquisitions fail with an error naming the nodes.

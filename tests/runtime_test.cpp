@@ -259,7 +259,7 @@ TEST_F(RuntimeTest, ALostLeaseCompletesTheCallAtOnceWhileTheReleaseGoesOn) {
   ASSERT_EQ(work.wait_for(kBound), std::future_status::ready);
   auto lost = error_of<LeaseLost>(work);
   ASSERT_NE(lost, nullptr);
-  EXPECT_EQ(lost->reason(), LostReason::kRedisUnreachable);
+  EXPECT_EQ(lost->reason(), LostReason::kStoreUnreachable);
   // The local deadline is 988 ms in; the release's answer would come 3 s
   // after it.
   EXPECT_LT(ms_between(t0, std::chrono::steady_clock::now()), 2500ms);

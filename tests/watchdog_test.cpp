@@ -131,7 +131,7 @@ TEST_F(WatchdogTest, TransientFailuresUntilTheLocalDeadlineLoseTheLeaseAsUnreach
   })();
   auto err = error_of<LeaseLost>(f);
   ASSERT_TRUE(err);
-  EXPECT_EQ(err->reason(), LostReason::kRedisUnreachable);
+  EXPECT_EQ(err->reason(), LostReason::kStoreUnreachable);
   // Retried every tick until the deadline (300 - 5 ms), not given up early.
   EXPECT_GE(script_->count(Op::kRenew), 5u);
   auto took = first(Op::kAcquire, "unreachable").at;
@@ -150,7 +150,7 @@ TEST_F(WatchdogTest, TheLeaseIsNotLostBeforeTheLocalDeadline) {
   ASSERT_EQ(fut.wait_for(kBound), std::future_status::ready);
   // Local deadline: 400 - (4 + 2) ms after the acquisition was sent.
   EXPECT_GE(ms_between(t0, fut.get()), 380ms);
-  EXPECT_EQ(h.lease().lost_reason(), LostReason::kRedisUnreachable);
+  EXPECT_EQ(h.lease().lost_reason(), LostReason::kStoreUnreachable);
   EXPECT_EQ(h.lease().remaining(), 0ms);
 }
 
@@ -243,7 +243,7 @@ TEST_F(WatchdogTest, ARenewalThatAnswersAfterTheDeadlineDoesNotSaveTheLease) {
   script_->set_delay(Op::kRenew, 500ms);  // longer than the 300 ms ttl
   auto h = hold("slow-store", 300ms);
   ASSERT_TRUE(stopped_within_bound(h.lease().stop_token()));
-  EXPECT_EQ(h.lease().lost_reason(), LostReason::kRedisUnreachable);
+  EXPECT_EQ(h.lease().lost_reason(), LostReason::kStoreUnreachable);
   EXPECT_EQ(h.lease().renewals(), 0u);
 }
 
@@ -340,7 +340,7 @@ TEST_F(WatchdogTest, AnUnconfirmedReleaseOnAStoreWithoutAnExpiryBoundIsALostLeas
   ASSERT_EQ(rel.wait_for(kBound), std::future_status::ready);
   auto err = error_of<LeaseLost>(rel);
   ASSERT_TRUE(err);
-  EXPECT_EQ(err->reason(), LostReason::kRedisUnreachable);
+  EXPECT_EQ(err->reason(), LostReason::kStoreUnreachable);
   EXPECT_NE(std::string(err->what()).find("release not confirmed"), std::string::npos) << err->what();
   script_->set_down(false);
 

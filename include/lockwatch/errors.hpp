@@ -116,9 +116,11 @@ enum class LostReason {
   kExpired,            ///< the key was gone when the watchdog renewed it
   kTakenByOther,       ///< the key held another owner's token
   kRenewalsExhausted,  ///< the `retries` renewals were spent and the ttl ran out
-  kRedisUnreachable,   ///< no renewal was confirmed before the local deadline
+  kStoreUnreachable,   ///< no renewal was confirmed before the local deadline (the store could not be reached in time)
   kRuntimeStopped,     ///< the runtime was destroyed while the work ran (or the handle held it)
   kNotStarted,         ///< granted, but no pool worker was free within Options::queue_timeout
+  /// The former name of kStoreUnreachable, which every store reports.
+  kRedisUnreachable [[deprecated("use LostReason::kStoreUnreachable")]] = kStoreUnreachable,
 };
 /// The reason in words, for messages and logs ("the key expired", ...).
 const char* to_string(LostReason reason) noexcept;

@@ -11,7 +11,7 @@ const char* to_string(LostReason reason) noexcept {
     case LostReason::kExpired: return "the key expired";
     case LostReason::kTakenByOther: return "the key was taken by another owner";
     case LostReason::kRenewalsExhausted: return "the renewals were exhausted";
-    case LostReason::kRedisUnreachable: return "no renewal was confirmed before the local deadline";
+    case LostReason::kStoreUnreachable: return "no renewal was confirmed before the local deadline";
     case LostReason::kRuntimeStopped: return "the runtime was stopped";
     case LostReason::kNotStarted: return "no pool worker was free to start the work";
   }

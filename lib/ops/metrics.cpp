@@ -76,7 +76,7 @@ void Metrics::count_lost(LostReason reason) noexcept {
     case LostReason::kExpired: lost[0].fetch_add(1, std::memory_order_relaxed); break;
     case LostReason::kTakenByOther: lost[1].fetch_add(1, std::memory_order_relaxed); break;
     case LostReason::kRenewalsExhausted: lost[2].fetch_add(1, std::memory_order_relaxed); break;
-    case LostReason::kRedisUnreachable: lost[3].fetch_add(1, std::memory_order_relaxed); break;
+    case LostReason::kStoreUnreachable: lost[3].fetch_add(1, std::memory_order_relaxed); break;
     case LostReason::kNotStarted: lost[4].fetch_add(1, std::memory_order_relaxed); break;
     case LostReason::kRuntimeStopped: break;
   }

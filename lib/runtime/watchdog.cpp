@@ -152,7 +152,7 @@ void Watchdog::on_timer(LeaseRecord* raw) {
     now = Clock::now();
   }
   if (now >= l->deadline()) {
-    lose(l, l->phase == LeaseRecord::Phase::kExhausted ? LostReason::kRenewalsExhausted : LostReason::kRedisUnreachable,
+    lose(l, l->phase == LeaseRecord::Phase::kExhausted ? LostReason::kRenewalsExhausted : LostReason::kStoreUnreachable,
          l->lost_detail());
     return;
   }
@@ -346,7 +346,7 @@ void Watchdog::work_done(const std::shared_ptr<LeaseRecord>& l) {
 }
 
 void Watchdog::lose_past_deadline(const std::shared_ptr<LeaseRecord>& l) {
-  lose(l, l->phase == LeaseRecord::Phase::kExhausted ? LostReason::kRenewalsExhausted : LostReason::kRedisUnreachable,
+  lose(l, l->phase == LeaseRecord::Phase::kExhausted ? LostReason::kRenewalsExhausted : LostReason::kStoreUnreachable,
        "the work ended after the lease's local deadline (was the process starved or paused?)");
 }
 
@@ -371,7 +371,7 @@ void Watchdog::release(const std::shared_ptr<LeaseRecord>& l) {
                      const std::string detail =
                          "release not confirmed: " + (why != nullptr ? why->describe() : std::string());
                      if (!l->lost() && !store_.expiry_bounded())
-                       lose(l, LostReason::kRedisUnreachable,
+                       lose(l, LostReason::kStoreUnreachable,
                             detail + "; the store may keep the lock past its ttl, so it is not counted released");
                      else if (!l->lost())
                        l->set_lost_detail(detail);

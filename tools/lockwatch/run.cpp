@@ -210,7 +210,7 @@ int run_command(const RunArgs& a, const Inherited& inherited) {
   o.threads = 1;  // no locked work runs on the pool
   o.log = library_log(a.verbose);  // a lost lease is told below, once
   auto rt = std::make_unique<Runtime>(o);
-  const milliseconds margin = default_kill_grace(o, a.ttl, LostReason::kRedisUnreachable);
+  const milliseconds margin = default_kill_grace(o, a.ttl, LostReason::kStoreUnreachable);
   if (a.kill_grace && *a.kill_grace > margin)
     say(
         fmt::format("warning: --kill-grace {} is longer than the {} a lease keeps after its loss is declared "
