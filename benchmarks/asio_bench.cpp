@@ -16,6 +16,9 @@
 //   cycles_per_s       completed lock cycles (acquire, body, release) / s
 //   cpu_us_per_cycle   this process's CPU (user + sys, every thread,
 //                      the runtime's included) / cycle
+//   ctx_switches_per_cycle  this process's context switches (getrusage
+//                      RUSAGE_SELF: ru_nvcsw + ru_nivcsw, every thread)
+//                      during the slices / cycle
 #include <benchmark/benchmark.h>
 
 #include <asio.hpp>
@@ -32,6 +35,7 @@ namespace {
 
 using namespace std::chrono_literals;
 using Clock = std::chrono::steady_clock;
+using lockwatch::bench::process_context_switches;
 using lockwatch::bench::process_cpu_seconds;
 
 constexpr auto kTtl = 30s;
@@ -45,9 +49,10 @@ lockwatch::Options runtime_options() {
   return o;
 }
 
-void report(benchmark::State& state, double cycles, double seconds, double cpu) {
+void report(benchmark::State& state, double cycles, double seconds, double cpu, double switches) {
   state.counters["cycles_per_s"] = cycles / seconds;
   state.counters["cpu_us_per_cycle"] = cycles > 0 ? cpu * 1e6 / cycles : 0;
+  state.counters["ctx_switches_per_cycle"] = cycles > 0 ? switches / cycles : 0;
 }
 
 void BM_AsioLocked(benchmark::State& state, int conc) {
@@ -55,7 +60,7 @@ void BM_AsioLocked(benchmark::State& state, int conc) {
   const std::uint64_t run = ++g_run;
   auto fn = lockwatch::locked("la:{0}:{1}", kTtl, lockwatch::forever)
                 .on(rt)([](std::uint64_t, std::uint64_t) -> asio::awaitable<void> { co_return; });
-  double cycles = 0, seconds = 0, cpu = 0;
+  double cycles = 0, seconds = 0, cpu = 0, switches = 0;
   std::uint64_t n = 0;
   std::string error;
   for (auto _ : state) {
@@ -65,6 +70,7 @@ void BM_AsioLocked(benchmark::State& state, int conc) {
     int running = conc;
     auto t0 = Clock::now();
     double c0 = process_cpu_seconds();
+    double s0 = process_context_switches();
     for (int i = 0; i < conc; ++i) {
       asio::co_spawn(
           ctx,
@@ -88,12 +94,13 @@ void BM_AsioLocked(benchmark::State& state, int conc) {
     ctx.run_for(kSlice + 30s);
     double secs = std::chrono::duration<double>(Clock::now() - t0).count();
     cpu += process_cpu_seconds() - c0;
+    switches += process_context_switches() - s0;
     state.SetIterationTime(secs);
     seconds += secs;
     cycles += static_cast<double>(done);
     if (running != 0 && error.empty()) error = "coroutines still running after the slice's bound";
   }
-  report(state, cycles, seconds, cpu);
+  report(state, cycles, seconds, cpu, switches);
   if (!error.empty()) state.SkipWithError(error.c_str());
 }
 
@@ -101,7 +108,7 @@ void BM_FutureFanOut(benchmark::State& state, int conc) {
   lockwatch::Runtime rt(runtime_options());
   const std::uint64_t run = ++g_run;
   auto fn = lockwatch::locked("lf:{0}:{1}", kTtl, lockwatch::forever).on(rt)([](std::uint64_t, std::uint64_t) {});
-  double cycles = 0, seconds = 0, cpu = 0;
+  double cycles = 0, seconds = 0, cpu = 0, switches = 0;
   std::uint64_t n = 0;
   std::string error;
   std::vector<std::future<void>> round;
@@ -110,6 +117,7 @@ void BM_FutureFanOut(benchmark::State& state, int conc) {
     std::uint64_t done = 0;
     auto t0 = Clock::now();
     double c0 = process_cpu_seconds();
+    double s0 = process_context_switches();
     while (Clock::now() < deadline && error.empty()) {
       round.clear();
       for (int i = 0; i < conc; ++i) round.push_back(fn(run, n++));
@@ -125,11 +133,12 @@ void BM_FutureFanOut(benchmark::State& state, int conc) {
     }
     double secs = std::chrono::duration<double>(Clock::now() - t0).count();
     cpu += process_cpu_seconds() - c0;
+    switches += process_context_switches() - s0;
     state.SetIterationTime(secs);
     seconds += secs;
     cycles += static_cast<double>(done);
   }
-  report(state, cycles, seconds, cpu);
+  report(state, cycles, seconds, cpu, switches);
   if (!error.empty()) state.SkipWithError(error.c_str());
 }
 

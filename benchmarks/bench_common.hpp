@@ -31,6 +31,15 @@ inline double process_cpu_seconds() {
          static_cast<double>(u.ru_utime.tv_usec + u.ru_stime.tv_usec) * 1e-6;
 }
 
+// Context switches of this whole process so far (every thread), voluntary
+// (it blocked: a futex, a read with nothing to read) and involuntary (the
+// scheduler took the core): what the thread hand-offs cost in the kernel.
+inline double process_context_switches() {
+  rusage u{};
+  getrusage(RUSAGE_SELF, &u);
+  return static_cast<double>(u.ru_nvcsw) + static_cast<double>(u.ru_nivcsw);
+}
+
 // `calls` per command from INFO commandstats (lower-case names; commands run
 // inside Lua scripts are counted too).
 inline std::map<std::string, long long> command_calls(const testing::RedisServer& redis) {

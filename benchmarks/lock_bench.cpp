@@ -68,6 +68,11 @@
 //   cpu_us_per_cycle    this process's CPU (user + sys, all threads) / cycle
 //   allocs_per_cycle    operator new calls in this process (the library's
 //                       and the caller's, every thread) / cycle
+//   ctx_switches_per_cycle  context switches of this process (getrusage
+//                       RUSAGE_SELF: ru_nvcsw + ru_nivcsw, every thread,
+//                       voluntary and involuntary) during the measured
+//                       slices / cycle: the thread wake-ups a cycle costs
+//                       (raw hiredis: 2, one per reply it waits for)
 //   evals_per_cycle     EVALSHA + EVAL calls seen by Redis / cycle (2 ideal)
 //   srv_cmds_per_cycle  every command Redis ran, Lua's included, / cycle
 //   redis_cpu_us_per_cycle  redis-server's CPU / cycle
@@ -244,10 +249,11 @@ class Recorder {
  public:
   Recorder() : commands_before_(command_calls()), cpu_before_(sample_cpu()) {}
 
-  // This process's CPU and allocations during one slice.
-  void add_slice(double cpu_seconds, std::uint64_t allocations) {
+  // This process's CPU, allocations and context switches during one slice.
+  void add_slice(double cpu_seconds, std::uint64_t allocations, double switches) {
     cpu_seconds_ += cpu_seconds;
     allocations_ += allocations;
+    switches_ += switches;
   }
 
   void report(benchmark::State& state, std::vector<Tally>& tallies, bool contended) {
@@ -273,6 +279,7 @@ class Recorder {
     state.counters["p99_us"] = percentile(all, 0.99);
     state.counters["cpu_us_per_cycle"] = cpu_seconds_ * 1e6 / n;
     state.counters["allocs_per_cycle"] = static_cast<double>(allocations_) / n;
+    state.counters["ctx_switches_per_cycle"] = switches_ / n;
     state.counters["evals_per_cycle"] = static_cast<double>(cmds.evals) / n;
     state.counters["srv_cmds_per_cycle"] = static_cast<double>(cmds.all) / n;
     state.counters["redis_cpu_us_per_cycle"] = cpu.redis * 1e6 / n;
@@ -300,6 +307,7 @@ class Recorder {
   CpuSample cpu_before_;
   double cpu_seconds_ = 0;
   std::uint64_t allocations_ = 0;
+  double switches_ = 0;
 };
 
 // Runs `body(caller, tally, deadline)` on n threads, one slice at a time.
@@ -382,9 +390,11 @@ template <class Driver>
 void run_slices(benchmark::State& state, Recorder& rec, Driver& driver, bool contended) {
   for (auto _ : state) {
     double cpu0 = process_cpu_seconds();
+    double switches0 = process_context_switches();
     std::uint64_t allocs0 = alloc_count::total();
     double seconds = driver.run_slice(kSlice);
-    rec.add_slice(process_cpu_seconds() - cpu0, alloc_count::total() - allocs0);
+    rec.add_slice(process_cpu_seconds() - cpu0, alloc_count::total() - allocs0,
+                  process_context_switches() - switches0);
     state.SetIterationTime(seconds);
   }
   rec.report(state, driver.tallies(), contended);
