@@ -177,19 +177,46 @@ TEST_F(MetricsTest, CountsMatchWhatTheCallsDid) {
   EXPECT_EQ(s.at("lockwatch_acquisitions_total{result=\"acquired\"}"), 6);
   EXPECT_EQ(s.at("lockwatch_acquisitions_total{result=\"busy\"}"), 1);
   EXPECT_EQ(s.at("lockwatch_acquisitions_total{result=\"error\"}"), 1);
-  EXPECT_EQ(s.at("lockwatch_acquire_duration_seconds_count"), 7);  // acquired and busy: waiting included
-  EXPECT_EQ(s.at("lockwatch_hold_duration_seconds_count"), 5);
+  // Acquired and busy, waiting included: the handles' without a pattern,
+  // the LOCKED calls' under theirs.
+  EXPECT_EQ(s.at("lockwatch_acquire_duration_seconds_count"), 2);
+  EXPECT_EQ(s.at("lockwatch_acquire_duration_seconds_count{pattern=\"counted\"}"), 5);
+  EXPECT_EQ(s.at("lockwatch_hold_duration_seconds_count{pattern=\"counted\"}"), 5);
+  EXPECT_EQ(s.at("lockwatch_hold_duration_seconds_count"), 0);
   EXPECT_EQ(s.at("lockwatch_leases_held"), 1);
   EXPECT_GE(s.at("lockwatch_renewals_total"), 1);
   EXPECT_GT(s.at("lockwatch_renewal_slack_seconds"), 0);
   EXPECT_LT(s.at("lockwatch_renewal_slack_seconds"), 0.3);
   // Buckets are cumulative and end at the count.
-  EXPECT_EQ(s.at("lockwatch_hold_duration_seconds_bucket{le=\"+Inf\"}"),
-            s.at("lockwatch_hold_duration_seconds_count"));
-  EXPECT_LE(s.at("lockwatch_hold_duration_seconds_bucket{le=\"0.001\"}"),
-            s.at("lockwatch_hold_duration_seconds_bucket{le=\"0.01\"}"));
+  EXPECT_EQ(s.at("lockwatch_hold_duration_seconds_bucket{pattern=\"counted\",le=\"+Inf\"}"),
+            s.at("lockwatch_hold_duration_seconds_count{pattern=\"counted\"}"));
+  EXPECT_LE(s.at("lockwatch_hold_duration_seconds_bucket{pattern=\"counted\",le=\"0.001\"}"),
+            s.at("lockwatch_hold_duration_seconds_bucket{pattern=\"counted\",le=\"0.01\"}"));
   EXPECT_GE(s.at("lockwatch_loop_lag_seconds_count"), 1);
   h.release().get();
+}
+
+// The acquisition and hold histograms carry the LOCKED key pattern as
+// written, never a key: one series per pattern however many keys it makes.
+TEST_F(MetricsTest, HistogramsAreLabelledByKeyPatternNeverByKey) {
+  start();
+  auto reserve = LOCKED("sku:{0}", 1s, forever, .on(*rt_))[](int) {};
+  auto transfer = LOCKED(all_of("acct:{0}", "acct:{1}"), 1s, forever, .on(*rt_))[](int, int) {};
+  for (int i = 0; i < 3; ++i) {
+    auto f = reserve(i);
+    get_bounded(f);
+  }
+  auto t = transfer(1, 2);
+  get_bounded(t);
+  auto s = parse(rt_->metrics_text());
+  EXPECT_TRUE(s.errors.empty()) << s.errors.front();
+  EXPECT_EQ(s.at("lockwatch_acquire_duration_seconds_count{pattern=\"sku:{0}\"}"), 3);
+  EXPECT_EQ(s.at("lockwatch_hold_duration_seconds_count{pattern=\"sku:{0}\"}"), 3);
+  // A set's keys count each under the set's pattern.
+  EXPECT_EQ(s.at("lockwatch_acquire_duration_seconds_count{pattern=\"all_of(\\\"acct:{0}\\\", \\\"acct:{1}\\\")\"}"), 2);
+  const std::string text = rt_->metrics_text();
+  EXPECT_EQ(text.find("sku:1"), std::string::npos);
+  EXPECT_EQ(text.find("acct:1\""), std::string::npos);
 }
 
 TEST_F(MetricsTest, LossesAreCountedByReason) {
@@ -227,7 +254,7 @@ TEST_F(MetricsTest, TheEndpointServesWhatMetricsTextSays) {
   auto s = parse(body);
   EXPECT_TRUE(s.errors.empty());
   EXPECT_EQ(s.at("lockwatch_acquisitions_total{result=\"acquired\"}"), 1);
-  EXPECT_EQ(s.at("lockwatch_hold_duration_seconds_count"), 1);
+  EXPECT_EQ(s.at("lockwatch_hold_duration_seconds_count{pattern=\"scraped\"}"), 1);
 }
 
 TEST_F(MetricsTest, AnythingButGetMetricsIsNotFound) {

@@ -549,6 +549,20 @@ concept AwaitableLike = requires { typename R::value_type; typename R::executor_
 template <class K>
 using key_holder_t = std::conditional_t<RuntimeString<std::decay_t<K>>, std::string, std::decay_t<K>>;
 
+/// The id of a key pattern's text in the metrics' `pattern` label
+/// (process-wide, interned on first use; 0 for empty text; past 62
+/// patterns, one id shown as "other"). Any thread.
+std::uint16_t pattern_id(std::string_view text) noexcept;
+
+/// The text LOCKED's key expression was written as (`#key_expr`): a
+/// literal's without its quotes.
+constexpr std::string_view pattern_text(std::string_view written) noexcept {
+  if (written.size() >= 2 && written.front() == '"' && written.back() == '"' &&
+      written.substr(1, written.size() - 2).find('"') == std::string_view::npos)
+    return written.substr(1, written.size() - 2);
+  return written;
+}
+
 /// The builder's argument checks: InvalidArgument if they fail.
 void check_builder_ttl(std::chrono::milliseconds ttl);
 void check_renew_weight(double w);
@@ -690,6 +704,27 @@ class LockedBuilder {
     detail::check_builder_ttl(ttl);
     spec_.ttl = ttl;
     spec_.retries = retries.count();
+    if constexpr (std::is_same_v<K, std::string>) {
+      spec_.pattern = detail::pattern_id(key_);
+    } else if constexpr (std::is_same_v<K, LockKey>) {
+      if (!key_.is_set()) {
+        spec_.pattern = detail::pattern_id(key_.key());
+      } else {
+        std::string text = "all_of(";
+        for (std::size_t i = 0; i < key_.keys().size(); ++i) text += (i ? ", " : "") + key_.keys()[i];
+        spec_.pattern = detail::pattern_id(text + ")");
+      }
+    }
+  }
+
+  /// The `pattern` label of these calls' acquisition and hold histograms
+  /// (Runtime::metrics_text): LOCKED gives its key expression as written,
+  /// locked() its pattern string; a key function has none unless given
+  /// here. Name a pattern, never a key: each distinct text is a series.
+  LockedBuilder metrics_pattern(std::string_view text) const {
+    LockedBuilder b = *this;
+    b.spec_.pattern = detail::pattern_id(text);
+    return b;
   }
 
   /// Use this runtime instead of the process-wide default.
@@ -782,4 +817,5 @@ LockedBuilder<detail::key_holder_t<K>> locked(K&& key_expr, std::chrono::millise
       [=](const auto&... lockwatch_key_args_) {                                                 \
         return ::lockwatch::detail::format_key(key_expr, lockwatch_key_args_...);               \
       },                                                                                        \
-      ttl, retries) __VA_ARGS__ +
+      ttl, retries)                                                                             \
+      .metrics_pattern(::lockwatch::detail::pattern_text(#key_expr)) __VA_ARGS__ +

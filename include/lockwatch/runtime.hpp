@@ -57,6 +57,9 @@ struct LockSpec {
   /// it or from it; each holder takes the key from the store with an owner
   /// token of its own (an Election's leaders, whom the owner token names).
   bool handoff = true;
+  /// The `pattern` label of the call's acquisition and hold histograms
+  /// (pattern_id(): the LOCKED key expression's text; 0: none).
+  std::uint16_t pattern = 0;
 };
 
 /// One decorated invocation, as the runtime sees it. run() executes the
@@ -69,6 +72,8 @@ class Call {
   virtual ~Call() = default;
   virtual void run() noexcept = 0;
   virtual void finish(std::exception_ptr error) noexcept = 0;
+  /// LockSpec::pattern, for the hold histogram (set by the runtime).
+  std::uint16_t metrics_pattern = 0;
 };
 
 /// Puts a request's key (one, or a set) into a spec.

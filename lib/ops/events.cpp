@@ -84,16 +84,16 @@ void Events::log(LogLevel level, std::string line) {
   }
 }
 
-void Events::acquired(const std::string& key, std::uint64_t fencing_token, Duration waited) {
+void Events::acquired(const std::string& key, std::uint64_t fencing_token, Duration waited, std::uint16_t pattern) {
   metrics_.acquired.fetch_add(1, std::memory_order_relaxed);
-  metrics_.acquire_duration.observe(waited);
+  metrics_.observe_acquire(pattern, waited);
   if (!observed()) return;
   tell([key, fencing_token, waited](Observer& o) { o.on_acquired(key, fencing_token, waited); });
 }
 
-void Events::busy(const std::string& key, Duration waited) {
+void Events::busy(const std::string& key, Duration waited, std::uint16_t pattern) {
   metrics_.busy.fetch_add(1, std::memory_order_relaxed);
-  metrics_.acquire_duration.observe(waited);
+  metrics_.observe_acquire(pattern, waited);
   if (!observed()) return;
   tell([key, waited](Observer& o) { o.on_busy(key, waited); });
 }
@@ -127,8 +127,8 @@ void Events::lost(const std::string& key, LostReason reason, const std::string& 
   tell([key, reason, detail](Observer& o) { o.on_lost(key, reason, detail); });
 }
 
-void Events::released(const std::string& key, Duration held) {
-  metrics_.hold_duration.observe(held);
+void Events::released(const std::string& key, Duration held, std::uint16_t pattern) {
+  metrics_.observe_hold(pattern, held);
   if (!observed()) return;
   tell([key, held](Observer& o) { o.on_released(key, held); });
 }

@@ -37,13 +37,14 @@ class Events {
   Metrics& metrics() noexcept { return metrics_; }
   const Metrics& metrics() const noexcept { return metrics_; }
 
-  void acquired(const std::string& key, std::uint64_t fencing_token, Duration waited);
-  void busy(const std::string& key, Duration waited);
+  // `pattern`: LockSpec::pattern, the histograms' label.
+  void acquired(const std::string& key, std::uint64_t fencing_token, Duration waited, std::uint16_t pattern = 0);
+  void busy(const std::string& key, Duration waited, std::uint16_t pattern = 0);
   void acquire_failed(const std::string& key, std::exception_ptr error);
   void renewed(const std::string& key, Duration slack);
   void renewal_failed(const std::string& key, const std::string& why);
   void lost(const std::string& key, LostReason reason, const std::string& detail);
-  void released(const std::string& key, Duration held);
+  void released(const std::string& key, Duration held, std::uint16_t pattern = 0);
   // Options::hold_warning: the lease on `key` is held `held` already (once per lease).
   void held_long(const std::string& key, Duration held);
   void connection(const std::string& endpoint, bool up, const std::string& why);

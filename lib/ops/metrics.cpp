@@ -3,6 +3,9 @@
 #include <fmt/format.h>
 
 #include <limits>
+#include <memory>
+#include <mutex>
+#include <vector>
 
 namespace lockwatch::detail {
 
@@ -28,6 +31,28 @@ Histogram::Histogram(std::span<const double> bounds) noexcept : n_(std::min(boun
   for (std::size_t i = 0; i < n_; ++i) bounds_[i] = bounds[i];
 }
 
+void Histogram::render(std::string& out, std::string_view name, std::string_view help) const {
+  fmt::format_to(std::back_inserter(out), "# HELP {0} {1}\n# TYPE {0} histogram\n", name, help);
+  render_series(out, name, "");
+}
+
+void Histogram::render_series(std::string& out, std::string_view name, std::string_view labels) const {
+  std::uint64_t cumulative = 0;
+  for (std::size_t i = 0; i <= n_; ++i) {
+    cumulative += counts_[i].load(std::memory_order_relaxed);
+    std::string le = i < n_ ? number(bounds_[i]) : "+Inf";
+    fmt::format_to(std::back_inserter(out), "{}_bucket{{{}le=\"{}\"}} {}\n", name, labels, le, cumulative);
+  }
+  if (labels.empty()) {
+    fmt::format_to(std::back_inserter(out), "{}_sum {}\n{}_count {}\n", name,
+                   number(static_cast<double>(sum_ns_.load(std::memory_order_relaxed)) / 1e9), name, cumulative);
+    return;
+  }
+  const std::string_view inner = labels.substr(0, labels.size() - 1);  // without the trailing comma
+  fmt::format_to(std::back_inserter(out), "{}_sum{{{}}} {}\n{}_count{{{}}} {}\n", name, inner,
+                 number(static_cast<double>(sum_ns_.load(std::memory_order_relaxed)) / 1e9), name, inner, cumulative);
+}
+
 void Histogram::observe(std::chrono::nanoseconds d) noexcept {
   const double s = std::chrono::duration<double>(d).count();
   std::size_t i = 0;
@@ -36,19 +61,81 @@ void Histogram::observe(std::chrono::nanoseconds d) noexcept {
   sum_ns_.fetch_add(static_cast<std::uint64_t>(std::max<std::int64_t>(0, d.count())), std::memory_order_relaxed);
 }
 
-void Histogram::render(std::string& out, std::string_view name, std::string_view help) const {
-  fmt::format_to(std::back_inserter(out), "# HELP {0} {1}\n# TYPE {0} histogram\n", name, help);
-  std::uint64_t cumulative = 0;
-  for (std::size_t i = 0; i <= n_; ++i) {
-    cumulative += counts_[i].load(std::memory_order_relaxed);
-    std::string le = i < n_ ? number(bounds_[i]) : "+Inf";
-    fmt::format_to(std::back_inserter(out), "{}_bucket{{le=\"{}\"}} {}\n", name, le, cumulative);
-  }
-  fmt::format_to(std::back_inserter(out), "{}_sum {}\n{}_count {}\n", name,
-                 number(static_cast<double>(sum_ns_.load(std::memory_order_relaxed)) / 1e9), name, cumulative);
+Metrics::Metrics() : acquire_duration(kAcquireBounds), hold_duration(kHoldBounds), loop_lag(kLagBounds) {}
+
+Metrics::~Metrics() {
+  for (auto* a : {&acquire_by_pattern, &hold_by_pattern})
+    for (auto& h : *a) delete h.load(std::memory_order_acquire);
 }
 
-Metrics::Metrics() : acquire_duration(kAcquireBounds), hold_duration(kHoldBounds), loop_lag(kLagBounds) {}
+namespace {
+struct PatternNames {
+  std::mutex mu;
+  std::vector<std::string> names{""};  // id 0: none
+};
+PatternNames& pattern_names() {
+  static PatternNames names;
+  return names;
+}
+
+// The histogram of `pattern` in `by`, made on first use (any thread).
+Histogram& of_pattern(std::array<std::atomic<Histogram*>, kPatternIds>& by, std::uint16_t pattern,
+                      std::span<const double> bounds) {
+  auto& slot = by[std::min<std::size_t>(pattern, kPatternIds - 1)];
+  Histogram* h = slot.load(std::memory_order_acquire);
+  if (h != nullptr) return *h;
+  auto made = std::make_unique<Histogram>(bounds);
+  if (slot.compare_exchange_strong(h, made.get(), std::memory_order_acq_rel)) return *made.release();
+  return *h;
+}
+}  // namespace
+
+std::uint16_t pattern_id(std::string_view text) noexcept {
+  if (text.empty()) return 0;
+  try {
+    auto& p = pattern_names();
+    std::lock_guard lk(p.mu);
+    for (std::size_t i = 1; i < p.names.size(); ++i)
+      if (p.names[i] == text) return static_cast<std::uint16_t>(i);
+    if (p.names.size() < kPatternIds - 1) {
+      p.names.emplace_back(text);
+      return static_cast<std::uint16_t>(p.names.size() - 1);
+    }
+  } catch (...) {
+  }
+  return static_cast<std::uint16_t>(kPatternIds - 1);  // "other"
+}
+
+std::string pattern_name(std::uint16_t id) {
+  if (id >= kPatternIds - 1) return "other";
+  auto& p = pattern_names();
+  std::lock_guard lk(p.mu);
+  return id < p.names.size() ? p.names[id] : std::string();
+}
+
+void Metrics::observe_acquire(std::uint16_t pattern, std::chrono::nanoseconds d) noexcept {
+  if (pattern == 0) {
+    acquire_duration.observe(d);
+    return;
+  }
+  try {
+    of_pattern(acquire_by_pattern, pattern, kAcquireBounds).observe(d);
+  } catch (...) {
+    acquire_duration.observe(d);  // out of memory: counted without its label
+  }
+}
+
+void Metrics::observe_hold(std::uint16_t pattern, std::chrono::nanoseconds d) noexcept {
+  if (pattern == 0) {
+    hold_duration.observe(d);
+    return;
+  }
+  try {
+    of_pattern(hold_by_pattern, pattern, kHoldBounds).observe(d);
+  } catch (...) {
+    hold_duration.observe(d);
+  }
+}
 
 std::shared_ptr<JobMetrics> Metrics::job(const std::string& name) {
   std::lock_guard lk(jobs_mu);
@@ -94,9 +181,19 @@ std::string Metrics::render(const StatsCounters& stats) const {
                  "lockwatch_acquisitions_total{{result=\"busy\"}} {}\n"
                  "lockwatch_acquisitions_total{{result=\"error\"}} {}\n",
                  rel(acquired), rel(busy), rel(acquire_errors));
+  auto by_pattern = [&out](const std::array<std::atomic<Histogram*>, kPatternIds>& by, std::string_view name) {
+    for (std::size_t p = 1; p < kPatternIds; ++p) {
+      if (const Histogram* h = by[p].load(std::memory_order_acquire))
+        h->render_series(out, name, fmt::format("pattern=\"{}\",", label(pattern_name(static_cast<std::uint16_t>(p)))));
+    }
+  };
   acquire_duration.render(out, "lockwatch_acquire_duration_seconds",
-                          "Time from a call to its grant, waiting included.");
-  hold_duration.render(out, "lockwatch_hold_duration_seconds", "Time a lease was held, from grant to release.");
+                          "Time from a call to its grant, waiting included (by LOCKED key pattern; none: "
+                          "handles and key functions).");
+  by_pattern(acquire_by_pattern, "lockwatch_acquire_duration_seconds");
+  hold_duration.render(out, "lockwatch_hold_duration_seconds",
+                       "Time a lease was held, from grant to release (by LOCKED key pattern).");
+  by_pattern(hold_by_pattern, "lockwatch_hold_duration_seconds");
   counter(out, "lockwatch_renewals_total", "Lease renewals confirmed by the store.", rel(renewals));
   counter(out, "lockwatch_renewal_failures_total", "Lease renewals that failed for a transient reason (retried).",
           rel(renewal_failures));

@@ -32,7 +32,10 @@ class Histogram {
   static constexpr std::size_t kMaxBuckets = 16;
   explicit Histogram(std::span<const double> bounds) noexcept;
   void observe(std::chrono::nanoseconds d) noexcept;
+  // The family's HELP and TYPE lines, then its series.
   void render(std::string& out, std::string_view name, std::string_view help) const;
+  // The series alone, `labels` first in each (`pattern="sku:{0}",`).
+  void render_series(std::string& out, std::string_view name, std::string_view labels) const;
 
  private:
   std::array<double, kMaxBuckets> bounds_{};
@@ -40,6 +43,12 @@ class Histogram {
   std::array<std::atomic<std::uint64_t>, kMaxBuckets + 1> counts_{};  // not cumulative; the last is +Inf
   std::atomic<std::uint64_t> sum_ns_{0};
 };
+
+// The key patterns named in the metrics' `pattern` label: process-wide,
+// interned by pattern_id() (lockwatch/locked.hpp), at most kPatternIds - 2
+// distinct ones; later ones share the last id, shown as "other".
+inline constexpr std::size_t kPatternIds = 64;
+std::string pattern_name(std::uint16_t id);
 
 // A scheduled job's counters, kept for the runtime's life once declared.
 struct JobMetrics {
@@ -63,6 +72,16 @@ struct Metrics {
   Histogram acquire_duration;
   Histogram hold_duration;
   Histogram loop_lag;
+  // The same two by LOCKED key pattern (LockSpec::pattern, 1 ..
+  // kPatternIds - 1; 0, a call without one, counts in the two above),
+  // each made on its first observation.
+  std::array<std::atomic<Histogram*>, kPatternIds> acquire_by_pattern{};
+  std::array<std::atomic<Histogram*>, kPatternIds> hold_by_pattern{};
+  void observe_acquire(std::uint16_t pattern, std::chrono::nanoseconds d) noexcept;
+  void observe_hold(std::uint16_t pattern, std::chrono::nanoseconds d) noexcept;
+  ~Metrics();
+  Metrics(const Metrics&) = delete;
+  Metrics& operator=(const Metrics&) = delete;
 
   void count_lost(LostReason reason) noexcept;
   mutable std::mutex jobs_mu;

@@ -249,6 +249,10 @@ struct LeaseRecord final : Lease, TimerTask, HandleState {
     if (!why.empty() || rare_if()) rare().lost_detail = std::move(why);
   }
 
+  // The hold histogram's label: the call's LockSpec::pattern (none for a
+  // handle; kept on the call, which the record has room for).
+  std::uint16_t pattern() const noexcept { return call ? call->metrics_pattern : 0; }
+
   // Held through a LockHandle, not by running work.
   bool is_handle() const noexcept { return call == nullptr; }
 

@@ -183,6 +183,7 @@ LockSpec SetAcquirer::key_spec(std::size_t i) const {
   one.renew_weight = spec_.renew_weight;
   one.kind = spec_.kind;
   one.handoff = spec_.handoff;
+  one.pattern = spec_.pattern;  // each key counts under the set's pattern
   return one;
 }
 

@@ -273,6 +273,7 @@ void detail::check_reentrant(const std::string& key, const LockKind& held, const
 
 void Runtime::Impl::dispatch(detail::LockSpec spec, std::shared_ptr<detail::Call> call) {
   validate(spec);
+  call->metrics_pattern = spec.pattern;
   if (!spec.set.empty()) {
     dispatch_set(std::move(spec), std::move(call));
     return;
@@ -347,7 +348,7 @@ void Runtime::Impl::fail(const std::shared_ptr<Acquisition>& a, std::exception_p
   // find out. A cancelled wait is neither.
   if (a->handle && a->handle->cancelled()) {
   } else if (busy) {
-    events.busy(a->spec.key, Clock::now() - a->started);
+    events.busy(a->spec.key, Clock::now() - a->started, a->spec.pattern);
   } else {
     events.acquire_failed(a->spec.key, err);
   }
@@ -368,7 +369,7 @@ void Runtime::Impl::taken(const std::shared_ptr<Acquisition>& a, std::uint64_t f
 }
 
 void Runtime::Impl::start_lease(const std::shared_ptr<Acquisition>& a, const std::shared_ptr<LeaseRecord>& l) {
-  events.acquired(a->spec.key, l->fencing_token(), l->granted_at - a->started);
+  events.acquired(a->spec.key, l->fencing_token(), l->granted_at - a->started, a->spec.pattern);
   if (stopping.load()) l->request_stop();
   if (!links) links = std::make_shared<const detail::RuntimeLinks>(weak_from_this(), notifier_pool);
   l->links = links;

@@ -83,7 +83,7 @@ std::shared_ptr<LeaseRecord> Watchdog::hand_off(const std::shared_ptr<LeaseRecor
   l->slot = from->slot;
   leases_[l->slot] = l;
   from->slot = LeaseRecord::kNoSlot;
-  events_.released(from->key(), l->granted_at - from->granted_at);
+  events_.released(from->key(), l->granted_at - from->granted_at, from->pattern());
   if (from->phase == LeaseRecord::Phase::kAwaitingReply) {
     // Its reply comes to `l` (through the streak).
     schedule(*l, LeaseRecord::Phase::kAwaitingReply, l->deadline());
@@ -410,7 +410,7 @@ void Watchdog::finish(const std::shared_ptr<LeaseRecord>& l) {
   // Leases given back by the hundred thousand give their slots' memory back.
   if (leases_.capacity() >= 65536 && leases_.size() < leases_.capacity() / 4) leases_.shrink_to_fit();
   if (!l->uncounted) stats_.held.fetch_sub(1, std::memory_order_relaxed);
-  events_.released(l->key(), Clock::now() - l->granted_at);
+  events_.released(l->key(), Clock::now() - l->granted_at, l->pattern());
   if (finished_) finished_(l);
 }
 
