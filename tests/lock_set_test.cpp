@@ -10,6 +10,7 @@
 #include <thread>
 
 #include "memory_runtime.hpp"
+#include "transfers.hpp"
 
 namespace lockwatch::testing {
 namespace {
@@ -41,38 +42,16 @@ class LockSetTest : public ::testing::Test {
 // its own order (from == to included): balances stay exact, no call fails,
 // no two transfers touching one account overlap.
 TEST_F(LockSetTest, OppositeOrderTransfersNeitherDeadlockNorOverlap) {
-  constexpr int kAccounts = 4, kThreads = 8, kTransfers = 40;
-  std::map<int, long> balance;
-  std::atomic<int> busy[kAccounts] = {};
-  std::atomic<int> overlaps{0}, failures{0};
-  for (int a = 0; a < kAccounts; ++a) balance[a] = 1000;
-  auto transfer = LOCKED(all_of("acct:{0}", "acct:{1}"), 2s, forever, .on(*rt_).wait(20s))[&](int from, int to, long cents) {
-    if (busy[from].fetch_add(1) != 0) overlaps++;
-    if (to != from && busy[to].fetch_add(1) != 0) overlaps++;
-    long f = balance[from];
-    std::this_thread::yield();
-    balance[from] = f - cents;
-    balance[to] += cents;
-    busy[from].fetch_sub(1);
-    if (to != from) busy[to].fetch_sub(1);
+  Ledger<4> ledger;
+  auto transfer = LOCKED(all_of("acct:{0}", "acct:{1}"), 2s, forever, .on(*rt_).wait(20s))[&](int from, int to,
+                                                                                              long cents) {
+    ledger.move(from, to, cents);
   };
-  std::vector<std::thread> threads;
-  for (int t = 0; t < kThreads; ++t) {
-    threads.emplace_back([&, t] {
-      std::mt19937 rng(static_cast<unsigned>(t));
-      for (int i = 0; i < kTransfers; ++i) {
-        int from = static_cast<int>(rng() % kAccounts), to = static_cast<int>(rng() % kAccounts);
-        auto f = transfer(from, to, 1 + static_cast<long>(rng() % 9));
-        if (!completes(f)) failures++;
-      }
-    });
-  }
-  for (auto& t : threads) t.join();
-  long total = 0;
-  for (auto& [a, b] : balance) total += b;
-  EXPECT_EQ(failures.load(), 0);
-  EXPECT_EQ(overlaps.load(), 0);
-  EXPECT_EQ(total, 1000L * kAccounts);
+  run_transfers(ledger, 8, 40, 1, [&](int) { return transfer; });
+  EXPECT_EQ(ledger.failures.load(), 0);
+  EXPECT_EQ(ledger.overlaps.load(), 0);
+  EXPECT_EQ(ledger.token_regressions.load(), 0);
+  EXPECT_EQ(ledger.total(), 4000);
   EXPECT_EQ(rt_->held_leases(), 0u);
 }
 

@@ -27,6 +27,7 @@
 #include "backends.hpp"
 #include "store_on_loop.hpp"
 #include "test_util.hpp"
+#include "transfers.hpp"
 
 namespace lockwatch::testing {
 namespace {
@@ -706,51 +707,18 @@ TEST_P(StoreContractTest, ASetIsTakenAllOrNone) {
 // no two transfers on one account overlap, balances stay exact, and each
 // account's fencing token rises.
 TEST_P(StoreContractTest, OppositeOrderTransfersKeepBalancesExact) {
-  constexpr int kRuntimes = 3, kThreads = 8, kTransfers = 4, kAccounts = 4;
+  constexpr int kRuntimes = 3, kThreads = 8;
   std::vector<std::unique_ptr<Runtime>> runtimes;
   for (int i = 0; i < kRuntimes; ++i) runtimes.push_back(std::make_unique<Runtime>(options(kThreads)));
-  long balance[kAccounts];
-  std::uint64_t last_token[kAccounts] = {};
-  std::atomic<int> busy[kAccounts] = {};
-  std::atomic<int> overlaps{0}, failures{0}, token_regressions{0};
-  for (long& b : balance) b = 1000;
-  std::vector<std::thread> threads;
-  for (int r = 0; r < kRuntimes; ++r) {
-    for (int t = 0; t < kThreads; ++t) {
-      threads.emplace_back([&, r, t] {
-        auto transfer = LOCKED(all_of("acct:{0}", "acct:{1}"), 3s, forever, .on(*runtimes[r]).wait(60s))[&](
-                            int from, int to, long cents) {
-          const int touched[] = {from, to};
-          for (int k = 0; k < (to == from ? 1 : 2); ++k) {
-            const int acct = touched[k];
-            auto token = this_lease().fencing_token("acct:" + std::to_string(acct));
-            if (busy[acct].fetch_add(1) != 0) overlaps++;
-            if (token <= last_token[acct]) token_regressions++;
-            last_token[acct] = token;
-          }
-          long f = balance[from];
-          std::this_thread::yield();
-          balance[from] = f - cents;
-          balance[to] += cents;
-          busy[from].fetch_sub(1);
-          if (to != from) busy[to].fetch_sub(1);
-        };
-        std::mt19937 rng(static_cast<unsigned>(r * 100 + t));
-        for (int i = 0; i < kTransfers; ++i) {
-          int from = static_cast<int>(rng() % kAccounts), to = static_cast<int>(rng() % kAccounts);
-          auto f = transfer(from, to, 1 + static_cast<long>(rng() % 9));
-          if (!completes(f)) failures++;
-        }
-      });
-    }
-  }
-  for (auto& t : threads) t.join();
-  long total = 0;
-  for (long b : balance) total += b;
-  EXPECT_EQ(failures.load(), 0);
-  EXPECT_EQ(overlaps.load(), 0);
-  EXPECT_EQ(token_regressions.load(), 0);
-  EXPECT_EQ(total, 1000L * kAccounts);
+  Ledger<4> ledger;
+  run_transfers(ledger, kRuntimes * kThreads, 4, 1, [&](int t) {
+    return LOCKED(all_of("acct:{0}", "acct:{1}"), 3s, forever, .on(*runtimes[t % kRuntimes]).wait(60s))[&](
+               int from, int to, long cents) { ledger.move(from, to, cents); };
+  });
+  EXPECT_EQ(ledger.failures.load(), 0);
+  EXPECT_EQ(ledger.overlaps.load(), 0);
+  EXPECT_EQ(ledger.token_regressions.load(), 0);
+  EXPECT_EQ(ledger.total(), 4000);
 }
 
 // The same from three processes of eight threads (tests/file_counter in

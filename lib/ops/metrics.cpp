@@ -113,28 +113,28 @@ std::string pattern_name(std::uint16_t id) {
   return id < p.names.size() ? p.names[id] : std::string();
 }
 
+namespace {
+// Observes `d` in `pattern`'s histogram of `by`, or in `plain` for none
+// (or when its histogram cannot be made).
+void observe_in(Histogram& plain, std::array<std::atomic<Histogram*>, kPatternIds>& by, std::span<const double> bounds,
+                std::uint16_t pattern, std::chrono::nanoseconds d) noexcept {
+  if (pattern != 0) {
+    try {
+      of_pattern(by, pattern, bounds).observe(d);
+      return;
+    } catch (...) {
+    }
+  }
+  plain.observe(d);
+}
+}  // namespace
+
 void Metrics::observe_acquire(std::uint16_t pattern, std::chrono::nanoseconds d) noexcept {
-  if (pattern == 0) {
-    acquire_duration.observe(d);
-    return;
-  }
-  try {
-    of_pattern(acquire_by_pattern, pattern, kAcquireBounds).observe(d);
-  } catch (...) {
-    acquire_duration.observe(d);  // out of memory: counted without its label
-  }
+  observe_in(acquire_duration, acquire_by_pattern, kAcquireBounds, pattern, d);
 }
 
 void Metrics::observe_hold(std::uint16_t pattern, std::chrono::nanoseconds d) noexcept {
-  if (pattern == 0) {
-    hold_duration.observe(d);
-    return;
-  }
-  try {
-    of_pattern(hold_by_pattern, pattern, kHoldBounds).observe(d);
-  } catch (...) {
-    hold_duration.observe(d);
-  }
+  observe_in(hold_duration, hold_by_pattern, kHoldBounds, pattern, d);
 }
 
 std::shared_ptr<JobMetrics> Metrics::job(const std::string& name) {
