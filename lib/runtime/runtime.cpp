@@ -495,7 +495,7 @@ std::future<LockState> Runtime::Impl::inspect(std::string key) {
           if (err)
             promise->set_exception(detail::to_exception(*err));
           else
-            promise->set_value(LockState{key, info.held, info.ttl, info.fencing_token});
+            promise->set_value(detail::to_lock_state(key, info));
         });
       }))
     throw RuntimeStopped("lockwatch runtime is stopping");

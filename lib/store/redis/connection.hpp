@@ -191,7 +191,9 @@ class RedisConnection {
   };
   // What `q` sent, for an error that the user's ACL refused it.
   static std::string sent(const Queued& q);
-  enum class Handshake : std::uint8_t { kNone, kAuth, kSelect, kRole };
+  // kName: CLIENT SETNAME lockwatch:<owner>, for operators' CLIENT LIST;
+  // a refusal (an ACL without it, an old server) is ignored.
+  enum class Handshake : std::uint8_t { kNone, kAuth, kSelect, kRole, kName };
   // A request written on the current link whose reply has not come yet;
   // replies come in this order.
   struct Pending {
