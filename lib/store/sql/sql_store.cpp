@@ -81,7 +81,7 @@ std::string SqlStore::table_definition(const std::string& table) {
 std::vector<std::string> SqlStore::migrations(const std::string& table) {
   // Owner names and grant times (issue 42): tables made by versions before.
   std::vector<std::string> out;
-  for (const std::string t : {table, table + "_holders"})
+  for (const std::string& t : {table, table + "_holders"})
     out.push_back(fmt::format("ALTER TABLE `{}` ADD COLUMN IF NOT EXISTS owner_name VARBINARY(128) NOT NULL DEFAULT '', "
                               "ADD COLUMN IF NOT EXISTS granted_at DATETIME(6) NULL",
                               t));
