@@ -58,8 +58,10 @@ struct LockInfo {
   std::string key;                   // list_locks(): the user's key (encode() undone)
 };
 
-// The store's names as written by the owner-recording scripts and rows:
-// "<grant time in unix ms> <owner name>". False when `text` is not one.
+// An owner record as the Redis scripts and etcd values keep it, "<grant
+// time in unix ms> <owner name>" ("-" for a time not to be had), into
+// `out`'s owner name and grant time. False when no time was read (the
+// name may still have been).
 bool parse_owner_record(std::string_view text, HolderInfo& out);
 
 // What a scheduled job's claim on a period found (claim_period). The

@@ -75,7 +75,7 @@ class MemorySpace {
   class State {
    public:
     // `owner_name` is recorded with a new grant, with the time.
-    Acquired acquire(const LockRef& lock, std::string_view owner_name);
+    Acquired acquire(const LockRef& lock, std::string_view owner_name = {});
     Renewed renew(const LockRef& lock);
     // kYesUnheard when its notice reached no store but `self` (or none).
     Released release(const LockRef& lock, bool notify, const MemoryLink* self = nullptr);

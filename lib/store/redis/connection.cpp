@@ -191,7 +191,8 @@ void RedisConnection::connect() {
     send_handshake(Handshake::kAuth, std::move(auth));
   }
   if (endpoint_.db != 0 && !pubsub_) send_handshake(Handshake::kSelect, {"SELECT", std::to_string(endpoint_.db)});
-  send_handshake(Handshake::kName, {"CLIENT", "SETNAME", "lockwatch:" + connection_owner_name(owner_name(options_))});
+  if (hooks_.named)
+    send_handshake(Handshake::kName, {"CLIENT", "SETNAME", "lockwatch:" + connection_owner_name(owner_name(options_))});
   if (require_master_) send_handshake(Handshake::kRole, {"ROLE"});
   if (pubsub_) {
     sharded_sent_.clear();  // what was unanswered went with the old link

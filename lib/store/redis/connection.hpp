@@ -120,11 +120,16 @@ class RedisConnection {
     // Sent right after AUTH on every new connection (e.g. SUBSCRIBE in a
     // sentinel watcher); its replies reach on_message.
     std::vector<std::string> on_connect_command;
+    // CLIENT SETNAME lockwatch:<owner> at each connect (Options::owner_name);
+    // off for a sentinel, whose users are given only what Sentinel needs.
+    bool named = true;
   };
 
   enum class Mode { kCommands, kPubSub, kShardedPubSub };
 
-  RedisConnection(Loop& loop, Endpoint endpoint, const Options& options, Mode mode, Hooks hooks = {});
+  RedisConnection(Loop& loop, Endpoint endpoint, const Options& options, Mode mode, Hooks hooks);
+  RedisConnection(Loop& loop, Endpoint endpoint, const Options& options, Mode mode)
+      : RedisConnection(loop, std::move(endpoint), options, mode, Hooks()) {}
   ~RedisConnection();
   RedisConnection(const RedisConnection&) = delete;
   RedisConnection& operator=(const RedisConnection&) = delete;

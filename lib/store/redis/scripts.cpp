@@ -69,11 +69,9 @@ for i = 1, #KEYS / 3 do
     else
       out[i] = 't' .. string.format('%d', f)
       local own, now = lock .. ':owners', redis.pcall('time')
-      redis.pcall('del', own)
-      if not now.err then
-        redis.pcall('hset', own, token, now[1] .. string.format('%03d', math.floor(tonumber(now[2]) / 1000)) .. ' ' .. owner)
-        redis.pcall('pexpire', own, ttl)
-      end
+      local stamp = now.err and '-' or now[1] .. string.format('%03d', math.floor(tonumber(now[2]) / 1000))
+      redis.pcall('hset', own, token, stamp .. ' ' .. owner)
+      redis.pcall('pexpire', own, ttl)
     end
     local mark = lock .. ':writer'
     if redis.pcall('get', mark) == token then redis.pcall('del', mark) end
