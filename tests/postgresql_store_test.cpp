@@ -221,7 +221,7 @@ TEST_F(PostgresStoreTest, TlsVerifiesTheServerWithTheUrlsRootCertificate) {
   auto fut = f();
   EXPECT_GE(get_bounded(fut), 1u);
   auto sessions = server_->query("SELECT count(*) FROM pg_stat_ssl s JOIN pg_stat_activity a USING (pid) "
-                                 "WHERE s.ssl AND a.application_name = 'lockwatch' AND a.usename = 'lockwatch'");
+                                 "WHERE s.ssl AND a.application_name LIKE 'lockwatch:%' AND a.usename = 'lockwatch'");
   EXPECT_GE(std::stoi(sessions.at(0).at(0)), 1);
 
   // Another CA's root, or a name the certificate does not carry: refused.
