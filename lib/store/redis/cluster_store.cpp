@@ -785,7 +785,10 @@ void ClusterStore::list_locks(std::string_view prefix, std::size_t limit, ListDo
     auto merge = std::make_shared<Merge>();
     merge->pending = masters.size();
     merge->done = std::move(done);
-    if (masters.empty()) return merge->done({}, nullptr);
+    if (masters.empty()) {  // no slot served: nothing held, answered on the next turn (never inside the call)
+      loop_.post([merge] { merge->done({}, nullptr); });
+      return;
+    }
     for (Node* node : masters)
       node->store->list_locks(prefix, limit, [merge, limit](std::vector<LockInfo> locks, const StoreError* e) {
         if (e && !merge->error) merge->error = *e;
