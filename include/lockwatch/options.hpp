@@ -193,7 +193,7 @@ struct Options {
   /// A lease held longer than this counts once in
   /// lockwatch_holds_long_total, and is told once to the observers
   /// (Observer::on_held_long) and the log (a warning naming the key and this
-  /// runtime's identity). 0 (the default): off. Must not be negative.
+  /// runtime's owner_name). 0 (the default): off. Must not be negative.
   std::chrono::milliseconds hold_warning{0};
   /// In-process hand-off on a contended key. On by default.
   ///

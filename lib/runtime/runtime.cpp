@@ -9,6 +9,7 @@
 
 #include "lockwatch/locked.hpp"
 #include "core/error_values.hpp"
+#include "core/option_checks.hpp"
 #include "runtime/store_errors.hpp"
 #include "store/capabilities.hpp"
 #include "core/timing.hpp"
@@ -29,7 +30,7 @@ Retries::Retries(int count) : count_(count) {
 Runtime::Impl::Impl(Options opts, const detail::StoreFactory& make_store)
     : options(std::move(opts)),
       pool(options.threads, options.busy_poll),
-      events(event_thread, options.log),
+      events(event_thread, options.log, detail::owner_name(options)),
       store(make_store(loop, options)),
       clock(loop, options, stats),
       watchdog(*store, clock, notifier, options, stats, events),
