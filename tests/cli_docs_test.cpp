@@ -83,7 +83,7 @@ std::set<std::string> options_in_help(const std::string& args) {
   return out;
 }
 
-const char* const kHelpScopes[] = {"", "run", "status", "release"};
+const char* const kHelpScopes[] = {"", "run", "status", "release", "ls"};
 
 // How troff writes an option: every hyphen escaped.
 std::string in_roff(const std::string& option) {
@@ -139,7 +139,7 @@ std::string complete(const std::vector<std::string>& words) {
 }
 
 TEST(CliDocsTest, TheCompletionCompletesSubcommandsOptionsAndTheCommand) {
-  EXPECT_EQ(complete({"lockwatch", ""}), "--help --version -h release run status ");
+  EXPECT_EQ(complete({"lockwatch", ""}), "--help --version -h ls release run status ");
   EXPECT_EQ(complete({"lockwatch", "st"}), "status ");
   EXPECT_EQ(complete({"lockwatch", "run", "--once"}), "--once-per ");
   EXPECT_EQ(complete({"lockwatch", "release", "--f"}), "--force ");

@@ -520,6 +520,62 @@ TEST_F(CliTest, StatusAndReleaseSpeakInLinesForScripts) {
   EXPECT_EQ(run({"release", "--force", k}).output, "key=" + k + "\nwas_held=no\n");
 }
 
+// Who holds a lock and since when, from status and ls; the
+// holder's connections carry its owner name.
+TEST_F(CliTest, StatusNamesTheOwnerAndLsListsTheLocksHeld) {
+  const std::string k = test_key();
+  std::vector<std::string> holder_env = env();
+  holder_env.push_back("LOCKWATCH_OWNER_NAME=batch host-7");
+  auto holder = std::make_unique<ChildProcess>(
+      cli_argv({"run", "--key", k + ":a", "--ttl", "5s", "-c", "echo ready; exec sleep 1000"}), holder_env);
+  ASSERT_TRUE(read_until(*holder, "ready"));
+  auto other = start({"run", "--key", k + ":b", "--ttl", "5s", "-c", "echo ready; exec sleep 1000"});
+  ASSERT_TRUE(read_until(*other, "ready"));
+
+  Outcome status = run({"status", k + ":a"});
+  EXPECT_EQ(status.code, 0) << status.output;
+  EXPECT_TRUE(contains(status.output, "\nkind=exclusive\nowner=batch host-7\nsince=20")) << status.output;
+  auto held_for = status.output.find("\nheld_for_ms=");
+  ASSERT_NE(held_for, std::string::npos) << status.output;
+  EXPECT_LT(std::stol(status.output.substr(held_for + 13)), 5000) << status.output;
+  EXPECT_TRUE(contains(status.output, "\nholder=")) << status.output;
+  EXPECT_TRUE(contains(status.output, " batch host-7\n")) << "the holder line ends in the owner: " << status.output;
+
+  Outcome ls = run({"ls", k + ":"});
+  EXPECT_EQ(ls.code, 0) << ls.output;
+  std::istringstream lines(ls.output);
+  std::string header, a, b, extra;
+  std::getline(lines, header);
+  std::getline(lines, a);
+  std::getline(lines, b);
+  EXPECT_FALSE(std::getline(lines, extra)) << ls.output;
+  EXPECT_EQ(header.rfind("KEY", 0), 0u) << ls.output;
+  EXPECT_EQ(a.rfind(k + ":a ", 0), 0u) << ls.output;
+  EXPECT_TRUE(contains(a, " exclusive ") && a.ends_with(" batch host-7")) << a;
+  EXPECT_EQ(b.rfind(k + ":b ", 0), 0u) << ls.output;
+  EXPECT_TRUE(b.ends_with(":lockwatch")) << "host:pid:program by default: " << b;
+
+  Outcome json = run({"ls", "--json", k + ":"});
+  EXPECT_EQ(json.code, 0) << json.output;
+  EXPECT_EQ(json.output.rfind("[{\"key\":\"" + k + ":a\",\"kind\":\"exclusive\",\"owner\":\"batch host-7\"", 0), 0u)
+      << json.output;
+  EXPECT_TRUE(contains(json.output, "},{\"key\":\"" + k + ":b\"")) << json.output;
+  // Bounded: the store's first lock (SCAN's order), and the limit reached is said.
+  Outcome one = run({"ls", "--json", "--limit", "1", k + ":"});
+  EXPECT_EQ(one.code, 0) << one.output;
+  EXPECT_NE(contains(one.output, k + ":a"), contains(one.output, k + ":b")) << "--limit 1: " << one.output;
+  EXPECT_TRUE(contains(one.output, "more may be held")) << one.output;
+
+  // The connections name their owner (no spaces in a Redis client name).
+  const Reply clients = server_->command({"CLIENT", "LIST"});
+  EXPECT_TRUE(contains(clients.str, "name=lockwatch:batch_host-7 ")) << clients.str;
+
+  holder->kill(SIGTERM);
+  other->kill(SIGTERM);
+  finish(*holder, Clock::now());
+  finish(*other, Clock::now());
+}
+
 TEST_F(CliTest, ARunWhoseLockIsRemovedByReleaseForceGetsTheDefaultKillGrace) {
   const std::string k = test_key();
   auto started = Clock::now();
@@ -628,6 +684,9 @@ TEST_F(CliTest, RunsOverSql) {
   Outcome status = run({"status", "--redis", db.url(), test_key()});
   EXPECT_TRUE(contains(status.output, "state=held")) << status.output;
   EXPECT_TRUE(contains(status.output, "fencing_token=1")) << status.output;
+  EXPECT_TRUE(contains(status.output, ":lockwatch\nsince=")) << "the owner name: " << status.output;
+  Outcome ls = run({"ls", "--store", db.url(), test_key()});
+  EXPECT_TRUE(contains(ls.output, "\n" + test_key() + " ")) << ls.output;
   p->kill(SIGTERM);
   EXPECT_EQ(finish(*p, started).code, 128 + SIGTERM);
   Outcome after = run({"status", "--redis", db.url(), test_key()});
@@ -644,6 +703,9 @@ TEST_F(CliTest, RunsOverPostgresqlWithRedisOrStore) {
   Outcome status = run({"status", "--store", db.url(), test_key()});
   EXPECT_TRUE(contains(status.output, "state=held")) << status.output;
   EXPECT_TRUE(contains(status.output, "fencing_token=1")) << status.output;
+  EXPECT_TRUE(contains(status.output, ":lockwatch\nsince=")) << "the owner name: " << status.output;
+  Outcome ls = run({"ls", "--store", db.url(), test_key()});
+  EXPECT_TRUE(contains(ls.output, "\n" + test_key() + " ")) << ls.output;
   Outcome busy = run({"run", "--store", db.url(), "--key", test_key(), "-c", "echo ran"});
   EXPECT_EQ(busy.code, 75) << busy.output;
   EXPECT_FALSE(contains(busy.output, "ran\n")) << busy.output;

@@ -353,6 +353,7 @@ TEST_F(ConnectionTest, PushFramesOfEveryKindNeitherAbortNorConfuseTheReader) {
   Endpoint ep;
   ep.port = node.port();
   options_.reconnect_min = 20ms;
+  hooks.named = false;  // the script answers the subscriptions only
   RedisConnection conn(loop_, ep, options_, RedisConnection::Mode::kShardedPubSub, std::move(hooks));
   loop_.post([&] {
     conn.start();
@@ -387,7 +388,9 @@ TEST_F(ConnectionTest, AStrayReplyIsNeverTakenAsTheAnswerToARequestNotYetWritten
   ScriptedNode node({{std::string("PING"), std::string("+PONG\r\n:42\r\n")}});
   Endpoint ep;
   ep.port = node.port();
-  RedisConnection conn(loop_, ep, options_, RedisConnection::Mode::kCommands);
+  RedisConnection::Hooks unnamed;
+  unnamed.named = false;  // the script answers PING only
+  RedisConnection conn(loop_, ep, options_, RedisConnection::Mode::kCommands, unnamed);
   std::promise<std::string> next;  // what the request made on the first answer got
   loop_.post([&] {
     conn.start();

@@ -81,7 +81,9 @@ class Changes {
 };
 
 TEST_P(ElectionTest, ACampaignLeadsWithATermAndASecondCandidateWaits) {
-  Runtime a(options()), b(options());
+  Options leader_options = options();
+  leader_options.owner_name = "leader-host:42:scheduler";
+  Runtime a(leader_options), b(options());
   // The leader renews for a while below: a ttl the store keeps renewed on
   // a loaded machine (ZooKeeper's and etcd's are 2 s).
   const auto ttl = std::max<std::chrono::milliseconds>(1s, backend().steady_ttl());
@@ -95,7 +97,8 @@ TEST_P(ElectionTest, ACampaignLeadsWithATermAndASecondCandidateWaits) {
   auto seen = second.leader();
   ASSERT_TRUE(seen.has_value());
   EXPECT_EQ(seen->identity, me.identity());
-  EXPECT_EQ(first.leader(), (LeaderInfo{me.identity(), me.term()}));
+  EXPECT_EQ(seen->owner, "leader-host:42:scheduler");  // a follower can tell which host leads
+  EXPECT_EQ(first.leader(), (LeaderInfo{me.identity(), me.term(), {}}));
   // Still waiting while the leader renews (it does, well past its ttl).
   EXPECT_TRUE(renewed_again(me.lease(), 2));
   EXPECT_NE(waiting.wait_for(0s), std::future_status::ready);
@@ -137,7 +140,7 @@ TEST_P(ElectionTest, ALeaderThatLosesItsLeaseInProcessIsStoppedAndReplaced) {
   EXPECT_GT(next.term(), me.term());
   // The old leader learns it at its next renewal (within its ttl).
   EXPECT_TRUE(stopped_within_bound(me.stop_token()));
-  EXPECT_EQ(second.leader(), (LeaderInfo{next.identity(), next.term()}));
+  EXPECT_EQ(second.leader(), (LeaderInfo{next.identity(), next.term(), {}}));
 }
 
 TEST_P(ElectionTest, ALeaderKilledIsReplacedWithinItsTtlWithAHigherTerm) {
@@ -166,7 +169,7 @@ TEST_P(ElectionTest, ALeaderKilledIsReplacedWithinItsTtlWithAHigherTerm) {
   auto seen = changes.seen();
   ASSERT_GE(seen.size(), 2u);
   EXPECT_EQ(seen.front(), leader);
-  EXPECT_EQ(seen.back(), (LeaderInfo{won.identity(), won.term()}));
+  EXPECT_EQ(seen.back(), (LeaderInfo{won.identity(), won.term(), {}}));
 }
 
 TEST_P(ElectionTest, ObserversSeeEveryChangeInOrder) {
@@ -191,8 +194,8 @@ TEST_P(ElectionTest, ObserversSeeEveryChangeInOrder) {
   std::vector<std::optional<LeaderInfo>> leaders;
   for (const auto& s : seen)
     if (s) leaders.push_back(s);
-  EXPECT_EQ(leaders, (std::vector<std::optional<LeaderInfo>>{LeaderInfo{one.identity(), one.term()},
-                                                              LeaderInfo{two.identity(), two.term()}}));
+  EXPECT_EQ(leaders, (std::vector<std::optional<LeaderInfo>>{LeaderInfo{one.identity(), one.term(), {}},
+                                                              LeaderInfo{two.identity(), two.term(), {}}}));
   EXPECT_FALSE(seen.front().has_value());
   EXPECT_FALSE(seen.back().has_value());
   for (std::size_t i = 1; i < seen.size(); ++i) EXPECT_NE(seen[i], seen[i - 1]) << "a change reported twice";

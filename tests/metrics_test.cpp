@@ -508,6 +508,7 @@ TEST_F(MetricsTest, ALeaseHeldPastHoldWarningIsToldOnce) {
   ASSERT_EQ(lines->size(), 1u);
   EXPECT_NE(lines->front().find("'slow-job'"), std::string::npos) << lines->front();
   EXPECT_NE(lines->front().find(std::to_string(::getpid())), std::string::npos) << lines->front();
+  EXPECT_NE(lines->front().find(":metrics_test"), std::string::npos) << "the owner name: " << lines->front();
 }
 
 TEST_F(MetricsTest, RedisUrlBesideADifferentStoreUrlIsWarnedOfAsDeprecated) {

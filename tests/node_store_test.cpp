@@ -394,7 +394,8 @@ TEST_F(NodeStoreTest, MoreLocksThanOneBatchHoldsGoOutInSeveralCallsAndAllAreTake
     taken += t.size();
   }
   EXPECT_EQ(taken, n);
-  EXPECT_EQ(server_.command({"DBSIZE"}).integer, static_cast<long long>(n + tokens.size()));  // locks and counters
+  // The locks, their owner records and the counters.
+  EXPECT_EQ(server_.command({"DBSIZE"}).integer, static_cast<long long>(2 * n + tokens.size()));
 }
 
 TEST_F(NodeStoreTest, ReleasesOfOneIterationAreOneCallAndEachSaysWhatItFound) {
@@ -634,8 +635,8 @@ TEST_F(NodeStoreBurstTest, ABurstRedisTakesLongerThanTheCommandTimeoutToServeIsN
   }
   EXPECT_EQ(taken, kLocks) << first_error;
   EXPECT_GT(took, options_.command_timeout) << "the burst must outlast the timeout to test anything";
-  // The locks and one counter per slot (these names use every slot).
-  EXPECT_EQ(server_.command({"DBSIZE"}).integer, static_cast<long long>(kLocks + detail::kClusterSlots));
+  // The locks, their owner records and one counter per slot (these names use every slot).
+  EXPECT_EQ(server_.command({"DBSIZE"}).integer, static_cast<long long>(2 * kLocks + detail::kClusterSlots));
 }
 
 // A field of INFO's text ("connected_slaves", "blocked_clients"), or "".

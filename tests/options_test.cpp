@@ -7,7 +7,10 @@
 #include <set>
 #include <string_view>
 
+#include <unistd.h>
+
 #include "lockwatch/lockwatch.hpp"
+#include "core/option_checks.hpp"
 #include "core/timing.hpp"
 #include "store/redis/scripts.hpp"
 #include "core/token.hpp"
@@ -93,6 +96,33 @@ TEST(OptionsTest, BusyPollIsAdaptiveByDefaultAndFromEnv) {
   } catch (const InvalidArgument& e) {
     EXPECT_NE(std::string(e.what()).find("busy_poll"), std::string::npos) << e.what();
   }
+}
+
+TEST(OptionsTest, TheOwnerNameIsBoundedAndHasNoControlCharacters) {
+  // The default: this process's host:pid:program.
+  const std::string name = detail::owner_name(Options{});
+  EXPECT_NE(name.find(":" + std::to_string(::getpid()) + ":options_test"), std::string::npos) << name;
+  Options named;
+  named.owner_name = "billing batch (eu-west-1)";
+  EXPECT_NO_THROW(named.validate());
+  EXPECT_EQ(detail::owner_name(named), "billing batch (eu-west-1)");
+  EXPECT_EQ(detail::connection_owner_name(named.owner_name), "billing_batch_(eu-west-1)");
+  named.owner_name = std::string(Options::kMaxOwnerName, 'x');
+  EXPECT_NO_THROW(named.validate());
+  for (const std::string& bad : {std::string(Options::kMaxOwnerName + 1, 'x'), std::string("a\nb"),
+                                std::string("tab\there"), std::string("del\x7f")}) {
+    Options o;
+    o.owner_name = bad;
+    try {
+      Runtime rt(o);
+      ADD_FAILURE() << "accepted the owner name '" << bad << "'";
+    } catch (const InvalidArgument& e) {
+      EXPECT_NE(std::string(e.what()).find("owner_name"), std::string::npos) << e.what();
+    }
+  }
+  ::setenv("LOCKWATCH_OWNER_NAME", "from-env", 1);
+  EXPECT_EQ(Options::from_env().owner_name, "from-env");
+  ::unsetenv("LOCKWATCH_OWNER_NAME");
 }
 
 TEST(OptionsTest, FromEnvReadsTheRedisUrl) {

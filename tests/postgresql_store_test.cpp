@@ -152,7 +152,9 @@ TEST_F(PostgresStoreTest, TheTableIsCreatedWhenMissingAndNamedByTheUrl) {
                                                  {"owner", "bytea"},
                                                  {"fence", "bigint"},
                                                  {"expires_at", "timestamp with time zone"},
-                                                 {"last_period", "bigint"}};
+                                                 {"last_period", "bigint"},
+                                                 {"owner_name", "bytea"},
+                                                 {"granted_at", "timestamp with time zone"}};
   EXPECT_EQ(columns, expected);
   auto rows = server_->query("SELECT owner <> '', expires_at > clock_timestamp(), fence FROM made_here WHERE "
                              "lock_name = convert_to('lockwatch:" + key() + "', 'UTF8')");
@@ -219,7 +221,7 @@ TEST_F(PostgresStoreTest, TlsVerifiesTheServerWithTheUrlsRootCertificate) {
   auto fut = f();
   EXPECT_GE(get_bounded(fut), 1u);
   auto sessions = server_->query("SELECT count(*) FROM pg_stat_ssl s JOIN pg_stat_activity a USING (pid) "
-                                 "WHERE s.ssl AND a.application_name = 'lockwatch' AND a.usename = 'lockwatch'");
+                                 "WHERE s.ssl AND a.application_name LIKE 'lockwatch:%' AND a.usename = 'lockwatch'");
   EXPECT_GE(std::stoi(sessions.at(0).at(0)), 1);
 
   // Another CA's root, or a name the certificate does not carry: refused.
@@ -481,12 +483,23 @@ TEST_F(PostgresStoreTest, ManyAcquisitionsShareStatementsAndANameTooLongForTheTa
 // holders' table is created at the first connection, exclusive locks work
 // as before, and a shared lock keeps its reader there; operators see the
 // key held (by the kind's marker) and force_release frees it, holders too.
+// Its lock table gets the owner columns added since, and the
+// owner is shown; the sessions carry the owner name as application_name.
 TEST_F(PostgresStoreTest, TheHoldersTableIsCreatedBesideAnExistingLockTable) {
   server_->query("CREATE TABLE older_locks (lock_name bytea PRIMARY KEY CHECK (octet_length(lock_name) BETWEEN 1 "
                  "AND 255), owner bytea NOT NULL DEFAULT '', fence bigint NOT NULL DEFAULT 0, expires_at timestamptz "
                  "NOT NULL, last_period bigint) WITH (fillfactor = 70); ALTER TABLE older_locks OWNER TO lockwatch");
-  Runtime rt(options(url_with_table("older_locks")));
+  Options named = options(url_with_table("older_locks"));
+  named.owner_name = "pg owner:7";
+  Runtime rt(named);
   auto h = take(rt, key("-exclusive"), 2s);
+  auto added = server_->query(
+      "SELECT column_name FROM information_schema.columns WHERE table_name = 'older_locks' AND column_name IN "
+      "('owner_name', 'granted_at') ORDER BY column_name");
+  EXPECT_EQ(added, (std::vector<std::vector<std::string>>{{"granted_at"}, {"owner_name"}}));
+  auto exclusive_state = rt.inspect(key("-exclusive"));
+  EXPECT_EQ(get_bounded(exclusive_state).owner, "pg owner:7");
+  EXPECT_FALSE(server_->query("SELECT 1 FROM pg_stat_activity WHERE application_name = 'lockwatch:pg_owner:7'").empty());
   auto columns = server_->query(
       "SELECT column_name, data_type FROM information_schema.columns WHERE table_name = 'older_locks_holders' "
       "ORDER BY ordinal_position");
@@ -494,7 +507,9 @@ TEST_F(PostgresStoreTest, TheHoldersTableIsCreatedBesideAnExistingLockTable) {
                                                  {"owner", "bytea"},
                                                  {"role", "character"},
                                                  {"seq", "bigint"},
-                                                 {"expires_at", "timestamp with time zone"}};
+                                                 {"expires_at", "timestamp with time zone"},
+                                                 {"owner_name", "bytea"},
+                                                 {"granted_at", "timestamp with time zone"}};
   EXPECT_EQ(columns, expected);
   auto f = rt.acquire({.key = key(), .ttl = 1s, .kind = LockKind::shared()});
   LockHandle reader = get_bounded(f);
@@ -507,6 +522,9 @@ TEST_F(PostgresStoreTest, TheHoldersTableIsCreatedBesideAnExistingLockTable) {
   EXPECT_TRUE(s.held);
   EXPECT_GT(s.ttl, 0ms);
   EXPECT_LE(s.ttl, 1s);
+  EXPECT_EQ(s.kind, LockKind::shared());
+  ASSERT_EQ(s.holders.size(), 1u);
+  EXPECT_EQ(s.holders[0].owner, "pg owner:7");
   auto forced = rt.force_release(key());
   EXPECT_TRUE(get_bounded(forced));
   EXPECT_TRUE(server_->query("SELECT 1 FROM older_locks_holders WHERE lock_name = " + name).empty());

@@ -147,6 +147,30 @@ TEST_F(RedlockTest, ASetIsHeldOnAMajorityAndReleasedEverywhere) {
   EXPECT_EQ(holders("rl-b"), 0);
 }
 
+// A majority's holder is shown with its owner name and grant
+// time, and listed, though one node has lost the lock.
+TEST_F(RedlockTest, InspectAndListShowTheMajoritysOwner) {
+  Options o = options();
+  o.owner_name = "redlock owner";
+  Runtime rt(o);
+  auto f = rt.acquire("rl-who", 5s);
+  LockHandle h = get_bounded(f);
+  servers_[0]->command({"DEL", lock_key("rl-who")});  // one node forgets it: a majority still holds it
+  auto s = rt.inspect("rl-who");
+  const LockState state = get_bounded(s);
+  ASSERT_TRUE(state.held);
+  EXPECT_EQ(state.owner, "redlock owner");
+  ASSERT_EQ(state.holders.size(), 1u);
+  EXPECT_LT(state.held_for, 5s);
+  auto l = rt.list("rl-", 10);
+  const auto listed = get_bounded(l);
+  ASSERT_EQ(listed.size(), 1u);
+  EXPECT_EQ(listed[0].key, "rl-who");
+  EXPECT_EQ(listed[0].owner, "redlock owner");
+  auto done = h.release();
+  get_bounded(done);
+}
+
 TEST_F(RedlockTest, ContendedCallsNeverOverlapAndTokensRise) {
   std::vector<std::unique_ptr<Runtime>> rts;
   for (int i = 0; i < 2; ++i) rts.push_back(std::make_unique<Runtime>(options(2)));

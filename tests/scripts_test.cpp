@@ -258,26 +258,49 @@ TEST(ReleaseReplyTest, AnythingElseIsUnconfirmedNeverReleased) {
 
 TEST(InspectReplyTest, ReadsTheHolderOrSaysWhyNot) {
   LockInfo info;
-  auto held = read("*3\r\n:5000\r\n:7\r\n" + bulk("tok"));
+  auto held = read("*5\r\n:5000\r\n:7\r\n" + bulk("tok") + "*2\r\n" + bulk("tok") + bulk("1795441148216 web-1:42:app") +
+                   bulk("1795441150216"));
   EXPECT_FALSE(detail::read_inspect(held.get(), nullptr, kNode, "lockwatch:{k}", info));
   EXPECT_TRUE(info.held);
   EXPECT_EQ(info.ttl, std::chrono::milliseconds(5000));
   EXPECT_EQ(info.fencing_token, 7u);
   EXPECT_EQ(info.owner, "tok");
+  EXPECT_EQ(info.kind, LockKind::exclusive());
+  ASSERT_EQ(info.holders.size(), 1u);
+  EXPECT_EQ(info.holders[0].token, "tok");
+  EXPECT_EQ(info.holders[0].owner_name, "web-1:42:app");
+  EXPECT_EQ(info.holders[0].since.time_since_epoch(), std::chrono::milliseconds(1795441148216));
+  EXPECT_EQ(info.holders[0].held_for, std::chrono::milliseconds(2000));  // on the server's clock
 
-  auto free = read("*3\r\n:-2\r\n:7\r\n" + bulk(""));
+  // A semaphore's holders; one recorded without a time (no TIME in the ACL).
+  auto permits = read("*5\r\n:900\r\n:3\r\n" + bulk("lockwatch:permits:2") + "*4\r\n" + bulk("a") +
+                      bulk("1795441148216 one") + bulk("b") + bulk("- two") + bulk("1795441148316"));
+  EXPECT_FALSE(detail::read_inspect(permits.get(), nullptr, kNode, "lockwatch:{k}", info));
+  EXPECT_EQ(info.kind, LockKind::permits(2));
+  EXPECT_TRUE(info.owner.empty());
+  ASSERT_EQ(info.holders.size(), 2u);
+  EXPECT_EQ(info.holders[0].held_for, std::chrono::milliseconds(100));
+  EXPECT_EQ(info.holders[1].owner_name, "two");
+  EXPECT_EQ(info.holders[1].since, std::chrono::system_clock::time_point{});
+
+  auto free = read("*5\r\n:-2\r\n:7\r\n" + bulk("") + "*0\r\n" + bulk("1795441148216"));
   EXPECT_FALSE(detail::read_inspect(free.get(), nullptr, kNode, "lockwatch:{k}", info));
   EXPECT_FALSE(info.held);
   EXPECT_EQ(info.fencing_token, 7u);
+  EXPECT_TRUE(info.holders.empty());
 
-  auto no_expiry = read("*3\r\n:-1\r\n:0\r\n" + bulk("x"));
+  auto no_expiry = read("*5\r\n:-1\r\n:0\r\n" + bulk("x") + "*0\r\n" + bulk(""));
   auto err = detail::read_inspect(no_expiry.get(), nullptr, kNode, "lockwatch:{k}", info);
   ASSERT_TRUE(err);
   EXPECT_EQ(err->code, "LOCKWATCH");
   EXPECT_NE(err->message.find("exists without expiry"), std::string::npos);
 
-  const std::vector<std::string> wrong{"*1\r\n:5000\r\n", ":1\r\n", "*3\r\n:5000\r\n" + bulk("7") + bulk("t"),
-                                       "*3\r\n:5000\r\n:7\r\n:1\r\n", "*3\r\n:5000\r\n:-3\r\n" + bulk("t")};
+  const std::string tail = "*0\r\n" + bulk("1");
+  const std::vector<std::string> wrong{"*1\r\n:5000\r\n", ":1\r\n", "*3\r\n:5000\r\n:7\r\n" + bulk("t"),
+                                       "*5\r\n:5000\r\n" + bulk("7") + bulk("t") + tail,
+                                       "*5\r\n:5000\r\n:7\r\n:1\r\n" + tail,
+                                       "*5\r\n:5000\r\n:-3\r\n" + bulk("t") + tail,
+                                       "*5\r\n:5000\r\n:7\r\n" + bulk("t") + "*1\r\n" + bulk("a") + bulk("1")};
   for (const std::string& resp : wrong) {
     auto e = detail::read_inspect(read(resp).get(), nullptr, kNode, "lockwatch:{k}", info);
     ASSERT_TRUE(e) << resp;

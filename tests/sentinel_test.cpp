@@ -229,6 +229,24 @@ TEST_P(SentinelTest, FindsTheMasterAndWaitsForTheReplica) {
   EXPECT_FALSE(exists(*master_, "sen2"));
 }
 
+// The owner record lives beside the lock on the master found
+// (and so reaches its replica), and the listing reads it there.
+TEST_P(SentinelTest, TheOwnerIsShownAndListedOnTheMasterFound) {
+  Options o = options();
+  o.owner_name = "sentinel owner";
+  Runtime rt(o);
+  auto f = rt.acquire("sen-who", 5s);
+  LockHandle h = get_bounded(f);
+  auto l = rt.list("sen-who", 10);
+  const auto listed = get_bounded(l);
+  ASSERT_EQ(listed.size(), 1u);
+  EXPECT_EQ(listed[0].owner, "sentinel owner");
+  EXPECT_EQ(master_->command({"HLEN", lock_key("sen-who") + ":owners"}).integer, 1);
+  auto done = h.release();
+  get_bounded(done);
+  EXPECT_EQ(master_->command({"EXISTS", lock_key("sen-who") + ":owners"}).integer, 0) << "gone with the lock";
+}
+
 TEST_P(SentinelTest, SharedAndPermitLocksOnTheMasterFoundReachItsReplica) {
   Options o = options();
   o.min_replicas = 1;

@@ -196,13 +196,25 @@ TEST_F(SqlStoreTest, ManyAcquisitionsShareRoundTripsAndEachIsAnsweredOnItsOwn) {
 
 TEST_F(SqlStoreTest, AnOlderInstallGetsTheHoldersTableWhenMissing) {
   // A lock table made before the other kinds were kept: the store adds the
-  // companion table and keeps using the old one.
+  // companion table and keeps using the old one, with the owner columns
+  // added since.
   server_->query("CREATE TABLE " + db_table("older") +
                  " (lock_name VARBINARY(255) NOT NULL PRIMARY KEY, owner VARBINARY(64) NOT NULL DEFAULT '', "
                  "fence BIGINT UNSIGNED NOT NULL DEFAULT 0, expires_at DATETIME(6) NOT NULL, last_period BIGINT NULL)");
-  Runtime rt(options(server_->url() + "?table=older"));
+  Options named = options(server_->url() + "?table=older");
+  named.owner_name = "maria owner";
+  Runtime rt(named);
   auto f = rt.acquire({.key = key(), .ttl = 5s, .kind = LockKind::shared()});
   LockHandle reader = get_bounded(f);
+  auto lock_ddl = server_->query("SHOW CREATE TABLE " + db_table("older"));
+  ASSERT_EQ(lock_ddl.size(), 1u);
+  EXPECT_NE(lock_ddl[0][1].find("owner_name"), std::string::npos) << lock_ddl[0][1];
+  EXPECT_NE(lock_ddl[0][1].find("granted_at"), std::string::npos) << lock_ddl[0][1];
+  auto state = rt.inspect(key());
+  const LockState s = get_bounded(state);
+  EXPECT_EQ(s.kind, LockKind::shared());
+  ASSERT_EQ(s.holders.size(), 1u);
+  EXPECT_EQ(s.holders[0].owner, "maria owner");
   auto ddl = server_->query("SHOW CREATE TABLE " + db_table("older_holders"));
   ASSERT_EQ(ddl.size(), 1u);
   for (const char* column : {"lock_name", "owner", "role", "seq", "expires_at", "PRIMARY KEY"})

@@ -753,6 +753,86 @@ TEST_P(StoreContractTest, OppositeOrderTransfersAcrossProcessesKeepTheTotal) {
   EXPECT_EQ(std::system(("rm -rf '" + dir + "'").c_str()), 0);
 }
 
+// Who holds a lock, since when. Each holder's owner name and
+// grant time are in the store: another runtime (another owner) reads them.
+TEST_P(StoreContractTest, InspectNamesEachHolderAndItsGrantTime) {
+  Options oa = options(), ob = options();
+  oa.owner_name = "alpha host:1:prog";
+  ob.owner_name = "beta";
+  Runtime a(oa), b(ob);
+  const auto before = std::chrono::system_clock::now();
+  auto held = take(a, "who-holds", 5s);
+  const auto after = std::chrono::system_clock::now();
+  auto f = b.inspect("who-holds");
+  const LockState s = get_bounded(f);
+  ASSERT_TRUE(s.held);
+  EXPECT_EQ(s.kind, LockKind::exclusive());
+  EXPECT_EQ(s.owner, "alpha host:1:prog");
+  ASSERT_EQ(s.holders.size(), 1u);
+  EXPECT_EQ(s.holders[0].owner, "alpha host:1:prog");
+  EXPECT_FALSE(s.holders[0].token.empty());
+  // The store's clock is this host's (loopback): the grant lies between.
+  EXPECT_GE(s.since, before - 1s);
+  EXPECT_LE(s.since, after + 1s);
+  EXPECT_GE(s.held_for.count(), 0);
+  EXPECT_LT(s.held_for, 5s);
+  give_back(held);
+  auto gone = b.inspect("who-holds");
+  const LockState g = get_bounded(gone);
+  EXPECT_FALSE(g.held);
+  EXPECT_TRUE(g.owner.empty());
+  EXPECT_TRUE(g.holders.empty());
+
+  if (!keeps_kinds(GetParam())) return;
+  auto ra = a.acquire({.key = "who-reads", .ttl = 5s, .kind = LockKind::shared()});
+  LockHandle r1 = get_bounded(ra);
+  auto rb = b.acquire({.key = "who-reads", .ttl = 5s, .kind = LockKind::shared()});
+  LockHandle r2 = get_bounded(rb);
+  auto fr = a.inspect("who-reads");
+  const LockState sr = get_bounded(fr);
+  ASSERT_TRUE(sr.held);
+  EXPECT_EQ(sr.kind, LockKind::shared());
+  std::multiset<std::string> owners;
+  for (const auto& h : sr.holders) owners.insert(h.owner);
+  EXPECT_EQ(owners, (std::multiset<std::string>{"alpha host:1:prog", "beta"}));
+  give_back(r1);
+  auto fr2 = a.inspect("who-reads");
+  const LockState sr2 = get_bounded(fr2);
+  ASSERT_EQ(sr2.holders.size(), 1u);
+  EXPECT_EQ(sr2.holders[0].owner, "beta");
+  give_back(r2);
+}
+
+// `lockwatch ls`: the locks held under a prefix, bounded by the limit;
+// released ones and those under other prefixes are not listed.
+TEST_P(StoreContractTest, ListShowsTheLocksHeldUnderAPrefix) {
+  Options oa = options();
+  oa.owner_name = "lister";
+  Runtime a(oa);
+  auto h1 = take(a, "ls-a:1", 5s);
+  auto h2 = take(a, "ls-a:2", 5s);
+  auto h3 = take(a, "ls-b:1", 5s);
+  auto h4 = take(a, "ls-a:3", 5s);
+  give_back(h4);
+  auto f = a.list("ls-a:", 100);
+  std::vector<LockState> all = get_bounded(f);
+  std::sort(all.begin(), all.end(), [](const LockState& x, const LockState& y) { return x.key < y.key; });
+  ASSERT_EQ(all.size(), 2u);
+  EXPECT_EQ(all[0].key, "ls-a:1");
+  EXPECT_EQ(all[1].key, "ls-a:2");
+  for (const auto& s : all) {
+    EXPECT_TRUE(s.held);
+    EXPECT_EQ(s.owner, "lister");
+    EXPECT_GT(s.ttl.count(), 0);
+  }
+  auto one = a.list("ls-a:", 1);
+  EXPECT_EQ(get_bounded(one).size(), 1u);
+  EXPECT_THROW((void)a.list("ls-a:", 0), InvalidArgument);
+  give_back(h1);
+  give_back(h2);
+  give_back(h3);
+}
+
 INSTANTIATE_TEST_SUITE_P(Stores, StoreContractTest, ::testing::ValuesIn(backend_kinds()),
                          [](const ::testing::TestParamInfo<std::string>& p) {
                            std::string name = p.param;

@@ -12,6 +12,7 @@
 
 #include <cassert>
 #include <cstdint>
+#include <cstdio>
 #include <future>
 #include <mutex>
 

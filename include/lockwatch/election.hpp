@@ -65,8 +65,13 @@ struct LeaderInfo {
   std::string identity;
   /// The leader's term (see the header comment for what each store gives).
   std::uint64_t term = 0;
+  /// The leader's owner name (its runtime's Options::owner_name, such as
+  /// "host:pid:program"), as the store records it; empty where it keeps none.
+  std::string owner;
   /// Equal when of the same leader and term.
-  bool operator==(const LeaderInfo&) const = default;
+  bool operator==(const LeaderInfo& other) const noexcept {
+    return identity == other.identity && term == other.term;
+  }
 };
 
 /// A won campaign (Election::campaign()): held until Election::resign(),

@@ -193,7 +193,7 @@ struct Options {
   /// A lease held longer than this counts once in
   /// lockwatch_holds_long_total, and is told once to the observers
   /// (Observer::on_held_long) and the log (a warning naming the key and this
-  /// runtime's identity). 0 (the default): off. Must not be negative.
+  /// runtime's owner_name). 0 (the default): off. Must not be negative.
   std::chrono::milliseconds hold_warning{0};
   /// In-process hand-off on a contended key. On by default.
   ///
@@ -236,12 +236,22 @@ struct Options {
   std::uint32_t handoff_max_streak = 1024;
   /// See handoff_max_streak.
   std::chrono::milliseconds handoff_max_time{20};
+  /// The name each holder records with its lock in the store, beside its
+  /// grant time (Runtime::inspect, `lockwatch status` and `ls` show both),
+  /// and the name of the store's connections (Redis CLIENT SETNAME
+  /// lockwatch:<name>, PostgreSQL application_name). Empty: "host:pid:program"
+  /// of this process. At most kMaxOwnerName bytes, no control characters
+  /// (else InvalidArgument); it is visible to anyone who can read the store:
+  /// no secrets.
+  std::string owner_name;
+  /// The longest owner_name accepted (bytes).
+  static constexpr std::size_t kMaxOwnerName = 128;
   /// Where log lines go (see observer.hpp); empty: warnings and errors to
   /// stderr, prefixed "lockwatch:".
   LogSink log;
 
   /// Defaults, with store_url taken from LOCKWATCH_STORE_URL, redis_url
-  /// from LOCKWATCH_REDIS_URL and tls_ca_file,
+  /// from LOCKWATCH_REDIS_URL, owner_name from LOCKWATCH_OWNER_NAME and tls_ca_file,
   /// tls_cert_file, tls_key_file from LOCKWATCH_TLS_CA_FILE,
   /// LOCKWATCH_TLS_CERT_FILE, LOCKWATCH_TLS_KEY_FILE when they are set.
   static Options from_env();

@@ -122,6 +122,14 @@ class AcquireTicket {
   std::shared_ptr<detail::HandleCall> call_;
 };
 
+/// One holder of a lock, as the store records it.
+struct LockHolder {
+  std::string owner;  ///< its runtime's Options::owner_name (empty: not recorded)
+  std::chrono::system_clock::time_point since{};  ///< its grant time, on the store's clock
+  std::chrono::milliseconds held_for{0};          ///< how long ago, on the store's clock
+  std::string token;  ///< its owner token (the store's record of who holds)
+};
+
 /// What the store says of a lock right now (an operator's view; no lease is
 /// taken). Over Redlock: held when a majority holds it for one owner.
 struct LockState {
@@ -136,6 +144,20 @@ struct LockState {
   /// own. The next holder's token is higher. 0 if nothing was ever locked
   /// there.
   std::uint64_t fencing_token = 0;
+  /// How it is held, when held.
+  LockKind kind{};
+  /// The holder's Options::owner_name (of a shared or permit lock: the
+  /// holder granted first); empty when not held, or where the store keeps
+  /// none (the redisson layout).
+  std::string owner;
+  /// When that holder was granted the lock, on the store's clock.
+  std::chrono::system_clock::time_point since{};
+  /// How long ago that was, on the store's clock (hosts with skewed clocks
+  /// agree on it).
+  std::chrono::milliseconds held_for{0};
+  /// When held: each holder (one for exclusive and fair locks), the first
+  /// granted first.
+  std::vector<LockHolder> holders;
 };
 
 /// Counters since the runtime started; each is read on its own (relaxed).
@@ -228,6 +250,13 @@ class Runtime {
   /// Errors (ConnectionError, ...) through the future; InvalidArgument or
   /// RuntimeStopped are thrown before anything starts.
   std::future<LockState> inspect(std::string key);
+  /// The locks held whose key starts with `prefix` (empty: all of this
+  /// runtime's key_prefix), at most `limit` (1 .. 10000, else
+  /// InvalidArgument), each as inspect() describes it. The store is read
+  /// in pages (SCAN on Redis, a range on etcd, a node's children on
+  /// ZooKeeper, a query on SQL), never all at once; a store that cannot
+  /// list throws Unsupported.
+  std::future<std::vector<LockState>> list(std::string prefix, std::size_t limit = 100);
   /// Removes the lock whoever holds it (see inspect()): true when one was held.
   std::future<bool> force_release(std::string key);
 

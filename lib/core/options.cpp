@@ -5,6 +5,9 @@
 #include <cctype>
 #include <charconv>
 #include <cstdlib>
+#include <fstream>
+
+#include <unistd.h>
 
 #include "core/option_checks.hpp"
 #include "core/url.hpp"
@@ -205,13 +208,43 @@ Options Options::from_env() {
   Options o;
   if (const char* url = std::getenv("LOCKWATCH_STORE_URL"); url && *url) o.store_url = url;
   if (const char* url = std::getenv("LOCKWATCH_REDIS_URL"); url && *url) o.redis_url = url;
+  if (const char* name = std::getenv("LOCKWATCH_OWNER_NAME"); name && *name) o.owner_name = name;
   if (const char* f = std::getenv("LOCKWATCH_TLS_CA_FILE"); f && *f) o.tls_ca_file = f;
   if (const char* f = std::getenv("LOCKWATCH_TLS_CERT_FILE"); f && *f) o.tls_cert_file = f;
   if (const char* f = std::getenv("LOCKWATCH_TLS_KEY_FILE"); f && *f) o.tls_key_file = f;
   return o;
 }
 
+std::string detail::owner_name(const Options& o) {
+  if (!o.owner_name.empty()) return o.owner_name;
+  static const std::string fallback = [] {
+    char host[256] = {};
+    if (::gethostname(host, sizeof host - 1) != 0) host[0] = '\0';
+    std::string program = "unknown";
+    if (std::ifstream comm("/proc/self/comm"); comm) std::getline(comm, program);
+    std::string name = fmt::format("{}:{}:{}", host[0] ? host : "unknown-host", static_cast<long>(::getpid()), program);
+    for (char& c : name)
+      if (static_cast<unsigned char>(c) < 0x20 || c == 0x7f) c = '_';
+    if (name.size() > Options::kMaxOwnerName) name.resize(Options::kMaxOwnerName);
+    return name;
+  }();
+  return fallback;
+}
+
+std::string detail::connection_owner_name(std::string_view owner) {
+  std::string out(owner);
+  for (char& c : out)
+    if (static_cast<unsigned char>(c) <= 0x20 || static_cast<unsigned char>(c) >= 0x7f) c = '_';
+  return out;
+}
+
 void detail::check_runtime_options(const Options& o) {
+  if (o.owner_name.size() > Options::kMaxOwnerName)
+    throw InvalidArgument(fmt::format("Options::owner_name must be at most {} bytes, got {}", Options::kMaxOwnerName,
+                                      o.owner_name.size()));
+  for (char c : o.owner_name)
+    if (static_cast<unsigned char>(c) < 0x20 || c == 0x7f)
+      throw InvalidArgument("Options::owner_name must not contain control characters");
   if (o.tick < std::chrono::milliseconds(1)) throw InvalidArgument("Options::tick must be at least 1 ms");
   if (o.queue_timeout.count() <= 0) throw InvalidArgument("Options::queue_timeout must be positive");
   if (o.wait_warning.count() < 0) throw InvalidArgument("Options::wait_warning must not be negative");

@@ -41,7 +41,8 @@ void stderr_sink(LogLevel level, std::string_view line) {
 
 }  // namespace
 
-Events::Events(ThreadPool& thread, LogSink sink) : thread_(thread), sink_(sink ? std::move(sink) : &stderr_sink) {}
+Events::Events(ThreadPool& thread, LogSink sink, std::string owner)
+    : thread_(thread), sink_(sink ? std::move(sink) : &stderr_sink), owner_(std::move(owner)) {}
 
 void Events::add(std::shared_ptr<Observer> observer) {
   if (!observer) return;
@@ -137,7 +138,7 @@ void Events::held_long(const std::string& key, Duration held) {
   metrics_.holds_long.fetch_add(1, std::memory_order_relaxed);
   log(LogLevel::kWarning,
       fmt::format("lease on key '{}' held by {} for {} ms, longer than Options::hold_warning", key,
-                  process_identity(), std::chrono::duration_cast<std::chrono::milliseconds>(held).count()));
+                  owner_.empty() ? process_identity() : owner_, std::chrono::duration_cast<std::chrono::milliseconds>(held).count()));
   if (!observed()) return;
   tell([key, held](Observer& o) { o.on_held_long(key, held); });
 }

@@ -30,8 +30,9 @@ class Events {
   using Duration = std::chrono::nanoseconds;
 
   // `thread`: the event thread (one worker). An empty `sink` logs warnings
-  // and errors to stderr.
-  Events(ThreadPool& thread, LogSink sink);
+  // and errors to stderr. `owner`: who holds, as the log names it
+  // (Options::owner_name; empty: host:pid).
+  Events(ThreadPool& thread, LogSink sink, std::string owner = {});
 
   void add(std::shared_ptr<Observer> observer);
   Metrics& metrics() noexcept { return metrics_; }
@@ -61,6 +62,7 @@ class Events {
 
   ThreadPool& thread_;
   LogSink sink_;
+  const std::string owner_;
   Metrics metrics_;
   std::atomic<bool> observed_{false};
   std::mutex mu_;

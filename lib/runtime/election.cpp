@@ -185,14 +185,15 @@ std::optional<LeaderInfo> Election::State::read(milliseconds* left) {
   std::lock_guard lk(mu);
   if (!info.held || info.owner.empty()) return std::nullopt;
   if (left != nullptr) *left = info.ttl;
-  if (leading && leading->identity == info.owner) return LeaderInfo{info.owner, leading->term};
+  const std::string owner = info.holders.empty() ? std::string() : info.holders.front().owner_name;
+  if (leading && leading->identity == info.owner) return LeaderInfo{info.owner, leading->term, owner};
   if (info.owner != seen_owner) {
     // A leader first seen: the counter now is its term or above it, and
     // below the next leader's; never below a term reported before.
     seen_term = std::max(info.fencing_token, seen_term + 1);
     seen_owner = info.owner;
   }
-  return LeaderInfo{info.owner, seen_term};
+  return LeaderInfo{info.owner, seen_term, owner};
 }
 
 void Election::State::watch(std::stop_token stop) {

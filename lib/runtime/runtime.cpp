@@ -10,6 +10,7 @@
 
 #include "lockwatch/locked.hpp"
 #include "core/error_values.hpp"
+#include "core/option_checks.hpp"
 #include "runtime/store_errors.hpp"
 #include "store/capabilities.hpp"
 #include "core/timing.hpp"
@@ -31,7 +32,7 @@ Retries::Retries(int count) : count_(count) {
 Runtime::Impl::Impl(Options opts, const detail::StoreFactory& make_store)
     : options(std::move(opts)),
       pool(options.threads, options.busy_poll),
-      events(event_thread, options.log),
+      events(event_thread, options.log, detail::owner_name(options)),
       store(make_store(loop, options)),
       clock(loop, options, stats),
       watchdog(*store, clock, notifier, options, stats, events),
@@ -576,7 +577,7 @@ std::future<LockState> Runtime::Impl::inspect(std::string key) {
           if (err)
             promise->set_exception(detail::to_exception(*err));
           else
-            promise->set_value(LockState{key, info.held, info.ttl, info.fencing_token});
+            promise->set_value(detail::to_lock_state(key, info));
         });
       }))
     throw RuntimeStopped("lockwatch runtime is stopping");

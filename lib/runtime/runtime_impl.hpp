@@ -41,6 +41,8 @@ namespace detail {
 // Builds the store a runtime talks to; called once, on the constructing
 // thread, before the loop uses it.
 using StoreFactory = std::function<std::unique_ptr<LockStore>(Loop& loop, const Options& options)>;
+// What inspect() and list() answer of a store's LockInfo (list.cpp).
+LockState to_lock_state(std::string key, const LockInfo& info);
 }  // namespace detail
 
 struct Runtime::Impl final : std::enable_shared_from_this<Runtime::Impl>, detail::JobHost {
@@ -80,6 +82,8 @@ struct Runtime::Impl final : std::enable_shared_from_this<Runtime::Impl>, detail
   // "the mysql:// store", for messages.
   std::string store_kind() const;
   std::future<LockState> inspect(std::string key);
+  // list.cpp: the locks held under `prefix` (Runtime::list).
+  std::future<std::vector<LockState>> list(std::string prefix, std::size_t limit);
   // The store's whole view of `key`, its holder's owner token included
   // (Election reads who leads).
   std::future<detail::LockInfo> inspect_info(std::string key);

@@ -10,6 +10,7 @@
 //                  that a majority agrees on the token it hands out)
 //   JobClaims      the store's clock and the scheduled jobs' period claims
 //   OperatorTools  what the store holds for a name, and removing it
+//   LockListing    the locks held under a prefix, bounded (`lockwatch ls`)
 //   FairQueue      fair locks (LockKind::fair()): the store keeps each
 //                  lock's waiters in arrival order; withdraw() takes a
 //                  waiter that gives up out of it. A store without it is
@@ -27,19 +28,41 @@
 #include <functional>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "store/lock_store.hpp"
 #include "store/store_error.hpp"
 
 namespace lockwatch::detail {
 
+// One holder of a lock as the store records it: its owner token, the
+// owner name its runtime gave (Options::owner_name; empty where the store
+// has none recorded) and its grant time on the store's clock, with how
+// long ago that was on the same clock (so that hosts with skewed clocks
+// agree on it).
+struct HolderInfo {
+  std::string token;
+  std::string owner_name;
+  std::chrono::system_clock::time_point since{};
+  std::chrono::milliseconds held_for{0};
+};
+
 // What a store says of one lock right now (operators' view).
 struct LockInfo {
   bool held = false;
   std::chrono::milliseconds ttl{0};  // remaining, when held
   std::uint64_t fencing_token = 0;   // the highest fencing token handed out (0: never locked)
-  std::string owner;                 // the holder's token, when held
+  std::string owner;                 // the holder's token, when held (a single holder's)
+  LockKind kind{};                   // how it is held, when held
+  std::vector<HolderInfo> holders;   // when held: the holder, or each of a shared or permit lock's
+  std::string key;                   // list_locks(): the user's key (encode() undone)
 };
+
+// An owner record as the Redis scripts and etcd values keep it, "<grant
+// time in unix ms> <owner name>" ("-" for a time not to be had), into
+// `out`'s owner name and grant time. False when no time was read (the
+// name may still have been).
+bool parse_owner_record(std::string_view text, HolderInfo& out);
 
 // What a scheduled job's claim on a period found (claim_period). The
 // store keeps, per job, the last period run; a claim sets it to `period`
@@ -103,6 +126,19 @@ class OperatorTools {
   ~OperatorTools() = default;
 };
 
+class LockListing {
+ public:
+  static constexpr std::string_view kName = "listing the locks held under a prefix";
+  using ListDone = std::function<void(std::vector<LockInfo> locks, const StoreError* error)>;
+  // The locks held whose user key starts with `prefix`, at most `limit`,
+  // in the store's order, each with its key and holders as inspect()
+  // gives them. Bounded: the store reads in pages and stops at `limit`.
+  virtual void list_locks(std::string_view prefix, std::size_t limit, ListDone done) = 0;
+
+ protected:
+  ~LockListing() = default;
+};
+
 class FairQueue {
  public:
   static constexpr std::string_view kName = "fair locks (a queue of waiters in arrival order)";
@@ -164,6 +200,8 @@ T& require(LockStore& store, std::string_view store_kind) {
                     std::chrono::system_clock::time_point start, ClaimDone done) override
 #define LOCKWATCH_TOKEN_BLOCKS_OPERATIONS \
   void reserve_tokens(const ::lockwatch::detail::LockRef& lock, std::uint32_t n, ReserveDone done) override
+#define LOCKWATCH_LOCK_LISTING_OPERATIONS \
+  void list_locks(std::string_view prefix, std::size_t limit, ListDone done) override
 #define LOCKWATCH_OPERATOR_TOOLS_OPERATIONS                       \
   void inspect(std::string_view name, InspectDone done) override; \
   void force_release(std::string_view name, ForceDone done) override

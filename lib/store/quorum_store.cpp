@@ -52,6 +52,7 @@ QuorumStore::QuorumStore(std::vector<std::unique_ptr<LockStore>> stores, std::ve
     fences_.push_back(&require<FenceRaising>(*stores_[i], names_[i]));
     jobs_.push_back(&require<JobClaims>(*stores_[i], names_[i]));
     tools_.push_back(&require<OperatorTools>(*stores_[i], names_[i]));
+    if (auto* l = capability<LockListing>(*stores_[i])) listings_.push_back(l);
   }
 }
 
@@ -399,6 +400,82 @@ void QuorumStore::claim_period(std::string_view name, std::string_view token, st
 
 // ---------------------------------------------------------------- operators
 
+// Held when a majority holds it for one owner: the ttl is the least of
+// theirs, the holders those a majority records (a reader's share is on a
+// majority of its own), each as the first store that answered records it
+// (its grant time on that store's clock). The counter is the highest any
+// store has. `largest`: the most stores that agree on one owner.
+LockInfo QuorumStore::majority_view(const std::vector<LockInfo>& infos, std::size_t& largest) const {
+  LockInfo out;
+  std::map<std::string, std::vector<const LockInfo*>> by_owner;
+  largest = 0;
+  for (const auto& i : infos) {
+    out.fencing_token = std::max(out.fencing_token, i.fencing_token);
+    if (i.held) by_owner[i.owner].push_back(&i);
+  }
+  for (const auto& [owner, held] : by_owner) {
+    largest = std::max(largest, held.size());
+    if (held.size() < quorum_) continue;
+    out.held = true;
+    out.owner = owner;
+    out.kind = held.front()->kind;
+    out.key = held.front()->key;
+    out.ttl = held.front()->ttl;
+    for (const auto* i : held) out.ttl = std::min(out.ttl, i->ttl);
+    std::map<std::string, std::pair<std::size_t, const HolderInfo*>> votes;
+    for (const auto* i : held)
+      for (const auto& h : i->holders) {
+        auto& v = votes[h.token];
+        if (v.first++ == 0) v.second = &h;
+      }
+    for (const auto& h : held.front()->holders)
+      if (votes[h.token].first >= quorum_) out.holders.push_back(*votes[h.token].second);
+  }
+  return out;
+}
+
+void QuorumStore::list_locks(std::string_view prefix, std::size_t limit, ListDone done) {
+  struct Tally {
+    std::size_t replies = 0, answered = 0;
+    std::map<std::string, std::vector<LockInfo>> by_key;
+    std::unique_ptr<StoreError> error;
+    ListDone done;
+  };
+  auto t = std::make_shared<Tally>();
+  t->done = std::move(done);
+  // Each store lists in its own order: every one is asked for all it has
+  // (up to the runtime's bound), so that a majority's locks meet here.
+  constexpr std::size_t kEach = 10000;
+  if (listings_.size() != stores_.size()) {
+    const StoreError none = StoreError::invalid("quorum", "a store of the quorum cannot list its locks");
+    return t->done({}, &none);
+  }
+  for (auto* s : listings_) {
+    s->list_locks(prefix, kEach, [this, t, limit](std::vector<LockInfo> locks, const StoreError* err) {
+      t->replies++;
+      if (err) {
+        keep_most_telling(t->error, *err);
+      } else {
+        t->answered++;
+        for (auto& l : locks) t->by_key[l.key].push_back(std::move(l));
+      }
+      if (t->replies < stores_.size()) return;
+      if (t->answered < quorum_) {
+        const StoreError unknown = t->error ? *t->error : StoreError::unavailable("quorum", "too few nodes answered");
+        return t->done({}, &unknown);
+      }
+      std::vector<LockInfo> out;
+      for (const auto& [key, infos] : t->by_key) {
+        if (out.size() >= limit) break;
+        std::size_t largest = 0;
+        LockInfo view = majority_view(infos, largest);
+        if (view.held) out.push_back(std::move(view));
+      }
+      t->done(std::move(out), nullptr);
+    });
+  }
+}
+
 void QuorumStore::inspect(std::string_view name, InspectDone done) {
   struct Tally {
     std::size_t replies = 0, answered = 0;
@@ -418,23 +495,8 @@ void QuorumStore::inspect(std::string_view name, InspectDone done) {
         t->infos.push_back(info);
       }
       if (t->replies < stores_.size()) return;
-      LockInfo out;
-      // Held when a majority holds it for one owner: the ttl is the least
-      // of theirs. The counter is the highest any store has.
-      std::map<std::string, std::vector<const LockInfo*>> by_owner;
       std::size_t largest = 0;
-      for (const auto& i : t->infos) {
-        out.fencing_token = std::max(out.fencing_token, i.fencing_token);
-        if (i.held) by_owner[i.owner].push_back(&i);
-      }
-      for (const auto& [owner, held] : by_owner) {
-        largest = std::max(largest, held.size());
-        if (held.size() < quorum_) continue;
-        out.held = true;
-        out.owner = owner;
-        out.ttl = held.front()->ttl;
-        for (const auto* i : held) out.ttl = std::min(out.ttl, i->ttl);
-      }
+      LockInfo out = majority_view(t->infos, largest);
       // Free only if the silent stores could not make a majority for
       // anyone with those that answered.
       const std::size_t silent = stores_.size() - t->answered;

@@ -39,7 +39,7 @@
 
 namespace lockwatch::detail {
 
-class QuorumStore final : public StoreBase, public JobClaims, public OperatorTools {
+class QuorumStore final : public StoreBase, public JobClaims, public OperatorTools, public LockListing {
  public:
   // `names` name the stores in error messages, one each.
   QuorumStore(std::vector<std::unique_ptr<LockStore>> stores, std::vector<std::string> names, const Options& options);
@@ -76,8 +76,11 @@ class QuorumStore final : public StoreBase, public JobClaims, public OperatorToo
   LOCKWATCH_JOB_CLAIMS_OPERATIONS;
   // OperatorTools: held when a majority holds it, with their highest token.
   LOCKWATCH_OPERATOR_TOOLS_OPERATIONS;
+  // LockListing: each store's list, a lock kept when a majority holds it.
+  LOCKWATCH_LOCK_LISTING_OPERATIONS;
 
  private:
+  LockInfo majority_view(const std::vector<LockInfo>& infos, std::size_t& largest) const;
   void started() override;
   struct AcquireBatch;
   void on_acquire_vote(const std::shared_ptr<AcquireBatch>& b, std::size_t store, std::size_t index,
@@ -91,6 +94,7 @@ class QuorumStore final : public StoreBase, public JobClaims, public OperatorToo
   std::vector<FenceRaising*> fences_;
   std::vector<JobClaims*> jobs_;
   std::vector<OperatorTools*> tools_;
+  std::vector<LockListing*> listings_;
   std::vector<std::string> names_;
   const Options options_;
   const std::size_t quorum_;

@@ -144,6 +144,21 @@ StoreError sql_error(std::string endpoint, unsigned number, std::string message)
   return e;
 }
 
+bool parse_owner_record(std::string_view text, HolderInfo& out) {
+  const auto space = text.find(' ');
+  if (space == std::string_view::npos || space == 0) return false;
+  if (text.substr(0, space) == "-") {  // the time was not to be had (an ACL without TIME)
+    out.owner_name.assign(text.substr(space + 1));
+    return false;
+  }
+  std::int64_t ms = 0;
+  auto [p, ec] = std::from_chars(text.data(), text.data() + space, ms);
+  if (ec != std::errc() || p != text.data() + space || ms < 0) return false;
+  out.since = std::chrono::system_clock::time_point(std::chrono::milliseconds(ms));
+  out.owner_name.assign(text.substr(space + 1));
+  return true;
+}
+
 [[noreturn]] void throw_unsupported(std::string_view store_kind, std::string_view what) {
   throw Unsupported(std::string(store_kind) + " offers no " + std::string(what));
 }

@@ -105,7 +105,7 @@ CliApp make_app(CliArgs& a) {
       "Runs a command under a distributed lock (Redis, Redis Cluster, Sentinel, PostgreSQL, MariaDB, ZooKeeper, etcd), "
       "renewing the lease while it runs.", "lockwatch");
   CLI::App& app = *c.app;
-  app.footer(exit_status_text() + "\nstatus and release exit 0, 69 or 64 alike.");
+  app.footer(exit_status_text() + "\nstatus, release and ls exit 0, 69 or 64 alike.");
   app.set_version_flag("--version", "lockwatch " LOCKWATCH_VERSION, "Print lockwatch's version and exit");
   // At most one, and "none" is reported after parsing, so that an unknown
   // word is named as such rather than reported as a missing subcommand.
@@ -160,8 +160,13 @@ CliApp make_app(CliArgs& a) {
   run->positionals_at_end();
 
   CLI::App* status = c.status = app.add_subcommand(
-      "status", "Print what the store says of the lock on KEY: key=, state=held|free, ttl_ms=, fencing_token= lines");
-  status->footer("Takes no lease. state=held over Redlock means a majority of the nodes hold it for one owner.");
+      "status",
+      "Print what the store says of the lock on KEY: key=, state=held|free, ttl_ms=, fencing_token= lines; when "
+      "held, then kind=, owner= (the holder's owner name), since= (its grant time, UTC), held_for_ms= and a holder= "
+      "line per holder (held_for_ms, token, owner name: several for a shared or permit lock)");
+  status->footer("Takes no lease. state=held over Redlock means a majority of the nodes hold it for one owner. "
+                 "The times are the store's clock. The owner name is the holder's LOCKWATCH_OWNER_NAME "
+                 "(Options::owner_name), by default host:pid:program.");
   c.status_store = status->add_option(kStoreOption, a.status_url, kStoreHelp)->type_name("URL");
   c.status_redis = status->add_option(kRedisOption, a.status_redis_url, kRedisHelp)->type_name("URL");
   status->add_option("KEY", a.status_key, "The lock's name")->required();
@@ -177,6 +182,21 @@ CliApp make_app(CliArgs& a) {
   release->add_flag("--force", a.force, "Required: say that you mean to remove someone else's lock")->required();
   release->add_option("KEY", a.release_key, "The lock's name")->required();
   release->add_flag("-v,--verbose", a.release_verbose, kVerboseHelp);
+
+  CLI::App* ls = c.ls = app.add_subcommand(
+      "ls", "List the locks held whose key starts with PREFIX (all when none): key, kind, held for, ttl, fencing "
+            "token and owner name, one line per holder, in columns with a header, or as JSON (--json)");
+  ls->footer("Takes no lease. Bounded: the store is read in pages (SCAN on Redis and Cluster, a key range on etcd, "
+             "the children of /lockwatch on ZooKeeper, a query on SQL) and the listing stops at --limit locks; "
+             "a listing that reached it says so on standard error (narrow PREFIX or raise --limit).");
+  c.ls_store = ls->add_option(kStoreOption, a.ls_url, kStoreHelp)->type_name("URL");
+  ls->add_option("-n,--limit", a.ls_limit, "List at most this many locks (1..10000)")
+      ->type_name("N")
+      ->capture_default_str()
+      ->check(CLI::Range(1, 10000));
+  ls->add_flag("--json", a.ls_json, "Print one JSON array of the locks, each with its holders, instead of columns");
+  ls->add_flag("-v,--verbose", a.ls_verbose, kVerboseHelp);
+  ls->add_option("PREFIX", a.ls_prefix, "The keys' common start (none: every lock of the key prefix)");
 
   return c;
 }

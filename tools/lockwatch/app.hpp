@@ -41,6 +41,12 @@ struct CliArgs {
   std::string release_key;
   bool force = false;
   bool release_verbose = false;
+  // ls
+  std::string ls_url;
+  std::string ls_prefix;
+  std::size_t ls_limit = 100;
+  bool ls_json = false;
+  bool ls_verbose = false;
 };
 
 struct CliApp {
@@ -48,11 +54,13 @@ struct CliApp {
   CLI::App* run = nullptr;
   CLI::App* status = nullptr;
   CLI::App* release = nullptr;
+  CLI::App* ls = nullptr;
   // Whether they were given (count() after parsing): --store, and --redis,
   // its deprecated name.
   CLI::Option* run_store = nullptr;
   CLI::Option* status_store = nullptr;
   CLI::Option* release_store = nullptr;
+  CLI::Option* ls_store = nullptr;
   CLI::Option* run_redis = nullptr;
   CLI::Option* status_redis = nullptr;
   CLI::Option* release_redis = nullptr;

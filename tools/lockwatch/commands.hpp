@@ -33,9 +33,15 @@ struct RunArgs {
 
 // Runs the command under the lock.
 int run_command(const RunArgs& args, const Inherited& inherited);
-// Prints key=, state=, ttl_ms=, fencing_token= lines.
+// Prints key=, state=, ttl_ms=, fencing_token= lines (and when held,
+// kind=, owner=, since=, held_for_ms= and holder= lines).
 int status_command(const std::optional<std::string>& redis_url, const std::string& key, bool verbose);
+// `lockwatch ls`: the locks held under `prefix`, at most `limit`, in
+// columns or as JSON.
+int ls_command(const std::optional<std::string>& store_url, const std::string& prefix, std::size_t limit, bool json,
+               bool verbose);
 // Removes the lock whatever its owner; prints key= and was_held= lines.
+
 int release_command(const std::optional<std::string>& redis_url, const std::string& key, bool verbose);
 
 // `lockwatch: <message>` on standard error.

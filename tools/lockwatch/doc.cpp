@@ -108,7 +108,7 @@ std::string synopsis(const CLI::App& sub) {
   for (const CLI::Option* o : shown_options(sub)) {
     if (flag_names(*o) == std::vector<std::string>{"-h", "--help"} || in_alternatives.count(o)) continue;
     if (is_positional(*o)) {
-      positionals += " " + synopsis_item(*o);
+      positionals += o->get_required() ? " " + synopsis_item(*o) : " [" + synopsis_item(*o) + "]";
       continue;
     }
     out += o->get_required() ? " " + synopsis_item(*o) : " [" + synopsis_item(*o) + "]";
@@ -151,11 +151,15 @@ std::string render_man(const CLI::App& app) {
   m << "Of \\fBrun\\fR:\n";
   for (const auto& row : lockwatch::cli::kRunExitStatus)
     m << ".TP\n\\fB" << roff(row.label ? row.label : std::to_string(row.code)) << "\\fR\n" << roff(row.meaning) << "\n";
-  m << ".PP\n\\fBstatus\\fR and \\fBrelease\\fR exit 0, 69 or 64 alike.\n";
+  m << ".PP\n\\fBstatus\\fR, \\fBrelease\\fR and \\fBls\\fR exit 0, 69 or 64 alike.\n";
   m << ".SH ENVIRONMENT\n";
   m << ".TP\n\\fBLOCKWATCH_STORE_URL\\fR, \\fBLOCKWATCH_REDIS_URL\\fR\n"
     << roff("Where the locks live when --store is not given (LOCKWATCH_STORE_URL first; LOCKWATCH_REDIS_URL, its "
             "deprecated name, with a warning when both are set and differ).") << "\n";
+  m << ".TP\n\\fBLOCKWATCH_OWNER_NAME\\fR\n"
+    << roff("This process's name as a holder, which status and ls show (owner=, OWNER) and the store's connections "
+            "carry; at most 128 bytes, no control characters. Default: host:pid:lockwatch.")
+    << "\n";
   m << ".TP\n\\fBLOCKWATCH_TLS_CA_FILE\\fR, \\fBLOCKWATCH_TLS_CERT_FILE\\fR, \\fBLOCKWATCH_TLS_KEY_FILE\\fR\n"
     << roff("The CA that signs the server's certificate, and the client's certificate and key, for rediss:// "
             "and the other TLS schemes.")

@@ -7,6 +7,7 @@
 //                 (-c 'shell command' | -- CMD ARGS...)
 //   lockwatch status [--store URL] [-v] KEY
 //   lockwatch release [--store URL] [-v] --force KEY
+//   lockwatch ls [--store URL] [--limit N] [--json] [-v] [PREFIX]
 //
 // --redis is the deprecated name of --store (kept; a warning when both are
 // given and differ).
@@ -93,6 +94,9 @@ int main(int argc, char** argv) {
       run_args.argv = args.argv;
       return run_command(run_args, inherited);
     }
+    if (*cli.ls)
+      return ls_command(store_url(cli.ls_store, args.ls_url, cli.ls_store, args.ls_url), args.ls_prefix,
+                        args.ls_limit, args.ls_json, args.ls_verbose);
     if (*cli.status)
       return status_command(store_url(cli.status_store, args.status_url, cli.status_redis, args.status_redis_url),
                             args.status_key, args.status_verbose);

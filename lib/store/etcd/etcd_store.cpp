@@ -7,9 +7,11 @@
 #include <charconv>
 #include <cstring>
 #include <fstream>
+#include <optional>
 #include <vector>
 
 #include "core/loop.hpp"
+#include "core/option_checks.hpp"
 #include "lockwatch/errors.hpp"
 
 namespace lockwatch::detail {
@@ -40,6 +42,23 @@ Acquired busy_for(milliseconds how_long) {
 }
 
 // The key's value in the Range a transaction answered with, if it was there.
+// `txn` goes ahead only if `key`'s value is ours: "<token>\n...".
+void compare_ours(google::protobuf::RepeatedPtrField<etcdserverpb::Compare>* compares, const std::string& key,
+                  std::string_view token) {
+  for (auto [result, after] : {std::pair{etcdserverpb::Compare::GREATER, '\n'}, std::pair{etcdserverpb::Compare::LESS, '\v'}}) {
+    auto* c = compares->Add();
+    c->set_key(key);
+    c->set_target(etcdserverpb::Compare::VALUE);
+    c->set_result(result);
+    c->set_value(std::string(token) + after);
+  }
+}
+
+// Whether a lock's value is ours (see compare_ours).
+bool is_ours(std::string_view value, std::string_view token) {
+  return value.size() > token.size() && value.starts_with(token) && value[token.size()] == '\n';
+}
+
 const mvccpb::KeyValue* ranged(const etcdserverpb::TxnResponse& response) {
   if (response.responses_size() < 1 || !response.responses(0).has_response_range()) return nullptr;
   const auto& range = response.responses(0).response_range();
@@ -87,7 +106,8 @@ EtcdStore::EtcdStore(Loop& loop, EtcdTarget target, const Options& options)
                 /*release_events=*/true),
       loop_(loop),
       client_(std::make_unique<EtcdClient>(loop, target, options)),
-      clock_(std::make_unique<EtcdClock>(loop, std::move(target), options)) {}
+      clock_(std::make_unique<EtcdClock>(loop, std::move(target), options)),
+      owner_(owner_name(options)) {}
 
 EtcdStore::~EtcdStore() = default;
 
@@ -133,14 +153,10 @@ void EtcdStore::acquire_one(std::string name, std::string token, milliseconds tt
     absent->set_create_revision(0);
     auto* put = txn.add_success()->mutable_request_put();
     put->set_key(name);
-    put->set_value(token);
+    put->set_value(value_of(token));
     put->set_lease(lease);
     auto* present = txn.add_failure()->mutable_request_txn();
-    auto* ours = present->add_compare();
-    ours->set_key(name);
-    ours->set_target(etcdserverpb::Compare::VALUE);
-    ours->set_result(etcdserverpb::Compare::EQUAL);
-    ours->set_value(token);
+    compare_ours(present->mutable_compare(), name, token);
     present->add_success()->mutable_request_range()->set_key(name);
     *present->add_success()->mutable_request_put() = *put;
     present->add_failure()->mutable_request_range()->set_key(name);
@@ -290,11 +306,7 @@ void EtcdStore::release(std::span<const LockRef> locks, bool, ReleaseDone done) 
 
 void EtcdStore::release_attempt(std::shared_ptr<Releasing> r) {
   etcdserverpb::TxnRequest txn;
-  auto* ours = txn.add_compare();
-  ours->set_key(r->name);
-  ours->set_target(etcdserverpb::Compare::VALUE);
-  ours->set_result(etcdserverpb::Compare::EQUAL);
-  ours->set_value(r->token);
+  compare_ours(txn.mutable_compare(), r->name, r->token);
   txn.add_success()->mutable_request_delete_range()->set_key(r->name);
   txn.add_failure()->mutable_request_range()->set_key(r->name);
   client_->txn(std::move(txn), [this, r](const etcdserverpb::TxnResponse& response, const StoreError* err) {
@@ -370,6 +382,29 @@ void EtcdStore::unsubscribe(std::string_view name) {
 
 // ---- operators
 
+std::string EtcdStore::value_of(std::string_view token) const {
+  const auto now = clock_->estimate().value_or(std::chrono::system_clock::now());
+  const auto ms = std::chrono::duration_cast<milliseconds>(now.time_since_epoch()).count();
+  return std::string(token) + "\n" + std::to_string(ms) + " " + owner_;
+}
+
+LockInfo EtcdStore::info_of(const mvccpb::KeyValue& kv) const {
+  LockInfo info;
+  info.held = true;
+  info.fencing_token = static_cast<std::uint64_t>(kv.create_revision());
+  const std::string& v = kv.value();
+  const auto nl = v.find('\n');
+  HolderInfo h;
+  h.token = v.substr(0, nl);
+  if (nl != std::string::npos && parse_owner_record(std::string_view(v).substr(nl + 1), h)) {
+    const auto now = clock_->estimate().value_or(std::chrono::system_clock::now());
+    h.held_for = std::max(milliseconds(0), std::chrono::duration_cast<milliseconds>(now - h.since));
+  }
+  info.owner = h.token;
+  info.holders.push_back(std::move(h));
+  return info;
+}
+
 void EtcdStore::inspect(std::string_view name, InspectDone done) {
   etcdserverpb::RangeRequest request;
   request.set_key(std::string(name));
@@ -384,9 +419,7 @@ void EtcdStore::inspect(std::string_view name, InspectDone done) {
       return;
     }
     const auto& kv = response.kvs(0);
-    info.held = true;
-    info.owner = kv.value();
-    info.fencing_token = static_cast<std::uint64_t>(kv.create_revision());
+    info = info_of(kv);
     if (kv.lease() == 0) {
       done(info, nullptr);
       return;
@@ -398,6 +431,84 @@ void EtcdStore::inspect(std::string_view name, InspectDone done) {
       if (!err && r.ttl() > 0) info.ttl = milliseconds(r.ttl() * 1000);
       done(info, err);
     });
+  });
+}
+
+struct EtcdStore::Listing {
+  std::string from;  // the next page's first key
+  std::string end;   // the range's end (exclusive; "\0": every key from `from`)
+  std::size_t limit = 0;
+  std::size_t prefix = 0;  // key_prefix's length
+  std::vector<LockInfo> found;
+  ListDone done;
+};
+
+void EtcdStore::list_locks(std::string_view prefix, std::size_t limit, ListDone done) {
+  auto listing = std::make_shared<Listing>();
+  listing->from = encode(prefix);
+  // The range of every key that starts with `from`: its last byte below
+  // 0xff raised by one, the bytes after it dropped.
+  listing->end = listing->from;
+  while (!listing->end.empty() && static_cast<unsigned char>(listing->end.back()) == 0xff) listing->end.pop_back();
+  if (listing->end.empty())
+    listing->end = std::string(1, '\0');
+  else
+    listing->end.back() = static_cast<char>(static_cast<unsigned char>(listing->end.back()) + 1);
+  listing->limit = limit;
+  listing->prefix = keys_.prefix.size();
+  listing->done = std::move(done);
+  list_page(std::move(listing));
+}
+
+void EtcdStore::list_page(std::shared_ptr<Listing> listing) {
+  constexpr std::int64_t kPage = 256;
+  etcdserverpb::RangeRequest request;
+  request.set_key(listing->from);
+  request.set_range_end(listing->end);
+  request.set_limit(kPage);
+  client_->range(std::move(request), [this, listing](const etcdserverpb::RangeResponse& response,
+                                                     const StoreError* err) {
+    if (err) return listing->done({}, err);
+    struct Page {
+      std::vector<LockInfo> infos;
+      std::vector<std::int64_t> leases;
+      std::vector<char> alive;  // its lease was found (-1: gone meanwhile)
+      std::size_t left = 0;
+      std::optional<StoreError> error;
+    };
+    auto page = std::make_shared<Page>();
+    for (const auto& kv : response.kvs()) {
+      if (kv.lease() == 0) continue;  // not a lock: a job's period key
+      LockInfo info = info_of(kv);
+      info.key = kv.key().substr(listing->prefix);
+      page->infos.push_back(std::move(info));
+      page->leases.push_back(kv.lease());
+    }
+    const bool more = response.more() && response.kvs_size() > 0;
+    if (more) listing->from = response.kvs(response.kvs_size() - 1).key() + std::string(1, '\0');
+    auto finish = [this, listing, page, more] {
+      if (page->error) return listing->done({}, &*page->error);
+      for (std::size_t i = 0; i < page->infos.size() && listing->found.size() < listing->limit; ++i)
+        if (page->alive[i]) listing->found.push_back(std::move(page->infos[i]));
+      if (!more || listing->found.size() >= listing->limit) return listing->done(std::move(listing->found), nullptr);
+      list_page(listing);
+    };
+    page->left = page->infos.size();
+    page->alive.assign(page->infos.size(), 0);
+    if (page->left == 0) return finish();
+    for (std::size_t i = 0; i < page->infos.size(); ++i) {
+      etcdserverpb::LeaseTimeToLiveRequest ttl;
+      ttl.set_id(page->leases[i]);
+      client_->lease_time_to_live(std::move(ttl), [page, i, finish](const etcdserverpb::LeaseTimeToLiveResponse& r,
+                                                                    const StoreError* e) {
+        if (e && !page->error) page->error = *e;
+        if (!e && r.ttl() >= 0) {
+          page->alive[i] = 1;
+          page->infos[i].ttl = milliseconds(r.ttl() * 1000);
+        }
+        if (--page->left == 0) finish();
+      });
+    }
   });
 }
 
@@ -524,11 +635,7 @@ void EtcdStore::claim_step(std::shared_ptr<Claim> c) {
     // One step: the job's lock holds our token, and the period key is as
     // read (absent: mod_revision 0); then the period is recorded.
     etcdserverpb::TxnRequest txn;
-    auto* ours = txn.add_compare();
-    ours->set_key(c->name);
-    ours->set_target(etcdserverpb::Compare::VALUE);
-    ours->set_result(etcdserverpb::Compare::EQUAL);
-    ours->set_value(c->token);
+    compare_ours(txn.mutable_compare(), c->name, c->token);
     auto* same = txn.add_compare();
     same->set_key(c->key);
     same->set_target(etcdserverpb::Compare::MOD);
@@ -553,7 +660,7 @@ void EtcdStore::claim_step(std::shared_ptr<Claim> c) {
         return;
       }
       const mvccpb::KeyValue* lock = ranged(response);
-      if (lock == nullptr || lock->value() != c->token) {
+      if (lock == nullptr || !is_ours(lock->value(), c->token)) {
         finish(ClaimResult::Status::kNotLeader);
         return;
       }

@@ -2,7 +2,10 @@
 // (etcd://host:port[,host:port...]), over etcd's v3 API (EtcdClient).
 //
 // A lock is a key (key_prefix + key) bound to an etcd lease of its own;
-// the key's value is the owner token. Each step:
+// the key's value is the owner token, a line break and the owner record
+// ("<grant time, unix ms on the members' clock> <owner name>"): "ours"
+// is a value that starts with our token and the line break (two compares
+// in a transaction: above "<token>\n", below "<token>\v"). Each step:
 //   acquire  LeaseGrant(the ttl, in whole seconds, rounded up), then one
 //            transaction: if the key's create_revision is 0 (absent), Put
 //            it with the token and the lease; else, in a nested
@@ -80,7 +83,7 @@ namespace lockwatch::detail {
 
 class Loop;
 
-class EtcdStore final : public StoreBase, public JobClaims, public OperatorTools {
+class EtcdStore final : public StoreBase, public JobClaims, public OperatorTools, public LockListing {
  public:
   // The longest lock name (prefix + key) taken: a transaction names it
   // six times, and etcd refuses requests over 1.5 MiB by default.
@@ -107,6 +110,9 @@ class EtcdStore final : public StoreBase, public JobClaims, public OperatorTools
   LOCKWATCH_STORE_OPERATIONS;
   LOCKWATCH_STORE_NOTICES;
   LOCKWATCH_OPERATOR_TOOLS_OPERATIONS;
+  // A Range over the names under the prefix (pages, in key order), keys
+  // on a lease only (a job's period key is on none), each lease's ttl asked.
+  LOCKWATCH_LOCK_LISTING_OPERATIONS;
   LOCKWATCH_JOB_CLAIMS_OPERATIONS;
 
   // The key of the last period run of the job whose lock is `name`.
@@ -124,6 +130,12 @@ class EtcdStore final : public StoreBase, public JobClaims, public OperatorTools
   void release_attempt(std::shared_ptr<Releasing> r);
   struct Claim;
   void claim_step(std::shared_ptr<Claim> c);
+  struct Listing;
+  void list_page(std::shared_ptr<Listing> listing);
+  // What a lock of ours holds: the token and the owner record, now.
+  std::string value_of(std::string_view token) const;
+  // A lock's LockInfo from its key (held), the lease's ttl left to fill.
+  LockInfo info_of(const mvccpb::KeyValue& kv) const;
 
   // Our lease for each name we hold, with the token it was taken with.
   struct Held {
@@ -139,6 +151,7 @@ class EtcdStore final : public StoreBase, public JobClaims, public OperatorTools
   Loop& loop_;
   std::unique_ptr<EtcdClient> client_;
   std::unique_ptr<EtcdClock> clock_;
+  const std::string owner_;  // Options::owner_name, in each lock's value
   std::map<std::string, Held, std::less<>> held_;
   std::map<std::string, Watched, std::less<>> watched_;
   std::uint64_t next_watch_ = 1;

@@ -44,6 +44,9 @@ void MemorySpace::State::Entry::purge(Clock::time_point now) {
   if (holders.empty()) permits = 0;
   std::erase_if(queue, [now](const Waiter& w) { return w.until <= now; });
   if (holders.empty() && queue.empty()) fair = false;
+  std::erase_if(grants, [&](const auto& g) {
+    return !(expires > now && g.first == owner) && holders.find(g.first) == holders.end();
+  });
 }
 
 milliseconds MemorySpace::State::Entry::next_expiry(Clock::time_point now) const {
@@ -61,19 +64,27 @@ Acquired MemorySpace::State::wrong_kind(const LockRef& lock, const std::string& 
   return out;
 }
 
-Acquired MemorySpace::State::acquire(const LockRef& lock) {
+Acquired MemorySpace::State::acquire(const LockRef& lock, std::string_view owner_name) {
   auto now = Clock::now();
   auto it = entries_.find(lock.name);
   if (it == entries_.end()) it = entries_.emplace(std::string(lock.name), Entry{}).first;
   Entry& e = it->second;
   e.purge(now);
+  Acquired out;
   switch (lock.kind.mode()) {
-    case LockKind::Mode::kShared: return acquire_shared(e, lock, now);
-    case LockKind::Mode::kPermits: return acquire_permit(e, lock, now);
-    case LockKind::Mode::kFair: return acquire_fair(e, lock, now);
-    case LockKind::Mode::kExclusive: break;
+    case LockKind::Mode::kShared: out = acquire_shared(e, lock, now); break;
+    case LockKind::Mode::kPermits: out = acquire_permit(e, lock, now); break;
+    case LockKind::Mode::kFair: out = acquire_fair(e, lock, now); break;
+    case LockKind::Mode::kExclusive: out = acquire_exclusive(e, lock, now); break;
   }
-  return acquire_exclusive(e, lock, now);
+  if (out.status == Acquired::Status::kTaken) e.record(lock.token, owner_name);
+  return out;
+}
+
+// A retry of a grant keeps its first time.
+void MemorySpace::State::Entry::record(std::string_view token, std::string_view owner_name) {
+  if (grants.find(token) != grants.end()) return;
+  grants.emplace(std::string(token), Grant{std::string(owner_name), std::chrono::system_clock::now()});
 }
 
 Acquired MemorySpace::State::acquire_exclusive(Entry& e, const LockRef& lock, Clock::time_point now) {
@@ -100,6 +111,7 @@ Acquired MemorySpace::State::acquire_exclusive(Entry& e, const LockRef& lock, Cl
   // it stands (what the lost answer carried, unless raised since).
   if (e.expires <= now) {
     e.owner.assign(lock.token);
+    e.grants.clear();
     ++e.fence;
   }
   e.expires = now + lock.ttl;
@@ -274,20 +286,49 @@ LockInfo MemorySpace::State::inspect(std::string_view name) const {
   LockInfo info;
   auto it = entries_.find(name);
   if (it == entries_.end()) return info;
+  const Entry& e = it->second;
   auto now = Clock::now();
-  info.fencing_token = it->second.fence;
-  if (it->second.expires > now) {
+  const auto wall = std::chrono::system_clock::now();
+  info.fencing_token = e.fence;
+  auto holder = [&](const std::string& token) {
+    HolderInfo h;
+    h.token = token;
+    if (auto g = e.grants.find(token); g != e.grants.end()) {
+      h.owner_name = g->second.owner_name;
+      h.since = g->second.since;
+      h.held_for = std::max(milliseconds(0), std::chrono::duration_cast<milliseconds>(wall - h.since));
+    }
+    info.holders.push_back(std::move(h));
+  };
+  if (e.expires > now) {
     info.held = true;
-    info.ttl = std::chrono::duration_cast<milliseconds>(it->second.expires - now);
-    info.owner = it->second.owner;
+    info.ttl = std::chrono::duration_cast<milliseconds>(e.expires - now);
+    info.owner = e.owner;
+    holder(e.owner);
   }
-  // Shared or permit holders: held until the last one's ttl runs out.
-  for (const auto& [token, until] : it->second.holders) {
+  // Shared, permit or fair holders: held until the last one's ttl runs out.
+  for (const auto& [token, until] : e.holders) {
     if (until <= now) continue;
     info.held = true;
     info.ttl = std::max(info.ttl, std::chrono::duration_cast<milliseconds>(until - now));
+    holder(token);
+  }
+  if (info.held && e.expires <= now) {
+    info.kind = e.fair ? LockKind::fair() : e.permits > 0 ? LockKind::permits(e.permits) : LockKind::shared();
+    if (e.fair && !info.holders.empty()) info.owner = info.holders.front().token;
   }
   return info;
+}
+
+std::vector<std::pair<std::string, LockInfo>> MemorySpace::State::list(std::string_view name_prefix,
+                                                                       std::size_t limit) const {
+  std::vector<std::pair<std::string, LockInfo>> out;
+  for (auto it = entries_.lower_bound(name_prefix); it != entries_.end() && out.size() < limit; ++it) {
+    if (it->first.compare(0, name_prefix.size(), name_prefix) != 0) break;
+    LockInfo info = inspect(it->first);
+    if (info.held) out.emplace_back(it->first, std::move(info));
+  }
+  return out;
 }
 
 bool MemorySpace::State::force_release(std::string_view name) {

@@ -37,6 +37,8 @@
 #include <set>
 #include <string>
 #include <string_view>
+#include <utility>
+#include <vector>
 
 #include "core/loop.hpp"
 #include "store/capabilities.hpp"
@@ -72,7 +74,8 @@ class MemorySpace {
   // What an operation sees: the space's contents, its lock held.
   class State {
    public:
-    Acquired acquire(const LockRef& lock);
+    // `owner_name` is recorded with a new grant, with the time.
+    Acquired acquire(const LockRef& lock, std::string_view owner_name = {});
     Renewed renew(const LockRef& lock);
     // kYesUnheard when its notice reached no store but `self` (or none).
     Released release(const LockRef& lock, bool notify, const MemoryLink* self = nullptr);
@@ -84,6 +87,9 @@ class MemorySpace {
     ClaimResult claim(std::string_view name, std::string_view token, std::int64_t period,
                       std::chrono::system_clock::time_point start);
     LockInfo inspect(std::string_view name) const;
+    // The locks held whose name starts with `name_prefix`, at most `limit`
+    // (their LockInfo::key left for the store to fill).
+    std::vector<std::pair<std::string, LockInfo>> list(std::string_view name_prefix, std::size_t limit) const;
     bool force_release(std::string_view name);
 
    private:
@@ -105,6 +111,14 @@ class MemorySpace {
         Clock::time_point until;
       };
       bool fair = false;  // held or waited for as a fair lock
+      // Each holder's owner name and grant time, by token (pruned with the
+      // holders by purge()).
+      struct Grant {
+        std::string owner_name;
+        std::chrono::system_clock::time_point since;
+      };
+      std::map<std::string, Grant, std::less<>> grants;
+      void record(std::string_view token, std::string_view owner_name);
       std::deque<Waiter> queue;
       // Forgets holders whose ttl ran out (and the semaphore with the last),
       // and fair waiters whose place ran out.

@@ -1,5 +1,7 @@
 #include "store/memory/memory_store.hpp"
 
+#include "core/option_checks.hpp"
+
 #include <fmt/format.h>
 
 #include <utility>
@@ -23,7 +25,8 @@ MemoryStore::MemoryStore(Loop& loop, std::shared_ptr<MemorySpace> space, const O
       loop_(loop),
       space_(std::move(space)),
       link_(std::make_shared<MemoryLink>(loop, this)),
-      command_timeout_(options.command_timeout) {}
+      command_timeout_(options.command_timeout),
+      owner_name_(owner_name(options)) {}
 
 MemoryStore::~MemoryStore() {
   // close() did this already, unless the store never ran.
@@ -89,10 +92,10 @@ void MemoryStore::acquire(std::span<const LockRef> locks, AcquireDone done) {
   auto owned = std::make_shared<std::vector<Owned>>(locks.begin(), locks.end());
   auto shared_done = std::make_shared<AcquireDone>(std::move(done));
   submit(
-      [owned, shared_done](MemorySpace::State& s) -> std::function<void()> {
+      [owned, shared_done, this](MemorySpace::State& s) -> std::function<void()> {
         std::vector<Acquired> out;
         out.reserve(owned->size());
-        for (const auto& l : *owned) out.push_back(s.acquire(l.ref()));
+        for (const auto& l : *owned) out.push_back(s.acquire(l.ref(), owner_name_));
         return [out = std::move(out), shared_done] {
           for (std::size_t k = 0; k < out.size(); ++k) (*shared_done)(k, out[k]);
         };
@@ -195,6 +198,21 @@ void MemoryStore::inspect(std::string_view name, InspectDone done) {
         return [info = s.inspect(n), shared_done] { (*shared_done)(info, nullptr); };
       },
       [shared_done, err = no_answer()] { (*shared_done)(LockInfo{}, &err); });
+}
+
+void MemoryStore::list_locks(std::string_view prefix, std::size_t limit, ListDone done) {
+  auto shared_done = std::make_shared<decltype(done)>(std::move(done));
+  const std::string name_prefix = keys_.prefix;
+  submit(
+      [p = encode(prefix), name_prefix, limit, shared_done](MemorySpace::State& s) -> std::function<void()> {
+        std::vector<LockInfo> out;
+        for (auto& [name, info] : s.list(p, limit)) {
+          info.key = name.substr(name_prefix.size());
+          out.push_back(std::move(info));
+        }
+        return [out = std::move(out), shared_done]() mutable { (*shared_done)(std::move(out), nullptr); };
+      },
+      [shared_done, err = no_answer()] { (*shared_done)({}, &err); });
 }
 
 void MemoryStore::force_release(std::string_view name, ForceDone done) {

@@ -42,6 +42,7 @@ class MemoryStore final : public StoreBase,
                           public FenceRaising,
                           public JobClaims,
                           public OperatorTools,
+                          public LockListing,
                           public FairQueue,
                           public TokenBlocks {
  public:
@@ -66,6 +67,7 @@ class MemoryStore final : public StoreBase,
   LOCKWATCH_FENCE_RAISING_OPERATIONS;
   LOCKWATCH_JOB_CLAIMS_OPERATIONS;
   LOCKWATCH_OPERATOR_TOOLS_OPERATIONS;
+  LOCKWATCH_LOCK_LISTING_OPERATIONS;
   LOCKWATCH_TOKEN_BLOCKS_OPERATIONS;
   void withdraw(const LockRef& lock, WithdrawDone done) override;
 
@@ -102,6 +104,7 @@ class MemoryStore final : public StoreBase,
   const std::shared_ptr<MemorySpace> space_;
   const std::shared_ptr<MemoryLink> link_;
   const std::chrono::milliseconds command_timeout_;
+  const std::string owner_name_;  // recorded with each grant (Options::owner_name)
   bool started_ = false;  // loop thread: timer_ initialised
   bool closed_ = false;   // loop thread
   std::set<std::string, std::less<>> subscribed_;  // loop thread

@@ -12,6 +12,7 @@
 #include <algorithm>
 #include <memory>
 
+#include "core/option_checks.hpp"
 #include "core/loop.hpp"
 #include "core/net.hpp"
 #include "store/postgresql/pg_error.hpp"
@@ -195,7 +196,8 @@ void PgConnection::connect_to(const std::string& hostaddr) {
   add("user", target_.user);
   add("password", target_.password);
   add("options", startup_options_);
-  add("application_name", "lockwatch");
+  // The owner name, for pg_stat_activity (the server keeps 63 bytes of it).
+  add("application_name", "lockwatch:" + connection_owner_name(owner_name(options_)));
   // GSSAPI encryption is not asked for: libpq would otherwise look for
   // Kerberos credentials first.
   add("gssencmode", "disable");
@@ -350,7 +352,7 @@ void PgConnection::end_stale_backends() {
   Request r;
   r.kind = Kind::kSql;
   r.sql = fmt::format("SELECT {} FROM pg_stat_activity a WHERE a.pid = ANY('{{{}}}'::int[]) AND a.usename = current_user "
-                      "AND a.application_name = 'lockwatch' AND a.pid <> pg_backend_pid()",
+                      "AND (a.application_name = 'lockwatch' OR a.application_name LIKE 'lockwatch:%') AND a.pid <> pg_backend_pid()",
                       terminate, list);
   r.done = [this, pids](const PgRows&, const StoreError*) {
     if (state_ != State::kHandshake) return;
@@ -402,7 +404,9 @@ void PgConnection::handshake(bool created) {
       prepare_rest();
       return;
     }
-    if (err->code == "42P01" && !created) {  // undefined_table
+    // undefined_table, or undefined_column: a table of a version before
+    // (create adds the columns since).
+    if ((err->code == "42P01" || err->code == "42703") && !created) {
       create_tables(0);
       return;
     }

@@ -5,8 +5,10 @@
 #include <algorithm>
 #include <charconv>
 #include <map>
+#include <optional>
 
 #include "core/loop.hpp"
+#include "core/option_checks.hpp"
 #include "lockwatch/errors.hpp"
 #include "store/postgresql/pg_error.hpp"
 
@@ -112,6 +114,10 @@ std::chrono::milliseconds ceil_ms(long long us) { return std::chrono::millisecon
 constexpr std::string_view kSharedMarker = "'lockwatch:shared'::bytea";
 // A writer's mark outlives its last attempt by this long at most (µs).
 constexpr long long kWriterMarkUs = 2'000'000;
+// A holder's grant time in µs since the epoch, and how long ago that was
+// on the server's clock (NULL where none was recorded).
+constexpr std::string_view kGrantedUs = "(extract(epoch FROM granted_at) * 1000000)::int8";
+constexpr std::string_view kHeldUs = "greatest((extract(epoch FROM clock_timestamp() - granted_at) * 1000000)::int8, 0)";
 
 // Whether the bytea `column` is a marker: no owner token starts so.
 std::string is_marker(std::string_view column) {
@@ -154,7 +160,7 @@ std::string prune(const std::string& h) {
 // row and the lock row: the marker, an expiry covering every holder, and
 // the fence raised for a permit (a reader is answered the last writer's).
 // Answers one row: verdict, fence, busy µs, the lock row's owner (hex).
-std::string acquire_kind_sql(const std::string& t, const std::string& h) {
+std::string acquire_kind_sql(const std::string& t, const std::string& h, const std::string& o) {
   return fmt::format(
       "WITH {2}, "
       "k AS (SELECT x.owner, x.expires_at FROM {1} x, c, l WHERE x.lock_name = c.name "
@@ -168,8 +174,8 @@ std::string acquire_kind_sql(const std::string& t, const std::string& h) {
       "WHEN $5::int8 = 0 AND (SELECT until FROM m) IS NOT NULL THEN 'b' "
       "WHEN $5::int8 > 0 AND (SELECT count(*) FROM k) >= $5::int8 THEN 'b' "
       "ELSE 't' END AS verdict FROM c, l), "
-      "g AS (INSERT INTO {1} (lock_name, owner, role, expires_at) "
-      "SELECT c.name, c.token, CASE WHEN $5::int8 = 0 THEN 's' ELSE 'p' END, c.now + c.ttl FROM c, d "
+      "g AS (INSERT INTO {1} (lock_name, owner, role, expires_at, owner_name, granted_at) "
+      "SELECT c.name, c.token, CASE WHEN $5::int8 = 0 THEN 's' ELSE 'p' END, c.now + c.ttl, {8}, c.now FROM c, d "
       "WHERE d.verdict IN ('t', 'r') "
       "ON CONFLICT (lock_name, owner) DO UPDATE SET role = excluded.role, expires_at = excluded.expires_at), "
       "u AS (UPDATE {0} t SET owner = c.marker, "
@@ -183,7 +189,7 @@ std::string acquire_kind_sql(const std::string& t, const std::string& h) {
       "WHEN $5::int8 = 0 THEN {6} "
       "ELSE {7} END, encode(l.owner, 'hex') FROM c, d, l",
       t, h, kind_context(t), is_marker("l.owner"), prune(h), remaining("l.expires_at", "c.now"),
-      remaining("(SELECT until FROM m)", "c.now"), remaining("(SELECT min(expires_at) FROM k)", "c.now"));
+      remaining("(SELECT until FROM m)", "c.now"), remaining("(SELECT min(expires_at) FROM k)", "c.now"), o);
 }
 
 // A fair lock ($4 its marker): refused (e) while held as another kind;
@@ -196,7 +202,7 @@ std::string acquire_kind_sql(const std::string& t, const std::string& h) {
 // and the lock is free, the new first is woken ($5: the channel).
 // Answers one row: verdict, fence, busy µs, the lock row's owner (hex),
 // and the notice's (ignored) result.
-std::string acquire_fair_sql(const std::string& t, const std::string& h) {
+std::string acquire_fair_sql(const std::string& t, const std::string& h, const std::string& o) {
   return fmt::format(
       "WITH {2}, "
       "k AS (SELECT x.owner, x.expires_at FROM {1} x, c, l WHERE x.lock_name = c.name AND x.role = 'f' "
@@ -211,12 +217,13 @@ std::string acquire_fair_sql(const std::string& t, const std::string& h) {
       "ELSE 'b' END AS verdict, "
       "EXISTS (SELECT 1 FROM {1} x WHERE x.lock_name = c.name AND x.role = 'q' AND x.expires_at <= c.now) "
       "AS dropped FROM c, l), "
-      "g AS (INSERT INTO {1} (lock_name, owner, role, seq, expires_at) "
+      "g AS (INSERT INTO {1} AS hx (lock_name, owner, role, seq, expires_at, owner_name, granted_at) "
       "SELECT c.name, c.token, CASE WHEN d.verdict = 'b' THEN 'q' ELSE 'f' END, "
       "CASE WHEN d.verdict = 'b' THEN coalesce((SELECT seq FROM q WHERE q.owner = c.token), "
-      "(SELECT max(seq) FROM q) + 1, 1) ELSE 0 END, c.now + c.ttl FROM c, d WHERE d.verdict <> 'e' "
+      "(SELECT max(seq) FROM q) + 1, 1) ELSE 0 END, c.now + c.ttl, {5}, c.now FROM c, d WHERE d.verdict <> 'e' "
       "ON CONFLICT (lock_name, owner) DO UPDATE SET role = excluded.role, seq = excluded.seq, "
-      "expires_at = excluded.expires_at), "
+      "expires_at = excluded.expires_at, granted_at = CASE WHEN excluded.role = 'f' AND hx.role <> 'f' "
+      "THEN excluded.granted_at ELSE hx.granted_at END), "
       "u AS (UPDATE {0} t SET owner = c.marker, "
       "fence = CASE WHEN d.verdict = 't' THEN t.fence + 1 ELSE t.fence END, expires_at = c.now + c.ttl "
       "FROM c, d WHERE t.lock_name = c.name AND d.verdict IN ('t', 'r')), "
@@ -226,7 +233,7 @@ std::string acquire_fair_sql(const std::string& t, const std::string& h) {
       "CASE WHEN d.verdict = 'b' AND d.dropped AND NOT EXISTS (SELECT 1 FROM k) "
       "THEN pg_notify($5::text, $1::text) END FROM c, d, l",
       t, h, kind_context(t), prune(h),
-      remaining("coalesce((SELECT max(expires_at) FROM k), (SELECT expires_at FROM f))", "c.now"));
+      remaining("coalesce((SELECT max(expires_at) FROM k), (SELECT expires_at FROM f))", "c.now"), o);
 }
 
 // Renews shares, permits and fair holders (one statement for all those
@@ -288,7 +295,8 @@ std::string release_kind_sql(const std::string& t, const std::string& h) {
 // is the quoted lock table, `h` the quoted holders' table. A batch arrives
 // as parallel arrays (names, owners, ttls in µs) unnested WITH ORDINALITY,
 // so that an answer names the request by its position (1-based).
-std::vector<PgStatement> statements(const std::string& t, const std::string& h) {
+// `o`: this store's owner name as a bytea expression, recorded with each grant.
+std::vector<PgStatement> statements(const std::string& t, const std::string& h, const std::string& o) {
   const std::string batch =
       "r AS (SELECT decode(n, 'hex') AS lock_name, decode(o, 'hex') AS owner, u AS ttl_us, i "
       "FROM unnest($1::text[], $2::text[], $3::int8[]) WITH ORDINALITY AS x(n, o, u, i))";
@@ -313,12 +321,14 @@ std::vector<PgStatement> statements(const std::string& t, const std::string& h) 
       // row is locked (the mark needs all of w first), as the kinds'
       // transactions do, so that they cannot deadlock each other.
       {"lockwatch_acquire",
-       fmt::format("WITH {1}, w AS (INSERT INTO {0} AS l (lock_name, owner, fence, expires_at) "
-                   "SELECT lock_name, owner, 1, clock_timestamp() + ttl_us * interval '1 microsecond' FROM r "
-                   "ORDER BY lock_name "
+       fmt::format("WITH {1}, w AS (INSERT INTO {0} AS l (lock_name, owner, fence, expires_at, owner_name, granted_at) "
+                   "SELECT lock_name, owner, 1, clock_timestamp() + ttl_us * interval '1 microsecond', {7}, "
+                   "clock_timestamp() FROM r ORDER BY lock_name "
                    "ON CONFLICT (lock_name) DO UPDATE SET "
                    "fence = CASE WHEN l.expires_at <= clock_timestamp() THEN l.fence + 1 ELSE l.fence END, "
-                   "owner = excluded.owner, expires_at = excluded.expires_at "
+                   "owner = excluded.owner, expires_at = excluded.expires_at, owner_name = excluded.owner_name, "
+                   "granted_at = CASE WHEN l.expires_at <= clock_timestamp() THEN excluded.granted_at "
+                   "ELSE l.granted_at END "
                    "WHERE l.expires_at <= clock_timestamp() OR l.owner = excluded.owner "
                    "RETURNING l.lock_name, l.fence), "
                    "x AS (DELETE FROM {3} m USING r WHERE m.lock_name = r.lock_name AND m.owner = r.owner "
@@ -334,7 +344,7 @@ std::vector<PgStatement> statements(const std::string& t, const std::string& h) 
                    "CASE WHEN {6} AND h.expires_at > clock_timestamp() THEN encode(h.owner, 'hex') END AS marker "
                    "FROM {0} h WHERE h.lock_name = r.lock_name AND w.fence IS NULL) b ON true",
                    t, batch, fmt::format(fmt::runtime(remaining_us), "h.expires_at"), h, kWriterMarkUs,
-                   kSharedMarker, is_marker("h.owner")),
+                   kSharedMarker, is_marker("h.owner"), o),
        {kTextArray, kTextArray, kInt8Array}},
       // Answers the pairs it did not renew: taken by another owner, or gone.
       {"lockwatch_renew",
@@ -375,9 +385,23 @@ std::vector<PgStatement> statements(const std::string& t, const std::string& h) 
                    t),
        {kText, kText, kInt8, kInt8}},
       {"lockwatch_inspect",
-       fmt::format("SELECT {1}, fence, encode(owner, 'hex') FROM {0} WHERE lock_name = decode($1::text, 'hex')", t,
-                   fmt::format(fmt::runtime(remaining_us), "expires_at")),
+       fmt::format("SELECT {1}, fence, encode(owner, 'hex'), encode(owner_name, 'hex'), {2}, {3} FROM {0} "
+                   "WHERE lock_name = decode($1::text, 'hex')",
+                   t, fmt::format(fmt::runtime(remaining_us), "expires_at"), kGrantedUs, kHeldUs),
        {kText}},
+      // The live shared, permit or fair holders of a name, first granted first.
+      {"lockwatch_holders",
+       fmt::format("SELECT encode(owner, 'hex'), encode(owner_name, 'hex'), {2}, {3} FROM {1} "
+                   "WHERE lock_name = decode($1::text, 'hex') AND role IN ('s', 'p', 'f') "
+                   "AND expires_at > clock_timestamp() ORDER BY granted_at",
+                   t, h, kGrantedUs, kHeldUs),
+       {kText}},
+      // The names under a prefix ($1: a LIKE pattern, hex) whose row is held, in order; at most $2.
+      {"lockwatch_list",
+       fmt::format("SELECT encode(lock_name, 'hex') FROM {0} WHERE lock_name LIKE decode($1::text, 'hex') "
+                   "AND owner <> '' AND expires_at > clock_timestamp() ORDER BY lock_name LIMIT $2::int8",
+                   t),
+       {kText, kInt8}},
       // The rest run in transactions (execute_all) after
       // lockwatch_lock_rows, which makes the names' lock rows if missing
       // and locks them (ON CONFLICT locks a row even where its WHERE does
@@ -398,8 +422,8 @@ std::vector<PgStatement> statements(const std::string& t, const std::string& h) 
                    "RETURNING pg_notify($2::text, encode(lock_name, 'hex'))",
                    t, h),
        {kText, kText}},
-      {"lockwatch_acquire_kind", acquire_kind_sql(t, h), {kText, kText, kInt8, kText, kInt8}},
-      {"lockwatch_acquire_fair", acquire_fair_sql(t, h), {kText, kText, kInt8, kText, kText}},
+      {"lockwatch_acquire_kind", acquire_kind_sql(t, h, o), {kText, kText, kInt8, kText, kInt8}},
+      {"lockwatch_acquire_fair", acquire_fair_sql(t, h, o), {kText, kText, kInt8, kText, kText}},
       {"lockwatch_withdraw",
        fmt::format("WITH c AS (SELECT clock_timestamp() AS now, decode($1::text, 'hex') AS name, "
                    "decode($2::text, 'hex') AS token), "
@@ -456,7 +480,9 @@ std::string PgStore::table_definition(const std::string& table) {
       "  owner       bytea NOT NULL DEFAULT '',\n"
       "  fence       bigint NOT NULL DEFAULT 0,\n"
       "  expires_at  timestamptz NOT NULL,\n"
-      "  last_period bigint\n"
+      "  last_period bigint,\n"
+      "  owner_name  bytea NOT NULL DEFAULT '',\n"
+      "  granted_at  timestamptz\n"
       ") WITH (fillfactor = 70)",
       quoted(table), kMaxNameBytes);
 }
@@ -469,6 +495,8 @@ std::string PgStore::holders_table_definition(const std::string& table) {
       "  role       char(1) NOT NULL CHECK (role IN ('s', 'p', 'f', 'q', 'w')),\n"
       "  seq        bigint NOT NULL DEFAULT 0,\n"
       "  expires_at timestamptz NOT NULL,\n"
+      "  owner_name bytea NOT NULL DEFAULT '',\n"
+      "  granted_at timestamptz,\n"
       "  PRIMARY KEY (lock_name, owner)\n"
       ")",
       quoted(table));
@@ -496,8 +524,14 @@ PgStore::PgStore(Loop& loop, PgTarget target, const Options& options)
       target_(std::move(target)),
       channel_(target_.channel()) {
   PgSession session;
-  session.statements = statements(quoted(target_.table), quoted(target_.holders_table()));
+  session.statements = statements(quoted(target_.table), quoted(target_.holders_table()),
+                                  "decode('" + hex(owner_name(options)) + "', 'hex')");
   session.create = {table_definition(target_.table), holders_table_definition(target_.holders_table())};
+  // Tables made by versions before get the columns added since.
+  for (const std::string& table : {target_.table, target_.holders_table()})
+    session.create.push_back(fmt::format("ALTER TABLE {} ADD COLUMN IF NOT EXISTS owner_name bytea NOT NULL DEFAULT "
+                                         "'', ADD COLUMN IF NOT EXISTS granted_at timestamptz",
+                                         quoted(table)));
   // Planned, not run: ON CONFLICT (lock_name) needs lock_name to be the
   // table's key, which only the planner checks.
   session.plan_check = "EXPLAIN EXECUTE lockwatch_acquire('{}', '{}', '{}')";
@@ -951,21 +985,115 @@ void PgStore::claim_period(std::string_view name, std::string_view token, std::i
       });
 }
 
+namespace {
+
+// A holder from an answer's columns `at`..`at + 3`: token and owner name
+// (hex), grant time and age in µs (NULL: none recorded).
+HolderInfo holder_of(const PgRows& rows, int row, int at) {
+  HolderInfo h;
+  unhex(rows.at(row, at), h.token);
+  unhex(rows.at(row, at + 1), h.owner_name);
+  if (!rows.null(row, at + 2)) {
+    h.since = std::chrono::system_clock::time_point(std::chrono::duration_cast<std::chrono::system_clock::duration>(
+        std::chrono::microseconds(to_ll(rows.at(row, at + 2)))));
+    h.held_for = std::chrono::milliseconds(to_ll(rows.at(row, at + 3)) / 1000);
+  }
+  return h;
+}
+
+LockKind kind_of_owner(std::string_view owner) {
+  constexpr std::string_view kPermits = "lockwatch:permits:";
+  if (owner == "lockwatch:shared") return LockKind::shared();
+  if (owner == "lockwatch:fair") return LockKind::fair();
+  if (owner.starts_with(kPermits)) return LockKind::permits(static_cast<std::uint32_t>(to_ll(owner.substr(kPermits.size()))));
+  return LockKind::exclusive();
+}
+
+}  // namespace
+
 void PgStore::inspect(std::string_view name, InspectDone done) {
-  command_connection().execute("lockwatch_inspect", {hex(name)},
-                               [done = std::move(done)](const PgRows& rows, const StoreError* err) {
-                                 LockInfo info;
-                                 if (!err && rows.size() == 1) {
-                                   long long us = to_ll(rows.at(0, 0));
-                                   std::string owner;
-                                   unhex(rows.at(0, 2), owner);
-                                   info.held = us > 0 && !owner.empty();
-                                   info.ttl = info.held ? ceil_ms(us) : std::chrono::milliseconds(0);
-                                   info.fencing_token = static_cast<std::uint64_t>(to_ll(rows.at(0, 1)));
-                                   if (info.held) info.owner = std::move(owner);
-                                 }
-                                 done(info, err);
-                               });
+  // The lock row, then (a kind's marker in it) the live holders' rows, in
+  // one round trip: both statements go out together.
+  struct Answer {
+    LockInfo info;
+    bool failed = false;
+    InspectDone done;
+  };
+  auto answer = std::make_shared<Answer>();
+  answer->done = std::move(done);
+  PgConnection& conn = command_connection();
+  conn.execute("lockwatch_inspect", {hex(name)}, [answer](const PgRows& rows, const StoreError* err) {
+    if (err) {
+      answer->failed = true;
+      return answer->done(LockInfo{}, err);
+    }
+    if (rows.size() != 1) return;
+    LockInfo& info = answer->info;
+    long long us = to_ll(rows.at(0, 0));
+    std::string owner;
+    unhex(rows.at(0, 2), owner);
+    info.held = us > 0 && !owner.empty();
+    info.ttl = info.held ? ceil_ms(us) : std::chrono::milliseconds(0);
+    info.fencing_token = static_cast<std::uint64_t>(to_ll(rows.at(0, 1)));
+    if (!info.held) return;
+    info.kind = kind_of_owner(owner);
+    if (!info.kind.exclusive_kind()) return;
+    info.holders.push_back(holder_of(rows, 0, 2));
+    info.owner = std::move(owner);
+  });
+  conn.execute("lockwatch_holders", {hex(name)}, [answer](const PgRows& rows, const StoreError* err) {
+    if (answer->failed) return;
+    if (err) return answer->done(LockInfo{}, err);
+    LockInfo& info = answer->info;
+    if (info.held && !info.kind.exclusive_kind())
+      for (int r = 0; r < rows.size(); ++r) info.holders.push_back(holder_of(rows, r, 0));
+    if (info.kind.mode() == LockKind::Mode::kFair && !info.holders.empty()) info.owner = info.holders.front().token;
+    answer->done(info, nullptr);
+  });
+}
+
+void PgStore::list_locks(std::string_view prefix, std::size_t limit, ListDone done) {
+  struct Listing {
+    std::vector<std::string> names;
+    std::vector<LockInfo> infos;
+    std::size_t answered = 0;
+    std::optional<StoreError> error;
+    ListDone done;
+  };
+  auto listing = std::make_shared<Listing>();
+  listing->done = std::move(done);
+  std::string pattern;
+  for (char c : encode(prefix)) {
+    if (c == '%' || c == '_' || c == '\\') pattern.push_back('\\');
+    pattern.push_back(c);
+  }
+  pattern.push_back('%');
+  command_connection().execute(
+      "lockwatch_list", {hex(pattern), std::to_string(limit)}, [this, listing](const PgRows& rows, const StoreError* err) {
+        if (err) return listing->done({}, err);
+        for (int r = 0; r < rows.size(); ++r) {
+          std::string name;
+          if (unhex(rows.at(r, 0), name)) listing->names.push_back(std::move(name));
+        }
+        listing->infos.resize(listing->names.size());
+        auto finish = [this, listing] {
+          if (listing->error) return listing->done({}, &*listing->error);
+          std::vector<LockInfo> out;
+          for (std::size_t i = 0; i < listing->names.size(); ++i) {
+            if (!listing->infos[i].held) continue;
+            listing->infos[i].key = listing->names[i].substr(keys_.prefix.size());
+            out.push_back(std::move(listing->infos[i]));
+          }
+          listing->done(std::move(out), nullptr);
+        };
+        if (listing->names.empty()) return finish();
+        for (std::size_t i = 0; i < listing->names.size(); ++i)
+          inspect(listing->names[i], [listing, i, finish](const LockInfo& info, const StoreError* e) {
+            if (e && !listing->error) listing->error = *e;
+            listing->infos[i] = info;
+            if (++listing->answered == listing->names.size()) finish();
+          });
+      });
 }
 
 void PgStore::force_release(std::string_view name, ForceDone done) {

@@ -92,6 +92,7 @@ class PgStore final : public StoreBase,
                       public FenceRaising,
                       public JobClaims,
                       public OperatorTools,
+                      public LockListing,
                       public FairQueue {
  public:
   // The lock_name column's limit (a CHECK in the table): longer names
@@ -117,6 +118,8 @@ class PgStore final : public StoreBase,
   LOCKWATCH_FENCE_RAISING_OPERATIONS;
   LOCKWATCH_JOB_CLAIMS_OPERATIONS;
   LOCKWATCH_OPERATOR_TOOLS_OPERATIONS;
+  // The held rows under the prefix (LIKE, in order, LIMIT), each inspected.
+  LOCKWATCH_LOCK_LISTING_OPERATIONS;
   // FairQueue: the waiter's row goes, in a transaction that locks the
   // lock row first; a first waiter that leaves a free lock notifies.
   void withdraw(const LockRef& lock, WithdrawDone done) override;

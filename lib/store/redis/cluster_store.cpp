@@ -5,6 +5,8 @@
 
 #include <algorithm>
 #include <cstring>
+#include <optional>
+#include <set>
 
 #include "core/loop.hpp"
 #include "core/url.hpp"
@@ -766,6 +768,39 @@ void ClusterStore::inspect(std::string_view name, InspectDone done) {
     });
   };
   route(std::move(call), [shared](const StoreError& err) { (*shared)(LockInfo{}, &err); });
+}
+
+void ClusterStore::list_locks(std::string_view prefix, std::size_t limit, ListDone done) {
+  when_mapped([this, prefix = std::string(prefix), limit, done = std::move(done)](const StoreError* err) mutable {
+    if (err) return done({}, err);
+    std::set<Node*> masters;
+    for (std::int16_t at : owner_)
+      if (at >= 0) masters.insert(nodes_[static_cast<std::size_t>(at)].get());
+    struct Merge {
+      std::size_t pending = 0;
+      std::vector<LockInfo> found;
+      std::optional<StoreError> error;
+      ListDone done;
+    };
+    auto merge = std::make_shared<Merge>();
+    merge->pending = masters.size();
+    merge->done = std::move(done);
+    if (masters.empty()) {  // no slot served: nothing held, answered on the next turn (never inside the call)
+      loop_.post([merge] { merge->done({}, nullptr); });
+      return;
+    }
+    for (Node* node : masters)
+      node->store->list_locks(prefix, limit, [merge, limit](std::vector<LockInfo> locks, const StoreError* e) {
+        if (e && !merge->error) merge->error = *e;
+        for (auto& l : locks) merge->found.push_back(std::move(l));
+        if (--merge->pending > 0) return;
+        if (merge->error) return merge->done({}, &*merge->error);
+        std::sort(merge->found.begin(), merge->found.end(),
+                  [](const LockInfo& a, const LockInfo& b) { return a.key < b.key; });
+        if (merge->found.size() > limit) merge->found.resize(limit);
+        merge->done(std::move(merge->found), nullptr);
+      });
+  });
 }
 
 void ClusterStore::force_release(std::string_view name, ForceDone done) {

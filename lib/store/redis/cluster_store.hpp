@@ -109,6 +109,7 @@ class ClusterStore final : public StoreBase,
                            public FenceRaising,
                            public JobClaims,
                            public OperatorTools,
+                           public LockListing,
                            public FairQueue,
                            public TokenBlocks {
  public:
@@ -133,6 +134,8 @@ class ClusterStore final : public StoreBase,
   LOCKWATCH_FENCE_RAISING_OPERATIONS;
   LOCKWATCH_JOB_CLAIMS_OPERATIONS;
   LOCKWATCH_OPERATOR_TOOLS_OPERATIONS;
+  // Every master's SCAN (each node store's listing), merged by key.
+  LOCKWATCH_LOCK_LISTING_OPERATIONS;
   LOCKWATCH_TOKEN_BLOCKS_OPERATIONS;
   // A fair waiter leaves its lock's queue, on the slot's node (its keys
   // share the lock's hash tag); redirects followed as for the others.

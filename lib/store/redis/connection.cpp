@@ -16,6 +16,7 @@
 #include <cstring>
 
 #include "core/loop.hpp"
+#include "core/option_checks.hpp"
 #include "core/net.hpp"
 
 namespace lockwatch::detail {
@@ -190,6 +191,8 @@ void RedisConnection::connect() {
     send_handshake(Handshake::kAuth, std::move(auth));
   }
   if (endpoint_.db != 0 && !pubsub_) send_handshake(Handshake::kSelect, {"SELECT", std::to_string(endpoint_.db)});
+  if (hooks_.named)
+    send_handshake(Handshake::kName, {"CLIENT", "SETNAME", "lockwatch:" + connection_owner_name(owner_name(options_))});
   if (require_master_) send_handshake(Handshake::kRole, {"ROLE"});
   if (pubsub_) {
     sharded_sent_.clear();  // what was unanswered went with the old link
@@ -712,7 +715,7 @@ void RedisConnection::on_handshake_reply(Handshake step, const redisReply* r) {
   handshake_pending_--;
   // The first refusal says what is wrong (after a refused AUTH the rest
   // answer NOAUTH, which would only hide it).
-  if (handshake_error_.empty()) {
+  if (handshake_error_.empty() && step != Handshake::kName) {
     if (r->type == REDIS_REPLY_ERROR) {
       std::string msg(r->str, r->len);
       switch (step) {
@@ -731,6 +734,7 @@ void RedisConnection::on_handshake_reply(Handshake step, const redisReply* r) {
           handshake_error_ = "ROLE was refused: " + msg;
           break;
         case Handshake::kNone:
+        case Handshake::kName:
           break;
       }
       if (step != Handshake::kAuth && redis_reply_error(name_, msg).acl_refusal()) {

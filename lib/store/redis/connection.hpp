@@ -120,11 +120,16 @@ class RedisConnection {
     // Sent right after AUTH on every new connection (e.g. SUBSCRIBE in a
     // sentinel watcher); its replies reach on_message.
     std::vector<std::string> on_connect_command;
+    // CLIENT SETNAME lockwatch:<owner> at each connect (Options::owner_name);
+    // off for a sentinel, whose users are given only what Sentinel needs.
+    bool named = true;
   };
 
   enum class Mode { kCommands, kPubSub, kShardedPubSub };
 
-  RedisConnection(Loop& loop, Endpoint endpoint, const Options& options, Mode mode, Hooks hooks = {});
+  RedisConnection(Loop& loop, Endpoint endpoint, const Options& options, Mode mode, Hooks hooks);
+  RedisConnection(Loop& loop, Endpoint endpoint, const Options& options, Mode mode)
+      : RedisConnection(loop, std::move(endpoint), options, mode, Hooks()) {}
   ~RedisConnection();
   RedisConnection(const RedisConnection&) = delete;
   RedisConnection& operator=(const RedisConnection&) = delete;
@@ -191,7 +196,9 @@ class RedisConnection {
   };
   // What `q` sent, for an error that the user's ACL refused it.
   static std::string sent(const Queued& q);
-  enum class Handshake : std::uint8_t { kNone, kAuth, kSelect, kRole };
+  // kName: CLIENT SETNAME lockwatch:<owner>, for operators' CLIENT LIST;
+  // a refusal (an ACL without it, an old server) is ignored.
+  enum class Handshake : std::uint8_t { kNone, kAuth, kSelect, kRole, kName };
   // A request written on the current link whose reply has not come yet;
   // replies come in this order.
   struct Pending {

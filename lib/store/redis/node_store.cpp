@@ -6,8 +6,10 @@
 #include <cstdlib>
 #include <deque>
 #include <iterator>
+#include <optional>
 
 #include "core/loop.hpp"
+#include "core/option_checks.hpp"
 #include "store/redis/keys.hpp"
 #include "store/redis/scripts.hpp"
 #include "store/redis/sentinel.hpp"
@@ -39,7 +41,7 @@ RedisNodeStore::RedisNodeStore(Loop& loop, Endpoint endpoint, const Options& opt
                                StoreLayout layout)
     : StoreBase(layout.redisson() ? redisson_keys::rules() : redis_keys::rules(options.key_prefix),
                 /*release_events=*/true),
-      options_(options), notices_(notices), layout_(std::move(layout)), loop_(loop) {
+      options_(options), owner_(owner_name(options)), notices_(notices), layout_(std::move(layout)), loop_(loop) {
   using Mode = RedisConnection::Mode;
   conn_ = std::make_unique<RedisConnection>(loop, endpoint, options_, Mode::kCommands);
   renew_ = std::make_unique<RedisConnection>(loop, endpoint, options_, Mode::kCommands);
@@ -158,7 +160,7 @@ void RedisNodeStore::send_kind_acquire(QueuedAcquire a) {
   }
   std::vector<std::string> args{a.name, redis_keys::holders(a.name), redis_keys::writer_mark(a.name),
                                 redis_keys::counter(options_.key_prefix, a.name), a.token, a.ttl_ms,
-                                redis_keys::kind_arg(a.kind)};
+                                redis_keys::kind_arg(a.kind), owner_};
   RedisConnection& c = with_asking(for_acquire());
   c.eval(script(ScriptId::kAcquireKind), std::move(args), 4,
          [this, &c, a = std::move(a)](const redisReply* r, const StoreError* err) mutable {
@@ -176,7 +178,8 @@ void RedisNodeStore::send_fair_acquire(QueuedAcquire a) {
                                 a.token,
                                 a.ttl_ms,
                                 redis_keys::channel(a.name),
-                                notice()};
+                                notice(),
+                                owner_};
   RedisConnection& c = with_asking(for_acquire());
   c.eval(script(ScriptId::kAcquireFair), std::move(args), 5,
          [this, &c, a = std::move(a)](const redisReply* r, const StoreError* err) mutable {
@@ -284,15 +287,16 @@ void RedisNodeStore::send_acquire_batch(std::vector<QueuedAcquire> batch, bool c
     send_redisson_acquire(std::move(batch), counted);
     return;
   }
-  std::size_t bytes = 0;
+  std::size_t bytes = owner_.size();
   for (const auto& a : batch) bytes += 3 * a.name.size() + a.token.size() + a.ttl_ms.size() + 64;
-  EvalRequest request(script(ScriptId::kAcquire), 3 * batch.size(), 5 * batch.size(), bytes);
+  EvalRequest request(script(ScriptId::kAcquire), 3 * batch.size(), 5 * batch.size() + 1, bytes);
   for (const auto& a : batch) {
     request.arg(a.name);
     request.arg(options_.key_prefix, redis_keys::kCounterInfix, "{", slot_tag(key_slot(a.name)), "}");
     request.arg(a.name, redis_keys::kFenceSuffix);
   }
   for (const auto& a : batch) request.arg(a.token).arg(a.ttl_ms);
+  request.arg(owner_);
   eval_acquire(std::move(request), std::move(batch), counted);
 }
 
@@ -525,6 +529,81 @@ void RedisNodeStore::inspect(std::string_view name, InspectDone done) {
                              const auto failed = read_inspect(r, err, conn_->name(), lock, info);
                              done(info, failed ? &*failed : nullptr);
                            });
+}
+
+namespace {
+
+// `text` as literal text of a SCAN MATCH pattern.
+std::string glob_escaped(std::string_view text) {
+  std::string out;
+  out.reserve(text.size());
+  for (char c : text) {
+    if (c == '*' || c == '?' || c == '[' || c == ']' || c == '\\') out.push_back('\\');
+    out.push_back(c);
+  }
+  return out;
+}
+
+}  // namespace
+
+struct RedisNodeStore::Listing {
+  std::string match;  // P{<prefix>*}: lock names only (the others do not end in '}')
+  std::size_t limit = 0;
+  std::string cursor = "0";
+  std::vector<LockInfo> found;
+  ListDone done;
+};
+
+void RedisNodeStore::list_locks(std::string_view prefix, std::size_t limit, ListDone done) {
+  auto listing = std::make_shared<Listing>();
+  listing->match = glob_escaped(options_.key_prefix) + "{" + glob_escaped(prefix) + "*}";
+  listing->limit = limit;
+  listing->done = std::move(done);
+  scan_page(std::move(listing));
+}
+
+void RedisNodeStore::scan_page(std::shared_ptr<Listing> listing) {
+  conn_->command({"SCAN", listing->cursor, "MATCH", listing->match, "COUNT", "1000"},
+                 [this, listing](const redisReply* r, const StoreError* err) {
+    if (err) return listing->done({}, err);
+    if (r == nullptr || r->type != REDIS_REPLY_ARRAY || r->elements != 2 || r->element[0]->type != REDIS_REPLY_STRING ||
+        r->element[1]->type != REDIS_REPLY_ARRAY) {
+      const StoreError bad = StoreError::refused(conn_->name(), "unexpected reply to SCAN");
+      return listing->done({}, &bad);
+    }
+    listing->cursor.assign(r->element[0]->str, r->element[0]->len);
+    struct Page {
+      std::vector<std::string> names;
+      std::vector<LockInfo> infos;
+      std::size_t answered = 0;
+      std::optional<StoreError> error;
+    };
+    auto page = std::make_shared<Page>();
+    for (std::size_t i = 0; i < r->element[1]->elements; ++i) {
+      const redisReply* n = r->element[1]->element[i];
+      if (n->type == REDIS_REPLY_STRING) page->names.emplace_back(n->str, n->len);
+    }
+    page->infos.resize(page->names.size());
+    auto finish_page = [this, listing, page] {
+      if (page->error) return listing->done({}, &*page->error);
+      const std::size_t prefix = options_.key_prefix.size() + 1;  // P{
+      for (std::size_t i = 0; i < page->names.size() && listing->found.size() < listing->limit; ++i) {
+        if (!page->infos[i].held) continue;
+        page->infos[i].key = page->names[i].substr(prefix, page->names[i].size() - prefix - 1);
+        listing->found.push_back(std::move(page->infos[i]));
+      }
+      if (listing->cursor == "0" || listing->found.size() >= listing->limit) return listing->done(std::move(listing->found), nullptr);
+      scan_page(listing);
+    };
+    if (page->names.empty()) return finish_page();
+    for (std::size_t i = 0; i < page->names.size(); ++i)
+      inspect(page->names[i], [page, i, finish_page](const LockInfo& info, const StoreError* e) {
+        // A name that is no lock (a user's key without expiry) is left out.
+        if (e && e->kind != StoreError::Kind::kRefused && !page->error) page->error = *e;
+        page->infos[i] = info;
+        if (++page->answered == page->names.size()) finish_page();
+      });
+  });
 }
 
 void RedisNodeStore::force_release(std::string_view name, ForceDone done) {

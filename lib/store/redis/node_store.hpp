@@ -66,6 +66,7 @@ class RedisNodeStore final : public StoreBase,
                              public FenceRaising,
                              public JobClaims,
                              public OperatorTools,
+                             public LockListing,
                              public FairQueue,
                              public TokenBlocks {
  public:
@@ -114,6 +115,9 @@ class RedisNodeStore final : public StoreBase,
   LOCKWATCH_FENCE_RAISING_OPERATIONS;
   LOCKWATCH_JOB_CLAIMS_OPERATIONS;
   LOCKWATCH_OPERATOR_TOOLS_OPERATIONS;
+  // SCAN of the lock names under the prefix (pages of 1000), each page's
+  // locks inspected in one pipelined round.
+  LOCKWATCH_LOCK_LISTING_OPERATIONS;
   LOCKWATCH_TOKEN_BLOCKS_OPERATIONS;
   // Fair locks: acquired by kAcquireFair (one call each), renewed and
   // released as the other kinds; a waiter that gives up, kWithdrawFair.
@@ -181,10 +185,13 @@ class RedisNodeStore final : public StoreBase,
   void eval_release(EvalRequest request, std::vector<QueuedRelease> batch, bool counted);
   void send_redisson_release(std::vector<QueuedRelease> batch, bool counted);
   std::size_t renew_redisson(std::span<const LockRef> locks, std::shared_ptr<const void> keepalive, RenewDone done);
+  struct Listing;
+  void scan_page(std::shared_ptr<Listing> listing);
   // The unlock latch's expiry: long enough for a retry of the call.
   std::string latch_ms() const;
 
   const Options options_;
+  const std::string owner_;  // Options::owner_name, recorded with each grant
   const Notices notices_;
   const StoreLayout layout_;
   std::function<void(std::string_view, const StoreError*)> dropped_;

@@ -41,6 +41,7 @@ namespace {
 // that attempt goes without it.
 constexpr std::string_view kAcquire = R"lua(
 local out = {}
+local owner = ARGV[#KEYS / 3 * 2 + 1] or ''
 for i = 1, #KEYS / 3 do
   local lock, counter, legacy = KEYS[3 * i - 2], KEYS[3 * i - 1], KEYS[3 * i]
   local token, ttl = ARGV[2 * i - 1], ARGV[2 * i]
@@ -67,6 +68,10 @@ for i = 1, #KEYS / 3 do
       redis.call('del', lock)
     else
       out[i] = 't' .. string.format('%d', f)
+      local own, now = lock .. ':owners', redis.pcall('time')
+      local stamp = now.err and '-' or now[1] .. string.format('%03d', math.floor(tonumber(now[2]) / 1000))
+      redis.pcall('hset', own, token, stamp .. ' ' .. owner)
+      redis.pcall('pexpire', own, ttl)
     end
     local mark = lock .. ':writer'
     if redis.pcall('get', mark) == token then redis.pcall('del', mark) end
@@ -81,6 +86,7 @@ for i = 1, #KEYS / 3 do
         err = f.err .. ' (' .. counter .. ' is not a fencing counter)'
       else
         redis.call('pexpire', lock, ttl)
+        redis.pcall('pexpire', lock .. ':owners', ttl)
         out[i] = 't' .. (f or '0')
       end
     elseif v == 'lockwatch:shared' then
@@ -125,7 +131,8 @@ return table.concat(out, '\n')
 // code LOCKWATCH-KIND (InvalidArgument), never joined.
 constexpr std::string_view kAcquireKind = R"lua(
 local lock, holders, mark, counter = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
-local token, ttl, kind = ARGV[1], tonumber(ARGV[2]), ARGV[3]
+local token, ttl, kind, owner = ARGV[1], tonumber(ARGV[2]), ARGV[3], ARGV[4] or ''
+local owners = lock .. ':owners'
 local marker = kind == 's' and 'lockwatch:shared' or ('lockwatch:permits:' .. kind)
 local asked = kind == 's' and 'shared' or (kind .. ' permit(s)')
 local v = redis.pcall('get', lock)
@@ -150,7 +157,10 @@ if held_as then
 end
 local now = redis.call('time')
 now = tonumber(now[1]) * 1000 + math.floor(tonumber(now[2]) / 1000)
-if not v then redis.call('del', holders) end
+if not v then
+  redis.call('del', holders)
+  redis.pcall('del', owners)
+end
 redis.call('zremrangebyscore', holders, '-inf', now)
 local mine = redis.call('zscore', holders, token)
 local f
@@ -173,6 +183,8 @@ local last = redis.call('zrange', holders, -1, -1, 'WITHSCORES')
 local px = string.format('%d', tonumber(last[2]) - now)
 redis.call('set', lock, marker, 'PX', px)
 redis.call('pexpire', holders, px)
+if not mine then redis.pcall('hset', owners, token, string.format('%d', now) .. ' ' .. owner) end
+redis.pcall('pexpire', owners, px)
 return 't' .. string.format('%d', tonumber(f or '0'))
 )lua";
 
@@ -204,6 +216,7 @@ for i = 1, #KEYS / 2 do
       if redis.call('pttl', lock) < tonumber(ttl) then
         redis.call('pexpire', lock, ttl)
         redis.call('pexpire', holders, ttl)
+        redis.pcall('pexpire', lock .. ':owners', ttl)
       end
       out[i] = '1'
     end
@@ -237,11 +250,14 @@ for i = 1, #KEYS / 2 do
     local last = redis.call('zrange', holders, -1, -1, 'WITHSCORES')
     if #last == 0 then
       redis.call('del', lock, holders)
+      redis.pcall('del', lock .. ':owners')
       if channel ~= '' then redis.call(publish, channel, '1') end
     else
       local px = string.format('%d', tonumber(last[2]) - now)
       redis.call('pexpire', lock, px)
       redis.call('pexpire', holders, px)
+      redis.pcall('hdel', lock .. ':owners', token)
+      redis.pcall('pexpire', lock .. ':owners', px)
       if channel ~= '' and marker ~= 'lockwatch:shared' then redis.call(publish, channel, '1') end
     end
     out[i] = gone == 1 and '1' or '0'
@@ -277,6 +293,7 @@ constexpr std::string_view kAcquireFair = R"lua(
 local lock, holders, queue, waiting, counter = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
 local token, ttl, channel = ARGV[1], tonumber(ARGV[2]), ARGV[3]
 local publish = ARGV[4] == 's' and 'spublish' or 'publish'
+local owner, owners = ARGV[5] or '', lock .. ':owners'
 local v = redis.pcall('get', lock)
 if type(v) == 'table' then return 'e' .. string.gsub(v.err .. ' (' .. lock .. ')', '[\r\n]', ' ') end
 if v and v ~= 'lockwatch:fair' then
@@ -303,7 +320,10 @@ while true do
   redis.call('zrem', queue, w[1])
   dropped = true
 end
-if not v then redis.call('del', holders) end
+if not v then
+  redis.call('del', holders)
+  redis.pcall('del', owners)
+end
 redis.call('zremrangebyscore', holders, '-inf', now)
 local out
 if redis.call('zscore', holders, token) then
@@ -312,6 +332,7 @@ if redis.call('zscore', holders, token) then
   redis.call('zadd', holders, string.format('%d', now + ttl), token)
   redis.call('set', lock, 'lockwatch:fair', 'PX', ttl)
   redis.call('pexpire', holders, ttl)
+  redis.pcall('pexpire', owners, ttl)
   return 't' .. string.format('%d', tonumber(f or '0'))
 end
 if not redis.call('zscore', queue, token) then
@@ -330,6 +351,9 @@ if #holder == 0 and first == token then
   redis.call('zadd', holders, string.format('%d', now + ttl), token)
   redis.call('set', lock, 'lockwatch:fair', 'PX', ttl)
   redis.call('pexpire', holders, ttl)
+  redis.pcall('del', owners)
+  redis.pcall('hset', owners, token, string.format('%d', now) .. ' ' .. owner)
+  redis.pcall('pexpire', owners, ttl)
   out = 't' .. string.format('%d', f)
 else
   local left
@@ -379,7 +403,12 @@ for i = 1, #KEYS do
     out[i] = 'e'
   elseif v == ARGV[2 * i - 1] then
     local ok = redis.pcall('pexpire', KEYS[i], ARGV[2 * i])
-    if type(ok) == 'table' and ok.err then out[i] = 'e' else out[i] = '1' end
+    if type(ok) == 'table' and ok.err then
+      out[i] = 'e'
+    else
+      redis.pcall('pexpire', KEYS[i] .. ':owners', ARGV[2 * i])
+      out[i] = '1'
+    end
   elseif v then
     out[i] = 'x'
   else
@@ -407,6 +436,7 @@ for i = 1, #KEYS do
   local v = redis.pcall('get', KEYS[i])
   if v == ARGV[2 * i] then
     redis.call('del', KEYS[i])
+    redis.pcall('del', KEYS[i] .. ':owners')
     local heard = 0
     if ARGV[2 * i + 1] ~= '' then heard = redis.call(publish, ARGV[2 * i + 1], '1') end
     out[i] = heard == 0 and 'u' or (heard == 1 and 'v' or '1')
@@ -553,7 +583,10 @@ return c
 )lua";
 
 // Operators' view of one lock: {pttl (-2 absent, -1 no expiry), fencing
-// counter, owner token or ''}. The counter is the slot's, or the name's
+// counter, owner token or marker or '', holders, the server's TIME in ms
+// ('' when TIME is refused)}. Holders: token, owner record ("<unix ms>
+// <owner name>", '' when none) in turn; the token of an exclusive lock, or
+// the live members of `:holders` of the other kinds. The counter is the slot's, or the name's
 // old counter (ARGV[1]) if that is higher: the next token is above both.
 // The old counter is read without being declared, so that a slot in
 // migration, where it is almost never present, does not turn every
@@ -568,7 +601,24 @@ if type(old) == 'string' then
   if o and o > f then f = o end
 end
 local v = redis.call('get', KEYS[1]) or ''
-return {t, f, v}
+local now = redis.pcall('time')
+if now.err then return {t, f, v, {}, ''} end
+now = tonumber(now[1]) * 1000 + math.floor(tonumber(now[2]) / 1000)
+local hs = {}
+if t > 0 then
+  local owners = KEYS[1] .. ':owners'
+  local tokens = {v}
+  if string.sub(v, 1, 10) == 'lockwatch:' then
+    tokens = redis.pcall('zrangebyscore', KEYS[1] .. ':holders', '(' .. string.format('%d', now), '+inf')
+    if tokens.err then tokens = {} end
+  end
+  for _, token in ipairs(tokens) do
+    local r = redis.pcall('hget', owners, token)
+    hs[#hs + 1] = token
+    hs[#hs + 1] = type(r) == 'string' and r or ''
+  end
+end
+return {t, f, v, hs, string.format('%d', now)}
 )lua";
 
 // Operators' removal of a lock whoever holds it; the fencing counter stays.
@@ -577,7 +627,7 @@ return {t, f, v}
 // acquisition clears holders left without their lock).
 // ARGV: the channel, and 's' (SPUBLISH) or 'p' (PUBLISH).
 constexpr std::string_view kForceRelease = R"lua(
-redis.pcall('del', KEYS[1] .. ':holders', KEYS[1] .. ':writer')
+redis.pcall('del', KEYS[1] .. ':holders', KEYS[1] .. ':writer', KEYS[1] .. ':owners')
 if redis.call('del', KEYS[1]) == 1 then
   if ARGV[2] == 's' then
     redis.call('spublish', ARGV[1], '1')
@@ -850,13 +900,28 @@ std::uint64_t read_reserve_tokens(const redisReply* reply, const StoreError* err
   return static_cast<std::uint64_t>(reply->integer);
 }
 
+namespace {
+
+// The kind a lock's value says it is held as (keys.hpp's markers).
+LockKind kind_of_value(std::string_view v) {
+  if (v == "lockwatch:shared") return LockKind::shared();
+  if (v == "lockwatch:fair") return LockKind::fair();
+  constexpr std::string_view kPermits = "lockwatch:permits:";
+  std::uint32_t n = 0;
+  if (v.starts_with(kPermits) && whole_number(v.substr(kPermits.size()), n)) return LockKind::permits(n);
+  return LockKind::exclusive();
+}
+
+}  // namespace
+
 std::optional<StoreError> read_inspect(const redisReply* reply, const StoreError* err, std::string_view endpoint,
                                        std::string_view lock, LockInfo& info) {
   info = LockInfo{};
   if (err != nullptr) return *err;
-  if (!is_array_of(reply, 3) || reply->element[0]->type != REDIS_REPLY_INTEGER ||
+  if (!is_array_of(reply, 5) || reply->element[0]->type != REDIS_REPLY_INTEGER ||
       reply->element[1]->type != REDIS_REPLY_INTEGER || !is_string(reply->element[2]) ||
-      reply->element[1]->integer < 0)
+      reply->element[1]->integer < 0 || reply->element[3]->type != REDIS_REPLY_ARRAY ||
+      reply->element[3]->elements % 2 != 0 || !is_string(reply->element[4]))
     return unexpected_reply(endpoint, "inspect", shape_of(reply));
   const long long pttl = reply->element[0]->integer;
   if (pttl == -1) {
@@ -867,7 +932,25 @@ std::optional<StoreError> read_inspect(const redisReply* reply, const StoreError
   info.held = pttl > 0;
   info.ttl = std::chrono::milliseconds(pttl > 0 ? pttl : 0);
   info.fencing_token = static_cast<std::uint64_t>(reply->element[1]->integer);
-  info.owner.assign(text_of(reply->element[2]));
+  const std::string_view value = text_of(reply->element[2]);
+  if (!info.held) return std::nullopt;
+  info.kind = kind_of_value(value);
+  if (info.kind.exclusive_kind()) info.owner.assign(value);
+  std::int64_t now_ms = -1;
+  (void)whole_number(text_of(reply->element[4]), now_ms);
+  const redisReply* holders = reply->element[3];
+  for (std::size_t i = 0; i + 1 < holders->elements; i += 2) {
+    if (!is_string(holders->element[i]) || !is_string(holders->element[i + 1]))
+      return unexpected_reply(endpoint, "inspect", "a holder that is not a string");
+    HolderInfo h;
+    h.token.assign(text_of(holders->element[i]));
+    if (parse_owner_record(text_of(holders->element[i + 1]), h) && now_ms >= 0)
+      h.held_for = std::max(std::chrono::milliseconds(0),
+                            std::chrono::milliseconds(now_ms) - std::chrono::duration_cast<std::chrono::milliseconds>(
+                                                                    h.since.time_since_epoch()));
+    info.holders.push_back(std::move(h));
+  }
+  if (info.kind.mode() == LockKind::Mode::kFair && !info.holders.empty()) info.owner = info.holders.front().token;
   return std::nullopt;
 }
 

@@ -17,8 +17,11 @@ SentinelWatcher::SentinelWatcher(Loop& loop, const Topology& topology, const Opt
       ep.password = options.sentinel_password;
     }
     Sentinel sen;
-    sen.query = std::make_unique<RedisConnection>(loop, ep, options, RedisConnection::Mode::kCommands);
+    RedisConnection::Hooks unnamed;
+    unnamed.named = false;
+    sen.query = std::make_unique<RedisConnection>(loop, ep, options, RedisConnection::Mode::kCommands, unnamed);
     RedisConnection::Hooks hooks;
+    hooks.named = false;
     hooks.on_connect_command = {"SUBSCRIBE", "+switch-master"};
     hooks.on_message = [this](std::string_view kind, std::string_view channel, std::string_view payload) {
       if (kind != "message" || channel != "+switch-master") return;

@@ -252,7 +252,8 @@ void SqlConnection::run_handshake(std::size_t attempt) {
                                    kick();
                                    return;
                                  }
-                                 if (last_errno_ == ER_NO_SUCH_TABLE && attempt == 0) {
+                                 if ((last_errno_ == ER_NO_SUCH_TABLE || last_errno_ == ER_BAD_FIELD_ERROR) &&
+                                     attempt == 0) {
                                    auto created = [this](const SqlResult&, const StoreError* e) {
                                      if (e)
                                        went_down(fmt::format("cannot create the lock table {} (or its companion): {}",
@@ -261,6 +262,8 @@ void SqlConnection::run_handshake(std::size_t attempt) {
                                    };
                                    for (const auto& create : session_.create)
                                      handshake_.push_back(Request{create, created});
+                                   for (const auto& migrate : session_.migrate)
+                                     handshake_.push_back(Request{migrate, created});
                                    run_handshake(1);
                                    return;
                                  }

@@ -92,6 +92,9 @@ struct SqlSession {
   std::vector<std::string> setup;
   std::string check;
   std::vector<std::string> create;
+  // Run after `create` when the check found a table without a column
+  // added since (ALTER TABLE ... ADD COLUMN IF NOT EXISTS each).
+  std::vector<std::string> migrate;
   std::string table;  // for messages
 };
 

@@ -7,10 +7,13 @@
 // the key: owner tokens are hex, so none of them starts with "lockwatch:".
 #pragma once
 
+#include <algorithm>
 #include <charconv>
 #include <chrono>
 #include <string>
 #include <string_view>
+
+#include "store/capabilities.hpp"
 
 namespace lockwatch::detail::sql {
 
@@ -88,6 +91,54 @@ inline long long to_ll(std::string_view s) {
 // Microseconds left, as an answer gave them, in whole milliseconds (up).
 inline std::chrono::milliseconds ms_up(long long us) {
   return std::chrono::milliseconds(us <= 0 ? 0 : (us + 999) / 1000);
+}
+
+// The kind a lock row's owner says it is held as (an owner token: exclusive).
+inline LockKind kind_of_owner(std::string_view owner) {
+  if (owner == kSharedMarker) return LockKind::shared();
+  if (owner == kFairMarker) return LockKind::fair();
+  if (owner.starts_with(kPermitsMarker)) {
+    std::uint32_t n = 0;
+    const auto digits = owner.substr(kPermitsMarker.size());
+    std::from_chars(digits.data(), digits.data() + digits.size(), n);
+    return LockKind::permits(n);
+  }
+  return LockKind::exclusive();
+}
+
+// A holder from its row's answer: token, owner name, grant time as
+// "<unix seconds>[.<fraction>]" (empty: none recorded), and the
+// microseconds since then on the server's clock.
+inline HolderInfo holder(std::string_view token, std::string_view owner_name, std::string_view granted,
+                         std::string_view held_us) {
+  HolderInfo h;
+  h.token.assign(token);
+  h.owner_name.assign(owner_name);
+  if (granted.empty()) return h;
+  const auto dot = granted.find('.');
+  long long us = to_ll(granted.substr(0, dot)) * 1000000;
+  if (dot != std::string_view::npos) {
+    std::string frac(granted.substr(dot + 1, 6));
+    frac.resize(6, '0');
+    us += to_ll(frac);
+  }
+  h.since = std::chrono::system_clock::time_point(
+      std::chrono::duration_cast<std::chrono::system_clock::duration>(std::chrono::microseconds(us)));
+  h.held_for = std::chrono::milliseconds(std::max(0LL, to_ll(held_us) / 1000));
+  return h;
+}
+
+// A LIKE pattern for the names that start with `prefix`: its '%', '_' and
+// backslashes escaped with a backslash (both servers' default escape), then '%'.
+inline std::string like_prefix(std::string_view prefix) {
+  std::string out;
+  out.reserve(prefix.size() + 1);
+  for (char c : prefix) {
+    if (c == '%' || c == '_' || c == '\\') out.push_back('\\');
+    out.push_back(c);
+  }
+  out.push_back('%');
+  return out;
 }
 
 }  // namespace lockwatch::detail::sql

@@ -5,8 +5,10 @@
 
 #include <algorithm>
 #include <map>
+#include <optional>
 
 #include "core/loop.hpp"
+#include "core/option_checks.hpp"
 #include "store/sql/sql_literals.hpp"
 
 namespace lockwatch::detail {
@@ -69,9 +71,21 @@ std::string SqlStore::table_definition(const std::string& table) {
       "  fence       BIGINT UNSIGNED NOT NULL DEFAULT 0,\n"
       "  expires_at  DATETIME(6) NOT NULL,\n"
       "  last_period BIGINT NULL,\n"
+      "  owner_name  VARBINARY(128) NOT NULL DEFAULT '',\n"
+      "  granted_at  DATETIME(6) NULL,\n"
       "  PRIMARY KEY (lock_name)\n"
       ") ENGINE=InnoDB",
       table, kMaxNameBytes);
+}
+
+std::vector<std::string> SqlStore::migrations(const std::string& table) {
+  // Owner names and grant times: tables made by versions before.
+  std::vector<std::string> out;
+  for (const std::string& t : {table, table + "_holders"})
+    out.push_back(fmt::format("ALTER TABLE `{}` ADD COLUMN IF NOT EXISTS owner_name VARBINARY(128) NOT NULL DEFAULT '', "
+                              "ADD COLUMN IF NOT EXISTS granted_at DATETIME(6) NULL",
+                              t));
+  return out;
 }
 
 std::string SqlStore::holders_definition(const std::string& table) {
@@ -83,6 +97,8 @@ std::string SqlStore::holders_definition(const std::string& table) {
       "  n           BIGINT UNSIGNED NOT NULL DEFAULT 0,\n"
       "  seq         BIGINT UNSIGNED NOT NULL DEFAULT 0,\n"
       "  expires_at  DATETIME(6) NOT NULL,\n"
+      "  owner_name  VARBINARY(128) NOT NULL DEFAULT '',\n"
+      "  granted_at  DATETIME(6) NULL,\n"
       "  PRIMARY KEY (lock_name, owner)\n"
       ") ENGINE=InnoDB",
       table, kMaxNameBytes);
@@ -97,7 +113,7 @@ SqlStore::SqlStore(Loop& loop, SqlTarget target, const Options& options)
                            return nullptr;
                          }},
                 /*release_events=*/false),
-      options_(options), target_(std::move(target)), table_("`" + target_.table + "`"),
+      options_(options), owner_name_(sql::hex(owner_name(options))), target_(std::move(target)), table_("`" + target_.table + "`"),
       holders_("`" + target_.table + "_holders`") {
   SqlSession session;
   long long wait_s = std::max<long long>(1, options_.command_timeout.count() / 1000);
@@ -110,10 +126,11 @@ SqlStore::SqlStore(Loop& loop, SqlTarget target, const Options& options)
   // One statement checks both tables (a missing one is 1146, a missing
   // column 1054); existing installs get the companion table made here.
   session.check = fmt::format(
-      "SELECT l.lock_name, l.owner, l.fence, l.expires_at, l.last_period, h.lock_name, h.owner, h.role, h.n, h.seq, "
-      "h.expires_at FROM {} l, {} h LIMIT 0",
+      "SELECT l.lock_name, l.owner, l.fence, l.expires_at, l.last_period, l.owner_name, l.granted_at, h.lock_name, "
+      "h.owner, h.role, h.n, h.seq, h.expires_at, h.owner_name, h.granted_at FROM {} l, {} h LIMIT 0",
       table_, holders_);
   session.create = {table_definition(target_.table), holders_definition(target_.table)};
+  session.migrate = migrations(target_.table);
   session.table = fmt::format("{}.{}", target_.database, target_.table);
   session.stale = std::make_shared<SqlStaleThreads>();
   for (int i = 0; i < kCommandConnections; ++i)
@@ -180,7 +197,8 @@ void SqlStore::acquire_batch(std::shared_ptr<AcquireBatch> batch) {
   // owner is left as it is. In each row `fence` is assigned first, while
   // owner and expires_at still hold the old values; then owner; then
   // expires_at, which sees the new owner. One commit for the batch.
-  std::string insert = fmt::format("INSERT INTO {} (lock_name, owner, fence, expires_at) VALUES ", table_);
+  std::string insert =
+      fmt::format("INSERT INTO {} (lock_name, owner, fence, expires_at, owner_name, granted_at) VALUES ", table_);
   std::string names;
   for (std::size_t k = 0; k < batch->locks.size(); ++k) {
     const auto& l = batch->locks[k];
@@ -189,12 +207,15 @@ void SqlStore::acquire_batch(std::shared_ptr<AcquireBatch> batch) {
       names += ',';
     }
     std::string n = hex(l.name);
-    insert += fmt::format("({}, {}, 1, NOW(6) + INTERVAL {} MICROSECOND)", n, hex(l.token), micros(l.ttl));
+    insert += fmt::format("({}, {}, 1, NOW(6) + INTERVAL {} MICROSECOND, {}, NOW(6))", n, hex(l.token), micros(l.ttl),
+                          owner_name_);
     names += n;
   }
   insert +=
       " ON DUPLICATE KEY UPDATE "
       "fence = IF(expires_at <= NOW(6), fence + 1, fence), "
+      "owner_name = IF(expires_at <= NOW(6), VALUES(owner_name), owner_name), "
+      "granted_at = IF(expires_at <= NOW(6), VALUES(granted_at), granted_at), "
       "owner = IF(expires_at <= NOW(6), VALUES(owner), owner), "
       "expires_at = IF(owner = VALUES(owner), VALUES(expires_at), expires_at)";
   // In the same round trip, what the write did: a row whose owner is our
@@ -566,22 +587,95 @@ void SqlStore::claim_period(std::string_view name, std::string_view token, std::
 void SqlStore::inspect(std::string_view name, InspectDone done) {
   // A key held by shared, permit or fair holders shows their latest
   // deadline, its owner the marker; fair waiters alone do not hold it.
-  command_connection().query(
+  // Then, in the same round trip, the live holders of those kinds, each
+  // with its owner name and grant time (the row's own for exclusive).
+  struct Answer {
+    LockInfo info;
+    std::string owner_name;
+    bool failed = false;
+    InspectDone done;
+  };
+  auto answer = std::make_shared<Answer>();
+  answer->done = std::move(done);
+  SqlConnection& conn = command_connection();
+  conn.query(
       fmt::format("SELECT GREATEST(TIMESTAMPDIFF(MICROSECOND, NOW(6), IF(owner LIKE '{}%', (SELECT MAX(h.expires_at) "
                   "FROM {} h WHERE h.lock_name = l.lock_name AND h.role IN ('r', 'p', 'f')), expires_at)), 0), fence, "
-                  "owner FROM {} l WHERE lock_name = {}",
+                  "owner, owner_name, UNIX_TIMESTAMP(granted_at), TIMESTAMPDIFF(MICROSECOND, granted_at, NOW(6)) "
+                  "FROM {} l WHERE lock_name = {}",
                   sql::kMarkerPrefix, holders_, table_, hex(name)),
-      [done = std::move(done)](const SqlResult& r, const StoreError* err) {
-        LockInfo info;
-        if (!err && !r.rows.empty() && r.rows[0].size() == 3) {
-          const auto& row = r.rows[0];
-          long long us = to_ll(row[0]);
-          info.held = us > 0 && !row[2].empty();
-          info.ttl = info.held ? sql::ms_up(us) : std::chrono::milliseconds(0);
-          info.fencing_token = static_cast<std::uint64_t>(to_ll(row[1]));
-          if (info.held) info.owner = row[2];
+      [answer](const SqlResult& r, const StoreError* err) {
+        if (err) {
+          answer->failed = true;
+          answer->done(LockInfo{}, err);
+          return;
         }
-        done(info, err);
+        LockInfo& info = answer->info;
+        if (r.rows.empty() || r.rows[0].size() != 6) return;
+        const auto& row = r.rows[0];
+        long long us = to_ll(row[0]);
+        info.held = us > 0 && !row[2].empty();
+        info.ttl = info.held ? sql::ms_up(us) : std::chrono::milliseconds(0);
+        info.fencing_token = static_cast<std::uint64_t>(to_ll(row[1]));
+        if (!info.held) return;
+        info.kind = sql::kind_of_owner(row[2]);
+        if (!info.kind.exclusive_kind()) return;
+        info.owner = row[2];
+        info.holders.push_back(sql::holder(row[2], row[3], row[4], row[5]));
+      });
+  conn.query(fmt::format("SELECT owner, owner_name, UNIX_TIMESTAMP(granted_at), TIMESTAMPDIFF(MICROSECOND, granted_at, "
+                         "NOW(6)) FROM {} WHERE lock_name = {} AND role IN ('r', 'p', 'f') AND expires_at > NOW(6) "
+                         "ORDER BY granted_at",
+                         holders_, hex(name)),
+             [answer](const SqlResult& r, const StoreError* err) {
+               if (answer->failed) return;
+               LockInfo& info = answer->info;
+               if (err) return answer->done(LockInfo{}, err);
+               if (info.held && !info.kind.exclusive_kind())
+                 for (const auto& row : r.rows)
+                   if (row.size() == 4) info.holders.push_back(sql::holder(row[0], row[1], row[2], row[3]));
+               if (info.kind.mode() == LockKind::Mode::kFair && !info.holders.empty())
+                 info.owner = info.holders.front().token;
+               answer->done(info, nullptr);
+             });
+}
+
+void SqlStore::list_locks(std::string_view prefix, std::size_t limit, ListDone done) {
+  struct Listing {
+    std::vector<std::string> names;
+    std::vector<LockInfo> infos;
+    std::size_t answered = 0;
+    std::optional<StoreError> error;
+    ListDone done;
+  };
+  auto listing = std::make_shared<Listing>();
+  listing->done = std::move(done);
+  command_connection().query(
+      fmt::format("SELECT lock_name FROM {} WHERE lock_name LIKE {} AND owner <> '' AND expires_at > NOW(6) "
+                  "ORDER BY lock_name LIMIT {}",
+                  table_, hex(sql::like_prefix(encode(prefix))), limit),
+      [this, listing](const SqlResult& r, const StoreError* err) {
+        if (err) return listing->done({}, err);
+        for (const auto& row : r.rows)
+          if (!row.empty()) listing->names.push_back(row[0]);
+        listing->infos.resize(listing->names.size());
+        auto finish = [this, listing] {
+          if (listing->error) return listing->done({}, &*listing->error);
+          std::vector<LockInfo> out;
+          for (std::size_t i = 0; i < listing->names.size(); ++i) {
+            if (!listing->infos[i].held) continue;
+            listing->infos[i].key = listing->names[i].substr(keys_.prefix.size());
+            out.push_back(std::move(listing->infos[i]));
+          }
+          listing->done(std::move(out), nullptr);
+        };
+        if (listing->names.empty()) return finish();
+        for (std::size_t i = 0; i < listing->names.size(); ++i)
+          inspect(listing->names[i], [listing, i, finish](const LockInfo& info, const StoreError* e) {
+            if (e && !listing->error) listing->error = *e;
+            listing->infos[i] = info;
+            if (++listing->answered == listing->names.size()) finish();
+          });
       });
 }
 

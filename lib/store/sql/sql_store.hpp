@@ -59,7 +59,11 @@ namespace lockwatch::detail {
 
 class Loop;
 
-class SqlStore final : public StoreBase, public JobClaims, public OperatorTools, public FairQueue {
+class SqlStore final : public StoreBase,
+                       public JobClaims,
+                       public OperatorTools,
+                       public LockListing,
+                       public FairQueue {
  public:
   // The lock_name column's size: longer names (prefix + key) are refused.
   static constexpr std::size_t kMaxNameBytes = 255;
@@ -71,6 +75,8 @@ class SqlStore final : public StoreBase, public JobClaims, public OperatorTools,
   // table, and its companion for shared, permit and fair holders.
   static std::string table_definition(const std::string& table);
   static std::string holders_definition(const std::string& table);
+  // What tables made by earlier versions are altered with (columns added since).
+  static std::vector<std::string> migrations(const std::string& table);
 
   // One statement per batch (see above); no release notices, so waiters
   // poll with the runtime's back-off.
@@ -80,6 +86,9 @@ class SqlStore final : public StoreBase, public JobClaims, public OperatorTools,
   // JobClaims on the database's clock (NOW(6)); OperatorTools on the row.
   LOCKWATCH_JOB_CLAIMS_OPERATIONS;
   LOCKWATCH_OPERATOR_TOOLS_OPERATIONS;
+  // A query of the lock rows under the prefix (LIKE on the key, ordered,
+  // LIMIT), each then inspected.
+  LOCKWATCH_LOCK_LISTING_OPERATIONS;
   void withdraw(const LockRef& lock, WithdrawDone done) override;
 
  private:
@@ -112,6 +121,7 @@ class SqlStore final : public StoreBase, public JobClaims, public OperatorTools,
   std::string shrink(const std::string& name) const;
 
   const Options options_;
+  const std::string owner_name_;  // Options::owner_name as a hex literal, recorded with each grant
   const SqlTarget target_;
   std::string table_;    // quoted
   std::string holders_;  // quoted: the companion table

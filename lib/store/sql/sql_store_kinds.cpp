@@ -110,12 +110,13 @@ void SqlStore::send_kind_acquire(std::shared_ptr<KindAcquire> a) {
           "  SELECT TIMESTAMPDIFF(MICROSECOND, @lw_now, MAX(expires_at)) INTO @lw_wait FROM {h} "
           "  WHERE lock_name = {n} AND role = 'w'; "
           "ELSE "
-          "  INSERT INTO {h} (lock_name, owner, role, n, seq, expires_at) VALUES ({n}, {t}, 'r', 0, 0, {d}); "
+          "  INSERT INTO {h} (lock_name, owner, role, n, seq, expires_at, owner_name, granted_at) "
+          "  VALUES ({n}, {t}, 'r', 0, 0, {d}, {o}, NOW(6)); "
           "  UPDATE {l} SET {cover} WHERE lock_name = {n}; "
           "  SET @lw_status = 'taken'; "
           "END IF;",
           fmt::arg("m", m), fmt::arg("h", holders_), fmt::arg("l", table_), fmt::arg("n", n), fmt::arg("t", t),
-          fmt::arg("d", deadline), fmt::arg("cover", cover));
+          fmt::arg("d", deadline), fmt::arg("cover", cover), fmt::arg("o", owner_name_));
       break;
     case LockKind::Mode::kPermits:
       // Every grant raises the fence; a retry after a lost answer is the
@@ -131,12 +132,13 @@ void SqlStore::send_kind_acquire(std::shared_ptr<KindAcquire> a) {
           "  SELECT TIMESTAMPDIFF(MICROSECOND, @lw_now, MIN(expires_at)) INTO @lw_wait FROM {h} "
           "  WHERE lock_name = {n} AND role = 'p'; "
           "ELSE "
-          "  INSERT INTO {h} (lock_name, owner, role, n, seq, expires_at) VALUES ({n}, {t}, 'p', {count}, 0, {d}); "
+          "  INSERT INTO {h} (lock_name, owner, role, n, seq, expires_at, owner_name, granted_at) "
+          "  VALUES ({n}, {t}, 'p', {count}, 0, {d}, {o}, NOW(6)); "
           "  UPDATE {l} SET fence = fence + 1, {cover} WHERE lock_name = {n}; "
           "  SET @lw_fence = @lw_fence + 1, @lw_status = 'taken'; "
           "END IF;",
           fmt::arg("m", m), fmt::arg("h", holders_), fmt::arg("l", table_), fmt::arg("n", n), fmt::arg("t", t),
-          fmt::arg("d", deadline), fmt::arg("cover", cover), fmt::arg("count", a->kind.permit_count()));
+          fmt::arg("d", deadline), fmt::arg("cover", cover), fmt::arg("count", a->kind.permit_count()), fmt::arg("o", owner_name_));
       break;
     case LockKind::Mode::kFair:
       // The caller takes a place at the end of the queue (the last
@@ -161,7 +163,7 @@ void SqlStore::send_kind_acquire(std::shared_ptr<KindAcquire> a) {
           "  SET @lw_holder = (SELECT MAX(expires_at) FROM {h} WHERE lock_name = {n} AND role = 'f'); "
           "  SET @lw_first = (SELECT owner FROM {h} WHERE lock_name = {n} AND role = 'q' ORDER BY seq LIMIT 1); "
           "  IF @lw_holder IS NULL AND @lw_first = {t} THEN "
-          "    UPDATE {h} SET role = 'f' WHERE lock_name = {n} AND owner = {t}; "
+          "    UPDATE {h} SET role = 'f', owner_name = {o}, granted_at = NOW(6) WHERE lock_name = {n} AND owner = {t}; "
           "    UPDATE {l} SET fence = fence + 1 WHERE lock_name = {n}; "
           "    SET @lw_fence = @lw_fence + 1, @lw_status = 'taken'; "
           "  ELSEIF @lw_holder IS NOT NULL THEN "
@@ -172,7 +174,7 @@ void SqlStore::send_kind_acquire(std::shared_ptr<KindAcquire> a) {
           "  END IF; "
           "END IF;",
           fmt::arg("m", m), fmt::arg("h", holders_), fmt::arg("l", table_), fmt::arg("n", n), fmt::arg("t", t),
-          fmt::arg("d", deadline), fmt::arg("cover", cover));
+          fmt::arg("d", deadline), fmt::arg("cover", cover), fmt::arg("o", owner_name_));
       break;
     case LockKind::Mode::kExclusive:
       break;

@@ -6,10 +6,12 @@
 #include <algorithm>
 #include <charconv>
 #include <mutex>
+#include <optional>
 #include <unordered_map>
 
 #include "core/loop.hpp"
 #include "core/net.hpp"
+#include "core/option_checks.hpp"
 #include "core/timing.hpp"
 #include "lockwatch/errors.hpp"
 
@@ -278,17 +280,37 @@ std::vector<std::string> in_order(std::vector<std::string> children) {
   return children;
 }
 
-std::string node_data(std::string_view token, milliseconds ttl) {
-  return std::string(token) + "\n" + std::to_string(ttl.count());
+// "<token>\n<ttl ms>\n<owner name>" (an owner name has no control
+// characters; versions before wrote no third line).
+std::string node_data(std::string_view token, milliseconds ttl, std::string_view owner) {
+  return std::string(token) + "\n" + std::to_string(ttl.count()) + "\n" + std::string(owner);
 }
 
 // A node's data: the owner token and the ttl (ms; 0 when unreadable).
-std::pair<std::string, long long> parse_data(const std::string& data) {
-  auto nl = data.rfind('\n');
+std::pair<std::string, long long> parse_data(const std::string& data, std::string* owner = nullptr) {
+  auto nl = data.find('\n');
   if (nl == std::string::npos) return {data, 0};
+  auto second = data.find('\n', nl + 1);
+  const auto ttl_end = second == std::string::npos ? data.size() : second;
   long long ms = 0;
-  std::from_chars(data.data() + nl + 1, data.data() + data.size(), ms);
+  std::from_chars(data.data() + nl + 1, data.data() + ttl_end, ms);
+  if (owner != nullptr) *owner = second == std::string::npos ? std::string() : data.substr(second + 1);
   return {data.substr(0, nl), ms};
+}
+
+// Of a lock's nodes in order, those that hold it: the lowest (exclusive,
+// fair), the readers below the first writer's node (shared), the n lowest
+// (permits(n)).
+std::vector<std::string> holding(const std::vector<std::string>& nodes) {
+  if (nodes.empty()) return {};
+  const LockKind first = kind_of(nodes.front());
+  std::size_t n = 1;
+  if (first.mode() == LockKind::Mode::kShared) {
+    while (n < nodes.size() && kind_of(nodes[n]).mode() == LockKind::Mode::kShared) ++n;
+  } else if (first.mode() == LockKind::Mode::kPermits) {
+    n = std::min<std::size_t>(nodes.size(), first.permit_count());
+  }
+  return {nodes.begin(), nodes.begin() + static_cast<std::ptrdiff_t>(n)};
 }
 
 // Not ZooKeeper's: zookeeper_init() made no handle (no member's name
@@ -368,6 +390,7 @@ ZkStore::ZkStore(Loop& loop, ZkTarget target, const Options& options)
                 /*release_events=*/true),
       loop_(loop),
       options_(options),
+      owner_(owner_name(options)),
       target_(std::move(target)),
       endpoint_(target_.name()),
       sink_(std::make_shared<Sink>()) {
@@ -896,7 +919,7 @@ void ZkStore::create_node(std::shared_ptr<AcquireOp> op, bool parents_made) {
   op->sent = Clock::now();
   const std::string prefix = op->dir + "/" + std::string(kNodePrefix) + escape(op->token) + "." +
                              std::to_string(op->attempt) + mode_suffix(op->kind) + "-";
-  const std::string data = node_data(op->token, op->ttl);
+  const std::string data = node_data(op->token, op->ttl, owner_);
   ACL_vector* acl = target_.digest() ? &ZOO_CREATOR_ALL_ACL : &ZOO_OPEN_ACL_UNSAFE;
   send(
       *s,
@@ -1830,36 +1853,140 @@ void ZkStore::inspect(std::string_view name, InspectDone done) {
           done(info, &e);
           return;
         }
-        auto nodes = in_order(r.children);
-        Session* s = live(serial);
-        if (nodes.empty() || s == nullptr) {
-          done(info, nullptr);
-          return;
-        }
-        const std::string holder = dir + "/" + nodes.front();
-        send_read(
-            *s,
-            [this, done](const Result& r) {
-              LockInfo info;
-              if (r.rc == ZNONODE) {
-                done(info, nullptr);
-                return;
-              }
-              if (r.rc != ZOK) {
-                auto e = error(r.rc, "reading the holder's node");
-                done(info, &e);
-                return;
-              }
-              auto [owner, ttl_ms] = parse_data(r.value);
-              info.held = true;
-              info.owner = owner;
-              info.ttl = milliseconds(ttl_ms);
-              info.fencing_token = static_cast<std::uint64_t>(r.stat.czxid);
-              done(info, nullptr);
-            },
-            [=](zhandle_t* zh, void* ctx) { return zoo_aget(zh, holder.c_str(), 0, on_data, ctx); });
+        read_holders(serial, dir, holding(in_order(r.children)), done);
       },
       [=](zhandle_t* zh, void* ctx) { return zoo_aget_children(zh, dir.c_str(), 0, on_strings, ctx); });
+}
+
+void ZkStore::read_holders(std::uint64_t serial, const std::string& dir, std::vector<std::string> nodes,
+                           InspectDone done) {
+  Session* s = live(serial);
+  if (nodes.empty() || s == nullptr) {
+    done(LockInfo{}, nullptr);
+    return;
+  }
+  struct Reads {
+    std::vector<std::optional<HolderInfo>> holders;
+    std::vector<long long> ttls;
+    std::size_t left = 0;
+    LockInfo info;
+    int rc = ZOK;
+    InspectDone done;
+  };
+  auto reads = std::make_shared<Reads>();
+  reads->holders.resize(nodes.size());
+  reads->ttls.resize(nodes.size());
+  reads->left = nodes.size();
+  reads->info.kind = kind_of(nodes.front());
+  reads->done = std::move(done);
+  for (std::size_t i = 0; i < nodes.size(); ++i) {
+    const std::string path = dir + "/" + nodes[i];
+    send_read(
+        *s,
+        [this, reads, i](const Result& r) {
+          if (r.rc == ZOK) {
+            HolderInfo h;
+            auto [token, ttl_ms] = parse_data(r.value, &h.owner_name);
+            h.token = std::move(token);
+            // ctime: the ensemble's clock when the node was made (the grant, or the
+            // place a fair holder waited in); its age on this host's clock.
+            h.since = std::chrono::system_clock::time_point(milliseconds(r.stat.ctime));
+            h.held_for = std::max(milliseconds(0), std::chrono::duration_cast<milliseconds>(
+                                                       std::chrono::system_clock::now() - h.since));
+            reads->holders[i] = std::move(h);
+            reads->ttls[i] = ttl_ms;
+            if (i == 0) reads->info.fencing_token = static_cast<std::uint64_t>(r.stat.czxid);
+          } else if (r.rc != ZNONODE && reads->rc == ZOK) {
+            reads->rc = r.rc;
+          }
+          if (--reads->left != 0) return;
+          if (reads->rc != ZOK) {
+            auto e = error(reads->rc, "reading the holders' nodes");
+            reads->done(LockInfo{}, &e);
+            return;
+          }
+          LockInfo& info = reads->info;
+          for (std::size_t k = 0; k < reads->holders.size(); ++k) {
+            if (!reads->holders[k]) continue;
+            info.held = true;
+            info.ttl = std::max(info.ttl, milliseconds(reads->ttls[k]));
+            info.holders.push_back(std::move(*reads->holders[k]));
+          }
+          if (!info.held) info = LockInfo{};
+          if (info.held && info.kind.single_holder()) info.owner = info.holders.front().token;
+          reads->done(info, nullptr);
+        },
+        [=](zhandle_t* zh, void* ctx) { return zoo_aget(zh, path.c_str(), 0, on_data, ctx); });
+  }
+}
+
+struct ZkStore::Listing {
+  std::vector<std::string> names;  // under the prefix, in order
+  std::size_t next = 0;            // the first not inspected yet
+  std::size_t limit = 0;
+  std::vector<LockInfo> found;
+  ListDone done;
+};
+
+void ZkStore::list_locks(std::string_view prefix, std::size_t limit, ListDone done) {
+  Session* s = any_session();
+  const std::string escaped = escape(encode(prefix));
+  auto listing = std::make_shared<Listing>();
+  listing->limit = limit;
+  listing->done = std::move(done);
+  send_read(
+      *s,
+      [this, listing, escaped](const Result& r) {
+        if (r.rc == ZNONODE) return listing->done({}, nullptr);
+        if (r.rc != ZOK) {
+          auto e = error(r.rc, "listing the locks' directories");
+          return listing->done({}, &e);
+        }
+        // Escaping is per byte: a name under the prefix escapes to a child under the escaped prefix.
+        for (const auto& child : r.children) {
+          std::string name;
+          if (child.compare(0, escaped.size(), escaped) == 0 && unescape(child, name))
+            listing->names.push_back(std::move(name));
+        }
+        std::sort(listing->names.begin(), listing->names.end());
+        list_window(listing);
+      },
+      [=](zhandle_t* zh, void* ctx) { return zoo_aget_children(zh, kRoot, 0, on_strings, ctx); });
+}
+
+// A directory stays once made: the names are inspected a window at a time
+// (each window's requests at once), until `limit` held ones are found.
+void ZkStore::list_window(std::shared_ptr<Listing> listing) {
+  constexpr std::size_t kWindow = 64;
+  const std::size_t from = listing->next;
+  const std::size_t to = std::min(listing->names.size(), from + kWindow);
+  if (from == to || listing->found.size() >= listing->limit) {
+    if (listing->found.size() > listing->limit) listing->found.resize(listing->limit);
+    return listing->done(std::move(listing->found), nullptr);
+  }
+  listing->next = to;
+  struct Window {
+    std::vector<LockInfo> infos;
+    std::size_t left = 0;
+    std::optional<StoreError> error;
+  };
+  auto w = std::make_shared<Window>();
+  w->infos.resize(to - from);
+  w->left = to - from;
+  for (std::size_t i = from; i < to; ++i)
+    inspect(listing->names[i], [this, listing, w, i, from](const LockInfo& info, const StoreError* e) {
+      if (e && !w->error) w->error = *e;
+      w->infos[i - from] = info;
+      if (--w->left != 0) return;
+      if (w->error) return listing->done({}, &*w->error);
+      const std::size_t prefix = keys_.prefix.size();
+      for (std::size_t k = 0; k < w->infos.size(); ++k) {
+        if (!w->infos[k].held) continue;
+        w->infos[k].key = listing->names[from + k].substr(prefix);
+        listing->found.push_back(std::move(w->infos[k]));
+      }
+      list_window(listing);
+    });
 }
 
 void ZkStore::force_release(std::string_view name, ForceDone done) {

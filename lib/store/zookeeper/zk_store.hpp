@@ -111,7 +111,7 @@ namespace lockwatch::detail {
 
 class Loop;
 
-class ZkStore final : public StoreBase, public JobClaims, public OperatorTools, public FairQueue {
+class ZkStore final : public StoreBase, public JobClaims, public OperatorTools, public LockListing, public FairQueue {
  public:
   // The longest lock name (key_prefix + key), in bytes; escaped, a node
   // name is at most three times as long.
@@ -141,9 +141,15 @@ class ZkStore final : public StoreBase, public JobClaims, public OperatorTools, 
   // directory, set by one multi that also checks our lock's node is there
   // (and the version read, so that two claims cannot both pass).
   LOCKWATCH_JOB_CLAIMS_OPERATIONS;
-  // OperatorTools: the holder is the lowest node; a lock not held reports
-  // fencing token 0 (the ensemble keeps no counter apart from the nodes).
+  // OperatorTools: the holder is the lowest node (a shared lock's, the
+  // readers below the first writer's node; permits(n)'s, the n lowest),
+  // each with the owner name in its data and its ctime as the grant time;
+  // a lock not held reports fencing token 0 (the ensemble keeps no counter
+  // apart from the nodes).
   LOCKWATCH_OPERATOR_TOOLS_OPERATIONS;
+  // LockListing: the children of /lockwatch under the prefix, in order,
+  // inspected a window at a time until `limit` held ones are found.
+  LOCKWATCH_LOCK_LISTING_OPERATIONS;
 
   struct Result;  // a ZooKeeper answer, copied off the client's thread
   struct Sink;    // how the client's threads reach the loop
@@ -158,6 +164,10 @@ class ZkStore final : public StoreBase, public JobClaims, public OperatorTools, 
   using Reply = std::function<void(const Result&)>;
   struct Session;
   struct AcquireOp;
+  struct Listing;
+  void list_window(std::shared_ptr<Listing> listing);
+  // Reads the holders' nodes of `dir` (`nodes`, in order) into a LockInfo.
+  void read_holders(std::uint64_t serial, const std::string& dir, std::vector<std::string> nodes, InspectDone done);
   struct Held {
     std::string path;
     std::uint64_t session = 0;  // Session::serial
@@ -273,6 +283,7 @@ class ZkStore final : public StoreBase, public JobClaims, public OperatorTools, 
 
   Loop& loop_;
   const Options options_;
+  const std::string owner_;  // Options::owner_name, in each node's data
   const ZkTarget target_;
   const std::string endpoint_;
   std::shared_ptr<Sink> sink_;
