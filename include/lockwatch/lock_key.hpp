@@ -40,19 +40,25 @@ LockKey all_of(std::vector<std::string> keys);
 /// LockRequest names one key as `.key = "sku:42"`.
 class LockKey {
  public:
+  /// No key (an empty key is InvalidArgument when a lock is asked for).
   LockKey() = default;
+  /// One key: implicit, so a request names it as `.key = "sku:42"`.
   LockKey(std::string key) : key_(std::move(key)) {}           // NOLINT: implicit on purpose
+  /// One key, from a C string.
   LockKey(const char* key) : key_(key) {}                      // NOLINT
+  /// One key, from a string view.
   LockKey(std::string_view key) : key_(key) {}                 // NOLINT
 
   /// True when made by all_of (even of one key).
   bool is_set() const noexcept { return set_; }
   /// The one key (empty for a set).
   const std::string& key() const& noexcept { return key_; }
+  /// The one key, moved out.
   std::string key() && noexcept { return std::move(key_); }
   /// A set's keys as the caller named them, before duplicates are dropped
   /// and the order is made canonical (empty for one key).
   const std::vector<std::string>& keys() const& noexcept { return keys_; }
+  /// A set's keys, moved out.
   std::vector<std::string> keys() && noexcept { return std::move(keys_); }
 
  private:

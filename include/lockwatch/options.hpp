@@ -238,8 +238,8 @@ struct Options {
   std::chrono::milliseconds handoff_max_time{20};
   /// The name each holder records with its lock in the store, beside its
   /// grant time (Runtime::inspect, `lockwatch status` and `ls` show both),
-  /// and the name of the store's connections (Redis CLIENT SETNAME
-  /// lockwatch:<name>, PostgreSQL application_name). Empty: "host:pid:program"
+  /// and the name of the store's connections (Redis `CLIENT SETNAME
+  /// lockwatch:NAME`, PostgreSQL `application_name`). Empty: "host:pid:program"
   /// of this process. At most kMaxOwnerName bytes, no control characters
   /// (else InvalidArgument); it is visible to anyone who can read the store:
   /// no secrets.

@@ -16,9 +16,9 @@ namespace lockwatch::detail {
 
 namespace {
 
-constexpr int kCommandConnections = 2;
+constexpr int kPgCommandConnections = 2;
 // An acquire, renew or release statement names at most this many locks.
-constexpr std::size_t kChunk = 512;
+constexpr std::size_t kPgChunk = 512;
 // A deadlock, a serialization failure or a lock wait past lock_timeout:
 // the statement is tried again this many times before it fails.
 constexpr int kAttempts = 3;
@@ -28,7 +28,7 @@ constexpr unsigned kText = 25, kInt8 = 20, kBool = 16, kTextArray = 1009, kInt8A
 
 // Names and tokens travel as hex text and are decoded by the server: any
 // bytes, no escaping, and nothing a key holds can change a statement.
-void append_hex(std::string& out, std::string_view bytes) {
+void pg_append_hex(std::string& out, std::string_view bytes) {
   static constexpr char kHex[] = "0123456789abcdef";
   for (unsigned char c : bytes) {
     out.push_back(kHex[c >> 4]);
@@ -36,10 +36,10 @@ void append_hex(std::string& out, std::string_view bytes) {
   }
 }
 
-std::string hex(std::string_view bytes) {
+std::string pg_hex(std::string_view bytes) {
   std::string out;
   out.reserve(2 * bytes.size());
-  append_hex(out, bytes);
+  pg_append_hex(out, bytes);
   return out;
 }
 
@@ -51,7 +51,7 @@ int hex_digit(char c) {
 }
 
 // Hex text back to bytes; false if it is not hex.
-bool unhex(std::string_view text, std::string& out) {
+bool pg_unhex(std::string_view text, std::string& out) {
   if (text.size() % 2 != 0) return false;
   out.clear();
   out.reserve(text.size() / 2);
@@ -70,7 +70,7 @@ std::string hex_array(std::size_t n, Get get) {
   for (std::size_t i = 0; i < n; ++i) {
     if (i > 0) out += ',';
     out += '"';
-    append_hex(out, get(i));
+    pg_append_hex(out, get(i));
     out += '"';
   }
   out += '}';
@@ -89,9 +89,9 @@ std::string int_array(std::size_t n, Get get) {
   return out;
 }
 
-long long micros(std::chrono::milliseconds ttl) { return static_cast<long long>(ttl.count()) * 1000; }
+long long pg_micros(std::chrono::milliseconds ttl) { return static_cast<long long>(ttl.count()) * 1000; }
 
-long long to_ll(std::string_view s) {
+long long pg_to_ll(std::string_view s) {
   long long v = 0;
   std::from_chars(s.data(), s.data() + s.size(), v);
   return v;
@@ -111,7 +111,7 @@ std::chrono::milliseconds ceil_ms(long long us) { return std::chrono::millisecon
 // Shared, permit and fair locks (see pg_store.hpp). A lock row held by
 // them holds a marker instead of an owner token, expiring with the latest
 // holder, so that the exclusive statements find it busy as they are.
-constexpr std::string_view kSharedMarker = "'lockwatch:shared'::bytea";
+constexpr std::string_view kPgSharedMarker = "'lockwatch:shared'::bytea";
 // A writer's mark outlives its last attempt by this long at most (µs).
 constexpr long long kWriterMarkUs = 2'000'000;
 // A holder's grant time in µs since the epoch, and how long ago that was
@@ -288,7 +288,7 @@ std::string release_kind_sql(const std::string& t, const std::string& h) {
       "THEN pg_notify($5::text, encode(t.lock_name, 'hex')) END) "
       "SELECT r.i, coalesce((SELECT t.owner <> '' AND t.owner <> r.marker AND t.expires_at > c.now FROM {0} t "
       "WHERE t.lock_name = r.lock_name), false) FROM r, c WHERE r.i NOT IN (SELECT i FROM g WHERE live)",
-      t, h, kSharedMarker);
+      t, h, kPgSharedMarker);
 }
 
 // The statements, prepared on every command and renewal connection; `t`
@@ -344,7 +344,7 @@ std::vector<PgStatement> statements(const std::string& t, const std::string& h, 
                    "CASE WHEN {6} AND h.expires_at > clock_timestamp() THEN encode(h.owner, 'hex') END AS marker "
                    "FROM {0} h WHERE h.lock_name = r.lock_name AND w.fence IS NULL) b ON true",
                    t, batch, fmt::format(fmt::runtime(remaining_us), "h.expires_at"), h, kWriterMarkUs,
-                   kSharedMarker, is_marker("h.owner"), o),
+                   kPgSharedMarker, is_marker("h.owner"), o),
        {kTextArray, kTextArray, kInt8Array}},
       // Answers the pairs it did not renew: taken by another owner, or gone.
       {"lockwatch_renew",
@@ -448,7 +448,7 @@ std::string quoted(const std::string& table) { return "\"" + table + "\""; }
 
 // What a lock row held as `kind` (not exclusive) holds instead of an owner
 // token.
-std::string marker(LockKind kind) {
+std::string pg_marker(LockKind kind) {
   switch (kind.mode()) {
     case LockKind::Mode::kShared: return "lockwatch:shared";
     case LockKind::Mode::kFair: return "lockwatch:fair";
@@ -458,7 +458,7 @@ std::string marker(LockKind kind) {
 
 // How a lock row whose owner is `owner` is held, for the refusal of a
 // call of another kind.
-std::string held_as(std::string_view owner) {
+std::string pg_held_as(std::string_view owner) {
   constexpr std::string_view kPermits = "lockwatch:permits:";
   if (owner == "lockwatch:shared") return "shared";
   if (owner == "lockwatch:fair") return "fair";
@@ -525,7 +525,7 @@ PgStore::PgStore(Loop& loop, PgTarget target, const Options& options)
       channel_(target_.channel()) {
   PgSession session;
   session.statements = statements(quoted(target_.table), quoted(target_.holders_table()),
-                                  "decode('" + hex(owner_name(options)) + "', 'hex')");
+                                  "decode('" + pg_hex(owner_name(options)) + "', 'hex')");
   session.create = {table_definition(target_.table), holders_table_definition(target_.holders_table())};
   // Tables made by versions before get the columns added since.
   for (const std::string& table : {target_.table, target_.holders_table()})
@@ -537,7 +537,7 @@ PgStore::PgStore(Loop& loop, PgTarget target, const Options& options)
   session.plan_check = "EXPLAIN EXECUTE lockwatch_acquire('{}', '{}', '{}')";
   session.table = fmt::format("{}.{}", target_.database, target_.table);
   session.stale = std::make_shared<PgStaleBackends>();
-  for (int i = 0; i < kCommandConnections; ++i)
+  for (int i = 0; i < kPgCommandConnections; ++i)
     commands_.push_back(std::make_unique<PgConnection>(loop, target_, options_, session));
   renew_ = std::make_unique<PgConnection>(loop, target_, options_, session);
 }
@@ -603,8 +603,8 @@ void PgStore::acquire(std::span<const LockRef> locks, AcquireDone done) {
 // (see statements()).
 void PgStore::acquire_kind(std::shared_ptr<PendingAcquire> a) {
   const bool fair = a->kind.mode() == LockKind::Mode::kFair;
-  std::vector<std::string> params{hex(a->name), hex(a->token), std::to_string(micros(a->ttl)),
-                                  hex(marker(a->kind)),
+  std::vector<std::string> params{pg_hex(a->name), pg_hex(a->token), std::to_string(pg_micros(a->ttl)),
+                                  pg_hex(pg_marker(a->kind)),
                                   fair ? channel_ : std::to_string(a->kind.permit_count())};
   std::vector<PgCall> calls;
   calls.push_back({"lockwatch_lock_rows", {hex_array(1, [&](std::size_t) -> std::string_view { return a->name; })}});
@@ -629,20 +629,20 @@ void PgStore::acquire_kind(std::shared_ptr<PendingAcquire> a) {
     const std::string_view verdict = rows.at(0, 0);
     if (verdict == "t" || verdict == "r") {
       out.status = Acquired::Status::kTaken;
-      out.fence = static_cast<std::uint64_t>(to_ll(rows.at(0, 1)));
+      out.fence = static_cast<std::uint64_t>(pg_to_ll(rows.at(0, 1)));
     } else if (verdict == "b") {
       out.status = Acquired::Status::kBusy;
-      auto busy = rows.null(0, 2) ? std::chrono::milliseconds(1) : ceil_ms(to_ll(rows.at(0, 2)));
+      auto busy = rows.null(0, 2) ? std::chrono::milliseconds(1) : ceil_ms(pg_to_ll(rows.at(0, 2)));
       // A fair waiter comes back within a third of its ttl, which keeps
       // its place.
       if (fair) busy = std::min(busy, std::max(std::chrono::milliseconds(1), a->ttl / 3));
       out.busy_for = std::max(busy, std::chrono::milliseconds(1));
     } else {
       std::string owner;
-      unhex(rows.at(0, 3), owner);
+      pg_unhex(rows.at(0, 3), owner);
       out.error = StoreError::invalid(
           target_.name(),
-          fmt::format("{} is held as {}; this call asked for it {}", a->name, held_as(owner), asked_as(a->kind)),
+          fmt::format("{} is held as {}; this call asked for it {}", a->name, pg_held_as(owner), asked_as(a->kind)),
           StoreError::Origin::kPostgres);
     }
     (*a->done)(a->index, out);
@@ -687,9 +687,9 @@ void PgStore::send_acquisitions() {
     i = j;
   }
   for (auto& round : rounds) {
-    for (std::size_t from = 0; from < round.size(); from += kChunk) {
+    for (std::size_t from = 0; from < round.size(); from += kPgChunk) {
       auto batch = std::make_shared<AcquireBatch>();
-      auto to = std::min(round.size(), from + kChunk);
+      auto to = std::min(round.size(), from + kPgChunk);
       batch->locks.assign(std::make_move_iterator(round.begin() + from), std::make_move_iterator(round.begin() + to));
       acquire_batch(std::move(batch));
     }
@@ -701,7 +701,7 @@ void PgStore::acquire_batch(std::shared_ptr<AcquireBatch> batch) {
   std::vector<std::string> params{
       hex_array(l.size(), [&](std::size_t i) -> std::string_view { return l[i].name; }),
       hex_array(l.size(), [&](std::size_t i) -> std::string_view { return l[i].token; }),
-      int_array(l.size(), [&](std::size_t i) { return micros(l[i].ttl); }),
+      int_array(l.size(), [&](std::size_t i) { return pg_micros(l[i].ttl); }),
   };
   command_connection().execute("lockwatch_acquire", std::move(params), [this, batch](const PgRows& rows,
                                                                                      const StoreError* err) {
@@ -729,22 +729,22 @@ void PgStore::acquire_batch(std::shared_ptr<AcquireBatch> batch) {
     }
     std::vector<bool> answered(batch->locks.size(), false);
     for (int r = 0; r < rows.size(); ++r) {
-      long long i = to_ll(rows.at(r, 0)) - 1;
+      long long i = pg_to_ll(rows.at(r, 0)) - 1;
       if (i < 0 || i >= static_cast<long long>(batch->locks.size()) || answered[i]) continue;
       answered[i] = true;
       Acquired out;
       if (!rows.null(r, 1)) {
         out.status = Acquired::Status::kTaken;
-        out.fence = static_cast<std::uint64_t>(to_ll(rows.at(r, 1)));
+        out.fence = static_cast<std::uint64_t>(pg_to_ll(rows.at(r, 1)));
       } else {
         // Busy. No row in the snapshot (taken meanwhile by a statement
         // that started later): busy for a moment, then asked again.
         out.status = Acquired::Status::kBusy;
-        out.busy_for = rows.null(r, 2) ? std::chrono::milliseconds(1) : ceil_ms(to_ll(rows.at(r, 2)));
+        out.busy_for = rows.null(r, 2) ? std::chrono::milliseconds(1) : ceil_ms(pg_to_ll(rows.at(r, 2)));
         std::string owner;
-        if (!rows.null(r, 3) && unhex(rows.at(r, 3), owner)) {
+        if (!rows.null(r, 3) && pg_unhex(rows.at(r, 3), owner)) {
           const auto& lock = batch->locks[i];
-          if (owner == marker(LockKind::shared())) {
+          if (owner == pg_marker(LockKind::shared())) {
             // Readers hold it: our mark holds new ones back; it lives
             // min(2 s, ttl) and is renewed by the next attempt, which
             // comes within half of that.
@@ -754,7 +754,7 @@ void PgStore::acquire_batch(std::shared_ptr<AcquireBatch> batch) {
             out.status = Acquired::Status::kFailed;
             out.error = StoreError::invalid(
                 target_.name(),
-                fmt::format("{} is held as {}; this call asked for it exclusive", lock.name, held_as(owner)),
+                fmt::format("{} is held as {}; this call asked for it exclusive", lock.name, pg_held_as(owner)),
                 StoreError::Origin::kPostgres);
           }
         }
@@ -796,8 +796,8 @@ std::size_t PgStore::renew(std::span<const LockRef> locks, std::shared_ptr<const
   for (std::size_t i : order) (batch->locks[i].kind.exclusive_kind() ? exclusive : kinds).push_back(i);
   std::size_t statements = 0;
   for (const auto* group : {&exclusive, &kinds}) {
-    for (std::size_t from = 0; from < group->size(); from += kChunk) {
-      std::size_t to = std::min(group->size(), from + kChunk);
+    for (std::size_t from = 0; from < group->size(); from += kPgChunk) {
+      std::size_t to = std::min(group->size(), from + kPgChunk);
       renew_group(batch, std::vector<std::size_t>(group->begin() + from, group->begin() + to), group == &kinds);
       ++statements;
     }
@@ -810,7 +810,7 @@ void PgStore::renew_group(std::shared_ptr<RenewBatch> batch, std::vector<std::si
   std::vector<std::string> params{
       hex_array(members.size(), [&](std::size_t k) { return l[members[k]].name; }),
       hex_array(members.size(), [&](std::size_t k) { return l[members[k]].token; }),
-      int_array(members.size(), [&](std::size_t k) { return micros(l[members[k]].ttl); }),
+      int_array(members.size(), [&](std::size_t k) { return pg_micros(l[members[k]].ttl); }),
   };
   auto answered = [batch, members](const PgRows& rows, const StoreError* err) {
     if (err) {
@@ -820,7 +820,7 @@ void PgStore::renew_group(std::shared_ptr<RenewBatch> batch, std::vector<std::si
     // The answer names those not renewed.
     std::vector<Renewed> status(members.size(), Renewed::kYes);
     for (int r = 0; r < rows.size(); ++r) {
-      long long k = to_ll(rows.at(r, 0)) - 1;
+      long long k = pg_to_ll(rows.at(r, 0)) - 1;
       if (k < 0 || k >= static_cast<long long>(members.size())) continue;
       status[k] = rows.at(r, 1) == "t" ? Renewed::kTakenByOther : Renewed::kGone;
     }
@@ -830,7 +830,7 @@ void PgStore::renew_group(std::shared_ptr<RenewBatch> batch, std::vector<std::si
     renew_->execute("lockwatch_renew", std::move(params), std::move(answered));
     return;
   }
-  params.push_back(hex_array(members.size(), [&](std::size_t k) { return marker(l[members[k]].kind); }));
+  params.push_back(hex_array(members.size(), [&](std::size_t k) { return pg_marker(l[members[k]].kind); }));
   std::vector<PgCall> calls;
   calls.push_back({"lockwatch_lock_rows", {params[0]}});
   calls.push_back({"lockwatch_renew_kind", std::move(params)});
@@ -881,10 +881,10 @@ void PgStore::send_releases() {
     queue.clear();
     // In name order, as the other statements lock rows.
     std::stable_sort(all.begin(), all.end(), [](const auto& a, const auto& b) { return a.name < b.name; });
-    for (std::size_t from = 0; from < all.size(); from += kChunk) {
+    for (std::size_t from = 0; from < all.size(); from += kPgChunk) {
       auto batch = std::make_shared<ReleaseBatch>();
       batch->notify = notify;
-      auto to = std::min(all.size(), from + kChunk);
+      auto to = std::min(all.size(), from + kPgChunk);
       batch->locks.assign(std::make_move_iterator(all.begin() + from), std::make_move_iterator(all.begin() + to));
       release_batch(std::move(batch));
     }
@@ -898,7 +898,7 @@ void PgStore::release_batch(std::shared_ptr<ReleaseBatch> batch) {
       hex_array(l.size(), [&](std::size_t i) -> std::string_view { return l[i].name; }),
       hex_array(l.size(), [&](std::size_t i) -> std::string_view { return l[i].token; }),
   };
-  if (kinds) params.push_back(hex_array(l.size(), [&](std::size_t i) { return marker(l[i].kind); }));
+  if (kinds) params.push_back(hex_array(l.size(), [&](std::size_t i) { return pg_marker(l[i].kind); }));
   params.push_back(batch->notify ? "t" : "f");
   params.push_back(channel_);
   auto answered = [this, batch](const PgRows& rows, const StoreError* err) {
@@ -914,7 +914,7 @@ void PgStore::release_batch(std::shared_ptr<ReleaseBatch> batch) {
     // The answer names those not released.
     std::vector<Released> status(batch->locks.size(), Released::kYes);
     for (int r = 0; r < rows.size(); ++r) {
-      long long k = to_ll(rows.at(r, 0)) - 1;
+      long long k = pg_to_ll(rows.at(r, 0)) - 1;
       if (k < 0 || k >= static_cast<long long>(status.size())) continue;
       status[k] = rows.at(r, 1) == "t" ? Released::kTakenByOther : Released::kGone;
     }
@@ -933,7 +933,7 @@ void PgStore::release_batch(std::shared_ptr<ReleaseBatch> batch) {
 // ---- the rest
 
 void PgStore::raise_fence(std::string_view name, std::uint64_t fence, RaiseDone done) {
-  command_connection().execute("lockwatch_raise_fence", {hex(name), std::to_string(fence)},
+  command_connection().execute("lockwatch_raise_fence", {pg_hex(name), std::to_string(fence)},
                                [done = std::move(done)](const PgRows&, const StoreError* err) { done(!err); });
 }
 
@@ -945,13 +945,13 @@ void PgStore::server_time(TimeDone done) {
       no_answer = pg_statement_error(target_.name(), "", "no answer to clock_timestamp()");
       err = &no_answer;
     }
-    done(err ? std::chrono::system_clock::time_point{} : from_micros(to_ll(rows.at(0, 0))), err);
+    done(err ? std::chrono::system_clock::time_point{} : from_micros(pg_to_ll(rows.at(0, 0))), err);
   });
 }
 
 void PgStore::claim_period(std::string_view name, std::string_view token, std::int64_t period,
                            std::chrono::system_clock::time_point start, ClaimDone done) {
-  std::vector<std::string> params{hex(name), hex(token), std::to_string(period), std::to_string(to_micros(start))};
+  std::vector<std::string> params{pg_hex(name), pg_hex(token), std::to_string(period), std::to_string(to_micros(start))};
   command_connection().execute(
       "lockwatch_claim", std::move(params),
       [this, period, done = std::move(done)](const PgRows& rows, const StoreError* err) {
@@ -966,11 +966,11 @@ void PgStore::claim_period(std::string_view name, std::string_view token, std::i
           done(out);
           return;
         }
-        out.store_time = from_micros(to_ll(rows.at(0, 1)));
+        out.store_time = from_micros(pg_to_ll(rows.at(0, 1)));
         const bool claimed = rows.at(0, 0) == "1";
         const bool ours = !rows.null(0, 2) && rows.at(0, 2) == "t";
         const bool ran = !rows.null(0, 4);
-        out.last = ran ? to_ll(rows.at(0, 4)) : 0;
+        out.last = ran ? pg_to_ll(rows.at(0, 4)) : 0;
         if (claimed) {
           out.status = ClaimResult::Status::kClaimed;
           out.last = period;
@@ -991,21 +991,21 @@ namespace {
 // (hex), grant time and age in µs (NULL: none recorded).
 HolderInfo holder_of(const PgRows& rows, int row, int at) {
   HolderInfo h;
-  unhex(rows.at(row, at), h.token);
-  unhex(rows.at(row, at + 1), h.owner_name);
+  pg_unhex(rows.at(row, at), h.token);
+  pg_unhex(rows.at(row, at + 1), h.owner_name);
   if (!rows.null(row, at + 2)) {
     h.since = std::chrono::system_clock::time_point(std::chrono::duration_cast<std::chrono::system_clock::duration>(
-        std::chrono::microseconds(to_ll(rows.at(row, at + 2)))));
-    h.held_for = std::chrono::milliseconds(to_ll(rows.at(row, at + 3)) / 1000);
+        std::chrono::microseconds(pg_to_ll(rows.at(row, at + 2)))));
+    h.held_for = std::chrono::milliseconds(pg_to_ll(rows.at(row, at + 3)) / 1000);
   }
   return h;
 }
 
-LockKind kind_of_owner(std::string_view owner) {
+LockKind pg_kind_of_owner(std::string_view owner) {
   constexpr std::string_view kPermits = "lockwatch:permits:";
   if (owner == "lockwatch:shared") return LockKind::shared();
   if (owner == "lockwatch:fair") return LockKind::fair();
-  if (owner.starts_with(kPermits)) return LockKind::permits(static_cast<std::uint32_t>(to_ll(owner.substr(kPermits.size()))));
+  if (owner.starts_with(kPermits)) return LockKind::permits(static_cast<std::uint32_t>(pg_to_ll(owner.substr(kPermits.size()))));
   return LockKind::exclusive();
 }
 
@@ -1022,26 +1022,26 @@ void PgStore::inspect(std::string_view name, InspectDone done) {
   auto answer = std::make_shared<Answer>();
   answer->done = std::move(done);
   PgConnection& conn = command_connection();
-  conn.execute("lockwatch_inspect", {hex(name)}, [answer](const PgRows& rows, const StoreError* err) {
+  conn.execute("lockwatch_inspect", {pg_hex(name)}, [answer](const PgRows& rows, const StoreError* err) {
     if (err) {
       answer->failed = true;
       return answer->done(LockInfo{}, err);
     }
     if (rows.size() != 1) return;
     LockInfo& info = answer->info;
-    long long us = to_ll(rows.at(0, 0));
+    long long us = pg_to_ll(rows.at(0, 0));
     std::string owner;
-    unhex(rows.at(0, 2), owner);
+    pg_unhex(rows.at(0, 2), owner);
     info.held = us > 0 && !owner.empty();
     info.ttl = info.held ? ceil_ms(us) : std::chrono::milliseconds(0);
-    info.fencing_token = static_cast<std::uint64_t>(to_ll(rows.at(0, 1)));
+    info.fencing_token = static_cast<std::uint64_t>(pg_to_ll(rows.at(0, 1)));
     if (!info.held) return;
-    info.kind = kind_of_owner(owner);
+    info.kind = pg_kind_of_owner(owner);
     if (!info.kind.exclusive_kind()) return;
     info.holders.push_back(holder_of(rows, 0, 2));
     info.owner = std::move(owner);
   });
-  conn.execute("lockwatch_holders", {hex(name)}, [answer](const PgRows& rows, const StoreError* err) {
+  conn.execute("lockwatch_holders", {pg_hex(name)}, [answer](const PgRows& rows, const StoreError* err) {
     if (answer->failed) return;
     if (err) return answer->done(LockInfo{}, err);
     LockInfo& info = answer->info;
@@ -1069,11 +1069,11 @@ void PgStore::list_locks(std::string_view prefix, std::size_t limit, ListDone do
   }
   pattern.push_back('%');
   command_connection().execute(
-      "lockwatch_list", {hex(pattern), std::to_string(limit)}, [this, listing](const PgRows& rows, const StoreError* err) {
+      "lockwatch_list", {pg_hex(pattern), std::to_string(limit)}, [this, listing](const PgRows& rows, const StoreError* err) {
         if (err) return listing->done({}, err);
         for (int r = 0; r < rows.size(); ++r) {
           std::string name;
-          if (unhex(rows.at(r, 0), name)) listing->names.push_back(std::move(name));
+          if (pg_unhex(rows.at(r, 0), name)) listing->names.push_back(std::move(name));
         }
         listing->infos.resize(listing->names.size());
         auto finish = [this, listing] {
@@ -1101,7 +1101,7 @@ void PgStore::force_release(std::string_view name, ForceDone done) {
   // change to them.
   std::vector<PgCall> calls;
   calls.push_back({"lockwatch_lock_rows", {hex_array(1, [&](std::size_t) { return name; })}});
-  calls.push_back({"lockwatch_force_release", {hex(name), channel_}});
+  calls.push_back({"lockwatch_force_release", {pg_hex(name), channel_}});
   command_connection().execute_all(std::move(calls), [done = std::move(done)](const PgRows& rows,
                                                                               const StoreError* err) {
     done(!err && rows.size() == 1, err);
@@ -1111,7 +1111,7 @@ void PgStore::force_release(std::string_view name, ForceDone done) {
 void PgStore::withdraw(const LockRef& lock, WithdrawDone done) {
   std::vector<PgCall> calls;
   calls.push_back({"lockwatch_lock_rows", {hex_array(1, [&](std::size_t) { return lock.name; })}});
-  calls.push_back({"lockwatch_withdraw", {hex(lock.name), hex(lock.token), channel_}});
+  calls.push_back({"lockwatch_withdraw", {pg_hex(lock.name), pg_hex(lock.token), channel_}});
   command_connection().execute_all(std::move(calls), [done = std::move(done)](const PgRows&, const StoreError* err) {
     done(err);
   });
@@ -1158,7 +1158,7 @@ void PgStore::start_notices() {
   });
   notices_->set_notify_hook([this](std::string_view payload) {
     std::string name;
-    if (!unhex(payload, name)) return;
+    if (!pg_unhex(payload, name)) return;
     if (subscribed_.count(name) != 0 && events_.released) events_.released(name);
   });
   notices_->start();
