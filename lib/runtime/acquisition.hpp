@@ -127,6 +127,9 @@ struct HandleAccess {
   static LockHandle make(std::shared_ptr<HandleState> state) { return LockHandle(std::move(state)); }
   static LockHandle make_set(std::shared_ptr<HandleState> state) { return LockHandle(std::move(state), true); }
   static std::shared_ptr<HandleState> state(const LockHandle& h) { return h.state_; }
+  // Empties a handle whose release was taken in hand (it releases nothing
+  // when destroyed).
+  static void forget(LockHandle& h) noexcept { h.state_.reset(); }
 };
 
 }  // namespace lockwatch::detail

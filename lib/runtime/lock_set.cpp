@@ -118,10 +118,27 @@ void SetRecord::release_keys(const std::shared_ptr<SetRecord>& self) {
   auto pending = std::make_shared<Pending>();
   pending->left = owned.size();
   pending->errors.resize(owned.size());
+  // Every key's release is handed to the loop in one task, as the set's
+  // acquisition was: the store sends them together (one script call on a
+  // Redis node).
+  std::vector<std::shared_ptr<LeaseRecord>> records;
+  records.reserve(owned.size());
+  std::shared_ptr<Runtime::Impl> rt;
   for (std::size_t i = 0; i < owned.size(); ++i) {
-    ReleaseAccess::release(owned[i], [self, pending, i](std::exception_ptr e) {
+    auto state = HandleAccess::state(owned[i]);
+    state->released([self, pending, i](std::exception_ptr e) {
       pending->errors[i] = e;  // each slot written once, before the count drops
       if (pending->left.fetch_sub(1, std::memory_order_acq_rel) == 1) self->released(std::move(pending->errors));
+    });
+    if (!rt) rt = state->runtime();
+    records.push_back(std::static_pointer_cast<LeaseRecord>(std::move(state)));
+    HandleAccess::forget(owned[i]);
+  }
+  if (rt) {
+    Runtime::Impl* impl = rt.get();
+    // Refused only once the runtime closed, after it released the locks.
+    impl->loop.post([impl, records = std::move(records)] {
+      for (const auto& l : records) impl->watchdog.work_done(l);
     });
   }
 }
