@@ -653,12 +653,12 @@ TEST(RedissonLayout, UnknownLayoutsAndKindsItCannotHoldAreRefused) {
 
   o.redis_url = server.url() + "?layout=redisson";
   Runtime rt(o);
-  auto shared = thrown<Unsupported>([&] { rt.acquire({.key = "k", .ttl = 5s, .kind = LockKind::shared()}); });
+  auto shared = thrown<Unsupported>([&] { (void)rt.acquire({.key = "k", .ttl = 5s, .kind = LockKind::shared()}); });
   ASSERT_TRUE(shared);
   EXPECT_NE(std::string(shared->what()).find("RReadWriteLock"), std::string::npos) << shared->what();
-  EXPECT_TRUE(thrown<Unsupported>([&] { rt.acquire({.key = "k", .ttl = 5s, .kind = LockKind::permits(2)}); }));
-  EXPECT_TRUE(thrown<Unsupported>([&] { rt.acquire({.key = "k", .ttl = 5s, .kind = LockKind::fair()}); }));
-  EXPECT_TRUE(thrown<InvalidArgument>([&] { rt.acquire("{k}", 5s); }));
+  EXPECT_TRUE(thrown<Unsupported>([&] { (void)rt.acquire({.key = "k", .ttl = 5s, .kind = LockKind::permits(2)}); }));
+  EXPECT_TRUE(thrown<Unsupported>([&] { (void)rt.acquire({.key = "k", .ttl = 5s, .kind = LockKind::fair()}); }));
+  EXPECT_TRUE(thrown<InvalidArgument>([&] { (void)rt.acquire("{k}", 5s); }));
   auto inspected = thrown<Unsupported>([&] {
     auto f = rt.inspect("k");
     get_bounded(f);

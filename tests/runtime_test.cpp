@@ -311,7 +311,9 @@ TEST_F(RuntimeTest, WorkEndingPastTheDeadlineBeforeTheWatchdogRanLosesTheLease) 
     LockHandle h = get_bounded(f);
     auto l = std::static_pointer_cast<detail::LeaseRecord>(detail::HandleAccess::state(h));
     auto& impl = detail::RuntimeAccess::impl(*rt_);
-    if (renewal_in_flight) ASSERT_TRUE(script_->wait_for(Op::kRenew, 1));  // sent, unanswered
+    if (renewal_in_flight) {
+      ASSERT_TRUE(script_->wait_for(Op::kRenew, 1));  // sent, unanswered
+    }
     auto ended = std::make_shared<std::promise<void>>();
     auto ended_f = ended->get_future();
     impl.loop.post([&impl, l, ended] {

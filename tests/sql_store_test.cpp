@@ -194,6 +194,28 @@ TEST_F(SqlStoreTest, ManyAcquisitionsShareRoundTripsAndEachIsAnsweredOnItsOwn) {
   EXPECT_EQ(taken.size(), static_cast<std::size_t>(kKeys - 1));
 }
 
+// A set's keys asked for together are decided by one statement: a free
+// set is taken in one transaction, never key by key.
+TEST_F(SqlStoreTest, AFreeSetIsTakenByOneStatement) {
+  Runtime rt(options(server_->url()));
+  take(rt, key(":warm"), 5s).release().get();  // the connections are up and the tables checked
+  auto inserts = [] {
+    auto rows = server_->query("SHOW GLOBAL STATUS LIKE 'Com_insert'");
+    return rows.empty() || rows[0].size() < 2 ? -1LL : std::stoll(rows[0][1]);
+  };
+  const long long before = inserts();
+  auto f = rt.acquire({.key = all_of(key(":d"), key(":b"), key(":a"), key(":c")), .ttl = 5s});
+  LockHandle h = get_bounded(f);
+  EXPECT_EQ(inserts() - before, 1);
+  ASSERT_EQ(h.lease().keys().size(), 4u);
+  for (const auto& k : h.lease().keys()) EXPECT_EQ(h.lease().fencing_token(k), 1u) << k;
+  h.release().get();
+  auto rows = server_->query("SELECT COUNT(*) FROM " + db_table() + " WHERE lock_name LIKE 'lockwatch:" + key() +
+                             ":_' AND owner = ''");
+  ASSERT_EQ(rows.size(), 1u);
+  EXPECT_EQ(rows[0][0], "4");  // all given back
+}
+
 TEST_F(SqlStoreTest, AnOlderInstallGetsTheHoldersTableWhenMissing) {
   // A lock table made before the other kinds were kept: the store adds the
   // companion table and keeps using the old one, with the owner columns

@@ -113,7 +113,7 @@ SqlStore::SqlStore(Loop& loop, SqlTarget target, const Options& options)
                            return nullptr;
                          }},
                 /*release_events=*/false),
-      options_(options), owner_name_(sql::hex(owner_name(options))), target_(std::move(target)), table_("`" + target_.table + "`"),
+      loop_(loop), options_(options), owner_name_(sql::hex(owner_name(options))), target_(std::move(target)), table_("`" + target_.table + "`"),
       holders_("`" + target_.table + "_holders`") {
   SqlSession session;
   long long wait_s = std::max<long long>(1, options_.command_timeout.count() / 1000);
@@ -141,6 +141,9 @@ SqlStore::SqlStore(Loop& loop, SqlTarget target, const Options& options)
 SqlStore::~SqlStore() = default;
 
 void SqlStore::started() {
+  uv_idle_init(loop_.uv(), &coalesce_);
+  coalesce_.data = this;
+  started_ = true;
   // The first command connection speaks for the server.
   commands_.front()->set_state_hook([this](bool up, const std::string& why) {
     if (events_.connection) events_.connection(commands_.front()->name(), up, why);
@@ -156,35 +159,60 @@ SqlConnection& SqlStore::command_connection() {
   return *best;
 }
 
-// A batch of acquisitions as the store sees it: owned copies, since the
-// statements are answered after the call returns.
+// One exclusive acquisition as the store keeps it until it is sent: owned
+// copies, since the statements are answered after the call returns.
+struct SqlStore::PendingAcquire {
+  std::string name;
+  std::string token;
+  std::chrono::milliseconds ttl;
+  std::size_t index;                  // in its call's batch
+  std::shared_ptr<AcquireDone> done;  // its call's callback
+};
+
+// The acquisitions one statement carries.
 struct SqlStore::AcquireBatch {
-  struct Lock {
-    std::string name;
-    std::string token;
-    std::chrono::milliseconds ttl;
-    std::size_t index;  // in the caller's batch
-  };
-  std::vector<Lock> locks;  // sorted by name: every batch locks rows in one order
-  std::shared_ptr<AcquireDone> done;  // shared by the chunks of one call
+  std::vector<PendingAcquire> locks;  // sorted by name: every batch locks rows in one order
   int attempt = 1;
 };
 
 void SqlStore::acquire(std::span<const LockRef> locks, AcquireDone done) {
   auto shared_done = std::make_shared<AcquireDone>(std::move(done));
-  std::vector<AcquireBatch::Lock> all;
-  all.reserve(locks.size());
+  bool exclusive = false;
   for (std::size_t i = 0; i < locks.size(); ++i) {
     if (!locks[i].kind.exclusive_kind()) {
       acquire_kind(locks[i], i, shared_done);
       continue;
     }
-    all.push_back({std::string(locks[i].name), std::string(locks[i].token), locks[i].ttl, i});
+    acquires_.push_back({std::string(locks[i].name), std::string(locks[i].token), locks[i].ttl, i, shared_done});
+    exclusive = true;
   }
-  std::sort(all.begin(), all.end(), [](const auto& a, const auto& b) { return a.name < b.name; });
+  if (exclusive) coalesce();
+}
+
+void SqlStore::coalesce() {
+  if (coalescing_) return;
+  if (!started_) {  // not started or closed: out at once, to be failed by the connections
+    send_acquisitions();
+    return;
+  }
+  coalescing_ = true;
+  uv_idle_start(&coalesce_, on_coalesce);
+}
+
+void SqlStore::on_coalesce(uv_idle_t* idle) {
+  auto* self = static_cast<SqlStore*>(idle->data);
+  uv_idle_stop(idle);
+  self->coalescing_ = false;
+  self->send_acquisitions();
+}
+
+void SqlStore::send_acquisitions() {
+  if (acquires_.empty()) return;
+  std::vector<PendingAcquire> all = std::move(acquires_);
+  acquires_.clear();
+  std::stable_sort(all.begin(), all.end(), [](const auto& a, const auto& b) { return a.name < b.name; });
   for (std::size_t from = 0; from < all.size(); from += kChunk) {
     auto batch = std::make_shared<AcquireBatch>();
-    batch->done = shared_done;
     auto to = std::min(all.size(), from + kChunk);
     batch->locks.assign(std::make_move_iterator(all.begin() + from), std::make_move_iterator(all.begin() + to));
     acquire_batch(std::move(batch));
@@ -246,7 +274,6 @@ void SqlStore::acquire_batch(std::shared_ptr<AcquireBatch> batch) {
       *retried = true;
       for (auto& l : batch->locks) {
         auto single = std::make_shared<AcquireBatch>();
-        single->done = batch->done;
         single->locks.push_back(std::move(l));
         acquire_batch(std::move(single));
       }
@@ -255,14 +282,14 @@ void SqlStore::acquire_batch(std::shared_ptr<AcquireBatch> batch) {
     *failed = true;
     Acquired out;
     out.error = *err;
-    for (const auto& l : batch->locks) (*batch->done)(l.index, out);
+    for (const auto& l : batch->locks) (*l.done)(l.index, out);
   });
   conn.query(std::move(report), [this, batch, failed, retried](const SqlResult& r, const StoreError* err) {
     if (*failed || *retried) return;  // answered by the insert's failure, or sent again
     if (err) {
       Acquired out;
       out.error = *err;
-      for (const auto& l : batch->locks) (*batch->done)(l.index, out);
+      for (const auto& l : batch->locks) (*l.done)(l.index, out);
       return;
     }
     std::map<std::string_view, const std::vector<std::string>*> rows;
@@ -305,7 +332,7 @@ void SqlStore::acquire_batch(std::shared_ptr<AcquireBatch> batch) {
       }
     }
     auto answer = [batch, answers] {
-      for (std::size_t k = 0; k < batch->locks.size(); ++k) (*batch->done)(batch->locks[k].index, (*answers)[k]);
+      for (std::size_t k = 0; k < batch->locks.size(); ++k) (*batch->locks[k].done)(batch->locks[k].index, (*answers)[k]);
     };
     if (marks.empty()) {
       answer();
@@ -710,6 +737,15 @@ void SqlStore::force_release(std::string_view name, ForceDone done) {
 }
 
 void SqlStore::close() {
+  // What is queued goes to the connections, which fail it as they close:
+  // every callback runs.
+  if (started_) {
+    uv_idle_stop(&coalesce_);
+    uv_close(reinterpret_cast<uv_handle_t*>(&coalesce_), nullptr);
+    started_ = false;
+    coalescing_ = false;
+  }
+  send_acquisitions();
   for (auto& c : commands_) c->close();
   renew_->close();
 }

@@ -5,8 +5,9 @@
 // expiry, set and judged on the database's clock only (NOW(6), UTC). Each
 // exclusive step is one atomic statement in autocommit, never a read then
 // a write:
-//   acquire  one INSERT ... ON DUPLICATE KEY UPDATE for the batch: each
-//            free or expired row -> ours, with its fence raised;
+//   acquire  one INSERT ... ON DUPLICATE KEY UPDATE for the acquisitions
+//            asked for in one turn of the loop (a set's keys among them):
+//            each free or expired row -> ours, with its fence raised;
 //   renew    UPDATE ... WHERE (lock_name, owner) IN (...) AND unexpired:
 //            every renewal due in one tick, one statement per ttl;
 //   release  UPDATE ... SET owner = '', expires_at = NOW(6) WHERE ours
@@ -42,6 +43,8 @@
 //
 // Threading: as LockStore (loop thread, but encode()/check_key()).
 #pragma once
+
+#include <uv.h>
 
 #include <functional>
 #include <memory>
@@ -100,7 +103,15 @@ class SqlStore final : public StoreBase,
     RenewDone done;
   };
   struct AcquireBatch;
+  struct PendingAcquire;
   SqlConnection& command_connection();
+  // The exclusive acquisitions asked for in one turn of the loop go out
+  // together at its end (coalesce_, an idle handle), in name order and in
+  // chunks of one statement: a set of keys asked for together is decided
+  // by one statement, one transaction.
+  void coalesce();
+  static void on_coalesce(uv_idle_t* idle);
+  void send_acquisitions();
   void acquire_batch(std::shared_ptr<AcquireBatch> batch);
   void renew_group(std::shared_ptr<RenewBatch> batch, std::vector<std::size_t> members, std::chrono::milliseconds ttl);
   void classify_renewals(std::shared_ptr<RenewBatch> batch, std::vector<std::size_t> members);
@@ -120,6 +131,7 @@ class SqlStore final : public StoreBase,
   // or waiter, or free it with the last (only while it holds a marker).
   std::string shrink(const std::string& name) const;
 
+  Loop& loop_;
   const Options options_;
   const std::string owner_name_;  // Options::owner_name as a hex literal, recorded with each grant
   const SqlTarget target_;
@@ -127,6 +139,10 @@ class SqlStore final : public StoreBase,
   std::string holders_;  // quoted: the companion table
   std::vector<std::unique_ptr<SqlConnection>> commands_;
   std::unique_ptr<SqlConnection> renew_;
+  std::vector<PendingAcquire> acquires_;  // this turn's exclusive acquisitions
+  uv_idle_t coalesce_{};
+  bool started_ = false;  // coalesce_ is initialised (and not closed)
+  bool coalescing_ = false;
 };
 
 }  // namespace lockwatch::detail
