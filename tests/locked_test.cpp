@@ -1,6 +1,7 @@
 // The LOCKED decorator end to end against a real redis-server.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <atomic>
 #include <set>
 #include <thread>
@@ -372,6 +373,32 @@ TEST_P(LockedTest, AFreeSetIsTakenByOneScriptCall) {
   get_bounded(released);
   EXPECT_EQ(calls() - before, 2);
   EXPECT_FALSE(exists(server(), k + ":b"));
+}
+
+// A set taken the ordered way has its keys granted at different times; it
+// renews them together from then on, so they expire together and a
+// renewal round is one script call.
+TEST_P(LockedTest, ASetTakenKeyByKeyIsRenewedTogether) {
+  const std::string k = key();
+  Runtime other(options_for(server()));
+  auto held = other.acquire(k + ":b", 30s);
+  LockHandle b = get_bounded(held);
+  auto f = rt_->acquire({.key = lockwatch::all_of(k + ":a", k + ":b", k + ":c"), .ttl = 600ms, .wait = 10s});
+  for (int i = 0; i < 5000 && !exists(server(), k + ":a"); ++i) std::this_thread::sleep_for(1ms);
+  ASSERT_TRUE(exists(server(), k + ":a"));  // the ordered way holds a, and waits for b
+  std::this_thread::sleep_for(200ms);        // a's grant well before b's and c's
+  auto back = b.release();
+  get_bounded(back);
+  LockHandle h = get_bounded(f);
+  for (int i = 0; i < 5000 && h.lease().renewals() < 1; ++i) std::this_thread::sleep_for(1ms);
+  ASSERT_GE(h.lease().renewals(), 1u);  // every key renewed at least once since the grant
+  std::vector<long long> pttl;
+  for (const char* part : {":a", ":b", ":c"}) pttl.push_back(server().command({"PTTL", lock_key(k + part)}).integer);
+  const auto [lo, hi] = std::minmax_element(pttl.begin(), pttl.end());
+  EXPECT_GT(*lo, 0);
+  EXPECT_LT(*hi - *lo, 100) << pttl[0] << " " << pttl[1] << " " << pttl[2];  // 200 ms apart if renewed apart
+  auto released = h.release();
+  get_bounded(released);
 }
 
 TEST_P(LockedTest, ReentrantCallRunsInlineWithoutTouchingRedis) {

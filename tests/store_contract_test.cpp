@@ -702,6 +702,46 @@ TEST_P(StoreContractTest, ASetIsTakenAllOrNone) {
   give_back(set2);
 }
 
+// A set-waiter is granted within its wait while single-key callers of
+// another runtime keep taking its keys through the store.
+TEST_P(StoreContractTest, ASetWaiterIsNotStarvedBySingleKeyCallers) {
+  Runtime churner(options(4)), rt(options(2));
+  std::atomic<bool> stop{false};
+  std::atomic<int> singles{0};
+  std::vector<std::thread> churn;
+  for (int t = 0; t < 4; ++t) {
+    churn.emplace_back([&, t] {
+      auto one = LOCKED("starve:{0}", 2s, forever, .on(churner).wait(10s))[&](int) {
+        singles++;
+        std::this_thread::sleep_for(2ms);
+      };
+      while (!stop.load()) {
+        auto f = one(t % 2);
+        if (!completes(f)) return;
+      }
+    });
+  }
+  for (int i = 0; i < 20000 && singles.load() < 20; ++i) std::this_thread::sleep_for(1ms);
+  const int before = singles.load();
+  auto set = rt.acquire({.key = all_of("starve:0", "starve:1"), .ttl = 2s, .wait = 5s});
+  auto status = set.wait_for(kBound);
+  std::size_t keys = 0;
+  if (status == std::future_status::ready) {
+    try {
+      LockHandle h = set.get();
+      keys = h.lease().keys().size();
+      give_back(h);
+    } catch (const std::exception& e) {
+      ADD_FAILURE() << "the set-waiter was not granted: " << e.what();
+    }
+  }
+  stop = true;
+  for (auto& t : churn) t.join();
+  EXPECT_GE(before, 20);  // the keys were being taken when the set asked
+  ASSERT_EQ(status, std::future_status::ready);
+  EXPECT_EQ(keys, 2u);
+}
+
 // Transfers between random pairs of accounts from three runtimes, each
 // thread naming the pair in its own order: no call fails (no deadlock),
 // no two transfers on one account overlap, balances stay exact, and each

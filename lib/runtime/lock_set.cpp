@@ -185,8 +185,10 @@ AcquireTicket SetAcquirer::start(Runtime::Impl& impl, LockSpec spec, std::vector
   };
   self->outer_ = outer;
   const bool borrows = std::any_of(self->borrowed_.begin(), self->borrowed_.end(), [](auto* b) { return b != nullptr; });
-  if (borrows)
+  if (borrows) {
+    self->ordered_ = true;
     self->next();  // nested in a call holding some of the keys: the ordered way
+  }
   else
     self->try_whole();
   return RuntimeAccess::ticket(std::move(outer));
@@ -261,6 +263,7 @@ void SetAcquirer::tried(std::size_t i, std::exception_ptr error, LockHandle hand
   }
   for (auto& h : held_) h = LockHandle();  // given back, before the ordered way's first request
   next_ = 0;
+  ordered_ = true;
   next();
 }
 
@@ -340,6 +343,15 @@ void SetAcquirer::granted() {
     }
   }
   held_.clear();
+  if (ordered_ && owned.size() > 1) {
+    // Taken one after the other, the keys would come due at different
+    // times: renewed together now, they travel together from here on.
+    std::vector<std::shared_ptr<LeaseRecord>> leases;
+    leases.reserve(owned.size());
+    for (const auto& h : owned) leases.push_back(std::static_pointer_cast<LeaseRecord>(HandleAccess::state(h)));
+    if (auto rt = runtime_.lock())
+      rt->loop.post([rt, leases = std::move(leases)] { rt->watchdog.renew_together(leases); });
+  }
   auto record = std::make_shared<SetRecord>(spec_.key, spec_.set, std::move(parts), std::move(owned), spec_.ttl,
                                             std::move(links));
   SetRecord::start_watching(record);

@@ -111,6 +111,7 @@ class SetAcquirer final : public std::enable_shared_from_this<SetAcquirer> {
   LockSpec key_spec(std::size_t i) const;
   // Every key at once, none waited for.
   void try_whole();
+  bool ordered_ = false;  // taken the ordered way (its keys granted at different times)
   void tried(std::size_t i, std::exception_ptr error, LockHandle handle);
   // The ordered way, from the key next_.
   void next();

@@ -197,6 +197,16 @@ void Watchdog::renew_at_start(const std::shared_ptr<LeaseRecord>& l, std::shared
   send_renew(l);
 }
 
+void Watchdog::renew_together(const std::vector<std::shared_ptr<LeaseRecord>>& leases) {
+  for (const auto& l : leases) {
+    if (l->slot == LeaseRecord::kNoSlot || l->lost() || l->work_finished || l->phase != LeaseRecord::Phase::kRenewDue)
+      continue;  // in flight or ending: it keeps its own time
+    l->timeout.cancel();
+    l->renewal_counts = false;  // free, as a late start's renewal is
+    send_renew(l);
+  }
+}
+
 void Watchdog::send_renew(const std::shared_ptr<LeaseRecord>& l) {
   l->last_sent = Clock::now();
   schedule(*l, LeaseRecord::Phase::kAwaitingReply, l->deadline());

@@ -62,6 +62,10 @@ class Watchdog {
   // part of its ttl: renew it now, without spending a retry.
   // `answered` is set once the renewal is answered (at once if none goes).
   void renew_at_start(const std::shared_ptr<LeaseRecord>& l, std::shared_ptr<std::promise<void>> answered);
+  // A set's keys, taken one after the other, are renewed now, in one
+  // batch: from here on they come due in the same tick and travel together
+  // (one request per node). It spends no retry.
+  void renew_together(const std::vector<std::shared_ptr<LeaseRecord>>& leases);
   // The work is over: release (unless the hook handed it on, or keeps it
   // until it can: LeaseRecord::awaiting_tokens), then finish.
   void work_done(const std::shared_ptr<LeaseRecord>& l);
