@@ -5,6 +5,7 @@
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "store/redis/cluster_slot.hpp"
 
@@ -83,6 +84,26 @@ TEST(ClusterSlotTest, TheTagRuleNeverChanges) {
   }
   EXPECT_EQ(chars, 45580u);
   EXPECT_EQ(h, 0x5d3648f5941e0973ull);
+}
+
+// A batch split for one script call per slot: every item in one group,
+// the groups by slot, each keeping the batch's order within its slot.
+TEST(ClusterSlotTest, ABatchIsGroupedBySlotKeepingItsOrderWithinASlot) {
+  const std::vector<std::uint16_t> slots{5, 3, 5, 16383, 3, 5, 0};
+  const auto groups = group_by_slot(slots);
+  ASSERT_EQ(groups.size(), 4u);
+  EXPECT_EQ(groups[0].slot, 0);
+  EXPECT_EQ(groups[0].at, (std::vector<std::size_t>{6}));
+  EXPECT_EQ(groups[1].slot, 3);
+  EXPECT_EQ(groups[1].at, (std::vector<std::size_t>{1, 4}));
+  EXPECT_EQ(groups[2].slot, 5);
+  EXPECT_EQ(groups[2].at, (std::vector<std::size_t>{0, 2, 5}));
+  EXPECT_EQ(groups[3].slot, 16383);
+  EXPECT_EQ(groups[3].at, (std::vector<std::size_t>{3}));
+  EXPECT_TRUE(group_by_slot({}).empty());
+  const std::vector<std::uint16_t> one{42};
+  ASSERT_EQ(group_by_slot(one).size(), 1u);
+  EXPECT_EQ(group_by_slot(one)[0].at, (std::vector<std::size_t>{0}));
 }
 
 TEST(ClusterSlotTest, SlotsStayInRange) {

@@ -580,7 +580,7 @@ TEST_P(RedissonTest, ARetriedReleaseAnswersAsTheFirst) {
                                cluster() ? detail::RedisNodeStore::Notices::kSharded
                                          : detail::RedisNodeStore::Notices::kClassic,
                                detail::StoreLayout::make_redisson());
-  if (cluster()) store.no_batching();
+  if (cluster()) store.batch_by_slot();
   loop.post([&] { store.start(detail::StoreEvents{}); });
   const std::string token = "0123456789abcdef0123456789abcdef";
   auto on_loop = [&](auto call) {

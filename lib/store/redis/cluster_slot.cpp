@@ -1,7 +1,9 @@
 #include "store/redis/cluster_slot.hpp"
 
+#include <algorithm>
 #include <array>
 #include <cstddef>
+#include <numeric>
 
 namespace lockwatch::detail {
 
@@ -76,6 +78,18 @@ std::string_view slot_tag(std::uint16_t slot) noexcept {
   std::size_t len = 0;
   while (len < t.size() && t[len] != '\0') ++len;
   return std::string_view(t.data(), len);
+}
+
+std::vector<SlotGroup> group_by_slot(std::span<const std::uint16_t> slots) {
+  std::vector<std::size_t> order(slots.size());
+  std::iota(order.begin(), order.end(), std::size_t{0});
+  std::stable_sort(order.begin(), order.end(), [&](std::size_t a, std::size_t b) { return slots[a] < slots[b]; });
+  std::vector<SlotGroup> groups;
+  for (std::size_t i : order) {
+    if (groups.empty() || groups.back().slot != slots[i]) groups.push_back(SlotGroup{slots[i], {}});
+    groups.back().at.push_back(i);
+  }
+  return groups;
 }
 
 }  // namespace lockwatch::detail

@@ -8,13 +8,20 @@
 // its fencing counter, one per slot, is named with slot_tag(), a short tag
 // of the same slot.
 //
+// group_by_slot() splits a batch of keys into slot groups, one script
+// call each on a Redis Cluster (a script's KEYS must share one slot).
+//
 // Threading: pure functions; slot_tag() builds its table once, on first use
 // (thread-safe). Costs: a table lookup per byte of the tag; the first
-// slot_tag() call about 240,000 CRCs of three bytes (a millisecond or two).
+// slot_tag() call about 240,000 CRCs of three bytes (a millisecond or two);
+// group_by_slot() one sort of the batch's positions.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
+#include <span>
 #include <string_view>
+#include <vector>
 
 namespace lockwatch::detail {
 
@@ -36,5 +43,15 @@ std::uint16_t key_slot(std::string_view key) noexcept;
 // Redis, so it must never change (cluster_slot_test pins it). `slot` must
 // be below kClusterSlots.
 std::string_view slot_tag(std::uint16_t slot) noexcept;
+
+// The keys of one slot in a batch: their positions in it, ascending.
+struct SlotGroup {
+  std::uint16_t slot = 0;
+  std::vector<std::size_t> at;
+};
+
+// The slot groups of a batch whose item i lives in slot `slots[i]`, by
+// ascending slot; each item in exactly one group.
+std::vector<SlotGroup> group_by_slot(std::span<const std::uint16_t> slots);
 
 }  // namespace lockwatch::detail

@@ -138,7 +138,7 @@ ClusterStore::Node* ClusterStore::node_at(const std::string& host, int port) {
   auto node = std::make_unique<Node>();
   node->name = name;
   node->store = std::make_unique<RedisNodeStore>(loop_, ep, options_, RedisNodeStore::Notices::kSharded, layout_);
-  node->store->no_batching();  // one slot per script call, ASKING right before its command
+  node->store->batch_by_slot();  // a script's keys share one slot
   Node* raw = node.get();
   raw->store->set_dropped_hook(
       [this, raw](std::string_view lock, const StoreError* why) { subscription_dropped(raw, lock, why); });
@@ -583,41 +583,23 @@ std::size_t ClusterStore::renew(std::span<const LockRef> locks, std::shared_ptr<
 std::size_t ClusterStore::renew_now(std::span<const LockRef> locks, std::shared_ptr<const void> keepalive,
                                     std::shared_ptr<RenewDone> done) {
   std::size_t commands = 0;
-  // Group by node, then by slot: one script call per slot group, and every
-  // node's calls queued now, so they leave together and in parallel.
-  struct Entry {
-    std::int16_t node;
-    std::uint16_t slot;
-    std::size_t index;
-  };
-  std::vector<Entry> entries;
-  entries.reserve(locks.size());
+  // One script call per slot group, every node's calls queued now, so they
+  // leave together and in parallel (each node's on its renewal connection).
+  std::vector<std::uint16_t> slots;
+  slots.reserve(locks.size());
+  for (const auto& l : locks) slots.push_back(key_slot(l.name));
   std::vector<std::size_t> unrouted;
-  for (std::size_t k = 0; k < locks.size(); ++k) {
-    std::uint16_t slot = key_slot(locks[k].name);
-    std::int16_t node = closed_ ? -1 : owner_[slot];
+  for (SlotGroup& group : group_by_slot(slots)) {
+    const std::int16_t node = closed_ ? -1 : owner_[group.slot];
     if (node < 0) {
-      unrouted.push_back(k);
-    } else {
-      entries.push_back(Entry{node, slot, k});
+      unrouted.insert(unrouted.end(), group.at.begin(), group.at.end());
+      continue;
     }
-  }
-  std::sort(entries.begin(), entries.end(), [](const Entry& a, const Entry& b) {
-    return a.node != b.node ? a.node < b.node : a.slot != b.slot ? a.slot < b.slot : a.index < b.index;
-  });
-  for (std::size_t from = 0; from < entries.size();) {
-    std::size_t to = from;
-    while (to < entries.size() && entries[to].node == entries[from].node && entries[to].slot == entries[from].slot) ++to;
     auto g = std::make_shared<RenewGroup>();
-    g->indexes.reserve(to - from);
-    g->refs.reserve(to - from);
-    for (std::size_t e = from; e < to; ++e) {
-      g->indexes.push_back(entries[e].index);
-      g->refs.push_back(locks[entries[e].index]);
-    }
-    commands += renew_group(nodes_[static_cast<std::size_t>(entries[from].node)].get(), false, std::move(g), 0,
-                            keepalive, done);
-    from = to;
+    g->refs.reserve(group.at.size());
+    for (std::size_t k : group.at) g->refs.push_back(locks[k]);
+    g->indexes = std::move(group.at);
+    commands += renew_group(nodes_[static_cast<std::size_t>(node)].get(), false, std::move(g), 0, keepalive, done);
   }
   if (!unrouted.empty()) {
     if (!closed_) request_refresh();

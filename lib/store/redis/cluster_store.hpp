@@ -19,12 +19,23 @@
 // RedisNodeStore (its command, renewal and sharded pub/sub connections,
 // its scripts), made when the map first names it and kept after.
 //
-// Renewals are grouped by node, and within a node by slot: a script's KEYS
-// must share one slot (CROSSSLOT otherwise), so a node gets one renewal
-// script call per slot group, all queued in one loop iteration and so
-// written together. The nodes are renewed in parallel; a failure on one
-// node or slot answers only its own leases (kTransient, retried by the
-// watchdog until the lease's deadline) and never holds back the others.
+// Slot groups. A script's KEYS must share one slot (CROSSSLOT otherwise),
+// so what a node is sent together goes as one script call per slot group
+// (group_by_slot(), cluster_slot.hpp). Acquisitions and releases asked in
+// one loop iteration (a set's keys, lockwatch::all_of, are asked in one)
+// are routed one by one, and each master's node store batches what reaches
+// it in that iteration by slot (RedisNodeStore::batch_by_slot()): the
+// locks of one slot are taken, or given back, by one script, which Redis
+// runs atomically; a set across slots goes as one call per slot, all
+// written at once (the runtime gives back what it took when any was busy,
+// then takes the keys one by one in canonical order). With lockwatch's
+// layout each lock is in the slot of its own name, so keys share a slot
+// only when their names hash alike. Renewals are grouped the same way here,
+// by slot and so by node, one renewal call per group, all queued in one
+// loop iteration and so written together. The nodes are renewed in
+// parallel; a failure on one node or slot answers only its own leases
+// (kTransient, retried by the watchdog until the lease's deadline) and
+// never holds back the others.
 //
 // Redirects. Every call on one lock (acquire, release, raise_fence,
 // claim_period, inspect, force_release) answered MOVED goes to the node
@@ -35,11 +46,16 @@
 // budget of kRedirectBudget hops; past it the last error is reported. A
 // command answered with one of those did not run, so retrying cannot take
 // a lock twice. A MOVED also puts the slot on the node named in our map
-// until the refresh. A renewal group answered MOVED or ASK is sent on at
-// once, as one call, to the node named (after an ASKING on its renewal
-// connection for ASK), within the same budget: a slot that moved costs the
-// renewal a round trip, not a watchdog retry. Renewals answered otherwise
-// are kTransient and go to the refreshed owner at the watchdog's next try.
+// until the refresh. A slot group's acquire or release call answered so
+// answers each of its locks, each with its own hop count: after a MOVED
+// (at once) or a TRYAGAIN (after the refresh) they are sent on in one loop
+// iteration, so they reach the next node's batch together and go as one
+// script call again; after an ASK each goes alone, right after its
+// ASKING. A renewal group answered MOVED or ASK is sent on at once, as one
+// call, to the node named (after an ASKING on its renewal connection for
+// ASK), within the same budget: a slot that moved costs the renewal a
+// round trip, not a watchdog retry. Renewals answered otherwise are
+// kTransient and go to the refreshed owner at the watchdog's next try.
 //
 // Lost replies. Acquire and release are safe to repeat: the acquire script
 // answers a lock that already holds the caller's token (tokens are random
@@ -67,7 +83,7 @@
 // costs latency, never liveness.
 //
 // Threading: as LockStore (loop thread, but encode()/check_key()).
-// Costs: one array of 16384 node indexes; per batch, one pass to group.
+// Costs: one array of 16384 node indexes; per batch, one sort to group.
 #pragma once
 
 #include <uv.h>

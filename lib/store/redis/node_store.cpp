@@ -10,6 +10,7 @@
 
 #include "core/loop.hpp"
 #include "core/option_checks.hpp"
+#include "store/redis/cluster_slot.hpp"
 #include "store/redis/keys.hpp"
 #include "store/redis/scripts.hpp"
 #include "store/redis/sentinel.hpp"
@@ -120,22 +121,26 @@ void RedisNodeStore::started() {
 
 void RedisNodeStore::acquire(std::span<const LockRef> locks, AcquireDone done) {
   auto shared_done = std::make_shared<AcquireDone>(std::move(done));
+  // After send_asking() the call goes at once, alone: its ASKING must come
+  // right before it.
+  const bool queued = !asking_;
   for (std::size_t i = 0; i < locks.size(); ++i) {
     const LockRef& l = locks[i];
     QueuedAcquire a{std::string(l.name), std::string(l.token), std::string(l.ttl_ms), i, shared_done, l.kind};
     if (!l.kind.exclusive_kind()) {
       send_kind_acquire(std::move(a));
-    } else if (batching_) {
+    } else if (queued) {
       acquire_batch_.push_back(std::move(a));
     } else {
       send_acquire_batch({std::move(a)}, false);
     }
   }
-  if (batching_) want_batch();
+  if (queued) want_batch();
 }
 
 void RedisNodeStore::release(std::span<const LockRef> locks, bool notify, ReleaseDone done) {
   auto shared_done = std::make_shared<ReleaseDone>(std::move(done));
+  const bool queued = !asking_;  // as acquire()
   std::vector<std::size_t> kinds;
   for (std::size_t i = 0; i < locks.size(); ++i) {
     if (!locks[i].kind.exclusive_kind()) {
@@ -143,14 +148,14 @@ void RedisNodeStore::release(std::span<const LockRef> locks, bool notify, Releas
       continue;
     }
     QueuedRelease r{std::string(locks[i].name), std::string(locks[i].token), notify, i, shared_done};
-    if (batching_) {
+    if (queued) {
       release_batch_.push_back(std::move(r));
     } else {
       send_release_batch({std::move(r)}, false);
     }
   }
   if (!kinds.empty()) send_kind_release(with_asking(*conn_), locks, std::move(kinds), notify, shared_done);
-  if (batching_) want_batch();
+  if (queued) want_batch();
 }
 
 void RedisNodeStore::send_kind_acquire(QueuedAcquire a) {
@@ -260,20 +265,44 @@ std::vector<T> take_batch(std::deque<T>& queue) {
   return batch;
 }
 
+// Sends `batch` through `send` as one script call, or, `by_slot` (a node
+// of a Redis Cluster), as one call per slot group; returns the calls sent.
+template <class T, class Send>
+int send_slot_groups(std::vector<T> batch, bool by_slot, Send send) {
+  if (!by_slot || batch.size() == 1) {
+    send(std::move(batch));
+    return 1;
+  }
+  std::vector<std::uint16_t> slots;
+  slots.reserve(batch.size());
+  for (const T& q : batch) slots.push_back(key_slot(q.name));
+  int calls = 0;
+  for (const SlotGroup& g : group_by_slot(slots)) {
+    std::vector<T> part;
+    part.reserve(g.at.size());
+    for (std::size_t i : g.at) part.push_back(std::move(batch[i]));
+    send(std::move(part));
+    ++calls;
+  }
+  return calls;
+}
+
 }  // namespace
 
 void RedisNodeStore::send_batches(bool all) {
   // Releases first: a lock given back and asked for again in one iteration
-  // is free for the one who asks.
+  // is free for the one who asks. Each script call counts in flight (a
+  // batch split by slot may overshoot the bound by up to kMaxBatch calls).
   while (all || batches_in_flight_ < kMaxBatchesInFlight) {
     if (!release_batch_.empty()) {
-      send_release_batch(take_batch(release_batch_));
+      batches_in_flight_ += send_slot_groups(take_batch(release_batch_), by_slot_,
+                                             [this](std::vector<QueuedRelease> b) { send_release_batch(std::move(b)); });
     } else if (!acquire_batch_.empty()) {
-      send_acquire_batch(take_batch(acquire_batch_));
+      batches_in_flight_ += send_slot_groups(take_batch(acquire_batch_), by_slot_,
+                                             [this](std::vector<QueuedAcquire> b) { send_acquire_batch(std::move(b)); });
     } else {
       break;
     }
-    ++batches_in_flight_;
   }
 }
 

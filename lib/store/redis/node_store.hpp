@@ -12,9 +12,12 @@
 // a time, the rest wait in the store. Releases go before acquisitions (a
 // lock given back and taken again in one iteration is free for the taker,
 // unless the release script met NOSCRIPT and went again as EVAL); other
-// commands go out as they are made. A lone lock is a batch of one. Redis
-// Cluster turns batching off (no_batching()): a script's keys must share a
-// slot, and an ASKING must come right before its command.
+// commands go out as they are made. A lone lock is a batch of one. On a
+// node of a Redis Cluster (batch_by_slot()) a batch goes as one script call
+// per slot group, all written together: a script's keys must share a slot,
+// so the locks of one slot are taken (or released) by one atomic script.
+// A call made right after send_asking() goes at once, alone: its ASKING
+// must come right before its command.
 //
 // With Options::min_replicas, a lock write must reach that many replicas
 // (WAIT) before the lease is handed out; short of it, the lock is given back
@@ -85,8 +88,9 @@ class RedisNodeStore final : public StoreBase,
   void send_asking();
   // The same for the next renew(), on the renewal connection.
   void send_renewal_asking();
-  // Before start(): every acquisition and release is a call of its own.
-  void no_batching() { batching_ = false; }
+  // Before start(), for a node of a Redis Cluster: a batch goes as one
+  // script call per slot group (a script's KEYS must share one slot).
+  void batch_by_slot() { by_slot_ = true; }
   // raise_fence() with the reason it failed (null: raised), for a caller
   // that must tell a redirect from other failures.
   void raise_fence_or_error(std::string_view name, std::uint64_t fence, std::function<void(const StoreError*)> done);
@@ -206,7 +210,7 @@ class RedisNodeStore final : public StoreBase,
   std::unique_ptr<SentinelWatcher> sentinel_;
   std::vector<std::string_view> renew_args_;  // reused per batch
   Loop& loop_;
-  bool batching_ = true;
+  bool by_slot_ = false;  // batch_by_slot()
   bool started_ = false;
   bool batch_armed_ = false;
   uv_idle_t batch_idle_{};  // runs the batches of this iteration, before the flush

@@ -16,8 +16,8 @@
 // <key>) and its slot's fencing counter `<prefix>fence:{<tag>}` (a tag of
 // the same slot; never expiring, so tokens keep rising across holders). See
 // keys.hpp. A call of several locks names keys of several slots: a Redis
-// Cluster sends each lock alone (RedisNodeStore::no_batching()), or groups
-// by slot (renewals).
+// Cluster node groups each batch by slot, one call per slot group
+// (RedisNodeStore::batch_by_slot(), and the cluster's renewals).
 //
 // Threading: script() any thread; the readers are plain values, used
 // inside a reply's callback. Costs: a reader copies nothing from the reply
