@@ -500,6 +500,7 @@ bool Runtime::Impl::try_hand_off(const std::shared_ptr<LeaseRecord>& l) {
     // The streak is over: back to the store, and our waiters take their
     // turn with everyone else's.
     l->yield_on_release = true;
+    waits.hold_back(l->name.view());
     return false;
   }
   const std::uint64_t fence = s->take();

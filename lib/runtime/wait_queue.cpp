@@ -490,11 +490,23 @@ void WaitQueue::on_subscriptions_lost() {
   for (auto& [name, w] : waiters_) w->subscribed = false;
 }
 
+void WaitQueue::hold_back(std::string_view name) {
+  auto it = waiters_.find(name);
+  if (it == waiters_.end()) return;
+  KeyWaiters* w = it->second.get();
+  if (w->waiting.empty() || w->in_flight) return;
+  // From the release's sending on: its notice may come before its answer
+  // (memory:// posts it at once), and must not wake ours first.
+  w->yielding = true;
+  w->retry.cancel();
+}
+
 void WaitQueue::on_lease_finished(std::string_view name, const LockKind& kind, bool yield) {
   auto it = waiters_.find(name);
   if (it == waiters_.end()) return;
   KeyWaiters* w = it->second.get();
   w->count_end(kind);
+  if (!yield) w->yielding = false;  // held back for a release nobody else heard
   if (yield && !w->waiting.empty() && !w->in_flight) {
     // Other processes' waiters learn of the release from its notice, a
     // round trip or so from now; ours, awake already, would win every time.

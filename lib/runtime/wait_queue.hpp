@@ -80,6 +80,9 @@ class WaitQueue {
   // a tick, so that other processes' waiters, woken by the release notice,
   // get their turn.
   void on_lease_finished(std::string_view name, const LockKind& kind, bool yield = false);
+  // A streak's end is being released: our waiters for `name` are held back
+  // until on_lease_finished (which then makes them sit out the tick).
+  void hold_back(std::string_view name);
   // Local hand-off: the waiter next in line for `name` (nullptr if none),
   // and taking it out of the queue, as if it took the lock (it is done; its
   // wait deadline is cancelled).
