@@ -214,6 +214,7 @@ TEST_F(MetricsTest, HistogramsAreLabelledByKeyPatternNeverByKey) {
   EXPECT_EQ(s.at("lockwatch_hold_duration_seconds_count{pattern=\"sku:{0}\"}"), 3);
   // A set's keys count each under the set's pattern.
   EXPECT_EQ(s.at("lockwatch_acquire_duration_seconds_count{pattern=\"all_of(\\\"acct:{0}\\\", \\\"acct:{1}\\\")\"}"), 2);
+  EXPECT_EQ(s.at("lockwatch_hold_duration_seconds_count{pattern=\"all_of(\\\"acct:{0}\\\", \\\"acct:{1}\\\")\"}"), 2);
   const std::string text = rt_->metrics_text();
   EXPECT_EQ(text.find("sku:1"), std::string::npos);
   EXPECT_EQ(text.find("acct:1\""), std::string::npos);

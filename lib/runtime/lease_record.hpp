@@ -249,9 +249,14 @@ struct LeaseRecord final : Lease, TimerTask, HandleState {
     if (!why.empty() || rare_if()) rare().lost_detail = std::move(why);
   }
 
-  // The hold histogram's label: the call's LockSpec::pattern (none for a
-  // handle; kept on the call, which the record has room for).
-  std::uint16_t pattern() const noexcept { return call ? call->metrics_pattern : 0; }
+  // The hold histogram's label: the call's LockSpec::pattern, kept on the
+  // call (which the record has room for); a handle's, rarely set (a set's
+  // keys carry the set's), off the record.
+  std::uint16_t pattern() const noexcept {
+    if (call) return call->metrics_pattern;
+    const Rare* r = rare_if();
+    return r ? r->pattern : 0;
+  }
 
   // Held through a LockHandle, not by running work.
   bool is_handle() const noexcept { return call == nullptr; }
@@ -317,6 +322,7 @@ struct LeaseRecord final : Lease, TimerTask, HandleState {
     // A worker that starts the work late waits on it for the renewal made
     // at the start (Watchdog::renew_at_start) to be answered.
     std::shared_ptr<std::promise<void>> start_renewal;
+    std::uint16_t pattern = 0;  // a handle's hold label (see pattern())
     // Local hand-offs (Options::local_handoff): shared by the leases of one
     // streak, made at its first token reservation or hand-off (none: the
     // lease took the key from the store while nobody here waited for it).

@@ -20,6 +20,7 @@ std::shared_ptr<LeaseRecord> Watchdog::new_lease(const Acquisition& a, std::uint
                                                 Clock::time_point deadline, Clock::time_point last_sent) {
   auto l = std::make_shared<LeaseRecord>(this, a.spec.key, fence, a.spec.ttl, deadline);
   if (!a.handle) l->call = a.call;  // a handle's lease is its own state
+  if (a.handle && a.spec.pattern != 0) l->rare().pattern = a.spec.pattern;
   l->renewals_left =
       a.spec.retries > std::numeric_limits<std::int32_t>::max() ? -1 : static_cast<std::int32_t>(a.spec.retries);
   // The wheel fires on the first tick at or after a deadline. A renewal must
