@@ -117,7 +117,10 @@ void PgConnection::execute(const std::string& statement, std::vector<std::string
   if (state_ == State::kReady) kick();
 }
 
-void PgConnection::execute_all(std::vector<PgCall> calls, PgDone done) {
+void PgConnection::execute_all(std::vector<PgCall> calls, PgDone done) { execute_all(std::move(calls), {}, std::move(done)); }
+
+void PgConnection::execute_all(std::vector<PgCall> calls, std::function<void(std::size_t, const PgRows&)> each,
+                               PgDone done) {
   if (calls.empty()) {
     loop_.post([done = std::move(done)] { done(PgRows(nullptr), nullptr); });
     return;
@@ -132,6 +135,7 @@ void PgConnection::execute_all(std::vector<PgCall> calls, PgDone done) {
   r.statement = std::move(first.statement);
   r.params = std::move(first.params);
   r.then = std::move(calls);
+  r.each = std::move(each);
   r.done = std::move(done);
   queue_.push_back(std::move(r));
   if (state_ == State::kReady) kick();
@@ -624,7 +628,10 @@ void PgConnection::drain() {
       const ExecStatusType st = PQresultStatus(res);
       return st == PGRES_COMMAND_OK || st == PGRES_TUPLES_OK;
     };
-    if (!front.result || (front.ended > 0 && ok(front.result.get()))) {
+    if (front.each && ok(r) && (!front.result || ok(front.result.get()))) {
+      front.results.emplace_back(r);  // the front's result is its last: the transaction went through
+      front.result.reset(PQcopyResult(r, PG_COPYRES_ATTRS));
+    } else if (!front.result || (front.ended > 0 && ok(front.result.get()))) {
       front.result.reset(r);
     } else {
       PQclear(r);
@@ -650,6 +657,14 @@ void PgConnection::complete_front() {
       error = pg_statement_error(name_, code != nullptr ? code : "",
                                  primary != nullptr ? primary : one_line(PQresultErrorMessage(r.result.get())));
       err = &error;
+    }
+  }
+  if (!err && r.each) {
+    if (r.results.size() != 1 + r.then.size()) {
+      error = pg_statement_error(name_, "", "the server sent no result for a statement");
+      err = &error;
+    } else {
+      for (std::size_t i = 0; i < r.results.size(); ++i) r.each(i, PgRows(r.results[i].get()));
     }
   }
   r.done(PgRows(err ? nullptr : r.result.get()), err);

@@ -135,6 +135,10 @@ class PgConnection {
   // statement), and the first that fails undoes them all and skips the
   // rest. `done` gets the last statement's rows, or the first error.
   void execute_all(std::vector<PgCall> calls, PgDone done);
+  // The same transaction, with every statement's rows: `each` is called
+  // once per statement, in order, before `done`, when all of them ran
+  // (never after an error, which `done` alone gets).
+  void execute_all(std::vector<PgCall> calls, std::function<void(std::size_t, const PgRows&)> each, PgDone done);
   // Told when the connection goes down (with why) and when it is usable
   // again: once per transition (set before start()).
   void set_state_hook(std::function<void(bool up, const std::string& why)> hook) { state_hook_ = std::move(hook); }
@@ -174,6 +178,9 @@ class PgConnection {
     std::chrono::steady_clock::time_point sent{};
     Stage stage = Stage::kResult;
     std::unique_ptr<pg_result, ResultFree> result;  // once read
+    // execute_all with `each`: every statement's result, in order.
+    std::function<void(std::size_t, const PgRows&)> each;
+    std::vector<std::unique_ptr<pg_result, ResultFree>> results;
   };
 
   void connect();

@@ -19,6 +19,9 @@ namespace {
 constexpr int kPgCommandConnections = 2;
 // An acquire, renew or release statement names at most this many locks.
 constexpr std::size_t kPgChunk = 512;
+// The kinds' acquisitions one transaction carries at most (a whole set of
+// lockwatch::max_set_keys fits).
+constexpr std::size_t kKindGroup = 64;
 // A deadlock, a serialization failure or a lock wait past lock_timeout:
 // the statement is tried again this many times before it fails.
 constexpr int kAttempts = 3;
@@ -585,68 +588,85 @@ struct PgStore::AcquireBatch {
 
 void PgStore::acquire(std::span<const LockRef> locks, AcquireDone done) {
   auto shared_done = std::make_shared<AcquireDone>(std::move(done));
-  bool exclusive = false;
   for (std::size_t i = 0; i < locks.size(); ++i) {
     PendingAcquire a{std::string(locks[i].name), std::string(locks[i].token), locks[i].ttl, i, shared_done,
                      locks[i].kind};
-    if (locks[i].kind.exclusive_kind()) {
+    if (locks[i].kind.exclusive_kind())
       acquires_.push_back(std::move(a));
-      exclusive = true;
-    } else {
-      acquire_kind(std::make_shared<PendingAcquire>(std::move(a)));
-    }
+    else
+      kind_acquires_.push_back(std::make_shared<PendingAcquire>(std::move(a)));
   }
-  if (exclusive) coalesce();
+  if (!locks.empty()) coalesce();
 }
 
-// One transaction per call: its lock row locked, then the kind's decision
-// (see statements()).
-void PgStore::acquire_kind(std::shared_ptr<PendingAcquire> a) {
-  const bool fair = a->kind.mode() == LockKind::Mode::kFair;
-  std::vector<std::string> params{pg_hex(a->name), pg_hex(a->token), std::to_string(pg_micros(a->ttl)),
-                                  pg_hex(pg_marker(a->kind)),
-                                  fair ? channel_ : std::to_string(a->kind.permit_count())};
+// The kinds' acquisitions of one loop turn (a set's keys among them), in
+// name order, go in one transaction per chunk: their lock rows locked,
+// then each one's decision (see statements()), one statement each.
+void PgStore::send_kind_acquisitions(std::vector<std::shared_ptr<PendingAcquire>> group) {
+  std::stable_sort(group.begin(), group.end(), [](const auto& a, const auto& b) { return a->name < b->name; });
   std::vector<PgCall> calls;
-  calls.push_back({"lockwatch_lock_rows", {hex_array(1, [&](std::size_t) -> std::string_view { return a->name; })}});
-  calls.push_back({fair ? "lockwatch_acquire_fair" : "lockwatch_acquire_kind", std::move(params)});
-  command_connection().execute_all(std::move(calls), [this, a, fair](const PgRows& rows, const StoreError* err) {
-    Acquired out;
-    StoreError no_answer;
-    if (!err && (rows.size() != 1 || rows.null(0, 0) || rows.null(0, 1))) {
-      no_answer = pg_statement_error(target_.name(), "", "no answer to the acquisition");
-      err = &no_answer;
-    }
-    if (err) {
-      if (err->kind == StoreError::Kind::kRetryLater && a->attempt < kAttempts) {
-        ++a->attempt;
-        acquire_kind(a);
-        return;
-      }
-      out.error = *err;
-      (*a->done)(a->index, out);
-      return;
-    }
-    const std::string_view verdict = rows.at(0, 0);
-    if (verdict == "t" || verdict == "r") {
-      out.status = Acquired::Status::kTaken;
-      out.fence = static_cast<std::uint64_t>(pg_to_ll(rows.at(0, 1)));
-    } else if (verdict == "b") {
-      out.status = Acquired::Status::kBusy;
-      auto busy = rows.null(0, 2) ? std::chrono::milliseconds(1) : ceil_ms(pg_to_ll(rows.at(0, 2)));
-      // A fair waiter comes back within a third of its ttl, which keeps
-      // its place.
-      if (fair) busy = std::min(busy, std::max(std::chrono::milliseconds(1), a->ttl / 3));
-      out.busy_for = std::max(busy, std::chrono::milliseconds(1));
-    } else {
-      std::string owner;
-      pg_unhex(rows.at(0, 3), owner);
-      out.error = StoreError::invalid(
-          target_.name(),
-          fmt::format("{} is held as {}; this call asked for it {}", a->name, pg_held_as(owner), asked_as(a->kind)),
-          StoreError::Origin::kPostgres);
-    }
-    (*a->done)(a->index, out);
-  });
+  calls.reserve(group.size() + 1);
+  calls.push_back({"lockwatch_lock_rows", {hex_array(group.size(), [&](std::size_t i) -> std::string_view {
+                     return group[i]->name;
+                   })}});
+  for (const auto& a : group) {
+    const bool fair = a->kind.mode() == LockKind::Mode::kFair;
+    calls.push_back({fair ? "lockwatch_acquire_fair" : "lockwatch_acquire_kind",
+                     {pg_hex(a->name), pg_hex(a->token), std::to_string(pg_micros(a->ttl)), pg_hex(pg_marker(a->kind)),
+                      fair ? channel_ : std::to_string(a->kind.permit_count())}});
+  }
+  auto shared = std::make_shared<std::vector<std::shared_ptr<PendingAcquire>>>(std::move(group));
+  auto outcomes = std::make_shared<std::vector<Acquired>>(shared->size());
+  command_connection().execute_all(
+      std::move(calls),
+      [this, shared, outcomes](std::size_t i, const PgRows& rows) {
+        if (i == 0) return;  // the lock rows
+        (*outcomes)[i - 1] = kind_outcome(*(*shared)[i - 1], rows);
+      },
+      [this, shared, outcomes](const PgRows&, const StoreError* err) {
+        if (err) {
+          if (err->kind == StoreError::Kind::kRetryLater && shared->front()->attempt < kAttempts) {
+            for (auto& a : *shared) ++a->attempt;
+            send_kind_acquisitions(std::move(*shared));
+            return;
+          }
+          Acquired out;
+          out.error = *err;
+          for (const auto& a : *shared) (*a->done)(a->index, out);
+          return;
+        }
+        for (std::size_t k = 0; k < shared->size(); ++k) (*(*shared)[k]->done)((*shared)[k]->index, (*outcomes)[k]);
+      });
+}
+
+// One kind decision's row: verdict, fence, busy µs, the lock row's owner.
+Acquired PgStore::kind_outcome(const PendingAcquire& a, const PgRows& rows) const {
+  Acquired out;
+  const bool fair = a.kind.mode() == LockKind::Mode::kFair;
+  if (rows.size() != 1 || rows.null(0, 0) || rows.null(0, 1)) {
+    out.error = pg_statement_error(target_.name(), "", "no answer to the acquisition");
+    return out;
+  }
+  const std::string_view verdict = rows.at(0, 0);
+  if (verdict == "t" || verdict == "r") {
+    out.status = Acquired::Status::kTaken;
+    out.fence = static_cast<std::uint64_t>(pg_to_ll(rows.at(0, 1)));
+  } else if (verdict == "b") {
+    out.status = Acquired::Status::kBusy;
+    auto busy = rows.null(0, 2) ? std::chrono::milliseconds(1) : ceil_ms(pg_to_ll(rows.at(0, 2)));
+    // A fair waiter comes back within a third of its ttl, which keeps
+    // its place.
+    if (fair) busy = std::min(busy, std::max(std::chrono::milliseconds(1), a.ttl / 3));
+    out.busy_for = std::max(busy, std::chrono::milliseconds(1));
+  } else {
+    std::string owner;
+    pg_unhex(rows.at(0, 3), owner);
+    out.error = StoreError::invalid(
+        target_.name(),
+        fmt::format("{} is held as {}; this call asked for it {}", a.name, pg_held_as(owner), asked_as(a.kind)),
+        StoreError::Origin::kPostgres);
+  }
+  return out;
 }
 
 void PgStore::coalesce() {
@@ -669,6 +689,14 @@ void PgStore::on_coalesce(uv_idle_t* idle) {
 }
 
 void PgStore::send_acquisitions() {
+  if (!kind_acquires_.empty()) {
+    std::vector<std::shared_ptr<PendingAcquire>> kinds = std::move(kind_acquires_);
+    kind_acquires_.clear();
+    for (std::size_t from = 0; from < kinds.size(); from += kKindGroup) {
+      auto to = std::min(kinds.size(), from + kKindGroup);
+      send_kind_acquisitions({std::make_move_iterator(kinds.begin() + from), std::make_move_iterator(kinds.begin() + to)});
+    }
+  }
   if (acquires_.empty()) return;
   std::vector<PendingAcquire> all = std::move(acquires_);
   acquires_.clear();

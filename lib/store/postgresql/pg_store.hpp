@@ -137,7 +137,8 @@ class PgStore final : public StoreBase,
   void send_acquisitions();
   void send_releases();
   void acquire_batch(std::shared_ptr<AcquireBatch> batch);
-  void acquire_kind(std::shared_ptr<PendingAcquire> lock);
+  void send_kind_acquisitions(std::vector<std::shared_ptr<PendingAcquire>> group);
+  Acquired kind_outcome(const PendingAcquire& a, const PgRows& rows) const;
   void renew_group(std::shared_ptr<RenewBatch> batch, std::vector<std::size_t> members, bool kinds);
   void release_batch(std::shared_ptr<ReleaseBatch> batch);
   void start_notices();
@@ -153,6 +154,7 @@ class PgStore final : public StoreBase,
   // Acquisitions and releases asked for in this loop turn, sent together
   // by coalesce_ (an idle handle: the turn's end).
   std::vector<PendingAcquire> acquires_;
+  std::vector<std::shared_ptr<PendingAcquire>> kind_acquires_;  // this turn's other kinds
   std::vector<PendingRelease> releases_;        // with release notices
   std::vector<PendingRelease> quiet_releases_;  // without
   uv_idle_t coalesce_{};
