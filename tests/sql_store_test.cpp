@@ -1,12 +1,15 @@
 // What only the SQL store (mysql://) has, against a real mariadbd: its URL,
 // its table (created when missing, refused with the wrong columns, named
 // by ?table=) and the companion table of shared, permit and fair holders,
-// the unix socket, the fence kept in the row, the operators' tools, and
-// many statements in one round trip where one may fail alone.
+// the unix socket, the fence kept in the row, the operators' tools,
+// many statements in one round trip where one may fail alone, and the
+// waiter's mark that keeps a waiter's turn across processes.
 // The behaviour every store shares is in store_contract_test.cpp.
 #include <gtest/gtest.h>
 
+#include <atomic>
 #include <set>
+#include <thread>
 #include <vector>
 
 #include "lockwatch/lockwatch.hpp"
@@ -250,6 +253,158 @@ TEST_F(SqlStoreTest, AnOlderInstallGetsTheHoldersTableWhenMissing) {
   EXPECT_TRUE(server_->query("SELECT 1 FROM " + db_table("older_holders") + " WHERE lock_name = 'lockwatch:" + key() +
                              "'")
                   .empty());
+}
+
+TEST_F(SqlStoreTest, AnInstallBeforeWaiterMarksGetsTheirColumns) {
+  // A lock table as the version before made it (owner names, no waiter's
+  // mark): the store adds the mark's columns and locks as before.
+  server_->query("CREATE TABLE " + db_table("before_marks") +
+                 " (lock_name VARBINARY(255) NOT NULL PRIMARY KEY, owner VARBINARY(64) NOT NULL DEFAULT '', "
+                 "fence BIGINT UNSIGNED NOT NULL DEFAULT 0, expires_at DATETIME(6) NOT NULL, last_period BIGINT NULL, "
+                 "owner_name VARBINARY(128) NOT NULL DEFAULT '', granted_at DATETIME(6) NULL)");
+  Runtime a(options(server_->url() + "?table=before_marks")), b(options(server_->url() + "?table=before_marks"));
+  LockHandle h = take(a, key(), 5s);
+  auto ddl = server_->query("SHOW CREATE TABLE " + db_table("before_marks"));
+  ASSERT_EQ(ddl.size(), 1u);
+  EXPECT_NE(ddl[0][1].find("`waiter` varbinary(64) NOT NULL DEFAULT ''"), std::string::npos) << ddl[0][1];
+  EXPECT_NE(ddl[0][1].find("`waiter_until` datetime(6)"), std::string::npos) << ddl[0][1];
+  auto busy = b.acquire({.key = key(), .ttl = 5s, .retries = forever, .wait = 100ms});
+  EXPECT_TRUE(error_of<LockNotAcquired>(busy));
+  auto marks = server_->query("SELECT waiter <> '', waiter_until > UTC_TIMESTAMP(6) FROM " + db_table("before_marks") +
+                              " WHERE lock_name = 'lockwatch:" + key() + "'");
+  ASSERT_EQ(marks.size(), 1u);
+  EXPECT_EQ(marks[0], (std::vector<std::string>{"1", "1"}));  // b's mark, left while it waited
+  auto r = h.release();
+  get_bounded(r);
+}
+
+// A waiter in another process (here: another runtime, with its own
+// connections) polls, while callers in the holder's process are woken at
+// each release and take the key again a round trip later: its mark on
+// the row makes the key wait for it.
+TEST_F(SqlStoreTest, AWaiterInAnotherProcessIsNotStarvedByLocalCallers) {
+  Runtime churner(options(server_->url())), other(options(server_->url()));
+  std::atomic<bool> stop{false};
+  std::atomic<int> taken{0};
+  std::vector<std::thread> churn;
+  for (int t = 0; t < 2; ++t) {
+    churn.emplace_back([&] {
+      while (!stop.load()) {
+        auto f = churner.acquire({.key = key(), .ttl = 2s, .retries = forever, .wait = 10s});
+        if (f.wait_for(kBound) != std::future_status::ready) {
+          ADD_FAILURE() << "a local caller was not answered within the bound";
+          return;
+        }
+        try {
+          LockHandle h = f.get();
+          taken++;
+          std::this_thread::sleep_for(2ms);  // the work
+          auto r = h.release();
+          r.wait_for(kBound);
+        } catch (const std::exception& e) {
+          ADD_FAILURE() << "a local caller failed: " << e.what();
+          return;
+        }
+      }
+    });
+  }
+  for (int i = 0; i < 20000 && taken.load() < 20; ++i) std::this_thread::sleep_for(1ms);  // polling a counter
+  const int before = taken.load();
+  auto f = other.acquire({.key = key(), .ttl = 2s, .retries = forever, .wait = 5s});
+  const auto status = f.wait_for(kBound);
+  bool granted = false;
+  if (status == std::future_status::ready) {
+    try {
+      LockHandle h = f.get();
+      granted = true;
+      auto r = h.release();
+      r.wait_for(kBound);
+    } catch (const std::exception& e) {
+      ADD_FAILURE() << "the other process's waiter was not granted: " << e.what();
+    }
+  }
+  stop = true;
+  for (auto& t : churn) t.join();
+  EXPECT_GE(before, 20);  // the key was being taken when the other asked
+  EXPECT_TRUE(granted);
+}
+
+// A caller that waits leaves its runtime's mark on the busy row; once the
+// row is free, the mark keeps it for that waiter, and the grant clears it.
+TEST_F(SqlStoreTest, AFreeRowMarkedByAWaiterGoesToThatWaiter) {
+  Runtime a(options(server_->url())), b(options(server_->url()));
+  LockHandle h = take(a, key(), 10s);
+  auto waiting = b.acquire({.key = key(), .ttl = 5s, .retries = forever, .wait = 5s});
+  const std::string mark = "SELECT waiter <> '' AND waiter_until > UTC_TIMESTAMP(6) FROM " + db_table() +
+                           " WHERE lock_name = 'lockwatch:" + key() + "'";
+  auto marked = [&] {
+    auto rows = server_->query(mark);
+    return rows.size() == 1 && rows[0][0] == "1";
+  };
+  const auto until = std::chrono::steady_clock::now() + kBound;
+  while (!marked() && std::chrono::steady_clock::now() < until) std::this_thread::sleep_for(5ms);  // polling the row
+  ASSERT_TRUE(marked());
+  auto r = h.release();
+  get_bounded(r);
+  // Free now (or already b's): a caller of the holder's process is refused.
+  auto again = a.acquire({.key = key(), .ttl = 5s, .retries = forever, .wait = 0ms});
+  EXPECT_TRUE(error_of<LockNotAcquired>(again));
+  LockHandle w = get_bounded(waiting);
+  EXPECT_FALSE(marked());
+  auto g = w.release();
+  get_bounded(g);
+}
+
+// The mark names the runtime, not the call: a caller that waits again
+// with a new call (as a job's standby does) keeps the turn its earlier
+// call marked, and is not held back by that mark.
+TEST_F(SqlStoreTest, ARuntimeThatWaitsAgainKeepsItsTurn) {
+  Runtime a(options(server_->url())), b(options(server_->url()));
+  LockHandle h = take(a, key(), 10s);
+  auto first = b.acquire({.key = key(), .ttl = 5s, .retries = forever, .wait = 200ms});
+  EXPECT_TRUE(error_of<LockNotAcquired>(first));
+  auto r = h.release();
+  get_bounded(r);
+  auto refused = a.acquire({.key = key(), .ttl = 5s, .retries = forever, .wait = 0ms});
+  EXPECT_TRUE(error_of<LockNotAcquired>(refused));  // free, but b's turn
+  const auto t0 = std::chrono::steady_clock::now();
+  auto again = b.acquire({.key = key(), .ttl = 5s, .retries = forever, .wait = 5s});
+  LockHandle w = get_bounded(again);
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, 1s);  // its mark lives 2 s: it was not waited out
+  auto g = w.release();
+  get_bounded(g);
+}
+
+// A call without a wait leaves no mark; a waiter that gave up leaves its
+// mark to run out: the key waits for it no longer than the mark lives.
+TEST_F(SqlStoreTest, AWaiterThatGaveUpHoldsTheKeyBackOnlyWhileItsMarkLives) {
+  Runtime a(options(server_->url())), b(options(server_->url()));
+  LockHandle h = take(a, key(), 10s);
+  const std::string row = " FROM " + db_table() + " WHERE lock_name = 'lockwatch:" + key() + "'";
+  auto tried = b.acquire({.key = key(), .ttl = 5s, .retries = forever, .wait = 0ms});
+  EXPECT_TRUE(error_of<LockNotAcquired>(tried));
+  auto none = server_->query("SELECT waiter" + row);
+  ASSERT_EQ(none.size(), 1u);
+  EXPECT_EQ(none[0][0], "");
+  auto gave_up = b.acquire({.key = key(), .ttl = 5s, .retries = forever, .wait = 300ms});
+  EXPECT_TRUE(error_of<LockNotAcquired>(gave_up));
+  const auto asked = std::chrono::steady_clock::now();
+  auto left = server_->query("SELECT TIMESTAMPDIFF(MICROSECOND, UTC_TIMESTAMP(6), waiter_until)" + row);
+  ASSERT_EQ(left.size(), 1u);
+  const auto life = std::chrono::microseconds(std::stoll(left[0][0]));
+  ASSERT_GT(life, 500ms);  // at most 2 s from its last poll, within its 300 ms wait
+  auto r = h.release();
+  get_bounded(r);
+  auto next = a.acquire({.key = key(), .ttl = 5s, .retries = forever, .wait = 5s});
+  LockHandle n = get_bounded(next);
+  const auto waited = std::chrono::steady_clock::now() - asked;
+  EXPECT_GE(waited, life);                  // held back while the mark lived
+  EXPECT_LT(waited, life + 1s);             // and not much longer (the blocked caller looks every 100 ms)
+  auto cleared = server_->query("SELECT waiter" + row);
+  ASSERT_EQ(cleared.size(), 1u);
+  EXPECT_EQ(cleared[0][0], "");  // the grant clears a mark run out
+  auto g = n.release();
+  get_bounded(g);
 }
 
 TEST_F(SqlStoreTest, AKeyHeldAsOneKindIsRefusedAsAnother) {

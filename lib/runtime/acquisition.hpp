@@ -119,7 +119,9 @@ struct Acquisition final : TimerTask {
   bool fair_again = false;      // a wake-up came meanwhile
 
   bool fair() const noexcept { return spec.kind.mode() == LockKind::Mode::kFair; }
-  LockRef ref() const noexcept { return LockRef{name, token.view(), ttl_ms.view(), spec.ttl, spec.kind}; }
+  LockRef ref() const noexcept {
+    return LockRef{name, token.view(), ttl_ms.view(), spec.ttl, spec.kind, spec.wait.count() > 0};
+  }
   void run(Timeout) noexcept override;  // the wait deadline
 };
 

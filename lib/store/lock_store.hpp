@@ -58,6 +58,9 @@ struct LockRef {
   std::string_view ttl_ms;  // the ttl in milliseconds as decimal text, formatted once per lease
   std::chrono::milliseconds ttl{0};
   LockKind kind{};          // how it is held (a store takes only those supports() says)
+  // acquire() only: the caller tries again, with this token, while the lock
+  // is busy (it has a wait), so a store may keep it a place in line.
+  bool waits = false;
 };
 
 struct Acquired {

@@ -9,6 +9,7 @@
 
 #include "core/loop.hpp"
 #include "core/option_checks.hpp"
+#include "core/token.hpp"
 #include "store/sql/sql_literals.hpp"
 
 namespace lockwatch::detail {
@@ -33,6 +34,14 @@ constexpr std::size_t kChunk = 512;
 // A deadlock or lock-wait timeout on the lock's row: the statement is
 // tried again this many times before the acquisition fails.
 constexpr int kAcquireAttempts = 3;
+// A waiter's mark on the lock row lives this long after its last attempt:
+// twice the runtime's longest poll interval (1 s), so a waiter keeps its
+// place from poll to poll, and one that gave up frees it within this time.
+constexpr std::chrono::milliseconds kWaiterMarkLife{2000};
+// A caller kept from a free row by another's mark tries again within this
+// (or when the mark runs out, if sooner), so the row does not sit unused
+// for long if the marked waiter is gone.
+constexpr std::chrono::milliseconds kMarkedRowRetry{100};
 
 // "1795441148.216002" (UNIX_TIMESTAMP(NOW(6))) as a time point.
 std::chrono::system_clock::time_point unix_time(const std::string& s) {
@@ -73,18 +82,24 @@ std::string SqlStore::table_definition(const std::string& table) {
       "  last_period BIGINT NULL,\n"
       "  owner_name  VARBINARY(128) NOT NULL DEFAULT '',\n"
       "  granted_at  DATETIME(6) NULL,\n"
+      "  waiter      VARBINARY(64) NOT NULL DEFAULT '',\n"
+      "  waiter_until DATETIME(6) NULL,\n"
       "  PRIMARY KEY (lock_name)\n"
       ") ENGINE=InnoDB",
       table, kMaxNameBytes);
 }
 
 std::vector<std::string> SqlStore::migrations(const std::string& table) {
-  // Owner names and grant times: tables made by versions before.
+  // Owner names and grant times, then the waiter's mark of the lock
+  // table: tables made by versions before.
   std::vector<std::string> out;
   for (const std::string& t : {table, table + "_holders"})
     out.push_back(fmt::format("ALTER TABLE `{}` ADD COLUMN IF NOT EXISTS owner_name VARBINARY(128) NOT NULL DEFAULT '', "
                               "ADD COLUMN IF NOT EXISTS granted_at DATETIME(6) NULL",
                               t));
+  out.push_back(fmt::format("ALTER TABLE `{}` ADD COLUMN IF NOT EXISTS waiter VARBINARY(64) NOT NULL DEFAULT '', "
+                            "ADD COLUMN IF NOT EXISTS waiter_until DATETIME(6) NULL",
+                            table));
   return out;
 }
 
@@ -113,7 +128,8 @@ SqlStore::SqlStore(Loop& loop, SqlTarget target, const Options& options)
                            return nullptr;
                          }},
                 /*release_events=*/false),
-      loop_(loop), options_(options), owner_name_(sql::hex(owner_name(options))), target_(std::move(target)), table_("`" + target_.table + "`"),
+      loop_(loop), options_(options), owner_name_(sql::hex(owner_name(options))), waiter_id_(TokenGenerator().next().str()),
+      target_(std::move(target)), table_("`" + target_.table + "`"),
       holders_("`" + target_.table + "_holders`") {
   SqlSession session;
   long long wait_s = std::max<long long>(1, options_.command_timeout.count() / 1000);
@@ -126,8 +142,9 @@ SqlStore::SqlStore(Loop& loop, SqlTarget target, const Options& options)
   // One statement checks both tables (a missing one is 1146, a missing
   // column 1054); existing installs get the companion table made here.
   session.check = fmt::format(
-      "SELECT l.lock_name, l.owner, l.fence, l.expires_at, l.last_period, l.owner_name, l.granted_at, h.lock_name, "
-      "h.owner, h.role, h.n, h.seq, h.expires_at, h.owner_name, h.granted_at FROM {} l, {} h LIMIT 0",
+      "SELECT l.lock_name, l.owner, l.fence, l.expires_at, l.last_period, l.owner_name, l.granted_at, l.waiter, "
+      "l.waiter_until, h.lock_name, h.owner, h.role, h.n, h.seq, h.expires_at, h.owner_name, h.granted_at "
+      "FROM {} l, {} h LIMIT 0",
       table_, holders_);
   session.create = {table_definition(target_.table), holders_definition(target_.table)};
   session.migrate = migrations(target_.table);
@@ -165,6 +182,7 @@ struct SqlStore::PendingAcquire {
   std::string name;
   std::string token;
   std::chrono::milliseconds ttl;
+  bool waits;                         // LockRef::waits: it may leave its mark
   std::size_t index;                  // in its call's batch
   std::shared_ptr<AcquireDone> done;  // its call's callback
 };
@@ -183,7 +201,8 @@ void SqlStore::acquire(std::span<const LockRef> locks, AcquireDone done) {
       acquire_kind(locks[i], i, shared_done);
       continue;
     }
-    acquires_.push_back({std::string(locks[i].name), std::string(locks[i].token), locks[i].ttl, i, shared_done});
+    acquires_.push_back(
+        {std::string(locks[i].name), std::string(locks[i].token), locks[i].ttl, locks[i].waits, i, shared_done});
     exclusive = true;
   }
   if (exclusive) coalesce();
@@ -221,12 +240,20 @@ void SqlStore::send_acquisitions() {
 
 void SqlStore::acquire_batch(std::shared_ptr<AcquireBatch> batch) {
   // One statement decides for the whole batch, row by row: a free or
-  // expired row becomes ours with its fence raised; a row held by another
-  // owner is left as it is. In each row `fence` is assigned first, while
-  // owner and expires_at still hold the old values; then owner; then
-  // expires_at, which sees the new owner. One commit for the batch.
-  std::string insert =
-      fmt::format("INSERT INTO {} (lock_name, owner, fence, expires_at, owner_name, granted_at) VALUES ", table_);
+  // expired row becomes ours with its fence raised, unless another
+  // runtime's mark on it lives; a row held by another owner is left as it
+  // is. In each row `fence` is assigned first, while owner, expires_at
+  // and the mark still hold the old values; then owner; then expires_at,
+  // which sees the new owner; then the mark (waiter, then waiter_until,
+  // which sees the new waiter): cleared by our grant, left when another's
+  // lives, else ours (new or renewed) when we are busy and wait.
+  // VALUES(waiter) carries this store's waiter_id_ when the acquisition
+  // waits, '' when it does not (so a call without a wait never passes a
+  // mark, even ours); a row we insert is ours, its mark dead (waiter_until
+  // NULL). A name twice in the batch is two rows of the statement, in
+  // order, the second seeing what the first did. One commit for the batch.
+  std::string insert = fmt::format(
+      "INSERT INTO {} (lock_name, owner, fence, expires_at, owner_name, granted_at, waiter) VALUES ", table_);
   std::string names;
   for (std::size_t k = 0; k < batch->locks.size(); ++k) {
     const auto& l = batch->locks[k];
@@ -235,24 +262,33 @@ void SqlStore::acquire_batch(std::shared_ptr<AcquireBatch> batch) {
       names += ',';
     }
     std::string n = hex(l.name);
-    insert += fmt::format("({}, {}, 1, NOW(6) + INTERVAL {} MICROSECOND, {}, NOW(6))", n, hex(l.token), micros(l.ttl),
-                          owner_name_);
+    std::string t = hex(l.token);
+    insert += fmt::format("({}, {}, 1, NOW(6) + INTERVAL {} MICROSECOND, {}, NOW(6), {})", n, t, micros(l.ttl),
+                          owner_name_, l.waits ? hex(waiter_id_) : std::string("''"));
     names += n;
   }
-  insert +=
+  // No mark lives but ours (NULL-safe: waiter_until may be NULL).
+  constexpr std::string_view unmarked =
+      "(waiter_until IS NULL OR waiter_until <= NOW(6) OR waiter = VALUES(waiter))";
+  insert += fmt::format(
       " ON DUPLICATE KEY UPDATE "
-      "fence = IF(expires_at <= NOW(6), fence + 1, fence), "
-      "owner_name = IF(expires_at <= NOW(6), VALUES(owner_name), owner_name), "
-      "granted_at = IF(expires_at <= NOW(6), VALUES(granted_at), granted_at), "
-      "owner = IF(expires_at <= NOW(6), VALUES(owner), owner), "
-      "expires_at = IF(owner = VALUES(owner), VALUES(expires_at), expires_at)";
+      "fence = IF(expires_at <= NOW(6) AND {0}, fence + 1, fence), "
+      "owner_name = IF(expires_at <= NOW(6) AND {0}, VALUES(owner_name), owner_name), "
+      "granted_at = IF(expires_at <= NOW(6) AND {0}, VALUES(granted_at), granted_at), "
+      "owner = IF(expires_at <= NOW(6) AND {0}, VALUES(owner), owner), "
+      "expires_at = IF(owner = VALUES(owner), VALUES(expires_at), expires_at), "
+      "waiter = IF({0}, IF(owner = VALUES(owner), '', IF(VALUES(waiter) = '', waiter, VALUES(waiter))), waiter), "
+      "waiter_until = IF(waiter = '', NULL, IF(waiter = VALUES(waiter), NOW(6) + INTERVAL {1} MICROSECOND, "
+      "waiter_until))",
+      unmarked, micros(kWaiterMarkLife));
   // In the same round trip, what the write did: a row whose owner is our
   // token (unique to this acquisition) is ours, with the fence the write
-  // gave it; any other row is busy for its remaining time. The read
-  // decides nothing: only our own write can have put our token there.
+  // gave it; any other row is busy for its remaining time, or, free but
+  // marked by another, for a short while. The read decides nothing: only
+  // our own write can have put our token there.
   std::string report = fmt::format(
-      "SELECT lock_name, owner, fence, GREATEST(TIMESTAMPDIFF(MICROSECOND, NOW(6), expires_at), 0) FROM {} "
-      "WHERE lock_name IN ({})",
+      "SELECT lock_name, owner, fence, GREATEST(TIMESTAMPDIFF(MICROSECOND, NOW(6), expires_at), 0), waiter, "
+      "IFNULL(GREATEST(TIMESTAMPDIFF(MICROSECOND, NOW(6), waiter_until), 0), 0) FROM {} WHERE lock_name IN ({})",
       table_, names);
   auto failed = std::make_shared<bool>(false);
   auto retried = std::make_shared<bool>(false);
@@ -294,7 +330,7 @@ void SqlStore::acquire_batch(std::shared_ptr<AcquireBatch> batch) {
     }
     std::map<std::string_view, const std::vector<std::string>*> rows;
     for (const auto& row : r.rows)
-      if (row.size() == 4) rows[row[0]] = &row;
+      if (row.size() == 6) rows[row[0]] = &row;
     auto answers = std::make_shared<std::vector<Acquired>>(batch->locks.size());
     std::vector<std::pair<std::string, std::chrono::milliseconds>> marks;
     for (std::size_t k = 0; k < batch->locks.size(); ++k) {
@@ -314,6 +350,11 @@ void SqlStore::acquire_batch(std::shared_ptr<AcquireBatch> batch) {
       }
       out.status = Acquired::Status::kBusy;
       out.busy_for = sql::ms_up(us);
+      const long long mark_us = to_ll(row[5]);
+      if (us == 0 && mark_us > 0 && !(l.waits && row[4] == waiter_id_))
+        // Free, but another's mark lives: the marked waiter goes first;
+        // we look again soon, in case it never comes.
+        out.busy_for = std::min(sql::ms_up(mark_us), kMarkedRowRetry);
       const std::string_view owner = row[1];
       if (owner == kSharedMarker) {
         // Readers hold it: this writer's mark stops new ones while it

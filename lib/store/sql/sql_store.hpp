@@ -7,7 +7,8 @@
 // a write:
 //   acquire  one INSERT ... ON DUPLICATE KEY UPDATE for the acquisitions
 //            asked for in one turn of the loop (a set's keys among them):
-//            each free or expired row -> ours, with its fence raised;
+//            each free or expired row -> ours, with its fence raised,
+//            unless another waiter's mark lives on it (below);
 //   renew    UPDATE ... WHERE (lock_name, owner) IN (...) AND unexpired:
 //            every renewal due in one tick, one statement per ttl;
 //   release  UPDATE ... SET owner = '', expires_at = NOW(6) WHERE ours
@@ -40,6 +41,23 @@
 // a renewal never queues behind a burst of acquisitions. There are no
 // release notices: release_events() is false and waiters retry on the
 // runtime's bounded back-off.
+//
+// The waiter's mark: a process's own waiters are woken at each of its
+// releases and retake the key a round trip later, while a waiter in
+// another process polls (up to 1 s apart) and would seldom land in the
+// short time the key is free. So an exclusive acquisition that waits
+// (LockRef::waits) and finds the row busy marks this store next in line
+// in the row (waiter = waiter_id_, random per store; waiter_until = 2 s
+// on, twice the longest poll interval), when no other store's mark lives
+// there, and each attempt renews it. The mark names the store, not the
+// acquisition: only the first waiter of a key in a runtime asks, and a
+// caller that waits again with a new call (a job's standby, a retry loop)
+// keeps the turn. A free or expired row goes to the marked store's
+// waiters only; the others are told busy for at most 100 ms (they look
+// again, in case the waiter is gone). Its grant clears the mark; a waiter
+// that gave up leaves it to run out. All in the acquire statement above:
+// no round trip more. Releases, renewals and the other kinds leave marks
+// alone; a call without a wait leaves none and never passes one.
 //
 // Threading: as LockStore (loop thread, but encode()/check_key()).
 #pragma once
@@ -82,7 +100,7 @@ class SqlStore final : public StoreBase,
   static std::vector<std::string> migrations(const std::string& table);
 
   // One statement per batch (see above); no release notices, so waiters
-  // poll with the runtime's back-off.
+  // poll with the runtime's back-off, keeping their turn by their mark.
   // Every kind (see above).
   const char* check_kind(LockKind) const noexcept override { return nullptr; }
   LOCKWATCH_STORE_OPERATIONS;
@@ -134,6 +152,7 @@ class SqlStore final : public StoreBase,
   Loop& loop_;
   const Options options_;
   const std::string owner_name_;  // Options::owner_name as a hex literal, recorded with each grant
+  const std::string waiter_id_;   // random: how this store's waiters name themselves in a mark
   const SqlTarget target_;
   std::string table_;    // quoted
   std::string holders_;  // quoted: the companion table
