@@ -21,7 +21,7 @@ constexpr int kPgCommandConnections = 2;
 constexpr std::size_t kPgChunk = 512;
 // The kinds' acquisitions one transaction carries at most (a whole set of
 // lockwatch::max_set_keys fits).
-constexpr std::size_t kKindGroup = 64;
+constexpr std::size_t kPgKindGroup = 64;
 // A deadlock, a serialization failure or a lock wait past lock_timeout:
 // the statement is tried again this many times before it fails.
 constexpr int kAttempts = 3;
@@ -692,8 +692,8 @@ void PgStore::send_acquisitions() {
   if (!kind_acquires_.empty()) {
     std::vector<std::shared_ptr<PendingAcquire>> kinds = std::move(kind_acquires_);
     kind_acquires_.clear();
-    for (std::size_t from = 0; from < kinds.size(); from += kKindGroup) {
-      auto to = std::min(kinds.size(), from + kKindGroup);
+    for (std::size_t from = 0; from < kinds.size(); from += kPgKindGroup) {
+      auto to = std::min(kinds.size(), from + kPgKindGroup);
       send_kind_acquisitions({std::make_move_iterator(kinds.begin() + from), std::make_move_iterator(kinds.begin() + to)});
     }
   }

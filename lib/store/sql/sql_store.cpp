@@ -195,7 +195,6 @@ struct SqlStore::AcquireBatch {
 
 void SqlStore::acquire(std::span<const LockRef> locks, AcquireDone done) {
   auto shared_done = std::make_shared<AcquireDone>(std::move(done));
-  bool exclusive = false;
   for (std::size_t i = 0; i < locks.size(); ++i) {
     if (!locks[i].kind.exclusive_kind()) {
       acquire_kind(locks[i], i, shared_done);
@@ -203,9 +202,8 @@ void SqlStore::acquire(std::span<const LockRef> locks, AcquireDone done) {
     }
     acquires_.push_back(
         {std::string(locks[i].name), std::string(locks[i].token), locks[i].ttl, locks[i].waits, i, shared_done});
-    exclusive = true;
   }
-  if (exclusive) coalesce();
+  if (!locks.empty()) coalesce();
 }
 
 void SqlStore::coalesce() {
@@ -226,6 +224,7 @@ void SqlStore::on_coalesce(uv_idle_t* idle) {
 }
 
 void SqlStore::send_acquisitions() {
+  send_kind_acquisitions();
   if (acquires_.empty()) return;
   std::vector<PendingAcquire> all = std::move(acquires_);
   acquires_.clear();

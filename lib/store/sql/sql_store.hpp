@@ -138,8 +138,14 @@ class SqlStore final : public StoreBase,
   void mark_writers(std::vector<std::pair<std::string, std::chrono::milliseconds>> names, std::function<void()> done);
   // Shared, permit and fair locks (sql_store_kinds.cpp).
   struct KindAcquire;
+  // Queued for the turn's end: the kinds' acquisitions of one loop turn
+  // (a set's keys among them) are decided in one transaction per group, in
+  // name order.
   void acquire_kind(const LockRef& lock, std::size_t index, std::shared_ptr<AcquireDone> done);
-  void send_kind_acquire(std::shared_ptr<KindAcquire> a);
+  void send_kind_acquisitions();
+  void send_kind_group(std::vector<std::shared_ptr<KindAcquire>> group);
+  std::string kind_body(const KindAcquire& a) const;
+  Acquired kind_outcome(const KindAcquire& a, const std::vector<std::string>& fields) const;
   void renew_kinds(std::shared_ptr<RenewBatch> batch, std::vector<std::size_t> members, std::chrono::milliseconds ttl);
   void release_kinds(std::span<const LockRef> locks, std::vector<std::size_t> at, std::shared_ptr<ReleaseDone> done);
   // A compound statement around `body`: one transaction, rolled back (and
@@ -159,6 +165,7 @@ class SqlStore final : public StoreBase,
   std::vector<std::unique_ptr<SqlConnection>> commands_;
   std::unique_ptr<SqlConnection> renew_;
   std::vector<PendingAcquire> acquires_;  // this turn's exclusive acquisitions
+  std::vector<std::shared_ptr<KindAcquire>> kind_acquires_;  // this turn's other kinds
   uv_idle_t coalesce_{};
   bool started_ = false;  // coalesce_ is initialised (and not closed)
   bool coalescing_ = false;

@@ -24,6 +24,9 @@ namespace {
 // A deadlock or a lock-wait timeout rolls the transaction back whole: it
 // is tried again this many times before the acquisition fails.
 constexpr int kKindAttempts = 3;
+// The kinds' acquisitions one transaction carries at most (a whole set of
+// lockwatch::max_set_keys fits).
+constexpr std::size_t kKindGroup = 64;
 
 std::string marker(LockKind kind) {
   switch (kind.mode()) {
@@ -64,10 +67,87 @@ struct SqlStore::KindAcquire {
 };
 
 void SqlStore::acquire_kind(const LockRef& lock, std::size_t index, std::shared_ptr<AcquireDone> done) {
-  send_kind_acquire(std::make_shared<KindAcquire>(lock, index, std::move(done)));
+  kind_acquires_.push_back(std::make_shared<KindAcquire>(lock, index, std::move(done)));
 }
 
-void SqlStore::send_kind_acquire(std::shared_ptr<KindAcquire> a) {
+void SqlStore::send_kind_acquisitions() {
+  if (kind_acquires_.empty()) return;
+  std::vector<std::shared_ptr<KindAcquire>> all = std::move(kind_acquires_);
+  kind_acquires_.clear();
+  // In name order, as every transaction locks lock rows.
+  std::stable_sort(all.begin(), all.end(), [](const auto& a, const auto& b) { return a->name < b->name; });
+  for (std::size_t from = 0; from < all.size(); from += kKindGroup) {
+    auto to = std::min(all.size(), from + kKindGroup);
+    send_kind_group({std::make_move_iterator(all.begin() + from), std::make_move_iterator(all.begin() + to)});
+  }
+}
+
+// One transaction for the group: each lock's decision in turn (its lock
+// row locked first), its outcome kept in a session variable of its own
+// (@lw_o<k>), all read by the next statement of the same round trip.
+void SqlStore::send_kind_group(std::vector<std::shared_ptr<KindAcquire>> group) {
+  std::string body;
+  std::string read = "SELECT ";
+  for (std::size_t k = 0; k < group.size(); ++k) {
+    body += kind_body(*group[k]);
+    body += fmt::format(
+        " SET @lw_o{} = CONCAT_WS(',', IFNULL(@lw_status, ''), IFNULL(@lw_fence, 0), IFNULL(@lw_wait, 0), "
+        "IFNULL(@lw_held_as, '')); ",
+        k);
+    read += fmt::format("{}@lw_o{}", k == 0 ? "" : ", ", k);
+  }
+  auto shared = std::make_shared<std::vector<std::shared_ptr<KindAcquire>>>(std::move(group));
+  auto failed = std::make_shared<bool>(false);
+  SqlConnection& conn = command_connection();
+  conn.query(transaction(body), [this, shared, failed](const SqlResult&, const StoreError* err) {
+    if (!err) return;
+    *failed = true;
+    if (err->kind == StoreError::Kind::kRetryLater && shared->front()->attempt < kKindAttempts) {
+      for (auto& a : *shared) ++a->attempt;
+      send_kind_group(std::move(*shared));
+      return;
+    }
+    for (const auto& a : *shared) {
+      Acquired out;
+      out.error = *err;
+      if (err->code == "1064")
+        // A server without MariaDB's compound statements (MySQL): say what
+        // is missing rather than only where the syntax broke.
+        out.error.message = a->kind.describe() + " locks need MariaDB's compound statements (BEGIN NOT ATOMIC), " +
+                            "which this server does not take: " + err->message;
+      (*a->done)(a->index, out);
+    }
+  });
+  conn.query(std::move(read), [this, shared, failed](const SqlResult& r, const StoreError* err) {
+    if (*failed) return;  // answered by the transaction's failure, or sent again
+    StoreError no_answer;
+    if (!err && (r.rows.empty() || r.rows[0].size() != shared->size())) {
+      no_answer = StoreError::unavailable(target_.name(), "the outcome of a lock's transaction was lost with its "
+                                                          "connection", StoreError::Origin::kSql);
+      err = &no_answer;
+    }
+    for (std::size_t k = 0; k < shared->size(); ++k) {
+      const KindAcquire& a = *(*shared)[k];
+      Acquired out;
+      if (err) {
+        out.error = *err;
+        (*a.done)(a.index, out);
+        continue;
+      }
+      std::vector<std::string> fields;
+      std::string_view text = r.rows[0][k];
+      for (std::size_t at = 0; at <= text.size();) {
+        auto comma = std::min(text.find(',', at), text.size());
+        fields.emplace_back(text.substr(at, comma - at));
+        at = comma + 1;
+      }
+      (*a.done)(a.index, kind_outcome(a, fields));
+    }
+  });
+}
+
+std::string SqlStore::kind_body(const KindAcquire& lock) const {
+  const KindAcquire* a = &lock;
   const std::string n = hex(a->name);
   const std::string t = hex(a->token);
   const std::string m = marker(a->kind);
@@ -179,62 +259,37 @@ void SqlStore::send_kind_acquire(std::shared_ptr<KindAcquire> a) {
     case LockKind::Mode::kExclusive:
       break;
   }
-  auto failed = std::make_shared<bool>(false);
-  SqlConnection& conn = command_connection();
-  conn.query(transaction(body), [this, a, failed](const SqlResult&, const StoreError* err) {
-    if (!err) return;
-    *failed = true;
-    if (err->kind == StoreError::Kind::kRetryLater && a->attempt < kKindAttempts) {
-      ++a->attempt;
-      send_kind_acquire(a);
-      return;
-    }
-    Acquired out;
-    out.error = *err;
-    if (err->code == "1064")
-      // A server without MariaDB's compound statements (MySQL): say what
-      // is missing rather than only where the syntax broke.
-      out.error.message = a->kind.describe() + " locks need MariaDB's compound statements (BEGIN NOT ATOMIC), which " +
-                          "this server does not take: " + err->message;
-    (*a->done)(a->index, out);
-  });
-  conn.query("SELECT @lw_status, @lw_fence, @lw_wait, @lw_held_as",
-             [this, a, failed](const SqlResult& r, const StoreError* err) {
-               if (*failed) return;  // answered by the transaction's failure, or sent again
-               Acquired out;
-               StoreError no_answer;
-               if (!err && (r.rows.empty() || r.rows[0].size() != 4 || r.rows[0][0].empty())) {
-                 // The variables were not set in this session: the
-                 // connection was made anew between the two statements, and
-                 // what the transaction decided is not known.
-                 no_answer = StoreError::unavailable(target_.name(), "the outcome of a lock's transaction was lost "
-                                                                     "with its connection", StoreError::Origin::kSql);
-                 err = &no_answer;
-               }
-               if (err) {
-                 out.error = *err;
-                 (*a->done)(a->index, out);
-                 return;
-               }
-               const auto& row = r.rows[0];
-               if (row[0] == "taken") {
-                 out.status = Acquired::Status::kTaken;
-                 out.fence = static_cast<std::uint64_t>(to_ll(row[1]));
-               } else if (row[0] == "invalid") {
-                 out.error = StoreError::invalid(
-                     target_.name(),
-                     fmt::format("the lock '{}' is held as {}; this call asked for it {}", a->name,
-                                 row[3] == "x" ? std::string("an exclusive lock") : sql::held_as(row[3]),
-                                 a->kind.describe()),
-                     StoreError::Origin::kSql);
-               } else {
-                 out.status = Acquired::Status::kBusy;
-                 out.busy_for = sql::ms_up(to_ll(row[2]));
-                 if (a->kind.mode() == LockKind::Mode::kFair)
-                   out.busy_for = std::max(std::chrono::milliseconds(1), std::min(out.busy_for, a->ttl / 3));
-               }
-               (*a->done)(a->index, out);
-             });
+  return body;
+}
+
+// One lock's outcome as the group's read gives it: status, fence, wait
+// (µs), what it is held as.
+Acquired SqlStore::kind_outcome(const KindAcquire& a, const std::vector<std::string>& row) const {
+  Acquired out;
+  if (row.size() != 4 || row[0].empty()) {
+    // The variables were not set in this session: the connection was made
+    // anew between the two statements, and what the transaction decided is
+    // not known.
+    out.error = StoreError::unavailable(target_.name(), "the outcome of a lock's transaction was lost with its "
+                                                        "connection", StoreError::Origin::kSql);
+    return out;
+  }
+  if (row[0] == "taken") {
+    out.status = Acquired::Status::kTaken;
+    out.fence = static_cast<std::uint64_t>(to_ll(row[1]));
+  } else if (row[0] == "invalid") {
+    out.error = StoreError::invalid(
+        target_.name(),
+        fmt::format("the lock '{}' is held as {}; this call asked for it {}", a.name,
+                    row[3] == "x" ? std::string("an exclusive lock") : sql::held_as(row[3]), a.kind.describe()),
+        StoreError::Origin::kSql);
+  } else {
+    out.status = Acquired::Status::kBusy;
+    out.busy_for = sql::ms_up(to_ll(row[2]));
+    if (a.kind.mode() == LockKind::Mode::kFair)
+      out.busy_for = std::max(std::chrono::milliseconds(1), std::min(out.busy_for, a.ttl / 3));
+  }
+  return out;
 }
 
 void SqlStore::renew_kinds(std::shared_ptr<RenewBatch> batch, std::vector<std::size_t> members,
