@@ -10,6 +10,17 @@
 
 namespace lockwatch {
 
+const char* to_string(SpanKind kind) noexcept {
+  switch (kind) {
+    case SpanKind::kWaitStarted: return "wait_started";
+    case SpanKind::kWaitEnded: return "wait_ended";
+    case SpanKind::kHeld: return "held";
+    case SpanKind::kReleased: return "released";
+    case SpanKind::kLost: return "lost";
+  }
+  return "unknown";
+}
+
 const char* to_string(LogLevel level) noexcept {
   switch (level) {
     case LogLevel::kDebug: return "debug";
@@ -141,6 +152,68 @@ void Events::held_long(const std::string& key, Duration held) {
                   owner_.empty() ? process_identity() : owner_, std::chrono::duration_cast<std::chrono::milliseconds>(held).count()));
   if (!observed()) return;
   tell([key, held](Observer& o) { o.on_held_long(key, held); });
+}
+
+void Events::span(const SpanEvent& e, Duration ago) {
+  SpanEvent stamped = e;
+  stamped.at = std::chrono::time_point_cast<std::chrono::system_clock::duration>(
+      std::chrono::system_clock::now() - ago);
+  tell([e = stamped, key = std::string(e.key), context = std::string(e.context),
+        detail = std::string(e.detail)](Observer& o) {
+    SpanEvent told = e;
+    told.key = key;
+    told.context = context;
+    told.detail = detail;
+    o.on_span(told);
+  });
+}
+
+void Events::wait_started(const std::string& key, const std::string& context, Duration ago) {
+  if (!observed()) return;
+  span(SpanEvent{.kind = SpanKind::kWaitStarted, .key = key, .context = context}, ago);
+}
+
+void Events::wait_ended(const std::string& key, const std::string& context, Duration waited, WaitEnd how,
+                        std::exception_ptr error, std::uint64_t fencing_token) {
+  if (!observed()) return;
+  std::string why;
+  switch (how) {
+    case WaitEnd::kGranted: break;
+    case WaitEnd::kBusy: why = "busy"; break;
+    case WaitEnd::kCancelled: why = "cancelled"; break;
+    case WaitEnd::kFailed: why = what_of(error); break;
+  }
+  span(SpanEvent{.kind = SpanKind::kWaitEnded,
+                 .key = key,
+                 .context = context,
+                 .duration = waited,
+                 .fencing_token = fencing_token,
+                 .acquired = how == WaitEnd::kGranted,
+                 .detail = why});
+}
+
+void Events::held(const std::string& key, std::string_view context, std::uint64_t fencing_token) {
+  if (!observed()) return;
+  span(SpanEvent{.kind = SpanKind::kHeld, .key = key, .context = context, .fencing_token = fencing_token});
+}
+
+void Events::hold_released(const std::string& key, std::string_view context, Duration held,
+                           std::uint64_t fencing_token) {
+  if (!observed()) return;
+  span(SpanEvent{
+      .kind = SpanKind::kReleased, .key = key, .context = context, .duration = held, .fencing_token = fencing_token});
+}
+
+void Events::hold_lost(const std::string& key, std::string_view context, Duration held, std::uint64_t fencing_token,
+                       LostReason reason, const std::string& detail) {
+  if (!observed()) return;
+  span(SpanEvent{.kind = SpanKind::kLost,
+                 .key = key,
+                 .context = context,
+                 .duration = held,
+                 .fencing_token = fencing_token,
+                 .reason = reason,
+                 .detail = detail});
 }
 
 void Events::connection(const std::string& endpoint, bool up, const std::string& why) {

@@ -25,6 +25,9 @@
 
 namespace lockwatch::detail {
 
+// How a wait ended (the span event kWaitEnded).
+enum class WaitEnd : std::uint8_t { kGranted, kBusy, kFailed, kCancelled };
+
 class Events {
  public:
   using Duration = std::chrono::nanoseconds;
@@ -48,6 +51,16 @@ class Events {
   void released(const std::string& key, Duration held, std::uint16_t pattern = 0);
   // Options::hold_warning: the lease on `key` is held `held` already (once per lease).
   void held_long(const std::string& key, Duration held);
+  // Span events (Observer::on_span), beside the events above; nothing is
+  // built or copied while no observer is attached. `ago`: how long before
+  // now the wait began (the call).
+  void wait_started(const std::string& key, const std::string& context, Duration ago);
+  void wait_ended(const std::string& key, const std::string& context, Duration waited, WaitEnd how,
+                  std::exception_ptr error, std::uint64_t fencing_token = 0);
+  void held(const std::string& key, std::string_view context, std::uint64_t fencing_token);
+  void hold_released(const std::string& key, std::string_view context, Duration held, std::uint64_t fencing_token);
+  void hold_lost(const std::string& key, std::string_view context, Duration held, std::uint64_t fencing_token,
+                 LostReason reason, const std::string& detail);
   void connection(const std::string& endpoint, bool up, const std::string& why);
   void log(LogLevel level, std::string line);
   // Scheduled jobs (any thread: the scheduler's). `error` empty: it returned.
@@ -59,6 +72,9 @@ class Events {
   bool observed() const noexcept { return observed_.load(std::memory_order_acquire); }
   template <class F>
   void tell(F&& f);
+  // Tells observers `e`, stamped now less `ago`, its views made to point
+  // into copies the task keeps.
+  void span(const SpanEvent& e, Duration ago = Duration(0));
 
   ThreadPool& thread_;
   LogSink sink_;
