@@ -651,6 +651,27 @@ TEST_F(MetricsTest, ABusyCallEndsItsWaitSpanWithoutTheLock) {
   EXPECT_EQ(spans[1].fencing_token, 0u);
 }
 
+TEST_F(MetricsTest, ACancelledWaitEndsItsWaitSpan) {
+  start();
+  auto rec = std::make_shared<SpanRecorder>();
+  rt_->add_observer(rec);
+  backend_->set_owner(memory_name("traced-cancel"), "other", 30s);
+  std::promise<std::error_code> told;
+  auto code = told.get_future();
+  auto ticket = rt_->async_acquire({.key = "traced-cancel", .ttl = 1s, .wait = 10s, .context = "cancel-me"},
+                                   [&told](std::error_code ec, LockHandle) { told.set_value(ec); });
+  (void)rec->wait_for("traced-cancel", SpanKind::kWaitStarted);
+  EXPECT_TRUE(ticket.cancel());
+  ASSERT_EQ(code.wait_for(kBound), std::future_status::ready);
+  EXPECT_EQ(code.get(), errc::cancelled);
+  auto spans = rec->wait_for("traced-cancel", SpanKind::kWaitEnded);
+  ASSERT_EQ(kinds_of(spans), (std::vector<SpanKind>{SpanKind::kWaitStarted, SpanKind::kWaitEnded}));
+  EXPECT_FALSE(spans[1].acquired);
+  EXPECT_EQ(spans[1].detail, "cancelled");
+  EXPECT_EQ(spans[1].context, "cancel-me");
+  EXPECT_LT(spans[1].duration, 10s);
+}
+
 TEST_F(MetricsTest, ALostLeaseEndsItsHoldSpanWithTheReasonAndNoRelease) {
   start();
   auto rec = std::make_shared<SpanRecorder>();

@@ -22,7 +22,9 @@
 /// time and in the order they happened, never on the I/O thread: an observer
 /// that blocks delays other observers, never a lock. An observer must not
 /// destroy the runtime. Costs: nothing while no observer is attached; with
-/// one, each event is one queued task (the key is copied).
+/// one, each event is one queued task (the key is copied). Span events ride
+/// in the task of the event they go with (the context is copied too); the
+/// start of each wait is one task more.
 #pragma once
 
 #include <chrono>

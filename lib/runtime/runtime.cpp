@@ -351,16 +351,14 @@ void Runtime::Impl::start_acquire(std::shared_ptr<Acquisition> a) {
 void Runtime::Impl::fail(const std::shared_ptr<Acquisition>& a, std::exception_ptr err, bool busy) {
   // The wait queue says whether it was busy: no exception is rethrown to
   // find out. A cancelled wait is neither.
-  const bool cancelled = a->handle && a->handle->cancelled();
-  if (cancelled) {
+  const auto waited = Clock::now() - a->started;
+  if (a->handle && a->handle->cancelled()) {
+    events.wait_cancelled(a->spec.key, a->spec.context, waited);
   } else if (busy) {
-    events.busy(a->spec.key, Clock::now() - a->started, a->spec.pattern);
+    events.busy(a->spec.key, waited, a->spec.pattern, a->spec.context);
   } else {
-    events.acquire_failed(a->spec.key, err);
+    events.acquire_failed(a->spec.key, err, waited, a->spec.context);
   }
-  events.wait_ended(a->spec.key, a->spec.context, Clock::now() - a->started,
-                    cancelled ? detail::WaitEnd::kCancelled : busy ? detail::WaitEnd::kBusy : detail::WaitEnd::kFailed,
-                    err);
   a->done = true;
   a->wait_timeout.cancel();
   a->call->finish(err);
@@ -378,10 +376,7 @@ void Runtime::Impl::taken(const std::shared_ptr<Acquisition>& a, std::uint64_t f
 }
 
 void Runtime::Impl::start_lease(const std::shared_ptr<Acquisition>& a, const std::shared_ptr<LeaseRecord>& l) {
-  events.acquired(a->spec.key, l->fencing_token(), l->granted_at - a->started, a->spec.pattern);
-  events.wait_ended(a->spec.key, a->spec.context, l->granted_at - a->started, detail::WaitEnd::kGranted, nullptr,
-                    l->fencing_token());
-  events.held(a->spec.key, a->spec.context, l->fencing_token());
+  events.acquired(a->spec.key, l->fencing_token(), l->granted_at - a->started, a->spec.pattern, a->spec.context);
   if (stopping.load()) l->request_stop();
   if (!links) links = std::make_shared<const detail::RuntimeLinks>(weak_from_this(), notifier_pool);
   l->links = links;
@@ -419,8 +414,7 @@ void Runtime::Impl::start_lease(const std::shared_ptr<Acquisition>& a, const std
 void Runtime::Impl::stopped_before_start(const std::shared_ptr<LeaseRecord>& l) {
   // Its hold span ends here: a lost lease reports no release.
   if (l->mark_lost(LostReason::kRuntimeStopped))
-    events.hold_lost(l->key(), l->context(), Clock::now() - l->granted_at, l->fencing_token(),
-                     LostReason::kRuntimeStopped, "the runtime stopped before the work started");
+    events.stopped_before_start(l->key(), l->context(), Clock::now() - l->granted_at, l->fencing_token());
 }
 
 void Runtime::Impl::run_on_pool(const std::shared_ptr<LeaseRecord>& l) {

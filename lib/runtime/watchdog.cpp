@@ -84,8 +84,8 @@ std::shared_ptr<LeaseRecord> Watchdog::hand_off(const std::shared_ptr<LeaseRecor
   l->slot = from->slot;
   leases_[l->slot] = l;
   from->slot = LeaseRecord::kNoSlot;
-  events_.released(from->key(), l->granted_at - from->granted_at, from->pattern());
-  events_.hold_released(from->key(), from->context(), l->granted_at - from->granted_at, from->fencing_token());
+  events_.released(from->key(), l->granted_at - from->granted_at, from->pattern(), from->fencing_token(),
+                   from->context(), false);
   if (from->phase == LeaseRecord::Phase::kAwaitingReply) {
     // Its reply comes to `l` (through the streak).
     schedule(*l, LeaseRecord::Phase::kAwaitingReply, l->deadline());
@@ -313,8 +313,7 @@ void Watchdog::lose(const std::shared_ptr<LeaseRecord>& l, LostReason reason, st
     stats_.held.fetch_sub(1, std::memory_order_relaxed);
   }
   l->timeout.cancel();
-  events_.lost(l->key(), reason, detail);
-  events_.hold_lost(l->key(), l->context(), Clock::now() - l->granted_at, l->fencing_token(), reason, detail);
+  events_.lost(l->key(), reason, detail, Clock::now() - l->granted_at, l->fencing_token(), l->context());
   l->set_lost_detail(std::move(detail));
   request_stop(l);
   l->end_watchers(reason);  // Lease::on_lost's handlers, on the notifier
@@ -421,10 +420,8 @@ void Watchdog::finish(const std::shared_ptr<LeaseRecord>& l) {
   // Leases given back by the hundred thousand give their slots' memory back.
   if (leases_.capacity() >= 65536 && leases_.size() < leases_.capacity() / 4) leases_.shrink_to_fit();
   if (!l->uncounted) stats_.held.fetch_sub(1, std::memory_order_relaxed);
-  const auto held = Clock::now() - l->granted_at;
-  events_.released(l->key(), held, l->pattern());
   // A lost lease's hold span ended with kLost already.
-  if (!l->lost()) events_.hold_released(l->key(), l->context(), held, l->fencing_token());
+  events_.released(l->key(), Clock::now() - l->granted_at, l->pattern(), l->fencing_token(), l->context(), l->lost());
   if (finished_) finished_(l);
 }
 
