@@ -62,7 +62,7 @@ TEST_F(AsioRedisTest, ADeletedLockCancelsTheCoroutineWithLeaseLost) {
   });
   auto err = thrown<LeaseLost>([&] { run_to_end(ctx, work()); });
   ASSERT_TRUE(err);
-  EXPECT_EQ(err->reason(), LostReason::kExpired);
+  EXPECT_EQ(err->reason(), LostReason::kRemoved);
   EXPECT_TRUE(aborted);
 }
 

@@ -8,6 +8,8 @@
 #include "asio_util.hpp"
 
 #include <atomic>
+#include <future>
+#include <string>
 #include <thread>
 
 #include "memory_runtime.hpp"
@@ -67,6 +69,32 @@ TEST_F(AsioTest, AsyncLockWithUseFuture) {
   auto error = error_of<std::system_error>(busy);  // the error code, as use_future gives it
   ASSERT_TRUE(error);
   EXPECT_EQ(error->code(), errc::busy);
+}
+
+// A request's context reaches the observer's span events through
+// async_lock; a bad one is errc::invalid_argument, and nothing starts.
+TEST_F(AsioTest, AsyncLockCarriesTheRequestsContextToItsSpans) {
+  struct Contexts : Observer {
+    void on_span(const SpanEvent& e) override {
+      if (e.kind == SpanKind::kHeld) held.set_value(std::string(e.context));
+    }
+    std::promise<std::string> held;
+  };
+  auto spans = std::make_shared<Contexts>();
+  auto told = spans->held.get_future();
+  rt_->add_observer(spans);
+  run_to_end(ctx_, [&]() -> asio::awaitable<void> {
+    const LockRequest bad{.key = "ctx-aw", .ttl = 1s, .context = "line\nbreak"};
+    auto [ec, none] = co_await async_lock(*rt_, bad, asio::experimental::as_tuple(asio::use_awaitable));
+    EXPECT_EQ(ec, errc::invalid_argument);
+    EXPECT_FALSE(none);
+    const LockRequest traced{.key = "ctx-aw", .ttl = 1s, .context = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"};
+    LockHandle h = co_await async_lock(*rt_, traced, asio::use_awaitable);
+    EXPECT_TRUE(h);
+    co_await h.async_release(asio::use_awaitable);
+  }());
+  ASSERT_EQ(told.wait_for(kBound), std::future_status::ready);
+  EXPECT_EQ(told.get(), "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01");
 }
 
 // Errors are error codes, as in any Asio library: plain use_awaitable
@@ -215,7 +243,7 @@ TEST_F(AsioTest, AsyncLostCompletesWithTheReasonOrOnRelease) {
     LockHandle h = co_await async_lock(*rt_, "lost", 200ms, asio::use_awaitable);
     backend_->erase(memory_name("lost"));
     std::optional<LostReason> reason = co_await async_lost(h.lease(), asio::use_awaitable);
-    EXPECT_EQ(reason, LostReason::kExpired);
+    EXPECT_EQ(reason, LostReason::kRemoved);
     try {
       co_await h.async_release(asio::use_awaitable);
       ADD_FAILURE() << "release of a lost lease succeeded";
@@ -351,7 +379,7 @@ TEST_F(AsioTest, ALostLeaseCancelsTheCoroutineAndTheCallerGetsLeaseLost) {
   auto t0 = std::chrono::steady_clock::now();
   auto err = thrown<LeaseLost>([&] { run_to_end(ctx_, work()); });
   ASSERT_TRUE(err);
-  EXPECT_EQ(err->reason(), LostReason::kExpired);
+  EXPECT_EQ(err->reason(), LostReason::kRemoved);
   EXPECT_TRUE(aborted);
   EXPECT_LT(ms_between(t0, std::chrono::steady_clock::now()), 5s);  // not the 10 s timer
 }

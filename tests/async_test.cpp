@@ -249,14 +249,14 @@ TEST_F(AsyncTest, OnLostTellsTheReasonOrThatTheLeaseWasReleased) {
   EXPECT_EQ(reason.wait_for(300ms), std::future_status::timeout);  // renewed meanwhile: not lost
   backend_->erase(memory_name("watched"));
   ASSERT_EQ(reason.wait_for(kBound), std::future_status::ready);
-  EXPECT_EQ(reason.get(), LostReason::kExpired);
+  EXPECT_EQ(reason.get(), LostReason::kRemoved);
   EXPECT_FALSE(watch.cancel());  // told already
   // Asked after the loss: told at once, with the reason.
   std::promise<std::optional<LostReason>> late;
   auto late_reason = late.get_future();
   h.lease().on_lost([&late](std::optional<LostReason> r) { late.set_value(r); });
   ASSERT_EQ(late_reason.wait_for(kBound), std::future_status::ready);
-  EXPECT_EQ(late_reason.get(), LostReason::kExpired);
+  EXPECT_EQ(late_reason.get(), LostReason::kRemoved);
 
   // Released while held: std::nullopt.
   auto g = rt_->acquire("watched2", 1s);

@@ -9,6 +9,8 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <algorithm>
+#include <atomic>
 #include <filesystem>
 #include <fstream>
 #include <future>
@@ -122,6 +124,54 @@ class Recorder : public Observer {
   std::thread::id thread_;
 };
 
+// A W3C traceparent, as a caller would attach it.
+constexpr std::string_view kTraceparent = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
+
+// A span event as told, its views copied.
+struct Span {
+  SpanKind kind;
+  std::string key, context, detail;
+  std::chrono::system_clock::time_point at;
+  SpanEvent::Duration duration;
+  std::uint64_t fencing_token;
+  bool acquired;
+  LostReason reason;
+};
+
+class SpanRecorder : public Observer {
+ public:
+  void on_span(const SpanEvent& e) override {
+    std::lock_guard lk(mu_);
+    spans_.push_back(Span{e.kind, std::string(e.key), std::string(e.context), std::string(e.detail), e.at, e.duration,
+                          e.fencing_token, e.acquired, e.reason});
+    cv_.notify_all();
+  }
+  // Waits (at most kBound) for a span of `kind` on `key`; then the spans
+  // told on `key` so far, in order.
+  std::vector<Span> wait_for(const std::string& key, SpanKind kind) {
+    std::unique_lock lk(mu_);
+    const bool told = cv_.wait_for(lk, kBound, [&] {
+      return std::any_of(spans_.begin(), spans_.end(), [&](const Span& s) { return s.key == key && s.kind == kind; });
+    });
+    EXPECT_TRUE(told) << "no " << to_string(kind) << " span on " << key;
+    std::vector<Span> on_key;
+    for (const auto& s : spans_)
+      if (s.key == key) on_key.push_back(s);
+    return on_key;
+  }
+
+ private:
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::vector<Span> spans_;
+};
+
+std::vector<SpanKind> kinds_of(const std::vector<Span>& spans) {
+  std::vector<SpanKind> kinds;
+  for (const auto& s : spans) kinds.push_back(s.kind);
+  return kinds;
+}
+
 class MetricsTest : public ::testing::Test {
  protected:
   void start(Options o = memory_options()) { rt_ = memory_runtime(backend_, script_, std::move(o)); }
@@ -147,7 +197,7 @@ TEST_F(MetricsTest, EveryFamilyIsThereFromTheStartWithZeros) {
   EXPECT_EQ(s.types["lockwatch_leases_held"], "gauge");
   for (const char* result : {"acquired", "busy", "error"})
     EXPECT_EQ(s.at(fmt::format("lockwatch_acquisitions_total{{result=\"{}\"}}", result)), 0) << result;
-  for (const char* reason : {"expired", "taken_by_other", "renewals_exhausted", "unreachable", "not_started"})
+  for (const char* reason : {"expired", "taken_by_other", "renewals_exhausted", "unreachable", "not_started", "removed"})
     EXPECT_EQ(s.at(fmt::format("lockwatch_leases_lost_total{{reason=\"{}\"}}", reason)), 0) << reason;
   for (const char* kind : {"moved", "ask"})
     EXPECT_EQ(s.at(fmt::format("lockwatch_cluster_redirects_total{{kind=\"{}\"}}", kind)), 0) << kind;
@@ -550,6 +600,171 @@ TEST_F(MetricsTest, HoldWarningIsOffByDefaultAndNegativeWarningsAreInvalid) {
   o.hold_warning = 0ms;
   o.wait_warning = -1ms;
   EXPECT_THROW(o.validate(), InvalidArgument);
+}
+
+}  // namespace
+}  // namespace lockwatch::testing
+
+namespace lockwatch::testing {
+namespace {
+
+TEST_F(MetricsTest, SpansFollowAGrantedCallFromItsWaitToItsReleaseWithItsContext) {
+  start();
+  auto rec = std::make_shared<SpanRecorder>();
+  rt_->add_observer(rec);
+  const auto before = std::chrono::system_clock::now();
+  auto f = rt_->acquire({.key = "traced", .ttl = 1s, .context = std::string(kTraceparent)});
+  auto h = get_bounded(f);
+  const auto token = h.lease().fencing_token();
+  auto released = h.release();
+  get_bounded(released);
+  auto spans = rec->wait_for("traced", SpanKind::kReleased);
+  ASSERT_EQ(kinds_of(spans), (std::vector<SpanKind>{SpanKind::kWaitStarted, SpanKind::kWaitEnded, SpanKind::kHeld,
+                                                    SpanKind::kReleased}));
+  for (const auto& s : spans) {
+    EXPECT_EQ(s.context, kTraceparent) << to_string(s.kind);
+    EXPECT_GE(s.at, before - 1s) << to_string(s.kind);
+    EXPECT_LE(s.at, std::chrono::system_clock::now()) << to_string(s.kind);
+  }
+  for (std::size_t i = 1; i < spans.size(); ++i) EXPECT_LE(spans[i - 1].at, spans[i].at) << i;
+  EXPECT_TRUE(spans[1].acquired);
+  EXPECT_GE(spans[1].duration, SpanEvent::Duration::zero());
+  EXPECT_LT(spans[1].duration, kBound);
+  for (std::size_t i = 1; i < 4; ++i) EXPECT_EQ(spans[i].fencing_token, token) << to_string(spans[i].kind);
+  EXPECT_GT(spans[3].duration, SpanEvent::Duration::zero());
+  EXPECT_LT(spans[3].duration, kBound);
+}
+
+TEST_F(MetricsTest, ABusyCallEndsItsWaitSpanWithoutTheLock) {
+  start();
+  auto rec = std::make_shared<SpanRecorder>();
+  rt_->add_observer(rec);
+  backend_->set_owner(memory_name("traced-busy"), "other", 10s);
+  auto f = rt_->acquire({.key = "traced-busy", .ttl = 1s, .wait = 20ms, .context = std::string(kTraceparent)});
+  EXPECT_TRUE(error_of<LockNotAcquired>(f));
+  auto spans = rec->wait_for("traced-busy", SpanKind::kWaitEnded);
+  ASSERT_EQ(kinds_of(spans), (std::vector<SpanKind>{SpanKind::kWaitStarted, SpanKind::kWaitEnded}));
+  EXPECT_FALSE(spans[1].acquired);
+  EXPECT_EQ(spans[1].detail, "busy");
+  EXPECT_EQ(spans[1].context, kTraceparent);
+  EXPECT_GE(spans[1].duration, 20ms);
+  EXPECT_LT(spans[1].duration, kBound);
+  EXPECT_EQ(spans[1].fencing_token, 0u);
+}
+
+TEST_F(MetricsTest, ACancelledWaitEndsItsWaitSpan) {
+  start();
+  auto rec = std::make_shared<SpanRecorder>();
+  rt_->add_observer(rec);
+  backend_->set_owner(memory_name("traced-cancel"), "other", 30s);
+  std::promise<std::error_code> told;
+  auto code = told.get_future();
+  auto ticket = rt_->async_acquire({.key = "traced-cancel", .ttl = 1s, .wait = 10s, .context = "cancel-me"},
+                                   [&told](std::error_code ec, LockHandle) { told.set_value(ec); });
+  (void)rec->wait_for("traced-cancel", SpanKind::kWaitStarted);
+  EXPECT_TRUE(ticket.cancel());
+  ASSERT_EQ(code.wait_for(kBound), std::future_status::ready);
+  EXPECT_EQ(code.get(), errc::cancelled);
+  auto spans = rec->wait_for("traced-cancel", SpanKind::kWaitEnded);
+  ASSERT_EQ(kinds_of(spans), (std::vector<SpanKind>{SpanKind::kWaitStarted, SpanKind::kWaitEnded}));
+  EXPECT_FALSE(spans[1].acquired);
+  EXPECT_EQ(spans[1].detail, "cancelled");
+  EXPECT_EQ(spans[1].context, "cancel-me");
+  EXPECT_LT(spans[1].duration, 10s);
+}
+
+TEST_F(MetricsTest, ALostLeaseEndsItsHoldSpanWithTheReasonAndNoRelease) {
+  start();
+  auto rec = std::make_shared<SpanRecorder>();
+  rt_->add_observer(rec);
+  auto f = locked("traced-lost", 300ms, forever).on(*rt_).context(kTraceparent)([this] {
+    backend_->erase(memory_name("traced-lost"));
+    return stopped_within_bound(this_lease().stop_token());
+  })();
+  auto err = error_of<LeaseLost>(f);
+  ASSERT_TRUE(err);
+  EXPECT_EQ(err->reason(), LostReason::kRemoved);
+  (void)rec->wait_for("traced-lost", SpanKind::kLost);
+  // Events are told in order: once a later call's spans are told, any
+  // release span of the lost lease would have been.
+  auto later = rt_->acquire("traced-later", 1s);
+  auto h = get_bounded(later);
+  (void)rec->wait_for("traced-later", SpanKind::kHeld);
+  auto spans = rec->wait_for("traced-lost", SpanKind::kLost);
+  ASSERT_EQ(kinds_of(spans), (std::vector<SpanKind>{SpanKind::kWaitStarted, SpanKind::kWaitEnded, SpanKind::kHeld,
+                                                    SpanKind::kLost}));
+  EXPECT_EQ(spans[3].reason, LostReason::kRemoved);
+  EXPECT_EQ(spans[3].context, kTraceparent);
+  EXPECT_GT(spans[3].duration, SpanEvent::Duration::zero());
+  EXPECT_LT(spans[3].duration, kBound);
+  EXPECT_EQ(spans[3].fencing_token, spans[2].fencing_token);
+  EXPECT_GT(spans[3].fencing_token, 0u);
+  auto s = parse(rt_->metrics_text());
+  EXPECT_EQ(s.at("lockwatch_leases_lost_total{reason=\"removed\"}"), 1);
+  EXPECT_EQ(s.at("lockwatch_leases_lost_total{reason=\"expired\"}"), 0);
+}
+
+TEST_F(MetricsTest, EachCallCarriesTheContextItsFunctionGaveIt) {
+  start();
+  auto rec = std::make_shared<SpanRecorder>();
+  rt_->add_observer(rec);
+  std::atomic<int> calls{0};
+  auto work = locked("traced-call:{0}", 1s, forever).on(*rt_).context_from([&calls] {
+    return "call-" + std::to_string(++calls);
+  })([](int) { return 1; });
+  auto one = work(1);
+  EXPECT_EQ(get_bounded(one), 1);
+  auto two = work(2);
+  EXPECT_EQ(get_bounded(two), 1);
+  auto first = rec->wait_for("traced-call:1", SpanKind::kReleased);
+  auto second = rec->wait_for("traced-call:2", SpanKind::kReleased);
+  ASSERT_EQ(first.size(), 4u);
+  ASSERT_EQ(second.size(), 4u);
+  for (const auto& s : first) EXPECT_EQ(s.context, "call-1") << to_string(s.kind);
+  for (const auto& s : second) EXPECT_EQ(s.context, "call-2") << to_string(s.kind);
+  // A set's keys each carry the set's context.
+  auto set = rt_->acquire({.key = all_of("traced-set:a", "traced-set:b"), .ttl = 1s, .context = "set"});
+  auto h = get_bounded(set);
+  for (const char* key : {"traced-set:a", "traced-set:b"}) {
+    auto spans = rec->wait_for(key, SpanKind::kHeld);
+    ASSERT_FALSE(spans.empty()) << key;
+    for (const auto& s : spans) EXPECT_EQ(s.context, "set") << key;
+  }
+}
+
+TEST_F(MetricsTest, ABadContextIsInvalidArgumentBeforeAnythingStarts) {
+  start();
+  auto rec = std::make_shared<SpanRecorder>();
+  rt_->add_observer(rec);
+  const std::string too_long(max_context_bytes + 1, 'x');
+  for (const std::string& bad : {too_long, std::string("00-abc\n"), std::string("tab\there"), std::string(1, '\x7f')}) {
+    EXPECT_THROW((void)rt_->acquire({.key = "ctx", .ttl = 1s, .context = bad}), InvalidArgument);
+    std::promise<std::error_code> told;
+    auto code = told.get_future();
+    auto ticket = rt_->async_acquire({.key = "ctx", .ttl = 1s, .context = bad},
+                                     [&told](std::error_code ec, LockHandle) { told.set_value(ec); });
+    EXPECT_FALSE(ticket);
+    ASSERT_EQ(code.wait_for(kBound), std::future_status::ready);
+    EXPECT_EQ(code.get(), errc::invalid_argument);
+    EXPECT_THROW((void)locked("ctx", 1s, 0).context(bad), InvalidArgument);
+    auto call = locked("ctx", 1s, 0).on(*rt_).context_from([&bad] { return bad; })([] { return 1; })();
+    EXPECT_TRUE(error_of<InvalidArgument>(call));
+  }
+  // The longest is taken, and nothing was started for the bad ones.
+  auto f = rt_->acquire({.key = "ctx", .ttl = 1s, .context = std::string(max_context_bytes, 'x')});
+  auto h = get_bounded(f);
+  auto spans = rec->wait_for("ctx", SpanKind::kHeld);
+  ASSERT_EQ(kinds_of(spans), (std::vector<SpanKind>{SpanKind::kWaitStarted, SpanKind::kWaitEnded, SpanKind::kHeld}));
+  EXPECT_EQ(spans[0].context.size(), max_context_bytes);
+}
+
+TEST(SpanKindTest, EachKindHasItsWord) {
+  EXPECT_STREQ(to_string(SpanKind::kWaitStarted), "wait_started");
+  EXPECT_STREQ(to_string(SpanKind::kWaitEnded), "wait_ended");
+  EXPECT_STREQ(to_string(SpanKind::kHeld), "held");
+  EXPECT_STREQ(to_string(SpanKind::kReleased), "released");
+  EXPECT_STREQ(to_string(SpanKind::kLost), "lost");
+  EXPECT_NE(std::string(to_string(LostReason::kRemoved)).find("removed"), std::string::npos);
 }
 
 }  // namespace

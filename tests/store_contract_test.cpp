@@ -18,6 +18,7 @@
 #include <fstream>
 #include <map>
 #include <mutex>
+#include <optional>
 #include <random>
 #include <set>
 #include <thread>
@@ -871,6 +872,28 @@ TEST_P(StoreContractTest, ListShowsTheLocksHeldUnderAPrefix) {
   give_back(h1);
   give_back(h2);
   give_back(h3);
+}
+
+// No store can say who deleted a key; an operator's `lockwatch release
+// --force` is found at the holder's next renewal, answered before the
+// lease's ttl could have run out: reported as removed, not expired.
+TEST_P(StoreContractTest, ForceReleaseIsReportedAsRemoved) {
+  Runtime holder(options()), admin(options());
+  auto h = take(holder, "forced", 2s);
+  std::promise<std::optional<LostReason>> ended;
+  auto reason = ended.get_future();
+  auto watch = h.lease().on_lost([&ended](std::optional<LostReason> r) { ended.set_value(r); });
+  auto forced = admin.force_release("forced");
+  EXPECT_TRUE(get_bounded(forced));
+  ASSERT_EQ(reason.wait_for(kBound), std::future_status::ready);
+  const auto why = reason.get();
+  ASSERT_TRUE(why.has_value());
+  EXPECT_EQ(*why, LostReason::kRemoved) << to_string(*why);
+  const std::string text = holder.metrics_text();
+  EXPECT_NE(text.find("\nlockwatch_leases_lost_total{reason=\"removed\"} 1\n"), std::string::npos) << text;
+  EXPECT_NE(text.find("\nlockwatch_leases_lost_total{reason=\"expired\"} 0\n"), std::string::npos) << text;
+  auto released = h.release();
+  EXPECT_TRUE(error_of<LeaseLost>(released));
 }
 
 INSTANTIATE_TEST_SUITE_P(Stores, StoreContractTest, ::testing::ValuesIn(backend_kinds()),

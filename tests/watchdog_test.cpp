@@ -202,14 +202,16 @@ TEST(StoreNameTest, ShortNamesStayInlineAndLongOnesAreKeptWhole) {
   }
 }
 
-TEST_F(WatchdogTest, AKeyFoundGoneIsReportedExpired) {
+// The store cannot say who deleted the key; found gone before its ttl
+// could have run out, it was removed (release --force, a delete).
+TEST_F(WatchdogTest, AKeyFoundGoneBeforeItsTtlRanOutIsReportedRemoved) {
   auto f = locked("gone", 300ms, forever).on(*rt_)([this] {
     backend_->erase(memory_name("gone"));
     return stopped_within_bound(this_lease().stop_token());
   })();
   auto err = error_of<LeaseLost>(f);
   ASSERT_TRUE(err);
-  EXPECT_EQ(err->reason(), LostReason::kExpired);
+  EXPECT_EQ(err->reason(), LostReason::kRemoved);
 }
 
 TEST_F(WatchdogTest, SpentRetriesEndTheLeaseAtItsDeadline) {
@@ -364,11 +366,11 @@ TEST_F(WatchdogTest, AReleaseThatFindsAnotherOwnerReportsTakenByOther) {
   EXPECT_EQ(backend_->owner(memory_name("taken-at-release")), "intruder");
 }
 
-TEST_F(WatchdogTest, AReleaseThatFindsTheKeyGoneReportsExpired) {
+TEST_F(WatchdogTest, AReleaseThatFindsTheKeyGoneWithinItsTtlReportsRemoved) {
   auto f = locked("gone-at-release", 5s, forever).on(*rt_)([this] { backend_->erase(memory_name("gone-at-release")); })();
   auto err = error_of<LeaseLost>(f);
   ASSERT_TRUE(err);
-  EXPECT_EQ(err->reason(), LostReason::kExpired);
+  EXPECT_EQ(err->reason(), LostReason::kRemoved);
 }
 
 TEST_F(WatchdogTest, ALeaseIsKeptRenewedWhileItsReleaseIsInFlight) {

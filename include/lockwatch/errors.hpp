@@ -113,12 +113,16 @@ class LockNotAcquired : public Error {
 
 /// Why a lease stopped being ours while the work still ran.
 enum class LostReason {
-  kExpired,            ///< the key was gone when the watchdog renewed it
+  kExpired,            ///< the key was gone when the watchdog renewed it, after its ttl could have run out
   kTakenByOther,       ///< the key held another owner's token
   kRenewalsExhausted,  ///< the `retries` renewals were spent and the ttl ran out
   kStoreUnreachable,   ///< no renewal was confirmed before the local deadline (the store could not be reached in time)
   kRuntimeStopped,     ///< the runtime was destroyed while the work ran (or the handle held it)
   kNotStarted,         ///< granted, but no pool worker was free within Options::queue_timeout
+  /// The key was gone before its ttl could have run out: removed by an
+  /// operator (`lockwatch release --force`, Runtime::force_release), a
+  /// delete by hand, or a failover that lost it.
+  kRemoved,
   /// The former name of kStoreUnreachable, which every store reports.
   kRedisUnreachable [[deprecated("use LostReason::kStoreUnreachable")]] = kStoreUnreachable,
 };

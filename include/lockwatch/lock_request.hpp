@@ -13,6 +13,7 @@
 #pragma once
 
 #include <chrono>
+#include <cstddef>
 #include <cstdint>
 #include <string>
 
@@ -36,6 +37,9 @@ inline constexpr Forever forever{};
 inline constexpr std::chrono::milliseconds max_ttl{7LL * 24 * 3600 * 1000};
 /// The longest wait a call may ask for: 7 days, as max_ttl.
 inline constexpr std::chrono::milliseconds max_wait = max_ttl;
+/// The longest context a call may carry (LockRequest::context): a W3C
+/// `traceparent` is 55 bytes, with a `tracestate` a few hundred.
+inline constexpr std::size_t max_context_bytes = 512;
 
 /// How many renewals the watchdog may make: a count >= 0, or forever.
 class Retries {
@@ -55,7 +59,8 @@ class Retries {
 /// One lock asked for: the fields in this order, each with the default a
 /// caller most often wants. Checked before anything starts: an empty key
 /// (or an empty set, or one of more than max_set_keys keys), a ttl outside 1 ms .. max_ttl, a wait outside 0 .. max_wait or
-/// permits(0) is errc::invalid_argument, a kind the store cannot hold
+/// permits(0), a context longer than max_context_bytes or with a control
+/// character is errc::invalid_argument, a kind the store cannot hold
 /// errc::unsupported (thrown by the future form, given to the handler by
 /// the asynchronous ones, never both).
 struct LockRequest {
@@ -73,6 +78,12 @@ struct LockRequest {
   /// How it is held (lock_kind.hpp): exclusive unless shared(), permits(n)
   /// or fair().
   LockKind kind{};
+  /// An opaque string the caller attaches to the request, such as a W3C
+  /// `traceparent`: given back as it is in every SpanEvent of this lock
+  /// (Observer::on_span), never interpreted or sent to the store. At most
+  /// max_context_bytes, no control characters. Empty (the default) costs
+  /// nothing.
+  std::string context{};
 };
 
 }  // namespace lockwatch

@@ -49,7 +49,8 @@
 ///
 /// LOCKED is shorthand for the builder lockwatch::locked(key_expr, ttl,
 /// retries), which also offers .on(runtime), .wait(duration),
-/// .renew_weight(w), and the kind of lock (lock_kind.hpp): .shared() (a
+/// .renew_weight(w), .context(text) or .context_from(fn) (given back in the
+/// lock's span events, observer.hpp), and the kind of lock (lock_kind.hpp): .shared() (a
 /// reader of a read-write lock), .permits(n) (one of n permits) or .fair()
 /// (one holder, granted in the order the callers came):
 ///   auto job = lockwatch::locked("job:{0}", 10s, 5).on(rt).wait(2s)(fn);
@@ -566,6 +567,9 @@ constexpr std::string_view pattern_text(std::string_view written) noexcept {
 /// The builder's argument checks: InvalidArgument if they fail.
 void check_builder_ttl(std::chrono::milliseconds ttl);
 void check_renew_weight(double w);
+/// A request's context (LockRequest::context): at most max_context_bytes,
+/// no control characters.
+void check_context(std::string_view context);
 
 }  // namespace detail
 
@@ -724,6 +728,29 @@ class LockedBuilder {
   LockedBuilder metrics_pattern(std::string_view text) const {
     LockedBuilder b = *this;
     b.spec_.pattern = detail::pattern_id(text);
+    return b;
+  }
+
+  /// Attach `text` to every call's lock (LockRequest::context): given
+  /// back in its span events (Observer::on_span). Checked at once
+  /// (InvalidArgument past max_context_bytes or with a control character).
+  LockedBuilder context(std::string_view text) const {
+    detail::check_context(text);
+    LockedBuilder b = *this;
+    b.spec_.context = std::string(text);
+    b.spec_.context_from = nullptr;
+    return b;
+  }
+  /// Attach what `fn()` returns at each call (on the calling thread, as the
+  /// call starts): the caller's current trace context, say. Checked as
+  /// .context(); a bad one, or what `fn` throws, fails that call.
+  template <class F>
+    requires std::is_convertible_v<std::invoke_result_t<const F&>, std::string>
+  LockedBuilder context_from(F fn) const {
+    LockedBuilder b = *this;
+    b.spec_.context.clear();
+    b.spec_.context_from = std::make_shared<const std::function<std::string()>>(
+        [fn = std::move(fn)]() -> std::string { return fn(); });
     return b;
   }
 

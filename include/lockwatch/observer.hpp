@@ -12,11 +12,19 @@
 /// what you need. The runtime's own metrics (Runtime::metrics_text()) and
 /// log lines (Options::log) are built on the same events.
 ///
+/// Tracing without a dependency: on_span() receives each lock's life as
+/// span-shaped events (wait started and ended, held, released or lost),
+/// each carrying the context the caller attached to the request
+/// (LockRequest::context, LOCKED's .context()), so a bridge to a tracer is
+/// a short observer (docs/operations.md shows one for OpenTelemetry).
+///
 /// Threading: events are delivered on the runtime's event thread, one at a
 /// time and in the order they happened, never on the I/O thread: an observer
 /// that blocks delays other observers, never a lock. An observer must not
 /// destroy the runtime. Costs: nothing while no observer is attached; with
-/// one, each event is one queued task (the key is copied).
+/// one, each event is one queued task (the key is copied). Span events ride
+/// in the task of the event they go with (the context is copied too); the
+/// start of each wait is one task more.
 #pragma once
 
 #include <chrono>
@@ -27,6 +35,50 @@
 #include "lockwatch/errors.hpp"
 
 namespace lockwatch {
+
+/// The step of a lock's life a SpanEvent reports. Per call: kWaitStarted,
+/// then kWaitEnded (granted or not); once granted, kHeld, then exactly one
+/// of kReleased and kLost.
+enum class SpanKind {
+  kWaitStarted,  ///< the call began to take the lock (its wait span starts)
+  kWaitEnded,    ///< it was granted, or failed (busy, an error, cancelled, the runtime stopped)
+  kHeld,         ///< the lease began (its hold span starts)
+  kReleased,     ///< the lease ended held: released, or handed on
+  kLost,         ///< the lease ended lost (LeaseLost, with `reason`)
+};
+/// The kind as a word ("wait_started", "wait_ended", "held", "released", "lost").
+const char* to_string(SpanKind kind) noexcept;
+
+/// One step of a lock's life, shaped for a tracer: a wait span from
+/// kWaitStarted to kWaitEnded, a hold span from kHeld to kReleased or
+/// kLost. The views are valid during the call to Observer::on_span only.
+/// A set of keys (lockwatch::all_of) reports each key's steps.
+struct SpanEvent {
+  /// Durations of waits and holds.
+  using Duration = std::chrono::nanoseconds;
+  SpanKind kind = SpanKind::kWaitStarted;
+  /// The key as the caller named it (without the runtime's prefix).
+  std::string_view key{};
+  /// What the caller attached to the request (LockRequest::context), as
+  /// given: an opaque string such as a W3C `traceparent`; empty if none.
+  std::string_view context{};
+  /// When it happened, on the wall clock (the start of a wait: the call).
+  std::chrono::system_clock::time_point at{};
+  /// kWaitEnded: the wait, from the call to the grant or the failure;
+  /// kReleased and kLost: the hold, from the grant; otherwise zero.
+  Duration duration{0};
+  /// The lease's fencing token (kWaitEnded when granted, kHeld, kReleased,
+  /// kLost); otherwise 0.
+  std::uint64_t fencing_token = 0;
+  /// kWaitEnded: whether the lock was granted.
+  bool acquired = false;
+  /// kLost: why the lease was lost (meaningless for the other kinds).
+  LostReason reason = LostReason::kExpired;
+  /// kWaitEnded without the lock: why ("busy", the error's message,
+  /// "cancelled"); kLost: more of the reason (the store's answer). Often
+  /// empty.
+  std::string_view detail{};
+};
 
 /// Told what the locks do: one virtual per event, each a no-op by default (see the header comment).
 /// Attached with Runtime::add_observer(); called on the runtime's event thread.
@@ -61,6 +113,9 @@ class Observer {
   virtual void on_connection(std::string_view endpoint, bool up, std::string_view why) {
     (void)endpoint, (void)up, (void)why;
   }
+  /// A step of a lock's life, for tracing (SpanEvent): told beside the
+  /// events above, in the same order, for every lock taken by a call.
+  virtual void on_span(const SpanEvent& e) { (void)e; }
   /// Scheduled jobs: a run of `job` for `period` started, and finished
   /// (`error` empty when it returned normally).
   virtual void on_run_started(std::string_view job, std::int64_t period) { (void)job, (void)period; }

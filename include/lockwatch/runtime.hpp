@@ -60,6 +60,11 @@ struct LockSpec {
   /// The `pattern` label of the call's acquisition and hold histograms
   /// (pattern_id(): the LOCKED key expression's text; 0: none).
   std::uint16_t pattern = 0;
+  /// LockRequest::context: given back in the lock's span events.
+  std::string context;
+  /// LOCKED's .context_from(fn): called on the caller's thread at each
+  /// call, before the checks, to set `context` (none: `context` as is).
+  std::shared_ptr<const std::function<std::string()>> context_from;
 };
 
 /// One decorated invocation, as the runtime sees it. run() executes the

@@ -14,6 +14,8 @@ const char* to_string(LostReason reason) noexcept {
     case LostReason::kStoreUnreachable: return "no renewal was confirmed before the local deadline";
     case LostReason::kRuntimeStopped: return "the runtime was stopped";
     case LostReason::kNotStarted: return "no pool worker was free to start the work";
+    case LostReason::kRemoved:
+      return "the key was removed before its ttl ran out (release --force, a delete, or a failover that lost it)";
   }
   return "unknown";
 }

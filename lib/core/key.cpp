@@ -47,6 +47,18 @@ void check_builder_ttl(std::chrono::milliseconds ttl) {
   }
 }
 
+void check_context(std::string_view context) {
+  if (context.size() > max_context_bytes)
+    throw InvalidArgument(
+        fmt::format("a request's context is {} bytes; the limit is {}", context.size(), max_context_bytes));
+  for (std::size_t i = 0; i < context.size(); ++i) {
+    const auto c = static_cast<unsigned char>(context[i]);
+    if (c < 0x20 || c == 0x7f)
+      throw InvalidArgument(fmt::format("a request's context has a control character (byte {} is {:#04x})", i,
+                                        static_cast<unsigned>(c)));
+  }
+}
+
 void check_renew_weight(double w) {
   if (!(w > 0 && w < 1)) throw InvalidArgument(fmt::format("renewal weight must be in (0, 1), got {}", w));
 }

@@ -10,6 +10,17 @@
 
 namespace lockwatch {
 
+const char* to_string(SpanKind kind) noexcept {
+  switch (kind) {
+    case SpanKind::kWaitStarted: return "wait_started";
+    case SpanKind::kWaitEnded: return "wait_ended";
+    case SpanKind::kHeld: return "held";
+    case SpanKind::kReleased: return "released";
+    case SpanKind::kLost: return "lost";
+  }
+  return "unknown";
+}
+
 const char* to_string(LogLevel level) noexcept {
   switch (level) {
     case LogLevel::kDebug: return "debug";
@@ -85,24 +96,55 @@ void Events::log(LogLevel level, std::string line) {
   }
 }
 
-void Events::acquired(const std::string& key, std::uint64_t fencing_token, Duration waited, std::uint16_t pattern) {
+namespace {
+// The wall-clock time of an event reported now.
+std::chrono::system_clock::time_point wall_now() noexcept {
+  return std::chrono::time_point_cast<std::chrono::system_clock::duration>(std::chrono::system_clock::now());
+}
+}  // namespace
+
+void Events::acquired(const std::string& key, std::uint64_t fencing_token, Duration waited, std::uint16_t pattern,
+                      std::string_view context) {
   metrics_.acquired.fetch_add(1, std::memory_order_relaxed);
   metrics_.observe_acquire(pattern, waited);
   if (!observed()) return;
-  tell([key, fencing_token, waited](Observer& o) { o.on_acquired(key, fencing_token, waited); });
+  tell([key, fencing_token, waited, at = wall_now(), context = std::string(context)](Observer& o) {
+    o.on_acquired(key, fencing_token, waited);
+    SpanEvent e{.kind = SpanKind::kWaitEnded,
+                .key = key,
+                .context = context,
+                .at = at,
+                .duration = waited,
+                .fencing_token = fencing_token,
+                .acquired = true};
+    o.on_span(e);
+    e.kind = SpanKind::kHeld;
+    e.duration = Duration(0);
+    e.acquired = false;
+    o.on_span(e);
+  });
 }
 
-void Events::busy(const std::string& key, Duration waited, std::uint16_t pattern) {
+void Events::busy(const std::string& key, Duration waited, std::uint16_t pattern, std::string_view context) {
   metrics_.busy.fetch_add(1, std::memory_order_relaxed);
   metrics_.observe_acquire(pattern, waited);
   if (!observed()) return;
-  tell([key, waited](Observer& o) { o.on_busy(key, waited); });
+  tell([key, waited, at = wall_now(), context = std::string(context)](Observer& o) {
+    o.on_busy(key, waited);
+    o.on_span(SpanEvent{
+        .kind = SpanKind::kWaitEnded, .key = key, .context = context, .at = at, .duration = waited, .detail = "busy"});
+  });
 }
 
-void Events::acquire_failed(const std::string& key, std::exception_ptr error) {
+void Events::acquire_failed(const std::string& key, std::exception_ptr error, Duration waited,
+                            std::string_view context) {
   metrics_.acquire_errors.fetch_add(1, std::memory_order_relaxed);
   if (!observed()) return;
-  tell([key, what = what_of(error)](Observer& o) { o.on_acquire_failed(key, what); });
+  tell([key, what = what_of(error), waited, at = wall_now(), context = std::string(context)](Observer& o) {
+    o.on_acquire_failed(key, what);
+    o.on_span(SpanEvent{
+        .kind = SpanKind::kWaitEnded, .key = key, .context = context, .at = at, .duration = waited, .detail = what});
+  });
 }
 
 void Events::renewed(const std::string& key, Duration slack) {
@@ -117,7 +159,8 @@ void Events::renewal_failed(const std::string& key, const std::string& why) {
   tell([key, why](Observer& o) { o.on_renewal_failed(key, why); });
 }
 
-void Events::lost(const std::string& key, LostReason reason, const std::string& detail) {
+void Events::lost(const std::string& key, LostReason reason, const std::string& detail, Duration held,
+                  std::uint64_t fencing_token, std::string_view context) {
   metrics_.count_lost(reason);
   // A handle the runtime gives back as it is destroyed is what its owner
   // asked for by destroying it: told to observers, not warned of.
@@ -125,13 +168,33 @@ void Events::lost(const std::string& key, LostReason reason, const std::string& 
     log(LogLevel::kWarning, fmt::format("lease lost: key '{}', reason {}{}{}", key, to_string(reason),
                                         detail.empty() ? "" : ": ", detail));
   if (!observed()) return;
-  tell([key, reason, detail](Observer& o) { o.on_lost(key, reason, detail); });
+  tell([key, reason, detail, held, fencing_token, at = wall_now(), context = std::string(context)](Observer& o) {
+    o.on_lost(key, reason, detail);
+    o.on_span(SpanEvent{.kind = SpanKind::kLost,
+                        .key = key,
+                        .context = context,
+                        .at = at,
+                        .duration = held,
+                        .fencing_token = fencing_token,
+                        .reason = reason,
+                        .detail = detail});
+  });
 }
 
-void Events::released(const std::string& key, Duration held, std::uint16_t pattern) {
+void Events::released(const std::string& key, Duration held, std::uint16_t pattern, std::uint64_t fencing_token,
+                      std::string_view context, bool lost) {
   metrics_.observe_hold(pattern, held);
   if (!observed()) return;
-  tell([key, held](Observer& o) { o.on_released(key, held); });
+  tell([key, held, fencing_token, lost, at = wall_now(), context = std::string(context)](Observer& o) {
+    o.on_released(key, held);
+    if (lost) return;  // its hold span ended with kLost
+    o.on_span(SpanEvent{.kind = SpanKind::kReleased,
+                        .key = key,
+                        .context = context,
+                        .at = at,
+                        .duration = held,
+                        .fencing_token = fencing_token});
+  });
 }
 
 void Events::held_long(const std::string& key, Duration held) {
@@ -141,6 +204,41 @@ void Events::held_long(const std::string& key, Duration held) {
                   owner_.empty() ? process_identity() : owner_, std::chrono::duration_cast<std::chrono::milliseconds>(held).count()));
   if (!observed()) return;
   tell([key, held](Observer& o) { o.on_held_long(key, held); });
+}
+
+void Events::span(const SpanEvent& e, Duration ago) {
+  SpanEvent stamped = e;
+  stamped.at = std::chrono::time_point_cast<std::chrono::system_clock::duration>(wall_now() - ago);
+  tell([e = stamped, key = std::string(e.key), context = std::string(e.context),
+        detail = std::string(e.detail)](Observer& o) {
+    SpanEvent told = e;
+    told.key = key;
+    told.context = context;
+    told.detail = detail;
+    o.on_span(told);
+  });
+}
+
+void Events::wait_started(const std::string& key, std::string_view context, Duration ago) {
+  if (!observed()) return;
+  span(SpanEvent{.kind = SpanKind::kWaitStarted, .key = key, .context = context}, ago);
+}
+
+void Events::wait_cancelled(const std::string& key, std::string_view context, Duration waited) {
+  if (!observed()) return;
+  span(SpanEvent{.kind = SpanKind::kWaitEnded, .key = key, .context = context, .duration = waited, .detail = "cancelled"});
+}
+
+void Events::stopped_before_start(const std::string& key, std::string_view context, Duration held,
+                                  std::uint64_t fencing_token) {
+  if (!observed()) return;
+  span(SpanEvent{.kind = SpanKind::kLost,
+                 .key = key,
+                 .context = context,
+                 .duration = held,
+                 .fencing_token = fencing_token,
+                 .reason = LostReason::kRuntimeStopped,
+                 .detail = "the runtime stopped before the work started"});
 }
 
 void Events::connection(const std::string& endpoint, bool up, const std::string& why) {

@@ -7,6 +7,11 @@
 // and only when there is someone to tell: with no observer attached and a
 // happy path, an event costs the counters and one relaxed load.
 //
+// A lock's span events (Observer::on_span) ride in the task of the event
+// they go with (acquired, busy, acquire_failed, lost, released): only the
+// start of a wait, a cancelled wait and a lease given up as the runtime
+// stops are tasks of their own.
+//
 // Threading: add() and the metrics from any thread; the reporting members
 // from the loop thread (connection() from wherever a store reports).
 #pragma once
@@ -38,16 +43,30 @@ class Events {
   Metrics& metrics() noexcept { return metrics_; }
   const Metrics& metrics() const noexcept { return metrics_; }
 
-  // `pattern`: LockSpec::pattern, the histograms' label.
-  void acquired(const std::string& key, std::uint64_t fencing_token, Duration waited, std::uint16_t pattern = 0);
-  void busy(const std::string& key, Duration waited, std::uint16_t pattern = 0);
-  void acquire_failed(const std::string& key, std::exception_ptr error);
+  // `pattern`: LockSpec::pattern, the histograms' label. `context`:
+  // LockRequest::context, for the span events told with these (the wait
+  // ended; granted: the lease held).
+  void acquired(const std::string& key, std::uint64_t fencing_token, Duration waited, std::uint16_t pattern = 0,
+                std::string_view context = {});
+  void busy(const std::string& key, Duration waited, std::uint16_t pattern = 0, std::string_view context = {});
+  void acquire_failed(const std::string& key, std::exception_ptr error, Duration waited, std::string_view context);
   void renewed(const std::string& key, Duration slack);
   void renewal_failed(const std::string& key, const std::string& why);
-  void lost(const std::string& key, LostReason reason, const std::string& detail);
-  void released(const std::string& key, Duration held, std::uint16_t pattern = 0);
+  // With the span event kLost: the lease's hold so far and its token.
+  void lost(const std::string& key, LostReason reason, const std::string& detail, Duration held,
+            std::uint64_t fencing_token, std::string_view context);
+  // With the span event kReleased unless `lost` (its hold span ended then).
+  void released(const std::string& key, Duration held, std::uint16_t pattern = 0, std::uint64_t fencing_token = 0,
+                std::string_view context = {}, bool lost = false);
   // Options::hold_warning: the lease on `key` is held `held` already (once per lease).
   void held_long(const std::string& key, Duration held);
+  // Span events of their own (no other event goes with them). `ago`: how
+  // long before now the wait began (the call).
+  void wait_started(const std::string& key, std::string_view context, Duration ago);
+  void wait_cancelled(const std::string& key, std::string_view context, Duration waited);
+  // A lease given up as the runtime stops, before its work started.
+  void stopped_before_start(const std::string& key, std::string_view context, Duration held,
+                            std::uint64_t fencing_token);
   void connection(const std::string& endpoint, bool up, const std::string& why);
   void log(LogLevel level, std::string line);
   // Scheduled jobs (any thread: the scheduler's). `error` empty: it returned.
@@ -59,6 +78,9 @@ class Events {
   bool observed() const noexcept { return observed_.load(std::memory_order_acquire); }
   template <class F>
   void tell(F&& f);
+  // Tells observers `e` alone, stamped now less `ago`, its views made to
+  // point into copies the task keeps.
+  void span(const SpanEvent& e, Duration ago = Duration(0));
 
   ThreadPool& thread_;
   LogSink sink_;

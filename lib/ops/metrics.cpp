@@ -165,6 +165,7 @@ void Metrics::count_lost(LostReason reason) noexcept {
     case LostReason::kRenewalsExhausted: lost[2].fetch_add(1, std::memory_order_relaxed); break;
     case LostReason::kStoreUnreachable: lost[3].fetch_add(1, std::memory_order_relaxed); break;
     case LostReason::kNotStarted: lost[4].fetch_add(1, std::memory_order_relaxed); break;
+    case LostReason::kRemoved: lost[5].fetch_add(1, std::memory_order_relaxed); break;
     case LostReason::kRuntimeStopped: break;
   }
 }
@@ -205,8 +206,9 @@ std::string Metrics::render(const StatsCounters& stats) const {
                  "lockwatch_leases_lost_total{{reason=\"taken_by_other\"}} {}\n"
                  "lockwatch_leases_lost_total{{reason=\"renewals_exhausted\"}} {}\n"
                  "lockwatch_leases_lost_total{{reason=\"unreachable\"}} {}\n"
-                 "lockwatch_leases_lost_total{{reason=\"not_started\"}} {}\n",
-                 rel(lost[0]), rel(lost[1]), rel(lost[2]), rel(lost[3]), rel(lost[4]));
+                 "lockwatch_leases_lost_total{{reason=\"not_started\"}} {}\n"
+                 "lockwatch_leases_lost_total{{reason=\"removed\"}} {}\n",
+                 rel(lost[0]), rel(lost[1]), rel(lost[2]), rel(lost[3]), rel(lost[4]), rel(lost[5]));
   out +=
       "# HELP lockwatch_cluster_redirects_total Calls and lease renewals a Redis Cluster redirected to another "
       "node, by kind (0 on other stores).\n"

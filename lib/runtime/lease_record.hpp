@@ -336,6 +336,9 @@ struct LeaseRecord final : Lease, TimerTask, HandleState {
     std::unique_ptr<HoldWarning> hold_warning;
     // Under the lease's striped lock: Lease::on_lost's watchers.
     std::vector<std::shared_ptr<LeaseWatcher>> watchers;
+    // LockRequest::context, for the span events (set at grant when not
+    // empty: a lease without one pays nothing for it).
+    std::string context;
   };
   Rare& rare() {
     Rare* r = rare_.load(std::memory_order_acquire);
@@ -352,6 +355,11 @@ struct LeaseRecord final : Lease, TimerTask, HandleState {
   std::shared_ptr<std::promise<void>> take_start_renewal() noexcept {
     Rare* r = rare_.load(std::memory_order_acquire);
     return r ? std::exchange(r->start_renewal, nullptr) : nullptr;
+  }
+  // LockRequest::context ("" if none). Loop thread.
+  std::string_view context() const noexcept {
+    const Rare* r = rare_if();
+    return r ? std::string_view(r->context) : std::string_view();
   }
   // Whether any renewal failed since the last confirmed one.
   bool renewal_failing() const noexcept {

@@ -203,6 +203,7 @@ LockSpec SetAcquirer::key_spec(std::size_t i) const {
   one.kind = spec_.kind;
   one.handoff = spec_.handoff;
   one.pattern = spec_.pattern;  // each key counts under the set's pattern
+  one.context = spec_.context;  // each key's span events carry the set's context
   return one;
 }
 

@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <functional>
 #include <string_view>
+#include <utility>
 
 #include "lockwatch/locked.hpp"
 #include "core/error_values.hpp"
@@ -100,6 +101,8 @@ void Runtime::Impl::validate(detail::LockSpec& spec) const {
     throw InvalidArgument(fmt::format("wait must be 0 .. {} ms (7 days), got {} ms", max_wait.count(), spec.wait.count()));
   if (spec.kind.mode() == LockKind::Mode::kPermits && spec.kind.permit_count() == 0)
     throw InvalidArgument("permits(n) needs n >= 1");
+  if (spec.context_from) spec.context = (*std::exchange(spec.context_from, nullptr))();
+  if (!spec.context.empty()) detail::check_context(spec.context);
   if (const char* why = store->check_kind(spec.kind))
     throw Unsupported(fmt::format("{} locks: {} cannot hold them ({})", spec.kind.describe(), store_kind(), why));
   // A fair waiter that gives up must leave the store's queue: without a way
@@ -336,6 +339,7 @@ void Runtime::Impl::call_done() {
 }
 
 void Runtime::Impl::start_acquire(std::shared_ptr<Acquisition> a) {
+  events.wait_started(a->spec.key, a->spec.context, Clock::now() - a->started);
   if (stopping.load()) {
     fail(a, std::make_exception_ptr(RuntimeStopped("lockwatch runtime is stopping")));
     return;
@@ -347,11 +351,13 @@ void Runtime::Impl::start_acquire(std::shared_ptr<Acquisition> a) {
 void Runtime::Impl::fail(const std::shared_ptr<Acquisition>& a, std::exception_ptr err, bool busy) {
   // The wait queue says whether it was busy: no exception is rethrown to
   // find out. A cancelled wait is neither.
+  const auto waited = Clock::now() - a->started;
   if (a->handle && a->handle->cancelled()) {
+    events.wait_cancelled(a->spec.key, a->spec.context, waited);
   } else if (busy) {
-    events.busy(a->spec.key, Clock::now() - a->started, a->spec.pattern);
+    events.busy(a->spec.key, waited, a->spec.pattern, a->spec.context);
   } else {
-    events.acquire_failed(a->spec.key, err);
+    events.acquire_failed(a->spec.key, err, waited, a->spec.context);
   }
   a->done = true;
   a->wait_timeout.cancel();
@@ -370,7 +376,7 @@ void Runtime::Impl::taken(const std::shared_ptr<Acquisition>& a, std::uint64_t f
 }
 
 void Runtime::Impl::start_lease(const std::shared_ptr<Acquisition>& a, const std::shared_ptr<LeaseRecord>& l) {
-  events.acquired(a->spec.key, l->fencing_token(), l->granted_at - a->started, a->spec.pattern);
+  events.acquired(a->spec.key, l->fencing_token(), l->granted_at - a->started, a->spec.pattern, a->spec.context);
   if (stopping.load()) l->request_stop();
   if (!links) links = std::make_shared<const detail::RuntimeLinks>(weak_from_this(), notifier_pool);
   l->links = links;
@@ -388,7 +394,7 @@ void Runtime::Impl::start_lease(const std::shared_ptr<Acquisition>& a, const std
                          LockHandle());
     } else if (!a->handle) {
       l->give_up_start();
-      l->mark_lost(LostReason::kRuntimeStopped);  // complete_call() fails the call so
+      stopped_before_start(l);  // complete_call() fails the call so
     }
     watchdog.work_done(l);
     return;
@@ -403,6 +409,12 @@ void Runtime::Impl::start_lease(const std::shared_ptr<Acquisition>& a, const std
   } else {
     run_on_pool(l);
   }
+}
+
+void Runtime::Impl::stopped_before_start(const std::shared_ptr<LeaseRecord>& l) {
+  // Its hold span ends here: a lost lease reports no release.
+  if (l->mark_lost(LostReason::kRuntimeStopped))
+    events.stopped_before_start(l->key(), l->context(), Clock::now() - l->granted_at, l->fencing_token());
 }
 
 void Runtime::Impl::run_on_pool(const std::shared_ptr<LeaseRecord>& l) {
@@ -440,7 +452,7 @@ void Runtime::Impl::run_on_pool(const std::shared_ptr<LeaseRecord>& l) {
     loop.expect(-1);
     // The pool refused (stopping): the work never ran; give the lock back.
     l->give_up_start();
-    l->mark_lost(LostReason::kRuntimeStopped);
+    stopped_before_start(l);
     watchdog.work_done(l);
   }
 }
@@ -696,6 +708,7 @@ detail::LockSpec spec_of(LockRequest r) {
   spec.retries = r.retries.count();
   spec.wait = r.wait;
   spec.kind = r.kind;
+  spec.context = std::move(r.context);
   return spec;
 }
 }  // namespace

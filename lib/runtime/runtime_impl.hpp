@@ -114,6 +114,8 @@ struct Runtime::Impl final : std::enable_shared_from_this<Runtime::Impl>, detail
   // grant, loop thread).
   std::shared_ptr<const detail::RuntimeLinks> links;
   void run_on_pool(const std::shared_ptr<detail::LeaseRecord>& l);
+  // A lease whose work will never start as the runtime stops: lost.
+  void stopped_before_start(const std::shared_ptr<detail::LeaseRecord>& l);
   // Local hand-offs (Options::local_handoff) on a store with TokenBlocks:
   // the first caller waiting here fits (exclusive, same ttl, renewals).
   bool hand_off_fits(const detail::LeaseRecord& l) const;

@@ -33,6 +33,7 @@ std::shared_ptr<LeaseRecord> Watchdog::new_lease(const Acquisition& a, std::uint
   l->no_handoff = !a.spec.handoff;
   if (!a.handle && !a.inline_run) l->queue_for_worker();
   if (a.finished) l->rare().finished = a.finished;
+  if (!a.spec.context.empty()) l->rare().context = a.spec.context;
   l->granted_at = Clock::now();
   if (options_.hold_warning.count() > 0) {
     auto& w = l->rare().hold_warning = std::make_unique<HoldWarning>(events_, a.spec.key, l->granted_at);
@@ -84,7 +85,8 @@ std::shared_ptr<LeaseRecord> Watchdog::hand_off(const std::shared_ptr<LeaseRecor
   l->slot = from->slot;
   leases_[l->slot] = l;
   from->slot = LeaseRecord::kNoSlot;
-  events_.released(from->key(), l->granted_at - from->granted_at, from->pattern());
+  events_.released(from->key(), l->granted_at - from->granted_at, from->pattern(), from->fencing_token(),
+                   from->context(), false);
   if (from->phase == LeaseRecord::Phase::kAwaitingReply) {
     // Its reply comes to `l` (through the streak).
     schedule(*l, LeaseRecord::Phase::kAwaitingReply, l->deadline());
@@ -270,13 +272,21 @@ void Watchdog::on_renew_result_now(const std::shared_ptr<LeaseRecord>& l, Clock:
     case Renewed::kTakenByOther:
       // With the work over and the release in flight, the release's own
       // answer says what became of the key.
-      if (!l->work_finished)
-        lose(l, status == Renewed::kTakenByOther ? LostReason::kTakenByOther : LostReason::kExpired);
+      if (!l->work_finished) lose(l, status == Renewed::kTakenByOther ? LostReason::kTakenByOther : gone_reason(*l));
       break;
     case Renewed::kTransient:
       renewal_failed(l, why != nullptr ? why->describe() : std::string("the renewal was not confirmed"));
       break;
   }
+}
+
+LostReason Watchdog::gone_reason(const LeaseRecord& l) const noexcept {
+  // No store can say who deleted a key. The answer came back before the
+  // local deadline (the last confirmed extension's send time plus the ttl,
+  // less the drift allowance), so the store handled the request before the
+  // key could have expired there: someone removed it. Past the deadline it
+  // may simply have run out.
+  return Clock::now() < l.deadline() ? LostReason::kRemoved : LostReason::kExpired;
 }
 
 void Watchdog::renewal_failed(const std::shared_ptr<LeaseRecord>& l, std::string why) {
@@ -314,7 +324,7 @@ void Watchdog::lose(const std::shared_ptr<LeaseRecord>& l, LostReason reason, st
     stats_.held.fetch_sub(1, std::memory_order_relaxed);
   }
   l->timeout.cancel();
-  events_.lost(l->key(), reason, detail);
+  events_.lost(l->key(), reason, detail, Clock::now() - l->granted_at, l->fencing_token(), l->context());
   l->set_lost_detail(std::move(detail));
   request_stop(l);
   l->end_watchers(reason);  // Lease::on_lost's handlers, on the notifier
@@ -401,7 +411,7 @@ void Watchdog::release(const std::shared_ptr<LeaseRecord>& l) {
                      // need not sit out for others (there are none to wait for).
                      l->yield_on_release = false;
                    } else if (status != Released::kYes) {
-                     lose(l, status == Released::kTakenByOther ? LostReason::kTakenByOther : LostReason::kExpired,
+                     lose(l, status == Released::kTakenByOther ? LostReason::kTakenByOther : gone_reason(*l),
                           "found at release");
                    }
                    finish(l);
@@ -421,7 +431,8 @@ void Watchdog::finish(const std::shared_ptr<LeaseRecord>& l) {
   // Leases given back by the hundred thousand give their slots' memory back.
   if (leases_.capacity() >= 65536 && leases_.size() < leases_.capacity() / 4) leases_.shrink_to_fit();
   if (!l->uncounted) stats_.held.fetch_sub(1, std::memory_order_relaxed);
-  events_.released(l->key(), Clock::now() - l->granted_at, l->pattern());
+  // A lost lease's hold span ended with kLost already.
+  events_.released(l->key(), Clock::now() - l->granted_at, l->pattern(), l->fencing_token(), l->context(), l->lost());
   if (finished_) finished_(l);
 }
 

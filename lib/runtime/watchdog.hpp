@@ -113,6 +113,9 @@ class Watchdog {
                            const StoreError* why);
   void on_renewed(const std::shared_ptr<LeaseRecord>& l, Clock::time_point sent);
   void renewal_failed(const std::shared_ptr<LeaseRecord>& l, std::string why);
+  // Why a key the store found gone was lost: kRemoved while its ttl could
+  // not have run out by the local clock, else kExpired.
+  LostReason gone_reason(const LeaseRecord& l) const noexcept;
   void finish(const std::shared_ptr<LeaseRecord>& l);
   void request_stop(const std::shared_ptr<LeaseRecord>& l);
 

@@ -133,10 +133,10 @@ milliseconds drift_allowance(const Options& o, milliseconds ttl) {
 // to the grace, the other half stays for what the allowance is for (clock
 // rates, the watchdog's tick, signal delivery). A lease lost because the
 // store said the key is someone else's has nothing left: no grace. A key
-// found gone at a renewal is, while the holder's deadline is ahead, one an
-// operator removed (`lockwatch release --force`; the stores report it as
-// expired): the operator asked for the command to stop, and it gets the
-// same grace as a lease that ran out. Never more than 5 s (consul lock's
+// found gone at a renewal while the holder's deadline is ahead is one an
+// operator removed (`lockwatch release --force`, reported as
+// LostReason::kRemoved): the operator asked for the command to stop, and
+// it gets the same grace as a lease that ran out. Never more than 5 s (consul lock's
 // grace).
 milliseconds default_kill_grace(const Options& o, milliseconds ttl, LostReason reason) {
   if (reason == LostReason::kTakenByOther) return milliseconds(0);
