@@ -206,38 +206,5 @@ TEST_F(LockSetTest, ReentrancyFollowsEachKeyOfTheSet) {
   EXPECT_TRUE(free_now("re:c"));
 }
 
-// A set-waiter is granted within its wait while single-key callers keep
-// taking its keys: it queues on each key like any waiter.
-TEST_F(LockSetTest, ASetWaiterIsNotStarvedBySingleKeyCallers) {
-  std::atomic<bool> stop{false};
-  std::atomic<int> singles{0};
-  std::vector<std::thread> churn;
-  for (int t = 0; t < 4; ++t) {
-    churn.emplace_back([&, t] {
-      auto one = LOCKED("starve:{0}", 2s, forever, .on(*rt_).wait(10s))[&](int) {
-        singles++;
-        std::this_thread::sleep_for(2ms);
-      };
-      while (!stop.load()) {
-        auto f = one(t % 2);
-        if (!completes(f)) return;
-      }
-    });
-  }
-  for (int i = 0; i < 20000 && singles.load() < 20; ++i) std::this_thread::sleep_for(1ms);
-  ASSERT_GE(singles.load(), 20);
-  auto set = rt_->acquire({.key = all_of("starve:0", "starve:1"), .ttl = 2s, .wait = 5s});
-  auto status = set.wait_for(kBound);
-  std::size_t keys = 0;
-  if (status == std::future_status::ready) {
-    LockHandle h = set.get();
-    keys = h.lease().keys().size();
-  }
-  stop = true;
-  for (auto& t : churn) t.join();
-  ASSERT_EQ(status, std::future_status::ready);
-  EXPECT_EQ(keys, 2u);
-}
-
 }  // namespace
 }  // namespace lockwatch::testing

@@ -8,6 +8,7 @@
 
 #include <chrono>
 #include <condition_variable>
+#include <functional>
 #include <future>
 #include <initializer_list>
 #include <memory>
@@ -324,6 +325,29 @@ void expect_refused_urls(std::initializer_list<const char*> bad, MakeOptions mak
       EXPECT_NE(std::string(e.what()).find(store), std::string::npos) << e.what();
     }
   }
+}
+
+
+// A shared set of four keys (named `k`:a..d, in another order) taken on
+// `rt` while `steps` (the store's count of its statements or
+// transactions) rises by exactly one; `other`'s reader is then let in and
+// its writer refused. For the stores that decide a set in one step.
+inline void expect_shared_set_in_one_step(Runtime& rt, Runtime& other, const std::string& k,
+                                          const std::function<long long()>& steps) {
+  using namespace std::chrono_literals;
+  const long long before = steps();
+  auto f = rt.acquire({.key = lockwatch::all_of(k + ":d", k + ":b", k + ":a", k + ":c"),
+                       .ttl = 5s,
+                       .kind = LockKind::shared()});
+  LockHandle h = get_bounded(f);
+  EXPECT_EQ(steps() - before, 1);
+  EXPECT_EQ(h.lease().keys().size(), 4u);
+  auto reader = other.acquire({.key = k + ":a", .ttl = 5s, .kind = LockKind::shared()});
+  LockHandle r = get_bounded(reader);  // shared: another reader is let in
+  auto writer = other.acquire({.key = k + ":c", .ttl = 5s});
+  EXPECT_TRUE(error_of<LockNotAcquired>(writer));
+  r.release().get();
+  h.release().get();
 }
 
 }  // namespace lockwatch::testing

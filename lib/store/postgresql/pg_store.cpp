@@ -548,9 +548,7 @@ PgStore::PgStore(Loop& loop, PgTarget target, const Options& options)
 PgStore::~PgStore() = default;
 
 void PgStore::started() {
-  uv_idle_init(loop_.uv(), &coalesce_);
-  coalesce_.data = this;
-  started_ = true;
+  turn_end_.open(loop_.uv());
   // The first command connection speaks for the server.
   commands_.front()->set_state_hook([this](bool up, const std::string& why) {
     if (events_.connection) events_.connection(commands_.front()->name(), up, why);
@@ -596,7 +594,7 @@ void PgStore::acquire(std::span<const LockRef> locks, AcquireDone done) {
     else
       kind_acquires_.push_back(std::make_shared<PendingAcquire>(std::move(a)));
   }
-  if (!locks.empty()) coalesce();
+  if (!locks.empty()) turn_end_.request();
 }
 
 // The kinds' acquisitions of one loop turn (a set's keys among them), in
@@ -667,25 +665,6 @@ Acquired PgStore::kind_outcome(const PendingAcquire& a, const PgRows& rows) cons
         StoreError::Origin::kPostgres);
   }
   return out;
-}
-
-void PgStore::coalesce() {
-  if (coalescing_) return;
-  if (!started_) {  // closed: out at once, to be failed by the connections
-    send_acquisitions();
-    send_releases();
-    return;
-  }
-  coalescing_ = true;
-  uv_idle_start(&coalesce_, on_coalesce);
-}
-
-void PgStore::on_coalesce(uv_idle_t* idle) {
-  auto* self = static_cast<PgStore*>(idle->data);
-  uv_idle_stop(idle);
-  self->coalescing_ = false;
-  self->send_acquisitions();
-  self->send_releases();
 }
 
 void PgStore::send_acquisitions() {
@@ -898,7 +877,7 @@ void PgStore::release(std::span<const LockRef> locks, bool notify, ReleaseDone d
                      [](const auto& a, const auto& b) { return a.name < b.name; });
     release_batch(std::move(kinds));
   }
-  if (!queue.empty()) coalesce();
+  if (!queue.empty()) turn_end_.request();
 }
 
 void PgStore::send_releases() {
@@ -1198,12 +1177,7 @@ void PgStore::close() {
   closed_ = true;
   // What is queued goes to the connections, which fail it as they close:
   // every callback runs.
-  if (started_) {
-    uv_idle_stop(&coalesce_);
-    uv_close(reinterpret_cast<uv_handle_t*>(&coalesce_), nullptr);
-    started_ = false;
-    coalescing_ = false;
-  }
+  turn_end_.close();
   send_acquisitions();
   send_releases();
   for (auto& c : commands_) c->close();

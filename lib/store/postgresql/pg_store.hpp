@@ -41,7 +41,9 @@
 // statement locks the names' lock rows in name order (INSERT ... ON
 // CONFLICT DO UPDATE ... WHERE false: made when missing, locked either
 // way), the second reads afresh and decides and writes in one statement:
-//   acquire  one per call: refused as another family or n; a reader busy
+//   acquire  the calls of one loop turn (a set's keys among them) in one
+//            transaction, one statement each after the rows' lock:
+//            refused as another family or n; a reader busy
 //            behind a writer or a live mark, a permit behind n live
 //            holders, a fair caller unless the lock is free and it is the
 //            first live waiter (else it takes or keeps its place); a grant
@@ -71,8 +73,6 @@
 // Threading: as LockStore (loop thread, but encode()/check_key()).
 #pragma once
 
-#include <uv.h>
-
 #include <memory>
 #include <set>
 #include <string>
@@ -80,6 +80,7 @@
 
 #include "lockwatch/options.hpp"
 #include "store/capabilities.hpp"
+#include "core/turn_end.hpp"
 #include "store/postgresql/pg_connection.hpp"
 #include "store/postgresql/pg_target.hpp"
 #include "store/store_base.hpp"
@@ -132,8 +133,6 @@ class PgStore final : public StoreBase,
   struct PendingAcquire;
   struct PendingRelease;
   PgConnection& command_connection();
-  void coalesce();
-  static void on_coalesce(uv_idle_t* idle);
   void send_acquisitions();
   void send_releases();
   void acquire_batch(std::shared_ptr<AcquireBatch> batch);
@@ -152,14 +151,15 @@ class PgStore final : public StoreBase,
   std::unique_ptr<PgConnection> notices_;  // made at the first subscribe()
   std::set<std::string, std::less<>> subscribed_;
   // Acquisitions and releases asked for in this loop turn, sent together
-  // by coalesce_ (an idle handle: the turn's end).
+  // at its end (turn_end_).
   std::vector<PendingAcquire> acquires_;
   std::vector<std::shared_ptr<PendingAcquire>> kind_acquires_;  // this turn's other kinds
   std::vector<PendingRelease> releases_;        // with release notices
   std::vector<PendingRelease> quiet_releases_;  // without
-  uv_idle_t coalesce_{};
-  bool coalescing_ = false;
-  bool started_ = false;
+  TurnEnd turn_end_{[this] {
+    send_acquisitions();
+    send_releases();
+  }};
   bool listening_ = false;  // LISTEN is confirmed on notices_
   bool closed_ = false;
 };

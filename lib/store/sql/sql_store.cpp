@@ -158,9 +158,7 @@ SqlStore::SqlStore(Loop& loop, SqlTarget target, const Options& options)
 SqlStore::~SqlStore() = default;
 
 void SqlStore::started() {
-  uv_idle_init(loop_.uv(), &coalesce_);
-  coalesce_.data = this;
-  started_ = true;
+  turn_end_.open(loop_.uv());
   // The first command connection speaks for the server.
   commands_.front()->set_state_hook([this](bool up, const std::string& why) {
     if (events_.connection) events_.connection(commands_.front()->name(), up, why);
@@ -203,24 +201,7 @@ void SqlStore::acquire(std::span<const LockRef> locks, AcquireDone done) {
     acquires_.push_back(
         {std::string(locks[i].name), std::string(locks[i].token), locks[i].ttl, locks[i].waits, i, shared_done});
   }
-  if (!locks.empty()) coalesce();
-}
-
-void SqlStore::coalesce() {
-  if (coalescing_) return;
-  if (!started_) {  // not started or closed: out at once, to be failed by the connections
-    send_acquisitions();
-    return;
-  }
-  coalescing_ = true;
-  uv_idle_start(&coalesce_, on_coalesce);
-}
-
-void SqlStore::on_coalesce(uv_idle_t* idle) {
-  auto* self = static_cast<SqlStore*>(idle->data);
-  uv_idle_stop(idle);
-  self->coalescing_ = false;
-  self->send_acquisitions();
+  if (!locks.empty()) turn_end_.request();
 }
 
 void SqlStore::send_acquisitions() {
@@ -779,12 +760,7 @@ void SqlStore::force_release(std::string_view name, ForceDone done) {
 void SqlStore::close() {
   // What is queued goes to the connections, which fail it as they close:
   // every callback runs.
-  if (started_) {
-    uv_idle_stop(&coalesce_);
-    uv_close(reinterpret_cast<uv_handle_t*>(&coalesce_), nullptr);
-    started_ = false;
-    coalescing_ = false;
-  }
+  turn_end_.close();
   send_acquisitions();
   for (auto& c : commands_) c->close();
   renew_->close();

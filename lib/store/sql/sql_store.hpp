@@ -34,7 +34,10 @@
 // first locks the lock's row (an insert of it when missing, then SELECT
 // ... FOR UPDATE), so that concurrent callers of one name serialise; it
 // leaves its outcome in session variables that the next statement of the
-// same round trip reads. Renewals of many holders are one multi-table
+// same round trip reads. The kinds' acquisitions asked for in one turn of
+// the loop (a set's keys among them) share one such transaction, each
+// lock's decision after the other in name order, each outcome in a
+// variable of its own. Renewals of many holders are one multi-table
 // UPDATE per ttl (the holder's row and the lock row's expiry together).
 //
 // Connections (SqlConnection): two for commands and one for renewals, so
@@ -62,8 +65,6 @@
 // Threading: as LockStore (loop thread, but encode()/check_key()).
 #pragma once
 
-#include <uv.h>
-
 #include <functional>
 #include <memory>
 #include <span>
@@ -75,6 +76,7 @@
 #include "store/store_base.hpp"
 #include "store/sql/sql_connection.hpp"
 #include "store/sql/sql_target.hpp"
+#include "core/turn_end.hpp"
 
 namespace lockwatch::detail {
 
@@ -124,11 +126,9 @@ class SqlStore final : public StoreBase,
   struct PendingAcquire;
   SqlConnection& command_connection();
   // The exclusive acquisitions asked for in one turn of the loop go out
-  // together at its end (coalesce_, an idle handle), in name order and in
-  // chunks of one statement: a set of keys asked for together is decided
-  // by one statement, one transaction.
-  void coalesce();
-  static void on_coalesce(uv_idle_t* idle);
+  // together at its end (turn_end_), in name order and in chunks of one
+  // statement: a set of keys asked for together is decided by one
+  // statement, one transaction.
   void send_acquisitions();
   void acquire_batch(std::shared_ptr<AcquireBatch> batch);
   void renew_group(std::shared_ptr<RenewBatch> batch, std::vector<std::size_t> members, std::chrono::milliseconds ttl);
@@ -166,9 +166,7 @@ class SqlStore final : public StoreBase,
   std::unique_ptr<SqlConnection> renew_;
   std::vector<PendingAcquire> acquires_;  // this turn's exclusive acquisitions
   std::vector<std::shared_ptr<KindAcquire>> kind_acquires_;  // this turn's other kinds
-  uv_idle_t coalesce_{};
-  bool started_ = false;  // coalesce_ is initialised (and not closed)
-  bool coalescing_ = false;
+  TurnEnd turn_end_{[this] { send_acquisitions(); }};
 };
 
 }  // namespace lockwatch::detail
