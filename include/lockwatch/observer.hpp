@@ -56,7 +56,7 @@ const char* to_string(SpanKind kind) noexcept;
 struct SpanEvent {
   /// Durations of waits and holds.
   using Duration = std::chrono::nanoseconds;
-  SpanKind kind = SpanKind::kWaitStarted;
+  SpanKind kind = SpanKind::kWaitStarted;  ///< Which step this is.
   /// The key as the caller named it (without the runtime's prefix).
   std::string_view key{};
   /// What the caller attached to the request (LockRequest::context), as
