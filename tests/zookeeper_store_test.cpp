@@ -103,8 +103,9 @@ class ZooKeeperStoreTest : public ::testing::Test {
     // tick is 100 ms; members close their clients' connections meanwhile).
     o.connect_timeout = 5s;
     // A new session is committed through the leader before its first
-    // request goes: on a loaded machine that alone can take a second.
-    o.command_timeout = 2s;
+    // request goes: on a loaded machine that alone can take a second, and a
+    // member falling behind its leader under load can stall a write for more.
+    o.command_timeout = 5s;
     return o;
   }
   // A key unique to the running test.
