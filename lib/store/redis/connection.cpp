@@ -18,6 +18,7 @@
 #include "core/loop.hpp"
 #include "core/option_checks.hpp"
 #include "core/net.hpp"
+#include "store/redis/redis_error.hpp"
 
 namespace lockwatch::detail {
 

@@ -1,4 +1,5 @@
 #include "store/sql/sql_connection.hpp"
+#include "store/sql/sql_error.hpp"
 
 #include <errmsg.h>
 #include <fmt/format.h>

@@ -11,6 +11,7 @@
 #include "core/option_checks.hpp"
 #include "core/token.hpp"
 #include "store/sql/sql_literals.hpp"
+#include "store/sql/sql_error.hpp"
 
 namespace lockwatch::detail {
 
