@@ -20,6 +20,7 @@
 #include "core/loop.hpp"
 #include "runtime/store_errors.hpp"
 #include "store/redis/connection.hpp"
+#include "store/redis/redis_error.hpp"
 #include "test_util.hpp"
 
 namespace lockwatch::testing {
@@ -343,7 +344,9 @@ TEST_F(ConnectionTest, PushFramesOfEveryKindNeitherAbortNorConfuseTheReader) {
     // node unsubscribed the channel on its own.
     dropped.push_back(std::string(channel) + " " +
                       (why == nullptr ? std::string("unsolicited")
-                       : why->redirect() ? fmt::format("redirect {} {}:{}", why->slot, why->target_host, why->target_port)
+                       : why->redirect() ? fmt::format("redirect {} {}:{}", detail::cluster_redirect(*why)->slot,
+                                                       detail::cluster_redirect(*why)->host,
+                                                       detail::cluster_redirect(*why)->port)
                                          : why->message));
   };
   hooks.on_down = [&] {

@@ -691,5 +691,35 @@ TEST(NodeStoreReplicaTest, AWaitForASlowReplicaHoldsUpNoRelease) {
   replica.resume();
 }
 
+// With min_replicas a renewal counts only once the replicas have it: a
+// master cut off from its replica (here the replica is paused) keeps no
+// lease past its last replicated renewal, where a promoted replica's copy
+// of the key would expire. Without the wait, the master alone kept
+// confirming the renewals and the lease was never lost.
+TEST(NodeStoreReplicaTest, ARenewalNoReplicaAcknowledgedDoesNotKeepTheLease) {
+  RedisServer master;
+  RedisServerOptions ro;
+  ro.extra_args = {"--replicaof", "127.0.0.1", std::to_string(master.port())};
+  RedisServer replica(ro);
+  ASSERT_TRUE(eventually([&] { return info_field(master, "replication", "slave0").find("state=online") != std::string::npos; }));
+
+  Options o = options_for(master);
+  o.min_replicas = 1;
+  o.replica_ack_timeout = 1s;
+  Runtime rt(o);
+  auto f = rt.acquire("renewed", 2s);
+  LockHandle h = get_bounded(f);
+  // Renewed while the replica answers (1.8 s apart).
+  ASSERT_TRUE(eventually([&] { return h.lease().renewals() >= 1; }));
+  EXPECT_FALSE(h.lease().lost());
+
+  replica.pause();
+  const auto t0 = std::chrono::steady_clock::now();
+  ASSERT_TRUE(eventually([&] { return h.lease().lost(); })) << "renewals the replica never had kept the lease";
+  // Lost at its last replicated renewal's deadline: within its ttl.
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, 2500ms);
+  replica.resume();
+}
+
 }  // namespace
 }  // namespace lockwatch::testing

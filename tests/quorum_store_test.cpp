@@ -7,6 +7,7 @@
 
 #include "core/loop.hpp"
 #include "runtime/store_errors.hpp"
+#include "store/redis/redis_error.hpp"
 #include "store/quorum_store.hpp"
 #include "support/memory_store.hpp"
 #include "test_util.hpp"

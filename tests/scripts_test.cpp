@@ -12,6 +12,7 @@
 #include <string_view>
 #include <vector>
 
+#include "store/redis/redis_error.hpp"
 #include "store/redis/scripts.hpp"
 
 namespace lockwatch::testing {

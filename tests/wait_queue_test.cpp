@@ -8,6 +8,7 @@
 #include <thread>
 
 #include "memory_runtime.hpp"
+#include "store/redis/redis_error.hpp"
 
 namespace lockwatch::testing {
 namespace {

@@ -17,6 +17,29 @@ inline std::chrono::milliseconds drift_for(const Options& o, std::chrono::millis
   return d + o.drift_floor;
 }
 
+// The holder's local deadline for a lease of `ttl` last set or extended by
+// a request sent at `sent`: its ttl from the send, less the drift
+// allowance (the store's clock may run that much faster than ours). Past
+// it, the holder counts the lease gone.
+inline std::chrono::steady_clock::time_point lease_deadline(const Options& o, std::chrono::steady_clock::time_point sent,
+                                                            std::chrono::milliseconds ttl) {
+  return sent + ttl - drift_for(o, ttl);
+}
+
+// The other side of the same bound: when a lock of `ttl` last set or
+// extended by a request sent at `sent` is gone from the store at the
+// latest, if the store keeps it `kept` (the ttl, or more where it rounds
+// the ttl up: LockStore::expiry_bound) and its clock runs up to the drift
+// allowance slower than ours. Before it, the key may still be there.
+inline std::chrono::steady_clock::time_point gone_by(const Options& o, std::chrono::steady_clock::time_point sent,
+                                                     std::chrono::milliseconds ttl, std::chrono::milliseconds kept) {
+  return sent + kept + drift_for(o, ttl);
+}
+inline std::chrono::steady_clock::time_point gone_by(const Options& o, std::chrono::steady_clock::time_point sent,
+                                                     std::chrono::milliseconds ttl) {
+  return gone_by(o, sent, ttl, ttl);
+}
+
 // How long after a renewal (or the acquisition) was sent the next one goes
 // out: at ttl*weight, or earlier if that would leave less than
 // Options::min_renewal_window before the local deadline, but never before

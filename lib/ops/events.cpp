@@ -219,9 +219,11 @@ void Events::span(const SpanEvent& e, Duration ago) {
   });
 }
 
-void Events::wait_started(const std::string& key, std::string_view context, Duration ago) {
+void Events::wait_started(const std::string& key, std::string_view context,
+                          std::chrono::steady_clock::time_point began) {
   if (!observed()) return;
-  span(SpanEvent{.kind = SpanKind::kWaitStarted, .key = key, .context = context}, ago);
+  span(SpanEvent{.kind = SpanKind::kWaitStarted, .key = key, .context = context},
+       std::chrono::steady_clock::now() - began);
 }
 
 void Events::wait_cancelled(const std::string& key, std::string_view context, Duration waited) {

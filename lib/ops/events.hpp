@@ -60,9 +60,9 @@ class Events {
                 std::string_view context = {}, bool lost = false);
   // Options::hold_warning: the lease on `key` is held `held` already (once per lease).
   void held_long(const std::string& key, Duration held);
-  // Span events of their own (no other event goes with them). `ago`: how
-  // long before now the wait began (the call).
-  void wait_started(const std::string& key, std::string_view context, Duration ago);
+  // Span events of their own (no other event goes with them). `began`:
+  // when the wait began (the call); the clock is read only when observed.
+  void wait_started(const std::string& key, std::string_view context, std::chrono::steady_clock::time_point began);
   void wait_cancelled(const std::string& key, std::string_view context, Duration waited);
   // A lease given up as the runtime stops, before its work started.
   void stopped_before_start(const std::string& key, std::string_view context, Duration held,

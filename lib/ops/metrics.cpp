@@ -173,7 +173,18 @@ void Metrics::count_lost(LostReason reason) noexcept {
 std::string Metrics::render(const StatsCounters& stats) const {
   std::string out;
   out.reserve(4096);
-  auto rel = [](const std::atomic<std::uint64_t>& a) { return a.load(std::memory_order_relaxed); };
+  render_calls(out);
+  render_leases(out, stats);
+  render_jobs(out);
+  return out;
+}
+
+namespace {
+std::uint64_t metrics_relaxed(const std::atomic<std::uint64_t>& a) noexcept { return a.load(std::memory_order_relaxed); }
+}  // namespace
+
+void Metrics::render_calls(std::string& out) const {
+  const auto rel = metrics_relaxed;
   out +=
       "# HELP lockwatch_acquisitions_total Lock acquisitions by result: acquired, busy past the wait, or an error.\n"
       "# TYPE lockwatch_acquisitions_total counter\n";
@@ -195,6 +206,10 @@ std::string Metrics::render(const StatsCounters& stats) const {
   hold_duration.render(out, "lockwatch_hold_duration_seconds",
                        "Time a lease was held, from grant to release (by LOCKED key pattern).");
   by_pattern(hold_by_pattern, "lockwatch_hold_duration_seconds");
+}
+
+void Metrics::render_leases(std::string& out, const StatsCounters& stats) const {
+  const auto rel = metrics_relaxed;
   counter(out, "lockwatch_renewals_total", "Lease renewals confirmed by the store.", rel(renewals));
   counter(out, "lockwatch_renewal_failures_total", "Lease renewals that failed for a transient reason (retried).",
           rel(renewal_failures));
@@ -249,6 +264,10 @@ std::string Metrics::render(const StatsCounters& stats) const {
                                                                        : number(static_cast<double>(slack_us) / 1e6));
   loop_lag.render(out, "lockwatch_loop_lag_seconds",
                   "How late the I/O loop ran the watchdog's timer after it was due.");
+}
+
+void Metrics::render_jobs(std::string& out) const {
+  const auto rel = metrics_relaxed;
   out +=
       "# HELP lockwatch_job_runs_total Runs of scheduled jobs in this process, by job and result.\n"
       "# TYPE lockwatch_job_runs_total counter\n";
@@ -268,7 +287,6 @@ std::string Metrics::render(const StatsCounters& stats) const {
     }
   }
   out += leaders;
-  return out;
 }
 
 }  // namespace lockwatch::detail

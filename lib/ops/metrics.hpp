@@ -88,6 +88,13 @@ struct Metrics {
   std::map<std::string, std::shared_ptr<JobMetrics>> jobs;  // guarded by jobs_mu
   // The whole exposition; `stats` gives the gauges.
   std::string render(const StatsCounters& stats) const;
+
+ private:
+  // render()'s parts: calls (acquisitions and their durations), leases
+  // (renewals, losses, what is held and waited for now), scheduled jobs.
+  void render_calls(std::string& out) const;
+  void render_leases(std::string& out, const StatsCounters& stats) const;
+  void render_jobs(std::string& out) const;
 };
 
 }  // namespace lockwatch::detail

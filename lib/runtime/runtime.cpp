@@ -339,7 +339,7 @@ void Runtime::Impl::call_done() {
 }
 
 void Runtime::Impl::start_acquire(std::shared_ptr<Acquisition> a) {
-  events.wait_started(a->spec.key, a->spec.context, Clock::now() - a->started);
+  events.wait_started(a->spec.key, a->spec.context, a->started);
   if (stopping.load()) {
     fail(a, std::make_exception_ptr(RuntimeStopped("lockwatch runtime is stopping")));
     return;

@@ -28,7 +28,11 @@ struct WaitQueue::KeyWaiters final : TimerTask {
   std::uint32_t held_shared = 0;
   bool yielding = false;      // a streak's end: others' turn until `retry` fires
   Timeout retry;              // the holder's ttl runs out, or the poll back-off
-  milliseconds poll{0};       // stores without notices: the current back-off
+  // Stores without notices: the poll back-off, from the reconnect minimum
+  // doubling to a second.
+  Backoff poll;
+
+  explicit KeyWaiters(milliseconds first_poll) : poll(first_poll, milliseconds(1000)) {}
   // The head's last attempt could not reach the store, or was told "not
   // now": what a wait that runs out reports (the public error).
   std::exception_ptr connection_error;
@@ -64,7 +68,12 @@ void Acquisition::FairRetry::run(Timeout) noexcept { owner->queue->on_fair_retry
 
 WaitQueue::WaitQueue(LockStore& store, WheelClock& clock, const Options& options, StatsCounters& stats,
                      Hooks hooks)
-    : store_(store), clock_(clock), options_(options), stats_(stats), hooks_(std::move(hooks)) {
+    : store_(store),
+      clock_(clock),
+      options_(options),
+      stats_(stats),
+      hooks_(std::move(hooks)),
+      orphan_backoff_(options.reconnect_min, options.reconnect_max) {
   orphan_timer_.queue = this;
   stats_.waits.set_warning(options.wait_warning);
 }
@@ -78,7 +87,7 @@ void WaitQueue::clear() {
 WaitQueue::KeyWaiters& WaitQueue::waiters_of(std::string_view name) {
   auto it = waiters_.find(name);
   if (it != waiters_.end()) return *it->second;
-  auto w = std::make_unique<KeyWaiters>();
+  auto w = std::make_unique<KeyWaiters>(options_.reconnect_min);
   w->queue = this;
   w->name = std::string(name);
   auto& slot = waiters_[w->name];
@@ -265,7 +274,7 @@ void WaitQueue::abandon(const Acquisition& a) {
   // The store drops the key its expiry bound (the ttl, or more where it
   // rounds the ttl up) after the last attempt that could have set it, at
   // the latest (its clock may run a drift faster than ours).
-  auto until = a.last_sent + store_.expiry_bound(a.spec.ttl) + drift_for(options_, a.spec.ttl);
+  auto until = gone_by(options_, a.last_sent, a.spec.ttl, store_.expiry_bound(a.spec.ttl));
   if (Clock::now() >= until) return;
   orphans_.push_back(Orphan{a.name, a.token, a.ttl_ms, a.spec.ttl, a.spec.kind, until});
   if (orphans_sending_ == 0) give_back_orphans();
@@ -276,7 +285,7 @@ void WaitQueue::give_back_orphans() {
   auto now = Clock::now();
   std::erase_if(orphans_, [now](const Orphan& o) { return now >= o.until; });
   if (orphans_.empty() || orphans_sending_ != 0) {
-    if (orphans_.empty() && orphans_sending_ == 0) orphan_backoff_ = milliseconds(0);
+    if (orphans_.empty() && orphans_sending_ == 0) orphan_backoff_.reset();
     return;
   }
   auto batch = std::make_shared<std::vector<Orphan>>(std::move(orphans_));
@@ -295,7 +304,7 @@ void WaitQueue::give_back_orphans() {
     if (status == Released::kUnconfirmed) orphans_.push_back(std::move((*batch)[i]));
     if (--orphans_sending_ != 0) return;
     if (orphans_.empty()) {
-      orphan_backoff_ = milliseconds(0);
+      orphan_backoff_.reset();
       return;
     }
     bool fresh = std::any_of(orphans_.begin(), orphans_.end(), [](const Orphan& o) { return !o.tried; });
@@ -304,9 +313,7 @@ void WaitQueue::give_back_orphans() {
       return;
     }
     if (stopping_) return;  // the store closes: what is left expires by its ttl
-    orphan_backoff_ = orphan_backoff_.count() == 0 ? options_.reconnect_min
-                                                   : std::min(orphan_backoff_ * 2, options_.reconnect_max);
-    orphan_retry_ = clock_.at(orphan_timer_, Clock::now() + orphan_backoff_);
+    orphan_retry_ = clock_.at(orphan_timer_, Clock::now() + orphan_backoff_.next());
   });
 }
 
@@ -377,37 +384,44 @@ void WaitQueue::on_outcome(const std::shared_ptr<Acquisition>& a, const Acquired
     w->connection_error = nullptr;
     w->unreachable_since = Clock::time_point::max();
   }
-  if (out.status != Status::kBusy) {
-    if (w) w->waiting.pop_front();
-    a->done = true;
-    a->wait_mark.end();
-    a->wait_timeout.cancel();
-    if (out.status == Status::kFailed) {
-      hooks_.failed(a, to_exception(out.error), false);
-      abandon(*a);
-      if (w) attempt_head(w->name);
-    } else {
-      if (w) {
-        w->count_grant(a->spec.kind);
-        w->poll = milliseconds(0);
-      }
-      hooks_.taken(a, out.fence, sent);
-      if (w) {
-        // The grant may have handed the lock on and ended the waiters of the
-        // key (a cancelled handle's lease given back at once): look again.
-        auto it = waiters_.find(a->name);
-        if (it == waiters_.end()) return;
-        w = it->second.get();
-        // A shared grant lets the next head try at once (another reader
-        // goes in beside it; a writer marks that it waits); an exclusive
-        // one leaves the next waiting for its end.
-        attempt_head(w->name);
-      }
+  if (out.status == Status::kBusy)
+    on_busy(a, out, w);
+  else
+    on_decided(a, out, sent, w);
+}
+
+void WaitQueue::on_decided(const std::shared_ptr<Acquisition>& a, const Acquired& out, Clock::time_point sent,
+                           KeyWaiters* w) {
+  if (w) w->waiting.pop_front();
+  a->done = true;
+  a->wait_mark.end();
+  a->wait_timeout.cancel();
+  if (out.status == Acquired::Status::kFailed) {
+    hooks_.failed(a, to_exception(out.error), false);
+    abandon(*a);
+    if (w) attempt_head(w->name);
+  } else {
+    if (w) {
+      w->count_grant(a->spec.kind);
+      w->poll.reset();
     }
-    if (w) maybe_forget(w);
-    return;
+    hooks_.taken(a, out.fence, sent);
+    if (w) {
+      // The grant may have handed the lock on and ended the waiters of the
+      // key (a cancelled handle's lease given back at once): look again.
+      auto it = waiters_.find(a->name);
+      if (it == waiters_.end()) return;
+      w = it->second.get();
+      // A shared grant lets the next head try at once (another reader
+      // goes in beside it; a writer marks that it waits); an exclusive
+      // one leaves the next waiting for its end.
+      attempt_head(w->name);
+    }
   }
-  // Busy.
+  if (w) maybe_forget(w);
+}
+
+void WaitQueue::on_busy(const std::shared_ptr<Acquisition>& a, const Acquired& out, KeyWaiters* w) {
   auto busy_for = std::max(out.busy_for, milliseconds(1));
   if (w == nullptr) {
     a->done = true;
@@ -431,8 +445,7 @@ void WaitQueue::on_outcome(const std::shared_ptr<Acquisition>& a, const Acquired
   } else {
     // No notices: poll, from the reconnect minimum doubling to a second,
     // and never later than the holder's ttl.
-    w->poll = w->poll.count() == 0 ? options_.reconnect_min : std::min(w->poll * 2, milliseconds(1000));
-    next = std::min(next, w->poll);
+    next = std::min(next, w->poll.next());
   }
   // Sleep until a release is announced or the holder's ttl runs out.
   w->retry = clock_.at(*w, Clock::now() + next);
@@ -599,7 +612,7 @@ void WaitQueue::maybe_forget(KeyWaiters* w) {
     w->held_shared = 0;
     w->yielding = false;
     w->again = false;
-    w->poll = milliseconds(0);
+    w->poll.reset();
     w->connection_error = nullptr;
     w->unreachable_since = Clock::time_point::max();
     return;

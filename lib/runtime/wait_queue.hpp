@@ -47,6 +47,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "core/backoff.hpp"
 #include "lockwatch/options.hpp"
 #include "runtime/acquisition.hpp"
 #include "runtime/wheel_clock.hpp"
@@ -128,6 +129,10 @@ class WaitQueue {
   // A fair waiter leaves the store's queue (no answer awaited).
   void withdraw(const Acquisition& a);
   void on_outcome(const std::shared_ptr<Acquisition>& a, const Acquired& out, Clock::time_point sent, KeyWaiters* w);
+  // on_outcome()'s two ends: taken or failed (the call ends), and busy
+  // (`a` waits in `w`, or fails without a wait).
+  void on_decided(const std::shared_ptr<Acquisition>& a, const Acquired& out, Clock::time_point sent, KeyWaiters* w);
+  void on_busy(const std::shared_ptr<Acquisition>& a, const Acquired& out, KeyWaiters* w);
   void on_wait_expired(Acquisition* a);
   // `a` leaves the queue: with `error`, or busy past its wait (none).
   void end_wait(Acquisition* a, std::exception_ptr error);
@@ -175,7 +180,7 @@ class WaitQueue {
   };
   std::vector<Orphan> orphans_;        // waiting for their (next) release
   std::size_t orphans_sending_ = 0;    // in the release batch in flight
-  std::chrono::milliseconds orphan_backoff_{0};
+  Backoff orphan_backoff_;
   OrphanTimer orphan_timer_;
   Timeout orphan_retry_;
   bool stopping_ = false;  // fail_all ran: one last try, no more retries

@@ -44,7 +44,7 @@ std::shared_ptr<LeaseRecord> Watchdog::new_lease(const Acquisition& a, std::uint
 }
 
 std::shared_ptr<LeaseRecord> Watchdog::grant(const Acquisition& a, std::uint64_t fence, Clock::time_point sent) {
-  auto l = new_lease(a, fence, sent + a.spec.ttl - drift_for(options_, a.spec.ttl), sent);
+  auto l = new_lease(a, fence, lease_deadline(options_, sent, a.spec.ttl), sent);
   l->name = a.name;
   l->token = a.token;
   l->ttl_ms = a.ttl_ms;
@@ -310,7 +310,7 @@ void Watchdog::on_renewed(const std::shared_ptr<LeaseRecord>& l, Clock::time_poi
   auto slack = std::chrono::duration_cast<std::chrono::microseconds>(left).count();
   if (slack < stats_.min_renewal_slack_us.load(std::memory_order_relaxed))
     stats_.min_renewal_slack_us.store(slack, std::memory_order_relaxed);
-  l->set_deadline(sent + l->ttl() - drift_for(options_, l->ttl()));
+  l->set_deadline(lease_deadline(options_, sent, l->ttl()));
   l->set_lost_detail({});
   schedule_next(*l, sent);
 }
@@ -403,7 +403,7 @@ void Watchdog::release(const std::shared_ptr<LeaseRecord>& l) {
                      // counted on past its ttl: it completes at that.
                      const auto keep = l->lost() ? l->ttl() : store_.expiry_bound(l->ttl());
                      schedule(*l, LeaseRecord::Phase::kReleasing,
-                              std::max(Clock::now(), l->last_sent + keep + drift_for(options_, l->ttl())));
+                              std::max(Clock::now(), gone_by(options_, l->last_sent, l->ttl(), keep)));
                      return;
                    }
                    if (status == Released::kYesUnheard) {

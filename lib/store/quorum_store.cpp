@@ -140,8 +140,7 @@ void QuorumStore::on_acquire_vote(const std::shared_ptr<AcquireBatch>& b, std::s
   Acquired out;
   if (t.took.size() >= quorum_) {
     t.decided = true;
-    auto validity = t.ttl - drift_for(options_, t.ttl);
-    if (Clock::now() - b->sent >= validity) {
+    if (Clock::now() >= lease_deadline(options_, b->sent, t.ttl)) {
       out.error = StoreError::unavailable(names_[store], "a majority took the lock only after its validity time");
       give_back(b, k, out);
       return;
@@ -189,7 +188,7 @@ void QuorumStore::check_raised(const std::shared_ptr<AcquireBatch>& b, std::size
     // out a lease whose keys may have expired meanwhile, and whose token a
     // later majority may have handed out too (found by
     // model/redlock_fence.pml with two acquisitions overlapping).
-    if (Clock::now() - b->sent >= t.ttl - drift_for(options_, t.ttl)) {
+    if (Clock::now() >= lease_deadline(options_, b->sent, t.ttl)) {
       Acquired late;
       late.error = StoreError::unavailable(names_[t.took.empty() ? 0 : t.took.front()],
                                            "a majority raised its fencing counters only after the validity time");

@@ -3,9 +3,11 @@
 //
 // A failure is classified once, where the reply or the failure is read (a
 // Redis error reply in the connection, a MariaDB error number in the SQL
-// connection, a lost or timed-out connection where it is noticed). A
-// redirect (Redis Cluster's MOVED and ASK) is parsed there too: its slot and
-// target travel in the value. Users never see a StoreError: the runtime
+// connection, a lost or timed-out connection where it is noticed), by the
+// backend's own classifier (store/redis/redis_error.hpp,
+// store/sql/sql_error.hpp, store/postgresql/pg_error.hpp). A redirect
+// (Redis Cluster's MOVED and ASK) is a kind here; where it sends the call
+// is the Redis stores' business (cluster_redirect()). Users never see a StoreError: the runtime
 // maps it to the public exceptions in one place (runtime/store_errors.hpp).
 //
 // Threading: a plain value. Costs: nothing on a success path (callbacks
@@ -24,7 +26,7 @@ struct StoreError {
     kUnavailable,  // no answer could be had: connect, reset, timeout, closed, no node for the slot
     kAuth,         // the credentials were refused, or a command by the user's ACL (NOPERM)
     kRefused,      // the server answered the command with an error
-    kRedirect,     // Redis Cluster: MOVED or ASK (slot, target)
+    kRedirect,     // Redis Cluster: MOVED or ASK (store/redis/redis_error.hpp reads where to)
     kRetryLater,   // "not now": TRYAGAIN, CLUSTERDOWN, LOADING, MASTERDOWN; a deadlock, a lock wait timeout
     kInvalid,      // the request cannot be made (bad input)
   };
@@ -36,10 +38,6 @@ struct StoreError {
 
   Kind kind = Kind::kUnavailable;
   Origin origin = Origin::kRedis;
-  bool ask = false;         // kRedirect: ASK (true) or MOVED
-  std::uint16_t slot = 0;   // kRedirect: the hash slot
-  int target_port = 0;      // kRedirect: where to go
-  std::string target_host;  // kRedirect
   std::string endpoint;     // the server ("host:port", "mysql://host:port/db", "quorum")
   std::string code;         // the server's code: Redis's first word ("WRONGTYPE"), MariaDB's number ("1406"),
                             // PostgreSQL's SQLSTATE ("22001"), ZooKeeper's return code ("-110"); may be empty
@@ -67,18 +65,5 @@ struct StoreError {
   static StoreError refused(std::string endpoint, std::string message, Origin origin = Origin::kRedis);
   static StoreError invalid(std::string endpoint, std::string why, Origin origin = Origin::kRedis);
 };
-
-// A Redis error reply, classified: MOVED/ASK (parsed: slot and target) as
-// kRedirect; TRYAGAIN, CLUSTERDOWN, LOADING, MASTERDOWN as kRetryLater;
-// NOAUTH, WRONGPASS, NOPERM, and an ERR saying the user's ACL refused a
-// command a script called, as kAuth; anything else kRefused. `code` is the
-// reply's first word. A MOVED or ASK that cannot be parsed is kRefused.
-StoreError redis_reply_error(std::string endpoint, std::string_view message);
-
-// A MariaDB/MySQL error number, classified: 1213 (deadlock) and 1205 (lock
-// wait timeout) as kRetryLater; 1045 (access denied) as kAuth; 2002, 2003,
-// 2006, 2013 (no connection, gone away, lost) as kUnavailable; others
-// kRefused, the number as `code`.
-StoreError sql_error(std::string endpoint, unsigned number, std::string message);
 
 }  // namespace lockwatch::detail

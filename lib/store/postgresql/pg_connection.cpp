@@ -512,7 +512,7 @@ void PgConnection::table_error(const StoreError& error) {
 void PgConnection::became_usable() {
   state_ = State::kReady;
   uv_timer_stop(&deadline_timer_);
-  backoff_ = std::chrono::milliseconds(0);
+  backoff_.reset();
   if (reported_down_) {
     reported_down_ = false;
     if (state_hook_) state_hook_(true, {});
@@ -767,8 +767,7 @@ void PgConnection::teardown(bool graceful) {
 }
 
 void PgConnection::schedule_reconnect() {
-  backoff_ = backoff_.count() == 0 ? options_.reconnect_min : std::min(backoff_ * 2, options_.reconnect_max);
-  uv_timer_start(&reconnect_timer_, on_reconnect, ms_count(backoff_), 0);
+  uv_timer_start(&reconnect_timer_, on_reconnect, ms_count(backoff_.next()), 0);
 }
 
 void PgConnection::on_reconnect(uv_timer_t* t) {

@@ -55,6 +55,7 @@
 #include <string_view>
 #include <vector>
 
+#include "core/backoff.hpp"
 #include "lockwatch/options.hpp"
 #include "store/postgresql/pg_target.hpp"
 #include "store/store_error.hpp"
@@ -246,7 +247,7 @@ class PgConnection {
   bool kicked_ = false;
   bool reported_down_ = false;
   bool want_write_ = false;  // libpq has output it could not send yet
-  std::chrono::milliseconds backoff_{0};
+  Backoff backoff_{options_.reconnect_min, options_.reconnect_max};
 
   std::deque<Request> queue_;      // not yet sent
   std::deque<Request> inflight_;   // sent (the session set-up too), answered in order

@@ -294,12 +294,8 @@ std::string release_kind_sql(const std::string& t, const std::string& h) {
       t, h, kPgSharedMarker);
 }
 
-// The statements, prepared on every command and renewal connection; `t`
-// is the quoted lock table, `h` the quoted holders' table. A batch arrives
-// as parallel arrays (names, owners, ttls in µs) unnested WITH ORDINALITY,
-// so that an answer names the request by its position (1-based).
-// `o`: this store's owner name as a bytea expression, recorded with each grant.
-std::vector<PgStatement> statements(const std::string& t, const std::string& h, const std::string& o) {
+// The exclusive locks' statements (statements() below).
+std::vector<PgStatement> pg_lock_statements(const std::string& t, const std::string& h, const std::string& o) {
   const std::string batch =
       "r AS (SELECT decode(n, 'hex') AS lock_name, decode(o, 'hex') AS owner, u AS ttl_us, i "
       "FROM unnest($1::text[], $2::text[], $3::int8[]) WITH ORDINALITY AS x(n, o, u, i))";
@@ -373,6 +369,14 @@ std::vector<PgStatement> statements(const std::string& t, const std::string& h, 
                    "ON CONFLICT (lock_name) DO UPDATE SET fence = greatest(l.fence, excluded.fence)",
                    t),
        {kText, kInt8}},
+  };
+}
+
+// The clock, the scheduled jobs' claims and the operators' statements
+// (statements() below).
+std::vector<PgStatement> pg_operator_statements(const std::string& t, const std::string& h) {
+  const std::string remaining_us = "greatest(ceil(extract(epoch FROM {} - clock_timestamp()) * 1000000), 0)::int8";
+  return {
       {"lockwatch_time", "SELECT (extract(epoch FROM clock_timestamp()) * 1000000)::int8", {}},
       // One conditional write; the select after it, in the same
       // statement, reads the clock and, when the write did nothing, why.
@@ -425,6 +429,12 @@ std::vector<PgStatement> statements(const std::string& t, const std::string& h, 
                    "RETURNING pg_notify($2::text, encode(lock_name, 'hex'))",
                    t, h),
        {kText, kText}},
+  };
+}
+
+// The shared, permit and fair locks' statements (statements() below).
+std::vector<PgStatement> pg_kind_statements(const std::string& t, const std::string& h, const std::string& o) {
+  return {
       {"lockwatch_acquire_kind", acquire_kind_sql(t, h, o), {kText, kText, kInt8, kText, kInt8}},
       {"lockwatch_acquire_fair", acquire_fair_sql(t, h, o), {kText, kText, kInt8, kText, kText}},
       {"lockwatch_withdraw",
@@ -445,6 +455,18 @@ std::vector<PgStatement> statements(const std::string& t, const std::string& h, 
       {"lockwatch_renew_kind", renew_kind_sql(t, h), {kTextArray, kTextArray, kInt8Array, kTextArray}},
       {"lockwatch_release_kind", release_kind_sql(t, h), {kTextArray, kTextArray, kTextArray, kBool, kText}},
   };
+}
+
+// The statements, prepared on every command and renewal connection; `t`
+// is the quoted lock table, `h` the quoted holders' table. A batch arrives
+// as parallel arrays (names, owners, ttls in µs) unnested WITH ORDINALITY,
+// so that an answer names the request by its position (1-based).
+// `o`: this store's owner name as a bytea expression, recorded with each grant.
+std::vector<PgStatement> statements(const std::string& t, const std::string& h, const std::string& o) {
+  auto all = pg_lock_statements(t, h, o);  // first: its first doubles as the table check
+  for (auto& more : {pg_operator_statements(t, h), pg_kind_statements(t, h, o)})
+    all.insert(all.end(), more.begin(), more.end());
+  return all;
 }
 
 std::string quoted(const std::string& table) { return "\"" + table + "\""; }

@@ -13,6 +13,7 @@
 #include "store/redis/connection.hpp"
 #include "store/redis/keys.hpp"
 #include "store/redis/node_store.hpp"
+#include "store/redis/redis_error.hpp"
 
 namespace lockwatch::detail {
 
@@ -427,7 +428,7 @@ void ClusterStore::refresh_failed(const std::string& why) {
 }
 
 void ClusterStore::note_reply(const StoreError& e) {
-  if ((e.redirect() && !e.ask) || e.kind == StoreError::Kind::kRetryLater) request_refresh();
+  if ((e.redirect() && !is_ask(e)) || e.kind == StoreError::Kind::kRetryLater) request_refresh();
 }
 
 void ClusterStore::learn_owner(std::uint16_t slot, const Node* node) {
@@ -438,7 +439,7 @@ void ClusterStore::learn_owner(std::uint16_t slot, const Node* node) {
 }
 
 void ClusterStore::count_redirect(const StoreError& e) {
-  if (e.redirect() && events_.redirected) events_.redirected(e.ask);
+  if (e.redirect() && events_.redirected) events_.redirected(is_ask(e));
 }
 
 // ------------------------------------------------------------------ locks
@@ -484,16 +485,18 @@ bool ClusterStore::follow(const std::shared_ptr<Call>& call, const StoreError& e
   if (error.kind == Kind::kRedirect || error.kind == Kind::kRetryLater) {
     // The map is wrong (MOVED) or the slot is in flux: read it again, also
     // when the budget is spent, so that the next call goes the right way.
-    if (!(error.redirect() && error.ask)) request_refresh();
+    if (!is_ask(error)) request_refresh();
     if (++call->hops > kRedirectBudget) return false;
     if (error.kind == Kind::kRetryLater) {
       send_after_refresh(call, std::move(give_up));
       return true;
     }
+    const auto to = cluster_redirect(error);
+    if (!to) return false;
     count_redirect(error);
-    Node* target = node_at(error.target_host, error.target_port);
-    if (!error.ask) learn_owner(key_slot(call->name), target);
-    send_to(target, error.ask, call);
+    Node* target = node_at(to->host, to->port);
+    if (!to->ask) learn_owner(key_slot(call->name), target);
+    send_to(target, to->ask, call);
     return true;
   }
   if (error.kind != Kind::kUnavailable) return false;
@@ -618,7 +621,7 @@ std::size_t ClusterStore::renew_group(Node* node, bool asking, std::shared_ptr<c
   // together, as one call, once the last answer is in.
   struct Redirect {
     std::size_t answered = 0;
-    StoreError to;                // the redirect (kRedirect: slot and target)
+    StoreError to;                // the redirect (kRedirect: cluster_redirect() reads where to)
     std::vector<std::size_t> at;  // positions in `g`
   };
   auto r = std::make_shared<Redirect>();
@@ -658,10 +661,10 @@ std::size_t ClusterStore::renew_group(Node* node, bool asking, std::shared_ptr<c
       for (std::size_t index : next->indexes) (*done)(index, Renewed::kTransient, &r->to);
       return;
     }
-    const bool ask = r->to.ask;
-    Node* target = node_at(r->to.target_host, r->to.target_port);
-    if (!ask) learn_owner(key_slot(next->refs.front().name), target);
-    renew_group(target, ask, std::move(next), hops + 1, keepalive, done);
+    const auto to = cluster_redirect(r->to);  // a redirect: held back only then
+    Node* target = node_at(to->host, to->port);
+    if (!to->ask) learn_owner(key_slot(next->refs.front().name), target);
+    renew_group(target, to->ask, std::move(next), hops + 1, keepalive, done);
   });
 }
 
@@ -845,8 +848,9 @@ void ClusterStore::subscription_dropped(Node* node, std::string_view name, const
   it->second.node = nullptr;
   if (events_.subscriptions_lost) events_.subscriptions_lost();
   request_refresh();
-  if (why != nullptr && why->redirect() && !why->ask && ++it->second.hops <= kRedirectBudget) {
-    Node* target = node_at(why->target_host, why->target_port);
+  const auto to = why != nullptr ? cluster_redirect(*why) : std::nullopt;
+  if (to && !to->ask && ++it->second.hops <= kRedirectBudget) {
+    Node* target = node_at(to->host, to->port);
     it->second.node = target;
     target->store->subscribe(it->first);
   }

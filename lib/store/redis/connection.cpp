@@ -18,6 +18,7 @@
 #include "core/loop.hpp"
 #include "core/option_checks.hpp"
 #include "core/net.hpp"
+#include "store/redis/redis_error.hpp"
 
 namespace lockwatch::detail {
 
@@ -177,7 +178,15 @@ void RedisConnection::connect() {
   uv_tcp_init(loop_.uv(), &link->tcp);
   link->tcp.data = link;
   link_ = link;
+  write_handshake();
+  open_link(link);
+  if (link_ != link || handshake_pending_ > 0) return;
+  auto waiting = std::move(waiting_);
+  waiting_.clear();
+  for (auto& q : waiting) send(std::move(q));
+}
 
+void RedisConnection::write_handshake() {
   // The handshake goes first in the pipeline; what waits is sent once it
   // was answered (at once if there is none).
   handshake_pending_ = 0;
@@ -202,7 +211,9 @@ void RedisConnection::connect() {
   if (!hooks_.on_connect_command.empty()) {
     write_command(std::vector<std::string_view>(hooks_.on_connect_command.begin(), hooks_.on_connect_command.end()));
   }
+}
 
+void RedisConnection::open_link(Link* link) {
   // A numeric address connects at once; a name is looked up on libuv's
   // threads (getaddrinfo blocks), within the same connect timeout.
   sockaddr_storage addr{};
@@ -239,10 +250,6 @@ void RedisConnection::connect() {
     }
     link->resolving = true;
   }
-  if (link_ != link || handshake_pending_ > 0) return;
-  auto waiting = std::move(waiting_);
-  waiting_.clear();
-  for (auto& q : waiting) send(std::move(q));
 }
 
 void RedisConnection::start_tcp(Link* link, const sockaddr* addr) {
@@ -308,7 +315,7 @@ void RedisConnection::link_ready(Link* link) {
   link->connected = true;
   uv_timer_stop(&connect_timer_);
   state_ = State::kConnected;
-  backoff_ = std::chrono::milliseconds(0);
+  backoff_.reset();
   if (handshake_pending_ == 0) became_usable();
   if (link_ == link) want_flush();
 }
@@ -930,8 +937,8 @@ StoreError RedisConnection::down_error(const std::string& why) const {
 void RedisConnection::schedule_reconnect() {
   if (state_ == State::kClosed || reconnect_scheduled_) return;
   reconnect_scheduled_ = true;
-  backoff_ = backoff_.count() == 0 ? options_.reconnect_min : std::min(backoff_ * 2, options_.reconnect_max);
-  uv_timer_start(&connect_timer_, &RedisConnection::on_reconnect_timer, static_cast<uint64_t>(backoff_.count()), 0);
+  uv_timer_start(&connect_timer_, &RedisConnection::on_reconnect_timer, static_cast<uint64_t>(backoff_.next().count()),
+                 0);
 }
 
 void RedisConnection::on_reconnect_timer(uv_timer_t* t) {
@@ -1016,7 +1023,7 @@ void RedisConnection::set_endpoint(const Endpoint& endpoint) {
     connect();
     return;
   }
-  backoff_ = std::chrono::milliseconds(0);
+  backoff_.reset();
   if (link_ != nullptr) {
     // What waits for the handshake goes to the new master instead.
     drop_link("the master moved to " + name_);

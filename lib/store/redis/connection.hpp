@@ -55,6 +55,7 @@
 #include <unordered_set>
 #include <vector>
 
+#include "core/backoff.hpp"
 #include "lockwatch/options.hpp"
 #include "scripts.hpp"
 #include "store/store_error.hpp"
@@ -214,6 +215,11 @@ class RedisConnection {
   void push_pending(Pending p);
 
   void connect();
+  // connect()'s parts: the handshake written first in the new link's
+  // pipeline (AUTH, SELECT, CLIENT SETNAME, ROLE, the subscriptions), and
+  // the link opened (a name looked up first, within the connect timeout).
+  void write_handshake();
+  void open_link(Link* link);
   void send(Queued q);
   void submit(Queued q);
   void write_command(const std::vector<std::string_view>& argv);
@@ -273,7 +279,7 @@ class RedisConnection {
   uv_prepare_t flush_{};        // writes what was queued, once per loop iteration
   std::size_t demand_id_ = 0;   // Loop::add_demand: awaited_ while open
   std::size_t awaited_ = 0;     // entries of pending_ a caller waits for
-  std::chrono::milliseconds backoff_{0};
+  Backoff backoff_{options_.reconnect_min, options_.reconnect_max};
   std::string last_error_ = "not connected yet";
   bool auth_failed_ = false;
   bool select_failed_ = false;  // the server has no such database: a configuration error, not a node to wait for

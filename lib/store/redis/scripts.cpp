@@ -8,6 +8,8 @@
 #include <cstdint>
 #include <iterator>
 
+#include "store/redis/redis_error.hpp"
+
 namespace lockwatch::detail {
 namespace {
 

@@ -1,4 +1,5 @@
 #include "store/sql/sql_connection.hpp"
+#include "store/sql/sql_error.hpp"
 
 #include <errmsg.h>
 #include <fmt/format.h>
@@ -573,8 +574,7 @@ void SqlConnection::teardown() {
 }
 
 void SqlConnection::schedule_reconnect() {
-  backoff_ = backoff_.count() == 0 ? options_.reconnect_min : std::min(backoff_ * 2, options_.reconnect_max);
-  uv_timer_start(&reconnect_timer_, on_reconnect, static_cast<std::uint64_t>(backoff_.count()), 0);
+  uv_timer_start(&reconnect_timer_, on_reconnect, static_cast<std::uint64_t>(backoff_.next().count()), 0);
 }
 
 void SqlConnection::on_reconnect(uv_timer_t* t) {
@@ -583,7 +583,7 @@ void SqlConnection::on_reconnect(uv_timer_t* t) {
 }
 
 void SqlConnection::became_usable() {
-  backoff_ = std::chrono::milliseconds(0);
+  backoff_.reset();
   if (reported_down_) {
     reported_down_ = false;
     if (state_hook_) state_hook_(true, {});

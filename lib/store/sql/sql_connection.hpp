@@ -50,6 +50,7 @@
 #include <string>
 #include <vector>
 
+#include "core/backoff.hpp"
 #include "lockwatch/options.hpp"
 #include "store/sql/sql_target.hpp"
 #include "store/store_error.hpp"
@@ -179,7 +180,7 @@ class SqlConnection {
   bool kicked_ = false;
   bool reported_down_ = false;
   bool handshaking_ = false;
-  std::chrono::milliseconds backoff_{0};
+  Backoff backoff_{options_.reconnect_min, options_.reconnect_max};
   std::string connect_host_;  // the address of the attempt under way
   std::string last_error_ = "not connected yet";
   unsigned last_errno_ = 0;

@@ -11,6 +11,7 @@
 #include "core/option_checks.hpp"
 #include "core/token.hpp"
 #include "store/sql/sql_literals.hpp"
+#include "store/sql/sql_error.hpp"
 
 namespace lockwatch::detail {
 
@@ -219,6 +220,23 @@ void SqlStore::send_acquisitions() {
 }
 
 void SqlStore::acquire_batch(std::shared_ptr<AcquireBatch> batch) {
+  auto [insert, report] = acquire_statements(*batch);
+  // The insert's failure answers the batch (or sends it again); the
+  // report answers it otherwise.
+  auto answered = std::make_shared<bool>(false);
+  SqlConnection& conn = command_connection();
+  conn.query(std::move(insert), [this, batch, answered](const SqlResult&, const StoreError* err) {
+    if (!err) return;
+    *answered = true;
+    acquire_failed(batch, *err);
+  });
+  conn.query(std::move(report), [this, batch, answered](const SqlResult& r, const StoreError* err) {
+    if (*answered) return;
+    acquire_reported(batch, r, err);
+  });
+}
+
+std::pair<std::string, std::string> SqlStore::acquire_statements(const AcquireBatch& batch) const {
   // One statement decides for the whole batch, row by row: a free or
   // expired row becomes ours with its fence raised, unless another
   // runtime's mark on it lives; a row held by another owner is left as it
@@ -235,8 +253,8 @@ void SqlStore::acquire_batch(std::shared_ptr<AcquireBatch> batch) {
   std::string insert = fmt::format(
       "INSERT INTO {} (lock_name, owner, fence, expires_at, owner_name, granted_at, waiter) VALUES ", table_);
   std::string names;
-  for (std::size_t k = 0; k < batch->locks.size(); ++k) {
-    const auto& l = batch->locks[k];
+  for (std::size_t k = 0; k < batch.locks.size(); ++k) {
+    const auto& l = batch.locks[k];
     if (k > 0) {
       insert += ',';
       names += ',';
@@ -270,97 +288,92 @@ void SqlStore::acquire_batch(std::shared_ptr<AcquireBatch> batch) {
       "SELECT lock_name, owner, fence, GREATEST(TIMESTAMPDIFF(MICROSECOND, NOW(6), expires_at), 0), waiter, "
       "IFNULL(GREATEST(TIMESTAMPDIFF(MICROSECOND, NOW(6), waiter_until), 0), 0) FROM {} WHERE lock_name IN ({})",
       table_, names);
-  auto failed = std::make_shared<bool>(false);
-  auto retried = std::make_shared<bool>(false);
-  SqlConnection& conn = command_connection();
-  conn.query(std::move(insert), [this, batch, failed, retried](const SqlResult&, const StoreError* err) {
-    if (!err) return;
-    // A deadlock or a lock wait timeout: the statement is tried again.
-    const bool retry_later = err->kind == StoreError::Kind::kRetryLater;
-    if (retry_later && batch->attempt < kAcquireAttempts) {
-      *retried = true;
-      ++batch->attempt;
-      acquire_batch(batch);
-      return;
+  return {std::move(insert), std::move(report)};
+}
+
+void SqlStore::acquire_failed(const std::shared_ptr<AcquireBatch>& batch, const StoreError& error) {
+  // A deadlock or a lock wait timeout: the statement is tried again.
+  const bool retry_later = error.kind == StoreError::Kind::kRetryLater;
+  if (retry_later && batch->attempt < kAcquireAttempts) {
+    ++batch->attempt;
+    acquire_batch(batch);
+    return;
+  }
+  if (batch->locks.size() > 1 && error.kind == StoreError::Kind::kRefused) {
+    // The server refused the statement for one of its rows (a name too
+    // long for the column, say): each lock again on its own, so only
+    // that one fails.
+    for (auto& l : batch->locks) {
+      auto single = std::make_shared<AcquireBatch>();
+      single->locks.push_back(std::move(l));
+      acquire_batch(std::move(single));
     }
-    if (batch->locks.size() > 1 && err->kind == StoreError::Kind::kRefused) {
-      // The server refused the statement for one of its rows (a name too
-      // long for the column, say): each lock again on its own, so only
-      // that one fails.
-      *retried = true;
-      for (auto& l : batch->locks) {
-        auto single = std::make_shared<AcquireBatch>();
-        single->locks.push_back(std::move(l));
-        acquire_batch(std::move(single));
-      }
-      return;
-    }
-    *failed = true;
+    return;
+  }
+  Acquired out;
+  out.error = error;
+  for (const auto& l : batch->locks) (*l.done)(l.index, out);
+}
+
+void SqlStore::acquire_reported(const std::shared_ptr<AcquireBatch>& batch, const SqlResult& r, const StoreError* err) {
+  if (err) {
     Acquired out;
     out.error = *err;
     for (const auto& l : batch->locks) (*l.done)(l.index, out);
-  });
-  conn.query(std::move(report), [this, batch, failed, retried](const SqlResult& r, const StoreError* err) {
-    if (*failed || *retried) return;  // answered by the insert's failure, or sent again
-    if (err) {
-      Acquired out;
-      out.error = *err;
-      for (const auto& l : batch->locks) (*l.done)(l.index, out);
-      return;
+    return;
+  }
+  std::map<std::string_view, const std::vector<std::string>*> rows;
+  for (const auto& row : r.rows)
+    if (row.size() == 6) rows[row[0]] = &row;
+  auto answers = std::make_shared<std::vector<Acquired>>(batch->locks.size());
+  std::vector<std::pair<std::string, std::chrono::milliseconds>> marks;
+  for (std::size_t k = 0; k < batch->locks.size(); ++k) {
+    const auto& l = batch->locks[k];
+    Acquired& out = (*answers)[k];
+    auto it = rows.find(l.name);
+    if (it == rows.end()) {
+      out.status = Acquired::Status::kBusy;  // cannot be: the insert made the row
+      continue;
     }
-    std::map<std::string_view, const std::vector<std::string>*> rows;
-    for (const auto& row : r.rows)
-      if (row.size() == 6) rows[row[0]] = &row;
-    auto answers = std::make_shared<std::vector<Acquired>>(batch->locks.size());
-    std::vector<std::pair<std::string, std::chrono::milliseconds>> marks;
-    for (std::size_t k = 0; k < batch->locks.size(); ++k) {
-      const auto& l = batch->locks[k];
-      Acquired& out = (*answers)[k];
-      auto it = rows.find(l.name);
-      if (it == rows.end()) {
-        out.status = Acquired::Status::kBusy;  // cannot be: the insert made the row
-        continue;
-      }
-      const auto& row = *it->second;
-      long long us = to_ll(row[3]);
-      if (row[1] == l.token && us > 0) {
-        out.status = Acquired::Status::kTaken;
-        out.fence = static_cast<std::uint64_t>(to_ll(row[2]));
-        continue;
-      }
-      out.status = Acquired::Status::kBusy;
-      out.busy_for = sql::ms_up(us);
-      const long long mark_us = to_ll(row[5]);
-      if (us == 0 && mark_us > 0 && !(l.waits && row[4] == waiter_id_))
-        // Free, but another's mark lives: the marked waiter goes first;
-        // we look again soon, in case it never comes.
-        out.busy_for = std::min(sql::ms_up(mark_us), kMarkedRowRetry);
-      const std::string_view owner = row[1];
-      if (owner == kSharedMarker) {
-        // Readers hold it: this writer's mark stops new ones while it
-        // waits. The mark lasts 2 s (the ttl if shorter) and the writer
-        // tries again within half of it, so it keeps the mark while it
-        // waits and one that stops waiting holds readers back briefly.
-        const auto mark = std::min(l.ttl, kWriterMark);
-        out.busy_for = std::min(out.busy_for, std::max(mark / 2, std::chrono::milliseconds(1)));
-        marks.emplace_back(l.name, mark);
-      } else if (us > 0 && (owner == kFairMarker || owner.starts_with(kPermitsMarker))) {
-        out.status = Acquired::Status::kFailed;
-        out.error = StoreError::invalid(
-            target_.name(),
-            fmt::format("the lock '{}' is held as {}; this call asked for it exclusive", l.name, held_as(owner)),
-            StoreError::Origin::kSql);
-      }
+    const auto& row = *it->second;
+    long long us = to_ll(row[3]);
+    if (row[1] == l.token && us > 0) {
+      out.status = Acquired::Status::kTaken;
+      out.fence = static_cast<std::uint64_t>(to_ll(row[2]));
+      continue;
     }
-    auto answer = [batch, answers] {
-      for (std::size_t k = 0; k < batch->locks.size(); ++k) (*batch->locks[k].done)(batch->locks[k].index, (*answers)[k]);
-    };
-    if (marks.empty()) {
-      answer();
-      return;
+    out.status = Acquired::Status::kBusy;
+    out.busy_for = sql::ms_up(us);
+    const long long mark_us = to_ll(row[5]);
+    if (us == 0 && mark_us > 0 && !(l.waits && row[4] == waiter_id_))
+      // Free, but another's mark lives: the marked waiter goes first;
+      // we look again soon, in case it never comes.
+      out.busy_for = std::min(sql::ms_up(mark_us), kMarkedRowRetry);
+    const std::string_view owner = row[1];
+    if (owner == kSharedMarker) {
+      // Readers hold it: this writer's mark stops new ones while it
+      // waits. The mark lasts 2 s (the ttl if shorter) and the writer
+      // tries again within half of it, so it keeps the mark while it
+      // waits and one that stops waiting holds readers back briefly.
+      const auto mark = std::min(l.ttl, kWriterMark);
+      out.busy_for = std::min(out.busy_for, std::max(mark / 2, std::chrono::milliseconds(1)));
+      marks.emplace_back(l.name, mark);
+    } else if (us > 0 && (owner == kFairMarker || owner.starts_with(kPermitsMarker))) {
+      out.status = Acquired::Status::kFailed;
+      out.error = StoreError::invalid(
+          target_.name(),
+          fmt::format("the lock '{}' is held as {}; this call asked for it exclusive", l.name, held_as(owner)),
+          StoreError::Origin::kSql);
     }
-    mark_writers(std::move(marks), std::move(answer));
-  });
+  }
+  auto answer = [batch, answers] {
+    for (std::size_t k = 0; k < batch->locks.size(); ++k) (*batch->locks[k].done)(batch->locks[k].index, (*answers)[k]);
+  };
+  if (marks.empty()) {
+    answer();
+    return;
+  }
+  mark_writers(std::move(marks), std::move(answer));
 }
 
 void SqlStore::mark_writers(std::vector<std::pair<std::string, std::chrono::milliseconds>> names,
@@ -468,21 +481,25 @@ void SqlStore::classify_renewals(std::shared_ptr<RenewBatch> batch, std::vector<
   });
 }
 
+// The exclusive releases one statement carries.
+struct SqlStore::ReleaseBatch {
+  std::vector<std::pair<std::string, std::string>> locks;  // name, token
+  std::vector<std::size_t> index;
+  std::shared_ptr<ReleaseDone> done;  // shared by the chunks of one call
+  std::map<std::string, std::pair<std::string, bool>> before;  // name -> owner, live
+  std::string names;  // the names as the statements list them
+};
+
 void SqlStore::release(std::span<const LockRef> locks, bool /*notify: no release notices on SQL*/, ReleaseDone done) {
-  struct Batch {
-    std::vector<std::pair<std::string, std::string>> locks;  // name, token
-    std::vector<std::size_t> index;
-    std::shared_ptr<ReleaseDone> done;  // shared by the chunks of one call
-    std::map<std::string, std::pair<std::string, bool>> before;  // name -> owner, live
-  };
   auto shared_done = std::make_shared<ReleaseDone>(std::move(done));
   std::vector<std::size_t> exclusive, kinds;
   for (std::size_t i = 0; i < locks.size(); ++i) (locks[i].kind.exclusive_kind() ? exclusive : kinds).push_back(i);
   if (!kinds.empty()) release_kinds(locks, std::move(kinds), shared_done);
   for (std::size_t from = 0; from < exclusive.size(); from += kChunk) {
-    auto batch = std::make_shared<Batch>();
+    auto batch = std::make_shared<ReleaseBatch>();
     batch->done = shared_done;
-    std::string names, pairs;
+    std::string& names = batch->names;
+    std::string pairs;
     for (std::size_t e = from; e < std::min(exclusive.size(), from + kChunk); ++e) {
       const std::size_t i = exclusive[e];
       batch->locks.emplace_back(std::string(locks[i].name), std::string(locks[i].token));
@@ -509,53 +526,55 @@ void SqlStore::release(std::span<const LockRef> locks, bool /*notify: no release
         fmt::format("UPDATE {} SET owner = '', expires_at = NOW(6) WHERE lock_name IN ({}) AND expires_at > NOW(6) "
                     "AND (lock_name, owner) IN ({})",
                     table_, names, pairs),
-        [this, batch, names](const SqlResult& r, const StoreError* err) {
-          if (err) {
-            for (std::size_t k = 0; k < batch->locks.size(); ++k) (*batch->done)(batch->index[k], Released::kUnconfirmed, err);
-            return;
-          }
-          auto ours = [&](std::size_t k) {
-            auto it = batch->before.find(batch->locks[k].first);
-            return it != batch->before.end() && it->second.first == batch->locks[k].second && it->second.second;
-          };
-          std::size_t expected = 0;
-          for (std::size_t k = 0; k < batch->locks.size(); ++k) expected += ours(k) ? 1 : 0;
-          if (r.affected == expected) {
-            for (std::size_t k = 0; k < batch->locks.size(); ++k) {
-              auto it = batch->before.find(batch->locks[k].first);
-              bool other = it != batch->before.end() && it->second.second && !it->second.first.empty() && !ours(k);
-              (*batch->done)(batch->index[k], ours(k) ? Released::kYes : other ? Released::kTakenByOther : Released::kGone, nullptr);
-            }
-            return;
-          }
-          // A lock expired between the read and the write: read again. A
-          // row still ours was not released (it expired); another owner's
-          // took it since; an emptied row was released by us.
-          command_connection().query(
-              fmt::format("SELECT lock_name, owner, expires_at > NOW(6) FROM {} WHERE lock_name IN ({})", table_, names),
-              [batch](const SqlResult& after, const StoreError* e2) {
-                std::map<std::string_view, const std::vector<std::string>*> rows;
-                if (!e2)
-                  for (const auto& row : after.rows)
-                    if (row.size() == 3) rows[row[0]] = &row;
-                for (std::size_t k = 0; k < batch->locks.size(); ++k) {
-                  const auto& [name, token] = batch->locks[k];
-                  auto it = rows.find(name);
-                  Released st = Released::kGone;
-                  if (e2) {
-                    st = Released::kUnconfirmed;
-                  } else if (it != rows.end()) {
-                    const auto& row = *it->second;
-                    if (row[1].empty())
-                      st = Released::kYes;
-                    else if (row[1] != token && row[2] == "1")
-                      st = Released::kTakenByOther;
-                  }
-                  (*batch->done)(batch->index[k], st, e2);
-                }
-              });
-        });
+        [this, batch](const SqlResult& r, const StoreError* err) { release_answered(batch, r, err); });
   }
+}
+
+void SqlStore::release_answered(const std::shared_ptr<ReleaseBatch>& batch, const SqlResult& r, const StoreError* err) {
+  if (err) {
+    for (std::size_t k = 0; k < batch->locks.size(); ++k) (*batch->done)(batch->index[k], Released::kUnconfirmed, err);
+    return;
+  }
+  auto ours = [&](std::size_t k) {
+    auto it = batch->before.find(batch->locks[k].first);
+    return it != batch->before.end() && it->second.first == batch->locks[k].second && it->second.second;
+  };
+  std::size_t expected = 0;
+  for (std::size_t k = 0; k < batch->locks.size(); ++k) expected += ours(k) ? 1 : 0;
+  if (r.affected == expected) {
+    for (std::size_t k = 0; k < batch->locks.size(); ++k) {
+      auto it = batch->before.find(batch->locks[k].first);
+      bool other = it != batch->before.end() && it->second.second && !it->second.first.empty() && !ours(k);
+      (*batch->done)(batch->index[k], ours(k) ? Released::kYes : other ? Released::kTakenByOther : Released::kGone, nullptr);
+    }
+    return;
+  }
+  // A lock expired between the read and the write: read again. A row
+  // still ours was not released (it expired); another owner's took it
+  // since; an emptied row was released by us.
+  command_connection().query(
+      fmt::format("SELECT lock_name, owner, expires_at > NOW(6) FROM {} WHERE lock_name IN ({})", table_, batch->names),
+      [batch](const SqlResult& after, const StoreError* e2) {
+        std::map<std::string_view, const std::vector<std::string>*> rows;
+        if (!e2)
+          for (const auto& row : after.rows)
+            if (row.size() == 3) rows[row[0]] = &row;
+        for (std::size_t k = 0; k < batch->locks.size(); ++k) {
+          const auto& [name, token] = batch->locks[k];
+          auto it = rows.find(name);
+          Released st = Released::kGone;
+          if (e2) {
+            st = Released::kUnconfirmed;
+          } else if (it != rows.end()) {
+            const auto& row = *it->second;
+            if (row[1].empty())
+              st = Released::kYes;
+            else if (row[1] != token && row[2] == "1")
+              st = Released::kTakenByOther;
+          }
+          (*batch->done)(batch->index[k], st, e2);
+        }
+      });
 }
 
 void SqlStore::server_time(TimeDone done) {

@@ -131,6 +131,15 @@ class SqlStore final : public StoreBase,
   // statement, one transaction.
   void send_acquisitions();
   void acquire_batch(std::shared_ptr<AcquireBatch> batch);
+  struct ReleaseBatch;
+  // The answer to a release batch's update (read again when a lock
+  // expired between the read before and the update).
+  void release_answered(const std::shared_ptr<ReleaseBatch>& batch, const SqlResult& r, const StoreError* err);
+  // acquire_batch()'s parts: its two statements (the insert that decides,
+  // the report that reads what it did), the insert's failure, the report.
+  std::pair<std::string, std::string> acquire_statements(const AcquireBatch& batch) const;
+  void acquire_failed(const std::shared_ptr<AcquireBatch>& batch, const StoreError& error);
+  void acquire_reported(const std::shared_ptr<AcquireBatch>& batch, const SqlResult& r, const StoreError* err);
   void renew_group(std::shared_ptr<RenewBatch> batch, std::vector<std::size_t> members, std::chrono::milliseconds ttl);
   void classify_renewals(std::shared_ptr<RenewBatch> batch, std::vector<std::size_t> members);
   // The exclusive acquisitions of a batch that found readers leave the

@@ -146,6 +146,84 @@ void SqlStore::send_kind_group(std::vector<std::shared_ptr<KindAcquire>> group) 
   });
 }
 
+// What a shared, permit or fair acquisition does once kind_body()'s common
+// part has read the lock (fmt named arguments: m marker, h holders table,
+// l lock table, n name, t token, d deadline, cover the lock row's update
+// after a grant, o owner name, count permits).
+
+// A reader waits for the writer that holds it, and for a writer's
+// mark left since the last writer's grant (the fence it carries).
+constexpr std::string_view kSharedAcquireSql =
+    "IF @lw_held_as = 'x' THEN "
+    "  SET @lw_wait = TIMESTAMPDIFF(MICROSECOND, @lw_now, @lw_expires); "
+    "ELSEIF @lw_held_as NOT IN ('', '{m}') THEN "
+    "  SET @lw_status = 'invalid'; "
+    "ELSEIF @lw_mine = 'r' THEN "
+    "  UPDATE {h} SET expires_at = {d} WHERE lock_name = {n} AND owner = {t}; "
+    "  UPDATE {l} SET {cover} WHERE lock_name = {n}; "
+    "  SET @lw_status = 'taken'; "
+    "ELSEIF EXISTS (SELECT 1 FROM {h} WHERE lock_name = {n} AND role = 'w' AND n = @lw_fence) THEN "
+    "  SELECT TIMESTAMPDIFF(MICROSECOND, @lw_now, MAX(expires_at)) INTO @lw_wait FROM {h} "
+    "  WHERE lock_name = {n} AND role = 'w'; "
+    "ELSE "
+    "  INSERT INTO {h} (lock_name, owner, role, n, seq, expires_at, owner_name, granted_at) "
+    "  VALUES ({n}, {t}, 'r', 0, 0, {d}, {o}, NOW(6)); "
+    "  UPDATE {l} SET {cover} WHERE lock_name = {n}; "
+    "  SET @lw_status = 'taken'; "
+    "END IF;";
+
+// Every grant raises the fence; a retry after a lost answer is the
+// same grant, with the fence as it stands.
+constexpr std::string_view kPermitsAcquireSql =
+    "IF @lw_held_as NOT IN ('', '{m}') THEN "
+    "  SET @lw_status = 'invalid'; "
+    "ELSEIF @lw_mine = 'p' THEN "
+    "  UPDATE {h} SET expires_at = {d} WHERE lock_name = {n} AND owner = {t}; "
+    "  UPDATE {l} SET {cover} WHERE lock_name = {n}; "
+    "  SET @lw_status = 'taken'; "
+    "ELSEIF (SELECT COUNT(*) FROM {h} WHERE lock_name = {n} AND role = 'p') >= {count} THEN "
+    "  SELECT TIMESTAMPDIFF(MICROSECOND, @lw_now, MIN(expires_at)) INTO @lw_wait FROM {h} "
+    "  WHERE lock_name = {n} AND role = 'p'; "
+    "ELSE "
+    "  INSERT INTO {h} (lock_name, owner, role, n, seq, expires_at, owner_name, granted_at) "
+    "  VALUES ({n}, {t}, 'p', {count}, 0, {d}, {o}, NOW(6)); "
+    "  UPDATE {l} SET fence = fence + 1, {cover} WHERE lock_name = {n}; "
+    "  SET @lw_fence = @lw_fence + 1, @lw_status = 'taken'; "
+    "END IF;";
+
+// The caller takes a place at the end of the queue (the last
+// number plus one) or refreshes its own, and is granted only when
+// nobody holds the lock and its place is the first. A waiter told
+// busy tries again within a third of its ttl, which keeps its place.
+constexpr std::string_view kFairAcquireSql =
+    "IF @lw_held_as NOT IN ('', '{m}') THEN "
+    "  SET @lw_status = 'invalid'; "
+    "ELSEIF @lw_mine = 'f' THEN "
+    "  UPDATE {h} SET expires_at = {d} WHERE lock_name = {n} AND owner = {t}; "
+    "  UPDATE {l} SET {cover} WHERE lock_name = {n}; "
+    "  SET @lw_status = 'taken'; "
+    "ELSE "
+    "  IF @lw_mine = 'q' THEN "
+    "    UPDATE {h} SET expires_at = {d} WHERE lock_name = {n} AND owner = {t}; "
+    "  ELSE "
+    "    SELECT IFNULL(MAX(seq), 0) + 1 INTO @lw_seq FROM {h} WHERE lock_name = {n}; "
+    "    INSERT INTO {h} (lock_name, owner, role, n, seq, expires_at) VALUES ({n}, {t}, 'q', 0, @lw_seq, {d}); "
+    "  END IF; "
+    "  UPDATE {l} SET {cover} WHERE lock_name = {n}; "
+    "  SET @lw_holder = (SELECT MAX(expires_at) FROM {h} WHERE lock_name = {n} AND role = 'f'); "
+    "  SET @lw_first = (SELECT owner FROM {h} WHERE lock_name = {n} AND role = 'q' ORDER BY seq LIMIT 1); "
+    "  IF @lw_holder IS NULL AND @lw_first = {t} THEN "
+    "    UPDATE {h} SET role = 'f', owner_name = {o}, granted_at = NOW(6) WHERE lock_name = {n} AND owner = {t}; "
+    "    UPDATE {l} SET fence = fence + 1 WHERE lock_name = {n}; "
+    "    SET @lw_fence = @lw_fence + 1, @lw_status = 'taken'; "
+    "  ELSEIF @lw_holder IS NOT NULL THEN "
+    "    SET @lw_wait = TIMESTAMPDIFF(MICROSECOND, @lw_now, @lw_holder); "
+    "  ELSE "
+    "    SELECT TIMESTAMPDIFF(MICROSECOND, @lw_now, expires_at) INTO @lw_wait FROM {h} "
+    "    WHERE lock_name = {n} AND role = 'q' ORDER BY seq LIMIT 1; "
+    "  END IF; "
+    "END IF;";
+
 std::string SqlStore::kind_body(const KindAcquire& lock) const {
   const KindAcquire* a = &lock;
   const std::string n = hex(a->name);
@@ -173,92 +251,16 @@ std::string SqlStore::kind_body(const KindAcquire& lock) const {
   // and an expiry that covers this deadline too.
   const std::string cover = fmt::format(
       "owner = '{}', expires_at = IF(@lw_held_as = '', {}, GREATEST(expires_at, {}))", m, deadline, deadline);
+  std::string_view text;
   switch (a->kind.mode()) {
-    case LockKind::Mode::kShared:
-      // A reader waits for the writer that holds it, and for a writer's
-      // mark left since the last writer's grant (the fence it carries).
-      body += fmt::format(
-          "IF @lw_held_as = 'x' THEN "
-          "  SET @lw_wait = TIMESTAMPDIFF(MICROSECOND, @lw_now, @lw_expires); "
-          "ELSEIF @lw_held_as NOT IN ('', '{m}') THEN "
-          "  SET @lw_status = 'invalid'; "
-          "ELSEIF @lw_mine = 'r' THEN "
-          "  UPDATE {h} SET expires_at = {d} WHERE lock_name = {n} AND owner = {t}; "
-          "  UPDATE {l} SET {cover} WHERE lock_name = {n}; "
-          "  SET @lw_status = 'taken'; "
-          "ELSEIF EXISTS (SELECT 1 FROM {h} WHERE lock_name = {n} AND role = 'w' AND n = @lw_fence) THEN "
-          "  SELECT TIMESTAMPDIFF(MICROSECOND, @lw_now, MAX(expires_at)) INTO @lw_wait FROM {h} "
-          "  WHERE lock_name = {n} AND role = 'w'; "
-          "ELSE "
-          "  INSERT INTO {h} (lock_name, owner, role, n, seq, expires_at, owner_name, granted_at) "
-          "  VALUES ({n}, {t}, 'r', 0, 0, {d}, {o}, NOW(6)); "
-          "  UPDATE {l} SET {cover} WHERE lock_name = {n}; "
-          "  SET @lw_status = 'taken'; "
-          "END IF;",
-          fmt::arg("m", m), fmt::arg("h", holders_), fmt::arg("l", table_), fmt::arg("n", n), fmt::arg("t", t),
-          fmt::arg("d", deadline), fmt::arg("cover", cover), fmt::arg("o", owner_name_));
-      break;
-    case LockKind::Mode::kPermits:
-      // Every grant raises the fence; a retry after a lost answer is the
-      // same grant, with the fence as it stands.
-      body += fmt::format(
-          "IF @lw_held_as NOT IN ('', '{m}') THEN "
-          "  SET @lw_status = 'invalid'; "
-          "ELSEIF @lw_mine = 'p' THEN "
-          "  UPDATE {h} SET expires_at = {d} WHERE lock_name = {n} AND owner = {t}; "
-          "  UPDATE {l} SET {cover} WHERE lock_name = {n}; "
-          "  SET @lw_status = 'taken'; "
-          "ELSEIF (SELECT COUNT(*) FROM {h} WHERE lock_name = {n} AND role = 'p') >= {count} THEN "
-          "  SELECT TIMESTAMPDIFF(MICROSECOND, @lw_now, MIN(expires_at)) INTO @lw_wait FROM {h} "
-          "  WHERE lock_name = {n} AND role = 'p'; "
-          "ELSE "
-          "  INSERT INTO {h} (lock_name, owner, role, n, seq, expires_at, owner_name, granted_at) "
-          "  VALUES ({n}, {t}, 'p', {count}, 0, {d}, {o}, NOW(6)); "
-          "  UPDATE {l} SET fence = fence + 1, {cover} WHERE lock_name = {n}; "
-          "  SET @lw_fence = @lw_fence + 1, @lw_status = 'taken'; "
-          "END IF;",
-          fmt::arg("m", m), fmt::arg("h", holders_), fmt::arg("l", table_), fmt::arg("n", n), fmt::arg("t", t),
-          fmt::arg("d", deadline), fmt::arg("cover", cover), fmt::arg("count", a->kind.permit_count()), fmt::arg("o", owner_name_));
-      break;
-    case LockKind::Mode::kFair:
-      // The caller takes a place at the end of the queue (the last
-      // number plus one) or refreshes its own, and is granted only when
-      // nobody holds the lock and its place is the first. A waiter told
-      // busy tries again within a third of its ttl, which keeps its place.
-      body += fmt::format(
-          "IF @lw_held_as NOT IN ('', '{m}') THEN "
-          "  SET @lw_status = 'invalid'; "
-          "ELSEIF @lw_mine = 'f' THEN "
-          "  UPDATE {h} SET expires_at = {d} WHERE lock_name = {n} AND owner = {t}; "
-          "  UPDATE {l} SET {cover} WHERE lock_name = {n}; "
-          "  SET @lw_status = 'taken'; "
-          "ELSE "
-          "  IF @lw_mine = 'q' THEN "
-          "    UPDATE {h} SET expires_at = {d} WHERE lock_name = {n} AND owner = {t}; "
-          "  ELSE "
-          "    SELECT IFNULL(MAX(seq), 0) + 1 INTO @lw_seq FROM {h} WHERE lock_name = {n}; "
-          "    INSERT INTO {h} (lock_name, owner, role, n, seq, expires_at) VALUES ({n}, {t}, 'q', 0, @lw_seq, {d}); "
-          "  END IF; "
-          "  UPDATE {l} SET {cover} WHERE lock_name = {n}; "
-          "  SET @lw_holder = (SELECT MAX(expires_at) FROM {h} WHERE lock_name = {n} AND role = 'f'); "
-          "  SET @lw_first = (SELECT owner FROM {h} WHERE lock_name = {n} AND role = 'q' ORDER BY seq LIMIT 1); "
-          "  IF @lw_holder IS NULL AND @lw_first = {t} THEN "
-          "    UPDATE {h} SET role = 'f', owner_name = {o}, granted_at = NOW(6) WHERE lock_name = {n} AND owner = {t}; "
-          "    UPDATE {l} SET fence = fence + 1 WHERE lock_name = {n}; "
-          "    SET @lw_fence = @lw_fence + 1, @lw_status = 'taken'; "
-          "  ELSEIF @lw_holder IS NOT NULL THEN "
-          "    SET @lw_wait = TIMESTAMPDIFF(MICROSECOND, @lw_now, @lw_holder); "
-          "  ELSE "
-          "    SELECT TIMESTAMPDIFF(MICROSECOND, @lw_now, expires_at) INTO @lw_wait FROM {h} "
-          "    WHERE lock_name = {n} AND role = 'q' ORDER BY seq LIMIT 1; "
-          "  END IF; "
-          "END IF;",
-          fmt::arg("m", m), fmt::arg("h", holders_), fmt::arg("l", table_), fmt::arg("n", n), fmt::arg("t", t),
-          fmt::arg("d", deadline), fmt::arg("cover", cover), fmt::arg("o", owner_name_));
-      break;
-    case LockKind::Mode::kExclusive:
-      break;
+    case LockKind::Mode::kShared: text = kSharedAcquireSql; break;
+    case LockKind::Mode::kPermits: text = kPermitsAcquireSql; break;
+    case LockKind::Mode::kFair: text = kFairAcquireSql; break;
+    case LockKind::Mode::kExclusive: return body;
   }
+  body += fmt::format(fmt::runtime(text), fmt::arg("m", m), fmt::arg("h", holders_), fmt::arg("l", table_),
+                      fmt::arg("n", n), fmt::arg("t", t), fmt::arg("d", deadline), fmt::arg("cover", cover),
+                      fmt::arg("o", owner_name_), fmt::arg("count", a->kind.permit_count()));
   return body;
 }
 

@@ -1173,7 +1173,7 @@ void ZkStore::grant(const std::shared_ptr<AcquireOp>& op) {
   }
   auto done = [this, op, key](std::uint64_t fence) {
     held_[key] = Held{op->path, op->session, op->czxid, op->attempt, op->ttl,
-                      op->sent + op->ttl + drift_for(options_, op->ttl), fence};
+                      gone_by(options_, op->sent, op->ttl), fence};
     Acquired out;
     out.status = Acquired::Status::kTaken;
     out.fence = fence;
@@ -1368,14 +1368,7 @@ constexpr std::size_t kChunk = 256;
 std::size_t ZkStore::renew(std::span<const LockRef> locks, std::shared_ptr<const void> keepalive, RenewDone done) {
   auto shared_done = std::make_shared<RenewDone>(std::move(done));
   // By session: one multi of checks per chunk.
-  struct Check {
-    std::size_t index;
-    std::string path;
-    std::string key;  // in held_
-    std::uint64_t attempt;
-    milliseconds ttl;
-  };
-  std::map<std::uint64_t, std::vector<Check>> by_session;
+  std::map<std::uint64_t, std::vector<RenewCheck>> by_session;
   std::vector<std::pair<std::size_t, Renewed>> now;
   StoreError down = error(ZCONNECTIONLOSS, "the session is disconnected");
   std::vector<std::size_t> transient;
@@ -1388,7 +1381,7 @@ std::size_t ZkStore::renew(std::span<const LockRef> locks, std::shared_ptr<const
     } else if (s->state != Session::State::kConnected) {
       transient.push_back(i);
     } else {
-      by_session[s->serial].push_back(Check{i, h->second.path, std::move(key), h->second.attempt, locks[i].ttl});
+      by_session[s->serial].push_back(RenewCheck{i, h->second.path, std::move(key), h->second.attempt, locks[i].ttl});
     }
   }
   if (!now.empty() || !transient.empty())
@@ -1399,53 +1392,14 @@ std::size_t ZkStore::renew(std::span<const LockRef> locks, std::shared_ptr<const
   std::size_t commands = 0;
   for (auto& [serial, members] : by_session) {
     for (std::size_t from = 0; from < members.size(); from += kChunk) {
-      auto chunk = std::make_shared<std::vector<Check>>(members.begin() + from,
-                                                        members.begin() + std::min(members.size(), from + kChunk));
+      auto chunk = std::make_shared<std::vector<RenewCheck>>(
+          members.begin() + from, members.begin() + std::min(members.size(), from + kChunk));
       const auto sent = Clock::now();
       ++commands;
       Session* s = live(serial);
       send(
           *s,
-          [this, chunk, shared_done, keepalive, sent](const Result& r) {
-            // Confirmed: the lock's expiry moves on, unless the store
-            // removed it meanwhile (its expiry passed): then it is gone.
-            auto confirm = [&](const Check& c) {
-              auto h = held_.find(c.key);
-              if (h == held_.end() || h->second.attempt != c.attempt) {
-                (*shared_done)(c.index, Renewed::kGone, nullptr);
-                return;
-              }
-              h->second.expires = std::max(h->second.expires, sent + c.ttl + drift_for(options_, c.ttl));
-              (*shared_done)(c.index, Renewed::kYes, nullptr);
-            };
-            if (r.rc == ZOK) {
-              for (const auto& c : *chunk) confirm(c);
-              return;
-            }
-            if (r.op_errors.size() == chunk->size() && !unreachable(r.rc)) {
-              // A check failed: each operation says which. Those before it
-              // were answered (ours, and the session alive); a node gone is
-              // a lock gone; the rest were not tried.
-              StoreError again = error(ZCONNECTIONLOSS, "a renewal in a batch with a lost lock");
-              for (std::size_t k = 0; k < chunk->size(); ++k) {
-                int e = r.op_errors[k];
-                auto i = (*chunk)[k].index;
-                if (e == ZOK)
-                  confirm((*chunk)[k]);
-                else if (e == ZNONODE || e == ZBADVERSION)
-                  (*shared_done)(i, Renewed::kGone, nullptr);
-                else
-                  (*shared_done)(i, Renewed::kTransient, &again);
-              }
-              return;
-            }
-            if (r.rc == ZSESSIONEXPIRED) {
-              for (const auto& c : *chunk) (*shared_done)(c.index, Renewed::kGone, nullptr);
-              return;
-            }
-            StoreError e = error(r.rc, "renewing");
-            for (const auto& c : *chunk) (*shared_done)(c.index, Renewed::kTransient, &e);
-          },
+          [this, chunk, shared_done, keepalive, sent](const Result& r) { renew_answered(*chunk, *shared_done, sent, r); },
           [=](zhandle_t* zh, void* ctx) {
             auto* c = static_cast<Ctx*>(ctx);
             c->results.resize(chunk->size());
@@ -1456,6 +1410,48 @@ std::size_t ZkStore::renew(std::span<const LockRef> locks, std::shared_ptr<const
     }
   }
   return commands;
+}
+
+void ZkStore::renew_answered(const std::vector<RenewCheck>& chunk, const RenewDone& done, Clock::time_point sent,
+                             const Result& r) {
+  // Confirmed: the lock's expiry moves on, unless the store removed it
+  // meanwhile (its expiry passed): then it is gone.
+  auto confirm = [&](const RenewCheck& c) {
+    auto h = held_.find(c.key);
+    if (h == held_.end() || h->second.attempt != c.attempt) {
+      done(c.index, Renewed::kGone, nullptr);
+      return;
+    }
+    h->second.expires = std::max(h->second.expires, gone_by(options_, sent, c.ttl));
+    done(c.index, Renewed::kYes, nullptr);
+  };
+  if (r.rc == ZOK) {
+    for (const auto& c : chunk) confirm(c);
+    return;
+  }
+  if (r.op_errors.size() == chunk.size() && !unreachable(r.rc)) {
+    // A check failed: each operation says which. Those before it were
+    // answered (ours, and the session alive); a node gone is a lock gone;
+    // the rest were not tried.
+    StoreError again = error(ZCONNECTIONLOSS, "a renewal in a batch with a lost lock");
+    for (std::size_t k = 0; k < chunk.size(); ++k) {
+      int e = r.op_errors[k];
+      auto i = chunk[k].index;
+      if (e == ZOK)
+        confirm(chunk[k]);
+      else if (e == ZNONODE || e == ZBADVERSION)
+        done(i, Renewed::kGone, nullptr);
+      else
+        done(i, Renewed::kTransient, &again);
+    }
+    return;
+  }
+  if (r.rc == ZSESSIONEXPIRED) {
+    for (const auto& c : chunk) done(c.index, Renewed::kGone, nullptr);
+    return;
+  }
+  StoreError e = error(r.rc, "renewing");
+  for (const auto& c : chunk) done(c.index, Renewed::kTransient, &e);
 }
 
 // ---- release
@@ -1543,7 +1539,7 @@ void ZkStore::give_up_release(const Cleanup& c, StoreError why, std::function<vo
   state->why = std::move(why);
   state->answer = std::move(answer);
   state->answer_confirmed = std::move(confirmed);
-  state->until = Clock::now() + wait + drift_for(options_, wait);
+  state->until = gone_by(options_, Clock::now(), wait);
   retry_give_up(state);
 }
 
@@ -1634,9 +1630,7 @@ void ZkStore::remember_cleanup(Cleanup c) {
   if (closed_) return;
   cleanups_.push_back(std::move(c));
   if (!cleaning_ && started_) {
-    cleanup_backoff_ = cleanup_backoff_.count() == 0 ? options_.reconnect_min
-                                                     : std::min(cleanup_backoff_ * 2, options_.reconnect_max);
-    uv_timer_start(&cleanup_, on_cleanup, static_cast<std::uint64_t>(cleanup_backoff_.count()), 0);
+    uv_timer_start(&cleanup_, on_cleanup, static_cast<std::uint64_t>(cleanup_backoff_.next().count()), 0);
   }
 }
 
@@ -1655,7 +1649,7 @@ void ZkStore::run_cleanups() {
       if (--*left != 0) return;
       cleaning_ = false;
       if (retry->empty() && cleanups_.empty()) {
-        cleanup_backoff_ = milliseconds(0);
+        cleanup_backoff_.reset();
         return;
       }
       auto again = std::move(*retry);

@@ -100,6 +100,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "core/backoff.hpp"
 #include "lockwatch/options.hpp"
 #include "store/capabilities.hpp"
 #include "store/store_base.hpp"
@@ -222,6 +223,18 @@ class ZkStore final : public StoreBase, public JobClaims, public OperatorTools, 
   // and so its nodes, outlived the connection; a write is not sent again
   // (it may have been applied).
   void send_read(Session& s, Reply reply, Issue issue);
+  // A renewal's check of one held node: renew() sends them by session, in
+  // chunks of one multi each; renew_answered() settles a chunk sent at
+  // `sent` from the multi's answer.
+  struct RenewCheck {
+    std::size_t index;
+    std::string path;
+    std::string key;  // in held_
+    std::uint64_t attempt;
+    std::chrono::milliseconds ttl;
+  };
+  void renew_answered(const std::vector<RenewCheck>& chunk, const RenewDone& done, Clock::time_point sent,
+                      const Result& r);
   void issue_now(Session& s, std::uint64_t id, const Issue& issue);
   // A read lost with its connection, sent again (true) or not (false:
   // past its bound, or its session is gone).
@@ -300,7 +313,7 @@ class ZkStore final : public StoreBase, public JobClaims, public OperatorTools, 
   std::vector<std::pair<Clock::time_point, std::function<void()>>> deferred_;
   std::uint64_t next_attempt_ = 1;
   bool cleaning_ = false;
-  std::chrono::milliseconds cleanup_backoff_{0};
+  Backoff cleanup_backoff_{options_.reconnect_min, options_.reconnect_max};
   uv_timer_t sweep_{};
   Clock::time_point next_expiry_scan_{};
   uv_timer_t cleanup_{};

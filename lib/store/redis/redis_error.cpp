@@ -1,0 +1,80 @@
+#include "store/redis/redis_error.hpp"
+
+#include <algorithm>
+#include <charconv>
+
+namespace lockwatch::detail {
+
+namespace {
+
+// The first word of a Redis error line: its code ("MOVED", "WRONGTYPE", "ERR").
+std::string_view first_word(std::string_view message) { return message.substr(0, message.find(' ')); }
+
+// What follows the code and a space ("" when nothing does).
+std::string_view after_code(std::string_view message, std::string_view code) {
+  return message.substr(std::min(message.size(), code.size() + 1));
+}
+
+// "<slot> <host>:<port>" after MOVED or ASK; nullopt when it is not that.
+std::optional<ClusterRedirect> parse_redirect(std::string_view rest) {
+  auto space = rest.find(' ');
+  if (space == std::string_view::npos || space == 0) return std::nullopt;
+  unsigned slot = 0;
+  auto [end, ec] = std::from_chars(rest.data(), rest.data() + space, slot);
+  if (ec != std::errc() || end != rest.data() + space || slot >= 16384) return std::nullopt;
+  std::string_view hp = rest.substr(space + 1);
+  auto colon = hp.rfind(':');
+  if (colon == std::string_view::npos || colon == 0 || colon + 1 == hp.size()) return std::nullopt;
+  int port = 0;
+  for (char c : hp.substr(colon + 1)) {
+    if (c < '0' || c > '9') return std::nullopt;
+    port = port * 10 + (c - '0');
+    if (port > 65535) return std::nullopt;
+  }
+  if (port == 0) return std::nullopt;
+  ClusterRedirect to;
+  to.slot = static_cast<std::uint16_t>(slot);
+  to.host = std::string(hp.substr(0, colon));
+  to.port = port;
+  return to;
+}
+
+// A command a script called, refused by the user's ACL: Redis answers ERR
+// with these words (7.0: "The user executing the script can't run this
+// command ...", "... can't access at least one of the keys ...", "...
+// can't publish to the channel ..."; 7.2 on: "ACL failure in script: User
+// u has no permissions to run the 'x' command"), where a command sent
+// directly gets NOPERM.
+bool script_acl_refusal(std::string_view text) {
+  return text.starts_with("The user executing the script can't") || text.starts_with("ACL failure in script:");
+}
+
+}  // namespace
+
+StoreError redis_reply_error(std::string endpoint, std::string_view message) {
+  StoreError e = StoreError::refused(std::move(endpoint), std::string(message), StoreError::Origin::kRedis);
+  const std::string_view code = first_word(message);
+  e.code = std::string(code);
+  if (code == "MOVED" || code == "ASK") {
+    if (parse_redirect(after_code(message, code))) e.kind = StoreError::Kind::kRedirect;
+  } else if (code == "TRYAGAIN" || code == "CLUSTERDOWN" || code == "LOADING" || code == "MASTERDOWN") {
+    e.kind = StoreError::Kind::kRetryLater;
+  } else if (code == "NOAUTH" || code == "WRONGPASS" || code == "NOPERM" ||
+             (code == "ERR" && script_acl_refusal(after_code(message, code)))) {
+    e.kind = StoreError::Kind::kAuth;
+  } else if (code == "LOCKWATCH-KIND") {
+    // A key held as another kind of lock (or a semaphore of another n).
+    e.kind = StoreError::Kind::kInvalid;
+    e.message = std::string(after_code(message, code));
+  }
+  return e;
+}
+
+std::optional<ClusterRedirect> cluster_redirect(const StoreError& e) {
+  if (!e.redirect()) return std::nullopt;
+  auto to = parse_redirect(after_code(e.message, e.code));
+  if (to) to->ask = e.code == "ASK";
+  return to;
+}
+
+}  // namespace lockwatch::detail
