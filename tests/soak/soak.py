@@ -1446,7 +1446,8 @@ class Soak:
     @staticmethod
     def ports_of(server):
         """Every port `server` listens on: clients', peers', bus, quorum, election."""
-        ports = [server.port] + [p for p in (getattr(server, "peer_port", None), getattr(server, "bus_port", None)) if p]
+        extra = (getattr(server, "peer_port", None), getattr(server, "bus_port", None))
+        ports = [server.port] + [p for p in extra if p]
         return ports + list(getattr(server, "quorum_ports", ()))
 
     def split(self, kind, server, minority, seconds, settled, oneway=False, **detail):
