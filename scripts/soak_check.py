@@ -309,10 +309,11 @@ def check(run):
     # -- a lock reported released is not held in Redis
     # ... unless it was handed on in its process (Options::local_handoff):
     # the next local holder keeps the store's key under the same owner
-    # token, handed the lease when this call's work ended.
+    # token, handed the lease when this call's work ended (whether that
+    # call then kept it or lost it).
     handed_on = defaultdict(list)  # owner token: when each of its calls was handed the lease
     for op, c in ends.items():
-        if c["out"] == "ok" and c["owner"] and c["acq"] > 0:
+        if c["out"] in ("ok", "lost") and c["owner"] and c["acq"] > 0:
             handed_on[c["owner"]].append((c["acq"], op))
     released = {}
     probed = 0
@@ -326,6 +327,10 @@ def check(run):
     for f in run["faults"]:
         if f.get("kind", "").startswith("holder_cut"):
             cuts[f["w"]].append((f["t0"], f["t1"]))
+        for w in filter(None, f.get("ws", "").split(",")):
+            # A server cut off from its peers (--nemesis partition on etcd,
+            # ZooKeeper, Cluster): every worker's calls may have met the cut.
+            cuts[w].append((f["t0"], f["t1"]))
     after_cut = 0
     for op, c in ends.items():
         if c["out"] == "ok" and c["owner"]:
@@ -450,7 +455,11 @@ def told_margins(run, begins, ends):
             late = max_ttl if f.get("kind") == "holder_starve" else 0
             if f.get("w") == w and f["t0"] <= told <= f["t1"] + late:
                 fault = f["kind"]
-            elif "w" not in f and fault == "none" and f["t0"] - max_ttl <= told <= f["t1"] + max_ttl:
+            elif "w" not in f and fault == "none" and \
+                    f["t0"] - (0 if f.get("ws") else max_ttl) <= told <= f["t1"] + max_ttl:
+                # A server cut off from its peers (its "ws" the workers
+                # whose calls met the cut): from the cut on, and a ttl
+                # after it heals.
                 fault = f["kind"]
         ttl = (begins.get(op) or {}).get("ttl", 0)
         out[(fault, meta.get("topology", "?"))].append((op, nxt - told, int(ttl * 0.01 * 10**6) + 2 * 10**6))
@@ -611,6 +620,22 @@ def _self_test_cases():
         c = _ev(r, "p1.0.0", "c")
         r["faults"].append({"kind": "holder_cut", "target": "p1", "w": "p1", "t0": c["t0"] - s, "t1": c["t0"] + 1})
 
+    def held_after_release_handed_on_and_lost(r):  # the key handed on in p1 to a call that then lost it
+        held_after_release(r)
+        c = _ev(r, "p1.0.0", "c")
+        r["events"] += [
+            {"e": "b", "op": "p1.1.0", "k": "k0", "api": "locked", "ttl": 500, "wait": 0, "retries": -1,
+             "t": c["t0"], "bound": 5000},
+            {"e": "c", "op": "p1.1.0", "k": "k0", "out": "lost", "msg": "lease lost", "t0": c["t0"],
+             "t1": c["wend"] + s // 2, "acq": c["wend"], "wend": c["wend"] + s // 2, "told": c["wend"] + s // 2,
+             "tok": 3, "owner": "ownerB", "held": 0, "answered": 0, "nodes": 1}]
+
+    def held_after_release_in_a_split(r):  # p1's call made while a server was cut off from its peers
+        held_after_release(r)
+        c = _ev(r, "p1.0.0", "c")
+        r["faults"].append({"kind": "member_isolated", "target": "etcd0", "ws": "p0,p1", "t0": c["t0"] - s,
+                            "t1": c["t0"] + 1})
+
     def held_at_end(r):
         r["scan_end"][0]["keys"].append({"key": "lockwatch:{soak:k0}", "value": "ownerB", "pttl": 400})
 
@@ -708,6 +733,10 @@ def _self_test_cases():
         ("a released owner left at the end", held_at_end, {"released-held"}),
         ("a released lock still held, in a call made while its process was cut off",
          held_after_release_in_a_cut, set()),
+        ("a released lock still held, handed on in its process to a call that then lost it",
+         held_after_release_handed_on_and_lost, set()),
+        ("a released lock still held, in a call made while a server was cut off from its peers",
+         held_after_release_in_a_split, set()),
         ("SQL: a released lock's row held at the end", sql_row_held_at_end, {"released-held"}),
         ("Cluster: a released owner on one master at the end", cluster_master_held_at_end, {"released-held"}),
         ("a lock key without expiry", no_expiry, {"released-held"}),

@@ -21,6 +21,7 @@
 #include "store/redis/cluster_slot.hpp"
 #include "store/redis/keys.hpp"
 #include "store/redis/node_store.hpp"
+#include "store/redis/scripts.hpp"
 #include "test_util.hpp"
 
 namespace lockwatch::testing {
@@ -719,6 +720,31 @@ TEST(NodeStoreReplicaTest, ARenewalNoReplicaAcknowledgedDoesNotKeepTheLease) {
   // Lost at its last replicated renewal's deadline: within its ttl.
   EXPECT_LT(std::chrono::steady_clock::now() - t0, 2500ms);
   replica.resume();
+}
+
+// A permit acquisition retried after its reply was lost (the same owner
+// token, already a holder) while another permit was granted: its answer
+// must be a token no other holder has. The counter as it stands is the
+// other holder's then (a Cluster soak under --nemesis partition, Cluster
+// master_isolated, saw two permits granted token 23).
+TEST(AcquireKindScriptTest, ARetriedPermitGetsATokenNoOtherHolderHas) {
+  RedisServer server;
+  const std::string source(detail::script(detail::ScriptId::kAcquireKind).source);
+  const std::string lk = lock_key("sem");
+  auto acquire = [&](const char* token) {
+    return server.command({"EVAL", source, "4", lk, lk + ":holders", lk + ":writer", "lockwatch:fence:{sem}", token,
+                           "10000", "3", "owner"})
+        .str;
+  };
+  const std::string first = acquire("a");  // its reply lost
+  const std::string other = acquire("b");
+  const std::string retried = acquire("a");
+  ASSERT_EQ(first, "t1");
+  ASSERT_EQ(other, "t2");
+  ASSERT_EQ(retried.substr(0, 1), "t");
+  EXPECT_NE(retried, other) << "the retried permit was answered the other holder's token";
+  EXPECT_GT(std::stoll(retried.substr(1)), 1);
+  EXPECT_EQ(server.command({"ZCARD", lk + ":holders"}).integer, 2);  // still two holders, not three
 }
 
 }  // namespace

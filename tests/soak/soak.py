@@ -71,6 +71,11 @@ CLUSTER_NODE_TIMEOUT_MS = 1000
 SQL_USER, SQL_PASSWORD, SQL_DATABASE = "lockwatch", "lockwatch-soak", "lockwatch_soak"
 NFT_TABLE = "lwsoak"  # --nemesis partition: in the namespace scripts/soak makes for the run
 WORKER_UID0 = 61000  # --nemesis partition: worker pN runs as uid WORKER_UID0 + N
+# --nemesis partition on etcd, ZooKeeper and Cluster: each server runs as a
+# uid of its own (SERVER_UID0 + its index), so that its own connections (a
+# member's peer and quorum links, a node's bus and replication links) can be
+# told apart from its peers'.
+SERVER_UID0 = 62000
 FAKETIME_LIB = "/usr/lib/x86_64-linux-gnu/faketime/libfaketimeMT.so.1"
 CGROUP_CPU = "/sys/fs/cgroup/cpu"  # cgroup v1; v2 is tried at /sys/fs/cgroup
 
@@ -214,6 +219,7 @@ class RedisNode(Server):
         os.makedirs(self.dir, exist_ok=True)
         self.proc = None
         self.replicaof = None
+        self.uid = None  # --nemesis partition: the user it runs as (Soak.own_user)
 
     @property
     def addr(self):
@@ -238,7 +244,7 @@ class RedisNode(Server):
         self.replicaof = replicaof
         deadline = time.monotonic() + 10
         while True:
-            self.proc = Child(self.argv(), os.path.join(self.dir, "stdout.log"))
+            self.proc = Child(self.argv(), os.path.join(self.dir, "stdout.log"), uid=self.uid)
             while time.monotonic() < deadline and self.proc.p.poll() is None:
                 if self.ping():
                     return
@@ -549,7 +555,9 @@ class ZooKeeperMember(Server):
         self.dir = os.path.join(root, self.name)
         os.makedirs(self.dir, exist_ok=True)
         self.port = servers[i][0]
+        self.quorum_ports = servers[i][1:]  # its quorum and election ports
         self.proc = None
+        self.uid = None  # --nemesis partition: the user it runs as (Soak.own_user)
         with open(os.path.join(self.dir, "myid"), "w") as f:
             f.write("%d\n" % (i + 1))
         with open(os.path.join(self.dir, "zoo.cfg"), "w") as f:
@@ -569,7 +577,7 @@ class ZooKeeperMember(Server):
                            "-Dorg.slf4j.simpleLogger.defaultLogLevel=warn",
                            "-cp", ZK_JAR + ":/usr/share/java/slf4j-simple.jar",
                            "org.apache.zookeeper.server.quorum.QuorumPeerMain", os.path.join(self.dir, "zoo.cfg")],
-                          os.path.join(self.dir, "server.log"))
+                          os.path.join(self.dir, "server.log"), uid=self.uid)
 
     def mode(self):
         """'leader', 'follower', or None (no answer within 0.5 s, no quorum)."""
@@ -674,6 +682,7 @@ class EtcdMember(Server):
         self.port = free_port()
         self.peer_port = free_port()
         self.proc = None
+        self.uid = None  # --nemesis partition: the user it runs as (Soak.own_user)
 
     @property
     def addr(self):
@@ -687,7 +696,7 @@ class EtcdMember(Server):
                 "--initial-cluster", self.etcd.initial_cluster(), "--initial-cluster-state", "new",
                 "--initial-cluster-token", "lockwatch-soak", "--heartbeat-interval", "50",
                 "--election-timeout", "500", "--logger", "zap", "--log-level", "warn"]
-        self.proc = Child(argv, os.path.join(self.dir, "server.log"))
+        self.proc = Child(argv, os.path.join(self.dir, "server.log"), uid=self.uid)
 
 
 class Etcd:
@@ -745,7 +754,8 @@ class Etcd:
             except (OSError, ValueError):
                 continue
             s = st[0]["Status"]
-            if s["header"]["member_id"] == s["leader"]:
+            # A member that knows no leader (a minority's) leaves "leader" out.
+            if s["header"]["member_id"] == s.get("leader"):
                 return m
         return None
 
@@ -976,6 +986,9 @@ class Soak:
                 self.nodes.append(RedisNode(self.dir, "node2"))
         else:
             self.nodes = [RedisNode(self.dir, "data0"), RedisNode(self.dir, "data1")]
+        if self.nft:
+            for i, server in enumerate(self.own_user_servers()):
+                self.own_user(server, SERVER_UID0 + i)
         if self.cluster:
             self.cluster.start()
             if not self.wait_for(self.cluster.healthy, 40):
@@ -1128,8 +1141,8 @@ class Soak:
 
     # ---- faults
 
-    def fault(self, kind, target, t0, **detail):
-        f = {"kind": kind, "target": target, "t0": t0, "t1": mono_ns()}
+    def fault(self, kind, target, t0, t1=None, **detail):
+        f = {"kind": kind, "target": target, "t0": t0, "t1": t1 or mono_ns()}
         f.update(detail)
         self.faults.append(f)
         extra = " ".join("%s=%s" % (k, ("%.2f" % v if isinstance(v, float) else v)) for k, v in detail.items())
@@ -1305,9 +1318,10 @@ class Soak:
         (scripts/soak makes it and runs this inside): every process talks
         over its loopback, and the table below (gone with the namespace)
         drops packets silently. A connection is told apart by the user
-        that opened it (a worker's uid, 0 for servers and this script),
-        kept as its conntrack mark for the replies too, and by the port it
-        went to (each server has its own)."""
+        that opened it (a worker's uid; on etcd, ZooKeeper and Cluster a
+        server's, SERVER_UID0 + its index; 0 for the other servers and this
+        script), kept as its conntrack mark for the replies too, and by the
+        port it went to (each server has its own)."""
         if os.geteuid() != 0 or not shutil.which("nft"):
             raise RuntimeError("--nemesis partition needs root and nft (Debian package nftables)")
         self.nft_cmd("add table inet %s" % NFT_TABLE)
@@ -1317,6 +1331,28 @@ class Soak:
         self.nft_cmd("add rule inet %s out jump cut" % NFT_TABLE)
         say("soak: partitions: nftables drops in network namespace %s; workers run as uids %d+" %
             (self.a.netns, WORKER_UID0))
+
+    def own_user_servers(self):
+        """The servers that run as users of their own under --nemesis
+        partition: those whose peer links a cut tells apart."""
+        if self.etcd:
+            return self.etcd.members
+        if self.zk:
+            return self.zk.members
+        if self.cluster:
+            return self.cluster.nodes
+        return []
+
+    def own_user(self, server, uid):
+        """Runs `server` as `uid` (its directory its own), and marks every
+        connection that user opens, replies included, with its uid."""
+        server.uid = uid
+        os.chmod(self.dir, 0o711)  # passed through to its own directory, not listed
+        for d, _, files in os.walk(server.dir):
+            os.chown(d, uid, uid)
+            for name in files:
+                os.chown(os.path.join(d, name), uid, uid)
+        self.nft_cmd("insert rule inet %s out ct state new meta skuid %d ct mark set %d" % (NFT_TABLE, uid, uid))
 
     def server_ports(self):
         """Every port a worker may reach a lock server on (not the resource's)."""
@@ -1337,17 +1373,18 @@ class Soak:
         time.sleep(seconds)
         self.nft_cmd("flush chain inet %s cut" % NFT_TABLE)
 
-    def holding_worker(self, seconds=3.0):
+    def holding_worker(self, seconds=3.0, with_key=False):
         """A worker (not on a faked clock) in a long hold of an exclusive
         lease (its history's "a" without its "c"), waiting up to `seconds`
-        for one; else any."""
+        for one; else any. With with_key, (the worker, the key it holds, or
+        None)."""
         until = time.monotonic() + seconds
         while time.monotonic() < until:
             holding = []
             for wid in sorted(self.workers):
                 if self.workers[wid]["fake"]:
                     continue
-                open_ops = set()
+                open_ops = {}
                 try:
                     with open(os.path.join(self.dir, "hist", wid + ".jsonl"), "rb") as f:
                         f.seek(0, os.SEEK_END)
@@ -1361,15 +1398,17 @@ class Soak:
                     except ValueError:
                         continue
                     if e.get("e") == "a" and not e.get("kind"):
-                        open_ops.add(e["op"])
+                        open_ops[e["op"]] = e.get("k")
                     elif e.get("e") == "c":
-                        open_ops.discard(e["op"])
+                        open_ops.pop(e["op"], None)
                 if open_ops:
-                    holding.append(wid)
+                    holding.append((wid, open_ops[sorted(open_ops)[0]]))
             if holding:
-                return self.rng.choice(holding)
+                wid, key = self.rng.choice(holding)
+                return (wid, key) if with_key else wid
             time.sleep(0.02)  # polling the workers' histories
-        return self.live_worker()
+        wid = self.live_worker()
+        return (wid, None) if with_key else wid
 
     def holder_cut(self, kind):
         """A holder alone cut off from every lock server (the others and the
@@ -1403,6 +1442,102 @@ class Soak:
         self.wait_for(self.sentinel_healthy, 20)
         self.fault("master_isolated", m.name, t0, seconds=d, with_workers=",".join(cut) or "none",
                    master_now=getattr(self.sentinel_master(), "name", "undecided"))
+
+    @staticmethod
+    def ports_of(server):
+        """Every port `server` listens on: clients', peers', bus, quorum, election."""
+        extra = (getattr(server, "peer_port", None), getattr(server, "bus_port", None))
+        ports = [server.port] + [p for p in extra if p]
+        return ports + list(getattr(server, "quorum_ports", ()))
+
+    def split(self, kind, server, minority, seconds, settled, oneway=False, **detail):
+        """A server cut off from its peers (every connection between it and
+        another server of the topology, whichever opened it), together
+        with the workers in `minority`, which lose every other server,
+        while the other workers lose it. With oneway, only what the server
+        sends its peers is dropped (it hears them, they do not hear it) and
+        the workers are left alone. Then waits for the topology to be
+        healthy again (`settled`, up to 30 s)."""
+        others = [x for x in self.own_user_servers() if x is not server]
+
+        def fmt(xs):
+            return ", ".join(str(x) for x in sorted(set(xs)))
+        inside, outside = fmt(self.ports_of(server)), fmt(p for o in others for p in self.ports_of(o))
+        peers = fmt(o.uid for o in others)
+        tcp = "meta l4proto tcp ct original proto-dst"
+        if oneway:
+            rules = ["ct mark %d ct direction original %s { %s }" % (server.uid, tcp, outside),
+                     "ct mark { %s } ct direction reply %s { %s }" % (peers, tcp, inside)]
+        else:
+            rules = ["ct mark %d %s { %s }" % (server.uid, tcp, outside),
+                     "ct mark { %s } %s { %s }" % (peers, tcp, inside)]
+            live = sorted(self.workers)
+            with_it = [self.workers[w]["uid"] for w in live if w in minority]
+            without = [self.workers[w]["uid"] for w in live if w not in minority]
+            if with_it:
+                rules.append("ct mark { %s } %s { %s }" % (fmt(with_it), tcp, outside))
+            if without:
+                rules.append("ct mark { %s } %s { %s }" % (fmt(without), tcp, inside))
+        # Every worker's calls may meet the cut (the majority's on the
+        # isolated server): a request it holds back is delivered by TCP
+        # once it heals (see soak_check.py, released-held).
+        ws = ",".join(sorted(self.workers))
+        t0 = mono_ns()
+        self.cut(rules, seconds)
+        t1 = mono_ns()
+        healthy = self.wait_for(settled, 30)
+        self.fault(kind, server.name, t0, t1=t1, seconds=seconds, ws=ws,
+                   with_workers=",".join(sorted(minority)) or "none", healthy_after=(mono_ns() - t1) / 1e9
+                   if healthy else -1.0, **detail)
+
+    def member_isolated(self, kind):
+        """etcd, ZooKeeper: the leader or a follower (even odds) cut off
+        from the other two members with the workers in the middle of a
+        hold (a minority side), or, member_oneway, only its messages to
+        them dropped."""
+        if self.etcd:
+            members = self.etcd.members
+
+            def settled():
+                return self.etcd.healthy() and self.etcd.leader() is not None
+        else:
+            members = self.zk.members
+
+            def settled():
+                return self.zk.leader() is not None and self.zk.healthy()
+        minority = [] if kind == "member_oneway" else [w for w in [self.holding_worker()] if w]
+        if not settled():
+            return self.holder_cut("holder_cut")
+        leader = self.etcd.leader() if self.etcd else self.zk.leader()
+        if leader is None:
+            return self.holder_cut("holder_cut")
+        m = leader if self.rng.random() < 0.5 else self.rng.choice([x for x in members if x is not leader])
+        d = self.rng.uniform(3.0, MAX_FAULT_S)  # longer than the longest ttl
+        self.split(kind, m, minority, d, settled, oneway=kind == "member_oneway",
+                   role="leader" if m is leader else "follower")
+
+    def cluster_master_isolated(self):
+        """Redis Cluster: the master of the key a holder holds (else of a
+        lock's slot) cut off from the other nodes (bus and replication)
+        with that holder, a minority: the majority fails it over to its
+        replica after the node timeout, while the holder still reaches it."""
+        c = self.cluster
+        if not c.healthy():
+            return self.holder_cut("holder_cut")
+        wid, key = self.holding_worker(with_key=True)
+        if key is None:
+            slot = self.lock_slot()
+        else:
+            slot = int(self.nodes[0].cmd("CLUSTER", "KEYSLOT", "lockwatch:{soak:%s}" % key))
+        m = c.owner(slot)
+        if m is None or wid is None:
+            return self.holder_cut("holder_cut")
+        replica = c.replicas_of(m)
+        # Longer than the node timeout (1 s) and the replica's election that follows it.
+        d = self.rng.uniform(3.0, MAX_FAULT_S)
+        self.split("master_isolated", m, [wid], d, c.healthy, slot=slot, key=key or "",
+                   replica=replica[0].name if replica else "none")
+        self.faults[-1]["master_now"] = getattr(c.owner(slot), "name", "undecided")
 
     def setup_cgroup(self):
         """--nemesis starve: a CPU cgroup (v1 cpu controller, or v2) whose
@@ -1496,18 +1631,32 @@ class Soak:
         if not self.deck:
             if self.a.nemesis == "partition":
                 self.deck = ["holder_cut", "holder_cut", "holder_cut_to_store", "holder_cut_from_store"]
-                if topo == "sentinel":
+                if topo in ("sentinel", "cluster"):
                     self.deck += ["master_isolated", "master_isolated"]
+                elif topo == "etcd":
+                    self.deck += ["member_isolated", "member_isolated", "member_oneway"]
+                elif topo == "zookeeper":
+                    self.deck += ["member_isolated", "member_isolated"]
             elif self.a.nemesis == "clock":
                 self.deck = ["client_fast", "client_slow", "client_jump"]
             else:
                 self.deck = ["holder_starve"]
             rng.shuffle(self.deck)
+            split = next((k for k in self.deck if k in ("member_isolated", "master_isolated")), None)
+            if not self.faults and split and topo in ("etcd", "zookeeper", "cluster"):
+                # A server cut off from its peers comes first, so that a
+                # short run sees it too.
+                self.deck.remove(split)
+                self.deck.append(split)
         kind = self.deck.pop()
         if kind.startswith("holder_cut"):
             self.holder_cut(kind)
+        elif kind == "master_isolated" and self.cluster:
+            self.cluster_master_isolated()
         elif kind == "master_isolated":
             self.master_isolated()
+        elif kind.startswith("member_"):
+            self.member_isolated(kind)
         elif kind.startswith("client_"):
             self.client_clock(kind)
         else:

@@ -125,7 +125,10 @@ return table.concat(out, '\n')
 // (writers are not starved), and the writer's grant deletes it. A writer
 // that stops waiting holds readers back for that short expiry at most. Readers take no fencing token: they are
 // answered the slot's counter as it stands (the last writer's, or above
-// it); each permit's grant raises it. All these keys share the lock's hash
+// it); each permit's grant raises it, a retried one's too (a holder asking
+// again after its reply was lost: other permits may have been granted
+// since, so the counter as it stands may be another holder's token, and it
+// is answered a new one). All these keys share the lock's hash
 // tag, so one Cluster slot. KEYS: lock, holders, writer mark, the slot's
 // counter. ARGV: token, ttl ms, 's' (shared) or n (permits). One entry, as
 // the acquire script's: 't<token>', 'b<ms>', or 'e<error>' where a key
@@ -177,7 +180,7 @@ else
     local first = redis.call('zrange', holders, 0, 0, 'WITHSCORES')
     return 'b' .. string.format('%d', math.max(1, tonumber(first[2]) - now))
   end
-  if mine then f = redis.pcall('get', counter) else f = redis.pcall('incr', counter) end
+  f = redis.pcall('incr', counter)
 end
 if type(f) == 'table' then return 'e' .. f.err .. ' (' .. counter .. ' is not a fencing counter)' end
 redis.call('zadd', holders, string.format('%d', now + ttl), token)
