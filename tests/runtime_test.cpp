@@ -71,7 +71,7 @@ TEST_F(RuntimeTest, AbsurdTtlsAndWaitsAreInvalidArgumentsAtTheCall) {
 }
 
 TEST_F(RuntimeTest, AKindTheStoreCannotHoldIsUnsupportedAtTheCallNamingKindAndStore) {
-  // This store holds exclusive locks only (LockStore::check_kind's default).
+  // This store holds exclusive locks only (StoreTraits' default).
   auto message = [&](auto&& f) -> std::string {
     try {
       f();

@@ -22,7 +22,8 @@ using namespace std::chrono_literals;
 class CoreOnlyStore final : public detail::StoreBase {
  public:
   explicit CoreOnlyStore(std::unique_ptr<MemoryStore> inner)
-      : StoreBase(detail::KeyRules{"lockwatch:"}, /*release_events=*/true), inner_(std::move(inner)) {}
+      : StoreBase(detail::StoreTraits{.keys = detail::KeyRules{"lockwatch:"}, .release_events = true}),
+        inner_(std::move(inner)) {}
 
   void acquire(std::span<const detail::LockRef> locks, AcquireDone done) override {
     inner_->acquire(locks, std::move(done));
@@ -110,6 +111,50 @@ TEST(StoreSeamTest, AQuorumRefusesAMemberThatCannotRaiseFences) {
     EXPECT_NE(std::string(e.what()).find("node0"), std::string::npos) << e.what();
     EXPECT_NE(std::string(e.what()).find("fencing"), std::string::npos) << e.what();
   }
+}
+
+// What is constant per store is data (StoreTraits), read without a virtual
+// call; the capabilities are the pointers the store offered.
+TEST(StoreSeamTest, TraitsAndCapabilitiesAreWhatTheStoreGave) {
+  detail::Loop loop{std::chrono::microseconds{0}};
+  auto backend = std::make_shared<MemoryBackend>();
+  auto script = std::make_shared<StoreScript>();
+  CoreOnlyStore core(std::make_unique<MemoryStore>(loop, backend, script));
+  EXPECT_EQ(core.encode("k"), "lockwatch:k");
+  EXPECT_TRUE(core.release_events());
+  EXPECT_EQ(core.expiry_bound(1500ms), 1500ms);
+  EXPECT_TRUE(core.expiry_bounded());
+  EXPECT_EQ(detail::capability<detail::OperatorTools>(core), nullptr);
+  EXPECT_EQ(detail::capability<detail::JobClaims>(core), nullptr);
+  EXPECT_EQ(core.check_kind(LockKind::exclusive()), nullptr);
+  EXPECT_STREQ(core.check_kind(LockKind::shared()), detail::StoreTraits::kExclusiveOnly);
+  // Fair locks go with the FairQueue capability: without it, refused.
+  EXPECT_STREQ(core.check_kind(LockKind::fair()), detail::StoreTraits::kNoFairQueue);
+
+  MemoryStore full(loop, backend, script);
+  EXPECT_EQ(detail::capability<detail::OperatorTools>(full), static_cast<detail::OperatorTools*>(&full));
+  EXPECT_EQ(detail::capability<detail::TokenBlocks>(full), static_cast<detail::TokenBlocks*>(&full));
+  EXPECT_EQ(detail::capability<detail::LockListing>(full), nullptr);
+  EXPECT_EQ(full.check_key("refused:x"), std::string_view("this store refuses keys starting with 'refused:'"));
+}
+
+// The expiry rule: the ttl rounded up to whole units (at least one), plus
+// the slack, as etcd's leases count whole seconds.
+TEST(StoreSeamTest, TheExpiryBoundRoundsTheTtlUpToTheUnitAndAddsTheSlack) {
+  class Rounding final : public detail::StoreBase {
+   public:
+    Rounding()
+        : StoreBase(detail::StoreTraits{.expiry = {.unit = 1000ms, .slack = 2000ms, .bounded = false}}) {}
+    void acquire(std::span<const detail::LockRef>, AcquireDone) override {}
+    std::size_t renew(std::span<const detail::LockRef>, std::shared_ptr<const void>, RenewDone) override { return 0; }
+    void release(std::span<const detail::LockRef>, bool, ReleaseDone) override {}
+    void close() override {}
+  } store;
+  EXPECT_EQ(store.expiry_bound(1ms), 3000ms);
+  EXPECT_EQ(store.expiry_bound(1000ms), 3000ms);
+  EXPECT_EQ(store.expiry_bound(1001ms), 4000ms);
+  EXPECT_FALSE(store.expiry_bounded());
+  EXPECT_FALSE(store.release_events());
 }
 
 TEST(StoreSeamTest, StoreUrlWinsOverRedisUrl) {

@@ -138,6 +138,8 @@ TEST_F(WaitQueueTest, OnlyTheHeadAsksTheStore) {
 
 TEST_F(WaitQueueTest, OurOwnReleaseHandsTheLockToOurNextWaiter) {
   script_->set_release_events(false);  // no notices: the hand-off must not need one
+  rt_.reset();
+  rt_ = memory_runtime(backend_, script_);  // the store reads it when it is made
   auto first = rt_->acquire("hand-off", 10s);
   auto h = get_bounded(first);
   auto next = rt_->acquire({.key = "hand-off", .ttl = 10s, .retries = forever, .wait = 15s});
@@ -314,6 +316,8 @@ TEST_F(WaitQueueTest, ALockTakenAfterTheWaitRanOutIsGivenBack) {
 
 TEST_F(WaitQueueTest, WithoutReleaseNoticesTheHeadPollsWithABoundedBackOff) {
   script_->set_release_events(false);
+  rt_.reset();
+  rt_ = memory_runtime(backend_, script_);  // the store reads it when it is made
   held_elsewhere("polled", 10s);
   auto t0 = std::chrono::steady_clock::now();
   auto f = rt_->acquire({.key = "polled", .ttl = 1s, .retries = forever, .wait = 15s});

@@ -322,6 +322,7 @@ TEST_F(WatchdogTest, AnUnconfirmedReleaseCompletesOnlyOnceTheKeyHasSurelyExpired
 // seconds): an unconfirmed release waits its expiry bound, not the ttl.
 TEST_F(WatchdogTest, AnUnconfirmedReleaseWaitsTheStoresExpiryBound) {
   script_->set_expiry_slack(700ms);
+  restart(options_);  // the store reads it when it is made
   auto h = hold("unconfirmed-bound", 300ms);
   script_->set_down(true);
   auto t0 = std::chrono::steady_clock::now();
@@ -336,6 +337,7 @@ TEST_F(WatchdogTest, AnUnconfirmedReleaseWaitsTheStoresExpiryBound) {
 // a release, for a handle and for LOCKED alike.
 TEST_F(WatchdogTest, AnUnconfirmedReleaseOnAStoreWithoutAnExpiryBoundIsALostLease) {
   script_->set_expiry_bounded(false);
+  restart(options_);  // the store reads it when it is made
   auto h = hold("unconfirmed-unbounded", 300ms);
   script_->set_down(true);
   auto rel = h.release();

@@ -103,13 +103,11 @@ void Runtime::Impl::validate(detail::LockSpec& spec) const {
     throw InvalidArgument("permits(n) needs n >= 1");
   if (spec.context_from) spec.context = (*std::exchange(spec.context_from, nullptr))();
   if (!spec.context.empty()) detail::check_context(spec.context);
+  // Fair locks only where the store offers a FairQueue (check_kind): a
+  // fair waiter that gives up must leave the store's queue, or it would
+  // stall the waiters behind it for its ttl.
   if (const char* why = store->check_kind(spec.kind))
     throw Unsupported(fmt::format("{} locks: {} cannot hold them ({})", spec.kind.describe(), store_kind(), why));
-  // A fair waiter that gives up must leave the store's queue: without a way
-  // to, it would stall the waiters behind it for its ttl.
-  if (spec.kind.mode() == LockKind::Mode::kFair && detail::capability<detail::FairQueue>(*store) == nullptr)
-    throw Unsupported(fmt::format("fair locks: {} cannot hold them (it offers no {})", store_kind(),
-                                  detail::FairQueue::kName));
   if (spec.renew_weight == 0) spec.renew_weight = options.renew_weight;
   detail::check_renew_weight(spec.renew_weight);
   // The renewal fires at ttl*weight (or earlier, see renew_after), up to a

@@ -2,9 +2,11 @@
 //
 // LockStore (lock_store.hpp) is what every lock needs. These are the parts
 // not every store can give: each is a small interface that a store class
-// also derives from when it can. The runtime asks for one with
-// capability<T>(store), and a call that needs one the store lacks fails
-// with lockwatch::Unsupported naming it (require<T>).
+// also derives from when it can, and offers once in its constructor: a
+// Capabilities struct of pointers (lock_store.hpp), null where absent, that
+// LockStore::capabilities() returns. No cast finds them. The runtime asks
+// for one with capability<T>(store), and a call that needs one the store
+// lacks fails with lockwatch::Unsupported naming it (require<T>).
 //
 //   FenceRaising   raise a lock's fencing counter (a quorum's members, so
 //                  that a majority agrees on the token it hands out)
@@ -13,8 +15,9 @@
 //   LockListing    the locks held under a prefix, bounded (`lockwatch ls`)
 //   FairQueue      fair locks (LockKind::fair()): the store keeps each
 //                  lock's waiters in arrival order; withdraw() takes a
-//                  waiter that gives up out of it. A store without it is
-//                  never offered a fair lock (Unsupported).
+//                  waiter that gives up out of it. A store holds fair
+//                  locks iff it offers it (LockStore::check_kind); one
+//                  without it is never given a fair lock (Unsupported).
 //   TokenBlocks    fencing tokens reserved by a holder, for the next
 //                  holders in this process (Options::local_handoff): a
 //                  store without it gets no in-process hand-off
@@ -85,6 +88,7 @@ struct ClaimResult {
 
 class FenceRaising {
  public:
+  static constexpr FenceRaising* Capabilities::*kSlot = &Capabilities::fence_raising;
   static constexpr std::string_view kName = "fencing counters raised by a quorum";
   using RaiseDone = std::function<void(bool ok)>;
   // Raises the lock's fencing counter to at least `fence`.
@@ -96,6 +100,7 @@ class FenceRaising {
 
 class JobClaims {
  public:
+  static constexpr JobClaims* Capabilities::*kSlot = &Capabilities::job_claims;
   static constexpr std::string_view kName = "scheduled jobs (a clock and period claims)";
   using TimeDone = std::function<void(std::chrono::system_clock::time_point now, const StoreError* error)>;
   using ClaimDone = std::function<void(const ClaimResult&)>;
@@ -114,6 +119,7 @@ class JobClaims {
 
 class OperatorTools {
  public:
+  static constexpr OperatorTools* Capabilities::*kSlot = &Capabilities::operator_tools;
   static constexpr std::string_view kName = "operators' inspect and force_release";
   using InspectDone = std::function<void(const LockInfo&, const StoreError* error)>;
   using ForceDone = std::function<void(bool was_held, const StoreError* error)>;
@@ -128,6 +134,7 @@ class OperatorTools {
 
 class LockListing {
  public:
+  static constexpr LockListing* Capabilities::*kSlot = &Capabilities::lock_listing;
   static constexpr std::string_view kName = "listing the locks held under a prefix";
   using ListDone = std::function<void(std::vector<LockInfo> locks, const StoreError* error)>;
   // The locks held whose user key starts with `prefix`, at most `limit`,
@@ -141,6 +148,7 @@ class LockListing {
 
 class FairQueue {
  public:
+  static constexpr FairQueue* Capabilities::*kSlot = &Capabilities::fair_queue;
   static constexpr std::string_view kName = "fair locks (a queue of waiters in arrival order)";
   using WithdrawDone = std::function<void(const StoreError* error)>;
   // `lock` (fair; its acquire() answered busy, so it is queued) gives up its
@@ -157,6 +165,7 @@ class FairQueue {
 
 class TokenBlocks {
  public:
+  static constexpr TokenBlocks* Capabilities::*kSlot = &Capabilities::token_blocks;
   static constexpr std::string_view kName = "fencing tokens reserved by a holder (in-process hand-off)";
   // `last`: the counter's new value, or 0 when the lock is not held with
   // the token (any more); `error` (else null): no answer could be had.
@@ -174,8 +183,8 @@ class TokenBlocks {
 
 // `store` as a T, or null when it does not offer T.
 template <class T>
-T* capability(LockStore& store) noexcept {
-  return dynamic_cast<T*>(&store);
+T* capability(const LockStore& store) noexcept {
+  return store.capabilities().*T::kSlot;
 }
 
 // Throws lockwatch::Unsupported: `store_kind` (e.g. "mysql://") offers no `what`.
@@ -183,25 +192,9 @@ T* capability(LockStore& store) noexcept {
 
 // `store` as a T; throws Unsupported naming T when it does not offer it.
 template <class T>
-T& require(LockStore& store, std::string_view store_kind) {
+T& require(const LockStore& store, std::string_view store_kind) {
   if (T* t = capability<T>(store)) return *t;
   throw_unsupported(store_kind, T::kName);
 }
 
 }  // namespace lockwatch::detail
-
-// A store class declares the capabilities it offers with these (as
-// LOCKWATCH_STORE_OPERATIONS in lock_store.hpp).
-#define LOCKWATCH_FENCE_RAISING_OPERATIONS \
-  void raise_fence(std::string_view name, std::uint64_t fence, RaiseDone done) override
-#define LOCKWATCH_JOB_CLAIMS_OPERATIONS                                                      \
-  void server_time(TimeDone done) override;                                                  \
-  void claim_period(std::string_view name, std::string_view token, std::int64_t period,      \
-                    std::chrono::system_clock::time_point start, ClaimDone done) override
-#define LOCKWATCH_TOKEN_BLOCKS_OPERATIONS \
-  void reserve_tokens(const ::lockwatch::detail::LockRef& lock, std::uint32_t n, ReserveDone done) override
-#define LOCKWATCH_LOCK_LISTING_OPERATIONS \
-  void list_locks(std::string_view prefix, std::size_t limit, ListDone done) override
-#define LOCKWATCH_OPERATOR_TOOLS_OPERATIONS                       \
-  void inspect(std::string_view name, InspectDone done) override; \
-  void force_release(std::string_view name, ForceDone done) override

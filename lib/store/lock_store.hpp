@@ -7,13 +7,29 @@
 // a store knows where it lives: connections, scripts, key names and reply
 // formats stay behind this interface.
 //
+// The seam is narrow, in three parts:
+// - Data read once: what is constant per store is a StoreTraits the store
+//   gives LockStore at construction (its key rules, whether it reports
+//   releases, how long the server may keep a lock past its ttl, which kinds
+//   it refuses and why). encode(), check_key(), release_events(),
+//   expiry_bound(), expiry_bounded() and check_kind() read it: none is
+//   virtual.
+// - Capabilities: what not every store can do (capabilities.hpp) is a
+//   struct of pointers, Capabilities, that a store offers once in its
+//   constructor (offer()) and capabilities() returns; null where absent.
+//   Fair locks are one of them: a store holds them iff it offers FairQueue.
+// - Operations: 8 virtual functions, the lock operations below (start,
+//   acquire, renew, release, subscribe, unsubscribe, poll_replies, close).
+//   Each store's header writes out its overrides.
+//
 // Batch-first. acquire, renew and release take a batch of locks and answer
 // through one callback that runs exactly once per lock, with the lock's
 // index in the batch. A store may answer the locks of a batch at different
 // times (a quorum decides each lock as soon as its votes allow), but never
 // twice and never not at all.
 //
-// Threading: construction and encode()/check_key() on any thread; every
+// Threading: construction, traits(), capabilities() and the functions that
+// read them (encode(), check_key(), check_kind(), ...) on any thread; every
 // other member, and every callback, on the loop thread only. A callback
 // never runs inside the call that registered it (a store that can answer at
 // once defers through Loop::post), so callers may hold state across a call.
@@ -27,14 +43,11 @@
 // Costs: one virtual call per batch; a store must not copy the names and
 // tokens of a renewal batch (they stay valid while its keepalive lives).
 //
-// What not every store can do is not here: raising a fencing counter for a
-// quorum, the scheduled jobs' period claims and clock, and the operators'
-// inspect and force-release are small interfaces of their own
-// (capabilities.hpp) that a store implements if it can. StoreBase
-// (store_base.hpp) holds what most stores share: key rules, the events,
+// StoreBase (store_base.hpp) holds what most stores share: the events and
 // no-op subscriptions.
 #pragma once
 
+#include <algorithm>
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
@@ -43,6 +56,7 @@
 #include <span>
 #include <string>
 #include <string_view>
+#include <utility>
 
 #include "lockwatch/lock_kind.hpp"
 #include "store/store_error.hpp"
@@ -57,7 +71,7 @@ struct LockRef {
   std::string_view token;   // the owner token (random, unique per acquisition)
   std::string_view ttl_ms;  // the ttl in milliseconds as decimal text, formatted once per lease
   std::chrono::milliseconds ttl{0};
-  LockKind kind{};          // how it is held (a store takes only those supports() says)
+  LockKind kind{};          // how it is held (a store takes only those check_kind() allows)
   // acquire() only: the caller tries again, with this token, while the lock
   // is busy (it has a wait), so a store may keep it a place in line.
   bool waits = false;
@@ -111,6 +125,79 @@ struct StoreEvents {
   std::function<void(bool ask)> redirected;
 };
 
+class FenceRaising;
+class JobClaims;
+class OperatorTools;
+class LockListing;
+class FairQueue;
+class TokenBlocks;
+
+// What a store offers beyond locking (capabilities.hpp), each null when
+// it does not. A store offers them once, in its constructor
+// (LockStore::offer); capability<T>() and require<T>() read them.
+struct Capabilities {
+  FenceRaising* fence_raising = nullptr;
+  JobClaims* job_claims = nullptr;
+  OperatorTools* operator_tools = nullptr;
+  LockListing* lock_listing = nullptr;
+  FairQueue* fair_queue = nullptr;  // fair locks: held iff offered
+  TokenBlocks* token_blocks = nullptr;
+};
+
+// A store's name for a key is `prefix + key` (or, for Redis, `prefix{key}`:
+// name), and a key is refused when problem says why.
+struct KeyRules {
+  using Name = std::string (*)(std::string_view prefix, std::string_view key);
+  using Problem = const char* (*)(std::string_view prefix, std::string_view key) noexcept;
+
+  static std::string plain(std::string_view prefix, std::string_view key) {
+    std::string name;
+    name.reserve(prefix.size() + key.size());
+    name.append(prefix).append(key);
+    return name;
+  }
+  static const char* any(std::string_view, std::string_view) noexcept { return nullptr; }
+
+  std::string prefix;
+  Name name = plain;
+  Problem problem = any;
+};
+
+// What is constant per store, given to LockStore at construction and read
+// through its non-virtual members.
+struct StoreTraits {
+  static constexpr const char* kExclusiveOnly = "this store holds exclusive locks only";
+  static constexpr const char* kNoFairQueue = "this store keeps no queue of waiters for fair locks";
+
+  KeyRules keys{};
+  // Whether the store reports releases (pub/sub). Without them waiters
+  // retry on the holder's remaining ttl and a bounded back-off.
+  bool release_events = false;
+
+  // How long after the last request that could have set or extended it
+  // the server may still keep a lock of a ttl: the ttl itself where the
+  // server keeps it to the millisecond; longer where it rounds it up
+  // (etcd's leases count whole seconds) or keeps it a while past it.
+  struct Expiry {
+    // The ttl rounded up to a whole number of these, at least one (0: not rounded).
+    std::chrono::milliseconds unit{0};
+    // And this much more.
+    std::chrono::milliseconds slack{0};
+    // False where the server may keep a lock past any bound the client can
+    // know (etcd renews every lease when a new leader takes over, and
+    // expires none while it has no leader).
+    bool bounded = true;
+  } expiry{};
+
+  // Why the store cannot hold shared locks, permits (null: it can). The
+  // runtime makes it Unsupported. Exclusive locks every store holds.
+  const char* no_shared = kExclusiveOnly;
+  const char* no_permits = kExclusiveOnly;
+  // Why it cannot hold fair locks, when it offers no FairQueue (one that
+  // offers it holds them).
+  const char* no_fair = kNoFairQueue;
+};
+
 class LockStore {
  public:
   using AcquireDone = std::function<void(std::size_t index, const Acquired& result)>;
@@ -120,35 +207,50 @@ class LockStore {
   using ReleaseDone = std::function<void(std::size_t index, Released status, const StoreError* error)>;
 
   virtual ~LockStore() = default;
+  LockStore(const LockStore&) = delete;
+  LockStore& operator=(const LockStore&) = delete;
 
-  // Any thread. The store's name for a user's key (e.g. "lockwatch:{key}"),
-  // computed once per acquisition and kept in the lease.
-  virtual std::string encode(std::string_view key) const = 0;
-  // Any thread. Why this store cannot hold a lock of this key (nullptr: it
-  // can). Checked before anything starts; the runtime makes it InvalidArgument.
-  virtual const char* check_key(std::string_view key) const noexcept = 0;
-  // Whether the store reports releases (pub/sub). Without them waiters
-  // retry on the holder's remaining ttl and a bounded back-off.
-  virtual bool release_events() const noexcept = 0;
-  // Any thread. Why this store cannot hold a lock of `kind` with its
-  // guarantee (nullptr: it can). The runtime makes it Unsupported.
-  virtual const char* check_kind(LockKind kind) const noexcept {
-    if (kind.exclusive_kind()) return nullptr;
-    return kind.mode() == LockKind::Mode::kFair ? "this store keeps no queue of waiters for fair locks"
-                                                : "this store holds exclusive locks only";
+  // ---- data, read once (any thread)
+
+  const StoreTraits& traits() const noexcept { return traits_; }
+  // What the store offers beyond locking (null members: not offered).
+  const Capabilities& capabilities() const noexcept { return capabilities_; }
+
+  // The store's name for a user's key (e.g. "lockwatch:{key}"), computed
+  // once per acquisition and kept in the lease.
+  std::string encode(std::string_view key) const { return traits_.keys.name(traits_.keys.prefix, key); }
+  // Why this store cannot hold a lock of this key (nullptr: it can).
+  // Checked before anything starts; the runtime makes it InvalidArgument.
+  const char* check_key(std::string_view key) const noexcept {
+    return traits_.keys.problem(traits_.keys.prefix, key);
   }
+  // Whether the store reports releases (StoreTraits::release_events).
+  bool release_events() const noexcept { return traits_.release_events; }
+  // Why this store cannot hold a lock of `kind` with its guarantee
+  // (nullptr: it can). The runtime makes it Unsupported.
+  const char* check_kind(LockKind kind) const noexcept {
+    switch (kind.mode()) {
+      case LockKind::Mode::kExclusive: return nullptr;
+      case LockKind::Mode::kShared: return traits_.no_shared;
+      case LockKind::Mode::kPermits: return traits_.no_permits;
+      case LockKind::Mode::kFair: return capabilities_.fair_queue != nullptr ? nullptr : traits_.no_fair;
+    }
+    return traits_.no_permits;
+  }
+  // How long after the last request that could have set or extended it
+  // the server may still keep a lock of `ttl` (StoreTraits::Expiry). The
+  // runtime waits this long before it counts an unconfirmed release as done.
+  std::chrono::milliseconds expiry_bound(std::chrono::milliseconds ttl) const noexcept {
+    const auto& e = traits_.expiry;
+    if (e.unit.count() > 0) ttl = std::max(e.unit, (ttl + e.unit - std::chrono::milliseconds(1)) / e.unit * e.unit);
+    return ttl + e.slack;
+  }
+  // False where the server may keep a lock past any bound: a release left
+  // unconfirmed is then reported to its caller as a lost lease, never
+  // counted done.
+  bool expiry_bounded() const noexcept { return traits_.expiry.bounded; }
 
-  // Any thread. How long after the last request that could have set or
-  // extended it the server may still keep a lock of `ttl`: the ttl itself
-  // where the server keeps it to the millisecond; longer where it rounds
-  // it up (etcd's leases count whole seconds). The runtime waits this long
-  // before it counts an unconfirmed release as done.
-  virtual std::chrono::milliseconds expiry_bound(std::chrono::milliseconds ttl) const noexcept { return ttl; }
-  // Any thread. False where the server may keep a lock past any bound the
-  // client can know (etcd renews every lease when a new leader takes over,
-  // and expires none while it has no leader): a release left unconfirmed is
-  // then reported to its caller as a lost lease, never counted done.
-  virtual bool expiry_bounded() const noexcept { return true; }
+  // ---- operations (loop thread)
 
   virtual void start(StoreEvents events) = 0;
 
@@ -175,20 +277,15 @@ class LockStore {
   // Fails what is pending (each callback still runs once) and closes the
   // store's handles; the loop then drains. Nothing may be called after.
   virtual void close() = 0;
+
+ protected:
+  explicit LockStore(StoreTraits traits) : traits_(std::move(traits)) {}
+  // Once, in the store's constructor: the capabilities it offers.
+  void offer(const Capabilities& capabilities) noexcept { capabilities_ = capabilities; }
+
+ private:
+  const StoreTraits traits_;
+  Capabilities capabilities_;
 };
 
 }  // namespace lockwatch::detail
-
-// A store class declares LockStore's operations with these, named once
-// here rather than in every store's header: LOCKWATCH_STORE_OPERATIONS;
-// (acquire, renew, release, close) and, for a store with release notices,
-// LOCKWATCH_STORE_NOTICES; (subscribe, unsubscribe).
-#define LOCKWATCH_STORE_OPERATIONS                                                                           \
-  void acquire(std::span<const ::lockwatch::detail::LockRef> locks, AcquireDone done) override;              \
-  std::size_t renew(std::span<const ::lockwatch::detail::LockRef> locks, std::shared_ptr<const void> keepalive, \
-                    RenewDone done) override;                                                                \
-  void release(std::span<const ::lockwatch::detail::LockRef> locks, bool notify, ReleaseDone done) override; \
-  void close() override
-#define LOCKWATCH_STORE_NOTICES                  \
-  void subscribe(std::string_view name) override; \
-  void unsubscribe(std::string_view name) override

@@ -41,7 +41,7 @@ void keep_most_telling(std::unique_ptr<StoreError>& kept, const StoreError& e) {
 
 QuorumStore::QuorumStore(std::vector<std::unique_ptr<LockStore>> stores, std::vector<std::string> names,
                          const Options& options)
-    : StoreBase(KeyRules{}, std::all_of(stores.begin(), stores.end(), [](const auto& s) { return s->release_events(); })),
+    : StoreBase(member_traits(stores)),
       stores_(std::move(stores)),
       names_(std::move(names)),
       options_(options),
@@ -54,6 +54,26 @@ QuorumStore::QuorumStore(std::vector<std::unique_ptr<LockStore>> stores, std::ve
     tools_.push_back(&require<OperatorTools>(*stores_[i], names_[i]));
     if (auto* l = capability<LockListing>(*stores_[i])) listings_.push_back(l);
   }
+  offer({.job_claims = this, .operator_tools = this, .lock_listing = this});
+}
+
+StoreTraits QuorumStore::member_traits(const std::vector<std::unique_ptr<LockStore>>& stores) {
+  StoreTraits t;
+  if (!stores.empty()) t.keys = stores.front()->traits().keys;
+  t.release_events = std::all_of(stores.begin(), stores.end(), [](const auto& s) { return s->release_events(); });
+  t.no_shared = nullptr;
+  for (const auto& s : stores)
+    if (const char* why = s->check_kind(LockKind::shared())) {
+      t.no_shared = why;
+      break;
+    }
+  t.no_permits =
+      "a quorum cannot bound a semaphore: each store counts its own holders, and majorities of different "
+      "holders overlap, so more than n could hold";
+  t.no_fair =
+      "a quorum cannot keep one order of waiters: each store queues its own, and majorities of different "
+      "queues could grant out of arrival order";
+  return t;
 }
 
 void QuorumStore::started() {

@@ -46,38 +46,34 @@ class QuorumStore final : public StoreBase, public JobClaims, public OperatorToo
 
   std::size_t quorum() const noexcept { return quorum_; }
 
-  // Each store's own names and key rules: they agree.
-  std::string encode(std::string_view key) const override { return stores_.front()->encode(key); }
-  const char* check_key(std::string_view key) const noexcept override { return stores_.front()->check_key(key); }
-  // Exclusive and shared locks, where every store holds them: a reader's
-  // majority and a writer's share a store, which holds one or the other.
-  // Not permits: each store counts its own holders, and majorities of
-  // different holders overlap (3 stores, n = 2: holders on {1,2}, {2,3} and
-  // {1,3} leave 2 on each store), so more than n could hold. Not fair
-  // locks: each store's queue has its own order.
-  const char* check_kind(LockKind kind) const noexcept override {
-    if (kind.mode() == LockKind::Mode::kFair)
-      return "a quorum cannot keep one order of waiters: each store queues its own, and majorities of different "
-             "queues could grant out of arrival order";
-    if (kind.mode() == LockKind::Mode::kPermits)
-      return "a quorum cannot bound a semaphore: each store counts its own holders, and majorities of different "
-             "holders overlap, so more than n could hold";
-    for (const auto& s : stores_)
-      if (const char* why = s->check_kind(kind)) return why;
-    return nullptr;
-  }
+  // Its traits (member_traits()): the first store's key rules (they
+  // agree); release events where every store has them. Exclusive and
+  // shared locks, where every store holds them: a reader's majority and a
+  // writer's share a store, which holds one or the other. Not permits: each
+  // store counts its own holders, and majorities of different holders
+  // overlap (3 stores, n = 2: holders on {1,2}, {2,3} and {1,3} leave 2 on
+  // each store), so more than n could hold. Not fair locks (no FairQueue):
+  // each store's queue has its own order.
+  static StoreTraits member_traits(const std::vector<std::unique_ptr<LockStore>>& stores);
 
   // Every call to every store; each lock decided by its majority (see above).
-  LOCKWATCH_STORE_OPERATIONS;
+  void acquire(std::span<const LockRef> locks, AcquireDone done) override;
+  std::size_t renew(std::span<const LockRef> locks, std::shared_ptr<const void> keepalive, RenewDone done) override;
+  void release(std::span<const LockRef> locks, bool notify, ReleaseDone done) override;
+  void close() override;
   // On every store: a notice from any one wakes a waiter.
-  LOCKWATCH_STORE_NOTICES;
+  void subscribe(std::string_view name) override;
+  void unsubscribe(std::string_view name) override;
   void poll_replies() override;
   // JobClaims: the median clock; claimed when a majority claimed.
-  LOCKWATCH_JOB_CLAIMS_OPERATIONS;
+  void server_time(TimeDone done) override;
+  void claim_period(std::string_view name, std::string_view token, std::int64_t period,
+                    std::chrono::system_clock::time_point start, ClaimDone done) override;
   // OperatorTools: held when a majority holds it, with their highest token.
-  LOCKWATCH_OPERATOR_TOOLS_OPERATIONS;
+  void inspect(std::string_view name, InspectDone done) override;
+  void force_release(std::string_view name, ForceDone done) override;
   // LockListing: each store's list, a lock kept when a majority holds it.
-  LOCKWATCH_LOCK_LISTING_OPERATIONS;
+  void list_locks(std::string_view prefix, std::size_t limit, ListDone done) override;
 
  private:
   LockInfo majority_view(const std::vector<LockInfo>& infos, std::size_t& largest) const;

@@ -297,17 +297,21 @@ std::optional<Released> StoreScript::scripted_release(const std::string& name) {
 
 MemoryStore::MemoryStore(detail::Loop& loop, std::shared_ptr<MemoryBackend> backend,
                          std::shared_ptr<StoreScript> script, std::string prefix)
-    : loop_(loop), backend_(std::move(backend)), script_(std::move(script)), prefix_(std::move(prefix)) {}
+    : LockStore(detail::StoreTraits{
+          .keys = detail::KeyRules{std::move(prefix), detail::KeyRules::plain,
+                                   [](std::string_view, std::string_view key) noexcept -> const char* {
+                                     if (!key.starts_with("refused:")) return nullptr;
+                                     return "this store refuses keys starting with 'refused:'";
+                                   }},
+          .release_events = script->release_events(),
+          .expiry = {.slack = script->expiry_slack(), .bounded = script->expiry_bounded()}}),
+      loop_(loop), backend_(std::move(backend)), script_(std::move(script)) {
+  offer({.fence_raising = this, .job_claims = this, .operator_tools = this, .token_blocks = this});
+}
 
 MemoryStore::~MemoryStore() {
   alive_->store(false);
   backend_->detach(this);
-}
-
-std::string MemoryStore::encode(std::string_view key) const { return prefix_ + std::string(key); }
-
-const char* MemoryStore::check_key(std::string_view key) const noexcept {
-  return key.starts_with("refused:") ? "this store refuses keys starting with 'refused:'" : nullptr;
 }
 
 void MemoryStore::start(detail::StoreEvents events) { events_ = std::move(events); }
@@ -459,7 +463,7 @@ void MemoryStore::force_release(std::string_view name, std::function<void(bool, 
 }
 
 void MemoryStore::subscribe(std::string_view name) {
-  if (!script_->release_events()) return;
+  if (!release_events()) return;
   std::string n(name);
   script_->plan(Op::kSubscribe, n, 1);
   if (!subscribed_.insert(n).second) return;

@@ -127,7 +127,8 @@ class StoreScript {
   void script_acquire(std::function<std::optional<detail::Acquired>(const std::string& name)> fn);
   void script_renew(std::function<std::optional<detail::Renewed>(const std::string& name)> fn);
   void script_release(std::function<std::optional<detail::Released>(const std::string& name)> fn);
-  // Whether the store reports releases (default true).
+  // Whether the store reports releases (default true). Read when a store
+  // is made, as the other traits below.
   void set_release_events(bool on) { release_events_ = on; }
   bool release_events() const { return release_events_; }
   // How much longer than its ttl the store says it may keep a lock
@@ -183,20 +184,24 @@ class MemoryStore final : public detail::LockStore,
               std::string prefix = "lockwatch:");
   ~MemoryStore() override;
 
-  std::string encode(std::string_view key) const override;
-  const char* check_key(std::string_view key) const noexcept override;
-  bool release_events() const noexcept override { return script_->release_events(); }
-  std::chrono::milliseconds expiry_bound(std::chrono::milliseconds ttl) const noexcept override {
-    return ttl + script_->expiry_slack();
-  }
-  bool expiry_bounded() const noexcept override { return script_->expiry_bounded(); }
+  // Its traits are read from `script` here, once: the key rules (keys
+  // starting with "refused:" are refused), release events, expiry slack
+  // and bound. Exclusive locks only.
   void start(detail::StoreEvents events) override;
-  LOCKWATCH_STORE_OPERATIONS;
-  LOCKWATCH_STORE_NOTICES;
-  LOCKWATCH_FENCE_RAISING_OPERATIONS;
-  LOCKWATCH_JOB_CLAIMS_OPERATIONS;
-  LOCKWATCH_OPERATOR_TOOLS_OPERATIONS;
-  LOCKWATCH_TOKEN_BLOCKS_OPERATIONS;
+  void acquire(std::span<const detail::LockRef> locks, AcquireDone done) override;
+  std::size_t renew(std::span<const detail::LockRef> locks, std::shared_ptr<const void> keepalive,
+                    RenewDone done) override;
+  void release(std::span<const detail::LockRef> locks, bool notify, ReleaseDone done) override;
+  void close() override;
+  void subscribe(std::string_view name) override;
+  void unsubscribe(std::string_view name) override;
+  void raise_fence(std::string_view name, std::uint64_t fence, RaiseDone done) override;
+  void server_time(TimeDone done) override;
+  void claim_period(std::string_view name, std::string_view token, std::int64_t period,
+                    std::chrono::system_clock::time_point start, ClaimDone done) override;
+  void inspect(std::string_view name, InspectDone done) override;
+  void force_release(std::string_view name, ForceDone done) override;
+  void reserve_tokens(const detail::LockRef& lock, std::uint32_t n, ReserveDone done) override;
 
   // Any thread (the backend): a release notice for `name`.
   void notice(const std::string& name);
@@ -222,7 +227,6 @@ class MemoryStore final : public detail::LockStore,
   detail::Loop& loop_;
   std::shared_ptr<MemoryBackend> backend_;
   std::shared_ptr<StoreScript> script_;
-  std::string prefix_;
   detail::StoreEvents events_;
   bool closed_ = false;
   std::set<std::string> subscribed_;

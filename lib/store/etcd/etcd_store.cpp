@@ -90,24 +90,23 @@ std::int64_t EtcdStore::lease_seconds(milliseconds ttl) noexcept {
   return std::max<std::int64_t>(1, (ttl.count() + 999) / 1000);
 }
 
-milliseconds EtcdStore::expiry_bound(milliseconds ttl) const noexcept {
-  return std::chrono::seconds(lease_seconds(ttl)) + kExpirySlack;
-}
-
 EtcdStore::EtcdStore(Loop& loop, EtcdTarget target, const Options& options)
-    : StoreBase(KeyRules{options.key_prefix, KeyRules::plain,
-                         [](std::string_view prefix, std::string_view key) noexcept -> const char* {
-                           if (prefix.size() + key.size() > kMaxNameBytes)
-                             return "the lock name (key_prefix + key) is longer than the 32 KiB an etcd:// store "
-                                    "takes (a transaction names it six times, and etcd refuses requests over "
-                                    "1.5 MiB by default)";
-                           return nullptr;
-                         }},
-                /*release_events=*/true),
+    : StoreBase(StoreTraits{.keys = KeyRules{options.key_prefix, KeyRules::plain,
+                             [](std::string_view prefix, std::string_view key) noexcept -> const char* {
+                               if (prefix.size() + key.size() > kMaxNameBytes)
+                                 return "the lock name (key_prefix + key) is longer than the 32 KiB an etcd:// store "
+                                        "takes (a transaction names it six times, and etcd refuses requests over "
+                                        "1.5 MiB by default)";
+                               return nullptr;
+                             }},
+                            .release_events = true,
+                            .expiry = {.unit = std::chrono::seconds(1), .slack = kExpirySlack, .bounded = false}}),
       loop_(loop),
       client_(std::make_unique<EtcdClient>(loop, target, options)),
       clock_(std::make_unique<EtcdClock>(loop, std::move(target), options)),
-      owner_(owner_name(options)) {}
+      owner_(owner_name(options)) {
+  offer({.job_claims = this, .operator_tools = this, .lock_listing = this});
+}
 
 EtcdStore::~EtcdStore() = default;
 
@@ -455,7 +454,7 @@ void EtcdStore::list_locks(std::string_view prefix, std::size_t limit, ListDone 
   else
     listing->end.back() = static_cast<char>(static_cast<unsigned char>(listing->end.back()) + 1);
   listing->limit = limit;
-  listing->prefix = keys_.prefix.size();
+  listing->prefix = traits().keys.prefix.size();
   listing->done = std::move(done);
   list_page(std::move(listing));
 }

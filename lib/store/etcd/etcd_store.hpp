@@ -102,18 +102,24 @@ class EtcdStore final : public StoreBase, public JobClaims, public OperatorTools
   // (etcd raises it further to its own minimum).
   static std::int64_t lease_seconds(std::chrono::milliseconds ttl) noexcept;
 
-  // The lease's whole seconds, plus kExpirySlack.
-  std::chrono::milliseconds expiry_bound(std::chrono::milliseconds ttl) const noexcept override;
-  // A new leader renews every lease: an unconfirmed release is never
-  // counted done.
-  bool expiry_bounded() const noexcept override { return false; }
-  LOCKWATCH_STORE_OPERATIONS;
-  LOCKWATCH_STORE_NOTICES;
-  LOCKWATCH_OPERATOR_TOOLS_OPERATIONS;
+  // Exclusive locks only (no FairQueue). Its traits: a lock may live its
+  // lease's whole seconds plus kExpirySlack (expiry_bound()), and, since a
+  // new leader renews every lease, past any bound (expiry_bounded() false:
+  // an unconfirmed release is never counted done).
+  void acquire(std::span<const LockRef> locks, AcquireDone done) override;
+  std::size_t renew(std::span<const LockRef> locks, std::shared_ptr<const void> keepalive, RenewDone done) override;
+  void release(std::span<const LockRef> locks, bool notify, ReleaseDone done) override;
+  void close() override;
+  void subscribe(std::string_view name) override;
+  void unsubscribe(std::string_view name) override;
+  void inspect(std::string_view name, InspectDone done) override;
+  void force_release(std::string_view name, ForceDone done) override;
   // A Range over the names under the prefix (pages, in key order), keys
   // on a lease only (a job's period key is on none), each lease's ttl asked.
-  LOCKWATCH_LOCK_LISTING_OPERATIONS;
-  LOCKWATCH_JOB_CLAIMS_OPERATIONS;
+  void list_locks(std::string_view prefix, std::size_t limit, ListDone done) override;
+  void server_time(TimeDone done) override;
+  void claim_period(std::string_view name, std::string_view token, std::int64_t period,
+                    std::chrono::system_clock::time_point start, ClaimDone done) override;
 
   // The key of the last period run of the job whose lock is `name`.
   static std::string period_key(std::string_view name) { return std::string(name) + ":period"; }

@@ -21,12 +21,20 @@ std::string MemoryStore::space_name(const std::string& url) {
 }
 
 MemoryStore::MemoryStore(Loop& loop, std::shared_ptr<MemorySpace> space, const Options& options)
-    : StoreBase(KeyRules{options.key_prefix}, /*release_events=*/true),
+    : StoreBase(StoreTraits{
+          .keys = KeyRules{options.key_prefix}, .release_events = true, .no_shared = nullptr, .no_permits = nullptr}),
       loop_(loop),
       space_(std::move(space)),
       link_(std::make_shared<MemoryLink>(loop, this)),
       command_timeout_(options.command_timeout),
-      owner_name_(owner_name(options)) {}
+      owner_name_(owner_name(options)) {
+  offer({.fence_raising = this,
+         .job_claims = this,
+         .operator_tools = this,
+         .lock_listing = this,
+         .fair_queue = this,
+         .token_blocks = this});
+}
 
 MemoryStore::~MemoryStore() {
   // close() did this already, unless the store never ran.
@@ -202,7 +210,7 @@ void MemoryStore::inspect(std::string_view name, InspectDone done) {
 
 void MemoryStore::list_locks(std::string_view prefix, std::size_t limit, ListDone done) {
   auto shared_done = std::make_shared<decltype(done)>(std::move(done));
-  const std::string name_prefix = keys_.prefix;
+  const std::string name_prefix = traits().keys.prefix;
   submit(
       [p = encode(prefix), name_prefix, limit, shared_done](MemorySpace::State& s) -> std::function<void()> {
         std::vector<LockInfo> out;

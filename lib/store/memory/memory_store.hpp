@@ -57,18 +57,24 @@ class MemoryStore final : public StoreBase,
   MemoryStore(const MemoryStore&) = delete;
   MemoryStore& operator=(const MemoryStore&) = delete;
 
-  // Each call one step on the space's state under its mutex; the answer
-  // posted to this store's loop.
-  const char* check_kind(LockKind) const noexcept override { return nullptr; }  // every kind
-  LOCKWATCH_STORE_OPERATIONS;
+  // Every kind. Each call one step on the space's state under its mutex;
+  // the answer posted to this store's loop.
+  void acquire(std::span<const LockRef> locks, AcquireDone done) override;
+  std::size_t renew(std::span<const LockRef> locks, std::shared_ptr<const void> keepalive, RenewDone done) override;
+  void release(std::span<const LockRef> locks, bool notify, ReleaseDone done) override;
+  void close() override;
   // The space tells every store subscribed to a name of its release.
-  LOCKWATCH_STORE_NOTICES;
+  void subscribe(std::string_view name) override;
+  void unsubscribe(std::string_view name) override;
   // Capabilities, on the space's state (its clock is this host's).
-  LOCKWATCH_FENCE_RAISING_OPERATIONS;
-  LOCKWATCH_JOB_CLAIMS_OPERATIONS;
-  LOCKWATCH_OPERATOR_TOOLS_OPERATIONS;
-  LOCKWATCH_LOCK_LISTING_OPERATIONS;
-  LOCKWATCH_TOKEN_BLOCKS_OPERATIONS;
+  void raise_fence(std::string_view name, std::uint64_t fence, RaiseDone done) override;
+  void server_time(TimeDone done) override;
+  void claim_period(std::string_view name, std::string_view token, std::int64_t period,
+                    std::chrono::system_clock::time_point start, ClaimDone done) override;
+  void inspect(std::string_view name, InspectDone done) override;
+  void force_release(std::string_view name, ForceDone done) override;
+  void list_locks(std::string_view prefix, std::size_t limit, ListDone done) override;
+  void reserve_tokens(const LockRef& lock, std::uint32_t n, ReserveDone done) override;
   void withdraw(const LockRef& lock, WithdrawDone done) override;
 
   // Loop thread (posted by the space): `name` was released.

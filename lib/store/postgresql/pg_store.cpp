@@ -536,18 +536,21 @@ void PgStore::check_options(const PgTarget&, const Options& options) {
 }
 
 PgStore::PgStore(Loop& loop, PgTarget target, const Options& options)
-    : StoreBase(KeyRules{options.key_prefix, KeyRules::plain,
-                         [](std::string_view prefix, std::string_view key) noexcept -> const char* {
-                           if (prefix.size() + key.size() > kMaxNameBytes)
-                             return "the lock name (key_prefix + key) is longer than the 255 bytes the PostgreSQL "
-                                    "lock table's lock_name takes";
-                           return nullptr;
-                         }},
-                /*release_events=*/true),
+    : StoreBase(StoreTraits{.keys = KeyRules{options.key_prefix, KeyRules::plain,
+                             [](std::string_view prefix, std::string_view key) noexcept -> const char* {
+                               if (prefix.size() + key.size() > kMaxNameBytes)
+                                 return "the lock name (key_prefix + key) is longer than the 255 bytes the PostgreSQL "
+                                        "lock table's lock_name takes";
+                               return nullptr;
+                             }},
+                            .release_events = true,
+                            .no_shared = nullptr,
+                            .no_permits = nullptr}),
       loop_(loop),
       options_(options),
       target_(std::move(target)),
       channel_(target_.channel()) {
+  offer({.fence_raising = this, .job_claims = this, .operator_tools = this, .lock_listing = this, .fair_queue = this});
   PgSession session;
   session.statements = statements(quoted(target_.table), quoted(target_.holders_table()),
                                   "decode('" + pg_hex(owner_name(options)) + "', 'hex')");
@@ -1110,7 +1113,7 @@ void PgStore::list_locks(std::string_view prefix, std::size_t limit, ListDone do
           std::vector<LockInfo> out;
           for (std::size_t i = 0; i < listing->names.size(); ++i) {
             if (!listing->infos[i].held) continue;
-            listing->infos[i].key = listing->names[i].substr(keys_.prefix.size());
+            listing->infos[i].key = listing->names[i].substr(traits().keys.prefix.size());
             out.push_back(std::move(listing->infos[i]));
           }
           listing->done(std::move(out), nullptr);

@@ -110,17 +110,23 @@ class PgStore final : public StoreBase,
   static std::string holders_table_definition(const std::string& table);
 
   // Every kind: exclusive, shared, permits(n) and fair (see above).
-  const char* check_kind(LockKind) const noexcept override { return nullptr; }
-  LOCKWATCH_STORE_OPERATIONS;
-  LOCKWATCH_STORE_NOTICES;
+  void acquire(std::span<const LockRef> locks, AcquireDone done) override;
+  std::size_t renew(std::span<const LockRef> locks, std::shared_ptr<const void> keepalive, RenewDone done) override;
+  void release(std::span<const LockRef> locks, bool notify, ReleaseDone done) override;
+  void close() override;
+  void subscribe(std::string_view name) override;
+  void unsubscribe(std::string_view name) override;
   void poll_replies() override;
   // FenceRaising, JobClaims on the database's clock (clock_timestamp()),
   // OperatorTools: on the row.
-  LOCKWATCH_FENCE_RAISING_OPERATIONS;
-  LOCKWATCH_JOB_CLAIMS_OPERATIONS;
-  LOCKWATCH_OPERATOR_TOOLS_OPERATIONS;
+  void raise_fence(std::string_view name, std::uint64_t fence, RaiseDone done) override;
+  void server_time(TimeDone done) override;
+  void claim_period(std::string_view name, std::string_view token, std::int64_t period,
+                    std::chrono::system_clock::time_point start, ClaimDone done) override;
+  void inspect(std::string_view name, InspectDone done) override;
+  void force_release(std::string_view name, ForceDone done) override;
   // The held rows under the prefix (LIKE, in order, LIMIT), each inspected.
-  LOCKWATCH_LOCK_LISTING_OPERATIONS;
+  void list_locks(std::string_view prefix, std::size_t limit, ListDone done) override;
   // FairQueue: the waiter's row goes, in a transaction that locks the
   // lock row first; a first waiter that leaves a free lock notifies.
   void withdraw(const LockRef& lock, WithdrawDone done) override;

@@ -110,9 +110,17 @@ struct ClusterStore::Call {
 };
 
 ClusterStore::ClusterStore(Loop& loop, ClusterSeeds seeds, const Options& options, StoreLayout layout)
-    : StoreBase(layout.redisson() ? redisson_keys::rules() : redis_keys::rules(options.key_prefix),
-                /*release_events=*/true),
+    : StoreBase(StoreTraits{.keys = layout.redisson() ? redisson_keys::rules() : redis_keys::rules(options.key_prefix),
+                            .release_events = true,
+                            .no_shared = nullptr,
+                            .no_permits = nullptr}),
       loop_(loop), seeds_(std::move(seeds)), options_(options), layout_(std::move(layout)) {
+  offer({.fence_raising = this,
+         .job_claims = this,
+         .operator_tools = this,
+         .lock_listing = this,
+         .fair_queue = this,
+         .token_blocks = this});
   owner_.fill(-1);
   topo_ = std::make_unique<RedisConnection>(loop_, seeds_.seeds.front(), options_, RedisConnection::Mode::kCommands);
 }

@@ -141,18 +141,24 @@ class ClusterStore final : public StoreBase,
   // followed across MOVED and ASK.
   // Every kind: a lock's keys (lock, holders, writer mark, counter) share
   // its hash tag, so one slot, and its node's scripts keep them.
-  const char* check_kind(LockKind) const noexcept override { return nullptr; }
-  LOCKWATCH_STORE_OPERATIONS;
+  void acquire(std::span<const LockRef> locks, AcquireDone done) override;
+  std::size_t renew(std::span<const LockRef> locks, std::shared_ptr<const void> keepalive, RenewDone done) override;
+  void release(std::span<const LockRef> locks, bool notify, ReleaseDone done) override;
+  void close() override;
   void poll_replies() override;  // every node's
   // Notices are sharded: SSUBSCRIBE on the node of each name's slot.
-  LOCKWATCH_STORE_NOTICES;
+  void subscribe(std::string_view name) override;
+  void unsubscribe(std::string_view name) override;
   // Capabilities, on the node of the name's slot (TIME: any node).
-  LOCKWATCH_FENCE_RAISING_OPERATIONS;
-  LOCKWATCH_JOB_CLAIMS_OPERATIONS;
-  LOCKWATCH_OPERATOR_TOOLS_OPERATIONS;
+  void raise_fence(std::string_view name, std::uint64_t fence, RaiseDone done) override;
+  void server_time(TimeDone done) override;
+  void claim_period(std::string_view name, std::string_view token, std::int64_t period,
+                    std::chrono::system_clock::time_point start, ClaimDone done) override;
+  void inspect(std::string_view name, InspectDone done) override;
+  void force_release(std::string_view name, ForceDone done) override;
   // Every master's SCAN (each node store's listing), merged by key.
-  LOCKWATCH_LOCK_LISTING_OPERATIONS;
-  LOCKWATCH_TOKEN_BLOCKS_OPERATIONS;
+  void list_locks(std::string_view prefix, std::size_t limit, ListDone done) override;
+  void reserve_tokens(const LockRef& lock, std::uint32_t n, ReserveDone done) override;
   // A fair waiter leaves its lock's queue, on the slot's node (its keys
   // share the lock's hash tag); redirects followed as for the others.
   void withdraw(const LockRef& lock, WithdrawDone done) override;

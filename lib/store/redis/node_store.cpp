@@ -40,9 +40,17 @@ std::chrono::system_clock::time_point time_at(const redisReply* r, std::size_t f
 
 RedisNodeStore::RedisNodeStore(Loop& loop, Endpoint endpoint, const Options& options, Notices notices,
                                StoreLayout layout)
-    : StoreBase(layout.redisson() ? redisson_keys::rules() : redis_keys::rules(options.key_prefix),
-                /*release_events=*/true),
+    : StoreBase(StoreTraits{.keys = layout.redisson() ? redisson_keys::rules() : redis_keys::rules(options.key_prefix),
+                            .release_events = true,
+                            .no_shared = nullptr,
+                            .no_permits = nullptr}),
       options_(options), owner_(owner_name(options)), notices_(notices), layout_(std::move(layout)), loop_(loop) {
+  offer({.fence_raising = this,
+         .job_claims = this,
+         .operator_tools = this,
+         .lock_listing = this,
+         .fair_queue = this,
+         .token_blocks = this});
   using Mode = RedisConnection::Mode;
   conn_ = std::make_unique<RedisConnection>(loop, endpoint, options_, Mode::kCommands);
   renew_ = std::make_unique<RedisConnection>(loop, endpoint, options_, Mode::kCommands);

@@ -108,21 +108,27 @@ class RedisNodeStore final : public StoreBase,
 
   // Acquisitions and releases batched per loop iteration on the command
   // connection (see above), renewals on their own; notices on the third.
-  // Shared and permit locks (check_kind(): every kind) go one script call
+  // Shared and permit locks (every kind is held) go one script call
   // each (kAcquireKind, kRenewKind, kReleaseKind; a call's renewals and
   // releases of them together), beside the exclusive batches.
-  const char* check_kind(LockKind) const noexcept override { return nullptr; }
-  LOCKWATCH_STORE_OPERATIONS;
-  LOCKWATCH_STORE_NOTICES;
+  void acquire(std::span<const LockRef> locks, AcquireDone done) override;
+  std::size_t renew(std::span<const LockRef> locks, std::shared_ptr<const void> keepalive, RenewDone done) override;
+  void release(std::span<const LockRef> locks, bool notify, ReleaseDone done) override;
+  void close() override;
+  void subscribe(std::string_view name) override;
+  void unsubscribe(std::string_view name) override;
   void poll_replies() override;  // the renewal connection's
   // Capabilities, each one script call on the command connection.
-  LOCKWATCH_FENCE_RAISING_OPERATIONS;
-  LOCKWATCH_JOB_CLAIMS_OPERATIONS;
-  LOCKWATCH_OPERATOR_TOOLS_OPERATIONS;
+  void raise_fence(std::string_view name, std::uint64_t fence, RaiseDone done) override;
+  void server_time(TimeDone done) override;
+  void claim_period(std::string_view name, std::string_view token, std::int64_t period,
+                    std::chrono::system_clock::time_point start, ClaimDone done) override;
+  void inspect(std::string_view name, InspectDone done) override;
+  void force_release(std::string_view name, ForceDone done) override;
   // SCAN of the lock names under the prefix (pages of 1000), each page's
   // locks inspected in one pipelined round.
-  LOCKWATCH_LOCK_LISTING_OPERATIONS;
-  LOCKWATCH_TOKEN_BLOCKS_OPERATIONS;
+  void list_locks(std::string_view prefix, std::size_t limit, ListDone done) override;
+  void reserve_tokens(const LockRef& lock, std::uint32_t n, ReserveDone done) override;
   // Fair locks: acquired by kAcquireFair (one call each), renewed and
   // released as the other kinds; a waiter that gives up, kWithdrawFair.
   void withdraw(const LockRef& lock, WithdrawDone done) override;

@@ -3,7 +3,7 @@
 //
 // It holds a RedisNodeStore or a ClusterStore made with that layout and
 // passes every LockStore call through. What it adds is what it refuses:
-// exclusive locks only (check_kind(): Redisson's read-write locks,
+// exclusive locks only (its traits' kinds: Redisson's read-write locks,
 // semaphores and fair locks keep other layouts, which lockwatch does not
 // write), and none of the capabilities (capabilities.hpp: the scheduled
 // jobs' claims, operators' inspect and force-release, in-process token
@@ -21,19 +21,14 @@ namespace lockwatch::detail {
 
 class RedissonStore final : public LockStore {
  public:
-  explicit RedissonStore(std::unique_ptr<LockStore> inner) : inner_(std::move(inner)) {}
+  // The inner store's traits (key rules, release events, expiry), with
+  // the kinds refused; no capabilities are offered.
+  explicit RedissonStore(std::unique_ptr<LockStore> inner)
+      : LockStore(redisson_traits(inner->traits())), inner_(std::move(inner)) {}
 
   // Why a kind is refused (null for exclusive locks).
   static const char* kind_problem(LockKind kind) noexcept;
 
-  std::string encode(std::string_view key) const override { return inner_->encode(key); }
-  const char* check_key(std::string_view key) const noexcept override { return inner_->check_key(key); }
-  bool release_events() const noexcept override { return inner_->release_events(); }
-  const char* check_kind(LockKind kind) const noexcept override { return kind_problem(kind); }
-  std::chrono::milliseconds expiry_bound(std::chrono::milliseconds ttl) const noexcept override {
-    return inner_->expiry_bound(ttl);
-  }
-  bool expiry_bounded() const noexcept override { return inner_->expiry_bounded(); }
   void start(StoreEvents events) override { inner_->start(std::move(events)); }
   void acquire(std::span<const LockRef> locks, AcquireDone done) override { inner_->acquire(locks, std::move(done)); }
   std::size_t renew(std::span<const LockRef> locks, std::shared_ptr<const void> keepalive, RenewDone done) override {
@@ -48,6 +43,13 @@ class RedissonStore final : public LockStore {
   void close() override { inner_->close(); }
 
  private:
+  static StoreTraits redisson_traits(StoreTraits t) {
+    t.no_shared = kind_problem(LockKind::shared());
+    t.no_permits = kind_problem(LockKind::permits(2));
+    t.no_fair = kind_problem(LockKind::fair());
+    return t;
+  }
+
   std::unique_ptr<LockStore> inner_;
 };
 

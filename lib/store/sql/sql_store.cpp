@@ -121,17 +121,20 @@ std::string SqlStore::holders_definition(const std::string& table) {
 }
 
 SqlStore::SqlStore(Loop& loop, SqlTarget target, const Options& options)
-    : StoreBase(KeyRules{options.key_prefix, KeyRules::plain,
-                         [](std::string_view prefix, std::string_view key) noexcept -> const char* {
-                           if (prefix.size() + key.size() > kMaxNameBytes)
-                             return "the lock name (key_prefix + key) is longer than the 255 bytes of the SQL lock "
-                                    "table's lock_name column";
-                           return nullptr;
-                         }},
-                /*release_events=*/false),
+    : StoreBase(StoreTraits{.keys = KeyRules{options.key_prefix, KeyRules::plain,
+                             [](std::string_view prefix, std::string_view key) noexcept -> const char* {
+                               if (prefix.size() + key.size() > kMaxNameBytes)
+                                 return "the lock name (key_prefix + key) is longer than the 255 bytes of the SQL lock "
+                                        "table's lock_name column";
+                               return nullptr;
+                             }},
+                            .release_events = false,
+                            .no_shared = nullptr,
+                            .no_permits = nullptr}),
       loop_(loop), options_(options), owner_name_(sql::hex(owner_name(options))), waiter_id_(TokenGenerator().next().str()),
       target_(std::move(target)), table_("`" + target_.table + "`"),
       holders_("`" + target_.table + "_holders`") {
+  offer({.job_claims = this, .operator_tools = this, .lock_listing = this, .fair_queue = this});
   SqlSession session;
   long long wait_s = std::max<long long>(1, options_.command_timeout.count() / 1000);
   session.setup = {
@@ -731,7 +734,7 @@ void SqlStore::list_locks(std::string_view prefix, std::size_t limit, ListDone d
           std::vector<LockInfo> out;
           for (std::size_t i = 0; i < listing->names.size(); ++i) {
             if (!listing->infos[i].held) continue;
-            listing->infos[i].key = listing->names[i].substr(keys_.prefix.size());
+            listing->infos[i].key = listing->names[i].substr(traits().keys.prefix.size());
             out.push_back(std::move(listing->infos[i]));
           }
           listing->done(std::move(out), nullptr);

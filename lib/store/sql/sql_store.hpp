@@ -104,14 +104,19 @@ class SqlStore final : public StoreBase,
   // One statement per batch (see above); no release notices, so waiters
   // poll with the runtime's back-off, keeping their turn by their mark.
   // Every kind (see above).
-  const char* check_kind(LockKind) const noexcept override { return nullptr; }
-  LOCKWATCH_STORE_OPERATIONS;
+  void acquire(std::span<const LockRef> locks, AcquireDone done) override;
+  std::size_t renew(std::span<const LockRef> locks, std::shared_ptr<const void> keepalive, RenewDone done) override;
+  void release(std::span<const LockRef> locks, bool notify, ReleaseDone done) override;
+  void close() override;
   // JobClaims on the database's clock (NOW(6)); OperatorTools on the row.
-  LOCKWATCH_JOB_CLAIMS_OPERATIONS;
-  LOCKWATCH_OPERATOR_TOOLS_OPERATIONS;
+  void server_time(TimeDone done) override;
+  void claim_period(std::string_view name, std::string_view token, std::int64_t period,
+                    std::chrono::system_clock::time_point start, ClaimDone done) override;
+  void inspect(std::string_view name, InspectDone done) override;
+  void force_release(std::string_view name, ForceDone done) override;
   // A query of the lock rows under the prefix (LIKE on the key, ordered,
   // LIMIT), each then inspected.
-  LOCKWATCH_LOCK_LISTING_OPERATIONS;
+  void list_locks(std::string_view prefix, std::size_t limit, ListDone done) override;
   void withdraw(const LockRef& lock, WithdrawDone done) override;
 
  private:

@@ -380,20 +380,23 @@ void ZkStore::check_options(const ZkTarget&, const Options& options) {
 }
 
 ZkStore::ZkStore(Loop& loop, ZkTarget target, const Options& options)
-    : StoreBase(KeyRules{options.key_prefix, KeyRules::plain,
-                         [](std::string_view prefix, std::string_view key) noexcept -> const char* {
-                           if (prefix.size() + key.size() > kMaxNameBytes)
-                             return "the lock name (key_prefix + key) is longer than the 255 bytes a ZooKeeper "
-                                    "lock name takes";
-                           return nullptr;
-                         }},
-                /*release_events=*/true),
+    : StoreBase(StoreTraits{.keys = KeyRules{options.key_prefix, KeyRules::plain,
+                             [](std::string_view prefix, std::string_view key) noexcept -> const char* {
+                               if (prefix.size() + key.size() > kMaxNameBytes)
+                                 return "the lock name (key_prefix + key) is longer than the 255 bytes a ZooKeeper "
+                                        "lock name takes";
+                               return nullptr;
+                             }},
+                            .release_events = true,
+                            .no_shared = nullptr,
+                            .no_permits = nullptr}),
       loop_(loop),
       options_(options),
       owner_(owner_name(options)),
       target_(std::move(target)),
       endpoint_(target_.name()),
       sink_(std::make_shared<Sink>()) {
+  offer({.job_claims = this, .operator_tools = this, .lock_listing = this, .fair_queue = this});
   sink_->store = this;
   sink_->loop = &loop;
   closer_ = std::thread([this] {
@@ -777,17 +780,6 @@ StoreError ZkStore::error(int rc, const std::string& doing) const {
   }
   e.code = std::to_string(rc);
   return e;
-}
-
-const char* ZkStore::check_kind(LockKind kind) const noexcept {
-  switch (kind.mode()) {
-    case LockKind::Mode::kExclusive:
-    case LockKind::Mode::kShared:
-    case LockKind::Mode::kPermits:
-    case LockKind::Mode::kFair:
-      return nullptr;
-  }
-  return LockStore::check_kind(kind);
 }
 
 std::string ZkStore::dir_of(std::string_view name) const { return std::string(kRoot) + "/" + escape(name); }
@@ -1973,7 +1965,7 @@ void ZkStore::list_window(std::shared_ptr<Listing> listing) {
       w->infos[i - from] = info;
       if (--w->left != 0) return;
       if (w->error) return listing->done({}, &*w->error);
-      const std::size_t prefix = keys_.prefix.size();
+      const std::size_t prefix = traits().keys.prefix.size();
       for (std::size_t k = 0; k < w->infos.size(); ++k) {
         if (!w->infos[k].held) continue;
         w->infos[k].key = listing->names[from + k].substr(prefix);

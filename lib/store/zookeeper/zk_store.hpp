@@ -129,10 +129,13 @@ class ZkStore final : public StoreBase, public JobClaims, public OperatorTools, 
   // they are, any other byte as %XX.
   static std::string escape(std::string_view bytes);
 
-  LOCKWATCH_STORE_OPERATIONS;
-  LOCKWATCH_STORE_NOTICES;
+  void acquire(std::span<const LockRef> locks, AcquireDone done) override;
+  std::size_t renew(std::span<const LockRef> locks, std::shared_ptr<const void> keepalive, RenewDone done) override;
+  void release(std::span<const LockRef> locks, bool notify, ReleaseDone done) override;
+  void close() override;
+  void subscribe(std::string_view name) override;
+  void unsubscribe(std::string_view name) override;
   // Exclusive, shared (a read-write lock), permits and fair: every kind.
-  const char* check_kind(LockKind kind) const noexcept override;
   // FairQueue: a waiter that gives up deletes its node (the next one's
   // watch fires: its notice).
   void withdraw(const LockRef& lock, WithdrawDone done) override;
@@ -141,16 +144,19 @@ class ZkStore final : public StoreBase, public JobClaims, public OperatorTools, 
   // last period is the data of a persistent node `period` in its lock's
   // directory, set by one multi that also checks our lock's node is there
   // (and the version read, so that two claims cannot both pass).
-  LOCKWATCH_JOB_CLAIMS_OPERATIONS;
+  void server_time(TimeDone done) override;
+  void claim_period(std::string_view name, std::string_view token, std::int64_t period,
+                    std::chrono::system_clock::time_point start, ClaimDone done) override;
   // OperatorTools: the holder is the lowest node (a shared lock's, the
   // readers below the first writer's node; permits(n)'s, the n lowest),
   // each with the owner name in its data and its ctime as the grant time;
   // a lock not held reports fencing token 0 (the ensemble keeps no counter
   // apart from the nodes).
-  LOCKWATCH_OPERATOR_TOOLS_OPERATIONS;
+  void inspect(std::string_view name, InspectDone done) override;
+  void force_release(std::string_view name, ForceDone done) override;
   // LockListing: the children of /lockwatch under the prefix, in order,
   // inspected a window at a time until `limit` held ones are found.
-  LOCKWATCH_LOCK_LISTING_OPERATIONS;
+  void list_locks(std::string_view prefix, std::size_t limit, ListDone done) override;
 
   struct Result;  // a ZooKeeper answer, copied off the client's thread
   struct Sink;    // how the client's threads reach the loop
