@@ -660,15 +660,31 @@ bool eventually(Pred pred) {
   return false;
 }
 
-TEST(NodeStoreReplicaTest, AWaitForASlowReplicaHoldsUpNoRelease) {
+// A master and its replica, online; options asking for one replica's
+// acknowledgement.
+struct ReplicatedServer {
   RedisServer master;
-  RedisServerOptions ro;
-  ro.extra_args = {"--replicaof", "127.0.0.1", std::to_string(master.port())};
-  RedisServer replica(ro);
-  ASSERT_TRUE(eventually([&] { return info_field(master, "replication", "slave0").find("state=online") != std::string::npos; }));
+  RedisServer replica{replica_of(master)};
+  static RedisServerOptions replica_of(const RedisServer& m) {
+    RedisServerOptions ro;
+    ro.extra_args = {"--replicaof", "127.0.0.1", std::to_string(m.port())};
+    return ro;
+  }
+  bool online() { return info_field(master, "replication", "slave0").find("state=online") != std::string::npos; }
+  Options options() {
+    Options o = options_for(master);
+    o.min_replicas = 1;
+    return o;
+  }
+};
 
-  Options o = options_for(master);
-  o.min_replicas = 1;
+TEST(NodeStoreReplicaTest, AWaitForASlowReplicaHoldsUpNoRelease) {
+  ReplicatedServer servers;
+  RedisServer& master = servers.master;
+  RedisServer& replica = servers.replica;
+  ASSERT_TRUE(eventually([&] { return servers.online(); }));
+
+  Options o = servers.options();
   o.replica_ack_timeout = 1500ms;
   Runtime rt(o);
   auto held_f = rt.acquire("held", 10s);
@@ -698,14 +714,11 @@ TEST(NodeStoreReplicaTest, AWaitForASlowReplicaHoldsUpNoRelease) {
 // of the key would expire. Without the wait, the master alone kept
 // confirming the renewals and the lease was never lost.
 TEST(NodeStoreReplicaTest, ARenewalNoReplicaAcknowledgedDoesNotKeepTheLease) {
-  RedisServer master;
-  RedisServerOptions ro;
-  ro.extra_args = {"--replicaof", "127.0.0.1", std::to_string(master.port())};
-  RedisServer replica(ro);
-  ASSERT_TRUE(eventually([&] { return info_field(master, "replication", "slave0").find("state=online") != std::string::npos; }));
+  ReplicatedServer servers;
+  RedisServer& replica = servers.replica;
+  ASSERT_TRUE(eventually([&] { return servers.online(); }));
 
-  Options o = options_for(master);
-  o.min_replicas = 1;
+  Options o = servers.options();
   o.replica_ack_timeout = 1s;
   Runtime rt(o);
   auto f = rt.acquire("renewed", 2s);
