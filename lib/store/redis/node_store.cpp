@@ -409,46 +409,6 @@ void RedisNodeStore::wait_for_replicas(std::string name, std::string token, Lock
 
 std::size_t RedisNodeStore::renew(std::span<const LockRef> locks, std::shared_ptr<const void> keepalive,
                                   RenewDone done) {
-  if (options_.min_replicas <= 0) return renew_now(locks, std::move(keepalive), std::move(done));
-  // With min_replicas a renewal counts only once it reached that many
-  // replicas (WAIT after it, on the renewal connection: replies come in
-  // order, so the renewals' answers are kept until WAIT's). A master cut
-  // off from its replicas then extends no lease past the copy a promoted
-  // replica holds: the lease runs out at its last replicated renewal.
-  struct Answer {
-    Renewed status = Renewed::kTransient;
-    std::optional<StoreError> why;
-  };
-  auto answers = std::make_shared<std::vector<Answer>>(locks.size());
-  // The caller's batch lives until the last answer, WAIT's: `keepalive`
-  // goes with it.
-  const std::size_t commands =
-      renew_now(locks, keepalive, [answers](std::size_t k, Renewed status, const StoreError* why) {
-        (*answers)[k].status = status;
-        if (why != nullptr) (*answers)[k].why = *why;
-      });
-  renew_->command(
-      {"WAIT", std::to_string(options_.min_replicas), std::to_string(options_.replica_ack_timeout.count())},
-      [this, answers, keepalive = std::move(keepalive), done = std::move(done)](const redisReply* w,
-                                                                               const StoreError* werr) {
-        const long long acks = (!werr && w->type == REDIS_REPLY_INTEGER) ? w->integer : 0;
-        const StoreError short_of =
-            werr ? *werr
-                 : StoreError::unavailable(renew_->name(), fmt::format("the renewal reached {} of the {} replicas required",
-                                                                       acks, options_.min_replicas));
-        for (std::size_t k = 0; k < answers->size(); ++k) {
-          const Answer& a = (*answers)[k];
-          if (a.status == Renewed::kYes && acks < options_.min_replicas)
-            done(k, Renewed::kTransient, &short_of);
-          else
-            done(k, a.status, a.why ? &*a.why : nullptr);
-        }
-      });
-  return commands + 1;
-}
-
-std::size_t RedisNodeStore::renew_now(std::span<const LockRef> locks, std::shared_ptr<const void> keepalive,
-                                      RenewDone done) {
   if (std::any_of(locks.begin(), locks.end(), [](const LockRef& l) { return !l.kind.exclusive_kind(); }))
     return renew_mixed(locks, std::move(keepalive), std::move(done));
   if (layout_.redisson()) return renew_redisson(locks, std::move(keepalive), std::move(done));
@@ -504,7 +464,7 @@ std::size_t RedisNodeStore::renew_mixed(std::span<const LockRef> locks, std::sha
   std::size_t commands = 0;
   const bool asking = renewal_asking_;
   if (!exclusive.empty()) {
-    commands += renew_now(exclusive, keepalive,
+    commands += renew(exclusive, keepalive,
                       [shared_done, at = std::move(exclusive_at)](std::size_t k, Renewed status, const StoreError* why) {
                         (*shared_done)(at[k], status, why);
                       });
