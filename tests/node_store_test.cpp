@@ -708,6 +708,35 @@ TEST(NodeStoreReplicaTest, AWaitForASlowReplicaHoldsUpNoRelease) {
   replica.resume();
 }
 
+// With min_replicas a renewal counts only once the replicas the master
+// lists have it: a master cut off from its replica (here the replica is
+// paused, and still listed) keeps no lease past its last replicated
+// renewal, where a promoted replica's copy of the key would expire.
+// Without the wait, the master alone kept confirming the renewals and the
+// lease was never lost. (A master listing no replica confirms alone:
+// ClusterTest.AKilledMastersReplicatedLeasesAreRenewedOnThePromotedReplica.)
+TEST(NodeStoreReplicaTest, ARenewalNoReplicaAcknowledgedDoesNotKeepTheLease) {
+  ReplicatedServer servers;
+  RedisServer& replica = servers.replica;
+  ASSERT_TRUE(eventually([&] { return servers.online(); }));
+
+  Options o = servers.options();
+  o.replica_ack_timeout = 1s;
+  Runtime rt(o);
+  auto f = rt.acquire("renewed", 2s);
+  LockHandle h = get_bounded(f);
+  // Renewed while the replica answers (1.8 s apart).
+  ASSERT_TRUE(eventually([&] { return h.lease().renewals() >= 1; }));
+  EXPECT_FALSE(h.lease().lost());
+
+  replica.pause();
+  const auto t0 = std::chrono::steady_clock::now();
+  ASSERT_TRUE(eventually([&] { return h.lease().lost(); })) << "renewals the replica never had kept the lease";
+  // Lost at its last replicated renewal's deadline: within its ttl.
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, 2500ms);
+  replica.resume();
+}
+
 // A permit acquisition retried after its reply was lost (the same owner
 // token, already a holder) while another permit was granted: its answer
 // must be a token no other holder has. The counter as it stands is the

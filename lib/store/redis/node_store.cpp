@@ -409,6 +409,76 @@ void RedisNodeStore::wait_for_replicas(std::string name, std::string token, Lock
 
 std::size_t RedisNodeStore::renew(std::span<const LockRef> locks, std::shared_ptr<const void> keepalive,
                                   RenewDone done) {
+  if (options_.min_replicas <= 0) return renew_now(locks, std::move(keepalive), std::move(done));
+  // With min_replicas a renewal counts only once the replicas the master
+  // has have it (ROLE, then WAIT for min_replicas of them, on the renewal
+  // connection; replies come in order, so the renewals' answers are kept
+  // until then). A master cut off from its replicas still lists them
+  // (until the server's repl-timeout) and so confirms no renewal they
+  // did not get: the lease runs out at its last replicated renewal, before
+  // the copy a promoted replica holds. A master with no replica listed
+  // (a replica promoted in a failover, before its old master rejoins)
+  // confirms renewals alone, as it must for its leases to outlive the
+  // failover.
+  struct Answer {
+    Renewed status = Renewed::kTransient;
+    std::optional<StoreError> why;
+  };
+  struct Batch {
+    std::vector<Answer> answers;
+    std::shared_ptr<const void> keepalive;  // the caller's views live until the last answer
+    RenewDone done;
+    void deliver(long long acks, long long needed, const StoreError* failed) {
+      for (std::size_t k = 0; k < answers.size(); ++k) {
+        const Answer& a = answers[k];
+        if (a.status == Renewed::kYes && acks < needed)
+          done(k, Renewed::kTransient, failed);
+        else
+          done(k, a.status, a.why ? &*a.why : nullptr);
+      }
+    }
+  };
+  auto batch = std::make_shared<Batch>();
+  batch->answers.resize(locks.size());
+  batch->keepalive = keepalive;
+  batch->done = std::move(done);
+  const std::size_t commands =
+      renew_now(locks, std::move(keepalive), [batch](std::size_t k, Renewed status, const StoreError* why) {
+        batch->answers[k].status = status;
+        if (why != nullptr) batch->answers[k].why = *why;
+      });
+  renew_->command({"ROLE"}, [this, batch](const redisReply* role, const StoreError* err) {
+    if (err != nullptr) {
+      batch->deliver(0, 1, err);
+      return;
+    }
+    // ["master", offset, [[host, port, offset], ...]]: the replicas it has.
+    long long listed = options_.min_replicas;
+    if (role->type == REDIS_REPLY_ARRAY && role->elements >= 3 && role->element[0]->type == REDIS_REPLY_STRING &&
+        std::string_view(role->element[0]->str, role->element[0]->len) == "master" &&
+        role->element[2]->type == REDIS_REPLY_ARRAY)
+      listed = static_cast<long long>(role->element[2]->elements);
+    const long long needed = std::min<long long>(options_.min_replicas, listed);
+    if (needed == 0) {
+      batch->deliver(0, 0, nullptr);
+      return;
+    }
+    renew_->command({"WAIT", std::to_string(needed), std::to_string(options_.replica_ack_timeout.count())},
+                    [this, batch, needed](const redisReply* w, const StoreError* werr) {
+                      const long long acks = (!werr && w->type == REDIS_REPLY_INTEGER) ? w->integer : 0;
+                      const StoreError short_of =
+                          werr ? *werr
+                               : StoreError::unavailable(
+                                     renew_->name(),
+                                     fmt::format("the renewal reached {} of the {} replicas required", acks, needed));
+                      batch->deliver(acks, needed, &short_of);
+                    });
+  });
+  return commands + 1;
+}
+
+std::size_t RedisNodeStore::renew_now(std::span<const LockRef> locks, std::shared_ptr<const void> keepalive,
+                                      RenewDone done) {
   if (std::any_of(locks.begin(), locks.end(), [](const LockRef& l) { return !l.kind.exclusive_kind(); }))
     return renew_mixed(locks, std::move(keepalive), std::move(done));
   if (layout_.redisson()) return renew_redisson(locks, std::move(keepalive), std::move(done));
@@ -464,7 +534,7 @@ std::size_t RedisNodeStore::renew_mixed(std::span<const LockRef> locks, std::sha
   std::size_t commands = 0;
   const bool asking = renewal_asking_;
   if (!exclusive.empty()) {
-    commands += renew(exclusive, keepalive,
+    commands += renew_now(exclusive, keepalive,
                       [shared_done, at = std::move(exclusive_at)](std::size_t k, Renewed status, const StoreError* why) {
                         (*shared_done)(at[k], status, why);
                       });

@@ -166,6 +166,9 @@ class RedisNodeStore final : public StoreBase,
   void send_kind_acquire(QueuedAcquire a);
   void send_fair_acquire(QueuedAcquire a);
   // renew() of a batch with shared or permit leases in it.
+  // renew() without the wait for replicas (Options::min_replicas) that
+  // renew() adds after it.
+  std::size_t renew_now(std::span<const LockRef> locks, std::shared_ptr<const void> keepalive, RenewDone done);
   std::size_t renew_mixed(std::span<const LockRef> locks, std::shared_ptr<const void> keepalive, RenewDone done);
   // Shared and permit releases of one call: one kReleaseKind call on `c`.
   void send_kind_release(RedisConnection& c, std::span<const LockRef> locks, std::vector<std::size_t> indexes,
