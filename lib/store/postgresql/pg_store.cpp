@@ -7,6 +7,7 @@
 #include <map>
 #include <optional>
 
+#include "core/hex.hpp"
 #include "core/loop.hpp"
 #include "core/option_checks.hpp"
 #include "lockwatch/errors.hpp"
@@ -44,13 +45,6 @@ std::string pg_hex(std::string_view bytes) {
   out.reserve(2 * bytes.size());
   pg_append_hex(out, bytes);
   return out;
-}
-
-int hex_digit(char c) {
-  if (c >= '0' && c <= '9') return c - '0';
-  if (c >= 'a' && c <= 'f') return c - 'a' + 10;
-  if (c >= 'A' && c <= 'F') return c - 'A' + 10;
-  return -1;
 }
 
 // Hex text back to bytes; false if it is not hex.

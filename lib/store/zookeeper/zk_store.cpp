@@ -9,6 +9,7 @@
 #include <optional>
 #include <unordered_map>
 
+#include "core/hex.hpp"
 #include "core/loop.hpp"
 #include "core/net.hpp"
 #include "core/option_checks.hpp"
@@ -176,13 +177,6 @@ void drop_log(const char*) {}
 bool keep_byte(unsigned char c) {
   return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '_' || c == ':' ||
          c == '-' || c == '=';
-}
-
-int hex_digit(char c) {
-  if (c >= '0' && c <= '9') return c - '0';
-  if (c >= 'A' && c <= 'F') return c - 'A' + 10;
-  if (c >= 'a' && c <= 'f') return c - 'a' + 10;
-  return -1;
 }
 
 bool unescape(std::string_view text, std::string& out) {
