@@ -36,9 +36,10 @@
 //
 // Errors are values here: a store never throws through the loop. A failure
 // is a status with a StoreError (store_error.hpp): a kind, the server's code
-// and message, and for a redirect its target. Callbacks that answer with or
-// without one take it by pointer, null on success. The runtime decides by
-// kind and alone turns it into the public exception (store_errors.hpp).
+// and message (where a redirect points is the Redis stores' to read).
+// Callbacks that answer with or without one take it by pointer, null on
+// success. The runtime decides by kind and alone turns it into the public
+// exception (store_errors.hpp).
 //
 // Costs: one virtual call per batch; a store must not copy the names and
 // tokens of a renewal batch (they stay valid while its keepalive lives).
