@@ -1,4 +1,5 @@
-// The I/O thread's task queue.
+// The I/O thread's task queue, and the reconnects and command timeouts
+// every store connection runs on it.
 #include <gtest/gtest.h>
 #include <pthread.h>
 
@@ -10,6 +11,7 @@
 #include <vector>
 
 #include "core/loop.hpp"
+#include "core/reconnector.hpp"
 
 namespace lockwatch::detail {
 namespace {
@@ -186,6 +188,127 @@ TEST(LoopTest, AnAdaptiveLoopPollsWhileSomethingIsOutstandingThenStops) {
     removed.set_value();
   });
   ASSERT_EQ(removed.get_future().wait_for(10s), std::future_status::ready);
+  EXPECT_EQ(loop.shutdown([] {}), 0);
+}
+
+// Runs `f` on the loop thread and waits for it (bounded).
+template <class F>
+void on_loop(Loop& loop, F f) {
+  std::promise<void> done;
+  ASSERT_TRUE(loop.post([&] {
+    f();
+    done.set_value();
+  }));
+  ASSERT_EQ(done.get_future().wait_for(10s), std::future_status::ready);
+}
+
+// Attempts that fail at once until `succeed_from`, then connect.
+struct ScriptedAttempts : Reconnector::Attempts {
+  Reconnector* rc = nullptr;
+  int succeed_from = 0;
+  std::vector<std::chrono::steady_clock::time_point> at;
+  int timed_out = 0;
+  std::promise<void> connected;
+  bool hang = false;  // an attempt that never answers
+  void attempt() override {
+    at.push_back(std::chrono::steady_clock::now());
+    if (hang) return;
+    if (static_cast<int>(at.size()) < succeed_from) {
+      rc->down("refused");
+      return;
+    }
+    rc->connected();
+    rc->usable();
+    connected.set_value();
+  }
+  void attempt_timed_out() override {
+    ++timed_out;
+    rc->down("timed out");
+    connected.set_value();
+  }
+};
+
+TEST(ReconnectorTest, TellsEachTransitionOnceAndDoublesItsBackOff) {
+  Loop loop;
+  ScriptedAttempts attempts;
+  attempts.succeed_from = 5;
+  Reconnector rc(loop, Backoff(10ms, 40ms), 5s, attempts);
+  attempts.rc = &rc;
+  std::vector<std::pair<bool, std::string>> told;  // loop thread only
+  rc.set_state_hook([&](bool up, const std::string& why) { told.emplace_back(up, why); });
+  on_loop(loop, [&] { rc.start(); });
+  ASSERT_EQ(attempts.connected.get_future().wait_for(10s), std::future_status::ready);
+  on_loop(loop, [&] {
+    ASSERT_EQ(attempts.at.size(), 5u);
+    // Back-off 10, 20, 40 and 40 ms (the most) between the attempts.
+    const std::chrono::milliseconds gaps[] = {10ms, 20ms, 40ms, 40ms};
+    for (std::size_t i = 0; i < 4; ++i) EXPECT_GE(attempts.at[i + 1] - attempts.at[i], gaps[i] - 1ms) << i;
+    // Four failures told as one "down", the success as one "up".
+    ASSERT_EQ(told.size(), 2u);
+    EXPECT_EQ(told[0], std::make_pair(false, std::string("refused")));
+    EXPECT_EQ(told[1], std::make_pair(true, std::string()));
+    EXPECT_EQ(rc.state(), Reconnector::State::kUp);
+    rc.close();
+  });
+  EXPECT_EQ(loop.shutdown([] {}), 0);
+}
+
+TEST(ReconnectorTest, AnAttemptUnansweredPastTheConnectTimeoutIsGivenUp) {
+  Loop loop;
+  ScriptedAttempts attempts;
+  attempts.hang = true;
+  Reconnector rc(loop, Backoff(10s, 10s), 30ms, attempts);
+  attempts.rc = &rc;
+  const auto start = std::chrono::steady_clock::now();
+  on_loop(loop, [&] { rc.start(); });
+  ASSERT_EQ(attempts.connected.get_future().wait_for(10s), std::future_status::ready);
+  EXPECT_GE(std::chrono::steady_clock::now() - start, 29ms);
+  on_loop(loop, [&] {
+    EXPECT_EQ(attempts.timed_out, 1);
+    EXPECT_EQ(rc.state(), Reconnector::State::kDown);
+    EXPECT_TRUE(rc.scheduled());
+    rc.close();
+    EXPECT_TRUE(rc.closed());
+  });
+  EXPECT_EQ(loop.shutdown([] {}), 0);
+}
+
+struct ScriptedRequests : RequestTimer::Requests {
+  RequestTimer::Clock::time_point since = RequestTimer::kNone;
+  std::vector<RequestTimer::Clock::time_point> overdue_at;
+  std::promise<void> fired;
+  RequestTimer::Clock::time_point unanswered_since() const override { return since; }
+  void overdue() override {
+    overdue_at.push_back(RequestTimer::Clock::now());
+    since = RequestTimer::kNone;  // the link dropped: nothing in flight
+    fired.set_value();
+  }
+};
+
+TEST(RequestTimerTest, TellsOnceWhenTheOldestRequestWasUnansweredForTheTimeout) {
+  Loop loop;
+  ScriptedRequests requests;
+  RequestTimer timer(loop, 40ms, requests);
+  RequestTimer::Clock::time_point written;
+  on_loop(loop, [&] {
+    timer.start();
+    // Queued, not written yet (a busy loop): nothing is overdue.
+    requests.since = RequestTimer::kUnwritten;
+    timer.watch();
+  });
+  std::this_thread::sleep_for(60ms);  // longer than the timeout: what is unwritten is never overdue
+  on_loop(loop, [&] {
+    EXPECT_TRUE(requests.overdue_at.empty());
+    written = RequestTimer::Clock::now();
+    requests.since = written;
+    timer.watch();
+  });
+  ASSERT_EQ(requests.fired.get_future().wait_for(10s), std::future_status::ready);
+  on_loop(loop, [&] {
+    ASSERT_EQ(requests.overdue_at.size(), 1u);
+    EXPECT_GE(requests.overdue_at[0] - written, 40ms);
+    timer.close();
+  });
   EXPECT_EQ(loop.shutdown([] {}), 0);
 }
 

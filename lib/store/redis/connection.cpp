@@ -140,24 +140,17 @@ RedisConnection::RedisConnection(Loop& loop, Endpoint endpoint, const Options& o
 RedisConnection::~RedisConnection() = default;
 
 void RedisConnection::start() {
-  uv_timer_init(loop_.uv(), &connect_timer_);
-  connect_timer_.data = this;
-  uv_timer_init(loop_.uv(), &check_timer_);
-  check_timer_.data = this;
   uv_prepare_init(loop_.uv(), &flush_);
   flush_.data = this;
   // Adaptive polling waits for the replies of requests; pushes come unasked.
   if (!pubsub_) demand_id_ = loop_.add_demand([this] { return awaited_; });
-  connect();
+  request_timer_.start();
+  reconnector_.start();
 }
 
-void RedisConnection::connect() {
-  reconnect_scheduled_ = false;
+void RedisConnection::attempt() {
   auth_failed_ = false;
   select_failed_ = false;
-  state_ = State::kConnecting;
-  uv_timer_start(&connect_timer_, &RedisConnection::on_connect_timeout,
-                 static_cast<uint64_t>(options_.connect_timeout.count()), 0);
   if (endpoint_.port == 0) {
     // The master's address is not known yet: wait for set_endpoint(),
     // bounded like a connect.
@@ -313,9 +306,7 @@ void RedisConnection::link_up(Link* link) {
 
 void RedisConnection::link_ready(Link* link) {
   link->connected = true;
-  uv_timer_stop(&connect_timer_);
-  state_ = State::kConnected;
-  backoff_.reset();
+  reconnector_.connected();
   if (handshake_pending_ == 0) became_usable();
   if (link_ == link) want_flush();
 }
@@ -409,7 +400,7 @@ void RedisConnection::send_handshake(Handshake step, std::vector<std::string> ar
   append_resp(link_->out, argv);
   push_pending(Pending{step, kUnwritten, {}});
   handshake_pending_++;
-  start_timeout_check();
+  request_timer_.watch();
 }
 
 void RedisConnection::write_command(const std::vector<std::string_view>& argv) {
@@ -491,7 +482,7 @@ void RedisConnection::send(Queued q) {
     q.asking = true;
     ask_next_ = false;
   }
-  if (state_ == State::kClosed) {
+  if (closed()) {
     // Never inside the caller's call: it may hold state across it.
     auto err = std::make_shared<const StoreError>(StoreError::unavailable(name_, "connection closed"));
     auto cb = std::make_shared<ReplyCallback>(std::move(q.cb));
@@ -502,7 +493,7 @@ void RedisConnection::send(Queued q) {
   }
   if (link_ == nullptr || handshake_pending_ > 0) {
     waiting_.push_back(std::move(q));
-    if (!reconnect_scheduled_ && state_ == State::kDown) schedule_reconnect();
+    reconnector_.want_attempt();
     return;
   }
   submit(std::move(q));
@@ -527,7 +518,7 @@ void RedisConnection::submit(Queued q) {
     append_resp(out, q.views);
   }
   push_pending(Pending{Handshake::kNone, kUnwritten, std::move(q)});
-  start_timeout_check();
+  request_timer_.watch();
   want_flush();
 }
 
@@ -766,7 +757,7 @@ void RedisConnection::on_handshake_reply(Handshake step, const redisReply* r) {
     link_failed(handshake_error_);
     return;
   }
-  if (state_ == State::kConnected) became_usable();
+  if (up()) became_usable();
   auto waiting = std::move(waiting_);
   waiting_.clear();
   for (auto& q : waiting) send(std::move(q));
@@ -805,7 +796,7 @@ bool RedisConnection::on_sharded_push(std::string_view kind, std::string_view ch
     if (wanted != channels_.end()) return false;  // confirmed: reported
     // Unsubscribed meanwhile (the SUNSUBSCRIBE went before the node had
     // answered, or not at all): undo it so the node keeps nothing for us.
-    if (link_ != nullptr && state_ == State::kConnected) write_subscription(false, std::string(channel));
+    if (link_ != nullptr && up()) write_subscription(false, std::string(channel));
     return true;
   }
   if (answer || wanted == channels_.end()) return false;
@@ -827,7 +818,7 @@ bool RedisConnection::subscription_answered(const std::string& channel) {
   // UNSUBSCRIBE is read (a waiter told it was would sleep through every
   // release notice). Undone once more in case the UNSUBSCRIBE was not sent
   // (before the connection was up); a second one is harmless.
-  if (link_ != nullptr && state_ == State::kConnected) write_subscription(false, channel);
+  if (link_ != nullptr && up()) write_subscription(false, channel);
   return false;
 }
 
@@ -853,11 +844,7 @@ void RedisConnection::write_subscription(bool subscribe, const std::string& chan
   sharded_sent_.push_back(ShardedSent{subscribe, channel});
 }
 
-void RedisConnection::became_usable() {
-  if (!reported_down_) return;
-  reported_down_ = false;
-  if (state_hook_) guarded([&] { state_hook_(true, std::string()); });
-}
+void RedisConnection::became_usable() { reconnector_.usable(); }
 
 void RedisConnection::drop_link(const std::string& why) {
   last_error_ = why;
@@ -902,19 +889,13 @@ void RedisConnection::link_failed(const std::string& why) {
 void RedisConnection::went_down(const std::string& why) {
   last_error_ = why;
   handshake_pending_ = 0;
-  if (state_ == State::kClosed) return;
-  state_ = State::kDown;
-  uv_timer_stop(&check_timer_);
-  uv_timer_stop(&connect_timer_);
+  if (closed()) return;
+  request_timer_.stop();
   if (hooks_.on_down) guarded([&] { hooks_.on_down(); });
-  if (!reported_down_) {
-    reported_down_ = true;
-    if (state_hook_) guarded([&] { state_hook_(false, why); });
-  }
   // What was sent on the dead link has failed through its callbacks; what
   // those callbacks queued since waits for the next attempt, and fails if
   // that one fails: a caller learns within back-off + connect_timeout.
-  schedule_reconnect();
+  reconnector_.down(why);
 }
 
 void RedisConnection::fail_queued(const std::string& why) {
@@ -934,71 +915,45 @@ StoreError RedisConnection::down_error(const std::string& why) const {
   return StoreError::unavailable(name_, why);
 }
 
-void RedisConnection::schedule_reconnect() {
-  if (state_ == State::kClosed || reconnect_scheduled_) return;
-  reconnect_scheduled_ = true;
-  uv_timer_start(&connect_timer_, &RedisConnection::on_reconnect_timer, static_cast<uint64_t>(backoff_.next().count()),
-                 0);
-}
-
-void RedisConnection::on_reconnect_timer(uv_timer_t* t) {
-  auto* self = static_cast<RedisConnection*>(t->data);
-  if (self->state_ == State::kClosed) return;
-  self->connect();
-}
-
-void RedisConnection::on_connect_timeout(uv_timer_t* t) {
-  auto* self = static_cast<RedisConnection*>(t->data);
-  if (self->awaiting_endpoint_) {
-    self->awaiting_endpoint_ = false;
-    self->link_failed("the master's address is not known (no sentinel answered)");
+void RedisConnection::attempt_timed_out() {
+  if (awaiting_endpoint_) {
+    awaiting_endpoint_ = false;
+    link_failed("the master's address is not known (no sentinel answered)");
     return;
   }
-  if (self->state_ != State::kConnecting || self->link_ == nullptr) return;
-  const std::string ms = std::to_string(self->options_.connect_timeout.count());
-  if (self->link_->ssl != nullptr) {
+  if (link_ == nullptr) return;
+  const std::string ms = std::to_string(options_.connect_timeout.count());
+  if (link_->ssl != nullptr) {
     // Connected, but no TLS answer: typically a plaintext port.
-    self->link_failed("the TLS handshake did not complete within " + ms + " ms (is TLS enabled on that port?)");
+    link_failed("the TLS handshake did not complete within " + ms + " ms (is TLS enabled on that port?)");
     return;
   }
-  self->link_failed("connect timed out after " + ms + " ms");
+  link_failed("connect timed out after " + ms + " ms");
 }
 
-void RedisConnection::start_timeout_check() {
-  if (uv_is_active(reinterpret_cast<uv_handle_t*>(&check_timer_))) return;
-  auto period = std::max<uint64_t>(1, static_cast<uint64_t>(options_.command_timeout.count()) / 4);
-  uv_timer_start(&check_timer_, &RedisConnection::on_command_check, period, period);
+RequestTimer::Clock::time_point RedisConnection::unanswered_since() const {
+  if (pending_.empty() || link_ == nullptr) return RequestTimer::kNone;
+  // Replies come in order: one still coming for an earlier request is a
+  // server at work, however long the queue behind it.
+  const auto sent = pending_.front().sent_at;
+  return sent == kUnwritten ? RequestTimer::kUnwritten : std::max(sent, answered_at_);
 }
 
-void RedisConnection::on_command_check(uv_timer_t* t) {
-  auto* self = static_cast<RedisConnection*>(t->data);
-  if (self->pending_.empty() || self->link_ == nullptr) {
-    uv_timer_stop(t);
-    return;
-  }
-  // The server answered nothing for the timeout since the oldest request
-  // was written: replies come in order, so one still coming for an earlier
-  // request is a server at work, however long the queue behind it.
-  auto overdue = [self] {
-    const auto sent = self->pending_.front().sent_at;
-    return sent != kUnwritten &&
-           std::chrono::steady_clock::now() - std::max(sent, self->answered_at_) >= self->options_.command_timeout;
-  };
-  if (!overdue()) return;
+void RedisConnection::overdue() {
   // Replies may be waiting unread: timers run before the loop reads, and a
   // loop kept busy past the timeout is no server's delay. What the kernel
   // holds is read first.
-  self->poll_replies();
-  if (self->pending_.empty() || self->link_ == nullptr || !overdue()) return;
+  poll_replies();
+  if (!request_timer_.is_overdue()) return;
   // The server (or the path to it) is not answering. Reset; everything
   // pending fails.
-  self->link_failed("the server answered nothing for " + std::to_string(self->options_.command_timeout.count()) +
-                    " ms (the command timeout)");
+  link_failed("the server answered nothing for " + std::to_string(options_.command_timeout.count()) +
+              " ms (the command timeout)");
 }
 
 void RedisConnection::poll_replies() {
   Link* link = link_;
-  if (link == nullptr || !link->connected || state_ != State::kConnected || pending_.empty()) return;
+  if (link == nullptr || !link->connected || !up() || pending_.empty()) return;
   uv_os_fd_t fd;
   if (uv_fileno(reinterpret_cast<uv_handle_t*>(&link->tcp), &fd) != 0) return;
   // What the kernel holds now, without waiting; an end or an error is left
@@ -1017,47 +972,41 @@ void RedisConnection::set_endpoint(const Endpoint& endpoint) {
   endpoint_.host = endpoint.host;
   endpoint_.port = endpoint.port;
   name_ = endpoint_.name();
-  if (state_ == State::kClosed) return;
+  if (closed()) return;
   if (awaiting_endpoint_) {
-    uv_timer_stop(&connect_timer_);
-    connect();
+    reconnector_.attempt_now();
     return;
   }
-  backoff_.reset();
   if (link_ != nullptr) {
     // What waits for the handshake goes to the new master instead.
     drop_link("the master moved to " + name_);
     went_down(last_error_);
   }
   // Down (in back-off): the next attempt uses the new address; make it now.
-  if (reconnect_scheduled_) {
-    uv_timer_stop(&connect_timer_);
-    connect();
-  }
+  reconnector_.retry_now();
 }
 
 void RedisConnection::subscribe(const std::string& channel) {
   if (!channels_.insert(channel).second) return;
-  if (link_ != nullptr && state_ != State::kClosed)
+  if (link_ != nullptr && !closed())
     write_subscription(true, channel);
-  else if (!reconnect_scheduled_ && state_ == State::kDown)
-    schedule_reconnect();
+  else
+    reconnector_.want_attempt();
 }
 
 void RedisConnection::unsubscribe(const std::string& channel) {
   if (channels_.erase(channel) == 0) return;
-  if (link_ != nullptr && state_ == State::kConnected) write_subscription(false, channel);
+  if (link_ != nullptr && up()) write_subscription(false, channel);
 }
 
 void RedisConnection::close() {
-  if (state_ == State::kClosed) return;
-  state_ = State::kClosed;
+  if (closed()) return;
+  reconnector_.close();
   if (demand_id_ != 0) loop_.remove_demand(demand_id_);
   demand_id_ = 0;
   drop_link("connection closed");
   fail_queued("connection closed");
-  uv_close(reinterpret_cast<uv_handle_t*>(&connect_timer_), nullptr);
-  uv_close(reinterpret_cast<uv_handle_t*>(&check_timer_), nullptr);
+  request_timer_.close();
   uv_close(reinterpret_cast<uv_handle_t*>(&flush_), nullptr);
 }
 

@@ -55,7 +55,7 @@
 #include <unordered_set>
 #include <vector>
 
-#include "core/backoff.hpp"
+#include "core/reconnector.hpp"
 #include "lockwatch/options.hpp"
 #include "scripts.hpp"
 #include "store/store_error.hpp"
@@ -100,7 +100,7 @@ class EvalRequest {
   std::size_t written_ = 0;
 };
 
-class RedisConnection {
+class RedisConnection : private Reconnector::Attempts, private RequestTimer::Requests {
  public:
   struct Hooks {
     // Pubsub mode: kind is the push's first element ("subscribe",
@@ -167,7 +167,9 @@ class RedisConnection {
   void require_master() { require_master_ = true; }
   // Told when the connection goes down (with why) and when it is usable
   // again: once per transition, not per attempt (set before start()).
-  void set_state_hook(std::function<void(bool up, const std::string& why)> hook) { state_hook_ = std::move(hook); }
+  void set_state_hook(std::function<void(bool up, const std::string& why)> hook) {
+    reconnector_.set_state_hook(std::move(hook));
+  }
   void subscribe(const std::string& channel);
   void unsubscribe(const std::string& channel);
   // Stops reconnecting, fails what is pending, closes the uv handles. The
@@ -177,12 +179,14 @@ class RedisConnection {
   void close();
   // Connected and past the handshake: a request made now is written at
   // once (at the end of this loop iteration).
-  bool usable() const noexcept { return state_ == State::kConnected && link_ != nullptr && handshake_pending_ == 0; }
+  bool usable() const noexcept { return up() && link_ != nullptr && handshake_pending_ == 0; }
   const std::string& name() const noexcept { return name_; }
 
  private:
-  enum class State { kDown, kConnecting, kConnected, kClosed };
   struct Link;
+  // Connected (the handshake may still be under way).
+  bool up() const noexcept { return reconnector_.state() == Reconnector::State::kUp; }
+  bool closed() const noexcept { return reconnector_.closed(); }
   struct Queued {
     std::vector<std::string> argv;         // owned arguments, or
     std::vector<std::string_view> views;   // borrowed ones, valid while keepalive lives
@@ -214,8 +218,15 @@ class RedisConnection {
   static constexpr auto kUnwritten = std::chrono::steady_clock::time_point::max();
   void push_pending(Pending p);
 
-  void connect();
-  // connect()'s parts: the handshake written first in the new link's
+  // Reconnector::Attempts: one attempt (the reconnector counts its
+  // deadline), and the attempt given up at it.
+  void attempt() override;
+  void attempt_timed_out() override;
+  // RequestTimer::Requests: the oldest request unanswered since when, and
+  // the server silent for the command timeout.
+  RequestTimer::Clock::time_point unanswered_since() const override;
+  void overdue() override;
+  // attempt()'s parts: the handshake written first in the new link's
   // pipeline (AUTH, SELECT, CLIENT SETNAME, ROLE, the subscriptions), and
   // the link opened (a name looked up first, within the connect timeout).
   void write_handshake();
@@ -248,16 +259,11 @@ class RedisConnection {
   void link_failed(const std::string& why);
   void went_down(const std::string& why);
   void became_usable();
-  void schedule_reconnect();
   void fail_queued(const std::string& why);
   StoreError down_error(const std::string& why) const;
   StoreError error_for(const redisReply* reply) const;
   void send_handshake(Handshake step, std::vector<std::string> argv);
-  void start_timeout_check();
 
-  static void on_connect_timeout(uv_timer_t* t);
-  static void on_reconnect_timer(uv_timer_t* t);
-  static void on_command_check(uv_timer_t* t);
   static void on_flush(uv_prepare_t* p);
 
   Loop& loop_;
@@ -268,18 +274,15 @@ class RedisConnection {
   bool require_master_ = false;
   bool ask_next_ = false;  // the next request sent carries ASKING
   Hooks hooks_;
-  std::function<void(bool, const std::string&)> state_hook_;
-  bool reported_down_ = false;
-  State state_ = State::kDown;
+  Reconnector reconnector_{loop_, Backoff(options_.reconnect_min, options_.reconnect_max), options_.connect_timeout,
+                           *this};
+  RequestTimer request_timer_{loop_, options_.command_timeout, *this};
   std::shared_ptr<const TlsContext> tls_;  // set for rediss:// endpoints
   std::string tls_error_;                   // why tls_ could not be made
   Link* link_ = nullptr;        // the current attempt or connection
-  uv_timer_t connect_timer_{};  // connect timeout, then reconnect back-off
-  uv_timer_t check_timer_{};    // command timeouts
   uv_prepare_t flush_{};        // writes what was queued, once per loop iteration
   std::size_t demand_id_ = 0;   // Loop::add_demand: awaited_ while open
   std::size_t awaited_ = 0;     // entries of pending_ a caller waits for
-  Backoff backoff_{options_.reconnect_min, options_.reconnect_max};
   std::string last_error_ = "not connected yet";
   bool auth_failed_ = false;
   bool select_failed_ = false;  // the server has no such database: a configuration error, not a node to wait for
@@ -287,7 +290,6 @@ class RedisConnection {
   std::string auth_error_;
   int handshake_pending_ = 0;    // AUTH / SELECT / ROLE answers still awaited
   std::string handshake_error_;  // why the last handshake failed
-  bool reconnect_scheduled_ = false;
   std::deque<Queued> waiting_;   // made while down: sent on the next attempt
   std::deque<Pending> pending_;  // written on link_, awaiting replies
   std::size_t unwritten_ = 0;    // the last of pending_ still in link_->out
