@@ -56,8 +56,6 @@ std::string startup_options(const Options& o) {
                      lock_ms);
 }
 
-std::uint64_t ms_count(std::chrono::milliseconds d) { return static_cast<std::uint64_t>(std::max<long long>(0, d.count())); }
-
 }  // namespace
 
 void PgConnection::ResultFree::operator()(pg_result* r) const noexcept { PQclear(r); }
@@ -92,16 +90,11 @@ PgConnection::~PgConnection() {
 }
 
 void PgConnection::start() {
-  uv_loop_t* uv = loop_.uv();
-  for (uv_timer_t* t : {&deadline_timer_, &reconnect_timer_}) {
-    uv_timer_init(uv, t);
-    t->data = this;
-    ++open_handles_;
-  }
-  uv_idle_init(uv, &kick_);
+  uv_idle_init(loop_.uv(), &kick_);
   kick_.data = this;
   ++open_handles_;
-  connect();
+  request_timer_.start();
+  reconnector_.start();
 }
 
 void PgConnection::execute(const std::string& statement, std::vector<std::string> params, PgDone done) {
@@ -163,7 +156,6 @@ void PgConnection::connect() {
   if (state_ == State::kClosed) return;
   state_ = State::kConnecting;
   ++attempt_;
-  uv_timer_start(&deadline_timer_, on_deadline, ms_count(options_.connect_timeout), 0);
   if (!target_.socket_dir.empty() || numeric_host(target_.host)) {
     connect_to(target_.socket_dir.empty() ? target_.host : std::string());
     return;
@@ -511,13 +503,9 @@ void PgConnection::table_error(const StoreError& error) {
 
 void PgConnection::became_usable() {
   state_ = State::kReady;
-  uv_timer_stop(&deadline_timer_);
-  backoff_.reset();
-  if (reported_down_) {
-    reported_down_ = false;
-    if (state_hook_) state_hook_(true, {});
-    if (state_ != State::kReady) return;
-  }
+  reconnector_.connected();
+  reconnector_.usable();
+  if (state_ != State::kReady) return;
   if (ready_hook_) ready_hook_();
   if (state_ == State::kReady && !queue_.empty()) kick();
 }
@@ -671,30 +659,23 @@ void PgConnection::complete_front() {
 }
 
 void PgConnection::arm_deadline() {
-  if (state_ != State::kReady) return;  // connecting: the connect deadline runs
-  if (inflight_.empty()) {
-    uv_timer_stop(&deadline_timer_);
-    return;
-  }
-  auto due = inflight_.front().sent + options_.command_timeout;
-  auto left = std::chrono::ceil<std::chrono::milliseconds>(due - Clock::now());
-  uv_timer_start(&deadline_timer_, on_deadline, ms_count(left), 0);
+  // Connecting: the connect deadline runs instead.
+  if (state_ == State::kReady) request_timer_.watch();
 }
 
-void PgConnection::on_deadline(uv_timer_t* t) {
-  auto* self = static_cast<PgConnection*>(t->data);
-  if (self->state_ == State::kConnecting || self->state_ == State::kHandshake) {
-    self->went_down(self->unavailable(fmt::format("no connection within the connect timeout ({} ms)",
-                                                  self->options_.connect_timeout.count())),
-                    true);
-  } else if (self->state_ == State::kReady && !self->inflight_.empty()) {
-    if (Clock::now() < self->inflight_.front().sent + self->options_.command_timeout) {
-      self->arm_deadline();
-      return;
-    }
-    self->went_down_unavailable(
-        fmt::format("no answer within the command timeout ({} ms)", self->options_.command_timeout.count()));
-  }
+RequestTimer::Clock::time_point PgConnection::unanswered_since() const {
+  if (state_ != State::kReady || inflight_.empty()) return RequestTimer::kNone;
+  return inflight_.front().sent;
+}
+
+void PgConnection::overdue() {
+  went_down_unavailable(fmt::format("no answer within the command timeout ({} ms)", options_.command_timeout.count()));
+}
+
+void PgConnection::attempt_timed_out() {
+  if (state_ != State::kConnecting && state_ != State::kHandshake) return;
+  went_down(unavailable(fmt::format("no connection within the connect timeout ({} ms)", options_.connect_timeout.count())),
+            true);
 }
 
 // ---- down, up, closed
@@ -720,10 +701,8 @@ void PgConnection::went_down(const StoreError& error, bool fail_queued) {
   // this one) or the set-up was refused.
   std::deque<Request> inflight = std::move(inflight_);
   inflight_.clear();
-  if (!reported_down_) {
-    reported_down_ = true;
-    if (state_hook_) state_hook_(false, error.message);
-  }
+  // Told once; the next attempt after the back-off.
+  reconnector_.down(error.message);
   fail_all(inflight, error);
   if (was_connecting || fail_queued) {
     std::deque<Request> queued = std::move(queue_);
@@ -738,8 +717,6 @@ void PgConnection::went_down(const StoreError& error, bool fail_queued) {
       if (c != this && (c->state_ == State::kReady || c->state_ == State::kHandshake))
         c->went_down_unavailable("starting again behind a connection given up on with statements in flight");
   }
-  if (state_ == State::kClosed) return;
-  schedule_reconnect();
 }
 
 void PgConnection::fail_all(std::deque<Request>& requests, const StoreError& error) {
@@ -748,7 +725,7 @@ void PgConnection::fail_all(std::deque<Request>& requests, const StoreError& err
 }
 
 void PgConnection::teardown(bool graceful) {
-  uv_timer_stop(&deadline_timer_);
+  request_timer_.stop();
   // A connection given up on is shut first (through the duplicate, which
   // is open even when libpq closed its own): its goodbye cannot wait on a
   // server that stopped answering (libpq is non-blocking anyway).
@@ -766,19 +743,12 @@ void PgConnection::teardown(bool graceful) {
   if (state_ != State::kClosed) state_ = State::kDown;
 }
 
-void PgConnection::schedule_reconnect() {
-  uv_timer_start(&reconnect_timer_, on_reconnect, ms_count(backoff_.next()), 0);
-}
-
-void PgConnection::on_reconnect(uv_timer_t* t) {
-  auto* self = static_cast<PgConnection*>(t->data);
-  if (self->state_ == State::kDown) self->connect();
-}
-
 void PgConnection::close() {
   if (state_ == State::kClosed) return;
   const bool healthy = state_ == State::kReady;
   state_ = State::kClosed;
+  reconnector_.close();
+  request_timer_.close();
   teardown(healthy);
   auto err = unavailable("the store is closed");
   std::deque<Request> inflight = std::move(inflight_);
@@ -789,8 +759,6 @@ void PgConnection::close() {
   fail_all(queued, err);
   if (open_handles_ == 0) return;  // never started
   auto on_closed = [](uv_handle_t* h) { --static_cast<PgConnection*>(h->data)->open_handles_; };
-  uv_close(reinterpret_cast<uv_handle_t*>(&deadline_timer_), on_closed);
-  uv_close(reinterpret_cast<uv_handle_t*>(&reconnect_timer_), on_closed);
   uv_close(reinterpret_cast<uv_handle_t*>(&kick_), on_closed);
 }
 

@@ -55,7 +55,7 @@
 #include <string_view>
 #include <vector>
 
-#include "core/backoff.hpp"
+#include "core/reconnector.hpp"
 #include "lockwatch/options.hpp"
 #include "store/postgresql/pg_target.hpp"
 #include "store/store_error.hpp"
@@ -119,7 +119,7 @@ struct PgSession {
   std::string listen;                   // non-empty: a notices connection, LISTEN on this channel
 };
 
-class PgConnection {
+class PgConnection : private Reconnector::Attempts, private RequestTimer::Requests {
  public:
   PgConnection(Loop& loop, PgTarget target, const Options& options, PgSession session);
   ~PgConnection();
@@ -142,7 +142,9 @@ class PgConnection {
   void execute_all(std::vector<PgCall> calls, std::function<void(std::size_t, const PgRows&)> each, PgDone done);
   // Told when the connection goes down (with why) and when it is usable
   // again: once per transition (set before start()).
-  void set_state_hook(std::function<void(bool up, const std::string& why)> hook) { state_hook_ = std::move(hook); }
+  void set_state_hook(std::function<void(bool up, const std::string& why)> hook) {
+    reconnector_.set_state_hook(std::move(hook));
+  }
   // Told each time the connection became usable (its set-up done: for a
   // notices connection, LISTEN confirmed).
   void set_ready_hook(std::function<void()> hook) { ready_hook_ = std::move(hook); }
@@ -184,6 +186,13 @@ class PgConnection {
     std::vector<std::unique_ptr<pg_result, ResultFree>> results;
   };
 
+  // Reconnector::Attempts: an attempt (connect()), given up at its
+  // deadline; RequestTimer::Requests: the oldest statement in flight, and
+  // the server silent for the command timeout.
+  void attempt() override { connect(); }
+  void attempt_timed_out() override;
+  RequestTimer::Clock::time_point unanswered_since() const override;
+  void overdue() override;
   void connect();
   void connect_to(const std::string& hostaddr);
   void connect_step(int polling_status);
@@ -208,14 +217,11 @@ class PgConnection {
   void went_down(const StoreError& error, bool fail_queued);
   void went_down_unavailable(const std::string& why);
   void teardown(bool graceful);
-  void schedule_reconnect();
   void fail_all(std::deque<Request>& requests, const StoreError& error);
   void became_usable();
   StoreError unavailable(const std::string& why) const;
 
   static void on_poll(uv_poll_t* handle, int status, int events);
-  static void on_deadline(uv_timer_t* t);
-  static void on_reconnect(uv_timer_t* t);
   static void on_kick(uv_idle_t* idle);
 
   Loop& loop_;
@@ -224,7 +230,6 @@ class PgConnection {
   const PgSession session_;
   const std::string name_;
   const std::string startup_options_;  // "-c TimeZone=UTC -c statement_timeout=..."
-  std::function<void(bool, const std::string&)> state_hook_;
   std::function<void()> ready_hook_;
   std::function<void(std::string_view)> notify_hook_;
 
@@ -239,15 +244,14 @@ class PgConnection {
   PollHandle* poll_ = nullptr;
   int poll_sock_ = -1;  // libpq's descriptor it duplicates
   int poll_events_ = 0;
-  uv_timer_t deadline_timer_{};  // connect_timeout (an attempt) / command_timeout (the oldest request)
-  uv_timer_t reconnect_timer_{};
   uv_idle_t kick_{};             // sends what was queued, on the next loop turn
   int open_handles_ = 0;
   unsigned attempt_ = 0;  // connection attempts made: a late lookup answers an old one
   bool kicked_ = false;
-  bool reported_down_ = false;
   bool want_write_ = false;  // libpq has output it could not send yet
-  Backoff backoff_{options_.reconnect_min, options_.reconnect_max};
+  Reconnector reconnector_{loop_, Backoff(options_.reconnect_min, options_.reconnect_max), options_.connect_timeout,
+                           *this};
+  RequestTimer request_timer_{loop_, options_.command_timeout, *this};
 
   std::deque<Request> queue_;      // not yet sent
   std::deque<Request> inflight_;   // sent (the session set-up too), answered in order

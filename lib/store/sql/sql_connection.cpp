@@ -65,15 +65,13 @@ SqlConnection::~SqlConnection() {
 
 void SqlConnection::start() {
   uv_loop_t* uv = loop_.uv();
-  for (uv_timer_t* t : {&io_timer_, &deadline_timer_, &reconnect_timer_}) {
-    uv_timer_init(uv, t);
-    t->data = this;
-    ++open_handles_;
-  }
+  uv_timer_init(uv, &io_timer_);
+  io_timer_.data = this;
   uv_idle_init(uv, &kick_);
   kick_.data = this;
-  ++open_handles_;
-  connect();
+  open_handles_ = 2;
+  request_timer_.start();
+  reconnector_.start();
 }
 
 void SqlConnection::query(std::string sql, SqlDone done) {
@@ -106,7 +104,6 @@ void SqlConnection::connect() {
   state_ = State::kConnecting;
   phase_ = Phase::kConnect;
   ++attempt_;
-  uv_timer_start(&deadline_timer_, on_deadline, static_cast<std::uint64_t>(options_.connect_timeout.count()), 0);
   if (!target_.socket.empty() || numeric_host(target_.host)) {
     connect_to(target_.socket.empty() ? target_.host : std::string("localhost"));
     return;
@@ -248,7 +245,6 @@ void SqlConnection::run_handshake(std::size_t attempt) {
   handshake_.push_back(Request{session_.check, [this, attempt](const SqlResult&, const StoreError* err) {
                                  if (!err) {
                                    handshaking_ = false;
-                                   uv_timer_stop(&deadline_timer_);
                                    became_usable();
                                    kick();
                                    return;
@@ -295,8 +291,10 @@ void SqlConnection::pump() {
   }
   state_ = State::kBusy;
   phase_ = Phase::kQuery;
-  if (!handshaking_)
-    uv_timer_start(&deadline_timer_, on_deadline, static_cast<std::uint64_t>(options_.command_timeout.count()), 0);
+  if (!handshaking_) {
+    busy_since_ = RequestTimer::Clock::now();
+    request_timer_.watch();
+  }
   int err = 0;
   int status = mysql_real_query_start(&err, mysql_, sql.data(), static_cast<unsigned long>(sql.size()));
   result_step(status, err != 0);
@@ -444,7 +442,7 @@ void SqlConnection::after_results() {
     return;
   }
   // The round trip is over. Statements left in flight were not run.
-  uv_timer_stop(&deadline_timer_);
+  request_timer_.stop();
   std::deque<Request>& source = handshaking_ ? handshake_ : queue_;
   while (!inflight_.empty()) {
     source.push_front(std::move(inflight_.back()));
@@ -474,17 +472,21 @@ void SqlConnection::statement_failed() {
   after_results();
 }
 
-void SqlConnection::on_deadline(uv_timer_t* t) {
-  auto* self = static_cast<SqlConnection*>(t->data);
-  if (self->state_ == State::kConnecting || self->handshaking_) {
-    self->last_errno_ = 0;
-    self->last_error_ = fmt::format("no connection within the connect timeout ({} ms)", self->options_.connect_timeout.count());
-    self->went_down(self->last_error_, true);
-  } else if (self->state_ == State::kBusy) {
-    self->last_errno_ = 0;
-    self->last_error_ = fmt::format("no answer within the command timeout ({} ms)", self->options_.command_timeout.count());
-    self->went_down(self->last_error_, true);
-  }
+void SqlConnection::attempt_timed_out() {
+  if (state_ != State::kConnecting && !handshaking_) return;
+  last_errno_ = 0;
+  last_error_ = fmt::format("no connection within the connect timeout ({} ms)", options_.connect_timeout.count());
+  went_down(last_error_, true);
+}
+
+RequestTimer::Clock::time_point SqlConnection::unanswered_since() const {
+  return state_ == State::kBusy && !handshaking_ ? busy_since_ : RequestTimer::kNone;
+}
+
+void SqlConnection::overdue() {
+  last_errno_ = 0;
+  last_error_ = fmt::format("no answer within the command timeout ({} ms)", options_.command_timeout.count());
+  went_down(last_error_, true);
 }
 
 StoreError SqlConnection::connect_error() const {
@@ -522,10 +524,8 @@ void SqlConnection::went_down(const std::string& why, bool connection_error) {
   std::deque<Request> inflight = std::move(inflight_);
   inflight_.clear();
   handshake_.clear();
-  if (!reported_down_) {
-    reported_down_ = true;
-    if (state_hook_) state_hook_(false, why);
-  }
+  // Told once; the next attempt after the back-off.
+  reconnector_.down(why);
   fail_all(inflight, err);
   if (was_connecting || !connection_error) {
     std::deque<Request> queued = std::move(queue_);
@@ -540,8 +540,6 @@ void SqlConnection::went_down(const std::string& why, bool connection_error) {
       if (c != this && (c->state_ == State::kIdle || c->state_ == State::kBusy))
         c->went_down("starting again behind a connection given up on with statements in flight", true);
   }
-  if (state_ == State::kClosed) return;
-  schedule_reconnect();
 }
 
 void SqlConnection::fail_all(std::deque<Request>& requests, const StoreError& error) {
@@ -552,7 +550,7 @@ void SqlConnection::fail_all(std::deque<Request>& requests, const StoreError& er
 }
 
 void SqlConnection::teardown() {
-  uv_timer_stop(&deadline_timer_);
+  request_timer_.stop();
   uv_timer_stop(&io_timer_);
   if (poll_ != nullptr) {
     uv_poll_stop(poll_);
@@ -573,27 +571,17 @@ void SqlConnection::teardown() {
   if (state_ != State::kClosed) state_ = State::kDown;
 }
 
-void SqlConnection::schedule_reconnect() {
-  uv_timer_start(&reconnect_timer_, on_reconnect, static_cast<std::uint64_t>(backoff_.next().count()), 0);
-}
-
-void SqlConnection::on_reconnect(uv_timer_t* t) {
-  auto* self = static_cast<SqlConnection*>(t->data);
-  if (self->state_ == State::kDown) self->connect();
-}
-
 void SqlConnection::became_usable() {
-  backoff_.reset();
-  if (reported_down_) {
-    reported_down_ = false;
-    if (state_hook_) state_hook_(true, {});
-  }
+  reconnector_.connected();
+  reconnector_.usable();
 }
 
 void SqlConnection::close() {
   if (state_ == State::kClosed) return;
   teardown();
   state_ = State::kClosed;
+  reconnector_.close();
+  request_timer_.close();
   auto err = down_error("the store is closed");
   std::deque<Request> inflight = std::move(inflight_);
   std::deque<Request> queued = std::move(queue_);
@@ -605,8 +593,6 @@ void SqlConnection::close() {
   if (open_handles_ == 0) return;  // never started
   auto on_closed = [](uv_handle_t* h) { --static_cast<SqlConnection*>(h->data)->open_handles_; };
   uv_close(reinterpret_cast<uv_handle_t*>(&io_timer_), on_closed);
-  uv_close(reinterpret_cast<uv_handle_t*>(&deadline_timer_), on_closed);
-  uv_close(reinterpret_cast<uv_handle_t*>(&reconnect_timer_), on_closed);
   uv_close(reinterpret_cast<uv_handle_t*>(&kick_), on_closed);
 }
 

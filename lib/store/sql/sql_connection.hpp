@@ -50,7 +50,7 @@
 #include <string>
 #include <vector>
 
-#include "core/backoff.hpp"
+#include "core/reconnector.hpp"
 #include "lockwatch/options.hpp"
 #include "store/sql/sql_target.hpp"
 #include "store/store_error.hpp"
@@ -99,7 +99,7 @@ struct SqlSession {
   std::string table;  // for messages
 };
 
-class SqlConnection {
+class SqlConnection : private Reconnector::Attempts, private RequestTimer::Requests {
  public:
   SqlConnection(Loop& loop, SqlTarget target, const Options& options, SqlSession session);
   ~SqlConnection();
@@ -111,7 +111,9 @@ class SqlConnection {
   void query(std::string sql, SqlDone done);
   // Told when the connection goes down (with why) and when it is usable
   // again: once per transition (set before start()).
-  void set_state_hook(std::function<void(bool up, const std::string& why)> hook) { state_hook_ = std::move(hook); }
+  void set_state_hook(std::function<void(bool up, const std::string& why)> hook) {
+    reconnector_.set_state_hook(std::move(hook));
+  }
   // Requests queued or in flight.
   std::size_t pending() const noexcept { return queue_.size() + inflight_.size(); }
   // Stops reconnecting, fails what is pending, closes the handles. The loop
@@ -128,6 +130,13 @@ class SqlConnection {
     SqlDone done;
   };
 
+  // Reconnector::Attempts: an attempt (connect()), given up at its
+  // deadline; RequestTimer::Requests: the round trip under way, and the
+  // server silent for the command timeout.
+  void attempt() override { connect(); }
+  void attempt_timed_out() override;
+  RequestTimer::Clock::time_point unanswered_since() const override;
+  void overdue() override;
   void connect();
   void connect_to(const std::string& host);
   void connected();
@@ -147,7 +156,6 @@ class SqlConnection {
   void wait_for(int status);
   void went_down(const std::string& why, bool connection_error);
   void teardown();
-  void schedule_reconnect();
   void fail_all(std::deque<Request>& requests, const StoreError& error);
   void became_usable();
   StoreError connect_error() const;
@@ -155,8 +163,6 @@ class SqlConnection {
 
   static void on_poll(uv_poll_t* handle, int status, int events);
   static void on_io_timer(uv_timer_t* t);
-  static void on_deadline(uv_timer_t* t);
-  static void on_reconnect(uv_timer_t* t);
   static void on_kick(uv_idle_t* idle);
 
   Loop& loop_;
@@ -164,7 +170,6 @@ class SqlConnection {
   const Options options_;
   const SqlSession session_;
   std::string name_;
-  std::function<void(bool, const std::string&)> state_hook_;
 
   State state_ = State::kDown;
   Phase phase_ = Phase::kNone;
@@ -172,15 +177,15 @@ class SqlConnection {
   uv_poll_t* poll_ = nullptr;  // for mysql_'s socket; freed by its close callback
   int poll_fd_ = -1;
   uv_timer_t io_timer_{};        // the library's own timeouts (MYSQL_WAIT_TIMEOUT)
-  uv_timer_t deadline_timer_{};  // connect_timeout / command_timeout
-  uv_timer_t reconnect_timer_{};
   uv_idle_t kick_{};             // sends what was queued, on the next loop turn
   int open_handles_ = 0;
   unsigned attempt_ = 0;  // connection attempts made: a late lookup answers an old one
   bool kicked_ = false;
-  bool reported_down_ = false;
   bool handshaking_ = false;
-  Backoff backoff_{options_.reconnect_min, options_.reconnect_max};
+  Reconnector reconnector_{loop_, Backoff(options_.reconnect_min, options_.reconnect_max), options_.connect_timeout,
+                           *this};
+  RequestTimer request_timer_{loop_, options_.command_timeout, *this};
+  RequestTimer::Clock::time_point busy_since_{};  // when the round trip under way was sent
   std::string connect_host_;  // the address of the attempt under way
   std::string last_error_ = "not connected yet";
   unsigned last_errno_ = 0;
