@@ -124,8 +124,8 @@ RedisConnection::RedisConnection(Loop& loop, Endpoint endpoint, const Options& o
       name_(endpoint_.name()),
       options_(options),
       pubsub_(mode != Mode::kCommands),
-      hooks_(std::move(hooks)),
-      sharded_(mode == Mode::kShardedPubSub) {
+      hooks_(std::move(hooks)) {
+  if (pubsub_) subs_ = Subscriptions::make(mode == Mode::kShardedPubSub, *this, hooks_.on_dropped, hooks_.on_refused);
   if (endpoint_.tls) {
     // Options::validate() read the same files already; if one went away
     // since, every attempt fails saying so.
@@ -196,11 +196,7 @@ void RedisConnection::write_handshake() {
   if (hooks_.named)
     send_handshake(Handshake::kName, {"CLIENT", "SETNAME", "lockwatch:" + connection_owner_name(owner_name(options_))});
   if (require_master_) send_handshake(Handshake::kRole, {"ROLE"});
-  if (pubsub_) {
-    sharded_sent_.clear();  // what was unanswered went with the old link
-    subscribes_unanswered_.clear();
-    for (const auto& ch : channels_) write_subscription(true, ch);
-  }
+  if (pubsub_) subs_->resubscribe();
   if (!hooks_.on_connect_command.empty()) {
     write_command(std::vector<std::string_view>(hooks_.on_connect_command.begin(), hooks_.on_connect_command.end()));
   }
@@ -628,16 +624,10 @@ void RedisConnection::dispatch(const redisReply* r) {
   // A reply answers the oldest request written; one that is not written
   // yet (made by a callback of this read) cannot have been answered.
   if (pending_.empty() || pending_.front().sent_at == kUnwritten) {
-    // Pubsub mode: an error for a SUBSCRIBE, which nothing waits for (in
-    // sharded mode it answers the oldest SSUBSCRIBE or SUNSUBSCRIBE). In
-    // command mode replies and requests no longer match: start afresh.
-    if (sharded_ && r->type == REDIS_REPLY_ERROR) {
-      on_sharded_error(r);
-    } else if (pubsub_ && r->type == REDIS_REPLY_ERROR && hooks_.on_refused) {
-      StoreError why = error_for(r);
-      if (why.acl_refusal()) why.message += " (sent: SUBSCRIBE or UNSUBSCRIBE)";
-      guarded([&] { hooks_.on_refused(why); });
-    }
+    // Pubsub mode: an error answering a subscription, which nothing waits
+    // for. In command mode replies and requests no longer match: start
+    // afresh.
+    if (pubsub_ && r->type == REDIS_REPLY_ERROR) subs_->error(error_for(r));
     if (!pubsub_) link_failed("a reply to no request: the connection is out of step");
     return;
   }
@@ -772,76 +762,11 @@ void RedisConnection::on_push(const redisReply* r) {
   std::string_view payload;
   if (r->elements > at + 1 && r->element[at + 1]->type == REDIS_REPLY_STRING)
     payload = std::string_view(r->element[at + 1]->str, r->element[at + 1]->len);
-  if (sharded_ && on_sharded_push(std::string_view(kind->str, kind->len), std::string_view(channel->str, channel->len)))
-    return;
-  if (!sharded_ && std::string_view(kind->str, kind->len) == "subscribe" &&
-      !subscription_answered(std::string(channel->str, channel->len)))
-    return;
+  if (subs_->handled(std::string_view(kind->str, kind->len), std::string_view(channel->str, channel->len))) return;
   if (hooks_.on_message)
     guarded([&] {
       hooks_.on_message(std::string_view(kind->str, kind->len), std::string_view(channel->str, channel->len), payload);
     });
-}
-
-bool RedisConnection::on_sharded_push(std::string_view kind, std::string_view channel) {
-  const bool sub = kind == "ssubscribe";
-  if (!sub && kind != "sunsubscribe") return false;
-  // The answer to our own command, if one for this channel is unanswered.
-  auto sent = std::find_if(sharded_sent_.begin(), sharded_sent_.end(),
-                           [&](const ShardedSent& s) { return s.subscribe == sub && s.channel == channel; });
-  const bool answer = sent != sharded_sent_.end();
-  if (answer) sharded_sent_.erase(sent);
-  auto wanted = channels_.find(std::string(channel));
-  if (sub) {
-    if (wanted != channels_.end()) return false;  // confirmed: reported
-    // Unsubscribed meanwhile (the SUNSUBSCRIBE went before the node had
-    // answered, or not at all): undo it so the node keeps nothing for us.
-    if (link_ != nullptr && up()) write_subscription(false, std::string(channel));
-    return true;
-  }
-  if (answer || wanted == channels_.end()) return false;
-  // Unsolicited: the node lost the channel's slot.
-  std::string ch = *wanted;
-  channels_.erase(wanted);
-  if (hooks_.on_dropped)
-    guarded([&] { hooks_.on_dropped(ch, nullptr); });
-  return true;
-}
-
-bool RedisConnection::subscription_answered(const std::string& channel) {
-  auto sent = subscribes_unanswered_.find(channel);
-  if (sent == subscribes_unanswered_.end()) return true;  // not subscribe()'s
-  if (--sent->second == 0) subscribes_unanswered_.erase(sent);
-  if (channels_.find(channel) != channels_.end()) return true;
-  // The answer to a SUBSCRIBE that unsubscribe() followed before it was
-  // answered: not reported, since the channel is not listened to once the
-  // UNSUBSCRIBE is read (a waiter told it was would sleep through every
-  // release notice). Undone once more in case the UNSUBSCRIBE was not sent
-  // (before the connection was up); a second one is harmless.
-  if (link_ != nullptr && up()) write_subscription(false, channel);
-  return false;
-}
-
-void RedisConnection::on_sharded_error(const redisReply* r) {
-  if (sharded_sent_.empty()) return;
-  ShardedSent sent = std::move(sharded_sent_.front());
-  sharded_sent_.pop_front();
-  if (!sent.subscribe) return;
-  auto wanted = channels_.find(sent.channel);
-  if (wanted == channels_.end()) return;
-  channels_.erase(wanted);
-  const StoreError why = error_for(r);
-  if (hooks_.on_dropped) guarded([&] { hooks_.on_dropped(sent.channel, &why); });
-}
-
-void RedisConnection::write_subscription(bool subscribe, const std::string& channel) {
-  if (!sharded_) {
-    write_command({subscribe ? "SUBSCRIBE" : "UNSUBSCRIBE", channel});
-    if (subscribe) ++subscribes_unanswered_[channel];
-    return;
-  }
-  write_command({subscribe ? "SSUBSCRIBE" : "SUNSUBSCRIBE", channel});
-  sharded_sent_.push_back(ShardedSent{subscribe, channel});
 }
 
 void RedisConnection::became_usable() { reconnector_.usable(); }
@@ -987,16 +912,16 @@ void RedisConnection::set_endpoint(const Endpoint& endpoint) {
 }
 
 void RedisConnection::subscribe(const std::string& channel) {
-  if (!channels_.insert(channel).second) return;
+  if (!pubsub_ || !subs_->want(channel)) return;
   if (link_ != nullptr && !closed())
-    write_subscription(true, channel);
+    subs_->write(true, channel);
   else
     reconnector_.want_attempt();
 }
 
 void RedisConnection::unsubscribe(const std::string& channel) {
-  if (channels_.erase(channel) == 0) return;
-  if (link_ != nullptr && up()) write_subscription(false, channel);
+  if (!pubsub_ || !subs_->unwant(channel)) return;
+  if (can_write()) subs_->write(false, channel);
 }
 
 void RedisConnection::close() {

@@ -16,18 +16,12 @@
 // a reply within command_timeout resets the connection, so a server that
 // stopped answering cannot hang anything.
 //
-// In pubsub mode the connection keeps a set of channels, resubscribes them
-// after every reconnect and reports every push it receives (subscribe and
-// unsubscribe confirmations, messages; the sharded ssubscribe, smessage and
-// sunsubscribe, also unsolicited ones, alike) through Hooks::on_message.
-//
-// Sharded pubsub mode (Redis Cluster) subscribes with SSUBSCRIBE and
-// SUNSUBSCRIBE, one channel per command, and keeps them in order to match
-// each answer to its command. A channel the node gives up is dropped from
-// the set and reported through Hooks::on_dropped with why: an unsolicited
-// `sunsubscribe` (the node lost the channel's slot) or an error answering
-// its SSUBSCRIBE (MOVED: another node serves the slot). A confirmation for
-// a channel no longer wanted is unsubscribed again and not reported.
+// In pubsub mode the connection carries a Subscriptions (subscriptions.hpp:
+// classic or sharded), which keeps the channels wanted and is resubscribed
+// after every reconnect; every push it does not handle itself (subscribe
+// and unsubscribe confirmations, messages; the sharded ssubscribe, smessage
+// and sunsubscribe, also unsolicited ones, alike) is reported through
+// Hooks::on_message.
 //
 // With TLS (an endpoint from a rediss:// URL) the same stream carries an
 // OpenSSL session over memory BIOs, on the loop thread: the handshake runs
@@ -58,6 +52,7 @@
 #include "core/reconnector.hpp"
 #include "lockwatch/options.hpp"
 #include "scripts.hpp"
+#include "subscriptions.hpp"
 #include "store/store_error.hpp"
 #include "tls.hpp"
 
@@ -100,7 +95,7 @@ class EvalRequest {
   std::size_t written_ = 0;
 };
 
-class RedisConnection : private Reconnector::Attempts, private RequestTimer::Requests {
+class RedisConnection : private Reconnector::Attempts, private RequestTimer::Requests, private Subscriptions::Wire {
  public:
   struct Hooks {
     // Pubsub mode: kind is the push's first element ("subscribe",
@@ -226,6 +221,9 @@ class RedisConnection : private Reconnector::Attempts, private RequestTimer::Req
   // the server silent for the command timeout.
   RequestTimer::Clock::time_point unanswered_since() const override;
   void overdue() override;
+  // Subscriptions::Wire: a subscription's command, on a link that is up.
+  void write(const std::vector<std::string_view>& argv) override { write_command(argv); }
+  bool can_write() const override { return link_ != nullptr && up(); }
   // attempt()'s parts: the handshake written first in the new link's
   // pipeline (AUTH, SELECT, CLIENT SETNAME, ROLE, the subscriptions), and
   // the link opened (a name looked up first, within the connect timeout).
@@ -297,25 +295,7 @@ class RedisConnection : private Reconnector::Attempts, private RequestTimer::Req
   // read being dispatched came.
   std::chrono::steady_clock::time_point answered_at_{};
   std::chrono::steady_clock::time_point read_at_{};
-  std::unordered_set<std::string> channels_;  // pubsub mode: wanted subscriptions
-  bool sharded_ = false;                      // SSUBSCRIBE / SUNSUBSCRIBE
-  // Sharded mode: SSUBSCRIBE (true) and SUNSUBSCRIBE (false) written on the
-  // current link and not answered yet, in order.
-  struct ShardedSent {
-    bool subscribe;
-    std::string channel;
-  };
-  std::deque<ShardedSent> sharded_sent_;
-  // Classic mode: SUBSCRIBEs of subscribe() written on the current link and
-  // not answered yet, by channel (on_connect_command's are not counted).
-  std::unordered_map<std::string, std::uint32_t> subscribes_unanswered_;
-  void write_subscription(bool subscribe, const std::string& channel);
-  void on_sharded_error(const redisReply* r);
-  // True: the push is handled here and not reported.
-  bool on_sharded_push(std::string_view kind, std::string_view channel);
-  // Classic mode: whether the answer to a SUBSCRIBE of `channel` is to be
-  // reported; false for one that unsubscribe() withdrew before the answer.
-  bool subscription_answered(const std::string& channel);
+  std::unique_ptr<Subscriptions> subs_;  // pubsub mode only: what it listens to
 };
 
 }  // namespace lockwatch::detail

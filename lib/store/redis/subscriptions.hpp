@@ -1,0 +1,77 @@
+// lib/store/redis/subscriptions.hpp: what a pub/sub connection listens to,
+// apart from the connection that carries it. The connection reads and
+// writes; a Subscriptions keeps the channels wanted, writes what subscribes
+// and unsubscribes them, and reads the answers. Two small policies:
+//
+//   classic  SUBSCRIBE / UNSUBSCRIBE (one node, Sentinel). The answer to a
+//            SUBSCRIBE that unsubscribe() followed before it came is not
+//            reported (a waiter told it listens would sleep through every
+//            release notice); an error answering one is a refusal (the
+//            user's ACL refused the channel), told through on_refused.
+//   sharded  SSUBSCRIBE / SUNSUBSCRIBE (Redis Cluster), one channel per
+//            command, kept in order to match each answer to its command. A
+//            channel the node gives up is dropped from the set and told
+//            through on_dropped with why: an unsolicited `sunsubscribe`
+//            (the node lost the channel's slot) or an error answering its
+//            SSUBSCRIBE (MOVED: another node serves the slot). A
+//            confirmation for a channel no longer wanted is unsubscribed
+//            again and not reported.
+//
+// Threading: the loop thread, as its connection. Costs: a set of the
+// channels wanted, and what is unanswered.
+#pragma once
+
+#include <deque>
+#include <functional>
+#include <memory>
+#include <string>
+#include <string_view>
+#include <unordered_map>
+#include <unordered_set>
+#include <vector>
+
+#include "store/store_error.hpp"
+
+namespace lockwatch::detail {
+
+class Subscriptions {
+ public:
+  // The connection's side: write a command on the current link now, and
+  // whether there is a link up to write one on.
+  class Wire {
+   public:
+    virtual void write(const std::vector<std::string_view>& argv) = 0;
+    virtual bool can_write() const = 0;
+
+   protected:
+    ~Wire() = default;
+  };
+  using Dropped = std::function<void(std::string_view channel, const StoreError* why)>;
+  using Refused = std::function<void(const StoreError& why)>;
+
+  static std::unique_ptr<Subscriptions> make(bool sharded, Wire& wire, Dropped on_dropped, Refused on_refused);
+  virtual ~Subscriptions() = default;
+
+  // Wanted from now on; false if it was already.
+  bool want(const std::string& channel) { return channels_.insert(channel).second; }
+  // Not wanted any more; false if it was not.
+  bool unwant(const std::string& channel) { return channels_.erase(channel) != 0; }
+  // Writes the command that subscribes (or unsubscribes) `channel`.
+  virtual void write(bool subscribe, const std::string& channel) = 0;
+  // A new link: what was unanswered went with the old one; every channel
+  // wanted is subscribed again.
+  void resubscribe();
+  // A push for `channel` of this `kind` ("subscribe", "smessage", ...):
+  // true when it is handled here and not to be reported.
+  virtual bool handled(std::string_view kind, std::string_view channel) = 0;
+  // An error reply that answers no request: it answers a subscription.
+  virtual void error(const StoreError& why) = 0;
+
+ protected:
+  explicit Subscriptions(Wire& wire) : wire_(wire) {}
+  virtual void forget_unanswered() = 0;
+  Wire& wire_;
+  std::unordered_set<std::string> channels_;
+};
+
+}  // namespace lockwatch::detail
