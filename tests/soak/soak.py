@@ -1527,11 +1527,14 @@ class Soak:
         self.split(kind, m, minority, d, settled, oneway=kind == "member_oneway",
                    role="leader" if m is leader else "follower")
 
-    def cluster_master_isolated(self):
+    def cluster_master_isolated(self, kind="master_isolated"):
         """Redis Cluster: the master of the key a holder holds (else of a
         lock's slot) cut off from the other nodes (bus and replication)
         with that holder, a minority: the majority fails it over to its
-        replica after the node timeout, while the holder still reaches it."""
+        replica after the node timeout, while the holder still reaches it.
+        master_oneway: only what that master sends the other nodes is
+        dropped (it hears them, they do not hear it), the workers left
+        alone: the others fail it over while every client still reaches it."""
         c = self.cluster
         if not c.healthy():
             return self.holder_cut("holder_cut")
@@ -1546,7 +1549,8 @@ class Soak:
         replica = c.replicas_of(m)
         # Longer than the node timeout (1 s) and the replica's election that follows it.
         d = self.rng.uniform(3.0, MAX_FAULT_S)
-        self.split("master_isolated", m, [wid], d, c.healthy, slot=slot, key=key or "",
+        oneway = kind == "master_oneway"
+        self.split(kind, m, [] if oneway else [wid], d, c.healthy, oneway=oneway, slot=slot, key=key or "",
                    replica=replica[0].name if replica else "none")
         self.faults[-1]["master_now"] = getattr(c.owner(slot), "name", "undecided")
 
@@ -1693,12 +1697,12 @@ class Soak:
         if not self.deck:
             if self.a.nemesis == "partition":
                 self.deck = ["holder_cut", "holder_cut", "holder_cut_to_store", "holder_cut_from_store"]
-                if topo in ("sentinel", "cluster"):
+                if topo == "sentinel":
                     self.deck += ["master_isolated", "master_isolated"]
-                elif topo == "etcd":
+                elif topo == "cluster":
+                    self.deck += ["master_isolated", "master_isolated", "master_oneway"]
+                elif topo in ("etcd", "zookeeper"):
                     self.deck += ["member_isolated", "member_isolated", "member_oneway"]
-                elif topo == "zookeeper":
-                    self.deck += ["member_isolated", "member_isolated"]
             elif self.a.nemesis == "clock":
                 self.deck = ["client_fast", "client_slow", "client_jump"]
             elif self.a.nemesis == "server_clock":
@@ -1709,14 +1713,18 @@ class Soak:
             split = next((k for k in self.deck if k in ("member_isolated", "master_isolated")), None)
             if not self.faults and split and topo in ("etcd", "zookeeper", "cluster"):
                 # A server cut off from its peers comes first, so that a
-                # short run sees it too.
+                # short run sees it too, and its one-way drop second.
                 self.deck.remove(split)
+                oneway = next((k for k in self.deck if k.endswith("_oneway")), None)
+                if oneway:
+                    self.deck.remove(oneway)
+                    self.deck.append(oneway)
                 self.deck.append(split)
         kind = self.deck.pop()
         if kind.startswith("holder_cut"):
             self.holder_cut(kind)
-        elif kind == "master_isolated" and self.cluster:
-            self.cluster_master_isolated()
+        elif kind in ("master_isolated", "master_oneway") and self.cluster:
+            self.cluster_master_isolated(kind)
         elif kind == "master_isolated":
             self.master_isolated()
         elif kind.startswith("member_"):
