@@ -397,14 +397,41 @@ def check(run):
     # makes are that fault's, shown apart. A lower token accepted, or a
     # counter that lost an increment, never is.
     slow = {f["w"] for f in run["faults"] if f.get("kind") == "client_slow"}
-    kept, explained = [], defaultdict(int)
+    # A lock server whose wall clock was stepped forward (--nemesis
+    # server_clock) expires its keys early: the next holder is granted a
+    # key its holder still believes it has, for up to its ttl. Those
+    # overlaps, by calls that ran from the step to a ttl after the fault,
+    # are that fault's, shown apart too.
+    max_ttl = meta.get("max_ttl_ms", 2500) * 10**6
+    jumps = [(f["t0"], f["t1"] + max_ttl) for f in run["faults"] if f.get("kind") == "server_jump"]
+
+    def in_jump(op):
+        c = ends.get(op)
+        if c is None:
+            return False
+        t0 = begins[op]["t"] if op in begins else c["t0"]
+        return any(j0 <= c["t1"] and t0 <= j1 for j0, j1 in jumps)
+    kept, explained, explained_server, interleaved = [], defaultdict(int), defaultdict(int), set()
     for kind, text in V:
         ops = set(re.findall(r"\b(p\d+)\.\d+\.\d+", text))
+        full = set(re.findall(r"\b(p\d+\.\d+\.\d+)", text))
         if kind in SLOW_CLOCK_BREAKS and ops & slow:
             explained[kind] += 1
+        elif kind in SLOW_CLOCK_BREAKS and jumps and full and all(in_jump(op) for op in full):
+            explained_server[kind] += 1
+            if kind == "interleave":
+                interleaved.add(text.split(":")[0])
         else:
             kept.append((kind, text))
+    # The increment an interleaving the step made lost: the old holder's
+    # write accepted after the next holder's read, before its first write
+    # (the one stale write fencing cannot refuse).
+    for kind, text in list(kept):
+        if kind == "lost-increment" and text.split(":")[0] in interleaved:
+            kept.remove((kind, text))
+            explained_server[kind] += 1
     stats["explained"] = dict(explained)
+    stats["explained_server"] = dict(explained_server)
     return stats, kept
 
 
@@ -499,6 +526,10 @@ def report(stats, V):
     if stats.get("explained"):
         print("soak_check: overlaps made by a worker whose clock ran at 0.5x (client_slow; fencing refused or "
               "ordered their writes): %s" % ", ".join("%d %s" % (n, k) for k, n in sorted(stats["explained"].items())))
+    if stats.get("explained_server"):
+        print("soak_check: overlaps in calls made while a lock server's wall clock had been stepped forward "
+              "(server_jump: its keys expired early; fencing refused or ordered their writes): %s"
+              % ", ".join("%d %s" % (n, k) for k, n in sorted(stats["explained_server"].items())))
     shown = defaultdict(int)
     for kind, text in V:
         shown[kind] += 1
@@ -586,6 +617,26 @@ def _self_test_cases():
     def slow_clock_two_holders(r):  # p1's clock ran at 0.5x: its overlap is the fault's
         two_holders(r)
         r["faults"].append({"kind": "client_slow", "target": "p1", "w": "p1", "t0": 0, "t1": 9 * s})
+
+    def server_jump_two_holders(r):  # the store's clock was stepped forward: p0's key expired early
+        two_holders(r)
+        r["faults"].append({"kind": "server_jump", "target": "redis", "t0": 0, "t1": 9 * s, "ws": "p0,p1"})
+
+    def server_jump_elsewhere(r):  # the same overlap, long after the step: not the step's
+        two_holders(r)
+        r["faults"].append({"kind": "server_jump", "target": "redis", "t0": -30 * s, "t1": -29 * s, "ws": "p0,p1"})
+
+    def server_jump_interleave(r):  # the step let p1 read before p0's last write: an increment lost with it
+        interleave(r)
+        r["faults"].append({"kind": "server_jump", "target": "redis", "t0": 0, "t1": 9 * s, "ws": "p0,p1"})
+
+    def server_jump_lost_increment(r):  # a lost increment without an interleaving is never the step's
+        lost_increment(r)
+        r["faults"].append({"kind": "server_jump", "target": "redis", "t0": 0, "t1": 9 * s, "ws": "p0,p1"})
+
+    def server_jump_accepted_down(r):  # a lower token accepted is never the step's
+        accepted_down(r)
+        r["faults"].append({"kind": "server_jump", "target": "redis", "t0": 0, "t1": 9 * s, "ws": "p0,p1"})
 
     def accepted_down(r):  # the resource took a lower token after a higher one
         r["resource"]["k0"]["log"] = ["2 2 p0.0.0 1 1 100", "4 1 p1.0.0 3 2 200"]
@@ -726,6 +777,13 @@ def _self_test_cases():
         ("two calls that ended well holding a key at once", two_holders, {"two-holders"}),
         ("the same, one of them told its lease was lost", lost_overlap_is_fine, set()),
         ("the same, one of them on a clock running at 0.5x", slow_clock_two_holders, set()),
+        ("the same, the store's clock stepped forward meanwhile", server_jump_two_holders, set()),
+        ("the same, the store's clock stepped forward long before", server_jump_elsewhere, {"two-holders"}),
+        ("interleaved read/write pairs, the store's clock stepped forward meanwhile", server_jump_interleave, set()),
+        ("a lost increment, the store's clock stepped forward meanwhile", server_jump_lost_increment,
+         {"lost-increment"}),
+        ("the resource accepting a lower token, the store's clock stepped forward meanwhile",
+         server_jump_accepted_down, {"token-order"}),
         ("a call that never ended", unended, {"unended"}),
         ("a call past its bound", over_bound, {"over-bound"}),
         ("the same call, its process stopped meanwhile", stopped_not_over, set()),

@@ -58,6 +58,7 @@ import random
 import shutil
 import signal
 import socket
+import struct
 import subprocess
 import sys
 import time
@@ -77,6 +78,10 @@ WORKER_UID0 = 61000  # --nemesis partition: worker pN runs as uid WORKER_UID0 + 
 # told apart from its peers'.
 SERVER_UID0 = 62000
 FAKETIME_LIB = "/usr/lib/x86_64-linux-gnu/faketime/libfaketimeMT.so.1"
+# --nemesis server_clock: the shim (clock_shift.cpp) preloaded into the lock
+# servers, next to the worker in the build; the topologies it applies to.
+CLOCK_SHIFT_LIB = "liblockwatch-soak-clock-shift.so"
+SERVER_CLOCK_TOPOLOGIES = ("single", "sentinel", "redlock", "cluster", "sql", "postgresql")
 CGROUP_CPU = "/sys/fs/cgroup/cpu"  # cgroup v1; v2 is tried at /sys/fs/cgroup
 
 
@@ -192,6 +197,8 @@ class Child:
 
 
 class Server:
+    env = None  # --nemesis server_clock: the server's environment (Soak.setup_clock_shift)
+
     """A restartable server process (self.proc, a Child, or None while down):
     the faults every node kind takes."""
 
@@ -220,6 +227,7 @@ class RedisNode(Server):
         self.proc = None
         self.replicaof = None
         self.uid = None  # --nemesis partition: the user it runs as (Soak.own_user)
+        self.env = None  # --nemesis server_clock: its environment (Soak.setup_clock_shift)
 
     @property
     def addr(self):
@@ -244,7 +252,7 @@ class RedisNode(Server):
         self.replicaof = replicaof
         deadline = time.monotonic() + 10
         while True:
-            self.proc = Child(self.argv(), os.path.join(self.dir, "stdout.log"), uid=self.uid)
+            self.proc = Child(self.argv(), os.path.join(self.dir, "stdout.log"), uid=self.uid, env=self.env)
             while time.monotonic() < deadline and self.proc.p.poll() is None:
                 if self.ping():
                     return
@@ -328,7 +336,7 @@ class MariaDb(Server):
                 "--socket=" + self.sock, "--port=%d" % self.port, "--bind-address=127.0.0.1", "--skip-name-resolve",
                 "--log-error=" + os.path.join(self.dir, "error.log"), "--skip-log-bin",
                 "--innodb-buffer-pool-size=64M", "--innodb-flush-log-at-trx-commit=1", "--max-connections=200"]
-        self.proc = Child(argv, os.path.join(self.dir, "stdout.log"))
+        self.proc = Child(argv, os.path.join(self.dir, "stdout.log"), env=self.env)
         deadline = time.monotonic() + 30
         while time.monotonic() < deadline and self.proc.p.poll() is None:
             if self.ping():
@@ -452,7 +460,7 @@ class Postgres(Server):
         argv = self.run_as + [os.path.join(self.bin, "postgres"), "-D", os.path.join(self.dir, "data"),
                               "-p", str(self.port), "-k", self.dir, "-c", "listen_addresses=127.0.0.1",
                               "-c", "max_connections=200", "-c", "log_min_messages=warning"]
-        self.proc = Child(argv, os.path.join(self.dir, "server.log"))
+        self.proc = Child(argv, os.path.join(self.dir, "server.log"), env=self.env)
         deadline = time.monotonic() + 30
         while time.monotonic() < deadline and self.proc.p.poll() is None:
             if self.ping():
@@ -901,6 +909,7 @@ class Soak:
         self.nft = False  # --nemesis partition: our nftables table, once made
         self.cgroup = None  # --nemesis starve: the cgroup made for it
         self.fake_files = []
+        self.clock_shift = {}  # --nemesis server_clock: server name -> (its shift file, the shift in ns)
 
     # ---- set-up
 
@@ -989,6 +998,8 @@ class Soak:
         if self.nft:
             for i, server in enumerate(self.own_user_servers()):
                 self.own_user(server, SERVER_UID0 + i)
+        if a.nemesis == "server_clock":
+            self.setup_clock_shift()
         if self.cluster:
             self.cluster.start()
             if not self.wait_for(self.cluster.healthy, 40):
@@ -1516,11 +1527,14 @@ class Soak:
         self.split(kind, m, minority, d, settled, oneway=kind == "member_oneway",
                    role="leader" if m is leader else "follower")
 
-    def cluster_master_isolated(self):
+    def cluster_master_isolated(self, kind="master_isolated"):
         """Redis Cluster: the master of the key a holder holds (else of a
         lock's slot) cut off from the other nodes (bus and replication)
         with that holder, a minority: the majority fails it over to its
-        replica after the node timeout, while the holder still reaches it."""
+        replica after the node timeout, while the holder still reaches it.
+        master_oneway: only what that master sends the other nodes is
+        dropped (it hears them, they do not hear it), the workers left
+        alone: the others fail it over while every client still reaches it."""
         c = self.cluster
         if not c.healthy():
             return self.holder_cut("holder_cut")
@@ -1535,7 +1549,8 @@ class Soak:
         replica = c.replicas_of(m)
         # Longer than the node timeout (1 s) and the replica's election that follows it.
         d = self.rng.uniform(3.0, MAX_FAULT_S)
-        self.split("master_isolated", m, [wid], d, c.healthy, slot=slot, key=key or "",
+        oneway = kind == "master_oneway"
+        self.split(kind, m, [] if oneway else [wid], d, c.healthy, oneway=oneway, slot=slot, key=key or "",
                    replica=replica[0].name if replica else "none")
         self.faults[-1]["master_now"] = getattr(c.owner(slot), "name", "undecided")
 
@@ -1626,39 +1641,98 @@ class Soak:
             time.sleep(0.05)
         self.fault(kind, wid, t0, w=wid, seconds=d, **detail)
 
+    def clock_servers(self):
+        """The lock servers whose wall clock --nemesis server_clock steps."""
+        return [self.sql] if self.sql else list(self.nodes)
+
+    def setup_clock_shift(self):
+        """--nemesis server_clock: every lock server runs with the shim
+        (clock_shift.cpp) preloaded, its wall clock shifted by the
+        nanoseconds in a file of its own (0 at first)."""
+        lib = os.path.join(self.dir, CLOCK_SHIFT_LIB)
+        shutil.copy(os.path.join(os.path.dirname(os.path.abspath(self.a.worker)), CLOCK_SHIFT_LIB), lib)
+        os.chmod(lib, 0o755)  # a server may run as another user (postgres)
+        for server in self.clock_servers():
+            path = os.path.join(self.dir, "clock-shift-" + server.name)
+            with open(path, "wb") as f:
+                f.write(struct.pack("=q", 0))
+            os.chmod(path, 0o644)
+            server.env = dict(os.environ, LD_PRELOAD=lib, LOCKWATCH_CLOCK_SHIFT=path)
+            self.clock_shift[server.name] = (path, 0)
+        say("soak: server clocks: %s run with their wall clock shifted (%s)" %
+            (", ".join(x.name for x in self.clock_servers()), CLOCK_SHIFT_LIB))
+
+    def server_jump(self):
+        """A lock server's wall clock stepped forward by 1-3 s, for good (an
+        NTP step; the monotonic clock untouched): the master on Sentinel,
+        the node holding a lock's slot on Cluster, one of Redlock's. Then
+        waits 3-4.5 s, longer than the longest ttl, so that what the step
+        does falls within the fault."""
+        if self.a.topology == "sentinel":
+            server = self.sentinel_master() if self.sentinel_healthy() else None
+        elif self.cluster:
+            server = self.cluster.owner(self.lock_slot()) if self.cluster.healthy() else None
+        else:
+            server = self.rng.choice(self.clock_servers())
+        if server is None:
+            time.sleep(1.0)  # no master to step now: a failover is settling
+            return
+        path, total = self.clock_shift[server.name]
+        jump = self.rng.uniform(1.0, 3.0)
+        d = self.rng.uniform(3.0, MAX_FAULT_S)
+        total += int(jump * 1e9)
+        ws = ",".join(sorted(self.workers))
+        t0 = mono_ns()
+        fd = os.open(path, os.O_WRONLY)
+        try:
+            os.pwrite(fd, struct.pack("=q", total), 0)  # the server reads it mapped, at its next clock read
+        finally:
+            os.close(fd)
+        self.clock_shift[server.name] = (path, total)
+        time.sleep(d)
+        self.fault("server_jump", server.name, t0, seconds=d, jump_s=jump, shift_s=total / 1e9, ws=ws)
+
     def inject_nemesis(self):
         topo, rng = self.a.topology, self.rng
         if not self.deck:
             if self.a.nemesis == "partition":
                 self.deck = ["holder_cut", "holder_cut", "holder_cut_to_store", "holder_cut_from_store"]
-                if topo in ("sentinel", "cluster"):
+                if topo == "sentinel":
                     self.deck += ["master_isolated", "master_isolated"]
-                elif topo == "etcd":
+                elif topo == "cluster":
+                    self.deck += ["master_isolated", "master_isolated", "master_oneway"]
+                elif topo in ("etcd", "zookeeper"):
                     self.deck += ["member_isolated", "member_isolated", "member_oneway"]
-                elif topo == "zookeeper":
-                    self.deck += ["member_isolated", "member_isolated"]
             elif self.a.nemesis == "clock":
                 self.deck = ["client_fast", "client_slow", "client_jump"]
+            elif self.a.nemesis == "server_clock":
+                self.deck = ["server_jump"]
             else:
                 self.deck = ["holder_starve"]
             rng.shuffle(self.deck)
             split = next((k for k in self.deck if k in ("member_isolated", "master_isolated")), None)
             if not self.faults and split and topo in ("etcd", "zookeeper", "cluster"):
                 # A server cut off from its peers comes first, so that a
-                # short run sees it too.
+                # short run sees it too, and its one-way drop second.
                 self.deck.remove(split)
+                oneway = next((k for k in self.deck if k.endswith("_oneway")), None)
+                if oneway:
+                    self.deck.remove(oneway)
+                    self.deck.append(oneway)
                 self.deck.append(split)
         kind = self.deck.pop()
         if kind.startswith("holder_cut"):
             self.holder_cut(kind)
-        elif kind == "master_isolated" and self.cluster:
-            self.cluster_master_isolated()
+        elif kind in ("master_isolated", "master_oneway") and self.cluster:
+            self.cluster_master_isolated(kind)
         elif kind == "master_isolated":
             self.master_isolated()
         elif kind.startswith("member_"):
             self.member_isolated(kind)
         elif kind.startswith("client_"):
             self.client_clock(kind)
+        elif kind == "server_jump":
+            self.server_jump()
         else:
             self.holder_starve()
 
@@ -1757,6 +1831,9 @@ class Soak:
             self.setup_cgroup()
         elif a.nemesis == "clock" and not os.path.exists(FAKETIME_LIB):
             raise RuntimeError("--nemesis clock needs %s (Debian package faketime)" % FAKETIME_LIB)
+        elif a.nemesis == "server_clock" and a.topology not in SERVER_CLOCK_TOPOLOGIES:
+            raise RuntimeError("--nemesis server_clock: not on %s (see docs/guarantees.md: etcd reads the clock "
+                               "without the C library, ZooKeeper times sessions on a monotonic clock)" % a.topology)
         self.meta["nemesis"] = a.nemesis
         self.setup()
         if self.nft:
@@ -1912,7 +1989,7 @@ def main():
     p.add_argument("--ns-if", required=True)
     p.add_argument("--min-replicas", type=int, default=None,
                    help="Sentinel and Cluster: the workers' min_replicas (default 1)")
-    p.add_argument("--nemesis", choices=["faults", "partition", "clock", "starve"], default="faults")
+    p.add_argument("--nemesis", choices=["faults", "partition", "clock", "starve", "server_clock"], default="faults")
     p.add_argument("--cgroup", default="lwsoak%d" % os.getpid(), help="--nemesis starve: the cgroup to make")
     a = p.parse_args()
 
