@@ -1,0 +1,185 @@
+#include "store/zookeeper/zk_claims.hpp"
+
+#include <charconv>
+
+#include "store/zookeeper/zk_nodes.hpp"
+
+namespace lockwatch::detail {
+
+namespace {
+constexpr int kClaimAttempts = 5;  // a version changed under us: read again
+
+std::chrono::system_clock::time_point from_ms(std::int64_t ms) {
+  return std::chrono::system_clock::time_point(std::chrono::milliseconds(ms));
+}
+}  // namespace
+
+struct ZkClaims::Claim {
+  std::string name;
+  std::string token;
+  std::int64_t period = 0;
+  std::chrono::system_clock::time_point start;
+  JobClaims::ClaimDone done;
+  int attempt = 0;
+  ClaimResult out;
+  std::string lock_path;    // our lock's node
+  std::string period_path;  // the job's `period` node
+
+  void finish(ClaimResult::Status st) {
+    out.status = st;
+    done(out);
+  }
+  void failed(StoreError e) {
+    out.error = std::move(e);
+    finish(ClaimResult::Status::kFailed);
+  }
+};
+
+void ZkClaims::server_time(JobClaims::TimeDone done) {
+  ZkSession* s = sessions_.any_session();
+  const std::uint64_t serial = s->serial;
+  auto shared = std::make_shared<JobClaims::TimeDone>(std::move(done));
+  // A write's mtime is the leader's clock when it ran the write.
+  sessions_.send(
+      *s,
+      [this, shared, serial](const ZkResult& r) {
+        if (r.rc == ZNONODE) {
+          make_root(serial, shared);
+          return;
+        }
+        if (r.rc != ZOK || !r.has_stat) {
+          auto e = sessions_.error(r.rc != ZOK ? r.rc : ZMARSHALLINGERROR, "reading the ensemble's clock");
+          (*shared)({}, &e);
+          return;
+        }
+        (*shared)(from_ms(r.stat.mtime), nullptr);
+      },
+      [=](zhandle_t* zh, void* ctx) { return zoo_aset(zh, zk::kRoot, "", 0, -1, zk::on_stat_set, ctx); });
+}
+
+void ZkClaims::make_root(std::uint64_t serial, std::shared_ptr<JobClaims::TimeDone> shared) {
+  // No lock taken on this ensemble yet: /lockwatch first.
+  ZkSession* s = sessions_.live(serial);
+  if (s == nullptr) {
+    auto e = sessions_.error(ZSESSIONEXPIRED, "reading the ensemble's clock");
+    (*shared)({}, &e);
+    return;
+  }
+  ACL_vector* acl = sessions_.acl();
+  sessions_.send(
+      *s,
+      [this, shared](const ZkResult& r) {
+        if (r.rc != ZOK && r.rc != ZNODEEXISTS) {
+          auto e = sessions_.error(r.rc, "creating /lockwatch");
+          (*shared)({}, &e);
+          return;
+        }
+        server_time([shared](std::chrono::system_clock::time_point t, const StoreError* e) { (*shared)(t, e); });
+      },
+      [=](zhandle_t* zh, void* ctx) {
+        return zoo_acreate(zh, zk::kRoot, "", 0, acl, ZOO_PERSISTENT, zk::on_created_path, ctx);
+      });
+}
+
+void ZkClaims::claim_period(std::string_view name, std::string_view token, std::int64_t period,
+                            std::chrono::system_clock::time_point start, JobClaims::ClaimDone done) {
+  auto c = std::make_shared<Claim>();
+  c->name = std::string(name);
+  c->token = std::string(token);
+  c->period = period;
+  c->start = start;
+  c->done = std::move(done);
+  // The clock first: a claim runs only once the ensemble's clock reached
+  // the period's start (the write after it is later still).
+  server_time([this, c](std::chrono::system_clock::time_point now, const StoreError* e) {
+    if (e != nullptr) {
+      c->failed(*e);
+      return;
+    }
+    c->out.store_time = now;
+    if (now < c->start) {
+      c->finish(ClaimResult::Status::kNotDue);
+      return;
+    }
+    claim_step(c);
+  });
+}
+
+void ZkClaims::claim_step(std::shared_ptr<Claim> c) {
+  ZkHolds& holds = sessions_.holds();
+  auto h = holds.held.find(zk::hold_key(c->name, c->token));
+  ZkSession* s = h == holds.held.end() ? nullptr : sessions_.live(h->second.session);
+  if (s == nullptr) {
+    c->finish(ClaimResult::Status::kNotLeader);
+    return;
+  }
+  c->lock_path = h->second.path;
+  c->period_path = zk::dir_of(c->name) + "/" + zk::kPeriodNode;
+  const std::uint64_t serial = s->serial;
+  const std::string period_path = c->period_path;
+  sessions_.send_read(
+      *s,
+      [this, c, serial](const ZkResult& r) {
+        if (r.rc != ZOK && r.rc != ZNONODE) {
+          c->failed(sessions_.error(r.rc, "reading the job's last period"));
+          return;
+        }
+        const bool exists = r.rc == ZOK;
+        std::int64_t last = -1;
+        if (exists) std::from_chars(r.value.data(), r.value.data() + r.value.size(), last);
+        if (exists && last >= c->period) {
+          c->out.last = last;
+          c->finish(ClaimResult::Status::kAlreadyRun);
+          return;
+        }
+        ZkSession* s = sessions_.live(serial);
+        if (s == nullptr) {
+          c->finish(ClaimResult::Status::kNotLeader);
+          return;
+        }
+        claim_write(*s, c, exists, exists ? r.stat.version : -1);
+      },
+      [=](zhandle_t* zh, void* ctx) { return zoo_aget(zh, period_path.c_str(), 0, zk::on_data, ctx); });
+}
+
+void ZkClaims::claim_write(ZkSession& s, std::shared_ptr<Claim> c, bool exists, int version) {
+  const std::string value = std::to_string(c->period);
+  const std::string lock_path = c->lock_path;
+  const std::string period_path = c->period_path;
+  ACL_vector* acl = sessions_.acl();
+  sessions_.send(
+      s,
+      [this, c](const ZkResult& r) {
+        if (r.rc == ZOK) {
+          c->out.last = c->period;
+          c->finish(ClaimResult::Status::kClaimed);
+          return;
+        }
+        if (r.op_errors.size() == 2 && r.op_errors[0] == ZNONODE) {
+          c->finish(ClaimResult::Status::kNotLeader);
+          return;
+        }
+        if (r.op_errors.size() == 2 && (r.op_errors[1] == ZBADVERSION || r.op_errors[1] == ZNODEEXISTS) &&
+            ++c->attempt < kClaimAttempts) {
+          claim_step(c);  // another claim came first: read again
+          return;
+        }
+        c->failed(sessions_.error(r.rc, "claiming the period"));
+      },
+      [=](zhandle_t* zh, void* ctx) {
+        auto* x = static_cast<ZkCtx*>(ctx);
+        x->results.resize(2);
+        x->created.resize(period_path.size() + 64);
+        zoo_op_t ops[2];
+        zoo_check_op_init(&ops[0], lock_path.c_str(), -1);
+        if (exists)
+          zoo_set_op_init(&ops[1], period_path.c_str(), value.data(), static_cast<int>(value.size()), version,
+                          nullptr);
+        else
+          zoo_create_op_init(&ops[1], period_path.c_str(), value.data(), static_cast<int>(value.size()), acl,
+                             ZOO_PERSISTENT, x->created.data(), static_cast<int>(x->created.size()));
+        return zoo_amulti(zh, 2, ops, x->results.data(), zk::on_multi, ctx);
+      });
+}
+
+}  // namespace lockwatch::detail

@@ -1,0 +1,49 @@
+// lib/store/zookeeper/zk_claims.hpp: scheduled jobs' claims (JobClaims) on
+// a ZooKeeper ensemble. Uses the sessions.
+//
+// The store's clock is the ensemble's, read as the mtime a write to
+// /lockwatch gets (the leader's clock when it ran it); a job's last period
+// is the data of a persistent node `period` in its lock's directory, set
+// by one multi that also checks our lock's node is there (and the version
+// read, so that two claims cannot both pass).
+//
+// Costs: a claim three round trips (the clock, the read, the multi), more
+// when another claim changed the version meanwhile (at most 5 tries).
+//
+// Threading: the loop thread.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <string_view>
+
+#include "store/capabilities.hpp"
+#include "store/zookeeper/zk_session.hpp"
+
+namespace lockwatch::detail {
+
+class ZkClaims {
+ public:
+  explicit ZkClaims(ZkSessions& sessions) : sessions_(sessions) {}
+  ZkClaims(const ZkClaims&) = delete;
+  ZkClaims& operator=(const ZkClaims&) = delete;
+
+  void server_time(JobClaims::TimeDone done);
+  void claim_period(std::string_view name, std::string_view token, std::int64_t period,
+                    std::chrono::system_clock::time_point start, JobClaims::ClaimDone done);
+
+ private:
+  struct Claim;
+  // /lockwatch made (no lock was taken on this ensemble yet), then the
+  // clock read again.
+  void make_root(std::uint64_t serial, std::shared_ptr<JobClaims::TimeDone> done);
+  // Reads the period node, then claim_write().
+  void claim_step(std::shared_ptr<Claim> c);
+  // One multi: our lock's node is there, and the period node is as read.
+  void claim_write(ZkSession& s, std::shared_ptr<Claim> c, bool exists, int version);
+
+  ZkSessions& sessions_;
+};
+
+}  // namespace lockwatch::detail

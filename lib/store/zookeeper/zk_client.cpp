@@ -1,0 +1,180 @@
+#include "store/zookeeper/zk_client.hpp"
+
+#include "core/loop.hpp"
+#include "store/zookeeper/zk_session.hpp"
+
+namespace lockwatch::detail {
+
+void ZkSink::post(std::function<void(ZkSessions&)> f) {
+  {
+    std::lock_guard lk(mu);
+    if (sessions == nullptr) return;
+  }
+  loop->post([self = shared_from_this(), f = std::move(f)] {
+    if (ZkSessions* s = self->target(); s != nullptr) f(*s);
+  });
+}
+
+ZkSessions* ZkSink::target() {
+  std::lock_guard lk(mu);
+  return sessions;
+}
+
+void ZkSink::forget_session(std::uint64_t serial) {
+  std::vector<ZkCtx*> left;
+  {
+    std::lock_guard lk(ctx_mu);
+    for (auto it = in_flight.begin(); it != in_flight.end();) {
+      if (it->second == serial) {
+        left.push_back(static_cast<ZkCtx*>(it->first));
+        it = in_flight.erase(it);
+      } else {
+        ++it;
+      }
+    }
+  }
+  for (auto* c : left) delete c;
+}
+
+ZkCloser::ZkCloser(std::shared_ptr<ZkSink> sink) : sink_(std::move(sink)), thread_([this] { run(); }) {}
+
+ZkCloser::~ZkCloser() {
+  {
+    std::lock_guard lk(mu_);
+    stop_ = true;
+  }
+  cv_.notify_all();
+  thread_.join();
+}
+
+void ZkCloser::close_later(zhandle_t* zh, void* watch_ctx) {
+  if (zh == nullptr) {
+    delete static_cast<ZkWatchCtx*>(watch_ctx);
+    return;
+  }
+  {
+    std::lock_guard lk(mu_);
+    to_close_.emplace_back(zh, watch_ctx);
+  }
+  cv_.notify_all();
+}
+
+void ZkCloser::run() {
+  std::unique_lock lk(mu_);
+  for (;;) {
+    cv_.wait(lk, [this] { return stop_ || !to_close_.empty(); });
+    if (to_close_.empty() && stop_) return;
+    auto batch = std::move(to_close_);
+    to_close_.clear();
+    lk.unlock();
+    for (auto& [zh, ctx] : batch) {
+      zookeeper_close(zh);
+      auto* w = static_cast<ZkWatchCtx*>(ctx);
+      if (w != nullptr) sink_->forget_session(w->serial);
+      delete w;
+    }
+    lk.lock();
+  }
+}
+
+namespace zk {
+
+namespace {
+
+void deliver(const void* data, ZkResult r) {
+  auto* ctx = static_cast<ZkCtx*>(const_cast<void*>(data));
+  const std::uint64_t id = ctx->id;
+  auto sink = std::move(ctx->sink);
+  {
+    std::lock_guard lk(sink->ctx_mu);
+    sink->in_flight.erase(ctx);
+  }
+  delete ctx;
+  sink->post([id, r = std::move(r)](ZkSessions& s) { s.complete(id, r); });
+}
+
+}  // namespace
+
+bool unreachable(int rc) {
+  return rc == kNoHandle || rc == ZCONNECTIONLOSS || rc == ZOPERATIONTIMEOUT || rc == ZSESSIONEXPIRED || rc == ZSESSIONMOVED ||
+         rc == ZCLOSING || rc == ZINVALIDSTATE || rc == ZSYSTEMERROR || rc == ZMARSHALLINGERROR ||
+         rc == ZNOTHING || rc == ZNEWCONFIGNOQUORUM;
+}
+
+void on_void(int rc, const void* data) {
+  ZkResult r;
+  r.rc = rc;
+  deliver(data, std::move(r));
+}
+
+void on_data(int rc, const char* value, int len, const Stat* stat, const void* data) {
+  ZkResult r;
+  r.rc = rc;
+  if (rc == ZOK) {
+    if (value != nullptr && len > 0) r.value.assign(value, static_cast<std::size_t>(len));
+    if (stat != nullptr) {
+      r.has_stat = true;
+      r.stat = *stat;
+    }
+  }
+  deliver(data, std::move(r));
+}
+
+void on_strings(int rc, const String_vector* strings, const void* data) {
+  ZkResult r;
+  r.rc = rc;
+  if (rc == ZOK && strings != nullptr)
+    for (int i = 0; i < strings->count; ++i) r.children.emplace_back(strings->data[i]);
+  deliver(data, std::move(r));
+}
+
+void on_created(int rc, const char* path, const Stat* stat, const void* data) {
+  ZkResult r;
+  r.rc = rc;
+  if (rc == ZOK) {
+    if (path != nullptr) r.value = path;
+    if (stat != nullptr) {
+      r.has_stat = true;
+      r.stat = *stat;
+    }
+  }
+  deliver(data, std::move(r));
+}
+
+void on_created_path(int rc, const char* path, const void* data) { on_created(rc, path, nullptr, data); }
+
+void on_stat_set(int rc, const Stat* stat, const void* data) {
+  ZkResult r;
+  r.rc = rc;
+  if (rc == ZOK && stat != nullptr) {
+    r.has_stat = true;
+    r.stat = *stat;
+  }
+  deliver(data, std::move(r));
+}
+
+void on_multi(int rc, const void* data) {
+  ZkResult r;
+  r.rc = rc;
+  const auto* ctx = static_cast<const ZkCtx*>(data);
+  for (const auto& res : ctx->results) r.op_errors.push_back(res.err);
+  deliver(data, std::move(r));
+}
+
+void on_global_watch(zhandle_t*, int type, int state, const char* path, void* context) {
+  auto* w = static_cast<ZkWatchCtx*>(context);
+  if (w == nullptr) return;
+  const std::uint64_t serial = w->serial;
+  if (type == ZOO_SESSION_EVENT) {
+    w->sink->post([serial, state](ZkSessions& s) { s.on_session_state(serial, state); });
+    return;
+  }
+  if (path == nullptr) return;
+  w->sink->post([type, p = std::string(path)](ZkSessions& s) { s.on_watch(type, p); });
+}
+
+void drop_log(const char*) {}
+
+}  // namespace zk
+
+}  // namespace lockwatch::detail

@@ -1,0 +1,560 @@
+#include "store/zookeeper/zk_lock_recipe.hpp"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <charconv>
+
+#include "core/timing.hpp"
+#include "store/zookeeper/zk_nodes.hpp"
+
+namespace lockwatch::detail {
+
+using std::chrono::milliseconds;
+
+struct ZkLockRecipe::AcquireOp {
+  std::string name;
+  std::string token;
+  milliseconds ttl{0};
+  std::size_t index = 0;
+  std::shared_ptr<LockStore::AcquireDone> done;
+  std::string dir;
+  std::string path;  // our node, once made (or found)
+  std::int64_t czxid = 0;
+  std::uint64_t session = 0;
+  std::uint64_t attempt = 0;  // in the node's name: this attempt's nodes only
+  Clock::time_point sent;     // when the request that made (or found) the node went out
+  LockKind kind{};
+  bool repeat = false;     // a repeat of a granted acquisition: its fence again
+  bool from_mark = false;  // a writer's attempt that found its own mark
+  std::uint64_t fence = 0;
+};
+
+ZkLockRecipe::ZkLockRecipe(ZkSessions& sessions, ZkRelease& release, const Options& options, std::string owner)
+    : sessions_(sessions), release_(release), options_(options), owner_(std::move(owner)) {}
+
+void ZkLockRecipe::forget(const AcquireOp& op) {
+  ZkHolds& holds = sessions_.holds();
+  const std::string key = zk::hold_key(op.name, op.token);
+  holds.held.erase(key);
+  if (auto m = holds.marks.find(key); m != holds.marks.end() && m->second.attempt == op.attempt) holds.marks.erase(m);
+}
+
+void ZkLockRecipe::acquire(std::span<const LockRef> locks, LockStore::AcquireDone done) {
+  auto shared_done = std::make_shared<LockStore::AcquireDone>(std::move(done));
+  for (std::size_t i = 0; i < locks.size(); ++i) {
+    auto op = std::make_shared<AcquireOp>();
+    op->name = std::string(locks[i].name);
+    op->token = std::string(locks[i].token);
+    op->ttl = locks[i].ttl;
+    op->index = i;
+    op->done = shared_done;
+    op->dir = zk::dir_of(op->name);
+    op->kind = locks[i].kind;
+    op->attempt = next_attempt_++;
+    acquire_one(std::move(op));
+  }
+}
+
+void ZkLockRecipe::finish(const Op& op, const Acquired& out) { (*op->done)(op->index, out); }
+
+void ZkLockRecipe::fail(const Op& op, const StoreError& e) {
+  Acquired out;
+  out.error = e;
+  finish(op, out);
+}
+
+void ZkLockRecipe::fail_later(const Op& op, const StoreError& e) {
+  sessions_.post([this, op, e] { fail(op, e); });
+}
+
+void ZkLockRecipe::acquire_one(Op op) {
+  if (sessions_.closed()) {
+    fail_later(op, sessions_.error(ZCLOSING, ""));
+    return;
+  }
+  if (repeat_held(op) || repeat_waiting(op)) return;
+  create_node(std::move(op), false);
+}
+
+bool ZkLockRecipe::repeat_held(Op& op) {
+  ZkHolds& holds = sessions_.holds();
+  auto h = holds.held.find(zk::hold_key(op->name, op->token));
+  if (h == holds.held.end()) return false;
+  // A repeat of an acquisition that took the lock: its node, if it is
+  // still there, and only within its session's timeout.
+  ZkSession* s = sessions_.live(h->second.session);
+  if (s == nullptr) {
+    holds.held.erase(h);
+    return false;
+  }
+  if (op->ttl.count() > s->negotiated_ms) {
+    auto e = sessions_.refusal(
+        fmt::format("a repeated acquisition asks a ttl of {} ms, longer than the {} ms session that holds the "
+                    "lock: ZooKeeper cannot lengthen a session",
+                    op->ttl.count(), s->negotiated_ms));
+    fail_later(op, e);
+    return true;
+  }
+  op->path = h->second.path;
+  op->czxid = h->second.czxid;
+  op->session = s->serial;
+  op->attempt = h->second.attempt;
+  op->fence = h->second.fence;
+  op->repeat = true;
+  op->sent = Clock::now();
+  list_nodes(std::move(op));
+  return true;
+}
+
+bool ZkLockRecipe::repeat_waiting(Op& op) {
+  ZkHolds& holds = sessions_.holds();
+  auto m = holds.marks.find(zk::hold_key(op->name, op->token));
+  if (m == holds.marks.end()) return false;
+  // A waiting writer tries again: its node, still in the queue, and
+  // another span for its mark.
+  ZkSession* s = sessions_.live(m->second.session);
+  if (s != nullptr && op->kind.single_holder()) {
+    op->path = m->second.path;
+    op->czxid = m->second.czxid;
+    op->session = s->serial;
+    op->attempt = m->second.attempt;
+    op->from_mark = true;
+    op->sent = Clock::now();
+    m->second.until = op->sent + zk::mark_span(op->ttl, op->kind);
+    list_nodes(std::move(op));
+    return true;
+  }
+  ZkRelease::Cleanup c{op->name, op->token, m->second.attempt, m->second.session};
+  holds.marks.erase(m);
+  release_.remove(std::move(c));
+  return false;
+}
+
+void ZkLockRecipe::create_node(Op op, bool parents_made) {
+  ZkSession* s = sessions_.session_for(op->ttl);
+  const std::uint64_t serial = s->serial;
+  op->session = serial;
+  op->sent = Clock::now();
+  const std::string prefix = op->dir + "/" + std::string(zk::kNodePrefix) + zk::escape(op->token) + "." +
+                             std::to_string(op->attempt) + zk::mode_suffix(op->kind) + "-";
+  const std::string data = zk::node_data(op->token, op->ttl, owner_);
+  ACL_vector* acl = sessions_.acl();
+  sessions_.send(
+      *s, [this, op, serial, parents_made](const ZkResult& r) { created(op, serial, parents_made, r); },
+      [=](zhandle_t* zh, void* ctx) {
+        return zoo_acreate2(zh, prefix.c_str(), data.data(), static_cast<int>(data.size()), acl,
+                            ZOO_EPHEMERAL_SEQUENTIAL, zk::on_created, ctx);
+      });
+}
+
+void ZkLockRecipe::created(const Op& op, std::uint64_t serial, bool parents_made, const ZkResult& r) {
+  if (r.rc == ZNONODE && !parents_made) {
+    make_parents(op, 0);
+    return;
+  }
+  if (r.rc != ZOK) {
+    // No answer: the node may be made yet (the client sends what it
+    // queued once it connects), and the store removes it then.
+    if (zk::unreachable(r.rc)) abandon_attempt(op);
+    fail(op, sessions_.error(r.rc, "creating the lock's node"));
+    return;
+  }
+  op->path = r.value;
+  op->czxid = r.stat.czxid;
+  ZkSession* s = sessions_.live(serial);
+  if (s == nullptr) {
+    fail(op, sessions_.error(ZSESSIONEXPIRED, "the session ended"));
+    return;
+  }
+  if (s->negotiated_ms == 0 && s->zh != nullptr) s->negotiated_ms = zoo_recv_timeout(s->zh);
+  if (op->ttl.count() > s->negotiated_ms) {
+    // The ensemble's maxSessionTimeout is below the ttl: a lease
+    // would outlive what guards it. The node goes first (confirmed,
+    // or left to the cleanups), then the lock is refused: nothing of
+    // the refused call is in the queue when its caller hears.
+    auto e = sessions_.refusal(
+        fmt::format("the ttl {} ms is longer than the session timeout the ZooKeeper ensemble grants "
+                    "({} ms: its maxSessionTimeout); a lock's ttl is its session's timeout",
+                    op->ttl.count(), s->negotiated_ms));
+    release_.delete_paths(*s, {op->path}, [this, op, e](int rc) {
+      if (rc != ZOK) abandon_attempt(op);
+      fail(op, e);
+    });
+    return;
+  }
+  list_nodes(op);
+}
+
+void ZkLockRecipe::abandon_attempt(const Op& op) {
+  release_.remember_cleanup(ZkRelease::Cleanup{op->name, op->token, op->attempt, op->session});
+}
+
+void ZkLockRecipe::make_parents(Op op, int step) {
+  ZkSession* s = sessions_.session_for(op->ttl);
+  ACL_vector* acl = sessions_.acl();
+  const std::string path = step == 0 ? std::string(zk::kRoot) : op->dir;
+  sessions_.send(
+      *s,
+      [this, op, step](const ZkResult& r) {
+        if (r.rc != ZOK && r.rc != ZNODEEXISTS) {
+          const std::string& chroot = sessions_.target().chroot;
+          fail(op, sessions_.error(r.rc, r.rc == ZNONODE && !chroot.empty()
+                                             ? fmt::format("the chroot {} does not exist on the ensemble", chroot)
+                                             : std::string("creating the lock's directory")));
+          return;
+        }
+        if (step == 0)
+          make_parents(op, 1);
+        else
+          create_node(op, true);
+      },
+      [=](zhandle_t* zh, void* ctx) {
+        return zoo_acreate(zh, path.c_str(), "", 0, acl, ZOO_PERSISTENT, zk::on_created_path, ctx);
+      });
+}
+
+void ZkLockRecipe::list_nodes(Op op) {
+  ZkSession* s = sessions_.live(op->session);
+  if (s == nullptr) {
+    forget(*op);
+    fail_later(op, sessions_.error(ZSESSIONEXPIRED, "the session that made the lock's node ended"));
+    return;
+  }
+  const std::string dir = op->dir;
+  sessions_.send_read(
+      *s, [this, op](const ZkResult& r) { listed(op, r); },
+      [=](zhandle_t* zh, void* ctx) { return zoo_aget_children(zh, dir.c_str(), 0, zk::on_strings, ctx); });
+}
+
+void ZkLockRecipe::listed(const Op& op, const ZkResult& r) {
+  ZkSession* s = sessions_.live(op->session);
+  if (r.rc != ZOK || s == nullptr) {
+    abandon_attempt(op);
+    forget(*op);
+    fail(op, sessions_.error(r.rc != ZOK ? r.rc : ZSESSIONEXPIRED, "listing the lock's nodes"));
+    return;
+  }
+  auto nodes = zk::in_order(r.children);
+  const std::string own_child = op->path.substr(op->path.rfind('/') + 1);
+  auto own = std::find(nodes.begin(), nodes.end(), own_child);
+  if (own == nodes.end() && op->from_mark) {
+    // The store removed the writer's mark meanwhile (its span
+    // passed): a new node, at the back of the queue.
+    forget(*op);
+    op->from_mark = false;
+    op->attempt = next_attempt_++;
+    create_node(op, true);
+    return;
+  }
+  if (own == nodes.end()) {
+    // Gone: its session expired meanwhile (or an operator removed it).
+    forget(*op);
+    fail(op, sessions_.error(ZSESSIONEXPIRED, "the lock's node is gone"));
+    return;
+  }
+  decide(op, nodes, static_cast<std::size_t>(own - nodes.begin()));
+}
+
+bool ZkLockRecipe::other_family(const AcquireOp& op, const std::vector<std::string>& nodes, std::size_t at,
+                                LockKind* held_as) {
+  const bool permits = op.kind.mode() == LockKind::Mode::kPermits;
+  const bool fair = op.kind.mode() == LockKind::Mode::kFair;
+  for (std::size_t i = 0; i < at; ++i) {
+    LockKind k = zk::kind_of(nodes[i]);
+    const bool other_permits = k.mode() == LockKind::Mode::kPermits;
+    const bool other_fair = k.mode() == LockKind::Mode::kFair;
+    if (permits != other_permits || fair != other_fair || (permits && k.permit_count() != op.kind.permit_count())) {
+      *held_as = k;
+      return true;
+    }
+  }
+  return false;
+}
+
+// Who holds, from one listing in sequence order (nodes only come in
+// behind ours, so what is below ours decides, and it only shrinks):
+//   family     a node below ours of the other family (permits against
+//              exclusive or shared), or permits of another n: refused
+//              (InvalidArgument), our node removed. The first node decides,
+//              so a later caller that disagrees never holds.
+//   exclusive  ours is the lowest (a writer, and a plain mutex).
+//   fair       ours is the lowest; else our node stays, our place.
+//   shared     no writer's node below ours.
+//   permits(n) ours is one of the n lowest.
+void ZkLockRecipe::decide(const Op& op, const std::vector<std::string>& nodes, std::size_t at) {
+  if (LockKind held_as; other_family(*op, nodes, at, &held_as)) {
+    refuse_kind(op, held_as);
+    return;
+  }
+  const std::string dir = op->dir + "/";
+  switch (op->kind.mode()) {
+    case LockKind::Mode::kFair: {
+      if (at == 0) break;
+      // Our node is our place in the queue, kept (a mark) while we try
+      // again within its span, watching the node just below: its deletion
+      // (a release, a waiter that gave up, a session that expired) is the
+      // notice. Nodes only come in behind ours, so the order is arrival.
+      wait_behind(op, {dir + nodes[at - 1]}, true, zk::mark_span(op->ttl, op->kind) / 3);
+      return;
+    }
+    case LockKind::Mode::kExclusive: {
+      if (at == 0) break;
+      // Only readers below: our node stays, a mark that stops new readers
+      // (writers are not starved), watching the node just below. Behind
+      // another writer: our node goes and the holder is watched.
+      const bool readers_only = std::none_of(nodes.begin(), nodes.begin() + static_cast<std::ptrdiff_t>(at),
+                                             [](const std::string& n) { return zk::kind_of(n).exclusive_kind(); });
+      if (readers_only) {
+        wait_behind(op, {dir + nodes[at - 1]}, true, zk::mark_span(op->ttl, op->kind) / 2);
+      } else {
+        forget(*op);
+        wait_behind(op, {dir + nodes.front()}, false, milliseconds::max());
+      }
+      return;
+    }
+    case LockKind::Mode::kShared: {
+      // The nearest writer's node below ours is watched. Not the lowest, it
+      // is a waiting writer's, which the store removes 2 s after its last
+      // attempt: the next try comes by then even if no notice does.
+      for (std::size_t i = at; i-- > 0;) {
+        if (zk::kind_of(nodes[i]).exclusive_kind()) {
+          forget(*op);
+          wait_behind(op, {dir + nodes[i]}, false, i == 0 ? milliseconds::max() : zk::kMarkSpan);
+          return;
+        }
+      }
+      break;
+    }
+    case LockKind::Mode::kPermits: {
+      const std::size_t n = op->kind.permit_count();
+      if (at < n) break;
+      // Any holder's release frees a permit: each of the n is watched.
+      std::vector<std::string> holders;
+      for (std::size_t i = 0; i < n; ++i) holders.push_back(dir + nodes[i]);
+      forget(*op);
+      wait_behind(op, std::move(holders), false, milliseconds::max());
+      return;
+    }
+  }
+  grant(op);
+}
+
+void ZkLockRecipe::refuse_kind(const Op& op, LockKind held_as) {
+  forget(*op);
+  auto e = sessions_.refusal(fmt::format("the lock '{}' is held as {}; this call asked for it {}", op->name,
+                                         zk::family_of(held_as), op->kind.describe()));
+  ZkSession* s = sessions_.live(op->session);
+  if (s == nullptr) {
+    fail(op, e);
+    return;
+  }
+  // Our node goes first (confirmed, or left to the cleanups): nothing of a
+  // refused call stays in the queue.
+  release_.delete_paths(*s, {op->path}, [this, op, e](int rc) {
+    if (rc != ZOK) abandon_attempt(op);
+    fail(op, e);
+  });
+}
+
+// A grant's fencing token:
+//   exclusive  (and fair) our node's czxid (holders follow creation order); the
+//              directory's `fence` node is set to it before the answer, so
+//              readers that come after it see it.
+//   shared     the `fence` node's data, read after the listing that let us
+//              in: the token of the last writer granted before us (0 if
+//              none ever was). No writer is granted while our node is there
+//              (its node would be above ours), so none is missed.
+//   permits    the zxid of the write that sets `fence` for this grant:
+//              every grant writes, so every grant's token is above all
+//              earlier ones (node order alone is not grant order here).
+// A repeat of a granted acquisition answers the token it was given.
+void ZkLockRecipe::grant(const Op& op) {
+  ZkHolds& holds = sessions_.holds();
+  const std::string key = zk::hold_key(op->name, op->token);
+  if (op->from_mark) {
+    auto m = holds.marks.find(key);
+    if (m == holds.marks.end() || m->second.attempt != op->attempt) {
+      // The mark's span passed as the listing came back: the store is
+      // removing the node. A new one, at the back of the queue.
+      op->from_mark = false;
+      op->attempt = next_attempt_++;
+      create_node(op, true);
+      return;
+    }
+    holds.marks.erase(m);
+    op->from_mark = false;
+  }
+  auto done = [this, op, key](std::uint64_t fence) {
+    sessions_.holds().held[key] = ZkHolds::Held{op->path,  op->session, op->czxid, op->attempt, op->ttl,
+                                                gone_by(options_, op->sent, op->ttl), fence};
+    Acquired out;
+    out.status = Acquired::Status::kTaken;
+    out.fence = fence;
+    finish(op, out);
+  };
+  if (op->repeat) {
+    done(op->fence);
+    return;
+  }
+  ZkSession* s = sessions_.live(op->session);
+  if (s == nullptr) {
+    fail(op, sessions_.error(ZSESSIONEXPIRED, "the session that made the lock's node ended"));
+    return;
+  }
+  if (op->kind.mode() == LockKind::Mode::kShared) {
+    read_fence(*s, op, std::move(done));
+    return;
+  }
+  const bool permit = op->kind.mode() == LockKind::Mode::kPermits;
+  write_fence(*s, op->dir, std::to_string(op->czxid), [this, op, done, permit](int rc, std::int64_t zxid) {
+    if (rc != ZOK) {
+      abandon_attempt(op);
+      fail(op, sessions_.error(rc, "setting the lock's fencing token"));
+      return;
+    }
+    done(static_cast<std::uint64_t>(permit ? zxid : op->czxid));
+  });
+}
+
+void ZkLockRecipe::read_fence(ZkSession& s, const Op& op, std::function<void(std::uint64_t)> done) {
+  const std::string fence_path = op->dir + "/" + zk::kFenceNode;
+  sessions_.send_read(
+      s,
+      [this, op, done = std::move(done)](const ZkResult& r) {
+        if (r.rc != ZOK && r.rc != ZNONODE) {
+          abandon_attempt(op);
+          fail(op, sessions_.error(r.rc, "reading the last writer's fencing token"));
+          return;
+        }
+        std::uint64_t fence = 0;
+        if (r.rc == ZOK) std::from_chars(r.value.data(), r.value.data() + r.value.size(), fence);
+        done(fence);
+      },
+      [=](zhandle_t* zh, void* ctx) { return zoo_aget(zh, fence_path.c_str(), 0, zk::on_data, ctx); });
+}
+
+void ZkLockRecipe::write_fence(ZkSession& s, const std::string& dir, std::string data,
+                               std::function<void(int, std::int64_t)> done, bool made) {
+  const std::string path = dir + "/" + zk::kFenceNode;
+  const std::uint64_t serial = s.serial;
+  if (made) {
+    make_fence(s, path, std::move(data), std::move(done));
+    return;
+  }
+  auto reply = [this, dir, data, done, serial](const ZkResult& r) {
+    if (r.rc == ZOK) {
+      done(ZOK, r.has_stat ? r.stat.mzxid : 0);
+      return;
+    }
+    ZkSession* s = sessions_.live(serial);
+    if ((r.rc == ZNONODE || r.rc == ZNODEEXISTS) && s != nullptr) {
+      // Made by another meanwhile (or removed by an operator): once more.
+      write_fence(*s, dir, data, done, true);
+      return;
+    }
+    done(r.rc, 0);
+  };
+  sessions_.send(s, reply, [=](zhandle_t* zh, void* ctx) {
+    return zoo_aset(zh, path.c_str(), data.data(), static_cast<int>(data.size()), -1, zk::on_stat_set, ctx);
+  });
+}
+
+// The second try makes the node, or sets it if another made it.
+void ZkLockRecipe::make_fence(ZkSession& s, const std::string& path, std::string data,
+                              std::function<void(int, std::int64_t)> done) {
+  const std::uint64_t serial = s.serial;
+  ACL_vector* acl = sessions_.acl();
+  sessions_.send(
+      s,
+      [this, path, data, done, serial](const ZkResult& r) {
+        if (r.rc != ZNODEEXISTS) {
+          done(r.rc, r.rc == ZOK && r.has_stat ? r.stat.mzxid : 0);
+          return;
+        }
+        ZkSession* s = sessions_.live(serial);
+        if (s == nullptr) {
+          done(ZSESSIONEXPIRED, 0);
+          return;
+        }
+        sessions_.send(
+            *s, [done](const ZkResult& r) { done(r.rc, r.rc == ZOK && r.has_stat ? r.stat.mzxid : 0); },
+            [=](zhandle_t* zh, void* ctx) {
+              return zoo_aset(zh, path.c_str(), data.data(), static_cast<int>(data.size()), -1, zk::on_stat_set,
+                              ctx);
+            });
+      },
+      [=](zhandle_t* zh, void* ctx) {
+        return zoo_acreate2(zh, path.c_str(), data.data(), static_cast<int>(data.size()), acl, ZOO_PERSISTENT,
+                            zk::on_created, ctx);
+      });
+}
+
+void ZkLockRecipe::wait_behind(const Op& op, std::vector<std::string> watch, bool keep_node, milliseconds cap) {
+  ZkSession* s = sessions_.live(op->session);
+  if (s == nullptr) {
+    forget(*op);
+    fail(op, sessions_.error(ZSESSIONEXPIRED, "the session that made the lock's node ended"));
+    return;
+  }
+  if (keep_node) {
+    // A waiting writer's mark: the store removes it unless the same
+    // acquisition tries again within its span.
+    sessions_.holds().marks[zk::hold_key(op->name, op->token)] =
+        ZkHolds::Mark{op->path, op->session, op->czxid, op->attempt, Clock::now() + zk::mark_span(op->ttl, op->kind)};
+    read_watched(op, watch, cap);
+    return;
+  }
+  // Our node goes (confirmed first, so that none is left to come to the
+  // front unowned).
+  release_.delete_paths(*s, {op->path}, [this, op, watch = std::move(watch), cap](int rc) {
+    if (rc != ZOK) {
+      abandon_attempt(op);
+      fail(op, sessions_.error(rc, "removing a waiter's node"));
+      return;
+    }
+    read_watched(op, watch, cap);
+  });
+}
+
+// The nodes waited on are read with a watch: a deletion is the release
+// notice, and their ttl the busy time.
+void ZkLockRecipe::read_watched(const Op& op, const std::vector<std::string>& watch, milliseconds cap) {
+  ZkSession* s = sessions_.live(op->session);
+  if (s == nullptr) {
+    fail(op, sessions_.error(ZSESSIONEXPIRED, "the session that made the lock's node ended"));
+    return;
+  }
+  struct Wait {
+    std::size_t left;
+    milliseconds busy_for;
+    int rc = ZOK;
+  };
+  auto w = std::make_shared<Wait>(Wait{watch.size(), cap, ZOK});
+  for (const auto& path : watch) {
+    sessions_.send_read(
+        *s,
+        [this, op, w](const ZkResult& r) {
+          if (r.rc == ZOK) {
+            auto [token, ttl_ms] = zk::parse_data(r.value);
+            w->busy_for = std::min(w->busy_for, milliseconds(ttl_ms > 0 ? ttl_ms : op->ttl.count()));
+          } else if (r.rc == ZNONODE) {
+            w->busy_for = milliseconds(1);  // released meanwhile: try again now
+          } else if (w->rc == ZOK) {
+            w->rc = r.rc;
+          }
+          if (--w->left != 0) return;
+          if (w->rc != ZOK) {
+            fail(op, sessions_.error(w->rc, "watching the holder's node"));
+            return;
+          }
+          Acquired out;
+          out.status = Acquired::Status::kBusy;
+          out.busy_for = std::max(w->busy_for, milliseconds(1));
+          finish(op, out);
+        },
+        [=](zhandle_t* zh, void* ctx) { return zoo_aget(zh, path.c_str(), 1, zk::on_data, ctx); });
+  }
+}
+
+}  // namespace lockwatch::detail

@@ -1,0 +1,107 @@
+// lib/store/zookeeper/zk_lock_recipe.hpp: ZooKeeper's lock recipe, as the
+// ZooKeeper store acquires: a node per attempt, the listing that decides,
+// the kinds, the fair queue, the fencing tokens. Uses the sessions (and
+// the release part to remove nodes); renewals are ZkRenewal's.
+//
+//   acquire  creates our node, lists the directory: ours the lowest, the
+//            lock is ours and its fencing token is our node's creation
+//            zxid (czxid: strictly rising, as holders follow creation
+//            order); otherwise our node is deleted (confirmed before the
+//            answer, so that no forgotten node can come to hold the lock)
+//            and the holder's node is read with a watch, whose firing is
+//            the release notice. A repeat with the same token finds the
+//            node it made: the same acquisition, the same fence.
+//   kinds    a node's name carries its kind after the attempt (".r" a
+//            reader, ".p<n>" a permit of n, none a writer): a writer
+//            holds as the lowest, a reader with no writer's node below,
+//            a permit among the n lowest; a node below of the other
+//            family (or another n) is InvalidArgument. A writer behind
+//            readers only keeps its node while it waits (a mark that
+//            stops later readers), removed by the store unless it tries
+//            again within 2 s. A fair lock's node ("f") is its place in
+//            the queue: the lowest holds; a waiter's node stays while it
+//            tries again within its ttl, and goes with its session, when
+//            it gives up (withdraw) or its span passes. Tokens: a writer's
+//            (and a fair holder's) czxid, written to the
+//            directory's `fence` node before its answer; a reader gets
+//            that value (the last writer's); a permit the zxid of its
+//            grant's write to `fence`. See docs/zookeeper.md.
+//
+// Costs: an acquisition three round trips (create, list, the fence; four
+// when busy, a busy permit n + 3).
+//
+// Threading: the loop thread.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "lockwatch/options.hpp"
+#include "store/lock_store.hpp"
+#include "store/zookeeper/zk_release.hpp"
+#include "store/zookeeper/zk_session.hpp"
+
+namespace lockwatch::detail {
+
+class ZkLockRecipe {
+ public:
+  // `owner` is Options::owner_name, in each node's data.
+  ZkLockRecipe(ZkSessions& sessions, ZkRelease& release, const Options& options, std::string owner);
+  ZkLockRecipe(const ZkLockRecipe&) = delete;
+  ZkLockRecipe& operator=(const ZkLockRecipe&) = delete;
+
+  void acquire(std::span<const LockRef> locks, LockStore::AcquireDone done);
+
+ private:
+  using Clock = std::chrono::steady_clock;
+  struct AcquireOp;
+  using Op = std::shared_ptr<AcquireOp>;
+
+  void acquire_one(Op op);
+  // A repeat of an acquisition that took the lock, or of a waiting one
+  // that kept its node: listed again (true), or not one (false).
+  bool repeat_held(Op& op);
+  bool repeat_waiting(Op& op);
+  void create_node(Op op, bool parents_made);
+  void created(const Op& op, std::uint64_t serial, bool parents_made, const ZkResult& r);
+  void make_parents(Op op, int step);
+  void list_nodes(Op op);
+  void listed(const Op& op, const ZkResult& r);
+  // The decision on a listing in which our node is at `at`.
+  void decide(const Op& op, const std::vector<std::string>& nodes, std::size_t at);
+  // Whether a node below ours is of another family (or another n).
+  static bool other_family(const AcquireOp& op, const std::vector<std::string>& nodes, std::size_t at,
+                           LockKind* held_as);
+  void grant(const Op& op);
+  void read_fence(ZkSession& s, const Op& op, std::function<void(std::uint64_t)> done);
+  void refuse_kind(const Op& op, LockKind held_as);
+  // Busy: our node goes (or stays, a writer's mark), `watch` is read with
+  // watches, and the answer is busy for their shortest ttl (at most `cap`).
+  void wait_behind(const Op& op, std::vector<std::string> watch, bool keep_node, std::chrono::milliseconds cap);
+  void read_watched(const Op& op, const std::vector<std::string>& watch, std::chrono::milliseconds cap);
+  // Sets the directory's `fence` node to `data` (made if missing); `done`
+  // gets the outcome and the write's zxid.
+  void write_fence(ZkSession& s, const std::string& dir, std::string data,
+                   std::function<void(int rc, std::int64_t zxid)> done, bool made = false);
+  void make_fence(ZkSession& s, const std::string& path, std::string data,
+                  std::function<void(int rc, std::int64_t zxid)> done);
+  void forget(const AcquireOp& op);
+  void finish(const Op& op, const Acquired& out);
+  void fail(const Op& op, const StoreError& e);
+  void fail_later(const Op& op, const StoreError& e);
+  // A node this attempt may have made, left to the cleanups.
+  void abandon_attempt(const Op& op);
+
+  ZkSessions& sessions_;
+  ZkRelease& release_;
+  const Options& options_;
+  const std::string owner_;
+  std::uint64_t next_attempt_ = 1;
+};
+
+}  // namespace lockwatch::detail

@@ -1,0 +1,162 @@
+#include "store/zookeeper/zk_nodes.hpp"
+
+#include <algorithm>
+#include <charconv>
+
+#include "core/hex.hpp"
+
+namespace lockwatch::detail::zk {
+
+using std::chrono::milliseconds;
+
+namespace {
+
+constexpr std::size_t kSeqDigits = 10;
+
+bool keep_byte(unsigned char c) {
+  return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '_' || c == ':' ||
+         c == '-' || c == '=';
+}
+
+}  // namespace
+
+std::string escape(std::string_view bytes) {
+  static constexpr char kHex[] = "0123456789ABCDEF";
+  std::string out;
+  out.reserve(bytes.size());
+  for (unsigned char c : bytes) {
+    if (keep_byte(c)) {
+      out.push_back(static_cast<char>(c));
+    } else {
+      out.push_back('%');
+      out.push_back(kHex[c >> 4]);
+      out.push_back(kHex[c & 15]);
+    }
+  }
+  return out;
+}
+
+bool unescape(std::string_view text, std::string& out) {
+  out.clear();
+  for (std::size_t i = 0; i < text.size(); ++i) {
+    if (text[i] != '%') {
+      out.push_back(text[i]);
+      continue;
+    }
+    if (i + 2 >= text.size()) return false;
+    int hi = hex_digit(text[i + 1]), lo = hex_digit(text[i + 2]);
+    if (hi < 0 || lo < 0) return false;
+    out.push_back(static_cast<char>(hi * 16 + lo));
+    i += 2;
+  }
+  return true;
+}
+
+std::string dir_of(std::string_view name) { return std::string(kRoot) + "/" + escape(name); }
+
+std::string hold_key(std::string_view name, std::string_view token) {
+  std::string key(name);
+  key += '\0';
+  key += token;
+  return key;
+}
+
+std::int64_t seq_of(std::string_view child, std::string_view* token) {
+  if (child.size() < kNodePrefix.size() + kSeqDigits + 1 || child.substr(0, kNodePrefix.size()) != kNodePrefix)
+    return -1;
+  std::string_view digits = child.substr(child.size() - kSeqDigits);
+  if (child[child.size() - kSeqDigits - 1] != '-') return -1;
+  std::int64_t seq = 0;
+  auto [p, ec] = std::from_chars(digits.data(), digits.data() + digits.size(), seq);
+  if (ec != std::errc() || p != digits.data() + digits.size()) return -1;
+  if (token != nullptr)
+    *token = child.substr(kNodePrefix.size(), child.size() - kNodePrefix.size() - kSeqDigits - 1);
+  return seq;
+}
+
+std::pair<std::string_view, std::string_view> owner_of(std::string_view child) {
+  std::string_view t;
+  if (seq_of(child, &t) < 0) return {};
+  auto dot = t.find('.');
+  if (dot == std::string_view::npos) return {t, {}};
+  std::string_view rest = t.substr(dot + 1);
+  return {t.substr(0, dot), rest.substr(0, rest.find('.'))};
+}
+
+LockKind kind_of(std::string_view child) {
+  std::string_view t;
+  if (seq_of(child, &t) < 0) return LockKind::exclusive();
+  auto first = t.find('.');
+  auto second = first == std::string_view::npos ? first : t.find('.', first + 1);
+  if (second == std::string_view::npos) return LockKind::exclusive();
+  std::string_view mode = t.substr(second + 1);
+  if (mode == "r") return LockKind::shared();
+  if (mode == "f") return LockKind::fair();
+  if (mode.size() > 1 && mode[0] == 'p') {
+    std::uint32_t n = 0;
+    auto [p, ec] = std::from_chars(mode.data() + 1, mode.data() + mode.size(), n);
+    if (ec == std::errc() && p == mode.data() + mode.size() && n > 0) return LockKind::permits(n);
+  }
+  return LockKind::exclusive();  // unknown: the strictest reading
+}
+
+std::string mode_suffix(LockKind kind) {
+  switch (kind.mode()) {
+    case LockKind::Mode::kShared: return ".r";
+    case LockKind::Mode::kPermits: return ".p" + std::to_string(kind.permit_count());
+    case LockKind::Mode::kFair: return ".f";
+    case LockKind::Mode::kExclusive: break;
+  }
+  return "";
+}
+
+std::string family_of(LockKind kind) {
+  switch (kind.mode()) {
+    case LockKind::Mode::kShared: return "a shared lock";
+    case LockKind::Mode::kPermits: return "a semaphore of " + kind.describe();
+    case LockKind::Mode::kFair: return "a fair lock";
+    case LockKind::Mode::kExclusive: break;
+  }
+  return "an exclusive lock";
+}
+
+std::vector<std::string> in_order(std::vector<std::string> children) {
+  std::erase_if(children, [](const std::string& c) { return seq_of(c) < 0; });
+  std::sort(children.begin(), children.end(),
+            [](const std::string& a, const std::string& b) { return seq_of(a) < seq_of(b); });
+  return children;
+}
+
+std::vector<std::string> holding(const std::vector<std::string>& nodes) {
+  if (nodes.empty()) return {};
+  const LockKind first = kind_of(nodes.front());
+  std::size_t n = 1;
+  if (first.mode() == LockKind::Mode::kShared) {
+    while (n < nodes.size() && kind_of(nodes[n]).mode() == LockKind::Mode::kShared) ++n;
+  } else if (first.mode() == LockKind::Mode::kPermits) {
+    n = std::min<std::size_t>(nodes.size(), first.permit_count());
+  }
+  return {nodes.begin(), nodes.begin() + static_cast<std::ptrdiff_t>(n)};
+}
+
+std::string node_data(std::string_view token, milliseconds ttl, std::string_view owner) {
+  return std::string(token) + "\n" + std::to_string(ttl.count()) + "\n" + std::string(owner);
+}
+
+std::pair<std::string, long long> parse_data(const std::string& data, std::string* owner) {
+  auto nl = data.find('\n');
+  if (nl == std::string::npos) return {data, 0};
+  auto second = data.find('\n', nl + 1);
+  const auto ttl_end = second == std::string::npos ? data.size() : second;
+  long long ms = 0;
+  std::from_chars(data.data() + nl + 1, data.data() + ttl_end, ms);
+  if (owner != nullptr) *owner = second == std::string::npos ? std::string() : data.substr(second + 1);
+  return {data.substr(0, nl), ms};
+}
+
+milliseconds mark_span(milliseconds ttl, LockKind kind) {
+  if (kind.mode() == LockKind::Mode::kFair) return std::max(ttl, milliseconds(1));
+  return std::clamp(ttl, milliseconds(1), kMarkSpan);
+}
+
+}  // namespace lockwatch::detail::zk

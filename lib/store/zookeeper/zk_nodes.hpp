@@ -1,0 +1,84 @@
+// lib/store/zookeeper/zk_nodes.hpp: how a lock lies on a ZooKeeper
+// ensemble, as names and data: the lock's directory, its nodes' names
+// (owner token, attempt, kind, sequence) and data (token, ttl, owner
+// name), and which of a listing's nodes hold the lock.
+//
+// A lock of name N is a directory /lockwatch/<N escaped> (persistent, made
+// on first use and left in place) of ephemeral sequential nodes
+// lock-<owner token>.<attempt>[.<mode>]-<sequence>, each holding its owner
+// token and ttl; beside them the directory may hold `fence` (the last
+// writer's or permit's token) and `period` (a scheduled job's last
+// period). The mode after the attempt is the kind: ".r" a reader, ".p<n>"
+// a permit of n, ".f" a fair lock's holder or waiter, none a writer.
+//
+// Threading: pure functions, any thread. Costs: string work only.
+#pragma once
+
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+#include "lockwatch/lock_kind.hpp"
+
+namespace lockwatch::detail::zk {
+
+// Where every lock's directory lives (under the URL's chroot).
+inline constexpr const char* kRoot = "/lockwatch";
+// The longest lock name (key_prefix + key), in bytes; escaped, a node
+// name is at most three times as long.
+inline constexpr std::size_t kMaxNameBytes = 255;
+inline constexpr std::string_view kNodePrefix = "lock-";
+inline constexpr const char* kFenceNode = "fence";
+inline constexpr const char* kPeriodNode = "period";
+// How long a waiting writer's node stops new readers without an attempt of
+// its own (its ttl if shorter): a writer that gave up holds them back this
+// long at most, as Redis's writer's mark does.
+inline constexpr std::chrono::milliseconds kMarkSpan{2000};
+
+// A name or token as node-name text: letters, digits and "_:-=" as they
+// are, any other byte as %XX.
+std::string escape(std::string_view bytes);
+// escape() undone; false if `text` is not escaped text.
+bool unescape(std::string_view text, std::string& out);
+// A lock's directory: kRoot + "/" + the name escaped.
+std::string dir_of(std::string_view name);
+// The key the store's tables know a lock by (name + '\0' + token).
+std::string hold_key(std::string_view name, std::string_view token);
+
+// A child's sequence number (-1: not one of ours) and escaped token.
+std::int64_t seq_of(std::string_view child, std::string_view* token = nullptr);
+// A child's escaped token and attempt ("<token>.<attempt>[.<mode>]"; an
+// escaped token has no '.').
+std::pair<std::string_view, std::string_view> owner_of(std::string_view child);
+// How a child holds (see above); a node a client without kinds made is a
+// writer, so that such a client and this one never hold a reader beside a
+// writer; an unknown mode too (the strictest reading).
+LockKind kind_of(std::string_view child);
+// The mode a node's name carries for `kind` (see kind_of).
+std::string mode_suffix(LockKind kind);
+// A key's family as a message names it.
+std::string family_of(LockKind kind);
+// The lock's nodes in sequence order.
+std::vector<std::string> in_order(std::vector<std::string> children);
+// Of a lock's nodes in order, those that hold it: the lowest (exclusive,
+// fair), the readers below the first writer's node (shared), the n lowest
+// (permits(n)).
+std::vector<std::string> holding(const std::vector<std::string>& nodes);
+
+// "<token>\n<ttl ms>\n<owner name>" (an owner name has no control
+// characters; versions before wrote no third line).
+std::string node_data(std::string_view token, std::chrono::milliseconds ttl, std::string_view owner);
+// A node's data: the owner token and the ttl (ms; 0 when unreadable).
+std::pair<std::string, long long> parse_data(const std::string& data, std::string* owner = nullptr);
+
+// How long a waiting node is kept without an attempt of its own: a fair
+// waiter's node is its place in the queue and lasts its ttl after its last
+// attempt (the runtime tries again within a third of it); a writer's mark
+// lasts kMarkSpan at most.
+std::chrono::milliseconds mark_span(std::chrono::milliseconds ttl, LockKind kind);
+
+}  // namespace lockwatch::detail::zk

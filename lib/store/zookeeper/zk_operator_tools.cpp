@@ -1,0 +1,212 @@
+#include "store/zookeeper/zk_operator_tools.hpp"
+
+#include <algorithm>
+#include <optional>
+
+#include "store/zookeeper/zk_nodes.hpp"
+
+namespace lockwatch::detail {
+
+using std::chrono::milliseconds;
+
+void ZkOperatorTools::inspect(std::string_view name, OperatorTools::InspectDone done) {
+  ZkSession* s = sessions_.any_session();
+  const std::string dir = zk::dir_of(name);
+  const std::uint64_t serial = s->serial;
+  sessions_.send_read(
+      *s,
+      [this, dir, serial, done = std::move(done)](const ZkResult& r) {
+        LockInfo info;
+        if (r.rc == ZNONODE) {
+          done(info, nullptr);
+          return;
+        }
+        if (r.rc != ZOK) {
+          auto e = sessions_.error(r.rc, "listing the lock's nodes");
+          done(info, &e);
+          return;
+        }
+        read_holders(serial, dir, zk::holding(zk::in_order(r.children)), done);
+      },
+      [=](zhandle_t* zh, void* ctx) { return zoo_aget_children(zh, dir.c_str(), 0, zk::on_strings, ctx); });
+}
+
+namespace {
+
+// The holders' reads of one inspection, settled once the last answers.
+struct ZkHolderReads {
+  std::vector<std::optional<HolderInfo>> holders;
+  std::vector<long long> ttls;
+  std::size_t left = 0;
+  LockInfo info;
+  int rc = ZOK;
+  OperatorTools::InspectDone done;
+
+  void answered(std::size_t i, const ZkResult& r) {
+    if (r.rc == ZOK) {
+      HolderInfo h;
+      auto [token, ttl_ms] = zk::parse_data(r.value, &h.owner_name);
+      h.token = std::move(token);
+      // ctime: the ensemble's clock when the node was made (the grant, or the
+      // place a fair holder waited in); its age on this host's clock.
+      h.since = std::chrono::system_clock::time_point(milliseconds(r.stat.ctime));
+      h.held_for = std::max(milliseconds(0),
+                            std::chrono::duration_cast<milliseconds>(std::chrono::system_clock::now() - h.since));
+      holders[i] = std::move(h);
+      ttls[i] = ttl_ms;
+      if (i == 0) info.fencing_token = static_cast<std::uint64_t>(r.stat.czxid);
+    } else if (r.rc != ZNONODE && rc == ZOK) {
+      rc = r.rc;
+    }
+  }
+
+  // The LockInfo once every read is in.
+  LockInfo settled() {
+    for (std::size_t k = 0; k < holders.size(); ++k) {
+      if (!holders[k]) continue;
+      info.held = true;
+      info.ttl = std::max(info.ttl, milliseconds(ttls[k]));
+      info.holders.push_back(std::move(*holders[k]));
+    }
+    if (!info.held) info = LockInfo{};
+    if (info.held && info.kind.single_holder()) info.owner = info.holders.front().token;
+    return info;
+  }
+};
+
+}  // namespace
+
+void ZkOperatorTools::read_holders(std::uint64_t serial, const std::string& dir, std::vector<std::string> nodes,
+                                   OperatorTools::InspectDone done) {
+  ZkSession* s = sessions_.live(serial);
+  if (nodes.empty() || s == nullptr) {
+    done(LockInfo{}, nullptr);
+    return;
+  }
+  auto reads = std::make_shared<ZkHolderReads>();
+  reads->holders.resize(nodes.size());
+  reads->ttls.resize(nodes.size());
+  reads->left = nodes.size();
+  reads->info.kind = zk::kind_of(nodes.front());
+  reads->done = std::move(done);
+  for (std::size_t i = 0; i < nodes.size(); ++i) {
+    const std::string path = dir + "/" + nodes[i];
+    sessions_.send_read(
+        *s,
+        [this, reads, i](const ZkResult& r) {
+          reads->answered(i, r);
+          if (--reads->left != 0) return;
+          if (reads->rc != ZOK) {
+            auto e = sessions_.error(reads->rc, "reading the holders' nodes");
+            reads->done(LockInfo{}, &e);
+            return;
+          }
+          reads->done(reads->settled(), nullptr);
+        },
+        [=](zhandle_t* zh, void* ctx) { return zoo_aget(zh, path.c_str(), 0, zk::on_data, ctx); });
+  }
+}
+
+struct ZkOperatorTools::Listing {
+  std::vector<std::string> names;  // under the prefix, in order
+  std::size_t next = 0;            // the first not inspected yet
+  std::size_t limit = 0;
+  std::vector<LockInfo> found;
+  LockListing::ListDone done;
+};
+
+void ZkOperatorTools::list_locks(std::string_view prefix, std::size_t limit, LockListing::ListDone done) {
+  ZkSession* s = sessions_.any_session();
+  const std::string escaped = zk::escape(prefix);
+  auto listing = std::make_shared<Listing>();
+  listing->limit = limit;
+  listing->done = std::move(done);
+  sessions_.send_read(
+      *s,
+      [this, listing, escaped](const ZkResult& r) {
+        if (r.rc == ZNONODE) return listing->done({}, nullptr);
+        if (r.rc != ZOK) {
+          auto e = sessions_.error(r.rc, "listing the locks' directories");
+          return listing->done({}, &e);
+        }
+        // Escaping is per byte: a name under the prefix escapes to a child under the escaped prefix.
+        for (const auto& child : r.children) {
+          std::string name;
+          if (child.compare(0, escaped.size(), escaped) == 0 && zk::unescape(child, name))
+            listing->names.push_back(std::move(name));
+        }
+        std::sort(listing->names.begin(), listing->names.end());
+        list_window(listing);
+      },
+      [=](zhandle_t* zh, void* ctx) { return zoo_aget_children(zh, zk::kRoot, 0, zk::on_strings, ctx); });
+}
+
+// A directory stays once made: the names are inspected a window at a time
+// (each window's requests at once), until `limit` held ones are found.
+void ZkOperatorTools::list_window(std::shared_ptr<Listing> listing) {
+  constexpr std::size_t kWindow = 64;
+  const std::size_t from = listing->next;
+  const std::size_t to = std::min(listing->names.size(), from + kWindow);
+  if (from == to || listing->found.size() >= listing->limit) {
+    if (listing->found.size() > listing->limit) listing->found.resize(listing->limit);
+    return listing->done(std::move(listing->found), nullptr);
+  }
+  listing->next = to;
+  struct Window {
+    std::vector<LockInfo> infos;
+    std::size_t left = 0;
+    std::optional<StoreError> error;
+  };
+  auto w = std::make_shared<Window>();
+  w->infos.resize(to - from);
+  w->left = to - from;
+  for (std::size_t i = from; i < to; ++i)
+    inspect(listing->names[i], [this, listing, w, i, from](const LockInfo& info, const StoreError* e) {
+      if (e && !w->error) w->error = *e;
+      w->infos[i - from] = info;
+      if (--w->left != 0) return;
+      if (w->error) return listing->done({}, &*w->error);
+      for (std::size_t k = 0; k < w->infos.size(); ++k) {
+        if (!w->infos[k].held) continue;
+        w->infos[k].key = listing->names[from + k].substr(key_prefix_);
+        listing->found.push_back(std::move(w->infos[k]));
+      }
+      list_window(listing);
+    });
+}
+
+void ZkOperatorTools::force_release(std::string_view name, OperatorTools::ForceDone done) {
+  ZkSession* s = sessions_.any_session();
+  const std::string dir = zk::dir_of(name);
+  const std::uint64_t serial = s->serial;
+  sessions_.send_read(
+      *s,
+      [this, dir, serial, done = std::move(done)](const ZkResult& r) {
+        if (r.rc == ZNONODE) {
+          done(false, nullptr);
+          return;
+        }
+        auto nodes = zk::in_order(r.children);
+        ZkSession* s = sessions_.live(serial);
+        if (r.rc != ZOK || s == nullptr) {
+          auto e = sessions_.error(r.rc != ZOK ? r.rc : ZSESSIONEXPIRED, "listing the lock's nodes");
+          done(false, &e);
+          return;
+        }
+        if (nodes.empty()) {
+          done(false, nullptr);
+          return;
+        }
+        release_.delete_paths(*s, {dir + "/" + nodes.front()}, [this, done](int rc) {
+          if (rc == ZOK) {
+            done(true, nullptr);
+          } else {
+            auto e = sessions_.error(rc, "deleting the holder's node");
+            done(false, &e);
+          }
+        });
+      },
+      [=](zhandle_t* zh, void* ctx) { return zoo_aget_children(zh, dir.c_str(), 0, zk::on_strings, ctx); });
+}
+
+}  // namespace lockwatch::detail

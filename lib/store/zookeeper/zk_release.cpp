@@ -1,0 +1,312 @@
+#include "store/zookeeper/zk_release.hpp"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+
+#include "core/loop.hpp"
+#include "core/timing.hpp"
+#include "store/zookeeper/zk_nodes.hpp"
+
+namespace lockwatch::detail {
+
+using std::chrono::milliseconds;
+
+ZkRelease::ZkRelease(Loop& loop, ZkSessions& sessions, const Options& options, const StoreEvents& events)
+    : loop_(loop),
+      sessions_(sessions),
+      options_(options),
+      events_(events),
+      cleanup_backoff_(options.reconnect_min, options.reconnect_max) {}
+
+void ZkRelease::start() {
+  uv_timer_init(loop_.uv(), &cleanup_);
+  cleanup_.data = this;
+  started_ = true;
+}
+
+void ZkRelease::close() {
+  auto deferred = std::move(deferred_);
+  deferred_.clear();
+  for (auto& [when, f] : deferred) f();
+  if (started_) {
+    uv_timer_stop(&cleanup_);
+    uv_close(reinterpret_cast<uv_handle_t*>(&cleanup_), nullptr);
+    started_ = false;
+  }
+}
+
+void ZkRelease::tick(Clock::time_point now) {
+  if (!deferred_.empty()) {
+    std::vector<std::function<void()>> due;
+    std::erase_if(deferred_, [&](auto& d) {
+      if (d.first > now) return false;
+      due.push_back(std::move(d.second));
+      return true;
+    });
+    for (auto& f : due) f();
+  }
+  if (sessions_.connections() != seen_connections_) {
+    seen_connections_ = sessions_.connections();
+    if (!cleanups_.empty()) run_cleanups();
+  }
+}
+
+// ---- release
+
+void ZkRelease::release(std::span<const LockRef> locks, LockStore::ReleaseDone done) {
+  // Every release wakes the holder's watchers: ZooKeeper has no quiet delete.
+  auto shared_done = std::make_shared<LockStore::ReleaseDone>(std::move(done));
+  ZkHolds& holds = sessions_.holds();
+  for (std::size_t i = 0; i < locks.size(); ++i) {
+    Cleanup c{std::string(locks[i].name), std::string(locks[i].token), 0, 0};
+    const std::string key = zk::hold_key(c.name, c.token);
+    auto h = holds.held.find(key);
+    if (h != holds.held.end()) {
+      // On the session that made it: the session's order puts this after
+      // anything it sent before. Every node of the token goes, the held
+      // one and any an earlier attempt of the same acquisition made late
+      // (a request the ensemble ran after its answer was given up on).
+      c.session = h->second.session;
+      holds.held.erase(h);
+    }
+    holds.marks.erase(key);  // a waiting writer's node goes with the rest of the token's
+    // Otherwise not known here (an acquisition whose answer was lost):
+    // every node of the token, on any session.
+    delete_nodes(c, [this, i, c, shared_done](Released st, const StoreError* e) {
+      if (st != Released::kUnconfirmed) {
+        (*shared_done)(i, st, e);
+        return;
+      }
+      remember_cleanup(c);
+      // Held here when the release began: its node found gone afterwards
+      // went with the session ended below, or with one the ensemble
+      // expired, which cannot come before the lease's deadline (a ttl
+      // after the last renewal it answered). The release is done; that
+      // deadline, the runtime's own, says whether the lease was kept.
+      const bool ends_with_its_session = c.session != 0;
+      give_up_release(
+          c, *e, [i, shared_done](const StoreError& err) { (*shared_done)(i, Released::kUnconfirmed, &err); },
+          [i, shared_done, ends_with_its_session](Released confirmed) {
+            if (ends_with_its_session && confirmed == Released::kGone) confirmed = Released::kYes;
+            (*shared_done)(i, confirmed, nullptr);
+          });
+    });
+  }
+}
+
+void ZkRelease::withdraw(const LockRef& lock, FairQueue::WithdrawDone done) {
+  ZkHolds& holds = sessions_.holds();
+  auto m = holds.marks.find(zk::hold_key(lock.name, lock.token));
+  if (m == holds.marks.end()) {
+    // Not queued (never, or its place ran out): nothing to take out.
+    sessions_.post([done = std::move(done)] { done(nullptr); });
+    return;
+  }
+  Cleanup c{std::string(lock.name), std::string(lock.token), m->second.attempt, m->second.session};
+  holds.marks.erase(m);
+  delete_nodes(c, [this, c, done = std::move(done)](Released st, const StoreError* err) {
+    if (st == Released::kUnconfirmed) remember_cleanup(c);
+    done(st == Released::kUnconfirmed ? err : nullptr);
+  });
+}
+
+// ---- the give-up machine
+
+// A node this store could not remove lives as long as its session does,
+// which may be much longer than the lock's ttl: the runtime would take the
+// lock for gone by then. So the sessions that may hold it end now (their
+// other locks are lost with them: their renewals answer "gone"), and the
+// release is answered once the ensemble has surely expired them (their
+// timeout plus the drift allowance, on our clock), not before.
+void ZkRelease::give_up_release(const Cleanup& c, StoreError why, std::function<void(const StoreError&)> answer,
+                                std::function<void(Released)> confirmed) {
+  const milliseconds wait = end_sessions(c);
+  if (wait.count() == 0) {
+    sessions_.post([answer = std::move(answer), why] { answer(why); });
+    return;
+  }
+  // Meanwhile the node is looked for from a new session, again and again:
+  // found gone or removed, the release is confirmed after all (a quorum
+  // that comes back gives every session a fresh timeout, so waiting alone
+  // could end before the ensemble removes it).
+  auto state = std::make_shared<GiveUp>();
+  state->c = c;
+  state->c.session = 0;
+  state->c.attempt = 0;
+  state->why = std::move(why);
+  state->answer = std::move(answer);
+  state->answer_confirmed = std::move(confirmed);
+  state->until = gone_by(options_, Clock::now(), wait);
+  retry_give_up(state);
+}
+
+milliseconds ZkRelease::end_sessions(const Cleanup& c) {
+  std::vector<ZkSession*> ending;
+  auto add = [&](std::uint64_t serial) {
+    if (ZkSession* s = sessions_.live(serial); s != nullptr && std::find(ending.begin(), ending.end(), s) == ending.end())
+      ending.push_back(s);
+  };
+  if (c.session != 0) add(c.session);
+  for (const auto& other : cleanups_)
+    if (other.token == c.token && other.name == c.name && other.session != 0) add(other.session);
+  milliseconds wait{0};
+  for (ZkSession* s : ending) {
+    wait = std::max(wait, milliseconds(std::max<long long>(s->negotiated_ms, s->requested_ms)));
+    const bool had_locks = sessions_.holds().any_held_on(s->serial);
+    sessions_.retire(s);
+    if (events_.log)
+      events_.log(true, fmt::format("{}: a lock's release could not be confirmed; its session ends so that the "
+                                    "ensemble removes its node{}",
+                                    sessions_.endpoint(), had_locks ? " (the session's other locks are lost with it)" : ""));
+    if (events_.subscriptions_lost) events_.subscriptions_lost();
+  }
+  return wait;
+}
+
+void ZkRelease::retry_give_up(std::shared_ptr<GiveUp> g) {
+  if (g->answered) return;
+  delete_nodes(g->c, [this, g](Released st, const StoreError*) {
+    if (g->answered) return;
+    if (st != Released::kUnconfirmed) {
+      g->answered = true;
+      g->answer_confirmed(st);
+      return;
+    }
+    if (Clock::now() >= g->until || sessions_.closed()) {
+      g->answered = true;
+      g->answer(g->why);
+      return;
+    }
+    deferred_.emplace_back(std::min(g->until, Clock::now() + options_.reconnect_min), [this, g] {
+      if (sessions_.closed()) {
+        if (!g->answered) {
+          g->answered = true;
+          g->answer(g->why);
+        }
+        return;
+      }
+      retry_give_up(g);
+    });
+  });
+}
+
+// ---- removing nodes
+
+void ZkRelease::delete_nodes(const Cleanup& c, Removed done) {
+  ZkSession* s = c.session != 0 ? sessions_.live(c.session) : sessions_.any_session();
+  if (s == nullptr && sessions_.expired(c.session)) {
+    // The ensemble expired its session: it removed its nodes with it.
+    sessions_.post([done = std::move(done)] { done(Released::kGone, nullptr); });
+    return;
+  }
+  // A session this store ended itself may live on in the ensemble until
+  // it expires there: its nodes are looked for from another.
+  if (s == nullptr) s = sessions_.any_session();
+  const std::string dir = zk::dir_of(c.name);
+  const std::uint64_t serial = s->serial;
+  sessions_.send_read(
+      *s,
+      [this, dir, c, serial, done = std::move(done)](const ZkResult& r) {
+        if (r.rc == ZNONODE) {
+          done(Released::kGone, nullptr);
+          return;
+        }
+        ZkSession* s = sessions_.live(serial);
+        if (r.rc == ZSESSIONEXPIRED && c.session != 0) {
+          done(Released::kGone, nullptr);
+          return;
+        }
+        if (r.rc != ZOK || s == nullptr) {
+          auto e = sessions_.error(r.rc != ZOK ? r.rc : ZSESSIONEXPIRED, "listing the lock's nodes");
+          done(Released::kUnconfirmed, &e);
+          return;
+        }
+        const std::string token = zk::escape(c.token);
+        const std::string attempt = std::to_string(c.attempt);
+        std::vector<std::string> mine;
+        for (const auto& n : r.children) {
+          auto [t, a] = zk::owner_of(n);
+          if (t == token && (c.attempt == 0 || a == attempt)) mine.push_back(dir + "/" + n);
+        }
+        if (mine.empty()) {
+          done(Released::kGone, nullptr);
+          return;
+        }
+        delete_paths(*s, mine, [this, done](int rc) {
+          if (rc == ZOK) {
+            done(Released::kYes, nullptr);
+          } else {
+            auto e = sessions_.error(rc, "deleting the lock's node");
+            done(Released::kUnconfirmed, &e);
+          }
+        });
+      },
+      [=](zhandle_t* zh, void* ctx) { return zoo_aget_children(zh, dir.c_str(), 0, zk::on_strings, ctx); });
+}
+
+void ZkRelease::remove(Cleanup c) {
+  delete_nodes(c, [this, c](Released st, const StoreError*) {
+    if (st == Released::kUnconfirmed) remember_cleanup(c);
+  });
+}
+
+void ZkRelease::delete_paths(ZkSession& s, std::vector<std::string> paths, std::function<void(int rc)> done) {
+  if (paths.empty()) {
+    sessions_.post([done = std::move(done)] { done(ZOK); });
+    return;
+  }
+  struct State {
+    std::size_t left;
+    int rc = ZOK;
+    std::function<void(int)> done;
+  };
+  auto st = std::make_shared<State>(State{paths.size(), ZOK, std::move(done)});
+  for (const auto& p : paths) {
+    sessions_.send(
+        s,
+        [st](const ZkResult& r) {
+          if (r.rc != ZOK && r.rc != ZNONODE && st->rc == ZOK) st->rc = r.rc;
+          if (r.rc == ZNONODE && st->rc == ZOK) st->rc = ZOK;
+          if (--st->left == 0) st->done(st->rc);
+        },
+        [=](zhandle_t* zh, void* ctx) { return zoo_adelete(zh, p.c_str(), -1, zk::on_void, ctx); });
+  }
+}
+
+// ---- cleanups
+
+void ZkRelease::remember_cleanup(Cleanup c) {
+  if (sessions_.closed()) return;
+  cleanups_.push_back(std::move(c));
+  if (!cleaning_ && started_) {
+    uv_timer_start(&cleanup_, on_cleanup, static_cast<std::uint64_t>(cleanup_backoff_.next().count()), 0);
+  }
+}
+
+void ZkRelease::on_cleanup(uv_timer_t* t) { static_cast<ZkRelease*>(t->data)->run_cleanups(); }
+
+void ZkRelease::run_cleanups() {
+  if (cleaning_ || sessions_.closed() || cleanups_.empty()) return;
+  cleaning_ = true;
+  auto batch = std::make_shared<std::vector<Cleanup>>(std::move(cleanups_));
+  cleanups_.clear();
+  auto left = std::make_shared<std::size_t>(batch->size());
+  auto retry = std::make_shared<std::vector<Cleanup>>();
+  for (const auto& c : *batch) {
+    delete_nodes(c, [this, left, retry, c](Released st, const StoreError*) {
+      if (st == Released::kUnconfirmed) retry->push_back(c);
+      if (--*left != 0) return;
+      cleaning_ = false;
+      if (retry->empty() && cleanups_.empty()) {
+        cleanup_backoff_.reset();
+        return;
+      }
+      auto again = std::move(*retry);
+      for (auto& each : again) remember_cleanup(std::move(each));
+      if (again.empty() && !cleanups_.empty()) run_cleanups();
+    });
+  }
+}
+
+}  // namespace lockwatch::detail

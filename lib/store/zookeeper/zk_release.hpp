@@ -1,0 +1,124 @@
+// lib/store/zookeeper/zk_release.hpp: how the ZooKeeper store removes its
+// nodes: releases, a fair waiter's withdrawal, the removal of nodes whose
+// first removal found no answer (the cleanups), and the give-up machine
+// for a release that could not be confirmed. Used by the lock recipe and
+// the operator tools; uses the sessions.
+//
+//   release  deletes every node of our token (found by the token in their
+//            names: the held one, and any an earlier attempt whose answer
+//            was lost made late). A release that could not be confirmed
+//            ends the session that may hold the node (a node lives as long
+//            as its session, and the runtime takes an unconfirmed lock for
+//            gone after its ttl), looks for the node from another session
+//            until that session's timeout has passed, and is answered
+//            released when it finds the node gone (it went with the
+//            session ended here, or with one the ensemble expired, never
+//            before the lease's deadline), unconfirmed otherwise.
+//   cleanups a node whose removal found no answer would hold the lock for
+//            as long as its session lives (a waiter's node would come to
+//            the front), so the store keeps at it, after each reconnect
+//            and on a back-off, until an answer settles it (or the session
+//            ends, taking its nodes along).
+//
+// Costs: a release two round trips (list, delete); every release wakes
+// the holder's watchers (ZooKeeper has no quiet delete).
+//
+// Threading: the loop thread.
+#pragma once
+
+#include <uv.h>
+
+#include <chrono>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <span>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "core/backoff.hpp"
+#include "lockwatch/options.hpp"
+#include "store/capabilities.hpp"
+#include "store/lock_store.hpp"
+#include "store/zookeeper/zk_session.hpp"
+
+namespace lockwatch::detail {
+
+class Loop;
+
+class ZkRelease {
+ public:
+  using Clock = std::chrono::steady_clock;
+  // Nodes to remove: of `token` under `name`, of one attempt (0: all), on
+  // one session (0: any).
+  struct Cleanup {
+    std::string name;
+    std::string token;
+    std::uint64_t attempt = 0;
+    std::uint64_t session = 0;
+  };
+  using Removed = std::function<void(Released, const StoreError*)>;
+
+  ZkRelease(Loop& loop, ZkSessions& sessions, const Options& options, const StoreEvents& events);
+  ZkRelease(const ZkRelease&) = delete;
+  ZkRelease& operator=(const ZkRelease&) = delete;
+
+  // Makes its timer (the store started).
+  void start();
+  // Answers the releases waiting out their sessions' expiry, and closes
+  // its timer. After ZkSessions::stop_requests().
+  void close();
+
+  void release(std::span<const LockRef> locks, LockStore::ReleaseDone done);
+  // A fair waiter (or a waiting writer) that gives up deletes its node (the
+  // next one's watch fires: its notice).
+  void withdraw(const LockRef& lock, FairQueue::WithdrawDone done);
+
+  // Deletes the nodes `c` names.
+  void delete_nodes(const Cleanup& c, Removed done);
+  // Deletes the nodes `c` names, kept at as a cleanup if unconfirmed.
+  void remove(Cleanup c);
+  // Deletes `paths` on `s`; `done` gets ZOK once each is gone (or was).
+  void delete_paths(ZkSession& s, std::vector<std::string> paths, std::function<void(int rc)> done);
+  // Nodes whose removal is unconfirmed, tried again (see above).
+  void remember_cleanup(Cleanup c);
+
+  // From the store's sweep: the give-up answers due, and the cleanups once
+  // a session connected again.
+  void tick(Clock::time_point now);
+
+ private:
+  // A release given up on: see give_up_release().
+  struct GiveUp {
+    Cleanup c;
+    StoreError why;
+    std::function<void(const StoreError&)> answer;  // unconfirmed, after `until`
+    std::function<void(Released)> answer_confirmed;  // found gone or removed meanwhile
+    Clock::time_point until;
+    bool answered = false;
+  };
+  void give_up_release(const Cleanup& c, StoreError why, std::function<void(const StoreError&)> answer,
+                       std::function<void(Released)> confirmed);
+  // Ends the sessions that may hold `c`'s nodes; how long the ensemble may
+  // keep them (0: none was live).
+  std::chrono::milliseconds end_sessions(const Cleanup& c);
+  void retry_give_up(std::shared_ptr<GiveUp> g);
+  void run_cleanups();
+  static void on_cleanup(uv_timer_t* t);
+
+  Loop& loop_;
+  ZkSessions& sessions_;
+  const Options& options_;
+  const StoreEvents& events_;
+  std::vector<Cleanup> cleanups_;  // nodes whose removal is unconfirmed
+  // Answers due later (give_up_release), run by tick().
+  std::vector<std::pair<Clock::time_point, std::function<void()>>> deferred_;
+  bool cleaning_ = false;
+  Backoff cleanup_backoff_;
+  uv_timer_t cleanup_{};
+  bool started_ = false;
+  std::uint64_t seen_connections_ = 0;  // ZkSessions::connections() at the last tick
+};
+
+}  // namespace lockwatch::detail

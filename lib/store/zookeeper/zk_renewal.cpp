@@ -1,0 +1,142 @@
+#include "store/zookeeper/zk_renewal.hpp"
+
+#include <algorithm>
+#include <map>
+
+#include "core/timing.hpp"
+#include "store/zookeeper/zk_nodes.hpp"
+
+namespace lockwatch::detail {
+
+using std::chrono::milliseconds;
+
+namespace {
+// Check operations per multi: well within jute.maxbuffer for the longest
+// paths.
+constexpr std::size_t kZkChecksPerMulti = 256;
+}  // namespace
+
+ZkRenewal::ZkRenewal(ZkSessions& sessions, ZkRelease& release, const Options& options)
+    : sessions_(sessions), release_(release), options_(options) {}
+
+std::size_t ZkRenewal::renew(std::span<const LockRef> locks, std::shared_ptr<const void> keepalive,
+                             LockStore::RenewDone done) {
+  auto shared_done = std::make_shared<LockStore::RenewDone>(std::move(done));
+  // By session: one multi of checks per chunk.
+  std::map<std::uint64_t, std::vector<RenewCheck>> by_session;
+  std::vector<std::pair<std::size_t, Renewed>> now;
+  StoreError down = sessions_.error(ZCONNECTIONLOSS, "the session is disconnected");
+  std::vector<std::size_t> transient;
+  ZkHolds& holds = sessions_.holds();
+  for (std::size_t i = 0; i < locks.size(); ++i) {
+    std::string key = zk::hold_key(locks[i].name, locks[i].token);
+    auto h = holds.held.find(key);
+    ZkSession* s = h == holds.held.end() ? nullptr : sessions_.live(h->second.session);
+    if (s == nullptr) {
+      now.emplace_back(i, Renewed::kGone);  // its session expired (or it was never ours)
+    } else if (s->state != ZkSession::State::kConnected) {
+      transient.push_back(i);
+    } else {
+      by_session[s->serial].push_back(RenewCheck{i, h->second.path, std::move(key), h->second.attempt, locks[i].ttl});
+    }
+  }
+  if (!now.empty() || !transient.empty())
+    sessions_.post([shared_done, now, transient, down, keepalive] {
+      for (auto [i, st] : now) (*shared_done)(i, st, nullptr);
+      for (auto i : transient) (*shared_done)(i, Renewed::kTransient, &down);
+    });
+  std::size_t commands = 0;
+  for (auto& [serial, members] : by_session) {
+    for (std::size_t from = 0; from < members.size(); from += kZkChecksPerMulti) {
+      auto chunk = std::make_shared<std::vector<RenewCheck>>(
+          members.begin() + from, members.begin() + std::min(members.size(), from + kZkChecksPerMulti));
+      ++commands;
+      send_checks(*sessions_.live(serial), std::move(chunk), shared_done, keepalive);
+    }
+  }
+  return commands;
+}
+
+void ZkRenewal::send_checks(ZkSession& s, std::shared_ptr<std::vector<RenewCheck>> chunk,
+                            std::shared_ptr<LockStore::RenewDone> done, std::shared_ptr<const void> keepalive) {
+  const auto sent = Clock::now();
+  sessions_.send(
+      s, [this, chunk, done, keepalive, sent](const ZkResult& r) { renew_answered(*chunk, *done, sent, r); },
+      [=](zhandle_t* zh, void* ctx) {
+        auto* c = static_cast<ZkCtx*>(ctx);
+        c->results.resize(chunk->size());
+        std::vector<zoo_op_t> ops(chunk->size());
+        for (std::size_t k = 0; k < chunk->size(); ++k) zoo_check_op_init(&ops[k], (*chunk)[k].path.c_str(), -1);
+        return zoo_amulti(zh, static_cast<int>(ops.size()), ops.data(), c->results.data(), zk::on_multi, ctx);
+      });
+}
+
+void ZkRenewal::renew_answered(const std::vector<RenewCheck>& chunk, const LockStore::RenewDone& done,
+                               Clock::time_point sent, const ZkResult& r) {
+  // Confirmed: the lock's expiry moves on, unless the store removed it
+  // meanwhile (its expiry passed): then it is gone.
+  auto confirm = [&](const RenewCheck& c) {
+    ZkHolds& holds = sessions_.holds();
+    auto h = holds.held.find(c.key);
+    if (h == holds.held.end() || h->second.attempt != c.attempt) {
+      done(c.index, Renewed::kGone, nullptr);
+      return;
+    }
+    h->second.expires = std::max(h->second.expires, gone_by(options_, sent, c.ttl));
+    done(c.index, Renewed::kYes, nullptr);
+  };
+  if (r.rc == ZOK) {
+    for (const auto& c : chunk) confirm(c);
+    return;
+  }
+  if (r.op_errors.size() == chunk.size() && !zk::unreachable(r.rc)) {
+    // A check failed: each operation says which. Those before it were
+    // answered (ours, and the session alive); a node gone is a lock gone;
+    // the rest were not tried.
+    StoreError again = sessions_.error(ZCONNECTIONLOSS, "a renewal in a batch with a lost lock");
+    for (std::size_t k = 0; k < chunk.size(); ++k) {
+      int e = r.op_errors[k];
+      auto i = chunk[k].index;
+      if (e == ZOK)
+        confirm(chunk[k]);
+      else if (e == ZNONODE || e == ZBADVERSION)
+        done(i, Renewed::kGone, nullptr);
+      else
+        done(i, Renewed::kTransient, &again);
+    }
+    return;
+  }
+  if (r.rc == ZSESSIONEXPIRED) {
+    for (const auto& c : chunk) done(c.index, Renewed::kGone, nullptr);
+    return;
+  }
+  StoreError e = sessions_.error(r.rc, "renewing");
+  for (const auto& c : chunk) done(c.index, Renewed::kTransient, &e);
+}
+
+void ZkRenewal::expire_held(Clock::time_point now) {
+  ZkHolds& holds = sessions_.holds();
+  // A scan of the held locks at most every 20 ms: their expiry is a ttl
+  // away, and a lease's own deadline came earlier.
+  if ((holds.held.empty() && holds.marks.empty()) || now < next_expiry_scan_) return;
+  next_expiry_scan_ = now + milliseconds(20);
+  std::vector<ZkRelease::Cleanup> gone;
+  auto take = [&](auto& table, auto due) {
+    for (auto it = table.begin(); it != table.end();) {
+      if (due(it->second) > now) {
+        ++it;
+        continue;
+      }
+      auto zero = it->first.find('\0');
+      gone.push_back(ZkRelease::Cleanup{it->first.substr(0, zero), it->first.substr(zero + 1), it->second.attempt,
+                                        it->second.session});
+      it = table.erase(it);
+    }
+  };
+  // A writer's mark no attempt renewed within its span goes too.
+  take(holds.marks, [](const ZkHolds::Mark& m) { return m.until; });
+  take(holds.held, [](const ZkHolds::Held& h) { return h.expires; });
+  for (auto& c : gone) release_.remove(std::move(c));
+}
+
+}  // namespace lockwatch::detail

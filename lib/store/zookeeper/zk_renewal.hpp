@@ -1,0 +1,71 @@
+// lib/store/zookeeper/zk_renewal.hpp: the ZooKeeper store's renewals and
+// its own expiry of the locks it holds. Uses the sessions (and the release
+// part to remove what expired).
+//
+//   renew    one multi of check operations per session and batch: answered
+//            means the session is alive and the nodes are there.
+//   expiry   a lock neither renewed nor released within its ttl (plus the
+//            drift allowance) since the last renewal confirmed is removed
+//            by the store itself, as a key with a ttl would expire: a
+//            lease its watchdog gave up on (renewals spent, or unconfirmed
+//            until its deadline) frees the lock although the session lives
+//            on. Its watchdog's deadline came earlier (sent + ttl - drift);
+//            a renewal answered after the removal reports the lock gone.
+//            A waiting node (a writer's mark, a fair waiter's place) whose
+//            span passed without an attempt goes the same way.
+//
+// Costs: renewals one request per session and 256 locks; the expiry a
+// scan of the held locks at most every 20 ms.
+//
+// Threading: the loop thread.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "lockwatch/options.hpp"
+#include "store/lock_store.hpp"
+#include "store/zookeeper/zk_release.hpp"
+#include "store/zookeeper/zk_session.hpp"
+
+namespace lockwatch::detail {
+
+class ZkRenewal {
+ public:
+  using Clock = std::chrono::steady_clock;
+
+  ZkRenewal(ZkSessions& sessions, ZkRelease& release, const Options& options);
+  ZkRenewal(const ZkRenewal&) = delete;
+  ZkRenewal& operator=(const ZkRenewal&) = delete;
+
+  std::size_t renew(std::span<const LockRef> locks, std::shared_ptr<const void> keepalive, LockStore::RenewDone done);
+  // From the store's sweep: removes what expired (see above).
+  void expire_held(Clock::time_point now);
+
+ private:
+  // A renewal's check of one held node: renew() sends them by session, in
+  // chunks of one multi each; renew_answered() settles a chunk sent at
+  // `sent` from the multi's answer.
+  struct RenewCheck {
+    std::size_t index;
+    std::string path;
+    std::string key;  // in ZkHolds::held
+    std::uint64_t attempt;
+    std::chrono::milliseconds ttl;
+  };
+  void send_checks(ZkSession& s, std::shared_ptr<std::vector<RenewCheck>> chunk,
+                   std::shared_ptr<LockStore::RenewDone> done, std::shared_ptr<const void> keepalive);
+  void renew_answered(const std::vector<RenewCheck>& chunk, const LockStore::RenewDone& done, Clock::time_point sent,
+                      const ZkResult& r);
+
+  ZkSessions& sessions_;
+  ZkRelease& release_;
+  const Options& options_;
+  Clock::time_point next_expiry_scan_{};
+};
+
+}  // namespace lockwatch::detail

@@ -1,0 +1,387 @@
+#include "store/zookeeper/zk_session.hpp"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+
+#include "core/loop.hpp"
+#include "core/net.hpp"
+#include "store/zookeeper/zk_nodes.hpp"
+
+namespace lockwatch::detail {
+
+using std::chrono::milliseconds;
+
+// ---- the holds
+
+bool ZkHolds::any_held_on(std::uint64_t session) const {
+  return std::any_of(held.begin(), held.end(), [&](const auto& h) { return h.second.session == session; });
+}
+
+void ZkHolds::drop_session(std::uint64_t session) {
+  std::erase_if(held, [&](const auto& h) { return h.second.session == session; });
+  std::erase_if(marks, [&](const auto& m) { return m.second.session == session; });
+}
+
+void ZkHolds::clear() {
+  held.clear();
+  marks.clear();
+}
+
+// ---- set-up
+
+ZkSessions::ZkSessions(Loop& loop, const ZkTarget& target, const Options& options, const StoreEvents& events)
+    : loop_(loop),
+      options_(options),
+      events_(events),
+      target_(target),
+      endpoint_(target_.name()),
+      sink_(std::make_shared<ZkSink>()),
+      closer_(sink_) {
+  sink_->sessions = this;
+  sink_->loop = &loop;
+}
+
+ZkSessions::~ZkSessions() {
+  for (auto& [ms, s] : sessions_)
+    if (s->zh != nullptr) closer_.close_later(s->zh, s->watch_ctx);
+  sessions_.clear();
+}
+
+ZkSessions::Session* ZkSessions::session_for(milliseconds ttl) {
+  const long long ms = std::max<long long>(ttl.count(), 1);
+  auto it = sessions_.find(ms);
+  if (it != sessions_.end() && (it->second->zh != nullptr || it->second->awaiting_names)) return it->second.get();
+  if (it != sessions_.end()) {  // its set-up failed: try again
+    delete static_cast<ZkWatchCtx*>(it->second->watch_ctx);
+    sessions_.erase(it);
+  }
+  auto s = std::make_unique<Session>();
+  s->serial = next_serial_++;
+  s->requested_ms = ms;
+  s->started = Clock::now();
+  Session* raw = s.get();
+  sessions_[ms] = std::move(s);
+  look_up_names(*raw);
+  return raw;
+}
+
+// Member names are looked up on libuv's thread pool (the client library
+// would look them up in zookeeper_init(), on the loop), then the handle is
+// made on their addresses.
+void ZkSessions::look_up_names(Session& s) {
+  std::vector<std::size_t> names;
+  for (std::size_t i = 0; i < target_.hosts.size(); ++i)
+    if (!numeric_host(target_.hosts[i].first)) names.push_back(i);
+  if (names.empty()) {
+    open_handle(s, target_.connect_string());
+    return;
+  }
+  s.awaiting_names = true;
+  struct Lookup {
+    std::vector<std::string> addresses;  // per member; empty: not resolved
+    std::size_t left = 0;
+  };
+  auto lookup = std::make_shared<Lookup>();
+  lookup->addresses.resize(target_.hosts.size());
+  for (std::size_t i = 0; i < target_.hosts.size(); ++i)
+    if (numeric_host(target_.hosts[i].first)) lookup->addresses[i] = target_.hosts[i].first;
+  lookup->left = names.size();
+  const std::uint64_t serial = s.serial;
+  const long long ms = s.requested_ms;
+  for (std::size_t i : names) {
+    auto done = [sink = sink_, lookup, i, serial, ms](int status, std::string address) {
+      if (status == 0) lookup->addresses[i] = std::move(address);
+      if (--lookup->left != 0) return;
+      // Null once the store closed.
+      if (ZkSessions* st = sink->target(); st != nullptr) st->names_resolved(ms, serial, lookup->addresses);
+    };
+    if (resolve_host(loop_.uv(), target_.hosts[i].first, done) < 0) done(UV_EAI_NONAME, std::string());
+  }
+}
+
+void ZkSessions::names_resolved(long long ms, std::uint64_t serial, const std::vector<std::string>& addresses) {
+  auto it = sessions_.find(ms);
+  if (closed_ || it == sessions_.end() || it->second->serial != serial) return;
+  Session& s = *it->second;
+  s.awaiting_names = false;
+  std::string hosts;
+  for (std::size_t i = 0; i < addresses.size(); ++i) {
+    if (addresses[i].empty()) continue;
+    if (!hosts.empty()) hosts += ',';
+    const bool v6 = addresses[i].find(':') != std::string::npos;
+    hosts += (v6 ? "[" + addresses[i] + "]" : addresses[i]) + ":" + std::to_string(target_.hosts[i].second);
+  }
+  if (!hosts.empty()) {
+    open_handle(s, hosts + target_.chroot);
+    if (s.zh != nullptr) return;  // parked requests go once it connects
+  }
+  // No member's name resolved: what waited fails now (kNoHandle), and
+  // the next request starts over.
+  auto parked = std::move(s.parked);
+  s.parked.clear();
+  for (auto& [id, issue] : parked) issue_now(s, id, issue);
+}
+
+void ZkSessions::open_handle(Session& s, const std::string& hosts) {
+  auto* w = new ZkWatchCtx{sink_, s.serial};
+  s.watch_ctx = w;
+  // The timeout is an int of ms; the ensemble bounds it anyway.
+  const int timeout = static_cast<int>(std::min<long long>(s.requested_ms, 1LL << 30));
+  s.zh = zookeeper_init2(hosts.c_str(), zk::on_global_watch, timeout, nullptr, w, 0, zk::drop_log);
+  if (s.zh != nullptr && target_.digest()) {
+    const std::string cred = target_.user + ":" + target_.password;
+    // Digest authentication is not checked when it is added: it gives the
+    // session an identity, which the nodes' ACLs then admit or refuse.
+    zoo_add_auth(s.zh, "digest", cred.data(), static_cast<int>(cred.size()), nullptr, nullptr);
+  }
+}
+
+ZkSessions::Session* ZkSessions::any_session() {
+  for (auto& [ms, s] : sessions_)
+    if (s->zh != nullptr && s->state == Session::State::kConnected) return s.get();
+  for (auto& [ms, s] : sessions_)
+    if (s->zh != nullptr || s->awaiting_names) return s.get();
+  return session_for(std::max(options_.connect_timeout, milliseconds(2000)));
+}
+
+ZkSessions::Session* ZkSessions::live(std::uint64_t serial) {
+  for (auto& [ms, s] : sessions_)
+    if (s->serial == serial && s->zh != nullptr && s->state != Session::State::kExpired) return s.get();
+  return nullptr;
+}
+
+void ZkSessions::retire(Session* s) {
+  s->state = Session::State::kExpired;
+  auto parked = std::move(s->parked);
+  s->parked.clear();
+  for (auto& [id, issue] : parked) fail_later(id, ZSESSIONEXPIRED);
+  closer_.close_later(s->zh, s->watch_ctx);
+  s->zh = nullptr;
+  s->watch_ctx = nullptr;
+  holds_.drop_session(s->serial);
+  sessions_.erase(s->requested_ms);
+}
+
+// ---- what the client tells
+
+void ZkSessions::on_session_state(std::uint64_t serial, int state) {
+  Session* s = nullptr;
+  for (auto& [ms, each] : sessions_)
+    if (each->serial == serial) s = each.get();
+  if (s == nullptr || closed_) return;
+  if (state == ZOO_CONNECTED_STATE) {
+    connected(*s);
+  } else if (state == ZOO_CONNECTING_STATE || state == ZOO_ASSOCIATING_STATE) {
+    if (s->state == Session::State::kConnected) {
+      s->state = Session::State::kDisconnected;
+      if (events_.connection) events_.connection(endpoint_, false, "connection to the ensemble lost");
+    }
+  } else if (state == ZOO_EXPIRED_SESSION_STATE || state == ZOO_AUTH_FAILED_STATE) {
+    ended(*s, state);
+  }
+}
+
+void ZkSessions::connected(Session& s) {
+  const bool was_up = s.state == Session::State::kConnected;
+  s.state = Session::State::kConnected;
+  s.ever_connected = true;
+  ++s.connects;
+  ++connections_;
+  s.negotiated_ms = zoo_recv_timeout(s.zh);
+  auto parked = std::move(s.parked);
+  s.parked.clear();
+  const auto now = Clock::now();
+  for (auto& [id, issue] : parked) {
+    auto p = pending_.find(id);
+    if (p == pending_.end()) continue;  // timed out meanwhile
+    p->second.deadline = std::max(p->second.deadline, now + options_.command_timeout);
+    issue_now(s, id, issue);
+  }
+  if (!was_up && events_.connection) events_.connection(endpoint_, true, "");
+}
+
+void ZkSessions::ended(Session& s, int state) {
+  const std::uint64_t serial = s.serial;
+  const bool had_locks = holds_.any_held_on(serial);
+  if (state == ZOO_EXPIRED_SESSION_STATE) expired_.insert(serial);  // the ensemble says its nodes are gone
+  retire(&s);
+  if (events_.connection)
+    events_.connection(endpoint_, false,
+                       state == ZOO_EXPIRED_SESSION_STATE ? "the session expired" : "authentication failed");
+  if (events_.log && had_locks)
+    events_.log(true, fmt::format("{}: a session expired; its locks are lost", endpoint_));
+  if (events_.subscriptions_lost) events_.subscriptions_lost();
+}
+
+void ZkSessions::on_watch(int type, const std::string& path) {
+  if (closed_ || (type != ZOO_DELETED_EVENT && type != ZOO_CHANGED_EVENT)) return;
+  // /lockwatch/<name escaped>/lock-...
+  const std::string root = std::string(zk::kRoot) + "/";
+  if (path.compare(0, root.size(), root) != 0) return;
+  auto slash = path.find('/', root.size());
+  if (slash == std::string::npos) return;
+  std::string name;
+  if (!zk::unescape(std::string_view(path).substr(root.size(), slash - root.size()), name)) return;
+  if (subscribed_.count(name) != 0 && events_.released) events_.released(name);
+}
+
+// ---- release notices
+
+void ZkSessions::subscribe(std::string_view name) {
+  if (closed_) return;
+  subscribed_.emplace(name);
+  // Every busy answer comes after the holder's node is watched: confirmed
+  // at once (on the next turn, never inside the call).
+  post([this, n = std::string(name)] {
+    if (subscribed_.count(n) != 0 && events_.subscribed) events_.subscribed(n);
+  });
+}
+
+void ZkSessions::unsubscribe(std::string_view name) {
+  if (auto it = subscribed_.find(name); it != subscribed_.end()) subscribed_.erase(it);
+}
+
+// ---- requests
+
+void ZkSessions::post(std::function<void()> f) {
+  sink_->post([f = std::move(f)](ZkSessions&) { f(); });
+}
+
+void ZkSessions::send_read(Session& s, ZkReply reply, ZkIssue issue) {
+  const std::uint64_t id = next_id_;
+  send(s, std::move(reply), issue);
+  if (auto p = pending_.find(id); p != pending_.end()) {
+    p->second.again = std::move(issue);
+    p->second.session = s.serial;
+  }
+}
+
+bool ZkSessions::resend(std::uint64_t id, Pending& p) {
+  Session* s = closed_ || Clock::now() >= p.deadline ? nullptr : live(p.session);
+  if (s == nullptr) return false;
+  if (s->state == Session::State::kConnected && s->connects != p.connects)
+    issue_now(*s, id, p.again);  // it connected again before this answer came
+  else
+    s->parked.emplace_back(id, p.again);  // sent when it connects (connected())
+  return true;
+}
+
+void ZkSessions::send(Session& s, ZkReply reply, ZkIssue issue) {
+  const std::uint64_t id = next_id_++;
+  // A request parked on a session that is not connected fails at this
+  // deadline (sooner on one that never connected: the connect timeout
+  // bounds that); one sent when the session connects has the command
+  // timeout from then (see connected()).
+  auto deadline = Clock::now() + options_.command_timeout;
+  if (!s.ever_connected) deadline = std::min(deadline, s.started + options_.connect_timeout);
+  pending_.emplace(id, Pending{deadline, std::move(reply), {}, 0, 0});
+  if (!closed_ && (s.zh != nullptr || s.awaiting_names) && s.state != Session::State::kConnected) {
+    s.parked.emplace_back(id, std::move(issue));  // sent on connecting, or timed out
+    return;
+  }
+  issue_now(s, id, issue);
+}
+
+void ZkSessions::issue_now(Session& s, std::uint64_t id, const ZkIssue& issue) {
+  int rc = closed_ ? ZCLOSING : zk::kNoHandle;
+  if (!closed_ && s.zh != nullptr) {
+    if (auto p = pending_.find(id); p != pending_.end()) p->second.connects = s.connects;
+    auto* ctx = new ZkCtx{sink_, id, s.serial, {}, {}};
+    {
+      std::lock_guard lk(sink_->ctx_mu);
+      sink_->in_flight.emplace(ctx, s.serial);
+    }
+    rc = issue(s.zh, ctx);
+    if (rc != ZOK) {
+      {
+        std::lock_guard lk(sink_->ctx_mu);
+        sink_->in_flight.erase(ctx);
+      }
+      delete ctx;
+    }
+  }
+  // Never inside the call: the answer goes round the loop.
+  if (rc != ZOK) fail_later(id, rc);
+}
+
+void ZkSessions::fail_later(std::uint64_t id, int rc) {
+  sink_->post([id, rc](ZkSessions& st) {
+    ZkResult r;
+    r.rc = rc;
+    st.complete(id, r);
+  });
+}
+
+void ZkSessions::complete(std::uint64_t id, const ZkResult& r) {
+  auto it = pending_.find(id);
+  if (it == pending_.end()) return;  // timed out already
+  if (r.rc == ZCONNECTIONLOSS && it->second.again && resend(id, it->second)) return;
+  ZkReply reply = std::move(it->second.reply);
+  pending_.erase(it);
+  reply(r);
+}
+
+void ZkSessions::time_out(Clock::time_point now) {
+  if (pending_.empty()) return;
+  std::vector<std::uint64_t> late;
+  for (const auto& [id, p] : pending_)
+    if (p.deadline <= now) late.push_back(id);
+  std::sort(late.begin(), late.end());
+  ZkResult timeout;
+  timeout.rc = ZOPERATIONTIMEOUT;
+  for (auto id : late) complete(id, timeout);
+}
+
+// ---- close
+
+void ZkSessions::stop_requests() {
+  closed_ = true;
+  ZkResult closing;
+  closing.rc = ZCLOSING;
+  while (!pending_.empty()) {
+    auto id = pending_.begin()->first;
+    complete(id, closing);
+  }
+}
+
+void ZkSessions::close() {
+  {
+    std::lock_guard lk(sink_->mu);
+    sink_->sessions = nullptr;
+  }
+  for (auto& [ms, s] : sessions_) {
+    closer_.close_later(s->zh, s->watch_ctx);
+    s->zh = nullptr;
+    s->watch_ctx = nullptr;
+  }
+  sessions_.clear();
+  holds_.clear();
+}
+
+// ---- errors
+
+ACL_vector* ZkSessions::acl() const { return target_.digest() ? &ZOO_CREATOR_ALL_ACL : &ZOO_OPEN_ACL_UNSAFE; }
+
+StoreError ZkSessions::refusal(std::string why) const {
+  return StoreError::invalid(endpoint_, std::move(why), StoreError::Origin::kZooKeeper);
+}
+
+StoreError ZkSessions::error(int rc, const std::string& doing) const {
+  const char* text = rc == ZOPERATIONTIMEOUT ? "no answer within the timeout"
+                     : rc == zk::kNoHandle   ? "no session could be started (no member's name resolves?)"
+                                             : zerror(rc);
+  std::string message = doing.empty() ? std::string(text) : fmt::format("{}: {}", doing, text);
+  StoreError e;
+  if (zk::unreachable(rc)) {
+    e = StoreError::unavailable(endpoint_, message, StoreError::Origin::kZooKeeper);
+  } else if (rc == ZNOAUTH || rc == ZAUTHFAILED) {
+    e = StoreError::auth(endpoint_, message, StoreError::Origin::kZooKeeper);
+  } else {
+    e = StoreError::refused(endpoint_, message, StoreError::Origin::kZooKeeper);
+  }
+  e.code = std::to_string(rc);
+  return e;
+}
+
+}  // namespace lockwatch::detail

@@ -1,0 +1,231 @@
+// lib/store/zookeeper/zk_session.hpp: the ZooKeeper store's sessions and
+// its transport to the C client (libzookeeper_mt): the bottom part of
+// ZkStore, used by its lock recipe, release and claims, never using them.
+//
+// The session is the lease. Its timeout is the ttl: one session per ttl,
+// made at the first lock of that ttl. The ensemble deletes a session's
+// nodes when it has not heard from it for the session timeout; a renewal
+// is confirmed only by an answer from the ensemble, sent after the
+// renewal was, so the watchdog's local deadline (the renewal's send time
+// + ttl - drift) comes before the ensemble can expire the session and
+// give the lock to another. A session that reconnects within its timeout
+// keeps its nodes and watches; an expired one loses them all (renewals
+// answer kGone, subscriptions_lost is reported) and the next lock of that
+// ttl makes a new session. The ensemble bounds the timeout (by default
+// 2 to 20 ticks): a ttl above its maximum is refused (InvalidArgument)
+// when the session is set up, a ttl below its minimum gets the minimum (a
+// dead holder's lock then lasts that long).
+//
+// The client calls back on its own threads: every answer goes to the loop
+// through Loop::post (ZkSink), where the sessions' state lives; a request
+// unanswered after the command timeout (the connect timeout while a
+// session was never up) fails as unavailable. Requests wait for their
+// session to connect before they go to the client, which fails what it
+// queued at every connection attempt that fails. Member names are looked
+// up on libuv's thread pool; numeric addresses cost nothing.
+// zookeeper_close() blocks: handles close on a thread of their own
+// (ZkCloser).
+//
+// What lives and dies with a session is kept here too: the nodes this
+// store holds (ZkHolds), dropped when their session ends, and the release
+// notices (the watches fire on the sessions' watcher).
+//
+// Costs: one session (two client threads) per distinct ttl; a request is
+// one allocation for its context and one entry in the pending table.
+//
+// Threading: the loop thread, but the ZkSink, which the client's threads
+// use to reach it.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <memory>
+#include <set>
+#include <string>
+#include <string_view>
+#include <unordered_map>
+#include <utility>
+#include <vector>
+
+#include "lockwatch/options.hpp"
+#include "store/lock_store.hpp"
+#include "store/zookeeper/zk_client.hpp"
+#include "store/zookeeper/zk_target.hpp"
+
+namespace lockwatch::detail {
+
+class Loop;
+
+// The nodes this store holds or keeps waiting, by zk::hold_key(name,
+// token). Owned by ZkSessions: an entry goes with its session.
+struct ZkHolds {
+  using Clock = std::chrono::steady_clock;
+  struct Held {
+    std::string path;
+    std::uint64_t session = 0;  // ZkSession::serial
+    std::int64_t czxid = 0;
+    std::uint64_t attempt = 0;
+    std::chrono::milliseconds ttl{0};
+    // The last acquisition or renewal confirmed, sent + ttl + drift: past
+    // it the store removes the node itself (see zk_renewal.hpp).
+    Clock::time_point expires;
+    std::uint64_t fence = 0;  // the token its grant answered (a repeat answers it again)
+  };
+  // A waiting node kept (a writer's mark, a fair waiter's place): removed
+  // by the store at `until` unless an attempt of the same acquisition came.
+  struct Mark {
+    std::string path;
+    std::uint64_t session = 0;
+    std::int64_t czxid = 0;
+    std::uint64_t attempt = 0;
+    Clock::time_point until;
+  };
+
+  std::unordered_map<std::string, Held> held;
+  std::unordered_map<std::string, Mark> marks;
+
+  bool any_held_on(std::uint64_t session) const;
+  void drop_session(std::uint64_t session);
+  void clear();
+};
+
+// One session: a zhandle_t and what the store knows of it.
+struct ZkSession {
+  using Clock = std::chrono::steady_clock;
+  enum class State : std::uint8_t { kConnecting, kConnected, kDisconnected, kExpired };
+  std::uint64_t serial = 0;
+  long long requested_ms = 0;
+  zhandle_t* zh = nullptr;
+  void* watch_ctx = nullptr;  // the global watcher's context, freed with zh
+  State state = State::kConnecting;
+  int negotiated_ms = 0;
+  bool ever_connected = false;
+  std::uint32_t connects = 0;  // times it connected (again)
+  // Its members' names are being looked up (off the loop): no handle yet,
+  // and what is sent meanwhile is parked.
+  bool awaiting_names = false;
+  Clock::time_point started;
+  // Requests made while it is not connected, sent once it is: the client
+  // fails what it queued at every connection attempt that fails.
+  std::vector<std::pair<std::uint64_t, ZkIssue>> parked;
+};
+
+class ZkSessions {
+ public:
+  using Clock = std::chrono::steady_clock;
+  using Session = ZkSession;
+
+  // `events` are the store's, set when it starts; read when something
+  // happens, never before.
+  ZkSessions(Loop& loop, const ZkTarget& target, const Options& options, const StoreEvents& events);
+  // Closes what handles are left on the closer's thread, and joins it.
+  ~ZkSessions();
+  ZkSessions(const ZkSessions&) = delete;
+  ZkSessions& operator=(const ZkSessions&) = delete;
+
+  // The session for locks of `ttl`, made (and connecting) if there is none.
+  Session* session_for(std::chrono::milliseconds ttl);
+  // A connected session if there is one, else any, else a new one.
+  Session* any_session();
+  // The session `serial` if it still has a handle and has not expired.
+  Session* live(std::uint64_t serial);
+  // Whether the ensemble said it expired `serial` (so its nodes are gone).
+  bool expired(std::uint64_t serial) const { return expired_.count(serial) != 0; }
+  // Ends `s` here: its parked requests fail, its handle closes, its holds
+  // go. The ensemble removes its nodes once it expires there.
+  void retire(Session* s);
+  // Connections made so far, over every session (parts that try again
+  // after a reconnect compare it).
+  std::uint64_t connections() const { return connections_; }
+
+  // Sends one request on `s` (issue() makes the call with the context it
+  // is given); `reply` runs once on the loop, with the answer or a
+  // failure (ZOPERATIONTIMEOUT: no answer within the bound).
+  void send(Session& s, ZkReply reply, ZkIssue issue);
+  // As send(), for a read (a listing, a node's data): one whose answer is
+  // lost with its connection (ZCONNECTIONLOSS) is asked again on the same
+  // session once it connects again, within the same bound. The session,
+  // and so its nodes, outlived the connection; a write is not sent again
+  // (it may have been applied).
+  void send_read(Session& s, ZkReply reply, ZkIssue issue);
+  // Runs `f` on the loop's next turn, unless the store closed meanwhile.
+  void post(std::function<void()> f);
+  // Fails the requests whose deadline passed.
+  void time_out(Clock::time_point now);
+
+  // The nodes held on these sessions.
+  ZkHolds& holds() { return holds_; }
+  // Release notices: a watch on a lock's node that fires reports a
+  // release of that lock's name to the store's events while subscribed.
+  void subscribe(std::string_view name);
+  void unsubscribe(std::string_view name);
+
+  // Closing, in two steps: no request is taken any more and every one
+  // still waiting is answered (unavailable), once; then the handles close
+  // and every session is gone.
+  void stop_requests();
+  void close();
+  bool closed() const { return closed_; }
+
+  StoreError error(int rc, const std::string& doing) const;
+  // A call this store refuses (InvalidArgument), saying why.
+  StoreError refusal(std::string why) const;
+  const ZkTarget& target() const { return target_; }
+  const std::string& endpoint() const { return endpoint_; }
+  // The ACL the store's nodes are made with (the creator's, with digest
+  // authentication).
+  ACL_vector* acl() const;
+
+  // On the loop, from what the client's threads post: a request's answer,
+  // a session's state, a watch that fired, names looked up.
+  void complete(std::uint64_t id, const ZkResult& r);
+  void on_session_state(std::uint64_t serial, int state);
+  void on_watch(int type, const std::string& path);
+
+ private:
+  struct Pending {
+    Clock::time_point deadline;
+    ZkReply reply;
+    // A read's call, made again when its connection is lost (see send_read):
+    // on `session` once it has connected again (`connects` counts that).
+    ZkIssue again;
+    std::uint64_t session = 0;
+    std::uint32_t connects = 0;
+  };
+
+  void look_up_names(Session& s);
+  // The members' addresses (empty where a name did not resolve) for the
+  // session of `ms` with `serial`, if it is still the one waiting.
+  void names_resolved(long long ms, std::uint64_t serial, const std::vector<std::string>& addresses);
+  // Makes `s`'s handle on "h:p,h:p[/chroot]" (addresses, or names only
+  // where they are numeric already).
+  void open_handle(Session& s, const std::string& hosts);
+  void connected(Session& s);
+  void ended(Session& s, int state);
+  void issue_now(Session& s, std::uint64_t id, const ZkIssue& issue);
+  // A read lost with its connection, sent again (true) or not (false:
+  // past its bound, or its session is gone).
+  bool resend(std::uint64_t id, Pending& p);
+  void fail_later(std::uint64_t id, int rc);
+
+  Loop& loop_;
+  const Options& options_;
+  const StoreEvents& events_;
+  const ZkTarget target_;
+  const std::string endpoint_;
+  std::shared_ptr<ZkSink> sink_;
+  std::map<long long, std::unique_ptr<Session>> sessions_;  // by requested timeout (ms)
+  std::uint64_t next_serial_ = 1;
+  std::uint64_t connections_ = 0;
+  std::set<std::uint64_t> expired_;  // sessions the ensemble said it expired
+  ZkHolds holds_;
+  std::unordered_map<std::uint64_t, Pending> pending_;
+  std::uint64_t next_id_ = 1;
+  std::set<std::string, std::less<>> subscribed_;
+  bool closed_ = false;
+  ZkCloser closer_;  // last: joined first, while the rest is still there
+};
+
+}  // namespace lockwatch::detail
