@@ -11,6 +11,7 @@
 #include "core/loop.hpp"
 #include "core/option_checks.hpp"
 #include "lockwatch/errors.hpp"
+#include "store/kind_rules.hpp"
 #include "store/postgresql/pg_error.hpp"
 
 namespace lockwatch::detail {
@@ -465,25 +466,12 @@ std::vector<PgStatement> statements(const std::string& t, const std::string& h, 
 
 std::string quoted(const std::string& table) { return "\"" + table + "\""; }
 
-// What a lock row held as `kind` (not exclusive) holds instead of an owner
-// token.
-std::string pg_marker(LockKind kind) {
-  switch (kind.mode()) {
-    case LockKind::Mode::kShared: return "lockwatch:shared";
-    case LockKind::Mode::kFair: return "lockwatch:fair";
-    default: return "lockwatch:permits:" + std::to_string(kind.permit_count());
-  }
-}
-
 // How a lock row whose owner is `owner` is held, for the refusal of a
 // call of another kind.
 std::string pg_held_as(std::string_view owner) {
-  constexpr std::string_view kPermits = "lockwatch:permits:";
-  if (owner == "lockwatch:shared") return "shared";
-  if (owner == "lockwatch:fair") return "fair";
-  if (owner.starts_with(kPermits))
-    return fmt::format("a semaphore of {} permit(s)", owner.substr(kPermits.size()));
-  return "exclusive";
+  const LockKind kind = kinds::kind_of_marker(owner);
+  if (kind.mode() == LockKind::Mode::kPermits) return fmt::format("a semaphore of {} permit(s)", kind.permit_count());
+  return kind.describe();
 }
 
 std::string asked_as(LockKind kind) {
@@ -629,7 +617,7 @@ void PgStore::send_kind_acquisitions(std::vector<std::shared_ptr<PendingAcquire>
   for (const auto& a : group) {
     const bool fair = a->kind.mode() == LockKind::Mode::kFair;
     calls.push_back({fair ? "lockwatch_acquire_fair" : "lockwatch_acquire_kind",
-                     {pg_hex(a->name), pg_hex(a->token), std::to_string(pg_micros(a->ttl)), pg_hex(pg_marker(a->kind)),
+                     {pg_hex(a->name), pg_hex(a->token), std::to_string(pg_micros(a->ttl)), pg_hex(kinds::marker(a->kind)),
                       fair ? channel_ : std::to_string(a->kind.permit_count())}});
   }
   auto shared = std::make_shared<std::vector<std::shared_ptr<PendingAcquire>>>(std::move(group));
@@ -770,7 +758,7 @@ void PgStore::acquire_batch(std::shared_ptr<AcquireBatch> batch) {
         std::string owner;
         if (!rows.null(r, 3) && pg_unhex(rows.at(r, 3), owner)) {
           const auto& lock = batch->locks[i];
-          if (owner == pg_marker(LockKind::shared())) {
+          if (owner == kinds::kSharedMarker) {
             // Readers hold it: our mark holds new ones back; it lives
             // min(2 s, ttl) and is renewed by the next attempt, which
             // comes within half of that.
@@ -856,7 +844,7 @@ void PgStore::renew_group(std::shared_ptr<RenewBatch> batch, std::vector<std::si
     renew_->execute("lockwatch_renew", std::move(params), std::move(answered));
     return;
   }
-  params.push_back(hex_array(members.size(), [&](std::size_t k) { return pg_marker(l[members[k]].kind); }));
+  params.push_back(hex_array(members.size(), [&](std::size_t k) { return kinds::marker(l[members[k]].kind); }));
   std::vector<PgCall> calls;
   calls.push_back({"lockwatch_lock_rows", {params[0]}});
   calls.push_back({"lockwatch_renew_kind", std::move(params)});
@@ -919,12 +907,12 @@ void PgStore::send_releases() {
 
 void PgStore::release_batch(std::shared_ptr<ReleaseBatch> batch) {
   const auto& l = batch->locks;
-  const bool kinds = !l.empty() && !l.front().kind.exclusive_kind();
+  const bool of_kinds = !l.empty() && !l.front().kind.exclusive_kind();
   std::vector<std::string> params{
       hex_array(l.size(), [&](std::size_t i) -> std::string_view { return l[i].name; }),
       hex_array(l.size(), [&](std::size_t i) -> std::string_view { return l[i].token; }),
   };
-  if (kinds) params.push_back(hex_array(l.size(), [&](std::size_t i) { return pg_marker(l[i].kind); }));
+  if (of_kinds) params.push_back(hex_array(l.size(), [&](std::size_t i) { return kinds::marker(l[i].kind); }));
   params.push_back(batch->notify ? "t" : "f");
   params.push_back(channel_);
   auto answered = [this, batch](const PgRows& rows, const StoreError* err) {
@@ -946,7 +934,7 @@ void PgStore::release_batch(std::shared_ptr<ReleaseBatch> batch) {
     }
     for (std::size_t k = 0; k < status.size(); ++k) (*batch->locks[k].done)(batch->locks[k].index, status[k], nullptr);
   };
-  if (!kinds) {
+  if (!of_kinds) {
     command_connection().execute("lockwatch_release", std::move(params), std::move(answered));
     return;
   }
@@ -1027,14 +1015,6 @@ HolderInfo holder_of(const PgRows& rows, int row, int at) {
   return h;
 }
 
-LockKind pg_kind_of_owner(std::string_view owner) {
-  constexpr std::string_view kPermits = "lockwatch:permits:";
-  if (owner == "lockwatch:shared") return LockKind::shared();
-  if (owner == "lockwatch:fair") return LockKind::fair();
-  if (owner.starts_with(kPermits)) return LockKind::permits(static_cast<std::uint32_t>(pg_to_ll(owner.substr(kPermits.size()))));
-  return LockKind::exclusive();
-}
-
 }  // namespace
 
 void PgStore::inspect(std::string_view name, InspectDone done) {
@@ -1062,7 +1042,7 @@ void PgStore::inspect(std::string_view name, InspectDone done) {
     info.ttl = info.held ? ceil_ms(us) : std::chrono::milliseconds(0);
     info.fencing_token = static_cast<std::uint64_t>(pg_to_ll(rows.at(0, 1)));
     if (!info.held) return;
-    info.kind = pg_kind_of_owner(owner);
+    info.kind = kinds::kind_of_marker(owner);
     if (!info.kind.exclusive_kind()) return;
     info.holders.push_back(holder_of(rows, 0, 2));
     info.owner = std::move(owner);

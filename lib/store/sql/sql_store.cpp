@@ -688,7 +688,7 @@ void SqlStore::inspect(std::string_view name, InspectDone done) {
         info.ttl = info.held ? sql::ms_up(us) : std::chrono::milliseconds(0);
         info.fencing_token = static_cast<std::uint64_t>(to_ll(row[1]));
         if (!info.held) return;
-        info.kind = sql::kind_of_owner(row[2]);
+        info.kind = kinds::kind_of_marker(row[2]);
         if (!info.kind.exclusive_kind()) return;
         info.owner = row[2];
         info.holders.push_back(sql::holder(row[2], row[3], row[4], row[5]));
