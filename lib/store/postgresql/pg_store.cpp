@@ -13,6 +13,7 @@
 #include "lockwatch/errors.hpp"
 #include "store/kind_rules.hpp"
 #include "store/postgresql/pg_error.hpp"
+#include "store/sqlcommon/inspection.hpp"
 
 namespace lockwatch::detail {
 
@@ -104,7 +105,7 @@ long long to_micros(std::chrono::system_clock::time_point t) {
   return std::chrono::duration_cast<std::chrono::microseconds>(t.time_since_epoch()).count();
 }
 
-std::chrono::milliseconds ceil_ms(long long us) { return std::chrono::milliseconds((std::max(us, 0LL) + 999) / 1000); }
+using sqlcommon::ms_up;
 
 // Shared, permit and fair locks (see pg_store.hpp). A lock row held by
 // them holds a marker instead of an owner token, expiring with the latest
@@ -658,7 +659,7 @@ Acquired PgStore::kind_outcome(const PendingAcquire& a, const PgRows& rows) cons
     out.fence = static_cast<std::uint64_t>(pg_to_ll(rows.at(0, 1)));
   } else if (verdict == "b") {
     out.status = Acquired::Status::kBusy;
-    auto busy = rows.null(0, 2) ? std::chrono::milliseconds(1) : ceil_ms(pg_to_ll(rows.at(0, 2)));
+    auto busy = rows.null(0, 2) ? std::chrono::milliseconds(1) : ms_up(pg_to_ll(rows.at(0, 2)));
     // A fair waiter comes back within a third of its ttl, which keeps
     // its place.
     if (fair) busy = std::min(busy, std::max(std::chrono::milliseconds(1), a.ttl / 3));
@@ -754,7 +755,7 @@ void PgStore::acquire_batch(std::shared_ptr<AcquireBatch> batch) {
         // Busy. No row in the snapshot (taken meanwhile by a statement
         // that started later): busy for a moment, then asked again.
         out.status = Acquired::Status::kBusy;
-        out.busy_for = rows.null(r, 2) ? std::chrono::milliseconds(1) : ceil_ms(pg_to_ll(rows.at(r, 2)));
+        out.busy_for = rows.null(r, 2) ? std::chrono::milliseconds(1) : ms_up(pg_to_ll(rows.at(r, 2)));
         std::string owner;
         if (!rows.null(r, 3) && pg_unhex(rows.at(r, 3), owner)) {
           const auto& lock = batch->locks[i];
@@ -1004,15 +1005,12 @@ namespace {
 // A holder from an answer's columns `at`..`at + 3`: token and owner name
 // (hex), grant time and age in µs (NULL: none recorded).
 HolderInfo holder_of(const PgRows& rows, int row, int at) {
-  HolderInfo h;
-  pg_unhex(rows.at(row, at), h.token);
-  pg_unhex(rows.at(row, at + 1), h.owner_name);
-  if (!rows.null(row, at + 2)) {
-    h.since = std::chrono::system_clock::time_point(std::chrono::duration_cast<std::chrono::system_clock::duration>(
-        std::chrono::microseconds(pg_to_ll(rows.at(row, at + 2)))));
-    h.held_for = std::chrono::milliseconds(pg_to_ll(rows.at(row, at + 3)) / 1000);
-  }
-  return h;
+  std::string token, owner_name;
+  pg_unhex(rows.at(row, at), token);
+  pg_unhex(rows.at(row, at + 1), owner_name);
+  if (rows.null(row, at + 2)) return sqlcommon::holder(std::move(token), std::move(owner_name), std::nullopt, 0);
+  return sqlcommon::holder(std::move(token), std::move(owner_name), pg_to_ll(rows.at(row, at + 2)),
+                           pg_to_ll(rows.at(row, at + 3)));
 }
 
 }  // namespace
@@ -1020,85 +1018,35 @@ HolderInfo holder_of(const PgRows& rows, int row, int at) {
 void PgStore::inspect(std::string_view name, InspectDone done) {
   // The lock row, then (a kind's marker in it) the live holders' rows, in
   // one round trip: both statements go out together.
-  struct Answer {
-    LockInfo info;
-    bool failed = false;
-    InspectDone done;
-  };
-  auto answer = std::make_shared<Answer>();
-  answer->done = std::move(done);
+  auto answer = std::make_shared<sqlcommon::Inspection>(std::move(done));
   PgConnection& conn = command_connection();
   conn.execute("lockwatch_inspect", {pg_hex(name)}, [answer](const PgRows& rows, const StoreError* err) {
-    if (err) {
-      answer->failed = true;
-      return answer->done(LockInfo{}, err);
-    }
+    if (err) return answer->fail(err);
     if (rows.size() != 1) return;
-    LockInfo& info = answer->info;
-    long long us = pg_to_ll(rows.at(0, 0));
     std::string owner;
     pg_unhex(rows.at(0, 2), owner);
-    info.held = us > 0 && !owner.empty();
-    info.ttl = info.held ? ceil_ms(us) : std::chrono::milliseconds(0);
-    info.fencing_token = static_cast<std::uint64_t>(pg_to_ll(rows.at(0, 1)));
-    if (!info.held) return;
-    info.kind = kinds::kind_of_marker(owner);
-    if (!info.kind.exclusive_kind()) return;
-    info.holders.push_back(holder_of(rows, 0, 2));
-    info.owner = std::move(owner);
+    answer->lock_row(pg_to_ll(rows.at(0, 0)), static_cast<std::uint64_t>(pg_to_ll(rows.at(0, 1))), std::move(owner),
+                     holder_of(rows, 0, 2));
   });
   conn.execute("lockwatch_holders", {pg_hex(name)}, [answer](const PgRows& rows, const StoreError* err) {
-    if (answer->failed) return;
-    if (err) return answer->done(LockInfo{}, err);
-    LockInfo& info = answer->info;
-    if (info.held && !info.kind.exclusive_kind())
-      for (int r = 0; r < rows.size(); ++r) info.holders.push_back(holder_of(rows, r, 0));
-    if (info.kind.mode() == LockKind::Mode::kFair && !info.holders.empty()) info.owner = info.holders.front().token;
-    answer->done(info, nullptr);
+    if (err) return answer->fail(err);
+    if (answer->wants_holders())
+      for (int r = 0; r < rows.size(); ++r) answer->add_holder(holder_of(rows, r, 0));
+    answer->finish();
   });
 }
 
 void PgStore::list_locks(std::string_view prefix, std::size_t limit, ListDone done) {
-  struct Listing {
-    std::vector<std::string> names;
-    std::vector<LockInfo> infos;
-    std::size_t answered = 0;
-    std::optional<StoreError> error;
-    ListDone done;
-  };
-  auto listing = std::make_shared<Listing>();
-  listing->done = std::move(done);
-  std::string pattern;
-  for (char c : encode(prefix)) {
-    if (c == '%' || c == '_' || c == '\\') pattern.push_back('\\');
-    pattern.push_back(c);
-  }
-  pattern.push_back('%');
   command_connection().execute(
-      "lockwatch_list", {pg_hex(pattern), std::to_string(limit)}, [this, listing](const PgRows& rows, const StoreError* err) {
-        if (err) return listing->done({}, err);
+      "lockwatch_list", {pg_hex(sqlcommon::like_prefix(encode(prefix))), std::to_string(limit)},
+      [this, done = std::move(done)](const PgRows& rows, const StoreError* err) mutable {
+        if (err) return done({}, err);
+        std::vector<std::string> names;
         for (int r = 0; r < rows.size(); ++r) {
           std::string name;
-          if (pg_unhex(rows.at(r, 0), name)) listing->names.push_back(std::move(name));
+          if (pg_unhex(rows.at(r, 0), name)) names.push_back(std::move(name));
         }
-        listing->infos.resize(listing->names.size());
-        auto finish = [this, listing] {
-          if (listing->error) return listing->done({}, &*listing->error);
-          std::vector<LockInfo> out;
-          for (std::size_t i = 0; i < listing->names.size(); ++i) {
-            if (!listing->infos[i].held) continue;
-            listing->infos[i].key = listing->names[i].substr(traits().keys.prefix.size());
-            out.push_back(std::move(listing->infos[i]));
-          }
-          listing->done(std::move(out), nullptr);
-        };
-        if (listing->names.empty()) return finish();
-        for (std::size_t i = 0; i < listing->names.size(); ++i)
-          inspect(listing->names[i], [listing, i, finish](const LockInfo& info, const StoreError* e) {
-            if (e && !listing->error) listing->error = *e;
-            listing->infos[i] = info;
-            if (++listing->answered == listing->names.size()) finish();
-          });
+        sqlcommon::list_inspected(*this, std::move(names), traits().keys.prefix.size(), std::move(done));
       });
 }
 

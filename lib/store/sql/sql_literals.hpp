@@ -14,6 +14,7 @@
 
 #include "store/capabilities.hpp"
 #include "store/kind_rules.hpp"
+#include "store/sqlcommon/inspection.hpp"
 
 namespace lockwatch::detail::sql {
 
@@ -21,6 +22,8 @@ using kinds::kFairMarker;
 using kinds::kMarkerPrefix;
 using kinds::kPermitsMarker;
 using kinds::kSharedMarker;
+using sqlcommon::like_prefix;
+using sqlcommon::ms_up;
 // The one writer's mark of a lock, in the companion table.
 inline constexpr std::string_view kWriterOwner = "lockwatch:writer";
 // How long a writer's mark stops new readers after its last attempt (the
@@ -79,20 +82,12 @@ inline long long to_ll(std::string_view s) {
   return v;
 }
 
-// Microseconds left, as an answer gave them, in whole milliseconds (up).
-inline std::chrono::milliseconds ms_up(long long us) {
-  return std::chrono::milliseconds(us <= 0 ? 0 : (us + 999) / 1000);
-}
-
 // A holder from its row's answer: token, owner name, grant time as
 // "<unix seconds>[.<fraction>]" (empty: none recorded), and the
 // microseconds since then on the server's clock.
 inline HolderInfo holder(std::string_view token, std::string_view owner_name, std::string_view granted,
                          std::string_view held_us) {
-  HolderInfo h;
-  h.token.assign(token);
-  h.owner_name.assign(owner_name);
-  if (granted.empty()) return h;
+  if (granted.empty()) return sqlcommon::holder(std::string(token), std::string(owner_name), std::nullopt, 0);
   const auto dot = granted.find('.');
   long long us = to_ll(granted.substr(0, dot)) * 1000000;
   if (dot != std::string_view::npos) {
@@ -100,23 +95,7 @@ inline HolderInfo holder(std::string_view token, std::string_view owner_name, st
     frac.resize(6, '0');
     us += to_ll(frac);
   }
-  h.since = std::chrono::system_clock::time_point(
-      std::chrono::duration_cast<std::chrono::system_clock::duration>(std::chrono::microseconds(us)));
-  h.held_for = std::chrono::milliseconds(std::max(0LL, to_ll(held_us) / 1000));
-  return h;
-}
-
-// A LIKE pattern for the names that start with `prefix`: its '%', '_' and
-// backslashes escaped with a backslash (both servers' default escape), then '%'.
-inline std::string like_prefix(std::string_view prefix) {
-  std::string out;
-  out.reserve(prefix.size() + 1);
-  for (char c : prefix) {
-    if (c == '%' || c == '_' || c == '\\') out.push_back('\\');
-    out.push_back(c);
-  }
-  out.push_back('%');
-  return out;
+  return sqlcommon::holder(std::string(token), std::string(owner_name), us, to_ll(held_us));
 }
 
 }  // namespace lockwatch::detail::sql

@@ -11,6 +11,7 @@
 #include "core/option_checks.hpp"
 #include "core/token.hpp"
 #include "store/sql/sql_literals.hpp"
+#include "store/sqlcommon/inspection.hpp"
 #include "store/sql/sql_error.hpp"
 
 namespace lockwatch::detail {
@@ -659,14 +660,7 @@ void SqlStore::inspect(std::string_view name, InspectDone done) {
   // deadline, its owner the marker; fair waiters alone do not hold it.
   // Then, in the same round trip, the live holders of those kinds, each
   // with its owner name and grant time (the row's own for exclusive).
-  struct Answer {
-    LockInfo info;
-    std::string owner_name;
-    bool failed = false;
-    InspectDone done;
-  };
-  auto answer = std::make_shared<Answer>();
-  answer->done = std::move(done);
+  auto answer = std::make_shared<sqlcommon::Inspection>(std::move(done));
   SqlConnection& conn = command_connection();
   conn.query(
       fmt::format("SELECT GREATEST(TIMESTAMPDIFF(MICROSECOND, NOW(6), IF(owner LIKE '{}%', (SELECT MAX(h.expires_at) "
@@ -675,77 +669,36 @@ void SqlStore::inspect(std::string_view name, InspectDone done) {
                   "FROM {} l WHERE lock_name = {}",
                   sql::kMarkerPrefix, holders_, table_, hex(name)),
       [answer](const SqlResult& r, const StoreError* err) {
-        if (err) {
-          answer->failed = true;
-          answer->done(LockInfo{}, err);
-          return;
-        }
-        LockInfo& info = answer->info;
+        if (err) return answer->fail(err);
         if (r.rows.empty() || r.rows[0].size() != 6) return;
         const auto& row = r.rows[0];
-        long long us = to_ll(row[0]);
-        info.held = us > 0 && !row[2].empty();
-        info.ttl = info.held ? sql::ms_up(us) : std::chrono::milliseconds(0);
-        info.fencing_token = static_cast<std::uint64_t>(to_ll(row[1]));
-        if (!info.held) return;
-        info.kind = kinds::kind_of_marker(row[2]);
-        if (!info.kind.exclusive_kind()) return;
-        info.owner = row[2];
-        info.holders.push_back(sql::holder(row[2], row[3], row[4], row[5]));
+        answer->lock_row(to_ll(row[0]), static_cast<std::uint64_t>(to_ll(row[1])), row[2],
+                         sql::holder(row[2], row[3], row[4], row[5]));
       });
   conn.query(fmt::format("SELECT owner, owner_name, UNIX_TIMESTAMP(granted_at), TIMESTAMPDIFF(MICROSECOND, granted_at, "
                          "NOW(6)) FROM {} WHERE lock_name = {} AND role IN ('r', 'p', 'f') AND expires_at > NOW(6) "
                          "ORDER BY granted_at",
                          holders_, hex(name)),
              [answer](const SqlResult& r, const StoreError* err) {
-               if (answer->failed) return;
-               LockInfo& info = answer->info;
-               if (err) return answer->done(LockInfo{}, err);
-               if (info.held && !info.kind.exclusive_kind())
+               if (err) return answer->fail(err);
+               if (answer->wants_holders())
                  for (const auto& row : r.rows)
-                   if (row.size() == 4) info.holders.push_back(sql::holder(row[0], row[1], row[2], row[3]));
-               if (info.kind.mode() == LockKind::Mode::kFair && !info.holders.empty())
-                 info.owner = info.holders.front().token;
-               answer->done(info, nullptr);
+                   if (row.size() == 4) answer->add_holder(sql::holder(row[0], row[1], row[2], row[3]));
+               answer->finish();
              });
 }
 
 void SqlStore::list_locks(std::string_view prefix, std::size_t limit, ListDone done) {
-  struct Listing {
-    std::vector<std::string> names;
-    std::vector<LockInfo> infos;
-    std::size_t answered = 0;
-    std::optional<StoreError> error;
-    ListDone done;
-  };
-  auto listing = std::make_shared<Listing>();
-  listing->done = std::move(done);
   command_connection().query(
       fmt::format("SELECT lock_name FROM {} WHERE lock_name LIKE {} AND owner <> '' AND expires_at > NOW(6) "
                   "ORDER BY lock_name LIMIT {}",
                   table_, hex(sql::like_prefix(encode(prefix))), limit),
-      [this, listing](const SqlResult& r, const StoreError* err) {
-        if (err) return listing->done({}, err);
+      [this, done = std::move(done)](const SqlResult& r, const StoreError* err) mutable {
+        if (err) return done({}, err);
+        std::vector<std::string> names;
         for (const auto& row : r.rows)
-          if (!row.empty()) listing->names.push_back(row[0]);
-        listing->infos.resize(listing->names.size());
-        auto finish = [this, listing] {
-          if (listing->error) return listing->done({}, &*listing->error);
-          std::vector<LockInfo> out;
-          for (std::size_t i = 0; i < listing->names.size(); ++i) {
-            if (!listing->infos[i].held) continue;
-            listing->infos[i].key = listing->names[i].substr(traits().keys.prefix.size());
-            out.push_back(std::move(listing->infos[i]));
-          }
-          listing->done(std::move(out), nullptr);
-        };
-        if (listing->names.empty()) return finish();
-        for (std::size_t i = 0; i < listing->names.size(); ++i)
-          inspect(listing->names[i], [listing, i, finish](const LockInfo& info, const StoreError* e) {
-            if (e && !listing->error) listing->error = *e;
-            listing->infos[i] = info;
-            if (++listing->answered == listing->names.size()) finish();
-          });
+          if (!row.empty()) names.push_back(row[0]);
+        sqlcommon::list_inspected(*this, std::move(names), traits().keys.prefix.size(), std::move(done));
       });
 }
 
