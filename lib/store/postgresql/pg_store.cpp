@@ -13,6 +13,8 @@
 #include "lockwatch/errors.hpp"
 #include "store/kind_rules.hpp"
 #include "store/postgresql/pg_error.hpp"
+#include "store/sqlcommon/batching.hpp"
+#include "store/sqlcommon/claims.hpp"
 #include "store/sqlcommon/inspection.hpp"
 
 namespace lockwatch::detail {
@@ -20,8 +22,6 @@ namespace lockwatch::detail {
 namespace {
 
 constexpr int kPgCommandConnections = 2;
-// An acquire, renew or release statement names at most this many locks.
-constexpr std::size_t kPgChunk = 512;
 // The kinds' acquisitions one transaction carries at most (a whole set of
 // lockwatch::max_set_keys fits).
 constexpr std::size_t kPgKindGroup = 64;
@@ -565,12 +565,7 @@ void PgStore::started() {
   renew_->start();
 }
 
-PgConnection& PgStore::command_connection() {
-  PgConnection* best = commands_.front().get();
-  for (auto& c : commands_)
-    if (c->pending() < best->pending()) best = c.get();
-  return *best;
-}
+PgConnection& PgStore::command_connection() { return sqlcommon::least_pending(commands_); }
 
 // ---- acquire
 
@@ -687,7 +682,7 @@ void PgStore::send_acquisitions() {
   if (acquires_.empty()) return;
   std::vector<PendingAcquire> all = std::move(acquires_);
   acquires_.clear();
-  std::stable_sort(all.begin(), all.end(), [](const auto& a, const auto& b) { return a.name < b.name; });
+  sqlcommon::by_name(all);
   // ON CONFLICT updates a row once per statement: the k-th request for a
   // name in this turn goes in the k-th statement.
   std::vector<std::vector<PendingAcquire>> rounds;
@@ -701,14 +696,12 @@ void PgStore::send_acquisitions() {
     }
     i = j;
   }
-  for (auto& round : rounds) {
-    for (std::size_t from = 0; from < round.size(); from += kPgChunk) {
+  for (auto& round : rounds)
+    sqlcommon::in_chunks(round, [this](std::vector<PendingAcquire> part) {
       auto batch = std::make_shared<AcquireBatch>();
-      auto to = std::min(round.size(), from + kPgChunk);
-      batch->locks.assign(std::make_move_iterator(round.begin() + from), std::make_move_iterator(round.begin() + to));
+      batch->locks = std::move(part);
       acquire_batch(std::move(batch));
-    }
-  }
+    });
 }
 
 void PgStore::acquire_batch(std::shared_ptr<AcquireBatch> batch) {
@@ -811,8 +804,8 @@ std::size_t PgStore::renew(std::span<const LockRef> locks, std::shared_ptr<const
   for (std::size_t i : order) (batch->locks[i].kind.exclusive_kind() ? exclusive : kinds).push_back(i);
   std::size_t statements = 0;
   for (const auto* group : {&exclusive, &kinds}) {
-    for (std::size_t from = 0; from < group->size(); from += kPgChunk) {
-      std::size_t to = std::min(group->size(), from + kPgChunk);
+    for (std::size_t from = 0; from < group->size(); from += sqlcommon::kChunk) {
+      std::size_t to = std::min(group->size(), from + sqlcommon::kChunk);
       renew_group(batch, std::vector<std::size_t>(group->begin() + from, group->begin() + to), group == &kinds);
       ++statements;
     }
@@ -881,8 +874,7 @@ void PgStore::release(std::span<const LockRef> locks, bool notify, ReleaseDone d
     (locks[i].kind.exclusive_kind() ? queue : kinds->locks).push_back(std::move(r));
   }
   if (!kinds->locks.empty()) {
-    std::stable_sort(kinds->locks.begin(), kinds->locks.end(),
-                     [](const auto& a, const auto& b) { return a.name < b.name; });
+    sqlcommon::by_name(kinds->locks);
     release_batch(std::move(kinds));
   }
   if (!queue.empty()) turn_end_.request();
@@ -895,14 +887,13 @@ void PgStore::send_releases() {
     std::vector<PendingRelease> all = std::move(queue);
     queue.clear();
     // In name order, as the other statements lock rows.
-    std::stable_sort(all.begin(), all.end(), [](const auto& a, const auto& b) { return a.name < b.name; });
-    for (std::size_t from = 0; from < all.size(); from += kPgChunk) {
+    sqlcommon::by_name(all);
+    sqlcommon::in_chunks(all, [this, notify](std::vector<PendingRelease> part) {
       auto batch = std::make_shared<ReleaseBatch>();
       batch->notify = notify;
-      auto to = std::min(all.size(), from + kPgChunk);
-      batch->locks.assign(std::make_move_iterator(all.begin() + from), std::make_move_iterator(all.begin() + to));
+      batch->locks = std::move(part);
       release_batch(std::move(batch));
-    }
+    });
   }
 }
 
@@ -982,20 +973,9 @@ void PgStore::claim_period(std::string_view name, std::string_view token, std::i
           return;
         }
         out.store_time = from_micros(pg_to_ll(rows.at(0, 1)));
-        const bool claimed = rows.at(0, 0) == "1";
-        const bool ours = !rows.null(0, 2) && rows.at(0, 2) == "t";
-        const bool ran = !rows.null(0, 4);
-        out.last = ran ? pg_to_ll(rows.at(0, 4)) : 0;
-        if (claimed) {
-          out.status = ClaimResult::Status::kClaimed;
-          out.last = period;
-        } else if (!ours) {
-          out.status = ClaimResult::Status::kNotLeader;
-        } else if (ran && out.last >= period) {
-          out.status = ClaimResult::Status::kAlreadyRun;
-        } else {
-          out.status = ClaimResult::Status::kNotDue;
-        }
+        sqlcommon::decide_claim(out, rows.at(0, 0) == "1", !rows.null(0, 2) && rows.at(0, 2) == "t",
+                                rows.null(0, 4) ? std::nullopt : std::optional<std::int64_t>(pg_to_ll(rows.at(0, 4))),
+                                period);
         done(out);
       });
 }

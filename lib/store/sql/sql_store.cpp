@@ -11,6 +11,8 @@
 #include "core/option_checks.hpp"
 #include "core/token.hpp"
 #include "store/sql/sql_literals.hpp"
+#include "store/sqlcommon/batching.hpp"
+#include "store/sqlcommon/claims.hpp"
 #include "store/sqlcommon/inspection.hpp"
 #include "store/sql/sql_error.hpp"
 
@@ -32,7 +34,7 @@ namespace {
 constexpr int kCommandConnections = 2;
 // An acquire, renew or release statement names at most this many locks
 // (its text stays far below max_allowed_packet).
-constexpr std::size_t kChunk = 512;
+using sqlcommon::kChunk;
 // A deadlock or lock-wait timeout on the lock's row: the statement is
 // tried again this many times before the acquisition fails.
 constexpr int kAcquireAttempts = 3;
@@ -172,12 +174,7 @@ void SqlStore::started() {
   renew_->start();
 }
 
-SqlConnection& SqlStore::command_connection() {
-  SqlConnection* best = commands_.front().get();
-  for (auto& c : commands_)
-    if (c->pending() < best->pending()) best = c.get();
-  return *best;
-}
+SqlConnection& SqlStore::command_connection() { return sqlcommon::least_pending(commands_); }
 
 // One exclusive acquisition as the store keeps it until it is sent: owned
 // copies, since the statements are answered after the call returns.
@@ -214,13 +211,12 @@ void SqlStore::send_acquisitions() {
   if (acquires_.empty()) return;
   std::vector<PendingAcquire> all = std::move(acquires_);
   acquires_.clear();
-  std::stable_sort(all.begin(), all.end(), [](const auto& a, const auto& b) { return a.name < b.name; });
-  for (std::size_t from = 0; from < all.size(); from += kChunk) {
+  sqlcommon::by_name(all);
+  sqlcommon::in_chunks(all, [this](std::vector<PendingAcquire> part) {
     auto batch = std::make_shared<AcquireBatch>();
-    auto to = std::min(all.size(), from + kChunk);
-    batch->locks.assign(std::make_move_iterator(all.begin() + from), std::make_move_iterator(all.begin() + to));
+    batch->locks = std::move(part);
     acquire_batch(std::move(batch));
-  }
+  });
 }
 
 void SqlStore::acquire_batch(std::shared_ptr<AcquireBatch> batch) {
@@ -640,17 +636,8 @@ void SqlStore::claim_period(std::string_view name, std::string_view token, std::
                }
                const auto& row = r.rows[0];
                out.store_time = unix_time(row[0]);
-               out.last = row[3].empty() ? 0 : to_ll(row[3]);
-               if (*claimed == 1) {
-                 out.status = ClaimResult::Status::kClaimed;
-                 out.last = period;
-               } else if (row[1] != "1") {
-                 out.status = ClaimResult::Status::kNotLeader;
-               } else if (!row[3].empty() && out.last >= period) {
-                 out.status = ClaimResult::Status::kAlreadyRun;
-               } else {
-                 out.status = ClaimResult::Status::kNotDue;
-               }
+               sqlcommon::decide_claim(out, *claimed == 1, row[1] == "1",
+                                       row[3].empty() ? std::nullopt : std::optional<std::int64_t>(to_ll(row[3])), period);
                done(out);
              });
 }
