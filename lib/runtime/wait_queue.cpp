@@ -7,6 +7,7 @@
 #include "lockwatch/errors.hpp"
 #include "runtime/store_errors.hpp"
 #include "store/capabilities.hpp"
+#include "store/kind_rules.hpp"
 
 namespace lockwatch::detail {
 
@@ -45,15 +46,8 @@ struct WaitQueue::KeyWaiters final : TimerTask {
     queue->attempt_head(name);
   }
 
-  // Whether the head may ask the store now, given our own holders: none
-  // while we hold it exclusively; a permit only while we hold fewer than n;
-  // a reader, or a writer, while we hold it shared (the writer's attempt is
-  // what makes the store stop new readers for it).
-  bool admits(const LockKind& kind) const noexcept {
-    if (held_exclusive != 0) return false;
-    if (kind.mode() == LockKind::Mode::kPermits) return held_shared < kind.permit_count();
-    return true;
-  }
+  // Whether the head may ask the store now, given our own holders.
+  bool admits(const LockKind& kind) const noexcept { return kinds::admits(held_exclusive, held_shared, kind); }
   void count_grant(const LockKind& kind) noexcept { ++(kind.single_holder() ? held_exclusive : held_shared); }
   // Leases granted before this queue of waiters was made are not counted:
   // the count never goes below zero (the store still decides).

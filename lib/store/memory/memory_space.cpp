@@ -2,6 +2,7 @@
 
 #include <algorithm>
 
+#include "store/kind_rules.hpp"
 #include "store/memory/memory_store.hpp"
 
 namespace lockwatch::detail {
@@ -56,6 +57,14 @@ milliseconds MemorySpace::State::Entry::next_expiry(Clock::time_point now) const
   return first == Clock::time_point::max() ? milliseconds(0) : std::chrono::ceil<milliseconds>(first - now);
 }
 
+std::optional<LockKind> MemorySpace::State::Entry::held_kind(Clock::time_point now) const {
+  if (permits > 0) return LockKind::permits(permits);
+  if (fair) return LockKind::fair();
+  if (expires > now) return LockKind::exclusive();
+  if (!holders.empty()) return LockKind::shared();
+  return std::nullopt;
+}
+
 Acquired MemorySpace::State::wrong_kind(const LockRef& lock, const std::string& held_as) {
   Acquired out;
   out.status = Acquired::Status::kFailed;
@@ -70,6 +79,8 @@ Acquired MemorySpace::State::acquire(const LockRef& lock, std::string_view owner
   if (it == entries_.end()) it = entries_.emplace(std::string(lock.name), Entry{}).first;
   Entry& e = it->second;
   e.purge(now);
+  if (auto held = e.held_kind(now); held && !kinds::same_family(*held, lock.kind))
+    return wrong_kind(lock, kinds::held_as(*held));
   Acquired out;
   switch (lock.kind.mode()) {
     case LockKind::Mode::kShared: out = acquire_shared(e, lock, now); break;
@@ -88,8 +99,6 @@ void MemorySpace::State::Entry::record(std::string_view token, std::string_view 
 }
 
 Acquired MemorySpace::State::acquire_exclusive(Entry& e, const LockRef& lock, Clock::time_point now) {
-  if (e.permits > 0) return wrong_kind(lock, "a semaphore of " + LockKind::permits(e.permits).describe());
-  if (e.fair) return wrong_kind(lock, "a fair lock");
   Acquired out;
   if ((e.expires > now && e.owner != lock.token) || !e.holders.empty()) {
     // Readers hold it: new readers wait behind this writer while it waits.
@@ -122,8 +131,6 @@ Acquired MemorySpace::State::acquire_exclusive(Entry& e, const LockRef& lock, Cl
 }
 
 Acquired MemorySpace::State::acquire_shared(Entry& e, const LockRef& lock, Clock::time_point now) {
-  if (e.permits > 0) return wrong_kind(lock, "a semaphore of " + LockKind::permits(e.permits).describe());
-  if (e.fair) return wrong_kind(lock, "a fair lock");
   Acquired out;
   auto mine = e.holders.find(lock.token);
   const bool writer = e.expires > now;
@@ -140,10 +147,6 @@ Acquired MemorySpace::State::acquire_shared(Entry& e, const LockRef& lock, Clock
 
 Acquired MemorySpace::State::acquire_permit(Entry& e, const LockRef& lock, Clock::time_point now) {
   const std::uint32_t n = lock.kind.permit_count();
-  if (e.expires > now) return wrong_kind(lock, "an exclusive lock");
-  if (e.fair) return wrong_kind(lock, "a fair lock");
-  if (!e.holders.empty() && e.permits == 0) return wrong_kind(lock, "a shared lock");
-  if (e.permits > 0 && e.permits != n) return wrong_kind(lock, "a semaphore of " + LockKind::permits(e.permits).describe());
   Acquired out;
   auto mine = e.holders.find(lock.token);
   if (mine == e.holders.end() && e.holders.size() >= n) {
@@ -163,9 +166,6 @@ Acquired MemorySpace::State::acquire_permit(Entry& e, const LockRef& lock, Clock
 // is granted only when the lock is free and it is first. A waiter that is
 // told busy tries again within a third of its ttl, which keeps its place.
 Acquired MemorySpace::State::acquire_fair(Entry& e, const LockRef& lock, Clock::time_point now) {
-  if (e.permits > 0) return wrong_kind(lock, "a semaphore of " + LockKind::permits(e.permits).describe());
-  if (e.expires > now) return wrong_kind(lock, "an exclusive lock");
-  if (!e.holders.empty() && !e.fair) return wrong_kind(lock, "a shared lock");
   e.fair = true;
   const auto until = now + lock.ttl;
   Acquired out;

@@ -125,6 +125,8 @@ class MemorySpace {
       void purge(Clock::time_point now);
       // The shortest time a holder has left (a waiter's next try).
       std::chrono::milliseconds next_expiry(Clock::time_point now) const;
+      // The kind the key is held (or waited for, fair) as after purge(); none when free.
+      std::optional<LockKind> held_kind(Clock::time_point now) const;
     };
     Acquired acquire_exclusive(Entry& e, const LockRef& lock, Clock::time_point now);
     Acquired acquire_shared(Entry& e, const LockRef& lock, Clock::time_point now);

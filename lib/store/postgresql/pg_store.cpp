@@ -11,15 +11,17 @@
 #include "core/loop.hpp"
 #include "core/option_checks.hpp"
 #include "lockwatch/errors.hpp"
+#include "store/kind_rules.hpp"
 #include "store/postgresql/pg_error.hpp"
+#include "store/sqlcommon/batching.hpp"
+#include "store/sqlcommon/claims.hpp"
+#include "store/sqlcommon/inspection.hpp"
 
 namespace lockwatch::detail {
 
 namespace {
 
 constexpr int kPgCommandConnections = 2;
-// An acquire, renew or release statement names at most this many locks.
-constexpr std::size_t kPgChunk = 512;
 // The kinds' acquisitions one transaction carries at most (a whole set of
 // lockwatch::max_set_keys fits).
 constexpr std::size_t kPgKindGroup = 64;
@@ -103,7 +105,7 @@ long long to_micros(std::chrono::system_clock::time_point t) {
   return std::chrono::duration_cast<std::chrono::microseconds>(t.time_since_epoch()).count();
 }
 
-std::chrono::milliseconds ceil_ms(long long us) { return std::chrono::milliseconds((std::max(us, 0LL) + 999) / 1000); }
+using sqlcommon::ms_up;
 
 // Shared, permit and fair locks (see pg_store.hpp). A lock row held by
 // them holds a marker instead of an owner token, expiring with the latest
@@ -465,25 +467,12 @@ std::vector<PgStatement> statements(const std::string& t, const std::string& h, 
 
 std::string quoted(const std::string& table) { return "\"" + table + "\""; }
 
-// What a lock row held as `kind` (not exclusive) holds instead of an owner
-// token.
-std::string pg_marker(LockKind kind) {
-  switch (kind.mode()) {
-    case LockKind::Mode::kShared: return "lockwatch:shared";
-    case LockKind::Mode::kFair: return "lockwatch:fair";
-    default: return "lockwatch:permits:" + std::to_string(kind.permit_count());
-  }
-}
-
 // How a lock row whose owner is `owner` is held, for the refusal of a
 // call of another kind.
 std::string pg_held_as(std::string_view owner) {
-  constexpr std::string_view kPermits = "lockwatch:permits:";
-  if (owner == "lockwatch:shared") return "shared";
-  if (owner == "lockwatch:fair") return "fair";
-  if (owner.starts_with(kPermits))
-    return fmt::format("a semaphore of {} permit(s)", owner.substr(kPermits.size()));
-  return "exclusive";
+  const LockKind kind = kinds::kind_of_marker(owner);
+  if (kind.mode() == LockKind::Mode::kPermits) return fmt::format("a semaphore of {} permit(s)", kind.permit_count());
+  return kind.describe();
 }
 
 std::string asked_as(LockKind kind) {
@@ -576,12 +565,7 @@ void PgStore::started() {
   renew_->start();
 }
 
-PgConnection& PgStore::command_connection() {
-  PgConnection* best = commands_.front().get();
-  for (auto& c : commands_)
-    if (c->pending() < best->pending()) best = c.get();
-  return *best;
-}
+PgConnection& PgStore::command_connection() { return sqlcommon::least_pending(commands_); }
 
 // ---- acquire
 
@@ -629,7 +613,7 @@ void PgStore::send_kind_acquisitions(std::vector<std::shared_ptr<PendingAcquire>
   for (const auto& a : group) {
     const bool fair = a->kind.mode() == LockKind::Mode::kFair;
     calls.push_back({fair ? "lockwatch_acquire_fair" : "lockwatch_acquire_kind",
-                     {pg_hex(a->name), pg_hex(a->token), std::to_string(pg_micros(a->ttl)), pg_hex(pg_marker(a->kind)),
+                     {pg_hex(a->name), pg_hex(a->token), std::to_string(pg_micros(a->ttl)), pg_hex(kinds::marker(a->kind)),
                       fair ? channel_ : std::to_string(a->kind.permit_count())}});
   }
   auto shared = std::make_shared<std::vector<std::shared_ptr<PendingAcquire>>>(std::move(group));
@@ -670,7 +654,7 @@ Acquired PgStore::kind_outcome(const PendingAcquire& a, const PgRows& rows) cons
     out.fence = static_cast<std::uint64_t>(pg_to_ll(rows.at(0, 1)));
   } else if (verdict == "b") {
     out.status = Acquired::Status::kBusy;
-    auto busy = rows.null(0, 2) ? std::chrono::milliseconds(1) : ceil_ms(pg_to_ll(rows.at(0, 2)));
+    auto busy = rows.null(0, 2) ? std::chrono::milliseconds(1) : ms_up(pg_to_ll(rows.at(0, 2)));
     // A fair waiter comes back within a third of its ttl, which keeps
     // its place.
     if (fair) busy = std::min(busy, std::max(std::chrono::milliseconds(1), a.ttl / 3));
@@ -698,7 +682,7 @@ void PgStore::send_acquisitions() {
   if (acquires_.empty()) return;
   std::vector<PendingAcquire> all = std::move(acquires_);
   acquires_.clear();
-  std::stable_sort(all.begin(), all.end(), [](const auto& a, const auto& b) { return a.name < b.name; });
+  sqlcommon::by_name(all);
   // ON CONFLICT updates a row once per statement: the k-th request for a
   // name in this turn goes in the k-th statement.
   std::vector<std::vector<PendingAcquire>> rounds;
@@ -712,14 +696,12 @@ void PgStore::send_acquisitions() {
     }
     i = j;
   }
-  for (auto& round : rounds) {
-    for (std::size_t from = 0; from < round.size(); from += kPgChunk) {
+  for (auto& round : rounds)
+    sqlcommon::in_chunks(round, [this](std::vector<PendingAcquire> part) {
       auto batch = std::make_shared<AcquireBatch>();
-      auto to = std::min(round.size(), from + kPgChunk);
-      batch->locks.assign(std::make_move_iterator(round.begin() + from), std::make_move_iterator(round.begin() + to));
+      batch->locks = std::move(part);
       acquire_batch(std::move(batch));
-    }
-  }
+    });
 }
 
 void PgStore::acquire_batch(std::shared_ptr<AcquireBatch> batch) {
@@ -766,11 +748,11 @@ void PgStore::acquire_batch(std::shared_ptr<AcquireBatch> batch) {
         // Busy. No row in the snapshot (taken meanwhile by a statement
         // that started later): busy for a moment, then asked again.
         out.status = Acquired::Status::kBusy;
-        out.busy_for = rows.null(r, 2) ? std::chrono::milliseconds(1) : ceil_ms(pg_to_ll(rows.at(r, 2)));
+        out.busy_for = rows.null(r, 2) ? std::chrono::milliseconds(1) : ms_up(pg_to_ll(rows.at(r, 2)));
         std::string owner;
         if (!rows.null(r, 3) && pg_unhex(rows.at(r, 3), owner)) {
           const auto& lock = batch->locks[i];
-          if (owner == pg_marker(LockKind::shared())) {
+          if (owner == kinds::kSharedMarker) {
             // Readers hold it: our mark holds new ones back; it lives
             // min(2 s, ttl) and is renewed by the next attempt, which
             // comes within half of that.
@@ -822,8 +804,8 @@ std::size_t PgStore::renew(std::span<const LockRef> locks, std::shared_ptr<const
   for (std::size_t i : order) (batch->locks[i].kind.exclusive_kind() ? exclusive : kinds).push_back(i);
   std::size_t statements = 0;
   for (const auto* group : {&exclusive, &kinds}) {
-    for (std::size_t from = 0; from < group->size(); from += kPgChunk) {
-      std::size_t to = std::min(group->size(), from + kPgChunk);
+    for (std::size_t from = 0; from < group->size(); from += sqlcommon::kChunk) {
+      std::size_t to = std::min(group->size(), from + sqlcommon::kChunk);
       renew_group(batch, std::vector<std::size_t>(group->begin() + from, group->begin() + to), group == &kinds);
       ++statements;
     }
@@ -856,7 +838,7 @@ void PgStore::renew_group(std::shared_ptr<RenewBatch> batch, std::vector<std::si
     renew_->execute("lockwatch_renew", std::move(params), std::move(answered));
     return;
   }
-  params.push_back(hex_array(members.size(), [&](std::size_t k) { return pg_marker(l[members[k]].kind); }));
+  params.push_back(hex_array(members.size(), [&](std::size_t k) { return kinds::marker(l[members[k]].kind); }));
   std::vector<PgCall> calls;
   calls.push_back({"lockwatch_lock_rows", {params[0]}});
   calls.push_back({"lockwatch_renew_kind", std::move(params)});
@@ -892,8 +874,7 @@ void PgStore::release(std::span<const LockRef> locks, bool notify, ReleaseDone d
     (locks[i].kind.exclusive_kind() ? queue : kinds->locks).push_back(std::move(r));
   }
   if (!kinds->locks.empty()) {
-    std::stable_sort(kinds->locks.begin(), kinds->locks.end(),
-                     [](const auto& a, const auto& b) { return a.name < b.name; });
+    sqlcommon::by_name(kinds->locks);
     release_batch(std::move(kinds));
   }
   if (!queue.empty()) turn_end_.request();
@@ -906,25 +887,24 @@ void PgStore::send_releases() {
     std::vector<PendingRelease> all = std::move(queue);
     queue.clear();
     // In name order, as the other statements lock rows.
-    std::stable_sort(all.begin(), all.end(), [](const auto& a, const auto& b) { return a.name < b.name; });
-    for (std::size_t from = 0; from < all.size(); from += kPgChunk) {
+    sqlcommon::by_name(all);
+    sqlcommon::in_chunks(all, [this, notify](std::vector<PendingRelease> part) {
       auto batch = std::make_shared<ReleaseBatch>();
       batch->notify = notify;
-      auto to = std::min(all.size(), from + kPgChunk);
-      batch->locks.assign(std::make_move_iterator(all.begin() + from), std::make_move_iterator(all.begin() + to));
+      batch->locks = std::move(part);
       release_batch(std::move(batch));
-    }
+    });
   }
 }
 
 void PgStore::release_batch(std::shared_ptr<ReleaseBatch> batch) {
   const auto& l = batch->locks;
-  const bool kinds = !l.empty() && !l.front().kind.exclusive_kind();
+  const bool of_kinds = !l.empty() && !l.front().kind.exclusive_kind();
   std::vector<std::string> params{
       hex_array(l.size(), [&](std::size_t i) -> std::string_view { return l[i].name; }),
       hex_array(l.size(), [&](std::size_t i) -> std::string_view { return l[i].token; }),
   };
-  if (kinds) params.push_back(hex_array(l.size(), [&](std::size_t i) { return pg_marker(l[i].kind); }));
+  if (of_kinds) params.push_back(hex_array(l.size(), [&](std::size_t i) { return kinds::marker(l[i].kind); }));
   params.push_back(batch->notify ? "t" : "f");
   params.push_back(channel_);
   auto answered = [this, batch](const PgRows& rows, const StoreError* err) {
@@ -946,7 +926,7 @@ void PgStore::release_batch(std::shared_ptr<ReleaseBatch> batch) {
     }
     for (std::size_t k = 0; k < status.size(); ++k) (*batch->locks[k].done)(batch->locks[k].index, status[k], nullptr);
   };
-  if (!kinds) {
+  if (!of_kinds) {
     command_connection().execute("lockwatch_release", std::move(params), std::move(answered));
     return;
   }
@@ -993,20 +973,9 @@ void PgStore::claim_period(std::string_view name, std::string_view token, std::i
           return;
         }
         out.store_time = from_micros(pg_to_ll(rows.at(0, 1)));
-        const bool claimed = rows.at(0, 0) == "1";
-        const bool ours = !rows.null(0, 2) && rows.at(0, 2) == "t";
-        const bool ran = !rows.null(0, 4);
-        out.last = ran ? pg_to_ll(rows.at(0, 4)) : 0;
-        if (claimed) {
-          out.status = ClaimResult::Status::kClaimed;
-          out.last = period;
-        } else if (!ours) {
-          out.status = ClaimResult::Status::kNotLeader;
-        } else if (ran && out.last >= period) {
-          out.status = ClaimResult::Status::kAlreadyRun;
-        } else {
-          out.status = ClaimResult::Status::kNotDue;
-        }
+        sqlcommon::decide_claim(out, rows.at(0, 0) == "1", !rows.null(0, 2) && rows.at(0, 2) == "t",
+                                rows.null(0, 4) ? std::nullopt : std::optional<std::int64_t>(pg_to_ll(rows.at(0, 4))),
+                                period);
         done(out);
       });
 }
@@ -1016,23 +985,12 @@ namespace {
 // A holder from an answer's columns `at`..`at + 3`: token and owner name
 // (hex), grant time and age in µs (NULL: none recorded).
 HolderInfo holder_of(const PgRows& rows, int row, int at) {
-  HolderInfo h;
-  pg_unhex(rows.at(row, at), h.token);
-  pg_unhex(rows.at(row, at + 1), h.owner_name);
-  if (!rows.null(row, at + 2)) {
-    h.since = std::chrono::system_clock::time_point(std::chrono::duration_cast<std::chrono::system_clock::duration>(
-        std::chrono::microseconds(pg_to_ll(rows.at(row, at + 2)))));
-    h.held_for = std::chrono::milliseconds(pg_to_ll(rows.at(row, at + 3)) / 1000);
-  }
-  return h;
-}
-
-LockKind pg_kind_of_owner(std::string_view owner) {
-  constexpr std::string_view kPermits = "lockwatch:permits:";
-  if (owner == "lockwatch:shared") return LockKind::shared();
-  if (owner == "lockwatch:fair") return LockKind::fair();
-  if (owner.starts_with(kPermits)) return LockKind::permits(static_cast<std::uint32_t>(pg_to_ll(owner.substr(kPermits.size()))));
-  return LockKind::exclusive();
+  std::string token, owner_name;
+  pg_unhex(rows.at(row, at), token);
+  pg_unhex(rows.at(row, at + 1), owner_name);
+  if (rows.null(row, at + 2)) return sqlcommon::holder(std::move(token), std::move(owner_name), std::nullopt, 0);
+  return sqlcommon::holder(std::move(token), std::move(owner_name), pg_to_ll(rows.at(row, at + 2)),
+                           pg_to_ll(rows.at(row, at + 3)));
 }
 
 }  // namespace
@@ -1040,85 +998,35 @@ LockKind pg_kind_of_owner(std::string_view owner) {
 void PgStore::inspect(std::string_view name, InspectDone done) {
   // The lock row, then (a kind's marker in it) the live holders' rows, in
   // one round trip: both statements go out together.
-  struct Answer {
-    LockInfo info;
-    bool failed = false;
-    InspectDone done;
-  };
-  auto answer = std::make_shared<Answer>();
-  answer->done = std::move(done);
+  auto answer = std::make_shared<sqlcommon::Inspection>(std::move(done));
   PgConnection& conn = command_connection();
   conn.execute("lockwatch_inspect", {pg_hex(name)}, [answer](const PgRows& rows, const StoreError* err) {
-    if (err) {
-      answer->failed = true;
-      return answer->done(LockInfo{}, err);
-    }
+    if (err) return answer->fail(err);
     if (rows.size() != 1) return;
-    LockInfo& info = answer->info;
-    long long us = pg_to_ll(rows.at(0, 0));
     std::string owner;
     pg_unhex(rows.at(0, 2), owner);
-    info.held = us > 0 && !owner.empty();
-    info.ttl = info.held ? ceil_ms(us) : std::chrono::milliseconds(0);
-    info.fencing_token = static_cast<std::uint64_t>(pg_to_ll(rows.at(0, 1)));
-    if (!info.held) return;
-    info.kind = pg_kind_of_owner(owner);
-    if (!info.kind.exclusive_kind()) return;
-    info.holders.push_back(holder_of(rows, 0, 2));
-    info.owner = std::move(owner);
+    answer->lock_row(pg_to_ll(rows.at(0, 0)), static_cast<std::uint64_t>(pg_to_ll(rows.at(0, 1))), std::move(owner),
+                     holder_of(rows, 0, 2));
   });
   conn.execute("lockwatch_holders", {pg_hex(name)}, [answer](const PgRows& rows, const StoreError* err) {
-    if (answer->failed) return;
-    if (err) return answer->done(LockInfo{}, err);
-    LockInfo& info = answer->info;
-    if (info.held && !info.kind.exclusive_kind())
-      for (int r = 0; r < rows.size(); ++r) info.holders.push_back(holder_of(rows, r, 0));
-    if (info.kind.mode() == LockKind::Mode::kFair && !info.holders.empty()) info.owner = info.holders.front().token;
-    answer->done(info, nullptr);
+    if (err) return answer->fail(err);
+    if (answer->wants_holders())
+      for (int r = 0; r < rows.size(); ++r) answer->add_holder(holder_of(rows, r, 0));
+    answer->finish();
   });
 }
 
 void PgStore::list_locks(std::string_view prefix, std::size_t limit, ListDone done) {
-  struct Listing {
-    std::vector<std::string> names;
-    std::vector<LockInfo> infos;
-    std::size_t answered = 0;
-    std::optional<StoreError> error;
-    ListDone done;
-  };
-  auto listing = std::make_shared<Listing>();
-  listing->done = std::move(done);
-  std::string pattern;
-  for (char c : encode(prefix)) {
-    if (c == '%' || c == '_' || c == '\\') pattern.push_back('\\');
-    pattern.push_back(c);
-  }
-  pattern.push_back('%');
   command_connection().execute(
-      "lockwatch_list", {pg_hex(pattern), std::to_string(limit)}, [this, listing](const PgRows& rows, const StoreError* err) {
-        if (err) return listing->done({}, err);
+      "lockwatch_list", {pg_hex(sqlcommon::like_prefix(encode(prefix))), std::to_string(limit)},
+      [this, done = std::move(done)](const PgRows& rows, const StoreError* err) mutable {
+        if (err) return done({}, err);
+        std::vector<std::string> names;
         for (int r = 0; r < rows.size(); ++r) {
           std::string name;
-          if (pg_unhex(rows.at(r, 0), name)) listing->names.push_back(std::move(name));
+          if (pg_unhex(rows.at(r, 0), name)) names.push_back(std::move(name));
         }
-        listing->infos.resize(listing->names.size());
-        auto finish = [this, listing] {
-          if (listing->error) return listing->done({}, &*listing->error);
-          std::vector<LockInfo> out;
-          for (std::size_t i = 0; i < listing->names.size(); ++i) {
-            if (!listing->infos[i].held) continue;
-            listing->infos[i].key = listing->names[i].substr(traits().keys.prefix.size());
-            out.push_back(std::move(listing->infos[i]));
-          }
-          listing->done(std::move(out), nullptr);
-        };
-        if (listing->names.empty()) return finish();
-        for (std::size_t i = 0; i < listing->names.size(); ++i)
-          inspect(listing->names[i], [listing, i, finish](const LockInfo& info, const StoreError* e) {
-            if (e && !listing->error) listing->error = *e;
-            listing->infos[i] = info;
-            if (++listing->answered == listing->names.size()) finish();
-          });
+        sqlcommon::list_inspected(*this, std::move(names), traits().keys.prefix.size(), std::move(done));
       });
 }
 

@@ -2,9 +2,8 @@
 // statements and reads numbers back from their text answers.
 //
 // Names and tokens go in as hex literals: any bytes, no escaping, nothing a
-// key holds can change a statement. The markers are what the lock row's
-// owner holds while shared, permit or fair holders (or fair waiters) hold
-// the key: owner tokens are hex, so none of them starts with "lockwatch:".
+// key holds can change a statement. The kinds' markers are in
+// store/kind_rules.hpp.
 #pragma once
 
 #include <algorithm>
@@ -14,30 +13,25 @@
 #include <string_view>
 
 #include "store/capabilities.hpp"
+#include "store/kind_rules.hpp"
+#include "store/sqlcommon/inspection.hpp"
 
 namespace lockwatch::detail::sql {
 
-inline constexpr std::string_view kSharedMarker = "lockwatch:shared";
-inline constexpr std::string_view kPermitsMarker = "lockwatch:permits:";  // + n
-inline constexpr std::string_view kFairMarker = "lockwatch:fair";
-inline constexpr std::string_view kMarkerPrefix = "lockwatch:";
+using kinds::kFairMarker;
+using kinds::kMarkerPrefix;
+using kinds::kPermitsMarker;
+using kinds::kSharedMarker;
+using sqlcommon::like_prefix;
+using sqlcommon::ms_up;
 // The one writer's mark of a lock, in the companion table.
 inline constexpr std::string_view kWriterOwner = "lockwatch:writer";
 // How long a writer's mark stops new readers after its last attempt (the
 // writer's ttl if shorter), as on Redis.
 inline constexpr std::chrono::milliseconds kWriterMark{2000};
 
-// How a key is held, as its lock row's owner says: "an exclusive lock", "a
-// shared lock", "a semaphore of 2 permits", "a fair lock".
-inline std::string held_as(std::string_view owner) {
-  if (owner == kSharedMarker) return "a shared lock";
-  if (owner == kFairMarker) return "a fair lock";
-  if (owner.starts_with(kPermitsMarker)) {
-    std::string n(owner.substr(kPermitsMarker.size()));
-    return "a semaphore of " + n + (n == "1" ? " permit" : " permits");
-  }
-  return "an exclusive lock";
-}
+// How a key is held, as its lock row's owner says (kinds::held_as).
+inline std::string held_as(std::string_view owner) { return kinds::held_as(kinds::kind_of_marker(owner)); }
 
 inline std::string hex(std::string_view bytes) {
   static constexpr char kHex[] = "0123456789abcdef";
@@ -88,33 +82,12 @@ inline long long to_ll(std::string_view s) {
   return v;
 }
 
-// Microseconds left, as an answer gave them, in whole milliseconds (up).
-inline std::chrono::milliseconds ms_up(long long us) {
-  return std::chrono::milliseconds(us <= 0 ? 0 : (us + 999) / 1000);
-}
-
-// The kind a lock row's owner says it is held as (an owner token: exclusive).
-inline LockKind kind_of_owner(std::string_view owner) {
-  if (owner == kSharedMarker) return LockKind::shared();
-  if (owner == kFairMarker) return LockKind::fair();
-  if (owner.starts_with(kPermitsMarker)) {
-    std::uint32_t n = 0;
-    const auto digits = owner.substr(kPermitsMarker.size());
-    std::from_chars(digits.data(), digits.data() + digits.size(), n);
-    return LockKind::permits(n);
-  }
-  return LockKind::exclusive();
-}
-
 // A holder from its row's answer: token, owner name, grant time as
 // "<unix seconds>[.<fraction>]" (empty: none recorded), and the
 // microseconds since then on the server's clock.
 inline HolderInfo holder(std::string_view token, std::string_view owner_name, std::string_view granted,
                          std::string_view held_us) {
-  HolderInfo h;
-  h.token.assign(token);
-  h.owner_name.assign(owner_name);
-  if (granted.empty()) return h;
+  if (granted.empty()) return sqlcommon::holder(std::string(token), std::string(owner_name), std::nullopt, 0);
   const auto dot = granted.find('.');
   long long us = to_ll(granted.substr(0, dot)) * 1000000;
   if (dot != std::string_view::npos) {
@@ -122,23 +95,7 @@ inline HolderInfo holder(std::string_view token, std::string_view owner_name, st
     frac.resize(6, '0');
     us += to_ll(frac);
   }
-  h.since = std::chrono::system_clock::time_point(
-      std::chrono::duration_cast<std::chrono::system_clock::duration>(std::chrono::microseconds(us)));
-  h.held_for = std::chrono::milliseconds(std::max(0LL, to_ll(held_us) / 1000));
-  return h;
-}
-
-// A LIKE pattern for the names that start with `prefix`: its '%', '_' and
-// backslashes escaped with a backslash (both servers' default escape), then '%'.
-inline std::string like_prefix(std::string_view prefix) {
-  std::string out;
-  out.reserve(prefix.size() + 1);
-  for (char c : prefix) {
-    if (c == '%' || c == '_' || c == '\\') out.push_back('\\');
-    out.push_back(c);
-  }
-  out.push_back('%');
-  return out;
+  return sqlcommon::holder(std::string(token), std::string(owner_name), us, to_ll(held_us));
 }
 
 }  // namespace lockwatch::detail::sql

@@ -11,6 +11,9 @@
 #include "core/option_checks.hpp"
 #include "core/token.hpp"
 #include "store/sql/sql_literals.hpp"
+#include "store/sqlcommon/batching.hpp"
+#include "store/sqlcommon/claims.hpp"
+#include "store/sqlcommon/inspection.hpp"
 #include "store/sql/sql_error.hpp"
 
 namespace lockwatch::detail {
@@ -31,7 +34,7 @@ namespace {
 constexpr int kCommandConnections = 2;
 // An acquire, renew or release statement names at most this many locks
 // (its text stays far below max_allowed_packet).
-constexpr std::size_t kChunk = 512;
+using sqlcommon::kChunk;
 // A deadlock or lock-wait timeout on the lock's row: the statement is
 // tried again this many times before the acquisition fails.
 constexpr int kAcquireAttempts = 3;
@@ -171,12 +174,7 @@ void SqlStore::started() {
   renew_->start();
 }
 
-SqlConnection& SqlStore::command_connection() {
-  SqlConnection* best = commands_.front().get();
-  for (auto& c : commands_)
-    if (c->pending() < best->pending()) best = c.get();
-  return *best;
-}
+SqlConnection& SqlStore::command_connection() { return sqlcommon::least_pending(commands_); }
 
 // One exclusive acquisition as the store keeps it until it is sent: owned
 // copies, since the statements are answered after the call returns.
@@ -213,13 +211,12 @@ void SqlStore::send_acquisitions() {
   if (acquires_.empty()) return;
   std::vector<PendingAcquire> all = std::move(acquires_);
   acquires_.clear();
-  std::stable_sort(all.begin(), all.end(), [](const auto& a, const auto& b) { return a.name < b.name; });
-  for (std::size_t from = 0; from < all.size(); from += kChunk) {
+  sqlcommon::by_name(all);
+  sqlcommon::in_chunks(all, [this](std::vector<PendingAcquire> part) {
     auto batch = std::make_shared<AcquireBatch>();
-    auto to = std::min(all.size(), from + kChunk);
-    batch->locks.assign(std::make_move_iterator(all.begin() + from), std::make_move_iterator(all.begin() + to));
+    batch->locks = std::move(part);
     acquire_batch(std::move(batch));
-  }
+  });
 }
 
 void SqlStore::acquire_batch(std::shared_ptr<AcquireBatch> batch) {
@@ -639,17 +636,8 @@ void SqlStore::claim_period(std::string_view name, std::string_view token, std::
                }
                const auto& row = r.rows[0];
                out.store_time = unix_time(row[0]);
-               out.last = row[3].empty() ? 0 : to_ll(row[3]);
-               if (*claimed == 1) {
-                 out.status = ClaimResult::Status::kClaimed;
-                 out.last = period;
-               } else if (row[1] != "1") {
-                 out.status = ClaimResult::Status::kNotLeader;
-               } else if (!row[3].empty() && out.last >= period) {
-                 out.status = ClaimResult::Status::kAlreadyRun;
-               } else {
-                 out.status = ClaimResult::Status::kNotDue;
-               }
+               sqlcommon::decide_claim(out, *claimed == 1, row[1] == "1",
+                                       row[3].empty() ? std::nullopt : std::optional<std::int64_t>(to_ll(row[3])), period);
                done(out);
              });
 }
@@ -659,14 +647,7 @@ void SqlStore::inspect(std::string_view name, InspectDone done) {
   // deadline, its owner the marker; fair waiters alone do not hold it.
   // Then, in the same round trip, the live holders of those kinds, each
   // with its owner name and grant time (the row's own for exclusive).
-  struct Answer {
-    LockInfo info;
-    std::string owner_name;
-    bool failed = false;
-    InspectDone done;
-  };
-  auto answer = std::make_shared<Answer>();
-  answer->done = std::move(done);
+  auto answer = std::make_shared<sqlcommon::Inspection>(std::move(done));
   SqlConnection& conn = command_connection();
   conn.query(
       fmt::format("SELECT GREATEST(TIMESTAMPDIFF(MICROSECOND, NOW(6), IF(owner LIKE '{}%', (SELECT MAX(h.expires_at) "
@@ -675,77 +656,36 @@ void SqlStore::inspect(std::string_view name, InspectDone done) {
                   "FROM {} l WHERE lock_name = {}",
                   sql::kMarkerPrefix, holders_, table_, hex(name)),
       [answer](const SqlResult& r, const StoreError* err) {
-        if (err) {
-          answer->failed = true;
-          answer->done(LockInfo{}, err);
-          return;
-        }
-        LockInfo& info = answer->info;
+        if (err) return answer->fail(err);
         if (r.rows.empty() || r.rows[0].size() != 6) return;
         const auto& row = r.rows[0];
-        long long us = to_ll(row[0]);
-        info.held = us > 0 && !row[2].empty();
-        info.ttl = info.held ? sql::ms_up(us) : std::chrono::milliseconds(0);
-        info.fencing_token = static_cast<std::uint64_t>(to_ll(row[1]));
-        if (!info.held) return;
-        info.kind = sql::kind_of_owner(row[2]);
-        if (!info.kind.exclusive_kind()) return;
-        info.owner = row[2];
-        info.holders.push_back(sql::holder(row[2], row[3], row[4], row[5]));
+        answer->lock_row(to_ll(row[0]), static_cast<std::uint64_t>(to_ll(row[1])), row[2],
+                         sql::holder(row[2], row[3], row[4], row[5]));
       });
   conn.query(fmt::format("SELECT owner, owner_name, UNIX_TIMESTAMP(granted_at), TIMESTAMPDIFF(MICROSECOND, granted_at, "
                          "NOW(6)) FROM {} WHERE lock_name = {} AND role IN ('r', 'p', 'f') AND expires_at > NOW(6) "
                          "ORDER BY granted_at",
                          holders_, hex(name)),
              [answer](const SqlResult& r, const StoreError* err) {
-               if (answer->failed) return;
-               LockInfo& info = answer->info;
-               if (err) return answer->done(LockInfo{}, err);
-               if (info.held && !info.kind.exclusive_kind())
+               if (err) return answer->fail(err);
+               if (answer->wants_holders())
                  for (const auto& row : r.rows)
-                   if (row.size() == 4) info.holders.push_back(sql::holder(row[0], row[1], row[2], row[3]));
-               if (info.kind.mode() == LockKind::Mode::kFair && !info.holders.empty())
-                 info.owner = info.holders.front().token;
-               answer->done(info, nullptr);
+                   if (row.size() == 4) answer->add_holder(sql::holder(row[0], row[1], row[2], row[3]));
+               answer->finish();
              });
 }
 
 void SqlStore::list_locks(std::string_view prefix, std::size_t limit, ListDone done) {
-  struct Listing {
-    std::vector<std::string> names;
-    std::vector<LockInfo> infos;
-    std::size_t answered = 0;
-    std::optional<StoreError> error;
-    ListDone done;
-  };
-  auto listing = std::make_shared<Listing>();
-  listing->done = std::move(done);
   command_connection().query(
       fmt::format("SELECT lock_name FROM {} WHERE lock_name LIKE {} AND owner <> '' AND expires_at > NOW(6) "
                   "ORDER BY lock_name LIMIT {}",
                   table_, hex(sql::like_prefix(encode(prefix))), limit),
-      [this, listing](const SqlResult& r, const StoreError* err) {
-        if (err) return listing->done({}, err);
+      [this, done = std::move(done)](const SqlResult& r, const StoreError* err) mutable {
+        if (err) return done({}, err);
+        std::vector<std::string> names;
         for (const auto& row : r.rows)
-          if (!row.empty()) listing->names.push_back(row[0]);
-        listing->infos.resize(listing->names.size());
-        auto finish = [this, listing] {
-          if (listing->error) return listing->done({}, &*listing->error);
-          std::vector<LockInfo> out;
-          for (std::size_t i = 0; i < listing->names.size(); ++i) {
-            if (!listing->infos[i].held) continue;
-            listing->infos[i].key = listing->names[i].substr(traits().keys.prefix.size());
-            out.push_back(std::move(listing->infos[i]));
-          }
-          listing->done(std::move(out), nullptr);
-        };
-        if (listing->names.empty()) return finish();
-        for (std::size_t i = 0; i < listing->names.size(); ++i)
-          inspect(listing->names[i], [listing, i, finish](const LockInfo& info, const StoreError* e) {
-            if (e && !listing->error) listing->error = *e;
-            listing->infos[i] = info;
-            if (++listing->answered == listing->names.size()) finish();
-          });
+          if (!row.empty()) names.push_back(row[0]);
+        sqlcommon::list_inspected(*this, std::move(names), traits().keys.prefix.size(), std::move(done));
       });
 }
 

@@ -28,16 +28,6 @@ constexpr int kKindAttempts = 3;
 // lockwatch::max_set_keys fits).
 constexpr std::size_t kKindGroup = 64;
 
-std::string marker(LockKind kind) {
-  switch (kind.mode()) {
-    case LockKind::Mode::kShared: return std::string(sql::kSharedMarker);
-    case LockKind::Mode::kPermits: return std::string(sql::kPermitsMarker) + std::to_string(kind.permit_count());
-    case LockKind::Mode::kFair: return std::string(sql::kFairMarker);
-    case LockKind::Mode::kExclusive: break;
-  }
-  return {};
-}
-
 }  // namespace
 
 std::string SqlStore::transaction(const std::string& body) {
@@ -228,7 +218,7 @@ std::string SqlStore::kind_body(const KindAcquire& lock) const {
   const KindAcquire* a = &lock;
   const std::string n = hex(a->name);
   const std::string t = hex(a->token);
-  const std::string m = marker(a->kind);
+  const std::string m = kinds::marker(a->kind);
   const std::string deadline = fmt::format("@lw_now + INTERVAL {} MICROSECOND", micros(a->ttl));
   // The lock row (made when missing) is locked first; then, on the
   // database's clock, the rows whose time ran out are dropped, and the key

@@ -1,0 +1,90 @@
+// lib/store/kind_rules.hpp: the rules every store and the wait queue apply
+// to the kinds of lock (LockKind), written once.
+//
+//   markers    what a SQL lock row's owner holds while shared, permit or
+//              fair holders (or fair waiters) hold the key: owner tokens
+//              are hex, so none of them starts with "lockwatch:"; stored
+//              as they are, so existing tables keep their meaning
+//   family     one family per key at a time: exclusive and shared (a
+//              read-write lock), permits of one n, or fair
+//   held_as    how a refusal names the kind a key is held as
+//   admission  whether a process's own holders of a key let one more of
+//              its calls ask the store
+//
+// Pure functions over values: no state, any thread, no allocation but the
+// strings they return.
+#pragma once
+
+#include <charconv>
+#include <cstdint>
+#include <string>
+#include <string_view>
+
+#include "lockwatch/lock_kind.hpp"
+
+namespace lockwatch::detail::kinds {
+
+inline constexpr std::string_view kSharedMarker = "lockwatch:shared";
+inline constexpr std::string_view kPermitsMarker = "lockwatch:permits:";  // + n
+inline constexpr std::string_view kFairMarker = "lockwatch:fair";
+inline constexpr std::string_view kMarkerPrefix = "lockwatch:";
+
+// The marker of `kind`; empty for exclusive (its row holds the owner token).
+inline std::string marker(LockKind kind) {
+  switch (kind.mode()) {
+    case LockKind::Mode::kShared: return std::string(kSharedMarker);
+    case LockKind::Mode::kPermits: return std::string(kPermitsMarker) + std::to_string(kind.permit_count());
+    case LockKind::Mode::kFair: return std::string(kFairMarker);
+    case LockKind::Mode::kExclusive: break;
+  }
+  return {};
+}
+
+// The kind a lock row's owner says the key is held as: a marker's kind, or
+// exclusive for an owner token.
+inline LockKind kind_of_marker(std::string_view owner) {
+  if (owner == kSharedMarker) return LockKind::shared();
+  if (owner == kFairMarker) return LockKind::fair();
+  if (owner.starts_with(kPermitsMarker)) {
+    std::uint32_t n = 0;
+    const auto digits = owner.substr(kPermitsMarker.size());
+    std::from_chars(digits.data(), digits.data() + digits.size(), n);
+    return LockKind::permits(n);
+  }
+  return LockKind::exclusive();
+}
+
+// Whether a key held as `held` lets a call ask for it as `asked`: exclusive
+// and shared are one family (a read-write lock); permits only with the
+// holders' n; fair only with fair.
+constexpr bool same_family(LockKind held, LockKind asked) noexcept {
+  const auto rw = [](LockKind k) { return k.mode() == LockKind::Mode::kExclusive || k.mode() == LockKind::Mode::kShared; };
+  if (rw(held) || rw(asked)) return rw(held) && rw(asked);
+  return held == asked;
+}
+
+// A key's kind as a refusal names it: "an exclusive lock", "a shared lock",
+// "a semaphore of 2 permits", "a fair lock".
+inline std::string held_as(LockKind kind) {
+  switch (kind.mode()) {
+    case LockKind::Mode::kShared: return "a shared lock";
+    case LockKind::Mode::kPermits: return "a semaphore of " + kind.describe();
+    case LockKind::Mode::kFair: return "a fair lock";
+    case LockKind::Mode::kExclusive: break;
+  }
+  return "an exclusive lock";
+}
+
+// Whether a call of `kind` may ask the store for a key this process holds
+// `single` times as exclusive or fair and `many` times as shared or
+// permits: none while it is held as one holder; a permit only while fewer
+// than n are held; a reader, or a writer, while it is held shared (the
+// writer's attempt is what makes the store stop new readers for it). The
+// store still decides.
+constexpr bool admits(std::uint32_t single, std::uint32_t many, LockKind kind) noexcept {
+  if (single != 0) return false;
+  if (kind.mode() == LockKind::Mode::kPermits) return many < kind.permit_count();
+  return true;
+}
+
+}  // namespace lockwatch::detail::kinds

@@ -1,0 +1,80 @@
+// lib/store/sqlcommon/inspection.hpp: what the SQL stores (MariaDB and
+// PostgreSQL) answer an operator with, assembled once over their answers.
+//
+// Both keep a lock row (owner token or kind marker, deadline, fence, the
+// exclusive holder's name and grant time) and a holders' table (shared,
+// permit and fair holders). inspect() reads the two in one round trip;
+// an Inspection turns the two answers into a LockInfo. list_inspected()
+// inspects each name a listing found and keeps the held ones.
+//
+// Threading: the store's loop thread, as its callbacks. Costs: one
+// LockInfo per lock; a listing inspects its names all at once (its limit
+// bounds them).
+#pragma once
+
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "store/capabilities.hpp"
+
+namespace lockwatch::detail::sqlcommon {
+
+// A holder as a server reports it: `since_us` the grant time in µs since
+// the epoch (none where no grant time was recorded), `held_us` how long
+// ago that was on the server's clock.
+HolderInfo holder(std::string token, std::string owner_name, std::optional<long long> since_us, long long held_us);
+
+// One inspect() call: the lock row's answer, then the holders' rows, then
+// done() once; a failure of either answers first, and once.
+class Inspection {
+ public:
+  explicit Inspection(OperatorTools::InspectDone done) : done_(std::move(done)) {}
+  // The lock row: µs left (the latest holder's, for a marker), its fence,
+  // owner (token or marker) and, for an owner token, its holder.
+  void lock_row(long long us_left, std::uint64_t fence, std::string owner, HolderInfo exclusive_holder);
+  // Whether the holders' rows count (the key is held as a kind with a marker).
+  bool wants_holders() const noexcept { return info_.held && !info_.kind.exclusive_kind(); }
+  void add_holder(HolderInfo h) { info_.holders.push_back(std::move(h)); }
+  // The holders' rows are in: answers.
+  void finish();
+  // Either answer failed: answers with the error (once).
+  void fail(const StoreError* error);
+  bool failed() const noexcept { return failed_; }
+
+ private:
+  LockInfo info_;
+  bool failed_ = false;
+  OperatorTools::InspectDone done_;
+};
+
+// Inspects each of `names` (the store's names that a listing found) through
+// `tools`, then gives `done` the held ones in the names' order, each with
+// its key (the name past `key_prefix` bytes); any error fails the listing.
+void list_inspected(OperatorTools& tools, std::vector<std::string> names, std::size_t key_prefix,
+                    LockListing::ListDone done);
+
+// Microseconds left, as an answer gave them, in whole milliseconds (up).
+inline std::chrono::milliseconds ms_up(long long us) {
+  return std::chrono::milliseconds(us <= 0 ? 0 : (us + 999) / 1000);
+}
+
+// A LIKE pattern for the names that start with `prefix`: its '%', '_' and
+// backslashes escaped with a backslash (both servers' default escape), then '%'.
+inline std::string like_prefix(std::string_view prefix) {
+  std::string out;
+  out.reserve(prefix.size() + 1);
+  for (char c : prefix) {
+    if (c == '%' || c == '_' || c == '\\') out.push_back('\\');
+    out.push_back(c);
+  }
+  out.push_back('%');
+  return out;
+}
+
+}  // namespace lockwatch::detail::sqlcommon
