@@ -644,7 +644,7 @@ void RedisConnection::dispatch(const redisReply* r) {
       on_sharded_error(r);
     } else if (pubsub_ && r->type == REDIS_REPLY_ERROR && hooks_.on_refused) {
       StoreError why = error_for(r);
-      if (why.acl_refusal()) why.message += " (sent: SUBSCRIBE or UNSUBSCRIBE)";
+      if (redis_acl_refusal(why)) why.message += " (sent: SUBSCRIBE or UNSUBSCRIBE)";
       guarded([&] { hooks_.on_refused(why); });
     }
     if (!pubsub_) link_failed("a reply to no request: the connection is out of step");
@@ -697,7 +697,7 @@ void RedisConnection::on_request_reply(Queued q, const redisReply* r) {
         StoreError err = error_for(r);
         // Redis names the command at best, never the script or what it
         // calls: say what was sent.
-        if (err.acl_refusal() && !auth_failed_) err.message += " (sent: " + sent(q) + ")";
+        if (redis_acl_refusal(err) && !auth_failed_) err.message += " (sent: " + sent(q) + ")";
         q.cb(nullptr, &err);
       }
     } else {
@@ -744,7 +744,7 @@ void RedisConnection::on_handshake_reply(Handshake step, const redisReply* r) {
         case Handshake::kName:
           break;
       }
-      if (step != Handshake::kAuth && redis_reply_error(name_, msg).acl_refusal()) {
+      if (step != Handshake::kAuth && redis_acl_refusal(redis_reply_error(name_, msg))) {
         // The user may not SELECT or ask ROLE: refused credentials, not a
         // node to wait for.
         auth_failed_ = true;

@@ -15,6 +15,7 @@
 #include "core/option_checks.hpp"
 #include "core/timing.hpp"
 #include "lockwatch/errors.hpp"
+#include "store/zookeeper/zk_error.hpp"
 
 namespace lockwatch::detail {
 
@@ -756,7 +757,7 @@ void ZkStore::expire_held(Clock::time_point now) {
 }
 
 StoreError ZkStore::refusal(std::string why) const {
-  return StoreError::invalid(endpoint_, std::move(why), StoreError::Origin::kZooKeeper);
+  return StoreError::invalid(endpoint_, std::move(why));
 }
 
 StoreError ZkStore::error(int rc, const std::string& doing) const {
@@ -766,13 +767,12 @@ StoreError ZkStore::error(int rc, const std::string& doing) const {
   std::string message = doing.empty() ? std::string(text) : fmt::format("{}: {}", doing, text);
   StoreError e;
   if (unreachable(rc)) {
-    e = StoreError::unavailable(endpoint_, message, StoreError::Origin::kZooKeeper);
+    e = StoreError::unavailable(endpoint_, message, zookeeper_code(rc));
   } else if (rc == ZNOAUTH || rc == ZAUTHFAILED) {
-    e = StoreError::auth(endpoint_, message, StoreError::Origin::kZooKeeper);
+    e = StoreError::auth(endpoint_, message, zookeeper_code(rc));
   } else {
-    e = StoreError::refused(endpoint_, message, StoreError::Origin::kZooKeeper);
+    e = StoreError::refused(endpoint_, message, zookeeper_code(rc));
   }
-  e.code = std::to_string(rc);
   return e;
 }
 
