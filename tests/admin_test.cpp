@@ -117,7 +117,7 @@ TEST_F(AdminTest, ForceReleaseWakesAWaiterLongBeforeTheHoldersTtl) {
 TEST_F(AdminTest, ALockKeyWithoutExpiryIsNotALockwatchLock) {
   server_->command({"SET", lock_key(test_key()), "by-hand"});
   auto f = rt_->inspect(test_key());
-  auto err = error_of<RedisError>(f);
+  auto err = error_of<StoreRefused>(f);
   ASSERT_TRUE(err);
   EXPECT_NE(std::string(err->what()).find("without expiry"), std::string::npos) << err->what();
   EXPECT_TRUE(force_release(test_key()));  // an operator can still clear it

@@ -652,7 +652,7 @@ TEST_F(ClusterTest, ReshardingUnderLoadLosesNoLeaseAndKeepsExclusion) {
           busy++;
         } catch (const ConnectionError&) {
           retried++;
-        } catch (const RedisError&) {
+        } catch (const StoreRefused&) {
           retried++;
         } catch (const std::exception& e) {
           untyped++;
@@ -689,8 +689,9 @@ TEST_F(ClusterTest, ReshardingUnderLoadLosesNoLeaseAndKeepsExclusion) {
   try {
     get_bounded(intruder);
     ADD_FAILURE() << "a lock on a half-migrated slot was taken twice";
-  } catch (const RedisError& e) {
-    EXPECT_EQ(e.redis_message().rfind("TRYAGAIN", 0), 0u) << e.redis_message();
+  } catch (const StoreRefused& e) {
+    EXPECT_EQ(e.server_message().rfind("TRYAGAIN", 0), 0u) << e.server_message();
+    EXPECT_EQ(e.backend_code().message(), "TRYAGAIN");
   } catch (const LockNotAcquired&) {
   }
   cluster_->finish_migration(mid_slot, mid_from, mid_to);
@@ -848,9 +849,9 @@ TEST_F(ClusterTest, ASlotNotServedFailsFastWithATypedErrorAndOtherSlotsWork) {
     try {
       f.get();
       ADD_FAILURE() << which << ": a lock on a slot nobody serves";
-    } catch (const RedisError& e) {
-      std::cout << "[ INFO     ] " << which << ": RedisError " << e.redis_message() << "\n";
-      EXPECT_EQ(e.redis_message().rfind("CLUSTERDOWN", 0), 0u) << which << ": " << e.redis_message();
+    } catch (const StoreRefused& e) {
+      std::cout << "[ INFO     ] " << which << ": StoreRefused " << e.server_message() << "\n";
+      EXPECT_EQ(e.server_message().rfind("CLUSTERDOWN", 0), 0u) << which << ": " << e.server_message();
     } catch (const ConnectionError& e) {
       std::cout << "[ INFO     ] " << which << ": ConnectionError " << e.what() << "\n";
       EXPECT_NE(std::string(e.what()).find("no master serves slot " + std::to_string(slot)), std::string::npos)
@@ -1213,9 +1214,9 @@ TEST_F(ClusterTest, ASplitSlotIsRetriedWithinTheHopBudgetThenReported) {
   cluster_->migrate(from, to, {lock_key(key)});
   auto t0 = std::chrono::steady_clock::now();
   auto split = admin.inspect(key);
-  auto err = error_of<RedisError>(split);
+  auto err = error_of<StoreRefused>(split);
   ASSERT_TRUE(err);
-  EXPECT_EQ(err->redis_message().rfind("TRYAGAIN", 0), 0u) << err->redis_message();
+  EXPECT_EQ(err->server_message().rfind("TRYAGAIN", 0), 0u) << err->server_message();
   // kRedirectBudget (5) retries, each after a throttled map refresh.
   EXPECT_LT(std::chrono::steady_clock::now() - t0, 5s);
 

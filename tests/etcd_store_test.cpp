@@ -479,16 +479,18 @@ TEST_F(EtcdStoreTest, EtcdsSpeaksTlsWithTheTlsOptions) {
   EXPECT_THROW(unreadable.validate(), InvalidArgument);
 }
 
-TEST_F(EtcdStoreTest, ARequestTheClusterRefusesIsAnEtcdError) {
+TEST_F(EtcdStoreTest, ARequestTheClusterRefusesIsStoreRefusedWithItsGrpcStatus) {
   // 20 KiB: within the store's own limit, but a transaction naming it six
   // times is over the cluster's 64 KiB.
   Runtime rt(options());
   auto t0 = std::chrono::steady_clock::now();
   auto f = rt.acquire({.key = std::string(20 * 1024, 'k'), .ttl = 1s, .retries = 0});
-  auto err = error_of<EtcdError>(f);
+  auto err = error_of<StoreRefused>(f);
   ASSERT_TRUE(err);
   EXPECT_LT(std::chrono::steady_clock::now() - t0, 3s);
-  EXPECT_EQ(err->server_code(), "INVALID_ARGUMENT") << err->what();
+  EXPECT_STREQ(err->backend_code().category().name(), "lockwatch.etcd") << err->what();
+  EXPECT_EQ(err->backend_code().value(), 3) << err->what();  // grpc::StatusCode::INVALID_ARGUMENT
+  EXPECT_EQ(err->backend_code().message(), "INVALID_ARGUMENT") << err->what();
   EXPECT_NE(err->endpoint().find("etcd://127.0.0.1:"), std::string::npos) << err->endpoint();
   // The store goes on.
   auto h = take(rt, key(), 1s);

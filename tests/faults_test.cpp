@@ -177,28 +177,41 @@ TEST_P(FaultsTest, APrefixWithABraceIsRejected) {
   }
 }
 
-TEST_P(FaultsTest, AKeyOfTheWrongTypeIsARedisError) {
+TEST_P(FaultsTest, AKeyOfTheWrongTypeIsStoreRefusedWithRedisCode) {
   Runtime rt(options_for(server()));
+  // The lock key of another type: the script's own refusal.
   server().command({"HSET", lock_key("wrongtype"), "f", "v"});
   auto f = locked("wrongtype", 1s, 0).on(rt)([] { return 1; });
   auto fut = f();
-  EXPECT_TRUE(error_of<RedisError>(fut));
+  auto err = error_of<StoreRefused>(fut);
+  ASSERT_TRUE(err);
+  EXPECT_STREQ(err->backend_code().category().name(), "lockwatch.redis") << err->what();
+  EXPECT_EQ(err->backend_code().message(), "LOCKWATCH") << err->what();
+  // Its fencing counter of another type: Redis's WRONGTYPE.
+  server().command({"HSET", lock_key("wrongcounter") + ":fence", "f", "v"});
+  auto w = locked("wrongcounter", 1s, 0).on(rt)([] { return 1; });
+  auto wfut = w();
+  auto wrong = error_of<StoreRefused>(wfut);
+  ASSERT_TRUE(wrong);
+  EXPECT_STREQ(wrong->backend_code().category().name(), "lockwatch.redis") << wrong->what();
+  EXPECT_EQ(wrong->backend_code().message(), "WRONGTYPE") << wrong->what();
+  EXPECT_EQ(wrong->server_message().rfind("WRONGTYPE", 0), 0u) << wrong->server_message();
   server().command({"SET", lock_key("badfence") + ":fence", "not-a-number"});
   auto g = locked("badfence", 1s, 0).on(rt)([] { return 1; });
   auto fut2 = g();
-  EXPECT_TRUE(error_of<RedisError>(fut2));
+  EXPECT_TRUE(error_of<StoreRefused>(fut2));
   EXPECT_FALSE(exists(server(), "badfence"));  // the failed script wrote nothing
 }
 
-TEST_P(FaultsTest, OutOfMemoryIsARedisError) {
+TEST_P(FaultsTest, OutOfMemoryIsStoreRefused) {
   Runtime rt(options_for(server()));
   server().command({"CONFIG", "SET", "maxmemory", "1"});
   auto f = locked("oom", 1s, 0).on(rt)([] { return 1; });
   auto fut = f();
-  auto err = error_of<RedisError>(fut);
+  auto err = error_of<StoreRefused>(fut);
   server().command({"CONFIG", "SET", "maxmemory", "0"});
   ASSERT_TRUE(err);
-  EXPECT_NE(err->redis_message().find("OOM"), std::string::npos) << err->redis_message();
+  EXPECT_NE(err->server_message().find("OOM"), std::string::npos) << err->server_message();
 }
 
 TEST_P(FaultsTest, AHolderKilledBlocksOthersOnlyUntilItsTtlEnds) {

@@ -240,7 +240,7 @@ TEST_F(NodeStoreTest, OneCallOfManyLocksIsOneScriptCallWithEachLockAnsweredAlone
   EXPECT_EQ(r[1].status, Acquired::Status::kBusy);
   EXPECT_GT(r[1].busy_for, 50s);
   ASSERT_EQ(r[2].status, Acquired::Status::kFailed);
-  EXPECT_THROW(std::rethrow_exception(lockwatch::detail::to_exception(r[2].error)), RedisError);
+  EXPECT_THROW(std::rethrow_exception(lockwatch::detail::to_exception(r[2].error)), StoreRefused);
   EXPECT_NE(r[2].error.describe().find("exists without expiry"), std::string::npos) << r[2].error.describe();
   ASSERT_EQ(r[3].status, Acquired::Status::kFailed);
   EXPECT_NE(r[3].error.describe().find("not a fencing counter"), std::string::npos) << r[3].error.describe();
@@ -277,7 +277,7 @@ TEST_F(NodeStoreTest, ALoneLockWhoseCounterRedisRefusesFailsAndLeavesNoLock) {
     server_.command({"HSET", counter, "f", "1"});
     auto r = acquire({{{"alone", "t1"}}});
     ASSERT_EQ(r[0].status, Acquired::Status::kFailed) << counter;
-    EXPECT_THROW(std::rethrow_exception(lockwatch::detail::to_exception(r[0].error)), RedisError);
+    EXPECT_THROW(std::rethrow_exception(lockwatch::detail::to_exception(r[0].error)), StoreRefused);
     EXPECT_NE(r[0].error.describe().find("WRONGTYPE"), std::string::npos) << r[0].error.describe();
     EXPECT_EQ(server_.command({"EXISTS", lock_key("alone")}).integer, 0);
     EXPECT_EQ(server_.command({"DBSIZE"}).integer, 1) << "only the refused counter";
@@ -454,7 +454,7 @@ std::string text_of(const Acquired& a) {
     case Acquired::Status::kBusy: return a.busy_for > 50s ? "busy" : "busy for " + std::to_string(a.busy_for.count());
     case Acquired::Status::kFailed: break;
   }
-  return "failed " + std::to_string(static_cast<int>(a.error.kind)) + " " + a.error.code + " " + a.error.describe();
+  return "failed " + std::to_string(static_cast<int>(a.error.kind)) + " " + a.error.code.message() + " " + a.error.describe();
 }
 
 // What one side of LoneLocksAndABatchOfAHundred... found and left.

@@ -182,12 +182,12 @@ TEST_F(PostgresStoreTest, ATableWithoutLockwatchsColumnsTypesOrKeyIsAnErrorNamin
   for (const auto& c : cases) {
     server_->query(std::string("CREATE TABLE ") + c.table + " " + c.ddl + "; ALTER TABLE " + c.table +
                    " OWNER TO " + PostgresServer::kUser);
-    auto err = first_call_error<SqlError>(options(url_with_table(c.table)));
+    auto err = first_call_error<StoreRefused>(options(url_with_table(c.table)));
     ASSERT_TRUE(err) << c.table;
     EXPECT_NE(std::string(err->what()).find(c.table), std::string::npos) << err->what();
     EXPECT_NE(std::string(err->what()).find("columns"), std::string::npos) << err->what();
-    EXPECT_EQ(err->sqlstate(), c.sqlstate) << err->what();
-    EXPECT_EQ(err->server_code(), 0u);
+    EXPECT_EQ(err->backend_code().message(), c.sqlstate) << err->what();
+    EXPECT_STREQ(err->backend_code().category().name(), "lockwatch.postgresql");
   }
 }
 
@@ -360,19 +360,19 @@ TEST_F(PostgresStoreTest, ARowLockedElsewhereIsRetriedThenReportedNeverWaitedOnF
   PQclear(locked_row);
   auto t0 = std::chrono::steady_clock::now();
   auto f = rt.acquire({.key = key(), .ttl = 1s, .retries = 0});
-  auto err = error_of<SqlError>(f);
+  auto err = error_of<StoreRefused>(f);
   auto took = std::chrono::steady_clock::now() - t0;
   // A reader's transaction stops at its first statement (the row's lock)
   // the same way, and the connection goes on.
   auto s = rt.acquire({.key = key(), .ttl = 1s, .retries = 0, .kind = LockKind::shared()});
-  auto shared_err = error_of<SqlError>(s);
+  auto shared_err = error_of<StoreRefused>(s);
   PQclear(PQexec(other, "ROLLBACK"));
   PQfinish(other);
   ASSERT_TRUE(err);
-  EXPECT_EQ(err->sqlstate(), "55P03") << err->what();  // lock_not_available
+  EXPECT_EQ(err->backend_code().message(), "55P03") << err->what();  // lock_not_available
   EXPECT_LT(took, 3s);
   ASSERT_TRUE(shared_err);
-  EXPECT_EQ(shared_err->sqlstate(), "55P03") << shared_err->what();
+  EXPECT_EQ(shared_err->backend_code().message(), "55P03") << shared_err->what();
   auto reader = rt.acquire({.key = key(), .ttl = 1s, .retries = 0, .kind = LockKind::shared()});
   LockHandle r = get_bounded(reader);
   give_back(r);
@@ -480,9 +480,10 @@ TEST_F(PostgresStoreTest, ManyAcquisitionsShareStatementsAndANameTooLongForTheTa
   std::set<std::string> taken;
   for (int i = 0; i < kKeys; ++i) {
     if (i == 150) {
-      auto err = error_of<SqlError>(acquiring[i]);
+      auto err = error_of<StoreRefused>(acquiring[i]);
       ASSERT_TRUE(err);
-      EXPECT_EQ(err->sqlstate(), "23514") << err->what();  // check_violation
+      EXPECT_EQ(err->backend_code().message(), "23514") << err->what();  // check_violation
+      EXPECT_STREQ(err->backend_code().category().name(), "lockwatch.postgresql");
       continue;
     }
     auto h = get_bounded(acquiring[i]);

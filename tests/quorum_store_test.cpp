@@ -181,7 +181,7 @@ TEST_F(QuorumStoreTest, AnErrorThatIsNotAConnectionErrorIsReportedAsItself) {
   TestLock l("k", "t1");
   auto a = acquire(l);
   ASSERT_EQ(a.status, Status::kFailed);
-  EXPECT_THROW(std::rethrow_exception(lockwatch::detail::to_exception(a.error)), RedisError);
+  EXPECT_THROW(std::rethrow_exception(lockwatch::detail::to_exception(a.error)), StoreRefused);
 }
 
 // The quorum reports the failure that says most: refused credentials on

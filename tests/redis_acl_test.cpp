@@ -401,8 +401,11 @@ TEST_F(RedisAclTest, AWrongPasswordIsAnAuthError) {
   o.redis_url = as_user(server_->url(), "lockwatch", "wrong");
   Runtime rt(o);
   auto f = rt.acquire(test_key(), 5s);
-  const std::string what = auth_error_of(f);
-  EXPECT_NE(what.find("WRONGPASS"), std::string::npos) << what;
+  auto e = error_of<AuthError>(f);
+  ASSERT_TRUE(e);
+  EXPECT_NE(std::string(e->what()).find("WRONGPASS"), std::string::npos) << e->what();
+  EXPECT_STREQ(e->backend_code().category().name(), "lockwatch.redis") << e->what();
+  EXPECT_EQ(e->backend_code().message(), "WRONGPASS") << e->what();
 }
 
 // --------------------------------------------------------------- Cluster

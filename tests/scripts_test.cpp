@@ -84,10 +84,10 @@ TEST(AcquireReplyTest, EachEntryAnswersItsOwnLock) {
   EXPECT_EQ(r[1].busy_for, std::chrono::milliseconds(1500));
   ASSERT_EQ(r[2].status, Acquired::Status::kFailed);
   EXPECT_EQ(r[2].error.kind, StoreError::Kind::kRefused);
-  EXPECT_EQ(r[2].error.code, "WRONGTYPE");
+  EXPECT_EQ(r[2].error.code, detail::RedisReply::kWrongType);
   EXPECT_NE(r[2].error.describe().find("not a fencing counter"), std::string::npos);
   ASSERT_EQ(r[3].status, Acquired::Status::kFailed);
-  EXPECT_EQ(r[3].error.code, "LOCKWATCH");
+  EXPECT_EQ(r[3].error.code, detail::RedisReply::kLockwatch);
   EXPECT_EQ(r[3].error.message, "LOCKWATCH lockwatch:{k} exists without expiry: not a lockwatch lock");
   EXPECT_EQ(r[4].status, Acquired::Status::kTaken);
   EXPECT_EQ(r[4].fence, 18446744073709551615u);
@@ -104,7 +104,7 @@ TEST(AcquireReplyTest, AnEntrysErrorIsClassifiedAsAnErrorReply) {
   EXPECT_EQ(r[0].error.kind, StoreError::Kind::kRetryLater);
   ASSERT_EQ(r[1].status, Acquired::Status::kFailed);
   EXPECT_EQ(r[1].error.kind, StoreError::Kind::kRefused);
-  EXPECT_EQ(r[1].error.code, "OOM");
+  EXPECT_EQ(r[1].error.code, detail::RedisReply::kOom);
 }
 
 TEST(AcquireReplyTest, AKeyHeldAsAnotherKindIsAnInvalidArgumentNamingIt) {
@@ -293,7 +293,7 @@ TEST(InspectReplyTest, ReadsTheHolderOrSaysWhyNot) {
   auto no_expiry = read("*5\r\n:-1\r\n:0\r\n" + bulk("x") + "*0\r\n" + bulk(""));
   auto err = detail::read_inspect(no_expiry.get(), nullptr, kNode, "lockwatch:{k}", info);
   ASSERT_TRUE(err);
-  EXPECT_EQ(err->code, "LOCKWATCH");
+  EXPECT_EQ(err->code, detail::RedisReply::kLockwatch);
   EXPECT_NE(err->message.find("exists without expiry"), std::string::npos);
 
   const std::string tail = "*0\r\n" + bulk("1");

@@ -100,11 +100,11 @@ TEST_F(SqlStoreTest, ATableWithTheWrongColumnsIsAClearErrorNamingIt) {
   Runtime rt(options(server_->url() + "?table=not_locks"));
   auto f = locked("k", 1s, 0).on(rt)([] { return 1; });
   auto fut = f();
-  auto err = error_of<SqlError>(fut);
+  auto err = error_of<StoreRefused>(fut);
   ASSERT_TRUE(err);
   EXPECT_NE(std::string(err->what()).find("not_locks"), std::string::npos) << err->what();
   EXPECT_NE(std::string(err->what()).find("columns"), std::string::npos) << err->what();
-  EXPECT_EQ(err->server_code(), 1054u);  // unknown column
+  EXPECT_EQ(err->backend_code().value(), 1054);  // unknown column
 }
 
 TEST_F(SqlStoreTest, TheUnixSocketWorks) {
@@ -185,9 +185,12 @@ TEST_F(SqlStoreTest, ManyAcquisitionsShareRoundTripsAndEachIsAnsweredOnItsOwn) {
   std::set<std::string> taken;
   for (int i = 0; i < kKeys; ++i) {
     if (i == 150) {
-      auto err = error_of<SqlError>(acquiring[i]);
+      auto err = error_of<StoreRefused>(acquiring[i]);
       ASSERT_TRUE(err);
-      EXPECT_EQ(err->server_code(), 1406u);  // data too long for the column (strict mode: never truncated)
+      // Data too long for the column (strict mode: never truncated).
+      EXPECT_EQ(err->backend_code().value(), 1406) << err->what();
+      EXPECT_STREQ(err->backend_code().category().name(), "lockwatch.mariadb");
+      EXPECT_EQ(err->backend_code().message(), "ER_DATA_TOO_LONG (1406)");
       continue;
     }
     auto h = get_bounded(acquiring[i]);

@@ -204,9 +204,9 @@ TEST_F(WaitQueueTest, AClusterFailingOverKeepsTheWaitersPlace) {
     return a;
   });
   auto first = rt_->acquire({.key = "failing-over", .ttl = 1s, .retries = forever});  // no wait: at once
-  auto err = error_of<RedisError>(first);
+  auto err = error_of<StoreRefused>(first);
   ASSERT_TRUE(err);
-  EXPECT_EQ(err->redis_message().rfind("CLUSTERDOWN", 0), 0u) << err->redis_message();
+  EXPECT_EQ(err->server_message().rfind("CLUSTERDOWN", 0), 0u) << err->server_message();
   auto f = rt_->acquire({.key = "failing-over", .ttl = 1s, .retries = forever, .wait = 10s});
   auto h = get_bounded(f);
   EXPECT_EQ(acquires_of("failing-over"), 4u);  // TRYAGAIN, CLUSTERDOWN, then taken
@@ -297,7 +297,7 @@ TEST_F(WaitQueueTest, AnErrorOtherThanAConnectionFailsTheWaiterAtOnce) {
   });
   auto t0 = std::chrono::steady_clock::now();
   auto f = rt_->acquire({.key = "wrongtype", .ttl = 1s, .retries = forever, .wait = 10s});
-  auto err = error_of<RedisError>(f);
+  auto err = error_of<StoreRefused>(f);
   ASSERT_TRUE(err);
   EXPECT_LT(ms_between(t0, std::chrono::steady_clock::now()), 2s);
   EXPECT_EQ(acquires_of("wrongtype"), 1u);

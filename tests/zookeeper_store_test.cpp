@@ -185,8 +185,10 @@ TEST_F(ZooKeeperStoreTest, ATtlAboveTheEnsemblesSessionTimeoutIsRefused) {
 TEST_F(ZooKeeperStoreTest, AChrootMissingOnTheEnsembleIsAnErrorNamingIt) {
   Runtime rt(options("zookeeper://" + ensemble_->hosts() + "/no/such/root"));
   auto f = rt.acquire({.key = key(), .ttl = 1s, .retries = forever});
-  auto err = error_of<ZooKeeperError>(f);
+  auto err = error_of<StoreRefused>(f);
   ASSERT_TRUE(err);
+  EXPECT_STREQ(err->backend_code().category().name(), "lockwatch.zookeeper") << err->what();
+  EXPECT_LT(err->backend_code().value(), 0) << err->what();  // ZooKeeper's return codes are negative
   EXPECT_NE(std::string(err->what()).find("/no/such/root"), std::string::npos) << err->what();
 }
 

@@ -2,8 +2,9 @@
 /// lockwatch/errors.hpp: the typed errors lockwatch reports.
 ///
 /// Every error a caller can see derives from lockwatch::Error, so one catch
-/// takes them all; the concrete types say what happened and carry the facts
-/// (key, node, how long was waited). They reach callers through the futures
+/// takes them all; there is one concrete type per kind of failure (per
+/// lockwatch::errc value), whatever the store, and it carries the facts
+/// (key, node, how long was waited, the store's own code). They reach callers through the futures
 /// that decorated calls return, or are thrown synchronously by constructors
 /// and argument checks. Nothing in lockwatch throws from a destructor.
 #pragma once
@@ -34,7 +35,7 @@ enum class errc {
   unsupported,          ///< Unsupported: the store cannot do it with its guarantee
   cancelled,            ///< Cancelled: the caller cancelled it
   runtime_stopped,      ///< RuntimeStopped: the runtime stopped first
-  store_refused,        ///< RedisError, SqlError, ZooKeeperError, EtcdError: the store answered an error
+  store_refused,        ///< StoreRefused: the store answered an error
   no_active_lease,      ///< NoActiveLease: this_lease() outside a locked call
   listen_failed,        ///< ListenError: the metrics endpoint could not listen
 };
@@ -148,20 +149,30 @@ class LeaseLost : public Error {
   LostReason reason_;
 };
 
-/// Redis could not be reached: refused, reset, timed out, or the connection
-/// broke with the request in flight. `endpoint()` names the node.
+/// The store could not be reached: refused, reset, timed out, or the
+/// connection broke with the request in flight. `endpoint()` names the
+/// server; `backend_code()` is the store's own code for it when one was
+/// given (a MariaDB client error number, a ZooKeeper return code, a gRPC
+/// status from etcd), empty otherwise.
 class ConnectionError : public Error {
  public:
   /// errc::unreachable.
   std::error_code code() const noexcept override { return errc::unreachable; }
-  /// `endpoint` names the node ("host:port"); `what` is the message.
-  ConnectionError(std::string endpoint, const std::string& what);
-  /// The node that could not be reached ("host:port"; the seeds or nodes named, for a store of
+  /// `endpoint` names the server ("host:port" for Redis, else the URL
+  /// without credentials); `what` is the message; `backend_code` the
+  /// store's own code, if any.
+  ConnectionError(std::string endpoint, const std::string& what, std::error_code backend_code = {});
+  /// The server that could not be reached ("host:port"; the seeds or nodes named, for a store of
   /// several).
   const std::string& endpoint() const noexcept { return endpoint_; }
+  /// The store's own code for the failure, of its backend's category
+  /// ("lockwatch.mariadb", "lockwatch.postgresql", "lockwatch.zookeeper",
+  /// "lockwatch.etcd", "lockwatch.redis"); empty when the store gave none.
+  std::error_code backend_code() const noexcept { return backend_code_; }
 
  private:
   std::string endpoint_;
+  std::error_code backend_code_;
 };
 
 /// The runtime could not serve its metrics where Options::metrics_listen
@@ -181,7 +192,9 @@ class ListenError : public Error {
   std::string address_;
 };
 
-/// Redis refused the credentials (AUTH answered an error).
+/// The store refused the credentials (Redis's AUTH answered an error, a
+/// database refused the login, ...); backend_code() is the store's code for
+/// the refusal when it gave one (WRONGPASS, MariaDB's 1045, SQLSTATE 28P01...).
 class AuthError : public ConnectionError {
  public:
   /// errc::refused_credentials.
@@ -190,97 +203,41 @@ class AuthError : public ConnectionError {
   using ConnectionError::ConnectionError;
 };
 
-/// Redis answered a command with an error: WRONGTYPE on a key lockwatch uses,
-/// OOM, a script error. `redis_message()` is Redis's own text.
-class RedisError : public Error {
+/// The store answered a request with an error that is neither a lost
+/// connection nor refused credentials: a lockwatch key of the wrong type
+/// or OOM in Redis, a lock name too long for its column in MariaDB or
+/// PostgreSQL, a node name ZooKeeper refuses, a request too large for etcd.
+/// One class for every store: backend_code() is the store's own code, of
+/// its backend's category, compared by value
+/// (`e.backend_code().category().name()` says which store).
+///
+/// | store      | category               | value                           | message()            |
+/// |------------|------------------------|---------------------------------|----------------------|
+/// | Redis      | "lockwatch.redis"      | the error reply's first word    | "WRONGTYPE", ...     |
+/// | MariaDB    | "lockwatch.mariadb"    | the error number (1406)         | "ER_DATA_TOO_LONG (1406)" |
+/// | PostgreSQL | "lockwatch.postgresql" | the SQLSTATE, packed            | "22001"              |
+/// | ZooKeeper  | "lockwatch.zookeeper"  | the return code (-8)            | the client's text    |
+/// | etcd       | "lockwatch.etcd"       | the gRPC status code (3)        | "INVALID_ARGUMENT"   |
+///
+/// backend_code() is empty when the answer carried no code (a reply of a
+/// shape the protocol did not expect).
+class StoreRefused : public Error {
  public:
   /// errc::store_refused.
   std::error_code code() const noexcept override { return errc::store_refused; }
-  /// `endpoint` names the node; `redis_message` is its error reply.
-  RedisError(std::string endpoint, std::string redis_message);
-  /// The node that answered ("host:port").
+  /// `endpoint` names the server, `backend_code` is its code for the error,
+  /// `server_message` its text; `what` is the whole message.
+  StoreRefused(std::string endpoint, std::error_code backend_code, std::string server_message, const std::string& what);
+  /// The server that answered ("host:port" for Redis, else the URL without credentials).
   const std::string& endpoint() const noexcept { return endpoint_; }
-  /// Redis's own error text (e.g. "WRONGTYPE ...").
-  const std::string& redis_message() const noexcept { return redis_message_; }
-
- private:
-  std::string endpoint_;
-  std::string redis_message_;
-};
-
-/// A SQL lock store (mysql://, postgresql://) answered a statement with an
-/// error: a lock name too long for its column, a table with the wrong
-/// columns, a refused privilege. `server_code()` is MariaDB's error number (e.g.
-/// 1406; 0 from PostgreSQL), `sqlstate()` PostgreSQL's SQLSTATE (e.g.
-/// "22001"; empty from MariaDB), and `server_message()` the server's text.
-class SqlError : public Error {
- public:
-  /// errc::store_refused.
-  std::error_code code() const noexcept override { return errc::store_refused; }
-  /// An error of MariaDB: its error number `code`.
-  SqlError(std::string endpoint, unsigned code, std::string server_message);
-  /// An error of PostgreSQL: its `sqlstate`.
-  SqlError(std::string endpoint, std::string sqlstate, std::string server_message);
-  /// The database server ("host:port/database").
-  const std::string& endpoint() const noexcept { return endpoint_; }
-  /// MariaDB's error number; 0 from PostgreSQL.
-  unsigned server_code() const noexcept { return code_; }
-  /// PostgreSQL's SQLSTATE; empty from MariaDB.
-  const std::string& sqlstate() const noexcept { return sqlstate_; }
-  /// The server's own error text.
+  /// The store's own code for the error (see the table above).
+  std::error_code backend_code() const noexcept { return backend_code_; }
+  /// The server's own text (Redis: its whole error reply, e.g. "WRONGTYPE ...").
   const std::string& server_message() const noexcept { return server_message_; }
 
  private:
   std::string endpoint_;
-  unsigned code_ = 0;
-  std::string sqlstate_;
-  std::string server_message_;
-};
-
-/// A ZooKeeper ensemble (zookeeper://) answered a request with an error
-/// that is neither a lost connection nor refused credentials: a node name
-/// or a chroot it refuses, say. `server_code()` is ZooKeeper's return code (e.g.
-/// -8, ZBADARGUMENTS), `server_message()` the client library's text for it.
-class ZooKeeperError : public Error {
- public:
-  /// errc::store_refused.
-  std::error_code code() const noexcept override { return errc::store_refused; }
-  /// An error `endpoint` answered with ZooKeeper's return `code`.
-  ZooKeeperError(std::string endpoint, int code, std::string server_message);
-  /// The ensemble, as the URL named it (never a password).
-  const std::string& endpoint() const noexcept { return endpoint_; }
-  /// ZooKeeper's return code (negative; ZBADARGUMENTS is -8).
-  int server_code() const noexcept { return code_; }
-  /// The client library's text for the code.
-  const std::string& server_message() const noexcept { return server_message_; }
-
- private:
-  std::string endpoint_;
-  int code_ = 0;
-  std::string server_message_;
-};
-
-/// An etcd cluster (etcd://, etcds://) answered a call with an error other
-/// than a lost connection or refused credentials: a request etcd refuses
-/// (too large, too many operations), a failed precondition. `server_code()` is the
-/// gRPC status code's name (e.g. "INVALID_ARGUMENT"), `server_message()`
-/// etcd's text.
-class EtcdError : public Error {
- public:
-  /// errc::store_refused.
-  std::error_code code() const noexcept override { return errc::store_refused; }
-  /// An error `endpoint` answered with the gRPC status `code`.
-  EtcdError(std::string endpoint, std::string code, std::string server_message);
-  /// The cluster, as the URL named it (never a password).
-  const std::string& endpoint() const noexcept { return endpoint_; }
-  /// The gRPC status code's name, e.g. "INVALID_ARGUMENT".
-  const std::string& server_code() const noexcept { return code_; }
-  /// etcd's text for the error.
-  const std::string& server_message() const noexcept { return server_message_; }
-
- private:
-  std::string endpoint_;
-  std::string code_;
+  std::error_code backend_code_;
   std::string server_message_;
 };
 

@@ -59,7 +59,7 @@
 ///
 /// Errors reach the future: LockNotAcquired (busy past the wait), LeaseLost
 /// (the lease could not be kept: the callable's result is discarded),
-/// ConnectionError / AuthError / RedisError, InvalidArgument, RuntimeStopped,
+/// ConnectionError / AuthError / StoreRefused, InvalidArgument, RuntimeStopped,
 /// and whatever the callable threw. Builder arguments are checked at once
 /// (InvalidArgument is thrown).
 ///

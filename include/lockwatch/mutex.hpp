@@ -25,7 +25,7 @@
 /// caller.
 ///
 /// Errors: lock() and the try_ forms throw what the store reports
-/// (ConnectionError, RedisError, RuntimeStopped...); only "busy" is a
+/// (ConnectionError, StoreRefused, RuntimeStopped...); only "busy" is a
 /// false. unlock() never throws and does not wait for the store: a lease
 /// lost while held is seen in lease().lost() / stop_token() before it.
 ///

@@ -94,7 +94,7 @@ class Observer {
   }
   /// A lock was busy past the call's wait (the call fails with LockNotAcquired).
   virtual void on_busy(std::string_view key, Duration waited) { (void)key, (void)waited; }
-  /// Taking a lock failed with an error (ConnectionError, RedisError, ...).
+  /// Taking a lock failed with an error (ConnectionError, StoreRefused, ...).
   virtual void on_acquire_failed(std::string_view key, std::string_view what) { (void)key, (void)what; }
   /// A renewal was confirmed with `slack` left before the local deadline.
   virtual void on_renewed(std::string_view key, Duration slack) { (void)key, (void)slack; }

@@ -98,41 +98,20 @@ LeaseLost::LeaseLost(std::string key, LostReason reason, std::string detail)
 
 // A Redis node is named "host:port"; other stores name themselves with
 // their scheme ("mysql://host:port/db").
-ConnectionError::ConnectionError(std::string endpoint, const std::string& what)
+ConnectionError::ConnectionError(std::string endpoint, const std::string& what, std::error_code backend_code)
     : Error(endpoint.find("://") == std::string::npos ? fmt::format("redis {}: {}", endpoint, what)
                                                         : fmt::format("{}: {}", endpoint, what)),
-      endpoint_(std::move(endpoint)) {}
+      endpoint_(std::move(endpoint)),
+      backend_code_(backend_code) {}
 
 ListenError::ListenError(std::string address, const std::string& why)
     : Error(fmt::format("cannot serve metrics on {}: {}", address, why)), address_(std::move(address)) {}
 
-RedisError::RedisError(std::string endpoint, std::string redis_message)
-    : Error(fmt::format("redis {} answered an error: {}", endpoint, redis_message)),
+StoreRefused::StoreRefused(std::string endpoint, std::error_code backend_code, std::string server_message,
+                           const std::string& what)
+    : Error(what),
       endpoint_(std::move(endpoint)),
-      redis_message_(std::move(redis_message)) {}
-
-SqlError::SqlError(std::string endpoint, unsigned code, std::string server_message)
-    : Error(fmt::format("{} answered error {}: {}", endpoint, code, server_message)),
-      endpoint_(std::move(endpoint)),
-      code_(code),
-      server_message_(std::move(server_message)) {}
-
-SqlError::SqlError(std::string endpoint, std::string sqlstate, std::string server_message)
-    : Error(fmt::format("{} answered error {}: {}", endpoint, sqlstate, server_message)),
-      endpoint_(std::move(endpoint)),
-      sqlstate_(std::move(sqlstate)),
-      server_message_(std::move(server_message)) {}
-
-ZooKeeperError::ZooKeeperError(std::string endpoint, int code, std::string server_message)
-    : Error(fmt::format("{} answered error {}: {}", endpoint, code, server_message)),
-      endpoint_(std::move(endpoint)),
-      code_(code),
-      server_message_(std::move(server_message)) {}
-
-EtcdError::EtcdError(std::string endpoint, std::string code, std::string server_message)
-    : Error(fmt::format("{} answered {}: {}", endpoint, code, server_message)),
-      endpoint_(std::move(endpoint)),
-      code_(std::move(code)),
+      backend_code_(backend_code),
       server_message_(std::move(server_message)) {}
 
 }  // namespace lockwatch

@@ -1,7 +1,5 @@
 #include "runtime/store_errors.hpp"
 
-#include <charconv>
-
 #include "lockwatch/errors.hpp"
 
 namespace lockwatch::detail {
@@ -10,9 +8,9 @@ std::exception_ptr to_exception(const StoreError& e) {
   using Kind = StoreError::Kind;
   switch (e.kind) {
     case Kind::kUnavailable:
-      return std::make_exception_ptr(ConnectionError(e.endpoint, e.message));
+      return std::make_exception_ptr(ConnectionError(e.endpoint, e.message, e.code));
     case Kind::kAuth:
-      return std::make_exception_ptr(AuthError(e.endpoint, e.message));
+      return std::make_exception_ptr(AuthError(e.endpoint, e.message, e.code));
     case Kind::kInvalid:
       return std::make_exception_ptr(InvalidArgument(e.message));
     case Kind::kRefused:
@@ -20,19 +18,7 @@ std::exception_ptr to_exception(const StoreError& e) {
     case Kind::kRedirect:
       break;
   }
-  if (e.origin == StoreError::Origin::kZooKeeper) {
-    int code = 0;
-    std::from_chars(e.code.data(), e.code.data() + e.code.size(), code);
-    return std::make_exception_ptr(ZooKeeperError(e.endpoint, code, e.message));
-  }
-  if (e.origin == StoreError::Origin::kEtcd) return std::make_exception_ptr(EtcdError(e.endpoint, e.code, e.message));
-  if (e.origin == StoreError::Origin::kPostgres) return std::make_exception_ptr(SqlError(e.endpoint, e.code, e.message));
-  if (e.origin == StoreError::Origin::kSql) {
-    unsigned code = 0;
-    std::from_chars(e.code.data(), e.code.data() + e.code.size(), code);
-    return std::make_exception_ptr(SqlError(e.endpoint, code, e.message));
-  }
-  return std::make_exception_ptr(RedisError(e.endpoint, e.message));
+  return std::make_exception_ptr(StoreRefused(e.endpoint, e.code, e.message, e.describe()));
 }
 
 }  // namespace lockwatch::detail

@@ -2,11 +2,13 @@
 // StoreError, decided by kind inside the library) becomes the public
 // exception a user catches.
 //
-//   kUnavailable                     ConnectionError(endpoint, message)
-//   kAuth                            AuthError(endpoint, message)
-//   kRefused, kRetryLater, kRedirect RedisError(endpoint, message) from Redis,
-//                                    SqlError(endpoint, code, message) from SQL
+//   kUnavailable                     ConnectionError(endpoint, message, code)
+//   kAuth                            AuthError(endpoint, message, code)
+//   kRefused, kRetryLater, kRedirect StoreRefused(endpoint, code, message), whatever the store
 //   kInvalid                         InvalidArgument(message)
+//
+// The code is the store's own (its backend's category); no backend is
+// named here.
 //
 // Their what() reads as StoreError::describe(). Threading: any. Costs: one
 // exception object per failure; nothing on a success path.

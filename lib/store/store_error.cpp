@@ -11,13 +11,19 @@ namespace lockwatch::detail {
 
 namespace {
 
-StoreError make(StoreError::Kind kind, StoreError::Origin origin, std::string endpoint, std::string message) {
+StoreError make(StoreError::Kind kind, std::error_code code, std::string endpoint, std::string message) {
   StoreError e;
   e.kind = kind;
-  e.origin = origin;
   e.endpoint = std::move(endpoint);
+  e.code = code;
   e.message = std::move(message);
   return e;
+}
+
+// A Redis node is named "host:port"; other stores name themselves with
+// their scheme ("mysql://host:port/db").
+std::string shown_endpoint(const std::string& endpoint) {
+  return endpoint.find("://") == std::string::npos ? "redis " + endpoint : endpoint;
 }
 
 }  // namespace
@@ -28,8 +34,7 @@ std::string StoreError::describe() const {
   switch (kind) {
     case Kind::kUnavailable:
     case Kind::kAuth:
-      return endpoint.find("://") == std::string::npos ? fmt::format("redis {}: {}", endpoint, message)
-                                                       : fmt::format("{}: {}", endpoint, message);
+      return fmt::format("{}: {}", shown_endpoint(endpoint), message);
     case Kind::kInvalid:
       return message;
     case Kind::kRefused:
@@ -37,26 +42,27 @@ std::string StoreError::describe() const {
     case Kind::kRetryLater:
       break;
   }
-  if (origin == Origin::kEtcd) return fmt::format("{} answered {}: {}", endpoint, code, message);
-  if (origin == Origin::kSql || origin == Origin::kPostgres || origin == Origin::kZooKeeper)
-    return fmt::format("{} answered error {}: {}", endpoint, code.empty() ? "0" : code, message);
-  return fmt::format("redis {} answered an error: {}", endpoint, message);
+  // Every code a store sets is of a StoreCategory (the backends' own);
+  // this runs only on a failure.
+  if (const auto* category = dynamic_cast<const StoreCategory*>(&code.category()); code && category != nullptr)
+    return category->refusal(endpoint, code.value(), message);
+  return fmt::format("{} answered an error: {}", shown_endpoint(endpoint), message);
 }
 
-StoreError StoreError::unavailable(std::string endpoint, std::string why, Origin origin) {
-  return make(Kind::kUnavailable, origin, std::move(endpoint), std::move(why));
+StoreError StoreError::unavailable(std::string endpoint, std::string why, std::error_code code) {
+  return make(Kind::kUnavailable, code, std::move(endpoint), std::move(why));
 }
 
-StoreError StoreError::auth(std::string endpoint, std::string why, Origin origin) {
-  return make(Kind::kAuth, origin, std::move(endpoint), std::move(why));
+StoreError StoreError::auth(std::string endpoint, std::string why, std::error_code code) {
+  return make(Kind::kAuth, code, std::move(endpoint), std::move(why));
 }
 
-StoreError StoreError::refused(std::string endpoint, std::string message, Origin origin) {
-  return make(Kind::kRefused, origin, std::move(endpoint), std::move(message));
+StoreError StoreError::refused(std::string endpoint, std::string message, std::error_code code) {
+  return make(Kind::kRefused, code, std::move(endpoint), std::move(message));
 }
 
-StoreError StoreError::invalid(std::string endpoint, std::string why, Origin origin) {
-  return make(Kind::kInvalid, origin, std::move(endpoint), std::move(why));
+StoreError StoreError::invalid(std::string endpoint, std::string why, std::error_code code) {
+  return make(Kind::kInvalid, code, std::move(endpoint), std::move(why));
 }
 
 bool parse_owner_record(std::string_view text, HolderInfo& out) {

@@ -4,8 +4,10 @@
 // A failure is classified once, where the reply or the failure is read (a
 // Redis error reply in the connection, a MariaDB error number in the SQL
 // connection, a lost or timed-out connection where it is noticed), by the
-// backend's own classifier (store/redis/redis_error.hpp,
-// store/sql/sql_error.hpp, store/postgresql/pg_error.hpp). A redirect
+// backend's own classifier, which also keeps the server's code as a
+// std::error_code of that backend's category (a StoreCategory, in the
+// backend's folder: store/redis/redis_error.hpp, store/sql/sql_error.hpp,
+// store/postgresql/pg_error.hpp, ...). This header names no backend. A redirect
 // (Redis Cluster's MOVED and ASK) is a kind here; where it sends the call
 // is the Redis stores' business (cluster_redirect()). Users never see a StoreError: the runtime
 // maps it to the public exceptions in one place (runtime/store_errors.hpp).
@@ -18,8 +20,17 @@
 #include <cstdint>
 #include <string>
 #include <string_view>
+#include <system_error>
 
 namespace lockwatch::detail {
+
+// A backend's error category ("lockwatch.redis", "lockwatch.mariadb", ...):
+// message() says what a code means; refusal() words a refused request the
+// way that backend's errors read ("<endpoint> answered error 1406: ...").
+class StoreCategory : public std::error_category {
+ public:
+  virtual std::string refusal(std::string_view endpoint, int code, std::string_view message) const = 0;
+};
 
 struct StoreError {
   enum class Kind : std::uint8_t {
@@ -30,40 +41,31 @@ struct StoreError {
     kRetryLater,   // "not now": TRYAGAIN, CLUSTERDOWN, LOADING, MASTERDOWN; a deadlock, a lock wait timeout
     kInvalid,      // the request cannot be made (bad input)
   };
-  // Which kind of server answered: the public error it becomes depends on
-  // it (RedisError, SqlError, ZooKeeperError or EtcdError; a MariaDB error
-  // number, a PostgreSQL SQLSTATE, a ZooKeeper return code or a gRPC status
-  // code's name).
-  enum class Origin : std::uint8_t { kRedis, kSql, kPostgres, kZooKeeper, kEtcd };
-
   Kind kind = Kind::kUnavailable;
-  Origin origin = Origin::kRedis;
   std::string endpoint;     // the server ("host:port", "mysql://host:port/db", "quorum")
-  std::string code;         // the server's code: Redis's first word ("WRONGTYPE"), MariaDB's number ("1406"),
-                            // PostgreSQL's SQLSTATE ("22001"), ZooKeeper's return code ("-110"); may be empty
+  std::error_code code;     // the server's code, of its backend's StoreCategory: Redis's reply prefix (WRONGTYPE),
+                            // MariaDB's error number (1406), PostgreSQL's SQLSTATE (22001), ZooKeeper's return
+                            // code (-110), etcd's gRPC status; empty when the server gave none
   std::string message;      // the server's own text (Redis: its whole error line) or why no answer could be had
 
   // The text users have always read for it (what() of the public error it
   // maps to): "redis h:p answered an error: ...", "redis h:p: connection
-  // lost: ...", "mysql://h:p/db answered error 1406: ...".
+  // lost: ...", "mysql://h:p/db answered error 1406: ..." (a refusal is
+  // worded by its code's StoreCategory).
   std::string describe() const;
 
   bool unavailable() const noexcept { return kind == Kind::kUnavailable; }
-  // Redis's ACL refused a command (NOPERM, or a script's command refused),
-  // as opposed to refused credentials.
-  bool acl_refusal() const noexcept {
-    return kind == Kind::kAuth && origin == Origin::kRedis && (code == "NOPERM" || code == "ERR");
-  }
   bool redirect() const noexcept { return kind == Kind::kRedirect; }
   // What a waiter rides out, keeping its place until its wait runs out.
   bool transient() const noexcept { return kind == Kind::kUnavailable || kind == Kind::kRetryLater; }
 
-  static StoreError unavailable(std::string endpoint, std::string why, Origin origin = Origin::kRedis);
-  static StoreError auth(std::string endpoint, std::string why, Origin origin = Origin::kRedis);
-  // A reply the protocol did not expect (e.g. a script answering a wrong
-  // shape): refused, with no server code.
-  static StoreError refused(std::string endpoint, std::string message, Origin origin = Origin::kRedis);
-  static StoreError invalid(std::string endpoint, std::string why, Origin origin = Origin::kRedis);
+  // `code` is the server's, when it gave one.
+  static StoreError unavailable(std::string endpoint, std::string why, std::error_code code = {});
+  static StoreError auth(std::string endpoint, std::string why, std::error_code code = {});
+  // Refused; with no code, a reply the protocol did not expect (e.g. a
+  // script answering a wrong shape).
+  static StoreError refused(std::string endpoint, std::string message, std::error_code code = {});
+  static StoreError invalid(std::string endpoint, std::string why, std::error_code code = {});
 };
 
 }  // namespace lockwatch::detail

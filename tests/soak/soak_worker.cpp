@@ -1059,7 +1059,7 @@ class Worker {
     } catch (const lockwatch::ConnectionError& e) {
       out = "conn";
       msg = e.what();
-    } catch (const lockwatch::RedisError& e) {
+    } catch (const lockwatch::StoreRefused& e) {
       out = "redis";
       msg = e.what();
     } catch (const lockwatch::RuntimeStopped& e) {

@@ -114,7 +114,7 @@ int main(int argc, char** argv) {
   } catch (const lockwatch::ConnectionError& e) {
     say(fmt::format("cannot reach the store: {}", e.what()));
     return kExitUnavailable;
-  } catch (const lockwatch::RedisError& e) {
+  } catch (const lockwatch::StoreRefused& e) {
     say(fmt::format("the store refused the request: {}", e.what()));
     return kExitUnavailable;
   } catch (const std::exception& e) {

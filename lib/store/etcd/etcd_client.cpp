@@ -7,6 +7,7 @@
 #include <sstream>
 
 #include "core/loop.hpp"
+#include "store/etcd/etcd_error.hpp"
 
 namespace lockwatch::detail {
 
@@ -20,29 +21,6 @@ struct Tag {
  protected:
   ~Tag() = default;
 };
-
-const char* code_name(grpc::StatusCode code) {
-  switch (code) {
-    case grpc::StatusCode::OK: return "OK";
-    case grpc::StatusCode::CANCELLED: return "CANCELLED";
-    case grpc::StatusCode::UNKNOWN: return "UNKNOWN";
-    case grpc::StatusCode::INVALID_ARGUMENT: return "INVALID_ARGUMENT";
-    case grpc::StatusCode::DEADLINE_EXCEEDED: return "DEADLINE_EXCEEDED";
-    case grpc::StatusCode::NOT_FOUND: return "NOT_FOUND";
-    case grpc::StatusCode::ALREADY_EXISTS: return "ALREADY_EXISTS";
-    case grpc::StatusCode::PERMISSION_DENIED: return "PERMISSION_DENIED";
-    case grpc::StatusCode::RESOURCE_EXHAUSTED: return "RESOURCE_EXHAUSTED";
-    case grpc::StatusCode::FAILED_PRECONDITION: return "FAILED_PRECONDITION";
-    case grpc::StatusCode::ABORTED: return "ABORTED";
-    case grpc::StatusCode::OUT_OF_RANGE: return "OUT_OF_RANGE";
-    case grpc::StatusCode::UNIMPLEMENTED: return "UNIMPLEMENTED";
-    case grpc::StatusCode::INTERNAL: return "INTERNAL";
-    case grpc::StatusCode::UNAVAILABLE: return "UNAVAILABLE";
-    case grpc::StatusCode::DATA_LOSS: return "DATA_LOSS";
-    case grpc::StatusCode::UNAUTHENTICATED: return "UNAUTHENTICATED";
-    default: return "UNKNOWN";
-  }
-}
 
 // A PEM file's text (checked readable by EtcdStore::check_options).
 std::string read_file(const std::string& path) {
@@ -226,10 +204,9 @@ StoreError EtcdClient::error_of(const grpc::Status& status, std::size_t member, 
   }
   StoreError e;
   e.kind = kind;
-  e.origin = StoreError::Origin::kEtcd;
   e.endpoint = endpoint(member);
-  e.code = code_name(status.error_code());
-  e.message = status.error_message().empty() ? e.code : status.error_message();
+  e.code = etcd_code(status.error_code());
+  e.message = status.error_message().empty() ? e.code.message() : status.error_message();
   if (status.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED)
     e.message = fmt::format("no answer within the {} ms command timeout", command_timeout_.count());
   return e;
@@ -281,7 +258,7 @@ void EtcdClient::finished(Call* call) {
 
 void EtcdClient::with_token(std::function<void(const StoreError*)> start) {
   if (closed_) {
-    auto closed = StoreError::unavailable(name_, "the store is closed", StoreError::Origin::kEtcd);
+    auto closed = StoreError::unavailable(name_, "the store is closed");
     loop_.post([start = std::move(start), closed] { start(&closed); });
     return;
   }
@@ -307,7 +284,7 @@ void EtcdClient::authenticate() {
     authenticating_ = false;
     auto waiting = std::move(waiting_for_token_);
     waiting_for_token_.clear();
-    StoreError error = status ? StoreError{} : StoreError::unavailable(name_, "the store is closed", StoreError::Origin::kEtcd);
+    StoreError error = status ? StoreError{} : StoreError::unavailable(name_, "the store is closed");
     const StoreError* failed = status ? nullptr : &error;
     if (status && !status->ok()) {
       if (no_answer(status->error_code())) member_failed(member);
@@ -315,8 +292,7 @@ void EtcdClient::authenticate() {
       failed = &error;
     } else if (status && response.token().empty()) {
       error = StoreError::auth(endpoint(member),
-                               "authentication is not enabled on the cluster, yet the URL names a user",
-                               StoreError::Origin::kEtcd);
+                               "authentication is not enabled on the cluster, yet the URL names a user");
       failed = &error;
     } else if (status) {
       token_ = response.token();
@@ -350,7 +326,7 @@ void EtcdClient::unary(Request request, Done<Response> done, Prepare prepare_cal
     call->done = [this, member, attempt, request = std::move(request), done = std::move(done), prepare_call, timeout,
                   deadline, reauthenticated](const Response& response, const grpc::Status* status) mutable {
       if (!status) {
-        auto closed = StoreError::unavailable(name_, "the store is closed", StoreError::Origin::kEtcd);
+        auto closed = StoreError::unavailable(name_, "the store is closed");
         done(Response{}, &closed);
         return;
       }
@@ -567,8 +543,7 @@ struct EtcdClient::KeepAlive final : Call {
     if (no_answer(status.error_code())) client->member_failed(member);
     client->token_refused(status);
     StoreError error = status.ok() ? StoreError::unavailable(client->endpoint(member),
-                                                             "the keep-alive stream ended without every answer",
-                                                             StoreError::Origin::kEtcd)
+                                                             "the keep-alive stream ended without every answer")
                                    : client->error_of(status, member);
     done(ttls, &error);
   }
@@ -677,8 +652,7 @@ class EtcdClient::Watch final : public Call {
       if (no_answer(me->status.error_code())) me->client->member_failed(me->member);
       me->client->token_refused(me->status);
       StoreError error = me->status.ok() ? StoreError::unavailable(me->client->endpoint(me->member),
-                                                                   "the watch was cancelled by the server",
-                                                                   StoreError::Origin::kEtcd)
+                                                                   "the watch was cancelled by the server")
                                          : me->client->error_of(me->status, me->member);
       if (me->hooks.ended) me->hooks.ended(error);
     });
@@ -725,7 +699,7 @@ void EtcdClient::close() {
   closed_ = true;
   auto live = std::move(live_);
   live_.clear();
-  const auto closed = StoreError::unavailable(name_, "the store is closed", StoreError::Origin::kEtcd);
+  const auto closed = StoreError::unavailable(name_, "the store is closed");
   for (const auto& call : live) {
     call->context.TryCancel();
     if (!call->answered) call->fail(closed);

@@ -31,13 +31,14 @@
 // with every call as the `token` metadata; a call refused for its token
 // authenticates again once.
 //
-// Errors are StoreErrors (Origin::kEtcd) classified by gRPC status code:
-// UNAVAILABLE, DEADLINE_EXCEEDED, CANCELLED, ABORTED are kUnavailable;
-// UNAUTHENTICATED, PERMISSION_DENIED and a refused Authenticate are kAuth;
-// RESOURCE_EXHAUSTED is kRetryLater; the rest kRefused with the code's
-// name. etcd sends a missing user as INVALID_ARGUMENT, told apart only by
-// its error text, as etcd's own client does (its rpctypes table): those
-// few exact texts are kAuth too.
+// Errors are StoreErrors classified by gRPC status code, which each keeps
+// as its `code` (etcd_category(), store/etcd/etcd_error.hpp): UNAVAILABLE,
+// DEADLINE_EXCEEDED, CANCELLED, ABORTED are kUnavailable; UNAUTHENTICATED,
+// PERMISSION_DENIED and a refused Authenticate are kAuth;
+// RESOURCE_EXHAUSTED is kRetryLater; the rest kRefused. etcd sends a
+// missing user as INVALID_ARGUMENT, told apart only by its error text, as
+// etcd's own client does (its rpctypes table): those few exact texts are
+// kAuth too.
 //
 // Threading: construction on any thread; every other member on the loop
 // thread, but the destructor, which must run off the loop thread after

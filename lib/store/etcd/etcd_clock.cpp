@@ -391,7 +391,7 @@ void EtcdClock::now(Done done) {
   State& s = *state_;
   if (s.closed) {
     loop_.post([done = std::move(done), name = name_] {
-      auto e = StoreError::unavailable(name, "the store is closed", StoreError::Origin::kEtcd);
+      auto e = StoreError::unavailable(name, "the store is closed");
       done({}, &e);
     });
     return;
@@ -401,7 +401,7 @@ void EtcdClock::now(Done done) {
     if (age > kRefresh) want_measure();
     loop_.post([state = state_, done = std::move(done)] {
       if (state->closed) {
-        auto e = StoreError::unavailable("etcd", "the store is closed", StoreError::Origin::kEtcd);
+        auto e = StoreError::unavailable("etcd", "the store is closed");
         done({}, &e);
         return;
       }
@@ -439,7 +439,7 @@ void EtcdClock::close() {
     stop_ = true;
   }
   cv_.notify_all();
-  auto e = StoreError::unavailable(name_, "the store is closed", StoreError::Origin::kEtcd);
+  auto e = StoreError::unavailable(name_, "the store is closed");
   for (auto& done : waiting) done({}, &e);
 }
 
@@ -459,8 +459,7 @@ void EtcdClock::run() {
 EtcdClock::Measured EtcdClock::measure() {
   Measured out;
   if (target_.tls && !tls_) {
-    out.error = StoreError::invalid(name_, "cannot read the members' clock over TLS: " + tls_error_,
-                                    StoreError::Origin::kEtcd);
+    out.error = StoreError::invalid(name_, "cannot read the members' clock over TLS: " + tls_error_);
     return out;
   }
   std::string whys;
@@ -469,7 +468,7 @@ EtcdClock::Measured EtcdClock::measure() {
     if (m.ok || stopping()) return m;
     whys += (whys.empty() ? "" : "; ") + m.error.message;
   }
-  out.error = StoreError::unavailable(name_, "no member's clock could be read: " + whys, StoreError::Origin::kEtcd);
+  out.error = StoreError::unavailable(name_, "no member's clock could be read: " + whys);
   return out;
 }
 
@@ -478,7 +477,7 @@ EtcdClock::Measured EtcdClock::measure_member(std::size_t member) {
   const std::string endpoint = (target_.tls ? "https://" : "http://") + m.address();
   Measured out;
   auto fail = [&](const std::string& why) {
-    out.error = StoreError::unavailable(name_, endpoint + ": " + why, StoreError::Origin::kEtcd);
+    out.error = StoreError::unavailable(name_, endpoint + ": " + why);
     return out;
   };
   std::unique_ptr<Conn> conn;

@@ -13,6 +13,7 @@
 #include "core/loop.hpp"
 #include "core/option_checks.hpp"
 #include "lockwatch/errors.hpp"
+#include "store/etcd/etcd_error.hpp"
 
 namespace lockwatch::detail {
 
@@ -137,7 +138,7 @@ void EtcdStore::acquire_one(std::string name, std::string token, milliseconds tt
       return;
     }
     if (!granted.error().empty() || granted.id() == 0) {
-      done(failed(StoreError::refused(client_->name(), "LeaseGrant: " + granted.error(), StoreError::Origin::kEtcd)));
+      done(failed(StoreError::refused(client_->name(), "LeaseGrant: " + granted.error())));
       return;
     }
     const std::int64_t lease = granted.id();
@@ -182,8 +183,7 @@ void EtcdStore::acquire_one(std::string name, std::string token, milliseconds tt
         // Not absent, yet not there in the same transaction: an answer
         // that cannot be.
         revoke(lease);
-        done(failed(StoreError::refused(client_->name(), "the acquisition's transaction answered no key",
-                                        StoreError::Origin::kEtcd)));
+        done(failed(StoreError::refused(client_->name(), "the acquisition's transaction answered no key")));
         return;
       }
       if (!inner->succeeded()) {
@@ -263,8 +263,7 @@ std::size_t EtcdStore::renew(std::span<const LockRef> locks, std::shared_ptr<con
         done(i, Renewed::kYes, nullptr);
       } else if (left == -1) {
         if (!err && partial.message.empty())
-          partial = StoreError::unavailable(client_->name(), "no keep-alive answer for the lease",
-                                            StoreError::Origin::kEtcd);
+          partial = StoreError::unavailable(client_->name(), "no keep-alive answer for the lease");
         done(i, Renewed::kTransient, err ? err : &partial);
       } else {
         // The lease expired or was revoked: the key went with it.
@@ -315,7 +314,8 @@ void EtcdStore::release_attempt(std::shared_ptr<Releasing> r) {
     if (err) {
       // No answer in time from a member that may be hung: once more, on
       // the next one (the client moved on).
-      if (err->unavailable() && err->code == "DEADLINE_EXCEEDED" && !r->maybe_applied && !closed_) {
+      if (err->unavailable() && err->code == etcd_code(grpc::StatusCode::DEADLINE_EXCEEDED) && !r->maybe_applied &&
+          !closed_) {
         r->maybe_applied = true;
         release_attempt(r);
         return;
@@ -620,7 +620,7 @@ void EtcdStore::claim_step(std::shared_ptr<Claim> c) {
       const std::string& v = kv.value();
       if (std::from_chars(v.data(), v.data() + v.size(), last).ec != std::errc() || v.empty()) {
         auto e = StoreError::refused(client_->name(), "the job's period key " + c->key + " holds '" + v +
-                                                          "', not a period", StoreError::Origin::kEtcd);
+                                                          "', not a period");
         finish(ClaimResult::Status::kFailed, &e);
         return;
       }
@@ -667,8 +667,7 @@ void EtcdStore::claim_step(std::shared_ptr<Claim> c) {
         claim_step(c);  // another write to the period key came first: read again
         return;
       }
-      auto e = StoreError::unavailable(client_->name(), "the job's period key kept changing under the claim",
-                                       StoreError::Origin::kEtcd);
+      auto e = StoreError::unavailable(client_->name(), "the job's period key kept changing under the claim");
       finish(ClaimResult::Status::kFailed, &e);
     });
   });

@@ -402,7 +402,7 @@ void PgConnection::handshake(bool created) {
     }
     // undefined_table, or undefined_column: a table of a version before
     // (create adds the columns since).
-    if ((err->code == "42P01" || err->code == "42703") && !created) {
+    if ((err->code == pg_code("42P01") || err->code == pg_code("42703")) && !created) {
       create_tables(0);
       return;
     }
@@ -426,7 +426,7 @@ void PgConnection::create_tables(std::size_t next) {
     // Another connection may have created it meanwhile (42P07; 42710
     // or 23505 when both got as far as the catalog): the next prepare
     // tells.
-    if (e && e->code != "42P07" && e->code != "42710" && e->code != "23505") {
+    if (e && e->code != pg_code("42P07") && e->code != pg_code("42710") && e->code != pg_code("23505")) {
       StoreError why = *e;
       why.message =
           fmt::format("cannot create the lock table {} or its holders' table: {}", session_.table, e->message);
@@ -489,7 +489,7 @@ void PgConnection::table_error(const StoreError& error) {
     return;
   }
   StoreError why = error;
-  if (error.code == "42501")  // insufficient_privilege
+  if (error.code == pg_code("42501"))  // insufficient_privilege
     why.message = fmt::format("the lock table {} cannot be used by this user (it needs SELECT, INSERT and UPDATE "
                               "on it): {}",
                               session_.table, error.message);
@@ -681,7 +681,7 @@ void PgConnection::attempt_timed_out() {
 // ---- down, up, closed
 
 StoreError PgConnection::unavailable(const std::string& why) const {
-  return StoreError::unavailable(name_, why, StoreError::Origin::kPostgres);
+  return StoreError::unavailable(name_, why);
 }
 
 void PgConnection::went_down_unavailable(const std::string& why) { went_down(unavailable(why), false); }

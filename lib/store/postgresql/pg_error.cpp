@@ -1,24 +1,70 @@
 #include "store/postgresql/pg_error.hpp"
 
+#include <fmt/format.h>
+
 namespace lockwatch::detail {
 
 namespace {
 
 bool is_code_char(char c) { return (c >= '0' && c <= '9') || (c >= 'A' && c <= 'Z'); }
 
+constexpr int kSqlstateBase = 36;
+constexpr std::size_t kSqlstateLength = 5;
+
+// The characters of a packed SQLSTATE; "" for a value no SQLSTATE packs to.
+std::string unpack_sqlstate(int value) {
+  if (value <= 0) return {};
+  std::string out(kSqlstateLength, '0');
+  for (std::size_t i = kSqlstateLength; i-- > 0; value /= kSqlstateBase) {
+    const int digit = value % kSqlstateBase;
+    out[i] = static_cast<char>(digit < 10 ? '0' + digit : 'A' + digit - 10);
+  }
+  return value == 0 ? out : std::string();
+}
+
+class PostgresCategory final : public StoreCategory {
+ public:
+  const char* name() const noexcept override { return "lockwatch.postgresql"; }
+  std::string message(int value) const override {
+    std::string sqlstate = unpack_sqlstate(value);
+    return sqlstate.empty() ? fmt::format("not a SQLSTATE ({})", value) : sqlstate;
+  }
+  std::string refusal(std::string_view endpoint, int value, std::string_view message) const override {
+    return fmt::format("{} answered error {}: {}", endpoint, unpack_sqlstate(value), message);
+  }
+};
+
 bool in_class(std::string_view sqlstate, std::string_view cls) { return sqlstate.substr(0, 2) == cls; }
 
 StoreError make(StoreError::Kind kind, std::string endpoint, std::string_view sqlstate, std::string message) {
   StoreError e;
   e.kind = kind;
-  e.origin = StoreError::Origin::kPostgres;
   e.endpoint = std::move(endpoint);
-  e.code = std::string(sqlstate);
+  e.code = pg_code(sqlstate);
   e.message = std::move(message);
   return e;
 }
 
 }  // namespace
+
+const StoreCategory& postgresql_category() noexcept {
+  static const PostgresCategory category;
+  return category;
+}
+
+std::error_code pg_code(std::string_view sqlstate) noexcept {
+  if (sqlstate.size() != kSqlstateLength) return {};
+  int value = 0;
+  for (char c : sqlstate) {
+    if (!is_code_char(c)) return {};
+    value = value * kSqlstateBase + (c <= '9' ? c - '0' : c - 'A' + 10);
+  }
+  return value == 0 ? std::error_code() : std::error_code(value, postgresql_category());
+}
+
+std::string pg_sqlstate(const std::error_code& code) {
+  return code.category() == postgresql_category() ? unpack_sqlstate(code.value()) : std::string();
+}
 
 StoreError pg_statement_error(std::string endpoint, std::string_view sqlstate, std::string message) {
   using Kind = StoreError::Kind;

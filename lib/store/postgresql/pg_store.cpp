@@ -664,8 +664,7 @@ Acquired PgStore::kind_outcome(const PendingAcquire& a, const PgRows& rows) cons
     pg_unhex(rows.at(0, 3), owner);
     out.error = StoreError::invalid(
         target_.name(),
-        fmt::format("{} is held as {}; this call asked for it {}", a.name, pg_held_as(owner), asked_as(a.kind)),
-        StoreError::Origin::kPostgres);
+        fmt::format("{} is held as {}; this call asked for it {}", a.name, pg_held_as(owner), asked_as(a.kind)));
   }
   return out;
 }
@@ -762,8 +761,7 @@ void PgStore::acquire_batch(std::shared_ptr<AcquireBatch> batch) {
             out.status = Acquired::Status::kFailed;
             out.error = StoreError::invalid(
                 target_.name(),
-                fmt::format("{} is held as {}; this call asked for it exclusive", lock.name, pg_held_as(owner)),
-                StoreError::Origin::kPostgres);
+                fmt::format("{} is held as {}; this call asked for it exclusive", lock.name, pg_held_as(owner)));
           }
         }
       }

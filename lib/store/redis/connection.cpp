@@ -646,7 +646,7 @@ void RedisConnection::dispatch(const redisReply* r) {
 StoreError RedisConnection::error_for(const redisReply* r) const {
   StoreError e = redis_reply_error(name_, std::string_view(r->str ? r->str : "", r->str ? r->len : 0));
   // After a refused AUTH every answer is NOAUTH: say what AUTH answered.
-  if (auth_failed_) e = StoreError::auth(name_, auth_error_);
+  if (auth_failed_) e = StoreError::auth(name_, auth_error_, auth_code_);
   return e;
 }
 
@@ -678,7 +678,7 @@ void RedisConnection::on_request_reply(Queued q, const redisReply* r) {
         StoreError err = error_for(r);
         // Redis names the command at best, never the script or what it
         // calls: say what was sent.
-        if (err.acl_refusal() && !auth_failed_) err.message += " (sent: " + sent(q) + ")";
+        if (redis_acl_refusal(err) && !auth_failed_) err.message += " (sent: " + sent(q) + ")";
         q.cb(nullptr, &err);
       }
     } else {
@@ -710,6 +710,7 @@ void RedisConnection::on_handshake_reply(Handshake step, const redisReply* r) {
         case Handshake::kAuth:
           auth_failed_ = true;
           auth_error_ = msg;
+          auth_code_ = redis_reply_error(name_, msg).code;
           handshake_error_ = "authentication failed: " + msg;
           break;
         case Handshake::kSelect:
@@ -725,11 +726,12 @@ void RedisConnection::on_handshake_reply(Handshake step, const redisReply* r) {
         case Handshake::kName:
           break;
       }
-      if (step != Handshake::kAuth && redis_reply_error(name_, msg).acl_refusal()) {
+      if (step != Handshake::kAuth && redis_acl_refusal(redis_reply_error(name_, msg))) {
         // The user may not SELECT or ask ROLE: refused credentials, not a
         // node to wait for.
         auth_failed_ = true;
         auth_error_ = handshake_error_;
+        auth_code_ = redis_reply_error(name_, msg).code;
       }
     } else if (step == Handshake::kRole) {
       std::string role;
@@ -833,7 +835,7 @@ void RedisConnection::fail_queued(const std::string& why) {
 }
 
 StoreError RedisConnection::down_error(const std::string& why) const {
-  if (auth_failed_) return StoreError::auth(name_, why);
+  if (auth_failed_) return StoreError::auth(name_, why, auth_code_);
   if (select_failed_)
     return StoreError::invalid(name_, fmt::format("{}: {} (the URL's /db names a database the server does not have)",
                                                   name_, why));

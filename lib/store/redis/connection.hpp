@@ -286,6 +286,7 @@ class RedisConnection : private Reconnector::Attempts, private RequestTimer::Req
   bool select_failed_ = false;  // the server has no such database: a configuration error, not a node to wait for
   bool awaiting_endpoint_ = false;  // an attempt waits for the master's address
   std::string auth_error_;
+  std::error_code auth_code_;  // the refusal's code (WRONGPASS, NOPERM, ...)
   int handshake_pending_ = 0;    // AUTH / SELECT / ROLE answers still awaited
   std::string handshake_error_;  // why the last handshake failed
   std::deque<Queued> waiting_;   // made while down: sent on the next attempt

@@ -12,6 +12,7 @@
 #include "core/option_checks.hpp"
 #include "store/redis/cluster_slot.hpp"
 #include "store/redis/keys.hpp"
+#include "store/redis/redis_error.hpp"
 #include "store/redis/scripts.hpp"
 #include "store/redis/sentinel.hpp"
 
@@ -78,11 +79,11 @@ RedisNodeStore::RedisNodeStore(Loop& loop, Endpoint endpoint, const Options& opt
   hooks.on_dropped = [this](std::string_view channel, const StoreError* why) {
     std::string_view name = lock_of(channel);
     erase_listening(name);
-    if (why != nullptr && why->acl_refusal()) refused_notices(*why);
+    if (why != nullptr && redis_acl_refusal(*why)) refused_notices(*why);
     if (!name.empty() && dropped_) dropped_(name, why);
   };
   hooks.on_refused = [this](const StoreError& why) {
-    if (why.acl_refusal()) refused_notices(why);
+    if (redis_acl_refusal(why)) refused_notices(why);
   };
   sub_ = std::make_unique<RedisConnection>(loop, endpoint, options_, sharded ? Mode::kShardedPubSub : Mode::kPubSub,
                                            std::move(hooks));
@@ -782,7 +783,7 @@ void RedisNodeStore::eval_release(EvalRequest request, std::vector<QueuedRelease
                              // A release whose notice the ACL refused deleted
                              // the lock, but is unconfirmed: only a log line
                              // tells why.
-                             if (err != nullptr && err->acl_refusal() && events_.log)
+                             if (err != nullptr && redis_acl_refusal(*err) && events_.log)
                                events_.log(true, err->describe() + ": the release is unconfirmed");
                              for (const QueuedRelease& q : batch) {
                                const StoreError* why = nullptr;

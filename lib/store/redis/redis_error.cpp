@@ -1,11 +1,53 @@
 #include "store/redis/redis_error.hpp"
 
+#include <fmt/format.h>
+
 #include <algorithm>
+#include <array>
 #include <charconv>
+#include <utility>
 
 namespace lockwatch::detail {
 
 namespace {
+
+// Each RedisReply but kOther with its word, in the enum's order.
+constexpr std::array<std::pair<RedisReply, std::string_view>, 20> kRedisReplyWords{{
+    {RedisReply::kErr, "ERR"},
+    {RedisReply::kWrongType, "WRONGTYPE"},
+    {RedisReply::kOom, "OOM"},
+    {RedisReply::kNoScript, "NOSCRIPT"},
+    {RedisReply::kBusy, "BUSY"},
+    {RedisReply::kReadOnly, "READONLY"},
+    {RedisReply::kNoReplicas, "NOREPLICAS"},
+    {RedisReply::kMasterDown, "MASTERDOWN"},
+    {RedisReply::kLoading, "LOADING"},
+    {RedisReply::kTryAgain, "TRYAGAIN"},
+    {RedisReply::kClusterDown, "CLUSTERDOWN"},
+    {RedisReply::kMoved, "MOVED"},
+    {RedisReply::kAsk, "ASK"},
+    {RedisReply::kCrossSlot, "CROSSSLOT"},
+    {RedisReply::kNoAuth, "NOAUTH"},
+    {RedisReply::kWrongPass, "WRONGPASS"},
+    {RedisReply::kNoPerm, "NOPERM"},
+    {RedisReply::kExecAbort, "EXECABORT"},
+    {RedisReply::kLockwatch, "LOCKWATCH"},
+    {RedisReply::kLockwatchKind, "LOCKWATCH-KIND"},
+}};
+
+class RedisCategory final : public StoreCategory {
+ public:
+  const char* name() const noexcept override { return "lockwatch.redis"; }
+  std::string message(int code) const override {
+    for (const auto& [reply, word] : kRedisReplyWords)
+      if (static_cast<int>(reply) == code) return std::string(word);
+    return "another error reply";
+  }
+  // The reply's whole line is the message, its first word included.
+  std::string refusal(std::string_view endpoint, int, std::string_view message) const override {
+    return fmt::format("redis {} answered an error: {}", endpoint, message);
+  }
+};
 
 // The first word of a Redis error line: its code ("MOVED", "WRONGTYPE", "ERR").
 std::string_view first_word(std::string_view message) { return message.substr(0, message.find(' ')); }
@@ -51,10 +93,20 @@ bool script_acl_refusal(std::string_view text) {
 
 }  // namespace
 
+const StoreCategory& redis_category() noexcept {
+  static const RedisCategory category;
+  return category;
+}
+
+RedisReply redis_reply_code(std::string_view word) noexcept {
+  for (const auto& [reply, known] : kRedisReplyWords)
+    if (known == word) return reply;
+  return RedisReply::kOther;
+}
+
 StoreError redis_reply_error(std::string endpoint, std::string_view message) {
-  StoreError e = StoreError::refused(std::move(endpoint), std::string(message), StoreError::Origin::kRedis);
   const std::string_view code = first_word(message);
-  e.code = std::string(code);
+  StoreError e = StoreError::refused(std::move(endpoint), std::string(message), redis_reply_code(code));
   if (code == "MOVED" || code == "ASK") {
     if (parse_redirect(after_code(message, code))) e.kind = StoreError::Kind::kRedirect;
   } else if (code == "TRYAGAIN" || code == "CLUSTERDOWN" || code == "LOADING" || code == "MASTERDOWN") {
@@ -72,9 +124,15 @@ StoreError redis_reply_error(std::string endpoint, std::string_view message) {
 
 std::optional<ClusterRedirect> cluster_redirect(const StoreError& e) {
   if (!e.redirect()) return std::nullopt;
-  auto to = parse_redirect(after_code(e.message, e.code));
-  if (to) to->ask = e.code == "ASK";
+  auto to = parse_redirect(after_code(e.message, first_word(e.message)));
+  if (to) to->ask = e.code == RedisReply::kAsk;
   return to;
+}
+
+bool is_ask(const StoreError& e) noexcept { return e.redirect() && e.code == RedisReply::kAsk; }
+
+bool redis_acl_refusal(const StoreError& e) noexcept {
+  return e.kind == StoreError::Kind::kAuth && (e.code == RedisReply::kNoPerm || e.code == RedisReply::kErr);
 }
 
 }  // namespace lockwatch::detail

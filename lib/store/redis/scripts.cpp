@@ -835,7 +835,7 @@ Acquired AcquireReply::next() {
     out.busy_for = std::chrono::milliseconds(busy);
   } else if (status == 'e' && !value.empty()) {
     out.error = redis_reply_error(std::string(endpoint_), value);
-    if (out.error.acl_refusal()) out.error.message += " (sent: " + running(script(ScriptId::kAcquire)) + ")";
+    if (redis_acl_refusal(out.error)) out.error.message += " (sent: " + running(script(ScriptId::kAcquire)) + ")";
   } else {
     out.error = unexpected_reply(endpoint_, "acquire", "entry " + quoted(entry));
   }

@@ -1,5 +1,7 @@
 #include "store/redis/subscriptions.hpp"
 
+#include "store/redis/redis_error.hpp"
+
 #include <algorithm>
 #include <cstdint>
 #include <cstdio>
@@ -47,7 +49,7 @@ class ClassicSubscriptions final : public Subscriptions {
   void error(const StoreError& why) override {
     if (!on_refused_) return;
     StoreError refused = why;
-    if (refused.acl_refusal()) refused.message += " (sent: SUBSCRIBE or UNSUBSCRIBE)";
+    if (redis_acl_refusal(refused)) refused.message += " (sent: SUBSCRIBE or UNSUBSCRIBE)";
     tell_store([&] { on_refused_(refused); });
   }
 

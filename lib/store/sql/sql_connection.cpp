@@ -490,12 +490,13 @@ void SqlConnection::overdue() {
 }
 
 StoreError SqlConnection::connect_error() const {
-  if (auth_refused(last_errno_)) return StoreError::auth(name_, last_error_, StoreError::Origin::kSql);
-  return StoreError::unavailable(name_, last_error_, StoreError::Origin::kSql);
+  const std::error_code code = last_errno_ != 0 ? mariadb_code(last_errno_) : std::error_code();
+  if (auth_refused(last_errno_)) return StoreError::auth(name_, last_error_, code);
+  return StoreError::unavailable(name_, last_error_, code);
 }
 
 StoreError SqlConnection::down_error(const std::string& why) const {
-  return StoreError::unavailable(name_, why, StoreError::Origin::kSql);
+  return StoreError::unavailable(name_, why);
 }
 
 void SqlConnection::went_down(const std::string& why, bool connection_error) {

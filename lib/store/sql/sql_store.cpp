@@ -362,8 +362,7 @@ void SqlStore::acquire_reported(const std::shared_ptr<AcquireBatch>& batch, cons
       out.status = Acquired::Status::kFailed;
       out.error = StoreError::invalid(
           target_.name(),
-          fmt::format("the lock '{}' is held as {}; this call asked for it exclusive", l.name, held_as(owner)),
-          StoreError::Origin::kSql);
+          fmt::format("the lock '{}' is held as {}; this call asked for it exclusive", l.name, held_as(owner)));
     }
   }
   auto answer = [batch, answers] {

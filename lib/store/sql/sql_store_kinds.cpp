@@ -9,6 +9,7 @@
 #include <map>
 #include <set>
 
+#include "store/sql/sql_error.hpp"
 #include "store/sql/sql_literals.hpp"
 #include "store/sql/sql_store.hpp"
 
@@ -100,7 +101,7 @@ void SqlStore::send_kind_group(std::vector<std::shared_ptr<KindAcquire>> group) 
     for (const auto& a : *shared) {
       Acquired out;
       out.error = *err;
-      if (err->code == "1064")
+      if (err->code == mariadb_code(1064))
         // A server without MariaDB's compound statements (MySQL): say what
         // is missing rather than only where the syntax broke.
         out.error.message = a->kind.describe() + " locks need MariaDB's compound statements (BEGIN NOT ATOMIC), " +
@@ -113,7 +114,7 @@ void SqlStore::send_kind_group(std::vector<std::shared_ptr<KindAcquire>> group) 
     StoreError no_answer;
     if (!err && (r.rows.empty() || r.rows[0].size() != shared->size())) {
       no_answer = StoreError::unavailable(target_.name(), "the outcome of a lock's transaction was lost with its "
-                                                          "connection", StoreError::Origin::kSql);
+                                                          "connection");
       err = &no_answer;
     }
     for (std::size_t k = 0; k < shared->size(); ++k) {
@@ -263,7 +264,7 @@ Acquired SqlStore::kind_outcome(const KindAcquire& a, const std::vector<std::str
     // anew between the two statements, and what the transaction decided is
     // not known.
     out.error = StoreError::unavailable(target_.name(), "the outcome of a lock's transaction was lost with its "
-                                                        "connection", StoreError::Origin::kSql);
+                                                        "connection");
     return out;
   }
   if (row[0] == "taken") {
@@ -273,8 +274,7 @@ Acquired SqlStore::kind_outcome(const KindAcquire& a, const std::vector<std::str
     out.error = StoreError::invalid(
         target_.name(),
         fmt::format("the lock '{}' is held as {}; this call asked for it {}", a.name,
-                    row[3] == "x" ? std::string("an exclusive lock") : sql::held_as(row[3]), a.kind.describe()),
-        StoreError::Origin::kSql);
+                    row[3] == "x" ? std::string("an exclusive lock") : sql::held_as(row[3]), a.kind.describe()));
   } else {
     out.status = Acquired::Status::kBusy;
     out.busy_for = sql::ms_up(to_ll(row[2]));
@@ -349,8 +349,7 @@ void SqlStore::release_kinds(std::span<const LockRef> locks, std::vector<std::si
       StoreError no_answer;
       if (!err && (r.rows.empty() || r.rows[0].empty() || r.rows[0][0].empty())) {
         // A new session: what the transaction did is not known.
-        no_answer = StoreError::unavailable(target_.name(), "the outcome of a release was lost with its connection",
-                                            StoreError::Origin::kSql);
+        no_answer = StoreError::unavailable(target_.name(), "the outcome of a release was lost with its connection");
         err = &no_answer;
       }
       if (err) {

@@ -6,6 +6,7 @@
 
 #include "core/loop.hpp"
 #include "core/net.hpp"
+#include "store/zookeeper/zk_error.hpp"
 #include "store/zookeeper/zk_nodes.hpp"
 
 namespace lockwatch::detail {
@@ -364,7 +365,7 @@ void ZkSessions::close() {
 ACL_vector* ZkSessions::acl() const { return target_.digest() ? &ZOO_CREATOR_ALL_ACL : &ZOO_OPEN_ACL_UNSAFE; }
 
 StoreError ZkSessions::refusal(std::string why) const {
-  return StoreError::invalid(endpoint_, std::move(why), StoreError::Origin::kZooKeeper);
+  return StoreError::invalid(endpoint_, std::move(why));
 }
 
 StoreError ZkSessions::error(int rc, const std::string& doing) const {
@@ -374,13 +375,12 @@ StoreError ZkSessions::error(int rc, const std::string& doing) const {
   std::string message = doing.empty() ? std::string(text) : fmt::format("{}: {}", doing, text);
   StoreError e;
   if (zk::unreachable(rc)) {
-    e = StoreError::unavailable(endpoint_, message, StoreError::Origin::kZooKeeper);
+    e = StoreError::unavailable(endpoint_, message, zookeeper_code(rc));
   } else if (rc == ZNOAUTH || rc == ZAUTHFAILED) {
-    e = StoreError::auth(endpoint_, message, StoreError::Origin::kZooKeeper);
+    e = StoreError::auth(endpoint_, message, zookeeper_code(rc));
   } else {
-    e = StoreError::refused(endpoint_, message, StoreError::Origin::kZooKeeper);
+    e = StoreError::refused(endpoint_, message, zookeeper_code(rc));
   }
-  e.code = std::to_string(rc);
   return e;
 }
 
