@@ -6,6 +6,7 @@
 #include <fmt/format.h>
 
 #include <charconv>
+#include <string_view>
 
 namespace lockwatch::detail {
 
@@ -42,10 +43,10 @@ std::string StoreError::describe() const {
     case Kind::kRetryLater:
       break;
   }
-  // Every code a store sets is of a StoreCategory (the backends' own);
-  // this runs only on a failure.
-  if (const auto* category = dynamic_cast<const StoreCategory*>(&code.category()); code && category != nullptr)
-    return category->refusal(endpoint, code.value(), message);
+  // The backends' categories are StoreCategories, and only they are named
+  // "lockwatch.<backend>".
+  if (code && std::string_view(code.category().name()).starts_with("lockwatch."))
+    return static_cast<const StoreCategory&>(code.category()).refusal(endpoint, code.value(), message);
   return fmt::format("{} answered an error: {}", shown_endpoint(endpoint), message);
 }
 
