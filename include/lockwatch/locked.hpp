@@ -79,9 +79,26 @@
 namespace lockwatch {
 namespace detail {
 
-/// Puts a built key (a string, or a set) into a spec.
-inline void put_built_key(LockSpec& spec, std::string&& key) { spec.key = std::move(key); }
-inline void put_built_key(LockSpec& spec, LockKey&& key) { put_key(spec, std::move(key)); }
+/// LOCKED's .context_from(fn): called on the caller's thread at each call.
+using ContextFrom = std::shared_ptr<const std::function<std::string()>>;
+
+/// One call's request: the decorated object's, with the key built from the
+/// call's arguments and the context .context_from() gives. What that
+/// function throws is the call's error (through its future).
+template <class Key>
+LockRequest call_request(const LockRequest& common, const ContextFrom& context_from, Key&& key,
+                         std::exception_ptr& error) {
+  LockRequest request = common;
+  request.key = std::forward<Key>(key);
+  if (context_from && !error) {
+    try {
+      request.context = (*context_from)();
+    } catch (...) {
+      error = std::current_exception();
+    }
+  }
+  return request;
+}
 
 // --------------------------------------------------------------- the call
 
@@ -264,8 +281,12 @@ class Locked {
  private:
   template <class>
   friend class LockedBuilder;
-  Locked(K key, detail::LockSpec spec, Runtime* runtime, Fn fn)
-      : key_(std::move(key)), spec_(std::move(spec)), runtime_(runtime), fn_(std::make_shared<Fn>(std::move(fn))) {}
+  Locked(K key, LockRequest request, detail::ContextFrom context_from, Runtime* runtime, Fn fn)
+      : key_(std::move(key)),
+        request_(std::move(request)),
+        context_from_(std::move(context_from)),
+        runtime_(runtime),
+        fn_(std::make_shared<Fn>(std::move(fn))) {}
 
   template <class Obj, class... Args>
   auto call_member(Obj&& obj, Args&&... args) const {
@@ -304,9 +325,8 @@ class Locked {
     auto invoke = [fn = fn_, args = std::tuple<S...>(std::forward<A>(a)...)](const Lease& lease) mutable -> R {
       return detail::invoke_locked<R, WithLease>(*fn, &lease, args);
     };
-    detail::LockSpec spec = spec_;
-    detail::put_built_key(spec, std::move(key.first));
-    return detail::AsyncCall<R>::start(runtime_, std::move(spec), key.second, std::move(invoke));
+    LockRequest request = detail::call_request(request_, context_from_, std::move(key.first), key.second);
+    return detail::AsyncCall<R>::start(runtime_, std::move(request), key.second, std::move(invoke));
   }
 
   template <class Obj, class... Args>
@@ -326,15 +346,14 @@ class Locked {
 
   template <class Key>
   void start(const std::shared_ptr<detail::Call>& call, Key key, std::exception_ptr key_error) const {
+    LockRequest request = detail::call_request(request_, context_from_, std::move(key), key_error);
     if (key_error) {
       call->finish(key_error);
       return;
     }
     try {
-      detail::LockSpec spec = spec_;
-      detail::put_built_key(spec, std::move(key));
       Runtime& rt = runtime_ ? *runtime_ : Runtime::default_runtime();
-      detail::DispatchAccess::dispatch(rt, std::move(spec), call);
+      detail::DispatchAccess::dispatch(rt, std::move(request), call);
     } catch (...) {
       // dispatch() throws only before anything started.
       call->finish(std::current_exception());
@@ -342,7 +361,8 @@ class Locked {
   }
 
   K key_;
-  detail::LockSpec spec_;
+  LockRequest request_;  ///< all but the key, which each call builds
+  detail::ContextFrom context_from_;
   Runtime* runtime_;
   std::shared_ptr<Fn> fn_;
 };
@@ -354,17 +374,17 @@ class LockedBuilder {
   /// Checks `ttl` (InvalidArgument); `retries` is a count or lockwatch::forever.
   LockedBuilder(K key, std::chrono::milliseconds ttl, Retries retries) : key_(std::move(key)) {
     detail::check_builder_ttl(ttl);
-    spec_.ttl = ttl;
-    spec_.retries = retries.count();
+    request_.ttl = ttl;
+    request_.retries = retries;
     if constexpr (std::is_same_v<K, std::string>) {
-      spec_.pattern = detail::pattern_id(key_);
+      request_.metrics_pattern = MetricsPattern(key_);
     } else if constexpr (std::is_same_v<K, LockKey>) {
       if (!key_.is_set()) {
-        spec_.pattern = detail::pattern_id(key_.key());
+        request_.metrics_pattern = MetricsPattern(key_.key());
       } else {
         std::string text = "all_of(";
         for (std::size_t i = 0; i < key_.keys().size(); ++i) text += (i ? ", " : "") + key_.keys()[i];
-        spec_.pattern = detail::pattern_id(text + ")");
+        request_.metrics_pattern = MetricsPattern(text + ")");
       }
     }
   }
@@ -375,7 +395,7 @@ class LockedBuilder {
   /// here. Name a pattern, never a key: each distinct text is a series.
   LockedBuilder metrics_pattern(std::string_view text) const {
     LockedBuilder b = *this;
-    b.spec_.pattern = detail::pattern_id(text);
+    b.request_.metrics_pattern = MetricsPattern(text);
     return b;
   }
 
@@ -385,8 +405,8 @@ class LockedBuilder {
   LockedBuilder context(std::string_view text) const {
     detail::check_context(text);
     LockedBuilder b = *this;
-    b.spec_.context = std::string(text);
-    b.spec_.context_from = nullptr;
+    b.request_.context = std::string(text);
+    b.context_from_ = nullptr;
     return b;
   }
   /// Attach what `fn()` returns at each call (on the calling thread, as the
@@ -396,8 +416,8 @@ class LockedBuilder {
     requires std::is_convertible_v<std::invoke_result_t<const F&>, std::string>
   LockedBuilder context_from(F fn) const {
     LockedBuilder b = *this;
-    b.spec_.context.clear();
-    b.spec_.context_from = std::make_shared<const std::function<std::string()>>(
+    b.request_.context.clear();
+    b.context_from_ = std::make_shared<const std::function<std::string()>>(
         [fn = std::move(fn)]() -> std::string { return fn(); });
     return b;
   }
@@ -413,7 +433,7 @@ class LockedBuilder {
   LockedBuilder wait(std::chrono::milliseconds d) const {
     if (d < std::chrono::milliseconds(0)) throw InvalidArgument("wait must not be negative");
     LockedBuilder b = *this;
-    b.spec_.wait = d;
+    b.request_.wait = d;
     return b;
   }
   /// Take the key in read mode: many shared holders at once, none while an
@@ -421,7 +441,7 @@ class LockedBuilder {
   /// caller stops new shared ones. See lock_kind.hpp.
   LockedBuilder shared() const {
     LockedBuilder b = *this;
-    b.spec_.kind = LockKind::shared();
+    b.request_.kind = LockKind::shared();
     return b;
   }
   /// Up to `n` holders of the key at once (a semaphore): each holds a permit
@@ -430,7 +450,7 @@ class LockedBuilder {
   LockedBuilder permits(std::uint32_t n) const {
     if (n == 0) throw InvalidArgument("permits(n) needs n >= 1");
     LockedBuilder b = *this;
-    b.spec_.kind = LockKind::permits(n);
+    b.request_.kind = LockKind::permits(n);
     return b;
   }
   /// One holder at a time, granted in the order the callers began to wait,
@@ -439,21 +459,21 @@ class LockedBuilder {
   /// store that keeps no queue of waiters fails the call with Unsupported.
   LockedBuilder fair() const {
     LockedBuilder b = *this;
-    b.spec_.kind = LockKind::fair();
+    b.request_.kind = LockKind::fair();
     return b;
   }
   /// Renew at ttl * w (default: the runtime's Options::renew_weight, 0.9).
   LockedBuilder renew_weight(double w) const {
     detail::check_renew_weight(w);
     LockedBuilder b = *this;
-    b.spec_.renew_weight = w;
+    b.request_.renew_weight = w;
     return b;
   }
 
   template <class F>
   /// Decorates `fn`: a Locked that takes the lock for each call.
   Locked<K, std::decay_t<F>> operator()(F&& fn) const {
-    return Locked<K, std::decay_t<F>>(key_, spec_, runtime_, std::forward<F>(fn));
+    return Locked<K, std::decay_t<F>>(key_, request_, context_from_, runtime_, std::forward<F>(fn));
   }
   /// LOCKED(...) ends in `+`, so the callable written after it is applied.
   template <class F>
@@ -463,7 +483,8 @@ class LockedBuilder {
 
  private:
   K key_;
-  detail::LockSpec spec_;
+  LockRequest request_;  ///< all but the key, which each call builds
+  detail::ContextFrom context_from_;
   Runtime* runtime_ = nullptr;
 };
 
