@@ -70,6 +70,23 @@ TEST_F(RuntimeTest, AbsurdTtlsAndWaitsAreInvalidArgumentsAtTheCall) {
   EXPECT_NE(what.find("ttl must be"), std::string::npos) << what;
 }
 
+TEST_F(RuntimeTest, ARequestCarriesItsRenewWeightAndMetricsPattern) {
+  for (double w : {-0.5, 1.0, 1.5}) {
+    auto what = invalid_argument_of([&] { (void)rt_->acquire({.key = "k", .ttl = 1s, .renew_weight = w}); });
+    EXPECT_NE(what.find("weight"), std::string::npos) << what;
+  }
+  auto f = rt_->acquire({.key = "report:7", .ttl = 1s, .renew_weight = 0.5,
+                         .metrics_pattern = MetricsPattern("report:{0}")});
+  auto h = get_bounded(f);
+  auto released = h.release();
+  get_bounded(released);
+  const std::string text = rt_->metrics_text();
+  EXPECT_NE(text.find("lockwatch_acquire_duration_seconds_count{pattern=\"report:{0}\"} 1"), std::string::npos)
+      << text;
+  EXPECT_EQ(MetricsPattern().id(), 0);
+  EXPECT_EQ(MetricsPattern("report:{0}").id(), MetricsPattern("report:{0}").id());
+}
+
 TEST_F(RuntimeTest, AKindTheStoreCannotHoldIsUnsupportedAtTheCallNamingKindAndStore) {
   // This store holds exclusive locks only (StoreTraits' default).
   auto message = [&](auto&& f) -> std::string {

@@ -167,26 +167,26 @@ void connect_cancel(Handler& handler, const std::shared_ptr<PendingCancel<Cancel
   }
 }
 
-/// A lock taken from a spec (LOCKED's renewal weight included), the error
-/// as the typed exception: what LOCKED on a coroutine awaits.
+/// A lock taken as async_lock takes it, the error as the typed exception:
+/// what LOCKED on a coroutine awaits.
 template <class CompletionToken>
-auto async_lock_spec(Runtime& runtime, LockSpec spec, CompletionToken&& token) {
+auto async_lock_typed(Runtime& runtime, LockRequest request, CompletionToken&& token) {
   return asio::async_initiate<CompletionToken, void(std::exception_ptr, LockHandle)>(
-      [](auto handler, Runtime* rt, LockSpec spec) {
+      [](auto handler, Runtime* rt, LockRequest request) {
         using Done = AsioCompletion<decltype(handler), std::exception_ptr, LockHandle>;
         auto cancel = std::make_shared<PendingCancel<AcquireTicket>>();
         connect_cancel(handler, cancel);
         auto done = std::make_shared<Done>(std::move(handler));
         try {
           cancel->set(DispatchAccess::dispatch_acquire(
-              *rt, std::move(spec), [done](std::exception_ptr e, LockHandle h) { done->complete(e, std::move(h)); }));
+              *rt, std::move(request), [done](std::exception_ptr e, LockHandle h) { done->complete(e, std::move(h)); }));
         } catch (...) {
           // Refused before anything started (InvalidArgument,
           // RuntimeStopped): through the handler, on its executor.
           done->complete(std::current_exception(), LockHandle());
         }
       },
-      token, &runtime, std::move(spec));
+      token, &runtime, std::move(request));
 }
 
 /// LockHandle::async_release with the error as the typed exception.
@@ -211,7 +211,7 @@ struct LockedRun {
 };
 
 template <class T, class Executor, class Invoke>
-asio::awaitable<T, Executor> run_locked(Runtime* rt, LockSpec spec, std::exception_ptr key_error, Invoke invoke) {
+asio::awaitable<T, Executor> run_locked(Runtime* rt, LockRequest request, std::exception_ptr key_error, Invoke invoke) {
   if (key_error) std::rethrow_exception(key_error);
   // The release below must run even when the caller was cancelled.
   const bool throw_if_cancelled = co_await asio::this_coro::throw_if_cancelled();
@@ -220,7 +220,7 @@ asio::awaitable<T, Executor> run_locked(Runtime* rt, LockSpec spec, std::excepti
   std::exception_ptr error;
   LockHandle h;
   try {
-    h = co_await async_lock_spec(runtime, std::move(spec), asio::use_awaitable_t<Executor>{});
+    h = co_await async_lock_typed(runtime, std::move(request), asio::use_awaitable_t<Executor>{});
   } catch (...) {
     error = std::current_exception();
   }
@@ -284,8 +284,9 @@ template <class T, class Executor>
 struct AsyncCall<asio::awaitable<T, Executor>> {
   static constexpr bool enabled = true;
   template <class Invoke>
-  static asio::awaitable<T, Executor> start(Runtime* rt, LockSpec spec, std::exception_ptr key_error, Invoke invoke) {
-    return run_locked<T, Executor>(rt, std::move(spec), std::move(key_error), std::move(invoke));
+  static asio::awaitable<T, Executor> start(Runtime* rt, LockRequest request, std::exception_ptr key_error,
+                                            Invoke invoke) {
+    return run_locked<T, Executor>(rt, std::move(request), std::move(key_error), std::move(invoke));
   }
 };
 

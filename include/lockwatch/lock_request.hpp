@@ -16,6 +16,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <string>
+#include <string_view>
 
 #include "lockwatch/errors.hpp"
 #include "lockwatch/lock_key.hpp"
@@ -56,10 +57,28 @@ class Retries {
   std::int64_t count_;
 };
 
+/// The `pattern` label a request gives its lock's acquisition and hold
+/// histograms (Runtime::metrics_text): the text of a key pattern
+/// ("sku:{0}"), never a key, as each distinct text is a series (past 62
+/// texts, one series shown as "other"). Made from text, it is interned
+/// process-wide (any thread); a copy costs nothing.
+class MetricsPattern {
+ public:
+  /// None: the histograms' series without a pattern.
+  constexpr MetricsPattern() noexcept = default;
+  /// The label `text` (empty: none).
+  explicit MetricsPattern(std::string_view text) noexcept;
+  /// The interned id (0: none).
+  constexpr std::uint16_t id() const noexcept { return id_; }
+
+ private:
+  std::uint16_t id_ = 0;
+};
+
 /// One lock asked for: the fields in this order, each with the default a
 /// caller most often wants. Checked before anything starts: an empty key
 /// (or an empty set, or one of more than max_set_keys keys), a ttl outside 1 ms .. max_ttl, a wait outside 0 .. max_wait or
-/// permits(0), a context longer than max_context_bytes or with a control
+/// permits(0), a renew_weight outside (0, 1) (0 aside), a context longer than max_context_bytes or with a control
 /// character is errc::invalid_argument, a kind the store cannot hold
 /// errc::unsupported (thrown by the future form, given to the handler by
 /// the asynchronous ones, never both).
@@ -84,6 +103,12 @@ struct LockRequest {
   /// max_context_bytes, no control characters. Empty (the default) costs
   /// nothing.
   std::string context{};
+  /// Renew the lease every ttl * renew_weight, in (0, 1); 0 (the default)
+  /// takes the runtime's Options::renew_weight (9/10).
+  double renew_weight = 0;
+  /// The `pattern` label of this lock's acquisition and hold histograms
+  /// (none by default). LOCKED gives its key expression as written.
+  MetricsPattern metrics_pattern{};
 };
 
 }  // namespace lockwatch

@@ -4,6 +4,7 @@
 
 #include "lockwatch/election.hpp"
 #include "lockwatch/errors.hpp"
+#include "lockwatch/key_pattern.hpp"
 #include "lockwatch/lease.hpp"
 #include "lockwatch/lock_handle.hpp"
 #include "lockwatch/lock_key.hpp"

@@ -40,33 +40,6 @@ namespace lockwatch {
 
 namespace detail {
 
-/// What a decorated call asks of the runtime.
-struct LockSpec {
-  /// The key; for a set (lockwatch::all_of), how the set is named in
-  /// messages, once the runtime has checked it.
-  std::string key;
-  /// A set's keys (empty for one key): as the caller named them until the
-  /// runtime checks the spec, then distinct and in canonical order.
-  std::vector<std::string> set;
-  std::chrono::milliseconds ttl{0};
-  std::int64_t retries = 0;  ///< < 0: forever
-  double renew_weight = 0;   ///< 0: the runtime's Options::renew_weight
-  std::chrono::milliseconds wait{0};
-  LockKind kind{};           ///< exclusive unless .shared(), .permits(n) or .fair()
-  /// false: never passed on within the runtime (Options::local_handoff), to
-  /// it or from it; each holder takes the key from the store with an owner
-  /// token of its own (an Election's leaders, whom the owner token names).
-  bool handoff = true;
-  /// The `pattern` label of the call's acquisition and hold histograms
-  /// (pattern_id(): the LOCKED key expression's text; 0: none).
-  std::uint16_t pattern = 0;
-  /// LockRequest::context: given back in the lock's span events.
-  std::string context;
-  /// LOCKED's .context_from(fn): called on the caller's thread at each
-  /// call, before the checks, to set `context` (none: `context` as is).
-  std::shared_ptr<const std::function<std::string()>> context_from;
-};
-
 /// One decorated invocation, as the runtime sees it. run() executes the
 /// callable on a pool thread (keeping its result or exception); finish() is
 /// called exactly once, after the lock is released, to make the future
@@ -77,17 +50,10 @@ class Call {
   virtual ~Call() = default;
   virtual void run() noexcept = 0;
   virtual void finish(std::exception_ptr error) noexcept = 0;
-  /// LockSpec::pattern, for the hold histogram (set by the runtime).
+  /// LockRequest::metrics_pattern, for the hold histogram (set by the
+  /// runtime).
   std::uint16_t metrics_pattern = 0;
 };
-
-/// Puts a request's key (one, or a set) into a spec.
-inline void put_key(LockSpec& spec, LockKey key) {
-  if (key.is_set())
-    spec.set = std::move(key).keys();
-  else
-    spec.key = std::move(key).key();
-}
 
 struct RuntimeAccess;
 struct DispatchAccess;
@@ -287,16 +253,16 @@ class Runtime {
   friend struct detail::RuntimeAccess;
   friend struct detail::DispatchAccess;
   explicit Runtime(std::shared_ptr<Impl> impl) noexcept : impl_(std::move(impl)) {}
-  /// Used by LOCKED. Validates the spec (throws InvalidArgument or
+  /// Used by LOCKED. Validates the request (throws InvalidArgument or
   /// RuntimeStopped before anything starts), then acquires the lock and runs
   /// the call on the pool. A call made from inside another locked call runs
   /// inline on the calling thread instead, and dispatch() returns only when
   /// it has finished; on a key the enclosing calls hold it is reentrant and
   /// does not touch Redis.
-  void dispatch(detail::LockSpec spec, std::shared_ptr<detail::Call> call);
-  /// What lockwatch/asio.hpp's LOCKED uses: async_acquire() from a spec
-  /// (its renewal weight included), the error as the typed exception.
-  AcquireTicket dispatch_acquire(detail::LockSpec spec, detail::AcquireCallback handler);
+  void dispatch(LockRequest request, std::shared_ptr<detail::Call> call);
+  /// What lockwatch/asio.hpp's LOCKED uses: async_acquire() with the error
+  /// as the typed exception.
+  AcquireTicket dispatch_acquire(LockRequest request, detail::AcquireCallback handler);
   std::shared_ptr<Impl> impl_;  ///< lock handles keep a weak reference
 };
 
@@ -304,11 +270,11 @@ namespace detail {
 /// How LOCKED and lockwatch/asio.hpp, which live in headers, reach the
 /// runtime's entry points that take lockwatch's internal types.
 struct DispatchAccess {
-  static void dispatch(Runtime& rt, LockSpec spec, std::shared_ptr<Call> call) {
-    rt.dispatch(std::move(spec), std::move(call));
+  static void dispatch(Runtime& rt, LockRequest request, std::shared_ptr<Call> call) {
+    rt.dispatch(std::move(request), std::move(call));
   }
-  static AcquireTicket dispatch_acquire(Runtime& rt, LockSpec spec, AcquireCallback handler) {
-    return rt.dispatch_acquire(std::move(spec), std::move(handler));
+  static AcquireTicket dispatch_acquire(Runtime& rt, LockRequest request, AcquireCallback handler) {
+    return rt.dispatch_acquire(std::move(request), std::move(handler));
   }
 };
 }  // namespace detail

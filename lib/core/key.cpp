@@ -1,8 +1,10 @@
-// What lockwatch/locked.hpp leaves to the library: the messages of key
-// patterns found faulty at run time, and of the builder's checks.
+// What lockwatch/key_pattern.hpp and locked.hpp leave to the library: the
+// messages of key patterns found faulty at run time, and of the builder's
+// checks.
 #include <fmt/format.h>
 
 #include "lockwatch/errors.hpp"
+#include "lockwatch/key_pattern.hpp"
 #include "lockwatch/locked.hpp"
 
 namespace lockwatch::detail {

@@ -16,6 +16,7 @@
 #include "lockwatch/timer_wheel.hpp"
 #include "ops/waits.hpp"
 #include "runtime/lease_record.hpp"
+#include "runtime/lock_spec.hpp"
 #include "store/lock_store.hpp"
 
 namespace lockwatch::detail {

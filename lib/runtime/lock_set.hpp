@@ -40,6 +40,7 @@
 #include "lockwatch/lock_handle.hpp"
 #include "lockwatch/runtime.hpp"
 #include "runtime/lease_record.hpp"
+#include "runtime/lock_spec.hpp"
 
 namespace lockwatch::detail {
 

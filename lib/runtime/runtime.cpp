@@ -101,7 +101,6 @@ void Runtime::Impl::validate(detail::LockSpec& spec) const {
     throw InvalidArgument(fmt::format("wait must be 0 .. {} ms (7 days), got {} ms", max_wait.count(), spec.wait.count()));
   if (spec.kind.mode() == LockKind::Mode::kPermits && spec.kind.permit_count() == 0)
     throw InvalidArgument("permits(n) needs n >= 1");
-  if (spec.context_from) spec.context = (*std::exchange(spec.context_from, nullptr))();
   if (!spec.context.empty()) detail::check_context(spec.context);
   // Fair locks only where the store offers a FairQueue (check_kind): a
   // fair waiter that gives up must leave the store's queue, or it would
@@ -707,6 +706,8 @@ detail::LockSpec spec_of(LockRequest r) {
   spec.wait = r.wait;
   spec.kind = r.kind;
   spec.context = std::move(r.context);
+  spec.renew_weight = r.renew_weight;
+  spec.pattern = r.metrics_pattern.id();
   return spec;
 }
 }  // namespace
@@ -734,8 +735,10 @@ AcquireTicket Runtime::async_acquire(LockRequest request, AcquireHandler handler
   }
 }
 
-AcquireTicket Runtime::dispatch_acquire(detail::LockSpec spec, detail::AcquireCallback handler) {
-  return impl_->acquire(std::move(spec), std::move(handler));
+MetricsPattern::MetricsPattern(std::string_view text) noexcept : id_(detail::pattern_id(text)) {}
+
+AcquireTicket Runtime::dispatch_acquire(LockRequest request, detail::AcquireCallback handler) {
+  return impl_->acquire(spec_of(std::move(request)), std::move(handler));
 }
 
 bool AcquireTicket::cancel() noexcept {
@@ -912,8 +915,8 @@ RuntimeStats Runtime::stats() const noexcept {
   return s;
 }
 
-void Runtime::dispatch(detail::LockSpec spec, std::shared_ptr<detail::Call> call) {
-  impl_->dispatch(std::move(spec), std::move(call));
+void Runtime::dispatch(LockRequest request, std::shared_ptr<detail::Call> call) {
+  impl_->dispatch(spec_of(std::move(request)), std::move(call));
 }
 
 }  // namespace lockwatch

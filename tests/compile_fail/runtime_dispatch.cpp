@@ -1,5 +1,5 @@
 // Must not compile: Runtime::dispatch takes lockwatch's internal types
-// (detail::LockSpec, detail::Call) and is for LOCKED alone.
+// (detail::Call) and is for LOCKED alone.
 #include <lockwatch/lockwatch.hpp>
 
 void call(lockwatch::Runtime& rt) { rt.dispatch({}, nullptr); }
