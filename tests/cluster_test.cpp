@@ -412,8 +412,7 @@ TEST_F(ClusterTest, AGracefulFailoverLosesNoLeaseAndLockingGoesOn) {
 TEST_F(ClusterTest, AKilledMastersReplicatedLeasesAreRenewedOnThePromotedReplica) {
   constexpr auto kTtl = 5s;
   Options o = options();
-  o.min_replicas = 1;
-  o.replica_ack_timeout = 1s;
+  add_url_param(o, "min_replicas=1&replica_ack_timeout=1000");
   o.renew_weight = 0.3;
   Runtime rt(o);
   auto failures = std::make_shared<RenewalFailures>();
@@ -500,8 +499,7 @@ TEST_F(ClusterTest, ALockWriteLostInAFailoverIsReportedLostOrRefusedWithMinRepli
   ASSERT_FALSE(safe_key.empty());
 
   Options safe_options = options();
-  safe_options.min_replicas = 1;
-  safe_options.replica_ack_timeout = 200ms;
+  add_url_param(safe_options, "min_replicas=1&replica_ack_timeout=200");
   Runtime safe(safe_options);
   Options o = options();
   o.renew_weight = 0.3;

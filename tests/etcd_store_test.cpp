@@ -93,7 +93,7 @@ TEST_F(EtcdStoreTest, MalformedUrlsAreInvalidArgumentsThatHideThePassword) {
       },
       [](const char* url) { return options(url); }, "etcd");
   Options replicas = options();
-  replicas.min_replicas = 1;
+  add_url_param(replicas, "min_replicas=1");  // a Redis setting
   EXPECT_THROW(replicas.validate(), InvalidArgument);
   for (const char* fine : {"etcd://127.0.0.1", "etcd://u:p%40ss@etcd-1.example:2379,etcd-2.example:2379,[::1]:2380/",
                            "etcd://u@[::1]"}) {

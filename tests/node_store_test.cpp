@@ -676,7 +676,7 @@ struct ReplicatedServer {
   bool online() { return info_field(master, "replication", "slave0").find("state=online") != std::string::npos; }
   Options options() {
     Options o = options_for(master);
-    o.min_replicas = 1;
+    add_url_param(o, "min_replicas=1");
     return o;
   }
 };
@@ -688,7 +688,7 @@ TEST(NodeStoreReplicaTest, AWaitForASlowReplicaHoldsUpNoRelease) {
   ASSERT_TRUE(eventually([&] { return servers.online(); }));
 
   Options o = servers.options();
-  o.replica_ack_timeout = 1500ms;
+  add_url_param(o, "replica_ack_timeout=1500");
   Runtime rt(o);
   auto held_f = rt.acquire("held", 10s);
   LockHandle held = get_bounded(held_f);
@@ -724,7 +724,7 @@ TEST(NodeStoreReplicaTest, ARenewalNoReplicaAcknowledgedDoesNotKeepTheLease) {
   ASSERT_TRUE(eventually([&] { return servers.online(); }));
 
   Options o = servers.options();
-  o.replica_ack_timeout = 1s;
+  add_url_param(o, "replica_ack_timeout=1000");
   Runtime rt(o);
   auto f = rt.acquire("renewed", 2s);
   LockHandle h = get_bounded(f);

@@ -105,7 +105,7 @@ TEST_F(PostgresStoreTest, MalformedUrlsAreInvalidArgumentsThatHideThePassword) {
       },
       [](const char* url) { return options(url); }, "postgres");
   Options replicas = options(server_->url());
-  replicas.min_replicas = 1;
+  add_url_param(replicas, "min_replicas=1");  // a Redis setting
   EXPECT_THROW(replicas.validate(), InvalidArgument);
   for (const char* fine : {
            "postgresql://u:p%40ss@db.example:5433/app?table=locks&sslmode=verify-full&sslrootcert=/etc/ca.crt",

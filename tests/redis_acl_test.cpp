@@ -578,12 +578,11 @@ class RedisAclSentinelTest : public ::testing::Test {
     delete master_;
     master_ = nullptr;
   }
-  static Options as(const std::string& user) {
+  static Options as(const std::string& user, const std::string& sentinel_password = "spw") {
     Options o;
     o.threads = 2;
-    o.redis_url = "redis-sentinel://" + user + ":pw@127.0.0.1:" + std::to_string(sentinel_->port()) + "/mymaster";
-    o.sentinel_user = "sentinel-user";
-    o.sentinel_password = "spw";
+    o.redis_url = "redis-sentinel://" + user + ":pw@127.0.0.1:" + std::to_string(sentinel_->port()) +
+                  "/mymaster?sentinel_user=sentinel-user&sentinel_password=" + sentinel_password;
     return o;
   }
   static RedisServer* master_;
@@ -610,8 +609,7 @@ TEST_F(RedisAclSentinelTest, WithoutRoleOnTheMasterCallsFailWithAuthErrorNamingI
 }
 
 TEST_F(RedisAclSentinelTest, WrongSentinelCredentialsLeaveTheMasterUnknown) {
-  Options o = as("lockwatch");
-  o.sentinel_password = "wrong";
+  Options o = as("lockwatch", "wrong");
   o.connect_timeout = 500ms;
   Runtime rt(o);
   auto f = rt.acquire(test_key(), 5s);

@@ -685,14 +685,14 @@ TEST(RedissonLayout, TheParameterIsReadOnEveryRedisUrlForm) {
       {"rediss-cluster://127.0.0.1:7000,127.0.0.1:7001?layout=redisson", "rediss-cluster://127.0.0.1:7000,127.0.0.1:7001"},
   };
   for (const auto& [url, rest] : forms) {
-    const detail::LayoutUrl split = detail::split_layout(url);
+    const detail::RedisUrl split = detail::split_redis_url(url);
     EXPECT_EQ(split.url, rest) << url;
     EXPECT_EQ(split.layout, RedisLayout::kRedisson) << url;
   }
-  EXPECT_EQ(detail::split_layout("redis://127.0.0.1:6379").layout, RedisLayout::kLockwatch);
-  EXPECT_EQ(detail::split_layout("redis://127.0.0.1:6379?layout=lockwatch").layout, RedisLayout::kLockwatch);
-  EXPECT_TRUE(thrown<InvalidArgument>([] { detail::split_layout("redis://h:1?layout=redisson&layout=lockwatch"); }));
-  EXPECT_TRUE(thrown<InvalidArgument>([] { detail::split_layout("redis://h:1?layout="); }));
+  EXPECT_EQ(detail::split_redis_url("redis://127.0.0.1:6379").layout, RedisLayout::kLockwatch);
+  EXPECT_EQ(detail::split_redis_url("redis://127.0.0.1:6379?layout=lockwatch").layout, RedisLayout::kLockwatch);
+  EXPECT_TRUE(thrown<InvalidArgument>([] { detail::split_redis_url("redis://h:1?layout=redisson&layout=lockwatch"); }));
+  EXPECT_TRUE(thrown<InvalidArgument>([] { detail::split_redis_url("redis://h:1?layout="); }));
   // The owner field: `<uuid>:<thread id>`, the same for a token every time.
   const detail::StoreLayout a = detail::StoreLayout::make_redisson(), b = detail::StoreLayout::make_redisson();
   EXPECT_NE(a.client_id, b.client_id);

@@ -193,7 +193,7 @@ std::array<std::unique_ptr<SentinelTopology>, 2> SentinelTest::topologies_;
 
 TEST_P(SentinelTest, FindsTheMasterAndWaitsForTheReplica) {
   Options o = options();
-  o.min_replicas = 1;
+  add_url_param(o, "min_replicas=1");
   Runtime rt(o);
   auto f = locked("sen", 2s, forever).on(rt)([&] { return exists(*master_, "sen") && exists(*replica_, "sen"); });
   auto fut = f();
@@ -219,7 +219,7 @@ TEST_P(SentinelTest, FindsTheMasterAndWaitsForTheReplica) {
     get_bounded(done);
   }
   Options two = options();
-  two.min_replicas = 2;
+  add_url_param(two, "min_replicas=2");
   Runtime rt2(two);
   auto g = locked("sen2", 2s, 0).on(rt2)([] { return 1; });
   auto fut2 = g();
@@ -249,7 +249,7 @@ TEST_P(SentinelTest, TheOwnerIsShownAndListedOnTheMasterFound) {
 
 TEST_P(SentinelTest, SharedAndPermitLocksOnTheMasterFoundReachItsReplica) {
   Options o = options();
-  o.min_replicas = 1;
+  add_url_param(o, "min_replicas=1");
   Runtime rt(o);
   auto r1 = rt.acquire({.key = "sen-rw", .ttl = 2s, .kind = LockKind::shared()});
   auto r2 = rt.acquire({.key = "sen-rw", .ttl = 2s, .kind = LockKind::shared()});

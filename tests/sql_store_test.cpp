@@ -66,7 +66,7 @@ TEST_F(SqlStoreTest, MalformedUrlsAreInvalidArgumentsThatHideThePassword) {
       },
       [](const char* url) { return options(url); }, "mysql://");
   Options replicas = options(server_->url());
-  replicas.min_replicas = 1;
+  add_url_param(replicas, "min_replicas=1");  // a Redis setting
   EXPECT_THROW(replicas.validate(), InvalidArgument);
   Options fine = options("mysql://u:p%40ss@db.example:3307/app?table=locks&socket=/run/mysqld/mysqld.sock");
   EXPECT_NO_THROW(fine.validate());

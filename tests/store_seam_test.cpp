@@ -9,6 +9,7 @@
 #include "memory_runtime.hpp"
 #include "store/capabilities.hpp"
 #include "store/quorum_store.hpp"
+#include "store/redis/layout.hpp"
 #include "store/registry.hpp"
 #include "store/store_base.hpp"
 
@@ -192,17 +193,16 @@ TEST(StoreSeamTest, AnUnknownSchemeListsEveryStoreOfTheRegistry) {
 }
 
 TEST(StoreSeamTest, EachStoreChecksItsOwnSettings) {
+  // A setting of another store is an unknown parameter.
   Options sql;
-  sql.store_url = "mysql://u:secret@127.0.0.1/db";
-  sql.min_replicas = 1;  // a Redis setting
+  sql.store_url = "mysql://u:secret@127.0.0.1/db?min_replicas=1";  // a Redis setting
 #if LOCKWATCH_WITH_SQL
   EXPECT_THROW(sql.validate(), InvalidArgument);
 #else
   EXPECT_THROW(sql.validate(), Unsupported);
 #endif
   Options pg;
-  pg.store_url = "postgresql://u:secret@127.0.0.1/db";
-  pg.min_replicas = 1;
+  pg.store_url = "postgresql://u:secret@127.0.0.1/db?min_replicas=1";
 #if LOCKWATCH_WITH_POSTGRESQL
   EXPECT_THROW(pg.validate(), InvalidArgument);
 #else
@@ -215,8 +215,37 @@ TEST(StoreSeamTest, EachStoreChecksItsOwnSettings) {
   Options memory;  // servers' settings have nothing to act on in memory
   memory.store_url = "memory://";
   memory.key_prefix = "a{b}:";
-  memory.min_replicas = 2;
   EXPECT_NO_THROW(memory.validate());
+}
+
+TEST(StoreSeamTest, ARedisUrlCarriesTheRedisSettingsAndRefusesBadOnes) {
+  const auto split = detail::split_redis_url(
+      "redis-sentinel://u:pw@127.0.0.1:26379/mymaster?min_replicas=2&replica_ack_timeout=750&sentinel_user=s%40u"
+      "&sentinel_password=p%26w&layout=redisson");
+  EXPECT_EQ(split.url, "redis-sentinel://u:pw@127.0.0.1:26379/mymaster");
+  EXPECT_EQ(split.replicas.min, 2);
+  EXPECT_EQ(split.replicas.ack_timeout, 750ms);
+  EXPECT_EQ(split.sentinel_user, "s@u");
+  EXPECT_EQ(split.sentinel_password, "p&w");
+  EXPECT_EQ(split.layout, detail::RedisLayout::kRedisson);
+  for (const char* bad : {"redis://127.0.0.1:6379?min_replicas=-1", "redis://127.0.0.1:6379?min_replicas=x",
+                          "redis://127.0.0.1:6379?min_replicas=17", "redis://127.0.0.1:6379?replica_ack_timeout=0",
+                          "redis://127.0.0.1:6379?min_replicas=1&min_replicas=2", "redis://127.0.0.1:6379?wait=1",
+                          "redis://127.0.0.1:6379?sentinel_user=s",  // not a Sentinel URL
+                          "redis-cluster://127.0.0.1:7000?sentinel_password=p"}) {
+    Options o;
+    o.store_url = bad;
+    EXPECT_THROW(o.validate(), InvalidArgument) << bad;
+  }
+  // A password in the query never reaches a message.
+  Options o;
+  o.store_url = "redis://127.0.0.1:6379?sentinel_password=hunter2&nope=1";
+  try {
+    o.validate();
+    ADD_FAILURE() << "an unknown parameter was taken";
+  } catch (const InvalidArgument& e) {
+    EXPECT_EQ(std::string(e.what()).find("hunter2"), std::string::npos) << e.what();
+  }
 }
 
 }  // namespace

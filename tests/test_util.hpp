@@ -30,6 +30,15 @@ using namespace std::chrono_literals;
 // a hang.
 inline constexpr auto kBound = 20s;
 
+// Adds `param` ("min_replicas=1") to the query of the options' store URL
+// (store_url, else redis_url): a store's own settings are its URL's.
+inline void add_url_param(Options& o, const std::string& param) {
+  std::string& url = o.store_url.empty() ? o.redis_url : o.store_url;
+  const auto at = url.rfind('@');
+  url += url.find('?', at == std::string::npos ? 0 : at) == std::string::npos ? '?' : '&';
+  url += param;
+}
+
 inline Options options_for(const RedisServer& server, std::size_t threads = 4) {
   Options o;
   o.redis_url = server.url();

@@ -157,7 +157,7 @@ TEST_F(ZooKeeperStoreTest, MalformedUrlsAreInvalidArgumentsThatHideThePassword) 
       },
       [](const char* url) { return options(url); }, "zookeeper");
   Options replicas = options();
-  replicas.min_replicas = 1;
+  add_url_param(replicas, "min_replicas=1");  // a Redis setting
   EXPECT_THROW(replicas.validate(), InvalidArgument);
   for (const char* fine : {"zookeeper://zk1:2181,zk2:2181,zk3:2181/apps/locks", "zookeeper://u:p%40ss@[::1]:2181",
                            "zookeeper://zk", "zookeeper://a:b@zk1,zk2:2182/"}) {

@@ -84,24 +84,18 @@ struct Options {
   ///                                                 shared by its runtimes that
   ///                                                 name the same space
   /// A scheme the build has no feature for fails with Unsupported naming it.
+  /// Settings that belong to one store are its URL's query: a Redis URL
+  /// takes `layout`, `min_replicas` (replicas that must acknowledge a lock
+  /// write, WAIT, before the lease is handed out), `replica_ack_timeout`
+  /// (milliseconds that WAIT may take, 200 by default) and, for Sentinel,
+  /// `sentinel_user` and `sentinel_password` (the sentinels' own
+  /// credentials), e.g. `redis-sentinel://h:26379/mymaster?min_replicas=1`.
   /// Empty: redis_url.
   std::string store_url;
   /// Deprecated: the older name of store_url, used when store_url is empty
   /// (any scheme). Set beside store_url to another URL, store_url is used
   /// and the runtime logs a warning.
   std::string redis_url = "redis://127.0.0.1:6379";
-  /// Settings of the Redis stores (the SQL stores refuse min_replicas:
-  /// their durability is the database's replication):
-  /// the sentinels' own credentials (the URL's are the master's), and how
-  /// many replicas must acknowledge a lock write (WAIT) before the lease is
-  /// handed out, within replica_ack_timeout.
-  std::string sentinel_user;
-  /// The sentinels' own password (see sentinel_user).
-  std::string sentinel_password;
-  /// Replicas that must acknowledge a lock write (WAIT) before the lease is handed out; 0: none.
-  int min_replicas = 0;
-  /// How long that WAIT may take.
-  std::chrono::milliseconds replica_ack_timeout{200};
   /// Worker threads that run locked work; 0 means one per core.
   std::size_t threads = 0;
   /// How long a granted call may wait for a free worker. Meanwhile its lease

@@ -17,14 +17,37 @@ namespace lockwatch {
 
 namespace detail {
 
+namespace {
+
+// `shown` with the value of every query parameter whose name ends in
+// "password" (Sentinel's sentinel_password) as ***.
+std::string without_query_passwords(std::string shown) {
+  auto q = shown.find('?');
+  if (q == std::string::npos) return shown;
+  std::size_t at = q + 1;
+  while (at < shown.size()) {
+    auto amp = shown.find('&', at);
+    if (amp == std::string::npos) amp = shown.size();
+    const auto eq = shown.find('=', at);
+    if (eq != std::string::npos && eq < amp && std::string_view(shown).substr(at, eq - at).ends_with("password")) {
+      shown.replace(eq + 1, amp - eq - 1, "***");
+      amp = eq + 4;
+    }
+    at = amp + 1;
+  }
+  return shown;
+}
+
+}  // namespace
+
 std::string url_for_messages(const std::string& url) {
   // The URL may hold a password: show the scheme given and only the part
-  // after the last '@'.
+  // after the last '@', and no password given in its query.
   auto at = url.rfind('@');
-  if (at == std::string::npos) return url;
+  if (at == std::string::npos) return without_query_passwords(url);
   auto sep = url.find("://");
   std::string scheme = (sep != std::string::npos && sep < at) ? url.substr(0, sep + 3) : std::string();
-  return scheme + "***@" + url.substr(at + 1);
+  return without_query_passwords(scheme + "***@" + url.substr(at + 1));
 }
 
 void throw_bad_url(const std::string& url, const char* why) {

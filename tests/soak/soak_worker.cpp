@@ -1148,7 +1148,12 @@ int main(int argc, char** argv) {
       o.threads = static_cast<std::size_t>(args.threads);
       o.connect_timeout = kConnectTimeout;
       o.command_timeout = kCommandTimeout;
-      o.min_replicas = args.min_replicas;
+      if (args.min_replicas > 0)
+        o.redis_url += (o.redis_url.find('?', o.redis_url.rfind('@') == std::string::npos ? 0 : o.redis_url.rfind('@')) ==
+                                std::string::npos
+                            ? "?min_replicas="
+                            : "&min_replicas=") +
+                       std::to_string(args.min_replicas);
       lockwatch::Runtime rt(o);
       Worker worker(args, history);
       std::vector<std::thread> threads;

@@ -69,9 +69,6 @@ const mvccpb::KeyValue* ranged(const etcdserverpb::TxnResponse& response) {
 }  // namespace
 
 void EtcdStore::check_options(const EtcdTarget& target, const Options& options) {
-  if (options.min_replicas > 0)
-    throw InvalidArgument("Options::min_replicas applies to Redis replicas; an etcd:// store's writes are "
-                          "committed by a majority of its members (Raft) before they are answered");
   if (!target.tls) return;
   if (!options.tls_verify)
     throw InvalidArgument("etcds:// always verifies the members' certificates: Options::tls_verify must stay true");

@@ -511,9 +511,6 @@ std::string PgStore::holders_table_definition(const std::string& table) {
 }
 
 void PgStore::check_options(const PgTarget&, const Options& options) {
-  if (options.min_replicas > 0)
-    throw InvalidArgument("Options::min_replicas applies to Redis replicas; a postgresql:// store takes its "
-                          "durability from the database's own settings (synchronous_commit, synchronous replication)");
   if (options.key_prefix.size() >= kMaxNameBytes)
     throw InvalidArgument("Options::key_prefix leaves no room for a key in the PostgreSQL lock table's 255-byte lock_name");
 }

@@ -109,12 +109,13 @@ struct ClusterStore::Call {
   std::function<void(RedisNodeStore& node, const std::shared_ptr<Call>& self)> send;
 };
 
-ClusterStore::ClusterStore(Loop& loop, ClusterSeeds seeds, const Options& options, StoreLayout layout)
+ClusterStore::ClusterStore(Loop& loop, ClusterSeeds seeds, const Options& options, StoreLayout layout,
+                           RedisReplicas replicas)
     : StoreBase(StoreTraits{.keys = layout.redisson() ? redisson_keys::rules() : redis_keys::rules(options.key_prefix),
                             .release_events = true,
                             .no_shared = nullptr,
                             .no_permits = nullptr}),
-      loop_(loop), seeds_(std::move(seeds)), options_(options), layout_(std::move(layout)) {
+      loop_(loop), seeds_(std::move(seeds)), options_(options), layout_(std::move(layout)), replicas_(replicas) {
   offer({.fence_raising = this,
          .job_claims = this,
          .operator_tools = this,
@@ -146,7 +147,7 @@ ClusterStore::Node* ClusterStore::node_at(const std::string& host, int port) {
   if (auto it = by_name_.find(name); it != by_name_.end()) return it->second;
   auto node = std::make_unique<Node>();
   node->name = name;
-  node->store = std::make_unique<RedisNodeStore>(loop_, ep, options_, RedisNodeStore::Notices::kSharded, layout_);
+  node->store = std::make_unique<RedisNodeStore>(loop_, ep, options_, RedisNodeStore::Notices::kSharded, layout_, replicas_);
   node->store->batch_by_slot();  // a script's keys share one slot
   Node* raw = node.get();
   raw->store->set_dropped_hook(

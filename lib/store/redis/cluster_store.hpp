@@ -134,7 +134,8 @@ class ClusterStore final : public StoreBase,
   static constexpr std::chrono::milliseconds kRefreshThrottle{100};
 
   // `layout`: every node's (layout.hpp), one client id for them all.
-  ClusterStore(Loop& loop, ClusterSeeds seeds, const Options& options, StoreLayout layout = {});
+  ClusterStore(Loop& loop, ClusterSeeds seeds, const Options& options, StoreLayout layout = {},
+               RedisReplicas replicas = {});
   ~ClusterStore() override;
 
   // Each lock routed to its slot's master (once the map is known), and
@@ -247,6 +248,7 @@ class ClusterStore final : public StoreBase,
   const ClusterSeeds seeds_;
   const Options options_;
   const StoreLayout layout_;
+  const RedisReplicas replicas_;  // each master's, from the URL
   bool started_ = false;
   bool closed_ = false;
 

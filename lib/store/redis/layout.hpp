@@ -1,5 +1,6 @@
 // lib/store/redis/layout.hpp: how a Redis store lays its locks out, chosen
-// per runtime by the URL's `layout` parameter (`redis://...?layout=...`).
+// per runtime by the URL's `layout` parameter (`redis://...?layout=...`),
+// and the Redis URL's other settings (its query, parsed once here).
 //
 // - kLockwatch (the default; no parameter): keys.hpp's layout.
 // - kRedisson: exclusive locks as Redisson's RLock keeps them, so a Java
@@ -23,6 +24,7 @@
 // Threading: pure functions, any thread.
 #pragma once
 
+#include <chrono>
 #include <cstdint>
 #include <string>
 #include <string_view>
@@ -34,14 +36,28 @@ namespace lockwatch::detail {
 
 enum class RedisLayout : std::uint8_t { kLockwatch, kRedisson };
 
-// `url` without its query, and the layout its `layout` parameter names
-// (kLockwatch without one). Throws InvalidArgument for an unknown value or
-// parameter, naming the ones allowed.
-struct LayoutUrl {
-  std::string url;
-  RedisLayout layout = RedisLayout::kLockwatch;
+// What a lock write waits for before it counts (`min_replicas`): that many
+// replicas acknowledging it (WAIT), within `replica_ack_timeout`.
+struct RedisReplicas {
+  int min = 0;
+  std::chrono::milliseconds ack_timeout{200};
 };
-LayoutUrl split_layout(const std::string& url);
+
+// A Redis URL's settings, from its query: `layout` (lockwatch|redisson),
+// `min_replicas` (0..16), `replica_ack_timeout` (milliseconds, 1..60000),
+// and for Sentinel the sentinels' own credentials `sentinel_user` and
+// `sentinel_password` (an ACL user on the sentinels other than the
+// master's; %-escaped like any value).
+struct RedisUrl {
+  std::string url;  // without its query
+  RedisLayout layout = RedisLayout::kLockwatch;
+  RedisReplicas replicas;
+  std::string sentinel_user;
+  std::string sentinel_password;
+};
+// Throws InvalidArgument for an unknown parameter (naming the ones a
+// Redis URL takes), one given twice, or a bad value.
+RedisUrl split_redis_url(const std::string& url);
 
 // A store's layout, with what it needs: in the redisson layout, the client
 // id of every owner field it writes (one per runtime: the nodes of a

@@ -40,12 +40,17 @@ std::chrono::system_clock::time_point time_at(const redisReply* r, std::size_t f
 }  // namespace
 
 RedisNodeStore::RedisNodeStore(Loop& loop, Endpoint endpoint, const Options& options, Notices notices,
-                               StoreLayout layout)
+                               StoreLayout layout, RedisReplicas replicas)
     : StoreBase(StoreTraits{.keys = layout.redisson() ? redisson_keys::rules() : redis_keys::rules(options.key_prefix),
                             .release_events = true,
                             .no_shared = nullptr,
                             .no_permits = nullptr}),
-      options_(options), owner_(owner_name(options)), notices_(notices), layout_(std::move(layout)), loop_(loop) {
+      options_(options),
+      owner_(owner_name(options)),
+      notices_(notices),
+      layout_(std::move(layout)),
+      replicas_(replicas),
+      loop_(loop) {
   offer({.fence_raising = this,
          .job_claims = this,
          .operator_tools = this,
@@ -55,7 +60,7 @@ RedisNodeStore::RedisNodeStore(Loop& loop, Endpoint endpoint, const Options& opt
   using Mode = RedisConnection::Mode;
   conn_ = std::make_unique<RedisConnection>(loop, endpoint, options_, Mode::kCommands);
   renew_ = std::make_unique<RedisConnection>(loop, endpoint, options_, Mode::kCommands);
-  if (options_.min_replicas > 0) acquire_ = std::make_unique<RedisConnection>(loop, endpoint, options_, Mode::kCommands);
+  if (replicas_.min > 0) acquire_ = std::make_unique<RedisConnection>(loop, endpoint, options_, Mode::kCommands);
   const bool sharded = notices_ == Notices::kSharded;
   RedisConnection::Hooks hooks;
   hooks.on_message = [this, sharded](std::string_view kind, std::string_view channel, std::string_view payload) {
@@ -360,7 +365,7 @@ void RedisNodeStore::send_release_batch(std::vector<QueuedRelease> batch, bool c
 
 void RedisNodeStore::acquired(Acquired out, std::string name, std::string token, LockKind kind, std::size_t index,
                               std::shared_ptr<AcquireDone> done) {
-  if (out.status != Acquired::Status::kTaken || options_.min_replicas <= 0) {
+  if (out.status != Acquired::Status::kTaken || replicas_.min <= 0) {
     (*done)(index, out);
     return;
   }
@@ -374,11 +379,11 @@ void RedisNodeStore::wait_for_replicas(std::string name, std::string token, Lock
   // On the acquisitions' own connection: WAIT counts that connection's
   // writes, and blocks only it (never a release or a renewal).
   for_acquire().command(
-      {"WAIT", std::to_string(options_.min_replicas), std::to_string(options_.replica_ack_timeout.count())},
+      {"WAIT", std::to_string(replicas_.min), std::to_string(replicas_.ack_timeout.count())},
       [this, name = std::move(name), token = std::move(token), kind, taken, index, done = std::move(done)](
           const redisReply* w, const StoreError* werr) mutable {
         long long acks = (!werr && w->type == REDIS_REPLY_INTEGER) ? w->integer : 0;
-        if (acks >= options_.min_replicas) {
+        if (acks >= replicas_.min) {
           (*done)(index, taken);
           return;
         }
@@ -386,7 +391,7 @@ void RedisNodeStore::wait_for_replicas(std::string name, std::string token, Lock
         failed.error = werr ? *werr
                             : StoreError::unavailable(conn_->name(),
                                                       fmt::format("the lock write reached {} of the {} replicas required",
-                                                                  acks, options_.min_replicas));
+                                                                  acks, replicas_.min));
         // Give the lock back before the caller hears of the failure.
         if (!kind.exclusive_kind()) {
           LockRef ref{name, token, {}, {}, kind};
@@ -410,7 +415,7 @@ void RedisNodeStore::wait_for_replicas(std::string name, std::string token, Lock
 
 std::size_t RedisNodeStore::renew(std::span<const LockRef> locks, std::shared_ptr<const void> keepalive,
                                   RenewDone done) {
-  if (options_.min_replicas <= 0) return renew_now(locks, std::move(keepalive), std::move(done));
+  if (replicas_.min <= 0) return renew_now(locks, std::move(keepalive), std::move(done));
   // With min_replicas a renewal counts only once the replicas the master
   // has have it (ROLE, then WAIT for min_replicas of them, on the renewal
   // connection; replies come in order, so the renewals' answers are kept
@@ -454,17 +459,17 @@ std::size_t RedisNodeStore::renew(std::span<const LockRef> locks, std::shared_pt
       return;
     }
     // ["master", offset, [[host, port, offset], ...]]: the replicas it has.
-    long long listed = options_.min_replicas;
+    long long listed = replicas_.min;
     if (role->type == REDIS_REPLY_ARRAY && role->elements >= 3 && role->element[0]->type == REDIS_REPLY_STRING &&
         std::string_view(role->element[0]->str, role->element[0]->len) == "master" &&
         role->element[2]->type == REDIS_REPLY_ARRAY)
       listed = static_cast<long long>(role->element[2]->elements);
-    const long long needed = std::min<long long>(options_.min_replicas, listed);
+    const long long needed = std::min<long long>(replicas_.min, listed);
     if (needed == 0) {
       batch->deliver(0, 0, nullptr);
       return;
     }
-    renew_->command({"WAIT", std::to_string(needed), std::to_string(options_.replica_ack_timeout.count())},
+    renew_->command({"WAIT", std::to_string(needed), std::to_string(replicas_.ack_timeout.count())},
                     [this, batch, needed](const redisReply* w, const StoreError* werr) {
                       const long long acks = (!werr && w->type == REDIS_REPLY_INTEGER) ? w->integer : 0;
                       const StoreError short_of =
@@ -574,7 +579,7 @@ void RedisNodeStore::reserve_tokens(const LockRef& lock, std::uint32_t n, Reserv
   // its tokens are handed out, as a lock write must (a failover must not
   // hand a later holder a token below them): on the acquisitions'
   // connection, then WAIT; short of it, no tokens.
-  RedisConnection& c = options_.min_replicas > 0 ? for_acquire() : *conn_;
+  RedisConnection& c = replicas_.min > 0 ? for_acquire() : *conn_;
   with_asking(c).eval(
       script(ScriptId::kReserveTokens),
       {std::string(lock.name), redis_keys::counter(options_.key_prefix, lock.name), std::string(lock.token),
@@ -582,15 +587,15 @@ void RedisNodeStore::reserve_tokens(const LockRef& lock, std::uint32_t n, Reserv
       2, [this, done = std::move(done)](const redisReply* r, const StoreError* err) mutable {
         std::optional<StoreError> failed;
         const auto last = read_reserve_tokens(r, err, conn_->name(), failed);
-        if (failed || last == 0 || options_.min_replicas <= 0) {
+        if (failed || last == 0 || replicas_.min <= 0) {
           done(last, failed ? &*failed : nullptr);
           return;
         }
         for_acquire().command(
-            {"WAIT", std::to_string(options_.min_replicas), std::to_string(options_.replica_ack_timeout.count())},
+            {"WAIT", std::to_string(replicas_.min), std::to_string(replicas_.ack_timeout.count())},
             [this, last, done = std::move(done)](const redisReply* w, const StoreError* werr) {
               const long long acks = (!werr && w->type == REDIS_REPLY_INTEGER) ? w->integer : 0;
-              if (acks >= options_.min_replicas) {
+              if (acks >= replicas_.min) {
                 done(last, nullptr);
                 return;
               }
@@ -598,7 +603,7 @@ void RedisNodeStore::reserve_tokens(const LockRef& lock, std::uint32_t n, Reserv
                   werr ? *werr
                        : StoreError::unavailable(conn_->name(),
                                                  fmt::format("the token reservation reached {} of the {} replicas required",
-                                                             acks, options_.min_replicas));
+                                                             acks, replicas_.min));
               done(0, &short_of);
             });
       });

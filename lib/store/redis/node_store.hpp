@@ -19,7 +19,7 @@
 // A call made right after send_asking() goes at once, alone: its ASKING
 // must come right before its command.
 //
-// With Options::min_replicas, a lock write must reach that many replicas
+// With min_replicas (the URL's), a lock write must reach that many replicas
 // (WAIT) before the lease is handed out; short of it, the lock is given back
 // and the acquisition fails. Acquisitions and their WAITs then go on a
 // fourth connection of their own: a WAIT blocks its connection until the
@@ -76,7 +76,7 @@ class RedisNodeStore final : public StoreBase,
   enum class Notices : std::uint8_t { kClassic, kSharded };
   // `endpoint` with port 0: the address comes from follow_sentinels().
   RedisNodeStore(Loop& loop, Endpoint endpoint, const Options& options, Notices notices = Notices::kClassic,
-                 StoreLayout layout = {});
+                 StoreLayout layout = {}, RedisReplicas replicas = {});
   ~RedisNodeStore() override;
 
   // Before start(): the master is wherever `watcher` says it is.
@@ -166,7 +166,7 @@ class RedisNodeStore final : public StoreBase,
   void send_kind_acquire(QueuedAcquire a);
   void send_fair_acquire(QueuedAcquire a);
   // renew() of a batch with shared or permit leases in it.
-  // renew() without the wait for replicas (Options::min_replicas) that
+  // renew() without the wait for replicas (the URL's min_replicas) that
   // renew() adds after it.
   std::size_t renew_now(std::span<const LockRef> locks, std::shared_ptr<const void> keepalive, RenewDone done);
   std::size_t renew_mixed(std::span<const LockRef> locks, std::shared_ptr<const void> keepalive, RenewDone done);
@@ -207,6 +207,7 @@ class RedisNodeStore final : public StoreBase,
   const std::string owner_;  // Options::owner_name, recorded with each grant
   const Notices notices_;
   const StoreLayout layout_;
+  const RedisReplicas replicas_;  // the URL's min_replicas and replica_ack_timeout
   std::function<void(std::string_view, const StoreError*)> dropped_;
   std::unique_ptr<RedisConnection> conn_;   // commands, pipelined
   std::unique_ptr<RedisConnection> renew_;  // renewals only

@@ -7,14 +7,15 @@
 
 namespace lockwatch::detail {
 
-SentinelWatcher::SentinelWatcher(Loop& loop, const Topology& topology, const Options& options)
+SentinelWatcher::SentinelWatcher(Loop& loop, const Topology& topology, const Options& options, const std::string& user,
+                                 const std::string& password)
     : master_name_(topology.master_name) {
   for (const auto& s : topology.sentinels) {
     Endpoint ep = s;
     ep.db = 0;
-    if (!options.sentinel_password.empty() || !options.sentinel_user.empty()) {
-      ep.user = options.sentinel_user;
-      ep.password = options.sentinel_password;
+    if (!password.empty() || !user.empty()) {
+      ep.user = user;
+      ep.password = password;
     }
     Sentinel sen;
     RedisConnection::Hooks unnamed;

@@ -2,6 +2,10 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
+#include <charconv>
+#include <vector>
+
 #include "core/token.hpp"
 #include "core/url.hpp"
 #include "lockwatch/errors.hpp"
@@ -88,10 +92,31 @@ std::string StoreLayout::field(std::string_view token) const {
   return out.append(std::to_string(id));
 }
 
-LayoutUrl split_layout(const std::string& url) {
-  LayoutUrl out;
+namespace {
+
+int url_int(const std::string& url, std::string_view name, const std::string& value, int lo, int hi) {
+  int n = 0;
+  const auto [end, ec] = std::from_chars(value.data(), value.data() + value.size(), n);
+  if (ec != std::errc() || end != value.data() + value.size() || n < lo || n > hi)
+    throw InvalidArgument(fmt::format("'{}': {} must be a whole number from {} to {}, not '{}'", url_for_messages(url),
+                                      name, lo, hi, value));
+  return n;
+}
+
+RedisLayout url_layout(const std::string& url, const std::string& value) {
+  if (value == "lockwatch") return RedisLayout::kLockwatch;
+  if (value == "redisson") return RedisLayout::kRedisson;
+  throw InvalidArgument(fmt::format("unknown layout '{}' in '{}': the layouts are 'lockwatch' (the default) and "
+                                    "'redisson' (Redisson's RLock, shared with Java services)",
+                                    value, url_for_messages(url)));
+}
+
+}  // namespace
+
+RedisUrl split_redis_url(const std::string& url) {
+  RedisUrl out;
   // The query follows the hosts (and a password, which may hold a '?'
-  // only %-escaped).
+  // only %-escaped; a value in the query, an '@' only %-escaped).
   const auto at = url.rfind('@');
   const auto q = url.find('?', at == std::string::npos ? 0 : at);
   if (q == std::string::npos) {
@@ -100,7 +125,7 @@ LayoutUrl split_layout(const std::string& url) {
   }
   out.url = url.substr(0, q);
   std::string_view query = std::string_view(url).substr(q + 1);
-  bool seen = false;
+  std::vector<std::string_view> seen;
   while (!query.empty()) {
     const auto amp = query.find('&');
     const std::string_view param = query.substr(0, amp);
@@ -109,19 +134,23 @@ LayoutUrl split_layout(const std::string& url) {
     const auto eq = param.find('=');
     const std::string_view name = param.substr(0, eq);
     const std::string value = eq == std::string_view::npos ? std::string() : percent_decode(url, param.substr(eq + 1));
-    if (name != "layout")
-      throw InvalidArgument(fmt::format("unknown parameter '{}' in '{}': a Redis URL takes only layout=lockwatch|redisson",
-                                        name, url_for_messages(url)));
-    if (seen) throw InvalidArgument(fmt::format("'{}' gives the layout twice", url_for_messages(url)));
-    seen = true;
-    if (value == "lockwatch") {
-      out.layout = RedisLayout::kLockwatch;
-    } else if (value == "redisson") {
-      out.layout = RedisLayout::kRedisson;
+    if (std::find(seen.begin(), seen.end(), name) != seen.end())
+      throw InvalidArgument(fmt::format("'{}' gives {} twice", url_for_messages(url), name));
+    seen.push_back(name);
+    if (name == "layout") {
+      out.layout = url_layout(url, value);
+    } else if (name == "min_replicas") {
+      out.replicas.min = url_int(url, name, value, 0, 16);
+    } else if (name == "replica_ack_timeout") {
+      out.replicas.ack_timeout = std::chrono::milliseconds(url_int(url, name, value, 1, 60000));
+    } else if (name == "sentinel_user") {
+      out.sentinel_user = value;
+    } else if (name == "sentinel_password") {
+      out.sentinel_password = value;
     } else {
-      throw InvalidArgument(fmt::format("unknown layout '{}' in '{}': the layouts are 'lockwatch' (the default) and "
-                                        "'redisson' (Redisson's RLock, shared with Java services)",
-                                        value, url_for_messages(url)));
+      throw InvalidArgument(fmt::format("unknown parameter '{}' in '{}': a Redis URL takes layout, min_replicas, "
+                                        "replica_ack_timeout, sentinel_user and sentinel_password",
+                                        name, url_for_messages(url)));
     }
   }
   return out;

@@ -10,9 +10,6 @@ namespace {
 
 void check_sql(const std::string& url, const Options& options) {
   (void)SqlTarget::parse(url);
-  if (options.min_replicas > 0)
-    throw InvalidArgument("Options::min_replicas applies to Redis replicas; a mysql:// store takes its durability "
-                          "from the database's own replication settings");
   if (options.key_prefix.size() >= SqlStore::kMaxNameBytes)
     throw InvalidArgument("Options::key_prefix leaves no room for a key in the SQL lock table's 255-byte lock_name");
 }

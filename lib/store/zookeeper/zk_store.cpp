@@ -11,9 +11,6 @@ namespace lockwatch::detail {
 using std::chrono::milliseconds;
 
 void ZkStore::check_options(const ZkTarget&, const Options& options) {
-  if (options.min_replicas > 0)
-    throw InvalidArgument("Options::min_replicas applies to Redis replicas; a zookeeper:// store's writes are "
-                          "committed by a majority of the ensemble");
   if (options.key_prefix.size() >= kMaxNameBytes)
     throw InvalidArgument("Options::key_prefix leaves no room for a key in a ZooKeeper lock name (255 bytes)");
 }
