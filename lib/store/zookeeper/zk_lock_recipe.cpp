@@ -6,6 +6,7 @@
 #include <charconv>
 
 #include "core/timing.hpp"
+#include "store/kind_rules.hpp"
 #include "store/zookeeper/zk_nodes.hpp"
 
 namespace lockwatch::detail {
@@ -343,7 +344,7 @@ void ZkLockRecipe::decide(const Op& op, const std::vector<std::string>& nodes, s
 void ZkLockRecipe::refuse_kind(const Op& op, LockKind held_as) {
   forget(*op);
   auto e = sessions_.refusal(fmt::format("the lock '{}' is held as {}; this call asked for it {}", op->name,
-                                         zk::family_of(held_as), op->kind.describe()));
+                                         kinds::held_as(held_as), op->kind.describe()));
   ZkSession* s = sessions_.live(op->session);
   if (s == nullptr) {
     fail(op, e);

@@ -110,16 +110,6 @@ std::string mode_suffix(LockKind kind) {
   return "";
 }
 
-std::string family_of(LockKind kind) {
-  switch (kind.mode()) {
-    case LockKind::Mode::kShared: return "a shared lock";
-    case LockKind::Mode::kPermits: return "a semaphore of " + kind.describe();
-    case LockKind::Mode::kFair: return "a fair lock";
-    case LockKind::Mode::kExclusive: break;
-  }
-  return "an exclusive lock";
-}
-
 std::vector<std::string> in_order(std::vector<std::string> children) {
   std::erase_if(children, [](const std::string& c) { return seq_of(c) < 0; });
   std::sort(children.begin(), children.end(),

@@ -60,8 +60,6 @@ std::pair<std::string_view, std::string_view> owner_of(std::string_view child);
 LockKind kind_of(std::string_view child);
 // The mode a node's name carries for `kind` (see kind_of).
 std::string mode_suffix(LockKind kind);
-// A key's family as a message names it.
-std::string family_of(LockKind kind);
 // The lock's nodes in sequence order.
 std::vector<std::string> in_order(std::vector<std::string> children);
 // Of a lock's nodes in order, those that hold it: the lowest (exclusive,
