@@ -5,6 +5,7 @@
 #include <exception>
 #include <future>
 
+#include "core/guarded.hpp"
 #include "core/thread_name.hpp"
 
 namespace lockwatch::detail {
@@ -56,15 +57,7 @@ bool Loop::post(Task task) {
 }
 
 // A task runs inside uv_run: nothing may unwind through libuv's C frames.
-void Loop::run_guarded(Task& task) noexcept {
-  try {
-    task();
-  } catch (const std::exception& e) {
-    std::fprintf(stderr, "lockwatch: unexpected exception in a loop task: %s\n", e.what());
-  } catch (...) {
-    std::fprintf(stderr, "lockwatch: unexpected exception in a loop task\n");
-  }
-}
+void Loop::run_guarded(Task& task) noexcept { guarded("a loop task", task); }
 
 void Loop::on_async(uv_async_t* handle) { static_cast<Loop*>(handle->data)->drain(); }
 

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cstdint>
 
+#include "core/guarded.hpp"
 #include "core/loop.hpp"
 
 namespace lockwatch::detail {
@@ -48,12 +49,7 @@ void Reconnector::connected() {
 void Reconnector::usable() {
   if (closed() || !reported_down_) return;
   reported_down_ = false;
-  if (state_hook_) {
-    try {
-      state_hook_(true, std::string());
-    } catch (...) {
-    }
-  }
+  if (state_hook_) guarded("a connection's state hook", [&] { state_hook_(true, std::string()); });
 }
 
 void Reconnector::down(const std::string& why) {
@@ -63,12 +59,7 @@ void Reconnector::down(const std::string& why) {
   scheduled_ = false;
   if (!reported_down_) {
     reported_down_ = true;
-    if (state_hook_) {
-      try {
-        state_hook_(false, why);
-      } catch (...) {
-      }
-    }
+    if (state_hook_) guarded("a connection's state hook", [&] { state_hook_(false, why); });
   }
   want_attempt();
 }

@@ -1148,12 +1148,12 @@ int main(int argc, char** argv) {
       o.threads = static_cast<std::size_t>(args.threads);
       o.connect_timeout = kConnectTimeout;
       o.command_timeout = kCommandTimeout;
-      if (args.min_replicas > 0)
-        o.redis_url += (o.redis_url.find('?', o.redis_url.rfind('@') == std::string::npos ? 0 : o.redis_url.rfind('@')) ==
-                                std::string::npos
-                            ? "?min_replicas="
-                            : "&min_replicas=") +
-                       std::to_string(args.min_replicas);
+      if (args.min_replicas > 0) {
+        // A Redis URL's own setting, in its query (after any '@' of a password).
+        const auto at = o.redis_url.rfind('@');
+        const bool has_query = o.redis_url.find('?', at == std::string::npos ? 0 : at) != std::string::npos;
+        o.redis_url += (has_query ? "&min_replicas=" : "?min_replicas=") + std::to_string(args.min_replicas);
+      }
       lockwatch::Runtime rt(o);
       Worker worker(args, history);
       std::vector<std::thread> threads;

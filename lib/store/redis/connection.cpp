@@ -15,6 +15,7 @@
 #include <cstdio>
 #include <cstring>
 
+#include "core/guarded.hpp"
 #include "core/loop.hpp"
 #include "core/option_checks.hpp"
 #include "core/net.hpp"
@@ -85,13 +86,7 @@ bool starts_with(const redisReply* r, const char* prefix) {
 // Callbacks cross C code: nothing may unwind through libuv.
 template <class F>
 void guarded(F&& f) noexcept {
-  try {
-    f();
-  } catch (const std::exception& e) {
-    std::fprintf(stderr, "lockwatch: unexpected exception in a reply callback: %s\n", e.what());
-  } catch (...) {
-    std::fprintf(stderr, "lockwatch: unexpected exception in a reply callback\n");
-  }
+  detail::guarded("a reply callback", std::forward<F>(f));
 }
 
 // A write the socket did not take at once; freed by its callback.

@@ -1,11 +1,11 @@
 #include "store/redis/subscriptions.hpp"
 
-#include "store/redis/redis_error.hpp"
-
 #include <algorithm>
 #include <cstdint>
-#include <cstdio>
-#include <exception>
+#include <utility>
+
+#include "core/guarded.hpp"
+#include "store/redis/redis_error.hpp"
 
 namespace lockwatch::detail {
 
@@ -14,13 +14,7 @@ namespace {
 // Told to the store: nothing may unwind into the connection's read.
 template <class F>
 void tell_store(F&& f) noexcept {
-  try {
-    f();
-  } catch (const std::exception& e) {
-    std::fprintf(stderr, "lockwatch: unexpected exception in a subscription callback: %s\n", e.what());
-  } catch (...) {
-    std::fprintf(stderr, "lockwatch: unexpected exception in a subscription callback\n");
-  }
+  guarded("a subscription callback", std::forward<F>(f));
 }
 
 class ClassicSubscriptions final : public Subscriptions {
