@@ -23,6 +23,9 @@
 
 namespace lockwatch::detail {
 
+// Callbacks cross C code: nothing may unwind through libuv.
+constexpr const char* kReplyCallback = "a reply callback";
+
 // One connection attempt and, once it succeeded, the connection: a TCP
 // stream and the reader for what arrives on it. A link lives until its
 // handle closed (and a name lookup in flight came back); a dropped link is
@@ -83,11 +86,6 @@ bool starts_with(const redisReply* r, const char* prefix) {
   return r->str != nullptr && r->len >= n && std::memcmp(r->str, prefix, n) == 0;
 }
 
-// Callbacks cross C code: nothing may unwind through libuv.
-template <class F>
-void guarded(F&& f) noexcept {
-  detail::guarded("a reply callback", std::forward<F>(f));
-}
 
 // A write the socket did not take at once; freed by its callback.
 struct WriteReq {
@@ -457,8 +455,8 @@ void RedisConnection::eval(EvalRequest request, ReplyCallback cb) {
         name_, fmt::format("{} request with {} of its {} arguments", running(*request.script_), request.written_,
                            request.expected_)));
     auto shared_cb = std::make_shared<ReplyCallback>(std::move(cb));
-    if (!loop_.post([shared_cb, err] { guarded([&] { (*shared_cb)(nullptr, err.get()); }); }))
-      guarded([&] { (*shared_cb)(nullptr, err.get()); });
+    if (!loop_.post([shared_cb, err] { guarded(kReplyCallback, [&] { (*shared_cb)(nullptr, err.get()); }); }))
+      guarded(kReplyCallback, [&] { (*shared_cb)(nullptr, err.get()); });
     return;
   }
   Queued q{{}, {}, std::move(cb), request.script_, nullptr, {}};
@@ -477,8 +475,8 @@ void RedisConnection::send(Queued q) {
     // Never inside the caller's call: it may hold state across it.
     auto err = std::make_shared<const StoreError>(StoreError::unavailable(name_, "connection closed"));
     auto cb = std::make_shared<ReplyCallback>(std::move(q.cb));
-    if (!loop_.post([cb, err] { guarded([&] { (*cb)(nullptr, err.get()); }); })) {
-      guarded([&] { (*cb)(nullptr, err.get()); });
+    if (!loop_.post([cb, err] { guarded(kReplyCallback, [&] { (*cb)(nullptr, err.get()); }); })) {
+      guarded(kReplyCallback, [&] { (*cb)(nullptr, err.get()); });
     }
     return;
   }
@@ -646,7 +644,7 @@ StoreError RedisConnection::error_for(const redisReply* r) const {
 }
 
 void RedisConnection::on_request_reply(Queued q, const redisReply* r) {
-  guarded([&] {
+  guarded(kReplyCallback, [&] {
     if (r->type == REDIS_REPLY_ERROR) {
       if (q.script != nullptr && starts_with(r, "NOSCRIPT")) {
         // The server lost its script cache (restart, SCRIPT FLUSH): EVAL
@@ -761,7 +759,7 @@ void RedisConnection::on_push(const redisReply* r) {
     payload = std::string_view(r->element[at + 1]->str, r->element[at + 1]->len);
   if (subs_->handled(std::string_view(kind->str, kind->len), std::string_view(channel->str, channel->len))) return;
   if (hooks_.on_message)
-    guarded([&] {
+    guarded(kReplyCallback, [&] {
       hooks_.on_message(std::string_view(kind->str, kind->len), std::string_view(channel->str, channel->len), payload);
     });
 }
@@ -791,7 +789,7 @@ void RedisConnection::drop_link(const std::string& why) {
   awaited_ = 0;
   const StoreError err = StoreError::unavailable(name_, why);
   for (auto& p : pending) {
-    if (p.step == Handshake::kNone) guarded([&] { p.q.cb(nullptr, &err); });
+    if (p.step == Handshake::kNone) guarded(kReplyCallback, [&] { p.q.cb(nullptr, &err); });
   }
 }
 
@@ -803,7 +801,7 @@ void RedisConnection::link_failed(const std::string& why) {
   drop_link(why);
   if (!waited.empty()) {
     const StoreError err = down_error(why);
-    for (auto& q : waited) guarded([&] { q.cb(nullptr, &err); });
+    for (auto& q : waited) guarded(kReplyCallback, [&] { q.cb(nullptr, &err); });
   }
   went_down(why);
 }
@@ -813,7 +811,7 @@ void RedisConnection::went_down(const std::string& why) {
   handshake_pending_ = 0;
   if (closed()) return;
   request_timer_.stop();
-  if (hooks_.on_down) guarded([&] { hooks_.on_down(); });
+  if (hooks_.on_down) guarded(kReplyCallback, [&] { hooks_.on_down(); });
   // What was sent on the dead link has failed through its callbacks; what
   // those callbacks queued since waits for the next attempt, and fails if
   // that one fails: a caller learns within back-off + connect_timeout.
@@ -825,7 +823,7 @@ void RedisConnection::fail_queued(const std::string& why) {
   waiting_.clear();
   const StoreError err = down_error(why);
   for (auto& q : waiting) {
-    guarded([&] { q.cb(nullptr, &err); });
+    guarded(kReplyCallback, [&] { q.cb(nullptr, &err); });
   }
 }
 

@@ -14,7 +14,7 @@ namespace {
 // Told to the store: nothing may unwind into the connection's read.
 template <class F>
 void tell_store(F&& f) noexcept {
-  guarded("a subscription callback", std::forward<F>(f));
+  detail::guarded("a subscription callback", std::forward<F>(f));
 }
 
 class ClassicSubscriptions final : public Subscriptions {
