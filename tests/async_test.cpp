@@ -150,6 +150,12 @@ TEST_F(AsyncTest, CancelEndsAPendingWaitAndTheWaiterNeverTakesTheLock) {
   EXPECT_EQ(o.error, std::errc::operation_canceled);  // as any cancelled operation
   EXPECT_FALSE(o.handle);
   // The holder's release wakes nobody: the cancelled waiter left the queue.
+  // The cancel completed the handler on this thread and took the waiter out
+  // on the loop, where a retry of its may have run first: a call on another
+  // key, posted after the cancel, ends only after the waiter is gone.
+  auto later = rt_->acquire("other", 1s);
+  auto later_released = get_bounded(later).release();
+  get_bounded(later_released);
   auto attempts = script_->count(Op::kAcquire);
   auto released = h.release();
   get_bounded(released);
