@@ -154,6 +154,27 @@ TEST_F(WatchdogTest, TheLeaseIsNotLostBeforeTheLocalDeadline) {
   EXPECT_EQ(h.lease().remaining(), 0ms);
 }
 
+TEST_F(WatchdogTest, TheHolderIsToldTheWholeDriftAllowanceBeforeTheStoreMayExpireTheKey) {
+  // The wheel judges a deadline on the first tick at or after it: with a
+  // coarse tick the holder would be told up to a tick after ttl - drift,
+  // eating into the allowance that is its only margin. The deadline is
+  // set a tick early, so it is told by then.
+  Options o = memory_options();
+  o.tick = 50ms;
+  restart(o);
+  script_->script_renew([](const std::string&) -> std::optional<Renewed> { return Renewed::kTransient; });
+  auto t0 = std::chrono::steady_clock::now();
+  auto h = hold("margin", 2s);  // drift allowance 2000 * 0.01 + 2 = 22 ms
+  EXPECT_LE(h.lease().remaining(), 2000ms - 22ms - 50ms + 1ms);
+  std::promise<std::chrono::steady_clock::time_point> lost_at;
+  std::stop_callback cb(h.lease().stop_token(), [&] { lost_at.set_value(std::chrono::steady_clock::now()); });
+  auto fut = lost_at.get_future();
+  ASSERT_EQ(fut.wait_for(kBound), std::future_status::ready);
+  auto told = ms_between(t0, fut.get());
+  EXPECT_LE(told, 2000ms - 22ms + 15ms);  // by the deadline, give or take the stop callback's thread
+  EXPECT_GE(told, 2000ms - 22ms - 50ms);  // and not more than a tick before it
+}
+
 TEST_F(WatchdogTest, NotYoursIsFinalAtOnce) {
   auto h = hold("stolen", 1s);  // the answer has 88 ms before the local deadline
   backend_->set_owner(memory_name("stolen"), "someone-else", 10s);

@@ -140,7 +140,11 @@ struct Options {
   /// exactly ttl * renew_weight.
   std::chrono::milliseconds min_renewal_window{50};
   /// The holder considers its lease gone this early (clock drift between
-  /// this host and Redis): drift = ttl * drift_factor + drift_floor.
+  /// this host and the store): drift = ttl * drift_factor + drift_floor,
+  /// and a tick more, so that the tick judging the deadline comes before
+  /// the allowance begins. It is the holder's only margin against a next
+  /// holder: make it exceed the longest pause the process may see
+  /// (docs/guarantees.md).
   double drift_factor = 0.01;
   /// The fixed part of the drift allowance.
   std::chrono::milliseconds drift_floor{2};

@@ -110,8 +110,8 @@ void Runtime::Impl::validate(detail::LockSpec& spec) const {
   if (spec.renew_weight == 0) spec.renew_weight = options.renew_weight;
   detail::check_renew_weight(spec.renew_weight);
   // The renewal fires at ttl*weight (or earlier, see renew_after), up to a
-  // tick early, and must be confirmed before the local deadline (ttl - drift),
-  // which is judged up to a tick late.
+  // tick early, and must be confirmed before the local deadline (ttl - drift,
+  // less a tick: Watchdog::deadline_of).
   auto window = spec.ttl - detail::drift_for(options, spec.ttl) -
                 std::chrono::ceil<milliseconds>(detail::renew_after(options, spec.ttl, spec.renew_weight));
   auto needed = 2 * options.tick + milliseconds(2);

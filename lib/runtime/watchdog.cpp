@@ -26,8 +26,8 @@ std::shared_ptr<LeaseRecord> Watchdog::new_lease(const Acquisition& a, std::uint
   // The wheel fires on the first tick at or after a deadline. A renewal must
   // not lose that tick out of the little time it has: it is due a tick less
   // one nanosecond early, so it goes on the last tick at or before its time.
-  // Deadlines stay as they are, judged at the tick after (remaining() is
-  // exact meanwhile).
+  // A deadline is set a tick (less one nanosecond) early for the same
+  // reason (deadline_of), so remaining() reads what the holder has.
   l->renew_after = renew_after(options_, a.spec.ttl, a.spec.renew_weight) - (clock_.tick() - Clock::duration(1));
   l->last_sent = last_sent;
   l->no_handoff = !a.spec.handoff;
@@ -43,8 +43,12 @@ std::shared_ptr<LeaseRecord> Watchdog::new_lease(const Acquisition& a, std::uint
   return l;
 }
 
+Watchdog::Clock::time_point Watchdog::deadline_of(Clock::time_point sent, std::chrono::milliseconds ttl) const {
+  return lease_deadline(options_, sent, ttl) - (clock_.tick() - Clock::duration(1));
+}
+
 std::shared_ptr<LeaseRecord> Watchdog::grant(const Acquisition& a, std::uint64_t fence, Clock::time_point sent) {
-  auto l = new_lease(a, fence, lease_deadline(options_, sent, a.spec.ttl), sent);
+  auto l = new_lease(a, fence, deadline_of(sent, a.spec.ttl), sent);
   l->name = a.name;
   l->token = a.token;
   l->ttl_ms = a.ttl_ms;
@@ -310,7 +314,7 @@ void Watchdog::on_renewed(const std::shared_ptr<LeaseRecord>& l, Clock::time_poi
   auto slack = std::chrono::duration_cast<std::chrono::microseconds>(left).count();
   if (slack < stats_.min_renewal_slack_us.load(std::memory_order_relaxed))
     stats_.min_renewal_slack_us.store(slack, std::memory_order_relaxed);
-  l->set_deadline(lease_deadline(options_, sent, l->ttl()));
+  l->set_deadline(deadline_of(sent, l->ttl()));
   l->set_lost_detail({});
   schedule_next(*l, sent);
 }

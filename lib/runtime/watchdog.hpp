@@ -3,7 +3,9 @@
 //
 // Each lease has one timeout on the wheel, whose meaning is its Phase: the
 // next renewal, or the local deadline while a renewal is in flight (send
-// time of the last confirmed renewal + ttl - drift). Renewals that come due
+// time of the last confirmed renewal + ttl - drift, less a tick: the wheel
+// judges it on the first tick at or after it, so the holder is told the
+// whole drift allowance before the store may expire the key). Renewals that come due
 // in one tick go to the store as one batch (in chunks), so a hundred
 // thousand leases cost a few commands a tick. A renewal that fails for a
 // transient reason is retried every tick until the local deadline; "not
@@ -100,6 +102,10 @@ class Watchdog {
   std::shared_ptr<LeaseRecord> new_lease(const Acquisition& a, std::uint64_t fence, Clock::time_point deadline,
                                          Clock::time_point last_sent);
   void schedule(LeaseRecord& l, LeaseRecord::Phase phase, Clock::time_point at);
+  // The local deadline of a lease last set or extended by a request sent at
+  // `sent`: lease_deadline() less a tick (but one nanosecond), so that the
+  // tick that judges it comes no later than lease_deadline() itself.
+  Clock::time_point deadline_of(Clock::time_point sent, std::chrono::milliseconds ttl) const;
   // Whether a renewal may go out: the work has not started, or it has
   // renewals left.
   bool may_renew(const LeaseRecord& l) const noexcept;
