@@ -396,13 +396,15 @@ def check(run):
     # makes are that fault's, shown apart. A lower token accepted, or a
     # counter that lost an increment, never is.
     slow = {f["w"] for f in run["faults"] if f.get("kind") == "client_slow"}
-    # A lock server whose wall clock was stepped forward (--nemesis
-    # server_clock) expires its keys early: the next holder is granted a
-    # key its holder still believes it has, for up to its ttl. Those
-    # overlaps, by calls that ran from the step to a ttl after the fault,
-    # are that fault's, shown apart too.
+    # A lock server whose wall clock was stepped forward, or ran fast
+    # (--nemesis server_clock: server_jump, server_fast), expires its keys
+    # early: the next holder is granted a key its holder still believes it
+    # has, for up to its ttl. Those overlaps, by calls that ran from the
+    # fault's start to a ttl after its end, are that fault's, shown apart
+    # too. A clock that ran slow (server_slow) makes keys last longer:
+    # never an overlap.
     max_ttl = meta.get("max_ttl_ms", 2500) * 10**6
-    jumps = [(f["t0"], f["t1"] + max_ttl) for f in run["faults"] if f.get("kind") == "server_jump"]
+    jumps = [(f["t0"], f["t1"] + max_ttl) for f in run["faults"] if f.get("kind") in SERVER_CLOCK_BREAKS]
 
     def in_jump(op):
         c = ends.get(op)
@@ -436,6 +438,8 @@ def check(run):
 
 # What a holder whose clock runs slow makes (it holds past its lease): see check().
 SLOW_CLOCK_BREAKS = ("stale-write", "two-holders", "interleave", "rw-overlap", "over-admission")
+# The server clock faults that expire keys early (see check()).
+SERVER_CLOCK_BREAKS = ("server_jump", "server_fast")
 
 # Faults after which a holder is cut off alone, its clock and CPU intact,
 # and nothing it sends reaches the store: it must be told before the next
@@ -522,8 +526,8 @@ def report(stats, V):
         print("soak_check: overlaps made by a worker whose clock ran at 0.5x (client_slow; fencing refused or "
               "ordered their writes): %s" % ", ".join("%d %s" % (n, k) for k, n in sorted(stats["explained"].items())))
     if stats.get("explained_server"):
-        print("soak_check: overlaps in calls made while a lock server's wall clock had been stepped forward "
-              "(server_jump: its keys expired early; fencing refused or ordered their writes): %s"
+        print("soak_check: overlaps in calls made while a lock server's wall clock had been stepped forward or ran "
+              "fast (server_jump, server_fast: its keys expired early; fencing refused or ordered their writes): %s"
               % ", ".join("%d %s" % (n, k) for k, n in sorted(stats["explained_server"].items())))
     shown = defaultdict(int)
     for kind, text in V:
@@ -628,6 +632,22 @@ def _self_test_cases():
     def server_jump_lost_increment(r):  # a lost increment without an interleaving is never the step's
         lost_increment(r)
         r["faults"].append({"kind": "server_jump", "target": "redis", "t0": 0, "t1": 9 * s, "ws": "p0,p1"})
+
+    def server_fast_two_holders(r):  # the store's clock ran at 2x: p0's key expired early
+        two_holders(r)
+        r["faults"].append({"kind": "server_fast", "target": "redis", "t0": 0, "t1": 9 * s, "ws": "p0,p1"})
+
+    def server_fast_interleave(r):  # the same, an increment lost with the interleaving it let in
+        interleave(r)
+        r["faults"].append({"kind": "server_fast", "target": "redis", "t0": 0, "t1": 9 * s, "ws": "p0,p1"})
+
+    def server_fast_elsewhere(r):  # the same overlap, long after the clock ran fast: not the fault's
+        two_holders(r)
+        r["faults"].append({"kind": "server_fast", "target": "redis", "t0": -30 * s, "t1": -29 * s, "ws": "p0,p1"})
+
+    def server_slow_two_holders(r):  # the store's clock ran at 0.5x: keys lasted longer, never an overlap
+        two_holders(r)
+        r["faults"].append({"kind": "server_slow", "target": "redis", "t0": 0, "t1": 9 * s, "ws": "p0,p1"})
 
     def server_jump_accepted_down(r):  # a lower token accepted is never the step's
         accepted_down(r)
@@ -779,6 +799,11 @@ def _self_test_cases():
          {"lost-increment"}),
         ("the resource accepting a lower token, the store's clock stepped forward meanwhile",
          server_jump_accepted_down, {"token-order"}),
+        ("two calls holding a key at once, the store's clock running at 2x meanwhile", server_fast_two_holders, set()),
+        ("interleaved read/write pairs, the store's clock running at 2x meanwhile", server_fast_interleave, set()),
+        ("the same two holders, the store's clock ran at 2x long before", server_fast_elsewhere, {"two-holders"}),
+        ("the same two holders, the store's clock running at 0.5x meanwhile", server_slow_two_holders,
+         {"two-holders"}),
         ("a call that never ended", unended, {"unended"}),
         ("a call past its bound", over_bound, {"over-bound"}),
         ("the same call, its process stopped meanwhile", stopped_not_over, set()),

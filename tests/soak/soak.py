@@ -909,7 +909,7 @@ class Soak:
         self.nft = False  # --nemesis partition: our nftables table, once made
         self.cgroup = None  # --nemesis starve: the cgroup made for it
         self.fake_files = []
-        self.clock_shift = {}  # --nemesis server_clock: server name -> (its shift file, the shift in ns)
+        self.clock_shift = {}  # --nemesis server_clock: server name -> (its shift file, its offset in ns, its seq)
 
     # ---- set-up
 
@@ -1647,50 +1647,91 @@ class Soak:
 
     def setup_clock_shift(self):
         """--nemesis server_clock: every lock server runs with the shim
-        (clock_shift.cpp) preloaded, its wall clock shifted by the
-        nanoseconds in a file of its own (0 at first)."""
+        (clock_shift.cpp) preloaded, its wall clock shifted by what a file
+        of its own holds (nothing at first)."""
         lib = os.path.join(self.dir, CLOCK_SHIFT_LIB)
         shutil.copy(os.path.join(os.path.dirname(os.path.abspath(self.a.worker)), CLOCK_SHIFT_LIB), lib)
         os.chmod(lib, 0o755)  # a server may run as another user (postgres)
         for server in self.clock_servers():
             path = os.path.join(self.dir, "clock-shift-" + server.name)
             with open(path, "wb") as f:
-                f.write(struct.pack("=q", 0))
+                f.write(struct.pack("=5q", 0, 0, 0, 0, 0))
             os.chmod(path, 0o644)
             server.env = dict(os.environ, LD_PRELOAD=lib, LOCKWATCH_CLOCK_SHIFT=path)
-            self.clock_shift[server.name] = (path, 0)
+            self.clock_shift[server.name] = (path, 0, 0)
         say("soak: server clocks: %s run with their wall clock shifted (%s)" %
             (", ".join(x.name for x in self.clock_servers()), CLOCK_SHIFT_LIB))
 
+    def write_clock_shift(self, server, offset_ns, rate_ppm=0, start_ns=0, end_ns=0):
+        """Rewrites a server's shift (clock_shift.cpp's layout), which the
+        server reads mapped at its next clock read: its seq odd while the
+        other fields change (a seqlock), even again after."""
+        path, _, seq = self.clock_shift[server.name]
+        fd = os.open(path, os.O_WRONLY)
+        try:
+            os.pwrite(fd, struct.pack("=q", seq + 1), 32)
+            os.pwrite(fd, struct.pack("=4q", offset_ns, rate_ppm, start_ns, end_ns), 0)
+            os.pwrite(fd, struct.pack("=q", seq + 2), 32)
+        finally:
+            os.close(fd)
+        self.clock_shift[server.name] = (path, offset_ns, seq + 2)
+
+    def clock_server(self):
+        """The server a server_clock fault moves the clock of: the master on
+        Sentinel, the node holding a lock's slot on Cluster, one of
+        Redlock's; None while a failover settles."""
+        if self.a.topology == "sentinel":
+            return self.sentinel_master() if self.sentinel_healthy() else None
+        if self.cluster:
+            return self.cluster.owner(self.lock_slot()) if self.cluster.healthy() else None
+        return self.rng.choice(self.clock_servers())
+
     def server_jump(self):
         """A lock server's wall clock stepped forward by 1-3 s, for good (an
-        NTP step; the monotonic clock untouched): the master on Sentinel,
-        the node holding a lock's slot on Cluster, one of Redlock's. Then
-        waits 3-4.5 s, longer than the longest ttl, so that what the step
-        does falls within the fault."""
-        if self.a.topology == "sentinel":
-            server = self.sentinel_master() if self.sentinel_healthy() else None
-        elif self.cluster:
-            server = self.cluster.owner(self.lock_slot()) if self.cluster.healthy() else None
-        else:
-            server = self.rng.choice(self.clock_servers())
+        NTP step; the monotonic clock untouched). Then waits 3-4.5 s,
+        longer than the longest ttl, so that what the step does falls
+        within the fault."""
+        server = self.clock_server()
         if server is None:
             time.sleep(1.0)  # no master to step now: a failover is settling
             return
-        path, total = self.clock_shift[server.name]
+        _, total, _ = self.clock_shift[server.name]
         jump = self.rng.uniform(1.0, 3.0)
         d = self.rng.uniform(3.0, MAX_FAULT_S)
         total += int(jump * 1e9)
         ws = ",".join(sorted(self.workers))
         t0 = mono_ns()
-        fd = os.open(path, os.O_WRONLY)
-        try:
-            os.pwrite(fd, struct.pack("=q", total), 0)  # the server reads it mapped, at its next clock read
-        finally:
-            os.close(fd)
-        self.clock_shift[server.name] = (path, total)
+        self.write_clock_shift(server, total)
         time.sleep(d)
         self.fault("server_jump", server.name, t0, seconds=d, jump_s=jump, shift_s=total / 1e9, ws=ws)
+
+    def server_rate(self, kind):
+        """A lock server's wall clock run at 2x (server_fast) or 0.5x
+        (server_slow) for 3-4.5 s, longer than the longest ttl (its
+        monotonic clock untouched). The shim ends the rate by itself at the
+        fault's end, the clock going on from where the rate took it (no
+        step back); the soak then folds what the rate added into the
+        offset."""
+        server = self.clock_server()
+        if server is None:
+            time.sleep(1.0)  # no master to move now: a failover is settling
+            return
+        rate_ppm = {"server_fast": 2000000, "server_slow": 500000}[kind]
+        _, offset, _ = self.clock_shift[server.name]
+        d = self.rng.uniform(3.0, MAX_FAULT_S)
+        ws = ",".join(sorted(self.workers))
+        t0 = mono_ns()
+        end = t0 + int(d * 1e9)
+        self.write_clock_shift(server, offset, rate_ppm, t0, end)
+        time.sleep(max(0.0, (end - mono_ns()) / 1e9))
+        # What the shim added by the end, truncated toward zero as it does.
+        moved = (rate_ppm - 1000000) * (end - t0)
+        moved = moved // 1000000 if moved >= 0 else -(-moved // 1000000)
+        while mono_ns() <= end:
+            time.sleep(0.001)
+        self.write_clock_shift(server, offset + moved)
+        self.fault(kind, server.name, t0, seconds=d, rate=rate_ppm / 1e6, moved_s=moved / 1e9,
+                   shift_s=(offset + moved) / 1e9, ws=ws)
 
     def inject_nemesis(self):
         topo, rng = self.a.topology, self.rng
@@ -1706,7 +1747,7 @@ class Soak:
             elif self.a.nemesis == "clock":
                 self.deck = ["client_fast", "client_slow", "client_jump"]
             elif self.a.nemesis == "server_clock":
-                self.deck = ["server_jump"]
+                self.deck = ["server_jump", "server_fast", "server_slow"]
             else:
                 self.deck = ["holder_starve"]
             rng.shuffle(self.deck)
@@ -1733,6 +1774,8 @@ class Soak:
             self.client_clock(kind)
         elif kind == "server_jump":
             self.server_jump()
+        elif kind in ("server_fast", "server_slow"):
+            self.server_rate(kind)
         else:
             self.holder_starve()
 
