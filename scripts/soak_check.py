@@ -460,7 +460,7 @@ def told_margins(run, begins, ends):
     grants = defaultdict(list)
     for op, c in ends.items():
         if not c.get("kind") and c.get("acq"):
-            grants[c["k"]].append((c["acq"], op))
+            grants[c["k"]].append((c["acq"], op, c.get("tok", 0)))
     for g in grants.values():
         g.sort()
     out = defaultdict(list)
@@ -468,7 +468,12 @@ def told_margins(run, begins, ends):
         told = c.get("told", 0)
         if not told or c.get("kind") or not c.get("acq"):
             continue
-        nxt = next((t for t, o in grants[c["k"]] if t > c["acq"] and o != op), None)
+        # The next holder's grant: the first one seen after this one, with
+        # a higher token (a grant a starved or paused process saw late was
+        # made before this one, and has a lower token).
+        tok = c.get("tok", 0)
+        nxt = next((t for t, o, tk in grants[c["k"]] if t > c["acq"] and o != op and not (tok and tk and tk < tok)),
+                   None)
         if nxt is None:
             continue
         w = op.split(".")[0]
@@ -771,6 +776,23 @@ def _self_test_cases():
         r["faults"].append({"kind": "holder_cut", "target": "p0", "w": "p0", "t0": c["acq"],
                             "t1": _ev(r, "p1.0.0", "c")["t1"]})
 
+    def cut_told_grant_seen_late(r):  # the same, and a grant made before p0's, seen by a starved p3 late
+        for op, tok in (("p0.0.0", 2), ("p1.0.0", 3)):
+            _ev(r, op, "w")["tok"] = _ev(r, op, "c")["tok"] = tok
+        k0 = r["resource"]["k0"]
+        k0["log"] = ["2 2 p0.0.0 1 1 100", "4 3 p1.0.0 3 2 200"]
+        k0["hash"]["token"] = "3"
+        cut_told(r, 8 * 10**6)
+        told = _ev(r, "p0.0.0", "c")["told"]
+        r["events"] += [
+            {"e": "b", "op": "p3.0.0", "k": "k0", "api": "locked", "ttl": 500, "wait": 0, "retries": -1,
+             "t": s // 2, "bound": 5000},
+            {"e": "c", "op": "p3.0.0", "k": "k0", "out": "lost", "msg": "", "t0": s // 2, "t1": told + s,
+             "acq": told + 10**6, "wend": told + s, "told": told + s, "tok": 1, "owner": "ownerD", "held": 0,
+             "answered": 1, "nodes": 1}]
+        r["procs"].append({"w": "p3", "pid": 13, "t0": 0, "t1": 9 * s, "how": "clean", "rc": 0})
+        r["faults"].append({"kind": "holder_starve", "target": "p3", "w": "p3", "t0": s // 2, "t1": told + s})
+
     def permits_in_turn(r):  # two holders at once, then a third after one ended
         r["events"] += kinds_call("p0.0.1", "sem", "permit", 3 * s, 4 * s, 7)
         r["events"] += kinds_call("p1.0.1", "sem", "permit", 3 * s + s // 2, 5 * s, 8)
@@ -832,6 +854,8 @@ def _self_test_cases():
         ("a holder cut off alone, told the drift allowance before the next grant",
          lambda r: cut_told(r, 8 * 10**6), set()),
         ("a holder cut off alone, told after the next grant", lambda r: cut_told(r, -10**6), {"told-late"}),
+        ("a holder cut off alone, told in time, and an earlier grant (a lower token) seen late by a starved process",
+         cut_told_grant_seen_late, set()),
         ("a holder cut off alone, told before the next grant by less than the drift allowance",
          lambda r: cut_told(r, 6 * 10**6), {"told-late"}),
         ("a permit holder too many", permits_over, {"over-admission"}),
