@@ -9,7 +9,6 @@
 
 #include "core/hex.hpp"
 #include "core/loop.hpp"
-#include "core/option_checks.hpp"
 #include "lockwatch/errors.hpp"
 #include "store/kind_rules.hpp"
 #include "store/postgresql/pg_error.hpp"
@@ -510,13 +509,13 @@ std::string PgStore::holders_table_definition(const std::string& table) {
       quoted(table));
 }
 
-void PgStore::check_options(const PgTarget&, const Options& options) {
-  if (options.key_prefix.size() >= kMaxNameBytes)
+void PgStore::check_settings(const PgTarget&, const sqlcommon::SqlSettings& settings) {
+  if (settings.key_prefix.size() >= kMaxNameBytes)
     throw InvalidArgument("Options::key_prefix leaves no room for a key in the PostgreSQL lock table's 255-byte lock_name");
 }
 
-PgStore::PgStore(Loop& loop, PgTarget target, const Options& options)
-    : StoreBase(StoreTraits{.keys = KeyRules{options.key_prefix, KeyRules::plain,
+PgStore::PgStore(Loop& loop, PgTarget target, const sqlcommon::SqlSettings& settings)
+    : StoreBase(StoreTraits{.keys = KeyRules{settings.key_prefix, KeyRules::plain,
                              [](std::string_view prefix, std::string_view key) noexcept -> const char* {
                                if (prefix.size() + key.size() > kMaxNameBytes)
                                  return "the lock name (key_prefix + key) is longer than the 255 bytes the PostgreSQL "
@@ -527,13 +526,13 @@ PgStore::PgStore(Loop& loop, PgTarget target, const Options& options)
                             .no_shared = nullptr,
                             .no_permits = nullptr}),
       loop_(loop),
-      options_(options),
+      settings_(settings),
       target_(std::move(target)),
       channel_(target_.channel()) {
   offer({.fence_raising = this, .job_claims = this, .operator_tools = this, .lock_listing = this, .fair_queue = this});
   PgSession session;
   session.statements = statements(quoted(target_.table), quoted(target_.holders_table()),
-                                  "decode('" + pg_hex(owner_name(options)) + "', 'hex')");
+                                  "decode('" + pg_hex(settings_.owner_name) + "', 'hex')");
   session.create = {table_definition(target_.table), holders_table_definition(target_.holders_table())};
   // Tables made by versions before get the columns added since.
   for (const std::string& table : {target_.table, target_.holders_table()})
@@ -546,8 +545,8 @@ PgStore::PgStore(Loop& loop, PgTarget target, const Options& options)
   session.table = fmt::format("{}.{}", target_.database, target_.table);
   session.stale = std::make_shared<PgStaleBackends>();
   for (int i = 0; i < kPgCommandConnections; ++i)
-    commands_.push_back(std::make_unique<PgConnection>(loop, target_, options_, session));
-  renew_ = std::make_unique<PgConnection>(loop, target_, options_, session);
+    commands_.push_back(std::make_unique<PgConnection>(loop, target_, settings_, session));
+  renew_ = std::make_unique<PgConnection>(loop, target_, settings_, session);
 }
 
 PgStore::~PgStore() = default;
@@ -1072,7 +1071,7 @@ void PgStore::start_notices() {
   PgSession session;
   session.listen = channel_;
   session.table = fmt::format("{}.{}", target_.database, target_.table);
-  notices_ = std::make_unique<PgConnection>(loop_, target_, options_, std::move(session));
+  notices_ = std::make_unique<PgConnection>(loop_, target_, settings_, std::move(session));
   notices_->set_ready_hook([this] {
     listening_ = true;
     if (!events_.subscribed) return;

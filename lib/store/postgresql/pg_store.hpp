@@ -78,11 +78,11 @@
 #include <string>
 #include <vector>
 
-#include "lockwatch/options.hpp"
 #include "store/capabilities.hpp"
 #include "core/turn_end.hpp"
 #include "store/postgresql/pg_connection.hpp"
 #include "store/postgresql/pg_target.hpp"
+#include "store/sqlcommon/settings.hpp"
 #include "store/store_base.hpp"
 
 namespace lockwatch::detail {
@@ -100,11 +100,11 @@ class PgStore final : public StoreBase,
   // (prefix + key) are refused before anything is sent.
   static constexpr std::size_t kMaxNameBytes = 255;
 
-  PgStore(Loop& loop, PgTarget target, const Options& options);
+  PgStore(Loop& loop, PgTarget target, const sqlcommon::SqlSettings& settings);
   ~PgStore() override;
 
-  // Any thread. InvalidArgument if the options do not suit this store.
-  static void check_options(const PgTarget& target, const Options& options);
+  // Any thread. InvalidArgument if the settings do not suit this store.
+  static void check_settings(const PgTarget& target, const sqlcommon::SqlSettings& settings);
   // The tables as created when they are missing (also in docs/stores.md).
   static std::string table_definition(const std::string& table);
   static std::string holders_table_definition(const std::string& table);
@@ -149,7 +149,7 @@ class PgStore final : public StoreBase,
   void start_notices();
 
   Loop& loop_;
-  const Options options_;
+  const sqlcommon::SqlSettings settings_;
   const PgTarget target_;
   const std::string channel_;
   std::vector<std::unique_ptr<PgConnection>> commands_;

@@ -8,7 +8,6 @@
 #include <optional>
 
 #include "core/loop.hpp"
-#include "core/option_checks.hpp"
 #include "core/token.hpp"
 #include "store/sql/sql_literals.hpp"
 #include "store/sqlcommon/batching.hpp"
@@ -123,8 +122,8 @@ std::string SqlStore::holders_definition(const std::string& table) {
       table, kMaxNameBytes);
 }
 
-SqlStore::SqlStore(Loop& loop, SqlTarget target, const Options& options)
-    : StoreBase(StoreTraits{.keys = KeyRules{options.key_prefix, KeyRules::plain,
+SqlStore::SqlStore(Loop& loop, SqlTarget target, const sqlcommon::SqlSettings& settings)
+    : StoreBase(StoreTraits{.keys = KeyRules{settings.key_prefix, KeyRules::plain,
                              [](std::string_view prefix, std::string_view key) noexcept -> const char* {
                                if (prefix.size() + key.size() > kMaxNameBytes)
                                  return "the lock name (key_prefix + key) is longer than the 255 bytes of the SQL lock "
@@ -134,12 +133,12 @@ SqlStore::SqlStore(Loop& loop, SqlTarget target, const Options& options)
                             .release_events = false,
                             .no_shared = nullptr,
                             .no_permits = nullptr}),
-      loop_(loop), options_(options), owner_name_(sql::hex(owner_name(options))), waiter_id_(TokenGenerator().next().str()),
+      loop_(loop), settings_(settings), owner_name_(sql::hex(settings.owner_name)), waiter_id_(TokenGenerator().next().str()),
       target_(std::move(target)), table_("`" + target_.table + "`"),
       holders_("`" + target_.table + "_holders`") {
   offer({.job_claims = this, .operator_tools = this, .lock_listing = this, .fair_queue = this});
   SqlSession session;
-  long long wait_s = std::max<long long>(1, options_.command_timeout.count() / 1000);
+  long long wait_s = std::max<long long>(1, settings_.command_timeout.count() / 1000);
   session.setup = {
       fmt::format("SET SESSION time_zone = '+00:00', SESSION sql_mode = 'STRICT_ALL_TABLES,NO_ENGINE_SUBSTITUTION', "
                   "SESSION autocommit = 1, SESSION innodb_lock_wait_timeout = {}",
@@ -158,8 +157,8 @@ SqlStore::SqlStore(Loop& loop, SqlTarget target, const Options& options)
   session.table = fmt::format("{}.{}", target_.database, target_.table);
   session.stale = std::make_shared<SqlStaleThreads>();
   for (int i = 0; i < kCommandConnections; ++i)
-    commands_.push_back(std::make_unique<SqlConnection>(loop, target_, options_, session));
-  renew_ = std::make_unique<SqlConnection>(loop, target_, options_, session);
+    commands_.push_back(std::make_unique<SqlConnection>(loop, target_, settings_, session));
+  renew_ = std::make_unique<SqlConnection>(loop, target_, settings_, session);
 }
 
 SqlStore::~SqlStore() = default;

@@ -71,11 +71,11 @@
 #include <string>
 #include <vector>
 
-#include "lockwatch/options.hpp"
 #include "store/capabilities.hpp"
 #include "store/store_base.hpp"
 #include "store/sql/sql_connection.hpp"
 #include "store/sql/sql_target.hpp"
+#include "store/sqlcommon/settings.hpp"
 #include "core/turn_end.hpp"
 
 namespace lockwatch::detail {
@@ -91,7 +91,7 @@ class SqlStore final : public StoreBase,
   // The lock_name column's size: longer names (prefix + key) are refused.
   static constexpr std::size_t kMaxNameBytes = 255;
 
-  SqlStore(Loop& loop, SqlTarget target, const Options& options);
+  SqlStore(Loop& loop, SqlTarget target, const sqlcommon::SqlSettings& settings);
   ~SqlStore() override;
 
   // The tables as created when missing (also in docs/stores.md): the lock
@@ -170,8 +170,8 @@ class SqlStore final : public StoreBase,
   std::string shrink(const std::string& name) const;
 
   Loop& loop_;
-  const Options options_;
-  const std::string owner_name_;  // Options::owner_name as a hex literal, recorded with each grant
+  const sqlcommon::SqlSettings settings_;
+  const std::string owner_name_;  // the owner name as a hex literal, recorded with each grant
   const std::string waiter_id_;   // random: how this store's waiters name themselves in a mark
   const SqlTarget target_;
   std::string table_;    // quoted
