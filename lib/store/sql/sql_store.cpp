@@ -42,17 +42,8 @@ constexpr std::chrono::milliseconds kWaiterMarkLife{2000};
 constexpr std::chrono::milliseconds kMarkedRowRetry{100};
 
 // "1795441148.216002" (UNIX_TIMESTAMP(NOW(6))) as a time point.
-std::chrono::system_clock::time_point unix_time(const std::string& s) {
-  auto dot = s.find('.');
-  long long secs = to_ll(s.substr(0, dot));
-  long long us = 0;
-  if (dot != std::string::npos) {
-    std::string frac = s.substr(dot + 1, 6);
-    frac.resize(6, '0');
-    us = to_ll(frac);
-  }
-  return std::chrono::system_clock::time_point(std::chrono::duration_cast<std::chrono::system_clock::duration>(
-      std::chrono::seconds(secs) + std::chrono::microseconds(us)));
+std::chrono::system_clock::time_point unix_time(std::string_view s) {
+  return sqlcommon::from_micros(sql::unix_micros(s));
 }
 
 // A time point as a DATETIME(6) literal in UTC (the sessions' time zone).
