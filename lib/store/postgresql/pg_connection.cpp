@@ -48,7 +48,7 @@ std::string one_line(const char* message) {
 // three quarters of the command timeout and a wait for a row lock at half
 // of it: answered "retry later" (nothing was done) before the client gives
 // up on the connection (then nothing is known).
-std::string startup_options(const Options& o) {
+std::string startup_options(const sqlcommon::SqlSettings& o) {
   const long long command_ms = o.command_timeout.count();
   long long statement_ms = std::max<long long>(1, command_ms * 3 / 4);
   long long lock_ms = std::max<long long>(1, command_ms / 2);
@@ -72,13 +72,13 @@ bool PgRows::null(int row, int column) const noexcept {
   return PQgetisnull(result_, row, column) != 0;
 }
 
-PgConnection::PgConnection(Loop& loop, PgTarget target, const Options& options, PgSession session)
+PgConnection::PgConnection(Loop& loop, PgTarget target, const sqlcommon::SqlSettings& settings, PgSession session)
     : loop_(loop),
       target_(std::move(target)),
-      options_(options),
+      settings_(settings),
       session_(std::move(session)),
       name_(target_.name()),
-      startup_options_(startup_options(options_)) {
+      startup_options_(startup_options(settings_)) {
   if (session_.stale) session_.stale->connections.push_back(this);
 }
 
@@ -193,7 +193,7 @@ void PgConnection::connect_to(const std::string& hostaddr) {
   add("password", target_.password);
   add("options", startup_options_);
   // The owner name, for pg_stat_activity (the server keeps 63 bytes of it).
-  add("application_name", "lockwatch:" + connection_owner_name(owner_name(options_)));
+  add("application_name", "lockwatch:" + connection_owner_name(settings_.owner_name));
   // GSSAPI encryption is not asked for: libpq would otherwise look for
   // Kerberos credentials first.
   add("gssencmode", "disable");
@@ -342,7 +342,7 @@ void PgConnection::end_stale_backends() {
   // Only lockwatch's own sessions of this role, never this one (a pid can
   // have been reused meanwhile). PostgreSQL 14 and later wait for the
   // process to exit, within half the connect timeout.
-  const long long wait_ms = std::max<long long>(1, options_.connect_timeout.count() / 2);
+  const long long wait_ms = std::max<long long>(1, settings_.connect_timeout.count() / 2);
   const std::string terminate =
       PQserverVersion(conn_) >= 140000 ? fmt::format("pg_terminate_backend(a.pid, {})", wait_ms) : "pg_terminate_backend(a.pid)";
   Request r;
@@ -669,12 +669,12 @@ RequestTimer::Clock::time_point PgConnection::unanswered_since() const {
 }
 
 void PgConnection::overdue() {
-  went_down_unavailable(fmt::format("no answer within the command timeout ({} ms)", options_.command_timeout.count()));
+  went_down_unavailable(fmt::format("no answer within the command timeout ({} ms)", settings_.command_timeout.count()));
 }
 
 void PgConnection::attempt_timed_out() {
   if (state_ != State::kConnecting && state_ != State::kHandshake) return;
-  went_down(unavailable(fmt::format("no connection within the connect timeout ({} ms)", options_.connect_timeout.count())),
+  went_down(unavailable(fmt::format("no connection within the connect timeout ({} ms)", settings_.connect_timeout.count())),
             true);
 }
 

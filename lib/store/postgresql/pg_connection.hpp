@@ -56,7 +56,7 @@
 #include <vector>
 
 #include "core/reconnector.hpp"
-#include "lockwatch/options.hpp"
+#include "store/sqlcommon/settings.hpp"
 #include "store/postgresql/pg_target.hpp"
 #include "store/store_error.hpp"
 
@@ -121,7 +121,7 @@ struct PgSession {
 
 class PgConnection : private Reconnector::Attempts, private RequestTimer::Requests {
  public:
-  PgConnection(Loop& loop, PgTarget target, const Options& options, PgSession session);
+  PgConnection(Loop& loop, PgTarget target, const sqlcommon::SqlSettings& settings, PgSession session);
   ~PgConnection();
   PgConnection(const PgConnection&) = delete;
   PgConnection& operator=(const PgConnection&) = delete;
@@ -226,7 +226,7 @@ class PgConnection : private Reconnector::Attempts, private RequestTimer::Reques
 
   Loop& loop_;
   const PgTarget target_;
-  const Options options_;
+  const sqlcommon::SqlSettings settings_;
   const PgSession session_;
   const std::string name_;
   const std::string startup_options_;  // "-c TimeZone=UTC -c statement_timeout=..."
@@ -249,9 +249,9 @@ class PgConnection : private Reconnector::Attempts, private RequestTimer::Reques
   unsigned attempt_ = 0;  // connection attempts made: a late lookup answers an old one
   bool kicked_ = false;
   bool want_write_ = false;  // libpq has output it could not send yet
-  Reconnector reconnector_{loop_, Backoff(options_.reconnect_min, options_.reconnect_max), options_.connect_timeout,
+  Reconnector reconnector_{loop_, Backoff(settings_.reconnect_min, settings_.reconnect_max), settings_.connect_timeout,
                            *this};
-  RequestTimer request_timer_{loop_, options_.command_timeout, *this};
+  RequestTimer request_timer_{loop_, settings_.command_timeout, *this};
 
   std::deque<Request> queue_;      // not yet sent
   std::deque<Request> inflight_;   // sent (the session set-up too), answered in order

@@ -8,9 +8,11 @@ namespace lockwatch::detail {
 constinit const StoreKind kPostgresStore{
     "postgresql postgres",
     "postgresql://user[:password]@host[:port]/database[?table=name&sslmode=...] (or postgres://)",
-    [](const std::string& url, const Options& options) { PgStore::check_options(PgTarget::parse(url), options); },
+    [](const std::string& url, const Options& options) {
+      PgStore::check_settings(PgTarget::parse(url), sqlcommon::sql_settings(options));
+    },
     [](Loop& loop, const std::string& url, const Options& options) -> std::unique_ptr<LockStore> {
-      return std::make_unique<PgStore>(loop, PgTarget::parse(url), options);
+      return std::make_unique<PgStore>(loop, PgTarget::parse(url), sqlcommon::sql_settings(options));
     }};
 
 }  // namespace lockwatch::detail

@@ -3,64 +3,37 @@
 #include <fmt/format.h>
 
 #include <algorithm>
-#include <charconv>
 #include <map>
 #include <optional>
 
-#include "core/hex.hpp"
 #include "core/loop.hpp"
-#include "core/option_checks.hpp"
 #include "lockwatch/errors.hpp"
 #include "store/kind_rules.hpp"
 #include "store/postgresql/pg_error.hpp"
 #include "store/sqlcommon/batching.hpp"
 #include "store/sqlcommon/claims.hpp"
 #include "store/sqlcommon/inspection.hpp"
+#include "store/sqlcommon/values.hpp"
 
 namespace lockwatch::detail {
 
 namespace {
 
-constexpr int kPgCommandConnections = 2;
-// The kinds' acquisitions one transaction carries at most (a whole set of
-// lockwatch::max_set_keys fits).
-constexpr std::size_t kPgKindGroup = 64;
 // A deadlock, a serialization failure or a lock wait past lock_timeout:
 // the statement is tried again this many times before it fails.
-constexpr int kAttempts = 3;
+using sqlcommon::kAttempts;
 
 // Parameter types (pg_type OIDs).
 constexpr unsigned kText = 25, kInt8 = 20, kBool = 16, kTextArray = 1009, kInt8Array = 1016;
 
-// Names and tokens travel as hex text and are decoded by the server: any
-// bytes, no escaping, and nothing a key holds can change a statement.
-void pg_append_hex(std::string& out, std::string_view bytes) {
-  static constexpr char kHex[] = "0123456789abcdef";
-  for (unsigned char c : bytes) {
-    out.push_back(kHex[c >> 4]);
-    out.push_back(kHex[c & 15]);
-  }
-}
-
-std::string pg_hex(std::string_view bytes) {
-  std::string out;
-  out.reserve(2 * bytes.size());
-  pg_append_hex(out, bytes);
-  return out;
-}
-
-// Hex text back to bytes; false if it is not hex.
-bool pg_unhex(std::string_view text, std::string& out) {
-  if (text.size() % 2 != 0) return false;
-  out.clear();
-  out.reserve(text.size() / 2);
-  for (std::size_t i = 0; i < text.size(); i += 2) {
-    int hi = hex_digit(text[i]), lo = hex_digit(text[i + 1]);
-    if (hi < 0 || lo < 0) return false;
-    out.push_back(static_cast<char>(hi * 16 + lo));
-  }
-  return true;
-}
+// Names and tokens travel as hex text and are decoded by the server
+// (sqlcommon/values.hpp).
+using sqlcommon::from_micros;
+using sqlcommon::micros;
+using sqlcommon::to_hex;
+using sqlcommon::to_ll;
+using sqlcommon::to_micros;
+using sqlcommon::unhex;
 
 // A text[] literal of hex strings: {"6b31","6b32"}.
 template <class Get>
@@ -69,7 +42,7 @@ std::string hex_array(std::size_t n, Get get) {
   for (std::size_t i = 0; i < n; ++i) {
     if (i > 0) out += ',';
     out += '"';
-    pg_append_hex(out, get(i));
+    sqlcommon::append_hex(out, get(i));
     out += '"';
   }
   out += '}';
@@ -88,23 +61,6 @@ std::string int_array(std::size_t n, Get get) {
   return out;
 }
 
-long long pg_micros(std::chrono::milliseconds ttl) { return static_cast<long long>(ttl.count()) * 1000; }
-
-long long pg_to_ll(std::string_view s) {
-  long long v = 0;
-  std::from_chars(s.data(), s.data() + s.size(), v);
-  return v;
-}
-
-std::chrono::system_clock::time_point from_micros(long long us) {
-  return std::chrono::system_clock::time_point(
-      std::chrono::duration_cast<std::chrono::system_clock::duration>(std::chrono::microseconds(us)));
-}
-
-long long to_micros(std::chrono::system_clock::time_point t) {
-  return std::chrono::duration_cast<std::chrono::microseconds>(t.time_since_epoch()).count();
-}
-
 using sqlcommon::ms_up;
 
 // Shared, permit and fair locks (see pg_store.hpp). A lock row held by
@@ -112,7 +68,7 @@ using sqlcommon::ms_up;
 // holder, so that the exclusive statements find it busy as they are.
 constexpr std::string_view kPgSharedMarker = "'lockwatch:shared'::bytea";
 // A writer's mark outlives its last attempt by this long at most (µs).
-constexpr long long kWriterMarkUs = 2'000'000;
+constexpr long long kWriterMarkUs = sqlcommon::kWriterMark.count() * 1000;
 // A holder's grant time in µs since the epoch, and how long ago that was
 // on the server's clock (NULL where none was recorded).
 constexpr std::string_view kGrantedUs = "(extract(epoch FROM granted_at) * 1000000)::int8";
@@ -510,13 +466,13 @@ std::string PgStore::holders_table_definition(const std::string& table) {
       quoted(table));
 }
 
-void PgStore::check_options(const PgTarget&, const Options& options) {
-  if (options.key_prefix.size() >= kMaxNameBytes)
+void PgStore::check_settings(const PgTarget&, const sqlcommon::SqlSettings& settings) {
+  if (settings.key_prefix.size() >= kMaxNameBytes)
     throw InvalidArgument("Options::key_prefix leaves no room for a key in the PostgreSQL lock table's 255-byte lock_name");
 }
 
-PgStore::PgStore(Loop& loop, PgTarget target, const Options& options)
-    : StoreBase(StoreTraits{.keys = KeyRules{options.key_prefix, KeyRules::plain,
+PgStore::PgStore(Loop& loop, PgTarget target, const sqlcommon::SqlSettings& settings)
+    : StoreBase(StoreTraits{.keys = KeyRules{settings.key_prefix, KeyRules::plain,
                              [](std::string_view prefix, std::string_view key) noexcept -> const char* {
                                if (prefix.size() + key.size() > kMaxNameBytes)
                                  return "the lock name (key_prefix + key) is longer than the 255 bytes the PostgreSQL "
@@ -527,13 +483,13 @@ PgStore::PgStore(Loop& loop, PgTarget target, const Options& options)
                             .no_shared = nullptr,
                             .no_permits = nullptr}),
       loop_(loop),
-      options_(options),
+      settings_(settings),
       target_(std::move(target)),
       channel_(target_.channel()) {
   offer({.fence_raising = this, .job_claims = this, .operator_tools = this, .lock_listing = this, .fair_queue = this});
   PgSession session;
   session.statements = statements(quoted(target_.table), quoted(target_.holders_table()),
-                                  "decode('" + pg_hex(owner_name(options)) + "', 'hex')");
+                                  "decode('" + to_hex(settings_.owner_name) + "', 'hex')");
   session.create = {table_definition(target_.table), holders_table_definition(target_.holders_table())};
   // Tables made by versions before get the columns added since.
   for (const std::string& table : {target_.table, target_.holders_table()})
@@ -545,299 +501,168 @@ PgStore::PgStore(Loop& loop, PgTarget target, const Options& options)
   session.plan_check = "EXPLAIN EXECUTE lockwatch_acquire('{}', '{}', '{}')";
   session.table = fmt::format("{}.{}", target_.database, target_.table);
   session.stale = std::make_shared<PgStaleBackends>();
-  for (int i = 0; i < kPgCommandConnections; ++i)
-    commands_.push_back(std::make_unique<PgConnection>(loop, target_, options_, session));
-  renew_ = std::make_unique<PgConnection>(loop, target_, options_, session);
+  connections_.make(loop, target_, settings_, session);
 }
 
 PgStore::~PgStore() = default;
 
 void PgStore::started() {
   turn_end_.open(loop_.uv());
-  // The first command connection speaks for the server.
-  commands_.front()->set_state_hook([this](bool up, const std::string& why) {
-    if (events_.connection) events_.connection(commands_.front()->name(), up, why);
-  });
-  for (auto& c : commands_) c->start();
-  renew_->start();
+  connections_.start(events_);
 }
-
-PgConnection& PgStore::command_connection() { return sqlcommon::least_pending(commands_); }
 
 // ---- acquire
 
-// One lock of an acquire() call, kept until its statement goes out (owned
-// copies: the caller's views end with the call).
-struct PgStore::PendingAcquire {
-  std::string name;
-  std::string token;
-  std::chrono::milliseconds ttl;
-  std::size_t index;                  // in its call's batch
-  std::shared_ptr<AcquireDone> done;  // its call's callback
-  LockKind kind{};
-  int attempt = 1;                    // a kind's transaction
-};
-
-// The locks one acquire statement carries: distinct names, sorted.
-struct PgStore::AcquireBatch {
-  std::vector<PendingAcquire> locks;
-  int attempt = 1;
-};
-
 void PgStore::acquire(std::span<const LockRef> locks, AcquireDone done) {
-  auto shared_done = std::make_shared<AcquireDone>(std::move(done));
-  for (std::size_t i = 0; i < locks.size(); ++i) {
-    PendingAcquire a{std::string(locks[i].name), std::string(locks[i].token), locks[i].ttl, i, shared_done,
-                     locks[i].kind};
-    if (locks[i].kind.exclusive_kind())
-      acquires_.push_back(std::move(a));
-    else
-      kind_acquires_.push_back(std::make_shared<PendingAcquire>(std::move(a)));
-  }
-  if (!locks.empty()) turn_end_.request();
+  if (acquires_.add(locks, std::move(done))) turn_end_.request();
 }
 
 // The kinds' acquisitions of one loop turn (a set's keys among them), in
-// name order, go in one transaction per chunk: their lock rows locked,
+// name order, go in one transaction per group: their lock rows locked,
 // then each one's decision (see statements()), one statement each.
-void PgStore::send_kind_acquisitions(std::vector<std::shared_ptr<PendingAcquire>> group) {
-  std::stable_sort(group.begin(), group.end(), [](const auto& a, const auto& b) { return a->name < b->name; });
+void PgStore::send_kind_group(AcquireBatchPtr group) {
+  const auto& l = group->locks;
   std::vector<PgCall> calls;
-  calls.reserve(group.size() + 1);
-  calls.push_back({"lockwatch_lock_rows", {hex_array(group.size(), [&](std::size_t i) -> std::string_view {
-                     return group[i]->name;
+  calls.reserve(l.size() + 1);
+  calls.push_back({"lockwatch_lock_rows", {hex_array(l.size(), [&](std::size_t i) -> std::string_view {
+                     return l[i].name;
                    })}});
-  for (const auto& a : group) {
-    const bool fair = a->kind.mode() == LockKind::Mode::kFair;
+  for (const auto& a : l) {
+    const bool fair = a.kind.mode() == LockKind::Mode::kFair;
     calls.push_back({fair ? "lockwatch_acquire_fair" : "lockwatch_acquire_kind",
-                     {pg_hex(a->name), pg_hex(a->token), std::to_string(pg_micros(a->ttl)), pg_hex(kinds::marker(a->kind)),
-                      fair ? channel_ : std::to_string(a->kind.permit_count())}});
+                     {to_hex(a.name), to_hex(a.token), std::to_string(micros(a.ttl)), to_hex(kinds::marker(a.kind)),
+                      fair ? channel_ : std::to_string(a.kind.permit_count())}});
   }
-  auto shared = std::make_shared<std::vector<std::shared_ptr<PendingAcquire>>>(std::move(group));
-  auto outcomes = std::make_shared<std::vector<Acquired>>(shared->size());
+  auto outcomes = std::make_shared<std::vector<Acquired>>(l.size());
   command_connection().execute_all(
       std::move(calls),
-      [this, shared, outcomes](std::size_t i, const PgRows& rows) {
+      [this, group, outcomes](std::size_t i, const PgRows& rows) {
         if (i == 0) return;  // the lock rows
-        (*outcomes)[i - 1] = kind_outcome(*(*shared)[i - 1], rows);
+        (*outcomes)[i - 1] = kind_outcome(group->locks[i - 1], rows);
       },
-      [this, shared, outcomes](const PgRows&, const StoreError* err) {
+      [this, group, outcomes](const PgRows&, const StoreError* err) {
         if (err) {
-          if (err->kind == StoreError::Kind::kRetryLater && shared->front()->attempt < kAttempts) {
-            for (auto& a : *shared) ++a->attempt;
-            send_kind_acquisitions(std::move(*shared));
-            return;
-          }
-          Acquired out;
-          out.error = *err;
-          for (const auto& a : *shared) (*a->done)(a->index, out);
+          if (!sqlcommon::resend(group, *err, [this](AcquireBatchPtr b) { send_kind_group(std::move(b)); }, false))
+            group->fail(*err);
           return;
         }
-        for (std::size_t k = 0; k < shared->size(); ++k) (*(*shared)[k]->done)((*shared)[k]->index, (*outcomes)[k]);
+        for (std::size_t k = 0; k < group->locks.size(); ++k) group->locks[k].answer((*outcomes)[k]);
       });
 }
 
 // One kind decision's row: verdict, fence, busy µs, the lock row's owner.
-Acquired PgStore::kind_outcome(const PendingAcquire& a, const PgRows& rows) const {
-  Acquired out;
-  const bool fair = a.kind.mode() == LockKind::Mode::kFair;
+Acquired PgStore::kind_outcome(const sqlcommon::PendingAcquire& a, const PgRows& rows) const {
   if (rows.size() != 1 || rows.null(0, 0) || rows.null(0, 1)) {
+    Acquired out;
     out.error = pg_statement_error(target_.name(), "", "no answer to the acquisition");
     return out;
   }
-  const std::string_view verdict = rows.at(0, 0);
-  if (verdict == "t" || verdict == "r") {
-    out.status = Acquired::Status::kTaken;
-    out.fence = static_cast<std::uint64_t>(pg_to_ll(rows.at(0, 1)));
-  } else if (verdict == "b") {
-    out.status = Acquired::Status::kBusy;
-    auto busy = rows.null(0, 2) ? std::chrono::milliseconds(1) : ms_up(pg_to_ll(rows.at(0, 2)));
-    // A fair waiter comes back within a third of its ttl, which keeps
-    // its place.
-    if (fair) busy = std::min(busy, std::max(std::chrono::milliseconds(1), a.ttl / 3));
-    out.busy_for = std::max(busy, std::chrono::milliseconds(1));
-  } else {
-    std::string owner;
-    pg_unhex(rows.at(0, 3), owner);
-    out.error = StoreError::invalid(
-        target_.name(),
-        fmt::format("{} is held as {}; this call asked for it {}", a.name, pg_held_as(owner), asked_as(a.kind)));
-  }
-  return out;
+  using sqlcommon::Verdict;
+  const std::string_view v = rows.at(0, 0);
+  const Verdict verdict = v == "t" || v == "r" ? Verdict::kTaken : v == "b" ? Verdict::kBusy : Verdict::kRefused;
+  return sqlcommon::kind_outcome(
+      a, verdict, static_cast<std::uint64_t>(to_ll(rows.at(0, 1))),
+      rows.null(0, 2) ? std::nullopt : std::optional<long long>(to_ll(rows.at(0, 2))), [&] {
+        std::string owner;
+        unhex(rows.at(0, 3), owner);
+        return StoreError::invalid(
+            target_.name(),
+            fmt::format("{} is held as {}; this call asked for it {}", a.name, pg_held_as(owner), asked_as(a.kind)));
+      });
 }
 
-void PgStore::send_acquisitions() {
-  if (!kind_acquires_.empty()) {
-    std::vector<std::shared_ptr<PendingAcquire>> kinds = std::move(kind_acquires_);
-    kind_acquires_.clear();
-    for (std::size_t from = 0; from < kinds.size(); from += kPgKindGroup) {
-      auto to = std::min(kinds.size(), from + kPgKindGroup);
-      send_kind_acquisitions({std::make_move_iterator(kinds.begin() + from), std::make_move_iterator(kinds.begin() + to)});
-    }
-  }
-  if (acquires_.empty()) return;
-  std::vector<PendingAcquire> all = std::move(acquires_);
-  acquires_.clear();
-  sqlcommon::by_name(all);
-  // ON CONFLICT updates a row once per statement: the k-th request for a
-  // name in this turn goes in the k-th statement.
-  std::vector<std::vector<PendingAcquire>> rounds;
-  for (std::size_t i = 0; i < all.size();) {
-    std::size_t j = i;
-    while (j < all.size() && all[j].name == all[i].name) {
-      std::size_t round = j - i;
-      if (rounds.size() <= round) rounds.emplace_back();
-      rounds[round].push_back(std::move(all[j]));
-      ++j;
-    }
-    i = j;
-  }
-  for (auto& round : rounds)
-    sqlcommon::in_chunks(round, [this](std::vector<PendingAcquire> part) {
-      auto batch = std::make_shared<AcquireBatch>();
-      batch->locks = std::move(part);
-      acquire_batch(std::move(batch));
-    });
-}
-
-void PgStore::acquire_batch(std::shared_ptr<AcquireBatch> batch) {
+void PgStore::acquire_batch(AcquireBatchPtr batch) {
   const auto& l = batch->locks;
   std::vector<std::string> params{
       hex_array(l.size(), [&](std::size_t i) -> std::string_view { return l[i].name; }),
       hex_array(l.size(), [&](std::size_t i) -> std::string_view { return l[i].token; }),
-      int_array(l.size(), [&](std::size_t i) { return pg_micros(l[i].ttl); }),
+      int_array(l.size(), [&](std::size_t i) { return micros(l[i].ttl); }),
   };
   command_connection().execute("lockwatch_acquire", std::move(params), [this, batch](const PgRows& rows,
                                                                                      const StoreError* err) {
     if (err) {
-      if (err->kind == StoreError::Kind::kRetryLater && batch->attempt < kAttempts) {
-        ++batch->attempt;
-        acquire_batch(batch);
-        return;
-      }
-      if (batch->locks.size() > 1 && err->kind == StoreError::Kind::kRefused) {
-        // The server refused the statement for one of its rows (a name
-        // the table's own CHECK refuses, say): each lock again on its
-        // own, so that only that one fails.
-        for (auto& lock : batch->locks) {
-          auto single = std::make_shared<AcquireBatch>();
-          single->locks.push_back(std::move(lock));
-          acquire_batch(std::move(single));
-        }
-        return;
-      }
-      Acquired out;
-      out.error = *err;
-      for (const auto& lock : batch->locks) (*lock.done)(lock.index, out);
+      // Retried, or (a name the table's own CHECK refuses, say) each lock
+      // again on its own, so that only that one fails.
+      if (!sqlcommon::resend(batch, *err, [this](AcquireBatchPtr b) { acquire_batch(std::move(b)); }, true))
+        batch->fail(*err);
       return;
     }
     std::vector<bool> answered(batch->locks.size(), false);
     for (int r = 0; r < rows.size(); ++r) {
-      long long i = pg_to_ll(rows.at(r, 0)) - 1;
+      long long i = to_ll(rows.at(r, 0)) - 1;
       if (i < 0 || i >= static_cast<long long>(batch->locks.size()) || answered[i]) continue;
       answered[i] = true;
       Acquired out;
       if (!rows.null(r, 1)) {
         out.status = Acquired::Status::kTaken;
-        out.fence = static_cast<std::uint64_t>(pg_to_ll(rows.at(r, 1)));
+        out.fence = static_cast<std::uint64_t>(to_ll(rows.at(r, 1)));
       } else {
         // Busy. No row in the snapshot (taken meanwhile by a statement
         // that started later): busy for a moment, then asked again.
         out.status = Acquired::Status::kBusy;
-        out.busy_for = rows.null(r, 2) ? std::chrono::milliseconds(1) : ms_up(pg_to_ll(rows.at(r, 2)));
+        out.busy_for = rows.null(r, 2) ? std::chrono::milliseconds(1) : ms_up(to_ll(rows.at(r, 2)));
+        // A kind's marker: readers' (the statement renewed our writer's
+        // mark), or another kind's.
         std::string owner;
-        if (!rows.null(r, 3) && pg_unhex(rows.at(r, 3), owner)) {
-          const auto& lock = batch->locks[i];
-          if (owner == kinds::kSharedMarker) {
-            // Readers hold it: our mark holds new ones back; it lives
-            // min(2 s, ttl) and is renewed by the next attempt, which
-            // comes within half of that.
-            const auto mark = std::min(lock.ttl, std::chrono::milliseconds(kWriterMarkUs / 1000));
-            out.busy_for = std::max(std::chrono::milliseconds(1), std::min(out.busy_for, mark / 2));
-          } else {
-            out.status = Acquired::Status::kFailed;
-            out.error = StoreError::invalid(
+        const auto& lock = batch->locks[i];
+        if (!rows.null(r, 3) && unhex(rows.at(r, 3), owner))
+          sqlcommon::exclusive_busy(out, lock, owner, [&] {
+            return StoreError::invalid(
                 target_.name(),
                 fmt::format("{} is held as {}; this call asked for it exclusive", lock.name, pg_held_as(owner)));
-          }
-        }
+          });
       }
-      const auto& lock = batch->locks[i];
-      (*lock.done)(lock.index, out);
+      batch->locks[i].answer(out);
     }
     for (std::size_t i = 0; i < answered.size(); ++i) {
       if (answered[i]) continue;
       Acquired out;
       out.error = pg_statement_error(target_.name(), "", "the acquisition's answer left a lock out");
-      const auto& lock = batch->locks[i];
-      (*lock.done)(lock.index, out);
+      batch->locks[i].answer(out);
     }
   });
 }
 
 // ---- renew
 
-struct PgStore::RenewBatch {
-  std::vector<LockRef> locks;  // views, valid while keepalive lives
-  std::shared_ptr<const void> keepalive;
-  RenewDone done;
-};
-
 std::size_t PgStore::renew(std::span<const LockRef> locks, std::shared_ptr<const void> keepalive, RenewDone done) {
-  auto batch = std::make_shared<RenewBatch>();
-  batch->locks.assign(locks.begin(), locks.end());
-  batch->keepalive = std::move(keepalive);
-  batch->done = std::move(done);
   // In name order, in chunks; one statement per chunk whatever the ttls.
   // Shares, permits and fair holders apart: a transaction per chunk, its
   // lock rows locked first.
-  std::vector<std::size_t> order(locks.size());
-  for (std::size_t i = 0; i < order.size(); ++i) order[i] = i;
-  std::sort(order.begin(), order.end(),
-            [&](std::size_t a, std::size_t b) { return batch->locks[a].name < batch->locks[b].name; });
-  std::vector<std::size_t> exclusive, kinds;
-  for (std::size_t i : order) (batch->locks[i].kind.exclusive_kind() ? exclusive : kinds).push_back(i);
-  std::size_t statements = 0;
-  for (const auto* group : {&exclusive, &kinds}) {
-    for (std::size_t from = 0; from < group->size(); from += sqlcommon::kChunk) {
-      std::size_t to = std::min(group->size(), from + sqlcommon::kChunk);
-      renew_group(batch, std::vector<std::size_t>(group->begin() + from, group->begin() + to), group == &kinds);
-      ++statements;
-    }
-  }
-  return statements;
+  return sqlcommon::renewal_groups(
+      kDialect, locks, std::move(keepalive), std::move(done),
+      [this](sqlcommon::RenewBatchPtr batch, std::vector<std::size_t> members, std::chrono::milliseconds, bool kinds) {
+        renew_group(std::move(batch), std::move(members), kinds);
+      });
 }
 
-void PgStore::renew_group(std::shared_ptr<RenewBatch> batch, std::vector<std::size_t> members, bool kinds) {
+void PgStore::renew_group(sqlcommon::RenewBatchPtr batch, std::vector<std::size_t> members, bool kinds) {
   const auto& l = batch->locks;
   std::vector<std::string> params{
       hex_array(members.size(), [&](std::size_t k) { return l[members[k]].name; }),
       hex_array(members.size(), [&](std::size_t k) { return l[members[k]].token; }),
-      int_array(members.size(), [&](std::size_t k) { return pg_micros(l[members[k]].ttl); }),
+      int_array(members.size(), [&](std::size_t k) { return micros(l[members[k]].ttl); }),
   };
   auto answered = [batch, members](const PgRows& rows, const StoreError* err) {
-    if (err) {
-      for (std::size_t i : members) batch->done(i, Renewed::kTransient, err);
-      return;
-    }
+    if (err) return batch->answer(members, Renewed::kTransient, err);
     // The answer names those not renewed.
     std::vector<Renewed> status(members.size(), Renewed::kYes);
     for (int r = 0; r < rows.size(); ++r) {
-      long long k = pg_to_ll(rows.at(r, 0)) - 1;
+      long long k = to_ll(rows.at(r, 0)) - 1;
       if (k < 0 || k >= static_cast<long long>(members.size())) continue;
       status[k] = rows.at(r, 1) == "t" ? Renewed::kTakenByOther : Renewed::kGone;
     }
     for (std::size_t k = 0; k < members.size(); ++k) batch->done(members[k], status[k], nullptr);
   };
   if (!kinds) {
-    renew_->execute("lockwatch_renew", std::move(params), std::move(answered));
+    connections_.renew->execute("lockwatch_renew", std::move(params), std::move(answered));
     return;
   }
   params.push_back(hex_array(members.size(), [&](std::size_t k) { return kinds::marker(l[members[k]].kind); }));
   std::vector<PgCall> calls;
   calls.push_back({"lockwatch_lock_rows", {params[0]}});
   calls.push_back({"lockwatch_renew_kind", std::move(params)});
-  renew_->execute_all(std::move(calls), std::move(answered));
+  connections_.renew->execute_all(std::move(calls), std::move(answered));
 }
 
 // ---- release
@@ -915,7 +740,7 @@ void PgStore::release_batch(std::shared_ptr<ReleaseBatch> batch) {
     // The answer names those not released.
     std::vector<Released> status(batch->locks.size(), Released::kYes);
     for (int r = 0; r < rows.size(); ++r) {
-      long long k = pg_to_ll(rows.at(r, 0)) - 1;
+      long long k = to_ll(rows.at(r, 0)) - 1;
       if (k < 0 || k >= static_cast<long long>(status.size())) continue;
       status[k] = rows.at(r, 1) == "t" ? Released::kTakenByOther : Released::kGone;
     }
@@ -934,7 +759,7 @@ void PgStore::release_batch(std::shared_ptr<ReleaseBatch> batch) {
 // ---- the rest
 
 void PgStore::raise_fence(std::string_view name, std::uint64_t fence, RaiseDone done) {
-  command_connection().execute("lockwatch_raise_fence", {pg_hex(name), std::to_string(fence)},
+  command_connection().execute("lockwatch_raise_fence", {to_hex(name), std::to_string(fence)},
                                [done = std::move(done)](const PgRows&, const StoreError* err) { done(!err); });
 }
 
@@ -946,13 +771,13 @@ void PgStore::server_time(TimeDone done) {
       no_answer = pg_statement_error(target_.name(), "", "no answer to clock_timestamp()");
       err = &no_answer;
     }
-    done(err ? std::chrono::system_clock::time_point{} : from_micros(pg_to_ll(rows.at(0, 0))), err);
+    done(err ? std::chrono::system_clock::time_point{} : from_micros(to_ll(rows.at(0, 0))), err);
   });
 }
 
 void PgStore::claim_period(std::string_view name, std::string_view token, std::int64_t period,
                            std::chrono::system_clock::time_point start, ClaimDone done) {
-  std::vector<std::string> params{pg_hex(name), pg_hex(token), std::to_string(period), std::to_string(to_micros(start))};
+  std::vector<std::string> params{to_hex(name), to_hex(token), std::to_string(period), std::to_string(to_micros(start))};
   command_connection().execute(
       "lockwatch_claim", std::move(params),
       [this, period, done = std::move(done)](const PgRows& rows, const StoreError* err) {
@@ -967,9 +792,9 @@ void PgStore::claim_period(std::string_view name, std::string_view token, std::i
           done(out);
           return;
         }
-        out.store_time = from_micros(pg_to_ll(rows.at(0, 1)));
+        out.store_time = from_micros(to_ll(rows.at(0, 1)));
         sqlcommon::decide_claim(out, rows.at(0, 0) == "1", !rows.null(0, 2) && rows.at(0, 2) == "t",
-                                rows.null(0, 4) ? std::nullopt : std::optional<std::int64_t>(pg_to_ll(rows.at(0, 4))),
+                                rows.null(0, 4) ? std::nullopt : std::optional<std::int64_t>(to_ll(rows.at(0, 4))),
                                 period);
         done(out);
       });
@@ -981,11 +806,11 @@ namespace {
 // (hex), grant time and age in µs (NULL: none recorded).
 HolderInfo holder_of(const PgRows& rows, int row, int at) {
   std::string token, owner_name;
-  pg_unhex(rows.at(row, at), token);
-  pg_unhex(rows.at(row, at + 1), owner_name);
+  unhex(rows.at(row, at), token);
+  unhex(rows.at(row, at + 1), owner_name);
   if (rows.null(row, at + 2)) return sqlcommon::holder(std::move(token), std::move(owner_name), std::nullopt, 0);
-  return sqlcommon::holder(std::move(token), std::move(owner_name), pg_to_ll(rows.at(row, at + 2)),
-                           pg_to_ll(rows.at(row, at + 3)));
+  return sqlcommon::holder(std::move(token), std::move(owner_name), to_ll(rows.at(row, at + 2)),
+                           to_ll(rows.at(row, at + 3)));
 }
 
 }  // namespace
@@ -995,15 +820,15 @@ void PgStore::inspect(std::string_view name, InspectDone done) {
   // one round trip: both statements go out together.
   auto answer = std::make_shared<sqlcommon::Inspection>(std::move(done));
   PgConnection& conn = command_connection();
-  conn.execute("lockwatch_inspect", {pg_hex(name)}, [answer](const PgRows& rows, const StoreError* err) {
+  conn.execute("lockwatch_inspect", {to_hex(name)}, [answer](const PgRows& rows, const StoreError* err) {
     if (err) return answer->fail(err);
     if (rows.size() != 1) return;
     std::string owner;
-    pg_unhex(rows.at(0, 2), owner);
-    answer->lock_row(pg_to_ll(rows.at(0, 0)), static_cast<std::uint64_t>(pg_to_ll(rows.at(0, 1))), std::move(owner),
+    unhex(rows.at(0, 2), owner);
+    answer->lock_row(to_ll(rows.at(0, 0)), static_cast<std::uint64_t>(to_ll(rows.at(0, 1))), std::move(owner),
                      holder_of(rows, 0, 2));
   });
-  conn.execute("lockwatch_holders", {pg_hex(name)}, [answer](const PgRows& rows, const StoreError* err) {
+  conn.execute("lockwatch_holders", {to_hex(name)}, [answer](const PgRows& rows, const StoreError* err) {
     if (err) return answer->fail(err);
     if (answer->wants_holders())
       for (int r = 0; r < rows.size(); ++r) answer->add_holder(holder_of(rows, r, 0));
@@ -1013,13 +838,13 @@ void PgStore::inspect(std::string_view name, InspectDone done) {
 
 void PgStore::list_locks(std::string_view prefix, std::size_t limit, ListDone done) {
   command_connection().execute(
-      "lockwatch_list", {pg_hex(sqlcommon::like_prefix(encode(prefix))), std::to_string(limit)},
+      "lockwatch_list", {to_hex(sqlcommon::like_prefix(encode(prefix))), std::to_string(limit)},
       [this, done = std::move(done)](const PgRows& rows, const StoreError* err) mutable {
         if (err) return done({}, err);
         std::vector<std::string> names;
         for (int r = 0; r < rows.size(); ++r) {
           std::string name;
-          if (pg_unhex(rows.at(r, 0), name)) names.push_back(std::move(name));
+          if (unhex(rows.at(r, 0), name)) names.push_back(std::move(name));
         }
         sqlcommon::list_inspected(*this, std::move(names), traits().keys.prefix.size(), std::move(done));
       });
@@ -1030,7 +855,7 @@ void PgStore::force_release(std::string_view name, ForceDone done) {
   // change to them.
   std::vector<PgCall> calls;
   calls.push_back({"lockwatch_lock_rows", {hex_array(1, [&](std::size_t) { return name; })}});
-  calls.push_back({"lockwatch_force_release", {pg_hex(name), channel_}});
+  calls.push_back({"lockwatch_force_release", {to_hex(name), channel_}});
   command_connection().execute_all(std::move(calls), [done = std::move(done)](const PgRows& rows,
                                                                               const StoreError* err) {
     done(!err && rows.size() == 1, err);
@@ -1040,7 +865,7 @@ void PgStore::force_release(std::string_view name, ForceDone done) {
 void PgStore::withdraw(const LockRef& lock, WithdrawDone done) {
   std::vector<PgCall> calls;
   calls.push_back({"lockwatch_lock_rows", {hex_array(1, [&](std::size_t) { return lock.name; })}});
-  calls.push_back({"lockwatch_withdraw", {pg_hex(lock.name), pg_hex(lock.token), channel_}});
+  calls.push_back({"lockwatch_withdraw", {to_hex(lock.name), to_hex(lock.token), channel_}});
   command_connection().execute_all(std::move(calls), [done = std::move(done)](const PgRows&, const StoreError* err) {
     done(err);
   });
@@ -1072,7 +897,7 @@ void PgStore::start_notices() {
   PgSession session;
   session.listen = channel_;
   session.table = fmt::format("{}.{}", target_.database, target_.table);
-  notices_ = std::make_unique<PgConnection>(loop_, target_, options_, std::move(session));
+  notices_ = std::make_unique<PgConnection>(loop_, target_, settings_, std::move(session));
   notices_->set_ready_hook([this] {
     listening_ = true;
     if (!events_.subscribed) return;
@@ -1087,23 +912,22 @@ void PgStore::start_notices() {
   });
   notices_->set_notify_hook([this](std::string_view payload) {
     std::string name;
-    if (!pg_unhex(payload, name)) return;
+    if (!unhex(payload, name)) return;
     if (subscribed_.count(name) != 0 && events_.released) events_.released(name);
   });
   notices_->start();
 }
 
-void PgStore::poll_replies() { renew_->poll_now(); }
+void PgStore::poll_replies() { connections_.renew->poll_now(); }
 
 void PgStore::close() {
   closed_ = true;
   // What is queued goes to the connections, which fail it as they close:
   // every callback runs.
   turn_end_.close();
-  send_acquisitions();
+  acquires_.flush();
   send_releases();
-  for (auto& c : commands_) c->close();
-  renew_->close();
+  connections_.close();
   if (notices_) notices_->close();
 }
 

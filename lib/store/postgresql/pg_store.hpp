@@ -78,11 +78,12 @@
 #include <string>
 #include <vector>
 
-#include "lockwatch/options.hpp"
 #include "store/capabilities.hpp"
 #include "core/turn_end.hpp"
 #include "store/postgresql/pg_connection.hpp"
 #include "store/postgresql/pg_target.hpp"
+#include "store/sqlcommon/settings.hpp"
+#include "store/sqlcommon/sql_recipe.hpp"
 #include "store/store_base.hpp"
 
 namespace lockwatch::detail {
@@ -100,11 +101,11 @@ class PgStore final : public StoreBase,
   // (prefix + key) are refused before anything is sent.
   static constexpr std::size_t kMaxNameBytes = 255;
 
-  PgStore(Loop& loop, PgTarget target, const Options& options);
+  PgStore(Loop& loop, PgTarget target, const sqlcommon::SqlSettings& settings);
   ~PgStore() override;
 
-  // Any thread. InvalidArgument if the options do not suit this store.
-  static void check_options(const PgTarget& target, const Options& options);
+  // Any thread. InvalidArgument if the settings do not suit this store.
+  static void check_settings(const PgTarget& target, const sqlcommon::SqlSettings& settings);
   // The tables as created when they are missing (also in docs/stores.md).
   static std::string table_definition(const std::string& table);
   static std::string holders_table_definition(const std::string& table);
@@ -132,38 +133,39 @@ class PgStore final : public StoreBase,
   void withdraw(const LockRef& lock, WithdrawDone done) override;
 
  private:
+  using AcquireBatchPtr = sqlcommon::AcquireBatchPtr;
   void started() override;
-  struct AcquireBatch;
-  struct RenewBatch;
   struct ReleaseBatch;
-  struct PendingAcquire;
   struct PendingRelease;
-  PgConnection& command_connection();
-  void send_acquisitions();
+  PgConnection& command_connection() { return connections_.command(); }
   void send_releases();
-  void acquire_batch(std::shared_ptr<AcquireBatch> batch);
-  void send_kind_acquisitions(std::vector<std::shared_ptr<PendingAcquire>> group);
-  Acquired kind_outcome(const PendingAcquire& a, const PgRows& rows) const;
-  void renew_group(std::shared_ptr<RenewBatch> batch, std::vector<std::size_t> members, bool kinds);
+  // The exclusive acquisitions of one turn (sqlcommon::AcquireQueue): one
+  // statement per chunk; the other kinds': one transaction per group.
+  void acquire_batch(AcquireBatchPtr batch);
+  void send_kind_group(AcquireBatchPtr group);
+  Acquired kind_outcome(const sqlcommon::PendingAcquire& a, const PgRows& rows) const;
+  void renew_group(sqlcommon::RenewBatchPtr batch, std::vector<std::size_t> members, bool kinds);
   void release_batch(std::shared_ptr<ReleaseBatch> batch);
   void start_notices();
 
+  // ON CONFLICT updates a row once per statement; arrays carry a ttl per lease.
+  static constexpr sqlcommon::Dialect kDialect{.repeated_names = false, .ttl_per_lease = true};
+
   Loop& loop_;
-  const Options options_;
+  const sqlcommon::SqlSettings settings_;
   const PgTarget target_;
   const std::string channel_;
-  std::vector<std::unique_ptr<PgConnection>> commands_;
-  std::unique_ptr<PgConnection> renew_;
+  sqlcommon::Connections<PgConnection> connections_;
   std::unique_ptr<PgConnection> notices_;  // made at the first subscribe()
   std::set<std::string, std::less<>> subscribed_;
   // Acquisitions and releases asked for in this loop turn, sent together
   // at its end (turn_end_).
-  std::vector<PendingAcquire> acquires_;
-  std::vector<std::shared_ptr<PendingAcquire>> kind_acquires_;  // this turn's other kinds
+  sqlcommon::AcquireQueue acquires_{kDialect, [this](AcquireBatchPtr b) { acquire_batch(std::move(b)); },
+                                    [this](AcquireBatchPtr b) { send_kind_group(std::move(b)); }};
   std::vector<PendingRelease> releases_;        // with release notices
   std::vector<PendingRelease> quiet_releases_;  // without
   TurnEnd turn_end_{[this] {
-    send_acquisitions();
+    acquires_.flush();
     send_releases();
   }};
   bool listening_ = false;  // LISTEN is confirmed on notices_

@@ -50,8 +50,8 @@ int uv_events_of(int status) {
 
 }  // namespace
 
-SqlConnection::SqlConnection(Loop& loop, SqlTarget target, const Options& options, SqlSession session)
-    : loop_(loop), target_(std::move(target)), options_(options), session_(std::move(session)), name_(target_.name()) {
+SqlConnection::SqlConnection(Loop& loop, SqlTarget target, const sqlcommon::SqlSettings& settings, SqlSession session)
+    : loop_(loop), target_(std::move(target)), settings_(settings), session_(std::move(session)), name_(target_.name()) {
   library_init();
   if (session_.stale) session_.stale->connections.push_back(this);
 }
@@ -215,7 +215,7 @@ void SqlConnection::end_stale_threads(int round) {
   }
   // A killed thread leaves the process list when it has stopped; the wait
   // is bounded by half the connect timeout (the whole set-up by all of it).
-  const long long rounds = std::max<long long>(1, options_.connect_timeout.count() / 2 / 20);
+  const long long rounds = std::max<long long>(1, settings_.connect_timeout.count() / 2 / 20);
   handshake_.push_back(Request{
       fmt::format("SELECT COUNT(*) FROM information_schema.PROCESSLIST WHERE ID IN ({}) AND ID <> CONNECTION_ID()", list),
       [this, ids, round, rounds](const SqlResult& result, const StoreError* err) {
@@ -475,7 +475,7 @@ void SqlConnection::statement_failed() {
 void SqlConnection::attempt_timed_out() {
   if (state_ != State::kConnecting && !handshaking_) return;
   last_errno_ = 0;
-  last_error_ = fmt::format("no connection within the connect timeout ({} ms)", options_.connect_timeout.count());
+  last_error_ = fmt::format("no connection within the connect timeout ({} ms)", settings_.connect_timeout.count());
   went_down(last_error_, true);
 }
 
@@ -485,7 +485,7 @@ RequestTimer::Clock::time_point SqlConnection::unanswered_since() const {
 
 void SqlConnection::overdue() {
   last_errno_ = 0;
-  last_error_ = fmt::format("no answer within the command timeout ({} ms)", options_.command_timeout.count());
+  last_error_ = fmt::format("no answer within the command timeout ({} ms)", settings_.command_timeout.count());
   went_down(last_error_, true);
 }
 

@@ -51,7 +51,7 @@
 #include <vector>
 
 #include "core/reconnector.hpp"
-#include "lockwatch/options.hpp"
+#include "store/sqlcommon/settings.hpp"
 #include "store/sql/sql_target.hpp"
 #include "store/store_error.hpp"
 
@@ -101,7 +101,7 @@ struct SqlSession {
 
 class SqlConnection : private Reconnector::Attempts, private RequestTimer::Requests {
  public:
-  SqlConnection(Loop& loop, SqlTarget target, const Options& options, SqlSession session);
+  SqlConnection(Loop& loop, SqlTarget target, const sqlcommon::SqlSettings& settings, SqlSession session);
   ~SqlConnection();
   SqlConnection(const SqlConnection&) = delete;
   SqlConnection& operator=(const SqlConnection&) = delete;
@@ -167,7 +167,7 @@ class SqlConnection : private Reconnector::Attempts, private RequestTimer::Reque
 
   Loop& loop_;
   const SqlTarget target_;
-  const Options options_;
+  const sqlcommon::SqlSettings settings_;
   const SqlSession session_;
   std::string name_;
 
@@ -182,9 +182,9 @@ class SqlConnection : private Reconnector::Attempts, private RequestTimer::Reque
   unsigned attempt_ = 0;  // connection attempts made: a late lookup answers an old one
   bool kicked_ = false;
   bool handshaking_ = false;
-  Reconnector reconnector_{loop_, Backoff(options_.reconnect_min, options_.reconnect_max), options_.connect_timeout,
+  Reconnector reconnector_{loop_, Backoff(settings_.reconnect_min, settings_.reconnect_max), settings_.connect_timeout,
                            *this};
-  RequestTimer request_timer_{loop_, options_.command_timeout, *this};
+  RequestTimer request_timer_{loop_, settings_.command_timeout, *this};
   RequestTimer::Clock::time_point busy_since_{};  // when the round trip under way was sent
   std::string connect_host_;  // the address of the attempt under way
   std::string last_error_ = "not connected yet";

@@ -10,7 +10,7 @@ namespace {
 
 void check_sql(const std::string& url, const Options& options) {
   (void)SqlTarget::parse(url);
-  if (options.key_prefix.size() >= SqlStore::kMaxNameBytes)
+  if (sqlcommon::sql_settings(options).key_prefix.size() >= SqlStore::kMaxNameBytes)
     throw InvalidArgument("Options::key_prefix leaves no room for a key in the SQL lock table's 255-byte lock_name");
 }
 
@@ -19,7 +19,7 @@ void check_sql(const std::string& url, const Options& options) {
 constinit const StoreKind kSqlStore{
     "mysql", "mysql://user:password@host[:port]/database[?socket=/path&table=name]", check_sql,
     [](Loop& loop, const std::string& url, const Options& options) -> std::unique_ptr<LockStore> {
-      return std::make_unique<SqlStore>(loop, SqlTarget::parse(url), options);
+      return std::make_unique<SqlStore>(loop, SqlTarget::parse(url), sqlcommon::sql_settings(options));
     }};
 
 }  // namespace lockwatch::detail

@@ -7,7 +7,6 @@
 #pragma once
 
 #include <algorithm>
-#include <charconv>
 #include <chrono>
 #include <string>
 #include <string_view>
@@ -15,6 +14,7 @@
 #include "store/capabilities.hpp"
 #include "store/kind_rules.hpp"
 #include "store/sqlcommon/inspection.hpp"
+#include "store/sqlcommon/values.hpp"
 
 namespace lockwatch::detail::sql {
 
@@ -23,25 +23,21 @@ using kinds::kMarkerPrefix;
 using kinds::kPermitsMarker;
 using kinds::kSharedMarker;
 using sqlcommon::like_prefix;
+using sqlcommon::micros;
 using sqlcommon::ms_up;
+using sqlcommon::to_ll;
+using sqlcommon::unix_micros;
 // The one writer's mark of a lock, in the companion table.
 inline constexpr std::string_view kWriterOwner = "lockwatch:writer";
-// How long a writer's mark stops new readers after its last attempt (the
-// writer's ttl if shorter), as on Redis.
-inline constexpr std::chrono::milliseconds kWriterMark{2000};
 
 // How a key is held, as its lock row's owner says (kinds::held_as).
 inline std::string held_as(std::string_view owner) { return kinds::held_as(kinds::kind_of_marker(owner)); }
 
 inline std::string hex(std::string_view bytes) {
-  static constexpr char kHex[] = "0123456789abcdef";
   std::string out;
   out.reserve(3 + 2 * bytes.size());
   out += "X'";
-  for (unsigned char c : bytes) {
-    out.push_back(kHex[c >> 4]);
-    out.push_back(kHex[c & 15]);
-  }
+  sqlcommon::append_hex(out, bytes);
   out.push_back('\'');
   return out;
 }
@@ -73,14 +69,6 @@ struct RenewalLists {
   }
 };
 
-inline long long micros(std::chrono::milliseconds ttl) { return static_cast<long long>(ttl.count()) * 1000; }
-
-// A number in an answer's text ("" and NULL read as 0).
-inline long long to_ll(std::string_view s) {
-  long long v = 0;
-  std::from_chars(s.data(), s.data() + s.size(), v);
-  return v;
-}
 
 // A holder from its row's answer: token, owner name, grant time as
 // "<unix seconds>[.<fraction>]" (empty: none recorded), and the
@@ -88,14 +76,7 @@ inline long long to_ll(std::string_view s) {
 inline HolderInfo holder(std::string_view token, std::string_view owner_name, std::string_view granted,
                          std::string_view held_us) {
   if (granted.empty()) return sqlcommon::holder(std::string(token), std::string(owner_name), std::nullopt, 0);
-  const auto dot = granted.find('.');
-  long long us = to_ll(granted.substr(0, dot)) * 1000000;
-  if (dot != std::string_view::npos) {
-    std::string frac(granted.substr(dot + 1, 6));
-    frac.resize(6, '0');
-    us += to_ll(frac);
-  }
-  return sqlcommon::holder(std::string(token), std::string(owner_name), us, to_ll(held_us));
+  return sqlcommon::holder(std::string(token), std::string(owner_name), unix_micros(granted), to_ll(held_us));
 }
 
 }  // namespace lockwatch::detail::sql

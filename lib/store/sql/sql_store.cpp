@@ -8,7 +8,6 @@
 #include <optional>
 
 #include "core/loop.hpp"
-#include "core/option_checks.hpp"
 #include "core/token.hpp"
 #include "store/sql/sql_literals.hpp"
 #include "store/sqlcommon/batching.hpp"
@@ -24,20 +23,15 @@ using sql::RenewalLists;
 using sql::kFairMarker;
 using sql::kPermitsMarker;
 using sql::kSharedMarker;
-using sql::kWriterMark;
 using sql::kWriterOwner;
 using sql::micros;
 using sql::to_ll;
 
 namespace {
 
-constexpr int kCommandConnections = 2;
-// An acquire, renew or release statement names at most this many locks
-// (its text stays far below max_allowed_packet).
+// A release statement names at most this many locks (its text stays far
+// below max_allowed_packet).
 using sqlcommon::kChunk;
-// A deadlock or lock-wait timeout on the lock's row: the statement is
-// tried again this many times before the acquisition fails.
-constexpr int kAcquireAttempts = 3;
 // A waiter's mark on the lock row lives this long after its last attempt:
 // twice the runtime's longest poll interval (1 s), so a waiter keeps its
 // place from poll to poll, and one that gave up frees it within this time.
@@ -48,17 +42,8 @@ constexpr std::chrono::milliseconds kWaiterMarkLife{2000};
 constexpr std::chrono::milliseconds kMarkedRowRetry{100};
 
 // "1795441148.216002" (UNIX_TIMESTAMP(NOW(6))) as a time point.
-std::chrono::system_clock::time_point unix_time(const std::string& s) {
-  auto dot = s.find('.');
-  long long secs = to_ll(s.substr(0, dot));
-  long long us = 0;
-  if (dot != std::string::npos) {
-    std::string frac = s.substr(dot + 1, 6);
-    frac.resize(6, '0');
-    us = to_ll(frac);
-  }
-  return std::chrono::system_clock::time_point(std::chrono::duration_cast<std::chrono::system_clock::duration>(
-      std::chrono::seconds(secs) + std::chrono::microseconds(us)));
+std::chrono::system_clock::time_point unix_time(std::string_view s) {
+  return sqlcommon::from_micros(sql::unix_micros(s));
 }
 
 // A time point as a DATETIME(6) literal in UTC (the sessions' time zone).
@@ -123,8 +108,8 @@ std::string SqlStore::holders_definition(const std::string& table) {
       table, kMaxNameBytes);
 }
 
-SqlStore::SqlStore(Loop& loop, SqlTarget target, const Options& options)
-    : StoreBase(StoreTraits{.keys = KeyRules{options.key_prefix, KeyRules::plain,
+SqlStore::SqlStore(Loop& loop, SqlTarget target, const sqlcommon::SqlSettings& settings)
+    : StoreBase(StoreTraits{.keys = KeyRules{settings.key_prefix, KeyRules::plain,
                              [](std::string_view prefix, std::string_view key) noexcept -> const char* {
                                if (prefix.size() + key.size() > kMaxNameBytes)
                                  return "the lock name (key_prefix + key) is longer than the 255 bytes of the SQL lock "
@@ -134,12 +119,12 @@ SqlStore::SqlStore(Loop& loop, SqlTarget target, const Options& options)
                             .release_events = false,
                             .no_shared = nullptr,
                             .no_permits = nullptr}),
-      loop_(loop), options_(options), owner_name_(sql::hex(owner_name(options))), waiter_id_(TokenGenerator().next().str()),
+      loop_(loop), settings_(settings), owner_name_(sql::hex(settings.owner_name)), waiter_id_(TokenGenerator().next().str()),
       target_(std::move(target)), table_("`" + target_.table + "`"),
       holders_("`" + target_.table + "_holders`") {
   offer({.job_claims = this, .operator_tools = this, .lock_listing = this, .fair_queue = this});
   SqlSession session;
-  long long wait_s = std::max<long long>(1, options_.command_timeout.count() / 1000);
+  long long wait_s = std::max<long long>(1, settings_.command_timeout.count() / 1000);
   session.setup = {
       fmt::format("SET SESSION time_zone = '+00:00', SESSION sql_mode = 'STRICT_ALL_TABLES,NO_ENGINE_SUBSTITUTION', "
                   "SESSION autocommit = 1, SESSION innodb_lock_wait_timeout = {}",
@@ -157,69 +142,21 @@ SqlStore::SqlStore(Loop& loop, SqlTarget target, const Options& options)
   session.migrate = migrations(target_.table);
   session.table = fmt::format("{}.{}", target_.database, target_.table);
   session.stale = std::make_shared<SqlStaleThreads>();
-  for (int i = 0; i < kCommandConnections; ++i)
-    commands_.push_back(std::make_unique<SqlConnection>(loop, target_, options_, session));
-  renew_ = std::make_unique<SqlConnection>(loop, target_, options_, session);
+  connections_.make(loop, target_, settings_, session);
 }
 
 SqlStore::~SqlStore() = default;
 
 void SqlStore::started() {
   turn_end_.open(loop_.uv());
-  // The first command connection speaks for the server.
-  commands_.front()->set_state_hook([this](bool up, const std::string& why) {
-    if (events_.connection) events_.connection(commands_.front()->name(), up, why);
-  });
-  for (auto& c : commands_) c->start();
-  renew_->start();
+  connections_.start(events_);
 }
-
-SqlConnection& SqlStore::command_connection() { return sqlcommon::least_pending(commands_); }
-
-// One exclusive acquisition as the store keeps it until it is sent: owned
-// copies, since the statements are answered after the call returns.
-struct SqlStore::PendingAcquire {
-  std::string name;
-  std::string token;
-  std::chrono::milliseconds ttl;
-  bool waits;                         // LockRef::waits: it may leave its mark
-  std::size_t index;                  // in its call's batch
-  std::shared_ptr<AcquireDone> done;  // its call's callback
-};
-
-// The acquisitions one statement carries.
-struct SqlStore::AcquireBatch {
-  std::vector<PendingAcquire> locks;  // sorted by name: every batch locks rows in one order
-  int attempt = 1;
-};
 
 void SqlStore::acquire(std::span<const LockRef> locks, AcquireDone done) {
-  auto shared_done = std::make_shared<AcquireDone>(std::move(done));
-  for (std::size_t i = 0; i < locks.size(); ++i) {
-    if (!locks[i].kind.exclusive_kind()) {
-      acquire_kind(locks[i], i, shared_done);
-      continue;
-    }
-    acquires_.push_back(
-        {std::string(locks[i].name), std::string(locks[i].token), locks[i].ttl, locks[i].waits, i, shared_done});
-  }
-  if (!locks.empty()) turn_end_.request();
+  if (acquires_.add(locks, std::move(done))) turn_end_.request();
 }
 
-void SqlStore::send_acquisitions() {
-  send_kind_acquisitions();
-  if (acquires_.empty()) return;
-  std::vector<PendingAcquire> all = std::move(acquires_);
-  acquires_.clear();
-  sqlcommon::by_name(all);
-  sqlcommon::in_chunks(all, [this](std::vector<PendingAcquire> part) {
-    auto batch = std::make_shared<AcquireBatch>();
-    batch->locks = std::move(part);
-    acquire_batch(std::move(batch));
-  });
-}
-
-void SqlStore::acquire_batch(std::shared_ptr<AcquireBatch> batch) {
+void SqlStore::acquire_batch(AcquireBatchPtr batch) {
   auto [insert, report] = acquire_statements(*batch);
   // The insert's failure answers the batch (or sends it again); the
   // report answers it otherwise.
@@ -228,7 +165,11 @@ void SqlStore::acquire_batch(std::shared_ptr<AcquireBatch> batch) {
   conn.query(std::move(insert), [this, batch, answered](const SqlResult&, const StoreError* err) {
     if (!err) return;
     *answered = true;
-    acquire_failed(batch, *err);
+    // A deadlock or a lock wait timeout: the statement is tried again. A
+    // row the server refused (a name too long for the column, say): each
+    // lock again on its own, so only that one fails.
+    if (!sqlcommon::resend(batch, *err, [this](AcquireBatchPtr b) { acquire_batch(std::move(b)); }, true))
+      batch->fail(*err);
   });
   conn.query(std::move(report), [this, batch, answered](const SqlResult& r, const StoreError* err) {
     if (*answered) return;
@@ -236,7 +177,7 @@ void SqlStore::acquire_batch(std::shared_ptr<AcquireBatch> batch) {
   });
 }
 
-std::pair<std::string, std::string> SqlStore::acquire_statements(const AcquireBatch& batch) const {
+std::pair<std::string, std::string> SqlStore::acquire_statements(const sqlcommon::AcquireBatch& batch) const {
   // One statement decides for the whole batch, row by row: a free or
   // expired row becomes ours with its fence raised, unless another
   // runtime's mark on it lives; a row held by another owner is left as it
@@ -291,37 +232,8 @@ std::pair<std::string, std::string> SqlStore::acquire_statements(const AcquireBa
   return {std::move(insert), std::move(report)};
 }
 
-void SqlStore::acquire_failed(const std::shared_ptr<AcquireBatch>& batch, const StoreError& error) {
-  // A deadlock or a lock wait timeout: the statement is tried again.
-  const bool retry_later = error.kind == StoreError::Kind::kRetryLater;
-  if (retry_later && batch->attempt < kAcquireAttempts) {
-    ++batch->attempt;
-    acquire_batch(batch);
-    return;
-  }
-  if (batch->locks.size() > 1 && error.kind == StoreError::Kind::kRefused) {
-    // The server refused the statement for one of its rows (a name too
-    // long for the column, say): each lock again on its own, so only
-    // that one fails.
-    for (auto& l : batch->locks) {
-      auto single = std::make_shared<AcquireBatch>();
-      single->locks.push_back(std::move(l));
-      acquire_batch(std::move(single));
-    }
-    return;
-  }
-  Acquired out;
-  out.error = error;
-  for (const auto& l : batch->locks) (*l.done)(l.index, out);
-}
-
-void SqlStore::acquire_reported(const std::shared_ptr<AcquireBatch>& batch, const SqlResult& r, const StoreError* err) {
-  if (err) {
-    Acquired out;
-    out.error = *err;
-    for (const auto& l : batch->locks) (*l.done)(l.index, out);
-    return;
-  }
+void SqlStore::acquire_reported(const AcquireBatchPtr& batch, const SqlResult& r, const StoreError* err) {
+  if (err) return batch->fail(*err);
   std::map<std::string_view, const std::vector<std::string>*> rows;
   for (const auto& row : r.rows)
     if (row.size() == 6) rows[row[0]] = &row;
@@ -349,24 +261,19 @@ void SqlStore::acquire_reported(const std::shared_ptr<AcquireBatch>& batch, cons
       // Free, but another's mark lives: the marked waiter goes first;
       // we look again soon, in case it never comes.
       out.busy_for = std::min(sql::ms_up(mark_us), kMarkedRowRetry);
+    // Readers hold it (the writer leaves its mark), or another kind does.
     const std::string_view owner = row[1];
-    if (owner == kSharedMarker) {
-      // Readers hold it: this writer's mark stops new ones while it
-      // waits. The mark lasts 2 s (the ttl if shorter) and the writer
-      // tries again within half of it, so it keeps the mark while it
-      // waits and one that stops waiting holds readers back briefly.
-      const auto mark = std::min(l.ttl, kWriterMark);
-      out.busy_for = std::min(out.busy_for, std::max(mark / 2, std::chrono::milliseconds(1)));
-      marks.emplace_back(l.name, mark);
-    } else if (us > 0 && (owner == kFairMarker || owner.starts_with(kPermitsMarker))) {
-      out.status = Acquired::Status::kFailed;
-      out.error = StoreError::invalid(
-          target_.name(),
-          fmt::format("the lock '{}' is held as {}; this call asked for it exclusive", l.name, held_as(owner)));
+    if (owner == kSharedMarker || (us > 0 && (owner == kFairMarker || owner.starts_with(kPermitsMarker)))) {
+      auto mark = sqlcommon::exclusive_busy(out, l, owner, [&] {
+        return StoreError::invalid(
+            target_.name(),
+            fmt::format("the lock '{}' is held as {}; this call asked for it exclusive", l.name, held_as(owner)));
+      });
+      if (mark) marks.emplace_back(l.name, *mark);
     }
   }
   auto answer = [batch, answers] {
-    for (std::size_t k = 0; k < batch->locks.size(); ++k) (*batch->locks[k].done)(batch->locks[k].index, (*answers)[k]);
+    for (std::size_t k = 0; k < batch->locks.size(); ++k) batch->locks[k].answer((*answers)[k]);
   };
   if (marks.empty()) {
     answer();
@@ -397,52 +304,33 @@ void SqlStore::mark_writers(std::vector<std::pair<std::string, std::chrono::mill
 }
 
 std::size_t SqlStore::renew(std::span<const LockRef> locks, std::shared_ptr<const void> keepalive, RenewDone done) {
-  auto batch = std::make_shared<RenewBatch>();
-  batch->locks.assign(locks.begin(), locks.end());
-  batch->keepalive = std::move(keepalive);
-  batch->done = std::move(done);
   // One statement per ttl (a tick's renewals mostly share one), in chunks.
   // Holders of the other kinds renew their own rows, apart.
-  std::map<std::pair<bool, long long>, std::vector<std::size_t>> by_ttl;
-  for (std::size_t i = 0; i < locks.size(); ++i)
-    by_ttl[{locks[i].kind.exclusive_kind(), locks[i].ttl.count()}].push_back(i);
-  std::size_t statements = 0;
-  for (auto& [group, members] : by_ttl) {
-    for (std::size_t from = 0; from < members.size(); from += kChunk) {
-      std::size_t to = std::min(members.size(), from + kChunk);
-      std::vector<std::size_t> chunk(members.begin() + from, members.begin() + to);
-      if (group.first)
-        renew_group(batch, std::move(chunk), std::chrono::milliseconds(group.second));
-      else
-        renew_kinds(batch, std::move(chunk), std::chrono::milliseconds(group.second));
-      ++statements;
-    }
-  }
-  return statements;
+  return sqlcommon::renewal_groups(kDialect, locks, std::move(keepalive), std::move(done),
+                                   [this](RenewBatchPtr batch, std::vector<std::size_t> members,
+                                          std::chrono::milliseconds ttl, bool kinds) {
+                                     if (kinds)
+                                       renew_kinds(std::move(batch), std::move(members), ttl);
+                                     else
+                                       renew_group(std::move(batch), std::move(members), ttl);
+                                   });
 }
 
-void SqlStore::renew_group(std::shared_ptr<RenewBatch> batch, std::vector<std::size_t> members,
-                           std::chrono::milliseconds ttl) {
+void SqlStore::renew_group(RenewBatchPtr batch, std::vector<std::size_t> members, std::chrono::milliseconds ttl) {
   const RenewalLists lists(batch->locks, members);
   std::string sql = fmt::format(
       "UPDATE {} SET expires_at = NOW(6) + INTERVAL {} MICROSECOND WHERE lock_name IN ({}) AND expires_at > NOW(6) "
       "AND (lock_name, owner) IN ({})",
       table_, micros(ttl), lists.names, lists.pairs);
-  renew_->query(std::move(sql), [this, batch, members = std::move(members)](const SqlResult& r,
-                                                                           const StoreError* err) mutable {
-    if (err) {
-      for (std::size_t i : members) batch->done(i, Renewed::kTransient, err);
-      return;
-    }
-    if (r.affected == members.size()) {
-      for (std::size_t i : members) batch->done(i, Renewed::kYes, nullptr);
-      return;
-    }
+  connections_.renew->query(std::move(sql), [this, batch, members = std::move(members)](
+                                                const SqlResult& r, const StoreError* err) mutable {
+    if (err) return batch->answer(members, Renewed::kTransient, err);
+    if (r.affected == members.size()) return batch->answer(members, Renewed::kYes, nullptr);
     classify_renewals(std::move(batch), std::move(members));
   });
 }
 
-void SqlStore::classify_renewals(std::shared_ptr<RenewBatch> batch, std::vector<std::size_t> members) {
+void SqlStore::classify_renewals(RenewBatchPtr batch, std::vector<std::size_t> members) {
   // Some were not renewed: after the write that decided, read who holds
   // each. A row that is ours and unexpired now was renewed (only our
   // token extends it); another owner's unexpired row was taken; anything
@@ -453,11 +341,9 @@ void SqlStore::classify_renewals(std::shared_ptr<RenewBatch> batch, std::vector<
     sql += hex(batch->locks[members[k]].name);
   }
   sql += ')';
-  renew_->query(std::move(sql), [batch, members = std::move(members)](const SqlResult& r, const StoreError* err) {
-    if (err) {
-      for (std::size_t i : members) batch->done(i, Renewed::kTransient, err);
-      return;
-    }
+  connections_.renew->query(std::move(sql), [batch, members = std::move(members)](const SqlResult& r,
+                                                                                   const StoreError* err) {
+    if (err) return batch->answer(members, Renewed::kTransient, err);
     std::map<std::string_view, const std::vector<std::string>*> rows;
     for (const auto& row : r.rows)
       if (row.size() == 3) rows[row[0]] = &row;
@@ -722,9 +608,8 @@ void SqlStore::close() {
   // What is queued goes to the connections, which fail it as they close:
   // every callback runs.
   turn_end_.close();
-  send_acquisitions();
-  for (auto& c : commands_) c->close();
-  renew_->close();
+  acquires_.flush();
+  connections_.close();
 }
 
 }  // namespace lockwatch::detail

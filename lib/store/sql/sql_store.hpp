@@ -71,11 +71,12 @@
 #include <string>
 #include <vector>
 
-#include "lockwatch/options.hpp"
 #include "store/capabilities.hpp"
 #include "store/store_base.hpp"
 #include "store/sql/sql_connection.hpp"
 #include "store/sql/sql_target.hpp"
+#include "store/sqlcommon/settings.hpp"
+#include "store/sqlcommon/sql_recipe.hpp"
 #include "core/turn_end.hpp"
 
 namespace lockwatch::detail {
@@ -91,7 +92,7 @@ class SqlStore final : public StoreBase,
   // The lock_name column's size: longer names (prefix + key) are refused.
   static constexpr std::size_t kMaxNameBytes = 255;
 
-  SqlStore(Loop& loop, SqlTarget target, const Options& options);
+  SqlStore(Loop& loop, SqlTarget target, const sqlcommon::SqlSettings& settings);
   ~SqlStore() override;
 
   // The tables as created when missing (also in docs/stores.md): the lock
@@ -120,47 +121,34 @@ class SqlStore final : public StoreBase,
   void withdraw(const LockRef& lock, WithdrawDone done) override;
 
  private:
+  using AcquireBatchPtr = sqlcommon::AcquireBatchPtr;
+  using RenewBatchPtr = sqlcommon::RenewBatchPtr;
   void started() override;
-  // A renewal batch as the store keeps it until every lock was answered.
-  struct RenewBatch {
-    std::vector<LockRef> locks;  // views, valid while keepalive lives
-    std::shared_ptr<const void> keepalive;
-    RenewDone done;
-  };
-  struct AcquireBatch;
-  struct PendingAcquire;
-  SqlConnection& command_connection();
-  // The exclusive acquisitions asked for in one turn of the loop go out
-  // together at its end (turn_end_), in name order and in chunks of one
-  // statement: a set of keys asked for together is decided by one
-  // statement, one transaction.
-  void send_acquisitions();
-  void acquire_batch(std::shared_ptr<AcquireBatch> batch);
+  SqlConnection& command_connection() { return connections_.command(); }
+  // The exclusive acquisitions of one turn go out together at its end, in
+  // name order and in chunks (sqlcommon::AcquireQueue): a set of keys
+  // asked for together is decided by one statement, one transaction.
+  void acquire_batch(AcquireBatchPtr batch);
   struct ReleaseBatch;
   // The answer to a release batch's update (read again when a lock
   // expired between the read before and the update).
   void release_answered(const std::shared_ptr<ReleaseBatch>& batch, const SqlResult& r, const StoreError* err);
   // acquire_batch()'s parts: its two statements (the insert that decides,
-  // the report that reads what it did), the insert's failure, the report.
-  std::pair<std::string, std::string> acquire_statements(const AcquireBatch& batch) const;
-  void acquire_failed(const std::shared_ptr<AcquireBatch>& batch, const StoreError& error);
-  void acquire_reported(const std::shared_ptr<AcquireBatch>& batch, const SqlResult& r, const StoreError* err);
-  void renew_group(std::shared_ptr<RenewBatch> batch, std::vector<std::size_t> members, std::chrono::milliseconds ttl);
-  void classify_renewals(std::shared_ptr<RenewBatch> batch, std::vector<std::size_t> members);
+  // the report that reads what it did) and the report's answer.
+  std::pair<std::string, std::string> acquire_statements(const sqlcommon::AcquireBatch& batch) const;
+  void acquire_reported(const AcquireBatchPtr& batch, const SqlResult& r, const StoreError* err);
+  void renew_group(RenewBatchPtr batch, std::vector<std::size_t> members, std::chrono::milliseconds ttl);
+  void classify_renewals(RenewBatchPtr batch, std::vector<std::size_t> members);
   // The exclusive acquisitions of a batch that found readers leave the
   // writer's mark; `done` runs once it is written (or failed).
   void mark_writers(std::vector<std::pair<std::string, std::chrono::milliseconds>> names, std::function<void()> done);
-  // Shared, permit and fair locks (sql_store_kinds.cpp).
-  struct KindAcquire;
-  // Queued for the turn's end: the kinds' acquisitions of one loop turn
-  // (a set's keys among them) are decided in one transaction per group, in
-  // name order.
-  void acquire_kind(const LockRef& lock, std::size_t index, std::shared_ptr<AcquireDone> done);
-  void send_kind_acquisitions();
-  void send_kind_group(std::vector<std::shared_ptr<KindAcquire>> group);
-  std::string kind_body(const KindAcquire& a) const;
-  Acquired kind_outcome(const KindAcquire& a, const std::vector<std::string>& fields) const;
-  void renew_kinds(std::shared_ptr<RenewBatch> batch, std::vector<std::size_t> members, std::chrono::milliseconds ttl);
+  // Shared, permit and fair locks (sql_store_kinds.cpp): the kinds'
+  // acquisitions of one loop turn (a set's keys among them) are decided in
+  // one transaction per group, in name order.
+  void send_kind_group(AcquireBatchPtr group);
+  std::string kind_body(const sqlcommon::PendingAcquire& a) const;
+  Acquired kind_outcome(const sqlcommon::PendingAcquire& a, const std::vector<std::string>& fields) const;
+  void renew_kinds(RenewBatchPtr batch, std::vector<std::size_t> members, std::chrono::milliseconds ttl);
   void release_kinds(std::span<const LockRef> locks, std::vector<std::size_t> at, std::shared_ptr<ReleaseDone> done);
   // A compound statement around `body`: one transaction, rolled back (and
   // the error passed on) when any of its statements fails.
@@ -169,18 +157,20 @@ class SqlStore final : public StoreBase,
   // or waiter, or free it with the last (only while it holds a marker).
   std::string shrink(const std::string& name) const;
 
+  // One statement may name a lock twice; one renew statement per ttl.
+  static constexpr sqlcommon::Dialect kDialect{.repeated_names = true, .ttl_per_lease = false};
+
   Loop& loop_;
-  const Options options_;
-  const std::string owner_name_;  // Options::owner_name as a hex literal, recorded with each grant
+  const sqlcommon::SqlSettings settings_;
+  const std::string owner_name_;  // the owner name as a hex literal, recorded with each grant
   const std::string waiter_id_;   // random: how this store's waiters name themselves in a mark
   const SqlTarget target_;
   std::string table_;    // quoted
   std::string holders_;  // quoted: the companion table
-  std::vector<std::unique_ptr<SqlConnection>> commands_;
-  std::unique_ptr<SqlConnection> renew_;
-  std::vector<PendingAcquire> acquires_;  // this turn's exclusive acquisitions
-  std::vector<std::shared_ptr<KindAcquire>> kind_acquires_;  // this turn's other kinds
-  TurnEnd turn_end_{[this] { send_acquisitions(); }};
+  sqlcommon::Connections<SqlConnection> connections_;
+  sqlcommon::AcquireQueue acquires_{kDialect, [this](AcquireBatchPtr b) { acquire_batch(std::move(b)); },
+                                    [this](AcquireBatchPtr b) { send_kind_group(std::move(b)); }};
+  TurnEnd turn_end_{[this] { acquires_.flush(); }};
 };
 
 }  // namespace lockwatch::detail

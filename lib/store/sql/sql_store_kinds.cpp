@@ -20,17 +20,6 @@ using sql::RenewalLists;
 using sql::micros;
 using sql::to_ll;
 
-namespace {
-
-// A deadlock or a lock-wait timeout rolls the transaction back whole: it
-// is tried again this many times before the acquisition fails.
-constexpr int kKindAttempts = 3;
-// The kinds' acquisitions one transaction carries at most (a whole set of
-// lockwatch::max_set_keys fits).
-constexpr std::size_t kKindGroup = 64;
-
-}  // namespace
-
 std::string SqlStore::transaction(const std::string& body) {
   return "BEGIN NOT ATOMIC DECLARE EXIT HANDLER FOR SQLEXCEPTION BEGIN ROLLBACK; RESIGNAL; END; START TRANSACTION; " +
          body + " COMMIT; END";
@@ -45,86 +34,49 @@ std::string SqlStore::shrink(const std::string& name) const {
       table_, holders_, name, sql::kMarkerPrefix);
 }
 
-struct SqlStore::KindAcquire {
-  KindAcquire(const LockRef& l, std::size_t i, std::shared_ptr<AcquireDone> d)
-      : name(l.name), token(l.token), ttl(l.ttl), kind(l.kind), index(i), done(std::move(d)) {}
-  std::string name;
-  std::string token;
-  std::chrono::milliseconds ttl;
-  LockKind kind;
-  std::size_t index;  // in the caller's batch
-  std::shared_ptr<AcquireDone> done;
-  int attempt = 1;
-};
-
-void SqlStore::acquire_kind(const LockRef& lock, std::size_t index, std::shared_ptr<AcquireDone> done) {
-  kind_acquires_.push_back(std::make_shared<KindAcquire>(lock, index, std::move(done)));
-}
-
-void SqlStore::send_kind_acquisitions() {
-  if (kind_acquires_.empty()) return;
-  std::vector<std::shared_ptr<KindAcquire>> all = std::move(kind_acquires_);
-  kind_acquires_.clear();
-  // In name order, as every transaction locks lock rows.
-  std::stable_sort(all.begin(), all.end(), [](const auto& a, const auto& b) { return a->name < b->name; });
-  for (std::size_t from = 0; from < all.size(); from += kKindGroup) {
-    auto to = std::min(all.size(), from + kKindGroup);
-    send_kind_group({std::make_move_iterator(all.begin() + from), std::make_move_iterator(all.begin() + to)});
-  }
-}
-
 // One transaction for the group: each lock's decision in turn (its lock
 // row locked first), its outcome kept in a session variable of its own
 // (@lw_o<k>), all read by the next statement of the same round trip.
-void SqlStore::send_kind_group(std::vector<std::shared_ptr<KindAcquire>> group) {
+void SqlStore::send_kind_group(AcquireBatchPtr group) {
   std::string body;
   std::string read = "SELECT ";
-  for (std::size_t k = 0; k < group.size(); ++k) {
-    body += kind_body(*group[k]);
+  for (std::size_t k = 0; k < group->locks.size(); ++k) {
+    body += kind_body(group->locks[k]);
     body += fmt::format(
         " SET @lw_o{} = CONCAT_WS(',', IFNULL(@lw_status, ''), IFNULL(@lw_fence, 0), IFNULL(@lw_wait, 0), "
         "IFNULL(@lw_held_as, '')); ",
         k);
     read += fmt::format("{}@lw_o{}", k == 0 ? "" : ", ", k);
   }
-  auto shared = std::make_shared<std::vector<std::shared_ptr<KindAcquire>>>(std::move(group));
   auto failed = std::make_shared<bool>(false);
   SqlConnection& conn = command_connection();
-  conn.query(transaction(body), [this, shared, failed](const SqlResult&, const StoreError* err) {
+  conn.query(transaction(body), [this, group, failed](const SqlResult&, const StoreError* err) {
     if (!err) return;
     *failed = true;
-    if (err->kind == StoreError::Kind::kRetryLater && shared->front()->attempt < kKindAttempts) {
-      for (auto& a : *shared) ++a->attempt;
-      send_kind_group(std::move(*shared));
-      return;
-    }
-    for (const auto& a : *shared) {
+    // A deadlock or a lock-wait timeout rolled the transaction back whole.
+    if (sqlcommon::resend(group, *err, [this](AcquireBatchPtr b) { send_kind_group(std::move(b)); }, false)) return;
+    for (const auto& a : group->locks) {
       Acquired out;
       out.error = *err;
       if (err->code == mariadb_code(1064))
         // A server without MariaDB's compound statements (MySQL): say what
         // is missing rather than only where the syntax broke.
-        out.error.message = a->kind.describe() + " locks need MariaDB's compound statements (BEGIN NOT ATOMIC), " +
+        out.error.message = a.kind.describe() + " locks need MariaDB's compound statements (BEGIN NOT ATOMIC), " +
                             "which this server does not take: " + err->message;
-      (*a->done)(a->index, out);
+      a.answer(out);
     }
   });
-  conn.query(std::move(read), [this, shared, failed](const SqlResult& r, const StoreError* err) {
+  conn.query(std::move(read), [this, group, failed](const SqlResult& r, const StoreError* err) {
     if (*failed) return;  // answered by the transaction's failure, or sent again
     StoreError no_answer;
-    if (!err && (r.rows.empty() || r.rows[0].size() != shared->size())) {
+    if (!err && (r.rows.empty() || r.rows[0].size() != group->locks.size())) {
       no_answer = StoreError::unavailable(target_.name(), "the outcome of a lock's transaction was lost with its "
                                                           "connection");
       err = &no_answer;
     }
-    for (std::size_t k = 0; k < shared->size(); ++k) {
-      const KindAcquire& a = *(*shared)[k];
-      Acquired out;
-      if (err) {
-        out.error = *err;
-        (*a.done)(a.index, out);
-        continue;
-      }
+    if (err) return group->fail(*err);
+    for (std::size_t k = 0; k < group->locks.size(); ++k) {
+      const sqlcommon::PendingAcquire& a = group->locks[k];
       std::vector<std::string> fields;
       std::string_view text = r.rows[0][k];
       for (std::size_t at = 0; at <= text.size();) {
@@ -132,7 +84,7 @@ void SqlStore::send_kind_group(std::vector<std::shared_ptr<KindAcquire>> group) 
         fields.emplace_back(text.substr(at, comma - at));
         at = comma + 1;
       }
-      (*a.done)(a.index, kind_outcome(a, fields));
+      a.answer(kind_outcome(a, fields));
     }
   });
 }
@@ -215,8 +167,8 @@ constexpr std::string_view kFairAcquireSql =
     "  END IF; "
     "END IF;";
 
-std::string SqlStore::kind_body(const KindAcquire& lock) const {
-  const KindAcquire* a = &lock;
+std::string SqlStore::kind_body(const sqlcommon::PendingAcquire& lock) const {
+  const sqlcommon::PendingAcquire* a = &lock;
   const std::string n = hex(a->name);
   const std::string t = hex(a->token);
   const std::string m = kinds::marker(a->kind);
@@ -257,42 +209,34 @@ std::string SqlStore::kind_body(const KindAcquire& lock) const {
 
 // One lock's outcome as the group's read gives it: status, fence, wait
 // (µs), what it is held as.
-Acquired SqlStore::kind_outcome(const KindAcquire& a, const std::vector<std::string>& row) const {
-  Acquired out;
+Acquired SqlStore::kind_outcome(const sqlcommon::PendingAcquire& a, const std::vector<std::string>& row) const {
   if (row.size() != 4 || row[0].empty()) {
     // The variables were not set in this session: the connection was made
     // anew between the two statements, and what the transaction decided is
     // not known.
+    Acquired out;
     out.error = StoreError::unavailable(target_.name(), "the outcome of a lock's transaction was lost with its "
                                                         "connection");
     return out;
   }
-  if (row[0] == "taken") {
-    out.status = Acquired::Status::kTaken;
-    out.fence = static_cast<std::uint64_t>(to_ll(row[1]));
-  } else if (row[0] == "invalid") {
-    out.error = StoreError::invalid(
+  using sqlcommon::Verdict;
+  const Verdict verdict = row[0] == "taken" ? Verdict::kTaken : row[0] == "invalid" ? Verdict::kRefused : Verdict::kBusy;
+  return sqlcommon::kind_outcome(a, verdict, static_cast<std::uint64_t>(to_ll(row[1])), to_ll(row[2]), [&] {
+    return StoreError::invalid(
         target_.name(),
         fmt::format("the lock '{}' is held as {}; this call asked for it {}", a.name,
                     row[3] == "x" ? std::string("an exclusive lock") : sql::held_as(row[3]), a.kind.describe()));
-  } else {
-    out.status = Acquired::Status::kBusy;
-    out.busy_for = sql::ms_up(to_ll(row[2]));
-    if (a.kind.mode() == LockKind::Mode::kFair)
-      out.busy_for = std::max(std::chrono::milliseconds(1), std::min(out.busy_for, a.ttl / 3));
-  }
-  return out;
+  });
 }
 
-void SqlStore::renew_kinds(std::shared_ptr<RenewBatch> batch, std::vector<std::size_t> members,
-                           std::chrono::milliseconds ttl) {
+void SqlStore::renew_kinds(RenewBatchPtr batch, std::vector<std::size_t> members, std::chrono::milliseconds ttl) {
   // One statement extends each holder's own row and its lock row's expiry
   // together (the lock row first, as every transaction takes them); a
   // holder whose time ran out is not extended: its lease is gone. The read
   // after it names which were.
   const RenewalLists lists(batch->locks, members);
   auto failed = std::make_shared<bool>(false);
-  renew_->query(
+  connections_.renew->query(
       fmt::format("UPDATE {0} l STRAIGHT_JOIN {1} h ON h.lock_name = l.lock_name "
                   "SET h.expires_at = NOW(6) + INTERVAL {2} MICROSECOND, "
                   "l.expires_at = GREATEST(l.expires_at, NOW(6) + INTERVAL {2} MICROSECOND) "
@@ -302,17 +246,14 @@ void SqlStore::renew_kinds(std::shared_ptr<RenewBatch> batch, std::vector<std::s
       [batch, members, failed](const SqlResult&, const StoreError* err) {
         if (!err) return;
         *failed = true;
-        for (std::size_t i : members) batch->done(i, Renewed::kTransient, err);
+        batch->answer(members, Renewed::kTransient, err);
       });
-  renew_->query(fmt::format("SELECT lock_name, owner FROM {} WHERE lock_name IN ({}) AND (lock_name, owner) IN ({}) "
+  connections_.renew->query(fmt::format("SELECT lock_name, owner FROM {} WHERE lock_name IN ({}) AND (lock_name, owner) IN ({}) "
                             "AND role IN ('r', 'p', 'f') AND expires_at > NOW(6)",
                             holders_, lists.names, lists.pairs),
                 [batch, members, failed](const SqlResult& r, const StoreError* err) {
                   if (*failed) return;
-                  if (err) {
-                    for (std::size_t i : members) batch->done(i, Renewed::kTransient, err);
-                    return;
-                  }
+                  if (err) return batch->answer(members, Renewed::kTransient, err);
                   std::set<std::pair<std::string_view, std::string_view>> live;
                   for (const auto& row : r.rows)
                     if (row.size() == 2) live.emplace(row[0], row[1]);

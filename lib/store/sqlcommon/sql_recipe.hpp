@@ -1,0 +1,194 @@
+// lib/store/sqlcommon/sql_recipe.hpp: the lock recipe the SQL stores
+// (MariaDB in store/sql/, PostgreSQL in store/postgresql/) share, written
+// once over a dialect and a driver.
+//
+// Both keep one lock row per name (owner token or a kind's marker, fence,
+// expiry) and a holders' table for shared, permit and fair holders. What
+// is the same logic in both lives here:
+//   - coalescing: the acquisitions asked for in one loop turn are queued
+//     (AcquireQueue) and cut at its end into statements: the exclusive
+//     ones in name order, kChunk a statement, and the other kinds in name
+//     order, kKindGroup a transaction;
+//   - retrying: a statement the server answered "retry later" (deadlock,
+//     lock wait timeout) goes again, up to kAttempts; an exclusive
+//     statement refused for one of its rows goes again lock by lock, so
+//     that only that one fails (resend());
+//   - outcomes: what an exclusive acquisition that found the row busy is
+//     told (a reader's marker: the writer's mark; another kind's marker:
+//     refused), and a kind's verdict (taken, busy, refused) as an Acquired;
+//   - renewals: the leases of one renew() call cut into statements
+//     (renewal_groups()) and answered from what the statement says was not
+//     renewed;
+//   - connections: two for commands (the least busy takes a statement) and
+//     one for renewals, so that a renewal never queues behind a burst of
+//     acquisitions (Connections).
+// The Dialect is data: what the statements of a server can and cannot do.
+// The driver is the store's connection type (Connections' parameter, with
+// start(), close(), pending(), name() and set_state_hook()) and the store's
+// own functions that write a batch's statement text and read its answer
+// (AcquireQueue's senders).
+//
+// Threading: the store's loop thread, as the stores. Costs: the queued
+// acquisitions' names and tokens are copied once (the caller's views end
+// with its call).
+#pragma once
+
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "store/lock_store.hpp"
+#include "store/sqlcommon/batching.hpp"
+
+namespace lockwatch::detail::sqlcommon {
+
+// A statement the server answered "retry later" goes out at most this often.
+inline constexpr int kAttempts = 3;
+// The kinds' acquisitions one transaction carries at most (a whole set of
+// lockwatch::max_set_keys fits).
+inline constexpr std::size_t kKindGroup = 64;
+// How long a writer's mark stops new readers after its last attempt (the
+// writer's ttl if shorter), as on Redis.
+inline constexpr std::chrono::milliseconds kWriterMark{2000};
+
+// What the recipe asks of a server's statements.
+struct Dialect {
+  // One acquire statement may name a lock twice, its rows applied in
+  // order (MariaDB's INSERT ... ON DUPLICATE KEY UPDATE). Without it
+  // (PostgreSQL's ON CONFLICT updates a row once per statement) the k-th
+  // request for a name in a turn goes in the k-th statement.
+  bool repeated_names = false;
+  // One renew statement carries a ttl per lease (PostgreSQL's arrays);
+  // without it, one statement per ttl.
+  bool ttl_per_lease = false;
+};
+
+// One acquisition, kept until its statement is answered: owned copies.
+struct PendingAcquire {
+  std::string name;
+  std::string token;
+  std::chrono::milliseconds ttl;
+  LockKind kind;
+  bool waits;                                    // LockRef::waits
+  std::size_t index;                             // in its call's batch
+  std::shared_ptr<LockStore::AcquireDone> done;  // its call's callback
+
+  void answer(const Acquired& out) const { (*done)(index, out); }
+};
+
+// The acquisitions one statement (or one kind's transaction) carries, in
+// name order: every statement locks rows in one order.
+struct AcquireBatch {
+  std::vector<PendingAcquire> locks;
+  int attempt = 1;
+
+  // Every lock of the batch answered with `error`.
+  void fail(const StoreError& error) const;
+};
+using AcquireBatchPtr = std::shared_ptr<AcquireBatch>;
+using SendBatch = std::function<void(AcquireBatchPtr)>;
+
+// The acquisitions of one loop turn, queued by acquire() and cut into
+// statements by flush() at the turn's end (the other kinds first).
+class AcquireQueue {
+ public:
+  AcquireQueue(Dialect dialect, SendBatch exclusive, SendBatch kinds)
+      : dialect_(dialect), exclusive_(std::move(exclusive)), kinds_(std::move(kinds)) {}
+  // Queues each lock of an acquire() call; false when there was none.
+  bool add(std::span<const LockRef> locks, LockStore::AcquireDone done);
+  // Sends what was queued.
+  void flush();
+
+ private:
+  Dialect dialect_;
+  SendBatch exclusive_;
+  SendBatch kinds_;
+  std::vector<PendingAcquire> exclusive_queue_;
+  std::vector<PendingAcquire> kind_queue_;
+};
+
+// A batch whose statement failed with `error`: sent again through `send`
+// (true) when the server asked to retry later and attempts are left, or,
+// with `split` and several locks, refused (each lock again on its own, so
+// that only the one at fault fails); false when the batch is to fail.
+bool resend(const AcquireBatchPtr& batch, const StoreError& error, const SendBatch& send, bool split);
+
+// An exclusive acquisition (`out` busy) found its row held by `marker`, a
+// kind's marker. Readers': the writer's mark holds new ones back; it lives
+// min(kWriterMark, ttl) (returned: the store writes or renews it) and the
+// writer comes back within half of that, so it keeps the mark while it
+// waits and one that stops waiting holds readers back briefly. Another
+// kind's: the call is refused with `refused()` (none returned).
+std::optional<std::chrono::milliseconds> exclusive_busy(Acquired& out, const PendingAcquire& lock,
+                                                        std::string_view marker,
+                                                        const std::function<StoreError()>& refused);
+
+// A kind's acquisition as its transaction decided it.
+enum class Verdict { kTaken, kBusy, kRefused };
+// The Acquired of `lock`: a grant with `fence`; busy for `busy_us` (none:
+// a moment), at least 1 ms, a fair waiter within a third of its ttl (which
+// keeps its place); or refused with `refused()`.
+Acquired kind_outcome(const PendingAcquire& lock, Verdict verdict, std::uint64_t fence,
+                      std::optional<long long> busy_us, const std::function<StoreError()>& refused);
+
+// The leases of one renew() call, kept until every one was answered.
+struct RenewBatch {
+  std::vector<LockRef> locks;  // views, valid while keepalive lives
+  std::shared_ptr<const void> keepalive;
+  LockStore::RenewDone done;
+
+  // Each of `members` answered `status`.
+  void answer(const std::vector<std::size_t>& members, Renewed status, const StoreError* error) const {
+    for (std::size_t i : members) done(i, status, error);
+  }
+};
+using RenewBatchPtr = std::shared_ptr<RenewBatch>;
+
+// Cuts a renew() call into statements: exclusive leases apart from the
+// other kinds', in name order, kChunk a statement (and one ttl a
+// statement without Dialect::ttl_per_lease). `send(batch, members, ttl,
+// kinds)` writes each; returns the number of statements.
+std::size_t renewal_groups(
+    const Dialect& dialect, std::span<const LockRef> locks, std::shared_ptr<const void> keepalive,
+    LockStore::RenewDone done,
+    const std::function<void(RenewBatchPtr, std::vector<std::size_t>, std::chrono::milliseconds, bool)>& send);
+
+// The store's connections: two for commands, one for renewals. `Driver`
+// is the store's connection type.
+template <class Driver>
+struct Connections {
+  static constexpr int kCommands = 2;
+  std::vector<std::unique_ptr<Driver>> commands;
+  std::unique_ptr<Driver> renew;
+
+  // Makes them, each Driver(args...); none connects before start().
+  template <class... Args>
+  void make(Args&... args) {
+    for (int i = 0; i < kCommands; ++i) commands.push_back(std::make_unique<Driver>(args...));
+    renew = std::make_unique<Driver>(args...);
+  }
+  // Starts them; the first command connection speaks for the server
+  // (`events.connection`).
+  void start(const StoreEvents& events) {
+    commands.front()->set_state_hook([this, &events](bool up, const std::string& why) {
+      if (events.connection) events.connection(commands.front()->name(), up, why);
+    });
+    for (auto& c : commands) c->start();
+    renew->start();
+  }
+  // The command connection with the fewest statements pending.
+  Driver& command() { return least_pending(commands); }
+  void close() {
+    for (auto& c : commands) c->close();
+    renew->close();
+  }
+};
+
+}  // namespace lockwatch::detail::sqlcommon

@@ -1,0 +1,78 @@
+// lib/store/sqlcommon/values.hpp: how the SQL stores write values into
+// their statements and read them back from the servers' text answers.
+//
+// Names and tokens travel as hex (MariaDB's X'..' literals, PostgreSQL's
+// decode(.., 'hex')): any bytes, no escaping, and nothing a key holds can
+// change a statement. Pure functions; any thread.
+#pragma once
+
+#include <charconv>
+#include <chrono>
+#include <string>
+#include <string_view>
+
+#include "core/hex.hpp"
+
+namespace lockwatch::detail::sqlcommon {
+
+// Appends `bytes` as lowercase hex digits.
+inline void append_hex(std::string& out, std::string_view bytes) {
+  static constexpr char kHex[] = "0123456789abcdef";
+  for (unsigned char c : bytes) {
+    out.push_back(kHex[c >> 4]);
+    out.push_back(kHex[c & 15]);
+  }
+}
+
+inline std::string to_hex(std::string_view bytes) {
+  std::string out;
+  out.reserve(2 * bytes.size());
+  append_hex(out, bytes);
+  return out;
+}
+
+// Hex text back to bytes; false if it is not hex.
+inline bool unhex(std::string_view text, std::string& out) {
+  if (text.size() % 2 != 0) return false;
+  out.clear();
+  out.reserve(text.size() / 2);
+  for (std::size_t i = 0; i < text.size(); i += 2) {
+    const int hi = hex_digit(text[i]), lo = hex_digit(text[i + 1]);
+    if (hi < 0 || lo < 0) return false;
+    out.push_back(static_cast<char>(hi * 16 + lo));
+  }
+  return true;
+}
+
+inline long long micros(std::chrono::milliseconds ttl) { return static_cast<long long>(ttl.count()) * 1000; }
+
+// A number in an answer's text ("" and NULL read as 0).
+inline long long to_ll(std::string_view s) {
+  long long v = 0;
+  std::from_chars(s.data(), s.data() + s.size(), v);
+  return v;
+}
+
+// Microseconds since the epoch as a time point, and back.
+inline std::chrono::system_clock::time_point from_micros(long long us) {
+  return std::chrono::system_clock::time_point(
+      std::chrono::duration_cast<std::chrono::system_clock::duration>(std::chrono::microseconds(us)));
+}
+inline long long to_micros(std::chrono::system_clock::time_point t) {
+  return std::chrono::duration_cast<std::chrono::microseconds>(t.time_since_epoch()).count();
+}
+
+// "<unix seconds>[.<fraction>]" (MariaDB's UNIX_TIMESTAMP(..)) in
+// microseconds since the epoch.
+inline long long unix_micros(std::string_view s) {
+  const auto dot = s.find('.');
+  long long us = to_ll(s.substr(0, dot)) * 1000000;
+  if (dot != std::string_view::npos) {
+    std::string frac(s.substr(dot + 1, 6));
+    frac.resize(6, '0');
+    us += to_ll(frac);
+  }
+  return us;
+}
+
+}  // namespace lockwatch::detail::sqlcommon
