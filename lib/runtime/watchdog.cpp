@@ -28,23 +28,24 @@ std::shared_ptr<LeaseRecord> Watchdog::new_lease(const Acquisition& a, std::uint
   // one nanosecond early, so it goes on the last tick at or before its time.
   // Deadlines stay as they are, judged at the tick after (remaining() is
   // exact meanwhile).
-  l->renew_after = renew_after(options_, a.spec.ttl, a.spec.renew_weight) - (clock_.tick() - Clock::duration(1));
+  l->renew_after =
+      renew_after(options_.watchdog, a.spec.ttl, a.spec.renew_weight) - (clock_.tick() - Clock::duration(1));
   l->last_sent = last_sent;
   l->no_handoff = !a.spec.handoff;
   if (!a.handle && !a.inline_run) l->queue_for_worker();
   if (a.finished) l->rare().finished = a.finished;
   if (!a.spec.context.empty()) l->rare().context = a.spec.context;
   l->granted_at = Clock::now();
-  if (options_.hold_warning.count() > 0) {
+  if (options_.observability.hold_warning.count() > 0) {
     auto& w = l->rare().hold_warning = std::make_unique<HoldWarning>(events_, a.spec.key, l->granted_at);
-    w->timeout = clock_.at(*w, l->granted_at + options_.hold_warning);
+    w->timeout = clock_.at(*w, l->granted_at + options_.observability.hold_warning);
   }
   stats_.acquired.fetch_add(1, std::memory_order_relaxed);
   return l;
 }
 
 std::shared_ptr<LeaseRecord> Watchdog::grant(const Acquisition& a, std::uint64_t fence, Clock::time_point sent) {
-  auto l = new_lease(a, fence, lease_deadline(options_, sent, a.spec.ttl), sent);
+  auto l = new_lease(a, fence, lease_deadline(options_.watchdog, sent, a.spec.ttl), sent);
   l->name = a.name;
   l->token = a.token;
   l->ttl_ms = a.ttl_ms;
@@ -161,12 +162,13 @@ void Watchdog::on_timer(LeaseRecord* raw) {
   }
   switch (l->phase) {
     case LeaseRecord::Phase::kRenewDue:
-      if (!l->started() && now - l->granted_at >= options_.queue_timeout && l->give_up_start()) {
+      if (!l->started() && now - l->granted_at >= options_.runtime.queue_timeout && l->give_up_start()) {
         // Granted, renewed, and still no worker to run it: the pool is full
         // of work that may be waiting for this very call. Give the lock back
         // and answer the call, rather than hold the key with nothing running.
         lose(l, LostReason::kNotStarted,
-             "no pool worker was free within Options::queue_timeout (" + std::to_string(options_.queue_timeout.count()) +
+             "no pool worker was free within Options::runtime.queue_timeout (" +
+                 std::to_string(options_.runtime.queue_timeout.count()) +
                  " ms); is a locked call blocking its worker on another locked call?");
         work_done(l);
         break;
@@ -295,7 +297,7 @@ void Watchdog::renewal_failed(const std::shared_ptr<LeaseRecord>& l, std::string
   events_.renewal_failed(l->key(), why);
   l->set_lost_detail(std::move(why));
   l->timeout.cancel();
-  auto next = std::min(Clock::now() + options_.tick, l->deadline());
+  auto next = std::min(Clock::now() + options_.watchdog.tick, l->deadline());
   schedule(*l, LeaseRecord::Phase::kRetryDue, next);
 }
 
@@ -310,7 +312,7 @@ void Watchdog::on_renewed(const std::shared_ptr<LeaseRecord>& l, Clock::time_poi
   auto slack = std::chrono::duration_cast<std::chrono::microseconds>(left).count();
   if (slack < stats_.min_renewal_slack_us.load(std::memory_order_relaxed))
     stats_.min_renewal_slack_us.store(slack, std::memory_order_relaxed);
-  l->set_deadline(lease_deadline(options_, sent, l->ttl()));
+  l->set_deadline(lease_deadline(options_.watchdog, sent, l->ttl()));
   l->set_lost_detail({});
   schedule_next(*l, sent);
 }
@@ -403,7 +405,7 @@ void Watchdog::release(const std::shared_ptr<LeaseRecord>& l) {
                      // counted on past its ttl: it completes at that.
                      const auto keep = l->lost() ? l->ttl() : store_.expiry_bound(l->ttl());
                      schedule(*l, LeaseRecord::Phase::kReleasing,
-                              std::max(Clock::now(), gone_by(options_, l->last_sent, l->ttl(), keep)));
+                              std::max(Clock::now(), gone_by(options_.watchdog, l->last_sent, l->ttl(), keep)));
                      return;
                    }
                    if (status == Released::kYesUnheard) {

@@ -49,7 +49,7 @@ std::string one_line(const char* message) {
 // of it: answered "retry later" (nothing was done) before the client gives
 // up on the connection (then nothing is known).
 std::string startup_options(const Options& o) {
-  const long long command_ms = o.command_timeout.count();
+  const long long command_ms = o.connection.command_timeout.count();
   long long statement_ms = std::max<long long>(1, command_ms * 3 / 4);
   long long lock_ms = std::max<long long>(1, command_ms / 2);
   return fmt::format("-c TimeZone=UTC -c statement_timeout={} -c lock_timeout={} -c bytea_output=hex", statement_ms,
@@ -342,7 +342,7 @@ void PgConnection::end_stale_backends() {
   // Only lockwatch's own sessions of this role, never this one (a pid can
   // have been reused meanwhile). PostgreSQL 14 and later wait for the
   // process to exit, within half the connect timeout.
-  const long long wait_ms = std::max<long long>(1, options_.connect_timeout.count() / 2);
+  const long long wait_ms = std::max<long long>(1, options_.connection.connect_timeout.count() / 2);
   const std::string terminate =
       PQserverVersion(conn_) >= 140000 ? fmt::format("pg_terminate_backend(a.pid, {})", wait_ms) : "pg_terminate_backend(a.pid)";
   Request r;
@@ -669,12 +669,12 @@ RequestTimer::Clock::time_point PgConnection::unanswered_since() const {
 }
 
 void PgConnection::overdue() {
-  went_down_unavailable(fmt::format("no answer within the command timeout ({} ms)", options_.command_timeout.count()));
+  went_down_unavailable(fmt::format("no answer within the command timeout ({} ms)", options_.connection.command_timeout.count()));
 }
 
 void PgConnection::attempt_timed_out() {
   if (state_ != State::kConnecting && state_ != State::kHandshake) return;
-  went_down(unavailable(fmt::format("no connection within the connect timeout ({} ms)", options_.connect_timeout.count())),
+  went_down(unavailable(fmt::format("no connection within the connect timeout ({} ms)", options_.connection.connect_timeout.count())),
             true);
 }
 

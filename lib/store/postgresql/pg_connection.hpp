@@ -249,9 +249,9 @@ class PgConnection : private Reconnector::Attempts, private RequestTimer::Reques
   unsigned attempt_ = 0;  // connection attempts made: a late lookup answers an old one
   bool kicked_ = false;
   bool want_write_ = false;  // libpq has output it could not send yet
-  Reconnector reconnector_{loop_, Backoff(options_.reconnect_min, options_.reconnect_max), options_.connect_timeout,
+  Reconnector reconnector_{loop_, Backoff(options_.connection.reconnect_min, options_.connection.reconnect_max), options_.connection.connect_timeout,
                            *this};
-  RequestTimer request_timer_{loop_, options_.command_timeout, *this};
+  RequestTimer request_timer_{loop_, options_.connection.command_timeout, *this};
 
   std::deque<Request> queue_;      // not yet sent
   std::deque<Request> inflight_;   // sent (the session set-up too), answered in order

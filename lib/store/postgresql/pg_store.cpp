@@ -511,12 +511,12 @@ std::string PgStore::holders_table_definition(const std::string& table) {
 }
 
 void PgStore::check_options(const PgTarget&, const Options& options) {
-  if (options.key_prefix.size() >= kMaxNameBytes)
+  if (options.runtime.key_prefix.size() >= kMaxNameBytes)
     throw InvalidArgument("Options::key_prefix leaves no room for a key in the PostgreSQL lock table's 255-byte lock_name");
 }
 
 PgStore::PgStore(Loop& loop, PgTarget target, const Options& options)
-    : StoreBase(StoreTraits{.keys = KeyRules{options.key_prefix, KeyRules::plain,
+    : StoreBase(StoreTraits{.keys = KeyRules{options.runtime.key_prefix, KeyRules::plain,
                              [](std::string_view prefix, std::string_view key) noexcept -> const char* {
                                if (prefix.size() + key.size() > kMaxNameBytes)
                                  return "the lock name (key_prefix + key) is longer than the 255 bytes the PostgreSQL "

@@ -215,7 +215,7 @@ void SqlConnection::end_stale_threads(int round) {
   }
   // A killed thread leaves the process list when it has stopped; the wait
   // is bounded by half the connect timeout (the whole set-up by all of it).
-  const long long rounds = std::max<long long>(1, options_.connect_timeout.count() / 2 / 20);
+  const long long rounds = std::max<long long>(1, options_.connection.connect_timeout.count() / 2 / 20);
   handshake_.push_back(Request{
       fmt::format("SELECT COUNT(*) FROM information_schema.PROCESSLIST WHERE ID IN ({}) AND ID <> CONNECTION_ID()", list),
       [this, ids, round, rounds](const SqlResult& result, const StoreError* err) {
@@ -475,7 +475,7 @@ void SqlConnection::statement_failed() {
 void SqlConnection::attempt_timed_out() {
   if (state_ != State::kConnecting && !handshaking_) return;
   last_errno_ = 0;
-  last_error_ = fmt::format("no connection within the connect timeout ({} ms)", options_.connect_timeout.count());
+  last_error_ = fmt::format("no connection within the connect timeout ({} ms)", options_.connection.connect_timeout.count());
   went_down(last_error_, true);
 }
 
@@ -485,7 +485,7 @@ RequestTimer::Clock::time_point SqlConnection::unanswered_since() const {
 
 void SqlConnection::overdue() {
   last_errno_ = 0;
-  last_error_ = fmt::format("no answer within the command timeout ({} ms)", options_.command_timeout.count());
+  last_error_ = fmt::format("no answer within the command timeout ({} ms)", options_.connection.command_timeout.count());
   went_down(last_error_, true);
 }
 

@@ -182,9 +182,9 @@ class SqlConnection : private Reconnector::Attempts, private RequestTimer::Reque
   unsigned attempt_ = 0;  // connection attempts made: a late lookup answers an old one
   bool kicked_ = false;
   bool handshaking_ = false;
-  Reconnector reconnector_{loop_, Backoff(options_.reconnect_min, options_.reconnect_max), options_.connect_timeout,
+  Reconnector reconnector_{loop_, Backoff(options_.connection.reconnect_min, options_.connection.reconnect_max), options_.connection.connect_timeout,
                            *this};
-  RequestTimer request_timer_{loop_, options_.command_timeout, *this};
+  RequestTimer request_timer_{loop_, options_.connection.command_timeout, *this};
   RequestTimer::Clock::time_point busy_since_{};  // when the round trip under way was sent
   std::string connect_host_;  // the address of the attempt under way
   std::string last_error_ = "not connected yet";

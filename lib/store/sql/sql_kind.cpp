@@ -10,7 +10,7 @@ namespace {
 
 void check_sql(const std::string& url, const Options& options) {
   (void)SqlTarget::parse(url);
-  if (options.key_prefix.size() >= SqlStore::kMaxNameBytes)
+  if (options.runtime.key_prefix.size() >= SqlStore::kMaxNameBytes)
     throw InvalidArgument("Options::key_prefix leaves no room for a key in the SQL lock table's 255-byte lock_name");
 }
 

@@ -124,7 +124,7 @@ std::string SqlStore::holders_definition(const std::string& table) {
 }
 
 SqlStore::SqlStore(Loop& loop, SqlTarget target, const Options& options)
-    : StoreBase(StoreTraits{.keys = KeyRules{options.key_prefix, KeyRules::plain,
+    : StoreBase(StoreTraits{.keys = KeyRules{options.runtime.key_prefix, KeyRules::plain,
                              [](std::string_view prefix, std::string_view key) noexcept -> const char* {
                                if (prefix.size() + key.size() > kMaxNameBytes)
                                  return "the lock name (key_prefix + key) is longer than the 255 bytes of the SQL lock "
@@ -139,7 +139,7 @@ SqlStore::SqlStore(Loop& loop, SqlTarget target, const Options& options)
       holders_("`" + target_.table + "_holders`") {
   offer({.job_claims = this, .operator_tools = this, .lock_listing = this, .fair_queue = this});
   SqlSession session;
-  long long wait_s = std::max<long long>(1, options_.command_timeout.count() / 1000);
+  long long wait_s = std::max<long long>(1, options_.connection.command_timeout.count() / 1000);
   session.setup = {
       fmt::format("SET SESSION time_zone = '+00:00', SESSION sql_mode = 'STRICT_ALL_TABLES,NO_ENGINE_SUBSTITUTION', "
                   "SESSION autocommit = 1, SESSION innodb_lock_wait_timeout = {}",
