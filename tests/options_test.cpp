@@ -307,6 +307,28 @@ TEST(OptionsTest, APostgresqlUrlNeedsThePostgresqlFeature) {
   }
 }
 
+// The groups nest in designated initializers; what is left out keeps its
+// default (and -Wmissing-field-initializers stays quiet: every member has
+// an initializer).
+TEST(OptionsTest, TheGroupsNestInDesignatedInitializers) {
+  const Options o{.store_url = "memory://designated",
+                  .watchdog = {.tick = 2ms},
+                  .connection = {.command_timeout = 1s},
+                  .tls = {.server_name = "locks.example"},
+                  .handoff = {.enabled = false}};
+  EXPECT_EQ(o.watchdog.tick, 2ms);
+  EXPECT_EQ(o.watchdog.wheel_size, 512u);
+  EXPECT_EQ(o.connection.command_timeout, 1s);
+  EXPECT_EQ(o.connection.connect_timeout, 2000ms);
+  EXPECT_EQ(o.tls.server_name, "locks.example");
+  EXPECT_TRUE(o.tls.verify);
+  EXPECT_FALSE(o.handoff.enabled);
+  EXPECT_EQ(o.handoff.max_streak, 1024u);
+  EXPECT_EQ(o.runtime.key_prefix, "lockwatch:");
+  EXPECT_EQ(o.observability.wait_warning, 10000ms);
+  EXPECT_NO_THROW(o.validate());
+}
+
 // store_url_forms(): one line per kind of store, each opening with its
 // first scheme; a store the build left out names its feature.
 TEST(OptionsTest, TheStoreUrlFormsOpenWithEachKindsScheme) {

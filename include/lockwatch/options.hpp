@@ -86,7 +86,7 @@ struct RuntimeOptions {
   /// of this process. At most kMaxOwnerName bytes, no control characters
   /// (else InvalidArgument); it is visible to anyone who can read the store:
   /// no secrets.
-  std::string owner_name;
+  std::string owner_name{};
 };
 
 /// The watchdog that renews leases: its hashed wheel and when it renews.
@@ -137,15 +137,15 @@ struct ConnectionOptions {
 /// checked.
 struct TlsOptions {
   /// PEM CA file (empty: the system's CAs).
-  std::string ca_file;
+  std::string ca_file{};
   /// PEM client certificate, for mutual TLS (empty: none).
-  std::string cert_file;
+  std::string cert_file{};
   /// PEM key of cert_file.
-  std::string key_file;
+  std::string key_file{};
   /// The name the servers' certificates must carry, also sent as SNI; empty:
   /// each node's host as the URL (or a sentinel) gives it. An IP address is
   /// matched against the certificate's IP addresses.
-  std::string server_name;
+  std::string server_name{};
   /// Verify the servers' certificates (chain, dates, name). Turn it off only
   /// to try things out: without it anyone on the path can read the locks.
   bool verify = true;
@@ -201,7 +201,7 @@ struct ObservabilityOptions {
   /// "host:port" (e.g. "127.0.0.1:9464") to serve GET /metrics in the
   /// Prometheus text format from the runtime's own loop; empty: off. The
   /// Runtime constructor throws ListenError if it cannot listen there.
-  std::string metrics_listen;
+  std::string metrics_listen{};
   /// A call waiting for a busy lock longer than this counts in the gauge
   /// lockwatch_waits_long while it waits (docs/operations.md). 0: every
   /// waiting call counts. Must not be negative.
@@ -213,7 +213,7 @@ struct ObservabilityOptions {
   std::chrono::milliseconds hold_warning{0};
   /// Where log lines go (see observer.hpp); empty: warnings and errors to
   /// stderr, prefixed "lockwatch:".
-  LogSink log;
+  LogSink log{};
 };
 
 /// What a Runtime is made from: the store's URL and the settings of the
@@ -236,23 +236,23 @@ struct Options {
   /// (e.g. `redis-sentinel://h:26379/mymaster?min_replicas=1`) are in
   /// docs/stores.md; store_url_forms() lists the shapes. A scheme the build
   /// has no feature for fails with Unsupported naming it. Empty: redis_url.
-  std::string store_url;
+  std::string store_url{};
   /// Deprecated: the older name of store_url, used when store_url is empty
   /// (any scheme). Set beside store_url to another URL, store_url is used
   /// and the runtime logs a warning.
   std::string redis_url = "redis://127.0.0.1:6379";
   /// Threads, queues, keys and the owner's name.
-  RuntimeOptions runtime;
+  RuntimeOptions runtime{};
   /// The watchdog's wheel and renewal timing.
-  WatchdogOptions watchdog;
+  WatchdogOptions watchdog{};
   /// Connection timeouts and reconnect back-off.
-  ConnectionOptions connection;
+  ConnectionOptions connection{};
   /// TLS files and checks.
-  TlsOptions tls;
+  TlsOptions tls{};
   /// In-process hand-off on a contended key.
-  HandoffOptions handoff;
+  HandoffOptions handoff{};
   /// Metrics, warnings and logs.
-  ObservabilityOptions observability;
+  ObservabilityOptions observability{};
 
   /// Defaults, with store_url taken from LOCKWATCH_STORE_URL, redis_url
   /// from LOCKWATCH_REDIS_URL, runtime.owner_name from LOCKWATCH_OWNER_NAME
