@@ -35,12 +35,12 @@
 //
 // <mode>: uncontended = a fresh key every cycle; contended = every caller on
 // one key, waiting up to 10 s for it (.wait(10s) / the wait argument);
-// contended_handoff = contended with Options::local_handoff on, the default
+// contended_handoff = contended with Options::handoff.enabled on, the default
 // (rows at 64 callers, and 3x16); contended = with it off. Uncontended rows
 // at 1 and 64 callers with a poll suffix run with it on (the default; with
-// no caller waiting it makes no request). Rows without a suffix run with Options::busy_poll = 0
+// no caller waiting it makes no request). Rows without a suffix run with Options::runtime.busy_poll = 0
 // (no polling). A name ending "+busy_poll" is the same row with
-// Options::busy_poll = 200 us (the I/O thread and one idle pool worker poll
+// Options::runtime.busy_poll = 200 us (the I/O thread and one idle pool worker poll
 // that long before they sleep); "+adaptive" with kBusyPollAdaptive, the
 // default (they poll only while something is outstanding, at most about
 // a wake-up's cost).
@@ -414,7 +414,7 @@ bool ready_in_bound(std::future<T>& f, Tally& tally, const char* what) {
   return false;
 }
 
-// Options::busy_poll for the rows named "+busy_poll" (kBusyPoll) and
+// Options::runtime.busy_poll for the rows named "+busy_poll" (kBusyPoll) and
 // "+adaptive" (kBusyPollAdaptive), else 0 (off).
 constexpr std::chrono::microseconds kBusyPoll{200};
 std::chrono::microseconds g_busy_poll{0};
@@ -422,9 +422,9 @@ std::chrono::microseconds g_busy_poll{0};
 lockwatch::Options runtime_options(bool handoff = true) {
   lockwatch::Options o;
   o.redis_url = g_redis->url();
-  o.threads = 2;  // one per core
-  o.local_handoff = handoff;
-  o.busy_poll = g_busy_poll;
+  o.runtime.threads = 2;  // one per core
+  o.handoff.enabled = handoff;
+  o.runtime.busy_poll = g_busy_poll;
   return o;
 }
 
@@ -716,8 +716,8 @@ struct ContenderReport {
 int run_contender(char** argv) {
   lockwatch::Options o;
   o.redis_url = argv[0];
-  o.threads = 2;
-  o.local_handoff = std::string_view(argv[1]) == "1";
+  o.runtime.threads = 2;
+  o.handoff.enabled = std::string_view(argv[1]) == "1";
   const int callers = std::atoi(argv[2]);
   const auto length = std::chrono::milliseconds(std::atoll(argv[3]));
   const std::chrono::system_clock::time_point start{std::chrono::milliseconds(std::atoll(argv[4]))};
@@ -858,8 +858,8 @@ void BM_LockedFanOut(benchmark::State& state, int conc) {
 
 void BM_Hops(benchmark::State& state, int conc, bool through_pool) {
   prepare_run();
-  lockwatch::detail::Loop loop(runtime_options().busy_poll);
-  lockwatch::ThreadPool pool(runtime_options().threads, runtime_options().busy_poll);
+  lockwatch::detail::Loop loop(runtime_options().runtime.busy_poll);
+  lockwatch::ThreadPool pool(runtime_options().runtime.threads, runtime_options().runtime.busy_poll);
   run_threaded(state, conc, false, [&](int, Tally& tally, Clock::time_point deadline) {
     while (Clock::now() < deadline) {
       auto t0 = Clock::now();
@@ -886,8 +886,8 @@ void BM_Hops(benchmark::State& state, int conc, bool through_pool) {
 // then waits for each. The ceiling of the fan-out shape's own threads.
 void BM_HopsFanOut(benchmark::State& state, int conc) {
   prepare_run();
-  lockwatch::detail::Loop loop(runtime_options().busy_poll);
-  lockwatch::ThreadPool pool(runtime_options().threads, runtime_options().busy_poll);
+  lockwatch::detail::Loop loop(runtime_options().runtime.busy_poll);
+  lockwatch::ThreadPool pool(runtime_options().runtime.threads, runtime_options().runtime.busy_poll);
   fan_out_rounds(state, conc, [&] {
     auto done = std::make_shared<std::promise<void>>();
     auto f = done->get_future();
@@ -904,8 +904,8 @@ void BM_HopsFanOut(benchmark::State& state, int conc) {
 // One cycle is one such link (pool -> loop -> pool); nothing else runs.
 void BM_HopsChain(benchmark::State& state) {
   prepare_run();
-  lockwatch::detail::Loop loop(runtime_options().busy_poll);
-  lockwatch::ThreadPool pool(runtime_options().threads, runtime_options().busy_poll);
+  lockwatch::detail::Loop loop(runtime_options().runtime.busy_poll);
+  lockwatch::ThreadPool pool(runtime_options().runtime.threads, runtime_options().runtime.busy_poll);
   run_threaded(state, 1, false, [&](int, Tally& tally, Clock::time_point deadline) {
     std::promise<void> done;
     auto f = done.get_future();
@@ -1147,7 +1147,7 @@ struct PollVariant {
 };
 constexpr PollVariant kPollVariants[] = {{"+busy_poll", kBusyPoll}, {"+adaptive", lockwatch::kBusyPollAdaptive}};
 
-// The row `name` once more as "name+busy_poll", with Options::busy_poll
+// The row `name` once more as "name+busy_poll", with Options::runtime.busy_poll
 // at kBusyPoll for the runtime (or the loop and pool) it builds, and as
 // "name+adaptive" with kBusyPollAdaptive (the default).
 template <class Fn, class... A>
@@ -1192,7 +1192,7 @@ void register_benchmarks() {
   benchmark::RegisterBenchmark("BM_Transfer/64/accounts16", BM_Transfer, 64, 16)
       ->UseManualTime()
       ->Unit(benchmark::kMillisecond);
-  // Options::busy_poll: the rows it changes most, next to the raw client.
+  // Options::runtime.busy_poll: the rows it changes most, next to the raw client.
   for (int conc : {1, 64}) {
     register_busy_poll(fmt::format("BM_LockHandle/{}/uncontended", conc), BM_LockHandle, conc, false, true);
     register_busy_poll(fmt::format("BM_Locked/{}/uncontended", conc), BM_Locked, conc, false, true);
@@ -1235,7 +1235,7 @@ void register_benchmarks() {
           ->Unit(benchmark::kMillisecond);
     }
   }
-  // Options::local_handoff: the contended rows with the in-process hand-off.
+  // Options::handoff.enabled: the contended rows with the in-process hand-off.
   benchmark::RegisterBenchmark("BM_LockHandle/64/contended_handoff", BM_LockHandle, 64, true, true)
       ->UseManualTime()
       ->Unit(benchmark::kMillisecond);

@@ -146,8 +146,8 @@ T get_bounded(std::future<T>& f, const char* what) {
 lockwatch::Options options_for(const std::string& store) {
   lockwatch::Options o;
   o.redis_url = url_of(store);
-  o.threads = 2;
-  if (store == "rediss") o.tls_ca_file = lockwatch::testing::test_certificates().ca_cert;
+  o.runtime.threads = 2;
+  if (store == "rediss") o.tls.ca_file = lockwatch::testing::test_certificates().ca_cert;
   return o;
 }
 

@@ -120,7 +120,7 @@ void report_failure(const benchmark::State& state, const std::string& what) {
 lockwatch::Options runtime_options() {
   lockwatch::Options o;
   o.redis_url = g_redis->url();
-  o.threads = 2;  // the pool is idle here; one per core
+  o.runtime.threads = 2;  // the pool is idle here; one per core
   return o;
 }
 

@@ -97,7 +97,7 @@ int main(int argc, char** argv) {
   Args args = parse(argc, argv);
   lockwatch::Options options;
   options.store_url = args.redis;
-  options.threads = static_cast<std::size_t>(args.threads);
+  options.runtime.threads = static_cast<std::size_t>(args.threads);
   try {
     lockwatch::Runtime runtime(options);
     // The counter itself lives on the first node (with Redlock, the lock

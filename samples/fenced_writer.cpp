@@ -31,7 +31,7 @@ int main(int argc, char** argv) {
   try {
     lockwatch::Options o;
     o.store_url = url;
-    o.threads = 1;
+    o.runtime.threads = 1;
     lockwatch::Runtime rt(o);
     auto ep = lockwatch::Endpoint::parse(url);
     auto write_all = lockwatch::locked([&] { return key; }, std::chrono::milliseconds(ttl_ms), lockwatch::forever)

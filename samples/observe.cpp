@@ -25,7 +25,7 @@ struct LossAlarm : lockwatch::Observer {
 
 int main() {
   lockwatch::Options options = lockwatch::Options::from_env();
-  options.metrics_listen = "127.0.0.1:0";  // any free port; "127.0.0.1:9464" in production
+  options.observability.metrics_listen = "127.0.0.1:0";  // any free port; "127.0.0.1:9464" in production
   try {
     lockwatch::Runtime runtime(options);
     runtime.add_observer(std::make_shared<LossAlarm>());

@@ -307,7 +307,7 @@ def check(run):
                 last = (acq, wend, op)
 
     # -- a lock reported released is not held in Redis
-    # ... unless it was handed on in its process (Options::local_handoff):
+    # ... unless it was handed on in its process (Options::handoff.enabled):
     # the next local holder keeps the store's key under the same owner
     # token, handed the lease when this call's work ended (whether that
     # call then kept it or lost it).

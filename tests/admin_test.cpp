@@ -132,7 +132,7 @@ TEST_F(AdminTest, AnEmptyKeyIsRejectedBeforeAnythingStarts) {
 TEST_F(AdminTest, AnUnreachableStoreFailsThroughTheFuture) {
   Options o;
   o.redis_url = "redis://127.0.0.1:" + std::to_string(free_loopback_port());
-  o.threads = 1;
+  o.runtime.threads = 1;
   Runtime rt(o);
   auto inspected = rt.inspect("k");
   EXPECT_TRUE(error_of<ConnectionError>(inspected));
@@ -151,9 +151,9 @@ class AdminRedlockTest : public ::testing::Test {
     }
     Options o;
     o.redis_url = url;
-    o.threads = 2;
-    o.connect_timeout = 500ms;
-    o.command_timeout = 500ms;
+    o.runtime.threads = 2;
+    o.connection.connect_timeout = 500ms;
+    o.connection.command_timeout = 500ms;
     rt_ = std::make_unique<Runtime>(o);
   }
   void TearDown() override { rt_.reset(); }

@@ -133,7 +133,7 @@ TEST_F(AsioTest, ErrorsAreErrorCodesForEveryCompletionToken) {
 TEST(AsioKindsTest, AsyncLockTakesAKind) {
   Options o;
   o.redis_url = "memory://asio-kinds";  // a store that keeps every kind
-  o.threads = 2;
+  o.runtime.threads = 2;
   Runtime rt(o);
   auto a = async_lock(rt, {.key = "doc", .ttl = 1s, .kind = LockKind::shared()}, asio::use_future);
   auto b = async_lock(rt, {.key = "doc", .ttl = 1s, .kind = LockKind::shared()}, asio::use_future);
@@ -444,7 +444,7 @@ TEST_F(AsioTest, ManyCoroutinesOnFewKeysNeverOverlapAndNothingBlocksTheContext) 
 TEST(AsioElectionTest, AsyncCampaignLeadsAndACancelledOneGivesUp) {
   Options o;
   o.redis_url = "memory://asio-election";
-  o.threads = 2;
+  o.runtime.threads = 2;
   Runtime a(o), b(o);
   Election first(a, "asio-lead", 1s), second(b, "asio-lead", 1s);
   Leadership won = lockwatch::async_campaign(first, asio::use_future).get();

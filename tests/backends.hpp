@@ -108,7 +108,7 @@ class RedisBackend final : public Backend {
     return "redis://:wrong@127.0.0.1:" + std::to_string(server_.port());
   }
   std::string unreachable_url() const override { return "redis://127.0.0.1:" + std::to_string(free_loopback_port()); }
-  std::size_t longest_key(const Options& o) const override { return o.max_key_bytes; }
+  std::size_t longest_key(const Options& o) const override { return o.runtime.max_key_bytes; }
   void steal(const std::string& key, const std::string& owner, std::chrono::milliseconds ms) const override {
     server_.command({"SET", "lockwatch:{" + key + "}", owner, "PX", std::to_string(ms.count())});
   }
@@ -143,7 +143,7 @@ class MariaDbBackend final : public Backend {
   std::string unreachable_url() const override {
     return "mysql://lockwatch:x@127.0.0.1:" + std::to_string(free_loopback_port()) + "/lockwatch_test";
   }
-  std::size_t longest_key(const Options& o) const override { return 255 - o.key_prefix.size(); }
+  std::size_t longest_key(const Options& o) const override { return 255 - o.runtime.key_prefix.size(); }
   void steal(const std::string& key, const std::string& owner, std::chrono::milliseconds ms) const override {
     server_.query(std::string("UPDATE ") + MariaDbServer::kDatabase + ".lockwatch_locks SET owner = '" + owner +
                   "', expires_at = UTC_TIMESTAMP(6) + INTERVAL " + std::to_string(ms.count() * 1000) +
@@ -180,7 +180,7 @@ class PostgresBackend final : public Backend {
   std::string unreachable_url() const override {
     return "postgresql://lockwatch:x@127.0.0.1:" + std::to_string(free_loopback_port()) + "/lockwatch_test";
   }
-  std::size_t longest_key(const Options& o) const override { return 255 - o.key_prefix.size(); }
+  std::size_t longest_key(const Options& o) const override { return 255 - o.runtime.key_prefix.size(); }
   void steal(const std::string& key, const std::string& owner, std::chrono::milliseconds ms) const override {
     server().query("UPDATE lockwatch_locks SET owner = convert_to('" + owner +
                    "', 'UTF8'), expires_at = clock_timestamp() + interval '" + std::to_string(ms.count()) +
@@ -231,7 +231,7 @@ class ZooKeeperBackend final : public Backend {
   std::string unreachable_url() const override {
     return "zookeeper://127.0.0.1:" + std::to_string(free_loopback_port());
   }
-  std::size_t longest_key(const Options& o) const override { return 255 - o.key_prefix.size(); }
+  std::size_t longest_key(const Options& o) const override { return 255 - o.runtime.key_prefix.size(); }
   bool repeat_lengthens_ttl() const override { return false; }
   // 2 s: at 1 s the client's connection timeout is 667 ms, which a loaded
   // machine under ASan missed once for 64 of 200 sessions.
@@ -298,7 +298,7 @@ class ZooKeeperBackend final : public Backend {
       remove_at_exit(e->dir());
       Options o;
       o.redis_url = "zookeeper://lockwatch:right@" + e->hosts();
-      o.threads = 1;
+      o.runtime.threads = 1;
       Runtime rt(o);
       auto f = rt.acquire({.key = "set-up", .ttl = std::chrono::seconds(2), .retries = 0});
       auto h = f.get();
@@ -328,7 +328,7 @@ class EtcdBackend final : public Backend {
   }
   std::string unreachable_url() const override { return "etcd://127.0.0.1:" + std::to_string(free_loopback_port()); }
   std::size_t longest_key(const Options& o) const override {
-    return detail::EtcdStore::kMaxNameBytes - o.key_prefix.size();
+    return detail::EtcdStore::kMaxNameBytes - o.runtime.key_prefix.size();
   }
   EtcdBackend() { (void)clock_offset(); }
   // A keep-alive goes through the cluster's leader and its quorum: at
@@ -388,9 +388,10 @@ class EtcdBackend final : public Backend {
     static const std::chrono::milliseconds offset = [] {
       detail::Loop loop;
       Options o;
-      o.connect_timeout = std::chrono::seconds(2);
-      o.command_timeout = std::chrono::seconds(1);
-      auto clock = std::make_unique<detail::EtcdClock>(loop, detail::EtcdTarget::parse(cluster().url()), o);
+      o.connection.connect_timeout = std::chrono::seconds(2);
+      o.connection.command_timeout = std::chrono::seconds(1);
+      auto clock = std::make_unique<detail::EtcdClock>(loop, detail::EtcdTarget::parse(cluster().url()),
+                                                       detail::StoreSettings::of(o));
       std::promise<std::optional<std::chrono::milliseconds>> p;
       auto f = p.get_future();
       loop.post([&] {
@@ -424,7 +425,7 @@ class ClusterBackend final : public Backend {
   std::string unreachable_url() const override {
     return "redis-cluster://127.0.0.1:" + std::to_string(free_loopback_port());
   }
-  std::size_t longest_key(const Options& o) const override { return o.max_key_bytes; }
+  std::size_t longest_key(const Options& o) const override { return o.runtime.max_key_bytes; }
   // A script's keys must share one slot (CROSSSLOT otherwise): keys of one
   // slot. A key is its own hash tag in the lock's name, so its slot is the
   // slot of the key.
@@ -501,7 +502,7 @@ class EmbeddedBackend final : public Backend {
   std::string url() const override { return "memory://" + space_->name(); }
   std::string url_with_wrong_password() const override { return url(); }
   std::string unreachable_url() const override { return url(); }
-  std::size_t longest_key(const Options& o) const override { return o.max_key_bytes; }
+  std::size_t longest_key(const Options& o) const override { return o.runtime.max_key_bytes; }
   void steal(const std::string& key, const std::string& owner, std::chrono::milliseconds ms) const override {
     space_->steal("lockwatch:" + key, owner, ms);
   }

@@ -831,6 +831,16 @@ TEST_F(CliTest, BadPeriodsExit64WithoutRunningTheCommand) {
   EXPECT_EQ(runs_recorded(dir_), 0);
 }
 
+// --help ends with the store URL forms as the library lists them, one a line.
+TEST_F(CliTest, HelpEndsWithEveryStoresUrlFormFromTheLibrary) {
+  Outcome o = run({"--help"});
+  EXPECT_EQ(o.code, 0);
+  const std::vector<std::string> forms = store_url_forms();
+  ASSERT_EQ(forms.size(), 7u);
+  EXPECT_TRUE(contains(o.output, "\nStore URLs (--store):\n")) << o.output;
+  for (const std::string& form : forms) EXPECT_TRUE(contains(o.output, "\n  " + form + "\n")) << form << "\n" << o.output;
+}
+
 TEST_F(CliTest, VersionPrintsTheProjectsVersion) {
   Outcome o = run({"--version"});
   EXPECT_EQ(o.code, 0);

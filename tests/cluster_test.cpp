@@ -49,7 +49,7 @@ class ClusterTest : public ::testing::Test {
   static Options options(std::size_t threads = 4) {
     Options o;
     o.redis_url = cluster_->url();
-    o.threads = threads;
+    o.runtime.threads = threads;
     return o;
   }
 
@@ -261,7 +261,7 @@ TEST_F(ClusterTest, TwentyThousandNamesLeaveOneCounterPerSlotOnItsMaster) {
   constexpr int kNames = 20000;
   constexpr int kInFlight = 1000;
   Options o = options();
-  o.key_prefix = "manynames:";
+  o.runtime.key_prefix = "manynames:";
   Runtime rt(o);
   lock_names_twice(rt, kNames, kInFlight);
   if (::testing::Test::HasFatalFailure()) return;
@@ -413,7 +413,7 @@ TEST_F(ClusterTest, AKilledMastersReplicatedLeasesAreRenewedOnThePromotedReplica
   constexpr auto kTtl = 5s;
   Options o = options();
   add_url_param(o, "min_replicas=1&replica_ack_timeout=1000");
-  o.renew_weight = 0.3;
+  o.watchdog.renew_weight = 0.3;
   Runtime rt(o);
   auto failures = std::make_shared<RenewalFailures>();
   rt.add_observer(failures);
@@ -502,7 +502,7 @@ TEST_F(ClusterTest, ALockWriteLostInAFailoverIsReportedLostOrRefusedWithMinRepli
   add_url_param(safe_options, "min_replicas=1&replica_ack_timeout=200");
   Runtime safe(safe_options);
   Options o = options();
-  o.renew_weight = 0.3;
+  o.watchdog.renew_weight = 0.3;
   Runtime rt(o);
   // Each runtime has its slot map before the replica stalls.
   auto warm = safe.inspect(key);
@@ -747,7 +747,7 @@ TEST_F(ClusterTest, AScriptFlushOnEveryMasterLosesNoLeaseAndLockingGoesOn) {
   // were lost at their local deadline; not reproduced). What is tested is
   // that NOSCRIPT costs no lease.
   Options o = options();
-  o.renew_weight = 0.5;
+  o.watchdog.renew_weight = 0.5;
   Runtime rt(o);
   auto held = hold_all(rt, numbered("flush", 100), 1s);
   std::atomic<bool> stop{false};
@@ -804,7 +804,7 @@ TEST_F(ClusterTest, ASlotNotServedFailsFastWithATypedErrorAndOtherSlotsWork) {
       if (cluster_->node(n).running()) cluster_->node(n).command(args);
   };
   Options o = options();
-  o.connect_timeout = 1s;
+  o.connection.connect_timeout = 1s;
   Runtime stale(o);
   auto warm = stale.inspect(key);
   ASSERT_FALSE(get_bounded(warm).held);
@@ -857,7 +857,7 @@ TEST_F(ClusterTest, ASlotNotServedFailsFastWithATypedErrorAndOtherSlotsWork) {
     } catch (const std::exception& e) {
       ADD_FAILURE() << which << ": untyped " << e.what();
     }
-    EXPECT_LT(std::chrono::steady_clock::now() - t0, o.connect_timeout) << which;
+    EXPECT_LT(std::chrono::steady_clock::now() - t0, o.connection.connect_timeout) << which;
   };
   typed_and_fast(stale, "map read before");
   Runtime fresh(o);
@@ -1419,7 +1419,7 @@ TEST_F(ClusterTest, ACallWhoseReplyWasLostIsSentAgainAndKeepsItsFence) {
   const int m = cluster_->master_of_slot(detail::key_slot(name));
   ASSERT_GE(m, 0);
   Options o = options();
-  o.command_timeout = 300ms;
+  o.connection.command_timeout = 300ms;
   StoreOnLoop store(o);
   // Warm up: the node has the scripts cached, so each call is one EVALSHA.
   ASSERT_EQ(store.acquire(name, "warm-up", 2s).status, detail::Acquired::Status::kTaken);
@@ -1513,8 +1513,8 @@ TEST_F(ClusterTlsTest, LocksOnEveryMasterOverTls) {
   Options o;
   o.redis_url = cluster_->url();
   ASSERT_EQ(o.redis_url.rfind("rediss-cluster://", 0), 0u) << o.redis_url;
-  o.tls_ca_file = test_certificates().ca_cert;
-  o.threads = 2;
+  o.tls.ca_file = test_certificates().ca_cert;
+  o.runtime.threads = 2;
   Runtime rt(o);
   // Keys until every master holds one: at least one master was not a seed
   // and is reached at the TLS port the slot map gives.
@@ -1541,8 +1541,8 @@ TEST_F(ClusterTlsTest, AMovedSlotIsFollowedOverTls) {
   const int slot = detail::key_slot(lock_key(key));
   Options o;
   o.redis_url = cluster_->url();
-  o.tls_ca_file = test_certificates().ca_cert;
-  o.threads = 2;
+  o.tls.ca_file = test_certificates().ca_cert;
+  o.runtime.threads = 2;
   Runtime rt(o);
   auto h = take(rt, key, 20s);
   const int from = cluster_->master_of_slot(slot);
@@ -1565,8 +1565,8 @@ TEST_F(ClusterTlsTest, AMovedSlotIsFollowedOverTls) {
 
 TEST_F(ClusterTlsTest, AnUntrustedServerCertificateIsAConnectionError) {
   Options o;
-  o.redis_url = cluster_->url();  // no tls_ca_file: the test CA is not trusted
-  o.connect_timeout = 1s;
+  o.redis_url = cluster_->url();  // no tls.ca_file: the test CA is not trusted
+  o.connection.connect_timeout = 1s;
   Runtime rt(o);
   auto f = rt.acquire({.key = "k", .ttl = 1s, .retries = 0});
   auto err = error_of<ConnectionError>(f);
@@ -1586,21 +1586,21 @@ TEST(ClusterAuthTest, WrongOrMissingCredentialsAreAnAuthErrorWithinTheConnectTim
   for (const std::string& url : {"redis-cluster://:wrong@" + seeds, "redis-cluster://" + seeds}) {
     Options o;
     o.redis_url = url;
-    o.connect_timeout = 1s;
-    o.threads = 1;
+    o.connection.connect_timeout = 1s;
+    o.runtime.threads = 1;
     Runtime rt(o);
     auto t0 = std::chrono::steady_clock::now();
     auto f = rt.acquire({.key = "k", .ttl = 1s, .retries = 0});
     auto err = error_of<AuthError>(f);
     EXPECT_TRUE(err) << url;
-    EXPECT_LT(std::chrono::steady_clock::now() - t0, o.connect_timeout) << url;
+    EXPECT_LT(std::chrono::steady_clock::now() - t0, o.connection.connect_timeout) << url;
     if (err) {
       EXPECT_EQ(std::string(err->what()).find(":wrong@"), std::string::npos) << "no password in messages";
     }
   }
   Options o;
   o.redis_url = cluster.url();
-  o.threads = 1;
+  o.runtime.threads = 1;
   Runtime rt(o);
   std::set<int> masters;
   for (int i = 0; i < 30; ++i) {
@@ -1618,7 +1618,7 @@ TEST(ClusterSeedTest, ANodeOutsideAClusterIsATypedError) {
   RedisServer plain;
   Options o;
   o.redis_url = "redis-cluster://127.0.0.1:" + std::to_string(plain.port());
-  o.connect_timeout = 1s;
+  o.connection.connect_timeout = 1s;
   Runtime rt(o);
   auto t0 = std::chrono::steady_clock::now();
   auto f = rt.acquire({.key = "k", .ttl = 1s, .retries = 0});
@@ -1633,7 +1633,7 @@ TEST(ClusterSeedTest, NoReachableSeedFailsWithinTheConnectTimeout) {
   const int p1 = free_loopback_port(), p2 = free_loopback_port();
   Options o;
   o.redis_url = "redis-cluster://127.0.0.1:" + std::to_string(p1) + ",127.0.0.1:" + std::to_string(p2);
-  o.connect_timeout = 500ms;
+  o.connection.connect_timeout = 500ms;
   Runtime rt(o);
   auto t0 = std::chrono::steady_clock::now();
   auto f = rt.acquire({.key = "k", .ttl = 1s, .retries = 0});
@@ -1658,7 +1658,7 @@ TEST(ClusterSeedTest, MalformedClusterUrlsAreInvalidArguments) {
     EXPECT_NO_THROW(o.validate()) << good;
   }
   // The TLS options are checked for rediss-cluster:// as for rediss://.
-  o.tls_cert_file = test_certificates().client_cert;
+  o.tls.cert_file = test_certificates().client_cert;
   EXPECT_THROW(o.validate(), InvalidArgument);
 }
 

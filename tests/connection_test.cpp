@@ -51,9 +51,9 @@ class ConnectionTest : public ::testing::Test {
   // A command connection to `server`, started with the given command
   // timeout, known to answer, and named (see still_the_first).
   std::unique_ptr<RedisConnection> started(const RedisServer& server, std::chrono::milliseconds command_timeout) {
-    options_.command_timeout = command_timeout;
-    auto conn = std::make_unique<RedisConnection>(loop_, endpoint_of(server), options_,
-                                                  RedisConnection::Mode::kCommands);
+    options_.connection.command_timeout = command_timeout;
+    auto conn =
+        std::make_unique<RedisConnection>(loop_, endpoint_of(server), settings(), RedisConnection::Mode::kCommands);
     loop_.post([c = conn.get()] { c->start(); });
     auto [ok, err] = run(*conn, {"CLIENT", "SETNAME", "first"});
     EXPECT_FALSE(err);
@@ -72,6 +72,9 @@ class ConnectionTest : public ::testing::Test {
     });
   }
 
+  // What a connection reads of options_.
+  detail::StoreSettings settings() const { return detail::StoreSettings::of(options_); }
+
   Options options_;
   detail::Loop loop_;
 };
@@ -81,8 +84,8 @@ TEST_F(ConnectionTest, ANodeThatIsNoMasterIsRefusedWhenAMasterIsRequired) {
   RedisServerOptions ro;
   ro.extra_args = {"--replicaof", "127.0.0.1", std::to_string(master.port())};
   RedisServer replica(ro);
-  RedisConnection to_replica(loop_, endpoint_of(replica), options_, RedisConnection::Mode::kCommands);
-  RedisConnection to_master(loop_, endpoint_of(master), options_, RedisConnection::Mode::kCommands);
+  RedisConnection to_replica(loop_, endpoint_of(replica), settings(), RedisConnection::Mode::kCommands);
+  RedisConnection to_master(loop_, endpoint_of(master), settings(), RedisConnection::Mode::kCommands);
   to_replica.require_master();
   to_master.require_master();
   loop_.post([&] {
@@ -105,7 +108,7 @@ TEST_F(ConnectionTest, ANodeThatIsNoMasterIsRefusedWhenAMasterIsRequired) {
 
 TEST_F(ConnectionTest, ACommandAfterCloseIsAnsweredOnceOutsideTheCall) {
   RedisServer server;
-  RedisConnection conn(loop_, endpoint_of(server), options_, RedisConnection::Mode::kCommands);
+  RedisConnection conn(loop_, endpoint_of(server), settings(), RedisConnection::Mode::kCommands);
   std::promise<std::pair<bool, bool>> p;  // (answered inside the call, an error)
   auto f = p.get_future();
   bool inside = false;  // loop thread
@@ -130,7 +133,7 @@ TEST_F(ConnectionTest, RequestsMadeBeforeTheHandshakeAnsweredRunAfterIt) {
   Endpoint ep = endpoint_of(server);
   ep.password = "pw";
   ep.db = 3;
-  RedisConnection conn(loop_, ep, options_, RedisConnection::Mode::kCommands);
+  RedisConnection conn(loop_, ep, settings(), RedisConnection::Mode::kCommands);
   loop_.post([&] { conn.start(); });
   // Sent at once, queued behind AUTH and SELECT: it must land in db 3.
   auto [ok, err] = run(conn, {"SET", "where", "db3"});
@@ -170,7 +173,7 @@ TEST_F(ConnectionTest, ShardedMessagesReachOnMessageWithoutAborting) {
     pushes.add(kind, channel, payload);
   };
   hooks.on_connect_command = {"SSUBSCRIBE", "orders"};
-  RedisConnection conn(loop_, endpoint_of(server), options_, RedisConnection::Mode::kPubSub, std::move(hooks));
+  RedisConnection conn(loop_, endpoint_of(server), settings(), RedisConnection::Mode::kPubSub, std::move(hooks));
   loop_.post([&] {
     conn.start();
     conn.subscribe("plain");
@@ -197,7 +200,7 @@ TEST_F(ConnectionTest, ShardedModeSubscribesConfirmsAndResubscribesAfterAReconne
     pushes.add(kind, channel, payload);
   };
   hooks.on_dropped = [&](std::string_view channel, const detail::StoreError*) { dropped.emplace_back(channel); };
-  RedisConnection conn(loop_, endpoint_of(server), options_, RedisConnection::Mode::kShardedPubSub, std::move(hooks));
+  RedisConnection conn(loop_, endpoint_of(server), settings(), RedisConnection::Mode::kShardedPubSub, std::move(hooks));
   loop_.post([&] {
     conn.start();
     conn.subscribe("kept");
@@ -355,9 +358,9 @@ TEST_F(ConnectionTest, PushFramesOfEveryKindNeitherAbortNorConfuseTheReader) {
   };
   Endpoint ep;
   ep.port = node.port();
-  options_.reconnect_min = 20ms;
+  options_.connection.reconnect_min = 20ms;
   hooks.named = false;  // the script answers the subscriptions only
-  RedisConnection conn(loop_, ep, options_, RedisConnection::Mode::kShardedPubSub, std::move(hooks));
+  RedisConnection conn(loop_, ep, settings(), RedisConnection::Mode::kShardedPubSub, std::move(hooks));
   loop_.post([&] {
     conn.start();
     conn.subscribe("lockwatch:{a}:rel");
@@ -393,7 +396,7 @@ TEST_F(ConnectionTest, AStrayReplyIsNeverTakenAsTheAnswerToARequestNotYetWritten
   ep.port = node.port();
   RedisConnection::Hooks unnamed;
   unnamed.named = false;  // the script answers PING only
-  RedisConnection conn(loop_, ep, options_, RedisConnection::Mode::kCommands, unnamed);
+  RedisConnection conn(loop_, ep, settings(), RedisConnection::Mode::kCommands, unnamed);
   std::promise<std::string> next;  // what the request made on the first answer got
   loop_.post([&] {
     conn.start();
@@ -415,7 +418,7 @@ TEST_F(ConnectionTest, AHostNameIsResolvedAndConnected) {
   RedisServer server;
   Endpoint ep = endpoint_of(server);
   ep.host = "localhost";
-  RedisConnection conn(loop_, ep, options_, RedisConnection::Mode::kCommands);
+  RedisConnection conn(loop_, ep, settings(), RedisConnection::Mode::kCommands);
   loop_.post([&] { conn.start(); });
   auto [pong, err] = run(conn, {"PING"});
   EXPECT_FALSE(err);
@@ -427,7 +430,7 @@ TEST_F(ConnectionTest, AHostNameIsResolvedAndConnected) {
 // answered, in order, exactly once.
 TEST_F(ConnectionTest, RequestsQueuedTogetherAreAllAnsweredInOrder) {
   RedisServer server;
-  RedisConnection conn(loop_, endpoint_of(server), options_, RedisConnection::Mode::kCommands);
+  RedisConnection conn(loop_, endpoint_of(server), settings(), RedisConnection::Mode::kCommands);
   constexpr int kRequests = 2000;
   std::promise<std::vector<long long>> p;
   auto f = p.get_future();
@@ -575,8 +578,8 @@ TEST_F(ConnectionTest, AReplyThatTricklesInAndNeverEndsIsNoAnswer) {
   });
   Endpoint ep;
   ep.port = listener.port();
-  options_.command_timeout = 300ms;
-  RedisConnection conn(loop_, ep, options_, RedisConnection::Mode::kCommands);
+  options_.connection.command_timeout = 300ms;
+  RedisConnection conn(loop_, ep, settings(), RedisConnection::Mode::kCommands);
   loop_.post([&] { conn.start(); });
   const auto t0 = std::chrono::steady_clock::now();
   auto [nothing, err] = run(conn, {"GET", "k"});

@@ -47,7 +47,7 @@ class ElectionTest : public ::testing::TestWithParam<std::string> {
   Options options() {
     Options o;
     o.redis_url = url();
-    o.threads = 2;
+    o.runtime.threads = 2;
     return o;
   }
 };
@@ -82,7 +82,7 @@ class Changes {
 
 TEST_P(ElectionTest, ACampaignLeadsWithATermAndASecondCandidateWaits) {
   Options leader_options = options();
-  leader_options.owner_name = "leader-host:42:scheduler";
+  leader_options.runtime.owner_name = "leader-host:42:scheduler";
   Runtime a(leader_options), b(options());
   // The leader renews for a while below: a ttl the store keeps renewed on
   // a loaded machine (ZooKeeper's and etcd's are 2 s).

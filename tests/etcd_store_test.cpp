@@ -50,9 +50,9 @@ class EtcdStoreTest : public ::testing::Test {
   static Options options(const std::string& url, std::size_t threads = 2) {
     Options o;
     o.store_url = url;
-    o.threads = threads;
-    o.connect_timeout = 2s;
-    o.command_timeout = 1s;
+    o.runtime.threads = threads;
+    o.connection.connect_timeout = 2s;
+    o.connection.command_timeout = 1s;
     return o;
   }
   static Options options() { return options(cluster_->url()); }
@@ -226,7 +226,8 @@ TEST_F(EtcdStoreTest, InspectAndForceRelease) {
 TEST_F(EtcdStoreTest, TheClockIsTheMembersWithinATenthOfASecondWhateverOurs) {
   static constexpr auto kSkew = 3700ms;
   detail::Loop loop;
-  auto clock = std::make_unique<detail::EtcdClock>(loop, detail::EtcdTarget::parse(cluster_->url()), options(),
+  auto clock = std::make_unique<detail::EtcdClock>(loop, detail::EtcdTarget::parse(cluster_->url()),
+                                                   detail::StoreSettings::of(options()),
                                                    [] { return std::chrono::system_clock::now() + kSkew; });
   auto read = [&] {
     auto p = std::make_shared<std::promise<std::chrono::system_clock::time_point>>();
@@ -425,9 +426,9 @@ TEST_F(EtcdStoreTest, EtcdsSpeaksTlsWithTheTlsOptions) {
   EtcdCluster secured(EtcdClusterOptions{.members = 1, .tls = true});
   const TestCertificates& c = test_certificates();
   auto with_tls = [&](Options o) {
-    o.tls_ca_file = c.ca_cert;
-    o.tls_cert_file = c.client_cert;
-    o.tls_key_file = c.client_key;
+    o.tls.ca_file = c.ca_cert;
+    o.tls.cert_file = c.client_cert;
+    o.tls.key_file = c.client_key;
     return o;
   };
   {
@@ -444,7 +445,7 @@ TEST_F(EtcdStoreTest, EtcdsSpeaksTlsWithTheTlsOptions) {
     EXPECT_LT(std::chrono::abs(now.now - std::chrono::system_clock::now()), 100ms);
     // A CA that did not sign the member's certificate: no clock either.
     Options untrusted = with_tls(options(secured.url()));
-    untrusted.tls_ca_file = c.untrusted_cert;
+    untrusted.tls.ca_file = c.untrusted_cert;
     StoreOnLoop refused(untrusted);
     auto none = refused.server_time();
     ASSERT_TRUE(none.error);
@@ -456,13 +457,13 @@ TEST_F(EtcdStoreTest, EtcdsSpeaksTlsWithTheTlsOptions) {
   std::vector<std::pair<std::string, Options>> refused;
   refused.emplace_back("plain text", options("etcd://127.0.0.1:" + std::to_string(secured.client_port(0))));
   Options no_cert = options(secured.url());
-  no_cert.tls_ca_file = c.ca_cert;
+  no_cert.tls.ca_file = c.ca_cert;
   refused.emplace_back("no client certificate", no_cert);
   Options untrusted = with_tls(options(secured.url()));
-  untrusted.tls_ca_file = c.untrusted_cert;
+  untrusted.tls.ca_file = c.untrusted_cert;
   refused.emplace_back("an untrusted CA", untrusted);
   Options wrong_name = with_tls(options(secured.url()));
-  wrong_name.tls_server_name = "wrong.example";
+  wrong_name.tls.server_name = "wrong.example";
   refused.emplace_back("a wrong name", wrong_name);
   for (auto& [what, o] : refused) {
     Runtime rt(o);
@@ -472,10 +473,10 @@ TEST_F(EtcdStoreTest, EtcdsSpeaksTlsWithTheTlsOptions) {
     EXPECT_LT(std::chrono::steady_clock::now() - t0, 3s) << what;
   }
   Options unverified = with_tls(options(secured.url()));
-  unverified.tls_verify = false;
+  unverified.tls.verify = false;
   EXPECT_THROW(unverified.validate(), InvalidArgument);
   Options unreadable = with_tls(options(secured.url()));
-  unreadable.tls_ca_file = "/nonexistent/ca.crt";
+  unreadable.tls.ca_file = "/nonexistent/ca.crt";
   EXPECT_THROW(unreadable.validate(), InvalidArgument);
 }
 

@@ -162,7 +162,7 @@ class FairLockTest : public ::testing::TestWithParam<std::string> {
   Options options() {
     Options o;
     o.redis_url = store().url();
-    o.threads = 2;
+    o.runtime.threads = 2;
     return o;
   }
 
@@ -400,8 +400,8 @@ TEST(FairLockRefusalTest, StoresWithoutAQueueRefuseFairWithUnsupported) {
   for (const auto& url : urls) {
     Options o;
     o.redis_url = url;
-    o.threads = 1;
-    o.connect_timeout = 500ms;
+    o.runtime.threads = 1;
+    o.connection.connect_timeout = 500ms;
     Runtime rt(o);
     try {
       (void)rt.acquire({.key = "fair", .ttl = 5s, .kind = LockKind::fair()});

@@ -90,7 +90,7 @@ TEST_P(FaultsTest, WithoutARenewalWindowTheWeightAloneDecidesWhatIsTooShort) {
   auto f = locked("fifty", 50ms, 1).on(with_window)([] { return 1; });
   auto fut = f();
   EXPECT_EQ(get_bounded(fut), 1);
-  o.min_renewal_window = 0ms;
+  o.watchdog.min_renewal_window = 0ms;
   Runtime exact(o);
   auto g = locked("fifty", 50ms, 1).on(exact)([] { return 1; });
   auto fut2 = g();
@@ -113,7 +113,7 @@ TEST_P(FaultsTest, TwoHundredMsTtlIsKeptAliveAcrossManyRenewals) {
 
 TEST_P(FaultsTest, UnreachableRedisFailsWithinTheConnectTimeout) {
   Options o = options_with_url(server(), scheme() + "127.0.0.1:" + std::to_string(free_loopback_port()));
-  o.connect_timeout = 500ms;
+  o.connection.connect_timeout = 500ms;
   Runtime rt(o);
   auto f = locked("k", 1s, 0).on(rt)([] { return 1; });
   auto t0 = std::chrono::steady_clock::now();
@@ -172,7 +172,7 @@ TEST_P(FaultsTest, AKeyStartingWithACloseBraceIsRejected) {
 TEST_P(FaultsTest, APrefixWithABraceIsRejected) {
   for (std::string prefix : {"app{1}:", "app{", "app}"}) {
     Options o = options_for(server());
-    o.key_prefix = prefix;
+    o.runtime.key_prefix = prefix;
     EXPECT_THROW(Runtime rt(o), InvalidArgument) << prefix;
   }
 }
@@ -279,7 +279,7 @@ TEST_P(FaultsTest, RedisRestartedMidLeaseWithPersistenceKeepsTheLease) {
 TEST_P(FaultsTest, AHungRedisCannotHangACall) {
   RedisServer hung(over(GetParam()));
   Options o = options_for(hung);
-  o.command_timeout = 500ms;
+  o.connection.command_timeout = 500ms;
   Runtime rt(o);
   auto warm = locked("hung", 1s, 0).on(rt)([] { return 1; });
   auto w = warm();

@@ -79,7 +79,7 @@ int main(int argc, char** argv) {
   if (argc == 8 && std::string(argv[5]) == "transfer") {
     lockwatch::Options o = lockwatch::Options::from_env();
     o.redis_url = argv[1];
-    o.threads = 4;
+    o.runtime.threads = 4;
     try {
       lockwatch::Runtime rt(o);
       return transfers(rt, argv[2], std::atoi(argv[3]), std::atoi(argv[4]), std::atoi(argv[6]),
@@ -95,7 +95,7 @@ int main(int argc, char** argv) {
   }
   lockwatch::Options o = lockwatch::Options::from_env();
   o.redis_url = argv[1];
-  o.threads = 2;
+  o.runtime.threads = 2;
   const std::string dir = argv[2];
   const int keys = std::atoi(argv[3]);
   const int increments = std::atoi(argv[4]);

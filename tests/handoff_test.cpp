@@ -1,4 +1,4 @@
-// Local hand-off (Options::local_handoff, on by default): a lease passes to
+// Local hand-off (Options::handoff.enabled, on by default): a lease passes to
 // the next caller waiting in the same runtime without a release and a new
 // acquisition, with a fencing token the store reserved for it. Logic on
 // the in-memory store; exclusion, fencing across runtimes (whatever their
@@ -21,7 +21,7 @@ constexpr auto kLongWait = std::chrono::milliseconds(kBound);
 void settle(std::future<void> f) { get_bounded(f); }
 
 Options handoff_options(Options o) {
-  o.local_handoff = true;
+  o.handoff.enabled = true;
   return o;
 }
 
@@ -33,7 +33,7 @@ class HandoffTest : public ::testing::Test {
   // end one (the time bound has a test of its own, on Redis).
   static Options streak_options() {
     auto o = handoff_options(memory_options());
-    o.handoff_max_time = 60s;
+    o.handoff.max_time = 60s;
     return o;
   }
   void SetUp() override { rt_ = memory_runtime(backend_, script_, streak_options()); }
@@ -94,7 +94,7 @@ TEST_F(HandoffTest, AWaiterTakesTheLockWithoutTheStoreAndTheNextReservedToken) {
 
 TEST_F(HandoffTest, TurnedOffEveryHolderGoesThroughTheStore) {
   auto o = memory_options();
-  o.local_handoff = false;
+  o.handoff.enabled = false;
   restart(o);
   auto first = hold("k");
   auto redis_fence = backend_->fence(memory_name("k"));
@@ -109,7 +109,7 @@ TEST_F(HandoffTest, TurnedOffEveryHolderGoesThroughTheStore) {
   EXPECT_EQ(rt_->stats().local_handoffs, 0u);
 }
 
-TEST_F(HandoffTest, OnByDefault) { EXPECT_TRUE(Options{}.local_handoff); }
+TEST_F(HandoffTest, OnByDefault) { EXPECT_TRUE(Options{}.handoff.enabled); }
 
 // The first hand-off of a streak waits for its block: meanwhile the key
 // stays held in the store (and renewed), so nobody slips in between.
@@ -151,7 +151,7 @@ TEST_F(HandoffTest, AReservationWithoutAnAnswerSendsTheKeyBackToTheStore) {
 
 TEST_F(HandoffTest, TheNewHolderHasALeaseOfItsOwn) {
   auto o = handoff_options(memory_options());
-  o.handoff_max_time = 60s;  // the first holder keeps it past a renewal
+  o.handoff.max_time = 60s;  // the first holder keeps it past a renewal
   restart(o);
   auto first = hold("k", 1s);
   ASSERT_TRUE(renewed_again(first.lease(), 1));
@@ -173,7 +173,7 @@ TEST_F(HandoffTest, TheNewHolderHasALeaseOfItsOwn) {
 
 TEST_F(HandoffTest, ARenewalInFlightAtTheHandOffCountsForTheNewHolder) {
   auto o = handoff_options(memory_options());
-  o.handoff_max_time = 60s;
+  o.handoff.max_time = 60s;
   restart(o);
   script_->set_delay(Op::kRenew, 100ms);  // each renewal is answered that much later
   auto first = hold("k", 2s);
@@ -205,8 +205,8 @@ TEST_F(HandoffTest, AWaiterWithAnotherTtlOrNoRetriesTakesTheLockFromTheStore) {
 
 TEST_F(HandoffTest, TheStreakCountBoundSendsTheKeyBackToTheStore) {
   auto o = streak_options();
-  o.handoff_max_streak = 2;
-  o.handoff_max_time = 60s;
+  o.handoff.max_streak = 2;
+  o.handoff.max_time = 60s;
   restart(o);
   auto first = hold("k");
   std::vector<std::future<LockHandle>> waiting;
@@ -283,13 +283,13 @@ TEST_F(HandoffTest, TheRuntimeStopsWithLocalHoldersAndWaiters) {
 
 TEST(HandoffOptionsTest, StreakBoundsOutsideTheirRangeAreRejected) {
   Options o;
-  o.handoff_max_streak = 0;
+  o.handoff.max_streak = 0;
   EXPECT_THROW(o.validate(), InvalidArgument);
-  o.handoff_max_streak = 1u << 20;
+  o.handoff.max_streak = 1u << 20;
   EXPECT_THROW(o.validate(), InvalidArgument);
-  o.handoff_max_streak = (1u << 20) - 1;
+  o.handoff.max_streak = (1u << 20) - 1;
   EXPECT_NO_THROW(o.validate());
-  o.handoff_max_time = 0ms;
+  o.handoff.max_time = 0ms;
   EXPECT_THROW(o.validate(), InvalidArgument);
 }
 
@@ -343,13 +343,13 @@ TEST_F(HandoffRedisTest, SixteenThreadsOnOneKeyNeverOverlap) {
   EXPECT_GT(sixteen_threads_on_one_key(options(8), *server_), 0u);  // the hand-off path was taken
 }
 
-// Options::busy_poll: the I/O thread and a pool worker poll instead of
+// Options::runtime.busy_poll: the I/O thread and a pool worker poll instead of
 // sleeping; nothing about the lock changes, with hand-offs or without.
 TEST_F(HandoffRedisTest, BusyPollingChangesNothingButTheWakeUps) {
   Options o = options(8);
-  o.busy_poll = std::chrono::microseconds(200);
+  o.runtime.busy_poll = std::chrono::microseconds(200);
   EXPECT_GT(sixteen_threads_on_one_key(o, *server_), 0u);
-  o.local_handoff = false;
+  o.handoff.enabled = false;
   EXPECT_EQ(sixteen_threads_on_one_key(o, *server_), 0u);
 }
 
@@ -358,9 +358,9 @@ TEST_F(HandoffRedisTest, BusyPollingChangesNothingButTheWakeUps) {
 // runtime (a waiter elsewhere). A tick of 1 s makes a sit-out plain; one
 // hand-off per streak makes every second release a streak's end.
 Options one_handoff_streaks(Options o) {
-  o.tick = 1s;  // leases of 60 s (a tick of 1 s needs one of 23 s at least)
-  o.handoff_max_streak = 1;
-  o.handoff_max_time = 60s;
+  o.watchdog.tick = 1s;  // leases of 60 s (a tick of 1 s needs one of 23 s at least)
+  o.handoff.max_streak = 1;
+  o.handoff.max_time = 60s;
   return o;
 }
 
@@ -445,7 +445,7 @@ TEST_P(HandoffAcrossRuntimesTest, TokensIncreaseAcrossHandOffsAndAcrossRuntimes)
   // takes the key from Redis: its token is above every one handed out
   // before, and it is the store's counter, as operators see it.
   auto o = options();
-  o.local_handoff = GetParam();
+  o.handoff.enabled = GetParam();
   Runtime other(o);
   auto f = other.acquire({.key = key, .ttl = 5s, .retries = forever, .wait = kLongWait});
   auto h = get_bounded(f);
@@ -459,7 +459,7 @@ INSTANTIATE_TEST_SUITE_P(OtherRuntime, HandoffAcrossRuntimesTest, ::testing::Boo
 
 TEST_F(HandoffRedisTest, TheStreakBoundLetsAnotherRuntimeIn) {
   auto o = options(8);
-  o.handoff_max_time = 50ms;
+  o.handoff.max_time = 50ms;
   Runtime hammering(o);
   std::atomic<bool> stop{false};
   std::atomic<long> calls{0};

@@ -25,7 +25,7 @@ int main(int argc, char** argv) {
   std::string url = argv[1];
   lockwatch::Options o;
   o.redis_url = url;
-  o.threads = 1;
+  o.runtime.threads = 1;
   lockwatch::Runtime rt(o);
   lockwatch::Scheduler jobs(rt);
   if (const char* skew = std::getenv("LOCKWATCH_TEST_CLOCK_SKEW_MS"))

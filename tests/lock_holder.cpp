@@ -31,7 +31,7 @@ int main(int argc, char** argv) {
   const std::string kind = argc == 5 ? argv[4] : "";
   lockwatch::Options o = lockwatch::Options::from_env();  // the TLS files, if any
   o.redis_url = argv[1];
-  o.threads = 1;
+  o.runtime.threads = 1;
   lockwatch::Runtime rt(o);
   if (kind == "leader") {
     lockwatch::Election election(rt, argv[2], std::chrono::milliseconds(std::atoi(argv[3])));

@@ -191,7 +191,7 @@ TEST(LockKindsTest, AKeyIsFairOrAnotherKindNeverBoth) {
 Options space(const std::string& name) {
   Options o;
   o.redis_url = "memory://" + name;
-  o.threads = 4;
+  o.runtime.threads = 4;
   return o;
 }
 

@@ -66,7 +66,7 @@ TEST(LoopTest, PostIsRefusedOnceShutdownHasBegunAndQueuedTasksStillRun) {
   EXPECT_EQ(ran.load(), 10);
 }
 
-// Options::busy_poll: after a drain the loop polls for the window, so a
+// Options::runtime.busy_poll: after a drain the loop polls for the window, so a
 // task posted from a task finds it awake; once the window has passed with
 // nothing posted, it sleeps again. A loop without the option never polls.
 TEST(LoopTest, ABusyPollingLoopStaysAwakeForItsWindowThenSleeps) {

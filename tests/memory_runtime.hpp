@@ -14,7 +14,7 @@ namespace lockwatch::testing {
 // Short ttls keep the tests quick; the tick is the default 5 ms.
 inline Options memory_options(std::size_t threads = 4) {
   Options o;
-  o.threads = threads;
+  o.runtime.threads = threads;
   return o;
 }
 
@@ -23,12 +23,12 @@ inline Options memory_options(std::size_t threads = 4) {
 inline std::unique_ptr<Runtime> memory_runtime(std::shared_ptr<MemoryBackend> backend,
                                                std::shared_ptr<StoreScript> script,
                                                Options options = memory_options(), MemoryStore** store = nullptr) {
-  return detail::RuntimeAccess::make(std::move(options),
-                                     [backend, script, store](detail::Loop& loop, const Options& o) {
-                                       auto s = std::make_unique<MemoryStore>(loop, backend, script, o.key_prefix);
-                                       if (store) *store = s.get();
-                                       return s;
-                                     });
+  return detail::RuntimeAccess::make(
+      std::move(options), [backend, script, store](detail::Loop& loop, const Options& o) {
+        auto s = std::make_unique<MemoryStore>(loop, backend, script, o.runtime.key_prefix);
+        if (store) *store = s.get();
+        return s;
+      });
 }
 
 // The store's name for a key (MemoryStore: the prefix and the key).

@@ -22,7 +22,7 @@ using detail::MemorySpace;
 Options on(const std::string& url) {
   Options o;
   o.redis_url = url;
-  o.threads = 2;
+  o.runtime.threads = 2;
   return o;
 }
 
@@ -95,7 +95,7 @@ TEST(MemoryStoreTest, ASpaceIsFreedWhenItsLastRuntimeGoes) {
 TEST(MemoryStoreTest, ARuntimeGoneWhileItsSpaceHeldItsRequestsHearsNothingAfter) {
   auto space = MemorySpace::open("held");
   Options o = on("memory://held");
-  o.command_timeout = 200ms;
+  o.connection.command_timeout = 200ms;
   Runtime other(o);
   auto h = take(other, "busy");
   auto t0 = std::chrono::steady_clock::now();

@@ -291,7 +291,7 @@ TEST_F(MetricsTest, LossesAreCountedByReason) {
 
 TEST_F(MetricsTest, TheEndpointServesWhatMetricsTextSays) {
   Options o = memory_options();
-  o.metrics_listen = "127.0.0.1:0";
+  o.observability.metrics_listen = "127.0.0.1:0";
   start(o);
   auto f = locked("scraped", 1s, forever).on(*rt_)([] {})();
   get_bounded(f);
@@ -310,7 +310,7 @@ TEST_F(MetricsTest, TheEndpointServesWhatMetricsTextSays) {
 
 TEST_F(MetricsTest, AnythingButGetMetricsIsNotFound) {
   Options o = memory_options();
-  o.metrics_listen = "127.0.0.1:0";
+  o.observability.metrics_listen = "127.0.0.1:0";
   start(o);
   for (const char* request : {"GET / HTTP/1.1\r\n\r\n", "POST /metrics HTTP/1.1\r\n\r\n",
                               "GET /metricsx HTTP/1.0\r\n\r\n", "garbage\r\n\r\n"}) {
@@ -322,7 +322,7 @@ TEST_F(MetricsTest, AnythingButGetMetricsIsNotFound) {
 
 TEST_F(MetricsTest, ASilentClientDoesNotStallTheLoop) {
   Options o = memory_options();
-  o.metrics_listen = "127.0.0.1:0";
+  o.observability.metrics_listen = "127.0.0.1:0";
   start(o);
   // Connect and say nothing: the loop goes on serving locks and scrapes.
   auto address = rt_->metrics_address();
@@ -349,25 +349,25 @@ TEST_F(MetricsTest, ASilentClientDoesNotStallTheLoop) {
 TEST_F(MetricsTest, ABadListenAddressIsInvalid) {
   Options o = memory_options();
   for (const char* bad : {"9464", "localhost:9464", "127.0.0.1:99999", "127.0.0.1:"}) {
-    o.metrics_listen = bad;
+    o.observability.metrics_listen = bad;
     EXPECT_THROW(o.validate(), InvalidArgument) << bad;
   }
 }
 
 TEST_F(MetricsTest, AnAddressInUseIsAListenErrorThatSaysMetrics) {
   Options o = memory_options();
-  o.metrics_listen = "127.0.0.1:0";
+  o.observability.metrics_listen = "127.0.0.1:0";
   start(o);
   Options again = memory_options();
-  again.metrics_listen = rt_->metrics_address();
+  again.observability.metrics_listen = rt_->metrics_address();
   try {
     memory_runtime(backend_, script_, again);
-    ADD_FAILURE() << "a second runtime listened on " << again.metrics_listen;
+    ADD_FAILURE() << "a second runtime listened on " << again.observability.metrics_listen;
   } catch (const ListenError& e) {
-    EXPECT_EQ(e.address(), again.metrics_listen);
+    EXPECT_EQ(e.address(), again.observability.metrics_listen);
     std::string what = e.what();
     EXPECT_NE(what.find("metrics"), std::string::npos) << what;
-    EXPECT_NE(what.find(again.metrics_listen), std::string::npos) << what;
+    EXPECT_NE(what.find(again.observability.metrics_listen), std::string::npos) << what;
     EXPECT_NE(what.find("address already in use"), std::string::npos) << what;
     EXPECT_EQ(what.find("redis"), std::string::npos) << "the store is not involved: " << what;
   }
@@ -376,7 +376,7 @@ TEST_F(MetricsTest, AnAddressInUseIsAListenErrorThatSaysMetrics) {
 
 TEST_F(MetricsTest, HeadMetricsGetsTheHeadOfGetWithoutTheBody) {
   Options o = memory_options();
-  o.metrics_listen = "127.0.0.1:0";
+  o.observability.metrics_listen = "127.0.0.1:0";
   start(o);
   std::string get = http_get(rt_->metrics_address(), "GET /metrics HTTP/1.1\r\n\r\n");
   std::string head = http_get(rt_->metrics_address(), "HEAD /metrics HTTP/1.1\r\n\r\n");
@@ -468,7 +468,7 @@ TEST_F(MetricsTest, TheLogSinkGetsLossesAndNothingOnTheHappyPath) {
   auto lines = std::make_shared<std::vector<std::pair<LogLevel, std::string>>>();
   auto mu = std::make_shared<std::mutex>();
   Options o = memory_options();
-  o.log = [lines, mu](LogLevel level, std::string_view line) {
+  o.observability.log = [lines, mu](LogLevel level, std::string_view line) {
     std::lock_guard lk(*mu);
     lines->emplace_back(level, std::string(line));
   };
@@ -499,7 +499,7 @@ Scrape scrape_until(Runtime& rt, F&& ok) {
 
 TEST_F(MetricsTest, WaitingCallsAreCountedWhileTheyWait) {
   Options o = memory_options();
-  o.wait_warning = 150ms;
+  o.observability.wait_warning = 150ms;
   start(o);
   auto s = parse(rt_->metrics_text());
   EXPECT_EQ(s.types["lockwatch_waiting"], "gauge");
@@ -533,8 +533,8 @@ TEST_F(MetricsTest, ALeaseHeldPastHoldWarningIsToldOnce) {
   auto lines = std::make_shared<std::vector<std::string>>();
   auto mu = std::make_shared<std::mutex>();
   Options o = memory_options();
-  o.hold_warning = 200ms;
-  o.log = [lines, mu](LogLevel level, std::string_view line) {
+  o.observability.hold_warning = 200ms;
+  o.observability.log = [lines, mu](LogLevel level, std::string_view line) {
     std::lock_guard lk(*mu);
     if (level == LogLevel::kWarning) lines->emplace_back(line);
   };
@@ -569,7 +569,7 @@ TEST_F(MetricsTest, RedisUrlBesideADifferentStoreUrlIsWarnedOfAsDeprecated) {
     Options o = memory_options();
     o.store_url = std::move(store_url);
     o.redis_url = std::move(redis_url);
-    o.log = [lines, mu](LogLevel level, std::string_view line) {
+    o.observability.log = [lines, mu](LogLevel level, std::string_view line) {
       std::lock_guard lk(*mu);
       if (level == LogLevel::kWarning) lines->emplace_back(line);
     };
@@ -593,12 +593,12 @@ TEST_F(MetricsTest, RedisUrlBesideADifferentStoreUrlIsWarnedOfAsDeprecated) {
 }
 
 TEST_F(MetricsTest, HoldWarningIsOffByDefaultAndNegativeWarningsAreInvalid) {
-  EXPECT_EQ(Options().hold_warning, 0ms);
+  EXPECT_EQ(Options().observability.hold_warning, 0ms);
   Options o;
-  o.hold_warning = -1ms;
+  o.observability.hold_warning = -1ms;
   EXPECT_THROW(o.validate(), InvalidArgument);
-  o.hold_warning = 0ms;
-  o.wait_warning = -1ms;
+  o.observability.hold_warning = 0ms;
+  o.observability.wait_warning = -1ms;
   EXPECT_THROW(o.validate(), InvalidArgument);
 }
 

@@ -46,7 +46,7 @@ class NodeStoreTest : public ::testing::Test {
       : options_(std::move(options)), sharded_(notices == detail::RedisNodeStore::Notices::kSharded) {
     Endpoint ep;
     ep.port = server_.port();
-    store_ = std::make_unique<detail::RedisNodeStore>(loop_, ep, options_, notices);
+    store_ = std::make_unique<detail::RedisNodeStore>(loop_, ep, detail::StoreSettings::of(options_), notices);
     detail::StoreEvents events;
     events.released = [](std::string_view) {};
     events.subscribed = [this](std::string_view name) {
@@ -609,7 +609,7 @@ Options short_command_timeout() {
   Options o;
   // Well under the burst's time (1.5 s in a plain build, 8 s under ASan),
   // well over a busy machine's stall between two replies.
-  o.command_timeout = 500ms;
+  o.connection.command_timeout = 500ms;
   return o;
 }
 
@@ -638,7 +638,7 @@ TEST_F(NodeStoreBurstTest, ABurstRedisTakesLongerThanTheCommandTimeoutToServeIsN
     if (a.status == Acquired::Status::kFailed && first_error.empty()) first_error = a.error.describe();
   }
   EXPECT_EQ(taken, kLocks) << first_error;
-  EXPECT_GT(took, options_.command_timeout) << "the burst must outlast the timeout to test anything";
+  EXPECT_GT(took, options_.connection.command_timeout) << "the burst must outlast the timeout to test anything";
   // The locks, their owner records and one counter per slot (these names use every slot).
   EXPECT_EQ(server_.command({"DBSIZE"}).integer, static_cast<long long>(2 * kLocks + detail::kClusterSlots));
 }

@@ -168,7 +168,7 @@ TEST(PrometheusAlert, TheLeaseLostAlertFiresWhenALeaseIsLost) {
   auto backend = std::make_shared<MemoryBackend>();
   auto script = std::make_shared<StoreScript>();
   Options o = memory_options(1);
-  o.metrics_listen = "127.0.0.1:0";
+  o.observability.metrics_listen = "127.0.0.1:0";
   auto rt = memory_runtime(backend, script, o);
 
   const std::string dir = make_temp_dir("lockwatch-prometheus");

@@ -65,19 +65,19 @@ TEST(OptionsTest, ValidateRejectsOutOfRangeFields) {
     mutate(x);
     EXPECT_THROW(x.validate(), InvalidArgument);
   };
-  bad([](Options& x) { x.tick = 0ms; });
-  bad([](Options& x) { x.wheel_size = 0; });
-  bad([](Options& x) { x.renew_weight = 1.0; });
-  bad([](Options& x) { x.renew_weight = 0.0; });
-  bad([](Options& x) { x.connect_timeout = 0ms; });
+  bad([](Options& x) { x.watchdog.tick = 0ms; });
+  bad([](Options& x) { x.watchdog.wheel_size = 0; });
+  bad([](Options& x) { x.watchdog.renew_weight = 1.0; });
+  bad([](Options& x) { x.watchdog.renew_weight = 0.0; });
+  bad([](Options& x) { x.connection.connect_timeout = 0ms; });
   bad([](Options& x) { x.redis_url = "nope"; });
-  bad([](Options& x) { x.min_renewal_window = -1ms; });
-  bad([](Options& x) { x.busy_poll = std::chrono::microseconds(-2); });
-  bad([](Options& x) { x.busy_poll = 10ms + std::chrono::microseconds(1); });
+  bad([](Options& x) { x.watchdog.min_renewal_window = -1ms; });
+  bad([](Options& x) { x.runtime.busy_poll = std::chrono::microseconds(-2); });
+  bad([](Options& x) { x.runtime.busy_poll = 10ms + std::chrono::microseconds(1); });
   Options polling;
-  polling.busy_poll = 10ms;
+  polling.runtime.busy_poll = 10ms;
   EXPECT_NO_THROW(polling.validate());
-  polling.busy_poll = 0ms;  // off
+  polling.runtime.busy_poll = 0ms;  // off
   EXPECT_NO_THROW(polling.validate());
   Options out_of_range;
   out_of_range.redis_url = "redis://h:99999";
@@ -85,11 +85,11 @@ TEST(OptionsTest, ValidateRejectsOutOfRangeFields) {
 }
 
 TEST(OptionsTest, BusyPollIsAdaptiveByDefaultAndFromEnv) {
-  EXPECT_EQ(Options{}.busy_poll, kBusyPollAdaptive);
-  EXPECT_EQ(Options::from_env().busy_poll, kBusyPollAdaptive);
+  EXPECT_EQ(Options{}.runtime.busy_poll, kBusyPollAdaptive);
+  EXPECT_EQ(Options::from_env().runtime.busy_poll, kBusyPollAdaptive);
   EXPECT_NO_THROW(Options{}.validate());
   Options bad;
-  bad.busy_poll = std::chrono::microseconds(-5);
+  bad.runtime.busy_poll = std::chrono::microseconds(-5);
   try {
     bad.validate();
     ADD_FAILURE() << "a negative busy_poll other than kBusyPollAdaptive was accepted";
@@ -103,16 +103,16 @@ TEST(OptionsTest, TheOwnerNameIsBoundedAndHasNoControlCharacters) {
   const std::string name = detail::owner_name(Options{});
   EXPECT_NE(name.find(":" + std::to_string(::getpid()) + ":options_test"), std::string::npos) << name;
   Options named;
-  named.owner_name = "billing batch (eu-west-1)";
+  named.runtime.owner_name = "billing batch (eu-west-1)";
   EXPECT_NO_THROW(named.validate());
   EXPECT_EQ(detail::owner_name(named), "billing batch (eu-west-1)");
-  EXPECT_EQ(detail::connection_owner_name(named.owner_name), "billing_batch_(eu-west-1)");
-  named.owner_name = std::string(Options::kMaxOwnerName, 'x');
+  EXPECT_EQ(detail::connection_owner_name(named.runtime.owner_name), "billing_batch_(eu-west-1)");
+  named.runtime.owner_name = std::string(Options::kMaxOwnerName, 'x');
   EXPECT_NO_THROW(named.validate());
   for (const std::string& bad : {std::string(Options::kMaxOwnerName + 1, 'x'), std::string("a\nb"),
                                 std::string("tab\there"), std::string("del\x7f")}) {
     Options o;
-    o.owner_name = bad;
+    o.runtime.owner_name = bad;
     try {
       Runtime rt(o);
       ADD_FAILURE() << "accepted the owner name '" << bad << "'";
@@ -121,7 +121,7 @@ TEST(OptionsTest, TheOwnerNameIsBoundedAndHasNoControlCharacters) {
     }
   }
   ::setenv("LOCKWATCH_OWNER_NAME", "from-env", 1);
-  EXPECT_EQ(Options::from_env().owner_name, "from-env");
+  EXPECT_EQ(Options::from_env().runtime.owner_name, "from-env");
   ::unsetenv("LOCKWATCH_OWNER_NAME");
 }
 
@@ -307,6 +307,39 @@ TEST(OptionsTest, APostgresqlUrlNeedsThePostgresqlFeature) {
   }
 }
 
+// The groups nest in designated initializers; what is left out keeps its
+// default (and -Wmissing-field-initializers stays quiet: every member has
+// an initializer).
+TEST(OptionsTest, TheGroupsNestInDesignatedInitializers) {
+  const Options o{.store_url = "memory://designated",
+                  .watchdog = {.tick = 2ms},
+                  .connection = {.command_timeout = 1s},
+                  .tls = {.server_name = "locks.example"},
+                  .handoff = {.enabled = false}};
+  EXPECT_EQ(o.watchdog.tick, 2ms);
+  EXPECT_EQ(o.watchdog.wheel_size, 512u);
+  EXPECT_EQ(o.connection.command_timeout, 1s);
+  EXPECT_EQ(o.connection.connect_timeout, 2000ms);
+  EXPECT_EQ(o.tls.server_name, "locks.example");
+  EXPECT_TRUE(o.tls.verify);
+  EXPECT_FALSE(o.handoff.enabled);
+  EXPECT_EQ(o.handoff.max_streak, 1024u);
+  EXPECT_EQ(o.runtime.key_prefix, "lockwatch:");
+  EXPECT_EQ(o.observability.wait_warning, 10000ms);
+  EXPECT_NO_THROW(o.validate());
+}
+
+// store_url_forms(): one line per kind of store, each opening with its
+// first scheme; a store the build left out names its feature.
+TEST(OptionsTest, TheStoreUrlFormsOpenWithEachKindsScheme) {
+  const std::vector<std::string> forms = store_url_forms();
+  ASSERT_EQ(forms.size(), 7u);
+  const char* first[] = {"redis://", "redis-cluster://", "mysql://", "postgresql://", "zookeeper://", "etcd://", "memory://"};
+  for (std::size_t i = 0; i < forms.size(); ++i) EXPECT_TRUE(forms[i].starts_with(first[i])) << forms[i];
+  EXPECT_NE(forms[0].find("redis-sentinel://"), std::string::npos) << forms[0];
+  EXPECT_EQ(forms[3].find("not in this build") == std::string::npos, LOCKWATCH_WITH_POSTGRESQL != 0) << forms[3];
+}
+
 TEST(OptionsTest, AMalformedUrlKeepsItsSchemeInTheMessage) {
   Options o;
   o.redis_url = "redis-sentinel://:pw@127.0.0.1:26379";  // no master name
@@ -322,7 +355,7 @@ TEST(OptionsTest, AMalformedUrlKeepsItsSchemeInTheMessage) {
 TEST(OptionsTest, TheRenewalComesAtTheWeightUnlessThatLeavesTooShortAWindow) {
   using detail::renew_after;
   auto ms = [](std::chrono::steady_clock::duration d) { return std::chrono::duration_cast<std::chrono::microseconds>(d).count() / 1000.0; };
-  Options o;  // weight 0.9, window 50 ms, drift 1% + 2 ms
+  WatchdogOptions o;                                    // weight 0.9, window 50 ms, drift 1% + 2 ms
   EXPECT_DOUBLE_EQ(ms(renew_after(o, 2s, 0.9)), 1800);  // long ttls: exactly at the weight
   EXPECT_DOUBLE_EQ(ms(renew_after(o, 200ms, 0.9)), 146);  // 200 - 4 (drift) - 50 (window)
   EXPECT_DOUBLE_EQ(ms(renew_after(o, 100ms, 0.9)), 50);   // never before half the ttl

@@ -39,8 +39,8 @@ class PostgresStoreTest : public ::testing::Test {
   static Options options(const std::string& url) {
     Options o;
     o.redis_url = url;
-    o.threads = 2;
-    o.connect_timeout = 2s;
+    o.runtime.threads = 2;
+    o.connection.connect_timeout = 2s;
     return o;
   }
   // The suite's server with a table of the test's own (?table=).
@@ -219,7 +219,7 @@ TEST_F(PostgresStoreTest, AHostNameIsLookedUpAndAnUnknownOneIsAConnectionError) 
   EXPECT_GE(get_bounded(fut), 1u);
 
   Options o = options("postgresql://lockwatch:x@no-such-host.invalid/lockwatch_test");
-  o.connect_timeout = 1s;
+  o.connection.connect_timeout = 1s;
   auto err = first_call_error<ConnectionError>(o);
   ASSERT_TRUE(err);
   EXPECT_NE(std::string(err->what()).find("no-such-host.invalid"), std::string::npos) << err->what();
@@ -341,7 +341,7 @@ TEST_F(PostgresStoreTest, NoticesComeBackAfterTheirConnectionDrops) {
 // lock is taken once the row is free.
 TEST_F(PostgresStoreTest, ARowLockedElsewhereIsRetriedThenReportedNeverWaitedOnForLong) {
   Options o = options(server_->url());
-  o.command_timeout = 600ms;
+  o.connection.command_timeout = 600ms;
   Runtime rt(o);
   {
     auto h = take(rt, key(), 1s);  // the row exists
@@ -386,8 +386,8 @@ TEST_F(PostgresStoreTest, ARowLockedElsewhereIsRetriedThenReportedNeverWaitedOnF
 // higher token.
 TEST_F(PostgresStoreTest, TheFenceSurvivesReleasesAndACrashMidLease) {
   Options o = options(server_->url());
-  o.command_timeout = 300ms;
-  o.connect_timeout = 1500ms;  // a first login (TLS, SCRAM) is slow under the sanitizers
+  o.connection.command_timeout = 300ms;
+  o.connection.connect_timeout = 1500ms;  // a first login (TLS, SCRAM) is slow under the sanitizers
   Runtime rt(o);
   std::uint64_t last = 0;
   for (int i = 0; i < 3; ++i) {
@@ -423,8 +423,8 @@ TEST_F(PostgresStoreTest, TheFenceSurvivesReleasesAndACrashMidLease) {
 // server goes on, the store recovers and the lock can be taken again.
 TEST_F(PostgresStoreTest, AHungServerLosesTheLeaseByItsDeadlineAndRecovers) {
   Options o = options(server_->url());
-  o.command_timeout = 300ms;
-  o.connect_timeout = 1500ms;  // a first login (TLS, SCRAM) is slow under the sanitizers
+  o.connection.command_timeout = 300ms;
+  o.connection.connect_timeout = 1500ms;  // a first login (TLS, SCRAM) is slow under the sanitizers
   Runtime rt(o);
   Gate started;
   auto f = locked(key(), 1s, forever).on(rt)([&] {
@@ -504,7 +504,7 @@ TEST_F(PostgresStoreTest, TheHoldersTableIsCreatedBesideAnExistingLockTable) {
                  "AND 255), owner bytea NOT NULL DEFAULT '', fence bigint NOT NULL DEFAULT 0, expires_at timestamptz "
                  "NOT NULL, last_period bigint) WITH (fillfactor = 70); ALTER TABLE older_locks OWNER TO lockwatch");
   Options named = options(url_with_table("older_locks"));
-  named.owner_name = "pg owner:7";
+  named.runtime.owner_name = "pg owner:7";
   Runtime rt(named);
   auto h = take(rt, key("-exclusive"), 2s);
   auto added = server_->query(

@@ -43,7 +43,7 @@ class QuorumStoreTest : public ::testing::Test {
       stores.push_back(std::make_unique<MemoryStore>(loop_, backends_.back(), scripts_.back(), ""));
       names.push_back("node" + std::to_string(i));
     }
-    q_ = std::make_unique<QuorumStore>(std::move(stores), std::move(names), o);
+    q_ = std::make_unique<QuorumStore>(std::move(stores), std::move(names), o.watchdog);
     on_loop([this] { q_->start({}); });
   }
   void TearDown() override {

@@ -259,7 +259,7 @@ TEST_F(RedisAclTest, WithoutEvalshaAnAcquisitionFailsWithAuthErrorNamingItAndThe
 
 TEST_F(RedisAclTest, AKeyPrefixOutsideThePatternIsRefusedWithAuthErrorNamingTheCommand) {
   Options o = as("lockwatch");
-  o.key_prefix = "elsewhere:";
+  o.runtime.key_prefix = "elsewhere:";
   Runtime rt(o);
   auto f = rt.acquire(test_key(), 5s);
   const std::string what = auth_error_of(f);
@@ -336,7 +336,7 @@ TEST_F(RedisAclTest, WithoutTheChannelsTheRefusedSubscriptionAndReleaseNoticeAre
   add_user(*server_, "nochannels", "pw", without(doc_rule("node"), "&lockwatch:*"));
   LogLines log;
   Options o = as("nochannels");
-  o.log = log.sink();
+  o.observability.log = log.sink();
   Runtime rt(o);
   auto held = rt.acquire(test_key(), 1s);
   LockHandle h = get_bounded(held);
@@ -361,7 +361,7 @@ TEST_F(RedisAclTest, WithoutPublishTheRuntimeStopsOnceAnUnconfirmedReleaseRanOut
   add_user(*server_, "nopublish", "pw", without(doc_rule("node"), "+publish"));
   LogLines log;
   Options o = as("nopublish");
-  o.log = log.sink();
+  o.observability.log = log.sink();
   auto rt = std::make_unique<Runtime>(o);
   auto f = rt->acquire(test_key(), 1s);
   LockHandle h = get_bounded(f);
@@ -390,7 +390,7 @@ TEST_F(RedisAclTest, AUserWithoutAPasswordIsThatUser) {
   LockHandle h = get_bounded(f);
   auto back = h.release();
   get_bounded(back);
-  o.key_prefix = "elsewhere:";
+  o.runtime.key_prefix = "elsewhere:";
   Runtime outside(o);
   auto refused = outside.acquire(test_key(), 5s);
   EXPECT_NE(auth_error_of(refused).find("NOPERM"), std::string::npos);
@@ -425,7 +425,7 @@ class RedisAclClusterTest : public ::testing::Test {
   }
   static Options as(const std::string& user) {
     Options o;
-    o.threads = 2;
+    o.runtime.threads = 2;
     o.redis_url = as_user(cluster_->url(), user, "pw");
     return o;
   }
@@ -580,7 +580,7 @@ class RedisAclSentinelTest : public ::testing::Test {
   }
   static Options as(const std::string& user, const std::string& sentinel_password = "spw") {
     Options o;
-    o.threads = 2;
+    o.runtime.threads = 2;
     o.redis_url = "redis-sentinel://" + user + ":pw@127.0.0.1:" + std::to_string(sentinel_->port()) +
                   "/mymaster?sentinel_user=sentinel-user&sentinel_password=" + sentinel_password;
     return o;
@@ -610,7 +610,7 @@ TEST_F(RedisAclSentinelTest, WithoutRoleOnTheMasterCallsFailWithAuthErrorNamingI
 
 TEST_F(RedisAclSentinelTest, WrongSentinelCredentialsLeaveTheMasterUnknown) {
   Options o = as("lockwatch", "wrong");
-  o.connect_timeout = 500ms;
+  o.connection.connect_timeout = 500ms;
   Runtime rt(o);
   auto f = rt.acquire(test_key(), 5s);
   auto e = error_of<ConnectionError>(f);

@@ -229,7 +229,7 @@ class RedissonTest : public ::testing::TestWithParam<Where> {
   Options options() const {
     Options o;
     o.redis_url = (cluster() ? cluster_->url() : server_->url()) + "?layout=redisson";
-    o.threads = 2;
+    o.runtime.threads = 2;
     return o;
   }
   std::string peer_ports() const {
@@ -576,10 +576,10 @@ TEST_P(RedissonTest, ARetriedReleaseAnswersAsTheFirst) {
   Endpoint ep;
   ep.port = port_of(k);
   Options o;
-  detail::RedisNodeStore store(loop, ep, o,
-                               cluster() ? detail::RedisNodeStore::Notices::kSharded
-                                         : detail::RedisNodeStore::Notices::kClassic,
-                               detail::StoreLayout::make_redisson());
+  detail::RedisNodeStore store(
+      loop, ep, detail::StoreSettings::of(o),
+      cluster() ? detail::RedisNodeStore::Notices::kSharded : detail::RedisNodeStore::Notices::kClassic,
+      detail::StoreLayout::make_redisson());
   if (cluster()) store.batch_by_slot();
   loop.post([&] { store.start(detail::StoreEvents{}); });
   const std::string token = "0123456789abcdef0123456789abcdef";
@@ -640,7 +640,7 @@ INSTANTIATE_TEST_SUITE_P(Where, RedissonTest, ::testing::Values(Where::kNode, Wh
 TEST(RedissonLayout, UnknownLayoutsAndKindsItCannotHoldAreRefused) {
   RedisServer server;
   Options o;
-  o.threads = 1;
+  o.runtime.threads = 1;
   o.redis_url = server.url() + "?layout=jedis";
   auto bad = thrown<InvalidArgument>([&] { Runtime rt(o); });
   ASSERT_TRUE(bad);

@@ -109,9 +109,9 @@ class RedlockTest : public ::testing::Test {
   Options options(std::size_t threads = 4) const {
     Options o;
     o.redis_url = urls();
-    o.threads = threads;
-    o.connect_timeout = 500ms;
-    o.command_timeout = 500ms;
+    o.runtime.threads = threads;
+    o.connection.connect_timeout = 500ms;
+    o.connection.command_timeout = 500ms;
     return o;
   }
   // How many nodes hold the lock for `key`.
@@ -151,7 +151,7 @@ TEST_F(RedlockTest, ASetIsHeldOnAMajorityAndReleasedEverywhere) {
 // time, and listed, though one node has lost the lock.
 TEST_F(RedlockTest, InspectAndListShowTheMajoritysOwner) {
   Options o = options();
-  o.owner_name = "redlock owner";
+  o.runtime.owner_name = "redlock owner";
   Runtime rt(o);
   auto f = rt.acquire("rl-who", 5s);
   LockHandle h = get_bounded(f);

@@ -176,7 +176,7 @@ TEST_F(RuntimeTest, RenewalsWhileQueuedDoNotSpendTheRetries) {
 
 TEST_F(RuntimeTest, ALockedCallBlockingTheOnlyWorkerOnAnotherFailsItInsteadOfDeadlocking) {
   Options o = memory_options(1);
-  o.queue_timeout = 300ms;
+  o.runtime.queue_timeout = 300ms;
   restart(o);
   auto inner = locked("inner", 200ms, forever).on(*rt_)([] { return 1; });
   std::promise<std::shared_future<int>> handed;

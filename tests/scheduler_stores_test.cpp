@@ -47,7 +47,7 @@ class SchedulerStoresTest : public ::testing::TestWithParam<std::string> {
   Options options(std::size_t threads = 2) const {
     Options o;
     o.redis_url = backend_->url();
-    o.threads = threads;
+    o.runtime.threads = threads;
     return o;
   }
 

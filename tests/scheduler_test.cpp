@@ -261,7 +261,7 @@ TEST_F(SchedulerTest, AThrowingRunIsReportedAndTheNextPeriodRuns) {
   std::mutex log_mu;
   std::vector<std::string> lines;
   Options o = memory_options(2);
-  o.log = [&](LogLevel level, std::string_view line) {
+  o.observability.log = [&](LogLevel level, std::string_view line) {
     std::lock_guard lk(log_mu);
     if (level == LogLevel::kError) lines.emplace_back(line);
   };

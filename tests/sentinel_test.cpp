@@ -177,10 +177,10 @@ class SentinelTest : public ::testing::TestWithParam<bool> {
   Options options() const {
     Options o;
     o.redis_url = url();
-    o.threads = 4;
-    if (GetParam()) o.tls_ca_file = test_certificates().ca_cert;
-    o.connect_timeout = 500ms;
-    o.command_timeout = 1000ms;
+    o.runtime.threads = 4;
+    if (GetParam()) o.tls.ca_file = test_certificates().ca_cert;
+    o.connection.connect_timeout = 500ms;
+    o.connection.command_timeout = 1000ms;
     return o;
   }
 
@@ -203,7 +203,7 @@ TEST_P(SentinelTest, FindsTheMasterAndWaitsForTheReplica) {
     // before any is handed out, as the lock itself does: a failover cannot
     // give a later holder a token below one handed out here.
     Options slow = o;
-    slow.handoff_max_time = 60s;  // the streak outlasts a loaded machine's round trips
+    slow.handoff.max_time = 60s;  // the streak outlasts a loaded machine's round trips
     Runtime rt(slow);
     auto first_f = rt.acquire("sen-hand", 2s);
     LockHandle first = get_bounded(first_f);
@@ -233,7 +233,7 @@ TEST_P(SentinelTest, FindsTheMasterAndWaitsForTheReplica) {
 // (and so reaches its replica), and the listing reads it there.
 TEST_P(SentinelTest, TheOwnerIsShownAndListedOnTheMasterFound) {
   Options o = options();
-  o.owner_name = "sentinel owner";
+  o.runtime.owner_name = "sentinel owner";
   Runtime rt(o);
   auto f = rt.acquire("sen-who", 5s);
   LockHandle h = get_bounded(f);
@@ -318,7 +318,7 @@ TEST_P(SentinelTest, FailoverWhileLeasesAreHeldAndCallersWait) {
   // timeout (a wait is for a busy lock, not for a store that is down): one
   // that is to outlast a failover needs a connect timeout longer than it.
   Options patient = options();
-  patient.connect_timeout = 15s;
+  patient.connection.connect_timeout = 15s;
   Runtime waiting_rt(patient);
   auto waiter = locked("fo", 4s, forever).on(waiting_rt).wait(40s)([] { return this_lease().fencing_token(); });
   auto waiting = waiter();

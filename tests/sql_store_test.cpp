@@ -30,8 +30,8 @@ class SqlStoreTest : public ::testing::Test {
   static Options options(const std::string& url) {
     Options o;
     o.redis_url = url;
-    o.threads = 2;
-    o.connect_timeout = 2s;
+    o.runtime.threads = 2;
+    o.connection.connect_timeout = 2s;
     return o;
   }
   // A key unique to the running test.
@@ -123,7 +123,7 @@ TEST_F(SqlStoreTest, AHostNameIsLookedUpAndAnUnknownOneIsAConnectionError) {
   EXPECT_GE(get_bounded(fut), 1u);
 
   Options o = options("mysql://lockwatch:x@no-such-host.invalid/lockwatch_test");
-  o.connect_timeout = 1s;
+  o.connection.connect_timeout = 1s;
   Runtime nowhere(o);
   auto g = locked("k", 1s, 0).on(nowhere)([] { return 1; });
   auto t0 = std::chrono::steady_clock::now();
@@ -242,7 +242,7 @@ TEST_F(SqlStoreTest, AnOlderInstallGetsTheHoldersTableWhenMissing) {
                  " (lock_name VARBINARY(255) NOT NULL PRIMARY KEY, owner VARBINARY(64) NOT NULL DEFAULT '', "
                  "fence BIGINT UNSIGNED NOT NULL DEFAULT 0, expires_at DATETIME(6) NOT NULL, last_period BIGINT NULL)");
   Options named = options(server_->url() + "?table=older");
-  named.owner_name = "maria owner";
+  named.runtime.owner_name = "maria owner";
   Runtime rt(named);
   auto f = rt.acquire({.key = key(), .ttl = 5s, .kind = LockKind::shared()});
   LockHandle reader = get_bounded(f);

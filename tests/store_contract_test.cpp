@@ -78,7 +78,7 @@ class StoreContractTest : public ::testing::TestWithParam<std::string> {
   Options options(std::size_t threads = 4) const {
     Options o;
     o.redis_url = backend_->url();
-    o.threads = threads;
+    o.runtime.threads = threads;
     return o;
   }
 
@@ -293,7 +293,7 @@ TEST_P(StoreContractTest, AWrongPasswordIsAnAuthError) {
   if (!backend_->has_server()) GTEST_SKIP() << "a memory space has no credentials to refuse";
   Options o = options();
   o.redis_url = backend_->url_with_wrong_password();
-  o.connect_timeout = 1s;
+  o.connection.connect_timeout = 1s;
   Runtime rt(o);
   auto f = locked("k", 1s, 0).on(rt)([] { return 1; });
   auto fut = f();
@@ -304,7 +304,7 @@ TEST_P(StoreContractTest, AServerDownFailsWithinTheConnectTimeout) {
   if (!backend_->has_server()) GTEST_SKIP() << "a memory space has no address where nothing listens";
   Options o = options();
   o.redis_url = backend_->unreachable_url();
-  o.connect_timeout = 500ms;
+  o.connection.connect_timeout = 500ms;
   Runtime rt(o);
   auto f = locked("k", 1s, 0).on(rt)([] { return 1; });
   auto t0 = std::chrono::steady_clock::now();
@@ -320,8 +320,8 @@ TEST_P(StoreContractTest, AServerGoneMidLeaseLosesTheLeaseByItsDeadline) {
   // The first connection is made under this bound (a PostgreSQL login on a
   // loaded machine took over 300 ms); once the server is gone, a connect
   // is refused at once on loopback.
-  o.connect_timeout = 2s;
-  o.command_timeout = 300ms;
+  o.connection.connect_timeout = 2s;
+  o.connection.command_timeout = 300ms;
   Runtime rt(o);
   ASSERT_TRUE(warm_up(rt));
   Gate started;
@@ -348,7 +348,7 @@ TEST_P(StoreContractTest, AServerGoneMidLeaseLosesTheLeaseByItsDeadline) {
 
 TEST_P(StoreContractTest, AHungServerCannotHangACall) {
   Options o = options();
-  o.command_timeout = 500ms;
+  o.connection.command_timeout = 500ms;
   Runtime rt(o);
   ASSERT_TRUE(warm_up(rt));
   auto warm = locked("hung", 1s, 0).on(rt)([] { return 1; });
@@ -373,7 +373,7 @@ TEST_P(StoreContractTest, AHungServerCannotHangACall) {
 // is left that nobody owns for its ttl (30 s here).
 TEST_P(StoreContractTest, AnAcquireThatTimedOutLeavesNoGhostLock) {
   Options o = options();
-  o.command_timeout = 300ms;
+  o.connection.command_timeout = 300ms;
   Runtime rt(o);
   ASSERT_TRUE(warm_up(rt));  // connected before the pause
   backend_->pause("ghost");
@@ -798,8 +798,8 @@ TEST_P(StoreContractTest, OppositeOrderTransfersAcrossProcessesKeepTheTotal) {
 // grant time are in the store: another runtime (another owner) reads them.
 TEST_P(StoreContractTest, InspectNamesEachHolderAndItsGrantTime) {
   Options oa = options(), ob = options();
-  oa.owner_name = "alpha host:1:prog";
-  ob.owner_name = "beta";
+  oa.runtime.owner_name = "alpha host:1:prog";
+  ob.runtime.owner_name = "beta";
   Runtime a(oa), b(ob);
   const auto before = std::chrono::system_clock::now();
   auto held = take(a, "who-holds", 5s);
@@ -848,7 +848,7 @@ TEST_P(StoreContractTest, InspectNamesEachHolderAndItsGrantTime) {
 // released ones and those under other prefixes are not listed.
 TEST_P(StoreContractTest, ListShowsTheLocksHeldUnderAPrefix) {
   Options oa = options();
-  oa.owner_name = "lister";
+  oa.runtime.owner_name = "lister";
   Runtime a(oa);
   auto h1 = take(a, "ls-a:1", 5s);
   auto h2 = take(a, "ls-a:2", 5s);

@@ -49,7 +49,7 @@ std::unique_ptr<Runtime> core_only_runtime() {
   auto backend = std::make_shared<MemoryBackend>();
   auto script = std::make_shared<StoreScript>();
   return detail::RuntimeAccess::make(memory_options(2), [backend, script](detail::Loop& loop, const Options& o) {
-    return std::make_unique<CoreOnlyStore>(std::make_unique<MemoryStore>(loop, backend, script, o.key_prefix));
+    return std::make_unique<CoreOnlyStore>(std::make_unique<MemoryStore>(loop, backend, script, o.runtime.key_prefix));
   });
 }
 
@@ -106,7 +106,7 @@ TEST(StoreSeamTest, AQuorumRefusesAMemberThatCannotRaiseFences) {
     names.push_back("node" + std::to_string(i));
   }
   try {
-    detail::QuorumStore quorum(std::move(members), std::move(names), Options{});
+    detail::QuorumStore quorum(std::move(members), std::move(names), WatchdogOptions{});
     ADD_FAILURE() << "a quorum of stores without fence raising was built";
   } catch (const Unsupported& e) {
     EXPECT_NE(std::string(e.what()).find("node0"), std::string::npos) << e.what();
@@ -210,11 +210,11 @@ TEST(StoreSeamTest, EachStoreChecksItsOwnSettings) {
 #endif
   Options redis;
   redis.store_url = "redis://127.0.0.1:6379";
-  redis.key_prefix = "a{b}:";
+  redis.runtime.key_prefix = "a{b}:";
   EXPECT_THROW(redis.validate(), InvalidArgument);
   Options memory;  // servers' settings have nothing to act on in memory
   memory.store_url = "memory://";
-  memory.key_prefix = "a{b}:";
+  memory.runtime.key_prefix = "a{b}:";
   EXPECT_NO_THROW(memory.validate());
 }
 

@@ -42,8 +42,8 @@ inline void add_url_param(Options& o, const std::string& param) {
 inline Options options_for(const RedisServer& server, std::size_t threads = 4) {
   Options o;
   o.redis_url = server.url();
-  o.threads = threads;
-  if (server.tls()) o.tls_ca_file = test_certificates().ca_cert;
+  o.runtime.threads = threads;
+  if (server.tls()) o.tls.ca_file = test_certificates().ca_cert;
   return o;
 }
 
@@ -173,7 +173,7 @@ class Gate {
   bool opened_ = false;
 };
 
-// What the log said at warning level (Options::log = lines.sink()), for
+// What the log said at warning level (Options::observability.log = lines.sink()), for
 // the cases that wait for a line. It must outlive the runtimes it serves.
 class LogLines {
  public:

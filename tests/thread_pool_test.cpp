@@ -273,7 +273,7 @@ TEST(ThreadPoolTest, EmptyTaskIsRejected) {
   EXPECT_THROW(pool.post(UniqueFunction{}), InvalidArgument);
 }
 
-// Options::busy_poll: a polling worker takes tasks as a sleeping one does,
+// Options::runtime.busy_poll: a polling worker takes tasks as a sleeping one does,
 // each exactly once, in a ping-pong (every task posted after the previous
 // one ran, which is the case polling serves) and from several producers;
 // shutdown still joins within the window.

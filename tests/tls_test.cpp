@@ -25,7 +25,7 @@ class TlsTest : public ::testing::Test {
   }
   static Options options_to(const RedisServer& server) {
     Options o = options_for(server);
-    o.connect_timeout = kConnectTimeout;
+    o.connection.connect_timeout = kConnectTimeout;
     return o;
   }
   // One lock cycle through `o`: its fencing token, or throws what failed.
@@ -55,8 +55,8 @@ class TlsTest : public ::testing::Test {
 TEST_F(TlsTest, MutualTlsWorksWithAClientCertificate) {
   RedisServer server = tls_server({.cert_file = {}, .key_file = {}, .auth_clients = true});
   Options o = options_to(server);
-  o.tls_cert_file = certs().client_cert;
-  o.tls_key_file = certs().client_key;
+  o.tls.cert_file = certs().client_cert;
+  o.tls.key_file = certs().client_key;
   EXPECT_GE(cycle(o), 1u);
 }
 
@@ -81,14 +81,14 @@ TEST_F(TlsTest, ACertificateForAnotherNameIsRefused) {
 TEST_F(TlsTest, TheServerNameOptionIsWhatTheCertificateMustCarry) {
   RedisServer wrong = tls_server({.cert_file = certs().wrong_name_cert, .key_file = certs().wrong_name_key});
   Options o = options_to(wrong);
-  o.tls_server_name = "wrong.example";
+  o.tls.server_name = "wrong.example";
   EXPECT_GE(cycle(o), 1u);
   // A DNS name (and SNI) against the usual certificate, which has localhost.
   RedisServer server = tls_server();
   Options named = options_to(server);
-  named.tls_server_name = "localhost";
+  named.tls.server_name = "localhost";
   EXPECT_GE(cycle(named), 1u);
-  named.tls_server_name = "elsewhere.example";
+  named.tls.server_name = "elsewhere.example";
   std::string what = connection_error(named);
   EXPECT_NE(what.find("mismatch"), std::string::npos) << what;
 }
@@ -102,7 +102,7 @@ TEST_F(TlsTest, AnExpiredCertificateIsRefused) {
 TEST_F(TlsTest, WithoutVerificationAnUntrustedCertificateIsAccepted) {
   RedisServer server = tls_server({.cert_file = certs().untrusted_cert, .key_file = certs().untrusted_key});
   Options o = options_to(server);
-  o.tls_verify = false;
+  o.tls.verify = false;
   EXPECT_GE(cycle(o), 1u);
 }
 
@@ -118,7 +118,7 @@ TEST_F(TlsTest, ATlsClientOnAPlaintextPortFailsClearly) {
   RedisServer plain;
   Options o = options_to(plain);
   o.redis_url = "rediss://127.0.0.1:" + std::to_string(plain.port());
-  o.tls_ca_file = certs().ca_cert;
+  o.tls.ca_file = certs().ca_cert;
   std::string what = connection_error(o);
   EXPECT_NE(what.find("TLS"), std::string::npos) << what;
 }
@@ -126,28 +126,28 @@ TEST_F(TlsTest, ATlsClientOnAPlaintextPortFailsClearly) {
 TEST_F(TlsTest, MissingOrUnusableFilesAreInvalidArgumentsAtOnce) {
   Options o;
   o.redis_url = "rediss://127.0.0.1:1";
-  o.tls_ca_file = certs().dir + "/no-such-ca.crt";
+  o.tls.ca_file = certs().dir + "/no-such-ca.crt";
   EXPECT_THROW(o.validate(), InvalidArgument);
   EXPECT_THROW(Runtime{o}, InvalidArgument);
-  o.tls_ca_file = certs().dir;  // a directory, not a PEM file
+  o.tls.ca_file = certs().dir;  // a directory, not a PEM file
   EXPECT_THROW(o.validate(), InvalidArgument);
-  o.tls_ca_file = certs().ca_cert;
-  o.tls_cert_file = certs().client_cert;  // without its key
+  o.tls.ca_file = certs().ca_cert;
+  o.tls.cert_file = certs().client_cert;  // without its key
   EXPECT_THROW(o.validate(), InvalidArgument);
-  o.tls_key_file = certs().dir + "/no-such.key";
+  o.tls.key_file = certs().dir + "/no-such.key";
   EXPECT_THROW(o.validate(), InvalidArgument);
-  o.tls_key_file = certs().server_key;  // another certificate's key
+  o.tls.key_file = certs().server_key;  // another certificate's key
   EXPECT_THROW(o.validate(), InvalidArgument);
   const std::string garbage = certs().dir + "/garbage.key";
   std::ofstream(garbage) << "not a key\n";
-  o.tls_key_file = garbage;
+  o.tls.key_file = garbage;
   try {
     o.validate();
     ADD_FAILURE() << "a garbage key was accepted";
   } catch (const InvalidArgument& e) {
-    EXPECT_NE(std::string(e.what()).find("tls_key_file"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("tls.key_file"), std::string::npos) << e.what();
   }
-  o.tls_key_file = certs().client_key;
+  o.tls.key_file = certs().client_key;
   EXPECT_NO_THROW(o.validate());
 }
 
@@ -159,10 +159,10 @@ TEST_F(TlsTest, TheFilesComeFromTheEnvironment) {
   ::unsetenv("LOCKWATCH_TLS_CA_FILE");
   ::unsetenv("LOCKWATCH_TLS_CERT_FILE");
   ::unsetenv("LOCKWATCH_TLS_KEY_FILE");
-  EXPECT_EQ(o.tls_ca_file, "/ca.pem");
-  EXPECT_EQ(o.tls_cert_file, "/cert.pem");
-  EXPECT_EQ(o.tls_key_file, "/key.pem");
-  EXPECT_TRUE(o.tls_verify);
+  EXPECT_EQ(o.tls.ca_file, "/ca.pem");
+  EXPECT_EQ(o.tls.cert_file, "/cert.pem");
+  EXPECT_EQ(o.tls.key_file, "/key.pem");
+  EXPECT_TRUE(o.tls.verify);
 }
 
 }  // namespace

@@ -219,7 +219,7 @@ TEST_F(WaitQueueTest, AWaitOnAStoreThatIsDownFailsAfterTheConnectTimeoutNotTheWa
   // timeout fails every waiter of the key with the connection error.
   rt_.reset();
   Options o = memory_options();
-  o.connect_timeout = 300ms;
+  o.connection.connect_timeout = 300ms;
   rt_ = memory_runtime(backend_, script_, o);
   script_->set_down(true);
   auto t0 = std::chrono::steady_clock::now();

@@ -160,7 +160,7 @@ TEST_F(WatchdogTest, TheHolderIsToldTheWholeDriftAllowanceBeforeTheStoreMayExpir
   // eating into the allowance that is its only margin. The deadline is
   // set a tick early, so it is told by then.
   Options o = memory_options();
-  o.tick = 50ms;
+  o.watchdog.tick = 50ms;
   restart(o);
   script_->script_renew([](const std::string&) -> std::optional<Renewed> { return Renewed::kTransient; });
   auto t0 = std::chrono::steady_clock::now();

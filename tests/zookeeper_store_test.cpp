@@ -98,14 +98,14 @@ class ZooKeeperStoreTest : public ::testing::Test {
   static Options options(const std::string& url = "") {
     Options o;
     o.redis_url = url.empty() ? "zookeeper://" + ensemble_->hosts() : url;
-    o.threads = 2;
+    o.runtime.threads = 2;
     // Long enough for a waiter to ride out an election (the ensemble's
     // tick is 100 ms; members close their clients' connections meanwhile).
-    o.connect_timeout = 5s;
+    o.connection.connect_timeout = 5s;
     // A new session is committed through the leader before its first
     // request goes: on a loaded machine that alone can take a second, and a
     // member falling behind its leader under load can stall a write for more.
-    o.command_timeout = 5s;
+    o.connection.command_timeout = 5s;
     return o;
   }
   // A key unique to the running test.
@@ -207,7 +207,7 @@ TEST_F(ZooKeeperStoreTest, AMemberAnsweringGarbageIsAConnectionErrorWithinTheCon
     }
   });
   Options o = options("zookeeper://127.0.0.1:" + std::to_string(listener.port()));
-  o.connect_timeout = 1s;
+  o.connection.connect_timeout = 1s;
   {
     Runtime rt(o);
     auto t0 = std::chrono::steady_clock::now();
@@ -241,7 +241,7 @@ TEST_F(ZooKeeperStoreTest, MemberNamesAreResolvedAndANameWithoutAddressIsAConnec
   get_bounded(released);
 
   Options o = options("zookeeper://no-such-member.invalid:2181");
-  o.connect_timeout = 1s;
+  o.connection.connect_timeout = 1s;
   Runtime nowhere(o);
   auto t0 = std::chrono::steady_clock::now();
   auto f = nowhere.acquire({.key = key("-nowhere"), .ttl = 1s, .retries = forever});
@@ -301,7 +301,7 @@ TEST_F(ZooKeeperStoreTest, PermitsThatDisagreeOnNAreRefusedAndLeaveNothingBehind
   Runtime a(options()), b(options());
   auto f = a.acquire({.key = key(), .ttl = 10s, .kind = LockKind::permits(2)});
   LockHandle held = get_bounded(f);
-  const std::string name = a.options().key_prefix + key();
+  const std::string name = a.options().runtime.key_prefix + key();
   auto more = b.acquire({.key = key(), .ttl = 10s, .retries = forever, .wait = 0ms, .kind = LockKind::permits(3)});
   auto e = error_of<InvalidArgument>(more);
   ASSERT_TRUE(e);
@@ -326,7 +326,7 @@ TEST_F(ZooKeeperStoreTest, APermitGoesWithItsHoldersSession) {
   }
   // With credentials: the holder's node below is made by the same identity.
   Runtime rt(options("zookeeper://u:p@" + ensemble_->hosts()));
-  const std::string dir = lock_dir(rt.options().key_prefix + key());
+  const std::string dir = lock_dir(rt.options().runtime.key_prefix + key());
   // A holder of the one permit on a session of its own, as a process of
   // this store's makes it.
   auto holder = std::make_unique<ZooKeeperClient>(ensemble_->hosts(), "u:p");
@@ -402,8 +402,8 @@ TEST_F(ZooKeeperStoreTest, ANodeGoneWithTheSessionEndedForItsReleaseIsNoLostLeas
   const int member = followers(leader).front();  // the runtime's only one
   LogLines log;
   Options o = options("zookeeper://127.0.0.1:" + std::to_string(ensemble_->client_port(member)));
-  o.command_timeout = 500ms;
-  o.log = log.sink();
+  o.connection.command_timeout = 500ms;
+  o.observability.log = log.sink();
   Runtime rt(o), other(options());
   Gate started, finish;
   auto work = locked(key(), 10s, forever).on(rt)([&] {
@@ -413,7 +413,7 @@ TEST_F(ZooKeeperStoreTest, ANodeGoneWithTheSessionEndedForItsReleaseIsNoLostLeas
   });
   auto done = work();
   ASSERT_TRUE(started.wait());
-  const std::string name = options().key_prefix + key();  // the store's name for it
+  const std::string name = options().runtime.key_prefix + key();  // the store's name for it
   const auto nodes = lock_nodes(name);
   ASSERT_EQ(nodes.size(), 1u);
   ensemble_->pause(member);
@@ -436,7 +436,7 @@ TEST_F(ZooKeeperStoreTest, ANodeGoneWithTheSessionEndedForItsReleaseIsNoLostLeas
 
 TEST_F(ZooKeeperStoreTest, AReadLostWithItsConnectionIsAskedAgainOnTheSameSession) {
   Options o = options();
-  o.command_timeout = 8s;  // room for the session to connect to another member
+  o.connection.command_timeout = 8s;  // room for the session to connect to another member
   Runtime rt(o);
   {
     auto first = rt.inspect(key());  // the session connects
@@ -484,7 +484,7 @@ TEST_F(ZooKeeperStoreTest, AReadLostWithItsConnectionIsAskedAgainOnTheSameSessio
 
 TEST_F(ZooKeeperStoreTest, AMajorityDownGrantsNothingAndHoldersLoseTheirLeasesByTheirDeadline) {
   Options o = options();
-  o.command_timeout = 500ms;
+  o.connection.command_timeout = 500ms;
   Runtime rt(o), waiter_rt(o);
   std::atomic<bool> stopped_before_lost{false};
   std::atomic<std::chrono::steady_clock::rep> stopped_at{0};
@@ -532,7 +532,7 @@ TEST_F(ZooKeeperStoreTest, AMajorityDownGrantsNothingAndHoldersLoseTheirLeasesBy
 
 TEST_F(ZooKeeperStoreTest, AMajorityDownGrantsNoShareAndNoPermit) {
   Options o = options();
-  o.command_timeout = 500ms;
+  o.connection.command_timeout = 500ms;
   Runtime rt(o);
   int leader = ensemble_->leader();
   ASSERT_GE(leader, 0);

@@ -65,7 +65,7 @@ struct LeaderInfo {
   std::string identity;
   /// The leader's term (see the header comment for what each store gives).
   std::uint64_t term = 0;
-  /// The leader's owner name (its runtime's Options::owner_name, such as
+  /// The leader's owner name (its runtime's Options::runtime.owner_name, such as
   /// "host:pid:program"), as the store records it; empty where it keeps none.
   std::string owner;
   /// Equal when of the same leader and term.

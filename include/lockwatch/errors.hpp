@@ -119,7 +119,7 @@ enum class LostReason {
   kRenewalsExhausted,  ///< the `retries` renewals were spent and the ttl ran out
   kStoreUnreachable,   ///< no renewal was confirmed before the local deadline (the store could not be reached in time)
   kRuntimeStopped,     ///< the runtime was destroyed while the work ran (or the handle held it)
-  kNotStarted,         ///< granted, but no pool worker was free within Options::queue_timeout
+  kNotStarted,         ///< granted, but no pool worker was free within Options::runtime.queue_timeout
   /// The key was gone before its ttl could have run out: removed by an
   /// operator (`lockwatch release --force`, Runtime::force_release), a
   /// delete by hand, or a failover that lost it.
@@ -175,17 +175,17 @@ class ConnectionError : public Error {
   std::error_code backend_code_;
 };
 
-/// The runtime could not serve its metrics where Options::metrics_listen
+/// The runtime could not serve its metrics where Options::observability.metrics_listen
 /// says: the port is taken, the address is not one of this host's, or the
 /// port needs privileges. Thrown by the Runtime constructor; `address()` is
-/// Options::metrics_listen. Not a ConnectionError: the store is not involved.
+/// Options::observability.metrics_listen. Not a ConnectionError: the store is not involved.
 class ListenError : public Error {
  public:
   /// errc::listen_failed.
   std::error_code code() const noexcept override { return errc::listen_failed; }
-  /// `address` is Options::metrics_listen; `why` the reason.
+  /// `address` is Options::observability.metrics_listen; `why` the reason.
   ListenError(std::string address, const std::string& why);
-  /// Where the runtime was to listen (Options::metrics_listen).
+  /// Where the runtime was to listen (Options::observability.metrics_listen).
   const std::string& address() const noexcept { return address_; }
 
  private:

@@ -104,7 +104,7 @@ struct LockRequest {
   /// nothing.
   std::string context{};
   /// Renew the lease every ttl * renew_weight, in (0, 1); 0 (the default)
-  /// takes the runtime's Options::renew_weight (9/10).
+  /// takes the runtime's Options::watchdog.renew_weight (9/10).
   double renew_weight = 0;
   /// The `pattern` label of this lock's acquisition and hold histograms
   /// (none by default). LOCKED gives its key expression as written.

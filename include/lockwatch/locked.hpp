@@ -462,7 +462,7 @@ class LockedBuilder {
     b.request_.kind = LockKind::fair();
     return b;
   }
-  /// Renew at ttl * w (default: the runtime's Options::renew_weight, 0.9).
+  /// Renew at ttl * w (default: the runtime's Options::watchdog.renew_weight, 0.9).
   LockedBuilder renew_weight(double w) const {
     detail::check_renew_weight(w);
     LockedBuilder b = *this;

@@ -10,7 +10,7 @@
 ///
 /// One virtual per event, each with a default that does nothing: override
 /// what you need. The runtime's own metrics (Runtime::metrics_text()) and
-/// log lines (Options::log) are built on the same events.
+/// log lines (Options::observability.log) are built on the same events.
 ///
 /// Tracing without a dependency: on_span() receives each lock's life as
 /// span-shaped events (wait started and ended, held, released or lost),
@@ -107,7 +107,7 @@ class Observer {
   /// The lock was released (or surely expired) after being held for `held`.
   virtual void on_released(std::string_view key, Duration held) { (void)key, (void)held; }
   /// The lease on `key` has been held for `held`, longer than
-  /// Options::hold_warning (told once per lease, while it is still held).
+  /// Options::observability.hold_warning (told once per lease, while it is still held).
   virtual void on_held_long(std::string_view key, Duration held) { (void)key, (void)held; }
   /// A connection to a store node went down, or came back.
   virtual void on_connection(std::string_view endpoint, bool up, std::string_view why) {
@@ -130,7 +130,7 @@ enum class LogLevel { kDebug, kInfo, kWarning, kError };
 /// The level as a word ("debug", "info", "warning", "error").
 const char* to_string(LogLevel level) noexcept;
 
-/// Where the runtime's log lines go (Options::log). Called on the event
+/// Where the runtime's log lines go (Options::observability.log). Called on the event
 /// thread. The default writes warnings and errors to stderr, prefixed
 /// "lockwatch:"; nothing is logged on the happy path.
 using LogSink = std::function<void(LogLevel level, std::string_view line)>;

@@ -11,13 +11,13 @@
 #include <cstddef>
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "lockwatch/observer.hpp"
-#include <vector>
 
 namespace lockwatch {
 
-/// The value of Options::busy_poll (its default) that makes polling
+/// The value of Options::runtime.busy_poll (its default) that makes polling
 /// adaptive; see there. Any other negative value is rejected.
 inline constexpr std::chrono::microseconds kBusyPollAdaptive{-1};
 
@@ -42,60 +42,11 @@ struct Endpoint {
   std::string name() const;
 };
 
-/// What a Runtime is made from: the store's URL and the settings of the watchdog, connections, TLS,
-/// metrics and logs. Every field has a default; validate() (and the Runtime) check them.
-struct Options {
-  /// Where the locks live; the URL's scheme picks the store:
-  ///   redis://[user:password@]host:port[/db]       one Redis master
-  ///   redis://...,redis://...                       Redlock over independent
-  ///                                                 masters (every acquisition
-  ///                                                 and renewal needs a majority)
-  ///   redis-sentinel://[user:password@]host:port[,host:port...]/master-name[/db]
-  ///                                                 a master found (and followed
-  ///                                                 across failovers) through Sentinel
-  ///   redis-cluster://[user:password@]host:port[,host:port...]
-  ///                                                 a Redis Cluster (seed nodes)
-  ///   rediss://, rediss-sentinel://, rediss-cluster://   the same over TLS
-  ///                                                 (the `tls` feature)
-  ///   any of these but Redlock's, with ?layout=redisson
-  ///                                                 exclusive locks kept as
-  ///                                                 Redisson's RLock, shared with
-  ///                                                 Java services (docs/redisson.md)
-  ///   mysql://user:password\@host[:port]/database[?socket=/path&table=name]
-  ///                                                 a MariaDB/MySQL lock table
-  ///                                                 (the `sql` feature)
-  ///   postgresql://user[:password]\@host[:port]/database[?table=name&sslmode=...]
-  ///                                                 a PostgreSQL lock table
-  ///                                                 (postgres:// too; TLS by
-  ///                                                 libpq's sslmode, sslrootcert,
-  ///                                                 sslcert, sslkey; the
-  ///                                                 `postgresql` feature)
-  ///   zookeeper://[user:password\@]host:port[,host:port...][/chroot]
-  ///                                                 ephemeral sequential nodes
-  ///                                                 on a ZooKeeper ensemble, the
-  ///                                                 session as the lease (the
-  ///                                                 `zookeeper` feature)
-  ///   etcd://[user:password\@]host:port[,host:port...]
-  ///                                                 keys bound to leases in an
-  ///                                                 etcd cluster (v3 API; the
-  ///                                                 `etcd` feature); etcds://
-  ///                                                 over TLS
-  ///   memory://[name]                               this process's memory,
-  ///                                                 shared by its runtimes that
-  ///                                                 name the same space
-  /// A scheme the build has no feature for fails with Unsupported naming it.
-  /// Settings that belong to one store are its URL's query: a Redis URL
-  /// takes `layout`, `min_replicas` (replicas that must acknowledge a lock
-  /// write, WAIT, before the lease is handed out), `replica_ack_timeout`
-  /// (milliseconds that WAIT may take, 200 by default) and, for Sentinel,
-  /// `sentinel_user` and `sentinel_password` (the sentinels' own
-  /// credentials), e.g. `redis-sentinel://h:26379/mymaster?min_replicas=1`.
-  /// Empty: redis_url.
-  std::string store_url;
-  /// Deprecated: the older name of store_url, used when store_url is empty
-  /// (any scheme). Set beside store_url to another URL, store_url is used
-  /// and the runtime logs a warning.
-  std::string redis_url = "redis://127.0.0.1:6379";
+/// The runtime's own threads, queues and keys: Options::runtime.
+struct RuntimeOptions {
+  /// The longest owner_name accepted (bytes).
+  static constexpr std::size_t kMaxOwnerName = 128;
+
   /// Worker threads that run locked work; 0 means one per core.
   std::size_t threads = 0;
   /// How long a granted call may wait for a free worker. Meanwhile its lease
@@ -123,13 +74,28 @@ struct Options {
   ///     between calls).
   /// Any other value is an InvalidArgument.
   std::chrono::microseconds busy_poll = kBusyPollAdaptive;
-  /// The watchdog's hashed wheel: tick and number of slots.
+  /// Prepended to every key and channel lockwatch uses in the store. It must
+  /// not contain '{' or '}': each lock's Redis hash tag is its own key.
+  std::string key_prefix = "lockwatch:";
+  /// Longest key accepted (bytes, before the prefix).
+  std::size_t max_key_bytes = std::size_t{1} << 20;
+  /// The name each holder records with its lock in the store, beside its
+  /// grant time (Runtime::inspect, `lockwatch status` and `ls` show both),
+  /// and the name of the store's connections (Redis `CLIENT SETNAME
+  /// lockwatch:NAME`, PostgreSQL `application_name`). Empty: "host:pid:program"
+  /// of this process. At most kMaxOwnerName bytes, no control characters
+  /// (else InvalidArgument); it is visible to anyone who can read the store:
+  /// no secrets.
+  std::string owner_name{};
+};
+
+/// The watchdog that renews leases: its hashed wheel and when it renews.
+/// Options::watchdog.
+struct WatchdogOptions {
+  /// The hashed wheel's tick.
   std::chrono::milliseconds tick{5};
   /// Number of the wheel's slots.
   std::size_t wheel_size = 512;
-  /// Prepended to every Redis key and channel lockwatch uses. It must not
-  /// contain '{' or '}': each lock's hash tag is its own key.
-  std::string key_prefix = "lockwatch:";
   /// A renewal is sent ttl * renew_weight after the previous one was sent
   /// (or the lock taken) ...
   double renew_weight = 0.9;
@@ -148,6 +114,10 @@ struct Options {
   double drift_factor = 0.01;
   /// The fixed part of the drift allowance.
   std::chrono::milliseconds drift_floor{2};
+};
+
+/// The store's connections: Options::connection.
+struct ConnectionOptions {
   /// A connection attempt that has not completed by then fails.
   std::chrono::milliseconds connect_timeout{2000};
   /// A request without a reply by then fails and the connection is reset.
@@ -158,42 +128,36 @@ struct Options {
   /// behind them; and a reply already received is read before that is
   /// decided, as a client too busy to read for a while is no server's delay.
   std::chrono::milliseconds command_timeout{2000};
-  /// TLS (rediss:// and etcds:// URLs). PEM files: the CA that signed the servers'
-  /// certificates (empty: the system's CAs), and a client certificate with
-  /// its key for servers that require one (mutual TLS). A file that cannot be
-  /// read is an InvalidArgument when the options are checked.
-  std::string tls_ca_file;
-  /// PEM client certificate, for mutual TLS (empty: none).
-  std::string tls_cert_file;
-  /// PEM key of tls_cert_file.
-  std::string tls_key_file;
-  /// The name the servers' certificates must carry, also sent as SNI; empty:
-  /// each node's host as the URL (or a sentinel) gives it. An IP address is
-  /// matched against the certificate's IP addresses.
-  std::string tls_server_name;
-  /// Verify the servers' certificates (chain, dates, name). Turn it off only
-  /// to try things out: without it anyone on the path can read the locks.
-  bool tls_verify = true;
   /// Reconnect back-off after a connection is lost: doubles up to the max.
   std::chrono::milliseconds reconnect_min{10};
   /// The longest reconnect back-off.
   std::chrono::milliseconds reconnect_max{1000};
-  /// Longest key accepted (bytes, before the prefix).
-  std::size_t max_key_bytes = std::size_t{1} << 20;
-  /// "host:port" (e.g. "127.0.0.1:9464") to serve GET /metrics in the
-  /// Prometheus text format from the runtime's own loop; empty: off. The
-  /// Runtime constructor throws ListenError if it cannot listen there.
-  std::string metrics_listen;
-  /// A call waiting for a busy lock longer than this counts in the gauge
-  /// lockwatch_waits_long while it waits (docs/operations.md). 0: every
-  /// waiting call counts. Must not be negative.
-  std::chrono::milliseconds wait_warning{10000};
-  /// A lease held longer than this counts once in
-  /// lockwatch_holds_long_total, and is told once to the observers
-  /// (Observer::on_held_long) and the log (a warning naming the key and this
-  /// runtime's owner_name). 0 (the default): off. Must not be negative.
-  std::chrono::milliseconds hold_warning{0};
-  /// In-process hand-off on a contended key. On by default.
+};
+
+/// TLS (rediss:// and etcds:// URLs): Options::tls. PEM files: the CA that
+/// signed the servers' certificates (empty: the system's CAs), and a client
+/// certificate with its key for servers that require one (mutual TLS). A
+/// file that cannot be read is an InvalidArgument when the options are
+/// checked.
+struct TlsOptions {
+  /// PEM CA file (empty: the system's CAs).
+  std::string ca_file{};
+  /// PEM client certificate, for mutual TLS (empty: none).
+  std::string cert_file{};
+  /// PEM key of cert_file.
+  std::string key_file{};
+  /// The name the servers' certificates must carry, also sent as SNI; empty:
+  /// each node's host as the URL (or a sentinel) gives it. An IP address is
+  /// matched against the certificate's IP addresses.
+  std::string server_name{};
+  /// Verify the servers' certificates (chain, dates, name). Turn it off only
+  /// to try things out: without it anyone on the path can read the locks.
+  bool verify = true;
+};
+
+/// In-process hand-off on a contended key: Options::handoff.
+struct HandoffOptions {
+  /// On by default.
   ///
   /// When one of this runtime's leases ends while another caller in this
   /// runtime waits for the same key (with the same ttl and a retries count
@@ -218,9 +182,9 @@ struct Options {
   /// Stores that cannot reserve tokens (Redlock, MariaDB, PostgreSQL, etcd,
   /// ZooKeeper) make no hand-offs; Redis (one node, Sentinel, Cluster) and
   /// memory:// do. Off: every holder takes the key from the store.
-  bool local_handoff = true;
+  bool enabled = true;
   /// A process must not keep a contended key forever: after this many local
-  /// hand-offs in a row (1 .. 2^20 - 1), or once this long has passed since
+  /// hand-offs in a row (1 .. 2^20 - 1), or once max_time has passed since
   /// the process took the key from the store, the lease is released to the
   /// store (with its release notice). If the notice reached another
   /// process's waiter, the local waiters sit out one tick before they try
@@ -231,31 +195,83 @@ struct Options {
   /// once, in two round trips. Stores that cannot tell always sit out. A
   /// bound of 64 hand-offs cost a process alone on a key most of its
   /// throughput; a longer time makes other processes wait longer.
-  std::uint32_t handoff_max_streak = 1024;
-  /// See handoff_max_streak.
-  std::chrono::milliseconds handoff_max_time{20};
-  /// The name each holder records with its lock in the store, beside its
-  /// grant time (Runtime::inspect, `lockwatch status` and `ls` show both),
-  /// and the name of the store's connections (Redis `CLIENT SETNAME
-  /// lockwatch:NAME`, PostgreSQL `application_name`). Empty: "host:pid:program"
-  /// of this process. At most kMaxOwnerName bytes, no control characters
-  /// (else InvalidArgument); it is visible to anyone who can read the store:
-  /// no secrets.
-  std::string owner_name;
-  /// The longest owner_name accepted (bytes).
-  static constexpr std::size_t kMaxOwnerName = 128;
+  std::uint32_t max_streak = 1024;
+  /// See max_streak.
+  std::chrono::milliseconds max_time{20};
+};
+
+/// Metrics, slow-wait and long-hold warnings, and logs: Options::observability.
+struct ObservabilityOptions {
+  /// "host:port" (e.g. "127.0.0.1:9464") to serve GET /metrics in the
+  /// Prometheus text format from the runtime's own loop; empty: off. The
+  /// Runtime constructor throws ListenError if it cannot listen there.
+  std::string metrics_listen{};
+  /// A call waiting for a busy lock longer than this counts in the gauge
+  /// lockwatch_waits_long while it waits (docs/operations.md). 0: every
+  /// waiting call counts. Must not be negative.
+  std::chrono::milliseconds wait_warning{10000};
+  /// A lease held longer than this counts once in
+  /// lockwatch_holds_long_total, and is told once to the observers
+  /// (Observer::on_held_long) and the log (a warning naming the key and this
+  /// runtime's owner_name). 0 (the default): off. Must not be negative.
+  std::chrono::milliseconds hold_warning{0};
   /// Where log lines go (see observer.hpp); empty: warnings and errors to
   /// stderr, prefixed "lockwatch:".
-  LogSink log;
+  LogSink log{};
+};
+
+/// What a Runtime is made from: the store's URL and the settings of the
+/// runtime, the watchdog, connections, TLS, the hand-off and observability,
+/// each group its own aggregate:
+///
+///   Options options{.store_url = "redis://127.0.0.1:6379",
+///                   .watchdog = {.tick = std::chrono::milliseconds(2)}};
+///   options.connection.command_timeout = std::chrono::seconds(1);
+///
+/// Every field has a default; validate() (and the Runtime) check them.
+struct Options {
+  /// The longest runtime.owner_name accepted (bytes).
+  static constexpr std::size_t kMaxOwnerName = RuntimeOptions::kMaxOwnerName;
+
+  /// Where the locks live; the URL's scheme picks the store (redis://,
+  /// Redlock's list of redis:// URLs, redis-sentinel://, redis-cluster://,
+  /// their rediss variants, mysql://, postgresql://, zookeeper://, etcd://,
+  /// memory://). Each scheme's URL shape and the settings its query takes
+  /// (e.g. `redis-sentinel://h:26379/mymaster?min_replicas=1`) are in
+  /// docs/stores.md; store_url_forms() lists the shapes. A scheme the build
+  /// has no feature for fails with Unsupported naming it. Empty: redis_url.
+  std::string store_url{};
+  /// Deprecated: the older name of store_url, used when store_url is empty
+  /// (any scheme). Set beside store_url to another URL, store_url is used
+  /// and the runtime logs a warning.
+  std::string redis_url = "redis://127.0.0.1:6379";
+  /// Threads, queues, keys and the owner's name.
+  RuntimeOptions runtime{};
+  /// The watchdog's wheel and renewal timing.
+  WatchdogOptions watchdog{};
+  /// Connection timeouts and reconnect back-off.
+  ConnectionOptions connection{};
+  /// TLS files and checks.
+  TlsOptions tls{};
+  /// In-process hand-off on a contended key.
+  HandoffOptions handoff{};
+  /// Metrics, warnings and logs.
+  ObservabilityOptions observability{};
 
   /// Defaults, with store_url taken from LOCKWATCH_STORE_URL, redis_url
-  /// from LOCKWATCH_REDIS_URL, owner_name from LOCKWATCH_OWNER_NAME and tls_ca_file,
-  /// tls_cert_file, tls_key_file from LOCKWATCH_TLS_CA_FILE,
+  /// from LOCKWATCH_REDIS_URL, runtime.owner_name from LOCKWATCH_OWNER_NAME
+  /// and tls.ca_file, tls.cert_file, tls.key_file from LOCKWATCH_TLS_CA_FILE,
   /// LOCKWATCH_TLS_CERT_FILE, LOCKWATCH_TLS_KEY_FILE when they are set.
   static Options from_env();
   /// Throws InvalidArgument if a field is out of range, the URL is bad or a
   /// TLS file cannot be used.
   void validate() const;
 };
+
+/// The URL forms Options::store_url takes, one line per kind of store, each
+/// as that store describes its schemes (docs/stores.md has the details); a
+/// store this build left out names the Meson feature it needs. `lockwatch
+/// --help` prints them. Any thread.
+std::vector<std::string> store_url_forms();
 
 }  // namespace lockwatch

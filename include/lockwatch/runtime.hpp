@@ -95,7 +95,7 @@ class AcquireTicket {
 
 /// One holder of a lock, as the store records it.
 struct LockHolder {
-  std::string owner;  ///< its runtime's Options::owner_name (empty: not recorded)
+  std::string owner;                              ///< its runtime's Options::runtime.owner_name (empty: not recorded)
   std::chrono::system_clock::time_point since{};  ///< its grant time, on the store's clock
   std::chrono::milliseconds held_for{0};          ///< how long ago, on the store's clock
   std::string token;  ///< its owner token (the store's record of who holds)
@@ -117,7 +117,7 @@ struct LockState {
   std::uint64_t fencing_token = 0;
   /// How it is held, when held.
   LockKind kind{};
-  /// The holder's Options::owner_name (of a shared or permit lock: the
+  /// The holder's Options::runtime.owner_name (of a shared or permit lock: the
   /// holder granted first); empty when not held, or where the store keeps
   /// none (the redisson layout).
   std::string owner;
@@ -140,7 +140,7 @@ struct RuntimeStats {
   std::uint64_t leases_lost = 0;     ///< leases reported lost
   std::uint64_t timer_wakeups = 0;   ///< times the watchdog's wheel woke the I/O thread
   /// Locks passed to the next caller waiting in this runtime without a
-  /// release and a new acquisition (Options::local_handoff).
+  /// release and a new acquisition (Options::handoff.enabled).
   std::uint64_t local_handoffs = 0;
   /// Blocks of fencing tokens reserved from the store for those hand-offs.
   std::uint64_t token_reservations = 0;
@@ -165,7 +165,7 @@ struct RuntimeStats {
 class Runtime {
  public:
   /// Throws InvalidArgument for bad options, and ListenError when
-  /// Options::metrics_listen is set and the metrics endpoint cannot listen
+  /// Options::observability.metrics_listen is set and the metrics endpoint cannot listen
   /// there (the port is taken, say). Connecting starts at once but never
   /// blocks: an unreachable Redis shows as ConnectionError on calls.
   explicit Runtime(Options options = Options::from_env());
@@ -236,7 +236,7 @@ class Runtime {
   /// reads relaxed atomics, takes no lock the hot path takes.
   std::string metrics_text() const;
   /// The actual "host:port" the metrics endpoint listens on (useful with
-  /// port 0), or empty when Options::metrics_listen is empty.
+  /// port 0), or empty when Options::observability.metrics_listen is empty.
   std::string metrics_address() const;
   /// Attaches an observer (see observer.hpp) for the runtime's life. Any
   /// thread; events that happen from now on reach it on the event thread.

@@ -166,7 +166,7 @@ class ThreadPool {
   /// next one this long before it sleeps (one such worker at a time), so
   /// that a task posted soon after costs no thread wake-up; 0 never polls.
   /// Negative (kBusyPollAdaptive, options.hpp): adaptive, as
-  /// Options::busy_poll's default: a worker polls only while tasks have
+  /// Options::runtime.busy_poll's default: a worker polls only while tasks have
   /// been arriving sooner than waking it costs, and at most that long
   /// (200 us at most), and stops polling when polls catch nothing.
   /// name_pattern names the workers (what ps -L, top -H and gdb show): its

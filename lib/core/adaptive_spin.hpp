@@ -1,5 +1,5 @@
 // lib/core/adaptive_spin.hpp: how long a thread that ran out of work
-// polls before it sleeps, when Options::busy_poll is left adaptive.
+// polls before it sleeps, when Options::runtime.busy_poll is left adaptive.
 //
 // Polling pays only when the next event comes before the poll would have
 // cost as much as the wake-up it saves. This is the halt-polling rule of

@@ -28,7 +28,7 @@ class Loop {
 
   // busy_poll > 0: after running posted tasks the loop keeps polling
   // (epoll with a zero timeout) for this long before it sleeps, so that a
-  // task posted soon after finds it awake (Options::busy_poll).
+  // task posted soon after finds it awake (Options::runtime.busy_poll).
   // busy_poll < 0: adaptive. The loop polls only while something is
   // outstanding (a demand below, or expect()), and only as long as
   // AdaptiveSpin allows. 0: never polls.

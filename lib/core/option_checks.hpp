@@ -14,7 +14,7 @@ namespace lockwatch::detail {
 // Throws InvalidArgument for a runtime setting out of its range.
 void check_runtime_options(const Options& options);
 
-// Options::owner_name, or "host:pid:program" of this process when it is
+// Options::runtime.owner_name, or "host:pid:program" of this process when it is
 // empty. Any thread.
 std::string owner_name(const Options& options);
 

@@ -231,15 +231,15 @@ Options Options::from_env() {
   Options o;
   if (const char* url = std::getenv("LOCKWATCH_STORE_URL"); url && *url) o.store_url = url;
   if (const char* url = std::getenv("LOCKWATCH_REDIS_URL"); url && *url) o.redis_url = url;
-  if (const char* name = std::getenv("LOCKWATCH_OWNER_NAME"); name && *name) o.owner_name = name;
-  if (const char* f = std::getenv("LOCKWATCH_TLS_CA_FILE"); f && *f) o.tls_ca_file = f;
-  if (const char* f = std::getenv("LOCKWATCH_TLS_CERT_FILE"); f && *f) o.tls_cert_file = f;
-  if (const char* f = std::getenv("LOCKWATCH_TLS_KEY_FILE"); f && *f) o.tls_key_file = f;
+  if (const char* name = std::getenv("LOCKWATCH_OWNER_NAME"); name && *name) o.runtime.owner_name = name;
+  if (const char* f = std::getenv("LOCKWATCH_TLS_CA_FILE"); f && *f) o.tls.ca_file = f;
+  if (const char* f = std::getenv("LOCKWATCH_TLS_CERT_FILE"); f && *f) o.tls.cert_file = f;
+  if (const char* f = std::getenv("LOCKWATCH_TLS_KEY_FILE"); f && *f) o.tls.key_file = f;
   return o;
 }
 
 std::string detail::owner_name(const Options& o) {
-  if (!o.owner_name.empty()) return o.owner_name;
+  if (!o.runtime.owner_name.empty()) return o.runtime.owner_name;
   static const std::string fallback = [] {
     char host[256] = {};
     if (::gethostname(host, sizeof host - 1) != 0) host[0] = '\0';
@@ -262,33 +262,41 @@ std::string detail::connection_owner_name(std::string_view owner) {
 }
 
 void detail::check_runtime_options(const Options& o) {
-  if (o.owner_name.size() > Options::kMaxOwnerName)
-    throw InvalidArgument(fmt::format("Options::owner_name must be at most {} bytes, got {}", Options::kMaxOwnerName,
-                                      o.owner_name.size()));
-  for (char c : o.owner_name)
+  if (o.runtime.owner_name.size() > Options::kMaxOwnerName)
+    throw InvalidArgument(fmt::format("Options::runtime.owner_name must be at most {} bytes, got {}",
+                                      Options::kMaxOwnerName, o.runtime.owner_name.size()));
+  for (char c : o.runtime.owner_name)
     if (static_cast<unsigned char>(c) < 0x20 || c == 0x7f)
-      throw InvalidArgument("Options::owner_name must not contain control characters");
-  if (o.tick < std::chrono::milliseconds(1)) throw InvalidArgument("Options::tick must be at least 1 ms");
-  if (o.queue_timeout.count() <= 0) throw InvalidArgument("Options::queue_timeout must be positive");
-  if (o.wait_warning.count() < 0) throw InvalidArgument("Options::wait_warning must not be negative");
-  if (o.hold_warning.count() < 0) throw InvalidArgument("Options::hold_warning must not be negative (0: off)");
-  if (o.wheel_size == 0 || o.wheel_size > (std::size_t{1} << 20))
-    throw InvalidArgument("Options::wheel_size must be in 1..1048576");
-  if (!(o.renew_weight > 0.0 && o.renew_weight < 1.0)) throw InvalidArgument("Options::renew_weight must be in (0, 1)");
-  if (!(o.drift_factor >= 0.0 && o.drift_factor < 0.5)) throw InvalidArgument("Options::drift_factor must be in [0, 0.5)");
-  if (o.drift_floor.count() < 0) throw InvalidArgument("Options::drift_floor must not be negative");
-  if (o.min_renewal_window.count() < 0) throw InvalidArgument("Options::min_renewal_window must not be negative");
-  if (o.connect_timeout.count() <= 0 || o.command_timeout.count() <= 0)
-    throw InvalidArgument("Options::connect_timeout and command_timeout must be positive");
-  if (o.reconnect_min.count() <= 0 || o.reconnect_max < o.reconnect_min)
-    throw InvalidArgument("Options::reconnect_min must be positive and not above reconnect_max");
-  if (o.max_key_bytes == 0) throw InvalidArgument("Options::max_key_bytes must be positive");
-  if (o.handoff_max_streak == 0 || o.handoff_max_streak >= (std::uint32_t{1} << 20))
-    throw InvalidArgument("Options::handoff_max_streak must be in 1..1048575");
-  if (o.handoff_max_time.count() <= 0) throw InvalidArgument("Options::handoff_max_time must be positive");
-  if ((o.busy_poll.count() < 0 && o.busy_poll != kBusyPollAdaptive) || o.busy_poll > std::chrono::milliseconds(10))
-    throw InvalidArgument(fmt::format("Options::busy_poll must be kBusyPollAdaptive, 0 (off) or up to 10 ms, got {} us",
-                                      o.busy_poll.count()));
+      throw InvalidArgument("Options::runtime.owner_name must not contain control characters");
+  if (o.watchdog.tick < std::chrono::milliseconds(1))
+    throw InvalidArgument("Options::watchdog.tick must be at least 1 ms");
+  if (o.runtime.queue_timeout.count() <= 0) throw InvalidArgument("Options::runtime.queue_timeout must be positive");
+  if (o.observability.wait_warning.count() < 0)
+    throw InvalidArgument("Options::observability.wait_warning must not be negative");
+  if (o.observability.hold_warning.count() < 0)
+    throw InvalidArgument("Options::observability.hold_warning must not be negative (0: off)");
+  if (o.watchdog.wheel_size == 0 || o.watchdog.wheel_size > (std::size_t{1} << 20))
+    throw InvalidArgument("Options::watchdog.wheel_size must be in 1..1048576");
+  if (!(o.watchdog.renew_weight > 0.0 && o.watchdog.renew_weight < 1.0))
+    throw InvalidArgument("Options::watchdog.renew_weight must be in (0, 1)");
+  if (!(o.watchdog.drift_factor >= 0.0 && o.watchdog.drift_factor < 0.5))
+    throw InvalidArgument("Options::watchdog.drift_factor must be in [0, 0.5)");
+  if (o.watchdog.drift_floor.count() < 0) throw InvalidArgument("Options::watchdog.drift_floor must not be negative");
+  if (o.watchdog.min_renewal_window.count() < 0)
+    throw InvalidArgument("Options::watchdog.min_renewal_window must not be negative");
+  if (o.connection.connect_timeout.count() <= 0 || o.connection.command_timeout.count() <= 0)
+    throw InvalidArgument("Options::connection.connect_timeout and command_timeout must be positive");
+  if (o.connection.reconnect_min.count() <= 0 || o.connection.reconnect_max < o.connection.reconnect_min)
+    throw InvalidArgument("Options::connection.reconnect_min must be positive and not above reconnect_max");
+  if (o.runtime.max_key_bytes == 0) throw InvalidArgument("Options::runtime.max_key_bytes must be positive");
+  if (o.handoff.max_streak == 0 || o.handoff.max_streak >= (std::uint32_t{1} << 20))
+    throw InvalidArgument("Options::handoff.max_streak must be in 1..1048575");
+  if (o.handoff.max_time.count() <= 0) throw InvalidArgument("Options::handoff.max_time must be positive");
+  if ((o.runtime.busy_poll.count() < 0 && o.runtime.busy_poll != kBusyPollAdaptive) ||
+      o.runtime.busy_poll > std::chrono::milliseconds(10))
+    throw InvalidArgument(
+        fmt::format("Options::runtime.busy_poll must be kBusyPollAdaptive, 0 (off) or up to 10 ms, got {} us",
+                    o.runtime.busy_poll.count()));
 }
 
 }  // namespace lockwatch

@@ -29,7 +29,7 @@ struct ThreadPool::State {
   std::chrono::nanoseconds busy_poll_{};
   std::atomic<bool> polling_{false};  // one worker polls at a time
 
-  // Busy-polls for a task before the worker sleeps (Options::busy_poll).
+  // Busy-polls for a task before the worker sleeps (Options::runtime.busy_poll).
   // Only one worker polls, so that idle workers do not take the cores the
   // loop and the server need. Adaptive (busy_poll < 0): for the window
   // AdaptiveSpin allows, which is 0 unless tasks have been coming sooner

@@ -200,8 +200,9 @@ void Events::released(const std::string& key, Duration held, std::uint16_t patte
 void Events::held_long(const std::string& key, Duration held) {
   metrics_.holds_long.fetch_add(1, std::memory_order_relaxed);
   log(LogLevel::kWarning,
-      fmt::format("lease on key '{}' held by {} for {} ms, longer than Options::hold_warning", key,
-                  owner_.empty() ? process_identity() : owner_, std::chrono::duration_cast<std::chrono::milliseconds>(held).count()));
+      fmt::format("lease on key '{}' held by {} for {} ms, longer than Options::observability.hold_warning", key,
+                  owner_.empty() ? process_identity() : owner_,
+                  std::chrono::duration_cast<std::chrono::milliseconds>(held).count()));
   if (!observed()) return;
   tell([key, held](Observer& o) { o.on_held_long(key, held); });
 }

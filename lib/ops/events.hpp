@@ -36,7 +36,7 @@ class Events {
 
   // `thread`: the event thread (one worker). An empty `sink` logs warnings
   // and errors to stderr. `owner`: who holds, as the log names it
-  // (Options::owner_name; empty: host:pid).
+  // (Options::runtime.owner_name; empty: host:pid).
   Events(ThreadPool& thread, LogSink sink, std::string owner = {});
 
   void add(std::shared_ptr<Observer> observer);
@@ -58,7 +58,7 @@ class Events {
   // With the span event kReleased unless `lost` (its hold span ended then).
   void released(const std::string& key, Duration held, std::uint16_t pattern = 0, std::uint64_t fencing_token = 0,
                 std::string_view context = {}, bool lost = false);
-  // Options::hold_warning: the lease on `key` is held `held` already (once per lease).
+  // Options::observability.hold_warning: the lease on `key` is held `held` already (once per lease).
   void held_long(const std::string& key, Duration held);
   // Span events of their own (no other event goes with them). `began`:
   // when the wait began (the call); the clock is read only when observed.

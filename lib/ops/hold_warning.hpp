@@ -1,4 +1,4 @@
-// lib/ops/hold_warning.hpp: Options::hold_warning. A lease held longer than
+// lib/ops/hold_warning.hpp: Options::observability.hold_warning. A lease held longer than
 // the warning is told once: counted in lockwatch_holds_long_total, to the
 // observers (Observer::on_held_long) and the log.
 //

@@ -243,7 +243,7 @@ void Metrics::render_leases(std::string& out, const StatsCounters& stats) const 
                  "# TYPE lockwatch_waiting gauge\n"
                  "lockwatch_waiting {}\n"
                  "# HELP lockwatch_waits_long Calls waiting for a busy lock right now for longer than "
-                 "Options::wait_warning.\n"
+                 "Options::observability.wait_warning.\n"
                  "# TYPE lockwatch_waits_long gauge\n"
                  "lockwatch_waits_long {}\n"
                  "# HELP lockwatch_oldest_wait_seconds How long the longest wait going on has lasted so far "
@@ -251,9 +251,10 @@ void Metrics::render_leases(std::string& out, const StatsCounters& stats) const 
                  "# TYPE lockwatch_oldest_wait_seconds gauge\n"
                  "lockwatch_oldest_wait_seconds {}\n",
                  waits.waiting, waits.long_waits, number(std::chrono::duration<double>(waits.oldest).count()));
-  counter(out, "lockwatch_holds_long_total",
-          "Leases held longer than Options::hold_warning (each counted once, when it passes the warning).",
-          rel(holds_long));
+  counter(
+      out, "lockwatch_holds_long_total",
+      "Leases held longer than Options::observability.hold_warning (each counted once, when it passes the warning).",
+      rel(holds_long));
   auto slack_us = stats.min_renewal_slack_us.load(std::memory_order_relaxed);
   fmt::format_to(std::back_inserter(out),
                  "# HELP lockwatch_renewal_slack_seconds The least time a lease had left before its local deadline "

@@ -64,7 +64,7 @@ struct Metrics {
 
   std::atomic<std::uint64_t> acquired{0}, busy{0}, acquire_errors{0};
   std::atomic<std::uint64_t> renewals{0}, renewal_failures{0};
-  std::atomic<std::uint64_t> holds_long{0};  // Options::hold_warning
+  std::atomic<std::uint64_t> holds_long{0};  // Options::observability.hold_warning
   // By LostReason: expired, taken_by_other, renewals_exhausted, unreachable, not_started, removed.
   std::array<std::atomic<std::uint64_t>, 6> lost{};
   // Redis Cluster redirects followed: MOVED, ASK.

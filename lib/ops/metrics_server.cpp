@@ -79,8 +79,10 @@ void MetricsServer::check_address(const std::string& listen) {
   if (hp.port < 0 ||
       (uv_ip4_addr(hp.host.c_str(), hp.port, reinterpret_cast<sockaddr_in*>(&addr)) != 0 &&
        uv_ip6_addr(hp.host.c_str(), hp.port, reinterpret_cast<sockaddr_in6*>(&addr)) != 0))
-    throw InvalidArgument(fmt::format(
-        "Options::metrics_listen must be \"ip:port\" (e.g. \"127.0.0.1:9464\" or \"[::1]:9464\"), got '{}'", listen));
+    throw InvalidArgument(
+        fmt::format("Options::observability.metrics_listen must be \"ip:port\" (e.g. \"127.0.0.1:9464\" or "
+                    "\"[::1]:9464\"), got '{}'",
+                    listen));
 }
 
 MetricsServer::MetricsServer(Loop& loop, const std::string& listen, std::function<std::string()> render)

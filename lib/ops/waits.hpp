@@ -31,7 +31,7 @@ class Waits {
     Clock::duration oldest{0};         // the longest wait going on (0: none)
   };
 
-  // Options::wait_warning.
+  // Options::observability.wait_warning.
   void set_warning(Clock::duration warning) noexcept {
     warning_ns_.store(std::chrono::duration_cast<std::chrono::nanoseconds>(warning).count(), std::memory_order_relaxed);
   }

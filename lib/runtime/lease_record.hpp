@@ -171,7 +171,7 @@ struct LeaseRecord;
 // The leases that held one store key in a row within this runtime, by
 // local hand-off: the current holder (a renewal reply sent for an earlier
 // one is its), when the runtime took the key from the store, and the
-// fencing tokens reserved for the next holders (Options::local_handoff).
+// fencing tokens reserved for the next holders (Options::handoff.enabled).
 struct HandOffStreak {
   std::weak_ptr<LeaseRecord> holder;
   std::chrono::steady_clock::time_point started;
@@ -323,7 +323,7 @@ struct LeaseRecord final : Lease, TimerTask, HandleState {
     // at the start (Watchdog::renew_at_start) to be answered.
     std::shared_ptr<std::promise<void>> start_renewal;
     std::uint16_t pattern = 0;  // a handle's hold label (see pattern())
-    // Local hand-offs (Options::local_handoff): shared by the leases of one
+    // Local hand-offs (Options::handoff.enabled): shared by the leases of one
     // streak, made at its first token reservation or hand-off (none: the
     // lease took the key from the store while nobody here waited for it).
     std::shared_ptr<HandOffStreak> streak;
@@ -332,7 +332,7 @@ struct LeaseRecord final : Lease, TimerTask, HandleState {
     // still unanswered (its answer may yet extend the deadline past it);
     // the release's answer judges it (Watchdog::ended_in_time).
     Clock::time_point work_ended_late{};
-    // Options::hold_warning (ops/hold_warning.hpp): made at grant when on.
+    // Options::observability.hold_warning (ops/hold_warning.hpp): made at grant when on.
     std::unique_ptr<HoldWarning> hold_warning;
     // Under the lease's striped lock: Lease::on_lost's watchers.
     std::vector<std::shared_ptr<LeaseWatcher>> watchers;

@@ -35,7 +35,8 @@ LockState detail::to_lock_state(std::string key, const LockInfo& info) {
 std::future<std::vector<LockState>> Runtime::Impl::list(std::string prefix, std::size_t limit) {
   if (limit == 0 || limit > kMaxListed)
     throw InvalidArgument("Runtime::list: the limit must be in 1.." + std::to_string(kMaxListed));
-  if (prefix.size() > options.max_key_bytes) throw InvalidArgument("Runtime::list: the prefix is longer than a key");
+  if (prefix.size() > options.runtime.max_key_bytes)
+    throw InvalidArgument("Runtime::list: the prefix is longer than a key");
   if (stopping.load()) throw RuntimeStopped("lockwatch runtime is stopping");
   auto& listing = detail::require<detail::LockListing>(*store, store_kind());
   auto promise = std::make_shared<std::promise<std::vector<LockState>>>();

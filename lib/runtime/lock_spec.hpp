@@ -24,10 +24,10 @@ struct LockSpec {
   std::vector<std::string> set;
   std::chrono::milliseconds ttl{0};
   std::int64_t retries = 0;  ///< < 0: forever
-  double renew_weight = 0;   ///< 0: the runtime's Options::renew_weight
+  double renew_weight = 0;   ///< 0: the runtime's Options::watchdog.renew_weight
   std::chrono::milliseconds wait{0};
   LockKind kind{};           ///< exclusive unless shared, permits(n) or fair
-  /// false: never passed on within the runtime (Options::local_handoff), to
+  /// false: never passed on within the runtime (Options::handoff.enabled), to
   /// it or from it; each holder takes the key from the store with an owner
   /// token of its own (an Election's leaders, whom the owner token names).
   bool handoff = true;

@@ -10,7 +10,7 @@ namespace lockwatch {
 
 void Options::validate() const {
   detail::check_store_options(*this);
-  if (!metrics_listen.empty()) detail::MetricsServer::check_address(metrics_listen);
+  if (!observability.metrics_listen.empty()) detail::MetricsServer::check_address(observability.metrics_listen);
   detail::check_runtime_options(*this);
 }
 

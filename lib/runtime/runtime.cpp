@@ -32,8 +32,8 @@ Retries::Retries(int count) : count_(count) {
 
 Runtime::Impl::Impl(Options opts, const detail::StoreFactory& make_store)
     : options(std::move(opts)),
-      pool(options.threads, options.busy_poll),
-      events(event_thread, options.log, detail::owner_name(options)),
+      pool(options.runtime.threads, options.runtime.busy_poll),
+      events(event_thread, options.observability.log, detail::owner_name(options)),
       store(make_store(loop, options)),
       clock(loop, options, stats),
       watchdog(*store, clock, notifier, options, stats, events),
@@ -63,9 +63,9 @@ Runtime::Impl::Impl(Options opts, const detail::StoreFactory& make_store)
     };
     se.redirected = [this](bool ask) { events.metrics().redirects[ask ? 1 : 0].fetch_add(1, std::memory_order_relaxed); };
     store->start(std::move(se));
-    if (!options.metrics_listen.empty()) {
+    if (!options.observability.metrics_listen.empty()) {
       try {
-        metrics_server = std::make_unique<detail::MetricsServer>(loop, options.metrics_listen,
+        metrics_server = std::make_unique<detail::MetricsServer>(loop, options.observability.metrics_listen,
                                                                  [this] { return render_metrics(); });
       } catch (...) {
         listen_error = std::current_exception();
@@ -86,9 +86,9 @@ std::string Runtime::Impl::render_metrics() const { return events.metrics().rend
 
 void Runtime::Impl::check_key(const std::string& key) const {
   if (key.empty()) throw InvalidArgument("lock key is empty");
-  if (key.size() > options.max_key_bytes)
-    throw InvalidArgument(fmt::format("lock key is {} bytes; the limit (Options::max_key_bytes) is {}", key.size(),
-                                      options.max_key_bytes));
+  if (key.size() > options.runtime.max_key_bytes)
+    throw InvalidArgument(fmt::format("lock key is {} bytes; the limit (Options::runtime.max_key_bytes) is {}",
+                                      key.size(), options.runtime.max_key_bytes));
   if (const char* why = store->check_key(key)) throw InvalidArgument(why);
 }
 
@@ -107,19 +107,19 @@ void Runtime::Impl::validate(detail::LockSpec& spec) const {
   // stall the waiters behind it for its ttl.
   if (const char* why = store->check_kind(spec.kind))
     throw Unsupported(fmt::format("{} locks: {} cannot hold them ({})", spec.kind.describe(), store_kind(), why));
-  if (spec.renew_weight == 0) spec.renew_weight = options.renew_weight;
+  if (spec.renew_weight == 0) spec.renew_weight = options.watchdog.renew_weight;
   detail::check_renew_weight(spec.renew_weight);
   // The renewal fires at ttl*weight (or earlier, see renew_after), up to a
   // tick early, and must be confirmed before the local deadline (ttl - drift,
   // less a tick: Watchdog::deadline_of).
-  auto window = spec.ttl - detail::drift_for(options, spec.ttl) -
-                std::chrono::ceil<milliseconds>(detail::renew_after(options, spec.ttl, spec.renew_weight));
-  auto needed = 2 * options.tick + milliseconds(2);
+  auto window = spec.ttl - detail::drift_for(options.watchdog, spec.ttl) -
+                std::chrono::ceil<milliseconds>(detail::renew_after(options.watchdog, spec.ttl, spec.renew_weight));
+  auto needed = 2 * options.watchdog.tick + milliseconds(2);
   if (window < needed)
     throw InvalidArgument(fmt::format(
         "ttl {} ms is too short: renewing at {:.2f} of it leaves {} ms after the drift allowance, but the tick ({} "
         "ms) needs {} ms",
-        spec.ttl.count(), spec.renew_weight, window.count(), options.tick.count(), needed.count()));
+        spec.ttl.count(), spec.renew_weight, window.count(), options.watchdog.tick.count(), needed.count()));
 }
 
 std::shared_ptr<Acquisition> Runtime::Impl::make_acquisition(detail::LockSpec spec,
@@ -428,7 +428,7 @@ void Runtime::Impl::run_on_pool(const std::shared_ptr<LeaseRecord>& l) {
   try {
     pool.post([this, l] {
       Expected expected(loop);
-      // Given up while it waited (Options::queue_timeout): answered already.
+      // Given up while it waited (Options::runtime.queue_timeout): answered already.
       if (!l->begin_work()) return;
       // A wait for a worker that used a fifth of the ttl or more is made
       // good before the work counts on remaining(): one round trip, on this
@@ -437,7 +437,7 @@ void Runtime::Impl::run_on_pool(const std::shared_ptr<LeaseRecord>& l) {
         auto answered = std::make_shared<std::promise<void>>();
         auto renewed = answered->get_future();
         if (loop.post([this, l, answered] { watchdog.renew_at_start(l, answered); }))
-          renewed.wait_for(options.command_timeout + 2 * options.tick);
+          renewed.wait_for(options.connection.command_timeout + 2 * options.watchdog.tick);
       }
       {
         detail::ThreadLeaseScope scope(this, l.get());
@@ -466,19 +466,19 @@ bool Runtime::Impl::hand_off_fits(const LeaseRecord& l) const {
 void Runtime::Impl::reserve_ahead(const std::shared_ptr<LeaseRecord>& l) {
   // Only while a caller here waits for the key, so that the next hand-off
   // finds its token in stock: nothing for a lock nobody else here wants.
-  if (token_blocks == nullptr || !options.local_handoff || l->work_finished || l->lost() ||
+  if (token_blocks == nullptr || !options.handoff.enabled || l->work_finished || l->lost() ||
       l->slot == LeaseRecord::kNoSlot || !hand_off_fits(*l))
     return;
   auto s = watchdog.streak_of(*l);
   const std::uint64_t stock = s->in_stock();
-  if (s->reserving || s->refused || stock > kTokenBlock / 2 || s->handoffs + stock >= options.handoff_max_streak)
+  if (s->reserving || s->refused || stock > kTokenBlock / 2 || s->handoffs + stock >= options.handoff.max_streak)
     return;
   reserve(*l, s);
 }
 
 void Runtime::Impl::reserve(const LeaseRecord& l, const std::shared_ptr<detail::HandOffStreak>& s) {
   // As many as the streak may still hand on, a block at most.
-  const auto left = static_cast<std::uint64_t>(options.handoff_max_streak - s->handoffs);
+  const auto left = static_cast<std::uint64_t>(options.handoff.max_streak - s->handoffs);
   const auto n = static_cast<std::uint32_t>(std::min<std::uint64_t>(
       kTokenBlock, left > s->in_stock() ? left - s->in_stock() : 1));
   s->reserving = true;
@@ -500,12 +500,12 @@ void Runtime::Impl::reserve(const LeaseRecord& l, const std::shared_ptr<detail::
 }
 
 bool Runtime::Impl::try_hand_off(const std::shared_ptr<LeaseRecord>& l) {
-  if (token_blocks == nullptr || !options.local_handoff || stopping.load() || !hand_off_fits(*l)) return false;
+  if (token_blocks == nullptr || !options.handoff.enabled || stopping.load() || !hand_off_fits(*l)) return false;
   auto now = Clock::now();
   if (!watchdog.can_hand_off(*l, now)) return false;
   auto s = watchdog.streak_of(*l);
   if (s->refused) return false;
-  if (s->handoffs >= options.handoff_max_streak || now - s->started >= options.handoff_max_time) {
+  if (s->handoffs >= options.handoff.max_streak || now - s->started >= options.handoff.max_time) {
     // The streak is over: back to the store, and our waiters take their
     // turn with everyone else's.
     l->yield_on_release = true;

@@ -116,7 +116,7 @@ struct Runtime::Impl final : std::enable_shared_from_this<Runtime::Impl>, detail
   void run_on_pool(const std::shared_ptr<detail::LeaseRecord>& l);
   // A lease whose work will never start as the runtime stops: lost.
   void stopped_before_start(const std::shared_ptr<detail::LeaseRecord>& l);
-  // Local hand-offs (Options::local_handoff) on a store with TokenBlocks:
+  // Local hand-offs (Options::handoff.enabled) on a store with TokenBlocks:
   // the first caller waiting here fits (exclusive, same ttl, renewals).
   bool hand_off_fits(const detail::LeaseRecord& l) const;
   // Asks the store for the streak's next tokens when a caller waits here
@@ -144,7 +144,7 @@ struct Runtime::Impl final : std::enable_shared_from_this<Runtime::Impl>, detail
   ThreadPool& notifier = *notifier_pool;
   ThreadPool event_thread{1, {}, "lw-events"};  // observers and the log sink: they never delay a stop callback
   detail::Events events;
-  detail::Loop loop{options.busy_poll};
+  detail::Loop loop{options.runtime.busy_poll};
   std::unique_ptr<detail::LockStore> store;
   detail::TokenBlocks* const token_blocks = detail::capability<detail::TokenBlocks>(*store);  // null: no hand-offs
   detail::WheelClock clock;

@@ -60,16 +60,15 @@ struct WaitQueue::KeyWaiters final : TimerTask {
 void Acquisition::run(Timeout) noexcept { queue->on_wait_expired(this); }
 void Acquisition::FairRetry::run(Timeout) noexcept { owner->queue->on_fair_retry(owner); }
 
-WaitQueue::WaitQueue(LockStore& store, WheelClock& clock, const Options& options, StatsCounters& stats,
-                     Hooks hooks)
+WaitQueue::WaitQueue(LockStore& store, WheelClock& clock, const Options& options, StatsCounters& stats, Hooks hooks)
     : store_(store),
       clock_(clock),
       options_(options),
       stats_(stats),
       hooks_(std::move(hooks)),
-      orphan_backoff_(options.reconnect_min, options.reconnect_max) {
+      orphan_backoff_(options.connection.reconnect_min, options.connection.reconnect_max) {
   orphan_timer_.queue = this;
-  stats_.waits.set_warning(options.wait_warning);
+  stats_.waits.set_warning(options.observability.wait_warning);
 }
 
 WaitQueue::~WaitQueue() = default;
@@ -81,7 +80,7 @@ void WaitQueue::clear() {
 WaitQueue::KeyWaiters& WaitQueue::waiters_of(std::string_view name) {
   auto it = waiters_.find(name);
   if (it != waiters_.end()) return *it->second;
-  auto w = std::make_unique<KeyWaiters>(options_.reconnect_min);
+  auto w = std::make_unique<KeyWaiters>(options_.connection.reconnect_min);
   w->queue = this;
   w->name = std::string(name);
   auto& slot = waiters_[w->name];
@@ -159,7 +158,7 @@ void WaitQueue::on_fair_outcome(const std::shared_ptr<Acquisition>& a, const Acq
     // As for the head of other kinds: a blip is ridden out, a store down
     // for the connect timeout fails every waiter of the key.
     if (!ride_out(w, out.error, sent)) return;
-    a->fair_timeout = clock_.at(a->fair_retry, Clock::now() + options_.reconnect_min);
+    a->fair_timeout = clock_.at(a->fair_retry, Clock::now() + options_.connection.reconnect_min);
     return;
   }
   w->connection_error = nullptr;
@@ -268,7 +267,7 @@ void WaitQueue::abandon(const Acquisition& a) {
   // The store drops the key its expiry bound (the ttl, or more where it
   // rounds the ttl up) after the last attempt that could have set it, at
   // the latest (its clock may run a drift faster than ours).
-  auto until = gone_by(options_, a.last_sent, a.spec.ttl, store_.expiry_bound(a.spec.ttl));
+  auto until = gone_by(options_.watchdog, a.last_sent, a.spec.ttl, store_.expiry_bound(a.spec.ttl));
   if (Clock::now() >= until) return;
   orphans_.push_back(Orphan{a.name, a.token, a.ttl_ms, a.spec.ttl, a.spec.kind, until});
   if (orphans_sending_ == 0) give_back_orphans();
@@ -318,7 +317,7 @@ bool WaitQueue::ride_out(KeyWaiters* w, const StoreError& error, Clock::time_poi
     return true;
   }
   w->unreachable_since = std::min(w->unreachable_since, sent);
-  if (Clock::now() - w->unreachable_since < options_.connect_timeout) return true;
+  if (Clock::now() - w->unreachable_since < options_.connection.connect_timeout) return true;
   fail_waiters(w, w->connection_error);
   return false;
 }
@@ -371,7 +370,7 @@ void WaitQueue::on_outcome(const std::shared_ptr<Acquisition>& a, const Acquired
     // within the wait. Either way a wait that runs out meanwhile reports
     // this error rather than a busy lock.
     if (!ride_out(w, out.error, sent)) return;
-    w->retry = clock_.at(*w, Clock::now() + options_.reconnect_min);
+    w->retry = clock_.at(*w, Clock::now() + options_.connection.reconnect_min);
     return;
   }
   if (w) {
@@ -521,7 +520,7 @@ void WaitQueue::on_lease_finished(std::string_view name, const LockKind& kind, b
     // try, and wait for the holder's release if another process took it.
     w->yielding = true;
     w->retry.cancel();
-    w->retry = clock_.at(*w, Clock::now() + options_.tick);
+    w->retry = clock_.at(*w, Clock::now() + options_.watchdog.tick);
     return;
   }
   // Otherwise our own waiters go next, in the same pipeline as the release.

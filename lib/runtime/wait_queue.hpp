@@ -7,7 +7,7 @@
 // is confirmed, so a release in between is not missed), until the holder's
 // ttl runs out (a holder that died never publishes), or, on a store without
 // notices, until a bounded back-off. When one of our own leases on the key
-// ends, the next in line goes at once (or, with Options::local_handoff, the
+// ends, the next in line goes at once (or, with Options::handoff.enabled, the
 // runtime passes the lock to it without the store: take_next(), for
 // exclusive locks only). Admission is per kind: while our own leases hold
 // the key shared, a shared head goes to the store at once (a reader's grant

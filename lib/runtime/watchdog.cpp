@@ -28,23 +28,23 @@ std::shared_ptr<LeaseRecord> Watchdog::new_lease(const Acquisition& a, std::uint
   // one nanosecond early, so it goes on the last tick at or before its time.
   // A deadline is set a tick (less one nanosecond) early for the same
   // reason (deadline_of), so remaining() reads what the holder has.
-  l->renew_after = renew_after(options_, a.spec.ttl, a.spec.renew_weight) - (clock_.tick() - Clock::duration(1));
+  l->renew_after = renew_after(options_.watchdog, a.spec.ttl, a.spec.renew_weight) - (clock_.tick() - Clock::duration(1));
   l->last_sent = last_sent;
   l->no_handoff = !a.spec.handoff;
   if (!a.handle && !a.inline_run) l->queue_for_worker();
   if (a.finished) l->rare().finished = a.finished;
   if (!a.spec.context.empty()) l->rare().context = a.spec.context;
   l->granted_at = Clock::now();
-  if (options_.hold_warning.count() > 0) {
+  if (options_.observability.hold_warning.count() > 0) {
     auto& w = l->rare().hold_warning = std::make_unique<HoldWarning>(events_, a.spec.key, l->granted_at);
-    w->timeout = clock_.at(*w, l->granted_at + options_.hold_warning);
+    w->timeout = clock_.at(*w, l->granted_at + options_.observability.hold_warning);
   }
   stats_.acquired.fetch_add(1, std::memory_order_relaxed);
   return l;
 }
 
 Watchdog::Clock::time_point Watchdog::deadline_of(Clock::time_point sent, std::chrono::milliseconds ttl) const {
-  return lease_deadline(options_, sent, ttl) - (clock_.tick() - Clock::duration(1));
+  return lease_deadline(options_.watchdog, sent, ttl) - (clock_.tick() - Clock::duration(1));
 }
 
 std::shared_ptr<LeaseRecord> Watchdog::grant(const Acquisition& a, std::uint64_t fence, Clock::time_point sent) {
@@ -165,12 +165,13 @@ void Watchdog::on_timer(LeaseRecord* raw) {
   }
   switch (l->phase) {
     case LeaseRecord::Phase::kRenewDue:
-      if (!l->started() && now - l->granted_at >= options_.queue_timeout && l->give_up_start()) {
+      if (!l->started() && now - l->granted_at >= options_.runtime.queue_timeout && l->give_up_start()) {
         // Granted, renewed, and still no worker to run it: the pool is full
         // of work that may be waiting for this very call. Give the lock back
         // and answer the call, rather than hold the key with nothing running.
         lose(l, LostReason::kNotStarted,
-             "no pool worker was free within Options::queue_timeout (" + std::to_string(options_.queue_timeout.count()) +
+             "no pool worker was free within Options::runtime.queue_timeout (" +
+                 std::to_string(options_.runtime.queue_timeout.count()) +
                  " ms); is a locked call blocking its worker on another locked call?");
         work_done(l);
         break;
@@ -299,7 +300,7 @@ void Watchdog::renewal_failed(const std::shared_ptr<LeaseRecord>& l, std::string
   events_.renewal_failed(l->key(), why);
   l->set_lost_detail(std::move(why));
   l->timeout.cancel();
-  auto next = std::min(Clock::now() + options_.tick, l->deadline());
+  auto next = std::min(Clock::now() + options_.watchdog.tick, l->deadline());
   schedule(*l, LeaseRecord::Phase::kRetryDue, next);
 }
 
@@ -407,7 +408,7 @@ void Watchdog::release(const std::shared_ptr<LeaseRecord>& l) {
                      // counted on past its ttl: it completes at that.
                      const auto keep = l->lost() ? l->ttl() : store_.expiry_bound(l->ttl());
                      schedule(*l, LeaseRecord::Phase::kReleasing,
-                              std::max(Clock::now(), gone_by(options_, l->last_sent, l->ttl(), keep)));
+                              std::max(Clock::now(), gone_by(options_.watchdog, l->last_sent, l->ttl(), keep)));
                      return;
                    }
                    if (status == Released::kYesUnheard) {

@@ -14,7 +14,7 @@
 // call will report LeaseLost. When the work ends the lease is released,
 // and kept renewed until the store confirmed the release, unless the
 // runtime hands the store's key to a local waiter instead (hand_off(),
-// Options::local_handoff): the next lease takes the ended one's place, and
+// Options::handoff.enabled): the next lease takes the ended one's place, and
 // a renewal reply still in flight goes to whichever lease holds it now.
 //
 // Threading: loop thread only, but held() (any thread).

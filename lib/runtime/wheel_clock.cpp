@@ -9,8 +9,8 @@ using std::chrono::milliseconds;
 WheelClock::WheelClock(Loop& loop, const Options& options, StatsCounters& stats)
     : loop_(loop),
       stats_(stats),
-      wheel_(TimerWheelOptions{std::chrono::duration_cast<std::chrono::nanoseconds>(options.tick), options.wheel_size,
-                               0}) {}
+      wheel_(TimerWheelOptions{std::chrono::duration_cast<std::chrono::nanoseconds>(options.watchdog.tick),
+                               options.watchdog.wheel_size, 0}) {}
 
 void WheelClock::start() {
   wheel_.bind_to_current_thread();

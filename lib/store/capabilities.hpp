@@ -19,7 +19,7 @@
 //                  locks iff it offers it (LockStore::check_kind); one
 //                  without it is never given a fair lock (Unsupported).
 //   TokenBlocks    fencing tokens reserved by a holder, for the next
-//                  holders in this process (Options::local_handoff): a
+//                  holders in this process (Options::handoff.enabled): a
 //                  store without it gets no in-process hand-off
 //
 // Threading and callbacks as in LockStore: loop thread only; a callback
@@ -39,7 +39,7 @@
 namespace lockwatch::detail {
 
 // One holder of a lock as the store records it: its owner token, the
-// owner name its runtime gave (Options::owner_name; empty where the store
+// owner name its runtime gave (Options::runtime.owner_name; empty where the store
 // has none recorded) and its grant time on the store's clock, with how
 // long ago that was on the same clock (so that hosts with skewed clocks
 // agree on it).

@@ -40,11 +40,11 @@ void keep_most_telling(std::unique_ptr<StoreError>& kept, const StoreError& e) {
 }  // namespace
 
 QuorumStore::QuorumStore(std::vector<std::unique_ptr<LockStore>> stores, std::vector<std::string> names,
-                         const Options& options)
+                         const WatchdogOptions& watchdog)
     : StoreBase(member_traits(stores)),
       stores_(std::move(stores)),
       names_(std::move(names)),
-      options_(options),
+      watchdog_(watchdog),
       quorum_(stores_.size() / 2 + 1) {
   // A majority must agree on each token it hands out, and every store must
   // answer the same questions: each member offers all three.
@@ -160,7 +160,7 @@ void QuorumStore::on_acquire_vote(const std::shared_ptr<AcquireBatch>& b, std::s
   Acquired out;
   if (t.took.size() >= quorum_) {
     t.decided = true;
-    if (Clock::now() >= lease_deadline(options_, b->sent, t.ttl)) {
+    if (Clock::now() >= lease_deadline(watchdog_, b->sent, t.ttl)) {
       out.error = StoreError::unavailable(names_[store], "a majority took the lock only after its validity time");
       give_back(b, k, out);
       return;
@@ -208,7 +208,7 @@ void QuorumStore::check_raised(const std::shared_ptr<AcquireBatch>& b, std::size
     // out a lease whose keys may have expired meanwhile, and whose token a
     // later majority may have handed out too (found by
     // model/redlock_fence.pml with two acquisitions overlapping).
-    if (Clock::now() >= lease_deadline(options_, b->sent, t.ttl)) {
+    if (Clock::now() >= lease_deadline(watchdog_, b->sent, t.ttl)) {
       Acquired late;
       late.error = StoreError::unavailable(names_[t.took.empty() ? 0 : t.took.front()],
                                            "a majority raised its fencing counters only after the validity time");

@@ -41,8 +41,10 @@ namespace lockwatch::detail {
 
 class QuorumStore final : public StoreBase, public JobClaims, public OperatorTools, public LockListing {
  public:
-  // `names` name the stores in error messages, one each.
-  QuorumStore(std::vector<std::unique_ptr<LockStore>> stores, std::vector<std::string> names, const Options& options);
+  // `names` name the stores in error messages, one each; `watchdog` gives
+  // the drift allowance a majority's lease is judged by.
+  QuorumStore(std::vector<std::unique_ptr<LockStore>> stores, std::vector<std::string> names,
+              const WatchdogOptions& watchdog);
 
   std::size_t quorum() const noexcept { return quorum_; }
 
@@ -92,7 +94,7 @@ class QuorumStore final : public StoreBase, public JobClaims, public OperatorToo
   std::vector<OperatorTools*> tools_;
   std::vector<LockListing*> listings_;
   std::vector<std::string> names_;
-  const Options options_;
+  const WatchdogOptions watchdog_;
   const std::size_t quorum_;
 };
 

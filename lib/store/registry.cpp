@@ -12,12 +12,8 @@
 #if LOCKWATCH_WITH_POSTGRESQL
 #include "store/postgresql/pg_kind.hpp"
 #endif
-#if LOCKWATCH_WITH_ZOOKEEPER
-#include "store/zookeeper/zk_kind.hpp"
-#endif
-#if LOCKWATCH_WITH_ETCD
 #include "store/etcd/etcd_kind.hpp"
-#endif
+#include "store/zookeeper/zk_kind.hpp"
 
 namespace lockwatch::detail {
 
@@ -32,26 +28,23 @@ constexpr StoreKind kPostgresStore =
     missing_store("postgresql postgres", "postgresql://user[:password]@host[:port]/database (or postgres://)",
                   "'postgresql' (libpq >= 14)");
 #endif
-#if !LOCKWATCH_WITH_ZOOKEEPER
-constexpr StoreKind kZooKeeperStore =
-    missing_store("zookeeper", "zookeeper://[user:password@]host:port[,host:port...][/chroot]",
-                  "'zookeeper' (the ZooKeeper C client, libzookeeper_mt)");
+#if LOCKWATCH_WITH_ZOOKEEPER
+constexpr const StoreKind* kZooKeeper = &kZooKeeperStore;
+#else
+constexpr StoreKind kZooKeeperMissing =
+    missing_store(kZooKeeperSchemes, kZooKeeperUsage, "'zookeeper' (the ZooKeeper C client, libzookeeper_mt)");
+constexpr const StoreKind* kZooKeeper = &kZooKeeperMissing;
 #endif
-#if !LOCKWATCH_WITH_ETCD
-constexpr StoreKind kEtcdStore = missing_store("etcd etcds",
-                                               "etcd://[user:password@]host:port[,host:port...] (etcds:// over TLS)",
-                                               "'etcd' (grpc++, protobuf, protoc)");
+#if LOCKWATCH_WITH_ETCD
+constexpr const StoreKind* kEtcd = &kEtcdStore;
+#else
+constexpr StoreKind kEtcdMissing = missing_store(kEtcdSchemes, kEtcdUsage, "'etcd' (grpc++, protobuf, protoc)");
+constexpr const StoreKind* kEtcd = &kEtcdMissing;
 #endif
 
 // Scheme to store: one line per kind.
 constexpr const StoreKind* kKinds[] = {
-    &kRedisStore,
-    &kRedisClusterStore,
-    &kSqlStore,
-    &kPostgresStore,
-    &kZooKeeperStore,
-    &kEtcdStore,
-    &kMemoryStore,
+    &kRedisStore, &kRedisClusterStore, &kSqlStore, &kPostgresStore, kZooKeeper, kEtcd, &kMemoryStore,
 };
 
 bool serves(const StoreKind& kind, std::string_view scheme) {
@@ -108,3 +101,18 @@ std::unique_ptr<LockStore> make_store(Loop& loop, const Options& options) {
 }
 
 }  // namespace lockwatch::detail
+
+namespace lockwatch {
+
+std::vector<std::string> store_url_forms() {
+  std::vector<std::string> out;
+  for (const detail::StoreKind* k : detail::kKinds) {
+    std::string line(k->usage);
+    if (!k->missing_feature.empty())
+      line += fmt::format(" [not in this build: the Meson feature {}]", k->missing_feature);
+    out.push_back(std::move(line));
+  }
+  return out;
+}
+
+}  // namespace lockwatch

@@ -1145,9 +1145,9 @@ int main(int argc, char** argv) {
     {
       lockwatch::Options o;
       o.redis_url = args.redis;
-      o.threads = static_cast<std::size_t>(args.threads);
-      o.connect_timeout = kConnectTimeout;
-      o.command_timeout = kCommandTimeout;
+      o.runtime.threads = static_cast<std::size_t>(args.threads);
+      o.connection.connect_timeout = kConnectTimeout;
+      o.connection.command_timeout = kCommandTimeout;
       if (args.min_replicas > 0) {
         // A Redis URL's own setting, in its query (after any '@' of a password).
         const auto at = o.redis_url.rfind('@');

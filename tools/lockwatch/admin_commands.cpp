@@ -16,8 +16,8 @@ namespace {
 Options options_for(const std::optional<std::string>& redis_url, bool verbose) {
   Options o = Options::from_env();
   if (redis_url) o.store_url = *redis_url;
-  o.threads = 1;  // no locked work runs here
-  o.log = library_log(verbose);
+  o.runtime.threads = 1;  // no locked work runs here
+  o.observability.log = library_log(verbose);
   return o;
 }
 

@@ -20,15 +20,10 @@ constexpr const char* kStoreOption = "--store";
 constexpr const char* kRedisOption = "--redis";
 constexpr const char* kRedisHelp = "Deprecated: the old name of --store (--store wins when both are given)";
 constexpr const char* kStoreHelp =
-    "Where the locks live: redis://[user:password@]host:port[/db], a "
-    "comma-separated list of redis:// URLs (Redlock), "
-    "redis-sentinel://[user:password@]host:port[,host:port...]/master-name[/db], "
-    "redis-cluster://[user:password@]host:port[,host:port...], rediss://, rediss-sentinel:// and "
-    "rediss-cluster:// for TLS, mysql://user:password@host[:port]/database, "
-    "postgresql://user:password@host[:port]/database[?sslmode=...], "
-    "zookeeper://[user:password@]host:port[,host:port...][/chroot], "
-    "etcd://[user:password@]host:port[,host:port...] (etcds:// for TLS), or memory://[name]. Default: "
-    "$LOCKWATCH_STORE_URL, else $LOCKWATCH_REDIS_URL (deprecated), else redis://127.0.0.1:6379";
+    "Where the locks live: a store's URL, its scheme picking the store (redis://, redis-sentinel://, "
+    "redis-cluster://, mysql://, postgresql://, zookeeper://, etcd://, memory://, ...; `lockwatch --help` lists "
+    "each one's form, docs/stores.md describes them). Default: $LOCKWATCH_STORE_URL, else $LOCKWATCH_REDIS_URL "
+    "(deprecated), else redis://127.0.0.1:6379";
 
 constexpr const char* kVerboseHelp =
     "Also print the library's log on standard error: connections lost and retried, found again, leases lost "
@@ -99,13 +94,18 @@ std::string command_environment_text() {
   return out;
 }
 
-CliApp make_app(CliArgs& a) {
+CliApp make_app(CliArgs& a, const std::vector<std::string>& store_forms) {
   CliApp c;
   c.app = std::make_unique<CLI::App>(
       "Runs a command under a distributed lock (Redis, Redis Cluster, Sentinel, PostgreSQL, MariaDB, ZooKeeper, etcd), "
       "renewing the lease while it runs.", "lockwatch");
   CLI::App& app = *c.app;
-  app.footer(exit_status_text() + "\nstatus, release and ls exit 0, 69 or 64 alike.");
+  std::string footer = exit_status_text() + "\nstatus, release and ls exit 0, 69 or 64 alike.";
+  if (!store_forms.empty()) {
+    footer += "\n\nStore URLs (--store):";
+    for (const std::string& form : store_forms) footer += "\n  " + form;
+  }
+  app.footer(footer);
   app.set_version_flag("--version", "lockwatch " LOCKWATCH_VERSION, "Print lockwatch's version and exit");
   // At most one, and "none" is reported after parsing, so that an unknown
   // word is named as such rather than reported as a missing subcommand.
@@ -164,9 +164,10 @@ CliApp make_app(CliArgs& a) {
       "Print what the store says of the lock on KEY: key=, state=held|free, ttl_ms=, fencing_token= lines; when "
       "held, then kind=, owner= (the holder's owner name), since= (its grant time, UTC), held_for_ms= and a holder= "
       "line per holder (held_for_ms, token, owner name: several for a shared or permit lock)");
-  status->footer("Takes no lease. state=held over Redlock means a majority of the nodes hold it for one owner. "
-                 "The times are the store's clock. The owner name is the holder's LOCKWATCH_OWNER_NAME "
-                 "(Options::owner_name), by default host:pid:program.");
+  status->footer(
+      "Takes no lease. state=held over Redlock means a majority of the nodes hold it for one owner. "
+      "The times are the store's clock. The owner name is the holder's LOCKWATCH_OWNER_NAME "
+      "(Options::runtime.owner_name), by default host:pid:program.");
   c.status_store = status->add_option(kStoreOption, a.status_url, kStoreHelp)->type_name("URL");
   c.status_redis = status->add_option(kRedisOption, a.status_redis_url, kRedisHelp)->type_name("URL");
   status->add_option("KEY", a.status_key, "The lock's name")->required();

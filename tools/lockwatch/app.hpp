@@ -68,8 +68,12 @@ struct CliApp {
   CLI::Option* once_per = nullptr;
 };
 
-// The app, writing into `args` (which must outlive it).
-CliApp make_app(CliArgs& args);
+// The app, writing into `args` (which must outlive it). `store_forms`, the
+// URL forms of the stores as the library lists them
+// (lockwatch::store_url_forms()), close the top-level --help; the man page's
+// generator, built without the library, leaves them out (--store's help
+// points to docs/stores.md).
+CliApp make_app(CliArgs& args, const std::vector<std::string>& store_forms = {});
 
 // The one text of the tables --help's footers and the man page show.
 std::string exit_status_text();       // "Exit status of run:" and its rows

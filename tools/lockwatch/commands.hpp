@@ -47,7 +47,7 @@ int release_command(const std::optional<std::string>& redis_url, const std::stri
 // `lockwatch: <message>` on standard error.
 void say(const std::string& message);
 
-// Options::log for the subcommands. The library logs for long-lived
+// Options::observability.log for the subcommands. The library logs for long-lived
 // services (a connection lost and being retried, a lease lost); a command
 // that runs once says what matters itself, as its final error or its exit
 // status, so these lines are dropped, unless `verbose` (--verbose), which

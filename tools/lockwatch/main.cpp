@@ -26,6 +26,7 @@
 #include "duration.hpp"
 #include "exit_codes.hpp"
 #include "lockwatch/errors.hpp"
+#include "lockwatch/options.hpp"
 
 namespace {
 
@@ -60,7 +61,7 @@ int main(int argc, char** argv) {
   const Inherited inherited = Inherited::capture();
 
   CliArgs args;
-  CliApp cli = make_app(args);
+  CliApp cli = make_app(args, lockwatch::store_url_forms());
   CLI::App& app = *cli.app;
   RunArgs run_args;
 

@@ -123,8 +123,8 @@ std::vector<bool> wait_readable(std::initializer_list<int> fds, std::optional<Cl
 // when the loss is declared the drift allowance is all the time left before
 // another holder can take the lock.
 milliseconds drift_allowance(const Options& o, milliseconds ttl) {
-  return milliseconds(static_cast<milliseconds::rep>(static_cast<double>(ttl.count()) * o.drift_factor)) +
-         o.drift_floor;
+  return milliseconds(static_cast<milliseconds::rep>(static_cast<double>(ttl.count()) * o.watchdog.drift_factor)) +
+         o.watchdog.drift_floor;
 }
 
 // The default --kill-grace: the SIGKILL must land before the lease can
@@ -207,8 +207,8 @@ int run_command(const RunArgs& a, const Inherited& inherited) {
 
   Options o = Options::from_env();
   if (a.redis_url) o.store_url = *a.redis_url;
-  o.threads = 1;  // no locked work runs on the pool
-  o.log = library_log(a.verbose);  // a lost lease is told below, once
+  o.runtime.threads = 1;                         // no locked work runs on the pool
+  o.observability.log = library_log(a.verbose);  // a lost lease is told below, once
   auto rt = std::make_unique<Runtime>(o);
   const milliseconds margin = default_kill_grace(o, a.ttl, LostReason::kStoreUnreachable);
   if (a.kill_grace && *a.kill_grace > margin)
@@ -280,7 +280,7 @@ int run_command(const RunArgs& a, const Inherited& inherited) {
                       a.key, claim->last_run, claim->period, a.once_cron.empty() ? format_duration(*a.once_every)
                                                                                   : "'" + a.once_cron + "'"));
       std::future<void> released = handle.release();
-      if (released.wait_for(o.connect_timeout + o.command_timeout + std::chrono::seconds(1)) !=
+      if (released.wait_for(o.connection.connect_timeout + o.connection.command_timeout + std::chrono::seconds(1)) !=
           std::future_status::ready) {
         std::fflush(stdout);
         std::_Exit(kExitUsage);  // the runtime would wait for the expiry
@@ -293,7 +293,7 @@ int run_command(const RunArgs& a, const Inherited& inherited) {
                         period_text(claim->scheduled_for)));
       std::future<void> released = handle.release();
       const int code = a.quiet ? 0 : kExitAlreadyRun;
-      if (released.wait_for(o.connect_timeout + o.command_timeout + std::chrono::seconds(1)) !=
+      if (released.wait_for(o.connection.connect_timeout + o.connection.command_timeout + std::chrono::seconds(1)) !=
           std::future_status::ready) {
         std::fflush(stdout);
         std::_Exit(code);  // the runtime would wait for the expiry
@@ -384,7 +384,7 @@ int run_command(const RunArgs& a, const Inherited& inherited) {
       std::fflush(stdout);
       std::_Exit(code);
     }
-  } else if (released.wait_for(o.connect_timeout + o.command_timeout + std::chrono::seconds(1)) !=
+  } else if (released.wait_for(o.connection.connect_timeout + o.connection.command_timeout + std::chrono::seconds(1)) !=
              std::future_status::ready) {
     say(fmt::format("could not confirm the release of '{}'; the lock expires within {}", a.key,
                     format_duration(a.ttl)));

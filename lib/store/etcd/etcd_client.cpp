@@ -106,20 +106,20 @@ struct EtcdClient::Unary final : Call, Tag {
 
 // ---- construction
 
-EtcdClient::EtcdClient(Loop& loop, EtcdTarget target, const Options& options)
+EtcdClient::EtcdClient(Loop& loop, EtcdTarget target, const StoreSettings& settings)
     : loop_(loop),
       target_(std::move(target)),
       name_(target_.name()),
-      connect_timeout_(options.connect_timeout),
-      command_timeout_(options.command_timeout) {
+      connect_timeout_(settings.connection.connect_timeout),
+      command_timeout_(settings.connection.command_timeout) {
   std::shared_ptr<grpc::ChannelCredentials> credentials = grpc::InsecureChannelCredentials();
   if (target_.tls) {
-    // The members' certificates checked against tls_ca_file (else gRPC's
+    // The members' certificates checked against tls.ca_file (else gRPC's
     // roots); a client certificate when the members ask for one.
     grpc::SslCredentialsOptions ssl;
-    ssl.pem_root_certs = read_file(options.tls_ca_file);
-    ssl.pem_cert_chain = read_file(options.tls_cert_file);
-    ssl.pem_private_key = read_file(options.tls_key_file);
+    ssl.pem_root_certs = read_file(settings.tls.ca_file);
+    ssl.pem_cert_chain = read_file(settings.tls.cert_file);
+    ssl.pem_private_key = read_file(settings.tls.key_file);
     credentials = grpc::SslCredentials(ssl);
   }
   for (const auto& m : target_.members) {
@@ -134,7 +134,7 @@ EtcdClient::EtcdClient(Loop& loop, EtcdTarget target, const Options& options)
     // deadline of their own); etcd refuses pings more often than 5 s.
     args.SetInt(GRPC_ARG_KEEPALIVE_TIME_MS, 10000);
     args.SetInt(GRPC_ARG_KEEPALIVE_TIMEOUT_MS, static_cast<int>(std::max<long long>(command_timeout_.count(), 1000)));
-    if (target_.tls && !options.tls_server_name.empty()) args.SetSslTargetNameOverride(options.tls_server_name);
+    if (target_.tls && !settings.tls.server_name.empty()) args.SetSslTargetNameOverride(settings.tls.server_name);
     member->channel = grpc::CreateCustomChannel(member->address, credentials, args);
     member->kv = etcdserverpb::KV::NewStub(member->channel);
     member->lease = etcdserverpb::Lease::NewStub(member->channel);

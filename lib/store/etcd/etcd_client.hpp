@@ -8,7 +8,7 @@
 // thread, exactly once, never inside the call that started it.
 //
 //   unary calls   Range, Txn, LeaseGrant, LeaseRevoke, LeaseTimeToLive,
-//                 each with a deadline of Options::command_timeout
+//                 each with a deadline of Options::connection.command_timeout
 //   keep_alive    one LeaseKeepAlive stream per batch of leases (a tick's
 //                 renewals), every lease's answer read before it closes,
 //                 bounded by the command timeout as a whole
@@ -22,12 +22,12 @@
 // again on the next member at once, within its first deadline.
 //
 // TLS (etcds://): gRPC's own, with the members' certificates checked
-// against Options::tls_ca_file (else gRPC's roots) for tls_server_name
+// against Options::tls.ca_file (else gRPC's roots) for tls_server_name
 // (else each member's host), and tls_cert_file/tls_key_file as the client
 // certificate.
 //
 // Authentication: with a user in the URL, Authenticate (within
-// Options::connect_timeout) runs before the first call, and its token goes
+// Options::connection.connect_timeout) runs before the first call, and its token goes
 // with every call as the `token` metadata; a call refused for its token
 // authenticates again once.
 //
@@ -63,6 +63,7 @@
 #include "rpc.grpc.pb.h"
 #include "store/etcd/etcd_target.hpp"
 #include "store/store_error.hpp"
+#include "store/store_settings.hpp"
 
 namespace lockwatch::detail {
 
@@ -86,7 +87,7 @@ class EtcdClient {
   };
   class Watch;
 
-  EtcdClient(Loop& loop, EtcdTarget target, const Options& options);
+  EtcdClient(Loop& loop, EtcdTarget target, const StoreSettings& settings);
   ~EtcdClient();
   EtcdClient(const EtcdClient&) = delete;
   EtcdClient& operator=(const EtcdClient&) = delete;

@@ -348,18 +348,18 @@ struct EtcdClock::Conn {
   }
 };
 
-EtcdClock::EtcdClock(Loop& loop, EtcdTarget target, const Options& options, LocalClock local)
+EtcdClock::EtcdClock(Loop& loop, EtcdTarget target, const StoreSettings& settings, LocalClock local)
     : loop_(loop),
       target_(std::move(target)),
       name_(target_.name()),
-      connect_timeout_(options.connect_timeout),
-      command_timeout_(options.command_timeout),
+      connect_timeout_(settings.connection.connect_timeout),
+      command_timeout_(settings.connection.command_timeout),
       local_(local ? std::move(local) : LocalClock([] { return system_clock::now(); })),
       state_(std::make_shared<State>()) {
   state_->local = local_;
   if (target_.tls) {
     try {
-      tls_ = TlsContext::make(options);
+      tls_ = TlsContext::make(settings.tls);
     } catch (const std::exception& e) {
       tls_error_ = e.what();
     }

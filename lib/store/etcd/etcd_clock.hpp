@@ -27,7 +27,7 @@
 // next is tried. None answering: a kUnavailable StoreError (a
 // ConnectionError), never a time.
 //
-// etcds://: HTTPS, with OpenSSL and the store's tls_* options (the same
+// etcds://: HTTPS, with OpenSSL and the store's TLS options (the same
 // CA, client certificate and name checks as the gRPC calls; the client
 // port refuses plain text then). Without the `tls` feature, etcds://
 // locks work (gRPC's own TLS) but its clock fails, naming the feature.
@@ -36,7 +36,7 @@
 // the loop, each exactly once and never inside now(). Measuring runs on a
 // thread of its own (started by the first measurement): resolving names,
 // connecting, the TLS handshake and the samples block that thread only;
-// connecting and the handshake are bounded by Options::connect_timeout,
+// connecting and the handshake are bounded by Options::connection.connect_timeout,
 // each request by command_timeout, name resolution by the system's
 // resolver. The destructor (off the loop thread, after close()) stops and
 // joins it: a wait in progress sees the stop within 50 ms.
@@ -55,6 +55,7 @@
 #include "lockwatch/options.hpp"
 #include "store/etcd/etcd_target.hpp"
 #include "store/store_error.hpp"
+#include "store/store_settings.hpp"
 
 namespace lockwatch::detail {
 
@@ -74,7 +75,7 @@ class EtcdClock {
   static constexpr std::chrono::seconds kMaxAge{3600};
 
   // `local` is this process's clock (tests give a skewed one).
-  EtcdClock(Loop& loop, EtcdTarget target, const Options& options, LocalClock local = {});
+  EtcdClock(Loop& loop, EtcdTarget target, const StoreSettings& settings, LocalClock local = {});
   ~EtcdClock();
   EtcdClock(const EtcdClock&) = delete;
   EtcdClock& operator=(const EtcdClock&) = delete;

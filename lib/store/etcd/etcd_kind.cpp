@@ -6,10 +6,10 @@
 namespace lockwatch::detail {
 
 constinit const StoreKind kEtcdStore{
-    "etcd etcds", "etcd://[user:password@]host:port[,host:port...] (etcds:// over TLS)",
+    kEtcdSchemes, kEtcdUsage,
     [](const std::string& url, const Options& options) { EtcdStore::check_options(EtcdTarget::parse(url), options); },
     [](Loop& loop, const std::string& url, const Options& options) -> std::unique_ptr<LockStore> {
-      return std::make_unique<EtcdStore>(loop, EtcdTarget::parse(url), options);
+      return std::make_unique<EtcdStore>(loop, EtcdTarget::parse(url), StoreSettings::of(options));
     }};
 
 }  // namespace lockwatch::detail

@@ -11,7 +11,6 @@
 #include <vector>
 
 #include "core/loop.hpp"
-#include "core/option_checks.hpp"
 #include "lockwatch/errors.hpp"
 #include "store/etcd/etcd_error.hpp"
 
@@ -70,13 +69,13 @@ const mvccpb::KeyValue* ranged(const etcdserverpb::TxnResponse& response) {
 
 void EtcdStore::check_options(const EtcdTarget& target, const Options& options) {
   if (!target.tls) return;
-  if (!options.tls_verify)
-    throw InvalidArgument("etcds:// always verifies the members' certificates: Options::tls_verify must stay true");
-  if (options.tls_cert_file.empty() != options.tls_key_file.empty())
-    throw InvalidArgument("Options::tls_cert_file and tls_key_file go together (a client certificate needs its key)");
-  for (const auto& [option, path] : {std::pair{"tls_ca_file", &options.tls_ca_file},
-                                     std::pair{"tls_cert_file", &options.tls_cert_file},
-                                     std::pair{"tls_key_file", &options.tls_key_file}}) {
+  if (!options.tls.verify)
+    throw InvalidArgument("etcds:// always verifies the members' certificates: Options::tls.verify must stay true");
+  if (options.tls.cert_file.empty() != options.tls.key_file.empty())
+    throw InvalidArgument("Options::tls.cert_file and tls.key_file go together (a client certificate needs its key)");
+  for (const auto& [option, path] :
+       {std::pair{"tls.ca_file", &options.tls.ca_file}, std::pair{"tls.cert_file", &options.tls.cert_file},
+        std::pair{"tls.key_file", &options.tls.key_file}}) {
     if (path->empty()) continue;
     std::ifstream f(*path);
     if (!f)
@@ -88,21 +87,22 @@ std::int64_t EtcdStore::lease_seconds(milliseconds ttl) noexcept {
   return std::max<std::int64_t>(1, (ttl.count() + 999) / 1000);
 }
 
-EtcdStore::EtcdStore(Loop& loop, EtcdTarget target, const Options& options)
-    : StoreBase(StoreTraits{.keys = KeyRules{options.key_prefix, KeyRules::plain,
-                             [](std::string_view prefix, std::string_view key) noexcept -> const char* {
-                               if (prefix.size() + key.size() > kMaxNameBytes)
-                                 return "the lock name (key_prefix + key) is longer than the 32 KiB an etcd:// store "
-                                        "takes (a transaction names it six times, and etcd refuses requests over "
-                                        "1.5 MiB by default)";
-                               return nullptr;
-                             }},
-                            .release_events = true,
-                            .expiry = {.unit = std::chrono::seconds(1), .slack = kExpirySlack, .bounded = false}}),
+EtcdStore::EtcdStore(Loop& loop, EtcdTarget target, const StoreSettings& settings)
+    : StoreBase(StoreTraits{
+          .keys = KeyRules{settings.key_prefix, KeyRules::plain,
+                           [](std::string_view prefix, std::string_view key) noexcept -> const char* {
+                             if (prefix.size() + key.size() > kMaxNameBytes)
+                               return "the lock name (key_prefix + key) is longer than the 32 KiB an etcd:// store "
+                                      "takes (a transaction names it six times, and etcd refuses requests over "
+                                      "1.5 MiB by default)";
+                             return nullptr;
+                           }},
+          .release_events = true,
+          .expiry = {.unit = std::chrono::seconds(1), .slack = kExpirySlack, .bounded = false}}),
       loop_(loop),
-      client_(std::make_unique<EtcdClient>(loop, target, options)),
-      clock_(std::make_unique<EtcdClock>(loop, std::move(target), options)),
-      owner_(owner_name(options)) {
+      client_(std::make_unique<EtcdClient>(loop, target, settings)),
+      clock_(std::make_unique<EtcdClock>(loop, std::move(target), settings)),
+      owner_(settings.owner_name) {
   offer({.job_claims = this, .operator_tools = this, .lock_listing = this});
 }
 

@@ -78,6 +78,7 @@
 #include "store/etcd/etcd_clock.hpp"
 #include "store/etcd/etcd_target.hpp"
 #include "store/store_base.hpp"
+#include "store/store_settings.hpp"
 
 namespace lockwatch::detail {
 
@@ -93,7 +94,7 @@ class EtcdStore final : public StoreBase, public JobClaims, public OperatorTools
   // every lease an election timeout more (one second by default).
   static constexpr std::chrono::milliseconds kExpirySlack{2000};
 
-  EtcdStore(Loop& loop, EtcdTarget target, const Options& options);
+  EtcdStore(Loop& loop, EtcdTarget target, const StoreSettings& settings);
   ~EtcdStore() override;
 
   // Any thread. InvalidArgument if the options do not suit this store.
@@ -157,7 +158,7 @@ class EtcdStore final : public StoreBase, public JobClaims, public OperatorTools
   Loop& loop_;
   std::unique_ptr<EtcdClient> client_;
   std::unique_ptr<EtcdClock> clock_;
-  const std::string owner_;  // Options::owner_name, in each lock's value
+  const std::string owner_;  // Options::runtime.owner_name, in each lock's value
   std::map<std::string, Held, std::less<>> held_;
   std::map<std::string, Watched, std::less<>> watched_;
   std::uint64_t next_watch_ = 1;

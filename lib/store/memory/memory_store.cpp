@@ -21,12 +21,14 @@ std::string MemoryStore::space_name(const std::string& url) {
 }
 
 MemoryStore::MemoryStore(Loop& loop, std::shared_ptr<MemorySpace> space, const Options& options)
-    : StoreBase(StoreTraits{
-          .keys = KeyRules{options.key_prefix}, .release_events = true, .no_shared = nullptr, .no_permits = nullptr}),
+    : StoreBase(StoreTraits{.keys = KeyRules{options.runtime.key_prefix},
+                            .release_events = true,
+                            .no_shared = nullptr,
+                            .no_permits = nullptr}),
       loop_(loop),
       space_(std::move(space)),
       link_(std::make_shared<MemoryLink>(loop, this)),
-      command_timeout_(options.command_timeout),
+      command_timeout_(options.connection.command_timeout),
       owner_name_(owner_name(options)) {
   offer({.fence_raising = this,
          .job_claims = this,

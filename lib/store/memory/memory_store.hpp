@@ -110,7 +110,7 @@ class MemoryStore final : public StoreBase,
   const std::shared_ptr<MemorySpace> space_;
   const std::shared_ptr<MemoryLink> link_;
   const std::chrono::milliseconds command_timeout_;
-  const std::string owner_name_;  // recorded with each grant (Options::owner_name)
+  const std::string owner_name_;  // recorded with each grant (Options::runtime.owner_name)
   bool started_ = false;  // loop thread: timer_ initialised
   bool closed_ = false;   // loop thread
   std::set<std::string, std::less<>> subscribed_;  // loop thread

@@ -468,7 +468,7 @@ std::string PgStore::holders_table_definition(const std::string& table) {
 
 void PgStore::check_settings(const PgTarget&, const sqlcommon::SqlSettings& settings) {
   if (settings.key_prefix.size() >= kMaxNameBytes)
-    throw InvalidArgument("Options::key_prefix leaves no room for a key in the PostgreSQL lock table's 255-byte lock_name");
+    throw InvalidArgument("Options::runtime.key_prefix leaves no room for a key in the PostgreSQL lock table's 255-byte lock_name");
 }
 
 PgStore::PgStore(Loop& loop, PgTarget target, const sqlcommon::SqlSettings& settings)

@@ -109,13 +109,17 @@ struct ClusterStore::Call {
   std::function<void(RedisNodeStore& node, const std::shared_ptr<Call>& self)> send;
 };
 
-ClusterStore::ClusterStore(Loop& loop, ClusterSeeds seeds, const Options& options, StoreLayout layout,
+ClusterStore::ClusterStore(Loop& loop, ClusterSeeds seeds, const StoreSettings& settings, StoreLayout layout,
                            RedisReplicas replicas)
-    : StoreBase(StoreTraits{.keys = layout.redisson() ? redisson_keys::rules() : redis_keys::rules(options.key_prefix),
+    : StoreBase(StoreTraits{.keys = layout.redisson() ? redisson_keys::rules() : redis_keys::rules(settings.key_prefix),
                             .release_events = true,
                             .no_shared = nullptr,
                             .no_permits = nullptr}),
-      loop_(loop), seeds_(std::move(seeds)), options_(options), layout_(std::move(layout)), replicas_(replicas) {
+      loop_(loop),
+      seeds_(std::move(seeds)),
+      settings_(settings),
+      layout_(std::move(layout)),
+      replicas_(replicas) {
   offer({.fence_raising = this,
          .job_claims = this,
          .operator_tools = this,
@@ -123,7 +127,7 @@ ClusterStore::ClusterStore(Loop& loop, ClusterSeeds seeds, const Options& option
          .fair_queue = this,
          .token_blocks = this});
   owner_.fill(-1);
-  topo_ = std::make_unique<RedisConnection>(loop_, seeds_.seeds.front(), options_, RedisConnection::Mode::kCommands);
+  topo_ = std::make_unique<RedisConnection>(loop_, seeds_.seeds.front(), settings_, RedisConnection::Mode::kCommands);
 }
 
 ClusterStore::~ClusterStore() = default;
@@ -147,7 +151,8 @@ ClusterStore::Node* ClusterStore::node_at(const std::string& host, int port) {
   if (auto it = by_name_.find(name); it != by_name_.end()) return it->second;
   auto node = std::make_unique<Node>();
   node->name = name;
-  node->store = std::make_unique<RedisNodeStore>(loop_, ep, options_, RedisNodeStore::Notices::kSharded, layout_, replicas_);
+  node->store =
+      std::make_unique<RedisNodeStore>(loop_, ep, settings_, RedisNodeStore::Notices::kSharded, layout_, replicas_);
   node->store->batch_by_slot();  // a script's keys share one slot
   Node* raw = node.get();
   raw->store->set_dropped_hook(
@@ -199,10 +204,10 @@ void ClusterStore::when_mapped(MapWaiter fn) {
     fn(nullptr);
     return;
   }
-  map_waiters_.push_back(Waiting{Clock::now() + options_.connect_timeout, std::move(fn)});
+  map_waiters_.push_back(Waiting{Clock::now() + settings_.connection.connect_timeout, std::move(fn)});
   if (started_ && !uv_is_active(reinterpret_cast<uv_handle_t*>(&wait_timer_)))
     uv_timer_start(&wait_timer_, &ClusterStore::on_wait_timer,
-                   static_cast<std::uint64_t>(options_.connect_timeout.count()), 0);
+                   static_cast<std::uint64_t>(settings_.connection.connect_timeout.count()), 0);
   request_refresh();
 }
 
@@ -219,8 +224,9 @@ void ClusterStore::expire_waiters() {
   for (auto& w : map_waiters_) (w.deadline <= now ? due : keep).push_back(std::move(w));
   map_waiters_ = std::move(keep);
   const StoreError err = StoreError::unavailable(
-      seeds_.names(), fmt::format("no slot map within the connect timeout ({} ms){}", options_.connect_timeout.count(),
-                                  last_refresh_error_.empty() ? "" : ": " + last_refresh_error_));
+      seeds_.names(),
+      fmt::format("no slot map within the connect timeout ({} ms){}", settings_.connection.connect_timeout.count(),
+                  last_refresh_error_.empty() ? "" : ": " + last_refresh_error_));
   for (auto& w : due) w.fn(&err);
   if (!map_waiters_.empty()) {
     auto next = std::chrono::duration_cast<std::chrono::milliseconds>(map_waiters_.front().deadline - now);

@@ -4,7 +4,7 @@
 // nodes; any one reachable is enough. The credentials apply to every node.
 // `rediss-cluster://` is the same over TLS, to every node: the seeds and
 // the masters the slot map names (at their tls-port in CLUSTER SHARDS),
-// with the Options' tls_* settings.
+// with the TLS options (Options::tls).
 //
 // Topology. The slot map comes from CLUSTER SHARDS (CLUSTER SLOTS on a
 // server without it), read on the loop through a connection of its own to
@@ -93,16 +93,17 @@
 #include <cstdint>
 #include <functional>
 #include <map>
-#include <optional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "lockwatch/options.hpp"
 #include "store/capabilities.hpp"
-#include "store/store_base.hpp"
 #include "store/redis/cluster_slot.hpp"
 #include "store/redis/layout.hpp"
+#include "store/store_base.hpp"
+#include "store/store_settings.hpp"
 
 struct redisReply;  // hiredis
 
@@ -134,7 +135,7 @@ class ClusterStore final : public StoreBase,
   static constexpr std::chrono::milliseconds kRefreshThrottle{100};
 
   // `layout`: every node's (layout.hpp), one client id for them all.
-  ClusterStore(Loop& loop, ClusterSeeds seeds, const Options& options, StoreLayout layout = {},
+  ClusterStore(Loop& loop, ClusterSeeds seeds, const StoreSettings& settings, StoreLayout layout = {},
                RedisReplicas replicas = {});
   ~ClusterStore() override;
 
@@ -246,7 +247,7 @@ class ClusterStore final : public StoreBase,
 
   Loop& loop_;
   const ClusterSeeds seeds_;
-  const Options options_;
+  const StoreSettings settings_;  // each node store is made with them
   const StoreLayout layout_;
   const RedisReplicas replicas_;  // each master's, from the URL
   bool started_ = false;

@@ -111,11 +111,12 @@ struct ReplyFree {
 
 }  // namespace
 
-RedisConnection::RedisConnection(Loop& loop, Endpoint endpoint, const Options& options, Mode mode, Hooks hooks)
+RedisConnection::RedisConnection(Loop& loop, Endpoint endpoint, const StoreSettings& settings, Mode mode, Hooks hooks)
     : loop_(loop),
       endpoint_(std::move(endpoint)),
       name_(endpoint_.name()),
-      options_(options),
+      connection_(settings.connection),
+      owner_(connection_owner_name(settings.owner_name)),
       pubsub_(mode != Mode::kCommands),
       hooks_(std::move(hooks)) {
   if (pubsub_) subs_ = Subscriptions::make(mode == Mode::kShardedPubSub, *this, hooks_.on_dropped, hooks_.on_refused);
@@ -123,7 +124,7 @@ RedisConnection::RedisConnection(Loop& loop, Endpoint endpoint, const Options& o
     // Options::validate() read the same files already; if one went away
     // since, every attempt fails saying so.
     try {
-      tls_ = TlsContext::make(options_);
+      tls_ = TlsContext::make(settings.tls);
     } catch (const std::exception& e) {
       tls_error_ = e.what();
     }
@@ -186,8 +187,7 @@ void RedisConnection::write_handshake() {
     send_handshake(Handshake::kAuth, std::move(auth));
   }
   if (endpoint_.db != 0 && !pubsub_) send_handshake(Handshake::kSelect, {"SELECT", std::to_string(endpoint_.db)});
-  if (hooks_.named)
-    send_handshake(Handshake::kName, {"CLIENT", "SETNAME", "lockwatch:" + connection_owner_name(owner_name(options_))});
+  if (hooks_.named) send_handshake(Handshake::kName, {"CLIENT", "SETNAME", "lockwatch:" + owner_});
   if (require_master_) send_handshake(Handshake::kRole, {"ROLE"});
   if (pubsub_) subs_->resubscribe();
   if (!hooks_.on_connect_command.empty()) {
@@ -842,7 +842,7 @@ void RedisConnection::attempt_timed_out() {
     return;
   }
   if (link_ == nullptr) return;
-  const std::string ms = std::to_string(options_.connect_timeout.count());
+  const std::string ms = std::to_string(connection_.connect_timeout.count());
   if (link_->ssl != nullptr) {
     // Connected, but no TLS answer: typically a plaintext port.
     link_failed("the TLS handshake did not complete within " + ms + " ms (is TLS enabled on that port?)");
@@ -867,7 +867,7 @@ void RedisConnection::overdue() {
   if (!request_timer_.is_overdue()) return;
   // The server (or the path to it) is not answering. Reset; everything
   // pending fails.
-  link_failed("the server answered nothing for " + std::to_string(options_.command_timeout.count()) +
+  link_failed("the server answered nothing for " + std::to_string(connection_.command_timeout.count()) +
               " ms (the command timeout)");
 }
 

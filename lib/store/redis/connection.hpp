@@ -43,8 +43,8 @@
 #include <exception>
 #include <functional>
 #include <memory>
-#include <string_view>
 #include <string>
+#include <string_view>
 #include <unordered_map>
 #include <unordered_set>
 #include <vector>
@@ -52,8 +52,9 @@
 #include "core/reconnector.hpp"
 #include "lockwatch/options.hpp"
 #include "scripts.hpp"
-#include "subscriptions.hpp"
 #include "store/store_error.hpp"
+#include "store/store_settings.hpp"
+#include "subscriptions.hpp"
 #include "tls.hpp"
 
 namespace lockwatch::detail {
@@ -116,16 +117,16 @@ class RedisConnection : private Reconnector::Attempts, private RequestTimer::Req
     // Sent right after AUTH on every new connection (e.g. SUBSCRIBE in a
     // sentinel watcher); its replies reach on_message.
     std::vector<std::string> on_connect_command;
-    // CLIENT SETNAME lockwatch:<owner> at each connect (Options::owner_name);
+    // CLIENT SETNAME lockwatch:<owner> at each connect (Options::runtime.owner_name);
     // off for a sentinel, whose users are given only what Sentinel needs.
     bool named = true;
   };
 
   enum class Mode { kCommands, kPubSub, kShardedPubSub };
 
-  RedisConnection(Loop& loop, Endpoint endpoint, const Options& options, Mode mode, Hooks hooks);
-  RedisConnection(Loop& loop, Endpoint endpoint, const Options& options, Mode mode)
-      : RedisConnection(loop, std::move(endpoint), options, mode, Hooks()) {}
+  RedisConnection(Loop& loop, Endpoint endpoint, const StoreSettings& settings, Mode mode, Hooks hooks);
+  RedisConnection(Loop& loop, Endpoint endpoint, const StoreSettings& settings, Mode mode)
+      : RedisConnection(loop, std::move(endpoint), settings, mode, Hooks()) {}
   ~RedisConnection();
   RedisConnection(const RedisConnection&) = delete;
   RedisConnection& operator=(const RedisConnection&) = delete;
@@ -267,14 +268,15 @@ class RedisConnection : private Reconnector::Attempts, private RequestTimer::Req
   Loop& loop_;
   Endpoint endpoint_;
   std::string name_;
-  const Options options_;
+  const ConnectionOptions connection_;
+  const std::string owner_;  // for CLIENT SETNAME
   bool pubsub_;
   bool require_master_ = false;
   bool ask_next_ = false;  // the next request sent carries ASKING
   Hooks hooks_;
-  Reconnector reconnector_{loop_, Backoff(options_.reconnect_min, options_.reconnect_max), options_.connect_timeout,
-                           *this};
-  RequestTimer request_timer_{loop_, options_.command_timeout, *this};
+  Reconnector reconnector_{loop_, Backoff(connection_.reconnect_min, connection_.reconnect_max),
+                           connection_.connect_timeout, *this};
+  RequestTimer request_timer_{loop_, connection_.command_timeout, *this};
   std::shared_ptr<const TlsContext> tls_;  // set for rediss:// endpoints
   std::string tls_error_;                   // why tls_ could not be made
   Link* link_ = nullptr;        // the current attempt or connection

@@ -1,6 +1,6 @@
 // lib/store/redis/keys.hpp: how a lock is named in Redis.
 //
-// For a user's key K and the prefix P (Options::key_prefix): the lock is
+// For a user's key K and the prefix P (Options::runtime.key_prefix): the lock is
 // `P{K}` (a string holding the owner token, with the ttl as its expiry) and
 // its release channel `P{K}:rel`. Its fencing counter is its Redis Cluster
 // slot's, `P` `fence:{T}` with T = slot_tag(slot of K): one counter per
@@ -104,7 +104,8 @@ inline KeyRules rules(std::string_view prefix) {
 
 inline const char* prefix_problem(std::string_view prefix) noexcept {
   if (prefix.find_first_of("{}") != std::string_view::npos)
-    return "Options::key_prefix must not contain '{' or '}': the key's hash tag must decide its Redis Cluster slot";
+    return "Options::runtime.key_prefix must not contain '{' or '}': the key's hash tag must decide its Redis Cluster "
+           "slot";
   return nullptr;
 }
 

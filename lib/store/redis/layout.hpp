@@ -5,7 +5,7 @@
 // - kLockwatch (the default; no parameter): keys.hpp's layout.
 // - kRedisson: exclusive locks as Redisson's RLock keeps them, so a Java
 //   service (or any Redisson port) and lockwatch can share a lock. The lock
-//   is a hash under the key's own name (no Options::key_prefix), one field
+//   is a hash under the key's own name (no Options::runtime.key_prefix), one field
 //   per owner, `<client id>:<thread id>` -> reentry count, with PEXPIRE for
 //   the lease. Its release channel is `redisson_lock__channel:{K}`, the
 //   message Redisson's unlock message, the integer 0; its fencing counter

@@ -9,7 +9,6 @@
 #include <optional>
 
 #include "core/loop.hpp"
-#include "core/option_checks.hpp"
 #include "store/redis/cluster_slot.hpp"
 #include "store/redis/keys.hpp"
 #include "store/redis/redis_error.hpp"
@@ -39,14 +38,15 @@ std::chrono::system_clock::time_point time_at(const redisReply* r, std::size_t f
 
 }  // namespace
 
-RedisNodeStore::RedisNodeStore(Loop& loop, Endpoint endpoint, const Options& options, Notices notices,
+RedisNodeStore::RedisNodeStore(Loop& loop, Endpoint endpoint, const StoreSettings& settings, Notices notices,
                                StoreLayout layout, RedisReplicas replicas)
-    : StoreBase(StoreTraits{.keys = layout.redisson() ? redisson_keys::rules() : redis_keys::rules(options.key_prefix),
+    : StoreBase(StoreTraits{.keys = layout.redisson() ? redisson_keys::rules() : redis_keys::rules(settings.key_prefix),
                             .release_events = true,
                             .no_shared = nullptr,
                             .no_permits = nullptr}),
-      options_(options),
-      owner_(owner_name(options)),
+      key_prefix_(settings.key_prefix),
+      command_timeout_(settings.connection.command_timeout),
+      owner_(settings.owner_name),
       notices_(notices),
       layout_(std::move(layout)),
       replicas_(replicas),
@@ -58,9 +58,9 @@ RedisNodeStore::RedisNodeStore(Loop& loop, Endpoint endpoint, const Options& opt
          .fair_queue = this,
          .token_blocks = this});
   using Mode = RedisConnection::Mode;
-  conn_ = std::make_unique<RedisConnection>(loop, endpoint, options_, Mode::kCommands);
-  renew_ = std::make_unique<RedisConnection>(loop, endpoint, options_, Mode::kCommands);
-  if (replicas_.min > 0) acquire_ = std::make_unique<RedisConnection>(loop, endpoint, options_, Mode::kCommands);
+  conn_ = std::make_unique<RedisConnection>(loop, endpoint, settings, Mode::kCommands);
+  renew_ = std::make_unique<RedisConnection>(loop, endpoint, settings, Mode::kCommands);
+  if (replicas_.min > 0) acquire_ = std::make_unique<RedisConnection>(loop, endpoint, settings, Mode::kCommands);
   const bool sharded = notices_ == Notices::kSharded;
   RedisConnection::Hooks hooks;
   hooks.on_message = [this, sharded](std::string_view kind, std::string_view channel, std::string_view payload) {
@@ -90,7 +90,7 @@ RedisNodeStore::RedisNodeStore(Loop& loop, Endpoint endpoint, const Options& opt
   hooks.on_refused = [this](const StoreError& why) {
     if (redis_acl_refusal(why)) refused_notices(why);
   };
-  sub_ = std::make_unique<RedisConnection>(loop, endpoint, options_, sharded ? Mode::kShardedPubSub : Mode::kPubSub,
+  sub_ = std::make_unique<RedisConnection>(loop, endpoint, settings, sharded ? Mode::kShardedPubSub : Mode::kPubSub,
                                            std::move(hooks));
 }
 
@@ -177,9 +177,14 @@ void RedisNodeStore::send_kind_acquire(QueuedAcquire a) {
     send_fair_acquire(std::move(a));
     return;
   }
-  std::vector<std::string> args{a.name, redis_keys::holders(a.name), redis_keys::writer_mark(a.name),
-                                redis_keys::counter(options_.key_prefix, a.name), a.token, a.ttl_ms,
-                                redis_keys::kind_arg(a.kind), owner_};
+  std::vector<std::string> args{a.name,
+                                redis_keys::holders(a.name),
+                                redis_keys::writer_mark(a.name),
+                                redis_keys::counter(key_prefix_, a.name),
+                                a.token,
+                                a.ttl_ms,
+                                redis_keys::kind_arg(a.kind),
+                                owner_};
   RedisConnection& c = with_asking(for_acquire());
   c.eval(script(ScriptId::kAcquireKind), std::move(args), 4,
          [this, &c, a = std::move(a)](const redisReply* r, const StoreError* err) mutable {
@@ -193,7 +198,7 @@ void RedisNodeStore::send_fair_acquire(QueuedAcquire a) {
                                 redis_keys::holders(a.name),
                                 redis_keys::queue(a.name),
                                 redis_keys::waiting(a.name),
-                                redis_keys::counter(options_.key_prefix, a.name),
+                                redis_keys::counter(key_prefix_, a.name),
                                 a.token,
                                 a.ttl_ms,
                                 redis_keys::channel(a.name),
@@ -335,7 +340,7 @@ void RedisNodeStore::send_acquire_batch(std::vector<QueuedAcquire> batch, bool c
   EvalRequest request(script(ScriptId::kAcquire), 3 * batch.size(), 5 * batch.size() + 1, bytes);
   for (const auto& a : batch) {
     request.arg(a.name);
-    request.arg(options_.key_prefix, redis_keys::kCounterInfix, "{", slot_tag(key_slot(a.name)), "}");
+    request.arg(key_prefix_, redis_keys::kCounterInfix, "{", slot_tag(key_slot(a.name)), "}");
     request.arg(a.name, redis_keys::kFenceSuffix);
   }
   for (const auto& a : batch) request.arg(a.token).arg(a.ttl_ms);
@@ -567,7 +572,7 @@ void RedisNodeStore::raise_fence(std::string_view name, std::uint64_t fence, Rai
 void RedisNodeStore::raise_fence_or_error(std::string_view name, std::uint64_t fence,
                                           std::function<void(const StoreError*)> done) {
   with_asking(*conn_).eval(script(ScriptId::kRaiseFence),
-                           {redis_keys::counter(options_.key_prefix, name), std::to_string(fence)}, 1,
+                           {redis_keys::counter(key_prefix_, name), std::to_string(fence)}, 1,
                            [this, done = std::move(done)](const redisReply* r, const StoreError* err) {
                              const auto failed = read_raise_fence(r, err, conn_->name());
                              done(failed ? &*failed : nullptr);
@@ -582,8 +587,7 @@ void RedisNodeStore::reserve_tokens(const LockRef& lock, std::uint32_t n, Reserv
   RedisConnection& c = replicas_.min > 0 ? for_acquire() : *conn_;
   with_asking(c).eval(
       script(ScriptId::kReserveTokens),
-      {std::string(lock.name), redis_keys::counter(options_.key_prefix, lock.name), std::string(lock.token),
-       std::to_string(n)},
+      {std::string(lock.name), redis_keys::counter(key_prefix_, lock.name), std::string(lock.token), std::to_string(n)},
       2, [this, done = std::move(done)](const redisReply* r, const StoreError* err) mutable {
         std::optional<StoreError> failed;
         const auto last = read_reserve_tokens(r, err, conn_->name(), failed);
@@ -636,7 +640,7 @@ void RedisNodeStore::claim_period(std::string_view name, std::string_view token,
 void RedisNodeStore::inspect(std::string_view name, InspectDone done) {
   std::string lock(name);
   with_asking(*conn_).eval(script(ScriptId::kInspect),
-                           {lock, redis_keys::counter(options_.key_prefix, lock), redis_keys::legacy_fence(lock)}, 2,
+                           {lock, redis_keys::counter(key_prefix_, lock), redis_keys::legacy_fence(lock)}, 2,
                            [this, lock, done = std::move(done)](const redisReply* r, const StoreError* err) {
                              LockInfo info;
                              const auto failed = read_inspect(r, err, conn_->name(), lock, info);
@@ -669,7 +673,7 @@ struct RedisNodeStore::Listing {
 
 void RedisNodeStore::list_locks(std::string_view prefix, std::size_t limit, ListDone done) {
   auto listing = std::make_shared<Listing>();
-  listing->match = glob_escaped(options_.key_prefix) + "{" + glob_escaped(prefix) + "*}";
+  listing->match = glob_escaped(key_prefix_) + "{" + glob_escaped(prefix) + "*}";
   listing->limit = limit;
   listing->done = std::move(done);
   scan_page(std::move(listing));
@@ -699,7 +703,7 @@ void RedisNodeStore::scan_page(std::shared_ptr<Listing> listing) {
     page->infos.resize(page->names.size());
     auto finish_page = [this, listing, page] {
       if (page->error) return listing->done({}, &*page->error);
-      const std::size_t prefix = options_.key_prefix.size() + 1;  // P{
+      const std::size_t prefix = key_prefix_.size() + 1;  // P{
       for (std::size_t i = 0; i < page->names.size() && listing->found.size() < listing->limit; ++i) {
         if (!page->infos[i].held) continue;
         page->infos[i].key = page->names[i].substr(prefix, page->names[i].size() - prefix - 1);
@@ -762,7 +766,7 @@ std::string_view RedisNodeStore::lock_of(std::string_view channel) const {
 std::string RedisNodeStore::latch_ms() const {
   // Redisson keeps its latch for its command timeout times its retries; a
   // retry of ours comes within two command timeouts.
-  return std::to_string(std::max<long long>(1000, 2 * options_.command_timeout.count()));
+  return std::to_string(std::max<long long>(1000, 2 * command_timeout_.count()));
 }
 
 // Sends a batch's acquire script (either layout's: both answer one entry

@@ -46,6 +46,7 @@
 
 #include <uv.h>
 
+#include <chrono>
 #include <cstdint>
 #include <deque>
 #include <functional>
@@ -56,9 +57,10 @@
 
 #include "lockwatch/options.hpp"
 #include "store/capabilities.hpp"
-#include "store/store_base.hpp"
 #include "store/redis/connection.hpp"
 #include "store/redis/layout.hpp"
+#include "store/store_base.hpp"
+#include "store/store_settings.hpp"
 
 namespace lockwatch::detail {
 
@@ -75,7 +77,7 @@ class RedisNodeStore final : public StoreBase,
  public:
   enum class Notices : std::uint8_t { kClassic, kSharded };
   // `endpoint` with port 0: the address comes from follow_sentinels().
-  RedisNodeStore(Loop& loop, Endpoint endpoint, const Options& options, Notices notices = Notices::kClassic,
+  RedisNodeStore(Loop& loop, Endpoint endpoint, const StoreSettings& settings, Notices notices = Notices::kClassic,
                  StoreLayout layout = {}, RedisReplicas replicas = {});
   ~RedisNodeStore() override;
 
@@ -203,8 +205,9 @@ class RedisNodeStore final : public StoreBase,
   // The unlock latch's expiry: long enough for a retry of the call.
   std::string latch_ms() const;
 
-  const Options options_;
-  const std::string owner_;  // Options::owner_name, recorded with each grant
+  const std::string key_prefix_;  // Options::runtime.key_prefix
+  const std::chrono::milliseconds command_timeout_;
+  const std::string owner_;  // Options::runtime.owner_name, recorded with each grant
   const Notices notices_;
   const StoreLayout layout_;
   const RedisReplicas replicas_;  // the URL's min_replicas and replica_ack_timeout

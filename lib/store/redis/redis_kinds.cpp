@@ -20,10 +20,10 @@ namespace {
 
 // What every Redis URL's store checks beyond its URL.
 void check_redis_settings(const std::string& url, const Options& options) {
-  if (const char* why = redis_keys::prefix_problem(options.key_prefix)) throw InvalidArgument(why);
+  if (const char* why = redis_keys::prefix_problem(options.runtime.key_prefix)) throw InvalidArgument(why);
   // The files are read now, so that a wrong path fails here and not at
   // every connection attempt.
-  if (url_wants_tls(url)) check_tls_options(options);
+  if (url_wants_tls(url)) check_tls_options(options.tls);
 }
 
 // The URL's settings and topology, its layout checked against it.
@@ -60,24 +60,25 @@ std::unique_ptr<LockStore> make_redis(Loop& loop, const std::string& url, const 
   RedisUrl split;
   Topology topology = redis_topology(url, split);
   const StoreLayout layout = store_layout(split);
+  const StoreSettings settings = StoreSettings::of(options);
   constexpr auto kClassic = RedisNodeStore::Notices::kClassic;
   if (!topology.sentinels.empty()) {
-    auto node = std::make_unique<RedisNodeStore>(loop, topology.master, options, kClassic, layout, split.replicas);
+    auto node = std::make_unique<RedisNodeStore>(loop, topology.master, settings, kClassic, layout, split.replicas);
     node->follow_sentinels(
-        std::make_unique<SentinelWatcher>(loop, topology, options, split.sentinel_user, split.sentinel_password));
+        std::make_unique<SentinelWatcher>(loop, topology, settings, split.sentinel_user, split.sentinel_password));
     return in_layout(std::move(node), layout);
   }
   if (topology.masters.size() == 1)
     return in_layout(
-        std::make_unique<RedisNodeStore>(loop, topology.masters.front(), options, kClassic, layout, split.replicas),
+        std::make_unique<RedisNodeStore>(loop, topology.masters.front(), settings, kClassic, layout, split.replicas),
         layout);
   std::vector<std::unique_ptr<LockStore>> nodes;
   std::vector<std::string> names;
   for (const auto& ep : topology.masters) {
-    nodes.push_back(std::make_unique<RedisNodeStore>(loop, ep, options, kClassic, StoreLayout{}, split.replicas));
+    nodes.push_back(std::make_unique<RedisNodeStore>(loop, ep, settings, kClassic, StoreLayout{}, split.replicas));
     names.push_back(ep.name());
   }
-  return std::make_unique<QuorumStore>(std::move(nodes), std::move(names), options);
+  return std::make_unique<QuorumStore>(std::move(nodes), std::move(names), options.watchdog);
 }
 
 void check_cluster(const std::string& url, const Options& options) {
@@ -92,8 +93,9 @@ void check_cluster(const std::string& url, const Options& options) {
 std::unique_ptr<LockStore> make_cluster(Loop& loop, const std::string& url, const Options& options) {
   const RedisUrl split = split_redis_url(url);
   const StoreLayout layout = store_layout(split);
-  return in_layout(
-      std::make_unique<ClusterStore>(loop, ClusterSeeds::parse(split.url), options, layout, split.replicas), layout);
+  return in_layout(std::make_unique<ClusterStore>(loop, ClusterSeeds::parse(split.url), StoreSettings::of(options),
+                                                  layout, split.replicas),
+                   layout);
 }
 
 }  // namespace

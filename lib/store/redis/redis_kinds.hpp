@@ -6,8 +6,8 @@
 //                       redis[s]-sentinel://    a master found through Sentinel
 //   kRedisClusterStore  redis[s]-cluster://     a Redis Cluster (ClusterStore)
 //
-// Their settings: Options::key_prefix (no '{' or '}'), min_replicas and
-// replica_ack_timeout, the sentinels' credentials, and the tls_* files
+// Their settings: Options::runtime.key_prefix (no '{' or '}'), min_replicas and
+// replica_ack_timeout, the sentinels' credentials, and the TLS files
 // (read when the options are checked; the `tls` feature).
 #pragma once
 

@@ -7,8 +7,8 @@
 
 namespace lockwatch::detail {
 
-SentinelWatcher::SentinelWatcher(Loop& loop, const Topology& topology, const Options& options, const std::string& user,
-                                 const std::string& password)
+SentinelWatcher::SentinelWatcher(Loop& loop, const Topology& topology, const StoreSettings& settings,
+                                 const std::string& user, const std::string& password)
     : master_name_(topology.master_name) {
   for (const auto& s : topology.sentinels) {
     Endpoint ep = s;
@@ -20,7 +20,7 @@ SentinelWatcher::SentinelWatcher(Loop& loop, const Topology& topology, const Opt
     Sentinel sen;
     RedisConnection::Hooks unnamed;
     unnamed.named = false;
-    sen.query = std::make_unique<RedisConnection>(loop, ep, options, RedisConnection::Mode::kCommands, unnamed);
+    sen.query = std::make_unique<RedisConnection>(loop, ep, settings, RedisConnection::Mode::kCommands, unnamed);
     RedisConnection::Hooks hooks;
     hooks.named = false;
     hooks.on_connect_command = {"SUBSCRIBE", "+switch-master"};
@@ -40,7 +40,8 @@ SentinelWatcher::SentinelWatcher(Loop& loop, const Topology& topology, const Opt
       std::from_chars(parts[4].data(), parts[4].data() + parts[4].size(), port);
       learned(std::string(parts[3]), port);
     };
-    sen.events = std::make_unique<RedisConnection>(loop, ep, options, RedisConnection::Mode::kPubSub, std::move(hooks));
+    sen.events =
+        std::make_unique<RedisConnection>(loop, ep, settings, RedisConnection::Mode::kPubSub, std::move(hooks));
     sentinels_.push_back(std::move(sen));
   }
 }

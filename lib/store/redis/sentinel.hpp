@@ -31,7 +31,7 @@ class SentinelWatcher {
  public:
   // `user` and `password`: the sentinels' own credentials (the URL's
   // sentinel_user and sentinel_password); empty: the master's.
-  SentinelWatcher(Loop& loop, const Topology& topology, const Options& options, const std::string& user = {},
+  SentinelWatcher(Loop& loop, const Topology& topology, const StoreSettings& settings, const std::string& user = {},
                   const std::string& password = {});
   // Where each address learned goes (set before start()).
   void on_master(std::function<void(const Endpoint&)> fn) { on_master_ = std::move(fn); }

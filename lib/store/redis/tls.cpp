@@ -42,36 +42,36 @@ void check_readable(const char* option, const std::string& path) {
 
 }  // namespace
 
-std::shared_ptr<const TlsContext> TlsContext::make(const Options& o) {
-  if (o.tls_cert_file.empty() != o.tls_key_file.empty())
-    throw InvalidArgument("Options::tls_cert_file and tls_key_file go together (a client certificate needs its key)");
+std::shared_ptr<const TlsContext> TlsContext::make(const TlsOptions& o) {
+  if (o.cert_file.empty() != o.key_file.empty())
+    throw InvalidArgument("Options::tls.cert_file and tls.key_file go together (a client certificate needs its key)");
   std::shared_ptr<TlsContext> t(new TlsContext());
-  t->server_name_ = o.tls_server_name;
-  t->verify_ = o.tls_verify;
+  t->server_name_ = o.server_name;
+  t->verify_ = o.verify;
   ERR_clear_error();
   t->ctx_ = SSL_CTX_new(TLS_client_method());
   if (t->ctx_ == nullptr) throw InvalidArgument("TLS: cannot create an OpenSSL context: " + drain_errors());
   SSL_CTX_set_min_proto_version(t->ctx_, TLS1_2_VERSION);
-  if (!o.tls_ca_file.empty()) {
-    check_readable("tls_ca_file", o.tls_ca_file);
-    if (SSL_CTX_load_verify_locations(t->ctx_, o.tls_ca_file.c_str(), nullptr) != 1)
+  if (!o.ca_file.empty()) {
+    check_readable("tls.ca_file", o.ca_file);
+    if (SSL_CTX_load_verify_locations(t->ctx_, o.ca_file.c_str(), nullptr) != 1)
       throw InvalidArgument(
-          fmt::format("Options::tls_ca_file: no CA certificate in '{}': {}", o.tls_ca_file, drain_errors()));
+          fmt::format("Options::tls.ca_file: no CA certificate in '{}': {}", o.ca_file, drain_errors()));
   } else if (SSL_CTX_set_default_verify_paths(t->ctx_) != 1) {
     drain_errors();  // no system CAs: verification fails later, clearly
   }
-  if (!o.tls_cert_file.empty()) {
-    check_readable("tls_cert_file", o.tls_cert_file);
-    check_readable("tls_key_file", o.tls_key_file);
-    if (SSL_CTX_use_certificate_chain_file(t->ctx_, o.tls_cert_file.c_str()) != 1)
+  if (!o.cert_file.empty()) {
+    check_readable("tls.cert_file", o.cert_file);
+    check_readable("tls.key_file", o.key_file);
+    if (SSL_CTX_use_certificate_chain_file(t->ctx_, o.cert_file.c_str()) != 1)
       throw InvalidArgument(
-          fmt::format("Options::tls_cert_file: no certificate in '{}': {}", o.tls_cert_file, drain_errors()));
-    if (SSL_CTX_use_PrivateKey_file(t->ctx_, o.tls_key_file.c_str(), SSL_FILETYPE_PEM) != 1)
+          fmt::format("Options::tls.cert_file: no certificate in '{}': {}", o.cert_file, drain_errors()));
+    if (SSL_CTX_use_PrivateKey_file(t->ctx_, o.key_file.c_str(), SSL_FILETYPE_PEM) != 1)
       throw InvalidArgument(
-          fmt::format("Options::tls_key_file: no usable private key in '{}': {}", o.tls_key_file, drain_errors()));
+          fmt::format("Options::tls.key_file: no usable private key in '{}': {}", o.key_file, drain_errors()));
     if (SSL_CTX_check_private_key(t->ctx_) != 1)
-      throw InvalidArgument(fmt::format("Options::tls_key_file: '{}' is not the key of '{}': {}", o.tls_key_file,
-                                        o.tls_cert_file, drain_errors()));
+      throw InvalidArgument(fmt::format("Options::tls.key_file: '{}' is not the key of '{}': {}", o.key_file,
+                                        o.cert_file, drain_errors()));
   }
   SSL_CTX_set_verify(t->ctx_, t->verify_ ? SSL_VERIFY_PEER : SSL_VERIFY_NONE, nullptr);
   return t;
@@ -113,7 +113,7 @@ SSL* TlsContext::new_session(const std::string& host, std::string& error) const 
   return ssl;
 }
 
-void check_tls_options(const Options& options) { (void)TlsContext::make(options); }
+void check_tls_options(const TlsOptions& options) { (void)TlsContext::make(options); }
 
 std::string tls_error_text(const SSL* ssl) {
   std::string out = drain_errors();

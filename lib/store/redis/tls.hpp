@@ -3,9 +3,9 @@
 // A TlsContext holds what every TLS connection of a store shares: the CA to
 // verify servers against, the client certificate and key for mutual TLS,
 // and whether to verify at all. It is built once per connection object from
-// the Options (reading the files then, not per connection attempt). Each
+// the TLS options (Options::tls; reading the files then, not per connection attempt). Each
 // attempt makes an SSL session from it, bound to the name the server's
-// certificate must carry (Options::tls_server_name, else the node's host;
+// certificate must carry (Options::tls.server_name, else the node's host;
 // an IP address is matched against the certificate's IP addresses).
 //
 // The sessions run over memory BIOs: the connection feeds them what its
@@ -43,7 +43,7 @@ class TlsContext {
   // Reads the CA, certificate and key files the options name. Throws
   // InvalidArgument naming the option and the file when one is missing,
   // unreadable or not usable (a key that does not match its certificate).
-  static std::shared_ptr<const TlsContext> make(const Options& options);
+  static std::shared_ptr<const TlsContext> make(const TlsOptions& options);
   ~TlsContext();
   TlsContext(const TlsContext&) = delete;
   TlsContext& operator=(const TlsContext&) = delete;
@@ -60,7 +60,7 @@ class TlsContext {
 };
 
 // Throws InvalidArgument when the TLS options cannot work (see make()).
-void check_tls_options(const Options& options);
+void check_tls_options(const TlsOptions& options);
 
 // What went wrong in a session, for an error message: OpenSSL's reasons and,
 // after a failed verification, why the certificate was refused. Empties the

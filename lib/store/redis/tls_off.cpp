@@ -15,13 +15,13 @@ namespace {
 }
 }  // namespace
 
-std::shared_ptr<const TlsContext> TlsContext::make(const Options&) { no_tls(); }
+std::shared_ptr<const TlsContext> TlsContext::make(const TlsOptions&) { no_tls(); }
 TlsContext::~TlsContext() = default;
 SSL* TlsContext::new_session(const std::string&, std::string& error) const {
   error = "TLS is not built in";
   return nullptr;
 }
-void check_tls_options(const Options&) { no_tls(); }
+void check_tls_options(const TlsOptions&) { no_tls(); }
 std::string tls_error_text(const SSL*) { return {}; }
 
 }  // namespace lockwatch::detail

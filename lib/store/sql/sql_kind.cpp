@@ -11,7 +11,7 @@ namespace {
 void check_sql(const std::string& url, const Options& options) {
   (void)SqlTarget::parse(url);
   if (sqlcommon::sql_settings(options).key_prefix.size() >= SqlStore::kMaxNameBytes)
-    throw InvalidArgument("Options::key_prefix leaves no room for a key in the SQL lock table's 255-byte lock_name");
+    throw InvalidArgument("Options::runtime.key_prefix leaves no room for a key in the SQL lock table's 255-byte lock_name");
 }
 
 }  // namespace

@@ -15,8 +15,8 @@
 namespace lockwatch::detail::sqlcommon {
 
 struct SqlSettings {
-  std::string key_prefix;  // Options::key_prefix: the lock rows' names start with it
-  std::string owner_name;  // Options::owner_name, or this process's default (core/option_checks.hpp)
+  std::string key_prefix;  // Options::runtime.key_prefix: the lock rows' names start with it
+  std::string owner_name;  // Options::runtime.owner_name, or this process's default (core/option_checks.hpp)
   std::chrono::milliseconds connect_timeout{2000};
   std::chrono::milliseconds command_timeout{2000};
   std::chrono::milliseconds reconnect_min{10};

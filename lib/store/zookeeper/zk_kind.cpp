@@ -6,10 +6,10 @@
 namespace lockwatch::detail {
 
 constinit const StoreKind kZooKeeperStore{
-    "zookeeper", "zookeeper://[user:password@]host:port[,host:port...][/chroot]",
+    kZooKeeperSchemes, kZooKeeperUsage,
     [](const std::string& url, const Options& options) { ZkStore::check_options(ZkTarget::parse(url), options); },
     [](Loop& loop, const std::string& url, const Options& options) -> std::unique_ptr<LockStore> {
-      return std::make_unique<ZkStore>(loop, ZkTarget::parse(url), options);
+      return std::make_unique<ZkStore>(loop, ZkTarget::parse(url), StoreSettings::of(options));
     }};
 
 }  // namespace lockwatch::detail

@@ -1,14 +1,22 @@
 // lib/store/zookeeper/zk_kind.hpp: zookeeper:// in the registry (the
 // `zookeeper` feature). Its settings: the URL's members, chroot and digest
-// credentials (ZkTarget), and Options::key_prefix, which must leave room
+// credentials (ZkTarget), and Options::runtime.key_prefix, which must leave room
 // for a key in a 255-byte lock name; min_replicas is refused (a majority
 // of the ensemble commits every write).
 #pragma once
+
+#include <string_view>
 
 #include "store/registry.hpp"
 
 namespace lockwatch::detail {
 
+// Its schemes and their usage: the registry's line for a build without the
+// feature shows the same.
+inline constexpr std::string_view kZooKeeperSchemes = "zookeeper";
+inline constexpr std::string_view kZooKeeperUsage = "zookeeper://[user:password@]host:port[,host:port...][/chroot]";
+
+// Defined when the build has the feature.
 extern const StoreKind kZooKeeperStore;
 
 }  // namespace lockwatch::detail

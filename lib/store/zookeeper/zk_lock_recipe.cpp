@@ -31,8 +31,8 @@ struct ZkLockRecipe::AcquireOp {
   std::uint64_t fence = 0;
 };
 
-ZkLockRecipe::ZkLockRecipe(ZkSessions& sessions, ZkRelease& release, const Options& options, std::string owner)
-    : sessions_(sessions), release_(release), options_(options), owner_(std::move(owner)) {}
+ZkLockRecipe::ZkLockRecipe(ZkSessions& sessions, ZkRelease& release, const WatchdogOptions& watchdog, std::string owner)
+    : sessions_(sessions), release_(release), watchdog_(watchdog), owner_(std::move(owner)) {}
 
 void ZkLockRecipe::forget(const AcquireOp& op) {
   ZkHolds& holds = sessions_.holds();
@@ -387,8 +387,8 @@ void ZkLockRecipe::grant(const Op& op) {
     op->from_mark = false;
   }
   auto done = [this, op, key](std::uint64_t fence) {
-    sessions_.holds().held[key] = ZkHolds::Held{op->path,  op->session, op->czxid, op->attempt, op->ttl,
-                                                gone_by(options_, op->sent, op->ttl), fence};
+    sessions_.holds().held[key] = ZkHolds::Held{
+        op->path, op->session, op->czxid, op->attempt, op->ttl, gone_by(watchdog_, op->sent, op->ttl), fence};
     Acquired out;
     out.status = Acquired::Status::kTaken;
     out.fence = fence;

@@ -50,8 +50,8 @@ namespace lockwatch::detail {
 
 class ZkLockRecipe {
  public:
-  // `owner` is Options::owner_name, in each node's data.
-  ZkLockRecipe(ZkSessions& sessions, ZkRelease& release, const Options& options, std::string owner);
+  // `owner` is Options::runtime.owner_name, in each node's data.
+  ZkLockRecipe(ZkSessions& sessions, ZkRelease& release, const WatchdogOptions& watchdog, std::string owner);
   ZkLockRecipe(const ZkLockRecipe&) = delete;
   ZkLockRecipe& operator=(const ZkLockRecipe&) = delete;
 
@@ -99,7 +99,7 @@ class ZkLockRecipe {
 
   ZkSessions& sessions_;
   ZkRelease& release_;
-  const Options& options_;
+  const WatchdogOptions& watchdog_;  // the drift allowance
   const std::string owner_;
   std::uint64_t next_attempt_ = 1;
 };

@@ -12,12 +12,12 @@ namespace lockwatch::detail {
 
 using std::chrono::milliseconds;
 
-ZkRelease::ZkRelease(Loop& loop, ZkSessions& sessions, const Options& options, const StoreEvents& events)
+ZkRelease::ZkRelease(Loop& loop, ZkSessions& sessions, const StoreSettings& settings, const StoreEvents& events)
     : loop_(loop),
       sessions_(sessions),
-      options_(options),
+      settings_(settings),
       events_(events),
-      cleanup_backoff_(options.reconnect_min, options.reconnect_max) {}
+      cleanup_backoff_(settings.connection.reconnect_min, settings.connection.reconnect_max) {}
 
 void ZkRelease::start() {
   uv_timer_init(loop_.uv(), &cleanup_);
@@ -137,7 +137,7 @@ void ZkRelease::give_up_release(const Cleanup& c, StoreError why, std::function<
   state->why = std::move(why);
   state->answer = std::move(answer);
   state->answer_confirmed = std::move(confirmed);
-  state->until = gone_by(options_, Clock::now(), wait);
+  state->until = gone_by(settings_.watchdog, Clock::now(), wait);
   retry_give_up(state);
 }
 
@@ -178,7 +178,7 @@ void ZkRelease::retry_give_up(std::shared_ptr<GiveUp> g) {
       g->answer(g->why);
       return;
     }
-    deferred_.emplace_back(std::min(g->until, Clock::now() + options_.reconnect_min), [this, g] {
+    deferred_.emplace_back(std::min(g->until, Clock::now() + settings_.connection.reconnect_min), [this, g] {
       if (sessions_.closed()) {
         if (!g->answered) {
           g->answered = true;

@@ -41,6 +41,7 @@
 #include "lockwatch/options.hpp"
 #include "store/capabilities.hpp"
 #include "store/lock_store.hpp"
+#include "store/store_settings.hpp"
 #include "store/zookeeper/zk_session.hpp"
 
 namespace lockwatch::detail {
@@ -60,7 +61,7 @@ class ZkRelease {
   };
   using Removed = std::function<void(Released, const StoreError*)>;
 
-  ZkRelease(Loop& loop, ZkSessions& sessions, const Options& options, const StoreEvents& events);
+  ZkRelease(Loop& loop, ZkSessions& sessions, const StoreSettings& settings, const StoreEvents& events);
   ZkRelease(const ZkRelease&) = delete;
   ZkRelease& operator=(const ZkRelease&) = delete;
 
@@ -109,7 +110,7 @@ class ZkRelease {
 
   Loop& loop_;
   ZkSessions& sessions_;
-  const Options& options_;
+  const StoreSettings& settings_;
   const StoreEvents& events_;
   std::vector<Cleanup> cleanups_;  // nodes whose removal is unconfirmed
   // Answers due later (give_up_release), run by tick().

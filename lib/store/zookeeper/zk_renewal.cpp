@@ -16,8 +16,8 @@ namespace {
 constexpr std::size_t kZkChecksPerMulti = 256;
 }  // namespace
 
-ZkRenewal::ZkRenewal(ZkSessions& sessions, ZkRelease& release, const Options& options)
-    : sessions_(sessions), release_(release), options_(options) {}
+ZkRenewal::ZkRenewal(ZkSessions& sessions, ZkRelease& release, const WatchdogOptions& watchdog)
+    : sessions_(sessions), release_(release), watchdog_(watchdog) {}
 
 std::size_t ZkRenewal::renew(std::span<const LockRef> locks, std::shared_ptr<const void> keepalive,
                              LockStore::RenewDone done) {
@@ -82,7 +82,7 @@ void ZkRenewal::renew_answered(const std::vector<RenewCheck>& chunk, const LockS
       done(c.index, Renewed::kGone, nullptr);
       return;
     }
-    h->second.expires = std::max(h->second.expires, gone_by(options_, sent, c.ttl));
+    h->second.expires = std::max(h->second.expires, gone_by(watchdog_, sent, c.ttl));
     done(c.index, Renewed::kYes, nullptr);
   };
   if (r.rc == ZOK) {

@@ -38,7 +38,7 @@ class ZkRenewal {
  public:
   using Clock = std::chrono::steady_clock;
 
-  ZkRenewal(ZkSessions& sessions, ZkRelease& release, const Options& options);
+  ZkRenewal(ZkSessions& sessions, ZkRelease& release, const WatchdogOptions& watchdog);
   ZkRenewal(const ZkRenewal&) = delete;
   ZkRenewal& operator=(const ZkRenewal&) = delete;
 
@@ -64,7 +64,7 @@ class ZkRenewal {
 
   ZkSessions& sessions_;
   ZkRelease& release_;
-  const Options& options_;
+  const WatchdogOptions& watchdog_;  // the drift allowance
   Clock::time_point next_expiry_scan_{};
 };
 

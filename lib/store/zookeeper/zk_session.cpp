@@ -31,9 +31,10 @@ void ZkHolds::clear() {
 
 // ---- set-up
 
-ZkSessions::ZkSessions(Loop& loop, const ZkTarget& target, const Options& options, const StoreEvents& events)
+ZkSessions::ZkSessions(Loop& loop, const ZkTarget& target, const ConnectionOptions& connection,
+                       const StoreEvents& events)
     : loop_(loop),
-      options_(options),
+      connection_(connection),
       events_(events),
       target_(target),
       endpoint_(target_.name()),
@@ -143,7 +144,7 @@ ZkSessions::Session* ZkSessions::any_session() {
     if (s->zh != nullptr && s->state == Session::State::kConnected) return s.get();
   for (auto& [ms, s] : sessions_)
     if (s->zh != nullptr || s->awaiting_names) return s.get();
-  return session_for(std::max(options_.connect_timeout, milliseconds(2000)));
+  return session_for(std::max(connection_.connect_timeout, milliseconds(2000)));
 }
 
 ZkSessions::Session* ZkSessions::live(std::uint64_t serial) {
@@ -196,7 +197,7 @@ void ZkSessions::connected(Session& s) {
   for (auto& [id, issue] : parked) {
     auto p = pending_.find(id);
     if (p == pending_.end()) continue;  // timed out meanwhile
-    p->second.deadline = std::max(p->second.deadline, now + options_.command_timeout);
+    p->second.deadline = std::max(p->second.deadline, now + connection_.command_timeout);
     issue_now(s, id, issue);
   }
   if (!was_up && events_.connection) events_.connection(endpoint_, true, "");
@@ -274,8 +275,8 @@ void ZkSessions::send(Session& s, ZkReply reply, ZkIssue issue) {
   // deadline (sooner on one that never connected: the connect timeout
   // bounds that); one sent when the session connects has the command
   // timeout from then (see connected()).
-  auto deadline = Clock::now() + options_.command_timeout;
-  if (!s.ever_connected) deadline = std::min(deadline, s.started + options_.connect_timeout);
+  auto deadline = Clock::now() + connection_.command_timeout;
+  if (!s.ever_connected) deadline = std::min(deadline, s.started + connection_.connect_timeout);
   pending_.emplace(id, Pending{deadline, std::move(reply), {}, 0, 0});
   if (!closed_ && (s.zh != nullptr || s.awaiting_names) && s.state != Session::State::kConnected) {
     s.parked.emplace_back(id, std::move(issue));  // sent on connecting, or timed out

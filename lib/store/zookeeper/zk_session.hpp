@@ -119,7 +119,7 @@ class ZkSessions {
 
   // `events` are the store's, set when it starts; read when something
   // happens, never before.
-  ZkSessions(Loop& loop, const ZkTarget& target, const Options& options, const StoreEvents& events);
+  ZkSessions(Loop& loop, const ZkTarget& target, const ConnectionOptions& connection, const StoreEvents& events);
   // Closes what handles are left on the closer's thread, and joins it.
   ~ZkSessions();
   ZkSessions(const ZkSessions&) = delete;
@@ -211,7 +211,7 @@ class ZkSessions {
   void fail_later(std::uint64_t id, int rc);
 
   Loop& loop_;
-  const Options& options_;
+  const ConnectionOptions& connection_;
   const StoreEvents& events_;
   const ZkTarget target_;
   const std::string endpoint_;

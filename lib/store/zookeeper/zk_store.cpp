@@ -3,7 +3,6 @@
 #include <algorithm>
 
 #include "core/loop.hpp"
-#include "core/option_checks.hpp"
 #include "lockwatch/errors.hpp"
 
 namespace lockwatch::detail {
@@ -11,28 +10,29 @@ namespace lockwatch::detail {
 using std::chrono::milliseconds;
 
 void ZkStore::check_options(const ZkTarget&, const Options& options) {
-  if (options.key_prefix.size() >= kMaxNameBytes)
-    throw InvalidArgument("Options::key_prefix leaves no room for a key in a ZooKeeper lock name (255 bytes)");
+  if (options.runtime.key_prefix.size() >= kMaxNameBytes)
+    throw InvalidArgument("Options::runtime.key_prefix leaves no room for a key in a ZooKeeper lock name (255 bytes)");
 }
 
-ZkStore::ZkStore(Loop& loop, ZkTarget target, const Options& options)
-    : StoreBase(StoreTraits{.keys = KeyRules{options.key_prefix, KeyRules::plain,
-                             [](std::string_view prefix, std::string_view key) noexcept -> const char* {
-                               if (prefix.size() + key.size() > kMaxNameBytes)
-                                 return "the lock name (key_prefix + key) is longer than the 255 bytes a ZooKeeper "
-                                        "lock name takes";
-                               return nullptr;
-                             }},
-                            .release_events = true,
-                            .no_shared = nullptr,
-                            .no_permits = nullptr}),
-      options_(options),
-      sessions_(loop, target, options_, events_),
-      release_(loop, sessions_, options_, events_),
-      recipe_(sessions_, release_, options_, owner_name(options)),
-      renewal_(sessions_, release_, options_),
+ZkStore::ZkStore(Loop& loop, ZkTarget target, const StoreSettings& settings)
+    : StoreBase(StoreTraits{
+          .keys = KeyRules{settings.key_prefix, KeyRules::plain,
+                           [](std::string_view prefix, std::string_view key) noexcept -> const char* {
+                             if (prefix.size() + key.size() > kMaxNameBytes)
+                               return "the lock name (key_prefix + key) is longer than the 255 bytes a ZooKeeper "
+                                      "lock name takes";
+                             return nullptr;
+                           }},
+          .release_events = true,
+          .no_shared = nullptr,
+          .no_permits = nullptr}),
+      settings_(settings),
+      sessions_(loop, target, settings_.connection, events_),
+      release_(loop, sessions_, settings_, events_),
+      recipe_(sessions_, release_, settings_.watchdog, settings_.owner_name),
+      renewal_(sessions_, release_, settings_.watchdog),
       claims_(sessions_),
-      tools_(sessions_, release_, options.key_prefix.size()),
+      tools_(sessions_, release_, settings_.key_prefix.size()),
       loop_(loop) {
   offer({.job_claims = this, .operator_tools = this, .lock_listing = this, .fair_queue = this});
 }
@@ -42,8 +42,8 @@ ZkStore::~ZkStore() = default;
 void ZkStore::started() {
   uv_timer_init(loop_.uv(), &sweep_);
   sweep_.data = this;
-  auto every = std::clamp(std::min(options_.command_timeout, options_.connect_timeout) / 20, milliseconds(5),
-                          milliseconds(50));
+  auto every = std::clamp(std::min(settings_.connection.command_timeout, settings_.connection.connect_timeout) / 20,
+                          milliseconds(5), milliseconds(50));
   uv_timer_start(&sweep_, on_sweep, every.count(), every.count());
   release_.start();
   started_ = true;

@@ -48,6 +48,7 @@
 #include "lockwatch/options.hpp"
 #include "store/capabilities.hpp"
 #include "store/store_base.hpp"
+#include "store/store_settings.hpp"
 #include "store/zookeeper/zk_claims.hpp"
 #include "store/zookeeper/zk_lock_recipe.hpp"
 #include "store/zookeeper/zk_nodes.hpp"
@@ -69,7 +70,7 @@ class ZkStore final : public StoreBase, public JobClaims, public OperatorTools, 
   // Where every lock's directory lives (under the URL's chroot).
   static constexpr const char* kRoot = zk::kRoot;
 
-  ZkStore(Loop& loop, ZkTarget target, const Options& options);
+  ZkStore(Loop& loop, ZkTarget target, const StoreSettings& settings);
   ~ZkStore() override;
 
   // Any thread. InvalidArgument if the options do not suit this store.
@@ -104,7 +105,7 @@ class ZkStore final : public StoreBase, public JobClaims, public OperatorTools, 
   void started() override;
   static void on_sweep(uv_timer_t* t);
 
-  const Options options_;
+  const StoreSettings settings_;  // its parts read them by reference
   ZkSessions sessions_;
   ZkRelease release_;
   ZkLockRecipe recipe_;
