@@ -162,6 +162,10 @@ struct KeyRules {
   std::string prefix;
   Name name = plain;
   Problem problem = any;
+  // The longest name (prefix + key, in bytes) the store takes, and why
+  // (0: no bound beyond Options::runtime.max_key_bytes).
+  std::size_t max_name = 0;
+  const char* too_long = nullptr;
 };
 
 // What is constant per store, given to LockStore at construction and read
@@ -223,7 +227,9 @@ class LockStore {
   // Why this store cannot hold a lock of this key (nullptr: it can).
   // Checked before anything starts; the runtime makes it InvalidArgument.
   const char* check_key(std::string_view key) const noexcept {
-    return traits_.keys.problem(traits_.keys.prefix, key);
+    const KeyRules& k = traits_.keys;
+    if (k.max_name != 0 && k.prefix.size() + key.size() > k.max_name) return k.too_long;
+    return k.problem(k.prefix, key);
   }
   // Whether the store reports releases (StoreTraits::release_events).
   bool release_events() const noexcept { return traits_.release_events; }

@@ -89,14 +89,11 @@ std::int64_t EtcdStore::lease_seconds(milliseconds ttl) noexcept {
 
 EtcdStore::EtcdStore(Loop& loop, EtcdTarget target, const StoreSettings& settings)
     : StoreBase(StoreTraits{
-          .keys = KeyRules{settings.key_prefix, KeyRules::plain,
-                           [](std::string_view prefix, std::string_view key) noexcept -> const char* {
-                             if (prefix.size() + key.size() > kMaxNameBytes)
-                               return "the lock name (key_prefix + key) is longer than the 32 KiB an etcd:// store "
-                                      "takes (a transaction names it six times, and etcd refuses requests over "
-                                      "1.5 MiB by default)";
-                             return nullptr;
-                           }},
+          .keys = KeyRules{.prefix = settings.key_prefix,
+                           .max_name = kMaxNameBytes,
+                           .too_long = "the lock name (key_prefix + key) is longer than the 32 KiB an etcd:// store "
+                                       "takes (a transaction names it six times, and etcd refuses requests over "
+                                       "1.5 MiB by default)"},
           .release_events = true,
           .expiry = {.unit = std::chrono::seconds(1), .slack = kExpirySlack, .bounded = false}}),
       loop_(loop),

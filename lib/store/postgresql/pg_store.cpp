@@ -472,13 +472,10 @@ void PgStore::check_settings(const PgTarget&, const sqlcommon::SqlSettings& sett
 }
 
 PgStore::PgStore(Loop& loop, PgTarget target, const sqlcommon::SqlSettings& settings)
-    : StoreBase(StoreTraits{.keys = KeyRules{settings.key_prefix, KeyRules::plain,
-                             [](std::string_view prefix, std::string_view key) noexcept -> const char* {
-                               if (prefix.size() + key.size() > kMaxNameBytes)
-                                 return "the lock name (key_prefix + key) is longer than the 255 bytes the PostgreSQL "
-                                        "lock table's lock_name takes";
-                               return nullptr;
-                             }},
+    : StoreBase(StoreTraits{.keys = KeyRules{.prefix = settings.key_prefix,
+                                             .max_name = kMaxNameBytes,
+                                             .too_long = "the lock name (key_prefix + key) is longer than the 255 bytes "
+                                                         "the PostgreSQL lock table's lock_name takes"},
                             .release_events = true,
                             .no_shared = nullptr,
                             .no_permits = nullptr}),

@@ -172,6 +172,15 @@ void RedisNodeStore::release(std::span<const LockRef> locks, bool notify, Releas
   if (queued) want_batch();
 }
 
+void RedisNodeStore::eval_acquire(ScriptId id, std::vector<std::string> args, int keys, QueuedAcquire a) {
+  RedisConnection& c = with_asking(for_acquire());
+  c.eval(script(id), std::move(args), keys,
+         [this, &c, a = std::move(a)](const redisReply* r, const StoreError* err) mutable {
+           AcquireReply reply(r, err, 1, c.name());
+           acquired(reply.next(), std::move(a.name), std::move(a.token), a.kind, a.index, std::move(a.done));
+         });
+}
+
 void RedisNodeStore::send_kind_acquire(QueuedAcquire a) {
   if (a.kind.mode() == LockKind::Mode::kFair) {
     send_fair_acquire(std::move(a));
@@ -185,12 +194,7 @@ void RedisNodeStore::send_kind_acquire(QueuedAcquire a) {
                                 a.ttl_ms,
                                 redis_keys::kind_arg(a.kind),
                                 owner_};
-  RedisConnection& c = with_asking(for_acquire());
-  c.eval(script(ScriptId::kAcquireKind), std::move(args), 4,
-         [this, &c, a = std::move(a)](const redisReply* r, const StoreError* err) mutable {
-           AcquireReply reply(r, err, 1, c.name());
-           acquired(reply.next(), std::move(a.name), std::move(a.token), a.kind, a.index, std::move(a.done));
-         });
+  eval_acquire(ScriptId::kAcquireKind, std::move(args), 4, std::move(a));
 }
 
 void RedisNodeStore::send_fair_acquire(QueuedAcquire a) {
@@ -204,12 +208,7 @@ void RedisNodeStore::send_fair_acquire(QueuedAcquire a) {
                                 redis_keys::channel(a.name),
                                 notice(),
                                 owner_};
-  RedisConnection& c = with_asking(for_acquire());
-  c.eval(script(ScriptId::kAcquireFair), std::move(args), 5,
-         [this, &c, a = std::move(a)](const redisReply* r, const StoreError* err) mutable {
-           AcquireReply reply(r, err, 1, c.name());
-           acquired(reply.next(), std::move(a.name), std::move(a.token), a.kind, a.index, std::move(a.done));
-         });
+  eval_acquire(ScriptId::kAcquireFair, std::move(args), 5, std::move(a));
 }
 
 void RedisNodeStore::withdraw(const LockRef& lock, WithdrawDone done) {

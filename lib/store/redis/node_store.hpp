@@ -167,6 +167,8 @@ class RedisNodeStore final : public StoreBase,
   // A shared or permit lock: one kAcquireKind call.
   void send_kind_acquire(QueuedAcquire a);
   void send_fair_acquire(QueuedAcquire a);
+  // A kind's or a fair acquisition's script; its answer goes to acquired().
+  void eval_acquire(ScriptId id, std::vector<std::string> args, int keys, QueuedAcquire a);
   // renew() of a batch with shared or permit leases in it.
   // renew() without the wait for replicas (the URL's min_replicas) that
   // renew() adds after it.

@@ -109,13 +109,10 @@ std::string SqlStore::holders_definition(const std::string& table) {
 }
 
 SqlStore::SqlStore(Loop& loop, SqlTarget target, const sqlcommon::SqlSettings& settings)
-    : StoreBase(StoreTraits{.keys = KeyRules{settings.key_prefix, KeyRules::plain,
-                             [](std::string_view prefix, std::string_view key) noexcept -> const char* {
-                               if (prefix.size() + key.size() > kMaxNameBytes)
-                                 return "the lock name (key_prefix + key) is longer than the 255 bytes of the SQL lock "
-                                        "table's lock_name column";
-                               return nullptr;
-                             }},
+    : StoreBase(StoreTraits{.keys = KeyRules{.prefix = settings.key_prefix,
+                                             .max_name = kMaxNameBytes,
+                                             .too_long = "the lock name (key_prefix + key) is longer than the 255 bytes "
+                                                         "of the SQL lock table's lock_name column"},
                             .release_events = false,
                             .no_shared = nullptr,
                             .no_permits = nullptr}),

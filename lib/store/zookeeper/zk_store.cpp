@@ -16,13 +16,10 @@ void ZkStore::check_options(const ZkTarget&, const Options& options) {
 
 ZkStore::ZkStore(Loop& loop, ZkTarget target, const StoreSettings& settings)
     : StoreBase(StoreTraits{
-          .keys = KeyRules{settings.key_prefix, KeyRules::plain,
-                           [](std::string_view prefix, std::string_view key) noexcept -> const char* {
-                             if (prefix.size() + key.size() > kMaxNameBytes)
-                               return "the lock name (key_prefix + key) is longer than the 255 bytes a ZooKeeper "
-                                      "lock name takes";
-                             return nullptr;
-                           }},
+          .keys = KeyRules{.prefix = settings.key_prefix,
+                           .max_name = kMaxNameBytes,
+                           .too_long = "the lock name (key_prefix + key) is longer than the 255 bytes a ZooKeeper "
+                                       "lock name takes"},
           .release_events = true,
           .no_shared = nullptr,
           .no_permits = nullptr}),
