@@ -6,27 +6,26 @@
 #include "lockwatch/errors.hpp"
 #include "store/memory/memory_kind.hpp"
 #include "store/redis/redis_kinds.hpp"
-#if LOCKWATCH_WITH_SQL
-#include "store/sql/sql_kind.hpp"
-#endif
-#if LOCKWATCH_WITH_POSTGRESQL
-#include "store/postgresql/pg_kind.hpp"
-#endif
 #include "store/etcd/etcd_kind.hpp"
+#include "store/postgresql/pg_kind.hpp"
+#include "store/sql/sql_kind.hpp"
 #include "store/zookeeper/zk_kind.hpp"
 
 namespace lockwatch::detail {
 
 namespace {
 
-#if !LOCKWATCH_WITH_SQL
-constexpr StoreKind kSqlStore = missing_store(
-    "mysql", "mysql://user:password@host[:port]/database[?socket=/path&table=name]", "'sql' (libmariadb)");
+#if LOCKWATCH_WITH_SQL
+constexpr const StoreKind* kSql = &kSqlStore;
+#else
+constexpr StoreKind kSqlMissing = missing_store(kSqlSchemes, kSqlUsage, "'sql' (libmariadb)");
+constexpr const StoreKind* kSql = &kSqlMissing;
 #endif
-#if !LOCKWATCH_WITH_POSTGRESQL
-constexpr StoreKind kPostgresStore =
-    missing_store("postgresql postgres", "postgresql://user[:password]@host[:port]/database (or postgres://)",
-                  "'postgresql' (libpq >= 14)");
+#if LOCKWATCH_WITH_POSTGRESQL
+constexpr const StoreKind* kPostgres = &kPostgresStore;
+#else
+constexpr StoreKind kPostgresMissing = missing_store(kPostgresSchemes, kPostgresUsage, "'postgresql' (libpq >= 14)");
+constexpr const StoreKind* kPostgres = &kPostgresMissing;
 #endif
 #if LOCKWATCH_WITH_ZOOKEEPER
 constexpr const StoreKind* kZooKeeper = &kZooKeeperStore;
@@ -44,7 +43,7 @@ constexpr const StoreKind* kEtcd = &kEtcdMissing;
 
 // Scheme to store: one line per kind.
 constexpr const StoreKind* kKinds[] = {
-    &kRedisStore, &kRedisClusterStore, &kSqlStore, &kPostgresStore, kZooKeeper, kEtcd, &kMemoryStore,
+    &kRedisStore, &kRedisClusterStore, kSql, kPostgres, kZooKeeper, kEtcd, &kMemoryStore,
 };
 
 bool serves(const StoreKind& kind, std::string_view scheme) {

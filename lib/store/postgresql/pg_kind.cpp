@@ -6,8 +6,7 @@
 namespace lockwatch::detail {
 
 constinit const StoreKind kPostgresStore{
-    "postgresql postgres",
-    "postgresql://user[:password]@host[:port]/database[?table=name&sslmode=...] (or postgres://)",
+    kPostgresSchemes, kPostgresUsage,
     [](const std::string& url, const Options& options) {
       PgStore::check_settings(PgTarget::parse(url), sqlcommon::sql_settings(options));
     },

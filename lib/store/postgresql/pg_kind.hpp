@@ -6,10 +6,19 @@
 // durability).
 #pragma once
 
+#include <string_view>
+
 #include "store/registry.hpp"
 
 namespace lockwatch::detail {
 
+// Its schemes and their usage: the registry's line for a build without the
+// feature shows the same.
+inline constexpr std::string_view kPostgresSchemes = "postgresql postgres";
+inline constexpr std::string_view kPostgresUsage =
+    "postgresql://user[:password]@host[:port]/database[?table=name&sslmode=...] (or postgres://)";
+
+// Defined when the build has the feature.
 extern const StoreKind kPostgresStore;
 
 }  // namespace lockwatch::detail

@@ -17,7 +17,7 @@ void check_sql(const std::string& url, const Options& options) {
 }  // namespace
 
 constinit const StoreKind kSqlStore{
-    "mysql", "mysql://user:password@host[:port]/database[?socket=/path&table=name]", check_sql,
+    kSqlSchemes, kSqlUsage, check_sql,
     [](Loop& loop, const std::string& url, const Options& options) -> std::unique_ptr<LockStore> {
       return std::make_unique<SqlStore>(loop, SqlTarget::parse(url), sqlcommon::sql_settings(options));
     }};

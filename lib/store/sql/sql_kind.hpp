@@ -5,10 +5,18 @@
 // replication decides durability).
 #pragma once
 
+#include <string_view>
+
 #include "store/registry.hpp"
 
 namespace lockwatch::detail {
 
+// Its schemes and their usage: the registry's line for a build without the
+// feature shows the same.
+inline constexpr std::string_view kSqlSchemes = "mysql";
+inline constexpr std::string_view kSqlUsage = "mysql://user:password@host[:port]/database[?socket=/path&table=name]";
+
+// Defined when the build has the feature.
 extern const StoreKind kSqlStore;
 
 }  // namespace lockwatch::detail
