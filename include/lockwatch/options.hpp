@@ -103,7 +103,10 @@ struct WatchdogOptions {
   /// before the local deadline, but never earlier than half the ttl. Only
   /// short ttls feel it (with the defaults, those under about 580 ms): a
   /// tenth of 200 ms would leave a stalled host or Redis 16 ms. 0 renews at
-  /// exactly ttl * renew_weight.
+  /// exactly ttl * renew_weight. Either time is then moved early, by at
+  /// most ttl / 20, onto a grid shared with other leases (the tick times a
+  /// power of two), so that renewals come due together and share a batch
+  /// (docs/decorator-and-runtime.md, "Renewals share wake-ups").
   std::chrono::milliseconds min_renewal_window{50};
   /// The holder considers its lease gone this early (clock drift between
   /// this host and the store): drift = ttl * drift_factor + drift_floor,

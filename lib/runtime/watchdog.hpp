@@ -112,6 +112,9 @@ class Watchdog {
   // The next renewal, ttl * weight after the request sent at `extended_at`
   // (that extended the key), or, with the renewals spent, the deadline.
   void schedule_next(LeaseRecord& l, Clock::time_point extended_at);
+  // A renewal due `at` moved early onto a grid its ttl shares with others
+  // (at most a twentieth of the ttl), so that renewals coalesce.
+  Clock::time_point coalesced(Clock::time_point at, std::chrono::milliseconds ttl) const noexcept;
   void send_renew(const std::shared_ptr<LeaseRecord>& l);
   void on_renew_result(const std::shared_ptr<LeaseRecord>& l, Clock::time_point sent, Renewed status,
                        const StoreError* why);
