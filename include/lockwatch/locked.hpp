@@ -245,8 +245,10 @@ class Locked {
   template <class... Args>
   /// Takes the lock on the key built from `args` and runs the callable with them on the runtime's
   /// pool: a std::future of its result (an asio::awaitable for a coroutine, with
-  /// lockwatch/asio.hpp). Returns at once; errors come through the future.
-  auto operator()(Args&&... args) const {
+  /// lockwatch/asio.hpp). Returns at once; errors come through the future, so dropping it is a
+  /// compile warning (a busy lock, a lost lease would go unseen; an awaitable dropped never runs).
+  [[nodiscard("the future is how the call's outcome, a busy lock or a lost lease reaches you")]] auto
+  operator()(Args&&... args) const {
     if constexpr (std::is_member_pointer_v<Fn>) {
       return call_member(std::forward<Args>(args)...);
     } else if constexpr (detail::AsyncCall<detail::locked_result_t<Fn, std::decay_t<Args>&&...>>::enabled) {
