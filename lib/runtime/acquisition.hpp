@@ -11,10 +11,9 @@
 #include <memory>
 #include <string>
 
-#include "lockwatch/lock_handle.hpp"
-#include "lockwatch/runtime.hpp"
 #include "lockwatch/timer_wheel.hpp"
 #include "ops/waits.hpp"
+#include "runtime/completion.hpp"
 #include "runtime/lease_record.hpp"
 #include "runtime/lock_spec.hpp"
 #include "store/lock_store.hpp"
@@ -29,70 +28,17 @@ struct Acquisition;
 // Runtime::Impl::acquire_together's handler: the index of the request.
 using AcquireEach = std::function<void(std::size_t index, std::exception_ptr, LockHandle)>;
 
-// The call behind Runtime::acquire until its lock is granted: no work, and
-// one outcome, delivered through `complete` exactly once: by the loop
-// (granted, or failed) or by AcquireTicket::cancel(), whichever claims it
-// first. Once granted, the lease record itself is the handle's state.
-struct HandleCall final : Call {
-  using Complete = std::function<void(std::exception_ptr, LockHandle)>;
-
-  void run() noexcept override {}
-  // Loop thread: the acquisition failed.
-  void finish(std::exception_ptr error) noexcept override {
-    if (!claim(kDone)) return;  // cancelled: told already
-    acquisition.reset();
-    deliver(error ? error : std::make_exception_ptr(RuntimeStopped("lockwatch runtime stopped")), LockHandle());
-  }
-  // Loop thread, or the cancelling one. Calls `complete` and drops it
-  // (with whatever it keeps: a promise holding a handle must not outlive
-  // its future). Only after winning claim().
-  void deliver(std::exception_ptr error, LockHandle handle) noexcept {
-    Complete c = std::move(complete);
-    complete = nullptr;
-    try {
-      c(error, std::move(handle));
-    } catch (...) {
-    }
-  }
-  // The outcome is ours to deliver: the grant or failure (kDone) or a
-  // cancel (kCancelled). True for the first claimant only.
-  bool claim(std::uint8_t to) noexcept {
-    std::uint8_t pending = kPending;
-    return state.compare_exchange_strong(pending, to, std::memory_order_acq_rel);
-  }
-  bool cancelled() const noexcept { return state.load(std::memory_order_acquire) == kCancelled; }
-  enum : std::uint8_t { kPending, kDone, kCancelled };
-
-  // Set on the caller's thread before the loop sees the call.
-  Complete complete;
-  std::string key;  // for Cancelled's message
-  std::weak_ptr<Runtime::Impl> runtime;    // for a cancel
-  // For a cancel: reset by whoever wins claim(kDone), as no cancel can
-  // follow (a weak pointer would keep the acquisition's memory, made with
-  // its count, for as long as the handle is held).
-  std::weak_ptr<Acquisition> acquisition;
-  // A set's acquisition (runtime/lock_set.hpp): cancels the key it is
-  // taking now. Set before the ticket is handed out.
-  std::function<void()> cancel_set;
-
-  std::atomic<std::uint8_t> state{kPending};
-};
-
 struct Acquisition final : TimerTask {
   using Clock = std::chrono::steady_clock;
 
+  explicit Acquisition(Completion how) noexcept : completion(std::move(how)) {}
+
   // Set on the caller's thread, read-only after.
   LockSpec spec;
-  std::shared_ptr<Call> call;
-  std::string name;    // the store's name for spec.key
-  TtlText ttl_ms;      // spec.ttl as decimal text
+  Completion completion;  // how the call ends: run on the pool, inline, or a handle
+  std::string name;       // the store's name for spec.key
+  TtlText ttl_ms;         // spec.ttl as decimal text
   Clock::time_point started;
-  bool inline_run = false;  // a nested call: the calling thread runs the work
-  std::shared_ptr<HandleCall> handle;  // Runtime::acquire: granted makes a LockHandle
-  // Inline only (made for a nested call, none otherwise: a promise
-  // allocates its state when made).
-  std::unique_ptr<std::promise<std::shared_ptr<LeaseRecord>>> granted;
-  std::shared_ptr<std::promise<void>> finished;
 
   // Loop thread.
   WaitQueue* queue = nullptr;  // the wait deadline goes there

@@ -122,30 +122,27 @@ void Runtime::Impl::validate(detail::LockSpec& spec) const {
         spec.ttl.count(), spec.renew_weight, window.count(), options.watchdog.tick.count(), needed.count()));
 }
 
-std::shared_ptr<Acquisition> Runtime::Impl::make_acquisition(detail::LockSpec spec,
-                                                             std::shared_ptr<detail::Call> call) {
+std::shared_ptr<Acquisition> Runtime::Impl::make_acquisition(detail::LockSpec spec, detail::Completion how) {
   {
     std::lock_guard lk(mu);
     if (stopping.load()) throw RuntimeStopped("lockwatch runtime is stopping");
     ++active_calls;
   }
-  auto a = std::make_shared<Acquisition>();
+  auto a = std::make_shared<Acquisition>(std::move(how));
   a->name = store->encode(spec.key);
   a->ttl_ms = detail::TtlText(spec.ttl);
   a->spec = std::move(spec);
-  a->call = std::move(call);
   a->started = Clock::now();
   return a;
 }
 
 std::shared_ptr<Acquisition> Runtime::Impl::start_handle(detail::LockSpec spec,
                                                          const std::shared_ptr<detail::HandleCall>& call) {
-  auto a = make_acquisition(std::move(spec), call);
-  a->handle = call;
+  auto a = make_acquisition(std::move(spec), detail::Completion::deliver(call));
   call->runtime = weak_from_this();
   call->acquisition = a;
   if (!loop.post([this, a] { start_acquire(a); })) {
-    a->call->finish(std::make_exception_ptr(RuntimeStopped("lockwatch runtime is stopping")));
+    a->completion.fail(std::make_exception_ptr(RuntimeStopped("lockwatch runtime is stopping")));
     call_done();
   }
   return a;
@@ -166,8 +163,7 @@ void Runtime::Impl::acquire_together(std::vector<detail::LockSpec> specs, detail
     };
     if (!stopped) {
       try {
-        auto a = make_acquisition(std::move(specs[i]), call);
-        a->handle = call;
+        auto a = make_acquisition(std::move(specs[i]), detail::Completion::deliver(call));
         call->runtime = weak_from_this();
         call->acquisition = a;
         made.push_back(std::move(a));
@@ -185,7 +181,7 @@ void Runtime::Impl::acquire_together(std::vector<detail::LockSpec> specs, detail
   };
   if (!made.empty() && !loop.post(task)) {
     for (const auto& a : made) {
-      a->call->finish(std::make_exception_ptr(RuntimeStopped("lockwatch runtime is stopping")));
+      a->completion.fail(std::make_exception_ptr(RuntimeStopped("lockwatch runtime is stopping")));
       call_done();
     }
   }
@@ -299,18 +295,16 @@ void Runtime::Impl::dispatch(detail::LockSpec spec, std::shared_ptr<detail::Call
   }
   bool nested = !held_here.empty();
 
-  auto a = make_acquisition(std::move(spec), std::move(call));
-  a->inline_run = nested;
+  auto a = make_acquisition(std::move(spec), nested ? detail::Completion::run_inline(std::move(call))
+                                                    : detail::Completion::on_pool(std::move(call)));
   std::future<std::shared_ptr<LeaseRecord>> granted;
   std::future<void> finished;
-  if (nested) {
-    a->granted = std::make_unique<std::promise<std::shared_ptr<LeaseRecord>>>();
-    granted = a->granted->get_future();
-    a->finished = std::make_shared<std::promise<void>>();
-    finished = a->finished->get_future();
+  if (auto* w = a->completion.inline_wait()) {
+    granted = w->granted.get_future();
+    finished = w->finished->get_future();
   }
   if (!loop.post([this, a] { start_acquire(a); })) {
-    a->call->finish(std::make_exception_ptr(RuntimeStopped("lockwatch runtime is stopping")));
+    a->completion.fail(std::make_exception_ptr(RuntimeStopped("lockwatch runtime is stopping")));
     call_done();
     return;
   }
@@ -349,7 +343,7 @@ void Runtime::Impl::fail(const std::shared_ptr<Acquisition>& a, std::exception_p
   // The wait queue says whether it was busy: no exception is rethrown to
   // find out. A cancelled wait is neither.
   const auto waited = Clock::now() - a->started;
-  if (a->handle && a->handle->cancelled()) {
+  if (a->completion.cancelled()) {
     events.wait_cancelled(a->spec.key, a->spec.context, waited);
   } else if (busy) {
     events.busy(a->spec.key, waited, a->spec.pattern, a->spec.context);
@@ -358,11 +352,7 @@ void Runtime::Impl::fail(const std::shared_ptr<Acquisition>& a, std::exception_p
   }
   a->done = true;
   a->wait_timeout.cancel();
-  a->call->finish(err);
-  if (a->inline_run) {
-    a->granted->set_value(nullptr);
-    a->finished->set_value();
-  }
+  a->completion.fail(err);
   call_done();
 }
 
@@ -382,29 +372,35 @@ void Runtime::Impl::start_lease(const std::shared_ptr<Acquisition>& a, const std
   // to release it, and the stop would wait for it): it is given back at
   // once, as a dropped handle is. After the stop, its work never starts and
   // its call fails with RuntimeStopped, as waiting ones did.
-  const bool after_stop = stop_begun && !a->inline_run;
-  const bool claimed = a->handle && a->handle->claim(detail::HandleCall::kDone);
-  if (after_stop || (a->handle && !claimed)) {
+  using Way = detail::Completion::Way;
+  detail::HandleCall* handle = a->completion.handle();
+  const bool after_stop = stop_begun && a->completion.way() != Way::kInline;
+  const bool claimed = handle && handle->claim(detail::HandleCall::kDone);
+  if (after_stop || (handle && !claimed)) {
     if (claimed) {
-      a->handle->acquisition.reset();
-      a->handle->deliver(std::make_exception_ptr(RuntimeStopped("lockwatch runtime stopped while the lock was taken")),
-                         LockHandle());
-    } else if (!a->handle) {
+      handle->acquisition.reset();
+      handle->deliver(std::make_exception_ptr(RuntimeStopped("lockwatch runtime stopped while the lock was taken")),
+                      LockHandle());
+    } else if (!handle) {
       l->give_up_start();
       stopped_before_start(l);  // complete_call() fails the call so
     }
     watchdog.work_done(l);
     return;
   }
-  if (a->handle) {
-    a->handle->acquisition.reset();
-    // The handle lives only in what `complete` keeps (dropped with it, so
-    // a future dropped unread releases the lock with it).
-    a->handle->deliver(nullptr, detail::HandleAccess::make(l));
-  } else if (a->inline_run) {
-    a->granted->set_value(l);
-  } else {
-    run_on_pool(l);
+  switch (a->completion.way()) {
+    case Way::kHandle:
+      handle->acquisition.reset();
+      // The handle lives only in what `complete` keeps (dropped with it, so
+      // a future dropped unread releases the lock with it).
+      handle->deliver(nullptr, detail::HandleAccess::make(l));
+      break;
+    case Way::kInline:
+      a->completion.inline_wait()->granted.set_value(l);
+      break;
+    case Way::kPool:
+      run_on_pool(l);
+      break;
   }
 }
 

@@ -68,7 +68,7 @@ struct Runtime::Impl final : std::enable_shared_from_this<Runtime::Impl>, detail
   // A set's keys made distinct and canonical (one key left: the spec names
   // it alone); InvalidArgument for an empty or oversized set or a bad key.
   void check_set(detail::LockSpec& spec) const;
-  std::shared_ptr<detail::Acquisition> make_acquisition(detail::LockSpec spec, std::shared_ptr<detail::Call> call);
+  std::shared_ptr<detail::Acquisition> make_acquisition(detail::LockSpec spec, detail::Completion how);
   void dispatch(detail::LockSpec spec, std::shared_ptr<detail::Call> call);
   // A LOCKED call on a set (runtime/lock_set.cpp).
   void dispatch_set(detail::LockSpec spec, std::shared_ptr<detail::Call> call);

@@ -19,8 +19,10 @@ Watchdog::Watchdog(LockStore& store, WheelClock& clock, ThreadPool& notifier, co
 std::shared_ptr<LeaseRecord> Watchdog::new_lease(const Acquisition& a, std::uint64_t fence,
                                                 Clock::time_point deadline, Clock::time_point last_sent) {
   auto l = std::make_shared<LeaseRecord>(this, a.spec.key, fence, a.spec.ttl, deadline);
-  if (!a.handle) l->call = a.call;  // a handle's lease is its own state
-  if (a.handle && a.spec.pattern != 0) l->rare().pattern = a.spec.pattern;
+  using Way = Completion::Way;
+  const Completion& how = a.completion;
+  l->call = how.work();  // none for a handle: its lease is its own state
+  if (how.way() == Way::kHandle && a.spec.pattern != 0) l->rare().pattern = a.spec.pattern;
   l->renewals_left =
       a.spec.retries > std::numeric_limits<std::int32_t>::max() ? -1 : static_cast<std::int32_t>(a.spec.retries);
   // The wheel fires on the first tick at or after a deadline. A renewal must
@@ -31,8 +33,8 @@ std::shared_ptr<LeaseRecord> Watchdog::new_lease(const Acquisition& a, std::uint
   l->renew_after = renew_after(options_.watchdog, a.spec.ttl, a.spec.renew_weight) - (clock_.tick() - Clock::duration(1));
   l->last_sent = last_sent;
   l->no_handoff = !a.spec.handoff;
-  if (!a.handle && !a.inline_run) l->queue_for_worker();
-  if (a.finished) l->rare().finished = a.finished;
+  if (how.way() == Way::kPool) l->queue_for_worker();
+  if (const auto* w = how.inline_wait()) l->rare().finished = w->finished;
   if (!a.spec.context.empty()) l->rare().context = a.spec.context;
   l->granted_at = Clock::now();
   if (options_.observability.hold_warning.count() > 0) {
