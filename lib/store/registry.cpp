@@ -15,35 +15,9 @@ namespace lockwatch::detail {
 
 namespace {
 
-#if LOCKWATCH_WITH_SQL
-constexpr const StoreKind* kSql = &kSqlStore;
-#else
-constexpr StoreKind kSqlMissing = missing_store(kSqlSchemes, kSqlUsage, "'sql' (libmariadb)");
-constexpr const StoreKind* kSql = &kSqlMissing;
-#endif
-#if LOCKWATCH_WITH_POSTGRESQL
-constexpr const StoreKind* kPostgres = &kPostgresStore;
-#else
-constexpr StoreKind kPostgresMissing = missing_store(kPostgresSchemes, kPostgresUsage, "'postgresql' (libpq >= 14)");
-constexpr const StoreKind* kPostgres = &kPostgresMissing;
-#endif
-#if LOCKWATCH_WITH_ZOOKEEPER
-constexpr const StoreKind* kZooKeeper = &kZooKeeperStore;
-#else
-constexpr StoreKind kZooKeeperMissing =
-    missing_store(kZooKeeperSchemes, kZooKeeperUsage, "'zookeeper' (the ZooKeeper C client, libzookeeper_mt)");
-constexpr const StoreKind* kZooKeeper = &kZooKeeperMissing;
-#endif
-#if LOCKWATCH_WITH_ETCD
-constexpr const StoreKind* kEtcd = &kEtcdStore;
-#else
-constexpr StoreKind kEtcdMissing = missing_store(kEtcdSchemes, kEtcdUsage, "'etcd' (grpc++, protobuf, protoc)");
-constexpr const StoreKind* kEtcd = &kEtcdMissing;
-#endif
-
 // Scheme to store: one line per kind.
 constexpr const StoreKind* kKinds[] = {
-    &kRedisStore, &kRedisClusterStore, kSql, kPostgres, kZooKeeper, kEtcd, &kMemoryStore,
+    &kRedisStore, &kRedisClusterStore, kSqlKind, kPostgresKind, kZooKeeperKind, kEtcdKind, &kMemoryStore,
 };
 
 bool serves(const StoreKind& kind, std::string_view scheme) {

@@ -11,12 +11,19 @@
 
 namespace lockwatch::detail {
 
-// Its schemes and their usage: the registry's line for a build without the
-// feature shows the same.
+// Its schemes and their usage, the same with or without the feature.
 inline constexpr std::string_view kEtcdSchemes = "etcd etcds";
 inline constexpr std::string_view kEtcdUsage = "etcd://[user:password@]host:port[,host:port...] (etcds:// over TLS)";
 
-// Defined when the build has the feature.
+// The registry's entry: the kind, defined when the build has the feature;
+// without it, a kind whose URLs fail with Unsupported naming the feature.
+#if LOCKWATCH_WITH_ETCD
 extern const StoreKind kEtcdStore;
+inline constexpr const StoreKind* kEtcdKind = &kEtcdStore;
+#else
+inline constexpr StoreKind kEtcdMissing =
+    missing_store(kEtcdSchemes, kEtcdUsage, "'etcd' (grpc++, protobuf, protoc)");
+inline constexpr const StoreKind* kEtcdKind = &kEtcdMissing;
+#endif
 
 }  // namespace lockwatch::detail

@@ -12,13 +12,20 @@
 
 namespace lockwatch::detail {
 
-// Its schemes and their usage: the registry's line for a build without the
-// feature shows the same.
+// Its schemes and their usage, the same with or without the feature.
 inline constexpr std::string_view kPostgresSchemes = "postgresql postgres";
 inline constexpr std::string_view kPostgresUsage =
     "postgresql://user[:password]@host[:port]/database[?table=name&sslmode=...] (or postgres://)";
 
-// Defined when the build has the feature.
+// The registry's entry: the kind, defined when the build has the feature;
+// without it, a kind whose URLs fail with Unsupported naming the feature.
+#if LOCKWATCH_WITH_POSTGRESQL
 extern const StoreKind kPostgresStore;
+inline constexpr const StoreKind* kPostgresKind = &kPostgresStore;
+#else
+inline constexpr StoreKind kPostgresMissing =
+    missing_store(kPostgresSchemes, kPostgresUsage, "'postgresql' (libpq >= 14)");
+inline constexpr const StoreKind* kPostgresKind = &kPostgresMissing;
+#endif
 
 }  // namespace lockwatch::detail

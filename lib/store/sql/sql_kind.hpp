@@ -11,12 +11,19 @@
 
 namespace lockwatch::detail {
 
-// Its schemes and their usage: the registry's line for a build without the
-// feature shows the same.
+// Its schemes and their usage, the same with or without the feature.
 inline constexpr std::string_view kSqlSchemes = "mysql";
 inline constexpr std::string_view kSqlUsage = "mysql://user:password@host[:port]/database[?socket=/path&table=name]";
 
-// Defined when the build has the feature.
+// The registry's entry: the kind, defined when the build has the feature;
+// without it, a kind whose URLs fail with Unsupported naming the feature.
+#if LOCKWATCH_WITH_SQL
 extern const StoreKind kSqlStore;
+inline constexpr const StoreKind* kSqlKind = &kSqlStore;
+#else
+inline constexpr StoreKind kSqlMissing =
+    missing_store(kSqlSchemes, kSqlUsage, "'sql' (libmariadb)");
+inline constexpr const StoreKind* kSqlKind = &kSqlMissing;
+#endif
 
 }  // namespace lockwatch::detail

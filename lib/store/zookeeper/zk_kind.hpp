@@ -11,12 +11,19 @@
 
 namespace lockwatch::detail {
 
-// Its schemes and their usage: the registry's line for a build without the
-// feature shows the same.
+// Its schemes and their usage, the same with or without the feature.
 inline constexpr std::string_view kZooKeeperSchemes = "zookeeper";
 inline constexpr std::string_view kZooKeeperUsage = "zookeeper://[user:password@]host:port[,host:port...][/chroot]";
 
-// Defined when the build has the feature.
+// The registry's entry: the kind, defined when the build has the feature;
+// without it, a kind whose URLs fail with Unsupported naming the feature.
+#if LOCKWATCH_WITH_ZOOKEEPER
 extern const StoreKind kZooKeeperStore;
+inline constexpr const StoreKind* kZooKeeperKind = &kZooKeeperStore;
+#else
+inline constexpr StoreKind kZooKeeperMissing =
+    missing_store(kZooKeeperSchemes, kZooKeeperUsage, "'zookeeper' (the ZooKeeper C client, libzookeeper_mt)");
+inline constexpr const StoreKind* kZooKeeperKind = &kZooKeeperMissing;
+#endif
 
 }  // namespace lockwatch::detail
