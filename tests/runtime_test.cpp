@@ -338,7 +338,7 @@ TEST_F(RuntimeTest, WorkEndingPastTheDeadlineBeforeTheWatchdogRanLosesTheLease) 
       const auto until = std::chrono::steady_clock::now() + kBound;
       while (std::chrono::steady_clock::now() <= l->deadline() && std::chrono::steady_clock::now() < until)
         std::this_thread::sleep_for(1ms);
-      impl.watchdog.work_done(l);
+      impl.work_ended(l);
       ended->set_value();
     });
     ASSERT_EQ(ended_f.wait_for(kBound), std::future_status::ready);

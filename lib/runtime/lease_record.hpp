@@ -168,49 +168,8 @@ static_assert(sizeof(StoreName) == 40);
 
 struct LeaseRecord;
 
-// The leases that held one store key in a row within this runtime, by
-// local hand-off: the current holder (a renewal reply sent for an earlier
-// one is its), when the runtime took the key from the store, and the
-// fencing tokens reserved for the next holders (Options::handoff.enabled).
-struct HandOffStreak {
-  std::weak_ptr<LeaseRecord> holder;
-  std::chrono::steady_clock::time_point started;
-  // Local hand-offs so far in this streak.
-  std::uint32_t handoffs = 0;
-  // Fencing tokens the store reserved for this streak (TokenBlocks), not
-  // handed out yet: next .. last, then the block after it (none: next >
-  // last). They are good only while the store's key stays ours without a
-  // break: the streak's end drops them.
-  std::uint64_t next = 1, last = 0;
-  std::uint64_t after_next = 1, after_last = 0;
-  bool reserving = false;  // a reservation is on its way
-  bool refused = false;    // one failed or found the key not ours: no more hand-offs
-  // The lease whose work ended while no token was in stock: it keeps the
-  // key (renewed) until the reservation's answer hands it on or releases it.
-  std::shared_ptr<LeaseRecord> deferred;
-
-  std::uint64_t in_stock() const noexcept {
-    return (last >= next ? last - next + 1 : 0) + (after_last >= after_next ? after_last - after_next + 1 : 0);
-  }
-  // The next token (0: none in stock).
-  std::uint64_t take() noexcept {
-    if (next > last) {
-      next = std::exchange(after_next, 1);
-      last = std::exchange(after_last, 0);
-    }
-    return next <= last ? next++ : 0;
-  }
-  // A reserved block, first .. last.
-  void add(std::uint64_t first, std::uint64_t to) noexcept {
-    if (next > last) {
-      next = first;
-      last = to;
-    } else {
-      after_next = first;
-      after_last = to;
-    }
-  }
-};
+// The hand-off streak a lease is part of (runtime/handoff.hpp).
+struct HandOffStreak;
 
 struct LeaseRecord final : Lease, TimerTask, HandleState {
   // What the lease's one wheel timeout means when it fires.
@@ -370,7 +329,7 @@ struct LeaseRecord final : Lease, TimerTask, HandleState {
   // Loop thread, once (later calls do nothing): the caller learns how the
   // lease ended. Held to the end: nothing (or RuntimeStopped for work that
   // never ran); lost: LeaseLost. A lost lease whose work is over completes
-  // at once, while its release goes on (Watchdog::lose, work_done); one
+  // at once, while its release goes on (Watchdog::lose, release_ended); one
   // that ended held completes once its release is confirmed.
   void complete_call() noexcept;
 

@@ -138,7 +138,7 @@ void SetRecord::release_keys(const std::shared_ptr<SetRecord>& self) {
     Runtime::Impl* impl = rt.get();
     // Refused only once the runtime closed, after it released the locks.
     impl->loop.post([impl, records = std::move(records)] {
-      for (const auto& l : records) impl->watchdog.work_done(l);
+      for (const auto& l : records) impl->work_ended(l);
     });
   }
 }

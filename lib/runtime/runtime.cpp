@@ -43,7 +43,6 @@ Runtime::Impl::Impl(Options opts, const detail::StoreFactory& make_store)
                 [this](const auto& a, std::exception_ptr err, bool busy) { fail(a, std::move(err), busy); }}) {
   if (auto w = detail::deprecated_url_warning(options); !w.empty()) events.log(LogLevel::kWarning, std::move(w));
   watchdog.on_finished([this](const std::shared_ptr<LeaseRecord>& l) { lease_finished(l); });
-  watchdog.on_work_done([this](const std::shared_ptr<LeaseRecord>& l) { return try_hand_off(l); });
   clock.after_advance([this] { watchdog.flush(); });
   clock.on_lag([this](Clock::duration lag) { events.metrics().loop_lag.observe(lag); });
   std::promise<void> started;
@@ -319,7 +318,7 @@ void Runtime::Impl::dispatch(detail::LockSpec spec, std::shared_ptr<detail::Call
       detail::ThreadLeaseScope scope(this, l.get());
       l->call->run();
     }
-    loop.post([this, l] { watchdog.work_done(l); });
+    loop.post([this, l] { work_ended(l); });
   }
   finished.wait();
 }
@@ -385,7 +384,7 @@ void Runtime::Impl::start_lease(const std::shared_ptr<Acquisition>& a, const std
       l->give_up_start();
       stopped_before_start(l);  // complete_call() fails the call so
     }
-    watchdog.work_done(l);
+    work_ended(l);
     return;
   }
   switch (a->completion.way()) {
@@ -439,93 +438,15 @@ void Runtime::Impl::run_on_pool(const std::shared_ptr<LeaseRecord>& l) {
         detail::ThreadLeaseScope scope(this, l.get());
         l->call->run();
       }
-      loop.post([this, l] { watchdog.work_done(l); });
+      loop.post([this, l] { work_ended(l); });
     });
   } catch (...) {
     loop.expect(-1);
     // The pool refused (stopping): the work never ran; give the lock back.
     l->give_up_start();
     stopped_before_start(l);
-    watchdog.work_done(l);
+    work_ended(l);
   }
-}
-
-bool Runtime::Impl::hand_off_fits(const LeaseRecord& l) const {
-  const detail::Acquisition* next = waits.next_waiter(l.name.view());
-  // A waiter with another ttl, or without renewals (it counts on a whole
-  // ttl from its start), takes the lock from the store; so do shared and
-  // permit holders (their leases are each their own in the store).
-  return next != nullptr && next->spec.ttl == l.ttl() && next->spec.retries != 0 && l.kind.exclusive_kind() &&
-         next->spec.kind.exclusive_kind() && next->spec.handoff && !l.no_handoff;
-}
-
-void Runtime::Impl::reserve_ahead(const std::shared_ptr<LeaseRecord>& l) {
-  // Only while a caller here waits for the key, so that the next hand-off
-  // finds its token in stock: nothing for a lock nobody else here wants.
-  if (token_blocks == nullptr || !options.handoff.enabled || l->work_finished || l->lost() ||
-      l->slot == LeaseRecord::kNoSlot || !hand_off_fits(*l))
-    return;
-  auto s = watchdog.streak_of(*l);
-  const std::uint64_t stock = s->in_stock();
-  if (s->reserving || s->refused || stock > kTokenBlock / 2 || s->handoffs + stock >= options.handoff.max_streak)
-    return;
-  reserve(*l, s);
-}
-
-void Runtime::Impl::reserve(const LeaseRecord& l, const std::shared_ptr<detail::HandOffStreak>& s) {
-  // As many as the streak may still hand on, a block at most.
-  const auto left = static_cast<std::uint64_t>(options.handoff.max_streak - s->handoffs);
-  const auto n = static_cast<std::uint32_t>(std::min<std::uint64_t>(
-      kTokenBlock, left > s->in_stock() ? left - s->in_stock() : 1));
-  s->reserving = true;
-  stats.token_reservations.fetch_add(1, std::memory_order_relaxed);
-  token_blocks->reserve_tokens(l.ref(), n, [this, s, n](std::uint64_t last, const detail::StoreError* error) {
-    s->reserving = false;
-    if (error != nullptr || last < n) {
-      // Not ours any more, or no answer: no hand-off in this streak (the
-      // waiters take the key from the store).
-      s->refused = true;
-    } else {
-      s->add(last - n + 1, last);
-    }
-    if (auto d = std::exchange(s->deferred, nullptr)) {
-      d->awaiting_tokens = false;
-      if (!try_hand_off(d)) watchdog.release(d);
-    }
-  });
-}
-
-bool Runtime::Impl::try_hand_off(const std::shared_ptr<LeaseRecord>& l) {
-  if (token_blocks == nullptr || !options.handoff.enabled || stopping.load() || !hand_off_fits(*l)) return false;
-  auto now = Clock::now();
-  if (!watchdog.can_hand_off(*l, now)) return false;
-  auto s = watchdog.streak_of(*l);
-  if (s->refused) return false;
-  if (s->handoffs >= options.handoff.max_streak || now - s->started >= options.handoff.max_time) {
-    // The streak is over: back to the store, and our waiters take their
-    // turn with everyone else's.
-    l->yield_on_release = true;
-    waits.hold_back(l->name.view());
-    return false;
-  }
-  const std::uint64_t fence = s->take();
-  if (fence == 0) {
-    // No token in stock: the key stays ours, renewed, until the
-    // reservation answers (one round trip), then goes on or back.
-    l->awaiting_tokens = true;
-    s->deferred = l;
-    if (!s->reserving) reserve(*l, s);
-    return true;
-  }
-  ++s->handoffs;
-  stats.local_handoffs.fetch_add(1, std::memory_order_relaxed);
-  auto a = waits.take_next(l->name.view());
-  auto handed = watchdog.hand_off(l, *a, fence);
-  l->complete_call();  // the hand-off was its release
-  call_done();
-  start_lease(a, handed);
-  reserve_ahead(handed);
-  return true;
 }
 
 void Runtime::Impl::lease_finished(const std::shared_ptr<LeaseRecord>& l) {
@@ -650,7 +571,7 @@ void Runtime::Impl::begin_stop() {
   // so its remaining() no longer vouches for a lock it does not hold.
   for (auto& l : watchdog.stop_all()) {
     watchdog.lose(l, LostReason::kRuntimeStopped, "the runtime was destroyed and released the lock");
-    watchdog.work_done(l);
+    work_ended(l);
   }
 }
 
@@ -823,7 +744,7 @@ void LockHandle::release_typed(std::function<void(std::exception_ptr)> handler) 
   if (auto rt = state->runtime()) {
     auto l = std::static_pointer_cast<detail::LeaseRecord>(std::move(state));
     Runtime::Impl* impl = rt.get();
-    impl->loop.post([impl, l] { impl->watchdog.work_done(l); });
+    impl->loop.post([impl, l] { impl->work_ended(l); });
   }
 }
 
@@ -871,7 +792,7 @@ std::future<void> LockHandle::release() {
     auto l = std::static_pointer_cast<detail::LeaseRecord>(std::move(state));
     Runtime::Impl* impl = rt.get();
     // Refused only once the runtime closed, after it released the lock.
-    impl->loop.post([impl, l] { impl->watchdog.work_done(l); });
+    impl->loop.post([impl, l] { impl->work_ended(l); });
   }
   return future;
 }

@@ -116,6 +116,9 @@ struct Runtime::Impl final : std::enable_shared_from_this<Runtime::Impl>, detail
   void run_on_pool(const std::shared_ptr<detail::LeaseRecord>& l);
   // A lease whose work will never start as the runtime stops: lost.
   void stopped_before_start(const std::shared_ptr<detail::LeaseRecord>& l);
+  // Loop thread: the work on `l` is over (runtime/handoff.cpp): its key goes
+  // on to the next caller here (a local hand-off), or back to the store.
+  void work_ended(const std::shared_ptr<detail::LeaseRecord>& l);
   // Local hand-offs (Options::handoff.enabled) on a store with TokenBlocks:
   // the first caller waiting here fits (exclusive, same ttl, renewals).
   bool hand_off_fits(const detail::LeaseRecord& l) const;

@@ -5,6 +5,7 @@
 
 #include "core/loop.hpp"
 #include "core/timing.hpp"
+#include "runtime/handoff.hpp"
 
 namespace lockwatch::detail {
 
@@ -190,7 +191,7 @@ void Watchdog::on_timer(LeaseRecord* raw) {
              "no pool worker was free within Options::runtime.queue_timeout (" +
                  std::to_string(options_.runtime.queue_timeout.count()) +
                  " ms); is a locked call blocking its worker on another locked call?");
-        work_done(l);
+        if (end_work(l)) release_ended(l);  // lost: nobody here takes it over
         break;
       }
       if (!may_renew(*l)) {  // the work started meanwhile, with its renewals spent
@@ -364,8 +365,8 @@ void Watchdog::request_stop(const std::shared_ptr<LeaseRecord>& l) {
   }
 }
 
-void Watchdog::work_done(const std::shared_ptr<LeaseRecord>& l) {
-  if (l->work_finished) return;
+bool Watchdog::end_work(const std::shared_ptr<LeaseRecord>& l) {
+  if (l->work_finished) return false;
   l->work_finished = true;
   // Work that ended past the local deadline did not end under its lease,
   // whatever the store says of the key afterwards: a starved or paused
@@ -382,7 +383,10 @@ void Watchdog::work_done(const std::shared_ptr<LeaseRecord>& l) {
         lose_past_deadline(l);
     }
   }
-  if (hand_off_ && hand_off_(l)) return;
+  return true;
+}
+
+void Watchdog::release_ended(const std::shared_ptr<LeaseRecord>& l) {
   // Lost already: the caller learns it at once, not after the release.
   if (l->lost()) l->complete_call();
   release(l);

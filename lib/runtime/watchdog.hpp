@@ -48,9 +48,6 @@ class Watchdog {
 
   // A lease for the acquisition, taken with a request sent at `sent`.
   std::shared_ptr<LeaseRecord> grant(const Acquisition& a, std::uint64_t fence, Clock::time_point sent);
-  // Asked when a lease's work is over, before it is released: true if the
-  // hook passed the lock to a local holder instead (through hand_off()).
-  void on_work_done(std::function<bool(const std::shared_ptr<LeaseRecord>&)> hook) { hand_off_ = std::move(hook); }
   // Whether the store's key behind `l` (whose work is over) may pass to a
   // local holder now: not lost, no renewal failing, and a tick or more
   // before the local deadline (half a ttl once its renewals are spent).
@@ -68,9 +65,13 @@ class Watchdog {
   // batch: from here on they come due in the same tick and travel together
   // (one request per node). It spends no retry.
   void renew_together(const std::vector<std::shared_ptr<LeaseRecord>>& leases);
-  // The work is over: release (unless the hook handed it on, or keeps it
-  // until it can: LeaseRecord::awaiting_tokens), then finish.
-  void work_done(const std::shared_ptr<LeaseRecord>& l);
+  // The work is over (false if it was already): judged against the local
+  // deadline. The runtime then hands the key on (hand_off()), keeps it
+  // until it can (LeaseRecord::awaiting_tokens), or calls release_ended().
+  bool end_work(const std::shared_ptr<LeaseRecord>& l);
+  // After end_work(), the key going back to the store: a lost lease's
+  // caller learns it at once; the release follows, then finish.
+  void release_ended(const std::shared_ptr<LeaseRecord>& l);
   // Releases `l`, whose work is over, then finishes it.
   void release(const std::shared_ptr<LeaseRecord>& l);
   // The hand-off streak of the store key `l` holds (made, with `l` its
@@ -79,7 +80,7 @@ class Watchdog {
   // Marks the lease lost (once) and asks its work to stop.
   void lose(const std::shared_ptr<LeaseRecord>& l, LostReason reason, std::string detail = {});
   // Work that ended past the lease's local deadline: the lease was lost
-  // (see work_done); judge_late_end decides it once the renewal that was
+  // (see end_work); judge_late_end decides it once the renewal that was
   // in flight at the end is answered.
   void lose_past_deadline(const std::shared_ptr<LeaseRecord>& l);
   void judge_late_end(const std::shared_ptr<LeaseRecord>& l);
@@ -135,7 +136,6 @@ class Watchdog {
   StatsCounters& stats_;
   Events& events_;
   std::function<void(const std::shared_ptr<LeaseRecord>&)> finished_;
-  std::function<bool(const std::shared_ptr<LeaseRecord>&)> hand_off_;
   // Held; a lease knows its slot.
   std::vector<std::shared_ptr<LeaseRecord>, PageAllocator<std::shared_ptr<LeaseRecord>>> leases_;
   std::vector<std::shared_ptr<LeaseRecord>> due_;  // renewals due this tick
