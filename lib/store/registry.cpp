@@ -17,7 +17,7 @@ namespace {
 
 // Scheme to store: one line per kind.
 constexpr const StoreKind* kKinds[] = {
-    &kRedisStore, &kRedisClusterStore, kSqlKind, kPostgresKind, kZooKeeperKind, kEtcdKind, &kMemoryStore,
+    &kRedisStore, &kRedisClusterStore, &kSqlStore, &kPostgresStore, &kZooKeeperStore, &kEtcdStore, &kMemoryStore,
 };
 
 bool serves(const StoreKind& kind, std::string_view scheme) {

@@ -15,15 +15,8 @@ namespace lockwatch::detail {
 inline constexpr std::string_view kEtcdSchemes = "etcd etcds";
 inline constexpr std::string_view kEtcdUsage = "etcd://[user:password@]host:port[,host:port...] (etcds:// over TLS)";
 
-// The registry's entry: the kind, defined when the build has the feature;
-// without it, a kind whose URLs fail with Unsupported naming the feature.
-#if LOCKWATCH_WITH_ETCD
+// The registry's entry: the kind, or, in a build without the feature, one
+// whose URLs fail with Unsupported naming it (etcd_missing.cpp).
 extern const StoreKind kEtcdStore;
-inline constexpr const StoreKind* kEtcdKind = &kEtcdStore;
-#else
-inline constexpr StoreKind kEtcdMissing =
-    missing_store(kEtcdSchemes, kEtcdUsage, "'etcd' (grpc++, protobuf, protoc)");
-inline constexpr const StoreKind* kEtcdKind = &kEtcdMissing;
-#endif
 
 }  // namespace lockwatch::detail

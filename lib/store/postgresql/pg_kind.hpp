@@ -17,15 +17,8 @@ inline constexpr std::string_view kPostgresSchemes = "postgresql postgres";
 inline constexpr std::string_view kPostgresUsage =
     "postgresql://user[:password]@host[:port]/database[?table=name&sslmode=...] (or postgres://)";
 
-// The registry's entry: the kind, defined when the build has the feature;
-// without it, a kind whose URLs fail with Unsupported naming the feature.
-#if LOCKWATCH_WITH_POSTGRESQL
+// The registry's entry: the kind, or, in a build without the feature, one
+// whose URLs fail with Unsupported naming it (pg_missing.cpp).
 extern const StoreKind kPostgresStore;
-inline constexpr const StoreKind* kPostgresKind = &kPostgresStore;
-#else
-inline constexpr StoreKind kPostgresMissing =
-    missing_store(kPostgresSchemes, kPostgresUsage, "'postgresql' (libpq >= 14)");
-inline constexpr const StoreKind* kPostgresKind = &kPostgresMissing;
-#endif
 
 }  // namespace lockwatch::detail

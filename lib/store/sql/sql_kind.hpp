@@ -15,15 +15,8 @@ namespace lockwatch::detail {
 inline constexpr std::string_view kSqlSchemes = "mysql";
 inline constexpr std::string_view kSqlUsage = "mysql://user:password@host[:port]/database[?socket=/path&table=name]";
 
-// The registry's entry: the kind, defined when the build has the feature;
-// without it, a kind whose URLs fail with Unsupported naming the feature.
-#if LOCKWATCH_WITH_SQL
+// The registry's entry: the kind, or, in a build without the feature, one
+// whose URLs fail with Unsupported naming it (sql_missing.cpp).
 extern const StoreKind kSqlStore;
-inline constexpr const StoreKind* kSqlKind = &kSqlStore;
-#else
-inline constexpr StoreKind kSqlMissing =
-    missing_store(kSqlSchemes, kSqlUsage, "'sql' (libmariadb)");
-inline constexpr const StoreKind* kSqlKind = &kSqlMissing;
-#endif
 
 }  // namespace lockwatch::detail

@@ -15,15 +15,8 @@ namespace lockwatch::detail {
 inline constexpr std::string_view kZooKeeperSchemes = "zookeeper";
 inline constexpr std::string_view kZooKeeperUsage = "zookeeper://[user:password@]host:port[,host:port...][/chroot]";
 
-// The registry's entry: the kind, defined when the build has the feature;
-// without it, a kind whose URLs fail with Unsupported naming the feature.
-#if LOCKWATCH_WITH_ZOOKEEPER
+// The registry's entry: the kind, or, in a build without the feature, one
+// whose URLs fail with Unsupported naming it (zk_missing.cpp).
 extern const StoreKind kZooKeeperStore;
-inline constexpr const StoreKind* kZooKeeperKind = &kZooKeeperStore;
-#else
-inline constexpr StoreKind kZooKeeperMissing =
-    missing_store(kZooKeeperSchemes, kZooKeeperUsage, "'zookeeper' (the ZooKeeper C client, libzookeeper_mt)");
-inline constexpr const StoreKind* kZooKeeperKind = &kZooKeeperMissing;
-#endif
 
 }  // namespace lockwatch::detail
