@@ -57,12 +57,15 @@
 #include <sstream>
 #include <string>
 #include <thread>
+#include <stdexcept>
 #include <utility>
 #include <vector>
 
 #include "bench_common.hpp"
 #include "lockwatch/lockwatch.hpp"
+#if LOCKWATCH_WITH_SQL
 #include "support/mariadb_server.hpp"
+#endif
 #if LOCKWATCH_WITH_POSTGRESQL
 #include "support/postgres_server.hpp"
 #endif
@@ -78,7 +81,9 @@ constexpr auto kFutureBound = 30s;
 
 lockwatch::testing::RedisServer* g_redis = nullptr;
 lockwatch::testing::RedisServer* g_rediss = nullptr;
+#if LOCKWATCH_WITH_SQL
 lockwatch::testing::MariaDbServer* g_mariadb = nullptr;
+#endif
 #if LOCKWATCH_WITH_POSTGRESQL
 lockwatch::testing::PostgresServer* g_postgres = nullptr;
 #endif
@@ -93,7 +98,10 @@ std::string url_of(const std::string& store) {
 #if LOCKWATCH_WITH_POSTGRESQL
   if (store == "postgresql") return g_postgres->url();
 #endif
-  return g_mariadb->url();
+#if LOCKWATCH_WITH_SQL
+  if (store == "mysql") return g_mariadb->url();
+#endif
+  throw std::invalid_argument("no store " + store);
 }
 std::vector<pid_t> server_pids(const std::string& store) {
   if (store == "redis") return {g_redis->pid()};
@@ -106,7 +114,10 @@ std::vector<pid_t> server_pids(const std::string& store) {
 #if LOCKWATCH_WITH_POSTGRESQL
   if (store == "postgresql") return g_postgres->pids();
 #endif
-  return {g_mariadb->pid()};
+#if LOCKWATCH_WITH_SQL
+  if (store == "mysql") return {g_mariadb->pid()};
+#endif
+  return {};
 }
 
 // CPU seconds a process has used (user + system), from /proc; with
@@ -332,7 +343,10 @@ void BM_WatchdogPaced(benchmark::State& state, const std::string& store) {
 int main(int argc, char** argv) {
   benchmark::Initialize(&argc, argv);
   if (benchmark::ReportUnrecognizedArguments(argc, argv)) return 1;
-  std::vector<std::string> stores{"redis", "rediss", "cluster", "mysql"};
+  std::vector<std::string> stores{"redis", "rediss", "cluster"};
+#if LOCKWATCH_WITH_SQL
+  stores.push_back("mysql");
+#endif
 #if LOCKWATCH_WITH_POSTGRESQL
   stores.push_back("postgresql");
 #endif
@@ -361,7 +375,10 @@ int main(int argc, char** argv) {
     lockwatch::testing::RedisServerOptions tls_options;
     tls_options.tls = lockwatch::testing::RedisTls{};
     lockwatch::testing::RedisServer rediss(tls_options);
+#if LOCKWATCH_WITH_SQL
     lockwatch::testing::MariaDbServer mariadb;
+    g_mariadb = &mariadb;
+#endif
 #if LOCKWATCH_WITH_POSTGRESQL
     lockwatch::testing::PostgresServer postgres;
     g_postgres = &postgres;
@@ -370,12 +387,13 @@ int main(int argc, char** argv) {
     g_cluster = &cluster;
     g_redis = &redis;
     g_rediss = &rediss;
-    g_mariadb = &mariadb;
     benchmark::RunSpecifiedBenchmarks();
     g_runtime.reset();
     g_redis = nullptr;
     g_rediss = nullptr;
+#if LOCKWATCH_WITH_SQL
     g_mariadb = nullptr;
+#endif
 #if LOCKWATCH_WITH_POSTGRESQL
     g_postgres = nullptr;
 #endif

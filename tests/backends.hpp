@@ -19,7 +19,9 @@
 #include "lockwatch/options.hpp"
 #include "store/memory/memory_space.hpp"
 #include "store/redis/cluster_slot.hpp"
+#if LOCKWATCH_WITH_SQL
 #include "support/mariadb_server.hpp"
+#endif
 #if LOCKWATCH_WITH_POSTGRESQL
 #include "support/postgres_server.hpp"
 #endif
@@ -134,6 +136,7 @@ class RedisBackend final : public Backend {
   RedisServer server_;
 };
 
+#if LOCKWATCH_WITH_SQL
 class MariaDbBackend final : public Backend {
  public:
   std::string url() const override { return server_.url(); }
@@ -165,6 +168,7 @@ class MariaDbBackend final : public Backend {
  private:
   MariaDbServer server_;
 };
+#endif
 
 #if LOCKWATCH_WITH_POSTGRESQL
 // One postgres for every case of the program (initdb costs a second): the
@@ -541,13 +545,18 @@ inline std::unique_ptr<Backend> make_backend(const std::string& kind) {
 #if LOCKWATCH_WITH_ETCD
   if (kind == "etcd") return std::make_unique<EtcdBackend>();
 #endif
+#if LOCKWATCH_WITH_SQL
   if (kind == "mysql") return std::make_unique<MariaDbBackend>();
+#endif
   throw std::invalid_argument("no backend " + kind);
 }
 
-// Every kind this build has (postgresql and etcd with their Meson features).
+// Every kind this build has (mysql, postgresql, zookeeper and etcd with their Meson features).
 inline std::vector<std::string> backend_kinds() {
-  std::vector<std::string> kinds{"redis", "redis-cluster", "mysql"};
+  std::vector<std::string> kinds{"redis", "redis-cluster"};
+#if LOCKWATCH_WITH_SQL
+  kinds.push_back("mysql");
+#endif
 #if LOCKWATCH_WITH_POSTGRESQL
   kinds.push_back("postgresql");
 #endif

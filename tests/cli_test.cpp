@@ -12,7 +12,9 @@
 #include <sstream>
 
 #include "lockwatch/lockwatch.hpp"
+#if LOCKWATCH_WITH_SQL
 #include "support/mariadb_server.hpp"
+#endif
 #if LOCKWATCH_WITH_POSTGRESQL
 #include "support/postgres_server.hpp"
 #endif
@@ -676,6 +678,7 @@ TEST_F(CliTest, RunsOverTlsWithTheCaFromTheEnvironment) {
   EXPECT_FALSE(contains(untrusted.output, "ran\n")) << untrusted.output;
 }
 
+#if LOCKWATCH_WITH_SQL
 TEST_F(CliTest, RunsOverSql) {
   MariaDbServer db;
   auto started = Clock::now();
@@ -695,6 +698,8 @@ TEST_F(CliTest, RunsOverSql) {
 
 #if LOCKWATCH_WITH_POSTGRESQL
 // --store is the store-neutral name of --redis: either takes any URL.
+#endif
+
 TEST_F(CliTest, RunsOverPostgresqlWithRedisOrStore) {
   PostgresServer db;
   auto started = Clock::now();
@@ -807,6 +812,7 @@ TEST_F(CliTest, AHostThatWaitsForARunningPeriodFindsItRunAndExits79) {
   EXPECT_EQ(runs_recorded(dir_), 1);
 }
 
+#if LOCKWATCH_WITH_SQL
 TEST_F(CliTest, OncePerOverSql) {
   MariaDbServer db;
   Outcome first = run({"run", "--redis", db.url(), "--key", test_key(), "--once-per", "1d", "-c", kRecordRun});
@@ -815,6 +821,7 @@ TEST_F(CliTest, OncePerOverSql) {
   EXPECT_EQ(second.code, 79) << second.output;
   EXPECT_EQ(runs_recorded(dir_), 1);
 }
+#endif
 
 TEST_F(CliTest, BadPeriodsExit64WithoutRunningTheCommand) {
   const std::vector<std::pair<std::string, std::string>> cases = {

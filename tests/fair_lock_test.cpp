@@ -21,7 +21,9 @@
 #include "backends.hpp"
 #include "lockwatch/lockwatch.hpp"
 #include "store/memory/memory_space.hpp"
+#if LOCKWATCH_WITH_SQL
 #include "support/mariadb_server.hpp"
+#endif
 #if LOCKWATCH_WITH_POSTGRESQL
 #include "support/postgres_server.hpp"
 #endif
@@ -119,6 +121,7 @@ class PostgresFairStore final : public FairStore {
 };
 #endif
 
+#if LOCKWATCH_WITH_SQL
 class MySqlFairStore final : public FairStore {
  public:
   std::string url() const override { return server_.url(); }
@@ -132,6 +135,7 @@ class MySqlFairStore final : public FairStore {
  private:
   MariaDbServer server_;
 };
+#endif
 
 class FairLockTest : public ::testing::TestWithParam<std::string> {
  protected:
@@ -154,7 +158,9 @@ class FairLockTest : public ::testing::TestWithParam<std::string> {
 #if LOCKWATCH_WITH_POSTGRESQL
       if (GetParam() == "postgresql") slot = std::make_unique<PostgresFairStore>();
 #endif
+#if LOCKWATCH_WITH_SQL
       if (GetParam() == "mysql") slot = std::make_unique<MySqlFairStore>();
+#endif
     }
     return *slot;
   }
@@ -369,7 +375,9 @@ TEST_P(FairLockTest, AClustersLockKeepsItsQueueInItsOwnSlot) {
 std::vector<std::string> fair_stores() {
   std::vector<std::string> stores{"memory", "redis", "redis-cluster"};
 #if !defined(__SANITIZE_THREAD__)
+#if LOCKWATCH_WITH_SQL
   stores.push_back("mysql");
+#endif
 #if LOCKWATCH_WITH_POSTGRESQL
   stores.push_back("postgresql");
 #endif

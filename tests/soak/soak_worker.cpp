@@ -49,7 +49,9 @@
 // Range from the first member that answers.
 #include <hiredis/hiredis.h>
 #include <lockwatch/lockwatch.hpp>
+#if LOCKWATCH_WITH_SQL
 #include <mysql.h>
+#endif
 #if LOCKWATCH_WITH_POSTGRESQL
 #include <libpq-fe.h>
 #include <poll.h>
@@ -401,7 +403,9 @@ class LockNodes {
     for (const auto& s : w.topology.sentinels) sentinels_.emplace_back(s.host, s.port, kProbeTimeout);
   }
   ~LockNodes() {
+#if LOCKWATCH_WITH_SQL
     if (sql_ != nullptr) mysql_close(sql_);
+#endif
 #if LOCKWATCH_WITH_POSTGRESQL
     if (pg_ != nullptr) PQfinish(pg_);
 #endif
@@ -431,7 +435,9 @@ class LockNodes {
   // What each node holds at `key` (nullopt: the node did not answer).
   std::vector<std::optional<std::string>> values(const std::string& key) {
     if (where_of_.kind == Where::Kind::kCluster) return {cluster_value(key)};
+#if LOCKWATCH_WITH_SQL
     if (where_of_.kind == Where::Kind::kSql) return {sql_value(key)};
+#endif
 #if LOCKWATCH_WITH_ETCD
     if (where_of_.kind == Where::Kind::kEtcd) return {etcd_value(key)};
 #endif
@@ -543,6 +549,7 @@ class LockNodes {
     return it->second;
   }
 
+#if LOCKWATCH_WITH_SQL
   std::optional<std::string> sql_value(const std::string& key) {
     where_.clear();
     if (sql_ == nullptr) {
@@ -583,6 +590,7 @@ class LockNodes {
     where_ = "sql";
     return owner;
   }
+#endif
 
 #if LOCKWATCH_WITH_POSTGRESQL
   // Waits for libpq's socket until `until` (false: timed out or failed).
@@ -780,7 +788,9 @@ class LockNodes {
   std::optional<Conn> master_;
   std::map<std::string, Conn> cluster_;
   std::pair<std::string, int> last_;
+#if LOCKWATCH_WITH_SQL
   MYSQL* sql_ = nullptr;
+#endif
 #if LOCKWATCH_WITH_POSTGRESQL
   PGconn* pg_ = nullptr;
 #endif
