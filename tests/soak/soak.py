@@ -143,10 +143,28 @@ def redis(host, port, *args, timeout=1.0):
             return _parse(f)
 
 
+_ports_given = set()
+
+
 def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    """A port nothing listens on now, never one this run handed out before
+    (the kernel may offer a port twice while the first taker has not yet
+    bound it)."""
+    while True:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        if port not in _ports_given:
+            _ports_given.add(port)
+            return port
+
+
+def log_tail(path, lines=5):
+    try:
+        with open(path, "rb") as f:
+            return " | ".join(f.read().decode("utf-8", "replace").splitlines()[-lines:])
+    except OSError:
+        return "no log"
 
 
 # ------------------------------------------------------------- processes
@@ -220,6 +238,8 @@ class RedisNode(Server):
     def __init__(self, root, name, port=None, host="127.0.0.1", netns=None, persist=True, cluster=False):
         self.name, self.host, self.netns, self.persist = name, host, netns, persist
         self.port = port or free_port()
+        self.pick_ports = port is None  # may take other ports if its first start finds them taken
+        self.started = False
         # A cluster node: its bus on a port of its own (port + 10000 may not exist).
         self.bus_port = free_port() if cluster else None
         self.dir = os.path.join(root, name)
@@ -255,11 +275,19 @@ class RedisNode(Server):
             self.proc = Child(self.argv(), os.path.join(self.dir, "stdout.log"), uid=self.uid, env=self.env)
             while time.monotonic() < deadline and self.proc.p.poll() is None:
                 if self.ping():
+                    self.started = True
                     return
                 time.sleep(0.02)  # a fresh process: nothing signals "ready"
+            exited = self.proc.p.poll() is not None
             self.proc.kill()
             if time.monotonic() >= deadline:
-                raise RuntimeError("redis-server %s on %s did not start (see %s)" % (self.name, self.addr, self.dir))
+                raise RuntimeError("redis-server %s on %s did not start (see %s): %s"
+                                   % (self.name, self.addr, self.dir, log_tail(os.path.join(self.dir, "redis.log"))))
+            if exited and not self.started and self.pick_ports:
+                # Its first start, and a port was taken by another process
+                # since we picked it: nobody knows these ports yet, take others.
+                self.port = free_port()
+                self.bus_port = free_port() if self.bus_port else None
             time.sleep(0.1)  # the port is still held by the killed server: try again
 
     def ping(self):
