@@ -349,6 +349,33 @@ TEST_F(RuntimeTest, WorkEndingPastTheDeadlineBeforeTheWatchdogRanLosesTheLease) 
   }
 }
 
+// A lease's steps (runtime/step.hpp), read on the loop that owns them:
+// held while the handle is out, releasing while its release is on its
+// way, ended once the release is confirmed.
+TEST_F(RuntimeTest, ALeaseGoesFromHeldThroughReleasingToEnded) {
+  auto f = rt_->acquire("steps", 5s);
+  LockHandle h = get_bounded(f);
+  auto l = std::static_pointer_cast<detail::LeaseRecord>(detail::HandleAccess::state(h));
+  auto& impl = detail::RuntimeAccess::impl(*rt_);
+  auto step_now = [&] {
+    auto read = std::make_shared<std::promise<detail::Step>>();
+    auto got = read->get_future();
+    impl.loop.post([l, read] { read->set_value(l->step); });
+    EXPECT_EQ(got.wait_for(kBound), std::future_status::ready);
+    return got.get();
+  };
+  EXPECT_STREQ(detail::step_name(step_now()), "held");
+  script_->set_delay(Op::kRelease, 1s);
+  auto released = h.release();
+  ASSERT_TRUE(script_->wait_for(Op::kRelease, 1));
+  EXPECT_STREQ(detail::step_name(step_now()), "releasing");
+  EXPECT_FALSE(l->lost());
+  script_->set_delay(Op::kRelease, 0ms);
+  ASSERT_EQ(released.wait_for(kBound), std::future_status::ready);
+  EXPECT_NO_THROW(released.get());
+  EXPECT_STREQ(detail::step_name(step_now()), "ended");
+}
+
 // Holds the runtime's loop (I/O thread) until open(): what is asked for
 // once reached() says the hold runs is started in one go when it opens,
 // before any answer.

@@ -16,6 +16,7 @@
 #include "runtime/completion.hpp"
 #include "runtime/lease_record.hpp"
 #include "runtime/lock_spec.hpp"
+#include "runtime/step.hpp"
 #include "store/lock_store.hpp"
 
 namespace lockwatch::detail {
@@ -44,8 +45,10 @@ struct Acquisition final : TimerTask {
   WaitQueue* queue = nullptr;  // the wait deadline goes there
   OwnerToken token;
   Timeout wait_timeout;
-  bool done = false;
-  WaitMark wait_mark;  // counted as waiting (ops/waits.hpp) until done
+  // Requested until the wait queue takes it, then waiting; held once
+  // granted (the lease goes on from there), ended when it failed.
+  Step step = Step::kRequested;
+  WaitMark wait_mark;  // counted as waiting (ops/waits.hpp) until the wait is over
   // An attempt may have taken the lock without our learning it (it failed,
   // or was answered after the call ended): if the call ends without the
   // lock, the wait queue gives the token back (WaitQueue::abandon).
@@ -64,6 +67,17 @@ struct Acquisition final : TimerTask {
   Timeout fair_timeout;         // its next attempt
   bool fair_in_flight = false;  // its attempt awaits the answer
   bool fair_again = false;      // a wake-up came meanwhile
+
+  // Its wait is over: granted or failed (the steps after waiting).
+  bool wait_over() const noexcept { return step >= Step::kHeld; }
+  // Ends the wait: held (`granted`) or ended; it no longer counts as
+  // waiting and its timers are off.
+  void end_wait(bool granted) noexcept {
+    step = granted ? Step::kHeld : Step::kEnded;
+    wait_mark.end();
+    wait_timeout.cancel();
+    fair_timeout.cancel();
+  }
 
   bool fair() const noexcept { return spec.kind.mode() == LockKind::Mode::kFair; }
   LockRef ref() const noexcept {

@@ -28,7 +28,7 @@ bool Runtime::Impl::hand_off_fits(const LeaseRecord& l) const {
 void Runtime::Impl::reserve_ahead(const std::shared_ptr<LeaseRecord>& l) {
   // Only while a caller here waits for the key, so that the next hand-off
   // finds its token in stock: nothing for a lock nobody else here wants.
-  if (token_blocks == nullptr || !options.handoff.enabled || l->work_finished || l->lost() ||
+  if (token_blocks == nullptr || !options.handoff.enabled || l->work_over() || l->lost() ||
       l->slot == LeaseRecord::kNoSlot || !hand_off_fits(*l))
     return;
   auto s = watchdog.streak_of(*l);

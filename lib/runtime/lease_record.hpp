@@ -26,6 +26,7 @@
 #include "lockwatch/runtime.hpp"
 #include "lockwatch/thread_pool.hpp"
 #include "lockwatch/timer_wheel.hpp"
+#include "runtime/step.hpp"
 #include "store/lock_store.hpp"
 
 namespace lockwatch::detail {
@@ -178,7 +179,7 @@ struct LeaseRecord final : Lease, TimerTask, HandleState {
     kAwaitingReply,  // a renewal is in flight; the timeout is the local deadline
     kRetryDue,       // a renewal failed transiently; try again
     kExhausted,      // no renewals left; the timeout is the local deadline
-    kReleasing,      // the work finished; release in flight or awaiting expiry
+    kAwaitingExpiry,  // the release was not confirmed: the key's expiry ends it
   };
 
   LeaseRecord(Watchdog* watchdog, std::string key, std::uint64_t fence, std::chrono::milliseconds ttl,
@@ -219,6 +220,8 @@ struct LeaseRecord final : Lease, TimerTask, HandleState {
 
   // Held through a LockHandle, not by running work.
   bool is_handle() const noexcept { return call == nullptr; }
+  // The work is over (releasing or ended).
+  bool work_over() const noexcept { return step >= Step::kReleasing; }
 
   // Work queued for a pool worker: the worker starts it (begin_work) unless
   // the watchdog gave up on it first (give_up_start), never both. Until it
@@ -230,9 +233,12 @@ struct LeaseRecord final : Lease, TimerTask, HandleState {
 
   // Loop thread (packed behind the handle state's last byte; the flags
   // share one byte, which only the loop thread writes).
-  Phase phase = Phase::kRenewDue;
-  bool work_finished : 1 = false;
-  bool releasing : 1 = false;  // release in flight: renewals go on until it is confirmed
+  Phase phase : 3 = Phase::kRenewDue;
+  // Held from its grant; releasing once the work is over (Watchdog::end_work);
+  // ended once out of the watchdog's registry (Watchdog::finish, or handed
+  // on). Loop thread, as the bits below.
+  Step step : 3 = Step::kHeld;
+  bool release_in_flight : 1 = false;  // renewals go on until the release is confirmed
   // The work is over and the key waits for reserved tokens to be handed on
   // (HandOffStreak::deferred): renewals go on meanwhile.
   bool awaiting_tokens : 1 = false;

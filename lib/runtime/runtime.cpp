@@ -236,7 +236,7 @@ AcquireTicket Runtime::Impl::acquire(detail::LockSpec spec, detail::AcquireCallb
 void Runtime::Impl::cancel_acquire(const std::shared_ptr<Acquisition>& a) {
   // Ended meanwhile (granted and given back, or failed), or one attempt
   // with no wait in flight (its answer finds it cancelled): nothing here.
-  if (a->done || a->spec.wait == milliseconds(0)) return;
+  if (a->wait_over() || a->spec.wait == milliseconds(0)) return;
   waits.cancel(a.get(), std::make_exception_ptr(Cancelled(a->spec.key)));
 }
 
@@ -349,8 +349,7 @@ void Runtime::Impl::fail(const std::shared_ptr<Acquisition>& a, std::exception_p
   } else {
     events.acquire_failed(a->spec.key, err, waited, a->spec.context);
   }
-  a->done = true;
-  a->wait_timeout.cancel();
+  a->end_wait(false);
   a->completion.fail(err);
   call_done();
 }

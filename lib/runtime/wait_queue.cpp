@@ -90,6 +90,7 @@ WaitQueue::KeyWaiters& WaitQueue::waiters_of(std::string_view name) {
 
 void WaitQueue::start(std::shared_ptr<Acquisition> a) {
   a->queue = this;
+  a->step = Step::kWaiting;
   if (a->spec.wait == milliseconds(0)) {
     attempt(a, nullptr);
     return;
@@ -108,7 +109,7 @@ void WaitQueue::start(std::shared_ptr<Acquisition> a) {
 }
 
 void WaitQueue::attempt_fair(const std::shared_ptr<Acquisition>& a) {
-  if (a->done) return;
+  if (a->wait_over()) return;
   if (a->fair_in_flight) {
     a->fair_again = true;
     return;
@@ -146,7 +147,7 @@ void WaitQueue::withdraw(const Acquisition& a) {
 void WaitQueue::on_fair_outcome(const std::shared_ptr<Acquisition>& a, const Acquired& out, Clock::time_point sent) {
   using Status = Acquired::Status;
   if (out.status != Status::kBusy) a->maybe_held = true;
-  if (a->done) {
+  if (a->wait_over()) {
     // It gave up (or the runtime stops) while the attempt was in flight.
     abandon(*a);
     return;
@@ -166,10 +167,7 @@ void WaitQueue::on_fair_outcome(const std::shared_ptr<Acquisition>& a, const Acq
   if (out.status != Status::kBusy) {
     auto pos = std::find(w->waiting.begin(), w->waiting.end(), a);
     if (pos != w->waiting.end()) w->waiting.erase(pos);
-    a->done = true;
-    a->wait_mark.end();
-    a->wait_timeout.cancel();
-    a->fair_timeout.cancel();
+    a->end_wait(out.status != Status::kFailed);
     if (out.status == Status::kFailed) {
       hooks_.failed(a, to_exception(out.error), false);
       abandon(*a);
@@ -227,7 +225,7 @@ void WaitQueue::send_deferred() {
     Deferred d = std::move(deferred_.front());
     deferred_.pop_front();
     d.a->in_window = false;
-    if (!d.a->done) {
+    if (!d.a->wait_over()) {
       send_attempt(d.a, d.w);
       continue;
     }
@@ -331,11 +329,8 @@ void WaitQueue::fail_waiters(KeyWaiters* w, std::exception_ptr error) {
   w->connection_error = nullptr;
   w->unreachable_since = Clock::time_point::max();
   for (auto& a : waiting) {
-    if (a->done) continue;
-    a->done = true;
-    a->wait_mark.end();
-    a->wait_timeout.cancel();
-    a->fair_timeout.cancel();
+    if (a->wait_over()) continue;
+    a->end_wait(false);
     hooks_.failed(a, error, false);
     if (!a->fair_in_flight) abandon(*a);  // in flight: its answer does it
   }
@@ -346,7 +341,7 @@ void WaitQueue::on_outcome(const std::shared_ptr<Acquisition>& a, const Acquired
                            KeyWaiters* w) {
   using Status = Acquired::Status;
   if (out.status != Status::kBusy) a->maybe_held = true;  // taken, or unknown: kept only if it ends well
-  if (a->done) {
+  if (a->wait_over()) {
     // Its wait ran out (or the runtime stopped) while the attempt was in
     // flight: a lock taken now belongs to nobody, so give it back (also
     // when the answer was an error: the store may have taken it).
@@ -386,9 +381,7 @@ void WaitQueue::on_outcome(const std::shared_ptr<Acquisition>& a, const Acquired
 void WaitQueue::on_decided(const std::shared_ptr<Acquisition>& a, const Acquired& out, Clock::time_point sent,
                            KeyWaiters* w) {
   if (w) w->waiting.pop_front();
-  a->done = true;
-  a->wait_mark.end();
-  a->wait_timeout.cancel();
+  a->end_wait(out.status != Acquired::Status::kFailed);
   if (out.status == Acquired::Status::kFailed) {
     hooks_.failed(a, to_exception(out.error), false);
     abandon(*a);
@@ -417,8 +410,7 @@ void WaitQueue::on_decided(const std::shared_ptr<Acquisition>& a, const Acquired
 void WaitQueue::on_busy(const std::shared_ptr<Acquisition>& a, const Acquired& out, KeyWaiters* w) {
   auto busy_for = std::max(out.busy_for, milliseconds(1));
   if (w == nullptr) {
-    a->done = true;
-    a->wait_mark.end();
+    a->end_wait(false);
     if (a->fair()) withdraw(*a);  // it does not wait: its place goes
     hooks_.failed(a,
                   std::make_exception_ptr(LockNotAcquired(
@@ -542,9 +534,7 @@ std::shared_ptr<Acquisition> WaitQueue::take_next(std::string_view name) {
   KeyWaiters* w = it->second.get();
   auto a = std::move(w->waiting.front());
   w->waiting.pop_front();
-  a->done = true;
-  a->wait_mark.end();
-  a->wait_timeout.cancel();
+  a->end_wait(true);
   // The handed-on lease takes its giver's place (counted, or not yet).
   w->held_exclusive = std::max<std::uint32_t>(w->held_exclusive, 1);
   w->connection_error = nullptr;
@@ -557,7 +547,7 @@ void WaitQueue::on_wait_expired(Acquisition* raw) { end_wait(raw, nullptr); }
 void WaitQueue::cancel(Acquisition* a, std::exception_ptr error) { end_wait(a, std::move(error)); }
 
 void WaitQueue::end_wait(Acquisition* raw, std::exception_ptr error) {
-  if (raw->done) return;
+  if (raw->wait_over()) return;
   auto wit = waiters_.find(raw->name);
   if (wit == waiters_.end()) return;
   KeyWaiters* w = wit->second.get();
@@ -565,11 +555,8 @@ void WaitQueue::end_wait(Acquisition* raw, std::exception_ptr error) {
   if (pos == w->waiting.end()) return;
   auto a = *pos;
   bool head_in_flight = a->fair() ? a->fair_in_flight : (pos == w->waiting.begin()) && w->in_flight;
-  w->waiting.erase(pos);  // a head in flight: its answer sees done and cleans up
-  a->done = true;
-  a->wait_mark.end();
-  a->wait_timeout.cancel();
-  a->fair_timeout.cancel();
+  w->waiting.erase(pos);  // a head in flight: its answer sees the wait over and cleans up
+  a->end_wait(false);
   if (error)
     hooks_.failed(a, error, false);
   else if (w->connection_error)
@@ -620,10 +607,9 @@ void WaitQueue::fail_all(std::exception_ptr error) {
   // key's queue, so they fail here.
   for (auto& d : deferred_) {
     if (d.w) d.w->in_flight = false;
-    if (d.a->done) continue;
+    if (d.a->wait_over()) continue;
     if (d.w == nullptr) {
-      d.a->done = true;
-      d.a->wait_mark.end();
+      d.a->end_wait(false);
       hooks_.failed(d.a, error, false);
     }
   }
@@ -631,10 +617,8 @@ void WaitQueue::fail_all(std::exception_ptr error) {
   for (auto& [name, w] : waiters_) {
     for (std::size_t i = 0; i < w->waiting.size(); ++i) {
       auto& a = w->waiting[i];
-      if (a->done) continue;
-      a->done = true;
-      a->wait_mark.end();
-      a->fair_timeout.cancel();
+      if (a->wait_over()) continue;
+      a->end_wait(false);
       hooks_.failed(a, error, false);
       const bool in_flight = a->fair() ? a->fair_in_flight : i == 0 && w->in_flight;
       if (!in_flight) abandon(*a);  // in flight: its answer does it

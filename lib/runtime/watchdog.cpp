@@ -1,5 +1,6 @@
 #include "runtime/watchdog.hpp"
 
+#include <cassert>
 #include <limits>
 #include <utility>
 
@@ -19,6 +20,7 @@ Watchdog::Watchdog(LockStore& store, WheelClock& clock, ThreadPool& notifier, co
 
 std::shared_ptr<LeaseRecord> Watchdog::new_lease(const Acquisition& a, std::uint64_t fence,
                                                 Clock::time_point deadline, Clock::time_point last_sent) {
+  assert(a.step == Step::kHeld && "a lease is made only for an acquisition whose wait ended in a grant");
   auto l = std::make_shared<LeaseRecord>(this, a.spec.key, fence, a.spec.ttl, deadline);
   using Way = Completion::Way;
   const Completion& how = a.completion;
@@ -64,7 +66,7 @@ std::shared_ptr<LeaseRecord> Watchdog::grant(const Acquisition& a, std::uint64_t
 }
 
 bool Watchdog::can_hand_off(const LeaseRecord& l, Clock::time_point now) const {
-  if (l.lost() || l.releasing || l.slot == LeaseRecord::kNoSlot || l.renewal_failing()) return false;
+  if (l.lost() || l.release_in_flight || l.slot == LeaseRecord::kNoSlot || l.renewal_failing()) return false;
   auto left = l.deadline() - now;
   switch (l.phase) {
     case LeaseRecord::Phase::kRenewDue:
@@ -87,7 +89,8 @@ std::shared_ptr<LeaseRecord> Watchdog::hand_off(const std::shared_ptr<LeaseRecor
   l->kind = from->kind;  // exclusive: only those are handed on
   l->rare().streak = streak_of(*from);
   l->streak()->holder = l;
-  // `l` takes `from`'s place: `from` leaves without a release.
+  // `l` takes `from`'s place: `from` ends without a release.
+  from->step = Step::kEnded;
   from->timeout.cancel();
   l->slot = from->slot;
   leases_[l->slot] = l;
@@ -154,10 +157,10 @@ void Watchdog::on_timer(LeaseRecord* raw) {
   if (raw->slot == LeaseRecord::kNoSlot) return;
   std::shared_ptr<LeaseRecord> l = leases_[raw->slot];  // kept alive to the end
   auto now = Clock::now();
-  if (l->work_finished) {
-    if (!l->releasing && !l->awaiting_tokens) {
+  if (l->work_over()) {
+    if (!l->release_in_flight && !l->awaiting_tokens) {
       // Release could not be confirmed; the key has expired by now.
-      if (l->phase == LeaseRecord::Phase::kReleasing) finish(l);
+      if (l->phase == LeaseRecord::Phase::kAwaitingExpiry) finish(l);
       return;
     }
     // The release is in flight, maybe behind a long queue: keep the key
@@ -173,7 +176,7 @@ void Watchdog::on_timer(LeaseRecord* raw) {
     // per tick), then judge.
     drained_at_ = clock_.advances();
     store_.poll_replies();
-    if (l->lost() || l->work_finished || l->phase != LeaseRecord::Phase::kAwaitingReply) return;
+    if (l->lost() || l->work_over() || l->phase != LeaseRecord::Phase::kAwaitingReply) return;
     now = Clock::now();
   }
   if (now >= l->deadline()) {
@@ -213,7 +216,7 @@ void Watchdog::on_timer(LeaseRecord* raw) {
 void Watchdog::renew_at_start(const std::shared_ptr<LeaseRecord>& l, std::shared_ptr<std::promise<void>> answered) {
   // The work starts late (it waited for a worker): renew now, for free, so
   // that it runs with a whole ttl, not what the queue left of one.
-  if (l->slot == LeaseRecord::kNoSlot || l->lost() || l->work_finished || l->phase != LeaseRecord::Phase::kRenewDue) {
+  if (l->slot == LeaseRecord::kNoSlot || l->lost() || l->work_over() || l->phase != LeaseRecord::Phase::kRenewDue) {
     answered->set_value();
     return;
   }
@@ -225,7 +228,7 @@ void Watchdog::renew_at_start(const std::shared_ptr<LeaseRecord>& l, std::shared
 
 void Watchdog::renew_together(const std::vector<std::shared_ptr<LeaseRecord>>& leases) {
   for (const auto& l : leases) {
-    if (l->slot == LeaseRecord::kNoSlot || l->lost() || l->work_finished || l->phase != LeaseRecord::Phase::kRenewDue)
+    if (l->slot == LeaseRecord::kNoSlot || l->lost() || l->work_over() || l->phase != LeaseRecord::Phase::kRenewDue)
       continue;  // in flight or ending: it keeps its own time
     l->timeout.cancel();
     l->renewal_counts = false;  // free, as a late start's renewal is
@@ -286,7 +289,7 @@ void Watchdog::on_renew_result(const std::shared_ptr<LeaseRecord>& sent_for, Clo
 
 void Watchdog::on_renew_result_now(const std::shared_ptr<LeaseRecord>& l, Clock::time_point sent, Renewed status,
                                    const StoreError* why) {
-  if ((l->work_finished && !l->releasing && !l->awaiting_tokens) || l->lost()) return;
+  if ((l->work_over() && !l->release_in_flight && !l->awaiting_tokens) || l->lost()) return;
   switch (status) {
     case Renewed::kYes:
       on_renewed(l, sent);
@@ -295,7 +298,7 @@ void Watchdog::on_renew_result_now(const std::shared_ptr<LeaseRecord>& l, Clock:
     case Renewed::kTakenByOther:
       // With the work over and the release in flight, the release's own
       // answer says what became of the key.
-      if (!l->work_finished) lose(l, status == Renewed::kTakenByOther ? LostReason::kTakenByOther : gone_reason(*l));
+      if (!l->work_over()) lose(l, status == Renewed::kTakenByOther ? LostReason::kTakenByOther : gone_reason(*l));
       break;
     case Renewed::kTransient:
       renewal_failed(l, why != nullptr ? why->describe() : std::string("the renewal was not confirmed"));
@@ -353,7 +356,7 @@ void Watchdog::lose(const std::shared_ptr<LeaseRecord>& l, LostReason reason, st
   l->end_watchers(reason);  // Lease::on_lost's handlers, on the notifier
   // Work that is over learns it now: its release (in flight, or awaiting
   // the key's expiry) goes on without it.
-  if (l->work_finished) l->complete_call();
+  if (l->work_over()) l->complete_call();
 }
 
 void Watchdog::request_stop(const std::shared_ptr<LeaseRecord>& l) {
@@ -366,8 +369,8 @@ void Watchdog::request_stop(const std::shared_ptr<LeaseRecord>& l) {
 }
 
 bool Watchdog::end_work(const std::shared_ptr<LeaseRecord>& l) {
-  if (l->work_finished) return false;
-  l->work_finished = true;
+  if (l->work_over()) return false;
+  l->step = Step::kReleasing;
   // Work that ended past the local deadline did not end under its lease,
   // whatever the store says of the key afterwards: a starved or paused
   // process runs the watchdog late, and the lease's timer no longer judges
@@ -407,11 +410,11 @@ void Watchdog::judge_late_end(const std::shared_ptr<LeaseRecord>& l) {
 
 void Watchdog::release(const std::shared_ptr<LeaseRecord>& l) {
   l->awaiting_tokens = false;
-  l->releasing = true;
+  l->release_in_flight = true;
   LockRef ref = l->ref();
   store_.release(std::span<const LockRef>(&ref, 1), true,
                  [this, l](std::size_t, Released status, const StoreError* why) {
-                   l->releasing = false;
+                   l->release_in_flight = false;
                    l->timeout.cancel();
                    judge_late_end(l);
                    if (status == Released::kUnconfirmed) {
@@ -428,7 +431,7 @@ void Watchdog::release(const std::shared_ptr<LeaseRecord>& l) {
                      // then, never earlier. A lease lost already was never
                      // counted on past its ttl: it completes at that.
                      const auto keep = l->lost() ? l->ttl() : store_.expiry_bound(l->ttl());
-                     schedule(*l, LeaseRecord::Phase::kReleasing,
+                     schedule(*l, LeaseRecord::Phase::kAwaitingExpiry,
                               std::max(Clock::now(), gone_by(options_.watchdog, l->last_sent, l->ttl(), keep)));
                      return;
                    }
@@ -445,6 +448,7 @@ void Watchdog::release(const std::shared_ptr<LeaseRecord>& l) {
 }
 
 void Watchdog::finish(const std::shared_ptr<LeaseRecord>& l) {
+  l->step = Step::kEnded;
   l->timeout.cancel();
   if (l->rare_if() && l->rare().hold_warning) l->rare().hold_warning->timeout.cancel();
   if (l->slot == LeaseRecord::kNoSlot) return;
@@ -466,9 +470,9 @@ std::vector<std::shared_ptr<LeaseRecord>> Watchdog::stop_all() {
   std::vector<std::shared_ptr<LeaseRecord>> handles;
   for (auto& l : leases_) {
     // A handle released already (its release unconfirmed, waiting out the
-    // ttl in kReleasing) keeps its timer: losing it would cancel the one
+    // ttl in kAwaitingExpiry) keeps its timer: losing it would cancel the one
     // thing that finishes it.
-    if (l->is_handle() && !l->work_finished) handles.push_back(l);
+    if (l->is_handle() && !l->work_over()) handles.push_back(l);
     request_stop(l);
   }
   return handles;
