@@ -5,6 +5,7 @@
 
 #include <cstdlib>
 
+#include "core/small_string.hpp"
 #include "lockwatch/lockwatch.hpp"
 #include "memory_runtime.hpp"
 #include "store/capabilities.hpp"
@@ -245,6 +246,35 @@ TEST(StoreSeamTest, ARedisUrlCarriesTheRedisSettingsAndRefusesBadOnes) {
     ADD_FAILURE() << "an unknown parameter was taken";
   } catch (const InvalidArgument& e) {
     EXPECT_EQ(std::string(e.what()).find("hunter2"), std::string::npos) << e.what();
+  }
+}
+
+// What a store queues per lock (names, tokens) is kept inline up to its
+// size, in a block of its own beyond: the same text either way, copies
+// apart, a moved-from string empty, and assigning a string its own text
+// (inline or not) keeps it.
+TEST(SmallString, KeepsItsTextInlineOrNotAcrossCopiesMovesAndSelfAssignment) {
+  using detail::SmallString;
+  const std::string short_text = "lockwatch:{sku:42}";
+  const std::string long_text(100, 'k');
+  for (const std::string& text : {short_text, long_text, std::string()}) {
+    SmallString<32> s(text);
+    EXPECT_EQ(s.view(), text);
+    EXPECT_EQ(s.size(), text.size());
+    SmallString<32> copy = s;
+    s = std::string_view("changed");
+    EXPECT_EQ(copy.view(), text) << "a copy owns its text";
+    EXPECT_EQ(s.view(), "changed");
+    SmallString<32> moved = std::move(copy);
+    EXPECT_EQ(moved.view(), text);
+    EXPECT_TRUE(copy.empty());  // NOLINT: moved-from is empty, by design
+    moved = moved.view();
+    EXPECT_EQ(moved.view(), text) << "assigned its own text";
+    moved = long_text;
+    moved = short_text;
+    EXPECT_EQ(moved.str(), short_text);
+    moved = std::move(s);
+    EXPECT_EQ(moved.view(), "changed");
   }
 }
 

@@ -21,6 +21,7 @@
 #include <vector>
 
 #include "ops/hold_warning.hpp"
+#include "core/small_string.hpp"
 #include "core/token.hpp"
 #include "lockwatch/lease.hpp"
 #include "lockwatch/runtime.hpp"
@@ -135,36 +136,7 @@ struct LeaseWatcher {
 // The store's name for a key, inline when short (most are), so a lease
 // needs no heap block for it. 40 bytes: a longer name keeps a pointer to
 // its own block in the first bytes of the inline space.
-class StoreName {
- public:
-  StoreName() noexcept = default;
-  StoreName(const StoreName&) = delete;
-  StoreName& operator=(const StoreName&) = delete;
-  ~StoreName() { delete[] heap(); }
-  StoreName& operator=(std::string_view s) {
-    char* block = s.size() > kInline ? new char[s.size()] : nullptr;
-    delete[] heap();
-    size_ = static_cast<std::uint32_t>(s.size());
-    if (block) std::memcpy(bytes_, &block, sizeof block);
-    std::memcpy(block ? block : bytes_, s.data(), s.size());
-    return *this;
-  }
-  std::string_view view() const noexcept {
-    char* h = heap();
-    return {h ? h : bytes_, size_};
-  }
-
- private:
-  static constexpr std::size_t kInline = 36;
-  char* heap() const noexcept {
-    if (size_ <= kInline) return nullptr;
-    char* h;
-    std::memcpy(&h, bytes_, sizeof h);
-    return h;
-  }
-  char bytes_[kInline] = {};
-  std::uint32_t size_ = 0;
-};
+using StoreName = SmallString<36>;
 static_assert(sizeof(StoreName) == 40);
 
 struct LeaseRecord;

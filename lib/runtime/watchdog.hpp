@@ -127,6 +127,8 @@ class Watchdog {
   // not have run out by the local clock, else kExpired.
   LostReason gone_reason(const LeaseRecord& l) const noexcept;
   void finish(const std::shared_ptr<LeaseRecord>& l);
+  // The store's answer to release(`l`).
+  void released(const std::shared_ptr<LeaseRecord>& l, Released status, const StoreError* why);
   void request_stop(const std::shared_ptr<LeaseRecord>& l);
 
   LockStore& store_;

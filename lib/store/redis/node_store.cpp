@@ -140,7 +140,7 @@ void RedisNodeStore::acquire(std::span<const LockRef> locks, AcquireDone done) {
   const bool queued = !asking_;
   for (std::size_t i = 0; i < locks.size(); ++i) {
     const LockRef& l = locks[i];
-    QueuedAcquire a{std::string(l.name), std::string(l.token), std::string(l.ttl_ms), i, shared_done, l.kind};
+    QueuedAcquire a{SmallString<40>(l.name), SmallString<32>(l.token), SmallString<16>(l.ttl_ms), i, shared_done, l.kind};
     if (!l.kind.exclusive_kind()) {
       send_kind_acquire(std::move(a));
     } else if (queued) {
@@ -161,7 +161,7 @@ void RedisNodeStore::release(std::span<const LockRef> locks, bool notify, Releas
       kinds.push_back(i);
       continue;
     }
-    QueuedRelease r{std::string(locks[i].name), std::string(locks[i].token), notify, i, shared_done};
+    QueuedRelease r{SmallString<40>(locks[i].name), SmallString<32>(locks[i].token), notify, i, shared_done};
     if (queued) {
       release_batch_.push_back(std::move(r));
     } else {
@@ -177,7 +177,7 @@ void RedisNodeStore::eval_acquire(ScriptId id, std::vector<std::string> args, in
   c.eval(script(id), std::move(args), keys,
          [this, &c, a = std::move(a)](const redisReply* r, const StoreError* err) mutable {
            AcquireReply reply(r, err, 1, c.name());
-           acquired(reply.next(), std::move(a.name), std::move(a.token), a.kind, a.index, std::move(a.done));
+           acquired(reply.next(), std::move(a));
          });
 }
 
@@ -186,25 +186,25 @@ void RedisNodeStore::send_kind_acquire(QueuedAcquire a) {
     send_fair_acquire(std::move(a));
     return;
   }
-  std::vector<std::string> args{a.name,
+  std::vector<std::string> args{a.name.str(),
                                 redis_keys::holders(a.name),
                                 redis_keys::writer_mark(a.name),
                                 redis_keys::counter(key_prefix_, a.name),
-                                a.token,
-                                a.ttl_ms,
+                                a.token.str(),
+                                a.ttl_ms.str(),
                                 redis_keys::kind_arg(a.kind),
                                 owner_};
   eval_acquire(ScriptId::kAcquireKind, std::move(args), 4, std::move(a));
 }
 
 void RedisNodeStore::send_fair_acquire(QueuedAcquire a) {
-  std::vector<std::string> args{a.name,
+  std::vector<std::string> args{a.name.str(),
                                 redis_keys::holders(a.name),
                                 redis_keys::queue(a.name),
                                 redis_keys::waiting(a.name),
                                 redis_keys::counter(key_prefix_, a.name),
-                                a.token,
-                                a.ttl_ms,
+                                a.token.str(),
+                                a.ttl_ms.str(),
                                 redis_keys::channel(a.name),
                                 notice(),
                                 owner_};
@@ -367,13 +367,12 @@ void RedisNodeStore::send_release_batch(std::vector<QueuedRelease> batch, bool c
   eval_release(std::move(request), std::move(batch), counted);
 }
 
-void RedisNodeStore::acquired(Acquired out, std::string name, std::string token, LockKind kind, std::size_t index,
-                              std::shared_ptr<AcquireDone> done) {
+void RedisNodeStore::acquired(Acquired out, QueuedAcquire a) {
   if (out.status != Acquired::Status::kTaken || replicas_.min <= 0) {
-    (*done)(index, out);
+    (*a.done)(a.index, out);
     return;
   }
-  wait_for_replicas(std::move(name), std::move(token), kind, out, index, std::move(done));
+  wait_for_replicas(a.name.str(), a.token.str(), a.kind, out, a.index, std::move(a.done));
 }
 
 void RedisNodeStore::wait_for_replicas(std::string name, std::string token, LockKind kind, Acquired taken,
@@ -777,7 +776,7 @@ void RedisNodeStore::eval_acquire(EvalRequest request, std::vector<QueuedAcquire
            if (counted) batch_answered();
            AcquireReply reply(r, err, batch.size(), c.name());
            for (auto& a : batch)
-             acquired(reply.next(), std::move(a.name), std::move(a.token), a.kind, a.index, std::move(a.done));
+             acquired(reply.next(), std::move(a));
          });
 }
 

@@ -55,6 +55,7 @@
 #include <string>
 #include <vector>
 
+#include "core/small_string.hpp"
 #include "lockwatch/options.hpp"
 #include "store/capabilities.hpp"
 #include "store/redis/connection.hpp"
@@ -149,21 +150,25 @@ class RedisNodeStore final : public StoreBase,
   std::string notice() const;
   // The user's ACL refused a subscription: logged as a warning.
   void refused_notices(const StoreError& why);
+  // Kept inline (core/small_string.hpp): a queued lock costs no heap block
+  // for the usual name and token.
   struct QueuedAcquire {
-    std::string name, token, ttl_ms;
+    SmallString<40> name;
+    SmallString<32> token;
+    SmallString<16> ttl_ms;
     std::size_t index;
     std::shared_ptr<AcquireDone> done;
     LockKind kind{};
   };
   struct QueuedRelease {
-    std::string name, token;
+    SmallString<40> name;
+    SmallString<32> token;
     bool notify;  // the script publishes the release on the lock's channel
     std::size_t index;
     std::shared_ptr<ReleaseDone> done;
   };
   // The acquire script's answer for one lock, then WAIT for replicas when asked.
-  void acquired(Acquired out, std::string name, std::string token, LockKind kind, std::size_t index,
-                std::shared_ptr<AcquireDone> done);
+  void acquired(Acquired out, QueuedAcquire a);
   // A shared or permit lock: one kAcquireKind call.
   void send_kind_acquire(QueuedAcquire a);
   void send_fair_acquire(QueuedAcquire a);
