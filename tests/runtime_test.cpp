@@ -349,6 +349,19 @@ TEST_F(RuntimeTest, WorkEndingPastTheDeadlineBeforeTheWatchdogRanLosesTheLease) 
   }
 }
 
+// A handle's future dropped unread gives the lock back once it is taken:
+// nothing else keeps the handle, so the next caller gets the key long
+// before its 30 s ttl.
+TEST_F(RuntimeTest, AHandlesFutureDroppedUnreadReleasesTheLock) {
+  { (void)rt_->acquire("dropped", 30s); }
+  auto t0 = std::chrono::steady_clock::now();
+  auto next = rt_->acquire({.key = "dropped", .ttl = 5s, .wait = 10s});
+  LockHandle h = get_bounded(next);
+  EXPECT_LT(ms_between(t0, std::chrono::steady_clock::now()), 5s);
+  EXPECT_GE(script_->count(Op::kRelease), 1u);
+  h.release().get();
+}
+
 // A lease's steps (runtime/step.hpp), read on the loop that owns them:
 // held while the handle is out, releasing while its release is on its
 // way, ended once the release is confirmed.

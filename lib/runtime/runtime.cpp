@@ -190,10 +190,10 @@ std::future<LockHandle> Runtime::Impl::acquire(detail::LockSpec spec) {
   validate(spec);
   // The future form is the handler form whose handler fulfils a promise
   // (on the loop thread: no user code runs there).
-  auto promise = std::make_shared<std::promise<LockHandle>>();
-  auto future = promise->get_future();
   if (!spec.set.empty()) {
     if (stopping.load()) throw RuntimeStopped("lockwatch runtime is stopping");
+    auto promise = std::make_shared<std::promise<LockHandle>>();
+    auto future = promise->get_future();
     detail::SetAcquirer::start(*this, std::move(spec), {}, [promise](std::exception_ptr e, LockHandle h) {
       if (e)
         promise->set_exception(e);
@@ -202,13 +202,24 @@ std::future<LockHandle> Runtime::Impl::acquire(detail::LockSpec spec) {
     });
     return future;
   }
-  auto call = std::make_shared<detail::HandleCall>();
+  // The call and its promise in one block; `complete` keeps the promise's
+  // address only (std::function keeps that inline) and moves the promise
+  // out to fulfil it, so the block keeps no hold on the handle: a future
+  // dropped unread releases the lock with it.
+  struct PromisedCall {
+    detail::HandleCall call;
+    std::promise<LockHandle> promise;
+  };
+  auto block = std::make_shared<PromisedCall>();
+  auto future = block->promise.get_future();
+  std::shared_ptr<detail::HandleCall> call(block, &block->call);
   call->key = spec.key;
-  call->complete = [promise](std::exception_ptr e, LockHandle h) {
+  call->complete = [p = &block->promise](std::exception_ptr e, LockHandle h) {
+    std::promise<LockHandle> promise = std::move(*p);
     if (e)
-      promise->set_exception(e);
+      promise.set_exception(e);
     else
-      promise->set_value(std::move(h));
+      promise.set_value(std::move(h));
   };
   start_handle(std::move(spec), call);
   return future;
