@@ -419,6 +419,7 @@ void Watchdog::release(const std::shared_ptr<LeaseRecord>& l) {
   assert(l->slot != LeaseRecord::kNoSlot);
   store_.release(std::span<const LockRef>(&ref, 1), true,
                  [this, raw = l.get()](std::size_t, Released status, const StoreError* why) {
+                   assert(raw->slot != LeaseRecord::kNoSlot && raw->release_in_flight);
                    const std::shared_ptr<LeaseRecord> held = leases_[raw->slot];  // finish() drops the registry's
                    released(held, status, why);
                  });
@@ -429,30 +430,27 @@ void Watchdog::released(const std::shared_ptr<LeaseRecord>& l, Released status, 
   l->timeout.cancel();
   judge_late_end(l);
   if (status == Released::kUnconfirmed) {
-    const std::string detail =
-        "release not confirmed: " + (why != nullptr ? why->describe() : std::string());
+    const std::string detail = "release not confirmed: " + (why != nullptr ? why->describe() : std::string());
     if (!l->lost() && !store_.expiry_bounded())
       lose(l, LostReason::kStoreUnreachable,
            detail + "; the store may keep the lock past its ttl, so it is not counted released");
     else if (!l->lost())
       l->set_lost_detail(detail);
-    // The key expires at most the store's expiry bound (the
-    // ttl, or more where the store rounds it up) after our
-    // last request that could have extended it. Complete
-    // then, never earlier. A lease lost already was never
-    // counted on past its ttl: it completes at that.
+    // The key expires at most the store's expiry bound (the ttl, or more
+    // where the store rounds it up) after our last request that could have
+    // extended it. Complete then, never earlier. A lease lost already was
+    // never counted on past its ttl: it completes at that.
     const auto keep = l->lost() ? l->ttl() : store_.expiry_bound(l->ttl());
     schedule(*l, LeaseRecord::Phase::kAwaitingExpiry,
              std::max(Clock::now(), gone_by(options_.watchdog, l->last_sent, l->ttl(), keep)));
     return;
   }
   if (status == Released::kYesUnheard) {
-    // Nobody elsewhere heard of it: our waiters, if any,
-    // need not sit out for others (there are none to wait for).
+    // Nobody elsewhere heard of it: our waiters, if any, need not sit out
+    // for others (there are none to wait for).
     l->yield_on_release = false;
   } else if (status != Released::kYes) {
-    lose(l, status == Released::kTakenByOther ? LostReason::kTakenByOther : gone_reason(*l),
-         "found at release");
+    lose(l, status == Released::kTakenByOther ? LostReason::kTakenByOther : gone_reason(*l), "found at release");
   }
   finish(l);
 }
