@@ -5,6 +5,10 @@
 //       release scripts sent by hand through hiredis async on a libuv loop in
 //       this thread; <conc> state machines (acquire, on its reply release, on
 //       that reply the next cycle) pipelined on one connection.
+//   BM_RawHiredisFuture/<conc>/uncontended  the limit for an API that
+//       returns std::future: <conc> caller threads each write their own
+//       requests (the same scripts) on one shared connection and wait on a
+//       future, which one reader thread, blocked in read(), completes.
 //   BM_RawHiredis2/<conc>/uncontended  the same limit for two locks a cycle:
 //       both acquire scripts pipelined, then both release scripts.
 //   BM_Transfer/<conc>/uncontended     LOCKED on lockwatch::all_of of two
@@ -101,10 +105,13 @@
 #include <hiredis/async.h>
 #include <hiredis/hiredis.h>
 #include <sys/resource.h>
+#include <sys/socket.h>
 #include <unistd.h>
 #include <uv.h>
 
 #include <algorithm>
+#include <cerrno>
+#include <deque>
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
@@ -1141,6 +1148,174 @@ void BM_RawHiredis(benchmark::State& state, int conc, int keys) {
   run_slices(state, rec, client, false);
 }
 
+// ------------------------------------------------ raw hiredis behind a future
+
+// The limit for a call that returns a std::future (Runtime::acquire,
+// LockHandle::release): the caller formats and writes its own request on
+// the shared connection (no hop to an I/O thread), and one reader thread,
+// blocked in read(), parses the replies and completes each request's
+// promise in the order the requests went out. Each round trip then wakes
+// the reader for the reply and the caller for its promise: two context
+// switches, four a cycle. No design that hands a reply to a caller blocked
+// on a future does with fewer without a thread that spins.
+class FutureClient {
+ public:
+  explicit FutureClient(int port) {
+    ctx_ = redisConnect("127.0.0.1", port);
+    if (ctx_ == nullptr || ctx_->err) {
+      error_ = ctx_ ? ctx_->errstr : "out of memory";
+      return;
+    }
+    reader_ = std::thread([this] { read_replies(); });
+  }
+  ~FutureClient() {
+    if (ctx_ == nullptr) return;
+    if (reader_.joinable()) {
+      ::shutdown(ctx_->fd, SHUT_RDWR);  // the reader's read() returns 0
+      reader_.join();
+    }
+    redisFree(ctx_);
+  }
+  FutureClient(const FutureClient&) = delete;
+  FutureClient& operator=(const FutureClient&) = delete;
+
+  const std::string& error() const { return error_; }
+
+  // Any caller thread: the reply (to free with freeReplyObject), or
+  // nullptr once the connection is gone.
+  std::future<redisReply*> send(int argc, const char** argv) {
+    std::size_t lens[16];
+    for (int i = 0; i < argc; ++i) lens[i] = std::strlen(argv[i]);
+    char* cmd = nullptr;
+    const int len = redisFormatCommandArgv(&cmd, argc, argv, lens);
+    std::promise<redisReply*> reply;
+    auto f = reply.get_future();
+    {
+      std::lock_guard lk(mu_);  // the requests go out in the promises' order
+      if (closed_ || len < 0 || !write_all(cmd, static_cast<std::size_t>(len))) {
+        reply.set_value(nullptr);
+      } else {
+        pending_.push_back(std::move(reply));
+      }
+    }
+    redisFreeCommand(cmd);
+    return f;
+  }
+
+ private:
+  bool write_all(const char* p, std::size_t n) {
+    while (n > 0) {
+      const ssize_t w = ::write(ctx_->fd, p, n);
+      if (w < 0 && errno == EINTR) continue;
+      if (w <= 0) return false;
+      p += w;
+      n -= static_cast<std::size_t>(w);
+    }
+    return true;
+  }
+
+  void read_replies() {
+    redisReader* reader = redisReaderCreate();
+    char buf[16384];
+    for (bool lost = false; !lost;) {
+      const ssize_t n = ::read(ctx_->fd, buf, sizeof buf);
+      if (n < 0 && errno == EINTR) continue;
+      if (n <= 0 || redisReaderFeed(reader, buf, static_cast<std::size_t>(n)) != REDIS_OK) break;
+      void* reply = nullptr;
+      while (!lost && redisReaderGetReply(reader, &reply) == REDIS_OK && reply != nullptr) {
+        std::promise<redisReply*> p;
+        {
+          std::lock_guard lk(mu_);
+          if (pending_.empty()) {  // a reply nobody asked for: the stream is lost
+            freeReplyObject(reply);
+            lost = true;
+            continue;
+          }
+          p = std::move(pending_.front());
+          pending_.pop_front();
+        }
+        p.set_value(static_cast<redisReply*>(reply));
+        reply = nullptr;
+      }
+    }
+    redisReaderFree(reader);
+    std::lock_guard lk(mu_);
+    closed_ = true;
+    for (auto& p : pending_) p.set_value(nullptr);
+    pending_.clear();
+  }
+
+  redisContext* ctx_ = nullptr;
+  std::string error_;
+  std::mutex mu_;
+  std::deque<std::promise<redisReply*>> pending_;  // guarded by mu_
+  bool closed_ = false;                            // guarded by mu_
+  std::thread reader_;
+};
+
+// One caller's cycles on FutureClient: the same scripts, keys and token
+// size as BM_RawHiredis, each reply awaited through its future.
+bool future_cycle(FutureClient& client, std::uint64_t run, int caller, std::uint64_t n, Tally& tally) {
+  using lockwatch::detail::ScriptId;
+  char lock_key[96], counter_key[32], legacy_key[104], channel[104], token[33];
+  std::snprintf(token, sizeof token, "%016llx%016llx", static_cast<unsigned long long>(run),
+                static_cast<unsigned long long>(n * 1024 + static_cast<std::uint64_t>(caller)));
+  std::snprintf(lock_key, sizeof lock_key, "lockwatch:{rawf:%llu:%d:%llu}", static_cast<unsigned long long>(run),
+                caller, static_cast<unsigned long long>(n));
+  const std::string_view tag = lockwatch::detail::slot_tag(lockwatch::detail::key_slot(lock_key));
+  std::snprintf(counter_key, sizeof counter_key, "lockwatch:fence:{%.*s}", static_cast<int>(tag.size()), tag.data());
+  std::snprintf(legacy_key, sizeof legacy_key, "%s:fence", lock_key);
+  std::snprintf(channel, sizeof channel, "%s:rel", lock_key);
+  const auto t0 = Clock::now();
+  const char* acquire[] = {"EVALSHA",   lockwatch::detail::script(ScriptId::kAcquire).sha1.c_str(),
+                           "3",         lock_key,
+                           counter_key, legacy_key,
+                           token,       "30000"};
+  auto taken = client.send(8, acquire);
+  if (!ready_in_bound(taken, tally, "raw acquire")) return false;
+  redisReply* r = taken.get();
+  const bool ok = r != nullptr && r->type == REDIS_REPLY_STRING && r->len >= 2 && r->str[0] == 't';
+  if (r != nullptr) freeReplyObject(r);
+  if (!ok) {
+    tally.fail("raw acquire refused or failed");
+    return false;
+  }
+  const char* release[] = {"EVALSHA", lockwatch::detail::script(ScriptId::kRelease).sha1.c_str(), "1", lock_key, "p",
+                           token,     channel};
+  auto released = client.send(7, release);
+  if (!ready_in_bound(released, tally, "raw release")) return false;
+  r = released.get();
+  const bool deleted = r != nullptr && r->type == REDIS_REPLY_STRING && r->len == 1 &&
+                       std::string_view("1uv").find(r->str[0]) != std::string_view::npos;
+  if (r != nullptr) freeReplyObject(r);
+  if (!deleted) {
+    tally.fail("raw release did not delete");
+    return false;
+  }
+  tally.cycle_us.push_back(static_cast<float>(micros(Clock::now() - t0)));
+  ++tally.cycles;
+  return true;
+}
+
+void BM_RawHiredisFuture(benchmark::State& state, int conc) {
+  prepare_run();
+  const std::uint64_t run = ++g_run;
+  for (auto id : {lockwatch::detail::ScriptId::kAcquire, lockwatch::detail::ScriptId::kRelease})
+    g_redis->command({"SCRIPT", "LOAD", std::string(lockwatch::detail::script(id).source)});
+  FutureClient client(g_redis->port());
+  if (!client.error().empty()) {
+    state.SkipWithError(client.error().c_str());
+    return;
+  }
+  std::vector<std::uint64_t> next(static_cast<std::size_t>(conc), 0);
+  run_threaded(state, conc, false, [&](int caller, Tally& tally, Clock::time_point deadline) {
+    std::uint64_t& n = next[static_cast<std::size_t>(caller)];
+    while (Clock::now() < deadline) {
+      if (!future_cycle(client, run, caller, n++, tally)) return;
+    }
+  });
+}
+
 struct PollVariant {
   const char* suffix;
   std::chrono::microseconds poll;
@@ -1176,6 +1351,14 @@ void register_benchmarks() {
   }
   for (int conc : kConcurrency) {
     benchmark::RegisterBenchmark(fmt::format("BM_RawHiredis/{}/uncontended", conc).c_str(), BM_RawHiredis, conc, 1)
+        ->UseManualTime()
+        ->Unit(benchmark::kMillisecond);
+  }
+  // The limit for an API that returns futures: the caller writes, one
+  // reader thread completes the futures.
+  for (int conc : {1, 64}) {
+    benchmark::RegisterBenchmark(fmt::format("BM_RawHiredisFuture/{}/uncontended", conc).c_str(), BM_RawHiredisFuture,
+                                 conc)
         ->UseManualTime()
         ->Unit(benchmark::kMillisecond);
   }

@@ -93,6 +93,7 @@
 #include <type_traits>
 #include <utility>
 
+#include "lockwatch/detail/access.hpp"
 #include "lockwatch/lockwatch.hpp"
 
 namespace lockwatch {

@@ -126,6 +126,9 @@ class Lease {
   std::atomic<std::int8_t> lost_reason_{-1};  ///< a LostReason once lost
   /// A set's lease (lockwatch::all_of): its keys' leases answer for it.
   bool set_ = false;
+  /// The hold histogram's label (LockRequest::metrics_pattern; 0: none),
+  /// set by the runtime at grant.
+  std::uint16_t metrics_pattern_ = 0;
 
  private:
   /// Made on the first stop_token(): most leases never hand one out, and a

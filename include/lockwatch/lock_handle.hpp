@@ -110,13 +110,4 @@ class LockHandle {
   bool set_ = false;  ///< a set's handle (lockwatch::all_of)
 };
 
-namespace detail {
-/// How lockwatch/asio.hpp's LOCKED releases with the typed exception.
-struct ReleaseAccess {
-  static void release(LockHandle& h, std::function<void(std::exception_ptr)> handler) {
-    h.release_typed(std::move(handler));
-  }
-};
-}  // namespace detail
-
 }  // namespace lockwatch

@@ -71,6 +71,7 @@
 #include <type_traits>
 #include <utility>
 
+#include "lockwatch/detail/access.hpp"
 #include "lockwatch/errors.hpp"
 #include "lockwatch/key_pattern.hpp"
 #include "lockwatch/lease.hpp"

@@ -27,6 +27,7 @@
 #include <system_error>
 #include <vector>
 
+#include "lockwatch/detail/call.hpp"
 #include "lockwatch/errors.hpp"
 #include "lockwatch/lock_handle.hpp"
 #include "lockwatch/lock_key.hpp"
@@ -39,38 +40,14 @@
 namespace lockwatch {
 
 namespace detail {
-
-/// One decorated invocation, as the runtime sees it. run() executes the
-/// callable on a pool thread (keeping its result or exception); finish() is
-/// called exactly once, after the lock is released, to make the future
-/// ready: with `error` if the call failed or the lease was lost, otherwise
-/// with what run() kept.
-class Call {
- public:
-  virtual ~Call() = default;
-  virtual void run() noexcept = 0;
-  virtual void finish(std::exception_ptr error) noexcept = 0;
-  /// LockRequest::metrics_pattern, for the hold histogram (set by the
-  /// runtime).
-  std::uint16_t metrics_pattern = 0;
-};
-
 struct RuntimeAccess;
 struct DispatchAccess;
-struct HandleCall;
-
 }  // namespace detail
 
 /// What Runtime::async_acquire's handler is called with: the error (a
 /// code of lockwatch's category, errors.hpp) and an empty handle, or no
 /// error and the handle.
 using AcquireHandler = std::function<void(std::error_code error, LockHandle handle)>;
-
-namespace detail {
-/// LOCKED on a coroutine (lockwatch/asio.hpp) keeps the typed exceptions
-/// of the future form: it takes the lock with this handler.
-using AcquireCallback = std::function<void(std::exception_ptr error, LockHandle handle)>;
-}  // namespace detail
 
 /// Cancels an acquisition started with a handler (Runtime::async_acquire), as
 /// Netty's Timeout cancels its task. Copyable; cancel() is safe from any
@@ -247,9 +224,9 @@ class Runtime {
   /// The counters since the runtime started.
   RuntimeStats stats() const noexcept;
 
-  struct Impl;
 
  private:
+  using Impl = detail::RuntimeImpl;  ///< lib/runtime/runtime_impl.hpp
   friend struct detail::RuntimeAccess;
   friend struct detail::DispatchAccess;
   explicit Runtime(std::shared_ptr<Impl> impl) noexcept : impl_(std::move(impl)) {}
@@ -265,18 +242,5 @@ class Runtime {
   AcquireTicket dispatch_acquire(LockRequest request, detail::AcquireCallback handler);
   std::shared_ptr<Impl> impl_;  ///< lock handles keep a weak reference
 };
-
-namespace detail {
-/// How LOCKED and lockwatch/asio.hpp, which live in headers, reach the
-/// runtime's entry points that take lockwatch's internal types.
-struct DispatchAccess {
-  static void dispatch(Runtime& rt, LockRequest request, std::shared_ptr<Call> call) {
-    rt.dispatch(std::move(request), std::move(call));
-  }
-  static AcquireTicket dispatch_acquire(Runtime& rt, LockRequest request, AcquireCallback handler) {
-    return rt.dispatch_acquire(std::move(request), std::move(handler));
-  }
-};
-}  // namespace detail
 
 }  // namespace lockwatch

@@ -1,6 +1,6 @@
 // lib/runtime/acquisition.hpp: a call on its way to a lease.
 //
-// Made on the caller's thread by admission (Runtime::Impl), then owned by
+// Made on the caller's thread by admission (detail::RuntimeImpl), then owned by
 // the loop thread: the wait queue tries to take the lock for it, the
 // watchdog turns it into a lease. Lives until granted or failed.
 #pragma once
@@ -26,7 +26,7 @@ class Watchdog;
 
 struct Acquisition;
 
-// Runtime::Impl::acquire_together's handler: the index of the request.
+// detail::RuntimeImpl::acquire_together's handler: the index of the request.
 using AcquireEach = std::function<void(std::size_t index, std::exception_ptr, LockHandle)>;
 
 struct Acquisition final : TimerTask {

@@ -2,7 +2,7 @@
 //
 // A call ends one of three ways, and its acquisition carries exactly one:
 //   run on the pool   a LOCKED call: once granted, its work runs on a pool
-//                     thread (Runtime::Impl::run_on_pool); the call
+//                     thread (detail::RuntimeImpl::run_on_pool); the call
 //                     completes when the lease ends
 //                     (LeaseRecord::complete_call);
 //   run inline        a LOCKED call nested in one that holds another key:
@@ -13,7 +13,7 @@
 //                     the caller's handler, unless its ticket's cancel
 //                     claimed the outcome first (HandleCall).
 // The runtime tells a completion that no lock will come (fail(), once) or
-// hands a granted lease on as its way says (Runtime::Impl::start_lease).
+// hands a granted lease on as its way says (detail::RuntimeImpl::start_lease).
 //
 // Threading: made on the caller's thread before the loop sees the call,
 // then the loop thread's, but for what each part says of itself. Costs: a
@@ -30,7 +30,8 @@
 #include <string>
 
 #include "lockwatch/lock_handle.hpp"
-#include "lockwatch/runtime.hpp"
+#include "lockwatch/detail/call.hpp"
+#include "lockwatch/errors.hpp"
 
 namespace lockwatch::detail {
 
@@ -73,7 +74,7 @@ struct HandleCall final {
   // Set on the caller's thread before the loop sees the call.
   Complete complete;
   std::string key;                       // for Cancelled's message
-  std::weak_ptr<Runtime::Impl> runtime;  // for a cancel
+  std::weak_ptr<detail::RuntimeImpl> runtime;  // for a cancel
   // For a cancel: reset by whoever wins claim(kDone), as no cancel can
   // follow (a weak pointer would keep the acquisition's memory, made with
   // its count, for as long as the handle is held).

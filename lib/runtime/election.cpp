@@ -7,7 +7,7 @@
 // the operators' inspect (the holder's owner token and the key's fencing
 // counter). on_change runs a thread that reads it at once when this
 // Election wins, resigns or loses, on each release notice for the key
-// (Runtime::Impl::observe_releases), then soon again while nobody leads
+// (detail::RuntimeImpl::observe_releases), then soon again while nobody leads
 // (10 ms, doubling: the next leader is usually a waiter woken by the same
 // notice), just after the leader's lease would end unrenewed (a leader
 // that died publishes nothing), and at the latest every ttl (1 s at most);

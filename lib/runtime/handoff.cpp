@@ -10,13 +10,13 @@ namespace lockwatch {
 
 using detail::LeaseRecord;
 
-void Runtime::Impl::work_ended(const std::shared_ptr<LeaseRecord>& l) {
+void detail::RuntimeImpl::work_ended(const std::shared_ptr<LeaseRecord>& l) {
   if (!watchdog.end_work(l)) return;
   if (try_hand_off(l)) return;
   watchdog.release_ended(l);
 }
 
-bool Runtime::Impl::hand_off_fits(const LeaseRecord& l) const {
+bool detail::RuntimeImpl::hand_off_fits(const LeaseRecord& l) const {
   const detail::Acquisition* next = waits.next_waiter(l.name.view());
   // A waiter with another ttl, or without renewals (it counts on a whole
   // ttl from its start), takes the lock from the store; so do shared and
@@ -25,7 +25,7 @@ bool Runtime::Impl::hand_off_fits(const LeaseRecord& l) const {
          next->spec.kind.exclusive_kind() && next->spec.handoff && !l.no_handoff;
 }
 
-void Runtime::Impl::reserve_ahead(const std::shared_ptr<LeaseRecord>& l) {
+void detail::RuntimeImpl::reserve_ahead(const std::shared_ptr<LeaseRecord>& l) {
   // Only while a caller here waits for the key, so that the next hand-off
   // finds its token in stock: nothing for a lock nobody else here wants.
   if (token_blocks == nullptr || !options.handoff.enabled || l->work_over() || l->lost() ||
@@ -38,7 +38,7 @@ void Runtime::Impl::reserve_ahead(const std::shared_ptr<LeaseRecord>& l) {
   reserve(*l, s);
 }
 
-void Runtime::Impl::reserve(const LeaseRecord& l, const std::shared_ptr<detail::HandOffStreak>& s) {
+void detail::RuntimeImpl::reserve(const LeaseRecord& l, const std::shared_ptr<detail::HandOffStreak>& s) {
   // As many as the streak may still hand on, a block at most.
   const auto left = static_cast<std::uint64_t>(options.handoff.max_streak - s->handoffs);
   const auto n = static_cast<std::uint32_t>(std::min<std::uint64_t>(
@@ -61,7 +61,7 @@ void Runtime::Impl::reserve(const LeaseRecord& l, const std::shared_ptr<detail::
   });
 }
 
-bool Runtime::Impl::try_hand_off(const std::shared_ptr<LeaseRecord>& l) {
+bool detail::RuntimeImpl::try_hand_off(const std::shared_ptr<LeaseRecord>& l) {
   if (token_blocks == nullptr || !options.handoff.enabled || stopping.load() || !hand_off_fits(*l)) return false;
   auto now = Clock::now();
   if (!watchdog.can_hand_off(*l, now)) return false;

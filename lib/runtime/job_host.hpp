@@ -1,5 +1,5 @@
 // lib/runtime/job_host.hpp: what the scheduled jobs (jobs/) use of a
-// runtime, and nothing more. Runtime::Impl implements it; the jobs see
+// runtime, and nothing more. detail::RuntimeImpl implements it; the jobs see
 // neither its members nor its lease records.
 #pragma once
 

@@ -24,7 +24,8 @@
 #include "core/small_string.hpp"
 #include "core/token.hpp"
 #include "lockwatch/lease.hpp"
-#include "lockwatch/runtime.hpp"
+#include "lockwatch/lock_request.hpp"
+#include "lockwatch/detail/call.hpp"
 #include "lockwatch/thread_pool.hpp"
 #include "lockwatch/timer_wheel.hpp"
 #include "runtime/step.hpp"
@@ -61,7 +62,7 @@ void post_completion(const std::weak_ptr<ThreadPool>& notifier, UniqueFunction t
 // runtime alive: one per runtime, shared by its leases (a lease pays one
 // pointer pair for both).
 struct RuntimeLinks {
-  std::weak_ptr<Runtime::Impl> runtime;
+  std::weak_ptr<detail::RuntimeImpl> runtime;
   std::weak_ptr<ThreadPool> notifier;  // the runtime's, for handlers
 };
 
@@ -89,7 +90,7 @@ struct HandleState {
   }
   std::shared_ptr<const RuntimeLinks> links;  // set at grant
   // The runtime (null once it is gone), and its notifier.
-  std::shared_ptr<Runtime::Impl> runtime() const noexcept { return links ? links->runtime.lock() : nullptr; }
+  std::shared_ptr<detail::RuntimeImpl> runtime() const noexcept { return links ? links->runtime.lock() : nullptr; }
   const std::weak_ptr<ThreadPool>& notifier() const noexcept {
     static const std::weak_ptr<ThreadPool> none;
     return links ? links->notifier : none;
@@ -181,14 +182,10 @@ struct LeaseRecord final : Lease, TimerTask, HandleState {
     if (!why.empty() || rare_if()) rare().lost_detail = std::move(why);
   }
 
-  // The hold histogram's label: the call's LockSpec::pattern, kept on the
-  // call (which the record has room for); a handle's, rarely set (a set's
-  // keys carry the set's), off the record.
-  std::uint16_t pattern() const noexcept {
-    if (call) return call->metrics_pattern;
-    const Rare* r = rare_if();
-    return r ? r->pattern : 0;
-  }
+  // The hold histogram's label: its LockSpec::pattern (a set's keys carry
+  // the set's). Set at grant, then read-only.
+  std::uint16_t pattern() const noexcept { return metrics_pattern_; }
+  void set_pattern(std::uint16_t pattern) noexcept { metrics_pattern_ = pattern; }
 
   // Held through a LockHandle, not by running work.
   bool is_handle() const noexcept { return call == nullptr; }
@@ -259,7 +256,6 @@ struct LeaseRecord final : Lease, TimerTask, HandleState {
     // A worker that starts the work late waits on it for the renewal made
     // at the start (Watchdog::renew_at_start) to be answered.
     std::shared_ptr<std::promise<void>> start_renewal;
-    std::uint16_t pattern = 0;  // a handle's hold label (see pattern())
     // Local hand-offs (Options::handoff.enabled): shared by the leases of one
     // streak, made at its first token reservation or hand-off (none: the
     // lease took the key from the store while nobody here waited for it).
@@ -336,7 +332,7 @@ static_assert(sizeof(LeaseRecord) == 296);
 // one entry per key held (a set's keys each have one, all showing the set's
 // lease).
 struct HeldOnThread {
-  const void* runtime;  // the Runtime::Impl that granted it
+  const void* runtime;  // the detail::RuntimeImpl that granted it
   const LeaseRecord* lease;  // the key's lease
   const Lease* shown;        // what this_lease() gives: the key's lease, or its set's
 };

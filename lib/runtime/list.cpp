@@ -32,7 +32,7 @@ LockState detail::to_lock_state(std::string key, const LockInfo& info) {
   return s;
 }
 
-std::future<std::vector<LockState>> Runtime::Impl::list(std::string prefix, std::size_t limit) {
+std::future<std::vector<LockState>> detail::RuntimeImpl::list(std::string prefix, std::size_t limit) {
   if (limit == 0 || limit > kMaxListed)
     throw InvalidArgument("Runtime::list: the limit must be in 1.." + std::to_string(kMaxListed));
   if (prefix.size() > options.runtime.max_key_bytes)

@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <atomic>
 
+#include "lockwatch/detail/access.hpp"
 #include "runtime/runtime_impl.hpp"
 
 namespace lockwatch::detail {
@@ -123,7 +124,7 @@ void SetRecord::release_keys(const std::shared_ptr<SetRecord>& self) {
   // Redis node).
   std::vector<std::shared_ptr<LeaseRecord>> records;
   records.reserve(owned.size());
-  std::shared_ptr<Runtime::Impl> rt;
+  std::shared_ptr<detail::RuntimeImpl> rt;
   for (std::size_t i = 0; i < owned.size(); ++i) {
     auto state = HandleAccess::state(owned[i]);
     state->released([self, pending, i](std::exception_ptr e) {
@@ -135,7 +136,7 @@ void SetRecord::release_keys(const std::shared_ptr<SetRecord>& self) {
     HandleAccess::forget(owned[i]);
   }
   if (rt) {
-    Runtime::Impl* impl = rt.get();
+    detail::RuntimeImpl* impl = rt.get();
     // Refused only once the runtime closed, after it released the locks.
     impl->loop.post([impl, records = std::move(records)] {
       for (const auto& l : records) impl->work_ended(l);
@@ -163,7 +164,7 @@ void SetRecord::released(std::vector<std::exception_ptr> errors) noexcept {
 
 // -------------------------------------------------------------- SetAcquirer
 
-AcquireTicket SetAcquirer::start(Runtime::Impl& impl, LockSpec spec, std::vector<const LeaseRecord*> borrowed,
+AcquireTicket SetAcquirer::start(detail::RuntimeImpl& impl, LockSpec spec, std::vector<const LeaseRecord*> borrowed,
                                  AcquireCallback done) {
   auto self = std::make_shared<SetAcquirer>();
   self->runtime_ = impl.weak_from_this();
@@ -374,7 +375,7 @@ namespace lockwatch {
 
 // A LOCKED call on a set: see lock_set.hpp. The keys held by calls around
 // this one on this thread are borrowed (reentrancy per key).
-void Runtime::Impl::dispatch_set(detail::LockSpec spec, std::shared_ptr<detail::Call> call) {
+void detail::RuntimeImpl::dispatch_set(detail::LockSpec spec, std::shared_ptr<detail::Call> call) {
   auto& held_here = detail::leases_on_this_thread();
   std::vector<const detail::LeaseRecord*> borrowed;
   if (!held_here.empty()) {

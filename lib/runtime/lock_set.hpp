@@ -105,7 +105,7 @@ class SetAcquirer final : public std::enable_shared_from_this<SetAcquirer> {
   // around this one on the caller's thread. `done` runs on the notifier
   // thread, once. Throws nothing the caller must handle beyond what
   // admission threw already.
-  static AcquireTicket start(Runtime::Impl& impl, LockSpec spec, std::vector<const LeaseRecord*> borrowed,
+  static AcquireTicket start(detail::RuntimeImpl& impl, LockSpec spec, std::vector<const LeaseRecord*> borrowed,
                              AcquireCallback done);
 
  private:
@@ -121,7 +121,7 @@ class SetAcquirer final : public std::enable_shared_from_this<SetAcquirer> {
   void granted();
   void cancel_current();
 
-  std::weak_ptr<Runtime::Impl> runtime_;
+  std::weak_ptr<detail::RuntimeImpl> runtime_;
   LockSpec spec_;
   Clock::time_point deadline_;
   std::vector<const LeaseRecord*> borrowed_;

@@ -1,4 +1,4 @@
-// Admission and the stop order (Runtime::Impl), the public Runtime and
+// Admission and the stop order (detail::RuntimeImpl), the public Runtime and
 // LockHandle. The parts they wire together: wait_queue, watchdog,
 // wheel_clock; the store behind them: store/.
 #include <fmt/format.h>
@@ -30,7 +30,7 @@ Retries::Retries(int count) : count_(count) {
   if (count < 0) throw InvalidArgument(fmt::format("retries must be >= 0 or lockwatch::forever, got {}", count));
 }
 
-Runtime::Impl::Impl(Options opts, const detail::StoreFactory& make_store)
+detail::RuntimeImpl::RuntimeImpl(Options opts, const detail::StoreFactory& make_store)
     : options(std::move(opts)),
       pool(options.runtime.threads, options.runtime.busy_poll),
       events(event_thread, options.observability.log, detail::owner_name(options)),
@@ -79,11 +79,11 @@ Runtime::Impl::Impl(Options opts, const detail::StoreFactory& make_store)
   }
 }
 
-std::string Runtime::Impl::render_metrics() const { return events.metrics().render(stats); }
+std::string detail::RuntimeImpl::render_metrics() const { return events.metrics().render(stats); }
 
 // ---------------------------------------------------------------- admission
 
-void Runtime::Impl::check_key(const std::string& key) const {
+void detail::RuntimeImpl::check_key(const std::string& key) const {
   if (key.empty()) throw InvalidArgument("lock key is empty");
   if (key.size() > options.runtime.max_key_bytes)
     throw InvalidArgument(fmt::format("lock key is {} bytes; the limit (Options::runtime.max_key_bytes) is {}",
@@ -91,7 +91,7 @@ void Runtime::Impl::check_key(const std::string& key) const {
   if (const char* why = store->check_key(key)) throw InvalidArgument(why);
 }
 
-void Runtime::Impl::validate(detail::LockSpec& spec) const {
+void detail::RuntimeImpl::validate(detail::LockSpec& spec) const {
   if (!spec.set.empty() || spec.key.empty()) check_set(spec);
   if (spec.set.empty()) check_key(spec.key);
   if (spec.ttl <= milliseconds(0) || spec.ttl > max_ttl)
@@ -121,7 +121,7 @@ void Runtime::Impl::validate(detail::LockSpec& spec) const {
         spec.ttl.count(), spec.renew_weight, window.count(), options.watchdog.tick.count(), needed.count()));
 }
 
-std::shared_ptr<Acquisition> Runtime::Impl::make_acquisition(detail::LockSpec spec, detail::Completion how) {
+std::shared_ptr<Acquisition> detail::RuntimeImpl::make_acquisition(detail::LockSpec spec, detail::Completion how) {
   {
     std::lock_guard lk(mu);
     if (stopping.load()) throw RuntimeStopped("lockwatch runtime is stopping");
@@ -135,7 +135,7 @@ std::shared_ptr<Acquisition> Runtime::Impl::make_acquisition(detail::LockSpec sp
   return a;
 }
 
-std::shared_ptr<Acquisition> Runtime::Impl::start_handle(detail::LockSpec spec,
+std::shared_ptr<Acquisition> detail::RuntimeImpl::start_handle(detail::LockSpec spec,
                                                          const std::shared_ptr<detail::HandleCall>& call) {
   auto a = make_acquisition(std::move(spec), detail::Completion::deliver(call));
   call->runtime = weak_from_this();
@@ -147,7 +147,7 @@ std::shared_ptr<Acquisition> Runtime::Impl::start_handle(detail::LockSpec spec,
   return a;
 }
 
-void Runtime::Impl::acquire_together(std::vector<detail::LockSpec> specs, detail::AcquireEach each) {
+void detail::RuntimeImpl::acquire_together(std::vector<detail::LockSpec> specs, detail::AcquireEach each) {
   for (auto& spec : specs) validate(spec);  // throws before anything starts
   auto shared_each = std::make_shared<detail::AcquireEach>(std::move(each));
   std::weak_ptr<ThreadPool> notifier = notifier_pool;
@@ -186,7 +186,7 @@ void Runtime::Impl::acquire_together(std::vector<detail::LockSpec> specs, detail
   }
 }
 
-std::future<LockHandle> Runtime::Impl::acquire(detail::LockSpec spec) {
+std::future<LockHandle> detail::RuntimeImpl::acquire(detail::LockSpec spec) {
   validate(spec);
   // The future form is the handler form whose handler fulfils a promise
   // (on the loop thread: no user code runs there).
@@ -225,7 +225,7 @@ std::future<LockHandle> Runtime::Impl::acquire(detail::LockSpec spec) {
   return future;
 }
 
-AcquireTicket Runtime::Impl::acquire(detail::LockSpec spec, detail::AcquireCallback handler) {
+AcquireTicket detail::RuntimeImpl::acquire(detail::LockSpec spec, detail::AcquireCallback handler) {
   if (!handler) throw InvalidArgument("Runtime::async_acquire: the handler is empty");
   validate(spec);
   if (!spec.set.empty()) {
@@ -244,14 +244,14 @@ AcquireTicket Runtime::Impl::acquire(detail::LockSpec spec, detail::AcquireCallb
   return detail::RuntimeAccess::ticket(std::move(call));
 }
 
-void Runtime::Impl::cancel_acquire(const std::shared_ptr<Acquisition>& a) {
+void detail::RuntimeImpl::cancel_acquire(const std::shared_ptr<Acquisition>& a) {
   // Ended meanwhile (granted and given back, or failed), or one attempt
   // with no wait in flight (its answer finds it cancelled): nothing here.
   if (a->wait_over() || a->spec.wait == milliseconds(0)) return;
   waits.cancel(a.get(), std::make_exception_ptr(Cancelled(a->spec.key)));
 }
 
-void Runtime::Impl::check_set(detail::LockSpec& spec) const {
+void detail::RuntimeImpl::check_set(detail::LockSpec& spec) const {
   auto& keys = spec.set;
   if (keys.empty()) throw InvalidArgument("lock key is empty (or lockwatch::all_of names no key)");
   std::sort(keys.begin(), keys.end());
@@ -278,9 +278,8 @@ void detail::check_reentrant(const std::string& key, const LockKind& held, const
       held.describe(), asked.describe()));
 }
 
-void Runtime::Impl::dispatch(detail::LockSpec spec, std::shared_ptr<detail::Call> call) {
+void detail::RuntimeImpl::dispatch(detail::LockSpec spec, std::shared_ptr<detail::Call> call) {
   validate(spec);
-  call->metrics_pattern = spec.pattern;
   if (!spec.set.empty()) {
     dispatch_set(std::move(spec), std::move(call));
     return;
@@ -334,12 +333,12 @@ void Runtime::Impl::dispatch(detail::LockSpec spec, std::shared_ptr<detail::Call
   finished.wait();
 }
 
-void Runtime::Impl::call_done() {
+void detail::RuntimeImpl::call_done() {
   std::lock_guard lk(mu);
   if (--active_calls == 0) cv.notify_all();
 }
 
-void Runtime::Impl::start_acquire(std::shared_ptr<Acquisition> a) {
+void detail::RuntimeImpl::start_acquire(std::shared_ptr<Acquisition> a) {
   events.wait_started(a->spec.key, a->spec.context, a->started);
   if (stopping.load()) {
     fail(a, std::make_exception_ptr(RuntimeStopped("lockwatch runtime is stopping")));
@@ -349,7 +348,7 @@ void Runtime::Impl::start_acquire(std::shared_ptr<Acquisition> a) {
   waits.start(std::move(a));
 }
 
-void Runtime::Impl::fail(const std::shared_ptr<Acquisition>& a, std::exception_ptr err, bool busy) {
+void detail::RuntimeImpl::fail(const std::shared_ptr<Acquisition>& a, std::exception_ptr err, bool busy) {
   // The wait queue says whether it was busy: no exception is rethrown to
   // find out. A cancelled wait is neither.
   const auto waited = Clock::now() - a->started;
@@ -365,13 +364,13 @@ void Runtime::Impl::fail(const std::shared_ptr<Acquisition>& a, std::exception_p
   call_done();
 }
 
-void Runtime::Impl::taken(const std::shared_ptr<Acquisition>& a, std::uint64_t fence, Clock::time_point sent) {
+void detail::RuntimeImpl::taken(const std::shared_ptr<Acquisition>& a, std::uint64_t fence, Clock::time_point sent) {
   auto l = watchdog.grant(*a, fence, sent);
   start_lease(a, l);
   reserve_ahead(l);
 }
 
-void Runtime::Impl::start_lease(const std::shared_ptr<Acquisition>& a, const std::shared_ptr<LeaseRecord>& l) {
+void detail::RuntimeImpl::start_lease(const std::shared_ptr<Acquisition>& a, const std::shared_ptr<LeaseRecord>& l) {
   events.acquired(a->spec.key, l->fencing_token(), l->granted_at - a->started, a->spec.pattern, a->spec.context);
   if (stopping.load()) l->request_stop();
   if (!links) links = std::make_shared<const detail::RuntimeLinks>(weak_from_this(), notifier_pool);
@@ -413,13 +412,13 @@ void Runtime::Impl::start_lease(const std::shared_ptr<Acquisition>& a, const std
   }
 }
 
-void Runtime::Impl::stopped_before_start(const std::shared_ptr<LeaseRecord>& l) {
+void detail::RuntimeImpl::stopped_before_start(const std::shared_ptr<LeaseRecord>& l) {
   // Its hold span ends here: a lost lease reports no release.
   if (l->mark_lost(LostReason::kRuntimeStopped))
     events.stopped_before_start(l->key(), l->context(), Clock::now() - l->granted_at, l->fencing_token());
 }
 
-void Runtime::Impl::run_on_pool(const std::shared_ptr<LeaseRecord>& l) {
+void detail::RuntimeImpl::run_on_pool(const std::shared_ptr<LeaseRecord>& l) {
   // The work's end comes back to the loop: adaptive polling waits for it
   // as for a reply (counted until the work's post is made).
   struct Expected {
@@ -459,7 +458,7 @@ void Runtime::Impl::run_on_pool(const std::shared_ptr<LeaseRecord>& l) {
   }
 }
 
-void Runtime::Impl::lease_finished(const std::shared_ptr<LeaseRecord>& l) {
+void detail::RuntimeImpl::lease_finished(const std::shared_ptr<LeaseRecord>& l) {
   l->complete_call();
   waits.on_lease_finished(l->name.view(), l->kind, l->yield_on_release);
   call_done();
@@ -469,7 +468,7 @@ void Runtime::Impl::lease_finished(const std::shared_ptr<LeaseRecord>& l) {
 // ----------------------------------------------------------- operators' tools
 
 // The key checked as a lock's would be, then the store's name for it.
-std::string Runtime::Impl::operator_name(const std::string& key) const {
+std::string detail::RuntimeImpl::operator_name(const std::string& key) const {
   detail::LockSpec spec;
   spec.key = key;
   spec.ttl = milliseconds(60000);  // any valid ttl: only the key is in question
@@ -482,30 +481,30 @@ std::string Runtime::Impl::operator_name(const std::string& key) const {
 
 detail::JobHost& detail::JobHost::of(Runtime& runtime) noexcept { return detail::RuntimeAccess::impl(runtime); }
 
-detail::JobClaims& Runtime::Impl::job_claims() { return detail::require<detail::JobClaims>(*store, store_kind()); }
+detail::JobClaims& detail::RuntimeImpl::job_claims() { return detail::require<detail::JobClaims>(*store, store_kind()); }
 
-void Runtime::Impl::check_lease(detail::LockSpec& spec) const {
+void detail::RuntimeImpl::check_lease(detail::LockSpec& spec) const {
   validate(spec);
   if (stopping.load()) throw RuntimeStopped("lockwatch runtime is stopping");
 }
 
 // The leases this runtime hands out are its LeaseRecords.
-void Runtime::Impl::with_lease(const Lease& lease, const std::function<void()>& body) {
+void detail::RuntimeImpl::with_lease(const Lease& lease, const std::function<void()>& body) {
   detail::ThreadLeaseScope scope(this, static_cast<const detail::LeaseRecord*>(&lease));
   body();
 }
 
-std::string Runtime::Impl::owner_token(const Lease& lease) const {
+std::string detail::RuntimeImpl::owner_token(const Lease& lease) const {
   return static_cast<const detail::LeaseRecord&>(lease).token.str();
 }
 
-std::string Runtime::Impl::store_kind() const {
+std::string detail::RuntimeImpl::store_kind() const {
   const std::string& url = detail::store_url(options);
   auto sep = url.find("://");
   return "the " + (sep == std::string::npos ? url : url.substr(0, sep + 3)) + " store";
 }
 
-std::future<LockState> Runtime::Impl::inspect(std::string key) {
+std::future<LockState> detail::RuntimeImpl::inspect(std::string key) {
   auto promise = std::make_shared<std::promise<LockState>>();
   auto future = promise->get_future();
   auto& tools = detail::require<detail::OperatorTools>(*store, store_kind());
@@ -521,7 +520,7 @@ std::future<LockState> Runtime::Impl::inspect(std::string key) {
   return future;
 }
 
-std::uint64_t Runtime::Impl::observe_releases(const std::string& key, std::function<void()> look) {
+std::uint64_t detail::RuntimeImpl::observe_releases(const std::string& key, std::function<void()> look) {
   if (!store->release_events()) return 0;
   const std::uint64_t id = next_observer.fetch_add(1, std::memory_order_relaxed);
   if (!loop.post([this, id, name = operator_name(key), look = std::move(look)]() mutable {
@@ -531,15 +530,15 @@ std::uint64_t Runtime::Impl::observe_releases(const std::string& key, std::funct
   return id;
 }
 
-void Runtime::Impl::keep_observing(std::uint64_t id) {
+void detail::RuntimeImpl::keep_observing(std::uint64_t id) {
   if (id != 0) (void)loop.post([this, id] { waits.keep_observing(id); });
 }
 
-void Runtime::Impl::unobserve_releases(std::uint64_t id) {
+void detail::RuntimeImpl::unobserve_releases(std::uint64_t id) {
   if (id != 0) (void)loop.post([this, id] { waits.unobserve(id); });
 }
 
-std::future<detail::LockInfo> Runtime::Impl::inspect_info(std::string key) {
+std::future<detail::LockInfo> detail::RuntimeImpl::inspect_info(std::string key) {
   auto promise = std::make_shared<std::promise<detail::LockInfo>>();
   auto future = promise->get_future();
   auto& tools = detail::require<detail::OperatorTools>(*store, store_kind());
@@ -555,7 +554,7 @@ std::future<detail::LockInfo> Runtime::Impl::inspect_info(std::string key) {
   return future;
 }
 
-std::future<bool> Runtime::Impl::force_release(std::string key) {
+std::future<bool> detail::RuntimeImpl::force_release(std::string key) {
   auto promise = std::make_shared<std::promise<bool>>();
   auto future = promise->get_future();
   auto& tools = detail::require<detail::OperatorTools>(*store, store_kind());
@@ -573,7 +572,7 @@ std::future<bool> Runtime::Impl::force_release(std::string key) {
 
 // ---------------------------------------------------------------- stopping
 
-void Runtime::Impl::begin_stop() {
+void detail::RuntimeImpl::begin_stop() {
   stop_begun = true;
   waits.fail_all(std::make_exception_ptr(RuntimeStopped("lockwatch runtime stopped while waiting for the lock")));
   // Nobody may be left to release a handle: the runtime gives them back,
@@ -585,13 +584,13 @@ void Runtime::Impl::begin_stop() {
   }
 }
 
-void Runtime::Impl::close_all() {
+void detail::RuntimeImpl::close_all() {
   if (metrics_server) metrics_server->close();
   clock.close();
   store->close();
 }
 
-void Runtime::Impl::stop() {
+void detail::RuntimeImpl::stop() {
   {
     std::lock_guard lk(mu);
     stopping.store(true);
@@ -614,7 +613,7 @@ void Runtime::Impl::stop() {
 
 std::unique_ptr<Runtime> detail::RuntimeAccess::make(Options options, const StoreFactory& make_store) {
   options.validate();
-  return std::unique_ptr<Runtime>(new Runtime(std::make_shared<Runtime::Impl>(std::move(options), make_store)));
+  return std::unique_ptr<Runtime>(new Runtime(std::make_shared<detail::RuntimeImpl>(std::move(options), make_store)));
 }
 
 // ------------------------------------------------------------------ public
@@ -677,7 +676,7 @@ bool AcquireTicket::cancel() noexcept {
     // runtime from stopping, so the runtime is there.
     if (auto a = call_->acquisition.lock()) {
       if (auto rt = call_->runtime.lock()) {
-        Runtime::Impl* impl = rt.get();
+        detail::RuntimeImpl* impl = rt.get();
         impl->loop.post([impl, a] { impl->cancel_acquire(a); });
       }
     }
@@ -753,7 +752,7 @@ void LockHandle::release_typed(std::function<void(std::exception_ptr)> handler) 
   }
   if (auto rt = state->runtime()) {
     auto l = std::static_pointer_cast<detail::LeaseRecord>(std::move(state));
-    Runtime::Impl* impl = rt.get();
+    detail::RuntimeImpl* impl = rt.get();
     impl->loop.post([impl, l] { impl->work_ended(l); });
   }
 }
@@ -800,7 +799,7 @@ std::future<void> LockHandle::release() {
   }
   if (auto rt = state->runtime()) {
     auto l = std::static_pointer_cast<detail::LeaseRecord>(std::move(state));
-    Runtime::Impl* impl = rt.get();
+    detail::RuntimeImpl* impl = rt.get();
     // Refused only once the runtime closed, after it released the lock.
     impl->loop.post([impl, l] { impl->work_ended(l); });
   }

@@ -1,6 +1,6 @@
 // lib/runtime/runtime_impl.hpp: the runtime's insides.
 //
-// Runtime::Impl is admission and wiring: it validates a call, runs
+// detail::RuntimeImpl is admission and wiring: it validates a call, runs
 // reentrant and nested calls on the caller's thread, hands the rest to the
 // loop, dispatches granted work to the pool, and owns the stop order. What
 // a lock means lives in three parts it wires together: the wait queue
@@ -45,10 +45,10 @@ using StoreFactory = std::function<std::unique_ptr<LockStore>(Loop& loop, const 
 LockState to_lock_state(std::string key, const LockInfo& info);
 }  // namespace detail
 
-struct Runtime::Impl final : std::enable_shared_from_this<Runtime::Impl>, detail::JobHost {
+struct detail::RuntimeImpl final : std::enable_shared_from_this<detail::RuntimeImpl>, detail::JobHost {
   using Clock = std::chrono::steady_clock;
 
-  Impl(Options opts, const detail::StoreFactory& make_store);
+  RuntimeImpl(Options opts, const detail::StoreFactory& make_store);
 
   // JobHost (the scheduled jobs).
   std::string store_name(std::string_view key) const override { return store->encode(key); }
@@ -173,7 +173,7 @@ void check_reentrant(const std::string& key, const LockKind& held, const LockKin
 struct RuntimeAccess {
   static std::unique_ptr<Runtime> make(Options options, const StoreFactory& make_store);
   // What parts of the library built on the runtime (the scheduler) use.
-  static Runtime::Impl& impl(Runtime& runtime) noexcept { return *runtime.impl_; }
+  static detail::RuntimeImpl& impl(Runtime& runtime) noexcept { return *runtime.impl_; }
   static AcquireTicket ticket(std::shared_ptr<HandleCall> call) noexcept { return AcquireTicket(std::move(call)); }
 };
 }  // namespace detail

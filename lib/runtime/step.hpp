@@ -1,6 +1,6 @@
 // lib/runtime/step.hpp: the steps of one lock's life, one name each.
 //
-//   requested  the call was admitted (Runtime::Impl::make_acquisition, on
+//   requested  the call was admitted (detail::RuntimeImpl::make_acquisition, on
 //              the caller's thread) and is on its way to the loop;
 //   waiting    its attempts go to the store (WaitQueue), until one takes
 //              the lock, the wait runs out, it is cancelled or it fails;

@@ -25,7 +25,7 @@ std::shared_ptr<LeaseRecord> Watchdog::new_lease(const Acquisition& a, std::uint
   using Way = Completion::Way;
   const Completion& how = a.completion;
   l->call = how.work();  // none for a handle: its lease is its own state
-  if (how.way() == Way::kHandle && a.spec.pattern != 0) l->rare().pattern = a.spec.pattern;
+  l->set_pattern(a.spec.pattern);
   l->renewals_left =
       a.spec.retries > std::numeric_limits<std::int32_t>::max() ? -1 : static_cast<std::int32_t>(a.spec.retries);
   // The wheel fires on the first tick at or after a deadline. A renewal must
