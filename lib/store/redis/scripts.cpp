@@ -40,15 +40,22 @@ namespace {
 // read, set and deleted by name, undeclared, and with pcall: it shares the
 // lock's slot, but a node importing that slot (an ASK) refuses keys not
 // declared; the mark is a preference, never what exclusion rests on, so
-// that attempt goes without it.
+// that attempt goes without it. Who holds a lock is in its value: the
+// owner token, then, after a space each, the grant time (the server's
+// TIME in unix ms, '-' where TIME is refused) and the runtime's owner name
+// (the last ARGV): no other key per lock. Every script that asks whether a
+// lock is a token's reads the token up to the first space (a value
+// without one, as versions before wrote, is the token alone).
 constexpr std::string_view kAcquire = R"lua(
 local out = {}
-local owner = ARGV[#KEYS / 3 * 2 + 1] or ''
+local now = redis.pcall('time')
+local record = ' ' .. (now.err and '-' or now[1] .. string.format('%03d', math.floor(tonumber(now[2]) / 1000))) ..
+               ' ' .. (ARGV[#KEYS / 3 * 2 + 1] or '')
 for i = 1, #KEYS / 3 do
   local lock, counter, legacy = KEYS[3 * i - 2], KEYS[3 * i - 1], KEYS[3 * i]
   local token, ttl = ARGV[2 * i - 1], ARGV[2 * i]
   local f, err
-  if redis.call('set', lock, token, 'NX', 'PX', ttl) then
+  if redis.call('set', lock, token .. record, 'NX', 'PX', ttl) then
     local old = redis.pcall('get', legacy)
     if type(old) == 'table' then
       err = old.err .. ' (' .. legacy .. ' is not a fencing counter)'
@@ -70,10 +77,6 @@ for i = 1, #KEYS / 3 do
       redis.call('del', lock)
     else
       out[i] = 't' .. string.format('%d', f)
-      local own, now = lock .. ':owners', redis.pcall('time')
-      local stamp = now.err and '-' or now[1] .. string.format('%03d', math.floor(tonumber(now[2]) / 1000))
-      redis.pcall('hset', own, token, stamp .. ' ' .. owner)
-      redis.pcall('pexpire', own, ttl)
     end
     local mark = lock .. ':writer'
     if redis.pcall('get', mark) == token then redis.pcall('del', mark) end
@@ -82,13 +85,12 @@ for i = 1, #KEYS / 3 do
     local v = redis.pcall('get', lock)
     if t < 0 then
       err = 'LOCKWATCH ' .. lock .. ' exists without expiry: not a lockwatch lock'
-    elseif v == token then
+    elseif v == token or (type(v) == 'string' and string.sub(v, 1, #token + 1) == token .. ' ') then
       f = redis.pcall('get', counter)
       if type(f) == 'table' then
         err = f.err .. ' (' .. counter .. ' is not a fencing counter)'
       else
         redis.call('pexpire', lock, ttl)
-        redis.pcall('pexpire', lock .. ':owners', ttl)
         out[i] = 't' .. (f or '0')
       end
     elseif v == 'lockwatch:shared' then
@@ -406,14 +408,9 @@ for i = 1, #KEYS do
   local v = redis.pcall('get', KEYS[i])
   if type(v) == 'table' and v.err then
     out[i] = 'e'
-  elseif v == ARGV[2 * i - 1] then
+  elseif v and (v == ARGV[2 * i - 1] or string.sub(v, 1, #ARGV[2 * i - 1] + 1) == ARGV[2 * i - 1] .. ' ') then
     local ok = redis.pcall('pexpire', KEYS[i], ARGV[2 * i])
-    if type(ok) == 'table' and ok.err then
-      out[i] = 'e'
-    else
-      redis.pcall('pexpire', KEYS[i] .. ':owners', ARGV[2 * i])
-      out[i] = '1'
-    end
+    if type(ok) == 'table' and ok.err then out[i] = 'e' else out[i] = '1' end
   elseif v then
     out[i] = 'x'
   else
@@ -439,9 +436,8 @@ local publish = ARGV[1] == 's' and 'spublish' or 'publish'
 local out = {}
 for i = 1, #KEYS do
   local v = redis.pcall('get', KEYS[i])
-  if v == ARGV[2 * i] then
+  if v == ARGV[2 * i] or (type(v) == 'string' and string.sub(v, 1, #ARGV[2 * i] + 1) == ARGV[2 * i] .. ' ') then
     redis.call('del', KEYS[i])
-    redis.pcall('del', KEYS[i] .. ':owners')
     local heard = 0
     if ARGV[2 * i + 1] ~= '' then heard = redis.call(publish, ARGV[2 * i + 1], '1') end
     out[i] = heard == 0 and 'u' or (heard == 1 and 'v' or '1')
@@ -581,7 +577,8 @@ return 1
 // counter stays a decimal string, as INCR leaves it), which the ACL rule
 // for the acquire script allows already.
 constexpr std::string_view kReserveTokens = R"lua(
-if redis.call('get', KEYS[1]) ~= ARGV[1] then return 0 end
+local v = redis.call('get', KEYS[1])
+if v ~= ARGV[1] and (not v or string.sub(v, 1, #ARGV[1] + 1) ~= ARGV[1] .. ' ') then return 0 end
 local c = tonumber(redis.call('get', KEYS[2]) or '0') + tonumber(ARGV[2])
 redis.call('set', KEYS[2], string.format('%d', c))
 return c
@@ -606,6 +603,14 @@ if type(old) == 'string' then
   if o and o > f then f = o end
 end
 local v = redis.call('get', KEYS[1]) or ''
+local record
+if string.sub(v, 1, 10) ~= 'lockwatch:' then
+  local sp = string.find(v, ' ', 1, true)
+  if sp then
+    record = string.sub(v, sp + 1)
+    v = string.sub(v, 1, sp - 1)
+  end
+end
 local now = redis.pcall('time')
 if now.err then return {t, f, v, {}, ''} end
 now = tonumber(now[1]) * 1000 + math.floor(tonumber(now[2]) / 1000)
@@ -618,7 +623,7 @@ if t > 0 then
     if tokens.err then tokens = {} end
   end
   for _, token in ipairs(tokens) do
-    local r = redis.pcall('hget', owners, token)
+    local r = record or redis.pcall('hget', owners, token)
     hs[#hs + 1] = token
     hs[#hs + 1] = type(r) == 'string' and r or ''
   end
@@ -650,7 +655,8 @@ return 0
 // write is allowed. Periods stay below 2^53, so Lua numbers hold them.
 constexpr std::string_view kClaimPeriod = R"lua(
 local t = redis.call('time')
-if redis.call('get', KEYS[1]) ~= ARGV[1] then return {'-1', t[1], t[2], '0'} end
+local v = redis.call('get', KEYS[1])
+if v ~= ARGV[1] and (not v or string.sub(v, 1, #ARGV[1] + 1) ~= ARGV[1] .. ' ') then return {'-1', t[1], t[2], '0'} end
 local now_ms = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 if now_ms < tonumber(ARGV[3]) then return {'2', t[1], t[2], '0'} end
 local last = redis.call('get', KEYS[2])
