@@ -100,6 +100,11 @@ class ReplyError(Exception):
     pass
 
 
+def token_of(value):
+    """The owner token a Redis lock's value starts with."""
+    return value.split(" ", 1)[0] if isinstance(value, str) else value
+
+
 def _encode(args):
     out = [b"*%d\r\n" % len(args)]
     for a in args:
@@ -310,7 +315,10 @@ class RedisNode(Server):
             keys += [k for k in batch if k.endswith("}")]
             if cursor == "0":
                 break
-        return [{"key": k, "value": self.cmd("GET", k), "pttl": self.cmd("PTTL", k)} for k in sorted(set(keys))]
+        # A lock's value is its owner token, then its grant time and owner
+        # name, a space apart: the token is what the checker matches.
+        return [{"key": k, "value": token_of(self.cmd("GET", k)), "pttl": self.cmd("PTTL", k)}
+                for k in sorted(set(keys))]
 
 
 class Sentinel:

@@ -261,6 +261,16 @@ std::string str_of(const redisReply* r) {
                                                                                           : std::string();
 }
 
+// The owner token each value read of a lock starts with: a Redis lock's
+// value goes on with its grant time and owner name, a space apart (each
+// Redlock node's grant time its own), the other stores' values hold no
+// space.
+std::vector<std::optional<std::string>> owner_tokens(std::vector<std::optional<std::string>> values) {
+  for (auto& v : values)
+    if (v) v->resize(std::min(v->size(), v->find(' ')));
+  return values;
+}
+
 // ---------------------------------------------------------------- resource
 
 // Each read and write takes the key's next operation number, so the
@@ -975,7 +985,7 @@ class Worker {
     }
     // The majority value is the owner (with one node: its value). Valid
     // only if the lease was still ours after the read.
-    auto vals = nodes(where_).values(lock_key(op.key));
+    auto vals = owner_tokens(nodes(where_).values(lock_key(op.key)));
     std::map<std::string, std::size_t> votes;
     for (const auto& v : vals)
       if (v && !v->empty()) ++votes[*v];
@@ -1085,7 +1095,7 @@ class Worker {
     int held = 0, answered = 0;
     const std::size_t total = nodes(where_).nodes();
     if (out == "ok" && !op.owner.empty()) {
-      auto vals = nodes(where_).values(lock_key(op.key));
+      auto vals = owner_tokens(nodes(where_).values(lock_key(op.key)));
       if (nodes(where_).where() == op.owner_node) {
         for (const auto& v : vals) {
           if (!v) continue;
