@@ -587,9 +587,12 @@ return c
 // Operators' view of one lock: {pttl (-2 absent, -1 no expiry), fencing
 // counter, owner token or marker or '', holders, the server's TIME in ms
 // ('' when TIME is refused)}. Holders: token, owner record ("<unix ms>
-// <owner name>", '' when none) in turn; the token of an exclusive lock, or
-// the live members of `:holders` of the other kinds. The counter is the slot's, or the name's
-// old counter (ARGV[1]) if that is higher: the next token is above both.
+// <owner name>", '' when none) in turn; the token of an exclusive lock
+// (its value up to the first space, the record the rest; a value without
+// one, as versions before wrote, has its record in `:owners`), or the live
+// members of `:holders` of the other kinds, their records in `:owners`.
+// The counter is the slot's, or the name's old counter (ARGV[1]) if that
+// is higher: the next token is above both.
 // The old counter is read without being declared, so that a slot in
 // migration, where it is almost never present, does not turn every
 // inspect into TRYAGAIN; where Redis will not serve it (mid-migration on a
