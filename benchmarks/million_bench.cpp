@@ -16,6 +16,17 @@
 //   lost              leases reported lost (must be 0)
 //   released_per_s    N / the time to release them all at once (a release
 //                     that Redis did not confirm would wait out its ttl)
+//   srv_us_per_acquisition  redis-server's CPU while they were taken, over N
+//   srv_us_per_renewal      redis-server's CPU during the hold / renewals
+//
+// The limit, BM_RawHiredisMillion: raw hiredis doing the same work on one
+// connection, as lockwatch's Redis store sends it (the same three scripts,
+// kBatch locks a script call, kCallsInFlight calls unanswered at most, the
+// same key layout, token size and owner record): take N leases, renew each
+// once, release them. Its client keeps nothing but a token per lease, so
+// it has no bytes-per-lease figure; its srv_us_per_acquisition is what the
+// server itself needs, which bounds acquired_per_s for any client of one
+// redis-server.
 #include <benchmark/benchmark.h>
 #include <malloc.h>
 #include <fmt/format.h>
@@ -25,12 +36,18 @@
 #include <cstdlib>
 #include <deque>
 #include <future>
+#include <span>
 #include <string>
 #include <thread>
 #include <vector>
 
+#include <hiredis/hiredis.h>
+
 #include "bench_common.hpp"
+#include "core/option_checks.hpp"
 #include "lockwatch/runtime.hpp"
+#include "store/redis/keys.hpp"
+#include "store/redis/scripts.hpp"
 
 namespace {
 
@@ -90,6 +107,7 @@ void BM_MillionLeases(benchmark::State& state) {
     std::deque<std::future<lockwatch::LockHandle>> acquiring;
     double rss0 = resident_bytes();
     double heap0 = heap_in_use();
+    auto start_cpu = lockwatch::bench::sample_cpu(*g_redis);
     auto t0 = BenchClock::now();
     std::size_t next = 0, done = 0;
     try {
@@ -111,10 +129,13 @@ void BM_MillionLeases(benchmark::State& state) {
     double rss1 = resident_bytes();
     double heap1 = heap_in_use();
 
+    auto acquired_cpu = lockwatch::bench::sample_cpu(*g_redis);
+
     auto before = rt.stats();
     double cpu0 = lockwatch::bench::process_cpu_seconds();
     std::this_thread::sleep_for(kHold);  // holding is the measurement
     double cpu = lockwatch::bench::process_cpu_seconds() - cpu0;
+    auto held_cpu = lockwatch::bench::sample_cpu(*g_redis);
     auto after = rt.stats();
     double renewals = static_cast<double>(after.renewals_sent - before.renewals_sent);
     std::size_t lost = 0;
@@ -126,6 +147,9 @@ void BM_MillionLeases(benchmark::State& state) {
     state.counters["renewals"] = renewals;
     state.counters["client_us_per_renewal"] = renewals > 0 ? cpu * 1e6 / renewals : 0;
     state.counters["renewals_per_lease"] = renewals / static_cast<double>(leases);
+    state.counters["srv_us_per_acquisition"] =
+        (acquired_cpu.redis - start_cpu.redis) * 1e6 / static_cast<double>(leases);
+    state.counters["srv_us_per_renewal"] = renewals > 0 ? (held_cpu.redis - acquired_cpu.redis) * 1e6 / renewals : 0;
     state.counters["lost"] = static_cast<double>(lost);
     if (lost > 0 || renewals < static_cast<double>(leases)) g_failed = true;
 
@@ -143,8 +167,138 @@ void BM_MillionLeases(benchmark::State& state) {
   }
 }
 
+// One pipelined connection for BM_RawHiredisMillion: calls go out as they
+// are made, at most kCallsInFlight unanswered; each answer is checked to
+// hold one `ok` byte (or entry) per lock.
+class RawPipeline {
+ public:
+  static constexpr std::size_t kCallsInFlight = 64;  // RedisNodeStore::kMaxBatchesInFlight
+
+  RawPipeline() : c_(redisConnect(g_redis->host().c_str(), g_redis->port())) {
+    if (c_ == nullptr || c_->err) throw std::runtime_error("raw hiredis: cannot connect");
+  }
+  ~RawPipeline() { redisFree(c_); }
+  RawPipeline(const RawPipeline&) = delete;
+  RawPipeline& operator=(const RawPipeline&) = delete;
+
+  // Sends one call (its arguments: views into strings that live until
+  // it is sent) whose answer must hold `locks` times `ok`.
+  void call(const std::vector<std::string_view>& args, std::size_t locks, char ok) {
+    argv_.clear();
+    lens_.clear();
+    for (auto a : args) {
+      argv_.push_back(a.data());
+      lens_.push_back(a.size());
+    }
+    if (redisAppendCommandArgv(c_, static_cast<int>(argv_.size()), argv_.data(), lens_.data()) != REDIS_OK)
+      throw std::runtime_error("raw hiredis: cannot queue a call");
+    expected_.push_back({locks, ok});
+    if (expected_.size() >= kCallsInFlight) read_one();
+  }
+  // Waits for every answer.
+  void drain() {
+    while (!expected_.empty()) read_one();
+  }
+
+ private:
+  void read_one() {
+    void* out = nullptr;
+    if (redisGetReply(c_, &out) != REDIS_OK || out == nullptr) throw std::runtime_error("raw hiredis: no reply");
+    auto* r = static_cast<redisReply*>(out);
+    auto [locks, ok] = expected_.front();
+    expected_.pop_front();
+    const std::string_view text = r->type == REDIS_REPLY_STRING ? std::string_view(r->str, r->len) : "";
+    const auto n = static_cast<std::size_t>(std::count(text.begin(), text.end(), ok));
+    freeReplyObject(r);
+    if (n != locks) throw std::runtime_error(fmt::format("raw hiredis: {} of {} locks answered '{}'", n, locks, ok));
+  }
+
+  redisContext* c_;
+  std::vector<const char*> argv_;
+  std::vector<std::size_t> lens_;
+  std::deque<std::pair<std::size_t, char>> expected_;
+};
+
+void BM_RawHiredisMillion(benchmark::State& state) {
+  using lockwatch::detail::script;
+  using lockwatch::detail::ScriptId;
+  const auto leases = static_cast<std::size_t>(state.range(0));
+  constexpr std::size_t kBatch = 256;  // RedisNodeStore::kMaxBatch
+  const std::string owner = lockwatch::detail::owner_name(lockwatch::Options{});
+  for (auto _ : state) {
+    for (auto id : {ScriptId::kAcquire, ScriptId::kRenew, ScriptId::kRelease})
+      g_redis->command({"SCRIPT", "LOAD", std::string(script(id).source)});
+    // What lockwatch's store keeps per lease, made before the clock starts:
+    // its names and token.
+    namespace keys = lockwatch::detail::redis_keys;
+    struct Names {
+      std::string lock, counter, legacy, channel;
+      std::array<char, 33> token;
+    };
+    std::vector<Names> locks(leases);
+    for (std::size_t i = 0; i < leases; ++i) {
+      auto& l = locks[i];
+      l.lock = keys::lock("lockwatch:", fmt::format("million-raw:{}", i));
+      l.counter = keys::counter("lockwatch:", l.lock);
+      l.legacy = keys::legacy_fence(l.lock);
+      l.channel = keys::channel(l.lock);
+      std::snprintf(l.token.data(), l.token.size(), "%016llx%016llx", 0x5eedULL, static_cast<unsigned long long>(i));
+    }
+    const std::string ttl = "30000";
+    // Each pass: the locks of [0, leases) in calls of kBatch, `args` adding
+    // a call's keys and arguments.
+    auto pass = [&](ScriptId id, char ok, auto&& args) {
+      RawPipeline pipe;
+      std::vector<std::string_view> call;
+      std::string keys_count;
+      for (std::size_t first = 0; first < leases; first += kBatch) {
+        const std::size_t n = std::min(kBatch, leases - first);
+        call.assign({"EVALSHA", script(id).sha1, ""});
+        args(call, std::span(locks).subspan(first, n));
+        keys_count = std::to_string(id == ScriptId::kAcquire ? 3 * n : n);
+        call[2] = keys_count;
+        pipe.call(call, n, ok);
+      }
+      pipe.drain();
+    };
+    try {
+      auto c0 = lockwatch::bench::sample_cpu(*g_redis);
+      pass(ScriptId::kAcquire, 't', [&](std::vector<std::string_view>& call, std::span<const Names> batch) {
+        for (const auto& l : batch) call.insert(call.end(), {l.lock, l.counter, l.legacy});
+        for (const auto& l : batch) call.insert(call.end(), {l.token.data(), ttl});
+        call.push_back(owner);
+      });
+      auto c1 = lockwatch::bench::sample_cpu(*g_redis);
+      pass(ScriptId::kRenew, '1', [&](std::vector<std::string_view>& call, std::span<const Names> batch) {
+        for (const auto& l : batch) call.push_back(l.lock);
+        for (const auto& l : batch) call.insert(call.end(), {l.token.data(), ttl});
+      });
+      auto c2 = lockwatch::bench::sample_cpu(*g_redis);
+      pass(ScriptId::kRelease, 'u', [&](std::vector<std::string_view>& call, std::span<const Names> batch) {
+        for (const auto& l : batch) call.push_back(l.lock);
+        call.emplace_back("p");
+        for (const auto& l : batch) call.insert(call.end(), {l.token.data(), l.channel});
+      });
+      auto c3 = lockwatch::bench::sample_cpu(*g_redis);
+      auto per = [&](double seconds) { return seconds * 1e6 / static_cast<double>(leases); };
+      auto wall = [](const auto& a, const auto& b) { return std::chrono::duration<double>(b.wall - a.wall).count(); };
+      state.counters["acquired_per_s"] = static_cast<double>(leases) / wall(c0, c1);
+      state.counters["srv_us_per_acquisition"] = per(c1.redis - c0.redis);
+      state.counters["client_us_per_renewal"] = per(c2.self - c1.self);
+      state.counters["srv_us_per_renewal"] = per(c2.redis - c1.redis);
+      state.counters["released_per_s"] = static_cast<double>(leases) / wall(c2, c3);
+      state.counters["lost"] = 0;
+    } catch (const std::exception& e) {
+      state.SkipWithError(e.what());
+      g_failed = true;
+      return;
+    }
+  }
+}
+
 }  // namespace
 
+BENCHMARK(BM_RawHiredisMillion)->Arg(1'000'000)->Iterations(1)->UseRealTime()->Unit(benchmark::kSecond);
 BENCHMARK(BM_MillionLeases)->Arg(1'000'000)->Iterations(1)->UseRealTime()->Unit(benchmark::kSecond);
 
 int main(int argc, char** argv) {
