@@ -19,10 +19,6 @@ namespace lockwatch::detail {
 
 namespace {
 
-// A deadlock, a serialization failure or a lock wait past lock_timeout:
-// the statement is tried again this many times before it fails.
-using sqlcommon::kAttempts;
-
 // Parameter types (pg_type OIDs).
 constexpr unsigned kText = 25, kInt8 = 20, kBool = 16, kTextArray = 1009, kInt8Array = 1016;
 
@@ -59,6 +55,42 @@ std::string int_array(std::size_t n, Get get) {
   }
   out += '}';
   return out;
+}
+
+// A batch's arrays: the names and tokens of the `n` locks lock(0)..,
+// then their ttls in µs (when the locks have one) and (with `markers`)
+// their kinds' markers.
+template <class Lock>
+std::vector<std::string> lock_arrays(std::size_t n, Lock lock, bool markers = false) {
+  std::vector<std::string> out{hex_array(n, [&](std::size_t i) -> std::string_view { return lock(i).name; }),
+                               hex_array(n, [&](std::size_t i) -> std::string_view { return lock(i).token; })};
+  if constexpr (requires { lock(0).ttl; })
+    out.push_back(int_array(n, [&](std::size_t i) { return micros(lock(i).ttl); }));
+  if (markers) out.push_back(hex_array(n, [&](std::size_t i) { return kinds::marker(lock(i).kind); }));
+  return out;
+}
+
+// Each of `n` locks' status: `yes`, but those an answer names (its
+// 1-based position, whether another owner holds it): `taken` or `gone`.
+template <class Status>
+std::vector<Status> not_done(const PgRows& rows, std::size_t n, Status yes, Status taken, Status gone) {
+  std::vector<Status> status(n, yes);
+  for (int r = 0; r < rows.size(); ++r) {
+    long long k = to_ll(rows.at(r, 0)) - 1;
+    if (k < 0 || k >= static_cast<long long>(n)) continue;
+    status[k] = rows.at(r, 1) == "t" ? taken : gone;
+  }
+  return status;
+}
+
+// Runs `call` on `conn` in one transaction after the lock rows of
+// `names` (a text[] of hex names) are locked, as every change to a
+// name's holders.
+void after_lock_rows(PgConnection& conn, std::string names, PgCall call, PgDone done) {
+  std::vector<PgCall> calls;
+  calls.push_back({"lockwatch_lock_rows", {std::move(names)}});
+  calls.push_back(std::move(call));
+  conn.execute_all(std::move(calls), std::move(done));
 }
 
 using sqlcommon::ms_up;
@@ -257,7 +289,6 @@ std::vector<PgStatement> pg_lock_statements(const std::string& t, const std::str
       "coalesce((SELECT h.owner <> '' AND h.owner <> r.owner AND h.expires_at > clock_timestamp() FROM {} h "
       "WHERE h.lock_name = r.lock_name), false)",
       t);
-  const std::string remaining_us = "greatest(ceil(extract(epoch FROM {} - clock_timestamp()) * 1000000), 0)::int8";
   return {
       // The first doubles as the table check (pg_connection.hpp). A free
       // or expired row becomes ours with its fence raised; our own row
@@ -294,7 +325,7 @@ std::vector<PgStatement> pg_lock_statements(const std::string& t, const std::str
                    "LEFT JOIN LATERAL (SELECT {2} AS left_us, "
                    "CASE WHEN {6} AND h.expires_at > clock_timestamp() THEN encode(h.owner, 'hex') END AS marker "
                    "FROM {0} h WHERE h.lock_name = r.lock_name AND w.fence IS NULL) b ON true",
-                   t, batch, fmt::format(fmt::runtime(remaining_us), "h.expires_at"), h, kWriterMarkUs,
+                   t, batch, remaining("h.expires_at"), h, kWriterMarkUs,
                    kPgSharedMarker, is_marker("h.owner"), o),
        {kTextArray, kTextArray, kInt8Array}},
       // Answers the pairs it did not renew: taken by another owner, or gone.
@@ -327,7 +358,6 @@ std::vector<PgStatement> pg_lock_statements(const std::string& t, const std::str
 // The clock, the scheduled jobs' claims and the operators' statements
 // (statements() below).
 std::vector<PgStatement> pg_operator_statements(const std::string& t, const std::string& h) {
-  const std::string remaining_us = "greatest(ceil(extract(epoch FROM {} - clock_timestamp()) * 1000000), 0)::int8";
   return {
       {"lockwatch_time", "SELECT (extract(epoch FROM clock_timestamp()) * 1000000)::int8", {}},
       // One conditional write; the select after it, in the same
@@ -346,7 +376,7 @@ std::vector<PgStatement> pg_operator_statements(const std::string& t, const std:
       {"lockwatch_inspect",
        fmt::format("SELECT {1}, fence, encode(owner, 'hex'), encode(owner_name, 'hex'), {2}, {3} FROM {0} "
                    "WHERE lock_name = decode($1::text, 'hex')",
-                   t, fmt::format(fmt::runtime(remaining_us), "expires_at"), kGrantedUs, kHeldUs),
+                   t, remaining("expires_at"), kGrantedUs, kHeldUs),
        {kText}},
       // The live shared, permit or fair holders of a name, first granted first.
       {"lockwatch_holders",
@@ -472,15 +502,10 @@ void PgStore::check_settings(const PgTarget&, const sqlcommon::SqlSettings& sett
 }
 
 PgStore::PgStore(Loop& loop, PgTarget target, const sqlcommon::SqlSettings& settings)
-    : StoreBase(StoreTraits{.keys = KeyRules{.prefix = settings.key_prefix,
-                                             .max_name = kMaxNameBytes,
-                                             .too_long = "the lock name (key_prefix + key) is longer than the 255 bytes "
-                                                         "the PostgreSQL lock table's lock_name takes"},
-                            .release_events = true,
-                            .no_shared = nullptr,
-                            .no_permits = nullptr}),
-      loop_(loop),
-      settings_(settings),
+    : RecipeStore(loop, settings, kDialect,
+                  "the lock name (key_prefix + key) is longer than the 255 bytes the PostgreSQL lock table's "
+                  "lock_name takes",
+                  true),
       target_(std::move(target)),
       channel_(target_.channel()) {
   offer({.fence_raising = this, .job_claims = this, .operator_tools = this, .lock_listing = this, .fair_queue = this});
@@ -503,16 +528,12 @@ PgStore::PgStore(Loop& loop, PgTarget target, const sqlcommon::SqlSettings& sett
 
 PgStore::~PgStore() = default;
 
-void PgStore::started() {
-  turn_end_.open(loop_.uv());
-  connections_.start(events_);
+void PgStore::turn_ended() {
+  acquires_.flush();
+  send_releases();
 }
 
 // ---- acquire
-
-void PgStore::acquire(std::span<const LockRef> locks, AcquireDone done) {
-  if (acquires_.add(locks, std::move(done))) turn_end_.request();
-}
 
 // The kinds' acquisitions of one loop turn (a set's keys among them), in
 // name order, go in one transaction per group: their lock rows locked,
@@ -570,11 +591,7 @@ Acquired PgStore::kind_outcome(const sqlcommon::PendingAcquire& a, const PgRows&
 
 void PgStore::acquire_batch(AcquireBatchPtr batch) {
   const auto& l = batch->locks;
-  std::vector<std::string> params{
-      hex_array(l.size(), [&](std::size_t i) -> std::string_view { return l[i].name; }),
-      hex_array(l.size(), [&](std::size_t i) -> std::string_view { return l[i].token; }),
-      int_array(l.size(), [&](std::size_t i) { return micros(l[i].ttl); }),
-  };
+  auto params = lock_arrays(l.size(), [&](std::size_t i) -> const sqlcommon::PendingAcquire& { return l[i]; });
   command_connection().execute("lockwatch_acquire", std::move(params), [this, batch](const PgRows& rows,
                                                                                      const StoreError* err) {
     if (err) {
@@ -622,44 +639,20 @@ void PgStore::acquire_batch(AcquireBatchPtr batch) {
 
 // ---- renew
 
-std::size_t PgStore::renew(std::span<const LockRef> locks, std::shared_ptr<const void> keepalive, RenewDone done) {
-  // In name order, in chunks; one statement per chunk whatever the ttls.
-  // Shares, permits and fair holders apart: a transaction per chunk, its
-  // lock rows locked first.
-  return sqlcommon::renewal_groups(
-      kDialect, locks, std::move(keepalive), std::move(done),
-      [this](sqlcommon::RenewBatchPtr batch, std::vector<std::size_t> members, std::chrono::milliseconds, bool kinds) {
-        renew_group(std::move(batch), std::move(members), kinds);
-      });
-}
-
-void PgStore::renew_group(sqlcommon::RenewBatchPtr batch, std::vector<std::size_t> members, bool kinds) {
-  const auto& l = batch->locks;
-  std::vector<std::string> params{
-      hex_array(members.size(), [&](std::size_t k) { return l[members[k]].name; }),
-      hex_array(members.size(), [&](std::size_t k) { return l[members[k]].token; }),
-      int_array(members.size(), [&](std::size_t k) { return micros(l[members[k]].ttl); }),
-  };
+void PgStore::renew_group(sqlcommon::RenewBatchPtr batch, std::vector<std::size_t> members, std::chrono::milliseconds,
+                          bool kinds) {
+  auto params = lock_arrays(
+      members.size(), [&](std::size_t k) -> const LockRef& { return batch->locks[members[k]]; }, kinds);
   auto answered = [batch, members](const PgRows& rows, const StoreError* err) {
     if (err) return batch->answer(members, Renewed::kTransient, err);
     // The answer names those not renewed.
-    std::vector<Renewed> status(members.size(), Renewed::kYes);
-    for (int r = 0; r < rows.size(); ++r) {
-      long long k = to_ll(rows.at(r, 0)) - 1;
-      if (k < 0 || k >= static_cast<long long>(members.size())) continue;
-      status[k] = rows.at(r, 1) == "t" ? Renewed::kTakenByOther : Renewed::kGone;
-    }
+    auto status = not_done(rows, members.size(), Renewed::kYes, Renewed::kTakenByOther, Renewed::kGone);
     for (std::size_t k = 0; k < members.size(); ++k) batch->done(members[k], status[k], nullptr);
   };
-  if (!kinds) {
-    connections_.renew->execute("lockwatch_renew", std::move(params), std::move(answered));
-    return;
-  }
-  params.push_back(hex_array(members.size(), [&](std::size_t k) { return kinds::marker(l[members[k]].kind); }));
-  std::vector<PgCall> calls;
-  calls.push_back({"lockwatch_lock_rows", {params[0]}});
-  calls.push_back({"lockwatch_renew_kind", std::move(params)});
-  connections_.renew->execute_all(std::move(calls), std::move(answered));
+  if (!kinds) return connections_.renew->execute("lockwatch_renew", std::move(params), std::move(answered));
+  std::string names = params[0];
+  after_lock_rows(*connections_.renew, std::move(names), {"lockwatch_renew_kind", std::move(params)},
+                  std::move(answered));
 }
 
 // ---- release
@@ -717,40 +710,24 @@ void PgStore::send_releases() {
 void PgStore::release_batch(std::shared_ptr<ReleaseBatch> batch) {
   const auto& l = batch->locks;
   const bool of_kinds = !l.empty() && !l.front().kind.exclusive_kind();
-  std::vector<std::string> params{
-      hex_array(l.size(), [&](std::size_t i) -> std::string_view { return l[i].name; }),
-      hex_array(l.size(), [&](std::size_t i) -> std::string_view { return l[i].token; }),
-  };
-  if (of_kinds) params.push_back(hex_array(l.size(), [&](std::size_t i) { return kinds::marker(l[i].kind); }));
+  auto params = lock_arrays(l.size(), [&](std::size_t i) -> const PendingRelease& { return l[i]; }, of_kinds);
   params.push_back(batch->notify ? "t" : "f");
   params.push_back(channel_);
   auto answered = [this, batch](const PgRows& rows, const StoreError* err) {
     if (err) {
-      if (err->kind == StoreError::Kind::kRetryLater && batch->attempt < kAttempts) {
-        ++batch->attempt;
-        release_batch(batch);
+      if (sqlcommon::retry_later(batch, *err, [this](std::shared_ptr<ReleaseBatch> b) { release_batch(std::move(b)); }))
         return;
-      }
       for (const auto& lock : batch->locks) (*lock.done)(lock.index, Released::kUnconfirmed, err);
       return;
     }
     // The answer names those not released.
-    std::vector<Released> status(batch->locks.size(), Released::kYes);
-    for (int r = 0; r < rows.size(); ++r) {
-      long long k = to_ll(rows.at(r, 0)) - 1;
-      if (k < 0 || k >= static_cast<long long>(status.size())) continue;
-      status[k] = rows.at(r, 1) == "t" ? Released::kTakenByOther : Released::kGone;
-    }
+    auto status = not_done(rows, batch->locks.size(), Released::kYes, Released::kTakenByOther, Released::kGone);
     for (std::size_t k = 0; k < status.size(); ++k) (*batch->locks[k].done)(batch->locks[k].index, status[k], nullptr);
   };
-  if (!of_kinds) {
-    command_connection().execute("lockwatch_release", std::move(params), std::move(answered));
-    return;
-  }
-  std::vector<PgCall> calls;
-  calls.push_back({"lockwatch_lock_rows", {params[0]}});
-  calls.push_back({"lockwatch_release_kind", std::move(params)});
-  command_connection().execute_all(std::move(calls), std::move(answered));
+  if (!of_kinds) return command_connection().execute("lockwatch_release", std::move(params), std::move(answered));
+  std::string names = params[0];
+  after_lock_rows(command_connection(), std::move(names), {"lockwatch_release_kind", std::move(params)},
+                  std::move(answered));
 }
 
 // ---- the rest
@@ -833,39 +810,32 @@ void PgStore::inspect(std::string_view name, InspectDone done) {
   });
 }
 
-void PgStore::list_locks(std::string_view prefix, std::size_t limit, ListDone done) {
-  command_connection().execute(
-      "lockwatch_list", {to_hex(sqlcommon::like_prefix(encode(prefix))), std::to_string(limit)},
-      [this, done = std::move(done)](const PgRows& rows, const StoreError* err) mutable {
-        if (err) return done({}, err);
-        std::vector<std::string> names;
-        for (int r = 0; r < rows.size(); ++r) {
-          std::string name;
-          if (unhex(rows.at(r, 0), name)) names.push_back(std::move(name));
-        }
-        sqlcommon::list_inspected(*this, std::move(names), traits().keys.prefix.size(), std::move(done));
-      });
+void PgStore::list_names(std::string pattern, std::size_t limit, NamesDone done) {
+  command_connection().execute("lockwatch_list", {to_hex(pattern), std::to_string(limit)},
+                               [done = std::move(done)](const PgRows& rows, const StoreError* err) {
+                                 std::vector<std::string> names;
+                                 for (int r = 0; !err && r < rows.size(); ++r) {
+                                   std::string name;
+                                   if (unhex(rows.at(r, 0), name)) names.push_back(std::move(name));
+                                 }
+                                 done(std::move(names), err);
+                               });
 }
 
 void PgStore::force_release(std::string_view name, ForceDone done) {
   // The holders' rows go too: after the lock row is locked, as every
   // change to them.
-  std::vector<PgCall> calls;
-  calls.push_back({"lockwatch_lock_rows", {hex_array(1, [&](std::size_t) { return name; })}});
-  calls.push_back({"lockwatch_force_release", {to_hex(name), channel_}});
-  command_connection().execute_all(std::move(calls), [done = std::move(done)](const PgRows& rows,
-                                                                              const StoreError* err) {
-    done(!err && rows.size() == 1, err);
-  });
+  after_lock_rows(command_connection(), hex_array(1, [&](std::size_t) { return name; }),
+                  {"lockwatch_force_release", {to_hex(name), channel_}},
+                  [done = std::move(done)](const PgRows& rows, const StoreError* err) {
+                    done(!err && rows.size() == 1, err);
+                  });
 }
 
 void PgStore::withdraw(const LockRef& lock, WithdrawDone done) {
-  std::vector<PgCall> calls;
-  calls.push_back({"lockwatch_lock_rows", {hex_array(1, [&](std::size_t) { return lock.name; })}});
-  calls.push_back({"lockwatch_withdraw", {to_hex(lock.name), to_hex(lock.token), channel_}});
-  command_connection().execute_all(std::move(calls), [done = std::move(done)](const PgRows&, const StoreError* err) {
-    done(err);
-  });
+  after_lock_rows(command_connection(), hex_array(1, [&](std::size_t) { return lock.name; }),
+                  {"lockwatch_withdraw", {to_hex(lock.name), to_hex(lock.token), channel_}},
+                  [done = std::move(done)](const PgRows&, const StoreError* err) { done(err); });
 }
 
 // ---- release notices
@@ -919,12 +889,7 @@ void PgStore::poll_replies() { connections_.renew->poll_now(); }
 
 void PgStore::close() {
   closed_ = true;
-  // What is queued goes to the connections, which fail it as they close:
-  // every callback runs.
-  turn_end_.close();
-  acquires_.flush();
-  send_releases();
-  connections_.close();
+  RecipeStore::close();
   if (notices_) notices_->close();
 }
 

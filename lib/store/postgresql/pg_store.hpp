@@ -78,29 +78,14 @@
 #include <string>
 #include <vector>
 
-#include "store/capabilities.hpp"
-#include "core/turn_end.hpp"
 #include "store/postgresql/pg_connection.hpp"
 #include "store/postgresql/pg_target.hpp"
-#include "store/sqlcommon/settings.hpp"
 #include "store/sqlcommon/sql_recipe.hpp"
-#include "store/store_base.hpp"
 
 namespace lockwatch::detail {
 
-class Loop;
-
-class PgStore final : public StoreBase,
-                      public FenceRaising,
-                      public JobClaims,
-                      public OperatorTools,
-                      public LockListing,
-                      public FairQueue {
+class PgStore final : public sqlcommon::RecipeStore<PgConnection>, public FenceRaising {
  public:
-  // The lock_name column's limit (a CHECK in the table): longer names
-  // (prefix + key) are refused before anything is sent.
-  static constexpr std::size_t kMaxNameBytes = 255;
-
   PgStore(Loop& loop, PgTarget target, const sqlcommon::SqlSettings& settings);
   ~PgStore() override;
 
@@ -111,8 +96,6 @@ class PgStore final : public StoreBase,
   static std::string holders_table_definition(const std::string& table);
 
   // Every kind: exclusive, shared, permits(n) and fair (see above).
-  void acquire(std::span<const LockRef> locks, AcquireDone done) override;
-  std::size_t renew(std::span<const LockRef> locks, std::shared_ptr<const void> keepalive, RenewDone done) override;
   void release(std::span<const LockRef> locks, bool notify, ReleaseDone done) override;
   void close() override;
   void subscribe(std::string_view name) override;
@@ -126,48 +109,41 @@ class PgStore final : public StoreBase,
                     std::chrono::system_clock::time_point start, ClaimDone done) override;
   void inspect(std::string_view name, InspectDone done) override;
   void force_release(std::string_view name, ForceDone done) override;
-  // The held rows under the prefix (LIKE, in order, LIMIT), each inspected.
-  void list_locks(std::string_view prefix, std::size_t limit, ListDone done) override;
   // FairQueue: the waiter's row goes, in a transaction that locks the
   // lock row first; a first waiter that leaves a free lock notifies.
   void withdraw(const LockRef& lock, WithdrawDone done) override;
 
  private:
   using AcquireBatchPtr = sqlcommon::AcquireBatchPtr;
-  void started() override;
   struct ReleaseBatch;
   struct PendingRelease;
-  PgConnection& command_connection() { return connections_.command(); }
+  // The turn's end: its acquisitions, then its releases.
+  void turn_ended() override;
   void send_releases();
   // The exclusive acquisitions of one turn (sqlcommon::AcquireQueue): one
   // statement per chunk; the other kinds': one transaction per group.
-  void acquire_batch(AcquireBatchPtr batch);
-  void send_kind_group(AcquireBatchPtr group);
+  void acquire_batch(AcquireBatchPtr batch) override;
+  void send_kind_group(AcquireBatchPtr group) override;
   Acquired kind_outcome(const sqlcommon::PendingAcquire& a, const PgRows& rows) const;
-  void renew_group(sqlcommon::RenewBatchPtr batch, std::vector<std::size_t> members, bool kinds);
+  // One statement per chunk whatever the ttls; shares, permits and fair
+  // holders apart: a transaction per chunk, its lock rows locked first.
+  void renew_group(sqlcommon::RenewBatchPtr batch, std::vector<std::size_t> members, std::chrono::milliseconds ttl,
+                   bool kinds) override;
+  // The held rows under the prefix (LIKE, in order, LIMIT).
+  void list_names(std::string pattern, std::size_t limit, NamesDone done) override;
   void release_batch(std::shared_ptr<ReleaseBatch> batch);
   void start_notices();
 
   // ON CONFLICT updates a row once per statement; arrays carry a ttl per lease.
   static constexpr sqlcommon::Dialect kDialect{.repeated_names = false, .ttl_per_lease = true};
 
-  Loop& loop_;
-  const sqlcommon::SqlSettings settings_;
   const PgTarget target_;
   const std::string channel_;
-  sqlcommon::Connections<PgConnection> connections_;
   std::unique_ptr<PgConnection> notices_;  // made at the first subscribe()
   std::set<std::string, std::less<>> subscribed_;
-  // Acquisitions and releases asked for in this loop turn, sent together
-  // at its end (turn_end_).
-  sqlcommon::AcquireQueue acquires_{kDialect, [this](AcquireBatchPtr b) { acquire_batch(std::move(b)); },
-                                    [this](AcquireBatchPtr b) { send_kind_group(std::move(b)); }};
+  // Releases asked for in this loop turn, sent together at its end.
   std::vector<PendingRelease> releases_;        // with release notices
   std::vector<PendingRelease> quiet_releases_;  // without
-  TurnEnd turn_end_{[this] {
-    acquires_.flush();
-    send_releases();
-  }};
   bool listening_ = false;  // LISTEN is confirmed on notices_
   bool closed_ = false;
 };

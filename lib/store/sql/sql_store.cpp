@@ -109,14 +109,11 @@ std::string SqlStore::holders_definition(const std::string& table) {
 }
 
 SqlStore::SqlStore(Loop& loop, SqlTarget target, const sqlcommon::SqlSettings& settings)
-    : StoreBase(StoreTraits{.keys = KeyRules{.prefix = settings.key_prefix,
-                                             .max_name = kMaxNameBytes,
-                                             .too_long = "the lock name (key_prefix + key) is longer than the 255 bytes "
-                                                         "of the SQL lock table's lock_name column"},
-                            .release_events = false,
-                            .no_shared = nullptr,
-                            .no_permits = nullptr}),
-      loop_(loop), settings_(settings), owner_name_(sql::hex(settings.owner_name)), waiter_id_(TokenGenerator().next().str()),
+    : RecipeStore(loop, settings, kDialect,
+                  "the lock name (key_prefix + key) is longer than the 255 bytes of the SQL lock table's lock_name "
+                  "column",
+                  false),
+      owner_name_(sql::hex(settings.owner_name)), waiter_id_(TokenGenerator().next().str()),
       target_(std::move(target)), table_("`" + target_.table + "`"),
       holders_("`" + target_.table + "_holders`") {
   offer({.job_claims = this, .operator_tools = this, .lock_listing = this, .fair_queue = this});
@@ -144,34 +141,52 @@ SqlStore::SqlStore(Loop& loop, SqlTarget target, const sqlcommon::SqlSettings& s
 
 SqlStore::~SqlStore() = default;
 
-void SqlStore::started() {
-  turn_end_.open(loop_.uv());
-  connections_.start(events_);
+void SqlStore::write_then_read(SqlConnection& conn, std::string write, std::function<void(const StoreError&)> failed,
+                               std::string read, ReadDone answered) {
+  struct Write {
+    bool failed = false;
+    std::uint64_t affected = 0;
+  };
+  auto w = std::make_shared<Write>();
+  conn.query(std::move(write), [w, failed = std::move(failed)](const SqlResult& r, const StoreError* err) {
+    w->affected = r.affected;
+    if (!err) return;
+    w->failed = true;
+    failed(*err);
+  });
+  conn.query(std::move(read), [w, answered = std::move(answered)](const SqlResult& r, const StoreError* err) {
+    if (w->failed) return;  // answered by the write's failure (or sent again)
+    answered(w->affected, r, err);
+  });
 }
 
-void SqlStore::acquire(std::span<const LockRef> locks, AcquireDone done) {
-  if (acquires_.add(locks, std::move(done))) turn_end_.request();
+void SqlStore::read_holders(SqlConnection& conn, const std::string& names,
+                            std::function<void(const RowHolders&, const StoreError*)> done) {
+  conn.query(fmt::format("SELECT lock_name, owner, expires_at > NOW(6) FROM {} WHERE lock_name IN ({})", table_, names),
+             [done = std::move(done)](const SqlResult& r, const StoreError* err) {
+               RowHolders rows;
+               if (!err)
+                 for (const auto& row : r.rows)
+                   if (row.size() == 3) rows[row[0]] = {row[1], row[2] == "1"};
+               done(rows, err);
+             });
 }
 
 void SqlStore::acquire_batch(AcquireBatchPtr batch) {
   auto [insert, report] = acquire_statements(*batch);
   // The insert's failure answers the batch (or sends it again); the
   // report answers it otherwise.
-  auto answered = std::make_shared<bool>(false);
-  SqlConnection& conn = command_connection();
-  conn.query(std::move(insert), [this, batch, answered](const SqlResult&, const StoreError* err) {
-    if (!err) return;
-    *answered = true;
-    // A deadlock or a lock wait timeout: the statement is tried again. A
-    // row the server refused (a name too long for the column, say): each
-    // lock again on its own, so only that one fails.
-    if (!sqlcommon::resend(batch, *err, [this](AcquireBatchPtr b) { acquire_batch(std::move(b)); }, true))
-      batch->fail(*err);
-  });
-  conn.query(std::move(report), [this, batch, answered](const SqlResult& r, const StoreError* err) {
-    if (*answered) return;
-    acquire_reported(batch, r, err);
-  });
+  write_then_read(
+      command_connection(), std::move(insert),
+      [this, batch](const StoreError& err) {
+        // A deadlock or a lock wait timeout: the statement is tried again.
+        // A row the server refused (a name too long for the column, say):
+        // each lock again on its own, so only that one fails.
+        if (!sqlcommon::resend(batch, err, [this](AcquireBatchPtr b) { acquire_batch(std::move(b)); }, true))
+          batch->fail(err);
+      },
+      std::move(report),
+      [this, batch](std::uint64_t, const SqlResult& r, const StoreError* err) { acquire_reported(batch, r, err); });
 }
 
 std::pair<std::string, std::string> SqlStore::acquire_statements(const sqlcommon::AcquireBatch& batch) const {
@@ -300,20 +315,9 @@ void SqlStore::mark_writers(std::vector<std::pair<std::string, std::chrono::mill
   }
 }
 
-std::size_t SqlStore::renew(std::span<const LockRef> locks, std::shared_ptr<const void> keepalive, RenewDone done) {
-  // One statement per ttl (a tick's renewals mostly share one), in chunks.
-  // Holders of the other kinds renew their own rows, apart.
-  return sqlcommon::renewal_groups(kDialect, locks, std::move(keepalive), std::move(done),
-                                   [this](RenewBatchPtr batch, std::vector<std::size_t> members,
-                                          std::chrono::milliseconds ttl, bool kinds) {
-                                     if (kinds)
-                                       renew_kinds(std::move(batch), std::move(members), ttl);
-                                     else
-                                       renew_group(std::move(batch), std::move(members), ttl);
-                                   });
-}
-
-void SqlStore::renew_group(RenewBatchPtr batch, std::vector<std::size_t> members, std::chrono::milliseconds ttl) {
+void SqlStore::renew_group(RenewBatchPtr batch, std::vector<std::size_t> members, std::chrono::milliseconds ttl,
+                           bool kinds) {
+  if (kinds) return renew_kinds(std::move(batch), std::move(members), ttl);
   const RenewalLists lists(batch->locks, members);
   std::string sql = fmt::format(
       "UPDATE {} SET expires_at = NOW(6) + INTERVAL {} MICROSECOND WHERE lock_name IN ({}) AND expires_at > NOW(6) "
@@ -332,35 +336,26 @@ void SqlStore::classify_renewals(RenewBatchPtr batch, std::vector<std::size_t> m
   // each. A row that is ours and unexpired now was renewed (only our
   // token extends it); another owner's unexpired row was taken; anything
   // else expired.
-  std::string sql = fmt::format("SELECT lock_name, owner, expires_at > NOW(6) FROM {} WHERE lock_name IN (", table_);
-  for (std::size_t k = 0; k < members.size(); ++k) {
-    if (k > 0) sql += ',';
-    sql += hex(batch->locks[members[k]].name);
-  }
-  sql += ')';
-  connections_.renew->query(std::move(sql), [batch, members = std::move(members)](const SqlResult& r,
-                                                                                   const StoreError* err) {
-    if (err) return batch->answer(members, Renewed::kTransient, err);
-    std::map<std::string_view, const std::vector<std::string>*> rows;
-    for (const auto& row : r.rows)
-      if (row.size() == 3) rows[row[0]] = &row;
-    for (std::size_t i : members) {
-      const LockRef& l = batch->locks[i];
-      auto it = rows.find(l.name);
-      if (it == rows.end()) {
-        batch->done(i, Renewed::kGone, nullptr);
-        continue;
-      }
-      const auto& row = *it->second;
-      bool live = row[2] == "1";
-      if (live && row[1] == l.token)
-        batch->done(i, Renewed::kYes, nullptr);
-      else if (live && !row[1].empty())
-        batch->done(i, Renewed::kTakenByOther, nullptr);
-      else
-        batch->done(i, Renewed::kGone, nullptr);
-    }
-  });
+  const RenewalLists lists(batch->locks, members);
+  read_holders(*connections_.renew, lists.names,
+               [batch, members = std::move(members)](const RowHolders& rows, const StoreError* err) {
+                 if (err) return batch->answer(members, Renewed::kTransient, err);
+                 for (std::size_t i : members) {
+                   const LockRef& l = batch->locks[i];
+                   const Standing s = standing(rows, l.name, l.token);
+                   batch->done(i,
+                               s == Standing::kOurs    ? Renewed::kYes
+                               : s == Standing::kOther ? Renewed::kTakenByOther
+                                                       : Renewed::kGone,
+                               nullptr);
+                 }
+               });
+}
+
+SqlStore::Standing SqlStore::standing(const RowHolders& rows, std::string_view name, std::string_view token) {
+  auto it = rows.find(name);
+  if (it == rows.end() || !it->second.live || it->second.owner.empty()) return Standing::kNone;
+  return it->second.owner == token ? Standing::kOurs : Standing::kOther;
 }
 
 // The exclusive releases one statement carries.
@@ -368,7 +363,7 @@ struct SqlStore::ReleaseBatch {
   std::vector<std::pair<std::string, std::string>> locks;  // name, token
   std::vector<std::size_t> index;
   std::shared_ptr<ReleaseDone> done;  // shared by the chunks of one call
-  std::map<std::string, std::pair<std::string, bool>> before;  // name -> owner, live
+  RowHolders before;
   std::string names;  // the names as the statements list them
 };
 
@@ -380,34 +375,23 @@ void SqlStore::release(std::span<const LockRef> locks, bool /*notify: no release
   for (std::size_t from = 0; from < exclusive.size(); from += kChunk) {
     auto batch = std::make_shared<ReleaseBatch>();
     batch->done = shared_done;
-    std::string& names = batch->names;
-    std::string pairs;
-    for (std::size_t e = from; e < std::min(exclusive.size(), from + kChunk); ++e) {
-      const std::size_t i = exclusive[e];
-      batch->locks.emplace_back(std::string(locks[i].name), std::string(locks[i].token));
-      batch->index.push_back(i);
-      if (e > from) {
-        names += ',';
-        pairs += ',';
-      }
-      std::string n = hex(locks[i].name);
-      names += n;
-      pairs += fmt::format("({},{})", n, hex(locks[i].token));
-    }
+    const std::vector<std::size_t> part(exclusive.begin() + from,
+                                        exclusive.begin() + std::min(exclusive.size(), from + kChunk));
+    for (std::size_t i : part) batch->locks.emplace_back(std::string(locks[i].name), std::string(locks[i].token));
+    batch->index = part;
+    RenewalLists lists(locks, part);
+    batch->names = std::move(lists.names);
     SqlConnection& conn = command_connection();
     // In one round trip: who holds each lock, then the release of those
     // that are ours. The read before only names the outcome; the write
     // decides (only rows still ours and unexpired are released).
-    conn.query(fmt::format("SELECT lock_name, owner, expires_at > NOW(6) FROM {} WHERE lock_name IN ({})", table_, names),
-               [batch](const SqlResult& r, const StoreError* err) {
-                 if (err) return;  // the update fails too and answers
-                 for (const auto& row : r.rows)
-                   if (row.size() == 3) batch->before[row[0]] = {row[1], row[2] == "1"};
-               });
+    read_holders(conn, batch->names, [batch](const RowHolders& rows, const StoreError* err) {
+      if (!err) batch->before = rows;  // else the update fails too and answers
+    });
     conn.query(
         fmt::format("UPDATE {} SET owner = '', expires_at = NOW(6) WHERE lock_name IN ({}) AND expires_at > NOW(6) "
                     "AND (lock_name, owner) IN ({})",
-                    table_, names, pairs),
+                    table_, batch->names, lists.pairs),
         [this, batch](const SqlResult& r, const StoreError* err) { release_answered(batch, r, err); });
   }
 }
@@ -417,46 +401,33 @@ void SqlStore::release_answered(const std::shared_ptr<ReleaseBatch>& batch, cons
     for (std::size_t k = 0; k < batch->locks.size(); ++k) (*batch->done)(batch->index[k], Released::kUnconfirmed, err);
     return;
   }
-  auto ours = [&](std::size_t k) {
-    auto it = batch->before.find(batch->locks[k].first);
-    return it != batch->before.end() && it->second.first == batch->locks[k].second && it->second.second;
-  };
-  std::size_t expected = 0;
-  for (std::size_t k = 0; k < batch->locks.size(); ++k) expected += ours(k) ? 1 : 0;
-  if (r.affected == expected) {
-    for (std::size_t k = 0; k < batch->locks.size(); ++k) {
-      auto it = batch->before.find(batch->locks[k].first);
-      bool other = it != batch->before.end() && it->second.second && !it->second.first.empty() && !ours(k);
-      (*batch->done)(batch->index[k], ours(k) ? Released::kYes : other ? Released::kTakenByOther : Released::kGone, nullptr);
-    }
+  std::vector<Standing> before;
+  for (const auto& [name, token] : batch->locks) before.push_back(standing(batch->before, name, token));
+  if (r.affected == static_cast<std::size_t>(std::count(before.begin(), before.end(), Standing::kOurs))) {
+    for (std::size_t k = 0; k < batch->locks.size(); ++k)
+      (*batch->done)(batch->index[k], before[k] == Standing::kOurs    ? Released::kYes
+                                      : before[k] == Standing::kOther ? Released::kTakenByOther
+                                                                      : Released::kGone,
+                     nullptr);
     return;
   }
   // A lock expired between the read and the write: read again. A row
   // still ours was not released (it expired); another owner's took it
   // since; an emptied row was released by us.
-  command_connection().query(
-      fmt::format("SELECT lock_name, owner, expires_at > NOW(6) FROM {} WHERE lock_name IN ({})", table_, batch->names),
-      [batch](const SqlResult& after, const StoreError* e2) {
-        std::map<std::string_view, const std::vector<std::string>*> rows;
-        if (!e2)
-          for (const auto& row : after.rows)
-            if (row.size() == 3) rows[row[0]] = &row;
-        for (std::size_t k = 0; k < batch->locks.size(); ++k) {
-          const auto& [name, token] = batch->locks[k];
-          auto it = rows.find(name);
-          Released st = Released::kGone;
-          if (e2) {
-            st = Released::kUnconfirmed;
-          } else if (it != rows.end()) {
-            const auto& row = *it->second;
-            if (row[1].empty())
-              st = Released::kYes;
-            else if (row[1] != token && row[2] == "1")
-              st = Released::kTakenByOther;
-          }
-          (*batch->done)(batch->index[k], st, e2);
-        }
-      });
+  read_holders(command_connection(), batch->names, [batch](const RowHolders& rows, const StoreError* e2) {
+    for (std::size_t k = 0; k < batch->locks.size(); ++k) {
+      const auto& [name, token] = batch->locks[k];
+      auto it = rows.find(name);
+      Released st = Released::kGone;
+      if (e2)
+        st = Released::kUnconfirmed;
+      else if (it != rows.end() && it->second.owner.empty())
+        st = Released::kYes;
+      else if (it != rows.end() && it->second.owner != token && it->second.live)
+        st = Released::kTakenByOther;
+      (*batch->done)(batch->index[k], st, e2);
+    }
+  });
 }
 
 void SqlStore::server_time(TimeDone done) {
@@ -479,49 +450,36 @@ void SqlStore::claim_period(std::string_view name, std::string_view token, std::
   // and, when the write did nothing, which condition failed.
   std::string n = hex(name);
   std::string t = hex(token);
-  auto claimed = std::make_shared<int>(-1);
-  SqlConnection& conn = command_connection();
-  conn.query(fmt::format("UPDATE {} SET last_period = {} WHERE lock_name = {} AND owner = {} AND expires_at > NOW(6) "
-                         "AND NOW(6) >= {} AND (last_period IS NULL OR last_period < {})",
-                         table_, period, n, t, datetime_literal(start), period),
-             [claimed, done](const SqlResult& r, const StoreError* err) {
-               if (err) {
-                 ClaimResult out;
-                 out.error = *err;
-                 done(out);
-                 return;
-               }
-               *claimed = r.affected == 1 ? 1 : 0;
-             });
-  conn.query(fmt::format("SELECT UNIX_TIMESTAMP(NOW(6)), owner = {} AND expires_at > NOW(6), NOW(6) >= {}, "
-                         "IFNULL(last_period, '') FROM {} WHERE lock_name = {}",
-                         t, datetime_literal(start), table_, n),
-             [this, claimed, period, done](const SqlResult& r, const StoreError* err) {
-               if (*claimed < 0) return;  // the claim failed and said so
-               ClaimResult out;
-               StoreError gone;
-               if (!err && (r.rows.empty() || r.rows[0].size() != 4)) {
-                 // No row: the job's lock is not there at all.
-                 if (*claimed == 0) {
-                   out.status = ClaimResult::Status::kNotLeader;
-                   out.store_time = std::chrono::system_clock::now();
-                   done(out);
-                   return;
-                 }
-                 gone = sql_error(target_.name(), 0, "the claimed period's row is gone");
-                 err = &gone;
-               }
-               if (err) {
-                 out.error = *err;
-                 done(out);
-                 return;
-               }
-               const auto& row = r.rows[0];
-               out.store_time = unix_time(row[0]);
-               sqlcommon::decide_claim(out, *claimed == 1, row[1] == "1",
-                                       row[3].empty() ? std::nullopt : std::optional<std::int64_t>(to_ll(row[3])), period);
-               done(out);
-             });
+  auto failed = [done](const StoreError& err) {
+    ClaimResult out;
+    out.error = err;
+    done(out);
+  };
+  write_then_read(
+      command_connection(),
+      fmt::format("UPDATE {} SET last_period = {} WHERE lock_name = {} AND owner = {} AND expires_at > NOW(6) "
+                  "AND NOW(6) >= {} AND (last_period IS NULL OR last_period < {})",
+                  table_, period, n, t, datetime_literal(start), period),
+      failed,
+      fmt::format("SELECT UNIX_TIMESTAMP(NOW(6)), owner = {} AND expires_at > NOW(6), NOW(6) >= {}, "
+                  "IFNULL(last_period, '') FROM {} WHERE lock_name = {}",
+                  t, datetime_literal(start), table_, n),
+      [this, period, done, failed](std::uint64_t affected, const SqlResult& r, const StoreError* err) {
+        if (err) return failed(*err);
+        ClaimResult out;
+        if (r.rows.empty() || r.rows[0].size() != 4) {
+          // No row: the job's lock is not there at all.
+          if (affected == 1) return failed(sql_error(target_.name(), 0, "the claimed period's row is gone"));
+          out.status = ClaimResult::Status::kNotLeader;
+          out.store_time = std::chrono::system_clock::now();
+          return done(out);
+        }
+        const auto& row = r.rows[0];
+        out.store_time = unix_time(row[0]);
+        sqlcommon::decide_claim(out, affected == 1, row[1] == "1",
+                                row[3].empty() ? std::nullopt : std::optional<std::int64_t>(to_ll(row[3])), period);
+        done(out);
+      });
 }
 
 void SqlStore::inspect(std::string_view name, InspectDone done) {
@@ -557,17 +515,16 @@ void SqlStore::inspect(std::string_view name, InspectDone done) {
              });
 }
 
-void SqlStore::list_locks(std::string_view prefix, std::size_t limit, ListDone done) {
+void SqlStore::list_names(std::string pattern, std::size_t limit, NamesDone done) {
   command_connection().query(
       fmt::format("SELECT lock_name FROM {} WHERE lock_name LIKE {} AND owner <> '' AND expires_at > NOW(6) "
                   "ORDER BY lock_name LIMIT {}",
-                  table_, hex(sql::like_prefix(encode(prefix))), limit),
-      [this, done = std::move(done)](const SqlResult& r, const StoreError* err) mutable {
-        if (err) return done({}, err);
+                  table_, hex(pattern), limit),
+      [done = std::move(done)](const SqlResult& r, const StoreError* err) {
         std::vector<std::string> names;
         for (const auto& row : r.rows)
           if (!row.empty()) names.push_back(row[0]);
-        sqlcommon::list_inspected(*this, std::move(names), traits().keys.prefix.size(), std::move(done));
+        done(std::move(names), err);
       });
 }
 
@@ -587,26 +544,12 @@ void SqlStore::force_release(std::string_view name, ForceDone done) {
       "UPDATE {0} SET owner = '', expires_at = NOW(6) WHERE lock_name = {2} AND owner NOT LIKE '{3}%'; ",
       table_, holders_, n, sql::kMarkerPrefix);
   body += shrink(n);
-  auto failed = std::make_shared<bool>(false);
   auto shared_done = std::make_shared<ForceDone>(std::move(done));
-  SqlConnection& conn = command_connection();
-  conn.query(transaction(body), [failed, shared_done](const SqlResult&, const StoreError* err) {
-    if (!err) return;
-    *failed = true;
-    (*shared_done)(false, err);
-  });
-  conn.query("SELECT @lw_was", [failed, shared_done](const SqlResult& r, const StoreError* err) {
-    if (*failed) return;  // answered by the transaction's failure
-    (*shared_done)(!err && !r.rows.empty() && !r.rows[0].empty() && to_ll(r.rows[0][0]) > 0, err);
-  });
-}
-
-void SqlStore::close() {
-  // What is queued goes to the connections, which fail it as they close:
-  // every callback runs.
-  turn_end_.close();
-  acquires_.flush();
-  connections_.close();
+  write_then_read(
+      command_connection(), transaction(body), [shared_done](const StoreError& err) { (*shared_done)(false, &err); },
+      "SELECT @lw_was", [shared_done](std::uint64_t, const SqlResult& r, const StoreError* err) {
+        (*shared_done)(!err && !r.rows.empty() && !r.rows[0].empty() && to_ll(r.rows[0][0]) > 0, err);
+      });
 }
 
 }  // namespace lockwatch::detail

@@ -66,32 +66,20 @@
 #pragma once
 
 #include <functional>
+#include <map>
 #include <memory>
 #include <span>
 #include <string>
 #include <vector>
 
-#include "store/capabilities.hpp"
-#include "store/store_base.hpp"
 #include "store/sql/sql_connection.hpp"
 #include "store/sql/sql_target.hpp"
-#include "store/sqlcommon/settings.hpp"
 #include "store/sqlcommon/sql_recipe.hpp"
-#include "core/turn_end.hpp"
 
 namespace lockwatch::detail {
 
-class Loop;
-
-class SqlStore final : public StoreBase,
-                       public JobClaims,
-                       public OperatorTools,
-                       public LockListing,
-                       public FairQueue {
+class SqlStore final : public sqlcommon::RecipeStore<SqlConnection> {
  public:
-  // The lock_name column's size: longer names (prefix + key) are refused.
-  static constexpr std::size_t kMaxNameBytes = 255;
-
   SqlStore(Loop& loop, SqlTarget target, const sqlcommon::SqlSettings& settings);
   ~SqlStore() override;
 
@@ -102,33 +90,25 @@ class SqlStore final : public StoreBase,
   // What tables made by earlier versions are altered with (columns added since).
   static std::vector<std::string> migrations(const std::string& table);
 
-  // One statement per batch (see above); no release notices, so waiters
-  // poll with the runtime's back-off, keeping their turn by their mark.
-  // Every kind (see above).
-  void acquire(std::span<const LockRef> locks, AcquireDone done) override;
-  std::size_t renew(std::span<const LockRef> locks, std::shared_ptr<const void> keepalive, RenewDone done) override;
+  // Acquisitions: one statement per batch (see above); no release
+  // notices, so waiters poll with the runtime's back-off, keeping their
+  // turn by their mark. Every kind (see above).
   void release(std::span<const LockRef> locks, bool notify, ReleaseDone done) override;
-  void close() override;
   // JobClaims on the database's clock (NOW(6)); OperatorTools on the row.
   void server_time(TimeDone done) override;
   void claim_period(std::string_view name, std::string_view token, std::int64_t period,
                     std::chrono::system_clock::time_point start, ClaimDone done) override;
   void inspect(std::string_view name, InspectDone done) override;
   void force_release(std::string_view name, ForceDone done) override;
-  // A query of the lock rows under the prefix (LIKE on the key, ordered,
-  // LIMIT), each then inspected.
-  void list_locks(std::string_view prefix, std::size_t limit, ListDone done) override;
   void withdraw(const LockRef& lock, WithdrawDone done) override;
 
  private:
   using AcquireBatchPtr = sqlcommon::AcquireBatchPtr;
   using RenewBatchPtr = sqlcommon::RenewBatchPtr;
-  void started() override;
-  SqlConnection& command_connection() { return connections_.command(); }
   // The exclusive acquisitions of one turn go out together at its end, in
   // name order and in chunks (sqlcommon::AcquireQueue): a set of keys
   // asked for together is decided by one statement, one transaction.
-  void acquire_batch(AcquireBatchPtr batch);
+  void acquire_batch(AcquireBatchPtr batch) override;
   struct ReleaseBatch;
   // The answer to a release batch's update (read again when a lock
   // expired between the read before and the update).
@@ -137,7 +117,30 @@ class SqlStore final : public StoreBase,
   // the report that reads what it did) and the report's answer.
   std::pair<std::string, std::string> acquire_statements(const sqlcommon::AcquireBatch& batch) const;
   void acquire_reported(const AcquireBatchPtr& batch, const SqlResult& r, const StoreError* err);
-  void renew_group(RenewBatchPtr batch, std::vector<std::size_t> members, std::chrono::milliseconds ttl);
+  // One statement per ttl (a tick's renewals mostly share one), in chunks;
+  // holders of the other kinds renew their own rows (renew_kinds()).
+  void renew_group(RenewBatchPtr batch, std::vector<std::size_t> members, std::chrono::milliseconds ttl,
+                   bool kinds) override;
+  // The lock rows under the prefix (LIKE on the key, ordered, LIMIT).
+  void list_names(std::string pattern, std::size_t limit, NamesDone done) override;
+  // Sends `write` then `read` on `conn`, in one round trip: a failed
+  // write is answered by `failed` alone; else `answered` gets the read's
+  // answer and the rows the write changed.
+  using ReadDone = std::function<void(std::uint64_t affected, const SqlResult&, const StoreError*)>;
+  static void write_then_read(SqlConnection& conn, std::string write, std::function<void(const StoreError&)> failed,
+                              std::string read, ReadDone answered);
+  // Who holds lock rows, as read after a write: the owner (token or
+  // marker) and whether the row is unexpired, by name.
+  struct RowHolder {
+    std::string owner;
+    bool live = false;
+  };
+  using RowHolders = std::map<std::string, RowHolder, std::less<>>;
+  void read_holders(SqlConnection& conn, const std::string& names,
+                    std::function<void(const RowHolders&, const StoreError*)> done);
+  // How a row stands for `token`: live and ours, live and another's, or neither.
+  enum class Standing { kOurs, kOther, kNone };
+  static Standing standing(const RowHolders& rows, std::string_view name, std::string_view token);
   void classify_renewals(RenewBatchPtr batch, std::vector<std::size_t> members);
   // The exclusive acquisitions of a batch that found readers leave the
   // writer's mark; `done` runs once it is written (or failed).
@@ -145,7 +148,7 @@ class SqlStore final : public StoreBase,
   // Shared, permit and fair locks (sql_store_kinds.cpp): the kinds'
   // acquisitions of one loop turn (a set's keys among them) are decided in
   // one transaction per group, in name order.
-  void send_kind_group(AcquireBatchPtr group);
+  void send_kind_group(AcquireBatchPtr group) override;
   std::string kind_body(const sqlcommon::PendingAcquire& a) const;
   Acquired kind_outcome(const sqlcommon::PendingAcquire& a, const std::vector<std::string>& fields) const;
   void renew_kinds(RenewBatchPtr batch, std::vector<std::size_t> members, std::chrono::milliseconds ttl);
@@ -160,17 +163,11 @@ class SqlStore final : public StoreBase,
   // One statement may name a lock twice; one renew statement per ttl.
   static constexpr sqlcommon::Dialect kDialect{.repeated_names = true, .ttl_per_lease = false};
 
-  Loop& loop_;
-  const sqlcommon::SqlSettings settings_;
   const std::string owner_name_;  // the owner name as a hex literal, recorded with each grant
   const std::string waiter_id_;   // random: how this store's waiters name themselves in a mark
   const SqlTarget target_;
   std::string table_;    // quoted
   std::string holders_;  // quoted: the companion table
-  sqlcommon::Connections<SqlConnection> connections_;
-  sqlcommon::AcquireQueue acquires_{kDialect, [this](AcquireBatchPtr b) { acquire_batch(std::move(b)); },
-                                    [this](AcquireBatchPtr b) { send_kind_group(std::move(b)); }};
-  TurnEnd turn_end_{[this] { acquires_.flush(); }};
 };
 
 }  // namespace lockwatch::detail

@@ -48,45 +48,42 @@ void SqlStore::send_kind_group(AcquireBatchPtr group) {
         k);
     read += fmt::format("{}@lw_o{}", k == 0 ? "" : ", ", k);
   }
-  auto failed = std::make_shared<bool>(false);
-  SqlConnection& conn = command_connection();
-  conn.query(transaction(body), [this, group, failed](const SqlResult&, const StoreError* err) {
-    if (!err) return;
-    *failed = true;
-    // A deadlock or a lock-wait timeout rolled the transaction back whole.
-    if (sqlcommon::resend(group, *err, [this](AcquireBatchPtr b) { send_kind_group(std::move(b)); }, false)) return;
-    for (const auto& a : group->locks) {
-      Acquired out;
-      out.error = *err;
-      if (err->code == mariadb_code(1064))
-        // A server without MariaDB's compound statements (MySQL): say what
-        // is missing rather than only where the syntax broke.
-        out.error.message = a.kind.describe() + " locks need MariaDB's compound statements (BEGIN NOT ATOMIC), " +
-                            "which this server does not take: " + err->message;
-      a.answer(out);
-    }
-  });
-  conn.query(std::move(read), [this, group, failed](const SqlResult& r, const StoreError* err) {
-    if (*failed) return;  // answered by the transaction's failure, or sent again
-    StoreError no_answer;
-    if (!err && (r.rows.empty() || r.rows[0].size() != group->locks.size())) {
-      no_answer = StoreError::unavailable(target_.name(), "the outcome of a lock's transaction was lost with its "
-                                                          "connection");
-      err = &no_answer;
-    }
-    if (err) return group->fail(*err);
-    for (std::size_t k = 0; k < group->locks.size(); ++k) {
-      const sqlcommon::PendingAcquire& a = group->locks[k];
-      std::vector<std::string> fields;
-      std::string_view text = r.rows[0][k];
-      for (std::size_t at = 0; at <= text.size();) {
-        auto comma = std::min(text.find(',', at), text.size());
-        fields.emplace_back(text.substr(at, comma - at));
-        at = comma + 1;
-      }
-      a.answer(kind_outcome(a, fields));
-    }
-  });
+  write_then_read(
+      command_connection(), transaction(body),
+      [this, group](const StoreError& err) {
+        // A deadlock or a lock-wait timeout rolled the transaction back whole.
+        if (sqlcommon::resend(group, err, [this](AcquireBatchPtr b) { send_kind_group(std::move(b)); }, false)) return;
+        for (const auto& a : group->locks) {
+          Acquired out;
+          out.error = err;
+          if (err.code == mariadb_code(1064))
+            // A server without MariaDB's compound statements (MySQL): say
+            // what is missing rather than only where the syntax broke.
+            out.error.message = a.kind.describe() + " locks need MariaDB's compound statements (BEGIN NOT ATOMIC), " +
+                                "which this server does not take: " + err.message;
+          a.answer(out);
+        }
+      },
+      std::move(read),
+      [this, group](std::uint64_t, const SqlResult& r, const StoreError* err) {
+        StoreError no_answer;
+        if (!err && (r.rows.empty() || r.rows[0].size() != group->locks.size())) {
+          no_answer = StoreError::unavailable(target_.name(), "the outcome of a lock's transaction was lost with "
+                                                              "its connection");
+          err = &no_answer;
+        }
+        if (err) return group->fail(*err);
+        for (std::size_t k = 0; k < group->locks.size(); ++k) {
+          std::vector<std::string> fields;
+          std::string_view text = r.rows[0][k];
+          for (std::size_t at = 0; at <= text.size();) {
+            auto comma = std::min(text.find(',', at), text.size());
+            fields.emplace_back(text.substr(at, comma - at));
+            at = comma + 1;
+          }
+          group->locks[k].answer(kind_outcome(group->locks[k], fields));
+        }
+      });
 }
 
 // What a shared, permit or fair acquisition does once kind_body()'s common
@@ -235,33 +232,28 @@ void SqlStore::renew_kinds(RenewBatchPtr batch, std::vector<std::size_t> members
   // holder whose time ran out is not extended: its lease is gone. The read
   // after it names which were.
   const RenewalLists lists(batch->locks, members);
-  auto failed = std::make_shared<bool>(false);
-  connections_.renew->query(
+  write_then_read(
+      *connections_.renew,
       fmt::format("UPDATE {0} l STRAIGHT_JOIN {1} h ON h.lock_name = l.lock_name "
                   "SET h.expires_at = NOW(6) + INTERVAL {2} MICROSECOND, "
                   "l.expires_at = GREATEST(l.expires_at, NOW(6) + INTERVAL {2} MICROSECOND) "
                   "WHERE l.lock_name IN ({3}) AND (h.lock_name, h.owner) IN ({4}) AND h.role IN ('r', 'p', 'f') "
                   "AND h.expires_at > NOW(6)",
                   table_, holders_, micros(ttl), lists.names, lists.pairs),
-      [batch, members, failed](const SqlResult&, const StoreError* err) {
-        if (!err) return;
-        *failed = true;
-        batch->answer(members, Renewed::kTransient, err);
+      [batch, members](const StoreError& err) { batch->answer(members, Renewed::kTransient, &err); },
+      fmt::format("SELECT lock_name, owner FROM {} WHERE lock_name IN ({}) AND (lock_name, owner) IN ({}) "
+                  "AND role IN ('r', 'p', 'f') AND expires_at > NOW(6)",
+                  holders_, lists.names, lists.pairs),
+      [batch, members](std::uint64_t, const SqlResult& r, const StoreError* err) {
+        if (err) return batch->answer(members, Renewed::kTransient, err);
+        std::set<std::pair<std::string_view, std::string_view>> live;
+        for (const auto& row : r.rows)
+          if (row.size() == 2) live.emplace(row[0], row[1]);
+        for (std::size_t i : members) {
+          const LockRef& l = batch->locks[i];
+          batch->done(i, live.count({l.name, l.token}) ? Renewed::kYes : Renewed::kGone, nullptr);
+        }
       });
-  connections_.renew->query(fmt::format("SELECT lock_name, owner FROM {} WHERE lock_name IN ({}) AND (lock_name, owner) IN ({}) "
-                            "AND role IN ('r', 'p', 'f') AND expires_at > NOW(6)",
-                            holders_, lists.names, lists.pairs),
-                [batch, members, failed](const SqlResult& r, const StoreError* err) {
-                  if (*failed) return;
-                  if (err) return batch->answer(members, Renewed::kTransient, err);
-                  std::set<std::pair<std::string_view, std::string_view>> live;
-                  for (const auto& row : r.rows)
-                    if (row.size() == 2) live.emplace(row[0], row[1]);
-                  for (std::size_t i : members) {
-                    const LockRef& l = batch->locks[i];
-                    batch->done(i, live.count({l.name, l.token}) ? Renewed::kYes : Renewed::kGone, nullptr);
-                  }
-                });
 }
 
 void SqlStore::release_kinds(std::span<const LockRef> locks, std::vector<std::size_t> at,
@@ -279,27 +271,19 @@ void SqlStore::release_kinds(std::span<const LockRef> locks, std::vector<std::si
         "DELETE FROM {1} WHERE lock_name = {2} AND owner = {3} AND role IN ('r', 'p', 'f'); ",
         table_, holders_, n, hex(locks[i].token));
     body += shrink(n);
-    auto failed = std::make_shared<bool>(false);
-    conn.query(transaction(body), [i, done, failed](const SqlResult&, const StoreError* err) {
-      if (!err) return;
-      *failed = true;
-      (*done)(i, Released::kUnconfirmed, err);
-    });
-    conn.query("SELECT @lw_released", [this, i, done, failed](const SqlResult& r, const StoreError* err) {
-      if (*failed) return;
-      StoreError no_answer;
-      if (!err && (r.rows.empty() || r.rows[0].empty() || r.rows[0][0].empty())) {
-        // A new session: what the transaction did is not known.
-        no_answer = StoreError::unavailable(target_.name(), "the outcome of a release was lost with its connection");
-        err = &no_answer;
-      }
-      if (err) {
-        (*done)(i, Released::kUnconfirmed, err);
-        return;
-      }
-      const bool released = !r.rows.empty() && !r.rows[0].empty() && to_ll(r.rows[0][0]) > 0;
-      (*done)(i, released ? Released::kYes : Released::kGone, nullptr);
-    });
+    write_then_read(
+        conn, transaction(body), [i, done](const StoreError& err) { (*done)(i, Released::kUnconfirmed, &err); },
+        "SELECT @lw_released", [this, i, done](std::uint64_t, const SqlResult& r, const StoreError* err) {
+          StoreError no_answer;
+          if (!err && (r.rows.empty() || r.rows[0].empty() || r.rows[0][0].empty())) {
+            // A new session: what the transaction did is not known.
+            no_answer =
+                StoreError::unavailable(target_.name(), "the outcome of a release was lost with its connection");
+            err = &no_answer;
+          }
+          if (err) return (*done)(i, Released::kUnconfirmed, err);
+          (*done)(i, to_ll(r.rows[0][0]) > 0 ? Released::kYes : Released::kGone, nullptr);
+        });
   }
 }
 

@@ -69,11 +69,7 @@ void AcquireQueue::flush() {
 }
 
 bool resend(const AcquireBatchPtr& batch, const StoreError& error, const SendBatch& send, bool split) {
-  if (error.kind == StoreError::Kind::kRetryLater && batch->attempt < kAttempts) {
-    ++batch->attempt;
-    send(batch);
-    return true;
-  }
+  if (retry_later(batch, error, send)) return true;
   if (!split || batch->locks.size() < 2 || error.kind != StoreError::Kind::kRefused) return false;
   for (auto& l : batch->locks) send_batch(send, {std::move(l)});
   return true;

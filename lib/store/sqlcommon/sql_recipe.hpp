@@ -21,16 +21,20 @@
 //     renewed;
 //   - connections: two for commands (the least busy takes a statement) and
 //     one for renewals, so that a renewal never queues behind a burst of
-//     acquisitions (Connections).
+//     acquisitions (Connections);
+//   - the store's flow (RecipeStore): acquire() queues for the turn's end,
+//     renew() cuts a call into statements, list_locks() inspects the names
+//     a query found, close() sends what is queued before the connections
+//     close.
 // The Dialect is data: what the statements of a server can and cannot do.
 // The driver is the store's connection type (Connections' parameter, with
 // start(), close(), pending(), name() and set_state_hook()) and the store's
-// own functions that write a batch's statement text and read its answer
-// (AcquireQueue's senders).
+// own steps that write a batch's statement text and read its answer
+// (RecipeStore's virtual steps).
 //
 // Threading: the store's loop thread, as the stores. Costs: the queued
 // acquisitions' names and tokens are copied once (the caller's views end
-// with its call).
+// with its call); one virtual call a statement.
 #pragma once
 
 #include <chrono>
@@ -44,8 +48,14 @@
 #include <string_view>
 #include <vector>
 
+#include "core/loop.hpp"
+#include "core/turn_end.hpp"
+#include "store/capabilities.hpp"
 #include "store/lock_store.hpp"
 #include "store/sqlcommon/batching.hpp"
+#include "store/sqlcommon/inspection.hpp"
+#include "store/sqlcommon/settings.hpp"
+#include "store/store_base.hpp"
 
 namespace lockwatch::detail::sqlcommon {
 
@@ -113,6 +123,17 @@ class AcquireQueue {
   std::vector<PendingAcquire> exclusive_queue_;
   std::vector<PendingAcquire> kind_queue_;
 };
+
+// A batch (anything with an `attempt` count) whose statement the server
+// answered "retry later" (a deadlock, a lock wait timeout) goes to `send`
+// again while attempts are left: true when it went.
+template <class Batch, class Send>
+bool retry_later(const std::shared_ptr<Batch>& batch, const StoreError& error, const Send& send) {
+  if (error.kind != StoreError::Kind::kRetryLater || batch->attempt >= kAttempts) return false;
+  ++batch->attempt;
+  send(batch);
+  return true;
+}
 
 // A batch whose statement failed with `error`: sent again through `send`
 // (true) when the server asked to retry later and attempts are left, or,
@@ -189,6 +210,86 @@ struct Connections {
     for (auto& c : commands) c->close();
     renew->close();
   }
+};
+
+// What a SQL store does the same way on either server, over its
+// `Connection`: the store (derived) writes each step's statements and
+// reads their answers in the virtual steps, and answers the rest of
+// LockStore and its capabilities itself.
+template <class Connection>
+class RecipeStore : public StoreBase,
+                    public JobClaims,
+                    public OperatorTools,
+                    public LockListing,
+                    public FairQueue {
+ public:
+  // The lock_name column's size: longer names (prefix + key) are refused.
+  static constexpr std::size_t kMaxNameBytes = 255;
+
+  // Queued: the acquisitions of one turn go out together at its end.
+  void acquire(std::span<const LockRef> locks, AcquireDone done) final {
+    if (acquires_.add(locks, std::move(done))) turn_end_.request();
+  }
+  // In statements as renewal_groups() cuts them.
+  std::size_t renew(std::span<const LockRef> locks, std::shared_ptr<const void> keepalive, RenewDone done) final {
+    return renewal_groups(dialect_, locks, std::move(keepalive), std::move(done),
+                          [this](RenewBatchPtr batch, std::vector<std::size_t> members, std::chrono::milliseconds ttl,
+                                 bool kinds) { renew_group(std::move(batch), std::move(members), ttl, kinds); });
+  }
+  // The held names under the prefix (list_names()), each then inspected.
+  void list_locks(std::string_view prefix, std::size_t limit, ListDone done) final {
+    list_names(like_prefix(encode(prefix)), limit,
+               [this, done = std::move(done)](std::vector<std::string> names, const StoreError* err) mutable {
+                 if (err) return done({}, err);
+                 list_inspected(*this, std::move(names), traits().keys.prefix.size(), std::move(done));
+               });
+  }
+  // What is queued goes to the connections, which fail it as they close:
+  // every callback runs.
+  void close() override {
+    turn_end_.close();
+    turn_ended();
+    connections_.close();
+  }
+
+ protected:
+  // Every kind; `too_long` refuses a longer name than kMaxNameBytes.
+  RecipeStore(Loop& loop, const SqlSettings& settings, Dialect dialect, const char* too_long, bool release_events)
+      : StoreBase(StoreTraits{.keys = KeyRules{.prefix = settings.key_prefix,
+                                               .max_name = kMaxNameBytes,
+                                               .too_long = too_long},
+                              .release_events = release_events,
+                              .no_shared = nullptr,
+                              .no_permits = nullptr}),
+        loop_(loop),
+        settings_(settings),
+        dialect_(dialect) {}
+  void started() override {
+    turn_end_.open(loop_.uv());
+    connections_.start(events_);
+  }
+  Connection& command_connection() { return connections_.command(); }
+
+  // The steps the store writes: a batch of exclusive acquisitions (one
+  // statement), a group of the other kinds' (one transaction), a group of
+  // renewals (`ttl` theirs without Dialect::ttl_per_lease), and the held
+  // names that match a LIKE `pattern`, in order, at most `limit`.
+  virtual void acquire_batch(AcquireBatchPtr batch) = 0;
+  virtual void send_kind_group(AcquireBatchPtr group) = 0;
+  virtual void renew_group(RenewBatchPtr batch, std::vector<std::size_t> members, std::chrono::milliseconds ttl,
+                           bool kinds) = 0;
+  using NamesDone = std::function<void(std::vector<std::string> names, const StoreError* error)>;
+  virtual void list_names(std::string pattern, std::size_t limit, NamesDone done) = 0;
+  // The turn's end: what was queued in it goes out.
+  virtual void turn_ended() { acquires_.flush(); }
+
+  Loop& loop_;
+  const SqlSettings settings_;
+  const Dialect dialect_;
+  Connections<Connection> connections_;
+  AcquireQueue acquires_{dialect_, [this](AcquireBatchPtr b) { acquire_batch(std::move(b)); },
+                         [this](AcquireBatchPtr b) { send_kind_group(std::move(b)); }};
+  TurnEnd turn_end_{[this] { turn_ended(); }};
 };
 
 }  // namespace lockwatch::detail::sqlcommon
