@@ -167,7 +167,7 @@ void Watchdog::on_timer(LeaseRecord* raw) {
     // alive until it is done. Nothing is judged any more: the work is over.
     if ((l->phase == LeaseRecord::Phase::kRenewDue || l->phase == LeaseRecord::Phase::kRetryDue) &&
         now < l->deadline())
-      send_renew(l);
+      send_renew(l, now);
     return;
   }
   if (now >= l->deadline() && l->phase == LeaseRecord::Phase::kAwaitingReply && drained_at_ != clock_.advances()) {
@@ -202,10 +202,10 @@ void Watchdog::on_timer(LeaseRecord* raw) {
         break;
       }
       l->renewal_counts = l->started();
-      send_renew(l);
+      send_renew(l, now);
       break;
     case LeaseRecord::Phase::kRetryDue:
-      send_renew(l);  // the same renewal again: it counts as it did
+      send_renew(l, now);  // the same renewal again: it counts as it did
       break;
     default:
       schedule(*l, l->phase, l->deadline());
@@ -236,8 +236,8 @@ void Watchdog::renew_together(const std::vector<std::shared_ptr<LeaseRecord>>& l
   }
 }
 
-void Watchdog::send_renew(const std::shared_ptr<LeaseRecord>& l) {
-  l->last_sent = Clock::now();
+void Watchdog::send_renew(const std::shared_ptr<LeaseRecord>& l, Clock::time_point now) {
+  l->last_sent = now;
   schedule(*l, LeaseRecord::Phase::kAwaitingReply, l->deadline());
   due_.push_back(l);
 }

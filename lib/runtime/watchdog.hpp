@@ -116,7 +116,9 @@ class Watchdog {
   // A renewal due `at` moved early onto a grid its ttl shares with others
   // (at most a twentieth of the ttl), so that renewals coalesce.
   Clock::time_point coalesced(Clock::time_point at, std::chrono::milliseconds ttl) const noexcept;
-  void send_renew(const std::shared_ptr<LeaseRecord>& l);
+  // Queues `l`'s renewal for this tick's batch (flush()); `now`: the
+  // caller's reading of the clock, if it has one.
+  void send_renew(const std::shared_ptr<LeaseRecord>& l, Clock::time_point now = Clock::now());
   void on_renew_result(const std::shared_ptr<LeaseRecord>& l, Clock::time_point sent, Renewed status,
                        const StoreError* why);
   void on_renew_result_now(const std::shared_ptr<LeaseRecord>& l, Clock::time_point sent, Renewed status,

@@ -65,7 +65,10 @@ template <class Strings>
 void append_resp(std::string& out, const Strings& argv) {
   std::size_t total = 16;
   for (const auto& a : argv) total += a.size() + 16;
-  out.reserve(out.size() + total);
+  // Grown geometrically: the requests of one turn pile up in `out`, and an
+  // exact reserve per request would copy the whole buffer each time.
+  if (const std::size_t need = out.size() + total; need > out.capacity())
+    out.reserve(std::max(need, 2 * out.capacity()));
   char digits[24];
   auto header = [&](char kind, std::size_t n) {
     out.push_back(kind);
