@@ -81,7 +81,7 @@ TEST_F(HandoffTest, AWaiterTakesTheLockWithoutTheStoreAndTheNextReservedToken) {
   second.release().wait_for(kBound);
   auto third = get_bounded(third_f);
   EXPECT_EQ(third.lease().fencing_token(), store_fence + 2);
-  EXPECT_EQ(backend_->fence(memory_name("k")), store_fence + detail::RuntimeImpl::kTokenBlock);
+  EXPECT_EQ(backend_->fence(memory_name("k")), store_fence + detail::LockTable::kTokenBlock);
   EXPECT_EQ(store_calls(Op::kReserve, "k"), 1u);
   // No release in the store since, and no token but the reserved: the key stayed ours.
   EXPECT_EQ(store_calls(Op::kRelease, "k"), 0u);
@@ -146,7 +146,7 @@ TEST_F(HandoffTest, AReservationWithoutAnAnswerSendsTheKeyBackToTheStore) {
   EXPECT_EQ(store_calls(Op::kRelease, "k"), 1u);
   EXPECT_EQ(rt_->stats().local_handoffs, 0u);
   EXPECT_EQ(second.lease().fencing_token(), backend_->fence(memory_name("k")));
-  EXPECT_GT(second.lease().fencing_token(), first_token + detail::RuntimeImpl::kTokenBlock);
+  EXPECT_GT(second.lease().fencing_token(), first_token + detail::LockTable::kTokenBlock);
 }
 
 TEST_F(HandoffTest, TheNewHolderHasALeaseOfItsOwn) {
@@ -168,7 +168,7 @@ TEST_F(HandoffTest, TheNewHolderHasALeaseOfItsOwn) {
   EXPECT_TRUE(renewed_again(lease, 2));
   EXPECT_FALSE(lease.lost());
   EXPECT_EQ(lease.fencing_token(), 2u);
-  EXPECT_EQ(backend_->fence(memory_name("k")), 1u + detail::RuntimeImpl::kTokenBlock);
+  EXPECT_EQ(backend_->fence(memory_name("k")), 1u + detail::LockTable::kTokenBlock);
 }
 
 TEST_F(HandoffTest, ARenewalInFlightAtTheHandOffCountsForTheNewHolder) {

@@ -333,12 +333,13 @@ TEST_F(RuntimeTest, WorkEndingPastTheDeadlineBeforeTheWatchdogRanLosesTheLease) 
     }
     auto ended = std::make_shared<std::promise<void>>();
     auto ended_f = ended->get_future();
-    impl.loop.post([&impl, l, ended] {
+    auto& table = detail::RuntimeAccess::table(*rt_);
+    impl.post([&table, l, ended] {
       // The loop stalls past the deadline, then reads the work's end first.
       const auto until = std::chrono::steady_clock::now() + kBound;
       while (std::chrono::steady_clock::now() <= l->deadline() && std::chrono::steady_clock::now() < until)
         std::this_thread::sleep_for(1ms);
-      impl.work_ended(l);
+      table.work_ended(l);
       ended->set_value();
     });
     ASSERT_EQ(ended_f.wait_for(kBound), std::future_status::ready);
@@ -373,7 +374,7 @@ TEST_F(RuntimeTest, ALeaseGoesFromHeldThroughReleasingToEnded) {
   auto step_now = [&] {
     auto read = std::make_shared<std::promise<detail::Step>>();
     auto got = read->get_future();
-    impl.loop.post([l, read] { read->set_value(l->step); });
+    impl.post([l, read] { read->set_value(l->step); });
     EXPECT_EQ(got.wait_for(kBound), std::future_status::ready);
     return got.get();
   };
@@ -397,7 +398,7 @@ TEST_F(RuntimeTest, ALeaseGoesFromHeldThroughReleasingToEnded) {
 class LoopHold {
  public:
   explicit LoopHold(Runtime& rt) {
-    detail::RuntimeAccess::impl(rt).loop.post([reached = reached_, gate = gate_] {
+    detail::RuntimeAccess::impl(rt).post([reached = reached_, gate = gate_] {
       reached->open();
       (void)gate->wait();
     });

@@ -2,7 +2,7 @@
 //
 // A call ends one of three ways, and its acquisition carries exactly one:
 //   run on the pool   a LOCKED call: once granted, its work runs on a pool
-//                     thread (detail::RuntimeImpl::run_on_pool); the call
+//                     thread (LockTable::run_on_pool); the call
 //                     completes when the lease ends
 //                     (LeaseRecord::complete_call);
 //   run inline        a LOCKED call nested in one that holds another key:
@@ -13,7 +13,7 @@
 //                     the caller's handler, unless its ticket's cancel
 //                     claimed the outcome first (HandleCall).
 // The runtime tells a completion that no lock will come (fail(), once) or
-// hands a granted lease on as its way says (detail::RuntimeImpl::start_lease).
+// hands a granted lease on as its way says (LockTable::start_lease).
 //
 // Threading: made on the caller's thread before the loop sees the call,
 // then the loop thread's, but for what each part says of itself. Costs: a

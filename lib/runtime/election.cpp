@@ -372,7 +372,7 @@ void Election::resign(std::function<void(std::error_code)> handler) {
   }
   // Nothing to give up: the handler still runs on the notifier, not here.
   auto& impl = detail::RuntimeAccess::impl(state_->runtime);
-  detail::post_completion(impl.notifier_pool, [h = std::move(handler)]() mutable { h({}); });
+  detail::post_completion(impl.notifier(), [h = std::move(handler)]() mutable { h({}); });
 }
 
 std::optional<LeaderInfo> Election::leader() { return state_->read(); }

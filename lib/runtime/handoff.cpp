@@ -4,20 +4,18 @@
 
 #include <algorithm>
 
-#include "runtime/runtime_impl.hpp"
+#include "runtime/lock_table.hpp"
 
-namespace lockwatch {
+namespace lockwatch::detail {
 
-using detail::LeaseRecord;
-
-void detail::RuntimeImpl::work_ended(const std::shared_ptr<LeaseRecord>& l) {
-  if (!watchdog.end_work(l)) return;
+void LockTable::work_ended(const std::shared_ptr<LeaseRecord>& l) {
+  if (!watchdog_.end_work(l)) return;
   if (try_hand_off(l)) return;
-  watchdog.release_ended(l);
+  watchdog_.release_ended(l);
 }
 
-bool detail::RuntimeImpl::hand_off_fits(const LeaseRecord& l) const {
-  const detail::Acquisition* next = waits.next_waiter(l.name.view());
+bool LockTable::hand_off_fits(const LeaseRecord& l) const {
+  const Acquisition* next = waits_.next_waiter(l.name.view());
   // A waiter with another ttl, or without renewals (it counts on a whole
   // ttl from its start), takes the lock from the store; so do shared and
   // permit holders (their leases are each their own in the store).
@@ -25,27 +23,27 @@ bool detail::RuntimeImpl::hand_off_fits(const LeaseRecord& l) const {
          next->spec.kind.exclusive_kind() && next->spec.handoff && !l.no_handoff;
 }
 
-void detail::RuntimeImpl::reserve_ahead(const std::shared_ptr<LeaseRecord>& l) {
+void LockTable::reserve_ahead(const std::shared_ptr<LeaseRecord>& l) {
   // Only while a caller here waits for the key, so that the next hand-off
   // finds its token in stock: nothing for a lock nobody else here wants.
-  if (token_blocks == nullptr || !options.handoff.enabled || l->work_over() || l->lost() ||
+  if (token_blocks_ == nullptr || !parts_.options.handoff.enabled || l->work_over() || l->lost() ||
       l->slot == LeaseRecord::kNoSlot || !hand_off_fits(*l))
     return;
-  auto s = watchdog.streak_of(*l);
+  auto s = watchdog_.streak_of(*l);
   const std::uint64_t stock = s->in_stock();
-  if (s->reserving || s->refused || stock > kTokenBlock / 2 || s->handoffs + stock >= options.handoff.max_streak)
+  if (s->reserving || s->refused || stock > kTokenBlock / 2 || s->handoffs + stock >= parts_.options.handoff.max_streak)
     return;
   reserve(*l, s);
 }
 
-void detail::RuntimeImpl::reserve(const LeaseRecord& l, const std::shared_ptr<detail::HandOffStreak>& s) {
+void LockTable::reserve(const LeaseRecord& l, const std::shared_ptr<HandOffStreak>& s) {
   // As many as the streak may still hand on, a block at most.
-  const auto left = static_cast<std::uint64_t>(options.handoff.max_streak - s->handoffs);
+  const auto left = static_cast<std::uint64_t>(parts_.options.handoff.max_streak - s->handoffs);
   const auto n = static_cast<std::uint32_t>(std::min<std::uint64_t>(
       kTokenBlock, left > s->in_stock() ? left - s->in_stock() : 1));
   s->reserving = true;
-  stats.token_reservations.fetch_add(1, std::memory_order_relaxed);
-  token_blocks->reserve_tokens(l.ref(), n, [this, s, n](std::uint64_t last, const detail::StoreError* error) {
+  parts_.stats.token_reservations.fetch_add(1, std::memory_order_relaxed);
+  token_blocks_->reserve_tokens(l.ref(), n, [this, s, n](std::uint64_t last, const StoreError* error) {
     s->reserving = false;
     if (error != nullptr || last < n) {
       // Not ours any more, or no answer: no hand-off in this streak (the
@@ -56,22 +54,23 @@ void detail::RuntimeImpl::reserve(const LeaseRecord& l, const std::shared_ptr<de
     }
     if (auto d = std::exchange(s->deferred, nullptr)) {
       d->awaiting_tokens = false;
-      if (!try_hand_off(d)) watchdog.release(d);
+      if (!try_hand_off(d)) watchdog_.release(d);
     }
   });
 }
 
-bool detail::RuntimeImpl::try_hand_off(const std::shared_ptr<LeaseRecord>& l) {
-  if (token_blocks == nullptr || !options.handoff.enabled || stopping.load() || !hand_off_fits(*l)) return false;
+bool LockTable::try_hand_off(const std::shared_ptr<LeaseRecord>& l) {
+  if (token_blocks_ == nullptr || !parts_.options.handoff.enabled || parts_.admission.stopping() || !hand_off_fits(*l))
+    return false;
   auto now = Clock::now();
-  if (!watchdog.can_hand_off(*l, now)) return false;
-  auto s = watchdog.streak_of(*l);
+  if (!watchdog_.can_hand_off(*l, now)) return false;
+  auto s = watchdog_.streak_of(*l);
   if (s->refused) return false;
-  if (s->handoffs >= options.handoff.max_streak || now - s->started >= options.handoff.max_time) {
+  if (s->handoffs >= parts_.options.handoff.max_streak || now - s->started >= parts_.options.handoff.max_time) {
     // The streak is over: back to the store, and our waiters take their
     // turn with everyone else's.
     l->yield_on_release = true;
-    waits.hold_back(l->name.view());
+    waits_.hold_back(l->name.view());
     return false;
   }
   const std::uint64_t fence = s->take();
@@ -84,14 +83,14 @@ bool detail::RuntimeImpl::try_hand_off(const std::shared_ptr<LeaseRecord>& l) {
     return true;
   }
   ++s->handoffs;
-  stats.local_handoffs.fetch_add(1, std::memory_order_relaxed);
-  auto a = waits.take_next(l->name.view());
-  auto handed = watchdog.hand_off(l, *a, fence);
+  parts_.stats.local_handoffs.fetch_add(1, std::memory_order_relaxed);
+  auto a = waits_.take_next(l->name.view());
+  auto handed = watchdog_.hand_off(l, *a, fence);
   l->complete_call();  // the hand-off was its release
-  call_done();
+  parts_.admission.end();
   start_lease(a, handed);
   reserve_ahead(handed);
   return true;
 }
 
-}  // namespace lockwatch
+}  // namespace lockwatch::detail

@@ -12,7 +12,7 @@
 // runtime's waiters sit out a turn (WaitQueue::hold_back), so that callers
 // elsewhere are not starved.
 //
-// The parts: detail::RuntimeImpl::work_ended() (handoff.cpp) decides, when work
+// The parts: LockTable::work_ended() (handoff.cpp) decides, when work
 // ends, between a hand-off and a release; hand_off_fits(), reserve_ahead()
 // and reserve() keep tokens in stock while a caller waits here;
 // Watchdog::hand_off() puts the next lease in the ended one's place in the

@@ -35,13 +35,13 @@ LockState detail::to_lock_state(std::string key, const LockInfo& info) {
 std::future<std::vector<LockState>> detail::RuntimeImpl::list(std::string prefix, std::size_t limit) {
   if (limit == 0 || limit > kMaxListed)
     throw InvalidArgument("Runtime::list: the limit must be in 1.." + std::to_string(kMaxListed));
-  if (prefix.size() > options.runtime.max_key_bytes)
+  if (prefix.size() > options_.runtime.max_key_bytes)
     throw InvalidArgument("Runtime::list: the prefix is longer than a key");
-  if (stopping.load()) throw RuntimeStopped("lockwatch runtime is stopping");
-  auto& listing = detail::require<detail::LockListing>(*store, store_kind());
+  admission_.check();
+  auto& listing = detail::require<detail::LockListing>(*store_, store_kind());
   auto promise = std::make_shared<std::promise<std::vector<LockState>>>();
   auto future = promise->get_future();
-  if (!loop.post([&listing, promise, prefix = std::move(prefix), limit] {
+  if (!loop_.post([&listing, promise, prefix = std::move(prefix), limit] {
         listing.list_locks(prefix, limit, [promise](std::vector<detail::LockInfo> locks, const detail::StoreError* err) {
           if (err) {
             promise->set_exception(detail::to_exception(*err));

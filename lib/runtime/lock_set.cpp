@@ -136,11 +136,8 @@ void SetRecord::release_keys(const std::shared_ptr<SetRecord>& self) {
     HandleAccess::forget(owned[i]);
   }
   if (rt) {
-    detail::RuntimeImpl* impl = rt.get();
     // Refused only once the runtime closed, after it released the locks.
-    impl->loop.post([impl, records = std::move(records)] {
-      for (const auto& l : records) impl->work_ended(l);
-    });
+    rt->end_work(std::move(records));
   }
 }
 
@@ -176,7 +173,7 @@ AcquireTicket SetAcquirer::start(detail::RuntimeImpl& impl, LockSpec spec, std::
   auto outer = std::make_shared<HandleCall>();
   outer->key = self->spec_.key;
   outer->runtime = impl.weak_from_this();
-  outer->complete = [notifier = std::weak_ptr<ThreadPool>(impl.notifier_pool), h = std::move(done)](
+  outer->complete = [notifier = std::weak_ptr<ThreadPool>(impl.notifier()), h = std::move(done)](
                         std::exception_ptr e, LockHandle lh) mutable {
     post_completion(notifier, [h = std::move(h), e, lh = std::move(lh)]() mutable { h(e, std::move(lh)); });
   };
@@ -352,7 +349,7 @@ void SetAcquirer::granted() {
     leases.reserve(owned.size());
     for (const auto& h : owned) leases.push_back(std::static_pointer_cast<LeaseRecord>(HandleAccess::state(h)));
     if (auto rt = runtime_.lock())
-      rt->loop.post([rt, leases = std::move(leases)] { rt->watchdog.renew_together(leases); });
+      rt->renew_together(std::move(leases));
   }
   auto record = std::make_shared<SetRecord>(spec_.key, spec_.set, std::move(parts), std::move(owned), spec_.ttl,
                                             std::move(links));
@@ -417,24 +414,20 @@ void detail::RuntimeImpl::dispatch_set(detail::LockSpec spec, std::shared_ptr<de
     return;
   }
 
-  {
-    std::lock_guard lk(mu);
-    if (stopping.load()) throw RuntimeStopped("lockwatch runtime is stopping");
-    ++active_calls;
-  }
+  admission_.begin();
   detail::SetAcquirer::start(*this, std::move(spec), {}, [this, call](std::exception_ptr e, LockHandle h) {
     if (e) {
       call->finish(e);
-      call_done();
+      admission_.end();
       return;
     }
     auto held = std::make_shared<LockHandle>(std::move(h));
     auto end = [this, call](std::exception_ptr e) {
       call->finish(e);
-      call_done();
+      admission_.end();
     };
     try {
-      pool.post([held, call, end] {
+      pool_.post([held, call, end] {
         {
           LeaseScope in = held->enter();
           call->run();

@@ -30,41 +30,48 @@ Retries::Retries(int count) : count_(count) {
   if (count < 0) throw InvalidArgument(fmt::format("retries must be >= 0 or lockwatch::forever, got {}", count));
 }
 
+std::shared_ptr<detail::RuntimeImpl> detail::RuntimeImpl::make(Options opts, const detail::StoreFactory& make_store) {
+  auto impl = std::make_shared<RuntimeImpl>(std::move(opts), make_store);
+  impl->table_.set_links(std::make_shared<const detail::RuntimeLinks>(impl, impl->notifier_pool_));
+  return impl;
+}
+
 detail::RuntimeImpl::RuntimeImpl(Options opts, const detail::StoreFactory& make_store)
-    : options(std::move(opts)),
-      pool(options.runtime.threads, options.runtime.busy_poll),
-      events(event_thread, options.observability.log, detail::owner_name(options)),
-      store(make_store(loop, options)),
-      clock(loop, options, stats),
-      watchdog(*store, clock, notifier, options, stats, events),
-      waits(*store, clock, options, stats,
-            detail::WaitQueue::Hooks{
-                [this](const auto& a, std::uint64_t fence, Clock::time_point sent) { taken(a, fence, sent); },
-                [this](const auto& a, std::exception_ptr err, bool busy) { fail(a, std::move(err), busy); }}) {
-  if (auto w = detail::deprecated_url_warning(options); !w.empty()) events.log(LogLevel::kWarning, std::move(w));
-  watchdog.on_finished([this](const std::shared_ptr<LeaseRecord>& l) { lease_finished(l); });
-  clock.after_advance([this] { watchdog.flush(); });
-  clock.on_lag([this](Clock::duration lag) { events.metrics().loop_lag.observe(lag); });
+    : options_(std::move(opts)),
+      pool_(options_.runtime.threads, options_.runtime.busy_poll),
+      events_(event_thread_, options_.observability.log, detail::owner_name(options_)),
+      store_(make_store(loop_, options_)),
+      clock_(loop_, options_, stats_),
+      table_({.options = options_,
+              .stats = stats_,
+              .events = events_,
+              .loop = loop_,
+              .pool = pool_,
+              .notifier = *notifier_pool_,
+              .store = *store_,
+              .clock = clock_,
+              .admission = admission_,
+              .runtime = this}) {
+  if (auto w = detail::deprecated_url_warning(options_); !w.empty()) events_.log(LogLevel::kWarning, std::move(w));
+  clock_.on_lag([this](Clock::duration lag) { events_.metrics().loop_lag.observe(lag); });
   std::promise<void> started;
   auto ready = started.get_future();
   std::exception_ptr listen_error;
-  loop.post([this, &started, &listen_error] {
-    clock.start();
+  loop_.post([this, &started, &listen_error] {
+    clock_.start();
     detail::StoreEvents se;
-    se.released = [this](std::string_view name) { waits.on_released(name); };
-    se.subscribed = [this](std::string_view name) { waits.on_subscribed(name); };
-    se.subscriptions_lost = [this] { waits.on_subscriptions_lost(); };
+    table_.listen(se);
     se.connection = [this](const std::string& endpoint, bool up, const std::string& why) {
-      events.connection(endpoint, up, why);
+      events_.connection(endpoint, up, why);
     };
     se.log = [this](bool warning, const std::string& line) {
-      events.log(warning ? LogLevel::kWarning : LogLevel::kInfo, line);
+      events_.log(warning ? LogLevel::kWarning : LogLevel::kInfo, line);
     };
-    se.redirected = [this](bool ask) { events.metrics().redirects[ask ? 1 : 0].fetch_add(1, std::memory_order_relaxed); };
-    store->start(std::move(se));
-    if (!options.observability.metrics_listen.empty()) {
+    se.redirected = [this](bool ask) { events_.metrics().redirects[ask ? 1 : 0].fetch_add(1, std::memory_order_relaxed); };
+    store_->start(std::move(se));
+    if (!options_.observability.metrics_listen.empty()) {
       try {
-        metrics_server = std::make_unique<detail::MetricsServer>(loop, options.observability.metrics_listen,
+        metrics_server_ = std::make_unique<detail::MetricsServer>(loop_, options_.observability.metrics_listen,
                                                                  [this] { return render_metrics(); });
       } catch (...) {
         listen_error = std::current_exception();
@@ -79,16 +86,16 @@ detail::RuntimeImpl::RuntimeImpl(Options opts, const detail::StoreFactory& make_
   }
 }
 
-std::string detail::RuntimeImpl::render_metrics() const { return events.metrics().render(stats); }
+std::string detail::RuntimeImpl::render_metrics() const { return events_.metrics().render(stats_); }
 
 // ---------------------------------------------------------------- admission
 
 void detail::RuntimeImpl::check_key(const std::string& key) const {
   if (key.empty()) throw InvalidArgument("lock key is empty");
-  if (key.size() > options.runtime.max_key_bytes)
+  if (key.size() > options_.runtime.max_key_bytes)
     throw InvalidArgument(fmt::format("lock key is {} bytes; the limit (Options::runtime.max_key_bytes) is {}",
-                                      key.size(), options.runtime.max_key_bytes));
-  if (const char* why = store->check_key(key)) throw InvalidArgument(why);
+                                      key.size(), options_.runtime.max_key_bytes));
+  if (const char* why = store_->check_key(key)) throw InvalidArgument(why);
 }
 
 void detail::RuntimeImpl::validate(detail::LockSpec& spec) const {
@@ -104,31 +111,27 @@ void detail::RuntimeImpl::validate(detail::LockSpec& spec) const {
   // Fair locks only where the store offers a FairQueue (check_kind): a
   // fair waiter that gives up must leave the store's queue, or it would
   // stall the waiters behind it for its ttl.
-  if (const char* why = store->check_kind(spec.kind))
+  if (const char* why = store_->check_kind(spec.kind))
     throw Unsupported(fmt::format("{} locks: {} cannot hold them ({})", spec.kind.describe(), store_kind(), why));
-  if (spec.renew_weight == 0) spec.renew_weight = options.watchdog.renew_weight;
+  if (spec.renew_weight == 0) spec.renew_weight = options_.watchdog.renew_weight;
   detail::check_renew_weight(spec.renew_weight);
   // The renewal fires at ttl*weight (or earlier, see renew_after), up to a
   // tick early, and must be confirmed before the local deadline (ttl - drift,
   // less a tick: Watchdog::deadline_of).
-  auto window = spec.ttl - detail::drift_for(options.watchdog, spec.ttl) -
-                std::chrono::ceil<milliseconds>(detail::renew_after(options.watchdog, spec.ttl, spec.renew_weight));
-  auto needed = 2 * options.watchdog.tick + milliseconds(2);
+  auto window = spec.ttl - detail::drift_for(options_.watchdog, spec.ttl) -
+                std::chrono::ceil<milliseconds>(detail::renew_after(options_.watchdog, spec.ttl, spec.renew_weight));
+  auto needed = 2 * options_.watchdog.tick + milliseconds(2);
   if (window < needed)
     throw InvalidArgument(fmt::format(
         "ttl {} ms is too short: renewing at {:.2f} of it leaves {} ms after the drift allowance, but the tick ({} "
         "ms) needs {} ms",
-        spec.ttl.count(), spec.renew_weight, window.count(), options.watchdog.tick.count(), needed.count()));
+        spec.ttl.count(), spec.renew_weight, window.count(), options_.watchdog.tick.count(), needed.count()));
 }
 
 std::shared_ptr<Acquisition> detail::RuntimeImpl::make_acquisition(detail::LockSpec spec, detail::Completion how) {
-  {
-    std::lock_guard lk(mu);
-    if (stopping.load()) throw RuntimeStopped("lockwatch runtime is stopping");
-    ++active_calls;
-  }
+  admission_.begin();
   auto a = std::make_shared<Acquisition>(std::move(how));
-  a->name = store->encode(spec.key);
+  a->name = store_->encode(spec.key);
   a->ttl_ms = detail::TtlText(spec.ttl);
   a->spec = std::move(spec);
   a->started = Clock::now();
@@ -140,9 +143,9 @@ std::shared_ptr<Acquisition> detail::RuntimeImpl::start_handle(detail::LockSpec 
   auto a = make_acquisition(std::move(spec), detail::Completion::deliver(call));
   call->runtime = weak_from_this();
   call->acquisition = a;
-  if (!loop.post([this, a] { start_acquire(a); })) {
+  if (!loop_.post([this, a] { table_.start(a); })) {
     a->completion.fail(std::make_exception_ptr(RuntimeStopped("lockwatch runtime is stopping")));
-    call_done();
+    admission_.end();
   }
   return a;
 }
@@ -150,7 +153,7 @@ std::shared_ptr<Acquisition> detail::RuntimeImpl::start_handle(detail::LockSpec 
 void detail::RuntimeImpl::acquire_together(std::vector<detail::LockSpec> specs, detail::AcquireEach each) {
   for (auto& spec : specs) validate(spec);  // throws before anything starts
   auto shared_each = std::make_shared<detail::AcquireEach>(std::move(each));
-  std::weak_ptr<ThreadPool> notifier = notifier_pool;
+  std::weak_ptr<ThreadPool> notifier = notifier_pool_;
   std::vector<std::shared_ptr<Acquisition>> made;
   made.reserve(specs.size());
   std::exception_ptr stopped;
@@ -176,12 +179,12 @@ void detail::RuntimeImpl::acquire_together(std::vector<detail::LockSpec> specs, 
   // One task: the store sees every request in the same turn of its loop,
   // and batches them as it batches any requests sent together.
   auto task = [this, made] {
-    for (const auto& a : made) start_acquire(a);
+    for (const auto& a : made) table_.start(a);
   };
-  if (!made.empty() && !loop.post(task)) {
+  if (!made.empty() && !loop_.post(task)) {
     for (const auto& a : made) {
       a->completion.fail(std::make_exception_ptr(RuntimeStopped("lockwatch runtime is stopping")));
-      call_done();
+      admission_.end();
     }
   }
 }
@@ -191,7 +194,7 @@ std::future<LockHandle> detail::RuntimeImpl::acquire(detail::LockSpec spec) {
   // The future form is the handler form whose handler fulfils a promise
   // (on the loop thread: no user code runs there).
   if (!spec.set.empty()) {
-    if (stopping.load()) throw RuntimeStopped("lockwatch runtime is stopping");
+    admission_.check();
     auto promise = std::make_shared<std::promise<LockHandle>>();
     auto future = promise->get_future();
     detail::SetAcquirer::start(*this, std::move(spec), {}, [promise](std::exception_ptr e, LockHandle h) {
@@ -229,26 +232,19 @@ AcquireTicket detail::RuntimeImpl::acquire(detail::LockSpec spec, detail::Acquir
   if (!handler) throw InvalidArgument("Runtime::async_acquire: the handler is empty");
   validate(spec);
   if (!spec.set.empty()) {
-    if (stopping.load()) throw RuntimeStopped("lockwatch runtime is stopping");
+    admission_.check();
     return detail::SetAcquirer::start(*this, std::move(spec), {}, std::move(handler));
   }
   auto call = std::make_shared<detail::HandleCall>();
   call->key = spec.key;
   // Called on the loop (or the cancelling thread): the handler itself runs
   // on the notifier.
-  call->complete = [notifier = std::weak_ptr<ThreadPool>(notifier_pool), h = std::move(handler)](
+  call->complete = [notifier = std::weak_ptr<ThreadPool>(notifier_pool_), h = std::move(handler)](
                        std::exception_ptr e, LockHandle lh) mutable {
     detail::post_completion(notifier, [h = std::move(h), e, lh = std::move(lh)]() mutable { h(e, std::move(lh)); });
   };
   start_handle(std::move(spec), call);
   return detail::RuntimeAccess::ticket(std::move(call));
-}
-
-void detail::RuntimeImpl::cancel_acquire(const std::shared_ptr<Acquisition>& a) {
-  // Ended meanwhile (granted and given back, or failed), or one attempt
-  // with no wait in flight (its answer finds it cancelled): nothing here.
-  if (a->wait_over() || a->spec.wait == milliseconds(0)) return;
-  waits.cancel(a.get(), std::make_exception_ptr(Cancelled(a->spec.key)));
 }
 
 void detail::RuntimeImpl::check_set(detail::LockSpec& spec) const {
@@ -312,9 +308,9 @@ void detail::RuntimeImpl::dispatch(detail::LockSpec spec, std::shared_ptr<detail
     granted = w->granted.get_future();
     finished = w->finished->get_future();
   }
-  if (!loop.post([this, a] { start_acquire(a); })) {
+  if (!loop_.post([this, a] { table_.start(a); })) {
     a->completion.fail(std::make_exception_ptr(RuntimeStopped("lockwatch runtime is stopping")));
-    call_done();
+    admission_.end();
     return;
   }
   if (!nested) return;
@@ -328,140 +324,9 @@ void detail::RuntimeImpl::dispatch(detail::LockSpec spec, std::shared_ptr<detail
       detail::ThreadLeaseScope scope(this, l.get());
       l->call->run();
     }
-    loop.post([this, l] { work_ended(l); });
+    end_work(l);
   }
   finished.wait();
-}
-
-void detail::RuntimeImpl::call_done() {
-  std::lock_guard lk(mu);
-  if (--active_calls == 0) cv.notify_all();
-}
-
-void detail::RuntimeImpl::start_acquire(std::shared_ptr<Acquisition> a) {
-  events.wait_started(a->spec.key, a->spec.context, a->started);
-  if (stopping.load()) {
-    fail(a, std::make_exception_ptr(RuntimeStopped("lockwatch runtime is stopping")));
-    return;
-  }
-  a->token = tokens.next();
-  waits.start(std::move(a));
-}
-
-void detail::RuntimeImpl::fail(const std::shared_ptr<Acquisition>& a, std::exception_ptr err, bool busy) {
-  // The wait queue says whether it was busy: no exception is rethrown to
-  // find out. A cancelled wait is neither.
-  const auto waited = Clock::now() - a->started;
-  if (a->completion.cancelled()) {
-    events.wait_cancelled(a->spec.key, a->spec.context, waited);
-  } else if (busy) {
-    events.busy(a->spec.key, waited, a->spec.pattern, a->spec.context);
-  } else {
-    events.acquire_failed(a->spec.key, err, waited, a->spec.context);
-  }
-  a->end_wait(false);
-  a->completion.fail(err);
-  call_done();
-}
-
-void detail::RuntimeImpl::taken(const std::shared_ptr<Acquisition>& a, std::uint64_t fence, Clock::time_point sent) {
-  auto l = watchdog.grant(*a, fence, sent);
-  start_lease(a, l);
-  reserve_ahead(l);
-}
-
-void detail::RuntimeImpl::start_lease(const std::shared_ptr<Acquisition>& a, const std::shared_ptr<LeaseRecord>& l) {
-  events.acquired(a->spec.key, l->fencing_token(), l->granted_at - a->started, a->spec.pattern, a->spec.context);
-  if (stopping.load()) l->request_stop();
-  if (!links) links = std::make_shared<const detail::RuntimeLinks>(weak_from_this(), notifier_pool);
-  l->links = links;
-  // Nobody will hold it when its handle was cancelled while the grant was
-  // on its way, or when it was granted after the stop began (nobody is left
-  // to release it, and the stop would wait for it): it is given back at
-  // once, as a dropped handle is. After the stop, its work never starts and
-  // its call fails with RuntimeStopped, as waiting ones did.
-  using Way = detail::Completion::Way;
-  detail::HandleCall* handle = a->completion.handle();
-  const bool after_stop = stop_begun && a->completion.way() != Way::kInline;
-  const bool claimed = handle && handle->claim(detail::HandleCall::kDone);
-  if (after_stop || (handle && !claimed)) {
-    if (claimed) {
-      handle->acquisition.reset();
-      handle->deliver(std::make_exception_ptr(RuntimeStopped("lockwatch runtime stopped while the lock was taken")),
-                      LockHandle());
-    } else if (!handle) {
-      l->give_up_start();
-      stopped_before_start(l);  // complete_call() fails the call so
-    }
-    work_ended(l);
-    return;
-  }
-  switch (a->completion.way()) {
-    case Way::kHandle:
-      handle->acquisition.reset();
-      // The handle lives only in what `complete` keeps (dropped with it, so
-      // a future dropped unread releases the lock with it).
-      handle->deliver(nullptr, detail::HandleAccess::make(l));
-      break;
-    case Way::kInline:
-      a->completion.inline_wait()->granted.set_value(l);
-      break;
-    case Way::kPool:
-      run_on_pool(l);
-      break;
-  }
-}
-
-void detail::RuntimeImpl::stopped_before_start(const std::shared_ptr<LeaseRecord>& l) {
-  // Its hold span ends here: a lost lease reports no release.
-  if (l->mark_lost(LostReason::kRuntimeStopped))
-    events.stopped_before_start(l->key(), l->context(), Clock::now() - l->granted_at, l->fencing_token());
-}
-
-void detail::RuntimeImpl::run_on_pool(const std::shared_ptr<LeaseRecord>& l) {
-  // The work's end comes back to the loop: adaptive polling waits for it
-  // as for a reply (counted until the work's post is made).
-  struct Expected {
-    detail::Loop& loop;
-    explicit Expected(detail::Loop& lp) : loop(lp) {}
-    Expected(const Expected&) = delete;
-    Expected& operator=(const Expected&) = delete;
-    ~Expected() { loop.expect(-1); }
-  };
-  loop.expect(1);
-  try {
-    pool.post([this, l] {
-      Expected expected(loop);
-      // Given up while it waited (Options::runtime.queue_timeout): answered already.
-      if (!l->begin_work()) return;
-      // A wait for a worker that used a fifth of the ttl or more is made
-      // good before the work counts on remaining(): one round trip, on this
-      // rare path only (bounded by the command timeout).
-      if (l->remaining() < l->ttl() * 4 / 5) {
-        auto answered = std::make_shared<std::promise<void>>();
-        auto renewed = answered->get_future();
-        if (loop.post([this, l, answered] { watchdog.renew_at_start(l, answered); }))
-          renewed.wait_for(options.connection.command_timeout + 2 * options.watchdog.tick);
-      }
-      {
-        detail::ThreadLeaseScope scope(this, l.get());
-        l->call->run();
-      }
-      loop.post([this, l] { work_ended(l); });
-    });
-  } catch (...) {
-    loop.expect(-1);
-    // The pool refused (stopping): the work never ran; give the lock back.
-    l->give_up_start();
-    stopped_before_start(l);
-    work_ended(l);
-  }
-}
-
-void detail::RuntimeImpl::lease_finished(const std::shared_ptr<LeaseRecord>& l) {
-  l->complete_call();
-  waits.on_lease_finished(l->name.view(), l->kind, l->yield_on_release);
-  call_done();
 }
 
 
@@ -473,19 +338,19 @@ std::string detail::RuntimeImpl::operator_name(const std::string& key) const {
   spec.key = key;
   spec.ttl = milliseconds(60000);  // any valid ttl: only the key is in question
   validate(spec);
-  if (stopping.load()) throw RuntimeStopped("lockwatch runtime is stopping");
-  return store->encode(key);
+  admission_.check();
+  return store_->encode(key);
 }
 
 // ---------------------------------------------------------- JobHost
 
 detail::JobHost& detail::JobHost::of(Runtime& runtime) noexcept { return detail::RuntimeAccess::impl(runtime); }
 
-detail::JobClaims& detail::RuntimeImpl::job_claims() { return detail::require<detail::JobClaims>(*store, store_kind()); }
+detail::JobClaims& detail::RuntimeImpl::job_claims() { return detail::require<detail::JobClaims>(*store_, store_kind()); }
 
 void detail::RuntimeImpl::check_lease(detail::LockSpec& spec) const {
   validate(spec);
-  if (stopping.load()) throw RuntimeStopped("lockwatch runtime is stopping");
+  admission_.check();
 }
 
 // The leases this runtime hands out are its LeaseRecords.
@@ -499,7 +364,7 @@ std::string detail::RuntimeImpl::owner_token(const Lease& lease) const {
 }
 
 std::string detail::RuntimeImpl::store_kind() const {
-  const std::string& url = detail::store_url(options);
+  const std::string& url = detail::store_url(options_);
   auto sep = url.find("://");
   return "the " + (sep == std::string::npos ? url : url.substr(0, sep + 3)) + " store";
 }
@@ -507,8 +372,8 @@ std::string detail::RuntimeImpl::store_kind() const {
 std::future<LockState> detail::RuntimeImpl::inspect(std::string key) {
   auto promise = std::make_shared<std::promise<LockState>>();
   auto future = promise->get_future();
-  auto& tools = detail::require<detail::OperatorTools>(*store, store_kind());
-  if (!loop.post([&tools, promise, name = operator_name(key), key]() mutable {
+  auto& tools = detail::require<detail::OperatorTools>(*store_, store_kind());
+  if (!loop_.post([&tools, promise, name = operator_name(key), key]() mutable {
         tools.inspect(name, [promise, key = std::move(key)](const detail::LockInfo& info, const detail::StoreError* err) {
           if (err)
             promise->set_exception(detail::to_exception(*err));
@@ -521,28 +386,28 @@ std::future<LockState> detail::RuntimeImpl::inspect(std::string key) {
 }
 
 std::uint64_t detail::RuntimeImpl::observe_releases(const std::string& key, std::function<void()> look) {
-  if (!store->release_events()) return 0;
-  const std::uint64_t id = next_observer.fetch_add(1, std::memory_order_relaxed);
-  if (!loop.post([this, id, name = operator_name(key), look = std::move(look)]() mutable {
-        waits.observe(id, name, std::move(look));
+  if (!store_->release_events()) return 0;
+  const std::uint64_t id = next_observer_.fetch_add(1, std::memory_order_relaxed);
+  if (!loop_.post([this, id, name = operator_name(key), look = std::move(look)]() mutable {
+        table_.observe(id, name, std::move(look));
       }))
     return 0;
   return id;
 }
 
 void detail::RuntimeImpl::keep_observing(std::uint64_t id) {
-  if (id != 0) (void)loop.post([this, id] { waits.keep_observing(id); });
+  if (id != 0) (void)loop_.post([this, id] { table_.keep_observing(id); });
 }
 
 void detail::RuntimeImpl::unobserve_releases(std::uint64_t id) {
-  if (id != 0) (void)loop.post([this, id] { waits.unobserve(id); });
+  if (id != 0) (void)loop_.post([this, id] { table_.unobserve(id); });
 }
 
 std::future<detail::LockInfo> detail::RuntimeImpl::inspect_info(std::string key) {
   auto promise = std::make_shared<std::promise<detail::LockInfo>>();
   auto future = promise->get_future();
-  auto& tools = detail::require<detail::OperatorTools>(*store, store_kind());
-  if (!loop.post([&tools, promise, name = operator_name(key)] {
+  auto& tools = detail::require<detail::OperatorTools>(*store_, store_kind());
+  if (!loop_.post([&tools, promise, name = operator_name(key)] {
         tools.inspect(name, [promise](const detail::LockInfo& info, const detail::StoreError* err) {
           if (err)
             promise->set_exception(detail::to_exception(*err));
@@ -557,8 +422,8 @@ std::future<detail::LockInfo> detail::RuntimeImpl::inspect_info(std::string key)
 std::future<bool> detail::RuntimeImpl::force_release(std::string key) {
   auto promise = std::make_shared<std::promise<bool>>();
   auto future = promise->get_future();
-  auto& tools = detail::require<detail::OperatorTools>(*store, store_kind());
-  if (!loop.post([&tools, promise, name = operator_name(key)] {
+  auto& tools = detail::require<detail::OperatorTools>(*store_, store_kind());
+  if (!loop_.post([&tools, promise, name = operator_name(key)] {
         tools.force_release(name, [promise](bool held, const detail::StoreError* err) {
           if (err)
             promise->set_exception(detail::to_exception(*err));
@@ -572,55 +437,59 @@ std::future<bool> detail::RuntimeImpl::force_release(std::string key) {
 
 // ---------------------------------------------------------------- stopping
 
-void detail::RuntimeImpl::begin_stop() {
-  stop_begun = true;
-  waits.fail_all(std::make_exception_ptr(RuntimeStopped("lockwatch runtime stopped while waiting for the lock")));
-  // Nobody may be left to release a handle: the runtime gives them back,
-  // and a handle that outlives it reads lost (kRuntimeStopped) from now on,
-  // so its remaining() no longer vouches for a lock it does not hold.
-  for (auto& l : watchdog.stop_all()) {
-    watchdog.lose(l, LostReason::kRuntimeStopped, "the runtime was destroyed and released the lock");
-    work_ended(l);
-  }
-}
-
 void detail::RuntimeImpl::close_all() {
-  if (metrics_server) metrics_server->close();
-  clock.close();
-  store->close();
+  if (metrics_server_) metrics_server_->close();
+  clock_.close();
+  store_->close();
 }
 
 void detail::RuntimeImpl::stop() {
-  {
-    std::lock_guard lk(mu);
-    stopping.store(true);
-  }
-  loop.post([this] { begin_stop(); });
-  {
-    // In-flight acquisitions end by reply or command timeout; running work
-    // was asked to stop and is awaited.
-    std::unique_lock lk(mu);
-    cv.wait(lk, [this] { return active_calls == 0; });
-  }
-  pool.shutdown();
-  notifier.shutdown();  // the last handlers (RuntimeStopped) run first
-  loop.shutdown([this] { close_all(); });
-  event_thread.shutdown();  // after the loop: its last events are told
+  admission_.close();
+  loop_.post([this] { table_.begin_stop(); });
+  // In-flight acquisitions end by reply or command timeout; running work
+  // was asked to stop and is awaited.
+  admission_.wait_idle();
+  pool_.shutdown();
+  notifier_pool_->shutdown();  // the last handlers (RuntimeStopped) run first
+  loop_.shutdown([this] { close_all(); });
+  event_thread_.shutdown();  // after the loop: its last events are told
   // The loop has joined: what it owned belongs to this thread now.
-  waits.clear();
-  watchdog.clear();
+  table_.clear();
+}
+
+void detail::RuntimeImpl::cancel(std::shared_ptr<detail::Acquisition> a) {
+  loop_.post([this, a = std::move(a)] { table_.cancel(a); });
+}
+
+void detail::RuntimeImpl::end_work(std::shared_ptr<detail::LeaseRecord> l) {
+  // Refused only once the runtime closed, after it released the lock.
+  loop_.post([this, l = std::move(l)] { table_.work_ended(l); });
+}
+
+void detail::RuntimeImpl::end_work(std::vector<std::shared_ptr<detail::LeaseRecord>> leases) {
+  loop_.post([this, leases = std::move(leases)] {
+    for (const auto& l : leases) table_.work_ended(l);
+  });
+}
+
+void detail::RuntimeImpl::renew_together(std::vector<std::shared_ptr<detail::LeaseRecord>> leases) {
+  loop_.post([this, leases = std::move(leases)] { table_.renew_together(leases); });
+}
+
+std::string detail::RuntimeImpl::metrics_address() const {
+  return metrics_server_ ? metrics_server_->address() : std::string();
 }
 
 std::unique_ptr<Runtime> detail::RuntimeAccess::make(Options options, const StoreFactory& make_store) {
   options.validate();
-  return std::unique_ptr<Runtime>(new Runtime(std::make_shared<detail::RuntimeImpl>(std::move(options), make_store)));
+  return std::unique_ptr<Runtime>(new Runtime(detail::RuntimeImpl::make(std::move(options), make_store)));
 }
 
 // ------------------------------------------------------------------ public
 
 Runtime::Runtime(Options options) {
   options.validate();
-  impl_ = std::make_shared<Impl>(std::move(options), &detail::make_store);
+  impl_ = Impl::make(std::move(options), &detail::make_store);
 }
 
 namespace {
@@ -655,7 +524,7 @@ AcquireTicket Runtime::async_acquire(LockRequest request, AcquireHandler handler
   } catch (...) {
     // Refused before anything started: the handler learns it as it learns
     // any outcome, off this thread, and nothing is thrown.
-    detail::post_completion(impl_->notifier_pool,
+    detail::post_completion(impl_->notifier(),
                             [h, ec = detail::code_of(std::current_exception())] { (*h)(ec, LockHandle()); });
     return AcquireTicket();
   }
@@ -675,10 +544,7 @@ bool AcquireTicket::cancel() noexcept {
     // Out of the wait queue, on the loop. A pending acquisition keeps its
     // runtime from stopping, so the runtime is there.
     if (auto a = call_->acquisition.lock()) {
-      if (auto rt = call_->runtime.lock()) {
-        detail::RuntimeImpl* impl = rt.get();
-        impl->loop.post([impl, a] { impl->cancel_acquire(a); });
-      }
+      if (auto rt = call_->runtime.lock()) rt->cancel(std::move(a));
     }
   } catch (...) {
     // Out of memory: the wait runs out by itself.
@@ -751,9 +617,7 @@ void LockHandle::release_typed(std::function<void(std::exception_ptr)> handler) 
     return;
   }
   if (auto rt = state->runtime()) {
-    auto l = std::static_pointer_cast<detail::LeaseRecord>(std::move(state));
-    detail::RuntimeImpl* impl = rt.get();
-    impl->loop.post([impl, l] { impl->work_ended(l); });
+    rt->end_work(std::static_pointer_cast<detail::LeaseRecord>(std::move(state)));
   }
 }
 
@@ -798,10 +662,7 @@ std::future<void> LockHandle::release() {
     return future;
   }
   if (auto rt = state->runtime()) {
-    auto l = std::static_pointer_cast<detail::LeaseRecord>(std::move(state));
-    detail::RuntimeImpl* impl = rt.get();
-    // Refused only once the runtime closed, after it released the lock.
-    impl->loop.post([impl, l] { impl->work_ended(l); });
+    rt->end_work(std::static_pointer_cast<detail::LeaseRecord>(std::move(state)));
   }
   return future;
 }
@@ -815,18 +676,18 @@ Runtime& Runtime::default_runtime() {
   return rt;
 }
 
-const Options& Runtime::options() const noexcept { return impl_->options; }
-ThreadPool& Runtime::pool() noexcept { return impl_->pool; }
+const Options& Runtime::options() const noexcept { return impl_->options(); }
+ThreadPool& Runtime::pool() noexcept { return impl_->pool(); }
 std::string Runtime::metrics_text() const { return impl_->render_metrics(); }
 std::string Runtime::metrics_address() const {
-  return impl_->metrics_server ? impl_->metrics_server->address() : std::string();
+  return impl_->metrics_address();
 }
-void Runtime::add_observer(std::shared_ptr<Observer> observer) { impl_->events.add(std::move(observer)); }
+void Runtime::add_observer(std::shared_ptr<Observer> observer) { impl_->add_observer(std::move(observer)); }
 
-std::size_t Runtime::held_leases() const noexcept { return impl_->watchdog.held(); }
+std::size_t Runtime::held_leases() const noexcept { return impl_->held(); }
 
 RuntimeStats Runtime::stats() const noexcept {
-  const auto& c = impl_->stats;
+  const auto& c = impl_->stats();
   RuntimeStats s;
   s.held_leases = c.held.load(std::memory_order_relaxed);
   s.acquired = c.acquired.load(std::memory_order_relaxed);

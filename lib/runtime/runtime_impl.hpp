@@ -1,25 +1,21 @@
 // lib/runtime/runtime_impl.hpp: the runtime's insides.
 //
-// detail::RuntimeImpl is admission and wiring: it validates a call, runs
-// reentrant and nested calls on the caller's thread, hands the rest to the
-// loop, dispatches granted work to the pool, and owns the stop order. What
-// a lock means lives in three parts it wires together: the wait queue
-// (taking locks), the watchdog (keeping them) and the wheel clock (their
-// timer). Where a lock lives is the store's business (store/lock_store.hpp).
+// detail::RuntimeImpl is admission and the stop order: it validates a
+// call, runs reentrant and nested calls on the caller's thread, lets the
+// rest in (Admission) and hands them to the loop, where the lock table
+// (lock_table.hpp) owns each lock's life from then on; it wires the
+// threads, the store and the wheel clock together, and stops them in
+// order. Where a lock lives is the store's business (store/lock_store.hpp).
 //
 // Ownership by thread:
-// - any thread: options, pool, loop.post, stats, the mutex-guarded
-//   active_calls, stopping;
-// - loop thread: store, clock, watchdog, waits, tokens (every member
-//   function marked "loop" below), until stop() has joined the loop; after
-//   that the destroying thread owns them.
+// - any thread: options, pool, loop.post, stats, events, admission;
+// - loop thread: store, clock, the lock table, the metrics server, until
+//   stop() has joined the loop; after that the destroying thread owns them.
 #pragma once
 
-#include <condition_variable>
 #include <functional>
 #include <future>
 #include <memory>
-#include <mutex>
 
 #include "core/loop.hpp"
 #include "core/token.hpp"
@@ -29,8 +25,7 @@
 #include "runtime/acquisition.hpp"
 #include "runtime/job_host.hpp"
 #include "ops/stats.hpp"
-#include "runtime/wait_queue.hpp"
-#include "runtime/watchdog.hpp"
+#include "runtime/lock_table.hpp"
 #include "runtime/wheel_clock.hpp"
 #include "store/capabilities.hpp"
 #include "store/lock_store.hpp"
@@ -45,42 +40,49 @@ using StoreFactory = std::function<std::unique_ptr<LockStore>(Loop& loop, const 
 LockState to_lock_state(std::string key, const LockInfo& info);
 }  // namespace detail
 
-struct detail::RuntimeImpl final : std::enable_shared_from_this<detail::RuntimeImpl>, detail::JobHost {
+class detail::RuntimeImpl final : public std::enable_shared_from_this<detail::RuntimeImpl>, public detail::JobHost {
+ public:
   using Clock = std::chrono::steady_clock;
 
+  // Made shared (a lease reaches its runtime through a weak reference),
+  // the lock table linked to it before any call.
+  static std::shared_ptr<RuntimeImpl> make(Options opts, const detail::StoreFactory& make_store);
   RuntimeImpl(Options opts, const detail::StoreFactory& make_store);
 
   // JobHost (the scheduled jobs).
-  std::string store_name(std::string_view key) const override { return store->encode(key); }
+  std::string store_name(std::string_view key) const override { return store_->encode(key); }
   detail::JobClaims& job_claims() override;
   void check_lease(detail::LockSpec& spec) const override;
-  detail::Events& job_events() noexcept override { return events; }
-  bool post(UniqueFunction task) override { return loop.post(std::move(task)); }
+  detail::Events& job_events() noexcept override { return events_; }
+  bool post(UniqueFunction task) override { return loop_.post(std::move(task)); }
   AcquireTicket acquire(detail::LockSpec spec, detail::AcquireCallback handler) override;
-  void run_on_pool(UniqueFunction work) override { pool.post(std::move(work)); }
-  Timeout at(TimerTask& task, Clock::time_point when) override { return clock.at(task, when); }
+  void run_on_pool(UniqueFunction work) override { pool_.post(std::move(work)); }
+  Timeout at(TimerTask& task, Clock::time_point when) override { return clock_.at(task, when); }
   void with_lease(const Lease& lease, const std::function<void()>& body) override;
   std::string owner_token(const Lease& lease) const override;
 
-  // Any thread.
+  // Admission, any thread: a call checked, let in and handed to the loop.
   void validate(detail::LockSpec& spec) const;
-  void check_key(const std::string& key) const;
-  // A set's keys made distinct and canonical (one key left: the spec names
-  // it alone); InvalidArgument for an empty or oversized set or a bad key.
-  void check_set(detail::LockSpec& spec) const;
-  std::shared_ptr<detail::Acquisition> make_acquisition(detail::LockSpec spec, detail::Completion how);
+  // LOCKED's way in; a set's (runtime/lock_set.cpp).
   void dispatch(detail::LockSpec spec, std::shared_ptr<detail::Call> call);
-  // A LOCKED call on a set (runtime/lock_set.cpp).
   void dispatch_set(detail::LockSpec spec, std::shared_ptr<detail::Call> call);
-  // The lease of a LockHandle that this thread asked for on `key` and still
-  // holds (nullptr if none).
+  // A LockHandle's, as a future and with a handler (JobHost above; the
+  // handler runs on the notifier thread).
   std::future<LockHandle> acquire(detail::LockSpec spec);
-  // The handler form (JobHost above): `handler` runs on the notifier thread.
-  // Loop: a cancelled acquisition leaves the wait queue.
-  void cancel_acquire(const std::shared_ptr<detail::Acquisition>& a);
-  std::string operator_name(const std::string& key) const;
-  // "the mysql:// store", for messages.
-  std::string store_kind() const;
+  // Starts a handle's acquisition for each spec (one key each) in one task
+  // of the loop; `each(i, error, handle)` runs on the notifier thread once
+  // per spec. Throws only before anything starts (a bad spec).
+  void acquire_together(std::vector<detail::LockSpec> specs, detail::AcquireEach each);
+  // A cancelled handle's acquisition leaves the wait queue (on the loop).
+  void cancel(std::shared_ptr<detail::Acquisition> a);
+  // The work on a lease is over (a handle released, a nested call's or a
+  // set's work done): on the loop, the lock table takes it from there.
+  void end_work(std::shared_ptr<detail::LeaseRecord> l);
+  void end_work(std::vector<std::shared_ptr<detail::LeaseRecord>> leases);
+  // A set's keys renewed together now (on the loop).
+  void renew_together(std::vector<std::shared_ptr<detail::LeaseRecord>> leases);
+
+  // Operators' tools, any thread.
   std::future<LockState> inspect(std::string key);
   // list.cpp: the locks held under `prefix` (Runtime::list).
   std::future<std::vector<LockState>> list(std::string prefix, std::size_t limit);
@@ -95,73 +97,51 @@ struct detail::RuntimeImpl final : std::enable_shared_from_this<detail::RuntimeI
   // Subscribes again if the store's subscriptions were lost meanwhile.
   void keep_observing(std::uint64_t id);
   void unobserve_releases(std::uint64_t id);
-  void call_done();
-  // Starts a handle's acquisition for each spec (one key each) in one task
-  // of the loop; `each(i, error, handle)` runs on the notifier thread once
-  // per spec. Throws only before anything starts (a bad spec).
-  void acquire_together(std::vector<detail::LockSpec> specs, detail::AcquireEach each);
+
+  // What the public Runtime shows, any thread.
+  const Options& options() const noexcept { return options_; }
+  ThreadPool& pool() noexcept { return pool_; }
+  const std::shared_ptr<ThreadPool>& notifier() const noexcept { return notifier_pool_; }
+  const detail::StatsCounters& stats() const noexcept { return stats_; }
+  std::size_t held() const noexcept { return table_.held(); }
+  void add_observer(std::shared_ptr<Observer> observer) { events_.add(std::move(observer)); }
+  std::string render_metrics() const;
+  std::string metrics_address() const;
+  // The stop order: waiters fail, leases are given back, running work is
+  // awaited, then the threads and the store close. Once.
+  void stop();
+
+ private:
+  friend struct detail::RuntimeAccess;  // the unit tests reach the lock table
+  void check_key(const std::string& key) const;
+  // A set's keys made distinct and canonical (one key left: the spec names
+  // it alone); InvalidArgument for an empty or oversized set or a bad key.
+  void check_set(detail::LockSpec& spec) const;
+  std::shared_ptr<detail::Acquisition> make_acquisition(detail::LockSpec spec, detail::Completion how);
   // Starts a handle's acquisition (both forms of acquire).
   std::shared_ptr<detail::Acquisition> start_handle(detail::LockSpec spec, const std::shared_ptr<detail::HandleCall>& call);
-  void stop();
-  std::string render_metrics() const;
-
-  // Loop.
-  void start_acquire(std::shared_ptr<detail::Acquisition> a);
-  void taken(const std::shared_ptr<detail::Acquisition>& a, std::uint64_t fence, Clock::time_point sent);
-  void fail(const std::shared_ptr<detail::Acquisition>& a, std::exception_ptr err, bool busy = false);
-  void start_lease(const std::shared_ptr<detail::Acquisition>& a, const std::shared_ptr<detail::LeaseRecord>& l);
-  // What every lease granted here knows of the runtime (made at the first
-  // grant, loop thread).
-  std::shared_ptr<const detail::RuntimeLinks> links;
-  void run_on_pool(const std::shared_ptr<detail::LeaseRecord>& l);
-  // A lease whose work will never start as the runtime stops: lost.
-  void stopped_before_start(const std::shared_ptr<detail::LeaseRecord>& l);
-  // Loop thread: the work on `l` is over (runtime/handoff.cpp): its key goes
-  // on to the next caller here (a local hand-off), or back to the store.
-  void work_ended(const std::shared_ptr<detail::LeaseRecord>& l);
-  // Local hand-offs (Options::handoff.enabled) on a store with TokenBlocks:
-  // the first caller waiting here fits (exclusive, same ttl, renewals).
-  bool hand_off_fits(const detail::LeaseRecord& l) const;
-  // Asks the store for the streak's next tokens when a caller waits here
-  // and the stock is low (one request at a time).
-  void reserve_ahead(const std::shared_ptr<detail::LeaseRecord>& l);
-  void reserve(const detail::LeaseRecord& l, const std::shared_ptr<detail::HandOffStreak>& s);
-  // `l`'s work is over: true if the key went on to the next caller here,
-  // or stays ours until a reservation lets it (then the answer hands it on
-  // or releases it).
-  bool try_hand_off(const std::shared_ptr<detail::LeaseRecord>& l);
-  // Tokens a reservation asks for, at most.
-  static constexpr std::uint32_t kTokenBlock = 64;
-  void lease_finished(const std::shared_ptr<detail::LeaseRecord>& l);
-  void begin_stop();
+  std::string operator_name(const std::string& key) const;
+  // "the mysql:// store", for messages.
+  std::string store_kind() const;
   void close_all();
 
-  const Options options;
-  detail::StatsCounters stats;
-  ThreadPool pool;
+  const Options options_;
+  detail::StatsCounters stats_;
+  ThreadPool pool_;
   // Runs stop callbacks and completion handlers: user code never runs on
   // the loop. Shared: a lease outliving the runtime reaches it (shut down
   // by then) through a weak reference.
-  std::shared_ptr<ThreadPool> notifier_pool =
+  std::shared_ptr<ThreadPool> notifier_pool_ =
       std::make_shared<ThreadPool>(1, std::chrono::microseconds{}, "lw-notify");
-  ThreadPool& notifier = *notifier_pool;
-  ThreadPool event_thread{1, {}, "lw-events"};  // observers and the log sink: they never delay a stop callback
-  detail::Events events;
-  detail::Loop loop{options.runtime.busy_poll};
-  std::unique_ptr<detail::LockStore> store;
-  detail::TokenBlocks* const token_blocks = detail::capability<detail::TokenBlocks>(*store);  // null: no hand-offs
-  detail::WheelClock clock;
-  detail::Watchdog watchdog;
-  detail::WaitQueue waits;
-  detail::TokenGenerator tokens;
-  std::unique_ptr<detail::MetricsServer> metrics_server;  // loop thread
-
-  std::atomic<bool> stopping{false};
-  bool stop_begun = false;  // loop: begin_stop() ran (a lease granted since is given back)
-  std::atomic<std::uint64_t> next_observer{1};
-  std::mutex mu;
-  std::condition_variable cv;
-  std::size_t active_calls = 0;  // guarded by mu
+  ThreadPool event_thread_{1, {}, "lw-events"};  // observers and the log sink: they never delay a stop callback
+  detail::Events events_;
+  detail::Loop loop_{options_.runtime.busy_poll};
+  std::unique_ptr<detail::LockStore> store_;
+  detail::WheelClock clock_;
+  detail::Admission admission_;
+  detail::LockTable table_;  // loop thread
+  std::unique_ptr<detail::MetricsServer> metrics_server_;  // loop thread
+  std::atomic<std::uint64_t> next_observer_{1};
 };
 
 namespace detail {
@@ -174,6 +154,8 @@ struct RuntimeAccess {
   static std::unique_ptr<Runtime> make(Options options, const StoreFactory& make_store);
   // What parts of the library built on the runtime (the scheduler) use.
   static detail::RuntimeImpl& impl(Runtime& runtime) noexcept { return *runtime.impl_; }
+  // The unit tests: the runtime's lock table (loop thread only).
+  static LockTable& table(Runtime& runtime) noexcept { return runtime.impl_->table_; }
   static AcquireTicket ticket(std::shared_ptr<HandleCall> call) noexcept { return AcquireTicket(std::move(call)); }
 };
 }  // namespace detail

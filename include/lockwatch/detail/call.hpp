@@ -28,7 +28,7 @@ class Call {
 using AcquireCallback = std::function<void(std::exception_ptr error, LockHandle handle)>;
 
 /// The runtime's inside (lib/runtime/runtime_impl.hpp).
-struct RuntimeImpl;
+class RuntimeImpl;
 /// A handle's acquisition on its way (lib/runtime/completion.hpp).
 struct HandleCall;
 

@@ -1,0 +1,168 @@
+// lib/runtime/lock_table.cpp: a lock's life from start to grant or
+// failure, and how a granted lease goes on (runtime/lock_table.hpp); what
+// happens when work ends is handoff.cpp.
+#include "runtime/lock_table.hpp"
+
+#include <future>
+
+namespace lockwatch::detail {
+
+LockTable::LockTable(Parts parts)
+    : parts_(parts),
+      token_blocks_(capability<TokenBlocks>(parts.store)),
+      watchdog_(parts.store, parts.clock, parts.notifier, parts.options, parts.stats, parts.events),
+      waits_(parts.store, parts.clock, parts.options, parts.stats,
+             WaitQueue::Hooks{
+                 [this](const auto& a, std::uint64_t fence, Clock::time_point sent) { taken(a, fence, sent); },
+                 [this](const auto& a, std::exception_ptr err, bool busy) { fail(a, std::move(err), busy); }}) {
+  watchdog_.on_finished([this](const std::shared_ptr<LeaseRecord>& l) { lease_finished(l); });
+  parts_.clock.after_advance([this] { watchdog_.flush(); });
+}
+
+void LockTable::start(std::shared_ptr<Acquisition> a) {
+  parts_.events.wait_started(a->spec.key, a->spec.context, a->started);
+  if (parts_.admission.stopping()) {
+    fail(a, std::make_exception_ptr(RuntimeStopped("lockwatch runtime is stopping")));
+    return;
+  }
+  a->token = tokens_.next();
+  waits_.start(std::move(a));
+}
+
+void LockTable::cancel(const std::shared_ptr<Acquisition>& a) {
+  // Ended meanwhile (granted and given back, or failed), or one attempt
+  // with no wait in flight (its answer finds it cancelled): nothing here.
+  if (a->wait_over() || a->spec.wait == std::chrono::milliseconds(0)) return;
+  waits_.cancel(a.get(), std::make_exception_ptr(Cancelled(a->spec.key)));
+}
+
+void LockTable::fail(const std::shared_ptr<Acquisition>& a, std::exception_ptr err, bool busy) {
+  // The wait queue says whether it was busy: no exception is rethrown to
+  // find out. A cancelled wait is neither.
+  const auto waited = Clock::now() - a->started;
+  if (a->completion.cancelled()) {
+    parts_.events.wait_cancelled(a->spec.key, a->spec.context, waited);
+  } else if (busy) {
+    parts_.events.busy(a->spec.key, waited, a->spec.pattern, a->spec.context);
+  } else {
+    parts_.events.acquire_failed(a->spec.key, err, waited, a->spec.context);
+  }
+  a->end_wait(false);
+  a->completion.fail(err);
+  parts_.admission.end();
+}
+
+void LockTable::taken(const std::shared_ptr<Acquisition>& a, std::uint64_t fence, Clock::time_point sent) {
+  auto l = watchdog_.grant(*a, fence, sent);
+  start_lease(a, l);
+  reserve_ahead(l);
+}
+
+void LockTable::start_lease(const std::shared_ptr<Acquisition>& a, const std::shared_ptr<LeaseRecord>& l) {
+  parts_.events.acquired(a->spec.key, l->fencing_token(), l->granted_at - a->started, a->spec.pattern,
+                         a->spec.context);
+  if (parts_.admission.stopping()) l->request_stop();
+  l->links = links_;
+  // Nobody will hold it when its handle was cancelled while the grant was
+  // on its way, or when it was granted after the stop began (nobody is left
+  // to release it, and the stop would wait for it): it is given back at
+  // once, as a dropped handle is. After the stop, its work never starts and
+  // its call fails with RuntimeStopped, as waiting ones did.
+  using Way = Completion::Way;
+  HandleCall* handle = a->completion.handle();
+  const bool after_stop = stop_begun_ && a->completion.way() != Way::kInline;
+  const bool claimed = handle && handle->claim(HandleCall::kDone);
+  if (after_stop || (handle && !claimed)) {
+    if (claimed) {
+      handle->acquisition.reset();
+      handle->deliver(std::make_exception_ptr(RuntimeStopped("lockwatch runtime stopped while the lock was taken")),
+                      LockHandle());
+    } else if (!handle) {
+      l->give_up_start();
+      stopped_before_start(l);  // complete_call() fails the call so
+    }
+    work_ended(l);
+    return;
+  }
+  switch (a->completion.way()) {
+    case Way::kHandle:
+      handle->acquisition.reset();
+      // The handle lives only in what `complete` keeps (dropped with it, so
+      // a future dropped unread releases the lock with it).
+      handle->deliver(nullptr, HandleAccess::make(l));
+      break;
+    case Way::kInline:
+      a->completion.inline_wait()->granted.set_value(l);
+      break;
+    case Way::kPool:
+      run_on_pool(l);
+      break;
+  }
+}
+
+void LockTable::stopped_before_start(const std::shared_ptr<LeaseRecord>& l) {
+  // Its hold span ends here: a lost lease reports no release.
+  if (l->mark_lost(LostReason::kRuntimeStopped))
+    parts_.events.stopped_before_start(l->key(), l->context(), Clock::now() - l->granted_at, l->fencing_token());
+}
+
+void LockTable::run_on_pool(const std::shared_ptr<LeaseRecord>& l) {
+  // The work's end comes back to the loop: adaptive polling waits for it
+  // as for a reply (counted until the work's post is made).
+  struct Expected {
+    Loop& loop;
+    explicit Expected(Loop& lp) : loop(lp) {}
+    Expected(const Expected&) = delete;
+    Expected& operator=(const Expected&) = delete;
+    ~Expected() { loop.expect(-1); }
+  };
+  Loop& loop = parts_.loop;
+  loop.expect(1);
+  try {
+    parts_.pool.post([this, l] {
+      Expected expected(parts_.loop);
+      // Given up while it waited (Options::runtime.queue_timeout): answered already.
+      if (!l->begin_work()) return;
+      // A wait for a worker that used a fifth of the ttl or more is made
+      // good before the work counts on remaining(): one round trip, on this
+      // rare path only (bounded by the command timeout).
+      if (l->remaining() < l->ttl() * 4 / 5) {
+        auto answered = std::make_shared<std::promise<void>>();
+        auto renewed = answered->get_future();
+        if (parts_.loop.post([this, l, answered] { watchdog_.renew_at_start(l, answered); }))
+          renewed.wait_for(parts_.options.connection.command_timeout + 2 * parts_.options.watchdog.tick);
+      }
+      {
+        ThreadLeaseScope scope(parts_.runtime, l.get());
+        l->call->run();
+      }
+      parts_.loop.post([this, l] { work_ended(l); });
+    });
+  } catch (...) {
+    loop.expect(-1);
+    // The pool refused (stopping): the work never ran; give the lock back.
+    l->give_up_start();
+    stopped_before_start(l);
+    work_ended(l);
+  }
+}
+
+void LockTable::lease_finished(const std::shared_ptr<LeaseRecord>& l) {
+  l->complete_call();
+  waits_.on_lease_finished(l->name.view(), l->kind, l->yield_on_release);
+  parts_.admission.end();
+}
+
+void LockTable::begin_stop() {
+  stop_begun_ = true;
+  waits_.fail_all(std::make_exception_ptr(RuntimeStopped("lockwatch runtime stopped while waiting for the lock")));
+  // Nobody may be left to release a handle: the runtime gives them back,
+  // and a handle that outlives it reads lost (kRuntimeStopped) from now on,
+  // so its remaining() no longer vouches for a lock it does not hold.
+  for (auto& l : watchdog_.stop_all()) {
+    watchdog_.lose(l, LostReason::kRuntimeStopped, "the runtime was destroyed and released the lock");
+    work_ended(l);
+  }
+}
+
+}  // namespace lockwatch::detail

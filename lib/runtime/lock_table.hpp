@@ -1,0 +1,137 @@
+// lib/runtime/lock_table.hpp: the life of every lock a runtime takes, from
+// the moment admission hands a call over to the loop until it ends.
+//
+// One owner per key: the table owns each key's state in the runtime and
+// is the only part that changes it:
+//   - its waiters, their attempts, the release notices and the observers
+//     (the wait queue, wait_queue.hpp);
+//   - our leases on it, renewed until released or lost (the watchdog,
+//     watchdog.hpp);
+//   - the local hand-off streak and the fencing tokens reserved for it
+//     (handoff.hpp; what happens when work ends is handoff.cpp);
+//   - how each call ends: run on the pool, run inline, a handle delivered
+//     (its Completion, completion.hpp).
+// It drives the store, the wait queue and the watchdog downward; each
+// lock's life goes through the steps of step.hpp (requested, waiting,
+// held, releasing, ended). Admission and the stop order stay with the
+// runtime (runtime_impl.hpp), which calls in here on the loop.
+//
+// Threading: the loop thread's, until the runtime's stop has joined the
+// loop (then the stopping thread's); but for what a member says of itself.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <exception>
+#include <functional>
+#include <memory>
+#include <string>
+
+#include "core/loop.hpp"
+#include "core/token.hpp"
+#include "lockwatch/options.hpp"
+#include "lockwatch/thread_pool.hpp"
+#include "ops/events.hpp"
+#include "ops/stats.hpp"
+#include "runtime/acquisition.hpp"
+#include "runtime/admission.hpp"
+#include "runtime/handoff.hpp"
+#include "runtime/wait_queue.hpp"
+#include "runtime/watchdog.hpp"
+#include "runtime/wheel_clock.hpp"
+#include "store/capabilities.hpp"
+#include "store/lock_store.hpp"
+
+namespace lockwatch::detail {
+
+class LockTable {
+ public:
+  using Clock = std::chrono::steady_clock;
+
+  // What the table works with, all the runtime's and outliving it.
+  struct Parts {
+    const Options& options;
+    StatsCounters& stats;
+    Events& events;
+    Loop& loop;
+    ThreadPool& pool;      // the work
+    ThreadPool& notifier;  // stop callbacks and handlers
+    LockStore& store;
+    WheelClock& clock;
+    Admission& admission;  // told as each call ends
+    const void* runtime;   // the runtime's identity on a thread's held leases (ThreadLeaseScope)
+  };
+  explicit LockTable(Parts parts);
+
+  // Any thread, once, before the first call reaches the loop: what every
+  // lease granted here knows of the runtime.
+  void set_links(std::shared_ptr<const RuntimeLinks> links) { links_ = std::move(links); }
+
+  // Loop, as the store starts: its release notices go to the wait queue.
+  void listen(StoreEvents& events) {
+    events.released = [this](std::string_view name) { waits_.on_released(name); };
+    events.subscribed = [this](std::string_view name) { waits_.on_subscribed(name); };
+    events.subscriptions_lost = [this] { waits_.on_subscriptions_lost(); };
+  }
+  // Loop: an admitted call starts waiting (requested -> waiting).
+  void start(std::shared_ptr<Acquisition> a);
+  // Loop: a cancelled acquisition leaves the wait queue.
+  void cancel(const std::shared_ptr<Acquisition>& a);
+  // Loop: the work on `l` is over (handoff.cpp): its key goes on to the
+  // next caller here (a local hand-off), or back to the store.
+  void work_ended(const std::shared_ptr<LeaseRecord>& l);
+  // Loop: leases renewed at once, together (a set's).
+  void renew_together(const std::vector<std::shared_ptr<LeaseRecord>>& leases) { watchdog_.renew_together(leases); }
+  // Loop: release notices for `name` run `look` (WaitQueue::observe).
+  void observe(std::uint64_t id, std::string_view name, std::function<void()> look) {
+    waits_.observe(id, name, std::move(look));
+  }
+  void keep_observing(std::uint64_t id) { waits_.keep_observing(id); }
+  void unobserve(std::uint64_t id) { waits_.unobserve(id); }
+  // Loop: the stop begins. Waiters fail with RuntimeStopped; held leases
+  // are given back and read lost (kRuntimeStopped); a grant from now on
+  // is given back at once.
+  void begin_stop();
+  // The stopping thread, once the loop has joined.
+  void clear() {
+    waits_.clear();
+    watchdog_.clear();
+  }
+  // Any thread: the leases held now.
+  std::size_t held() const noexcept { return watchdog_.held(); }
+
+  // Tokens a hand-off reservation asks for, at most.
+  static constexpr std::uint32_t kTokenBlock = 64;
+
+ private:
+  // An attempt took the lock, or the call ends without it.
+  void taken(const std::shared_ptr<Acquisition>& a, std::uint64_t fence, Clock::time_point sent);
+  void fail(const std::shared_ptr<Acquisition>& a, std::exception_ptr err, bool busy = false);
+  // A granted lease goes on as its call's Completion says.
+  void start_lease(const std::shared_ptr<Acquisition>& a, const std::shared_ptr<LeaseRecord>& l);
+  void run_on_pool(const std::shared_ptr<LeaseRecord>& l);
+  // A lease whose work will never start as the runtime stops: lost.
+  void stopped_before_start(const std::shared_ptr<LeaseRecord>& l);
+  // The watchdog let go of `l` (ended): its call completes, our next
+  // waiter for the key may go.
+  void lease_finished(const std::shared_ptr<LeaseRecord>& l);
+  // Local hand-offs (handoff.cpp; Options::handoff.enabled, a store with
+  // TokenBlocks): the first caller waiting here fits (exclusive, same
+  // ttl, renewals); tokens kept in stock while one waits; `l`'s work is
+  // over: true if the key went on to the next caller here, or stays ours
+  // until a reservation lets it (then its answer hands it on or releases it).
+  bool hand_off_fits(const LeaseRecord& l) const;
+  void reserve_ahead(const std::shared_ptr<LeaseRecord>& l);
+  void reserve(const LeaseRecord& l, const std::shared_ptr<HandOffStreak>& s);
+  bool try_hand_off(const std::shared_ptr<LeaseRecord>& l);
+
+  Parts parts_;
+  TokenBlocks* const token_blocks_;  // null: no hand-offs
+  Watchdog watchdog_;
+  WaitQueue waits_;
+  TokenGenerator tokens_;
+  std::shared_ptr<const RuntimeLinks> links_;
+  bool stop_begun_ = false;  // begin_stop() ran (a lease granted since is given back)
+};
+
+}  // namespace lockwatch::detail
