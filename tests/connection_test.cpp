@@ -74,6 +74,13 @@ class ConnectionTest : public ::testing::Test {
 
   // What a connection reads of options_.
   detail::StoreSettings settings() const { return detail::StoreSettings::of(options_); }
+  // A command connection to `server` with its direct lane, not started.
+  std::unique_ptr<RedisConnection> laned(const RedisServer& server) {
+    auto conn =
+        std::make_unique<RedisConnection>(loop_, endpoint_of(server), settings(), RedisConnection::Mode::kCommands);
+    conn->enable_lane();
+    return conn;
+  }
 
   Options options_;
   detail::Loop loop_;
@@ -589,6 +596,120 @@ TEST_F(ConnectionTest, AReplyThatTricklesInAndNeverEndsIsNoAnswer) {
   ASSERT_TRUE(err);
   EXPECT_THROW(std::rethrow_exception(err), ConnectionError);
   EXPECT_LT(waited, 2s) << "failed only when the trickle ended";
+  close_all({&conn});
+}
+
+// The direct lane: a thread other than the loop's writes script calls on
+// the socket itself (while the connection is idle; else they go the
+// loop's way), while the loop sends its own requests on the same
+// connection. Each source counts its own key, so a reply matched to the
+// wrong request shows as a number out of its sequence; every callback runs
+// on the loop thread, exactly once.
+TEST_F(ConnectionTest, RequestsWrittenByAnotherThreadAreAnsweredOnTheLoopInTheirPlace) {
+  RedisServer server;
+  options_.connection.command_timeout = 5s;
+  auto owned = laned(server);
+  auto& conn = *owned;
+  loop_.post([&] { conn.start(); });
+  constexpr std::string_view kIncr = "return redis.call('incr', KEYS[1])";
+  auto [sha, err] = run(conn, {"SCRIPT", "LOAD", std::string(kIncr)});
+  ASSERT_FALSE(err);
+  const detail::Script incr{kIncr, sha, "incr", "INCR"};
+  std::thread::id loop_thread;
+  {
+    std::promise<std::thread::id> id;
+    auto got = id.get_future();
+    loop_.post([&] { id.set_value(std::this_thread::get_id()); });
+    ASSERT_EQ(got.wait_for(kBound), std::future_status::ready);
+    loop_thread = got.get();
+  }
+  constexpr int kEach = 2000;
+  struct Answers {
+    std::vector<long long> direct, loop;  // loop thread
+    int off_loop = 0;                     // callbacks run elsewhere
+    std::promise<void> all;
+    void add(std::vector<long long>& to, const redisReply* r, std::thread::id loop_thread) {
+      to.push_back(r != nullptr && r->type == REDIS_REPLY_INTEGER ? r->integer : -1);
+      if (std::this_thread::get_id() != loop_thread) ++off_loop;
+      if (direct.size() == kEach && loop.size() == kEach) all.set_value();
+    }
+  } answers;
+  auto done = answers.all.get_future();
+  // The loop's own requests, ten a turn, while this thread writes.
+  std::function<void(int)> loop_burst = [&](int left) {
+    for (int i = 0; i < 10; ++i)
+      conn.command({"INCR", "l"}, [&](const redisReply* r, const detail::StoreError*) {
+        answers.add(answers.loop, r, loop_thread);
+      });
+    if (left > 10) loop_.post([&, left] { loop_burst(left - 10); });
+  };
+  int direct = 0;
+  for (int i = 0; i < kEach; ++i) {
+    if (i == 1) loop_.post([&] { loop_burst(kEach); });  // the first went on an idle connection
+    detail::EvalRequest request(incr, 1, 1);
+    request.arg("d");
+    detail::ReplyCallback cb = [&](const redisReply* r, const detail::StoreError*) {
+      answers.add(answers.direct, r, loop_thread);
+    };
+    if (conn.send_direct(request, cb)) {
+      ++direct;
+      continue;
+    }
+    ASSERT_NE(i, 0) << "the lane refused a request on an idle connection";
+    // Not now (the loop's bytes go first): the loop's way, in order.
+    auto shared = std::make_shared<std::pair<detail::EvalRequest, detail::ReplyCallback>>(std::move(request),
+                                                                                          std::move(cb));
+    loop_.post([&conn, shared] { conn.eval(std::move(shared->first), std::move(shared->second)); });
+  }
+  ASSERT_EQ(done.wait_for(kBound), std::future_status::ready);
+  EXPECT_GT(direct, 0) << "the lane never took a request";
+  EXPECT_EQ(answers.off_loop, 0);
+  for (int i = 0; i < kEach; ++i) {
+    ASSERT_EQ(answers.loop[i], i + 1) << "the loop's reply " << i;
+    ASSERT_EQ(answers.direct[i], i + 1) << "the direct reply " << i << " (" << direct << " written directly)";
+  }
+  close_all({&conn});
+}
+
+// The lane is closed until the connection is usable (and with it closed,
+// nothing is taken: the request and its callback stay the caller's); a
+// request written on it while the server hangs fails within the command
+// timeout, even with the connection idle before (no request timer ran).
+TEST_F(ConnectionTest, ADirectRequestToAHungServerFailsWithinTheCommandTimeout) {
+  RedisServer server;
+  options_.connection.command_timeout = 300ms;
+  auto owned = laned(server);
+  auto& conn = *owned;
+  const detail::Script& ping = detail::script(detail::ScriptId::kAcquire);
+  {
+    detail::EvalRequest request(ping, 0, 0);
+    detail::ReplyCallback cb = [](const redisReply*, const detail::StoreError*) {};
+    EXPECT_FALSE(conn.send_direct(request, cb)) << "written before the connection started";
+    ASSERT_TRUE(cb);
+  }
+  loop_.post([&] { conn.start(); });
+  auto [pong, err] = run(conn, {"PING"});
+  ASSERT_FALSE(err);
+  auto [sha, load_err] = run(conn, {"SCRIPT", "LOAD", "return 1"});
+  ASSERT_FALSE(load_err);
+  const detail::Script one{"return 1", sha, "one", ""};
+  server.pause();
+  auto failed = std::make_shared<std::promise<bool>>();
+  auto got = failed->get_future();
+  detail::EvalRequest request(one, 0, 0);
+  detail::ReplyCallback cb = [failed](const redisReply* r, const detail::StoreError* e) {
+    failed->set_value(r == nullptr && e != nullptr && e->kind == detail::StoreError::Kind::kUnavailable);
+  };
+  const auto t0 = std::chrono::steady_clock::now();
+  ASSERT_TRUE(conn.send_direct(request, cb));
+  ASSERT_EQ(got.wait_for(kBound), std::future_status::ready);
+  const auto waited = std::chrono::steady_clock::now() - t0;
+  server.resume();
+  EXPECT_TRUE(got.get()) << "answered, or not as unavailable";
+  EXPECT_LT(waited, 2s);
+  auto [pong2, err2] = run(conn, {"PING"});
+  EXPECT_FALSE(err2);
+  EXPECT_EQ(pong2, "PONG");
   close_all({&conn});
 }
 

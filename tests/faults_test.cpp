@@ -292,6 +292,32 @@ TEST_P(FaultsTest, AHungRedisCannotHangACall) {
   hung.resume();
 }
 
+// Work that ended in time is not lost however long its release waits for
+// an answer. The server hangs as the work ends and stays hung past the
+// lease's local deadline; the release (written by the work's thread itself
+// on a plaintext connection, by the loop over TLS) fails with the command
+// timeout, and renewals meanwhile fail too. The call completes, without
+// LeaseLost, once the key has surely expired.
+TEST_P(FaultsTest, AReleaseUnansweredPastTheDeadlineLosesNoWorkThatEndedInTime) {
+  RedisServer hung(over(GetParam()));
+  Options o = options_for(hung);
+  o.connection.command_timeout = 1500ms;
+  Runtime rt(o);
+  auto call = locked("ended-in-time", 500ms, forever).on(rt)([&hung] {
+    hung.pause();
+    return 1;
+  });
+  auto fut = call();
+  const auto t0 = std::chrono::steady_clock::now();
+  const bool ready = fut.wait_for(kBound) == std::future_status::ready;
+  const auto took = std::chrono::steady_clock::now() - t0;
+  hung.resume();
+  ASSERT_TRUE(ready);
+  EXPECT_EQ(fut.get(), 1);
+  EXPECT_EQ(rt.stats().leases_lost, 0u);
+  EXPECT_GE(took, 1s) << "answered before the release could have been";
+}
+
 // Plaintext only: the counter sample does its racy GET and SET with hiredis,
 // which has no TLS.
 TEST(FaultsPlaintextTest, SeveralProcessesCountExactly) {

@@ -199,6 +199,19 @@ struct LeaseRecord final : Lease, TimerTask, HandleState {
   bool begin_work() noexcept { return claim(kStarted); }
   bool give_up_start() noexcept { return claim(kAbandoned); }
   bool started() const noexcept { return start_.load(std::memory_order_acquire) == kStarted; }
+  // The work is over and its thread wrote the release itself
+  // (DirectLane): the loop learns the work's end from the release's
+  // answer. Until then the lease is releasing to the watchdog: renewals
+  // keep the key alive, and nothing judges the lease lost but that answer.
+  // Any thread; true for the one that marked it (the work's own, once the
+  // work started).
+  bool mark_release_written() noexcept {
+    std::uint8_t started = kStarted;
+    return start_.compare_exchange_strong(started, kReleaseWritten, std::memory_order_acq_rel);
+  }
+  // The release could not be written after all: the loop's way (any thread).
+  void unmark_release_written() noexcept { start_.store(kStarted, std::memory_order_release); }
+  bool release_written() const noexcept { return start_.load(std::memory_order_acquire) == kReleaseWritten; }
 
   // Loop thread (packed behind the handle state's last byte; the flags
   // share one byte, which only the loop thread writes).
@@ -220,7 +233,7 @@ struct LeaseRecord final : Lease, TimerTask, HandleState {
   bool uncounted : 1 = false;       // lost: no longer counted among the held (RuntimeStats)
 
  private:
-  enum : std::uint8_t { kStarted, kQueued, kAbandoned };
+  enum : std::uint8_t { kStarted, kQueued, kAbandoned, kReleaseWritten };
   std::atomic<std::uint8_t> start_{kStarted};
   // Whether the lease ended for Lease::on_lost (no watcher waits then);
   // under the lease's striped lock.

@@ -10,6 +10,7 @@ namespace lockwatch::detail {
 LockTable::LockTable(Parts parts)
     : parts_(parts),
       token_blocks_(capability<TokenBlocks>(parts.store)),
+      lane_(capability<DirectLane>(parts.store)),
       watchdog_(parts.store, parts.clock, parts.notifier, parts.options, parts.stats, parts.events),
       waits_(parts.store, parts.clock, parts.options, parts.stats,
              WaitQueue::Hooks{
@@ -23,10 +24,16 @@ void LockTable::start(std::shared_ptr<Acquisition> a) {
   parts_.events.wait_started(a->spec.key, a->spec.context, a->started);
   if (parts_.admission.stopping()) {
     fail(a, std::make_exception_ptr(RuntimeStopped("lockwatch runtime is stopping")));
-    return;
+  } else {
+    a->token = tokens_.next();
+    waits_.start(std::move(a));
   }
-  a->token = tokens_.next();
-  waits_.start(std::move(a));
+  starting_.fetch_sub(1);  // after the wait queue has it (keys_waited())
+}
+
+void LockTable::answered_direct(const std::shared_ptr<Acquisition>& a, const Acquired& out, Clock::time_point sent) {
+  parts_.events.wait_started(a->spec.key, a->spec.context, a->started);
+  waits_.answered(a, out, sent);
 }
 
 void LockTable::cancel(const std::shared_ptr<Acquisition>& a) {
@@ -136,7 +143,7 @@ void LockTable::run_on_pool(const std::shared_ptr<LeaseRecord>& l) {
         ThreadLeaseScope scope(parts_.runtime, l.get());
         l->call->run();
       }
-      parts_.loop.post([this, l] { work_ended(l); });
+      work_over(l);
     });
   } catch (...) {
     loop.expect(-1);
@@ -145,6 +152,31 @@ void LockTable::run_on_pool(const std::shared_ptr<LeaseRecord>& l) {
     stopped_before_start(l);
     work_ended(l);
   }
+}
+
+void LockTable::work_over(const std::shared_ptr<LeaseRecord>& l) {
+  // The loop would wake only to send the release: this thread writes it,
+  // and the loop wakes for the answer alone.
+  // Only with nobody waiting here (and none on the way to the wait queue,
+  // read first): a waiter would be handed the key instead.
+  if (lane_ != nullptr && l->kind.exclusive_kind() && !l->lost() && starting_.load() == 0 &&
+      waits_.keys_waited() == 0 && l->mark_release_written()) {
+    const auto ended = Clock::now();
+    if (lane_->release_direct(l->ref(), [this, l, ended](Released status, const StoreError* why) {
+          released_direct(l, status, why, ended);
+        }))
+      return;
+    l->unmark_release_written();
+  }
+  // Refused only once the runtime closed, after it released the lock.
+  parts_.loop.post([this, l] { work_ended(l); });
+}
+
+void LockTable::released_direct(const std::shared_ptr<LeaseRecord>& l, Released status, const StoreError* why,
+                                Clock::time_point ended) {
+  // Ended meanwhile: the stop gave it back (the loop's own release answers).
+  if (!watchdog_.end_work(l, ended)) return;
+  watchdog_.release_written(l, status, why);
 }
 
 void LockTable::lease_finished(const std::shared_ptr<LeaseRecord>& l) {

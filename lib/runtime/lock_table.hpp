@@ -20,7 +20,9 @@
 // loop (then the stopping thread's); but for what a member says of itself.
 #pragma once
 
+#include <atomic>
 #include <chrono>
+#include <cstddef>
 #include <cstdint>
 #include <exception>
 #include <functional>
@@ -73,13 +75,28 @@ class LockTable {
     events.subscribed = [this](std::string_view name) { waits_.on_subscribed(name); };
     events.subscriptions_lost = [this] { waits_.on_subscriptions_lost(); };
   }
+  // Any thread, before calls are handed to the loop to start(): counted
+  // until they are in the wait queue (negative: handed back unstarted),
+  // so that a work's thread that ends after them never releases past them
+  // (work_over()).
+  void will_start(std::ptrdiff_t n) noexcept { starting_.fetch_add(n); }
   // Loop: an admitted call starts waiting (requested -> waiting).
   void start(std::shared_ptr<Acquisition> a);
+  // Loop: the answer to the one attempt of a call that its caller's thread
+  // wrote itself (DirectLane), sent at `sent` with the call's token: the
+  // call goes on as if it had started here.
+  void answered_direct(const std::shared_ptr<Acquisition>& a, const Acquired& out, Clock::time_point sent);
   // Loop: a cancelled acquisition leaves the wait queue.
   void cancel(const std::shared_ptr<Acquisition>& a);
   // Loop: the work on `l` is over (handoff.cpp): its key goes on to the
   // next caller here (a local hand-off), or back to the store.
   void work_ended(const std::shared_ptr<LeaseRecord>& l);
+  // Any thread, the work's (a pool worker, a handle's releaser): the work
+  // on `l` is over. With nobody waiting here for any key, an exclusive
+  // lease's release is written by this thread (DirectLane), and the loop
+  // learns the work's end with the release's answer (released_direct());
+  // else the loop is told (work_ended()).
+  void work_over(const std::shared_ptr<LeaseRecord>& l);
   // Loop: leases renewed at once, together (a set's).
   void renew_together(const std::vector<std::shared_ptr<LeaseRecord>>& leases) { watchdog_.renew_together(leases); }
   // Loop: release notices for `name` run `look` (WaitQueue::observe).
@@ -110,6 +127,11 @@ class LockTable {
   // A granted lease goes on as its call's Completion says.
   void start_lease(const std::shared_ptr<Acquisition>& a, const std::shared_ptr<LeaseRecord>& l);
   void run_on_pool(const std::shared_ptr<LeaseRecord>& l);
+  // Loop: the answer to a release written by the work's thread, whose work
+  // ended at `ended`: as work_ended() and then the release's answer (no
+  // hand-off: nobody waited when it was written).
+  void released_direct(const std::shared_ptr<LeaseRecord>& l, Released status, const StoreError* why,
+                       Clock::time_point ended);
   // A lease whose work will never start as the runtime stops: lost.
   void stopped_before_start(const std::shared_ptr<LeaseRecord>& l);
   // The watchdog let go of `l` (ended): its call completes, our next
@@ -127,11 +149,13 @@ class LockTable {
 
   Parts parts_;
   TokenBlocks* const token_blocks_;  // null: no hand-offs
+  DirectLane* const lane_;           // null: every request goes from the loop
   Watchdog watchdog_;
   WaitQueue waits_;
   TokenGenerator tokens_;
   std::shared_ptr<const RuntimeLinks> links_;
-  bool stop_begun_ = false;  // begin_stop() ran (a lease granted since is given back)
+  bool stop_begun_ = false;
+  std::atomic<std::ptrdiff_t> starting_{0};  // calls handed to the loop, not in the wait queue yet  // begin_stop() ran (a lease granted since is given back)
 };
 
 }  // namespace lockwatch::detail

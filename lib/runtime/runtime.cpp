@@ -143,11 +143,26 @@ std::shared_ptr<Acquisition> detail::RuntimeImpl::start_handle(detail::LockSpec 
   auto a = make_acquisition(std::move(spec), detail::Completion::deliver(call));
   call->runtime = weak_from_this();
   call->acquisition = a;
-  if (!loop_.post([this, a] { table_.start(a); })) {
-    a->completion.fail(std::make_exception_ptr(RuntimeStopped("lockwatch runtime is stopping")));
-    admission_.end();
-  }
+  begin(a);
   return a;
+}
+
+void detail::RuntimeImpl::begin(const std::shared_ptr<Acquisition>& a) {
+  if (!write_directly(a)) post_start({a});
+}
+
+bool detail::RuntimeImpl::write_directly(const std::shared_ptr<Acquisition>& a) {
+  // The loop would wake only to send it: this thread writes it, and the
+  // loop wakes for the answer alone.
+  if (direct_ == nullptr || a->spec.wait != milliseconds(0) || !a->spec.kind.exclusive_kind()) return false;
+  {
+    std::lock_guard lk(direct_tokens_mu_);
+    a->token = direct_tokens_.next();
+  }
+  const auto sent = Clock::now();
+  return direct_->acquire_direct(a->ref(), [this, a, sent](const detail::Acquired& out) {
+    table_.answered_direct(a, out, sent);
+  });
 }
 
 void detail::RuntimeImpl::acquire_together(std::vector<detail::LockSpec> specs, detail::AcquireEach each) {
@@ -178,15 +193,21 @@ void detail::RuntimeImpl::acquire_together(std::vector<detail::LockSpec> specs, 
   }
   // One task: the store sees every request in the same turn of its loop,
   // and batches them as it batches any requests sent together.
-  auto task = [this, made] {
-    for (const auto& a : made) table_.start(a);
-  };
-  if (!made.empty() && !loop_.post(task)) {
-    for (const auto& a : made) {
-      a->completion.fail(std::make_exception_ptr(RuntimeStopped("lockwatch runtime is stopping")));
-      admission_.end();
-    }
+  if (!made.empty()) post_start(std::move(made));
+}
+
+bool detail::RuntimeImpl::post_start(std::vector<std::shared_ptr<Acquisition>> made) {
+  table_.will_start(made.size());
+  if (loop_.post([this, made] {
+        for (const auto& a : made) table_.start(a);
+      }))
+    return true;
+  table_.will_start(-static_cast<std::ptrdiff_t>(made.size()));
+  for (const auto& a : made) {
+    a->completion.fail(std::make_exception_ptr(RuntimeStopped("lockwatch runtime is stopping")));
+    admission_.end();
   }
+  return false;
 }
 
 std::future<LockHandle> detail::RuntimeImpl::acquire(detail::LockSpec spec) {
@@ -308,12 +329,11 @@ void detail::RuntimeImpl::dispatch(detail::LockSpec spec, std::shared_ptr<detail
     granted = w->granted.get_future();
     finished = w->finished->get_future();
   }
-  if (!loop_.post([this, a] { table_.start(a); })) {
-    a->completion.fail(std::make_exception_ptr(RuntimeStopped("lockwatch runtime is stopping")));
-    admission_.end();
+  if (!nested) {
+    begin(a);
     return;
   }
-  if (!nested) return;
+  if (!post_start({a})) return;
 
   // Nested call on another key: this thread waits for the lock (every
   // acquisition completes: by reply, wait deadline or command timeout),
@@ -461,10 +481,7 @@ void detail::RuntimeImpl::cancel(std::shared_ptr<detail::Acquisition> a) {
   loop_.post([this, a = std::move(a)] { table_.cancel(a); });
 }
 
-void detail::RuntimeImpl::end_work(std::shared_ptr<detail::LeaseRecord> l) {
-  // Refused only once the runtime closed, after it released the lock.
-  loop_.post([this, l = std::move(l)] { table_.work_ended(l); });
-}
+void detail::RuntimeImpl::end_work(std::shared_ptr<detail::LeaseRecord> l) { table_.work_over(l); }
 
 void detail::RuntimeImpl::end_work(std::vector<std::shared_ptr<detail::LeaseRecord>> leases) {
   loop_.post([this, leases = std::move(leases)] {

@@ -16,6 +16,7 @@
 #include <functional>
 #include <future>
 #include <memory>
+#include <mutex>
 
 #include "core/loop.hpp"
 #include "core/token.hpp"
@@ -120,6 +121,14 @@ class detail::RuntimeImpl final : public std::enable_shared_from_this<detail::Ru
   std::shared_ptr<detail::Acquisition> make_acquisition(detail::LockSpec spec, detail::Completion how);
   // Starts a handle's acquisition (both forms of acquire).
   std::shared_ptr<detail::Acquisition> start_handle(detail::LockSpec spec, const std::shared_ptr<detail::HandleCall>& call);
+  // An admitted call on its way: its one attempt written by this thread
+  // (DirectLane: a call that does not wait, exclusive, on a store that
+  // offers it), else handed to the loop, which starts it there.
+  void begin(const std::shared_ptr<detail::Acquisition>& a);
+  bool write_directly(const std::shared_ptr<detail::Acquisition>& a);
+  // Hands admitted calls to the loop, in one task; false (each failed
+  // with RuntimeStopped) when the loop takes no more.
+  bool post_start(std::vector<std::shared_ptr<detail::Acquisition>> made);
   std::string operator_name(const std::string& key) const;
   // "the mysql:// store", for messages.
   std::string store_kind() const;
@@ -140,6 +149,9 @@ class detail::RuntimeImpl final : public std::enable_shared_from_this<detail::Ru
   detail::WheelClock clock_;
   detail::Admission admission_;
   detail::LockTable table_;  // loop thread
+  detail::DirectLane* const direct_ = detail::capability<detail::DirectLane>(*store_);
+  std::mutex direct_tokens_mu_;
+  detail::TokenGenerator direct_tokens_;  // the owner tokens of attempts written by callers (under the mutex)
   std::unique_ptr<detail::MetricsServer> metrics_server_;  // loop thread
   std::atomic<std::uint64_t> next_observer_{1};
 };

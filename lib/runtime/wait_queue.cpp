@@ -75,6 +75,7 @@ WaitQueue::~WaitQueue() = default;
 void WaitQueue::clear() {
   deferred_.clear();  // they point into waiters_
   waiters_.clear();
+  keys_.store(0);
 }
 
 WaitQueue::KeyWaiters& WaitQueue::waiters_of(std::string_view name) {
@@ -85,6 +86,7 @@ WaitQueue::KeyWaiters& WaitQueue::waiters_of(std::string_view name) {
   w->name = std::string(name);
   auto& slot = waiters_[w->name];
   slot = std::move(w);
+  keys_.store(waiters_.size());
   return *slot;
 }
 
@@ -106,6 +108,13 @@ void WaitQueue::start(std::shared_ptr<Acquisition> a) {
     return;
   }
   if (w->waiting.size() == 1) attempt_head(w->name);
+}
+
+void WaitQueue::answered(const std::shared_ptr<Acquisition>& a, const Acquired& out, Clock::time_point sent) {
+  a->queue = this;
+  a->step = Step::kWaiting;
+  a->last_sent = sent;
+  on_outcome(a, out, sent, nullptr);
 }
 
 void WaitQueue::attempt_fair(const std::shared_ptr<Acquisition>& a) {
@@ -599,6 +608,7 @@ void WaitQueue::maybe_forget(KeyWaiters* w) {
   }
   store_.unsubscribe(w->name);
   waiters_.erase(w->name);  // w is gone
+  keys_.store(waiters_.size());
 }
 
 void WaitQueue::fail_all(std::exception_ptr error) {

@@ -38,6 +38,7 @@
 // Threading: loop thread only.
 #pragma once
 
+#include <atomic>
 #include <deque>
 #include <exception>
 #include <functional>
@@ -72,6 +73,10 @@ class WaitQueue {
   ~WaitQueue();
 
   void start(std::shared_ptr<Acquisition> a);
+  // The answer to the one attempt of a call without a wait, sent at `sent`
+  // by its caller's thread (DirectLane): it goes on as if start() had
+  // sent it.
+  void answered(const std::shared_ptr<Acquisition>& a, const Acquired& out, Clock::time_point sent);
   // Store events.
   void on_released(std::string_view name);
   void on_subscribed(std::string_view name);
@@ -104,6 +109,11 @@ class WaitQueue {
   void keep_observing(std::uint64_t id);
   void unobserve(std::uint64_t id);
   void clear();
+  // Any thread: how many keys have waiters or observers here now (a work's
+  // thread writes its release itself only while none has: a waiter would
+  // be handed the key instead). A snapshot: one that arrives right after
+  // is woken by the release's answer, as any waiter of a key released.
+  std::size_t keys_waited() const noexcept { return keys_.load(); }
   // Tokens of ended calls not yet given back (see above).
   std::size_t orphans() const noexcept { return orphans_.size() + orphans_sending_; }
 
@@ -163,6 +173,7 @@ class WaitQueue {
   std::unordered_map<std::string, std::unique_ptr<KeyWaiters>, NameHash, std::equal_to<>> waiters_;  // by store name
   KeyWaiters& waiters_of(std::string_view name);
   std::unordered_map<std::uint64_t, std::string> observed_;  // observer id -> store name
+  std::atomic<std::size_t> keys_{0};  // waiters_.size(), for keys_waited()
 
   // A token to give back, until `until` (the last attempt's ttl is over).
   struct Orphan {

@@ -157,8 +157,8 @@ void Watchdog::on_timer(LeaseRecord* raw) {
   if (raw->slot == LeaseRecord::kNoSlot) return;
   std::shared_ptr<LeaseRecord> l = leases_[raw->slot];  // kept alive to the end
   auto now = Clock::now();
-  if (l->work_over()) {
-    if (!l->release_in_flight && !l->awaiting_tokens) {
+  if (l->work_over() || l->release_written()) {
+    if (!l->release_written() && !l->release_in_flight && !l->awaiting_tokens) {
       // Release could not be confirmed; the key has expired by now.
       if (l->phase == LeaseRecord::Phase::kAwaitingExpiry) finish(l);
       return;
@@ -298,7 +298,8 @@ void Watchdog::on_renew_result_now(const std::shared_ptr<LeaseRecord>& l, Clock:
     case Renewed::kTakenByOther:
       // With the work over and the release in flight, the release's own
       // answer says what became of the key.
-      if (!l->work_over()) lose(l, status == Renewed::kTakenByOther ? LostReason::kTakenByOther : gone_reason(*l));
+      if (!l->work_over() && !l->release_written())
+        lose(l, status == Renewed::kTakenByOther ? LostReason::kTakenByOther : gone_reason(*l));
       break;
     case Renewed::kTransient:
       renewal_failed(l, why != nullptr ? why->describe() : std::string("the renewal was not confirmed"));
@@ -368,7 +369,7 @@ void Watchdog::request_stop(const std::shared_ptr<LeaseRecord>& l) {
   }
 }
 
-bool Watchdog::end_work(const std::shared_ptr<LeaseRecord>& l) {
+bool Watchdog::end_work(const std::shared_ptr<LeaseRecord>& l, Clock::time_point ended) {
   if (l->work_over()) return false;
   l->step = Step::kReleasing;
   // Work that ended past the local deadline did not end under its lease,
@@ -378,7 +379,7 @@ bool Watchdog::end_work(const std::shared_ptr<LeaseRecord>& l) {
   // (unread behind a stalled loop, it may extend the deadline past the
   // end), that is decided now; otherwise at the release's answer.
   if (!l->lost()) {
-    const auto now = Clock::now();
+    const auto now = ended;
     if (now >= l->deadline()) {
       if (l->phase == LeaseRecord::Phase::kAwaitingReply)
         l->rare().work_ended_late = now;
@@ -423,6 +424,14 @@ void Watchdog::release(const std::shared_ptr<LeaseRecord>& l) {
                    const std::shared_ptr<LeaseRecord> held = leases_[raw->slot];  // finish() drops the registry's
                    released(held, status, why);
                  });
+}
+
+void Watchdog::release_written(const std::shared_ptr<LeaseRecord>& l, Released status, const StoreError* why) {
+  // The loop knows of the work's end now (end_work() ran): from here on the
+  // lease is as one whose release the loop sent.
+  l->unmark_release_written();
+  if (l->lost()) l->complete_call();  // as release_ended()
+  released(l, status, why);
 }
 
 void Watchdog::released(const std::shared_ptr<LeaseRecord>& l, Released status, const StoreError* why) {

@@ -65,12 +65,15 @@ class Watchdog {
   // batch: from here on they come due in the same tick and travel together
   // (one request per node). It spends no retry.
   void renew_together(const std::vector<std::shared_ptr<LeaseRecord>>& leases);
-  // The work is over (false if it was already): judged against the local
-  // deadline. The runtime then hands the key on (hand_off()), keeps it
-  // until it can (LeaseRecord::awaiting_tokens), or calls release_ended().
-  bool end_work(const std::shared_ptr<LeaseRecord>& l);
+  // The work is over (false if it was already), since `ended`: judged
+  // against the local deadline. The runtime then hands the key on
+  // (hand_off()), keeps it until it can (LeaseRecord::awaiting_tokens), or
+  // calls release_ended(); or, the release written by the work's thread
+  // (LeaseRecord::release_written), release_written() with its answer.
+  bool end_work(const std::shared_ptr<LeaseRecord>& l, Clock::time_point ended = Clock::now());
   // After end_work(), the key going back to the store: a lost lease's
   // caller learns it at once; the release follows, then finish.
+  void release_written(const std::shared_ptr<LeaseRecord>& l, Released status, const StoreError* why);
   void release_ended(const std::shared_ptr<LeaseRecord>& l);
   // Releases `l`, whose work is over, then finishes it.
   void release(const std::shared_ptr<LeaseRecord>& l);

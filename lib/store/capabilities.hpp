@@ -21,9 +21,14 @@
 //   TokenBlocks    fencing tokens reserved by a holder, for the next
 //                  holders in this process (Options::handoff.enabled): a
 //                  store without it gets no in-process hand-off
+//   DirectLane     an exclusive lock's acquisition or release written on
+//                  the store's connection by the calling thread itself,
+//                  so that the loop wakes only for its answer (a single
+//                  Redis node)
 //
-// Threading and callbacks as in LockStore: loop thread only; a callback
-// runs exactly once and never inside the call that registered it.
+// Threading and callbacks as in LockStore: loop thread only (but
+// DirectLane's calls); a callback runs exactly once and never
+// inside the call that registered it.
 #pragma once
 
 #include <chrono>
@@ -179,6 +184,27 @@ class TokenBlocks {
 
  protected:
   ~TokenBlocks() = default;
+};
+
+class DirectLane {
+ public:
+  static constexpr DirectLane* Capabilities::*kSlot = &Capabilities::direct_lane;
+  static constexpr std::string_view kName = "requests written by the calling thread";
+  using AcquiredDirect = std::function<void(const Acquired& out)>;
+  using ReleasedDirect = std::function<void(Released status, const StoreError* error)>;
+  // Any thread. Writes the acquisition of `lock` (exclusive, not fair), or
+  // its release (with a release notice), now, as acquire() and release()
+  // would send it; true once written: `done` runs with its answer on the
+  // loop thread, exactly once (an error within the command timeout). False
+  // when it cannot be written now (the connection is not usable, or
+  // requests are in flight on it: the loop, which wakes for their answers
+  // anyway, sends it with others), and `done` is dropped unrun: the
+  // caller goes through acquire() or release() on the loop.
+  virtual bool acquire_direct(const LockRef& lock, AcquiredDirect done) = 0;
+  virtual bool release_direct(const LockRef& lock, ReleasedDirect done) = 0;
+
+ protected:
+  ~DirectLane() = default;
 };
 
 // `store` as a T, or null when it does not offer T.

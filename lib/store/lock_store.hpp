@@ -132,6 +132,7 @@ class OperatorTools;
 class LockListing;
 class FairQueue;
 class TokenBlocks;
+class DirectLane;
 
 // What a store offers beyond locking (capabilities.hpp), each null when
 // it does not. A store offers them once, in its constructor
@@ -143,6 +144,7 @@ struct Capabilities {
   LockListing* lock_listing = nullptr;
   FairQueue* fair_queue = nullptr;  // fair locks: held iff offered
   TokenBlocks* token_blocks = nullptr;
+  DirectLane* direct_lane = nullptr;
 };
 
 // A store's name for a key is `prefix + key` (or, for Redis, `prefix{key}`:

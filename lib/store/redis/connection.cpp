@@ -167,7 +167,10 @@ void RedisConnection::attempt() {
   }
   uv_tcp_init(loop_.uv(), &link->tcp);
   link->tcp.data = link;
-  link_ = link;
+  {
+    std::lock_guard lk(lane_mu_);
+    link_ = link;
+  }
   write_handshake();
   open_link(link);
   if (link_ != link || handshake_pending_ > 0) return;
@@ -517,6 +520,7 @@ void RedisConnection::submit(Queued q) {
 void RedisConnection::push_pending(Pending p) {
   p.awaited = !Loop::background();
   if (p.awaited) ++awaited_;
+  std::lock_guard lk(lane_mu_);
   pending_.push_back(std::move(p));
   ++unwritten_;
 }
@@ -533,9 +537,10 @@ void RedisConnection::on_flush(uv_prepare_t* p) {
 
 void RedisConnection::flush() {
   Link* link = link_;
-  if (link == nullptr || !link->connected || link->out.empty()) return;
+  if (link == nullptr || !link->connected) return;
 #if LOCKWATCH_WITH_TLS
   if (link->ssl != nullptr) {
+    if (link->out.empty()) return;
     // A memory BIO takes all of it; what it produced goes out in one write.
     ERR_clear_error();
     if (SSL_write(link->ssl, link->out.data(), static_cast<int>(link->out.size())) <= 0) {
@@ -543,17 +548,46 @@ void RedisConnection::flush() {
       return;
     }
     tls_send_pending(link);
-  } else {
-    write_bytes(link, link->out.data(), link->out.size());
+    if (link_ != link) return;  // the write failed: the link and what was pending are gone
+    std::lock_guard lk(lane_mu_);
+    written(link);
+    return;
   }
-#else
-  write_bytes(link, link->out.data(), link->out.size());
 #endif
-  if (link_ != link) return;  // the write failed: the link and what was pending are gone
-  // What was just written starts its command timeout now.
+  std::unique_lock lk(lane_mu_);
+  if (link->out.empty() && lane_rest_.empty()) return;
+  // A direct request the socket took only part of goes on first.
+  if (!lane_rest_.empty()) {
+    link->out.insert(0, lane_rest_);
+    lane_rest_.clear();
+  }
+  // Under the lane's lock: no direct request comes between these bytes.
+  auto* stream = reinterpret_cast<uv_stream_t*>(&link->tcp);
+  uv_buf_t buf = uv_buf_init(link->out.data(), static_cast<unsigned>(link->out.size()));
+  const int done = uv_try_write(stream, &buf, 1);
+  if (done < 0 && done != UV_EAGAIN) {
+    lk.unlock();
+    link_failed(failure_reason(link, std::string("write failed: ") + uv_strerror(done)));
+    return;
+  }
+  const std::size_t from = done < 0 ? 0 : static_cast<std::size_t>(done);
+  std::string rest;
+  if (from < link->out.size()) {
+    // The socket is full: the rest goes out with a write of libuv's, and
+    // the lane waits for it.
+    rest.assign(link->out, from, std::string::npos);
+    ++writes_in_flight_;
+  }
+  written(link);
+  lk.unlock();
+  if (!rest.empty()) queue_write(link, std::move(rest));
+}
+
+void RedisConnection::written(Link* link) {
+  // What was just written starts its command timeout now. Only written
+  // requests are answered (dispatch), so the unwritten are all still
+  // pending.
   const auto now = std::chrono::steady_clock::now();
-  // Only written requests are answered (dispatch), so the unwritten are
-  // all still pending.
   assert(unwritten_ <= pending_.size());
   for (auto it = pending_.end() - static_cast<std::ptrdiff_t>(unwritten_); it != pending_.end(); ++it)
     it->sent_at = now;
@@ -561,6 +595,30 @@ void RedisConnection::flush() {
   link->out.clear();
   // A renewal batch needs tens of KiB; one huge key must not pin its size.
   if (link->out.capacity() > (std::size_t{256} << 10)) std::string().swap(link->out);
+}
+
+void RedisConnection::queue_write(Link* link, std::string data) {
+  auto* w = new WriteReq;
+  w->data = std::move(data);
+  w->req.data = w;
+  w->link = link;
+  uv_buf_t buf = uv_buf_init(w->data.data(), static_cast<unsigned>(w->data.size()));
+  int rc = uv_write(&w->req, reinterpret_cast<uv_stream_t*>(&link->tcp), &buf, 1, [](uv_write_t* req, int status) {
+    auto* wr = static_cast<WriteReq*>(req->data);
+    auto* l = static_cast<Link*>(wr->link);
+    delete wr;
+    if (l->dead) return;  // its count went with the link
+    {
+      std::lock_guard lk(l->conn->lane_mu_);
+      --l->conn->writes_in_flight_;
+    }
+    if (status < 0 && status != UV_ECANCELED)
+      l->conn->link_failed(l->conn->failure_reason(l, std::string("write failed: ") + uv_strerror(status)));
+  });
+  if (rc < 0) {
+    delete w;
+    link_failed(std::string("write failed: ") + uv_strerror(rc));
+  }
 }
 
 void RedisConnection::write_bytes(Link* link, const char* data, std::size_t n) {
@@ -619,7 +677,9 @@ void RedisConnection::dispatch(const redisReply* r) {
   }
   // A reply answers the oldest request written; one that is not written
   // yet (made by a callback of this read) cannot have been answered.
+  std::unique_lock lk(lane_mu_);
   if (pending_.empty() || pending_.front().sent_at == kUnwritten) {
+    lk.unlock();
     // Pubsub mode: an error answering a subscription, which nothing waits
     // for. In command mode replies and requests no longer match: start
     // afresh.
@@ -629,6 +689,7 @@ void RedisConnection::dispatch(const redisReply* r) {
   }
   Pending p = std::move(pending_.front());
   pending_.pop_front();
+  lk.unlock();
   // A whole reply: bytes trickling in without ever making one are no answer.
   answered_at_ = read_at_;
   if (p.awaited) --awaited_;
@@ -767,13 +828,78 @@ void RedisConnection::on_push(const redisReply* r) {
     });
 }
 
-void RedisConnection::became_usable() { reconnector_.usable(); }
+void RedisConnection::became_usable() {
+  open_lane();
+  reconnector_.usable();
+}
+
+void RedisConnection::open_lane() {
+  Link* link = link_;
+  if (!lane_enabled_ || pubsub_ || link == nullptr || link->ssl != nullptr) return;
+  uv_os_fd_t fd;
+  if (uv_fileno(reinterpret_cast<uv_handle_t*>(&link->tcp), &fd) != 0) return;
+  std::lock_guard lk(lane_mu_);
+  lane_fd_ = fd;
+}
+
+void RedisConnection::close_lane() {
+  // Under lane_mu_: the link goes (its writes in flight with it).
+  lane_fd_ = -1;
+  writes_in_flight_ = 0;
+  lane_rest_.clear();
+  lane_watched_ = false;
+}
+
+bool RedisConnection::send_direct(EvalRequest& request, ReplyCallback& cb) {
+  if (request.written_ != request.expected_) return false;  // the loop's way says why
+  bool watch = false;
+  {
+    std::lock_guard lk(lane_mu_);
+    // Closed, or bytes of the loop's before it: not now. Nor while requests
+    // are in flight: the loop wakes for their replies anyway, and sends
+    // what comes meanwhile together, one script call for many.
+    if (lane_fd_ < 0 || !pending_.empty() || writes_in_flight_ != 0 || !lane_rest_.empty()) return false;
+    const std::string& data = request.resp_;
+    const ssize_t n = ::send(lane_fd_, data.data(), data.size(), MSG_DONTWAIT | MSG_NOSIGNAL);
+    if (n <= 0) return false;  // full, or broken (the loop's read will tell): the loop's way
+    const auto now = std::chrono::steady_clock::now();
+    if (static_cast<std::size_t>(n) < data.size()) lane_rest_.assign(data, static_cast<std::size_t>(n));
+    Queued q{{}, {}, std::move(cb), request.script_, nullptr, {}};
+    q.ran = request.script_;
+    q.resp = std::move(request.resp_);
+    q.body_at = request.body_at_;
+    Pending p{Handshake::kNone, now, std::move(q)};
+    // The loop does not poll for it: it sleeps until the reply wakes it.
+    p.awaited = false;
+    pending_.push_back(std::move(p));
+    lane_sent_ = now;
+    watch = !lane_watched_ || !lane_rest_.empty();
+    lane_watched_ = true;
+  }
+  // The request timer (and, for a part not written, the flush) is the
+  // loop's: it is woken for them only when they are not under way.
+  if (watch)
+    (void)loop_.post([this] {
+      if (closed()) return;
+      request_timer_.watch();
+      if (link_ != nullptr) uv_prepare_start(&flush_, &RedisConnection::on_flush);
+    });
+  return true;
+}
 
 void RedisConnection::drop_link(const std::string& why) {
   last_error_ = why;
   Link* link = link_;
   if (link == nullptr) return;
-  link_ = nullptr;
+  std::deque<Pending> pending;
+  {
+    std::lock_guard lk(lane_mu_);
+    link_ = nullptr;
+    close_lane();
+    pending = std::move(pending_);
+    pending_.clear();
+    unwritten_ = 0;
+  }
   link->dead = true;
   if (link->resolving) uv_cancel(reinterpret_cast<uv_req_t*>(&link->resolve_req));
   // Closing cancels the connect and the writes in flight; the link is
@@ -786,9 +912,6 @@ void RedisConnection::drop_link(const std::string& why) {
   handshake_pending_ = 0;
   // What was sent on it fails; what those callbacks send again waits for
   // the next attempt.
-  auto pending = std::move(pending_);
-  pending_.clear();
-  unwritten_ = 0;
   awaited_ = 0;
   const StoreError err = StoreError::unavailable(name_, why);
   for (auto& p : pending) {
@@ -855,7 +978,13 @@ void RedisConnection::attempt_timed_out() {
 }
 
 RequestTimer::Clock::time_point RedisConnection::unanswered_since() const {
-  if (pending_.empty() || link_ == nullptr) return RequestTimer::kNone;
+  std::lock_guard lk(lane_mu_);
+  if (pending_.empty() && lane_fd_ >= 0 && std::chrono::steady_clock::now() - lane_sent_ < connection_.command_timeout)
+    return RequestTimer::kUnwritten;  // the lane is in use: a look a quarter timeout later
+  if (pending_.empty() || link_ == nullptr) {
+    lane_watched_ = false;  // the timer stops: the next direct request starts it
+    return RequestTimer::kNone;
+  }
   // Replies come in order: one still coming for an earlier request is a
   // server at work, however long the queue behind it.
   const auto sent = pending_.front().sent_at;
@@ -876,7 +1005,11 @@ void RedisConnection::overdue() {
 
 void RedisConnection::poll_replies() {
   Link* link = link_;
-  if (link == nullptr || !link->connected || !up() || pending_.empty()) return;
+  if (link == nullptr || !link->connected || !up()) return;
+  {
+    std::lock_guard lk(lane_mu_);
+    if (pending_.empty()) return;
+  }
   uv_os_fd_t fd;
   if (uv_fileno(reinterpret_cast<uv_handle_t*>(&link->tcp), &fd) != 0) return;
   // What the kernel holds now, without waiting; an end or an error is left

@@ -43,6 +43,7 @@
 #include <exception>
 #include <functional>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <string_view>
 #include <unordered_map>
@@ -173,6 +174,20 @@ class RedisConnection : private Reconnector::Attempts, private RequestTimer::Req
   // loop has stopped. A request made after close() fails through a posted
   // callback, never inside the call.
   void close();
+  // The direct lane: a thread other than the loop's writes a script call
+  // on the socket itself, so that the loop wakes only for its reply. Made
+  // for a caller that would otherwise wake the loop to send one request.
+  // Open while the connection is usable, plaintext and in commands mode,
+  // and idle: with requests in flight the loop wakes for their replies
+  // anyway and batches what comes meanwhile (and no byte of the loop's
+  // can be unwritten before the request). False, with `request` and `cb` untouched, when
+  // the lane is closed or the socket took nothing: the caller then goes
+  // the loop's way. True once the request is written (a part the socket
+  // did not take goes out with the loop's next flush): `cb` runs on the
+  // loop thread with the reply, or fails within the command timeout.
+  // Any thread; set up with enable_lane() before start().
+  bool send_direct(EvalRequest& request, ReplyCallback& cb);
+  void enable_lane() { lane_enabled_ = true; }
   // Connected and past the handshake: a request made now is written at
   // once (at the end of this loop iteration).
   bool usable() const noexcept { return up() && link_ != nullptr && handshake_pending_ == 0; }
@@ -235,6 +250,10 @@ class RedisConnection : private Reconnector::Attempts, private RequestTimer::Req
   void write_command(const std::vector<std::string_view>& argv);
   void want_flush();
   void flush();
+  // flush()'s parts: what it wrote is pending from now on; the rest of a
+  // write the socket did not take, handed to libuv (the lane waits for it).
+  void written(Link* link);
+  void queue_write(Link* link, std::string data);
   void write_bytes(Link* link, const char* data, std::size_t n);
   void start_tcp(Link* link, const struct sockaddr* addr);
   void link_up(Link* link);
@@ -299,6 +318,20 @@ class RedisConnection : private Reconnector::Attempts, private RequestTimer::Req
   std::chrono::steady_clock::time_point answered_at_{};
   std::chrono::steady_clock::time_point read_at_{};
   std::unique_ptr<Subscriptions> subs_;  // pubsub mode only: what it listens to
+
+  // The direct lane (send_direct()). lane_mu_ guards what another thread
+  // may touch: pending_ and unwritten_ (so that each request's place in
+  // pending_ is its place on the wire), link_'s assignment, the fields
+  // below; the loop holds it while it writes on the socket.
+  void open_lane();
+  void close_lane();
+  mutable std::mutex lane_mu_;
+  bool lane_enabled_ = false;         // set before start()
+  int lane_fd_ = -1;                  // the socket while the lane is open
+  int writes_in_flight_ = 0;          // uv_writes of the current link not done: the lane waits
+  std::string lane_rest_;             // what the socket did not take of a direct request: first in the next flush
+  std::chrono::steady_clock::time_point lane_sent_{};  // the last direct request
+  mutable bool lane_watched_ = false;  // the request timer looks after the lane's requests
 };
 
 }  // namespace lockwatch::detail

@@ -152,6 +152,50 @@ void RedisNodeStore::acquire(std::span<const LockRef> locks, AcquireDone done) {
   if (queued) want_batch();
 }
 
+void RedisNodeStore::write_directly() {
+  if (replicas_.min > 0 || layout_.redisson()) return;
+  Capabilities offered = capabilities();
+  offered.direct_lane = this;
+  offer(offered);
+  conn_->enable_lane();
+}
+
+bool RedisNodeStore::acquire_direct(const LockRef& l, AcquiredDirect done) {
+  // As send_acquire_batch() writes a batch of one.
+  EvalRequest request(script(ScriptId::kAcquire), 3, 6,
+                      owner_.size() + 3 * l.name.size() + l.token.size() + l.ttl_ms.size() + 64);
+  request.arg(l.name);
+  request.arg(key_prefix_, redis_keys::kCounterInfix, "{", slot_tag(key_slot(l.name)), "}");
+  request.arg(l.name, redis_keys::kFenceSuffix);
+  request.arg(l.token).arg(l.ttl_ms);
+  request.arg(owner_);
+  ReplyCallback cb = [c = conn_.get(), done = std::move(done)](const redisReply* r, const StoreError* err) {
+    AcquireReply reply(r, err, 1, c->name());
+    done(reply.next());
+  };
+  return conn_->send_direct(request, cb);
+}
+
+bool RedisNodeStore::release_direct(const LockRef& l, ReleasedDirect done) {
+  // As send_release_batch() writes a batch of one, with its notice.
+  EvalRequest request(script(ScriptId::kRelease), 1, 4, 3 * l.name.size() + l.token.size() + 48);
+  request.arg(l.name);
+  request.arg(notice());
+  request.arg(l.token);
+  request.arg(l.name, redis_keys::kChannelSuffix);
+  ReplyCallback cb = [this, name = SmallString<40>(l.name), done = std::move(done)](const redisReply* r,
+                                                                                     const StoreError* err) {
+    ReleaseReply reply(r, err, 1, conn_->name());
+    if (err != nullptr && redis_acl_refusal(*err) && events_.log)
+      events_.log(true, err->describe() + ": the release is unconfirmed");
+    const StoreError* why = nullptr;
+    bool heard_once = false;
+    const Released status = reply.next(&why, &heard_once);
+    done(heard_by(name, status, heard_once), why);
+  };
+  return conn_->send_direct(request, cb);
+}
+
 void RedisNodeStore::release(std::span<const LockRef> locks, bool notify, ReleaseDone done) {
   auto shared_done = std::make_shared<ReleaseDone>(std::move(done));
   const bool queued = !asking_;  // as acquire()

@@ -74,7 +74,8 @@ class RedisNodeStore final : public StoreBase,
                              public OperatorTools,
                              public LockListing,
                              public FairQueue,
-                             public TokenBlocks {
+                             public TokenBlocks,
+                             public DirectLane {
  public:
   enum class Notices : std::uint8_t { kClassic, kSharded };
   // `endpoint` with port 0: the address comes from follow_sentinels().
@@ -91,6 +92,14 @@ class RedisNodeStore final : public StoreBase,
   void send_asking();
   // The same for the next renew(), on the renewal connection.
   void send_renewal_asking();
+  // Before start(), for a store that is one node alone (not a Cluster's
+  // or a quorum's, whose calls go through their own routing): exclusive
+  // acquisitions and releases may be written by the calling thread (DirectLane), on
+  // the command connection's direct lane; not with min_replicas (their
+  // WAIT is a second request) nor Redisson's layout.
+  void write_directly();
+  bool acquire_direct(const LockRef& lock, AcquiredDirect done) override;
+  bool release_direct(const LockRef& lock, ReleasedDirect done) override;
   // Before start(), for a node of a Redis Cluster: a batch goes as one
   // script call per slot group (a script's KEYS must share one slot).
   void batch_by_slot() { by_slot_ = true; }

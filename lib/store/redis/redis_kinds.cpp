@@ -64,14 +64,17 @@ std::unique_ptr<LockStore> make_redis(Loop& loop, const std::string& url, const 
   constexpr auto kClassic = RedisNodeStore::Notices::kClassic;
   if (!topology.sentinels.empty()) {
     auto node = std::make_unique<RedisNodeStore>(loop, topology.master, settings, kClassic, layout, split.replicas);
+    node->write_directly();
     node->follow_sentinels(
         std::make_unique<SentinelWatcher>(loop, topology, settings, split.sentinel_user, split.sentinel_password));
     return in_layout(std::move(node), layout);
   }
-  if (topology.masters.size() == 1)
-    return in_layout(
-        std::make_unique<RedisNodeStore>(loop, topology.masters.front(), settings, kClassic, layout, split.replicas),
-        layout);
+  if (topology.masters.size() == 1) {
+    auto node = std::make_unique<RedisNodeStore>(loop, topology.masters.front(), settings, kClassic, layout,
+                                                 split.replicas);
+    node->write_directly();
+    return in_layout(std::move(node), layout);
+  }
   std::vector<std::unique_ptr<LockStore>> nodes;
   std::vector<std::string> names;
   for (const auto& ep : topology.masters) {
