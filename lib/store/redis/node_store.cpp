@@ -161,6 +161,7 @@ void RedisNodeStore::write_directly() {
 }
 
 bool RedisNodeStore::acquire_direct(const LockRef& l, AcquiredDirect done) {
+  if (!l.kind.exclusive_kind()) return false;  // the kinds' scripts go from the loop
   // As send_acquire_batch() writes a batch of one.
   EvalRequest request(script(ScriptId::kAcquire), 3, 6,
                       owner_.size() + 3 * l.name.size() + l.token.size() + l.ttl_ms.size() + 64);
@@ -177,6 +178,7 @@ bool RedisNodeStore::acquire_direct(const LockRef& l, AcquiredDirect done) {
 }
 
 bool RedisNodeStore::release_direct(const LockRef& l, ReleasedDirect done) {
+  if (!l.kind.exclusive_kind()) return false;
   // As send_release_batch() writes a batch of one, with its notice.
   EvalRequest request(script(ScriptId::kRelease), 1, 4, 3 * l.name.size() + l.token.size() + 48);
   request.arg(l.name);
