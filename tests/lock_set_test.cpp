@@ -4,6 +4,8 @@
 // store: store_contract_test.cpp.
 #include <gtest/gtest.h>
 
+#include <algorithm>
+
 #include <atomic>
 #include <map>
 #include <random>
@@ -148,9 +150,17 @@ TEST_F(LockSetTest, ACancelledSetGivesBackItsKeys) {
   auto ticket = rt_->async_acquire({.key = all_of("cancel:a", "cancel:b"), .ttl = 5s, .wait = 20s},
                                    [&got](std::error_code ec, LockHandle) { got.set_value(ec); });
   // Once it holds cancel:a and waits for cancel:b (the whole-set try,
-  // which waits for nothing, gave cancel:a back first).
+  // which waits for nothing, gave cancel:a back first): the wait for
+  // cancel:b has subscribed to its release notices, which only the ordered
+  // way's second step does, after it took cancel:a. (cancel:a held with a
+  // waiter alone is no proof: the whole-set try's hold may still be on its
+  // way back while the ordered way's first step waits for it.)
   auto holds_a_and_waits = [&] {
-    return backend_->owner(memory_name("cancel:a")).has_value() &&
+    const auto calls = script_->calls();
+    const bool waits_for_b = std::any_of(calls.begin(), calls.end(), [](const StoreScript::Call& c) {
+      return c.op == Op::kSubscribe && c.name == memory_name("cancel:b");
+    });
+    return waits_for_b && backend_->owner(memory_name("cancel:a")).has_value() &&
            rt_->metrics_text().find("\nlockwatch_waiting 1\n") != std::string::npos;
   };
   for (int i = 0; i < 20000 && !holds_a_and_waits(); ++i) std::this_thread::sleep_for(1ms);  // no event for it
