@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 #include <pthread.h>
 
+#include <algorithm>
 #include <future>
 #include <memory>
 #include <stdexcept>
@@ -64,6 +65,93 @@ TEST(LoopTest, PostIsRefusedOnceShutdownHasBegunAndQueuedTasksStillRun) {
   EXPECT_EQ(ran.load(), 10);
   EXPECT_FALSE(loop.post([&] { ran++; }));
   EXPECT_EQ(ran.load(), 10);
+}
+
+// Loop::at_turn_end: on the loop, a task runs once the turn's events are
+// handled, the turn's tasks newest first, and before the loop sleeps
+// (also when asked for from a timer); elsewhere, and in the shutdown's
+// last turn, at once.
+TEST(LoopTest, TurnEndTasksRunAfterTheTurnNewestFirst) {
+  Loop loop;
+  std::vector<std::string> order;  // the loop thread's until `done`
+  std::promise<void> done;
+  loop.post([&] {
+    for (int i = 0; i < 3; ++i) Loop::at_turn_end([&order, i] { order.push_back("end" + std::to_string(i)); });
+    order.push_back("task");
+  });
+  loop.post([&] { order.push_back("next task"); });
+  loop.post([&] { Loop::at_turn_end([&] { done.set_value(); }); });
+  ASSERT_EQ(done.get_future().wait_for(10s), std::future_status::ready);
+  std::promise<void> next_turn;  // the turn's end has run whole by then
+  loop.post([&] { next_turn.set_value(); });
+  ASSERT_EQ(next_turn.get_future().wait_for(10s), std::future_status::ready);
+  // The posts may come in one turn or several: the turn's tasks follow it.
+  ASSERT_GE(order.size(), 5u);
+  EXPECT_EQ(order[0], "task");
+  auto end2 = std::find(order.begin(), order.end(), "end2");
+  ASSERT_NE(end2, order.end());
+  ASSERT_LE(end2 + 3, order.end());
+  EXPECT_EQ(*(end2 + 1), "end1");
+  EXPECT_EQ(*(end2 + 2), "end0");
+
+  // From a timer: run before the loop sleeps again (the next timer is far).
+  std::promise<void> from_timer;
+  uv_timer_t timer{}, far{};
+  loop.post([&] {
+    uv_timer_init(loop.uv(), &timer);
+    uv_timer_init(loop.uv(), &far);
+    timer.data = &from_timer;
+    uv_timer_start(&far, [](uv_timer_t*) {}, 60'000, 0);
+    uv_timer_start(&timer, [](uv_timer_t* t) {
+      Loop::at_turn_end([p = static_cast<std::promise<void>*>(t->data)] { p->set_value(); });
+    }, 1, 0);
+  });
+  EXPECT_EQ(from_timer.get_future().wait_for(10s), std::future_status::ready);
+
+  // Off the loop: at once.
+  bool ran = false;
+  Loop::at_turn_end([&] { ran = true; });
+  EXPECT_TRUE(ran);
+
+  // Asked for as the loop shuts down: still run, before shutdown() returns.
+  int at_close = 0;
+  EXPECT_EQ(loop.shutdown([&] {
+    uv_close(reinterpret_cast<uv_handle_t*>(&timer), nullptr);
+    uv_close(reinterpret_cast<uv_handle_t*>(&far), nullptr);
+    Loop::at_turn_end([&] { ++at_close; });
+  }), 0);
+  EXPECT_EQ(at_close, 1);
+}
+
+// A slow turn-end task delays the loop's timers by no more than it took:
+// libuv times its next poll from a clock reading taken before the task
+// ran, so without a fresh reading a 500 ms timer due while a 550 ms task
+// runs would fire 500 ms after the task (at about 1,050 ms), not at once
+// (at about 550 ms).
+TEST(LoopTest, ASlowTurnEndTaskLeavesTheTimersOnTime) {
+  Loop loop;
+  using Clock = std::chrono::steady_clock;
+  uv_timer_t timer{};
+  std::promise<Clock::duration> fired;
+  Clock::time_point armed;
+  loop.post([&] {
+    uv_timer_init(loop.uv(), &timer);
+    timer.data = &fired;
+    armed = Clock::now();
+    uv_timer_start(&timer, [](uv_timer_t* t) {
+      auto* p = static_cast<std::promise<Clock::duration>*>(t->data);
+      p->set_value(Clock::now().time_since_epoch());
+    }, 500, 0);
+    // The slow work under test (a stand-in for a task that takes long).
+    Loop::at_turn_end([] { std::this_thread::sleep_for(550ms); });
+  });
+  auto f = fired.get_future();
+  ASSERT_EQ(f.wait_for(10s), std::future_status::ready);
+  const auto after = Clock::time_point(f.get()) - armed;
+  EXPECT_GE(after, 500ms);
+  EXPECT_LT(after, 900ms) << "fired " << std::chrono::duration_cast<std::chrono::milliseconds>(after).count()
+                          << " ms after it was armed";
+  EXPECT_EQ(loop.shutdown([&] { uv_close(reinterpret_cast<uv_handle_t*>(&timer), nullptr); }), 0);
 }
 
 // Options::runtime.busy_poll: after a drain the loop polls for the window, so a

@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "lockwatch/errors.hpp"
+#include "lockwatch/options.hpp"
 
 namespace lockwatch {
 namespace {
@@ -271,6 +272,44 @@ TEST(ThreadPoolTest, MoveOnlyCapturesWork) {
 TEST(ThreadPoolTest, EmptyTaskIsRejected) {
   ThreadPool pool(1);
   EXPECT_THROW(pool.post(UniqueFunction{}), InvalidArgument);
+}
+
+// post_all: the tasks queue in their order, each runs once on the workers
+// (the sleeping ones woken once they are all queued); all or none: an
+// empty task, or a pool shut down, queues none of them.
+TEST(ThreadPoolTest, PostAllQueuesEveryTaskInOrderOrNone) {
+  for (auto busy_poll : {std::chrono::microseconds(0), kBusyPollAdaptive}) {
+    ThreadPool pool(1, busy_poll);
+    std::vector<int> order;  // touched only by the single worker until `done` is ready
+    std::vector<UniqueFunction> tasks;
+    for (int i = 0; i < 100; ++i) tasks.emplace_back([&order, i] { order.push_back(i); });
+    pool.post_all(tasks);
+    auto all_ran = pool.submit([] {});
+    ASSERT_TRUE(ready(all_ran));
+    ASSERT_EQ(order.size(), 100u);
+    for (int i = 0; i < 100; ++i) ASSERT_EQ(order[static_cast<std::size_t>(i)], i);
+
+    std::atomic<int> ran{0};
+    std::vector<UniqueFunction> with_empty;
+    with_empty.emplace_back([&ran] { ran++; });
+    with_empty.emplace_back();
+    EXPECT_THROW(pool.post_all(with_empty), InvalidArgument);
+    auto none_ran = pool.submit([] {});
+    ASSERT_TRUE(ready(none_ran));
+    EXPECT_EQ(ran.load(), 0);
+    EXPECT_TRUE(static_cast<bool>(with_empty[0]));  // not moved from
+
+    std::vector<UniqueFunction> several;
+    for (int i = 0; i < 8; ++i) several.emplace_back([&ran] { ran++; });
+    ThreadPool wide(4, busy_poll);
+    wide.post_all(several);
+    wide.shutdown();  // runs what was queued
+    EXPECT_EQ(ran.load(), 8);
+    std::vector<UniqueFunction> late;
+    late.emplace_back([&ran] { ran++; });
+    EXPECT_THROW(wide.post_all(late), RuntimeStopped);
+    EXPECT_EQ(ran.load(), 8);
+  }
 }
 
 // Options::runtime.busy_poll: a polling worker takes tasks as a sleeping one does,

@@ -24,6 +24,7 @@
 #include <functional>
 #include <future>
 #include <memory>
+#include <span>
 #include <new>
 #include <string>
 #include <type_traits>
@@ -193,6 +194,11 @@ class ThreadPool {
   /// cannot take the worker (and the process) down; use submit() when the
   /// caller needs to see it.
   void post(UniqueFunction task);
+
+  /// Queues every task of `tasks` (moved from) in their order, as post()
+  /// does, under one lock: the workers they need are woken once all are
+  /// queued. All or none: throws like post() before queuing any.
+  void post_all(std::span<UniqueFunction> tasks);
 
   /// Queues `f` and returns a future for its result; an exception thrown by
   /// `f` is stored in the future. Throws like post() (synchronously, with no

@@ -20,6 +20,8 @@ Loop::Loop(std::chrono::microseconds busy_poll) : busy_poll_(busy_poll), adaptiv
   uv_prepare_init(&loop_, &prepare_);
   check_.data = this;
   uv_check_init(&loop_, &check_);
+  turn_end_.data = this;
+  uv_idle_init(&loop_, &turn_end_);
   if (adaptive_) {
     uv_prepare_start(&prepare_, &Loop::on_prepare);
     uv_check_start(&check_, &Loop::on_check);
@@ -30,6 +32,7 @@ Loop::Loop(std::chrono::microseconds busy_poll) : busy_poll_(busy_poll), adaptiv
   std::promise<void> started;
   auto ready = started.get_future();
   thread_ = std::thread([this, &started] {
+    t_loop_ = this;
     started.set_value();
     uv_run(&loop_, UV_RUN_DEFAULT);
   });
@@ -60,6 +63,34 @@ bool Loop::post(Task task) {
 void Loop::run_guarded(Task& task) noexcept { guarded("a loop task", task); }
 
 void Loop::on_async(uv_async_t* handle) { static_cast<Loop*>(handle->data)->drain(); }
+
+void Loop::at_turn_end(Task task) {
+  Loop* self = t_loop_;
+  if (self == nullptr || self->closing_) {
+    run_guarded(task);
+    return;
+  }
+  // An active idle handle also keeps the next poll from sleeping, so a
+  // task asked for from a timer runs in this turn too.
+  if (self->turn_tasks_.empty()) uv_idle_start(&self->turn_end_, &Loop::on_turn_end);
+  self->turn_tasks_.push_back(std::move(task));
+}
+
+void Loop::on_turn_end(uv_idle_t* handle) { static_cast<Loop*>(handle->data)->run_turn_end(); }
+
+void Loop::run_turn_end() noexcept {
+  uv_idle_stop(&turn_end_);
+  // A task may ask for more: they run in this call, after this round.
+  while (!turn_tasks_.empty()) {
+    turn_running_.swap(turn_tasks_);
+    for (auto t = turn_running_.rbegin(); t != turn_running_.rend(); ++t) run_guarded(*t);
+    turn_running_.clear();
+  }
+  // libuv read its clock before the idle handles ran, and times the next
+  // poll from that reading: a slow task here would make every timer late
+  // by as long as it took.
+  uv_update_time(&loop_);
+}
 
 std::size_t Loop::add_demand(Demand count) {
   demands_.emplace_back(next_demand_, std::move(count));
@@ -187,6 +218,8 @@ void Loop::drain() {
     std::lock_guard lk(mu_);
     if (queue_.empty()) break;
   }
+  run_turn_end();  // what the last turns asked for (at_turn_end runs at once from now on)
+  uv_close(reinterpret_cast<uv_handle_t*>(&turn_end_), nullptr);
   uv_close(reinterpret_cast<uv_handle_t*>(&async_), nullptr);
   uv_close(reinterpret_cast<uv_handle_t*>(&spin_), nullptr);
   uv_close(reinterpret_cast<uv_handle_t*>(&prepare_), nullptr);

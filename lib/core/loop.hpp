@@ -74,6 +74,15 @@ class Loop {
   // adaptive polling waits for like a reply.
   void expect(int n) noexcept { expected_.fetch_add(n, std::memory_order_relaxed); }
 
+  // Loop thread: runs `task` once this turn's events are handled, before
+  // the loop next polls; the tasks of one turn run newest first. For what
+  // wakes another thread (a future made ready): a caller that awaits
+  // several calls in the order it made them wakes once, to find every one
+  // of the turn ready, and the loop is not preempted by each wake-up while
+  // it still has replies to read. On any other thread, or once shutdown()
+  // has begun: at once.
+  static void at_turn_end(Task task);
+
   // Any thread but the loop's. Runs `close_all` on the loop thread (it must
   // close every handle the owner made), then drains the loop, closes it
   // and joins. Returns uv_loop_close()'s result (0 when all was closed).
@@ -84,6 +93,8 @@ class Loop {
   static void on_spin(uv_idle_t* handle);
   static void on_prepare(uv_prepare_t* handle);
   static void on_check(uv_check_t* handle);
+  static void on_turn_end(uv_idle_t* handle);
+  void run_turn_end() noexcept;
   static void run_guarded(Task& task) noexcept;
   void drain();
   // Adaptive: what is outstanding, summed.
@@ -92,6 +103,7 @@ class Loop {
   void stop_spin() noexcept;
 
   static inline thread_local bool t_background_ = false;
+  static inline thread_local Loop* t_loop_ = nullptr;  // the loop this thread runs
   uv_loop_t loop_{};
   uv_async_t async_{};
   uv_idle_t spin_{};                       // loop thread: active while polling
@@ -119,6 +131,9 @@ class Loop {
   std::vector<Task> queue_;  // guarded by mu_
   bool accepting_ = true;    // guarded by mu_
   std::vector<Task> running_;  // loop thread only: swapped with queue_
+  uv_idle_t turn_end_{};            // loop thread: active while turn_tasks_ has any
+  std::vector<Task> turn_tasks_;    // loop thread only (at_turn_end)
+  std::vector<Task> turn_running_;  // loop thread only: swapped with turn_tasks_
   bool closing_ = false;       // loop thread only: shutdown() has begun
   int close_result_ = 0;
 };

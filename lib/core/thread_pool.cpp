@@ -148,6 +148,28 @@ void ThreadPool::post(UniqueFunction task) {
   state_->wake_.notify_one();
 }
 
+void ThreadPool::post_all(std::span<UniqueFunction> tasks) {
+  for (const auto& task : tasks)
+    if (!task) throw InvalidArgument("ThreadPool::post_all: empty task");
+  std::size_t sleepers = 0;
+  {
+    std::lock_guard lock(state_->mutex_);
+    if (state_->stopping_) throw RuntimeStopped("ThreadPool: shut down, no new work accepted");
+    for (auto& task : tasks) state_->queue_.push_back(std::move(task));
+    state_->queued_.store(state_->queue_.size(), std::memory_order_relaxed);
+    sleepers = state_->sleepers_;
+    if (sleepers != 0 && state_->notified_at_ == std::chrono::steady_clock::time_point{})
+      state_->notified_at_ = std::chrono::steady_clock::now();
+  }
+  // Adaptive pools count their sleepers: no more are woken than the tasks
+  // need. Others wake one a task (a notify with nobody waiting is free).
+  if (sleepers != 0 && tasks.size() >= sleepers) {
+    state_->wake_.notify_all();
+    return;
+  }
+  for (std::size_t i = 0; i < tasks.size(); ++i) state_->wake_.notify_one();
+}
+
 void ThreadPool::shutdown() noexcept {
   state_->request_stop();
   // A worker of this pool must not wait for the pool: it would wait for

@@ -86,8 +86,7 @@ bool LockTable::try_hand_off(const std::shared_ptr<LeaseRecord>& l) {
   parts_.stats.local_handoffs.fetch_add(1, std::memory_order_relaxed);
   auto a = waits_.take_next(l->name.view());
   auto handed = watchdog_.hand_off(l, *a, fence);
-  l->complete_call();  // the hand-off was its release
-  parts_.admission.end();
+  call_ended(l);  // the hand-off was its release
   start_lease(a, handed);
   reserve_ahead(handed);
   return true;

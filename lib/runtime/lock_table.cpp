@@ -95,8 +95,9 @@ void LockTable::start_lease(const std::shared_ptr<Acquisition>& a, const std::sh
     case Way::kHandle:
       handle->acquisition.reset();
       // The handle lives only in what `complete` keeps (dropped with it, so
-      // a future dropped unread releases the lock with it).
-      handle->deliver(nullptr, HandleAccess::make(l));
+      // a future dropped unread releases the lock with it). Delivered at
+      // the turn's end, as calls end (call_ended()).
+      Loop::at_turn_end([a, l] { a->completion.handle()->deliver(nullptr, HandleAccess::make(l)); });
       break;
     case Way::kInline:
       a->completion.inline_wait()->granted.set_value(l);
@@ -116,6 +117,14 @@ void LockTable::stopped_before_start(const std::shared_ptr<LeaseRecord>& l) {
 void LockTable::run_on_pool(const std::shared_ptr<LeaseRecord>& l) {
   // The work's end comes back to the loop: adaptive polling waits for it
   // as for a reply (counted until the work's post is made).
+  parts_.loop.expect(1);
+  // The works granted in one turn go to the pool together at its end, so
+  // that waking the workers does not preempt the loop at each grant.
+  to_pool_.push_back(l);
+  if (to_pool_.size() == 1) Loop::at_turn_end([this] { flush_to_pool(); });
+}
+
+void LockTable::flush_to_pool() {
   struct Expected {
     Loop& loop;
     explicit Expected(Loop& lp) : loop(lp) {}
@@ -123,10 +132,9 @@ void LockTable::run_on_pool(const std::shared_ptr<LeaseRecord>& l) {
     Expected& operator=(const Expected&) = delete;
     ~Expected() { loop.expect(-1); }
   };
-  Loop& loop = parts_.loop;
-  loop.expect(1);
-  try {
-    parts_.pool.post([this, l] {
+  pool_tasks_.clear();
+  for (const auto& l : to_pool_) {
+    pool_tasks_.emplace_back([this, l] {
       Expected expected(parts_.loop);
       // Given up while it waited (Options::runtime.queue_timeout): answered already.
       if (!l->begin_work()) return;
@@ -145,12 +153,25 @@ void LockTable::run_on_pool(const std::shared_ptr<LeaseRecord>& l) {
       }
       work_over(l);
     });
+  }
+  auto leases = std::move(to_pool_);
+  to_pool_.clear();
+  try {
+    parts_.pool.post_all(pool_tasks_);
   } catch (...) {
-    loop.expect(-1);
-    // The pool refused (stopping): the work never ran; give the lock back.
-    l->give_up_start();
-    stopped_before_start(l);
-    work_ended(l);
+    // The pool refused (stopping): no work ran; the locks go back.
+    pool_tasks_.clear();
+    for (const auto& l : leases) {
+      parts_.loop.expect(-1);
+      l->give_up_start();
+      stopped_before_start(l);
+      work_ended(l);
+    }
+  }
+  pool_tasks_.clear();
+  if (to_pool_.empty()) {  // its capacity serves the next turn
+    leases.clear();
+    to_pool_.swap(leases);
   }
 }
 
@@ -159,7 +180,7 @@ void LockTable::work_over(const std::shared_ptr<LeaseRecord>& l) {
   // and the loop wakes for the answer alone.
   // Only with nobody waiting here (and none on the way to the wait queue,
   // read first): a waiter would be handed the key instead.
-  if (lane_ != nullptr && l->kind.exclusive_kind() && !l->lost() && starting_.load() == 0 &&
+  if (lane_ != nullptr && lane_->lane_open() && l->kind.exclusive_kind() && !l->lost() && starting_.load() == 0 &&
       waits_.keys_waited() == 0 && l->mark_release_written()) {
     const auto ended = Clock::now();
     if (lane_->release_direct(l->ref(), [this, l, ended](Released status, const StoreError* why) {
@@ -180,9 +201,18 @@ void LockTable::released_direct(const std::shared_ptr<LeaseRecord>& l, Released 
 }
 
 void LockTable::lease_finished(const std::shared_ptr<LeaseRecord>& l) {
-  l->complete_call();
   waits_.on_lease_finished(l->name.view(), l->kind, l->yield_on_release);
-  parts_.admission.end();
+  call_ended(l);
+}
+
+void LockTable::call_ended(const std::shared_ptr<LeaseRecord>& l) {
+  // At the turn's end (Loop::at_turn_end): the replies of one read end
+  // their calls together. Admission is told after the caller, so a stop
+  // that waits for the calls finds their outcomes given.
+  Loop::at_turn_end([this, l] {
+    l->complete_call();
+    parts_.admission.end();
+  });
 }
 
 void LockTable::begin_stop() {

@@ -28,6 +28,7 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "core/loop.hpp"
 #include "core/token.hpp"
@@ -127,6 +128,7 @@ class LockTable {
   // A granted lease goes on as its call's Completion says.
   void start_lease(const std::shared_ptr<Acquisition>& a, const std::shared_ptr<LeaseRecord>& l);
   void run_on_pool(const std::shared_ptr<LeaseRecord>& l);
+  void flush_to_pool();
   // Loop: the answer to a release written by the work's thread, whose work
   // ended at `ended`: as work_ended() and then the release's answer (no
   // hand-off: nobody waited when it was written).
@@ -137,6 +139,9 @@ class LockTable {
   // The watchdog let go of `l` (ended): its call completes, our next
   // waiter for the key may go.
   void lease_finished(const std::shared_ptr<LeaseRecord>& l);
+  // `l`'s call ended (the watchdog let go of it, or handed it on): its
+  // caller learns the outcome at the turn's end, then admission.
+  void call_ended(const std::shared_ptr<LeaseRecord>& l);
   // Local hand-offs (handoff.cpp; Options::handoff.enabled, a store with
   // TokenBlocks): the first caller waiting here fits (exclusive, same
   // ttl, renewals); tokens kept in stock while one waits; `l`'s work is
@@ -154,6 +159,10 @@ class LockTable {
   WaitQueue waits_;
   TokenGenerator tokens_;
   std::shared_ptr<const RuntimeLinks> links_;
+  // Granted works for the pool, posted together at the turn's end
+  // (flush_to_pool), and their tasks (both reused).
+  std::vector<std::shared_ptr<LeaseRecord>> to_pool_;
+  std::vector<UniqueFunction> pool_tasks_;
   bool stop_begun_ = false;
   std::atomic<std::ptrdiff_t> starting_{0};  // calls handed to the loop, not in the wait queue yet  // begin_stop() ran (a lease granted since is given back)
 };

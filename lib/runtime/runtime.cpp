@@ -148,13 +148,15 @@ std::shared_ptr<Acquisition> detail::RuntimeImpl::start_handle(detail::LockSpec 
 }
 
 void detail::RuntimeImpl::begin(const std::shared_ptr<Acquisition>& a) {
-  if (!write_directly(a)) post_start({a});
+  if (!write_directly(a)) post_start(a);
 }
 
 bool detail::RuntimeImpl::write_directly(const std::shared_ptr<Acquisition>& a) {
   // The loop would wake only to send it: this thread writes it, and the
   // loop wakes for the answer alone.
-  if (direct_ == nullptr || a->spec.wait != milliseconds(0) || !a->spec.kind.exclusive_kind()) return false;
+  if (direct_ == nullptr || a->spec.wait != milliseconds(0) || !a->spec.kind.exclusive_kind() ||
+      !direct_->lane_open())
+    return false;
   {
     std::lock_guard lk(direct_tokens_mu_);
     a->token = direct_tokens_.next();
@@ -203,11 +205,21 @@ bool detail::RuntimeImpl::post_start(std::vector<std::shared_ptr<Acquisition>> m
       }))
     return true;
   table_.will_start(-static_cast<std::ptrdiff_t>(made.size()));
-  for (const auto& a : made) {
-    a->completion.fail(std::make_exception_ptr(RuntimeStopped("lockwatch runtime is stopping")));
-    admission_.end();
-  }
+  for (const auto& a : made) refuse_start(a);
   return false;
+}
+
+bool detail::RuntimeImpl::post_start(std::shared_ptr<Acquisition> a) {
+  table_.will_start(1);
+  if (loop_.post([this, a] { table_.start(a); })) return true;
+  table_.will_start(-1);
+  refuse_start(a);
+  return false;
+}
+
+void detail::RuntimeImpl::refuse_start(const std::shared_ptr<Acquisition>& a) {
+  a->completion.fail(std::make_exception_ptr(RuntimeStopped("lockwatch runtime is stopping")));
+  admission_.end();
 }
 
 std::future<LockHandle> detail::RuntimeImpl::acquire(detail::LockSpec spec) {
@@ -333,7 +345,7 @@ void detail::RuntimeImpl::dispatch(detail::LockSpec spec, std::shared_ptr<detail
     begin(a);
     return;
   }
-  if (!post_start({a})) return;
+  if (!post_start(a)) return;
 
   // Nested call on another key: this thread waits for the lock (every
   // acquisition completes: by reply, wait deadline or command timeout),

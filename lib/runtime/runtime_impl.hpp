@@ -129,6 +129,8 @@ class detail::RuntimeImpl final : public std::enable_shared_from_this<detail::Ru
   // Hands admitted calls to the loop, in one task; false (each failed
   // with RuntimeStopped) when the loop takes no more.
   bool post_start(std::vector<std::shared_ptr<detail::Acquisition>> made);
+  bool post_start(std::shared_ptr<detail::Acquisition> a);  // one: no vector made
+  void refuse_start(const std::shared_ptr<detail::Acquisition>& a);  // the loop takes no more
   std::string operator_name(const std::string& key) const;
   // "the mysql:// store", for messages.
   std::string store_kind() const;

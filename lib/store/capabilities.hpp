@@ -200,6 +200,10 @@ class DirectLane {
   // requests are in flight on it: the loop, which wakes for their answers
   // anyway, sends it with others), and `done` is dropped unrun: the
   // caller goes through acquire() or release() on the loop.
+  // Any thread: false when a request written now would surely be
+  // refused (requests in flight), so that the caller builds none. A hint:
+  // true does not promise that the write is taken.
+  virtual bool lane_open() const noexcept = 0;
   virtual bool acquire_direct(const LockRef& lock, AcquiredDirect done) = 0;
   virtual bool release_direct(const LockRef& lock, ReleasedDirect done) = 0;
 

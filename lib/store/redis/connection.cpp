@@ -523,6 +523,7 @@ void RedisConnection::push_pending(Pending p) {
   std::lock_guard lk(lane_mu_);
   pending_.push_back(std::move(p));
   ++unwritten_;
+  lane_idle_.store(false, std::memory_order_relaxed);
 }
 
 void RedisConnection::want_flush() {
@@ -579,6 +580,7 @@ void RedisConnection::flush() {
     ++writes_in_flight_;
   }
   written(link);
+  note_lane();
   lk.unlock();
   if (!rest.empty()) queue_write(link, std::move(rest));
 }
@@ -611,6 +613,7 @@ void RedisConnection::queue_write(Link* link, std::string data) {
     {
       std::lock_guard lk(l->conn->lane_mu_);
       --l->conn->writes_in_flight_;
+      l->conn->note_lane();
     }
     if (status < 0 && status != UV_ECANCELED)
       l->conn->link_failed(l->conn->failure_reason(l, std::string("write failed: ") + uv_strerror(status)));
@@ -689,6 +692,7 @@ void RedisConnection::dispatch(const redisReply* r) {
   }
   Pending p = std::move(pending_.front());
   pending_.pop_front();
+  note_lane();
   lk.unlock();
   // A whole reply: bytes trickling in without ever making one are no answer.
   answered_at_ = read_at_;
@@ -840,6 +844,7 @@ void RedisConnection::open_lane() {
   if (uv_fileno(reinterpret_cast<uv_handle_t*>(&link->tcp), &fd) != 0) return;
   std::lock_guard lk(lane_mu_);
   lane_fd_ = fd;
+  note_lane();
 }
 
 void RedisConnection::close_lane() {
@@ -848,6 +853,12 @@ void RedisConnection::close_lane() {
   writes_in_flight_ = 0;
   lane_rest_.clear();
   lane_watched_ = false;
+  note_lane();
+}
+
+void RedisConnection::note_lane() noexcept {
+  lane_idle_.store(lane_fd_ >= 0 && pending_.empty() && writes_in_flight_ == 0 && lane_rest_.empty(),
+                   std::memory_order_relaxed);
 }
 
 bool RedisConnection::send_direct(EvalRequest& request, ReplyCallback& cb) {
@@ -872,6 +883,7 @@ bool RedisConnection::send_direct(EvalRequest& request, ReplyCallback& cb) {
     // The loop does not poll for it: it sleeps until the reply wakes it.
     p.awaited = false;
     pending_.push_back(std::move(p));
+    lane_idle_.store(false, std::memory_order_relaxed);
     lane_sent_ = now;
     watch = !lane_watched_ || !lane_rest_.empty();
     lane_watched_ = true;

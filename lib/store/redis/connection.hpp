@@ -37,6 +37,7 @@
 #include <hiredis/hiredis.h>
 #include <uv.h>
 
+#include <atomic>
 #include <chrono>
 #include <cstdint>
 #include <deque>
@@ -188,6 +189,10 @@ class RedisConnection : private Reconnector::Attempts, private RequestTimer::Req
   // Any thread; set up with enable_lane() before start().
   bool send_direct(EvalRequest& request, ReplyCallback& cb);
   void enable_lane() { lane_enabled_ = true; }
+  // Any thread, without the lane's lock: whether the lane was open and
+  // idle at its last change. A hint that saves a caller building a
+  // request send_direct() would refuse; send_direct() decides.
+  bool lane_idle() const noexcept { return lane_idle_.load(std::memory_order_relaxed); }
   // Connected and past the handshake: a request made now is written at
   // once (at the end of this loop iteration).
   bool usable() const noexcept { return up() && link_ != nullptr && handshake_pending_ == 0; }
@@ -325,12 +330,14 @@ class RedisConnection : private Reconnector::Attempts, private RequestTimer::Req
   // below; the loop holds it while it writes on the socket.
   void open_lane();
   void close_lane();
+  void note_lane() noexcept;  // under lane_mu_: lane_idle_ anew
   mutable std::mutex lane_mu_;
   bool lane_enabled_ = false;         // set before start()
   int lane_fd_ = -1;                  // the socket while the lane is open
   int writes_in_flight_ = 0;          // uv_writes of the current link not done: the lane waits
   std::string lane_rest_;             // what the socket did not take of a direct request: first in the next flush
   std::chrono::steady_clock::time_point lane_sent_{};  // the last direct request
+  std::atomic<bool> lane_idle_{false};  // written under lane_mu_, read without it (lane_idle())
   mutable bool lane_watched_ = false;  // the request timer looks after the lane's requests
 };
 
