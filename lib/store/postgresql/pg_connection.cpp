@@ -90,9 +90,7 @@ PgConnection::~PgConnection() {
 }
 
 void PgConnection::start() {
-  uv_idle_init(loop_.uv(), &kick_);
-  kick_.data = this;
-  ++open_handles_;
+  kick_.open(loop_.uv());
   request_timer_.start();
   reconnector_.start();
 }
@@ -135,16 +133,7 @@ void PgConnection::execute_all(std::vector<PgCall> calls, std::function<void(std
 }
 
 void PgConnection::kick() {
-  if (kicked_ || state_ == State::kClosed) return;
-  kicked_ = true;
-  uv_idle_start(&kick_, on_kick);
-}
-
-void PgConnection::on_kick(uv_idle_t* idle) {
-  auto* self = static_cast<PgConnection*>(idle->data);
-  uv_idle_stop(idle);
-  self->kicked_ = false;
-  self->send_queued();
+  if (state_ != State::kClosed) kick_.request();
 }
 
 // ---- connecting
@@ -757,9 +746,7 @@ void PgConnection::close() {
   queue_.clear();
   fail_all(inflight, err);
   fail_all(queued, err);
-  if (open_handles_ == 0) return;  // never started
-  auto on_closed = [](uv_handle_t* h) { --static_cast<PgConnection*>(h->data)->open_handles_; };
-  uv_close(reinterpret_cast<uv_handle_t*>(&kick_), on_closed);
+  kick_.close();
 }
 
 }  // namespace lockwatch::detail

@@ -56,6 +56,7 @@
 #include <vector>
 
 #include "core/reconnector.hpp"
+#include "core/turn_end.hpp"
 #include "store/sqlcommon/settings.hpp"
 #include "store/postgresql/pg_target.hpp"
 #include "store/store_error.hpp"
@@ -222,7 +223,6 @@ class PgConnection : private Reconnector::Attempts, private RequestTimer::Reques
   StoreError unavailable(const std::string& why) const;
 
   static void on_poll(uv_poll_t* handle, int status, int events);
-  static void on_kick(uv_idle_t* idle);
 
   Loop& loop_;
   const PgTarget target_;
@@ -244,10 +244,8 @@ class PgConnection : private Reconnector::Attempts, private RequestTimer::Reques
   PollHandle* poll_ = nullptr;
   int poll_sock_ = -1;  // libpq's descriptor it duplicates
   int poll_events_ = 0;
-  uv_idle_t kick_{};             // sends what was queued, on the next loop turn
-  int open_handles_ = 0;
+  TurnEnd kick_{[this] { send_queued(); }};  // sends what was queued, at the loop turn's end
   unsigned attempt_ = 0;  // connection attempts made: a late lookup answers an old one
-  bool kicked_ = false;
   bool want_write_ = false;  // libpq has output it could not send yet
   Reconnector reconnector_{loop_, Backoff(settings_.reconnect_min, settings_.reconnect_max), settings_.connect_timeout,
                            *this};

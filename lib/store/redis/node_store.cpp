@@ -123,9 +123,7 @@ void RedisNodeStore::started() {
   conn_->set_state_hook([this](bool up, const std::string& why) {
     if (events_.connection) events_.connection(conn_->name(), up, why);
   });
-  uv_idle_init(loop_.uv(), &batch_idle_);
-  batch_idle_.data = this;
-  started_ = true;
+  batch_turn_.open(loop_.uv());
   conn_->start();
   renew_->start();
   if (acquire_) acquire_->start();
@@ -295,28 +293,7 @@ void RedisNodeStore::send_kind_release(RedisConnection& c, std::span<const LockR
          });
 }
 
-void RedisNodeStore::want_batch() {
-  if (batch_armed_) return;
-  if (!started_) {
-    // Not on a loop yet: nothing can run the batch but the call itself.
-    send_batches();
-    return;
-  }
-  // An idle handle, not a prepare handle: requests made in the poll phase
-  // go out in the next iteration's idle phase, just before the connection's
-  // flush (its prepare handle); one made during the prepare phase, when a
-  // prepare handle started now would wait for the iteration after the next
-  // poll, keeps that poll from blocking instead.
-  batch_armed_ = true;
-  uv_idle_start(&batch_idle_, &RedisNodeStore::on_batch);
-}
-
-void RedisNodeStore::on_batch(uv_idle_t* h) {
-  auto* self = static_cast<RedisNodeStore*>(h->data);
-  uv_idle_stop(h);
-  self->batch_armed_ = false;
-  self->send_batches();
-}
+void RedisNodeStore::want_batch() { batch_turn_.request(); }
 
 namespace {
 
@@ -913,8 +890,7 @@ void RedisNodeStore::close() {
   // What is queued goes to the connection, which fails it as it closes:
   // every callback runs.
   send_batches(true);
-  if (started_) uv_close(reinterpret_cast<uv_handle_t*>(&batch_idle_), nullptr);
-  started_ = false;
+  batch_turn_.close();
   if (sentinel_) sentinel_->close();
   conn_->close();
   renew_->close();

@@ -56,6 +56,7 @@
 #include <vector>
 
 #include "core/small_string.hpp"
+#include "core/turn_end.hpp"
 #include "lockwatch/options.hpp"
 #include "store/capabilities.hpp"
 #include "store/redis/connection.hpp"
@@ -205,7 +206,6 @@ class RedisNodeStore final : public StoreBase,
   // sent by send_batches(), and so counted in flight.
   void send_acquire_batch(std::vector<QueuedAcquire> batch, bool counted = true);
   void send_release_batch(std::vector<QueuedRelease> batch, bool counted = true);
-  static void on_batch(uv_idle_t* h);
   void wait_for_replicas(std::string name, std::string token, LockKind kind, Acquired taken, std::size_t index,
                          std::shared_ptr<AcquireDone> done);
 
@@ -241,9 +241,14 @@ class RedisNodeStore final : public StoreBase,
   std::vector<std::string_view> renew_args_;  // reused per batch
   Loop& loop_;
   bool by_slot_ = false;  // batch_by_slot()
-  bool started_ = false;
-  bool batch_armed_ = false;
-  uv_idle_t batch_idle_{};  // runs the batches of this iteration, before the flush
+  // Runs the batches of this iteration, before the connection's flush.
+  // An idle handle, not a prepare handle: requests made in the poll phase
+  // go out in the next iteration's idle phase, just before the flush (the
+  // connection's prepare handle); one made during the prepare phase, when
+  // a prepare handle started then would wait for the iteration after the
+  // next poll, keeps that poll from blocking instead. Before the store is
+  // started on a loop, the call itself sends them.
+  TurnEnd batch_turn_{[this] { send_batches(); }};
   std::deque<QueuedAcquire> acquire_batch_;
   std::deque<QueuedRelease> release_batch_;
   int batches_in_flight_ = 0;

@@ -2,6 +2,7 @@
 #include "store/sql/sql_error.hpp"
 
 #include <errmsg.h>
+#include <utility>
 #include <fmt/format.h>
 #include <mysql.h>
 #include <mysqld_error.h>
@@ -67,9 +68,8 @@ void SqlConnection::start() {
   uv_loop_t* uv = loop_.uv();
   uv_timer_init(uv, &io_timer_);
   io_timer_.data = this;
-  uv_idle_init(uv, &kick_);
-  kick_.data = this;
-  open_handles_ = 2;
+  kick_.open(uv);
+  timer_open_ = true;
   request_timer_.start();
   reconnector_.start();
 }
@@ -84,16 +84,7 @@ void SqlConnection::query(std::string sql, SqlDone done) {
 }
 
 void SqlConnection::kick() {
-  if (kicked_ || state_ == State::kClosed) return;
-  kicked_ = true;
-  uv_idle_start(&kick_, on_kick);
-}
-
-void SqlConnection::on_kick(uv_idle_t* idle) {
-  auto* self = static_cast<SqlConnection*>(idle->data);
-  uv_idle_stop(idle);
-  self->kicked_ = false;
-  self->pump();
+  if (state_ != State::kClosed) kick_.request();
 }
 
 // A host name is looked up on libuv's thread pool (the client library's
@@ -591,10 +582,8 @@ void SqlConnection::close() {
   handshake_.clear();
   fail_all(inflight, err);
   fail_all(queued, err);
-  if (open_handles_ == 0) return;  // never started
-  auto on_closed = [](uv_handle_t* h) { --static_cast<SqlConnection*>(h->data)->open_handles_; };
-  uv_close(reinterpret_cast<uv_handle_t*>(&io_timer_), on_closed);
-  uv_close(reinterpret_cast<uv_handle_t*>(&kick_), on_closed);
+  kick_.close();
+  if (std::exchange(timer_open_, false)) uv_close(reinterpret_cast<uv_handle_t*>(&io_timer_), nullptr);
 }
 
 

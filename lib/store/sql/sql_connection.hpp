@@ -51,6 +51,7 @@
 #include <vector>
 
 #include "core/reconnector.hpp"
+#include "core/turn_end.hpp"
 #include "store/sqlcommon/settings.hpp"
 #include "store/sql/sql_target.hpp"
 #include "store/store_error.hpp"
@@ -163,7 +164,6 @@ class SqlConnection : private Reconnector::Attempts, private RequestTimer::Reque
 
   static void on_poll(uv_poll_t* handle, int status, int events);
   static void on_io_timer(uv_timer_t* t);
-  static void on_kick(uv_idle_t* idle);
 
   Loop& loop_;
   const SqlTarget target_;
@@ -176,11 +176,10 @@ class SqlConnection : private Reconnector::Attempts, private RequestTimer::Reque
   st_mysql* mysql_ = nullptr;
   uv_poll_t* poll_ = nullptr;  // for mysql_'s socket; freed by its close callback
   int poll_fd_ = -1;
-  uv_timer_t io_timer_{};        // the library's own timeouts (MYSQL_WAIT_TIMEOUT)
-  uv_idle_t kick_{};             // sends what was queued, on the next loop turn
-  int open_handles_ = 0;
+  uv_timer_t io_timer_{};  // the library's own timeouts (MYSQL_WAIT_TIMEOUT)
+  bool timer_open_ = false;
+  TurnEnd kick_{[this] { pump(); }};  // sends what was queued, at the loop turn's end
   unsigned attempt_ = 0;  // connection attempts made: a late lookup answers an old one
-  bool kicked_ = false;
   bool handshaking_ = false;
   Reconnector reconnector_{loop_, Backoff(settings_.reconnect_min, settings_.reconnect_max), settings_.connect_timeout,
                            *this};
