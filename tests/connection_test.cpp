@@ -433,6 +433,28 @@ TEST_F(ConnectionTest, AHostNameIsResolvedAndConnected) {
   close_all({&conn});
 }
 
+// A name with no address fails its requests within the connect timeout,
+// with an error that names the host.
+TEST_F(ConnectionTest, AHostNameWithNoAddressFailsItsRequestsNamingIt) {
+  Endpoint ep;
+  ep.host = "no-such-host.invalid";
+  options_.connection.connect_timeout = 1s;
+  RedisConnection conn(loop_, ep, settings(), RedisConnection::Mode::kCommands);
+  loop_.post([&] { conn.start(); });
+  auto t0 = std::chrono::steady_clock::now();
+  auto [pong, err] = run(conn, {"PING"});
+  ASSERT_TRUE(err);
+  try {
+    std::rethrow_exception(err);
+  } catch (const ConnectionError& e) {
+    EXPECT_NE(std::string(e.what()).find("cannot resolve no-such-host.invalid"), std::string::npos) << e.what();
+  } catch (const std::exception& e) {
+    ADD_FAILURE() << "not a ConnectionError: " << e.what();
+  }
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, 5s);
+  close_all({&conn});
+}
+
 // Commands written in one loop iteration share one write, and every one is
 // answered, in order, exactly once.
 TEST_F(ConnectionTest, RequestsQueuedTogetherAreAllAnsweredInOrder) {

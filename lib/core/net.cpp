@@ -13,6 +13,12 @@ bool numeric_host(const std::string& host) noexcept {
   return ::inet_pton(AF_INET, host.c_str(), buf) == 1 || ::inet_pton(AF_INET6, host.c_str(), buf) == 1;
 }
 
+bool socket_address(const std::string& host, int port, sockaddr_storage& out) noexcept {
+  out = sockaddr_storage{};
+  return uv_ip4_addr(host.c_str(), port, reinterpret_cast<sockaddr_in*>(&out)) == 0 ||
+         uv_ip6_addr(host.c_str(), port, reinterpret_cast<sockaddr_in6*>(&out)) == 0;
+}
+
 const addrinfo* preferred_address(const addrinfo* answers) noexcept {
   for (const addrinfo* a = answers; a != nullptr; a = a->ai_next)
     if (a->ai_family == AF_INET) return a;
@@ -37,7 +43,7 @@ std::string address_text(const addrinfo* a) {
 
 }  // namespace
 
-int resolve_host(uv_loop_t* loop, const std::string& host, ResolveDone done) {
+int resolve_host(uv_loop_t* loop, const std::string& host, ResolveDone done, uv_req_t** request) {
   auto lookup = std::make_unique<Lookup>();
   lookup->done = std::move(done);
   lookup->req.data = lookup.get();
@@ -54,7 +60,10 @@ int resolve_host(uv_loop_t* loop, const std::string& host, ResolveDone done) {
         lookup->done(status, std::move(address));
       },
       host.c_str(), nullptr, &hints);
-  if (rc == 0) lookup.release();  // the callback owns it now
+  if (rc == 0) {
+    if (request != nullptr) *request = reinterpret_cast<uv_req_t*>(&lookup->req);
+    lookup.release();  // the callback owns it now
+  }
   return rc;
 }
 

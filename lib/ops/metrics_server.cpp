@@ -6,6 +6,7 @@
 #include <cstring>
 
 #include "core/loop.hpp"
+#include "core/net.hpp"
 #include "lockwatch/errors.hpp"
 
 namespace lockwatch::detail {
@@ -76,9 +77,7 @@ struct MetricsServer::Client {
 void MetricsServer::check_address(const std::string& listen) {
   HostPort hp = parse(listen);
   sockaddr_storage addr{};
-  if (hp.port < 0 ||
-      (uv_ip4_addr(hp.host.c_str(), hp.port, reinterpret_cast<sockaddr_in*>(&addr)) != 0 &&
-       uv_ip6_addr(hp.host.c_str(), hp.port, reinterpret_cast<sockaddr_in6*>(&addr)) != 0))
+  if (hp.port < 0 || !socket_address(hp.host, hp.port, addr))
     throw InvalidArgument(
         fmt::format("Options::observability.metrics_listen must be \"ip:port\" (e.g. \"127.0.0.1:9464\" or "
                     "\"[::1]:9464\"), got '{}'",
@@ -90,8 +89,7 @@ MetricsServer::MetricsServer(Loop& loop, const std::string& listen, std::functio
   check_address(listen);
   HostPort hp = parse(listen);
   sockaddr_storage addr{};
-  if (uv_ip4_addr(hp.host.c_str(), hp.port, reinterpret_cast<sockaddr_in*>(&addr)) != 0)
-    uv_ip6_addr(hp.host.c_str(), hp.port, reinterpret_cast<sockaddr_in6*>(&addr));
+  socket_address(hp.host, hp.port, addr);
   uv_tcp_init(loop_.uv(), &server_);
   server_.data = this;
   int rc = uv_tcp_bind(&server_, reinterpret_cast<const sockaddr*>(&addr), 0);

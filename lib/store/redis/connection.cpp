@@ -45,8 +45,7 @@ struct RedisConnection::Link {
   redisReader* reader;
   uv_tcp_t tcp{};
   uv_connect_t connect_req{};
-  uv_getaddrinfo_t resolve_req{};
-  bool resolving = false;   // resolve_req is in flight
+  uv_req_t* resolve_req = nullptr;  // the host's lookup in flight (resolve_host)
   bool tcp_closed = false;  // the handle's close callback ran
   bool connected = false;   // writes may go out
   bool dead = false;
@@ -205,39 +204,29 @@ void RedisConnection::open_link(Link* link) {
   // A numeric address connects at once; a name is looked up on libuv's
   // threads (getaddrinfo blocks), within the same connect timeout.
   sockaddr_storage addr{};
-  if (uv_ip4_addr(endpoint_.host.c_str(), endpoint_.port, reinterpret_cast<sockaddr_in*>(&addr)) == 0 ||
-      uv_ip6_addr(endpoint_.host.c_str(), endpoint_.port, reinterpret_cast<sockaddr_in6*>(&addr)) == 0) {
+  if (socket_address(endpoint_.host, endpoint_.port, addr)) {
     start_tcp(link, reinterpret_cast<const sockaddr*>(&addr));
-  } else {
-    addrinfo hints{};
-    hints.ai_family = AF_UNSPEC;
-    hints.ai_socktype = SOCK_STREAM;
-    link->resolve_req.data = link;
-    const std::string port = std::to_string(endpoint_.port);
-    int rc = uv_getaddrinfo(
-        loop_.uv(), &link->resolve_req,
-        [](uv_getaddrinfo_t* req, int status, addrinfo* res) {
-          auto* l = static_cast<Link*>(req->data);
-          l->resolving = false;
-          if (l->dead) {
-            if (res != nullptr) uv_freeaddrinfo(res);
-            if (l->tcp_closed) delete l;
-            return;
-          }
-          if (status < 0 || res == nullptr) {
-            l->conn->link_failed(fmt::format("cannot resolve {}: {}", l->conn->endpoint_.host, uv_strerror(status)));
-          } else {
-            l->conn->start_tcp(l, preferred_address(res)->ai_addr);
-          }
-          if (res != nullptr) uv_freeaddrinfo(res);
-        },
-        endpoint_.host.c_str(), port.c_str(), &hints);
-    if (rc < 0) {
-      link_failed(fmt::format("cannot resolve {}: {}", endpoint_.host, uv_strerror(rc)));
-      return;
-    }
-    link->resolving = true;
+    return;
   }
+  int rc = resolve_host(
+      loop_.uv(), endpoint_.host,
+      [link](int status, std::string address) {
+        link->resolve_req = nullptr;
+        if (link->dead) {
+          if (link->tcp_closed) delete link;
+          return;
+        }
+        RedisConnection* conn = link->conn;
+        sockaddr_storage resolved{};
+        if (!socket_address(address, conn->endpoint_.port, resolved)) {
+          conn->link_failed(fmt::format("cannot resolve {}: {}", conn->endpoint_.host,
+                                        status == 0 ? "no address" : uv_strerror(status)));
+          return;
+        }
+        conn->start_tcp(link, reinterpret_cast<const sockaddr*>(&resolved));
+      },
+      &link->resolve_req);
+  if (rc < 0) link_failed(fmt::format("cannot resolve {}: {}", endpoint_.host, uv_strerror(rc)));
 }
 
 void RedisConnection::start_tcp(Link* link, const sockaddr* addr) {
@@ -913,13 +902,13 @@ void RedisConnection::drop_link(const std::string& why) {
     unwritten_ = 0;
   }
   link->dead = true;
-  if (link->resolving) uv_cancel(reinterpret_cast<uv_req_t*>(&link->resolve_req));
+  if (link->resolve_req != nullptr) uv_cancel(link->resolve_req);
   // Closing cancels the connect and the writes in flight; the link is
   // freed once the handle (and a lookup in flight) is done.
   uv_close(reinterpret_cast<uv_handle_t*>(&link->tcp), [](uv_handle_t* h) {
     auto* l = static_cast<Link*>(h->data);
     l->tcp_closed = true;
-    if (!l->resolving) delete l;
+    if (l->resolve_req == nullptr) delete l;
   });
   handshake_pending_ = 0;
   // What was sent on it fails; what those callbacks send again waits for
