@@ -459,7 +459,11 @@ TEST_F(RuntimeTest, ABurstBeyondTheWindowOfAttemptsIsSentAsEarlierOnesAreAnswere
 // The window is shared: an attempt that waits for it and whose wait ends
 // meanwhile is never sent, and the key's next waiter goes on.
 TEST_F(RuntimeTest, AnAttemptWhoseWaitEndsBeforeTheWindowLetsItGoIsNeverSent) {
-  script_->set_delay(Op::kAcquire, 300ms);  // the window stays full past the short wait
+  // The window stays full past the short wait, also when starting the
+  // calls that fill it takes a long turn of the loop (TSan on a loaded
+  // machine): answers due before the brief call's wait is judged would open
+  // the window for it.
+  script_->set_delay(Op::kAcquire, 2s);
   std::vector<std::future<LockHandle>> asked;
   std::future<LockHandle> brief, next;
   {
@@ -473,6 +477,7 @@ TEST_F(RuntimeTest, AnAttemptWhoseWaitEndsBeforeTheWindowLetsItGoIsNeverSent) {
   ASSERT_NE(e, nullptr);
   EXPECT_NE(std::string(e->what()).find("never sent"), std::string::npos) << e->what();  // not "held by another"
   EXPECT_EQ(e->key(), "contended");
+  script_->set_delay(Op::kAcquire, 0ms);  // for the next in line, sent as the window opens
   auto h = get_bounded(next);  // the next in line was sent, and took it
   EXPECT_FALSE(h.lease().lost());
   for (auto& f : asked) (void)get_bounded(f);
