@@ -3,17 +3,20 @@
 // made in one turn (a set's keys, the callers served by one wake-up) are
 // sent together by it.
 //
-// An idle handle: the loop runs it before it next polls, so nothing waits
-// for a batch to fill. While not open (before open(), after close()) a
-// request runs the task at once.
+// The loop's own turn end (Loop::at_turn_end): it runs before the loop
+// next polls, so nothing waits for a batch to fill, and the loop reads its
+// clock again after it, so a long task leaves no timer late. While not
+// open (before open(), after close()), or off the loop's thread, a request
+// runs the task at once.
 //
-// Threading: the loop thread only. Costs: one idle handle.
+// Threading: the loop thread only. Costs: one turn-end task per turn with
+// a request.
 #pragma once
-
-#include <uv.h>
 
 #include <functional>
 #include <utility>
+
+#include "core/loop.hpp"
 
 namespace lockwatch::detail {
 
@@ -23,11 +26,8 @@ class TurnEnd {
   TurnEnd(const TurnEnd&) = delete;
   TurnEnd& operator=(const TurnEnd&) = delete;
 
-  void open(uv_loop_t* loop) {
-    uv_idle_init(loop, &idle_);
-    idle_.data = this;
-    open_ = true;
-  }
+  // The owner is on its loop: requests wait for the turn's end from now.
+  void open() noexcept { open_ = true; }
   // The task runs at the turn's end (at once while not open).
   void request() {
     if (armed_) return;
@@ -36,27 +36,20 @@ class TurnEnd {
       return;
     }
     armed_ = true;
-    uv_idle_start(&idle_, on_idle);
+    Loop::at_turn_end([this] {
+      if (!std::exchange(armed_, false)) return;  // closed meanwhile
+      task_();
+    });
   }
   // A request pending is dropped: the owner sends what it queued itself.
-  void close() {
-    if (!open_) return;
-    uv_idle_stop(&idle_);
-    uv_close(reinterpret_cast<uv_handle_t*>(&idle_), nullptr);
+  // The owner outlives the loop's last turn (as every owner of a handle).
+  void close() noexcept {
     open_ = false;
     armed_ = false;
   }
 
  private:
-  static void on_idle(uv_idle_t* idle) {
-    auto* self = static_cast<TurnEnd*>(idle->data);
-    uv_idle_stop(idle);
-    self->armed_ = false;
-    self->task_();
-  }
-
   std::function<void()> task_;
-  uv_idle_t idle_{};
   bool open_ = false;
   bool armed_ = false;
 };

@@ -90,7 +90,7 @@ PgConnection::~PgConnection() {
 }
 
 void PgConnection::start() {
-  kick_.open(loop_.uv());
+  kick_.open();
   request_timer_.start();
   reconnector_.start();
 }

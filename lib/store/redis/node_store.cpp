@@ -123,7 +123,7 @@ void RedisNodeStore::started() {
   conn_->set_state_hook([this](bool up, const std::string& why) {
     if (events_.connection) events_.connection(conn_->name(), up, why);
   });
-  batch_turn_.open(loop_.uv());
+  batch_turn_.open();
   conn_->start();
   renew_->start();
   if (acquire_) acquire_->start();

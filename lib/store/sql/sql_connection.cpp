@@ -68,7 +68,7 @@ void SqlConnection::start() {
   uv_loop_t* uv = loop_.uv();
   uv_timer_init(uv, &io_timer_);
   io_timer_.data = this;
-  kick_.open(uv);
+  kick_.open();
   timer_open_ = true;
   request_timer_.start();
   reconnector_.start();

@@ -265,7 +265,7 @@ class RecipeStore : public StoreBase,
         settings_(settings),
         dialect_(dialect) {}
   void started() override {
-    turn_end_.open(loop_.uv());
+    turn_end_.open();
     connections_.start(events_);
   }
   Connection& command_connection() { return connections_.command(); }
