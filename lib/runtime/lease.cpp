@@ -35,7 +35,7 @@ std::uint64_t Lease::fencing_token(std::string_view key) const {
 
 std::uint64_t Lease::renewals() const noexcept {
   if (set_) return static_cast<const detail::SetRecord*>(this)->least_renewals();
-  return renewals_.load(std::memory_order_relaxed);
+  return renewals_.load(std::memory_order_acquire);  // bump_renewals(): the deadline is set before
 }
 
 std::optional<LostReason> Lease::lost_reason() const noexcept {

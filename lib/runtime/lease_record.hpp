@@ -170,7 +170,8 @@ struct LeaseRecord final : Lease, TimerTask, HandleState {
   using Lease::mark_lost;
   using Lease::set_deadline;
   using Lease::request_stop;
-  void bump_renewals() noexcept { renewals_.fetch_add(1, std::memory_order_relaxed); }
+  // After set_deadline(): whoever reads the count (acquire) sees the deadline.
+  void bump_renewals() noexcept { renewals_.fetch_add(1, std::memory_order_release); }
   LockRef ref() const noexcept { return LockRef{name.view(), token.view(), ttl_ms.view(), ttl(), kind}; }
   // Why renewals failed or the lease was lost ("" if nothing went wrong).
   // Loop thread.

@@ -328,16 +328,18 @@ void Watchdog::renewal_failed(const std::shared_ptr<LeaseRecord>& l, std::string
 
 void Watchdog::on_renewed(const std::shared_ptr<LeaseRecord>& l, Clock::time_point sent) {
   l->timeout.cancel();
+  auto left = l->deadline() - Clock::now();
+  // The new deadline first: a work that sees the renewal counted
+  // (Lease::renewals) reads the deadline it brought (Lease::remaining).
+  l->set_deadline(deadline_of(sent, l->ttl()));
   if (l->renewal_counts) {
     if (l->renewals_left > 0) --l->renewals_left;
     l->bump_renewals();
   }
-  auto left = l->deadline() - Clock::now();
   events_.renewed(l->key(), left);
   auto slack = std::chrono::duration_cast<std::chrono::microseconds>(left).count();
   if (slack < stats_.min_renewal_slack_us.load(std::memory_order_relaxed))
     stats_.min_renewal_slack_us.store(slack, std::memory_order_relaxed);
-  l->set_deadline(deadline_of(sent, l->ttl()));
   l->set_lost_detail({});
   schedule_next(*l, sent);
 }
