@@ -55,14 +55,14 @@ int transfers(lockwatch::Runtime& rt, const std::string& dir, int accounts, int 
         int to = static_cast<int>(rng() % static_cast<unsigned>(accounts));
         auto done = transfer(from, to);
         if (done.wait_for(std::chrono::seconds(90)) != std::future_status::ready) {
-          std::printf("error transfer %d -> %d did not finish within 90 s\n", from, to);
+          std::fprintf(stderr, "file_counter: error transfer %d -> %d did not finish within 90 s\n", from, to);
           errors++;
           return;
         }
         try {
           done.get();
         } catch (const std::exception& e) {
-          std::printf("error %s\n", e.what());
+          std::fprintf(stderr, "file_counter: error %s\n", e.what());
           errors++;
           return;
         }
@@ -85,7 +85,7 @@ int main(int argc, char** argv) {
       return transfers(rt, argv[2], std::atoi(argv[3]), std::atoi(argv[4]), std::atoi(argv[6]),
                        static_cast<unsigned>(std::atoi(argv[7])));
     } catch (const std::exception& e) {
-      std::printf("error %s\n", e.what());
+      std::fprintf(stderr, "file_counter: error %s\n", e.what());
       return 1;
     }
   }
@@ -117,13 +117,13 @@ int main(int argc, char** argv) {
       auto done = bump(i % keys);
       // Bounded, as the parent's wait is: a hung call is an error here.
       if (done.wait_for(std::chrono::seconds(60)) != std::future_status::ready) {
-        std::printf("error increment %d did not finish within 60 s\n", i);
+        std::fprintf(stderr, "file_counter: error increment %d did not finish within 60 s\n", i);
         return 1;
       }
       done.get();
     }
   } catch (const std::exception& e) {
-    std::printf("error %s\n", e.what());
+    std::fprintf(stderr, "file_counter: error %s\n", e.what());
     return 1;
   }
   return 0;

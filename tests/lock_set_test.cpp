@@ -12,6 +12,7 @@
 #include <thread>
 
 #include "memory_runtime.hpp"
+#include "store/redis/redis_error.hpp"
 #include "transfers.hpp"
 
 namespace lockwatch::testing {
@@ -97,6 +98,30 @@ TEST_F(LockSetTest, AFreeSetIsTriedWholeInOneRoundTrip) {
   LockHandle h = get_bounded(f);
   EXPECT_EQ(script_->count(Op::kAcquire), 4u);
   EXPECT_EQ(h.lease().keys().size(), 4u);
+}
+
+// A whole try answered "not now" (a deadlock the server broke, a cluster
+// failing over) is not the call's end: a waiting set goes the ordered way
+// and rides it out; one that does not wait reports it.
+TEST_F(LockSetTest, AWholeTryAnsweredNotNowGoesTheOrderedWay) {
+  auto refusals = std::make_shared<std::atomic<int>>(2);
+  script_->script_acquire([refusals](const std::string&) -> std::optional<detail::Acquired> {
+    if (refusals->fetch_sub(1) <= 0) return std::nullopt;  // the backend answers
+    detail::Acquired a;
+    a.error = detail::redis_reply_error("memory", "TRYAGAIN Multiple keys request during rehashing of slot");
+    return a;
+  });
+  auto f = rt_->acquire({.key = all_of("again:a", "again:b"), .ttl = 5s, .wait = 10s});
+  LockHandle h = get_bounded(f);
+  EXPECT_EQ(h.lease().keys().size(), 2u);
+  EXPECT_EQ(script_->count(Op::kAcquire), 4u);  // the whole try's two, then each key on its own
+  auto r = h.release();
+  get_bounded(r);
+  refusals->store(2);
+  auto once = rt_->acquire({.key = all_of("again:a", "again:b"), .ttl = 5s, .wait = 0ms});
+  EXPECT_TRUE(error_of<StoreRefused>(once));
+  EXPECT_TRUE(free_now("again:a"));
+  EXPECT_TRUE(free_now("again:b"));
 }
 
 TEST_F(LockSetTest, AnEmptyOrOversizedSetIsInvalidBeforeAnythingStarts) {

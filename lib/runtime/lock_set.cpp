@@ -247,16 +247,25 @@ void SetAcquirer::tried(std::size_t i, std::exception_ptr error, LockHandle hand
     next();  // every key held: granted (or given back if cancelled)
     return;
   }
-  // Busy somewhere: a wait goes on the ordered way, holding nothing
-  // meanwhile; any other error, or no wait, ends the call.
-  bool busy = false;
+  // Busy somewhere, or a store's error: a wait goes on the ordered way,
+  // holding nothing meanwhile. Each key's waiter there rides out what is
+  // passing (a connection blip, a deadlock the server broke, a cluster
+  // failing over) within the wait and fails at once on a refusal, as a
+  // single key's does; the whole try, which does not wait, cannot tell
+  // them apart. Any other error (bad input, credentials, a stop), or no
+  // wait, ends the call.
+  bool ordered = false;
   try {
     std::rethrow_exception(first);
   } catch (const LockNotAcquired&) {
-    busy = true;
+    ordered = true;
+  } catch (const ConnectionError&) {
+    ordered = true;
+  } catch (const StoreRefused&) {
+    ordered = true;
   } catch (...) {
   }
-  if (!busy || spec_.wait == milliseconds(0)) {
+  if (!ordered || spec_.wait == milliseconds(0)) {
     fail(first);
     return;
   }
