@@ -10,8 +10,8 @@ namespace lockwatch::detail {
 
 void LockTable::work_ended(const std::shared_ptr<LeaseRecord>& l) {
   if (!watchdog_.end_work(l)) return;
-  if (try_hand_off(l)) return;
-  watchdog_.release_ended(l);
+  if (!try_hand_off(l)) watchdog_.release_ended(l);
+  act();
 }
 
 bool LockTable::hand_off_fits(const LeaseRecord& l) const {
@@ -56,6 +56,7 @@ void LockTable::reserve(const LeaseRecord& l, const std::shared_ptr<HandOffStrea
       d->awaiting_tokens = false;
       if (!try_hand_off(d)) watchdog_.release(d);
     }
+    act();
   });
 }
 

@@ -11,12 +11,9 @@ LockTable::LockTable(Parts parts)
     : parts_(parts),
       token_blocks_(capability<TokenBlocks>(parts.store)),
       lane_(capability<DirectLane>(parts.store)),
-      watchdog_(parts.store, parts.clock, parts.notifier, parts.options, parts.stats, parts.events),
-      waits_(parts.store, parts.clock, parts.options, parts.stats,
-             WaitQueue::Hooks{
-                 [this](const auto& a, std::uint64_t fence, Clock::time_point sent) { taken(a, fence, sent); },
-                 [this](const auto& a, std::exception_ptr err, bool busy) { fail(a, std::move(err), busy); }}) {
-  watchdog_.on_finished([this](const std::shared_ptr<LeaseRecord>& l) { lease_finished(l); });
+      decisions_([this] { act(); }),
+      watchdog_(parts.store, parts.clock, parts.notifier, parts.options, parts.stats, parts.events, decisions_),
+      waits_(parts.store, parts.clock, parts.options, parts.stats, decisions_) {
   parts_.clock.after_advance([this] { watchdog_.flush(); });
 }
 
@@ -29,11 +26,13 @@ void LockTable::start(std::shared_ptr<Acquisition> a) {
     waits_.start(std::move(a));
   }
   starting_.fetch_sub(1);  // after the wait queue has it (keys_waited())
+  act();
 }
 
 void LockTable::answered_direct(const std::shared_ptr<Acquisition>& a, const Acquired& out, Clock::time_point sent) {
   parts_.events.wait_started(a->spec.key, a->spec.context, a->started);
   waits_.answered(a, out, sent);
+  act();
 }
 
 void LockTable::cancel(const std::shared_ptr<Acquisition>& a) {
@@ -41,6 +40,7 @@ void LockTable::cancel(const std::shared_ptr<Acquisition>& a) {
   // with no wait in flight (its answer finds it cancelled): nothing here.
   if (a->wait_over() || a->spec.wait == std::chrono::milliseconds(0)) return;
   waits_.cancel(a.get(), std::make_exception_ptr(Cancelled(a->spec.key)));
+  act();
 }
 
 void LockTable::fail(const std::shared_ptr<Acquisition>& a, std::exception_ptr err, bool busy) {
@@ -198,6 +198,31 @@ void LockTable::released_direct(const std::shared_ptr<LeaseRecord>& l, Released 
   // Ended meanwhile: the stop gave it back (the loop's own release answers).
   if (!watchdog_.end_work(l, ended)) return;
   watchdog_.release_written(l, status, why);
+  act();
+}
+
+void LockTable::act() {
+  if (acting_) return;  // the act under way takes what is written meanwhile
+  acting_ = true;
+  struct Done {
+    bool& acting;
+    ~Done() { acting = false; }
+  } done{acting_};
+  using Kind = Decisions::Decision::Kind;
+  while (!decisions_.empty()) {
+    Decisions::Decision d = decisions_.take();
+    switch (d.kind) {
+      case Kind::kTaken:
+        taken(d.a, d.fence, d.sent);
+        break;
+      case Kind::kFailed:
+        fail(d.a, std::move(d.error), d.busy);
+        break;
+      case Kind::kFinished:
+        lease_finished(d.l);
+        break;
+    }
+  }
 }
 
 void LockTable::lease_finished(const std::shared_ptr<LeaseRecord>& l) {
@@ -225,6 +250,7 @@ void LockTable::begin_stop() {
     watchdog_.lose(l, LostReason::kRuntimeStopped, "the runtime was destroyed and released the lock");
     work_ended(l);
   }
+  act();
 }
 
 }  // namespace lockwatch::detail

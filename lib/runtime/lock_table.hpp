@@ -11,8 +11,11 @@
 //     (handoff.hpp; what happens when work ends is handoff.cpp);
 //   - how each call ends: run on the pool, run inline, a handle delivered
 //     (its Completion, completion.hpp).
-// It drives the store, the wait queue and the watchdog downward; each
-// lock's life goes through the steps of step.hpp (requested, waiting,
+// It drives the store, the wait queue and the watchdog downward; they
+// call nothing up: what they decide (a lock taken, a call failed, a lease
+// over) they write to the table's Decisions (decisions.hpp), which it acts
+// on in order, after its own calls into them and at the end of the loop's
+// turn for what an answer or a timer decided. Each lock's life goes through the steps of step.hpp (requested, waiting,
 // held, releasing, ended). Admission and the stop order stay with the
 // runtime (runtime_impl.hpp), which calls in here on the loop.
 //
@@ -38,6 +41,7 @@
 #include "ops/stats.hpp"
 #include "runtime/acquisition.hpp"
 #include "runtime/admission.hpp"
+#include "runtime/decisions.hpp"
 #include "runtime/handoff.hpp"
 #include "runtime/wait_queue.hpp"
 #include "runtime/watchdog.hpp"
@@ -72,9 +76,18 @@ class LockTable {
 
   // Loop, as the store starts: its release notices go to the wait queue.
   void listen(StoreEvents& events) {
-    events.released = [this](std::string_view name) { waits_.on_released(name); };
-    events.subscribed = [this](std::string_view name) { waits_.on_subscribed(name); };
-    events.subscriptions_lost = [this] { waits_.on_subscriptions_lost(); };
+    events.released = [this](std::string_view name) {
+      waits_.on_released(name);
+      act();
+    };
+    events.subscribed = [this](std::string_view name) {
+      waits_.on_subscribed(name);
+      act();
+    };
+    events.subscriptions_lost = [this] {
+      waits_.on_subscriptions_lost();
+      act();
+    };
   }
   // Any thread, before calls are handed to the loop to start(): counted
   // until they are in the wait queue (negative: handed back unstarted),
@@ -114,6 +127,7 @@ class LockTable {
   void clear() {
     waits_.clear();
     watchdog_.clear();
+    decisions_.clear();  // none left: the loop's last turn acted on them
   }
   // Any thread: the leases held now.
   std::size_t held() const noexcept { return watchdog_.held(); }
@@ -152,9 +166,16 @@ class LockTable {
   void reserve(const LeaseRecord& l, const std::shared_ptr<HandOffStreak>& s);
   bool try_hand_off(const std::shared_ptr<LeaseRecord>& l);
 
+  // Acts on what the wait queue and the watchdog decided, in order (the
+  // table's calls into them end with it; what a store's answer or a timer
+  // decided waits for the turn's end).
+  void act();
+
   Parts parts_;
   TokenBlocks* const token_blocks_;  // null: no hand-offs
   DirectLane* const lane_;           // null: every request goes from the loop
+  Decisions decisions_;              // before the parts that write to it
+  bool acting_ = false;              // act() is running
   Watchdog watchdog_;
   WaitQueue waits_;
   TokenGenerator tokens_;

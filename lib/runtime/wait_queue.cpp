@@ -60,12 +60,12 @@ struct WaitQueue::KeyWaiters final : TimerTask {
 void Acquisition::run(Timeout) noexcept { queue->on_wait_expired(this); }
 void Acquisition::FairRetry::run(Timeout) noexcept { owner->queue->on_fair_retry(owner); }
 
-WaitQueue::WaitQueue(LockStore& store, WheelClock& clock, const Options& options, StatsCounters& stats, Hooks hooks)
+WaitQueue::WaitQueue(LockStore& store, WheelClock& clock, const Options& options, StatsCounters& stats, Decisions& decisions)
     : store_(store),
       clock_(clock),
       options_(options),
       stats_(stats),
-      hooks_(std::move(hooks)),
+      decisions_(decisions),
       orphan_backoff_(options.connection.reconnect_min, options.connection.reconnect_max) {
   orphan_timer_.queue = this;
   stats_.waits.set_warning(options.observability.wait_warning);
@@ -178,11 +178,11 @@ void WaitQueue::on_fair_outcome(const std::shared_ptr<Acquisition>& a, const Acq
     if (pos != w->waiting.end()) w->waiting.erase(pos);
     a->end_wait(out.status != Status::kFailed);
     if (out.status == Status::kFailed) {
-      hooks_.failed(a, to_exception(out.error), false);
+      decisions_.failed(a, to_exception(out.error), false);
       abandon(*a);
     } else {
       w->count_grant(a->spec.kind);
-      hooks_.taken(a, out.fence, sent);
+      decisions_.taken(a, out.fence, sent);
     }
     // The grant may have ended the key's waiters already: look again.
     it = waiters_.find(a->name);
@@ -340,7 +340,7 @@ void WaitQueue::fail_waiters(KeyWaiters* w, std::exception_ptr error) {
   for (auto& a : waiting) {
     if (a->wait_over()) continue;
     a->end_wait(false);
-    hooks_.failed(a, error, false);
+    decisions_.failed(a, error, false);
     if (!a->fair_in_flight) abandon(*a);  // in flight: its answer does it
   }
   maybe_forget(w);  // w may be gone
@@ -392,7 +392,7 @@ void WaitQueue::on_decided(const std::shared_ptr<Acquisition>& a, const Acquired
   if (w) w->waiting.pop_front();
   a->end_wait(out.status != Acquired::Status::kFailed);
   if (out.status == Acquired::Status::kFailed) {
-    hooks_.failed(a, to_exception(out.error), false);
+    decisions_.failed(a, to_exception(out.error), false);
     abandon(*a);
     if (w) attempt_head(w->name);
   } else {
@@ -400,7 +400,7 @@ void WaitQueue::on_decided(const std::shared_ptr<Acquisition>& a, const Acquired
       w->count_grant(a->spec.kind);
       w->poll.reset();
     }
-    hooks_.taken(a, out.fence, sent);
+    decisions_.taken(a, out.fence, sent);
     if (w) {
       // The grant may have handed the lock on and ended the waiters of the
       // key (a cancelled handle's lease given back at once): look again.
@@ -421,7 +421,7 @@ void WaitQueue::on_busy(const std::shared_ptr<Acquisition>& a, const Acquired& o
   if (w == nullptr) {
     a->end_wait(false);
     if (a->fair()) withdraw(*a);  // it does not wait: its place goes
-    hooks_.failed(a,
+    decisions_.failed(a,
                   std::make_exception_ptr(LockNotAcquired(
                       a->spec.key, std::chrono::duration_cast<milliseconds>(Clock::now() - a->started))),
                   true);
@@ -567,19 +567,19 @@ void WaitQueue::end_wait(Acquisition* raw, std::exception_ptr error) {
   w->waiting.erase(pos);  // a head in flight: its answer sees the wait over and cleans up
   a->end_wait(false);
   if (error)
-    hooks_.failed(a, error, false);
+    decisions_.failed(a, error, false);
   else if (w->connection_error)
-    hooks_.failed(a, w->connection_error, false);
+    decisions_.failed(a, w->connection_error, false);
   else if (a->in_window)
     // Never asked for: the store was busy answering, not the lock.
-    hooks_.failed(a,
+    decisions_.failed(a,
                   std::make_exception_ptr(LockNotAcquired(
                       a->spec.key, std::chrono::duration_cast<milliseconds>(Clock::now() - a->started),
                       "it was never sent, while " + std::to_string(kAttemptsInFlight) +
                           " earlier attempts awaited the store's answers")),
                   true);
   else
-    hooks_.failed(a,
+    decisions_.failed(a,
                   std::make_exception_ptr(LockNotAcquired(
                       a->spec.key, std::chrono::duration_cast<milliseconds>(Clock::now() - a->started))),
                   true);
@@ -620,7 +620,7 @@ void WaitQueue::fail_all(std::exception_ptr error) {
     if (d.a->wait_over()) continue;
     if (d.w == nullptr) {
       d.a->end_wait(false);
-      hooks_.failed(d.a, error, false);
+      decisions_.failed(d.a, error, false);
     }
   }
   deferred_.clear();
@@ -629,7 +629,7 @@ void WaitQueue::fail_all(std::exception_ptr error) {
       auto& a = w->waiting[i];
       if (a->wait_over()) continue;
       a->end_wait(false);
-      hooks_.failed(a, error, false);
+      decisions_.failed(a, error, false);
       const bool in_flight = a->fair() ? a->fair_in_flight : i == 0 && w->in_flight;
       if (!in_flight) abandon(*a);  // in flight: its answer does it
     }

@@ -51,6 +51,7 @@
 #include "core/backoff.hpp"
 #include "lockwatch/options.hpp"
 #include "runtime/acquisition.hpp"
+#include "runtime/decisions.hpp"
 #include "runtime/wheel_clock.hpp"
 #include "store/lock_store.hpp"
 
@@ -59,17 +60,11 @@ namespace lockwatch::detail {
 class WaitQueue {
  public:
   using Clock = std::chrono::steady_clock;
-  struct Hooks {
-    // The lock was taken for `a`, by a request sent at `sent`.
-    std::function<void(const std::shared_ptr<Acquisition>& a, std::uint64_t fence, Clock::time_point sent)> taken;
-    // `a` ends without the lock: busy past its wait (`busy`, and `error`
-    // is LockNotAcquired), or an error, or stopping.
-    std::function<void(const std::shared_ptr<Acquisition>& a, std::exception_ptr error, bool busy)> failed;
-  };
-
   // `stats.attempts_queued` counts the attempts that wait in the client for
   // the window (below).
-  WaitQueue(LockStore& store, WheelClock& clock, const Options& options, StatsCounters& stats, Hooks hooks);
+  // What becomes of a call (taken, or failed: busy past its wait, with
+  // LockNotAcquired, an error, or stopping) is written to `decisions`.
+  WaitQueue(LockStore& store, WheelClock& clock, const Options& options, StatsCounters& stats, Decisions& decisions);
   ~WaitQueue();
 
   void start(std::shared_ptr<Acquisition> a);
@@ -164,7 +159,7 @@ class WaitQueue {
   WheelClock& clock_;
   const Options& options_;
   StatsCounters& stats_;
-  Hooks hooks_;
+  Decisions& decisions_;
   // Looked up by any text, without making a string of it.
   struct NameHash {
     using is_transparent = void;

@@ -15,8 +15,14 @@ using std::chrono::milliseconds;
 void LeaseRecord::run(Timeout) noexcept { watchdog->on_timer(this); }
 
 Watchdog::Watchdog(LockStore& store, WheelClock& clock, ThreadPool& notifier, const Options& options,
-                   StatsCounters& stats, Events& events)
-    : store_(store), clock_(clock), notifier_(notifier), options_(options), stats_(stats), events_(events) {}
+                   StatsCounters& stats, Events& events, Decisions& decisions)
+    : store_(store),
+      clock_(clock),
+      notifier_(notifier),
+      options_(options),
+      stats_(stats),
+      events_(events),
+      decisions_(decisions) {}
 
 std::shared_ptr<LeaseRecord> Watchdog::new_lease(const Acquisition& a, std::uint64_t fence,
                                                 Clock::time_point deadline, Clock::time_point last_sent) {
@@ -482,7 +488,7 @@ void Watchdog::finish(const std::shared_ptr<LeaseRecord>& l) {
   if (!l->uncounted) stats_.held.fetch_sub(1, std::memory_order_relaxed);
   // A lost lease's hold span ended with kLost already.
   events_.released(l->key(), Clock::now() - l->granted_at, l->pattern(), l->fencing_token(), l->context(), l->lost());
-  if (finished_) finished_(l);
+  decisions_.finished(l);
 }
 
 std::vector<std::shared_ptr<LeaseRecord>> Watchdog::stop_all() {

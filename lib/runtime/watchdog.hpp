@@ -30,6 +30,7 @@
 #include "lockwatch/thread_pool.hpp"
 #include "ops/events.hpp"
 #include "runtime/acquisition.hpp"
+#include "runtime/decisions.hpp"
 #include "runtime/lease_record.hpp"
 #include "ops/stats.hpp"
 #include "runtime/wheel_clock.hpp"
@@ -41,10 +42,10 @@ class Watchdog {
  public:
   using Clock = std::chrono::steady_clock;
 
+  // A lease that is over (released, or surely expired) is written to
+  // `decisions`, once.
   Watchdog(LockStore& store, WheelClock& clock, ThreadPool& notifier, const Options& options, StatsCounters& stats,
-           Events& events);
-  // Runs once per lease, when it is over (released, or surely expired).
-  void on_finished(std::function<void(const std::shared_ptr<LeaseRecord>&)> hook) { finished_ = std::move(hook); }
+           Events& events, Decisions& decisions);
 
   // A lease for the acquisition, taken with a request sent at `sent`.
   std::shared_ptr<LeaseRecord> grant(const Acquisition& a, std::uint64_t fence, Clock::time_point sent);
@@ -142,7 +143,7 @@ class Watchdog {
   const Options& options_;
   StatsCounters& stats_;
   Events& events_;
-  std::function<void(const std::shared_ptr<LeaseRecord>&)> finished_;
+  Decisions& decisions_;
   // Held; a lease knows its slot.
   std::vector<std::shared_ptr<LeaseRecord>, PageAllocator<std::shared_ptr<LeaseRecord>>> leases_;
   std::vector<std::shared_ptr<LeaseRecord>> due_;  // renewals due this tick
