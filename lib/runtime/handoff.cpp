@@ -9,9 +9,9 @@
 namespace lockwatch::detail {
 
 void LockTable::work_ended(const std::shared_ptr<LeaseRecord>& l) {
+  Decisions::Scope scope(decisions_);  // acted on as the call ends
   if (!watchdog_.end_work(l)) return;
   if (!try_hand_off(l)) watchdog_.release_ended(l);
-  act();
 }
 
 bool LockTable::hand_off_fits(const LeaseRecord& l) const {
@@ -44,6 +44,7 @@ void LockTable::reserve(const LeaseRecord& l, const std::shared_ptr<HandOffStrea
   s->reserving = true;
   parts_.stats.token_reservations.fetch_add(1, std::memory_order_relaxed);
   token_blocks_->reserve_tokens(l.ref(), n, [this, s, n](std::uint64_t last, const StoreError* error) {
+    Decisions::Scope scope(decisions_);
     s->reserving = false;
     if (error != nullptr || last < n) {
       // Not ours any more, or no answer: no hand-off in this streak (the
@@ -56,7 +57,6 @@ void LockTable::reserve(const LeaseRecord& l, const std::shared_ptr<HandOffStrea
       d->awaiting_tokens = false;
       if (!try_hand_off(d)) watchdog_.release(d);
     }
-    act();
   });
 }
 

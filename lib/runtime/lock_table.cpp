@@ -18,6 +18,7 @@ LockTable::LockTable(Parts parts)
 }
 
 void LockTable::start(std::shared_ptr<Acquisition> a) {
+  Decisions::Scope scope(decisions_);  // acted on as the call ends
   parts_.events.wait_started(a->spec.key, a->spec.context, a->started);
   if (parts_.admission.stopping()) {
     fail(a, std::make_exception_ptr(RuntimeStopped("lockwatch runtime is stopping")));
@@ -26,21 +27,20 @@ void LockTable::start(std::shared_ptr<Acquisition> a) {
     waits_.start(std::move(a));
   }
   starting_.fetch_sub(1);  // after the wait queue has it (keys_waited())
-  act();
 }
 
 void LockTable::answered_direct(const std::shared_ptr<Acquisition>& a, const Acquired& out, Clock::time_point sent) {
+  Decisions::Scope scope(decisions_);  // acted on as the call ends
   parts_.events.wait_started(a->spec.key, a->spec.context, a->started);
   waits_.answered(a, out, sent);
-  act();
 }
 
 void LockTable::cancel(const std::shared_ptr<Acquisition>& a) {
+  Decisions::Scope scope(decisions_);  // acted on as the call ends
   // Ended meanwhile (granted and given back, or failed), or one attempt
   // with no wait in flight (its answer finds it cancelled): nothing here.
   if (a->wait_over() || a->spec.wait == std::chrono::milliseconds(0)) return;
   waits_.cancel(a.get(), std::make_exception_ptr(Cancelled(a->spec.key)));
-  act();
 }
 
 void LockTable::fail(const std::shared_ptr<Acquisition>& a, std::exception_ptr err, bool busy) {
@@ -195,15 +195,16 @@ void LockTable::work_over(const std::shared_ptr<LeaseRecord>& l) {
 
 void LockTable::released_direct(const std::shared_ptr<LeaseRecord>& l, Released status, const StoreError* why,
                                 Clock::time_point ended) {
+  Decisions::Scope scope(decisions_);  // acted on as the call ends
   // Ended meanwhile: the stop gave it back (the loop's own release answers).
   if (!watchdog_.end_work(l, ended)) return;
   watchdog_.release_written(l, status, why);
-  act();
 }
 
 void LockTable::act() {
   if (acting_) return;  // the act under way takes what is written meanwhile
   acting_ = true;
+  Decisions::Scope scope(decisions_);  // what the acting writes is taken below
   struct Done {
     bool& acting;
     ~Done() { acting = false; }
@@ -241,6 +242,7 @@ void LockTable::call_ended(const std::shared_ptr<LeaseRecord>& l) {
 }
 
 void LockTable::begin_stop() {
+  Decisions::Scope scope(decisions_);  // acted on as the call ends
   stop_begun_ = true;
   waits_.fail_all(std::make_exception_ptr(RuntimeStopped("lockwatch runtime stopped while waiting for the lock")));
   // Nobody may be left to release a handle: the runtime gives them back,
@@ -250,7 +252,6 @@ void LockTable::begin_stop() {
     watchdog_.lose(l, LostReason::kRuntimeStopped, "the runtime was destroyed and released the lock");
     work_ended(l);
   }
-  act();
 }
 
 }  // namespace lockwatch::detail

@@ -77,16 +77,16 @@ class LockTable {
   // Loop, as the store starts: its release notices go to the wait queue.
   void listen(StoreEvents& events) {
     events.released = [this](std::string_view name) {
+      Decisions::Scope scope(decisions_);
       waits_.on_released(name);
-      act();
     };
     events.subscribed = [this](std::string_view name) {
+      Decisions::Scope scope(decisions_);
       waits_.on_subscribed(name);
-      act();
     };
     events.subscriptions_lost = [this] {
+      Decisions::Scope scope(decisions_);
       waits_.on_subscriptions_lost();
-      act();
     };
   }
   // Any thread, before calls are handed to the loop to start(): counted
