@@ -11,12 +11,13 @@
 #pragma once
 
 #include <chrono>
+#include <cstddef>
 #include <cstdint>
-#include <deque>
 #include <exception>
 #include <functional>
 #include <memory>
 #include <utility>
+#include <vector>
 
 #include "core/loop.hpp"
 
@@ -71,13 +72,19 @@ class Decisions {
     Decisions& d_;
   };
 
-  bool empty() const noexcept { return queue_.empty(); }
+  bool empty() const noexcept { return head_ == queue_.size(); }
   Decision take() {
-    Decision d = std::move(queue_.front());
-    queue_.pop_front();
+    Decision d = std::move(queue_[head_++]);
+    if (head_ == queue_.size()) {
+      queue_.clear();  // keeps its capacity: no block per decision
+      head_ = 0;
+    }
     return d;
   }
-  void clear() { queue_.clear(); }
+  void clear() {
+    queue_.clear();
+    head_ = 0;
+  }
 
  private:
   void push(Decision d) {
@@ -91,7 +98,8 @@ class Decisions {
   }
 
   std::function<void()> act_;
-  std::deque<Decision> queue_;
+  std::vector<Decision> queue_;  // taken from head_ on
+  std::size_t head_ = 0;
   bool armed_ = false;
   int scopes_ = 0;  // Scope
 };
