@@ -5,6 +5,7 @@
 #include <cstdio>
 #include <fstream>
 #include <sstream>
+#include <utility>
 
 #include "core/loop.hpp"
 #include "store/etcd/etcd_error.hpp"
@@ -70,6 +71,23 @@ struct EtcdClient::Call : std::enable_shared_from_this<EtcdClient::Call> {
   // Loop thread: answer with `error` now (close()); the queue's later
   // answer is then dropped.
   virtual void fail(const StoreError& error) = 0;
+  // Loop thread: the answer, once the queue's last step came back.
+  virtual void answer() = 0;
+
+  // Queue thread, the call's last step: answer() runs on the loop, unless
+  // close() answered first.
+  void answer_on_loop() {
+    auto me = std::move(self);
+    EtcdClient* c = client;
+    c->loop_.post([me] {
+      if (me->answered) return;
+      me->answered = true;
+      me->client->finished(me.get());
+      me->answer();
+    });
+    me.reset();
+    c->left_queue();  // the last use of the client on this thread
+  }
 
   EtcdClient* client = nullptr;
   grpc::ClientContext context;
@@ -85,19 +103,8 @@ struct EtcdClient::Unary final : Call, Tag {
   std::unique_ptr<grpc::ClientAsyncResponseReader<Response>> reader;
   std::function<void(const Response&, const grpc::Status*)> done;
 
-  void completed(bool) override {
-    auto me = std::move(self);
-    EtcdClient* c = client;
-    c->loop_.post([me] {
-      auto* u = static_cast<Unary*>(me.get());
-      if (u->answered) return;
-      u->answered = true;
-      u->client->finished(u);
-      u->done(u->response, &u->status);
-    });
-    me.reset();
-    c->left_queue();  // the last use of the client on this thread
-  }
+  void completed(bool) override { answer_on_loop(); }
+  void answer() override { done(response, &status); }
   void fail(const StoreError&) override {
     answered = true;
     done(Response{}, nullptr);
@@ -282,8 +289,7 @@ void EtcdClient::authenticate() {
   request.set_password(target_.password);
   call->done = [this, member](const etcdserverpb::AuthenticateResponse& response, const grpc::Status* status) {
     authenticating_ = false;
-    auto waiting = std::move(waiting_for_token_);
-    waiting_for_token_.clear();
+    auto waiting = std::exchange(waiting_for_token_, {});
     StoreError error = status ? StoreError{} : StoreError::unavailable(name_, "the store is closed");
     const StoreError* failed = status ? nullptr : &error;
     if (status && !status->ok()) {
@@ -308,10 +314,10 @@ void EtcdClient::authenticate() {
 // ---- unary calls
 
 template <class Request, class Response, class Prepare>
-void EtcdClient::unary(Request request, Done<Response> done, Prepare prepare_call, std::chrono::milliseconds timeout,
-                       int attempt, std::chrono::steady_clock::time_point deadline, bool reauthenticated) {
-  if (attempt == 1) deadline = std::chrono::steady_clock::now() + timeout;
-  with_token([this, request = std::move(request), done = std::move(done), prepare_call, timeout, attempt, deadline,
+void EtcdClient::unary(Request request, Done<Response> done, Prepare prepare_call, int attempt,
+                       std::chrono::steady_clock::time_point deadline, bool reauthenticated) {
+  if (attempt == 1) deadline = std::chrono::steady_clock::now() + command_timeout_;
+  with_token([this, request = std::move(request), done = std::move(done), prepare_call, attempt, deadline,
               reauthenticated](const StoreError* auth_error) mutable {
     if (auth_error) {
       done(Response{}, auth_error);
@@ -323,8 +329,8 @@ void EtcdClient::unary(Request request, Done<Response> done, Prepare prepare_cal
     const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
     prepare(call->context, std::max(left, std::chrono::milliseconds(1)));
     call->reader = prepare_call(*members_[member], &call->context, request, &queue_);
-    call->done = [this, member, attempt, request = std::move(request), done = std::move(done), prepare_call, timeout,
-                  deadline, reauthenticated](const Response& response, const grpc::Status* status) mutable {
+    call->done = [this, member, attempt, request = std::move(request), done = std::move(done), prepare_call, deadline,
+                  reauthenticated](const Response& response, const grpc::Status* status) mutable {
       if (!status) {
         auto closed = StoreError::unavailable(name_, "the store is closed");
         done(Response{}, &closed);
@@ -342,8 +348,7 @@ void EtcdClient::unary(Request request, Done<Response> done, Prepare prepare_cal
       // finds its own token).
       if (status->error_code() == grpc::StatusCode::UNAVAILABLE && attempt < static_cast<int>(members_.size()) &&
           std::chrono::steady_clock::now() < deadline && !closed_) {
-        unary<Request, Response>(std::move(request), std::move(done), prepare_call, timeout, attempt + 1, deadline,
-                                 reauthenticated);
+        unary(std::move(request), std::move(done), prepare_call, attempt + 1, deadline, reauthenticated);
         return;
       }
       // A token the cluster no longer takes (it expired): once more with a
@@ -351,8 +356,7 @@ void EtcdClient::unary(Request request, Done<Response> done, Prepare prepare_cal
       if (status->error_code() == grpc::StatusCode::UNAUTHENTICATED && !target_.user.empty() && !reauthenticated &&
           !closed_) {
         token_.clear();
-        unary<Request, Response>(std::move(request), std::move(done), prepare_call, timeout, attempt + 1, deadline,
-                                 /*reauthenticated=*/true);
+        unary(std::move(request), std::move(done), prepare_call, attempt + 1, deadline, /*reauthenticated=*/true);
         return;
       }
       StoreError error = error_of(*status, member);
@@ -364,49 +368,27 @@ void EtcdClient::unary(Request request, Done<Response> done, Prepare prepare_cal
 }
 
 void EtcdClient::range(etcdserverpb::RangeRequest request, Done<etcdserverpb::RangeResponse> done) {
-  unary<etcdserverpb::RangeRequest, etcdserverpb::RangeResponse>(
-      std::move(request), std::move(done),
-      [](Member& m, grpc::ClientContext* c, const etcdserverpb::RangeRequest& r, grpc::CompletionQueue* q) {
-        return m.kv->PrepareAsyncRange(c, r, q);
-      },
-      command_timeout_);
+  unary(std::move(request), std::move(done), [](Member& m, auto&&... a) { return m.kv->PrepareAsyncRange(a...); });
 }
 
 void EtcdClient::txn(etcdserverpb::TxnRequest request, Done<etcdserverpb::TxnResponse> done) {
-  unary<etcdserverpb::TxnRequest, etcdserverpb::TxnResponse>(
-      std::move(request), std::move(done),
-      [](Member& m, grpc::ClientContext* c, const etcdserverpb::TxnRequest& r, grpc::CompletionQueue* q) {
-        return m.kv->PrepareAsyncTxn(c, r, q);
-      },
-      command_timeout_);
+  unary(std::move(request), std::move(done), [](Member& m, auto&&... a) { return m.kv->PrepareAsyncTxn(a...); });
 }
 
 void EtcdClient::lease_grant(etcdserverpb::LeaseGrantRequest request, Done<etcdserverpb::LeaseGrantResponse> done) {
-  unary<etcdserverpb::LeaseGrantRequest, etcdserverpb::LeaseGrantResponse>(
-      std::move(request), std::move(done),
-      [](Member& m, grpc::ClientContext* c, const etcdserverpb::LeaseGrantRequest& r, grpc::CompletionQueue* q) {
-        return m.lease->PrepareAsyncLeaseGrant(c, r, q);
-      },
-      command_timeout_);
+  unary(std::move(request), std::move(done),
+        [](Member& m, auto&&... a) { return m.lease->PrepareAsyncLeaseGrant(a...); });
 }
 
 void EtcdClient::lease_revoke(etcdserverpb::LeaseRevokeRequest request, Done<etcdserverpb::LeaseRevokeResponse> done) {
-  unary<etcdserverpb::LeaseRevokeRequest, etcdserverpb::LeaseRevokeResponse>(
-      std::move(request), std::move(done),
-      [](Member& m, grpc::ClientContext* c, const etcdserverpb::LeaseRevokeRequest& r, grpc::CompletionQueue* q) {
-        return m.lease->PrepareAsyncLeaseRevoke(c, r, q);
-      },
-      command_timeout_);
+  unary(std::move(request), std::move(done),
+        [](Member& m, auto&&... a) { return m.lease->PrepareAsyncLeaseRevoke(a...); });
 }
 
 void EtcdClient::lease_time_to_live(etcdserverpb::LeaseTimeToLiveRequest request,
                                     Done<etcdserverpb::LeaseTimeToLiveResponse> done) {
-  unary<etcdserverpb::LeaseTimeToLiveRequest, etcdserverpb::LeaseTimeToLiveResponse>(
-      std::move(request), std::move(done),
-      [](Member& m, grpc::ClientContext* c, const etcdserverpb::LeaseTimeToLiveRequest& r, grpc::CompletionQueue* q) {
-        return m.lease->PrepareAsyncLeaseTimeToLive(c, r, q);
-      },
-      command_timeout_);
+  unary(std::move(request), std::move(done),
+        [](Member& m, auto&&... a) { return m.lease->PrepareAsyncLeaseTimeToLive(a...); });
 }
 
 // ---- streams
@@ -520,20 +502,9 @@ struct EtcdClient::KeepAlive final : Call {
       stream->Finish(&status, &steps[kFinish]);
       return;
     }
-    auto me = std::move(self);
-    EtcdClient* c = client;
-    c->loop_.post([me] {
-      auto* k = static_cast<KeepAlive*>(me.get());
-      if (k->answered) return;
-      k->answered = true;
-      k->client->finished(k);
-      k->deliver();
-    });
-    me.reset();
-    c->left_queue();
+    answer_on_loop();
   }
-  // Loop thread.
-  void deliver() {
+  void answer() override {
     bool all = read >= ids.size();
     if (!all || status.ok()) client->member_answered(member, status);
     if (all) {
@@ -642,22 +613,16 @@ class EtcdClient::Watch final : public Call {
       stream->Finish(&status, &steps[kFinish]);
       return;
     }
-    auto me = std::static_pointer_cast<Watch>(std::move(self));
-    EtcdClient* c = client;
-    c->loop_.post([me] {
-      if (me->answered) return;
-      me->answered = true;
-      me->client->finished(me.get());
-      if (me->cancelled) return;
-      if (no_answer(me->status.error_code())) me->client->member_failed(me->member);
-      me->client->token_refused(me->status);
-      StoreError error = me->status.ok() ? StoreError::unavailable(me->client->endpoint(me->member),
-                                                                   "the watch was cancelled by the server")
-                                         : me->client->error_of(me->status, me->member);
-      if (me->hooks.ended) me->hooks.ended(error);
-    });
-    me.reset();
-    c->left_queue();
+    answer_on_loop();
+  }
+  void answer() override {
+    if (cancelled) return;
+    if (no_answer(status.error_code())) client->member_failed(member);
+    client->token_refused(status);
+    StoreError error = status.ok() ? StoreError::unavailable(client->endpoint(member),
+                                                             "the watch was cancelled by the server")
+                                   : client->error_of(status, member);
+    if (hooks.ended) hooks.ended(error);
   }
   void fail(const StoreError&) override {
     answered = true;
@@ -697,16 +662,13 @@ void EtcdClient::cancel(const std::shared_ptr<Watch>& watch) {
 void EtcdClient::close() {
   if (closed_) return;
   closed_ = true;
-  auto live = std::move(live_);
-  live_.clear();
+  auto live = std::exchange(live_, {});
   const auto closed = StoreError::unavailable(name_, "the store is closed");
   for (const auto& call : live) {
     call->context.TryCancel();
     if (!call->answered) call->fail(closed);
   }
-  auto waiting = std::move(waiting_for_token_);
-  waiting_for_token_.clear();
-  for (auto& start : waiting) start(&closed);
+  for (auto& start : std::exchange(waiting_for_token_, {})) start(&closed);
 }
 
 }  // namespace lockwatch::detail

@@ -139,8 +139,8 @@ class EtcdClient {
   // not (no_answer): reported to the state hook when that changes.
   void member_answered(std::size_t member, const grpc::Status& status);
   template <class Request, class Response, class Prepare>
-  void unary(Request request, Done<Response> done, Prepare prepare_call, std::chrono::milliseconds timeout,
-             int attempt = 1, std::chrono::steady_clock::time_point deadline = {}, bool reauthenticated = false);
+  void unary(Request request, Done<Response> done, Prepare prepare_call, int attempt = 1,
+             std::chrono::steady_clock::time_point deadline = {}, bool reauthenticated = false);
   void track(std::shared_ptr<Call> call);
   void finished(Call* call);
   // Queue thread: a call's last step came back; nothing of it is left in

@@ -19,6 +19,7 @@
 #include <charconv>
 #include <cstring>
 #include <ctime>
+#include <utility>
 
 #include "core/loop.hpp"
 #include "store/redis/tls.hpp"
@@ -50,9 +51,7 @@ struct EtcdClock::State {
       measured_at = steady_clock::now();
     }
     // A background refresh that failed keeps the offset until kMaxAge.
-    auto waiting_now = std::move(waiting);
-    waiting.clear();
-    for (auto& done : waiting_now) {
+    for (auto& done : std::exchange(waiting, {})) {
       if (m.ok)
         done(local() + offset, nullptr);
       else
@@ -367,12 +366,16 @@ EtcdClock::EtcdClock(Loop& loop, EtcdTarget target, const StoreSettings& setting
 }
 
 EtcdClock::~EtcdClock() {
+  stop();
+  if (thread_.joinable()) thread_.join();
+}
+
+void EtcdClock::stop() {
   {
     std::lock_guard lk(mu_);
     stop_ = true;
   }
   cv_.notify_all();
-  if (thread_.joinable()) thread_.join();
 }
 
 bool EtcdClock::stopping() {
@@ -432,13 +435,8 @@ void EtcdClock::want_measure() {
 void EtcdClock::close() {
   State& s = *state_;
   s.closed = true;
-  auto waiting = std::move(s.waiting);
-  s.waiting.clear();
-  {
-    std::lock_guard lk(mu_);
-    stop_ = true;
-  }
-  cv_.notify_all();
+  auto waiting = std::exchange(s.waiting, {});
+  stop();
   auto e = StoreError::unavailable(name_, "the store is closed");
   for (auto& done : waiting) done({}, &e);
 }

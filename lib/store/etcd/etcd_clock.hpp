@@ -107,6 +107,7 @@ class EtcdClock {
   Measured measure();
   Measured measure_member(std::size_t member);
   void want_measure();  // loop thread
+  void stop();  // asks the measuring thread to stop
   bool stopping();
 
   Loop& loop_;

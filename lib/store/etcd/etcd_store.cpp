@@ -560,6 +560,12 @@ struct EtcdStore::Claim {
   ClaimDone done;
   int attempt = 0;
   ClaimResult out;
+
+  void finish(ClaimResult::Status status, const StoreError* err = nullptr) {
+    out.status = status;
+    if (err) out.error = *err;
+    done(out);
+  }
 };
 
 void EtcdStore::server_time(TimeDone done) { clock_->now(std::move(done)); }
@@ -576,15 +582,12 @@ void EtcdStore::claim_period(std::string_view name, std::string_view token, std:
   // rests on the transaction alone.
   clock_->now([this, c, start](std::chrono::system_clock::time_point now, const StoreError* err) {
     if (err) {
-      c->out.status = ClaimResult::Status::kFailed;
-      c->out.error = *err;
-      c->done(c->out);
+      c->finish(ClaimResult::Status::kFailed, err);
       return;
     }
     c->out.store_time = now;
     if (now < start) {
-      c->out.status = ClaimResult::Status::kNotDue;
-      c->done(c->out);
+      c->finish(ClaimResult::Status::kNotDue);
       return;
     }
     claim_step(c);
@@ -593,10 +596,8 @@ void EtcdStore::claim_period(std::string_view name, std::string_view token, std:
 
 void EtcdStore::claim_step(std::shared_ptr<Claim> c) {
   auto finish = [this, c](ClaimResult::Status status, const StoreError* err = nullptr) {
-    c->out.status = status;
-    if (err) c->out.error = *err;
     if (auto now = clock_->estimate()) c->out.store_time = *now;
-    c->done(c->out);
+    c->finish(status, err);
   };
   // The last period run and the revision it was written at.
   etcdserverpb::RangeRequest read;

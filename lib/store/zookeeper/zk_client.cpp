@@ -1,5 +1,7 @@
 #include "store/zookeeper/zk_client.hpp"
 
+#include <utility>
+
 #include "core/loop.hpp"
 #include "store/zookeeper/zk_session.hpp"
 
@@ -13,6 +15,21 @@ void ZkSink::post(std::function<void(ZkSessions&)> f) {
   loop->post([self = shared_from_this(), f = std::move(f)] {
     if (ZkSessions* s = self->target(); s != nullptr) f(*s);
   });
+}
+
+ZkCtx* ZkSink::new_ctx(std::uint64_t id, std::uint64_t session) {
+  auto* ctx = new ZkCtx{shared_from_this(), id, session, {}, {}};
+  std::lock_guard lk(ctx_mu);
+  in_flight.emplace(ctx, session);
+  return ctx;
+}
+
+void ZkSink::release_ctx(ZkCtx* ctx) {
+  {
+    std::lock_guard lk(ctx_mu);
+    in_flight.erase(ctx);
+  }
+  delete ctx;
 }
 
 ZkSessions* ZkSink::target() {
@@ -64,8 +81,7 @@ void ZkCloser::run() {
   for (;;) {
     cv_.wait(lk, [this] { return stop_ || !to_close_.empty(); });
     if (to_close_.empty() && stop_) return;
-    auto batch = std::move(to_close_);
-    to_close_.clear();
+    auto batch = std::exchange(to_close_, {});
     lk.unlock();
     for (auto& [zh, ctx] : batch) {
       zookeeper_close(zh);
@@ -85,12 +101,18 @@ void deliver(const void* data, ZkResult r) {
   auto* ctx = static_cast<ZkCtx*>(const_cast<void*>(data));
   const std::uint64_t id = ctx->id;
   auto sink = std::move(ctx->sink);
-  {
-    std::lock_guard lk(sink->ctx_mu);
-    sink->in_flight.erase(ctx);
-  }
-  delete ctx;
+  sink->release_ctx(ctx);
   sink->post([id, r = std::move(r)](ZkSessions& s) { s.complete(id, r); });
+}
+
+// An answer of `rc`, with the node's stat when it succeeded.
+ZkResult with_stat(int rc, const Stat* stat) {
+  ZkResult r{rc};
+  if (rc == ZOK && stat != nullptr) {
+    r.has_stat = true;
+    r.stat = *stat;
+  }
+  return r;
 }
 
 }  // namespace
@@ -101,61 +123,33 @@ bool unreachable(int rc) {
          rc == ZNOTHING || rc == ZNEWCONFIGNOQUORUM;
 }
 
-void on_void(int rc, const void* data) {
-  ZkResult r;
-  r.rc = rc;
-  deliver(data, std::move(r));
-}
+void on_void(int rc, const void* data) { deliver(data, ZkResult{rc}); }
 
 void on_data(int rc, const char* value, int len, const Stat* stat, const void* data) {
-  ZkResult r;
-  r.rc = rc;
-  if (rc == ZOK) {
-    if (value != nullptr && len > 0) r.value.assign(value, static_cast<std::size_t>(len));
-    if (stat != nullptr) {
-      r.has_stat = true;
-      r.stat = *stat;
-    }
-  }
+  ZkResult r = with_stat(rc, stat);
+  if (rc == ZOK && value != nullptr && len > 0) r.value.assign(value, static_cast<std::size_t>(len));
   deliver(data, std::move(r));
 }
 
 void on_strings(int rc, const String_vector* strings, const void* data) {
-  ZkResult r;
-  r.rc = rc;
+  ZkResult r{rc};
   if (rc == ZOK && strings != nullptr)
     for (int i = 0; i < strings->count; ++i) r.children.emplace_back(strings->data[i]);
   deliver(data, std::move(r));
 }
 
 void on_created(int rc, const char* path, const Stat* stat, const void* data) {
-  ZkResult r;
-  r.rc = rc;
-  if (rc == ZOK) {
-    if (path != nullptr) r.value = path;
-    if (stat != nullptr) {
-      r.has_stat = true;
-      r.stat = *stat;
-    }
-  }
+  ZkResult r = with_stat(rc, stat);
+  if (rc == ZOK && path != nullptr) r.value = path;
   deliver(data, std::move(r));
 }
 
 void on_created_path(int rc, const char* path, const void* data) { on_created(rc, path, nullptr, data); }
 
-void on_stat_set(int rc, const Stat* stat, const void* data) {
-  ZkResult r;
-  r.rc = rc;
-  if (rc == ZOK && stat != nullptr) {
-    r.has_stat = true;
-    r.stat = *stat;
-  }
-  deliver(data, std::move(r));
-}
+void on_stat_set(int rc, const Stat* stat, const void* data) { deliver(data, with_stat(rc, stat)); }
 
 void on_multi(int rc, const void* data) {
-  ZkResult r;
-  r.rc = rc;
+  ZkResult r{rc};
   const auto* ctx = static_cast<const ZkCtx*>(data);
   for (const auto& res : ctx->results) r.op_errors.push_back(res.err);
   deliver(data, std::move(r));

@@ -28,15 +28,16 @@ namespace lockwatch::detail {
 
 class Loop;
 class ZkSessions;
+struct ZkCtx;
 
 // A ZooKeeper answer, copied off the client's thread.
 struct ZkResult {
   int rc = ZOK;
   bool has_stat = false;
   Stat stat{};
-  std::string value;                  // a node's data, or the path created
-  std::vector<std::string> children;  // get_children
-  std::vector<int> op_errors;         // multi: each operation's outcome
+  std::string value{};                  // a node's data, or the path created
+  std::vector<std::string> children{};  // get_children
+  std::vector<int> op_errors{};         // multi: each operation's outcome
 };
 
 // What runs a request's answer (once, on the loop), and what makes its call
@@ -59,6 +60,10 @@ struct ZkSink : std::enable_shared_from_this<ZkSink> {
 
   // Runs `f` on the loop, unless the store closed by then.
   void post(std::function<void(ZkSessions&)> f);
+  // A request's context, in flight until release_ctx() (or its session's
+  // handle closed: forget_session()).
+  ZkCtx* new_ctx(std::uint64_t id, std::uint64_t session);
+  void release_ctx(ZkCtx* ctx);
   // The sessions, or null once the store closed (any thread).
   ZkSessions* target();
   void forget_session(std::uint64_t serial);

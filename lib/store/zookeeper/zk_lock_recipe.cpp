@@ -435,60 +435,36 @@ void ZkLockRecipe::read_fence(ZkSession& s, const Op& op, std::function<void(std
       [=](zhandle_t* zh, void* ctx) { return zoo_aget(zh, fence_path.c_str(), 0, zk::on_data, ctx); });
 }
 
+// Step 0 sets the node; missing (or made meanwhile), step 1 makes it;
+// made by another meanwhile, step 2 sets it after all.
 void ZkLockRecipe::write_fence(ZkSession& s, const std::string& dir, std::string data,
-                               std::function<void(int, std::int64_t)> done, bool made) {
+                               std::function<void(int, std::int64_t)> done, int step) {
   const std::string path = dir + "/" + zk::kFenceNode;
   const std::uint64_t serial = s.serial;
-  if (made) {
-    make_fence(s, path, std::move(data), std::move(done));
-    return;
-  }
-  auto reply = [this, dir, data, done, serial](const ZkResult& r) {
-    if (r.rc == ZOK) {
-      done(ZOK, r.has_stat ? r.stat.mzxid : 0);
+  auto reply = [this, dir, data, done, serial, step](const ZkResult& r) {
+    const bool again = step == 0 ? r.rc == ZNONODE || r.rc == ZNODEEXISTS : step == 1 && r.rc == ZNODEEXISTS;
+    if (!again) {
+      done(r.rc, r.rc == ZOK && r.has_stat ? r.stat.mzxid : 0);
       return;
     }
     ZkSession* s = sessions_.live(serial);
-    if ((r.rc == ZNONODE || r.rc == ZNODEEXISTS) && s != nullptr) {
-      // Made by another meanwhile (or removed by an operator): once more.
-      write_fence(*s, dir, data, done, true);
+    if (s == nullptr) {
+      done(step == 0 ? r.rc : ZSESSIONEXPIRED, 0);
       return;
     }
-    done(r.rc, 0);
+    write_fence(*s, dir, data, done, step + 1);
   };
+  if (step == 1) {
+    ACL_vector* acl = sessions_.acl();
+    sessions_.send(s, reply, [=](zhandle_t* zh, void* ctx) {
+      return zoo_acreate2(zh, path.c_str(), data.data(), static_cast<int>(data.size()), acl, ZOO_PERSISTENT,
+                          zk::on_created, ctx);
+    });
+    return;
+  }
   sessions_.send(s, reply, [=](zhandle_t* zh, void* ctx) {
     return zoo_aset(zh, path.c_str(), data.data(), static_cast<int>(data.size()), -1, zk::on_stat_set, ctx);
   });
-}
-
-// The second try makes the node, or sets it if another made it.
-void ZkLockRecipe::make_fence(ZkSession& s, const std::string& path, std::string data,
-                              std::function<void(int, std::int64_t)> done) {
-  const std::uint64_t serial = s.serial;
-  ACL_vector* acl = sessions_.acl();
-  sessions_.send(
-      s,
-      [this, path, data, done, serial](const ZkResult& r) {
-        if (r.rc != ZNODEEXISTS) {
-          done(r.rc, r.rc == ZOK && r.has_stat ? r.stat.mzxid : 0);
-          return;
-        }
-        ZkSession* s = sessions_.live(serial);
-        if (s == nullptr) {
-          done(ZSESSIONEXPIRED, 0);
-          return;
-        }
-        sessions_.send(
-            *s, [done](const ZkResult& r) { done(r.rc, r.rc == ZOK && r.has_stat ? r.stat.mzxid : 0); },
-            [=](zhandle_t* zh, void* ctx) {
-              return zoo_aset(zh, path.c_str(), data.data(), static_cast<int>(data.size()), -1, zk::on_stat_set,
-                              ctx);
-            });
-      },
-      [=](zhandle_t* zh, void* ctx) {
-        return zoo_acreate2(zh, path.c_str(), data.data(), static_cast<int>(data.size()), acl, ZOO_PERSISTENT,
-                            zk::on_created, ctx);
-      });
 }
 
 void ZkLockRecipe::wait_behind(const Op& op, std::vector<std::string> watch, bool keep_node, milliseconds cap) {

@@ -87,9 +87,7 @@ class ZkLockRecipe {
   // Sets the directory's `fence` node to `data` (made if missing); `done`
   // gets the outcome and the write's zxid.
   void write_fence(ZkSession& s, const std::string& dir, std::string data,
-                   std::function<void(int rc, std::int64_t zxid)> done, bool made = false);
-  void make_fence(ZkSession& s, const std::string& path, std::string data,
-                  std::function<void(int rc, std::int64_t zxid)> done);
+                   std::function<void(int rc, std::int64_t zxid)> done, int step = 0);
   void forget(const AcquireOp& op);
   void finish(const Op& op, const Acquired& out);
   void fail(const Op& op, const StoreError& e);

@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <utility>
 
 #include "core/loop.hpp"
 #include "core/net.hpp"
@@ -120,9 +121,7 @@ void ZkSessions::names_resolved(long long ms, std::uint64_t serial, const std::v
   }
   // No member's name resolved: what waited fails now (kNoHandle), and
   // the next request starts over.
-  auto parked = std::move(s.parked);
-  s.parked.clear();
-  for (auto& [id, issue] : parked) issue_now(s, id, issue);
+  for (auto& [id, issue] : std::exchange(s.parked, {})) issue_now(s, id, issue);
 }
 
 void ZkSessions::open_handle(Session& s, const std::string& hosts) {
@@ -155,9 +154,7 @@ ZkSessions::Session* ZkSessions::live(std::uint64_t serial) {
 
 void ZkSessions::retire(Session* s) {
   s->state = Session::State::kExpired;
-  auto parked = std::move(s->parked);
-  s->parked.clear();
-  for (auto& [id, issue] : parked) fail_later(id, ZSESSIONEXPIRED);
+  for (auto& [id, issue] : std::exchange(s->parked, {})) fail_later(id, ZSESSIONEXPIRED);
   closer_.close_later(s->zh, s->watch_ctx);
   s->zh = nullptr;
   s->watch_ctx = nullptr;
@@ -191,10 +188,8 @@ void ZkSessions::connected(Session& s) {
   ++s.connects;
   ++connections_;
   s.negotiated_ms = zoo_recv_timeout(s.zh);
-  auto parked = std::move(s.parked);
-  s.parked.clear();
   const auto now = Clock::now();
-  for (auto& [id, issue] : parked) {
+  for (auto& [id, issue] : std::exchange(s.parked, {})) {
     auto p = pending_.find(id);
     if (p == pending_.end()) continue;  // timed out meanwhile
     p->second.deadline = std::max(p->second.deadline, now + connection_.command_timeout);
@@ -289,30 +284,16 @@ void ZkSessions::issue_now(Session& s, std::uint64_t id, const ZkIssue& issue) {
   int rc = closed_ ? ZCLOSING : zk::kNoHandle;
   if (!closed_ && s.zh != nullptr) {
     if (auto p = pending_.find(id); p != pending_.end()) p->second.connects = s.connects;
-    auto* ctx = new ZkCtx{sink_, id, s.serial, {}, {}};
-    {
-      std::lock_guard lk(sink_->ctx_mu);
-      sink_->in_flight.emplace(ctx, s.serial);
-    }
+    auto* ctx = sink_->new_ctx(id, s.serial);
     rc = issue(s.zh, ctx);
-    if (rc != ZOK) {
-      {
-        std::lock_guard lk(sink_->ctx_mu);
-        sink_->in_flight.erase(ctx);
-      }
-      delete ctx;
-    }
+    if (rc != ZOK) sink_->release_ctx(ctx);
   }
   // Never inside the call: the answer goes round the loop.
   if (rc != ZOK) fail_later(id, rc);
 }
 
 void ZkSessions::fail_later(std::uint64_t id, int rc) {
-  sink_->post([id, rc](ZkSessions& st) {
-    ZkResult r;
-    r.rc = rc;
-    st.complete(id, r);
-  });
+  sink_->post([id, rc](ZkSessions& st) { st.complete(id, ZkResult{rc}); });
 }
 
 void ZkSessions::complete(std::uint64_t id, const ZkResult& r) {
@@ -330,21 +311,14 @@ void ZkSessions::time_out(Clock::time_point now) {
   for (const auto& [id, p] : pending_)
     if (p.deadline <= now) late.push_back(id);
   std::sort(late.begin(), late.end());
-  ZkResult timeout;
-  timeout.rc = ZOPERATIONTIMEOUT;
-  for (auto id : late) complete(id, timeout);
+  for (auto id : late) complete(id, ZkResult{ZOPERATIONTIMEOUT});
 }
 
 // ---- close
 
 void ZkSessions::stop_requests() {
   closed_ = true;
-  ZkResult closing;
-  closing.rc = ZCLOSING;
-  while (!pending_.empty()) {
-    auto id = pending_.begin()->first;
-    complete(id, closing);
-  }
+  while (!pending_.empty()) complete(pending_.begin()->first, ZkResult{ZCLOSING});
 }
 
 void ZkSessions::close() {
@@ -374,15 +348,9 @@ StoreError ZkSessions::error(int rc, const std::string& doing) const {
                      : rc == zk::kNoHandle   ? "no session could be started (no member's name resolves?)"
                                              : zerror(rc);
   std::string message = doing.empty() ? std::string(text) : fmt::format("{}: {}", doing, text);
-  StoreError e;
-  if (zk::unreachable(rc)) {
-    e = StoreError::unavailable(endpoint_, message, zookeeper_code(rc));
-  } else if (rc == ZNOAUTH || rc == ZAUTHFAILED) {
-    e = StoreError::auth(endpoint_, message, zookeeper_code(rc));
-  } else {
-    e = StoreError::refused(endpoint_, message, zookeeper_code(rc));
-  }
-  return e;
+  if (zk::unreachable(rc)) return StoreError::unavailable(endpoint_, message, zookeeper_code(rc));
+  if (rc == ZNOAUTH || rc == ZAUTHFAILED) return StoreError::auth(endpoint_, message, zookeeper_code(rc));
+  return StoreError::refused(endpoint_, message, zookeeper_code(rc));
 }
 
 }  // namespace lockwatch::detail
