@@ -454,16 +454,11 @@ void ZkLockRecipe::write_fence(ZkSession& s, const std::string& dir, std::string
     }
     write_fence(*s, dir, data, done, step + 1);
   };
-  if (step == 1) {
-    ACL_vector* acl = sessions_.acl();
-    sessions_.send(s, reply, [=](zhandle_t* zh, void* ctx) {
-      return zoo_acreate2(zh, path.c_str(), data.data(), static_cast<int>(data.size()), acl, ZOO_PERSISTENT,
-                          zk::on_created, ctx);
-    });
-    return;
-  }
+  ACL_vector* acl = sessions_.acl();
   sessions_.send(s, reply, [=](zhandle_t* zh, void* ctx) {
-    return zoo_aset(zh, path.c_str(), data.data(), static_cast<int>(data.size()), -1, zk::on_stat_set, ctx);
+    const int size = static_cast<int>(data.size());
+    if (step == 1) return zoo_acreate2(zh, path.c_str(), data.data(), size, acl, ZOO_PERSISTENT, zk::on_created, ctx);
+    return zoo_aset(zh, path.c_str(), data.data(), size, -1, zk::on_stat_set, ctx);
   });
 }
 
