@@ -4,9 +4,10 @@
 #include <hiredis/hiredis.h>
 
 #include <algorithm>
-#include <cstring>
+#include <cstdlib>
 #include <optional>
 #include <set>
+#include <utility>
 
 #include "core/loop.hpp"
 #include "core/url.hpp"
@@ -86,7 +87,7 @@ const redisReply* field(const redisReply* map, std::string_view key) {
 // ------------------------------------------------------------------ the store
 
 struct ClusterStore::Node {
-  std::string name;  // host:port
+  Endpoint endpoint;  // the URL's credentials and TLS, at the master's address
   std::unique_ptr<RedisNodeStore> store;
 };
 
@@ -106,7 +107,7 @@ struct ClusterStore::Call {
   // Sends the call to `node`; `self` is this call (taken as an argument,
   // so that the call does not own itself). The reply handler hands a
   // failure to follow() and reports only what follow() does not take.
-  std::function<void(RedisNodeStore& node, const std::shared_ptr<Call>& self)> send;
+  CallSend send;
 };
 
 ClusterStore::ClusterStore(Loop& loop, ClusterSeeds seeds, const StoreSettings& settings, StoreLayout layout,
@@ -150,7 +151,7 @@ ClusterStore::Node* ClusterStore::node_at(const std::string& host, int port) {
   const std::string name = ep.name();
   if (auto it = by_name_.find(name); it != by_name_.end()) return it->second;
   auto node = std::make_unique<Node>();
-  node->name = name;
+  node->endpoint = ep;
   node->store =
       std::make_unique<RedisNodeStore>(loop_, ep, settings_, RedisNodeStore::Notices::kSharded, layout_, replicas_);
   node->store->batch_by_slot();  // a script's keys share one slot
@@ -277,14 +278,8 @@ void ClusterStore::start_refresh() {
       if (c.host == ep.host && c.port == ep.port) return;
     candidates_.push_back(ep);
   };
-  for (std::size_t i = 0; i < nodes_.size(); ++i) {
-    if (!owns[i]) continue;
-    Endpoint ep = seeds_.seeds.front();
-    auto colon = nodes_[i]->name.rfind(':');
-    ep.host = nodes_[i]->name.substr(0, colon);
-    ep.port = std::atoi(nodes_[i]->name.c_str() + colon + 1);
-    add(ep);
-  }
+  for (std::size_t i = 0; i < nodes_.size(); ++i)
+    if (owns[i]) add(nodes_[i]->endpoint);
   for (const auto& s : seeds_.seeds) add(s);
   refresh_auth_error_.reset();
   refresh_from(0);
@@ -398,10 +393,8 @@ void ClusterStore::refresh_done() {
   logged_refresh_error_.clear();
   mapped_ = true;
   uv_timer_stop(&wait_timer_);
-  auto mapped = std::move(map_waiters_);
-  map_waiters_.clear();
-  auto refreshed = std::move(refresh_waiters_);
-  refresh_waiters_.clear();
+  auto mapped = std::exchange(map_waiters_, {});
+  auto refreshed = std::exchange(refresh_waiters_, {});
   place_subscriptions();
   for (auto& w : mapped) w.fn(nullptr);
   for (auto& w : refreshed) w(nullptr);
@@ -424,13 +417,9 @@ void ClusterStore::refresh_failed(const std::string& why) {
                              ? *refresh_auth_error_
                              : StoreError::unavailable(seeds_.names(),
                                                        "could not read the cluster's slot map from any node: " + why);
-  auto mapped = mapped_ ? std::vector<Waiting>() : std::move(map_waiters_);
-  if (!mapped_) {
-    map_waiters_.clear();
-    uv_timer_stop(&wait_timer_);
-  }
-  auto refreshed = std::move(refresh_waiters_);
-  refresh_waiters_.clear();
+  auto mapped = mapped_ ? std::vector<Waiting>() : std::exchange(map_waiters_, {});
+  if (!mapped_) uv_timer_stop(&wait_timer_);
+  auto refreshed = std::exchange(refresh_waiters_, {});
   for (auto& w : mapped) w.fn(&err);
   for (auto& w : refreshed) w(&err);
   if (closed_ || refreshing_) return;
@@ -459,7 +448,7 @@ void ClusterStore::count_redirect(const StoreError& e) {
 
 // ------------------------------------------------------------------ locks
 
-void ClusterStore::route(std::shared_ptr<Call> call, std::function<void(const StoreError&)> unrouted) {
+void ClusterStore::route(std::shared_ptr<Call> call, Fail unrouted) {
   when_mapped([this, call, unrouted = std::move(unrouted)](const StoreError* err) {
     StoreError why;
     if (!err) {
@@ -474,6 +463,14 @@ void ClusterStore::route(std::shared_ptr<Call> call, std::function<void(const St
     }
     loop_.post([unrouted, why = std::move(why)] { unrouted(why); });
   });
+}
+
+void ClusterStore::route_call(std::string_view name, bool idempotent, Fail fail, CallSend send) {
+  auto call = std::make_shared<Call>();
+  call->name = name;
+  call->idempotent = idempotent;
+  call->send = std::move(send);
+  route(std::move(call), std::move(fail));
 }
 
 void ClusterStore::send_to(Node* node, bool asking, const std::shared_ptr<Call>& call) {
@@ -521,6 +518,10 @@ bool ClusterStore::follow(const std::shared_ptr<Call>& call, const StoreError& e
   return false;
 }
 
+bool ClusterStore::followed(const std::shared_ptr<Call>& call, const StoreError* err, const Fail& fail) {
+  return err != nullptr && follow(call, *err, [fail, e = *err] { fail(e); });
+}
+
 bool ClusterStore::resend_after_loss(const std::shared_ptr<Call>& call, std::function<void()> give_up) {
   if (closed_ || !call->idempotent || call->resent || !call->sent_live) return false;
   call->resent = true;
@@ -531,13 +532,13 @@ bool ClusterStore::resend_after_loss(const std::shared_ptr<Call>& call, std::fun
 void ClusterStore::acquire(std::span<const LockRef> locks, AcquireDone done) {
   auto shared = std::make_shared<AcquireDone>(std::move(done));
   for (std::size_t i = 0; i < locks.size(); ++i) {
-    auto call = std::make_shared<Call>();
-    call->name = locks[i].name;
-    // Sent again with the same token, the script answers with the fencing
-    // token of the first run if that one took the lock.
-    call->idempotent = true;
-    call->send = [this, i, shared, token = std::string(locks[i].token), ttl_ms = std::string(locks[i].ttl_ms),
-                  ttl = locks[i].ttl, kind = locks[i].kind](RedisNodeStore& node, const std::shared_ptr<Call>& self) {
+    auto unrouted = [i, shared](const StoreError& err) {
+      Acquired out;
+      out.error = err;
+      (*shared)(i, out);
+    };
+    auto send = [this, i, shared, token = std::string(locks[i].token), ttl_ms = std::string(locks[i].ttl_ms),
+                 ttl = locks[i].ttl, kind = locks[i].kind](RedisNodeStore& node, const std::shared_ptr<Call>& self) {
       LockRef ref{self->name, token, ttl_ms, ttl, kind};
       node.acquire(std::span<const LockRef>(&ref, 1), [this, self, i, shared](std::size_t, const Acquired& r) {
         // A redirected or refused command did not run: sending it again
@@ -547,22 +548,17 @@ void ClusterStore::acquire(std::span<const LockRef> locks, AcquireDone done) {
         (*shared)(i, r);
       });
     };
-    route(std::move(call), [i, shared](const StoreError& err) {
-      Acquired out;
-      out.error = err;
-      (*shared)(i, out);
-    });
+    // Sent again with the same token, the script answers with the fencing
+    // token of the first run if that one took the lock.
+    route_call(locks[i].name, true, std::move(unrouted), std::move(send));
   }
 }
 
 void ClusterStore::release(std::span<const LockRef> locks, bool notify, ReleaseDone done) {
   auto shared = std::make_shared<ReleaseDone>(std::move(done));
   for (std::size_t i = 0; i < locks.size(); ++i) {
-    auto call = std::make_shared<Call>();
-    call->name = locks[i].name;
-    call->idempotent = true;
-    call->send = [this, i, shared, notify, token = std::string(locks[i].token),
-                  kind = locks[i].kind](RedisNodeStore& node, const std::shared_ptr<Call>& self) {
+    auto send = [this, i, shared, notify, token = std::string(locks[i].token),
+                 kind = locks[i].kind](RedisNodeStore& node, const std::shared_ptr<Call>& self) {
       LockRef ref{self->name, token, {}, {}, kind};
       node.release(std::span<const LockRef>(&ref, 1), notify,
                    [this, self, i, shared](std::size_t, Released status, const StoreError* why) {
@@ -579,7 +575,9 @@ void ClusterStore::release(std::span<const LockRef> locks, bool notify, ReleaseD
                      (*shared)(i, status, why);
                    });
     };
-    route(std::move(call), [i, shared](const StoreError& err) { (*shared)(i, Released::kUnconfirmed, &err); });
+    route_call(
+        locks[i].name, true, [i, shared](const StoreError& err) { (*shared)(i, Released::kUnconfirmed, &err); },
+        std::move(send));
   }
 }
 
@@ -686,16 +684,13 @@ std::size_t ClusterStore::renew_group(Node* node, bool asking, std::shared_ptr<c
 // ------------------------------------------------------------------ the rest, routed by slot
 
 void ClusterStore::raise_fence(std::string_view name, std::uint64_t fence, RaiseDone done) {
-  auto shared = std::make_shared<std::function<void(bool)>>(std::move(done));
-  auto call = std::make_shared<Call>();
-  call->name = name;
-  call->send = [this, fence, shared](RedisNodeStore& node, const std::shared_ptr<Call>& self) {
-    node.raise_fence_or_error(self->name, fence, [this, self, shared](const StoreError* err) {
-      if (err && follow(self, *err, [shared] { (*shared)(false); })) return;
-      (*shared)(err == nullptr);
+  auto shared = std::make_shared<RaiseDone>(std::move(done));
+  auto fail = [shared](const StoreError&) { (*shared)(false); };
+  route_call(name, false, fail, [this, fence, shared, fail](RedisNodeStore& node, const std::shared_ptr<Call>& self) {
+    node.raise_fence_or_error(self->name, fence, [this, self, shared, fail](const StoreError* err) {
+      if (!followed(self, err, fail)) (*shared)(err == nullptr);
     });
-  };
-  route(std::move(call), [shared](const StoreError&) { (*shared)(false); });
+  });
 }
 
 void ClusterStore::server_time(TimeDone done) {
@@ -723,51 +718,44 @@ void ClusterStore::server_time(TimeDone done) {
 void ClusterStore::claim_period(std::string_view name, std::string_view token, std::int64_t period,
                                 std::chrono::system_clock::time_point start,
                                 ClaimDone done) {
-  auto shared = std::make_shared<std::function<void(const ClaimResult&)>>(std::move(done));
-  auto call = std::make_shared<Call>();
-  call->name = name;
-  call->send = [this, tok = std::string(token), period, start, shared](RedisNodeStore& node,
-                                                                        const std::shared_ptr<Call>& self) {
-    node.claim_period(self->name, tok, period, start, [this, self, shared](const ClaimResult& r) {
-      if (r.status == ClaimResult::Status::kFailed && follow(self, r.error, [shared, r] { (*shared)(r); })) return;
-      (*shared)(r);
-    });
-  };
-  route(std::move(call), [shared](const StoreError& err) {
+  auto shared = std::make_shared<ClaimDone>(std::move(done));
+  auto fail = [shared](const StoreError& err) {
     ClaimResult out;
     out.error = err;
     (*shared)(out);
-  });
+  };
+  auto send = [this, tok = std::string(token), period, start, shared, fail](RedisNodeStore& node,
+                                                                             const std::shared_ptr<Call>& self) {
+    node.claim_period(self->name, tok, period, start, [this, self, shared, fail](const ClaimResult& r) {
+      if (!followed(self, r.status == ClaimResult::Status::kFailed ? &r.error : nullptr, fail)) (*shared)(r);
+    });
+  };
+  route_call(name, false, fail, std::move(send));
 }
 
 void ClusterStore::reserve_tokens(const LockRef& lock, std::uint32_t n, ReserveDone done) {
   auto shared = std::make_shared<ReserveDone>(std::move(done));
-  auto call = std::make_shared<Call>();
-  call->name = lock.name;
-  call->send = [this, tok = std::string(lock.token), n, shared](RedisNodeStore& node, const std::shared_ptr<Call>& self) {
+  auto fail = [shared](const StoreError& err) { (*shared)(0, &err); };
+  auto send = [this, tok = std::string(lock.token), n, shared, fail](RedisNodeStore& node,
+                                                                      const std::shared_ptr<Call>& self) {
     LockRef ref;
     ref.name = self->name;
     ref.token = tok;
-    node.reserve_tokens(ref, n, [this, self, shared](std::uint64_t last, const StoreError* err) {
-      if (err && follow(self, *err, [shared, e = *err] { (*shared)(0, &e); })) return;
-      (*shared)(last, err);
+    node.reserve_tokens(ref, n, [this, self, shared, fail](std::uint64_t last, const StoreError* err) {
+      if (!followed(self, err, fail)) (*shared)(last, err);
     });
   };
-  route(std::move(call), [shared](const StoreError& err) { (*shared)(0, &err); });
+  route_call(lock.name, false, fail, std::move(send));
 }
 
 void ClusterStore::inspect(std::string_view name, InspectDone done) {
-  auto shared = std::make_shared<std::function<void(const LockInfo&, const StoreError*)>>(std::move(done));
-  auto call = std::make_shared<Call>();
-  call->name = name;
-  call->idempotent = true;
-  call->send = [this, shared](RedisNodeStore& node, const std::shared_ptr<Call>& self) {
-    node.inspect(self->name, [this, self, shared](const LockInfo& info, const StoreError* err) {
-      if (err && follow(self, *err, [shared, e = *err] { (*shared)(LockInfo{}, &e); })) return;
-      (*shared)(info, err);
+  auto shared = std::make_shared<InspectDone>(std::move(done));
+  auto fail = [shared](const StoreError& err) { (*shared)(LockInfo{}, &err); };
+  route_call(name, true, fail, [this, shared, fail](RedisNodeStore& node, const std::shared_ptr<Call>& self) {
+    node.inspect(self->name, [this, self, shared, fail](const LockInfo& info, const StoreError* err) {
+      if (!followed(self, err, fail)) (*shared)(info, err);
     });
-  };
-  route(std::move(call), [shared](const StoreError& err) { (*shared)(LockInfo{}, &err); });
+  });
 }
 
 void ClusterStore::list_locks(std::string_view prefix, std::size_t limit, ListDone done) {
@@ -804,32 +792,26 @@ void ClusterStore::list_locks(std::string_view prefix, std::size_t limit, ListDo
 }
 
 void ClusterStore::force_release(std::string_view name, ForceDone done) {
-  auto shared = std::make_shared<std::function<void(bool, const StoreError*)>>(std::move(done));
-  auto call = std::make_shared<Call>();
-  call->name = name;
-  call->send = [this, shared](RedisNodeStore& node, const std::shared_ptr<Call>& self) {
-    node.force_release(self->name, [this, self, shared](bool was_held, const StoreError* err) {
-      if (err && follow(self, *err, [shared, e = *err] { (*shared)(false, &e); })) return;
-      (*shared)(was_held, err);
+  auto shared = std::make_shared<ForceDone>(std::move(done));
+  auto fail = [shared](const StoreError& err) { (*shared)(false, &err); };
+  route_call(name, false, fail, [this, shared, fail](RedisNodeStore& node, const std::shared_ptr<Call>& self) {
+    node.force_release(self->name, [this, self, shared, fail](bool was_held, const StoreError* err) {
+      if (!followed(self, err, fail)) (*shared)(was_held, err);
     });
-  };
-  route(std::move(call), [shared](const StoreError& err) { (*shared)(false, &err); });
+  });
 }
 
 void ClusterStore::withdraw(const LockRef& lock, WithdrawDone done) {
   auto shared = std::make_shared<WithdrawDone>(std::move(done));
-  auto call = std::make_shared<Call>();
-  call->name = lock.name;
-  call->idempotent = true;  // a token withdrawn twice is withdrawn
-  call->send = [this, shared, token = std::string(lock.token), ttl = lock.ttl, kind = lock.kind](
-                   RedisNodeStore& node, const std::shared_ptr<Call>& self) {
+  auto fail = [shared](const StoreError& err) { (*shared)(&err); };
+  auto send = [this, shared, fail, token = std::string(lock.token), ttl = lock.ttl, kind = lock.kind](
+                  RedisNodeStore& node, const std::shared_ptr<Call>& self) {
     LockRef ref{self->name, token, {}, ttl, kind};
-    node.withdraw(ref, [this, self, shared](const StoreError* err) {
-      if (err && follow(self, *err, [shared, e = *err] { (*shared)(&e); })) return;
-      (*shared)(err);
+    node.withdraw(ref, [this, self, shared, fail](const StoreError* err) {
+      if (!followed(self, err, fail)) (*shared)(err);
     });
   };
-  route(std::move(call), [shared](const StoreError& err) { (*shared)(&err); });
+  route_call(lock.name, true, fail, std::move(send));  // a token withdrawn twice is withdrawn
 }
 
 void ClusterStore::subscribe(std::string_view name) {
@@ -902,10 +884,8 @@ void ClusterStore::close() {
     uv_close(reinterpret_cast<uv_handle_t*>(&wait_timer_), nullptr);
   }
   const StoreError err = StoreError::unavailable(seeds_.names(), "the store is closed");
-  auto mapped = std::move(map_waiters_);
-  map_waiters_.clear();
-  auto refreshed = std::move(refresh_waiters_);
-  refresh_waiters_.clear();
+  auto mapped = std::exchange(map_waiters_, {});
+  auto refreshed = std::exchange(refresh_waiters_, {});
   for (auto& w : mapped) w.fn(&err);
   for (auto& w : refreshed) w(&err);
 }

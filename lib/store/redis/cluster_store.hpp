@@ -169,6 +169,10 @@ class ClusterStore final : public StoreBase,
   void started() override;
   struct Node;
   struct Call;
+  // Answers a call's caller with an error.
+  using Fail = std::function<void(const StoreError&)>;
+  // Sends a call to `node`; `self` is the call (see Call::send).
+  using CallSend = std::function<void(RedisNodeStore& node, const std::shared_ptr<Call>& self)>;
   // Runs `fn` once the map is known (at once if it is), or with an error
   // when it could not be had within connect_timeout.
   using MapWaiter = std::function<void(const StoreError*)>;
@@ -209,7 +213,10 @@ class ClusterStore final : public StoreBase,
   StoreError unserved(std::string_view name) const;
   // Sends `call` to the master of its lock's slot once the map is known;
   // `unrouted` reports (posted) when there is none or no map.
-  void route(std::shared_ptr<Call> call, std::function<void(const StoreError&)> unrouted);
+  void route(std::shared_ptr<Call> call, Fail unrouted);
+  // route() of a new call on lock `name` (`idempotent`: see Call) that
+  // `send` makes on a node; `fail` as `unrouted`.
+  void route_call(std::string_view name, bool idempotent, Fail fail, CallSend send);
   void send_to(Node* node, bool asking, const std::shared_ptr<Call>& call);
   // Sends `call` to its slot's owner once the next refresh ended; with no
   // owner then, `give_up` reports the failure.
@@ -221,6 +228,9 @@ class ClusterStore final : public StoreBase,
   // failure. False: the caller reports it (a refusal, or the hop budget is
   // spent); an unreachable node also asks for a refresh.
   bool follow(const std::shared_ptr<Call>& call, const StoreError& error, std::function<void()> give_up);
+  // follow() of a reply's error `err` (null: none, nothing to follow);
+  // `fail` answers with it should the retry find no owner.
+  bool followed(const std::shared_ptr<Call>& call, const StoreError* err, const Fail& fail);
   // Returns the number of script calls sent.
   std::size_t renew_now(std::span<const LockRef> locks, std::shared_ptr<const void> keepalive,
                  std::shared_ptr<RenewDone> done);
