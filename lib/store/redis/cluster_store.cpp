@@ -695,23 +695,13 @@ void ClusterStore::raise_fence(std::string_view name, std::uint64_t fence, Raise
 
 void ClusterStore::server_time(TimeDone done) {
   when_mapped([this, done = std::move(done)](const StoreError* failed) mutable {
-    Node* node = nullptr;
-    std::optional<StoreError> err;
-    if (failed) err = *failed;
-    if (!err) {
-      for (auto i : owner_) {
-        if (i >= 0) {
-          node = nodes_[static_cast<std::size_t>(i)].get();
-          break;
-        }
-      }
-      if (node == nullptr) err = StoreError::unavailable(seeds_.names(), "no master serves any slot");
-    }
-    if (err) {
-      loop_.post([done = std::move(done), err = std::move(*err)] { done({}, &err); });
+    auto served = failed ? owner_.end() : std::find_if(owner_.begin(), owner_.end(), [](auto i) { return i >= 0; });
+    if (served != owner_.end()) {
+      nodes_[static_cast<std::size_t>(*served)]->store->server_time(std::move(done));
       return;
     }
-    node->store->server_time(std::move(done));
+    StoreError err = failed ? *failed : StoreError::unavailable(seeds_.names(), "no master serves any slot");
+    loop_.post([done = std::move(done), err = std::move(err)] { done({}, &err); });
   });
 }
 
