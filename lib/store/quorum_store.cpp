@@ -37,6 +37,31 @@ void keep_most_telling(std::unique_ptr<StoreError>& kept, const StoreError& e) {
   }
 }
 
+// One call's tally per lock of the batch, and its caller.
+template <class Tally, class Done>
+struct Batch {
+  Batch(std::size_t locks, Done d) : tally(locks), done(std::move(d)) {}
+  std::vector<Tally> tally;
+  Done done;
+};
+
+// What the stores answered so far to one operator call.
+struct Answers {
+  std::size_t replies = 0, answered = 0;
+  std::unique_ptr<StoreError> error;  // the most telling failure
+
+  // Counts one store's reply; true if it answered.
+  bool heard(const StoreError* err) {
+    replies++;
+    if (err) {
+      keep_most_telling(error, *err);
+      return false;
+    }
+    answered++;
+    return true;
+  }
+};
+
 }  // namespace
 
 QuorumStore::QuorumStore(std::vector<std::unique_ptr<LockStore>> stores, std::vector<std::string> names,
@@ -246,13 +271,7 @@ std::size_t QuorumStore::renew(std::span<const LockRef> locks, std::shared_ptr<c
     bool taken = false, decided = false;
     std::unique_ptr<StoreError> error;  // the first failure (allocated only then)
   };
-  struct Batch {
-    std::vector<Tally> tally;
-    RenewDone done;
-  };
-  auto b = std::make_shared<Batch>();
-  b->tally.resize(locks.size());
-  b->done = std::move(done);
+  auto b = std::make_shared<Batch<Tally, RenewDone>>(locks.size(), std::move(done));
   const std::size_t n = stores_.size();
   std::size_t commands = 0;
   for (std::size_t i = 0; i < n; ++i) {
@@ -292,13 +311,7 @@ void QuorumStore::release(std::span<const LockRef> locks, bool notify, ReleaseDo
     bool taken = false;
     std::unique_ptr<StoreError> why;  // the most telling failure
   };
-  struct Batch {
-    std::vector<Tally> tally;
-    ReleaseDone done;
-  };
-  auto b = std::make_shared<Batch>();
-  b->tally.resize(locks.size());
-  b->done = std::move(done);
+  auto b = std::make_shared<Batch<Tally, ReleaseDone>>(locks.size(), std::move(done));
   const std::size_t n = stores_.size();
   for (std::size_t i = 0; i < n; ++i) {
     stores_[i]->release(locks, notify, [this, b, n](std::size_t k, Released v, const StoreError* why) {
@@ -336,22 +349,15 @@ std::chrono::system_clock::time_point median(std::vector<std::chrono::system_clo
 }  // namespace
 
 void QuorumStore::server_time(TimeDone done) {
-  struct Tally {
-    std::size_t replies = 0;
+  struct Tally : Answers {
     std::vector<std::chrono::system_clock::time_point> times;
-    std::unique_ptr<StoreError> error;
     std::function<void(std::chrono::system_clock::time_point, const StoreError*)> done;
   };
   auto t = std::make_shared<Tally>();
   t->done = std::move(done);
   for (auto* s : jobs_) {
     s->server_time([this, t](std::chrono::system_clock::time_point now, const StoreError* err) {
-      t->replies++;
-      if (err) {
-        keep_most_telling(t->error, *err);
-      } else {
-        t->times.push_back(now);
-      }
+      if (t->heard(err)) t->times.push_back(now);
       if (t->replies < stores_.size()) return;
       if (t->times.size() < quorum_) {
         const StoreError none = StoreError::unavailable("quorum", "no majority answered TIME");
@@ -454,10 +460,8 @@ LockInfo QuorumStore::majority_view(const std::vector<LockInfo>& infos, std::siz
 }
 
 void QuorumStore::list_locks(std::string_view prefix, std::size_t limit, ListDone done) {
-  struct Tally {
-    std::size_t replies = 0, answered = 0;
+  struct Tally : Answers {
     std::map<std::string, std::vector<LockInfo>> by_key;
-    std::unique_ptr<StoreError> error;
     ListDone done;
   };
   auto t = std::make_shared<Tally>();
@@ -471,13 +475,7 @@ void QuorumStore::list_locks(std::string_view prefix, std::size_t limit, ListDon
   }
   for (auto* s : listings_) {
     s->list_locks(prefix, kEach, [this, t, limit](std::vector<LockInfo> locks, const StoreError* err) {
-      t->replies++;
-      if (err) {
-        keep_most_telling(t->error, *err);
-      } else {
-        t->answered++;
-        for (auto& l : locks) t->by_key[l.key].push_back(std::move(l));
-      }
+      if (t->heard(err)) for (auto& l : locks) t->by_key[l.key].push_back(std::move(l));
       if (t->replies < stores_.size()) return;
       if (t->answered < quorum_) {
         const StoreError unknown = t->error ? *t->error : StoreError::unavailable("quorum", "too few nodes answered");
@@ -496,23 +494,15 @@ void QuorumStore::list_locks(std::string_view prefix, std::size_t limit, ListDon
 }
 
 void QuorumStore::inspect(std::string_view name, InspectDone done) {
-  struct Tally {
-    std::size_t replies = 0, answered = 0;
+  struct Tally : Answers {
     std::vector<LockInfo> infos;
-    std::unique_ptr<StoreError> error;
     std::function<void(const LockInfo&, const StoreError*)> done;
   };
   auto t = std::make_shared<Tally>();
   t->done = std::move(done);
   for (auto* s : tools_) {
     s->inspect(name, [this, t](const LockInfo& info, const StoreError* err) {
-      t->replies++;
-      if (err) {
-        keep_most_telling(t->error, *err);
-      } else {
-        t->answered++;
-        t->infos.push_back(info);
-      }
+      if (t->heard(err)) t->infos.push_back(info);
       if (t->replies < stores_.size()) return;
       std::size_t largest = 0;
       LockInfo out = majority_view(t->infos, largest);
@@ -533,23 +523,15 @@ void QuorumStore::inspect(std::string_view name, InspectDone done) {
 }
 
 void QuorumStore::force_release(std::string_view name, ForceDone done) {
-  struct Tally {
-    std::size_t replies = 0, answered = 0;
+  struct Tally : Answers {
     bool held = false;
-    std::unique_ptr<StoreError> error;
     std::function<void(bool, const StoreError*)> done;
   };
   auto t = std::make_shared<Tally>();
   t->done = std::move(done);
   for (auto* s : tools_) {
     s->force_release(name, [this, t](bool held, const StoreError* err) {
-      t->replies++;
-      if (err) {
-        keep_most_telling(t->error, *err);
-      } else {
-        t->answered++;
-        t->held = t->held || held;
-      }
+      if (t->heard(err)) t->held = t->held || held;
       if (t->replies < stores_.size()) return;
       t->done(t->held, t->answered >= quorum_ ? nullptr : t->error.get());
     });
