@@ -334,22 +334,41 @@ void PgConnection::end_stale_backends() {
   const long long wait_ms = std::max<long long>(1, settings_.connect_timeout.count() / 2);
   const std::string terminate =
       PQserverVersion(conn_) >= 140000 ? fmt::format("pg_terminate_backend(a.pid, {})", wait_ms) : "pg_terminate_backend(a.pid)";
-  Request r;
-  r.kind = Kind::kSql;
-  r.sql = fmt::format("SELECT {} FROM pg_stat_activity a WHERE a.pid = ANY('{{{}}}'::int[]) AND a.usename = current_user "
-                      "AND (a.application_name = 'lockwatch' OR a.application_name LIKE 'lockwatch:%') AND a.pid <> pg_backend_pid()",
-                      terminate, list);
-  r.done = [this, pids](const PgRows&, const StoreError*) {
-    if (state_ != State::kHandshake) return;
+  std::string sql = fmt::format("SELECT {} FROM pg_stat_activity a WHERE a.pid = ANY('{{{}}}'::int[]) AND a.usename = current_user "
+                                "AND (a.application_name = 'lockwatch' OR a.application_name LIKE 'lockwatch:%') AND a.pid <> pg_backend_pid()",
+                                terminate, list);
+  send_sql(std::move(sql), [this, pids](const PgRows&, const StoreError*) {
     // Ended, gone already, or not ours to end (refused): either way not
     // tried again.
     std::erase_if(session_.stale->pids, [&](int p) { return std::find(pids.begin(), pids.end(), p) != pids.end(); });
     handshake(false);
-  };
+  });
+}
+
+void PgConnection::send_sql(std::string sql, PgDone done) {
+  Request r;
+  r.kind = Kind::kSql;
+  r.sql = std::move(sql);
+  r.done = std::move(done);
+  send_handshake(std::move(r));
+}
+
+void PgConnection::send_prepare(const PgStatement& s, PgDone done) {
+  Request r;
+  r.kind = Kind::kPrepare;
+  r.statement = s.name;
+  r.sql = s.sql;
+  r.param_types = &s.param_types;
+  r.done = std::move(done);
   send_handshake(std::move(r));
 }
 
 void PgConnection::send_handshake(Request r) {
+  // An answer that comes after the handshake ended (the connection went
+  // down meanwhile) is not heard.
+  r.done = [this, done = std::move(r.done)](const PgRows& rows, const StoreError* err) {
+    if (state_ == State::kHandshake) done(rows, err);
+  };
   inflight_.push_back(std::move(r));
   if (!send(inflight_.back())) {
     went_down_unavailable(one_line(PQerrorMessage(conn_)));
@@ -360,31 +379,19 @@ void PgConnection::send_handshake(Request r) {
 
 void PgConnection::handshake(bool created) {
   if (!session_.listen.empty()) {
-    Request r;
-    r.kind = Kind::kSql;
-    r.sql = fmt::format("LISTEN \"{}\"", session_.listen);
-    r.done = [this](const PgRows&, const StoreError* err) {
-      if (state_ != State::kHandshake) return;
+    send_sql(fmt::format("LISTEN \"{}\"", session_.listen), [this](const PgRows&, const StoreError* err) {
       if (err) {
         went_down(*err, true);
         return;
       }
       became_usable();
-    };
-    send_handshake(std::move(r));
+    });
     return;
   }
   // The first statement's prepare is the table check: a missing table is
   // created once, then prepared again; any other refusal says what the
   // table lacks.
-  const PgStatement& first = session_.statements.front();
-  Request r;
-  r.kind = Kind::kPrepare;
-  r.statement = first.name;
-  r.sql = first.sql;
-  r.param_types = &first.param_types;
-  r.done = [this, created](const PgRows&, const StoreError* err) {
-    if (state_ != State::kHandshake) return;
+  send_prepare(session_.statements.front(), [this, created](const PgRows&, const StoreError* err) {
     if (!err) {
       prepare_rest();
       return;
@@ -396,8 +403,7 @@ void PgConnection::handshake(bool created) {
       return;
     }
     table_error(*err);
-  };
-  send_handshake(std::move(r));
+  });
 }
 
 // The lock table and its companion (CREATE TABLE IF NOT EXISTS each),
@@ -407,11 +413,7 @@ void PgConnection::create_tables(std::size_t next) {
     handshake(true);
     return;
   }
-  Request c;
-  c.kind = Kind::kSql;
-  c.sql = session_.create[next];
-  c.done = [this, next](const PgRows&, const StoreError* e) {
-    if (state_ != State::kHandshake) return;
+  send_sql(session_.create[next], [this, next](const PgRows&, const StoreError* e) {
     // Another connection may have created it meanwhile (42P07; 42710
     // or 23505 when both got as far as the catalog): the next prepare
     // tells.
@@ -423,8 +425,7 @@ void PgConnection::create_tables(std::size_t next) {
       return;
     }
     create_tables(next + 1);
-  };
-  send_handshake(std::move(c));
+  });
 }
 
 void PgConnection::prepare_rest() {
@@ -434,21 +435,13 @@ void PgConnection::prepare_rest() {
     return;
   }
   for (std::size_t i = 1; i < session_.statements.size(); ++i) {
-    const PgStatement& s = session_.statements[i];
-    Request r;
-    r.kind = Kind::kPrepare;
-    r.statement = s.name;
-    r.sql = s.sql;
-    r.param_types = &s.param_types;
-    r.done = [this, left](const PgRows&, const StoreError* err) {
-      if (state_ != State::kHandshake) return;
+    send_prepare(session_.statements[i], [this, left](const PgRows&, const StoreError* err) {
       if (err) {
         table_error(*err);
         return;
       }
       if (--*left == 0) check_plan();
-    };
-    send_handshake(std::move(r));
+    });
     if (state_ != State::kHandshake) return;
   }
 }
@@ -458,18 +451,13 @@ void PgConnection::check_plan() {
     became_usable();
     return;
   }
-  Request r;
-  r.kind = Kind::kSql;
-  r.sql = session_.plan_check;
-  r.done = [this](const PgRows&, const StoreError* err) {
-    if (state_ != State::kHandshake) return;
+  send_sql(session_.plan_check, [this](const PgRows&, const StoreError* err) {
     if (err) {
       table_error(*err);
       return;
     }
     became_usable();
-  };
-  send_handshake(std::move(r));
+  });
 }
 
 void PgConnection::table_error(const StoreError& error) {

@@ -205,6 +205,9 @@ class PgConnection : private Reconnector::Attempts, private RequestTimer::Reques
   void create_tables(std::size_t next);
   void prepare_rest();
   void check_plan();
+  // A statement of the handshake: plain SQL, or a prepare of `s`.
+  void send_sql(std::string sql, PgDone done);
+  void send_prepare(const PgStatement& s, PgDone done);
   void send_handshake(Request r);
   void table_error(const StoreError& error);
   void kick();
