@@ -393,11 +393,7 @@ void SqlConnection::statement_answered() {
     went_down("the server sent more results than statements", true);
     return;
   }
-  Request r = std::move(inflight_.front());
-  inflight_.pop_front();
-  r.done(out, nullptr);
-  if (state_ == State::kClosed) return;
-  after_results();
+  answer_front(out, nullptr);
 }
 
 void SqlConnection::finish_store(MYSQL_RES* res) {
@@ -416,11 +412,7 @@ void SqlConnection::finish_store(MYSQL_RES* res) {
   }
   mysql_free_result(res);
   phase_ = Phase::kNone;
-  Request r = std::move(inflight_.front());
-  inflight_.pop_front();
-  r.done(out, nullptr);
-  if (state_ == State::kClosed) return;
-  after_results();
+  answer_front(out, nullptr);
 }
 
 void SqlConnection::after_results() {
@@ -455,11 +447,17 @@ void SqlConnection::statement_failed() {
   // The server refused this statement; the connection is fine and the
   // statements after it in the round trip were not run.
   phase_ = Phase::kNone;
+  const StoreError err = sql_error(name_, code, last_error_);
+  answer_front(SqlResult{}, &err);
+}
+
+// The statement at the front of inflight_ answered: its caller hears, then
+// the round trip goes on (unless the callback dropped the connection).
+void SqlConnection::answer_front(const SqlResult& out, const StoreError* err) {
   Request r = std::move(inflight_.front());
   inflight_.pop_front();
-  const StoreError err = sql_error(name_, code, last_error_);
-  r.done(SqlResult{}, &err);
-  if (state_ == State::kClosed || state_ != State::kBusy) return;
+  r.done(out, err);
+  if (state_ == State::kClosed) return;
   after_results();
 }
 

@@ -153,6 +153,7 @@ class SqlConnection : private Reconnector::Attempts, private RequestTimer::Reque
   void statement_answered();
   void finish_store(st_mysql_res* res);
   void statement_failed();
+  void answer_front(const SqlResult& out, const StoreError* err);
   void after_results();
   void wait_for(int status);
   void went_down(const std::string& why, bool connection_error);
