@@ -89,6 +89,14 @@ struct EtcdClient::Call : std::enable_shared_from_this<EtcdClient::Call> {
     c->left_queue();  // the last use of the client on this thread
   }
 
+  // Loop thread: how a stream ended, as an error (`why` when the server
+  // ended it without one); a member that did not answer is passed over.
+  StoreError stream_error(const grpc::Status& status, const char* why) {
+    if (no_answer(status.error_code())) client->member_failed(member);
+    client->token_refused(status);
+    return status.ok() ? StoreError::unavailable(client->endpoint(member), why) : client->error_of(status, member);
+  }
+
   EtcdClient* client = nullptr;
   grpc::ClientContext context;
   std::size_t member = 0;
@@ -511,11 +519,7 @@ struct EtcdClient::KeepAlive final : Call {
       done(ttls, nullptr);
       return;
     }
-    if (no_answer(status.error_code())) client->member_failed(member);
-    client->token_refused(status);
-    StoreError error = status.ok() ? StoreError::unavailable(client->endpoint(member),
-                                                             "the keep-alive stream ended without every answer")
-                                   : client->error_of(status, member);
+    StoreError error = stream_error(status, "the keep-alive stream ended without every answer");
     done(ttls, &error);
   }
   void fail(const StoreError& error) override {
@@ -617,11 +621,7 @@ class EtcdClient::Watch final : public Call {
   }
   void answer() override {
     if (cancelled) return;
-    if (no_answer(status.error_code())) client->member_failed(member);
-    client->token_refused(status);
-    StoreError error = status.ok() ? StoreError::unavailable(client->endpoint(member),
-                                                             "the watch was cancelled by the server")
-                                   : client->error_of(status, member);
+    StoreError error = stream_error(status, "the watch was cancelled by the server");
     if (hooks.ended) hooks.ended(error);
   }
   void fail(const StoreError&) override {
