@@ -105,17 +105,14 @@ void SqlConnection::connect() {
     // loop runs a lookup's callback before it stops).
     if (state_ != State::kConnecting || attempt_ != attempt || mysql_ != nullptr) return;
     if (address.empty()) {
-      last_errno_ = 0;
-      last_error_ = fmt::format("cannot resolve {}: {}", target_.host, status == 0 ? "no address" : uv_strerror(status));
-      went_down(last_error_, true);
+      connection_failed(0, fmt::format("cannot resolve {}: {}", target_.host,
+                                       status == 0 ? "no address" : uv_strerror(status)));
       return;
     }
     connect_to(address);
   });
   if (rc < 0) {
-    last_errno_ = 0;
-    last_error_ = fmt::format("cannot resolve {}: {}", target_.host, uv_strerror(rc));
-    went_down(last_error_, true);
+    connection_failed(0, fmt::format("cannot resolve {}: {}", target_.host, uv_strerror(rc)));
   }
 }
 
@@ -150,9 +147,7 @@ void SqlConnection::connect_step(int status, MYSQL* ret) {
     return;
   }
   if (ret == nullptr) {
-    last_errno_ = mysql_errno(mysql_);
-    last_error_ = mysql_error(mysql_);
-    went_down(last_error_, true);
+    connection_failed(mysql_errno(mysql_), mysql_error(mysql_));
     return;
   }
   connected();
@@ -463,9 +458,7 @@ void SqlConnection::answer_front(const SqlResult& out, const StoreError* err) {
 
 void SqlConnection::attempt_timed_out() {
   if (state_ != State::kConnecting && !handshaking_) return;
-  last_errno_ = 0;
-  last_error_ = fmt::format("no connection within the connect timeout ({} ms)", settings_.connect_timeout.count());
-  went_down(last_error_, true);
+  connection_failed(0, fmt::format("no connection within the connect timeout ({} ms)", settings_.connect_timeout.count()));
 }
 
 RequestTimer::Clock::time_point SqlConnection::unanswered_since() const {
@@ -473,8 +466,14 @@ RequestTimer::Clock::time_point SqlConnection::unanswered_since() const {
 }
 
 void SqlConnection::overdue() {
-  last_errno_ = 0;
-  last_error_ = fmt::format("no answer within the command timeout ({} ms)", settings_.command_timeout.count());
+  connection_failed(0, fmt::format("no answer within the command timeout ({} ms)", settings_.command_timeout.count()));
+}
+
+// The connection is lost: `code` is the client library's error number,
+// 0 for a failure of our own; connect_error() reads both.
+void SqlConnection::connection_failed(unsigned code, std::string why) {
+  last_errno_ = code;
+  last_error_ = std::move(why);
   went_down(last_error_, true);
 }
 

@@ -156,6 +156,7 @@ class SqlConnection : private Reconnector::Attempts, private RequestTimer::Reque
   void answer_front(const SqlResult& out, const StoreError* err);
   void after_results();
   void wait_for(int status);
+  void connection_failed(unsigned code, std::string why);
   void went_down(const std::string& why, bool connection_error);
   void teardown();
   void fail_all(std::deque<Request>& requests, const StoreError& error);
