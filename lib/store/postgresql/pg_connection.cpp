@@ -58,7 +58,7 @@ std::string startup_options(const sqlcommon::SqlSettings& o) {
 
 }  // namespace
 
-void PgConnection::ResultFree::operator()(pg_result* r) const noexcept { PQclear(r); }
+void PgRequest::ResultFree::operator()(pg_result* r) const noexcept { PQclear(r); }
 
 int PgRows::size() const noexcept { return result_ == nullptr ? 0 : PQntuples(result_); }
 
@@ -73,11 +73,9 @@ bool PgRows::null(int row, int column) const noexcept {
 }
 
 PgConnection::PgConnection(Loop& loop, PgTarget target, const sqlcommon::SqlSettings& settings, PgSession session)
-    : loop_(loop),
+    : ConnectionCore(loop, settings, target.name()),
       target_(std::move(target)),
-      settings_(settings),
       session_(std::move(session)),
-      name_(target_.name()),
       startup_options_(startup_options(settings_)) {
   if (session_.stale) session_.stale->connections.push_back(this);
 }
@@ -89,17 +87,8 @@ PgConnection::~PgConnection() {
   if (conn_ != nullptr) PQfinish(conn_);
 }
 
-void PgConnection::start() {
-  kick_.open();
-  request_timer_.start();
-  reconnector_.start();
-}
-
 void PgConnection::execute(const std::string& statement, std::vector<std::string> params, PgDone done) {
-  if (state_ == State::kClosed) {
-    loop_.post([done = std::move(done), err = unavailable("the store is closed")] { done(PgRows(nullptr), &err); });
-    return;
-  }
+  if (refused_closed(done)) return;
   Request r;
   r.statement = statement;
   r.params = std::move(params);
@@ -118,10 +107,7 @@ void PgConnection::execute_all(std::vector<PgCall> calls, std::function<void(std
   }
   PgCall first = std::move(calls.front());
   calls.erase(calls.begin());
-  if (state_ == State::kClosed) {
-    loop_.post([done = std::move(done), err = unavailable("the store is closed")] { done(PgRows(nullptr), &err); });
-    return;
-  }
+  if (refused_closed(done)) return;
   Request r;
   r.statement = std::move(first.statement);
   r.params = std::move(first.params);
@@ -130,10 +116,6 @@ void PgConnection::execute_all(std::vector<PgCall> calls, std::function<void(std
   r.done = std::move(done);
   queue_.push_back(std::move(r));
   if (state_ == State::kReady) kick();
-}
-
-void PgConnection::kick() {
-  if (state_ != State::kClosed) kick_.request();
 }
 
 // ---- connecting
@@ -149,21 +131,13 @@ void PgConnection::connect() {
     connect_to(target_.socket_dir.empty() ? target_.host : std::string());
     return;
   }
-  const unsigned attempt = attempt_;
-  int rc = resolve_host(loop_.uv(), target_.host, [this, attempt](int status, std::string address) {
-    // Cancelled (the loop is closing), a closed connection, or an attempt
-    // that timed out meanwhile.
-    if (status == UV_ECANCELED) return;
-    if (state_ != State::kConnecting || attempt_ != attempt || conn_ != nullptr) return;
-    if (address.empty()) {
-      went_down(unavailable(fmt::format("cannot resolve {}: {}", target_.host,
-                                        status == 0 ? "no address" : uv_strerror(status))),
-                true);
-      return;
-    }
-    connect_to(address);
-  });
-  if (rc < 0) went_down(unavailable(fmt::format("cannot resolve {}: {}", target_.host, uv_strerror(rc))), true);
+  // Not when cancelled (the loop is closing), for a closed connection, or
+  // an attempt that timed out meanwhile.
+  resolve(
+      target_.host,
+      [this](int status) { return status != UV_ECANCELED && state_ == State::kConnecting && conn_ == nullptr; },
+      [this](const std::string& address) { connect_to(address); },
+      [this](const std::string& why) { went_down(unavailable(why), true); });
 }
 
 void PgConnection::connect_to(const std::string& hostaddr) {
@@ -321,13 +295,11 @@ void PgConnection::connected() {
 }
 
 void PgConnection::end_stale_backends() {
-  if (!session_.stale || session_.stale->pids.empty()) {
+  if (!session_.stale || session_.stale->ids.empty()) {
     handshake(false);
     return;
   }
-  std::vector<int> pids = session_.stale->pids;
-  std::string list;
-  for (int pid : pids) list += (list.empty() ? "" : ",") + std::to_string(pid);
+  std::vector<int> pids = session_.stale->ids;
   // Only lockwatch's own sessions of this role, never this one (a pid can
   // have been reused meanwhile). PostgreSQL 14 and later wait for the
   // process to exit, within half the connect timeout.
@@ -336,11 +308,11 @@ void PgConnection::end_stale_backends() {
       PQserverVersion(conn_) >= 140000 ? fmt::format("pg_terminate_backend(a.pid, {})", wait_ms) : "pg_terminate_backend(a.pid)";
   std::string sql = fmt::format("SELECT {} FROM pg_stat_activity a WHERE a.pid = ANY('{{{}}}'::int[]) AND a.usename = current_user "
                                 "AND (a.application_name = 'lockwatch' OR a.application_name LIKE 'lockwatch:%') AND a.pid <> pg_backend_pid()",
-                                terminate, list);
+                                terminate, PgStaleBackends::list(pids));
   send_sql(std::move(sql), [this, pids](const PgRows&, const StoreError*) {
     // Ended, gone already, or not ours to end (refused): either way not
     // tried again.
-    std::erase_if(session_.stale->pids, [&](int p) { return std::find(pids.begin(), pids.end(), p) != pids.end(); });
+    session_.stale->forget(pids);
     handshake(false);
   });
 }
@@ -657,48 +629,25 @@ void PgConnection::attempt_timed_out() {
 
 // ---- down, up, closed
 
-StoreError PgConnection::unavailable(const std::string& why) const {
-  return StoreError::unavailable(name_, why);
-}
-
 void PgConnection::went_down_unavailable(const std::string& why) { went_down(unavailable(why), false); }
 
 void PgConnection::went_down(const StoreError& error, bool fail_queued) {
   if (state_ == State::kClosed || state_ == State::kDown) return;
   const bool was_connecting = state_ == State::kConnecting || state_ == State::kHandshake;
   const bool left_behind = session_.stale && conn_ != nullptr && !inflight_.empty();
-  if (left_behind) {
-    const int pid = PQbackendPID(conn_);
-    auto& pids = session_.stale->pids;
-    if (pid > 0 && std::find(pids.begin(), pids.end(), pid) == pids.end()) pids.push_back(pid);
-  }
+  if (left_behind) session_.stale->add(PQbackendPID(conn_));
   teardown(false);
   // What was in flight may or may not have run: it fails. What was queued
   // waits for the next attempt, unless this was an attempt (it waited for
   // this one) or the set-up was refused.
-  std::deque<Request> inflight = std::move(inflight_);
-  inflight_.clear();
-  // Told once; the next attempt after the back-off.
-  reconnector_.down(error.message);
-  fail_all(inflight, error);
-  if (was_connecting || fail_queued) {
-    std::deque<Request> queued = std::move(queue_);
-    queue_.clear();
-    fail_all(queued, error);
-  }
+  dropped(error.message, error, was_connecting || fail_queued);
   if (left_behind) {
-    // The store's other connections may be answered before that process
-    // runs what it had: they start again too, behind its end.
+    // The store's other connections start again too, behind that process's end.
     std::vector<PgConnection*> others = session_.stale->connections;
     for (PgConnection* c : others)
       if (c != this && (c->state_ == State::kReady || c->state_ == State::kHandshake))
         c->went_down_unavailable("starting again behind a connection given up on with statements in flight");
   }
-}
-
-void PgConnection::fail_all(std::deque<Request>& requests, const StoreError& error) {
-  for (auto& r : requests) r.done(PgRows(nullptr), &error);
-  requests.clear();
 }
 
 void PgConnection::teardown(bool graceful) {
@@ -727,14 +676,7 @@ void PgConnection::close() {
   reconnector_.close();
   request_timer_.close();
   teardown(healthy);
-  auto err = unavailable("the store is closed");
-  std::deque<Request> inflight = std::move(inflight_);
-  std::deque<Request> queued = std::move(queue_);
-  inflight_.clear();
-  queue_.clear();
-  fail_all(inflight, err);
-  fail_all(queued, err);
-  kick_.close();
+  close_requests();
 }
 
 }  // namespace lockwatch::detail

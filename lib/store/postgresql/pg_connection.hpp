@@ -55,9 +55,7 @@
 #include <string_view>
 #include <vector>
 
-#include "core/reconnector.hpp"
-#include "core/turn_end.hpp"
-#include "store/sqlcommon/settings.hpp"
+#include "store/sqlcommon/connection_core.hpp"
 #include "store/postgresql/pg_target.hpp"
 #include "store/store_error.hpp"
 
@@ -72,7 +70,7 @@ class Loop;
 // callback it is passed to only.
 class PgRows {
  public:
-  explicit PgRows(const pg_result* result) : result_(result) {}
+  explicit PgRows(const pg_result* result = nullptr) : result_(result) {}
   int size() const noexcept;
   std::string_view at(int row, int column) const noexcept;
   bool null(int row, int column) const noexcept;
@@ -105,11 +103,8 @@ class PgConnection;
 
 // The server processes of connections given up on with statements in
 // flight, and the connections that share the list (a store's statement
-// connections). Loop thread only.
-struct PgStaleBackends {
-  std::vector<int> pids;
-  std::vector<PgConnection*> connections;
-};
+// connections).
+using PgStaleBackends = sqlcommon::StaleSessions<PgConnection, int>;
 
 struct PgSession {
   std::vector<PgStatement> statements;  // prepared, the first doubling as the table check
@@ -120,15 +115,36 @@ struct PgSession {
   std::string listen;                   // non-empty: a notices connection, LISTEN on this channel
 };
 
-class PgConnection : private Reconnector::Attempts, private RequestTimer::Requests {
+// A request on a connection (a statement, a transaction's statements, or
+// a step of the set-up), kept until it is answered.
+struct PgRequest {
+  enum class Kind { kExecute, kPrepare, kSql };
+  enum class Stage { kResult, kEnd, kSync };
+  struct ResultFree {
+    void operator()(pg_result* r) const noexcept;
+  };
+  Kind kind = Kind::kExecute;
+  std::string statement;  // kExecute, kPrepare: the statement's name
+  std::string sql;        // kPrepare, kSql
+  std::vector<std::string> params;
+  std::vector<PgCall> then;  // kExecute: the transaction's statements after the first
+  std::size_t ended = 0;     // statements whose results have ended
+  const std::vector<unsigned>* param_types = nullptr;  // kPrepare
+  PgDone done;
+  std::chrono::steady_clock::time_point sent{};
+  Stage stage = Stage::kResult;
+  std::unique_ptr<pg_result, ResultFree> result;  // once read
+  // execute_all with `each`: every statement's result, in order.
+  std::function<void(std::size_t, const PgRows&)> each;
+  std::vector<std::unique_ptr<pg_result, ResultFree>> results;
+};
+
+class PgConnection final : public sqlcommon::ConnectionCore<PgRequest, PgRows> {
  public:
   PgConnection(Loop& loop, PgTarget target, const sqlcommon::SqlSettings& settings, PgSession session);
   ~PgConnection();
-  PgConnection(const PgConnection&) = delete;
-  PgConnection& operator=(const PgConnection&) = delete;
 
-  // Loop thread only, from here on.
-  void start();
+  // Loop thread only, from here on (start() first).
   // Runs the prepared statement `statement` with these parameters (text
   // format, none NULL).
   void execute(const std::string& statement, std::vector<std::string> params, PgDone done);
@@ -141,18 +157,11 @@ class PgConnection : private Reconnector::Attempts, private RequestTimer::Reques
   // once per statement, in order, before `done`, when all of them ran
   // (never after an error, which `done` alone gets).
   void execute_all(std::vector<PgCall> calls, std::function<void(std::size_t, const PgRows&)> each, PgDone done);
-  // Told when the connection goes down (with why) and when it is usable
-  // again: once per transition (set before start()).
-  void set_state_hook(std::function<void(bool up, const std::string& why)> hook) {
-    reconnector_.set_state_hook(std::move(hook));
-  }
   // Told each time the connection became usable (its set-up done: for a
   // notices connection, LISTEN confirmed).
   void set_ready_hook(std::function<void()> hook) { ready_hook_ = std::move(hook); }
   // A notices connection: each NOTIFY on its channel (payload as sent).
   void set_notify_hook(std::function<void(std::string_view payload)> hook) { notify_hook_ = std::move(hook); }
-  // Requests queued or in flight.
-  std::size_t pending() const noexcept { return queue_.size() + inflight_.size(); }
   bool usable() const noexcept { return state_ == State::kReady; }
   // Reads and dispatches the answers that have arrived, now. Never from
   // inside one of this connection's callbacks.
@@ -161,31 +170,12 @@ class PgConnection : private Reconnector::Attempts, private RequestTimer::Reques
   // then drains (Loop::shutdown): the object may be destroyed once the loop
   // has stopped.
   void close();
-  const std::string& name() const noexcept { return name_; }
 
  private:
   enum class State { kDown, kConnecting, kHandshake, kReady, kClosed };
-  enum class Kind { kExecute, kPrepare, kSql };
-  enum class Stage { kResult, kEnd, kSync };
-  struct ResultFree {
-    void operator()(pg_result* r) const noexcept;
-  };
-  struct Request {
-    Kind kind = Kind::kExecute;
-    std::string statement;  // kExecute, kPrepare: the statement's name
-    std::string sql;        // kPrepare, kSql
-    std::vector<std::string> params;
-    std::vector<PgCall> then;  // kExecute: the transaction's statements after the first
-    std::size_t ended = 0;     // statements whose results have ended
-    const std::vector<unsigned>* param_types = nullptr;  // kPrepare
-    PgDone done;
-    std::chrono::steady_clock::time_point sent{};
-    Stage stage = Stage::kResult;
-    std::unique_ptr<pg_result, ResultFree> result;  // once read
-    // execute_all with `each`: every statement's result, in order.
-    std::function<void(std::size_t, const PgRows&)> each;
-    std::vector<std::unique_ptr<pg_result, ResultFree>> results;
-  };
+  using Request = PgRequest;
+  using Kind = PgRequest::Kind;
+  using Stage = PgRequest::Stage;
 
   // Reconnector::Attempts: an attempt (connect()), given up at its
   // deadline; RequestTimer::Requests: the oldest statement in flight, and
@@ -210,8 +200,7 @@ class PgConnection : private Reconnector::Attempts, private RequestTimer::Reques
   void send_prepare(const PgStatement& s, PgDone done);
   void send_handshake(Request r);
   void table_error(const StoreError& error);
-  void kick();
-  void send_queued();
+  void send_queued() override;
   bool send(Request& r);
   void flush();
   void on_readable();
@@ -221,17 +210,12 @@ class PgConnection : private Reconnector::Attempts, private RequestTimer::Reques
   void went_down(const StoreError& error, bool fail_queued);
   void went_down_unavailable(const std::string& why);
   void teardown(bool graceful);
-  void fail_all(std::deque<Request>& requests, const StoreError& error);
   void became_usable();
-  StoreError unavailable(const std::string& why) const;
 
   static void on_poll(uv_poll_t* handle, int status, int events);
 
-  Loop& loop_;
   const PgTarget target_;
-  const sqlcommon::SqlSettings settings_;
   const PgSession session_;
-  const std::string name_;
   const std::string startup_options_;  // "-c TimeZone=UTC -c statement_timeout=..."
   std::function<void()> ready_hook_;
   std::function<void(std::string_view)> notify_hook_;
@@ -247,15 +231,8 @@ class PgConnection : private Reconnector::Attempts, private RequestTimer::Reques
   PollHandle* poll_ = nullptr;
   int poll_sock_ = -1;  // libpq's descriptor it duplicates
   int poll_events_ = 0;
-  TurnEnd kick_{[this] { send_queued(); }};  // sends what was queued, at the loop turn's end
-  unsigned attempt_ = 0;  // connection attempts made: a late lookup answers an old one
   bool want_write_ = false;  // libpq has output it could not send yet
-  Reconnector reconnector_{loop_, Backoff(settings_.reconnect_min, settings_.reconnect_max), settings_.connect_timeout,
-                           *this};
-  RequestTimer request_timer_{loop_, settings_.command_timeout, *this};
-
-  std::deque<Request> queue_;      // not yet sent
-  std::deque<Request> inflight_;   // sent (the session set-up too), answered in order
+  // inflight_: the session set-up's requests too.
 };
 
 }  // namespace lockwatch::detail

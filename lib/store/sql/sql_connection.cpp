@@ -52,7 +52,7 @@ int uv_events_of(int status) {
 }  // namespace
 
 SqlConnection::SqlConnection(Loop& loop, SqlTarget target, const sqlcommon::SqlSettings& settings, SqlSession session)
-    : loop_(loop), target_(std::move(target)), settings_(settings), session_(std::move(session)), name_(target_.name()) {
+    : ConnectionCore(loop, settings, target.name()), target_(std::move(target)), session_(std::move(session)) {
   library_init();
   if (session_.stale) session_.stale->connections.push_back(this);
 }
@@ -68,23 +68,14 @@ void SqlConnection::start() {
   uv_loop_t* uv = loop_.uv();
   uv_timer_init(uv, &io_timer_);
   io_timer_.data = this;
-  kick_.open();
   timer_open_ = true;
-  request_timer_.start();
-  reconnector_.start();
+  ConnectionCore::start();
 }
 
 void SqlConnection::query(std::string sql, SqlDone done) {
-  if (state_ == State::kClosed) {
-    loop_.post([done = std::move(done), err = down_error("the store is closed")] { done(SqlResult{}, &err); });
-    return;
-  }
+  if (refused_closed(done)) return;
   queue_.push_back(Request{std::move(sql), std::move(done)});
   if (state_ == State::kIdle) kick();
-}
-
-void SqlConnection::kick() {
-  if (state_ != State::kClosed) kick_.request();
 }
 
 // A host name is looked up on libuv's thread pool (the client library's
@@ -99,21 +90,12 @@ void SqlConnection::connect() {
     connect_to(target_.socket.empty() ? target_.host : std::string("localhost"));
     return;
   }
-  const unsigned attempt = attempt_;
-  int rc = resolve_host(loop_.uv(), target_.host, [this, attempt](int status, std::string address) {
-    // A closed connection, or an attempt that timed out meanwhile (the
-    // loop runs a lookup's callback before it stops).
-    if (state_ != State::kConnecting || attempt_ != attempt || mysql_ != nullptr) return;
-    if (address.empty()) {
-      connection_failed(0, fmt::format("cannot resolve {}: {}", target_.host,
-                                       status == 0 ? "no address" : uv_strerror(status)));
-      return;
-    }
-    connect_to(address);
-  });
-  if (rc < 0) {
-    connection_failed(0, fmt::format("cannot resolve {}: {}", target_.host, uv_strerror(rc)));
-  }
+  // Not for a closed connection, or an attempt that timed out meanwhile
+  // (the loop runs a lookup's callback before it stops).
+  resolve(
+      target_.host, [this](int) { return state_ == State::kConnecting && mysql_ == nullptr; },
+      [this](const std::string& address) { connect_to(address); },
+      [this](std::string why) { connection_failed(0, std::move(why)); });
 }
 
 void SqlConnection::connect_to(const std::string& host) {
@@ -189,8 +171,6 @@ void SqlConnection::end_stale_threads(int round) {
     return;
   }
   std::vector<unsigned long> ids = session_.stale->ids;
-  std::string list;
-  for (unsigned long id : ids) list += (list.empty() ? "" : ",") + std::to_string(id);
   auto ignore = [](const SqlResult&, const StoreError*) {};
   if (round == 0) {
     // Gone already (1094) or not ours to end (1095): the statement fails
@@ -203,7 +183,8 @@ void SqlConnection::end_stale_threads(int round) {
   // is bounded by half the connect timeout (the whole set-up by all of it).
   const long long rounds = std::max<long long>(1, settings_.connect_timeout.count() / 2 / 20);
   handshake_.push_back(Request{
-      fmt::format("SELECT COUNT(*) FROM information_schema.PROCESSLIST WHERE ID IN ({}) AND ID <> CONNECTION_ID()", list),
+      fmt::format("SELECT COUNT(*) FROM information_schema.PROCESSLIST WHERE ID IN ({}) AND ID <> CONNECTION_ID()",
+                  SqlStaleThreads::list(ids)),
       [this, ids, round, rounds](const SqlResult& result, const StoreError* err) {
         if (state_ != State::kIdle && state_ != State::kBusy) return;  // dropped meanwhile
         bool left = !err && !result.rows.empty() && !result.rows[0].empty() && result.rows[0][0] != "0";
@@ -212,8 +193,7 @@ void SqlConnection::end_stale_threads(int round) {
           return;
         }
         // Ended, or beyond waiting for: not tried again.
-        std::erase_if(session_.stale->ids,
-                      [&](unsigned long id) { return std::find(ids.begin(), ids.end(), id) != ids.end(); });
+        session_.stale->forget(ids);
         run_setup();
       }});
 }
@@ -258,7 +238,7 @@ void SqlConnection::run_handshake(std::size_t attempt) {
                                }});
 }
 
-void SqlConnection::pump() {
+void SqlConnection::send_queued() {
   if (state_ != State::kIdle) return;
   std::deque<Request>& source = handshaking_ ? handshake_ : queue_;
   if (source.empty()) {
@@ -428,7 +408,7 @@ void SqlConnection::after_results() {
   }
   state_ = State::kIdle;
   phase_ = Phase::kNone;
-  pump();
+  send_queued();
 }
 
 void SqlConnection::statement_failed() {
@@ -483,19 +463,11 @@ StoreError SqlConnection::connect_error() const {
   return StoreError::unavailable(name_, last_error_, code);
 }
 
-StoreError SqlConnection::down_error(const std::string& why) const {
-  return StoreError::unavailable(name_, why);
-}
-
 void SqlConnection::went_down(const std::string& why, bool connection_error) {
   if (state_ == State::kClosed) return;
   bool was_connecting = state_ == State::kConnecting || handshaking_;
   const bool left_behind = session_.stale && mysql_ != nullptr && !inflight_.empty() && !handshaking_;
-  if (left_behind) {
-    const unsigned long id = mysql_thread_id(mysql_);
-    auto& ids = session_.stale->ids;
-    if (id != 0 && std::find(ids.begin(), ids.end(), id) == ids.end()) ids.push_back(id);
-  }
+  if (left_behind) session_.stale->add(mysql_thread_id(mysql_));
   teardown();
   // What was in flight may or may not have run: it fails. What was queued
   // waits for the next attempt, unless this was an attempt (it waited for
@@ -508,34 +480,17 @@ void SqlConnection::went_down(const std::string& why, bool connection_error) {
   } else if (was_connecting) {
     err = connect_error();
   } else {
-    err = down_error(why);
+    err = unavailable(why);
   }
-  std::deque<Request> inflight = std::move(inflight_);
-  inflight_.clear();
   handshake_.clear();
-  // Told once; the next attempt after the back-off.
-  reconnector_.down(why);
-  fail_all(inflight, err);
-  if (was_connecting || !connection_error) {
-    std::deque<Request> queued = std::move(queue_);
-    queue_.clear();
-    fail_all(queued, err);
-  }
+  dropped(why, err, was_connecting || !connection_error);
   if (left_behind) {
-    // The store's other connections may be answered before that thread
-    // runs what it had: they start again too, behind its end.
+    // The store's other connections start again too, behind that thread's end.
     std::vector<SqlConnection*> others = session_.stale->connections;
     for (SqlConnection* c : others)
       if (c != this && (c->state_ == State::kIdle || c->state_ == State::kBusy))
         c->went_down("starting again behind a connection given up on with statements in flight", true);
   }
-}
-
-void SqlConnection::fail_all(std::deque<Request>& requests, const StoreError& error) {
-  for (auto& r : requests) {
-    r.done(SqlResult{}, &error);
-  }
-  requests.clear();
 }
 
 void SqlConnection::teardown() {
@@ -571,15 +526,8 @@ void SqlConnection::close() {
   state_ = State::kClosed;
   reconnector_.close();
   request_timer_.close();
-  auto err = down_error("the store is closed");
-  std::deque<Request> inflight = std::move(inflight_);
-  std::deque<Request> queued = std::move(queue_);
-  inflight_.clear();
-  queue_.clear();
   handshake_.clear();
-  fail_all(inflight, err);
-  fail_all(queued, err);
-  kick_.close();
+  close_requests();
   if (std::exchange(timer_open_, false)) uv_close(reinterpret_cast<uv_handle_t*>(&io_timer_), nullptr);
 }
 

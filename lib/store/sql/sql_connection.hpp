@@ -50,9 +50,7 @@
 #include <string>
 #include <vector>
 
-#include "core/reconnector.hpp"
-#include "core/turn_end.hpp"
-#include "store/sqlcommon/settings.hpp"
+#include "store/sqlcommon/connection_core.hpp"
 #include "store/sql/sql_target.hpp"
 #include "store/store_error.hpp"
 
@@ -78,12 +76,8 @@ using SqlDone = std::function<void(const SqlResult& result, const StoreError* er
 class SqlConnection;
 
 // The server threads of connections given up on with statements in flight,
-// and the connections that share the list (a store's connections). Loop
-// thread only.
-struct SqlStaleThreads {
-  std::vector<unsigned long> ids;
-  std::vector<SqlConnection*> connections;
-};
+// and the connections that share the list (a store's connections).
+using SqlStaleThreads = sqlcommon::StaleSessions<SqlConnection, unsigned long>;
 
 // What a connection runs before it takes requests: the stale threads
 // ended, `setup` statements in order, then `check` (a SELECT of the
@@ -100,36 +94,29 @@ struct SqlSession {
   std::string table;  // for messages
 };
 
-class SqlConnection : private Reconnector::Attempts, private RequestTimer::Requests {
+// A statement on a connection, kept until it is answered.
+struct SqlRequest {
+  std::string sql;
+  SqlDone done;
+};
+
+class SqlConnection final : public sqlcommon::ConnectionCore<SqlRequest, SqlResult> {
  public:
   SqlConnection(Loop& loop, SqlTarget target, const sqlcommon::SqlSettings& settings, SqlSession session);
   ~SqlConnection();
-  SqlConnection(const SqlConnection&) = delete;
-  SqlConnection& operator=(const SqlConnection&) = delete;
 
-  // Loop thread only, from here on.
+  // Loop thread only, from here on: its own timer, then ConnectionCore's.
   void start();
   void query(std::string sql, SqlDone done);
-  // Told when the connection goes down (with why) and when it is usable
-  // again: once per transition (set before start()).
-  void set_state_hook(std::function<void(bool up, const std::string& why)> hook) {
-    reconnector_.set_state_hook(std::move(hook));
-  }
-  // Requests queued or in flight.
-  std::size_t pending() const noexcept { return queue_.size() + inflight_.size(); }
   // Stops reconnecting, fails what is pending, closes the handles. The loop
   // then drains (Loop::shutdown): the object may be destroyed once the loop
   // has stopped.
   void close();
-  const std::string& name() const noexcept { return name_; }
 
  private:
   enum class State { kDown, kConnecting, kIdle, kBusy, kClosed };
   enum class Phase { kNone, kConnect, kQuery, kStore, kNext };
-  struct Request {
-    std::string sql;
-    SqlDone done;
-  };
+  using Request = SqlRequest;
 
   // Reconnector::Attempts: an attempt (connect()), given up at its
   // deadline; RequestTimer::Requests: the round trip under way, and the
@@ -144,8 +131,7 @@ class SqlConnection : private Reconnector::Attempts, private RequestTimer::Reque
   void end_stale_threads(int round);
   void run_setup();
   void run_handshake(std::size_t attempt);
-  void kick();
-  void pump();
+  void send_queued() override;
   void resume(int events);
   void connect_step(int status, st_mysql* ret);
   void result_step(int status, bool failed);
@@ -159,19 +145,14 @@ class SqlConnection : private Reconnector::Attempts, private RequestTimer::Reque
   void connection_failed(unsigned code, std::string why);
   void went_down(const std::string& why, bool connection_error);
   void teardown();
-  void fail_all(std::deque<Request>& requests, const StoreError& error);
   void became_usable();
   StoreError connect_error() const;
-  StoreError down_error(const std::string& why) const;
 
   static void on_poll(uv_poll_t* handle, int status, int events);
   static void on_io_timer(uv_timer_t* t);
 
-  Loop& loop_;
   const SqlTarget target_;
-  const sqlcommon::SqlSettings settings_;
   const SqlSession session_;
-  std::string name_;
 
   State state_ = State::kDown;
   Phase phase_ = Phase::kNone;
@@ -180,19 +161,12 @@ class SqlConnection : private Reconnector::Attempts, private RequestTimer::Reque
   int poll_fd_ = -1;
   uv_timer_t io_timer_{};  // the library's own timeouts (MYSQL_WAIT_TIMEOUT)
   bool timer_open_ = false;
-  TurnEnd kick_{[this] { pump(); }};  // sends what was queued, at the loop turn's end
-  unsigned attempt_ = 0;  // connection attempts made: a late lookup answers an old one
   bool handshaking_ = false;
-  Reconnector reconnector_{loop_, Backoff(settings_.reconnect_min, settings_.reconnect_max), settings_.connect_timeout,
-                           *this};
-  RequestTimer request_timer_{loop_, settings_.command_timeout, *this};
   RequestTimer::Clock::time_point busy_since_{};  // when the round trip under way was sent
   std::string connect_host_;  // the address of the attempt under way
   std::string last_error_ = "not connected yet";
   unsigned last_errno_ = 0;
-
-  std::deque<Request> queue_;     // not yet sent
-  std::deque<Request> inflight_;  // sent in the current round trip, answered in order
+  // inflight_: sent in the current round trip, answered in order.
   std::deque<Request> handshake_;  // the session set-up, before queue_
 };
 
