@@ -22,26 +22,17 @@
 // a notices connection runs LISTEN. Requests wait for that.
 //
 // A connection given up on with statements in flight (a command timeout,
-// a reset) leaves its server process behind, which may still run them:
-// a hung server that goes on runs what it had read, after the client has
-// gone. Its pid goes on a list the store's statement connections share;
-// the others are dropped too, and each connection, before its set-up,
-// ends the processes on the list (pg_terminate_backend, waiting for them
-// to exit), so that nothing sent before a failure takes effect after the
-// store answers again (a ghost acquisition would, after its release was
-// answered "gone").
+// a reset) leaves its server process behind (sqlcommon::StaleSessions,
+// shared by the store's statement connections): each connection, before
+// its set-up, ends the processes on the list (pg_terminate_backend,
+// waiting for them to exit).
 //
 // Failures are StoreErrors naming the server: a refused login is kAuth,
 // anything else that stops the connection kUnavailable; a statement the
-// server refuses carries its SQLSTATE (pg_error.hpp). A request without an
-// answer within command_timeout, or a connection attempt past
-// connect_timeout, drops the connection: what was in flight fails, what
-// was queued goes to the next attempt. Lost connections come back on a
-// doubling back-off (reconnect_min .. reconnect_max); an idle connection
-// the server closed is noticed at once (the socket is always watched).
-//
-// Every callback runs exactly once, on the loop thread, never inside
-// execute(). Not thread-safe: the loop thread only, but construction.
+// server refuses carries its SQLSTATE (pg_error.hpp). Timeouts,
+// reconnection and the callbacks' contract are sqlcommon::ConnectionCore's;
+// an idle connection the server closed is noticed at once (the socket is
+// always watched). Not thread-safe: the loop thread only, but construction.
 #pragma once
 
 #include <uv.h>

@@ -21,22 +21,14 @@
 // Failures are StoreErrors naming the server: a refused login is kAuth,
 // anything else that stops the connection kUnavailable; a statement the
 // server refuses carries its error number, classified by sql_error() (a
-// deadlock is kRetryLater, most are kRefused). A statement without an
-// answer within command_timeout, or a connection attempt past
-// connect_timeout, drops the connection: what was in flight fails, what was
-// queued goes to the next attempt. Lost connections come back on a doubling back-off
-// (reconnect_min .. reconnect_max); an idle connection the server closed
+// deadlock is kRetryLater, most are kRefused). Timeouts and reconnection
+// are sqlcommon::ConnectionCore's; an idle connection the server closed
 // is noticed at once.
 //
 // A connection given up on with statements in flight (a command timeout)
-// leaves its server thread behind, which may still run them: a hung server
-// that goes on runs what it had read, after the client has gone. Its thread
-// id goes on a list the store's connections share; the others start again
-// too, and each connection, before its set-up, ends the threads on the list
-// (KILL CONNECTION, then waiting until the process list no longer shows
-// them), so that nothing sent before a failure takes effect after the store
-// answers again (a ghost acquisition would, after its release was answered
-// "gone").
+// leaves its server thread behind (sqlcommon::StaleSessions): each
+// connection, before its set-up, ends the threads on the list (KILL
+// CONNECTION, then waiting until the process list no longer shows them).
 #pragma once
 
 #include <uv.h>

@@ -4,17 +4,26 @@
 //
 // A connection's requests wait in queue_ until the loop turn's end
 // (kick()), go to the server, and stay in inflight_ until answered, in
-// order. Written once here: the reconnection and the command timeout
-// (core/reconnector.hpp), the turn's-end send, the failing of requests
-// (a closed connection refuses on the next turn, never inside the call;
-// a dropped one fails what was in flight and, when asked, what was
-// queued), and the list of server sessions left behind by connections
-// given up on with statements in flight (StaleSessions), which the
-// store's connections share. The driver (the derived connection)
-// connects, sends, reads, and keeps its own state.
+// order; every callback runs exactly once, on the loop thread, never
+// inside the call that queued it. A request without an answer within
+// command_timeout, or a connection attempt past connect_timeout, drops
+// the connection: what was in flight fails, what was queued goes to the
+// next attempt. Lost connections come back on a doubling back-off
+// (reconnect_min .. reconnect_max; core/reconnector.hpp).
 //
-// Threading: the loop thread only, but construction. Costs: nothing
-// beyond the driver's; a refusal after close() is one posted task.
+// A connection given up on with statements in flight leaves its server
+// session behind, which may still run them: a hung server that goes on
+// runs what it had read, after the client has gone. Its id goes on a list
+// the store's connections share (StaleSessions); the others start again
+// too, and each connection, before its set-up, ends the sessions on the
+// list, so that nothing sent before a failure takes effect after the
+// store answers again (a ghost acquisition would, after its release was
+// answered "gone").
+//
+// The driver (the derived connection) connects, sends, reads, and keeps
+// its own state. Threading: the loop thread only, but construction.
+// Costs: nothing beyond the driver's; a refusal after close() is one
+// posted task.
 #pragma once
 
 #include <algorithm>
@@ -124,16 +133,11 @@ class ConnectionCore : protected Reconnector::Attempts, protected RequestTimer::
     queue_.clear();
     fail_all(queued, error);
   }
-  // close()'s end (the reconnector and the timer closed): everything
-  // pending fails, and the turn's-end send stops.
+  // close()'s end (the reconnector closed: it hears nothing more, and
+  // what the callbacks ask for is refused): everything pending fails, and
+  // the turn's-end send stops.
   void close_requests() {
-    auto err = unavailable("the store is closed");
-    std::deque<Request> inflight = std::move(inflight_);
-    std::deque<Request> queued = std::move(queue_);
-    inflight_.clear();
-    queue_.clear();
-    fail_all(inflight, err);
-    fail_all(queued, err);
+    dropped("the store is closed", unavailable("the store is closed"), true);
     kick_.close();
   }
   // Looks `host` up on libuv's thread pool for the attempt under way (the
