@@ -560,8 +560,7 @@ void PgStore::send_kind_group(AcquireBatchPtr group) {
       },
       [this, group, outcomes](const PgRows&, const StoreError* err) {
         if (err) {
-          if (!sqlcommon::resend(group, *err, [this](AcquireBatchPtr b) { send_kind_group(std::move(b)); }, false))
-            group->fail(*err);
+          if (!kind_group_resent(group, *err)) group->fail(*err);
           return;
         }
         for (std::size_t k = 0; k < group->locks.size(); ++k) group->locks[k].answer((*outcomes)[k]);
@@ -594,13 +593,7 @@ void PgStore::acquire_batch(AcquireBatchPtr batch) {
   auto params = lock_arrays(l.size(), [&](std::size_t i) -> const sqlcommon::PendingAcquire& { return l[i]; });
   command_connection().execute("lockwatch_acquire", std::move(params), [this, batch](const PgRows& rows,
                                                                                      const StoreError* err) {
-    if (err) {
-      // Retried, or (a name the table's own CHECK refuses, say) each lock
-      // again on its own, so that only that one fails.
-      if (!sqlcommon::resend(batch, *err, [this](AcquireBatchPtr b) { acquire_batch(std::move(b)); }, true))
-        batch->fail(*err);
-      return;
-    }
+    if (err) return acquire_failed(batch, *err);
     std::vector<bool> answered(batch->locks.size(), false);
     for (int r = 0; r < rows.size(); ++r) {
       long long i = to_ll(rows.at(r, 0)) - 1;
@@ -657,32 +650,13 @@ void PgStore::renew_group(sqlcommon::RenewBatchPtr batch, std::vector<std::size_
 
 // ---- release
 
-// One lock of a release() call, kept until its statement goes out.
-struct PgStore::PendingRelease {
-  std::string name;
-  std::string token;
-  std::size_t index;                  // in its call's batch
-  std::shared_ptr<ReleaseDone> done;  // its call's callback
-  LockKind kind{};
-};
-
-// The locks one release statement carries (all with notices, or none;
-// all exclusive, or none: a kind's go in a transaction of their own).
-struct PgStore::ReleaseBatch {
-  std::vector<PendingRelease> locks;
-  bool notify = false;
-  int attempt = 1;
-};
-
+// The exclusive ones wait for the turn's end; a kind's go at once, in
+// one transaction.
 void PgStore::release(std::span<const LockRef> locks, bool notify, ReleaseDone done) {
-  auto shared_done = std::make_shared<ReleaseDone>(std::move(done));
   auto& queue = notify ? releases_ : quiet_releases_;
   auto kinds = std::make_shared<ReleaseBatch>();
   kinds->notify = notify;
-  for (std::size_t i = 0; i < locks.size(); ++i) {
-    PendingRelease r{std::string(locks[i].name), std::string(locks[i].token), i, shared_done, locks[i].kind};
-    (locks[i].kind.exclusive_kind() ? queue : kinds->locks).push_back(std::move(r));
-  }
+  sqlcommon::split_releases(locks, std::move(done), queue, kinds->locks);
   if (!kinds->locks.empty()) {
     sqlcommon::by_name(kinds->locks);
     release_batch(std::move(kinds));
@@ -715,14 +689,13 @@ void PgStore::release_batch(std::shared_ptr<ReleaseBatch> batch) {
   params.push_back(channel_);
   auto answered = [this, batch](const PgRows& rows, const StoreError* err) {
     if (err) {
-      if (sqlcommon::retry_later(batch, *err, [this](std::shared_ptr<ReleaseBatch> b) { release_batch(std::move(b)); }))
-        return;
-      for (const auto& lock : batch->locks) (*lock.done)(lock.index, Released::kUnconfirmed, err);
+      if (!sqlcommon::retry_later(batch, *err, [this](std::shared_ptr<ReleaseBatch> b) { release_batch(std::move(b)); }))
+        batch->answer(Released::kUnconfirmed, err);
       return;
     }
     // The answer names those not released.
     auto status = not_done(rows, batch->locks.size(), Released::kYes, Released::kTakenByOther, Released::kGone);
-    for (std::size_t k = 0; k < status.size(); ++k) (*batch->locks[k].done)(batch->locks[k].index, status[k], nullptr);
+    for (std::size_t k = 0; k < status.size(); ++k) batch->locks[k].answer(status[k], nullptr);
   };
   if (!of_kinds) return command_connection().execute("lockwatch_release", std::move(params), std::move(answered));
   std::string names = params[0];

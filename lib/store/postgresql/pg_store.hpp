@@ -115,8 +115,8 @@ class PgStore final : public sqlcommon::RecipeStore<PgConnection>, public FenceR
 
  private:
   using AcquireBatchPtr = sqlcommon::AcquireBatchPtr;
-  struct ReleaseBatch;
-  struct PendingRelease;
+  using ReleaseBatch = sqlcommon::ReleaseBatch;
+  using PendingRelease = sqlcommon::PendingRelease;
   // The turn's end: its acquisitions, then its releases.
   void turn_ended() override;
   void send_releases();

@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <map>
+#include <numeric>
 #include <optional>
 
 #include "core/loop.hpp"
@@ -29,9 +30,6 @@ using sql::to_ll;
 
 namespace {
 
-// A release statement names at most this many locks (its text stays far
-// below max_allowed_packet).
-using sqlcommon::kChunk;
 // A waiter's mark on the lock row lives this long after its last attempt:
 // twice the runtime's longest poll interval (1 s), so a waiter keeps its
 // place from poll to poll, and one that gave up frees it within this time.
@@ -178,13 +176,7 @@ void SqlStore::acquire_batch(AcquireBatchPtr batch) {
   // report answers it otherwise.
   write_then_read(
       command_connection(), std::move(insert),
-      [this, batch](const StoreError& err) {
-        // A deadlock or a lock wait timeout: the statement is tried again.
-        // A row the server refused (a name too long for the column, say):
-        // each lock again on its own, so only that one fails.
-        if (!sqlcommon::resend(batch, err, [this](AcquireBatchPtr b) { acquire_batch(std::move(b)); }, true))
-          batch->fail(err);
-      },
+      [this, batch](const StoreError& err) { acquire_failed(batch, err); },
       std::move(report),
       [this, batch](std::uint64_t, const SqlResult& r, const StoreError* err) { acquire_reported(batch, r, err); });
 }
@@ -359,27 +351,22 @@ SqlStore::Standing SqlStore::standing(const RowHolders& rows, std::string_view n
 }
 
 // The exclusive releases one statement carries.
-struct SqlStore::ReleaseBatch {
-  std::vector<std::pair<std::string, std::string>> locks;  // name, token
-  std::vector<std::size_t> index;
-  std::shared_ptr<ReleaseDone> done;  // shared by the chunks of one call
+struct SqlStore::ReleaseBatch : sqlcommon::ReleaseBatch {
   RowHolders before;
   std::string names;  // the names as the statements list them
 };
 
 void SqlStore::release(std::span<const LockRef> locks, bool /*notify: no release notices on SQL*/, ReleaseDone done) {
-  auto shared_done = std::make_shared<ReleaseDone>(std::move(done));
-  std::vector<std::size_t> exclusive, kinds;
-  for (std::size_t i = 0; i < locks.size(); ++i) (locks[i].kind.exclusive_kind() ? exclusive : kinds).push_back(i);
-  if (!kinds.empty()) release_kinds(locks, std::move(kinds), shared_done);
-  for (std::size_t from = 0; from < exclusive.size(); from += kChunk) {
+  std::vector<sqlcommon::PendingRelease> exclusive, kinds;
+  sqlcommon::split_releases(locks, std::move(done), exclusive, kinds);
+  if (!kinds.empty()) release_kinds(std::move(kinds));
+  // kChunk a statement: its text stays far below max_allowed_packet.
+  sqlcommon::in_chunks(exclusive, [this](std::vector<sqlcommon::PendingRelease> part) {
     auto batch = std::make_shared<ReleaseBatch>();
-    batch->done = shared_done;
-    const std::vector<std::size_t> part(exclusive.begin() + from,
-                                        exclusive.begin() + std::min(exclusive.size(), from + kChunk));
-    for (std::size_t i : part) batch->locks.emplace_back(std::string(locks[i].name), std::string(locks[i].token));
-    batch->index = part;
-    RenewalLists lists(locks, part);
+    batch->locks = std::move(part);
+    std::vector<std::size_t> all(batch->locks.size());
+    std::iota(all.begin(), all.end(), 0);
+    RenewalLists lists(batch->locks, all);
     batch->names = std::move(lists.names);
     SqlConnection& conn = command_connection();
     // In one round trip: who holds each lock, then the release of those
@@ -393,39 +380,35 @@ void SqlStore::release(std::span<const LockRef> locks, bool /*notify: no release
                     "AND (lock_name, owner) IN ({})",
                     table_, batch->names, lists.pairs),
         [this, batch](const SqlResult& r, const StoreError* err) { release_answered(batch, r, err); });
-  }
+  });
 }
 
 void SqlStore::release_answered(const std::shared_ptr<ReleaseBatch>& batch, const SqlResult& r, const StoreError* err) {
-  if (err) {
-    for (std::size_t k = 0; k < batch->locks.size(); ++k) (*batch->done)(batch->index[k], Released::kUnconfirmed, err);
-    return;
-  }
+  if (err) return batch->answer(Released::kUnconfirmed, err);
   std::vector<Standing> before;
-  for (const auto& [name, token] : batch->locks) before.push_back(standing(batch->before, name, token));
+  for (const auto& l : batch->locks) before.push_back(standing(batch->before, l.name, l.token));
   if (r.affected == static_cast<std::size_t>(std::count(before.begin(), before.end(), Standing::kOurs))) {
     for (std::size_t k = 0; k < batch->locks.size(); ++k)
-      (*batch->done)(batch->index[k], before[k] == Standing::kOurs    ? Released::kYes
-                                      : before[k] == Standing::kOther ? Released::kTakenByOther
-                                                                      : Released::kGone,
-                     nullptr);
+      batch->locks[k].answer(before[k] == Standing::kOurs    ? Released::kYes
+                             : before[k] == Standing::kOther ? Released::kTakenByOther
+                                                             : Released::kGone,
+                             nullptr);
     return;
   }
   // A lock expired between the read and the write: read again. A row
   // still ours was not released (it expired); another owner's took it
   // since; an emptied row was released by us.
   read_holders(command_connection(), batch->names, [batch](const RowHolders& rows, const StoreError* e2) {
-    for (std::size_t k = 0; k < batch->locks.size(); ++k) {
-      const auto& [name, token] = batch->locks[k];
-      auto it = rows.find(name);
+    for (const auto& l : batch->locks) {
+      auto it = rows.find(l.name);
       Released st = Released::kGone;
       if (e2)
         st = Released::kUnconfirmed;
       else if (it != rows.end() && it->second.owner.empty())
         st = Released::kYes;
-      else if (it != rows.end() && it->second.owner != token && it->second.live)
+      else if (it != rows.end() && it->second.owner != l.token && it->second.live)
         st = Released::kTakenByOther;
-      (*batch->done)(batch->index[k], st, e2);
+      l.answer(st, e2);
     }
   });
 }

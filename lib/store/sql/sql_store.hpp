@@ -109,7 +109,7 @@ class SqlStore final : public sqlcommon::RecipeStore<SqlConnection> {
   // name order and in chunks (sqlcommon::AcquireQueue): a set of keys
   // asked for together is decided by one statement, one transaction.
   void acquire_batch(AcquireBatchPtr batch) override;
-  struct ReleaseBatch;
+  struct ReleaseBatch;  // sqlcommon's, with what the read before the write found
   // The answer to a release batch's update (read again when a lock
   // expired between the read before and the update).
   void release_answered(const std::shared_ptr<ReleaseBatch>& batch, const SqlResult& r, const StoreError* err);
@@ -152,7 +152,7 @@ class SqlStore final : public sqlcommon::RecipeStore<SqlConnection> {
   std::string kind_body(const sqlcommon::PendingAcquire& a) const;
   Acquired kind_outcome(const sqlcommon::PendingAcquire& a, const std::vector<std::string>& fields) const;
   void renew_kinds(RenewBatchPtr batch, std::vector<std::size_t> members, std::chrono::milliseconds ttl);
-  void release_kinds(std::span<const LockRef> locks, std::vector<std::size_t> at, std::shared_ptr<ReleaseDone> done);
+  void release_kinds(std::vector<sqlcommon::PendingRelease> kinds);
   // A compound statement around `body`: one transaction, rolled back (and
   // the error passed on) when any of its statements fails.
   static std::string transaction(const std::string& body);

@@ -51,8 +51,7 @@ void SqlStore::send_kind_group(AcquireBatchPtr group) {
   write_then_read(
       command_connection(), transaction(body),
       [this, group](const StoreError& err) {
-        // A deadlock or a lock-wait timeout rolled the transaction back whole.
-        if (sqlcommon::resend(group, err, [this](AcquireBatchPtr b) { send_kind_group(std::move(b)); }, false)) return;
+        if (kind_group_resent(group, err)) return;
         for (const auto& a : group->locks) {
           Acquired out;
           out.error = err;
@@ -256,24 +255,23 @@ void SqlStore::renew_kinds(RenewBatchPtr batch, std::vector<std::size_t> members
       });
 }
 
-void SqlStore::release_kinds(std::span<const LockRef> locks, std::vector<std::size_t> at,
-                             std::shared_ptr<ReleaseDone> done) {
+void SqlStore::release_kinds(std::vector<sqlcommon::PendingRelease> kinds) {
   // Each holder leaves in a transaction of its own: its row goes, and the
   // lock row's expiry shrinks to the latest holder left, or the row is
   // freed with the last (a writer may take it then).
   SqlConnection& conn = command_connection();
-  for (std::size_t i : at) {
-    const std::string n = hex(locks[i].name);
+  for (const auto& l : kinds) {
+    const std::string n = hex(l.name);
     std::string body = fmt::format(
         "SELECT COUNT(*) INTO @lw_row FROM {0} WHERE lock_name = {2} FOR UPDATE; "
         "DELETE FROM {1} WHERE lock_name = {2} AND owner = {3} AND role IN ('r', 'p', 'f') AND expires_at > NOW(6); "
         "SET @lw_released = ROW_COUNT(); "
         "DELETE FROM {1} WHERE lock_name = {2} AND owner = {3} AND role IN ('r', 'p', 'f'); ",
-        table_, holders_, n, hex(locks[i].token));
+        table_, holders_, n, hex(l.token));
     body += shrink(n);
     write_then_read(
-        conn, transaction(body), [i, done](const StoreError& err) { (*done)(i, Released::kUnconfirmed, &err); },
-        "SELECT @lw_released", [this, i, done](std::uint64_t, const SqlResult& r, const StoreError* err) {
+        conn, transaction(body), [l](const StoreError& err) { l.answer(Released::kUnconfirmed, &err); },
+        "SELECT @lw_released", [this, l](std::uint64_t, const SqlResult& r, const StoreError* err) {
           StoreError no_answer;
           if (!err && (r.rows.empty() || r.rows[0].empty() || r.rows[0][0].empty())) {
             // A new session: what the transaction did is not known.
@@ -281,8 +279,8 @@ void SqlStore::release_kinds(std::span<const LockRef> locks, std::vector<std::si
                 StoreError::unavailable(target_.name(), "the outcome of a release was lost with its connection");
             err = &no_answer;
           }
-          if (err) return (*done)(i, Released::kUnconfirmed, err);
-          (*done)(i, to_ll(r.rows[0][0]) > 0 ? Released::kYes : Released::kGone, nullptr);
+          if (err) return l.answer(Released::kUnconfirmed, err);
+          l.answer(to_ll(r.rows[0][0]) > 0 ? Released::kYes : Released::kGone, nullptr);
         });
   }
 }

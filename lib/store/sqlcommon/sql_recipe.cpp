@@ -68,6 +68,15 @@ void AcquireQueue::flush() {
   for (auto& round : rounds) in_chunks(round, send);
 }
 
+void split_releases(std::span<const LockRef> locks, LockStore::ReleaseDone done,
+                    std::vector<PendingRelease>& exclusive, std::vector<PendingRelease>& kinds) {
+  auto shared_done = std::make_shared<LockStore::ReleaseDone>(std::move(done));
+  for (std::size_t i = 0; i < locks.size(); ++i) {
+    PendingRelease r{std::string(locks[i].name), std::string(locks[i].token), i, shared_done, locks[i].kind};
+    (locks[i].kind.exclusive_kind() ? exclusive : kinds).push_back(std::move(r));
+  }
+}
+
 bool resend(const AcquireBatchPtr& batch, const StoreError& error, const SendBatch& send, bool split) {
   if (retry_later(batch, error, send)) return true;
   if (!split || batch->locks.size() < 2 || error.kind != StoreError::Kind::kRefused) return false;

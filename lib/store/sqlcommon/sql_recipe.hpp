@@ -159,6 +159,35 @@ enum class Verdict { kTaken, kBusy, kRefused };
 Acquired kind_outcome(const PendingAcquire& lock, Verdict verdict, std::uint64_t fence,
                       std::optional<long long> busy_us, const std::function<StoreError()>& refused);
 
+// One lock of a release() call, kept until its statement is answered.
+struct PendingRelease {
+  std::string name;
+  std::string token;
+  std::size_t index;                             // in its call's batch
+  std::shared_ptr<LockStore::ReleaseDone> done;  // its call's callback
+  LockKind kind{};
+
+  void answer(Released status, const StoreError* error) const { (*done)(index, status, error); }
+};
+
+// The releases one statement carries (all with notices, or none; all
+// exclusive, or none: a kind's go in a transaction of their own).
+struct ReleaseBatch {
+  std::vector<PendingRelease> locks;
+  bool notify = false;
+  int attempt = 1;
+
+  // Every lock answered `status`.
+  void answer(Released status, const StoreError* error) const {
+    for (const auto& l : locks) l.answer(status, error);
+  }
+};
+
+// The locks of one release() call, kept (owned copies), each added to
+// `exclusive` or to `kinds` as its kind is, in the call's order.
+void split_releases(std::span<const LockRef> locks, LockStore::ReleaseDone done,
+                    std::vector<PendingRelease>& exclusive, std::vector<PendingRelease>& kinds);
+
 // The leases of one renew() call, kept until every one was answered.
 struct RenewBatch {
   std::vector<LockRef> locks;  // views, valid while keepalive lives
@@ -269,6 +298,18 @@ class RecipeStore : public StoreBase,
     connections_.start(events_);
   }
   Connection& command_connection() { return connections_.command(); }
+  // A failed statement of exclusive acquisitions: a deadlock or a lock
+  // wait timeout sends it again; a row the server refused (a name too
+  // long for the column, or one the table's CHECK refuses) sends each
+  // lock again on its own, so that only that one fails; else it fails.
+  void acquire_failed(const AcquireBatchPtr& batch, const StoreError& error) {
+    if (!resend(batch, error, [this](AcquireBatchPtr b) { acquire_batch(std::move(b)); }, true)) batch->fail(error);
+  }
+  // A failed kinds' transaction, rolled back whole: true when a deadlock
+  // or a lock wait timeout sent it again.
+  bool kind_group_resent(const AcquireBatchPtr& group, const StoreError& error) {
+    return resend(group, error, [this](AcquireBatchPtr b) { send_kind_group(std::move(b)); }, false);
+  }
 
   // The steps the store writes: a batch of exclusive acquisitions (one
   // statement), a group of the other kinds' (one transaction), a group of
