@@ -234,43 +234,27 @@ void RedisNodeStore::release(std::span<const LockRef> locks, bool notify, Releas
   if (queued) want_batch();
 }
 
-void RedisNodeStore::eval_acquire(ScriptId id, std::vector<std::string> args, int keys, QueuedAcquire a) {
-  RedisConnection& c = with_asking(for_acquire());
-  c.eval(script(id), std::move(args), keys,
-         [this, &c, a = std::move(a)](const redisReply* r, const StoreError* err) mutable {
-           AcquireReply reply(r, err, 1, c.name());
-           acquired(reply.next(), std::move(a));
-         });
-}
-
 void RedisNodeStore::send_kind_acquire(QueuedAcquire a) {
-  if (a.kind.mode() == LockKind::Mode::kFair) {
-    send_fair_acquire(std::move(a));
-    return;
-  }
-  std::vector<std::string> args{a.name.str(),
-                                redis_keys::holders(a.name),
-                                redis_keys::writer_mark(a.name),
-                                redis_keys::counter(key_prefix_, a.name),
-                                a.token.str(),
-                                a.ttl_ms.str(),
-                                redis_keys::kind_arg(a.kind),
-                                owner_};
-  eval_acquire(ScriptId::kAcquireKind, std::move(args), 4, std::move(a));
-}
-
-void RedisNodeStore::send_fair_acquire(QueuedAcquire a) {
-  std::vector<std::string> args{a.name.str(),
-                                redis_keys::holders(a.name),
-                                redis_keys::queue(a.name),
-                                redis_keys::waiting(a.name),
-                                redis_keys::counter(key_prefix_, a.name),
-                                a.token.str(),
-                                a.ttl_ms.str(),
-                                redis_keys::channel(a.name),
-                                notice(),
-                                owner_};
-  eval_acquire(ScriptId::kAcquireFair, std::move(args), 5, std::move(a));
+  // KEYS: lock, holders, then a shared or permit lock's writer mark, a fair
+  // one's queue and waiting, then the counter. ARGV: token, ttl, then the
+  // kind argument, or a fair lock's channel and notice, then the owner.
+  const bool fair = a.kind.mode() == LockKind::Mode::kFair;
+  EvalRequest request(script(fair ? ScriptId::kAcquireFair : ScriptId::kAcquireKind), fair ? 5 : 4, fair ? 10 : 8,
+                      owner_.size() + 8 * a.name.size() + a.token.size() + a.ttl_ms.size() + 128);
+  request.arg(a.name).arg(redis_keys::holders(a.name));
+  if (fair)
+    request.arg(redis_keys::queue(a.name)).arg(redis_keys::waiting(a.name));
+  else
+    request.arg(redis_keys::writer_mark(a.name));
+  request.arg(redis_keys::counter(key_prefix_, a.name)).arg(a.token).arg(a.ttl_ms);
+  if (fair)
+    request.arg(redis_keys::channel(a.name)).arg(notice());
+  else
+    request.arg(redis_keys::kind_arg(a.kind));
+  request.arg(owner_);
+  std::vector<QueuedAcquire> one;
+  one.push_back(std::move(a));
+  eval_acquire(std::move(request), std::move(one), false);
 }
 
 void RedisNodeStore::withdraw(const LockRef& lock, WithdrawDone done) {
@@ -782,8 +766,8 @@ std::string RedisNodeStore::latch_ms() const {
   return std::to_string(std::max<long long>(1000, 2 * command_timeout_.count()));
 }
 
-// Sends a batch's acquire script (either layout's: both answer one entry
-// per lock) and hands each lock its answer.
+// Sends an acquire script (a batch's, of either layout, or a kind's for
+// one lock: each answers one entry per lock) and hands each lock its answer.
 void RedisNodeStore::eval_acquire(EvalRequest request, std::vector<QueuedAcquire> batch, bool counted) {
   RedisConnection& c = with_asking(for_acquire());
   c.eval(std::move(request),

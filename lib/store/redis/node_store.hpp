@@ -180,11 +180,9 @@ class RedisNodeStore final : public StoreBase,
   };
   // The acquire script's answer for one lock, then WAIT for replicas when asked.
   void acquired(Acquired out, QueuedAcquire a);
-  // A shared or permit lock: one kAcquireKind call.
+  // A shared, permit or fair lock: one kAcquireKind or kAcquireFair call,
+  // its answer to acquired().
   void send_kind_acquire(QueuedAcquire a);
-  void send_fair_acquire(QueuedAcquire a);
-  // A kind's or a fair acquisition's script; its answer goes to acquired().
-  void eval_acquire(ScriptId id, std::vector<std::string> args, int keys, QueuedAcquire a);
   // renew() of a batch with shared or permit leases in it.
   // renew() without the wait for replicas (the URL's min_replicas) that
   // renew() adds after it.
