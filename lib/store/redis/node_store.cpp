@@ -355,21 +355,26 @@ void RedisNodeStore::batch_answered() {
 }
 
 void RedisNodeStore::send_acquire_batch(std::vector<QueuedAcquire> batch, bool counted) {
-  if (layout_.redisson()) {
-    send_redisson_acquire(std::move(batch), counted);
-    return;
-  }
-  EvalRequest request = acquire_request(batch, key_prefix_, owner_);
+  EvalRequest request = layout_.redisson() ? redisson_acquire(batch) : acquire_request(batch, key_prefix_, owner_);
   eval_acquire(std::move(request), std::move(batch), counted);
 }
 
 void RedisNodeStore::send_release_batch(std::vector<QueuedRelease> batch, bool counted) {
-  if (layout_.redisson()) {
-    send_redisson_release(std::move(batch), counted);
-    return;
-  }
-  EvalRequest request = release_request(batch, notice(), [](const QueuedRelease& r) { return r.notify; });
-  eval_release(std::move(request), std::move(batch), counted);
+  // Either layout's script answers one entry per lock, and how many heard
+  // its notice; each lock is handed its answer.
+  EvalRequest request = layout_.redisson()
+                            ? redisson_release(batch)
+                            : release_request(batch, notice(), [](const QueuedRelease& r) { return r.notify; });
+  with_asking(*conn_).eval(std::move(request),
+                           [this, counted, batch = std::move(batch)](const redisReply* r, const StoreError* err) {
+                             if (counted) batch_answered();
+                             ReleaseReply reply = release_reply(r, err, batch.size());
+                             for (const QueuedRelease& q : batch) {
+                               const StoreError* why = nullptr;
+                               const Released status = heard_by(q.name, reply, &why);
+                               (*q.done)(q.index, status, why);
+                             }
+                           });
 }
 
 void RedisNodeStore::acquired(Acquired out, QueuedAcquire a) {
@@ -405,15 +410,13 @@ void RedisNodeStore::wait_for_replicas(std::string name, std::string token, Lock
                             }));
           return;
         }
-        if (layout_.redisson()) {
-          for_acquire().eval(script(ScriptId::kRedissonRelease),
-                             {name, redisson_keys::latch(name, token), notice(), layout_.field(token),
-                              redisson_keys::channel(name), latch_ms()},
-                             2, [index, done, failed](const redisReply*, const StoreError*) { (*done)(index, failed); });
-          return;
-        }
-        for_acquire().eval(script(ScriptId::kRelease), {name, notice(), token, std::string()}, 1,
-                    [index, done, failed](const redisReply*, const StoreError*) { (*done)(index, failed); });
+        // As a batch of one, without a notice in the lockwatch layout.
+        std::vector<QueuedRelease> one{QueuedRelease{SmallString<40>(name), SmallString<32>(token), false, index, {}}};
+        EvalRequest request = layout_.redisson()
+                                  ? redisson_release(one)
+                                  : release_request(one, notice(), [](const QueuedRelease&) { return false; });
+        for_acquire().eval(std::move(request),
+                           [index, done, failed](const redisReply*, const StoreError*) { (*done)(index, failed); });
       });
 }
 
@@ -779,32 +782,17 @@ void RedisNodeStore::eval_acquire(EvalRequest request, std::vector<QueuedAcquire
          });
 }
 
-// Sends a batch's release script (either layout's: both answer one entry
-// per lock, and how many heard its notice) and hands each lock its answer.
-void RedisNodeStore::eval_release(EvalRequest request, std::vector<QueuedRelease> batch, bool counted) {
-  with_asking(*conn_).eval(std::move(request),
-                           [this, counted, batch = std::move(batch)](const redisReply* r, const StoreError* err) {
-                             if (counted) batch_answered();
-                             ReleaseReply reply = release_reply(r, err, batch.size());
-                             for (const QueuedRelease& q : batch) {
-                               const StoreError* why = nullptr;
-                               const Released status = heard_by(q.name, reply, &why);
-                               (*q.done)(q.index, status, why);
-                             }
-                           });
-}
-
-void RedisNodeStore::send_redisson_acquire(std::vector<QueuedAcquire> batch, bool counted) {
+EvalRequest RedisNodeStore::redisson_acquire(const std::vector<QueuedAcquire>& batch) const {
   std::size_t bytes = 0;
   for (const auto& a : batch) bytes += 4 * a.name.size() + a.token.size() + layout_.client_id.size() + a.ttl_ms.size() + 128;
   EvalRequest request(script(ScriptId::kRedissonAcquire), 3 * batch.size(), 5 * batch.size(), bytes);
   for (const auto& a : batch)
     request.arg(a.name).arg(redisson_keys::token_counter(a.name)).arg(redisson_keys::latch(a.name, a.token));
   for (const auto& a : batch) request.arg(layout_.field(a.token)).arg(a.ttl_ms);
-  eval_acquire(std::move(request), std::move(batch), counted);
+  return request;
 }
 
-void RedisNodeStore::send_redisson_release(std::vector<QueuedRelease> batch, bool counted) {
+EvalRequest RedisNodeStore::redisson_release(const std::vector<QueuedRelease>& batch) const {
   std::size_t bytes = 0;
   for (const auto& r : batch) bytes += 3 * r.name.size() + r.token.size() + layout_.client_id.size() + 128;
   EvalRequest request(script(ScriptId::kRedissonRelease), 2 * batch.size(), 1 + 5 * batch.size(), bytes);
@@ -816,7 +804,7 @@ void RedisNodeStore::send_redisson_release(std::vector<QueuedRelease> batch, boo
   // else for the whole lease), and no lockwatch bookkeeping says whether
   // one did.
   for (const auto& r : batch) request.arg(layout_.field(r.token)).arg(redisson_keys::channel(r.name)).arg(keep);
-  eval_release(std::move(request), std::move(batch), counted);
+  return request;
 }
 
 void RedisNodeStore::erase_listening(std::string_view name) {

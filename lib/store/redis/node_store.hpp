@@ -221,10 +221,10 @@ class RedisNodeStore final : public StoreBase,
   // The layout's channel of lock `name`, and the lock a channel is for.
   std::string channel_of(std::string_view name) const;
   std::string_view lock_of(std::string_view channel) const;
-  void send_redisson_acquire(std::vector<QueuedAcquire> batch, bool counted);
+  // The redisson layout's acquire and release script calls for `batch`.
+  EvalRequest redisson_acquire(const std::vector<QueuedAcquire>& batch) const;
+  EvalRequest redisson_release(const std::vector<QueuedRelease>& batch) const;
   void eval_acquire(EvalRequest request, std::vector<QueuedAcquire> batch, bool counted);
-  void eval_release(EvalRequest request, std::vector<QueuedRelease> batch, bool counted);
-  void send_redisson_release(std::vector<QueuedRelease> batch, bool counted);
   struct Listing;
   void scan_page(std::shared_ptr<Listing> listing);
   // The unlock latch's expiry: long enough for a retry of the call.
