@@ -14,6 +14,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
+#include <utility>
 
 #include "core/guarded.hpp"
 #include "core/loop.hpp"
@@ -94,6 +95,7 @@ struct WriteReq {
   uv_write_t req{};
   void* link;  // RedisConnection::Link
   std::string data;
+  bool lane;  // counted in the connection's writes_in_flight_
 };
 
 // Pushes reach on_message (pubsub mode); anything else answers a request.
@@ -173,9 +175,11 @@ void RedisConnection::attempt() {
   write_handshake();
   open_link(link);
   if (link_ != link || handshake_pending_ > 0) return;
-  auto waiting = std::move(waiting_);
-  waiting_.clear();
-  for (auto& q : waiting) send(std::move(q));
+  send_waiting();
+}
+
+void RedisConnection::send_waiting() {
+  for (auto& q : std::exchange(waiting_, {})) send(std::move(q));
 }
 
 void RedisConnection::write_handshake() {
@@ -393,32 +397,16 @@ void RedisConnection::write_command(const std::vector<std::string_view>& argv) {
 }
 
 void RedisConnection::command(std::vector<std::string> argv, ReplyCallback cb) {
-  send(Queued{std::move(argv), {}, std::move(cb), nullptr, nullptr, {}});
+  send(Queued{std::move(argv), {}, std::move(cb)});
 }
 
 void RedisConnection::eval(const Script& script, std::vector<std::string> keys_then_args, int num_keys,
                            ReplyCallback cb) {
-  std::vector<std::string> argv;
-  argv.reserve(keys_then_args.size() + 3);
-  argv.emplace_back("EVALSHA");
-  argv.push_back(script.sha1);
-  argv.push_back(std::to_string(num_keys));
-  for (auto& a : keys_then_args) argv.push_back(std::move(a));
-  Queued q{std::move(argv), {}, std::move(cb), &script, nullptr, {}};
-  q.ran = &script;
-  send(std::move(q));
-}
-
-void RedisConnection::eval_views(const Script& script, const std::vector<std::string_view>& keys_then_args,
-                                 int num_keys, std::shared_ptr<const void> keepalive, ReplyCallback cb) {
-  Queued q{{}, {}, std::move(cb), &script, std::move(keepalive), std::to_string(num_keys)};
-  q.ran = &script;
-  q.views.reserve(keys_then_args.size() + 3);
-  q.views.emplace_back("EVALSHA");
-  q.views.emplace_back(script.sha1);
-  q.views.emplace_back();  // the count, pointed at q.num_keys when it is written
-  q.views.insert(q.views.end(), keys_then_args.begin(), keys_then_args.end());
-  send(std::move(q));
+  std::size_t bytes = 0;
+  for (const auto& a : keys_then_args) bytes += a.size();
+  EvalRequest request(script, static_cast<std::size_t>(num_keys), keys_then_args.size(), bytes);
+  for (const auto& a : keys_then_args) request.arg(a);
+  eval(std::move(request), std::move(cb));
 }
 
 EvalRequest::EvalRequest(const Script& script, std::size_t keys, std::size_t args, std::size_t bytes_hint)
@@ -446,19 +434,24 @@ void RedisConnection::eval(EvalRequest request, ReplyCallback cb) {
   // A miscounted request would desynchronise the connection's replies: it
   // is not sent.
   if (request.written_ != request.expected_) {
-    auto err = std::make_shared<const StoreError>(StoreError::invalid(
-        name_, fmt::format("{} request with {} of its {} arguments", running(*request.script_), request.written_,
-                           request.expected_)));
-    auto shared_cb = std::make_shared<ReplyCallback>(std::move(cb));
-    if (!loop_.post([shared_cb, err] { guarded(kReplyCallback, [&] { (*shared_cb)(nullptr, err.get()); }); }))
-      guarded(kReplyCallback, [&] { (*shared_cb)(nullptr, err.get()); });
+    fail_later(std::move(cb), StoreError::invalid(name_, fmt::format("{} request with {} of its {} arguments",
+                                                                     running(*request.script_), request.written_,
+                                                                     request.expected_)));
     return;
   }
-  Queued q{{}, {}, std::move(cb), request.script_, nullptr, {}};
-  q.ran = request.script_;
-  q.resp = std::move(request.resp_);
-  q.body_at = request.body_at_;
-  send(std::move(q));
+  send(queued(request, std::move(cb)));
+}
+
+RedisConnection::Queued RedisConnection::queued(EvalRequest& request, ReplyCallback cb) {
+  return Queued{{}, std::move(request.resp_), std::move(cb), request.script_, request.body_at_, false,
+                request.script_};
+}
+
+void RedisConnection::fail_later(ReplyCallback cb, StoreError err) {
+  auto failed = std::make_shared<const StoreError>(std::move(err));
+  auto shared_cb = std::make_shared<ReplyCallback>(std::move(cb));
+  if (!loop_.post([shared_cb, failed] { guarded(kReplyCallback, [&] { (*shared_cb)(nullptr, failed.get()); }); }))
+    guarded(kReplyCallback, [&] { (*shared_cb)(nullptr, failed.get()); });
 }
 
 void RedisConnection::send(Queued q) {
@@ -467,12 +460,7 @@ void RedisConnection::send(Queued q) {
     ask_next_ = false;
   }
   if (closed()) {
-    // Never inside the caller's call: it may hold state across it.
-    auto err = std::make_shared<const StoreError>(StoreError::unavailable(name_, "connection closed"));
-    auto cb = std::make_shared<ReplyCallback>(std::move(q.cb));
-    if (!loop_.post([cb, err] { guarded(kReplyCallback, [&] { (*cb)(nullptr, err.get()); }); })) {
-      guarded(kReplyCallback, [&] { (*cb)(nullptr, err.get()); });
-    }
+    fail_later(std::move(q.cb), StoreError::unavailable(name_, "connection closed"));
     return;
   }
   if (link_ == nullptr || handshake_pending_ > 0) {
@@ -489,17 +477,14 @@ void RedisConnection::submit(Queued q) {
   std::string& out = link_->out;
   if (q.asking) {
     // Its reply (OK) matters to nobody; it only has to come first.
-    Queued ask{{"ASKING"}, {}, [](const redisReply*, const StoreError*) {}, nullptr, nullptr, {}};
+    Queued ask{{"ASKING"}, {}, [](const redisReply*, const StoreError*) {}};
     append_resp(out, ask.argv);
     push_pending(Pending{Handshake::kNone, kUnwritten, std::move(ask)});
   }
   if (!q.resp.empty()) {
     out.append(q.resp);
-  } else if (q.views.empty()) {
-    append_resp(out, q.argv);
   } else {
-    q.views[2] = q.num_keys;  // valid until q moves, which is after this
-    append_resp(out, q.views);
+    append_resp(out, q.argv);
   }
   push_pending(Pending{Handshake::kNone, kUnwritten, std::move(q)});
   request_timer_.watch();
@@ -588,18 +573,20 @@ void RedisConnection::written(Link* link) {
   if (link->out.capacity() > (std::size_t{256} << 10)) std::string().swap(link->out);
 }
 
-void RedisConnection::queue_write(Link* link, std::string data) {
+void RedisConnection::queue_write(Link* link, std::string data, bool lane) {
   auto* w = new WriteReq;
   w->data = std::move(data);
   w->req.data = w;
   w->link = link;
+  w->lane = lane;
   uv_buf_t buf = uv_buf_init(w->data.data(), static_cast<unsigned>(w->data.size()));
   int rc = uv_write(&w->req, reinterpret_cast<uv_stream_t*>(&link->tcp), &buf, 1, [](uv_write_t* req, int status) {
     auto* wr = static_cast<WriteReq*>(req->data);
     auto* l = static_cast<Link*>(wr->link);
+    const bool counted = wr->lane;
     delete wr;
     if (l->dead) return;  // its count went with the link
-    {
+    if (counted) {
       std::lock_guard lk(l->conn->lane_mu_);
       --l->conn->writes_in_flight_;
       l->conn->note_lane();
@@ -624,22 +611,7 @@ void RedisConnection::write_bytes(Link* link, const char* data, std::size_t n) {
     return;
   }
   const std::size_t from = done < 0 ? 0 : static_cast<std::size_t>(done);
-  auto* w = new WriteReq;
-  w->data.assign(data + from, n - from);
-  w->req.data = w;
-  w->link = link;
-  buf = uv_buf_init(w->data.data(), static_cast<unsigned>(w->data.size()));
-  int rc = uv_write(&w->req, stream, &buf, 1, [](uv_write_t* req, int status) {
-    auto* wr = static_cast<WriteReq*>(req->data);
-    auto* l = static_cast<Link*>(wr->link);
-    delete wr;
-    if (status < 0 && status != UV_ECANCELED && !l->dead)
-      l->conn->link_failed(l->conn->failure_reason(l, std::string("write failed: ") + uv_strerror(status)));
-  });
-  if (rc < 0) {
-    delete w;
-    link_failed(std::string("write failed: ") + uv_strerror(rc));
-  }
+  queue_write(link, std::string(data + from, n - from), false);
 }
 
 void RedisConnection::received(Link* link, const char* data, std::size_t n) {
@@ -705,23 +677,15 @@ void RedisConnection::on_request_reply(Queued q, const redisReply* r) {
     if (r->type == REDIS_REPLY_ERROR) {
       if (q.script != nullptr && starts_with(r, "NOSCRIPT")) {
         // The server lost its script cache (restart, SCRIPT FLUSH): EVAL
-        // runs the source and caches it again.
-        if (!q.resp.empty()) {
-          // Same arguments: the array header and the key count onwards stay.
-          const std::size_t header_end = q.resp.find("\r\n") + 2;
-          std::string eval = q.resp.substr(0, header_end);
-          eval.append("$4\r\nEVAL\r\n$").append(std::to_string(q.script->source.size())).append("\r\n");
-          eval.append(q.script->source).append("\r\n");
-          eval.append(q.resp, q.body_at, std::string::npos);
-          q.resp = std::move(eval);
-          q.body_at = 0;
-        } else if (q.views.empty()) {
-          q.argv[0] = "EVAL";
-          q.argv[1] = std::string(q.script->source);
-        } else {
-          q.views[0] = "EVAL";
-          q.views[1] = q.script->source;  // static storage
-        }
+        // runs the source and caches it again. Same arguments: the array
+        // header and the key count onwards stay.
+        const std::size_t header_end = q.resp.find("\r\n") + 2;
+        std::string eval = q.resp.substr(0, header_end);
+        eval.append("$4\r\nEVAL\r\n$").append(std::to_string(q.script->source.size())).append("\r\n");
+        eval.append(q.script->source).append("\r\n");
+        eval.append(q.resp, q.body_at, std::string::npos);
+        q.resp = std::move(eval);
+        q.body_at = 0;
         q.script = nullptr;
         send(std::move(q));
       } else {
@@ -739,10 +703,7 @@ void RedisConnection::on_request_reply(Queued q, const redisReply* r) {
 
 std::string RedisConnection::sent(const Queued& q) {
   if (q.ran != nullptr) return running(*q.ran);
-  auto arg = [&](std::size_t i) -> std::string_view {
-    if (q.views.empty()) return i < q.argv.size() ? std::string_view(q.argv[i]) : std::string_view();
-    return i < q.views.size() ? q.views[i] : std::string_view();
-  };
+  auto arg = [&](std::size_t i) { return i < q.argv.size() ? std::string_view(q.argv[i]) : std::string_view(); };
   std::string out(arg(0));
   // Commands whose subcommand the ACL decides on.
   if (out == "CLUSTER" || out == "SENTINEL") out.append(" ").append(arg(1));
@@ -758,9 +719,6 @@ void RedisConnection::on_handshake_reply(Handshake step, const redisReply* r) {
       std::string msg(r->str, r->len);
       switch (step) {
         case Handshake::kAuth:
-          auth_failed_ = true;
-          auth_error_ = msg;
-          auth_code_ = redis_reply_error(name_, msg).code;
           handshake_error_ = "authentication failed: " + msg;
           break;
         case Handshake::kSelect:
@@ -776,12 +734,13 @@ void RedisConnection::on_handshake_reply(Handshake step, const redisReply* r) {
         case Handshake::kName:
           break;
       }
-      if (step != Handshake::kAuth && redis_acl_refusal(redis_reply_error(name_, msg))) {
-        // The user may not SELECT or ask ROLE: refused credentials, not a
-        // node to wait for.
+      const StoreError refusal = redis_reply_error(name_, msg);
+      if (step == Handshake::kAuth || redis_acl_refusal(refusal)) {
+        // AUTH refused, or the user may not SELECT or ask ROLE: refused
+        // credentials, not a node to wait for.
         auth_failed_ = true;
-        auth_error_ = handshake_error_;
-        auth_code_ = redis_reply_error(name_, msg).code;
+        auth_error_ = step == Handshake::kAuth ? msg : handshake_error_;
+        auth_code_ = refusal.code;
       }
     } else if (step == Handshake::kRole) {
       std::string role;
@@ -800,9 +759,7 @@ void RedisConnection::on_handshake_reply(Handshake step, const redisReply* r) {
     return;
   }
   if (up()) became_usable();
-  auto waiting = std::move(waiting_);
-  waiting_.clear();
-  for (auto& q : waiting) send(std::move(q));
+  send_waiting();
 }
 
 void RedisConnection::on_push(const redisReply* r) {
@@ -864,11 +821,7 @@ bool RedisConnection::send_direct(EvalRequest& request, ReplyCallback& cb) {
     if (n <= 0) return false;  // full, or broken (the loop's read will tell): the loop's way
     const auto now = std::chrono::steady_clock::now();
     if (static_cast<std::size_t>(n) < data.size()) lane_rest_.assign(data, static_cast<std::size_t>(n));
-    Queued q{{}, {}, std::move(cb), request.script_, nullptr, {}};
-    q.ran = request.script_;
-    q.resp = std::move(request.resp_);
-    q.body_at = request.body_at_;
-    Pending p{Handshake::kNone, now, std::move(q)};
+    Pending p{Handshake::kNone, now, queued(request, std::move(cb))};
     // The loop does not poll for it: it sleeps until the reply wakes it.
     p.awaited = false;
     pending_.push_back(std::move(p));
@@ -923,13 +876,9 @@ void RedisConnection::drop_link(const std::string& why) {
 void RedisConnection::link_failed(const std::string& why) {
   // Requests wait only while the handshake is unanswered: they were
   // waiting for this attempt, and fail with it.
-  auto waited = std::move(waiting_);
-  waiting_.clear();
+  auto waited = std::exchange(waiting_, {});
   drop_link(why);
-  if (!waited.empty()) {
-    const StoreError err = down_error(why);
-    for (auto& q : waited) guarded(kReplyCallback, [&] { q.cb(nullptr, &err); });
-  }
+  fail_waiting(std::move(waited), why);
   went_down(why);
 }
 
@@ -945,13 +894,10 @@ void RedisConnection::went_down(const std::string& why) {
   reconnector_.down(why);
 }
 
-void RedisConnection::fail_queued(const std::string& why) {
-  auto waiting = std::move(waiting_);
-  waiting_.clear();
+void RedisConnection::fail_waiting(std::deque<Queued> queued, const std::string& why) {
+  if (queued.empty()) return;
   const StoreError err = down_error(why);
-  for (auto& q : waiting) {
-    guarded(kReplyCallback, [&] { q.cb(nullptr, &err); });
-  }
+  for (auto& q : queued) guarded(kReplyCallback, [&] { q.cb(nullptr, &err); });
 }
 
 StoreError RedisConnection::down_error(const std::string& why) const {
@@ -1062,7 +1008,7 @@ void RedisConnection::close() {
   if (demand_id_ != 0) loop_.remove_demand(demand_id_);
   demand_id_ = 0;
   drop_link("connection closed");
-  fail_queued("connection closed");
+  fail_waiting(std::exchange(waiting_, {}), "connection closed");
   request_timer_.close();
   uv_close(reinterpret_cast<uv_handle_t*>(&flush_), nullptr);
 }

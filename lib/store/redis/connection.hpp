@@ -136,12 +136,9 @@ class RedisConnection : private Reconnector::Attempts, private RequestTimer::Req
   // Loop thread only, from here on.
   void start();
   void command(std::vector<std::string> argv, ReplyCallback cb);
-  // EVALSHA, falling back to EVAL when the server answers NOSCRIPT.
+  // EVALSHA, falling back to EVAL when the server answers NOSCRIPT (written
+  // as an EvalRequest).
   void eval(const Script& script, std::vector<std::string> keys_then_args, int num_keys, ReplyCallback cb);
-  // The same without copying the arguments: the views must stay valid until
-  // the callback ran, which `keepalive` guarantees (it is held until then).
-  void eval_views(const Script& script, const std::vector<std::string_view>& keys_then_args, int num_keys,
-                  std::shared_ptr<const void> keepalive, ReplyCallback cb);
   // The same, written already: one string of its own, nothing copied.
   void eval(EvalRequest request, ReplyCallback cb);
   // Redis Cluster: the next request goes right after an ASKING (a slot this
@@ -204,17 +201,16 @@ class RedisConnection : private Reconnector::Attempts, private RequestTimer::Req
   bool up() const noexcept { return reconnector_.state() == Reconnector::State::kUp; }
   bool closed() const noexcept { return reconnector_.closed(); }
   struct Queued {
-    std::vector<std::string> argv;         // owned arguments, or
-    std::vector<std::string_view> views;   // borrowed ones, valid while keepalive lives
+    std::vector<std::string> argv;  // a command's arguments, or
+    std::string resp;               // a script call written whole (EvalRequest)
     ReplyCallback cb;
-    const Script* script;  // non-null: an EVALSHA, retried as EVAL on NOSCRIPT
-    std::shared_ptr<const void> keepalive;
-    std::string num_keys;  // storage for the views' key count
-    std::string resp{};    // or the request written whole (EvalRequest)
-    std::size_t body_at = 0;  // there: where the key count starts
+    const Script* script = nullptr;  // non-null: an EVALSHA, retried as EVAL on NOSCRIPT
+    std::size_t body_at = 0;  // in resp: where the key count starts
     bool asking = false;   // written after an ASKING (ask_next())
     const Script* ran = nullptr;  // the script, also once `script` fell back to EVAL: for errors
   };
+  // The script call `request` as a request, answered to `cb`.
+  static Queued queued(EvalRequest& request, ReplyCallback cb);
   // What `q` sent, for an error that the user's ACL refused it.
   static std::string sent(const Queued& q);
   // kName: CLIENT SETNAME lockwatch:<owner>, for operators' CLIENT LIST;
@@ -251,14 +247,21 @@ class RedisConnection : private Reconnector::Attempts, private RequestTimer::Req
   void write_handshake();
   void open_link(Link* link);
   void send(Queued q);
+  // Fails `cb` with `err` on the loop's next turn (never inside the
+  // caller's call: it may hold state across it), or at once once the
+  // loop's shutdown has begun.
+  void fail_later(ReplyCallback cb, StoreError err);
   void submit(Queued q);
+  // What waited for the handshake, sent now it is answered.
+  void send_waiting();
   void write_command(const std::vector<std::string_view>& argv);
   void want_flush();
   void flush();
   // flush()'s parts: what it wrote is pending from now on; the rest of a
-  // write the socket did not take, handed to libuv (the lane waits for it).
+  // write the socket did not take, handed to libuv (`lane`: the lane waits
+  // for it, counted in writes_in_flight_; write_bytes() uses it too).
   void written(Link* link);
-  void queue_write(Link* link, std::string data);
+  void queue_write(Link* link, std::string data, bool lane = true);
   void write_bytes(Link* link, const char* data, std::size_t n);
   void start_tcp(Link* link, const struct sockaddr* addr);
   void link_up(Link* link);
@@ -282,7 +285,8 @@ class RedisConnection : private Reconnector::Attempts, private RequestTimer::Req
   void link_failed(const std::string& why);
   void went_down(const std::string& why);
   void became_usable();
-  void fail_queued(const std::string& why);
+  // `queued` (requests that waited for a link) fail with `why`.
+  void fail_waiting(std::deque<Queued> queued, const std::string& why);
   StoreError down_error(const std::string& why) const;
   StoreError error_for(const redisReply* reply) const;
   void send_handshake(Handshake step, std::vector<std::string> argv);

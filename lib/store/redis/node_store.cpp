@@ -36,6 +36,43 @@ std::chrono::system_clock::time_point time_at(const redisReply* r, std::size_t f
                                                                       std::chrono::microseconds(to_ll(string_at(r, first + 1)))));
 }
 
+// The acquire script's call for `locks` (a batch, or the direct lane's one
+// lock): each lock's keys (itself, its slot's counter, its old counter),
+// then each one's token and ttl, then the owner's name.
+template <class Locks>
+EvalRequest acquire_request(const Locks& locks, std::string_view key_prefix, std::string_view owner) {
+  std::size_t bytes = owner.size();
+  for (const auto& a : locks) bytes += 3 * a.name.size() + a.token.size() + a.ttl_ms.size() + 64;
+  EvalRequest request(script(ScriptId::kAcquire), 3 * locks.size(), 5 * locks.size() + 1, bytes);
+  for (const auto& a : locks) {
+    request.arg(a.name);
+    request.arg(key_prefix, redis_keys::kCounterInfix, "{", slot_tag(key_slot(a.name)), "}");
+    request.arg(a.name, redis_keys::kFenceSuffix);
+  }
+  for (const auto& a : locks) request.arg(a.token).arg(a.ttl_ms);
+  request.arg(owner);
+  return request;
+}
+
+// The release script's call for `locks`: each one's channel where
+// notify(lock) says its release is told, else ''.
+template <class Locks, class Notify>
+EvalRequest release_request(const Locks& locks, std::string_view notice, Notify notify) {
+  std::size_t bytes = 0;
+  for (const auto& r : locks) bytes += 2 * r.name.size() + r.token.size() + 48;
+  EvalRequest request(script(ScriptId::kRelease), locks.size(), 1 + 3 * locks.size(), bytes);
+  for (const auto& r : locks) request.arg(r.name);
+  request.arg(notice);
+  for (const auto& r : locks) {
+    request.arg(r.token);
+    if (notify(r))
+      request.arg(r.name, redis_keys::kChannelSuffix);
+    else
+      request.arg(std::string_view());
+  }
+  return request;
+}
+
 }  // namespace
 
 RedisNodeStore::RedisNodeStore(Loop& loop, Endpoint endpoint, const StoreSettings& settings, Notices notices,
@@ -107,10 +144,7 @@ void RedisNodeStore::follow_sentinels(std::unique_ptr<SentinelWatcher> watcher) 
   sentinel_->on_master([this](const Endpoint& master) {
     if (master.name() != conn_->name() && events_.log)
       events_.log(true, fmt::format("the sentinels give {} as the master (was {})", master.name(), conn_->name()));
-    conn_->set_endpoint(master);
-    renew_->set_endpoint(master);
-    if (acquire_) acquire_->set_endpoint(master);
-    sub_->set_endpoint(master);
+    each_connection([&](RedisConnection& c) { c.set_endpoint(master); });
   });
   conn_->require_master();
   renew_->require_master();
@@ -124,10 +158,7 @@ void RedisNodeStore::started() {
     if (events_.connection) events_.connection(conn_->name(), up, why);
   });
   batch_turn_.open();
-  conn_->start();
-  renew_->start();
-  if (acquire_) acquire_->start();
-  sub_->start();
+  each_connection([](RedisConnection& c) { c.start(); });
   if (sentinel_) sentinel_->start();
 }
 
@@ -161,13 +192,7 @@ void RedisNodeStore::write_directly() {
 bool RedisNodeStore::acquire_direct(const LockRef& l, AcquiredDirect done) {
   if (!l.kind.exclusive_kind()) return false;  // the kinds' scripts go from the loop
   // As send_acquire_batch() writes a batch of one.
-  EvalRequest request(script(ScriptId::kAcquire), 3, 6,
-                      owner_.size() + 3 * l.name.size() + l.token.size() + l.ttl_ms.size() + 64);
-  request.arg(l.name);
-  request.arg(key_prefix_, redis_keys::kCounterInfix, "{", slot_tag(key_slot(l.name)), "}");
-  request.arg(l.name, redis_keys::kFenceSuffix);
-  request.arg(l.token).arg(l.ttl_ms);
-  request.arg(owner_);
+  EvalRequest request = acquire_request(std::span<const LockRef>(&l, 1), key_prefix_, owner_);
   ReplyCallback cb = [c = conn_.get(), done = std::move(done)](const redisReply* r, const StoreError* err) {
     AcquireReply reply(r, err, 1, c->name());
     done(reply.next());
@@ -178,20 +203,13 @@ bool RedisNodeStore::acquire_direct(const LockRef& l, AcquiredDirect done) {
 bool RedisNodeStore::release_direct(const LockRef& l, ReleasedDirect done) {
   if (!l.kind.exclusive_kind()) return false;
   // As send_release_batch() writes a batch of one, with its notice.
-  EvalRequest request(script(ScriptId::kRelease), 1, 4, 3 * l.name.size() + l.token.size() + 48);
-  request.arg(l.name);
-  request.arg(notice());
-  request.arg(l.token);
-  request.arg(l.name, redis_keys::kChannelSuffix);
+  EvalRequest request = release_request(std::span<const LockRef>(&l, 1), notice(), [](const LockRef&) { return true; });
   ReplyCallback cb = [this, name = SmallString<40>(l.name), done = std::move(done)](const redisReply* r,
                                                                                      const StoreError* err) {
-    ReleaseReply reply(r, err, 1, conn_->name());
-    if (err != nullptr && redis_acl_refusal(*err) && events_.log)
-      events_.log(true, err->describe() + ": the release is unconfirmed");
+    ReleaseReply reply = release_reply(r, err, 1);
     const StoreError* why = nullptr;
-    bool heard_once = false;
-    const Released status = reply.next(&why, &heard_once);
-    done(heard_by(name, status, heard_once), why);
+    const Released status = heard_by(name, reply, &why);
+    done(status, why);
   };
   return conn_->send_direct(request, cb);
 }
@@ -216,43 +234,27 @@ void RedisNodeStore::release(std::span<const LockRef> locks, bool notify, Releas
   if (queued) want_batch();
 }
 
-void RedisNodeStore::eval_acquire(ScriptId id, std::vector<std::string> args, int keys, QueuedAcquire a) {
-  RedisConnection& c = with_asking(for_acquire());
-  c.eval(script(id), std::move(args), keys,
-         [this, &c, a = std::move(a)](const redisReply* r, const StoreError* err) mutable {
-           AcquireReply reply(r, err, 1, c.name());
-           acquired(reply.next(), std::move(a));
-         });
-}
-
 void RedisNodeStore::send_kind_acquire(QueuedAcquire a) {
-  if (a.kind.mode() == LockKind::Mode::kFair) {
-    send_fair_acquire(std::move(a));
-    return;
-  }
-  std::vector<std::string> args{a.name.str(),
-                                redis_keys::holders(a.name),
-                                redis_keys::writer_mark(a.name),
-                                redis_keys::counter(key_prefix_, a.name),
-                                a.token.str(),
-                                a.ttl_ms.str(),
-                                redis_keys::kind_arg(a.kind),
-                                owner_};
-  eval_acquire(ScriptId::kAcquireKind, std::move(args), 4, std::move(a));
-}
-
-void RedisNodeStore::send_fair_acquire(QueuedAcquire a) {
-  std::vector<std::string> args{a.name.str(),
-                                redis_keys::holders(a.name),
-                                redis_keys::queue(a.name),
-                                redis_keys::waiting(a.name),
-                                redis_keys::counter(key_prefix_, a.name),
-                                a.token.str(),
-                                a.ttl_ms.str(),
-                                redis_keys::channel(a.name),
-                                notice(),
-                                owner_};
-  eval_acquire(ScriptId::kAcquireFair, std::move(args), 5, std::move(a));
+  // KEYS: lock, holders, then a shared or permit lock's writer mark, a fair
+  // one's queue and waiting, then the counter. ARGV: token, ttl, then the
+  // kind argument, or a fair lock's channel and notice, then the owner.
+  const bool fair = a.kind.mode() == LockKind::Mode::kFair;
+  EvalRequest request(script(fair ? ScriptId::kAcquireFair : ScriptId::kAcquireKind), fair ? 5 : 4, fair ? 10 : 8,
+                      owner_.size() + 8 * a.name.size() + a.token.size() + a.ttl_ms.size() + 128);
+  request.arg(a.name).arg(redis_keys::holders(a.name));
+  if (fair)
+    request.arg(redis_keys::queue(a.name)).arg(redis_keys::waiting(a.name));
+  else
+    request.arg(redis_keys::writer_mark(a.name));
+  request.arg(redis_keys::counter(key_prefix_, a.name)).arg(a.token).arg(a.ttl_ms);
+  if (fair)
+    request.arg(redis_keys::channel(a.name)).arg(notice());
+  else
+    request.arg(redis_keys::kind_arg(a.kind));
+  request.arg(owner_);
+  std::vector<QueuedAcquire> one;
+  one.push_back(std::move(a));
+  eval_acquire(std::move(request), std::move(one), false);
 }
 
 void RedisNodeStore::withdraw(const LockRef& lock, WithdrawDone done) {
@@ -353,41 +355,26 @@ void RedisNodeStore::batch_answered() {
 }
 
 void RedisNodeStore::send_acquire_batch(std::vector<QueuedAcquire> batch, bool counted) {
-  if (layout_.redisson()) {
-    send_redisson_acquire(std::move(batch), counted);
-    return;
-  }
-  std::size_t bytes = owner_.size();
-  for (const auto& a : batch) bytes += 3 * a.name.size() + a.token.size() + a.ttl_ms.size() + 64;
-  EvalRequest request(script(ScriptId::kAcquire), 3 * batch.size(), 5 * batch.size() + 1, bytes);
-  for (const auto& a : batch) {
-    request.arg(a.name);
-    request.arg(key_prefix_, redis_keys::kCounterInfix, "{", slot_tag(key_slot(a.name)), "}");
-    request.arg(a.name, redis_keys::kFenceSuffix);
-  }
-  for (const auto& a : batch) request.arg(a.token).arg(a.ttl_ms);
-  request.arg(owner_);
+  EvalRequest request = layout_.redisson() ? redisson_acquire(batch) : acquire_request(batch, key_prefix_, owner_);
   eval_acquire(std::move(request), std::move(batch), counted);
 }
 
 void RedisNodeStore::send_release_batch(std::vector<QueuedRelease> batch, bool counted) {
-  if (layout_.redisson()) {
-    send_redisson_release(std::move(batch), counted);
-    return;
-  }
-  std::size_t bytes = 0;
-  for (const auto& r : batch) bytes += 2 * r.name.size() + r.token.size() + 48;
-  EvalRequest request(script(ScriptId::kRelease), batch.size(), 1 + 3 * batch.size(), bytes);
-  for (const auto& r : batch) request.arg(r.name);
-  request.arg(notice());
-  for (const auto& r : batch) {
-    request.arg(r.token);
-    if (r.notify)
-      request.arg(r.name, redis_keys::kChannelSuffix);
-    else
-      request.arg(std::string_view());
-  }
-  eval_release(std::move(request), std::move(batch), counted);
+  // Either layout's script answers one entry per lock, and how many heard
+  // its notice; each lock is handed its answer.
+  EvalRequest request = layout_.redisson()
+                            ? redisson_release(batch)
+                            : release_request(batch, notice(), [](const QueuedRelease& r) { return r.notify; });
+  with_asking(*conn_).eval(std::move(request),
+                           [this, counted, batch = std::move(batch)](const redisReply* r, const StoreError* err) {
+                             if (counted) batch_answered();
+                             ReleaseReply reply = release_reply(r, err, batch.size());
+                             for (const QueuedRelease& q : batch) {
+                               const StoreError* why = nullptr;
+                               const Released status = heard_by(q.name, reply, &why);
+                               (*q.done)(q.index, status, why);
+                             }
+                           });
 }
 
 void RedisNodeStore::acquired(Acquired out, QueuedAcquire a) {
@@ -404,20 +391,16 @@ void RedisNodeStore::wait_for_replicas(std::string name, std::string token, Lock
   // handed out, so a failover right after cannot drop it.
   // On the acquisitions' own connection: WAIT counts that connection's
   // writes, and blocks only it (never a release or a renewal).
-  for_acquire().command(
-      {"WAIT", std::to_string(replicas_.min), std::to_string(replicas_.ack_timeout.count())},
+  wait_replicas(
+      for_acquire(), replicas_.min, "lock write",
       [this, name = std::move(name), token = std::move(token), kind, taken, index, done = std::move(done)](
-          const redisReply* w, const StoreError* werr) mutable {
-        long long acks = (!werr && w->type == REDIS_REPLY_INTEGER) ? w->integer : 0;
-        if (acks >= replicas_.min) {
+          const StoreError* short_of) {
+        if (short_of == nullptr) {
           (*done)(index, taken);
           return;
         }
         Acquired failed;
-        failed.error = werr ? *werr
-                            : StoreError::unavailable(conn_->name(),
-                                                      fmt::format("the lock write reached {} of the {} replicas required",
-                                                                  acks, replicas_.min));
+        failed.error = *short_of;
         // Give the lock back before the caller hears of the failure.
         if (!kind.exclusive_kind()) {
           LockRef ref{name, token, {}, {}, kind};
@@ -427,15 +410,13 @@ void RedisNodeStore::wait_for_replicas(std::string name, std::string token, Lock
                             }));
           return;
         }
-        if (layout_.redisson()) {
-          for_acquire().eval(script(ScriptId::kRedissonRelease),
-                             {name, redisson_keys::latch(name, token), notice(), layout_.field(token),
-                              redisson_keys::channel(name), latch_ms()},
-                             2, [index, done, failed](const redisReply*, const StoreError*) { (*done)(index, failed); });
-          return;
-        }
-        for_acquire().eval(script(ScriptId::kRelease), {name, notice(), token, std::string()}, 1,
-                    [index, done, failed](const redisReply*, const StoreError*) { (*done)(index, failed); });
+        // As a batch of one, without a notice in the lockwatch layout.
+        std::vector<QueuedRelease> one{QueuedRelease{SmallString<40>(name), SmallString<32>(token), false, index, {}}};
+        EvalRequest request = layout_.redisson()
+                                  ? redisson_release(one)
+                                  : release_request(one, notice(), [](const QueuedRelease&) { return false; });
+        for_acquire().eval(std::move(request),
+                           [index, done, failed](const redisReply*, const StoreError*) { (*done)(index, failed); });
       });
 }
 
@@ -460,10 +441,11 @@ std::size_t RedisNodeStore::renew(std::span<const LockRef> locks, std::shared_pt
     std::vector<Answer> answers;
     std::shared_ptr<const void> keepalive;  // the caller's views live until the last answer
     RenewDone done;
-    void deliver(long long acks, long long needed, const StoreError* failed) {
+    // `failed`: why the renewals did not reach the replicas (null: they did).
+    void deliver(const StoreError* failed) {
       for (std::size_t k = 0; k < answers.size(); ++k) {
         const Answer& a = answers[k];
-        if (a.status == Renewed::kYes && acks < needed)
+        if (a.status == Renewed::kYes && failed != nullptr)
           done(k, Renewed::kTransient, failed);
         else
           done(k, a.status, a.why ? &*a.why : nullptr);
@@ -481,7 +463,7 @@ std::size_t RedisNodeStore::renew(std::span<const LockRef> locks, std::shared_pt
       });
   renew_->command({"ROLE"}, [this, batch](const redisReply* role, const StoreError* err) {
     if (err != nullptr) {
-      batch->deliver(0, 1, err);
+      batch->deliver(err);
       return;
     }
     // ["master", offset, [[host, port, offset], ...]]: the replicas it has.
@@ -492,19 +474,10 @@ std::size_t RedisNodeStore::renew(std::span<const LockRef> locks, std::shared_pt
       listed = static_cast<long long>(role->element[2]->elements);
     const long long needed = std::min<long long>(replicas_.min, listed);
     if (needed == 0) {
-      batch->deliver(0, 0, nullptr);
+      batch->deliver(nullptr);
       return;
     }
-    renew_->command({"WAIT", std::to_string(needed), std::to_string(replicas_.ack_timeout.count())},
-                    [this, batch, needed](const redisReply* w, const StoreError* werr) {
-                      const long long acks = (!werr && w->type == REDIS_REPLY_INTEGER) ? w->integer : 0;
-                      const StoreError short_of =
-                          werr ? *werr
-                               : StoreError::unavailable(
-                                     renew_->name(),
-                                     fmt::format("the renewal reached {} of the {} replicas required", acks, needed));
-                      batch->deliver(acks, needed, &short_of);
-                    });
+    wait_replicas(*renew_, needed, "renewal", [batch](const StoreError* short_of) { batch->deliver(short_of); });
   });
   return commands + 1;
 }
@@ -513,28 +486,31 @@ std::size_t RedisNodeStore::renew_now(std::span<const LockRef> locks, std::share
                                       RenewDone done) {
   if (std::any_of(locks.begin(), locks.end(), [](const LockRef& l) { return !l.kind.exclusive_kind(); }))
     return renew_mixed(locks, std::move(keepalive), std::move(done));
-  if (layout_.redisson()) return renew_redisson(locks, std::move(keepalive), std::move(done));
+  // Written straight from the leases into the request, no argument strings:
+  // the locks, then each one's token (in the redisson layout, its owner
+  // field) and ttl. `keepalive` holds the leases until the reply.
   const std::size_t n = locks.size();
-  // The arguments are views into the leases, which `keepalive` holds until
-  // the reply: no copies of keys and tokens per renewal.
-  renew_args_.clear();
-  renew_args_.reserve(3 * n);
-  for (const auto& l : locks) renew_args_.push_back(l.name);
+  const bool redisson = layout_.redisson();
+  std::size_t bytes = 0;
+  for (const auto& l : locks) bytes += l.name.size() + l.token.size() + l.ttl_ms.size() + layout_.client_id.size() + 64;
+  EvalRequest request(script(redisson ? ScriptId::kRedissonRenew : ScriptId::kRenew), n, 3 * n, bytes);
+  for (const auto& l : locks) request.arg(l.name);
   for (const auto& l : locks) {
-    renew_args_.push_back(l.token);
-    renew_args_.push_back(l.ttl_ms);
+    if (redisson)
+      request.arg(layout_.field(l.token));
+    else
+      request.arg(l.token);
+    request.arg(l.ttl_ms);
   }
-  renew_->eval_views(script(ScriptId::kRenew), renew_args_, static_cast<int>(n), std::move(keepalive),
-                     [this, n, done = std::move(done)](const redisReply* r, const StoreError* err) {
-                       RenewReply reply(r, err, n, renew_->name());
-                       for (std::size_t k = 0; k < n; ++k) {
-                         const StoreError* why = nullptr;
-                         const Renewed status = reply.next(&why);
-                         done(k, status, why);
-                       }
-                     });
-  renew_args_.clear();
-  if (renew_args_.capacity() > 4096) std::vector<std::string_view>().swap(renew_args_);
+  renew_->eval(std::move(request), [this, n, keepalive = std::move(keepalive), done = std::move(done)](
+                                       const redisReply* r, const StoreError* err) {
+    RenewReply reply(r, err, n, renew_->name());
+    for (std::size_t k = 0; k < n; ++k) {
+      const StoreError* why = nullptr;
+      const Renewed status = reply.next(&why);
+      done(k, status, why);
+    }
+  });
   renewal_asking_ = false;
   return 1;
 }
@@ -616,22 +592,25 @@ void RedisNodeStore::reserve_tokens(const LockRef& lock, std::uint32_t n, Reserv
           done(last, failed ? &*failed : nullptr);
           return;
         }
-        for_acquire().command(
-            {"WAIT", std::to_string(replicas_.min), std::to_string(replicas_.ack_timeout.count())},
-            [this, last, done = std::move(done)](const redisReply* w, const StoreError* werr) {
+        wait_replicas(for_acquire(), replicas_.min, "token reservation",
+                      [last, done = std::move(done)](const StoreError* short_of) {
+                        done(short_of == nullptr ? last : 0, short_of);
+                      });
+      });
+}
+
+void RedisNodeStore::wait_replicas(RedisConnection& c, long long needed, std::string_view what,
+                                   std::function<void(const StoreError*)> done) {
+  c.command({"WAIT", std::to_string(needed), std::to_string(replicas_.ack_timeout.count())},
+            [&c, needed, what, done = std::move(done)](const redisReply* w, const StoreError* werr) {
               const long long acks = (!werr && w->type == REDIS_REPLY_INTEGER) ? w->integer : 0;
-              if (acks >= replicas_.min) {
-                done(last, nullptr);
-                return;
-              }
+              if (acks >= needed) return done(nullptr);
               const StoreError short_of =
                   werr ? *werr
-                       : StoreError::unavailable(conn_->name(),
-                                                 fmt::format("the token reservation reached {} of the {} replicas required",
-                                                             acks, replicas_.min));
-              done(0, &short_of);
+                       : StoreError::unavailable(c.name(), fmt::format("the {} reached {} of the {} replicas required",
+                                                                       what, acks, needed));
+              done(&short_of);
             });
-      });
 }
 
 void RedisNodeStore::server_time(TimeDone done) {
@@ -790,8 +769,8 @@ std::string RedisNodeStore::latch_ms() const {
   return std::to_string(std::max<long long>(1000, 2 * command_timeout_.count()));
 }
 
-// Sends a batch's acquire script (either layout's: both answer one entry
-// per lock) and hands each lock its answer.
+// Sends an acquire script (a batch's, of either layout, or a kind's for
+// one lock: each answers one entry per lock) and hands each lock its answer.
 void RedisNodeStore::eval_acquire(EvalRequest request, std::vector<QueuedAcquire> batch, bool counted) {
   RedisConnection& c = with_asking(for_acquire());
   c.eval(std::move(request),
@@ -803,38 +782,17 @@ void RedisNodeStore::eval_acquire(EvalRequest request, std::vector<QueuedAcquire
          });
 }
 
-// Sends a batch's release script (either layout's: both answer one entry
-// per lock, and how many heard its notice) and hands each lock its answer.
-void RedisNodeStore::eval_release(EvalRequest request, std::vector<QueuedRelease> batch, bool counted) {
-  with_asking(*conn_).eval(std::move(request),
-                           [this, counted, batch = std::move(batch)](const redisReply* r, const StoreError* err) {
-                             if (counted) batch_answered();
-                             ReleaseReply reply(r, err, batch.size(), conn_->name());
-                             // A release whose notice the ACL refused deleted
-                             // the lock, but is unconfirmed: only a log line
-                             // tells why.
-                             if (err != nullptr && redis_acl_refusal(*err) && events_.log)
-                               events_.log(true, err->describe() + ": the release is unconfirmed");
-                             for (const QueuedRelease& q : batch) {
-                               const StoreError* why = nullptr;
-                               bool heard_once = false;
-                               const Released status = reply.next(&why, &heard_once);
-                               (*q.done)(q.index, heard_by(q.name, status, heard_once), why);
-                             }
-                           });
-}
-
-void RedisNodeStore::send_redisson_acquire(std::vector<QueuedAcquire> batch, bool counted) {
+EvalRequest RedisNodeStore::redisson_acquire(const std::vector<QueuedAcquire>& batch) const {
   std::size_t bytes = 0;
   for (const auto& a : batch) bytes += 4 * a.name.size() + a.token.size() + layout_.client_id.size() + a.ttl_ms.size() + 128;
   EvalRequest request(script(ScriptId::kRedissonAcquire), 3 * batch.size(), 5 * batch.size(), bytes);
   for (const auto& a : batch)
     request.arg(a.name).arg(redisson_keys::token_counter(a.name)).arg(redisson_keys::latch(a.name, a.token));
   for (const auto& a : batch) request.arg(layout_.field(a.token)).arg(a.ttl_ms);
-  eval_acquire(std::move(request), std::move(batch), counted);
+  return request;
 }
 
-void RedisNodeStore::send_redisson_release(std::vector<QueuedRelease> batch, bool counted) {
+EvalRequest RedisNodeStore::redisson_release(const std::vector<QueuedRelease>& batch) const {
   std::size_t bytes = 0;
   for (const auto& r : batch) bytes += 3 * r.name.size() + r.token.size() + layout_.client_id.size() + 128;
   EvalRequest request(script(ScriptId::kRedissonRelease), 2 * batch.size(), 1 + 5 * batch.size(), bytes);
@@ -846,40 +804,24 @@ void RedisNodeStore::send_redisson_release(std::vector<QueuedRelease> batch, boo
   // else for the whole lease), and no lockwatch bookkeeping says whether
   // one did.
   for (const auto& r : batch) request.arg(layout_.field(r.token)).arg(redisson_keys::channel(r.name)).arg(keep);
-  eval_release(std::move(request), std::move(batch), counted);
-}
-
-std::size_t RedisNodeStore::renew_redisson(std::span<const LockRef> locks, std::shared_ptr<const void> keepalive,
-                                           RenewDone done) {
-  // The fields are made here, so the arguments are copied (as the kinds'
-  // renewals are), not viewed in the leases.
-  const std::size_t n = locks.size();
-  std::vector<std::string> args;
-  args.reserve(3 * n);
-  for (const auto& l : locks) args.emplace_back(l.name);
-  for (const auto& l : locks) {
-    args.push_back(layout_.field(l.token));
-    args.emplace_back(l.ttl_ms);
-  }
-  renew_->eval(script(ScriptId::kRedissonRenew), std::move(args), static_cast<int>(n),
-               [this, n, keepalive = std::move(keepalive), done = std::move(done)](const redisReply* r,
-                                                                                   const StoreError* err) {
-                 RenewReply reply(r, err, n, renew_->name());
-                 for (std::size_t k = 0; k < n; ++k) {
-                   const StoreError* why = nullptr;
-                   const Renewed status = reply.next(&why);
-                   done(k, status, why);
-                 }
-               });
-  renewal_asking_ = false;
-  return 1;
+  return request;
 }
 
 void RedisNodeStore::erase_listening(std::string_view name) {
   if (auto it = listening_.find(name); it != listening_.end()) listening_.erase(it);
 }
 
-Released RedisNodeStore::heard_by(std::string_view name, Released status, bool heard_once) const {
+ReleaseReply RedisNodeStore::release_reply(const redisReply* r, const StoreError* err, std::size_t locks) {
+  // A release whose notice the ACL refused deleted the lock, but is
+  // unconfirmed: only a log line tells why.
+  if (err != nullptr && redis_acl_refusal(*err) && events_.log)
+    events_.log(true, err->describe() + ": the release is unconfirmed");
+  return ReleaseReply(r, err, locks, conn_->name());
+}
+
+Released RedisNodeStore::heard_by(std::string_view name, ReleaseReply& reply, const StoreError** why) const {
+  bool heard_once = false;
+  const Released status = reply.next(why, &heard_once);
   // One listener on the node, and ours is confirmed there: it was ours.
   if (heard_once && listening_.find(name) != listening_.end()) return Released::kYesUnheard;
   return status;
@@ -892,10 +834,7 @@ void RedisNodeStore::close() {
   send_batches(true);
   batch_turn_.close();
   if (sentinel_) sentinel_->close();
-  conn_->close();
-  renew_->close();
-  if (acquire_) acquire_->close();
-  sub_->close();
+  each_connection([](RedisConnection& c) { c.close(); });
 }
 
 }  // namespace lockwatch::detail

@@ -180,11 +180,9 @@ class RedisNodeStore final : public StoreBase,
   };
   // The acquire script's answer for one lock, then WAIT for replicas when asked.
   void acquired(Acquired out, QueuedAcquire a);
-  // A shared or permit lock: one kAcquireKind call.
+  // A shared, permit or fair lock: one kAcquireKind or kAcquireFair call,
+  // its answer to acquired().
   void send_kind_acquire(QueuedAcquire a);
-  void send_fair_acquire(QueuedAcquire a);
-  // A kind's or a fair acquisition's script; its answer goes to acquired().
-  void eval_acquire(ScriptId id, std::vector<std::string> args, int keys, QueuedAcquire a);
   // renew() of a batch with shared or permit leases in it.
   // renew() without the wait for replicas (the URL's min_replicas) that
   // renew() adds after it.
@@ -194,6 +192,12 @@ class RedisNodeStore final : public StoreBase,
   void send_kind_release(RedisConnection& c, std::span<const LockRef> locks, std::vector<std::size_t> indexes,
                          bool notify, std::shared_ptr<ReleaseDone> done);
   RedisConnection& for_acquire() { return acquire_ ? *acquire_ : *conn_; }
+  // `f` for each connection, in this order (acquire_ only with min_replicas).
+  template <class F>
+  void each_connection(F f) {
+    for (RedisConnection* c : {conn_.get(), renew_.get(), acquire_.get(), sub_.get()})
+      if (c != nullptr) f(*c);
+  }
   // `c`, after an ASKING when send_asking() asked for one.
   RedisConnection& with_asking(RedisConnection& c);
   void want_batch();
@@ -206,17 +210,21 @@ class RedisNodeStore final : public StoreBase,
   // sent by send_batches(), and so counted in flight.
   void send_acquire_batch(std::vector<QueuedAcquire> batch, bool counted = true);
   void send_release_batch(std::vector<QueuedRelease> batch, bool counted = true);
+  // WAIT on `c` for `needed` replicas: `done` is told null once they have
+  // what `c` wrote before, else why not (`c`'s error, or "the <what>
+  // reached <acks> of the <needed> replicas required").
+  void wait_replicas(RedisConnection& c, long long needed, std::string_view what,
+                     std::function<void(const StoreError*)> done);
   void wait_for_replicas(std::string name, std::string token, LockKind kind, Acquired taken, std::size_t index,
                          std::shared_ptr<AcquireDone> done);
 
   // The layout's channel of lock `name`, and the lock a channel is for.
   std::string channel_of(std::string_view name) const;
   std::string_view lock_of(std::string_view channel) const;
-  void send_redisson_acquire(std::vector<QueuedAcquire> batch, bool counted);
+  // The redisson layout's acquire and release script calls for `batch`.
+  EvalRequest redisson_acquire(const std::vector<QueuedAcquire>& batch) const;
+  EvalRequest redisson_release(const std::vector<QueuedRelease>& batch) const;
   void eval_acquire(EvalRequest request, std::vector<QueuedAcquire> batch, bool counted);
-  void eval_release(EvalRequest request, std::vector<QueuedRelease> batch, bool counted);
-  void send_redisson_release(std::vector<QueuedRelease> batch, bool counted);
-  std::size_t renew_redisson(std::span<const LockRef> locks, std::shared_ptr<const void> keepalive, RenewDone done);
   struct Listing;
   void scan_page(std::shared_ptr<Listing> listing);
   // The unlock latch's expiry: long enough for a retry of the call.
@@ -238,7 +246,6 @@ class RedisNodeStore final : public StoreBase,
   bool asking_ = false;  // send_asking(): the next call goes after an ASKING
   bool renewal_asking_ = false;  // send_renewal_asking(): the next renew() goes after one
   std::unique_ptr<SentinelWatcher> sentinel_;
-  std::vector<std::string_view> renew_args_;  // reused per batch
   Loop& loop_;
   bool by_slot_ = false;  // batch_by_slot()
   // Runs the batches of this iteration, before the connection's flush.
@@ -256,9 +263,12 @@ class RedisNodeStore final : public StoreBase,
   // unsubscribe, a drop or the connection going down): a release notice
   // that reached one subscriber there reached ours.
   std::set<std::string, std::less<>> listening_;
-  // A release's answer, with what its notice reached: kYesUnheard when it
-  // reached no subscriber of the node, or only our own.
-  Released heard_by(std::string_view name, Released status, bool heard_once) const;
+  // The release script's reply on the command connection for `locks` locks.
+  ReleaseReply release_reply(const redisReply* r, const StoreError* err, std::size_t locks);
+  // The next lock's answer in `reply` (`*why` as ReleaseReply::next's),
+  // with what its notice reached: kYesUnheard when it reached no subscriber
+  // of the node, or only our own.
+  Released heard_by(std::string_view name, ReleaseReply& reply, const StoreError** why) const;
   void erase_listening(std::string_view name);
 };
 

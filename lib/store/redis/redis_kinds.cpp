@@ -62,17 +62,15 @@ std::unique_ptr<LockStore> make_redis(Loop& loop, const std::string& url, const 
   const StoreLayout layout = store_layout(split);
   const StoreSettings settings = StoreSettings::of(options);
   constexpr auto kClassic = RedisNodeStore::Notices::kClassic;
-  if (!topology.sentinels.empty()) {
-    auto node = std::make_unique<RedisNodeStore>(loop, topology.master, settings, kClassic, layout, split.replicas);
+  const bool sentinel = !topology.sentinels.empty();
+  if (sentinel || topology.masters.size() == 1) {
+    // One master: the URL's, or the one the sentinels name.
+    auto node = std::make_unique<RedisNodeStore>(loop, sentinel ? topology.master : topology.masters.front(), settings,
+                                                 kClassic, layout, split.replicas);
     node->write_directly();
-    node->follow_sentinels(
-        std::make_unique<SentinelWatcher>(loop, topology, settings, split.sentinel_user, split.sentinel_password));
-    return in_layout(std::move(node), layout);
-  }
-  if (topology.masters.size() == 1) {
-    auto node = std::make_unique<RedisNodeStore>(loop, topology.masters.front(), settings, kClassic, layout,
-                                                 split.replicas);
-    node->write_directly();
+    if (sentinel)
+      node->follow_sentinels(
+          std::make_unique<SentinelWatcher>(loop, topology, settings, split.sentinel_user, split.sentinel_password));
     return in_layout(std::move(node), layout);
   }
   std::vector<std::unique_ptr<LockStore>> nodes;
