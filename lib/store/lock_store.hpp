@@ -84,6 +84,13 @@ struct Acquired {
   std::uint64_t fence = 0;                 // kTaken: the fencing token
   std::chrono::milliseconds busy_for{0};   // kBusy: the holder's remaining ttl
   StoreError error;                        // kFailed: why (empty on success: no allocation)
+
+  // The three answers; a busy one waits at least 1 ms (never a spin).
+  static Acquired taken(std::uint64_t fence) { return {Status::kTaken, fence, {}, {}}; }
+  static Acquired busy(std::chrono::milliseconds how_long) {
+    return {Status::kBusy, 0, std::max(how_long, std::chrono::milliseconds(1)), {}};
+  }
+  static Acquired failed(StoreError why) { return {Status::kFailed, 0, {}, std::move(why)}; }
 };
 
 enum class Renewed : std::uint8_t {

@@ -198,8 +198,7 @@ void QuorumStore::on_acquire_vote(const std::shared_ptr<AcquireBatch>& b, std::s
     // A majority is out of reach.
     t.decided = true;
     if (t.busy > 0 && t.took.size() + t.busy >= quorum_) {
-      out.status = Acquired::Status::kBusy;
-      out.busy_for = milliseconds(std::max<long long>(1, t.min_busy));
+      out = Acquired::busy(milliseconds(t.min_busy));
     } else if (!t.only_connection_errors && t.telling) {
       out.error = *t.telling;
     } else {
@@ -234,22 +233,16 @@ void QuorumStore::check_raised(const std::shared_ptr<AcquireBatch>& b, std::size
     // later majority may have handed out too (found by
     // model/redlock_fence.pml with two acquisitions overlapping).
     if (Clock::now() >= lease_deadline(watchdog_, b->sent, t.ttl)) {
-      Acquired late;
-      late.error = StoreError::unavailable(names_[t.took.empty() ? 0 : t.took.front()],
-                                           "a majority raised its fencing counters only after the validity time");
-      give_back(b, k, late);
+      give_back(b, k, Acquired::failed(StoreError::unavailable(
+                          names_[t.took.empty() ? 0 : t.took.front()],
+                          "a majority raised its fencing counters only after the validity time")));
       return;
     }
     t.finished = true;
-    Acquired out;
-    out.status = Acquired::Status::kTaken;
-    out.fence = t.fence;
-    b->done(k, out);
+    b->done(k, Acquired::taken(t.fence));
   } else if (t.replies == stores_.size() && t.raise_replies == t.raise_asked) {
-    Acquired out;
-    out.error = StoreError::unavailable(names_[t.took.empty() ? 0 : t.took.front()],
-                                        "could not raise a majority's fencing counters");
-    give_back(b, k, out);
+    give_back(b, k, Acquired::failed(StoreError::unavailable(names_[t.took.empty() ? 0 : t.took.front()],
+                                                             "could not raise a majority's fencing counters")));
   }
 }
 

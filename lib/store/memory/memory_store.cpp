@@ -111,8 +111,7 @@ void MemoryStore::acquire(std::span<const LockRef> locks, AcquireDone done) {
         };
       },
       [n = locks.size(), shared_done, err = no_answer()] {
-        Acquired failed;
-        failed.error = err;
+        const Acquired failed = Acquired::failed(err);
         for (std::size_t k = 0; k < n; ++k) (*shared_done)(k, failed);
       });
 }

@@ -59,11 +59,7 @@ void ZkLockRecipe::acquire(std::span<const LockRef> locks, LockStore::AcquireDon
 
 void ZkLockRecipe::finish(const Op& op, const Acquired& out) { (*op->done)(op->index, out); }
 
-void ZkLockRecipe::fail(const Op& op, const StoreError& e) {
-  Acquired out;
-  out.error = e;
-  finish(op, out);
-}
+void ZkLockRecipe::fail(const Op& op, const StoreError& e) { finish(op, Acquired::failed(e)); }
 
 void ZkLockRecipe::fail_later(const Op& op, const StoreError& e) {
   sessions_.post([this, op, e] { fail(op, e); });
@@ -389,10 +385,7 @@ void ZkLockRecipe::grant(const Op& op) {
   auto done = [this, op, key](std::uint64_t fence) {
     sessions_.holds().held[key] = ZkHolds::Held{
         op->path, op->session, op->czxid, op->attempt, op->ttl, gone_by(watchdog_, op->sent, op->ttl), fence};
-    Acquired out;
-    out.status = Acquired::Status::kTaken;
-    out.fence = fence;
-    finish(op, out);
+    finish(op, Acquired::taken(fence));
   };
   if (op->repeat) {
     done(op->fence);
@@ -520,10 +513,7 @@ void ZkLockRecipe::read_watched(const Op& op, const std::vector<std::string>& wa
             fail(op, sessions_.error(w->rc, "watching the holder's node"));
             return;
           }
-          Acquired out;
-          out.status = Acquired::Status::kBusy;
-          out.busy_for = std::max(w->busy_for, milliseconds(1));
-          finish(op, out);
+          finish(op, Acquired::busy(w->busy_for));
         },
         [=](zhandle_t* zh, void* ctx) { return zoo_aget(zh, path.c_str(), 1, zk::on_data, ctx); });
   }
