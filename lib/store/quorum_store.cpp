@@ -365,19 +365,18 @@ void QuorumStore::server_time(TimeDone done) {
 void QuorumStore::claim_period(std::string_view name, std::string_view token, std::int64_t period,
                                std::chrono::system_clock::time_point start,
                                ClaimDone done) {
-  struct Tally {
-    std::size_t replies = 0, claimed = 0, already = 0, not_due = 0, not_leader = 0;
+  struct Tally : Answers {
+    std::size_t claimed = 0, already = 0, not_due = 0, not_leader = 0;
     std::int64_t last = 0;
     std::vector<std::chrono::system_clock::time_point> times;
-    std::unique_ptr<StoreError> error;
     std::function<void(const ClaimResult&)> done;
   };
   auto t = std::make_shared<Tally>();
   t->done = std::move(done);
   for (auto* s : jobs_) {
     s->claim_period(name, token, period, start, [this, t](const ClaimResult& r) {
-      t->replies++;
       using S = ClaimResult::Status;
+      if (t->heard(r.status == S::kFailed ? &r.error : nullptr)) t->times.push_back(r.store_time);
       switch (r.status) {
         case S::kClaimed: t->claimed++; break;
         case S::kAlreadyRun:
@@ -386,11 +385,8 @@ void QuorumStore::claim_period(std::string_view name, std::string_view token, st
           break;
         case S::kNotDue: t->not_due++; break;
         case S::kNotLeader: t->not_leader++; break;
-        case S::kFailed:
-          keep_most_telling(t->error, r.error);
-          break;
+        case S::kFailed: break;
       }
-      if (r.status != S::kFailed) t->times.push_back(r.store_time);
       if (t->replies < stores_.size()) return;
       const std::size_t n = stores_.size();
       ClaimResult out;

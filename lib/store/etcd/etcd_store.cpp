@@ -533,44 +533,19 @@ namespace {
 constexpr int kPeriodKeyAttempts = 5;  // the period key changed under us, still lower: read again
 }  // namespace
 
-struct EtcdStore::Claim {
-  std::string name, token, key;
-  std::int64_t period = 0;
-  ClaimDone done;
-  int attempt = 0;
-  ClaimResult out;
-
-  void finish(ClaimResult::Status status, const StoreError* err = nullptr) {
-    out.status = status;
-    if (err) out.error = *err;
-    done(out);
-  }
+struct EtcdStore::Claim : PeriodClaim {
+  std::string key;  // period_key(name)
 };
 
 void EtcdStore::server_time(TimeDone done) { clock_->now(std::move(done)); }
 
 void EtcdStore::claim_period(std::string_view name, std::string_view token, std::int64_t period,
                              std::chrono::system_clock::time_point start, ClaimDone done) {
-  auto c = std::make_shared<Claim>();
-  c->name = std::string(name);
-  c->token = std::string(token);
+  auto c = PeriodClaim::make<Claim>(name, token, period, std::move(done));
   c->key = period_key(name);
-  c->period = period;
-  c->done = std::move(done);
   // The clock decides only whether the period is due; that it runs once
   // rests on the transaction alone.
-  clock_->now([this, c, start](std::chrono::system_clock::time_point now, const StoreError* err) {
-    if (err) {
-      c->finish(ClaimResult::Status::kFailed, err);
-      return;
-    }
-    c->out.store_time = now;
-    if (now < start) {
-      c->finish(ClaimResult::Status::kNotDue);
-      return;
-    }
-    claim_step(c);
-  });
+  clock_->now(PeriodClaim::when_due(std::move(c), start, [this](std::shared_ptr<Claim> c) { claim_step(c); }));
 }
 
 void EtcdStore::claim_step(std::shared_ptr<Claim> c) {

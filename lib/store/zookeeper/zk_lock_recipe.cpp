@@ -13,17 +13,15 @@ namespace lockwatch::detail {
 
 using std::chrono::milliseconds;
 
-struct ZkLockRecipe::AcquireOp {
+// Its Node: our node, once made (or found); `attempt` is in the node's
+// name (this attempt's nodes only).
+struct ZkLockRecipe::AcquireOp : ZkHolds::Node {
   std::string name;
   std::string token;
   milliseconds ttl{0};
   std::size_t index = 0;
   std::shared_ptr<LockStore::AcquireDone> done;
   std::string dir;
-  std::string path;  // our node, once made (or found)
-  std::int64_t czxid = 0;
-  std::uint64_t session = 0;
-  std::uint64_t attempt = 0;  // in the node's name: this attempt's nodes only
   Clock::time_point sent;     // when the request that made (or found) the node went out
   LockKind kind{};
   bool repeat = false;     // a repeat of a granted acquisition: its fence again
@@ -93,10 +91,7 @@ bool ZkLockRecipe::repeat_held(Op& op) {
     fail_later(op, e);
     return true;
   }
-  op->path = h->second.path;
-  op->czxid = h->second.czxid;
-  op->session = s->serial;
-  op->attempt = h->second.attempt;
+  static_cast<ZkHolds::Node&>(*op) = h->second;
   op->fence = h->second.fence;
   op->repeat = true;
   op->sent = Clock::now();
@@ -112,10 +107,7 @@ bool ZkLockRecipe::repeat_waiting(Op& op) {
   // another span for its mark.
   ZkSession* s = sessions_.live(m->second.session);
   if (s != nullptr && op->kind.single_holder()) {
-    op->path = m->second.path;
-    op->czxid = m->second.czxid;
-    op->session = s->serial;
-    op->attempt = m->second.attempt;
+    static_cast<ZkHolds::Node&>(*op) = m->second;
     op->from_mark = true;
     op->sent = Clock::now();
     m->second.until = op->sent + zk::mark_span(op->ttl, op->kind);
@@ -218,10 +210,7 @@ void ZkLockRecipe::list_nodes(Op op) {
     fail_later(op, sessions_.error(ZSESSIONEXPIRED, "the session that made the lock's node ended"));
     return;
   }
-  const std::string dir = op->dir;
-  sessions_.send_read(
-      *s, [this, op](const ZkResult& r) { listed(op, r); },
-      [=](zhandle_t* zh, void* ctx) { return zoo_aget_children(zh, dir.c_str(), 0, zk::on_strings, ctx); });
+  sessions_.list(*s, op->dir, [this, op](const ZkResult& r) { listed(op, r); });
 }
 
 void ZkLockRecipe::listed(const Op& op, const ZkResult& r) {
@@ -383,8 +372,7 @@ void ZkLockRecipe::grant(const Op& op) {
     op->from_mark = false;
   }
   auto done = [this, op, key](std::uint64_t fence) {
-    sessions_.holds().held[key] = ZkHolds::Held{
-        op->path, op->session, op->czxid, op->attempt, op->ttl, gone_by(watchdog_, op->sent, op->ttl), fence};
+    sessions_.holds().held[key] = ZkHolds::Held{*op, op->ttl, gone_by(watchdog_, op->sent, op->ttl), fence};
     finish(op, Acquired::taken(fence));
   };
   if (op->repeat) {
@@ -412,20 +400,16 @@ void ZkLockRecipe::grant(const Op& op) {
 }
 
 void ZkLockRecipe::read_fence(ZkSession& s, const Op& op, std::function<void(std::uint64_t)> done) {
-  const std::string fence_path = op->dir + "/" + zk::kFenceNode;
-  sessions_.send_read(
-      s,
-      [this, op, done = std::move(done)](const ZkResult& r) {
-        if (r.rc != ZOK && r.rc != ZNONODE) {
-          abandon_attempt(op);
-          fail(op, sessions_.error(r.rc, "reading the last writer's fencing token"));
-          return;
-        }
-        std::uint64_t fence = 0;
-        if (r.rc == ZOK) std::from_chars(r.value.data(), r.value.data() + r.value.size(), fence);
-        done(fence);
-      },
-      [=](zhandle_t* zh, void* ctx) { return zoo_aget(zh, fence_path.c_str(), 0, zk::on_data, ctx); });
+  sessions_.read(s, op->dir + "/" + zk::kFenceNode, false, [this, op, done = std::move(done)](const ZkResult& r) {
+    if (r.rc != ZOK && r.rc != ZNONODE) {
+      abandon_attempt(op);
+      fail(op, sessions_.error(r.rc, "reading the last writer's fencing token"));
+      return;
+    }
+    std::uint64_t fence = 0;
+    if (r.rc == ZOK) std::from_chars(r.value.data(), r.value.data() + r.value.size(), fence);
+    done(fence);
+  });
 }
 
 // Step 0 sets the node; missing (or made meanwhile), step 1 makes it;
@@ -466,7 +450,7 @@ void ZkLockRecipe::wait_behind(const Op& op, std::vector<std::string> watch, boo
     // A waiting writer's mark: the store removes it unless the same
     // acquisition tries again within its span.
     sessions_.holds().marks[zk::hold_key(op->name, op->token)] =
-        ZkHolds::Mark{op->path, op->session, op->czxid, op->attempt, Clock::now() + zk::mark_span(op->ttl, op->kind)};
+        ZkHolds::Mark{*op, Clock::now() + zk::mark_span(op->ttl, op->kind)};
     read_watched(op, watch, cap);
     return;
   }
@@ -497,25 +481,22 @@ void ZkLockRecipe::read_watched(const Op& op, const std::vector<std::string>& wa
   };
   auto w = std::make_shared<Wait>(Wait{watch.size(), cap, ZOK});
   for (const auto& path : watch) {
-    sessions_.send_read(
-        *s,
-        [this, op, w](const ZkResult& r) {
-          if (r.rc == ZOK) {
-            auto [token, ttl_ms] = zk::parse_data(r.value);
-            w->busy_for = std::min(w->busy_for, milliseconds(ttl_ms > 0 ? ttl_ms : op->ttl.count()));
-          } else if (r.rc == ZNONODE) {
-            w->busy_for = milliseconds(1);  // released meanwhile: try again now
-          } else if (w->rc == ZOK) {
-            w->rc = r.rc;
-          }
-          if (--w->left != 0) return;
-          if (w->rc != ZOK) {
-            fail(op, sessions_.error(w->rc, "watching the holder's node"));
-            return;
-          }
-          finish(op, Acquired::busy(w->busy_for));
-        },
-        [=](zhandle_t* zh, void* ctx) { return zoo_aget(zh, path.c_str(), 1, zk::on_data, ctx); });
+    sessions_.read(*s, path, true, [this, op, w](const ZkResult& r) {
+      if (r.rc == ZOK) {
+        auto [token, ttl_ms] = zk::parse_data(r.value);
+        w->busy_for = std::min(w->busy_for, milliseconds(ttl_ms > 0 ? ttl_ms : op->ttl.count()));
+      } else if (r.rc == ZNONODE) {
+        w->busy_for = milliseconds(1);  // released meanwhile: try again now
+      } else if (w->rc == ZOK) {
+        w->rc = r.rc;
+      }
+      if (--w->left != 0) return;
+      if (w->rc != ZOK) {
+        fail(op, sessions_.error(w->rc, "watching the holder's node"));
+        return;
+      }
+      finish(op, Acquired::busy(w->busy_for));
+    });
   }
 }
 

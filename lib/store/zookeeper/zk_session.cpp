@@ -254,6 +254,18 @@ void ZkSessions::send_read(Session& s, ZkReply reply, ZkIssue issue) {
   }
 }
 
+void ZkSessions::list(Session& s, std::string path, ZkReply reply) {
+  send_read(s, std::move(reply), [path = std::move(path)](zhandle_t* zh, void* ctx) {
+    return zoo_aget_children(zh, path.c_str(), 0, zk::on_strings, ctx);
+  });
+}
+
+void ZkSessions::read(Session& s, std::string path, bool watch, ZkReply reply) {
+  send_read(s, std::move(reply), [path = std::move(path), watch](zhandle_t* zh, void* ctx) {
+    return zoo_aget(zh, path.c_str(), watch ? 1 : 0, zk::on_data, ctx);
+  });
+}
+
 bool ZkSessions::resend(std::uint64_t id, Pending& p) {
   Session* s = closed_ || Clock::now() >= p.deadline ? nullptr : live(p.session);
   if (s == nullptr) return false;
