@@ -78,6 +78,16 @@ struct LockRef {
   bool waits = false;
 };
 
+// A LockRef's strings kept, for a request that outlives the call (ref()
+// views them).
+struct OwnedLock {
+  explicit OwnedLock(const LockRef& r) : name(r.name), token(r.token), ttl_ms(r.ttl_ms), ttl(r.ttl), kind(r.kind) {}
+  LockRef ref() const { return LockRef{name, token, ttl_ms, ttl, kind}; }
+  std::string name, token, ttl_ms;
+  std::chrono::milliseconds ttl{0};
+  LockKind kind{};
+};
+
 struct Acquired {
   enum class Status : std::uint8_t { kTaken, kBusy, kFailed };
   Status status = Status::kFailed;

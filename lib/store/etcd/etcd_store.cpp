@@ -252,8 +252,8 @@ std::size_t EtcdStore::renew(std::span<const LockRef> locks, std::shared_ptr<con
 // ---- release
 
 // One lock's release, until answered or given up.
-struct EtcdStore::Releasing {
-  std::string name, token;
+struct EtcdStore::Releasing : OwnedLock {
+  using OwnedLock::OwnedLock;
   std::size_t index = 0;
   std::shared_ptr<ReleaseDone> done;
   std::int64_t lease = 0;
@@ -265,9 +265,7 @@ void EtcdStore::release(std::span<const LockRef> locks, bool, ReleaseDone done) 
   // it: a waiter woken for nothing asks once and sleeps again.
   auto shared_done = std::make_shared<ReleaseDone>(std::move(done));
   for (std::size_t i = 0; i < locks.size(); ++i) {
-    auto r = std::make_shared<Releasing>();
-    r->name = std::string(locks[i].name);
-    r->token = std::string(locks[i].token);
+    auto r = std::make_shared<Releasing>(locks[i]);
     r->index = i;
     r->done = shared_done;
     if (auto it = held_.find(r->name); it != held_.end() && it->second.token == r->token) r->lease = it->second.lease;

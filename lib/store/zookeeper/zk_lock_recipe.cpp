@@ -15,15 +15,12 @@ using std::chrono::milliseconds;
 
 // Its Node: our node, once made (or found); `attempt` is in the node's
 // name (this attempt's nodes only).
-struct ZkLockRecipe::AcquireOp : ZkHolds::Node {
-  std::string name;
-  std::string token;
-  milliseconds ttl{0};
+struct ZkLockRecipe::AcquireOp : ZkHolds::Node, OwnedLock {
+  using OwnedLock::OwnedLock;
   std::size_t index = 0;
   std::shared_ptr<LockStore::AcquireDone> done;
   std::string dir;
   Clock::time_point sent;     // when the request that made (or found) the node went out
-  LockKind kind{};
   bool repeat = false;     // a repeat of a granted acquisition: its fence again
   bool from_mark = false;  // a writer's attempt that found its own mark
   std::uint64_t fence = 0;
@@ -42,14 +39,10 @@ void ZkLockRecipe::forget(const AcquireOp& op) {
 void ZkLockRecipe::acquire(std::span<const LockRef> locks, LockStore::AcquireDone done) {
   auto shared_done = std::make_shared<LockStore::AcquireDone>(std::move(done));
   for (std::size_t i = 0; i < locks.size(); ++i) {
-    auto op = std::make_shared<AcquireOp>();
-    op->name = std::string(locks[i].name);
-    op->token = std::string(locks[i].token);
-    op->ttl = locks[i].ttl;
+    auto op = std::make_shared<AcquireOp>(locks[i]);
     op->index = i;
     op->done = shared_done;
     op->dir = zk::dir_of(op->name);
-    op->kind = locks[i].kind;
     op->attempt = next_attempt_++;
     acquire_one(std::move(op));
   }

@@ -7,6 +7,7 @@
 
 #include "core/loop.hpp"
 #include "core/net.hpp"
+#include "core/url.hpp"
 #include "store/zookeeper/zk_error.hpp"
 #include "store/zookeeper/zk_nodes.hpp"
 
@@ -112,8 +113,7 @@ void ZkSessions::names_resolved(long long ms, std::uint64_t serial, const std::v
   for (std::size_t i = 0; i < addresses.size(); ++i) {
     if (addresses[i].empty()) continue;
     if (!hosts.empty()) hosts += ',';
-    const bool v6 = addresses[i].find(':') != std::string::npos;
-    hosts += (v6 ? "[" + addresses[i] + "]" : addresses[i]) + ":" + std::to_string(target_.hosts[i].second);
+    hosts += host_port(addresses[i], target_.hosts[i].second);
   }
   if (!hosts.empty()) {
     open_handle(s, hosts + target_.chroot);
