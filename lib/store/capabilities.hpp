@@ -123,9 +123,10 @@ class JobClaims {
   ~JobClaims() = default;
 };
 
-// A claim between its steps, in a store that reads its clock apart from
-// the claim (ZooKeeper, etcd): a store's own claim derives from it.
-struct PeriodClaim {
+// A period claim as a store carries it between its steps, in a store that
+// reads its clock apart from the claim (ZooKeeper, etcd): a store's own
+// claim derives from it.
+struct StoreClaim {
   std::string name, token;
   std::int64_t period = 0;
   JobClaims::ClaimDone done;

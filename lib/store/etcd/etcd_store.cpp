@@ -531,7 +531,7 @@ namespace {
 constexpr int kPeriodKeyAttempts = 5;  // the period key changed under us, still lower: read again
 }  // namespace
 
-struct EtcdStore::Claim : PeriodClaim {
+struct EtcdStore::Claim : StoreClaim {
   std::string key;  // period_key(name)
 };
 
@@ -539,11 +539,11 @@ void EtcdStore::server_time(TimeDone done) { clock_->now(std::move(done)); }
 
 void EtcdStore::claim_period(std::string_view name, std::string_view token, std::int64_t period,
                              std::chrono::system_clock::time_point start, ClaimDone done) {
-  auto c = PeriodClaim::make<Claim>(name, token, period, std::move(done));
+  auto c = StoreClaim::make<Claim>(name, token, period, std::move(done));
   c->key = period_key(name);
   // The clock decides only whether the period is due; that it runs once
   // rests on the transaction alone.
-  clock_->now(PeriodClaim::when_due(std::move(c), start, [this](std::shared_ptr<Claim> c) { claim_step(c); }));
+  clock_->now(StoreClaim::when_due(std::move(c), start, [this](std::shared_ptr<Claim> c) { claim_step(c); }));
 }
 
 void EtcdStore::claim_step(std::shared_ptr<Claim> c) {

@@ -14,7 +14,7 @@ std::chrono::system_clock::time_point from_ms(std::int64_t ms) {
 }
 }  // namespace
 
-struct ZkClaims::Claim : PeriodClaim {
+struct ZkClaims::Claim : StoreClaim {
   std::string lock_path;    // our lock's node
   std::string period_path;  // the job's `period` node
 };
@@ -69,8 +69,8 @@ void ZkClaims::claim_period(std::string_view name, std::string_view token, std::
                             std::chrono::system_clock::time_point start, JobClaims::ClaimDone done) {
   // The clock first: a claim runs only once the ensemble's clock reached
   // the period's start (the write after it is later still).
-  auto c = PeriodClaim::make<Claim>(name, token, period, std::move(done));
-  server_time(PeriodClaim::when_due(std::move(c), start, [this](std::shared_ptr<Claim> c) { claim_step(c); }));
+  auto c = StoreClaim::make<Claim>(name, token, period, std::move(done));
+  server_time(StoreClaim::when_due(std::move(c), start, [this](std::shared_ptr<Claim> c) { claim_step(c); }));
 }
 
 void ZkClaims::claim_step(std::shared_ptr<Claim> c) {
