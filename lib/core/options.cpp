@@ -95,6 +95,39 @@ int url_port(const std::string& url, std::string_view text) {
 
 }  // namespace
 
+bool take_credentials(const std::string& url, std::string_view& rest, std::string& user, std::string& password) {
+  auto at = rest.rfind('@');
+  if (at == std::string_view::npos) return false;
+  std::string_view cred = rest.substr(0, at);
+  rest.remove_prefix(at + 1);
+  auto colon = cred.find(':');
+  user = percent_decode(url, cred.substr(0, colon));
+  if (colon != std::string_view::npos) password = percent_decode(url, cred.substr(colon + 1));
+  return true;
+}
+
+std::string_view split_host_port(const std::string& url, std::string_view hostport, int& port) {
+  if (!hostport.empty() && hostport.front() == '[') {  // [::1]:5432
+    auto close = hostport.find(']');
+    if (close == std::string_view::npos) throw_bad_url(url, "unclosed '[' in host");
+    std::string_view after = hostport.substr(close + 1);
+    if (!after.empty()) {
+      if (after.front() != ':') throw_bad_url(url, "bad port");
+      port = url_port(url, after.substr(1));
+    }
+    return hostport.substr(1, close - 1);
+  }
+  if (auto colon = hostport.rfind(':'); colon != std::string_view::npos) {
+    port = url_port(url, hostport.substr(colon + 1));
+    return hostport.substr(0, colon);
+  }
+  return hostport;
+}
+
+std::string host_port(const std::string& host, int port) {
+  return (host.find(':') != std::string::npos ? "[" + host + "]" : host) + ":" + std::to_string(port);
+}
+
 DatabaseUrl split_database_url(const std::string& url, std::string_view rest, std::string_view shape) {
   DatabaseUrl d;
   std::string_view query;
@@ -102,34 +135,13 @@ DatabaseUrl split_database_url(const std::string& url, std::string_view rest, st
     query = rest.substr(q + 1);
     rest = rest.substr(0, q);
   }
-  if (auto at = rest.rfind('@'); at != std::string_view::npos) {
-    std::string_view cred = rest.substr(0, at);
-    rest.remove_prefix(at + 1);
-    auto colon = cred.find(':');
-    d.user = percent_decode(url, cred.substr(0, colon));
-    if (colon != std::string_view::npos) d.password = percent_decode(url, cred.substr(colon + 1));
-  }
+  take_credentials(url, rest, d.user, d.password);
   if (d.user.empty()) throw_bad_url(url, fmt::format("no user: {}", shape).c_str());
   auto slash = rest.find('/');
   if (slash == std::string_view::npos || slash + 1 >= rest.size())
     throw_bad_url(url, fmt::format("no database: {}", shape).c_str());
   d.database = percent_decode(url, rest.substr(slash + 1));
-  std::string_view hostport = rest.substr(0, slash);
-  std::string_view host = hostport;
-  if (!hostport.empty() && hostport.front() == '[') {  // [::1]:5432
-    auto close = hostport.find(']');
-    if (close == std::string_view::npos) throw_bad_url(url, "unclosed '[' in host");
-    host = hostport.substr(1, close - 1);
-    std::string_view after = hostport.substr(close + 1);
-    if (!after.empty()) {
-      if (after.front() != ':') throw_bad_url(url, "bad port");
-      d.port = url_port(url, after.substr(1));
-    }
-  } else if (auto colon = hostport.rfind(':'); colon != std::string_view::npos) {
-    host = hostport.substr(0, colon);
-    d.port = url_port(url, hostport.substr(colon + 1));
-  }
-  d.host = percent_decode(url, host);
+  d.host = percent_decode(url, split_host_port(url, rest.substr(0, slash), d.port));
   while (!query.empty()) {
     auto amp = query.find('&');
     std::string_view param = query.substr(0, amp);

@@ -39,6 +39,16 @@ std::string url_for_messages(const std::string& url);
 // Decodes %XX escapes of a part of `url` (credentials, paths); a bad escape
 // is throw_bad_url().
 std::string percent_decode(const std::string& url, std::string_view part);
+// Takes "user[:password]@" off the front of `rest` (a part of `url`, up to
+// its last '@'), decoded into `user` and `password`; false, and nothing
+// taken, without an '@'.
+bool take_credentials(const std::string& url, std::string_view& rest, std::string& user, std::string& password);
+// The host of `hostport` ("host", "host:port", "[v6]" or "[v6]:port", a
+// part of `url`), without brackets and not decoded; its port goes to
+// `port`, kept when none is given (a bad one is throw_bad_url()).
+std::string_view split_host_port(const std::string& url, std::string_view hostport, int& port);
+// "host:port" for a client to connect to, an IPv6 address in brackets.
+std::string host_port(const std::string& host, int port);
 
 // A database URL's parts: `user[:password]@host[:port]/database[?k=v&...]`,
 // credentials, host and values decoded. Each store checks what it needs

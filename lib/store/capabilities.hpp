@@ -34,6 +34,7 @@
 #include <chrono>
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -120,6 +121,48 @@ class JobClaims {
 
  protected:
   ~JobClaims() = default;
+};
+
+// A period claim as a store carries it between its steps, in a store that
+// reads its clock apart from the claim (ZooKeeper, etcd): a store's own
+// claim derives from it.
+struct StoreClaim {
+  std::string name, token;
+  std::int64_t period = 0;
+  JobClaims::ClaimDone done;
+  int attempt = 0;  // reads of the last period run
+  ClaimResult out;
+
+  void finish(ClaimResult::Status status, const StoreError* error = nullptr) {
+    out.status = status;
+    if (error != nullptr) out.error = *error;
+    done(out);
+  }
+  void failed(const StoreError& error) { finish(ClaimResult::Status::kFailed, &error); }
+
+  template <class Claim>
+  static std::shared_ptr<Claim> make(std::string_view name, std::string_view token, std::int64_t period,
+                                     JobClaims::ClaimDone done) {
+    auto c = std::make_shared<Claim>();
+    c->name = std::string(name);
+    c->token = std::string(token);
+    c->period = period;
+    c->done = std::move(done);
+    return c;
+  }
+  // The answer of the store's clock for claim `c`: a period due by it
+  // (the clock at `start` or later) goes on with `step`; else the claim
+  // ends, failed (no clock) or not due.
+  template <class Claim, class Step>
+  static JobClaims::TimeDone when_due(std::shared_ptr<Claim> c, std::chrono::system_clock::time_point start,
+                                      Step step) {
+    return [c = std::move(c), start, step](std::chrono::system_clock::time_point now, const StoreError* error) {
+      if (error != nullptr) return c->failed(*error);
+      c->out.store_time = now;
+      if (now < start) return c->finish(ClaimResult::Status::kNotDue);
+      step(c);
+    };
+  }
 };
 
 class OperatorTools {

@@ -78,12 +78,29 @@ struct LockRef {
   bool waits = false;
 };
 
+// A LockRef's strings kept, for a request that outlives the call (ref()
+// views them).
+struct OwnedLock {
+  explicit OwnedLock(const LockRef& r) : name(r.name), token(r.token), ttl_ms(r.ttl_ms), ttl(r.ttl), kind(r.kind) {}
+  LockRef ref() const { return LockRef{name, token, ttl_ms, ttl, kind}; }
+  std::string name, token, ttl_ms;
+  std::chrono::milliseconds ttl{0};
+  LockKind kind{};
+};
+
 struct Acquired {
   enum class Status : std::uint8_t { kTaken, kBusy, kFailed };
   Status status = Status::kFailed;
   std::uint64_t fence = 0;                 // kTaken: the fencing token
   std::chrono::milliseconds busy_for{0};   // kBusy: the holder's remaining ttl
   StoreError error;                        // kFailed: why (empty on success: no allocation)
+
+  // The three answers; a busy one waits at least 1 ms (never a spin).
+  static Acquired taken(std::uint64_t fence) { return {Status::kTaken, fence, {}, {}}; }
+  static Acquired busy(std::chrono::milliseconds how_long) {
+    return {Status::kBusy, 0, std::max(how_long, std::chrono::milliseconds(1)), {}};
+  }
+  static Acquired failed(StoreError why) { return {Status::kFailed, 0, {}, std::move(why)}; }
 };
 
 enum class Renewed : std::uint8_t {

@@ -45,10 +45,18 @@ struct Batch {
   Done done;
 };
 
-// What the stores answered so far to one operator call.
+// What the stores answered so far to one operator call, and its caller.
+template <class Tally, class Done>
 struct Answers {
   std::size_t replies = 0, answered = 0;
   std::unique_ptr<StoreError> error;  // the most telling failure
+  Done done;
+
+  static std::shared_ptr<Tally> make(Done caller) {
+    auto t = std::make_shared<Tally>();
+    t->done = std::move(caller);
+    return t;
+  }
 
   // Counts one store's reply; true if it answered.
   bool heard(const StoreError* err) {
@@ -110,9 +118,8 @@ void QuorumStore::started() {
 // ------------------------------------------------------------------ acquire
 
 struct QuorumStore::AcquireBatch {
-  struct Lock {
-    std::string name, token, ttl_ms;
-    milliseconds ttl{0};
+  struct Lock : OwnedLock {
+    using OwnedLock::OwnedLock;
     std::size_t replies = 0, busy = 0, failed = 0;
     std::vector<std::size_t> took;  // stores that set our token
     std::uint64_t max_fence = 0;
@@ -124,10 +131,6 @@ struct QuorumStore::AcquireBatch {
     bool finished = false;  // the caller was answered, or is about to be
     std::uint64_t fence = 0;
     std::size_t raise_asked = 0, raise_replies = 0, raise_ok = 0;
-
-    LockKind kind;
-
-    LockRef ref() const { return LockRef{name, token, ttl_ms, ttl, kind}; }
   };
   std::vector<Lock> locks;
   Clock::time_point sent;
@@ -138,15 +141,7 @@ void QuorumStore::acquire(std::span<const LockRef> locks, AcquireDone done) {
   auto b = std::make_shared<AcquireBatch>();
   b->sent = Clock::now();
   b->done = std::move(done);
-  b->locks.resize(locks.size());
-  for (std::size_t k = 0; k < locks.size(); ++k) {
-    auto& l = b->locks[k];
-    l.name = locks[k].name;
-    l.token = locks[k].token;
-    l.ttl_ms = locks[k].ttl_ms;
-    l.ttl = locks[k].ttl;
-    l.kind = locks[k].kind;
-  }
+  b->locks = std::vector<AcquireBatch::Lock>(locks.begin(), locks.end());
   for (std::size_t i = 0; i < stores_.size(); ++i) {
     stores_[i]->acquire(locks, [this, b, i](std::size_t k, const Acquired& r) { on_acquire_vote(b, i, k, r); });
   }
@@ -198,8 +193,7 @@ void QuorumStore::on_acquire_vote(const std::shared_ptr<AcquireBatch>& b, std::s
     // A majority is out of reach.
     t.decided = true;
     if (t.busy > 0 && t.took.size() + t.busy >= quorum_) {
-      out.status = Acquired::Status::kBusy;
-      out.busy_for = milliseconds(std::max<long long>(1, t.min_busy));
+      out = Acquired::busy(milliseconds(t.min_busy));
     } else if (!t.only_connection_errors && t.telling) {
       out.error = *t.telling;
     } else {
@@ -234,22 +228,16 @@ void QuorumStore::check_raised(const std::shared_ptr<AcquireBatch>& b, std::size
     // later majority may have handed out too (found by
     // model/redlock_fence.pml with two acquisitions overlapping).
     if (Clock::now() >= lease_deadline(watchdog_, b->sent, t.ttl)) {
-      Acquired late;
-      late.error = StoreError::unavailable(names_[t.took.empty() ? 0 : t.took.front()],
-                                           "a majority raised its fencing counters only after the validity time");
-      give_back(b, k, late);
+      give_back(b, k, Acquired::failed(StoreError::unavailable(
+                          names_[t.took.empty() ? 0 : t.took.front()],
+                          "a majority raised its fencing counters only after the validity time")));
       return;
     }
     t.finished = true;
-    Acquired out;
-    out.status = Acquired::Status::kTaken;
-    out.fence = t.fence;
-    b->done(k, out);
+    b->done(k, Acquired::taken(t.fence));
   } else if (t.replies == stores_.size() && t.raise_replies == t.raise_asked) {
-    Acquired out;
-    out.error = StoreError::unavailable(names_[t.took.empty() ? 0 : t.took.front()],
-                                        "could not raise a majority's fencing counters");
-    give_back(b, k, out);
+    give_back(b, k, Acquired::failed(StoreError::unavailable(names_[t.took.empty() ? 0 : t.took.front()],
+                                                             "could not raise a majority's fencing counters")));
   }
 }
 
@@ -349,12 +337,10 @@ std::chrono::system_clock::time_point median(std::vector<std::chrono::system_clo
 }  // namespace
 
 void QuorumStore::server_time(TimeDone done) {
-  struct Tally : Answers {
+  struct Tally : Answers<Tally, TimeDone> {
     std::vector<std::chrono::system_clock::time_point> times;
-    std::function<void(std::chrono::system_clock::time_point, const StoreError*)> done;
   };
-  auto t = std::make_shared<Tally>();
-  t->done = std::move(done);
+  auto t = Tally::make(std::move(done));
   for (auto* s : jobs_) {
     s->server_time([this, t](std::chrono::system_clock::time_point now, const StoreError* err) {
       if (t->heard(err)) t->times.push_back(now);
@@ -372,19 +358,16 @@ void QuorumStore::server_time(TimeDone done) {
 void QuorumStore::claim_period(std::string_view name, std::string_view token, std::int64_t period,
                                std::chrono::system_clock::time_point start,
                                ClaimDone done) {
-  struct Tally {
-    std::size_t replies = 0, claimed = 0, already = 0, not_due = 0, not_leader = 0;
+  struct Tally : Answers<Tally, ClaimDone> {
+    std::size_t claimed = 0, already = 0, not_due = 0, not_leader = 0;
     std::int64_t last = 0;
     std::vector<std::chrono::system_clock::time_point> times;
-    std::unique_ptr<StoreError> error;
-    std::function<void(const ClaimResult&)> done;
   };
-  auto t = std::make_shared<Tally>();
-  t->done = std::move(done);
+  auto t = Tally::make(std::move(done));
   for (auto* s : jobs_) {
     s->claim_period(name, token, period, start, [this, t](const ClaimResult& r) {
-      t->replies++;
       using S = ClaimResult::Status;
+      if (t->heard(r.status == S::kFailed ? &r.error : nullptr)) t->times.push_back(r.store_time);
       switch (r.status) {
         case S::kClaimed: t->claimed++; break;
         case S::kAlreadyRun:
@@ -393,11 +376,8 @@ void QuorumStore::claim_period(std::string_view name, std::string_view token, st
           break;
         case S::kNotDue: t->not_due++; break;
         case S::kNotLeader: t->not_leader++; break;
-        case S::kFailed:
-          keep_most_telling(t->error, r.error);
-          break;
+        case S::kFailed: break;
       }
-      if (r.status != S::kFailed) t->times.push_back(r.store_time);
       if (t->replies < stores_.size()) return;
       const std::size_t n = stores_.size();
       ClaimResult out;
@@ -460,12 +440,10 @@ LockInfo QuorumStore::majority_view(const std::vector<LockInfo>& infos, std::siz
 }
 
 void QuorumStore::list_locks(std::string_view prefix, std::size_t limit, ListDone done) {
-  struct Tally : Answers {
+  struct Tally : Answers<Tally, ListDone> {
     std::map<std::string, std::vector<LockInfo>> by_key;
-    ListDone done;
   };
-  auto t = std::make_shared<Tally>();
-  t->done = std::move(done);
+  auto t = Tally::make(std::move(done));
   // Each store lists in its own order: every one is asked for all it has
   // (up to the runtime's bound), so that a majority's locks meet here.
   constexpr std::size_t kEach = 10000;
@@ -494,12 +472,10 @@ void QuorumStore::list_locks(std::string_view prefix, std::size_t limit, ListDon
 }
 
 void QuorumStore::inspect(std::string_view name, InspectDone done) {
-  struct Tally : Answers {
+  struct Tally : Answers<Tally, InspectDone> {
     std::vector<LockInfo> infos;
-    std::function<void(const LockInfo&, const StoreError*)> done;
   };
-  auto t = std::make_shared<Tally>();
-  t->done = std::move(done);
+  auto t = Tally::make(std::move(done));
   for (auto* s : tools_) {
     s->inspect(name, [this, t](const LockInfo& info, const StoreError* err) {
       if (t->heard(err)) t->infos.push_back(info);
@@ -523,12 +499,10 @@ void QuorumStore::inspect(std::string_view name, InspectDone done) {
 }
 
 void QuorumStore::force_release(std::string_view name, ForceDone done) {
-  struct Tally : Answers {
+  struct Tally : Answers<Tally, ForceDone> {
     bool held = false;
-    std::function<void(bool, const StoreError*)> done;
   };
-  auto t = std::make_shared<Tally>();
-  t->done = std::move(done);
+  auto t = Tally::make(std::move(done));
   for (auto* s : tools_) {
     s->force_release(name, [this, t](bool held, const StoreError* err) {
       if (t->heard(err)) t->held = t->held || held;

@@ -415,48 +415,63 @@ enum StepKind { kStart, kWrite, kRead, kWritesDone, kFinish };
 
 }  // namespace
 
+// What both streams share: their steps, each counted while it is in the
+// queue (next() hands its tag out), and their end: Finish once no step
+// is left, then the answer on the loop. Queue thread only, from
+// StartCall on.
+template <class Owner, class Request, class Response>
+struct EtcdClient::Stream : Call {
+  std::unique_ptr<grpc::ClientAsyncReaderWriter<Request, Response>> stream;
+  grpc::Status status;
+  Request request;
+  Response response;
+  int outstanding = 0;
+  bool finishing = false;
+  Step<Owner> steps[5];
+
+  Tag* next(int kind) {
+    ++outstanding;
+    return &steps[kind];
+  }
+  void begin() {
+    for (int k = 0; k < 5; ++k) {
+      steps[k].owner = static_cast<Owner*>(this);
+      steps[k].kind = k;
+    }
+    stream->StartCall(next(kStart));
+  }
+  void end() {
+    if (!finishing) {
+      finishing = true;
+      stream->Finish(&status, next(kFinish));
+      return;
+    }
+    answer_on_loop();
+  }
+};
+
 // One batch of keep-alives on a stream of its own: every id written, an
 // answer read for each, then the stream closed. Its steps run on the
 // queue's thread only; the result goes to the loop.
-struct EtcdClient::KeepAlive final : Call {
-  std::unique_ptr<grpc::ClientAsyncReaderWriter<etcdserverpb::LeaseKeepAliveRequest,
-                                                etcdserverpb::LeaseKeepAliveResponse>>
-      stream;
+struct EtcdClient::KeepAlive final
+    : Stream<KeepAlive, etcdserverpb::LeaseKeepAliveRequest, etcdserverpb::LeaseKeepAliveResponse> {
   std::vector<std::int64_t> ids;
   std::vector<std::int64_t> ttls;  // -1: no answer (yet)
   KeepAliveDone done;
-  grpc::Status status;
   // Queue thread only, from StartCall on.
-  etcdserverpb::LeaseKeepAliveRequest request;
-  etcdserverpb::LeaseKeepAliveResponse response;
   std::size_t written = 0, read = 0;
-  int outstanding = 0;
-  bool writing = true, reading = true, finishing = false;
-  Step<KeepAlive> steps[5];
+  bool writing = true, reading = true;
 
-  void begin() {
-    for (int k = 0; k < 5; ++k) {
-      steps[k].owner = this;
-      steps[k].kind = k;
-    }
-    ++outstanding;
-    stream->StartCall(&steps[kStart]);
-  }
   void write_next() {
     if (written < ids.size()) {
       request.set_id(ids[written]);
-      ++outstanding;
-      stream->Write(request, &steps[kWrite]);
+      stream->Write(request, next(kWrite));
     } else {
       writing = false;
-      ++outstanding;
-      stream->WritesDone(&steps[kWritesDone]);
+      stream->WritesDone(next(kWritesDone));
     }
   }
-  void read_next() {
-    ++outstanding;
-    stream->Read(&response, &steps[kRead]);
-  }
+  void read_next() { stream->Read(&response, next(kRead)); }
   void step(int kind, bool ok) {
     --outstanding;
     switch (kind) {
@@ -496,21 +511,13 @@ struct EtcdClient::KeepAlive final : Call {
       default:
         break;
     }
-    if (outstanding > 0) return;
-    if (!finishing) {
-      if (reading) return;
-      if (writing) {
-        writing = false;
-        ++outstanding;
-        stream->WritesDone(&steps[kWritesDone]);
-        return;
-      }
-      finishing = true;
-      ++outstanding;
-      stream->Finish(&status, &steps[kFinish]);
+    if (outstanding > 0 || (!finishing && reading)) return;
+    if (!finishing && writing) {
+      writing = false;
+      stream->WritesDone(next(kWritesDone));
       return;
     }
-    answer_on_loop();
+    end();
   }
   void answer() override {
     bool all = read >= ids.size();
@@ -547,31 +554,12 @@ void EtcdClient::keep_alive(std::vector<std::int64_t> ids, KeepAliveDone done) {
 
 // A watch on one key for its deletion. Steps on the queue's thread; what
 // it reports goes to the loop.
-class EtcdClient::Watch final : public Call {
+class EtcdClient::Watch final : public Stream<Watch, etcdserverpb::WatchRequest, etcdserverpb::WatchResponse> {
  public:
-  std::unique_ptr<grpc::ClientAsyncReaderWriter<etcdserverpb::WatchRequest, etcdserverpb::WatchResponse>> stream;
-  std::string key;
   WatchHooks hooks;
   bool cancelled = false;  // loop thread
-  // Queue thread only.
-  grpc::Status status;
-  etcdserverpb::WatchRequest request;
-  etcdserverpb::WatchResponse response;
-  int outstanding = 0;
-  bool reading = true, finishing = false;
-  Step<Watch> steps[5];
+  bool reading = true;     // queue thread only
 
-  void begin() {
-    for (int k = 0; k < 5; ++k) {
-      steps[k].owner = this;
-      steps[k].kind = k;
-    }
-    auto* create = request.mutable_create_request();
-    create->set_key(key);
-    create->add_filters(etcdserverpb::WatchCreateRequest::NOPUT);
-    ++outstanding;
-    stream->StartCall(&steps[kStart]);
-  }
   void report(int what) {
     auto me = std::static_pointer_cast<Watch>(shared_from_this());
     client->loop_.post([me, what] {
@@ -584,10 +572,8 @@ class EtcdClient::Watch final : public Call {
     --outstanding;
     if (kind == kStart) {
       if (ok) {
-        ++outstanding;
-        stream->Write(request, &steps[kWrite]);
-        ++outstanding;
-        stream->Read(&response, &steps[kRead]);
+        stream->Write(request, next(kWrite));
+        stream->Read(&response, next(kRead));
       } else {
         reading = false;
       }
@@ -605,19 +591,12 @@ class EtcdClient::Watch final : public Call {
           reading = false;
           context.TryCancel();
         } else {
-          ++outstanding;
-          stream->Read(&response, &steps[kRead]);
+          stream->Read(&response, next(kRead));
         }
       }
     }
     if (outstanding > 0 || reading) return;
-    if (!finishing) {
-      finishing = true;
-      ++outstanding;
-      stream->Finish(&status, &steps[kFinish]);
-      return;
-    }
-    answer_on_loop();
+    end();
   }
   void answer() override {
     if (cancelled) return;
@@ -632,7 +611,9 @@ class EtcdClient::Watch final : public Call {
 
 std::shared_ptr<EtcdClient::Watch> EtcdClient::watch(std::string key, WatchHooks hooks) {
   auto call = std::make_shared<Watch>();
-  call->key = std::move(key);
+  auto* create = call->request.mutable_create_request();
+  create->set_key(std::move(key));
+  create->add_filters(etcdserverpb::WatchCreateRequest::NOPUT);
   call->hooks = std::move(hooks);
   std::weak_ptr<Watch> weak = call;
   with_token([this, weak](const StoreError* auth_error) {

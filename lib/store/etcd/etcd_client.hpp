@@ -120,6 +120,8 @@ class EtcdClient {
   struct Call;
   template <class Request, class Response>
   struct Unary;
+  template <class Owner, class Request, class Response>
+  struct Stream;
   struct KeepAlive;
   struct Member;
   friend class Watch;

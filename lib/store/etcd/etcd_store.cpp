@@ -20,27 +20,6 @@ namespace {
 
 using std::chrono::milliseconds;
 
-Acquired failed(const StoreError& error) {
-  Acquired out;
-  out.status = Acquired::Status::kFailed;
-  out.error = error;
-  return out;
-}
-
-Acquired taken(std::int64_t revision) {
-  Acquired out;
-  out.status = Acquired::Status::kTaken;
-  out.fence = static_cast<std::uint64_t>(revision);
-  return out;
-}
-
-Acquired busy_for(milliseconds how_long) {
-  Acquired out;
-  out.status = Acquired::Status::kBusy;
-  out.busy_for = std::max(how_long, milliseconds(1));
-  return out;
-}
-
 // The key's value in the Range a transaction answered with, if it was there.
 // `txn` goes ahead only if `key`'s value is ours: "<token>\n...".
 void compare_ours(google::protobuf::RepeatedPtrField<etcdserverpb::Compare>* compares, const std::string& key,
@@ -128,11 +107,11 @@ void EtcdStore::acquire_one(std::string name, std::string token, milliseconds tt
                                           done = std::move(done)](const etcdserverpb::LeaseGrantResponse& granted,
                                                                   const StoreError* err) mutable {
     if (err) {
-      done(failed(*err));
+      done(Acquired::failed(*err));
       return;
     }
     if (!granted.error().empty() || granted.id() == 0) {
-      done(failed(StoreError::refused(client_->name(), "LeaseGrant: " + granted.error())));
+      done(Acquired::failed(StoreError::refused(client_->name(), "LeaseGrant: " + granted.error())));
       return;
     }
     const std::int64_t lease = granted.id();
@@ -160,12 +139,12 @@ void EtcdStore::acquire_one(std::string name, std::string token, milliseconds tt
         // Whether the write was made is unknown: revoking the lease takes
         // the key away with it if it was.
         revoke(lease);
-        done(failed(*err));
+        done(Acquired::failed(*err));
         return;
       }
       if (response.succeeded()) {
         held_[name] = Held{token, lease};
-        done(taken(response.header().revision()));
+        done(Acquired::taken(static_cast<std::uint64_t>(response.header().revision())));
         return;
       }
       const etcdserverpb::TxnResponse* inner =
@@ -177,7 +156,7 @@ void EtcdStore::acquire_one(std::string name, std::string token, milliseconds tt
         // Not absent, yet not there in the same transaction: an answer
         // that cannot be.
         revoke(lease);
-        done(failed(StoreError::refused(client_->name(), "the acquisition's transaction answered no key")));
+        done(Acquired::failed(StoreError::refused(client_->name(), "the acquisition's transaction answered no key")));
         return;
       }
       if (!inner->succeeded()) {
@@ -188,14 +167,14 @@ void EtcdStore::acquire_one(std::string name, std::string token, milliseconds tt
       // Ours already: the same acquisition, now on the new lease.
       if (kv->lease() != lease) revoke(kv->lease());
       held_[name] = Held{token, lease};
-      done(taken(kv->create_revision()));
+      done(Acquired::taken(static_cast<std::uint64_t>(kv->create_revision())));
     });
   });
 }
 
 void EtcdStore::busy(std::int64_t holder_lease, milliseconds ttl, AcquireOne done) {
   if (holder_lease == 0) {  // a key without a lease (not lockwatch's): busy for a ttl
-    done(busy_for(ttl));
+    done(Acquired::busy(ttl));
     return;
   }
   etcdserverpb::LeaseTimeToLiveRequest request;
@@ -206,9 +185,9 @@ void EtcdStore::busy(std::int64_t holder_lease, milliseconds ttl, AcquireOne don
     // etcd answers whole seconds, rounded down: a second more is the
     // bound. Without an answer, the ttl asked for.
     if (err)
-      done(busy_for(ttl));
+      done(Acquired::busy(ttl));
     else
-      done(busy_for(response.ttl() <= 0 ? milliseconds(1) : milliseconds((response.ttl() + 1) * 1000)));
+      done(Acquired::busy(response.ttl() <= 0 ? milliseconds(1) : milliseconds((response.ttl() + 1) * 1000)));
   });
 }
 
@@ -273,8 +252,8 @@ std::size_t EtcdStore::renew(std::span<const LockRef> locks, std::shared_ptr<con
 // ---- release
 
 // One lock's release, until answered or given up.
-struct EtcdStore::Releasing {
-  std::string name, token;
+struct EtcdStore::Releasing : OwnedLock {
+  using OwnedLock::OwnedLock;
   std::size_t index = 0;
   std::shared_ptr<ReleaseDone> done;
   std::int64_t lease = 0;
@@ -286,9 +265,7 @@ void EtcdStore::release(std::span<const LockRef> locks, bool, ReleaseDone done) 
   // it: a waiter woken for nothing asks once and sleeps again.
   auto shared_done = std::make_shared<ReleaseDone>(std::move(done));
   for (std::size_t i = 0; i < locks.size(); ++i) {
-    auto r = std::make_shared<Releasing>();
-    r->name = std::string(locks[i].name);
-    r->token = std::string(locks[i].token);
+    auto r = std::make_shared<Releasing>(locks[i]);
     r->index = i;
     r->done = shared_done;
     if (auto it = held_.find(r->name); it != held_.end() && it->second.token == r->token) r->lease = it->second.lease;
@@ -554,44 +531,19 @@ namespace {
 constexpr int kPeriodKeyAttempts = 5;  // the period key changed under us, still lower: read again
 }  // namespace
 
-struct EtcdStore::Claim {
-  std::string name, token, key;
-  std::int64_t period = 0;
-  ClaimDone done;
-  int attempt = 0;
-  ClaimResult out;
-
-  void finish(ClaimResult::Status status, const StoreError* err = nullptr) {
-    out.status = status;
-    if (err) out.error = *err;
-    done(out);
-  }
+struct EtcdStore::Claim : StoreClaim {
+  std::string key;  // period_key(name)
 };
 
 void EtcdStore::server_time(TimeDone done) { clock_->now(std::move(done)); }
 
 void EtcdStore::claim_period(std::string_view name, std::string_view token, std::int64_t period,
                              std::chrono::system_clock::time_point start, ClaimDone done) {
-  auto c = std::make_shared<Claim>();
-  c->name = std::string(name);
-  c->token = std::string(token);
+  auto c = StoreClaim::make<Claim>(name, token, period, std::move(done));
   c->key = period_key(name);
-  c->period = period;
-  c->done = std::move(done);
   // The clock decides only whether the period is due; that it runs once
   // rests on the transaction alone.
-  clock_->now([this, c, start](std::chrono::system_clock::time_point now, const StoreError* err) {
-    if (err) {
-      c->finish(ClaimResult::Status::kFailed, err);
-      return;
-    }
-    c->out.store_time = now;
-    if (now < start) {
-      c->finish(ClaimResult::Status::kNotDue);
-      return;
-    }
-    claim_step(c);
-  });
+  clock_->now(StoreClaim::when_due(std::move(c), start, [this](std::shared_ptr<Claim> c) { claim_step(c); }));
 }
 
 void EtcdStore::claim_step(std::shared_ptr<Claim> c) {

@@ -47,10 +47,7 @@ EtcdTarget::Member parse_member(const std::string& url, std::string_view text) {
 
 }  // namespace
 
-std::string EtcdTarget::Member::address() const {
-  std::string out = host.find(':') != std::string::npos ? "[" + host + "]" : host;
-  return out + ":" + std::to_string(port);
-}
+std::string EtcdTarget::Member::address() const { return host_port(host, port); }
 
 EtcdTarget EtcdTarget::parse(const std::string& url) {
   constexpr std::string_view kScheme = "etcd://", kTlsScheme = "etcds://";
@@ -59,14 +56,8 @@ EtcdTarget EtcdTarget::parse(const std::string& url) {
   if (!t.tls && url.compare(0, kScheme.size(), kScheme) != 0)
     throw_bad_url(url, "expected etcd://host:port[,host:port...]");
   std::string_view rest = std::string_view(url).substr(t.tls ? kTlsScheme.size() : kScheme.size());
-  if (auto at = rest.rfind('@'); at != std::string_view::npos) {
-    std::string_view credentials = rest.substr(0, at);
-    rest.remove_prefix(at + 1);
-    auto colon = credentials.find(':');
-    t.user = percent_decode(url, credentials.substr(0, colon));
-    if (colon != std::string_view::npos) t.password = percent_decode(url, credentials.substr(colon + 1));
-    if (t.user.empty()) throw_bad_url(url, "credentials without a user (expected etcd://user:password@host:port)");
-  }
+  if (take_credentials(url, rest, t.user, t.password) && t.user.empty())
+    throw_bad_url(url, "credentials without a user (expected etcd://user:password@host:port)");
   if (!rest.empty() && rest.back() == '/') rest.remove_suffix(1);
   if (rest.find_first_of("/?#") != std::string_view::npos)
     throw_bad_url(url, "an etcd:// URL names its members only: no path and no parameters");

@@ -66,11 +66,9 @@ std::optional<LockKind> MemorySpace::State::Entry::held_kind(Clock::time_point n
 }
 
 Acquired MemorySpace::State::wrong_kind(const LockRef& lock, const std::string& held_as) {
-  Acquired out;
-  out.status = Acquired::Status::kFailed;
-  out.error = StoreError::invalid("memory", "the lock '" + std::string(lock.name) + "' is held as " + held_as +
-                                                "; this call asked for it " + lock.kind.describe());
-  return out;
+  return Acquired::failed(StoreError::invalid("memory", "the lock '" + std::string(lock.name) + "' is held as " +
+                                                            held_as + "; this call asked for it " +
+                                                            lock.kind.describe()));
 }
 
 Acquired MemorySpace::State::acquire(const LockRef& lock, std::string_view owner_name) {
@@ -99,11 +97,9 @@ void MemorySpace::State::Entry::record(std::string_view token, std::string_view 
 }
 
 Acquired MemorySpace::State::acquire_exclusive(Entry& e, const LockRef& lock, Clock::time_point now) {
-  Acquired out;
   if ((e.expires > now && e.owner != lock.token) || !e.holders.empty()) {
+    Acquired out = Acquired::busy(e.next_expiry(now));
     // Readers hold it: new readers wait behind this writer while it waits.
-    out.status = Acquired::Status::kBusy;
-    out.busy_for = e.next_expiry(now);
     if (!e.holders.empty()) {
       // The mark lasts 2 s (the writer's ttl if shorter), as on Redis; the
       // writer tries again within half of it (or at the last reader's
@@ -125,41 +121,26 @@ Acquired MemorySpace::State::acquire_exclusive(Entry& e, const LockRef& lock, Cl
   }
   e.expires = now + lock.ttl;
   e.writer_waits = Clock::time_point::min();
-  out.status = Acquired::Status::kTaken;
-  out.fence = e.fence;
-  return out;
+  return Acquired::taken(e.fence);
 }
 
 Acquired MemorySpace::State::acquire_shared(Entry& e, const LockRef& lock, Clock::time_point now) {
-  Acquired out;
   auto mine = e.holders.find(lock.token);
   const bool writer = e.expires > now;
-  if (mine == e.holders.end() && (writer || e.writer_waits > now)) {
-    out.status = Acquired::Status::kBusy;
-    out.busy_for = writer ? e.next_expiry(now) : std::chrono::ceil<milliseconds>(e.writer_waits - now);
-    return out;
-  }
+  if (mine == e.holders.end() && (writer || e.writer_waits > now))
+    return Acquired::busy(writer ? e.next_expiry(now) : std::chrono::ceil<milliseconds>(e.writer_waits - now));
   e.holders.insert_or_assign(std::string(lock.token), now + lock.ttl);
-  out.status = Acquired::Status::kTaken;
-  out.fence = e.fence;  // the last writer's
-  return out;
+  return Acquired::taken(e.fence);  // the last writer's
 }
 
 Acquired MemorySpace::State::acquire_permit(Entry& e, const LockRef& lock, Clock::time_point now) {
   const std::uint32_t n = lock.kind.permit_count();
-  Acquired out;
   auto mine = e.holders.find(lock.token);
-  if (mine == e.holders.end() && e.holders.size() >= n) {
-    out.status = Acquired::Status::kBusy;
-    out.busy_for = e.next_expiry(now);
-    return out;
-  }
+  if (mine == e.holders.end() && e.holders.size() >= n) return Acquired::busy(e.next_expiry(now));
   if (mine == e.holders.end()) ++e.fence;  // else a retry after a lost answer
   e.holders.insert_or_assign(std::string(lock.token), now + lock.ttl);
   e.permits = n;
-  out.status = Acquired::Status::kTaken;
-  out.fence = e.fence;
-  return out;
+  return Acquired::taken(e.fence);
 }
 
 // As on Redis: the caller's place in the queue is made or refreshed, and it
@@ -168,12 +149,9 @@ Acquired MemorySpace::State::acquire_permit(Entry& e, const LockRef& lock, Clock
 Acquired MemorySpace::State::acquire_fair(Entry& e, const LockRef& lock, Clock::time_point now) {
   e.fair = true;
   const auto until = now + lock.ttl;
-  Acquired out;
   if (auto mine = e.holders.find(lock.token); mine != e.holders.end()) {
     mine->second = until;  // a retry after a lost answer: the same grant
-    out.status = Acquired::Status::kTaken;
-    out.fence = e.fence;
-    return out;
+    return Acquired::taken(e.fence);
   }
   auto place = std::find_if(e.queue.begin(), e.queue.end(), [&](const Entry::Waiter& w) { return w.token == lock.token; });
   if (place == e.queue.end()) {
@@ -185,15 +163,11 @@ Acquired MemorySpace::State::acquire_fair(Entry& e, const LockRef& lock, Clock::
     e.queue.pop_front();
     ++e.fence;
     e.holders.emplace(std::string(lock.token), until);
-    out.status = Acquired::Status::kTaken;
-    out.fence = e.fence;
-    return out;
+    return Acquired::taken(e.fence);
   }
-  out.status = Acquired::Status::kBusy;
   const auto first_leaves = e.holders.empty() ? std::chrono::ceil<milliseconds>(e.queue.front().until - now)
                                               : e.next_expiry(now);
-  out.busy_for = std::max(milliseconds(1), std::min(first_leaves, lock.ttl / 3));
-  return out;
+  return Acquired::busy(std::min(first_leaves, lock.ttl / 3));
 }
 
 void MemorySpace::State::withdraw(const LockRef& lock) {

@@ -99,7 +99,7 @@ void MemoryStore::on_timeout(uv_timer_t* timer) {
 }
 
 void MemoryStore::acquire(std::span<const LockRef> locks, AcquireDone done) {
-  auto owned = std::make_shared<std::vector<Owned>>(locks.begin(), locks.end());
+  auto owned = std::make_shared<std::vector<OwnedLock>>(locks.begin(), locks.end());
   auto shared_done = std::make_shared<AcquireDone>(std::move(done));
   submit(
       [owned, shared_done, this](MemorySpace::State& s) -> std::function<void()> {
@@ -111,8 +111,7 @@ void MemoryStore::acquire(std::span<const LockRef> locks, AcquireDone done) {
         };
       },
       [n = locks.size(), shared_done, err = no_answer()] {
-        Acquired failed;
-        failed.error = err;
+        const Acquired failed = Acquired::failed(err);
         for (std::size_t k = 0; k < n; ++k) (*shared_done)(k, failed);
       });
 }
@@ -140,7 +139,7 @@ std::size_t MemoryStore::renew(std::span<const LockRef> locks, std::shared_ptr<c
 }
 
 void MemoryStore::release(std::span<const LockRef> locks, bool notify, ReleaseDone done) {
-  auto owned = std::make_shared<std::vector<Owned>>(locks.begin(), locks.end());
+  auto owned = std::make_shared<std::vector<OwnedLock>>(locks.begin(), locks.end());
   auto shared_done = std::make_shared<ReleaseDone>(std::move(done));
   submit(
       [owned, notify, shared_done, self = link_.get()](MemorySpace::State& s) -> std::function<void()> {
@@ -169,7 +168,7 @@ void MemoryStore::raise_fence(std::string_view name, std::uint64_t fence, RaiseD
 void MemoryStore::reserve_tokens(const LockRef& lock, std::uint32_t n, ReserveDone done) {
   auto shared_done = std::make_shared<ReserveDone>(std::move(done));
   submit(
-      [owned = Owned(lock), n, shared_done](MemorySpace::State& s) -> std::function<void()> {
+      [owned = OwnedLock(lock), n, shared_done](MemorySpace::State& s) -> std::function<void()> {
         return [last = s.reserve_tokens(owned.ref(), n), shared_done] { (*shared_done)(last, nullptr); };
       },
       [shared_done, err = no_answer()] { (*shared_done)(0, &err); });
@@ -235,7 +234,7 @@ void MemoryStore::force_release(std::string_view name, ForceDone done) {
 }
 
 void MemoryStore::withdraw(const LockRef& lock, WithdrawDone done) {
-  auto owned = std::make_shared<Owned>(lock);
+  auto owned = std::make_shared<OwnedLock>(lock);
   auto shared_done = std::make_shared<WithdrawDone>(std::move(done));
   submit(
       [owned, shared_done](MemorySpace::State& s) -> std::function<void()> {

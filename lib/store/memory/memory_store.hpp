@@ -89,14 +89,6 @@ class MemoryStore final : public StoreBase,
     Clock::time_point sent;
     std::function<void()> fail;
   };
-  // A lock of a request the space may hold past the call.
-  struct Owned {
-    explicit Owned(const LockRef& r) : name(r.name), token(r.token), ttl(r.ttl), kind(r.kind) {}
-    LockRef ref() const { return LockRef{name, token, {}, ttl, kind}; }
-    std::string name, token;
-    std::chrono::milliseconds ttl;
-    LockKind kind;
-  };
 
   // Runs `op` on the space (now, or when a paused space resumes); the
   // function it returns is the answer, run on the loop unless `fail` ran

@@ -14,25 +14,9 @@ std::chrono::system_clock::time_point from_ms(std::int64_t ms) {
 }
 }  // namespace
 
-struct ZkClaims::Claim {
-  std::string name;
-  std::string token;
-  std::int64_t period = 0;
-  std::chrono::system_clock::time_point start;
-  JobClaims::ClaimDone done;
-  int attempt = 0;
-  ClaimResult out;
+struct ZkClaims::Claim : StoreClaim {
   std::string lock_path;    // our lock's node
   std::string period_path;  // the job's `period` node
-
-  void finish(ClaimResult::Status st) {
-    out.status = st;
-    done(out);
-  }
-  void failed(StoreError e) {
-    out.error = std::move(e);
-    finish(ClaimResult::Status::kFailed);
-  }
 };
 
 void ZkClaims::server_time(JobClaims::TimeDone done) {
@@ -83,26 +67,10 @@ void ZkClaims::make_root(std::uint64_t serial, std::shared_ptr<JobClaims::TimeDo
 
 void ZkClaims::claim_period(std::string_view name, std::string_view token, std::int64_t period,
                             std::chrono::system_clock::time_point start, JobClaims::ClaimDone done) {
-  auto c = std::make_shared<Claim>();
-  c->name = std::string(name);
-  c->token = std::string(token);
-  c->period = period;
-  c->start = start;
-  c->done = std::move(done);
   // The clock first: a claim runs only once the ensemble's clock reached
   // the period's start (the write after it is later still).
-  server_time([this, c](std::chrono::system_clock::time_point now, const StoreError* e) {
-    if (e != nullptr) {
-      c->failed(*e);
-      return;
-    }
-    c->out.store_time = now;
-    if (now < c->start) {
-      c->finish(ClaimResult::Status::kNotDue);
-      return;
-    }
-    claim_step(c);
-  });
+  auto c = StoreClaim::make<Claim>(name, token, period, std::move(done));
+  server_time(StoreClaim::when_due(std::move(c), start, [this](std::shared_ptr<Claim> c) { claim_step(c); }));
 }
 
 void ZkClaims::claim_step(std::shared_ptr<Claim> c) {
@@ -116,30 +84,26 @@ void ZkClaims::claim_step(std::shared_ptr<Claim> c) {
   c->lock_path = h->second.path;
   c->period_path = zk::dir_of(c->name) + "/" + zk::kPeriodNode;
   const std::uint64_t serial = s->serial;
-  const std::string period_path = c->period_path;
-  sessions_.send_read(
-      *s,
-      [this, c, serial](const ZkResult& r) {
-        if (r.rc != ZOK && r.rc != ZNONODE) {
-          c->failed(sessions_.error(r.rc, "reading the job's last period"));
-          return;
-        }
-        const bool exists = r.rc == ZOK;
-        std::int64_t last = -1;
-        if (exists) std::from_chars(r.value.data(), r.value.data() + r.value.size(), last);
-        if (exists && last >= c->period) {
-          c->out.last = last;
-          c->finish(ClaimResult::Status::kAlreadyRun);
-          return;
-        }
-        ZkSession* s = sessions_.live(serial);
-        if (s == nullptr) {
-          c->finish(ClaimResult::Status::kNotLeader);
-          return;
-        }
-        claim_write(*s, c, exists, exists ? r.stat.version : -1);
-      },
-      [=](zhandle_t* zh, void* ctx) { return zoo_aget(zh, period_path.c_str(), 0, zk::on_data, ctx); });
+  sessions_.read(*s, c->period_path, false, [this, c, serial](const ZkResult& r) {
+    if (r.rc != ZOK && r.rc != ZNONODE) {
+      c->failed(sessions_.error(r.rc, "reading the job's last period"));
+      return;
+    }
+    const bool exists = r.rc == ZOK;
+    std::int64_t last = -1;
+    if (exists) std::from_chars(r.value.data(), r.value.data() + r.value.size(), last);
+    if (exists && last >= c->period) {
+      c->out.last = last;
+      c->finish(ClaimResult::Status::kAlreadyRun);
+      return;
+    }
+    ZkSession* s = sessions_.live(serial);
+    if (s == nullptr) {
+      c->finish(ClaimResult::Status::kNotLeader);
+      return;
+    }
+    claim_write(*s, c, exists, exists ? r.stat.version : -1);
+  });
 }
 
 void ZkClaims::claim_write(ZkSession& s, std::shared_ptr<Claim> c, bool exists, int version) {

@@ -13,19 +13,14 @@ namespace lockwatch::detail {
 
 using std::chrono::milliseconds;
 
-struct ZkLockRecipe::AcquireOp {
-  std::string name;
-  std::string token;
-  milliseconds ttl{0};
+// Its Node: our node, once made (or found); `attempt` is in the node's
+// name (this attempt's nodes only).
+struct ZkLockRecipe::AcquireOp : ZkHolds::Node, OwnedLock {
+  using OwnedLock::OwnedLock;
   std::size_t index = 0;
   std::shared_ptr<LockStore::AcquireDone> done;
   std::string dir;
-  std::string path;  // our node, once made (or found)
-  std::int64_t czxid = 0;
-  std::uint64_t session = 0;
-  std::uint64_t attempt = 0;  // in the node's name: this attempt's nodes only
   Clock::time_point sent;     // when the request that made (or found) the node went out
-  LockKind kind{};
   bool repeat = false;     // a repeat of a granted acquisition: its fence again
   bool from_mark = false;  // a writer's attempt that found its own mark
   std::uint64_t fence = 0;
@@ -44,14 +39,10 @@ void ZkLockRecipe::forget(const AcquireOp& op) {
 void ZkLockRecipe::acquire(std::span<const LockRef> locks, LockStore::AcquireDone done) {
   auto shared_done = std::make_shared<LockStore::AcquireDone>(std::move(done));
   for (std::size_t i = 0; i < locks.size(); ++i) {
-    auto op = std::make_shared<AcquireOp>();
-    op->name = std::string(locks[i].name);
-    op->token = std::string(locks[i].token);
-    op->ttl = locks[i].ttl;
+    auto op = std::make_shared<AcquireOp>(locks[i]);
     op->index = i;
     op->done = shared_done;
     op->dir = zk::dir_of(op->name);
-    op->kind = locks[i].kind;
     op->attempt = next_attempt_++;
     acquire_one(std::move(op));
   }
@@ -59,11 +50,7 @@ void ZkLockRecipe::acquire(std::span<const LockRef> locks, LockStore::AcquireDon
 
 void ZkLockRecipe::finish(const Op& op, const Acquired& out) { (*op->done)(op->index, out); }
 
-void ZkLockRecipe::fail(const Op& op, const StoreError& e) {
-  Acquired out;
-  out.error = e;
-  finish(op, out);
-}
+void ZkLockRecipe::fail(const Op& op, const StoreError& e) { finish(op, Acquired::failed(e)); }
 
 void ZkLockRecipe::fail_later(const Op& op, const StoreError& e) {
   sessions_.post([this, op, e] { fail(op, e); });
@@ -97,10 +84,7 @@ bool ZkLockRecipe::repeat_held(Op& op) {
     fail_later(op, e);
     return true;
   }
-  op->path = h->second.path;
-  op->czxid = h->second.czxid;
-  op->session = s->serial;
-  op->attempt = h->second.attempt;
+  static_cast<ZkHolds::Node&>(*op) = h->second;
   op->fence = h->second.fence;
   op->repeat = true;
   op->sent = Clock::now();
@@ -116,10 +100,7 @@ bool ZkLockRecipe::repeat_waiting(Op& op) {
   // another span for its mark.
   ZkSession* s = sessions_.live(m->second.session);
   if (s != nullptr && op->kind.single_holder()) {
-    op->path = m->second.path;
-    op->czxid = m->second.czxid;
-    op->session = s->serial;
-    op->attempt = m->second.attempt;
+    static_cast<ZkHolds::Node&>(*op) = m->second;
     op->from_mark = true;
     op->sent = Clock::now();
     m->second.until = op->sent + zk::mark_span(op->ttl, op->kind);
@@ -222,10 +203,7 @@ void ZkLockRecipe::list_nodes(Op op) {
     fail_later(op, sessions_.error(ZSESSIONEXPIRED, "the session that made the lock's node ended"));
     return;
   }
-  const std::string dir = op->dir;
-  sessions_.send_read(
-      *s, [this, op](const ZkResult& r) { listed(op, r); },
-      [=](zhandle_t* zh, void* ctx) { return zoo_aget_children(zh, dir.c_str(), 0, zk::on_strings, ctx); });
+  sessions_.list(*s, op->dir, [this, op](const ZkResult& r) { listed(op, r); });
 }
 
 void ZkLockRecipe::listed(const Op& op, const ZkResult& r) {
@@ -387,12 +365,8 @@ void ZkLockRecipe::grant(const Op& op) {
     op->from_mark = false;
   }
   auto done = [this, op, key](std::uint64_t fence) {
-    sessions_.holds().held[key] = ZkHolds::Held{
-        op->path, op->session, op->czxid, op->attempt, op->ttl, gone_by(watchdog_, op->sent, op->ttl), fence};
-    Acquired out;
-    out.status = Acquired::Status::kTaken;
-    out.fence = fence;
-    finish(op, out);
+    sessions_.holds().held[key] = ZkHolds::Held{*op, op->ttl, gone_by(watchdog_, op->sent, op->ttl), fence};
+    finish(op, Acquired::taken(fence));
   };
   if (op->repeat) {
     done(op->fence);
@@ -419,20 +393,16 @@ void ZkLockRecipe::grant(const Op& op) {
 }
 
 void ZkLockRecipe::read_fence(ZkSession& s, const Op& op, std::function<void(std::uint64_t)> done) {
-  const std::string fence_path = op->dir + "/" + zk::kFenceNode;
-  sessions_.send_read(
-      s,
-      [this, op, done = std::move(done)](const ZkResult& r) {
-        if (r.rc != ZOK && r.rc != ZNONODE) {
-          abandon_attempt(op);
-          fail(op, sessions_.error(r.rc, "reading the last writer's fencing token"));
-          return;
-        }
-        std::uint64_t fence = 0;
-        if (r.rc == ZOK) std::from_chars(r.value.data(), r.value.data() + r.value.size(), fence);
-        done(fence);
-      },
-      [=](zhandle_t* zh, void* ctx) { return zoo_aget(zh, fence_path.c_str(), 0, zk::on_data, ctx); });
+  sessions_.read(s, op->dir + "/" + zk::kFenceNode, false, [this, op, done = std::move(done)](const ZkResult& r) {
+    if (r.rc != ZOK && r.rc != ZNONODE) {
+      abandon_attempt(op);
+      fail(op, sessions_.error(r.rc, "reading the last writer's fencing token"));
+      return;
+    }
+    std::uint64_t fence = 0;
+    if (r.rc == ZOK) std::from_chars(r.value.data(), r.value.data() + r.value.size(), fence);
+    done(fence);
+  });
 }
 
 // Step 0 sets the node; missing (or made meanwhile), step 1 makes it;
@@ -473,7 +443,7 @@ void ZkLockRecipe::wait_behind(const Op& op, std::vector<std::string> watch, boo
     // A waiting writer's mark: the store removes it unless the same
     // acquisition tries again within its span.
     sessions_.holds().marks[zk::hold_key(op->name, op->token)] =
-        ZkHolds::Mark{op->path, op->session, op->czxid, op->attempt, Clock::now() + zk::mark_span(op->ttl, op->kind)};
+        ZkHolds::Mark{*op, Clock::now() + zk::mark_span(op->ttl, op->kind)};
     read_watched(op, watch, cap);
     return;
   }
@@ -504,28 +474,22 @@ void ZkLockRecipe::read_watched(const Op& op, const std::vector<std::string>& wa
   };
   auto w = std::make_shared<Wait>(Wait{watch.size(), cap, ZOK});
   for (const auto& path : watch) {
-    sessions_.send_read(
-        *s,
-        [this, op, w](const ZkResult& r) {
-          if (r.rc == ZOK) {
-            auto [token, ttl_ms] = zk::parse_data(r.value);
-            w->busy_for = std::min(w->busy_for, milliseconds(ttl_ms > 0 ? ttl_ms : op->ttl.count()));
-          } else if (r.rc == ZNONODE) {
-            w->busy_for = milliseconds(1);  // released meanwhile: try again now
-          } else if (w->rc == ZOK) {
-            w->rc = r.rc;
-          }
-          if (--w->left != 0) return;
-          if (w->rc != ZOK) {
-            fail(op, sessions_.error(w->rc, "watching the holder's node"));
-            return;
-          }
-          Acquired out;
-          out.status = Acquired::Status::kBusy;
-          out.busy_for = std::max(w->busy_for, milliseconds(1));
-          finish(op, out);
-        },
-        [=](zhandle_t* zh, void* ctx) { return zoo_aget(zh, path.c_str(), 1, zk::on_data, ctx); });
+    sessions_.read(*s, path, true, [this, op, w](const ZkResult& r) {
+      if (r.rc == ZOK) {
+        auto [token, ttl_ms] = zk::parse_data(r.value);
+        w->busy_for = std::min(w->busy_for, milliseconds(ttl_ms > 0 ? ttl_ms : op->ttl.count()));
+      } else if (r.rc == ZNONODE) {
+        w->busy_for = milliseconds(1);  // released meanwhile: try again now
+      } else if (w->rc == ZOK) {
+        w->rc = r.rc;
+      }
+      if (--w->left != 0) return;
+      if (w->rc != ZOK) {
+        fail(op, sessions_.error(w->rc, "watching the holder's node"));
+        return;
+      }
+      finish(op, Acquired::busy(w->busy_for));
+    });
   }
 }
 

@@ -13,22 +13,19 @@ void ZkOperatorTools::inspect(std::string_view name, OperatorTools::InspectDone 
   ZkSession* s = sessions_.any_session();
   const std::string dir = zk::dir_of(name);
   const std::uint64_t serial = s->serial;
-  sessions_.send_read(
-      *s,
-      [this, dir, serial, done = std::move(done)](const ZkResult& r) {
-        LockInfo info;
-        if (r.rc == ZNONODE) {
-          done(info, nullptr);
-          return;
-        }
-        if (r.rc != ZOK) {
-          auto e = sessions_.error(r.rc, "listing the lock's nodes");
-          done(info, &e);
-          return;
-        }
-        read_holders(serial, dir, zk::holding(zk::in_order(r.children)), done);
-      },
-      [=](zhandle_t* zh, void* ctx) { return zoo_aget_children(zh, dir.c_str(), 0, zk::on_strings, ctx); });
+  sessions_.list(*s, dir, [this, dir, serial, done = std::move(done)](const ZkResult& r) {
+    LockInfo info;
+    if (r.rc == ZNONODE) {
+      done(info, nullptr);
+      return;
+    }
+    if (r.rc != ZOK) {
+      auto e = sessions_.error(r.rc, "listing the lock's nodes");
+      done(info, &e);
+      return;
+    }
+    read_holders(serial, dir, zk::holding(zk::in_order(r.children)), done);
+  });
 }
 
 namespace {
@@ -90,20 +87,16 @@ void ZkOperatorTools::read_holders(std::uint64_t serial, const std::string& dir,
   reads->info.kind = zk::kind_of(nodes.front());
   reads->done = std::move(done);
   for (std::size_t i = 0; i < nodes.size(); ++i) {
-    const std::string path = dir + "/" + nodes[i];
-    sessions_.send_read(
-        *s,
-        [this, reads, i](const ZkResult& r) {
-          reads->answered(i, r);
-          if (--reads->left != 0) return;
-          if (reads->rc != ZOK) {
-            auto e = sessions_.error(reads->rc, "reading the holders' nodes");
-            reads->done(LockInfo{}, &e);
-            return;
-          }
-          reads->done(reads->settled(), nullptr);
-        },
-        [=](zhandle_t* zh, void* ctx) { return zoo_aget(zh, path.c_str(), 0, zk::on_data, ctx); });
+    sessions_.read(*s, dir + "/" + nodes[i], false, [this, reads, i](const ZkResult& r) {
+      reads->answered(i, r);
+      if (--reads->left != 0) return;
+      if (reads->rc != ZOK) {
+        auto e = sessions_.error(reads->rc, "reading the holders' nodes");
+        reads->done(LockInfo{}, &e);
+        return;
+      }
+      reads->done(reads->settled(), nullptr);
+    });
   }
 }
 
@@ -121,24 +114,21 @@ void ZkOperatorTools::list_locks(std::string_view prefix, std::size_t limit, Loc
   auto listing = std::make_shared<Listing>();
   listing->limit = limit;
   listing->done = std::move(done);
-  sessions_.send_read(
-      *s,
-      [this, listing, escaped](const ZkResult& r) {
-        if (r.rc == ZNONODE) return listing->done({}, nullptr);
-        if (r.rc != ZOK) {
-          auto e = sessions_.error(r.rc, "listing the locks' directories");
-          return listing->done({}, &e);
-        }
-        // Escaping is per byte: a name under the prefix escapes to a child under the escaped prefix.
-        for (const auto& child : r.children) {
-          std::string name;
-          if (child.compare(0, escaped.size(), escaped) == 0 && zk::unescape(child, name))
-            listing->names.push_back(std::move(name));
-        }
-        std::sort(listing->names.begin(), listing->names.end());
-        list_window(listing);
-      },
-      [=](zhandle_t* zh, void* ctx) { return zoo_aget_children(zh, zk::kRoot, 0, zk::on_strings, ctx); });
+  sessions_.list(*s, zk::kRoot, [this, listing, escaped](const ZkResult& r) {
+    if (r.rc == ZNONODE) return listing->done({}, nullptr);
+    if (r.rc != ZOK) {
+      auto e = sessions_.error(r.rc, "listing the locks' directories");
+      return listing->done({}, &e);
+    }
+    // Escaping is per byte: a name under the prefix escapes to a child under the escaped prefix.
+    for (const auto& child : r.children) {
+      std::string name;
+      if (child.compare(0, escaped.size(), escaped) == 0 && zk::unescape(child, name))
+        listing->names.push_back(std::move(name));
+    }
+    std::sort(listing->names.begin(), listing->names.end());
+    list_window(listing);
+  });
 }
 
 // A directory stays once made: the names are inspected a window at a time
@@ -179,34 +169,31 @@ void ZkOperatorTools::force_release(std::string_view name, OperatorTools::ForceD
   ZkSession* s = sessions_.any_session();
   const std::string dir = zk::dir_of(name);
   const std::uint64_t serial = s->serial;
-  sessions_.send_read(
-      *s,
-      [this, dir, serial, done = std::move(done)](const ZkResult& r) {
-        if (r.rc == ZNONODE) {
-          done(false, nullptr);
-          return;
-        }
-        auto nodes = zk::in_order(r.children);
-        ZkSession* s = sessions_.live(serial);
-        if (r.rc != ZOK || s == nullptr) {
-          auto e = sessions_.error(r.rc != ZOK ? r.rc : ZSESSIONEXPIRED, "listing the lock's nodes");
-          done(false, &e);
-          return;
-        }
-        if (nodes.empty()) {
-          done(false, nullptr);
-          return;
-        }
-        release_.delete_paths(*s, {dir + "/" + nodes.front()}, [this, done](int rc) {
-          if (rc == ZOK) {
-            done(true, nullptr);
-          } else {
-            auto e = sessions_.error(rc, "deleting the holder's node");
-            done(false, &e);
-          }
-        });
-      },
-      [=](zhandle_t* zh, void* ctx) { return zoo_aget_children(zh, dir.c_str(), 0, zk::on_strings, ctx); });
+  sessions_.list(*s, dir, [this, dir, serial, done = std::move(done)](const ZkResult& r) {
+    if (r.rc == ZNONODE) {
+      done(false, nullptr);
+      return;
+    }
+    auto nodes = zk::in_order(r.children);
+    ZkSession* s = sessions_.live(serial);
+    if (r.rc != ZOK || s == nullptr) {
+      auto e = sessions_.error(r.rc != ZOK ? r.rc : ZSESSIONEXPIRED, "listing the lock's nodes");
+      done(false, &e);
+      return;
+    }
+    if (nodes.empty()) {
+      done(false, nullptr);
+      return;
+    }
+    release_.delete_paths(*s, {dir + "/" + nodes.front()}, [this, done](int rc) {
+      if (rc == ZOK) {
+        done(true, nullptr);
+      } else {
+        auto e = sessions_.error(rc, "deleting the holder's node");
+        done(false, &e);
+      }
+    });
+  });
 }
 
 }  // namespace lockwatch::detail

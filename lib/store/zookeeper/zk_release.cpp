@@ -205,44 +205,37 @@ void ZkRelease::delete_nodes(const Cleanup& c, Removed done) {
   if (s == nullptr) s = sessions_.any_session();
   const std::string dir = zk::dir_of(c.name);
   const std::uint64_t serial = s->serial;
-  sessions_.send_read(
-      *s,
-      [this, dir, c, serial, done = std::move(done)](const ZkResult& r) {
-        if (r.rc == ZNONODE) {
-          done(Released::kGone, nullptr);
-          return;
-        }
-        ZkSession* s = sessions_.live(serial);
-        if (r.rc == ZSESSIONEXPIRED && c.session != 0) {
-          done(Released::kGone, nullptr);
-          return;
-        }
-        if (r.rc != ZOK || s == nullptr) {
-          auto e = sessions_.error(r.rc != ZOK ? r.rc : ZSESSIONEXPIRED, "listing the lock's nodes");
-          done(Released::kUnconfirmed, &e);
-          return;
-        }
-        const std::string token = zk::escape(c.token);
-        const std::string attempt = std::to_string(c.attempt);
-        std::vector<std::string> mine;
-        for (const auto& n : r.children) {
-          auto [t, a] = zk::owner_of(n);
-          if (t == token && (c.attempt == 0 || a == attempt)) mine.push_back(dir + "/" + n);
-        }
-        if (mine.empty()) {
-          done(Released::kGone, nullptr);
-          return;
-        }
-        delete_paths(*s, mine, [this, done](int rc) {
-          if (rc == ZOK) {
-            done(Released::kYes, nullptr);
-          } else {
-            auto e = sessions_.error(rc, "deleting the lock's node");
-            done(Released::kUnconfirmed, &e);
-          }
-        });
-      },
-      [=](zhandle_t* zh, void* ctx) { return zoo_aget_children(zh, dir.c_str(), 0, zk::on_strings, ctx); });
+  sessions_.list(*s, dir, [this, dir, c, serial, done = std::move(done)](const ZkResult& r) {
+    if (r.rc == ZNONODE || (r.rc == ZSESSIONEXPIRED && c.session != 0)) {
+      done(Released::kGone, nullptr);
+      return;
+    }
+    ZkSession* s = sessions_.live(serial);
+    if (r.rc != ZOK || s == nullptr) {
+      auto e = sessions_.error(r.rc != ZOK ? r.rc : ZSESSIONEXPIRED, "listing the lock's nodes");
+      done(Released::kUnconfirmed, &e);
+      return;
+    }
+    const std::string token = zk::escape(c.token);
+    const std::string attempt = std::to_string(c.attempt);
+    std::vector<std::string> mine;
+    for (const auto& n : r.children) {
+      auto [t, a] = zk::owner_of(n);
+      if (t == token && (c.attempt == 0 || a == attempt)) mine.push_back(dir + "/" + n);
+    }
+    if (mine.empty()) {
+      done(Released::kGone, nullptr);
+      return;
+    }
+    delete_paths(*s, mine, [this, done](int rc) {
+      if (rc == ZOK) {
+        done(Released::kYes, nullptr);
+      } else {
+        auto e = sessions_.error(rc, "deleting the lock's node");
+        done(Released::kUnconfirmed, &e);
+      }
+    });
+  });
 }
 
 void ZkRelease::remove(Cleanup c) {

@@ -7,6 +7,7 @@
 
 #include "core/loop.hpp"
 #include "core/net.hpp"
+#include "core/url.hpp"
 #include "store/zookeeper/zk_error.hpp"
 #include "store/zookeeper/zk_nodes.hpp"
 
@@ -112,8 +113,7 @@ void ZkSessions::names_resolved(long long ms, std::uint64_t serial, const std::v
   for (std::size_t i = 0; i < addresses.size(); ++i) {
     if (addresses[i].empty()) continue;
     if (!hosts.empty()) hosts += ',';
-    const bool v6 = addresses[i].find(':') != std::string::npos;
-    hosts += (v6 ? "[" + addresses[i] + "]" : addresses[i]) + ":" + std::to_string(target_.hosts[i].second);
+    hosts += host_port(addresses[i], target_.hosts[i].second);
   }
   if (!hosts.empty()) {
     open_handle(s, hosts + target_.chroot);
@@ -252,6 +252,18 @@ void ZkSessions::send_read(Session& s, ZkReply reply, ZkIssue issue) {
     p->second.again = std::move(issue);
     p->second.session = s.serial;
   }
+}
+
+void ZkSessions::list(Session& s, std::string path, ZkReply reply) {
+  send_read(s, std::move(reply), [path = std::move(path)](zhandle_t* zh, void* ctx) {
+    return zoo_aget_children(zh, path.c_str(), 0, zk::on_strings, ctx);
+  });
+}
+
+void ZkSessions::read(Session& s, std::string path, bool watch, ZkReply reply) {
+  send_read(s, std::move(reply), [path = std::move(path), watch](zhandle_t* zh, void* ctx) {
+    return zoo_aget(zh, path.c_str(), watch ? 1 : 0, zk::on_data, ctx);
+  });
 }
 
 bool ZkSessions::resend(std::uint64_t id, Pending& p) {

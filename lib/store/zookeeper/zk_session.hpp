@@ -62,11 +62,15 @@ class Loop;
 // token). Owned by ZkSessions: an entry goes with its session.
 struct ZkHolds {
   using Clock = std::chrono::steady_clock;
-  struct Held {
+  // A node of ours: where, made on which session, its creation zxid, and
+  // the attempt that made it.
+  struct Node {
     std::string path;
     std::uint64_t session = 0;  // ZkSession::serial
     std::int64_t czxid = 0;
     std::uint64_t attempt = 0;
+  };
+  struct Held : Node {
     std::chrono::milliseconds ttl{0};
     // The last acquisition or renewal confirmed, sent + ttl + drift: past
     // it the store removes the node itself (see zk_renewal.hpp).
@@ -75,11 +79,7 @@ struct ZkHolds {
   };
   // A waiting node kept (a writer's mark, a fair waiter's place): removed
   // by the store at `until` unless an attempt of the same acquisition came.
-  struct Mark {
-    std::string path;
-    std::uint64_t session = 0;
-    std::int64_t czxid = 0;
-    std::uint64_t attempt = 0;
+  struct Mark : Node {
     Clock::time_point until;
   };
 
@@ -150,6 +150,10 @@ class ZkSessions {
   // and so its nodes, outlived the connection; a write is not sent again
   // (it may have been applied).
   void send_read(Session& s, ZkReply reply, ZkIssue issue);
+  // The reads the store makes: `path`'s children, and its data (watched
+  // if `watch`).
+  void list(Session& s, std::string path, ZkReply reply);
+  void read(Session& s, std::string path, bool watch, ZkReply reply);
   // Runs `f` on the loop's next turn, unless the store closed meanwhile.
   void post(std::function<void()> f);
   // Fails the requests whose deadline passed.

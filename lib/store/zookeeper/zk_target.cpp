@@ -1,6 +1,5 @@
 #include "store/zookeeper/zk_target.hpp"
 
-#include <charconv>
 #include <string_view>
 
 #include "core/url.hpp"
@@ -10,18 +9,6 @@ namespace lockwatch::detail {
 namespace {
 
 constexpr std::string_view kScheme = "zookeeper://";
-
-int parse_port(const std::string& url, std::string_view text) {
-  int port = 0;
-  auto [p, ec] = std::from_chars(text.data(), text.data() + text.size(), port);
-  if (text.empty() || ec != std::errc() || p != text.data() + text.size()) throw_bad_url(url, "bad port");
-  if (port <= 0 || port > 65535) throw_bad_url(url, "port out of range");
-  return port;
-}
-
-std::string with_brackets(const std::string& host) {
-  return host.find(':') != std::string::npos ? "[" + host + "]" : host;
-}
 
 }  // namespace
 
@@ -68,22 +55,8 @@ ZkTarget ZkTarget::parse(const std::string& url) {
   if (hosts.empty()) throw_bad_url(url, "no host: expected zookeeper://host:port[,host:port...]");
   while (true) {
     auto comma = hosts.find(',');
-    std::string_view hp = hosts.substr(0, comma);
-    std::string_view host = hp;
     int port = 2181;
-    if (!hp.empty() && hp.front() == '[') {
-      auto close = hp.find(']');
-      if (close == std::string_view::npos) throw_bad_url(url, "unclosed '[' in host");
-      host = hp.substr(1, close - 1);
-      std::string_view after = hp.substr(close + 1);
-      if (!after.empty()) {
-        if (after.front() != ':') throw_bad_url(url, "bad port");
-        port = parse_port(url, after.substr(1));
-      }
-    } else if (auto colon = hp.rfind(':'); colon != std::string_view::npos) {
-      host = hp.substr(0, colon);
-      port = parse_port(url, hp.substr(colon + 1));
-    }
+    std::string_view host = split_host_port(url, hosts.substr(0, comma), port);
     if (host.empty()) throw_bad_url(url, "an empty host in the member list");
     for (char c : host)
       if (c == '%' || c == '/' || c == ',' || c == '@' || static_cast<unsigned char>(c) <= ' ')
@@ -99,7 +72,7 @@ std::string ZkTarget::connect_string() const {
   std::string out;
   for (const auto& [host, port] : hosts) {
     if (!out.empty()) out += ',';
-    out += with_brackets(host) + ":" + std::to_string(port);
+    out += host_port(host, port);
   }
   return out + chroot;
 }
