@@ -285,8 +285,17 @@ TEST_F(ZooKeeperStoreTest, AWaitingWriterStopsLaterReadersWhoThenSeeItsToken) {
   auto later = rt.acquire({.key = key(), .ttl = 10s, .retries = forever, .wait = 0ms, .kind = LockKind::shared()});
   EXPECT_TRUE(error_of<LockNotAcquired>(later));
   give_back(reader);
-  // The writer's next attempt holds, under a higher token.
+  // The writer's next attempt holds, under a higher token. The reader's
+  // node went through another session, perhaps on another member, which
+  // a read may trail for a moment (ZooKeeper orders a client's own reads
+  // and writes, not another's): the attempt is made again while it finds
+  // the lock busy, as the writer's runtime would on the watch, within 5 s.
   auto again = store.acquire(name, "w2", 10s);
+  for (auto until = std::chrono::steady_clock::now() + 5s;
+       again.status == Status::kBusy && std::chrono::steady_clock::now() < until;) {
+    std::this_thread::sleep_for(20ms);
+    again = store.acquire(name, "w2", 10s);
+  }
   ASSERT_EQ(again.status, Status::kTaken) << again.error.describe();
   EXPECT_GT(again.fence, w1.fence);
   // A reader waiting for it is let in by its release, with its token.
