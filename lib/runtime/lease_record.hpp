@@ -95,8 +95,6 @@ struct HandleState {
     static const std::weak_ptr<ThreadPool> none;
     return links ? links->notifier : none;
   }
-  // Any thread: the handle has not been released (nor the lease ended).
-  bool handle_open() const noexcept { return outcome_.load(std::memory_order_acquire) == kOpen; }
 
  private:
   // Whichever of finish() and released() comes second settles the promise.

@@ -22,7 +22,7 @@
 #include <utility>
 
 #include "core/loop.hpp"
-#include "store/redis/tls.hpp"
+#include "core/tls.hpp"
 
 namespace lockwatch::detail {
 

@@ -52,12 +52,12 @@
 #include <vector>
 
 #include "core/reconnector.hpp"
+#include "core/tls.hpp"
 #include "lockwatch/options.hpp"
 #include "scripts.hpp"
 #include "store/store_error.hpp"
 #include "store/store_settings.hpp"
 #include "subscriptions.hpp"
-#include "tls.hpp"
 
 namespace lockwatch::detail {
 

@@ -2,6 +2,7 @@
 
 #include <fmt/format.h>
 
+#include "core/tls.hpp"
 #include "core/url.hpp"
 #include "lockwatch/errors.hpp"
 #include "store/quorum_store.hpp"
@@ -11,12 +12,18 @@
 #include "store/redis/node_store.hpp"
 #include "store/redis/redisson_store.hpp"
 #include "store/redis/sentinel.hpp"
-#include "store/redis/tls.hpp"
 #include "store/redis/topology.hpp"
 
 namespace lockwatch::detail {
 
 namespace {
+
+// Whether a URL asks for TLS: rediss://, rediss-sentinel:// or rediss-cluster://.
+bool url_wants_tls(const std::string& url) {
+  return url.rfind("rediss://", 0) == 0 || url.rfind("rediss-sentinel://", 0) == 0 ||
+         url.rfind("rediss-cluster://", 0) == 0 || url.find(",rediss://") != std::string::npos ||
+         url.find(", rediss://") != std::string::npos;
+}
 
 // What every Redis URL's store checks beyond its URL.
 void check_redis_settings(const std::string& url, const Options& options) {

@@ -1,7 +1,7 @@
 // A build without the `tls` feature (no OpenSSL): the TLS schemes are
 // refused when the options are checked, so no connection ever has a
 // TlsContext.
-#include "store/redis/tls.hpp"
+#include "core/tls.hpp"
 
 #include "lockwatch/errors.hpp"
 

@@ -1,4 +1,4 @@
-#include "store/redis/tls.hpp"
+#include "core/tls.hpp"
 
 #include <arpa/inet.h>
 #include <openssl/err.h>

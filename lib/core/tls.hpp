@@ -1,4 +1,5 @@
-// lib/store/redis/tls.hpp: TLS for Redis connections, with OpenSSL.
+// lib/core/tls.hpp: TLS for the connections lockwatch makes itself (Redis's,
+// and the etcd store's clock), with OpenSSL.
 //
 // A TlsContext holds what every TLS connection of a store shares: the CA to
 // verify servers against, the client certificate and key for mutual TLS,
@@ -30,13 +31,6 @@ typedef struct ssl_st SSL;
 typedef struct ssl_ctx_st SSL_CTX;
 
 namespace lockwatch::detail {
-
-// Whether a URL asks for TLS: rediss://, rediss-sentinel:// or rediss-cluster://.
-inline bool url_wants_tls(const std::string& url) {
-  return url.rfind("rediss://", 0) == 0 || url.rfind("rediss-sentinel://", 0) == 0 ||
-         url.rfind("rediss-cluster://", 0) == 0 || url.find(",rediss://") != std::string::npos ||
-         url.find(", rediss://") != std::string::npos;
-}
 
 class TlsContext {
  public:
