@@ -8,10 +8,6 @@ namespace lockwatch::detail {
 
 namespace {
 constexpr int kClaimAttempts = 5;  // a version changed under us: read again
-
-std::chrono::system_clock::time_point from_ms(std::int64_t ms) {
-  return std::chrono::system_clock::time_point(std::chrono::milliseconds(ms));
-}
 }  // namespace
 
 struct ZkClaims::Claim : StoreClaim {
@@ -23,26 +19,21 @@ void ZkClaims::server_time(JobClaims::TimeDone done) {
   ZkSession* s = sessions_.any_session();
   const std::uint64_t serial = s->serial;
   auto shared = std::make_shared<JobClaims::TimeDone>(std::move(done));
-  // A write's mtime is the leader's clock when it ran the write.
   sessions_.send(
       *s,
       [this, shared, serial](const ZkResult& r) {
-        if (r.rc == ZNONODE) {
-          make_root(serial, shared);
-          return;
-        }
+        if (r.rc == ZNONODE) return make_root(serial, shared);
         if (r.rc != ZOK || !r.has_stat) {
           auto e = sessions_.error(r.rc != ZOK ? r.rc : ZMARSHALLINGERROR, "reading the ensemble's clock");
           (*shared)({}, &e);
           return;
         }
-        (*shared)(from_ms(r.stat.mtime), nullptr);
+        (*shared)(std::chrono::system_clock::time_point(std::chrono::milliseconds(r.stat.mtime)), nullptr);
       },
       [=](zhandle_t* zh, void* ctx) { return zoo_aset(zh, zk::kRoot, "", 0, -1, zk::on_stat_set, ctx); });
 }
 
 void ZkClaims::make_root(std::uint64_t serial, std::shared_ptr<JobClaims::TimeDone> shared) {
-  // No lock taken on this ensemble yet: /lockwatch first.
   ZkSession* s = sessions_.live(serial);
   if (s == nullptr) {
     auto e = sessions_.error(ZSESSIONEXPIRED, "reading the ensemble's clock");
@@ -74,21 +65,15 @@ void ZkClaims::claim_period(std::string_view name, std::string_view token, std::
 }
 
 void ZkClaims::claim_step(std::shared_ptr<Claim> c) {
-  ZkHolds& holds = sessions_.holds();
+  ZkHolds& holds = sessions_.holds;
   auto h = holds.held.find(zk::hold_key(c->name, c->token));
   ZkSession* s = h == holds.held.end() ? nullptr : sessions_.live(h->second.session);
-  if (s == nullptr) {
-    c->finish(ClaimResult::Status::kNotLeader);
-    return;
-  }
+  if (s == nullptr) return c->finish(ClaimResult::Status::kNotLeader);
   c->lock_path = h->second.path;
   c->period_path = zk::dir_of(c->name) + "/" + zk::kPeriodNode;
   const std::uint64_t serial = s->serial;
   sessions_.read(*s, c->period_path, false, [this, c, serial](const ZkResult& r) {
-    if (r.rc != ZOK && r.rc != ZNONODE) {
-      c->failed(sessions_.error(r.rc, "reading the job's last period"));
-      return;
-    }
+    if (r.rc != ZOK && r.rc != ZNONODE) return c->failed(sessions_.error(r.rc, "reading the job's last period"));
     const bool exists = r.rc == ZOK;
     std::int64_t last = -1;
     if (exists) std::from_chars(r.value.data(), r.value.data() + r.value.size(), last);
@@ -98,10 +83,7 @@ void ZkClaims::claim_step(std::shared_ptr<Claim> c) {
       return;
     }
     ZkSession* s = sessions_.live(serial);
-    if (s == nullptr) {
-      c->finish(ClaimResult::Status::kNotLeader);
-      return;
-    }
+    if (s == nullptr) return c->finish(ClaimResult::Status::kNotLeader);
     claim_write(*s, c, exists, exists ? r.stat.version : -1);
   });
 }
@@ -119,10 +101,7 @@ void ZkClaims::claim_write(ZkSession& s, std::shared_ptr<Claim> c, bool exists, 
           c->finish(ClaimResult::Status::kClaimed);
           return;
         }
-        if (r.op_errors.size() == 2 && r.op_errors[0] == ZNONODE) {
-          c->finish(ClaimResult::Status::kNotLeader);
-          return;
-        }
+        if (r.op_errors.size() == 2 && r.op_errors[0] == ZNONODE) return c->finish(ClaimResult::Status::kNotLeader);
         if (r.op_errors.size() == 2 && (r.op_errors[1] == ZBADVERSION || r.op_errors[1] == ZNODEEXISTS) &&
             ++c->attempt < kClaimAttempts) {
           claim_step(c);  // another claim came first: read again

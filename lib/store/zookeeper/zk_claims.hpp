@@ -1,5 +1,5 @@
 // lib/store/zookeeper/zk_claims.hpp: scheduled jobs' claims (JobClaims) on
-// a ZooKeeper ensemble. Uses the sessions.
+// a ZooKeeper ensemble.
 //
 // The store's clock is the ensemble's, read as the mtime a write to
 // /lockwatch gets (the leader's clock when it ran it); a job's last period
@@ -13,25 +13,18 @@
 // Threading: the loop thread.
 #pragma once
 
-#include <chrono>
-#include <cstdint>
-#include <memory>
-#include <string_view>
-
 #include "store/capabilities.hpp"
 #include "store/zookeeper/zk_session.hpp"
 
 namespace lockwatch::detail {
 
-class ZkClaims {
+class ZkClaims final : public JobClaims {
  public:
   explicit ZkClaims(ZkSessions& sessions) : sessions_(sessions) {}
-  ZkClaims(const ZkClaims&) = delete;
-  ZkClaims& operator=(const ZkClaims&) = delete;
 
-  void server_time(JobClaims::TimeDone done);
+  void server_time(TimeDone done) override;
   void claim_period(std::string_view name, std::string_view token, std::int64_t period,
-                    std::chrono::system_clock::time_point start, JobClaims::ClaimDone done);
+                    std::chrono::system_clock::time_point start, ClaimDone done) override;
 
  private:
   struct Claim;

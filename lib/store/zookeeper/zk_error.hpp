@@ -13,7 +13,6 @@
 
 namespace lockwatch::detail {
 
-// The category of ZooKeeper's return codes: name() "lockwatch.zookeeper".
 const StoreCategory& zookeeper_category() noexcept;
 // The return code `rc` as a code of zookeeper_category() (empty for ZOK).
 inline std::error_code zookeeper_code(int rc) noexcept { return {rc, zookeeper_category()}; }

@@ -1,13 +1,18 @@
 #include "store/zookeeper/zk_kind.hpp"
 
+#include "lockwatch/errors.hpp"
 #include "store/zookeeper/zk_store.hpp"
-#include "store/zookeeper/zk_target.hpp"
 
 namespace lockwatch::detail {
 
 constinit const StoreKind kZooKeeperStore{
     kZooKeeperSchemes, kZooKeeperUsage,
-    [](const std::string& url, const Options& options) { ZkStore::check_options(ZkTarget::parse(url), options); },
+    [](const std::string& url, const Options& options) {
+      ZkTarget::parse(url);
+      if (options.runtime.key_prefix.size() >= ZkStore::kMaxNameBytes)
+        throw InvalidArgument(
+            "Options::runtime.key_prefix leaves no room for a key in a ZooKeeper lock name (255 bytes)");
+    },
     [](Loop& loop, const std::string& url, const Options& options) -> std::unique_ptr<LockStore> {
       return std::make_unique<ZkStore>(loop, ZkTarget::parse(url), StoreSettings::of(options));
     }};

@@ -26,11 +26,8 @@ struct ZkLockRecipe::AcquireOp : ZkHolds::Node, OwnedLock {
   std::uint64_t fence = 0;
 };
 
-ZkLockRecipe::ZkLockRecipe(ZkSessions& sessions, ZkRelease& release, const WatchdogOptions& watchdog, std::string owner)
-    : sessions_(sessions), release_(release), watchdog_(watchdog), owner_(std::move(owner)) {}
-
 void ZkLockRecipe::forget(const AcquireOp& op) {
-  ZkHolds& holds = sessions_.holds();
+  ZkHolds& holds = sessions_.holds;
   const std::string key = zk::hold_key(op.name, op.token);
   holds.held.erase(key);
   if (auto m = holds.marks.find(key); m != holds.marks.end() && m->second.attempt == op.attempt) holds.marks.erase(m);
@@ -44,7 +41,10 @@ void ZkLockRecipe::acquire(std::span<const LockRef> locks, LockStore::AcquireDon
     op->done = shared_done;
     op->dir = zk::dir_of(op->name);
     op->attempt = next_attempt_++;
-    acquire_one(std::move(op));
+    if (sessions_.closed())
+      fail_later(op, sessions_.error(ZCLOSING, ""));
+    else if (!repeat_held(op) && !repeat_waiting(op))
+      create_node(std::move(op), false);
   }
 }
 
@@ -56,17 +56,8 @@ void ZkLockRecipe::fail_later(const Op& op, const StoreError& e) {
   sessions_.post([this, op, e] { fail(op, e); });
 }
 
-void ZkLockRecipe::acquire_one(Op op) {
-  if (sessions_.closed()) {
-    fail_later(op, sessions_.error(ZCLOSING, ""));
-    return;
-  }
-  if (repeat_held(op) || repeat_waiting(op)) return;
-  create_node(std::move(op), false);
-}
-
 bool ZkLockRecipe::repeat_held(Op& op) {
-  ZkHolds& holds = sessions_.holds();
+  ZkHolds& holds = sessions_.holds;
   auto h = holds.held.find(zk::hold_key(op->name, op->token));
   if (h == holds.held.end()) return false;
   // A repeat of an acquisition that took the lock: its node, if it is
@@ -93,7 +84,7 @@ bool ZkLockRecipe::repeat_held(Op& op) {
 }
 
 bool ZkLockRecipe::repeat_waiting(Op& op) {
-  ZkHolds& holds = sessions_.holds();
+  ZkHolds& holds = sessions_.holds;
   auto m = holds.marks.find(zk::hold_key(op->name, op->token));
   if (m == holds.marks.end()) return false;
   // A waiting writer tries again: its node, still in the queue, and
@@ -252,15 +243,12 @@ bool ZkLockRecipe::other_family(const AcquireOp& op, const std::vector<std::stri
 }
 
 // Who holds, from one listing in sequence order (nodes only come in
-// behind ours, so what is below ours decides, and it only shrinks):
-//   family     a node below ours of the other family (permits against
-//              exclusive or shared), or permits of another n: refused
-//              (InvalidArgument), our node removed. The first node decides,
-//              so a later caller that disagrees never holds.
-//   exclusive  ours is the lowest (a writer, and a plain mutex).
-//   fair       ours is the lowest; else our node stays, our place.
-//   shared     no writer's node below ours.
-//   permits(n) ours is one of the n lowest.
+// behind ours, so what is below ours decides, and it only shrinks): a node
+// below ours of the other family (permits against exclusive or shared), or
+// permits of another n, refuses the call (InvalidArgument) and our node
+// goes: the first node decides, so a later caller that disagrees never
+// holds. Else exclusive and fair hold as the lowest, shared with no
+// writer's node below, permits(n) among the n lowest.
 void ZkLockRecipe::decide(const Op& op, const std::vector<std::string>& nodes, std::size_t at) {
   if (LockKind held_as; other_family(*op, nodes, at, &held_as)) {
     refuse_kind(op, held_as);
@@ -349,7 +337,7 @@ void ZkLockRecipe::refuse_kind(const Op& op, LockKind held_as) {
 //              earlier ones (node order alone is not grant order here).
 // A repeat of a granted acquisition answers the token it was given.
 void ZkLockRecipe::grant(const Op& op) {
-  ZkHolds& holds = sessions_.holds();
+  ZkHolds& holds = sessions_.holds;
   const std::string key = zk::hold_key(op->name, op->token);
   if (op->from_mark) {
     auto m = holds.marks.find(key);
@@ -365,7 +353,7 @@ void ZkLockRecipe::grant(const Op& op) {
     op->from_mark = false;
   }
   auto done = [this, op, key](std::uint64_t fence) {
-    sessions_.holds().held[key] = ZkHolds::Held{*op, op->ttl, gone_by(watchdog_, op->sent, op->ttl), fence};
+    sessions_.holds.held[key] = ZkHolds::Held{*op, op->ttl, gone_by(watchdog_, op->sent, op->ttl), fence};
     finish(op, Acquired::taken(fence));
   };
   if (op->repeat) {
@@ -442,7 +430,7 @@ void ZkLockRecipe::wait_behind(const Op& op, std::vector<std::string> watch, boo
   if (keep_node) {
     // A waiting writer's mark: the store removes it unless the same
     // acquisition tries again within its span.
-    sessions_.holds().marks[zk::hold_key(op->name, op->token)] =
+    sessions_.holds.marks[zk::hold_key(op->name, op->token)] =
         ZkHolds::Mark{*op, Clock::now() + zk::mark_span(op->ttl, op->kind)};
     read_watched(op, watch, cap);
     return;

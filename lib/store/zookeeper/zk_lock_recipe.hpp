@@ -1,7 +1,6 @@
 // lib/store/zookeeper/zk_lock_recipe.hpp: ZooKeeper's lock recipe, as the
 // ZooKeeper store acquires: a node per attempt, the listing that decides,
-// the kinds, the fair queue, the fencing tokens. Uses the sessions (and
-// the release part to remove nodes); renewals are ZkRenewal's.
+// the kinds, the fair queue, the fencing tokens.
 //
 //   acquire  creates our node, lists the directory: ours the lowest, the
 //            lock is ours and its fencing token is our node's creation
@@ -11,21 +10,11 @@
 //            and the holder's node is read with a watch, whose firing is
 //            the release notice. A repeat with the same token finds the
 //            node it made: the same acquisition, the same fence.
-//   kinds    a node's name carries its kind after the attempt (".r" a
-//            reader, ".p<n>" a permit of n, none a writer): a writer
-//            holds as the lowest, a reader with no writer's node below,
-//            a permit among the n lowest; a node below of the other
-//            family (or another n) is InvalidArgument. A writer behind
-//            readers only keeps its node while it waits (a mark that
-//            stops later readers), removed by the store unless it tries
-//            again within 2 s. A fair lock's node ("f") is its place in
-//            the queue: the lowest holds; a waiter's node stays while it
-//            tries again within its ttl, and goes with its session, when
-//            it gives up (withdraw) or its span passes. Tokens: a writer's
-//            (and a fair holder's) czxid, written to the
-//            directory's `fence` node before its answer; a reader gets
-//            that value (the last writer's); a permit the zxid of its
-//            grant's write to `fence`. See docs/zookeeper.md.
+//   kinds    a node's name carries its kind (zk_nodes.hpp); who holds
+//            and who waits how: decide(); the fencing tokens: grant() (both
+//            in zk_lock_recipe.cpp). A fair waiter's node goes with its
+//            session, when it gives up (withdraw) or its span passes. See
+//            docs/zookeeper.md.
 //
 // Costs: an acquisition three round trips (create, list, the fence; four
 // when busy, a busy permit n + 3).
@@ -33,27 +22,15 @@
 // Threading: the loop thread.
 #pragma once
 
-#include <chrono>
-#include <cstdint>
-#include <functional>
-#include <memory>
-#include <span>
-#include <string>
-#include <vector>
-
-#include "lockwatch/options.hpp"
-#include "store/lock_store.hpp"
 #include "store/zookeeper/zk_release.hpp"
-#include "store/zookeeper/zk_session.hpp"
 
 namespace lockwatch::detail {
 
 class ZkLockRecipe {
  public:
   // `owner` is Options::runtime.owner_name, in each node's data.
-  ZkLockRecipe(ZkSessions& sessions, ZkRelease& release, const WatchdogOptions& watchdog, std::string owner);
-  ZkLockRecipe(const ZkLockRecipe&) = delete;
-  ZkLockRecipe& operator=(const ZkLockRecipe&) = delete;
+  ZkLockRecipe(ZkSessions& sessions, ZkRelease& release, const WatchdogOptions& watchdog, std::string owner)
+      : sessions_(sessions), release_(release), watchdog_(watchdog), owner_(std::move(owner)) {}
 
   void acquire(std::span<const LockRef> locks, LockStore::AcquireDone done);
 
@@ -62,7 +39,6 @@ class ZkLockRecipe {
   struct AcquireOp;
   using Op = std::shared_ptr<AcquireOp>;
 
-  void acquire_one(Op op);
   // A repeat of an acquisition that took the lock, or of a waiting one
   // that kept its node: listed again (true), or not one (false).
   bool repeat_held(Op& op);

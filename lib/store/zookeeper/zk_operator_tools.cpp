@@ -9,20 +9,15 @@ namespace lockwatch::detail {
 
 using std::chrono::milliseconds;
 
-void ZkOperatorTools::inspect(std::string_view name, OperatorTools::InspectDone done) {
+void ZkOperatorTools::inspect(std::string_view name, InspectDone done) {
   ZkSession* s = sessions_.any_session();
   const std::string dir = zk::dir_of(name);
   const std::uint64_t serial = s->serial;
   sessions_.list(*s, dir, [this, dir, serial, done = std::move(done)](const ZkResult& r) {
-    LockInfo info;
-    if (r.rc == ZNONODE) {
-      done(info, nullptr);
-      return;
-    }
+    if (r.rc == ZNONODE) return done(LockInfo{}, nullptr);
     if (r.rc != ZOK) {
       auto e = sessions_.error(r.rc, "listing the lock's nodes");
-      done(info, &e);
-      return;
+      return done(LockInfo{}, &e);
     }
     read_holders(serial, dir, zk::holding(zk::in_order(r.children)), done);
   });
@@ -76,10 +71,7 @@ struct ZkHolderReads {
 void ZkOperatorTools::read_holders(std::uint64_t serial, const std::string& dir, std::vector<std::string> nodes,
                                    OperatorTools::InspectDone done) {
   ZkSession* s = sessions_.live(serial);
-  if (nodes.empty() || s == nullptr) {
-    done(LockInfo{}, nullptr);
-    return;
-  }
+  if (nodes.empty() || s == nullptr) return done(LockInfo{}, nullptr);
   auto reads = std::make_shared<ZkHolderReads>();
   reads->holders.resize(nodes.size());
   reads->ttls.resize(nodes.size());
@@ -92,8 +84,7 @@ void ZkOperatorTools::read_holders(std::uint64_t serial, const std::string& dir,
       if (--reads->left != 0) return;
       if (reads->rc != ZOK) {
         auto e = sessions_.error(reads->rc, "reading the holders' nodes");
-        reads->done(LockInfo{}, &e);
-        return;
+        return reads->done(LockInfo{}, &e);
       }
       reads->done(reads->settled(), nullptr);
     });
@@ -108,9 +99,9 @@ struct ZkOperatorTools::Listing {
   LockListing::ListDone done;
 };
 
-void ZkOperatorTools::list_locks(std::string_view prefix, std::size_t limit, LockListing::ListDone done) {
+void ZkOperatorTools::list_locks(std::string_view prefix, std::size_t limit, ListDone done) {
   ZkSession* s = sessions_.any_session();
-  const std::string escaped = zk::escape(prefix);
+  const std::string escaped = zk::escape(store_.encode(prefix));
   auto listing = std::make_shared<Listing>();
   listing->limit = limit;
   listing->done = std::move(done);
@@ -165,26 +156,19 @@ void ZkOperatorTools::list_window(std::shared_ptr<Listing> listing) {
     });
 }
 
-void ZkOperatorTools::force_release(std::string_view name, OperatorTools::ForceDone done) {
+void ZkOperatorTools::force_release(std::string_view name, ForceDone done) {
   ZkSession* s = sessions_.any_session();
   const std::string dir = zk::dir_of(name);
   const std::uint64_t serial = s->serial;
   sessions_.list(*s, dir, [this, dir, serial, done = std::move(done)](const ZkResult& r) {
-    if (r.rc == ZNONODE) {
-      done(false, nullptr);
-      return;
-    }
+    if (r.rc == ZNONODE) return done(false, nullptr);
     auto nodes = zk::in_order(r.children);
     ZkSession* s = sessions_.live(serial);
     if (r.rc != ZOK || s == nullptr) {
       auto e = sessions_.error(r.rc != ZOK ? r.rc : ZSESSIONEXPIRED, "listing the lock's nodes");
-      done(false, &e);
-      return;
+      return done(false, &e);
     }
-    if (nodes.empty()) {
-      done(false, nullptr);
-      return;
-    }
+    if (nodes.empty()) return done(false, nullptr);
     release_.delete_paths(*s, {dir + "/" + nodes.front()}, [this, done](int rc) {
       if (rc == ZOK) {
         done(true, nullptr);

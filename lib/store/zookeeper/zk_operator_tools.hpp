@@ -1,7 +1,6 @@
 // lib/store/zookeeper/zk_operator_tools.hpp: what an operator asks of a
 // ZooKeeper store (OperatorTools, LockListing): who holds a lock, a forced
-// release, the locks under a prefix. Uses the sessions and the release
-// part.
+// release, the locks under a prefix.
 //
 // The holder is the lowest node (a shared lock's, the readers below the
 // first writer's node; permits(n)'s, the n lowest), each with the owner
@@ -16,31 +15,20 @@
 // Threading: the loop thread.
 #pragma once
 
-#include <cstddef>
-#include <cstdint>
-#include <memory>
-#include <string>
-#include <string_view>
-#include <vector>
-
-#include "store/capabilities.hpp"
 #include "store/zookeeper/zk_release.hpp"
-#include "store/zookeeper/zk_session.hpp"
 
 namespace lockwatch::detail {
 
-class ZkOperatorTools {
+class ZkOperatorTools final : public OperatorTools, public LockListing {
  public:
-  // `key_prefix` is the store's (taken off the names a listing reports).
-  ZkOperatorTools(ZkSessions& sessions, ZkRelease& release, std::size_t key_prefix)
-      : sessions_(sessions), release_(release), key_prefix_(key_prefix) {}
-  ZkOperatorTools(const ZkOperatorTools&) = delete;
-  ZkOperatorTools& operator=(const ZkOperatorTools&) = delete;
+  // `store` encodes a listing's prefix; `key_prefix` is the store's (taken
+  // off the names a listing reports).
+  ZkOperatorTools(ZkSessions& sessions, ZkRelease& release, const LockStore& store, std::size_t key_prefix)
+      : sessions_(sessions), release_(release), store_(store), key_prefix_(key_prefix) {}
 
-  void inspect(std::string_view name, OperatorTools::InspectDone done);
-  void force_release(std::string_view name, OperatorTools::ForceDone done);
-  // `prefix` is a lock name's (LockStore::encode() of the user's prefix).
-  void list_locks(std::string_view prefix, std::size_t limit, LockListing::ListDone done);
+  void inspect(std::string_view name, InspectDone done) override;
+  void force_release(std::string_view name, ForceDone done) override;
+  void list_locks(std::string_view prefix, std::size_t limit, ListDone done) override;
 
  private:
   struct Listing;
@@ -51,6 +39,7 @@ class ZkOperatorTools {
 
   ZkSessions& sessions_;
   ZkRelease& release_;
+  const LockStore& store_;
   const std::size_t key_prefix_;
 };
 

@@ -26,9 +26,7 @@ void ZkRelease::start() {
 }
 
 void ZkRelease::close() {
-  auto deferred = std::move(deferred_);
-  deferred_.clear();
-  for (auto& [when, f] : deferred) f();
+  for (auto& [when, f] : std::exchange(deferred_, {})) f();
   if (started_) {
     uv_timer_stop(&cleanup_);
     uv_close(reinterpret_cast<uv_handle_t*>(&cleanup_), nullptr);
@@ -55,9 +53,8 @@ void ZkRelease::tick(Clock::time_point now) {
 // ---- release
 
 void ZkRelease::release(std::span<const LockRef> locks, LockStore::ReleaseDone done) {
-  // Every release wakes the holder's watchers: ZooKeeper has no quiet delete.
   auto shared_done = std::make_shared<LockStore::ReleaseDone>(std::move(done));
-  ZkHolds& holds = sessions_.holds();
+  ZkHolds& holds = sessions_.holds;
   for (std::size_t i = 0; i < locks.size(); ++i) {
     Cleanup c{std::string(locks[i].name), std::string(locks[i].token), 0, 0};
     const std::string key = zk::hold_key(c.name, c.token);
@@ -95,8 +92,8 @@ void ZkRelease::release(std::span<const LockRef> locks, LockStore::ReleaseDone d
   }
 }
 
-void ZkRelease::withdraw(const LockRef& lock, FairQueue::WithdrawDone done) {
-  ZkHolds& holds = sessions_.holds();
+void ZkRelease::withdraw(const LockRef& lock, WithdrawDone done) {
+  ZkHolds& holds = sessions_.holds;
   auto m = holds.marks.find(zk::hold_key(lock.name, lock.token));
   if (m == holds.marks.end()) {
     // Not queued (never, or its place ran out): nothing to take out.
@@ -153,7 +150,7 @@ milliseconds ZkRelease::end_sessions(const Cleanup& c) {
   milliseconds wait{0};
   for (ZkSession* s : ending) {
     wait = std::max(wait, milliseconds(std::max<long long>(s->negotiated_ms, s->requested_ms)));
-    const bool had_locks = sessions_.holds().any_held_on(s->serial);
+    const bool had_locks = sessions_.holds.any_held_on(s->serial);
     sessions_.retire(s);
     if (events_.log)
       events_.log(true, fmt::format("{}: a lock's release could not be confirmed; its session ends so that the "
@@ -173,19 +170,9 @@ void ZkRelease::retry_give_up(std::shared_ptr<GiveUp> g) {
       g->answer_confirmed(st);
       return;
     }
-    if (Clock::now() >= g->until || sessions_.closed()) {
-      g->answered = true;
-      g->answer(g->why);
-      return;
-    }
+    if (Clock::now() >= g->until || sessions_.closed()) return g->unconfirmed();
     deferred_.emplace_back(std::min(g->until, Clock::now() + settings_.connection.reconnect_min), [this, g] {
-      if (sessions_.closed()) {
-        if (!g->answered) {
-          g->answered = true;
-          g->answer(g->why);
-        }
-        return;
-      }
+      if (sessions_.closed()) return g->unconfirmed();
       retry_give_up(g);
     });
   });
@@ -260,7 +247,6 @@ void ZkRelease::delete_paths(ZkSession& s, std::vector<std::string> paths, std::
         s,
         [st](const ZkResult& r) {
           if (r.rc != ZOK && r.rc != ZNONODE && st->rc == ZOK) st->rc = r.rc;
-          if (r.rc == ZNONODE && st->rc == ZOK) st->rc = ZOK;
           if (--st->left == 0) st->done(st->rc);
         },
         [=](zhandle_t* zh, void* ctx) { return zoo_adelete(zh, p.c_str(), -1, zk::on_void, ctx); });
@@ -282,8 +268,7 @@ void ZkRelease::on_cleanup(uv_timer_t* t) { static_cast<ZkRelease*>(t->data)->ru
 void ZkRelease::run_cleanups() {
   if (cleaning_ || sessions_.closed() || cleanups_.empty()) return;
   cleaning_ = true;
-  auto batch = std::make_shared<std::vector<Cleanup>>(std::move(cleanups_));
-  cleanups_.clear();
+  auto batch = std::make_shared<std::vector<Cleanup>>(std::exchange(cleanups_, {}));
   auto left = std::make_shared<std::size_t>(batch->size());
   auto retry = std::make_shared<std::vector<Cleanup>>();
   for (const auto& c : *batch) {

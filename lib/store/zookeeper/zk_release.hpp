@@ -1,19 +1,12 @@
 // lib/store/zookeeper/zk_release.hpp: how the ZooKeeper store removes its
 // nodes: releases, a fair waiter's withdrawal, the removal of nodes whose
 // first removal found no answer (the cleanups), and the give-up machine
-// for a release that could not be confirmed. Used by the lock recipe and
-// the operator tools; uses the sessions.
+// for a release that could not be confirmed.
 //
-//   release  deletes every node of our token (found by the token in their
-//            names: the held one, and any an earlier attempt whose answer
-//            was lost made late). A release that could not be confirmed
-//            ends the session that may hold the node (a node lives as long
-//            as its session, and the runtime takes an unconfirmed lock for
-//            gone after its ttl), looks for the node from another session
-//            until that session's timeout has passed, and is answered
-//            released when it finds the node gone (it went with the
-//            session ended here, or with one the ensemble expired, never
-//            before the lease's deadline), unconfirmed otherwise.
+//   release  deletes every node of our token (release()). One that could
+//            not be confirmed ends the session that may hold the node and
+//            is answered released once the node is found gone, else
+//            unconfirmed after that session's timeout (give_up_release()).
 //   cleanups a node whose removal found no answer would hold the lock for
 //            as long as its session lives (a waiter's node would come to
 //            the front), so the store keeps at it, after each reconnect
@@ -28,27 +21,14 @@
 
 #include <uv.h>
 
-#include <chrono>
-#include <cstdint>
-#include <functional>
-#include <memory>
-#include <span>
-#include <string>
-#include <utility>
-#include <vector>
-
 #include "core/backoff.hpp"
-#include "lockwatch/options.hpp"
 #include "store/capabilities.hpp"
-#include "store/lock_store.hpp"
 #include "store/store_settings.hpp"
 #include "store/zookeeper/zk_session.hpp"
 
 namespace lockwatch::detail {
 
-class Loop;
-
-class ZkRelease {
+class ZkRelease final : public FairQueue {
  public:
   using Clock = std::chrono::steady_clock;
   // Nodes to remove: of `token` under `name`, of one attempt (0: all), on
@@ -62,8 +42,6 @@ class ZkRelease {
   using Removed = std::function<void(Released, const StoreError*)>;
 
   ZkRelease(Loop& loop, ZkSessions& sessions, const StoreSettings& settings, const StoreEvents& events);
-  ZkRelease(const ZkRelease&) = delete;
-  ZkRelease& operator=(const ZkRelease&) = delete;
 
   // Makes its timer (the store started).
   void start();
@@ -74,7 +52,7 @@ class ZkRelease {
   void release(std::span<const LockRef> locks, LockStore::ReleaseDone done);
   // A fair waiter (or a waiting writer) that gives up deletes its node (the
   // next one's watch fires: its notice).
-  void withdraw(const LockRef& lock, FairQueue::WithdrawDone done);
+  void withdraw(const LockRef& lock, WithdrawDone done) override;
 
   // Deletes the nodes `c` names.
   void delete_nodes(const Cleanup& c, Removed done);
@@ -98,6 +76,11 @@ class ZkRelease {
     std::function<void(Released)> answer_confirmed;  // found gone or removed meanwhile
     Clock::time_point until;
     bool answered = false;
+    void unconfirmed() {
+      if (answered) return;
+      answered = true;
+      answer(why);
+    }
   };
   void give_up_release(const Cleanup& c, StoreError why, std::function<void(const StoreError&)> answer,
                        std::function<void(Released)> confirmed);

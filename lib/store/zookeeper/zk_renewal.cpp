@@ -16,9 +16,6 @@ namespace {
 constexpr std::size_t kZkChecksPerMulti = 256;
 }  // namespace
 
-ZkRenewal::ZkRenewal(ZkSessions& sessions, ZkRelease& release, const WatchdogOptions& watchdog)
-    : sessions_(sessions), release_(release), watchdog_(watchdog) {}
-
 std::size_t ZkRenewal::renew(std::span<const LockRef> locks, std::shared_ptr<const void> keepalive,
                              LockStore::RenewDone done) {
   auto shared_done = std::make_shared<LockStore::RenewDone>(std::move(done));
@@ -27,7 +24,7 @@ std::size_t ZkRenewal::renew(std::span<const LockRef> locks, std::shared_ptr<con
   std::vector<std::pair<std::size_t, Renewed>> now;
   StoreError down = sessions_.error(ZCONNECTIONLOSS, "the session is disconnected");
   std::vector<std::size_t> transient;
-  ZkHolds& holds = sessions_.holds();
+  ZkHolds& holds = sessions_.holds;
   for (std::size_t i = 0; i < locks.size(); ++i) {
     std::string key = zk::hold_key(locks[i].name, locks[i].token);
     auto h = holds.held.find(key);
@@ -51,24 +48,22 @@ std::size_t ZkRenewal::renew(std::span<const LockRef> locks, std::shared_ptr<con
       auto chunk = std::make_shared<std::vector<RenewCheck>>(
           members.begin() + from, members.begin() + std::min(members.size(), from + kZkChecksPerMulti));
       ++commands;
-      send_checks(*sessions_.live(serial), std::move(chunk), shared_done, keepalive);
+      const auto sent = Clock::now();
+      sessions_.send(
+          *sessions_.live(serial),
+          [this, chunk, shared_done, keepalive, sent](const ZkResult& r) {
+            renew_answered(*chunk, *shared_done, sent, r);
+          },
+          [chunk](zhandle_t* zh, void* ctx) {
+            auto* c = static_cast<ZkCtx*>(ctx);
+            c->results.resize(chunk->size());
+            std::vector<zoo_op_t> ops(chunk->size());
+            for (std::size_t k = 0; k < chunk->size(); ++k) zoo_check_op_init(&ops[k], (*chunk)[k].path.c_str(), -1);
+            return zoo_amulti(zh, static_cast<int>(ops.size()), ops.data(), c->results.data(), zk::on_multi, ctx);
+          });
     }
   }
   return commands;
-}
-
-void ZkRenewal::send_checks(ZkSession& s, std::shared_ptr<std::vector<RenewCheck>> chunk,
-                            std::shared_ptr<LockStore::RenewDone> done, std::shared_ptr<const void> keepalive) {
-  const auto sent = Clock::now();
-  sessions_.send(
-      s, [this, chunk, done, keepalive, sent](const ZkResult& r) { renew_answered(*chunk, *done, sent, r); },
-      [=](zhandle_t* zh, void* ctx) {
-        auto* c = static_cast<ZkCtx*>(ctx);
-        c->results.resize(chunk->size());
-        std::vector<zoo_op_t> ops(chunk->size());
-        for (std::size_t k = 0; k < chunk->size(); ++k) zoo_check_op_init(&ops[k], (*chunk)[k].path.c_str(), -1);
-        return zoo_amulti(zh, static_cast<int>(ops.size()), ops.data(), c->results.data(), zk::on_multi, ctx);
-      });
 }
 
 void ZkRenewal::renew_answered(const std::vector<RenewCheck>& chunk, const LockStore::RenewDone& done,
@@ -76,7 +71,7 @@ void ZkRenewal::renew_answered(const std::vector<RenewCheck>& chunk, const LockS
   // Confirmed: the lock's expiry moves on, unless the store removed it
   // meanwhile (its expiry passed): then it is gone.
   auto confirm = [&](const RenewCheck& c) {
-    ZkHolds& holds = sessions_.holds();
+    ZkHolds& holds = sessions_.holds;
     auto h = holds.held.find(c.key);
     if (h == holds.held.end() || h->second.attempt != c.attempt) {
       done(c.index, Renewed::kGone, nullptr);
@@ -115,7 +110,7 @@ void ZkRenewal::renew_answered(const std::vector<RenewCheck>& chunk, const LockS
 }
 
 void ZkRenewal::expire_held(Clock::time_point now) {
-  ZkHolds& holds = sessions_.holds();
+  ZkHolds& holds = sessions_.holds;
   // A scan of the held locks at most every 20 ms: their expiry is a ttl
   // away, and a lease's own deadline came earlier.
   if ((holds.held.empty() && holds.marks.empty()) || now < next_expiry_scan_) return;
@@ -133,7 +128,6 @@ void ZkRenewal::expire_held(Clock::time_point now) {
       it = table.erase(it);
     }
   };
-  // A writer's mark no attempt renewed within its span goes too.
   take(holds.marks, [](const ZkHolds::Mark& m) { return m.until; });
   take(holds.held, [](const ZkHolds::Held& h) { return h.expires; });
   for (auto& c : gone) release_.remove(std::move(c));

@@ -1,6 +1,5 @@
 // lib/store/zookeeper/zk_renewal.hpp: the ZooKeeper store's renewals and
-// its own expiry of the locks it holds. Uses the sessions (and the release
-// part to remove what expired).
+// its own expiry of the locks it holds.
 //
 //   renew    one multi of check operations per session and batch: answered
 //            means the session is alive and the nodes are there.
@@ -20,17 +19,7 @@
 // Threading: the loop thread.
 #pragma once
 
-#include <chrono>
-#include <cstdint>
-#include <memory>
-#include <span>
-#include <string>
-#include <vector>
-
-#include "lockwatch/options.hpp"
-#include "store/lock_store.hpp"
 #include "store/zookeeper/zk_release.hpp"
-#include "store/zookeeper/zk_session.hpp"
 
 namespace lockwatch::detail {
 
@@ -38,9 +27,8 @@ class ZkRenewal {
  public:
   using Clock = std::chrono::steady_clock;
 
-  ZkRenewal(ZkSessions& sessions, ZkRelease& release, const WatchdogOptions& watchdog);
-  ZkRenewal(const ZkRenewal&) = delete;
-  ZkRenewal& operator=(const ZkRenewal&) = delete;
+  ZkRenewal(ZkSessions& sessions, ZkRelease& release, const WatchdogOptions& watchdog)
+      : sessions_(sessions), release_(release), watchdog_(watchdog) {}
 
   std::size_t renew(std::span<const LockRef> locks, std::shared_ptr<const void> keepalive, LockStore::RenewDone done);
   // From the store's sweep: removes what expired (see above).
@@ -57,8 +45,6 @@ class ZkRenewal {
     std::uint64_t attempt;
     std::chrono::milliseconds ttl;
   };
-  void send_checks(ZkSession& s, std::shared_ptr<std::vector<RenewCheck>> chunk,
-                   std::shared_ptr<LockStore::RenewDone> done, std::shared_ptr<const void> keepalive);
   void renew_answered(const std::vector<RenewCheck>& chunk, const LockStore::RenewDone& done, Clock::time_point sent,
                       const ZkResult& r);
 

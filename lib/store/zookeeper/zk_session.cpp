@@ -26,11 +26,6 @@ void ZkHolds::drop_session(std::uint64_t session) {
   std::erase_if(marks, [&](const auto& m) { return m.second.session == session; });
 }
 
-void ZkHolds::clear() {
-  held.clear();
-  marks.clear();
-}
-
 // ---- set-up
 
 ZkSessions::ZkSessions(Loop& loop, const ZkTarget& target, const ConnectionOptions& connection,
@@ -158,7 +153,7 @@ void ZkSessions::retire(Session* s) {
   closer_.close_later(s->zh, s->watch_ctx);
   s->zh = nullptr;
   s->watch_ctx = nullptr;
-  holds_.drop_session(s->serial);
+  holds.drop_session(s->serial);
   sessions_.erase(s->requested_ms);
 }
 
@@ -200,7 +195,7 @@ void ZkSessions::connected(Session& s) {
 
 void ZkSessions::ended(Session& s, int state) {
   const std::uint64_t serial = s.serial;
-  const bool had_locks = holds_.any_held_on(serial);
+  const bool had_locks = holds.any_held_on(serial);
   if (state == ZOO_EXPIRED_SESSION_STATE) expired_.insert(serial);  // the ensemble says its nodes are gone
   retire(&s);
   if (events_.connection)
@@ -344,7 +339,7 @@ void ZkSessions::close() {
     s->watch_ctx = nullptr;
   }
   sessions_.clear();
-  holds_.clear();
+  holds = {};
 }
 
 // ---- errors

@@ -1,6 +1,6 @@
 // lib/store/zookeeper/zk_session.hpp: the ZooKeeper store's sessions and
 // its transport to the C client (libzookeeper_mt): the bottom part of
-// ZkStore, used by its lock recipe, release and claims, never using them.
+// ZkStore, using none of the others.
 //
 // The session is the lease. Its timeout is the ttl: one session per ttl,
 // made at the first lock of that ttl. The ensemble deletes a session's
@@ -16,38 +16,22 @@
 // when the session is set up, a ttl below its minimum gets the minimum (a
 // dead holder's lock then lasts that long).
 //
-// The client calls back on its own threads: every answer goes to the loop
-// through Loop::post (ZkSink), where the sessions' state lives; a request
-// unanswered after the command timeout (the connect timeout while a
-// session was never up) fails as unavailable. Requests wait for their
-// session to connect before they go to the client, which fails what it
-// queued at every connection attempt that fails. Member names are looked
-// up on libuv's thread pool; numeric addresses cost nothing.
-// zookeeper_close() blocks: handles close on a thread of their own
-// (ZkCloser).
+// The client's answers reach the loop, where the sessions' state lives,
+// and handles close, as zk_client.hpp says; a request unanswered after
+// the command timeout (the connect timeout while a session was never up)
+// fails as unavailable. Member names are looked up on libuv's thread
+// pool; numeric addresses cost nothing. What lives and dies with a
+// session is kept here too: the nodes this store holds (ZkHolds) and the
+// release notices (the watches fire on the sessions' watcher).
 //
-// What lives and dies with a session is kept here too: the nodes this
-// store holds (ZkHolds), dropped when their session ends, and the release
-// notices (the watches fire on the sessions' watcher).
+// Costs: one session (two client threads) per distinct ttl; a request one
+// entry in the pending table (and its context, zk_client.hpp).
 //
-// Costs: one session (two client threads) per distinct ttl; a request is
-// one allocation for its context and one entry in the pending table.
-//
-// Threading: the loop thread, but the ZkSink, which the client's threads
-// use to reach it.
+// Threading: the loop thread, but the ZkSink (zk_client.hpp).
 #pragma once
 
-#include <chrono>
-#include <cstdint>
-#include <functional>
 #include <map>
-#include <memory>
 #include <set>
-#include <string>
-#include <string_view>
-#include <unordered_map>
-#include <utility>
-#include <vector>
 
 #include "lockwatch/options.hpp"
 #include "store/lock_store.hpp"
@@ -55,8 +39,6 @@
 #include "store/zookeeper/zk_target.hpp"
 
 namespace lockwatch::detail {
-
-class Loop;
 
 // The nodes this store holds or keeps waiting, by zk::hold_key(name,
 // token). Owned by ZkSessions: an entry goes with its session.
@@ -88,7 +70,6 @@ struct ZkHolds {
 
   bool any_held_on(std::uint64_t session) const;
   void drop_session(std::uint64_t session);
-  void clear();
 };
 
 // One session: a zhandle_t and what the store knows of it.
@@ -122,8 +103,6 @@ class ZkSessions {
   ZkSessions(Loop& loop, const ZkTarget& target, const ConnectionOptions& connection, const StoreEvents& events);
   // Closes what handles are left on the closer's thread, and joins it.
   ~ZkSessions();
-  ZkSessions(const ZkSessions&) = delete;
-  ZkSessions& operator=(const ZkSessions&) = delete;
 
   // The session for locks of `ttl`, made (and connecting) if there is none.
   Session* session_for(std::chrono::milliseconds ttl);
@@ -159,8 +138,6 @@ class ZkSessions {
   // Fails the requests whose deadline passed.
   void time_out(Clock::time_point now);
 
-  // The nodes held on these sessions.
-  ZkHolds& holds() { return holds_; }
   // Release notices: a watch on a lock's node that fires reports a
   // release of that lock's name to the store's events while subscribed.
   void subscribe(std::string_view name);
@@ -187,6 +164,8 @@ class ZkSessions {
   void complete(std::uint64_t id, const ZkResult& r);
   void on_session_state(std::uint64_t serial, int state);
   void on_watch(int type, const std::string& path);
+
+  ZkHolds holds;  // the nodes held on these sessions
 
  private:
   struct Pending {
@@ -224,7 +203,6 @@ class ZkSessions {
   std::uint64_t next_serial_ = 1;
   std::uint64_t connections_ = 0;
   std::set<std::uint64_t> expired_;  // sessions the ensemble said it expired
-  ZkHolds holds_;
   std::unordered_map<std::uint64_t, Pending> pending_;
   std::uint64_t next_id_ = 1;
   std::set<std::string, std::less<>> subscribed_;

@@ -3,16 +3,10 @@
 #include <algorithm>
 
 #include "core/loop.hpp"
-#include "lockwatch/errors.hpp"
 
 namespace lockwatch::detail {
 
 using std::chrono::milliseconds;
-
-void ZkStore::check_options(const ZkTarget&, const Options& options) {
-  if (options.runtime.key_prefix.size() >= kMaxNameBytes)
-    throw InvalidArgument("Options::runtime.key_prefix leaves no room for a key in a ZooKeeper lock name (255 bytes)");
-}
 
 ZkStore::ZkStore(Loop& loop, ZkTarget target, const StoreSettings& settings)
     : StoreBase(StoreTraits{
@@ -29,12 +23,10 @@ ZkStore::ZkStore(Loop& loop, ZkTarget target, const StoreSettings& settings)
       recipe_(sessions_, release_, settings_.watchdog, settings_.owner_name),
       renewal_(sessions_, release_, settings_.watchdog),
       claims_(sessions_),
-      tools_(sessions_, release_, settings_.key_prefix.size()),
+      tools_(sessions_, release_, *this, settings_.key_prefix.size()),
       loop_(loop) {
-  offer({.job_claims = this, .operator_tools = this, .lock_listing = this, .fair_queue = this});
+  offer({.job_claims = &claims_, .operator_tools = &tools_, .lock_listing = &tools_, .fair_queue = &release_});
 }
-
-ZkStore::~ZkStore() = default;
 
 void ZkStore::started() {
   uv_timer_init(loop_.uv(), &sweep_);
@@ -54,39 +46,6 @@ void ZkStore::on_sweep(uv_timer_t* t) {
   self->renewal_.expire_held(now);
   self->release_.tick(now);
   self->sessions_.time_out(now);
-}
-
-void ZkStore::acquire(std::span<const LockRef> locks, AcquireDone done) { recipe_.acquire(locks, std::move(done)); }
-
-std::size_t ZkStore::renew(std::span<const LockRef> locks, std::shared_ptr<const void> keepalive, RenewDone done) {
-  return renewal_.renew(locks, std::move(keepalive), std::move(done));
-}
-
-// Every release wakes the holder's watchers (no quiet delete): `notify`
-// changes nothing.
-void ZkStore::release(std::span<const LockRef> locks, bool, ReleaseDone done) {
-  release_.release(locks, std::move(done));
-}
-
-void ZkStore::withdraw(const LockRef& lock, WithdrawDone done) { release_.withdraw(lock, std::move(done)); }
-
-void ZkStore::subscribe(std::string_view name) { sessions_.subscribe(name); }
-
-void ZkStore::unsubscribe(std::string_view name) { sessions_.unsubscribe(name); }
-
-void ZkStore::server_time(TimeDone done) { claims_.server_time(std::move(done)); }
-
-void ZkStore::claim_period(std::string_view name, std::string_view token, std::int64_t period,
-                           std::chrono::system_clock::time_point start, ClaimDone done) {
-  claims_.claim_period(name, token, period, start, std::move(done));
-}
-
-void ZkStore::inspect(std::string_view name, InspectDone done) { tools_.inspect(name, std::move(done)); }
-
-void ZkStore::force_release(std::string_view name, ForceDone done) { tools_.force_release(name, std::move(done)); }
-
-void ZkStore::list_locks(std::string_view prefix, std::size_t limit, ListDone done) {
-  tools_.list_locks(encode(prefix), limit, std::move(done));
 }
 
 // Every request still waiting is answered (unavailable), once; releases

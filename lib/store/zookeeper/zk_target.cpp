@@ -6,13 +6,8 @@
 
 namespace lockwatch::detail {
 
-namespace {
-
-constexpr std::string_view kScheme = "zookeeper://";
-
-}  // namespace
-
 ZkTarget ZkTarget::parse(const std::string& url) {
+  constexpr std::string_view kScheme = "zookeeper://";
   std::string_view rest(url);
   if (rest.substr(0, kScheme.size()) != kScheme)
     throw_bad_url(url, "expected zookeeper://[user:password@]host:port[,host:port...][/chroot]");
