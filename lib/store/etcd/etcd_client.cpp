@@ -2,9 +2,11 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <fstream>
-#include <sstream>
+#include <iterator>
+#include <optional>
 #include <utility>
 
 #include "core/loop.hpp"
@@ -23,13 +25,21 @@ struct Tag {
   ~Tag() = default;
 };
 
+// One step of a stream, reported to its owner on the queue's thread.
+template <class Owner>
+struct Step final : Tag {
+  Owner* owner = nullptr;
+  int kind = 0;
+  void completed(bool ok) override { owner->step(kind, ok); }
+};
+
+enum StepKind { kStart, kWrite, kRead, kWritesDone, kFinish };
+
 // A PEM file's text (checked readable by EtcdStore::check_options).
 std::string read_file(const std::string& path) {
   if (path.empty()) return {};
   std::ifstream f(path);
-  std::stringstream s;
-  s << f.rdbuf();
-  return s.str();
+  return {std::istreambuf_iterator<char>(f), std::istreambuf_iterator<char>()};
 }
 
 // No answer from that member: the next calls go to another.
@@ -49,9 +59,7 @@ bool credentials_refused(const grpc::Status& status) {
       "etcdserver: user name not found",
       "etcdserver: authentication is not enabled",
   };
-  for (auto text : kAuthErrors)
-    if (status.error_message() == text) return true;
-  return false;
+  return std::ranges::find(kAuthErrors, status.error_message()) != std::end(kAuthErrors);
 }
 
 }  // namespace
@@ -68,8 +76,8 @@ struct EtcdClient::Member {
 // A call or a stream, as the loop thread tracks it until it is answered.
 struct EtcdClient::Call : std::enable_shared_from_this<EtcdClient::Call> {
   virtual ~Call() = default;
-  // Loop thread: answer with `error` now (close()); the queue's later
-  // answer is then dropped.
+  // Loop thread: answer with `error` now (close(), which marks it
+  // answered); the queue's later answer is then dropped.
   virtual void fail(const StoreError& error) = 0;
   // Loop thread: the answer, once the queue's last step came back.
   virtual void answer() = 0;
@@ -82,18 +90,23 @@ struct EtcdClient::Call : std::enable_shared_from_this<EtcdClient::Call> {
     c->loop_.post([me] {
       if (me->answered) return;
       me->answered = true;
-      me->client->finished(me.get());
+      me->client->live_.erase(me);
       me->answer();
     });
     me.reset();
-    c->left_queue();  // the last use of the client on this thread
+    // Nothing of the call is left in the queue (the destructor waits for
+    // every one before shutting it): the last use of the client here.
+    std::lock_guard lock(c->in_queue_mu_);
+    if (--c->in_queue_ == 0) c->in_queue_cv_.notify_all();
   }
 
   // Loop thread: how a stream ended, as an error (`why` when the server
   // ended it without one); a member that did not answer is passed over.
   StoreError stream_error(const grpc::Status& status, const char* why) {
     if (no_answer(status.error_code())) client->member_failed(member);
-    client->token_refused(status);
+    // A token the cluster no longer takes (it expired, or the member that
+    // issued it restarted): the next call authenticates again.
+    if (status.error_code() == grpc::StatusCode::UNAUTHENTICATED) client->token_.clear();
     return status.ok() ? StoreError::unavailable(client->endpoint(member), why) : client->error_of(status, member);
   }
 
@@ -113,10 +126,7 @@ struct EtcdClient::Unary final : Call, Tag {
 
   void completed(bool) override { answer_on_loop(); }
   void answer() override { done(response, &status); }
-  void fail(const StoreError&) override {
-    answered = true;
-    done(Response{}, nullptr);
-  }
+  void fail(const StoreError&) override { done(Response{}, nullptr); }
 };
 
 // ---- construction
@@ -178,11 +188,6 @@ EtcdClient::~EtcdClient() {
   queue_thread_.join();
 }
 
-void EtcdClient::left_queue() {
-  std::lock_guard lock(in_queue_mu_);
-  if (--in_queue_ == 0) in_queue_cv_.notify_all();
-}
-
 void EtcdClient::run_queue() {
   void* tag = nullptr;
   bool ok = false;
@@ -192,33 +197,20 @@ void EtcdClient::run_queue() {
 // ---- errors, members
 
 StoreError EtcdClient::error_of(const grpc::Status& status, std::size_t member, bool authenticating) const {
-  using Kind = StoreError::Kind;
-  Kind kind = Kind::kRefused;
-  switch (status.error_code()) {
-    case grpc::StatusCode::UNAVAILABLE:
-    case grpc::StatusCode::DEADLINE_EXCEEDED:
-    case grpc::StatusCode::CANCELLED:
-    case grpc::StatusCode::ABORTED:
-      kind = Kind::kUnavailable;
-      break;
-    case grpc::StatusCode::UNAUTHENTICATED:
-    case grpc::StatusCode::PERMISSION_DENIED:
-      kind = Kind::kAuth;
-      break;
-    case grpc::StatusCode::INVALID_ARGUMENT:
-    case grpc::StatusCode::FAILED_PRECONDITION:
-      // Authenticate answers refused credentials so; other calls a
-      // missing user.
-      kind = authenticating || credentials_refused(status) ? Kind::kAuth : Kind::kRefused;
-      break;
-    case grpc::StatusCode::RESOURCE_EXHAUSTED:
-      kind = Kind::kRetryLater;
-      break;
-    default:
-      break;
-  }
+  using Code = grpc::StatusCode;
+  const Code code = status.error_code();
   StoreError e;
-  e.kind = kind;
+  e.kind = StoreError::Kind::kRefused;
+  if (code == Code::UNAVAILABLE || code == Code::DEADLINE_EXCEEDED || code == Code::CANCELLED || code == Code::ABORTED)
+    e.kind = StoreError::Kind::kUnavailable;
+  else if (code == Code::UNAUTHENTICATED || code == Code::PERMISSION_DENIED)
+    e.kind = StoreError::Kind::kAuth;
+  // Authenticate answers refused credentials so; other calls a missing user.
+  else if ((code == Code::INVALID_ARGUMENT || code == Code::FAILED_PRECONDITION) &&
+           (authenticating || credentials_refused(status)))
+    e.kind = StoreError::Kind::kAuth;
+  else if (code == Code::RESOURCE_EXHAUSTED)
+    e.kind = StoreError::Kind::kRetryLater;
   e.endpoint = endpoint(member);
   e.code = etcd_code(status.error_code());
   e.message = status.error_message().empty() ? e.code.message() : status.error_message();
@@ -242,12 +234,6 @@ void EtcdClient::member_failed(std::size_t member) {
   if (member == current_ && members_.size() > 1) current_ = (current_ + 1) % members_.size();
 }
 
-void EtcdClient::token_refused(const grpc::Status& status) {
-  // A token the cluster no longer takes (it expired, or the member that
-  // issued it restarted): the next call authenticates again.
-  if (status.error_code() == grpc::StatusCode::UNAUTHENTICATED) token_.clear();
-}
-
 void EtcdClient::prepare(grpc::ClientContext& context, std::chrono::milliseconds timeout) const {
   if (timeout.count() > 0) context.set_deadline(std::chrono::system_clock::now() + timeout);
   if (!token_.empty()) context.AddMetadata("token", token_);
@@ -264,11 +250,6 @@ void EtcdClient::track(std::shared_ptr<Call> call) {
   live_.insert(std::move(call));
 }
 
-void EtcdClient::finished(Call* call) {
-  auto it = live_.find(call->shared_from_this());
-  if (it != live_.end()) live_.erase(it);
-}
-
 // ---- authentication
 
 void EtcdClient::with_token(std::function<void(const StoreError*)> start) {
@@ -277,10 +258,7 @@ void EtcdClient::with_token(std::function<void(const StoreError*)> start) {
     loop_.post([start = std::move(start), closed] { start(&closed); });
     return;
   }
-  if (target_.user.empty() || !token_.empty()) {
-    start(nullptr);
-    return;
-  }
+  if (target_.user.empty() || !token_.empty()) return start(nullptr);
   waiting_for_token_.push_back(std::move(start));
   if (!authenticating_) authenticate();
 }
@@ -298,20 +276,19 @@ void EtcdClient::authenticate() {
   call->done = [this, member](const etcdserverpb::AuthenticateResponse& response, const grpc::Status* status) {
     authenticating_ = false;
     auto waiting = std::exchange(waiting_for_token_, {});
-    StoreError error = status ? StoreError{} : StoreError::unavailable(name_, "the store is closed");
-    const StoreError* failed = status ? nullptr : &error;
-    if (status && !status->ok()) {
+    std::optional<StoreError> error;
+    if (!status) {
+      error = StoreError::unavailable(name_, "the store is closed");
+    } else if (!status->ok()) {
       if (no_answer(status->error_code())) member_failed(member);
       error = error_of(*status, member, /*authenticating=*/true);
-      failed = &error;
-    } else if (status && response.token().empty()) {
+    } else if (response.token().empty()) {
       error = StoreError::auth(endpoint(member),
                                "authentication is not enabled on the cluster, yet the URL names a user");
-      failed = &error;
-    } else if (status) {
+    } else {
       token_ = response.token();
     }
-    for (auto& start : waiting) start(failed);
+    for (auto& start : waiting) start(error ? &*error : nullptr);
   };
   Member& m = *members_[member];
   call->reader = m.auth->PrepareAsyncAuthenticate(&call->context, request, &queue_);
@@ -327,10 +304,7 @@ void EtcdClient::unary(Request request, Done<Response> done, Prepare prepare_cal
   if (attempt == 1) deadline = std::chrono::steady_clock::now() + command_timeout_;
   with_token([this, request = std::move(request), done = std::move(done), prepare_call, attempt, deadline,
               reauthenticated](const StoreError* auth_error) mutable {
-    if (auth_error) {
-      done(Response{}, auth_error);
-      return;
-    }
+    if (auth_error) return done(Response{}, auth_error);
     auto call = std::make_shared<Unary<Request, Response>>();
     track(call);
     const std::size_t member = call->member;
@@ -341,14 +315,10 @@ void EtcdClient::unary(Request request, Done<Response> done, Prepare prepare_cal
                   reauthenticated](const Response& response, const grpc::Status* status) mutable {
       if (!status) {
         auto closed = StoreError::unavailable(name_, "the store is closed");
-        done(Response{}, &closed);
-        return;
+        return done(Response{}, &closed);
       }
       member_answered(member, *status);
-      if (status->ok()) {
-        done(response, nullptr);
-        return;
-      }
+      if (status->ok()) return done(response, nullptr);
       if (no_answer(status->error_code())) member_failed(member);
       // Unavailable (a member down, without a leader, or refusing the
       // connection): the next member, within the same deadline. Every
@@ -356,16 +326,15 @@ void EtcdClient::unary(Request request, Done<Response> done, Prepare prepare_cal
       // finds its own token).
       if (status->error_code() == grpc::StatusCode::UNAVAILABLE && attempt < static_cast<int>(members_.size()) &&
           std::chrono::steady_clock::now() < deadline && !closed_) {
-        unary(std::move(request), std::move(done), prepare_call, attempt + 1, deadline, reauthenticated);
-        return;
+        return unary(std::move(request), std::move(done), prepare_call, attempt + 1, deadline, reauthenticated);
       }
       // A token the cluster no longer takes (it expired): once more with a
       // new one.
       if (status->error_code() == grpc::StatusCode::UNAUTHENTICATED && !target_.user.empty() && !reauthenticated &&
           !closed_) {
         token_.clear();
-        unary(std::move(request), std::move(done), prepare_call, attempt + 1, deadline, /*reauthenticated=*/true);
-        return;
+        return unary(std::move(request), std::move(done), prepare_call, attempt + 1, deadline,
+                     /*reauthenticated=*/true);
       }
       StoreError error = error_of(*status, member);
       done(Response{}, &error);
@@ -375,45 +344,20 @@ void EtcdClient::unary(Request request, Done<Response> done, Prepare prepare_cal
   });
 }
 
-void EtcdClient::range(etcdserverpb::RangeRequest request, Done<etcdserverpb::RangeResponse> done) {
-  unary(std::move(request), std::move(done), [](Member& m, auto&&... a) { return m.kv->PrepareAsyncRange(a...); });
-}
-
-void EtcdClient::txn(etcdserverpb::TxnRequest request, Done<etcdserverpb::TxnResponse> done) {
-  unary(std::move(request), std::move(done), [](Member& m, auto&&... a) { return m.kv->PrepareAsyncTxn(a...); });
-}
-
-void EtcdClient::lease_grant(etcdserverpb::LeaseGrantRequest request, Done<etcdserverpb::LeaseGrantResponse> done) {
-  unary(std::move(request), std::move(done),
-        [](Member& m, auto&&... a) { return m.lease->PrepareAsyncLeaseGrant(a...); });
-}
-
-void EtcdClient::lease_revoke(etcdserverpb::LeaseRevokeRequest request, Done<etcdserverpb::LeaseRevokeResponse> done) {
-  unary(std::move(request), std::move(done),
-        [](Member& m, auto&&... a) { return m.lease->PrepareAsyncLeaseRevoke(a...); });
-}
-
-void EtcdClient::lease_time_to_live(etcdserverpb::LeaseTimeToLiveRequest request,
-                                    Done<etcdserverpb::LeaseTimeToLiveResponse> done) {
-  unary(std::move(request), std::move(done),
-        [](Member& m, auto&&... a) { return m.lease->PrepareAsyncLeaseTimeToLive(a...); });
-}
+// Each unary call: its stub's PrepareAsync<Rpc>, through unary().
+#define LOCKWATCH_ETCD_UNARY(method, stub, Rpc)                                                           \
+  void EtcdClient::method(etcdserverpb::Rpc##Request request, Done<etcdserverpb::Rpc##Response> done) { \
+    unary(std::move(request), std::move(done),                                                            \
+          [](Member& m, auto&&... a) { return m.stub->PrepareAsync##Rpc(a...); });                       \
+  }
+LOCKWATCH_ETCD_UNARY(range, kv, Range)
+LOCKWATCH_ETCD_UNARY(txn, kv, Txn)
+LOCKWATCH_ETCD_UNARY(lease_grant, lease, LeaseGrant)
+LOCKWATCH_ETCD_UNARY(lease_revoke, lease, LeaseRevoke)
+LOCKWATCH_ETCD_UNARY(lease_time_to_live, lease, LeaseTimeToLive)
+#undef LOCKWATCH_ETCD_UNARY
 
 // ---- streams
-
-namespace {
-
-// One step of a stream, reported to its owner on the queue's thread.
-template <class Owner>
-struct Step final : Tag {
-  Owner* owner = nullptr;
-  int kind = 0;
-  void completed(bool ok) override { owner->step(kind, ok); }
-};
-
-enum StepKind { kStart, kWrite, kRead, kWritesDone, kFinish };
-
-}  // namespace
 
 // What both streams share: their steps, each counted while it is in the
 // queue (next() hands its tag out), and their end: Finish once no step
@@ -443,8 +387,7 @@ struct EtcdClient::Stream : Call {
   void end() {
     if (!finishing) {
       finishing = true;
-      stream->Finish(&status, next(kFinish));
-      return;
+      return stream->Finish(&status, next(kFinish));
     }
     answer_on_loop();
   }
@@ -474,73 +417,48 @@ struct EtcdClient::KeepAlive final
   void read_next() { stream->Read(&response, next(kRead)); }
   void step(int kind, bool ok) {
     --outstanding;
-    switch (kind) {
-      case kStart:
-        if (ok) {
-          write_next();
-          read_next();
-        } else {
-          writing = reading = false;
-        }
-        break;
-      case kWrite:
-        if (ok) {
-          ++written;
-          write_next();
-        } else {
-          writing = false;
-        }
-        break;
-      case kRead:
-        if (!ok) {
-          reading = false;
+    if (!ok) {  // a failed start ends both sides
+      if (kind == kStart || kind == kWrite) writing = false;
+      if (kind == kStart || kind == kRead) reading = false;
+    } else if (kind == kStart) {
+      write_next();
+      read_next();
+    } else if (kind == kWrite) {
+      ++written;
+      write_next();
+    } else if (kind == kRead) {
+      // Answers come in order; matched by id all the same.
+      for (std::size_t i = 0; i < ids.size(); ++i) {
+        if (ids[i] == response.id() && ttls[i] == -1) {
+          ttls[i] = response.ttl();
           break;
         }
-        // Answers come in order; matched by id all the same.
-        for (std::size_t i = 0; i < ids.size(); ++i) {
-          if (ids[i] == response.id() && ttls[i] == -1) {
-            ttls[i] = response.ttl();
-            break;
-          }
-        }
-        if (++read >= ids.size())
-          reading = false;
-        else
-          read_next();
-        break;
-      default:
-        break;
+      }
+      if (++read >= ids.size())
+        reading = false;
+      else
+        read_next();
     }
     if (outstanding > 0 || (!finishing && reading)) return;
     if (!finishing && writing) {
       writing = false;
-      stream->WritesDone(next(kWritesDone));
-      return;
+      return stream->WritesDone(next(kWritesDone));
     }
     end();
   }
   void answer() override {
     bool all = read >= ids.size();
     if (!all || status.ok()) client->member_answered(member, status);
-    if (all) {
-      done(ttls, nullptr);
-      return;
-    }
+    if (all) return done(ttls, nullptr);
     StoreError error = stream_error(status, "the keep-alive stream ended without every answer");
     done(ttls, &error);
   }
-  void fail(const StoreError& error) override {
-    answered = true;
-    done(std::vector<std::int64_t>(ids.size(), -1), &error);
-  }
+  void fail(const StoreError& error) override { done(std::vector<std::int64_t>(ids.size(), -1), &error); }
 };
 
 void EtcdClient::keep_alive(std::vector<std::int64_t> ids, KeepAliveDone done) {
   with_token([this, ids = std::move(ids), done = std::move(done)](const StoreError* auth_error) mutable {
-    if (auth_error) {
-      done(std::vector<std::int64_t>(ids.size(), -1), auth_error);
-      return;
-    }
+    if (auth_error) return done(std::vector<std::int64_t>(ids.size(), -1), auth_error);
     auto call = std::make_shared<KeepAlive>();
     track(call);
     prepare(call->context, command_timeout_);
@@ -560,39 +478,28 @@ class EtcdClient::Watch final : public Stream<Watch, etcdserverpb::WatchRequest,
   bool cancelled = false;  // loop thread
   bool reading = true;     // queue thread only
 
-  void report(int what) {
+  void report(std::function<void()> WatchHooks::*hook) {
     auto me = std::static_pointer_cast<Watch>(shared_from_this());
-    client->loop_.post([me, what] {
-      if (me->cancelled || me->answered) return;
-      if (what == 0 && me->hooks.created) me->hooks.created();
-      if (what == 1 && me->hooks.deleted) me->hooks.deleted();
+    client->loop_.post([me, hook] {
+      if (!me->cancelled && !me->answered && me->hooks.*hook) (me->hooks.*hook)();
     });
   }
   void step(int kind, bool ok) {
     --outstanding;
-    if (kind == kStart) {
-      if (ok) {
-        stream->Write(request, next(kWrite));
-        stream->Read(&response, next(kRead));
-      } else {
-        reading = false;
-      }
+    if (!ok) {
+      if (kind == kStart || kind == kRead) reading = false;
+    } else if (kind == kStart) {
+      stream->Write(request, next(kWrite));
+      stream->Read(&response, next(kRead));
     } else if (kind == kRead) {
-      if (!ok) {
+      if (response.created()) report(&WatchHooks::created);
+      if (std::ranges::any_of(response.events(), [](const auto& e) { return e.type() == mvccpb::Event::DELETE; }))
+        report(&WatchHooks::deleted);
+      if (response.canceled()) {
         reading = false;
+        context.TryCancel();
       } else {
-        if (response.created()) report(0);
-        for (const auto& e : response.events())
-          if (e.type() == mvccpb::Event::DELETE) {
-            report(1);
-            break;
-          }
-        if (response.canceled()) {
-          reading = false;
-          context.TryCancel();
-        } else {
-          stream->Read(&response, next(kRead));
-        }
+        stream->Read(&response, next(kRead));
       }
     }
     if (outstanding > 0 || reading) return;
@@ -603,10 +510,7 @@ class EtcdClient::Watch final : public Stream<Watch, etcdserverpb::WatchRequest,
     StoreError error = stream_error(status, "the watch was cancelled by the server");
     if (hooks.ended) hooks.ended(error);
   }
-  void fail(const StoreError&) override {
-    answered = true;
-    cancelled = true;
-  }
+  void fail(const StoreError&) override { cancelled = true; }
 };
 
 std::shared_ptr<EtcdClient::Watch> EtcdClient::watch(std::string key, WatchHooks hooks) {
@@ -647,7 +551,7 @@ void EtcdClient::close() {
   const auto closed = StoreError::unavailable(name_, "the store is closed");
   for (const auto& call : live) {
     call->context.TryCancel();
-    if (!call->answered) call->fail(closed);
+    if (!std::exchange(call->answered, true)) call->fail(closed);
   }
   for (auto& start : std::exchange(waiting_for_token_, {})) start(&closed);
 }

@@ -132,7 +132,6 @@ class EtcdClient {
   // The context of a call to the current member: deadline, token.
   void prepare(grpc::ClientContext& context, std::chrono::milliseconds timeout) const;
   StoreError error_of(const grpc::Status& status, std::size_t member, bool authenticating = false) const;
-  void token_refused(const grpc::Status& status);
   // "etcd://host:port" (or etcds://) of one member, for errors.
   std::string endpoint(std::size_t member) const;
   // A call to `member` had no answer: later calls go to the next member.
@@ -144,10 +143,6 @@ class EtcdClient {
   void unary(Request request, Done<Response> done, Prepare prepare_call, int attempt = 1,
              std::chrono::steady_clock::time_point deadline = {}, bool reauthenticated = false);
   void track(std::shared_ptr<Call> call);
-  void finished(Call* call);
-  // Queue thread: a call's last step came back; nothing of it is left in
-  // the queue (the destructor waits for every one before shutting it).
-  void left_queue();
   void run_queue();
 
   Loop& loop_;

@@ -70,34 +70,29 @@ std::optional<std::int64_t> parse_http_date(std::string_view s) {
   auto comma = s.find(", ");
   if (comma == std::string_view::npos) return std::nullopt;
   std::string rest(s.substr(comma + 2));
-  int day = 0, year = 0, h = 0, m = 0, sec = 0;
+  std::tm tm{};
   char month[4] = {};
   char zone[4] = {};
-  if (std::sscanf(rest.c_str(), "%2d %3s %4d %2d:%2d:%2d %3s", &day, month, &year, &h, &m, &sec, zone) != 7)
+  if (std::sscanf(rest.c_str(), "%2d %3s %4d %2d:%2d:%2d %3s", &tm.tm_mday, month, &tm.tm_year, &tm.tm_hour,
+                  &tm.tm_min, &tm.tm_sec, zone) != 7)
     return std::nullopt;
   if (std::strcmp(zone, "GMT") != 0) return std::nullopt;
-  int mon = -1;
+  tm.tm_mon = -1;
   for (int i = 0; i < 12; ++i)
-    if (std::strcmp(month, kMonths[i]) == 0) mon = i;
-  if (mon < 0 || day < 1 || day > 31 || h > 23 || m > 59 || sec > 60 || year < 1970) return std::nullopt;
-  std::tm tm{};
-  tm.tm_year = year - 1900;
-  tm.tm_mon = mon;
-  tm.tm_mday = day;
-  tm.tm_hour = h;
-  tm.tm_min = m;
-  tm.tm_sec = sec;
+    if (std::strcmp(month, kMonths[i]) == 0) tm.tm_mon = i;
+  if (tm.tm_mon < 0 || tm.tm_mday < 1 || tm.tm_mday > 31 || tm.tm_hour > 23 || tm.tm_min > 59 || tm.tm_sec > 60 ||
+      tm.tm_year < 1970)
+    return std::nullopt;
+  tm.tm_year -= 1900;
   return static_cast<std::int64_t>(::timegm(&tm));
 }
 
 // The value of header `name` (case-insensitive) in `head`, trimmed.
 std::optional<std::string_view> header(std::string_view head, std::string_view name) {
-  std::size_t at = head.find("\r\n");
-  while (at != std::string_view::npos && at + 2 < head.size()) {
-    std::size_t start = at + 2;
-    std::size_t end = head.find("\r\n", start);
-    if (end == std::string_view::npos) end = head.size();
-    std::string_view line = head.substr(start, end - start);
+  for (std::size_t at = head.find("\r\n"); at != std::string_view::npos && at + 2 < head.size();) {
+    const std::size_t start = at + 2;
+    at = std::min(head.find("\r\n", start), head.size());
+    std::string_view line = head.substr(start, at - start);
     auto colon = line.find(':');
     if (colon == name.size() && std::equal(name.begin(), name.end(), line.begin(), [](char a, char b) {
           return std::tolower(static_cast<unsigned char>(a)) == std::tolower(static_cast<unsigned char>(b));
@@ -107,9 +102,14 @@ std::optional<std::string_view> header(std::string_view head, std::string_view n
       while (!v.empty() && (v.back() == ' ' || v.back() == '\t')) v.remove_suffix(1);
       return v;
     }
-    at = end;
   }
   return std::nullopt;
+}
+
+// Gives up a step with `text` as the reason.
+bool failed(std::string& why, std::string text) {
+  why = std::move(text);
+  return false;
 }
 
 }  // namespace
@@ -135,22 +135,13 @@ struct EtcdClock::Conn {
   // Waits until fd is ready for `events`, in slices, so that a stop is seen.
   bool wait(short events, steady_clock::time_point deadline, std::string& why) {
     for (;;) {
-      if (clock.stopping()) {
-        why = "the store is closing";
-        return false;
-      }
+      if (clock.stopping()) return failed(why, "the store is closing");
       auto left = duration_cast<milliseconds>(deadline - steady_clock::now());
-      if (left <= milliseconds(0)) {
-        why = "no answer in time";
-        return false;
-      }
+      if (left <= milliseconds(0)) return failed(why, "no answer in time");
       pollfd p{fd, events, 0};
       int r = ::poll(&p, 1, static_cast<int>(std::min<long long>(left.count(), 50)));
       if (r > 0) return true;
-      if (r < 0 && errno != EINTR) {
-        why = std::strerror(errno);
-        return false;
-      }
+      if (r < 0 && errno != EINTR) return failed(why, std::strerror(errno));
     }
   }
 
@@ -160,10 +151,8 @@ struct EtcdClock::Conn {
     hints.ai_socktype = SOCK_STREAM;
     addrinfo* found = nullptr;
     const std::string port = std::to_string(m.port);
-    if (int rc = ::getaddrinfo(m.host.c_str(), port.c_str(), &hints, &found); rc != 0) {
-      why = std::string("cannot resolve: ") + ::gai_strerror(rc);
-      return false;
-    }
+    if (int rc = ::getaddrinfo(m.host.c_str(), port.c_str(), &hints, &found); rc != 0)
+      return failed(why, std::string("cannot resolve: ") + ::gai_strerror(rc));
     why = "no address";
     for (addrinfo* a = found; a != nullptr; a = a->ai_next) {
       fd = ::socket(a->ai_family, a->ai_socktype | SOCK_NONBLOCK | SOCK_CLOEXEC, a->ai_protocol);
@@ -210,8 +199,7 @@ struct EtcdClock::Conn {
         if (!wait(POLLOUT, deadline, why)) return false;
         continue;
       }
-      why = std::strerror(errno);
-      return false;
+      return failed(why, std::strerror(errno));
     }
     return true;
   }
@@ -225,40 +213,26 @@ struct EtcdClock::Conn {
         out.append(buf, static_cast<std::size_t>(r));
         return true;
       }
-      if (r == 0) {
-        why = "the member closed the connection";
-        return false;
-      }
+      if (r == 0) return failed(why, "the member closed the connection");
       if (errno == EINTR) continue;
-      if (errno != EAGAIN && errno != EWOULDBLOCK) {
-        why = std::strerror(errno);
-        return false;
-      }
+      if (errno != EAGAIN && errno != EWOULDBLOCK) return failed(why, std::strerror(errno));
       if (!wait(POLLIN, deadline, why)) return false;
     }
   }
 
 #if LOCKWATCH_WITH_TLS
-  // Writes what the session produced to the socket.
-  bool flush_tls(steady_clock::time_point deadline, std::string& why) {
-    char buf[4096];
-    BIO* out = SSL_get_wbio(ssl);
-    while (BIO_ctrl_pending(out) > 0) {
-      int n = BIO_read(out, buf, sizeof buf);
-      if (n <= 0) break;
-      if (!send_raw(buf, static_cast<std::size_t>(n), deadline, why)) return false;
-    }
-    return true;
-  }
-
   // Runs `op` (SSL_connect, SSL_write, SSL_read) until it returns > 0,
+  // writing what the session produced to the socket after each try and
   // feeding the session from the socket.
   template <class Op>
   int tls_step(Op op, steady_clock::time_point deadline, std::string& why) {
+    BIO* out = SSL_get_wbio(ssl);
+    char buf[4096];
     for (;;) {
       ERR_clear_error();
       int r = op();
-      if (!flush_tls(deadline, why)) return 0;
+      for (int n = 0; BIO_ctrl_pending(out) > 0 && (n = BIO_read(out, buf, sizeof buf)) > 0;)
+        if (!send_raw(buf, static_cast<std::size_t>(n), deadline, why)) return 0;
       if (r > 0) return r;
       int e = SSL_get_error(ssl, r);
       if (e == SSL_ERROR_WANT_WRITE) continue;
@@ -303,43 +277,28 @@ struct EtcdClock::Conn {
     if (!send(request, deadline, why)) return false;
     std::size_t end;
     while ((end = in.find("\r\n\r\n")) == std::string::npos) {
-      if (in.size() > 64 * 1024) {
-        why = "an answer that is not HTTP";
-        return false;
-      }
+      if (in.size() > 64 * 1024) return failed(why, "an answer that is not HTTP");
       if (!recv(deadline, why)) return false;
     }
     const std::string head = in.substr(0, end);
     in.erase(0, end + 4);
-    if (head.rfind("HTTP/1.", 0) != 0 || head.size() < 12) {
-      why = "an answer that is not HTTP";
-      return false;
-    }
-    if (head.compare(9, 3, "200") != 0) {
-      why = "GET /version answered " + head.substr(9, head.find("\r\n") - 9);
-      return false;
-    }
+    if (head.rfind("HTTP/1.", 0) != 0 || head.size() < 12) return failed(why, "an answer that is not HTTP");
+    if (head.compare(9, 3, "200") != 0)
+      return failed(why, "GET /version answered " + head.substr(9, head.find("\r\n") - 9));
     auto date = header(head, "Date");
     auto parsed = date ? parse_http_date(*date) : std::nullopt;
-    if (!parsed) {
-      why = "GET /version answered without a Date header";
-      return false;
-    }
+    if (!parsed) return failed(why, "GET /version answered without a Date header");
     std::size_t length = 0;
     auto cl = header(head, "Content-Length");
     if (!cl || std::from_chars(cl->data(), cl->data() + cl->size(), length).ec != std::errc() ||
-        length > 64 * 1024) {
-      why = "GET /version answered without a usable Content-Length";
-      return false;
-    }
+        length > 64 * 1024)
+      return failed(why, "GET /version answered without a usable Content-Length");
     while (in.size() < length)
       if (!recv(deadline, why)) return false;
     const std::string body = in.substr(0, length);
     in.erase(0, length);
-    if (body.find("\"etcdserver\"") == std::string::npos) {
-      why = "GET /version answered, but not as etcd does";
-      return false;
-    }
+    if (body.find("\"etcdserver\"") == std::string::npos)
+      return failed(why, "GET /version answered, but not as etcd does");
     auto connection = header(head, "Connection");
     keep = !(connection && (*connection == "close" || *connection == "Close"));
     second = *parsed;
@@ -405,8 +364,7 @@ void EtcdClock::now(Done done) {
     loop_.post([state = state_, done = std::move(done)] {
       if (state->closed) {
         auto e = StoreError::unavailable("etcd", "the store is closed");
-        done({}, &e);
-        return;
+        return done({}, &e);
       }
       done(state->local() + state->offset, nullptr);
     });
@@ -480,16 +438,15 @@ EtcdClock::Measured EtcdClock::measure_member(std::size_t member) {
   };
   std::unique_ptr<Conn> conn;
   std::string why;
-  auto reconnect = [&]() -> bool {
-    conn = std::make_unique<Conn>(*this);
-    return conn->connect(m, steady_clock::now() + connect_timeout_, why);
-  };
   struct Sample {
     system_clock::time_point sent, answered;
     std::int64_t second = 0;
   };
   auto sample = [&](Sample& s) -> bool {
-    if (!conn && !reconnect()) return false;
+    if (!conn) {
+      conn = std::make_unique<Conn>(*this);
+      if (!conn->connect(m, steady_clock::now() + connect_timeout_, why)) return false;
+    }
     bool keep = true;
     s.sent = local_();
     bool ok = conn->get_version(m.address(), steady_clock::now() + command_timeout_, s.second, keep, why);

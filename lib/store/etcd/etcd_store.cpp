@@ -20,17 +20,26 @@ namespace {
 
 using std::chrono::milliseconds;
 
-// The key's value in the Range a transaction answered with, if it was there.
-// `txn` goes ahead only if `key`'s value is ours: "<token>\n...".
-void compare_ours(google::protobuf::RepeatedPtrField<etcdserverpb::Compare>* compares, const std::string& key,
-                  std::string_view token) {
-  for (auto [result, after] : {std::pair{etcdserverpb::Compare::GREATER, '\n'}, std::pair{etcdserverpb::Compare::LESS, '\v'}}) {
-    auto* c = compares->Add();
-    c->set_key(key);
-    c->set_target(etcdserverpb::Compare::VALUE);
-    c->set_result(result);
-    c->set_value(std::string(token) + after);
-  }
+constexpr int kPeriodKeyAttempts = 5;  // the period key changed under us, still lower: read again
+
+using Compares = google::protobuf::RepeatedPtrField<etcdserverpb::Compare>;
+
+// A compare of `key`'s `target` added to `compares`, its operand for the
+// caller to set.
+etcdserverpb::Compare* compare(Compares* compares, const std::string& key, etcdserverpb::Compare::CompareTarget target,
+                               etcdserverpb::Compare::CompareResult result = etcdserverpb::Compare::EQUAL) {
+  auto* c = compares->Add();
+  c->set_key(key);
+  c->set_target(target);
+  c->set_result(result);
+  return c;
+}
+
+// The transaction goes ahead only if `key`'s value is ours: "<token>\n...".
+void compare_ours(Compares* compares, const std::string& key, std::string_view token) {
+  using C = etcdserverpb::Compare;
+  compare(compares, key, C::VALUE, C::GREATER)->set_value(std::string(token) + '\n');
+  compare(compares, key, C::VALUE, C::LESS)->set_value(std::string(token) + '\v');
 }
 
 // Whether a lock's value is ours (see compare_ours).
@@ -38,6 +47,7 @@ bool is_ours(std::string_view value, std::string_view token) {
   return value.size() > token.size() && value.starts_with(token) && value[token.size()] == '\n';
 }
 
+// The key's value in the Range a transaction answered with, if it was there.
 const mvccpb::KeyValue* ranged(const etcdserverpb::TxnResponse& response) {
   if (response.responses_size() < 1 || !response.responses(0).has_response_range()) return nullptr;
   const auto& range = response.responses(0).response_range();
@@ -106,24 +116,15 @@ void EtcdStore::acquire_one(std::string name, std::string token, milliseconds tt
   client_->lease_grant(std::move(grant), [this, name = std::move(name), token = std::move(token), ttl,
                                           done = std::move(done)](const etcdserverpb::LeaseGrantResponse& granted,
                                                                   const StoreError* err) mutable {
-    if (err) {
-      done(Acquired::failed(*err));
-      return;
-    }
-    if (!granted.error().empty() || granted.id() == 0) {
-      done(Acquired::failed(StoreError::refused(client_->name(), "LeaseGrant: " + granted.error())));
-      return;
-    }
+    if (err) return done(Acquired::failed(*err));
+    if (!granted.error().empty() || granted.id() == 0)
+      return done(Acquired::failed(StoreError::refused(client_->name(), "LeaseGrant: " + granted.error())));
     const std::int64_t lease = granted.id();
     // If absent: put. Else, if ours (the same request again): read it,
     // then put it on the new lease (a put keeps the create_revision, so
     // the fence stays, and the key leaves its old lease). Else: read it.
     etcdserverpb::TxnRequest txn;
-    auto* absent = txn.add_compare();
-    absent->set_key(name);
-    absent->set_target(etcdserverpb::Compare::CREATE);
-    absent->set_result(etcdserverpb::Compare::EQUAL);
-    absent->set_create_revision(0);
+    compare(txn.mutable_compare(), name, etcdserverpb::Compare::CREATE)->set_create_revision(0);
     auto* put = txn.add_success()->mutable_request_put();
     put->set_key(name);
     put->set_value(value_of(token));
@@ -139,13 +140,11 @@ void EtcdStore::acquire_one(std::string name, std::string token, milliseconds tt
         // Whether the write was made is unknown: revoking the lease takes
         // the key away with it if it was.
         revoke(lease);
-        done(Acquired::failed(*err));
-        return;
+        return done(Acquired::failed(*err));
       }
       if (response.succeeded()) {
         held_[name] = Held{token, lease};
-        done(Acquired::taken(static_cast<std::uint64_t>(response.header().revision())));
-        return;
+        return done(Acquired::taken(static_cast<std::uint64_t>(response.header().revision())));
       }
       const etcdserverpb::TxnResponse* inner =
           response.responses_size() > 0 && response.responses(0).has_response_txn()
@@ -156,13 +155,12 @@ void EtcdStore::acquire_one(std::string name, std::string token, milliseconds tt
         // Not absent, yet not there in the same transaction: an answer
         // that cannot be.
         revoke(lease);
-        done(Acquired::failed(StoreError::refused(client_->name(), "the acquisition's transaction answered no key")));
-        return;
+        return done(
+            Acquired::failed(StoreError::refused(client_->name(), "the acquisition's transaction answered no key")));
       }
       if (!inner->succeeded()) {
         revoke(lease);
-        busy(kv->lease(), ttl, std::move(done));
-        return;
+        return busy(kv->lease(), ttl, std::move(done));
       }
       // Ours already: the same acquisition, now on the new lease.
       if (kv->lease() != lease) revoke(kv->lease());
@@ -174,8 +172,7 @@ void EtcdStore::acquire_one(std::string name, std::string token, milliseconds tt
 
 void EtcdStore::busy(std::int64_t holder_lease, milliseconds ttl, AcquireOne done) {
   if (holder_lease == 0) {  // a key without a lease (not lockwatch's): busy for a ttl
-    done(Acquired::busy(ttl));
-    return;
+    return done(Acquired::busy(ttl));
   }
   etcdserverpb::LeaseTimeToLiveRequest request;
   request.set_id(holder_lease);
@@ -288,14 +285,12 @@ void EtcdStore::release_attempt(std::shared_ptr<Releasing> r) {
       if (err->unavailable() && err->code == etcd_code(grpc::StatusCode::DEADLINE_EXCEEDED) && !r->maybe_applied &&
           !closed_) {
         r->maybe_applied = true;
-        release_attempt(r);
-        return;
+        return release_attempt(r);
       }
       // Our lease goes either way: revoking it takes the key away if it is
       // still there.
       revoke(r->lease);
-      (*r->done)(r->index, Released::kUnconfirmed, err);
-      return;
+      return (*r->done)(r->index, Released::kUnconfirmed, err);
     }
     revoke(r->lease);
     Released status = response.succeeded() || r->maybe_applied ? Released::kYes
@@ -385,15 +380,11 @@ void EtcdStore::inspect(std::string_view name, InspectDone done) {
       // Not held: the cluster's revision now is above every token handed
       // out, and the next holder's is above it.
       if (!err) info.fencing_token = static_cast<std::uint64_t>(response.header().revision());
-      done(info, err);
-      return;
+      return done(info, err);
     }
     const auto& kv = response.kvs(0);
     info = info_of(kv);
-    if (kv.lease() == 0) {
-      done(info, nullptr);
-      return;
-    }
+    if (kv.lease() == 0) return done(info, nullptr);
     etcdserverpb::LeaseTimeToLiveRequest ttl;
     ttl.set_id(kv.lease());
     client_->lease_time_to_live(std::move(ttl), [info, done](const etcdserverpb::LeaseTimeToLiveResponse& r,
@@ -491,32 +482,18 @@ void EtcdStore::force_release_attempt(std::string name, int attempt, ForceDone d
   request.set_key(name);
   client_->range(std::move(request), [this, name, attempt, done = std::move(done)](
                                          const etcdserverpb::RangeResponse& response, const StoreError* err) mutable {
-    if (err || response.kvs_size() == 0) {
-      done(false, err);
-      return;
-    }
+    if (err || response.kvs_size() == 0) return done(false, err);
     const auto kv = response.kvs(0);
     etcdserverpb::TxnRequest txn;
-    auto* same = txn.add_compare();
-    same->set_key(name);
-    same->set_target(etcdserverpb::Compare::MOD);
-    same->set_result(etcdserverpb::Compare::EQUAL);
-    same->set_mod_revision(kv.mod_revision());
+    compare(txn.mutable_compare(), name, etcdserverpb::Compare::MOD)->set_mod_revision(kv.mod_revision());
     txn.add_success()->mutable_request_delete_range()->set_key(name);
     client_->txn(std::move(txn), [this, name, attempt, lease = kv.lease(), done = std::move(done)](
                                      const etcdserverpb::TxnResponse& response, const StoreError* err) mutable {
-      if (err) {
-        done(false, err);
-        return;
-      }
+      if (err) return done(false, err);
       if (!response.succeeded()) {
         // Taken or released meanwhile: look again.
-        if (attempt < 3 && !closed_) {
-          force_release_attempt(std::move(name), attempt + 1, std::move(done));
-          return;
-        }
-        done(false, nullptr);
-        return;
+        if (attempt < 3 && !closed_) return force_release_attempt(std::move(name), attempt + 1, std::move(done));
+        return done(false, nullptr);
       }
       // The holder's lease too: its next renewal finds it gone.
       revoke(lease);
@@ -526,10 +503,6 @@ void EtcdStore::force_release_attempt(std::string name, int attempt, ForceDone d
 }
 
 // ---- scheduled jobs
-
-namespace {
-constexpr int kPeriodKeyAttempts = 5;  // the period key changed under us, still lower: read again
-}  // namespace
 
 struct EtcdStore::Claim : StoreClaim {
   std::string key;  // period_key(name)
@@ -556,10 +529,7 @@ void EtcdStore::claim_step(std::shared_ptr<Claim> c) {
   read.set_key(c->key);
   client_->range(std::move(read), [this, c, finish](const etcdserverpb::RangeResponse& response,
                                                    const StoreError* err) {
-    if (err) {
-      finish(ClaimResult::Status::kFailed, err);
-      return;
-    }
+    if (err) return finish(ClaimResult::Status::kFailed, err);
     std::int64_t mod = 0;
     if (response.kvs_size() > 0) {
       const auto& kv = response.kvs(0);
@@ -568,13 +538,11 @@ void EtcdStore::claim_step(std::shared_ptr<Claim> c) {
       if (std::from_chars(v.data(), v.data() + v.size(), last).ec != std::errc() || v.empty()) {
         auto e = StoreError::refused(client_->name(), "the job's period key " + c->key + " holds '" + v +
                                                           "', not a period");
-        finish(ClaimResult::Status::kFailed, &e);
-        return;
+        return finish(ClaimResult::Status::kFailed, &e);
       }
       if (last >= c->period) {
         c->out.last = last;
-        finish(ClaimResult::Status::kAlreadyRun);
-        return;
+        return finish(ClaimResult::Status::kAlreadyRun);
       }
       mod = kv.mod_revision();
     }
@@ -582,11 +550,7 @@ void EtcdStore::claim_step(std::shared_ptr<Claim> c) {
     // read (absent: mod_revision 0); then the period is recorded.
     etcdserverpb::TxnRequest txn;
     compare_ours(txn.mutable_compare(), c->name, c->token);
-    auto* same = txn.add_compare();
-    same->set_key(c->key);
-    same->set_target(etcdserverpb::Compare::MOD);
-    same->set_result(etcdserverpb::Compare::EQUAL);
-    same->set_mod_revision(mod);
+    compare(txn.mutable_compare(), c->key, etcdserverpb::Compare::MOD)->set_mod_revision(mod);
     auto* put = txn.add_success()->mutable_request_put();
     put->set_key(c->key);
     put->set_value(std::to_string(c->period));
@@ -597,19 +561,14 @@ void EtcdStore::claim_step(std::shared_ptr<Claim> c) {
       if (err) {
         // Whether it was recorded is unknown: a period recorded and not
         // run is lost, never run twice.
-        finish(ClaimResult::Status::kFailed, err);
-        return;
+        return finish(ClaimResult::Status::kFailed, err);
       }
       if (response.succeeded()) {
         c->out.last = c->period;
-        finish(ClaimResult::Status::kClaimed);
-        return;
+        return finish(ClaimResult::Status::kClaimed);
       }
       const mvccpb::KeyValue* lock = ranged(response);
-      if (lock == nullptr || !is_ours(lock->value(), c->token)) {
-        finish(ClaimResult::Status::kNotLeader);
-        return;
-      }
+      if (lock == nullptr || !is_ours(lock->value(), c->token)) return finish(ClaimResult::Status::kNotLeader);
       if (++c->attempt < kPeriodKeyAttempts && !closed_) {
         claim_step(c);  // another write to the period key came first: read again
         return;

@@ -9,12 +9,9 @@ namespace lockwatch::detail {
 namespace {
 
 int member_port(const std::string& url, std::string_view text) {
-  if (text.empty() || text.size() > 5) throw_bad_url(url, "a member's port is not a number from 1 to 65535");
-  int port = 0;
-  for (char c : text) {
-    if (c < '0' || c > '9') throw_bad_url(url, "a member's port is not a number from 1 to 65535");
-    port = port * 10 + (c - '0');
-  }
+  int port = text.empty() || text.size() > 5 ? -1 : 0;  // -1: not a number
+  for (char c : text)
+    if (port >= 0) port = c >= '0' && c <= '9' ? port * 10 + (c - '0') : -1;
   if (port < 1 || port > 65535) throw_bad_url(url, "a member's port is not a number from 1 to 65535");
   return port;
 }
@@ -36,11 +33,9 @@ EtcdTarget::Member parse_member(const std::string& url, std::string_view text) {
   auto colon = text.find(':');
   m.host = std::string(text.substr(0, colon));
   if (m.host.empty()) throw_bad_url(url, "a member without a host");
-  for (char c : m.host) {
-    bool ok = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '-' || c == '.' ||
-              c == '_';
-    if (!ok) throw_bad_url(url, "a member's host is not a name or an address");
-  }
+  constexpr std::string_view kHostChars = "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789-._";
+  if (m.host.find_first_not_of(kHostChars) != std::string::npos)
+    throw_bad_url(url, "a member's host is not a name or an address");
   if (colon != std::string_view::npos) m.port = member_port(url, text.substr(colon + 1));
   return m;
 }
