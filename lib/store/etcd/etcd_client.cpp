@@ -345,17 +345,31 @@ void EtcdClient::unary(Request request, Done<Response> done, Prepare prepare_cal
 }
 
 // Each unary call: its stub's PrepareAsync<Rpc>, through unary().
-#define LOCKWATCH_ETCD_UNARY(method, stub, Rpc)                                                           \
-  void EtcdClient::method(etcdserverpb::Rpc##Request request, Done<etcdserverpb::Rpc##Response> done) { \
-    unary(std::move(request), std::move(done),                                                            \
-          [](Member& m, auto&&... a) { return m.stub->PrepareAsync##Rpc(a...); });                       \
-  }
-LOCKWATCH_ETCD_UNARY(range, kv, Range)
-LOCKWATCH_ETCD_UNARY(txn, kv, Txn)
-LOCKWATCH_ETCD_UNARY(lease_grant, lease, LeaseGrant)
-LOCKWATCH_ETCD_UNARY(lease_revoke, lease, LeaseRevoke)
-LOCKWATCH_ETCD_UNARY(lease_time_to_live, lease, LeaseTimeToLive)
-#undef LOCKWATCH_ETCD_UNARY
+void EtcdClient::range(etcdserverpb::RangeRequest request,
+                       Done<etcdserverpb::RangeResponse> done) {
+  unary(std::move(request), std::move(done),
+        [](Member& m, auto&&... a) { return m.kv->PrepareAsyncRange(a...); });
+}
+void EtcdClient::txn(etcdserverpb::TxnRequest request,
+                     Done<etcdserverpb::TxnResponse> done) {
+  unary(std::move(request), std::move(done),
+        [](Member& m, auto&&... a) { return m.kv->PrepareAsyncTxn(a...); });
+}
+void EtcdClient::lease_grant(etcdserverpb::LeaseGrantRequest request,
+                             Done<etcdserverpb::LeaseGrantResponse> done) {
+  unary(std::move(request), std::move(done),
+        [](Member& m, auto&&... a) { return m.lease->PrepareAsyncLeaseGrant(a...); });
+}
+void EtcdClient::lease_revoke(etcdserverpb::LeaseRevokeRequest request,
+                              Done<etcdserverpb::LeaseRevokeResponse> done) {
+  unary(std::move(request), std::move(done),
+        [](Member& m, auto&&... a) { return m.lease->PrepareAsyncLeaseRevoke(a...); });
+}
+void EtcdClient::lease_time_to_live(etcdserverpb::LeaseTimeToLiveRequest request,
+                                    Done<etcdserverpb::LeaseTimeToLiveResponse> done) {
+  unary(std::move(request), std::move(done),
+        [](Member& m, auto&&... a) { return m.lease->PrepareAsyncLeaseTimeToLive(a...); });
+}
 
 // ---- streams
 
