@@ -1,6 +1,7 @@
 #include "store/memory/memory_space.hpp"
 
 #include <algorithm>
+#include <iterator>
 
 #include "store/kind_rules.hpp"
 #include "store/memory/memory_store.hpp"
@@ -65,12 +66,6 @@ std::optional<LockKind> MemorySpace::State::Entry::held_kind(Clock::time_point n
   return std::nullopt;
 }
 
-Acquired MemorySpace::State::wrong_kind(const LockRef& lock, const std::string& held_as) {
-  return Acquired::failed(StoreError::invalid("memory", "the lock '" + std::string(lock.name) + "' is held as " +
-                                                            held_as + "; this call asked for it " +
-                                                            lock.kind.describe()));
-}
-
 Acquired MemorySpace::State::acquire(const LockRef& lock, std::string_view owner_name) {
   auto now = Clock::now();
   auto it = entries_.find(lock.name);
@@ -78,7 +73,9 @@ Acquired MemorySpace::State::acquire(const LockRef& lock, std::string_view owner
   Entry& e = it->second;
   e.purge(now);
   if (auto held = e.held_kind(now); held && !kinds::same_family(*held, lock.kind))
-    return wrong_kind(lock, kinds::held_as(*held));
+    return Acquired::failed(StoreError::invalid("memory", "the lock '" + std::string(lock.name) + "' is held as " +
+                                                              kinds::held_as(*held) + "; this call asked for it " +
+                                                              lock.kind.describe()));
   Acquired out;
   switch (lock.kind.mode()) {
     case LockKind::Mode::kShared: out = acquire_shared(e, lock, now); break;
@@ -170,68 +167,81 @@ Acquired MemorySpace::State::acquire_fair(Entry& e, const LockRef& lock, Clock::
   return Acquired::busy(std::min(first_leaves, lock.ttl / 3));
 }
 
+MemorySpace::State::Entry* MemorySpace::State::find(std::string_view name) {
+  auto it = entries_.find(name);
+  return it == entries_.end() ? nullptr : &it->second;
+}
+
+// An entry held exclusively (not expired), else null.
+MemorySpace::State::Entry* MemorySpace::State::owned(std::string_view name, Clock::time_point now) {
+  Entry* e = find(name);
+  return e != nullptr && e->expires > now ? e : nullptr;
+}
+
+// A shared, permit or fair holder's expiry (those run out forgotten), else null.
+MemorySpace::Clock::time_point* MemorySpace::State::holding(const LockRef& lock, Clock::time_point now) {
+  Entry* e = find(lock.name);
+  if (e == nullptr) return nullptr;
+  e->purge(now);
+  auto mine = e->holders.find(lock.token);
+  return mine == e->holders.end() ? nullptr : &mine->second;
+}
+
 void MemorySpace::State::withdraw(const LockRef& lock) {
-  auto it = entries_.find(lock.name);
-  if (it == entries_.end()) return;
-  Entry& e = it->second;
-  auto place = std::find_if(e.queue.begin(), e.queue.end(), [&](const Entry::Waiter& w) { return w.token == lock.token; });
-  if (place == e.queue.end()) return;
-  const bool was_first = place == e.queue.begin();
-  e.queue.erase(place);
-  e.purge(Clock::now());
+  Entry* e = find(lock.name);
+  if (e == nullptr) return;
+  auto place =
+      std::find_if(e->queue.begin(), e->queue.end(), [&](const Entry::Waiter& w) { return w.token == lock.token; });
+  if (place == e->queue.end()) return;
+  const bool was_first = place == e->queue.begin();
+  e->queue.erase(place);
+  e->purge(Clock::now());
   // The new first would otherwise learn it only at its next attempt.
-  if (was_first && e.holders.empty() && !e.queue.empty()) notify(lock.name);
+  if (was_first && e->holders.empty() && !e->queue.empty()) notify(lock.name);
 }
 
 Renewed MemorySpace::State::renew(const LockRef& lock) {
   auto now = Clock::now();
-  auto it = entries_.find(lock.name);
   if (!lock.kind.exclusive_kind()) {
-    if (it == entries_.end()) return Renewed::kGone;
-    it->second.purge(now);
-    auto mine = it->second.holders.find(lock.token);
-    if (mine == it->second.holders.end()) return Renewed::kGone;
-    mine->second = now + lock.ttl;
+    auto* until = holding(lock, now);
+    if (until == nullptr) return Renewed::kGone;
+    *until = now + lock.ttl;
     return Renewed::kYes;
   }
-  if (it == entries_.end() || it->second.expires <= now) return Renewed::kGone;
-  if (it->second.owner != lock.token) return Renewed::kTakenByOther;
-  it->second.expires = now + lock.ttl;
+  Entry* e = owned(lock.name, now);
+  if (e == nullptr) return Renewed::kGone;
+  if (e->owner != lock.token) return Renewed::kTakenByOther;
+  e->expires = now + lock.ttl;
   return Renewed::kYes;
 }
 
 Released MemorySpace::State::release(const LockRef& lock, bool notify_waiters, const MemoryLink* self) {
-  auto it = entries_.find(lock.name);
   if (!lock.kind.exclusive_kind()) {
-    if (it == entries_.end()) return Released::kGone;
-    Entry& e = it->second;
-    e.purge(Clock::now());
-    auto mine = e.holders.find(lock.token);
-    if (mine == e.holders.end()) return Released::kGone;
-    e.holders.erase(mine);
+    if (holding(lock, Clock::now()) == nullptr) return Released::kGone;
+    Entry& e = *find(lock.name);
+    e.holders.erase(e.holders.find(lock.token));
     if (e.holders.empty()) e.permits = 0;
     // A semaphore's waiter may take the permit; a writer waits for the last reader.
     if (notify_waiters && (lock.kind.mode() == LockKind::Mode::kPermits || e.holders.empty())) notify(lock.name);
     return Released::kYes;
   }
-  if (it == entries_.end() || it->second.expires <= Clock::now()) return Released::kGone;
-  if (it->second.owner != lock.token) return Released::kTakenByOther;
-  it->second.expires = Clock::time_point::min();
-  it->second.owner.clear();
+  Entry* e = owned(lock.name, Clock::now());
+  if (e == nullptr) return Released::kGone;
+  if (e->owner != lock.token) return Released::kTakenByOther;
+  e->expires = Clock::time_point::min();
+  e->owner.clear();
   const bool heard = notify_waiters && notify(lock.name, self);
   return heard ? Released::kYes : Released::kYesUnheard;
 }
 
 void MemorySpace::State::raise_fence(std::string_view name, std::uint64_t fence) {
-  auto it = entries_.find(name);
-  if (it == entries_.end()) it = entries_.emplace(std::string(name), Entry{}).first;
-  it->second.fence = std::max(it->second.fence, fence);
+  Entry& e = entries_[std::string(name)];
+  e.fence = std::max(e.fence, fence);
 }
 
 std::uint64_t MemorySpace::State::reserve_tokens(const LockRef& lock, std::uint32_t n) {
-  auto it = entries_.find(lock.name);
-  if (it == entries_.end() || it->second.expires <= Clock::now() || it->second.owner != lock.token) return 0;
-  return it->second.fence += n;
+  Entry* e = owned(lock.name, Clock::now());
+  return e == nullptr || e->owner != lock.token ? 0 : (e->fence += n);
 }
 
 // As the stores on servers: the lease check, the clock and the
@@ -240,16 +250,16 @@ ClaimResult MemorySpace::State::claim(std::string_view name, std::string_view to
                                       std::chrono::system_clock::time_point start) {
   ClaimResult out;
   out.store_time = std::chrono::system_clock::now();
-  auto it = entries_.find(name);
-  if (it == entries_.end() || it->second.expires <= Clock::now() || it->second.owner != token) {
+  Entry* e = owned(name, Clock::now());
+  if (e == nullptr || e->owner != token) {
     out.status = ClaimResult::Status::kNotLeader;
   } else if (out.store_time < start) {
     out.status = ClaimResult::Status::kNotDue;
-  } else if (it->second.last_period && *it->second.last_period >= period) {
+  } else if (e->last_period && *e->last_period >= period) {
     out.status = ClaimResult::Status::kAlreadyRun;
-    out.last = *it->second.last_period;
+    out.last = *e->last_period;
   } else {
-    it->second.last_period = period;
+    e->last_period = period;
     out.status = ClaimResult::Status::kClaimed;
     out.last = period;
   }
@@ -306,14 +316,14 @@ std::vector<std::pair<std::string, LockInfo>> MemorySpace::State::list(std::stri
 }
 
 bool MemorySpace::State::force_release(std::string_view name) {
-  auto it = entries_.find(name);
-  bool was_held = it != entries_.end() && inspect(name).held;
-  if (it != entries_.end()) {
-    it->second.expires = Clock::time_point::min();
-    it->second.owner.clear();
-    it->second.holders.clear();
-    it->second.permits = 0;
-    it->second.fair = !it->second.queue.empty();
+  Entry* e = find(name);
+  bool was_held = e != nullptr && inspect(name).held;
+  if (e != nullptr) {
+    e->expires = Clock::time_point::min();
+    e->owner.clear();
+    e->holders.clear();
+    e->permits = 0;
+    e->fair = !e->queue.empty();
   }
   notify(name);
   return was_held;
@@ -372,9 +382,7 @@ bool MemorySpace::run(const std::shared_ptr<MemoryLink>& from, Op op) {
 
 void MemorySpace::subscribe(const std::shared_ptr<MemoryLink>& link, std::string_view name) {
   std::lock_guard lk(mu_);
-  auto it = state_.subscribers_.find(name);
-  if (it == state_.subscribers_.end()) it = state_.subscribers_.emplace(std::string(name), std::set<std::shared_ptr<MemoryLink>>{}).first;
-  it->second.insert(link);
+  state_.subscribers_[std::string(name)].insert(link);
 }
 
 void MemorySpace::unsubscribe(const std::shared_ptr<MemoryLink>& link, std::string_view name) {
@@ -392,22 +400,16 @@ void MemorySpace::detach(const std::shared_ptr<MemoryLink>& link) {
     it->second.erase(link);
     it = it->second.empty() ? state_.subscribers_.erase(it) : std::next(it);
   }
-  for (auto it = held_.begin(); it != held_.end();) {
-    if (it->first == link) {
-      dropped.push_back(std::move(*it));
-      it = held_.erase(it);
-    } else {
-      ++it;
-    }
-  }
+  auto gone = std::stable_partition(held_.begin(), held_.end(), [&](const auto& h) { return h.first != link; });
+  std::move(gone, held_.end(), std::back_inserter(dropped));
+  held_.erase(gone, held_.end());
 }
 
 void MemorySpace::steal(std::string_view name, std::string_view owner, milliseconds ttl) {
   std::lock_guard lk(mu_);
-  auto it = state_.entries_.find(name);
-  if (it == state_.entries_.end()) it = state_.entries_.emplace(std::string(name), State::Entry{}).first;
-  it->second.owner.assign(owner);
-  it->second.expires = Clock::now() + ttl;
+  State::Entry& e = state_.entries_[std::string(name)];
+  e.owner.assign(owner);
+  e.expires = Clock::now() + ttl;
 }
 
 std::size_t MemorySpace::fair_waiters(std::string_view name) const {

@@ -132,8 +132,9 @@ class MemorySpace {
     Acquired acquire_shared(Entry& e, const LockRef& lock, Clock::time_point now);
     Acquired acquire_permit(Entry& e, const LockRef& lock, Clock::time_point now);
     Acquired acquire_fair(Entry& e, const LockRef& lock, Clock::time_point now);
-    // The failure of a call whose kind the key is not held as now.
-    static Acquired wrong_kind(const LockRef& lock, const std::string& held_as);
+    Entry* find(std::string_view name);
+    Entry* owned(std::string_view name, Clock::time_point now);
+    Clock::time_point* holding(const LockRef& lock, Clock::time_point now);
     // Tells every subscribed store that `name` was released; whether any
     // store but `self` was told.
     bool notify(std::string_view name, const MemoryLink* self = nullptr);
@@ -159,8 +160,7 @@ class MemorySpace {
   // Forgets `link`: its subscriptions and its requests still held.
   void detach(const std::shared_ptr<MemoryLink>& link);
 
-  // Test hooks, as an operator with a server's own client would.
-  // `owner` holds `name` for `ttl`, whoever held it.
+  // Test hooks (see above). `owner` holds `name` for `ttl`, whoever held it.
   void steal(std::string_view name, std::string_view owner, std::chrono::milliseconds ttl);
   // How many fair waiters `name`'s queue holds now (places not run out).
   std::size_t fair_waiters(std::string_view name) const;
@@ -168,7 +168,6 @@ class MemorySpace {
   std::optional<std::int64_t> last_period(std::string_view name) const;
   // Loses every lock, counter and period (a server restarted empty).
   void clear();
-  // Holds every request from now until resume(), which runs them in order.
   void pause();
   void resume();
 

@@ -98,150 +98,143 @@ void MemoryStore::on_timeout(uv_timer_t* timer) {
   }
 }
 
-void MemoryStore::acquire(std::span<const LockRef> locks, AcquireDone done) {
-  auto owned = std::make_shared<std::vector<OwnedLock>>(locks.begin(), locks.end());
-  auto shared_done = std::make_shared<AcquireDone>(std::move(done));
+namespace {
+
+// Lock k's answer, with `error` (null on the space's answer) where the callback takes one.
+void answer(const LockStore::AcquireDone& done, std::size_t k, const Acquired& r, const StoreError*) { done(k, r); }
+template <class R>
+void answer(const std::function<void(std::size_t, R, const StoreError*)>& done, std::size_t k, R r,
+            const StoreError* error) {
+  done(k, r, error);
+}
+
+}  // namespace
+
+template <class Result, class Done, class Locks, class Step>
+void MemoryStore::batch(std::shared_ptr<Locks> locks, Done done, Step step, Result failed,
+                        std::shared_ptr<const void> keep) {
+  auto d = std::make_shared<Done>(std::move(done));
+  const std::size_t n = locks->size();
   submit(
-      [owned, shared_done, this](MemorySpace::State& s) -> std::function<void()> {
-        std::vector<Acquired> out;
-        out.reserve(owned->size());
-        for (const auto& l : *owned) out.push_back(s.acquire(l.ref(), owner_name_));
-        return [out = std::move(out), shared_done] {
-          for (std::size_t k = 0; k < out.size(); ++k) (*shared_done)(k, out[k]);
+      [locks = std::move(locks), d, step, keep = std::move(keep)](MemorySpace::State& s) mutable
+          -> std::function<void()> {
+        std::vector<Result> out;
+        out.reserve(locks->size());
+        for (const auto& l : *locks) out.push_back(step(s, l));
+        // A renewal's leases (`keep`) go with the answer, and so are let go on the loop.
+        return [out = std::move(out), d, keep = std::move(keep)] {
+          for (std::size_t k = 0; k < out.size(); ++k) answer(*d, k, out[k], nullptr);
         };
       },
-      [n = locks.size(), shared_done, err = no_answer()] {
-        const Acquired failed = Acquired::failed(err);
-        for (std::size_t k = 0; k < n; ++k) (*shared_done)(k, failed);
+      [d, n, failed = std::move(failed), err = no_answer()] {
+        for (std::size_t k = 0; k < n; ++k) answer(*d, k, failed, &err);
       });
+}
+
+template <class Done, class Step, class Value>
+void MemoryStore::single(Done done, Step step, Value failed) {
+  auto d = std::make_shared<Done>(std::move(done));
+  submit(
+      [d, step = std::move(step)](MemorySpace::State& s) -> std::function<void()> {
+        return [v = step(s), d]() mutable { (*d)(std::move(v), nullptr); };
+      },
+      [d, failed = std::move(failed), err = no_answer()] { (*d)(failed, &err); });
+}
+
+void MemoryStore::acquire(std::span<const LockRef> locks, AcquireDone done) {
+  batch<Acquired>(
+      std::make_shared<std::vector<OwnedLock>>(locks.begin(), locks.end()), std::move(done),
+      [this](MemorySpace::State& s, const OwnedLock& l) { return s.acquire(l.ref(), owner_name_); },
+      Acquired::failed(no_answer()));
 }
 
 std::size_t MemoryStore::renew(std::span<const LockRef> locks, std::shared_ptr<const void> keepalive,
                                RenewDone done) {
   // The names and tokens stay valid while `keepalive` lives: only the
   // views are copied (the array holding them is the caller's).
-  auto refs = std::make_shared<std::vector<LockRef>>(locks.begin(), locks.end());
-  auto shared_done = std::make_shared<RenewDone>(std::move(done));
-  submit(
-      [refs, keepalive = std::move(keepalive), shared_done](MemorySpace::State& s) mutable -> std::function<void()> {
-        std::vector<Renewed> out;
-        out.reserve(refs->size());
-        for (const auto& l : *refs) out.push_back(s.renew(l));
-        // The leases go with the answer, and so are let go on the loop.
-        return [out = std::move(out), shared_done, keepalive = std::move(keepalive)] {
-          for (std::size_t k = 0; k < out.size(); ++k) (*shared_done)(k, out[k], nullptr);
-        };
-      },
-      [n = locks.size(), shared_done, err = no_answer()] {
-        for (std::size_t k = 0; k < n; ++k) (*shared_done)(k, Renewed::kTransient, &err);
-      });
+  batch<Renewed>(
+      std::make_shared<std::vector<LockRef>>(locks.begin(), locks.end()), std::move(done),
+      [](MemorySpace::State& s, const LockRef& l) { return s.renew(l); }, Renewed::kTransient, std::move(keepalive));
   return 1;
 }
 
 void MemoryStore::release(std::span<const LockRef> locks, bool notify, ReleaseDone done) {
-  auto owned = std::make_shared<std::vector<OwnedLock>>(locks.begin(), locks.end());
-  auto shared_done = std::make_shared<ReleaseDone>(std::move(done));
-  submit(
-      [owned, notify, shared_done, self = link_.get()](MemorySpace::State& s) -> std::function<void()> {
-        std::vector<Released> out;
-        out.reserve(owned->size());
-        for (const auto& l : *owned) out.push_back(s.release(l.ref(), notify, self));
-        return [out = std::move(out), shared_done] {
-          for (std::size_t k = 0; k < out.size(); ++k) (*shared_done)(k, out[k], nullptr);
-        };
+  batch<Released>(
+      std::make_shared<std::vector<OwnedLock>>(locks.begin(), locks.end()), std::move(done),
+      [notify, self = link_.get()](MemorySpace::State& s, const OwnedLock& l) {
+        return s.release(l.ref(), notify, self);
       },
-      [n = locks.size(), shared_done, err = no_answer()] {
-        for (std::size_t k = 0; k < n; ++k) (*shared_done)(k, Released::kUnconfirmed, &err);
-      });
+      Released::kUnconfirmed);
 }
 
 void MemoryStore::raise_fence(std::string_view name, std::uint64_t fence, RaiseDone done) {
-  auto shared_done = std::make_shared<std::function<void(bool)>>(std::move(done));
-  submit(
-      [n = std::string(name), fence, shared_done](MemorySpace::State& s) -> std::function<void()> {
+  single(
+      [done = std::move(done)](bool ok, const StoreError*) { done(ok); },
+      [n = std::string(name), fence](MemorySpace::State& s) {
         s.raise_fence(n, fence);
-        return [shared_done] { (*shared_done)(true); };
+        return true;
       },
-      [shared_done] { (*shared_done)(false); });
+      false);
 }
 
 void MemoryStore::reserve_tokens(const LockRef& lock, std::uint32_t n, ReserveDone done) {
-  auto shared_done = std::make_shared<ReserveDone>(std::move(done));
-  submit(
-      [owned = OwnedLock(lock), n, shared_done](MemorySpace::State& s) -> std::function<void()> {
-        return [last = s.reserve_tokens(owned.ref(), n), shared_done] { (*shared_done)(last, nullptr); };
-      },
-      [shared_done, err = no_answer()] { (*shared_done)(0, &err); });
+  single(
+      std::move(done),
+      [owned = OwnedLock(lock), n](MemorySpace::State& s) { return s.reserve_tokens(owned.ref(), n); },
+      std::uint64_t{0});
 }
 
-void MemoryStore::server_time(
-    std::function<void(std::chrono::system_clock::time_point, const StoreError*)> done) {
-  auto shared_done = std::make_shared<decltype(done)>(std::move(done));
-  submit(
-      [shared_done](MemorySpace::State&) -> std::function<void()> {
-        return [now = std::chrono::system_clock::now(), shared_done] { (*shared_done)(now, nullptr); };
-      },
-      [shared_done, err = no_answer()] { (*shared_done)({}, &err); });
+void MemoryStore::server_time(TimeDone done) {
+  single(
+      std::move(done), [](MemorySpace::State&) { return std::chrono::system_clock::now(); },
+      std::chrono::system_clock::time_point{});
 }
 
 void MemoryStore::claim_period(std::string_view name, std::string_view token, std::int64_t period,
-                               std::chrono::system_clock::time_point start,
-                               ClaimDone done) {
-  auto shared_done = std::make_shared<decltype(done)>(std::move(done));
-  submit(
-      [n = std::string(name), t = std::string(token), period, start,
-       shared_done](MemorySpace::State& s) -> std::function<void()> {
-        return [out = s.claim(n, t, period, start), shared_done] { (*shared_done)(out); };
+                               std::chrono::system_clock::time_point start, ClaimDone done) {
+  single(
+      [done = std::move(done)](ClaimResult out, const StoreError* error) {
+        if (error != nullptr) out.error = *error;  // kFailed
+        done(out);
       },
-      [shared_done, err = no_answer()] {
-        ClaimResult out;
-        out.error = err;
-        (*shared_done)(out);
-      });
+      [n = std::string(name), t = std::string(token), period, start](MemorySpace::State& s) {
+        return s.claim(n, t, period, start);
+      },
+      ClaimResult{});
 }
 
 void MemoryStore::inspect(std::string_view name, InspectDone done) {
-  auto shared_done = std::make_shared<decltype(done)>(std::move(done));
-  submit(
-      [n = std::string(name), shared_done](MemorySpace::State& s) -> std::function<void()> {
-        return [info = s.inspect(n), shared_done] { (*shared_done)(info, nullptr); };
-      },
-      [shared_done, err = no_answer()] { (*shared_done)(LockInfo{}, &err); });
+  single(
+      std::move(done), [n = std::string(name)](MemorySpace::State& s) { return s.inspect(n); }, LockInfo{});
 }
 
 void MemoryStore::list_locks(std::string_view prefix, std::size_t limit, ListDone done) {
-  auto shared_done = std::make_shared<decltype(done)>(std::move(done));
-  const std::string name_prefix = traits().keys.prefix;
-  submit(
-      [p = encode(prefix), name_prefix, limit, shared_done](MemorySpace::State& s) -> std::function<void()> {
+  single(
+      std::move(done),
+      [p = encode(prefix), name_prefix = traits().keys.prefix, limit](MemorySpace::State& s) {
         std::vector<LockInfo> out;
         for (auto& [name, info] : s.list(p, limit)) {
           info.key = name.substr(name_prefix.size());
           out.push_back(std::move(info));
         }
-        return [out = std::move(out), shared_done]() mutable { (*shared_done)(std::move(out), nullptr); };
+        return out;
       },
-      [shared_done, err = no_answer()] { (*shared_done)({}, &err); });
+      std::vector<LockInfo>{});
 }
 
 void MemoryStore::force_release(std::string_view name, ForceDone done) {
-  auto shared_done = std::make_shared<decltype(done)>(std::move(done));
-  submit(
-      [n = std::string(name), shared_done](MemorySpace::State& s) -> std::function<void()> {
-        return [was = s.force_release(n), shared_done] { (*shared_done)(was, nullptr); };
-      },
-      [shared_done, err = no_answer()] { (*shared_done)(false, &err); });
+  single(
+      std::move(done), [n = std::string(name)](MemorySpace::State& s) { return s.force_release(n); }, false);
 }
 
 void MemoryStore::withdraw(const LockRef& lock, WithdrawDone done) {
-  auto owned = std::make_shared<OwnedLock>(lock);
-  auto shared_done = std::make_shared<WithdrawDone>(std::move(done));
-  submit(
-      [owned, shared_done](MemorySpace::State& s) -> std::function<void()> {
-        s.withdraw(owned->ref());
-        return [shared_done] { (*shared_done)(nullptr); };
+  single(
+      [done = std::move(done)](bool, const StoreError* error) { done(error); },
+      [owned = OwnedLock(lock)](MemorySpace::State& s) {
+        s.withdraw(owned.ref());
+        return true;
       },
-      [shared_done, err = no_answer()] { (*shared_done)(&err); });
+      false);
 }
 
 void MemoryStore::subscribe(std::string_view name) {

@@ -2,11 +2,9 @@
 // (memory://NAME), for single-process programs and for users' unit tests
 // without a server.
 //
-// Every runtime of the process whose URL names the same space shares its
-// locks, fencing counters, scheduled jobs' periods and release notices
-// (see memory_space.hpp); other names are separate, and `memory://` alone
-// is one default space. Ttls, fencing, the watchdog, waiting on release
-// notices and scheduled jobs behave as on a server, minus the network:
+// Runtimes of the process whose URLs name the same space share it (see
+// memory_space.hpp); `memory://` alone is one default space. Ttls, fencing,
+// the watchdog, waiting on release notices and scheduled jobs behave as on a server, minus the network:
 // each request is done under the space's lock inside the call, and its
 // answer posted to the runtime's loop (never run inside the call).
 // Nothing survives the process, or the last runtime of a space.
@@ -23,20 +21,11 @@
 
 #include <uv.h>
 
-#include <chrono>
-#include <deque>
-#include <memory>
-#include <set>
-#include <string>
-
 #include "lockwatch/options.hpp"
-#include "store/capabilities.hpp"
 #include "store/store_base.hpp"
 #include "store/memory/memory_space.hpp"
 
 namespace lockwatch::detail {
-
-class Loop;
 
 class MemoryStore final : public StoreBase,
                           public FenceRaising,
@@ -57,8 +46,7 @@ class MemoryStore final : public StoreBase,
   MemoryStore(const MemoryStore&) = delete;
   MemoryStore& operator=(const MemoryStore&) = delete;
 
-  // Every kind. Each call one step on the space's state under its mutex;
-  // the answer posted to this store's loop.
+  // Every kind.
   void acquire(std::span<const LockRef> locks, AcquireDone done) override;
   std::size_t renew(std::span<const LockRef> locks, std::shared_ptr<const void> keepalive, RenewDone done) override;
   void release(std::span<const LockRef> locks, bool notify, ReleaseDone done) override;
@@ -94,6 +82,13 @@ class MemoryStore final : public StoreBase,
   // function it returns is the answer, run on the loop unless `fail` ran
   // first.
   void submit(std::function<std::function<void()>(MemorySpace::State&)> op, std::function<void()> fail);
+  // A batch: `step` on each of `locks`, its results answered in order; `failed`
+  // for each when the space did not answer.
+  template <class Result, class Done, class Locks, class Step>
+  void batch(std::shared_ptr<Locks> locks, Done done, Step step, Result failed, std::shared_ptr<const void> keep = {});
+  // One call: `done` with `step`'s value and no error, else with `failed` and the timeout's.
+  template <class Done, class Step, class Value>
+  void single(Done done, Step step, Value failed);
   StoreError no_answer() const;
   void arm_timeout();
   static void on_timeout(uv_timer_t* timer);
