@@ -58,17 +58,24 @@ struct Answers {
     return t;
   }
 
-  // Counts one store's reply; true if it answered.
-  bool heard(const StoreError* err) {
+  // Counts one store's reply (`answer` runs if it answered); true once all `n` replied.
+  template <class Answer>
+  bool heard(const StoreError* err, std::size_t n, Answer answer) {
     replies++;
     if (err) {
       keep_most_telling(error, *err);
-      return false;
+    } else {
+      answered++;
+      answer();
     }
-    answered++;
-    return true;
+    return replies == n;
   }
 };
+
+std::chrono::system_clock::time_point median(std::vector<std::chrono::system_clock::time_point> v) {
+  std::sort(v.begin(), v.end());
+  return v[v.size() / 2];
+}
 
 }  // namespace
 
@@ -94,12 +101,9 @@ StoreTraits QuorumStore::member_traits(const std::vector<std::unique_ptr<LockSto
   StoreTraits t;
   if (!stores.empty()) t.keys = stores.front()->traits().keys;
   t.release_events = std::all_of(stores.begin(), stores.end(), [](const auto& s) { return s->release_events(); });
-  t.no_shared = nullptr;
-  for (const auto& s : stores)
-    if (const char* why = s->check_kind(LockKind::shared())) {
-      t.no_shared = why;
-      break;
-    }
+  auto refusing = std::find_if(stores.begin(), stores.end(),
+                               [](const auto& s) { return s->check_kind(LockKind::shared()) != nullptr; });
+  t.no_shared = refusing == stores.end() ? nullptr : (*refusing)->check_kind(LockKind::shared());
   t.no_permits =
       "a quorum cannot bound a semaphore: each store counts its own holders, and majorities of different "
       "holders overlap, so more than n could hold";
@@ -222,23 +226,22 @@ void QuorumStore::raise_on(const std::shared_ptr<AcquireBatch>& b, std::size_t k
 void QuorumStore::check_raised(const std::shared_ptr<AcquireBatch>& b, std::size_t k) {
   auto& t = b->locks[k];
   if (t.finished) return;
+  const char* why = nullptr;
   if (t.raise_ok >= quorum_) {
     // The validity time again: a raise that came back late must not hand
     // out a lease whose keys may have expired meanwhile, and whose token a
     // later majority may have handed out too (found by
     // model/redlock_fence.pml with two acquisitions overlapping).
-    if (Clock::now() >= lease_deadline(watchdog_, b->sent, t.ttl)) {
-      give_back(b, k, Acquired::failed(StoreError::unavailable(
-                          names_[t.took.empty() ? 0 : t.took.front()],
-                          "a majority raised its fencing counters only after the validity time")));
-      return;
+    if (Clock::now() < lease_deadline(watchdog_, b->sent, t.ttl)) {
+      t.finished = true;
+      return b->done(k, Acquired::taken(t.fence));
     }
-    t.finished = true;
-    b->done(k, Acquired::taken(t.fence));
+    why = "a majority raised its fencing counters only after the validity time";
   } else if (t.replies == stores_.size() && t.raise_replies == t.raise_asked) {
-    give_back(b, k, Acquired::failed(StoreError::unavailable(names_[t.took.empty() ? 0 : t.took.front()],
-                                                             "could not raise a majority's fencing counters")));
+    why = "could not raise a majority's fencing counters";
   }
+  if (why != nullptr)
+    give_back(b, k, Acquired::failed(StoreError::unavailable(names_[t.took.empty() ? 0 : t.took.front()], why)));
 }
 
 // A failed attempt gives back what it took, on every store (a late success
@@ -275,16 +278,11 @@ std::size_t QuorumStore::renew(std::span<const LockRef> locks, std::shared_ptr<c
       } else if (!t.error && why != nullptr) {
         t.error = std::make_unique<StoreError>(*why);
       }
-      if (t.ok >= quorum_) {
-        t.decided = true;
-        b->done(k, Renewed::kYes, nullptr);
-      } else if (t.no > n - quorum_) {
-        t.decided = true;
-        b->done(k, t.taken ? Renewed::kTakenByOther : Renewed::kGone, nullptr);
-      } else if (t.replies == n) {
-        t.decided = true;
-        b->done(k, Renewed::kTransient, t.error.get());
-      }
+      if (t.ok < quorum_ && t.no <= n - quorum_ && t.replies < n) return;  // not decided yet
+      t.decided = true;
+      if (t.ok >= quorum_) return b->done(k, Renewed::kYes, nullptr);
+      if (t.no > n - quorum_) return b->done(k, t.taken ? Renewed::kTakenByOther : Renewed::kGone, nullptr);
+      b->done(k, Renewed::kTransient, t.error.get());
     });
   }
   return commands;
@@ -314,27 +312,15 @@ void QuorumStore::release(std::span<const LockRef> locks, bool notify, ReleaseDo
         if (v == Released::kTakenByOther) t.taken = true;
       }
       if (t.replies < n) return;
-      if (t.confirmed < quorum_) {
-        b->done(k, Released::kUnconfirmed, t.why.get());
-      } else if (t.held >= quorum_) {
-        // Unheard only if no node's notice reached another: a waiter may
-        // listen on any of them.
-        b->done(k, t.unheard == n ? Released::kYesUnheard : Released::kYes, nullptr);
-      } else {
-        b->done(k, t.taken ? Released::kTakenByOther : Released::kGone, nullptr);
-      }
+      if (t.confirmed < quorum_) return b->done(k, Released::kUnconfirmed, t.why.get());
+      // Unheard only if no node's notice reached another: a waiter may listen on any of them.
+      if (t.held >= quorum_) return b->done(k, t.unheard == n ? Released::kYesUnheard : Released::kYes, nullptr);
+      b->done(k, t.taken ? Released::kTakenByOther : Released::kGone, nullptr);
     });
   }
 }
 
 // ------------------------------------------------------------ scheduled jobs
-
-namespace {
-std::chrono::system_clock::time_point median(std::vector<std::chrono::system_clock::time_point> v) {
-  std::sort(v.begin(), v.end());
-  return v[v.size() / 2];
-}
-}  // namespace
 
 void QuorumStore::server_time(TimeDone done) {
   struct Tally : Answers<Tally, TimeDone> {
@@ -343,14 +329,10 @@ void QuorumStore::server_time(TimeDone done) {
   auto t = Tally::make(std::move(done));
   for (auto* s : jobs_) {
     s->server_time([this, t](std::chrono::system_clock::time_point now, const StoreError* err) {
-      if (t->heard(err)) t->times.push_back(now);
-      if (t->replies < stores_.size()) return;
-      if (t->times.size() < quorum_) {
-        const StoreError none = StoreError::unavailable("quorum", "no majority answered TIME");
-        t->done({}, t->error ? t->error.get() : &none);
-        return;
-      }
-      t->done(median(t->times), nullptr);
+      if (!t->heard(err, stores_.size(), [&] { t->times.push_back(now); })) return;
+      if (t->times.size() >= quorum_) return t->done(median(t->times), nullptr);
+      const StoreError none = StoreError::unavailable("quorum", "no majority answered TIME");
+      t->done({}, t->error ? t->error.get() : &none);
     });
   }
 }
@@ -367,7 +349,6 @@ void QuorumStore::claim_period(std::string_view name, std::string_view token, st
   for (auto* s : jobs_) {
     s->claim_period(name, token, period, start, [this, t](const ClaimResult& r) {
       using S = ClaimResult::Status;
-      if (t->heard(r.status == S::kFailed ? &r.error : nullptr)) t->times.push_back(r.store_time);
       switch (r.status) {
         case S::kClaimed: t->claimed++; break;
         case S::kAlreadyRun:
@@ -378,7 +359,9 @@ void QuorumStore::claim_period(std::string_view name, std::string_view token, st
         case S::kNotLeader: t->not_leader++; break;
         case S::kFailed: break;
       }
-      if (t->replies < stores_.size()) return;
+      if (!t->heard(r.status == S::kFailed ? &r.error : nullptr, stores_.size(),
+                    [&] { t->times.push_back(r.store_time); }))
+        return;
       const std::size_t n = stores_.size();
       ClaimResult out;
       if (!t->times.empty()) out.store_time = median(t->times);
@@ -453,8 +436,8 @@ void QuorumStore::list_locks(std::string_view prefix, std::size_t limit, ListDon
   }
   for (auto* s : listings_) {
     s->list_locks(prefix, kEach, [this, t, limit](std::vector<LockInfo> locks, const StoreError* err) {
-      if (t->heard(err)) for (auto& l : locks) t->by_key[l.key].push_back(std::move(l));
-      if (t->replies < stores_.size()) return;
+      if (!t->heard(err, stores_.size(), [&] { for (auto& l : locks) t->by_key[l.key].push_back(std::move(l)); }))
+        return;
       if (t->answered < quorum_) {
         const StoreError unknown = t->error ? *t->error : StoreError::unavailable("quorum", "too few nodes answered");
         return t->done({}, &unknown);
@@ -478,8 +461,7 @@ void QuorumStore::inspect(std::string_view name, InspectDone done) {
   auto t = Tally::make(std::move(done));
   for (auto* s : tools_) {
     s->inspect(name, [this, t](const LockInfo& info, const StoreError* err) {
-      if (t->heard(err)) t->infos.push_back(info);
-      if (t->replies < stores_.size()) return;
+      if (!t->heard(err, stores_.size(), [&] { t->infos.push_back(info); })) return;
       std::size_t largest = 0;
       LockInfo out = majority_view(t->infos, largest);
       // Free only if the silent stores could not make a majority for
@@ -490,8 +472,7 @@ void QuorumStore::inspect(std::string_view name, InspectDone done) {
                                       stores_.size());
         if (t->error) why += " (" + t->error->describe() + ")";
         const StoreError unknown = StoreError::unavailable("quorum", why);
-        t->done(LockInfo{}, &unknown);
-        return;
+        return t->done(LockInfo{}, &unknown);
       }
       t->done(out, nullptr);
     });
@@ -505,24 +486,15 @@ void QuorumStore::force_release(std::string_view name, ForceDone done) {
   auto t = Tally::make(std::move(done));
   for (auto* s : tools_) {
     s->force_release(name, [this, t](bool held, const StoreError* err) {
-      if (t->heard(err)) t->held = t->held || held;
-      if (t->replies < stores_.size()) return;
+      if (!t->heard(err, stores_.size(), [&] { t->held = t->held || held; })) return;
       t->done(t->held, t->answered >= quorum_ ? nullptr : t->error.get());
     });
   }
 }
 
-void QuorumStore::subscribe(std::string_view name) {
-  for (auto& s : stores_) s->subscribe(name);
-}
-void QuorumStore::unsubscribe(std::string_view name) {
-  for (auto& s : stores_) s->unsubscribe(name);
-}
-void QuorumStore::poll_replies() {
-  for (auto& s : stores_) s->poll_replies();
-}
-void QuorumStore::close() {
-  for (auto& s : stores_) s->close();
-}
+void QuorumStore::subscribe(std::string_view name) { for (auto& s : stores_) s->subscribe(name); }
+void QuorumStore::unsubscribe(std::string_view name) { for (auto& s : stores_) s->unsubscribe(name); }
+void QuorumStore::poll_replies() { for (auto& s : stores_) s->poll_replies(); }
+void QuorumStore::close() { for (auto& s : stores_) s->close(); }
 
 }  // namespace lockwatch::detail

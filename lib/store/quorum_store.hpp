@@ -29,10 +29,6 @@
 // LockStore.
 #pragma once
 
-#include <memory>
-#include <string>
-#include <vector>
-
 #include "lockwatch/options.hpp"
 #include "store/capabilities.hpp"
 #include "store/store_base.hpp"
@@ -48,30 +44,23 @@ class QuorumStore final : public StoreBase, public JobClaims, public OperatorToo
 
   std::size_t quorum() const noexcept { return quorum_; }
 
-  // Its traits (member_traits()): the first store's key rules (they
-  // agree); release events where every store has them. Exclusive and
-  // shared locks, where every store holds them: a reader's majority and a
-  // writer's share a store, which holds one or the other. Not permits: each
-  // store counts its own holders, and majorities of different holders
-  // overlap (3 stores, n = 2: holders on {1,2}, {2,3} and {1,3} leave 2 on
-  // each store), so more than n could hold. Not fair locks (no FairQueue):
-  // each store's queue has its own order.
+  // Its traits: the first store's key rules (they agree); release events
+  // and shared locks where every store has them (a reader's majority and a
+  // writer's share a store, which holds one or the other). No permits
+  // (3 stores, n = 2: holders on {1,2}, {2,3} and {1,3} leave 2 on each
+  // store) and no fair locks: the reasons are member_traits()'s.
   static StoreTraits member_traits(const std::vector<std::unique_ptr<LockStore>>& stores);
 
-  // Every call to every store; each lock decided by its majority (see above).
   void acquire(std::span<const LockRef> locks, AcquireDone done) override;
   std::size_t renew(std::span<const LockRef> locks, std::shared_ptr<const void> keepalive, RenewDone done) override;
   void release(std::span<const LockRef> locks, bool notify, ReleaseDone done) override;
   void close() override;
-  // On every store: a notice from any one wakes a waiter.
   void subscribe(std::string_view name) override;
   void unsubscribe(std::string_view name) override;
   void poll_replies() override;
-  // JobClaims: the median clock; claimed when a majority claimed.
   void server_time(TimeDone done) override;
   void claim_period(std::string_view name, std::string_view token, std::int64_t period,
                     std::chrono::system_clock::time_point start, ClaimDone done) override;
-  // OperatorTools: held when a majority holds it, with their highest token.
   void inspect(std::string_view name, InspectDone done) override;
   void force_release(std::string_view name, ForceDone done) override;
   // LockListing: each store's list, a lock kept when a majority holds it.
