@@ -68,12 +68,10 @@ std::optional<ClusterRedirect> parse_redirect(std::string_view rest) {
   auto colon = hp.rfind(':');
   if (colon == std::string_view::npos || colon == 0 || colon + 1 == hp.size()) return std::nullopt;
   int port = 0;
-  for (char c : hp.substr(colon + 1)) {
-    if (c < '0' || c > '9') return std::nullopt;
-    port = port * 10 + (c - '0');
-    if (port > 65535) return std::nullopt;
-  }
-  if (port == 0) return std::nullopt;
+  const std::string_view digits = hp.substr(colon + 1);
+  if (digits.find_first_not_of("0123456789") != std::string_view::npos) return std::nullopt;
+  auto [last, bad] = std::from_chars(digits.data(), digits.data() + digits.size(), port);
+  if (bad != std::errc() || port == 0 || port > 65535) return std::nullopt;
   ClusterRedirect to;
   to.slot = static_cast<std::uint16_t>(slot);
   to.host = std::string(hp.substr(0, colon));

@@ -55,9 +55,8 @@ RedisReply redis_reply_code(std::string_view first_word) noexcept;
 // A Redis error reply, classified: MOVED/ASK (well formed: slot and
 // target) as kRedirect; TRYAGAIN, CLUSTERDOWN, LOADING, MASTERDOWN as
 // kRetryLater; NOAUTH, WRONGPASS, NOPERM, and an ERR saying the user's ACL
-// refused a command a script called, as kAuth; anything else kRefused.
-// `code` is the reply's first word as a RedisReply. A MOVED or ASK that cannot be parsed
-// is kRefused.
+// refused a command a script called, as kAuth; LOCKWATCH-KIND as kInvalid;
+// anything else (a malformed MOVED or ASK too) kRefused. Its code: the first word.
 StoreError redis_reply_error(std::string endpoint, std::string_view message);
 
 // Where a Redis Cluster redirect sends a call: MOVED (the slot is the

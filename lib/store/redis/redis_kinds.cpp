@@ -18,19 +18,15 @@ namespace lockwatch::detail {
 
 namespace {
 
-// Whether a URL asks for TLS: rediss://, rediss-sentinel:// or rediss-cluster://.
-bool url_wants_tls(const std::string& url) {
-  return url.rfind("rediss://", 0) == 0 || url.rfind("rediss-sentinel://", 0) == 0 ||
-         url.rfind("rediss-cluster://", 0) == 0 || url.find(",rediss://") != std::string::npos ||
-         url.find(", rediss://") != std::string::npos;
-}
-
 // What every Redis URL's store checks beyond its URL.
 void check_redis_settings(const std::string& url, const Options& options) {
   if (const char* why = redis_keys::prefix_problem(options.runtime.key_prefix)) throw InvalidArgument(why);
-  // The files are read now, so that a wrong path fails here and not at
-  // every connection attempt.
-  if (url_wants_tls(url)) check_tls_options(options.tls);
+  // A URL over TLS (rediss://, rediss-sentinel://, rediss-cluster://): the files are read now, so that a wrong
+  // path fails here and not at every connection attempt.
+  if (url.rfind("rediss://", 0) == 0 || url.rfind("rediss-sentinel://", 0) == 0 ||
+      url.rfind("rediss-cluster://", 0) == 0 || url.find(",rediss://") != std::string::npos ||
+      url.find(", rediss://") != std::string::npos)
+    check_tls_options(options.tls);
 }
 
 // The URL's settings and topology, its layout checked against it.

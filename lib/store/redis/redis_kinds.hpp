@@ -6,9 +6,7 @@
 //                       redis[s]-sentinel://    a master found through Sentinel
 //   kRedisClusterStore  redis[s]-cluster://     a Redis Cluster (ClusterStore)
 //
-// Their settings: Options::runtime.key_prefix (no '{' or '}'), min_replicas and
-// replica_ack_timeout, the sentinels' credentials, and the TLS files
-// (read when the options are checked; the `tls` feature).
+// Their settings and how their URLs look: redis_kinds.cpp.
 #pragma once
 
 #include "store/registry.hpp"

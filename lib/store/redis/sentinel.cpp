@@ -1,9 +1,7 @@
 #include "store/redis/sentinel.hpp"
 
+#include <algorithm>
 #include <charconv>
-
-#include "lockwatch/errors.hpp"
-#include "core/loop.hpp"
 
 namespace lockwatch::detail {
 
@@ -18,22 +16,17 @@ SentinelWatcher::SentinelWatcher(Loop& loop, const Topology& topology, const Sto
       ep.password = password;
     }
     Sentinel sen;
-    RedisConnection::Hooks unnamed;
-    unnamed.named = false;
-    sen.query = std::make_unique<RedisConnection>(loop, ep, settings, RedisConnection::Mode::kCommands, unnamed);
     RedisConnection::Hooks hooks;
     hooks.named = false;
+    sen.query = std::make_unique<RedisConnection>(loop, ep, settings, RedisConnection::Mode::kCommands, hooks);
     hooks.on_connect_command = {"SUBSCRIBE", "+switch-master"};
     hooks.on_message = [this](std::string_view kind, std::string_view channel, std::string_view payload) {
       if (kind != "message" || channel != "+switch-master") return;
       // "<name> <old-ip> <old-port> <new-ip> <new-port>"
       std::vector<std::string_view> parts;
-      std::size_t start = 0;
-      while (start <= payload.size()) {
-        auto sp = payload.find(' ', start);
-        parts.push_back(payload.substr(start, sp == std::string_view::npos ? std::string_view::npos : sp - start));
-        if (sp == std::string_view::npos) break;
-        start = sp + 1;
+      for (std::size_t start = 0, sp = 0; sp != std::string_view::npos; start = sp + 1) {
+        sp = payload.find(' ', start);
+        parts.push_back(payload.substr(start, sp - start));  // to the end when there is no space
       }
       if (parts.size() != 5 || parts[0] != master_name_) return;
       int port = 0;
@@ -82,17 +75,11 @@ void SentinelWatcher::answered(std::string host, int port) {
   if (!decided_) {
     // A majority's answer at once; otherwise the most given one when all
     // have answered (ROLE on the node has the last word).
-    const std::pair<std::string, int>* best = nullptr;
-    std::size_t best_votes = 0;
-    for (const auto& [addr, v] : votes_) {
-      if (v > best_votes) {
-        best = &addr;
-        best_votes = v;
-      }
-    }
-    if (best != nullptr && (best_votes > n / 2 || replies_ == n)) {
+    auto best = std::max_element(votes_.begin(), votes_.end(),
+                                 [](const auto& a, const auto& b) { return a.second < b.second; });
+    if (best != votes_.end() && (best->second > n / 2 || replies_ == n)) {
       decided_ = true;
-      learned(best->first, best->second);
+      learned(best->first.first, best->first.second);
     }
   }
   if (replies_ == n) refreshing_ = false;

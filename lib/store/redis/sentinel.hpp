@@ -25,8 +25,6 @@
 
 namespace lockwatch::detail {
 
-class Loop;
-
 class SentinelWatcher {
  public:
   // `user` and `password`: the sentinels' own credentials (the URL's

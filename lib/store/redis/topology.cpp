@@ -15,10 +15,8 @@ namespace lockwatch::detail {
 
 Topology Topology::parse(const std::string& url) {
   Topology t;
-  constexpr std::string_view kSentinel = "redis-sentinel://";
-  constexpr std::string_view kTlsSentinel = "rediss-sentinel://";
-  const bool tls = url.compare(0, kTlsSentinel.size(), kTlsSentinel) == 0;
-  if (!tls && url.compare(0, kSentinel.size(), kSentinel) != 0) {
+  const bool tls = url.starts_with("rediss-sentinel://");
+  if (!tls && !url.starts_with("redis-sentinel://")) {
     t.masters = Endpoint::parse_list(url);
     return t;
   }
@@ -26,7 +24,7 @@ Topology Topology::parse(const std::string& url) {
   const std::string scheme = tls ? "rediss://" : "redis://";
   // redis-sentinel://[cred@]h:p,h:p/name[/db]: reuse the redis:// parser
   // for the credentials, each sentinel and the db.
-  std::string rest = url.substr(tls ? kTlsSentinel.size() : kSentinel.size());
+  std::string rest = url.substr(url.find("://") + 3);
   std::string cred;
   if (auto at = rest.rfind('@'); at != std::string::npos) {
     cred = rest.substr(0, at + 1);
@@ -43,13 +41,9 @@ Topology Topology::parse(const std::string& url) {
   }
   if (tail.empty()) throw_bad_url(url, "no master name");
   t.master_name = tail;
-  std::size_t start = 0;
-  while (true) {
-    std::size_t comma = hosts.find(',', start);
-    std::string one = hosts.substr(start, comma == std::string::npos ? std::string::npos : comma - start);
-    t.sentinels.push_back(Endpoint::parse(scheme + one));
-    if (comma == std::string::npos) break;
-    start = comma + 1;
+  for (std::size_t start = 0, comma = 0; comma != std::string::npos; start = comma + 1) {
+    comma = hosts.find(',', start);
+    t.sentinels.push_back(Endpoint::parse(scheme + hosts.substr(start, comma - start)));  // the last to the end
   }
   t.master = Endpoint::parse(scheme + cred + "unresolved:1" + db);
   t.master.host.clear();
@@ -103,14 +97,6 @@ int url_int(const std::string& url, std::string_view name, const std::string& va
   return n;
 }
 
-RedisLayout url_layout(const std::string& url, const std::string& value) {
-  if (value == "lockwatch") return RedisLayout::kLockwatch;
-  if (value == "redisson") return RedisLayout::kRedisson;
-  throw InvalidArgument(fmt::format("unknown layout '{}' in '{}': the layouts are 'lockwatch' (the default) and "
-                                    "'redisson' (Redisson's RLock, shared with Java services)",
-                                    value, url_for_messages(url)));
-}
-
 }  // namespace
 
 RedisUrl split_redis_url(const std::string& url) {
@@ -138,7 +124,11 @@ RedisUrl split_redis_url(const std::string& url) {
       throw InvalidArgument(fmt::format("'{}' gives {} twice", url_for_messages(url), name));
     seen.push_back(name);
     if (name == "layout") {
-      out.layout = url_layout(url, value);
+      if (value != "lockwatch" && value != "redisson")
+        throw InvalidArgument(fmt::format("unknown layout '{}' in '{}': the layouts are 'lockwatch' (the default) "
+                                          "and 'redisson' (Redisson's RLock, shared with Java services)",
+                                          value, url_for_messages(url)));
+      out.layout = value == "redisson" ? RedisLayout::kRedisson : RedisLayout::kLockwatch;
     } else if (name == "min_replicas") {
       out.replicas.min = url_int(url, name, value, 0, 16);
     } else if (name == "replica_ack_timeout") {
