@@ -2,29 +2,14 @@
 //
 // LockStore (lock_store.hpp) is what every lock needs. These are the parts
 // not every store can give: each is a small interface that a store class
-// also derives from when it can, and offers once in its constructor: a
-// Capabilities struct of pointers (lock_store.hpp), null where absent, that
-// LockStore::capabilities() returns. No cast finds them. The runtime asks
+// also derives from when it can, and offers once in its constructor (the
+// Capabilities of lock_store.hpp). No cast finds them. The runtime asks
 // for one with capability<T>(store), and a call that needs one the store
-// lacks fails with lockwatch::Unsupported naming it (require<T>).
-//
-//   FenceRaising   raise a lock's fencing counter (a quorum's members, so
-//                  that a majority agrees on the token it hands out)
-//   JobClaims      the store's clock and the scheduled jobs' period claims
-//   OperatorTools  what the store holds for a name, and removing it
-//   LockListing    the locks held under a prefix, bounded (`lockwatch ls`)
-//   FairQueue      fair locks (LockKind::fair()): the store keeps each
-//                  lock's waiters in arrival order; withdraw() takes a
-//                  waiter that gives up out of it. A store holds fair
-//                  locks iff it offers it (LockStore::check_kind); one
-//                  without it is never given a fair lock (Unsupported).
-//   TokenBlocks    fencing tokens reserved by a holder, for the next
-//                  holders in this process (Options::handoff.enabled): a
-//                  store without it gets no in-process hand-off
-//   DirectLane     an exclusive lock's acquisition or release written on
-//                  the store's connection by the calling thread itself,
-//                  so that the loop wakes only for its answer (a single
-//                  Redis node)
+// lacks fails with lockwatch::Unsupported naming it (require<T>). Each
+// class's kName says what it offers: a quorum's members raise fences
+// (FenceRaising) so that a majority agrees on the token it hands out; a
+// store without TokenBlocks gets no in-process hand-off
+// (Options::handoff.enabled); DirectLane is a single Redis node's.
 //
 // Threading and callbacks as in LockStore: loop thread only (but
 // DirectLane's calls); a callback runs exactly once and never
@@ -44,11 +29,10 @@
 
 namespace lockwatch::detail {
 
-// One holder of a lock as the store records it: its owner token, the
-// owner name its runtime gave (Options::runtime.owner_name; empty where the store
-// has none recorded) and its grant time on the store's clock, with how
-// long ago that was on the same clock (so that hosts with skewed clocks
-// agree on it).
+// One holder of a lock as the store records it: its owner token, the owner
+// name its runtime gave (Options::runtime.owner_name; empty where the store
+// has none recorded) and its grant time on the store's clock, with how long
+// ago that was on the same clock (so that hosts with skewed clocks agree).
 struct HolderInfo {
   std::string token;
   std::string owner_name;
@@ -243,9 +227,9 @@ class DirectLane {
   // requests are in flight on it: the loop, which wakes for their answers
   // anyway, sends it with others), and `done` is dropped unrun: the
   // caller goes through acquire() or release() on the loop.
-  // Any thread: false when a request written now would surely be
-  // refused (requests in flight), so that the caller builds none. A hint:
-  // true does not promise that the write is taken.
+  // lane_open(): false when a request written now would surely be refused
+  // (requests in flight), so that the caller builds none. A hint: true does
+  // not promise that the write is taken.
   virtual bool lane_open() const noexcept = 0;
   virtual bool acquire_direct(const LockRef& lock, AcquiredDirect done) = 0;
   virtual bool release_direct(const LockRef& lock, ReleasedDirect done) = 0;

@@ -1,15 +1,6 @@
 // lib/store/kind_rules.hpp: the rules every store and the wait queue apply
-// to the kinds of lock (LockKind), written once.
-//
-//   markers    what a SQL lock row's owner holds while shared, permit or
-//              fair holders (or fair waiters) hold the key: owner tokens
-//              are hex, so none of them starts with "lockwatch:"; stored
-//              as they are, so existing tables keep their meaning
-//   family     one family per key at a time: exclusive and shared (a
-//              read-write lock), permits of one n, or fair
-//   held_as    how a refusal names the kind a key is held as
-//   admission  whether a process's own holders of a key let one more of
-//              its calls ask the store
+// to the kinds of lock (LockKind), written once: the markers, the family
+// rule, how a refusal names a kind, and admission.
 //
 // Pure functions over values: no state, any thread, no allocation but the
 // strings they return.
@@ -24,6 +15,9 @@
 
 namespace lockwatch::detail::kinds {
 
+// What a SQL lock row's owner holds while shared, permit or fair holders (or
+// fair waiters) hold the key: owner tokens are hex, so none of them starts
+// with "lockwatch:"; stored as they are, so existing tables keep their meaning.
 inline constexpr std::string_view kSharedMarker = "lockwatch:shared";
 inline constexpr std::string_view kPermitsMarker = "lockwatch:permits:";  // + n
 inline constexpr std::string_view kFairMarker = "lockwatch:fair";

@@ -8,19 +8,11 @@
 // formats stay behind this interface.
 //
 // The seam is narrow, in three parts:
-// - Data read once: what is constant per store is a StoreTraits the store
-//   gives LockStore at construction (its key rules, whether it reports
-//   releases, how long the server may keep a lock past its ttl, which kinds
-//   it refuses and why). encode(), check_key(), release_events(),
-//   expiry_bound(), expiry_bounded() and check_kind() read it: none is
-//   virtual.
-// - Capabilities: what not every store can do (capabilities.hpp) is a
-//   struct of pointers, Capabilities, that a store offers once in its
-//   constructor (offer()) and capabilities() returns; null where absent.
-//   Fair locks are one of them: a store holds them iff it offers FairQueue.
-// - Operations: 8 virtual functions, the lock operations below (start,
-//   acquire, renew, release, subscribe, unsubscribe, poll_replies, close).
-//   Each store's header writes out its overrides.
+// - Data read once: a StoreTraits the store gives LockStore at
+//   construction, read by non-virtual members.
+// - Capabilities: what not every store can do (capabilities.hpp), offered
+//   once in its constructor (offer()); null where absent.
+// - Operations: the 8 virtual lock operations below.
 //
 // Batch-first. acquire, renew and release take a batch of locks and answer
 // through one callback that runs exactly once per lock, with the lock's
@@ -35,17 +27,11 @@
 // once defers through Loop::post), so callers may hold state across a call.
 //
 // Errors are values here: a store never throws through the loop. A failure
-// is a status with a StoreError (store_error.hpp): a kind, the server's code
-// and message (where a redirect points is the Redis stores' to read).
-// Callbacks that answer with or without one take it by pointer, null on
-// success. The runtime decides by kind and alone turns it into the public
-// exception (store_errors.hpp).
+// is a status with a StoreError (store_error.hpp); callbacks that answer
+// with or without one take it by pointer, null on success.
 //
 // Costs: one virtual call per batch; a store must not copy the names and
 // tokens of a renewal batch (they stay valid while its keepalive lives).
-//
-// StoreBase (store_base.hpp) holds what most stores share: the events and
-// no-op subscriptions.
 #pragma once
 
 #include <algorithm>
@@ -152,8 +138,7 @@ class TokenBlocks;
 class DirectLane;
 
 // What a store offers beyond locking (capabilities.hpp), each null when
-// it does not. A store offers them once, in its constructor
-// (LockStore::offer); capability<T>() and require<T>() read them.
+// it does not.
 struct Capabilities {
   FenceRaising* fence_raising = nullptr;
   JobClaims* job_claims = nullptr;
@@ -263,9 +248,8 @@ class LockStore {
     }
     return traits_.no_permits;
   }
-  // How long after the last request that could have set or extended it
-  // the server may still keep a lock of `ttl` (StoreTraits::Expiry). The
-  // runtime waits this long before it counts an unconfirmed release as done.
+  // StoreTraits::Expiry for a lock of `ttl`: the runtime waits this long
+  // before it counts an unconfirmed release as done.
   std::chrono::milliseconds expiry_bound(std::chrono::milliseconds ttl) const noexcept {
     const auto& e = traits_.expiry;
     if (e.unit.count() > 0) ttl = std::max(e.unit, (ttl + e.unit - std::chrono::milliseconds(1)) / e.unit * e.unit);

@@ -21,12 +21,9 @@ constexpr const StoreKind* kKinds[] = {
 };
 
 bool serves(const StoreKind& kind, std::string_view scheme) {
-  std::string_view rest = kind.schemes;
-  while (!rest.empty()) {
-    auto space = rest.find(' ');
-    if (rest.substr(0, space) == scheme) return true;
-    if (space == std::string_view::npos) break;
-    rest.remove_prefix(space + 1);
+  for (std::size_t start = 0, space = 0; space != std::string_view::npos; start = space + 1) {
+    space = kind.schemes.find(' ', start);
+    if (kind.schemes.substr(start, space - start) == scheme) return true;  // the last to the end
   }
   return false;
 }

@@ -3,25 +3,10 @@
 // Each store's folder describes itself in a StoreKind: the schemes it
 // serves, a line for the message that lists what is supported, how it
 // checks its URL and its own settings, and how it is made. registry.cpp
-// holds the table, one line per kind; a store the build left out (its
-// Meson feature off) still has its line, which fails with Unsupported
-// naming the feature:
-//
-//   redis://, rediss://, redis-sentinel://,   store/redis/  (one master, Redlock,
-//   rediss-sentinel://                                       Sentinel)
-//   redis-cluster://, rediss-cluster://       store/redis/  (Redis Cluster)
-//   mysql://                                  store/sql/    (feature `sql`)
-//   postgresql://, postgres://                store/postgresql/  (feature `postgresql`)
-//   zookeeper://                              store/zookeeper/  (feature `zookeeper`)
-//   etcd://, etcds://                         store/etcd/   (feature `etcd`)
-//   memory://                                 store/memory/
-//
-// The rediss schemes need the `tls` feature; their kinds say so.
+// holds the table, one line per kind (each store's `*_kind.hpp`); a store
+// the build left out (its Meson feature off) still has its line, which
+// fails with Unsupported naming the feature.
 #pragma once
-
-#include <memory>
-#include <string>
-#include <string_view>
 
 #include "lockwatch/options.hpp"
 #include "store/lock_store.hpp"

@@ -5,15 +5,7 @@
 //   work goes in started().
 // - No-op subscriptions, for a store without release notices (one with
 //   them overrides subscribe() and unsubscribe()).
-//
-// What is constant per store (key rules, release events, the expiry rule,
-// the kinds it refuses) is its StoreTraits, given to LockStore through
-// StoreBase's constructor; its capabilities it offers in its own
-// constructor (LockStore::offer). See lock_store.hpp.
 #pragma once
-
-#include <string_view>
-#include <utility>
 
 #include "store/lock_store.hpp"
 

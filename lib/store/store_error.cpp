@@ -6,20 +6,10 @@
 #include <fmt/format.h>
 
 #include <charconv>
-#include <string_view>
 
 namespace lockwatch::detail {
 
 namespace {
-
-StoreError make(StoreError::Kind kind, std::error_code code, std::string endpoint, std::string message) {
-  StoreError e;
-  e.kind = kind;
-  e.endpoint = std::move(endpoint);
-  e.code = code;
-  e.message = std::move(message);
-  return e;
-}
 
 // A Redis node is named "host:port"; other stores name themselves with
 // their scheme ("mysql://host:port/db").
@@ -51,19 +41,19 @@ std::string StoreError::describe() const {
 }
 
 StoreError StoreError::unavailable(std::string endpoint, std::string why, std::error_code code) {
-  return make(Kind::kUnavailable, code, std::move(endpoint), std::move(why));
+  return {Kind::kUnavailable, std::move(endpoint), code, std::move(why)};
 }
 
 StoreError StoreError::auth(std::string endpoint, std::string why, std::error_code code) {
-  return make(Kind::kAuth, code, std::move(endpoint), std::move(why));
+  return {Kind::kAuth, std::move(endpoint), code, std::move(why)};
 }
 
 StoreError StoreError::refused(std::string endpoint, std::string message, std::error_code code) {
-  return make(Kind::kRefused, code, std::move(endpoint), std::move(message));
+  return {Kind::kRefused, std::move(endpoint), code, std::move(message)};
 }
 
 StoreError StoreError::invalid(std::string endpoint, std::string why, std::error_code code) {
-  return make(Kind::kInvalid, code, std::move(endpoint), std::move(why));
+  return {Kind::kInvalid, std::move(endpoint), code, std::move(why)};
 }
 
 bool parse_owner_record(std::string_view text, HolderInfo& out) {

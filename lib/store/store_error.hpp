@@ -24,11 +24,10 @@
 
 namespace lockwatch::detail {
 
-// A backend's error category ("lockwatch.redis", "lockwatch.mariadb", ...):
-// message() says what a code means; refusal() words a refused request the
-// way that backend's errors read ("<endpoint> answered error 1406: ...").
-// A backend's category: name() is "lockwatch.<backend>" (describe() finds
-// it by that name), and it words the refusals of its codes.
+// A backend's error category: name() is "lockwatch.<backend>" (describe()
+// finds it by that name); message() says what a code means; refusal() words
+// a refused request the way that backend's errors read ("<endpoint>
+// answered error 1406: ...").
 class StoreCategory : public std::error_category {
  public:
   virtual std::string refusal(std::string_view endpoint, int code, std::string_view message) const = 0;
