@@ -1,20 +1,13 @@
 #include "store/postgresql/pg_connection.hpp"
 
-#include <arpa/inet.h>
-#include <fmt/format.h>
 #include <libpq-fe.h>
-#include <netdb.h>
-#include <netinet/in.h>
 #include <fcntl.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
-#include <algorithm>
 #include <memory>
 
 #include "core/option_checks.hpp"
-#include "core/loop.hpp"
-#include "core/net.hpp"
 #include "store/postgresql/pg_error.hpp"
 
 namespace lockwatch::detail {
@@ -88,13 +81,7 @@ PgConnection::~PgConnection() {
 }
 
 void PgConnection::execute(const std::string& statement, std::vector<std::string> params, PgDone done) {
-  if (refused_closed(done)) return;
-  Request r;
-  r.statement = statement;
-  r.params = std::move(params);
-  r.done = std::move(done);
-  queue_.push_back(std::move(r));
-  if (state_ == State::kReady) kick();
+  execute_all({PgCall{statement, std::move(params)}}, {}, std::move(done));
 }
 
 void PgConnection::execute_all(std::vector<PgCall> calls, PgDone done) { execute_all(std::move(calls), {}, std::move(done)); }
@@ -105,12 +92,11 @@ void PgConnection::execute_all(std::vector<PgCall> calls, std::function<void(std
     loop_.post([done = std::move(done)] { done(PgRows(nullptr), nullptr); });
     return;
   }
-  PgCall first = std::move(calls.front());
-  calls.erase(calls.begin());
   if (refused_closed(done)) return;
   Request r;
-  r.statement = std::move(first.statement);
-  r.params = std::move(first.params);
+  r.statement = std::move(calls.front().statement);
+  r.params = std::move(calls.front().params);
+  calls.erase(calls.begin());
   r.then = std::move(calls);
   r.each = std::move(each);
   r.done = std::move(done);
@@ -127,10 +113,8 @@ void PgConnection::connect() {
   if (state_ == State::kClosed) return;
   state_ = State::kConnecting;
   ++attempt_;
-  if (!target_.socket_dir.empty() || numeric_host(target_.host)) {
-    connect_to(target_.socket_dir.empty() ? target_.host : std::string());
-    return;
-  }
+  if (!target_.socket_dir.empty() || numeric_host(target_.host))
+    return connect_to(target_.socket_dir.empty() ? target_.host : std::string());
   // Not when cancelled (the loop is closing), for a closed connection, or
   // an attempt that timed out meanwhile.
   resolve(
@@ -168,39 +152,29 @@ void PgConnection::connect_to(const std::string& hostaddr) {
   keys.push_back(nullptr);
   values.push_back(nullptr);
   conn_ = PQconnectStartParams(keys.data(), values.data(), 0);
-  if (conn_ == nullptr) {
-    went_down(unavailable("out of memory for a connection"), true);
-    return;
-  }
+  if (conn_ == nullptr) return went_down(unavailable("out of memory for a connection"), true);
   // Non-blocking from the start: nothing libpq does later (a flush, its
   // goodbye in PQfinish) may wait on the socket.
   PQsetnonblocking(conn_, 1);
   PQsetNoticeReceiver(conn_, ignore_notice, nullptr);
   // A failed login's SQLSTATE is only in the message, in this form.
   PQsetErrorVerbosity(conn_, PQERRORS_VERBOSE);
-  if (PQstatus(conn_) == CONNECTION_BAD) {
-    connect_step(PGRES_POLLING_FAILED);
-    return;
-  }
+  if (PQstatus(conn_) == CONNECTION_BAD) return connect_step(PGRES_POLLING_FAILED);
   connect_step(PGRES_POLLING_WRITING);
 }
 
 void PgConnection::connect_step(int polling_status) {
   switch (polling_status) {
     case PGRES_POLLING_OK:
-      connected();
-      return;
+      return connected();
     case PGRES_POLLING_READING:
-      watch_socket(UV_READABLE, true);
-      return;
+      return watch_socket(UV_READABLE, true);
     case PGRES_POLLING_WRITING:
-      watch_socket(UV_WRITABLE, true);
-      return;
+      return watch_socket(UV_WRITABLE, true);
     default: {
       const char* raw = PQerrorMessage(conn_);
       std::string code(sqlstate_in_verbose_message(raw != nullptr ? raw : ""));  // in libpq's own layout
-      went_down(pg_connect_error(name_, code, one_line(raw)), true);
-      return;
+      return went_down(pg_connect_error(name_, code, one_line(raw)), true);
     }
   }
 }
@@ -215,23 +189,16 @@ void PgConnection::connect_step(int polling_status) {
 // watching it.
 void PgConnection::watch_socket(int events, bool renew_handle) {
   int fd = PQsocket(conn_);
-  if (fd < 0) {
-    went_down_unavailable("libpq has no socket");
-    return;
-  }
+  if (fd < 0) return went_down_unavailable("libpq has no socket");
   if (poll_ != nullptr && (renew_handle || poll_sock_ != fd)) close_poll();
   if (poll_ == nullptr) {
     int dup = ::fcntl(fd, F_DUPFD_CLOEXEC, 0);
-    if (dup < 0) {
-      went_down_unavailable("cannot watch the connection's socket (dup)");
-      return;
-    }
+    if (dup < 0) return went_down_unavailable("cannot watch the connection's socket (dup)");
     auto* p = new PollHandle{};
     if (uv_poll_init_socket(loop_.uv(), &p->handle, dup) != 0) {
       ::close(dup);
       delete p;
-      went_down_unavailable("cannot watch the connection's socket");
-      return;
+      return went_down_unavailable("cannot watch the connection's socket");
     }
     p->fd = dup;
     p->handle.data = this;
@@ -264,8 +231,7 @@ void PgConnection::on_poll(uv_poll_t* handle, int status, int events) {
   auto* self = static_cast<PgConnection*>(handle->data);
   switch (self->state_) {
     case State::kConnecting:
-      self->connect_step(PQconnectPoll(self->conn_));
-      return;
+      return self->connect_step(PQconnectPoll(self->conn_));
     case State::kHandshake:
     case State::kReady:
       if (status == 0 && (events & UV_WRITABLE)) {
@@ -285,20 +251,15 @@ void PgConnection::connected() {
   // connect deadline keeps running until it is over.
   state_ = State::kHandshake;
   PQsetErrorVerbosity(conn_, PQERRORS_DEFAULT);
-  if (PQenterPipelineMode(conn_) != 1) {
-    went_down_unavailable(fmt::format("cannot enter pipeline mode: {}", one_line(PQerrorMessage(conn_))));
-    return;
-  }
+  if (PQenterPipelineMode(conn_) != 1)
+    return went_down_unavailable(fmt::format("cannot enter pipeline mode: {}", one_line(PQerrorMessage(conn_))));
   watch_socket(UV_READABLE, true);
   if (state_ != State::kHandshake) return;
   end_stale_backends();
 }
 
 void PgConnection::end_stale_backends() {
-  if (!session_.stale || session_.stale->ids.empty()) {
-    handshake(false);
-    return;
-  }
+  if (!session_.stale || session_.stale->ids.empty()) return handshake(false);
   std::vector<int> pids = session_.stale->ids;
   // Only lockwatch's own sessions of this role, never this one (a pid can
   // have been reused meanwhile). PostgreSQL 14 and later wait for the
@@ -318,44 +279,34 @@ void PgConnection::end_stale_backends() {
 }
 
 void PgConnection::send_sql(std::string sql, PgDone done) {
-  Request r;
-  r.kind = Kind::kSql;
-  r.sql = std::move(sql);
-  r.done = std::move(done);
-  send_handshake(std::move(r));
+  send_handshake(Kind::kSql, {}, std::move(sql), nullptr, std::move(done));
 }
 
 void PgConnection::send_prepare(const PgStatement& s, PgDone done) {
-  Request r;
-  r.kind = Kind::kPrepare;
-  r.statement = s.name;
-  r.sql = s.sql;
-  r.param_types = &s.param_types;
-  r.done = std::move(done);
-  send_handshake(std::move(r));
+  send_handshake(Kind::kPrepare, s.name, s.sql, &s.param_types, std::move(done));
 }
 
-void PgConnection::send_handshake(Request r) {
+void PgConnection::send_handshake(Kind kind, std::string statement, std::string sql,
+                                  const std::vector<unsigned>* param_types, PgDone done) {
+  Request r;
+  r.kind = kind;
+  r.statement = std::move(statement);
+  r.sql = std::move(sql);
+  r.param_types = param_types;
   // An answer that comes after the handshake ended (the connection went
   // down meanwhile) is not heard.
-  r.done = [this, done = std::move(r.done)](const PgRows& rows, const StoreError* err) {
+  r.done = [this, done = std::move(done)](const PgRows& rows, const StoreError* err) {
     if (state_ == State::kHandshake) done(rows, err);
   };
   inflight_.push_back(std::move(r));
-  if (!send(inflight_.back())) {
-    went_down_unavailable(one_line(PQerrorMessage(conn_)));
-    return;
-  }
+  if (!send(inflight_.back())) return went_down_unavailable(one_line(PQerrorMessage(conn_)));
   flush();
 }
 
 void PgConnection::handshake(bool created) {
   if (!session_.listen.empty()) {
     send_sql(fmt::format("LISTEN \"{}\"", session_.listen), [this](const PgRows&, const StoreError* err) {
-      if (err) {
-        went_down(*err, true);
-        return;
-      }
+      if (err) return went_down(*err, true);
       became_usable();
     });
     return;
@@ -364,16 +315,10 @@ void PgConnection::handshake(bool created) {
   // created once, then prepared again; any other refusal says what the
   // table lacks.
   send_prepare(session_.statements.front(), [this, created](const PgRows&, const StoreError* err) {
-    if (!err) {
-      prepare_rest();
-      return;
-    }
+    if (!err) return prepare_rest();
     // undefined_table, or undefined_column: a table of a version before
     // (create adds the columns since).
-    if ((err->code == pg_code("42P01") || err->code == pg_code("42703")) && !created) {
-      create_tables(0);
-      return;
-    }
+    if ((err->code == pg_code("42P01") || err->code == pg_code("42703")) && !created) return create_tables(0);
     table_error(*err);
   });
 }
@@ -381,10 +326,7 @@ void PgConnection::handshake(bool created) {
 // The lock table and its companion (CREATE TABLE IF NOT EXISTS each),
 // one after the other, then the prepares again.
 void PgConnection::create_tables(std::size_t next) {
-  if (next == session_.create.size()) {
-    handshake(true);
-    return;
-  }
+  if (next == session_.create.size()) return handshake(true);
   send_sql(session_.create[next], [this, next](const PgRows&, const StoreError* e) {
     // Another connection may have created it meanwhile (42P07; 42710
     // or 23505 when both got as far as the catalog): the next prepare
@@ -393,8 +335,7 @@ void PgConnection::create_tables(std::size_t next) {
       StoreError why = *e;
       why.message =
           fmt::format("cannot create the lock table {} or its holders' table: {}", session_.table, e->message);
-      went_down(why, true);
-      return;
+      return went_down(why, true);
     }
     create_tables(next + 1);
   });
@@ -402,16 +343,10 @@ void PgConnection::create_tables(std::size_t next) {
 
 void PgConnection::prepare_rest() {
   auto left = std::make_shared<std::size_t>(session_.statements.size() - 1);
-  if (*left == 0) {
-    check_plan();
-    return;
-  }
+  if (*left == 0) return check_plan();
   for (std::size_t i = 1; i < session_.statements.size(); ++i) {
     send_prepare(session_.statements[i], [this, left](const PgRows&, const StoreError* err) {
-      if (err) {
-        table_error(*err);
-        return;
-      }
+      if (err) return table_error(*err);
       if (--*left == 0) check_plan();
     });
     if (state_ != State::kHandshake) return;
@@ -419,24 +354,16 @@ void PgConnection::prepare_rest() {
 }
 
 void PgConnection::check_plan() {
-  if (session_.plan_check.empty()) {
-    became_usable();
-    return;
-  }
+  if (session_.plan_check.empty()) return became_usable();
   send_sql(session_.plan_check, [this](const PgRows&, const StoreError* err) {
-    if (err) {
-      table_error(*err);
-      return;
-    }
+    if (err) return table_error(*err);
     became_usable();
   });
 }
 
 void PgConnection::table_error(const StoreError& error) {
-  if (error.kind == StoreError::Kind::kUnavailable || error.kind == StoreError::Kind::kRetryLater) {
-    went_down(error, true);
-    return;
-  }
+  if (error.kind == StoreError::Kind::kUnavailable || error.kind == StoreError::Kind::kRetryLater)
+    return went_down(error, true);
   StoreError why = error;
   if (error.code == pg_code("42501"))  // insufficient_privilege
     why.message = fmt::format("the lock table {} cannot be used by this user (it needs SELECT, INSERT and UPDATE "
@@ -463,20 +390,17 @@ void PgConnection::became_usable() {
 
 bool PgConnection::send(Request& r) {
   int ok = 0;
-  std::vector<const char*> values;
-  values.reserve(r.params.size());
-  for (const auto& p : r.params) values.push_back(p.c_str());
-  const int n = static_cast<int>(values.size());
+  const auto prepared = [this](const std::string& statement, const std::vector<std::string>& params) {
+    std::vector<const char*> values;
+    values.reserve(params.size());
+    for (const auto& p : params) values.push_back(p.c_str());
+    return PQsendQueryPrepared(conn_, statement.c_str(), static_cast<int>(values.size()), values.data(), nullptr,
+                               nullptr, 0);
+  };
   switch (r.kind) {
     case Kind::kExecute:
-      ok = PQsendQueryPrepared(conn_, r.statement.c_str(), n, values.data(), nullptr, nullptr, 0);
-      for (std::size_t i = 0; ok == 1 && i < r.then.size(); ++i) {
-        std::vector<const char*> more;
-        more.reserve(r.then[i].params.size());
-        for (const auto& p : r.then[i].params) more.push_back(p.c_str());
-        ok = PQsendQueryPrepared(conn_, r.then[i].statement.c_str(), static_cast<int>(more.size()), more.data(),
-                                 nullptr, nullptr, 0);
-      }
+      ok = prepared(r.statement, r.params);
+      for (std::size_t i = 0; ok == 1 && i < r.then.size(); ++i) ok = prepared(r.then[i].statement, r.then[i].params);
       break;
     case Kind::kPrepare: {
       std::vector<Oid> types(r.param_types->begin(), r.param_types->end());
@@ -500,10 +424,7 @@ void PgConnection::send_queued() {
   while (!queue_.empty()) {
     inflight_.push_back(std::move(queue_.front()));
     queue_.pop_front();
-    if (!send(inflight_.back())) {
-      went_down_unavailable(one_line(PQerrorMessage(conn_)));
-      return;
-    }
+    if (!send(inflight_.back())) return went_down_unavailable(one_line(PQerrorMessage(conn_)));
   }
   if (was_idle) arm_deadline();
   flush();
@@ -511,10 +432,7 @@ void PgConnection::send_queued() {
 
 void PgConnection::flush() {
   int rc = PQflush(conn_);
-  if (rc < 0) {
-    went_down_unavailable(one_line(PQerrorMessage(conn_)));
-    return;
-  }
+  if (rc < 0) return went_down_unavailable(one_line(PQerrorMessage(conn_)));
   want_write_ = rc == 1;
   watch_socket(UV_READABLE | (want_write_ ? UV_WRITABLE : 0), false);
 }
@@ -522,8 +440,7 @@ void PgConnection::flush() {
 void PgConnection::on_readable() {
   if (PQconsumeInput(conn_) == 0) {
     std::string why = one_line(PQerrorMessage(conn_));
-    went_down_unavailable(why.empty() ? "the server closed the connection" : why);
-    return;
+    return went_down_unavailable(why.empty() ? "the server closed the connection" : why);
   }
   drain();
   if (state_ != State::kReady && state_ != State::kHandshake) return;

@@ -21,41 +21,29 @@
 // an EXPLAIN, and the connection reports it);
 // a notices connection runs LISTEN. Requests wait for that.
 //
-// A connection given up on with statements in flight (a command timeout,
-// a reset) leaves its server process behind (sqlcommon::StaleSessions,
-// shared by the store's statement connections): each connection, before
-// its set-up, ends the processes on the list (pg_terminate_backend,
-// waiting for them to exit).
-//
 // Failures are StoreErrors naming the server: a refused login is kAuth,
 // anything else that stops the connection kUnavailable; a statement the
 // server refuses carries its SQLSTATE (pg_error.hpp). Timeouts,
-// reconnection and the callbacks' contract are sqlcommon::ConnectionCore's;
-// an idle connection the server closed is noticed at once (the socket is
-// always watched). Not thread-safe: the loop thread only, but construction.
+// reconnection, the server processes left behind (ended here with
+// pg_terminate_backend, waiting for them to exit), threading and the
+// callbacks' contract are sqlcommon::ConnectionCore's; an idle connection
+// the server closed is noticed at once (the socket is always watched).
 #pragma once
 
 #include <uv.h>
 
 #include <chrono>
 #include <cstdint>
-#include <deque>
-#include <functional>
 #include <memory>
-#include <string>
 #include <string_view>
-#include <vector>
 
 #include "store/sqlcommon/connection_core.hpp"
 #include "store/postgresql/pg_target.hpp"
-#include "store/store_error.hpp"
 
 struct pg_conn;
 struct pg_result;
 
 namespace lockwatch::detail {
-
-class Loop;
 
 // A statement's rows as text (libpq's text format), valid during the
 // callback it is passed to only.
@@ -89,14 +77,10 @@ struct PgCall {
   std::vector<std::string> params;
 };
 
-// What a connection runs before it takes requests.
 class PgConnection;
-
-// The server processes of connections given up on with statements in
-// flight, and the connections that share the list (a store's statement
-// connections).
 using PgStaleBackends = sqlcommon::StaleSessions<PgConnection, int>;
 
+// What a connection runs before it takes requests.
 struct PgSession {
   std::vector<PgStatement> statements;  // prepared, the first doubling as the table check
   std::shared_ptr<PgStaleBackends> stale;  // null: not tracked (a notices connection)
@@ -189,7 +173,8 @@ class PgConnection final : public sqlcommon::ConnectionCore<PgRequest, PgRows> {
   // A statement of the handshake: plain SQL, or a prepare of `s`.
   void send_sql(std::string sql, PgDone done);
   void send_prepare(const PgStatement& s, PgDone done);
-  void send_handshake(Request r);
+  void send_handshake(Kind kind, std::string statement, std::string sql, const std::vector<unsigned>* param_types,
+                      PgDone done);
   void table_error(const StoreError& error);
   void send_queued() override;
   bool send(Request& r);

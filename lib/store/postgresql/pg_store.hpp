@@ -120,16 +120,13 @@ class PgStore final : public sqlcommon::RecipeStore<PgConnection>, public FenceR
   // The turn's end: its acquisitions, then its releases.
   void turn_ended() override;
   void send_releases();
-  // The exclusive acquisitions of one turn (sqlcommon::AcquireQueue): one
-  // statement per chunk; the other kinds': one transaction per group.
+  // RecipeStore's steps (sql_recipe.hpp), each one statement, or for the
+  // other kinds one transaction, its lock rows locked first.
   void acquire_batch(AcquireBatchPtr batch) override;
   void send_kind_group(AcquireBatchPtr group) override;
   Acquired kind_outcome(const sqlcommon::PendingAcquire& a, const PgRows& rows) const;
-  // One statement per chunk whatever the ttls; shares, permits and fair
-  // holders apart: a transaction per chunk, its lock rows locked first.
   void renew_group(sqlcommon::RenewBatchPtr batch, std::vector<std::size_t> members, std::chrono::milliseconds ttl,
                    bool kinds) override;
-  // The held rows under the prefix (LIKE, in order, LIMIT).
   void list_names(std::string pattern, std::size_t limit, NamesDone done) override;
   void release_batch(std::shared_ptr<ReleaseBatch> batch);
   void start_notices();

@@ -36,6 +36,19 @@ bool known_sslmode(std::string_view m) {
   return false;
 }
 
+// `table` + `suffix` as an identifier of at most 63 bytes: a long name
+// keeps its start and gains a hash of the whole instead.
+std::string derived_name(const std::string& table, std::string_view suffix) {
+  std::string name = table + std::string(suffix);
+  if (name.size() <= kMaxPgName) return name;
+  std::uint64_t h = 1469598103934665603ull;  // FNV-1a
+  for (unsigned char c : table) {
+    h ^= c;
+    h *= 1099511628211ull;
+  }
+  return fmt::format("{}_{:016x}", table.substr(0, kMaxPgName - 17), h);
+}
+
 }  // namespace
 
 bool PgTarget::takes(const std::string& url) {
@@ -45,16 +58,9 @@ bool PgTarget::takes(const std::string& url) {
 }
 
 PgTarget PgTarget::parse(const std::string& url) {
+  if (!takes(url)) throw_bad_url(url, kShape.data());
   std::string_view rest(url);
-  bool schemed = false;
-  for (std::string_view s : kSchemes) {
-    if (rest.substr(0, s.size()) == s) {
-      rest.remove_prefix(s.size());
-      schemed = true;
-      break;
-    }
-  }
-  if (!schemed) throw_bad_url(url, kShape.data());
+  rest.remove_prefix(rest.find("://") + 3);
 
   DatabaseUrl d = split_database_url(url, rest, kShape);
   PgTarget t;
@@ -110,23 +116,6 @@ std::string PgTarget::name() const {
   if (host.find(':') != std::string::npos) return fmt::format("postgresql://[{}]:{}/{}", host, port, database);
   return fmt::format("postgresql://{}:{}/{}", host, port, database);
 }
-
-namespace {
-
-// `table` + `suffix` as an identifier of at most 63 bytes: a long name
-// keeps its start and gains a hash of the whole instead.
-std::string derived_name(const std::string& table, std::string_view suffix) {
-  std::string name = table + std::string(suffix);
-  if (name.size() <= kMaxPgName) return name;
-  std::uint64_t h = 1469598103934665603ull;  // FNV-1a
-  for (unsigned char c : table) {
-    h ^= c;
-    h *= 1099511628211ull;
-  }
-  return fmt::format("{}_{:016x}", table.substr(0, kMaxPgName - 17), h);
-}
-
-}  // namespace
 
 std::string PgTarget::channel() const {
   // Notices are per database: the table's name tells the stores of one

@@ -2,21 +2,12 @@
 #include "store/sql/sql_error.hpp"
 
 #include <errmsg.h>
-#include <utility>
-#include <fmt/format.h>
 #include <mysql.h>
 #include <mysqld_error.h>
-#include <arpa/inet.h>
-#include <netdb.h>
-#include <netinet/in.h>
 #include <sys/socket.h>
 
-#include <algorithm>
 #include <memory>
 #include <mutex>
-
-#include "core/loop.hpp"
-#include "core/net.hpp"
 
 namespace lockwatch::detail {
 
@@ -86,10 +77,8 @@ void SqlConnection::connect() {
   state_ = State::kConnecting;
   phase_ = Phase::kConnect;
   ++attempt_;
-  if (!target_.socket.empty() || numeric_host(target_.host)) {
-    connect_to(target_.socket.empty() ? target_.host : std::string("localhost"));
-    return;
-  }
+  if (!target_.socket.empty() || numeric_host(target_.host))
+    return connect_to(target_.socket.empty() ? target_.host : std::string("localhost"));
   // Not for a closed connection, or an attempt that timed out meanwhile
   // (the loop runs a lookup's callback before it stops).
   resolve(
@@ -124,34 +113,19 @@ void SqlConnection::connect_to(const std::string& host) {
 // Where each non-blocking call goes once it returned (from `_start` or
 // `_cont`): on waiting for the socket, or on with its answer.
 void SqlConnection::connect_step(int status, MYSQL* ret) {
-  if (status != 0) {
-    wait_for(status);
-    return;
-  }
-  if (ret == nullptr) {
-    connection_failed(mysql_errno(mysql_), mysql_error(mysql_));
-    return;
-  }
+  if (status != 0) return wait_for(status);
+  if (ret == nullptr) return connection_failed(mysql_errno(mysql_), mysql_error(mysql_));
   connected();
 }
 
 void SqlConnection::result_step(int status, bool failed) {
-  if (status != 0) {
-    wait_for(status);
-    return;
-  }
-  if (failed) {
-    statement_failed();
-    return;
-  }
+  if (status != 0) return wait_for(status);
+  if (failed) return statement_failed();
   statement_answered();
 }
 
 void SqlConnection::store_step(int status, MYSQL_RES* res) {
-  if (status != 0) {
-    wait_for(status);
-    return;
-  }
+  if (status != 0) return wait_for(status);
   finish_store(res);
 }
 
@@ -166,10 +140,7 @@ void SqlConnection::connected() {
 }
 
 void SqlConnection::end_stale_threads(int round) {
-  if (!session_.stale || session_.stale->ids.empty()) {
-    run_setup();
-    return;
-  }
+  if (!session_.stale || session_.stale->ids.empty()) return run_setup();
   std::vector<unsigned long> ids = session_.stale->ids;
   auto ignore = [](const SqlResult&, const StoreError*) {};
   if (round == 0) {
@@ -188,10 +159,7 @@ void SqlConnection::end_stale_threads(int round) {
       [this, ids, round, rounds](const SqlResult& result, const StoreError* err) {
         if (state_ != State::kIdle && state_ != State::kBusy) return;  // dropped meanwhile
         bool left = !err && !result.rows.empty() && !result.rows[0].empty() && result.rows[0][0] != "0";
-        if (left && round + 1 < rounds) {
-          end_stale_threads(round + 1);
-          return;
-        }
+        if (left && round + 1 < rounds) return end_stale_threads(round + 1);
         // Ended, or beyond waiting for: not tried again.
         session_.stale->forget(ids);
         run_setup();
@@ -211,7 +179,8 @@ void SqlConnection::run_handshake(std::size_t attempt) {
   handshake_.push_back(Request{session_.check, [this, attempt](const SqlResult&, const StoreError* err) {
                                  if (!err) {
                                    handshaking_ = false;
-                                   became_usable();
+                                   reconnector_.connected();
+                                   reconnector_.usable();
                                    kick();
                                    return;
                                  }
@@ -268,10 +237,7 @@ void SqlConnection::send_queued() {
 
 void SqlConnection::wait_for(int status) {
   int fd = static_cast<int>(mysql_get_socket(mysql_));
-  if (fd < 0) {
-    went_down("the client library has no socket", true);
-    return;
-  }
+  if (fd < 0) return went_down("the client library has no socket", true);
   if (poll_ != nullptr && poll_fd_ != fd) {
     uv_poll_stop(poll_);
     uv_close(reinterpret_cast<uv_handle_t*>(poll_), [](uv_handle_t* h) { delete reinterpret_cast<uv_poll_t*>(h); });
@@ -372,10 +338,7 @@ void SqlConnection::statement_answered() {
 }
 
 void SqlConnection::finish_store(MYSQL_RES* res) {
-  if (res == nullptr) {
-    statement_failed();
-    return;
-  }
+  if (res == nullptr) return statement_failed();
   SqlResult out;
   unsigned fields = mysql_num_fields(res);
   while (MYSQL_ROW row = mysql_fetch_row(res)) {
@@ -415,10 +378,7 @@ void SqlConnection::statement_failed() {
   unsigned code = mysql_errno(mysql_);
   last_errno_ = code;
   last_error_ = mysql_error(mysql_);
-  if (client_error(code) || inflight_.empty()) {
-    went_down(last_error_, true);
-    return;
-  }
+  if (client_error(code) || inflight_.empty()) return went_down(last_error_, true);
   // The server refused this statement; the connection is fine and the
   // statements after it in the round trip were not run.
   phase_ = Phase::kNone;
@@ -515,11 +475,6 @@ void SqlConnection::teardown() {
   if (state_ != State::kClosed) state_ = State::kDown;
 }
 
-void SqlConnection::became_usable() {
-  reconnector_.connected();
-  reconnector_.usable();
-}
-
 void SqlConnection::close() {
   if (state_ == State::kClosed) return;
   teardown();
@@ -530,6 +485,5 @@ void SqlConnection::close() {
   close_requests();
   if (std::exchange(timer_open_, false)) uv_close(reinterpret_cast<uv_handle_t*>(&io_timer_), nullptr);
 }
-
 
 }  // namespace lockwatch::detail

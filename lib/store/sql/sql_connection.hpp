@@ -12,8 +12,7 @@
 // the server together, as one multi-statement round trip, and each is
 // answered on its own (affected rows, insert id, rows). A statement the
 // server refuses fails alone: the ones after it in the same round trip were
-// not run and go out again. Every callback runs exactly once, on the loop
-// thread and never inside query().
+// not run and go out again. Callbacks as sqlcommon::ConnectionCore says.
 //
 // A connection runs a session set-up first (UTC time zone, strict mode,
 // READ COMMITTED, a lock wait bounded by command_timeout) and then checks
@@ -21,37 +20,25 @@
 // Failures are StoreErrors naming the server: a refused login is kAuth,
 // anything else that stops the connection kUnavailable; a statement the
 // server refuses carries its error number, classified by sql_error() (a
-// deadlock is kRetryLater, most are kRefused). Timeouts and reconnection
-// are sqlcommon::ConnectionCore's; an idle connection the server closed
-// is noticed at once.
-//
-// A connection given up on with statements in flight (a command timeout)
-// leaves its server thread behind (sqlcommon::StaleSessions): each
-// connection, before its set-up, ends the threads on the list (KILL
-// CONNECTION, then waiting until the process list no longer shows them).
+// deadlock is kRetryLater, most are kRefused). Timeouts, reconnection
+// and the threads left behind are sqlcommon::ConnectionCore's (these end
+// with KILL CONNECTION, then a wait until the process list no longer shows
+// them); an idle connection the server closed is noticed at once.
 #pragma once
 
 #include <uv.h>
 
 #include <chrono>
 #include <cstdint>
-#include <deque>
-#include <exception>
-#include <functional>
 #include <memory>
-#include <string>
-#include <vector>
 
 #include "store/sqlcommon/connection_core.hpp"
 #include "store/sql/sql_target.hpp"
-#include "store/store_error.hpp"
 
 struct st_mysql;
 struct st_mysql_res;
 
 namespace lockwatch::detail {
-
-class Loop;
 
 struct SqlResult {
   std::uint64_t affected = 0;   // rows changed (found rows are not counted)
@@ -60,15 +47,11 @@ struct SqlResult {
 };
 
 // `result` is meaningful only when `error` is null; `error` is valid during
-// the call only. The server's error numbers arrive classified (sql_error()
-// in store_error.hpp: 1213 a deadlock, "retry later"; 1045 refused
-// credentials; ...), a lost connection or a timeout as kUnavailable.
+// the call only (classified by sql_error(); a lost connection or a timeout
+// is kUnavailable).
 using SqlDone = std::function<void(const SqlResult& result, const StoreError* error)>;
 
 class SqlConnection;
-
-// The server threads of connections given up on with statements in flight,
-// and the connections that share the list (a store's connections).
 using SqlStaleThreads = sqlcommon::StaleSessions<SqlConnection, unsigned long>;
 
 // What a connection runs before it takes requests: the stale threads
@@ -137,7 +120,6 @@ class SqlConnection final : public sqlcommon::ConnectionCore<SqlRequest, SqlResu
   void connection_failed(unsigned code, std::string why);
   void went_down(const std::string& why, bool connection_error);
   void teardown();
-  void became_usable();
   StoreError connect_error() const;
 
   static void on_poll(uv_poll_t* handle, int status, int events);

@@ -51,24 +51,14 @@ struct RenewalLists {
   std::string pairs;
   template <class Locks, class Members>
   RenewalLists(const Locks& locks, const Members& members) {
-    bool first = true;
     for (std::size_t i : members) {
-      if (!first) {
-        names += ',';
-        pairs += ',';
-      }
-      first = false;
-      std::string n = hex(locks[i].name);
-      names += n;
-      pairs += '(';
-      pairs += n;
-      pairs += ',';
-      pairs += hex(locks[i].token);
-      pairs += ')';
+      const char* sep = names.empty() ? "" : ",";
+      const std::string n = hex(locks[i].name);
+      names += sep + n;
+      pairs += sep + ("(" + n + "," + hex(locks[i].token) + ")");
     }
   }
 };
-
 
 // A holder from its row's answer: token, owner name, grant time as
 // "<unix seconds>[.<fraction>]" (empty: none recorded), and the

@@ -1,32 +1,18 @@
 #include "store/sql/sql_store.hpp"
 
 #include <fmt/format.h>
-#include <mysqld_error.h>
 
-#include <algorithm>
 #include <map>
 #include <numeric>
-#include <optional>
 
-#include "core/loop.hpp"
 #include "core/token.hpp"
 #include "store/sql/sql_literals.hpp"
-#include "store/sqlcommon/batching.hpp"
 #include "store/sqlcommon/claims.hpp"
-#include "store/sqlcommon/inspection.hpp"
 #include "store/sql/sql_error.hpp"
 
 namespace lockwatch::detail {
 
-using sql::held_as;
-using sql::hex;
-using sql::RenewalLists;
-using sql::kFairMarker;
-using sql::kPermitsMarker;
-using sql::kSharedMarker;
-using sql::kWriterOwner;
-using sql::micros;
-using sql::to_ll;
+using namespace sql;  // the statements' literals (sql_literals.hpp)
 
 namespace {
 
@@ -38,11 +24,6 @@ constexpr std::chrono::milliseconds kWaiterMarkLife{2000};
 // (or when the mark runs out, if sooner), so the row does not sit unused
 // for long if the marked waiter is gone.
 constexpr std::chrono::milliseconds kMarkedRowRetry{100};
-
-// "1795441148.216002" (UNIX_TIMESTAMP(NOW(6))) as a time point.
-std::chrono::system_clock::time_point unix_time(std::string_view s) {
-  return sqlcommon::from_micros(sql::unix_micros(s));
-}
 
 // A time point as a DATETIME(6) literal in UTC (the sessions' time zone).
 std::string datetime_literal(std::chrono::system_clock::time_point t) {
@@ -171,17 +152,6 @@ void SqlStore::read_holders(SqlConnection& conn, const std::string& names,
 }
 
 void SqlStore::acquire_batch(AcquireBatchPtr batch) {
-  auto [insert, report] = acquire_statements(*batch);
-  // The insert's failure answers the batch (or sends it again); the
-  // report answers it otherwise.
-  write_then_read(
-      command_connection(), std::move(insert),
-      [this, batch](const StoreError& err) { acquire_failed(batch, err); },
-      std::move(report),
-      [this, batch](std::uint64_t, const SqlResult& r, const StoreError* err) { acquire_reported(batch, r, err); });
-}
-
-std::pair<std::string, std::string> SqlStore::acquire_statements(const sqlcommon::AcquireBatch& batch) const {
   // One statement decides for the whole batch, row by row: a free or
   // expired row becomes ours with its fence raised, unless another
   // runtime's mark on it lives; a row held by another owner is left as it
@@ -198,8 +168,8 @@ std::pair<std::string, std::string> SqlStore::acquire_statements(const sqlcommon
   std::string insert = fmt::format(
       "INSERT INTO {} (lock_name, owner, fence, expires_at, owner_name, granted_at, waiter) VALUES ", table_);
   std::string names;
-  for (std::size_t k = 0; k < batch.locks.size(); ++k) {
-    const auto& l = batch.locks[k];
+  for (std::size_t k = 0; k < batch->locks.size(); ++k) {
+    const auto& l = batch->locks[k];
     if (k > 0) {
       insert += ',';
       names += ',';
@@ -233,7 +203,13 @@ std::pair<std::string, std::string> SqlStore::acquire_statements(const sqlcommon
       "SELECT lock_name, owner, fence, GREATEST(TIMESTAMPDIFF(MICROSECOND, NOW(6), expires_at), 0), waiter, "
       "IFNULL(GREATEST(TIMESTAMPDIFF(MICROSECOND, NOW(6), waiter_until), 0), 0) FROM {} WHERE lock_name IN ({})",
       table_, names);
-  return {std::move(insert), std::move(report)};
+  // The insert's failure answers the batch (or sends it again); the
+  // report answers it otherwise.
+  write_then_read(
+      command_connection(), std::move(insert),
+      [this, batch](const StoreError& err) { acquire_failed(batch, err); },
+      std::move(report),
+      [this, batch](std::uint64_t, const SqlResult& r, const StoreError* err) { acquire_reported(batch, r, err); });
 }
 
 void SqlStore::acquire_reported(const AcquireBatchPtr& batch, const SqlResult& r, const StoreError* err) {
@@ -279,10 +255,7 @@ void SqlStore::acquire_reported(const AcquireBatchPtr& batch, const SqlResult& r
   auto answer = [batch, answers] {
     for (std::size_t k = 0; k < batch->locks.size(); ++k) batch->locks[k].answer((*answers)[k]);
   };
-  if (marks.empty()) {
-    answer();
-    return;
-  }
+  if (marks.empty()) return answer();
   mark_writers(std::move(marks), std::move(answer));
 }
 
@@ -414,15 +387,15 @@ void SqlStore::release_answered(const std::shared_ptr<ReleaseBatch>& batch, cons
 }
 
 void SqlStore::server_time(TimeDone done) {
-  command_connection().query("SELECT UNIX_TIMESTAMP(NOW(6))",
-                             [this, done = std::move(done)](const SqlResult& r, const StoreError* err) {
-                               StoreError no_answer;
-                               if (!err && (r.rows.empty() || r.rows[0].empty())) {
-                                 no_answer = sql_error(target_.name(), 0, "no answer to NOW(6)");
-                                 err = &no_answer;
-                               }
-                               done(err ? std::chrono::system_clock::time_point{} : unix_time(r.rows[0][0]), err);
-                             });
+  command_connection().query("SELECT UNIX_TIMESTAMP(NOW(6))", [this, done = std::move(done)](const SqlResult& r,
+                                                                                              const StoreError* err) {
+    StoreError no_answer;
+    if (!err && (r.rows.empty() || r.rows[0].empty())) {
+      no_answer = sql_error(target_.name(), 0, "no answer to NOW(6)");
+      err = &no_answer;
+    }
+    done(err ? std::chrono::system_clock::time_point{} : sqlcommon::from_micros(unix_micros(r.rows[0][0])), err);
+  });
 }
 
 void SqlStore::claim_period(std::string_view name, std::string_view token, std::int64_t period,
@@ -458,7 +431,7 @@ void SqlStore::claim_period(std::string_view name, std::string_view token, std::
           return done(out);
         }
         const auto& row = r.rows[0];
-        out.store_time = unix_time(row[0]);
+        out.store_time = sqlcommon::from_micros(unix_micros(row[0]));
         sqlcommon::decide_claim(out, affected == 1, row[1] == "1",
                                 row[3].empty() ? std::nullopt : std::optional<std::int64_t>(to_ll(row[3])), period);
         done(out);

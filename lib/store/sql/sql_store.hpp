@@ -105,23 +105,18 @@ class SqlStore final : public sqlcommon::RecipeStore<SqlConnection> {
  private:
   using AcquireBatchPtr = sqlcommon::AcquireBatchPtr;
   using RenewBatchPtr = sqlcommon::RenewBatchPtr;
-  // The exclusive acquisitions of one turn go out together at its end, in
-  // name order and in chunks (sqlcommon::AcquireQueue): a set of keys
-  // asked for together is decided by one statement, one transaction.
+  // RecipeStore's steps (sql_recipe.hpp): a set of keys asked for together
+  // is decided by one statement, one transaction.
   void acquire_batch(AcquireBatchPtr batch) override;
   struct ReleaseBatch;  // sqlcommon's, with what the read before the write found
   // The answer to a release batch's update (read again when a lock
   // expired between the read before and the update).
   void release_answered(const std::shared_ptr<ReleaseBatch>& batch, const SqlResult& r, const StoreError* err);
-  // acquire_batch()'s parts: its two statements (the insert that decides,
-  // the report that reads what it did) and the report's answer.
-  std::pair<std::string, std::string> acquire_statements(const sqlcommon::AcquireBatch& batch) const;
+  // The answer to acquire_batch()'s report (what its insert did).
   void acquire_reported(const AcquireBatchPtr& batch, const SqlResult& r, const StoreError* err);
-  // One statement per ttl (a tick's renewals mostly share one), in chunks;
-  // holders of the other kinds renew their own rows (renew_kinds()).
+  // Holders of the other kinds renew their own rows (renew_kinds()).
   void renew_group(RenewBatchPtr batch, std::vector<std::size_t> members, std::chrono::milliseconds ttl,
                    bool kinds) override;
-  // The lock rows under the prefix (LIKE on the key, ordered, LIMIT).
   void list_names(std::string pattern, std::size_t limit, NamesDone done) override;
   // Sends `write` then `read` on `conn`, in one round trip: a failed
   // write is answered by `failed` alone; else `answered` gets the read's

@@ -15,10 +15,7 @@
 
 namespace lockwatch::detail {
 
-using sql::hex;
-using sql::RenewalLists;
-using sql::micros;
-using sql::to_ll;
+using namespace sql;  // the statements' literals (sql_literals.hpp)
 
 std::string SqlStore::transaction(const std::string& body) {
   return "BEGIN NOT ATOMIC DECLARE EXIT HANDLER FOR SQLEXCEPTION BEGIN ROLLBACK; RESIGNAL; END; START TRANSACTION; " +
@@ -164,11 +161,10 @@ constexpr std::string_view kFairAcquireSql =
     "END IF;";
 
 std::string SqlStore::kind_body(const sqlcommon::PendingAcquire& lock) const {
-  const sqlcommon::PendingAcquire* a = &lock;
-  const std::string n = hex(a->name);
-  const std::string t = hex(a->token);
-  const std::string m = kinds::marker(a->kind);
-  const std::string deadline = fmt::format("@lw_now + INTERVAL {} MICROSECOND", micros(a->ttl));
+  const std::string n = hex(lock.name);
+  const std::string t = hex(lock.token);
+  const std::string m = kinds::marker(lock.kind);
+  const std::string deadline = fmt::format("@lw_now + INTERVAL {} MICROSECOND", micros(lock.ttl));
   // The lock row (made when missing) is locked first; then, on the
   // database's clock, the rows whose time ran out are dropped, and the key
   // is found free (''), held exclusively ('x') or held as the marker says.
@@ -191,7 +187,7 @@ std::string SqlStore::kind_body(const sqlcommon::PendingAcquire& lock) const {
   const std::string cover = fmt::format(
       "owner = '{}', expires_at = IF(@lw_held_as = '', {}, GREATEST(expires_at, {}))", m, deadline, deadline);
   std::string_view text;
-  switch (a->kind.mode()) {
+  switch (lock.kind.mode()) {
     case LockKind::Mode::kShared: text = kSharedAcquireSql; break;
     case LockKind::Mode::kPermits: text = kPermitsAcquireSql; break;
     case LockKind::Mode::kFair: text = kFairAcquireSql; break;
@@ -199,7 +195,7 @@ std::string SqlStore::kind_body(const sqlcommon::PendingAcquire& lock) const {
   }
   body += fmt::format(fmt::runtime(text), fmt::arg("m", m), fmt::arg("h", holders_), fmt::arg("l", table_),
                       fmt::arg("n", n), fmt::arg("t", t), fmt::arg("d", deadline), fmt::arg("cover", cover),
-                      fmt::arg("o", owner_name_), fmt::arg("count", a->kind.permit_count()));
+                      fmt::arg("o", owner_name_), fmt::arg("count", lock.kind.permit_count()));
   return body;
 }
 

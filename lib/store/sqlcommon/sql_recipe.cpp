@@ -52,10 +52,7 @@ void AcquireQueue::flush() {
   exclusive_queue_.clear();
   by_name(all);
   auto send = [this](std::vector<PendingAcquire> part) { send_batch(exclusive_, std::move(part)); };
-  if (dialect_.repeated_names) {
-    in_chunks(all, send);
-    return;
-  }
+  if (dialect_.repeated_names) return in_chunks(all, send);
   std::vector<std::vector<PendingAcquire>> rounds;  // the k-th request of each name in the k-th
   for (std::size_t i = 0; i < all.size();) {
     std::size_t j = i;
