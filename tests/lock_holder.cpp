@@ -8,6 +8,7 @@
 #include <lockwatch/lockwatch.hpp>
 
 #include <atomic>
+#include <chrono>
 #include <csignal>
 #include <cstdio>
 #include <cstdint>
@@ -46,7 +47,9 @@ int main(int argc, char** argv) {
   auto base = lockwatch::locked([key = std::string(argv[2])] { return key; },
                                std::chrono::milliseconds(std::atoi(argv[3])), lockwatch::forever)
                   .on(rt);
+  static std::atomic<bool> held{false};
   auto body = [] {
+    held.store(true);
     std::printf("held %llu\n", static_cast<unsigned long long>(lockwatch::this_lease().fencing_token()));
     std::fflush(stdout);
     // Hold until killed, told to stop (SIGTERM), or the lease is lost.
@@ -56,13 +59,28 @@ int main(int argc, char** argv) {
   };
   auto run = [&](const auto& builder) {
     auto hold = builder(body);
-    try {
-      hold().get();
-    } catch (const std::exception& e) {
-      std::printf("lost %s\n", e.what());
-      return 1;
+    // A store not reachable yet (a slow first connection, as under the
+    // sanitizers) is tried again for up to 10 s, 100 ms apart: the holder
+    // is to hold, and nothing announces that a store became reachable.
+    const auto give_up = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+    for (;;) {
+      try {
+        hold().get();
+        return 0;
+      } catch (const lockwatch::AuthError& e) {  // refused credentials stay refused
+        std::printf("lost %s\n", e.what());
+        return 1;
+      } catch (const lockwatch::ConnectionError& e) {
+        if (held.load() || std::chrono::steady_clock::now() >= give_up) {
+          std::printf("lost %s\n", e.what());
+          return 1;
+        }
+        std::this_thread::sleep_for(std::chrono::milliseconds(100));
+      } catch (const std::exception& e) {
+        std::printf("lost %s\n", e.what());
+        return 1;
+      }
     }
-    return 0;
   };
   if (kind == "shared") return run(base.shared());
   if (kind == "fair") return run(base.fair().wait(std::chrono::minutes(1)));
