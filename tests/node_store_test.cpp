@@ -45,11 +45,13 @@ struct Want {
 
 class NodeStoreTest : public ::testing::Test {
  protected:
-  explicit NodeStoreTest(Options options = {}, detail::RedisNodeStore::Notices notices = {})
+  // `direct`: the store offers its direct lane (DirectLane), as a runtime's store of one node does.
+  explicit NodeStoreTest(Options options = {}, detail::RedisNodeStore::Notices notices = {}, bool direct = false)
       : options_(std::move(options)), sharded_(notices == detail::RedisNodeStore::Notices::kSharded) {
     Endpoint ep;
     ep.port = server_.port();
     store_ = std::make_unique<detail::RedisNodeStore>(loop_, ep, detail::StoreSettings::of(options_), notices);
+    if (direct) store_->write_directly();
     detail::StoreEvents events;
     events.released = [](std::string_view) {};
     events.subscribed = [this](std::string_view name) {
@@ -666,6 +668,30 @@ bool eventually(Pred pred) {
     std::this_thread::sleep_for(10ms);  // polling a server's state
   }
   return false;
+}
+
+class NodeStoreLaneTest : public NodeStoreTest {
+ protected:
+  NodeStoreLaneTest() : NodeStoreTest({}, {}, true) {}
+};
+
+// The direct lane is open on an idle connection for a thread that calls one
+// at a time. A thread that calls in bursts (one fanning out a round of
+// calls, a worker releasing the works it ran one after another) stays off
+// it for a while after its last burst, so that its calls join the loop's
+// batches; another thread keeps it, and the bursting one has it again once
+// it has been quiet.
+TEST_F(NodeStoreLaneTest, AThreadCallingInBurstsStaysOffTheLaneWhileAnotherKeepsIt) {
+  // Polled 10 ms apart: never a burst.
+  ASSERT_TRUE(eventually([&] { return store_->lane_open(); })) << "the lane never opened on an idle connection";
+  // Back to back: a burst, even if the thread is preempted between two of them.
+  bool open = true;
+  for (int i = 0; i < 100; ++i) open = store_->lane_open();
+  EXPECT_FALSE(open) << "a thread calling in a burst kept the lane";
+  auto other = std::async(std::launch::async, [&] { return store_->lane_open(); });
+  ASSERT_EQ(other.wait_for(kBound), std::future_status::ready);
+  EXPECT_TRUE(other.get()) << "another thread lost the lane to this one's burst";
+  EXPECT_TRUE(eventually([&] { return store_->lane_open(); })) << "the lane stayed shut after the burst ended";
 }
 
 // A master and its replica, online; options asking for one replica's

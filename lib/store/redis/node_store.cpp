@@ -189,6 +189,27 @@ void RedisNodeStore::write_directly() {
   conn_->enable_lane();
 }
 
+// A thread that makes its calls in bursts (a fan-out's rounds: one thread
+// asking for many locks at once, or a pool worker releasing the works it
+// ran one after another) is kept off the lane for a while after each
+// burst: its calls join the loop's batches, one script call for a round,
+// where a round's first call written alone would cost a call of its own.
+// A thread that calls one at a time (a lone caller, each of many blocking
+// threads) keeps the lane.
+bool RedisNodeStore::lane_open() const noexcept {
+  using Ticks = std::chrono::steady_clock::rep;
+  constexpr Ticks kBurst = std::chrono::duration_cast<std::chrono::steady_clock::duration>(
+                               std::chrono::microseconds(10)).count();
+  constexpr Ticks kQuiet = std::chrono::duration_cast<std::chrono::steady_clock::duration>(
+                               std::chrono::milliseconds(5)).count();
+  thread_local Ticks last_call = 0;
+  thread_local Ticks quiet_until = 0;
+  const Ticks now = std::chrono::steady_clock::now().time_since_epoch().count();
+  if (now - last_call < kBurst) quiet_until = now + kQuiet;
+  last_call = now;
+  return now >= quiet_until && conn_->lane_idle();
+}
+
 bool RedisNodeStore::acquire_direct(const LockRef& l, AcquiredDirect done) {
   if (!l.kind.exclusive_kind()) return false;  // the kinds' scripts go from the loop
   // As send_acquire_batch() writes a batch of one.

@@ -99,7 +99,9 @@ class RedisNodeStore final : public StoreBase,
   // the command connection's direct lane; not with min_replicas (their
   // WAIT is a second request) nor Redisson's layout.
   void write_directly();
-  bool lane_open() const noexcept override { return conn_->lane_idle(); }
+  // Open while the connection is idle, for a thread that does not call in
+  // bursts (see the .cpp).
+  bool lane_open() const noexcept override;
   bool acquire_direct(const LockRef& lock, AcquiredDirect done) override;
   bool release_direct(const LockRef& lock, ReleasedDirect done) override;
   // Before start(), for a node of a Redis Cluster: a batch goes as one
