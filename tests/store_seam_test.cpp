@@ -278,5 +278,24 @@ TEST(SmallString, KeepsItsTextInlineOrNotAcrossCopiesMovesAndSelfAssignment) {
   }
 }
 
+// A store's name for a key is made of its key rules' pieces: the same
+// text as a std::string or written into a SmallString, inline or in a
+// block of its own, with the braces of Redis's rules and without.
+TEST(SmallString, AStoreNameIsTheSameWrittenInlineOrAsAString) {
+  const detail::KeyRules plain{.prefix = "lockwatch:"};
+  const detail::KeyRules braced{.prefix = "lockwatch:", .braces = true};
+  const std::string long_key(100, 'k');
+  for (const std::string& key : {std::string("sku:42"), long_key, std::string()}) {
+    detail::StoreName name("was here before");
+    name.assign_joined(plain.name_parts(key));
+    EXPECT_EQ(name.view(), "lockwatch:" + key);
+    name.assign_joined(braced.name_parts(key));
+    EXPECT_EQ(name.view(), "lockwatch:{" + key + "}");
+  }
+  detail::StoreName empty("x");
+  empty.assign_joined(detail::KeyRules{}.name_parts(""));
+  EXPECT_TRUE(empty.empty());
+}
+
 }  // namespace
 }  // namespace lockwatch::testing

@@ -6,6 +6,7 @@
 // Not thread-safe (a value, as std::string).
 #pragma once
 
+#include <array>
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
@@ -39,6 +40,26 @@ class SmallString {
     return *this;
   }
   ~SmallString() { release(); }
+
+  // Becomes the pieces in `parts`, joined.
+  template <std::size_t K>
+  void assign_joined(const std::array<std::string_view, K>& parts) {
+    std::size_t size = 0;
+    for (std::string_view p : parts) size += p.size();
+    char inline_copy[N];
+    char* to = size > N ? new char[size] : inline_copy;
+    std::size_t at = 0;
+    for (std::string_view p : parts) {
+      if (!p.empty()) std::memcpy(to + at, p.data(), p.size());
+      at += p.size();
+    }
+    release();
+    if (size > N)
+      std::memcpy(bytes_, &to, sizeof to);
+    else if (size > 0)
+      std::memcpy(bytes_, inline_copy, size);
+    size_ = static_cast<std::uint32_t>(size);
+  }
 
   std::string_view view() const noexcept {
     const char* h = heap();

@@ -37,7 +37,7 @@ struct Acquisition final : TimerTask {
   // Set on the caller's thread, read-only after.
   LockSpec spec;
   Completion completion;  // how the call ends: run on the pool, inline, or a handle
-  std::string name;       // the store's name for spec.key
+  StoreName name;         // the store's name for spec.key
   TtlText ttl_ms;         // spec.ttl as decimal text
   Clock::time_point started;
 

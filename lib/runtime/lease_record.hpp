@@ -132,11 +132,6 @@ struct LeaseWatcher {
   std::atomic<bool> done{false};
 };
 
-// The store's name for a key, inline when short (most are), so a lease
-// needs no heap block for it. 40 bytes: a longer name keeps a pointer to
-// its own block in the first bytes of the inline space.
-using StoreName = SmallString<36>;
-static_assert(sizeof(StoreName) == 40);
 
 struct LeaseRecord;
 

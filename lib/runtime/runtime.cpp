@@ -131,7 +131,7 @@ void detail::RuntimeImpl::validate(detail::LockSpec& spec) const {
 std::shared_ptr<Acquisition> detail::RuntimeImpl::make_acquisition(detail::LockSpec spec, detail::Completion how) {
   admission_.begin();
   auto a = std::make_shared<Acquisition>(std::move(how));
-  a->name = store_->encode(spec.key);
+  store_->encode(spec.key, a->name);
   a->ttl_ms = detail::TtlText(spec.ttl);
   a->spec = std::move(spec);
   a->started = Clock::now();

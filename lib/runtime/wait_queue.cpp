@@ -136,7 +136,7 @@ void WaitQueue::attempt_fair(const std::shared_ptr<Acquisition>& a) {
 }
 
 void WaitQueue::on_fair_retry(Acquisition* raw) {
-  auto it = waiters_.find(raw->name);
+  auto it = waiters_.find(raw->name.view());
   if (it == waiters_.end()) return;
   for (const auto& a : it->second->waiting) {
     if (a.get() != raw) continue;
@@ -161,7 +161,7 @@ void WaitQueue::on_fair_outcome(const std::shared_ptr<Acquisition>& a, const Acq
     abandon(*a);
     return;
   }
-  auto it = waiters_.find(a->name);
+  auto it = waiters_.find(a->name.view());
   assert(it != waiters_.end());
   KeyWaiters* w = it->second.get();
   if (out.status == Status::kFailed && out.error.transient()) {
@@ -185,7 +185,7 @@ void WaitQueue::on_fair_outcome(const std::shared_ptr<Acquisition>& a, const Acq
       decisions_.taken(a, out.fence, sent);
     }
     // The grant may have ended the key's waiters already: look again.
-    it = waiters_.find(a->name);
+    it = waiters_.find(a->name.view());
     if (it != waiters_.end()) maybe_forget(it->second.get());
     return;
   }
@@ -276,7 +276,7 @@ void WaitQueue::abandon(const Acquisition& a) {
   // the latest (its clock may run a drift faster than ours).
   auto until = gone_by(options_.watchdog, a.last_sent, a.spec.ttl, store_.expiry_bound(a.spec.ttl));
   if (Clock::now() >= until) return;
-  orphans_.push_back(Orphan{a.name, a.token, a.ttl_ms, a.spec.ttl, a.spec.kind, until});
+  orphans_.push_back(Orphan{a.name.str(), a.token, a.ttl_ms, a.spec.ttl, a.spec.kind, until});
   if (orphans_sending_ == 0) give_back_orphans();
 }
 
@@ -404,7 +404,7 @@ void WaitQueue::on_decided(const std::shared_ptr<Acquisition>& a, const Acquired
     if (w) {
       // The grant may have handed the lock on and ended the waiters of the
       // key (a cancelled handle's lease given back at once): look again.
-      auto it = waiters_.find(a->name);
+      auto it = waiters_.find(a->name.view());
       if (it == waiters_.end()) return;
       w = it->second.get();
       // A shared grant lets the next head try at once (another reader
@@ -557,7 +557,7 @@ void WaitQueue::cancel(Acquisition* a, std::exception_ptr error) { end_wait(a, s
 
 void WaitQueue::end_wait(Acquisition* raw, std::exception_ptr error) {
   if (raw->wait_over()) return;
-  auto wit = waiters_.find(raw->name);
+  auto wit = waiters_.find(raw->name.view());
   if (wit == waiters_.end()) return;
   KeyWaiters* w = wit->second.get();
   auto pos = std::find_if(w->waiting.begin(), w->waiting.end(), [raw](const auto& p) { return p.get() == raw; });

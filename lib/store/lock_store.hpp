@@ -35,6 +35,7 @@
 #pragma once
 
 #include <algorithm>
+#include <array>
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
@@ -45,6 +46,7 @@
 #include <string_view>
 #include <utility>
 
+#include "core/small_string.hpp"
 #include "lockwatch/lock_kind.hpp"
 #include "store/store_error.hpp"
 
@@ -149,22 +151,27 @@ struct Capabilities {
   DirectLane* direct_lane = nullptr;
 };
 
-// A store's name for a key is `prefix + key` (or, for Redis, `prefix{key}`:
-// name), and a key is refused when problem says why.
+// The store's name for a key, inline when short (most are), so an
+// acquisition and its lease need no heap block for it. 40 bytes: a longer
+// name keeps a pointer to its own block in the first bytes of the inline
+// space.
+using StoreName = SmallString<36>;
+static_assert(sizeof(StoreName) == 40);
+
+// A store's name for a key is `prefix + key` (or, with braces, as Redis
+// names it, `prefix{key}`), and a key is refused when problem says why.
 struct KeyRules {
-  using Name = std::string (*)(std::string_view prefix, std::string_view key);
   using Problem = const char* (*)(std::string_view prefix, std::string_view key) noexcept;
 
-  static std::string plain(std::string_view prefix, std::string_view key) {
-    std::string name;
-    name.reserve(prefix.size() + key.size());
-    name.append(prefix).append(key);
-    return name;
-  }
   static const char* any(std::string_view, std::string_view) noexcept { return nullptr; }
 
+  // The name of `key` in its pieces, in order.
+  std::array<std::string_view, 4> name_parts(std::string_view key) const noexcept {
+    return {prefix, braces ? "{" : "", key, braces ? "}" : ""};
+  }
+
   std::string prefix;
-  Name name = plain;
+  bool braces = false;  // the key between braces (a Redis Cluster hash tag)
   Problem problem = any;
   // The longest name (prefix + key, in bytes) the store takes, and why
   // (0: no bound beyond Options::runtime.max_key_bytes).
@@ -227,7 +234,16 @@ class LockStore {
 
   // The store's name for a user's key (e.g. "lockwatch:{key}"), computed
   // once per acquisition and kept in the lease.
-  std::string encode(std::string_view key) const { return traits_.keys.name(traits_.keys.prefix, key); }
+  std::string encode(std::string_view key) const {
+    std::string name;
+    for (std::string_view part : traits_.keys.name_parts(key)) name.append(part);
+    return name;
+  }
+  // The same into `out`, with no heap block for a name of up to N bytes.
+  template <std::size_t N>
+  void encode(std::string_view key, SmallString<N>& out) const {
+    out.assign_joined(traits_.keys.name_parts(key));
+  }
   // Why this store cannot hold a lock of this key (nullptr: it can).
   // Checked before anything starts; the runtime makes it InvalidArgument.
   const char* check_key(std::string_view key) const noexcept {

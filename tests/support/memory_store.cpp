@@ -298,8 +298,8 @@ std::optional<Released> StoreScript::scripted_release(const std::string& name) {
 MemoryStore::MemoryStore(detail::Loop& loop, std::shared_ptr<MemoryBackend> backend,
                          std::shared_ptr<StoreScript> script, std::string prefix)
     : LockStore(detail::StoreTraits{
-          .keys = detail::KeyRules{std::move(prefix), detail::KeyRules::plain,
-                                   [](std::string_view, std::string_view key) noexcept -> const char* {
+          .keys = detail::KeyRules{.prefix = std::move(prefix),
+                                   .problem = [](std::string_view, std::string_view key) noexcept -> const char* {
                                      if (!key.starts_with("refused:")) return nullptr;
                                      return "this store refuses keys starting with 'refused:'";
                                    }},

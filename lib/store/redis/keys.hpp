@@ -98,8 +98,9 @@ inline const char* key_problem(std::string_view key) noexcept {
 
 // A store's key rules for Redis names: `prefix{key}`, no key starting with '}'.
 inline KeyRules rules(std::string_view prefix) {
-  return KeyRules{std::string(prefix), [](std::string_view p, std::string_view key) { return lock(p, key); },
-                  [](std::string_view, std::string_view key) noexcept { return key_problem(key); }};
+  return KeyRules{.prefix = std::string(prefix),
+                  .braces = true,
+                  .problem = [](std::string_view, std::string_view key) noexcept { return key_problem(key); }};
 }
 
 inline const char* prefix_problem(std::string_view prefix) noexcept {

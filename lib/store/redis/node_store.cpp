@@ -163,13 +163,15 @@ void RedisNodeStore::started() {
 }
 
 void RedisNodeStore::acquire(std::span<const LockRef> locks, AcquireDone done) {
-  auto shared_done = std::make_shared<AcquireDone>(std::move(done));
+  auto each = CallDone<AcquireDone>::of(locks.size(), done);
   // After send_asking() the call goes at once, alone: its ASKING must come
   // right before it.
   const bool queued = !asking_;
   for (std::size_t i = 0; i < locks.size(); ++i) {
     const LockRef& l = locks[i];
-    QueuedAcquire a{SmallString<40>(l.name), SmallString<32>(l.token), SmallString<16>(l.ttl_ms), i, shared_done, l.kind};
+    // A lone lock's queued lock takes the call's `done`; larger calls' share it.
+    QueuedAcquire a{SmallString<40>(l.name), SmallString<32>(l.token), SmallString<16>(l.ttl_ms), i,
+                    locks.size() == 1 ? std::move(each) : each, l.kind};
     if (!l.kind.exclusive_kind()) {
       send_kind_acquire(std::move(a));
     } else if (queued) {
@@ -236,7 +238,7 @@ bool RedisNodeStore::release_direct(const LockRef& l, ReleasedDirect done) {
 }
 
 void RedisNodeStore::release(std::span<const LockRef> locks, bool notify, ReleaseDone done) {
-  auto shared_done = std::make_shared<ReleaseDone>(std::move(done));
+  auto each = CallDone<ReleaseDone>::of(locks.size(), done);
   const bool queued = !asking_;  // as acquire()
   std::vector<std::size_t> kinds;
   for (std::size_t i = 0; i < locks.size(); ++i) {
@@ -244,14 +246,15 @@ void RedisNodeStore::release(std::span<const LockRef> locks, bool notify, Releas
       kinds.push_back(i);
       continue;
     }
-    QueuedRelease r{SmallString<40>(locks[i].name), SmallString<32>(locks[i].token), notify, i, shared_done};
+    QueuedRelease r{SmallString<40>(locks[i].name), SmallString<32>(locks[i].token), notify, i,
+                    locks.size() == 1 ? std::move(each) : each};
     if (queued) {
       release_batch_.push_back(std::move(r));
     } else {
       send_release_batch({std::move(r)}, false);
     }
   }
-  if (!kinds.empty()) send_kind_release(with_asking(*conn_), locks, std::move(kinds), notify, shared_done);
+  if (!kinds.empty()) send_kind_release(with_asking(*conn_), locks, std::move(kinds), notify, std::move(each).share());
   if (queued) want_batch();
 }
 
@@ -393,21 +396,21 @@ void RedisNodeStore::send_release_batch(std::vector<QueuedRelease> batch, bool c
                              for (const QueuedRelease& q : batch) {
                                const StoreError* why = nullptr;
                                const Released status = heard_by(q.name, reply, &why);
-                               (*q.done)(q.index, status, why);
+                               q.done(q.index, status, why);
                              }
                            });
 }
 
 void RedisNodeStore::acquired(Acquired out, QueuedAcquire a) {
   if (out.status != Acquired::Status::kTaken || replicas_.min <= 0) {
-    (*a.done)(a.index, out);
+    a.done(a.index, out);
     return;
   }
   wait_for_replicas(a.name.str(), a.token.str(), a.kind, out, a.index, std::move(a.done));
 }
 
 void RedisNodeStore::wait_for_replicas(std::string name, std::string token, LockKind kind, Acquired taken,
-                                       std::size_t index, std::shared_ptr<AcquireDone> done) {
+                                       std::size_t index, CallDone<AcquireDone> done) {
   // The lock write must reach min_replicas replicas before the lease is
   // handed out, so a failover right after cannot drop it.
   // On the acquisitions' own connection: WAIT counts that connection's
@@ -417,7 +420,7 @@ void RedisNodeStore::wait_for_replicas(std::string name, std::string token, Lock
       [this, name = std::move(name), token = std::move(token), kind, taken, index, done = std::move(done)](
           const StoreError* short_of) {
         if (short_of == nullptr) {
-          (*done)(index, taken);
+          done(index, taken);
           return;
         }
         Acquired failed;
@@ -427,17 +430,18 @@ void RedisNodeStore::wait_for_replicas(std::string name, std::string token, Lock
           LockRef ref{name, token, {}, {}, kind};
           send_kind_release(for_acquire(), std::span<const LockRef>(&ref, 1), {0}, false,
                             std::make_shared<ReleaseDone>([index, done, failed](std::size_t, Released, const StoreError*) {
-                              (*done)(index, failed);
+                              done(index, failed);
                             }));
           return;
         }
         // As a batch of one, without a notice in the lockwatch layout.
-        std::vector<QueuedRelease> one{QueuedRelease{SmallString<40>(name), SmallString<32>(token), false, index, {}}};
+        std::vector<QueuedRelease> one{
+            QueuedRelease{SmallString<40>(name), SmallString<32>(token), false, index, CallDone<ReleaseDone>(ReleaseDone())}};
         EvalRequest request = layout_.redisson()
                                   ? redisson_release(one)
                                   : release_request(one, notice(), [](const QueuedRelease&) { return false; });
         for_acquire().eval(std::move(request),
-                           [index, done, failed](const redisReply*, const StoreError*) { (*done)(index, failed); });
+                           [index, done, failed](const redisReply*, const StoreError*) { done(index, failed); });
       });
 }
 

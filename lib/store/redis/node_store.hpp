@@ -163,6 +163,32 @@ class RedisNodeStore final : public StoreBase,
   std::string notice() const;
   // The user's ACL refused a subscription: logged as a warning.
   void refused_notices(const StoreError& why);
+  // The `done` of one acquire() or release() call: a lone lock's (the
+  // usual call) is kept in its queued lock, the locks of a larger call
+  // share theirs; a lone lock costs no heap block for it.
+  template <class Done>
+  class CallDone {
+   public:
+    explicit CallDone(Done own) : own_(std::move(own)) {}
+    explicit CallDone(std::shared_ptr<Done> shared) : shared_(std::move(shared)) {}
+    // The call's `done`, shared by `n` locks: its own for one.
+    static CallDone of(std::size_t n, Done& done) {
+      return n > 1 ? CallDone(std::make_shared<Done>(std::move(done))) : CallDone(std::move(done));
+    }
+    // The call's `done` as a shared one (made of a lone lock's).
+    std::shared_ptr<Done> share() && { return shared_ ? std::move(shared_) : std::make_shared<Done>(std::move(own_)); }
+    template <class... A>
+    void operator()(A&&... a) const {
+      if (shared_)
+        (*shared_)(std::forward<A>(a)...);
+      else
+        own_(std::forward<A>(a)...);
+    }
+
+   private:
+    Done own_;
+    std::shared_ptr<Done> shared_;
+  };
   // Kept inline (core/small_string.hpp): a queued lock costs no heap block
   // for the usual name and token.
   struct QueuedAcquire {
@@ -170,7 +196,7 @@ class RedisNodeStore final : public StoreBase,
     SmallString<32> token;
     SmallString<16> ttl_ms;
     std::size_t index;
-    std::shared_ptr<AcquireDone> done;
+    CallDone<AcquireDone> done;
     LockKind kind{};
   };
   struct QueuedRelease {
@@ -178,7 +204,7 @@ class RedisNodeStore final : public StoreBase,
     SmallString<32> token;
     bool notify;  // the script publishes the release on the lock's channel
     std::size_t index;
-    std::shared_ptr<ReleaseDone> done;
+    CallDone<ReleaseDone> done;
   };
   // The acquire script's answer for one lock, then WAIT for replicas when asked.
   void acquired(Acquired out, QueuedAcquire a);
@@ -218,7 +244,7 @@ class RedisNodeStore final : public StoreBase,
   void wait_replicas(RedisConnection& c, long long needed, std::string_view what,
                      std::function<void(const StoreError*)> done);
   void wait_for_replicas(std::string name, std::string token, LockKind kind, Acquired taken, std::size_t index,
-                         std::shared_ptr<AcquireDone> done);
+                         CallDone<AcquireDone> done);
 
   // The layout's channel of lock `name`, and the lock a channel is for.
   std::string channel_of(std::string_view name) const;
