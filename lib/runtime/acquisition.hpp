@@ -55,6 +55,13 @@ struct Acquisition final : TimerTask {
   bool maybe_held = false;
   Clock::time_point last_sent;  // the latest attempt's send time
   bool in_window = false;       // its attempt waits in the client for the window (WaitQueue)
+  // While an attempt (WaitQueue::send_attempt, one at a time) awaits the
+  // store's answer, which comes exactly once: the acquisition itself, and
+  // whether the attempt is its key's waiters' (found by name then), so that
+  // the answer's handler keeps two pointers and fits in its std::function
+  // without a heap block.
+  std::shared_ptr<Acquisition> attempt_hold;
+  bool attempt_for_waiters = false;
 
   // A fair lock's waiter (LockKind::fair()) asks the store on its own, not
   // only when first in line here: each attempt keeps its place in the

@@ -219,10 +219,18 @@ void WaitQueue::send_attempt(const std::shared_ptr<Acquisition>& a, KeyWaiters* 
   a->last_sent = sent;
   LockRef ref = a->ref();
   ++attempts_in_flight_;
-  store_.acquire(std::span<const LockRef>(&ref, 1), [this, a, w, sent](std::size_t, const Acquired& out) {
+  a->attempt_hold = a;
+  a->attempt_for_waiters = w != nullptr;  // w stays while its attempt is in flight
+  store_.acquire(std::span<const LockRef>(&ref, 1), [this, raw = a.get()](std::size_t, const Acquired& out) {
+    const std::shared_ptr<Acquisition> held = std::move(raw->attempt_hold);
+    KeyWaiters* waiters = nullptr;
+    if (raw->attempt_for_waiters) {
+      auto it = waiters_.find(raw->name.view());
+      if (it != waiters_.end()) waiters = it->second.get();
+    }
     --attempts_in_flight_;
-    if (w) w->in_flight = false;
-    on_outcome(a, out, sent, w);
+    if (waiters) waiters->in_flight = false;
+    on_outcome(held, out, held->last_sent, waiters);
     send_deferred();
   });
 }
