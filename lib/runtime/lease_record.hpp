@@ -132,7 +132,6 @@ struct LeaseWatcher {
   std::atomic<bool> done{false};
 };
 
-
 struct LeaseRecord;
 
 // The hand-off streak a lease is part of (runtime/handoff.hpp).

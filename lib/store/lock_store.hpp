@@ -232,14 +232,15 @@ class LockStore {
   // What the store offers beyond locking (null members: not offered).
   const Capabilities& capabilities() const noexcept { return capabilities_; }
 
-  // The store's name for a user's key (e.g. "lockwatch:{key}"), computed
-  // once per acquisition and kept in the lease.
+  // The store's name for a user's key (e.g. "lockwatch:{key}"), for the
+  // operators' tools and listings.
   std::string encode(std::string_view key) const {
     std::string name;
     for (std::string_view part : traits_.keys.name_parts(key)) name.append(part);
     return name;
   }
-  // The same into `out`, with no heap block for a name of up to N bytes.
+  // The same into `out`, with no heap block for a name of up to N bytes:
+  // computed once per acquisition, and kept in its lease.
   template <std::size_t N>
   void encode(std::string_view key, SmallString<N>& out) const {
     out.assign_joined(traits_.keys.name_parts(key));
