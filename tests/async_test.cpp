@@ -113,6 +113,17 @@ TEST_F(AsyncTest, ErrorsReachTheHandlerAsErrorCodes) {
   EXPECT_EQ(o.error, errc::busy);
   EXPECT_EQ(o.error.category(), error_category());
   EXPECT_FALSE(o.handle);
+  // The empty handle says more than the code: the typed exception.
+  ASSERT_TRUE(o.handle.failure());
+  try {
+    std::rethrow_exception(o.handle.failure());
+  } catch (const LockNotAcquired& e) {
+    EXPECT_EQ(e.key(), "busy");
+    EXPECT_EQ(e.code(), o.error);
+  } catch (...) {
+    ADD_FAILURE() << "not LockNotAcquired";
+  }
+  EXPECT_FALSE(h.failure());  // a held lock's handle failed at nothing
 
   // A bad request reaches the handler (once, off this thread), never as
   // an exception: nothing starts, and the ticket is empty.
@@ -128,10 +139,83 @@ TEST_F(AsyncTest, ErrorsReachTheHandlerAsErrorCodes) {
     EXPECT_EQ(o.error, errc::invalid_argument) << o.error.message();
     EXPECT_NE(o.thread, std::this_thread::get_id());
     EXPECT_FALSE(o.handle);
+    EXPECT_THROW(std::rethrow_exception(o.handle.failure()), InvalidArgument);
   }
   // Only an empty handler, which nothing could tell, is thrown.
   EXPECT_THROW(rt_->async_acquire({.key = "k", .ttl = 1s}, AcquireHandler()), InvalidArgument);
 
+}
+
+// Work of one's own under a lock (locked_work.hpp): where it runs, what it
+// sees, and when it learns the outcome.
+struct RecordedWork final : LockedWork {
+  std::function<void()> body;
+  std::thread::id ran_on;
+  std::string lease_key;  // this_lease() as run() saw it
+  std::promise<std::exception_ptr> finished;
+  std::atomic<int> finishes{0};
+
+  void run() noexcept override {
+    ran_on = std::this_thread::get_id();
+    lease_key = this_lease().key();
+    if (body) body();
+  }
+  void finish(std::exception_ptr error) noexcept override {
+    if (finishes.fetch_add(1) == 0) finished.set_value(error);
+  }
+};
+
+TEST_F(AsyncTest, WorkRunsOnThePoolUnderItsLeaseAndFinishesOnceReleased) {
+  auto work = std::make_shared<RecordedWork>();
+  bool held_while_running = false;
+  work->body = [&] { held_while_running = backend_->owner(memory_name("w")).has_value(); };
+  auto done = work->finished.get_future();
+  rt_->async_acquire({.key = "w", .ttl = 1s}, work);
+  ASSERT_EQ(done.wait_for(kBound), std::future_status::ready);
+  EXPECT_FALSE(done.get());
+  EXPECT_NE(work->ran_on, std::this_thread::get_id());
+  EXPECT_EQ(work->lease_key, "w");
+  EXPECT_TRUE(held_while_running);
+  EXPECT_FALSE(backend_->owner(memory_name("w")));  // released before finish()
+  EXPECT_EQ(work->finishes.load(), 1);
+}
+
+TEST_F(AsyncTest, WorkMadeInsideALockedCallRunsThereAndReturnsFinished) {
+  // Nested on the key the outer work holds: reentrant, on the same thread,
+  // finished when async_acquire returns.
+  auto inner = std::make_shared<RecordedWork>();
+  auto outer = std::make_shared<RecordedWork>();
+  bool inner_finished_on_return = false;
+  outer->body = [&] {
+    rt_->async_acquire({.key = "nest", .ttl = 1s}, inner);
+    inner_finished_on_return = inner->finishes.load() == 1;
+  };
+  auto done = outer->finished.get_future();
+  rt_->async_acquire({.key = "nest", .ttl = 1s}, outer);
+  ASSERT_EQ(done.wait_for(kBound), std::future_status::ready);
+  EXPECT_FALSE(done.get());
+  EXPECT_TRUE(inner_finished_on_return);
+  EXPECT_EQ(inner->ran_on, outer->ran_on);
+  EXPECT_EQ(inner->lease_key, "nest");
+}
+
+TEST_F(AsyncTest, WorkLearnsABusyLockOrABadRequestThroughFinish) {
+  auto held = rt_->acquire("taken", 5s);
+  auto h = get_bounded(held);
+  auto busy = std::make_shared<RecordedWork>();
+  auto done = busy->finished.get_future();
+  rt_->async_acquire({.key = "taken", .ttl = 1s}, busy);
+  ASSERT_EQ(done.wait_for(kBound), std::future_status::ready);
+  EXPECT_THROW(std::rethrow_exception(done.get()), LockNotAcquired);
+  EXPECT_EQ(busy->ran_on, std::thread::id());  // never ran
+
+  // A bad request finishes the work before async_acquire returns.
+  auto bad = std::make_shared<RecordedWork>();
+  auto refused = bad->finished.get_future();
+  EXPECT_NO_THROW(rt_->async_acquire({.key = "", .ttl = 1s}, bad));
+  ASSERT_EQ(refused.wait_for(0s), std::future_status::ready);
+  EXPECT_THROW(std::rethrow_exception(refused.get()), InvalidArgument);
+  EXPECT_THROW(rt_->async_acquire({.key = "k", .ttl = 1s}, std::shared_ptr<LockedWork>()), InvalidArgument);
 }
 
 TEST_F(AsyncTest, CancelEndsAPendingWaitAndTheWaiterNeverTakesTheLock) {

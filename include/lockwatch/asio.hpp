@@ -79,9 +79,11 @@
 #include <asio/co_spawn.hpp>
 #include <asio/executor_work_guard.hpp>
 #include <asio/post.hpp>
+#include <asio/redirect_error.hpp>
 #include <asio/this_coro.hpp>
 #include <asio/use_awaitable.hpp>
 
+#include <atomic>
 #include <chrono>
 #include <exception>
 #include <functional>
@@ -93,7 +95,6 @@
 #include <type_traits>
 #include <utility>
 
-#include "lockwatch/detail/access.hpp"
 #include "lockwatch/lockwatch.hpp"
 
 namespace lockwatch {
@@ -168,8 +169,8 @@ void connect_cancel(Handler& handler, const std::shared_ptr<PendingCancel<Cancel
   }
 }
 
-/// A lock taken as async_lock takes it, the error as the typed exception:
-/// what LOCKED on a coroutine awaits.
+/// A lock taken as async_lock takes it, the error as the typed exception
+/// (LockHandle::failure()): what LOCKED on a coroutine awaits.
 template <class CompletionToken>
 auto async_lock_typed(Runtime& runtime, LockRequest request, CompletionToken&& token) {
   return asio::async_initiate<CompletionToken, void(std::exception_ptr, LockHandle)>(
@@ -178,27 +179,14 @@ auto async_lock_typed(Runtime& runtime, LockRequest request, CompletionToken&& t
         auto cancel = std::make_shared<PendingCancel<AcquireTicket>>();
         connect_cancel(handler, cancel);
         auto done = std::make_shared<Done>(std::move(handler));
-        try {
-          cancel->set(DispatchAccess::dispatch_acquire(
-              *rt, std::move(request), [done](std::exception_ptr e, LockHandle h) { done->complete(e, std::move(h)); }));
-        } catch (...) {
-          // Refused before anything started (InvalidArgument,
-          // RuntimeStopped): through the handler, on its executor.
-          done->complete(std::current_exception(), LockHandle());
-        }
+        // A refused request reaches the handler too (an empty ticket).
+        cancel->set(rt->async_acquire(std::move(request), [done](std::error_code ec, LockHandle h) {
+          std::exception_ptr e = h.failure();
+          if (ec && !e) e = std::make_exception_ptr(std::system_error(ec));
+          done->complete(e, ec ? LockHandle() : std::move(h));
+        }));
       },
       token, &runtime, std::move(request));
-}
-
-/// LockHandle::async_release with the error as the typed exception.
-template <class CompletionToken>
-auto async_release_typed(LockHandle& handle, CompletionToken&& token) {
-  return asio::async_initiate<CompletionToken, void(std::exception_ptr)>(
-      [](auto handler, LockHandle handle) {
-        auto done = std::make_shared<AsioCompletion<decltype(handler), std::exception_ptr>>(std::move(handler));
-        ReleaseAccess::release(handle, [done](std::exception_ptr e) { done->complete(e); });
-      },
-      token, std::move(handle));
 }
 
 /// The state a LOCKED coroutine shares with the lease's loss handler and
@@ -209,6 +197,9 @@ struct LockedRun {
   Executor ex;
   asio::cancellation_signal signal;  ///< the callable's cancellation
   bool done = false;                 ///< the callable finished: nothing more to cancel
+  /// Why the lease was lost (a LostReason; -1 while held): written on the
+  /// notifier thread, which tells a loss before the release's outcome.
+  std::atomic<int> lost{-1};
 };
 
 template <class T, class Executor, class Invoke>
@@ -234,6 +225,7 @@ asio::awaitable<T, Executor> run_locked(Runtime* rt, LockRequest request, std::e
   // A lost lease cancels the callable, on its executor.
   LeaseWatch watch = h.lease().on_lost([run](std::optional<LostReason> reason) {
     if (!reason) return;
+    run->lost.store(static_cast<int>(*reason), std::memory_order_release);
     asio::post(run->ex, [run] {
       if (!run->done) run->signal.emit(asio::cancellation_type::terminal);
     });
@@ -266,14 +258,21 @@ asio::awaitable<T, Executor> run_locked(Runtime* rt, LockRequest request, std::e
     if (caller.is_connected()) caller.clear();
   }
   run->done = true;
-  watch.cancel();
   // Released before the caller goes on; a lease lost while held overrides
-  // whatever the callable did.
+  // whatever the callable did. The watch stays until the release's
+  // outcome: it names the loss's reason.
+  const std::string key = h.lease().key();
+  const std::optional<LostReason> lost_before = h.lease().lost_reason();
+  std::error_code release_code;
+  co_await h.async_release(asio::redirect_error(asio::use_awaitable_t<Executor>{}, release_code));
+  watch.cancel();
   std::exception_ptr release_error;
-  try {
-    co_await async_release_typed(h, asio::use_awaitable_t<Executor>{});
-  } catch (...) {
-    release_error = std::current_exception();
+  if (release_code == errc::lease_lost) {
+    const int lost = run->lost.load(std::memory_order_acquire);
+    release_error = std::make_exception_ptr(
+        LeaseLost(key, lost >= 0 ? static_cast<LostReason>(lost) : lost_before.value_or(LostReason::kExpired)));
+  } else if (release_code) {
+    release_error = std::make_exception_ptr(std::system_error(release_code));
   }
   co_await asio::this_coro::throw_if_cancelled(throw_if_cancelled);
   if (release_error) std::rethrow_exception(release_error);

@@ -35,7 +35,6 @@ namespace lockwatch {
 namespace detail {
 struct HandleState;
 struct HandleAccess;
-struct ReleaseAccess;
 }  // namespace detail
 
 class LockHandle;
@@ -93,6 +92,13 @@ class LockHandle {
   /// (never inside this call). Throws InvalidArgument on an empty handle
   /// (the handler is then never called).
   void release(std::function<void(std::error_code)> handler);
+  /// The empty handle an asynchronous acquisition (Runtime::async_acquire,
+  /// async_lock) completed with beside an error code: that error as its
+  /// typed exception, for code that wants more than the code (a
+  /// ConnectionError's endpoint and backend_code(), the store's message,
+  /// how long LockNotAcquired waited): `std::rethrow_exception(h.failure())`.
+  /// Null for any other handle.
+  std::exception_ptr failure() const noexcept { return failure_; }
   /// Asio: release() with a completion token, completing with
   /// void(std::error_code). Defined by <lockwatch/asio.hpp>.
   template <class CompletionToken>
@@ -100,14 +106,12 @@ class LockHandle {
 
  private:
   friend struct detail::HandleAccess;
-  friend struct detail::ReleaseAccess;
-  /// release(handler) with the error as the typed exception (LOCKED on a
-  /// coroutine rethrows it).
-  void release_typed(std::function<void(std::exception_ptr)> handler);
   explicit LockHandle(std::shared_ptr<detail::HandleState> state, bool set = false) noexcept
       : state_(std::move(state)), set_(set) {}
+  explicit LockHandle(std::exception_ptr failure) noexcept : failure_(std::move(failure)) {}
   std::shared_ptr<detail::HandleState> state_;
-  bool set_ = false;  ///< a set's handle (lockwatch::all_of)
+  std::exception_ptr failure_;  ///< see failure()
+  bool set_ = false;            ///< a set's handle (lockwatch::all_of)
 };
 
 }  // namespace lockwatch

@@ -71,10 +71,10 @@
 #include <type_traits>
 #include <utility>
 
-#include "lockwatch/detail/access.hpp"
 #include "lockwatch/errors.hpp"
 #include "lockwatch/key_pattern.hpp"
 #include "lockwatch/lease.hpp"
+#include "lockwatch/locked_work.hpp"
 #include "lockwatch/runtime.hpp"
 
 namespace lockwatch {
@@ -163,7 +163,7 @@ R invoke_locked(Fn& fn, const Lease* lease, std::tuple<S...>& args) {
 }
 
 template <class R, bool WithLease, class Fn, class... S>
-class CallImpl final : public Call {
+class CallImpl final : public LockedWork {
  public:
   template <class... A>
   explicit CallImpl(std::shared_ptr<Fn> fn, A&&... a) : fn_(std::move(fn)), args_(std::forward<A>(a)...) {}
@@ -266,7 +266,7 @@ class Locked {
       auto [key, error] = make_key(args...);
       auto call = std::make_shared<Call>(fn_, std::forward<Args>(args)...);
       auto future = call->get_future();
-      start(call, std::move(key), error);
+      start(std::move(call), std::move(key), error);
       return future;
     }
   }
@@ -315,7 +315,7 @@ class Locked {
       call = std::make_shared<Call>(fn_, std::forward<Obj>(obj), std::forward<Args>(args)...);
     }
     auto future = call->get_future();
-    start(call, std::move(key), error);
+    start(std::move(call), std::move(key), error);
     return future;
     }
   }
@@ -348,19 +348,22 @@ class Locked {
   }
 
   template <class Key>
-  void start(const std::shared_ptr<detail::Call>& call, Key key, std::exception_ptr key_error) const {
+  void start(std::shared_ptr<LockedWork> call, Key key, std::exception_ptr key_error) const {
     LockRequest request = detail::call_request(request_, context_from_, std::move(key), key_error);
     if (key_error) {
       call->finish(key_error);
       return;
     }
-    try {
-      Runtime& rt = runtime_ ? *runtime_ : Runtime::default_runtime();
-      detail::DispatchAccess::dispatch(rt, std::move(request), call);
-    } catch (...) {
-      // dispatch() throws only before anything started.
-      call->finish(std::current_exception());
+    Runtime* rt = runtime_;
+    if (rt == nullptr) {
+      try {
+        rt = &Runtime::default_runtime();
+      } catch (...) {
+        call->finish(std::current_exception());
+        return;
+      }
     }
+    rt->async_acquire(std::move(request), std::move(call));
   }
 
   K key_;

@@ -11,6 +11,7 @@
 #include "lockwatch/lock_kind.hpp"
 #include "lockwatch/lock_request.hpp"
 #include "lockwatch/locked.hpp"
+#include "lockwatch/locked_work.hpp"
 #include "lockwatch/mutex.hpp"
 #include "lockwatch/observer.hpp"
 #include "lockwatch/options.hpp"

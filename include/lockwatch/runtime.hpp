@@ -27,12 +27,12 @@
 #include <system_error>
 #include <vector>
 
-#include "lockwatch/detail/call.hpp"
 #include "lockwatch/errors.hpp"
 #include "lockwatch/lock_handle.hpp"
 #include "lockwatch/lock_key.hpp"
 #include "lockwatch/lock_kind.hpp"
 #include "lockwatch/lock_request.hpp"
+#include "lockwatch/locked_work.hpp"
 #include "lockwatch/observer.hpp"
 #include "lockwatch/options.hpp"
 #include "lockwatch/thread_pool.hpp"
@@ -40,8 +40,9 @@
 namespace lockwatch {
 
 namespace detail {
+class RuntimeImpl;  ///< the runtime's inside (lib/runtime/runtime_impl.hpp)
+struct HandleCall;  ///< a handle's acquisition on its way (lib/runtime/completion.hpp)
 struct RuntimeAccess;
-struct DispatchAccess;
 }  // namespace detail
 
 /// What Runtime::async_acquire's handler is called with: the error (a
@@ -189,6 +190,17 @@ class Runtime {
   /// thread: LOCKED on the same key from this thread waits for the handle
   /// like any caller, unless it runs inside LockHandle::enter().
   AcquireTicket async_acquire(LockRequest request, AcquireHandler handler);
+  /// The same operation with work as its completion, as LOCKED takes its
+  /// locks (locked_work.hpp): once granted, work->run() runs on the pool
+  /// with the lease renewed; the lock is released, then work->finish() is
+  /// called once with the outcome. A lost lease finishes the work at once
+  /// with LeaseLost. Made inside a locked call (within run(), or a
+  /// LockHandle::enter() scope), the call runs on this thread instead and
+  /// this returns once it finished: reentrant on a key held there, else
+  /// waiting for its lock and holding it for run() alone. A bad request or
+  /// a stopping runtime reaches finish() before this returns; nothing is
+  /// thrown but for an empty `work` (InvalidArgument).
+  void async_acquire(LockRequest request, std::shared_ptr<LockedWork> work);
 
   /// Operators' tools (the `lockwatch status` and `release --force`
   /// commands). inspect() says what the store holds for `key`;
@@ -224,22 +236,10 @@ class Runtime {
   /// The counters since the runtime started.
   RuntimeStats stats() const noexcept;
 
-
  private:
   using Impl = detail::RuntimeImpl;  ///< lib/runtime/runtime_impl.hpp
   friend struct detail::RuntimeAccess;
-  friend struct detail::DispatchAccess;
   explicit Runtime(std::shared_ptr<Impl> impl) noexcept : impl_(std::move(impl)) {}
-  /// Used by LOCKED. Validates the request (throws InvalidArgument or
-  /// RuntimeStopped before anything starts), then acquires the lock and runs
-  /// the call on the pool. A call made from inside another locked call runs
-  /// inline on the calling thread instead, and dispatch() returns only when
-  /// it has finished; on a key the enclosing calls hold it is reentrant and
-  /// does not touch Redis.
-  void dispatch(LockRequest request, std::shared_ptr<detail::Call> call);
-  /// What lockwatch/asio.hpp's LOCKED uses: async_acquire() with the error
-  /// as the typed exception.
-  AcquireTicket dispatch_acquire(LockRequest request, detail::AcquireCallback handler);
   std::shared_ptr<Impl> impl_;  ///< lock handles keep a weak reference
 };
 

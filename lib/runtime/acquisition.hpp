@@ -100,6 +100,10 @@ struct HandleAccess {
   // Empties a handle whose release was taken in hand (it releases nothing
   // when destroyed).
   static void forget(LockHandle& h) noexcept { h.state_.reset(); }
+  // An empty handle that says why its acquisition failed (failure()).
+  static LockHandle failed(std::exception_ptr error) noexcept { return LockHandle(std::move(error)); }
+  // LockHandle::release(handler) with the error as the typed exception.
+  static void release(LockHandle& h, std::function<void(std::exception_ptr)> handler);
 };
 
 }  // namespace lockwatch::detail

@@ -30,13 +30,18 @@
 #include <string>
 
 #include "lockwatch/lock_handle.hpp"
-#include "lockwatch/detail/call.hpp"
 #include "lockwatch/errors.hpp"
+#include "lockwatch/locked_work.hpp"
 
 namespace lockwatch::detail {
 
 struct Acquisition;
 struct LeaseRecord;
+class RuntimeImpl;
+
+// How the runtime's inner callers (async_acquire, the scheduler, LOCKED on
+// a coroutine) take a handle: the error as its typed exception.
+using AcquireCallback = std::function<void(std::exception_ptr error, LockHandle handle)>;
 
 // A handle's outcome until its lock is granted, delivered through
 // `complete` exactly once: by the loop (granted, or failed) or by
@@ -97,8 +102,8 @@ class Completion {
     std::shared_ptr<std::promise<void>> finished = std::make_shared<std::promise<void>>();
   };
 
-  static Completion on_pool(std::shared_ptr<Call> work) { return Completion(Way::kPool, std::move(work), nullptr); }
-  static Completion run_inline(std::shared_ptr<Call> work) {
+  static Completion on_pool(std::shared_ptr<LockedWork> work) { return Completion(Way::kPool, std::move(work), nullptr); }
+  static Completion run_inline(std::shared_ptr<LockedWork> work) {
     Completion c(Way::kInline, std::move(work), nullptr);
     c.inline_ = std::make_unique<InlineWait>();
     return c;
@@ -110,7 +115,7 @@ class Completion {
   Way way() const noexcept { return way_; }
   // The work a granted lease runs: none for a handle (its lease is its own
   // state).
-  const std::shared_ptr<Call>& work() const noexcept { return work_; }
+  const std::shared_ptr<LockedWork>& work() const noexcept { return work_; }
   // A handle's call (none for work).
   HandleCall* handle() const noexcept { return handle_.get(); }
   // An inline call's waits (none otherwise).
@@ -133,11 +138,11 @@ class Completion {
   }
 
  private:
-  Completion(Way way, std::shared_ptr<Call> work, std::shared_ptr<HandleCall> handle) noexcept
+  Completion(Way way, std::shared_ptr<LockedWork> work, std::shared_ptr<HandleCall> handle) noexcept
       : way_(way), work_(std::move(work)), handle_(std::move(handle)) {}
 
   Way way_;
-  std::shared_ptr<Call> work_;
+  std::shared_ptr<LockedWork> work_;
   std::shared_ptr<HandleCall> handle_;
   std::unique_ptr<InlineWait> inline_;
 };

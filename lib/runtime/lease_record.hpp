@@ -25,7 +25,7 @@
 #include "core/token.hpp"
 #include "lockwatch/lease.hpp"
 #include "lockwatch/lock_request.hpp"
-#include "lockwatch/detail/call.hpp"
+#include "lockwatch/locked_work.hpp"
 #include "lockwatch/thread_pool.hpp"
 #include "lockwatch/timer_wheel.hpp"
 #include "runtime/step.hpp"
@@ -33,6 +33,7 @@
 
 namespace lockwatch::detail {
 
+class RuntimeImpl;
 class Watchdog;
 
 // A valid ttl (1 .. max_ttl) in milliseconds as decimal text, kept inline
@@ -247,7 +248,7 @@ struct LeaseRecord final : Lease, TimerTask, HandleState {
   LockKind kind;               // how it is held (renewed and released as such)
   StoreName name;              // the store's name for the key
   Watchdog* const watchdog;    // outlives every lease (both belong to the runtime)
-  std::shared_ptr<Call> call;  // the work; none for a handle
+  std::shared_ptr<LockedWork> call;  // the work; none for a handle
   // Loop thread.
   Clock::duration renew_after{};  // from a renewal's send to the next one (a tick early)
   Clock::time_point granted_at;   // for the hold time

@@ -6,7 +6,7 @@
 #include <algorithm>
 #include <atomic>
 
-#include "lockwatch/detail/access.hpp"
+#include "runtime/acquisition.hpp"
 #include "runtime/runtime_impl.hpp"
 
 namespace lockwatch::detail {
@@ -381,7 +381,7 @@ namespace lockwatch {
 
 // A LOCKED call on a set: see lock_set.hpp. The keys held by calls around
 // this one on this thread are borrowed (reentrancy per key).
-void detail::RuntimeImpl::dispatch_set(detail::LockSpec spec, std::shared_ptr<detail::Call> call) {
+void detail::RuntimeImpl::dispatch_set(detail::LockSpec spec, std::shared_ptr<LockedWork> call) {
   auto& held_here = detail::leases_on_this_thread();
   std::vector<const detail::LeaseRecord*> borrowed;
   if (!held_here.empty()) {
@@ -418,7 +418,7 @@ void detail::RuntimeImpl::dispatch_set(detail::LockSpec spec, std::shared_ptr<de
     }
     std::promise<std::exception_ptr> released;
     auto outcome = released.get_future();
-    detail::ReleaseAccess::release(h, [&released](std::exception_ptr e) { released.set_value(e); });
+    detail::HandleAccess::release(h, [&released](std::exception_ptr e) { released.set_value(e); });
     call->finish(outcome.get());
     return;
   }
@@ -441,11 +441,11 @@ void detail::RuntimeImpl::dispatch_set(detail::LockSpec spec, std::shared_ptr<de
           LeaseScope in = held->enter();
           call->run();
         }
-        detail::ReleaseAccess::release(*held, end);
+        detail::HandleAccess::release(*held, end);
       });
     } catch (...) {
       // The pool refused it (stopping): the work never runs.
-      detail::ReleaseAccess::release(*held, [end](std::exception_ptr) {
+      detail::HandleAccess::release(*held, [end](std::exception_ptr) {
         end(std::make_exception_ptr(RuntimeStopped("lockwatch runtime stopped before the work could run")));
       });
     }

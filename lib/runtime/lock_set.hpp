@@ -39,6 +39,7 @@
 #include "lockwatch/lease.hpp"
 #include "lockwatch/lock_handle.hpp"
 #include "lockwatch/runtime.hpp"
+#include "runtime/completion.hpp"
 #include "runtime/lease_record.hpp"
 #include "runtime/lock_spec.hpp"
 

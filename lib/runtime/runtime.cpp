@@ -307,7 +307,7 @@ void detail::check_reentrant(const std::string& key, const LockKind& held, const
       held.describe(), asked.describe()));
 }
 
-void detail::RuntimeImpl::dispatch(detail::LockSpec spec, std::shared_ptr<detail::Call> call) {
+void detail::RuntimeImpl::dispatch(detail::LockSpec spec, std::shared_ptr<LockedWork> call) {
   validate(spec);
   if (!spec.set.empty()) {
     dispatch_set(std::move(spec), std::move(call));
@@ -548,22 +548,30 @@ AcquireTicket Runtime::async_acquire(LockRequest request, AcquireHandler handler
   auto h = std::make_shared<AcquireHandler>(std::move(handler));
   try {
     return impl_->acquire(spec_of(std::move(request)), [h](std::exception_ptr e, LockHandle lh) {
-      (*h)(detail::code_of(e), std::move(lh));
+      (*h)(detail::code_of(e), e ? detail::HandleAccess::failed(e) : std::move(lh));
     });
   } catch (...) {
     // Refused before anything started: the handler learns it as it learns
     // any outcome, off this thread, and nothing is thrown.
-    detail::post_completion(impl_->notifier(),
-                            [h, ec = detail::code_of(std::current_exception())] { (*h)(ec, LockHandle()); });
+    detail::post_completion(impl_->notifier(), [h, e = std::current_exception()] {
+      (*h)(detail::code_of(e), detail::HandleAccess::failed(e));
+    });
     return AcquireTicket();
   }
 }
 
-MetricsPattern::MetricsPattern(std::string_view text) noexcept : id_(detail::pattern_id(text)) {}
-
-AcquireTicket Runtime::dispatch_acquire(LockRequest request, detail::AcquireCallback handler) {
-  return impl_->acquire(spec_of(std::move(request)), std::move(handler));
+void Runtime::async_acquire(LockRequest request, std::shared_ptr<LockedWork> work) {
+  if (!work) throw InvalidArgument("Runtime::async_acquire: the work is empty");
+  try {
+    impl_->dispatch(spec_of(std::move(request)), work);
+  } catch (...) {
+    // Refused before anything started (InvalidArgument, Unsupported,
+    // RuntimeStopped): the work learns it, and nothing is thrown.
+    work->finish(std::current_exception());
+  }
 }
+
+MetricsPattern::MetricsPattern(std::string_view text) noexcept : id_(detail::pattern_id(text)) {}
 
 bool AcquireTicket::cancel() noexcept {
   if (!call_ || !call_->claim(detail::HandleCall::kCancelled)) return false;
@@ -612,6 +620,7 @@ LockHandle& LockHandle::operator=(LockHandle&& other) noexcept {
       }
     }
     state_ = std::move(other.state_);
+    failure_ = std::move(other.failure_);
     set_ = other.set_;
   }
   return *this;
@@ -633,15 +642,15 @@ const Lease& LockHandle::lease() const noexcept {
 
 void LockHandle::release(std::function<void(std::error_code)> handler) {
   if (!handler) throw InvalidArgument("LockHandle::release: the handler is empty");
-  release_typed([h = std::move(handler)](std::exception_ptr e) { h(detail::code_of(e)); });
+  detail::HandleAccess::release(*this, [h = std::move(handler)](std::exception_ptr e) { h(detail::code_of(e)); });
 }
 
-void LockHandle::release_typed(std::function<void(std::exception_ptr)> handler) {
-  if (!state_) throw InvalidArgument("LockHandle::release() on a handle that holds no lock");
+void detail::HandleAccess::release(LockHandle& h, std::function<void(std::exception_ptr)> handler) {
+  if (!h.state_) throw InvalidArgument("LockHandle::release() on a handle that holds no lock");
   if (!handler) throw InvalidArgument("LockHandle::release: the handler is empty");
-  auto state = std::move(state_);
+  auto state = std::move(h.state_);
   state->released(std::move(handler));
-  if (set_) {
+  if (h.set_) {
     detail::SetRecord::release_keys(std::static_pointer_cast<detail::SetRecord>(std::move(state)));
     return;
   }
@@ -729,10 +738,6 @@ RuntimeStats Runtime::stats() const noexcept {
   s.timer_wakeups = c.timer_wakeups.load(std::memory_order_relaxed);
   s.min_renewal_slack = std::chrono::microseconds(c.min_renewal_slack_us.load(std::memory_order_relaxed));
   return s;
-}
-
-void Runtime::dispatch(LockRequest request, std::shared_ptr<detail::Call> call) {
-  impl_->dispatch(spec_of(std::move(request)), std::move(call));
 }
 
 }  // namespace lockwatch

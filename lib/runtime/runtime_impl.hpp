@@ -65,8 +65,8 @@ class detail::RuntimeImpl final : public std::enable_shared_from_this<detail::Ru
   // Admission, any thread: a call checked, let in and handed to the loop.
   void validate(detail::LockSpec& spec) const;
   // LOCKED's way in; a set's (runtime/lock_set.cpp).
-  void dispatch(detail::LockSpec spec, std::shared_ptr<detail::Call> call);
-  void dispatch_set(detail::LockSpec spec, std::shared_ptr<detail::Call> call);
+  void dispatch(detail::LockSpec spec, std::shared_ptr<LockedWork> call);
+  void dispatch_set(detail::LockSpec spec, std::shared_ptr<LockedWork> call);
   // A LockHandle's, as a future and with a handler (JobHost above; the
   // handler runs on the notifier thread).
   std::future<LockHandle> acquire(detail::LockSpec spec);
