@@ -41,6 +41,7 @@ struct Want {
   std::string key;    // the user's key; the store's name is lock_key(key)
   std::string token;
   bool notify = true;  // release(): publish a notice
+  bool waits = false;  // acquire(): the call waits (LockRef::waits)
 };
 
 class NodeStoreTest : public ::testing::Test {
@@ -82,7 +83,8 @@ class NodeStoreTest : public ::testing::Test {
         std::vector<std::string> names;
         for (const auto& w : g) names.push_back(lock_key(w.key));
         std::vector<LockRef> refs;
-        for (std::size_t i = 0; i < g.size(); ++i) refs.push_back(LockRef{names[i], g[i].token, ttl_ms, ttl});
+        for (std::size_t i = 0; i < g.size(); ++i)
+          refs.push_back(LockRef{names[i], g[i].token, ttl_ms, ttl, LockKind{}, g[i].waits});
         store_->acquire(refs, [all, results, answers, left, base](std::size_t i, const Acquired& r) {
           (*results)[base + i] = r;
           if (++(*answers)[base + i] == 1 && --*left == 0) all->set_value();
@@ -291,6 +293,30 @@ TEST_F(NodeStoreTest, ALoneLockWhoseCounterRedisRefusesFailsAndLeavesNoLock) {
   auto again = acquire({{{"alone", "t2"}}});
   EXPECT_EQ(again[0].status, Acquired::Status::kTaken);
   EXPECT_EQ(again[0].fence, 1u);
+}
+
+// A writer that finds readers leaves its mark (`<lock>:writer`, holding
+// new readers back) only when it waits, and only a grant of a call that
+// waits looks for its mark to delete: a call that does not wait costs the
+// server no read of a mark.
+TEST_F(NodeStoreTest, OnlyAWriterThatWaitsLeavesAMarkAndLooksForItWhenGranted) {
+  const std::string mark = lock_key("rw") + ":writer";
+  server_.command({"SET", lock_key("rw"), "lockwatch:shared", "PX", "10000"});  // readers hold it
+  auto once = acquire({{{.key = "rw", .token = "t1"}}});
+  EXPECT_EQ(once[0].status, Acquired::Status::kBusy);
+  EXPECT_EQ(server_.command({"EXISTS", mark}).integer, 0) << "a writer that does not wait left a mark";
+  auto waiting = acquire({{{.key = "rw", .token = "t2", .waits = true}}});
+  EXPECT_EQ(waiting[0].status, Acquired::Status::kBusy);
+  EXPECT_EQ(server_.command({"GET", mark}).str, "t2");
+  server_.command({"DEL", lock_key("rw")});  // the readers are gone
+  auto granted = acquire({{{.key = "rw", .token = "t2", .waits = true}}});
+  EXPECT_EQ(granted[0].status, Acquired::Status::kTaken);
+  EXPECT_EQ(server_.command({"EXISTS", mark}).integer, 0) << "its grant deleted the writer's own mark";
+  // A grant without a wait: SET, the old counter's GET and INCR, no read of a mark.
+  const long long gets = calls_of("get");
+  auto plain = acquire({{{.key = "plain", .token = "t3"}}});
+  EXPECT_EQ(plain[0].status, Acquired::Status::kTaken);
+  EXPECT_EQ(calls_of("get") - gets, 1);
 }
 
 // 20,000 names (as `sku:{0}` makes them) leave one counter per slot they

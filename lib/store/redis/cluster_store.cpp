@@ -538,8 +538,9 @@ void ClusterStore::acquire(std::span<const LockRef> locks, AcquireDone done) {
       (*shared)(i, out);
     };
     auto send = [this, i, shared, token = std::string(locks[i].token), ttl_ms = std::string(locks[i].ttl_ms),
-                 ttl = locks[i].ttl, kind = locks[i].kind](RedisNodeStore& node, const std::shared_ptr<Call>& self) {
-      LockRef ref{self->name, token, ttl_ms, ttl, kind};
+                 ttl = locks[i].ttl, kind = locks[i].kind,
+                 waits = locks[i].waits](RedisNodeStore& node, const std::shared_ptr<Call>& self) {
+      LockRef ref{self->name, token, ttl_ms, ttl, kind, waits};
       node.acquire(std::span<const LockRef>(&ref, 1), [this, self, i, shared](std::size_t, const Acquired& r) {
         // A redirected or refused command did not run: sending it again
         // cannot take the lock twice.

@@ -38,7 +38,8 @@ std::chrono::system_clock::time_point time_at(const redisReply* r, std::size_t f
 
 // The acquire script's call for `locks` (a batch, or the direct lane's one
 // lock): each lock's keys (itself, its slot's counter, its old counter),
-// then each one's token and ttl, then the owner's name.
+// then each one's token and ttl ('w' first for a call that waits), then
+// the owner's name.
 template <class Locks>
 EvalRequest acquire_request(const Locks& locks, std::string_view key_prefix, std::string_view owner) {
   std::size_t bytes = owner.size();
@@ -49,7 +50,7 @@ EvalRequest acquire_request(const Locks& locks, std::string_view key_prefix, std
     request.arg(key_prefix, redis_keys::kCounterInfix, "{", slot_tag(key_slot(a.name)), "}");
     request.arg(a.name, redis_keys::kFenceSuffix);
   }
-  for (const auto& a : locks) request.arg(a.token).arg(a.ttl_ms);
+  for (const auto& a : locks) request.arg(a.token).arg(a.waits ? "w" : "", a.ttl_ms);
   request.arg(owner);
   return request;
 }
@@ -171,7 +172,7 @@ void RedisNodeStore::acquire(std::span<const LockRef> locks, AcquireDone done) {
     const LockRef& l = locks[i];
     // A lone lock's queued lock takes the call's `done`; larger calls' share it.
     QueuedAcquire a{SmallString<40>(l.name), SmallString<32>(l.token), SmallString<16>(l.ttl_ms), i,
-                    locks.size() == 1 ? std::move(each) : each, l.kind};
+                    locks.size() == 1 ? std::move(each) : each, l.kind, l.waits};
     if (!l.kind.exclusive_kind()) {
       send_kind_acquire(std::move(a));
     } else if (queued) {

@@ -198,6 +198,7 @@ class RedisNodeStore final : public StoreBase,
     std::size_t index;
     CallDone<AcquireDone> done;
     LockKind kind{};
+    bool waits = false;  // LockRef::waits
   };
   struct QueuedRelease {
     SmallString<40> name;

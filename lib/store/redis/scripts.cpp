@@ -40,7 +40,9 @@ namespace {
 // read, set and deleted by name, undeclared, and with pcall: it shares the
 // lock's slot, but a node importing that slot (an ASK) refuses keys not
 // declared; the mark is a preference, never what exclusion rests on, so
-// that attempt goes without it. Who holds a lock is in its value: the
+// that attempt goes without it. Only a call that waits (its ttl sent as
+// 'w<ms>') comes back to a mark: it alone leaves one, and its grant alone
+// looks for one to delete; a call that does not wait costs no read of it. Who holds a lock is in its value: the
 // owner token, then, after a space each, the grant time (the server's
 // TIME in unix ms, '-' where TIME is refused) and the runtime's owner name
 // (the last ARGV): no other key per lock. Every script that asks whether a
@@ -54,6 +56,8 @@ local record = ' ' .. (now.err and '-' or now[1] .. string.format('%03d', math.f
 for i = 1, #KEYS / 3 do
   local lock, counter, legacy = KEYS[3 * i - 2], KEYS[3 * i - 1], KEYS[3 * i]
   local token, ttl = ARGV[2 * i - 1], ARGV[2 * i]
+  local waits = string.byte(ttl) == 119
+  if waits then ttl = string.sub(ttl, 2) end
   local f, err
   if redis.call('set', lock, token .. record, 'NX', 'PX', ttl) then
     local old = redis.pcall('get', legacy)
@@ -78,8 +82,10 @@ for i = 1, #KEYS / 3 do
     else
       out[i] = 't' .. string.format('%d', f)
     end
-    local mark = lock .. ':writer'
-    if redis.pcall('get', mark) == token then redis.pcall('del', mark) end
+    if waits then
+      local mark = lock .. ':writer'
+      if redis.pcall('get', mark) == token then redis.pcall('del', mark) end
+    end
   else
     local t = redis.call('pttl', lock)
     local v = redis.pcall('get', lock)
@@ -95,8 +101,10 @@ for i = 1, #KEYS / 3 do
       end
     elseif v == 'lockwatch:shared' then
       local mark, mark_ttl = lock .. ':writer', math.min(tonumber(ttl), 2000)
-      local other = redis.pcall('get', mark)
-      if not other or other == token then redis.pcall('set', mark, token, 'PX', mark_ttl) end
+      if waits then
+        local other = redis.pcall('get', mark)
+        if not other or other == token then redis.pcall('set', mark, token, 'PX', mark_ttl) end
+      end
       out[i] = 'b' .. math.min(t, math.max(1, math.floor(mark_ttl / 2)))
     elseif type(v) == 'string' and string.sub(v, 1, 18) == 'lockwatch:permits:' then
       err = 'LOCKWATCH-KIND ' .. lock .. ' is held as a semaphore of ' .. string.sub(v, 19) ..
