@@ -102,7 +102,9 @@ class Completion {
     std::shared_ptr<std::promise<void>> finished = std::make_shared<std::promise<void>>();
   };
 
-  static Completion on_pool(std::shared_ptr<LockedWork> work) { return Completion(Way::kPool, std::move(work), nullptr); }
+  static Completion on_pool(std::shared_ptr<LockedWork> work) {
+    return Completion(Way::kPool, std::move(work), nullptr);
+  }
   static Completion run_inline(std::shared_ptr<LockedWork> work) {
     Completion c(Way::kInline, std::move(work), nullptr);
     c.inline_ = std::make_unique<InlineWait>();
