@@ -318,6 +318,58 @@ TEST_P(FaultsTest, AReleaseUnansweredPastTheDeadlineLosesNoWorkThatEndedInTime) 
   EXPECT_GE(took, 1s) << "answered before the release could have been";
 }
 
+// Tells once that a renewal failed (written, then unanswered within the
+// command timeout).
+class FirstRenewalFailure : public Observer {
+ public:
+  void on_renewal_failed(std::string_view, std::string_view) override {
+    if (!told_.exchange(true)) failed_.set_value();
+  }
+  bool wait() const { return seen_.wait_for(kBound) == std::future_status::ready; }
+
+ private:
+  std::atomic<bool> told_{false};
+  std::promise<void> failed_;
+  std::shared_future<void> seen_ = failed_.get_future().share();
+};
+
+// A hung server runs what it had read once it resumes: a renewal written
+// before the release, and never answered, may extend the key then, later
+// than any bound counted from its send. A release that cannot be confirmed
+// after such a renewal is a lost lease to the caller, never a release. Here
+// the renewal (at half the ttl) is written to the hung server and times
+// out; the work ends within the lease; the release cannot be confirmed
+// (its connection's handshake, or the release itself, gets no answer).
+TEST_P(FaultsTest, AReleaseUnconfirmedAfterAnUnansweredRenewalIsALostLease) {
+  RedisServer hung(over(GetParam()));
+  Options o = options_for(hung);
+  o.connection.command_timeout = 150ms;
+  o.connection.connect_timeout = 150ms;
+  o.watchdog.renew_weight = 0.5;
+  Runtime rt(o);
+  auto failure = std::make_shared<FirstRenewalFailure>();
+  rt.add_observer(failure);
+  bool renewal_failed = false;
+  bool within_lease = false;
+  auto call = locked("late-renewal", 2s, forever).on(rt)([&] {
+    hung.pause();  // before the renewal, due at 1 s
+    renewal_failed = failure->wait();
+    within_lease = !this_lease().lost();
+    return 1;
+  });
+  auto fut = call();
+  const bool ready = fut.wait_for(kBound) == std::future_status::ready;
+  hung.resume();
+  ASSERT_TRUE(ready);
+  EXPECT_TRUE(renewal_failed);
+  EXPECT_TRUE(within_lease);
+  auto lost = error_of<LeaseLost>(fut);
+  ASSERT_TRUE(lost) << "the release was reported done; the key's owner after the server resumed: "
+                    << hung.command({"GET", lock_key("late-renewal")}).str;
+  EXPECT_EQ(lost->reason(), LostReason::kStoreUnreachable);
+  EXPECT_NE(std::string(lost->what()).find("not counted released"), std::string::npos) << lost->what();
+}
+
 // Plaintext only: the counter sample does its racy GET and SET with hiredis,
 // which has no TLS.
 TEST(FaultsPlaintextTest, SeveralProcessesCountExactly) {

@@ -225,6 +225,10 @@ struct LeaseRecord final : Lease, TimerTask, HandleState {
   bool renewal_counts : 1 = false;  // the renewal in flight spends one of `retries`
   bool call_completed : 1 = false;  // complete_call() ran: the caller has its outcome
   bool uncounted : 1 = false;       // lost: no longer counted among the held (RuntimeStats)
+  // A renewal sent before the release has no answer yet: a hung server runs
+  // it when it resumes, extending the key past any bound counted from its
+  // send (Watchdog::send_renew, Watchdog::released).
+  bool renewal_in_doubt : 1 = false;
 
  private:
   enum : std::uint8_t { kStarted, kQueued, kAbandoned, kReleaseWritten };

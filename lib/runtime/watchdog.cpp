@@ -244,6 +244,10 @@ void Watchdog::renew_together(const std::vector<std::shared_ptr<LeaseRecord>>& l
 
 void Watchdog::send_renew(const std::shared_ptr<LeaseRecord>& l, Clock::time_point now) {
   l->last_sent = now;
+  // Before any release went out: until the store answers it, it may run
+  // after a release that was never written. Sent after, it runs after
+  // that release, and finds the key gone, or is harmless with it.
+  if (!l->release_in_flight && !l->release_written()) l->renewal_in_doubt = true;
   schedule(*l, LeaseRecord::Phase::kAwaitingReply, l->deadline());
   due_.push_back(l);
 }
@@ -302,6 +306,7 @@ void Watchdog::on_renew_result_now(const std::shared_ptr<LeaseRecord>& l, Clock:
       break;
     case Renewed::kGone:
     case Renewed::kTakenByOther:
+      l->renewal_in_doubt = false;  // the server is past what was written before
       // With the work over and the release in flight, the release's own
       // answer says what became of the key.
       if (!l->work_over() && !l->release_written())
@@ -334,6 +339,9 @@ void Watchdog::renewal_failed(const std::shared_ptr<LeaseRecord>& l, std::string
 
 void Watchdog::on_renewed(const std::shared_ptr<LeaseRecord>& l, Clock::time_point sent) {
   l->timeout.cancel();
+  // Answered: a server that hung has run what it read before it answers
+  // what came after.
+  l->renewal_in_doubt = false;
   auto left = l->deadline() - Clock::now();
   // The new deadline first: a work that sees the renewal counted
   // (Lease::renewals) reads the deadline it brought (Lease::remaining).
@@ -451,6 +459,10 @@ void Watchdog::released(const std::shared_ptr<LeaseRecord>& l, Released status, 
     if (!l->lost() && !store_.expiry_bounded())
       lose(l, LostReason::kStoreUnreachable,
            detail + "; the store may keep the lock past its ttl, so it is not counted released");
+    else if (!l->lost() && l->renewal_in_doubt)
+      lose(l, LostReason::kStoreUnreachable,
+           detail + "; a renewal written before it has no answer and may still extend the key, so it is not "
+                    "counted released");
     else if (!l->lost())
       l->set_lost_detail(detail);
     // The key expires at most the store's expiry bound (the ttl, or more
