@@ -83,9 +83,12 @@ class LockHandle {
   /// never the thread that happened to take it. Throws InvalidArgument on
   /// an empty handle.
   LeaseScope enter() const;
-  /// Releases the lock. The future becomes ready once Redis confirmed the
-  /// release (or the key has surely expired), with LeaseLost if the lease
-  /// was lost while held. Throws InvalidArgument on an empty handle.
+  /// Releases the lock. The future becomes ready once the store confirmed
+  /// the release (or the key has surely expired), with LeaseLost if the
+  /// lease was lost while held, or if the release could not be confirmed
+  /// while the key may still outlive any bound (a store without one, or a
+  /// renewal sent before the release still unanswered).
+  /// Throws InvalidArgument on an empty handle.
   std::future<void> release();
   /// The same with a handler instead of a future: called once with the
   /// error (errc::lease_lost) or none, on the runtime's notifier thread
