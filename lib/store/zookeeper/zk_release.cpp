@@ -206,12 +206,9 @@ void ZkRelease::delete_nodes(const Cleanup& c, Removed done) {
       return;
     }
     delete_paths(*s, mine, [this, done](int rc) {
-      if (rc == ZOK) {
-        done(Released::kYes, nullptr);
-      } else {
-        auto e = sessions_.error(rc, "deleting the lock's node");
-        done(Released::kUnconfirmed, &e);
-      }
+      if (rc == ZOK) return done(Released::kYes, nullptr);
+      auto e = sessions_.error(rc, "deleting the lock's node");
+      done(Released::kUnconfirmed, &e);
     });
   });
 }
