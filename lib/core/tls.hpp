@@ -11,10 +11,12 @@
 //
 // The sessions run over memory BIOs: the connection feeds them what its
 // libuv stream read and writes what they produce, all on the loop thread,
-// so OpenSSL never touches a socket and never blocks.
+// so OpenSSL never touches a socket and never blocks. The etcd store's
+// clock, which reads on a thread of its own, gives its session its
+// non-blocking socket instead (SSL_set_fd).
 //
 // Threading: a TlsContext is immutable once built and may be shared; a
-// session belongs to one connection on the loop thread.
+// session belongs to one connection (on the loop thread, but the clock's).
 #pragma once
 
 

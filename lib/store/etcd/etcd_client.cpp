@@ -16,25 +16,6 @@ namespace lockwatch::detail {
 
 namespace {
 
-// Something the completion queue reports on: a unary call's answer or one
-// step of a stream. completed() runs on the queue's thread.
-struct Tag {
-  virtual void completed(bool ok) = 0;
-
- protected:
-  ~Tag() = default;
-};
-
-// One step of a stream, reported to its owner on the queue's thread.
-template <class Owner>
-struct Step final : Tag {
-  Owner* owner = nullptr;
-  int kind = 0;
-  void completed(bool ok) override { owner->step(kind, ok); }
-};
-
-enum StepKind { kStart, kWrite, kRead, kWritesDone, kFinish };
-
 // A PEM file's text (checked readable by EtcdStore::check_options).
 std::string read_file(const std::string& path) {
   if (path.empty()) return {};
@@ -77,14 +58,15 @@ struct EtcdClient::Member {
 struct EtcdClient::Call : std::enable_shared_from_this<EtcdClient::Call> {
   virtual ~Call() = default;
   // Loop thread: answer with `error` now (close(), which marks it
-  // answered); the queue's later answer is then dropped.
+  // answered); gRPC's later answer is then dropped.
   virtual void fail(const StoreError& error) = 0;
-  // Loop thread: the answer, once the queue's last step came back.
+  // Loop thread: the answer, once gRPC ended the call.
   virtual void answer() = 0;
 
-  // Queue thread, the call's last step: answer() runs on the loop, unless
-  // close() answered first.
-  void answer_on_loop() {
+  // gRPC's thread, the call's last callback (`end` its status): answer()
+  // runs on the loop, unless close() answered first.
+  void answer_on_loop(const grpc::Status& end) {
+    status = end;
     auto me = std::move(self);
     EtcdClient* c = client;
     c->loop_.post([me] {
@@ -94,15 +76,15 @@ struct EtcdClient::Call : std::enable_shared_from_this<EtcdClient::Call> {
       me->answer();
     });
     me.reset();
-    // Nothing of the call is left in the queue (the destructor waits for
-    // every one before shutting it): the last use of the client here.
-    std::lock_guard lock(c->in_queue_mu_);
-    if (--c->in_queue_ == 0) c->in_queue_cv_.notify_all();
+    // Nothing of the call is left with gRPC (the destructor waits for
+    // every one): the last use of the client here.
+    std::lock_guard lock(c->in_flight_mu_);
+    if (--c->in_flight_ == 0) c->in_flight_cv_.notify_all();
   }
 
   // Loop thread: how a stream ended, as an error (`why` when the server
   // ended it without one); a member that did not answer is passed over.
-  StoreError stream_error(const grpc::Status& status, const char* why) {
+  StoreError stream_error(const char* why) {
     if (no_answer(status.error_code())) client->member_failed(member);
     // A token the cluster no longer takes (it expired, or the member that
     // issued it restarted): the next call authenticates again.
@@ -112,21 +94,22 @@ struct EtcdClient::Call : std::enable_shared_from_this<EtcdClient::Call> {
 
   EtcdClient* client = nullptr;
   grpc::ClientContext context;
+  grpc::Status status;  // set by answer_on_loop()
   std::size_t member = 0;
   bool answered = false;       // loop thread
-  std::shared_ptr<Call> self;  // kept until the queue's last answer
+  std::shared_ptr<Call> self;  // kept until gRPC's last callback
 };
 
+// A unary call; `done` gets its status (null: failed by close()) and
+// reads `response` (and `request`, to make the call again).
 template <class Request, class Response>
-struct EtcdClient::Unary final : Call, Tag {
+struct EtcdClient::Unary final : Call {
+  Request request;
   Response response;
-  grpc::Status status;
-  std::unique_ptr<grpc::ClientAsyncResponseReader<Response>> reader;
-  std::function<void(const Response&, const grpc::Status*)> done;
+  std::function<void(const grpc::Status*)> done;
 
-  void completed(bool) override { answer_on_loop(); }
-  void answer() override { done(response, &status); }
-  void fail(const StoreError&) override { done(Response{}, nullptr); }
+  void answer() override { done(&status); }
+  void fail(const StoreError&) override { done(nullptr); }
 };
 
 // ---- construction
@@ -168,30 +151,18 @@ EtcdClient::EtcdClient(Loop& loop, EtcdTarget target, const StoreSettings& setti
     members_.push_back(std::move(member));
   }
   member_down_.assign(members_.size(), false);
-  queue_thread_ = std::thread([this] { run_queue(); });
 }
 
 EtcdClient::~EtcdClient() {
   // close() cancelled every call; anything left (a client never closed)
-  // is cancelled here. A cancelled call's steps come back at once, and a
-  // stream may start its last one (Finish) from there: the queue is shut
-  // only once every call is back for good. The bound is for a gRPC that
+  // is cancelled here. A cancelled call ends at once; the client goes only
+  // once gRPC ran every call's last callback. The bound is for a gRPC that
   // would break that promise: better a report than a hang.
   for (const auto& call : live_) call->context.TryCancel();
   live_.clear();
-  {
-    std::unique_lock lock(in_queue_mu_);
-    if (!in_queue_cv_.wait_for(lock, std::chrono::seconds(30), [this] { return in_queue_ == 0; }))
-      std::fprintf(stderr, "lockwatch: %d etcd calls still in gRPC's queue after 30 s\n", in_queue_);
-  }
-  queue_.Shutdown();
-  queue_thread_.join();
-}
-
-void EtcdClient::run_queue() {
-  void* tag = nullptr;
-  bool ok = false;
-  while (queue_.Next(&tag, &ok)) static_cast<Tag*>(tag)->completed(ok);
+  std::unique_lock lock(in_flight_mu_);
+  if (!in_flight_cv_.wait_for(lock, std::chrono::seconds(30), [this] { return in_flight_ == 0; }))
+    std::fprintf(stderr, "lockwatch: %d etcd calls still with gRPC after 30 s\n", in_flight_);
 }
 
 // ---- errors, members
@@ -241,8 +212,8 @@ void EtcdClient::prepare(grpc::ClientContext& context, std::chrono::milliseconds
 
 void EtcdClient::track(std::shared_ptr<Call> call) {
   {
-    std::lock_guard lock(in_queue_mu_);
-    ++in_queue_;
+    std::lock_guard lock(in_flight_mu_);
+    ++in_flight_;
   }
   call->client = this;
   call->member = current_;
@@ -265,15 +236,13 @@ void EtcdClient::with_token(std::function<void(const StoreError*)> start) {
 
 void EtcdClient::authenticate() {
   authenticating_ = true;
-  using U = Unary<etcdserverpb::AuthenticateRequest, etcdserverpb::AuthenticateResponse>;
-  auto call = std::make_shared<U>();
+  auto call = std::make_shared<Unary<etcdserverpb::AuthenticateRequest, etcdserverpb::AuthenticateResponse>>();
   track(call);
   const std::size_t member = call->member;
   prepare(call->context, connect_timeout_);
-  etcdserverpb::AuthenticateRequest request;
-  request.set_name(target_.user);
-  request.set_password(target_.password);
-  call->done = [this, member](const etcdserverpb::AuthenticateResponse& response, const grpc::Status* status) {
+  call->request.set_name(target_.user);
+  call->request.set_password(target_.password);
+  call->done = [this, member, u = call.get()](const grpc::Status* status) {
     authenticating_ = false;
     auto waiting = std::exchange(waiting_for_token_, {});
     std::optional<StoreError> error;
@@ -282,27 +251,25 @@ void EtcdClient::authenticate() {
     } else if (!status->ok()) {
       if (no_answer(status->error_code())) member_failed(member);
       error = error_of(*status, member, /*authenticating=*/true);
-    } else if (response.token().empty()) {
+    } else if (u->response.token().empty()) {
       error = StoreError::auth(endpoint(member),
                                "authentication is not enabled on the cluster, yet the URL names a user");
     } else {
-      token_ = response.token();
+      token_ = u->response.token();
     }
     for (auto& start : waiting) start(error ? &*error : nullptr);
   };
-  Member& m = *members_[member];
-  call->reader = m.auth->PrepareAsyncAuthenticate(&call->context, request, &queue_);
-  call->reader->StartCall();
-  call->reader->Finish(&call->response, &call->status, static_cast<Tag*>(call.get()));
+  members_[member]->auth->async()->Authenticate(&call->context, &call->request, &call->response,
+                                                [u = call.get()](grpc::Status end) { u->answer_on_loop(end); });
 }
 
 // ---- unary calls
 
-template <class Request, class Response, class Prepare>
-void EtcdClient::unary(Request request, Done<Response> done, Prepare prepare_call, int attempt,
+template <class Request, class Response, class Rpc>
+void EtcdClient::unary(Request request, Done<Response> done, Rpc rpc, int attempt,
                        std::chrono::steady_clock::time_point deadline, bool reauthenticated) {
   if (attempt == 1) deadline = std::chrono::steady_clock::now() + command_timeout_;
-  with_token([this, request = std::move(request), done = std::move(done), prepare_call, attempt, deadline,
+  with_token([this, request = std::move(request), done = std::move(done), rpc, attempt, deadline,
               reauthenticated](const StoreError* auth_error) mutable {
     if (auth_error) return done(Response{}, auth_error);
     auto call = std::make_shared<Unary<Request, Response>>();
@@ -310,15 +277,15 @@ void EtcdClient::unary(Request request, Done<Response> done, Prepare prepare_cal
     const std::size_t member = call->member;
     const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
     prepare(call->context, std::max(left, std::chrono::milliseconds(1)));
-    call->reader = prepare_call(*members_[member], &call->context, request, &queue_);
-    call->done = [this, member, attempt, request = std::move(request), done = std::move(done), prepare_call, deadline,
-                  reauthenticated](const Response& response, const grpc::Status* status) mutable {
+    call->request = std::move(request);
+    call->done = [this, u = call.get(), member, attempt, done = std::move(done), rpc, deadline,
+                  reauthenticated](const grpc::Status* status) mutable {
       if (!status) {
         auto closed = StoreError::unavailable(name_, "the store is closed");
         return done(Response{}, &closed);
       }
       member_answered(member, *status);
-      if (status->ok()) return done(response, nullptr);
+      if (status->ok()) return done(u->response, nullptr);
       if (no_answer(status->error_code())) member_failed(member);
       // Unavailable (a member down, without a leader, or refusing the
       // connection): the next member, within the same deadline. Every
@@ -326,145 +293,94 @@ void EtcdClient::unary(Request request, Done<Response> done, Prepare prepare_cal
       // finds its own token).
       if (status->error_code() == grpc::StatusCode::UNAVAILABLE && attempt < static_cast<int>(members_.size()) &&
           std::chrono::steady_clock::now() < deadline && !closed_) {
-        return unary(std::move(request), std::move(done), prepare_call, attempt + 1, deadline, reauthenticated);
+        return unary(std::move(u->request), std::move(done), rpc, attempt + 1, deadline, reauthenticated);
       }
       // A token the cluster no longer takes (it expired): once more with a
       // new one.
       if (status->error_code() == grpc::StatusCode::UNAUTHENTICATED && !target_.user.empty() && !reauthenticated &&
           !closed_) {
         token_.clear();
-        return unary(std::move(request), std::move(done), prepare_call, attempt + 1, deadline,
-                     /*reauthenticated=*/true);
+        return unary(std::move(u->request), std::move(done), rpc, attempt + 1, deadline, /*reauthenticated=*/true);
       }
       StoreError error = error_of(*status, member);
       done(Response{}, &error);
     };
-    call->reader->StartCall();
-    call->reader->Finish(&call->response, &call->status, static_cast<Tag*>(call.get()));
+    rpc(*members_[member], &call->context, &call->request, &call->response,
+        [u = call.get()](grpc::Status end) { u->answer_on_loop(end); });
   });
 }
 
-// Each unary call: its stub's PrepareAsync<Rpc>, through unary().
+// Each unary call: its stub's callback method, through unary().
 void EtcdClient::range(etcdserverpb::RangeRequest request,
                        Done<etcdserverpb::RangeResponse> done) {
-  unary(std::move(request), std::move(done),
-        [](Member& m, auto&&... a) { return m.kv->PrepareAsyncRange(a...); });
+  unary(std::move(request), std::move(done), [](Member& m, auto&&... a) { m.kv->async()->Range(a...); });
 }
 void EtcdClient::txn(etcdserverpb::TxnRequest request,
                      Done<etcdserverpb::TxnResponse> done) {
-  unary(std::move(request), std::move(done),
-        [](Member& m, auto&&... a) { return m.kv->PrepareAsyncTxn(a...); });
+  unary(std::move(request), std::move(done), [](Member& m, auto&&... a) { m.kv->async()->Txn(a...); });
 }
 void EtcdClient::lease_grant(etcdserverpb::LeaseGrantRequest request,
                              Done<etcdserverpb::LeaseGrantResponse> done) {
-  unary(std::move(request), std::move(done),
-        [](Member& m, auto&&... a) { return m.lease->PrepareAsyncLeaseGrant(a...); });
+  unary(std::move(request), std::move(done), [](Member& m, auto&&... a) { m.lease->async()->LeaseGrant(a...); });
 }
 void EtcdClient::lease_revoke(etcdserverpb::LeaseRevokeRequest request,
                               Done<etcdserverpb::LeaseRevokeResponse> done) {
-  unary(std::move(request), std::move(done),
-        [](Member& m, auto&&... a) { return m.lease->PrepareAsyncLeaseRevoke(a...); });
+  unary(std::move(request), std::move(done), [](Member& m, auto&&... a) { m.lease->async()->LeaseRevoke(a...); });
 }
 void EtcdClient::lease_time_to_live(etcdserverpb::LeaseTimeToLiveRequest request,
                                     Done<etcdserverpb::LeaseTimeToLiveResponse> done) {
   unary(std::move(request), std::move(done),
-        [](Member& m, auto&&... a) { return m.lease->PrepareAsyncLeaseTimeToLive(a...); });
+        [](Member& m, auto&&... a) { m.lease->async()->LeaseTimeToLive(a...); });
 }
 
 // ---- streams
 
-// What both streams share: their steps, each counted while it is in the
-// queue (next() hands its tag out), and their end: Finish once no step
-// is left, then the answer on the loop. Queue thread only, from
-// StartCall on.
-template <class Owner, class Request, class Response>
-struct EtcdClient::Stream : Call {
-  std::unique_ptr<grpc::ClientAsyncReaderWriter<Request, Response>> stream;
-  grpc::Status status;
-  Request request;
-  Response response;
-  int outstanding = 0;
-  bool finishing = false;
-  Step<Owner> steps[5];
-
-  Tag* next(int kind) {
-    ++outstanding;
-    return &steps[kind];
-  }
-  void begin() {
-    for (int k = 0; k < 5; ++k) {
-      steps[k].owner = static_cast<Owner*>(this);
-      steps[k].kind = k;
-    }
-    stream->StartCall(next(kStart));
-  }
-  void end() {
-    if (!finishing) {
-      finishing = true;
-      return stream->Finish(&status, next(kFinish));
-    }
-    answer_on_loop();
-  }
-};
-
 // One batch of keep-alives on a stream of its own: every id written, an
-// answer read for each, then the stream closed. Its steps run on the
-// queue's thread only; the result goes to the loop.
+// answer read for each, then the stream closed. Its reactions run on
+// gRPC's threads (a write's and a read's may overlap: they share nothing
+// but `ids`); the result goes to the loop.
 struct EtcdClient::KeepAlive final
-    : Stream<KeepAlive, etcdserverpb::LeaseKeepAliveRequest, etcdserverpb::LeaseKeepAliveResponse> {
+    : Call, grpc::ClientBidiReactor<etcdserverpb::LeaseKeepAliveRequest, etcdserverpb::LeaseKeepAliveResponse> {
   std::vector<std::int64_t> ids;
   std::vector<std::int64_t> ttls;  // -1: no answer (yet)
   KeepAliveDone done;
-  // Queue thread only, from StartCall on.
-  std::size_t written = 0, read = 0;
-  bool writing = true, reading = true;
+  etcdserverpb::LeaseKeepAliveRequest request;
+  etcdserverpb::LeaseKeepAliveResponse response;
+  std::size_t written = 0;  // OnWriteDone's
+  std::size_t read = 0;     // OnReadDone's
 
+  void begin() {
+    write_next();
+    StartRead(&response);
+    StartCall();
+  }
   void write_next() {
-    if (written < ids.size()) {
-      request.set_id(ids[written]);
-      stream->Write(request, next(kWrite));
-    } else {
-      writing = false;
-      stream->WritesDone(next(kWritesDone));
-    }
+    if (written == ids.size()) return StartWritesDone();
+    request.set_id(ids[written]);
+    StartWrite(&request);
   }
-  void read_next() { stream->Read(&response, next(kRead)); }
-  void step(int kind, bool ok) {
-    --outstanding;
-    if (!ok) {  // a failed start ends both sides
-      if (kind == kStart || kind == kWrite) writing = false;
-      if (kind == kStart || kind == kRead) reading = false;
-    } else if (kind == kStart) {
-      write_next();
-      read_next();
-    } else if (kind == kWrite) {
-      ++written;
-      write_next();
-    } else if (kind == kRead) {
-      // Answers come in order; matched by id all the same.
-      for (std::size_t i = 0; i < ids.size(); ++i) {
-        if (ids[i] == response.id() && ttls[i] == -1) {
-          ttls[i] = response.ttl();
-          break;
-        }
+  void OnWriteDone(bool ok) override {
+    if (!ok) return;  // the stream broke: OnDone follows
+    ++written;
+    write_next();
+  }
+  void OnReadDone(bool ok) override {
+    if (!ok) return;
+    // Answers come in order; matched by id all the same.
+    for (std::size_t i = 0; i < ids.size(); ++i) {
+      if (ids[i] == response.id() && ttls[i] == -1) {
+        ttls[i] = response.ttl();
+        break;
       }
-      if (++read >= ids.size())
-        reading = false;
-      else
-        read_next();
     }
-    if (outstanding > 0 || (!finishing && reading)) return;
-    if (!finishing && writing) {
-      writing = false;
-      return stream->WritesDone(next(kWritesDone));
-    }
-    end();
+    if (++read < ids.size()) StartRead(&response);
   }
+  void OnDone(const grpc::Status& end) override { answer_on_loop(end); }
   void answer() override {
     bool all = read >= ids.size();
     if (!all || status.ok()) client->member_answered(member, status);
     if (all) return done(ttls, nullptr);
-    StoreError error = stream_error(status, "the keep-alive stream ended without every answer");
+    StoreError error = stream_error("the keep-alive stream ended without every answer");
     done(ttls, &error);
   }
   void fail(const StoreError& error) override { done(std::vector<std::int64_t>(ids.size(), -1), &error); }
@@ -479,49 +395,46 @@ void EtcdClient::keep_alive(std::vector<std::int64_t> ids, KeepAliveDone done) {
     call->ttls.assign(ids.size(), -1);
     call->ids = std::move(ids);
     call->done = std::move(done);
-    call->stream = members_[call->member]->lease->PrepareAsyncLeaseKeepAlive(&call->context, &queue_);
+    members_[call->member]->lease->async()->LeaseKeepAlive(&call->context, call.get());
     call->begin();
   });
 }
 
-// A watch on one key for its deletion. Steps on the queue's thread; what
+// A watch on one key for its deletion. Reactions on gRPC's threads; what
 // it reports goes to the loop.
-class EtcdClient::Watch final : public Stream<Watch, etcdserverpb::WatchRequest, etcdserverpb::WatchResponse> {
+class EtcdClient::Watch final
+    : public Call, public grpc::ClientBidiReactor<etcdserverpb::WatchRequest, etcdserverpb::WatchResponse> {
  public:
   WatchHooks hooks;
   bool cancelled = false;  // loop thread
-  bool reading = true;     // queue thread only
+  etcdserverpb::WatchRequest request;
+  etcdserverpb::WatchResponse response;
 
+  void begin() {
+    StartWrite(&request);
+    StartRead(&response);
+    StartCall();
+  }
   void report(std::function<void()> WatchHooks::*hook) {
     auto me = std::static_pointer_cast<Watch>(shared_from_this());
     client->loop_.post([me, hook] {
       if (!me->cancelled && !me->answered && me->hooks.*hook) (me->hooks.*hook)();
     });
   }
-  void step(int kind, bool ok) {
-    --outstanding;
-    if (!ok) {
-      if (kind == kStart || kind == kRead) reading = false;
-    } else if (kind == kStart) {
-      stream->Write(request, next(kWrite));
-      stream->Read(&response, next(kRead));
-    } else if (kind == kRead) {
-      if (response.created()) report(&WatchHooks::created);
-      if (std::ranges::any_of(response.events(), [](const auto& e) { return e.type() == mvccpb::Event::DELETE; }))
-        report(&WatchHooks::deleted);
-      if (response.canceled()) {
-        reading = false;
-        context.TryCancel();
-      } else {
-        stream->Read(&response, next(kRead));
-      }
-    }
-    if (outstanding > 0 || reading) return;
-    end();
+  void OnReadDone(bool ok) override {
+    if (!ok) return;  // the stream ended: OnDone follows
+    if (response.created()) report(&WatchHooks::created);
+    if (std::ranges::any_of(response.events(), [](const auto& e) { return e.type() == mvccpb::Event::DELETE; }))
+      report(&WatchHooks::deleted);
+    if (response.canceled())
+      context.TryCancel();
+    else
+      StartRead(&response);
   }
+  void OnDone(const grpc::Status& end) override { answer_on_loop(end); }
   void answer() override {
     if (cancelled) return;
-    StoreError error = stream_error(status, "the watch was cancelled by the server");
+    StoreError error = stream_error("the watch was cancelled by the server");
     if (hooks.ended) hooks.ended(error);
   }
   void fail(const StoreError&) override { cancelled = true; }
@@ -544,7 +457,7 @@ std::shared_ptr<EtcdClient::Watch> EtcdClient::watch(std::string key, WatchHooks
     }
     track(call);
     prepare(call->context, {});
-    call->stream = members_[call->member]->watch->PrepareAsyncWatch(&call->context, &queue_);
+    members_[call->member]->watch->async()->Watch(&call->context, call.get());
     call->begin();
   });
   return call;

@@ -1,11 +1,11 @@
 // lib/store/etcd/etcd_client.hpp: etcd's v3 API over gRPC for the etcd
 // store, driven so that nothing blocks the loop.
 //
-// One gRPC channel per member of the URL and one CompletionQueue with a
-// thread of its own. Calls start on the loop thread (starting a gRPC call
-// does not block); the queue's thread takes their completions and hands
-// each to the loop (Loop::post), so every callback runs on the loop
-// thread, exactly once, never inside the call that started it.
+// One gRPC channel per member of the URL, on gRPC's callback API. Calls
+// start on the loop thread (starting a gRPC call does not block); gRPC's
+// threads take their completions and hand each to the loop (Loop::post),
+// so every callback runs on the loop thread, exactly once, never inside
+// the call that started it.
 //
 //   unary calls   Range, Txn, LeaseGrant, LeaseRevoke, LeaseTimeToLive,
 //                 each with a deadline of Options::connection.command_timeout
@@ -42,7 +42,7 @@
 //
 // Threading: construction on any thread; every other member on the loop
 // thread, but the destructor, which must run off the loop thread after
-// close() (it shuts the queue down and joins its thread).
+// close() (it waits until gRPC ran every call's last callback).
 #pragma once
 
 #include <grpcpp/grpcpp.h>
@@ -56,7 +56,6 @@
 #include <mutex>
 #include <set>
 #include <string>
-#include <thread>
 #include <vector>
 
 #include "lockwatch/options.hpp"
@@ -120,8 +119,6 @@ class EtcdClient {
   struct Call;
   template <class Request, class Response>
   struct Unary;
-  template <class Owner, class Request, class Response>
-  struct Stream;
   struct KeepAlive;
   struct Member;
   friend class Watch;
@@ -139,11 +136,11 @@ class EtcdClient {
   // A call to `member` was answered (`status` ok or an error from etcd) or
   // not (no_answer): reported to the state hook when that changes.
   void member_answered(std::size_t member, const grpc::Status& status);
-  template <class Request, class Response, class Prepare>
-  void unary(Request request, Done<Response> done, Prepare prepare_call, int attempt = 1,
+  // `rpc` starts the call on a member (its stub's callback method).
+  template <class Request, class Response, class Rpc>
+  void unary(Request request, Done<Response> done, Rpc rpc, int attempt = 1,
              std::chrono::steady_clock::time_point deadline = {}, bool reauthenticated = false);
   void track(std::shared_ptr<Call> call);
-  void run_queue();
 
   Loop& loop_;
   const EtcdTarget target_;
@@ -154,13 +151,11 @@ class EtcdClient {
   std::size_t current_ = 0;  // loop thread
   std::vector<bool> member_down_;  // loop thread: as last reported
   StateHook state_hook_;
-  grpc::CompletionQueue queue_;
-  std::thread queue_thread_;
-  // Calls started and not yet back from the queue for the last time: no
-  // step may start on a queue already shut down.
-  std::mutex in_queue_mu_;
-  std::condition_variable in_queue_cv_;
-  int in_queue_ = 0;  // guarded by in_queue_mu_
+  // Calls started whose last callback gRPC has not run yet: the
+  // destructor waits for them.
+  std::mutex in_flight_mu_;
+  std::condition_variable in_flight_cv_;
+  int in_flight_ = 0;  // guarded by in_flight_mu_
   // Loop thread: calls not yet answered, failed by close().
   std::set<std::shared_ptr<Call>> live_;
   // Authentication (loop thread).

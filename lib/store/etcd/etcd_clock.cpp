@@ -7,7 +7,6 @@
 #include <unistd.h>
 
 #if LOCKWATCH_WITH_TLS
-#include <openssl/bio.h>
 #include <openssl/err.h>
 #include <openssl/ssl.h>
 #endif
@@ -114,10 +113,9 @@ bool failed(std::string& why, std::string text) {
 
 }  // namespace
 
-// One kept-alive HTTP/1.1 connection to a member, plain or TLS (OpenSSL
-// over memory BIOs, as the Redis connections use it, fed from a blocking
-// socket). Every step is bounded by a deadline and gives up early when
-// the clock stops.
+// One kept-alive HTTP/1.1 connection to a member, plain or TLS (OpenSSL on
+// the socket itself). The socket does not block: every step waits for it
+// with poll, bounded by a deadline, and gives up early when the clock stops.
 struct EtcdClock::Conn {
   EtcdClock& clock;
   int fd = -1;
@@ -135,13 +133,45 @@ struct EtcdClock::Conn {
   // Waits until fd is ready for `events`, in slices, so that a stop is seen.
   bool wait(short events, steady_clock::time_point deadline, std::string& why) {
     for (;;) {
-      if (clock.stopping()) return failed(why, "the store is closing");
+      if (clock.stop_.stop_requested()) return failed(why, "the store is closing");
       auto left = duration_cast<milliseconds>(deadline - steady_clock::now());
       if (left <= milliseconds(0)) return failed(why, "no answer in time");
       pollfd p{fd, events, 0};
       int r = ::poll(&p, 1, static_cast<int>(std::min<long long>(left.count(), 50)));
       if (r > 0) return true;
       if (r < 0 && errno != EINTR) return failed(why, std::strerror(errno));
+    }
+  }
+
+  // What a step that moved nothing (`r` <= 0) waits for: POLLIN, POLLOUT
+  // (`plain` for a socket call), or 0 when it failed, `why` saying how.
+  short wants(int r, short plain, std::string& why) {
+#if LOCKWATCH_WITH_TLS
+    if (ssl != nullptr) {
+      const int e = SSL_get_error(ssl, r);
+      if (e == SSL_ERROR_WANT_READ) return POLLIN;
+      if (e == SSL_ERROR_WANT_WRITE) return POLLOUT;
+      why = "TLS: " + tls_error_text(ssl);
+      return 0;
+    }
+#endif
+    if (r < 0 && (errno == EINTR || errno == EAGAIN || errno == EWOULDBLOCK)) return plain;
+    why = r == 0 ? "the member closed the connection" : std::strerror(errno);
+    return 0;
+  }
+
+  // Runs `op` (a socket call, SSL_connect, SSL_write, SSL_read) until it
+  // moves bytes, waiting for the socket as it asks; 0 when it failed.
+  template <class Op>
+  int io(Op op, short plain, steady_clock::time_point deadline, std::string& why) {
+    for (;;) {
+#if LOCKWATCH_WITH_TLS
+      ERR_clear_error();
+#endif
+      const int r = static_cast<int>(op());
+      if (r > 0) return r;
+      const short events = wants(r, plain, why);
+      if (events == 0 || !wait(events, deadline, why)) return 0;
     }
   }
 
@@ -160,17 +190,13 @@ struct EtcdClock::Conn {
         why = std::strerror(errno);
         continue;
       }
-      int rc = ::connect(fd, a->ai_addr, a->ai_addrlen);
-      if (rc != 0 && errno == EINPROGRESS && wait(POLLOUT, deadline, why)) {
-        int err = 0;
+      int err = ::connect(fd, a->ai_addr, a->ai_addrlen) == 0 ? 0 : errno;
+      if (err == EINPROGRESS && wait(POLLOUT, deadline, why)) {
         socklen_t len = sizeof err;
         ::getsockopt(fd, SOL_SOCKET, SO_ERROR, &err, &len);
-        rc = err == 0 ? 0 : -1;
-        if (err != 0) why = std::strerror(err);
-      } else if (rc != 0 && errno != EINPROGRESS) {
-        why = std::strerror(errno);
       }
-      if (rc == 0) break;
+      if (err == 0) break;
+      if (err != EINPROGRESS) why = std::strerror(err);  // EINPROGRESS: wait() said why
       ::close(fd);
       fd = -1;
     }
@@ -180,92 +206,45 @@ struct EtcdClock::Conn {
     if (clock.target_.tls) {
       ssl = clock.tls_->new_session(m.host, why);
       if (ssl == nullptr) return false;
-      if (!tls_step([this] { return SSL_connect(ssl); }, deadline, why)) return false;
+      if (SSL_set_fd(ssl, fd) != 1) return failed(why, "TLS: " + tls_error_text(ssl));
+      return io([this] { return SSL_connect(ssl); }, POLLOUT, deadline, why) > 0;
     }
 #endif
     return true;
   }
-
-  bool send_raw(const char* data, std::size_t n, steady_clock::time_point deadline, std::string& why) {
-    while (n > 0) {
-      ssize_t w = ::send(fd, data, n, MSG_NOSIGNAL);
-      if (w > 0) {
-        data += w;
-        n -= static_cast<std::size_t>(w);
-        continue;
-      }
-      if (w < 0 && errno == EINTR) continue;
-      if (w < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
-        if (!wait(POLLOUT, deadline, why)) return false;
-        continue;
-      }
-      return failed(why, std::strerror(errno));
-    }
-    return true;
-  }
-
-  // Some bytes from the socket (never none: the end of the stream fails).
-  bool recv_raw(std::string& out, steady_clock::time_point deadline, std::string& why) {
-    char buf[4096];
-    for (;;) {
-      ssize_t r = ::recv(fd, buf, sizeof buf, 0);
-      if (r > 0) {
-        out.append(buf, static_cast<std::size_t>(r));
-        return true;
-      }
-      if (r == 0) return failed(why, "the member closed the connection");
-      if (errno == EINTR) continue;
-      if (errno != EAGAIN && errno != EWOULDBLOCK) return failed(why, std::strerror(errno));
-      if (!wait(POLLIN, deadline, why)) return false;
-    }
-  }
-
-#if LOCKWATCH_WITH_TLS
-  // Runs `op` (SSL_connect, SSL_write, SSL_read) until it returns > 0,
-  // writing what the session produced to the socket after each try and
-  // feeding the session from the socket.
-  template <class Op>
-  int tls_step(Op op, steady_clock::time_point deadline, std::string& why) {
-    BIO* out = SSL_get_wbio(ssl);
-    char buf[4096];
-    for (;;) {
-      ERR_clear_error();
-      int r = op();
-      for (int n = 0; BIO_ctrl_pending(out) > 0 && (n = BIO_read(out, buf, sizeof buf)) > 0;)
-        if (!send_raw(buf, static_cast<std::size_t>(n), deadline, why)) return 0;
-      if (r > 0) return r;
-      int e = SSL_get_error(ssl, r);
-      if (e == SSL_ERROR_WANT_WRITE) continue;
-      if (e != SSL_ERROR_WANT_READ) {
-        why = "TLS: " + tls_error_text(ssl);
-        return 0;
-      }
-      std::string got;
-      if (!recv_raw(got, deadline, why)) return 0;
-      BIO_write(SSL_get_rbio(ssl), got.data(), static_cast<int>(got.size()));
-    }
-  }
-#endif
 
   bool send(const std::string& data, steady_clock::time_point deadline, std::string& why) {
+    for (std::size_t at = 0; at < data.size();) {
+      const char* p = data.data() + at;
+      const std::size_t n = data.size() - at;
+      const int sent = io(
+          [&]() -> long {
 #if LOCKWATCH_WITH_TLS
-    if (ssl != nullptr)
-      return tls_step([&] { return SSL_write(ssl, data.data(), static_cast<int>(data.size())); }, deadline, why) > 0;
+            if (ssl != nullptr) return SSL_write(ssl, p, static_cast<int>(n));
 #endif
-    return send_raw(data.data(), data.size(), deadline, why);
+            return ::send(fd, p, n, MSG_NOSIGNAL);
+          },
+          POLLOUT, deadline, why);
+      if (sent <= 0) return false;
+      at += static_cast<std::size_t>(sent);
+    }
+    return true;
   }
 
+  // Some bytes into `in` (never none: the end of the stream fails).
   bool recv(steady_clock::time_point deadline, std::string& why) {
+    char buf[4096];
+    const int got = io(
+        [&]() -> long {
 #if LOCKWATCH_WITH_TLS
-    if (ssl != nullptr) {
-      char buf[4096];
-      int n = tls_step([&] { return SSL_read(ssl, buf, sizeof buf); }, deadline, why);
-      if (n <= 0) return false;
-      in.append(buf, static_cast<std::size_t>(n));
-      return true;
-    }
+          if (ssl != nullptr) return SSL_read(ssl, buf, sizeof buf);
 #endif
-    return recv_raw(in, deadline, why);
+          return ::recv(fd, buf, sizeof buf, 0);
+        },
+        POLLIN, deadline, why);
+    if (got <= 0) return false;
+    in.append(buf, static_cast<std::size_t>(got));
+    return true;
   }
 
   // One GET /version: the Date's second, and whether the connection may
@@ -325,21 +304,8 @@ EtcdClock::EtcdClock(Loop& loop, EtcdTarget target, const StoreSettings& setting
 }
 
 EtcdClock::~EtcdClock() {
-  stop();
+  stop_.request_stop();
   if (thread_.joinable()) thread_.join();
-}
-
-void EtcdClock::stop() {
-  {
-    std::lock_guard lk(mu_);
-    stop_ = true;
-  }
-  cv_.notify_all();
-}
-
-bool EtcdClock::stopping() {
-  std::lock_guard lk(mu_);
-  return stop_;
 }
 
 std::optional<system_clock::time_point> EtcdClock::estimate() const {
@@ -394,7 +360,7 @@ void EtcdClock::close() {
   State& s = *state_;
   s.closed = true;
   auto waiting = std::exchange(s.waiting, {});
-  stop();
+  stop_.request_stop();
   auto e = StoreError::unavailable(name_, "the store is closed");
   for (auto& done : waiting) done({}, &e);
 }
@@ -403,8 +369,8 @@ void EtcdClock::run() {
   for (;;) {
     {
       std::unique_lock lk(mu_);
-      cv_.wait(lk, [this] { return wanted_ || stop_; });
-      if (stop_) return;
+      cv_.wait(lk, stop_.get_token(), [this] { return wanted_; });
+      if (stop_.stop_requested()) return;
       wanted_ = false;
     }
     Measured m = measure();
@@ -421,7 +387,7 @@ EtcdClock::Measured EtcdClock::measure() {
   std::string whys;
   for (std::size_t i = 0; i < target_.members.size(); ++i) {
     Measured m = measure_member(i);
-    if (m.ok || stopping()) return m;
+    if (m.ok || stop_.stop_requested()) return m;
     whys += (whys.empty() ? "" : "; ") + m.error.message;
   }
   out.error = StoreError::unavailable(name_, "no member's clock could be read: " + whys);
@@ -464,7 +430,8 @@ EtcdClock::Measured EtcdClock::measure_member(std::size_t member) {
   while (steady_clock::now() < until) {
     {
       std::unique_lock lk(mu_);
-      if (cv_.wait_until(lk, next_at, [this] { return stop_; })) return fail("the store is closing");
+      cv_.wait_until(lk, stop_.get_token(), next_at, [] { return false; });
+      if (stop_.stop_requested()) return fail("the store is closing");
     }
     next_at = steady_clock::now() + kSampleGap;
     Sample s;

@@ -48,6 +48,7 @@
 #include <memory>
 #include <mutex>
 #include <optional>
+#include <stop_token>
 #include <string>
 #include <thread>
 #include <vector>
@@ -107,8 +108,6 @@ class EtcdClock {
   Measured measure();
   Measured measure_member(std::size_t member);
   void want_measure();  // loop thread
-  void stop();  // asks the measuring thread to stop
-  bool stopping();
 
   Loop& loop_;
   const EtcdTarget target_;
@@ -125,9 +124,9 @@ class EtcdClock {
 
   // The measuring thread's: asked to measure, or to stop.
   std::mutex mu_;
-  std::condition_variable cv_;
+  std::condition_variable_any cv_;
   bool wanted_ = false;  // guarded by mu_
-  bool stop_ = false;    // guarded by mu_
+  std::stop_source stop_;  // requested by close() and the destructor
   std::thread thread_;  // loop thread starts it
 };
 

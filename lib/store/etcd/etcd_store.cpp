@@ -302,14 +302,18 @@ void EtcdStore::release_attempt(std::shared_ptr<Releasing> r) {
 
 // ---- release notices
 
+EtcdStore::Watched* EtcdStore::watched(const std::string& name, std::uint64_t id) {
+  auto w = watched_.find(name);
+  return closed_ || w == watched_.end() || w->second.id != id ? nullptr : &w->second;
+}
+
 void EtcdStore::subscribe(std::string_view name) {
   if (closed_) return;
   auto [it, fresh] = watched_.try_emplace(std::string(name));
   if (!fresh) {
     if (it->second.created)  // confirmed already: on the next turn, never inside the call
       loop_.post([this, n = it->first, id = it->second.id] {
-        auto w = watched_.find(n);
-        if (!closed_ && w != watched_.end() && w->second.id == id && events_.subscribed) events_.subscribed(n);
+        if (watched(n, id) && events_.subscribed) events_.subscribed(n);
       });
     return;
   }
@@ -318,20 +322,17 @@ void EtcdStore::subscribe(std::string_view name) {
   const std::string& n = it->first;
   EtcdClient::WatchHooks hooks;
   hooks.created = [this, n, id] {
-    auto w = watched_.find(n);
-    if (closed_ || w == watched_.end() || w->second.id != id) return;
-    w->second.created = true;
+    Watched* w = watched(n, id);
+    if (w == nullptr) return;
+    w->created = true;
     if (events_.subscribed) events_.subscribed(n);
   };
   hooks.deleted = [this, n, id] {
-    auto w = watched_.find(n);
-    if (closed_ || w == watched_.end() || w->second.id != id) return;
-    if (events_.released) events_.released(n);
+    if (watched(n, id) && events_.released) events_.released(n);
   };
   hooks.ended = [this, n, id](const StoreError& why) {
-    auto w = watched_.find(n);
-    if (closed_ || w == watched_.end() || w->second.id != id) return;
-    watched_.erase(w);
+    if (!watched(n, id)) return;
+    watched_.erase(n);
     if (events_.log) events_.log(true, "etcd watch on a lock's key ended (" + why.describe() + "); watching again");
     if (events_.subscriptions_lost) events_.subscriptions_lost();
   };

@@ -154,6 +154,9 @@ class EtcdStore final : public StoreBase, public JobClaims, public OperatorTools
     std::uint64_t id = 0;  // tells a watch from a later one of the same name
     bool created = false;  // etcd confirmed it
   };
+  // The watch of `name` numbered `id`, if it is still the one (and the
+  // store open).
+  Watched* watched(const std::string& name, std::uint64_t id);
 
   Loop& loop_;
   std::unique_ptr<EtcdClient> client_;

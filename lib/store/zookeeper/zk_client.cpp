@@ -41,28 +41,16 @@ void ZkSink::forget_session(std::uint64_t serial) {
   std::vector<ZkCtx*> left;
   {
     std::lock_guard lk(ctx_mu);
-    for (auto it = in_flight.begin(); it != in_flight.end();) {
-      if (it->second == serial) {
-        left.push_back(static_cast<ZkCtx*>(it->first));
-        it = in_flight.erase(it);
-      } else {
-        ++it;
-      }
-    }
+    std::erase_if(in_flight, [&](const auto& entry) {
+      if (entry.second == serial) left.push_back(entry.first);
+      return entry.second == serial;
+    });
   }
   for (auto* c : left) delete c;
 }
 
-ZkCloser::ZkCloser(std::shared_ptr<ZkSink> sink) : sink_(std::move(sink)), thread_([this] { run(); }) {}
-
-ZkCloser::~ZkCloser() {
-  {
-    std::lock_guard lk(mu_);
-    stop_ = true;
-  }
-  cv_.notify_all();
-  thread_.join();
-}
+ZkCloser::ZkCloser(std::shared_ptr<ZkSink> sink)
+    : sink_(std::move(sink)), thread_([this](std::stop_token stop) { run(stop); }) {}
 
 void ZkCloser::close_later(zhandle_t* zh, void* watch_ctx) {
   if (zh == nullptr) {
@@ -76,11 +64,11 @@ void ZkCloser::close_later(zhandle_t* zh, void* watch_ctx) {
   cv_.notify_all();
 }
 
-void ZkCloser::run() {
+void ZkCloser::run(std::stop_token stop) {
   std::unique_lock lk(mu_);
   for (;;) {
-    cv_.wait(lk, [this] { return stop_ || !to_close_.empty(); });
-    if (to_close_.empty() && stop_) return;
+    cv_.wait(lk, stop, [this] { return !to_close_.empty(); });
+    if (to_close_.empty()) return;  // stopped, and nothing is left to close
     auto batch = std::exchange(to_close_, {});
     lk.unlock();
     for (auto& [zh, ctx] : batch) {

@@ -18,6 +18,7 @@
 #include <functional>
 #include <memory>
 #include <mutex>
+#include <stop_token>
 #include <string>
 #include <thread>
 #include <unordered_map>
@@ -56,7 +57,7 @@ struct ZkSink : std::enable_shared_from_this<ZkSink> {
   // had queued, so what is left once zookeeper_close() returns is freed
   // here (no thread of that handle runs by then).
   std::mutex ctx_mu;
-  std::unordered_map<void*, std::uint64_t> in_flight;
+  std::unordered_map<ZkCtx*, std::uint64_t> in_flight;
 
   // Runs `f` on the loop, unless the store closed by then.
   void post(std::function<void(ZkSessions&)> f);
@@ -88,23 +89,21 @@ struct ZkWatchCtx {
 // client's threads): handles are closed on a thread of their own.
 class ZkCloser {
  public:
+  // Its destructor closes what is still queued, then joins.
   explicit ZkCloser(std::shared_ptr<ZkSink> sink);
-  // Closes what is still queued, then joins.
-  ~ZkCloser();
   ZkCloser(const ZkCloser&) = delete;
   ZkCloser& operator=(const ZkCloser&) = delete;
   // Closes `zh` (if any) and frees its watcher's context (a ZkWatchCtx).
   void close_later(zhandle_t* zh, void* watch_ctx);
 
  private:
-  void run();
+  void run(std::stop_token stop);
 
   std::shared_ptr<ZkSink> sink_;
   std::mutex mu_;
-  std::condition_variable cv_;
+  std::condition_variable_any cv_;
   std::vector<std::pair<zhandle_t*, void*>> to_close_;
-  bool stop_ = false;
-  std::thread thread_;  // last: started once the rest is there
+  std::jthread thread_;  // last: started once the rest is there, stopped and joined first
 };
 
 namespace zk {

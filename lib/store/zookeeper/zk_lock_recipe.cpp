@@ -56,6 +56,14 @@ void ZkLockRecipe::fail_later(const Op& op, const StoreError& e) {
   sessions_.post([this, op, e] { fail(op, e); });
 }
 
+ZkSession* ZkLockRecipe::node_session(const Op& op) {
+  ZkSession* s = sessions_.live(op->session);
+  if (s != nullptr) return s;
+  forget(*op);
+  fail_later(op, sessions_.error(ZSESSIONEXPIRED, "the session that made the lock's node ended"));
+  return nullptr;
+}
+
 bool ZkLockRecipe::repeat_held(Op& op) {
   ZkHolds& holds = sessions_.holds;
   auto h = holds.held.find(zk::hold_key(op->name, op->token));
@@ -188,12 +196,8 @@ void ZkLockRecipe::make_parents(Op op, int step) {
 }
 
 void ZkLockRecipe::list_nodes(Op op) {
-  ZkSession* s = sessions_.live(op->session);
-  if (s == nullptr) {
-    forget(*op);
-    fail_later(op, sessions_.error(ZSESSIONEXPIRED, "the session that made the lock's node ended"));
-    return;
-  }
+  ZkSession* s = node_session(op);
+  if (s == nullptr) return;
   sessions_.list(*s, op->dir, [this, op](const ZkResult& r) { listed(op, r); });
 }
 
@@ -360,11 +364,8 @@ void ZkLockRecipe::grant(const Op& op) {
     done(op->fence);
     return;
   }
-  ZkSession* s = sessions_.live(op->session);
-  if (s == nullptr) {
-    fail(op, sessions_.error(ZSESSIONEXPIRED, "the session that made the lock's node ended"));
-    return;
-  }
+  ZkSession* s = node_session(op);
+  if (s == nullptr) return;
   if (op->kind.mode() == LockKind::Mode::kShared) {
     read_fence(*s, op, std::move(done));
     return;
@@ -421,12 +422,8 @@ void ZkLockRecipe::write_fence(ZkSession& s, const std::string& dir, std::string
 }
 
 void ZkLockRecipe::wait_behind(const Op& op, std::vector<std::string> watch, bool keep_node, milliseconds cap) {
-  ZkSession* s = sessions_.live(op->session);
-  if (s == nullptr) {
-    forget(*op);
-    fail(op, sessions_.error(ZSESSIONEXPIRED, "the session that made the lock's node ended"));
-    return;
-  }
+  ZkSession* s = node_session(op);
+  if (s == nullptr) return;
   if (keep_node) {
     // A waiting writer's mark: the store removes it unless the same
     // acquisition tries again within its span.
@@ -450,11 +447,8 @@ void ZkLockRecipe::wait_behind(const Op& op, std::vector<std::string> watch, boo
 // The nodes waited on are read with a watch: a deletion is the release
 // notice, and their ttl the busy time.
 void ZkLockRecipe::read_watched(const Op& op, const std::vector<std::string>& watch, milliseconds cap) {
-  ZkSession* s = sessions_.live(op->session);
-  if (s == nullptr) {
-    fail(op, sessions_.error(ZSESSIONEXPIRED, "the session that made the lock's node ended"));
-    return;
-  }
+  ZkSession* s = node_session(op);
+  if (s == nullptr) return;
   struct Wait {
     std::size_t left;
     milliseconds busy_for;

@@ -68,6 +68,9 @@ class ZkLockRecipe {
   void finish(const Op& op, const Acquired& out);
   void fail(const Op& op, const StoreError& e);
   void fail_later(const Op& op, const StoreError& e);
+  // The session that made op's node; null when it ended (op forgotten
+  // and failed, on the next turn).
+  ZkSession* node_session(const Op& op);
   // A node this attempt may have made, left to the cleanups.
   void abandon_attempt(const Op& op);
 

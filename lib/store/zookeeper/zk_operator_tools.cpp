@@ -170,12 +170,9 @@ void ZkOperatorTools::force_release(std::string_view name, ForceDone done) {
     }
     if (nodes.empty()) return done(false, nullptr);
     release_.delete_paths(*s, {dir + "/" + nodes.front()}, [this, done](int rc) {
-      if (rc == ZOK) {
-        done(true, nullptr);
-      } else {
-        auto e = sessions_.error(rc, "deleting the holder's node");
-        done(false, &e);
-      }
+      if (rc == ZOK) return done(true, nullptr);
+      auto e = sessions_.error(rc, "deleting the holder's node");
+      done(false, &e);
     });
   });
 }

@@ -4,7 +4,6 @@
 
 #include <algorithm>
 
-#include "core/loop.hpp"
 #include "core/timing.hpp"
 #include "store/zookeeper/zk_nodes.hpp"
 
@@ -12,26 +11,14 @@ namespace lockwatch::detail {
 
 using std::chrono::milliseconds;
 
-ZkRelease::ZkRelease(Loop& loop, ZkSessions& sessions, const StoreSettings& settings, const StoreEvents& events)
-    : loop_(loop),
-      sessions_(sessions),
+ZkRelease::ZkRelease(ZkSessions& sessions, const StoreSettings& settings, const StoreEvents& events)
+    : sessions_(sessions),
       settings_(settings),
       events_(events),
       cleanup_backoff_(settings.connection.reconnect_min, settings.connection.reconnect_max) {}
 
-void ZkRelease::start() {
-  uv_timer_init(loop_.uv(), &cleanup_);
-  cleanup_.data = this;
-  started_ = true;
-}
-
 void ZkRelease::close() {
   for (auto& [when, f] : std::exchange(deferred_, {})) f();
-  if (started_) {
-    uv_timer_stop(&cleanup_);
-    uv_close(reinterpret_cast<uv_handle_t*>(&cleanup_), nullptr);
-    started_ = false;
-  }
 }
 
 void ZkRelease::tick(Clock::time_point now) {
@@ -43,6 +30,10 @@ void ZkRelease::tick(Clock::time_point now) {
       return true;
     });
     for (auto& f : due) f();
+  }
+  if (next_cleanup_ != Clock::time_point{} && now >= next_cleanup_) {
+    next_cleanup_ = {};
+    run_cleanups();
   }
   if (sessions_.connections() != seen_connections_) {
     seen_connections_ = sessions_.connections();
@@ -215,12 +206,9 @@ void ZkRelease::delete_nodes(const Cleanup& c, Removed done) {
       return;
     }
     delete_paths(*s, mine, [this, done](int rc) {
-      if (rc == ZOK) {
-        done(Released::kYes, nullptr);
-      } else {
-        auto e = sessions_.error(rc, "deleting the lock's node");
-        done(Released::kUnconfirmed, &e);
-      }
+      if (rc == ZOK) return done(Released::kYes, nullptr);
+      auto e = sessions_.error(rc, "deleting the lock's node");
+      done(Released::kUnconfirmed, &e);
     });
   });
 }
@@ -258,12 +246,8 @@ void ZkRelease::delete_paths(ZkSession& s, std::vector<std::string> paths, std::
 void ZkRelease::remember_cleanup(Cleanup c) {
   if (sessions_.closed()) return;
   cleanups_.push_back(std::move(c));
-  if (!cleaning_ && started_) {
-    uv_timer_start(&cleanup_, on_cleanup, static_cast<std::uint64_t>(cleanup_backoff_.next().count()), 0);
-  }
+  if (!cleaning_) next_cleanup_ = Clock::now() + cleanup_backoff_.next();
 }
-
-void ZkRelease::on_cleanup(uv_timer_t* t) { static_cast<ZkRelease*>(t->data)->run_cleanups(); }
 
 void ZkRelease::run_cleanups() {
   if (cleaning_ || sessions_.closed() || cleanups_.empty()) return;

@@ -10,16 +10,14 @@
 //   cleanups a node whose removal found no answer would hold the lock for
 //            as long as its session lives (a waiter's node would come to
 //            the front), so the store keeps at it, after each reconnect
-//            and on a back-off, until an answer settles it (or the session
-//            ends, taking its nodes along).
+//            and on a back-off (due at the store's sweep), until an answer
+//            settles it (or the session ends, taking its nodes along).
 //
 // Costs: a release two round trips (list, delete); every release wakes
 // the holder's watchers (ZooKeeper has no quiet delete).
 //
 // Threading: the loop thread.
 #pragma once
-
-#include <uv.h>
 
 #include "core/backoff.hpp"
 #include "store/capabilities.hpp"
@@ -41,12 +39,10 @@ class ZkRelease final : public FairQueue {
   };
   using Removed = std::function<void(Released, const StoreError*)>;
 
-  ZkRelease(Loop& loop, ZkSessions& sessions, const StoreSettings& settings, const StoreEvents& events);
+  ZkRelease(ZkSessions& sessions, const StoreSettings& settings, const StoreEvents& events);
 
-  // Makes its timer (the store started).
-  void start();
-  // Answers the releases waiting out their sessions' expiry, and closes
-  // its timer. After ZkSessions::stop_requests().
+  // Answers the releases waiting out their sessions' expiry. After
+  // ZkSessions::stop_requests().
   void close();
 
   void release(std::span<const LockRef> locks, LockStore::ReleaseDone done);
@@ -64,7 +60,7 @@ class ZkRelease final : public FairQueue {
   void remember_cleanup(Cleanup c);
 
   // From the store's sweep: the give-up answers due, and the cleanups once
-  // a session connected again.
+  // their back-off passed or a session connected again.
   void tick(Clock::time_point now);
 
  private:
@@ -89,9 +85,7 @@ class ZkRelease final : public FairQueue {
   std::chrono::milliseconds end_sessions(const Cleanup& c);
   void retry_give_up(std::shared_ptr<GiveUp> g);
   void run_cleanups();
-  static void on_cleanup(uv_timer_t* t);
 
-  Loop& loop_;
   ZkSessions& sessions_;
   const StoreSettings& settings_;
   const StoreEvents& events_;
@@ -100,8 +94,7 @@ class ZkRelease final : public FairQueue {
   std::vector<std::pair<Clock::time_point, std::function<void()>>> deferred_;
   bool cleaning_ = false;
   Backoff cleanup_backoff_;
-  uv_timer_t cleanup_{};
-  bool started_ = false;
+  Clock::time_point next_cleanup_{};  // when the cleanups run again ({}: not scheduled)
   std::uint64_t seen_connections_ = 0;  // ZkSessions::connections() at the last tick
 };
 

@@ -69,26 +69,25 @@ ZkSessions::Session* ZkSessions::session_for(milliseconds ttl) {
 // would look them up in zookeeper_init(), on the loop), then the handle is
 // made on their addresses.
 void ZkSessions::look_up_names(Session& s) {
-  std::vector<std::size_t> names;
-  for (std::size_t i = 0; i < target_.hosts.size(); ++i)
-    if (!numeric_host(target_.hosts[i].first)) names.push_back(i);
-  if (names.empty()) {
-    open_handle(s, target_.connect_string());
-    return;
-  }
-  s.awaiting_names = true;
   struct Lookup {
     std::vector<std::string> addresses;  // per member; empty: not resolved
     std::size_t left = 0;
   };
   auto lookup = std::make_shared<Lookup>();
-  lookup->addresses.resize(target_.hosts.size());
-  for (std::size_t i = 0; i < target_.hosts.size(); ++i)
-    if (numeric_host(target_.hosts[i].first)) lookup->addresses[i] = target_.hosts[i].first;
-  lookup->left = names.size();
+  for (const auto& [host, port] : target_.hosts) {
+    const bool numeric = numeric_host(host);
+    lookup->addresses.push_back(numeric ? host : std::string());
+    if (!numeric) ++lookup->left;
+  }
+  if (lookup->left == 0) {
+    open_handle(s, target_.connect_string());
+    return;
+  }
+  s.awaiting_names = true;
   const std::uint64_t serial = s.serial;
   const long long ms = s.requested_ms;
-  for (std::size_t i : names) {
+  for (std::size_t i = 0; i < target_.hosts.size(); ++i) {
+    if (numeric_host(target_.hosts[i].first)) continue;
     auto done = [sink = sink_, lookup, i, serial, ms](int status, std::string address) {
       if (status == 0) lookup->addresses[i] = std::move(address);
       if (--lookup->left != 0) return;

@@ -19,7 +19,7 @@ ZkStore::ZkStore(Loop& loop, ZkTarget target, const StoreSettings& settings)
           .no_permits = nullptr}),
       settings_(settings),
       sessions_(loop, target, settings_.connection, events_),
-      release_(loop, sessions_, settings_, events_),
+      release_(sessions_, settings_, events_),
       recipe_(sessions_, release_, settings_.watchdog, settings_.owner_name),
       renewal_(sessions_, release_, settings_.watchdog),
       claims_(sessions_),
@@ -34,7 +34,6 @@ void ZkStore::started() {
   auto every = std::clamp(std::min(settings_.connection.command_timeout, settings_.connection.connect_timeout) / 20,
                           milliseconds(5), milliseconds(50));
   uv_timer_start(&sweep_, on_sweep, every.count(), every.count());
-  release_.start();
   started_ = true;
 }
 

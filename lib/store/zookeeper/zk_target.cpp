@@ -16,12 +16,9 @@ ZkTarget ZkTarget::parse(const std::string& url) {
     throw_bad_url(url, "a zookeeper:// URL takes no parameters");
   ZkTarget t;
   if (auto at = rest.rfind('@'); at != std::string_view::npos) {
-    std::string_view cred = rest.substr(0, at);
-    rest.remove_prefix(at + 1);
-    auto colon = cred.find(':');
-    if (colon == std::string_view::npos) throw_bad_url(url, "digest authentication needs user:password");
-    t.user = percent_decode(url, cred.substr(0, colon));
-    t.password = percent_decode(url, cred.substr(colon + 1));
+    if (rest.substr(0, at).find(':') == std::string_view::npos)
+      throw_bad_url(url, "digest authentication needs user:password");
+    take_credentials(url, rest, t.user, t.password);
     if (t.user.empty()) throw_bad_url(url, "an empty user");
     if (t.user.find(':') != std::string::npos || t.user.find('\0') != std::string::npos ||
         t.password.find('\0') != std::string::npos)
