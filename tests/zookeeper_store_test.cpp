@@ -352,7 +352,12 @@ TEST_F(ZooKeeperStoreTest, APermitGoesWithItsHoldersSession) {
 }
 
 TEST_F(ZooKeeperStoreTest, TheLeaderKilledOrPausedKeepsLeasesAndGrantsLocks) {
-  Runtime rt(options()), other(options());
+  // The waiter below rides an unanswered request out for the connect
+  // timeout: under ASan on a loaded machine, the create sent as the leader
+  // stopped went unanswered for the whole command timeout (5 s) once.
+  Options patient = options();
+  patient.connection.connect_timeout = 12s;
+  Runtime rt(options()), other(patient);
   // Longer than an election takes on a loaded machine: the lock is kept
   // through it.
   auto held = take(rt, key("-held"), 15s);
