@@ -38,6 +38,7 @@
 #include <string_view>
 
 #include "store/sqlcommon/connection_core.hpp"
+#include "store/sqlcommon/values.hpp"
 #include "store/postgresql/pg_target.hpp"
 
 struct pg_conn;
@@ -47,12 +48,17 @@ namespace lockwatch::detail {
 
 // A statement's rows as text (libpq's text format), valid during the
 // callback it is passed to only.
-class PgRows {
+class PgRows final : public sqlcommon::Rows {
  public:
   explicit PgRows(const pg_result* result = nullptr) : result_(result) {}
-  int size() const noexcept;
-  std::string_view at(int row, int column) const noexcept;
-  bool null(int row, int column) const noexcept;
+  int size() const noexcept override;
+  std::string_view at(int row, int column) const noexcept override;
+  bool null(int row, int column) const noexcept override;
+  bool read_bytes(int row, int column, std::string& out) const override {
+    return sqlcommon::unhex(at(row, column), out);
+  }
+  long long micros(int row, int column) const override { return sqlcommon::to_ll(at(row, column)); }
+  bool yes(int row, int column) const override { return at(row, column) == "t"; }
 
  private:
   const pg_result* result_;

@@ -8,7 +8,8 @@ namespace lockwatch::detail {
 constinit const StoreKind kPostgresStore{
     kPostgresSchemes, kPostgresUsage,
     [](const std::string& url, const Options& options) {
-      PgStore::check_settings(PgTarget::parse(url), sqlcommon::sql_settings(options));
+      (void)PgTarget::parse(url);
+      PgStore::check_prefix(sqlcommon::sql_settings(options), "PostgreSQL");
     },
     [](Loop& loop, const std::string& url, const Options& options) -> std::unique_ptr<LockStore> {
       return std::make_unique<PgStore>(loop, PgTarget::parse(url), sqlcommon::sql_settings(options));

@@ -5,7 +5,6 @@
 #include <optional>
 #include <type_traits>
 
-#include "lockwatch/errors.hpp"
 #include "store/kind_rules.hpp"
 #include "store/postgresql/pg_error.hpp"
 #include "store/postgresql/pg_statements.hpp"
@@ -18,7 +17,6 @@ namespace {
 
 // Names and tokens travel as hex text and are decoded by the server
 // (sqlcommon/values.hpp).
-using sqlcommon::from_micros;
 using sqlcommon::micros;
 using sqlcommon::to_hex;
 using sqlcommon::to_ll;
@@ -79,19 +77,17 @@ using sqlcommon::ms_up;
 
 std::string quoted(const std::string& table) { return "\"" + table + "\""; }
 
-// How a lock row whose owner is `owner` is held, for the refusal of a
-// call of another kind.
-std::string pg_held_as(std::string_view owner) {
-  const LockKind kind = kinds::kind_of_marker(owner);
-  if (kind.mode() == LockKind::Mode::kPermits) return fmt::format("a semaphore of {} permit(s)", kind.permit_count());
-  return kind.describe();
-}
-
-std::string asked_as(LockKind kind) {
-  return kind.mode() == LockKind::Mode::kPermits ? fmt::format("{} permit(s)", kind.permit_count()) : kind.describe();
-}
-
 }  // namespace
+
+StoreError PgStore::refusal(const sqlcommon::PendingAcquire& lock, std::string_view owner) const {
+  const LockKind held = kinds::kind_of_marker(owner);
+  const auto permits = [](LockKind k) { return fmt::format("{} permit(s)", k.permit_count()); };
+  return StoreError::invalid(
+      target_.name(),
+      fmt::format("{} is held as {}; this call asked for it {}", lock.name,
+                  held.mode() == LockKind::Mode::kPermits ? "a semaphore of " + permits(held) : held.describe(),
+                  lock.kind.mode() == LockKind::Mode::kPermits ? permits(lock.kind) : lock.kind.describe()));
+}
 
 std::string PgStore::table_definition(const std::string& table) {
   return fmt::format(
@@ -120,11 +116,6 @@ std::string PgStore::holders_table_definition(const std::string& table) {
       "  PRIMARY KEY (lock_name, owner)\n"
       ")",
       quoted(table));
-}
-
-void PgStore::check_settings(const PgTarget&, const sqlcommon::SqlSettings& settings) {
-  if (settings.key_prefix.size() >= kMaxNameBytes)
-    throw InvalidArgument("Options::runtime.key_prefix leaves no room for a key in the PostgreSQL lock table's 255-byte lock_name");
 }
 
 PgStore::PgStore(Loop& loop, PgTarget target, const sqlcommon::SqlSettings& settings)
@@ -204,14 +195,8 @@ Acquired PgStore::kind_outcome(const sqlcommon::PendingAcquire& a, const PgRows&
   const std::string_view v = rows.at(0, 0);
   const Verdict verdict = v == "t" || v == "r" ? Verdict::kTaken : v == "b" ? Verdict::kBusy : Verdict::kRefused;
   return sqlcommon::kind_outcome(
-      a, verdict, static_cast<std::uint64_t>(to_ll(rows.at(0, 1))),
-      rows.null(0, 2) ? std::nullopt : std::optional<long long>(to_ll(rows.at(0, 2))), [&] {
-        std::string owner;
-        unhex(rows.at(0, 3), owner);
-        return StoreError::invalid(
-            target_.name(),
-            fmt::format("{} is held as {}; this call asked for it {}", a.name, pg_held_as(owner), asked_as(a.kind)));
-      });
+      a, verdict, static_cast<std::uint64_t>(to_ll(rows.at(0, 1))), rows.maybe(0, 2),
+      [&] { return refusal(a, rows.bytes(0, 3)); });
 }
 
 void PgStore::acquire_batch(AcquireBatchPtr batch) {
@@ -239,11 +224,7 @@ void PgStore::acquire_batch(AcquireBatchPtr batch) {
         std::string owner;
         const auto& lock = batch->locks[i];
         if (!rows.null(r, 3) && unhex(rows.at(r, 3), owner))
-          sqlcommon::exclusive_busy(out, lock, owner, [&] {
-            return StoreError::invalid(
-                target_.name(),
-                fmt::format("{} is held as {}; this call asked for it exclusive", lock.name, pg_held_as(owner)));
-          });
+          sqlcommon::exclusive_busy(out, lock, owner, [&] { return refusal(lock, owner); });
       }
       batch->locks[i].answer(out);
     }
@@ -339,12 +320,7 @@ void PgStore::raise_fence(std::string_view name, std::uint64_t fence, RaiseDone 
 void PgStore::server_time(TimeDone done) {
   command_connection().execute("lockwatch_time", {}, [this, done = std::move(done)](const PgRows& rows,
                                                                                     const StoreError* err) {
-    StoreError no_answer;
-    if (!err && (rows.size() != 1 || rows.null(0, 0))) {
-      no_answer = pg_statement_error(target_.name(), "", "no answer to clock_timestamp()");
-      err = &no_answer;
-    }
-    done(err ? std::chrono::system_clock::time_point{} : from_micros(to_ll(rows.at(0, 0))), err);
+    answer_time(rows, err, pg_statement_error(target_.name(), "", "no answer to clock_timestamp()"), done);
   });
 }
 
@@ -355,69 +331,28 @@ void PgStore::claim_period(std::string_view name, std::string_view token, std::i
       "lockwatch_claim", std::move(params),
       [this, period, done = std::move(done)](const PgRows& rows, const StoreError* err) {
         ClaimResult out;
-        StoreError no_answer;
-        if (!err && rows.size() != 1) {
-          no_answer = pg_statement_error(target_.name(), "", "no answer to the claim");
-          err = &no_answer;
-        }
-        if (err) {
-          out.error = *err;
+        if (err || rows.size() != 1) {
+          out.error = err ? *err : pg_statement_error(target_.name(), "", "no answer to the claim");
           return done(out);
         }
-        out.store_time = from_micros(to_ll(rows.at(0, 1)));
-        sqlcommon::decide_claim(out, rows.at(0, 0) == "1", !rows.null(0, 2) && rows.at(0, 2) == "t",
-                                rows.null(0, 4) ? std::nullopt : std::optional<std::int64_t>(to_ll(rows.at(0, 4))),
-                                period);
+        sqlcommon::read_claim(out, rows, 1, rows.at(0, 0) == "1", period);
         done(out);
       });
 }
-
-namespace {
-
-// A holder from an answer's columns `at`..`at + 3`: token and owner name
-// (hex), grant time and age in µs (NULL: none recorded).
-HolderInfo holder_of(const PgRows& rows, int row, int at) {
-  std::string token, owner_name;
-  unhex(rows.at(row, at), token);
-  unhex(rows.at(row, at + 1), owner_name);
-  if (rows.null(row, at + 2)) return sqlcommon::holder(std::move(token), std::move(owner_name), std::nullopt, 0);
-  return sqlcommon::holder(std::move(token), std::move(owner_name), to_ll(rows.at(row, at + 2)),
-                           to_ll(rows.at(row, at + 3)));
-}
-
-}  // namespace
 
 void PgStore::inspect(std::string_view name, InspectDone done) {
   // The lock row, then (a kind's marker in it) the live holders' rows, in
   // one round trip: both statements go out together.
   auto answer = std::make_shared<sqlcommon::Inspection>(std::move(done));
   PgConnection& conn = command_connection();
-  conn.execute("lockwatch_inspect", {to_hex(name)}, [answer](const PgRows& rows, const StoreError* err) {
-    if (err) return answer->fail(err);
-    if (rows.size() != 1) return;
-    std::string owner;
-    unhex(rows.at(0, 2), owner);
-    answer->lock_row(to_ll(rows.at(0, 0)), static_cast<std::uint64_t>(to_ll(rows.at(0, 1))), std::move(owner),
-                     holder_of(rows, 0, 2));
-  });
-  conn.execute("lockwatch_holders", {to_hex(name)}, [answer](const PgRows& rows, const StoreError* err) {
-    if (err) return answer->fail(err);
-    if (answer->wants_holders())
-      for (int r = 0; r < rows.size(); ++r) answer->add_holder(holder_of(rows, r, 0));
-    answer->finish();
-  });
+  conn.execute("lockwatch_inspect", {to_hex(name)},
+               [answer](const PgRows& rows, const StoreError* err) { answer->lock_answer(rows, err); });
+  conn.execute("lockwatch_holders", {to_hex(name)},
+               [answer](const PgRows& rows, const StoreError* err) { answer->holders_answer(rows, err); });
 }
 
-void PgStore::list_names(std::string pattern, std::size_t limit, NamesDone done) {
-  command_connection().execute("lockwatch_list", {to_hex(pattern), std::to_string(limit)},
-                               [done = std::move(done)](const PgRows& rows, const StoreError* err) {
-                                 std::vector<std::string> names;
-                                 for (int r = 0; !err && r < rows.size(); ++r) {
-                                   std::string name;
-                                   if (unhex(rows.at(r, 0), name)) names.push_back(std::move(name));
-                                 }
-                                 done(std::move(names), err);
-                               });
+void PgStore::list_names(std::string pattern, std::size_t limit, RowsDone done) {
+  command_connection().execute("lockwatch_list", {to_hex(pattern), std::to_string(limit)}, std::move(done));
 }
 
 void PgStore::force_release(std::string_view name, ForceDone done) {

@@ -89,8 +89,6 @@ class PgStore final : public sqlcommon::RecipeStore<PgConnection>, public FenceR
   PgStore(Loop& loop, PgTarget target, const sqlcommon::SqlSettings& settings);
   ~PgStore() override;
 
-  // Any thread. InvalidArgument if the settings do not suit this store.
-  static void check_settings(const PgTarget& target, const sqlcommon::SqlSettings& settings);
   // The tables as created when they are missing (also in docs/stores.md).
   static std::string table_definition(const std::string& table);
   static std::string holders_table_definition(const std::string& table);
@@ -125,9 +123,11 @@ class PgStore final : public sqlcommon::RecipeStore<PgConnection>, public FenceR
   void acquire_batch(AcquireBatchPtr batch) override;
   void send_kind_group(AcquireBatchPtr group) override;
   Acquired kind_outcome(const sqlcommon::PendingAcquire& a, const PgRows& rows) const;
+  // The refusal of `lock`: its key is held as the lock row's `owner` says.
+  StoreError refusal(const sqlcommon::PendingAcquire& lock, std::string_view owner) const;
   void renew_group(sqlcommon::RenewBatchPtr batch, std::vector<std::size_t> members, std::chrono::milliseconds ttl,
                    bool kinds) override;
-  void list_names(std::string pattern, std::size_t limit, NamesDone done) override;
+  void list_names(std::string pattern, std::size_t limit, RowsDone done) override;
   void release_batch(std::shared_ptr<ReleaseBatch> batch);
   void start_notices();
 

@@ -33,6 +33,7 @@
 #include <memory>
 
 #include "store/sqlcommon/connection_core.hpp"
+#include "store/sqlcommon/values.hpp"
 #include "store/sql/sql_target.hpp"
 
 struct st_mysql;
@@ -40,10 +41,24 @@ struct st_mysql_res;
 
 namespace lockwatch::detail {
 
-struct SqlResult {
+struct SqlResult final : sqlcommon::Rows {
   std::uint64_t affected = 0;   // rows changed (found rows are not counted)
   std::uint64_t insert_id = 0;  // mysql_insert_id(): LAST_INSERT_ID(expr) when the statement set it
   std::vector<std::vector<std::string>> rows;  // a result set's rows; NULL reads as ""
+
+  // Rows: NULL and "" are one (an empty cell reads as NULL).
+  int size() const noexcept override { return static_cast<int>(rows.size()); }
+  std::string_view at(int row, int column) const noexcept override {
+    if (row >= size() || static_cast<std::size_t>(column) >= rows[row].size()) return {};
+    return rows[row][column];
+  }
+  bool null(int row, int column) const noexcept override { return at(row, column).empty(); }
+  bool read_bytes(int row, int column, std::string& out) const override {
+    out = at(row, column);
+    return true;
+  }
+  long long micros(int row, int column) const override { return sqlcommon::unix_micros(at(row, column)); }
+  bool yes(int row, int column) const override { return at(row, column) == "1"; }
 };
 
 // `result` is meaningful only when `error` is null; `error` is valid during

@@ -1,6 +1,5 @@
 #include "store/sql/sql_kind.hpp"
 
-#include "lockwatch/errors.hpp"
 #include "store/sql/sql_store.hpp"
 #include "store/sql/sql_target.hpp"
 
@@ -10,8 +9,7 @@ namespace {
 
 void check_sql(const std::string& url, const Options& options) {
   (void)SqlTarget::parse(url);
-  if (sqlcommon::sql_settings(options).key_prefix.size() >= SqlStore::kMaxNameBytes)
-    throw InvalidArgument("Options::runtime.key_prefix leaves no room for a key in the SQL lock table's 255-byte lock_name");
+  SqlStore::check_prefix(sqlcommon::sql_settings(options), "SQL");
 }
 
 }  // namespace

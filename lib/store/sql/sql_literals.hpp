@@ -30,9 +30,6 @@ using sqlcommon::unix_micros;
 // The one writer's mark of a lock, in the companion table.
 inline constexpr std::string_view kWriterOwner = "lockwatch:writer";
 
-// How a key is held, as its lock row's owner says (kinds::held_as).
-inline std::string held_as(std::string_view owner) { return kinds::held_as(kinds::kind_of_marker(owner)); }
-
 inline std::string hex(std::string_view bytes) {
   std::string out;
   out.reserve(3 + 2 * bytes.size());
@@ -59,14 +56,5 @@ struct RenewalLists {
     }
   }
 };
-
-// A holder from its row's answer: token, owner name, grant time as
-// "<unix seconds>[.<fraction>]" (empty: none recorded), and the
-// microseconds since then on the server's clock.
-inline HolderInfo holder(std::string_view token, std::string_view owner_name, std::string_view granted,
-                         std::string_view held_us) {
-  if (granted.empty()) return sqlcommon::holder(std::string(token), std::string(owner_name), std::nullopt, 0);
-  return sqlcommon::holder(std::string(token), std::string(owner_name), unix_micros(granted), to_ll(held_us));
-}
 
 }  // namespace lockwatch::detail::sql

@@ -244,11 +244,7 @@ void SqlStore::acquire_reported(const AcquireBatchPtr& batch, const SqlResult& r
     // Readers hold it (the writer leaves its mark), or another kind does.
     const std::string_view owner = row[1];
     if (owner == kSharedMarker || (us > 0 && (owner == kFairMarker || owner.starts_with(kPermitsMarker)))) {
-      auto mark = sqlcommon::exclusive_busy(out, l, owner, [&] {
-        return StoreError::invalid(
-            target_.name(),
-            fmt::format("the lock '{}' is held as {}; this call asked for it exclusive", l.name, held_as(owner)));
-      });
+      auto mark = sqlcommon::exclusive_busy(out, l, owner, [&] { return refusal(l, owner); });
       if (mark) marks.emplace_back(l.name, *mark);
     }
   }
@@ -389,12 +385,7 @@ void SqlStore::release_answered(const std::shared_ptr<ReleaseBatch>& batch, cons
 void SqlStore::server_time(TimeDone done) {
   command_connection().query("SELECT UNIX_TIMESTAMP(NOW(6))", [this, done = std::move(done)](const SqlResult& r,
                                                                                               const StoreError* err) {
-    StoreError no_answer;
-    if (!err && (r.rows.empty() || r.rows[0].empty())) {
-      no_answer = sql_error(target_.name(), 0, "no answer to NOW(6)");
-      err = &no_answer;
-    }
-    done(err ? std::chrono::system_clock::time_point{} : sqlcommon::from_micros(unix_micros(r.rows[0][0])), err);
+    answer_time(r, err, sql_error(target_.name(), 0, "no answer to NOW(6)"), done);
   });
 }
 
@@ -430,10 +421,7 @@ void SqlStore::claim_period(std::string_view name, std::string_view token, std::
           out.store_time = std::chrono::system_clock::now();
           return done(out);
         }
-        const auto& row = r.rows[0];
-        out.store_time = sqlcommon::from_micros(unix_micros(row[0]));
-        sqlcommon::decide_claim(out, affected == 1, row[1] == "1",
-                                row[3].empty() ? std::nullopt : std::optional<std::int64_t>(to_ll(row[3])), period);
+        sqlcommon::read_claim(out, r, 0, affected == 1, period);
         done(out);
       });
 }
@@ -451,37 +439,20 @@ void SqlStore::inspect(std::string_view name, InspectDone done) {
                   "owner, owner_name, UNIX_TIMESTAMP(granted_at), TIMESTAMPDIFF(MICROSECOND, granted_at, NOW(6)) "
                   "FROM {} l WHERE lock_name = {}",
                   sql::kMarkerPrefix, holders_, table_, hex(name)),
-      [answer](const SqlResult& r, const StoreError* err) {
-        if (err) return answer->fail(err);
-        if (r.rows.empty() || r.rows[0].size() != 6) return;
-        const auto& row = r.rows[0];
-        answer->lock_row(to_ll(row[0]), static_cast<std::uint64_t>(to_ll(row[1])), row[2],
-                         sql::holder(row[2], row[3], row[4], row[5]));
-      });
+      [answer](const SqlResult& r, const StoreError* err) { answer->lock_answer(r, err); });
   conn.query(fmt::format("SELECT owner, owner_name, UNIX_TIMESTAMP(granted_at), TIMESTAMPDIFF(MICROSECOND, granted_at, "
                          "NOW(6)) FROM {} WHERE lock_name = {} AND role IN ('r', 'p', 'f') AND expires_at > NOW(6) "
                          "ORDER BY granted_at",
                          holders_, hex(name)),
-             [answer](const SqlResult& r, const StoreError* err) {
-               if (err) return answer->fail(err);
-               if (answer->wants_holders())
-                 for (const auto& row : r.rows)
-                   if (row.size() == 4) answer->add_holder(sql::holder(row[0], row[1], row[2], row[3]));
-               answer->finish();
-             });
+             [answer](const SqlResult& r, const StoreError* err) { answer->holders_answer(r, err); });
 }
 
-void SqlStore::list_names(std::string pattern, std::size_t limit, NamesDone done) {
+void SqlStore::list_names(std::string pattern, std::size_t limit, RowsDone done) {
   command_connection().query(
       fmt::format("SELECT lock_name FROM {} WHERE lock_name LIKE {} AND owner <> '' AND expires_at > NOW(6) "
                   "ORDER BY lock_name LIMIT {}",
                   table_, hex(pattern), limit),
-      [done = std::move(done)](const SqlResult& r, const StoreError* err) {
-        std::vector<std::string> names;
-        for (const auto& row : r.rows)
-          if (!row.empty()) names.push_back(row[0]);
-        done(std::move(names), err);
-      });
+      std::move(done));
 }
 
 void SqlStore::force_release(std::string_view name, ForceDone done) {
@@ -504,7 +475,7 @@ void SqlStore::force_release(std::string_view name, ForceDone done) {
   write_then_read(
       command_connection(), transaction(body), [shared_done](const StoreError& err) { (*shared_done)(false, &err); },
       "SELECT @lw_was", [shared_done](std::uint64_t, const SqlResult& r, const StoreError* err) {
-        (*shared_done)(!err && !r.rows.empty() && !r.rows[0].empty() && to_ll(r.rows[0][0]) > 0, err);
+        (*shared_done)(!err && to_ll(r.at(0, 0)) > 0, err);
       });
 }
 

@@ -117,7 +117,7 @@ class SqlStore final : public sqlcommon::RecipeStore<SqlConnection> {
   // Holders of the other kinds renew their own rows (renew_kinds()).
   void renew_group(RenewBatchPtr batch, std::vector<std::size_t> members, std::chrono::milliseconds ttl,
                    bool kinds) override;
-  void list_names(std::string pattern, std::size_t limit, NamesDone done) override;
+  void list_names(std::string pattern, std::size_t limit, RowsDone done) override;
   // Sends `write` then `read` on `conn`, in one round trip: a failed
   // write is answered by `failed` alone; else `answered` gets the read's
   // answer and the rows the write changed.
@@ -146,6 +146,8 @@ class SqlStore final : public sqlcommon::RecipeStore<SqlConnection> {
   void send_kind_group(AcquireBatchPtr group) override;
   std::string kind_body(const sqlcommon::PendingAcquire& a) const;
   Acquired kind_outcome(const sqlcommon::PendingAcquire& a, const std::vector<std::string>& fields) const;
+  // The refusal of `lock`: its key is held as `owner` says (a marker, or 'x': exclusive).
+  StoreError refusal(const sqlcommon::PendingAcquire& lock, std::string_view owner) const;
   void renew_kinds(RenewBatchPtr batch, std::vector<std::size_t> members, std::chrono::milliseconds ttl);
   void release_kinds(std::vector<sqlcommon::PendingRelease> kinds);
   // A compound statement around `body`: one transaction, rolled back (and

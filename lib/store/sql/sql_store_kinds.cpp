@@ -62,13 +62,10 @@ void SqlStore::send_kind_group(AcquireBatchPtr group) {
       },
       std::move(read),
       [this, group](std::uint64_t, const SqlResult& r, const StoreError* err) {
-        StoreError no_answer;
-        if (!err && (r.rows.empty() || r.rows[0].size() != group->locks.size())) {
-          no_answer = StoreError::unavailable(target_.name(), "the outcome of a lock's transaction was lost with "
-                                                              "its connection");
-          err = &no_answer;
-        }
         if (err) return group->fail(*err);
+        if (r.rows.empty() || r.rows[0].size() != group->locks.size())
+          return group->fail(StoreError::unavailable(target_.name(), "the outcome of a lock's transaction was lost "
+                                                                     "with its connection"));
         for (std::size_t k = 0; k < group->locks.size(); ++k) {
           std::vector<std::string> fields;
           std::string_view text = r.rows[0][k];
@@ -213,12 +210,14 @@ Acquired SqlStore::kind_outcome(const sqlcommon::PendingAcquire& a, const std::v
   }
   using sqlcommon::Verdict;
   const Verdict verdict = row[0] == "taken" ? Verdict::kTaken : row[0] == "invalid" ? Verdict::kRefused : Verdict::kBusy;
-  return sqlcommon::kind_outcome(a, verdict, static_cast<std::uint64_t>(to_ll(row[1])), to_ll(row[2]), [&] {
-    return StoreError::invalid(
-        target_.name(),
-        fmt::format("the lock '{}' is held as {}; this call asked for it {}", a.name,
-                    row[3] == "x" ? std::string("an exclusive lock") : sql::held_as(row[3]), a.kind.describe()));
-  });
+  return sqlcommon::kind_outcome(a, verdict, static_cast<std::uint64_t>(to_ll(row[1])), to_ll(row[2]),
+                                 [&] { return refusal(a, row[3]); });
+}
+
+StoreError SqlStore::refusal(const sqlcommon::PendingAcquire& lock, std::string_view owner) const {
+  return StoreError::invalid(target_.name(), fmt::format("the lock '{}' is held as {}; this call asked for it {}",
+                                                         lock.name, kinds::held_as(kinds::kind_of_marker(owner)),
+                                                         lock.kind.describe()));
 }
 
 void SqlStore::renew_kinds(RenewBatchPtr batch, std::vector<std::size_t> members, std::chrono::milliseconds ttl) {
@@ -268,14 +267,12 @@ void SqlStore::release_kinds(std::vector<sqlcommon::PendingRelease> kinds) {
     write_then_read(
         conn, transaction(body), [l](const StoreError& err) { l.answer(Released::kUnconfirmed, &err); },
         "SELECT @lw_released", [this, l](std::uint64_t, const SqlResult& r, const StoreError* err) {
-          StoreError no_answer;
-          if (!err && (r.rows.empty() || r.rows[0].empty() || r.rows[0][0].empty())) {
-            // A new session: what the transaction did is not known.
-            no_answer =
-                StoreError::unavailable(target_.name(), "the outcome of a release was lost with its connection");
-            err = &no_answer;
-          }
           if (err) return l.answer(Released::kUnconfirmed, err);
+          if (r.null(0, 0)) {  // a new session: what the transaction did is not known
+            const auto lost = StoreError::unavailable(target_.name(), "the outcome of a release was lost with its "
+                                                                      "connection");
+            return l.answer(Released::kUnconfirmed, &lost);
+          }
           l.answer(to_ll(r.rows[0][0]) > 0 ? Released::kYes : Released::kGone, nullptr);
         });
   }

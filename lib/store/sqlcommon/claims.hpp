@@ -12,18 +12,22 @@
 #include <optional>
 
 #include "store/capabilities.hpp"
+#include "store/sqlcommon/values.hpp"
 
 namespace lockwatch::detail::sqlcommon {
 
-// Fills `out`'s status and last period: `claimed` the write took, `ours`
-// the lease is the caller's, `last` the last period run (none ever).
-inline void decide_claim(ClaimResult& out, bool claimed, bool ours, std::optional<std::int64_t> last,
-                         std::int64_t period) {
+// Fills `out` from the answer's row at columns `at`..`at + 3`: the
+// server's clock, whether the lease is the caller's, whether the period
+// is due (not read: the others decide) and the last period run (NULL:
+// none ever); `claimed` the write took.
+inline void read_claim(ClaimResult& out, const Rows& rows, int at, bool claimed, std::int64_t period) {
+  out.store_time = from_micros(rows.micros(0, at));
+  const std::optional<long long> last = rows.maybe(0, at + 3);
   out.last = last.value_or(0);
   if (claimed) {
     out.status = ClaimResult::Status::kClaimed;
     out.last = period;
-  } else if (!ours) {
+  } else if (!rows.yes(0, at + 1)) {
     out.status = ClaimResult::Status::kNotLeader;
   } else if (last && *last >= period) {
     out.status = ClaimResult::Status::kAlreadyRun;

@@ -6,30 +6,36 @@
 
 namespace lockwatch::detail::sqlcommon {
 
-HolderInfo holder(std::string token, std::string owner_name, std::optional<long long> since_us, long long held_us) {
+HolderInfo holder(const Rows& rows, int row, int at) {
   HolderInfo h;
-  h.token = std::move(token);
-  h.owner_name = std::move(owner_name);
-  if (!since_us) return h;
-  h.since = std::chrono::system_clock::time_point(
-      std::chrono::duration_cast<std::chrono::system_clock::duration>(std::chrono::microseconds(*since_us)));
-  h.held_for = std::chrono::milliseconds(std::max(0LL, held_us / 1000));
+  h.token = rows.bytes(row, at);
+  h.owner_name = rows.bytes(row, at + 1);
+  if (rows.null(row, at + 2)) return h;
+  h.since = from_micros(rows.micros(row, at + 2));
+  h.held_for = std::chrono::milliseconds(std::max(0LL, to_ll(rows.at(row, at + 3)) / 1000));
   return h;
 }
 
-void Inspection::lock_row(long long us_left, std::uint64_t fence, std::string owner, HolderInfo exclusive_holder) {
+void Inspection::lock_answer(const Rows& rows, const StoreError* error) {
+  if (error) return fail(error);
+  if (rows.size() != 1) return;
+  const long long us_left = to_ll(rows.at(0, 0));
+  std::string owner = rows.bytes(0, 2);
   info_.held = us_left > 0 && !owner.empty();
   info_.ttl = info_.held ? ms_up(us_left) : std::chrono::milliseconds(0);
-  info_.fencing_token = fence;
+  info_.fencing_token = static_cast<std::uint64_t>(to_ll(rows.at(0, 1)));
   if (!info_.held) return;
   info_.kind = kinds::kind_of_marker(owner);
   if (!info_.kind.exclusive_kind()) return;
-  info_.holders.push_back(std::move(exclusive_holder));
+  info_.holders.push_back(holder(rows, 0, 2));
   info_.owner = std::move(owner);
 }
 
-void Inspection::finish() {
+void Inspection::holders_answer(const Rows& rows, const StoreError* error) {
+  if (error) return fail(error);
   if (failed_) return;
+  if (info_.held && !info_.kind.exclusive_kind())
+    for (int r = 0; r < rows.size(); ++r) info_.holders.push_back(holder(rows, r, 0));
   // A fair lock's owner is its one holder's token (the row holds the marker).
   if (info_.kind.mode() == LockKind::Mode::kFair && !info_.holders.empty()) info_.owner = info_.holders.front().token;
   done_(info_, nullptr);
@@ -39,6 +45,15 @@ void Inspection::fail(const StoreError* error) {
   if (failed_) return;
   failed_ = true;
   done_(LockInfo{}, error);
+}
+
+std::vector<std::string> names_of(const Rows& rows) {
+  std::vector<std::string> names;
+  for (int r = 0; r < rows.size(); ++r) {
+    std::string name;
+    if (rows.read_bytes(r, 0, name)) names.push_back(std::move(name));
+  }
+  return names;
 }
 
 namespace {

@@ -22,36 +22,38 @@
 #include <vector>
 
 #include "store/capabilities.hpp"
+#include "store/sqlcommon/values.hpp"
 
 namespace lockwatch::detail::sqlcommon {
 
-// A holder as a server reports it: `since_us` the grant time in µs since
-// the epoch (none where no grant time was recorded), `held_us` how long
-// ago that was on the server's clock.
-HolderInfo holder(std::string token, std::string owner_name, std::optional<long long> since_us, long long held_us);
+// A holder from an answer's columns `at`..`at + 3`: token, owner name,
+// grant time (NULL where none was recorded) and how long ago that was, in
+// µs on the server's clock.
+HolderInfo holder(const Rows& rows, int row, int at);
 
-// One inspect() call: the lock row's answer, then the holders' rows, then
-// done() once; a failure of either answers first, and once.
+// One inspect() call: the lock row's answer, then the holders' answer,
+// then done() once; a failure of either answers first, and once.
 class Inspection {
  public:
   explicit Inspection(OperatorTools::InspectDone done) : done_(std::move(done)) {}
-  // The lock row: µs left (the latest holder's, for a marker), its fence,
-  // owner (token or marker) and, for an owner token, its holder.
-  void lock_row(long long us_left, std::uint64_t fence, std::string owner, HolderInfo exclusive_holder);
-  // Whether the holders' rows count (the key is held as a kind with a marker).
-  bool wants_holders() const noexcept { return info_.held && !info_.kind.exclusive_kind(); }
-  void add_holder(HolderInfo h) { info_.holders.push_back(std::move(h)); }
-  // The holders' rows are in: answers.
-  void finish();
-  // Either answer failed: answers with the error (once).
-  void fail(const StoreError* error);
-  bool failed() const noexcept { return failed_; }
+  // The lock row (none: the name was never locked): µs left (the latest
+  // holder's, for a marker), its fence, owner (token or marker) and, for
+  // an owner token, its holder (holder()'s columns).
+  void lock_answer(const Rows& rows, const StoreError* error);
+  // The live shared, permit and fair holders (holder()'s columns each):
+  // they count when the key is held as a kind with a marker. Answers.
+  void holders_answer(const Rows& rows, const StoreError* error);
 
  private:
+  void fail(const StoreError* error);
+
   LockInfo info_;
   bool failed_ = false;
   OperatorTools::InspectDone done_;
 };
+
+// The names an answer lists in its first column.
+std::vector<std::string> names_of(const Rows& rows);
 
 // Inspects each of `names` (the store's names that a listing found) through
 // `tools`, then gives `done` the held ones in the names' order, each with

@@ -25,7 +25,10 @@
 //   - the store's flow (RecipeStore): acquire() queues for the turn's end,
 //     renew() cuts a call into statements, list_locks() inspects the names
 //     a query found, close() sends what is queued before the connections
-//     close.
+//     close;
+//   - answers: the clock's (answer_time()), a claim's (claims.hpp), an
+//     inspection's and a listing's (inspection.hpp), read from the
+//     driver's result as Rows (values.hpp), whichever server wrote it.
 // The Dialect is data: what the statements of a server can and cannot do.
 // The driver is the store's connection type (Connections' parameter, with
 // start(), close(), pending(), name() and set_state_hook()) and the store's
@@ -50,6 +53,7 @@
 
 #include "core/loop.hpp"
 #include "core/turn_end.hpp"
+#include "lockwatch/errors.hpp"
 #include "store/capabilities.hpp"
 #include "store/lock_store.hpp"
 #include "store/sqlcommon/batching.hpp"
@@ -254,6 +258,13 @@ class RecipeStore : public StoreBase,
  public:
   // The lock_name column's size: longer names (prefix + key) are refused.
   static constexpr std::size_t kMaxNameBytes = 255;
+  // Throws InvalidArgument when `settings` leave no room for a key in the
+  // `server` lock table's lock_name. Any thread.
+  static void check_prefix(const SqlSettings& settings, const std::string& server) {
+    if (settings.key_prefix.size() >= kMaxNameBytes)
+      throw InvalidArgument("Options::runtime.key_prefix leaves no room for a key in the " + server +
+                            " lock table's 255-byte lock_name");
+  }
 
   // Queued: the acquisitions of one turn go out together at its end.
   void acquire(std::span<const LockRef> locks, AcquireDone done) final {
@@ -268,9 +279,9 @@ class RecipeStore : public StoreBase,
   // The held names under the prefix (list_names()), each then inspected.
   void list_locks(std::string_view prefix, std::size_t limit, ListDone done) final {
     list_names(like_prefix(encode(prefix)), limit,
-               [this, done = std::move(done)](std::vector<std::string> names, const StoreError* err) mutable {
+               [this, done = std::move(done)](const Rows& rows, const StoreError* err) mutable {
                  if (err) return done({}, err);
-                 list_inspected(*this, std::move(names), traits().keys.prefix.size(), std::move(done));
+                 list_inspected(*this, names_of(rows), traits().keys.prefix.size(), std::move(done));
                });
   }
   // What is queued goes to the connections, which fail it as they close:
@@ -298,6 +309,12 @@ class RecipeStore : public StoreBase,
     connections_.start(events_);
   }
   Connection& command_connection() { return connections_.command(); }
+  // The server's clock from the first cell of a server_time() answer
+  // (`missing` when it has none).
+  void answer_time(const Rows& rows, const StoreError* error, const StoreError& missing, const TimeDone& done) const {
+    if (!error && rows.null(0, 0)) error = &missing;
+    done(error ? std::chrono::system_clock::time_point{} : from_micros(rows.micros(0, 0)), error);
+  }
   // A failed statement of exclusive acquisitions: a deadlock or a lock
   // wait timeout sends it again; a row the server refused (a name too
   // long for the column, or one the table's CHECK refuses) sends each
@@ -314,13 +331,14 @@ class RecipeStore : public StoreBase,
   // The steps the store writes: a batch of exclusive acquisitions (one
   // statement), a group of the other kinds' (one transaction), a group of
   // renewals (`ttl` theirs without Dialect::ttl_per_lease), and the held
-  // names that match a LIKE `pattern`, in order, at most `limit`.
+  // names that match a LIKE `pattern` (an answer's first column), in
+  // order, at most `limit`.
   virtual void acquire_batch(AcquireBatchPtr batch) = 0;
   virtual void send_kind_group(AcquireBatchPtr group) = 0;
   virtual void renew_group(RenewBatchPtr batch, std::vector<std::size_t> members, std::chrono::milliseconds ttl,
                            bool kinds) = 0;
-  using NamesDone = std::function<void(std::vector<std::string> names, const StoreError* error)>;
-  virtual void list_names(std::string pattern, std::size_t limit, NamesDone done) = 0;
+  using RowsDone = std::function<void(const Rows& rows, const StoreError* error)>;
+  virtual void list_names(std::string pattern, std::size_t limit, RowsDone done) = 0;
   // The turn's end: what was queued in it goes out.
   virtual void turn_ended() { acquires_.flush(); }
 

@@ -3,11 +3,13 @@
 //
 // Names and tokens travel as hex (MariaDB's X'..' literals, PostgreSQL's
 // decode(.., 'hex')): any bytes, no escaping, and nothing a key holds can
-// change a statement. Pure functions; any thread.
+// change a statement. An answer is read through Rows, either driver's
+// result. Pure functions; any thread.
 #pragma once
 
 #include <charconv>
 #include <chrono>
+#include <optional>
 #include <string>
 #include <string_view>
 
@@ -74,5 +76,36 @@ inline long long unix_micros(std::string_view s) {
   }
   return us;
 }
+
+// A statement's answer, from either driver (MariaDB's SqlResult,
+// PostgreSQL's PgRows): rows of text cells, each read as its server
+// writes it. A cell past the rows or columns reads as empty and NULL.
+class Rows {
+ public:
+  virtual int size() const noexcept = 0;
+  virtual std::string_view at(int row, int column) const noexcept = 0;
+  virtual bool null(int row, int column) const noexcept = 0;
+  // A name, token or owner name (PostgreSQL's come as hex): false when
+  // the cell holds none.
+  virtual bool read_bytes(int row, int column, std::string& out) const = 0;
+  // A time in µs since the epoch (MariaDB's come as UNIX_TIMESTAMP()).
+  virtual long long micros(int row, int column) const = 0;
+  // A boolean ("1" from MariaDB, "t" from PostgreSQL).
+  virtual bool yes(int row, int column) const = 0;
+
+  std::string bytes(int row, int column) const {
+    std::string out;
+    read_bytes(row, column, out);
+    return out;
+  }
+  // A number, or none for NULL.
+  std::optional<long long> maybe(int row, int column) const {
+    if (null(row, column)) return std::nullopt;
+    return to_ll(at(row, column));
+  }
+
+ protected:
+  ~Rows() = default;
+};
 
 }  // namespace lockwatch::detail::sqlcommon
