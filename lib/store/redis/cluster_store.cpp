@@ -627,11 +627,11 @@ std::size_t ClusterStore::renew_group(Node* node, bool asking, std::shared_ptr<c
     }
     if (!held_back) (*done)(g->indexes[k], status, why);
     if (!last || r->at.empty()) return;
-    // MOVED: the slot is the target's now (the map is read again too);
-    // ASK: the slot is migrating and the keys are on the
-    // target already, renewed there after ASKING while the map stays as it
-    // is. Either way at once, not at the watchdog's next try: a moved slot
-    // costs a round trip, not the lease's remaining time.
+    // MOVED: the slot is the target's now (the map is read again too); ASK:
+    // the slot is migrating and the keys are on the target already, renewed
+    // there after ASKING while the map stays as it is. Either way at once,
+    // not at the watchdog's next try: a moved slot costs a round trip, not
+    // the lease's remaining time.
     auto next = std::make_shared<RenewGroup>();
     for (std::size_t at : r->at) {
       next->indexes.push_back(g->indexes[at]);
