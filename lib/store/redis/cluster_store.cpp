@@ -401,10 +401,6 @@ void ClusterStore::refresh_failed(const std::string& why) {
   uv_timer_start(&refresh_timer_, &ClusterStore::on_refresh_timer, 250, 0);
 }
 
-void ClusterStore::count_redirect(const StoreError& e) {
-  if (e.redirect() && events_.redirected) events_.redirected(is_ask(e));
-}
-
 // ------------------------------------------------------------------ locks
 
 void ClusterStore::route_call(std::string_view name, bool idempotent, Fail fail, CallSend send) {
@@ -435,7 +431,6 @@ void ClusterStore::send_to(Node* node, bool asking, const std::shared_ptr<Call>&
   call->send(*node->store, call);
 }
 
-
 void ClusterStore::send_after_refresh(const std::shared_ptr<Call>& call, std::function<void()> give_up) {
   refresh_waiters_.push_back([this, call, give_up = std::move(give_up)](const StoreError*) {
     Node* owner = closed_ ? nullptr : owner_of(call->name);
@@ -462,7 +457,7 @@ bool ClusterStore::follow(const std::shared_ptr<Call>& call, const StoreError& e
     }
     const auto to = cluster_redirect(error);
     if (!to) return false;
-    count_redirect(error);
+    if (events_.redirected) events_.redirected(to->ask);  // for the metrics
     Node* target = node_at(to->host, to->port);
     // What a MOVED says holds until the next map (already asked for) says
     // otherwise: the calls and renewals made meanwhile go there directly.
@@ -619,7 +614,7 @@ std::size_t ClusterStore::renew_group(Node* node, bool asking, std::shared_ptr<c
       // is promoted.
       if (!is_ask(*why)) request_refresh();
       if (why->redirect() && hops < kRedirectBudget) {
-        count_redirect(*why);
+        if (events_.redirected) events_.redirected(is_ask(*why));
         r->to = *why;
         r->at.push_back(k);
         held_back = true;

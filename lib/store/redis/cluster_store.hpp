@@ -243,8 +243,6 @@ class ClusterStore final : public StoreBase,
   // at once, within kRedirectBudget hops. Returns the calls sent (1).
   std::size_t renew_group(Node* node, bool asking, std::shared_ptr<const RenewGroup> g, int hops,
                           std::shared_ptr<const void> keepalive, std::shared_ptr<RenewDone> done);
-  // A MOVED or an ASK followed, for the metrics.
-  void count_redirect(const StoreError& redirect);
 
   static void on_refresh_timer(uv_timer_t* t);
   static void on_wait_timer(uv_timer_t* t);

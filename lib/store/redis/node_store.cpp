@@ -739,8 +739,6 @@ void RedisNodeStore::force_release(std::string_view name, ForceDone done) {
                            });
 }
 
-void RedisNodeStore::send_asking() { asking_ = true; }
-
 RedisConnection& RedisNodeStore::with_asking(RedisConnection& c) {
   if (asking_) {
     c.ask_next();
@@ -828,7 +826,6 @@ Released RedisNodeStore::heard_by(std::string_view name, ReleaseReply& reply, co
   if (heard_once && listening_.find(name) != listening_.end()) return Released::kYesUnheard;
   return status;
 }
-void RedisNodeStore::poll_replies() { renew_->poll_replies(); }
 
 void RedisNodeStore::close() {
   // What is queued goes to the connection, which fails it as it closes:

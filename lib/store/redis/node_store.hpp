@@ -90,7 +90,7 @@ class RedisNodeStore final : public StoreBase,
   // connection (acquire, release, raise_fence, claim_period, inspect,
   // force_release) goes after an ASKING, so that it runs on a slot this
   // node is importing (an ASK redirect).
-  void send_asking();
+  void send_asking() { asking_ = true; }
   // The same for the next renew(), on the renewal connection.
   void send_renewal_asking();
   // Before start(), for a store that is one node alone (not a Cluster's
@@ -133,7 +133,7 @@ class RedisNodeStore final : public StoreBase,
   void close() override;
   void subscribe(std::string_view name) override;
   void unsubscribe(std::string_view name) override;
-  void poll_replies() override;  // the renewal connection's
+  void poll_replies() override { renew_->poll_replies(); }  // the renewal connection's
   // Capabilities, each one script call on the command connection.
   void raise_fence(std::string_view name, std::uint64_t fence, RaiseDone done) override;
   void server_time(TimeDone done) override;
