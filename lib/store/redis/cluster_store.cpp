@@ -153,11 +153,11 @@ void ClusterStore::started() {
 }
 
 ClusterStore::Node* ClusterStore::node_at(const std::string& host, int port) {
+  for (const auto& n : nodes_)
+    if (n->endpoint.host == host && n->endpoint.port == port) return n.get();
   Endpoint ep = seeds_.seeds.front();  // credentials and TLS of the URL
   ep.host = host;
   ep.port = port;
-  const std::string name = ep.name();
-  if (auto it = by_name_.find(name); it != by_name_.end()) return it->second;
   auto node = std::make_unique<Node>();
   node->index = static_cast<std::int16_t>(nodes_.size());
   node->endpoint = ep;
@@ -168,7 +168,6 @@ ClusterStore::Node* ClusterStore::node_at(const std::string& host, int port) {
   raw->store->set_dropped_hook(
       [this, raw](std::string_view lock, const StoreError* why) { subscription_dropped(raw, lock, why); });
   nodes_.push_back(std::move(node));
-  by_name_.emplace(name, raw);
   if (started_ && !closed_) raw->store->start(node_events(raw));
   return raw;
 }

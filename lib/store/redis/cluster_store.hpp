@@ -256,7 +256,6 @@ class ClusterStore final : public StoreBase,
   bool closed_ = false;
 
   std::vector<std::unique_ptr<Node>> nodes_;
-  std::map<std::string, Node*> by_name_;      // "host:port"
   std::array<std::int16_t, kClusterSlots> owner_{};  // node index, -1: not served
   bool mapped_ = false;
   std::string last_refresh_error_;
