@@ -229,7 +229,8 @@ void ClusterStore::expire_waiters() {
   for (auto& w : due) w.fn(&err);
   if (!map_waiters_.empty()) {
     auto next = std::chrono::duration_cast<std::chrono::milliseconds>(map_waiters_.front().deadline - now);
-    uv_timer_start(&wait_timer_, &ClusterStore::on_wait_timer, static_cast<std::uint64_t>(std::max<long long>(1, next.count() + 1)), 0);
+    uv_timer_start(&wait_timer_, &ClusterStore::on_wait_timer,
+                   static_cast<std::uint64_t>(std::max<long long>(1, next.count() + 1)), 0);
   }
 }
 

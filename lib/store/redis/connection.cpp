@@ -95,8 +95,8 @@ struct WriteReq {
 bool is_push(const redisReply* r) {
   if (r->type != REDIS_REPLY_ARRAY || r->elements < 2 || r->element[0]->type != REDIS_REPLY_STRING) return false;
   const std::string_view kind(r->element[0]->str, r->element[0]->len);
-  for (std::string_view k : {"message", "subscribe", "unsubscribe", "smessage", "ssubscribe", "sunsubscribe", "pmessage",
-                             "psubscribe", "punsubscribe"}) {
+  for (std::string_view k : {"message", "subscribe", "unsubscribe", "smessage", "ssubscribe", "sunsubscribe",
+                             "pmessage", "psubscribe", "punsubscribe"}) {
     if (kind == k) return true;
   }
   return false;
@@ -480,7 +480,8 @@ void RedisConnection::push_pending(Pending p) {
 }
 
 void RedisConnection::want_flush() {
-  if (link_ != nullptr && link_->connected && !link_->out.empty()) uv_prepare_start(&flush_, &RedisConnection::on_flush);
+  if (link_ != nullptr && link_->connected && !link_->out.empty())
+    uv_prepare_start(&flush_, &RedisConnection::on_flush);
 }
 
 void RedisConnection::on_flush(uv_prepare_t* p) {

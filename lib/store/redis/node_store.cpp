@@ -361,10 +361,14 @@ void RedisNodeStore::send_batches(bool all) {
   while (all || batches_in_flight_ < kMaxBatchesInFlight) {
     if (!release_batch_.empty()) {
       batches_in_flight_ += send_slot_groups(take_batch(release_batch_), by_slot_,
-                                             [this](std::vector<QueuedRelease> b) { send_release_batch(std::move(b)); });
+                                             [this](std::vector<QueuedRelease> b) {
+                                               send_release_batch(std::move(b));
+                                             });
     } else if (!acquire_batch_.empty()) {
       batches_in_flight_ += send_slot_groups(take_batch(acquire_batch_), by_slot_,
-                                             [this](std::vector<QueuedAcquire> b) { send_acquire_batch(std::move(b)); });
+                                             [this](std::vector<QueuedAcquire> b) {
+                                               send_acquire_batch(std::move(b));
+                                             });
     } else {
       break;
     }
@@ -424,9 +428,11 @@ void RedisNodeStore::acquired(Acquired out, QueuedAcquire a) {
       return;
     }
     // As a batch of one, without a notice in the lockwatch layout.
-    std::vector<QueuedRelease> one{QueuedRelease{a.name, a.token, false, a.index, CallDone<ReleaseDone>(ReleaseDone())}};
-    EvalRequest request = layout_.redisson() ? redisson_release(one)
-                                             : release_request(one, notice(), [](const QueuedRelease&) { return false; });
+    std::vector<QueuedRelease> one{
+        QueuedRelease{a.name, a.token, false, a.index, CallDone<ReleaseDone>(ReleaseDone())}};
+    EvalRequest request = layout_.redisson()
+                              ? redisson_release(one)
+                              : release_request(one, notice(), [](const QueuedRelease&) { return false; });
     for_acquire().eval(std::move(request), answer);
   });
 }
@@ -550,10 +556,10 @@ std::size_t RedisNodeStore::renew_mixed(std::span<const LockRef> locks, std::sha
   std::size_t commands = 0;
   const bool asking = renewal_asking_;
   if (!exclusive.empty()) {
-    commands += renew_now(exclusive, keepalive,
-                      [shared_done, at = std::move(exclusive_at)](std::size_t k, Renewed status, const StoreError* why) {
-                        (*shared_done)(at[k], status, why);
-                      });
+    commands += renew_now(exclusive, keepalive, [shared_done, at = std::move(exclusive_at)](
+                                                    std::size_t k, Renewed status, const StoreError* why) {
+      (*shared_done)(at[k], status, why);
+    });
   }
   const int num_keys = static_cast<int>(2 * kinds_at.size());
   if (asking) renew_->ask_next();  // the exclusive call took the first
@@ -622,7 +628,8 @@ void RedisNodeStore::wait_replicas(RedisConnection& c, long long needed, std::st
 }
 
 void RedisNodeStore::server_time(TimeDone done) {
-  conn_->command({"TIME"}, [endpoint = conn_->name(), done = std::move(done)](const redisReply* r, const StoreError* err) {
+  conn_->command({"TIME"}, [endpoint = conn_->name(), done = std::move(done)](const redisReply* r,
+                                                                               const StoreError* err) {
     const auto now = err ? std::nullopt : time_of(r);
     if (now || err) return done(now.value_or(std::chrono::system_clock::time_point{}), err);
     const StoreError unexpected = StoreError::refused(endpoint, "unexpected reply to TIME");
@@ -715,7 +722,8 @@ void RedisNodeStore::scan_page(std::shared_ptr<Listing> listing) {
         page->infos[i].key = page->names[i].substr(prefix, page->names[i].size() - prefix - 1);
         listing->found.push_back(std::move(page->infos[i]));
       }
-      if (listing->cursor == "0" || listing->found.size() >= listing->limit) return listing->done(std::move(listing->found), nullptr);
+      if (listing->cursor == "0" || listing->found.size() >= listing->limit)
+        return listing->done(std::move(listing->found), nullptr);
       scan_page(listing);
     };
     if (page->names.empty()) return finish_page();
@@ -782,7 +790,8 @@ void RedisNodeStore::eval_acquire(EvalRequest request, std::vector<QueuedAcquire
 
 EvalRequest RedisNodeStore::redisson_acquire(const std::vector<QueuedAcquire>& batch) const {
   std::size_t bytes = 0;
-  for (const auto& a : batch) bytes += 4 * a.name.size() + a.token.size() + layout_.client_id.size() + a.ttl_ms.size() + 128;
+  for (const auto& a : batch)
+    bytes += 4 * a.name.size() + a.token.size() + layout_.client_id.size() + a.ttl_ms.size() + 128;
   EvalRequest request(script(ScriptId::kRedissonAcquire), 3 * batch.size(), 5 * batch.size(), bytes);
   for (const auto& a : batch)
     request.arg(a.name).arg(redisson_keys::token_counter(a.name)).arg(redisson_keys::latch(a.name, a.token));
