@@ -37,15 +37,12 @@ ClusterSeeds ClusterSeeds::parse(const std::string& url) {
     throw_bad_url(url, "a Redis Cluster has database 0 only: no /db after the seed nodes");
   if (rest.empty()) throw_bad_url(url, "no seed node");
   ClusterSeeds out;
-  std::size_t start = 0;
-  while (true) {
-    std::size_t comma = rest.find(',', start);
-    std::string one = rest.substr(start, comma == std::string::npos ? std::string::npos : comma - start);
+  for (std::size_t start = 0, comma = 0; comma != std::string::npos; start = comma + 1) {
+    comma = rest.find(',', start);
+    const std::string one = rest.substr(start, comma - start);  // the last to the end
     if (one.empty()) throw_bad_url(url, "an empty seed in the list");
     // The redis:// parser checks host, port and credentials alike.
     out.seeds.push_back(Endpoint::parse((tls ? "rediss://" : "redis://") + cred + one));
-    if (comma == std::string::npos) break;
-    start = comma + 1;
   }
   return out;
 }
@@ -82,12 +79,23 @@ const redisReply* field(const redisReply* map, std::string_view key) {
   return nullptr;
 }
 
+// The error an operator call's reply carries (null: none).
+const StoreError* error_in(const StoreError* err) { return err; }
+template <class Value>
+const StoreError* error_in(const Value&, const StoreError* err) {
+  return err;
+}
+const StoreError* error_in(const ClaimResult& r) {
+  return r.status == ClaimResult::Status::kFailed ? &r.error : nullptr;
+}
+
 }  // namespace
 
 // ------------------------------------------------------------------ the store
 
 struct ClusterStore::Node {
-  Endpoint endpoint;  // the URL's credentials and TLS, at the master's address
+  std::int16_t index;  // in nodes_, as owner_ names it
+  Endpoint endpoint;   // the URL's credentials and TLS, at the master's address
   std::unique_ptr<RedisNodeStore> store;
 };
 
@@ -145,12 +153,13 @@ void ClusterStore::started() {
 }
 
 ClusterStore::Node* ClusterStore::node_at(const std::string& host, int port) {
+  for (const auto& n : nodes_)
+    if (n->endpoint.host == host && n->endpoint.port == port) return n.get();
   Endpoint ep = seeds_.seeds.front();  // credentials and TLS of the URL
   ep.host = host;
   ep.port = port;
-  const std::string name = ep.name();
-  if (auto it = by_name_.find(name); it != by_name_.end()) return it->second;
   auto node = std::make_unique<Node>();
+  node->index = static_cast<std::int16_t>(nodes_.size());
   node->endpoint = ep;
   node->store =
       std::make_unique<RedisNodeStore>(loop_, ep, settings_, RedisNodeStore::Notices::kSharded, layout_, replicas_);
@@ -159,7 +168,6 @@ ClusterStore::Node* ClusterStore::node_at(const std::string& host, int port) {
   raw->store->set_dropped_hook(
       [this, raw](std::string_view lock, const StoreError* why) { subscription_dropped(raw, lock, why); });
   nodes_.push_back(std::move(node));
-  by_name_.emplace(name, raw);
   if (started_ && !closed_) raw->store->start(node_events(raw));
   return raw;
 }
@@ -186,11 +194,6 @@ ClusterStore::Node* ClusterStore::owner_of(std::string_view name) {
   return i < 0 ? nullptr : nodes_[static_cast<std::size_t>(i)].get();
 }
 
-StoreError ClusterStore::unserved(std::string_view name) const {
-  return StoreError::unavailable(
-      seeds_.names(), fmt::format("no master serves slot {} (of '{}') in the cluster's slot map", key_slot(name), name));
-}
-
 // ------------------------------------------------------------------ the map
 
 void ClusterStore::when_mapped(MapWaiter fn) {
@@ -212,11 +215,6 @@ void ClusterStore::when_mapped(MapWaiter fn) {
   request_refresh();
 }
 
-void ClusterStore::after_refresh(MapWaiter fn) {
-  refresh_waiters_.push_back(std::move(fn));
-  request_refresh();
-}
-
 void ClusterStore::on_wait_timer(uv_timer_t* t) { static_cast<ClusterStore*>(t->data)->expire_waiters(); }
 
 void ClusterStore::expire_waiters() {
@@ -231,7 +229,8 @@ void ClusterStore::expire_waiters() {
   for (auto& w : due) w.fn(&err);
   if (!map_waiters_.empty()) {
     auto next = std::chrono::duration_cast<std::chrono::milliseconds>(map_waiters_.front().deadline - now);
-    uv_timer_start(&wait_timer_, &ClusterStore::on_wait_timer, static_cast<std::uint64_t>(std::max<long long>(1, next.count() + 1)), 0);
+    uv_timer_start(&wait_timer_, &ClusterStore::on_wait_timer,
+                   static_cast<std::uint64_t>(std::max<long long>(1, next.count() + 1)), 0);
   }
 }
 
@@ -255,12 +254,10 @@ void ClusterStore::request_refresh() {
 
 void ClusterStore::on_refresh_timer(uv_timer_t* t) {
   auto* self = static_cast<ClusterStore*>(t->data);
-  if (self->closed_) return;
-  if (self->refreshing_) {
+  if (self->refreshing_)
     self->refresh_again_ = true;
-    return;
-  }
-  self->start_refresh();
+  else
+    self->start_refresh();
 }
 
 void ClusterStore::start_refresh() {
@@ -270,72 +267,51 @@ void ClusterStore::start_refresh() {
   refresh_again_ = false;
   // Masters known from the map first, then the seeds.
   candidates_.clear();
-  std::vector<bool> owns(nodes_.size(), false);
-  for (auto i : owner_)
-    if (i >= 0) owns[static_cast<std::size_t>(i)] = true;
   auto add = [&](const Endpoint& ep) {
     for (const auto& c : candidates_)
       if (c.host == ep.host && c.port == ep.port) return;
     candidates_.push_back(ep);
   };
-  for (std::size_t i = 0; i < nodes_.size(); ++i)
-    if (owns[i]) add(nodes_[i]->endpoint);
+  for (const auto& n : nodes_)
+    if (std::find(owner_.begin(), owner_.end(), n->index) != owner_.end()) add(n->endpoint);
   for (const auto& s : seeds_.seeds) add(s);
   refresh_auth_error_.reset();
   refresh_from(0);
 }
 
-void ClusterStore::refresh_from(std::size_t i) {
+void ClusterStore::refresh_from(std::size_t i, bool slots) {
   if (closed_) return;
   if (i >= candidates_.size()) {
     refresh_failed(last_refresh_error_);
     return;
   }
-  topo_->set_endpoint(candidates_[i]);
+  if (!slots) topo_->set_endpoint(candidates_[i]);
   const std::string where = candidates_[i].name();
-  topo_->command({"CLUSTER", "SHARDS"}, [this, i, where](const redisReply* r, const StoreError* err) {
+  const char* command = slots ? "SLOTS" : "SHARDS";
+  topo_->command({"CLUSTER", command}, [this, i, slots, where, command](const redisReply* r, const StoreError* err) {
     if (closed_) return;
-    if (!err) {
-      if (apply_shards(r)) {
-        refresh_done();
-        return;
-      }
-      last_refresh_error_ = where + " gave an unreadable CLUSTER SHARDS reply";
-      refresh_from(i + 1);
+    if (!err && (slots ? apply_slots(r) : apply_shards(r))) {
+      refresh_done();
       return;
     }
-    if (err->kind == StoreError::Kind::kUnavailable || err->kind == StoreError::Kind::kAuth) {
-      // Not an answer: the node is unreachable (or refused the credentials).
-      if (err->kind == StoreError::Kind::kAuth) refresh_auth_error_ = *err;
-      last_refresh_error_ = err->describe();
-      refresh_from(i + 1);
-      return;
-    }
+    // Unavailable or refused credentials: not an answer, the node is unreachable.
+    const bool answered =
+        err != nullptr && err->kind != StoreError::Kind::kUnavailable && err->kind != StoreError::Kind::kAuth;
+    if (err && err->kind == StoreError::Kind::kAuth) refresh_auth_error_ = *err;
     // An older server, or not a cluster node at all: CLUSTER SLOTS tells.
-    topo_->command({"CLUSTER", "SLOTS"}, [this, i, where](const redisReply* r2, const StoreError* err2) {
-      if (closed_) return;
-      if (!err2 && apply_slots(r2)) {
-        refresh_done();
-        return;
-      }
-      const bool answered = err2 != nullptr && err2->kind != StoreError::Kind::kUnavailable &&
-                            err2->kind != StoreError::Kind::kAuth;
-      if (err2 && err2->kind == StoreError::Kind::kAuth) refresh_auth_error_ = *err2;
-      last_refresh_error_ = !err2      ? where + " gave an unreadable CLUSTER SLOTS reply"
-                            : !answered ? err2->describe()
-                                        : fmt::format("{} is not a Redis Cluster node (CLUSTER SLOTS: {})", where,
-                                                      err2->message);
-      refresh_from(i + 1);
-    });
+    if (answered && !slots) return refresh_from(i, true);
+    last_refresh_error_ = !err      ? fmt::format("{} gave an unreadable CLUSTER {} reply", where, command)
+                          : !answered ? err->describe()
+                                      : fmt::format("{} is not a Redis Cluster node (CLUSTER SLOTS: {})", where,
+                                                    err->message);
+    refresh_from(i + 1, false);
   });
 }
 
 bool ClusterStore::assign_slots(std::array<std::int16_t, kClusterSlots>& owners, long long from, long long to,
                                 const Node* master) const {
   if (from < 0 || to >= kClusterSlots || from > to) return false;
-  auto index = static_cast<std::int16_t>(
-      std::find_if(nodes_.begin(), nodes_.end(), [&](const auto& p) { return p.get() == master; }) - nodes_.begin());
-  std::fill(owners.begin() + from, owners.begin() + to + 1, index);
+  std::fill(owners.begin() + from, owners.begin() + to + 1, master->index);
   return true;
 }
 
@@ -393,11 +369,8 @@ void ClusterStore::refresh_done() {
   logged_refresh_error_.clear();
   mapped_ = true;
   uv_timer_stop(&wait_timer_);
-  auto mapped = std::exchange(map_waiters_, {});
-  auto refreshed = std::exchange(refresh_waiters_, {});
   place_subscriptions();
-  for (auto& w : mapped) w.fn(nullptr);
-  for (auto& w : refreshed) w(nullptr);
+  answer_waiters(nullptr, true);
   if (closed_) return;
   if (refresh_again_ || !refresh_waiters_.empty()) {
     refresh_again_ = false;
@@ -417,11 +390,8 @@ void ClusterStore::refresh_failed(const std::string& why) {
                              ? *refresh_auth_error_
                              : StoreError::unavailable(seeds_.names(),
                                                        "could not read the cluster's slot map from any node: " + why);
-  auto mapped = mapped_ ? std::vector<Waiting>() : std::exchange(map_waiters_, {});
   if (!mapped_) uv_timer_stop(&wait_timer_);
-  auto refreshed = std::exchange(refresh_waiters_, {});
-  for (auto& w : mapped) w.fn(&err);
-  for (auto& w : refreshed) w(&err);
+  answer_waiters(&err, !mapped_);
   if (closed_ || refreshing_) return;
   // Once per distinct reason, not once per retry.
   if (events_.log && why != logged_refresh_error_)
@@ -431,25 +401,14 @@ void ClusterStore::refresh_failed(const std::string& why) {
   uv_timer_start(&refresh_timer_, &ClusterStore::on_refresh_timer, 250, 0);
 }
 
-void ClusterStore::note_reply(const StoreError& e) {
-  if ((e.redirect() && !is_ask(e)) || e.kind == StoreError::Kind::kRetryLater) request_refresh();
-}
-
-void ClusterStore::learn_owner(std::uint16_t slot, const Node* node) {
-  // What a MOVED says holds until the next map (already asked for) says
-  // otherwise: the calls and renewals made meanwhile go there directly.
-  for (std::size_t i = 0; i < nodes_.size(); ++i)
-    if (nodes_[i].get() == node) owner_[slot] = static_cast<std::int16_t>(i);
-}
-
-void ClusterStore::count_redirect(const StoreError& e) {
-  if (e.redirect() && events_.redirected) events_.redirected(is_ask(e));
-}
-
 // ------------------------------------------------------------------ locks
 
-void ClusterStore::route(std::shared_ptr<Call> call, Fail unrouted) {
-  when_mapped([this, call, unrouted = std::move(unrouted)](const StoreError* err) {
+void ClusterStore::route_call(std::string_view name, bool idempotent, Fail fail, CallSend send) {
+  auto call = std::make_shared<Call>();
+  call->name = name;
+  call->idempotent = idempotent;
+  call->send = std::move(send);
+  when_mapped([this, call, fail = std::move(fail)](const StoreError* err) {
     StoreError why;
     if (!err) {
       if (Node* node = owner_of(call->name)) {
@@ -457,20 +416,13 @@ void ClusterStore::route(std::shared_ptr<Call> call, Fail unrouted) {
         return;
       }
       request_refresh();
-      why = unserved(call->name);
+      why = StoreError::unavailable(seeds_.names(), fmt::format("no master serves slot {} (of '{}') in the cluster's "
+                                                                "slot map", key_slot(call->name), call->name));
     } else {
       why = *err;
     }
-    loop_.post([unrouted, why = std::move(why)] { unrouted(why); });
+    loop_.post([fail, why = std::move(why)] { fail(why); });
   });
-}
-
-void ClusterStore::route_call(std::string_view name, bool idempotent, Fail fail, CallSend send) {
-  auto call = std::make_shared<Call>();
-  call->name = name;
-  call->idempotent = idempotent;
-  call->send = std::move(send);
-  route(std::move(call), std::move(fail));
 }
 
 void ClusterStore::send_to(Node* node, bool asking, const std::shared_ptr<Call>& call) {
@@ -479,9 +431,8 @@ void ClusterStore::send_to(Node* node, bool asking, const std::shared_ptr<Call>&
   call->send(*node->store, call);
 }
 
-
 void ClusterStore::send_after_refresh(const std::shared_ptr<Call>& call, std::function<void()> give_up) {
-  after_refresh([this, call, give_up = std::move(give_up)](const StoreError*) {
+  refresh_waiters_.push_back([this, call, give_up = std::move(give_up)](const StoreError*) {
     Node* owner = closed_ ? nullptr : owner_of(call->name);
     if (owner != nullptr) {
       send_to(owner, false, call);
@@ -489,6 +440,7 @@ void ClusterStore::send_after_refresh(const std::shared_ptr<Call>& call, std::fu
       give_up();
     }
   });
+  request_refresh();
 }
 
 bool ClusterStore::follow(const std::shared_ptr<Call>& call, const StoreError& error, std::function<void()> give_up) {
@@ -505,28 +457,38 @@ bool ClusterStore::follow(const std::shared_ptr<Call>& call, const StoreError& e
     }
     const auto to = cluster_redirect(error);
     if (!to) return false;
-    count_redirect(error);
+    if (events_.redirected) events_.redirected(to->ask);  // for the metrics
     Node* target = node_at(to->host, to->port);
-    if (!to->ask) learn_owner(key_slot(call->name), target);
+    // What a MOVED says holds until the next map (already asked for) says
+    // otherwise: the calls and renewals made meanwhile go there directly.
+    if (!to->ask) owner_[key_slot(call->name)] = target->index;
     send_to(target, to->ask, call);
     return true;
   }
   if (error.kind != Kind::kUnavailable) return false;
   // The node is down, or it failed over: the call may or may not have run.
-  if (resend_after_loss(call, std::move(give_up))) return true;
-  request_refresh();
-  return false;
-}
-
-bool ClusterStore::followed(const std::shared_ptr<Call>& call, const StoreError* err, const Fail& fail) {
-  return err != nullptr && follow(call, *err, [fail, e = *err] { fail(e); });
-}
-
-bool ClusterStore::resend_after_loss(const std::shared_ptr<Call>& call, std::function<void()> give_up) {
-  if (closed_ || !call->idempotent || call->resent || !call->sent_live) return false;
+  // One safe to repeat that went out on a live connection is sent once
+  // more, to the slot's owner after the next refresh.
+  if (!call->idempotent || call->resent || !call->sent_live) {
+    request_refresh();
+    return false;
+  }
   call->resent = true;
   send_after_refresh(call, std::move(give_up));
   return true;
+}
+
+template <class Done, class Failed, class Send>
+void ClusterStore::call_on(std::string_view name, bool idempotent, Done done, Failed failed, Send send) {
+  auto shared = std::make_shared<Done>(std::move(done));
+  Fail fail = [shared, failed](const StoreError& err) { failed(*shared, err); };
+  route_call(name, idempotent, fail,
+             [this, shared, fail, send](RedisNodeStore& node, const std::shared_ptr<Call>& self) {
+               send(node, self->name, [this, self, shared, fail](const auto&... reply) {
+                 const StoreError* err = error_in(reply...);
+                 if (err == nullptr || !follow(self, *err, [fail, e = *err] { fail(e); })) (*shared)(reply...);
+               });
+             });
 }
 
 void ClusterStore::acquire(std::span<const LockRef> locks, AcquireDone done) {
@@ -645,27 +607,26 @@ std::size_t ClusterStore::renew_group(Node* node, bool asking, std::shared_ptr<c
     const bool last = ++r->answered == g->refs.size();
     bool held_back = false;
     if (status == Renewed::kTransient && !closed_ && why != nullptr) {
-      note_reply(*why);
+      // Any failure but an ASK asks for the map again (throttled): a MOVED
+      // or a "retry later" says it is wrong, and a node that cannot be
+      // reached may have failed over, and only a new map names the replica
+      // that took its slots. Its loss alone asks once, before the replica
+      // is promoted.
+      if (!is_ask(*why)) request_refresh();
       if (why->redirect() && hops < kRedirectBudget) {
-        count_redirect(*why);
+        if (events_.redirected) events_.redirected(is_ask(*why));
         r->to = *why;
         r->at.push_back(k);
         held_back = true;
-      } else if (!why->redirect() && why->kind != StoreError::Kind::kRetryLater) {
-        // Any other failure asks for the map again (throttled): a node that
-        // cannot be reached may have failed over, and only a new map names
-        // the replica that took its slots. Its loss alone asks once, before
-        // the replica is promoted.
-        request_refresh();
       }
     }
     if (!held_back) (*done)(g->indexes[k], status, why);
     if (!last || r->at.empty()) return;
-    // MOVED: the slot is the target's now (the map is read again too, see
-    // note_reply); ASK: the slot is migrating and the keys are on the
-    // target already, renewed there after ASKING while the map stays as it
-    // is. Either way at once, not at the watchdog's next try: a moved slot
-    // costs a round trip, not the lease's remaining time.
+    // MOVED: the slot is the target's now (the map is read again too); ASK:
+    // the slot is migrating and the keys are on the target already, renewed
+    // there after ASKING while the map stays as it is. Either way at once,
+    // not at the watchdog's next try: a moved slot costs a round trip, not
+    // the lease's remaining time.
     auto next = std::make_shared<RenewGroup>();
     for (std::size_t at : r->at) {
       next->indexes.push_back(g->indexes[at]);
@@ -677,7 +638,7 @@ std::size_t ClusterStore::renew_group(Node* node, bool asking, std::shared_ptr<c
     }
     const auto to = cluster_redirect(r->to);  // a redirect: held back only then
     Node* target = node_at(to->host, to->port);
-    if (!to->ask) learn_owner(key_slot(next->refs.front().name), target);
+    if (!to->ask) owner_[key_slot(next->refs.front().name)] = target->index;  // as follow()
     renew_group(target, to->ask, std::move(next), hops + 1, keepalive, done);
   });
 }
@@ -685,13 +646,12 @@ std::size_t ClusterStore::renew_group(Node* node, bool asking, std::shared_ptr<c
 // ------------------------------------------------------------------ the rest, routed by slot
 
 void ClusterStore::raise_fence(std::string_view name, std::uint64_t fence, RaiseDone done) {
-  auto shared = std::make_shared<RaiseDone>(std::move(done));
-  auto fail = [shared](const StoreError&) { (*shared)(false); };
-  route_call(name, false, fail, [this, fence, shared, fail](RedisNodeStore& node, const std::shared_ptr<Call>& self) {
-    node.raise_fence_or_error(self->name, fence, [this, self, shared, fail](const StoreError* err) {
-      if (!followed(self, err, fail)) (*shared)(err == nullptr);
-    });
-  });
+  call_on(
+      name, false, [done = std::move(done)](const StoreError* err) { done(err == nullptr); },
+      [](auto& answer, const StoreError& err) { answer(&err); },
+      [fence](RedisNodeStore& node, std::string_view lock, auto reply) {
+        node.raise_fence_or_error(lock, fence, std::move(reply));
+      });
 }
 
 void ClusterStore::server_time(TimeDone done) {
@@ -707,46 +667,31 @@ void ClusterStore::server_time(TimeDone done) {
 }
 
 void ClusterStore::claim_period(std::string_view name, std::string_view token, std::int64_t period,
-                                std::chrono::system_clock::time_point start,
-                                ClaimDone done) {
-  auto shared = std::make_shared<ClaimDone>(std::move(done));
-  auto fail = [shared](const StoreError& err) {
+                                std::chrono::system_clock::time_point start, ClaimDone done) {
+  auto failed = [](const ClaimDone& answer, const StoreError& err) {
     ClaimResult out;
     out.error = err;
-    (*shared)(out);
+    answer(out);
   };
-  auto send = [this, tok = std::string(token), period, start, shared, fail](RedisNodeStore& node,
-                                                                             const std::shared_ptr<Call>& self) {
-    node.claim_period(self->name, tok, period, start, [this, self, shared, fail](const ClaimResult& r) {
-      if (!followed(self, r.status == ClaimResult::Status::kFailed ? &r.error : nullptr, fail)) (*shared)(r);
-    });
-  };
-  route_call(name, false, fail, std::move(send));
+  call_on(name, false, std::move(done), failed,
+          [tok = std::string(token), period, start](RedisNodeStore& node, std::string_view lock, auto reply) {
+            node.claim_period(lock, tok, period, start, std::move(reply));
+          });
 }
 
 void ClusterStore::reserve_tokens(const LockRef& lock, std::uint32_t n, ReserveDone done) {
-  auto shared = std::make_shared<ReserveDone>(std::move(done));
-  auto fail = [shared](const StoreError& err) { (*shared)(0, &err); };
-  auto send = [this, tok = std::string(lock.token), n, shared, fail](RedisNodeStore& node,
-                                                                      const std::shared_ptr<Call>& self) {
-    LockRef ref;
-    ref.name = self->name;
-    ref.token = tok;
-    node.reserve_tokens(ref, n, [this, self, shared, fail](std::uint64_t last, const StoreError* err) {
-      if (!followed(self, err, fail)) (*shared)(last, err);
-    });
-  };
-  route_call(lock.name, false, fail, std::move(send));
+  call_on(lock.name, false, std::move(done), [](const ReserveDone& answer, const StoreError& err) { answer(0, &err); },
+          [tok = std::string(lock.token), n](RedisNodeStore& node, std::string_view name, auto reply) {
+            LockRef ref;
+            ref.name = name;
+            ref.token = tok;
+            node.reserve_tokens(ref, n, std::move(reply));
+          });
 }
 
 void ClusterStore::inspect(std::string_view name, InspectDone done) {
-  auto shared = std::make_shared<InspectDone>(std::move(done));
-  auto fail = [shared](const StoreError& err) { (*shared)(LockInfo{}, &err); };
-  route_call(name, true, fail, [this, shared, fail](RedisNodeStore& node, const std::shared_ptr<Call>& self) {
-    node.inspect(self->name, [this, self, shared, fail](const LockInfo& info, const StoreError* err) {
-      if (!followed(self, err, fail)) (*shared)(info, err);
-    });
-  });
+  call_on(name, true, std::move(done), [](const InspectDone& answer, const StoreError& err) { answer({}, &err); },
+          [](RedisNodeStore& node, std::string_view lock, auto reply) { node.inspect(lock, std::move(reply)); });
 }
 
 void ClusterStore::list_locks(std::string_view prefix, std::size_t limit, ListDone done) {
@@ -783,26 +728,17 @@ void ClusterStore::list_locks(std::string_view prefix, std::size_t limit, ListDo
 }
 
 void ClusterStore::force_release(std::string_view name, ForceDone done) {
-  auto shared = std::make_shared<ForceDone>(std::move(done));
-  auto fail = [shared](const StoreError& err) { (*shared)(false, &err); };
-  route_call(name, false, fail, [this, shared, fail](RedisNodeStore& node, const std::shared_ptr<Call>& self) {
-    node.force_release(self->name, [this, self, shared, fail](bool was_held, const StoreError* err) {
-      if (!followed(self, err, fail)) (*shared)(was_held, err);
-    });
-  });
+  call_on(name, false, std::move(done), [](const ForceDone& answer, const StoreError& err) { answer(false, &err); },
+          [](RedisNodeStore& node, std::string_view lock, auto reply) { node.force_release(lock, std::move(reply)); });
 }
 
 void ClusterStore::withdraw(const LockRef& lock, WithdrawDone done) {
-  auto shared = std::make_shared<WithdrawDone>(std::move(done));
-  auto fail = [shared](const StoreError& err) { (*shared)(&err); };
-  auto send = [this, shared, fail, token = std::string(lock.token), ttl = lock.ttl, kind = lock.kind](
-                  RedisNodeStore& node, const std::shared_ptr<Call>& self) {
-    LockRef ref{self->name, token, {}, ttl, kind};
-    node.withdraw(ref, [this, self, shared, fail](const StoreError* err) {
-      if (!followed(self, err, fail)) (*shared)(err);
-    });
-  };
-  route_call(lock.name, true, fail, std::move(send));  // a token withdrawn twice is withdrawn
+  // A token withdrawn twice is withdrawn: safe to repeat.
+  call_on(lock.name, true, std::move(done), [](const WithdrawDone& answer, const StoreError& err) { answer(&err); },
+          [token = std::string(lock.token), ttl = lock.ttl, kind = lock.kind](RedisNodeStore& node,
+                                                                             std::string_view name, auto reply) {
+            node.withdraw(LockRef{name, token, {}, ttl, kind}, std::move(reply));
+          });
 }
 
 void ClusterStore::subscribe(std::string_view name) {
@@ -875,10 +811,14 @@ void ClusterStore::close() {
     uv_close(reinterpret_cast<uv_handle_t*>(&wait_timer_), nullptr);
   }
   const StoreError err = StoreError::unavailable(seeds_.names(), "the store is closed");
-  auto mapped = std::exchange(map_waiters_, {});
+  answer_waiters(&err, true);
+}
+
+void ClusterStore::answer_waiters(const StoreError* err, bool map_waiters) {
+  auto mapped = map_waiters ? std::exchange(map_waiters_, {}) : std::vector<Waiting>();
   auto refreshed = std::exchange(refresh_waiters_, {});
-  for (auto& w : mapped) w.fn(&err);
-  for (auto& w : refreshed) w(&err);
+  for (auto& w : mapped) w.fn(err);
+  for (auto& w : refreshed) w(err);
 }
 
 }  // namespace lockwatch::detail

@@ -177,13 +177,16 @@ class ClusterStore final : public StoreBase,
   // when it could not be had within connect_timeout.
   using MapWaiter = std::function<void(const StoreError*)>;
   void when_mapped(MapWaiter fn);
-  // Runs `fn` after the next refresh completed (or failed).
-  void after_refresh(MapWaiter fn);
   void request_refresh();
   void start_refresh();
-  void refresh_from(std::size_t candidate);
+  // Asks candidate `candidate` for CLUSTER SHARDS (`slots`: CLUSTER SLOTS,
+  // for a server without SHARDS), the next candidate when it cannot tell.
+  void refresh_from(std::size_t candidate, bool slots = false);
   void refresh_failed(const std::string& why);
   void refresh_done();
+  // Answers what waits for the next refresh, and (`map_waiters`) for the
+  // first map, with `err` (null: the map is known).
+  void answer_waiters(const StoreError* err, bool map_waiters);
   // Slots from..to belong to `master`; false for a range out of bounds.
   bool assign_slots(std::array<std::int16_t, kClusterSlots>& owners, long long from, long long to,
                     const Node* master) const;
@@ -201,21 +204,13 @@ class ClusterStore final : public StoreBase,
   // After a refresh: each subscription on the master that serves its slot
   // now (moved ones are reported lost until confirmed again).
   void place_subscriptions();
-  // A call whose outcome is unknown (it went out on a live connection and
-  // its reply was lost) and which is safe to repeat: sent once more, to the
-  // slot's owner after the next refresh. False when it does not qualify
-  // (or was resent already): the caller reports the failure.
-  bool resend_after_loss(const std::shared_ptr<Call>& call, std::function<void()> give_up);
   // The node store for the master at host:port, made (and started) on first use.
   Node* node_at(const std::string& host, int port);
   // The master of `name`'s slot; null when no node serves it.
   Node* owner_of(std::string_view name);
-  StoreError unserved(std::string_view name) const;
-  // Sends `call` to the master of its lock's slot once the map is known;
-  // `unrouted` reports (posted) when there is none or no map.
-  void route(std::shared_ptr<Call> call, Fail unrouted);
-  // route() of a new call on lock `name` (`idempotent`: see Call) that
-  // `send` makes on a node; `fail` as `unrouted`.
+  // Sends a new call on lock `name` (`idempotent`: see Call), which `send`
+  // makes on a node, to the master of its slot once the map is known;
+  // `fail` reports (posted) when there is none or no map.
   void route_call(std::string_view name, bool idempotent, Fail fail, CallSend send);
   void send_to(Node* node, bool asking, const std::shared_ptr<Call>& call);
   // Sends `call` to its slot's owner once the next refresh ended; with no
@@ -228,9 +223,12 @@ class ClusterStore final : public StoreBase,
   // failure. False: the caller reports it (a refusal, or the hop budget is
   // spent); an unreachable node also asks for a refresh.
   bool follow(const std::shared_ptr<Call>& call, const StoreError& error, std::function<void()> give_up);
-  // follow() of a reply's error `err` (null: none, nothing to follow);
-  // `fail` answers with it should the retry find no owner.
-  bool followed(const std::shared_ptr<Call>& call, const StoreError* err, const Fail& fail);
+  // A call on lock `name` (operators' tools, fences, period claims): routed
+  // by route_call(), `send(node, lock, reply)` makes it on a node, and the
+  // error in `reply`'s answer is followed; what is not followed answers
+  // `done`, and `failed(done, error)` answers it with an error.
+  template <class Done, class Failed, class Send>
+  void call_on(std::string_view name, bool idempotent, Done done, Failed failed, Send send);
   // Returns the number of script calls sent.
   std::size_t renew_now(std::span<const LockRef> locks, std::shared_ptr<const void> keepalive,
                  std::shared_ptr<RenewDone> done);
@@ -245,12 +243,6 @@ class ClusterStore final : public StoreBase,
   // at once, within kRedirectBudget hops. Returns the calls sent (1).
   std::size_t renew_group(Node* node, bool asking, std::shared_ptr<const RenewGroup> g, int hops,
                           std::shared_ptr<const void> keepalive, std::shared_ptr<RenewDone> done);
-  // A MOVED named `node` for `slot`: the map says so until the next refresh.
-  void learn_owner(std::uint16_t slot, const Node* node);
-  // A redirect (MOVED) or "retry later" calls for the map again.
-  void note_reply(const StoreError& error);
-  // A MOVED or an ASK followed, for the metrics.
-  void count_redirect(const StoreError& redirect);
 
   static void on_refresh_timer(uv_timer_t* t);
   static void on_wait_timer(uv_timer_t* t);
@@ -264,7 +256,6 @@ class ClusterStore final : public StoreBase,
   bool closed_ = false;
 
   std::vector<std::unique_ptr<Node>> nodes_;
-  std::map<std::string, Node*> by_name_;      // "host:port"
   std::array<std::int16_t, kClusterSlots> owner_{};  // node index, -1: not served
   bool mapped_ = false;
   std::string last_refresh_error_;

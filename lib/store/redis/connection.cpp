@@ -11,9 +11,7 @@
 #include <algorithm>
 #include <cassert>
 #include <charconv>
-#include <cstdint>
-#include <cstdio>
-#include <cstring>
+#include <exception>
 #include <utility>
 
 #include "core/guarded.hpp"
@@ -60,6 +58,14 @@ struct RedisConnection::Link {
 
 namespace {
 
+// Appends a RESP header: `kind` ('*' an array, '$' a bulk string) and its count.
+void append_header(std::string& out, char kind, std::size_t n) {
+  char digits[24];
+  out.push_back(kind);
+  auto end = std::to_chars(digits, digits + sizeof digits, n).ptr;
+  out.append(digits, end).append("\r\n", 2);
+}
+
 // Appends one request in RESP (an array of bulk strings) to `out`.
 template <class Strings>
 void append_resp(std::string& out, const Strings& argv) {
@@ -69,26 +75,13 @@ void append_resp(std::string& out, const Strings& argv) {
   // exact reserve per request would copy the whole buffer each time.
   if (const std::size_t need = out.size() + total; need > out.capacity())
     out.reserve(std::max(need, 2 * out.capacity()));
-  char digits[24];
-  auto header = [&](char kind, std::size_t n) {
-    out.push_back(kind);
-    auto end = std::to_chars(digits, digits + sizeof digits, n).ptr;
-    out.append(digits, end);
-    out.append("\r\n", 2);
-  };
-  header('*', argv.size());
+  append_header(out, '*', argv.size());
   for (const auto& a : argv) {
-    header('$', a.size());
+    append_header(out, '$', a.size());
     out.append(a.data(), a.size());
     out.append("\r\n", 2);
   }
 }
-
-bool starts_with(const redisReply* r, const char* prefix) {
-  std::size_t n = std::strlen(prefix);
-  return r->str != nullptr && r->len >= n && std::memcmp(r->str, prefix, n) == 0;
-}
-
 
 // A write the socket did not take at once; freed by its callback.
 struct WriteReq {
@@ -102,8 +95,8 @@ struct WriteReq {
 bool is_push(const redisReply* r) {
   if (r->type != REDIS_REPLY_ARRAY || r->elements < 2 || r->element[0]->type != REDIS_REPLY_STRING) return false;
   const std::string_view kind(r->element[0]->str, r->element[0]->len);
-  for (std::string_view k : {"message", "subscribe", "unsubscribe", "smessage", "ssubscribe", "sunsubscribe", "pmessage",
-                             "psubscribe", "punsubscribe"}) {
+  for (std::string_view k : {"message", "subscribe", "unsubscribe", "smessage", "ssubscribe", "sunsubscribe",
+                             "pmessage", "psubscribe", "punsubscribe"}) {
     if (kind == k) return true;
   }
   return false;
@@ -200,7 +193,7 @@ void RedisConnection::write_handshake() {
   if (require_master_) send_handshake(Handshake::kRole, {"ROLE"});
   if (pubsub_) subs_->resubscribe();
   if (!hooks_.on_connect_command.empty()) {
-    write_command(std::vector<std::string_view>(hooks_.on_connect_command.begin(), hooks_.on_connect_command.end()));
+    write(std::vector<std::string_view>(hooks_.on_connect_command.begin(), hooks_.on_connect_command.end()));
   }
 }
 
@@ -259,17 +252,14 @@ void RedisConnection::link_up(Link* link) {
         auto* l = static_cast<Link*>(s->data);
         if (l->dead || nread == 0) return;
         if (nread < 0) {
-          std::string why;
-          if (nread != UV_EOF) {
-            why = l->conn->failure_reason(l, std::string("connection lost: ") + uv_strerror(static_cast<int>(nread)));
-          } else if (l->ssl != nullptr && !l->tls_ready) {
-            why = "the server closed the connection during the TLS handshake (is TLS enabled on that port?)";
-          } else if (l->ssl == nullptr && !l->got_bytes) {
-            why = "the server closed the connection without answering (a TLS port? use rediss://)";
-          } else {
-            why = "the server closed the connection";
-          }
-          l->conn->link_failed(why);
+          const char* closed =
+              l->ssl != nullptr && !l->tls_ready
+                  ? "the server closed the connection during the TLS handshake (is TLS enabled on that port?)"
+              : l->ssl == nullptr && !l->got_bytes
+                  ? "the server closed the connection without answering (a TLS port? use rediss://)"
+                  : "the server closed the connection";
+          const std::string lost = std::string("connection lost: ") + uv_strerror(static_cast<int>(nread));
+          l->conn->link_failed(nread == UV_EOF ? closed : l->conn->failure_reason(l, lost));
           return;
         }
         l->got_bytes = true;
@@ -367,11 +357,8 @@ void RedisConnection::received_raw(Link* link, const char* data, std::size_t n) 
     }
     const int err = SSL_get_error(link->ssl, got);
     if (err == SSL_ERROR_WANT_READ) break;
-    if (err == SSL_ERROR_ZERO_RETURN) {
-      link_failed("the server closed the TLS session");
-    } else {
-      link_failed("TLS: " + tls_error_text(link->ssl));
-    }
+    link_failed(err == SSL_ERROR_ZERO_RETURN ? "the server closed the TLS session"
+                                             : "TLS: " + tls_error_text(link->ssl));
     return;
   }
   if (!link->dead) tls_send_pending(link);  // e.g. an answer to a key update
@@ -391,7 +378,7 @@ void RedisConnection::send_handshake(Handshake step, std::vector<std::string> ar
   request_timer_.watch();
 }
 
-void RedisConnection::write_command(const std::vector<std::string_view>& argv) {
+void RedisConnection::write(const std::vector<std::string_view>& argv) {
   append_resp(link_->out, argv);
   want_flush();
 }
@@ -423,12 +410,7 @@ EvalRequest::EvalRequest(const Script& script, std::size_t keys, std::size_t arg
   resp_.append(digits, end).append("\r\n", 2);
 }
 
-void EvalRequest::header(char kind, std::size_t n) {
-  char digits[24];
-  resp_.push_back(kind);
-  auto end = std::to_chars(digits, digits + sizeof digits, n).ptr;
-  resp_.append(digits, end).append("\r\n", 2);
-}
+void EvalRequest::header(char kind, std::size_t n) { append_header(resp_, kind, n); }
 
 void RedisConnection::eval(EvalRequest request, ReplyCallback cb) {
   // A miscounted request would desynchronise the connection's replies: it
@@ -448,10 +430,11 @@ RedisConnection::Queued RedisConnection::queued(EvalRequest& request, ReplyCallb
 }
 
 void RedisConnection::fail_later(ReplyCallback cb, StoreError err) {
-  auto failed = std::make_shared<const StoreError>(std::move(err));
-  auto shared_cb = std::make_shared<ReplyCallback>(std::move(cb));
-  if (!loop_.post([shared_cb, failed] { guarded(kReplyCallback, [&] { (*shared_cb)(nullptr, failed.get()); }); }))
-    guarded(kReplyCallback, [&] { (*shared_cb)(nullptr, failed.get()); });
+  auto fail = [cb = std::make_shared<ReplyCallback>(std::move(cb)),
+               err = std::make_shared<const StoreError>(std::move(err))] {
+    guarded(kReplyCallback, [&] { (*cb)(nullptr, err.get()); });
+  };
+  if (!loop_.post(fail)) fail();
 }
 
 void RedisConnection::send(Queued q) {
@@ -468,10 +451,6 @@ void RedisConnection::send(Queued q) {
     reconnector_.want_attempt();
     return;
   }
-  submit(std::move(q));
-}
-
-void RedisConnection::submit(Queued q) {
   // Written in RESP straight into the link's output, which the flush hands
   // to the socket once per loop iteration with everything else queued.
   std::string& out = link_->out;
@@ -501,7 +480,8 @@ void RedisConnection::push_pending(Pending p) {
 }
 
 void RedisConnection::want_flush() {
-  if (link_ != nullptr && link_->connected && !link_->out.empty()) uv_prepare_start(&flush_, &RedisConnection::on_flush);
+  if (link_ != nullptr && link_->connected && !link_->out.empty())
+    uv_prepare_start(&flush_, &RedisConnection::on_flush);
 }
 
 void RedisConnection::on_flush(uv_prepare_t* p) {
@@ -675,7 +655,7 @@ StoreError RedisConnection::error_for(const redisReply* r) const {
 void RedisConnection::on_request_reply(Queued q, const redisReply* r) {
   guarded(kReplyCallback, [&] {
     if (r->type == REDIS_REPLY_ERROR) {
-      if (q.script != nullptr && starts_with(r, "NOSCRIPT")) {
+      if (q.script != nullptr && std::string_view(r->str, r->len).starts_with("NOSCRIPT")) {
         // The server lost its script cache (restart, SCRIPT FLUSH): EVAL
         // runs the source and caches it again. Same arguments: the array
         // header and the key count onwards stay.
@@ -717,23 +697,12 @@ void RedisConnection::on_handshake_reply(Handshake step, const redisReply* r) {
   if (handshake_error_.empty() && step != Handshake::kName) {
     if (r->type == REDIS_REPLY_ERROR) {
       std::string msg(r->str, r->len);
-      switch (step) {
-        case Handshake::kAuth:
-          handshake_error_ = "authentication failed: " + msg;
-          break;
-        case Handshake::kSelect:
-          handshake_error_ = fmt::format("SELECT {} was refused: {}", endpoint_.db, msg);
-          // No such database ("DB index is out of range"): the URL is
-          // wrong, and no retry makes it right.
-          select_failed_ = true;
-          break;
-        case Handshake::kRole:
-          handshake_error_ = "ROLE was refused: " + msg;
-          break;
-        case Handshake::kNone:
-        case Handshake::kName:
-          break;
-      }
+      handshake_error_ = step == Handshake::kAuth     ? "authentication failed: " + msg
+                         : step == Handshake::kSelect ? fmt::format("SELECT {} was refused: {}", endpoint_.db, msg)
+                                                      : "ROLE was refused: " + msg;
+      // No such database ("DB index is out of range"): the URL is wrong,
+      // and no retry makes it right.
+      if (step == Handshake::kSelect) select_failed_ = true;
       const StoreError refusal = redis_reply_error(name_, msg);
       if (step == Handshake::kAuth || redis_acl_refusal(refusal)) {
         // AUTH refused, or the user may not SELECT or ask ROLE: refused
@@ -779,27 +748,16 @@ void RedisConnection::on_push(const redisReply* r) {
 }
 
 void RedisConnection::became_usable() {
-  open_lane();
-  reconnector_.usable();
-}
-
-void RedisConnection::open_lane() {
+  // The lane opens on a plaintext link, in commands mode.
   Link* link = link_;
-  if (!lane_enabled_ || pubsub_ || link == nullptr || link->ssl != nullptr) return;
   uv_os_fd_t fd;
-  if (uv_fileno(reinterpret_cast<uv_handle_t*>(&link->tcp), &fd) != 0) return;
-  std::lock_guard lk(lane_mu_);
-  lane_fd_ = fd;
-  note_lane();
-}
-
-void RedisConnection::close_lane() {
-  // Under lane_mu_: the link goes (its writes in flight with it).
-  lane_fd_ = -1;
-  writes_in_flight_ = 0;
-  lane_rest_.clear();
-  lane_watched_ = false;
-  note_lane();
+  if (lane_enabled_ && !pubsub_ && link != nullptr && link->ssl == nullptr &&
+      uv_fileno(reinterpret_cast<uv_handle_t*>(&link->tcp), &fd) == 0) {
+    std::lock_guard lk(lane_mu_);
+    lane_fd_ = fd;
+    note_lane();
+  }
+  reconnector_.usable();
 }
 
 void RedisConnection::note_lane() noexcept {
@@ -849,7 +807,12 @@ void RedisConnection::drop_link(const std::string& why) {
   {
     std::lock_guard lk(lane_mu_);
     link_ = nullptr;
-    close_lane();
+    // The lane closes: the link goes, its writes in flight with it.
+    lane_fd_ = -1;
+    writes_in_flight_ = 0;
+    lane_rest_.clear();
+    lane_watched_ = false;
+    note_lane();
     pending = std::move(pending_);
     pending_.clear();
     unwritten_ = 0;
@@ -896,16 +859,11 @@ void RedisConnection::went_down(const std::string& why) {
 
 void RedisConnection::fail_waiting(std::deque<Queued> queued, const std::string& why) {
   if (queued.empty()) return;
-  const StoreError err = down_error(why);
+  constexpr const char* kNoDb = "{}: {} (the URL's /db names a database the server does not have)";
+  const StoreError err = auth_failed_     ? StoreError::auth(name_, why, auth_code_)
+                         : select_failed_ ? StoreError::invalid(name_, fmt::format(kNoDb, name_, why))
+                                          : StoreError::unavailable(name_, why);
   for (auto& q : queued) guarded(kReplyCallback, [&] { q.cb(nullptr, &err); });
-}
-
-StoreError RedisConnection::down_error(const std::string& why) const {
-  if (auth_failed_) return StoreError::auth(name_, why, auth_code_);
-  if (select_failed_)
-    return StoreError::invalid(name_, fmt::format("{}: {} (the URL's /db names a database the server does not have)",
-                                                  name_, why));
-  return StoreError::unavailable(name_, why);
 }
 
 void RedisConnection::attempt_timed_out() {
@@ -916,12 +874,10 @@ void RedisConnection::attempt_timed_out() {
   }
   if (link_ == nullptr) return;
   const std::string ms = std::to_string(connection_.connect_timeout.count());
-  if (link_->ssl != nullptr) {
-    // Connected, but no TLS answer: typically a plaintext port.
-    link_failed("the TLS handshake did not complete within " + ms + " ms (is TLS enabled on that port?)");
-    return;
-  }
-  link_failed("connect timed out after " + ms + " ms");
+  // Connected, but no TLS answer: typically a plaintext port.
+  link_failed(link_->ssl != nullptr
+                  ? "the TLS handshake did not complete within " + ms + " ms (is TLS enabled on that port?)"
+                  : "connect timed out after " + ms + " ms");
 }
 
 RequestTimer::Clock::time_point RedisConnection::unanswered_since() const {

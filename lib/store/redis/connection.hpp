@@ -41,14 +41,11 @@
 #include <chrono>
 #include <cstdint>
 #include <deque>
-#include <exception>
 #include <functional>
 #include <memory>
 #include <mutex>
 #include <string>
 #include <string_view>
-#include <unordered_map>
-#include <unordered_set>
 #include <vector>
 
 #include "core/reconnector.hpp"
@@ -238,8 +235,8 @@ class RedisConnection : private Reconnector::Attempts, private RequestTimer::Req
   // the server silent for the command timeout.
   RequestTimer::Clock::time_point unanswered_since() const override;
   void overdue() override;
-  // Subscriptions::Wire: a subscription's command, on a link that is up.
-  void write(const std::vector<std::string_view>& argv) override { write_command(argv); }
+  // Subscriptions::Wire (and the connect command): a command on the current link.
+  void write(const std::vector<std::string_view>& argv) override;
   bool can_write() const override { return link_ != nullptr && up(); }
   // attempt()'s parts: the handshake written first in the new link's
   // pipeline (AUTH, SELECT, CLIENT SETNAME, ROLE, the subscriptions), and
@@ -251,10 +248,8 @@ class RedisConnection : private Reconnector::Attempts, private RequestTimer::Req
   // caller's call: it may hold state across it), or at once once the
   // loop's shutdown has begun.
   void fail_later(ReplyCallback cb, StoreError err);
-  void submit(Queued q);
   // What waited for the handshake, sent now it is answered.
   void send_waiting();
-  void write_command(const std::vector<std::string_view>& argv);
   void want_flush();
   void flush();
   // flush()'s parts: what it wrote is pending from now on; the rest of a
@@ -285,9 +280,9 @@ class RedisConnection : private Reconnector::Attempts, private RequestTimer::Req
   void link_failed(const std::string& why);
   void went_down(const std::string& why);
   void became_usable();
-  // `queued` (requests that waited for a link) fail with `why`.
+  // `queued` (requests that waited for a link) fail with `why`: refused
+  // credentials, a database the server lacks, or the node unavailable.
   void fail_waiting(std::deque<Queued> queued, const std::string& why);
-  StoreError down_error(const std::string& why) const;
   StoreError error_for(const redisReply* reply) const;
   void send_handshake(Handshake step, std::vector<std::string> argv);
 
@@ -332,8 +327,6 @@ class RedisConnection : private Reconnector::Attempts, private RequestTimer::Req
   // may touch: pending_ and unwritten_ (so that each request's place in
   // pending_ is its place on the wire), link_'s assignment, the fields
   // below; the loop holds it while it writes on the socket.
-  void open_lane();
-  void close_lane();
   void note_lane() noexcept;  // under lane_mu_: lane_idle_ anew
   mutable std::mutex lane_mu_;
   bool lane_enabled_ = false;         // set before start()

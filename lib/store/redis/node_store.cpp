@@ -3,7 +3,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
-#include <cstdlib>
+#include <charconv>
 #include <deque>
 #include <iterator>
 #include <optional>
@@ -19,21 +19,20 @@ namespace lockwatch::detail {
 
 namespace {
 
-std::string string_at(const redisReply* r, std::size_t i) {
-  if (r == nullptr || r->type != REDIS_REPLY_ARRAY || r->elements <= i) return {};
-  const redisReply* e = r->element[i];
-  if (e->type == REDIS_REPLY_STRING || e->type == REDIS_REPLY_STATUS) return std::string(e->str, e->len);
-  if (e->type == REDIS_REPLY_INTEGER) return std::to_string(e->integer);
-  return {};
-}
-
-long long to_ll(const std::string& s) { return s.empty() ? 0 : std::strtoll(s.c_str(), nullptr, 10); }
-
-// TIME's two fields (seconds, microseconds) at `first` as a time point.
-std::chrono::system_clock::time_point time_at(const redisReply* r, std::size_t first) {
-  return std::chrono::system_clock::time_point(
-      std::chrono::duration_cast<std::chrono::system_clock::duration>(std::chrono::seconds(to_ll(string_at(r, first))) +
-                                                                      std::chrono::microseconds(to_ll(string_at(r, first + 1)))));
+// TIME's reply (seconds, microseconds) as a time point; nullopt for a reply of another shape.
+std::optional<std::chrono::system_clock::time_point> time_of(const redisReply* r) {
+  if (r == nullptr || r->type != REDIS_REPLY_ARRAY || r->elements != 2) return std::nullopt;
+  long long field[2] = {0, 0};
+  for (std::size_t i = 0; i < 2; ++i) {
+    const redisReply* e = r->element[i];
+    if (e->type == REDIS_REPLY_INTEGER)
+      field[i] = e->integer;
+    else if (e->type == REDIS_REPLY_STRING || e->type == REDIS_REPLY_STATUS)
+      std::from_chars(e->str, e->str + e->len, field[i]);
+  }
+  using std::chrono::system_clock;
+  return system_clock::time_point(std::chrono::duration_cast<system_clock::duration>(
+      std::chrono::seconds(field[0]) + std::chrono::microseconds(field[1])));
 }
 
 // The acquire script's call for `locks` (a batch, or the direct lane's one
@@ -181,7 +180,7 @@ void RedisNodeStore::acquire(std::span<const LockRef> locks, AcquireDone done) {
       send_acquire_batch({std::move(a)}, false);
     }
   }
-  if (queued) want_batch();
+  if (queued) batch_turn_.request();
 }
 
 void RedisNodeStore::write_directly() {
@@ -256,7 +255,7 @@ void RedisNodeStore::release(std::span<const LockRef> locks, bool notify, Releas
     }
   }
   if (!kinds.empty()) send_kind_release(with_asking(*conn_), locks, std::move(kinds), notify, std::move(each).share());
-  if (queued) want_batch();
+  if (queued) batch_turn_.request();
 }
 
 void RedisNodeStore::send_kind_acquire(QueuedAcquire a) {
@@ -320,8 +319,6 @@ void RedisNodeStore::send_kind_release(RedisConnection& c, std::span<const LockR
          });
 }
 
-void RedisNodeStore::want_batch() { batch_turn_.request(); }
-
 namespace {
 
 // The first kMaxBatch requests of `queue`, taken out of it.
@@ -364,10 +361,14 @@ void RedisNodeStore::send_batches(bool all) {
   while (all || batches_in_flight_ < kMaxBatchesInFlight) {
     if (!release_batch_.empty()) {
       batches_in_flight_ += send_slot_groups(take_batch(release_batch_), by_slot_,
-                                             [this](std::vector<QueuedRelease> b) { send_release_batch(std::move(b)); });
+                                             [this](std::vector<QueuedRelease> b) {
+                                               send_release_batch(std::move(b));
+                                             });
     } else if (!acquire_batch_.empty()) {
       batches_in_flight_ += send_slot_groups(take_batch(acquire_batch_), by_slot_,
-                                             [this](std::vector<QueuedAcquire> b) { send_acquire_batch(std::move(b)); });
+                                             [this](std::vector<QueuedAcquire> b) {
+                                               send_acquire_batch(std::move(b));
+                                             });
     } else {
       break;
     }
@@ -407,43 +408,33 @@ void RedisNodeStore::acquired(Acquired out, QueuedAcquire a) {
     a.done(a.index, out);
     return;
   }
-  wait_for_replicas(a.name.str(), a.token.str(), a.kind, out, a.index, std::move(a.done));
-}
-
-void RedisNodeStore::wait_for_replicas(std::string name, std::string token, LockKind kind, Acquired taken,
-                                       std::size_t index, CallDone<AcquireDone> done) {
   // The lock write must reach min_replicas replicas before the lease is
   // handed out, so a failover right after cannot drop it.
   // On the acquisitions' own connection: WAIT counts that connection's
   // writes, and blocks only it (never a release or a renewal).
-  wait_replicas(
-      for_acquire(), replicas_.min, "lock write",
-      [this, name = std::move(name), token = std::move(token), kind, taken, index, done = std::move(done)](
-          const StoreError* short_of) {
-        if (short_of == nullptr) {
-          done(index, taken);
-          return;
-        }
-        Acquired failed;
-        failed.error = *short_of;
-        // Give the lock back before the caller hears of the failure.
-        if (!kind.exclusive_kind()) {
-          LockRef ref{name, token, {}, {}, kind};
-          send_kind_release(for_acquire(), std::span<const LockRef>(&ref, 1), {0}, false,
-                            std::make_shared<ReleaseDone>([index, done, failed](std::size_t, Released, const StoreError*) {
-                              done(index, failed);
-                            }));
-          return;
-        }
-        // As a batch of one, without a notice in the lockwatch layout.
-        std::vector<QueuedRelease> one{
-            QueuedRelease{SmallString<40>(name), SmallString<32>(token), false, index, CallDone<ReleaseDone>(ReleaseDone())}};
-        EvalRequest request = layout_.redisson()
-                                  ? redisson_release(one)
-                                  : release_request(one, notice(), [](const QueuedRelease&) { return false; });
-        for_acquire().eval(std::move(request),
-                           [index, done, failed](const redisReply*, const StoreError*) { done(index, failed); });
-      });
+  wait_replicas(for_acquire(), replicas_.min, "lock write", [this, a = std::move(a), out](const StoreError* short_of) {
+    if (short_of == nullptr) {
+      a.done(a.index, out);
+      return;
+    }
+    Acquired failed;
+    failed.error = *short_of;
+    // Give the lock back before the caller hears of the failure.
+    auto answer = [index = a.index, done = a.done, failed](auto&&...) { done(index, failed); };
+    if (!a.kind.exclusive_kind()) {
+      LockRef ref{a.name, a.token, {}, {}, a.kind};
+      send_kind_release(for_acquire(), std::span<const LockRef>(&ref, 1), {0}, false,
+                        std::make_shared<ReleaseDone>(answer));
+      return;
+    }
+    // As a batch of one, without a notice in the lockwatch layout.
+    std::vector<QueuedRelease> one{
+        QueuedRelease{a.name, a.token, false, a.index, CallDone<ReleaseDone>(ReleaseDone())}};
+    EvalRequest request = layout_.redisson()
+                              ? redisson_release(one)
+                              : release_request(one, notice(), [](const QueuedRelease&) { return false; });
+    for_acquire().eval(std::move(request), answer);
+  });
 }
 
 std::size_t RedisNodeStore::renew(std::span<const LockRef> locks, std::shared_ptr<const void> keepalive,
@@ -478,10 +469,7 @@ std::size_t RedisNodeStore::renew(std::span<const LockRef> locks, std::shared_pt
       }
     }
   };
-  auto batch = std::make_shared<Batch>();
-  batch->answers.resize(locks.size());
-  batch->keepalive = keepalive;
-  batch->done = std::move(done);
+  auto batch = std::make_shared<Batch>(Batch{std::vector<Answer>(locks.size()), keepalive, std::move(done)});
   const std::size_t commands =
       renew_now(locks, std::move(keepalive), [batch](std::size_t k, Renewed status, const StoreError* why) {
         batch->answers[k].status = status;
@@ -568,10 +556,10 @@ std::size_t RedisNodeStore::renew_mixed(std::span<const LockRef> locks, std::sha
   std::size_t commands = 0;
   const bool asking = renewal_asking_;
   if (!exclusive.empty()) {
-    commands += renew_now(exclusive, keepalive,
-                      [shared_done, at = std::move(exclusive_at)](std::size_t k, Renewed status, const StoreError* why) {
-                        (*shared_done)(at[k], status, why);
-                      });
+    commands += renew_now(exclusive, keepalive, [shared_done, at = std::move(exclusive_at)](
+                                                    std::size_t k, Renewed status, const StoreError* why) {
+      (*shared_done)(at[k], status, why);
+    });
   }
   const int num_keys = static_cast<int>(2 * kinds_at.size());
   if (asking) renew_->ask_next();  // the exclusive call took the first
@@ -640,13 +628,12 @@ void RedisNodeStore::wait_replicas(RedisConnection& c, long long needed, std::st
 }
 
 void RedisNodeStore::server_time(TimeDone done) {
-  conn_->command({"TIME"}, [endpoint = conn_->name(), done = std::move(done)](const redisReply* r, const StoreError* err) {
-    StoreError unexpected;
-    if (!err && (r == nullptr || r->type != REDIS_REPLY_ARRAY || r->elements != 2)) {
-      unexpected = StoreError::refused(endpoint, "unexpected reply to TIME");
-      err = &unexpected;
-    }
-    done(err ? std::chrono::system_clock::time_point{} : time_at(r, 0), err);
+  conn_->command({"TIME"}, [endpoint = conn_->name(), done = std::move(done)](const redisReply* r,
+                                                                               const StoreError* err) {
+    const auto now = err ? std::nullopt : time_of(r);
+    if (now || err) return done(now.value_or(std::chrono::system_clock::time_point{}), err);
+    const StoreError unexpected = StoreError::refused(endpoint, "unexpected reply to TIME");
+    done({}, &unexpected);
   });
 }
 
@@ -735,7 +722,8 @@ void RedisNodeStore::scan_page(std::shared_ptr<Listing> listing) {
         page->infos[i].key = page->names[i].substr(prefix, page->names[i].size() - prefix - 1);
         listing->found.push_back(std::move(page->infos[i]));
       }
-      if (listing->cursor == "0" || listing->found.size() >= listing->limit) return listing->done(std::move(listing->found), nullptr);
+      if (listing->cursor == "0" || listing->found.size() >= listing->limit)
+        return listing->done(std::move(listing->found), nullptr);
       scan_page(listing);
     };
     if (page->names.empty()) return finish_page();
@@ -758,8 +746,6 @@ void RedisNodeStore::force_release(std::string_view name, ForceDone done) {
                              done(held, failed ? &*failed : nullptr);
                            });
 }
-
-void RedisNodeStore::send_asking() { asking_ = true; }
 
 RedisConnection& RedisNodeStore::with_asking(RedisConnection& c) {
   if (asking_) {
@@ -789,12 +775,6 @@ std::string_view RedisNodeStore::lock_of(std::string_view channel) const {
   return layout_.redisson() ? redisson_keys::lock_of_channel(channel) : redis_keys::lock_of_channel(channel);
 }
 
-std::string RedisNodeStore::latch_ms() const {
-  // Redisson keeps its latch for its command timeout times its retries; a
-  // retry of ours comes within two command timeouts.
-  return std::to_string(std::max<long long>(1000, 2 * command_timeout_.count()));
-}
-
 // Sends an acquire script (a batch's, of either layout, or a kind's for
 // one lock: each answers one entry per lock) and hands each lock its answer.
 void RedisNodeStore::eval_acquire(EvalRequest request, std::vector<QueuedAcquire> batch, bool counted) {
@@ -810,7 +790,8 @@ void RedisNodeStore::eval_acquire(EvalRequest request, std::vector<QueuedAcquire
 
 EvalRequest RedisNodeStore::redisson_acquire(const std::vector<QueuedAcquire>& batch) const {
   std::size_t bytes = 0;
-  for (const auto& a : batch) bytes += 4 * a.name.size() + a.token.size() + layout_.client_id.size() + a.ttl_ms.size() + 128;
+  for (const auto& a : batch)
+    bytes += 4 * a.name.size() + a.token.size() + layout_.client_id.size() + a.ttl_ms.size() + 128;
   EvalRequest request(script(ScriptId::kRedissonAcquire), 3 * batch.size(), 5 * batch.size(), bytes);
   for (const auto& a : batch)
     request.arg(a.name).arg(redisson_keys::token_counter(a.name)).arg(redisson_keys::latch(a.name, a.token));
@@ -824,7 +805,9 @@ EvalRequest RedisNodeStore::redisson_release(const std::vector<QueuedRelease>& b
   EvalRequest request(script(ScriptId::kRedissonRelease), 2 * batch.size(), 1 + 5 * batch.size(), bytes);
   for (const auto& r : batch) request.arg(r.name).arg(redisson_keys::latch(r.name, r.token));
   request.arg(notice());
-  const std::string keep = latch_ms();
+  // The unlock latch's expiry: Redisson keeps its latch for its command
+  // timeout times its retries; a retry of ours comes within two.
+  const std::string keep = std::to_string(std::max<long long>(1000, 2 * command_timeout_.count()));
   // Every release is announced, even of a lock given back unused: a
   // Redisson waiter that found it busy meanwhile waits for the message (or
   // else for the whole lease), and no lockwatch bookkeeping says whether
@@ -852,7 +835,6 @@ Released RedisNodeStore::heard_by(std::string_view name, ReleaseReply& reply, co
   if (heard_once && listening_.find(name) != listening_.end()) return Released::kYesUnheard;
   return status;
 }
-void RedisNodeStore::poll_replies() { renew_->poll_replies(); }
 
 void RedisNodeStore::close() {
   // What is queued goes to the connection, which fails it as it closes:

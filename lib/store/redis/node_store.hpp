@@ -90,7 +90,7 @@ class RedisNodeStore final : public StoreBase,
   // connection (acquire, release, raise_fence, claim_period, inspect,
   // force_release) goes after an ASKING, so that it runs on a slot this
   // node is importing (an ASK redirect).
-  void send_asking();
+  void send_asking() { asking_ = true; }
   // The same for the next renew(), on the renewal connection.
   void send_renewal_asking();
   // Before start(), for a store that is one node alone (not a Cluster's
@@ -133,7 +133,7 @@ class RedisNodeStore final : public StoreBase,
   void close() override;
   void subscribe(std::string_view name) override;
   void unsubscribe(std::string_view name) override;
-  void poll_replies() override;  // the renewal connection's
+  void poll_replies() override { renew_->poll_replies(); }  // the renewal connection's
   // Capabilities, each one script call on the command connection.
   void raise_fence(std::string_view name, std::uint64_t fence, RaiseDone done) override;
   void server_time(TimeDone done) override;
@@ -207,15 +207,16 @@ class RedisNodeStore final : public StoreBase,
     std::size_t index;
     CallDone<ReleaseDone> done;
   };
-  // The acquire script's answer for one lock, then WAIT for replicas when asked.
+  // The acquire script's answer for one lock, then WAIT for replicas when
+  // asked (short of them, the lock is given back and the call fails).
   void acquired(Acquired out, QueuedAcquire a);
   // A shared, permit or fair lock: one kAcquireKind or kAcquireFair call,
   // its answer to acquired().
   void send_kind_acquire(QueuedAcquire a);
-  // renew() of a batch with shared or permit leases in it.
   // renew() without the wait for replicas (the URL's min_replicas) that
   // renew() adds after it.
   std::size_t renew_now(std::span<const LockRef> locks, std::shared_ptr<const void> keepalive, RenewDone done);
+  // renew_now() of a batch with shared or permit leases in it.
   std::size_t renew_mixed(std::span<const LockRef> locks, std::shared_ptr<const void> keepalive, RenewDone done);
   // Shared and permit releases of one call: one kReleaseKind call on `c`.
   void send_kind_release(RedisConnection& c, std::span<const LockRef> locks, std::vector<std::size_t> indexes,
@@ -229,7 +230,6 @@ class RedisNodeStore final : public StoreBase,
   }
   // `c`, after an ASKING when send_asking() asked for one.
   RedisConnection& with_asking(RedisConnection& c);
-  void want_batch();
   // Sends what is queued, kMaxBatchesInFlight calls at most (`all`: every
   // call, as the store closes).
   void send_batches(bool all = false);
@@ -244,8 +244,6 @@ class RedisNodeStore final : public StoreBase,
   // reached <acks> of the <needed> replicas required").
   void wait_replicas(RedisConnection& c, long long needed, std::string_view what,
                      std::function<void(const StoreError*)> done);
-  void wait_for_replicas(std::string name, std::string token, LockKind kind, Acquired taken, std::size_t index,
-                         CallDone<AcquireDone> done);
 
   // The layout's channel of lock `name`, and the lock a channel is for.
   std::string channel_of(std::string_view name) const;
@@ -256,8 +254,6 @@ class RedisNodeStore final : public StoreBase,
   void eval_acquire(EvalRequest request, std::vector<QueuedAcquire> batch, bool counted);
   struct Listing;
   void scan_page(std::shared_ptr<Listing> listing);
-  // The unlock latch's expiry: long enough for a retry of the call.
-  std::string latch_ms() const;
 
   const std::string key_prefix_;  // Options::runtime.key_prefix
   const std::chrono::milliseconds command_timeout_;
@@ -277,13 +273,9 @@ class RedisNodeStore final : public StoreBase,
   std::unique_ptr<SentinelWatcher> sentinel_;
   Loop& loop_;
   bool by_slot_ = false;  // batch_by_slot()
-  // Runs the batches of this iteration, before the connection's flush.
-  // An idle handle, not a prepare handle: requests made in the poll phase
-  // go out in the next iteration's idle phase, just before the flush (the
-  // connection's prepare handle); one made during the prepare phase, when
-  // a prepare handle started then would wait for the iteration after the
-  // next poll, keeps that poll from blocking instead. Before the store is
-  // started on a loop, the call itself sends them.
+  // Sends the batches of this turn at its end, before the connections
+  // flush (core/turn_end.hpp); before the store is started, the call
+  // itself sends them.
   TurnEnd batch_turn_{[this] { send_batches(); }};
   std::deque<QueuedAcquire> acquire_batch_;
   std::deque<QueuedRelease> release_batch_;

@@ -11,36 +11,18 @@ namespace lockwatch::detail {
 
 namespace {
 
-// Each RedisReply but kOther with its word, in the enum's order.
-constexpr std::array<std::pair<RedisReply, std::string_view>, 20> kRedisReplyWords{{
-    {RedisReply::kErr, "ERR"},
-    {RedisReply::kWrongType, "WRONGTYPE"},
-    {RedisReply::kOom, "OOM"},
-    {RedisReply::kNoScript, "NOSCRIPT"},
-    {RedisReply::kBusy, "BUSY"},
-    {RedisReply::kReadOnly, "READONLY"},
-    {RedisReply::kNoReplicas, "NOREPLICAS"},
-    {RedisReply::kMasterDown, "MASTERDOWN"},
-    {RedisReply::kLoading, "LOADING"},
-    {RedisReply::kTryAgain, "TRYAGAIN"},
-    {RedisReply::kClusterDown, "CLUSTERDOWN"},
-    {RedisReply::kMoved, "MOVED"},
-    {RedisReply::kAsk, "ASK"},
-    {RedisReply::kCrossSlot, "CROSSSLOT"},
-    {RedisReply::kNoAuth, "NOAUTH"},
-    {RedisReply::kWrongPass, "WRONGPASS"},
-    {RedisReply::kNoPerm, "NOPERM"},
-    {RedisReply::kExecAbort, "EXECABORT"},
-    {RedisReply::kLockwatch, "LOCKWATCH"},
-    {RedisReply::kLockwatchKind, "LOCKWATCH-KIND"},
-}};
+// The word of each RedisReply from kErr to kLockwatchKind, in the enum's order.
+constexpr std::array<std::string_view, 20> kRedisReplyWords{
+    "ERR",      "WRONGTYPE",   "OOM",   "NOSCRIPT", "BUSY",      "READONLY", "NOREPLICAS", "MASTERDOWN", "LOADING",
+    "TRYAGAIN", "CLUSTERDOWN", "MOVED", "ASK",      "CROSSSLOT", "NOAUTH",   "WRONGPASS",  "NOPERM",     "EXECABORT",
+    "LOCKWATCH", "LOCKWATCH-KIND"};
+static_assert(kRedisReplyWords.size() == static_cast<std::size_t>(RedisReply::kOther) - 1);
 
 class RedisCategory final : public StoreCategory {
  public:
   const char* name() const noexcept override { return "lockwatch.redis"; }
   std::string message(int code) const override {
-    for (const auto& [reply, word] : kRedisReplyWords)
-      if (static_cast<int>(reply) == code) return std::string(word);
+    if (code >= 1 && code < static_cast<int>(RedisReply::kOther)) return std::string(kRedisReplyWords[code - 1]);
     return "another error reply";
   }
   // The reply's whole line is the message, its first word included.
@@ -97,9 +79,8 @@ const StoreCategory& redis_category() noexcept {
 }
 
 RedisReply redis_reply_code(std::string_view word) noexcept {
-  for (const auto& [reply, known] : kRedisReplyWords)
-    if (known == word) return reply;
-  return RedisReply::kOther;
+  const auto at = std::find(kRedisReplyWords.begin(), kRedisReplyWords.end(), word);
+  return static_cast<RedisReply>(at - kRedisReplyWords.begin() + 1);  // kOther past the end
 }
 
 StoreError redis_reply_error(std::string endpoint, std::string_view message) {

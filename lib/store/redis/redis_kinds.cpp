@@ -23,9 +23,8 @@ void check_redis_settings(const std::string& url, const Options& options) {
   if (const char* why = redis_keys::prefix_problem(options.runtime.key_prefix)) throw InvalidArgument(why);
   // A URL over TLS (rediss://, rediss-sentinel://, rediss-cluster://): the files are read now, so that a wrong
   // path fails here and not at every connection attempt.
-  if (url.rfind("rediss://", 0) == 0 || url.rfind("rediss-sentinel://", 0) == 0 ||
-      url.rfind("rediss-cluster://", 0) == 0 || url.find(",rediss://") != std::string::npos ||
-      url.find(", rediss://") != std::string::npos)
+  if (url.starts_with("rediss://") || url.starts_with("rediss-sentinel://") || url.starts_with("rediss-cluster://") ||
+      url.find(",rediss://") != std::string::npos || url.find(", rediss://") != std::string::npos)
     check_tls_options(options.tls);
 }
 

@@ -7,6 +7,8 @@
 #include <charconv>
 #include <cstdint>
 #include <iterator>
+#include <limits>
+#include <optional>
 
 #include "store/redis/redis_error.hpp"
 
@@ -901,25 +903,27 @@ Released ReleaseReply::next(const StoreError** why, bool* heard_once) {
   return kByIndex[at];
 }
 
-std::optional<StoreError> read_raise_fence(const redisReply* reply, const StoreError* err, std::string_view endpoint) {
+namespace {
+
+// An integer reply from `lo` to `hi` (null), or why not.
+std::optional<StoreError> read_integer(const redisReply* reply, const StoreError* err, std::string_view endpoint,
+                                       std::string_view script, long long lo, long long hi) {
   if (err != nullptr) return *err;
-  if (reply == nullptr || reply->type != REDIS_REPLY_INTEGER || reply->integer != 1)
-    return unexpected_reply(endpoint, "fence raising", shape_of(reply));
+  if (reply == nullptr || reply->type != REDIS_REPLY_INTEGER || reply->integer < lo || reply->integer > hi)
+    return unexpected_reply(endpoint, script, shape_of(reply));
   return std::nullopt;
+}
+
+}  // namespace
+
+std::optional<StoreError> read_raise_fence(const redisReply* reply, const StoreError* err, std::string_view endpoint) {
+  return read_integer(reply, err, endpoint, "fence raising", 1, 1);
 }
 
 std::uint64_t read_reserve_tokens(const redisReply* reply, const StoreError* err, std::string_view endpoint,
                                   std::optional<StoreError>& error) {
-  error.reset();
-  if (err != nullptr) {
-    error = *err;
-    return 0;
-  }
-  if (reply == nullptr || reply->type != REDIS_REPLY_INTEGER || reply->integer < 0) {
-    error = unexpected_reply(endpoint, "token reservation", shape_of(reply));
-    return 0;
-  }
-  return static_cast<std::uint64_t>(reply->integer);
+  error = read_integer(reply, err, endpoint, "token reservation", 0, std::numeric_limits<long long>::max());
+  return error ? 0 : static_cast<std::uint64_t>(reply->integer);
 }
 
 namespace {
@@ -978,19 +982,13 @@ std::optional<StoreError> read_inspect(const redisReply* reply, const StoreError
 
 std::optional<StoreError> read_force_release(const redisReply* reply, const StoreError* err,
                                              std::string_view endpoint, bool& held) {
-  held = false;
-  if (err != nullptr) return *err;
-  if (reply == nullptr || reply->type != REDIS_REPLY_INTEGER || (reply->integer != 0 && reply->integer != 1))
-    return unexpected_reply(endpoint, "force release", shape_of(reply));
-  held = reply->integer == 1;
-  return std::nullopt;
+  auto failed = read_integer(reply, err, endpoint, "force release", 0, 1);
+  held = !failed && reply->integer == 1;
+  return failed;
 }
 
 std::optional<StoreError> read_withdraw(const redisReply* reply, const StoreError* err, std::string_view endpoint) {
-  if (err != nullptr) return *err;
-  if (reply == nullptr || reply->type != REDIS_REPLY_INTEGER || (reply->integer != 0 && reply->integer != 1))
-    return unexpected_reply(endpoint, "fair withdraw", shape_of(reply));
-  return std::nullopt;
+  return read_integer(reply, err, endpoint, "fair withdraw", 0, 1);
 }
 
 ClaimResult read_claim_period(const redisReply* reply, const StoreError* err, std::string_view endpoint) {

@@ -11,11 +11,9 @@ namespace lockwatch::detail {
 
 namespace {
 
-// Told to the store: nothing may unwind into the connection's read.
-template <class F>
-void tell_store(F&& f) noexcept {
-  detail::guarded("a subscription callback", std::forward<F>(f));
-}
+// Told to the store through guarded(): nothing may unwind into the
+// connection's read.
+constexpr const char* kToStore = "a subscription callback";
 
 class ClassicSubscriptions final : public Subscriptions {
  public:
@@ -44,7 +42,7 @@ class ClassicSubscriptions final : public Subscriptions {
     if (!on_refused_) return;
     StoreError refused = why;
     if (redis_acl_refusal(refused)) refused.message += " (sent: SUBSCRIBE or UNSUBSCRIBE)";
-    tell_store([&] { on_refused_(refused); });
+    guarded(kToStore, [&] { on_refused_(refused); });
   }
 
  private:
@@ -83,7 +81,7 @@ class ShardedSubscriptions final : public Subscriptions {
     // Unsolicited: the node lost the channel's slot.
     const std::string ch = *wanted;
     channels_.erase(wanted);
-    if (on_dropped_) tell_store([&] { on_dropped_(ch, nullptr); });
+    if (on_dropped_) guarded(kToStore, [&] { on_dropped_(ch, nullptr); });
     return true;
   }
 
@@ -96,7 +94,7 @@ class ShardedSubscriptions final : public Subscriptions {
     auto wanted = channels_.find(sent.channel);
     if (wanted == channels_.end()) return;
     channels_.erase(wanted);
-    if (on_dropped_) tell_store([&] { on_dropped_(sent.channel, &why); });
+    if (on_dropped_) guarded(kToStore, [&] { on_dropped_(sent.channel, &why); });
   }
 
  private:

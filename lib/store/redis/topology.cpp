@@ -31,7 +31,8 @@ Topology Topology::parse(const std::string& url) {
     rest = rest.substr(at + 1);
   }
   auto slash = rest.find('/');
-  if (slash == std::string::npos || slash + 1 >= rest.size()) throw_bad_url(url, "expected redis-sentinel://host:port[,host:port...]/master-name");
+  if (slash == std::string::npos || slash + 1 >= rest.size())
+    throw_bad_url(url, "expected redis-sentinel://host:port[,host:port...]/master-name");
   std::string hosts = rest.substr(0, slash);
   std::string tail = rest.substr(slash + 1);
   std::string db;
