@@ -93,6 +93,7 @@ std::shared_ptr<LeaseRecord> Watchdog::hand_off(const std::shared_ptr<LeaseRecor
   l->token = from->token;
   l->ttl_ms = from->ttl_ms;
   l->kind = from->kind;  // exclusive: only those are handed on
+  l->renewal_in_doubt = from->renewal_in_doubt;  // its renewals were the key's
   l->rare().streak = streak_of(*from);
   l->streak()->holder = l;
   // `l` takes `from`'s place: `from` ends without a release.
