@@ -251,11 +251,20 @@ TEST_P(StoreContractTest, WorkLastingFiveTtlsKeepsItsLease) {
   // (400 ms; ZooKeeper's and etcd's are longer).
   const auto ttl = backend_->steady_ttl();
   auto f = locked("long-work", ttl, forever).on(rt)([&] {
-    auto until = std::chrono::steady_clock::now() + 5 * ttl;
-    int refused = 0;
-    while (std::chrono::steady_clock::now() < until) {
+    // Five ttls at least, and until ten probes and four renewals were seen
+    // (a loaded machine probes slower), within 15 s (get_bounded's 20 s).
+    const auto start = std::chrono::steady_clock::now();
+    const auto most = std::min<std::chrono::milliseconds>(25 * ttl, 15s);
+    int probes = 0, refused = 0;
+    auto more = [&] {
+      auto elapsed = std::chrono::steady_clock::now() - start;
+      if (elapsed >= most) return false;
+      return elapsed < 5 * ttl || probes < 10 || this_lease().renewals() < 4;
+    };
+    while (more()) {
       auto probe = locked("long-work", ttl, 0).on(other)([] { return 1; });
       auto p = probe();
+      ++probes;
       try {
         get_bounded(p);
       } catch (const LockNotAcquired&) {
@@ -263,12 +272,13 @@ TEST_P(StoreContractTest, WorkLastingFiveTtlsKeepsItsLease) {
       }
       std::this_thread::sleep_for(100ms);  // probing at a pace, not waiting for an event
     }
-    return std::pair(refused, this_lease().renewals());
+    return std::tuple(probes, refused, this_lease().renewals());
   });
   auto fut = f();
-  auto [refused, renewals] = get_bounded(fut);
-  EXPECT_GE(refused, 10);  // every probe was refused...
-  EXPECT_GE(renewals, 4u);  // ...because the lease was renewed
+  auto [probes, refused, renewals] = get_bounded(fut);
+  EXPECT_GE(probes, 10);
+  EXPECT_EQ(refused, probes);  // every probe was refused...
+  EXPECT_GE(renewals, 4u);     // ...because the lease was renewed
 }
 
 TEST_P(StoreContractTest, RenewalsDueInOneTickShareACommand) {
