@@ -8,9 +8,9 @@
 
 namespace lockwatch::detail {
 
-void LockTable::work_ended(const std::shared_ptr<LeaseRecord>& l) {
+void LockTable::work_ended(const std::shared_ptr<LeaseRecord>& l, Clock::time_point ended) {
   Decisions::Scope scope(decisions_);  // acted on as the call ends
-  if (!watchdog_.end_work(l)) return;
+  if (!watchdog_.end_work(l, ended)) return;
   if (!try_hand_off(l)) watchdog_.release_ended(l);
 }
 

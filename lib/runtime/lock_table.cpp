@@ -180,9 +180,9 @@ void LockTable::work_over(const std::shared_ptr<LeaseRecord>& l) {
   // and the loop wakes for the answer alone.
   // Only with nobody waiting here (and none on the way to the wait queue,
   // read first): a waiter would be handed the key instead.
-  if (lane_ != nullptr && lane_->lane_open() && l->kind.exclusive_kind() && !l->lost() && starting_.load() == 0 &&
-      waits_.keys_waited() == 0 && l->mark_release_written()) {
-    const auto ended = Clock::now();
+  const auto ended = Clock::now();
+  if (lane_ != nullptr && lane_->lane_open_at(ended) && l->kind.exclusive_kind() && !l->lost() &&
+      starting_.load() == 0 && waits_.keys_waited() == 0 && l->mark_release_written()) {
     if (lane_->release_direct(l->ref(), [this, l, ended](Released status, const StoreError* why) {
           released_direct(l, status, why, ended);
         }))
@@ -190,7 +190,7 @@ void LockTable::work_over(const std::shared_ptr<LeaseRecord>& l) {
     l->unmark_release_written();
   }
   // Refused only once the runtime closed, after it released the lock.
-  parts_.loop.post([this, l] { work_ended(l); });
+  parts_.loop.post([this, l, ended] { work_ended(l, ended); });
 }
 
 void LockTable::released_direct(const std::shared_ptr<LeaseRecord>& l, Released status, const StoreError* why,

@@ -102,9 +102,10 @@ class LockTable {
   void answered_direct(const std::shared_ptr<Acquisition>& a, const Acquired& out, Clock::time_point sent);
   // Loop: a cancelled acquisition leaves the wait queue.
   void cancel(const std::shared_ptr<Acquisition>& a);
-  // Loop: the work on `l` is over (handoff.cpp): its key goes on to the
-  // next caller here (a local hand-off), or back to the store.
-  void work_ended(const std::shared_ptr<LeaseRecord>& l);
+  // Loop: the work on `l` is over, at `ended` as its thread read the clock
+  // (handoff.cpp): its key goes on to the next caller here (a local
+  // hand-off), or back to the store.
+  void work_ended(const std::shared_ptr<LeaseRecord>& l, Clock::time_point ended = Clock::now());
   // Any thread, the work's (a pool worker, a handle's releaser): the work
   // on `l` is over. With nobody waiting here for any key, an exclusive
   // lease's release is written by this thread (DirectLane), and the loop

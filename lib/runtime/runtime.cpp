@@ -154,14 +154,17 @@ void detail::RuntimeImpl::begin(const std::shared_ptr<Acquisition>& a) {
 bool detail::RuntimeImpl::write_directly(const std::shared_ptr<Acquisition>& a) {
   // The loop would wake only to send it: this thread writes it, and the
   // loop wakes for the answer alone.
+  // The acquisition's start, read just before on this thread, stands for
+  // the time of the send: earlier, so the lease's deadline counted from it
+  // errs short.
+  const auto sent = a->started;
   if (direct_ == nullptr || a->spec.wait != milliseconds(0) || !a->spec.kind.exclusive_kind() ||
-      !direct_->lane_open())
+      !direct_->lane_open_at(sent))
     return false;
   {
     std::lock_guard lk(direct_tokens_mu_);
     a->token = direct_tokens_.next();
   }
-  const auto sent = Clock::now();
   return direct_->acquire_direct(a->ref(), [this, a, sent](const detail::Acquired& out) {
     table_.answered_direct(a, out, sent);
   });

@@ -229,8 +229,10 @@ class DirectLane {
   // caller goes through acquire() or release() on the loop.
   // lane_open(): false when a request written now would surely be refused
   // (requests in flight), so that the caller builds none. A hint: true does
-  // not promise that the write is taken.
-  virtual bool lane_open() const noexcept = 0;
+  // not promise that the write is taken. lane_open_at(): the same, with the
+  // time of the call as the caller read it last (one clock read a call).
+  bool lane_open() const noexcept { return lane_open_at(std::chrono::steady_clock::now()); }
+  virtual bool lane_open_at(std::chrono::steady_clock::time_point now) const noexcept = 0;
   virtual bool acquire_direct(const LockRef& lock, AcquiredDirect done) = 0;
   virtual bool release_direct(const LockRef& lock, ReleasedDirect done) = 0;
 

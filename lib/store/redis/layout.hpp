@@ -131,7 +131,7 @@ inline const char* problem(std::string_view, std::string_view key) noexcept {
 
 // The lock is the key itself: Redisson names it so (no prefix).
 inline KeyRules rules() {
-  return KeyRules{.problem = problem};
+  return KeyRules{.prefix = {}, .problem = problem};
 }
 
 }  // namespace redisson_keys

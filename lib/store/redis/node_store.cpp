@@ -198,7 +198,7 @@ void RedisNodeStore::write_directly() {
 // where a round's first call written alone would cost a call of its own.
 // A thread that calls one at a time (a lone caller, each of many blocking
 // threads) keeps the lane.
-bool RedisNodeStore::lane_open() const noexcept {
+bool RedisNodeStore::lane_open_at(std::chrono::steady_clock::time_point at) const noexcept {
   using Ticks = std::chrono::steady_clock::rep;
   constexpr Ticks kBurst = std::chrono::duration_cast<std::chrono::steady_clock::duration>(
                                std::chrono::microseconds(10)).count();
@@ -206,7 +206,7 @@ bool RedisNodeStore::lane_open() const noexcept {
                                std::chrono::milliseconds(5)).count();
   thread_local Ticks last_call = 0;
   thread_local Ticks quiet_until = 0;
-  const Ticks now = std::chrono::steady_clock::now().time_since_epoch().count();
+  const Ticks now = at.time_since_epoch().count();
   if (now - last_call < kBurst) quiet_until = now + kQuiet;
   last_call = now;
   return now >= quiet_until && conn_->lane_idle();

@@ -101,7 +101,7 @@ class RedisNodeStore final : public StoreBase,
   void write_directly();
   // Open while the connection is idle, for a thread that does not call in
   // bursts (see the .cpp).
-  bool lane_open() const noexcept override;
+  bool lane_open_at(std::chrono::steady_clock::time_point now) const noexcept override;
   bool acquire_direct(const LockRef& lock, AcquiredDirect done) override;
   bool release_direct(const LockRef& lock, ReleasedDirect done) override;
   // Before start(), for a node of a Redis Cluster: a batch goes as one
