@@ -52,7 +52,9 @@ inline LockKind kind_of_marker(std::string_view owner) {
 // and shared are one family (a read-write lock); permits only with the
 // holders' n; fair only with fair.
 constexpr bool same_family(LockKind held, LockKind asked) noexcept {
-  const auto rw = [](LockKind k) { return k.mode() == LockKind::Mode::kExclusive || k.mode() == LockKind::Mode::kShared; };
+  const auto rw = [](LockKind k) {
+    return k.mode() == LockKind::Mode::kExclusive || k.mode() == LockKind::Mode::kShared;
+  };
   if (rw(held) || rw(asked)) return rw(held) && rw(asked);
   return held == asked;
 }
@@ -67,6 +69,13 @@ inline std::string held_as(LockKind kind) {
     case LockKind::Mode::kExclusive: break;
   }
   return "an exclusive lock";
+}
+
+// A call refused for its kind: "the lock 'N' is held as a shared lock; this
+// call asked for it 2 permits".
+inline std::string refusal(std::string_view name, LockKind held, LockKind asked) {
+  return "the lock '" + std::string(name) + "' is held as " + held_as(held) + "; this call asked for it " +
+         asked.describe();
 }
 
 // Whether a call of `kind` may ask the store for a key this process holds

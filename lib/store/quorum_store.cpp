@@ -178,16 +178,14 @@ void QuorumStore::on_acquire_vote(const std::shared_ptr<AcquireBatch>& b, std::s
     // Raising: a late taker is raised too (one more chance at a majority);
     // a late failure may make it hopeless.
     if (!t.finished && t.raise_asked > 0 && took_here) raise_on(b, k, store);
-    check_raised(b, k);
-    return;
+    return check_raised(b, k);
   }
   Acquired out;
   if (t.took.size() >= quorum_) {
     t.decided = true;
     if (Clock::now() >= lease_deadline(watchdog_, b->sent, t.ttl)) {
       out.error = StoreError::unavailable(names_[store], "a majority took the lock only after its validity time");
-      give_back(b, k, out);
-      return;
+      return give_back(b, k, out);
     }
     t.fence = t.max_fence;
     for (std::size_t s : std::vector<std::size_t>(t.took)) raise_on(b, k, s);

@@ -100,16 +100,16 @@ struct EtcdClient::Call : std::enable_shared_from_this<EtcdClient::Call> {
   std::shared_ptr<Call> self;  // kept until gRPC's last callback
 };
 
-// A unary call; `done` gets its status (null: failed by close()) and
-// reads `response` (and `request`, to make the call again).
+// A unary call; `done` gets its status, or (null) the error close() failed
+// it with, and reads `response` (and `request`, to make the call again).
 template <class Request, class Response>
 struct EtcdClient::Unary final : Call {
   Request request;
   Response response;
-  std::function<void(const grpc::Status*)> done;
+  std::function<void(const grpc::Status*, const StoreError* closed)> done;
 
-  void answer() override { done(&status); }
-  void fail(const StoreError&) override { done(nullptr); }
+  void answer() override { done(&status, nullptr); }
+  void fail(const StoreError& closed) override { done(nullptr, &closed); }
 };
 
 // ---- construction
@@ -242,12 +242,12 @@ void EtcdClient::authenticate() {
   prepare(call->context, connect_timeout_);
   call->request.set_name(target_.user);
   call->request.set_password(target_.password);
-  call->done = [this, member, u = call.get()](const grpc::Status* status) {
+  call->done = [this, member, u = call.get()](const grpc::Status* status, const StoreError* closed) {
     authenticating_ = false;
     auto waiting = std::exchange(waiting_for_token_, {});
     std::optional<StoreError> error;
     if (!status) {
-      error = StoreError::unavailable(name_, "the store is closed");
+      error = *closed;
     } else if (!status->ok()) {
       if (no_answer(status->error_code())) member_failed(member);
       error = error_of(*status, member, /*authenticating=*/true);
@@ -275,15 +275,13 @@ void EtcdClient::unary(Request request, Done<Response> done, Rpc rpc, int attemp
     auto call = std::make_shared<Unary<Request, Response>>();
     track(call);
     const std::size_t member = call->member;
-    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
+    const auto left =
+        std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
     prepare(call->context, std::max(left, std::chrono::milliseconds(1)));
     call->request = std::move(request);
     call->done = [this, u = call.get(), member, attempt, done = std::move(done), rpc, deadline,
-                  reauthenticated](const grpc::Status* status) mutable {
-      if (!status) {
-        auto closed = StoreError::unavailable(name_, "the store is closed");
-        return done(Response{}, &closed);
-      }
+                  reauthenticated](const grpc::Status* status, const StoreError* closed) mutable {
+      if (!status) return done(Response{}, closed);
       member_answered(member, *status);
       if (status->ok()) return done(u->response, nullptr);
       if (no_answer(status->error_code())) member_failed(member);
@@ -311,24 +309,30 @@ void EtcdClient::unary(Request request, Done<Response> done, Rpc rpc, int attemp
 }
 
 // Each unary call: its stub's callback method, through unary().
-void EtcdClient::range(etcdserverpb::RangeRequest request,
-                       Done<etcdserverpb::RangeResponse> done) {
+void EtcdClient::range(etcdserverpb::RangeRequest request, Done<etcdserverpb::RangeResponse> done) {
   unary(std::move(request), std::move(done), [](Member& m, auto&&... a) { m.kv->async()->Range(a...); });
 }
-void EtcdClient::txn(etcdserverpb::TxnRequest request,
-                     Done<etcdserverpb::TxnResponse> done) {
+void EtcdClient::get(std::string key, Done<etcdserverpb::RangeResponse> done) {
+  etcdserverpb::RangeRequest request;
+  request.set_key(std::move(key));
+  range(std::move(request), std::move(done));
+}
+void EtcdClient::txn(etcdserverpb::TxnRequest request, Done<etcdserverpb::TxnResponse> done) {
   unary(std::move(request), std::move(done), [](Member& m, auto&&... a) { m.kv->async()->Txn(a...); });
 }
-void EtcdClient::lease_grant(etcdserverpb::LeaseGrantRequest request,
-                             Done<etcdserverpb::LeaseGrantResponse> done) {
+void EtcdClient::lease_grant(std::int64_t ttl, Done<etcdserverpb::LeaseGrantResponse> done) {
+  etcdserverpb::LeaseGrantRequest request;
+  request.set_ttl(ttl);
   unary(std::move(request), std::move(done), [](Member& m, auto&&... a) { m.lease->async()->LeaseGrant(a...); });
 }
-void EtcdClient::lease_revoke(etcdserverpb::LeaseRevokeRequest request,
-                              Done<etcdserverpb::LeaseRevokeResponse> done) {
+void EtcdClient::lease_revoke(std::int64_t id, Done<etcdserverpb::LeaseRevokeResponse> done) {
+  etcdserverpb::LeaseRevokeRequest request;
+  request.set_id(id);
   unary(std::move(request), std::move(done), [](Member& m, auto&&... a) { m.lease->async()->LeaseRevoke(a...); });
 }
-void EtcdClient::lease_time_to_live(etcdserverpb::LeaseTimeToLiveRequest request,
-                                    Done<etcdserverpb::LeaseTimeToLiveResponse> done) {
+void EtcdClient::lease_time_to_live(std::int64_t id, Done<etcdserverpb::LeaseTimeToLiveResponse> done) {
+  etcdserverpb::LeaseTimeToLiveRequest request;
+  request.set_id(id);
   unary(std::move(request), std::move(done),
         [](Member& m, auto&&... a) { m.lease->async()->LeaseTimeToLive(a...); });
 }

@@ -15,30 +15,10 @@
 //   watch         one Watch stream per watched key (release notices),
 //                 without a deadline, until cancelled
 //
-// Members: calls go to the current member; a call that gets no answer
-// (UNAVAILABLE, a deadline) moves the next calls to the next member, so a
-// killed or hung member costs one command timeout, not every call. A call
-// answered UNAVAILABLE (refused, or a member without a leader) is made
-// again on the next member at once, within its first deadline.
-//
-// TLS (etcds://): gRPC's own, with the members' certificates checked
-// against Options::tls.ca_file (else gRPC's roots) for tls_server_name
-// (else each member's host), and tls_cert_file/tls_key_file as the client
-// certificate.
-//
-// Authentication: with a user in the URL, Authenticate (within
-// Options::connection.connect_timeout) runs before the first call, and its token goes
-// with every call as the `token` metadata; a call refused for its token
-// authenticates again once.
-//
-// Errors are StoreErrors classified by gRPC status code, which each keeps
-// as its `code` (etcd_category(), store/etcd/etcd_error.hpp): UNAVAILABLE,
-// DEADLINE_EXCEEDED, CANCELLED, ABORTED are kUnavailable; UNAUTHENTICATED,
-// PERMISSION_DENIED and a refused Authenticate are kAuth;
-// RESOURCE_EXHAUSTED is kRetryLater; the rest kRefused. etcd sends a
-// missing user as INVALID_ARGUMENT, told apart only by its error text, as
-// etcd's own client does (its rpctypes table): those few exact texts are
-// kAuth too.
+// Which member a call goes to, TLS, authentication (Authenticate before
+// the first call, its token with every call) and the StoreError kind of
+// each gRPC status (kept as its `code`, of etcd_category()): docs/etcd.md
+// ("How a lock is kept": members; "TLS"; "The URL"; "Errors").
 //
 // Threading: construction on any thread; every other member on the loop
 // thread, but the destructor, which must run off the loop thread after
@@ -99,11 +79,13 @@ class EtcdClient {
   void set_state_hook(StateHook hook) { state_hook_ = std::move(hook); }
 
   void range(etcdserverpb::RangeRequest request, Done<etcdserverpb::RangeResponse> done);
+  // A Range of the one key `key`.
+  void get(std::string key, Done<etcdserverpb::RangeResponse> done);
   void txn(etcdserverpb::TxnRequest request, Done<etcdserverpb::TxnResponse> done);
-  void lease_grant(etcdserverpb::LeaseGrantRequest request, Done<etcdserverpb::LeaseGrantResponse> done);
-  void lease_revoke(etcdserverpb::LeaseRevokeRequest request, Done<etcdserverpb::LeaseRevokeResponse> done);
-  void lease_time_to_live(etcdserverpb::LeaseTimeToLiveRequest request,
-                          Done<etcdserverpb::LeaseTimeToLiveResponse> done);
+  // A lease of `ttl` seconds; lease `id` revoked, or its ttl asked.
+  void lease_grant(std::int64_t ttl, Done<etcdserverpb::LeaseGrantResponse> done);
+  void lease_revoke(std::int64_t id, Done<etcdserverpb::LeaseRevokeResponse> done);
+  void lease_time_to_live(std::int64_t id, Done<etcdserverpb::LeaseTimeToLiveResponse> done);
   // Keeps each lease alive once, on one stream; `done` gets a ttl per id,
   // in order.
   void keep_alive(std::vector<std::int64_t> ids, KeepAliveDone done);

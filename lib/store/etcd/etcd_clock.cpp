@@ -39,6 +39,7 @@ struct EtcdClock::State {
   std::vector<Done> waiting;
   bool closed = false;
   LocalClock local;
+  std::string name;  // the store's, for errors
 
   void measured(const Measured& m) {
     measuring = false;
@@ -294,6 +295,7 @@ EtcdClock::EtcdClock(Loop& loop, EtcdTarget target, const StoreSettings& setting
       local_(local ? std::move(local) : LocalClock([] { return system_clock::now(); })),
       state_(std::make_shared<State>()) {
   state_->local = local_;
+  state_->name = name_;
   if (target_.tls) {
     try {
       tls_ = TlsContext::make(settings.tls);
@@ -317,22 +319,13 @@ milliseconds EtcdClock::uncertainty() const { return state_->have ? state_->unce
 
 void EtcdClock::now(Done done) {
   State& s = *state_;
-  if (s.closed) {
-    loop_.post([done = std::move(done), name = name_] {
-      auto e = StoreError::unavailable(name, "the store is closed");
-      done({}, &e);
-    });
-    return;
-  }
   const auto age = steady_clock::now() - s.measured_at;
-  if (s.have && age <= kMaxAge) {
-    if (age > kRefresh) want_measure();
+  if (s.closed || (s.have && age <= kMaxAge)) {
+    if (!s.closed && age > kRefresh) want_measure();
     loop_.post([state = state_, done = std::move(done)] {
-      if (state->closed) {
-        auto e = StoreError::unavailable("etcd", "the store is closed");
-        return done({}, &e);
-      }
-      done(state->local() + state->offset, nullptr);
+      if (!state->closed) return done(state->local() + state->offset, nullptr);
+      auto e = StoreError::unavailable(state->name, "the store is closed");
+      done({}, &e);
     });
     return;
   }

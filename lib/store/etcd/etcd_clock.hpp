@@ -1,36 +1,12 @@
 // lib/store/etcd/etcd_clock.hpp: the etcd members' clock, for scheduled
-// jobs (JobClaims::server_time), read where etcd shows it.
-//
-// etcd's v3 API has no call that returns the time. But every member also
-// serves HTTP/1.1 on its client port (GET /version, answered without
-// credentials even with authentication on), and Go's net/http stamps each
-// answer with a Date header: the member's clock, in whole seconds. The
-// clock reads it finer than a second: it asks GET /version every
-// kSampleGap on one kept-alive connection until the Date's second changes
-// (at most kSampleSpan), and takes the middle of the span between the
-// last request that saw the old second being sent and the first that saw
-// the new one being answered as that second's start. The error is at most
-// half that span (kSampleGap plus a round trip: about 15 ms on a LAN).
-// What it keeps is an offset from the local clock:
-//   - fresher than kRefresh: answered at once (on the next loop turn);
-//   - older, but within kMaxAge: answered at once, and measured again in
-//     the background;
-//   - none yet, or older than kMaxAge: the caller waits for a measurement
-//     (about a second).
-// The store measures once when it starts (warm()), in the background, so
-// that a standby job taking over does not wait a second for its first
-// claim; later only when asked.
-// Members are tried in the URL's order, the first that answers is read
-// (so that processes of one URL read one member's clock); a member that
-// cannot be connected to, does not answer within the timeouts, or answers
-// something but etcd's /version with a Date costs its attempt, and the
-// next is tried. None answering: a kUnavailable StoreError (a
-// ConnectionError), never a time.
-//
-// etcds://: HTTPS, with OpenSSL and the store's TLS options (the same
-// CA, client certificate and name checks as the gRPC calls; the client
-// port refuses plain text then). Without the `tls` feature, etcds://
-// locks work (gRPC's own TLS) but its clock fails, naming the feature.
+// jobs (JobClaims::server_time): etcd's v3 API has none, so it is read
+// from the Date header of the members' HTTP answers to GET /version,
+// finer than their whole seconds (kSampleGap, kSampleSpan), and kept as
+// an offset from the local clock (kRefresh, kMaxAge). How, when and from
+// which member: docs/etcd.md ("Scheduled jobs", the clock). None
+// answering is a kUnavailable StoreError, never a time. etcds:// reads it
+// over HTTPS with the store's TLS options; without the `tls` feature its
+// clock fails, naming the feature.
 //
 // Threading: now() and close() on the loop thread; answers are posted to
 // the loop, each exactly once and never inside now(). Measuring runs on a

@@ -10,6 +10,7 @@
 #include <optional>
 #include <vector>
 
+#include "core/countdown.hpp"
 #include "core/loop.hpp"
 #include "lockwatch/errors.hpp"
 #include "store/etcd/etcd_error.hpp"
@@ -52,6 +53,25 @@ const mvccpb::KeyValue* ranged(const etcdserverpb::TxnResponse& response) {
   if (response.responses_size() < 1 || !response.responses(0).has_response_range()) return nullptr;
   const auto& range = response.responses(0).response_range();
   return range.kvs_size() > 0 ? &range.kvs(0) : nullptr;
+}
+
+// If absent: put. Else, if ours (the same request again): read it, then
+// put it on the new lease (a put keeps the create_revision, so the fence
+// stays, and the key leaves its old lease). Else: read it.
+etcdserverpb::TxnRequest acquisition(const std::string& name, std::string_view token, std::string value,
+                                     std::int64_t lease) {
+  etcdserverpb::TxnRequest txn;
+  compare(txn.mutable_compare(), name, etcdserverpb::Compare::CREATE)->set_create_revision(0);
+  auto* put = txn.add_success()->mutable_request_put();
+  put->set_key(name);
+  put->set_value(std::move(value));
+  put->set_lease(lease);
+  auto* present = txn.add_failure()->mutable_request_txn();
+  compare_ours(present->mutable_compare(), name, token);
+  present->add_success()->mutable_request_range()->set_key(name);
+  *present->add_success()->mutable_request_put() = *put;
+  present->add_failure()->mutable_request_range()->set_key(name);
+  return txn;
 }
 
 }  // namespace
@@ -111,61 +131,37 @@ void EtcdStore::acquire(std::span<const LockRef> locks, AcquireDone done) {
 }
 
 void EtcdStore::acquire_one(std::string name, std::string token, milliseconds ttl, AcquireOne done) {
-  etcdserverpb::LeaseGrantRequest grant;
-  grant.set_ttl(lease_seconds(ttl));
-  client_->lease_grant(std::move(grant), [this, name = std::move(name), token = std::move(token), ttl,
-                                          done = std::move(done)](const etcdserverpb::LeaseGrantResponse& granted,
-                                                                  const StoreError* err) mutable {
+  client_->lease_grant(lease_seconds(ttl), [this, name = std::move(name), token = std::move(token), ttl,
+                                            done = std::move(done)](const auto& granted,
+                                                                    const StoreError* err) mutable {
     if (err) return done(Acquired::failed(*err));
     if (!granted.error().empty() || granted.id() == 0)
       return done(Acquired::failed(StoreError::refused(client_->name(), "LeaseGrant: " + granted.error())));
     const std::int64_t lease = granted.id();
-    // If absent: put. Else, if ours (the same request again): read it,
-    // then put it on the new lease (a put keeps the create_revision, so
-    // the fence stays, and the key leaves its old lease). Else: read it.
-    etcdserverpb::TxnRequest txn;
-    compare(txn.mutable_compare(), name, etcdserverpb::Compare::CREATE)->set_create_revision(0);
-    auto* put = txn.add_success()->mutable_request_put();
-    put->set_key(name);
-    put->set_value(value_of(token));
-    put->set_lease(lease);
-    auto* present = txn.add_failure()->mutable_request_txn();
-    compare_ours(present->mutable_compare(), name, token);
-    present->add_success()->mutable_request_range()->set_key(name);
-    *present->add_success()->mutable_request_put() = *put;
-    present->add_failure()->mutable_request_range()->set_key(name);
+    auto txn = acquisition(name, token, value_of(token), lease);
     client_->txn(std::move(txn), [this, name, token, ttl, lease, done = std::move(done)](
-                                     const etcdserverpb::TxnResponse& response, const StoreError* err) mutable {
-      if (err) {
-        // Whether the write was made is unknown: revoking the lease takes
-        // the key away with it if it was.
-        revoke(lease);
-        return done(Acquired::failed(*err));
-      }
-      if (response.succeeded()) {
-        held_[name] = Held{token, lease};
-        return done(Acquired::taken(static_cast<std::uint64_t>(response.header().revision())));
-      }
+                                     const auto& response, const StoreError* err) mutable {
       const etcdserverpb::TxnResponse* inner =
           response.responses_size() > 0 && response.responses(0).has_response_txn()
               ? &response.responses(0).response_txn()
               : nullptr;
       const mvccpb::KeyValue* kv = inner ? ranged(*inner) : nullptr;
-      if (kv == nullptr) {
-        // Not absent, yet not there in the same transaction: an answer
-        // that cannot be.
-        revoke(lease);
+      const bool again = kv != nullptr && inner->succeeded();  // ours already: now on the new lease
+      if (response.succeeded() || again) {
+        if (again && kv->lease() != lease) revoke(kv->lease());  // the old lease goes
+        held_[name] = Held{token, lease};
+        const std::int64_t fence = again ? kv->create_revision() : response.header().revision();
+        return done(Acquired::taken(static_cast<std::uint64_t>(fence)));
+      }
+      // Whether the write was made (no answer) is unknown: revoking the
+      // lease takes the key away with it if it was.
+      revoke(lease);
+      if (err) return done(Acquired::failed(*err));
+      // Not absent, yet not there in the same transaction: an answer that cannot be.
+      if (kv == nullptr)
         return done(
             Acquired::failed(StoreError::refused(client_->name(), "the acquisition's transaction answered no key")));
-      }
-      if (!inner->succeeded()) {
-        revoke(lease);
-        return busy(kv->lease(), ttl, std::move(done));
-      }
-      // Ours already: the same acquisition, now on the new lease.
-      if (kv->lease() != lease) revoke(kv->lease());
-      held_[name] = Held{token, lease};
-      done(Acquired::taken(static_cast<std::uint64_t>(kv->create_revision())));
+      busy(kv->lease(), ttl, std::move(done));
     });
   });
 }
@@ -174,11 +170,7 @@ void EtcdStore::busy(std::int64_t holder_lease, milliseconds ttl, AcquireOne don
   if (holder_lease == 0) {  // a key without a lease (not lockwatch's): busy for a ttl
     return done(Acquired::busy(ttl));
   }
-  etcdserverpb::LeaseTimeToLiveRequest request;
-  request.set_id(holder_lease);
-  client_->lease_time_to_live(std::move(request), [ttl, done = std::move(done)](
-                                                      const etcdserverpb::LeaseTimeToLiveResponse& response,
-                                                      const StoreError* err) {
+  client_->lease_time_to_live(holder_lease, [ttl, done = std::move(done)](const auto& response, const StoreError* err) {
     // etcd answers whole seconds, rounded down: a second more is the
     // bound. Without an answer, the ttl asked for.
     if (err)
@@ -190,15 +182,11 @@ void EtcdStore::busy(std::int64_t holder_lease, milliseconds ttl, AcquireOne don
 
 void EtcdStore::revoke(std::int64_t lease, int attempts_left) {
   if (closed_ || lease == 0) return;
-  etcdserverpb::LeaseRevokeRequest request;
-  request.set_id(lease);
   // A lease whose revoke got no answer keeps its key until it expires,
   // which a leader change postpones: try again, on the next member.
-  client_->lease_revoke(std::move(request),
-                        [this, lease, attempts_left](const etcdserverpb::LeaseRevokeResponse&, const StoreError* err) {
-                          if (err != nullptr && err->unavailable() && attempts_left > 1 && !closed_)
-                            revoke(lease, attempts_left - 1);
-                        });
+  client_->lease_revoke(lease, [this, lease, attempts_left](const auto&, const StoreError* err) {
+    if (err != nullptr && err->unavailable() && attempts_left > 1 && !closed_) revoke(lease, attempts_left - 1);
+  });
 }
 
 // ---- renew
@@ -275,24 +263,21 @@ void EtcdStore::release_attempt(std::shared_ptr<Releasing> r) {
   compare_ours(txn.mutable_compare(), r->name, r->token);
   txn.add_success()->mutable_request_delete_range()->set_key(r->name);
   txn.add_failure()->mutable_request_range()->set_key(r->name);
-  client_->txn(std::move(txn), [this, r](const etcdserverpb::TxnResponse& response, const StoreError* err) {
+  client_->txn(std::move(txn), [this, r](const auto& response, const StoreError* err) {
     // Not ours to renew any more, whatever the answer (renewals racing the
     // release until then are answered as before).
     if (auto it = held_.find(r->name); it != held_.end() && it->second.token == r->token) held_.erase(it);
-    if (err) {
-      // No answer in time from a member that may be hung: once more, on
-      // the next one (the client moved on).
-      if (err->unavailable() && err->code == etcd_code(grpc::StatusCode::DEADLINE_EXCEEDED) && !r->maybe_applied &&
-          !closed_) {
-        r->maybe_applied = true;
-        return release_attempt(r);
-      }
-      // Our lease goes either way: revoking it takes the key away if it is
-      // still there.
-      revoke(r->lease);
-      return (*r->done)(r->index, Released::kUnconfirmed, err);
+    // No answer in time from a member that may be hung: once more, on the
+    // next one (the client moved on).
+    if (err && err->unavailable() && err->code == etcd_code(grpc::StatusCode::DEADLINE_EXCEEDED) &&
+        !r->maybe_applied && !closed_) {
+      r->maybe_applied = true;
+      return release_attempt(r);
     }
+    // Our lease goes either way: revoking it takes the key away if it is
+    // still there.
     revoke(r->lease);
+    if (err) return (*r->done)(r->index, Released::kUnconfirmed, err);
     Released status = response.succeeded() || r->maybe_applied ? Released::kYes
                       : ranged(response)                        ? Released::kTakenByOther
                                                                 : Released::kGone;
@@ -372,10 +357,7 @@ LockInfo EtcdStore::info_of(const mvccpb::KeyValue& kv) const {
 }
 
 void EtcdStore::inspect(std::string_view name, InspectDone done) {
-  etcdserverpb::RangeRequest request;
-  request.set_key(std::string(name));
-  client_->range(std::move(request), [this, done = std::move(done)](const etcdserverpb::RangeResponse& response,
-                                                                    const StoreError* err) {
+  client_->get(std::string(name), [this, done = std::move(done)](const auto& response, const StoreError* err) {
     LockInfo info;
     if (err || response.kvs_size() == 0) {
       // Not held: the cluster's revision now is above every token handed
@@ -386,10 +368,7 @@ void EtcdStore::inspect(std::string_view name, InspectDone done) {
     const auto& kv = response.kvs(0);
     info = info_of(kv);
     if (kv.lease() == 0) return done(info, nullptr);
-    etcdserverpb::LeaseTimeToLiveRequest ttl;
-    ttl.set_id(kv.lease());
-    client_->lease_time_to_live(std::move(ttl), [info, done](const etcdserverpb::LeaseTimeToLiveResponse& r,
-                                                             const StoreError* err) mutable {
+    client_->lease_time_to_live(kv.lease(), [info, done](const auto& r, const StoreError* err) mutable {
       if (!err && r.ttl() > 0) info.ttl = milliseconds(r.ttl() * 1000);
       done(info, err);
     });
@@ -428,49 +407,43 @@ void EtcdStore::list_page(std::shared_ptr<Listing> listing) {
   request.set_key(listing->from);
   request.set_range_end(listing->end);
   request.set_limit(kPage);
-  client_->range(std::move(request), [this, listing](const etcdserverpb::RangeResponse& response,
-                                                     const StoreError* err) {
+  client_->range(std::move(request), [this, listing](const auto& response, const StoreError* err) {
     if (err) return listing->done({}, err);
     struct Page {
       std::vector<LockInfo> infos;
       std::vector<std::int64_t> leases;
       std::vector<char> alive;  // its lease was found (-1: gone meanwhile)
-      std::size_t left = 0;
-      std::optional<StoreError> error;
     };
-    auto page = std::make_shared<Page>();
+    Page found;
     for (const auto& kv : response.kvs()) {
       if (kv.lease() == 0) continue;  // not a lock: a job's period key
       LockInfo info = info_of(kv);
       info.key = kv.key().substr(listing->prefix);
-      page->infos.push_back(std::move(info));
-      page->leases.push_back(kv.lease());
+      found.infos.push_back(std::move(info));
+      found.leases.push_back(kv.lease());
     }
     const bool more = response.more() && response.kvs_size() > 0;
     if (more) listing->from = response.kvs(response.kvs_size() - 1).key() + std::string(1, '\0');
-    auto finish = [this, listing, page, more] {
-      if (page->error) return listing->done({}, &*page->error);
-      for (std::size_t i = 0; i < page->infos.size() && listing->found.size() < listing->limit; ++i)
-        if (page->alive[i]) listing->found.push_back(std::move(page->infos[i]));
+    const std::size_t n = found.infos.size();
+    found.alive.assign(n, 0);
+    // One answer more, this call's own: a page of no locks goes on at once.
+    auto page = Countdown<StoreError, Page>::make(n + 1, std::move(found), [this, listing, more](auto& c) {
+      if (c.failure) return listing->done({}, &*c.failure);
+      for (std::size_t i = 0; i < c.infos.size() && listing->found.size() < listing->limit; ++i)
+        if (c.alive[i]) listing->found.push_back(std::move(c.infos[i]));
       if (!more || listing->found.size() >= listing->limit) return listing->done(std::move(listing->found), nullptr);
       list_page(listing);
-    };
-    page->left = page->infos.size();
-    page->alive.assign(page->infos.size(), 0);
-    if (page->left == 0) return finish();
-    for (std::size_t i = 0; i < page->infos.size(); ++i) {
-      etcdserverpb::LeaseTimeToLiveRequest ttl;
-      ttl.set_id(page->leases[i]);
-      client_->lease_time_to_live(std::move(ttl), [page, i, finish](const etcdserverpb::LeaseTimeToLiveResponse& r,
-                                                                    const StoreError* e) {
-        if (e && !page->error) page->error = *e;
+    });
+    for (std::size_t i = 0; i < n; ++i) {
+      client_->lease_time_to_live(page->leases[i], [page, i](const auto& r, const StoreError* e) {
         if (!e && r.ttl() >= 0) {
           page->alive[i] = 1;
           page->infos[i].ttl = milliseconds(r.ttl() * 1000);
         }
-        if (--page->left == 0) finish();
+        page->answered(e);
       });
     }
+    page->answered();
   });
 }
 
@@ -479,17 +452,15 @@ void EtcdStore::force_release(std::string_view name, ForceDone done) {
 }
 
 void EtcdStore::force_release_attempt(std::string name, int attempt, ForceDone done) {
-  etcdserverpb::RangeRequest request;
-  request.set_key(name);
-  client_->range(std::move(request), [this, name, attempt, done = std::move(done)](
-                                         const etcdserverpb::RangeResponse& response, const StoreError* err) mutable {
+  client_->get(name, [this, name, attempt, done = std::move(done)](const auto& response,
+                                                                    const StoreError* err) mutable {
     if (err || response.kvs_size() == 0) return done(false, err);
     const auto kv = response.kvs(0);
     etcdserverpb::TxnRequest txn;
     compare(txn.mutable_compare(), name, etcdserverpb::Compare::MOD)->set_mod_revision(kv.mod_revision());
     txn.add_success()->mutable_request_delete_range()->set_key(name);
     client_->txn(std::move(txn), [this, name, attempt, lease = kv.lease(), done = std::move(done)](
-                                     const etcdserverpb::TxnResponse& response, const StoreError* err) mutable {
+                                     const auto& response, const StoreError* err) mutable {
       if (err) return done(false, err);
       if (!response.succeeded()) {
         // Taken or released meanwhile: look again.
@@ -526,10 +497,7 @@ void EtcdStore::claim_step(std::shared_ptr<Claim> c) {
     c->finish(status, err);
   };
   // The last period run and the revision it was written at.
-  etcdserverpb::RangeRequest read;
-  read.set_key(c->key);
-  client_->range(std::move(read), [this, c, finish](const etcdserverpb::RangeResponse& response,
-                                                   const StoreError* err) {
+  client_->get(c->key, [this, c, finish](const auto& response, const StoreError* err) {
     if (err) return finish(ClaimResult::Status::kFailed, err);
     std::int64_t mod = 0;
     if (response.kvs_size() > 0) {
@@ -557,23 +525,18 @@ void EtcdStore::claim_step(std::shared_ptr<Claim> c) {
     put->set_value(std::to_string(c->period));
     txn.add_failure()->mutable_request_range()->set_key(c->name);
     txn.add_failure()->mutable_request_range()->set_key(c->key);
-    client_->txn(std::move(txn), [this, c, finish](const etcdserverpb::TxnResponse& response,
-                                                  const StoreError* err) {
-      if (err) {
-        // Whether it was recorded is unknown: a period recorded and not
-        // run is lost, never run twice.
-        return finish(ClaimResult::Status::kFailed, err);
-      }
+    client_->txn(std::move(txn), [this, c, finish](const auto& response, const StoreError* err) {
+      // Whether it was recorded (no answer) is unknown: a period recorded
+      // and not run is lost, never run twice.
+      if (err) return finish(ClaimResult::Status::kFailed, err);
       if (response.succeeded()) {
         c->out.last = c->period;
         return finish(ClaimResult::Status::kClaimed);
       }
       const mvccpb::KeyValue* lock = ranged(response);
       if (lock == nullptr || !is_ours(lock->value(), c->token)) return finish(ClaimResult::Status::kNotLeader);
-      if (++c->attempt < kPeriodKeyAttempts && !closed_) {
-        claim_step(c);  // another write to the period key came first: read again
-        return;
-      }
+      // Another write to the period key came first: read again.
+      if (++c->attempt < kPeriodKeyAttempts && !closed_) return claim_step(c);
       auto e = StoreError::unavailable(client_->name(), "the job's period key kept changing under the claim");
       finish(ClaimResult::Status::kFailed, &e);
     });

@@ -2,66 +2,21 @@
 // (etcd://host:port[,host:port...]), over etcd's v3 API (EtcdClient).
 //
 // A lock is a key (key_prefix + key) bound to an etcd lease of its own;
-// the key's value is the owner token, a line break and the owner record
-// ("<grant time, unix ms on the members' clock> <owner name>"): "ours"
-// is a value that starts with our token and the line break (two compares
-// in a transaction: above "<token>\n", below "<token>\v"). Each step:
-//   acquire  LeaseGrant(the ttl, in whole seconds, rounded up), then one
-//            transaction: if the key's create_revision is 0 (absent), Put
-//            it with the token and the lease; else, in a nested
-//            transaction, if its value is our token (a repeated request),
-//            Range it and Put it again on the new lease (a Put keeps the
-//            create_revision: the same acquisition, its fence, the new
-//            ttl; the old lease is revoked), else Range it. Created: the
-//            fencing token is the transaction's revision, which is the
-//            key's create_revision. Held by another: busy for what its
-//            lease has left (LeaseTimeToLive). A lease not used is
-//            revoked.
-//   renew    one LeaseKeepAlive stream per batch: every lease of the
-//            tick's renewals written, each answer read; a lease answered
-//            with a ttl <= 0 is gone (the key went with it).
-//   release  a transaction: if the key's value is our token, DeleteRange
-//            it, else Range it (gone, or another owner's); then the lease
-//            is revoked. A first attempt without an answer within the
-//            command timeout (a hung member) is made once more, on the
-//            next member; the key then found gone (or another owner's)
-//            is ours released. Still no answer: unconfirmed, and as a
-//            new leader renews every lease (and none expires while there
-//            is no leader), the runtime reports it to the caller as a lost
-//            lease (expiry_bounded() is false), never as released; the
-//            lease is revoked meanwhile, a few times if need be.
+// its value is the owner token, a line break and the owner record, and
+// "ours" is a value that starts with our token and the line break (two
+// compares in a transaction). Its fencing token is the key's
+// create_revision. What acquire, renew, release, the release notices (a
+// Watch per waited-for key), inspect and force_release send, and why a
+// release left unanswered is never counted done: docs/etcd.md ("How a
+// lock is kept", "The fencing token"). Scheduled jobs (the members' clock
+// through EtcdClock, the period key's transaction): docs/etcd.md
+// ("Scheduled jobs").
 //
-// The fencing token is the key's create_revision: etcd's revision counter
-// is the cluster's, raised by every write and agreed by Raft, so a later
-// acquisition of any key has a higher one.
-//
-// Release notices: a Watch on each waited-for key (deletions only), so a
-// release wakes those waiting for that key only. release_events() is true.
 // `subscribed` is reported when etcd confirms the watch; a watch whose
 // stream ends reports `subscriptions_lost`, and the next subscribe()
-// watches again.
-//
-// Connection events: a member that stops answering (a call to it got no
-// answer) is reported down, and up when a call to it is answered again.
-//
-// Capabilities: OperatorTools (inspect: Range and LeaseTimeToLive;
-// force_release: a transaction deleting the key if unchanged, then its
-// lease revoked, so the holder's next renewal finds it gone). JobClaims:
-//   server_time   the members' clock (EtcdClock: etcd's v3 API has none,
-//                 so it is read from the Date headers of the members'
-//                 HTTP answers, finer than their whole seconds, and kept
-//                 as an offset; measured once when the store starts)
-//   claim_period  the clock estimate must have reached the period's
-//                 start (else kNotDue); then the job's period key
-//                 (period_key(): the lock's name + ":period", the last
-//                 period run, in decimal, on no lease) is read, and one
-//                 transaction puts the period if the lock's key still
-//                 holds our token and the period key's mod_revision is
-//                 the one read (0: absent). Refused: the lock's key not
-//                 ours is kNotLeader; else the period key moved, read
-//                 again (a period >= ours: kAlreadyRun). At most once per
-//                 period rests on that transaction alone, not on clocks.
-// No FenceRaising: the revision is the cluster's, not a counter per name.
+// watches again. A member that stops answering is reported down, and up
+// when a call to it is answered again. No FenceRaising: the revision is
+// the cluster's, not a counter per name.
 //
 // Threading: as LockStore (loop thread, but encode()/check_key()). The
 // destructor runs off the loop thread, after close().

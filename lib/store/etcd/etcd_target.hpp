@@ -1,15 +1,8 @@
 // lib/store/etcd/etcd_target.hpp: where an etcd lock store lives, parsed
-// from its URL.
+// from its URL (docs/etcd.md, "The URL"):
 //
 //   etcd://[user[:password]@]host:port[,host:port...]
 //   etcds://...                         the same over TLS (Options::tls_*)
-//
-// One or more members of one cluster; the port may be left out (2379).
-// A host is a name, an IPv4 address or a bracketed IPv6 one. With a user,
-// the store authenticates (etcd's Authenticate) and sends the token it
-// gets with every call. Credentials may be %-escaped. The URL has no path
-// and no parameters: anything after the members is refused, so that a
-// typo is not silently ignored.
 //
 // Value type; any thread.
 #pragma once

@@ -73,9 +73,7 @@ Acquired MemorySpace::State::acquire(const LockRef& lock, std::string_view owner
   Entry& e = it->second;
   e.purge(now);
   if (auto held = e.held_kind(now); held && !kinds::same_family(*held, lock.kind))
-    return Acquired::failed(StoreError::invalid("memory", "the lock '" + std::string(lock.name) + "' is held as " +
-                                                              kinds::held_as(*held) + "; this call asked for it " +
-                                                              lock.kind.describe()));
+    return Acquired::failed(StoreError::invalid("memory", kinds::refusal(lock.name, *held, lock.kind)));
   Acquired out;
   switch (lock.kind.mode()) {
     case LockKind::Mode::kShared: out = acquire_shared(e, lock, now); break;
@@ -150,7 +148,8 @@ Acquired MemorySpace::State::acquire_fair(Entry& e, const LockRef& lock, Clock::
     mine->second = until;  // a retry after a lost answer: the same grant
     return Acquired::taken(e.fence);
   }
-  auto place = std::find_if(e.queue.begin(), e.queue.end(), [&](const Entry::Waiter& w) { return w.token == lock.token; });
+  auto place =
+      std::find_if(e.queue.begin(), e.queue.end(), [&](const Entry::Waiter& w) { return w.token == lock.token; });
   if (place == e.queue.end()) {
     e.queue.push_back(Entry::Waiter{std::string(lock.token), until});
   } else {

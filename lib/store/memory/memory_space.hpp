@@ -6,12 +6,9 @@
 // fencing counter that never goes back, a scheduled job's last period run,
 // and the stores subscribed to its release notices. One mutex guards it
 // all; an operation is a map lookup or two under it. A name's entry stays
-// once locked (its counter lives there), as a row of the SQL table does.
-//
-// Spaces are found by name in a process-wide registry that holds them
-// weakly: a space lives while a store (or a test) holds it, and the next
-// store to name it after the last one went starts an empty one, its
-// counters at zero.
+// once locked (its counter lives there). Spaces are found by name in a
+// process-wide registry that holds them weakly (docs/stores.md, "In this
+// process": a space lives while a store or a test holds it).
 //
 // A store hears from the space through its MemoryLink: posts to the
 // store's loop that stop, atomically, when the store closes, so a runtime

@@ -1,17 +1,11 @@
 // lib/store/memory/memory_store.hpp: locks in this process's memory
 // (memory://NAME), for single-process programs and for users' unit tests
-// without a server.
-//
-// Runtimes of the process whose URLs name the same space share it (see
-// memory_space.hpp); `memory://` alone is one default space. Ttls, fencing,
-// the watchdog, waiting on release notices and scheduled jobs behave as on a server, minus the network:
-// each request is done under the space's lock inside the call, and its
-// answer posted to the runtime's loop (never run inside the call).
-// Nothing survives the process, or the last runtime of a space.
-//
-// Options that concern a server (TLS, timeouts, replicas) do not apply,
-// but for command_timeout: a request held by a paused space (a test hook)
-// fails as unavailable (a ConnectionError to users) when it passes.
+// without a server (docs/stores.md, "In this process"): runtimes whose URLs
+// name the same space share it (memory_space.hpp); each request is done
+// under the space's lock inside the call, its answer posted to the
+// runtime's loop. Of the options for servers only command_timeout
+// applies: a request held by a paused space (a test hook) fails as
+// unavailable (a ConnectionError to users) when it passes.
 //
 // Threading: as LockStore (loop thread, but construction, encode() and
 // check_key()). Costs: per request one lock of the space's mutex (shared

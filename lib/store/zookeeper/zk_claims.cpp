@@ -25,8 +25,7 @@ void ZkClaims::server_time(JobClaims::TimeDone done) {
         if (r.rc == ZNONODE) return make_root(serial, shared);
         if (r.rc != ZOK || !r.has_stat) {
           auto e = sessions_.error(r.rc != ZOK ? r.rc : ZMARSHALLINGERROR, "reading the ensemble's clock");
-          (*shared)({}, &e);
-          return;
+          return (*shared)({}, &e);
         }
         (*shared)(std::chrono::system_clock::time_point(std::chrono::milliseconds(r.stat.mtime)), nullptr);
       },
@@ -37,8 +36,7 @@ void ZkClaims::make_root(std::uint64_t serial, std::shared_ptr<JobClaims::TimeDo
   ZkSession* s = sessions_.live(serial);
   if (s == nullptr) {
     auto e = sessions_.error(ZSESSIONEXPIRED, "reading the ensemble's clock");
-    (*shared)({}, &e);
-    return;
+    return (*shared)({}, &e);
   }
   ACL_vector* acl = sessions_.acl();
   sessions_.send(
@@ -46,8 +44,7 @@ void ZkClaims::make_root(std::uint64_t serial, std::shared_ptr<JobClaims::TimeDo
       [this, shared](const ZkResult& r) {
         if (r.rc != ZOK && r.rc != ZNODEEXISTS) {
           auto e = sessions_.error(r.rc, "creating /lockwatch");
-          (*shared)({}, &e);
-          return;
+          return (*shared)({}, &e);
         }
         server_time([shared](std::chrono::system_clock::time_point t, const StoreError* e) { (*shared)(t, e); });
       },
@@ -79,8 +76,7 @@ void ZkClaims::claim_step(std::shared_ptr<Claim> c) {
     if (exists) std::from_chars(r.value.data(), r.value.data() + r.value.size(), last);
     if (exists && last >= c->period) {
       c->out.last = last;
-      c->finish(ClaimResult::Status::kAlreadyRun);
-      return;
+      return c->finish(ClaimResult::Status::kAlreadyRun);
     }
     ZkSession* s = sessions_.live(serial);
     if (s == nullptr) return c->finish(ClaimResult::Status::kNotLeader);
@@ -98,8 +94,7 @@ void ZkClaims::claim_write(ZkSession& s, std::shared_ptr<Claim> c, bool exists, 
       [this, c](const ZkResult& r) {
         if (r.rc == ZOK) {
           c->out.last = c->period;
-          c->finish(ClaimResult::Status::kClaimed);
-          return;
+          return c->finish(ClaimResult::Status::kClaimed);
         }
         if (r.op_errors.size() == 2 && r.op_errors[0] == ZNONODE) return c->finish(ClaimResult::Status::kNotLeader);
         if (r.op_errors.size() == 2 && (r.op_errors[1] == ZBADVERSION || r.op_errors[1] == ZNODEEXISTS) &&

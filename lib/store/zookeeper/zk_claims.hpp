@@ -1,11 +1,7 @@
 // lib/store/zookeeper/zk_claims.hpp: scheduled jobs' claims (JobClaims) on
-// a ZooKeeper ensemble.
-//
-// The store's clock is the ensemble's, read as the mtime a write to
-// /lockwatch gets (the leader's clock when it ran it); a job's last period
-// is the data of a persistent node `period` in its lock's directory, set
-// by one multi that also checks our lock's node is there (and the version
-// read, so that two claims cannot both pass).
+// a ZooKeeper ensemble: the clock is the mtime a write to /lockwatch gets,
+// a job's last period the `period` node set by one multi that checks our
+// lock's node (docs/zookeeper.md, "What a lock is": scheduled jobs).
 //
 // Costs: a claim three round trips (the clock, the read, the multi), more
 // when another claim changed the version meanwhile (at most 5 tries).

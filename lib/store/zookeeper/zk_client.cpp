@@ -148,8 +148,7 @@ void on_global_watch(zhandle_t*, int type, int state, const char* path, void* co
   if (w == nullptr) return;
   const std::uint64_t serial = w->serial;
   if (type == ZOO_SESSION_EVENT) {
-    w->sink->post([serial, state](ZkSessions& s) { s.on_session_state(serial, state); });
-    return;
+    return w->sink->post([serial, state](ZkSessions& s) { s.on_session_state(serial, state); });
   }
   if (path == nullptr) return;
   w->sink->post([type, p = std::string(path)](ZkSessions& s) { s.on_watch(type, p); });

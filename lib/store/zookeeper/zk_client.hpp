@@ -114,6 +114,8 @@ inline constexpr int kNoHandle = -1000;
 
 // Whether `rc` says the ensemble could not be reached (rather than refused).
 bool unreachable(int rc);
+// An answer's failure where a node found gone counts as done (null: ZOK or ZNONODE).
+inline const int* failure_unless_gone(const ZkResult& r) { return r.rc == ZOK || r.rc == ZNONODE ? nullptr : &r.rc; }
 
 // The completions given to the client: each posts a ZkResult to the loop.
 void on_void(int rc, const void* data);

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <charconv>
 
+#include "core/countdown.hpp"
 #include "core/timing.hpp"
 #include "store/kind_rules.hpp"
 #include "store/zookeeper/zk_nodes.hpp"
@@ -130,24 +131,17 @@ void ZkLockRecipe::create_node(Op op, bool parents_made) {
 }
 
 void ZkLockRecipe::created(const Op& op, std::uint64_t serial, bool parents_made, const ZkResult& r) {
-  if (r.rc == ZNONODE && !parents_made) {
-    make_parents(op, 0);
-    return;
-  }
+  if (r.rc == ZNONODE && !parents_made) return make_parents(op, 0);
   if (r.rc != ZOK) {
     // No answer: the node may be made yet (the client sends what it
     // queued once it connects), and the store removes it then.
     if (zk::unreachable(r.rc)) abandon_attempt(op);
-    fail(op, sessions_.error(r.rc, "creating the lock's node"));
-    return;
+    return fail(op, sessions_.error(r.rc, "creating the lock's node"));
   }
   op->path = r.value;
   op->czxid = r.stat.czxid;
   ZkSession* s = sessions_.live(serial);
-  if (s == nullptr) {
-    fail(op, sessions_.error(ZSESSIONEXPIRED, "the session ended"));
-    return;
-  }
+  if (s == nullptr) return fail(op, sessions_.error(ZSESSIONEXPIRED, "the session ended"));
   if (s->negotiated_ms == 0 && s->zh != nullptr) s->negotiated_ms = zoo_recv_timeout(s->zh);
   if (op->ttl.count() > s->negotiated_ms) {
     // The ensemble's maxSessionTimeout is below the ttl: a lease
@@ -206,8 +200,7 @@ void ZkLockRecipe::listed(const Op& op, const ZkResult& r) {
   if (r.rc != ZOK || s == nullptr) {
     abandon_attempt(op);
     forget(*op);
-    fail(op, sessions_.error(r.rc != ZOK ? r.rc : ZSESSIONEXPIRED, "listing the lock's nodes"));
-    return;
+    return fail(op, sessions_.error(r.rc != ZOK ? r.rc : ZSESSIONEXPIRED, "listing the lock's nodes"));
   }
   auto nodes = zk::in_order(r.children);
   const std::string own_child = op->path.substr(op->path.rfind('/') + 1);
@@ -218,46 +211,24 @@ void ZkLockRecipe::listed(const Op& op, const ZkResult& r) {
     forget(*op);
     op->from_mark = false;
     op->attempt = next_attempt_++;
-    create_node(op, true);
-    return;
+    return create_node(op, true);
   }
   if (own == nodes.end()) {
     // Gone: its session expired meanwhile (or an operator removed it).
     forget(*op);
-    fail(op, sessions_.error(ZSESSIONEXPIRED, "the lock's node is gone"));
-    return;
+    return fail(op, sessions_.error(ZSESSIONEXPIRED, "the lock's node is gone"));
   }
   decide(op, nodes, static_cast<std::size_t>(own - nodes.begin()));
 }
 
-bool ZkLockRecipe::other_family(const AcquireOp& op, const std::vector<std::string>& nodes, std::size_t at,
-                                LockKind* held_as) {
-  const bool permits = op.kind.mode() == LockKind::Mode::kPermits;
-  const bool fair = op.kind.mode() == LockKind::Mode::kFair;
-  for (std::size_t i = 0; i < at; ++i) {
-    LockKind k = zk::kind_of(nodes[i]);
-    const bool other_permits = k.mode() == LockKind::Mode::kPermits;
-    const bool other_fair = k.mode() == LockKind::Mode::kFair;
-    if (permits != other_permits || fair != other_fair || (permits && k.permit_count() != op.kind.permit_count())) {
-      *held_as = k;
-      return true;
-    }
-  }
-  return false;
-}
-
-// Who holds, from one listing in sequence order (nodes only come in
-// behind ours, so what is below ours decides, and it only shrinks): a node
-// below ours of the other family (permits against exclusive or shared), or
-// permits of another n, refuses the call (InvalidArgument) and our node
-// goes: the first node decides, so a later caller that disagrees never
-// holds. Else exclusive and fair hold as the lowest, shared with no
-// writer's node below, permits(n) among the n lowest.
+// Who holds, from one listing in sequence order: only what is below our
+// node decides (docs/zookeeper.md, "Kinds of lock"). A node of another
+// family there refuses the call (InvalidArgument), and our node goes.
 void ZkLockRecipe::decide(const Op& op, const std::vector<std::string>& nodes, std::size_t at) {
-  if (LockKind held_as; other_family(*op, nodes, at, &held_as)) {
-    refuse_kind(op, held_as);
-    return;
-  }
+  const auto below = nodes.begin() + static_cast<std::ptrdiff_t>(at);
+  auto other =
+      std::find_if(nodes.begin(), below, [&](const auto& n) { return !kinds::same_family(zk::kind_of(n), op->kind); });
+  if (other != below) return refuse_kind(op, zk::kind_of(*other));
   const std::string dir = op->dir + "/";
   switch (op->kind.mode()) {
     case LockKind::Mode::kFair: {
@@ -266,16 +237,15 @@ void ZkLockRecipe::decide(const Op& op, const std::vector<std::string>& nodes, s
       // again within its span, watching the node just below: its deletion
       // (a release, a waiter that gave up, a session that expired) is the
       // notice. Nodes only come in behind ours, so the order is arrival.
-      wait_behind(op, {dir + nodes[at - 1]}, true, zk::mark_span(op->ttl, op->kind) / 3);
-      return;
+      return wait_behind(op, {dir + nodes[at - 1]}, true, zk::mark_span(op->ttl, op->kind) / 3);
     }
     case LockKind::Mode::kExclusive: {
       if (at == 0) break;
       // Only readers below: our node stays, a mark that stops new readers
       // (writers are not starved), watching the node just below. Behind
       // another writer: our node goes and the holder is watched.
-      const bool readers_only = std::none_of(nodes.begin(), nodes.begin() + static_cast<std::ptrdiff_t>(at),
-                                             [](const std::string& n) { return zk::kind_of(n).exclusive_kind(); });
+      const bool readers_only =
+          std::none_of(nodes.begin(), below, [](const std::string& n) { return zk::kind_of(n).exclusive_kind(); });
       if (readers_only) {
         wait_behind(op, {dir + nodes[at - 1]}, true, zk::mark_span(op->ttl, op->kind) / 2);
       } else {
@@ -291,8 +261,7 @@ void ZkLockRecipe::decide(const Op& op, const std::vector<std::string>& nodes, s
       for (std::size_t i = at; i-- > 0;) {
         if (zk::kind_of(nodes[i]).exclusive_kind()) {
           forget(*op);
-          wait_behind(op, {dir + nodes[i]}, false, i == 0 ? milliseconds::max() : zk::kMarkSpan);
-          return;
+          return wait_behind(op, {dir + nodes[i]}, false, i == 0 ? milliseconds::max() : zk::kMarkSpan);
         }
       }
       break;
@@ -304,8 +273,7 @@ void ZkLockRecipe::decide(const Op& op, const std::vector<std::string>& nodes, s
       std::vector<std::string> holders;
       for (std::size_t i = 0; i < n; ++i) holders.push_back(dir + nodes[i]);
       forget(*op);
-      wait_behind(op, std::move(holders), false, milliseconds::max());
-      return;
+      return wait_behind(op, std::move(holders), false, milliseconds::max());
     }
   }
   grant(op);
@@ -313,13 +281,9 @@ void ZkLockRecipe::decide(const Op& op, const std::vector<std::string>& nodes, s
 
 void ZkLockRecipe::refuse_kind(const Op& op, LockKind held_as) {
   forget(*op);
-  auto e = sessions_.refusal(fmt::format("the lock '{}' is held as {}; this call asked for it {}", op->name,
-                                         kinds::held_as(held_as), op->kind.describe()));
+  auto e = sessions_.refusal(kinds::refusal(op->name, held_as, op->kind));
   ZkSession* s = sessions_.live(op->session);
-  if (s == nullptr) {
-    fail(op, e);
-    return;
-  }
+  if (s == nullptr) return fail(op, e);
   // Our node goes first (confirmed, or left to the cleanups): nothing of a
   // refused call stays in the queue.
   release_.delete_paths(*s, {op->path}, [this, op, e](int rc) {
@@ -328,18 +292,11 @@ void ZkLockRecipe::refuse_kind(const Op& op, LockKind held_as) {
   });
 }
 
-// A grant's fencing token:
-//   exclusive  (and fair) our node's czxid (holders follow creation order); the
-//              directory's `fence` node is set to it before the answer, so
-//              readers that come after it see it.
-//   shared     the `fence` node's data, read after the listing that let us
-//              in: the token of the last writer granted before us (0 if
-//              none ever was). No writer is granted while our node is there
-//              (its node would be above ours), so none is missed.
-//   permits    the zxid of the write that sets `fence` for this grant:
-//              every grant writes, so every grant's token is above all
-//              earlier ones (node order alone is not grant order here).
-// A repeat of a granted acquisition answers the token it was given.
+// A grant's fencing token (docs/zookeeper.md, "The fencing token"): a
+// writer's (and a fair holder's) node's czxid, written to `fence` before
+// the answer; a reader's, `fence` read after the listing that let it in; a
+// permit's, the zxid of its write to `fence`. A repeat of a granted
+// acquisition answers the token it was given.
 void ZkLockRecipe::grant(const Op& op) {
   ZkHolds& holds = sessions_.holds;
   const std::string key = zk::hold_key(op->name, op->token);
@@ -350,8 +307,7 @@ void ZkLockRecipe::grant(const Op& op) {
       // removing the node. A new one, at the back of the queue.
       op->from_mark = false;
       op->attempt = next_attempt_++;
-      create_node(op, true);
-      return;
+      return create_node(op, true);
     }
     holds.marks.erase(m);
     op->from_mark = false;
@@ -360,22 +316,15 @@ void ZkLockRecipe::grant(const Op& op) {
     sessions_.holds.held[key] = ZkHolds::Held{*op, op->ttl, gone_by(watchdog_, op->sent, op->ttl), fence};
     finish(op, Acquired::taken(fence));
   };
-  if (op->repeat) {
-    done(op->fence);
-    return;
-  }
+  if (op->repeat) return done(op->fence);
   ZkSession* s = node_session(op);
   if (s == nullptr) return;
-  if (op->kind.mode() == LockKind::Mode::kShared) {
-    read_fence(*s, op, std::move(done));
-    return;
-  }
+  if (op->kind.mode() == LockKind::Mode::kShared) return read_fence(*s, op, std::move(done));
   const bool permit = op->kind.mode() == LockKind::Mode::kPermits;
   write_fence(*s, op->dir, std::to_string(op->czxid), [this, op, done, permit](int rc, std::int64_t zxid) {
     if (rc != ZOK) {
       abandon_attempt(op);
-      fail(op, sessions_.error(rc, "setting the lock's fencing token"));
-      return;
+      return fail(op, sessions_.error(rc, "setting the lock's fencing token"));
     }
     done(static_cast<std::uint64_t>(permit ? zxid : op->czxid));
   });
@@ -385,8 +334,7 @@ void ZkLockRecipe::read_fence(ZkSession& s, const Op& op, std::function<void(std
   sessions_.read(s, op->dir + "/" + zk::kFenceNode, false, [this, op, done = std::move(done)](const ZkResult& r) {
     if (r.rc != ZOK && r.rc != ZNONODE) {
       abandon_attempt(op);
-      fail(op, sessions_.error(r.rc, "reading the last writer's fencing token"));
-      return;
+      return fail(op, sessions_.error(r.rc, "reading the last writer's fencing token"));
     }
     std::uint64_t fence = 0;
     if (r.rc == ZOK) std::from_chars(r.value.data(), r.value.data() + r.value.size(), fence);
@@ -402,15 +350,9 @@ void ZkLockRecipe::write_fence(ZkSession& s, const std::string& dir, std::string
   const std::uint64_t serial = s.serial;
   auto reply = [this, dir, data, done, serial, step](const ZkResult& r) {
     const bool again = step == 0 ? r.rc == ZNONODE || r.rc == ZNODEEXISTS : step == 1 && r.rc == ZNODEEXISTS;
-    if (!again) {
-      done(r.rc, r.rc == ZOK && r.has_stat ? r.stat.mzxid : 0);
-      return;
-    }
+    if (!again) return done(r.rc, r.rc == ZOK && r.has_stat ? r.stat.mzxid : 0);
     ZkSession* s = sessions_.live(serial);
-    if (s == nullptr) {
-      done(step == 0 ? r.rc : ZSESSIONEXPIRED, 0);
-      return;
-    }
+    if (s == nullptr) return done(step == 0 ? r.rc : ZSESSIONEXPIRED, 0);
     write_fence(*s, dir, data, done, step + 1);
   };
   ACL_vector* acl = sessions_.acl();
@@ -429,16 +371,14 @@ void ZkLockRecipe::wait_behind(const Op& op, std::vector<std::string> watch, boo
     // acquisition tries again within its span.
     sessions_.holds.marks[zk::hold_key(op->name, op->token)] =
         ZkHolds::Mark{*op, Clock::now() + zk::mark_span(op->ttl, op->kind)};
-    read_watched(op, watch, cap);
-    return;
+    return read_watched(op, watch, cap);
   }
   // Our node goes (confirmed first, so that none is left to come to the
   // front unowned).
   release_.delete_paths(*s, {op->path}, [this, op, watch = std::move(watch), cap](int rc) {
     if (rc != ZOK) {
       abandon_attempt(op);
-      fail(op, sessions_.error(rc, "removing a waiter's node"));
-      return;
+      return fail(op, sessions_.error(rc, "removing a waiter's node"));
     }
     read_watched(op, watch, cap);
   });
@@ -449,28 +389,22 @@ void ZkLockRecipe::wait_behind(const Op& op, std::vector<std::string> watch, boo
 void ZkLockRecipe::read_watched(const Op& op, const std::vector<std::string>& watch, milliseconds cap) {
   ZkSession* s = node_session(op);
   if (s == nullptr) return;
-  struct Wait {
-    std::size_t left;
+  struct Busy {
     milliseconds busy_for;
-    int rc = ZOK;
   };
-  auto w = std::make_shared<Wait>(Wait{watch.size(), cap, ZOK});
+  auto all = Countdown<int, Busy>::make(watch.size(), {cap}, [this, op](auto& c) {
+    if (c.failure) return fail(op, sessions_.error(*c.failure, "watching the holder's node"));
+    finish(op, Acquired::busy(c.busy_for));
+  });
   for (const auto& path : watch) {
-    sessions_.read(*s, path, true, [this, op, w](const ZkResult& r) {
+    sessions_.read(*s, path, true, [op, all](const ZkResult& r) {
       if (r.rc == ZOK) {
         auto [token, ttl_ms] = zk::parse_data(r.value);
-        w->busy_for = std::min(w->busy_for, milliseconds(ttl_ms > 0 ? ttl_ms : op->ttl.count()));
+        all->busy_for = std::min(all->busy_for, milliseconds(ttl_ms > 0 ? ttl_ms : op->ttl.count()));
       } else if (r.rc == ZNONODE) {
-        w->busy_for = milliseconds(1);  // released meanwhile: try again now
-      } else if (w->rc == ZOK) {
-        w->rc = r.rc;
+        all->busy_for = milliseconds(1);  // released meanwhile: try again now
       }
-      if (--w->left != 0) return;
-      if (w->rc != ZOK) {
-        fail(op, sessions_.error(w->rc, "watching the holder's node"));
-        return;
-      }
-      finish(op, Acquired::busy(w->busy_for));
+      all->answered(zk::failure_unless_gone(r));
     });
   }
 }

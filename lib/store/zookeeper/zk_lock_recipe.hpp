@@ -1,20 +1,10 @@
 // lib/store/zookeeper/zk_lock_recipe.hpp: ZooKeeper's lock recipe, as the
-// ZooKeeper store acquires: a node per attempt, the listing that decides,
-// the kinds, the fair queue, the fencing tokens.
-//
-//   acquire  creates our node, lists the directory: ours the lowest, the
-//            lock is ours and its fencing token is our node's creation
-//            zxid (czxid: strictly rising, as holders follow creation
-//            order); otherwise our node is deleted (confirmed before the
-//            answer, so that no forgotten node can come to hold the lock)
-//            and the holder's node is read with a watch, whose firing is
-//            the release notice. A repeat with the same token finds the
-//            node it made: the same acquisition, the same fence.
-//   kinds    a node's name carries its kind (zk_nodes.hpp); who holds
-//            and who waits how: decide(); the fencing tokens: grant() (both
-//            in zk_lock_recipe.cpp). A fair waiter's node goes with its
-//            session, when it gives up (withdraw) or its span passes. See
-//            docs/zookeeper.md.
+// ZooKeeper store acquires: a node per attempt, the listing that decides
+// who holds and who waits how (decide()), the fair queue, the fencing
+// tokens (grant()); docs/zookeeper.md ("What a lock is", "Kinds of lock",
+// "The fencing token") says what each step does and why. A repeat with
+// the same token finds the node it made: the same acquisition, the same
+// fence.
 //
 // Costs: an acquisition three round trips (create, list, the fence; four
 // when busy, a busy permit n + 3).
@@ -50,9 +40,6 @@ class ZkLockRecipe {
   void listed(const Op& op, const ZkResult& r);
   // The decision on a listing in which our node is at `at`.
   void decide(const Op& op, const std::vector<std::string>& nodes, std::size_t at);
-  // Whether a node below ours is of another family (or another n).
-  static bool other_family(const AcquireOp& op, const std::vector<std::string>& nodes, std::size_t at,
-                           LockKind* held_as);
   void grant(const Op& op);
   void read_fence(ZkSession& s, const Op& op, std::function<void(std::uint64_t)> done);
   void refuse_kind(const Op& op, LockKind held_as);

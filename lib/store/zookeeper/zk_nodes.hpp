@@ -1,15 +1,9 @@
 // lib/store/zookeeper/zk_nodes.hpp: how a lock lies on a ZooKeeper
-// ensemble, as names and data: the lock's directory, its nodes' names
-// (owner token, attempt, kind, sequence) and data (token, ttl, owner
-// name), and which of a listing's nodes hold the lock.
-//
-// A lock of name N is a directory /lockwatch/<N escaped> (persistent, made
-// on first use and left in place) of ephemeral sequential nodes
-// lock-<owner token>.<attempt>[.<mode>]-<sequence>, each holding its owner
-// token and ttl; beside them the directory may hold `fence` (the last
-// writer's or permit's token) and `period` (a scheduled job's last
-// period). The mode after the attempt is the kind: ".r" a reader, ".p<n>"
-// a permit of n, ".f" a fair lock's holder or waiter, none a writer.
+// ensemble, as names and data (docs/zookeeper.md, "What a lock is" and
+// "Kinds of lock"): the lock's directory, its nodes' names
+// (lock-<owner token>.<attempt>[.<mode>]-<sequence>) and data (token, ttl,
+// owner name), which of a listing's nodes hold the lock, and the
+// directory's `fence` and `period` nodes.
 //
 // Threading: pure functions, any thread. Costs: string work only.
 #pragma once

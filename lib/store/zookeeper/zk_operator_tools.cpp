@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <optional>
 
+#include "core/countdown.hpp"
 #include "store/zookeeper/zk_nodes.hpp"
 
 namespace lockwatch::detail {
@@ -29,12 +30,9 @@ namespace {
 struct ZkHolderReads {
   std::vector<std::optional<HolderInfo>> holders;
   std::vector<long long> ttls;
-  std::size_t left = 0;
   LockInfo info;
-  int rc = ZOK;
-  OperatorTools::InspectDone done;
 
-  void answered(std::size_t i, const ZkResult& r) {
+  void read(std::size_t i, const ZkResult& r) {
     if (r.rc == ZOK) {
       HolderInfo h;
       auto [token, ttl_ms] = zk::parse_data(r.value, &h.owner_name);
@@ -47,8 +45,6 @@ struct ZkHolderReads {
       holders[i] = std::move(h);
       ttls[i] = ttl_ms;
       if (i == 0) info.fencing_token = static_cast<std::uint64_t>(r.stat.czxid);
-    } else if (r.rc != ZNONODE && rc == ZOK) {
-      rc = r.rc;
     }
   }
 
@@ -72,21 +68,18 @@ void ZkOperatorTools::read_holders(std::uint64_t serial, const std::string& dir,
                                    OperatorTools::InspectDone done) {
   ZkSession* s = sessions_.live(serial);
   if (nodes.empty() || s == nullptr) return done(LockInfo{}, nullptr);
-  auto reads = std::make_shared<ZkHolderReads>();
-  reads->holders.resize(nodes.size());
-  reads->ttls.resize(nodes.size());
-  reads->left = nodes.size();
-  reads->info.kind = zk::kind_of(nodes.front());
-  reads->done = std::move(done);
-  for (std::size_t i = 0; i < nodes.size(); ++i) {
-    sessions_.read(*s, dir + "/" + nodes[i], false, [this, reads, i](const ZkResult& r) {
-      reads->answered(i, r);
-      if (--reads->left != 0) return;
-      if (reads->rc != ZOK) {
-        auto e = sessions_.error(reads->rc, "reading the holders' nodes");
-        return reads->done(LockInfo{}, &e);
-      }
-      reads->done(reads->settled(), nullptr);
+  const std::size_t n = nodes.size();
+  ZkHolderReads state{std::vector<std::optional<HolderInfo>>(n), std::vector<long long>(n), {}};
+  state.info.kind = zk::kind_of(nodes.front());
+  auto all = Countdown<int, ZkHolderReads>::make(n, std::move(state), [this, done = std::move(done)](auto& c) {
+    if (!c.failure) return done(c.settled(), nullptr);
+    auto e = sessions_.error(*c.failure, "reading the holders' nodes");
+    done(LockInfo{}, &e);
+  });
+  for (std::size_t i = 0; i < n; ++i) {
+    sessions_.read(*s, dir + "/" + nodes[i], false, [all, i](const ZkResult& r) {
+      all->read(i, r);
+      all->answered(zk::failure_unless_gone(r));
     });
   }
 }
@@ -135,24 +128,21 @@ void ZkOperatorTools::list_window(std::shared_ptr<Listing> listing) {
   listing->next = to;
   struct Window {
     std::vector<LockInfo> infos;
-    std::size_t left = 0;
-    std::optional<StoreError> error;
   };
-  auto w = std::make_shared<Window>();
-  w->infos.resize(to - from);
-  w->left = to - from;
+  const std::size_t n = to - from;
+  auto all = Countdown<StoreError, Window>::make(n, {std::vector<LockInfo>(n)}, [this, listing, from](auto& w) {
+    if (w.failure) return listing->done({}, &*w.failure);
+    for (std::size_t k = 0; k < w.infos.size(); ++k) {
+      if (!w.infos[k].held) continue;
+      w.infos[k].key = listing->names[from + k].substr(key_prefix_);
+      listing->found.push_back(std::move(w.infos[k]));
+    }
+    list_window(listing);
+  });
   for (std::size_t i = from; i < to; ++i)
-    inspect(listing->names[i], [this, listing, w, i, from](const LockInfo& info, const StoreError* e) {
-      if (e && !w->error) w->error = *e;
-      w->infos[i - from] = info;
-      if (--w->left != 0) return;
-      if (w->error) return listing->done({}, &*w->error);
-      for (std::size_t k = 0; k < w->infos.size(); ++k) {
-        if (!w->infos[k].held) continue;
-        w->infos[k].key = listing->names[from + k].substr(key_prefix_);
-        listing->found.push_back(std::move(w->infos[k]));
-      }
-      list_window(listing);
+    inspect(listing->names[i], [all, i, from](const LockInfo& info, const StoreError* e) {
+      all->infos[i - from] = info;
+      all->answered(e);
     });
 }
 

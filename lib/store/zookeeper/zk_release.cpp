@@ -4,6 +4,7 @@
 
 #include <algorithm>
 
+#include "core/countdown.hpp"
 #include "core/timing.hpp"
 #include "store/zookeeper/zk_nodes.hpp"
 
@@ -62,16 +63,10 @@ void ZkRelease::release(std::span<const LockRef> locks, LockStore::ReleaseDone d
     // Otherwise not known here (an acquisition whose answer was lost):
     // every node of the token, on any session.
     delete_nodes(c, [this, i, c, shared_done](Released st, const StoreError* e) {
-      if (st != Released::kUnconfirmed) {
-        (*shared_done)(i, st, e);
-        return;
-      }
+      if (st != Released::kUnconfirmed) return (*shared_done)(i, st, e);
       remember_cleanup(c);
       // Held here when the release began: its node found gone afterwards
-      // went with the session ended below, or with one the ensemble
-      // expired, which cannot come before the lease's deadline (a ttl
-      // after the last renewal it answered). The release is done; that
-      // deadline, the runtime's own, says whether the lease was kept.
+      // counts as released (docs/zookeeper.md, "What a lock is": release).
       const bool ends_with_its_session = c.session != 0;
       give_up_release(
           c, *e, [i, shared_done](const StoreError& err) { (*shared_done)(i, Released::kUnconfirmed, &err); },
@@ -88,8 +83,7 @@ void ZkRelease::withdraw(const LockRef& lock, WithdrawDone done) {
   auto m = holds.marks.find(zk::hold_key(lock.name, lock.token));
   if (m == holds.marks.end()) {
     // Not queued (never, or its place ran out): nothing to take out.
-    sessions_.post([done = std::move(done)] { done(nullptr); });
-    return;
+    return sessions_.post([done = std::move(done)] { done(nullptr); });
   }
   Cleanup c{std::string(lock.name), std::string(lock.token), m->second.attempt, m->second.session};
   holds.marks.erase(m);
@@ -101,39 +95,29 @@ void ZkRelease::withdraw(const LockRef& lock, WithdrawDone done) {
 
 // ---- the give-up machine
 
-// A node this store could not remove lives as long as its session does,
-// which may be much longer than the lock's ttl: the runtime would take the
-// lock for gone by then. So the sessions that may hold it end now (their
-// other locks are lost with them: their renewals answer "gone"), and the
-// release is answered once the ensemble has surely expired them (their
-// timeout plus the drift allowance, on our clock), not before.
+// A node this store could not remove lives as long as its session does:
+// the sessions that may hold it end now, and the release is answered once
+// the ensemble has surely expired them (their timeout plus the drift
+// allowance), not before (docs/zookeeper.md, "What a lock is": release).
 void ZkRelease::give_up_release(const Cleanup& c, StoreError why, std::function<void(const StoreError&)> answer,
                                 std::function<void(Released)> confirmed) {
   const milliseconds wait = end_sessions(c);
   if (wait.count() == 0) {
-    sessions_.post([answer = std::move(answer), why] { answer(why); });
-    return;
+    return sessions_.post([answer = std::move(answer), why] { answer(why); });
   }
   // Meanwhile the node is looked for from a new session, again and again:
   // found gone or removed, the release is confirmed after all (a quorum
   // that comes back gives every session a fresh timeout, so waiting alone
   // could end before the ensemble removes it).
-  auto state = std::make_shared<GiveUp>();
-  state->c = c;
-  state->c.session = 0;
-  state->c.attempt = 0;
-  state->why = std::move(why);
-  state->answer = std::move(answer);
-  state->answer_confirmed = std::move(confirmed);
-  state->until = gone_by(settings_.watchdog, Clock::now(), wait);
-  retry_give_up(state);
+  retry_give_up(std::make_shared<GiveUp>(GiveUp{Cleanup{c.name, c.token, 0, 0}, std::move(why), std::move(answer),
+                                                std::move(confirmed), gone_by(settings_.watchdog, Clock::now(), wait)}));
 }
 
 milliseconds ZkRelease::end_sessions(const Cleanup& c) {
   std::vector<ZkSession*> ending;
   auto add = [&](std::uint64_t serial) {
-    if (ZkSession* s = sessions_.live(serial); s != nullptr && std::find(ending.begin(), ending.end(), s) == ending.end())
-      ending.push_back(s);
+    ZkSession* s = sessions_.live(serial);
+    if (s != nullptr && std::find(ending.begin(), ending.end(), s) == ending.end()) ending.push_back(s);
   };
   if (c.session != 0) add(c.session);
   for (const auto& other : cleanups_)
@@ -146,7 +130,8 @@ milliseconds ZkRelease::end_sessions(const Cleanup& c) {
     if (events_.log)
       events_.log(true, fmt::format("{}: a lock's release could not be confirmed; its session ends so that the "
                                     "ensemble removes its node{}",
-                                    sessions_.endpoint(), had_locks ? " (the session's other locks are lost with it)" : ""));
+                                    sessions_.endpoint(),
+                                    had_locks ? " (the session's other locks are lost with it)" : ""));
     if (events_.subscriptions_lost) events_.subscriptions_lost();
   }
   return wait;
@@ -175,8 +160,7 @@ void ZkRelease::delete_nodes(const Cleanup& c, Removed done) {
   ZkSession* s = c.session != 0 ? sessions_.live(c.session) : sessions_.any_session();
   if (s == nullptr && sessions_.expired(c.session)) {
     // The ensemble expired its session: it removed its nodes with it.
-    sessions_.post([done = std::move(done)] { done(Released::kGone, nullptr); });
-    return;
+    return sessions_.post([done = std::move(done)] { done(Released::kGone, nullptr); });
   }
   // A session this store ended itself may live on in the ensemble until
   // it expires there: its nodes are looked for from another.
@@ -184,15 +168,11 @@ void ZkRelease::delete_nodes(const Cleanup& c, Removed done) {
   const std::string dir = zk::dir_of(c.name);
   const std::uint64_t serial = s->serial;
   sessions_.list(*s, dir, [this, dir, c, serial, done = std::move(done)](const ZkResult& r) {
-    if (r.rc == ZNONODE || (r.rc == ZSESSIONEXPIRED && c.session != 0)) {
-      done(Released::kGone, nullptr);
-      return;
-    }
+    if (r.rc == ZNONODE || (r.rc == ZSESSIONEXPIRED && c.session != 0)) return done(Released::kGone, nullptr);
     ZkSession* s = sessions_.live(serial);
     if (r.rc != ZOK || s == nullptr) {
       auto e = sessions_.error(r.rc != ZOK ? r.rc : ZSESSIONEXPIRED, "listing the lock's nodes");
-      done(Released::kUnconfirmed, &e);
-      return;
+      return done(Released::kUnconfirmed, &e);
     }
     const std::string token = zk::escape(c.token);
     const std::string attempt = std::to_string(c.attempt);
@@ -201,10 +181,7 @@ void ZkRelease::delete_nodes(const Cleanup& c, Removed done) {
       auto [t, a] = zk::owner_of(n);
       if (t == token && (c.attempt == 0 || a == attempt)) mine.push_back(dir + "/" + n);
     }
-    if (mine.empty()) {
-      done(Released::kGone, nullptr);
-      return;
-    }
+    if (mine.empty()) return done(Released::kGone, nullptr);
     delete_paths(*s, mine, [this, done](int rc) {
       if (rc == ZOK) return done(Released::kYes, nullptr);
       auto e = sessions_.error(rc, "deleting the lock's node");
@@ -221,24 +198,15 @@ void ZkRelease::remove(Cleanup c) {
 
 void ZkRelease::delete_paths(ZkSession& s, std::vector<std::string> paths, std::function<void(int rc)> done) {
   if (paths.empty()) {
-    sessions_.post([done = std::move(done)] { done(ZOK); });
-    return;
+    return sessions_.post([done = std::move(done)] { done(ZOK); });
   }
-  struct State {
-    std::size_t left;
-    int rc = ZOK;
-    std::function<void(int)> done;
-  };
-  auto st = std::make_shared<State>(State{paths.size(), ZOK, std::move(done)});
-  for (const auto& p : paths) {
+  auto all = Countdown<int>::make(paths.size(), {}, [done = std::move(done)](auto& c) {
+    done(c.failure.value_or(ZOK));  // ZNONODE: gone already
+  });
+  for (const auto& p : paths)
     sessions_.send(
-        s,
-        [st](const ZkResult& r) {
-          if (r.rc != ZOK && r.rc != ZNONODE && st->rc == ZOK) st->rc = r.rc;
-          if (--st->left == 0) st->done(st->rc);
-        },
+        s, [all](const ZkResult& r) { all->answered(zk::failure_unless_gone(r)); },
         [=](zhandle_t* zh, void* ctx) { return zoo_adelete(zh, p.c_str(), -1, zk::on_void, ctx); });
-  }
 }
 
 // ---- cleanups
@@ -252,23 +220,21 @@ void ZkRelease::remember_cleanup(Cleanup c) {
 void ZkRelease::run_cleanups() {
   if (cleaning_ || sessions_.closed() || cleanups_.empty()) return;
   cleaning_ = true;
-  auto batch = std::make_shared<std::vector<Cleanup>>(std::exchange(cleanups_, {}));
-  auto left = std::make_shared<std::size_t>(batch->size());
-  auto retry = std::make_shared<std::vector<Cleanup>>();
-  for (const auto& c : *batch) {
-    delete_nodes(c, [this, left, retry, c](Released st, const StoreError*) {
-      if (st == Released::kUnconfirmed) retry->push_back(c);
-      if (--*left != 0) return;
-      cleaning_ = false;
-      if (retry->empty() && cleanups_.empty()) {
-        cleanup_backoff_.reset();
-        return;
-      }
-      auto again = std::move(*retry);
-      for (auto& each : again) remember_cleanup(std::move(each));
-      if (again.empty() && !cleanups_.empty()) run_cleanups();
+  // Once every one answered, those still unconfirmed are kept at again.
+  struct Unconfirmed {
+    std::vector<Cleanup> again;
+  };
+  auto all = Countdown<int, Unconfirmed>::make(cleanups_.size(), {}, [this](auto& c) {
+    cleaning_ = false;
+    if (c.again.empty() && cleanups_.empty()) return cleanup_backoff_.reset();
+    for (auto& each : c.again) remember_cleanup(std::move(each));
+    if (c.again.empty() && !cleanups_.empty()) run_cleanups();
+  });
+  for (auto& c : std::exchange(cleanups_, {}))
+    delete_nodes(c, [all, c](Released st, const StoreError*) {
+      if (st == Released::kUnconfirmed) all->again.push_back(c);
+      all->answered();
     });
-  }
 }
 
 }  // namespace lockwatch::detail

@@ -1,17 +1,10 @@
 // lib/store/zookeeper/zk_release.hpp: how the ZooKeeper store removes its
 // nodes: releases, a fair waiter's withdrawal, the removal of nodes whose
-// first removal found no answer (the cleanups), and the give-up machine
-// for a release that could not be confirmed.
-//
-//   release  deletes every node of our token (release()). One that could
-//            not be confirmed ends the session that may hold the node and
-//            is answered released once the node is found gone, else
-//            unconfirmed after that session's timeout (give_up_release()).
-//   cleanups a node whose removal found no answer would hold the lock for
-//            as long as its session lives (a waiter's node would come to
-//            the front), so the store keeps at it, after each reconnect
-//            and on a back-off (due at the store's sweep), until an answer
-//            settles it (or the session ends, taking its nodes along).
+// first removal found no answer (the cleanups, kept at after each
+// reconnect and on a back-off, due at the store's sweep, until an answer
+// settles it or the session ends), and the give-up machine for a release
+// that could not be confirmed (give_up_release()). docs/zookeeper.md
+// ("What a lock is", release) says why a node left behind ends its session.
 //
 // Costs: a release two round trips (list, delete); every release wakes
 // the holder's watchers (ZooKeeper has no quiet delete).

@@ -73,10 +73,7 @@ void ZkRenewal::renew_answered(const std::vector<RenewCheck>& chunk, const LockS
   auto confirm = [&](const RenewCheck& c) {
     ZkHolds& holds = sessions_.holds;
     auto h = holds.held.find(c.key);
-    if (h == holds.held.end() || h->second.attempt != c.attempt) {
-      done(c.index, Renewed::kGone, nullptr);
-      return;
-    }
+    if (h == holds.held.end() || h->second.attempt != c.attempt) return done(c.index, Renewed::kGone, nullptr);
     h->second.expires = std::max(h->second.expires, gone_by(watchdog_, sent, c.ttl));
     done(c.index, Renewed::kYes, nullptr);
   };

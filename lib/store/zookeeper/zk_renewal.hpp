@@ -1,17 +1,9 @@
-// lib/store/zookeeper/zk_renewal.hpp: the ZooKeeper store's renewals and
-// its own expiry of the locks it holds.
-//
-//   renew    one multi of check operations per session and batch: answered
-//            means the session is alive and the nodes are there.
-//   expiry   a lock neither renewed nor released within its ttl (plus the
-//            drift allowance) since the last renewal confirmed is removed
-//            by the store itself, as a key with a ttl would expire: a
-//            lease its watchdog gave up on (renewals spent, or unconfirmed
-//            until its deadline) frees the lock although the session lives
-//            on. Its watchdog's deadline came earlier (sent + ttl - drift);
-//            a renewal answered after the removal reports the lock gone.
-//            A waiting node (a writer's mark, a fair waiter's place) whose
-//            span passed without an attempt goes the same way.
+// lib/store/zookeeper/zk_renewal.hpp: the ZooKeeper store's renewals (one
+// multi of check operations per session and batch: answered, the session
+// is alive and the nodes are there) and its own expiry of the locks it
+// holds and of waiting nodes whose span passed (docs/zookeeper.md, "What
+// a lock is": renew, expiry). A renewal answered after the store removed
+// its lock reports the lock gone.
 //
 // Costs: renewals one request per session and 256 locks; the expiry a
 // scan of the held locks at most every 20 ms.

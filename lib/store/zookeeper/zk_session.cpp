@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <utility>
 
+#include "core/countdown.hpp"
 #include "core/loop.hpp"
 #include "core/net.hpp"
 #include "core/url.hpp"
@@ -71,28 +72,26 @@ ZkSessions::Session* ZkSessions::session_for(milliseconds ttl) {
 void ZkSessions::look_up_names(Session& s) {
   struct Lookup {
     std::vector<std::string> addresses;  // per member; empty: not resolved
-    std::size_t left = 0;
   };
-  auto lookup = std::make_shared<Lookup>();
+  Lookup found;
+  std::size_t names = 0;
   for (const auto& [host, port] : target_.hosts) {
     const bool numeric = numeric_host(host);
-    lookup->addresses.push_back(numeric ? host : std::string());
-    if (!numeric) ++lookup->left;
+    found.addresses.push_back(numeric ? host : std::string());
+    if (!numeric) ++names;
   }
-  if (lookup->left == 0) {
-    open_handle(s, target_.connect_string());
-    return;
-  }
+  if (names == 0) return open_handle(s, target_.connect_string());
   s.awaiting_names = true;
-  const std::uint64_t serial = s.serial;
-  const long long ms = s.requested_ms;
+  auto all = Countdown<int, Lookup>::make(names, std::move(found), [sink = sink_, serial = s.serial,
+                                                                   ms = s.requested_ms](auto& c) {
+    // Null once the store closed.
+    if (ZkSessions* st = sink->target(); st != nullptr) st->names_resolved(ms, serial, c.addresses);
+  });
   for (std::size_t i = 0; i < target_.hosts.size(); ++i) {
     if (numeric_host(target_.hosts[i].first)) continue;
-    auto done = [sink = sink_, lookup, i, serial, ms](int status, std::string address) {
-      if (status == 0) lookup->addresses[i] = std::move(address);
-      if (--lookup->left != 0) return;
-      // Null once the store closed.
-      if (ZkSessions* st = sink->target(); st != nullptr) st->names_resolved(ms, serial, lookup->addresses);
+    auto done = [all, i](int status, std::string address) {
+      if (status == 0) all->addresses[i] = std::move(address);
+      all->answered();
     };
     if (resolve_host(loop_.uv(), target_.hosts[i].first, done) < 0) done(UV_EAI_NONAME, std::string());
   }

@@ -2,27 +2,15 @@
 // its transport to the C client (libzookeeper_mt): the bottom part of
 // ZkStore, using none of the others.
 //
-// The session is the lease. Its timeout is the ttl: one session per ttl,
-// made at the first lock of that ttl. The ensemble deletes a session's
-// nodes when it has not heard from it for the session timeout; a renewal
-// is confirmed only by an answer from the ensemble, sent after the
-// renewal was, so the watchdog's local deadline (the renewal's send time
-// + ttl - drift) comes before the ensemble can expire the session and
-// give the lock to another. A session that reconnects within its timeout
-// keeps its nodes and watches; an expired one loses them all (renewals
-// answer kGone, subscriptions_lost is reported) and the next lock of that
-// ttl makes a new session. The ensemble bounds the timeout (by default
-// 2 to 20 ticks): a ttl above its maximum is refused (InvalidArgument)
-// when the session is set up, a ttl below its minimum gets the minimum (a
-// dead holder's lock then lasts that long).
-//
-// The client's answers reach the loop, where the sessions' state lives,
-// and handles close, as zk_client.hpp says; a request unanswered after
-// the command timeout (the connect timeout while a session was never up)
-// fails as unavailable. Member names are looked up on libuv's thread
-// pool; numeric addresses cost nothing. What lives and dies with a
-// session is kept here too: the nodes this store holds (ZkHolds) and the
-// release notices (the watches fire on the sessions' watcher).
+// The session is the lease, one per ttl, made at the first lock of that
+// ttl: docs/zookeeper.md ("The session is the lease") says how renewals,
+// a lost connection, an expired session and the ensemble's bounds on the
+// ttl play out, and ("Where it stops") how member names are looked up
+// and lost reads asked again. The client's answers reach the loop, and
+// handles close, as zk_client.hpp says; a request unanswered after the
+// command timeout (the connect timeout while a session was never up)
+// fails as unavailable. What lives and dies with a session is kept here
+// too: the nodes this store holds (ZkHolds) and the release notices.
 //
 // Costs: one session (two client threads) per distinct ttl; a request one
 // entry in the pending table (and its context, zk_client.hpp).

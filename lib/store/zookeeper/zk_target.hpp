@@ -1,14 +1,7 @@
 // lib/store/zookeeper/zk_target.hpp: where a ZooKeeper lock store lives,
-// parsed from its URL.
+// parsed from its URL (docs/zookeeper.md, "The URL"):
 //
 //   zookeeper://[user:password@]host:port[,host:port...][/chroot]
-//
-// Port 2181 by default; hosts are names, IPv4 addresses or bracketed IPv6
-// ones. user:password (%-escaped where needed) is ZooKeeper's digest
-// authentication: the store's nodes are then created with the creator's
-// ACL, so that other identities cannot touch them. The chroot is a path
-// every node of the store lives under ("/a/b"; no empty, "." or ".."
-// segment). No query parameters: anything after '?' is refused.
 //
 // Value type; any thread.
 #pragma once
