@@ -81,7 +81,11 @@ PgConnection::~PgConnection() {
 }
 
 void PgConnection::execute(const std::string& statement, std::vector<std::string> params, PgDone done) {
-  execute_all({PgCall{statement, std::move(params)}}, {}, std::move(done));
+  std::vector<PgCall> calls;
+  for (const auto& s : session_.statements)
+    if (s.name == statement && !s.first.empty() && !params.empty()) calls.push_back({s.first, {params.front()}});
+  calls.push_back({statement, std::move(params)});
+  execute_all(std::move(calls), {}, std::move(done));
 }
 
 void PgConnection::execute_all(std::vector<PgCall> calls, PgDone done) { execute_all(std::move(calls), {}, std::move(done)); }

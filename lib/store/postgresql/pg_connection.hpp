@@ -68,12 +68,14 @@ class PgRows final : public sqlcommon::Rows {
 // the call only.
 using PgDone = std::function<void(const PgRows& rows, const StoreError* error)>;
 
-// A statement prepared at connect: its name, text, and the type (an OID)
-// of each parameter.
+// A statement prepared at connect: its name, text, the type (an OID) of
+// each parameter, and the statement (if any) that execute() runs before
+// it in the same transaction, on its first parameter.
 struct PgStatement {
   std::string name;
   std::string sql;
   std::vector<unsigned> param_types;
+  std::string first = {};
 };
 
 // One prepared statement of a transaction (execute_all) and its
@@ -127,7 +129,7 @@ class PgConnection final : public sqlcommon::ConnectionCore<PgRequest, PgRows> {
 
   // Loop thread only, from here on (start() first).
   // Runs the prepared statement `statement` with these parameters (text
-  // format, none NULL).
+  // format, none NULL), after its PgStatement::first in one transaction.
   void execute(const std::string& statement, std::vector<std::string> params, PgDone done);
   // Runs the statements as one transaction (one sync): each sees what the
   // ones before it did and locked (READ COMMITTED takes a snapshot per

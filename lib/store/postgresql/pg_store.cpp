@@ -63,31 +63,11 @@ std::vector<Status> not_done(const PgRows& rows, std::size_t n, Status yes, Stat
   return status;
 }
 
-// Runs `call` on `conn` in one transaction after the lock rows of
-// `names` (a text[] of hex names) are locked, as every change to a
-// name's holders.
-void after_lock_rows(PgConnection& conn, std::string names, PgCall call, PgDone done) {
-  std::vector<PgCall> calls;
-  calls.push_back({"lockwatch_lock_rows", {std::move(names)}});
-  calls.push_back(std::move(call));
-  conn.execute_all(std::move(calls), std::move(done));
-}
-
 using sqlcommon::ms_up;
 
 std::string quoted(const std::string& table) { return "\"" + table + "\""; }
 
 }  // namespace
-
-StoreError PgStore::refusal(const sqlcommon::PendingAcquire& lock, std::string_view owner) const {
-  const LockKind held = kinds::kind_of_marker(owner);
-  const auto permits = [](LockKind k) { return fmt::format("{} permit(s)", k.permit_count()); };
-  return StoreError::invalid(
-      target_.name(),
-      fmt::format("{} is held as {}; this call asked for it {}", lock.name,
-                  held.mode() == LockKind::Mode::kPermits ? "a semaphore of " + permits(held) : held.describe(),
-                  lock.kind.mode() == LockKind::Mode::kPermits ? permits(lock.kind) : lock.kind.describe()));
-}
 
 std::string PgStore::table_definition(const std::string& table) {
   return fmt::format(
@@ -122,9 +102,8 @@ PgStore::PgStore(Loop& loop, PgTarget target, const sqlcommon::SqlSettings& sett
     : RecipeStore(loop, settings, kDialect,
                   "the lock name (key_prefix + key) is longer than the 255 bytes the PostgreSQL lock table's "
                   "lock_name takes",
-                  true),
-      target_(std::move(target)),
-      channel_(target_.channel()) {
+                  target.channel()),
+      target_(std::move(target)) {
   offer({.fence_raising = this, .job_claims = this, .operator_tools = this, .lock_listing = this, .fair_queue = this});
   PgSession session;
   session.statements = pg_statements(quoted(target_.table), quoted(target_.holders_table()),
@@ -144,11 +123,6 @@ PgStore::PgStore(Loop& loop, PgTarget target, const sqlcommon::SqlSettings& sett
 }
 
 PgStore::~PgStore() = default;
-
-void PgStore::turn_ended() {
-  acquires_.flush();
-  send_releases();
-}
 
 // ---- acquire
 
@@ -196,7 +170,7 @@ Acquired PgStore::kind_outcome(const sqlcommon::PendingAcquire& a, const PgRows&
   const Verdict verdict = v == "t" || v == "r" ? Verdict::kTaken : v == "b" ? Verdict::kBusy : Verdict::kRefused;
   return sqlcommon::kind_outcome(
       a, verdict, static_cast<std::uint64_t>(to_ll(rows.at(0, 1))), rows.maybe(0, 2),
-      [&] { return refusal(a, rows.bytes(0, 3)); });
+      [&] { return sqlcommon::refusal(target_.name(), a, rows.bytes(0, 3)); });
 }
 
 void PgStore::acquire_batch(AcquireBatchPtr batch) {
@@ -224,7 +198,7 @@ void PgStore::acquire_batch(AcquireBatchPtr batch) {
         std::string owner;
         const auto& lock = batch->locks[i];
         if (!rows.null(r, 3) && unhex(rows.at(r, 3), owner))
-          sqlcommon::exclusive_busy(out, lock, owner, [&] { return refusal(lock, owner); });
+          sqlcommon::exclusive_busy(out, lock, owner, target_.name());
       }
       batch->locks[i].answer(out);
     }
@@ -249,44 +223,11 @@ void PgStore::renew_group(sqlcommon::RenewBatchPtr batch, std::vector<std::size_
     auto status = not_done(rows, members.size(), Renewed::kYes, Renewed::kTakenByOther, Renewed::kGone);
     for (std::size_t k = 0; k < members.size(); ++k) batch->done(members[k], status[k], nullptr);
   };
-  if (!kinds) return connections_.renew->execute("lockwatch_renew", std::move(params), std::move(answered));
-  std::string names = params[0];
-  after_lock_rows(*connections_.renew, std::move(names), {"lockwatch_renew_kind", std::move(params)},
-                  std::move(answered));
+  connections_.renew->execute(kinds ? "lockwatch_renew_kind" : "lockwatch_renew", std::move(params),
+                              std::move(answered));
 }
 
 // ---- release
-
-// The exclusive ones wait for the turn's end; a kind's go at once, in
-// one transaction.
-void PgStore::release(std::span<const LockRef> locks, bool notify, ReleaseDone done) {
-  auto& queue = notify ? releases_ : quiet_releases_;
-  auto kinds = std::make_shared<ReleaseBatch>();
-  kinds->notify = notify;
-  sqlcommon::split_releases(locks, std::move(done), queue, kinds->locks);
-  if (!kinds->locks.empty()) {
-    sqlcommon::by_name(kinds->locks);
-    release_batch(std::move(kinds));
-  }
-  if (!queue.empty()) turn_end_.request();
-}
-
-void PgStore::send_releases() {
-  for (bool notify : {true, false}) {
-    auto& queue = notify ? releases_ : quiet_releases_;
-    if (queue.empty()) continue;
-    std::vector<PendingRelease> all = std::move(queue);
-    queue.clear();
-    // In name order, as the other statements lock rows.
-    sqlcommon::by_name(all);
-    sqlcommon::in_chunks(all, [this, notify](std::vector<PendingRelease> part) {
-      auto batch = std::make_shared<ReleaseBatch>();
-      batch->notify = notify;
-      batch->locks = std::move(part);
-      release_batch(std::move(batch));
-    });
-  }
-}
 
 void PgStore::release_batch(std::shared_ptr<ReleaseBatch> batch) {
   const auto& l = batch->locks;
@@ -304,10 +245,8 @@ void PgStore::release_batch(std::shared_ptr<ReleaseBatch> batch) {
     auto status = not_done(rows, batch->locks.size(), Released::kYes, Released::kTakenByOther, Released::kGone);
     for (std::size_t k = 0; k < status.size(); ++k) batch->locks[k].answer(status[k], nullptr);
   };
-  if (!of_kinds) return command_connection().execute("lockwatch_release", std::move(params), std::move(answered));
-  std::string names = params[0];
-  after_lock_rows(command_connection(), std::move(names), {"lockwatch_release_kind", std::move(params)},
-                  std::move(answered));
+  command_connection().execute(of_kinds ? "lockwatch_release_kind" : "lockwatch_release", std::move(params),
+                               std::move(answered));
 }
 
 // ---- the rest
@@ -315,60 +254,6 @@ void PgStore::release_batch(std::shared_ptr<ReleaseBatch> batch) {
 void PgStore::raise_fence(std::string_view name, std::uint64_t fence, RaiseDone done) {
   command_connection().execute("lockwatch_raise_fence", {to_hex(name), std::to_string(fence)},
                                [done = std::move(done)](const PgRows&, const StoreError* err) { done(!err); });
-}
-
-void PgStore::server_time(TimeDone done) {
-  command_connection().execute("lockwatch_time", {}, [this, done = std::move(done)](const PgRows& rows,
-                                                                                    const StoreError* err) {
-    answer_time(rows, err, pg_statement_error(target_.name(), "", "no answer to clock_timestamp()"), done);
-  });
-}
-
-void PgStore::claim_period(std::string_view name, std::string_view token, std::int64_t period,
-                           std::chrono::system_clock::time_point start, ClaimDone done) {
-  std::vector<std::string> params{to_hex(name), to_hex(token), std::to_string(period), std::to_string(to_micros(start))};
-  command_connection().execute(
-      "lockwatch_claim", std::move(params),
-      [this, period, done = std::move(done)](const PgRows& rows, const StoreError* err) {
-        ClaimResult out;
-        if (err || rows.size() != 1) {
-          out.error = err ? *err : pg_statement_error(target_.name(), "", "no answer to the claim");
-          return done(out);
-        }
-        sqlcommon::read_claim(out, rows, 1, rows.at(0, 0) == "1", period);
-        done(out);
-      });
-}
-
-void PgStore::inspect(std::string_view name, InspectDone done) {
-  // The lock row, then (a kind's marker in it) the live holders' rows, in
-  // one round trip: both statements go out together.
-  auto answer = std::make_shared<sqlcommon::Inspection>(std::move(done));
-  PgConnection& conn = command_connection();
-  conn.execute("lockwatch_inspect", {to_hex(name)},
-               [answer](const PgRows& rows, const StoreError* err) { answer->lock_answer(rows, err); });
-  conn.execute("lockwatch_holders", {to_hex(name)},
-               [answer](const PgRows& rows, const StoreError* err) { answer->holders_answer(rows, err); });
-}
-
-void PgStore::list_names(std::string pattern, std::size_t limit, RowsDone done) {
-  command_connection().execute("lockwatch_list", {to_hex(pattern), std::to_string(limit)}, std::move(done));
-}
-
-void PgStore::force_release(std::string_view name, ForceDone done) {
-  // The holders' rows go too: after the lock row is locked, as every
-  // change to them.
-  after_lock_rows(command_connection(), pg_array(1, [&](std::size_t) { return name; }),
-                  {"lockwatch_force_release", {to_hex(name), channel_}},
-                  [done = std::move(done)](const PgRows& rows, const StoreError* err) {
-                    done(!err && rows.size() == 1, err);
-                  });
-}
-
-void PgStore::withdraw(const LockRef& lock, WithdrawDone done) {
-  after_lock_rows(command_connection(), pg_array(1, [&](std::size_t) { return lock.name; }),
-                  {"lockwatch_withdraw", {to_hex(lock.name), to_hex(lock.token), channel_}},
-                  [done = std::move(done)](const PgRows&, const StoreError* err) { done(err); });
 }
 
 // ---- release notices

@@ -1,5 +1,6 @@
 #include "store/sql/sql_connection.hpp"
 #include "store/sql/sql_error.hpp"
+#include "store/sql/sql_literals.hpp"
 
 #include <errmsg.h>
 #include <mysql.h>
@@ -67,6 +68,32 @@ void SqlConnection::query(std::string sql, SqlDone done) {
   if (refused_closed(done)) return;
   queue_.push_back(Request{std::move(sql), std::move(done)});
   if (state_ == State::kIdle) kick();
+}
+
+void SqlConnection::run(std::vector<std::string> steps, SqlDone done) {
+  if (steps.size() == 1) return query(std::move(steps.front()), std::move(done));
+  struct Steps {
+    bool failed = false;
+    SqlDone done;
+  };
+  auto shared = std::make_shared<Steps>(Steps{false, std::move(done)});
+  for (std::size_t i = 0; i < steps.size(); ++i)
+    query(std::move(steps[i]), [shared, last = i + 1 == steps.size()](const SqlResult& r, const StoreError* err) {
+      if (shared->failed || (!last && !err)) return;
+      shared->failed = err != nullptr;
+      shared->done(r, err);
+    });
+}
+
+void SqlConnection::execute(const std::string& name, const std::vector<std::string>& params, SqlDone done) {
+  for (const auto& s : session_.statements) {
+    if (s.name != name) continue;
+    std::vector<std::string> steps;
+    for (const auto& step : s.steps) steps.push_back(sql::fill(step, s.types, params));
+    return run(std::move(steps), std::move(done));
+  }
+  const StoreError err = unavailable("no statement " + name);  // cannot be: the store names its own
+  loop_.post([done = std::move(done), err] { done(SqlResult{}, &err); });
 }
 
 // A host name is looked up on libuv's thread pool (the client library's

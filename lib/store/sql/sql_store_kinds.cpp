@@ -16,6 +16,7 @@
 namespace lockwatch::detail {
 
 using namespace sql;  // the statements' literals (sql_literals.hpp)
+using sqlcommon::to_hex;
 
 std::string SqlStore::transaction(const std::string& body) {
   return "BEGIN NOT ATOMIC DECLARE EXIT HANDLER FOR SQLEXCEPTION BEGIN ROLLBACK; RESIGNAL; END; START TRANSACTION; " +
@@ -45,24 +46,22 @@ void SqlStore::send_kind_group(AcquireBatchPtr group) {
         k);
     read += fmt::format("{}@lw_o{}", k == 0 ? "" : ", ", k);
   }
-  write_then_read(
-      command_connection(), transaction(body),
-      [this, group](const StoreError& err) {
-        if (kind_group_resent(group, err)) return;
-        for (const auto& a : group->locks) {
-          Acquired out;
-          out.error = err;
-          if (err.code == mariadb_code(1064))
-            // A server without MariaDB's compound statements (MySQL): say
-            // what is missing rather than only where the syntax broke.
-            out.error.message = a.kind.describe() + " locks need MariaDB's compound statements (BEGIN NOT ATOMIC), " +
-                                "which this server does not take: " + err.message;
-          a.answer(out);
+  command_connection().run(
+      {transaction(body), std::move(read)}, [this, group](const SqlResult& r, const StoreError* err) {
+        if (err) {
+          if (kind_group_resent(group, *err)) return;
+          for (const auto& a : group->locks) {
+            Acquired out;
+            out.error = *err;
+            if (err->code == mariadb_code(1064))
+              // A server without MariaDB's compound statements (MySQL): say
+              // what is missing rather than only where the syntax broke.
+              out.error.message = a.kind.describe() + " locks need MariaDB's compound statements (BEGIN NOT " +
+                                  "ATOMIC), which this server does not take: " + err->message;
+            a.answer(out);
+          }
+          return;
         }
-      },
-      std::move(read),
-      [this, group](std::uint64_t, const SqlResult& r, const StoreError* err) {
-        if (err) return group->fail(*err);
         if (r.rows.empty() || r.rows[0].size() != group->locks.size())
           return group->fail(StoreError::unavailable(target_.name(), "the outcome of a lock's transaction was lost "
                                                                      "with its connection"));
@@ -211,13 +210,7 @@ Acquired SqlStore::kind_outcome(const sqlcommon::PendingAcquire& a, const std::v
   using sqlcommon::Verdict;
   const Verdict verdict = row[0] == "taken" ? Verdict::kTaken : row[0] == "invalid" ? Verdict::kRefused : Verdict::kBusy;
   return sqlcommon::kind_outcome(a, verdict, static_cast<std::uint64_t>(to_ll(row[1])), to_ll(row[2]),
-                                 [&] { return refusal(a, row[3]); });
-}
-
-StoreError SqlStore::refusal(const sqlcommon::PendingAcquire& lock, std::string_view owner) const {
-  return StoreError::invalid(target_.name(), fmt::format("the lock '{}' is held as {}; this call asked for it {}",
-                                                         lock.name, kinds::held_as(kinds::kind_of_marker(owner)),
-                                                         lock.kind.describe()));
+                                 [&] { return sqlcommon::refusal(target_.name(), a, row[3]); });
 }
 
 void SqlStore::renew_kinds(RenewBatchPtr batch, std::vector<std::size_t> members, std::chrono::milliseconds ttl) {
@@ -226,19 +219,17 @@ void SqlStore::renew_kinds(RenewBatchPtr batch, std::vector<std::size_t> members
   // holder whose time ran out is not extended: its lease is gone. The read
   // after it names which were.
   const RenewalLists lists(batch->locks, members);
-  write_then_read(
-      *connections_.renew,
-      fmt::format("UPDATE {0} l STRAIGHT_JOIN {1} h ON h.lock_name = l.lock_name "
-                  "SET h.expires_at = NOW(6) + INTERVAL {2} MICROSECOND, "
-                  "l.expires_at = GREATEST(l.expires_at, NOW(6) + INTERVAL {2} MICROSECOND) "
-                  "WHERE l.lock_name IN ({3}) AND (h.lock_name, h.owner) IN ({4}) AND h.role IN ('r', 'p', 'f') "
-                  "AND h.expires_at > NOW(6)",
-                  table_, holders_, micros(ttl), lists.names, lists.pairs),
-      [batch, members](const StoreError& err) { batch->answer(members, Renewed::kTransient, &err); },
-      fmt::format("SELECT lock_name, owner FROM {} WHERE lock_name IN ({}) AND (lock_name, owner) IN ({}) "
-                  "AND role IN ('r', 'p', 'f') AND expires_at > NOW(6)",
-                  holders_, lists.names, lists.pairs),
-      [batch, members](std::uint64_t, const SqlResult& r, const StoreError* err) {
+  connections_.renew->run(
+      {fmt::format("UPDATE {0} l STRAIGHT_JOIN {1} h ON h.lock_name = l.lock_name "
+                   "SET h.expires_at = NOW(6) + INTERVAL {2} MICROSECOND, "
+                   "l.expires_at = GREATEST(l.expires_at, NOW(6) + INTERVAL {2} MICROSECOND) "
+                   "WHERE l.lock_name IN ({3}) AND (h.lock_name, h.owner) IN ({4}) AND h.role IN ('r', 'p', 'f') "
+                   "AND h.expires_at > NOW(6)",
+                   table_, holders_, micros(ttl), lists.names, lists.pairs),
+       fmt::format("SELECT lock_name, owner FROM {} WHERE lock_name IN ({}) AND (lock_name, owner) IN ({}) "
+                   "AND role IN ('r', 'p', 'f') AND expires_at > NOW(6)",
+                   holders_, lists.names, lists.pairs)},
+      [batch, members](const SqlResult& r, const StoreError* err) {
         if (err) return batch->answer(members, Renewed::kTransient, err);
         std::set<std::pair<std::string_view, std::string_view>> live;
         for (const auto& row : r.rows)
@@ -250,46 +241,19 @@ void SqlStore::renew_kinds(RenewBatchPtr batch, std::vector<std::size_t> members
       });
 }
 
-void SqlStore::release_kinds(std::vector<sqlcommon::PendingRelease> kinds) {
-  // Each holder leaves in a transaction of its own: its row goes, and the
-  // lock row's expiry shrinks to the latest holder left, or the row is
-  // freed with the last (a writer may take it then).
+void SqlStore::release_kinds(const std::vector<sqlcommon::PendingRelease>& kinds) {
   SqlConnection& conn = command_connection();
-  for (const auto& l : kinds) {
-    const std::string n = hex(l.name);
-    std::string body = fmt::format(
-        "SELECT COUNT(*) INTO @lw_row FROM {0} WHERE lock_name = {2} FOR UPDATE; "
-        "DELETE FROM {1} WHERE lock_name = {2} AND owner = {3} AND role IN ('r', 'p', 'f') AND expires_at > NOW(6); "
-        "SET @lw_released = ROW_COUNT(); "
-        "DELETE FROM {1} WHERE lock_name = {2} AND owner = {3} AND role IN ('r', 'p', 'f'); ",
-        table_, holders_, n, hex(l.token));
-    body += shrink(n);
-    write_then_read(
-        conn, transaction(body), [l](const StoreError& err) { l.answer(Released::kUnconfirmed, &err); },
-        "SELECT @lw_released", [this, l](std::uint64_t, const SqlResult& r, const StoreError* err) {
-          if (err) return l.answer(Released::kUnconfirmed, err);
-          if (r.null(0, 0)) {  // a new session: what the transaction did is not known
-            const auto lost = StoreError::unavailable(target_.name(), "the outcome of a release was lost with its "
-                                                                      "connection");
-            return l.answer(Released::kUnconfirmed, &lost);
-          }
-          l.answer(to_ll(r.rows[0][0]) > 0 ? Released::kYes : Released::kGone, nullptr);
-        });
-  }
-}
-
-void SqlStore::withdraw(const LockRef& lock, WithdrawDone done) {
-  // No notices to send on SQL: the next waiter finds itself first at its
-  // next attempt.
-  const std::string n = hex(lock.name);
-  std::string body = fmt::format(
-      "SELECT COUNT(*) INTO @lw_row FROM {0} WHERE lock_name = {2} FOR UPDATE; "
-      "DELETE FROM {1} WHERE lock_name = {2} AND owner = {3} AND role = 'q'; ",
-      table_, holders_, n, hex(lock.token));
-  body += shrink(n);
-  command_connection().query(transaction(body), [done = std::move(done)](const SqlResult&, const StoreError* err) {
-    done(err);
-  });
+  for (const auto& l : kinds)
+    conn.execute("lockwatch_release_holder", {to_hex(l.name), to_hex(l.token)},
+                 [this, l](const SqlResult& r, const StoreError* err) {
+                   if (err) return l.answer(Released::kUnconfirmed, err);
+                   if (r.null(0, 0)) {  // a new session: what the transaction did is not known
+                     const auto lost = StoreError::unavailable(target_.name(), "the outcome of a release was lost "
+                                                                               "with its connection");
+                     return l.answer(Released::kUnconfirmed, &lost);
+                   }
+                   l.answer(to_ll(r.at(0, 0)) > 0 ? Released::kYes : Released::kGone, nullptr);
+                 });
 }
 
 }  // namespace lockwatch::detail

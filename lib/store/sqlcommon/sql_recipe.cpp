@@ -5,6 +5,8 @@
 #include <map>
 #include <utility>
 
+#include <fmt/format.h>
+
 #include "store/kind_rules.hpp"
 #include "store/sqlcommon/inspection.hpp"
 
@@ -82,16 +84,24 @@ bool resend(const AcquireBatchPtr& batch, const StoreError& error, const SendBat
 }
 
 std::optional<std::chrono::milliseconds> exclusive_busy(Acquired& out, const PendingAcquire& lock,
-                                                        std::string_view marker,
-                                                        const std::function<StoreError()>& refused) {
+                                                        std::string_view marker, const std::string& server) {
   if (marker == kinds::kSharedMarker) {
     const auto mark = std::min(lock.ttl, kWriterMark);
     out.busy_for = std::max(std::chrono::milliseconds(1), std::min(out.busy_for, mark / 2));
     return mark;
   }
   out.status = Acquired::Status::kFailed;
-  out.error = refused();
+  out.error = refusal(server, lock, marker);
   return std::nullopt;
+}
+
+StoreError refusal(const std::string& server, const PendingAcquire& lock, std::string_view owner) {
+  const LockKind held = kinds::kind_of_marker(owner);
+  const auto permits = [](LockKind k) { return fmt::format("{} permit(s)", k.permit_count()); };
+  return StoreError::invalid(
+      server, fmt::format("{} is held as {}; this call asked for it {}", lock.name,
+                          held.mode() == LockKind::Mode::kPermits ? "a semaphore of " + permits(held) : held.describe(),
+                          lock.kind.mode() == LockKind::Mode::kPermits ? permits(lock.kind) : lock.kind.describe()));
 }
 
 Acquired kind_outcome(const PendingAcquire& lock, Verdict verdict, std::uint64_t fence,
