@@ -88,8 +88,6 @@ void PgConnection::execute(const std::string& statement, std::vector<std::string
   execute_all(std::move(calls), {}, std::move(done));
 }
 
-void PgConnection::execute_all(std::vector<PgCall> calls, PgDone done) { execute_all(std::move(calls), {}, std::move(done)); }
-
 void PgConnection::execute_all(std::vector<PgCall> calls, std::function<void(std::size_t, const PgRows&)> each,
                                PgDone done) {
   if (calls.empty()) {

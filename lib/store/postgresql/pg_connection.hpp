@@ -80,10 +80,7 @@ struct PgStatement {
 
 // One prepared statement of a transaction (execute_all) and its
 // parameters.
-struct PgCall {
-  std::string statement;
-  std::vector<std::string> params;
-};
+using PgCall = sqlcommon::Call;
 
 class PgConnection;
 using PgStaleBackends = sqlcommon::StaleSessions<PgConnection, int>;
@@ -134,11 +131,9 @@ class PgConnection final : public sqlcommon::ConnectionCore<PgRequest, PgRows> {
   // Runs the statements as one transaction (one sync): each sees what the
   // ones before it did and locked (READ COMMITTED takes a snapshot per
   // statement), and the first that fails undoes them all and skips the
-  // rest. `done` gets the last statement's rows, or the first error.
-  void execute_all(std::vector<PgCall> calls, PgDone done);
-  // The same transaction, with every statement's rows: `each` is called
-  // once per statement, in order, before `done`, when all of them ran
-  // (never after an error, which `done` alone gets).
+  // rest. `done` gets the last statement's rows, or the first error; with
+  // `each`, it is called once per statement with its rows, in order,
+  // before `done`, when all of them ran (never after an error).
   void execute_all(std::vector<PgCall> calls, std::function<void(std::size_t, const PgRows&)> each, PgDone done);
   // Told each time the connection became usable (its set-up done: for a
   // notices connection, LISTEN confirmed).

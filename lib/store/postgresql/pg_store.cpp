@@ -3,7 +3,6 @@
 #include <fmt/format.h>
 
 #include <optional>
-#include <type_traits>
 
 #include "store/kind_rules.hpp"
 #include "store/postgresql/pg_error.hpp"
@@ -17,36 +16,22 @@ namespace {
 
 // Names and tokens travel as hex text and are decoded by the server
 // (sqlcommon/values.hpp).
+using sqlcommon::array_literal;
 using sqlcommon::micros;
 using sqlcommon::to_hex;
 using sqlcommon::to_ll;
-using sqlcommon::to_micros;
 using sqlcommon::unhex;
-
-// A text[] literal of hex strings ({"6b31","6b32"}), or an int8[] one.
-template <class Get>
-std::string pg_array(std::size_t n, Get get) {
-  std::string out = "{";
-  for (std::size_t i = 0; i < n; ++i) {
-    if (i > 0) out += ',';
-    if constexpr (std::is_integral_v<decltype(get(i))>)
-      out += std::to_string(get(i));
-    else
-      out += '"' + to_hex(get(i)) + '"';
-  }
-  return out + '}';
-}
 
 // A batch's arrays: the names and tokens of the `n` locks lock(0)..,
 // then their ttls in µs (when the locks have one) and (with `markers`)
 // their kinds' markers.
 template <class Lock>
 std::vector<std::string> lock_arrays(std::size_t n, Lock lock, bool markers = false) {
-  std::vector<std::string> out{pg_array(n, [&](std::size_t i) -> std::string_view { return lock(i).name; }),
-                               pg_array(n, [&](std::size_t i) -> std::string_view { return lock(i).token; })};
+  std::vector<std::string> out{array_literal(n, [&](std::size_t i) -> std::string_view { return lock(i).name; }),
+                               array_literal(n, [&](std::size_t i) -> std::string_view { return lock(i).token; })};
   if constexpr (requires { lock(0).ttl; })
-    out.push_back(pg_array(n, [&](std::size_t i) { return micros(lock(i).ttl); }));
-  if (markers) out.push_back(pg_array(n, [&](std::size_t i) { return kinds::marker(lock(i).kind); }));
+    out.push_back(array_literal(n, [&](std::size_t i) { return micros(lock(i).ttl); }));
+  if (markers) out.push_back(array_literal(n, [&](std::size_t i) { return kinds::marker(lock(i).kind); }));
   return out;
 }
 
@@ -125,53 +110,6 @@ PgStore::PgStore(Loop& loop, PgTarget target, const sqlcommon::SqlSettings& sett
 PgStore::~PgStore() = default;
 
 // ---- acquire
-
-// The kinds' acquisitions of one loop turn (a set's keys among them), in
-// name order, go in one transaction per group: their lock rows locked,
-// then each one's decision (see statements()), one statement each.
-void PgStore::send_kind_group(AcquireBatchPtr group) {
-  const auto& l = group->locks;
-  std::vector<PgCall> calls;
-  calls.reserve(l.size() + 1);
-  calls.push_back({"lockwatch_lock_rows", {pg_array(l.size(), [&](std::size_t i) -> std::string_view {
-                     return l[i].name;
-                   })}});
-  for (const auto& a : l) {
-    const bool fair = a.kind.mode() == LockKind::Mode::kFair;
-    calls.push_back({fair ? "lockwatch_acquire_fair" : "lockwatch_acquire_kind",
-                     {to_hex(a.name), to_hex(a.token), std::to_string(micros(a.ttl)), to_hex(kinds::marker(a.kind)),
-                      fair ? channel_ : std::to_string(a.kind.permit_count())}});
-  }
-  auto outcomes = std::make_shared<std::vector<Acquired>>(l.size());
-  command_connection().execute_all(
-      std::move(calls),
-      [this, group, outcomes](std::size_t i, const PgRows& rows) {
-        if (i == 0) return;  // the lock rows
-        (*outcomes)[i - 1] = kind_outcome(group->locks[i - 1], rows);
-      },
-      [this, group, outcomes](const PgRows&, const StoreError* err) {
-        if (err) {
-          if (!kind_group_resent(group, *err)) group->fail(*err);
-          return;
-        }
-        for (std::size_t k = 0; k < group->locks.size(); ++k) group->locks[k].answer((*outcomes)[k]);
-      });
-}
-
-// One kind decision's row: verdict, fence, busy µs, the lock row's owner.
-Acquired PgStore::kind_outcome(const sqlcommon::PendingAcquire& a, const PgRows& rows) const {
-  if (rows.size() != 1 || rows.null(0, 0) || rows.null(0, 1)) {
-    Acquired out;
-    out.error = pg_statement_error(target_.name(), "", "no answer to the acquisition");
-    return out;
-  }
-  using sqlcommon::Verdict;
-  const std::string_view v = rows.at(0, 0);
-  const Verdict verdict = v == "t" || v == "r" ? Verdict::kTaken : v == "b" ? Verdict::kBusy : Verdict::kRefused;
-  return sqlcommon::kind_outcome(
-      a, verdict, static_cast<std::uint64_t>(to_ll(rows.at(0, 1))), rows.maybe(0, 2),
-      [&] { return sqlcommon::refusal(target_.name(), a, rows.bytes(0, 3)); });
-}
 
 void PgStore::acquire_batch(AcquireBatchPtr batch) {
   const auto& l = batch->locks;

@@ -55,8 +55,6 @@ class PgStore final : public sqlcommon::RecipeStore<PgConnection>, public FenceR
   // RecipeStore's steps (sql_recipe.hpp), each one statement, or for the
   // other kinds one transaction, its lock rows locked first.
   void acquire_batch(AcquireBatchPtr batch) override;
-  void send_kind_group(AcquireBatchPtr group) override;
-  Acquired kind_outcome(const sqlcommon::PendingAcquire& a, const PgRows& rows) const;
   void renew_group(sqlcommon::RenewBatchPtr batch, std::vector<std::size_t> members, std::chrono::milliseconds ttl,
                    bool kinds) override;
   void release_batch(std::shared_ptr<ReleaseBatch> batch) override;

@@ -85,15 +85,53 @@ void SqlConnection::run(std::vector<std::string> steps, SqlDone done) {
     });
 }
 
+// The session's statement `name`; none (`done` then failed, on the next
+// turn) cannot be: the store names its own.
+const SqlStatement* SqlConnection::statement(const std::string& name, SqlDone& done) {
+  for (const auto& s : session_.statements)
+    if (s.name == name) return &s;
+  loop_.post([done = std::move(done), err = unavailable("no statement " + name)] { done(SqlResult{}, &err); });
+  return nullptr;
+}
+
 void SqlConnection::execute(const std::string& name, const std::vector<std::string>& params, SqlDone done) {
-  for (const auto& s : session_.statements) {
-    if (s.name != name) continue;
-    std::vector<std::string> steps;
-    for (const auto& step : s.steps) steps.push_back(sql::fill(step, s.types, params));
-    return run(std::move(steps), std::move(done));
+  const SqlStatement* s = statement(name, done);
+  if (s == nullptr) return;
+  std::vector<std::string> steps;
+  for (const auto& step : s->steps) steps.push_back(sql::fill(step, s->types, params));
+  run(std::move(steps), std::move(done));
+}
+
+void SqlConnection::execute_all(std::vector<sqlcommon::Call> calls,
+                                std::function<void(std::size_t, const SqlResult&)> each, SqlDone done) {
+  // Each answer's values are kept in session variables of their own
+  // (@lw_a<column>), all read by the next statement of the round trip.
+  std::string body, read;
+  std::vector<std::size_t> at{0};  // each call's first column in the read, then the end
+  for (const auto& call : calls) {
+    const SqlStatement* s = statement(call.statement, done);
+    if (s == nullptr) return;
+    body += sql::fill(s->steps.front(), s->types, call.params);
+    std::size_t column = at.back();
+    for (const auto& expr : s->answer) {
+      body += fmt::format(" SET @lw_a{} = {};", column, expr);
+      read += fmt::format("{}@lw_a{}", column == 0 ? "SELECT " : ", ", column);
+      ++column;
+    }
+    at.push_back(column);
   }
-  const StoreError err = unavailable("no statement " + name);  // cannot be: the store names its own
-  loop_.post([done = std::move(done), err] { done(SqlResult{}, &err); });
+  std::vector<std::string> steps{sql::transaction(body)};
+  if (!read.empty()) steps.push_back(std::move(read));
+  run(std::move(steps), [each = std::move(each), done = std::move(done), at = std::move(at)](const SqlResult& r,
+                                                                                            const StoreError* err) {
+    const bool whole = !err && r.rows.size() == 1 && r.rows[0].size() == at.back();
+    for (std::size_t k = 0; whole && k + 1 < at.size(); ++k) {
+      SqlResult one;  // its columns of the read
+      one.rows.emplace_back(r.rows[0].begin() + at[k], r.rows[0].begin() + at[k + 1]);
+      each(k, one);
+    }
+    done(r, err);
+  });
 }
 
 // A host name is looked up on libuv's thread pool (the client library's
@@ -409,7 +447,12 @@ void SqlConnection::statement_failed() {
   // The server refused this statement; the connection is fine and the
   // statements after it in the round trip were not run.
   phase_ = Phase::kNone;
-  const StoreError err = sql_error(name_, code, last_error_);
+  StoreError err = sql_error(name_, code, last_error_);
+  if (code == ER_PARSE_ERROR && inflight_.front().sql.starts_with(sql::kCompound))
+    // A server without MariaDB's compound statements (MySQL): say what is
+    // missing rather than only where the syntax broke.
+    err.message = "shared, permit and fair locks need MariaDB's compound statements (BEGIN NOT ATOMIC), which "
+                  "this server does not take: " + err.message;
   answer_front(SqlResult{}, &err);
 }
 

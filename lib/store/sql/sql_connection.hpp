@@ -73,11 +73,14 @@ using SqlStaleThreads = sqlcommon::StaleSessions<SqlConnection, unsigned long>;
 // steps, sent in order in one round trip, the last one's answer the
 // statement's; each $1..$9 in them is filled with that parameter as
 // `types` says ('x' hex text, written as X'..'; 'n' a number), or NULL
-// when the parameter is not one (sql::fill()).
+// when the parameter is not one (sql::fill()). In a transaction
+// (execute_all()) its first step is part of one compound statement, and
+// its answer the values of `answer`'s expressions after it.
 struct SqlStatement {
   std::string name;
   std::string types;
   std::vector<std::string> steps;
+  std::vector<std::string> answer = {};
 };
 
 // What a connection runs before it takes requests: the stale threads
@@ -116,6 +119,11 @@ class SqlConnection final : public sqlcommon::ConnectionCore<SqlRequest, SqlResu
   void run(std::vector<std::string> steps, SqlDone done);
   // The session's statement `name` (SqlStatement) with these parameters.
   void execute(const std::string& name, const std::vector<std::string>& params, SqlDone done);
+  // The statements as one transaction (one compound statement, then the
+  // read of their answers): `each` gets each one's answer, in order,
+  // before `done` (never after an error, which `done` alone gets).
+  void execute_all(std::vector<sqlcommon::Call> calls, std::function<void(std::size_t, const SqlResult&)> each,
+                   SqlDone done);
   // Stops reconnecting, fails what is pending, closes the handles. The loop
   // then drains (Loop::shutdown): the object may be destroyed once the loop
   // has stopped.
@@ -133,6 +141,7 @@ class SqlConnection final : public sqlcommon::ConnectionCore<SqlRequest, SqlResu
   void attempt_timed_out() override;
   RequestTimer::Clock::time_point unanswered_since() const override;
   void overdue() override;
+  const SqlStatement* statement(const std::string& name, SqlDone& done);
   void connect();
   void connect_to(const std::string& host);
   void connected();

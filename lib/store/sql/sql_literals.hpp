@@ -6,6 +6,8 @@
 // store/kind_rules.hpp.
 #pragma once
 
+#include <fmt/format.h>
+
 #include <algorithm>
 #include <chrono>
 #include <string>
@@ -71,6 +73,15 @@ inline std::string fill(std::string_view text, std::string_view types, const std
       out.append("NULL");
   }
   return out;
+}
+
+// A compound statement around `body`: one transaction, rolled back (and
+// the error passed on) when any of its statements fails.
+inline constexpr std::string_view kCompound = "BEGIN NOT ATOMIC ";
+inline std::string transaction(std::string_view body) {
+  return fmt::format("{}DECLARE EXIT HANDLER FOR SQLEXCEPTION BEGIN ROLLBACK; RESIGNAL; END; START TRANSACTION; "
+                     "{} COMMIT; END",
+                     kCompound, body);
 }
 
 // A renewal's lists: `names` the locks' names ("X'..',X'..'"), `pairs`

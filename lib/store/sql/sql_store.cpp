@@ -351,7 +351,8 @@ std::vector<SqlStatement> SqlStore::statements() const {
   // writer's mark gone and the row freed. Fair waiters keep their places
   // (and the row its marker while they wait). Withdraw: no notices to
   // send on SQL, the next waiter finds itself first at its next attempt.
-  return {
+  std::vector<SqlStatement> all = kind_statements();
+  all.insert(all.end(), {
       {"lockwatch_time", "", {"SELECT UNIX_TIMESTAMP(NOW(6))"}},
       {"lockwatch_claim",
        "xxnn",
@@ -409,7 +410,8 @@ std::vector<SqlStatement> SqlStore::statements() const {
        {transaction(fmt::format("SELECT COUNT(*) INTO @lw_row FROM {0} WHERE lock_name = $1 FOR UPDATE; "
                                 "DELETE FROM {1} WHERE lock_name = $1 AND owner = $2 AND role = 'q'; {2}",
                                 table_, holders_, shrink("$1")))}},
-  };
+  });
+  return all;
 }
 
 }  // namespace lockwatch::detail

@@ -85,17 +85,12 @@ class SqlStore final : public sqlcommon::RecipeStore<SqlConnection> {
   // The exclusive acquisitions of a batch that found readers leave the
   // writer's mark; `done` runs once it is written (or failed).
   void mark_writers(std::vector<std::pair<std::string, std::chrono::milliseconds>> names, std::function<void()> done);
-  // Shared, permit and fair locks (sql_store_kinds.cpp): the kinds'
-  // acquisitions of one loop turn (a set's keys among them) are decided in
-  // one transaction per group, in name order.
-  void send_kind_group(AcquireBatchPtr group) override;
-  std::string kind_body(const sqlcommon::PendingAcquire& a) const;
-  Acquired kind_outcome(const sqlcommon::PendingAcquire& a, const std::vector<std::string>& fields) const;
+  // Shared, permit and fair locks (sql_store_kinds.cpp): their
+  // acquisitions' statements (the recipe decides a group of them in one
+  // transaction), renewals and releases.
+  std::vector<SqlStatement> kind_statements() const;
   void renew_kinds(RenewBatchPtr batch, std::vector<std::size_t> members, std::chrono::milliseconds ttl);
   void release_kinds(const std::vector<sqlcommon::PendingRelease>& kinds);
-  // A compound statement around `body`: one transaction, rolled back (and
-  // the error passed on) when any of its statements fails.
-  static std::string transaction(const std::string& body);
   // Statements that shrink the lock row's expiry to its latest live holder
   // or waiter, or free it with the last (only while it holds a marker).
   std::string shrink(const std::string& name) const;

@@ -69,6 +69,13 @@ struct StaleSessions {
   }
 };
 
+// A named statement of the store's dialect and its parameters, one of a
+// transaction's (the connections' execute_all()).
+struct Call {
+  std::string statement;
+  std::vector<std::string> params;
+};
+
 // What a connection tells the store and the timers. `Request` carries a
 // `done` callback taking (const Answer&, const StoreError*); a failed
 // request gets an empty Answer{}.

@@ -48,6 +48,11 @@
 //   lockwatch_list            (LIKE pattern, limit) -> the held names
 //   lockwatch_force_release   (name, channel)     -> a row when it was held
 //   lockwatch_withdraw        (name, token, channel)
+//   lockwatch_lock_rows       (names)             -> the lock rows locked, in
+//                             a transaction's first statement (execute_all())
+//   lockwatch_acquire_kind    (name, token, ttl µs, marker, n: 0 shared)
+//   lockwatch_acquire_fair    (name, token, ttl µs, marker, channel)
+//                             -> kind_answer()'s row
 //
 // Threading: the store's loop thread, as the stores. Costs: the queued
 // acquisitions' names and tokens are copied once (the caller's views end
@@ -72,9 +77,11 @@
 #include "core/turn_end.hpp"
 #include "lockwatch/errors.hpp"
 #include "store/capabilities.hpp"
+#include "store/kind_rules.hpp"
 #include "store/lock_store.hpp"
 #include "store/sqlcommon/batching.hpp"
 #include "store/sqlcommon/claims.hpp"
+#include "store/sqlcommon/connection_core.hpp"
 #include "store/sqlcommon/inspection.hpp"
 #include "store/sqlcommon/settings.hpp"
 #include "store/store_base.hpp"
@@ -176,13 +183,13 @@ std::optional<std::chrono::milliseconds> exclusive_busy(Acquired& out, const Pen
 // `owner` says (a kind's marker; anything else: exclusive).
 StoreError refusal(const std::string& server, const PendingAcquire& lock, std::string_view owner);
 
-// A kind's acquisition as its transaction decided it.
-enum class Verdict { kTaken, kBusy, kRefused };
-// The Acquired of `lock`: a grant with `fence`; busy for `busy_us` (none:
-// a moment), at least 1 ms, a fair waiter within a third of its ttl (which
-// keeps its place); or refused with `refused()`.
-Acquired kind_outcome(const PendingAcquire& lock, Verdict verdict, std::uint64_t fence,
-                      std::optional<long long> busy_us, const std::function<StoreError()>& refused);
+// The Acquired of a kind's `lock` from its decision's row (no row: no
+// answer from `server`): the verdict (t, or r for a retry: taken, with
+// the fence; b: busy for the µs given (none: a moment), at least 1 ms, a
+// fair waiter within a third of its ttl, which keeps its place; e:
+// refused, the key held as the owner says), the fence, the µs, the lock
+// row's owner.
+Acquired kind_answer(const PendingAcquire& lock, const Rows& rows, const std::string& server);
 
 // One lock of a release() call, kept until its statement is answered.
 struct PendingRelease {
@@ -391,9 +398,11 @@ class RecipeStore : public StoreBase,
     connections_.start(events_);
   }
   Connection& command_connection() { return connections_.command(); }
+  // The server, as errors name it.
+  const std::string& server() const { return connections_.commands.front()->name(); }
   // A statement's answer that lacks what it must hold.
-  StoreError no_answer(std::string_view what) {
-    return StoreError::unavailable(connections_.commands.front()->name(), fmt::format("no answer to {}", what));
+  StoreError no_answer(std::string_view what) const {
+    return StoreError::unavailable(server(), fmt::format("no answer to {}", what));
   }
   // A failed statement of exclusive acquisitions: a deadlock or a lock
   // wait timeout sends it again; a row the server refused (a name too
@@ -402,18 +411,12 @@ class RecipeStore : public StoreBase,
   void acquire_failed(const AcquireBatchPtr& batch, const StoreError& error) {
     if (!resend(batch, error, [this](AcquireBatchPtr b) { acquire_batch(std::move(b)); }, true)) batch->fail(error);
   }
-  // A failed kinds' transaction, rolled back whole: true when a deadlock
-  // or a lock wait timeout sent it again.
-  bool kind_group_resent(const AcquireBatchPtr& group, const StoreError& error) {
-    return resend(group, error, [this](AcquireBatchPtr b) { send_kind_group(std::move(b)); }, false);
-  }
 
   // The steps the store writes: a batch of exclusive acquisitions (one
-  // statement), a group of the other kinds' (one transaction), a group of
-  // renewals (`ttl` theirs without Dialect::ttl_per_lease), and a batch
-  // of releases (all exclusive, or all a kind's).
+  // statement), a group of renewals (`ttl` theirs without
+  // Dialect::ttl_per_lease), and a batch of releases (all exclusive, or
+  // all a kind's).
   virtual void acquire_batch(AcquireBatchPtr batch) = 0;
-  virtual void send_kind_group(AcquireBatchPtr group) = 0;
   virtual void renew_group(RenewBatchPtr batch, std::vector<std::size_t> members, std::chrono::milliseconds ttl,
                            bool kinds) = 0;
   virtual void release_batch(std::shared_ptr<ReleaseBatch> batch) = 0;
@@ -425,6 +428,34 @@ class RecipeStore : public StoreBase,
   Connections<Connection> connections_;
 
  private:
+  // The other kinds' acquisitions of one group, in one transaction: their
+  // lock rows locked, in name order, then each one's decision. A failure
+  // undid them all: a deadlock or a lock wait timeout sends it again.
+  void send_kind_group(AcquireBatchPtr group) {
+    const auto& l = group->locks;
+    std::vector<Call> calls;
+    calls.reserve(l.size() + 1);
+    calls.push_back({"lockwatch_lock_rows", {array_literal(l.size(), [&](std::size_t i) -> std::string_view {
+                       return l[i].name;
+                     })}});
+    for (const auto& a : l) {
+      const bool fair = a.kind.mode() == LockKind::Mode::kFair;
+      calls.push_back({fair ? "lockwatch_acquire_fair" : "lockwatch_acquire_kind",
+                       {to_hex(a.name), to_hex(a.token), std::to_string(micros(a.ttl)), to_hex(kinds::marker(a.kind)),
+                        fair ? channel_ : std::to_string(a.kind.permit_count())}});
+    }
+    auto outcomes = std::make_shared<std::vector<Acquired>>(l.size());
+    command_connection().execute_all(
+        std::move(calls),
+        [this, group, outcomes](std::size_t i, const Rows& rows) {
+          if (i > 0) (*outcomes)[i - 1] = kind_answer(group->locks[i - 1], rows, server());  // 0: the lock rows
+        },
+        [this, group, outcomes](const Rows&, const StoreError* err) {
+          if (err && resend(group, *err, [this](AcquireBatchPtr b) { send_kind_group(std::move(b)); }, false)) return;
+          if (err) return group->fail(*err);
+          for (std::size_t k = 0; k < group->locks.size(); ++k) group->locks[k].answer((*outcomes)[k]);
+        });
+  }
   // The turn's end: its acquisitions, then its releases.
   void turn_ended() {
     acquires_.flush();
