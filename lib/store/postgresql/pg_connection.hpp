@@ -12,14 +12,11 @@
 // before it; PQconsumeInput and PQgetResult, as far as PQisBusy allows,
 // read the answers in order. The loop never waits on the database.
 //
-// A connection first runs its session's set-up: the session settings
-// travel in the startup packet (TimeZone UTC, statement_timeout,
-// lock_timeout); a statements connection then prepares its statements,
-// which is also the check of the lock table (a missing table is created
-// once, with its holders' table, and the statements prepared again; a table without lockwatch's
-// columns or types fails the prepare, one without its key the planning of
-// an EXPLAIN, and the connection reports it);
-// a notices connection runs LISTEN. Requests wait for that.
+// A connection first runs its session's set-up (docs/stores.md,
+// "Connections"): a statements connection prepares its statements, the
+// table check (a missing table is created once, with its holders' table;
+// a table without its key fails the planning of an EXPLAIN); a notices
+// connection runs LISTEN. Requests wait for that.
 //
 // Failures are StoreErrors naming the server: a refused login is kAuth,
 // anything else that stops the connection kUnavailable; a statement the

@@ -514,13 +514,10 @@ void SqlConnection::went_down(const std::string& why, bool connection_error) {
   }
   handshake_.clear();
   dropped(why, err, was_connecting || !connection_error);
-  if (left_behind) {
-    // The store's other connections start again too, behind that thread's end.
-    std::vector<SqlConnection*> others = session_.stale->connections;
-    for (SqlConnection* c : others)
-      if (c != this && (c->state_ == State::kIdle || c->state_ == State::kBusy))
-        c->went_down("starting again behind a connection given up on with statements in flight", true);
-  }
+  if (left_behind)
+    session_.stale->restart_others(
+        this, [](const SqlConnection& c) { return c.state_ == State::kIdle || c.state_ == State::kBusy; },
+        [](SqlConnection& c, const char* why) { c.went_down(why, true); });
 }
 
 void SqlConnection::teardown() {
