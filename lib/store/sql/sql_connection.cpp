@@ -124,10 +124,10 @@ void SqlConnection::execute_all(std::vector<sqlcommon::Call> calls,
   if (!read.empty()) steps.push_back(std::move(read));
   run(std::move(steps), [each = std::move(each), done = std::move(done), at = std::move(at)](const SqlResult& r,
                                                                                             const StoreError* err) {
-    const bool whole = !err && r.rows.size() == 1 && r.rows[0].size() == at.back();
-    for (std::size_t k = 0; whole && k + 1 < at.size(); ++k) {
-      SqlResult one;  // its columns of the read
-      one.rows.emplace_back(r.rows[0].begin() + at[k], r.rows[0].begin() + at[k + 1]);
+    const bool whole = r.rows.size() == 1 && r.rows[0].size() == at.back();
+    for (std::size_t k = 0; !err && k + 1 < at.size(); ++k) {
+      SqlResult one;  // its columns of the read (none: no answer)
+      if (whole && at[k] < at[k + 1]) one.rows.emplace_back(r.rows[0].begin() + at[k], r.rows[0].begin() + at[k + 1]);
       each(k, one);
     }
     done(r, err);
