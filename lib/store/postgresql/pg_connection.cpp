@@ -81,10 +81,12 @@ PgConnection::~PgConnection() {
 }
 
 void PgConnection::execute(const std::string& statement, std::vector<std::string> params, PgDone done) {
-  execute_all({PgCall{statement, std::move(params)}}, {}, std::move(done));
+  std::vector<PgCall> calls;
+  for (const auto& s : session_.statements)
+    if (s.name == statement && !s.first.empty() && !params.empty()) calls.push_back({s.first, {params.front()}});
+  calls.push_back({statement, std::move(params)});
+  execute_all(std::move(calls), {}, std::move(done));
 }
-
-void PgConnection::execute_all(std::vector<PgCall> calls, PgDone done) { execute_all(std::move(calls), {}, std::move(done)); }
 
 void PgConnection::execute_all(std::vector<PgCall> calls, std::function<void(std::size_t, const PgRows&)> each,
                                PgDone done) {
@@ -558,13 +560,10 @@ void PgConnection::went_down(const StoreError& error, bool fail_queued) {
   // waits for the next attempt, unless this was an attempt (it waited for
   // this one) or the set-up was refused.
   dropped(error.message, error, was_connecting || fail_queued);
-  if (left_behind) {
-    // The store's other connections start again too, behind that process's end.
-    std::vector<PgConnection*> others = session_.stale->connections;
-    for (PgConnection* c : others)
-      if (c != this && (c->state_ == State::kReady || c->state_ == State::kHandshake))
-        c->went_down_unavailable("starting again behind a connection given up on with statements in flight");
-  }
+  if (left_behind)
+    session_.stale->restart_others(
+        this, [](const PgConnection& c) { return c.state_ == State::kReady || c.state_ == State::kHandshake; },
+        [](PgConnection& c, const char* why) { c.went_down_unavailable(why); });
 }
 
 void PgConnection::teardown(bool graceful) {

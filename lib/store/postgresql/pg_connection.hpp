@@ -12,14 +12,11 @@
 // before it; PQconsumeInput and PQgetResult, as far as PQisBusy allows,
 // read the answers in order. The loop never waits on the database.
 //
-// A connection first runs its session's set-up: the session settings
-// travel in the startup packet (TimeZone UTC, statement_timeout,
-// lock_timeout); a statements connection then prepares its statements,
-// which is also the check of the lock table (a missing table is created
-// once, with its holders' table, and the statements prepared again; a table without lockwatch's
-// columns or types fails the prepare, one without its key the planning of
-// an EXPLAIN, and the connection reports it);
-// a notices connection runs LISTEN. Requests wait for that.
+// A connection first runs its session's set-up (docs/stores.md,
+// "Connections"): a statements connection prepares its statements, the
+// table check (a missing table is created once, with its holders' table;
+// a table without its key fails the planning of an EXPLAIN); a notices
+// connection runs LISTEN. Requests wait for that.
 //
 // Failures are StoreErrors naming the server: a refused login is kAuth,
 // anything else that stops the connection kUnavailable; a statement the
@@ -68,20 +65,19 @@ class PgRows final : public sqlcommon::Rows {
 // the call only.
 using PgDone = std::function<void(const PgRows& rows, const StoreError* error)>;
 
-// A statement prepared at connect: its name, text, and the type (an OID)
-// of each parameter.
+// A statement prepared at connect: its name, text, the type (an OID) of
+// each parameter, and the statement (if any) that execute() runs before
+// it in the same transaction, on its first parameter.
 struct PgStatement {
   std::string name;
   std::string sql;
   std::vector<unsigned> param_types;
+  std::string first = {};
 };
 
 // One prepared statement of a transaction (execute_all) and its
 // parameters.
-struct PgCall {
-  std::string statement;
-  std::vector<std::string> params;
-};
+using PgCall = sqlcommon::Call;
 
 class PgConnection;
 using PgStaleBackends = sqlcommon::StaleSessions<PgConnection, int>;
@@ -127,16 +123,14 @@ class PgConnection final : public sqlcommon::ConnectionCore<PgRequest, PgRows> {
 
   // Loop thread only, from here on (start() first).
   // Runs the prepared statement `statement` with these parameters (text
-  // format, none NULL).
+  // format, none NULL), after its PgStatement::first in one transaction.
   void execute(const std::string& statement, std::vector<std::string> params, PgDone done);
   // Runs the statements as one transaction (one sync): each sees what the
   // ones before it did and locked (READ COMMITTED takes a snapshot per
   // statement), and the first that fails undoes them all and skips the
-  // rest. `done` gets the last statement's rows, or the first error.
-  void execute_all(std::vector<PgCall> calls, PgDone done);
-  // The same transaction, with every statement's rows: `each` is called
-  // once per statement, in order, before `done`, when all of them ran
-  // (never after an error, which `done` alone gets).
+  // rest. `done` gets the last statement's rows, or the first error; with
+  // `each`, it is called once per statement with its rows, in order,
+  // before `done`, when all of them ran (never after an error).
   void execute_all(std::vector<PgCall> calls, std::function<void(std::size_t, const PgRows&)> each, PgDone done);
   // Told each time the connection became usable (its set-up done: for a
   // notices connection, LISTEN confirmed).

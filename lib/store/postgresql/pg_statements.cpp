@@ -274,6 +274,10 @@ std::vector<PgStatement> pg_lock_statements(const std::string& t, const std::str
 // The clock, the scheduled jobs' claims and the operators' statements
 // (statements() below).
 std::vector<PgStatement> pg_operator_statements(const std::string& t, const std::string& h) {
+  constexpr std::string_view lock_rows =
+      "INSERT INTO {0} AS l (lock_name, owner, fence, expires_at) "
+      "SELECT n, '', 0, clock_timestamp() FROM (SELECT DISTINCT decode(x, 'hex') AS n "
+      "FROM unnest({1}) AS x) d ORDER BY n ON CONFLICT (lock_name) DO UPDATE SET fence = l.fence WHERE false";
   return {
       {"lockwatch_time", "SELECT (extract(epoch FROM clock_timestamp()) * 1000000)::int8", {}},
       // One conditional write; the select after it, in the same
@@ -307,26 +311,23 @@ std::vector<PgStatement> pg_operator_statements(const std::string& t, const std:
                    "AND owner <> '' AND expires_at > clock_timestamp() ORDER BY lock_name LIMIT $2::int8",
                    t),
        {kText, kInt8}},
-      // The rest run in transactions (execute_all) after
-      // lockwatch_lock_rows, which makes the names' lock rows if missing
-      // and locks them (ON CONFLICT locks a row even where its WHERE does
-      // not update it), in name order: every change to a name's holders
-      // is made by one transaction at a time, which reads them afresh (a
-      // statement of its own, so a snapshot taken after the lock).
-      {"lockwatch_lock_rows",
-       fmt::format("INSERT INTO {0} AS l (lock_name, owner, fence, expires_at) "
-                   "SELECT n, '', 0, clock_timestamp() FROM (SELECT DISTINCT decode(x, 'hex') AS n "
-                   "FROM unnest($1::text[]) AS x) d ORDER BY n "
-                   "ON CONFLICT (lock_name) DO UPDATE SET fence = l.fence WHERE false",
-                   t),
-       {kTextArray}},
+      // The rest run in transactions after lockwatch_lock_rows (of $1's
+      // names) or lockwatch_lock_row (of the name $1), which make the lock
+      // rows if missing and lock them (ON CONFLICT locks a row even where
+      // its WHERE does not update it), in name order: every change to a
+      // name's holders is made by one transaction at a time, which reads
+      // them afresh (a statement of its own, so a snapshot taken after the
+      // lock). PgStatement::first names which.
+      {"lockwatch_lock_rows", fmt::format(fmt::runtime(lock_rows), t, "$1::text[]"), {kTextArray}},
+      {"lockwatch_lock_row", fmt::format(fmt::runtime(lock_rows), t, "ARRAY[$1::text]"), {kText}},
       {"lockwatch_force_release",
        fmt::format("WITH d AS (DELETE FROM {1} WHERE lock_name = decode($1::text, 'hex') AND role <> 'q') "
                    "UPDATE {0} SET owner = '', expires_at = clock_timestamp() WHERE lock_name = decode($1::text, "
                    "'hex') AND owner <> '' AND expires_at > clock_timestamp() "
                    "RETURNING pg_notify($2::text, encode(lock_name, 'hex'))",
                    t, h),
-       {kText, kText}},
+       {kText, kText},
+       "lockwatch_lock_row"},
   };
 }
 
@@ -349,9 +350,12 @@ std::vector<PgStatement> pg_kind_statements(const std::string& t, const std::str
                    "AND (SELECT owner FROM q ORDER BY seq LIMIT 1) = c.token AND (SELECT count(*) FROM q) > 1 "
                    "THEN pg_notify($3::text, $1::text) END FROM c",
                    t, h),
-       {kText, kText, kText}},
-      {"lockwatch_renew_kind", renew_kind_sql(t, h), {kTextArray, kTextArray, kInt8Array, kTextArray}},
-      {"lockwatch_release_kind", release_kind_sql(t, h), {kTextArray, kTextArray, kTextArray, kBool, kText}},
+       {kText, kText, kText},
+       "lockwatch_lock_row"},
+      {"lockwatch_renew_kind", renew_kind_sql(t, h), {kTextArray, kTextArray, kInt8Array, kTextArray},
+       "lockwatch_lock_rows"},
+      {"lockwatch_release_kind", release_kind_sql(t, h), {kTextArray, kTextArray, kTextArray, kBool, kText},
+       "lockwatch_lock_rows"},
   };
 }
 

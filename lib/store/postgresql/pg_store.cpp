@@ -3,7 +3,6 @@
 #include <fmt/format.h>
 
 #include <optional>
-#include <type_traits>
 
 #include "store/kind_rules.hpp"
 #include "store/postgresql/pg_error.hpp"
@@ -17,36 +16,22 @@ namespace {
 
 // Names and tokens travel as hex text and are decoded by the server
 // (sqlcommon/values.hpp).
+using sqlcommon::array_literal;
 using sqlcommon::micros;
 using sqlcommon::to_hex;
 using sqlcommon::to_ll;
-using sqlcommon::to_micros;
 using sqlcommon::unhex;
-
-// A text[] literal of hex strings ({"6b31","6b32"}), or an int8[] one.
-template <class Get>
-std::string pg_array(std::size_t n, Get get) {
-  std::string out = "{";
-  for (std::size_t i = 0; i < n; ++i) {
-    if (i > 0) out += ',';
-    if constexpr (std::is_integral_v<decltype(get(i))>)
-      out += std::to_string(get(i));
-    else
-      out += '"' + to_hex(get(i)) + '"';
-  }
-  return out + '}';
-}
 
 // A batch's arrays: the names and tokens of the `n` locks lock(0)..,
 // then their ttls in µs (when the locks have one) and (with `markers`)
 // their kinds' markers.
 template <class Lock>
 std::vector<std::string> lock_arrays(std::size_t n, Lock lock, bool markers = false) {
-  std::vector<std::string> out{pg_array(n, [&](std::size_t i) -> std::string_view { return lock(i).name; }),
-                               pg_array(n, [&](std::size_t i) -> std::string_view { return lock(i).token; })};
+  std::vector<std::string> out{array_literal(n, [&](std::size_t i) -> std::string_view { return lock(i).name; }),
+                               array_literal(n, [&](std::size_t i) -> std::string_view { return lock(i).token; })};
   if constexpr (requires { lock(0).ttl; })
-    out.push_back(pg_array(n, [&](std::size_t i) { return micros(lock(i).ttl); }));
-  if (markers) out.push_back(pg_array(n, [&](std::size_t i) { return kinds::marker(lock(i).kind); }));
+    out.push_back(array_literal(n, [&](std::size_t i) { return micros(lock(i).ttl); }));
+  if (markers) out.push_back(array_literal(n, [&](std::size_t i) { return kinds::marker(lock(i).kind); }));
   return out;
 }
 
@@ -63,31 +48,11 @@ std::vector<Status> not_done(const PgRows& rows, std::size_t n, Status yes, Stat
   return status;
 }
 
-// Runs `call` on `conn` in one transaction after the lock rows of
-// `names` (a text[] of hex names) are locked, as every change to a
-// name's holders.
-void after_lock_rows(PgConnection& conn, std::string names, PgCall call, PgDone done) {
-  std::vector<PgCall> calls;
-  calls.push_back({"lockwatch_lock_rows", {std::move(names)}});
-  calls.push_back(std::move(call));
-  conn.execute_all(std::move(calls), std::move(done));
-}
-
 using sqlcommon::ms_up;
 
 std::string quoted(const std::string& table) { return "\"" + table + "\""; }
 
 }  // namespace
-
-StoreError PgStore::refusal(const sqlcommon::PendingAcquire& lock, std::string_view owner) const {
-  const LockKind held = kinds::kind_of_marker(owner);
-  const auto permits = [](LockKind k) { return fmt::format("{} permit(s)", k.permit_count()); };
-  return StoreError::invalid(
-      target_.name(),
-      fmt::format("{} is held as {}; this call asked for it {}", lock.name,
-                  held.mode() == LockKind::Mode::kPermits ? "a semaphore of " + permits(held) : held.describe(),
-                  lock.kind.mode() == LockKind::Mode::kPermits ? permits(lock.kind) : lock.kind.describe()));
-}
 
 std::string PgStore::table_definition(const std::string& table) {
   return fmt::format(
@@ -122,9 +87,8 @@ PgStore::PgStore(Loop& loop, PgTarget target, const sqlcommon::SqlSettings& sett
     : RecipeStore(loop, settings, kDialect,
                   "the lock name (key_prefix + key) is longer than the 255 bytes the PostgreSQL lock table's "
                   "lock_name takes",
-                  true),
-      target_(std::move(target)),
-      channel_(target_.channel()) {
+                  target.channel()),
+      target_(std::move(target)) {
   offer({.fence_raising = this, .job_claims = this, .operator_tools = this, .lock_listing = this, .fair_queue = this});
   PgSession session;
   session.statements = pg_statements(quoted(target_.table), quoted(target_.holders_table()),
@@ -145,59 +109,7 @@ PgStore::PgStore(Loop& loop, PgTarget target, const sqlcommon::SqlSettings& sett
 
 PgStore::~PgStore() = default;
 
-void PgStore::turn_ended() {
-  acquires_.flush();
-  send_releases();
-}
-
 // ---- acquire
-
-// The kinds' acquisitions of one loop turn (a set's keys among them), in
-// name order, go in one transaction per group: their lock rows locked,
-// then each one's decision (see statements()), one statement each.
-void PgStore::send_kind_group(AcquireBatchPtr group) {
-  const auto& l = group->locks;
-  std::vector<PgCall> calls;
-  calls.reserve(l.size() + 1);
-  calls.push_back({"lockwatch_lock_rows", {pg_array(l.size(), [&](std::size_t i) -> std::string_view {
-                     return l[i].name;
-                   })}});
-  for (const auto& a : l) {
-    const bool fair = a.kind.mode() == LockKind::Mode::kFair;
-    calls.push_back({fair ? "lockwatch_acquire_fair" : "lockwatch_acquire_kind",
-                     {to_hex(a.name), to_hex(a.token), std::to_string(micros(a.ttl)), to_hex(kinds::marker(a.kind)),
-                      fair ? channel_ : std::to_string(a.kind.permit_count())}});
-  }
-  auto outcomes = std::make_shared<std::vector<Acquired>>(l.size());
-  command_connection().execute_all(
-      std::move(calls),
-      [this, group, outcomes](std::size_t i, const PgRows& rows) {
-        if (i == 0) return;  // the lock rows
-        (*outcomes)[i - 1] = kind_outcome(group->locks[i - 1], rows);
-      },
-      [this, group, outcomes](const PgRows&, const StoreError* err) {
-        if (err) {
-          if (!kind_group_resent(group, *err)) group->fail(*err);
-          return;
-        }
-        for (std::size_t k = 0; k < group->locks.size(); ++k) group->locks[k].answer((*outcomes)[k]);
-      });
-}
-
-// One kind decision's row: verdict, fence, busy µs, the lock row's owner.
-Acquired PgStore::kind_outcome(const sqlcommon::PendingAcquire& a, const PgRows& rows) const {
-  if (rows.size() != 1 || rows.null(0, 0) || rows.null(0, 1)) {
-    Acquired out;
-    out.error = pg_statement_error(target_.name(), "", "no answer to the acquisition");
-    return out;
-  }
-  using sqlcommon::Verdict;
-  const std::string_view v = rows.at(0, 0);
-  const Verdict verdict = v == "t" || v == "r" ? Verdict::kTaken : v == "b" ? Verdict::kBusy : Verdict::kRefused;
-  return sqlcommon::kind_outcome(
-      a, verdict, static_cast<std::uint64_t>(to_ll(rows.at(0, 1))), rows.maybe(0, 2),
-      [&] { return refusal(a, rows.bytes(0, 3)); });
-}
 
 void PgStore::acquire_batch(AcquireBatchPtr batch) {
   const auto& l = batch->locks;
@@ -224,7 +136,7 @@ void PgStore::acquire_batch(AcquireBatchPtr batch) {
         std::string owner;
         const auto& lock = batch->locks[i];
         if (!rows.null(r, 3) && unhex(rows.at(r, 3), owner))
-          sqlcommon::exclusive_busy(out, lock, owner, [&] { return refusal(lock, owner); });
+          sqlcommon::exclusive_busy(out, lock, owner, target_.name());
       }
       batch->locks[i].answer(out);
     }
@@ -249,44 +161,11 @@ void PgStore::renew_group(sqlcommon::RenewBatchPtr batch, std::vector<std::size_
     auto status = not_done(rows, members.size(), Renewed::kYes, Renewed::kTakenByOther, Renewed::kGone);
     for (std::size_t k = 0; k < members.size(); ++k) batch->done(members[k], status[k], nullptr);
   };
-  if (!kinds) return connections_.renew->execute("lockwatch_renew", std::move(params), std::move(answered));
-  std::string names = params[0];
-  after_lock_rows(*connections_.renew, std::move(names), {"lockwatch_renew_kind", std::move(params)},
-                  std::move(answered));
+  connections_.renew->execute(kinds ? "lockwatch_renew_kind" : "lockwatch_renew", std::move(params),
+                              std::move(answered));
 }
 
 // ---- release
-
-// The exclusive ones wait for the turn's end; a kind's go at once, in
-// one transaction.
-void PgStore::release(std::span<const LockRef> locks, bool notify, ReleaseDone done) {
-  auto& queue = notify ? releases_ : quiet_releases_;
-  auto kinds = std::make_shared<ReleaseBatch>();
-  kinds->notify = notify;
-  sqlcommon::split_releases(locks, std::move(done), queue, kinds->locks);
-  if (!kinds->locks.empty()) {
-    sqlcommon::by_name(kinds->locks);
-    release_batch(std::move(kinds));
-  }
-  if (!queue.empty()) turn_end_.request();
-}
-
-void PgStore::send_releases() {
-  for (bool notify : {true, false}) {
-    auto& queue = notify ? releases_ : quiet_releases_;
-    if (queue.empty()) continue;
-    std::vector<PendingRelease> all = std::move(queue);
-    queue.clear();
-    // In name order, as the other statements lock rows.
-    sqlcommon::by_name(all);
-    sqlcommon::in_chunks(all, [this, notify](std::vector<PendingRelease> part) {
-      auto batch = std::make_shared<ReleaseBatch>();
-      batch->notify = notify;
-      batch->locks = std::move(part);
-      release_batch(std::move(batch));
-    });
-  }
-}
 
 void PgStore::release_batch(std::shared_ptr<ReleaseBatch> batch) {
   const auto& l = batch->locks;
@@ -304,10 +183,8 @@ void PgStore::release_batch(std::shared_ptr<ReleaseBatch> batch) {
     auto status = not_done(rows, batch->locks.size(), Released::kYes, Released::kTakenByOther, Released::kGone);
     for (std::size_t k = 0; k < status.size(); ++k) batch->locks[k].answer(status[k], nullptr);
   };
-  if (!of_kinds) return command_connection().execute("lockwatch_release", std::move(params), std::move(answered));
-  std::string names = params[0];
-  after_lock_rows(command_connection(), std::move(names), {"lockwatch_release_kind", std::move(params)},
-                  std::move(answered));
+  command_connection().execute(of_kinds ? "lockwatch_release_kind" : "lockwatch_release", std::move(params),
+                               std::move(answered));
 }
 
 // ---- the rest
@@ -315,60 +192,6 @@ void PgStore::release_batch(std::shared_ptr<ReleaseBatch> batch) {
 void PgStore::raise_fence(std::string_view name, std::uint64_t fence, RaiseDone done) {
   command_connection().execute("lockwatch_raise_fence", {to_hex(name), std::to_string(fence)},
                                [done = std::move(done)](const PgRows&, const StoreError* err) { done(!err); });
-}
-
-void PgStore::server_time(TimeDone done) {
-  command_connection().execute("lockwatch_time", {}, [this, done = std::move(done)](const PgRows& rows,
-                                                                                    const StoreError* err) {
-    answer_time(rows, err, pg_statement_error(target_.name(), "", "no answer to clock_timestamp()"), done);
-  });
-}
-
-void PgStore::claim_period(std::string_view name, std::string_view token, std::int64_t period,
-                           std::chrono::system_clock::time_point start, ClaimDone done) {
-  std::vector<std::string> params{to_hex(name), to_hex(token), std::to_string(period), std::to_string(to_micros(start))};
-  command_connection().execute(
-      "lockwatch_claim", std::move(params),
-      [this, period, done = std::move(done)](const PgRows& rows, const StoreError* err) {
-        ClaimResult out;
-        if (err || rows.size() != 1) {
-          out.error = err ? *err : pg_statement_error(target_.name(), "", "no answer to the claim");
-          return done(out);
-        }
-        sqlcommon::read_claim(out, rows, 1, rows.at(0, 0) == "1", period);
-        done(out);
-      });
-}
-
-void PgStore::inspect(std::string_view name, InspectDone done) {
-  // The lock row, then (a kind's marker in it) the live holders' rows, in
-  // one round trip: both statements go out together.
-  auto answer = std::make_shared<sqlcommon::Inspection>(std::move(done));
-  PgConnection& conn = command_connection();
-  conn.execute("lockwatch_inspect", {to_hex(name)},
-               [answer](const PgRows& rows, const StoreError* err) { answer->lock_answer(rows, err); });
-  conn.execute("lockwatch_holders", {to_hex(name)},
-               [answer](const PgRows& rows, const StoreError* err) { answer->holders_answer(rows, err); });
-}
-
-void PgStore::list_names(std::string pattern, std::size_t limit, RowsDone done) {
-  command_connection().execute("lockwatch_list", {to_hex(pattern), std::to_string(limit)}, std::move(done));
-}
-
-void PgStore::force_release(std::string_view name, ForceDone done) {
-  // The holders' rows go too: after the lock row is locked, as every
-  // change to them.
-  after_lock_rows(command_connection(), pg_array(1, [&](std::size_t) { return name; }),
-                  {"lockwatch_force_release", {to_hex(name), channel_}},
-                  [done = std::move(done)](const PgRows& rows, const StoreError* err) {
-                    done(!err && rows.size() == 1, err);
-                  });
-}
-
-void PgStore::withdraw(const LockRef& lock, WithdrawDone done) {
-  after_lock_rows(command_connection(), pg_array(1, [&](std::size_t) { return lock.name; }),
-                  {"lockwatch_withdraw", {to_hex(lock.name), to_hex(lock.token), channel_}},
-                  [done = std::move(done)](const PgRows&, const StoreError* err) { done(err); });
 }
 
 // ---- release notices

@@ -1,5 +1,6 @@
 #include "store/sql/sql_connection.hpp"
 #include "store/sql/sql_error.hpp"
+#include "store/sql/sql_literals.hpp"
 
 #include <errmsg.h>
 #include <mysql.h>
@@ -67,6 +68,70 @@ void SqlConnection::query(std::string sql, SqlDone done) {
   if (refused_closed(done)) return;
   queue_.push_back(Request{std::move(sql), std::move(done)});
   if (state_ == State::kIdle) kick();
+}
+
+void SqlConnection::run(std::vector<std::string> steps, SqlDone done) {
+  if (steps.size() == 1) return query(std::move(steps.front()), std::move(done));
+  struct Steps {
+    bool failed = false;
+    SqlDone done;
+  };
+  auto shared = std::make_shared<Steps>(Steps{false, std::move(done)});
+  for (std::size_t i = 0; i < steps.size(); ++i)
+    query(std::move(steps[i]), [shared, last = i + 1 == steps.size()](const SqlResult& r, const StoreError* err) {
+      if (shared->failed || (!last && !err)) return;
+      shared->failed = err != nullptr;
+      shared->done(r, err);
+    });
+}
+
+// The session's statement `name`; none (`done` then failed, on the next
+// turn) cannot be: the store names its own.
+const SqlStatement* SqlConnection::statement(const std::string& name, SqlDone& done) {
+  for (const auto& s : session_.statements)
+    if (s.name == name) return &s;
+  loop_.post([done = std::move(done), err = unavailable("no statement " + name)] { done(SqlResult{}, &err); });
+  return nullptr;
+}
+
+void SqlConnection::execute(const std::string& name, const std::vector<std::string>& params, SqlDone done) {
+  const SqlStatement* s = statement(name, done);
+  if (s == nullptr) return;
+  std::vector<std::string> steps;
+  for (const auto& step : s->steps) steps.push_back(sql::fill(step, s->types, params));
+  run(std::move(steps), std::move(done));
+}
+
+void SqlConnection::execute_all(std::vector<sqlcommon::Call> calls,
+                                std::function<void(std::size_t, const SqlResult&)> each, SqlDone done) {
+  // Each answer's values are kept in session variables of their own
+  // (@lw_a<column>), all read by the next statement of the round trip.
+  std::string body, read;
+  std::vector<std::size_t> at{0};  // each call's first column in the read, then the end
+  for (const auto& call : calls) {
+    const SqlStatement* s = statement(call.statement, done);
+    if (s == nullptr) return;
+    body += sql::fill(s->steps.front(), s->types, call.params);
+    std::size_t column = at.back();
+    for (const auto& expr : s->answer) {
+      body += fmt::format(" SET @lw_a{} = {};", column, expr);
+      read += fmt::format("{}@lw_a{}", column == 0 ? "SELECT " : ", ", column);
+      ++column;
+    }
+    at.push_back(column);
+  }
+  std::vector<std::string> steps{sql::transaction(body)};
+  if (!read.empty()) steps.push_back(std::move(read));
+  run(std::move(steps), [each = std::move(each), done = std::move(done), at = std::move(at)](const SqlResult& r,
+                                                                                            const StoreError* err) {
+    const bool whole = r.rows.size() == 1 && r.rows[0].size() == at.back();
+    for (std::size_t k = 0; !err && k + 1 < at.size(); ++k) {
+      SqlResult one;  // its columns of the read (none: no answer)
+      if (whole && at[k] < at[k + 1]) one.rows.emplace_back(r.rows[0].begin() + at[k], r.rows[0].begin() + at[k + 1]);
+      each(k, one);
+    }
+    done(r, err);
+  });
 }
 
 // A host name is looked up on libuv's thread pool (the client library's
@@ -382,7 +447,12 @@ void SqlConnection::statement_failed() {
   // The server refused this statement; the connection is fine and the
   // statements after it in the round trip were not run.
   phase_ = Phase::kNone;
-  const StoreError err = sql_error(name_, code, last_error_);
+  StoreError err = sql_error(name_, code, last_error_);
+  if (code == ER_PARSE_ERROR && inflight_.front().sql.starts_with(sql::kCompound))
+    // A server without MariaDB's compound statements (MySQL): say what is
+    // missing rather than only where the syntax broke.
+    err.message = "shared, permit and fair locks need MariaDB's compound statements (BEGIN NOT ATOMIC), which "
+                  "this server does not take: " + err.message;
   answer_front(SqlResult{}, &err);
 }
 
@@ -444,13 +514,10 @@ void SqlConnection::went_down(const std::string& why, bool connection_error) {
   }
   handshake_.clear();
   dropped(why, err, was_connecting || !connection_error);
-  if (left_behind) {
-    // The store's other connections start again too, behind that thread's end.
-    std::vector<SqlConnection*> others = session_.stale->connections;
-    for (SqlConnection* c : others)
-      if (c != this && (c->state_ == State::kIdle || c->state_ == State::kBusy))
-        c->went_down("starting again behind a connection given up on with statements in flight", true);
-  }
+  if (left_behind)
+    session_.stale->restart_others(
+        this, [](const SqlConnection& c) { return c.state_ == State::kIdle || c.state_ == State::kBusy; },
+        [](SqlConnection& c, const char* why) { c.went_down(why, true); });
 }
 
 void SqlConnection::teardown() {

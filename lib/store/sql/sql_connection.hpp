@@ -69,6 +69,20 @@ using SqlDone = std::function<void(const SqlResult& result, const StoreError* er
 class SqlConnection;
 using SqlStaleThreads = sqlcommon::StaleSessions<SqlConnection, unsigned long>;
 
+// A named statement (sqlcommon/sql_recipe.hpp lists the recipe's): its
+// steps, sent in order in one round trip, the last one's answer the
+// statement's; each $1..$9 in them is filled with that parameter as
+// `types` says ('x' hex text, written as X'..'; 'n' a number), or NULL
+// when the parameter is not one (sql::fill()). In a transaction
+// (execute_all()) its first step is part of one compound statement, and
+// its answer the values of `answer`'s expressions after it.
+struct SqlStatement {
+  std::string name;
+  std::string types;
+  std::vector<std::string> steps;
+  std::vector<std::string> answer = {};
+};
+
 // What a connection runs before it takes requests: the stale threads
 // ended, `setup` statements in order, then `check` (a SELECT of the
 // table's columns); when the server says the table is missing (1146),
@@ -82,6 +96,7 @@ struct SqlSession {
   // added since (ALTER TABLE ... ADD COLUMN IF NOT EXISTS each).
   std::vector<std::string> migrate;
   std::string table;  // for messages
+  std::vector<SqlStatement> statements;
 };
 
 // A statement on a connection, kept until it is answered.
@@ -98,6 +113,17 @@ class SqlConnection final : public sqlcommon::ConnectionCore<SqlRequest, SqlResu
   // Loop thread only, from here on: its own timer, then ConnectionCore's.
   void start();
   void query(std::string sql, SqlDone done);
+  // Sends `steps` in order (one round trip, as far as kMaxBatch allows):
+  // `done` gets the last one's answer, or the first failure (the steps
+  // after it run, unanswered).
+  void run(std::vector<std::string> steps, SqlDone done);
+  // The session's statement `name` (SqlStatement) with these parameters.
+  void execute(const std::string& name, const std::vector<std::string>& params, SqlDone done);
+  // The statements as one transaction (one compound statement, then the
+  // read of their answers): `each` gets each one's answer, in order,
+  // before `done` (never after an error, which `done` alone gets).
+  void execute_all(std::vector<sqlcommon::Call> calls, std::function<void(std::size_t, const SqlResult&)> each,
+                   SqlDone done);
   // Stops reconnecting, fails what is pending, closes the handles. The loop
   // then drains (Loop::shutdown): the object may be destroyed once the loop
   // has stopped.
@@ -115,6 +141,7 @@ class SqlConnection final : public sqlcommon::ConnectionCore<SqlRequest, SqlResu
   void attempt_timed_out() override;
   RequestTimer::Clock::time_point unanswered_since() const override;
   void overdue() override;
+  const SqlStatement* statement(const std::string& name, SqlDone& done);
   void connect();
   void connect_to(const std::string& host);
   void connected();

@@ -25,19 +25,6 @@ constexpr std::chrono::milliseconds kWaiterMarkLife{2000};
 // for long if the marked waiter is gone.
 constexpr std::chrono::milliseconds kMarkedRowRetry{100};
 
-// A time point as a DATETIME(6) literal in UTC (the sessions' time zone).
-std::string datetime_literal(std::chrono::system_clock::time_point t) {
-  auto us = std::chrono::duration_cast<std::chrono::microseconds>(t.time_since_epoch()).count();
-  if (us < 0) us = 0;
-  auto days = std::chrono::floor<std::chrono::days>(std::chrono::sys_time<std::chrono::microseconds>(std::chrono::microseconds(us)));
-  std::chrono::year_month_day ymd{days};
-  long long in_day = us - std::chrono::duration_cast<std::chrono::microseconds>(days.time_since_epoch()).count();
-  long long secs = in_day / 1000000;
-  return fmt::format("'{:04}-{:02}-{:02} {:02}:{:02}:{:02}.{:06}'", static_cast<int>(ymd.year()),
-                     static_cast<unsigned>(ymd.month()), static_cast<unsigned>(ymd.day()), secs / 3600, secs / 60 % 60,
-                     secs % 60, in_day % 1000000);
-}
-
 }  // namespace
 
 std::string SqlStore::table_definition(const std::string& table) {
@@ -91,7 +78,7 @@ SqlStore::SqlStore(Loop& loop, SqlTarget target, const sqlcommon::SqlSettings& s
     : RecipeStore(loop, settings, kDialect,
                   "the lock name (key_prefix + key) is longer than the 255 bytes of the SQL lock table's lock_name "
                   "column",
-                  false),
+                  ""),
       owner_name_(sql::hex(settings.owner_name)), waiter_id_(TokenGenerator().next().str()),
       target_(std::move(target)), table_("`" + target_.table + "`"),
       holders_("`" + target_.table + "_holders`") {
@@ -115,29 +102,11 @@ SqlStore::SqlStore(Loop& loop, SqlTarget target, const sqlcommon::SqlSettings& s
   session.migrate = migrations(target_.table);
   session.table = fmt::format("{}.{}", target_.database, target_.table);
   session.stale = std::make_shared<SqlStaleThreads>();
+  session.statements = statements();
   connections_.make(loop, target_, settings_, session);
 }
 
 SqlStore::~SqlStore() = default;
-
-void SqlStore::write_then_read(SqlConnection& conn, std::string write, std::function<void(const StoreError&)> failed,
-                               std::string read, ReadDone answered) {
-  struct Write {
-    bool failed = false;
-    std::uint64_t affected = 0;
-  };
-  auto w = std::make_shared<Write>();
-  conn.query(std::move(write), [w, failed = std::move(failed)](const SqlResult& r, const StoreError* err) {
-    w->affected = r.affected;
-    if (!err) return;
-    w->failed = true;
-    failed(*err);
-  });
-  conn.query(std::move(read), [w, answered = std::move(answered)](const SqlResult& r, const StoreError* err) {
-    if (w->failed) return;  // answered by the write's failure (or sent again)
-    answered(w->affected, r, err);
-  });
-}
 
 void SqlStore::read_holders(SqlConnection& conn, const std::string& names,
                             std::function<void(const RowHolders&, const StoreError*)> done) {
@@ -203,17 +172,16 @@ void SqlStore::acquire_batch(AcquireBatchPtr batch) {
       "SELECT lock_name, owner, fence, GREATEST(TIMESTAMPDIFF(MICROSECOND, NOW(6), expires_at), 0), waiter, "
       "IFNULL(GREATEST(TIMESTAMPDIFF(MICROSECOND, NOW(6), waiter_until), 0), 0) FROM {} WHERE lock_name IN ({})",
       table_, names);
-  // The insert's failure answers the batch (or sends it again); the
-  // report answers it otherwise.
-  write_then_read(
-      command_connection(), std::move(insert),
-      [this, batch](const StoreError& err) { acquire_failed(batch, err); },
-      std::move(report),
-      [this, batch](std::uint64_t, const SqlResult& r, const StoreError* err) { acquire_reported(batch, r, err); });
+  // A failure answers the batch (or sends it again); the report answers
+  // it otherwise.
+  command_connection().run({std::move(insert), std::move(report)},
+                           [this, batch](const SqlResult& r, const StoreError* err) {
+                             if (err) return acquire_failed(batch, *err);
+                             acquire_reported(batch, r);
+                           });
 }
 
-void SqlStore::acquire_reported(const AcquireBatchPtr& batch, const SqlResult& r, const StoreError* err) {
-  if (err) return batch->fail(*err);
+void SqlStore::acquire_reported(const AcquireBatchPtr& batch, const SqlResult& r) {
   std::map<std::string_view, const std::vector<std::string>*> rows;
   for (const auto& row : r.rows)
     if (row.size() == 6) rows[row[0]] = &row;
@@ -244,7 +212,7 @@ void SqlStore::acquire_reported(const AcquireBatchPtr& batch, const SqlResult& r
     // Readers hold it (the writer leaves its mark), or another kind does.
     const std::string_view owner = row[1];
     if (owner == kSharedMarker || (us > 0 && (owner == kFairMarker || owner.starts_with(kPermitsMarker)))) {
-      auto mark = sqlcommon::exclusive_busy(out, l, owner, [&] { return refusal(l, owner); });
+      auto mark = sqlcommon::exclusive_busy(out, l, owner, target_.name());
       if (mark) marks.emplace_back(l.name, *mark);
     }
   }
@@ -319,47 +287,36 @@ SqlStore::Standing SqlStore::standing(const RowHolders& rows, std::string_view n
   return it->second.owner == token ? Standing::kOurs : Standing::kOther;
 }
 
-// The exclusive releases one statement carries.
-struct SqlStore::ReleaseBatch : sqlcommon::ReleaseBatch {
-  RowHolders before;
-  std::string names;  // the names as the statements list them
-};
-
-void SqlStore::release(std::span<const LockRef> locks, bool /*notify: no release notices on SQL*/, ReleaseDone done) {
-  std::vector<sqlcommon::PendingRelease> exclusive, kinds;
-  sqlcommon::split_releases(locks, std::move(done), exclusive, kinds);
-  if (!kinds.empty()) release_kinds(std::move(kinds));
-  // kChunk a statement: its text stays far below max_allowed_packet.
-  sqlcommon::in_chunks(exclusive, [this](std::vector<sqlcommon::PendingRelease> part) {
-    auto batch = std::make_shared<ReleaseBatch>();
-    batch->locks = std::move(part);
-    std::vector<std::size_t> all(batch->locks.size());
-    std::iota(all.begin(), all.end(), 0);
-    RenewalLists lists(batch->locks, all);
-    batch->names = std::move(lists.names);
-    SqlConnection& conn = command_connection();
-    // In one round trip: who holds each lock, then the release of those
-    // that are ours. The read before only names the outcome; the write
-    // decides (only rows still ours and unexpired are released).
-    read_holders(conn, batch->names, [batch](const RowHolders& rows, const StoreError* err) {
-      if (!err) batch->before = rows;  // else the update fails too and answers
-    });
-    conn.query(
-        fmt::format("UPDATE {} SET owner = '', expires_at = NOW(6) WHERE lock_name IN ({}) AND expires_at > NOW(6) "
-                    "AND (lock_name, owner) IN ({})",
-                    table_, batch->names, lists.pairs),
-        [this, batch](const SqlResult& r, const StoreError* err) { release_answered(batch, r, err); });
+void SqlStore::release_batch(std::shared_ptr<ReleaseBatch> batch) {
+  if (!batch->locks.front().kind.exclusive_kind()) return release_kinds(batch->locks);
+  std::vector<std::size_t> all(batch->locks.size());
+  std::iota(all.begin(), all.end(), 0);
+  const RenewalLists lists(batch->locks, all);
+  SqlConnection& conn = command_connection();
+  // In one round trip: who holds each lock, then the release of those
+  // that are ours. The read before only names the outcome; the write
+  // decides (only rows still ours and unexpired are released).
+  read_holders(conn, lists.names, [batch](const RowHolders& rows, const StoreError* err) {
+    if (err) return;  // the update fails too and answers
+    for (const auto& l : batch->locks) batch->before.push_back(static_cast<int>(standing(rows, l.name, l.token)));
   });
+  conn.query(fmt::format("UPDATE {} SET owner = '', expires_at = NOW(6) WHERE lock_name IN ({}) "
+                         "AND expires_at > NOW(6) AND (lock_name, owner) IN ({})",
+                         table_, lists.names, lists.pairs),
+             [this, batch](const SqlResult& r, const StoreError* err) { release_answered(batch, r, err); });
 }
 
 void SqlStore::release_answered(const std::shared_ptr<ReleaseBatch>& batch, const SqlResult& r, const StoreError* err) {
   if (err) return batch->answer(Released::kUnconfirmed, err);
-  std::vector<Standing> before;
-  for (const auto& l : batch->locks) before.push_back(standing(batch->before, l.name, l.token));
-  if (r.affected == static_cast<std::size_t>(std::count(before.begin(), before.end(), Standing::kOurs))) {
+  auto before = [&](std::size_t k) {
+    return k < batch->before.size() ? static_cast<Standing>(batch->before[k]) : Standing::kNone;
+  };
+  std::size_t ours = 0;
+  for (std::size_t k = 0; k < batch->locks.size(); ++k) ours += before(k) == Standing::kOurs;
+  if (r.affected == ours) {
     for (std::size_t k = 0; k < batch->locks.size(); ++k)
-      batch->locks[k].answer(before[k] == Standing::kOurs    ? Released::kYes
-                             : before[k] == Standing::kOther ? Released::kTakenByOther
+      batch->locks[k].answer(before(k) == Standing::kOurs    ? Released::kYes
+                             : before(k) == Standing::kOther ? Released::kTakenByOther
                                                              : Released::kGone,
                              nullptr);
     return;
@@ -367,7 +324,10 @@ void SqlStore::release_answered(const std::shared_ptr<ReleaseBatch>& batch, cons
   // A lock expired between the read and the write: read again. A row
   // still ours was not released (it expired); another owner's took it
   // since; an emptied row was released by us.
-  read_holders(command_connection(), batch->names, [batch](const RowHolders& rows, const StoreError* e2) {
+  std::vector<std::size_t> all(batch->locks.size());
+  std::iota(all.begin(), all.end(), 0);
+  read_holders(command_connection(), RenewalLists(batch->locks, all).names, [batch](const RowHolders& rows,
+                                                                                  const StoreError* e2) {
     for (const auto& l : batch->locks) {
       auto it = rows.find(l.name);
       Released st = Released::kGone;
@@ -382,101 +342,76 @@ void SqlStore::release_answered(const std::shared_ptr<ReleaseBatch>& batch, cons
   });
 }
 
-void SqlStore::server_time(TimeDone done) {
-  command_connection().query("SELECT UNIX_TIMESTAMP(NOW(6))", [this, done = std::move(done)](const SqlResult& r,
-                                                                                              const StoreError* err) {
-    answer_time(r, err, sql_error(target_.name(), 0, "no answer to NOW(6)"), done);
-  });
-}
-
-void SqlStore::claim_period(std::string_view name, std::string_view token, std::int64_t period,
-                            std::chrono::system_clock::time_point start, ClaimDone done) {
-  // The claim is one conditional write: the lease is ours and unexpired,
-  // the store's clock has reached the period's start, and no period as
-  // late was run. The select after it (same round trip) reads the clock
-  // and, when the write did nothing, which condition failed.
-  std::string n = hex(name);
-  std::string t = hex(token);
-  auto failed = [done](const StoreError& err) {
-    ClaimResult out;
-    out.error = err;
-    done(out);
-  };
-  write_then_read(
-      command_connection(),
-      fmt::format("UPDATE {} SET last_period = {} WHERE lock_name = {} AND owner = {} AND expires_at > NOW(6) "
-                  "AND NOW(6) >= {} AND (last_period IS NULL OR last_period < {})",
-                  table_, period, n, t, datetime_literal(start), period),
-      failed,
-      fmt::format("SELECT UNIX_TIMESTAMP(NOW(6)), owner = {} AND expires_at > NOW(6), NOW(6) >= {}, "
-                  "IFNULL(last_period, '') FROM {} WHERE lock_name = {}",
-                  t, datetime_literal(start), table_, n),
-      [this, period, done, failed](std::uint64_t affected, const SqlResult& r, const StoreError* err) {
-        if (err) return failed(*err);
-        ClaimResult out;
-        if (r.rows.empty() || r.rows[0].size() != 4) {
-          // No row: the job's lock is not there at all.
-          if (affected == 1) return failed(sql_error(target_.name(), 0, "the claimed period's row is gone"));
-          out.status = ClaimResult::Status::kNotLeader;
-          out.store_time = std::chrono::system_clock::now();
-          return done(out);
-        }
-        sqlcommon::read_claim(out, r, 0, affected == 1, period);
-        done(out);
-      });
-}
-
-void SqlStore::inspect(std::string_view name, InspectDone done) {
+std::vector<SqlStatement> SqlStore::statements() const {
+  // The claim's start, in µs since the epoch, on the sessions' UTC clock.
+  constexpr std::string_view start = "TIMESTAMP '1970-01-01 00:00:00' + INTERVAL $4 MICROSECOND";
   // A key held by shared, permit or fair holders shows their latest
   // deadline, its owner the marker; fair waiters alone do not hold it.
-  // Then, in the same round trip, the live holders of those kinds, each
-  // with its owner name and grant time (the row's own for exclusive).
-  auto answer = std::make_shared<sqlcommon::Inspection>(std::move(done));
-  SqlConnection& conn = command_connection();
-  conn.query(
-      fmt::format("SELECT GREATEST(TIMESTAMPDIFF(MICROSECOND, NOW(6), IF(owner LIKE '{}%', (SELECT MAX(h.expires_at) "
-                  "FROM {} h WHERE h.lock_name = l.lock_name AND h.role IN ('r', 'p', 'f')), expires_at)), 0), fence, "
-                  "owner, owner_name, UNIX_TIMESTAMP(granted_at), TIMESTAMPDIFF(MICROSECOND, granted_at, NOW(6)) "
-                  "FROM {} l WHERE lock_name = {}",
-                  sql::kMarkerPrefix, holders_, table_, hex(name)),
-      [answer](const SqlResult& r, const StoreError* err) { answer->lock_answer(r, err); });
-  conn.query(fmt::format("SELECT owner, owner_name, UNIX_TIMESTAMP(granted_at), TIMESTAMPDIFF(MICROSECOND, granted_at, "
-                         "NOW(6)) FROM {} WHERE lock_name = {} AND role IN ('r', 'p', 'f') AND expires_at > NOW(6) "
-                         "ORDER BY granted_at",
-                         holders_, hex(name)),
-             [answer](const SqlResult& r, const StoreError* err) { answer->holders_answer(r, err); });
-}
-
-void SqlStore::list_names(std::string pattern, std::size_t limit, RowsDone done) {
-  command_connection().query(
-      fmt::format("SELECT lock_name FROM {} WHERE lock_name LIKE {} AND owner <> '' AND expires_at > NOW(6) "
-                  "ORDER BY lock_name LIMIT {}",
-                  table_, hex(pattern), limit),
-      std::move(done));
-}
-
-void SqlStore::force_release(std::string_view name, ForceDone done) {
-  // One transaction on the lock's row: whether anyone held it, then the
-  // holders and the writer's mark gone and the row freed. Fair waiters keep
-  // their places (and the row its marker while they wait).
-  const std::string n = hex(name);
-  std::string body = fmt::format(
-      "SET @lw_was = 0; "
-      "SELECT COUNT(*) INTO @lw_row FROM {0} WHERE lock_name = {2} FOR UPDATE; "
-      "SELECT COUNT(*) INTO @lw_holders FROM {1} WHERE lock_name = {2} AND role IN ('r', 'p', 'f') "
-      "AND expires_at > NOW(6); "
-      "SELECT COUNT(*) INTO @lw_was FROM {0} WHERE lock_name = {2} AND owner <> '' AND expires_at > NOW(6) "
-      "AND (owner NOT LIKE '{3}%' OR @lw_holders > 0); "
-      "DELETE FROM {1} WHERE lock_name = {2} AND role IN ('r', 'p', 'f', 'w'); "
-      "UPDATE {0} SET owner = '', expires_at = NOW(6) WHERE lock_name = {2} AND owner NOT LIKE '{3}%'; ",
-      table_, holders_, n, sql::kMarkerPrefix);
-  body += shrink(n);
-  auto shared_done = std::make_shared<ForceDone>(std::move(done));
-  write_then_read(
-      command_connection(), transaction(body), [shared_done](const StoreError& err) { (*shared_done)(false, &err); },
-      "SELECT @lw_was", [shared_done](std::uint64_t, const SqlResult& r, const StoreError* err) {
-        (*shared_done)(!err && to_ll(r.at(0, 0)) > 0, err);
-      });
+  // Force release: whether anyone held it, then the holders and the
+  // writer's mark gone and the row freed. Fair waiters keep their places
+  // (and the row its marker while they wait). Withdraw: no notices to
+  // send on SQL, the next waiter finds itself first at its next attempt.
+  std::vector<SqlStatement> all = kind_statements();
+  all.insert(all.end(), {
+      {"lockwatch_time", "", {"SELECT UNIX_TIMESTAMP(NOW(6))"}},
+      {"lockwatch_claim",
+       "xxnn",
+       {fmt::format("UPDATE {} SET last_period = $3 WHERE lock_name = $1 AND owner = $2 AND expires_at > NOW(6) "
+                    "AND NOW(6) >= {} AND (last_period IS NULL OR last_period < $3)",
+                    table_, start),
+        fmt::format("SELECT ROW_COUNT(), UNIX_TIMESTAMP(NOW(6)), h.owner = $2 AND h.expires_at > NOW(6), "
+                    "NOW(6) >= {}, h.last_period FROM (SELECT 1) AS one LEFT JOIN {} h ON h.lock_name = $1",
+                    start, table_)}},
+      {"lockwatch_inspect",
+       "x",
+       {fmt::format("SELECT GREATEST(TIMESTAMPDIFF(MICROSECOND, NOW(6), IF(owner LIKE '{}%', (SELECT "
+                    "MAX(h.expires_at) FROM {} h WHERE h.lock_name = l.lock_name AND h.role IN ('r', 'p', 'f')), "
+                    "expires_at)), 0), fence, owner, owner_name, UNIX_TIMESTAMP(granted_at), "
+                    "TIMESTAMPDIFF(MICROSECOND, granted_at, NOW(6)) FROM {} l WHERE lock_name = $1",
+                    sql::kMarkerPrefix, holders_, table_)}},
+      {"lockwatch_holders",
+       "x",
+       {fmt::format("SELECT owner, owner_name, UNIX_TIMESTAMP(granted_at), TIMESTAMPDIFF(MICROSECOND, granted_at, "
+                    "NOW(6)) FROM {} WHERE lock_name = $1 AND role IN ('r', 'p', 'f') AND expires_at > NOW(6) "
+                    "ORDER BY granted_at",
+                    holders_)}},
+      {"lockwatch_list",
+       "xn",
+       {fmt::format("SELECT lock_name FROM {} WHERE lock_name LIKE $1 AND owner <> '' AND expires_at > NOW(6) "
+                    "ORDER BY lock_name LIMIT $2",
+                    table_)}},
+      {"lockwatch_force_release",
+       "x",
+       {transaction(fmt::format(
+            "SET @lw_was = 0; "
+            "SELECT COUNT(*) INTO @lw_row FROM {0} WHERE lock_name = $1 FOR UPDATE; "
+            "SELECT COUNT(*) INTO @lw_holders FROM {1} WHERE lock_name = $1 AND role IN ('r', 'p', 'f') "
+            "AND expires_at > NOW(6); "
+            "SELECT COUNT(*) INTO @lw_was FROM {0} WHERE lock_name = $1 AND owner <> '' AND expires_at > NOW(6) "
+            "AND (owner NOT LIKE '{2}%' OR @lw_holders > 0); "
+            "DELETE FROM {1} WHERE lock_name = $1 AND role IN ('r', 'p', 'f', 'w'); "
+            "UPDATE {0} SET owner = '', expires_at = NOW(6) WHERE lock_name = $1 AND owner NOT LIKE '{2}%'; {3}",
+            table_, holders_, sql::kMarkerPrefix, shrink("$1"))),
+        "SELECT 1 FROM DUAL WHERE @lw_was > 0"}},
+      // A shared, permit or fair holder leaves: its row goes, and the lock
+      // row's expiry shrinks to the latest holder left, or the row is freed
+      // with the last (a writer may take it then).
+      {"lockwatch_release_holder",
+       "xx",
+       {transaction(fmt::format(
+            "SELECT COUNT(*) INTO @lw_row FROM {0} WHERE lock_name = $1 FOR UPDATE; "
+            "DELETE FROM {1} WHERE lock_name = $1 AND owner = $2 AND role IN ('r', 'p', 'f') AND expires_at > NOW(6); "
+            "SET @lw_released = ROW_COUNT(); "
+            "DELETE FROM {1} WHERE lock_name = $1 AND owner = $2 AND role IN ('r', 'p', 'f'); {2}",
+            table_, holders_, shrink("$1"))),
+        "SELECT @lw_released"}},
+      {"lockwatch_withdraw",
+       "xx",
+       {transaction(fmt::format("SELECT COUNT(*) INTO @lw_row FROM {0} WHERE lock_name = $1 FOR UPDATE; "
+                                "DELETE FROM {1} WHERE lock_name = $1 AND owner = $2 AND role = 'q'; {2}",
+                                table_, holders_, shrink("$1")))}},
+  });
+  return all;
 }
 
 }  // namespace lockwatch::detail

@@ -1,8 +1,9 @@
 // SqlStore's shared, permit and fair locks: their rows in the companion
-// table (see sql_store.hpp). Each decision is one compound statement, a
-// transaction that locks the lock's own row before it reads anything, so
-// that the callers of one name take turns; its outcome is read from
-// session variables by the next statement on the same connection.
+// table (see sql_store.hpp). Each decision is part of one compound
+// statement, a transaction that locks the lock's own row before it reads
+// anything, so that the callers of one name take turns; its outcome is
+// read from session variables by the next statement on the same
+// connection (SqlConnection::execute_all()).
 #include <fmt/format.h>
 
 #include <algorithm>
@@ -16,11 +17,7 @@
 namespace lockwatch::detail {
 
 using namespace sql;  // the statements' literals (sql_literals.hpp)
-
-std::string SqlStore::transaction(const std::string& body) {
-  return "BEGIN NOT ATOMIC DECLARE EXIT HANDLER FOR SQLEXCEPTION BEGIN ROLLBACK; RESIGNAL; END; START TRANSACTION; " +
-         body + " COMMIT; END";
-}
+using sqlcommon::to_hex;
 
 std::string SqlStore::shrink(const std::string& name) const {
   return fmt::format(
@@ -31,56 +28,8 @@ std::string SqlStore::shrink(const std::string& name) const {
       table_, holders_, name, sql::kMarkerPrefix);
 }
 
-// One transaction for the group: each lock's decision in turn (its lock
-// row locked first), its outcome kept in a session variable of its own
-// (@lw_o<k>), all read by the next statement of the same round trip.
-void SqlStore::send_kind_group(AcquireBatchPtr group) {
-  std::string body;
-  std::string read = "SELECT ";
-  for (std::size_t k = 0; k < group->locks.size(); ++k) {
-    body += kind_body(group->locks[k]);
-    body += fmt::format(
-        " SET @lw_o{} = CONCAT_WS(',', IFNULL(@lw_status, ''), IFNULL(@lw_fence, 0), IFNULL(@lw_wait, 0), "
-        "IFNULL(@lw_held_as, '')); ",
-        k);
-    read += fmt::format("{}@lw_o{}", k == 0 ? "" : ", ", k);
-  }
-  write_then_read(
-      command_connection(), transaction(body),
-      [this, group](const StoreError& err) {
-        if (kind_group_resent(group, err)) return;
-        for (const auto& a : group->locks) {
-          Acquired out;
-          out.error = err;
-          if (err.code == mariadb_code(1064))
-            // A server without MariaDB's compound statements (MySQL): say
-            // what is missing rather than only where the syntax broke.
-            out.error.message = a.kind.describe() + " locks need MariaDB's compound statements (BEGIN NOT ATOMIC), " +
-                                "which this server does not take: " + err.message;
-          a.answer(out);
-        }
-      },
-      std::move(read),
-      [this, group](std::uint64_t, const SqlResult& r, const StoreError* err) {
-        if (err) return group->fail(*err);
-        if (r.rows.empty() || r.rows[0].size() != group->locks.size())
-          return group->fail(StoreError::unavailable(target_.name(), "the outcome of a lock's transaction was lost "
-                                                                     "with its connection"));
-        for (std::size_t k = 0; k < group->locks.size(); ++k) {
-          std::vector<std::string> fields;
-          std::string_view text = r.rows[0][k];
-          for (std::size_t at = 0; at <= text.size();) {
-            auto comma = std::min(text.find(',', at), text.size());
-            fields.emplace_back(text.substr(at, comma - at));
-            at = comma + 1;
-          }
-          group->locks[k].answer(kind_outcome(group->locks[k], fields));
-        }
-      });
-}
-
-// What a shared, permit or fair acquisition does once kind_body()'s common
-// part has read the lock (fmt named arguments: m marker, h holders table,
+// What a shared, permit or fair acquisition does once kind_statements()'
+// read of the lock has run (fmt named arguments: m marker, h holders table,
 // l lock table, n name, t token, d deadline, cover the lock row's update
 // after a grant, o owner name, count permits).
 
@@ -89,12 +38,12 @@ void SqlStore::send_kind_group(AcquireBatchPtr group) {
 constexpr std::string_view kSharedAcquireSql =
     "IF @lw_held_as = 'x' THEN "
     "  SET @lw_wait = TIMESTAMPDIFF(MICROSECOND, @lw_now, @lw_expires); "
-    "ELSEIF @lw_held_as NOT IN ('', '{m}') THEN "
-    "  SET @lw_status = 'invalid'; "
+    "ELSEIF @lw_held_as NOT IN ('', {m}) THEN "
+    "  SET @lw_status = 'e'; "
     "ELSEIF @lw_mine = 'r' THEN "
     "  UPDATE {h} SET expires_at = {d} WHERE lock_name = {n} AND owner = {t}; "
     "  UPDATE {l} SET {cover} WHERE lock_name = {n}; "
-    "  SET @lw_status = 'taken'; "
+    "  SET @lw_status = 't'; "
     "ELSEIF EXISTS (SELECT 1 FROM {h} WHERE lock_name = {n} AND role = 'w' AND n = @lw_fence) THEN "
     "  SELECT TIMESTAMPDIFF(MICROSECOND, @lw_now, MAX(expires_at)) INTO @lw_wait FROM {h} "
     "  WHERE lock_name = {n} AND role = 'w'; "
@@ -102,18 +51,18 @@ constexpr std::string_view kSharedAcquireSql =
     "  INSERT INTO {h} (lock_name, owner, role, n, seq, expires_at, owner_name, granted_at) "
     "  VALUES ({n}, {t}, 'r', 0, 0, {d}, {o}, NOW(6)); "
     "  UPDATE {l} SET {cover} WHERE lock_name = {n}; "
-    "  SET @lw_status = 'taken'; "
+    "  SET @lw_status = 't'; "
     "END IF;";
 
 // Every grant raises the fence; a retry after a lost answer is the
 // same grant, with the fence as it stands.
 constexpr std::string_view kPermitsAcquireSql =
-    "IF @lw_held_as NOT IN ('', '{m}') THEN "
-    "  SET @lw_status = 'invalid'; "
+    "IF @lw_held_as NOT IN ('', {m}) THEN "
+    "  SET @lw_status = 'e'; "
     "ELSEIF @lw_mine = 'p' THEN "
     "  UPDATE {h} SET expires_at = {d} WHERE lock_name = {n} AND owner = {t}; "
     "  UPDATE {l} SET {cover} WHERE lock_name = {n}; "
-    "  SET @lw_status = 'taken'; "
+    "  SET @lw_status = 't'; "
     "ELSEIF (SELECT COUNT(*) FROM {h} WHERE lock_name = {n} AND role = 'p') >= {count} THEN "
     "  SELECT TIMESTAMPDIFF(MICROSECOND, @lw_now, MIN(expires_at)) INTO @lw_wait FROM {h} "
     "  WHERE lock_name = {n} AND role = 'p'; "
@@ -121,7 +70,7 @@ constexpr std::string_view kPermitsAcquireSql =
     "  INSERT INTO {h} (lock_name, owner, role, n, seq, expires_at, owner_name, granted_at) "
     "  VALUES ({n}, {t}, 'p', {count}, 0, {d}, {o}, NOW(6)); "
     "  UPDATE {l} SET fence = fence + 1, {cover} WHERE lock_name = {n}; "
-    "  SET @lw_fence = @lw_fence + 1, @lw_status = 'taken'; "
+    "  SET @lw_fence = @lw_fence + 1, @lw_status = 't'; "
     "END IF;";
 
 // The caller takes a place at the end of the queue (the last
@@ -129,12 +78,12 @@ constexpr std::string_view kPermitsAcquireSql =
 // nobody holds the lock and its place is the first. A waiter told
 // busy tries again within a third of its ttl, which keeps its place.
 constexpr std::string_view kFairAcquireSql =
-    "IF @lw_held_as NOT IN ('', '{m}') THEN "
-    "  SET @lw_status = 'invalid'; "
+    "IF @lw_held_as NOT IN ('', {m}) THEN "
+    "  SET @lw_status = 'e'; "
     "ELSEIF @lw_mine = 'f' THEN "
     "  UPDATE {h} SET expires_at = {d} WHERE lock_name = {n} AND owner = {t}; "
     "  UPDATE {l} SET {cover} WHERE lock_name = {n}; "
-    "  SET @lw_status = 'taken'; "
+    "  SET @lw_status = 't'; "
     "ELSE "
     "  IF @lw_mine = 'q' THEN "
     "    UPDATE {h} SET expires_at = {d} WHERE lock_name = {n} AND owner = {t}; "
@@ -148,7 +97,7 @@ constexpr std::string_view kFairAcquireSql =
     "  IF @lw_holder IS NULL AND @lw_first = {t} THEN "
     "    UPDATE {h} SET role = 'f', owner_name = {o}, granted_at = NOW(6) WHERE lock_name = {n} AND owner = {t}; "
     "    UPDATE {l} SET fence = fence + 1 WHERE lock_name = {n}; "
-    "    SET @lw_fence = @lw_fence + 1, @lw_status = 'taken'; "
+    "    SET @lw_fence = @lw_fence + 1, @lw_status = 't'; "
     "  ELSEIF @lw_holder IS NOT NULL THEN "
     "    SET @lw_wait = TIMESTAMPDIFF(MICROSECOND, @lw_now, @lw_holder); "
     "  ELSE "
@@ -157,67 +106,44 @@ constexpr std::string_view kFairAcquireSql =
     "  END IF; "
     "END IF;";
 
-std::string SqlStore::kind_body(const sqlcommon::PendingAcquire& lock) const {
-  const std::string n = hex(lock.name);
-  const std::string t = hex(lock.token);
-  const std::string m = kinds::marker(lock.kind);
-  const std::string deadline = fmt::format("@lw_now + INTERVAL {} MICROSECOND", micros(lock.ttl));
+std::vector<SqlStatement> SqlStore::kind_statements() const {
+  // $1 name, $2 token, $3 ttl in µs, $4 the kind's marker, $5 n (0: shared).
+  const std::string deadline = "@lw_now + INTERVAL $3 MICROSECOND";
   // The lock row (made when missing) is locked first; then, on the
   // database's clock, the rows whose time ran out are dropped, and the key
   // is found free (''), held exclusively ('x') or held as the marker says.
   // The lock row's expiry always covers its latest holder or waiter.
-  std::string body = fmt::format(
-      "SET @lw_status = 'busy', @lw_fence = 0, @lw_wait = 0, @lw_held_as = ''; "
-      "INSERT INTO {0} (lock_name, owner, fence, expires_at) VALUES ({2}, '', 0, NOW(6)) "
+  const std::string read = fmt::format(
+      "SET @lw_status = 'b', @lw_fence = 0, @lw_wait = NULL, @lw_held_as = ''; "
+      "INSERT INTO {0} (lock_name, owner, fence, expires_at) VALUES ($1, '', 0, NOW(6)) "
       "ON DUPLICATE KEY UPDATE fence = fence; "
-      "SELECT owner, expires_at, fence INTO @lw_owner, @lw_expires, @lw_fence FROM {0} WHERE lock_name = {2} "
+      "SELECT owner, expires_at, fence INTO @lw_owner, @lw_expires, @lw_fence FROM {0} WHERE lock_name = $1 "
       "FOR UPDATE; "
       "SET @lw_now = NOW(6); "
-      "DELETE FROM {1} WHERE lock_name = {2} AND expires_at <= @lw_now; "
-      "SELECT COUNT(*) INTO @lw_held FROM {1} WHERE lock_name = {2} AND role IN ('r', 'p', 'f', 'q'); "
+      "DELETE FROM {1} WHERE lock_name = $1 AND expires_at <= @lw_now; "
+      "SELECT COUNT(*) INTO @lw_held FROM {1} WHERE lock_name = $1 AND role IN ('r', 'p', 'f', 'q'); "
       "SET @lw_held_as = IF(@lw_expires <= @lw_now OR @lw_owner = '', '', "
-      "IF(@lw_owner LIKE '{3}%', IF(@lw_held > 0, @lw_owner, ''), 'x')); "
-      "SET @lw_mine = (SELECT role FROM {1} WHERE lock_name = {2} AND owner = {4}); ",
-      table_, holders_, n, sql::kMarkerPrefix, t);
+      "IF(@lw_owner LIKE '{2}%', IF(@lw_held > 0, @lw_owner, ''), 'x')); "
+      "SET @lw_mine = (SELECT role FROM {1} WHERE lock_name = $1 AND owner = $2); ",
+      table_, holders_, sql::kMarkerPrefix);
   // The lock row after a grant (or a fair waiter's new place): the marker,
   // and an expiry that covers this deadline too.
-  const std::string cover = fmt::format(
-      "owner = '{}', expires_at = IF(@lw_held_as = '', {}, GREATEST(expires_at, {}))", m, deadline, deadline);
-  std::string_view text;
-  switch (lock.kind.mode()) {
-    case LockKind::Mode::kShared: text = kSharedAcquireSql; break;
-    case LockKind::Mode::kPermits: text = kPermitsAcquireSql; break;
-    case LockKind::Mode::kFair: text = kFairAcquireSql; break;
-    case LockKind::Mode::kExclusive: return body;
-  }
-  body += fmt::format(fmt::runtime(text), fmt::arg("m", m), fmt::arg("h", holders_), fmt::arg("l", table_),
-                      fmt::arg("n", n), fmt::arg("t", t), fmt::arg("d", deadline), fmt::arg("cover", cover),
-                      fmt::arg("o", owner_name_), fmt::arg("count", lock.kind.permit_count()));
-  return body;
-}
-
-// One lock's outcome as the group's read gives it: status, fence, wait
-// (µs), what it is held as.
-Acquired SqlStore::kind_outcome(const sqlcommon::PendingAcquire& a, const std::vector<std::string>& row) const {
-  if (row.size() != 4 || row[0].empty()) {
-    // The variables were not set in this session: the connection was made
-    // anew between the two statements, and what the transaction decided is
-    // not known.
-    Acquired out;
-    out.error = StoreError::unavailable(target_.name(), "the outcome of a lock's transaction was lost with its "
-                                                        "connection");
-    return out;
-  }
-  using sqlcommon::Verdict;
-  const Verdict verdict = row[0] == "taken" ? Verdict::kTaken : row[0] == "invalid" ? Verdict::kRefused : Verdict::kBusy;
-  return sqlcommon::kind_outcome(a, verdict, static_cast<std::uint64_t>(to_ll(row[1])), to_ll(row[2]),
-                                 [&] { return refusal(a, row[3]); });
-}
-
-StoreError SqlStore::refusal(const sqlcommon::PendingAcquire& lock, std::string_view owner) const {
-  return StoreError::invalid(target_.name(), fmt::format("the lock '{}' is held as {}; this call asked for it {}",
-                                                         lock.name, kinds::held_as(kinds::kind_of_marker(owner)),
-                                                         lock.kind.describe()));
+  const std::string cover =
+      fmt::format("owner = $4, expires_at = IF(@lw_held_as = '', {0}, GREATEST(expires_at, {0}))", deadline);
+  const auto decide = [&](std::string_view text) {
+    return fmt::format(fmt::runtime(text), fmt::arg("m", "$4"), fmt::arg("h", holders_), fmt::arg("l", table_),
+                       fmt::arg("n", "$1"), fmt::arg("t", "$2"), fmt::arg("d", deadline), fmt::arg("cover", cover),
+                       fmt::arg("o", owner_name_), fmt::arg("count", "$5"));
+  };
+  const std::vector<std::string> answer{"@lw_status", "@lw_fence", "@lw_wait", "@lw_held_as"};
+  return {
+      {"lockwatch_lock_rows", "", {""}},  // each decision locks its own row first
+      {"lockwatch_acquire_kind",
+       "xxnxn",
+       {read + "IF $5 = 0 THEN " + decide(kSharedAcquireSql) + " ELSE " + decide(kPermitsAcquireSql) + " END IF;"},
+       answer},
+      {"lockwatch_acquire_fair", "xxnx", {read + decide(kFairAcquireSql)}, answer},
+  };
 }
 
 void SqlStore::renew_kinds(RenewBatchPtr batch, std::vector<std::size_t> members, std::chrono::milliseconds ttl) {
@@ -226,19 +152,17 @@ void SqlStore::renew_kinds(RenewBatchPtr batch, std::vector<std::size_t> members
   // holder whose time ran out is not extended: its lease is gone. The read
   // after it names which were.
   const RenewalLists lists(batch->locks, members);
-  write_then_read(
-      *connections_.renew,
-      fmt::format("UPDATE {0} l STRAIGHT_JOIN {1} h ON h.lock_name = l.lock_name "
-                  "SET h.expires_at = NOW(6) + INTERVAL {2} MICROSECOND, "
-                  "l.expires_at = GREATEST(l.expires_at, NOW(6) + INTERVAL {2} MICROSECOND) "
-                  "WHERE l.lock_name IN ({3}) AND (h.lock_name, h.owner) IN ({4}) AND h.role IN ('r', 'p', 'f') "
-                  "AND h.expires_at > NOW(6)",
-                  table_, holders_, micros(ttl), lists.names, lists.pairs),
-      [batch, members](const StoreError& err) { batch->answer(members, Renewed::kTransient, &err); },
-      fmt::format("SELECT lock_name, owner FROM {} WHERE lock_name IN ({}) AND (lock_name, owner) IN ({}) "
-                  "AND role IN ('r', 'p', 'f') AND expires_at > NOW(6)",
-                  holders_, lists.names, lists.pairs),
-      [batch, members](std::uint64_t, const SqlResult& r, const StoreError* err) {
+  connections_.renew->run(
+      {fmt::format("UPDATE {0} l STRAIGHT_JOIN {1} h ON h.lock_name = l.lock_name "
+                   "SET h.expires_at = NOW(6) + INTERVAL {2} MICROSECOND, "
+                   "l.expires_at = GREATEST(l.expires_at, NOW(6) + INTERVAL {2} MICROSECOND) "
+                   "WHERE l.lock_name IN ({3}) AND (h.lock_name, h.owner) IN ({4}) AND h.role IN ('r', 'p', 'f') "
+                   "AND h.expires_at > NOW(6)",
+                   table_, holders_, micros(ttl), lists.names, lists.pairs),
+       fmt::format("SELECT lock_name, owner FROM {} WHERE lock_name IN ({}) AND (lock_name, owner) IN ({}) "
+                   "AND role IN ('r', 'p', 'f') AND expires_at > NOW(6)",
+                   holders_, lists.names, lists.pairs)},
+      [batch, members](const SqlResult& r, const StoreError* err) {
         if (err) return batch->answer(members, Renewed::kTransient, err);
         std::set<std::pair<std::string_view, std::string_view>> live;
         for (const auto& row : r.rows)
@@ -250,46 +174,19 @@ void SqlStore::renew_kinds(RenewBatchPtr batch, std::vector<std::size_t> members
       });
 }
 
-void SqlStore::release_kinds(std::vector<sqlcommon::PendingRelease> kinds) {
-  // Each holder leaves in a transaction of its own: its row goes, and the
-  // lock row's expiry shrinks to the latest holder left, or the row is
-  // freed with the last (a writer may take it then).
+void SqlStore::release_kinds(const std::vector<sqlcommon::PendingRelease>& kinds) {
   SqlConnection& conn = command_connection();
-  for (const auto& l : kinds) {
-    const std::string n = hex(l.name);
-    std::string body = fmt::format(
-        "SELECT COUNT(*) INTO @lw_row FROM {0} WHERE lock_name = {2} FOR UPDATE; "
-        "DELETE FROM {1} WHERE lock_name = {2} AND owner = {3} AND role IN ('r', 'p', 'f') AND expires_at > NOW(6); "
-        "SET @lw_released = ROW_COUNT(); "
-        "DELETE FROM {1} WHERE lock_name = {2} AND owner = {3} AND role IN ('r', 'p', 'f'); ",
-        table_, holders_, n, hex(l.token));
-    body += shrink(n);
-    write_then_read(
-        conn, transaction(body), [l](const StoreError& err) { l.answer(Released::kUnconfirmed, &err); },
-        "SELECT @lw_released", [this, l](std::uint64_t, const SqlResult& r, const StoreError* err) {
-          if (err) return l.answer(Released::kUnconfirmed, err);
-          if (r.null(0, 0)) {  // a new session: what the transaction did is not known
-            const auto lost = StoreError::unavailable(target_.name(), "the outcome of a release was lost with its "
-                                                                      "connection");
-            return l.answer(Released::kUnconfirmed, &lost);
-          }
-          l.answer(to_ll(r.rows[0][0]) > 0 ? Released::kYes : Released::kGone, nullptr);
-        });
-  }
-}
-
-void SqlStore::withdraw(const LockRef& lock, WithdrawDone done) {
-  // No notices to send on SQL: the next waiter finds itself first at its
-  // next attempt.
-  const std::string n = hex(lock.name);
-  std::string body = fmt::format(
-      "SELECT COUNT(*) INTO @lw_row FROM {0} WHERE lock_name = {2} FOR UPDATE; "
-      "DELETE FROM {1} WHERE lock_name = {2} AND owner = {3} AND role = 'q'; ",
-      table_, holders_, n, hex(lock.token));
-  body += shrink(n);
-  command_connection().query(transaction(body), [done = std::move(done)](const SqlResult&, const StoreError* err) {
-    done(err);
-  });
+  for (const auto& l : kinds)
+    conn.execute("lockwatch_release_holder", {to_hex(l.name), to_hex(l.token)},
+                 [this, l](const SqlResult& r, const StoreError* err) {
+                   if (err) return l.answer(Released::kUnconfirmed, err);
+                   if (r.null(0, 0)) {  // a new session: what the transaction did is not known
+                     const auto lost = StoreError::unavailable(target_.name(), "the outcome of a release was lost "
+                                                                               "with its connection");
+                     return l.answer(Released::kUnconfirmed, &lost);
+                   }
+                   l.answer(to_ll(r.at(0, 0)) > 0 ? Released::kYes : Released::kGone, nullptr);
+                 });
 }
 
 }  // namespace lockwatch::detail

@@ -12,13 +12,10 @@
 // (reconnect_min .. reconnect_max; core/reconnector.hpp).
 //
 // A connection given up on with statements in flight leaves its server
-// session behind, which may still run them: a hung server that goes on
-// runs what it had read, after the client has gone. Its id goes on a list
-// the store's connections share (StaleSessions); the others start again
-// too, and each connection, before its set-up, ends the sessions on the
-// list, so that nothing sent before a failure takes effect after the
-// store answers again (a ghost acquisition would, after its release was
-// answered "gone").
+// session behind (why that matters: docs/stores.md, "Connections"): its
+// id goes on a list the store's connections share (StaleSessions); the
+// others start again too, and each ends the listed sessions before its
+// set-up.
 //
 // The driver (the derived connection) connects, sends, reads, and keeps
 // its own state. Threading: the loop thread only, but construction.
@@ -67,6 +64,21 @@ struct StaleSessions {
     for (Id id : ids) out += (out.empty() ? "" : ",") + std::to_string(id);
     return out;
   }
+  // The connections but `self` that `up` says are usable go down and
+  // start again (`restart`), behind the session `self` left.
+  template <class Up, class Restart>
+  void restart_others(const Connection* self, Up up, Restart restart) const {
+    std::vector<Connection*> others = connections;  // a restart may change the list
+    for (Connection* c : others)
+      if (c != self && up(*c)) restart(*c, "starting again behind a connection given up on with statements in flight");
+  }
+};
+
+// A named statement of the store's dialect and its parameters, one of a
+// transaction's (the connections' execute_all()).
+struct Call {
+  std::string statement;
+  std::vector<std::string> params;
 };
 
 // What a connection tells the store and the timers. `Request` carries a

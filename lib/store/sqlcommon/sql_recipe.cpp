@@ -5,6 +5,8 @@
 #include <map>
 #include <utility>
 
+#include <fmt/format.h>
+
 #include "store/kind_rules.hpp"
 #include "store/sqlcommon/inspection.hpp"
 
@@ -82,36 +84,44 @@ bool resend(const AcquireBatchPtr& batch, const StoreError& error, const SendBat
 }
 
 std::optional<std::chrono::milliseconds> exclusive_busy(Acquired& out, const PendingAcquire& lock,
-                                                        std::string_view marker,
-                                                        const std::function<StoreError()>& refused) {
+                                                        std::string_view marker, const std::string& server) {
   if (marker == kinds::kSharedMarker) {
     const auto mark = std::min(lock.ttl, kWriterMark);
     out.busy_for = std::max(std::chrono::milliseconds(1), std::min(out.busy_for, mark / 2));
     return mark;
   }
   out.status = Acquired::Status::kFailed;
-  out.error = refused();
+  out.error = refusal(server, lock, marker);
   return std::nullopt;
 }
 
-Acquired kind_outcome(const PendingAcquire& lock, Verdict verdict, std::uint64_t fence,
-                      std::optional<long long> busy_us, const std::function<StoreError()>& refused) {
+StoreError refusal(const std::string& server, const PendingAcquire& lock, std::string_view owner) {
+  const LockKind held = kinds::kind_of_marker(owner);
+  const auto permits = [](LockKind k) { return fmt::format("{} permit(s)", k.permit_count()); };
+  return StoreError::invalid(
+      server, fmt::format("{} is held as {}; this call asked for it {}", lock.name,
+                          held.mode() == LockKind::Mode::kPermits ? "a semaphore of " + permits(held) : held.describe(),
+                          lock.kind.mode() == LockKind::Mode::kPermits ? permits(lock.kind) : lock.kind.describe()));
+}
+
+Acquired kind_answer(const PendingAcquire& lock, const Rows& rows, const std::string& server) {
   Acquired out;
-  switch (verdict) {
-    case Verdict::kTaken:
-      out.status = Acquired::Status::kTaken;
-      out.fence = fence;
-      break;
-    case Verdict::kRefused:
-      out.error = refused();
-      break;
-    case Verdict::kBusy: {
-      out.status = Acquired::Status::kBusy;
-      auto busy = busy_us ? ms_up(*busy_us) : std::chrono::milliseconds(1);
-      if (lock.kind.mode() == LockKind::Mode::kFair) busy = std::min(busy, lock.ttl / 3);
-      out.busy_for = std::max(busy, std::chrono::milliseconds(1));
-      break;
-    }
+  if (rows.size() != 1 || rows.null(0, 0) || rows.null(0, 1)) {
+    out.error = StoreError::unavailable(server, "no answer to the acquisition");
+    return out;
+  }
+  const std::string_view verdict = rows.at(0, 0);
+  if (verdict == "t" || verdict == "r") {
+    out.status = Acquired::Status::kTaken;
+    out.fence = static_cast<std::uint64_t>(to_ll(rows.at(0, 1)));
+  } else if (verdict == "b") {
+    out.status = Acquired::Status::kBusy;
+    const std::optional<long long> busy_us = rows.maybe(0, 2);
+    auto busy = busy_us ? ms_up(*busy_us) : std::chrono::milliseconds(1);
+    if (lock.kind.mode() == LockKind::Mode::kFair) busy = std::min(busy, lock.ttl / 3);
+    out.busy_for = std::max(busy, std::chrono::milliseconds(1));
+  } else {
+    out.error = refusal(server, lock, rows.bytes(0, 3));
   }
   return out;
 }

@@ -23,17 +23,36 @@
 //     one for renewals, so that a renewal never queues behind a burst of
 //     acquisitions (Connections);
 //   - the store's flow (RecipeStore): acquire() queues for the turn's end,
-//     renew() cuts a call into statements, list_locks() inspects the names
-//     a query found, close() sends what is queued before the connections
-//     close;
-//   - answers: the clock's (answer_time()), a claim's (claims.hpp), an
-//     inspection's and a listing's (inspection.hpp), read from the
-//     driver's result as Rows (values.hpp), whichever server wrote it.
+//     renew() cuts a call into statements, close() sends what is queued
+//     before the connections close; the clock, claims, inspection,
+//     listing, withdrawal and forced release are each a named statement
+//     of the dialect, run and answered here (below);
+//   - answers: a claim's (claims.hpp), an inspection's and a listing's
+//     (inspection.hpp), read from the driver's result as Rows
+//     (values.hpp), whichever server wrote it.
 // The Dialect is data: what the statements of a server can and cannot do.
 // The driver is the store's connection type (Connections' parameter, with
-// start(), close(), pending(), name() and set_state_hook()) and the store's
-// own steps that write a batch's statement text and read its answer
-// (RecipeStore's virtual steps).
+// start(), close(), pending(), name(), set_state_hook() and
+// execute(name, params, done)) and the store's own steps that write a
+// batch's statements and read their answers (RecipeStore's virtual steps).
+//
+// The named statements each store defines (its dialect's text; MariaDB's
+// in sql_store.cpp, PostgreSQL's in pg_statements.cpp): parameters are
+// text, names and tokens in hex, numbers in decimal; each answers one
+// result, as a transaction where it writes more than one row:
+//   lockwatch_time            ()                  -> the clock, µs
+//   lockwatch_claim           (name, token, period, start µs)
+//                             -> claimed (1), then read_claim()'s columns
+//   lockwatch_inspect         (name)              -> Inspection::lock_answer()
+//   lockwatch_holders         (name)              -> Inspection::holders_answer()
+//   lockwatch_list            (LIKE pattern, limit) -> the held names
+//   lockwatch_force_release   (name, channel)     -> a row when it was held
+//   lockwatch_withdraw        (name, token, channel)
+//   lockwatch_lock_rows       (names)             -> the lock rows locked, in
+//                             a transaction's first statement (execute_all())
+//   lockwatch_acquire_kind    (name, token, ttl µs, marker, n: 0 shared)
+//   lockwatch_acquire_fair    (name, token, ttl µs, marker, channel)
+//                             -> kind_answer()'s row
 //
 // Threading: the store's loop thread, as the stores. Costs: the queued
 // acquisitions' names and tokens are copied once (the caller's views end
@@ -49,14 +68,20 @@
 #include <span>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
+
+#include <fmt/format.h>
 
 #include "core/loop.hpp"
 #include "core/turn_end.hpp"
 #include "lockwatch/errors.hpp"
 #include "store/capabilities.hpp"
+#include "store/kind_rules.hpp"
 #include "store/lock_store.hpp"
 #include "store/sqlcommon/batching.hpp"
+#include "store/sqlcommon/claims.hpp"
+#include "store/sqlcommon/connection_core.hpp"
 #include "store/sqlcommon/inspection.hpp"
 #include "store/sqlcommon/settings.hpp"
 #include "store/store_base.hpp"
@@ -150,18 +175,21 @@ bool resend(const AcquireBatchPtr& batch, const StoreError& error, const SendBat
 // min(kWriterMark, ttl) (returned: the store writes or renews it) and the
 // writer comes back within half of that, so it keeps the mark while it
 // waits and one that stops waiting holds readers back briefly. Another
-// kind's: the call is refused with `refused()` (none returned).
+// kind's: the call is refused (refusal(), by `server`; none returned).
 std::optional<std::chrono::milliseconds> exclusive_busy(Acquired& out, const PendingAcquire& lock,
-                                                        std::string_view marker,
-                                                        const std::function<StoreError()>& refused);
+                                                        std::string_view marker, const std::string& server);
 
-// A kind's acquisition as its transaction decided it.
-enum class Verdict { kTaken, kBusy, kRefused };
-// The Acquired of `lock`: a grant with `fence`; busy for `busy_us` (none:
-// a moment), at least 1 ms, a fair waiter within a third of its ttl (which
-// keeps its place); or refused with `refused()`.
-Acquired kind_outcome(const PendingAcquire& lock, Verdict verdict, std::uint64_t fence,
-                      std::optional<long long> busy_us, const std::function<StoreError()>& refused);
+// The refusal of `lock` by `server`: its key is held as the lock row's
+// `owner` says (a kind's marker; anything else: exclusive).
+StoreError refusal(const std::string& server, const PendingAcquire& lock, std::string_view owner);
+
+// The Acquired of a kind's `lock` from its decision's row (no row: no
+// answer from `server`): the verdict (t, or r for a retry: taken, with
+// the fence; b: busy for the µs given (none: a moment), at least 1 ms, a
+// fair waiter within a third of its ttl, which keeps its place; e:
+// refused, the key held as the owner says), the fence, the µs, the lock
+// row's owner.
+Acquired kind_answer(const PendingAcquire& lock, const Rows& rows, const std::string& server);
 
 // One lock of a release() call, kept until its statement is answered.
 struct PendingRelease {
@@ -180,6 +208,7 @@ struct ReleaseBatch {
   std::vector<PendingRelease> locks;
   bool notify = false;
   int attempt = 1;
+  std::vector<int> before;  // how each lock stood before the write, for a store that reads first
 
   // Every lock answered `status`.
   void answer(Released status, const StoreError* error) const {
@@ -276,13 +305,71 @@ class RecipeStore : public StoreBase,
                           [this](RenewBatchPtr batch, std::vector<std::size_t> members, std::chrono::milliseconds ttl,
                                  bool kinds) { renew_group(std::move(batch), std::move(members), ttl, kinds); });
   }
-  // The held names under the prefix (list_names()), each then inspected.
+  // The held names under the prefix, each then inspected.
   void list_locks(std::string_view prefix, std::size_t limit, ListDone done) final {
-    list_names(like_prefix(encode(prefix)), limit,
-               [this, done = std::move(done)](const Rows& rows, const StoreError* err) mutable {
-                 if (err) return done({}, err);
-                 list_inspected(*this, names_of(rows), traits().keys.prefix.size(), std::move(done));
-               });
+    command_connection().execute(
+        "lockwatch_list", {to_hex(like_prefix(encode(prefix))), std::to_string(limit)},
+        [this, done = std::move(done)](const Rows& rows, const StoreError* err) mutable {
+          if (err) return done({}, err);
+          list_inspected(*this, names_of(rows), traits().keys.prefix.size(), std::move(done));
+        });
+  }
+  // The server's clock (its one cell).
+  void server_time(TimeDone done) final {
+    command_connection().execute("lockwatch_time", {}, [this, done = std::move(done)](const Rows& rows,
+                                                                                      const StoreError* err) {
+      if (err) return done({}, err);
+      if (rows.null(0, 0)) {
+        const StoreError missing = no_answer("the clock's reading");
+        return done({}, &missing);
+      }
+      done(from_micros(rows.micros(0, 0)), nullptr);
+    });
+  }
+  // One conditional write, read back in the same round trip (claims.hpp).
+  void claim_period(std::string_view name, std::string_view token, std::int64_t period,
+                    std::chrono::system_clock::time_point start, ClaimDone done) final {
+    command_connection().execute(
+        "lockwatch_claim", {to_hex(name), to_hex(token), std::to_string(period), std::to_string(to_micros(start))},
+        [this, period, done = std::move(done)](const Rows& rows, const StoreError* err) {
+          ClaimResult out;
+          if (err || rows.size() != 1) {
+            out.error = err ? *err : no_answer("the claim");
+            return done(out);
+          }
+          read_claim(out, rows, 1, rows.at(0, 0) == "1", period);
+          done(out);
+        });
+  }
+  // The lock row, then the live holders' rows, in one round trip.
+  void inspect(std::string_view name, InspectDone done) final {
+    auto answer = std::make_shared<Inspection>(std::move(done));
+    Connection& conn = command_connection();
+    conn.execute("lockwatch_inspect", {to_hex(name)},
+                 [answer](const Rows& rows, const StoreError* err) { answer->lock_answer(rows, err); });
+    conn.execute("lockwatch_holders", {to_hex(name)},
+                 [answer](const Rows& rows, const StoreError* err) { answer->holders_answer(rows, err); });
+  }
+  // One transaction on the lock's row: it answers a row when anyone held it.
+  void force_release(std::string_view name, ForceDone done) final {
+    command_connection().execute("lockwatch_force_release", {to_hex(name), channel_},
+                                 [done = std::move(done)](const Rows& rows, const StoreError* err) {
+                                   done(!err && rows.size() == 1, err);
+                                 });
+  }
+  // FairQueue: the waiter's row goes, in one transaction on the lock's row.
+  void withdraw(const LockRef& lock, WithdrawDone done) final {
+    command_connection().execute("lockwatch_withdraw", {to_hex(lock.name), to_hex(lock.token), channel_},
+                                 [done = std::move(done)](const Rows&, const StoreError* err) { done(err); });
+  }
+  // A kind's locks go at once, in one batch; the exclusive ones at the
+  // turn's end (turn_ended()).
+  void release(std::span<const LockRef> locks, bool notify, ReleaseDone done) final {
+    auto& queue = notify ? releases_ : quiet_releases_;
+    std::vector<PendingRelease> kinds;
+    split_releases(locks, std::move(done), queue, kinds);
+    if (!kinds.empty()) send_releases(std::move(kinds), notify, false);
+    if (!queue.empty()) turn_end_.request();
   }
   // What is queued goes to the connections, which fail it as they close:
   // every callback runs.
@@ -293,27 +380,29 @@ class RecipeStore : public StoreBase,
   }
 
  protected:
-  // Every kind; `too_long` refuses a longer name than kMaxNameBytes.
-  RecipeStore(Loop& loop, const SqlSettings& settings, Dialect dialect, const char* too_long, bool release_events)
+  // Every kind; `too_long` refuses a longer name than kMaxNameBytes;
+  // release notices go out on `channel` (none: release_events() false).
+  RecipeStore(Loop& loop, const SqlSettings& settings, Dialect dialect, const char* too_long, std::string channel)
       : StoreBase(StoreTraits{.keys = KeyRules{.prefix = settings.key_prefix,
                                                .max_name = kMaxNameBytes,
                                                .too_long = too_long},
-                              .release_events = release_events,
+                              .release_events = !channel.empty(),
                               .no_shared = nullptr,
                               .no_permits = nullptr}),
         loop_(loop),
         settings_(settings),
-        dialect_(dialect) {}
+        dialect_(dialect),
+        channel_(std::move(channel)) {}
   void started() override {
     turn_end_.open();
     connections_.start(events_);
   }
   Connection& command_connection() { return connections_.command(); }
-  // The server's clock from the first cell of a server_time() answer
-  // (`missing` when it has none).
-  void answer_time(const Rows& rows, const StoreError* error, const StoreError& missing, const TimeDone& done) const {
-    if (!error && rows.null(0, 0)) error = &missing;
-    done(error ? std::chrono::system_clock::time_point{} : from_micros(rows.micros(0, 0)), error);
+  // The server, as errors name it.
+  const std::string& server() const { return connections_.commands.front()->name(); }
+  // A statement's answer that lacks what it must hold.
+  StoreError no_answer(std::string_view what) const {
+    return StoreError::unavailable(server(), fmt::format("no answer to {}", what));
   }
   // A failed statement of exclusive acquisitions: a deadlock or a lock
   // wait timeout sends it again; a row the server refused (a name too
@@ -322,32 +411,77 @@ class RecipeStore : public StoreBase,
   void acquire_failed(const AcquireBatchPtr& batch, const StoreError& error) {
     if (!resend(batch, error, [this](AcquireBatchPtr b) { acquire_batch(std::move(b)); }, true)) batch->fail(error);
   }
-  // A failed kinds' transaction, rolled back whole: true when a deadlock
-  // or a lock wait timeout sent it again.
-  bool kind_group_resent(const AcquireBatchPtr& group, const StoreError& error) {
-    return resend(group, error, [this](AcquireBatchPtr b) { send_kind_group(std::move(b)); }, false);
-  }
 
   // The steps the store writes: a batch of exclusive acquisitions (one
-  // statement), a group of the other kinds' (one transaction), a group of
-  // renewals (`ttl` theirs without Dialect::ttl_per_lease), and the held
-  // names that match a LIKE `pattern` (an answer's first column), in
-  // order, at most `limit`.
+  // statement), a group of renewals (`ttl` theirs without
+  // Dialect::ttl_per_lease), and a batch of releases (all exclusive, or
+  // all a kind's).
   virtual void acquire_batch(AcquireBatchPtr batch) = 0;
-  virtual void send_kind_group(AcquireBatchPtr group) = 0;
   virtual void renew_group(RenewBatchPtr batch, std::vector<std::size_t> members, std::chrono::milliseconds ttl,
                            bool kinds) = 0;
-  using RowsDone = std::function<void(const Rows& rows, const StoreError* error)>;
-  virtual void list_names(std::string pattern, std::size_t limit, RowsDone done) = 0;
-  // The turn's end: what was queued in it goes out.
-  virtual void turn_ended() { acquires_.flush(); }
+  virtual void release_batch(std::shared_ptr<ReleaseBatch> batch) = 0;
 
   Loop& loop_;
   const SqlSettings settings_;
   const Dialect dialect_;
+  const std::string channel_;  // where release notices go out (none: the store sends none)
   Connections<Connection> connections_;
+
+ private:
+  // The other kinds' acquisitions of one group, in one transaction: their
+  // lock rows locked, in name order, then each one's decision. A failure
+  // undid them all: a deadlock or a lock wait timeout sends it again.
+  void send_kind_group(AcquireBatchPtr group) {
+    const auto& l = group->locks;
+    std::vector<Call> calls;
+    calls.reserve(l.size() + 1);
+    calls.push_back({"lockwatch_lock_rows", {array_literal(l.size(), [&](std::size_t i) -> std::string_view {
+                       return l[i].name;
+                     })}});
+    for (const auto& a : l) {
+      const bool fair = a.kind.mode() == LockKind::Mode::kFair;
+      calls.push_back({fair ? "lockwatch_acquire_fair" : "lockwatch_acquire_kind",
+                       {to_hex(a.name), to_hex(a.token), std::to_string(micros(a.ttl)), to_hex(kinds::marker(a.kind)),
+                        fair ? channel_ : std::to_string(a.kind.permit_count())}});
+    }
+    auto outcomes = std::make_shared<std::vector<Acquired>>(l.size());
+    command_connection().execute_all(
+        std::move(calls),
+        [this, group, outcomes](std::size_t i, const Rows& rows) {
+          if (i > 0) (*outcomes)[i - 1] = kind_answer(group->locks[i - 1], rows, server());  // 0: the lock rows
+        },
+        [this, group, outcomes](const Rows&, const StoreError* err) {
+          if (err && resend(group, *err, [this](AcquireBatchPtr b) { send_kind_group(std::move(b)); }, false)) return;
+          if (err) return group->fail(*err);
+          for (std::size_t k = 0; k < group->locks.size(); ++k) group->locks[k].answer((*outcomes)[k]);
+        });
+  }
+  // The turn's end: its acquisitions, then its releases.
+  void turn_ended() {
+    acquires_.flush();
+    for (bool notify : {true, false})
+      send_releases(std::exchange(notify ? releases_ : quiet_releases_, {}), notify, true);
+  }
+  // `all` in name order, as every statement locks rows: kChunk a batch
+  // when `chunked`, else one.
+  void send_releases(std::vector<PendingRelease> all, bool notify, bool chunked) {
+    if (all.empty()) return;
+    by_name(all);
+    const auto send = [this, notify](std::vector<PendingRelease> part) {
+      auto batch = std::make_shared<ReleaseBatch>();
+      batch->notify = notify;
+      batch->locks = std::move(part);
+      release_batch(std::move(batch));
+    };
+    if (chunked) return in_chunks(all, send);
+    send(std::move(all));
+  }
+
   AcquireQueue acquires_{dialect_, [this](AcquireBatchPtr b) { acquire_batch(std::move(b)); },
                          [this](AcquireBatchPtr b) { send_kind_group(std::move(b)); }};
+  // Releases asked for in this loop turn, sent together at its end.
+  std::vector<PendingRelease> releases_;        // with release notices
+  std::vector<PendingRelease> quiet_releases_;  // without
   TurnEnd turn_end_{[this] { turn_ended(); }};
 };
 

@@ -12,6 +12,7 @@
 #include <optional>
 #include <string>
 #include <string_view>
+#include <type_traits>
 
 #include "core/hex.hpp"
 
@@ -75,6 +76,21 @@ inline long long unix_micros(std::string_view s) {
     us += to_ll(frac);
   }
   return us;
+}
+
+// A list parameter: a text array literal of `n` items, get(0).., each a
+// number or, as hex, bytes ({"6b31","6b32"}).
+template <class Get>
+std::string array_literal(std::size_t n, Get get) {
+  std::string out = "{";
+  for (std::size_t i = 0; i < n; ++i) {
+    if (i > 0) out += ',';
+    if constexpr (std::is_integral_v<decltype(get(i))>)
+      out += std::to_string(get(i));
+    else
+      out += '"' + to_hex(get(i)) + '"';
+  }
+  return out + '}';
 }
 
 // A statement's answer, from either driver (MariaDB's SqlResult,
