@@ -290,7 +290,10 @@ void ClusterStore::refresh_from(std::size_t i, bool slots) {
   const char* command = slots ? "SLOTS" : "SHARDS";
   topo_->command({"CLUSTER", command}, [this, i, slots, where, command](const redisReply* r, const StoreError* err) {
     if (closed_) return;
-    if (!err && (slots ? apply_slots(r) : apply_shards(r))) {
+    std::array<std::int16_t, kClusterSlots> next;
+    next.fill(-1);
+    if (!err && r->type == REDIS_REPLY_ARRAY && (slots ? read_slots(r, next) : read_shards(r, next))) {
+      owner_ = next;
       refresh_done();
       return;
     }
@@ -315,10 +318,7 @@ bool ClusterStore::assign_slots(std::array<std::int16_t, kClusterSlots>& owners,
   return true;
 }
 
-bool ClusterStore::apply_shards(const redisReply* r) {
-  if (r == nullptr || r->type != REDIS_REPLY_ARRAY) return false;
-  std::array<std::int16_t, kClusterSlots> next;
-  next.fill(-1);
+bool ClusterStore::read_shards(const redisReply* r, std::array<std::int16_t, kClusterSlots>& next) {
   for (std::size_t s = 0; s < r->elements; ++s) {
     const redisReply* shard = r->element[s];
     const redisReply* slots = field(shard, "slots");
@@ -339,14 +339,10 @@ bool ClusterStore::apply_shards(const redisReply* r) {
     for (std::size_t k = 0; k + 1 < slots->elements; k += 2)
       if (!assign_slots(next, number(slots->element[k]), number(slots->element[k + 1]), master)) return false;
   }
-  owner_ = next;
   return true;
 }
 
-bool ClusterStore::apply_slots(const redisReply* r) {
-  if (r == nullptr || r->type != REDIS_REPLY_ARRAY) return false;
-  std::array<std::int16_t, kClusterSlots> next;
-  next.fill(-1);
+bool ClusterStore::read_slots(const redisReply* r, std::array<std::int16_t, kClusterSlots>& next) {
   for (std::size_t s = 0; s < r->elements; ++s) {
     const redisReply* range = r->element[s];
     if (range->type != REDIS_REPLY_ARRAY || range->elements < 3) return false;
@@ -358,7 +354,6 @@ bool ClusterStore::apply_slots(const redisReply* r) {
     if (host.empty() || port <= 0 || port > 65535) return false;
     if (!assign_slots(next, from, to, node_at(host, static_cast<int>(port)))) return false;
   }
-  owner_ = next;
   return true;
 }
 

@@ -190,8 +190,10 @@ class ClusterStore final : public StoreBase,
   // Slots from..to belong to `master`; false for a range out of bounds.
   bool assign_slots(std::array<std::int16_t, kClusterSlots>& owners, long long from, long long to,
                     const Node* master) const;
-  bool apply_shards(const ::redisReply* r);
-  bool apply_slots(const ::redisReply* r);
+  // The map a CLUSTER SHARDS (or SLOTS) array reply gives, into `next`;
+  // false for a reply that cannot be read.
+  bool read_shards(const ::redisReply* r, std::array<std::int16_t, kClusterSlots>& next);
+  bool read_slots(const ::redisReply* r, std::array<std::int16_t, kClusterSlots>& next);
   void expire_waiters();
   // The events node `node`'s store reports through: ours, a lost
   // connection asks for a refresh (the node may have failed over), and a

@@ -8,13 +8,10 @@
 // AUTH, SELECT and (for a master found through Sentinel) ROLE. Requests wait
 // for the handshake's answers, so a refused AUTH or SELECT, or a node that
 // is no master, fails them with a clear error instead of letting them run on
-// the wrong node or database. It reconnects with doubling back-off when the
-// connection is lost, and fails every request that cannot complete with a
-// typed error: every callback runs exactly once. Requests made while the
-// connection is down wait for the next connection attempt (bounded by the
-// back-off and the connect timeout) and fail if it fails. A request without
-// a reply within command_timeout resets the connection, so a server that
-// stopped answering cannot hang anything.
+// the wrong node or database. Reconnection and the command timeout are
+// core/reconnector.hpp's. Every request that cannot complete fails with a
+// typed error (every callback runs exactly once); one made while the
+// connection is down waits for the next attempt and fails if it fails.
 //
 // In pubsub mode the connection carries a Subscriptions (subscriptions.hpp:
 // classic or sharded), which keeps the channels wanted and is resubscribed

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <array>
+#include <cassert>
 #include <charconv>
 #include <cstdint>
 #include <iterator>
@@ -14,6 +15,58 @@
 
 namespace lockwatch::detail {
 namespace {
+
+// Each script's KEYS, ARGV and reply are its ScriptId's (scripts.hpp).
+//
+// Lua text that several scripts share is written once, as a fragment: a
+// script names one as @name@ and script() splices it in as it composes the
+// scripts at first use (the SHA-1 is the composed text's). Text, not a Lua
+// function: a closure would be made anew on every call, which a lone lock
+// pays for. A fragment uses the names the script defines before it.
+struct Fragment {
+  std::string_view name, lua;
+};
+constexpr Fragment kFragments[] = {
+    {"ms", "tonumber(now[1]) * 1000 + math.floor(tonumber(now[2]) / 1000)"},  // TIME's reply `now` in ms
+    {"now", "local now = redis.call('time')\nnow = @ms@"},  // the server's clock in ms
+    // Whether value `v` is held with `token`: the token up to the first
+    // space (the owner record after it), or alone, as versions before wrote.
+    {"ours", "(v == token or (type(v) == 'string' and string.sub(v, 1, #token + 1) == token .. ' '))"},
+    // The error entry of `counter`, whose INCR or GET `f` Redis refused.
+    {"counter_error", "f.err .. ' (' .. counter .. ' is not a fencing counter)'"},
+    // The owner record of a holder of a kind (its grant time, its owner).
+    {"record", "redis.pcall('hset', owners, token, string.format('%d', now) .. ' ' .. owner)"},
+    // A kind's acquisition (see kAcquireKind): `lock`'s value `v` read, an
+    // error or a busy answer for a key held as another kind than `marker`
+    // (`asked` names it), `now`, and its `holders` past their deadline pruned.
+    {"kind_check", R"lua(local v = redis.pcall('get', lock)
+if type(v) == 'table' then return 'e' .. string.gsub(v.err .. ' (' .. lock .. ')', '[\r\n]', ' ') end
+if v and v ~= marker then
+  local held_as
+  if v == 'lockwatch:shared' then
+    held_as = 'shared'
+  elseif string.sub(v, 1, 18) == 'lockwatch:permits:' then
+    held_as = 'a semaphore of ' .. string.sub(v, 19) .. ' permit(s)'
+  elseif v == 'lockwatch:fair' then
+    held_as = 'fair'
+  else
+    local t = redis.call('pttl', lock)
+    if t < 0 then
+      return 'eLOCKWATCH ' .. string.gsub(lock, '[\r\n]', ' ') .. ' exists without expiry: not a lockwatch lock'
+    end
+    if asked == 'shared' then return 'b' .. t end
+    held_as = 'exclusive'
+  end
+  return 'eLOCKWATCH-KIND ' .. string.gsub(lock .. ' is held as ' .. held_as .. '; this call asked for it ' .. asked,
+                                           '[\r\n]', ' ')
+end
+@now@
+if not v then
+  redis.call('del', holders)
+  redis.pcall('del', owners)
+end
+redis.call('zremrangebyscore', holders, '-inf', now))lua"},
+};
 
 // The acquisitions of one call, any number of locks (a lone lock is a
 // batch of one), each in turn. SET NX first, the one call a free lock
@@ -32,24 +85,21 @@ namespace {
 // taken again (the ttl set anew) with the slot's counter as it stands, at
 // least the token the lost reply carried and below the next holder's, so
 // retrying with the same token is safe; pcall on its GET: a key of another
-// type is simply not ours. One entry per lock, joined by '\n' (one string,
-// not an array: the client parses one reply object, not one per lock); a
-// failure's entry is an error line, with Redis's code first (or LOCKWATCH),
-// kept on one line whatever the key's name holds. Tokens go out with %d:
-// Lua would print a number of 15 digits or more in exponent form. No
-// helper functions: a closure would be made anew on every call, which a
-// lone lock pays for. A writer's mark for readers (see kAcquireKind) is
-// read, set and deleted by name, undeclared, and with pcall: it shares the
-// lock's slot, but a node importing that slot (an ASK) refuses keys not
-// declared; the mark is a preference, never what exclusion rests on, so
-// that attempt goes without it. Only a call that waits (its ttl sent as
-// 'w<ms>') comes back to a mark: it alone leaves one, and its grant alone
-// looks for one to delete; a call that does not wait costs no read of it. Who holds a lock is in its value: the
-// owner token, then, after a space each, the grant time (the server's
-// TIME in unix ms, '-' where TIME is refused) and the runtime's owner name
-// (the last ARGV): no other key per lock. Every script that asks whether a
-// lock is a token's reads the token up to the first space (a value
-// without one, as versions before wrote, is the token alone).
+// type is simply not ours. One entry per lock (one string, not an array:
+// the client parses one reply object, not one per lock); a failure's entry
+// is an error line, with Redis's code first (or LOCKWATCH), kept on one
+// line whatever the key's name holds. Tokens go out with %d: Lua would
+// print a number of 15 digits or more in exponent form. A writer's mark
+// for readers (see kAcquireKind) is read, set and deleted by name,
+// undeclared, and with pcall: it shares the lock's slot, but a node
+// importing that slot (an ASK) refuses keys not declared; the mark is a
+// preference, never what exclusion rests on, so that attempt goes without
+// it. Only a call that waits (its ttl sent as 'w<ms>') comes back to a
+// mark: it alone leaves one, and its grant alone looks for one to delete;
+// a call that does not wait costs no read of it. Who holds a lock is in
+// its value: the owner token, then, after a space each, the grant time
+// (the server's TIME in unix ms, '-' where TIME is refused) and the
+// runtime's owner name (the last ARGV): no other key per lock.
 constexpr std::string_view kAcquire = R"lua(
 local out = {}
 local now = redis.pcall('time')
@@ -70,7 +120,7 @@ for i = 1, #KEYS / 3 do
     else
       f = redis.pcall('incr', counter)
       if type(f) == 'table' then
-        err = f.err .. ' (' .. counter .. ' is not a fencing counter)'
+        err = @counter_error@
       elseif old then
         if tonumber(old) >= f then
           redis.call('set', counter, old)
@@ -93,10 +143,10 @@ for i = 1, #KEYS / 3 do
     local v = redis.pcall('get', lock)
     if t < 0 then
       err = 'LOCKWATCH ' .. lock .. ' exists without expiry: not a lockwatch lock'
-    elseif v == token or (type(v) == 'string' and string.sub(v, 1, #token + 1) == token .. ' ') then
+    elseif @ours@ then
       f = redis.pcall('get', counter)
       if type(f) == 'table' then
-        err = f.err .. ' (' .. counter .. ' is not a fencing counter)'
+        err = @counter_error@
       else
         redis.call('pexpire', lock, ttl)
         out[i] = 't' .. (f or '0')
@@ -135,50 +185,21 @@ return table.concat(out, '\n')
 // if shorter, refreshed at each of its attempts, which the busy answer
 // brings within half of that); while it is there no new reader goes in
 // (writers are not starved), and the writer's grant deletes it. A writer
-// that stops waiting holds readers back for that short expiry at most. Readers take no fencing token: they are
-// answered the slot's counter as it stands (the last writer's, or above
-// it); each permit's grant raises it, a retried one's too (a holder asking
-// again after its reply was lost: other permits may have been granted
-// since, so the counter as it stands may be another holder's token, and it
-// is answered a new one). All these keys share the lock's hash
-// tag, so one Cluster slot. KEYS: lock, holders, writer mark, the slot's
-// counter. ARGV: token, ttl ms, 's' (shared) or n (permits). One entry, as
-// the acquire script's: 't<token>', 'b<ms>', or 'e<error>' where a key
-// held as another kind, or a semaphore of another n, is refused with the
-// code LOCKWATCH-KIND (InvalidArgument), never joined.
+// that stops waiting holds readers back for that short expiry at most.
+// Readers take no fencing token: they are answered the slot's counter as
+// it stands (the last writer's, or above it); each permit's grant raises
+// it, a retried one's too (a holder asking again after its reply was lost:
+// other permits may have been granted since, so the counter as it stands
+// may be another holder's token, and it is answered a new one). All these
+// keys share the lock's hash tag, so one Cluster slot. A key held as
+// another kind, or a semaphore of another n, is refused, never joined.
 constexpr std::string_view kAcquireKind = R"lua(
 local lock, holders, mark, counter = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
 local token, ttl, kind, owner = ARGV[1], tonumber(ARGV[2]), ARGV[3], ARGV[4] or ''
 local owners = lock .. ':owners'
 local marker = kind == 's' and 'lockwatch:shared' or ('lockwatch:permits:' .. kind)
 local asked = kind == 's' and 'shared' or (kind .. ' permit(s)')
-local v = redis.pcall('get', lock)
-if type(v) == 'table' then return 'e' .. string.gsub(v.err .. ' (' .. lock .. ')', '[\r\n]', ' ') end
-local held_as
-if v and v ~= marker then
-  if v == 'lockwatch:shared' then
-    held_as = 'shared'
-  elseif string.sub(v, 1, 18) == 'lockwatch:permits:' then
-    held_as = 'a semaphore of ' .. string.sub(v, 19) .. ' permit(s)'
-  elseif v == 'lockwatch:fair' then
-    held_as = 'fair'
-  else
-    local t = redis.call('pttl', lock)
-    if t < 0 then return 'eLOCKWATCH ' .. string.gsub(lock, '[\r\n]', ' ') .. ' exists without expiry: not a lockwatch lock' end
-    if kind == 's' then return 'b' .. t end
-    held_as = 'exclusive'
-  end
-end
-if held_as then
-  return 'eLOCKWATCH-KIND ' .. string.gsub(lock .. ' is held as ' .. held_as .. '; this call asked for it ' .. asked, '[\r\n]', ' ')
-end
-local now = redis.call('time')
-now = tonumber(now[1]) * 1000 + math.floor(tonumber(now[2]) / 1000)
-if not v then
-  redis.call('del', holders)
-  redis.pcall('del', owners)
-end
-redis.call('zremrangebyscore', holders, '-inf', now)
+@kind_check@
 local mine = redis.call('zscore', holders, token)
 local f
 if kind == 's' then
@@ -194,25 +215,22 @@ else
   end
   f = redis.pcall('incr', counter)
 end
-if type(f) == 'table' then return 'e' .. f.err .. ' (' .. counter .. ' is not a fencing counter)' end
+if type(f) == 'table' then return 'e' .. @counter_error@ end
 redis.call('zadd', holders, string.format('%d', now + ttl), token)
 local last = redis.call('zrange', holders, -1, -1, 'WITHSCORES')
 local px = string.format('%d', tonumber(last[2]) - now)
 redis.call('set', lock, marker, 'PX', px)
 redis.call('pexpire', holders, px)
-if not mine then redis.pcall('hset', owners, token, string.format('%d', now) .. ' ' .. owner) end
+if not mine then @record@ end
 redis.pcall('pexpire', owners, px)
 return 't' .. string.format('%d', tonumber(f or '0'))
 )lua";
 
-// Renews shared and permit leases, any number in one call. KEYS: lock,
-// holders for each. ARGV: token, ttl ms, marker for each. One byte per
-// lease as the renew script's: '1' renewed (its deadline moved, the lock's
-// expiry raised to it if lower), '0' gone (its deadline had passed, or the
-// lock is gone), 'x' the key is held otherwise now, 'e' Redis refused.
+// Renews shared and permit leases, any number in one call: a lease's
+// deadline moves, and the lock's expiry is raised to it if lower; a lease
+// past its deadline (or of a lock gone) is gone.
 constexpr std::string_view kRenewKind = R"lua(
-local now = redis.call('time')
-now = tonumber(now[1]) * 1000 + math.floor(tonumber(now[2]) / 1000)
+@now@
 local out = {}
 for i = 1, #KEYS / 2 do
   local lock, holders = KEYS[2 * i - 1], KEYS[2 * i]
@@ -242,18 +260,13 @@ end
 return table.concat(out)
 )lua";
 
-// Releases shared and permit leases. KEYS: lock, holders for each. ARGV:
-// 's' SPUBLISH or 'p' PUBLISH; then token, channel ('' for nobody to
-// wake), marker for each. The lock's expiry shrinks to its last live
-// holder's deadline; the last holder's release deletes both keys. A
+// Releases shared and permit leases. The lock's expiry shrinks to its last
+// live holder's deadline; the last holder's release deletes both keys. A
 // permit's release wakes the waiters (one may take it), a reader's only
-// when it was the last (a writer waits for that). One byte per lease as the
-// release script's: '1' released, '0' gone (past its deadline), 'x' the key
-// is held otherwise.
+// when it was the last (a writer waits for that).
 constexpr std::string_view kReleaseKind = R"lua(
 local publish = ARGV[1] == 's' and 'spublish' or 'publish'
-local now = redis.call('time')
-now = tonumber(now[1]) * 1000 + math.floor(tonumber(now[2]) / 1000)
+@now@
 local out = {}
 for i = 1, #KEYS / 2 do
   local lock, holders = KEYS[2 * i - 1], KEYS[2 * i]
@@ -303,32 +316,14 @@ return table.concat(out)
 // when dropping dead waiters leaves a free lock to another first, the
 // release channel wakes it. The token comes from the slot's counter, as a
 // mutex's. All these keys share the lock's hash tag (one Cluster slot);
-// the queue's keys expire with the last place in it. KEYS: lock, holders,
-// queue, waiting, the slot's counter. ARGV: token, ttl ms, channel, 's'
-// SPUBLISH or 'p' PUBLISH. One entry as kAcquireKind's.
+// the queue's keys expire with the last place in it.
 constexpr std::string_view kAcquireFair = R"lua(
 local lock, holders, queue, waiting, counter = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
 local token, ttl, channel = ARGV[1], tonumber(ARGV[2]), ARGV[3]
 local publish = ARGV[4] == 's' and 'spublish' or 'publish'
 local owner, owners = ARGV[5] or '', lock .. ':owners'
-local v = redis.pcall('get', lock)
-if type(v) == 'table' then return 'e' .. string.gsub(v.err .. ' (' .. lock .. ')', '[\r\n]', ' ') end
-if v and v ~= 'lockwatch:fair' then
-  local held_as
-  if v == 'lockwatch:shared' then
-    held_as = 'shared'
-  elseif string.sub(v, 1, 18) == 'lockwatch:permits:' then
-    held_as = 'a semaphore of ' .. string.sub(v, 19) .. ' permit(s)'
-  else
-    if redis.call('pttl', lock) < 0 then
-      return 'eLOCKWATCH ' .. string.gsub(lock, '[\r\n]', ' ') .. ' exists without expiry: not a lockwatch lock'
-    end
-    held_as = 'exclusive'
-  end
-  return 'eLOCKWATCH-KIND ' .. string.gsub(lock .. ' is held as ' .. held_as .. '; this call asked for it fair', '[\r\n]', ' ')
-end
-local now = redis.call('time')
-now = tonumber(now[1]) * 1000 + math.floor(tonumber(now[2]) / 1000)
+local marker, asked = 'lockwatch:fair', 'fair'
+@kind_check@
 local dropped = false
 while true do
   local w = redis.call('zrange', waiting, 0, 0, 'WITHSCORES')
@@ -337,15 +332,10 @@ while true do
   redis.call('zrem', queue, w[1])
   dropped = true
 end
-if not v then
-  redis.call('del', holders)
-  redis.pcall('del', owners)
-end
-redis.call('zremrangebyscore', holders, '-inf', now)
 local out
 if redis.call('zscore', holders, token) then
   local f = redis.pcall('get', counter)
-  if type(f) == 'table' then return 'e' .. f.err .. ' (' .. counter .. ' is not a fencing counter)' end
+  if type(f) == 'table' then return 'e' .. @counter_error@ end
   redis.call('zadd', holders, string.format('%d', now + ttl), token)
   redis.call('set', lock, 'lockwatch:fair', 'PX', ttl)
   redis.call('pexpire', holders, ttl)
@@ -362,14 +352,14 @@ local first = redis.call('zrange', queue, 0, 0)[1]
 local holder = redis.call('zrange', holders, 0, 0, 'WITHSCORES')
 if #holder == 0 and first == token then
   local f = redis.pcall('incr', counter)
-  if type(f) == 'table' then return 'e' .. f.err .. ' (' .. counter .. ' is not a fencing counter)' end
+  if type(f) == 'table' then return 'e' .. @counter_error@ end
   redis.call('zrem', queue, token)
   redis.call('zrem', waiting, token)
   redis.call('zadd', holders, string.format('%d', now + ttl), token)
   redis.call('set', lock, 'lockwatch:fair', 'PX', ttl)
   redis.call('pexpire', holders, ttl)
   redis.pcall('del', owners)
-  redis.pcall('hset', owners, token, string.format('%d', now) .. ' ' .. owner)
+  @record@
   redis.pcall('pexpire', owners, ttl)
   out = 't' .. string.format('%d', f)
 else
@@ -393,10 +383,8 @@ end
 return out
 )lua";
 
-// A fair waiter gives up its place (FairQueue::withdraw). KEYS: lock,
-// queue, waiting. ARGV: token, channel, 's' SPUBLISH or 'p' PUBLISH. If it
-// was first while the lock is free, the new first is woken. Answers 1 if
-// it was queued, else 0.
+// A fair waiter gives up its place (FairQueue::withdraw). If it was first
+// while the lock is free, the new first is woken.
 constexpr std::string_view kWithdrawFair = R"lua(
 local first = redis.call('zrange', KEYS[2], 0, 0)[1]
 local gone = redis.call('zrem', KEYS[2], ARGV[1])
@@ -409,16 +397,15 @@ return gone
 
 // Renews every lease due in one tick with one command. pcall: one key of
 // the wrong type (or an OOM refusal) fails its own entry, not the batch.
-// One byte per lease, in KEYS order: '1' renewed, '0' gone, 'x' someone
-// else's, 'e' Redis refused (one string instead of an array of integers:
-// the client parses one reply, not one per lease).
+// One string of bytes, not an array of integers: the client parses one
+// reply, not one per lease.
 constexpr std::string_view kRenew = R"lua(
 local out = {}
 for i = 1, #KEYS do
-  local v = redis.pcall('get', KEYS[i])
+  local v, token = redis.pcall('get', KEYS[i]), ARGV[2 * i - 1]
   if type(v) == 'table' and v.err then
     out[i] = 'e'
-  elseif v and (v == ARGV[2 * i - 1] or string.sub(v, 1, #ARGV[2 * i - 1] + 1) == ARGV[2 * i - 1] .. ' ') then
+  elseif v and @ours@ then
     local ok = redis.pcall('pexpire', KEYS[i], ARGV[2 * i])
     if type(ok) == 'table' and ok.err then out[i] = 'e' else out[i] = '1' end
   elseif v then
@@ -430,23 +417,20 @@ end
 return table.concat(out)
 )lua";
 
-// The releases of one call, any number of locks, each in turn. ARGV[1]
-// says how a release is told: 's' SPUBLISH (a cluster), else PUBLISH (one
-// node, Sentinel, Redlock); then each lock's token and channel ('' for a
-// lock given back unused: nobody is woken). The channel shares the lock's
-// hash tag and so its slot; it is not declared as a key: a declared key
-// that is no key would make a migrating slot answer TRYAGAIN. A lock
-// already gone answers '0', which a retry after a lost reply counts as
-// released; a key of another type is not ours ('x': left alone). One byte
-// per lock: '0' gone, 'x' another owner's, or released, by how many
-// subscribers of this node the notice reached (PUBLISH's and SPUBLISH's
-// answer): 'u' none (or no notice), 'v' one, '1' more.
+// The releases of one call, any number of locks, each in turn, told by
+// SPUBLISH on a cluster, else PUBLISH (one node, Sentinel, Redlock). The
+// channel shares the lock's hash tag and so its slot; it is not declared
+// as a key: a declared key that is no key would make a migrating slot
+// answer TRYAGAIN. A lock already gone answers '0', which a retry after a
+// lost reply counts as released; a key of another type is not ours ('x':
+// left alone). How many subscribers of this node the notice reached is
+// PUBLISH's and SPUBLISH's answer.
 constexpr std::string_view kRelease = R"lua(
 local publish = ARGV[1] == 's' and 'spublish' or 'publish'
 local out = {}
 for i = 1, #KEYS do
-  local v = redis.pcall('get', KEYS[i])
-  if v == ARGV[2 * i] or (type(v) == 'string' and string.sub(v, 1, #ARGV[2 * i] + 1) == ARGV[2 * i] .. ' ') then
+  local v, token = redis.pcall('get', KEYS[i]), ARGV[2 * i]
+  if @ours@ then
     redis.call('del', KEYS[i])
     local heard = 0
     if ARGV[2 * i + 1] ~= '' then heard = redis.call(publish, ARGV[2 * i + 1], '1') end
@@ -486,7 +470,7 @@ for i = 1, #KEYS / 3 do
   if t == 'none' then
     local f = redis.pcall('incr', counter)
     if type(f) == 'table' then
-      err = f.err .. ' (' .. counter .. ' is not a fencing counter)'
+      err = @counter_error@
     else
       redis.call('del', latch)
       redis.call('hincrby', lock, field, 1)
@@ -498,7 +482,7 @@ for i = 1, #KEYS / 3 do
   elseif redis.call('hexists', lock, field) == 1 then
     local f = redis.pcall('get', counter)
     if type(f) == 'table' then
-      err = f.err .. ' (' .. counter .. ' is not a fencing counter)'
+      err = @counter_error@
     else
       redis.call('pexpire', lock, ttl)
       out[i] = 't' .. (f or '0')
@@ -541,7 +525,7 @@ return table.concat(out)
 // the lock is deleted, the unlock message 0 published on its channel, and
 // the latch set to 1; above zero (someone entered our field again: never a
 // lockwatch lease) the lock stays and the latch is 0. The latch expires by
-// its PX. The notice as kRelease's: 'u' none heard, 'v' one, '1' more.
+// its PX.
 constexpr std::string_view kRedissonRelease = R"lua(
 local publish = ARGV[1] == 's' and 'spublish' or 'publish'
 local out = {}
@@ -587,8 +571,8 @@ return 1
 // counter stays a decimal string, as INCR leaves it), which the ACL rule
 // for the acquire script allows already.
 constexpr std::string_view kReserveTokens = R"lua(
-local v = redis.call('get', KEYS[1])
-if v ~= ARGV[1] and (not v or string.sub(v, 1, #ARGV[1] + 1) ~= ARGV[1] .. ' ') then return 0 end
+local v, token = redis.call('get', KEYS[1]), ARGV[1]
+if not @ours@ then return 0 end
 local c = tonumber(redis.call('get', KEYS[2]) or '0') + tonumber(ARGV[2])
 redis.call('set', KEYS[2], string.format('%d', c))
 return c
@@ -626,7 +610,7 @@ if string.sub(v, 1, 10) ~= 'lockwatch:' then
 end
 local now = redis.pcall('time')
 if now.err then return {t, f, v, {}, ''} end
-now = tonumber(now[1]) * 1000 + math.floor(tonumber(now[2]) / 1000)
+now = @ms@
 local hs = {}
 if t > 0 then
   local owners = KEYS[1] .. ':owners'
@@ -648,15 +632,10 @@ return {t, f, v, hs, string.format('%d', now)}
 // A shared or permit lock's holders and a writer's mark go too (undeclared,
 // with pcall: a node importing the slot refuses them, and the next
 // acquisition clears holders left without their lock).
-// ARGV: the channel, and 's' (SPUBLISH) or 'p' (PUBLISH).
 constexpr std::string_view kForceRelease = R"lua(
 redis.pcall('del', KEYS[1] .. ':holders', KEYS[1] .. ':writer', KEYS[1] .. ':owners')
 if redis.call('del', KEYS[1]) == 1 then
-  if ARGV[2] == 's' then
-    redis.call('spublish', ARGV[1], '1')
-  else
-    redis.call('publish', ARGV[1], '1')
-  end
+  redis.call(ARGV[2] == 's' and 'spublish' or 'publish', ARGV[1], '1')
   return 1
 end
 return 0
@@ -667,16 +646,30 @@ return 0
 // since Redis 5 scripts replicate their effects, so a clock read before a
 // write is allowed. Periods stay below 2^53, so Lua numbers hold them.
 constexpr std::string_view kClaimPeriod = R"lua(
-local t = redis.call('time')
-local v = redis.call('get', KEYS[1])
-if v ~= ARGV[1] and (not v or string.sub(v, 1, #ARGV[1] + 1) ~= ARGV[1] .. ' ') then return {'-1', t[1], t[2], '0'} end
-local now_ms = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-if now_ms < tonumber(ARGV[3]) then return {'2', t[1], t[2], '0'} end
+local now = redis.call('time')
+local v, token = redis.call('get', KEYS[1]), ARGV[1]
+if not @ours@ then return {'-1', now[1], now[2], '0'} end
+if @ms@ < tonumber(ARGV[3]) then return {'2', now[1], now[2], '0'} end
 local last = redis.call('get', KEYS[2])
-if last and tonumber(last) >= tonumber(ARGV[2]) then return {'0', t[1], t[2], last} end
+if last and tonumber(last) >= tonumber(ARGV[2]) then return {'0', now[1], now[2], last} end
 redis.call('set', KEYS[2], ARGV[2])
-return {'1', t[1], t[2], ARGV[2]}
+return {'1', now[1], now[2], ARGV[2]}
 )lua";
+
+// `source` with each @name@ in it replaced by that fragment, composed too,
+// appended to `out`.
+void compose(std::string_view source, std::string& out) {
+  for (std::size_t at = source.find('@'); at != std::string_view::npos; at = source.find('@')) {
+    const std::size_t end = source.find('@', at + 1);
+    const std::string_view name = source.substr(at + 1, end - at - 1);
+    const Fragment* f = std::find_if(std::begin(kFragments), std::end(kFragments),
+                                     [&](const Fragment& x) { return x.name == name; });
+    assert(end != std::string_view::npos && f != std::end(kFragments));
+    compose(f->lua, out.append(source.substr(0, at)));
+    source.remove_prefix(end + 1);
+  }
+  out.append(source);
+}
 
 inline std::uint32_t rol(std::uint32_t x, int n) { return (x << n) | (x >> (32 - n)); }
 
@@ -697,34 +690,19 @@ std::string sha1_hex(std::string_view data) {
       w[i] = (std::uint32_t{p[0]} << 24) | (std::uint32_t{p[1]} << 16) | (std::uint32_t{p[2]} << 8) | p[3];
     }
     for (int i = 16; i < 80; ++i) w[i] = rol(w[i - 3] ^ w[i - 8] ^ w[i - 14] ^ w[i - 16], 1);
-    std::uint32_t a = h[0], b = h[1], c = h[2], d = h[3], e = h[4];
+    static constexpr std::uint32_t kK[4] = {0x5A827999u, 0x6ED9EBA1u, 0x8F1BBCDCu, 0xCA62C1D6u};
+    std::uint32_t v[5] = {h[0], h[1], h[2], h[3], h[4]};  // a, b, c, d, e
     for (int i = 0; i < 80; ++i) {
-      std::uint32_t f, k;
-      if (i < 20) {
-        f = (b & c) | (~b & d);
-        k = 0x5A827999u;
-      } else if (i < 40) {
-        f = b ^ c ^ d;
-        k = 0x6ED9EBA1u;
-      } else if (i < 60) {
-        f = (b & c) | (b & d) | (c & d);
-        k = 0x8F1BBCDCu;
-      } else {
-        f = b ^ c ^ d;
-        k = 0xCA62C1D6u;
-      }
-      std::uint32_t t = rol(a, 5) + f + e + k + w[i];
-      e = d;
-      d = c;
-      c = rol(b, 30);
-      b = a;
-      a = t;
+      const std::uint32_t b = v[1], c = v[2], d = v[3];
+      const std::uint32_t f = i < 20 ? (b & c) | (~b & d) : (i / 20 == 2) ? (b & c) | (b & d) | (c & d) : b ^ c ^ d;
+      const std::uint32_t t = rol(v[0], 5) + f + v[4] + kK[i / 20] + w[i];
+      v[4] = d;
+      v[3] = c;
+      v[2] = rol(b, 30);
+      v[1] = v[0];
+      v[0] = t;
     }
-    h[0] += a;
-    h[1] += b;
-    h[2] += c;
-    h[3] += d;
-    h[4] += e;
+    for (int i = 0; i < 5; ++i) h[i] += v[i];
   }
   static constexpr char kHex[] = "0123456789abcdef";
   std::string out;
@@ -761,9 +739,12 @@ const Script& script(ScriptId id) {
       {kRedissonRelease, "redisson release", "GET, SET, HEXISTS, HINCRBY, EXISTS, DEL, PUBLISH or SPUBLISH"},
   };
   static const auto table = [] {
+    static std::array<std::string, std::size(kScripts)> composed;  // each Script's source
     std::array<Script, std::size(kScripts)> t;
-    for (std::size_t i = 0; i < t.size(); ++i)
-      t[i] = Script{kScripts[i].source, sha1_hex(kScripts[i].source), kScripts[i].name, kScripts[i].calls};
+    for (std::size_t i = 0; i < t.size(); ++i) {
+      compose(kScripts[i].source, composed[i]);
+      t[i] = Script{composed[i], sha1_hex(composed[i]), kScripts[i].name, kScripts[i].calls};
+    }
     return t;
   }();
   return table[static_cast<std::size_t>(id)];

@@ -61,8 +61,10 @@ enum class ScriptId : std::uint8_t {
   kRenew,
   // KEYS: locks. ARGV: 's' to SPUBLISH (a cluster) or 'p' to PUBLISH; then
   // token, channel for each lock in turn ('' for a lock given back unused:
-  // no one is woken for it). One byte per lock: '1' released (and
-  // published), '0' gone, 'x' another owner's (or not a string: left alone).
+  // no one is woken for it). One byte per lock: '0' gone, 'x' another
+  // owner's (or not a string: left alone), or released, by how many
+  // subscribers of the node its notice reached: 'u' none (or no notice),
+  // 'v' one, '1' more.
   kRelease,
   // KEYS: the lock's slot's counter. ARGV: token. Raises the counter to the
   // token if below it; answers 1.
@@ -111,8 +113,7 @@ enum class ScriptId : std::uint8_t {
   kRedissonRenew,
   // KEYS: lock, its unlock latch for each. ARGV: 's' or 'p'; then owner
   // field, channel ('' no notice: the store always gives one), the latch's
-  // expiry in ms for each.
-  // Bytes as kRelease's.
+  // expiry in ms for each. Bytes as kRelease's.
   kRedissonRelease,
 };
 
