@@ -4,12 +4,12 @@
 
 #include <algorithm>
 #include <array>
-#include <cassert>
 #include <charconv>
 #include <cstdint>
 #include <iterator>
 #include <limits>
 #include <optional>
+#include <stdexcept>
 
 #include "store/redis/redis_error.hpp"
 
@@ -664,7 +664,8 @@ void compose(std::string_view source, std::string& out) {
     const std::string_view name = source.substr(at + 1, end - at - 1);
     const Fragment* f = std::find_if(std::begin(kFragments), std::end(kFragments),
                                      [&](const Fragment& x) { return x.name == name; });
-    assert(end != std::string_view::npos && f != std::end(kFragments));
+    if (end == std::string_view::npos || f == std::end(kFragments))
+      throw std::logic_error("a script names a fragment that does not exist");
     compose(f->lua, out.append(source.substr(0, at)));
     source.remove_prefix(end + 1);
   }
