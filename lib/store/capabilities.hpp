@@ -1,15 +1,8 @@
-// lib/store/capabilities.hpp: what a store may offer beyond locking.
-//
-// LockStore (lock_store.hpp) is what every lock needs. These are the parts
-// not every store can give: each is a small interface that a store class
-// also derives from when it can, and offers once in its constructor (the
-// Capabilities of lock_store.hpp). No cast finds them. The runtime asks
-// for one with capability<T>(store), and a call that needs one the store
-// lacks fails with lockwatch::Unsupported naming it (require<T>). Each
-// class's kName says what it offers: a quorum's members raise fences
-// (FenceRaising) so that a majority agrees on the token it hands out; a
-// store without TokenBlocks gets no in-process hand-off
-// (Options::handoff.enabled); DirectLane is a single Redis node's.
+// lib/store/capabilities.hpp: what a store may offer beyond locking, each a
+// small interface a store class derives from when it can and offers once
+// in its constructor; how the runtime asks for one (capability<T>,
+// require<T>): docs/how-it-works.md ("The store interface and the
+// threads"). Each class's kName says what it offers.
 //
 // Threading and callbacks as in LockStore: loop thread only (but
 // DirectLane's calls); a callback runs exactly once and never

@@ -1,34 +1,20 @@
 // lib/store/lock_store.hpp: the one interface between the runtime and every
-// place a lock can live (one Redis node, a node found through Sentinel, a
-// quorum of stores for Redlock, a SQL table, a space in this process's
-// memory, an in-memory store in the unit tests).
+// place a lock can live. The runtime knows what a lock means, a store where
+// it lives; the seam between them (data read once, capabilities offered
+// once, 8 virtual operations): docs/how-it-works.md ("The store interface
+// and the threads").
 //
-// The runtime knows what a lock means (admission, waiting, the watchdog);
-// a store knows where it lives: connections, scripts, key names and reply
-// formats stay behind this interface.
-//
-// The seam is narrow, in three parts:
-// - Data read once: a StoreTraits the store gives LockStore at
-//   construction, read by non-virtual members.
-// - Capabilities: what not every store can do (capabilities.hpp), offered
-//   once in its constructor (offer()); null where absent.
-// - Operations: the 8 virtual lock operations below.
-//
-// Batch-first. acquire, renew and release take a batch of locks and answer
-// through one callback that runs exactly once per lock, with the lock's
-// index in the batch. A store may answer the locks of a batch at different
-// times (a quorum decides each lock as soon as its votes allow), but never
-// twice and never not at all.
+// Batch-first: acquire, renew and release answer through one callback that
+// runs exactly once per lock, with its index in the batch; a store may
+// answer a batch's locks at different times, never twice, never not at all.
 //
 // Threading: construction, traits(), capabilities() and the functions that
 // read them (encode(), check_key(), check_kind(), ...) on any thread; every
 // other member, and every callback, on the loop thread only. A callback
 // never runs inside the call that registered it (a store that can answer at
 // once defers through Loop::post), so callers may hold state across a call.
-//
-// Errors are values here: a store never throws through the loop. A failure
-// is a status with a StoreError (store_error.hpp); callbacks that answer
-// with or without one take it by pointer, null on success.
+// Errors are values (a StoreError, by pointer, null on success), never
+// thrown through the loop.
 //
 // Costs: one virtual call per batch; a store must not copy the names and
 // tokens of a renewal batch (they stay valid while its keepalive lives).

@@ -16,17 +16,10 @@ namespace {
 
 // How much a node's failure says: a refusal or refused credentials say
 // what is wrong, a "not now" or a redirect less, an unreachable node least.
-int weight(const StoreError& e) {
-  switch (e.kind) {
-    case StoreError::Kind::kAuth: return 4;
-    case StoreError::Kind::kRefused:
-    case StoreError::Kind::kInvalid: return 3;
-    case StoreError::Kind::kRetryLater: return 2;
-    case StoreError::Kind::kRedirect: return 1;
-    case StoreError::Kind::kUnavailable: return 0;
-  }
-  return 0;
-}
+// By StoreError::Kind: kUnavailable, kAuth, kRefused, kRedirect, kRetryLater, kInvalid.
+constexpr int kWeight[] = {0, 4, 3, 1, 2, 3};
+static_assert(std::size(kWeight) == static_cast<std::size_t>(StoreError::Kind::kInvalid) + 1);
+int weight(const StoreError& e) { return kWeight[static_cast<std::size_t>(e.kind)]; }
 
 // Keeps the most telling of the nodes' failures (the first among equals).
 void keep_most_telling(std::unique_ptr<StoreError>& kept, const StoreError& e) {
@@ -89,10 +82,9 @@ QuorumStore::QuorumStore(std::vector<std::unique_ptr<LockStore>> stores, std::ve
   // A majority must agree on each token it hands out, and every store must
   // answer the same questions: each member offers all three.
   for (std::size_t i = 0; i < stores_.size(); ++i) {
-    fences_.push_back(&require<FenceRaising>(*stores_[i], names_[i]));
-    jobs_.push_back(&require<JobClaims>(*stores_[i], names_[i]));
-    tools_.push_back(&require<OperatorTools>(*stores_[i], names_[i]));
-    if (auto* l = capability<LockListing>(*stores_[i])) listings_.push_back(l);
+    require<FenceRaising>(*stores_[i], names_[i]);
+    require<JobClaims>(*stores_[i], names_[i]);
+    require<OperatorTools>(*stores_[i], names_[i]);
   }
   offer({.job_claims = this, .operator_tools = this, .lock_listing = this});
 }
@@ -211,7 +203,7 @@ void QuorumStore::on_acquire_vote(const std::shared_ptr<AcquireBatch>& b, std::s
 void QuorumStore::raise_on(const std::shared_ptr<AcquireBatch>& b, std::size_t k, std::size_t store) {
   auto& t = b->locks[k];
   t.raise_asked++;
-  fences_[store]->raise_fence(t.name, t.fence, [this, b, k](bool ok) {
+  capability<FenceRaising>(*stores_[store])->raise_fence(t.name, t.fence, [this, b, k](bool ok) {
     auto& t = b->locks[k];
     t.raise_replies++;
     if (ok) t.raise_ok++;
@@ -325,8 +317,8 @@ void QuorumStore::server_time(TimeDone done) {
     std::vector<std::chrono::system_clock::time_point> times;
   };
   auto t = Tally::make(std::move(done));
-  for (auto* s : jobs_) {
-    s->server_time([this, t](std::chrono::system_clock::time_point now, const StoreError* err) {
+  for (auto& s : stores_) {
+    capability<JobClaims>(*s)->server_time([this, t](std::chrono::system_clock::time_point now, const StoreError* err) {
       if (!t->heard(err, stores_.size(), [&] { t->times.push_back(now); })) return;
       if (t->times.size() >= quorum_) return t->done(median(t->times), nullptr);
       const StoreError none = StoreError::unavailable("quorum", "no majority answered TIME");
@@ -344,8 +336,8 @@ void QuorumStore::claim_period(std::string_view name, std::string_view token, st
     std::vector<std::chrono::system_clock::time_point> times;
   };
   auto t = Tally::make(std::move(done));
-  for (auto* s : jobs_) {
-    s->claim_period(name, token, period, start, [this, t](const ClaimResult& r) {
+  for (auto& s : stores_) {
+    capability<JobClaims>(*s)->claim_period(name, token, period, start, [this, t](const ClaimResult& r) {
       using S = ClaimResult::Status;
       switch (r.status) {
         case S::kClaimed: t->claimed++; break;
@@ -428,12 +420,13 @@ void QuorumStore::list_locks(std::string_view prefix, std::size_t limit, ListDon
   // Each store lists in its own order: every one is asked for all it has
   // (up to the runtime's bound), so that a majority's locks meet here.
   constexpr std::size_t kEach = 10000;
-  if (listings_.size() != stores_.size()) {
+  if (!std::all_of(stores_.begin(), stores_.end(), [](const auto& s) { return capability<LockListing>(*s); })) {
     const StoreError none = StoreError::invalid("quorum", "a store of the quorum cannot list its locks");
     return t->done({}, &none);
   }
-  for (auto* s : listings_) {
-    s->list_locks(prefix, kEach, [this, t, limit](std::vector<LockInfo> locks, const StoreError* err) {
+  for (auto& s : stores_) {
+    LockListing* listing = capability<LockListing>(*s);
+    listing->list_locks(prefix, kEach, [this, t, limit](std::vector<LockInfo> locks, const StoreError* err) {
       if (!t->heard(err, stores_.size(), [&] { for (auto& l : locks) t->by_key[l.key].push_back(std::move(l)); }))
         return;
       if (t->answered < quorum_) {
@@ -457,8 +450,8 @@ void QuorumStore::inspect(std::string_view name, InspectDone done) {
     std::vector<LockInfo> infos;
   };
   auto t = Tally::make(std::move(done));
-  for (auto* s : tools_) {
-    s->inspect(name, [this, t](const LockInfo& info, const StoreError* err) {
+  for (auto& s : stores_) {
+    capability<OperatorTools>(*s)->inspect(name, [this, t](const LockInfo& info, const StoreError* err) {
       if (!t->heard(err, stores_.size(), [&] { t->infos.push_back(info); })) return;
       std::size_t largest = 0;
       LockInfo out = majority_view(t->infos, largest);
@@ -482,8 +475,8 @@ void QuorumStore::force_release(std::string_view name, ForceDone done) {
     bool held = false;
   };
   auto t = Tally::make(std::move(done));
-  for (auto* s : tools_) {
-    s->force_release(name, [this, t](bool held, const StoreError* err) {
+  for (auto& s : stores_) {
+    capability<OperatorTools>(*s)->force_release(name, [this, t](bool held, const StoreError* err) {
       if (!t->heard(err, stores_.size(), [&] { t->held = t->held || held; })) return;
       t->done(t->held, t->answered >= quorum_ ? nullptr : t->error.get());
     });

@@ -1,22 +1,13 @@
 // lib/store/quorum_store.hpp: Redlock, generic over any LockStore.
 //
-// N independent stores; every step needs a majority, Q = N/2 + 1:
-// - acquire: every store is asked at once with the same token; the lock is
-//   taken when Q stores took it within the validity time (ttl - elapsed -
-//   drift). The fencing token is the largest of the Q counters, and before
-//   it is handed out those Q stores are raised to it (raise_fence): a later
-//   holder needs Q stores too, shares at least one with this majority, and
-//   counts past it there. Anything short of a majority is given back on
-//   every store before the caller hears.
-// - renew: each store renews the batch; a lock is renewed once Q stores
-//   confirmed, gone once more than N - Q said "not yours", and transient
-//   when every store answered without either.
-// - kinds (lock_kind.hpp): shared locks as exclusive ones, each store
-//   keeping its readers; no permits (check_kind() says why).
-// - release: goes to every store; confirmed when Q stores answered, and
-//   answered only once every store did (or failed, bounded by its own
-//   timeouts), so a reachable store never keeps the key after the caller
-//   heard it was released.
+// N independent stores; every step needs a majority, Q = N/2 + 1. How
+// acquire (the validity time, the fence raised on the Q takers before it is
+// handed out, the give-back), renew and release count: docs/stores.md
+// ("Redlock over N independent masters", "Fencing tokens"). Renew is
+// transient when every store answered without Q confirmations or more than
+// N - Q "not yours"; release answers once every store did (or failed,
+// bounded by its own timeouts). Kinds (lock_kind.hpp): shared locks as
+// exclusive ones, each store keeping its readers; no permits.
 // - claim_period (scheduled jobs): claimed only when Q stores claimed it in
 //   this one call. Each store records a period at most once, and two
 //   majorities share a store, so no two calls (of any leader) both reach Q
@@ -77,11 +68,6 @@ class QuorumStore final : public StoreBase, public JobClaims, public OperatorToo
   void give_back(const std::shared_ptr<AcquireBatch>& b, std::size_t index, Acquired out);
 
   std::vector<std::unique_ptr<LockStore>> stores_;
-  // Each store's capabilities, in stores_'s order (every store has them).
-  std::vector<FenceRaising*> fences_;
-  std::vector<JobClaims*> jobs_;
-  std::vector<OperatorTools*> tools_;
-  std::vector<LockListing*> listings_;
   std::vector<std::string> names_;
   const WatchdogOptions watchdog_;
   const std::size_t quorum_;

@@ -40,22 +40,6 @@ std::string StoreError::describe() const {
   return fmt::format("{} answered an error: {}", shown_endpoint(endpoint), message);
 }
 
-StoreError StoreError::unavailable(std::string endpoint, std::string why, std::error_code code) {
-  return {Kind::kUnavailable, std::move(endpoint), code, std::move(why)};
-}
-
-StoreError StoreError::auth(std::string endpoint, std::string why, std::error_code code) {
-  return {Kind::kAuth, std::move(endpoint), code, std::move(why)};
-}
-
-StoreError StoreError::refused(std::string endpoint, std::string message, std::error_code code) {
-  return {Kind::kRefused, std::move(endpoint), code, std::move(message)};
-}
-
-StoreError StoreError::invalid(std::string endpoint, std::string why, std::error_code code) {
-  return {Kind::kInvalid, std::move(endpoint), code, std::move(why)};
-}
-
 bool parse_owner_record(std::string_view text, HolderInfo& out) {
   const auto space = text.find(' ');
   if (space == std::string_view::npos || space == 0) return false;

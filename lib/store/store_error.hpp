@@ -1,16 +1,9 @@
 // lib/store/store_error.hpp: what a store reports when a call failed, as a
-// value the runtime decides on by kind, never by its text.
-//
-// A failure is classified once, where the reply or the failure is read (a
-// Redis error reply in the connection, a MariaDB error number in the SQL
-// connection, a lost or timed-out connection where it is noticed), by the
-// backend's own classifier, which also keeps the server's code as a
-// std::error_code of that backend's category (a StoreCategory, in the
-// backend's folder: store/redis/redis_error.hpp, store/sql/sql_error.hpp,
-// store/postgresql/pg_error.hpp, ...). This header names no backend. A redirect
-// (Redis Cluster's MOVED and ASK) is a kind here; where it sends the call
-// is the Redis stores' business (cluster_redirect()). Users never see a StoreError: the runtime
-// maps it to the public exceptions in one place (runtime/store_errors.hpp).
+// value the runtime decides on by kind, never by its text. Classified once
+// where the failure is read, by the backend's own classifier, with the
+// server's code as a std::error_code of that backend's StoreCategory (in its
+// folder); how the kinds become the public errors: docs/reference.md
+// ("Errors") and runtime/store_errors.hpp. This header names no backend.
 //
 // Threading: a plain value. Costs: nothing on a success path (callbacks
 // take a pointer, null on success, or hold an empty one whose strings do
@@ -21,6 +14,7 @@
 #include <string>
 #include <string_view>
 #include <system_error>
+#include <utility>
 
 namespace lockwatch::detail {
 
@@ -60,13 +54,20 @@ struct StoreError {
   // What a waiter rides out, keeping its place until its wait runs out.
   bool transient() const noexcept { return kind == Kind::kUnavailable || kind == Kind::kRetryLater; }
 
-  // `code` is the server's, when it gave one.
-  static StoreError unavailable(std::string endpoint, std::string why, std::error_code code = {});
-  static StoreError auth(std::string endpoint, std::string why, std::error_code code = {});
-  // Refused; with no code, a reply the protocol did not expect (e.g. a
-  // script answering a wrong shape).
-  static StoreError refused(std::string endpoint, std::string message, std::error_code code = {});
-  static StoreError invalid(std::string endpoint, std::string why, std::error_code code = {});
+  // `code` is the server's, when it gave one. Refused with no code: a reply
+  // the protocol did not expect (e.g. a script answering a wrong shape).
+  static StoreError unavailable(std::string endpoint, std::string why, std::error_code code = {}) {
+    return {Kind::kUnavailable, std::move(endpoint), code, std::move(why)};
+  }
+  static StoreError auth(std::string endpoint, std::string why, std::error_code code = {}) {
+    return {Kind::kAuth, std::move(endpoint), code, std::move(why)};
+  }
+  static StoreError refused(std::string endpoint, std::string message, std::error_code code = {}) {
+    return {Kind::kRefused, std::move(endpoint), code, std::move(message)};
+  }
+  static StoreError invalid(std::string endpoint, std::string why, std::error_code code = {}) {
+    return {Kind::kInvalid, std::move(endpoint), code, std::move(why)};
+  }
 };
 
 }  // namespace lockwatch::detail

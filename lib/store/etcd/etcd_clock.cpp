@@ -51,12 +51,13 @@ struct EtcdClock::State {
       measured_at = steady_clock::now();
     }
     // A background refresh that failed keeps the offset until kMaxAge.
-    for (auto& done : std::exchange(waiting, {})) {
-      if (m.ok)
-        done(local() + offset, nullptr);
-      else
-        done({}, &m.error);
-    }
+    for (auto& done : std::exchange(waiting, {})) m.ok ? done(local() + offset, nullptr) : done({}, &m.error);
+  }
+  // Answers `done` now: the clock, or that the store is closed.
+  void answer(const Done& done) const {
+    if (!closed) return done(local() + offset, nullptr);
+    const auto e = StoreError::unavailable(name, "the store is closed");
+    done({}, &e);
   }
 };
 
@@ -214,47 +215,36 @@ struct EtcdClock::Conn {
     return true;
   }
 
-  bool send(const std::string& data, steady_clock::time_point deadline, std::string& why) {
-    for (std::size_t at = 0; at < data.size();) {
-      const char* p = data.data() + at;
-      const std::size_t n = data.size() - at;
-      const int sent = io(
-          [&]() -> long {
-#if LOCKWATCH_WITH_TLS
-            if (ssl != nullptr) return SSL_write(ssl, p, static_cast<int>(n));
-#endif
-            return ::send(fd, p, n, MSG_NOSIGNAL);
-          },
-          POLLOUT, deadline, why);
-      if (sent <= 0) return false;
-      at += static_cast<std::size_t>(sent);
-    }
-    return true;
-  }
-
-  // Some bytes into `in` (never none: the end of the stream fails).
-  bool recv(steady_clock::time_point deadline, std::string& why) {
-    char buf[4096];
-    const int got = io(
+  // Writes some of [p, p + n) (`write`), or reads some into it: how many
+  // bytes (never none: the end of the stream fails), 0 when it failed.
+  int transfer(char* p, std::size_t n, bool write, steady_clock::time_point deadline, std::string& why) {
+    return io(
         [&]() -> long {
 #if LOCKWATCH_WITH_TLS
-          if (ssl != nullptr) return SSL_read(ssl, buf, sizeof buf);
+          const int len = static_cast<int>(n);
+          if (ssl != nullptr) return write ? SSL_write(ssl, p, len) : SSL_read(ssl, p, len);
 #endif
-          return ::recv(fd, buf, sizeof buf, 0);
+          return write ? ::send(fd, p, n, MSG_NOSIGNAL) : ::recv(fd, p, n, 0);
         },
-        POLLIN, deadline, why);
-    if (got <= 0) return false;
+        write ? POLLOUT : POLLIN, deadline, why);
+  }
+
+  // Some bytes into `in`.
+  bool recv(steady_clock::time_point deadline, std::string& why) {
+    char buf[4096];
+    const int got = transfer(buf, sizeof buf, false, deadline, why);
     in.append(buf, static_cast<std::size_t>(got));
-    return true;
+    return got > 0;
   }
 
   // One GET /version: the Date's second, and whether the connection may
   // be used again. False with `why` for anything but etcd's answer.
   bool get_version(const std::string& host, steady_clock::time_point deadline, std::int64_t& second,
                    bool& keep, std::string& why) {
-    const std::string request = "GET /version HTTP/1.1\r\nHost: " + host +
-                                "\r\nUser-Agent: lockwatch\r\nAccept: application/json\r\n\r\n";
-    if (!send(request, deadline, why)) return false;
+    std::string request = "GET /version HTTP/1.1\r\nHost: " + host +
+                          "\r\nUser-Agent: lockwatch\r\nAccept: application/json\r\n\r\n";
+    for (std::size_t at = 0, sent = 0; at < request.size(); at += sent)
+      if ((sent = transfer(request.data() + at, request.size() - at, true, deadline, why)) == 0) return false;
     std::size_t end;
     while ((end = in.find("\r\n\r\n")) == std::string::npos) {
       if (in.size() > 64 * 1024) return failed(why, "an answer that is not HTTP");
@@ -289,13 +279,11 @@ struct EtcdClock::Conn {
 EtcdClock::EtcdClock(Loop& loop, EtcdTarget target, const StoreSettings& settings, LocalClock local)
     : loop_(loop),
       target_(std::move(target)),
-      name_(target_.name()),
       connect_timeout_(settings.connection.connect_timeout),
       command_timeout_(settings.connection.command_timeout),
-      local_(local ? std::move(local) : LocalClock([] { return system_clock::now(); })),
       state_(std::make_shared<State>()) {
-  state_->local = local_;
-  state_->name = name_;
+  state_->local = local ? std::move(local) : LocalClock([] { return system_clock::now(); });
+  state_->name = target_.name();
   if (target_.tls) {
     try {
       tls_ = TlsContext::make(settings.tls);
@@ -312,21 +300,17 @@ EtcdClock::~EtcdClock() {
 
 std::optional<system_clock::time_point> EtcdClock::estimate() const {
   if (!state_->have || steady_clock::now() - state_->measured_at > kMaxAge) return std::nullopt;
-  return local_() + state_->offset;
+  return state_->local() + state_->offset;
 }
 
-milliseconds EtcdClock::uncertainty() const { return state_->have ? state_->uncertainty : milliseconds(0); }
+milliseconds EtcdClock::uncertainty() const { return state_->uncertainty; }
 
 void EtcdClock::now(Done done) {
   State& s = *state_;
   const auto age = steady_clock::now() - s.measured_at;
   if (s.closed || (s.have && age <= kMaxAge)) {
     if (!s.closed && age > kRefresh) want_measure();
-    loop_.post([state = state_, done = std::move(done)] {
-      if (!state->closed) return done(state->local() + state->offset, nullptr);
-      auto e = StoreError::unavailable(state->name, "the store is closed");
-      done({}, &e);
-    });
+    loop_.post([state = state_, done = std::move(done)] { state->answer(done); });
     return;
   }
   s.waiting.push_back(std::move(done));
@@ -352,10 +336,8 @@ void EtcdClock::want_measure() {
 void EtcdClock::close() {
   State& s = *state_;
   s.closed = true;
-  auto waiting = std::exchange(s.waiting, {});
   stop_.request_stop();
-  auto e = StoreError::unavailable(name_, "the store is closed");
-  for (auto& done : waiting) done({}, &e);
+  for (auto& done : std::exchange(s.waiting, {})) s.answer(done);
 }
 
 void EtcdClock::run() {
@@ -374,7 +356,7 @@ void EtcdClock::run() {
 EtcdClock::Measured EtcdClock::measure() {
   Measured out;
   if (target_.tls && !tls_) {
-    out.error = StoreError::invalid(name_, "cannot read the members' clock over TLS: " + tls_error_);
+    out.error = StoreError::invalid(state_->name, "cannot read the members' clock over TLS: " + tls_error_);
     return out;
   }
   std::string whys;
@@ -383,7 +365,7 @@ EtcdClock::Measured EtcdClock::measure() {
     if (m.ok || stop_.stop_requested()) return m;
     whys += (whys.empty() ? "" : "; ") + m.error.message;
   }
-  out.error = StoreError::unavailable(name_, "no member's clock could be read: " + whys);
+  out.error = StoreError::unavailable(state_->name, "no member's clock could be read: " + whys);
   return out;
 }
 
@@ -392,7 +374,7 @@ EtcdClock::Measured EtcdClock::measure_member(std::size_t member) {
   const std::string endpoint = (target_.tls ? "https://" : "http://") + m.address();
   Measured out;
   auto fail = [&](const std::string& why) {
-    out.error = StoreError::unavailable(name_, endpoint + ": " + why);
+    out.error = StoreError::unavailable(state_->name, endpoint + ": " + why);
     return out;
   };
   std::unique_ptr<Conn> conn;
@@ -407,9 +389,9 @@ EtcdClock::Measured EtcdClock::measure_member(std::size_t member) {
       if (!conn->connect(m, steady_clock::now() + connect_timeout_, why)) return false;
     }
     bool keep = true;
-    s.sent = local_();
+    s.sent = state_->local();
     bool ok = conn->get_version(m.address(), steady_clock::now() + command_timeout_, s.second, keep, why);
-    s.answered = local_();
+    s.answered = state_->local();
     if (!ok || !keep) conn.reset();
     return ok;
   };

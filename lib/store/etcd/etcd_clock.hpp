@@ -1,21 +1,17 @@
 // lib/store/etcd/etcd_clock.hpp: the etcd members' clock, for scheduled
 // jobs (JobClaims::server_time): etcd's v3 API has none, so it is read
-// from the Date header of the members' HTTP answers to GET /version,
-// finer than their whole seconds (kSampleGap, kSampleSpan), and kept as
-// an offset from the local clock (kRefresh, kMaxAge). How, when and from
-// which member: docs/etcd.md ("Scheduled jobs", the clock). None
-// answering is a kUnavailable StoreError, never a time. etcds:// reads it
-// over HTTPS with the store's TLS options; without the `tls` feature its
-// clock fails, naming the feature.
+// from the Date header of the members' answers to GET /version (over
+// HTTPS for etcds://; without the `tls` feature that fails, naming it) and
+// kept as an offset from the local clock. How, when and from which member:
+// docs/etcd.md ("Scheduled jobs", the clock). None answering is a
+// kUnavailable StoreError, never a time.
 //
 // Threading: now() and close() on the loop thread; answers are posted to
-// the loop, each exactly once and never inside now(). Measuring runs on a
-// thread of its own (started by the first measurement): resolving names,
-// connecting, the TLS handshake and the samples block that thread only;
-// connecting and the handshake are bounded by Options::connection.connect_timeout,
-// each request by command_timeout, name resolution by the system's
-// resolver. The destructor (off the loop thread, after close()) stops and
-// joins it: a wait in progress sees the stop within 50 ms.
+// the loop, each exactly once and never inside now(). Measuring (resolving,
+// connecting, the TLS handshake, the samples: bounded by the connection
+// options' timeouts) blocks only a thread of its own, started by the first
+// measurement and stopped and joined by the destructor (off the loop
+// thread, after close()) within 50 ms.
 #pragma once
 
 #include <chrono>
@@ -87,15 +83,14 @@ class EtcdClock {
 
   Loop& loop_;
   const EtcdTarget target_;
-  const std::string name_;
   const std::chrono::milliseconds connect_timeout_;
   const std::chrono::milliseconds command_timeout_;
-  const LocalClock local_;
   std::shared_ptr<const TlsContext> tls_;
   std::string tls_error_;  // why there is no TLS context for etcds://
-  // What the loop thread keeps (the offset, the callers waiting), shared
-  // with the answers the measuring thread posts, which may run after
-  // close() and must not touch this object.
+  // What the loop thread keeps (the offset, the callers waiting; the local
+  // clock and the store's name, constant), shared with the answers the
+  // measuring thread posts, which may run after close() and must not touch
+  // this object.
   std::shared_ptr<State> state_;
 
   // The measuring thread's: asked to measure, or to stop.
