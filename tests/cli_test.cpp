@@ -695,11 +695,10 @@ TEST_F(CliTest, RunsOverSql) {
   Outcome after = run({"status", "--redis", db.url(), test_key()});
   EXPECT_TRUE(contains(after.output, "state=free")) << after.output;
 }
+#endif
 
 #if LOCKWATCH_WITH_POSTGRESQL
 // --store is the store-neutral name of --redis: either takes any URL.
-#endif
-
 TEST_F(CliTest, RunsOverPostgresqlWithRedisOrStore) {
   PostgresServer db;
   auto started = Clock::now();
