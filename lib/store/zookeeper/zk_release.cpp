@@ -109,8 +109,9 @@ void ZkRelease::give_up_release(const Cleanup& c, StoreError why, std::function<
   // found gone or removed, the release is confirmed after all (a quorum
   // that comes back gives every session a fresh timeout, so waiting alone
   // could end before the ensemble removes it).
-  retry_give_up(std::make_shared<GiveUp>(GiveUp{Cleanup{c.name, c.token, 0, 0}, std::move(why), std::move(answer),
-                                                std::move(confirmed), gone_by(settings_.watchdog, Clock::now(), wait)}));
+  const auto gone = gone_by(settings_.watchdog, Clock::now(), wait);
+  retry_give_up(std::make_shared<GiveUp>(
+      GiveUp{Cleanup{c.name, c.token, 0, 0}, std::move(why), std::move(answer), std::move(confirmed), gone}));
 }
 
 milliseconds ZkRelease::end_sessions(const Cleanup& c) {
