@@ -39,6 +39,8 @@
 #include "support/redis_cluster.hpp"
 #include "support/redis_server.hpp"
 #if LOCKWATCH_WITH_ZOOKEEPER
+#include <gtest/gtest.h>
+
 #include <thread>
 
 #include "lockwatch/runtime.hpp"
@@ -298,8 +300,11 @@ class ZooKeeperBackend final : public Backend {
   }
   static ZooKeeperEnsemble& ensemble() {
     static ZooKeeperEnsemble* shared = [] {
-      auto* e = new ZooKeeperEnsemble(3);  // for the whole program: its members die with it
+      // For the whole program: its members die with it. Its cases fault
+      // every member at once, never one: the steady timing.
+      auto* e = new ZooKeeperEnsemble(3, ZooKeeperEnsemble::Timing::kSteady);
       remove_at_exit(e->dir());
+      ::testing::UnitTest::GetInstance()->listeners().Append(new LogsOnFailure(*e));
       Options o;
       o.redis_url = "zookeeper://lockwatch:right@" + e->hosts();
       o.runtime.threads = 1;
@@ -313,6 +318,17 @@ class ZooKeeperBackend final : public Backend {
   }
 
  private:
+  // A failed case prints what the members logged (warnings and errors,
+  // with the time of day): a stall is then told from a client's fault.
+  struct LogsOnFailure final : ::testing::EmptyTestEventListener {
+    explicit LogsOnFailure(const ZooKeeperEnsemble& e) : ensemble(e) {}
+    void OnTestEnd(const ::testing::TestInfo& info) override {
+      if (info.result() == nullptr || !info.result()->Failed()) return;
+      for (int i = 0; i < ensemble.size(); ++i)
+        std::fprintf(stderr, "--- ZooKeeper member %d's log, its end:\n%s", i + 1, ensemble.log_tail(i).c_str());
+    }
+    const ZooKeeperEnsemble& ensemble;
+  };
   mutable std::vector<std::thread> intruders_;
 };
 #endif

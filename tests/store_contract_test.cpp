@@ -394,6 +394,27 @@ TEST_P(StoreContractTest, AHungServerCannotHangACall) {
   EXPECT_TRUE(answers(after, 2));
 }
 
+// The command timeout is the server's delay, not the client's: a loop
+// kept busy past it (heavy work on it, a starved process) takes in the
+// answer that came meanwhile before it blames the server, and keeps the
+// connection.
+TEST_P(StoreContractTest, ALoopBusyPastTheCommandTimeoutTakesInTheAnswerThatCame) {
+  Options o = options();
+  o.connection.connect_timeout = 2s;
+  o.connection.command_timeout = 300ms;
+  StoreOnLoop store(o);
+  const std::string first = store.encode("busy-loop"), second = store.encode("busy-loop-2");
+  const detail::Acquired warm = store.acquire(first, "warm-up", 5s);
+  ASSERT_EQ(warm.status, detail::Acquired::Status::kTaken) << warm.error.describe();
+  auto answer = store.acquire_async(second, "after", 5s);
+  store.stall(900ms);
+  const detail::Acquired got = get_bounded(answer);
+  EXPECT_EQ(got.status, detail::Acquired::Status::kTaken) << got.error.describe();
+  EXPECT_EQ(store.downs(), 0) << "the connection was dropped";
+  EXPECT_TRUE(detail::was_ours(store.release(first, "warm-up")));
+  EXPECT_TRUE(detail::was_ours(store.release(second, "after")));
+}
+
 // An acquire whose answer never came (the server hung past the command
 // timeout) may still be run by the server once it goes on: the runtime
 // gives that token back as soon as the server answers again, so no lock

@@ -44,6 +44,19 @@ class StoreOnLoop {
   // Times a connection of the store was reported down.
   int downs() const { return downs_.load(); }
 
+  // Keeps the loop's thread busy for `ms` from its next turn on (what was
+  // posted before is written out first), as heavy work on the loop or a
+  // starved process would.
+  void stall(std::chrono::milliseconds ms) {
+    loop_.post([this, ms] {
+      loop_.post([ms] {
+        const auto until = std::chrono::steady_clock::now() + ms;
+        while (std::chrono::steady_clock::now() < until) {
+        }
+      });
+    });
+  }
+
   // Starts an acquisition; the future has its answer.
   std::future<detail::Acquired> acquire_async(const std::string& name, const std::string& token,
                                               std::chrono::milliseconds ttl, LockKind kind = {}) {

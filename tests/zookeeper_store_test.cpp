@@ -17,6 +17,7 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <cstdio>
 #include <filesystem>
 #include <fstream>
 #include <set>
@@ -87,6 +88,10 @@ class ZooKeeperStoreTest : public ::testing::Test {
     ensemble_ = nullptr;
   }
   void TearDown() override {
+    // What the members logged tells a stall from a client's fault.
+    if (HasFailure())
+      for (int i = 0; i < ensemble_->size(); ++i)
+        std::fprintf(stderr, "--- ZooKeeper member %d's log, its end:\n%s", i + 1, ensemble_->log_tail(i).c_str());
     // A test that failed half-way leaves every member serving for the next.
     for (int i = 0; i < ensemble_->size(); ++i) {
       ensemble_->resume(i);

@@ -14,7 +14,9 @@
 // answer, if later: a reply still coming for an earlier request is a
 // server at work), it tells the connection once the server has answered
 // nothing for the timeout (Requests::overdue), and the connection drops
-// the link.
+// the link. It looks twice, a loop turn apart, before it tells: the loop
+// reads its sockets after its timers, and a process starved past the
+// timeout finds the answers waiting there.
 //
 // Threading: the loop thread only, but construction. Both are members of
 // their connection, which outlives them; their timers close with close(),
@@ -139,6 +141,7 @@ class RequestTimer {
   Requests& requests_;
   bool started_ = false;
   bool closed_ = false;
+  bool second_look_ = false;  // overdue at the last look: one loop turn more
   uv_timer_t timer_{};
 };
 

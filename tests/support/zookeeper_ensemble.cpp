@@ -87,7 +87,7 @@ std::string four_letters(int port, const char* word, std::chrono::milliseconds b
 
 }  // namespace
 
-ZooKeeperEnsemble::ZooKeeperEnsemble(int members) {
+ZooKeeperEnsemble::ZooKeeperEnsemble(int members, Timing timing) {
   if (::access(kJava, X_OK) != 0 || ::access(kJar, R_OK) != 0)
     throw std::runtime_error(std::string("ZooKeeper's tests need ") + kJava + " and " + kJar +
                              " (Debian's zookeeper package) and do not skip without them");
@@ -120,7 +120,7 @@ ZooKeeperEnsemble::ZooKeeperEnsemble(int members) {
       fs::create_directories(data);
       std::ofstream(data + "/myid") << (i + 1) << "\n";
       std::ofstream cfg(dir_ + "/zoo" + std::to_string(i + 1) + ".cfg");
-      cfg << "tickTime=100\ninitLimit=50\nsyncLimit=5\n"
+      cfg << "tickTime=100\ninitLimit=50\nsyncLimit=" << (timing == Timing::kSteady ? 30 : 5) << "\n"
           << "dataDir=" << data << "\n"
           << "clientPort=" << members_[i]->client_port << "\nclientPortAddress=127.0.0.1\n"
           << "minSessionTimeout=200\nmaxSessionTimeout=60000\n"
@@ -158,7 +158,8 @@ void ZooKeeperEnsemble::spawn(int i) {
       "/bin/sh", "-c",
       std::string("exec setpriv --pdeathsig KILL ") + kJava +
           " -Xmx96m -Xss512k -XX:+UseSerialGC -XX:TieredStopAtLevel=1 -Dzookeeper.jmx.log4j.disable=true"
-          " -Dorg.slf4j.simpleLogger.defaultLogLevel=warn -cp " + kJar + ":/usr/share/java/slf4j-simple.jar org.apache.zookeeper.server.quorum.QuorumPeerMain " +
+          " -Dorg.slf4j.simpleLogger.defaultLogLevel=warn -Dorg.slf4j.simpleLogger.showDateTime=true"
+          " -Dorg.slf4j.simpleLogger.dateTimeFormat=HH:mm:ss.SSS -cp " + kJar + ":/usr/share/java/slf4j-simple.jar org.apache.zookeeper.server.quorum.QuorumPeerMain " +
           dir_ + "/zoo" + n + ".cfg >>" + dir_ + "/server" + n + ".log 2>&1"});
   members_[i]->paused = false;
 }
@@ -252,8 +253,10 @@ std::string ZooKeeperEnsemble::log_tail(int i) const {
   std::ifstream log(dir_ + "/server" + std::to_string(i + 1) + ".log");
   std::stringstream s;
   s << log.rdbuf();
-  std::string all = s.str();
-  return all.size() > 4096 ? all.substr(all.size() - 4096) : all;
+  std::string kept, line;
+  while (std::getline(s, line))
+    if (line.rfind("\tat ", 0) != 0 && line.rfind("\t... ", 0) != 0) kept += line + "\n";
+  return kept.size() > 4096 ? kept.substr(kept.size() - 4096) : kept;
 }
 
 namespace {

@@ -7,7 +7,7 @@
 // zoo.cfg and a data directory in one temporary directory, and waits until
 // every member serves (the `srvr` four-letter word answers with a Mode).
 // The tick is 100 ms (sessions of 200 ms to 60 s), the admin server is
-// off, the transaction log is not synced (a test needs no durability
+// off, the log lines carry the time of day, the transaction log is not synced (a test needs no durability
 // against a machine's crash, only against a member's).
 // A missing java or jar is an error, never a skip. The servers die with
 // the test (a parent-death signal).
@@ -37,7 +37,15 @@ class ChildProcess;
 
 class ZooKeeperEnsemble {
  public:
-  explicit ZooKeeperEnsemble(int members = 3);
+  // How long a member may go unheard before the others count it gone
+  // (syncLimit): kQuickFailover half a second, for tests that kill or
+  // pause members and bound how soon the rest go on; kSteady three
+  // seconds, for tests that never fault it, so that a member starved on a
+  // loaded machine does not make the leader give up its quorum and stall
+  // every request for an election.
+  enum class Timing { kQuickFailover, kSteady };
+
+  explicit ZooKeeperEnsemble(int members = 3, Timing timing = Timing::kQuickFailover);
   ~ZooKeeperEnsemble();
   ZooKeeperEnsemble(const ZooKeeperEnsemble&) = delete;
   ZooKeeperEnsemble& operator=(const ZooKeeperEnsemble&) = delete;
@@ -59,6 +67,8 @@ class ZooKeeperEnsemble {
   // The member's answer to `srvr`: "leader", "follower", "standalone", or
   // empty (no answer, or no quorum).
   std::string mode(int i) const;
+  // The last lines of member i's log that are not a stack trace's.
+  std::string log_tail(int i) const;
   // The leader's index, waiting at most `bound` for one (-1: none).
   int leader(std::chrono::milliseconds bound = std::chrono::seconds(20)) const;
   // Waits at most `bound` until every running, unpaused member serves.
@@ -67,7 +77,6 @@ class ZooKeeperEnsemble {
  private:
   struct Member;
   void spawn(int i);
-  std::string log_tail(int i) const;
 
   std::string dir_;
   std::string run_as_;

@@ -186,6 +186,7 @@ void ZkSessions::connected(Session& s) {
     auto p = pending_.find(id);
     if (p == pending_.end()) continue;  // timed out meanwhile
     p->second.deadline = std::max(p->second.deadline, now + connection_.command_timeout);
+    p->second.late = false;
     issue_now(s, id, issue);
   }
   if (!was_up && events_.connection) events_.connection(endpoint_, true, "");
@@ -313,8 +314,10 @@ void ZkSessions::complete(std::uint64_t id, const ZkResult& r) {
 void ZkSessions::time_out(Clock::time_point now) {
   if (pending_.empty()) return;
   std::vector<std::uint64_t> late;
-  for (const auto& [id, p] : pending_)
-    if (p.deadline <= now) late.push_back(id);
+  for (auto& [id, p] : pending_) {
+    if (p.late) late.push_back(id);
+    p.late = p.deadline <= now;
+  }
   std::sort(late.begin(), late.end());
   for (auto id : late) complete(id, ZkResult{ZOPERATIONTIMEOUT});
 }

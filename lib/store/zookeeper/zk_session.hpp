@@ -123,7 +123,9 @@ class ZkSessions {
   void read(Session& s, std::string path, bool watch, ZkReply reply);
   // Runs `f` on the loop's next turn, unless the store closed meanwhile.
   void post(std::function<void()> f);
-  // Fails the requests whose deadline passed.
+  // Fails the requests whose deadline passed on an earlier call too: an
+  // answer that came while the loop was starved is taken in first (it is
+  // posted, and the loop reads its posts after its timers).
   void time_out(Clock::time_point now);
 
   // Release notices: a watch on a lock's node that fires reports a
@@ -164,6 +166,7 @@ class ZkSessions {
     ZkIssue again;
     std::uint64_t session = 0;
     std::uint32_t connects = 0;
+    bool late = false;  // past its deadline at a time_out(): failed at the next
   };
 
   void look_up_names(Session& s);
