@@ -128,8 +128,9 @@ struct ConnectionOptions {
   /// reset when the server answered nothing for this long since the oldest
   /// pending request was written to the socket. Replies come in order, so a
   /// server still answering earlier ones is at work, however long the queue
-  /// behind them; and a reply already received is read before that is
-  /// decided, as a client too busy to read for a while is no server's delay.
+  /// behind them. On every store, a reply already received is taken in
+  /// before a request is judged overdue, as a client too busy to read for a
+  /// while is no server's delay.
   std::chrono::milliseconds command_timeout{2000};
   /// Reconnect back-off after a connection is lost: doubles up to the max.
   std::chrono::milliseconds reconnect_min{10};
