@@ -441,15 +441,8 @@ std::size_t RedisNodeStore::renew(std::span<const LockRef> locks, std::shared_pt
                                   RenewDone done) {
   if (replicas_.min <= 0) return renew_now(locks, std::move(keepalive), std::move(done));
   // With min_replicas a renewal counts only once the replicas the master
-  // has have it (ROLE, then WAIT for min_replicas of them, on the renewal
-  // connection; replies come in order, so the renewals' answers are kept
-  // until then). A master cut off from its replicas still lists them
-  // (until the server's repl-timeout) and so confirms no renewal they
-  // did not get: the lease runs out at its last replicated renewal, before
-  // the copy a promoted replica holds. A master with no replica listed
-  // (a replica promoted in a failover, before its old master rejoins)
-  // confirms renewals alone, as it must for its leases to outlive the
-  // failover.
+  // lists have it (ROLE, then WAIT, on the renewal connection; the answers
+  // are kept until then): why, docs/stores.md, "Sentinel".
   struct Answer {
     Renewed status = Renewed::kTransient;
     std::optional<StoreError> why;
