@@ -10,6 +10,7 @@
 #include <limits>
 #include <optional>
 #include <stdexcept>
+#include <utility>
 
 #include "store/redis/redis_error.hpp"
 
@@ -777,11 +778,8 @@ AcquireReply::AcquireReply(const redisReply* reply, const StoreError* err, std::
 }
 
 Acquired AcquireReply::next() {
+  if (failed_ != nullptr) return Acquired::failed(*failed_);
   Acquired out;
-  if (failed_ != nullptr) {
-    out.error = *failed_;
-    return out;
-  }
   const std::size_t end = std::min(rest_.find('\n'), rest_.size());
   const std::string_view entry = rest_.substr(0, end);
   rest_.remove_prefix(std::min(rest_.size(), end + 1));
@@ -933,33 +931,24 @@ std::optional<StoreError> read_withdraw(const redisReply* reply, const StoreErro
 }
 
 ClaimResult read_claim_period(const redisReply* reply, const StoreError* err, std::string_view endpoint) {
-  ClaimResult out;
-  if (err != nullptr) {
-    out.error = *err;
-    return out;
-  }
+  if (err != nullptr) return ClaimResult{.error = *err};
   bool fields_ok = is_array_of(reply, 4);
   for (std::size_t i = 0; fields_ok && i < 4; ++i) fields_ok = is_string(reply->element[i]);
   long long seconds = 0, micros = 0;
   std::int64_t last = 0;
   if (!fields_ok || !whole_number(text_of(reply->element[1]), seconds) ||
-      !whole_number(text_of(reply->element[2]), micros) || !whole_number(text_of(reply->element[3]), last)) {
-    out.error = unexpected_reply(endpoint, "period claim", shape_of(reply));
-    return out;
-  }
+      !whole_number(text_of(reply->element[2]), micros) || !whole_number(text_of(reply->element[3]), last))
+    return ClaimResult{.error = unexpected_reply(endpoint, "period claim", shape_of(reply))};
+  using Status = ClaimResult::Status;
+  static constexpr std::pair<std::string_view, Status> kStatuses[] = {
+      {"1", Status::kClaimed}, {"0", Status::kAlreadyRun}, {"2", Status::kNotDue}, {"-1", Status::kNotLeader}};
   const std::string_view status = text_of(reply->element[0]);
-  if (status == "1") {
-    out.status = ClaimResult::Status::kClaimed;
-  } else if (status == "0") {
-    out.status = ClaimResult::Status::kAlreadyRun;
-  } else if (status == "2") {
-    out.status = ClaimResult::Status::kNotDue;
-  } else if (status == "-1") {
-    out.status = ClaimResult::Status::kNotLeader;
-  } else {
-    out.error = unexpected_reply(endpoint, "period claim", "status " + quoted(status));
-    return out;
-  }
+  const auto* known = std::find_if(std::begin(kStatuses), std::end(kStatuses),
+                                   [&](const auto& s) { return s.first == status; });
+  if (known == std::end(kStatuses))
+    return ClaimResult{.error = unexpected_reply(endpoint, "period claim", "status " + quoted(status))};
+  ClaimResult out;
+  out.status = known->second;
   out.last = last;
   using std::chrono::system_clock;
   out.store_time = system_clock::time_point(std::chrono::duration_cast<system_clock::duration>(
