@@ -489,11 +489,7 @@ void ClusterStore::call_on(std::string_view name, bool idempotent, Done done, Fa
 void ClusterStore::acquire(std::span<const LockRef> locks, AcquireDone done) {
   auto shared = std::make_shared<AcquireDone>(std::move(done));
   for (std::size_t i = 0; i < locks.size(); ++i) {
-    auto unrouted = [i, shared](const StoreError& err) {
-      Acquired out;
-      out.error = err;
-      (*shared)(i, out);
-    };
+    auto unrouted = [i, shared](const StoreError& err) { (*shared)(i, Acquired::failed(err)); };
     auto send = [this, i, shared, token = std::string(locks[i].token), ttl_ms = std::string(locks[i].ttl_ms),
                  ttl = locks[i].ttl, kind = locks[i].kind,
                  waits = locks[i].waits](RedisNodeStore& node, const std::shared_ptr<Call>& self) {
@@ -663,11 +659,7 @@ void ClusterStore::server_time(TimeDone done) {
 
 void ClusterStore::claim_period(std::string_view name, std::string_view token, std::int64_t period,
                                 std::chrono::system_clock::time_point start, ClaimDone done) {
-  auto failed = [](const ClaimDone& answer, const StoreError& err) {
-    ClaimResult out;
-    out.error = err;
-    answer(out);
-  };
+  auto failed = [](const ClaimDone& answer, const StoreError& err) { answer(ClaimResult{.error = err}); };
   call_on(name, false, std::move(done), failed,
           [tok = std::string(token), period, start](RedisNodeStore& node, std::string_view lock, auto reply) {
             node.claim_period(lock, tok, period, start, std::move(reply));

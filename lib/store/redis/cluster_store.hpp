@@ -1,86 +1,40 @@
-// lib/store/redis/cluster_store.hpp: locks on a Redis Cluster.
+// lib/store/redis/cluster_store.hpp: locks on a Redis Cluster. The URL, the
+// slot map's sources and schedule, redirects, lost replies and sharded
+// release notices, as a user sees them: docs/stores.md, "Redis Cluster".
 //
-// URL: `redis-cluster://[user:password@]host:port[,host:port...]`, the seed
-// nodes; any one reachable is enough. The credentials apply to every node.
-// `rediss-cluster://` is the same over TLS, to every node: the seeds and
-// the masters the slot map names (at their tls-port in CLUSTER SHARDS),
-// with the TLS options (Options::tls).
+// Topology. The map is read on the loop through a connection of its own to
+// a known master or a seed, one refresh in flight at a time (throttled to
+// kRefreshThrottle, and every kRefreshInterval). Requests made before the
+// first map is known wait for it, at most connect_timeout, then fail as
+// unavailable naming the seeds.
 //
-// Topology. The slot map comes from CLUSTER SHARDS (CLUSTER SLOTS on a
-// server without it), read on the loop through a connection of its own to
-// a known master or a seed, one refresh in flight at a time. It is read at
-// start, after a MOVED, a CLUSTERDOWN, a connection loss or a failed
-// renewal (throttled), and every 5 s. Requests made before the first map
-// is known wait for it, at most connect_timeout, then fail as unavailable
-// (a ConnectionError to the user) naming the seeds.
+// Routing. Every lock lives in the slot of `P{K}`. Each master gets one
+// RedisNodeStore (its command, renewal and sharded pub/sub connections),
+// made when the map first names it and kept after. Acquisitions and
+// releases are routed one by one; each master's node store batches what
+// reaches it in one loop iteration by slot (batch_by_slot(): a script's
+// KEYS must share one slot). Renewals are grouped by slot here, one call
+// per group, all queued in one iteration; a failure on one node or slot
+// answers only its own leases (kTransient, retried by the watchdog).
 //
-// Routing. Every lock lives in the slot of `P{K}` (its fencing counter,
-// period and channel share the hash tag). Each master gets one
-// RedisNodeStore (its command, renewal and sharded pub/sub connections,
-// its scripts), made when the map first names it and kept after.
+// Redirects. Each call has a budget of kRedirectBudget hops. A MOVED also
+// puts the slot on the node named in our map until the refresh. A slot
+// group's call answered so answers each of its locks, each with its own
+// hop count: after a MOVED (at once) or a TRYAGAIN (after the refresh)
+// they are sent on in one loop iteration, so they reach the next node's
+// batch together; after an ASK each goes alone, right after its ASKING. A
+// renewal group answered MOVED or ASK is sent on at once, as one call.
 //
-// Slot groups. A script's KEYS must share one slot (CROSSSLOT otherwise),
-// so what a node is sent together goes as one script call per slot group
-// (group_by_slot(), cluster_slot.hpp). Acquisitions and releases asked in
-// one loop iteration (a set's keys, lockwatch::all_of, are asked in one)
-// are routed one by one, and each master's node store batches what reaches
-// it in that iteration by slot (RedisNodeStore::batch_by_slot()): the
-// locks of one slot are taken, or given back, by one script, which Redis
-// runs atomically; a set across slots goes as one call per slot, all
-// written at once (the runtime gives back what it took when any was busy,
-// then takes the keys one by one in canonical order). With lockwatch's
-// layout each lock is in the slot of its own name, so keys share a slot
-// only when their names hash alike. Renewals are grouped the same way here,
-// by slot and so by node, one renewal call per group, all queued in one
-// loop iteration and so written together. The nodes are renewed in
-// parallel; a failure on one node or slot answers only its own leases
-// (kTransient, retried by the watchdog until the lease's deadline) and
-// never holds back the others.
+// Lost replies. An acquire, release, inspect or withdraw that went out on
+// a live connection and failed with a connection error is sent once more
+// after the next refresh (Call::idempotent); one that waited for a
+// connection that never came did not run and is reported at once.
 //
-// Redirects. Every call on one lock (acquire, release, raise_fence,
-// claim_period, inspect, force_release) answered MOVED goes to the node
-// named (and the map is refreshed); ASK goes to the node named after an
-// ASKING on the same connection, without touching the map; TRYAGAIN,
-// CLUSTERDOWN, LOADING and MASTERDOWN are retried after the next map
-// refresh (which is throttled, so this is the back-off). Each call has a
-// budget of kRedirectBudget hops; past it the last error is reported. A
-// command answered with one of those did not run, so retrying cannot take
-// a lock twice. A MOVED also puts the slot on the node named in our map
-// until the refresh. A slot group's acquire or release call answered so
-// answers each of its locks, each with its own hop count: after a MOVED
-// (at once) or a TRYAGAIN (after the refresh) they are sent on in one loop
-// iteration, so they reach the next node's batch together and go as one
-// script call again; after an ASK each goes alone, right after its
-// ASKING. A renewal group answered MOVED or ASK is sent on at once, as one
-// call, to the node named (after an ASKING on its renewal connection for
-// ASK), within the same budget: a slot that moved costs the renewal a
-// round trip, not a watchdog retry. Renewals answered otherwise are
-// kTransient and go to the refreshed owner at the watchdog's next try.
-//
-// Lost replies. Acquire and release are safe to repeat: the acquire script
-// answers a lock that already holds the caller's token (tokens are random
-// per acquisition) with the fencing token it has, and sets its ttl anew;
-// a release that finds the lock gone says kGone. So an acquire, release or
-// inspect that went out on a live connection and failed with a connection
-// error (the node closed, timed out or failed over: it may have run) is
-// sent once more, to the slot's owner after the next map refresh; a
-// release resent so that finds the lock gone reports kYes (the first run
-// took it away). A call that waited for a connection that never came did
-// not run and is reported at once.
-//
-// Release notices: sharded pub/sub. The release scripts SPUBLISH on the
-// lock's channel, which shares its slot, so the notice stays on that shard
-// (no cluster-bus broadcast). A waiter's subscription is an SSUBSCRIBE on
-// the pub/sub connection of the master that serves the slot now (each
-// master's connection holds the names of the slots it owns), parsed by our
-// own reader (hiredis 0.14's async API aborts on `smessage`). It is
-// reported `subscribed` only once the node confirms it, and placed again
-// when the node gives it up (an unsolicited `sunsubscribe`: the slot
-// moved; a MOVED answering SSUBSCRIBE: followed at once), when a refreshed
-// map puts the slot on another master, and, by the node's connection,
-// after a reconnect. Whenever one is gone, `subscriptions_lost` is
-// reported: the waiter then counts on the holder's ttl, so a lost notice
-// costs latency, never liveness.
+// Notices. A waiter's subscription is placed on the pub/sub connection of
+// the master that serves its slot now, reported `subscribed` only once that
+// node confirms it, and placed again when the node gives it up or a
+// refreshed map moves the slot; `subscriptions_lost` is reported whenever
+// one is gone.
 //
 // Threading: as LockStore (loop thread, but encode()/check_key()).
 // Costs: one array of 16384 node indexes; per batch, one sort to group.

@@ -20,11 +20,9 @@
 // and sunsubscribe, also unsolicited ones, alike) is reported through
 // Hooks::on_message.
 //
-// With TLS (an endpoint from a rediss:// URL) the same stream carries an
-// OpenSSL session over memory BIOs, on the loop thread: the handshake runs
-// after the TCP connect and within the same connect timeout, writes are
-// encrypted as they are flushed and reads decrypted before the reader sees
-// them. A refused certificate or a broken handshake fails what waited as
+// With TLS (a rediss:// endpoint) the stream carries an OpenSSL session over
+// memory BIOs (core/tls.hpp), its handshake within the connect timeout; a
+// refused certificate or a broken handshake fails what waited as
 // unavailable, saying why.
 //
 // Costs: one uv_write (usually one non-blocking write) per loop iteration

@@ -1,33 +1,14 @@
-// lib/store/redis/keys.hpp: how a lock is named in Redis.
-//
-// For a user's key K and the prefix P (Options::runtime.key_prefix): the lock is
-// `P{K}` (a string holding the owner token, with the ttl as its expiry) and
-// its release channel `P{K}:rel`. Its fencing counter is its Redis Cluster
-// slot's, `P` `fence:{T}` with T = slot_tag(slot of K): one counter per
-// slot, on every topology, so what the store keeps stays bounded (at most
-// 16384 counters, however many names are locked) while each name's tokens
-// still rise, since its slot's counter only rises. The counter never
-// expires. All of them share K's slot, so one script may touch them
-// together on a cluster. Two keys break that and are refused: a K that
-// starts with '}' (the tag would be empty, so Redis would hash each whole
-// name on its own), and a P with '{' or '}' (its tag would win, pinning
-// every lock to one slot). No lock or channel name can be a counter's: a
-// lock's name has '{' right after P, a counter's has 'f'.
-//
-// Shared and permit locks (lock_kind.hpp) keep their holders beside the
-// lock, in `P{K}:holders` (a sorted set of tokens by deadline), and a
-// writer waiting for readers leaves `P{K}:writer`; the lock itself then
-// holds a marker (marker()) instead of an owner token. Same hash tag, same
-// slot. A lock's name ends in '}', these do not: no key's lock is one.
-//
-// Fair locks keep their holder in `P{K}:holders` too (the lock holding
-// the marker 'lockwatch:fair'), and their waiters in `P{K}:queue` (by
-// arrival) and `P{K}:waiting` (by the time each one's place runs out).
-// Same hash tag, same slot.
-//
-// Versions before kept one counter per name, `P{K}:fence`
-// (legacy_fence()); the acquire script folds it into the slot's counter
-// the first time K is locked again, then deletes it.
+// lib/store/redis/keys.hpp: how a lock is named in Redis. The layout, and
+// why every key of a lock shares its hash tag and so its Cluster slot (the
+// lock `P{K}`, its channel `P{K}:rel`, its slot's fencing counter `P`
+// `fence:{T}` with T = slot_tag(slot of K), the other kinds' `:holders`,
+// `:writer`, `:queue`, `:waiting` and `:owners`): docs/how-it-works.md,
+// "Redis layout", and docs/kinds.md, "How the stores keep them". Here, the
+// names are made and the two keys that break a shared slot refused (a K
+// that starts with '}', a P with '{' or '}'). No lock or channel name can
+// be a counter's (a lock's name has '{' right after P, a counter's 'f'),
+// and a lock's name ends in '}' where its companions' do not: no key's
+// lock is one. The per-name counter of versions before is legacy_fence().
 #pragma once
 
 #include <string>

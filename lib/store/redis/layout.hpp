@@ -4,22 +4,10 @@
 //
 // - kLockwatch (the default; no parameter): keys.hpp's layout.
 // - kRedisson: exclusive locks as Redisson's RLock keeps them, so a Java
-//   service (or any Redisson port) and lockwatch can share a lock. The lock
-//   is a hash under the key's own name (no Options::runtime.key_prefix), one field
-//   per owner, `<client id>:<thread id>` -> reentry count, with PEXPIRE for
-//   the lease. Its release channel is `redisson_lock__channel:{K}`, the
-//   message Redisson's unlock message, the integer 0; its fencing counter
-//   `redisson_lock_token:{K}` (RFencedLock's); an unlock leaves
-//   `redisson_unlock_latch:{K}:<request id>` behind for a short while so a
-//   retried unlock answers as the first. Redisson's rule for these names
-//   (RedissonObject.prefixName): the key in braces, or as it is when it
-//   holds a '{'. docs/redisson.md tells the whole mapping.
-//
-// The owner field: the client id is a random UUID (version 4, as Java's
-// UUID.randomUUID()) made once per store, so per runtime; the thread id is
-// a number made from the lease's owner token (60 of its random bits), so
-// stable for the lease and different for each one. A Redisson client's
-// UUID is its own random one: no lockwatch field is ever a Java thread's.
+//   service (or any Redisson port) and lockwatch can share a lock: the
+//   mapping (the lock a hash under the key's own name, its owner field,
+//   channel, message, fencing counter and unlock latch) and the owner
+//   field's client id and thread id are docs/redisson.md's.
 //
 // Threading: pure functions, any thread.
 #pragma once

@@ -73,6 +73,16 @@ EvalRequest release_request(const Locks& locks, std::string_view notice, Notify 
   return request;
 }
 
+// Hands each of `n` locks its status in `reply`, in turn: done(at(k), status, why).
+template <class Reply, class At, class Done>
+void answer_each(Reply& reply, std::size_t n, At at, const Done& done) {
+  for (std::size_t k = 0; k < n; ++k) {
+    const StoreError* why = nullptr;
+    const auto status = reply.next(&why);
+    done(at(k), status, why);
+  }
+}
+
 }  // namespace
 
 RedisNodeStore::RedisNodeStore(Loop& loop, Endpoint endpoint, const StoreSettings& settings, Notices notices,
@@ -311,11 +321,7 @@ void RedisNodeStore::send_kind_release(RedisConnection& c, std::span<const LockR
   c.eval(script(ScriptId::kReleaseKind), std::move(args), num_keys,
          [&c, indexes = std::move(indexes), done = std::move(done)](const redisReply* r, const StoreError* err) {
            ReleaseReply reply(r, err, indexes.size(), c.name());
-           for (std::size_t i : indexes) {
-             const StoreError* why = nullptr;
-             const Released status = reply.next(&why);
-             (*done)(i, status, why);
-           }
+           answer_each(reply, indexes.size(), [&](std::size_t k) { return indexes[k]; }, *done);
          });
 }
 
@@ -417,8 +423,7 @@ void RedisNodeStore::acquired(Acquired out, QueuedAcquire a) {
       a.done(a.index, out);
       return;
     }
-    Acquired failed;
-    failed.error = *short_of;
+    const Acquired failed = Acquired::failed(*short_of);
     // Give the lock back before the caller hears of the failure.
     auto answer = [index = a.index, done = a.done, failed](auto&&...) { done(index, failed); };
     if (!a.kind.exclusive_kind()) {
@@ -441,15 +446,8 @@ std::size_t RedisNodeStore::renew(std::span<const LockRef> locks, std::shared_pt
                                   RenewDone done) {
   if (replicas_.min <= 0) return renew_now(locks, std::move(keepalive), std::move(done));
   // With min_replicas a renewal counts only once the replicas the master
-  // has have it (ROLE, then WAIT for min_replicas of them, on the renewal
-  // connection; replies come in order, so the renewals' answers are kept
-  // until then). A master cut off from its replicas still lists them
-  // (until the server's repl-timeout) and so confirms no renewal they
-  // did not get: the lease runs out at its last replicated renewal, before
-  // the copy a promoted replica holds. A master with no replica listed
-  // (a replica promoted in a failover, before its old master rejoins)
-  // confirms renewals alone, as it must for its leases to outlive the
-  // failover.
+  // lists have it (ROLE, then WAIT, on the renewal connection; the answers
+  // are kept until then): why, docs/stores.md, "Sentinel".
   struct Answer {
     Renewed status = Renewed::kTransient;
     std::optional<StoreError> why;
@@ -519,11 +517,7 @@ std::size_t RedisNodeStore::renew_now(std::span<const LockRef> locks, std::share
   renew_->eval(std::move(request), [this, n, keepalive = std::move(keepalive), done = std::move(done)](
                                        const redisReply* r, const StoreError* err) {
     RenewReply reply(r, err, n, renew_->name());
-    for (std::size_t k = 0; k < n; ++k) {
-      const StoreError* why = nullptr;
-      const Renewed status = reply.next(&why);
-      done(k, status, why);
-    }
+    answer_each(reply, n, [](std::size_t k) { return k; }, done);
   });
   renewal_asking_ = false;
   return 1;
@@ -567,11 +561,7 @@ std::size_t RedisNodeStore::renew_mixed(std::span<const LockRef> locks, std::sha
   renew_->eval(script(ScriptId::kRenewKind), std::move(args), num_keys,
                [this, shared_done, keepalive, at = std::move(kinds_at)](const redisReply* r, const StoreError* err) {
                  RenewReply reply(r, err, at.size(), renew_->name());
-                 for (std::size_t i : at) {
-                   const StoreError* why = nullptr;
-                   const Renewed status = reply.next(&why);
-                   (*shared_done)(i, status, why);
-                 }
+                 answer_each(reply, at.size(), [&](std::size_t k) { return at[k]; }, *shared_done);
                });
   return commands + 1;
 }

@@ -19,27 +19,20 @@
 // A call made right after send_asking() goes at once, alone: its ASKING
 // must come right before its command.
 //
-// With min_replicas (the URL's), a lock write must reach that many replicas
-// (WAIT) before the lease is handed out; short of it, the lock is given back
-// and the acquisition fails. Acquisitions and their WAITs then go on a
-// fourth connection of their own: a WAIT blocks its connection until the
-// replicas answer, and must hold up no release or operators' call.
-//
-// Sentinel: follow_sentinels() hands the store a watcher that points all
-// three connections at the master it learns, and is asked again whenever
-// the command connection drops. Each connection then checks with ROLE that
-// the address it was given is a master before it sends anything.
+// min_replicas (the URL's) and Sentinel, as a user sees them: docs/stores.md,
+// "Sentinel". With min_replicas, acquisitions and their WAITs go on a fourth
+// connection of their own (a WAIT blocks its connection). follow_sentinels()
+// points every connection at the master its watcher learns, and each checks
+// with ROLE that the address it was given is a master before it sends.
 //
 // Release notices are classic PUBLISH / SUBSCRIBE, or, for a node of a
 // Redis Cluster (Notices::kSharded), SPUBLISH / SSUBSCRIBE on the node that
 // serves the lock's slot; a subscription the node gives up (its slot moved)
 // is reported through the dropped hook for the cluster to place elsewhere.
 //
-// In the redisson layout (layout.hpp) exclusive locks are Redisson's RLock:
-// the acquire, renew and release calls run kRedissonAcquire, kRedissonRenew
-// and kRedissonRelease instead, with the same batching, and notices are
-// Redisson's channel and message. The store is then wrapped in a
-// RedissonStore (redisson_store.hpp), which offers exclusive locks only.
+// In the redisson layout (layout.hpp, redisson_store.hpp) the acquire, renew
+// and release calls run the kRedisson scripts instead, with the same
+// batching, and notices are Redisson's channel and message.
 //
 // Threading: as LockStore (loop thread, but encode()/check_key()).
 #pragma once

@@ -10,6 +10,7 @@
 #include <limits>
 #include <optional>
 #include <stdexcept>
+#include <utility>
 
 #include "store/redis/redis_error.hpp"
 
@@ -72,34 +73,29 @@ redis.call('zremrangebyscore', holders, '-inf', now))lua"},
 // batch of one), each in turn. SET NX first, the one call a free lock
 // needs before its counter: a busy lock is neither overwritten nor
 // counted. The token is the slot's counter incremented; the name's own
-// counter of versions before (a declared key, so that a cluster runs the
-// script only where all three are, or nowhere) is folded in the first
-// time: the slot's counter goes past it, so the name's tokens never go
-// back across the upgrade, and it is deleted. A counter Redis refuses (a
-// key of another type, an old counter that is no number) gives the lock
-// back and fails that lock alone: pcall, as a script's writes for the
-// locks before it are not undone by a later error. A busy key without
+// counter of versions before is folded in the first time (docs/how-it-
+// works.md, "Upgrading from per-name counters"), a declared key, so that a
+// cluster runs the script only where all three are. A counter Redis
+// refuses (a key of another type, an old counter that is no number) gives
+// the lock back and fails that lock alone: pcall, as a script's writes for
+// the locks before it are not undone by a later error. A busy key without
 // expiry is not ours (a user's key, or a lock someone made by hand) and is
 // reported instead of waited on forever. A lock that already holds the
 // caller's token is a retry of an acquisition whose reply was lost: it is
 // taken again (the ttl set anew) with the slot's counter as it stands, at
-// least the token the lost reply carried and below the next holder's, so
-// retrying with the same token is safe; pcall on its GET: a key of another
-// type is simply not ours. One entry per lock (one string, not an array:
-// the client parses one reply object, not one per lock); a failure's entry
-// is an error line, with Redis's code first (or LOCKWATCH), kept on one
-// line whatever the key's name holds. Tokens go out with %d: Lua would
-// print a number of 15 digits or more in exponent form. A writer's mark
-// for readers (see kAcquireKind) is read, set and deleted by name,
-// undeclared, and with pcall: it shares the lock's slot, but a node
-// importing that slot (an ASK) refuses keys not declared; the mark is a
-// preference, never what exclusion rests on, so that attempt goes without
-// it. Only a call that waits (its ttl sent as 'w<ms>') comes back to a
-// mark: it alone leaves one, and its grant alone looks for one to delete;
-// a call that does not wait costs no read of it. Who holds a lock is in
-// its value: the owner token, then, after a space each, the grant time
-// (the server's TIME in unix ms, '-' where TIME is refused) and the
-// runtime's owner name (the last ARGV): no other key per lock.
+// least the token the lost reply carried and below the next holder's;
+// pcall on its GET: a key of another type is simply not ours. One entry
+// per lock (one string, not an array: the client parses one reply object);
+// a failure's entry is an error line, Redis's code first (or LOCKWATCH),
+// on one line whatever the key's name holds. Tokens go out with %d: Lua
+// would print 15 digits or more in exponent form. A writer's mark for
+// readers (docs/kinds.md) is read, set and deleted by name, undeclared,
+// with pcall: a node importing the slot (an ASK) refuses keys not
+// declared, and the mark is a preference, never what exclusion rests on.
+// Only a call that waits (its ttl sent as 'w<ms>') leaves one or looks for
+// its own to delete. Who holds a lock is in its value (docs/kinds.md's
+// table): the owner token, the grant time ('-' where TIME is refused) and
+// the owner's name (the last ARGV), a space apart.
 constexpr std::string_view kAcquire = R"lua(
 local out = {}
 local now = redis.pcall('time')
@@ -172,39 +168,74 @@ end
 return table.concat(out, '\n')
 )lua";
 
-// The kinds of lock other than exclusive (lock_kind.hpp): shared (the
-// readers of a read-write lock) and permits(n) (a semaphore). The lock's
-// key holds a marker instead of a token, 'lockwatch:shared' or
-// 'lockwatch:permits:<n>', expiring with the last holder, so an exclusive
-// SET NX finds it busy without a look at anything else. The holders are a
-// sorted set `<lock>:holders` of their tokens scored by their deadlines on
-// the server's clock (TIME, in ms), expiring with the lock; a member past
-// its deadline is a dead holder and is pruned by the next script, so a
-// crashed holder's share comes back after its ttl. A writer that waits for
-// readers leaves `<lock>:writer` (its token, expiring after 2 s, or its ttl
-// if shorter, refreshed at each of its attempts, which the busy answer
-// brings within half of that); while it is there no new reader goes in
-// (writers are not starved), and the writer's grant deletes it. A writer
-// that stops waiting holds readers back for that short expiry at most.
-// Readers take no fencing token: they are answered the slot's counter as
-// it stands (the last writer's, or above it); each permit's grant raises
-// it, a retried one's too (a holder asking again after its reply was lost:
-// other permits may have been granted since, so the counter as it stands
-// may be another holder's token, and it is answered a new one). All these
-// keys share the lock's hash tag, so one Cluster slot. A key held as
+// The kinds of lock other than exclusive, each acquired by this script
+// (kAcquireKind's arguments, or with five KEYS kAcquireFair's): their keys,
+// markers and rules are docs/kinds.md's ("How the stores keep them").
+// Holders are scored by their deadlines on the server's clock (TIME, in
+// ms); one past its deadline is dead and pruned by the next script, so a
+// crashed holder's share comes back after its ttl. Readers are answered the
+// slot's counter as it stands; each permit's grant raises it, a retried
+// one's too (other permits may have been granted since the lost reply: the
+// counter as it stands may be another holder's token). A key held as
 // another kind, or a semaphore of another n, is refused, never joined.
+// A fair lock's holder is the one member of `<lock>:holders` (so renewals
+// and releases are kRenewKind's and kReleaseKind's); its waiters are
+// `<lock>:queue`, by arrival (the last score plus one: scripts run one at a
+// time), and `<lock>:waiting`, by when their place runs out (the attempt's
+// now + ttl: a waiter that tries again within its ttl keeps it), so a dead
+// waiter stalls the queue for its ttl at most. Only a free lock is granted,
+// and only to the first waiter; the busy answer is capped at ttl/3; when
+// dropping dead waiters leaves the lock free for another first, the release
+// channel wakes it. The queue's keys expire with its last place.
 constexpr std::string_view kAcquireKind = R"lua(
-local lock, holders, mark, counter = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
-local token, ttl, kind, owner = ARGV[1], tonumber(ARGV[2]), ARGV[3], ARGV[4] or ''
-local owners = lock .. ':owners'
-local marker = kind == 's' and 'lockwatch:shared' or ('lockwatch:permits:' .. kind)
-local asked = kind == 's' and 'shared' or (kind .. ' permit(s)')
+local lock, holders, counter, fair = KEYS[1], KEYS[2], KEYS[#KEYS], #KEYS == 5
+local token, ttl, kind = ARGV[1], tonumber(ARGV[2]), ARGV[3]
+local owner, owners = ARGV[#KEYS] or '', lock .. ':owners'
+local marker = fair and 'lockwatch:fair' or (kind == 's' and 'lockwatch:shared' or ('lockwatch:permits:' .. kind))
+local asked = fair and 'fair' or (kind == 's' and 'shared' or (kind .. ' permit(s)'))
 @kind_check@
 local mine = redis.call('zscore', holders, token)
-local f
-if kind == 's' then
+local f, out
+if fair then
+  local queue, waiting, dropped = KEYS[3], KEYS[4], false
+  while true do
+    local w = redis.call('zrange', waiting, 0, 0, 'WITHSCORES')
+    if #w == 0 or tonumber(w[2]) > now then break end
+    redis.call('zrem', waiting, w[1])
+    redis.call('zrem', queue, w[1])
+    dropped = true
+  end
+  if mine then
+    f = redis.pcall('get', counter)
+  else
+    if not redis.call('zscore', queue, token) then
+      local last = redis.call('zrange', queue, -1, -1, 'WITHSCORES')
+      local seq = #last > 0 and tonumber(last[2]) + 1 or 1
+      redis.call('zadd', queue, string.format('%d', seq), token)
+    end
+    redis.call('zadd', waiting, string.format('%d', now + ttl), token)
+    local first = redis.call('zrange', queue, 0, 0)[1]
+    local holder = redis.call('zrange', holders, 0, 0, 'WITHSCORES')
+    if #holder == 0 and first == token then
+      f = redis.pcall('incr', counter)
+      if type(f) ~= 'table' then
+        redis.call('zrem', queue, token)
+        redis.call('zrem', waiting, token)
+      end
+    else
+      local left
+      if #holder == 0 then
+        left = tonumber(redis.call('zscore', waiting, first)) - now
+        if dropped then redis.call(ARGV[4] == 's' and 'spublish' or 'publish', ARGV[3], '1') end
+      else
+        left = tonumber(holder[2]) - now
+      end
+      out = 'b' .. string.format('%d', math.max(1, math.min(left, math.floor(ttl / 3))))
+    end
+  end
+elseif kind == 's' then
   if not mine then
-    local w = redis.call('pttl', mark)
+    local w = redis.call('pttl', KEYS[3])
     if w > 0 then return 'b' .. w end
   end
   f = redis.pcall('get', counter)
@@ -216,14 +247,30 @@ else
   f = redis.pcall('incr', counter)
 end
 if type(f) == 'table' then return 'e' .. @counter_error@ end
-redis.call('zadd', holders, string.format('%d', now + ttl), token)
-local last = redis.call('zrange', holders, -1, -1, 'WITHSCORES')
-local px = string.format('%d', tonumber(last[2]) - now)
-redis.call('set', lock, marker, 'PX', px)
-redis.call('pexpire', holders, px)
-if not mine then @record@ end
-redis.pcall('pexpire', owners, px)
-return 't' .. string.format('%d', tonumber(f or '0'))
+if not out then
+  redis.call('zadd', holders, string.format('%d', now + ttl), token)
+  local last = redis.call('zrange', holders, -1, -1, 'WITHSCORES')
+  local px = string.format('%d', tonumber(last[2]) - now)
+  redis.call('set', lock, marker, 'PX', px)
+  redis.call('pexpire', holders, px)
+  if not mine then
+    if fair then redis.pcall('del', owners) end
+    @record@
+  end
+  redis.pcall('pexpire', owners, px)
+  out = 't' .. string.format('%d', tonumber(f or '0'))
+end
+if fair and not mine then
+  local last = redis.call('zrange', KEYS[4], -1, -1, 'WITHSCORES')
+  if #last == 0 then
+    redis.call('del', KEYS[3], KEYS[4])
+  else
+    local px = string.format('%d', math.max(1, tonumber(last[2]) - now))
+    redis.call('pexpire', KEYS[3], px)
+    redis.call('pexpire', KEYS[4], px)
+  end
+end
+return out
 )lua";
 
 // Renews shared and permit leases, any number in one call: a lease's
@@ -294,93 +341,6 @@ for i = 1, #KEYS / 2 do
   end
 end
 return table.concat(out)
-)lua";
-
-// Fair locks (LockKind::fair()): one holder, granted in arrival order. The
-// lock's key holds the marker 'lockwatch:fair' and its holder is the one
-// member of `<lock>:holders` (scored by its deadline, as a permit's), so
-// renewals and releases are the kind scripts' (kRenewKind, kReleaseKind:
-// the release publishes, the next waiter tries at once) and an exclusive,
-// shared or permit call finds the key held as another kind. The waiters are
-// `<lock>:queue`, a sorted set of tokens scored by arrival (the last score
-// plus one: scripts run one at a time, so no two share one), and
-// `<lock>:waiting`, the same tokens scored by the time their place runs
-// out on the server's clock: the attempt's now + ttl, so a waiter that
-// tries again within its ttl keeps its place (the busy answer asks it to
-// within a third of it). Each attempt first drops the waiters whose place
-// ran out (a waiter that died, or left without a word), so a dead waiter
-// stalls the queue for its ttl at most, never for good; then grants only
-// a free lock, and only to the first waiter. A waiter told busy is told
-// when to try again: the holder's deadline, or while the lock is free the
-// first waiter's (it was woken and has not come yet), capped at ttl/3;
-// when dropping dead waiters leaves a free lock to another first, the
-// release channel wakes it. The token comes from the slot's counter, as a
-// mutex's. All these keys share the lock's hash tag (one Cluster slot);
-// the queue's keys expire with the last place in it.
-constexpr std::string_view kAcquireFair = R"lua(
-local lock, holders, queue, waiting, counter = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
-local token, ttl, channel = ARGV[1], tonumber(ARGV[2]), ARGV[3]
-local publish = ARGV[4] == 's' and 'spublish' or 'publish'
-local owner, owners = ARGV[5] or '', lock .. ':owners'
-local marker, asked = 'lockwatch:fair', 'fair'
-@kind_check@
-local dropped = false
-while true do
-  local w = redis.call('zrange', waiting, 0, 0, 'WITHSCORES')
-  if #w == 0 or tonumber(w[2]) > now then break end
-  redis.call('zrem', waiting, w[1])
-  redis.call('zrem', queue, w[1])
-  dropped = true
-end
-local out
-if redis.call('zscore', holders, token) then
-  local f = redis.pcall('get', counter)
-  if type(f) == 'table' then return 'e' .. @counter_error@ end
-  redis.call('zadd', holders, string.format('%d', now + ttl), token)
-  redis.call('set', lock, 'lockwatch:fair', 'PX', ttl)
-  redis.call('pexpire', holders, ttl)
-  redis.pcall('pexpire', owners, ttl)
-  return 't' .. string.format('%d', tonumber(f or '0'))
-end
-if not redis.call('zscore', queue, token) then
-  local last = redis.call('zrange', queue, -1, -1, 'WITHSCORES')
-  local seq = #last > 0 and tonumber(last[2]) + 1 or 1
-  redis.call('zadd', queue, string.format('%d', seq), token)
-end
-redis.call('zadd', waiting, string.format('%d', now + ttl), token)
-local first = redis.call('zrange', queue, 0, 0)[1]
-local holder = redis.call('zrange', holders, 0, 0, 'WITHSCORES')
-if #holder == 0 and first == token then
-  local f = redis.pcall('incr', counter)
-  if type(f) == 'table' then return 'e' .. @counter_error@ end
-  redis.call('zrem', queue, token)
-  redis.call('zrem', waiting, token)
-  redis.call('zadd', holders, string.format('%d', now + ttl), token)
-  redis.call('set', lock, 'lockwatch:fair', 'PX', ttl)
-  redis.call('pexpire', holders, ttl)
-  redis.pcall('del', owners)
-  @record@
-  redis.pcall('pexpire', owners, ttl)
-  out = 't' .. string.format('%d', f)
-else
-  local left
-  if #holder == 0 then
-    left = tonumber(redis.call('zscore', waiting, first)) - now
-    if dropped then redis.call(publish, channel, '1') end
-  else
-    left = tonumber(holder[2]) - now
-  end
-  out = 'b' .. string.format('%d', math.max(1, math.min(left, math.floor(ttl / 3))))
-end
-local last = redis.call('zrange', waiting, -1, -1, 'WITHSCORES')
-if #last == 0 then
-  redis.call('del', queue, waiting)
-else
-  local px = string.format('%d', math.max(1, tonumber(last[2]) - now))
-  redis.call('pexpire', queue, px)
-  redis.call('pexpire', waiting, px)
-end
-return out
 )lua";
 
 // A fair waiter gives up its place (FairQueue::withdraw). If it was first
@@ -730,7 +690,7 @@ const Script& script(ScriptId id) {
       {kRenewKind, "shared or permit renew", "GET, PTTL, PEXPIRE, TIME, ZADD, ZSCORE"},
       {kReleaseKind, "shared or permit release",
        "GET, DEL, PEXPIRE, TIME, ZRANGE, ZREM, ZREMRANGEBYSCORE, PUBLISH or SPUBLISH"},
-      {kAcquireFair, "fair acquire",
+      {kAcquireKind, "fair acquire",
        "GET, SET, DEL, INCR, PTTL, PEXPIRE, TIME, ZADD, ZCARD, ZRANGE, ZREM, ZREMRANGEBYSCORE, ZSCORE, PUBLISH or "
        "SPUBLISH"},
       {kWithdrawFair, "fair withdraw", "GET, ZCARD, ZRANGE, ZREM, PUBLISH or SPUBLISH"},
@@ -818,11 +778,8 @@ AcquireReply::AcquireReply(const redisReply* reply, const StoreError* err, std::
 }
 
 Acquired AcquireReply::next() {
+  if (failed_ != nullptr) return Acquired::failed(*failed_);
   Acquired out;
-  if (failed_ != nullptr) {
-    out.error = *failed_;
-    return out;
-  }
   const std::size_t end = std::min(rest_.find('\n'), rest_.size());
   const std::string_view entry = rest_.substr(0, end);
   rest_.remove_prefix(std::min(rest_.size(), end + 1));
@@ -974,33 +931,24 @@ std::optional<StoreError> read_withdraw(const redisReply* reply, const StoreErro
 }
 
 ClaimResult read_claim_period(const redisReply* reply, const StoreError* err, std::string_view endpoint) {
-  ClaimResult out;
-  if (err != nullptr) {
-    out.error = *err;
-    return out;
-  }
+  if (err != nullptr) return ClaimResult{.error = *err};
   bool fields_ok = is_array_of(reply, 4);
   for (std::size_t i = 0; fields_ok && i < 4; ++i) fields_ok = is_string(reply->element[i]);
   long long seconds = 0, micros = 0;
   std::int64_t last = 0;
   if (!fields_ok || !whole_number(text_of(reply->element[1]), seconds) ||
-      !whole_number(text_of(reply->element[2]), micros) || !whole_number(text_of(reply->element[3]), last)) {
-    out.error = unexpected_reply(endpoint, "period claim", shape_of(reply));
-    return out;
-  }
+      !whole_number(text_of(reply->element[2]), micros) || !whole_number(text_of(reply->element[3]), last))
+    return ClaimResult{.error = unexpected_reply(endpoint, "period claim", shape_of(reply))};
+  using Status = ClaimResult::Status;
+  static constexpr std::pair<std::string_view, Status> kStatuses[] = {
+      {"1", Status::kClaimed}, {"0", Status::kAlreadyRun}, {"2", Status::kNotDue}, {"-1", Status::kNotLeader}};
   const std::string_view status = text_of(reply->element[0]);
-  if (status == "1") {
-    out.status = ClaimResult::Status::kClaimed;
-  } else if (status == "0") {
-    out.status = ClaimResult::Status::kAlreadyRun;
-  } else if (status == "2") {
-    out.status = ClaimResult::Status::kNotDue;
-  } else if (status == "-1") {
-    out.status = ClaimResult::Status::kNotLeader;
-  } else {
-    out.error = unexpected_reply(endpoint, "period claim", "status " + quoted(status));
-    return out;
-  }
+  const auto* known = std::find_if(std::begin(kStatuses), std::end(kStatuses),
+                                   [&](const auto& s) { return s.first == status; });
+  if (known == std::end(kStatuses))
+    return ClaimResult{.error = unexpected_reply(endpoint, "period claim", "status " + quoted(status))};
+  ClaimResult out;
+  out.status = known->second;
   out.last = last;
   using std::chrono::system_clock;
   out.store_time = system_clock::time_point(std::chrono::duration_cast<system_clock::duration>(

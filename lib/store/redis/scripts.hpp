@@ -11,12 +11,9 @@
 // cannot answer (StoreError kRefused, "unexpected reply to ..."), never a
 // default result.
 //
-// Keys of one lock stay on one Redis Cluster slot: the lock itself,
-// `<prefix>{<key>}`, its release channel `...:rel` (both with the hash tag
-// <key>) and its slot's fencing counter `<prefix>fence:{<tag>}` (a tag of
-// the same slot; never expiring, so tokens keep rising across holders). See
-// keys.hpp. A call of several locks names keys of several slots: a Redis
-// Cluster node groups each batch by slot, one call per slot group
+// Keys of one lock stay on one Redis Cluster slot (keys.hpp,
+// docs/how-it-works.md "Redis layout"); a call of several locks names keys
+// of several slots, so a Cluster node sends one call per slot group
 // (RedisNodeStore::batch_by_slot(), and the cluster's renewals).
 //
 // Threading: script() any thread; the readers are plain values, used
@@ -95,7 +92,8 @@ enum class ScriptId : std::uint8_t {
   // Fair locks (scripts.cpp says how they are kept); renewed and released
   // by kRenewKind and kReleaseKind with the marker 'lockwatch:fair'. KEYS:
   // lock, holders, queue, waiting, the slot's counter. ARGV: token, ttl ms,
-  // channel, 's' or 'p'. One entry as kAcquireKind's.
+  // channel, 's' or 'p', owner. One entry as kAcquireKind's: its script
+  // (its five KEYS tell it a fair lock), named as the fair one in errors.
   kAcquireFair,
   // KEYS: lock, queue, waiting. ARGV: token, channel, 's' or 'p'. Answers
   // 1 if the token was queued, else 0.
