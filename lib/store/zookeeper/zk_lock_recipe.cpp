@@ -145,20 +145,19 @@ void ZkLockRecipe::created(const Op& op, std::uint64_t serial, bool parents_made
   if (s->negotiated_ms == 0 && s->zh != nullptr) s->negotiated_ms = zoo_recv_timeout(s->zh);
   if (op->ttl.count() > s->negotiated_ms) {
     // The ensemble's maxSessionTimeout is below the ttl: a lease
-    // would outlive what guards it. The node goes first (confirmed,
-    // or left to the cleanups), then the lock is refused: nothing of
-    // the refused call is in the queue when its caller hears.
-    auto e = sessions_.refusal(
-        fmt::format("the ttl {} ms is longer than the session timeout the ZooKeeper ensemble grants "
-                    "({} ms: its maxSessionTimeout); a lock's ttl is its session's timeout",
-                    op->ttl.count(), s->negotiated_ms));
-    release_.delete_paths(*s, {op->path}, [this, op, e](int rc) {
-      if (rc != ZOK) abandon_attempt(op);
-      fail(op, e);
-    });
-    return;
+    // would outlive what guards it.
+    return refuse(op, sessions_.refusal(fmt::format(
+                          "the ttl {} ms is longer than the session timeout the ZooKeeper ensemble grants "
+                          "({} ms: its maxSessionTimeout); a lock's ttl is its session's timeout",
+                          op->ttl.count(), s->negotiated_ms)));
   }
   list_nodes(op);
+}
+
+void ZkLockRecipe::requeue(const Op& op) {
+  op->from_mark = false;
+  op->attempt = next_attempt_++;
+  create_node(op, true);
 }
 
 void ZkLockRecipe::abandon_attempt(const Op& op) {
@@ -206,12 +205,9 @@ void ZkLockRecipe::listed(const Op& op, const ZkResult& r) {
   const std::string own_child = op->path.substr(op->path.rfind('/') + 1);
   auto own = std::find(nodes.begin(), nodes.end(), own_child);
   if (own == nodes.end() && op->from_mark) {
-    // The store removed the writer's mark meanwhile (its span
-    // passed): a new node, at the back of the queue.
+    // The store removed the writer's mark meanwhile (its span passed).
     forget(*op);
-    op->from_mark = false;
-    op->attempt = next_attempt_++;
-    return create_node(op, true);
+    return requeue(op);
   }
   if (own == nodes.end()) {
     // Gone: its session expired meanwhile (or an operator removed it).
@@ -228,7 +224,10 @@ void ZkLockRecipe::decide(const Op& op, const std::vector<std::string>& nodes, s
   const auto below = nodes.begin() + static_cast<std::ptrdiff_t>(at);
   auto other =
       std::find_if(nodes.begin(), below, [&](const auto& n) { return !kinds::same_family(zk::kind_of(n), op->kind); });
-  if (other != below) return refuse_kind(op, zk::kind_of(*other));
+  if (other != below) {
+    forget(*op);
+    return refuse(op, sessions_.refusal(kinds::refusal(op->name, zk::kind_of(*other), op->kind)));
+  }
   const std::string dir = op->dir + "/";
   switch (op->kind.mode()) {
     case LockKind::Mode::kFair: {
@@ -261,7 +260,7 @@ void ZkLockRecipe::decide(const Op& op, const std::vector<std::string>& nodes, s
       for (std::size_t i = at; i-- > 0;) {
         if (zk::kind_of(nodes[i]).exclusive_kind()) {
           forget(*op);
-          return wait_behind(op, {dir + nodes[i]}, false, i == 0 ? milliseconds::max() : zk::kMarkSpan);
+          return wait_behind(op, {dir + nodes[i]}, false, i == 0 ? milliseconds::max() : kinds::kWriterMark);
         }
       }
       break;
@@ -279,13 +278,9 @@ void ZkLockRecipe::decide(const Op& op, const std::vector<std::string>& nodes, s
   grant(op);
 }
 
-void ZkLockRecipe::refuse_kind(const Op& op, LockKind held_as) {
-  forget(*op);
-  auto e = sessions_.refusal(kinds::refusal(op->name, held_as, op->kind));
+void ZkLockRecipe::refuse(const Op& op, const StoreError& e) {
   ZkSession* s = sessions_.live(op->session);
   if (s == nullptr) return fail(op, e);
-  // Our node goes first (confirmed, or left to the cleanups): nothing of a
-  // refused call stays in the queue.
   release_.delete_paths(*s, {op->path}, [this, op, e](int rc) {
     if (rc != ZOK) abandon_attempt(op);
     fail(op, e);
@@ -302,13 +297,9 @@ void ZkLockRecipe::grant(const Op& op) {
   const std::string key = zk::hold_key(op->name, op->token);
   if (op->from_mark) {
     auto m = holds.marks.find(key);
-    if (m == holds.marks.end() || m->second.attempt != op->attempt) {
-      // The mark's span passed as the listing came back: the store is
-      // removing the node. A new one, at the back of the queue.
-      op->from_mark = false;
-      op->attempt = next_attempt_++;
-      return create_node(op, true);
-    }
+    // The mark's span passed as the listing came back: the store is
+    // removing the node.
+    if (m == holds.marks.end() || m->second.attempt != op->attempt) return requeue(op);
     holds.marks.erase(m);
     op->from_mark = false;
   }

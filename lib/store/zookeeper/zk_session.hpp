@@ -89,7 +89,7 @@ class ZkSessions {
   // `events` are the store's, set when it starts; read when something
   // happens, never before.
   ZkSessions(Loop& loop, const ZkTarget& target, const ConnectionOptions& connection, const StoreEvents& events);
-  // Closes what handles are left on the closer's thread, and joins it.
+  // Closes what handles are left (close()) on the closer's thread, and joins it.
   ~ZkSessions();
 
   // The session for locks of `ttl`, made (and connecting) if there is none.
@@ -169,6 +169,7 @@ class ZkSessions {
     bool late = false;  // past its deadline at a time_out(): failed at the next
   };
 
+  Session* find(std::uint64_t serial);
   void look_up_names(Session& s);
   // The members' addresses (empty where a name did not resolve) for the
   // session of `ms` with `serial`, if it is still the one waiting.
