@@ -167,16 +167,13 @@ void EtcdStore::acquire_one(std::string name, std::string token, milliseconds tt
 }
 
 void EtcdStore::busy(std::int64_t holder_lease, milliseconds ttl, AcquireOne done) {
-  if (holder_lease == 0) {  // a key without a lease (not lockwatch's): busy for a ttl
-    return done(Acquired::busy(ttl));
-  }
+  if (holder_lease == 0) return done(Acquired::busy(ttl));  // a key without a lease (not lockwatch's)
   client_->lease_time_to_live(holder_lease, [ttl, done = std::move(done)](const auto& response, const StoreError* err) {
     // etcd answers whole seconds, rounded down: a second more is the
     // bound. Without an answer, the ttl asked for.
-    if (err)
-      done(Acquired::busy(ttl));
-    else
-      done(Acquired::busy(response.ttl() <= 0 ? milliseconds(1) : milliseconds((response.ttl() + 1) * 1000)));
+    done(Acquired::busy(err                    ? ttl
+                        : response.ttl() <= 0 ? milliseconds(1)
+                                              : milliseconds((response.ttl() + 1) * 1000)));
   });
 }
 

@@ -166,26 +166,16 @@ void ZkLockRecipe::abandon_attempt(const Op& op) {
 
 void ZkLockRecipe::make_parents(Op op, int step) {
   ZkSession* s = sessions_.session_for(op->ttl);
-  ACL_vector* acl = sessions_.acl();
-  const std::string path = step == 0 ? std::string(zk::kRoot) : op->dir;
-  sessions_.send(
-      *s,
-      [this, op, step](const ZkResult& r) {
-        if (r.rc != ZOK && r.rc != ZNODEEXISTS) {
-          const std::string& chroot = sessions_.target().chroot;
-          fail(op, sessions_.error(r.rc, r.rc == ZNONODE && !chroot.empty()
-                                             ? fmt::format("the chroot {} does not exist on the ensemble", chroot)
-                                             : std::string("creating the lock's directory")));
-          return;
-        }
-        if (step == 0)
-          make_parents(op, 1);
-        else
-          create_node(op, true);
-      },
-      [=](zhandle_t* zh, void* ctx) {
-        return zoo_acreate(zh, path.c_str(), "", 0, acl, ZOO_PERSISTENT, zk::on_created_path, ctx);
-      });
+  sessions_.make_node(*s, step == 0 ? std::string(zk::kRoot) : op->dir, [this, op, step](int rc) {
+    if (rc != ZOK) {
+      const std::string& chroot = sessions_.target().chroot;
+      return fail(op, sessions_.error(rc, rc == ZNONODE && !chroot.empty()
+                                              ? fmt::format("the chroot {} does not exist on the ensemble", chroot)
+                                              : std::string("creating the lock's directory")));
+    }
+    if (step == 0) return make_parents(op, 1);
+    create_node(op, true);
+  });
 }
 
 void ZkLockRecipe::list_nodes(Op op) {
@@ -232,17 +222,12 @@ void ZkLockRecipe::decide(const Op& op, const std::vector<std::string>& nodes, s
   switch (op->kind.mode()) {
     case LockKind::Mode::kFair: {
       if (at == 0) break;
-      // Our node is our place in the queue, kept (a mark) while we try
-      // again within its span, watching the node just below: its deletion
-      // (a release, a waiter that gave up, a session that expired) is the
-      // notice. Nodes only come in behind ours, so the order is arrival.
+      // Our node is our place in the queue (a mark); the node just below is watched.
       return wait_behind(op, {dir + nodes[at - 1]}, true, zk::mark_span(op->ttl, op->kind) / 3);
     }
     case LockKind::Mode::kExclusive: {
       if (at == 0) break;
-      // Only readers below: our node stays, a mark that stops new readers
-      // (writers are not starved), watching the node just below. Behind
-      // another writer: our node goes and the holder is watched.
+      // Behind readers only, our node stays (a mark that stops new readers).
       const bool readers_only =
           std::none_of(nodes.begin(), below, [](const std::string& n) { return zk::kind_of(n).exclusive_kind(); });
       if (readers_only) {
@@ -254,9 +239,8 @@ void ZkLockRecipe::decide(const Op& op, const std::vector<std::string>& nodes, s
       return;
     }
     case LockKind::Mode::kShared: {
-      // The nearest writer's node below ours is watched. Not the lowest, it
-      // is a waiting writer's, which the store removes 2 s after its last
-      // attempt: the next try comes by then even if no notice does.
+      // The nearest writer's node below ours is watched; not the lowest, it
+      // is a waiting writer's mark: the next try comes by its end.
       for (std::size_t i = at; i-- > 0;) {
         if (zk::kind_of(nodes[i]).exclusive_kind()) {
           forget(*op);
@@ -268,7 +252,6 @@ void ZkLockRecipe::decide(const Op& op, const std::vector<std::string>& nodes, s
     case LockKind::Mode::kPermits: {
       const std::size_t n = op->kind.permit_count();
       if (at < n) break;
-      // Any holder's release frees a permit: each of the n is watched.
       std::vector<std::string> holders;
       for (std::size_t i = 0; i < n; ++i) holders.push_back(dir + nodes[i]);
       forget(*op);

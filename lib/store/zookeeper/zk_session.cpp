@@ -143,7 +143,7 @@ ZkSessions::Session* ZkSessions::find(std::uint64_t serial) {
 
 ZkSessions::Session* ZkSessions::live(std::uint64_t serial) {
   Session* s = find(serial);
-  return s != nullptr && s->zh != nullptr && s->state != Session::State::kExpired ? s : nullptr;
+  return s != nullptr && s->zh != nullptr ? s : nullptr;
 }
 
 void ZkSessions::retire(Session* s) {
@@ -254,6 +254,14 @@ void ZkSessions::read(Session& s, std::string path, bool watch, ZkReply reply) {
   send_read(s, std::move(reply), [path = std::move(path), watch](zhandle_t* zh, void* ctx) {
     return zoo_aget(zh, path.c_str(), watch ? 1 : 0, zk::on_data, ctx);
   });
+}
+
+void ZkSessions::make_node(Session& s, std::string path, std::function<void(int rc)> done) {
+  send(
+      s, [done = std::move(done)](const ZkResult& r) { done(r.rc == ZNODEEXISTS ? ZOK : r.rc); },
+      [path = std::move(path), acl = acl()](zhandle_t* zh, void* ctx) {
+        return zoo_acreate(zh, path.c_str(), "", 0, acl, ZOO_PERSISTENT, zk::on_created_path, ctx);
+      });
 }
 
 bool ZkSessions::resend(std::uint64_t id, Pending& p) {
