@@ -7,6 +7,7 @@
 #pragma once
 
 #include <charconv>
+#include <chrono>
 #include <cstdint>
 #include <string>
 #include <string_view>
@@ -23,30 +24,41 @@ inline constexpr std::string_view kPermitsMarker = "lockwatch:permits:";  // + n
 inline constexpr std::string_view kFairMarker = "lockwatch:fair";
 inline constexpr std::string_view kMarkerPrefix = "lockwatch:";
 
+// How a store spells the markers: a SQL lock row's owner (kRowMarkers), a
+// ZooKeeper node's name ("r", "p2", "f": zk_nodes.hpp).
+struct Markers {
+  std::string_view shared, permits, fair;  // permits: followed by n
+};
+inline constexpr Markers kRowMarkers{kSharedMarker, kPermitsMarker, kFairMarker};
+
 // The marker of `kind`; empty for exclusive (its row holds the owner token).
-inline std::string marker(LockKind kind) {
+inline std::string marker(LockKind kind, const Markers& spelling = kRowMarkers) {
   switch (kind.mode()) {
-    case LockKind::Mode::kShared: return std::string(kSharedMarker);
-    case LockKind::Mode::kPermits: return std::string(kPermitsMarker) + std::to_string(kind.permit_count());
-    case LockKind::Mode::kFair: return std::string(kFairMarker);
+    case LockKind::Mode::kShared: return std::string(spelling.shared);
+    case LockKind::Mode::kPermits: return std::string(spelling.permits) + std::to_string(kind.permit_count());
+    case LockKind::Mode::kFair: return std::string(spelling.fair);
     case LockKind::Mode::kExclusive: break;
   }
   return {};
 }
 
-// The kind a lock row's owner says the key is held as: a marker's kind, or
-// exclusive for an owner token.
-inline LockKind kind_of_marker(std::string_view owner) {
-  if (owner == kSharedMarker) return LockKind::shared();
-  if (owner == kFairMarker) return LockKind::fair();
-  if (owner.starts_with(kPermitsMarker)) {
-    std::uint32_t n = 0;
-    const auto digits = owner.substr(kPermitsMarker.size());
-    std::from_chars(digits.data(), digits.data() + digits.size(), n);
-    return LockKind::permits(n);
-  }
-  return LockKind::exclusive();
+// The kind a marker says the key is held as; exclusive for anything else
+// (an owner token, or a marker not read whole: the strictest reading).
+inline LockKind kind_of_marker(std::string_view owner, const Markers& spelling = kRowMarkers) {
+  if (owner == spelling.shared) return LockKind::shared();
+  if (owner == spelling.fair) return LockKind::fair();
+  if (!owner.starts_with(spelling.permits)) return LockKind::exclusive();
+  std::uint32_t n = 0;
+  const auto digits = owner.substr(spelling.permits.size());
+  const auto [end, ec] = std::from_chars(digits.data(), digits.data() + digits.size(), n);
+  return ec == std::errc() && end == digits.data() + digits.size() && n > 0 ? LockKind::permits(n)
+                                                                           : LockKind::exclusive();
 }
+
+// How long a waiting writer's mark stops new readers without an attempt of
+// its own (its ttl if shorter): a writer that gave up holds them back this
+// long at most.
+inline constexpr std::chrono::milliseconds kWriterMark{2000};
 
 // Whether a key held as `held` lets a call ask for it as `asked`: exclusive
 // and shared are one family (a read-write lock); permits only with the

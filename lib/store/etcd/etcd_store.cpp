@@ -167,16 +167,13 @@ void EtcdStore::acquire_one(std::string name, std::string token, milliseconds tt
 }
 
 void EtcdStore::busy(std::int64_t holder_lease, milliseconds ttl, AcquireOne done) {
-  if (holder_lease == 0) {  // a key without a lease (not lockwatch's): busy for a ttl
-    return done(Acquired::busy(ttl));
-  }
+  if (holder_lease == 0) return done(Acquired::busy(ttl));  // a key without a lease (not lockwatch's)
   client_->lease_time_to_live(holder_lease, [ttl, done = std::move(done)](const auto& response, const StoreError* err) {
     // etcd answers whole seconds, rounded down: a second more is the
     // bound. Without an answer, the ttl asked for.
-    if (err)
-      done(Acquired::busy(ttl));
-    else
-      done(Acquired::busy(response.ttl() <= 0 ? milliseconds(1) : milliseconds((response.ttl() + 1) * 1000)));
+    done(Acquired::busy(err                    ? ttl
+                        : response.ttl() <= 0 ? milliseconds(1)
+                                              : milliseconds((response.ttl() + 1) * 1000)));
   });
 }
 
@@ -410,9 +407,8 @@ void EtcdStore::list_page(std::shared_ptr<Listing> listing) {
   client_->range(std::move(request), [this, listing](const auto& response, const StoreError* err) {
     if (err) return listing->done({}, err);
     struct Page {
-      std::vector<LockInfo> infos;
+      std::vector<LockInfo> infos;  // held while its lease is found (ttl -1: gone meanwhile)
       std::vector<std::int64_t> leases;
-      std::vector<char> alive;  // its lease was found (-1: gone meanwhile)
     };
     Page found;
     for (const auto& kv : response.kvs()) {
@@ -425,21 +421,18 @@ void EtcdStore::list_page(std::shared_ptr<Listing> listing) {
     const bool more = response.more() && response.kvs_size() > 0;
     if (more) listing->from = response.kvs(response.kvs_size() - 1).key() + std::string(1, '\0');
     const std::size_t n = found.infos.size();
-    found.alive.assign(n, 0);
     // One answer more, this call's own: a page of no locks goes on at once.
     auto page = Countdown<StoreError, Page>::make(n + 1, std::move(found), [this, listing, more](auto& c) {
       if (c.failure) return listing->done({}, &*c.failure);
       for (std::size_t i = 0; i < c.infos.size() && listing->found.size() < listing->limit; ++i)
-        if (c.alive[i]) listing->found.push_back(std::move(c.infos[i]));
+        if (c.infos[i].held) listing->found.push_back(std::move(c.infos[i]));
       if (!more || listing->found.size() >= listing->limit) return listing->done(std::move(listing->found), nullptr);
       list_page(listing);
     });
     for (std::size_t i = 0; i < n; ++i) {
       client_->lease_time_to_live(page->leases[i], [page, i](const auto& r, const StoreError* e) {
-        if (!e && r.ttl() >= 0) {
-          page->alive[i] = 1;
-          page->infos[i].ttl = milliseconds(r.ttl() * 1000);
-        }
+        page->infos[i].held = !e && r.ttl() >= 0;
+        page->infos[i].ttl = milliseconds(r.ttl() * 1000);
         page->answered(e);
       });
     }

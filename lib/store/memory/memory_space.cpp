@@ -96,11 +96,9 @@ Acquired MemorySpace::State::acquire_exclusive(Entry& e, const LockRef& lock, Cl
     Acquired out = Acquired::busy(e.next_expiry(now));
     // Readers hold it: new readers wait behind this writer while it waits.
     if (!e.holders.empty()) {
-      // The mark lasts 2 s (the writer's ttl if shorter), as on Redis; the
-      // writer tries again within half of it (or at the last reader's
-      // release) and so keeps it while it waits, and one that stops
-      // waiting holds readers back no longer than that.
-      const auto mark = std::min(lock.ttl, milliseconds(2000));
+      // The mark (kinds::kWriterMark) is kept while the writer tries again
+      // within half of it (or at the last reader's release).
+      const auto mark = std::min(lock.ttl, kinds::kWriterMark);
       e.writer_waits = now + mark;
       out.busy_for = std::min(out.busy_for, std::max(mark / 2, milliseconds(1)));
     }

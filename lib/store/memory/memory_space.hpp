@@ -1,14 +1,9 @@
 // lib/store/memory/memory_space.hpp: the state behind memory://NAME, shared
 // by the runtimes of one process that name the same space.
 //
-// A space holds what a lock server would: per lock name the owner token and
-// expiry (judged on the steady clock at each operation, so no timers), a
-// fencing counter that never goes back, a scheduled job's last period run,
-// and the stores subscribed to its release notices. One mutex guards it
-// all; an operation is a map lookup or two under it. A name's entry stays
-// once locked (its counter lives there). Spaces are found by name in a
-// process-wide registry that holds them weakly (docs/stores.md, "In this
-// process": a space lives while a store or a test holds it).
+// A space holds what a lock server would, under one mutex (docs/stores.md,
+// "In this process": what it keeps, how expiry is judged, how long it
+// lives); an operation is a map lookup or two under it.
 //
 // A store hears from the space through its MemoryLink: posts to the
 // store's loop that stop, atomically, when the store closes, so a runtime

@@ -1,11 +1,8 @@
 // lib/store/memory/memory_store.hpp: locks in this process's memory
-// (memory://NAME), for single-process programs and for users' unit tests
-// without a server (docs/stores.md, "In this process"): runtimes whose URLs
-// name the same space share it (memory_space.hpp); each request is done
-// under the space's lock inside the call, its answer posted to the
-// runtime's loop. Of the options for servers only command_timeout
-// applies: a request held by a paused space (a test hook) fails as
-// unavailable (a ConnectionError to users) when it passes.
+// (memory://NAME; docs/stores.md, "In this process"), on a space shared by
+// the runtimes naming it (memory_space.hpp). Of the options for servers
+// only command_timeout applies: a request held by a paused space (a test
+// hook) fails as unavailable (a ConnectionError to users) when it passes.
 //
 // Threading: as LockStore (loop thread, but construction, encode() and
 // check_key()). Costs: per request one lock of the space's mutex (shared

@@ -38,19 +38,13 @@ void ZkClaims::make_root(std::uint64_t serial, std::shared_ptr<JobClaims::TimeDo
     auto e = sessions_.error(ZSESSIONEXPIRED, "reading the ensemble's clock");
     return (*shared)({}, &e);
   }
-  ACL_vector* acl = sessions_.acl();
-  sessions_.send(
-      *s,
-      [this, shared](const ZkResult& r) {
-        if (r.rc != ZOK && r.rc != ZNODEEXISTS) {
-          auto e = sessions_.error(r.rc, "creating /lockwatch");
-          return (*shared)({}, &e);
-        }
-        server_time([shared](std::chrono::system_clock::time_point t, const StoreError* e) { (*shared)(t, e); });
-      },
-      [=](zhandle_t* zh, void* ctx) {
-        return zoo_acreate(zh, zk::kRoot, "", 0, acl, ZOO_PERSISTENT, zk::on_created_path, ctx);
-      });
+  sessions_.make_node(*s, zk::kRoot, [this, shared](int rc) {
+    if (rc != ZOK) {
+      auto e = sessions_.error(rc, "creating /lockwatch");
+      return (*shared)({}, &e);
+    }
+    server_time([shared](std::chrono::system_clock::time_point t, const StoreError* e) { (*shared)(t, e); });
+  });
 }
 
 void ZkClaims::claim_period(std::string_view name, std::string_view token, std::int64_t period,

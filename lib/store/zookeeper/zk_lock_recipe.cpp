@@ -145,20 +145,19 @@ void ZkLockRecipe::created(const Op& op, std::uint64_t serial, bool parents_made
   if (s->negotiated_ms == 0 && s->zh != nullptr) s->negotiated_ms = zoo_recv_timeout(s->zh);
   if (op->ttl.count() > s->negotiated_ms) {
     // The ensemble's maxSessionTimeout is below the ttl: a lease
-    // would outlive what guards it. The node goes first (confirmed,
-    // or left to the cleanups), then the lock is refused: nothing of
-    // the refused call is in the queue when its caller hears.
-    auto e = sessions_.refusal(
-        fmt::format("the ttl {} ms is longer than the session timeout the ZooKeeper ensemble grants "
-                    "({} ms: its maxSessionTimeout); a lock's ttl is its session's timeout",
-                    op->ttl.count(), s->negotiated_ms));
-    release_.delete_paths(*s, {op->path}, [this, op, e](int rc) {
-      if (rc != ZOK) abandon_attempt(op);
-      fail(op, e);
-    });
-    return;
+    // would outlive what guards it.
+    return refuse(op, sessions_.refusal(fmt::format(
+                          "the ttl {} ms is longer than the session timeout the ZooKeeper ensemble grants "
+                          "({} ms: its maxSessionTimeout); a lock's ttl is its session's timeout",
+                          op->ttl.count(), s->negotiated_ms)));
   }
   list_nodes(op);
+}
+
+void ZkLockRecipe::requeue(const Op& op) {
+  op->from_mark = false;
+  op->attempt = next_attempt_++;
+  create_node(op, true);
 }
 
 void ZkLockRecipe::abandon_attempt(const Op& op) {
@@ -167,26 +166,16 @@ void ZkLockRecipe::abandon_attempt(const Op& op) {
 
 void ZkLockRecipe::make_parents(Op op, int step) {
   ZkSession* s = sessions_.session_for(op->ttl);
-  ACL_vector* acl = sessions_.acl();
-  const std::string path = step == 0 ? std::string(zk::kRoot) : op->dir;
-  sessions_.send(
-      *s,
-      [this, op, step](const ZkResult& r) {
-        if (r.rc != ZOK && r.rc != ZNODEEXISTS) {
-          const std::string& chroot = sessions_.target().chroot;
-          fail(op, sessions_.error(r.rc, r.rc == ZNONODE && !chroot.empty()
-                                             ? fmt::format("the chroot {} does not exist on the ensemble", chroot)
-                                             : std::string("creating the lock's directory")));
-          return;
-        }
-        if (step == 0)
-          make_parents(op, 1);
-        else
-          create_node(op, true);
-      },
-      [=](zhandle_t* zh, void* ctx) {
-        return zoo_acreate(zh, path.c_str(), "", 0, acl, ZOO_PERSISTENT, zk::on_created_path, ctx);
-      });
+  sessions_.make_node(*s, step == 0 ? std::string(zk::kRoot) : op->dir, [this, op, step](int rc) {
+    if (rc != ZOK) {
+      const std::string& chroot = sessions_.target().chroot;
+      return fail(op, sessions_.error(rc, rc == ZNONODE && !chroot.empty()
+                                              ? fmt::format("the chroot {} does not exist on the ensemble", chroot)
+                                              : std::string("creating the lock's directory")));
+    }
+    if (step == 0) return make_parents(op, 1);
+    create_node(op, true);
+  });
 }
 
 void ZkLockRecipe::list_nodes(Op op) {
@@ -206,12 +195,9 @@ void ZkLockRecipe::listed(const Op& op, const ZkResult& r) {
   const std::string own_child = op->path.substr(op->path.rfind('/') + 1);
   auto own = std::find(nodes.begin(), nodes.end(), own_child);
   if (own == nodes.end() && op->from_mark) {
-    // The store removed the writer's mark meanwhile (its span
-    // passed): a new node, at the back of the queue.
+    // The store removed the writer's mark meanwhile (its span passed).
     forget(*op);
-    op->from_mark = false;
-    op->attempt = next_attempt_++;
-    return create_node(op, true);
+    return requeue(op);
   }
   if (own == nodes.end()) {
     // Gone: its session expired meanwhile (or an operator removed it).
@@ -228,22 +214,20 @@ void ZkLockRecipe::decide(const Op& op, const std::vector<std::string>& nodes, s
   const auto below = nodes.begin() + static_cast<std::ptrdiff_t>(at);
   auto other =
       std::find_if(nodes.begin(), below, [&](const auto& n) { return !kinds::same_family(zk::kind_of(n), op->kind); });
-  if (other != below) return refuse_kind(op, zk::kind_of(*other));
+  if (other != below) {
+    forget(*op);
+    return refuse(op, sessions_.refusal(kinds::refusal(op->name, zk::kind_of(*other), op->kind)));
+  }
   const std::string dir = op->dir + "/";
   switch (op->kind.mode()) {
     case LockKind::Mode::kFair: {
       if (at == 0) break;
-      // Our node is our place in the queue, kept (a mark) while we try
-      // again within its span, watching the node just below: its deletion
-      // (a release, a waiter that gave up, a session that expired) is the
-      // notice. Nodes only come in behind ours, so the order is arrival.
+      // Our node is our place in the queue (a mark); the node just below is watched.
       return wait_behind(op, {dir + nodes[at - 1]}, true, zk::mark_span(op->ttl, op->kind) / 3);
     }
     case LockKind::Mode::kExclusive: {
       if (at == 0) break;
-      // Only readers below: our node stays, a mark that stops new readers
-      // (writers are not starved), watching the node just below. Behind
-      // another writer: our node goes and the holder is watched.
+      // Behind readers only, our node stays (a mark that stops new readers).
       const bool readers_only =
           std::none_of(nodes.begin(), below, [](const std::string& n) { return zk::kind_of(n).exclusive_kind(); });
       if (readers_only) {
@@ -255,13 +239,12 @@ void ZkLockRecipe::decide(const Op& op, const std::vector<std::string>& nodes, s
       return;
     }
     case LockKind::Mode::kShared: {
-      // The nearest writer's node below ours is watched. Not the lowest, it
-      // is a waiting writer's, which the store removes 2 s after its last
-      // attempt: the next try comes by then even if no notice does.
+      // The nearest writer's node below ours is watched; not the lowest, it
+      // is a waiting writer's mark: the next try comes by its end.
       for (std::size_t i = at; i-- > 0;) {
         if (zk::kind_of(nodes[i]).exclusive_kind()) {
           forget(*op);
-          return wait_behind(op, {dir + nodes[i]}, false, i == 0 ? milliseconds::max() : zk::kMarkSpan);
+          return wait_behind(op, {dir + nodes[i]}, false, i == 0 ? milliseconds::max() : kinds::kWriterMark);
         }
       }
       break;
@@ -269,7 +252,6 @@ void ZkLockRecipe::decide(const Op& op, const std::vector<std::string>& nodes, s
     case LockKind::Mode::kPermits: {
       const std::size_t n = op->kind.permit_count();
       if (at < n) break;
-      // Any holder's release frees a permit: each of the n is watched.
       std::vector<std::string> holders;
       for (std::size_t i = 0; i < n; ++i) holders.push_back(dir + nodes[i]);
       forget(*op);
@@ -279,13 +261,9 @@ void ZkLockRecipe::decide(const Op& op, const std::vector<std::string>& nodes, s
   grant(op);
 }
 
-void ZkLockRecipe::refuse_kind(const Op& op, LockKind held_as) {
-  forget(*op);
-  auto e = sessions_.refusal(kinds::refusal(op->name, held_as, op->kind));
+void ZkLockRecipe::refuse(const Op& op, const StoreError& e) {
   ZkSession* s = sessions_.live(op->session);
   if (s == nullptr) return fail(op, e);
-  // Our node goes first (confirmed, or left to the cleanups): nothing of a
-  // refused call stays in the queue.
   release_.delete_paths(*s, {op->path}, [this, op, e](int rc) {
     if (rc != ZOK) abandon_attempt(op);
     fail(op, e);
@@ -302,13 +280,9 @@ void ZkLockRecipe::grant(const Op& op) {
   const std::string key = zk::hold_key(op->name, op->token);
   if (op->from_mark) {
     auto m = holds.marks.find(key);
-    if (m == holds.marks.end() || m->second.attempt != op->attempt) {
-      // The mark's span passed as the listing came back: the store is
-      // removing the node. A new one, at the back of the queue.
-      op->from_mark = false;
-      op->attempt = next_attempt_++;
-      return create_node(op, true);
-    }
+    // The mark's span passed as the listing came back: the store is
+    // removing the node.
+    if (m == holds.marks.end() || m->second.attempt != op->attempt) return requeue(op);
     holds.marks.erase(m);
     op->from_mark = false;
   }

@@ -42,7 +42,11 @@ class ZkLockRecipe {
   void decide(const Op& op, const std::vector<std::string>& nodes, std::size_t at);
   void grant(const Op& op);
   void read_fence(ZkSession& s, const Op& op, std::function<void(std::uint64_t)> done);
-  void refuse_kind(const Op& op, LockKind held_as);
+  // Refuses the call with `e` once our node is gone (confirmed, or left to
+  // the cleanups): nothing of a refused call stays in the queue.
+  void refuse(const Op& op, const StoreError& e);
+  // A waiter's node lost to its span: a new one, at the back of the queue.
+  void requeue(const Op& op);
   // Busy: our node goes (or stays, a writer's mark), `watch` is read with
   // watches, and the answer is busy for their shortest ttl (at most `cap`).
   void wait_behind(const Op& op, std::vector<std::string> watch, bool keep_node, std::chrono::milliseconds cap);

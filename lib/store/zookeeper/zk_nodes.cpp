@@ -89,25 +89,11 @@ LockKind kind_of(std::string_view child) {
   auto first = t.find('.');
   auto second = first == std::string_view::npos ? first : t.find('.', first + 1);
   if (second == std::string_view::npos) return LockKind::exclusive();
-  std::string_view mode = t.substr(second + 1);
-  if (mode == "r") return LockKind::shared();
-  if (mode == "f") return LockKind::fair();
-  if (mode.size() > 1 && mode[0] == 'p') {
-    std::uint32_t n = 0;
-    auto [p, ec] = std::from_chars(mode.data() + 1, mode.data() + mode.size(), n);
-    if (ec == std::errc() && p == mode.data() + mode.size() && n > 0) return LockKind::permits(n);
-  }
-  return LockKind::exclusive();  // unknown: the strictest reading
+  return kinds::kind_of_marker(t.substr(second + 1), kNodeMarkers);
 }
 
 std::string mode_suffix(LockKind kind) {
-  switch (kind.mode()) {
-    case LockKind::Mode::kShared: return ".r";
-    case LockKind::Mode::kPermits: return ".p" + std::to_string(kind.permit_count());
-    case LockKind::Mode::kFair: return ".f";
-    case LockKind::Mode::kExclusive: break;
-  }
-  return "";
+  return kind.mode() == LockKind::Mode::kExclusive ? "" : "." + kinds::marker(kind, kNodeMarkers);
 }
 
 std::vector<std::string> in_order(std::vector<std::string> children) {
@@ -146,7 +132,7 @@ std::pair<std::string, long long> parse_data(const std::string& data, std::strin
 
 milliseconds mark_span(milliseconds ttl, LockKind kind) {
   if (kind.mode() == LockKind::Mode::kFair) return std::max(ttl, milliseconds(1));
-  return std::clamp(ttl, milliseconds(1), kMarkSpan);
+  return std::clamp(ttl, milliseconds(1), kinds::kWriterMark);
 }
 
 }  // namespace lockwatch::detail::zk

@@ -16,7 +16,7 @@
 #include <utility>
 #include <vector>
 
-#include "lockwatch/lock_kind.hpp"
+#include "store/kind_rules.hpp"
 
 namespace lockwatch::detail::zk {
 
@@ -28,10 +28,8 @@ inline constexpr std::size_t kMaxNameBytes = 255;
 inline constexpr std::string_view kNodePrefix = "lock-";
 inline constexpr const char* kFenceNode = "fence";
 inline constexpr const char* kPeriodNode = "period";
-// How long a waiting writer's node stops new readers without an attempt of
-// its own (its ttl if shorter): a writer that gave up holds them back this
-// long at most, as Redis's writer's mark does.
-inline constexpr std::chrono::milliseconds kMarkSpan{2000};
+// The kinds' marks in a node's name (kind_of()).
+inline constexpr kinds::Markers kNodeMarkers{"r", "p", "f"};
 
 // A name or token as node-name text: letters, digits and "_:-=" as they
 // are, any other byte as %XX.
@@ -70,7 +68,7 @@ std::pair<std::string, long long> parse_data(const std::string& data, std::strin
 // How long a waiting node is kept without an attempt of its own: a fair
 // waiter's node is its place in the queue and lasts its ttl after its last
 // attempt (the runtime tries again within a third of it); a writer's mark
-// lasts kMarkSpan at most.
+// lasts kinds::kWriterMark at most.
 std::chrono::milliseconds mark_span(std::chrono::milliseconds ttl, LockKind kind);
 
 }  // namespace lockwatch::detail::zk

@@ -1,7 +1,6 @@
 #include "store/zookeeper/zk_operator_tools.hpp"
 
 #include <algorithm>
-#include <optional>
 
 #include "core/countdown.hpp"
 #include "store/zookeeper/zk_nodes.hpp"
@@ -26,41 +25,30 @@ void ZkOperatorTools::inspect(std::string_view name, InspectDone done) {
 
 namespace {
 
-// The holders' reads of one inspection, settled once the last answers.
-struct ZkHolderReads {
-  std::vector<std::optional<HolderInfo>> holders;
-  std::vector<long long> ttls;
+// A lock's LockInfo from its holders' nodes as read (`reads`, in order; a
+// node gone meanwhile is left out): not held if none was there.
+LockInfo holders_of(LockKind kind, const std::vector<ZkResult>& reads) {
   LockInfo info;
-
-  void read(std::size_t i, const ZkResult& r) {
-    if (r.rc == ZOK) {
-      HolderInfo h;
-      auto [token, ttl_ms] = zk::parse_data(r.value, &h.owner_name);
-      h.token = std::move(token);
-      // ctime: the ensemble's clock when the node was made (the grant, or the
-      // place a fair holder waited in); its age on this host's clock.
-      h.since = std::chrono::system_clock::time_point(milliseconds(r.stat.ctime));
-      h.held_for = std::max(milliseconds(0),
-                            std::chrono::duration_cast<milliseconds>(std::chrono::system_clock::now() - h.since));
-      holders[i] = std::move(h);
-      ttls[i] = ttl_ms;
-      if (i == 0) info.fencing_token = static_cast<std::uint64_t>(r.stat.czxid);
-    }
+  info.kind = kind;
+  for (const ZkResult& r : reads) {
+    if (r.rc != ZOK) continue;
+    HolderInfo h;
+    auto [token, ttl_ms] = zk::parse_data(r.value, &h.owner_name);
+    h.token = std::move(token);
+    // ctime: the ensemble's clock when the node was made (the grant, or the
+    // place a fair holder waited in); its age on this host's clock.
+    h.since = std::chrono::system_clock::time_point(milliseconds(r.stat.ctime));
+    h.held_for =
+        std::max(milliseconds(0), std::chrono::duration_cast<milliseconds>(std::chrono::system_clock::now() - h.since));
+    if (&r == &reads.front()) info.fencing_token = static_cast<std::uint64_t>(r.stat.czxid);
+    info.held = true;
+    info.ttl = std::max(info.ttl, milliseconds(ttl_ms));
+    info.holders.push_back(std::move(h));
   }
-
-  // The LockInfo once every read is in.
-  LockInfo settled() {
-    for (std::size_t k = 0; k < holders.size(); ++k) {
-      if (!holders[k]) continue;
-      info.held = true;
-      info.ttl = std::max(info.ttl, milliseconds(ttls[k]));
-      info.holders.push_back(std::move(*holders[k]));
-    }
-    if (!info.held) info = LockInfo{};
-    if (info.held && info.kind.single_holder()) info.owner = info.holders.front().token;
-    return info;
-  }
-};
+  if (!info.held) return LockInfo{};
+  if (info.kind.single_holder()) info.owner = info.holders.front().token;
+  return info;
+}
 
 }  // namespace
 
@@ -68,17 +56,19 @@ void ZkOperatorTools::read_holders(std::uint64_t serial, const std::string& dir,
                                    OperatorTools::InspectDone done) {
   ZkSession* s = sessions_.live(serial);
   if (nodes.empty() || s == nullptr) return done(LockInfo{}, nullptr);
-  const std::size_t n = nodes.size();
-  ZkHolderReads state{std::vector<std::optional<HolderInfo>>(n), std::vector<long long>(n), {}};
-  state.info.kind = zk::kind_of(nodes.front());
-  auto all = Countdown<int, ZkHolderReads>::make(n, std::move(state), [this, done = std::move(done)](auto& c) {
-    if (!c.failure) return done(c.settled(), nullptr);
-    auto e = sessions_.error(*c.failure, "reading the holders' nodes");
-    done(LockInfo{}, &e);
-  });
-  for (std::size_t i = 0; i < n; ++i) {
+  struct Reads {
+    std::vector<ZkResult> answers;
+  };
+  auto all = Countdown<int, Reads>::make(
+      nodes.size(), {std::vector<ZkResult>(nodes.size())},
+      [this, kind = zk::kind_of(nodes.front()), done = std::move(done)](auto& c) {
+        if (!c.failure) return done(holders_of(kind, c.answers), nullptr);
+        auto e = sessions_.error(*c.failure, "reading the holders' nodes");
+        done(LockInfo{}, &e);
+      });
+  for (std::size_t i = 0; i < nodes.size(); ++i) {
     sessions_.read(*s, dir + "/" + nodes[i], false, [all, i](const ZkResult& r) {
-      all->read(i, r);
+      all->answers[i] = r;
       all->answered(zk::failure_unless_gone(r));
     });
   }

@@ -67,13 +67,9 @@ void ZkRelease::release(std::span<const LockRef> locks, LockStore::ReleaseDone d
       remember_cleanup(c);
       // Held here when the release began: its node found gone afterwards
       // counts as released (docs/zookeeper.md, "What a lock is": release).
-      const bool ends_with_its_session = c.session != 0;
-      give_up_release(
-          c, *e, [i, shared_done](const StoreError& err) { (*shared_done)(i, Released::kUnconfirmed, &err); },
-          [i, shared_done, ends_with_its_session](Released confirmed) {
-            if (ends_with_its_session && confirmed == Released::kGone) confirmed = Released::kYes;
-            (*shared_done)(i, confirmed, nullptr);
-          });
+      give_up_release(c, *e, [i, shared_done, held = c.session != 0](Released st, const StoreError* err) {
+        (*shared_done)(i, held && st == Released::kGone ? Released::kYes : st, err);
+      });
     });
   }
 }
@@ -99,19 +95,18 @@ void ZkRelease::withdraw(const LockRef& lock, WithdrawDone done) {
 // the sessions that may hold it end now, and the release is answered once
 // the ensemble has surely expired them (their timeout plus the drift
 // allowance), not before (docs/zookeeper.md, "What a lock is": release).
-void ZkRelease::give_up_release(const Cleanup& c, StoreError why, std::function<void(const StoreError&)> answer,
-                                std::function<void(Released)> confirmed) {
+void ZkRelease::give_up_release(const Cleanup& c, StoreError why, Removed answer) {
   const milliseconds wait = end_sessions(c);
   if (wait.count() == 0) {
-    return sessions_.post([answer = std::move(answer), why] { answer(why); });
+    return sessions_.post([answer = std::move(answer), why] { answer(Released::kUnconfirmed, &why); });
   }
   // Meanwhile the node is looked for from a new session, again and again:
   // found gone or removed, the release is confirmed after all (a quorum
   // that comes back gives every session a fresh timeout, so waiting alone
   // could end before the ensemble removes it).
   const auto gone = gone_by(settings_.watchdog, Clock::now(), wait);
-  retry_give_up(std::make_shared<GiveUp>(
-      GiveUp{Cleanup{c.name, c.token, 0, 0}, std::move(why), std::move(answer), std::move(confirmed), gone}));
+  retry_give_up(
+      std::make_shared<GiveUp>(GiveUp{Cleanup{c.name, c.token, 0, 0}, std::move(why), std::move(answer), gone}));
 }
 
 milliseconds ZkRelease::end_sessions(const Cleanup& c) {
@@ -144,8 +139,7 @@ void ZkRelease::retry_give_up(std::shared_ptr<GiveUp> g) {
     if (g->answered) return;
     if (st != Released::kUnconfirmed) {
       g->answered = true;
-      g->answer_confirmed(st);
-      return;
+      return g->answer(st, nullptr);
     }
     if (Clock::now() >= g->until || sessions_.closed()) return g->unconfirmed();
     deferred_.emplace_back(std::min(g->until, Clock::now() + settings_.connection.reconnect_min), [this, g] {

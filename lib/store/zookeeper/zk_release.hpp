@@ -61,18 +61,16 @@ class ZkRelease final : public FairQueue {
   struct GiveUp {
     Cleanup c;
     StoreError why;
-    std::function<void(const StoreError&)> answer;  // unconfirmed, after `until`
-    std::function<void(Released)> answer_confirmed;  // found gone or removed meanwhile
+    Removed answer;  // found gone or removed meanwhile, else unconfirmed after `until`
     Clock::time_point until;
     bool answered = false;
     void unconfirmed() {
       if (answered) return;
       answered = true;
-      answer(why);
+      answer(Released::kUnconfirmed, &why);
     }
   };
-  void give_up_release(const Cleanup& c, StoreError why, std::function<void(const StoreError&)> answer,
-                       std::function<void(Released)> confirmed);
+  void give_up_release(const Cleanup& c, StoreError why, Removed answer);
   // Ends the sessions that may hold `c`'s nodes; how long the ensemble may
   // keep them (0: none was live).
   std::chrono::milliseconds end_sessions(const Cleanup& c);

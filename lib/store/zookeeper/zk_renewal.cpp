@@ -21,25 +21,23 @@ std::size_t ZkRenewal::renew(std::span<const LockRef> locks, std::shared_ptr<con
   auto shared_done = std::make_shared<LockStore::RenewDone>(std::move(done));
   // By session: one multi of checks per chunk.
   std::map<std::uint64_t, std::vector<RenewCheck>> by_session;
-  std::vector<std::pair<std::size_t, Renewed>> now;
-  StoreError down = sessions_.error(ZCONNECTIONLOSS, "the session is disconnected");
-  std::vector<std::size_t> transient;
+  std::vector<std::size_t> gone, transient;
   ZkHolds& holds = sessions_.holds;
   for (std::size_t i = 0; i < locks.size(); ++i) {
     std::string key = zk::hold_key(locks[i].name, locks[i].token);
     auto h = holds.held.find(key);
     ZkSession* s = h == holds.held.end() ? nullptr : sessions_.live(h->second.session);
-    if (s == nullptr) {
-      now.emplace_back(i, Renewed::kGone);  // its session expired (or it was never ours)
-    } else if (s->state != ZkSession::State::kConnected) {
+    if (s == nullptr)
+      gone.push_back(i);  // its session expired (or it was never ours)
+    else if (s->state != ZkSession::State::kConnected)
       transient.push_back(i);
-    } else {
+    else
       by_session[s->serial].push_back(RenewCheck{i, h->second.path, std::move(key), h->second.attempt, locks[i].ttl});
-    }
   }
-  if (!now.empty() || !transient.empty())
-    sessions_.post([shared_done, now, transient, down, keepalive] {
-      for (auto [i, st] : now) (*shared_done)(i, st, nullptr);
+  if (!gone.empty() || !transient.empty())
+    sessions_.post([this, shared_done, gone, transient, keepalive] {
+      for (auto i : gone) (*shared_done)(i, Renewed::kGone, nullptr);
+      const StoreError down = sessions_.error(ZCONNECTIONLOSS, "the session is disconnected");
       for (auto i : transient) (*shared_done)(i, Renewed::kTransient, &down);
     });
   std::size_t commands = 0;

@@ -42,11 +42,7 @@ ZkSessions::ZkSessions(Loop& loop, const ZkTarget& target, const ConnectionOptio
   sink_->loop = &loop;
 }
 
-ZkSessions::~ZkSessions() {
-  for (auto& [ms, s] : sessions_)
-    if (s->zh != nullptr) closer_.close_later(s->zh, s->watch_ctx);
-  sessions_.clear();
-}
+ZkSessions::~ZkSessions() { close(); }
 
 ZkSessions::Session* ZkSessions::session_for(milliseconds ttl) {
   const long long ms = std::max<long long>(ttl.count(), 1);
@@ -139,18 +135,20 @@ ZkSessions::Session* ZkSessions::any_session() {
   return session_for(std::max(connection_.connect_timeout, milliseconds(2000)));
 }
 
-ZkSessions::Session* ZkSessions::live(std::uint64_t serial) {
+ZkSessions::Session* ZkSessions::find(std::uint64_t serial) {
   for (auto& [ms, s] : sessions_)
-    if (s->serial == serial && s->zh != nullptr && s->state != Session::State::kExpired) return s.get();
+    if (s->serial == serial) return s.get();
   return nullptr;
 }
 
+ZkSessions::Session* ZkSessions::live(std::uint64_t serial) {
+  Session* s = find(serial);
+  return s != nullptr && s->zh != nullptr ? s : nullptr;
+}
+
 void ZkSessions::retire(Session* s) {
-  s->state = Session::State::kExpired;
   for (auto& [id, issue] : std::exchange(s->parked, {})) fail_later(id, ZSESSIONEXPIRED);
   closer_.close_later(s->zh, s->watch_ctx);
-  s->zh = nullptr;
-  s->watch_ctx = nullptr;
   holds.drop_session(s->serial);
   sessions_.erase(s->requested_ms);
 }
@@ -158,9 +156,7 @@ void ZkSessions::retire(Session* s) {
 // ---- what the client tells
 
 void ZkSessions::on_session_state(std::uint64_t serial, int state) {
-  Session* s = nullptr;
-  for (auto& [ms, each] : sessions_)
-    if (each->serial == serial) s = each.get();
+  Session* s = find(serial);
   if (s == nullptr || closed_) return;
   if (state == ZOO_CONNECTED_STATE) {
     connected(*s);
@@ -260,6 +256,14 @@ void ZkSessions::read(Session& s, std::string path, bool watch, ZkReply reply) {
   });
 }
 
+void ZkSessions::make_node(Session& s, std::string path, std::function<void(int rc)> done) {
+  send(
+      s, [done = std::move(done)](const ZkResult& r) { done(r.rc == ZNODEEXISTS ? ZOK : r.rc); },
+      [path = std::move(path), acl = acl()](zhandle_t* zh, void* ctx) {
+        return zoo_acreate(zh, path.c_str(), "", 0, acl, ZOO_PERSISTENT, zk::on_created_path, ctx);
+      });
+}
+
 bool ZkSessions::resend(std::uint64_t id, Pending& p) {
   Session* s = closed_ || Clock::now() >= p.deadline ? nullptr : live(p.session);
   if (s == nullptr) return false;
@@ -334,11 +338,7 @@ void ZkSessions::close() {
     std::lock_guard lk(sink_->mu);
     sink_->sessions = nullptr;
   }
-  for (auto& [ms, s] : sessions_) {
-    closer_.close_later(s->zh, s->watch_ctx);
-    s->zh = nullptr;
-    s->watch_ctx = nullptr;
-  }
+  for (auto& [ms, s] : sessions_) closer_.close_later(s->zh, s->watch_ctx);
   sessions_.clear();
   holds = {};
 }

@@ -63,7 +63,7 @@ struct ZkHolds {
 // One session: a zhandle_t and what the store knows of it.
 struct ZkSession {
   using Clock = std::chrono::steady_clock;
-  enum class State : std::uint8_t { kConnecting, kConnected, kDisconnected, kExpired };
+  enum class State : std::uint8_t { kConnecting, kConnected, kDisconnected };
   std::uint64_t serial = 0;
   long long requested_ms = 0;
   zhandle_t* zh = nullptr;
@@ -89,14 +89,15 @@ class ZkSessions {
   // `events` are the store's, set when it starts; read when something
   // happens, never before.
   ZkSessions(Loop& loop, const ZkTarget& target, const ConnectionOptions& connection, const StoreEvents& events);
-  // Closes what handles are left on the closer's thread, and joins it.
+  // Closes what handles are left (close()) on the closer's thread, and joins it.
   ~ZkSessions();
 
   // The session for locks of `ttl`, made (and connecting) if there is none.
   Session* session_for(std::chrono::milliseconds ttl);
   // A connected session if there is one, else any, else a new one.
   Session* any_session();
-  // The session `serial` if it still has a handle and has not expired.
+  // The session `serial` if it still has a handle (one that expired or was
+  // retired is gone).
   Session* live(std::uint64_t serial);
   // Whether the ensemble said it expired `serial` (so its nodes are gone).
   bool expired(std::uint64_t serial) const { return expired_.count(serial) != 0; }
@@ -121,6 +122,9 @@ class ZkSessions {
   // if `watch`).
   void list(Session& s, std::string path, ZkReply reply);
   void read(Session& s, std::string path, bool watch, ZkReply reply);
+  // Makes the persistent node `path` (no data) on `s`; `done` gets ZOK once
+  // it is there (made, or found made), else the failure.
+  void make_node(Session& s, std::string path, std::function<void(int rc)> done);
   // Runs `f` on the loop's next turn, unless the store closed meanwhile.
   void post(std::function<void()> f);
   // Fails the requests whose deadline passed on an earlier call too: an
@@ -169,6 +173,7 @@ class ZkSessions {
     bool late = false;  // past its deadline at a time_out(): failed at the next
   };
 
+  Session* find(std::uint64_t serial);
   void look_up_names(Session& s);
   // The members' addresses (empty where a name did not resolve) for the
   // session of `ms` with `serial`, if it is still the one waiting.
