@@ -1,7 +1,6 @@
 #include "store/postgresql/pg_connection.hpp"
 
 #include <libpq-fe.h>
-#include <fcntl.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -66,15 +65,12 @@ bool PgRows::null(int row, int column) const noexcept {
 }
 
 PgConnection::PgConnection(Loop& loop, PgTarget target, const sqlcommon::SqlSettings& settings, PgSession session)
-    : ConnectionCore(loop, settings, target.name()),
+    : ConnectionCore(loop, settings, target.name(), session.stale),
       target_(std::move(target)),
       session_(std::move(session)),
-      startup_options_(startup_options(settings_)) {
-  if (session_.stale) session_.stale->connections.push_back(this);
-}
+      startup_options_(startup_options(settings_)) {}
 
 PgConnection::~PgConnection() {
-  if (session_.stale) std::erase(session_.stale->connections, this);
   // close() ran on the loop thread and the loop drained: nothing is left
   // but, if the loop never ran, the connection itself.
   if (conn_ != nullptr) PQfinish(conn_);
@@ -114,13 +110,10 @@ void PgConnection::execute_all(std::vector<PgCall> calls, std::function<void(std
 void PgConnection::connect() {
   if (state_ == State::kClosed) return;
   state_ = State::kConnecting;
-  ++attempt_;
-  if (!target_.socket_dir.empty() || numeric_host(target_.host))
-    return connect_to(target_.socket_dir.empty() ? target_.host : std::string());
   // Not when cancelled (the loop is closing), for a closed connection, or
   // an attempt that timed out meanwhile.
   resolve(
-      target_.host,
+      target_.host, target_.socket_dir.empty() ? nullptr : "",
       [this](int status) { return status != UV_ECANCELED && state_ == State::kConnecting && conn_ == nullptr; },
       [this](const std::string& address) { connect_to(address); },
       [this](const std::string& why) { went_down(unavailable(why), true); });
@@ -184,49 +177,11 @@ void PgConnection::connect_step(int polling_status) {
 // While connecting, libpq may close its socket and open another (TLS
 // refused, then plain text): each step gets a fresh handle, since a new
 // socket can reuse the old number.
-//
-// The handle watches a duplicate of libpq's descriptor, closed only once
-// the handle is: libpq closes its own when it finds the connection lost,
-// and that number may be another thread's by the time the loop stops
-// watching it.
 void PgConnection::watch_socket(int events, bool renew_handle) {
-  int fd = PQsocket(conn_);
-  if (fd < 0) return went_down_unavailable("libpq has no socket");
-  if (poll_ != nullptr && (renew_handle || poll_sock_ != fd)) close_poll();
-  if (poll_ == nullptr) {
-    int dup = ::fcntl(fd, F_DUPFD_CLOEXEC, 0);
-    if (dup < 0) return went_down_unavailable("cannot watch the connection's socket (dup)");
-    auto* p = new PollHandle{};
-    if (uv_poll_init_socket(loop_.uv(), &p->handle, dup) != 0) {
-      ::close(dup);
-      delete p;
-      return went_down_unavailable("cannot watch the connection's socket");
-    }
-    p->fd = dup;
-    p->handle.data = this;
-    poll_ = p;
-    poll_sock_ = fd;
-    poll_events_ = 0;
-  }
-  if (events == poll_events_) return;
-  poll_events_ = events;
-  if (events != 0)
-    uv_poll_start(&poll_->handle, events | UV_DISCONNECT, on_poll);
-  else
-    uv_poll_stop(&poll_->handle);
-}
-
-void PgConnection::close_poll() {
-  if (poll_ == nullptr) return;
-  uv_poll_stop(&poll_->handle);
-  uv_close(reinterpret_cast<uv_handle_t*>(&poll_->handle), [](uv_handle_t* h) {
-    auto* p = reinterpret_cast<PollHandle*>(h);  // the handle is its first member
-    ::close(p->fd);
-    delete p;
-  });
-  poll_ = nullptr;
-  poll_sock_ = -1;
-  poll_events_ = 0;
+  const int fd = PQsocket(conn_);
+  const char* failed =
+      fd < 0 ? "libpq has no socket" : socket_.watch(loop_.uv(), fd, events, renew_handle, this, on_poll);
+  if (failed) went_down_unavailable(failed);
 }
 
 void PgConnection::on_poll(uv_poll_t* handle, int status, int events) {
@@ -261,8 +216,8 @@ void PgConnection::connected() {
 }
 
 void PgConnection::end_stale_backends() {
-  if (!session_.stale || session_.stale->ids.empty()) return handshake(false);
-  std::vector<int> pids = session_.stale->ids;
+  if (!stale_ || stale_->ids.empty()) return handshake(false);
+  std::vector<int> pids = stale_->ids;
   // Only lockwatch's own sessions of this role, never this one (a pid can
   // have been reused meanwhile). PostgreSQL 14 and later wait for the
   // process to exit, within half the connect timeout.
@@ -272,29 +227,24 @@ void PgConnection::end_stale_backends() {
   std::string sql = fmt::format("SELECT {} FROM pg_stat_activity a WHERE a.pid = ANY('{{{}}}'::int[]) AND a.usename = current_user "
                                 "AND (a.application_name = 'lockwatch' OR a.application_name LIKE 'lockwatch:%') AND a.pid <> pg_backend_pid()",
                                 terminate, PgStaleBackends::list(pids));
-  send_sql(std::move(sql), [this, pids](const PgRows&, const StoreError*) {
+  send_setup(nullptr, std::move(sql), [this, pids](const PgRows&, const StoreError*) {
     // Ended, gone already, or not ours to end (refused): either way not
     // tried again.
-    session_.stale->forget(pids);
+    stale_->forget(pids);
     handshake(false);
   });
 }
 
-void PgConnection::send_sql(std::string sql, PgDone done) {
-  send_handshake(Kind::kSql, {}, std::move(sql), nullptr, std::move(done));
-}
-
-void PgConnection::send_prepare(const PgStatement& s, PgDone done) {
-  send_handshake(Kind::kPrepare, s.name, s.sql, &s.param_types, std::move(done));
-}
-
-void PgConnection::send_handshake(Kind kind, std::string statement, std::string sql,
-                                  const std::vector<unsigned>* param_types, PgDone done) {
+// A step of the set-up: the prepare of `*prepare`, or (none) `sql`.
+void PgConnection::send_setup(const PgStatement* prepare, std::string sql, PgDone done) {
   Request r;
-  r.kind = kind;
-  r.statement = std::move(statement);
+  r.kind = prepare != nullptr ? Kind::kPrepare : Kind::kSql;
+  if (prepare != nullptr) {
+    r.statement = prepare->name;
+    sql = prepare->sql;
+    r.param_types = &prepare->param_types;
+  }
   r.sql = std::move(sql);
-  r.param_types = param_types;
   // An answer that comes after the handshake ended (the connection went
   // down meanwhile) is not heard.
   r.done = [this, done = std::move(done)](const PgRows& rows, const StoreError* err) {
@@ -307,7 +257,7 @@ void PgConnection::send_handshake(Kind kind, std::string statement, std::string 
 
 void PgConnection::handshake(bool created) {
   if (!session_.listen.empty()) {
-    send_sql(fmt::format("LISTEN \"{}\"", session_.listen), [this](const PgRows&, const StoreError* err) {
+    send_setup(nullptr, fmt::format("LISTEN \"{}\"", session_.listen), [this](const PgRows&, const StoreError* err) {
       if (err) return went_down(*err, true);
       became_usable();
     });
@@ -316,7 +266,7 @@ void PgConnection::handshake(bool created) {
   // The first statement's prepare is the table check: a missing table is
   // created once, then prepared again; any other refusal says what the
   // table lacks.
-  send_prepare(session_.statements.front(), [this, created](const PgRows&, const StoreError* err) {
+  send_setup(&session_.statements.front(), {}, [this, created](const PgRows&, const StoreError* err) {
     if (!err) return prepare_rest();
     // undefined_table, or undefined_column: a table of a version before
     // (create adds the columns since).
@@ -329,7 +279,7 @@ void PgConnection::handshake(bool created) {
 // one after the other, then the prepares again.
 void PgConnection::create_tables(std::size_t next) {
   if (next == session_.create.size()) return handshake(true);
-  send_sql(session_.create[next], [this, next](const PgRows&, const StoreError* e) {
+  send_setup(nullptr, session_.create[next], [this, next](const PgRows&, const StoreError* e) {
     // Another connection may have created it meanwhile (42P07; 42710
     // or 23505 when both got as far as the catalog): the next prepare
     // tells.
@@ -347,7 +297,7 @@ void PgConnection::prepare_rest() {
   auto left = std::make_shared<std::size_t>(session_.statements.size() - 1);
   if (*left == 0) return check_plan();
   for (std::size_t i = 1; i < session_.statements.size(); ++i) {
-    send_prepare(session_.statements[i], [this, left](const PgRows&, const StoreError* err) {
+    send_setup(&session_.statements[i], {}, [this, left](const PgRows&, const StoreError* err) {
       if (err) return table_error(*err);
       if (--*left == 0) check_plan();
     });
@@ -357,7 +307,7 @@ void PgConnection::prepare_rest() {
 
 void PgConnection::check_plan() {
   if (session_.plan_check.empty()) return became_usable();
-  send_sql(session_.plan_check, [this](const PgRows&, const StoreError* err) {
+  send_setup(nullptr, session_.plan_check, [this](const PgRows&, const StoreError* err) {
     if (err) return table_error(*err);
     became_usable();
   });
@@ -537,13 +487,12 @@ RequestTimer::Clock::time_point PgConnection::unanswered_since() const {
 }
 
 void PgConnection::overdue() {
-  went_down_unavailable(fmt::format("no answer within the command timeout ({} ms)", settings_.command_timeout.count()));
+  went_down_unavailable(command_timed_out());
 }
 
 void PgConnection::attempt_timed_out() {
   if (state_ != State::kConnecting && state_ != State::kHandshake) return;
-  went_down(unavailable(fmt::format("no connection within the connect timeout ({} ms)", settings_.connect_timeout.count())),
-            true);
+  went_down(unavailable(connect_timed_out()), true);
 }
 
 // ---- down, up, closed
@@ -553,17 +502,13 @@ void PgConnection::went_down_unavailable(const std::string& why) { went_down(una
 void PgConnection::went_down(const StoreError& error, bool fail_queued) {
   if (state_ == State::kClosed || state_ == State::kDown) return;
   const bool was_connecting = state_ == State::kConnecting || state_ == State::kHandshake;
-  const bool left_behind = session_.stale && conn_ != nullptr && !inflight_.empty();
-  if (left_behind) session_.stale->add(PQbackendPID(conn_));
+  const bool left_behind = leave_behind(conn_ != nullptr, [this] { return PQbackendPID(conn_); });
   teardown(false);
-  // What was in flight may or may not have run: it fails. What was queued
-  // waits for the next attempt, unless this was an attempt (it waited for
-  // this one) or the set-up was refused.
-  dropped(error.message, error, was_connecting || fail_queued);
-  if (left_behind)
-    session_.stale->restart_others(
-        this, [](const PgConnection& c) { return c.state_ == State::kReady || c.state_ == State::kHandshake; },
-        [](PgConnection& c, const char* why) { c.went_down_unavailable(why); });
+  lost(error.message, error, was_connecting || fail_queued, left_behind);
+}
+
+void PgConnection::restart(const char* why) {
+  if (state_ == State::kReady || state_ == State::kHandshake) went_down_unavailable(why);
 }
 
 void PgConnection::teardown(bool graceful) {
@@ -571,8 +516,8 @@ void PgConnection::teardown(bool graceful) {
   // A connection given up on is shut first (through the duplicate, which
   // is open even when libpq closed its own): its goodbye cannot wait on a
   // server that stopped answering (libpq is non-blocking anyway).
-  if (!graceful && poll_ != nullptr) ::shutdown(poll_->fd, SHUT_RDWR);
-  close_poll();
+  if (!graceful) socket_.shutdown();
+  socket_.close();
   if (conn_ != nullptr) {
     if (!graceful) {
       int fd = PQsocket(conn_);
@@ -589,10 +534,7 @@ void PgConnection::close() {
   if (state_ == State::kClosed) return;
   const bool healthy = state_ == State::kReady;
   state_ = State::kClosed;
-  reconnector_.close();
-  request_timer_.close();
-  teardown(healthy);
-  close_requests();
+  close_core([&] { teardown(healthy); });
 }
 
 }  // namespace lockwatch::detail

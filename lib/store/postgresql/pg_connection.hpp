@@ -79,8 +79,7 @@ struct PgStatement {
 // parameters.
 using PgCall = sqlcommon::Call;
 
-class PgConnection;
-using PgStaleBackends = sqlcommon::StaleSessions<PgConnection, int>;
+using PgStaleBackends = sqlcommon::StaleSessions<int>;
 
 // What a connection runs before it takes requests.
 struct PgSession {
@@ -116,7 +115,7 @@ struct PgRequest {
   std::vector<std::unique_ptr<pg_result, ResultFree>> results;
 };
 
-class PgConnection final : public sqlcommon::ConnectionCore<PgRequest, PgRows> {
+class PgConnection final : public sqlcommon::ConnectionCore<PgRequest, PgRows, int> {
  public:
   PgConnection(Loop& loop, PgTarget target, const sqlcommon::SqlSettings& settings, PgSession session);
   ~PgConnection();
@@ -137,14 +136,10 @@ class PgConnection final : public sqlcommon::ConnectionCore<PgRequest, PgRows> {
   void set_ready_hook(std::function<void()> hook) { ready_hook_ = std::move(hook); }
   // A notices connection: each NOTIFY on its channel (payload as sent).
   void set_notify_hook(std::function<void(std::string_view payload)> hook) { notify_hook_ = std::move(hook); }
-  bool usable() const noexcept { return state_ == State::kReady; }
   // Reads and dispatches the answers that have arrived, now. Never from
   // inside one of this connection's callbacks.
   void poll_now();
-  // Stops reconnecting, fails what is pending, closes the handles. The loop
-  // then drains (Loop::shutdown): the object may be destroyed once the loop
-  // has stopped.
-  void close();
+  void close();  // as ConnectionCore says
 
  private:
   enum class State { kDown, kConnecting, kHandshake, kReady, kClosed };
@@ -159,22 +154,18 @@ class PgConnection final : public sqlcommon::ConnectionCore<PgRequest, PgRows> {
   void attempt_timed_out() override;
   RequestTimer::Clock::time_point unanswered_since() const override;
   void overdue() override;
+  void restart(const char* why) override;
   void connect();
   void connect_to(const std::string& hostaddr);
   void connect_step(int polling_status);
   void watch_socket(int events, bool renew_handle);
-  void close_poll();
   void connected();
   void end_stale_backends();
   void handshake(bool created);
   void create_tables(std::size_t next);
   void prepare_rest();
   void check_plan();
-  // A statement of the handshake: plain SQL, or a prepare of `s`.
-  void send_sql(std::string sql, PgDone done);
-  void send_prepare(const PgStatement& s, PgDone done);
-  void send_handshake(Kind kind, std::string statement, std::string sql, const std::vector<unsigned>* param_types,
-                      PgDone done);
+  void send_setup(const PgStatement* prepare, std::string sql, PgDone done);
   void table_error(const StoreError& error);
   void send_queued() override;
   bool send(Request& r);
@@ -198,15 +189,7 @@ class PgConnection final : public sqlcommon::ConnectionCore<PgRequest, PgRows> {
 
   State state_ = State::kDown;
   pg_conn* conn_ = nullptr;
-  // A uv_poll_t on a duplicate of conn_'s socket (see watch_socket()),
-  // freed, and the duplicate closed, by the handle's close callback.
-  struct PollHandle {
-    uv_poll_t handle;  // first: the close callback gets it
-    int fd = -1;
-  };
-  PollHandle* poll_ = nullptr;
-  int poll_sock_ = -1;  // libpq's descriptor it duplicates
-  int poll_events_ = 0;
+  sqlcommon::SocketWatch socket_;  // on conn_'s socket
   bool want_write_ = false;  // libpq has output it could not send yet
   // inflight_: the session set-up's requests too.
 };

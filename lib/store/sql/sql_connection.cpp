@@ -44,13 +44,13 @@ int uv_events_of(int status) {
 }  // namespace
 
 SqlConnection::SqlConnection(Loop& loop, SqlTarget target, const sqlcommon::SqlSettings& settings, SqlSession session)
-    : ConnectionCore(loop, settings, target.name()), target_(std::move(target)), session_(std::move(session)) {
+    : ConnectionCore(loop, settings, target.name(), session.stale),
+      target_(std::move(target)),
+      session_(std::move(session)) {
   library_init();
-  if (session_.stale) session_.stale->connections.push_back(this);
 }
 
 SqlConnection::~SqlConnection() {
-  if (session_.stale) std::erase(session_.stale->connections, this);
   // close() ran on the loop thread and the loop drained: nothing is left
   // but, if the loop never ran, the handle itself.
   if (mysql_ != nullptr) mysql_close(mysql_);
@@ -141,13 +141,11 @@ void SqlConnection::connect() {
   if (state_ == State::kClosed) return;
   state_ = State::kConnecting;
   phase_ = Phase::kConnect;
-  ++attempt_;
-  if (!target_.socket.empty() || numeric_host(target_.host))
-    return connect_to(target_.socket.empty() ? target_.host : std::string("localhost"));
   // Not for a closed connection, or an attempt that timed out meanwhile
   // (the loop runs a lookup's callback before it stops).
   resolve(
-      target_.host, [this](int) { return state_ == State::kConnecting && mysql_ == nullptr; },
+      target_.host, target_.socket.empty() ? nullptr : "localhost",
+      [this](int) { return state_ == State::kConnecting && mysql_ == nullptr; },
       [this](const std::string& address) { connect_to(address); },
       [this](std::string why) { connection_failed(0, std::move(why)); });
 }
@@ -205,8 +203,8 @@ void SqlConnection::connected() {
 }
 
 void SqlConnection::end_stale_threads(int round) {
-  if (!session_.stale || session_.stale->ids.empty()) return run_setup();
-  std::vector<unsigned long> ids = session_.stale->ids;
+  if (!stale_ || stale_->ids.empty()) return run_setup();
+  std::vector<unsigned long> ids = stale_->ids;
   auto ignore = [](const SqlResult&, const StoreError*) {};
   if (round == 0) {
     // Gone already (1094) or not ours to end (1095): the statement fails
@@ -226,7 +224,7 @@ void SqlConnection::end_stale_threads(int round) {
         bool left = !err && !result.rows.empty() && !result.rows[0].empty() && result.rows[0][0] != "0";
         if (left && round + 1 < rounds) return end_stale_threads(round + 1);
         // Ended, or beyond waiting for: not tried again.
-        session_.stale->forget(ids);
+        stale_->forget(ids);
         run_setup();
       }});
 }
@@ -301,30 +299,10 @@ void SqlConnection::send_queued() {
 }
 
 void SqlConnection::wait_for(int status) {
-  int fd = static_cast<int>(mysql_get_socket(mysql_));
+  const int fd = static_cast<int>(mysql_get_socket(mysql_));
   if (fd < 0) return went_down("the client library has no socket", true);
-  if (poll_ != nullptr && poll_fd_ != fd) {
-    uv_poll_stop(poll_);
-    uv_close(reinterpret_cast<uv_handle_t*>(poll_), [](uv_handle_t* h) { delete reinterpret_cast<uv_poll_t*>(h); });
-    poll_ = nullptr;
-  }
-  if (poll_ == nullptr) {
-    poll_ = new uv_poll_t{};
-    if (uv_poll_init_socket(loop_.uv(), poll_, fd) != 0) {
-      delete poll_;
-      poll_ = nullptr;
-      went_down("cannot watch the connection's socket", true);
-      return;
-    }
-    poll_->data = this;
-    poll_fd_ = fd;
-  }
-  int events = uv_events_of(status);
-  if (events != 0) {
-    uv_poll_start(poll_, events | UV_DISCONNECT, on_poll);
-  } else {
-    uv_poll_stop(poll_);
-  }
+  if (const char* failed = socket_.watch(loop_.uv(), fd, uv_events_of(status), false, this, on_poll))
+    return went_down(failed, true);
   if (status & MYSQL_WAIT_TIMEOUT) {
     uv_timer_start(&io_timer_, on_io_timer, mysql_get_timeout_value_ms(mysql_), 0);
   } else {
@@ -393,7 +371,6 @@ void SqlConnection::statement_answered() {
   }
   SqlResult out;
   out.affected = mysql_affected_rows(mysql_);
-  out.insert_id = mysql_insert_id(mysql_);
   phase_ = Phase::kNone;
   if (inflight_.empty()) {  // more results than statements: cannot happen
     went_down("the server sent more results than statements", true);
@@ -468,7 +445,7 @@ void SqlConnection::answer_front(const SqlResult& out, const StoreError* err) {
 
 void SqlConnection::attempt_timed_out() {
   if (state_ != State::kConnecting && !handshaking_) return;
-  connection_failed(0, fmt::format("no connection within the connect timeout ({} ms)", settings_.connect_timeout.count()));
+  connection_failed(0, connect_timed_out());
 }
 
 RequestTimer::Clock::time_point SqlConnection::unanswered_since() const {
@@ -476,7 +453,7 @@ RequestTimer::Clock::time_point SqlConnection::unanswered_since() const {
 }
 
 void SqlConnection::overdue() {
-  connection_failed(0, fmt::format("no answer within the command timeout ({} ms)", settings_.command_timeout.count()));
+  connection_failed(0, command_timed_out());
 }
 
 // The connection is lost: `code` is the client library's error number,
@@ -496,8 +473,7 @@ StoreError SqlConnection::connect_error() const {
 void SqlConnection::went_down(const std::string& why, bool connection_error) {
   if (state_ == State::kClosed) return;
   bool was_connecting = state_ == State::kConnecting || handshaking_;
-  const bool left_behind = session_.stale && mysql_ != nullptr && !inflight_.empty() && !handshaking_;
-  if (left_behind) session_.stale->add(mysql_thread_id(mysql_));
+  const bool left_behind = leave_behind(mysql_ != nullptr && !handshaking_, [this] { return mysql_thread_id(mysql_); });
   teardown();
   // What was in flight may or may not have run: it fails. What was queued
   // waits for the next attempt, unless this was an attempt (it waited for
@@ -513,22 +489,17 @@ void SqlConnection::went_down(const std::string& why, bool connection_error) {
     err = unavailable(why);
   }
   handshake_.clear();
-  dropped(why, err, was_connecting || !connection_error);
-  if (left_behind)
-    session_.stale->restart_others(
-        this, [](const SqlConnection& c) { return c.state_ == State::kIdle || c.state_ == State::kBusy; },
-        [](SqlConnection& c, const char* why) { c.went_down(why, true); });
+  lost(why, err, was_connecting || !connection_error, left_behind);
+}
+
+void SqlConnection::restart(const char* why) {
+  if (state_ == State::kIdle || state_ == State::kBusy) went_down(why, true);
 }
 
 void SqlConnection::teardown() {
   request_timer_.stop();
   uv_timer_stop(&io_timer_);
-  if (poll_ != nullptr) {
-    uv_poll_stop(poll_);
-    uv_close(reinterpret_cast<uv_handle_t*>(poll_), [](uv_handle_t* h) { delete reinterpret_cast<uv_poll_t*>(h); });
-    poll_ = nullptr;
-    poll_fd_ = -1;
-  }
+  socket_.close();
   if (mysql_ != nullptr) {
     // Shut the socket first: mysql_close() then cannot wait on a server
     // that stopped answering.
@@ -544,12 +515,11 @@ void SqlConnection::teardown() {
 
 void SqlConnection::close() {
   if (state_ == State::kClosed) return;
-  teardown();
   state_ = State::kClosed;
-  reconnector_.close();
-  request_timer_.close();
-  handshake_.clear();
-  close_requests();
+  close_core([this] {
+    teardown();
+    handshake_.clear();
+  });
   if (std::exchange(timer_open_, false)) uv_close(reinterpret_cast<uv_handle_t*>(&io_timer_), nullptr);
 }
 

@@ -10,7 +10,7 @@
 //
 // Statements queue in order. Those queued when the loop comes round go to
 // the server together, as one multi-statement round trip, and each is
-// answered on its own (affected rows, insert id, rows). A statement the
+// answered on its own (affected rows, rows). A statement the
 // server refuses fails alone: the ones after it in the same round trip were
 // not run and go out again. Callbacks as sqlcommon::ConnectionCore says.
 //
@@ -43,7 +43,6 @@ namespace lockwatch::detail {
 
 struct SqlResult final : sqlcommon::Rows {
   std::uint64_t affected = 0;   // rows changed (found rows are not counted)
-  std::uint64_t insert_id = 0;  // mysql_insert_id(): LAST_INSERT_ID(expr) when the statement set it
   std::vector<std::vector<std::string>> rows;  // a result set's rows; NULL reads as ""
 
   // Rows: NULL and "" are one (an empty cell reads as NULL).
@@ -66,8 +65,7 @@ struct SqlResult final : sqlcommon::Rows {
 // is kUnavailable).
 using SqlDone = std::function<void(const SqlResult& result, const StoreError* error)>;
 
-class SqlConnection;
-using SqlStaleThreads = sqlcommon::StaleSessions<SqlConnection, unsigned long>;
+using SqlStaleThreads = sqlcommon::StaleSessions<unsigned long>;
 
 // A named statement (sqlcommon/sql_recipe.hpp lists the recipe's): its
 // steps, sent in order in one round trip, the last one's answer the
@@ -105,7 +103,7 @@ struct SqlRequest {
   SqlDone done;
 };
 
-class SqlConnection final : public sqlcommon::ConnectionCore<SqlRequest, SqlResult> {
+class SqlConnection final : public sqlcommon::ConnectionCore<SqlRequest, SqlResult, unsigned long> {
  public:
   SqlConnection(Loop& loop, SqlTarget target, const sqlcommon::SqlSettings& settings, SqlSession session);
   ~SqlConnection();
@@ -124,10 +122,7 @@ class SqlConnection final : public sqlcommon::ConnectionCore<SqlRequest, SqlResu
   // before `done` (never after an error, which `done` alone gets).
   void execute_all(std::vector<sqlcommon::Call> calls, std::function<void(std::size_t, const SqlResult&)> each,
                    SqlDone done);
-  // Stops reconnecting, fails what is pending, closes the handles. The loop
-  // then drains (Loop::shutdown): the object may be destroyed once the loop
-  // has stopped.
-  void close();
+  void close();  // as ConnectionCore says
 
  private:
   enum class State { kDown, kConnecting, kIdle, kBusy, kClosed };
@@ -141,6 +136,7 @@ class SqlConnection final : public sqlcommon::ConnectionCore<SqlRequest, SqlResu
   void attempt_timed_out() override;
   RequestTimer::Clock::time_point unanswered_since() const override;
   void overdue() override;
+  void restart(const char* why) override;
   const SqlStatement* statement(const std::string& name, SqlDone& done);
   void connect();
   void connect_to(const std::string& host);
@@ -173,8 +169,7 @@ class SqlConnection final : public sqlcommon::ConnectionCore<SqlRequest, SqlResu
   State state_ = State::kDown;
   Phase phase_ = Phase::kNone;
   st_mysql* mysql_ = nullptr;
-  uv_poll_t* poll_ = nullptr;  // for mysql_'s socket; freed by its close callback
-  int poll_fd_ = -1;
+  sqlcommon::SocketWatch socket_;  // on mysql_'s socket
   uv_timer_t io_timer_{};  // the library's own timeouts (MYSQL_WAIT_TIMEOUT)
   bool timer_open_ = false;
   bool handshaking_ = false;

@@ -18,15 +18,23 @@
 // set-up.
 //
 // The driver (the derived connection) connects, sends, reads, and keeps
-// its own state. Threading: the loop thread only, but construction.
+// its own state; its close() stops reconnecting, fails what is pending
+// and closes the handles, and the loop then drains (Loop::shutdown): the
+// object may be destroyed once the loop has stopped. Threading: the loop thread only, but construction.
 // Costs: nothing beyond the driver's; a refusal after close() is one
 // posted task.
 #pragma once
+
+#include <fcntl.h>
+#include <sys/socket.h>
+#include <unistd.h>
+#include <uv.h>
 
 #include <algorithm>
 #include <cstddef>
 #include <deque>
 #include <functional>
+#include <memory>
 #include <string>
 #include <utility>
 #include <vector>
@@ -42,13 +50,23 @@
 
 namespace lockwatch::detail::sqlcommon {
 
+// A connection on a StaleSessions list: restart() takes it down and up
+// again when it has a server session (its set-up under way, or usable).
+class Restartable {
+ public:
+  virtual void restart(const char* why) = 0;
+
+ protected:
+  ~Restartable() = default;
+};
+
 // The server sessions (MariaDB thread ids, PostgreSQL backend pids) of
 // connections given up on with statements in flight, and the connections
 // that share the list (a store's statement connections). Loop thread only.
-template <class Connection, class Id>
+template <class Id>
 struct StaleSessions {
   std::vector<Id> ids;
-  std::vector<Connection*> connections;
+  std::vector<Restartable*> connections;
 
   // A session left behind goes on the list once (an id of 0 is none known).
   void add(Id id) {
@@ -64,14 +82,73 @@ struct StaleSessions {
     for (Id id : ids) out += (out.empty() ? "" : ",") + std::to_string(id);
     return out;
   }
-  // The connections but `self` that `up` says are usable go down and
-  // start again (`restart`), behind the session `self` left.
-  template <class Up, class Restart>
-  void restart_others(const Connection* self, Up up, Restart restart) const {
-    std::vector<Connection*> others = connections;  // a restart may change the list
-    for (Connection* c : others)
-      if (c != self && up(*c)) restart(*c, "starting again behind a connection given up on with statements in flight");
+  // The connections but `self` start again, behind the session `self` left.
+  void restart_others(const Restartable* self) const {
+    std::vector<Restartable*> others = connections;  // a restart may change the list
+    for (Restartable* c : others)
+      if (c != self) c->restart("starting again behind a connection given up on with statements in flight");
   }
+};
+
+// A uv_poll_t on a client library's socket. The handle watches a
+// duplicate of the library's descriptor, closed only once the handle is:
+// a library may close its own when it finds the connection lost, and that
+// number may be another thread's by the time the loop stops watching it.
+// Another socket (or `renew`: one that may reuse the number) gets a fresh
+// handle. Loop thread only; close() before the loop drains.
+class SocketWatch {
+ public:
+  // Watches `fd` for `events` (uv_poll's, with UV_DISCONNECT; 0: none),
+  // calling `on_poll` with `owner` as the handle's data: why it cannot,
+  // or null.
+  const char* watch(uv_loop_t* loop, int fd, int events, bool renew, void* owner, uv_poll_cb on_poll) {
+    if (handle_ != nullptr && (renew || sock_ != fd)) close();
+    if (handle_ == nullptr) {
+      const int dup = ::fcntl(fd, F_DUPFD_CLOEXEC, 0);
+      if (dup < 0) return "cannot watch the connection's socket (dup)";
+      auto* h = new Handle{{}, dup};
+      if (uv_poll_init_socket(loop, &h->poll, dup) != 0) {
+        ::close(dup);
+        delete h;
+        return "cannot watch the connection's socket";
+      }
+      h->poll.data = owner;
+      handle_ = h;
+      sock_ = fd;
+    }
+    if (events != events_) {
+      events_ = events;
+      events != 0 ? uv_poll_start(&handle_->poll, events | UV_DISCONNECT, on_poll) : uv_poll_stop(&handle_->poll);
+    }
+    return nullptr;
+  }
+  // Shuts the socket both ways: a goodbye then cannot wait on a server
+  // that stopped answering.
+  void shutdown() const {
+    if (handle_ != nullptr) ::shutdown(handle_->fd, SHUT_RDWR);
+  }
+  // Stops watching; the handle and the duplicate go in its close callback.
+  void close() {
+    if (handle_ == nullptr) return;
+    uv_poll_stop(&handle_->poll);
+    uv_close(reinterpret_cast<uv_handle_t*>(&handle_->poll), [](uv_handle_t* h) {
+      auto* p = reinterpret_cast<Handle*>(h);  // the handle is its first member
+      ::close(p->fd);
+      delete p;
+    });
+    handle_ = nullptr;
+    sock_ = -1;
+    events_ = 0;
+  }
+
+ private:
+  struct Handle {
+    uv_poll_t poll;  // first: the close callback gets it
+    int fd;
+  };
+  Handle* handle_ = nullptr;
+  int sock_ = -1;  // the library's descriptor it duplicates
+  int events_ = 0;
 };
 
 // A named statement of the store's dialect and its parameters, one of a
@@ -83,9 +160,9 @@ struct Call {
 
 // What a connection tells the store and the timers. `Request` carries a
 // `done` callback taking (const Answer&, const StoreError*); a failed
-// request gets an empty Answer{}.
-template <class Request, class Answer>
-class ConnectionCore : protected Reconnector::Attempts, protected RequestTimer::Requests {
+// request gets an empty Answer{}. `Id` names a server session.
+template <class Request, class Answer, class Id>
+class ConnectionCore : protected Reconnector::Attempts, protected RequestTimer::Requests, protected Restartable {
  public:
   ConnectionCore(const ConnectionCore&) = delete;
   ConnectionCore& operator=(const ConnectionCore&) = delete;
@@ -107,9 +184,14 @@ class ConnectionCore : protected Reconnector::Attempts, protected RequestTimer::
   const std::string& name() const noexcept { return name_; }
 
  protected:
-  ConnectionCore(Loop& loop, const SqlSettings& settings, std::string name)
-      : loop_(loop), settings_(settings), name_(std::move(name)) {}
-  ~ConnectionCore() = default;
+  // On `stale`'s list (none: not tracked) while it lives.
+  ConnectionCore(Loop& loop, const SqlSettings& settings, std::string name, std::shared_ptr<StaleSessions<Id>> stale)
+      : loop_(loop), settings_(settings), name_(std::move(name)), stale_(std::move(stale)) {
+    if (stale_) stale_->connections.push_back(this);
+  }
+  ~ConnectionCore() {
+    if (stale_) std::erase(stale_->connections, static_cast<Restartable*>(this));
+  }
 
   // Sends what was queued (at the loop turn's end).
   virtual void send_queued() = 0;
@@ -131,34 +213,57 @@ class ConnectionCore : protected Reconnector::Attempts, protected RequestTimer::
     for (auto& r : requests) r.done(Answer{}, &error);
     requests.clear();
   }
+  // Going down, before the teardown: with statements in flight on a
+  // session the server knows (`sent`), `session()` goes on the stale list
+  // and true tells lost() to restart the others.
+  template <class Session>
+  bool leave_behind(bool sent, Session session) {
+    if (!stale_ || !sent || inflight_.empty()) return false;
+    stale_->add(session());
+    return true;
+  }
   // The connection dropped (torn down already): what was in flight may or
   // may not have run, and fails; what was queued waits for the next
-  // attempt unless `fail_queued`. The reconnector is told `why` once, and
-  // makes the next attempt after the back-off.
-  void dropped(const std::string& why, const StoreError& error, bool fail_queued) {
-    std::deque<Request> inflight = std::move(inflight_);
-    inflight_.clear();
+  // attempt unless `fail_queued` (an attempt, which it waited for, or a
+  // refused set-up). The reconnector is told `why` once, and makes the
+  // next attempt after the back-off.
+  void lost(const std::string& why, const StoreError& error, bool fail_queued, bool left_behind) {
+    std::deque<Request> inflight = std::exchange(inflight_, {});
     reconnector_.down(why);
     fail_all(inflight, error);
-    if (!fail_queued) return;
-    std::deque<Request> queued = std::move(queue_);
-    queue_.clear();
-    fail_all(queued, error);
+    if (fail_queued) {
+      std::deque<Request> queued = std::exchange(queue_, {});  // a callback may queue anew
+      fail_all(queued, error);
+    }
+    if (left_behind) stale_->restart_others(this);
   }
-  // close()'s end (the reconnector closed: it hears nothing more, and
-  // what the callbacks ask for is refused): everything pending fails, and
-  // the turn's-end send stops.
-  void close_requests() {
-    dropped("the store is closed", unavailable("the store is closed"), true);
+  // close(): no more attempts or timeouts, `teardown()`, everything
+  // pending fails (what its callbacks ask for is refused), no more sends.
+  template <class Teardown>
+  void close_core(Teardown teardown) {
+    reconnector_.close();
+    request_timer_.close();
+    teardown();
+    lost("the store is closed", unavailable("the store is closed"), true, false);
     kick_.close();
   }
-  // Looks `host` up on libuv's thread pool for the attempt under way (the
-  // client library's own lookup would block the loop): `found(address)`,
-  // or `failed(why)`; neither when the attempt is over by then
-  // (`current(status)` false, or a later attempt under way).
+  // Why an attempt, or a request, was given up on.
+  std::string connect_timed_out() const {
+    return fmt::format("no connection within the connect timeout ({} ms)", settings_.connect_timeout.count());
+  }
+  std::string command_timed_out() const {
+    return fmt::format("no answer within the command timeout ({} ms)", settings_.command_timeout.count());
+  }
+  // A new attempt's address: `local` (a local socket's: what the client
+  // library is given then) or a numeric `host` at once; else `host` looked
+  // up on libuv's thread pool (the client library's own lookup would block
+  // the loop): `found(address)`, or `failed(why)`; neither when the
+  // attempt is over by then (`current(status)` false, or a later attempt
+  // under way).
   template <class Current, class Found, class Failed>
-  void resolve(const std::string& host, Current current, Found found, Failed failed) {
-    const unsigned attempt = attempt_;
+  void resolve(const std::string& host, const char* local, Current current, Found found, Failed failed) {
+    const unsigned attempt = ++attempt_;
+    if (local != nullptr || numeric_host(host)) return found(local != nullptr ? std::string(local) : host);
     int rc = resolve_host(loop_.uv(), host, [=, this](int status, std::string address) {
       if (!current(status) || attempt_ != attempt) return;
       if (address.empty())
@@ -171,6 +276,7 @@ class ConnectionCore : protected Reconnector::Attempts, protected RequestTimer::
   Loop& loop_;
   const SqlSettings settings_;
   const std::string name_;
+  const std::shared_ptr<StaleSessions<Id>> stale_;  // null: not tracked
   TurnEnd kick_{[this] { send_queued(); }};  // sends what was queued, at the loop turn's end
   unsigned attempt_ = 0;  // connection attempts made: a late lookup answers an old one
   Reconnector reconnector_{loop_, Backoff(settings_.reconnect_min, settings_.reconnect_max), settings_.connect_timeout,
