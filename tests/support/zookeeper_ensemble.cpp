@@ -159,7 +159,8 @@ void ZooKeeperEnsemble::spawn(int i) {
       std::string("exec setpriv --pdeathsig KILL ") + kJava +
           " -Xmx96m -Xss512k -XX:+UseSerialGC -XX:TieredStopAtLevel=1 -Dzookeeper.jmx.log4j.disable=true"
           " -Dorg.slf4j.simpleLogger.defaultLogLevel=warn -Dorg.slf4j.simpleLogger.showDateTime=true"
-          " -Dorg.slf4j.simpleLogger.dateTimeFormat=HH:mm:ss.SSS -cp " + kJar + ":/usr/share/java/slf4j-simple.jar org.apache.zookeeper.server.quorum.QuorumPeerMain " +
+          " -Dorg.slf4j.simpleLogger.dateTimeFormat=HH:mm:ss.SSS -cp " + kJar +
+          ":/usr/share/java/slf4j-simple.jar org.apache.zookeeper.server.quorum.QuorumPeerMain " +
           dir_ + "/zoo" + n + ".cfg >>" + dir_ + "/server" + n + ".log 2>&1"});
   members_[i]->paused = false;
 }

@@ -20,7 +20,8 @@
 // The driver (the derived connection) connects, sends, reads, and keeps
 // its own state; its close() stops reconnecting, fails what is pending
 // and closes the handles, and the loop then drains (Loop::shutdown): the
-// object may be destroyed once the loop has stopped. Threading: the loop thread only, but construction.
+// object may be destroyed once the loop has stopped. Threading: the loop
+// thread only, but construction.
 // Costs: nothing beyond the driver's; a refusal after close() is one
 // posted task.
 #pragma once
