@@ -3,6 +3,7 @@
 #include <fcntl.h>
 #include <netdb.h>
 #include <poll.h>
+#include <strings.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -95,9 +96,7 @@ std::optional<std::string_view> header(std::string_view head, std::string_view n
     at = std::min(head.find("\r\n", start), head.size());
     std::string_view line = head.substr(start, at - start);
     auto colon = line.find(':');
-    if (colon == name.size() && std::equal(name.begin(), name.end(), line.begin(), [](char a, char b) {
-          return std::tolower(static_cast<unsigned char>(a)) == std::tolower(static_cast<unsigned char>(b));
-        })) {
+    if (colon == name.size() && ::strncasecmp(line.data(), name.data(), name.size()) == 0) {
       std::string_view v = line.substr(colon + 1);
       while (!v.empty() && (v.front() == ' ' || v.front() == '\t')) v.remove_prefix(1);
       while (!v.empty() && (v.back() == ' ' || v.back() == '\t')) v.remove_suffix(1);
@@ -145,25 +144,9 @@ struct EtcdClock::Conn {
     }
   }
 
-  // What a step that moved nothing (`r` <= 0) waits for: POLLIN, POLLOUT
-  // (`plain` for a socket call), or 0 when it failed, `why` saying how.
-  short wants(int r, short plain, std::string& why) {
-#if LOCKWATCH_WITH_TLS
-    if (ssl != nullptr) {
-      const int e = SSL_get_error(ssl, r);
-      if (e == SSL_ERROR_WANT_READ) return POLLIN;
-      if (e == SSL_ERROR_WANT_WRITE) return POLLOUT;
-      why = "TLS: " + tls_error_text(ssl);
-      return 0;
-    }
-#endif
-    if (r < 0 && (errno == EINTR || errno == EAGAIN || errno == EWOULDBLOCK)) return plain;
-    why = r == 0 ? "the member closed the connection" : std::strerror(errno);
-    return 0;
-  }
-
   // Runs `op` (a socket call, SSL_connect, SSL_write, SSL_read) until it
-  // moves bytes, waiting for the socket as it asks; 0 when it failed.
+  // moves bytes, waiting for the socket as it asks (`plain`: what a socket
+  // call waits for); 0 when it failed.
   template <class Op>
   int io(Op op, short plain, steady_clock::time_point deadline, std::string& why) {
     for (;;) {
@@ -172,8 +155,17 @@ struct EtcdClock::Conn {
 #endif
       const int r = static_cast<int>(op());
       if (r > 0) return r;
-      const short events = wants(r, plain, why);
-      if (events == 0 || !wait(events, deadline, why)) return 0;
+      short events = plain;
+#if LOCKWATCH_WITH_TLS
+      if (ssl != nullptr) {
+        const int e = SSL_get_error(ssl, r);
+        events = e == SSL_ERROR_WANT_READ ? POLLIN : e == SSL_ERROR_WANT_WRITE ? POLLOUT : 0;
+        if (events == 0) return failed(why, "TLS: " + tls_error_text(ssl));
+      } else
+#endif
+      if (r == 0 || (errno != EINTR && errno != EAGAIN && errno != EWOULDBLOCK))
+        return failed(why, r == 0 ? "the member closed the connection" : std::strerror(errno));
+      if (!wait(events, deadline, why)) return 0;
     }
   }
 

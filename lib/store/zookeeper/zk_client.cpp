@@ -90,7 +90,7 @@ void deliver(const void* data, ZkResult r) {
   const std::uint64_t id = ctx->id;
   auto sink = std::move(ctx->sink);
   sink->release_ctx(ctx);
-  sink->post([id, r = std::move(r)](ZkSessions& s) { s.complete(id, r); });
+  sink->post([id, r = std::move(r)](ZkSessions& s) mutable { s.complete(id, std::move(r)); });
 }
 
 // An answer of `rc`, with the node's stat when it succeeded.
