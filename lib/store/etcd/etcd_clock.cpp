@@ -1,6 +1,5 @@
 #include "store/etcd/etcd_clock.hpp"
 
-#include <fcntl.h>
 #include <netdb.h>
 #include <poll.h>
 #include <strings.h>
@@ -67,25 +66,9 @@ namespace {
 // "Wed, 25 Nov 2026 09:35:30 GMT" (RFC 7231's IMF-fixdate, the only form
 // Go writes) as seconds since the epoch; nothing if it is not one.
 std::optional<std::int64_t> parse_http_date(std::string_view s) {
-  static constexpr const char* kMonths[] = {"Jan", "Feb", "Mar", "Apr", "May", "Jun",
-                                            "Jul", "Aug", "Sep", "Oct", "Nov", "Dec"};
-  auto comma = s.find(", ");
-  if (comma == std::string_view::npos) return std::nullopt;
-  std::string rest(s.substr(comma + 2));
   std::tm tm{};
-  char month[4] = {};
-  char zone[4] = {};
-  if (std::sscanf(rest.c_str(), "%2d %3s %4d %2d:%2d:%2d %3s", &tm.tm_mday, month, &tm.tm_year, &tm.tm_hour,
-                  &tm.tm_min, &tm.tm_sec, zone) != 7)
+  if (::strptime(std::string(s).c_str(), "%a, %d %b %Y %H:%M:%S GMT", &tm) == nullptr || tm.tm_year < 70)
     return std::nullopt;
-  if (std::strcmp(zone, "GMT") != 0) return std::nullopt;
-  tm.tm_mon = -1;
-  for (int i = 0; i < 12; ++i)
-    if (std::strcmp(month, kMonths[i]) == 0) tm.tm_mon = i;
-  if (tm.tm_mon < 0 || tm.tm_mday < 1 || tm.tm_mday > 31 || tm.tm_hour > 23 || tm.tm_min > 59 || tm.tm_sec > 60 ||
-      tm.tm_year < 1970)
-    return std::nullopt;
-  tm.tm_year -= 1900;
   return static_cast<std::int64_t>(::timegm(&tm));
 }
 
