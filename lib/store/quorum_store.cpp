@@ -191,8 +191,9 @@ void QuorumStore::on_acquire_vote(const std::shared_ptr<AcquireBatch>& b, std::s
     } else {
       std::string names;
       for (const auto& e : t.errors) names += (names.empty() ? "" : "; ") + e;
-      out.error = StoreError::unavailable(names.empty() ? names_[store] : names,
-                                          fmt::format("no majority: {} of {} nodes failed, {} busy", t.failed, n, t.busy));
+      out.error = StoreError::unavailable(
+          names.empty() ? names_[store] : names,
+          fmt::format("no majority: {} of {} nodes failed, {} busy", t.failed, n, t.busy));
     }
     give_back(b, k, out);
   }

@@ -106,9 +106,9 @@ ZkResult with_stat(int rc, const Stat* stat) {
 }  // namespace
 
 bool unreachable(int rc) {
-  return rc == kNoHandle || rc == ZCONNECTIONLOSS || rc == ZOPERATIONTIMEOUT || rc == ZSESSIONEXPIRED || rc == ZSESSIONMOVED ||
-         rc == ZCLOSING || rc == ZINVALIDSTATE || rc == ZSYSTEMERROR || rc == ZMARSHALLINGERROR ||
-         rc == ZNOTHING || rc == ZNEWCONFIGNOQUORUM;
+  return rc == kNoHandle || rc == ZCONNECTIONLOSS || rc == ZOPERATIONTIMEOUT || rc == ZSESSIONEXPIRED ||
+         rc == ZSESSIONMOVED || rc == ZCLOSING || rc == ZINVALIDSTATE || rc == ZSYSTEMERROR ||
+         rc == ZMARSHALLINGERROR || rc == ZNOTHING || rc == ZNEWCONFIGNOQUORUM;
 }
 
 void on_void(int rc, const void* data) { deliver(data, ZkResult{rc}); }
