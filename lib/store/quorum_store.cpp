@@ -116,13 +116,13 @@ void QuorumStore::started() {
 struct QuorumStore::AcquireBatch {
   struct Lock : OwnedLock {
     using OwnedLock::OwnedLock;
-    std::size_t replies = 0, busy = 0, failed = 0;
+    std::size_t busy = 0, failed = 0;
     std::vector<std::size_t> took;  // stores that set our token
     std::uint64_t max_fence = 0;
     long long min_busy = -1;
     std::vector<std::string> errors;
-    std::unique_ptr<StoreError> telling;  // the most telling failure
-    bool only_connection_errors = true;
+    // The most telling failure: one that is not kUnavailable once any was.
+    std::unique_ptr<StoreError> telling;
     bool decided = false;   // a majority took it (raising), or it was given up
     bool finished = false;  // the caller was answered, or is about to be
     std::uint64_t fence = 0;
@@ -147,14 +147,12 @@ void QuorumStore::on_acquire_vote(const std::shared_ptr<AcquireBatch>& b, std::s
                                   const Acquired& r) {
   auto& t = b->locks[k];
   const std::size_t n = stores_.size();
-  t.replies++;
   bool took_here = false;
   switch (r.status) {
     case Acquired::Status::kFailed:
       t.failed++;
       t.errors.push_back(fmt::format("{}: {}", names_[store], r.error.describe()));
       keep_most_telling(t.telling, r.error);
-      if (!r.error.unavailable()) t.only_connection_errors = false;
       break;
     case Acquired::Status::kTaken:
       took_here = true;
@@ -188,13 +186,14 @@ void QuorumStore::on_acquire_vote(const std::shared_ptr<AcquireBatch>& b, std::s
     t.decided = true;
     if (t.busy > 0 && t.took.size() + t.busy >= quorum_) {
       out = Acquired::busy(milliseconds(t.min_busy));
-    } else if (!t.only_connection_errors && t.telling) {
+    } else if (t.telling && !t.telling->unavailable()) {
       out.error = *t.telling;
     } else {
       std::string names;
       for (const auto& e : t.errors) names += (names.empty() ? "" : "; ") + e;
-      out.error = StoreError::unavailable(names.empty() ? names_[store] : names,
-                                          fmt::format("no majority: {} of {} nodes failed, {} busy", t.failed, n, t.busy));
+      out.error = StoreError::unavailable(
+          names.empty() ? names_[store] : names,
+          fmt::format("no majority: {} of {} nodes failed, {} busy", t.failed, n, t.busy));
     }
     give_back(b, k, out);
   }
@@ -227,7 +226,7 @@ void QuorumStore::check_raised(const std::shared_ptr<AcquireBatch>& b, std::size
       return b->done(k, Acquired::taken(t.fence));
     }
     why = "a majority raised its fencing counters only after the validity time";
-  } else if (t.replies == stores_.size() && t.raise_replies == t.raise_asked) {
+  } else if (t.took.size() + t.busy + t.failed == stores_.size() && t.raise_replies == t.raise_asked) {
     why = "could not raise a majority's fencing counters";
   }
   if (why != nullptr)

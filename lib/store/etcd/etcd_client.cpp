@@ -205,16 +205,13 @@ void EtcdClient::member_failed(std::size_t member) {
   if (member == current_ && members_.size() > 1) current_ = (current_ + 1) % members_.size();
 }
 
-void EtcdClient::prepare(grpc::ClientContext& context, std::chrono::milliseconds timeout) const {
-  if (timeout.count() > 0) context.set_deadline(std::chrono::system_clock::now() + timeout);
-  if (!token_.empty()) context.AddMetadata("token", token_);
-}
-
-void EtcdClient::track(std::shared_ptr<Call> call) {
+void EtcdClient::track(std::shared_ptr<Call> call, std::chrono::milliseconds timeout) {
   {
     std::lock_guard lock(in_flight_mu_);
     ++in_flight_;
   }
+  if (timeout.count() > 0) call->context.set_deadline(std::chrono::system_clock::now() + timeout);
+  if (!token_.empty()) call->context.AddMetadata("token", token_);
   call->client = this;
   call->member = current_;
   call->self = call;
@@ -237,9 +234,8 @@ void EtcdClient::with_token(std::function<void(const StoreError*)> start) {
 void EtcdClient::authenticate() {
   authenticating_ = true;
   auto call = std::make_shared<Unary<etcdserverpb::AuthenticateRequest, etcdserverpb::AuthenticateResponse>>();
-  track(call);
+  track(call, connect_timeout_);
   const std::size_t member = call->member;
-  prepare(call->context, connect_timeout_);
   call->request.set_name(target_.user);
   call->request.set_password(target_.password);
   call->done = [this, member, u = call.get()](const grpc::Status* status, const StoreError* closed) {
@@ -273,11 +269,10 @@ void EtcdClient::unary(Request request, Done<Response> done, Rpc rpc, int attemp
               reauthenticated](const StoreError* auth_error) mutable {
     if (auth_error) return done(Response{}, auth_error);
     auto call = std::make_shared<Unary<Request, Response>>();
-    track(call);
-    const std::size_t member = call->member;
     const auto left =
         std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
-    prepare(call->context, std::max(left, std::chrono::milliseconds(1)));
+    track(call, std::max(left, std::chrono::milliseconds(1)));
+    const std::size_t member = call->member;
     call->request = std::move(request);
     call->done = [this, u = call.get(), member, attempt, done = std::move(done), rpc, deadline,
                   reauthenticated](const grpc::Status* status, const StoreError* closed) mutable {
@@ -394,8 +389,7 @@ void EtcdClient::keep_alive(std::vector<std::int64_t> ids, KeepAliveDone done) {
   with_token([this, ids = std::move(ids), done = std::move(done)](const StoreError* auth_error) mutable {
     if (auth_error) return done(std::vector<std::int64_t>(ids.size(), -1), auth_error);
     auto call = std::make_shared<KeepAlive>();
-    track(call);
-    prepare(call->context, command_timeout_);
+    track(call, command_timeout_);
     call->ttls.assign(ids.size(), -1);
     call->ids = std::move(ids);
     call->done = std::move(done);
@@ -459,8 +453,7 @@ std::shared_ptr<EtcdClient::Watch> EtcdClient::watch(std::string key, WatchHooks
       if (call->hooks.ended) call->hooks.ended(*auth_error);
       return;
     }
-    track(call);
-    prepare(call->context, {});
+    track(call, {});
     members_[call->member]->watch->async()->Watch(&call->context, call.get());
     call->begin();
   });

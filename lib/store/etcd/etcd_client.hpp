@@ -108,8 +108,6 @@ class EtcdClient {
   // Runs `start` now (authenticated) or once the token is there.
   void with_token(std::function<void(const StoreError*)> start);
   void authenticate();
-  // The context of a call to the current member: deadline, token.
-  void prepare(grpc::ClientContext& context, std::chrono::milliseconds timeout) const;
   StoreError error_of(const grpc::Status& status, std::size_t member, bool authenticating = false) const;
   // "etcd://host:port" (or etcds://) of one member, for errors.
   std::string endpoint(std::size_t member) const;
@@ -122,7 +120,9 @@ class EtcdClient {
   template <class Request, class Response, class Rpc>
   void unary(Request request, Done<Response> done, Rpc rpc, int attempt = 1,
              std::chrono::steady_clock::time_point deadline = {}, bool reauthenticated = false);
-  void track(std::shared_ptr<Call> call);
+  // A call to the current member, tracked until its last callback; its
+  // context has the deadline `timeout` from now (0: none) and the token.
+  void track(std::shared_ptr<Call> call, std::chrono::milliseconds timeout);
 
   Loop& loop_;
   const EtcdTarget target_;

@@ -1,8 +1,8 @@
 #include "store/etcd/etcd_clock.hpp"
 
-#include <fcntl.h>
 #include <netdb.h>
 #include <poll.h>
+#include <strings.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -66,25 +66,9 @@ namespace {
 // "Wed, 25 Nov 2026 09:35:30 GMT" (RFC 7231's IMF-fixdate, the only form
 // Go writes) as seconds since the epoch; nothing if it is not one.
 std::optional<std::int64_t> parse_http_date(std::string_view s) {
-  static constexpr const char* kMonths[] = {"Jan", "Feb", "Mar", "Apr", "May", "Jun",
-                                            "Jul", "Aug", "Sep", "Oct", "Nov", "Dec"};
-  auto comma = s.find(", ");
-  if (comma == std::string_view::npos) return std::nullopt;
-  std::string rest(s.substr(comma + 2));
   std::tm tm{};
-  char month[4] = {};
-  char zone[4] = {};
-  if (std::sscanf(rest.c_str(), "%2d %3s %4d %2d:%2d:%2d %3s", &tm.tm_mday, month, &tm.tm_year, &tm.tm_hour,
-                  &tm.tm_min, &tm.tm_sec, zone) != 7)
+  if (::strptime(std::string(s).c_str(), "%a, %d %b %Y %H:%M:%S GMT", &tm) == nullptr || tm.tm_year < 70)
     return std::nullopt;
-  if (std::strcmp(zone, "GMT") != 0) return std::nullopt;
-  tm.tm_mon = -1;
-  for (int i = 0; i < 12; ++i)
-    if (std::strcmp(month, kMonths[i]) == 0) tm.tm_mon = i;
-  if (tm.tm_mon < 0 || tm.tm_mday < 1 || tm.tm_mday > 31 || tm.tm_hour > 23 || tm.tm_min > 59 || tm.tm_sec > 60 ||
-      tm.tm_year < 1970)
-    return std::nullopt;
-  tm.tm_year -= 1900;
   return static_cast<std::int64_t>(::timegm(&tm));
 }
 
@@ -95,9 +79,7 @@ std::optional<std::string_view> header(std::string_view head, std::string_view n
     at = std::min(head.find("\r\n", start), head.size());
     std::string_view line = head.substr(start, at - start);
     auto colon = line.find(':');
-    if (colon == name.size() && std::equal(name.begin(), name.end(), line.begin(), [](char a, char b) {
-          return std::tolower(static_cast<unsigned char>(a)) == std::tolower(static_cast<unsigned char>(b));
-        })) {
+    if (colon == name.size() && ::strncasecmp(line.data(), name.data(), name.size()) == 0) {
       std::string_view v = line.substr(colon + 1);
       while (!v.empty() && (v.front() == ' ' || v.front() == '\t')) v.remove_prefix(1);
       while (!v.empty() && (v.back() == ' ' || v.back() == '\t')) v.remove_suffix(1);
@@ -145,25 +127,9 @@ struct EtcdClock::Conn {
     }
   }
 
-  // What a step that moved nothing (`r` <= 0) waits for: POLLIN, POLLOUT
-  // (`plain` for a socket call), or 0 when it failed, `why` saying how.
-  short wants(int r, short plain, std::string& why) {
-#if LOCKWATCH_WITH_TLS
-    if (ssl != nullptr) {
-      const int e = SSL_get_error(ssl, r);
-      if (e == SSL_ERROR_WANT_READ) return POLLIN;
-      if (e == SSL_ERROR_WANT_WRITE) return POLLOUT;
-      why = "TLS: " + tls_error_text(ssl);
-      return 0;
-    }
-#endif
-    if (r < 0 && (errno == EINTR || errno == EAGAIN || errno == EWOULDBLOCK)) return plain;
-    why = r == 0 ? "the member closed the connection" : std::strerror(errno);
-    return 0;
-  }
-
   // Runs `op` (a socket call, SSL_connect, SSL_write, SSL_read) until it
-  // moves bytes, waiting for the socket as it asks; 0 when it failed.
+  // moves bytes, waiting for the socket as it asks (`plain`: what a socket
+  // call waits for); 0 when it failed.
   template <class Op>
   int io(Op op, short plain, steady_clock::time_point deadline, std::string& why) {
     for (;;) {
@@ -172,8 +138,17 @@ struct EtcdClock::Conn {
 #endif
       const int r = static_cast<int>(op());
       if (r > 0) return r;
-      const short events = wants(r, plain, why);
-      if (events == 0 || !wait(events, deadline, why)) return 0;
+      short events = plain;
+#if LOCKWATCH_WITH_TLS
+      if (ssl != nullptr) {
+        const int e = SSL_get_error(ssl, r);
+        events = e == SSL_ERROR_WANT_READ ? POLLIN : e == SSL_ERROR_WANT_WRITE ? POLLOUT : 0;
+        if (events == 0) return failed(why, "TLS: " + tls_error_text(ssl));
+      } else
+#endif
+      if (r == 0 || (errno != EINTR && errno != EAGAIN && errno != EWOULDBLOCK))
+        return failed(why, r == 0 ? "the member closed the connection" : std::strerror(errno));
+      if (!wait(events, deadline, why)) return 0;
     }
   }
 

@@ -295,8 +295,8 @@ LockInfo MemorySpace::State::inspect(std::string_view name) const {
     holder(token);
   }
   if (info.held && e.expires <= now) {
-    info.kind = e.fair ? LockKind::fair() : e.permits > 0 ? LockKind::permits(e.permits) : LockKind::shared();
-    if (e.fair && !info.holders.empty()) info.owner = info.holders.front().token;
+    info.kind = *e.held_kind(now);
+    if (e.fair) info.owner = info.holders.front().token;
   }
   return info;
 }

@@ -16,13 +16,11 @@ struct ZkClaims::Claim : StoreClaim {
 };
 
 void ZkClaims::server_time(JobClaims::TimeDone done) {
-  ZkSession* s = sessions_.any_session();
-  const std::uint64_t serial = s->serial;
   auto shared = std::make_shared<JobClaims::TimeDone>(std::move(done));
   sessions_.send(
-      *s,
-      [this, shared, serial](const ZkResult& r) {
-        if (r.rc == ZNONODE) return make_root(serial, shared);
+      *sessions_.any_session(),
+      [this, shared](const ZkResult& r) {
+        if (r.rc == ZNONODE) return make_root(r.session, shared);
         if (r.rc != ZOK || !r.has_stat) {
           auto e = sessions_.error(r.rc != ZOK ? r.rc : ZMARSHALLINGERROR, "reading the ensemble's clock");
           return (*shared)({}, &e);
@@ -32,8 +30,7 @@ void ZkClaims::server_time(JobClaims::TimeDone done) {
       [=](zhandle_t* zh, void* ctx) { return zoo_aset(zh, zk::kRoot, "", 0, -1, zk::on_stat_set, ctx); });
 }
 
-void ZkClaims::make_root(std::uint64_t serial, std::shared_ptr<JobClaims::TimeDone> shared) {
-  ZkSession* s = sessions_.live(serial);
+void ZkClaims::make_root(ZkSession* s, std::shared_ptr<JobClaims::TimeDone> shared) {
   if (s == nullptr) {
     auto e = sessions_.error(ZSESSIONEXPIRED, "reading the ensemble's clock");
     return (*shared)({}, &e);
@@ -62,8 +59,7 @@ void ZkClaims::claim_step(std::shared_ptr<Claim> c) {
   if (s == nullptr) return c->finish(ClaimResult::Status::kNotLeader);
   c->lock_path = h->second.path;
   c->period_path = zk::dir_of(c->name) + "/" + zk::kPeriodNode;
-  const std::uint64_t serial = s->serial;
-  sessions_.read(*s, c->period_path, false, [this, c, serial](const ZkResult& r) {
+  sessions_.read(*s, c->period_path, false, [this, c](const ZkResult& r) {
     if (r.rc != ZOK && r.rc != ZNONODE) return c->failed(sessions_.error(r.rc, "reading the job's last period"));
     const bool exists = r.rc == ZOK;
     std::int64_t last = -1;
@@ -72,9 +68,8 @@ void ZkClaims::claim_step(std::shared_ptr<Claim> c) {
       c->out.last = last;
       return c->finish(ClaimResult::Status::kAlreadyRun);
     }
-    ZkSession* s = sessions_.live(serial);
-    if (s == nullptr) return c->finish(ClaimResult::Status::kNotLeader);
-    claim_write(*s, c, exists, exists ? r.stat.version : -1);
+    if (r.session == nullptr) return c->finish(ClaimResult::Status::kNotLeader);
+    claim_write(*r.session, c, exists, exists ? r.stat.version : -1);
   });
 }
 

@@ -90,7 +90,7 @@ void deliver(const void* data, ZkResult r) {
   const std::uint64_t id = ctx->id;
   auto sink = std::move(ctx->sink);
   sink->release_ctx(ctx);
-  sink->post([id, r = std::move(r)](ZkSessions& s) { s.complete(id, r); });
+  sink->post([id, r = std::move(r)](ZkSessions& s) mutable { s.complete(id, std::move(r)); });
 }
 
 // An answer of `rc`, with the node's stat when it succeeded.
@@ -106,9 +106,9 @@ ZkResult with_stat(int rc, const Stat* stat) {
 }  // namespace
 
 bool unreachable(int rc) {
-  return rc == kNoHandle || rc == ZCONNECTIONLOSS || rc == ZOPERATIONTIMEOUT || rc == ZSESSIONEXPIRED || rc == ZSESSIONMOVED ||
-         rc == ZCLOSING || rc == ZINVALIDSTATE || rc == ZSYSTEMERROR || rc == ZMARSHALLINGERROR ||
-         rc == ZNOTHING || rc == ZNEWCONFIGNOQUORUM;
+  return rc == kNoHandle || rc == ZCONNECTIONLOSS || rc == ZOPERATIONTIMEOUT || rc == ZSESSIONEXPIRED ||
+         rc == ZSESSIONMOVED || rc == ZCLOSING || rc == ZINVALIDSTATE || rc == ZSYSTEMERROR ||
+         rc == ZMARSHALLINGERROR || rc == ZNOTHING || rc == ZNEWCONFIGNOQUORUM;
 }
 
 void on_void(int rc, const void* data) { deliver(data, ZkResult{rc}); }

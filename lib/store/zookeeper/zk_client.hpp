@@ -29,6 +29,7 @@ namespace lockwatch::detail {
 
 class Loop;
 class ZkSessions;
+struct ZkSession;
 struct ZkCtx;
 
 // A ZooKeeper answer, copied off the client's thread.
@@ -39,6 +40,7 @@ struct ZkResult {
   std::string value{};                  // a node's data, or the path created
   std::vector<std::string> children{};  // get_children
   std::vector<int> op_errors{};         // multi: each operation's outcome
+  ZkSession* session = nullptr;         // set on the loop: the session that sent it, while it lives
 };
 
 // What runs a request's answer (once, on the loop), and what makes its call

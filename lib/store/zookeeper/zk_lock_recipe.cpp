@@ -115,22 +115,21 @@ bool ZkLockRecipe::repeat_waiting(Op& op) {
 
 void ZkLockRecipe::create_node(Op op, bool parents_made) {
   ZkSession* s = sessions_.session_for(op->ttl);
-  const std::uint64_t serial = s->serial;
-  op->session = serial;
+  op->session = s->serial;
   op->sent = Clock::now();
   const std::string prefix = op->dir + "/" + std::string(zk::kNodePrefix) + zk::escape(op->token) + "." +
                              std::to_string(op->attempt) + zk::mode_suffix(op->kind) + "-";
   const std::string data = zk::node_data(op->token, op->ttl, owner_);
   ACL_vector* acl = sessions_.acl();
   sessions_.send(
-      *s, [this, op, serial, parents_made](const ZkResult& r) { created(op, serial, parents_made, r); },
+      *s, [this, op, parents_made](const ZkResult& r) { created(op, parents_made, r); },
       [=](zhandle_t* zh, void* ctx) {
         return zoo_acreate2(zh, prefix.c_str(), data.data(), static_cast<int>(data.size()), acl,
                             ZOO_EPHEMERAL_SEQUENTIAL, zk::on_created, ctx);
       });
 }
 
-void ZkLockRecipe::created(const Op& op, std::uint64_t serial, bool parents_made, const ZkResult& r) {
+void ZkLockRecipe::created(const Op& op, bool parents_made, const ZkResult& r) {
   if (r.rc == ZNONODE && !parents_made) return make_parents(op, 0);
   if (r.rc != ZOK) {
     // No answer: the node may be made yet (the client sends what it
@@ -140,7 +139,7 @@ void ZkLockRecipe::created(const Op& op, std::uint64_t serial, bool parents_made
   }
   op->path = r.value;
   op->czxid = r.stat.czxid;
-  ZkSession* s = sessions_.live(serial);
+  ZkSession* s = r.session;
   if (s == nullptr) return fail(op, sessions_.error(ZSESSIONEXPIRED, "the session ended"));
   if (s->negotiated_ms == 0 && s->zh != nullptr) s->negotiated_ms = zoo_recv_timeout(s->zh);
   if (op->ttl.count() > s->negotiated_ms) {
@@ -185,8 +184,7 @@ void ZkLockRecipe::list_nodes(Op op) {
 }
 
 void ZkLockRecipe::listed(const Op& op, const ZkResult& r) {
-  ZkSession* s = sessions_.live(op->session);
-  if (r.rc != ZOK || s == nullptr) {
+  if (r.rc != ZOK || r.session == nullptr) {
     abandon_attempt(op);
     forget(*op);
     return fail(op, sessions_.error(r.rc != ZOK ? r.rc : ZSESSIONEXPIRED, "listing the lock's nodes"));
@@ -321,13 +319,11 @@ void ZkLockRecipe::read_fence(ZkSession& s, const Op& op, std::function<void(std
 void ZkLockRecipe::write_fence(ZkSession& s, const std::string& dir, std::string data,
                                std::function<void(int, std::int64_t)> done, int step) {
   const std::string path = dir + "/" + zk::kFenceNode;
-  const std::uint64_t serial = s.serial;
-  auto reply = [this, dir, data, done, serial, step](const ZkResult& r) {
+  auto reply = [this, dir, data, done, step](const ZkResult& r) {
     const bool again = step == 0 ? r.rc == ZNONODE || r.rc == ZNODEEXISTS : step == 1 && r.rc == ZNODEEXISTS;
     if (!again) return done(r.rc, r.rc == ZOK && r.has_stat ? r.stat.mzxid : 0);
-    ZkSession* s = sessions_.live(serial);
-    if (s == nullptr) return done(step == 0 ? r.rc : ZSESSIONEXPIRED, 0);
-    write_fence(*s, dir, data, done, step + 1);
+    if (r.session == nullptr) return done(step == 0 ? r.rc : ZSESSIONEXPIRED, 0);
+    write_fence(*r.session, dir, data, done, step + 1);
   };
   ACL_vector* acl = sessions_.acl();
   sessions_.send(s, reply, [=](zhandle_t* zh, void* ctx) {

@@ -34,7 +34,7 @@ class ZkLockRecipe {
   bool repeat_held(Op& op);
   bool repeat_waiting(Op& op);
   void create_node(Op op, bool parents_made);
-  void created(const Op& op, std::uint64_t serial, bool parents_made, const ZkResult& r);
+  void created(const Op& op, bool parents_made, const ZkResult& r);
   void make_parents(Op op, int step);
   void list_nodes(Op op);
   void listed(const Op& op, const ZkResult& r);

@@ -10,16 +10,14 @@ namespace lockwatch::detail {
 using std::chrono::milliseconds;
 
 void ZkOperatorTools::inspect(std::string_view name, InspectDone done) {
-  ZkSession* s = sessions_.any_session();
   const std::string dir = zk::dir_of(name);
-  const std::uint64_t serial = s->serial;
-  sessions_.list(*s, dir, [this, dir, serial, done = std::move(done)](const ZkResult& r) {
+  sessions_.list(*sessions_.any_session(), dir, [this, dir, done = std::move(done)](const ZkResult& r) {
     if (r.rc == ZNONODE) return done(LockInfo{}, nullptr);
     if (r.rc != ZOK) {
       auto e = sessions_.error(r.rc, "listing the lock's nodes");
       return done(LockInfo{}, &e);
     }
-    read_holders(serial, dir, zk::holding(zk::in_order(r.children)), done);
+    read_holders(r.session, dir, zk::holding(zk::in_order(r.children)), done);
   });
 }
 
@@ -52,9 +50,8 @@ LockInfo holders_of(LockKind kind, const std::vector<ZkResult>& reads) {
 
 }  // namespace
 
-void ZkOperatorTools::read_holders(std::uint64_t serial, const std::string& dir, std::vector<std::string> nodes,
+void ZkOperatorTools::read_holders(ZkSession* s, const std::string& dir, std::vector<std::string> nodes,
                                    OperatorTools::InspectDone done) {
-  ZkSession* s = sessions_.live(serial);
   if (nodes.empty() || s == nullptr) return done(LockInfo{}, nullptr);
   struct Reads {
     std::vector<ZkResult> answers;
@@ -137,19 +134,16 @@ void ZkOperatorTools::list_window(std::shared_ptr<Listing> listing) {
 }
 
 void ZkOperatorTools::force_release(std::string_view name, ForceDone done) {
-  ZkSession* s = sessions_.any_session();
   const std::string dir = zk::dir_of(name);
-  const std::uint64_t serial = s->serial;
-  sessions_.list(*s, dir, [this, dir, serial, done = std::move(done)](const ZkResult& r) {
+  sessions_.list(*sessions_.any_session(), dir, [this, dir, done = std::move(done)](const ZkResult& r) {
     if (r.rc == ZNONODE) return done(false, nullptr);
     auto nodes = zk::in_order(r.children);
-    ZkSession* s = sessions_.live(serial);
-    if (r.rc != ZOK || s == nullptr) {
+    if (r.rc != ZOK || r.session == nullptr) {
       auto e = sessions_.error(r.rc != ZOK ? r.rc : ZSESSIONEXPIRED, "listing the lock's nodes");
       return done(false, &e);
     }
     if (nodes.empty()) return done(false, nullptr);
-    release_.delete_paths(*s, {dir + "/" + nodes.front()}, [this, done](int rc) {
+    release_.delete_paths(*r.session, {dir + "/" + nodes.front()}, [this, done](int rc) {
       if (rc == ZOK) return done(true, nullptr);
       auto e = sessions_.error(rc, "deleting the holder's node");
       done(false, &e);

@@ -34,7 +34,7 @@ class ZkOperatorTools final : public OperatorTools, public LockListing {
   struct Listing;
   void list_window(std::shared_ptr<Listing> listing);
   // Reads the holders' nodes of `dir` (`nodes`, in order) into a LockInfo.
-  void read_holders(std::uint64_t serial, const std::string& dir, std::vector<std::string> nodes,
+  void read_holders(ZkSession* s, const std::string& dir, std::vector<std::string> nodes,
                     OperatorTools::InspectDone done);
 
   ZkSessions& sessions_;

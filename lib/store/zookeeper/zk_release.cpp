@@ -62,9 +62,8 @@ void ZkRelease::release(std::span<const LockRef> locks, LockStore::ReleaseDone d
     holds.marks.erase(key);  // a waiting writer's node goes with the rest of the token's
     // Otherwise not known here (an acquisition whose answer was lost):
     // every node of the token, on any session.
-    delete_nodes(c, [this, i, c, shared_done](Released st, const StoreError* e) {
+    remove(c, [this, i, c, shared_done](Released st, const StoreError* e) {
       if (st != Released::kUnconfirmed) return (*shared_done)(i, st, e);
-      remember_cleanup(c);
       // Held here when the release began: its node found gone afterwards
       // counts as released (docs/zookeeper.md, "What a lock is": release).
       give_up_release(c, *e, [i, shared_done, held = c.session != 0](Released st, const StoreError* err) {
@@ -83,8 +82,7 @@ void ZkRelease::withdraw(const LockRef& lock, WithdrawDone done) {
   }
   Cleanup c{std::string(lock.name), std::string(lock.token), m->second.attempt, m->second.session};
   holds.marks.erase(m);
-  delete_nodes(c, [this, c, done = std::move(done)](Released st, const StoreError* err) {
-    if (st == Released::kUnconfirmed) remember_cleanup(c);
+  remove(std::move(c), [done = std::move(done)](Released st, const StoreError* err) {
     done(st == Released::kUnconfirmed ? err : nullptr);
   });
 }
@@ -161,11 +159,9 @@ void ZkRelease::delete_nodes(const Cleanup& c, Removed done) {
   // it expires there: its nodes are looked for from another.
   if (s == nullptr) s = sessions_.any_session();
   const std::string dir = zk::dir_of(c.name);
-  const std::uint64_t serial = s->serial;
-  sessions_.list(*s, dir, [this, dir, c, serial, done = std::move(done)](const ZkResult& r) {
+  sessions_.list(*s, dir, [this, dir, c, done = std::move(done)](const ZkResult& r) {
     if (r.rc == ZNONODE || (r.rc == ZSESSIONEXPIRED && c.session != 0)) return done(Released::kGone, nullptr);
-    ZkSession* s = sessions_.live(serial);
-    if (r.rc != ZOK || s == nullptr) {
+    if (r.rc != ZOK || r.session == nullptr) {
       auto e = sessions_.error(r.rc != ZOK ? r.rc : ZSESSIONEXPIRED, "listing the lock's nodes");
       return done(Released::kUnconfirmed, &e);
     }
@@ -177,7 +173,7 @@ void ZkRelease::delete_nodes(const Cleanup& c, Removed done) {
       if (t == token && (c.attempt == 0 || a == attempt)) mine.push_back(dir + "/" + n);
     }
     if (mine.empty()) return done(Released::kGone, nullptr);
-    delete_paths(*s, mine, [this, done](int rc) {
+    delete_paths(*r.session, mine, [this, done](int rc) {
       if (rc == ZOK) return done(Released::kYes, nullptr);
       auto e = sessions_.error(rc, "deleting the lock's node");
       done(Released::kUnconfirmed, &e);
@@ -185,9 +181,10 @@ void ZkRelease::delete_nodes(const Cleanup& c, Removed done) {
   });
 }
 
-void ZkRelease::remove(Cleanup c) {
-  delete_nodes(c, [this, c](Released st, const StoreError*) {
+void ZkRelease::remove(Cleanup c, Removed done) {
+  delete_nodes(c, [this, c, done = std::move(done)](Released st, const StoreError* err) {
     if (st == Released::kUnconfirmed) remember_cleanup(c);
+    if (done) done(st, err);
   });
 }
 

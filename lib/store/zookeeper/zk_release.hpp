@@ -45,8 +45,9 @@ class ZkRelease final : public FairQueue {
 
   // Deletes the nodes `c` names.
   void delete_nodes(const Cleanup& c, Removed done);
-  // Deletes the nodes `c` names, kept at as a cleanup if unconfirmed.
-  void remove(Cleanup c);
+  // Deletes the nodes `c` names, kept at as a cleanup if unconfirmed;
+  // `done` (if any) gets the outcome.
+  void remove(Cleanup c, Removed done = {});
   // Deletes `paths` on `s`; `done` gets ZOK once each is gone (or was).
   void delete_paths(ZkSession& s, std::vector<std::string> paths, std::function<void(int rc)> done);
   // Nodes whose removal is unconfirmed, tried again (see above).

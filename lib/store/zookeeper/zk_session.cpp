@@ -238,10 +238,7 @@ void ZkSessions::post(std::function<void()> f) {
 void ZkSessions::send_read(Session& s, ZkReply reply, ZkIssue issue) {
   const std::uint64_t id = next_id_;
   send(s, std::move(reply), issue);
-  if (auto p = pending_.find(id); p != pending_.end()) {
-    p->second.again = std::move(issue);
-    p->second.session = s.serial;
-  }
+  if (auto p = pending_.find(id); p != pending_.end()) p->second.again = std::move(issue);
 }
 
 void ZkSessions::list(Session& s, std::string path, ZkReply reply) {
@@ -282,7 +279,7 @@ void ZkSessions::send(Session& s, ZkReply reply, ZkIssue issue) {
   // timeout from then (see connected()).
   auto deadline = Clock::now() + connection_.command_timeout;
   if (!s.ever_connected) deadline = std::min(deadline, s.started + connection_.connect_timeout);
-  pending_.emplace(id, Pending{deadline, std::move(reply), {}, 0, 0});
+  pending_.emplace(id, Pending{deadline, std::move(reply), {}, s.serial, 0});
   if (!closed_ && (s.zh != nullptr || s.awaiting_names) && s.state != Session::State::kConnected) {
     s.parked.emplace_back(id, std::move(issue));  // sent on connecting, or timed out
     return;
@@ -306,11 +303,12 @@ void ZkSessions::fail_later(std::uint64_t id, int rc) {
   sink_->post([id, rc](ZkSessions& st) { st.complete(id, ZkResult{rc}); });
 }
 
-void ZkSessions::complete(std::uint64_t id, const ZkResult& r) {
+void ZkSessions::complete(std::uint64_t id, ZkResult r) {
   auto it = pending_.find(id);
   if (it == pending_.end()) return;  // timed out already
   if (r.rc == ZCONNECTIONLOSS && it->second.again && resend(id, it->second)) return;
   ZkReply reply = std::move(it->second.reply);
+  r.session = live(it->second.session);
   pending_.erase(it);
   reply(r);
 }

@@ -155,7 +155,7 @@ class ZkSessions {
 
   // On the loop, from what the client's threads post: a request's answer,
   // a session's state, a watch that fired, names looked up.
-  void complete(std::uint64_t id, const ZkResult& r);
+  void complete(std::uint64_t id, ZkResult r);
   void on_session_state(std::uint64_t serial, int state);
   void on_watch(int type, const std::string& path);
 
@@ -166,7 +166,8 @@ class ZkSessions {
     Clock::time_point deadline;
     ZkReply reply;
     // A read's call, made again when its connection is lost (see send_read):
-    // on `session` once it has connected again (`connects` counts that).
+    // on `session` (the one it was sent on) once it has connected again
+    // (`connects` counts that).
     ZkIssue again;
     std::uint64_t session = 0;
     std::uint32_t connects = 0;
