@@ -116,7 +116,8 @@ RedisConnection::RedisConnection(Loop& loop, Endpoint endpoint, const StoreSetti
       owner_(connection_owner_name(settings.owner_name)),
       pubsub_(mode != Mode::kCommands),
       hooks_(std::move(hooks)) {
-  if (pubsub_) subs_ = Subscriptions::make(mode == Mode::kShardedPubSub, *this, hooks_.on_dropped, hooks_.on_refused);
+  if (pubsub_) subs_ = std::make_unique<Subscriptions>(mode == Mode::kShardedPubSub, static_cast<Wire&>(*this),
+                                                    hooks_.on_dropped, hooks_.on_refused);
   if (endpoint_.tls) {
     // Options::validate() read the same files already; if one went away
     // since, every attempt fails saying so.

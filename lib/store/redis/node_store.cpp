@@ -387,16 +387,14 @@ void RedisNodeStore::batch_answered() {
 }
 
 void RedisNodeStore::send_acquire_batch(std::vector<QueuedAcquire> batch, bool counted) {
-  EvalRequest request = layout_.redisson() ? redisson_acquire(batch) : acquire_request(batch, key_prefix_, owner_);
+  EvalRequest request = acquire_call(batch);
   eval_acquire(std::move(request), std::move(batch), counted);
 }
 
 void RedisNodeStore::send_release_batch(std::vector<QueuedRelease> batch, bool counted) {
   // Either layout's script answers one entry per lock, and how many heard
   // its notice; each lock is handed its answer.
-  EvalRequest request = layout_.redisson()
-                            ? redisson_release(batch)
-                            : release_request(batch, notice(), [](const QueuedRelease& r) { return r.notify; });
+  EvalRequest request = release_call(batch);
   with_asking(*conn_).eval(std::move(request),
                            [this, counted, batch = std::move(batch)](const redisReply* r, const StoreError* err) {
                              if (counted) batch_answered();
@@ -433,12 +431,8 @@ void RedisNodeStore::acquired(Acquired out, QueuedAcquire a) {
       return;
     }
     // As a batch of one, without a notice in the lockwatch layout.
-    std::vector<QueuedRelease> one{
-        QueuedRelease{a.name, a.token, false, a.index, CallDone<ReleaseDone>(ReleaseDone())}};
-    EvalRequest request = layout_.redisson()
-                              ? redisson_release(one)
-                              : release_request(one, notice(), [](const QueuedRelease&) { return false; });
-    for_acquire().eval(std::move(request), answer);
+    QueuedRelease one{a.name, a.token, false, a.index, CallDone<ReleaseDone>(ReleaseDone())};
+    for_acquire().eval(release_call({std::move(one)}), answer);
   });
 }
 
@@ -514,12 +508,11 @@ std::size_t RedisNodeStore::renew_now(std::span<const LockRef> locks, std::share
       request.arg(l.token);
     request.arg(l.ttl_ms);
   }
-  renew_->eval(std::move(request), [this, n, keepalive = std::move(keepalive), done = std::move(done)](
-                                       const redisReply* r, const StoreError* err) {
+  with_asking(*renew_).eval(std::move(request), [this, n, keepalive = std::move(keepalive), done = std::move(done)](
+                                                    const redisReply* r, const StoreError* err) {
     RenewReply reply(r, err, n, renew_->name());
     answer_each(reply, n, [](std::size_t k) { return k; }, done);
   });
-  renewal_asking_ = false;
   return 1;
 }
 
@@ -548,7 +541,7 @@ std::size_t RedisNodeStore::renew_mixed(std::span<const LockRef> locks, std::sha
   }
   auto shared_done = std::make_shared<RenewDone>(std::move(done));
   std::size_t commands = 0;
-  const bool asking = renewal_asking_;
+  const bool asking = asking_;  // both calls go after an ASKING
   if (!exclusive.empty()) {
     commands += renew_now(exclusive, keepalive, [shared_done, at = std::move(exclusive_at)](
                                                     std::size_t k, Renewed status, const StoreError* why) {
@@ -556,9 +549,8 @@ std::size_t RedisNodeStore::renew_mixed(std::span<const LockRef> locks, std::sha
     });
   }
   const int num_keys = static_cast<int>(2 * kinds_at.size());
-  if (asking) renew_->ask_next();  // the exclusive call took the first
-  renewal_asking_ = false;
-  renew_->eval(script(ScriptId::kRenewKind), std::move(args), num_keys,
+  asking_ = asking;
+  with_asking(*renew_).eval(script(ScriptId::kRenewKind), std::move(args), num_keys,
                [this, shared_done, keepalive, at = std::move(kinds_at)](const redisReply* r, const StoreError* err) {
                  RenewReply reply(r, err, at.size(), renew_->name());
                  answer_each(reply, at.size(), [&](std::size_t k) { return at[k]; }, *shared_done);
@@ -744,10 +736,6 @@ RedisConnection& RedisNodeStore::with_asking(RedisConnection& c) {
   }
   return c;
 }
-void RedisNodeStore::send_renewal_asking() {
-  renew_->ask_next();
-  renewal_asking_ = true;  // renew_mixed() sends two calls: both go after one
-}
 
 std::string RedisNodeStore::notice() const { return notices_ == Notices::kSharded ? "s" : "p"; }
 
@@ -778,7 +766,8 @@ void RedisNodeStore::eval_acquire(EvalRequest request, std::vector<QueuedAcquire
          });
 }
 
-EvalRequest RedisNodeStore::redisson_acquire(const std::vector<QueuedAcquire>& batch) const {
+EvalRequest RedisNodeStore::acquire_call(const std::vector<QueuedAcquire>& batch) const {
+  if (!layout_.redisson()) return acquire_request(batch, key_prefix_, owner_);
   std::size_t bytes = 0;
   for (const auto& a : batch)
     bytes += 4 * a.name.size() + a.token.size() + layout_.client_id.size() + a.ttl_ms.size() + 128;
@@ -789,7 +778,8 @@ EvalRequest RedisNodeStore::redisson_acquire(const std::vector<QueuedAcquire>& b
   return request;
 }
 
-EvalRequest RedisNodeStore::redisson_release(const std::vector<QueuedRelease>& batch) const {
+EvalRequest RedisNodeStore::release_call(const std::vector<QueuedRelease>& batch) const {
+  if (!layout_.redisson()) return release_request(batch, notice(), [](const QueuedRelease& r) { return r.notify; });
   std::size_t bytes = 0;
   for (const auto& r : batch) bytes += 3 * r.name.size() + r.token.size() + layout_.client_id.size() + 128;
   EvalRequest request(script(ScriptId::kRedissonRelease), 2 * batch.size(), 1 + 5 * batch.size(), bytes);
