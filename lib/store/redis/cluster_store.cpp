@@ -150,21 +150,12 @@ struct ClusterStore::Call {
 
 ClusterStore::ClusterStore(Loop& loop, ClusterSeeds seeds, const StoreSettings& settings, StoreLayout layout,
                            RedisReplicas replicas)
-    : StoreBase(StoreTraits{.keys = layout.redisson() ? redisson_keys::rules() : redis_keys::rules(settings.key_prefix),
-                            .release_events = true,
-                            .no_shared = nullptr,
-                            .no_permits = nullptr}),
+    : RedisStoreBase(layout, settings.key_prefix),
       loop_(loop),
       seeds_(std::move(seeds)),
       settings_(settings),
       layout_(std::move(layout)),
       replicas_(replicas) {
-  offer({.fence_raising = this,
-         .job_claims = this,
-         .operator_tools = this,
-         .lock_listing = this,
-         .fair_queue = this,
-         .token_blocks = this});
   owner_.fill(-1);
   topo_ = std::make_unique<RedisConnection>(loop_, seeds_.seeds.front(), settings_, RedisConnection::Mode::kCommands);
 }

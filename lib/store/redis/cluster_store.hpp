@@ -76,13 +76,7 @@ struct ClusterSeeds {
   std::string names() const;
 };
 
-class ClusterStore final : public StoreBase,
-                           public FenceRaising,
-                           public JobClaims,
-                           public OperatorTools,
-                           public LockListing,
-                           public FairQueue,
-                           public TokenBlocks {
+class ClusterStore final : public RedisStoreBase {
  public:
   static constexpr int kRedirectBudget = 5;
   static constexpr std::chrono::milliseconds kRefreshInterval{5000};

@@ -73,6 +73,22 @@ EvalRequest release_request(const Locks& locks, std::string_view notice, Notify 
   return request;
 }
 
+// The kinds' renew or release call (kRenewKind, kReleaseKind) for the
+// locks at `at`: KEYS each one's lock and holders; ARGV `head` first when
+// given (the release's notice), then each one's token, `second(lock)` (the
+// renewal's ttl, the release's channel) and marker.
+template <class Second>
+EvalRequest kinds_request(ScriptId id, std::span<const LockRef> locks, const std::vector<std::size_t>& at,
+                          std::string_view head, Second second) {
+  std::size_t bytes = head.size();
+  for (std::size_t i : at) bytes += 4 * locks[i].name.size() + locks[i].token.size() + 64;
+  EvalRequest request(script(id), 2 * at.size(), 5 * at.size() + (head.empty() ? 0 : 1), bytes);
+  for (std::size_t i : at) request.arg(locks[i].name).arg(redis_keys::holders(locks[i].name));
+  if (!head.empty()) request.arg(head);
+  for (std::size_t i : at) request.arg(locks[i].token).arg(second(locks[i])).arg(redis_keys::marker(locks[i].kind));
+  return request;
+}
+
 // Hands each of `n` locks its status in `reply`, in turn: done(at(k), status, why).
 template <class Reply, class At, class Done>
 void answer_each(Reply& reply, std::size_t n, At at, const Done& done) {
@@ -87,10 +103,7 @@ void answer_each(Reply& reply, std::size_t n, At at, const Done& done) {
 
 RedisNodeStore::RedisNodeStore(Loop& loop, Endpoint endpoint, const StoreSettings& settings, Notices notices,
                                StoreLayout layout, RedisReplicas replicas)
-    : StoreBase(StoreTraits{.keys = layout.redisson() ? redisson_keys::rules() : redis_keys::rules(settings.key_prefix),
-                            .release_events = true,
-                            .no_shared = nullptr,
-                            .no_permits = nullptr}),
+    : RedisStoreBase(layout, settings.key_prefix),
       key_prefix_(settings.key_prefix),
       command_timeout_(settings.connection.command_timeout),
       owner_(settings.owner_name),
@@ -98,12 +111,6 @@ RedisNodeStore::RedisNodeStore(Loop& loop, Endpoint endpoint, const StoreSetting
       layout_(std::move(layout)),
       replicas_(replicas),
       loop_(loop) {
-  offer({.fence_raising = this,
-         .job_claims = this,
-         .operator_tools = this,
-         .lock_listing = this,
-         .fair_queue = this,
-         .token_blocks = this});
   using Mode = RedisConnection::Mode;
   conn_ = std::make_unique<RedisConnection>(loop, endpoint, settings, Mode::kCommands);
   renew_ = std::make_unique<RedisConnection>(loop, endpoint, settings, Mode::kCommands);
@@ -305,20 +312,10 @@ void RedisNodeStore::withdraw(const LockRef& lock, WithdrawDone done) {
 void RedisNodeStore::send_kind_release(RedisConnection& c, std::span<const LockRef> locks,
                                        std::vector<std::size_t> indexes, bool notify,
                                        std::shared_ptr<ReleaseDone> done) {
-  std::vector<std::string> args;
-  args.reserve(6 * indexes.size() + 1);
-  for (std::size_t i : indexes) {
-    args.emplace_back(locks[i].name);
-    args.push_back(redis_keys::holders(locks[i].name));
-  }
-  args.push_back(notice());
-  for (std::size_t i : indexes) {
-    args.emplace_back(locks[i].token);
-    args.push_back(notify ? redis_keys::channel(locks[i].name) : std::string());
-    args.push_back(redis_keys::marker(locks[i].kind));
-  }
-  const int num_keys = static_cast<int>(2 * indexes.size());
-  c.eval(script(ScriptId::kReleaseKind), std::move(args), num_keys,
+  EvalRequest request = kinds_request(ScriptId::kReleaseKind, locks, indexes, notice(), [notify](const LockRef& l) {
+    return notify ? redis_keys::channel(l.name) : std::string();
+  });
+  c.eval(std::move(request),
          [&c, indexes = std::move(indexes), done = std::move(done)](const redisReply* r, const StoreError* err) {
            ReleaseReply reply(r, err, indexes.size(), c.name());
            answer_each(reply, indexes.size(), [&](std::size_t k) { return indexes[k]; }, *done);
@@ -523,22 +520,16 @@ std::size_t RedisNodeStore::renew_mixed(std::span<const LockRef> locks, std::sha
   // leases alive until its answer (the callback is told about them).
   std::vector<LockRef> exclusive;
   std::vector<std::size_t> exclusive_at, kinds_at;
-  std::vector<std::string> args;
   for (std::size_t i = 0; i < locks.size(); ++i) {
     if (locks[i].kind.exclusive_kind()) {
       exclusive.push_back(locks[i]);
       exclusive_at.push_back(i);
     } else {
       kinds_at.push_back(i);
-      args.emplace_back(locks[i].name);
-      args.push_back(redis_keys::holders(locks[i].name));
     }
   }
-  for (std::size_t i : kinds_at) {
-    args.emplace_back(locks[i].token);
-    args.emplace_back(locks[i].ttl_ms);
-    args.push_back(redis_keys::marker(locks[i].kind));
-  }
+  EvalRequest request =
+      kinds_request(ScriptId::kRenewKind, locks, kinds_at, {}, [](const LockRef& l) { return l.ttl_ms; });
   auto shared_done = std::make_shared<RenewDone>(std::move(done));
   std::size_t commands = 0;
   const bool asking = asking_;  // both calls go after an ASKING
@@ -548,9 +539,8 @@ std::size_t RedisNodeStore::renew_mixed(std::span<const LockRef> locks, std::sha
       (*shared_done)(at[k], status, why);
     });
   }
-  const int num_keys = static_cast<int>(2 * kinds_at.size());
   asking_ = asking;
-  with_asking(*renew_).eval(script(ScriptId::kRenewKind), std::move(args), num_keys,
+  with_asking(*renew_).eval(std::move(request),
                [this, shared_done, keepalive, at = std::move(kinds_at)](const redisReply* r, const StoreError* err) {
                  RenewReply reply(r, err, at.size(), renew_->name());
                  answer_each(reply, at.size(), [&](std::size_t k) { return at[k]; }, *shared_done);

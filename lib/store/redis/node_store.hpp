@@ -62,14 +62,7 @@ namespace lockwatch::detail {
 class Loop;
 class SentinelWatcher;
 
-class RedisNodeStore final : public StoreBase,
-                             public FenceRaising,
-                             public JobClaims,
-                             public OperatorTools,
-                             public LockListing,
-                             public FairQueue,
-                             public TokenBlocks,
-                             public DirectLane {
+class RedisNodeStore final : public RedisStoreBase, public DirectLane {
  public:
   enum class Notices : std::uint8_t { kClassic, kSharded };
   // `endpoint` with port 0: the address comes from follow_sentinels().
