@@ -652,9 +652,10 @@ void ClusterStore::claim_period(std::string_view name, std::string_view token, s
 }
 
 void ClusterStore::reserve_tokens(const LockRef& lock, std::uint32_t n, ReserveDone done) {
-  route(lock.name, false, std::move(done), [lock = OwnedLock(lock), n](RedisNodeStore& node, std::string_view, auto reply) {
-    node.reserve_tokens(lock.ref(), n, std::move(reply));
-  });
+  route(lock.name, false, std::move(done),
+        [lock = OwnedLock(lock), n](RedisNodeStore& node, std::string_view, auto reply) {
+          node.reserve_tokens(lock.ref(), n, std::move(reply));
+        });
 }
 
 void ClusterStore::inspect(std::string_view name, InspectDone done) {

@@ -388,15 +388,6 @@ void RedisConnection::command(std::vector<std::string> argv, ReplyCallback cb) {
   send(Queued{std::move(argv), {}, std::move(cb)});
 }
 
-void RedisConnection::eval(const Script& script, std::vector<std::string> keys_then_args, int num_keys,
-                           ReplyCallback cb) {
-  std::size_t bytes = 0;
-  for (const auto& a : keys_then_args) bytes += a.size();
-  EvalRequest request(script, static_cast<std::size_t>(num_keys), keys_then_args.size(), bytes);
-  for (const auto& a : keys_then_args) request.arg(a);
-  eval(std::move(request), std::move(cb));
-}
-
 EvalRequest::EvalRequest(const Script& script, std::size_t keys, std::size_t args, std::size_t bytes_hint)
     : script_(&script), expected_(args) {
   resp_.reserve(64 + bytes_hint + 16 * args);

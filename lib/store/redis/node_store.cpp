@@ -299,10 +299,9 @@ void RedisNodeStore::send_kind_acquire(QueuedAcquire a) {
 }
 
 void RedisNodeStore::withdraw(const LockRef& lock, WithdrawDone done) {
-  std::string name(lock.name);
-  std::vector<std::string> args{name, redis_keys::queue(name), redis_keys::waiting(name), std::string(lock.token),
-                                redis_keys::channel(name), notice()};
-  with_asking(*conn_).eval(script(ScriptId::kWithdrawFair), std::move(args), 3,
+  const std::string_view name = lock.name;
+  with_asking(*conn_).eval(EvalRequest::of(script(ScriptId::kWithdrawFair), 3, name, redis_keys::queue(name),
+                                           redis_keys::waiting(name), lock.token, redis_keys::channel(name), notice()),
                            [this, done = std::move(done)](const redisReply* r, const StoreError* err) {
                              const auto failed = read_withdraw(r, err, conn_->name());
                              done(failed ? &*failed : nullptr);
@@ -554,8 +553,8 @@ void RedisNodeStore::raise_fence(std::string_view name, std::uint64_t fence, Rai
 
 void RedisNodeStore::raise_fence_or_error(std::string_view name, std::uint64_t fence,
                                           std::function<void(const StoreError*)> done) {
-  with_asking(*conn_).eval(script(ScriptId::kRaiseFence),
-                           {redis_keys::counter(key_prefix_, name), std::to_string(fence)}, 1,
+  with_asking(*conn_).eval(EvalRequest::of(script(ScriptId::kRaiseFence), 1, redis_keys::counter(key_prefix_, name),
+                                           std::to_string(fence)),
                            [this, done = std::move(done)](const redisReply* r, const StoreError* err) {
                              const auto failed = read_raise_fence(r, err, conn_->name());
                              done(failed ? &*failed : nullptr);
@@ -569,9 +568,9 @@ void RedisNodeStore::reserve_tokens(const LockRef& lock, std::uint32_t n, Reserv
   // connection, then WAIT; short of it, no tokens.
   RedisConnection& c = replicas_.min > 0 ? for_acquire() : *conn_;
   with_asking(c).eval(
-      script(ScriptId::kReserveTokens),
-      {std::string(lock.name), redis_keys::counter(key_prefix_, lock.name), std::string(lock.token), std::to_string(n)},
-      2, [this, done = std::move(done)](const redisReply* r, const StoreError* err) mutable {
+      EvalRequest::of(script(ScriptId::kReserveTokens), 2, lock.name, redis_keys::counter(key_prefix_, lock.name),
+                      lock.token, std::to_string(n)),
+      [this, done = std::move(done)](const redisReply* r, const StoreError* err) mutable {
         std::optional<StoreError> failed;
         const auto last = read_reserve_tokens(r, err, conn_->name(), failed);
         if (failed || last == 0 || replicas_.min <= 0) {
@@ -612,20 +611,18 @@ void RedisNodeStore::server_time(TimeDone done) {
 void RedisNodeStore::claim_period(std::string_view name, std::string_view token, std::int64_t period,
                                   std::chrono::system_clock::time_point start,
                                   ClaimDone done) {
-  std::string lock(name);
   auto start_ms = std::chrono::duration_cast<std::chrono::milliseconds>(start.time_since_epoch()).count();
-  with_asking(*conn_).eval(script(ScriptId::kClaimPeriod),
-                           {lock, redis_keys::period(lock), std::string(token), std::to_string(period),
-                            std::to_string(start_ms)},
-                           2, [this, done = std::move(done)](const redisReply* r, const StoreError* err) {
+  with_asking(*conn_).eval(EvalRequest::of(script(ScriptId::kClaimPeriod), 2, name, redis_keys::period(name), token,
+                                           std::to_string(period), std::to_string(start_ms)),
+                           [this, done = std::move(done)](const redisReply* r, const StoreError* err) {
                              done(read_claim_period(r, err, conn_->name()));
                            });
 }
 
 void RedisNodeStore::inspect(std::string_view name, InspectDone done) {
   std::string lock(name);
-  with_asking(*conn_).eval(script(ScriptId::kInspect),
-                           {lock, redis_keys::counter(key_prefix_, lock), redis_keys::legacy_fence(lock)}, 2,
+  with_asking(*conn_).eval(EvalRequest::of(script(ScriptId::kInspect), 2, lock, redis_keys::counter(key_prefix_, lock),
+                                           redis_keys::legacy_fence(lock)),
                            [this, lock, done = std::move(done)](const redisReply* r, const StoreError* err) {
                              LockInfo info;
                              const auto failed = read_inspect(r, err, conn_->name(), lock, info);
@@ -710,13 +707,13 @@ void RedisNodeStore::scan_page(std::shared_ptr<Listing> listing) {
 }
 
 void RedisNodeStore::force_release(std::string_view name, ForceDone done) {
-  std::string lock(name);
-  with_asking(*conn_).eval(script(ScriptId::kForceRelease), {lock, redis_keys::channel(lock), notice()}, 1,
-                           [this, done = std::move(done)](const redisReply* r, const StoreError* err) {
-                             bool held = false;
-                             const auto failed = read_force_release(r, err, conn_->name(), held);
-                             done(held, failed ? &*failed : nullptr);
-                           });
+  with_asking(*conn_).eval(
+      EvalRequest::of(script(ScriptId::kForceRelease), 1, name, redis_keys::channel(name), notice()),
+      [this, done = std::move(done)](const redisReply* r, const StoreError* err) {
+        bool held = false;
+        const auto failed = read_force_release(r, err, conn_->name(), held);
+        done(held, failed ? &*failed : nullptr);
+      });
 }
 
 RedisConnection& RedisNodeStore::with_asking(RedisConnection& c) {
