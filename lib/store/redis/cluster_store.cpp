@@ -457,18 +457,6 @@ std::size_t ClusterStore::send_to(Node* node, bool asking, const std::shared_ptr
   return call->send(*node->store, asking, call);
 }
 
-void ClusterStore::send_after_refresh(const std::shared_ptr<Call>& call, std::function<void()> give_up) {
-  refresh_waiters_.push_back([this, call, give_up = std::move(give_up)](const StoreError*) {
-    Node* owner = closed_ ? nullptr : owner_of(call->name);
-    if (owner != nullptr) {
-      send_to(owner, false, call);
-    } else {
-      give_up();
-    }
-  });
-  request_refresh();
-}
-
 bool ClusterStore::follow(const std::shared_ptr<Call>& call, const StoreError& error, std::function<void()> give_up) {
   if (closed_) return false;
   using Kind = StoreError::Kind;
@@ -477,10 +465,18 @@ bool ClusterStore::follow(const std::shared_ptr<Call>& call, const StoreError& e
     // when the budget is spent, so that the next call goes the right way.
     if (!is_ask(error)) request_refresh();
     if (++call->hops > kRedirectBudget) return false;
-    if (error.kind == Kind::kRetryLater) {
-      send_after_refresh(call, std::move(give_up));
-      return true;
-    }
+  } else if (error.kind != Kind::kUnavailable) {
+    return false;
+  } else if (!call->idempotent || call->resent || !call->sent_live) {
+    // The node is down, or it failed over: the call may or may not have
+    // run. One safe to repeat that went out on a live connection is sent
+    // once more (below); the others fail.
+    request_refresh();
+    return false;
+  } else {
+    call->resent = true;
+  }
+  if (error.kind == Kind::kRedirect) {
     const auto to = cluster_redirect(error);
     if (!to) return false;
     if (events_.redirected)  // for the metrics
@@ -492,16 +488,17 @@ bool ClusterStore::follow(const std::shared_ptr<Call>& call, const StoreError& e
     send_to(target, to->ask, call);
     return true;
   }
-  if (error.kind != Kind::kUnavailable) return false;
-  // The node is down, or it failed over: the call may or may not have run.
-  // One safe to repeat that went out on a live connection is sent once
-  // more, to the slot's owner after the next refresh.
-  if (!call->idempotent || call->resent || !call->sent_live) {
-    request_refresh();
-    return false;
-  }
-  call->resent = true;
-  send_after_refresh(call, std::move(give_up));
+  // A "retry later", or a lost reply: to the slot's owner once the next
+  // refresh ended; with no owner then, `give_up` reports the failure.
+  refresh_waiters_.push_back([this, call, give_up = std::move(give_up)](const StoreError*) {
+    Node* owner = closed_ ? nullptr : owner_of(call->name);
+    if (owner != nullptr) {
+      send_to(owner, false, call);
+    } else {
+      give_up();
+    }
+  });
+  request_refresh();
   return true;
 }
 

@@ -164,9 +164,6 @@ class ClusterStore final : public RedisStoreBase {
   void route(std::string_view name, bool idempotent, Done done, Send send);
   // Returns the script calls sent.
   std::size_t send_to(Node* node, bool asking, const std::shared_ptr<Call>& call);
-  // Sends `call` to its slot's owner once the next refresh ended; with no
-  // owner then, `give_up` reports the failure.
-  void send_after_refresh(const std::shared_ptr<Call>& call, std::function<void()> give_up);
   // What a failed call's error asks for, by its kind. True: the call was
   // sent on (a redirect, a "retry later" retried after the next refresh,
   // or a call whose reply was lost resent once) and the caller reports
