@@ -79,7 +79,9 @@ const redisReply* field(const redisReply* map, std::string_view key) {
   return nullptr;
 }
 
-// The error an operator call's reply carries (null: none).
+// The error in what a node answered a call (null: none), which follow()
+// may act on: a lock's failed acquisition or unconfirmed release, a tool's
+// error.
 const StoreError* error_in(const StoreError* err) { return err; }
 template <class Value>
 const StoreError* error_in(const Value&, const StoreError* err) {
@@ -88,6 +90,32 @@ const StoreError* error_in(const Value&, const StoreError* err) {
 const StoreError* error_in(const ClaimResult& r) {
   return r.status == ClaimResult::Status::kFailed ? &r.error : nullptr;
 }
+const StoreError* error_in(std::size_t, const Acquired& r) {
+  return r.status == Acquired::Status::kFailed ? &r.error : nullptr;
+}
+const StoreError* error_in(std::size_t, Released status, const StoreError* why) {
+  return status == Released::kUnconfirmed ? why : nullptr;
+}
+
+// A call's answer when it failed with `e` where no node answered it (or
+// its error was not followed to the end).
+void failed(const LockStore::AcquireDone& done, const StoreError& e) { done(0, Acquired::failed(e)); }
+void failed(const LockStore::ReleaseDone& done, const StoreError& e) { done(0, Released::kUnconfirmed, &e); }
+void failed(const JobClaims::ClaimDone& done, const StoreError& e) { done(ClaimResult{.error = e}); }
+void failed(const std::function<void(const StoreError*)>& done, const StoreError& e) { done(&e); }
+template <class Value>
+void failed(const std::function<void(Value, const StoreError*)>& done, const StoreError& e) {
+  done(std::decay_t<Value>{}, &e);
+}
+
+// A node's answer as the caller gets it. A release sent again after a
+// lost reply that found the lock gone was released by the first run (or
+// its ttl ran out just then): released, either way.
+template <class Value>
+const Value& settled(bool, const Value& v) {
+  return v;
+}
+Released settled(bool resent, Released r) { return resent && r == Released::kGone ? Released::kYes : r; }
 
 }  // namespace
 
@@ -99,11 +127,12 @@ struct ClusterStore::Node {
   std::unique_ptr<RedisNodeStore> store;
 };
 
-// One call on one lock (an acquisition, a release, an operators' tool, a
-// period claim), across its redirects.
+// One call on the locks of one slot (an acquisition, a release, a
+// renewal group, an operators' tool, a period claim), across its redirects.
 struct ClusterStore::Call {
-  std::string name;  // the lock: its slot routes the call
+  std::string name;  // a lock of the call: its slot routes the call
   int hops = 0;
+  std::size_t locks = 1;  // the metrics count a redirect once per lock
   // Safe to repeat (acquire with its token, release, inspect): a lost
   // reply is answered by sending it once more.
   bool idempotent = false;
@@ -112,29 +141,21 @@ struct ClusterStore::Call {
   // may have lost the reply of a call that ran. Sent while the node was
   // down, it waited for a connection that never came, and did not run.
   bool sent_live = false;
-  // Sends the call to `node`; `self` is this call (taken as an argument,
-  // so that the call does not own itself). The reply handler hands a
+  // Sends the call to `node` (after an ASKING there if `asking`); `self`
+  // is this call (taken as an argument, so that the call does not own
+  // itself); returns the script calls written. The reply handler hands a
   // failure to follow() and reports only what follow() does not take.
-  CallSend send;
+  std::function<std::size_t(RedisNodeStore& node, bool asking, const std::shared_ptr<Call>& self)> send;
 };
 
 ClusterStore::ClusterStore(Loop& loop, ClusterSeeds seeds, const StoreSettings& settings, StoreLayout layout,
                            RedisReplicas replicas)
-    : StoreBase(StoreTraits{.keys = layout.redisson() ? redisson_keys::rules() : redis_keys::rules(settings.key_prefix),
-                            .release_events = true,
-                            .no_shared = nullptr,
-                            .no_permits = nullptr}),
+    : RedisStoreBase(layout, settings.key_prefix),
       loop_(loop),
       seeds_(std::move(seeds)),
       settings_(settings),
       layout_(std::move(layout)),
       replicas_(replicas) {
-  offer({.fence_raising = this,
-         .job_claims = this,
-         .operator_tools = this,
-         .lock_listing = this,
-         .fair_queue = this,
-         .token_blocks = this});
   owner_.fill(-1);
   topo_ = std::make_unique<RedisConnection>(loop_, seeds_.seeds.front(), settings_, RedisConnection::Mode::kCommands);
 }
@@ -398,12 +419,23 @@ void ClusterStore::refresh_failed(const std::string& why) {
 
 // ------------------------------------------------------------------ locks
 
-void ClusterStore::route_call(std::string_view name, bool idempotent, Fail fail, CallSend send) {
+template <class Done, class Send>
+void ClusterStore::route(std::string_view name, bool idempotent, Done done, Send send) {
+  auto answer = std::make_shared<Done>(std::move(done));
   auto call = std::make_shared<Call>();
   call->name = name;
   call->idempotent = idempotent;
-  call->send = std::move(send);
-  when_mapped([this, call, fail = std::move(fail)](const StoreError* err) {
+  call->send = [this, answer, send = std::move(send)](RedisNodeStore& node, bool asking,
+                                                      const std::shared_ptr<Call>& self) {
+    if (asking) node.send_asking();
+    send(node, self->name, [this, self, answer](const auto&... reply) {
+      const StoreError* err = error_in(reply...);
+      if (err == nullptr || !follow(self, *err, [answer, e = *err] { failed(*answer, e); }))
+        (*answer)(settled(self->resent, reply)...);
+    });
+    return std::size_t{1};
+  };
+  when_mapped([this, call, answer](const StoreError* err) {
     StoreError why;
     if (!err) {
       if (Node* node = owner_of(call->name)) {
@@ -416,26 +448,13 @@ void ClusterStore::route_call(std::string_view name, bool idempotent, Fail fail,
     } else {
       why = *err;
     }
-    loop_.post([fail, why = std::move(why)] { fail(why); });
+    loop_.post([answer, why = std::move(why)] { failed(*answer, why); });
   });
 }
 
-void ClusterStore::send_to(Node* node, bool asking, const std::shared_ptr<Call>& call) {
-  if (asking) node->store->send_asking();
+std::size_t ClusterStore::send_to(Node* node, bool asking, const std::shared_ptr<Call>& call) {
   call->sent_live = node->store->connected();
-  call->send(*node->store, call);
-}
-
-void ClusterStore::send_after_refresh(const std::shared_ptr<Call>& call, std::function<void()> give_up) {
-  refresh_waiters_.push_back([this, call, give_up = std::move(give_up)](const StoreError*) {
-    Node* owner = closed_ ? nullptr : owner_of(call->name);
-    if (owner != nullptr) {
-      send_to(owner, false, call);
-    } else {
-      give_up();
-    }
-  });
-  request_refresh();
+  return call->send(*node->store, asking, call);
 }
 
 bool ClusterStore::follow(const std::shared_ptr<Call>& call, const StoreError& error, std::function<void()> give_up) {
@@ -446,13 +465,22 @@ bool ClusterStore::follow(const std::shared_ptr<Call>& call, const StoreError& e
     // when the budget is spent, so that the next call goes the right way.
     if (!is_ask(error)) request_refresh();
     if (++call->hops > kRedirectBudget) return false;
-    if (error.kind == Kind::kRetryLater) {
-      send_after_refresh(call, std::move(give_up));
-      return true;
-    }
+  } else if (error.kind != Kind::kUnavailable) {
+    return false;
+  } else if (!call->idempotent || call->resent || !call->sent_live) {
+    // The node is down, or it failed over: the call may or may not have
+    // run. One safe to repeat that went out on a live connection is sent
+    // once more (below); the others fail.
+    request_refresh();
+    return false;
+  } else {
+    call->resent = true;
+  }
+  if (error.kind == Kind::kRedirect) {
     const auto to = cluster_redirect(error);
     if (!to) return false;
-    if (events_.redirected) events_.redirected(to->ask);  // for the metrics
+    if (events_.redirected)  // for the metrics
+      for (std::size_t n = 0; n < call->locks; ++n) events_.redirected(to->ask);
     Node* target = node_at(to->host, to->port);
     // What a MOVED says holds until the next map (already asked for) says
     // otherwise: the calls and renewals made meanwhile go there directly.
@@ -460,98 +488,53 @@ bool ClusterStore::follow(const std::shared_ptr<Call>& call, const StoreError& e
     send_to(target, to->ask, call);
     return true;
   }
-  if (error.kind != Kind::kUnavailable) return false;
-  // The node is down, or it failed over: the call may or may not have run.
-  // One safe to repeat that went out on a live connection is sent once
-  // more, to the slot's owner after the next refresh.
-  if (!call->idempotent || call->resent || !call->sent_live) {
-    request_refresh();
-    return false;
-  }
-  call->resent = true;
-  send_after_refresh(call, std::move(give_up));
+  // A "retry later", or a lost reply: to the slot's owner once the next
+  // refresh ended; with no owner then, `give_up` reports the failure.
+  refresh_waiters_.push_back([this, call, give_up = std::move(give_up)](const StoreError*) {
+    Node* owner = closed_ ? nullptr : owner_of(call->name);
+    if (owner != nullptr) {
+      send_to(owner, false, call);
+    } else {
+      give_up();
+    }
+  });
+  request_refresh();
   return true;
-}
-
-template <class Done, class Failed, class Send>
-void ClusterStore::call_on(std::string_view name, bool idempotent, Done done, Failed failed, Send send) {
-  auto shared = std::make_shared<Done>(std::move(done));
-  Fail fail = [shared, failed](const StoreError& err) { failed(*shared, err); };
-  route_call(name, idempotent, fail,
-             [this, shared, fail, send](RedisNodeStore& node, const std::shared_ptr<Call>& self) {
-               send(node, self->name, [this, self, shared, fail](const auto&... reply) {
-                 const StoreError* err = error_in(reply...);
-                 if (err == nullptr || !follow(self, *err, [fail, e = *err] { fail(e); })) (*shared)(reply...);
-               });
-             });
 }
 
 void ClusterStore::acquire(std::span<const LockRef> locks, AcquireDone done) {
   auto shared = std::make_shared<AcquireDone>(std::move(done));
   for (std::size_t i = 0; i < locks.size(); ++i) {
-    auto unrouted = [i, shared](const StoreError& err) { (*shared)(i, Acquired::failed(err)); };
-    auto send = [this, i, shared, token = std::string(locks[i].token), ttl_ms = std::string(locks[i].ttl_ms),
-                 ttl = locks[i].ttl, kind = locks[i].kind,
-                 waits = locks[i].waits](RedisNodeStore& node, const std::shared_ptr<Call>& self) {
-      LockRef ref{self->name, token, ttl_ms, ttl, kind, waits};
-      node.acquire(std::span<const LockRef>(&ref, 1), [this, self, i, shared](std::size_t, const Acquired& r) {
-        // A redirected or refused command did not run: sending it again
-        // cannot take the lock twice.
-        if (r.status == Acquired::Status::kFailed && follow(self, r.error, [i, shared, r] { (*shared)(i, r); }))
-          return;
-        (*shared)(i, r);
-      });
-    };
     // Sent again with the same token, the script answers with the fencing
-    // token of the first run if that one took the lock.
-    route_call(locks[i].name, true, std::move(unrouted), std::move(send));
+    // token of the first run if that one took the lock; a redirected or
+    // refused command did not run: sending it again cannot take it twice.
+    route(locks[i].name, true, AcquireDone([i, shared](std::size_t, const Acquired& r) { (*shared)(i, r); }),
+          [lock = OwnedLock(locks[i]), waits = locks[i].waits](RedisNodeStore& node, std::string_view, auto reply) {
+            LockRef ref = lock.ref();
+            ref.waits = waits;
+            node.acquire(std::span<const LockRef>(&ref, 1), std::move(reply));
+          });
   }
 }
 
 void ClusterStore::release(std::span<const LockRef> locks, bool notify, ReleaseDone done) {
   auto shared = std::make_shared<ReleaseDone>(std::move(done));
   for (std::size_t i = 0; i < locks.size(); ++i) {
-    auto send = [this, i, shared, notify, token = std::string(locks[i].token),
-                 kind = locks[i].kind](RedisNodeStore& node, const std::shared_ptr<Call>& self) {
-      LockRef ref{self->name, token, {}, {}, kind};
-      node.release(std::span<const LockRef>(&ref, 1), notify,
-                   [this, self, i, shared](std::size_t, Released status, const StoreError* why) {
-                     if (status == Released::kUnconfirmed && why != nullptr) {
-                       auto give_up = [i, shared, why = *why] { (*shared)(i, Released::kUnconfirmed, &why); };
-                       // A redirect did not run; a lost reply may have
-                       // (the release ran): sent again either way.
-                       if (follow(self, *why, give_up)) return;
-                     }
-                     // Sent again after a lost reply, a lock found gone
-                     // was released by the first run (or its ttl ran out
-                     // just then): released, either way.
-                     if (status == Released::kGone && self->resent) status = Released::kYes;
-                     (*shared)(i, status, why);
-                   });
-    };
-    route_call(
-        locks[i].name, true, [i, shared](const StoreError& err) { (*shared)(i, Released::kUnconfirmed, &err); },
-        std::move(send));
+    // A redirect did not run; a lost reply may have (the release ran):
+    // sent again either way.
+    route(locks[i].name, true,
+          ReleaseDone([i, shared](std::size_t, Released status, const StoreError* why) { (*shared)(i, status, why); }),
+          [lock = OwnedLock(locks[i]), notify](RedisNodeStore& node, std::string_view, auto reply) {
+            const LockRef ref = lock.ref();
+            node.release(std::span<const LockRef>(&ref, 1), notify, std::move(reply));
+          });
   }
 }
 
 std::size_t ClusterStore::renew(std::span<const LockRef> locks, std::shared_ptr<const void> keepalive, RenewDone done) {
+  // Leases exist only once the map is known: a lock whose slot no master
+  // serves (none yet, or the store is closed) is answered kTransient.
   auto shared = std::make_shared<RenewDone>(std::move(done));
-  if (mapped_ || closed_) return renew_now(locks, std::move(keepalive), std::move(shared));
-  // Leases exist only once the map is known; this is for completeness.
-  auto copy = std::make_shared<std::vector<LockRef>>(locks.begin(), locks.end());
-  when_mapped([this, copy, keepalive, shared](const StoreError* err) {
-    if (!err) {
-      renew_now(*copy, keepalive, shared);
-      return;
-    }
-    for (std::size_t k = 0; k < copy->size(); ++k) (*shared)(k, Renewed::kTransient, err);
-  });
-  return 1;
-}
-
-std::size_t ClusterStore::renew_now(std::span<const LockRef> locks, std::shared_ptr<const void> keepalive,
-                                    std::shared_ptr<RenewDone> done) {
   std::size_t commands = 0;
   // One script call per slot group, every node's calls queued now, so they
   // leave together and in parallel (each node's on its renewal connection).
@@ -569,80 +552,80 @@ std::size_t ClusterStore::renew_now(std::span<const LockRef> locks, std::shared_
     g->refs.reserve(group.at.size());
     for (std::size_t k : group.at) g->refs.push_back(locks[k]);
     g->indexes = std::move(group.at);
-    commands += renew_group(nodes_[static_cast<std::size_t>(node)].get(), false, std::move(g), 0, keepalive, done);
+    Node* owner = nodes_[static_cast<std::size_t>(node)].get();
+    commands += send_to(owner, false, renew_call(std::move(g), 0, keepalive, shared));
   }
   if (!unrouted.empty()) {
     if (!closed_) request_refresh();
-    loop_.post([done, unrouted, keepalive, where = seeds_.names()] {
+    loop_.post([shared, unrouted, keepalive, where = seeds_.names()] {
       const StoreError why = StoreError::unavailable(where, "no master serves the lock's slot yet");
-      for (std::size_t k : unrouted) (*done)(k, Renewed::kTransient, &why);
+      for (std::size_t k : unrouted) (*shared)(k, Renewed::kTransient, &why);
     });
   }
   return commands;
 }
 
-std::size_t ClusterStore::renew_group(Node* node, bool asking, std::shared_ptr<const RenewGroup> g, int hops,
-                                      std::shared_ptr<const void> keepalive, std::shared_ptr<RenewDone> done) {
-  // A redirect answers the group's one script call, so every lock of the
-  // group gets it: they are gathered over the group's answers and sent on
-  // together, as one call, once the last answer is in.
-  struct Redirect {
-    std::size_t answered = 0;
-    StoreError to;                // the redirect (kRedirect: cluster_redirect() reads where to)
-    std::vector<std::size_t> at;  // positions in `g`
-  };
-  auto r = std::make_shared<Redirect>();
-  if (asking) node->store->send_renewal_asking();
-  return node->store->renew(g->refs, keepalive, [this, g, hops, keepalive, done, r](std::size_t k, Renewed status,
-                                                                                  const StoreError* why) {
-    const bool last = ++r->answered == g->refs.size();
-    bool held_back = false;
-    if (status == Renewed::kTransient && !closed_ && why != nullptr) {
-      // Any failure but an ASK asks for the map again (throttled): a MOVED
-      // or a "retry later" says it is wrong, and a node that cannot be
-      // reached may have failed over, and only a new map names the replica
-      // that took its slots. Its loss alone asks once, before the replica
-      // is promoted.
-      if (!is_ask(*why)) request_refresh();
-      if (why->redirect() && hops < kRedirectBudget) {
-        if (events_.redirected) events_.redirected(is_ask(*why));
+std::shared_ptr<ClusterStore::Call> ClusterStore::renew_call(std::shared_ptr<const RenewGroup> g, int hops,
+                                                             std::shared_ptr<const void> keepalive,
+                                                             std::shared_ptr<RenewDone> done) {
+  auto call = std::make_shared<Call>();
+  call->name = g->refs.front().name;
+  call->hops = hops;
+  call->locks = g->refs.size();
+  call->send = [this, g, keepalive, done](RedisNodeStore& node, bool asking, const std::shared_ptr<Call>& self) {
+    // A redirect answers the group's one script call, so every lock of the
+    // group gets it: they are gathered over the group's answers and sent on
+    // together, as one call, once the last answer is in.
+    struct Redirect {
+      std::size_t answered = 0;
+      StoreError to;                // the redirect (kRedirect: cluster_redirect() reads where to)
+      std::vector<std::size_t> at;  // positions in `g`
+    };
+    auto r = std::make_shared<Redirect>();
+    if (asking) node.send_asking();
+    return node.renew(g->refs, keepalive, [this, self, g, keepalive, done, r](std::size_t k, Renewed status,
+                                                                      const StoreError* why) {
+      const bool last = ++r->answered == g->refs.size();
+      if (status == Renewed::kTransient && !closed_ && why != nullptr && why->redirect()) {
         r->to = *why;
         r->at.push_back(k);
-        held_back = true;
+      } else {
+        // A "retry later" says the map is wrong, and a node that cannot be
+        // reached may have failed over, and only a new map names the
+        // replica that took its slots: the map is read again (throttled).
+        // Its loss alone asks once, before the replica is promoted.
+        if (status == Renewed::kTransient && why != nullptr && !closed_) request_refresh();
+        (*done)(g->indexes[k], status, why);
       }
-    }
-    if (!held_back) (*done)(g->indexes[k], status, why);
-    if (!last || r->at.empty()) return;
-    // MOVED: the slot is the target's now (the map is read again too); ASK:
-    // the slot is migrating and the keys are on the target already, renewed
-    // there after ASKING while the map stays as it is. Either way at once,
-    // not at the watchdog's next try: a moved slot costs a round trip, not
-    // the lease's remaining time.
-    auto next = std::make_shared<RenewGroup>();
-    for (std::size_t at : r->at) {
-      next->indexes.push_back(g->indexes[at]);
-      next->refs.push_back(g->refs[at]);
-    }
-    if (closed_) {
-      for (std::size_t index : next->indexes) (*done)(index, Renewed::kTransient, &r->to);
-      return;
-    }
-    const auto to = cluster_redirect(r->to);  // a redirect: held back only then
-    Node* target = node_at(to->host, to->port);
-    if (!to->ask) owner_[key_slot(next->refs.front().name)] = target->index;  // as follow()
-    renew_group(target, to->ask, std::move(next), hops + 1, keepalive, done);
-  });
+      if (!last || r->at.empty()) return;
+      // MOVED: the slot is the target's now (the map is read again too);
+      // ASK: the slot is migrating and the keys are on the target already,
+      // renewed there after ASKING while the map stays as it is. Either way
+      // at once, not at the watchdog's next try: a moved slot costs a round
+      // trip, not the lease's remaining time.
+      auto next = std::make_shared<RenewGroup>();
+      for (std::size_t at : r->at) {
+        next->indexes.push_back(g->indexes[at]);
+        next->refs.push_back(g->refs[at]);
+      }
+      auto give_up = [next, done, to = r->to] {
+        for (std::size_t index : next->indexes) (*done)(index, Renewed::kTransient, &to);
+      };
+      if (!follow(renew_call(next, self->hops, keepalive, done), r->to, give_up)) give_up();
+    });
+  };
+  return call;
 }
 
 // ------------------------------------------------------------------ the rest, routed by slot
 
 void ClusterStore::raise_fence(std::string_view name, std::uint64_t fence, RaiseDone done) {
-  call_on(
-      name, false, [done = std::move(done)](const StoreError* err) { done(err == nullptr); },
-      [](auto& answer, const StoreError& err) { answer(&err); },
-      [fence](RedisNodeStore& node, std::string_view lock, auto reply) {
-        node.raise_fence_or_error(lock, fence, std::move(reply));
-      });
+  route(name, false, std::function<void(const StoreError*)>([done = std::move(done)](const StoreError* err) {
+          done(err == nullptr);
+        }),
+        [fence](RedisNodeStore& node, std::string_view lock, auto reply) {
+          node.raise_fence_or_error(lock, fence, std::move(reply));
+        });
 }
 
 void ClusterStore::server_time(TimeDone done) {
@@ -659,26 +642,22 @@ void ClusterStore::server_time(TimeDone done) {
 
 void ClusterStore::claim_period(std::string_view name, std::string_view token, std::int64_t period,
                                 std::chrono::system_clock::time_point start, ClaimDone done) {
-  auto failed = [](const ClaimDone& answer, const StoreError& err) { answer(ClaimResult{.error = err}); };
-  call_on(name, false, std::move(done), failed,
-          [tok = std::string(token), period, start](RedisNodeStore& node, std::string_view lock, auto reply) {
-            node.claim_period(lock, tok, period, start, std::move(reply));
-          });
+  route(name, false, std::move(done),
+        [token = std::string(token), period, start](RedisNodeStore& node, std::string_view lock, auto reply) {
+          node.claim_period(lock, token, period, start, std::move(reply));
+        });
 }
 
 void ClusterStore::reserve_tokens(const LockRef& lock, std::uint32_t n, ReserveDone done) {
-  call_on(lock.name, false, std::move(done), [](const ReserveDone& answer, const StoreError& err) { answer(0, &err); },
-          [tok = std::string(lock.token), n](RedisNodeStore& node, std::string_view name, auto reply) {
-            LockRef ref;
-            ref.name = name;
-            ref.token = tok;
-            node.reserve_tokens(ref, n, std::move(reply));
-          });
+  route(lock.name, false, std::move(done),
+        [lock = OwnedLock(lock), n](RedisNodeStore& node, std::string_view, auto reply) {
+          node.reserve_tokens(lock.ref(), n, std::move(reply));
+        });
 }
 
 void ClusterStore::inspect(std::string_view name, InspectDone done) {
-  call_on(name, true, std::move(done), [](const InspectDone& answer, const StoreError& err) { answer({}, &err); },
-          [](RedisNodeStore& node, std::string_view lock, auto reply) { node.inspect(lock, std::move(reply)); });
+  route(name, true, std::move(done),
+        [](RedisNodeStore& node, std::string_view lock, auto reply) { node.inspect(lock, std::move(reply)); });
 }
 
 void ClusterStore::list_locks(std::string_view prefix, std::size_t limit, ListDone done) {
@@ -715,17 +694,15 @@ void ClusterStore::list_locks(std::string_view prefix, std::size_t limit, ListDo
 }
 
 void ClusterStore::force_release(std::string_view name, ForceDone done) {
-  call_on(name, false, std::move(done), [](const ForceDone& answer, const StoreError& err) { answer(false, &err); },
-          [](RedisNodeStore& node, std::string_view lock, auto reply) { node.force_release(lock, std::move(reply)); });
+  route(name, false, std::move(done),
+        [](RedisNodeStore& node, std::string_view lock, auto reply) { node.force_release(lock, std::move(reply)); });
 }
 
 void ClusterStore::withdraw(const LockRef& lock, WithdrawDone done) {
   // A token withdrawn twice is withdrawn: safe to repeat.
-  call_on(lock.name, true, std::move(done), [](const WithdrawDone& answer, const StoreError& err) { answer(&err); },
-          [token = std::string(lock.token), ttl = lock.ttl, kind = lock.kind](RedisNodeStore& node,
-                                                                             std::string_view name, auto reply) {
-            node.withdraw(LockRef{name, token, {}, ttl, kind}, std::move(reply));
-          });
+  route(lock.name, true, std::move(done), [lock = OwnedLock(lock)](RedisNodeStore& node, std::string_view, auto reply) {
+    node.withdraw(lock.ref(), std::move(reply));
+  });
 }
 
 void ClusterStore::subscribe(std::string_view name) {

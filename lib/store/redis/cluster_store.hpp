@@ -76,13 +76,7 @@ struct ClusterSeeds {
   std::string names() const;
 };
 
-class ClusterStore final : public StoreBase,
-                           public FenceRaising,
-                           public JobClaims,
-                           public OperatorTools,
-                           public LockListing,
-                           public FairQueue,
-                           public TokenBlocks {
+class ClusterStore final : public RedisStoreBase {
  public:
   static constexpr int kRedirectBudget = 5;
   static constexpr std::chrono::milliseconds kRefreshInterval{5000};
@@ -123,10 +117,6 @@ class ClusterStore final : public StoreBase,
   void started() override;
   struct Node;
   struct Call;
-  // Answers a call's caller with an error.
-  using Fail = std::function<void(const StoreError&)>;
-  // Sends a call to `node`; `self` is the call (see Call::send).
-  using CallSend = std::function<void(RedisNodeStore& node, const std::shared_ptr<Call>& self)>;
   // Runs `fn` once the map is known (at once if it is), or with an error
   // when it could not be had within connect_timeout.
   using MapWaiter = std::function<void(const StoreError*)>;
@@ -164,14 +154,16 @@ class ClusterStore final : public StoreBase,
   Node* node_at(const std::string& host, int port);
   // The master of `name`'s slot; null when no node serves it.
   Node* owner_of(std::string_view name);
-  // Sends a new call on lock `name` (`idempotent`: see Call), which `send`
-  // makes on a node, to the master of its slot once the map is known;
-  // `fail` reports (posted) when there is none or no map.
-  void route_call(std::string_view name, bool idempotent, Fail fail, CallSend send);
-  void send_to(Node* node, bool asking, const std::shared_ptr<Call>& call);
-  // Sends `call` to its slot's owner once the next refresh ended; with no
-  // owner then, `give_up` reports the failure.
-  void send_after_refresh(const std::shared_ptr<Call>& call, std::function<void()> give_up);
+  // The one way a call reaches a node: a call on lock `name` (`idempotent`:
+  // see Call) goes to the master of its slot once the map is known, where
+  // `send(node, name, reply)` makes it; the error error_in() finds in what
+  // `reply` is told is followed (follow()), and what is not followed
+  // answers `done`. A call that finds no map or no master, or gives up,
+  // answers `done` as failed() says.
+  template <class Done, class Send>
+  void route(std::string_view name, bool idempotent, Done done, Send send);
+  // Returns the script calls sent.
+  std::size_t send_to(Node* node, bool asking, const std::shared_ptr<Call>& call);
   // What a failed call's error asks for, by its kind. True: the call was
   // sent on (a redirect, a "retry later" retried after the next refresh,
   // or a call whose reply was lost resent once) and the caller reports
@@ -179,26 +171,17 @@ class ClusterStore final : public StoreBase,
   // failure. False: the caller reports it (a refusal, or the hop budget is
   // spent); an unreachable node also asks for a refresh.
   bool follow(const std::shared_ptr<Call>& call, const StoreError& error, std::function<void()> give_up);
-  // A call on lock `name` (operators' tools, fences, period claims): routed
-  // by route_call(), `send(node, lock, reply)` makes it on a node, and the
-  // error in `reply`'s answer is followed; what is not followed answers
-  // `done`, and `failed(done, error)` answers it with an error.
-  template <class Done, class Failed, class Send>
-  void call_on(std::string_view name, bool idempotent, Done done, Failed failed, Send send);
-  // Returns the number of script calls sent.
-  std::size_t renew_now(std::span<const LockRef> locks, std::shared_ptr<const void> keepalive,
-                 std::shared_ptr<RenewDone> done);
   // One slot group of a renewal batch: its locks (views that the batch's
   // keepalive, holding the leases, keeps valid) and their indexes in it.
   struct RenewGroup {
     std::vector<std::size_t> indexes;
     std::vector<LockRef> refs;
   };
-  // Renews group `g` on `node` (after ASKING if `asking`) as one script
-  // call; a MOVED or ASK answering it sends the group on to the node named
-  // at once, within kRedirectBudget hops. Returns the calls sent (1).
-  std::size_t renew_group(Node* node, bool asking, std::shared_ptr<const RenewGroup> g, int hops,
-                          std::shared_ptr<const void> keepalive, std::shared_ptr<RenewDone> done);
+  // The call that renews group `g` as one script call, `hops` redirects
+  // from its first; a MOVED or ASK answering its locks sends them on
+  // together, at once, as one call (follow()).
+  std::shared_ptr<Call> renew_call(std::shared_ptr<const RenewGroup> g, int hops,
+                                   std::shared_ptr<const void> keepalive, std::shared_ptr<RenewDone> done);
 
   static void on_refresh_timer(uv_timer_t* t);
   static void on_wait_timer(uv_timer_t* t);

@@ -116,7 +116,8 @@ RedisConnection::RedisConnection(Loop& loop, Endpoint endpoint, const StoreSetti
       owner_(connection_owner_name(settings.owner_name)),
       pubsub_(mode != Mode::kCommands),
       hooks_(std::move(hooks)) {
-  if (pubsub_) subs_ = Subscriptions::make(mode == Mode::kShardedPubSub, *this, hooks_.on_dropped, hooks_.on_refused);
+  if (pubsub_) subs_ = std::make_unique<Subscriptions>(mode == Mode::kShardedPubSub, static_cast<Wire&>(*this),
+                                                    hooks_.on_dropped, hooks_.on_refused);
   if (endpoint_.tls) {
     // Options::validate() read the same files already; if one went away
     // since, every attempt fails saying so.
@@ -385,15 +386,6 @@ void RedisConnection::write(const std::vector<std::string_view>& argv) {
 
 void RedisConnection::command(std::vector<std::string> argv, ReplyCallback cb) {
   send(Queued{std::move(argv), {}, std::move(cb)});
-}
-
-void RedisConnection::eval(const Script& script, std::vector<std::string> keys_then_args, int num_keys,
-                           ReplyCallback cb) {
-  std::size_t bytes = 0;
-  for (const auto& a : keys_then_args) bytes += a.size();
-  EvalRequest request(script, static_cast<std::size_t>(num_keys), keys_then_args.size(), bytes);
-  for (const auto& a : keys_then_args) request.arg(a);
-  eval(std::move(request), std::move(cb));
 }
 
 EvalRequest::EvalRequest(const Script& script, std::size_t keys, std::size_t args, std::size_t bytes_hint)

@@ -79,6 +79,13 @@ class EvalRequest {
     return *this;
   }
   std::size_t written() const noexcept { return written_; }
+  // A call of few arguments, all at hand: `keys` keys, then the rest.
+  template <class... A>
+  static EvalRequest of(const Script& script, std::size_t keys, const A&... args) {
+    EvalRequest request(script, keys, sizeof...(A), (std::string_view(args).size() + ...));
+    (request.arg(args), ...);
+    return request;
+  }
 
  private:
   friend class RedisConnection;
@@ -128,10 +135,8 @@ class RedisConnection : private Reconnector::Attempts, private RequestTimer::Req
   // Loop thread only, from here on.
   void start();
   void command(std::vector<std::string> argv, ReplyCallback cb);
-  // EVALSHA, falling back to EVAL when the server answers NOSCRIPT (written
-  // as an EvalRequest).
-  void eval(const Script& script, std::vector<std::string> keys_then_args, int num_keys, ReplyCallback cb);
-  // The same, written already: one string of its own, nothing copied.
+  // EVALSHA, falling back to EVAL when the server answers NOSCRIPT: the
+  // request is one string of its own, nothing copied.
   void eval(EvalRequest request, ReplyCallback cb);
   // Redis Cluster: the next request goes right after an ASKING (a slot this
   // node imports, an ASK redirect), and so does the EVAL it becomes on

@@ -1,6 +1,7 @@
 // lib/store/redis/layout.hpp: how a Redis store lays its locks out, chosen
 // per runtime by the URL's `layout` parameter (`redis://...?layout=...`),
-// and the Redis URL's other settings (its query, parsed once here).
+// and the Redis URL's other settings (its query, parsed once here); and
+// RedisStoreBase, what a node's and a Cluster's store are alike.
 //
 // - kLockwatch (the default; no parameter): keys.hpp's layout.
 // - kRedisson: exclusive locks as Redisson's RLock keeps them, so a Java
@@ -9,7 +10,7 @@
 //   channel, message, fencing counter and unlock latch) and the owner
 //   field's client id and thread id are docs/redisson.md's.
 //
-// Threading: pure functions, any thread.
+// Threading: pure functions, any thread (RedisStoreBase: as LockStore).
 #pragma once
 
 #include <chrono>
@@ -17,7 +18,9 @@
 #include <string>
 #include <string_view>
 
+#include "store/capabilities.hpp"
 #include "store/redis/cluster_slot.hpp"
+#include "store/redis/keys.hpp"
 #include "store/store_base.hpp"
 
 namespace lockwatch::detail {
@@ -123,4 +126,30 @@ inline KeyRules rules() {
 }
 
 }  // namespace redisson_keys
+
+// What a Redis store (one node, a Cluster) is: its layout's key rules,
+// release notices, every kind of lock, and every capability, offered at
+// construction.
+class RedisStoreBase : public StoreBase,
+                       public FenceRaising,
+                       public JobClaims,
+                       public OperatorTools,
+                       public LockListing,
+                       public FairQueue,
+                       public TokenBlocks {
+ protected:
+  RedisStoreBase(const StoreLayout& layout, std::string_view key_prefix)
+      : StoreBase(StoreTraits{.keys = layout.redisson() ? redisson_keys::rules() : redis_keys::rules(key_prefix),
+                              .release_events = true,
+                              .no_shared = nullptr,
+                              .no_permits = nullptr}) {
+    offer({.fence_raising = this,
+           .job_claims = this,
+           .operator_tools = this,
+           .lock_listing = this,
+           .fair_queue = this,
+           .token_blocks = this});
+  }
+};
+
 }  // namespace lockwatch::detail

@@ -73,6 +73,22 @@ EvalRequest release_request(const Locks& locks, std::string_view notice, Notify 
   return request;
 }
 
+// The kinds' renew or release call (kRenewKind, kReleaseKind) for the
+// locks at `at`: KEYS each one's lock and holders; ARGV `head` first when
+// given (the release's notice), then each one's token, `second(lock)` (the
+// renewal's ttl, the release's channel) and marker.
+template <class Second>
+EvalRequest kinds_request(ScriptId id, std::span<const LockRef> locks, const std::vector<std::size_t>& at,
+                          std::string_view head, Second second) {
+  std::size_t bytes = head.size();
+  for (std::size_t i : at) bytes += 4 * locks[i].name.size() + locks[i].token.size() + 64;
+  EvalRequest request(script(id), 2 * at.size(), 5 * at.size() + (head.empty() ? 0 : 1), bytes);
+  for (std::size_t i : at) request.arg(locks[i].name).arg(redis_keys::holders(locks[i].name));
+  if (!head.empty()) request.arg(head);
+  for (std::size_t i : at) request.arg(locks[i].token).arg(second(locks[i])).arg(redis_keys::marker(locks[i].kind));
+  return request;
+}
+
 // Hands each of `n` locks its status in `reply`, in turn: done(at(k), status, why).
 template <class Reply, class At, class Done>
 void answer_each(Reply& reply, std::size_t n, At at, const Done& done) {
@@ -87,10 +103,7 @@ void answer_each(Reply& reply, std::size_t n, At at, const Done& done) {
 
 RedisNodeStore::RedisNodeStore(Loop& loop, Endpoint endpoint, const StoreSettings& settings, Notices notices,
                                StoreLayout layout, RedisReplicas replicas)
-    : StoreBase(StoreTraits{.keys = layout.redisson() ? redisson_keys::rules() : redis_keys::rules(settings.key_prefix),
-                            .release_events = true,
-                            .no_shared = nullptr,
-                            .no_permits = nullptr}),
+    : RedisStoreBase(layout, settings.key_prefix),
       key_prefix_(settings.key_prefix),
       command_timeout_(settings.connection.command_timeout),
       owner_(settings.owner_name),
@@ -98,12 +111,6 @@ RedisNodeStore::RedisNodeStore(Loop& loop, Endpoint endpoint, const StoreSetting
       layout_(std::move(layout)),
       replicas_(replicas),
       loop_(loop) {
-  offer({.fence_raising = this,
-         .job_claims = this,
-         .operator_tools = this,
-         .lock_listing = this,
-         .fair_queue = this,
-         .token_blocks = this});
   using Mode = RedisConnection::Mode;
   conn_ = std::make_unique<RedisConnection>(loop, endpoint, settings, Mode::kCommands);
   renew_ = std::make_unique<RedisConnection>(loop, endpoint, settings, Mode::kCommands);
@@ -292,10 +299,9 @@ void RedisNodeStore::send_kind_acquire(QueuedAcquire a) {
 }
 
 void RedisNodeStore::withdraw(const LockRef& lock, WithdrawDone done) {
-  std::string name(lock.name);
-  std::vector<std::string> args{name, redis_keys::queue(name), redis_keys::waiting(name), std::string(lock.token),
-                                redis_keys::channel(name), notice()};
-  with_asking(*conn_).eval(script(ScriptId::kWithdrawFair), std::move(args), 3,
+  const std::string_view name = lock.name;
+  with_asking(*conn_).eval(EvalRequest::of(script(ScriptId::kWithdrawFair), 3, name, redis_keys::queue(name),
+                                           redis_keys::waiting(name), lock.token, redis_keys::channel(name), notice()),
                            [this, done = std::move(done)](const redisReply* r, const StoreError* err) {
                              const auto failed = read_withdraw(r, err, conn_->name());
                              done(failed ? &*failed : nullptr);
@@ -305,20 +311,10 @@ void RedisNodeStore::withdraw(const LockRef& lock, WithdrawDone done) {
 void RedisNodeStore::send_kind_release(RedisConnection& c, std::span<const LockRef> locks,
                                        std::vector<std::size_t> indexes, bool notify,
                                        std::shared_ptr<ReleaseDone> done) {
-  std::vector<std::string> args;
-  args.reserve(6 * indexes.size() + 1);
-  for (std::size_t i : indexes) {
-    args.emplace_back(locks[i].name);
-    args.push_back(redis_keys::holders(locks[i].name));
-  }
-  args.push_back(notice());
-  for (std::size_t i : indexes) {
-    args.emplace_back(locks[i].token);
-    args.push_back(notify ? redis_keys::channel(locks[i].name) : std::string());
-    args.push_back(redis_keys::marker(locks[i].kind));
-  }
-  const int num_keys = static_cast<int>(2 * indexes.size());
-  c.eval(script(ScriptId::kReleaseKind), std::move(args), num_keys,
+  EvalRequest request = kinds_request(ScriptId::kReleaseKind, locks, indexes, notice(), [notify](const LockRef& l) {
+    return notify ? redis_keys::channel(l.name) : std::string();
+  });
+  c.eval(std::move(request),
          [&c, indexes = std::move(indexes), done = std::move(done)](const redisReply* r, const StoreError* err) {
            ReleaseReply reply(r, err, indexes.size(), c.name());
            answer_each(reply, indexes.size(), [&](std::size_t k) { return indexes[k]; }, *done);
@@ -387,16 +383,14 @@ void RedisNodeStore::batch_answered() {
 }
 
 void RedisNodeStore::send_acquire_batch(std::vector<QueuedAcquire> batch, bool counted) {
-  EvalRequest request = layout_.redisson() ? redisson_acquire(batch) : acquire_request(batch, key_prefix_, owner_);
+  EvalRequest request = acquire_call(batch);
   eval_acquire(std::move(request), std::move(batch), counted);
 }
 
 void RedisNodeStore::send_release_batch(std::vector<QueuedRelease> batch, bool counted) {
   // Either layout's script answers one entry per lock, and how many heard
   // its notice; each lock is handed its answer.
-  EvalRequest request = layout_.redisson()
-                            ? redisson_release(batch)
-                            : release_request(batch, notice(), [](const QueuedRelease& r) { return r.notify; });
+  EvalRequest request = release_call(batch);
   with_asking(*conn_).eval(std::move(request),
                            [this, counted, batch = std::move(batch)](const redisReply* r, const StoreError* err) {
                              if (counted) batch_answered();
@@ -433,12 +427,8 @@ void RedisNodeStore::acquired(Acquired out, QueuedAcquire a) {
       return;
     }
     // As a batch of one, without a notice in the lockwatch layout.
-    std::vector<QueuedRelease> one{
-        QueuedRelease{a.name, a.token, false, a.index, CallDone<ReleaseDone>(ReleaseDone())}};
-    EvalRequest request = layout_.redisson()
-                              ? redisson_release(one)
-                              : release_request(one, notice(), [](const QueuedRelease&) { return false; });
-    for_acquire().eval(std::move(request), answer);
+    QueuedRelease one{a.name, a.token, false, a.index, CallDone<ReleaseDone>(ReleaseDone())};
+    for_acquire().eval(release_call({std::move(one)}), answer);
   });
 }
 
@@ -514,12 +504,11 @@ std::size_t RedisNodeStore::renew_now(std::span<const LockRef> locks, std::share
       request.arg(l.token);
     request.arg(l.ttl_ms);
   }
-  renew_->eval(std::move(request), [this, n, keepalive = std::move(keepalive), done = std::move(done)](
-                                       const redisReply* r, const StoreError* err) {
+  with_asking(*renew_).eval(std::move(request), [this, n, keepalive = std::move(keepalive), done = std::move(done)](
+                                                    const redisReply* r, const StoreError* err) {
     RenewReply reply(r, err, n, renew_->name());
     answer_each(reply, n, [](std::size_t k) { return k; }, done);
   });
-  renewal_asking_ = false;
   return 1;
 }
 
@@ -530,35 +519,27 @@ std::size_t RedisNodeStore::renew_mixed(std::span<const LockRef> locks, std::sha
   // leases alive until its answer (the callback is told about them).
   std::vector<LockRef> exclusive;
   std::vector<std::size_t> exclusive_at, kinds_at;
-  std::vector<std::string> args;
   for (std::size_t i = 0; i < locks.size(); ++i) {
     if (locks[i].kind.exclusive_kind()) {
       exclusive.push_back(locks[i]);
       exclusive_at.push_back(i);
     } else {
       kinds_at.push_back(i);
-      args.emplace_back(locks[i].name);
-      args.push_back(redis_keys::holders(locks[i].name));
     }
   }
-  for (std::size_t i : kinds_at) {
-    args.emplace_back(locks[i].token);
-    args.emplace_back(locks[i].ttl_ms);
-    args.push_back(redis_keys::marker(locks[i].kind));
-  }
+  EvalRequest request =
+      kinds_request(ScriptId::kRenewKind, locks, kinds_at, {}, [](const LockRef& l) { return l.ttl_ms; });
   auto shared_done = std::make_shared<RenewDone>(std::move(done));
   std::size_t commands = 0;
-  const bool asking = renewal_asking_;
+  const bool asking = asking_;  // both calls go after an ASKING
   if (!exclusive.empty()) {
     commands += renew_now(exclusive, keepalive, [shared_done, at = std::move(exclusive_at)](
                                                     std::size_t k, Renewed status, const StoreError* why) {
       (*shared_done)(at[k], status, why);
     });
   }
-  const int num_keys = static_cast<int>(2 * kinds_at.size());
-  if (asking) renew_->ask_next();  // the exclusive call took the first
-  renewal_asking_ = false;
-  renew_->eval(script(ScriptId::kRenewKind), std::move(args), num_keys,
+  asking_ = asking;
+  with_asking(*renew_).eval(std::move(request),
                [this, shared_done, keepalive, at = std::move(kinds_at)](const redisReply* r, const StoreError* err) {
                  RenewReply reply(r, err, at.size(), renew_->name());
                  answer_each(reply, at.size(), [&](std::size_t k) { return at[k]; }, *shared_done);
@@ -572,8 +553,8 @@ void RedisNodeStore::raise_fence(std::string_view name, std::uint64_t fence, Rai
 
 void RedisNodeStore::raise_fence_or_error(std::string_view name, std::uint64_t fence,
                                           std::function<void(const StoreError*)> done) {
-  with_asking(*conn_).eval(script(ScriptId::kRaiseFence),
-                           {redis_keys::counter(key_prefix_, name), std::to_string(fence)}, 1,
+  with_asking(*conn_).eval(EvalRequest::of(script(ScriptId::kRaiseFence), 1, redis_keys::counter(key_prefix_, name),
+                                           std::to_string(fence)),
                            [this, done = std::move(done)](const redisReply* r, const StoreError* err) {
                              const auto failed = read_raise_fence(r, err, conn_->name());
                              done(failed ? &*failed : nullptr);
@@ -587,9 +568,9 @@ void RedisNodeStore::reserve_tokens(const LockRef& lock, std::uint32_t n, Reserv
   // connection, then WAIT; short of it, no tokens.
   RedisConnection& c = replicas_.min > 0 ? for_acquire() : *conn_;
   with_asking(c).eval(
-      script(ScriptId::kReserveTokens),
-      {std::string(lock.name), redis_keys::counter(key_prefix_, lock.name), std::string(lock.token), std::to_string(n)},
-      2, [this, done = std::move(done)](const redisReply* r, const StoreError* err) mutable {
+      EvalRequest::of(script(ScriptId::kReserveTokens), 2, lock.name, redis_keys::counter(key_prefix_, lock.name),
+                      lock.token, std::to_string(n)),
+      [this, done = std::move(done)](const redisReply* r, const StoreError* err) mutable {
         std::optional<StoreError> failed;
         const auto last = read_reserve_tokens(r, err, conn_->name(), failed);
         if (failed || last == 0 || replicas_.min <= 0) {
@@ -630,20 +611,18 @@ void RedisNodeStore::server_time(TimeDone done) {
 void RedisNodeStore::claim_period(std::string_view name, std::string_view token, std::int64_t period,
                                   std::chrono::system_clock::time_point start,
                                   ClaimDone done) {
-  std::string lock(name);
   auto start_ms = std::chrono::duration_cast<std::chrono::milliseconds>(start.time_since_epoch()).count();
-  with_asking(*conn_).eval(script(ScriptId::kClaimPeriod),
-                           {lock, redis_keys::period(lock), std::string(token), std::to_string(period),
-                            std::to_string(start_ms)},
-                           2, [this, done = std::move(done)](const redisReply* r, const StoreError* err) {
+  with_asking(*conn_).eval(EvalRequest::of(script(ScriptId::kClaimPeriod), 2, name, redis_keys::period(name), token,
+                                           std::to_string(period), std::to_string(start_ms)),
+                           [this, done = std::move(done)](const redisReply* r, const StoreError* err) {
                              done(read_claim_period(r, err, conn_->name()));
                            });
 }
 
 void RedisNodeStore::inspect(std::string_view name, InspectDone done) {
   std::string lock(name);
-  with_asking(*conn_).eval(script(ScriptId::kInspect),
-                           {lock, redis_keys::counter(key_prefix_, lock), redis_keys::legacy_fence(lock)}, 2,
+  with_asking(*conn_).eval(EvalRequest::of(script(ScriptId::kInspect), 2, lock, redis_keys::counter(key_prefix_, lock),
+                                           redis_keys::legacy_fence(lock)),
                            [this, lock, done = std::move(done)](const redisReply* r, const StoreError* err) {
                              LockInfo info;
                              const auto failed = read_inspect(r, err, conn_->name(), lock, info);
@@ -728,13 +707,13 @@ void RedisNodeStore::scan_page(std::shared_ptr<Listing> listing) {
 }
 
 void RedisNodeStore::force_release(std::string_view name, ForceDone done) {
-  std::string lock(name);
-  with_asking(*conn_).eval(script(ScriptId::kForceRelease), {lock, redis_keys::channel(lock), notice()}, 1,
-                           [this, done = std::move(done)](const redisReply* r, const StoreError* err) {
-                             bool held = false;
-                             const auto failed = read_force_release(r, err, conn_->name(), held);
-                             done(held, failed ? &*failed : nullptr);
-                           });
+  with_asking(*conn_).eval(
+      EvalRequest::of(script(ScriptId::kForceRelease), 1, name, redis_keys::channel(name), notice()),
+      [this, done = std::move(done)](const redisReply* r, const StoreError* err) {
+        bool held = false;
+        const auto failed = read_force_release(r, err, conn_->name(), held);
+        done(held, failed ? &*failed : nullptr);
+      });
 }
 
 RedisConnection& RedisNodeStore::with_asking(RedisConnection& c) {
@@ -743,10 +722,6 @@ RedisConnection& RedisNodeStore::with_asking(RedisConnection& c) {
     asking_ = false;
   }
   return c;
-}
-void RedisNodeStore::send_renewal_asking() {
-  renew_->ask_next();
-  renewal_asking_ = true;  // renew_mixed() sends two calls: both go after one
 }
 
 std::string RedisNodeStore::notice() const { return notices_ == Notices::kSharded ? "s" : "p"; }
@@ -778,7 +753,8 @@ void RedisNodeStore::eval_acquire(EvalRequest request, std::vector<QueuedAcquire
          });
 }
 
-EvalRequest RedisNodeStore::redisson_acquire(const std::vector<QueuedAcquire>& batch) const {
+EvalRequest RedisNodeStore::acquire_call(const std::vector<QueuedAcquire>& batch) const {
+  if (!layout_.redisson()) return acquire_request(batch, key_prefix_, owner_);
   std::size_t bytes = 0;
   for (const auto& a : batch)
     bytes += 4 * a.name.size() + a.token.size() + layout_.client_id.size() + a.ttl_ms.size() + 128;
@@ -789,7 +765,8 @@ EvalRequest RedisNodeStore::redisson_acquire(const std::vector<QueuedAcquire>& b
   return request;
 }
 
-EvalRequest RedisNodeStore::redisson_release(const std::vector<QueuedRelease>& batch) const {
+EvalRequest RedisNodeStore::release_call(const std::vector<QueuedRelease>& batch) const {
+  if (!layout_.redisson()) return release_request(batch, notice(), [](const QueuedRelease& r) { return r.notify; });
   std::size_t bytes = 0;
   for (const auto& r : batch) bytes += 3 * r.name.size() + r.token.size() + layout_.client_id.size() + 128;
   EvalRequest request(script(ScriptId::kRedissonRelease), 2 * batch.size(), 1 + 5 * batch.size(), bytes);

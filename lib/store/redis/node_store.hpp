@@ -62,14 +62,7 @@ namespace lockwatch::detail {
 class Loop;
 class SentinelWatcher;
 
-class RedisNodeStore final : public StoreBase,
-                             public FenceRaising,
-                             public JobClaims,
-                             public OperatorTools,
-                             public LockListing,
-                             public FairQueue,
-                             public TokenBlocks,
-                             public DirectLane {
+class RedisNodeStore final : public RedisStoreBase, public DirectLane {
  public:
   enum class Notices : std::uint8_t { kClassic, kSharded };
   // `endpoint` with port 0: the address comes from follow_sentinels().
@@ -79,13 +72,10 @@ class RedisNodeStore final : public StoreBase,
 
   // Before start(): the master is wherever `watcher` says it is.
   void follow_sentinels(std::unique_ptr<SentinelWatcher> watcher);
-  // Redis Cluster: the next call made (at once, on the loop) on the command
-  // connection (acquire, release, raise_fence, claim_period, inspect,
-  // force_release) goes after an ASKING, so that it runs on a slot this
-  // node is importing (an ASK redirect).
+  // Redis Cluster: the next call made (at once, on the loop) goes after an
+  // ASKING on its connection, so that it runs on a slot this node is
+  // importing (an ASK redirect).
   void send_asking() { asking_ = true; }
-  // The same for the next renew(), on the renewal connection.
-  void send_renewal_asking();
   // Before start(), for a store that is one node alone (not a Cluster's
   // or a quorum's, whose calls go through their own routing): exclusive
   // acquisitions and releases may be written by the calling thread (DirectLane), on
@@ -241,9 +231,9 @@ class RedisNodeStore final : public StoreBase,
   // The layout's channel of lock `name`, and the lock a channel is for.
   std::string channel_of(std::string_view name) const;
   std::string_view lock_of(std::string_view channel) const;
-  // The redisson layout's acquire and release script calls for `batch`.
-  EvalRequest redisson_acquire(const std::vector<QueuedAcquire>& batch) const;
-  EvalRequest redisson_release(const std::vector<QueuedRelease>& batch) const;
+  // The layout's acquire and release script calls for `batch`.
+  EvalRequest acquire_call(const std::vector<QueuedAcquire>& batch) const;
+  EvalRequest release_call(const std::vector<QueuedRelease>& batch) const;
   void eval_acquire(EvalRequest request, std::vector<QueuedAcquire> batch, bool counted);
   struct Listing;
   void scan_page(std::shared_ptr<Listing> listing);
@@ -262,7 +252,6 @@ class RedisNodeStore final : public StoreBase,
   // up nothing else (null without).
   std::unique_ptr<RedisConnection> acquire_;
   bool asking_ = false;  // send_asking(): the next call goes after an ASKING
-  bool renewal_asking_ = false;  // send_renewal_asking(): the next renew() goes after one
   std::unique_ptr<SentinelWatcher> sentinel_;
   Loop& loop_;
   bool by_slot_ = false;  // batch_by_slot()

@@ -23,11 +23,10 @@
 
 #include <deque>
 #include <functional>
-#include <memory>
 #include <string>
 #include <string_view>
-#include <unordered_map>
 #include <unordered_set>
+#include <utility>
 #include <vector>
 
 #include "store/store_error.hpp"
@@ -49,29 +48,38 @@ class Subscriptions {
   using Dropped = std::function<void(std::string_view channel, const StoreError* why)>;
   using Refused = std::function<void(const StoreError& why)>;
 
-  static std::unique_ptr<Subscriptions> make(bool sharded, Wire& wire, Dropped on_dropped, Refused on_refused);
-  virtual ~Subscriptions() = default;
+  // `on_dropped` is the sharded policy's, `on_refused` the classic one's.
+  Subscriptions(bool sharded, Wire& wire, Dropped on_dropped, Refused on_refused)
+      : sharded_(sharded), wire_(wire), on_dropped_(std::move(on_dropped)), on_refused_(std::move(on_refused)) {}
 
   // Wanted from now on; false if it was already.
   bool want(const std::string& channel) { return channels_.insert(channel).second; }
   // Not wanted any more; false if it was not.
   bool unwant(const std::string& channel) { return channels_.erase(channel) != 0; }
   // Writes the command that subscribes (or unsubscribes) `channel`.
-  virtual void write(bool subscribe, const std::string& channel) = 0;
+  void write(bool subscribe, const std::string& channel);
   // A new link: what was unanswered went with the old one; every channel
   // wanted is subscribed again.
   void resubscribe();
   // A push for `channel` of this `kind` ("subscribe", "smessage", ...):
   // true when it is handled here and not to be reported.
-  virtual bool handled(std::string_view kind, std::string_view channel) = 0;
+  bool handled(std::string_view kind, std::string_view channel);
   // An error reply that answers no request: it answers a subscription.
-  virtual void error(const StoreError& why) = 0;
+  void error(const StoreError& why);
 
- protected:
-  explicit Subscriptions(Wire& wire) : wire_(wire) {}
-  virtual void forget_unanswered() = 0;
+ private:
+  struct Sent {
+    bool subscribe;
+    std::string channel;
+  };
+  const bool sharded_;
   Wire& wire_;
+  Dropped on_dropped_;
+  Refused on_refused_;
   std::unordered_set<std::string> channels_;
+  // Written on the current link and not answered yet, in order: every
+  // sharded command, the classic SUBSCRIBEs.
+  std::deque<Sent> sent_;
 };
 
 }  // namespace lockwatch::detail
