@@ -83,16 +83,43 @@ bool resend(const AcquireBatchPtr& batch, const StoreError& error, const SendBat
   return true;
 }
 
-std::optional<std::chrono::milliseconds> exclusive_busy(Acquired& out, const PendingAcquire& lock,
-                                                        std::string_view marker, const std::string& server) {
+void exclusive_busy(Acquired& out, const PendingAcquire& lock, std::string_view marker, const std::string& server) {
   if (marker == kinds::kSharedMarker) {
     const auto mark = std::min(lock.ttl, kWriterMark);
     out.busy_for = std::max(std::chrono::milliseconds(1), std::min(out.busy_for, mark / 2));
-    return mark;
+    return;
   }
   out.status = Acquired::Status::kFailed;
   out.error = refusal(server, lock, marker);
-  return std::nullopt;
+}
+
+void answer_acquisitions(const AcquireBatch& batch, const Rows& rows, const std::string& server) {
+  const auto& locks = batch.locks;
+  std::vector<bool> answered(locks.size(), false);
+  for (int r = 0; r < rows.size(); ++r) {
+    const long long i = to_ll(rows.at(r, 0)) - 1;
+    if (i < 0 || i >= static_cast<long long>(locks.size()) || answered[i]) continue;
+    answered[i] = true;
+    Acquired out;
+    if (!rows.null(r, 1)) {
+      out.status = Acquired::Status::kTaken;
+      out.fence = static_cast<std::uint64_t>(to_ll(rows.at(r, 1)));
+    } else {
+      // Busy; no time (PostgreSQL: no row in the statement's snapshot,
+      // taken meanwhile by a statement that started later): a moment.
+      out.status = Acquired::Status::kBusy;
+      out.busy_for = rows.null(r, 2) ? std::chrono::milliseconds(1) : ms_up(to_ll(rows.at(r, 2)));
+      std::string owner;
+      if (!rows.null(r, 3) && rows.read_bytes(r, 3, owner)) exclusive_busy(out, locks[i], owner, server);
+    }
+    locks[i].answer(out);
+  }
+  for (std::size_t i = 0; i < answered.size(); ++i) {
+    if (answered[i]) continue;
+    Acquired out;
+    out.error = StoreError::unavailable(server, "the acquisition's answer left a lock out");
+    locks[i].answer(out);
+  }
 }
 
 StoreError refusal(const std::string& server, const PendingAcquire& lock, std::string_view owner) {
@@ -126,10 +153,9 @@ Acquired kind_answer(const PendingAcquire& lock, const Rows& rows, const std::st
   return out;
 }
 
-std::size_t renewal_groups(
-    const Dialect& dialect, std::span<const LockRef> locks, std::shared_ptr<const void> keepalive,
-    LockStore::RenewDone done,
-    const std::function<void(RenewBatchPtr, std::vector<std::size_t>, std::chrono::milliseconds, bool)>& send) {
+std::size_t renewal_groups(const Dialect& dialect, std::span<const LockRef> locks,
+                           std::shared_ptr<const void> keepalive, LockStore::RenewDone done,
+                           const std::function<void(RenewBatchPtr, std::vector<std::size_t>, bool)>& send) {
   auto batch = std::make_shared<RenewBatch>();
   batch->locks.assign(locks.begin(), locks.end());
   batch->keepalive = std::move(keepalive);
@@ -145,8 +171,7 @@ std::size_t renewal_groups(
   for (auto& [group, members] : groups) {
     for (std::size_t from = 0; from < members.size(); from += kChunk) {
       const std::size_t to = std::min(members.size(), from + kChunk);
-      send(batch, std::vector<std::size_t>(members.begin() + from, members.begin() + to),
-           std::chrono::milliseconds(group.second), group.first);
+      send(batch, std::vector<std::size_t>(members.begin() + from, members.begin() + to), group.first);
       ++statements;
     }
   }

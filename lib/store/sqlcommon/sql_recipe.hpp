@@ -16,30 +16,30 @@
 //   - outcomes: what an exclusive acquisition that found the row busy is
 //     told (a reader's marker: the writer's mark; another kind's marker:
 //     refused), and a kind's verdict (taken, busy, refused) as an Acquired;
-//   - renewals: the leases of one renew() call cut into statements
-//     (renewal_groups()) and answered from what the statement says was not
-//     renewed;
+//   - renewals and releases: the leases of one renew() call cut into
+//     statements (renewal_groups()), the releases of a turn into batches,
+//     each answered from what its statement says was not done
+//     (not_done());
 //   - connections: two for commands (the least busy takes a statement) and
 //     one for renewals, so that a renewal never queues behind a burst of
 //     acquisitions (Connections);
 //   - the store's flow (RecipeStore): acquire() queues for the turn's end,
 //     renew() cuts a call into statements, close() sends what is queued
-//     before the connections close; the clock, claims, inspection,
-//     listing, withdrawal and forced release are each a named statement
-//     of the dialect, run and answered here (below);
+//     before the connections close; every step is a named statement of
+//     the dialect, run and answered here (below);
 //   - answers: a claim's (claims.hpp), an inspection's and a listing's
 //     (inspection.hpp), read from the driver's result as Rows
 //     (values.hpp), whichever server wrote it.
 // The Dialect is data: what the statements of a server can and cannot do.
 // The driver is the store's connection type (Connections' parameter, with
-// start(), close(), pending(), name(), set_state_hook() and
-// execute(name, params, done)) and the store's own steps that write a
-// batch's statements and read their answers (RecipeStore's virtual steps).
+// start(), close(), pending(), name(), set_state_hook(),
+// execute(name, params, done) and execute_all(calls, each, done)).
 //
 // The named statements each store defines (its dialect's text; MariaDB's
 // in sql_store.cpp, PostgreSQL's in pg_statements.cpp): parameters are
-// text, names and tokens in hex, numbers in decimal; each answers one
-// result, as a transaction where it writes more than one row:
+// text, names and tokens in hex, numbers in decimal, a batch's as arrays
+// (array_literal(), names[] and so on), in the batch's order; each answers
+// one result, as a transaction where it writes more than one row:
 //   lockwatch_time            ()                  -> the clock, µs
 //   lockwatch_claim           (name, token, period, start µs)
 //                             -> claimed (1), then read_claim()'s columns
@@ -53,10 +53,17 @@
 //   lockwatch_acquire_kind    (name, token, ttl µs, marker, n: 0 shared)
 //   lockwatch_acquire_fair    (name, token, ttl µs, marker, channel)
 //                             -> kind_answer()'s row
+//   lockwatch_acquire         (names[], tokens[], ttls µs[], waits[] 1/0)
+//                             -> answer_acquisitions()'s rows
+//   lockwatch_renew           (names[], tokens[], ttls µs[])
+//   lockwatch_renew_kind      (names[], tokens[], ttls µs[], markers[])
+//   lockwatch_release         (names[], tokens[], notify t/f, channel)
+//   lockwatch_release_kind    (names[], tokens[], markers[], notify t/f, channel)
+//                             -> not_done()'s rows
 //
 // Threading: the store's loop thread, as the stores. Costs: the queued
 // acquisitions' names and tokens are copied once (the caller's views end
-// with its call); one virtual call a statement.
+// with its call).
 #pragma once
 
 #include <chrono>
@@ -172,12 +179,17 @@ bool resend(const AcquireBatchPtr& batch, const StoreError& error, const SendBat
 
 // An exclusive acquisition (`out` busy) found its row held by `marker`, a
 // kind's marker. Readers': the writer's mark holds new ones back; it lives
-// min(kWriterMark, ttl) (returned: the store writes or renews it) and the
+// min(kWriterMark, ttl) (the statement wrote or renewed it) and the
 // writer comes back within half of that, so it keeps the mark while it
 // waits and one that stops waiting holds readers back briefly. Another
-// kind's: the call is refused (refusal(), by `server`; none returned).
-std::optional<std::chrono::milliseconds> exclusive_busy(Acquired& out, const PendingAcquire& lock,
-                                                        std::string_view marker, const std::string& server);
+// kind's: the call is refused (refusal(), by `server`).
+void exclusive_busy(Acquired& out, const PendingAcquire& lock, std::string_view marker, const std::string& server);
+
+// Answers each exclusive acquisition of `batch` from lockwatch_acquire's
+// rows (each: the lock's position in the batch, from 1; the fence when it
+// was taken, else NULL; the µs it is busy for (NULL: a moment); a kind's
+// marker that holds it, else NULL). A lock left out fails, by `server`.
+void answer_acquisitions(const AcquireBatch& batch, const Rows& rows, const std::string& server);
 
 // The refusal of `lock` by `server`: its key is held as the lock row's
 // `owner` says (a kind's marker; anything else: exclusive).
@@ -208,7 +220,6 @@ struct ReleaseBatch {
   std::vector<PendingRelease> locks;
   bool notify = false;
   int attempt = 1;
-  std::vector<int> before;  // how each lock stood before the write, for a store that reads first
 
   // Every lock answered `status`.
   void answer(Released status, const StoreError* error) const {
@@ -236,12 +247,37 @@ using RenewBatchPtr = std::shared_ptr<RenewBatch>;
 
 // Cuts a renew() call into statements: exclusive leases apart from the
 // other kinds', in name order, kChunk a statement (and one ttl a
-// statement without Dialect::ttl_per_lease). `send(batch, members, ttl,
-// kinds)` writes each; returns the number of statements.
-std::size_t renewal_groups(
-    const Dialect& dialect, std::span<const LockRef> locks, std::shared_ptr<const void> keepalive,
-    LockStore::RenewDone done,
-    const std::function<void(RenewBatchPtr, std::vector<std::size_t>, std::chrono::milliseconds, bool)>& send);
+// statement without Dialect::ttl_per_lease). `send(batch, members, kinds)`
+// writes each; returns the number of statements.
+std::size_t renewal_groups(const Dialect& dialect, std::span<const LockRef> locks,
+                           std::shared_ptr<const void> keepalive, LockStore::RenewDone done,
+                           const std::function<void(RenewBatchPtr, std::vector<std::size_t>, bool)>& send);
+
+// Each of `n` locks' status: `yes`, but those a renewal's or a release's
+// rows name (the lock's position in the batch, from 1; whether another
+// owner holds it): `taken` or `gone`.
+template <class Status>
+std::vector<Status> not_done(const Rows& rows, std::size_t n, Status yes, Status taken, Status gone) {
+  std::vector<Status> status(n, yes);
+  for (int r = 0; r < rows.size(); ++r) {
+    const long long k = to_ll(rows.at(r, 0)) - 1;
+    if (k >= 0 && k < static_cast<long long>(n)) status[k] = rows.yes(r, 1) ? taken : gone;
+  }
+  return status;
+}
+
+// A batch's arrays: the names and tokens of the `n` locks lock(0)..,
+// then their ttls in µs (when the locks have one) and (with `markers`)
+// their kinds' markers.
+template <class Lock>
+std::vector<std::string> lock_arrays(std::size_t n, Lock lock, bool markers = false) {
+  std::vector<std::string> out{array_literal(n, [&](std::size_t i) -> std::string_view { return lock(i).name; }),
+                               array_literal(n, [&](std::size_t i) -> std::string_view { return lock(i).token; })};
+  if constexpr (requires { lock(0).ttl; })
+    out.push_back(array_literal(n, [&](std::size_t i) { return micros(lock(i).ttl); }));
+  if (markers) out.push_back(array_literal(n, [&](std::size_t i) { return kinds::marker(lock(i).kind); }));
+  return out;
+}
 
 // The store's connections: two for commands, one for renewals. `Driver`
 // is the store's connection type.
@@ -275,9 +311,9 @@ struct Connections {
 };
 
 // What a SQL store does the same way on either server, over its
-// `Connection`: the store (derived) writes each step's statements and
-// reads their answers in the virtual steps, and answers the rest of
-// LockStore and its capabilities itself.
+// `Connection`: every step runs the dialect's named statements; the store
+// (derived) defines them and answers the rest of LockStore and its
+// capabilities itself.
 template <class Connection>
 class RecipeStore : public StoreBase,
                     public JobClaims,
@@ -302,8 +338,9 @@ class RecipeStore : public StoreBase,
   // In statements as renewal_groups() cuts them.
   std::size_t renew(std::span<const LockRef> locks, std::shared_ptr<const void> keepalive, RenewDone done) final {
     return renewal_groups(dialect_, locks, std::move(keepalive), std::move(done),
-                          [this](RenewBatchPtr batch, std::vector<std::size_t> members, std::chrono::milliseconds ttl,
-                                 bool kinds) { renew_group(std::move(batch), std::move(members), ttl, kinds); });
+                          [this](RenewBatchPtr batch, std::vector<std::size_t> members, bool kinds) {
+                            renew_group(std::move(batch), std::move(members), kinds);
+                          });
   }
   // The held names under the prefix, each then inspected.
   void list_locks(std::string_view prefix, std::size_t limit, ListDone done) final {
@@ -404,22 +441,6 @@ class RecipeStore : public StoreBase,
   StoreError no_answer(std::string_view what) const {
     return StoreError::unavailable(server(), fmt::format("no answer to {}", what));
   }
-  // A failed statement of exclusive acquisitions: a deadlock or a lock
-  // wait timeout sends it again; a row the server refused (a name too
-  // long for the column, or one the table's CHECK refuses) sends each
-  // lock again on its own, so that only that one fails; else it fails.
-  void acquire_failed(const AcquireBatchPtr& batch, const StoreError& error) {
-    if (!resend(batch, error, [this](AcquireBatchPtr b) { acquire_batch(std::move(b)); }, true)) batch->fail(error);
-  }
-
-  // The steps the store writes: a batch of exclusive acquisitions (one
-  // statement), a group of renewals (`ttl` theirs without
-  // Dialect::ttl_per_lease), and a batch of releases (all exclusive, or
-  // all a kind's).
-  virtual void acquire_batch(AcquireBatchPtr batch) = 0;
-  virtual void renew_group(RenewBatchPtr batch, std::vector<std::size_t> members, std::chrono::milliseconds ttl,
-                           bool kinds) = 0;
-  virtual void release_batch(std::shared_ptr<ReleaseBatch> batch) = 0;
 
   Loop& loop_;
   const SqlSettings settings_;
@@ -428,6 +449,55 @@ class RecipeStore : public StoreBase,
   Connections<Connection> connections_;
 
  private:
+  // One statement decides a batch of exclusive acquisitions. A deadlock
+  // or a lock wait timeout sends it again; a row the server refused (a
+  // name too long for the column, or one the table's CHECK refuses) sends
+  // each lock again on its own, so that only that one fails; else it fails.
+  void acquire_batch(AcquireBatchPtr batch) {
+    const auto& l = batch->locks;
+    auto params = lock_arrays(l.size(), [&](std::size_t i) -> const PendingAcquire& { return l[i]; });
+    params.push_back(array_literal(l.size(), [&](std::size_t i) { return l[i].waits ? 1 : 0; }));
+    command_connection().execute("lockwatch_acquire", std::move(params),
+                                 [this, batch](const Rows& rows, const StoreError* err) {
+                                   if (!err) return answer_acquisitions(*batch, rows, server());
+                                   if (!resend(batch, *err, [this](AcquireBatchPtr b) { acquire_batch(std::move(b)); },
+                                               true))
+                                     batch->fail(*err);
+                                 });
+  }
+  // A group of renewals, on the renewal connection: each answered as the
+  // statement's rows say.
+  void renew_group(RenewBatchPtr batch, std::vector<std::size_t> members, bool kinds) {
+    auto params = lock_arrays(
+        members.size(), [&](std::size_t k) -> const LockRef& { return batch->locks[members[k]]; }, kinds);
+    connections_.renew->execute(
+        kinds ? "lockwatch_renew_kind" : "lockwatch_renew", std::move(params),
+        [batch, members](const Rows& rows, const StoreError* err) {
+          if (err) return batch->answer(members, Renewed::kTransient, err);
+          auto status = not_done(rows, members.size(), Renewed::kYes, Renewed::kTakenByOther, Renewed::kGone);
+          for (std::size_t k = 0; k < members.size(); ++k) batch->done(members[k], status[k], nullptr);
+        });
+  }
+  // A batch of releases (all exclusive, or all a kind's), in one statement
+  // (a kind's: one transaction) that a deadlock sends again.
+  void release_batch(std::shared_ptr<ReleaseBatch> batch) {
+    const auto& l = batch->locks;
+    const bool of_kinds = !l.front().kind.exclusive_kind();
+    auto params = lock_arrays(l.size(), [&](std::size_t i) -> const PendingRelease& { return l[i]; }, of_kinds);
+    params.push_back(batch->notify ? "t" : "f");
+    params.push_back(channel_);
+    command_connection().execute(
+        of_kinds ? "lockwatch_release_kind" : "lockwatch_release", std::move(params),
+        [this, batch](const Rows& rows, const StoreError* err) {
+          if (err) {
+            if (!retry_later(batch, *err, [this](std::shared_ptr<ReleaseBatch> b) { release_batch(std::move(b)); }))
+              batch->answer(Released::kUnconfirmed, err);
+            return;
+          }
+          auto status = not_done(rows, batch->locks.size(), Released::kYes, Released::kTakenByOther, Released::kGone);
+          for (std::size_t k = 0; k < status.size(); ++k) batch->locks[k].answer(status[k], nullptr);
+        });
+  }
   // The other kinds' acquisitions of one group, in one transaction: their
   // lock rows locked, in name order, then each one's decision. A failure
   // undid them all: a deadlock or a lock wait timeout sends it again.
