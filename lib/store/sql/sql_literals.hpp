@@ -25,14 +25,8 @@ using sqlcommon::micros;
 // The one writer's mark of a lock, in the companion table.
 inline constexpr std::string_view kWriterOwner = "lockwatch:writer";
 
-inline std::string hex(std::string_view bytes) {
-  std::string out;
-  out.reserve(3 + 2 * bytes.size());
-  out += "X'";
-  sqlcommon::append_hex(out, bytes);
-  out.push_back('\'');
-  return out;
-}
+// `bytes` as a hex literal, X'..'.
+inline std::string hex(std::string_view bytes) { return "X'" + sqlcommon::to_hex(bytes) + "'"; }
 
 // The items of an array parameter ({"6b31","6b32"} or {1,2}:
 // sqlcommon::array_literal()).

@@ -1,7 +1,6 @@
 #include "store/sqlcommon/sql_recipe.hpp"
 
 #include <algorithm>
-#include <iterator>
 #include <map>
 #include <utility>
 
@@ -40,18 +39,10 @@ void send_batch(const SendBatch& send, std::vector<PendingAcquire> part) {
 }  // namespace
 
 void AcquireQueue::flush() {
-  if (!kind_queue_.empty()) {
-    std::vector<PendingAcquire> all = std::move(kind_queue_);
-    kind_queue_.clear();
-    by_name(all);
-    for (std::size_t from = 0; from < all.size(); from += kKindGroup) {
-      const auto to = std::min(all.size(), from + kKindGroup);
-      send_batch(kinds_, {std::make_move_iterator(all.begin() + from), std::make_move_iterator(all.begin() + to)});
-    }
-  }
-  if (exclusive_queue_.empty()) return;
-  std::vector<PendingAcquire> all = std::move(exclusive_queue_);
-  exclusive_queue_.clear();
+  std::vector<PendingAcquire> all = std::exchange(kind_queue_, {});
+  by_name(all);
+  in_chunks(all, [this](std::vector<PendingAcquire> part) { send_batch(kinds_, std::move(part)); }, kKindGroup);
+  all = std::exchange(exclusive_queue_, {});
   by_name(all);
   auto send = [this](std::vector<PendingAcquire> part) { send_batch(exclusive_, std::move(part)); };
   if (dialect_.repeated_names) return in_chunks(all, send);
@@ -168,13 +159,11 @@ std::size_t renewal_groups(const Dialect& dialect, std::span<const LockRef> lock
   for (std::size_t i : order)
     groups[{!locks[i].kind.exclusive_kind(), dialect.ttl_per_lease ? 0 : locks[i].ttl.count()}].push_back(i);
   std::size_t statements = 0;
-  for (auto& [group, members] : groups) {
-    for (std::size_t from = 0; from < members.size(); from += kChunk) {
-      const std::size_t to = std::min(members.size(), from + kChunk);
-      send(batch, std::vector<std::size_t>(members.begin() + from, members.begin() + to), group.first);
+  for (auto& [group, members] : groups)
+    in_chunks(members, [&, kinds = group.first](std::vector<std::size_t> part) {
+      send(batch, std::move(part), kinds);
       ++statements;
-    }
-  }
+    });
   return statements;
 }
 

@@ -302,8 +302,13 @@ struct Connections {
     for (auto& c : commands) c->start();
     renew->start();
   }
-  // The command connection with the fewest statements pending.
-  Driver& command() { return least_pending(commands); }
+  // The command connection with the fewest statements pending (the first on a tie).
+  Driver& command() {
+    Driver* best = commands.front().get();
+    for (const auto& c : commands)
+      if (c->pending() < best->pending()) best = c.get();
+    return *best;
+  }
   void close() {
     for (auto& c : commands) c->close();
     renew->close();
