@@ -70,8 +70,6 @@ PgStore::PgStore(Loop& loop, PgTarget target, const sqlcommon::SqlSettings& sett
   connections_.make(loop, target_, settings_, session);
 }
 
-PgStore::~PgStore() = default;
-
 // ---- the rest
 
 void PgStore::raise_fence(std::string_view name, std::uint64_t fence, RaiseDone done) {

@@ -32,7 +32,7 @@ namespace lockwatch::detail {
 class PgStore final : public sqlcommon::RecipeStore<PgConnection>, public FenceRaising {
  public:
   PgStore(Loop& loop, PgTarget target, const sqlcommon::SqlSettings& settings);
-  ~PgStore() override;
+  static constexpr const char* kServer = "PostgreSQL";  // as messages name its lock table's server
 
   // The tables as created when they are missing (also in docs/stores.md).
   static std::string table_definition(const std::string& table);

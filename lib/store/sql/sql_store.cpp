@@ -101,8 +101,6 @@ SqlStore::SqlStore(Loop& loop, SqlTarget target, const sqlcommon::SqlSettings& s
   connections_.make(loop, target_, settings_, session);
 }
 
-SqlStore::~SqlStore() = default;
-
 SqlStatement SqlStore::acquire_statement() const {
   // One statement decides for the whole batch, row by row: a
   // free or expired row becomes ours with its fence raised, unless another

@@ -36,7 +36,7 @@ namespace lockwatch::detail {
 class SqlStore final : public sqlcommon::RecipeStore<SqlConnection> {
  public:
   SqlStore(Loop& loop, SqlTarget target, const sqlcommon::SqlSettings& settings);
-  ~SqlStore() override;
+  static constexpr const char* kServer = "SQL";  // as messages name its lock table's server
 
   // The tables as created when missing (also in docs/stores.md): the lock
   // table, and its companion for shared, permit and fair holders.

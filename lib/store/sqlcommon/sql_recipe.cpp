@@ -11,40 +11,13 @@
 
 namespace lockwatch::detail::sqlcommon {
 
-void AcquireBatch::fail(const StoreError& error) const {
-  Acquired out;
-  out.error = error;
-  for (const auto& l : locks) l.answer(out);
-}
-
-bool AcquireQueue::add(std::span<const LockRef> locks, LockStore::AcquireDone done) {
-  auto shared_done = std::make_shared<LockStore::AcquireDone>(std::move(done));
-  for (std::size_t i = 0; i < locks.size(); ++i) {
-    const LockRef& l = locks[i];
-    (l.kind.exclusive_kind() ? exclusive_queue_ : kind_queue_)
-        .push_back({std::string(l.name), std::string(l.token), l.ttl, l.kind, l.waits, i, shared_done});
-  }
-  return !locks.empty();
-}
-
-namespace {
-
-// `part` as one batch, sent.
-void send_batch(const SendBatch& send, std::vector<PendingAcquire> part) {
-  auto batch = std::make_shared<AcquireBatch>();
-  batch->locks = std::move(part);
-  send(std::move(batch));
-}
-
-}  // namespace
-
 void AcquireQueue::flush() {
   std::vector<PendingAcquire> all = std::exchange(kind_queue_, {});
   by_name(all);
-  in_chunks(all, [this](std::vector<PendingAcquire> part) { send_batch(kinds_, std::move(part)); }, kKindGroup);
+  in_chunks(all, [this](std::vector<PendingAcquire> part) { kinds_(AcquireBatch::of(std::move(part))); }, kKindGroup);
   all = std::exchange(exclusive_queue_, {});
   by_name(all);
-  auto send = [this](std::vector<PendingAcquire> part) { send_batch(exclusive_, std::move(part)); };
+  auto send = [this](std::vector<PendingAcquire> part) { exclusive_(AcquireBatch::of(std::move(part))); };
   if (dialect_.repeated_names) return in_chunks(all, send);
   std::vector<std::vector<PendingAcquire>> rounds;  // the k-th request of each name in the k-th
   for (std::size_t i = 0; i < all.size();) {
@@ -58,19 +31,10 @@ void AcquireQueue::flush() {
   for (auto& round : rounds) in_chunks(round, send);
 }
 
-void split_releases(std::span<const LockRef> locks, LockStore::ReleaseDone done,
-                    std::vector<PendingRelease>& exclusive, std::vector<PendingRelease>& kinds) {
-  auto shared_done = std::make_shared<LockStore::ReleaseDone>(std::move(done));
-  for (std::size_t i = 0; i < locks.size(); ++i) {
-    PendingRelease r{std::string(locks[i].name), std::string(locks[i].token), i, shared_done, locks[i].kind};
-    (locks[i].kind.exclusive_kind() ? exclusive : kinds).push_back(std::move(r));
-  }
-}
-
 bool resend(const AcquireBatchPtr& batch, const StoreError& error, const SendBatch& send, bool split) {
   if (retry_later(batch, error, send)) return true;
   if (!split || batch->locks.size() < 2 || error.kind != StoreError::Kind::kRefused) return false;
-  for (auto& l : batch->locks) send_batch(send, {std::move(l)});
+  for (auto& l : batch->locks) send(AcquireBatch::of({std::move(l)}));
   return true;
 }
 
@@ -107,9 +71,7 @@ void answer_acquisitions(const AcquireBatch& batch, const Rows& rows, const std:
   }
   for (std::size_t i = 0; i < answered.size(); ++i) {
     if (answered[i]) continue;
-    Acquired out;
-    out.error = StoreError::unavailable(server, "the acquisition's answer left a lock out");
-    locks[i].answer(out);
+    locks[i].answer(failed(StoreError::unavailable(server, "the acquisition's answer left a lock out")));
   }
 }
 
@@ -123,11 +85,9 @@ StoreError refusal(const std::string& server, const PendingAcquire& lock, std::s
 }
 
 Acquired kind_answer(const PendingAcquire& lock, const Rows& rows, const std::string& server) {
+  if (rows.size() != 1 || rows.null(0, 0) || rows.null(0, 1))
+    return failed(StoreError::unavailable(server, "no answer to the acquisition"));
   Acquired out;
-  if (rows.size() != 1 || rows.null(0, 0) || rows.null(0, 1)) {
-    out.error = StoreError::unavailable(server, "no answer to the acquisition");
-    return out;
-  }
   const std::string_view verdict = rows.at(0, 0);
   if (verdict == "t" || verdict == "r") {
     out.status = Acquired::Status::kTaken;

@@ -86,6 +86,7 @@
 #include "store/capabilities.hpp"
 #include "store/kind_rules.hpp"
 #include "store/lock_store.hpp"
+#include "store/registry.hpp"
 #include "store/sqlcommon/batching.hpp"
 #include "store/sqlcommon/claims.hpp"
 #include "store/sqlcommon/connection_core.hpp"
@@ -116,28 +117,61 @@ struct Dialect {
   bool ttl_per_lease = false;
 };
 
-// One acquisition, kept until its statement is answered: owned copies.
-struct PendingAcquire {
+// One lock of an acquire() or release() call (`Done` its callback's
+// type), kept until its statement is answered: owned copies.
+template <class Done>
+struct Pending {
   std::string name;
   std::string token;
   std::chrono::milliseconds ttl;
   LockKind kind;
-  bool waits;                                    // LockRef::waits
-  std::size_t index;                             // in its call's batch
-  std::shared_ptr<LockStore::AcquireDone> done;  // its call's callback
+  bool waits;                  // LockRef::waits
+  std::size_t index;           // in its call's batch
+  std::shared_ptr<Done> done;  // its call's callback
 
-  void answer(const Acquired& out) const { (*done)(index, out); }
+  template <class... Answer>
+  void answer(const Answer&... out) const {
+    (*done)(index, out...);
+  }
 };
+using PendingAcquire = Pending<LockStore::AcquireDone>;
+using PendingRelease = Pending<LockStore::ReleaseDone>;
 
-// The acquisitions one statement (or one kind's transaction) carries, in
-// name order: every statement locks rows in one order.
-struct AcquireBatch {
-  std::vector<PendingAcquire> locks;
+// The locks of one call, kept (owned copies), each added to `exclusive`
+// or to `kinds` as its kind is, in the call's order.
+template <class Done>
+void split_locks(std::span<const LockRef> locks, Done done, std::vector<Pending<Done>>& exclusive,
+                 std::vector<Pending<Done>>& kinds) {
+  auto shared_done = std::make_shared<Done>(std::move(done));
+  for (std::size_t i = 0; i < locks.size(); ++i) {
+    const LockRef& l = locks[i];
+    (l.kind.exclusive_kind() ? exclusive : kinds)
+        .push_back({std::string(l.name), std::string(l.token), l.ttl, l.kind, l.waits, i, shared_done});
+  }
+}
+
+// The acquisitions or releases one statement (or one transaction)
+// carries, in name order: every statement locks rows in one order. A
+// release batch is all with notices, or none; all exclusive, or none (a
+// kind's go in a transaction of their own).
+template <class Pending>
+struct Batch {
+  std::vector<Pending> locks;
+  bool notify = false;
   int attempt = 1;
 
-  // Every lock of the batch answered with `error`.
-  void fail(const StoreError& error) const;
+  // A batch of `part`.
+  static std::shared_ptr<Batch> of(std::vector<Pending> part, bool notify = false) {
+    return std::make_shared<Batch>(Batch{std::move(part), notify});
+  }
+  // Every lock answered the same.
+  template <class... Answer>
+  void answer(const Answer&... out) const {
+    for (const auto& l : locks) l.answer(out...);
+  }
 };
+using AcquireBatch = Batch<PendingAcquire>;
+using ReleaseBatch = Batch<PendingRelease>;
 using AcquireBatchPtr = std::shared_ptr<AcquireBatch>;
 using SendBatch = std::function<void(AcquireBatchPtr)>;
 
@@ -148,7 +182,10 @@ class AcquireQueue {
   AcquireQueue(Dialect dialect, SendBatch exclusive, SendBatch kinds)
       : dialect_(dialect), exclusive_(std::move(exclusive)), kinds_(std::move(kinds)) {}
   // Queues each lock of an acquire() call; false when there was none.
-  bool add(std::span<const LockRef> locks, LockStore::AcquireDone done);
+  bool add(std::span<const LockRef> locks, LockStore::AcquireDone done) {
+    split_locks(locks, std::move(done), exclusive_queue_, kind_queue_);
+    return !locks.empty();
+  }
   // Sends what was queued.
   void flush();
 
@@ -185,6 +222,13 @@ bool resend(const AcquireBatchPtr& batch, const StoreError& error, const SendBat
 // kind's: the call is refused (refusal(), by `server`).
 void exclusive_busy(Acquired& out, const PendingAcquire& lock, std::string_view marker, const std::string& server);
 
+// An acquisition that failed with `error`.
+inline Acquired failed(const StoreError& error) {
+  Acquired out;
+  out.error = error;
+  return out;
+}
+
 // Answers each exclusive acquisition of `batch` from lockwatch_acquire's
 // rows (each: the lock's position in the batch, from 1; the fence when it
 // was taken, else NULL; the µs it is busy for (NULL: a moment); a kind's
@@ -202,35 +246,6 @@ StoreError refusal(const std::string& server, const PendingAcquire& lock, std::s
 // refused, the key held as the owner says), the fence, the µs, the lock
 // row's owner.
 Acquired kind_answer(const PendingAcquire& lock, const Rows& rows, const std::string& server);
-
-// One lock of a release() call, kept until its statement is answered.
-struct PendingRelease {
-  std::string name;
-  std::string token;
-  std::size_t index;                             // in its call's batch
-  std::shared_ptr<LockStore::ReleaseDone> done;  // its call's callback
-  LockKind kind{};
-
-  void answer(Released status, const StoreError* error) const { (*done)(index, status, error); }
-};
-
-// The releases one statement carries (all with notices, or none; all
-// exclusive, or none: a kind's go in a transaction of their own).
-struct ReleaseBatch {
-  std::vector<PendingRelease> locks;
-  bool notify = false;
-  int attempt = 1;
-
-  // Every lock answered `status`.
-  void answer(Released status, const StoreError* error) const {
-    for (const auto& l : locks) l.answer(status, error);
-  }
-};
-
-// The locks of one release() call, kept (owned copies), each added to
-// `exclusive` or to `kinds` as its kind is, in the call's order.
-void split_releases(std::span<const LockRef> locks, LockStore::ReleaseDone done,
-                    std::vector<PendingRelease>& exclusive, std::vector<PendingRelease>& kinds);
 
 // The leases of one renew() call, kept until every one was answered.
 struct RenewBatch {
@@ -267,14 +282,13 @@ std::vector<Status> not_done(const Rows& rows, std::size_t n, Status yes, Status
 }
 
 // A batch's arrays: the names and tokens of the `n` locks lock(0)..,
-// then their ttls in µs (when the locks have one) and (with `markers`)
-// their kinds' markers.
+// then (with `ttls`) their ttls in µs and (with `markers`) their kinds'
+// markers.
 template <class Lock>
-std::vector<std::string> lock_arrays(std::size_t n, Lock lock, bool markers = false) {
+std::vector<std::string> lock_arrays(std::size_t n, Lock lock, bool ttls, bool markers) {
   std::vector<std::string> out{array_literal(n, [&](std::size_t i) -> std::string_view { return lock(i).name; }),
                                array_literal(n, [&](std::size_t i) -> std::string_view { return lock(i).token; })};
-  if constexpr (requires { lock(0).ttl; })
-    out.push_back(array_literal(n, [&](std::size_t i) { return micros(lock(i).ttl); }));
+  if (ttls) out.push_back(array_literal(n, [&](std::size_t i) { return micros(lock(i).ttl); }));
   if (markers) out.push_back(array_literal(n, [&](std::size_t i) { return kinds::marker(lock(i).kind); }));
   return out;
 }
@@ -328,13 +342,6 @@ class RecipeStore : public StoreBase,
  public:
   // The lock_name column's size: longer names (prefix + key) are refused.
   static constexpr std::size_t kMaxNameBytes = 255;
-  // Throws InvalidArgument when `settings` leave no room for a key in the
-  // `server` lock table's lock_name. Any thread.
-  static void check_prefix(const SqlSettings& settings, const std::string& server) {
-    if (settings.key_prefix.size() >= kMaxNameBytes)
-      throw InvalidArgument("Options::runtime.key_prefix leaves no room for a key in the " + server +
-                            " lock table's 255-byte lock_name");
-  }
 
   // Queued: the acquisitions of one turn go out together at its end.
   void acquire(std::span<const LockRef> locks, AcquireDone done) final {
@@ -409,7 +416,7 @@ class RecipeStore : public StoreBase,
   void release(std::span<const LockRef> locks, bool notify, ReleaseDone done) final {
     auto& queue = notify ? releases_ : quiet_releases_;
     std::vector<PendingRelease> kinds;
-    split_releases(locks, std::move(done), queue, kinds);
+    split_locks(locks, std::move(done), queue, kinds);
     if (!kinds.empty()) send_releases(std::move(kinds), notify, false);
     if (!queue.empty()) turn_end_.request();
   }
@@ -460,21 +467,21 @@ class RecipeStore : public StoreBase,
   // each lock again on its own, so that only that one fails; else it fails.
   void acquire_batch(AcquireBatchPtr batch) {
     const auto& l = batch->locks;
-    auto params = lock_arrays(l.size(), [&](std::size_t i) -> const PendingAcquire& { return l[i]; });
+    auto params = lock_arrays(l.size(), [&](std::size_t i) -> const PendingAcquire& { return l[i]; }, true, false);
     params.push_back(array_literal(l.size(), [&](std::size_t i) { return l[i].waits ? 1 : 0; }));
     command_connection().execute("lockwatch_acquire", std::move(params),
                                  [this, batch](const Rows& rows, const StoreError* err) {
                                    if (!err) return answer_acquisitions(*batch, rows, server());
                                    if (!resend(batch, *err, [this](AcquireBatchPtr b) { acquire_batch(std::move(b)); },
                                                true))
-                                     batch->fail(*err);
+                                     batch->answer(failed(*err));
                                  });
   }
   // A group of renewals, on the renewal connection: each answered as the
   // statement's rows say.
   void renew_group(RenewBatchPtr batch, std::vector<std::size_t> members, bool kinds) {
     auto params = lock_arrays(
-        members.size(), [&](std::size_t k) -> const LockRef& { return batch->locks[members[k]]; }, kinds);
+        members.size(), [&](std::size_t k) -> const LockRef& { return batch->locks[members[k]]; }, true, kinds);
     connections_.renew->execute(
         kinds ? "lockwatch_renew_kind" : "lockwatch_renew", std::move(params),
         [batch, members](const Rows& rows, const StoreError* err) {
@@ -488,7 +495,8 @@ class RecipeStore : public StoreBase,
   void release_batch(std::shared_ptr<ReleaseBatch> batch) {
     const auto& l = batch->locks;
     const bool of_kinds = !l.front().kind.exclusive_kind();
-    auto params = lock_arrays(l.size(), [&](std::size_t i) -> const PendingRelease& { return l[i]; }, of_kinds);
+    auto params =
+        lock_arrays(l.size(), [&](std::size_t i) -> const PendingRelease& { return l[i]; }, false, of_kinds);
     params.push_back(batch->notify ? "t" : "f");
     params.push_back(channel_);
     command_connection().execute(
@@ -527,7 +535,7 @@ class RecipeStore : public StoreBase,
         },
         [this, group, outcomes](const Rows&, const StoreError* err) {
           if (err && resend(group, *err, [this](AcquireBatchPtr b) { send_kind_group(std::move(b)); }, false)) return;
-          if (err) return group->fail(*err);
+          if (err) return group->answer(failed(*err));
           for (std::size_t k = 0; k < group->locks.size(); ++k) group->locks[k].answer((*outcomes)[k]);
         });
   }
@@ -543,10 +551,7 @@ class RecipeStore : public StoreBase,
     if (all.empty()) return;
     by_name(all);
     const auto send = [this, notify](std::vector<PendingRelease> part) {
-      auto batch = std::make_shared<ReleaseBatch>();
-      batch->notify = notify;
-      batch->locks = std::move(part);
-      release_batch(std::move(batch));
+      release_batch(ReleaseBatch::of(std::move(part), notify));
     };
     if (chunked) return in_chunks(all, send);
     send(std::move(all));
@@ -559,5 +564,24 @@ class RecipeStore : public StoreBase,
   std::vector<PendingRelease> quiet_releases_;  // without
   TurnEnd turn_end_{[this] { turn_ended(); }};
 };
+
+// The registry's line of a SQL store: a URL parsed as a `Target`, the
+// key prefix checked to leave room for a key in the lock table's lock_name
+// (`Store::kServer` names the table's server), then Store(loop, target,
+// settings).
+template <class Store, class Target>
+constexpr StoreKind sql_store_kind(std::string_view schemes, std::string_view usage) {
+  return {schemes, usage,
+          [](const std::string& url, const Options& options) {
+            (void)Target::parse(url);
+            if (sql_settings(options).key_prefix.size() >= Store::kMaxNameBytes)
+              throw InvalidArgument(fmt::format("Options::runtime.key_prefix leaves no room for a key in the {} lock "
+                                                "table's 255-byte lock_name",
+                                                Store::kServer));
+          },
+          [](Loop& loop, const std::string& url, const Options& options) -> std::unique_ptr<LockStore> {
+            return std::make_unique<Store>(loop, Target::parse(url), sql_settings(options));
+          }};
+}
 
 }  // namespace lockwatch::detail::sqlcommon
