@@ -11,14 +11,14 @@
 
 namespace lockwatch::detail::sqlcommon {
 
-void AcquireQueue::flush() {
-  std::vector<PendingAcquire> all = std::exchange(kind_queue_, {});
+void send_acquisitions(const Dialect& dialect, std::vector<PendingAcquire> all, std::vector<PendingAcquire> kinds,
+                       const SendBatch& send_exclusive, const SendBatch& send_kinds) {
+  by_name(kinds);
+  const auto send_group = [&](std::vector<PendingAcquire> part) { send_kinds(AcquireBatch::of(std::move(part))); };
+  in_chunks(kinds, send_group, kKindGroup);
   by_name(all);
-  in_chunks(all, [this](std::vector<PendingAcquire> part) { kinds_(AcquireBatch::of(std::move(part))); }, kKindGroup);
-  all = std::exchange(exclusive_queue_, {});
-  by_name(all);
-  auto send = [this](std::vector<PendingAcquire> part) { exclusive_(AcquireBatch::of(std::move(part))); };
-  if (dialect_.repeated_names) return in_chunks(all, send);
+  auto send = [&](std::vector<PendingAcquire> part) { send_exclusive(AcquireBatch::of(std::move(part))); };
+  if (dialect.repeated_names) return in_chunks(all, send);
   std::vector<std::vector<PendingAcquire>> rounds;  // the k-th request of each name in the k-th
   for (std::size_t i = 0; i < all.size();) {
     std::size_t j = i;

@@ -6,7 +6,7 @@
 // expiry) and a holders' table for shared, permit and fair holders. What
 // is the same logic in both lives here:
 //   - coalescing: the acquisitions asked for in one loop turn are queued
-//     (AcquireQueue) and cut at its end into statements: the exclusive
+//     and cut at its end into statements (send_acquisitions()): the exclusive
 //     ones in name order, kChunk a statement, and the other kinds in name
 //     order, kKindGroup a transaction;
 //   - retrying: a statement the server answered "retry later" (deadlock,
@@ -175,27 +175,11 @@ using ReleaseBatch = Batch<PendingRelease>;
 using AcquireBatchPtr = std::shared_ptr<AcquireBatch>;
 using SendBatch = std::function<void(AcquireBatchPtr)>;
 
-// The acquisitions of one loop turn, queued by acquire() and cut into
-// statements by flush() at the turn's end (the other kinds first).
-class AcquireQueue {
- public:
-  AcquireQueue(Dialect dialect, SendBatch exclusive, SendBatch kinds)
-      : dialect_(dialect), exclusive_(std::move(exclusive)), kinds_(std::move(kinds)) {}
-  // Queues each lock of an acquire() call; false when there was none.
-  bool add(std::span<const LockRef> locks, LockStore::AcquireDone done) {
-    split_locks(locks, std::move(done), exclusive_queue_, kind_queue_);
-    return !locks.empty();
-  }
-  // Sends what was queued.
-  void flush();
-
- private:
-  Dialect dialect_;
-  SendBatch exclusive_;
-  SendBatch kinds_;
-  std::vector<PendingAcquire> exclusive_queue_;
-  std::vector<PendingAcquire> kind_queue_;
-};
+// The acquisitions of one loop turn, cut into statements at its end: the
+// other kinds' first (`send_kinds`), then the exclusive ones
+// (`send_exclusive`), each in name order.
+void send_acquisitions(const Dialect& dialect, std::vector<PendingAcquire> exclusive, std::vector<PendingAcquire> kinds,
+                       const SendBatch& send_exclusive, const SendBatch& send_kinds);
 
 // A batch (anything with an `attempt` count) whose statement the server
 // answered "retry later" (a deadlock, a lock wait timeout) goes to `send`
@@ -345,7 +329,8 @@ class RecipeStore : public StoreBase,
 
   // Queued: the acquisitions of one turn go out together at its end.
   void acquire(std::span<const LockRef> locks, AcquireDone done) final {
-    if (acquires_.add(locks, std::move(done))) turn_end_.request();
+    split_locks(locks, std::move(done), exclusive_queue_, kind_queue_);
+    if (!locks.empty()) turn_end_.request();
   }
   // In statements as renewal_groups() cuts them.
   std::size_t renew(std::span<const LockRef> locks, std::shared_ptr<const void> keepalive, RenewDone done) final {
@@ -541,7 +526,10 @@ class RecipeStore : public StoreBase,
   }
   // The turn's end: its acquisitions, then its releases.
   void turn_ended() {
-    acquires_.flush();
+    send_acquisitions(
+        dialect_, std::exchange(exclusive_queue_, {}), std::exchange(kind_queue_, {}),
+        [this](AcquireBatchPtr b) { acquire_batch(std::move(b)); },
+        [this](AcquireBatchPtr b) { send_kind_group(std::move(b)); });
     for (bool notify : {true, false})
       send_releases(std::exchange(notify ? releases_ : quiet_releases_, {}), notify, true);
   }
@@ -557,9 +545,9 @@ class RecipeStore : public StoreBase,
     send(std::move(all));
   }
 
-  AcquireQueue acquires_{dialect_, [this](AcquireBatchPtr b) { acquire_batch(std::move(b)); },
-                         [this](AcquireBatchPtr b) { send_kind_group(std::move(b)); }};
-  // Releases asked for in this loop turn, sent together at its end.
+  // Acquisitions and releases asked for in this loop turn, sent together at its end.
+  std::vector<PendingAcquire> exclusive_queue_;
+  std::vector<PendingAcquire> kind_queue_;
   std::vector<PendingRelease> releases_;        // with release notices
   std::vector<PendingRelease> quiet_releases_;  // without
   TurnEnd turn_end_{[this] { turn_ended(); }};
