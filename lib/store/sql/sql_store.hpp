@@ -2,7 +2,7 @@
 // (mysql://user:password@host[:port]/database).
 //
 // The design is in docs/stores.md (#sql-mariadb-or-mysql: the lock row,
-// each exclusive step one statement in autocommit, the waiter's mark) and
+// each exclusive step one atomic write, the waiter's mark) and
 // docs/kinds.md (#mariadb-mysql: the holders' table, each other kind's
 // step one compound statement); the recipe it shares with PostgreSQL is
 // sqlcommon/sql_recipe.hpp. What the code adds to them:

@@ -6,9 +6,9 @@
 // expiry) and a holders' table for shared, permit and fair holders. What
 // is the same logic in both lives here:
 //   - coalescing: the acquisitions asked for in one loop turn are queued
-//     and cut at its end into statements (send_acquisitions()): the exclusive
-//     ones in name order, kChunk a statement, and the other kinds in name
-//     order, kKindGroup a transaction;
+//     and cut at its end into statements (send_acquisitions()): the
+//     exclusive ones in name order, kChunk a statement, and the other
+//     kinds in name order, kKindGroup a transaction;
 //   - retrying: a statement the server answered "retry later" (deadlock,
 //     lock wait timeout) goes again, up to kAttempts; an exclusive
 //     statement refused for one of its rows goes again lock by lock, so
@@ -71,7 +71,6 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
-#include <optional>
 #include <span>
 #include <string>
 #include <string_view>
