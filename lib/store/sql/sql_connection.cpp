@@ -260,14 +260,16 @@ void SqlConnection::run_handshake(std::size_t attempt) {
 void SqlConnection::send_queued() {
   if (state_ != State::kIdle) return;
   std::deque<Request>& source = handshaking_ ? handshake_ : queue_;
+  // After a failed request, at once: a transaction it began holds its rows.
+  if (std::exchange(roll_back_, false))
+    source.push_front(Request{"ROLLBACK", [](const SqlResult&, const StoreError*) {}});
   if (source.empty()) {
     // Idle: watch the socket anyway, to notice a server that closes it.
     wait_for(MYSQL_WAIT_READ);
     return;
   }
-  std::string sql = std::exchange(roll_back_, false) && !handshaking_ ? "ROLLBACK" : "";
+  std::string sql;
   std::size_t n = 0;
-  if (!sql.empty()) inflight_.push_back(Request{sql, [](const SqlResult&, const StoreError*) {}});
   while (!source.empty() && n < kMaxBatch && (n == 0 || sql.size() + source.front().sql.size() < kMaxBatchBytes)) {
     if (!sql.empty()) sql += ";\n";
     sql += source.front().sql;

@@ -13,8 +13,8 @@
 // multi-statement round trip, and each is answered on its own (its last
 // result set). A request the server refuses fails alone: the requests
 // after it in the same round trip were not run and go out again, after a
-// ROLLBACK (a request may have left a transaction open). Callbacks as
-// sqlcommon::ConnectionCore says.
+// ROLLBACK sent at once (a request may have left a transaction open).
+// Callbacks as sqlcommon::ConnectionCore says.
 //
 // A connection runs a session set-up first (UTC time zone, strict mode,
 // READ COMMITTED, a lock wait bounded by command_timeout) and then checks
@@ -179,7 +179,7 @@ class SqlConnection final : public sqlcommon::ConnectionCore<SqlRequest, SqlResu
   std::string connect_host_;  // the address of the attempt under way
   std::string last_error_ = "not connected yet";
   unsigned last_errno_ = 0;
-  bool roll_back_ = false;  // a request failed: a ROLLBACK goes first in the next round trip
+  bool roll_back_ = false;  // a request failed: a ROLLBACK goes next, at once
   // inflight_: sent in the current round trip, answered in order.
   std::deque<Request> handshake_;  // the session set-up, before queue_
 };
