@@ -5,8 +5,13 @@
 //   work goes in started().
 // - No-op subscriptions, for a store without release notices (one with
 //   them overrides subscribe() and unsubscribe()).
+// - FullStore: a store that holds every kind, tells its releases and
+//   offers every capability (Redis, memory), offered once.
 #pragma once
 
+#include <utility>
+
+#include "store/capabilities.hpp"
 #include "store/lock_store.hpp"
 
 namespace lockwatch::detail {
@@ -26,6 +31,26 @@ class StoreBase : public LockStore {
   virtual void started() {}
 
   StoreEvents events_;
+};
+
+class FullStore : public StoreBase,
+                  public FenceRaising,
+                  public JobClaims,
+                  public OperatorTools,
+                  public LockListing,
+                  public FairQueue,
+                  public TokenBlocks {
+ protected:
+  explicit FullStore(KeyRules keys)
+      : StoreBase(StoreTraits{.keys = std::move(keys), .release_events = true, .no_shared = nullptr,
+                              .no_permits = nullptr}) {
+    offer({.fence_raising = this,
+           .job_claims = this,
+           .operator_tools = this,
+           .lock_listing = this,
+           .fair_queue = this,
+           .token_blocks = this});
+  }
 };
 
 }  // namespace lockwatch::detail

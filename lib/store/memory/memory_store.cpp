@@ -21,22 +21,12 @@ std::string MemoryStore::space_name(const std::string& url) {
 }
 
 MemoryStore::MemoryStore(Loop& loop, std::shared_ptr<MemorySpace> space, const Options& options)
-    : StoreBase(StoreTraits{.keys = KeyRules{options.runtime.key_prefix},
-                            .release_events = true,
-                            .no_shared = nullptr,
-                            .no_permits = nullptr}),
+    : FullStore(KeyRules{options.runtime.key_prefix}),
       loop_(loop),
       space_(std::move(space)),
       link_(std::make_shared<MemoryLink>(loop, this)),
       command_timeout_(options.connection.command_timeout),
-      owner_name_(owner_name(options)) {
-  offer({.fence_raising = this,
-         .job_claims = this,
-         .operator_tools = this,
-         .lock_listing = this,
-         .fair_queue = this,
-         .token_blocks = this});
-}
+      owner_name_(owner_name(options)) {}
 
 MemoryStore::~MemoryStore() {
   // close() did this already, unless the store never ran.

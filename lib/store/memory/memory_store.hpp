@@ -18,13 +18,7 @@
 
 namespace lockwatch::detail {
 
-class MemoryStore final : public StoreBase,
-                          public FenceRaising,
-                          public JobClaims,
-                          public OperatorTools,
-                          public LockListing,
-                          public FairQueue,
-                          public TokenBlocks {
+class MemoryStore final : public FullStore {
  public:
   static constexpr std::string_view kScheme = "memory://";
 

@@ -127,29 +127,12 @@ inline KeyRules rules() {
 
 }  // namespace redisson_keys
 
-// What a Redis store (one node, a Cluster) is: its layout's key rules,
-// release notices, every kind of lock, and every capability, offered at
-// construction.
-class RedisStoreBase : public StoreBase,
-                       public FenceRaising,
-                       public JobClaims,
-                       public OperatorTools,
-                       public LockListing,
-                       public FairQueue,
-                       public TokenBlocks {
+// What a Redis store (one node, a Cluster) is: its layout's key rules, and
+// every kind and capability (FullStore).
+class RedisStoreBase : public FullStore {
  protected:
   RedisStoreBase(const StoreLayout& layout, std::string_view key_prefix)
-      : StoreBase(StoreTraits{.keys = layout.redisson() ? redisson_keys::rules() : redis_keys::rules(key_prefix),
-                              .release_events = true,
-                              .no_shared = nullptr,
-                              .no_permits = nullptr}) {
-    offer({.fence_raising = this,
-           .job_claims = this,
-           .operator_tools = this,
-           .lock_listing = this,
-           .fair_queue = this,
-           .token_blocks = this});
-  }
+      : FullStore(layout.redisson() ? redisson_keys::rules() : redis_keys::rules(key_prefix)) {}
 };
 
 }  // namespace lockwatch::detail
