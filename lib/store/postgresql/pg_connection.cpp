@@ -4,6 +4,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <memory>
 
 #include "core/option_checks.hpp"
@@ -409,10 +410,10 @@ void PgConnection::poll_now() {
   if (state_ == State::kReady && !inflight_.empty()) on_readable();
 }
 
-// Answers arrive in order, each statement's as its result(s) and a null,
+// Answers arrive in order, each statement's as its result and a null,
 // then the sync's own result: the request at the front is complete at its
-// sync. Of a transaction's statements the last one's result is kept, or
-// the first error (those skipped after it answer PGRES_PIPELINE_ABORTED).
+// sync. A transaction's statements answer in order (those skipped after
+// a failure with PGRES_PIPELINE_ABORTED).
 void PgConnection::drain() {
   while (!inflight_.empty() && (state_ == State::kReady || state_ == State::kHandshake) && PQisBusy(conn_) == 0) {
     PGresult* r = PQgetResult(conn_);
@@ -430,50 +431,39 @@ void PgConnection::drain() {
       complete_front();
       continue;
     }
-    const auto ok = [](const PGresult* res) {
-      const ExecStatusType st = PQresultStatus(res);
-      return st == PGRES_COMMAND_OK || st == PGRES_TUPLES_OK;
-    };
-    if (front.each && ok(r) && (!front.result || ok(front.result.get()))) {
-      front.results.emplace_back(r);  // the front's result is its last: the transaction went through
-      front.result.reset(PQcopyResult(r, PG_COPYRES_ATTRS));
-    } else if (!front.result || (front.ended > 0 && ok(front.result.get()))) {
-      front.result.reset(r);
-    } else {
+    if (front.results.size() == front.ended)
+      front.results.emplace_back(r);  // the statement's one result
+    else
       PQclear(r);
-    }
     front.stage = Stage::kEnd;
   }
 }
 
+// The request answers the first error of its statements, else the last
+// one's rows (and, to `each`, every one's).
 void PgConnection::complete_front() {
   Request r = std::move(inflight_.front());
   inflight_.pop_front();
   arm_deadline();
   StoreError error;
   const StoreError* err = nullptr;
-  if (!r.result) {
+  const auto failed = std::find_if(r.results.begin(), r.results.end(), [](const auto& res) {
+    const ExecStatusType st = PQresultStatus(res.get());
+    return st != PGRES_COMMAND_OK && st != PGRES_TUPLES_OK;
+  });
+  if (failed != r.results.end()) {
+    const char* code = PQresultErrorField(failed->get(), PG_DIAG_SQLSTATE);
+    const char* primary = PQresultErrorField(failed->get(), PG_DIAG_MESSAGE_PRIMARY);
+    error = pg_statement_error(name_, code != nullptr ? code : "",
+                               primary != nullptr ? primary : one_line(PQresultErrorMessage(failed->get())));
+    err = &error;
+  } else if (r.results.size() != 1 + r.then.size()) {
     error = pg_statement_error(name_, "", "the server sent no result for a statement");
     err = &error;
-  } else {
-    ExecStatusType st = PQresultStatus(r.result.get());
-    if (st != PGRES_COMMAND_OK && st != PGRES_TUPLES_OK) {
-      const char* code = PQresultErrorField(r.result.get(), PG_DIAG_SQLSTATE);
-      const char* primary = PQresultErrorField(r.result.get(), PG_DIAG_MESSAGE_PRIMARY);
-      error = pg_statement_error(name_, code != nullptr ? code : "",
-                                 primary != nullptr ? primary : one_line(PQresultErrorMessage(r.result.get())));
-      err = &error;
-    }
+  } else if (r.each) {
+    for (std::size_t i = 0; i < r.results.size(); ++i) r.each(i, PgRows(r.results[i].get()));
   }
-  if (!err && r.each) {
-    if (r.results.size() != 1 + r.then.size()) {
-      error = pg_statement_error(name_, "", "the server sent no result for a statement");
-      err = &error;
-    } else {
-      for (std::size_t i = 0; i < r.results.size(); ++i) r.each(i, PgRows(r.results[i].get()));
-    }
-  }
-  r.done(PgRows(err ? nullptr : r.result.get()), err);
+  r.done(PgRows(err ? nullptr : r.results.back().get()), err);
 }
 
 void PgConnection::arm_deadline() {

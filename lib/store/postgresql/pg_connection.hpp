@@ -109,10 +109,8 @@ struct PgRequest {
   PgDone done;
   std::chrono::steady_clock::time_point sent{};
   Stage stage = Stage::kResult;
-  std::unique_ptr<pg_result, ResultFree> result;  // once read
-  // execute_all with `each`: every statement's result, in order.
-  std::function<void(std::size_t, const PgRows&)> each;
-  std::vector<std::unique_ptr<pg_result, ResultFree>> results;
+  std::vector<std::unique_ptr<pg_result, ResultFree>> results;  // each statement's, in order
+  std::function<void(std::size_t, const PgRows&)> each;         // execute_all's, if any
 };
 
 class PgConnection final : public sqlcommon::ConnectionCore<PgRequest, PgRows, int> {

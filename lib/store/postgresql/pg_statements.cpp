@@ -243,7 +243,7 @@ std::vector<PgStatement> pg_lock_statements(const std::string& t, const std::str
                    "FROM {0} h WHERE h.lock_name = r.lock_name AND w.fence IS NULL) b ON true",
                    t, batch, remaining("h.expires_at"), h, kWriterMarkUs,
                    kPgSharedMarker, is_marker("h.owner"), o),
-       {kTextArray, kTextArray, kInt8Array}},
+       {kTextArray, kTextArray, kInt8Array, kInt8Array}},  // $4 (whether each waits) is MariaDB's
       // Answers the pairs it did not renew: taken by another owner, or gone.
       {"lockwatch_renew",
        fmt::format("WITH {1}, u AS (UPDATE {0} AS l SET expires_at = clock_timestamp() + r.ttl_us * interval "

@@ -32,7 +32,7 @@ namespace lockwatch::detail {
 class PgStore final : public sqlcommon::RecipeStore<PgConnection>, public FenceRaising {
  public:
   PgStore(Loop& loop, PgTarget target, const sqlcommon::SqlSettings& settings);
-  ~PgStore() override;
+  static constexpr const char* kServer = "PostgreSQL";  // as messages name its lock table's server
 
   // The tables as created when they are missing (also in docs/stores.md).
   static std::string table_definition(const std::string& table);
@@ -42,22 +42,14 @@ class PgStore final : public sqlcommon::RecipeStore<PgConnection>, public FenceR
   void subscribe(std::string_view name) override;
   void unsubscribe(std::string_view name) override;
   void poll_replies() override;
-  // FenceRaising on the row. JobClaims (on the database's clock,
-  // clock_timestamp()), OperatorTools and FairQueue are RecipeStore's
-  // flows over pg_statements() (a first waiter that withdraws from a
-  // free lock notifies).
+  // FenceRaising on the row. The locks' steps, JobClaims (on the
+  // database's clock, clock_timestamp()), OperatorTools and FairQueue are
+  // RecipeStore's flows over pg_statements() (each step one statement, or
+  // for the other kinds one transaction, its lock rows locked first; a
+  // first waiter that withdraws from a free lock notifies).
   void raise_fence(std::string_view name, std::uint64_t fence, RaiseDone done) override;
 
  private:
-  using AcquireBatchPtr = sqlcommon::AcquireBatchPtr;
-  using ReleaseBatch = sqlcommon::ReleaseBatch;
-  using PendingRelease = sqlcommon::PendingRelease;
-  // RecipeStore's steps (sql_recipe.hpp), each one statement, or for the
-  // other kinds one transaction, its lock rows locked first.
-  void acquire_batch(AcquireBatchPtr batch) override;
-  void renew_group(sqlcommon::RenewBatchPtr batch, std::vector<std::size_t> members, std::chrono::milliseconds ttl,
-                   bool kinds) override;
-  void release_batch(std::shared_ptr<ReleaseBatch> batch) override;
   void start_notices();
 
   // ON CONFLICT updates a row once per statement; arrays carry a ttl per lease.

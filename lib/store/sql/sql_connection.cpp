@@ -64,25 +64,12 @@ void SqlConnection::start() {
   ConnectionCore::start();
 }
 
-void SqlConnection::query(std::string sql, SqlDone done) {
-  if (refused_closed(done)) return;
-  queue_.push_back(Request{std::move(sql), std::move(done)});
-  if (state_ == State::kIdle) kick();
-}
-
 void SqlConnection::run(std::vector<std::string> steps, SqlDone done) {
-  if (steps.size() == 1) return query(std::move(steps.front()), std::move(done));
-  struct Steps {
-    bool failed = false;
-    SqlDone done;
-  };
-  auto shared = std::make_shared<Steps>(Steps{false, std::move(done)});
-  for (std::size_t i = 0; i < steps.size(); ++i)
-    query(std::move(steps[i]), [shared, last = i + 1 == steps.size()](const SqlResult& r, const StoreError* err) {
-      if (shared->failed || (!last && !err)) return;
-      shared->failed = err != nullptr;
-      shared->done(r, err);
-    });
+  if (refused_closed(done)) return;
+  std::string sql;
+  for (const auto& step : steps) sql += (sql.empty() ? "" : ";\n") + step;
+  queue_.push_back(Request{std::move(sql), std::move(done), steps.size()});
+  if (state_ == State::kIdle) kick();
 }
 
 // The session's statement `name`; none (`done` then failed, on the next
@@ -273,6 +260,9 @@ void SqlConnection::run_handshake(std::size_t attempt) {
 void SqlConnection::send_queued() {
   if (state_ != State::kIdle) return;
   std::deque<Request>& source = handshaking_ ? handshake_ : queue_;
+  // After a failed request, at once: a transaction it began holds its rows.
+  if (std::exchange(roll_back_, false))
+    source.push_front(Request{"ROLLBACK", [](const SqlResult&, const StoreError*) {}});
   if (source.empty()) {
     // Idle: watch the socket anyway, to notice a server that closes it.
     wait_for(MYSQL_WAIT_READ);
@@ -281,11 +271,11 @@ void SqlConnection::send_queued() {
   std::string sql;
   std::size_t n = 0;
   while (!source.empty() && n < kMaxBatch && (n == 0 || sql.size() + source.front().sql.size() < kMaxBatchBytes)) {
-    if (n > 0) sql += ";\n";
+    if (!sql.empty()) sql += ";\n";
     sql += source.front().sql;
+    n += source.front().statements;
     inflight_.push_back(std::move(source.front()));
     source.pop_front();
-    ++n;
   }
   state_ = State::kBusy;
   phase_ = Phase::kQuery;
@@ -361,7 +351,9 @@ void SqlConnection::resume(int events) {
 }
 
 void SqlConnection::statement_answered() {
-  // The statement at the front of inflight_ was run: read its result.
+  // A statement of the request at the front of inflight_ was run: read
+  // its result set, if it has one.
+  if (inflight_.empty()) return went_down("the server sent more results than statements", true);  // cannot be
   if (mysql_field_count(mysql_) > 0) {
     phase_ = Phase::kStore;
     MYSQL_RES* res = nullptr;
@@ -369,19 +361,15 @@ void SqlConnection::statement_answered() {
     store_step(status, res);
     return;
   }
-  SqlResult out;
-  out.affected = mysql_affected_rows(mysql_);
   phase_ = Phase::kNone;
-  if (inflight_.empty()) {  // more results than statements: cannot happen
-    went_down("the server sent more results than statements", true);
-    return;
-  }
-  answer_front(out, nullptr);
+  if (--inflight_.front().statements == 0) return answer_front(nullptr);
+  after_results();
 }
 
 void SqlConnection::finish_store(MYSQL_RES* res) {
   if (res == nullptr) return statement_failed();
-  SqlResult out;
+  SqlResult& out = inflight_.front().answer;
+  out.rows.clear();
   unsigned fields = mysql_num_fields(res);
   while (MYSQL_ROW row = mysql_fetch_row(res)) {
     unsigned long* lengths = mysql_fetch_lengths(res);
@@ -392,7 +380,8 @@ void SqlConnection::finish_store(MYSQL_RES* res) {
   }
   mysql_free_result(res);
   phase_ = Phase::kNone;
-  answer_front(out, nullptr);
+  if (--inflight_.front().statements == 0) return answer_front(nullptr);
+  after_results();
 }
 
 void SqlConnection::after_results() {
@@ -422,23 +411,26 @@ void SqlConnection::statement_failed() {
   last_error_ = mysql_error(mysql_);
   if (client_error(code) || inflight_.empty()) return went_down(last_error_, true);
   // The server refused this statement; the connection is fine and the
-  // statements after it in the round trip were not run.
+  // statements after it in the round trip were not run (a transaction
+  // the request began is rolled back first).
   phase_ = Phase::kNone;
+  roll_back_ = !handshaking_;
   StoreError err = sql_error(name_, code, last_error_);
   if (code == ER_PARSE_ERROR && inflight_.front().sql.starts_with(sql::kCompound))
     // A server without MariaDB's compound statements (MySQL): say what is
     // missing rather than only where the syntax broke.
     err.message = "shared, permit and fair locks need MariaDB's compound statements (BEGIN NOT ATOMIC), which "
                   "this server does not take: " + err.message;
-  answer_front(SqlResult{}, &err);
+  answer_front(&err);
 }
 
-// The statement at the front of inflight_ answered: its caller hears, then
-// the round trip goes on (unless the callback dropped the connection).
-void SqlConnection::answer_front(const SqlResult& out, const StoreError* err) {
+// The request at the front of inflight_ answered (its last statement, or
+// one that failed): its caller hears, then the round trip goes on (unless
+// the callback dropped the connection).
+void SqlConnection::answer_front(const StoreError* err) {
   Request r = std::move(inflight_.front());
   inflight_.pop_front();
-  r.done(out, err);
+  r.done(err ? SqlResult{} : r.answer, err);
   if (state_ == State::kClosed) return;
   after_results();
 }
@@ -509,6 +501,7 @@ void SqlConnection::teardown() {
     mysql_ = nullptr;
   }
   handshaking_ = false;
+  roll_back_ = false;
   phase_ = Phase::kNone;
   if (state_ != State::kClosed) state_ = State::kDown;
 }

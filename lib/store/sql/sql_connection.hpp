@@ -8,11 +8,13 @@
 // timer for the library's own timeouts. The loop never waits on the
 // database.
 //
-// Statements queue in order. Those queued when the loop comes round go to
-// the server together, as one multi-statement round trip, and each is
-// answered on its own (affected rows, rows). A statement the
-// server refuses fails alone: the ones after it in the same round trip were
-// not run and go out again. Callbacks as sqlcommon::ConnectionCore says.
+// Requests (a statement, or several that go together) queue in order.
+// Those queued when the loop comes round go to the server together, as one
+// multi-statement round trip, and each is answered on its own (its last
+// result set). A request the server refuses fails alone: the requests
+// after it in the same round trip were not run and go out again, after a
+// ROLLBACK sent at once (a request may have left a transaction open).
+// Callbacks as sqlcommon::ConnectionCore says.
 //
 // A connection runs a session set-up first (UTC time zone, strict mode,
 // READ COMMITTED, a lock wait bounded by command_timeout) and then checks
@@ -42,7 +44,6 @@ struct st_mysql_res;
 namespace lockwatch::detail {
 
 struct SqlResult final : sqlcommon::Rows {
-  std::uint64_t affected = 0;   // rows changed (found rows are not counted)
   std::vector<std::vector<std::string>> rows;  // a result set's rows; NULL reads as ""
 
   // Rows: NULL and "" are one (an empty cell reads as NULL).
@@ -68,10 +69,11 @@ using SqlDone = std::function<void(const SqlResult& result, const StoreError* er
 using SqlStaleThreads = sqlcommon::StaleSessions<unsigned long>;
 
 // A named statement (sqlcommon/sql_recipe.hpp lists the recipe's): its
-// steps, sent in order in one round trip, the last one's answer the
-// statement's; each $1..$9 in them is filled with that parameter as
-// `types` says ('x' hex text, written as X'..'; 'n' a number), or NULL
-// when the parameter is not one (sql::fill()). In a transaction
+// steps, sent in order in one round trip, the last result set the
+// statement's answer; each $1..$9 in them is filled with that parameter as
+// `types` says ('x' hex text, written as X'..'; 'n' a number; 'X', 'N'
+// arrays of either), or NULL when the parameter is not one (sql::fill()).
+// In a transaction
 // (execute_all()) its first step is part of one compound statement, and
 // its answer the values of `answer`'s expressions after it.
 struct SqlStatement {
@@ -97,10 +99,12 @@ struct SqlSession {
   std::vector<SqlStatement> statements;
 };
 
-// A statement on a connection, kept until it is answered.
+// Statements sent together (separated by ";\n"), kept until answered.
 struct SqlRequest {
   std::string sql;
   SqlDone done;
+  std::size_t statements = 1;  // results still to come
+  SqlResult answer = {};  // the last result set so far
 };
 
 class SqlConnection final : public sqlcommon::ConnectionCore<SqlRequest, SqlResult, unsigned long> {
@@ -110,10 +114,8 @@ class SqlConnection final : public sqlcommon::ConnectionCore<SqlRequest, SqlResu
 
   // Loop thread only, from here on: its own timer, then ConnectionCore's.
   void start();
-  void query(std::string sql, SqlDone done);
-  // Sends `steps` in order (one round trip, as far as kMaxBatch allows):
-  // `done` gets the last one's answer, or the first failure (the steps
-  // after it run, unanswered).
+  // Sends `steps` in order, in one round trip: `done` gets the last result
+  // set, or the first failure (the steps after it do not run).
   void run(std::vector<std::string> steps, SqlDone done);
   // The session's statement `name` (SqlStatement) with these parameters.
   void execute(const std::string& name, const std::vector<std::string>& params, SqlDone done);
@@ -152,7 +154,7 @@ class SqlConnection final : public sqlcommon::ConnectionCore<SqlRequest, SqlResu
   void statement_answered();
   void finish_store(st_mysql_res* res);
   void statement_failed();
-  void answer_front(const SqlResult& out, const StoreError* err);
+  void answer_front(const StoreError* err);
   void after_results();
   void wait_for(int status);
   void connection_failed(unsigned code, std::string why);
@@ -177,6 +179,7 @@ class SqlConnection final : public sqlcommon::ConnectionCore<SqlRequest, SqlResu
   std::string connect_host_;  // the address of the attempt under way
   std::string last_error_ = "not connected yet";
   unsigned last_errno_ = 0;
+  bool roll_back_ = false;  // a request failed: a ROLLBACK goes next, at once
   // inflight_: sent in the current round trip, answered in order.
   std::deque<Request> handshake_;  // the session set-up, before queue_
 };

@@ -2,13 +2,8 @@
 
 #include <fmt/format.h>
 
-#include <map>
-#include <numeric>
-
 #include "core/token.hpp"
 #include "store/sql/sql_literals.hpp"
-#include "store/sqlcommon/claims.hpp"
-#include "store/sql/sql_error.hpp"
 
 namespace lockwatch::detail {
 
@@ -106,240 +101,95 @@ SqlStore::SqlStore(Loop& loop, SqlTarget target, const sqlcommon::SqlSettings& s
   connections_.make(loop, target_, settings_, session);
 }
 
-SqlStore::~SqlStore() = default;
-
-void SqlStore::read_holders(SqlConnection& conn, const std::string& names,
-                            std::function<void(const RowHolders&, const StoreError*)> done) {
-  conn.query(fmt::format("SELECT lock_name, owner, expires_at > NOW(6) FROM {} WHERE lock_name IN ({})", table_, names),
-             [done = std::move(done)](const SqlResult& r, const StoreError* err) {
-               RowHolders rows;
-               if (!err)
-                 for (const auto& row : r.rows)
-                   if (row.size() == 3) rows[row[0]] = {row[1], row[2] == "1"};
-               done(rows, err);
-             });
-}
-
-void SqlStore::acquire_batch(AcquireBatchPtr batch) {
-  // One statement decides for the whole batch, row by row: a free or
-  // expired row becomes ours with its fence raised, unless another
+SqlStatement SqlStore::acquire_statement() const {
+  // One statement decides for the whole batch, row by row: a
+  // free or expired row becomes ours with its fence raised, unless another
   // runtime's mark on it lives; a row held by another owner is left as it
-  // is. In each row `fence` is assigned first, while owner, expires_at
-  // and the mark still hold the old values; then owner; then expires_at,
-  // which sees the new owner; then the mark (waiter, then waiter_until,
-  // which sees the new waiter): cleared by our grant, left when another's
-  // lives, else ours (new or renewed) when we are busy and wait.
-  // VALUES(waiter) carries this store's waiter_id_ when the acquisition
-  // waits, '' when it does not (so a call without a wait never passes a
-  // mark, even ours); a row we insert is ours, its mark dead (waiter_until
-  // NULL). A name twice in the batch is two rows of the statement, in
-  // order, the second seeing what the first did. One commit for the batch.
-  std::string insert = fmt::format(
-      "INSERT INTO {} (lock_name, owner, fence, expires_at, owner_name, granted_at, waiter) VALUES ", table_);
-  std::string names;
-  for (std::size_t k = 0; k < batch->locks.size(); ++k) {
-    const auto& l = batch->locks[k];
-    if (k > 0) {
-      insert += ',';
-      names += ',';
-    }
-    std::string n = hex(l.name);
-    std::string t = hex(l.token);
-    insert += fmt::format("({}, {}, 1, NOW(6) + INTERVAL {} MICROSECOND, {}, NOW(6), {})", n, t, micros(l.ttl),
-                          owner_name_, l.waits ? hex(waiter_id_) : std::string("''"));
-    names += n;
-  }
+  // is. In each row `fence` is assigned first, while owner, expires_at and
+  // the mark still hold the old values; then owner; then expires_at, which
+  // sees the new owner; then the mark (waiter, then waiter_until, which
+  // sees the new waiter): cleared by our grant, left when another's lives,
+  // else ours (new or renewed) when we are busy and wait. VALUES(waiter)
+  // carries this store's waiter_id_ when the acquisition waits, '' when it
+  // does not (so a call without a wait never passes a mark, even ours); a
+  // row we insert is ours, its mark dead (waiter_until NULL). A name twice
+  // in the batch is two rows of the statement, in order, the second seeing
+  // what the first did. One commit for the batch.
+  const std::string waiter = hex(waiter_id_);
   // No mark lives but ours (NULL-safe: waiter_until may be NULL).
-  constexpr std::string_view unmarked =
-      "(waiter_until IS NULL OR waiter_until <= NOW(6) OR waiter = VALUES(waiter))";
-  insert += fmt::format(
-      " ON DUPLICATE KEY UPDATE "
-      "fence = IF(expires_at <= NOW(6) AND {0}, fence + 1, fence), "
-      "owner_name = IF(expires_at <= NOW(6) AND {0}, VALUES(owner_name), owner_name), "
-      "granted_at = IF(expires_at <= NOW(6) AND {0}, VALUES(granted_at), granted_at), "
-      "owner = IF(expires_at <= NOW(6) AND {0}, VALUES(owner), owner), "
+  constexpr std::string_view unmarked = "(waiter_until IS NULL OR waiter_until <= NOW(6) OR waiter = VALUES(waiter))";
+  const std::string insert = fmt::format(
+      "INSERT INTO {0} (lock_name, owner, fence, expires_at, owner_name, granted_at, waiter) VALUES "
+      "$[, |($1, $2, 1, NOW(6) + INTERVAL $3 MICROSECOND, {1}, NOW(6), IF($4 = 1, {2}, ''))$] "
+      "ON DUPLICATE KEY UPDATE "
+      "fence = IF(expires_at <= NOW(6) AND {3}, fence + 1, fence), "
+      "owner_name = IF(expires_at <= NOW(6) AND {3}, VALUES(owner_name), owner_name), "
+      "granted_at = IF(expires_at <= NOW(6) AND {3}, VALUES(granted_at), granted_at), "
+      "owner = IF(expires_at <= NOW(6) AND {3}, VALUES(owner), owner), "
       "expires_at = IF(owner = VALUES(owner), VALUES(expires_at), expires_at), "
-      "waiter = IF({0}, IF(owner = VALUES(owner), '', IF(VALUES(waiter) = '', waiter, VALUES(waiter))), waiter), "
-      "waiter_until = IF(waiter = '', NULL, IF(waiter = VALUES(waiter), NOW(6) + INTERVAL {1} MICROSECOND, "
+      "waiter = IF({3}, IF(owner = VALUES(owner), '', IF(VALUES(waiter) = '', waiter, VALUES(waiter))), waiter), "
+      "waiter_until = IF(waiter = '', NULL, IF(waiter = VALUES(waiter), NOW(6) + INTERVAL {4} MICROSECOND, "
       "waiter_until))",
-      unmarked, micros(kWaiterMarkLife));
-  // In the same round trip, what the write did: a row whose owner is our
-  // token (unique to this acquisition) is ours, with the fence the write
-  // gave it; any other row is busy for its remaining time, or, free but
-  // marked by another, for a short while. The read decides nothing: only
-  // our own write can have put our token there.
-  std::string report = fmt::format(
-      "SELECT lock_name, owner, fence, GREATEST(TIMESTAMPDIFF(MICROSECOND, NOW(6), expires_at), 0), waiter, "
-      "IFNULL(GREATEST(TIMESTAMPDIFF(MICROSECOND, NOW(6), waiter_until), 0), 0) FROM {} WHERE lock_name IN ({})",
-      table_, names);
-  // A failure answers the batch (or sends it again); the report answers
-  // it otherwise.
-  command_connection().run({std::move(insert), std::move(report)},
-                           [this, batch](const SqlResult& r, const StoreError* err) {
-                             if (err) return acquire_failed(batch, *err);
-                             acquire_reported(batch, r);
-                           });
+      table_, owner_name_, waiter, unmarked, micros(kWaiterMarkLife));
+  // A row readers hold gets the writer's mark (sqlcommon::exclusive_busy()),
+  // carrying the lock's fence: a writer's grant raises it, and so ends the
+  // mark however long it had to run. It is left only while readers still
+  // hold the row.
+  const std::string mark = fmt::format(
+      "INSERT INTO {0} (lock_name, owner, role, n, seq, expires_at) SELECT l.lock_name, '{1}', 'w', l.fence, 0, "
+      "NOW(6) + INTERVAL LEAST(r.ttl, {2}) MICROSECOND FROM {3} JOIN {4} l ON l.lock_name = r.nm "
+      "WHERE l.owner = '{5}' AND l.expires_at > NOW(6) "
+      "ON DUPLICATE KEY UPDATE n = VALUES(n), expires_at = VALUES(expires_at)",
+      holders_, kWriterOwner, micros(sqlcommon::kWriterMark), batch_rows(", $3 AS ttl"), table_, kSharedMarker);
+  // What the write did (sqlcommon::answer_acquisitions()): a row whose
+  // owner is our token (unique to this acquisition) is ours, with the fence
+  // the write gave it; any other row is busy for its remaining time, or,
+  // free but marked by another, for a short while (the marked waiter goes
+  // first; we look again soon, in case it never comes). The read decides
+  // nothing: only our own write can have put our token there.
+  const std::string report = fmt::format(
+      "SELECT r.i, IF(l.owner = r.tk AND l.expires_at > NOW(6), l.fence, NULL), "
+      "IF(l.expires_at <= NOW(6) AND l.waiter_until > NOW(6) AND NOT (r.waits = 1 AND l.waiter = {0}), "
+      "LEAST(TIMESTAMPDIFF(MICROSECOND, NOW(6), l.waiter_until), {1}), "
+      "GREATEST(TIMESTAMPDIFF(MICROSECOND, NOW(6), l.expires_at), 0)), "
+      "IF(l.owner = '{2}' OR (l.expires_at > NOW(6) AND l.owner LIKE '{3}%'), l.owner, NULL) "
+      "FROM {4} LEFT JOIN {5} l ON l.lock_name = r.nm",
+      waiter, micros(kMarkedRowRetry), kSharedMarker, kMarkerPrefix, batch_rows(", $4 AS waits"), table_);
+  return {"lockwatch_acquire", "XXNN", {insert, mark, report}};
 }
 
-void SqlStore::acquire_reported(const AcquireBatchPtr& batch, const SqlResult& r) {
-  std::map<std::string_view, const std::vector<std::string>*> rows;
-  for (const auto& row : r.rows)
-    if (row.size() == 6) rows[row[0]] = &row;
-  auto answers = std::make_shared<std::vector<Acquired>>(batch->locks.size());
-  std::vector<std::pair<std::string, std::chrono::milliseconds>> marks;
-  for (std::size_t k = 0; k < batch->locks.size(); ++k) {
-    const auto& l = batch->locks[k];
-    Acquired& out = (*answers)[k];
-    auto it = rows.find(l.name);
-    if (it == rows.end()) {
-      out.status = Acquired::Status::kBusy;  // cannot be: the insert made the row
-      continue;
-    }
-    const auto& row = *it->second;
-    long long us = to_ll(row[3]);
-    if (row[1] == l.token && us > 0) {
-      out.status = Acquired::Status::kTaken;
-      out.fence = static_cast<std::uint64_t>(to_ll(row[2]));
-      continue;
-    }
-    out.status = Acquired::Status::kBusy;
-    out.busy_for = sql::ms_up(us);
-    const long long mark_us = to_ll(row[5]);
-    if (us == 0 && mark_us > 0 && !(l.waits && row[4] == waiter_id_))
-      // Free, but another's mark lives: the marked waiter goes first;
-      // we look again soon, in case it never comes.
-      out.busy_for = std::min(sql::ms_up(mark_us), kMarkedRowRetry);
-    // Readers hold it (the writer leaves its mark), or another kind does.
-    const std::string_view owner = row[1];
-    if (owner == kSharedMarker || (us > 0 && (owner == kFairMarker || owner.starts_with(kPermitsMarker)))) {
-      auto mark = sqlcommon::exclusive_busy(out, l, owner, target_.name());
-      if (mark) marks.emplace_back(l.name, *mark);
-    }
-  }
-  auto answer = [batch, answers] {
-    for (std::size_t k = 0; k < batch->locks.size(); ++k) batch->locks[k].answer((*answers)[k]);
+std::vector<SqlStatement> SqlStore::lock_statements() const {
+  // Who holds a lock we did not renew or release: taken by another owner,
+  // or gone (expired, or never ours), as of `now`.
+  const auto undone = [this](std::string_view now) {
+    return fmt::format("SELECT r.i, IFNULL(l.owner <> '' AND l.owner <> r.tk AND l.expires_at > {0}, 0) FROM {1} "
+                       "LEFT JOIN {2} l ON l.lock_name = r.nm "
+                       "WHERE l.lock_name IS NULL OR l.owner <> r.tk OR l.expires_at <= {0}",
+                       now, batch_rows(), table_);
   };
-  if (marks.empty()) return answer();
-  mark_writers(std::move(marks), std::move(answer));
-}
-
-void SqlStore::mark_writers(std::vector<std::pair<std::string, std::chrono::milliseconds>> names,
-                            std::function<void()> done) {
-  // The mark carries the lock's fence: a writer's grant raises it, and so
-  // ends the mark however long it had to run. It is left only while
-  // readers still hold the row; a mark that fails to be written leaves
-  // the writer to try again (and mark again) on its back-off.
-  auto left = std::make_shared<std::size_t>(names.size());
-  auto shared_done = std::make_shared<std::function<void()>>(std::move(done));
-  SqlConnection& conn = command_connection();
-  for (const auto& [name, mark] : names) {
-    conn.query(fmt::format("INSERT INTO {} (lock_name, owner, role, n, seq, expires_at) "
-                           "SELECT lock_name, '{}', 'w', fence, 0, NOW(6) + INTERVAL {} MICROSECOND FROM {} "
-                           "WHERE lock_name = {} AND owner = '{}' AND expires_at > NOW(6) "
-                           "ON DUPLICATE KEY UPDATE n = VALUES(n), expires_at = VALUES(expires_at)",
-                           holders_, kWriterOwner, micros(mark), table_, hex(name), kSharedMarker),
-               [left, shared_done](const SqlResult&, const StoreError*) {
-                 if (--*left == 0) (*shared_done)();
-               });
-  }
-}
-
-void SqlStore::renew_group(RenewBatchPtr batch, std::vector<std::size_t> members, std::chrono::milliseconds ttl,
-                           bool kinds) {
-  if (kinds) return renew_kinds(std::move(batch), std::move(members), ttl);
-  const RenewalLists lists(batch->locks, members);
-  std::string sql = fmt::format(
-      "UPDATE {} SET expires_at = NOW(6) + INTERVAL {} MICROSECOND WHERE lock_name IN ({}) AND expires_at > NOW(6) "
-      "AND (lock_name, owner) IN ({})",
-      table_, micros(ttl), lists.names, lists.pairs);
-  connections_.renew->query(std::move(sql), [this, batch, members = std::move(members)](
-                                                const SqlResult& r, const StoreError* err) mutable {
-    if (err) return batch->answer(members, Renewed::kTransient, err);
-    if (r.affected == members.size()) return batch->answer(members, Renewed::kYes, nullptr);
-    classify_renewals(std::move(batch), std::move(members));
-  });
-}
-
-void SqlStore::classify_renewals(RenewBatchPtr batch, std::vector<std::size_t> members) {
-  // Some were not renewed: after the write that decided, read who holds
-  // each. A row that is ours and unexpired now was renewed (only our
-  // token extends it); another owner's unexpired row was taken; anything
-  // else expired.
-  const RenewalLists lists(batch->locks, members);
-  read_holders(*connections_.renew, lists.names,
-               [batch, members = std::move(members)](const RowHolders& rows, const StoreError* err) {
-                 if (err) return batch->answer(members, Renewed::kTransient, err);
-                 for (std::size_t i : members) {
-                   const LockRef& l = batch->locks[i];
-                   const Standing s = standing(rows, l.name, l.token);
-                   batch->done(i,
-                               s == Standing::kOurs    ? Renewed::kYes
-                               : s == Standing::kOther ? Renewed::kTakenByOther
-                                                       : Renewed::kGone,
-                               nullptr);
-                 }
-               });
-}
-
-SqlStore::Standing SqlStore::standing(const RowHolders& rows, std::string_view name, std::string_view token) {
-  auto it = rows.find(name);
-  if (it == rows.end() || !it->second.live || it->second.owner.empty()) return Standing::kNone;
-  return it->second.owner == token ? Standing::kOurs : Standing::kOther;
-}
-
-void SqlStore::release_batch(std::shared_ptr<ReleaseBatch> batch) {
-  if (!batch->locks.front().kind.exclusive_kind()) return release_kinds(batch->locks);
-  std::vector<std::size_t> all(batch->locks.size());
-  std::iota(all.begin(), all.end(), 0);
-  const RenewalLists lists(batch->locks, all);
-  SqlConnection& conn = command_connection();
-  // In one round trip: who holds each lock, then the release of those
-  // that are ours. The read before only names the outcome; the write
-  // decides (only rows still ours and unexpired are released).
-  read_holders(conn, lists.names, [batch](const RowHolders& rows, const StoreError* err) {
-    if (err) return;  // the update fails too and answers
-    for (const auto& l : batch->locks) batch->before.push_back(static_cast<int>(standing(rows, l.name, l.token)));
-  });
-  conn.query(fmt::format("UPDATE {} SET owner = '', expires_at = NOW(6) WHERE lock_name IN ({}) "
-                         "AND expires_at > NOW(6) AND (lock_name, owner) IN ({})",
-                         table_, lists.names, lists.pairs),
-             [this, batch](const SqlResult& r, const StoreError* err) { release_answered(batch, r, err); });
-}
-
-void SqlStore::release_answered(const std::shared_ptr<ReleaseBatch>& batch, const SqlResult& r, const StoreError* err) {
-  if (err) return batch->answer(Released::kUnconfirmed, err);
-  auto before = [&](std::size_t k) {
-    return k < batch->before.size() ? static_cast<Standing>(batch->before[k]) : Standing::kNone;
+  return {
+      acquire_statement(),
+      // Renew: only our unexpired rows are extended (only our token extends
+      // a row); the read after names the others.
+      {"lockwatch_renew",
+       "XXN",
+       {fmt::format("UPDATE {} SET expires_at = NOW(6) + INTERVAL $3 MICROSECOND WHERE lock_name IN ({}) "
+                    "AND expires_at > NOW(6) AND (lock_name, owner) IN ({})",
+                    table_, kNames, kPairs),
+        undone("NOW(6)")}},
+      // Release: the rows locked, in name order, then read (naming the
+      // outcome) and written (deciding it: only rows still ours are freed)
+      // on one reading of the clock, in one transaction.
+      {"lockwatch_release",
+       "XX",
+       {"START TRANSACTION",
+        fmt::format("SELECT COUNT(*) INTO @lw_rows FROM {} WHERE lock_name IN ({}) FOR UPDATE", table_, kNames),
+        "SET @lw_now = NOW(6)", undone("@lw_now"),
+        fmt::format("UPDATE {} SET owner = '', expires_at = NOW(6) WHERE lock_name IN ({}) AND expires_at > @lw_now "
+                    "AND (lock_name, owner) IN ({})",
+                    table_, kNames, kPairs),
+        "COMMIT"}},
   };
-  std::size_t ours = 0;
-  for (std::size_t k = 0; k < batch->locks.size(); ++k) ours += before(k) == Standing::kOurs;
-  if (r.affected == ours) {
-    for (std::size_t k = 0; k < batch->locks.size(); ++k)
-      batch->locks[k].answer(before(k) == Standing::kOurs    ? Released::kYes
-                             : before(k) == Standing::kOther ? Released::kTakenByOther
-                                                             : Released::kGone,
-                             nullptr);
-    return;
-  }
-  // A lock expired between the read and the write: read again. A row
-  // still ours was not released (it expired); another owner's took it
-  // since; an emptied row was released by us.
-  std::vector<std::size_t> all(batch->locks.size());
-  std::iota(all.begin(), all.end(), 0);
-  read_holders(command_connection(), RenewalLists(batch->locks, all).names, [batch](const RowHolders& rows,
-                                                                                  const StoreError* e2) {
-    for (const auto& l : batch->locks) {
-      auto it = rows.find(l.name);
-      Released st = Released::kGone;
-      if (e2)
-        st = Released::kUnconfirmed;
-      else if (it != rows.end() && it->second.owner.empty())
-        st = Released::kYes;
-      else if (it != rows.end() && it->second.owner != l.token && it->second.live)
-        st = Released::kTakenByOther;
-      l.answer(st, e2);
-    }
-  });
 }
 
 std::vector<SqlStatement> SqlStore::statements() const {
@@ -352,6 +202,7 @@ std::vector<SqlStatement> SqlStore::statements() const {
   // (and the row its marker while they wait). Withdraw: no notices to
   // send on SQL, the next waiter finds itself first at its next attempt.
   std::vector<SqlStatement> all = kind_statements();
+  for (auto& more : lock_statements()) all.push_back(std::move(more));
   all.insert(all.end(), {
       {"lockwatch_time", "", {"SELECT UNIX_TIMESTAMP(NOW(6))"}},
       {"lockwatch_claim",
@@ -393,18 +244,6 @@ std::vector<SqlStatement> SqlStore::statements() const {
             "UPDATE {0} SET owner = '', expires_at = NOW(6) WHERE lock_name = $1 AND owner NOT LIKE '{2}%'; {3}",
             table_, holders_, sql::kMarkerPrefix, shrink("$1"))),
         "SELECT 1 FROM DUAL WHERE @lw_was > 0"}},
-      // A shared, permit or fair holder leaves: its row goes, and the lock
-      // row's expiry shrinks to the latest holder left, or the row is freed
-      // with the last (a writer may take it then).
-      {"lockwatch_release_holder",
-       "xx",
-       {transaction(fmt::format(
-            "SELECT COUNT(*) INTO @lw_row FROM {0} WHERE lock_name = $1 FOR UPDATE; "
-            "DELETE FROM {1} WHERE lock_name = $1 AND owner = $2 AND role IN ('r', 'p', 'f') AND expires_at > NOW(6); "
-            "SET @lw_released = ROW_COUNT(); "
-            "DELETE FROM {1} WHERE lock_name = $1 AND owner = $2 AND role IN ('r', 'p', 'f'); {2}",
-            table_, holders_, shrink("$1"))),
-        "SELECT @lw_released"}},
       {"lockwatch_withdraw",
        "xx",
        {transaction(fmt::format("SELECT COUNT(*) INTO @lw_row FROM {0} WHERE lock_name = $1 FOR UPDATE; "

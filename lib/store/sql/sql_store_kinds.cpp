@@ -6,18 +6,12 @@
 // connection (SqlConnection::execute_all()).
 #include <fmt/format.h>
 
-#include <algorithm>
-#include <map>
-#include <set>
-
-#include "store/sql/sql_error.hpp"
 #include "store/sql/sql_literals.hpp"
 #include "store/sql/sql_store.hpp"
 
 namespace lockwatch::detail {
 
 using namespace sql;  // the statements' literals (sql_literals.hpp)
-using sqlcommon::to_hex;
 
 std::string SqlStore::shrink(const std::string& name) const {
   return fmt::format(
@@ -143,50 +137,35 @@ std::vector<SqlStatement> SqlStore::kind_statements() const {
        {read + "IF $5 = 0 THEN " + decide(kSharedAcquireSql) + " ELSE " + decide(kPermitsAcquireSql) + " END IF;"},
        answer},
       {"lockwatch_acquire_fair", "xxnx", {read + decide(kFairAcquireSql)}, answer},
+      // Renew: one statement extends each holder's own row and its lock
+      // row's expiry together (the lock row first, as every transaction
+      // takes them); a holder whose time ran out is not extended: its lease
+      // is gone. The read after it names which were.
+      {"lockwatch_renew_kind",
+       "XXNX",
+       {fmt::format("UPDATE {0} l STRAIGHT_JOIN {1} h ON h.lock_name = l.lock_name "
+                    "SET h.expires_at = NOW(6) + INTERVAL $3 MICROSECOND, "
+                    "l.expires_at = GREATEST(l.expires_at, NOW(6) + INTERVAL $3 MICROSECOND) "
+                    "WHERE l.lock_name IN ({2}) AND (h.lock_name, h.owner) IN ({3}) "
+                    "AND h.role IN ('r', 'p', 'f') AND h.expires_at > NOW(6)",
+                    table_, holders_, kNames, kPairs),
+        fmt::format("SELECT r.i, 0 FROM {} WHERE NOT EXISTS (SELECT 1 FROM {} h WHERE h.lock_name = r.nm "
+                    "AND h.owner = r.tk AND h.role IN ('r', 'p', 'f') AND h.expires_at > NOW(6))",
+                    batch_rows(), holders_)}},
+      // Release: in one transaction, each holder leaves in name order, its
+      // lock's row locked first: its row goes, and the lock row's expiry
+      // shrinks to the latest holder left, or the row is freed with the
+      // last (a writer may take it then). Answers those that held nothing.
+      {"lockwatch_release_kind",
+       "XX",
+       {transaction(fmt::format(
+            "$[ |SELECT COUNT(*) INTO @lw_row FROM {0} WHERE lock_name = $1 FOR UPDATE; "
+            "DELETE FROM {1} WHERE lock_name = $1 AND owner = $2 AND role IN ('r', 'p', 'f') AND expires_at > NOW(6); "
+            "SET @lw_released$0 = ROW_COUNT(); "
+            "DELETE FROM {1} WHERE lock_name = $1 AND owner = $2 AND role IN ('r', 'p', 'f'); {2}$]",
+            table_, holders_, shrink("$1"))),
+        "SELECT i, 0 FROM ($[ UNION ALL |SELECT $0 AS i, @lw_released$0 AS released$]) r WHERE released = 0"}},
   };
-}
-
-void SqlStore::renew_kinds(RenewBatchPtr batch, std::vector<std::size_t> members, std::chrono::milliseconds ttl) {
-  // One statement extends each holder's own row and its lock row's expiry
-  // together (the lock row first, as every transaction takes them); a
-  // holder whose time ran out is not extended: its lease is gone. The read
-  // after it names which were.
-  const RenewalLists lists(batch->locks, members);
-  connections_.renew->run(
-      {fmt::format("UPDATE {0} l STRAIGHT_JOIN {1} h ON h.lock_name = l.lock_name "
-                   "SET h.expires_at = NOW(6) + INTERVAL {2} MICROSECOND, "
-                   "l.expires_at = GREATEST(l.expires_at, NOW(6) + INTERVAL {2} MICROSECOND) "
-                   "WHERE l.lock_name IN ({3}) AND (h.lock_name, h.owner) IN ({4}) AND h.role IN ('r', 'p', 'f') "
-                   "AND h.expires_at > NOW(6)",
-                   table_, holders_, micros(ttl), lists.names, lists.pairs),
-       fmt::format("SELECT lock_name, owner FROM {} WHERE lock_name IN ({}) AND (lock_name, owner) IN ({}) "
-                   "AND role IN ('r', 'p', 'f') AND expires_at > NOW(6)",
-                   holders_, lists.names, lists.pairs)},
-      [batch, members](const SqlResult& r, const StoreError* err) {
-        if (err) return batch->answer(members, Renewed::kTransient, err);
-        std::set<std::pair<std::string_view, std::string_view>> live;
-        for (const auto& row : r.rows)
-          if (row.size() == 2) live.emplace(row[0], row[1]);
-        for (std::size_t i : members) {
-          const LockRef& l = batch->locks[i];
-          batch->done(i, live.count({l.name, l.token}) ? Renewed::kYes : Renewed::kGone, nullptr);
-        }
-      });
-}
-
-void SqlStore::release_kinds(const std::vector<sqlcommon::PendingRelease>& kinds) {
-  SqlConnection& conn = command_connection();
-  for (const auto& l : kinds)
-    conn.execute("lockwatch_release_holder", {to_hex(l.name), to_hex(l.token)},
-                 [this, l](const SqlResult& r, const StoreError* err) {
-                   if (err) return l.answer(Released::kUnconfirmed, err);
-                   if (r.null(0, 0)) {  // a new session: what the transaction did is not known
-                     const auto lost = StoreError::unavailable(target_.name(), "the outcome of a release was lost "
-                                                                               "with its connection");
-                     return l.answer(Released::kUnconfirmed, &lost);
-                   }
-                   l.answer(to_ll(r.at(0, 0)) > 0 ? Released::kYes : Released::kGone, nullptr);
-                 });
 }
 
 }  // namespace lockwatch::detail

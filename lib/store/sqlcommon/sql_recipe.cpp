@@ -1,7 +1,6 @@
 #include "store/sqlcommon/sql_recipe.hpp"
 
 #include <algorithm>
-#include <iterator>
 #include <map>
 #include <utility>
 
@@ -12,49 +11,14 @@
 
 namespace lockwatch::detail::sqlcommon {
 
-void AcquireBatch::fail(const StoreError& error) const {
-  Acquired out;
-  out.error = error;
-  for (const auto& l : locks) l.answer(out);
-}
-
-bool AcquireQueue::add(std::span<const LockRef> locks, LockStore::AcquireDone done) {
-  auto shared_done = std::make_shared<LockStore::AcquireDone>(std::move(done));
-  for (std::size_t i = 0; i < locks.size(); ++i) {
-    const LockRef& l = locks[i];
-    (l.kind.exclusive_kind() ? exclusive_queue_ : kind_queue_)
-        .push_back({std::string(l.name), std::string(l.token), l.ttl, l.kind, l.waits, i, shared_done});
-  }
-  return !locks.empty();
-}
-
-namespace {
-
-// `part` as one batch, sent.
-void send_batch(const SendBatch& send, std::vector<PendingAcquire> part) {
-  auto batch = std::make_shared<AcquireBatch>();
-  batch->locks = std::move(part);
-  send(std::move(batch));
-}
-
-}  // namespace
-
-void AcquireQueue::flush() {
-  if (!kind_queue_.empty()) {
-    std::vector<PendingAcquire> all = std::move(kind_queue_);
-    kind_queue_.clear();
-    by_name(all);
-    for (std::size_t from = 0; from < all.size(); from += kKindGroup) {
-      const auto to = std::min(all.size(), from + kKindGroup);
-      send_batch(kinds_, {std::make_move_iterator(all.begin() + from), std::make_move_iterator(all.begin() + to)});
-    }
-  }
-  if (exclusive_queue_.empty()) return;
-  std::vector<PendingAcquire> all = std::move(exclusive_queue_);
-  exclusive_queue_.clear();
+void send_acquisitions(const Dialect& dialect, std::vector<PendingAcquire> all, std::vector<PendingAcquire> kinds,
+                       const SendBatch& send_exclusive, const SendBatch& send_kinds) {
+  by_name(kinds);
+  const auto send_group = [&](std::vector<PendingAcquire> part) { send_kinds(AcquireBatch::of(std::move(part))); };
+  in_chunks(kinds, send_group, kKindGroup);
   by_name(all);
-  auto send = [this](std::vector<PendingAcquire> part) { send_batch(exclusive_, std::move(part)); };
-  if (dialect_.repeated_names) return in_chunks(all, send);
+  auto send = [&](std::vector<PendingAcquire> part) { send_exclusive(AcquireBatch::of(std::move(part))); };
+  if (dialect.repeated_names) return in_chunks(all, send);
   std::vector<std::vector<PendingAcquire>> rounds;  // the k-th request of each name in the k-th
   for (std::size_t i = 0; i < all.size();) {
     std::size_t j = i;
@@ -67,32 +31,48 @@ void AcquireQueue::flush() {
   for (auto& round : rounds) in_chunks(round, send);
 }
 
-void split_releases(std::span<const LockRef> locks, LockStore::ReleaseDone done,
-                    std::vector<PendingRelease>& exclusive, std::vector<PendingRelease>& kinds) {
-  auto shared_done = std::make_shared<LockStore::ReleaseDone>(std::move(done));
-  for (std::size_t i = 0; i < locks.size(); ++i) {
-    PendingRelease r{std::string(locks[i].name), std::string(locks[i].token), i, shared_done, locks[i].kind};
-    (locks[i].kind.exclusive_kind() ? exclusive : kinds).push_back(std::move(r));
-  }
-}
-
 bool resend(const AcquireBatchPtr& batch, const StoreError& error, const SendBatch& send, bool split) {
   if (retry_later(batch, error, send)) return true;
   if (!split || batch->locks.size() < 2 || error.kind != StoreError::Kind::kRefused) return false;
-  for (auto& l : batch->locks) send_batch(send, {std::move(l)});
+  for (auto& l : batch->locks) send(AcquireBatch::of({std::move(l)}));
   return true;
 }
 
-std::optional<std::chrono::milliseconds> exclusive_busy(Acquired& out, const PendingAcquire& lock,
-                                                        std::string_view marker, const std::string& server) {
+void exclusive_busy(Acquired& out, const PendingAcquire& lock, std::string_view marker, const std::string& server) {
   if (marker == kinds::kSharedMarker) {
     const auto mark = std::min(lock.ttl, kWriterMark);
     out.busy_for = std::max(std::chrono::milliseconds(1), std::min(out.busy_for, mark / 2));
-    return mark;
+    return;
   }
   out.status = Acquired::Status::kFailed;
   out.error = refusal(server, lock, marker);
-  return std::nullopt;
+}
+
+void answer_acquisitions(const AcquireBatch& batch, const Rows& rows, const std::string& server) {
+  const auto& locks = batch.locks;
+  std::vector<bool> answered(locks.size(), false);
+  for (int r = 0; r < rows.size(); ++r) {
+    const long long i = to_ll(rows.at(r, 0)) - 1;
+    if (i < 0 || i >= static_cast<long long>(locks.size()) || answered[i]) continue;
+    answered[i] = true;
+    Acquired out;
+    if (!rows.null(r, 1)) {
+      out.status = Acquired::Status::kTaken;
+      out.fence = static_cast<std::uint64_t>(to_ll(rows.at(r, 1)));
+    } else {
+      // Busy; no time (PostgreSQL: no row in the statement's snapshot,
+      // taken meanwhile by a statement that started later): a moment.
+      out.status = Acquired::Status::kBusy;
+      out.busy_for = rows.null(r, 2) ? std::chrono::milliseconds(1) : ms_up(to_ll(rows.at(r, 2)));
+      std::string owner;
+      if (!rows.null(r, 3) && rows.read_bytes(r, 3, owner)) exclusive_busy(out, locks[i], owner, server);
+    }
+    locks[i].answer(out);
+  }
+  for (std::size_t i = 0; i < answered.size(); ++i) {
+    if (answered[i]) continue;
+    locks[i].answer(failed(StoreError::unavailable(server, "the acquisition's answer left a lock out")));
+  }
 }
 
 StoreError refusal(const std::string& server, const PendingAcquire& lock, std::string_view owner) {
@@ -105,11 +85,9 @@ StoreError refusal(const std::string& server, const PendingAcquire& lock, std::s
 }
 
 Acquired kind_answer(const PendingAcquire& lock, const Rows& rows, const std::string& server) {
+  if (rows.size() != 1 || rows.null(0, 0) || rows.null(0, 1))
+    return failed(StoreError::unavailable(server, "no answer to the acquisition"));
   Acquired out;
-  if (rows.size() != 1 || rows.null(0, 0) || rows.null(0, 1)) {
-    out.error = StoreError::unavailable(server, "no answer to the acquisition");
-    return out;
-  }
   const std::string_view verdict = rows.at(0, 0);
   if (verdict == "t" || verdict == "r") {
     out.status = Acquired::Status::kTaken;
@@ -126,10 +104,9 @@ Acquired kind_answer(const PendingAcquire& lock, const Rows& rows, const std::st
   return out;
 }
 
-std::size_t renewal_groups(
-    const Dialect& dialect, std::span<const LockRef> locks, std::shared_ptr<const void> keepalive,
-    LockStore::RenewDone done,
-    const std::function<void(RenewBatchPtr, std::vector<std::size_t>, std::chrono::milliseconds, bool)>& send) {
+std::size_t renewal_groups(const Dialect& dialect, std::span<const LockRef> locks,
+                           std::shared_ptr<const void> keepalive, LockStore::RenewDone done,
+                           const std::function<void(RenewBatchPtr, std::vector<std::size_t>, bool)>& send) {
   auto batch = std::make_shared<RenewBatch>();
   batch->locks.assign(locks.begin(), locks.end());
   batch->keepalive = std::move(keepalive);
@@ -142,14 +119,11 @@ std::size_t renewal_groups(
   for (std::size_t i : order)
     groups[{!locks[i].kind.exclusive_kind(), dialect.ttl_per_lease ? 0 : locks[i].ttl.count()}].push_back(i);
   std::size_t statements = 0;
-  for (auto& [group, members] : groups) {
-    for (std::size_t from = 0; from < members.size(); from += kChunk) {
-      const std::size_t to = std::min(members.size(), from + kChunk);
-      send(batch, std::vector<std::size_t>(members.begin() + from, members.begin() + to),
-           std::chrono::milliseconds(group.second), group.first);
+  for (auto& [group, members] : groups)
+    in_chunks(members, [&, kinds = group.first](std::vector<std::size_t> part) {
+      send(batch, std::move(part), kinds);
       ++statements;
-    }
-  }
+    });
   return statements;
 }
 

@@ -6,9 +6,9 @@
 // expiry) and a holders' table for shared, permit and fair holders. What
 // is the same logic in both lives here:
 //   - coalescing: the acquisitions asked for in one loop turn are queued
-//     (AcquireQueue) and cut at its end into statements: the exclusive
-//     ones in name order, kChunk a statement, and the other kinds in name
-//     order, kKindGroup a transaction;
+//     and cut at its end into statements (send_acquisitions()): the
+//     exclusive ones in name order, kChunk a statement, and the other
+//     kinds in name order, kKindGroup a transaction;
 //   - retrying: a statement the server answered "retry later" (deadlock,
 //     lock wait timeout) goes again, up to kAttempts; an exclusive
 //     statement refused for one of its rows goes again lock by lock, so
@@ -16,30 +16,30 @@
 //   - outcomes: what an exclusive acquisition that found the row busy is
 //     told (a reader's marker: the writer's mark; another kind's marker:
 //     refused), and a kind's verdict (taken, busy, refused) as an Acquired;
-//   - renewals: the leases of one renew() call cut into statements
-//     (renewal_groups()) and answered from what the statement says was not
-//     renewed;
+//   - renewals and releases: the leases of one renew() call cut into
+//     statements (renewal_groups()), the releases of a turn into batches,
+//     each answered from what its statement says was not done
+//     (not_done());
 //   - connections: two for commands (the least busy takes a statement) and
 //     one for renewals, so that a renewal never queues behind a burst of
 //     acquisitions (Connections);
 //   - the store's flow (RecipeStore): acquire() queues for the turn's end,
 //     renew() cuts a call into statements, close() sends what is queued
-//     before the connections close; the clock, claims, inspection,
-//     listing, withdrawal and forced release are each a named statement
-//     of the dialect, run and answered here (below);
+//     before the connections close; every step is a named statement of
+//     the dialect, run and answered here (below);
 //   - answers: a claim's (claims.hpp), an inspection's and a listing's
 //     (inspection.hpp), read from the driver's result as Rows
 //     (values.hpp), whichever server wrote it.
 // The Dialect is data: what the statements of a server can and cannot do.
 // The driver is the store's connection type (Connections' parameter, with
-// start(), close(), pending(), name(), set_state_hook() and
-// execute(name, params, done)) and the store's own steps that write a
-// batch's statements and read their answers (RecipeStore's virtual steps).
+// start(), close(), pending(), name(), set_state_hook(),
+// execute(name, params, done) and execute_all(calls, each, done)).
 //
 // The named statements each store defines (its dialect's text; MariaDB's
 // in sql_store.cpp, PostgreSQL's in pg_statements.cpp): parameters are
-// text, names and tokens in hex, numbers in decimal; each answers one
-// result, as a transaction where it writes more than one row:
+// text, names and tokens in hex, numbers in decimal, a batch's as arrays
+// (array_literal(), names[] and so on), in the batch's order; each answers
+// one result, as a transaction where it writes more than one row:
 //   lockwatch_time            ()                  -> the clock, µs
 //   lockwatch_claim           (name, token, period, start µs)
 //                             -> claimed (1), then read_claim()'s columns
@@ -53,10 +53,17 @@
 //   lockwatch_acquire_kind    (name, token, ttl µs, marker, n: 0 shared)
 //   lockwatch_acquire_fair    (name, token, ttl µs, marker, channel)
 //                             -> kind_answer()'s row
+//   lockwatch_acquire         (names[], tokens[], ttls µs[], waits[] 1/0)
+//                             -> answer_acquisitions()'s rows
+//   lockwatch_renew           (names[], tokens[], ttls µs[])
+//   lockwatch_renew_kind      (names[], tokens[], ttls µs[], markers[])
+//   lockwatch_release         (names[], tokens[], notify t/f, channel)
+//   lockwatch_release_kind    (names[], tokens[], markers[], notify t/f, channel)
+//                             -> not_done()'s rows
 //
 // Threading: the store's loop thread, as the stores. Costs: the queued
 // acquisitions' names and tokens are copied once (the caller's views end
-// with its call); one virtual call a statement.
+// with its call).
 #pragma once
 
 #include <chrono>
@@ -64,7 +71,6 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
-#include <optional>
 #include <span>
 #include <string>
 #include <string_view>
@@ -79,6 +85,7 @@
 #include "store/capabilities.hpp"
 #include "store/kind_rules.hpp"
 #include "store/lock_store.hpp"
+#include "store/registry.hpp"
 #include "store/sqlcommon/batching.hpp"
 #include "store/sqlcommon/claims.hpp"
 #include "store/sqlcommon/connection_core.hpp"
@@ -109,49 +116,69 @@ struct Dialect {
   bool ttl_per_lease = false;
 };
 
-// One acquisition, kept until its statement is answered: owned copies.
-struct PendingAcquire {
+// One lock of an acquire() or release() call (`Done` its callback's
+// type), kept until its statement is answered: owned copies.
+template <class Done>
+struct Pending {
   std::string name;
   std::string token;
   std::chrono::milliseconds ttl;
   LockKind kind;
-  bool waits;                                    // LockRef::waits
-  std::size_t index;                             // in its call's batch
-  std::shared_ptr<LockStore::AcquireDone> done;  // its call's callback
+  bool waits;                  // LockRef::waits
+  std::size_t index;           // in its call's batch
+  std::shared_ptr<Done> done;  // its call's callback
 
-  void answer(const Acquired& out) const { (*done)(index, out); }
+  template <class... Answer>
+  void answer(const Answer&... out) const {
+    (*done)(index, out...);
+  }
 };
+using PendingAcquire = Pending<LockStore::AcquireDone>;
+using PendingRelease = Pending<LockStore::ReleaseDone>;
 
-// The acquisitions one statement (or one kind's transaction) carries, in
-// name order: every statement locks rows in one order.
-struct AcquireBatch {
-  std::vector<PendingAcquire> locks;
+// The locks of one call, kept (owned copies), each added to `exclusive`
+// or to `kinds` as its kind is, in the call's order.
+template <class Done>
+void split_locks(std::span<const LockRef> locks, Done done, std::vector<Pending<Done>>& exclusive,
+                 std::vector<Pending<Done>>& kinds) {
+  auto shared_done = std::make_shared<Done>(std::move(done));
+  for (std::size_t i = 0; i < locks.size(); ++i) {
+    const LockRef& l = locks[i];
+    (l.kind.exclusive_kind() ? exclusive : kinds)
+        .push_back({std::string(l.name), std::string(l.token), l.ttl, l.kind, l.waits, i, shared_done});
+  }
+}
+
+// The acquisitions or releases one statement (or one transaction)
+// carries, in name order: every statement locks rows in one order. A
+// release batch is all with notices, or none; all exclusive, or none (a
+// kind's go in a transaction of their own).
+template <class Pending>
+struct Batch {
+  std::vector<Pending> locks;
+  bool notify = false;
   int attempt = 1;
 
-  // Every lock of the batch answered with `error`.
-  void fail(const StoreError& error) const;
+  // A batch of `part`.
+  static std::shared_ptr<Batch> of(std::vector<Pending> part, bool notify = false) {
+    return std::make_shared<Batch>(Batch{std::move(part), notify});
+  }
+  // Every lock answered the same.
+  template <class... Answer>
+  void answer(const Answer&... out) const {
+    for (const auto& l : locks) l.answer(out...);
+  }
 };
+using AcquireBatch = Batch<PendingAcquire>;
+using ReleaseBatch = Batch<PendingRelease>;
 using AcquireBatchPtr = std::shared_ptr<AcquireBatch>;
 using SendBatch = std::function<void(AcquireBatchPtr)>;
 
-// The acquisitions of one loop turn, queued by acquire() and cut into
-// statements by flush() at the turn's end (the other kinds first).
-class AcquireQueue {
- public:
-  AcquireQueue(Dialect dialect, SendBatch exclusive, SendBatch kinds)
-      : dialect_(dialect), exclusive_(std::move(exclusive)), kinds_(std::move(kinds)) {}
-  // Queues each lock of an acquire() call; false when there was none.
-  bool add(std::span<const LockRef> locks, LockStore::AcquireDone done);
-  // Sends what was queued.
-  void flush();
-
- private:
-  Dialect dialect_;
-  SendBatch exclusive_;
-  SendBatch kinds_;
-  std::vector<PendingAcquire> exclusive_queue_;
-  std::vector<PendingAcquire> kind_queue_;
-};
+// The acquisitions of one loop turn, cut into statements at its end: the
+// other kinds' first (`send_kinds`), then the exclusive ones
+// (`send_exclusive`), each in name order.
+void send_acquisitions(const Dialect& dialect, std::vector<PendingAcquire> exclusive, std::vector<PendingAcquire> kinds,
+                       const SendBatch& send_exclusive, const SendBatch& send_kinds);
 
 // A batch (anything with an `attempt` count) whose statement the server
 // answered "retry later" (a deadlock, a lock wait timeout) goes to `send`
@@ -172,12 +199,24 @@ bool resend(const AcquireBatchPtr& batch, const StoreError& error, const SendBat
 
 // An exclusive acquisition (`out` busy) found its row held by `marker`, a
 // kind's marker. Readers': the writer's mark holds new ones back; it lives
-// min(kWriterMark, ttl) (returned: the store writes or renews it) and the
+// min(kWriterMark, ttl) (the statement wrote or renewed it) and the
 // writer comes back within half of that, so it keeps the mark while it
 // waits and one that stops waiting holds readers back briefly. Another
-// kind's: the call is refused (refusal(), by `server`; none returned).
-std::optional<std::chrono::milliseconds> exclusive_busy(Acquired& out, const PendingAcquire& lock,
-                                                        std::string_view marker, const std::string& server);
+// kind's: the call is refused (refusal(), by `server`).
+void exclusive_busy(Acquired& out, const PendingAcquire& lock, std::string_view marker, const std::string& server);
+
+// An acquisition that failed with `error`.
+inline Acquired failed(const StoreError& error) {
+  Acquired out;
+  out.error = error;
+  return out;
+}
+
+// Answers each exclusive acquisition of `batch` from lockwatch_acquire's
+// rows (each: the lock's position in the batch, from 1; the fence when it
+// was taken, else NULL; the µs it is busy for (NULL: a moment); a kind's
+// marker that holds it, else NULL). A lock left out fails, by `server`.
+void answer_acquisitions(const AcquireBatch& batch, const Rows& rows, const std::string& server);
 
 // The refusal of `lock` by `server`: its key is held as the lock row's
 // `owner` says (a kind's marker; anything else: exclusive).
@@ -190,36 +229,6 @@ StoreError refusal(const std::string& server, const PendingAcquire& lock, std::s
 // refused, the key held as the owner says), the fence, the µs, the lock
 // row's owner.
 Acquired kind_answer(const PendingAcquire& lock, const Rows& rows, const std::string& server);
-
-// One lock of a release() call, kept until its statement is answered.
-struct PendingRelease {
-  std::string name;
-  std::string token;
-  std::size_t index;                             // in its call's batch
-  std::shared_ptr<LockStore::ReleaseDone> done;  // its call's callback
-  LockKind kind{};
-
-  void answer(Released status, const StoreError* error) const { (*done)(index, status, error); }
-};
-
-// The releases one statement carries (all with notices, or none; all
-// exclusive, or none: a kind's go in a transaction of their own).
-struct ReleaseBatch {
-  std::vector<PendingRelease> locks;
-  bool notify = false;
-  int attempt = 1;
-  std::vector<int> before;  // how each lock stood before the write, for a store that reads first
-
-  // Every lock answered `status`.
-  void answer(Released status, const StoreError* error) const {
-    for (const auto& l : locks) l.answer(status, error);
-  }
-};
-
-// The locks of one release() call, kept (owned copies), each added to
-// `exclusive` or to `kinds` as its kind is, in the call's order.
-void split_releases(std::span<const LockRef> locks, LockStore::ReleaseDone done,
-                    std::vector<PendingRelease>& exclusive, std::vector<PendingRelease>& kinds);
 
 // The leases of one renew() call, kept until every one was answered.
 struct RenewBatch {
@@ -236,12 +245,36 @@ using RenewBatchPtr = std::shared_ptr<RenewBatch>;
 
 // Cuts a renew() call into statements: exclusive leases apart from the
 // other kinds', in name order, kChunk a statement (and one ttl a
-// statement without Dialect::ttl_per_lease). `send(batch, members, ttl,
-// kinds)` writes each; returns the number of statements.
-std::size_t renewal_groups(
-    const Dialect& dialect, std::span<const LockRef> locks, std::shared_ptr<const void> keepalive,
-    LockStore::RenewDone done,
-    const std::function<void(RenewBatchPtr, std::vector<std::size_t>, std::chrono::milliseconds, bool)>& send);
+// statement without Dialect::ttl_per_lease). `send(batch, members, kinds)`
+// writes each; returns the number of statements.
+std::size_t renewal_groups(const Dialect& dialect, std::span<const LockRef> locks,
+                           std::shared_ptr<const void> keepalive, LockStore::RenewDone done,
+                           const std::function<void(RenewBatchPtr, std::vector<std::size_t>, bool)>& send);
+
+// Each of `n` locks' status: `yes`, but those a renewal's or a release's
+// rows name (the lock's position in the batch, from 1; whether another
+// owner holds it): `taken` or `gone`.
+template <class Status>
+std::vector<Status> not_done(const Rows& rows, std::size_t n, Status yes, Status taken, Status gone) {
+  std::vector<Status> status(n, yes);
+  for (int r = 0; r < rows.size(); ++r) {
+    const long long k = to_ll(rows.at(r, 0)) - 1;
+    if (k >= 0 && k < static_cast<long long>(n)) status[k] = rows.yes(r, 1) ? taken : gone;
+  }
+  return status;
+}
+
+// A batch's arrays: the names and tokens of the `n` locks lock(0)..,
+// then (with `ttls`) their ttls in µs and (with `markers`) their kinds'
+// markers.
+template <class Lock>
+std::vector<std::string> lock_arrays(std::size_t n, Lock lock, bool ttls, bool markers) {
+  std::vector<std::string> out{array_literal(n, [&](std::size_t i) -> std::string_view { return lock(i).name; }),
+                               array_literal(n, [&](std::size_t i) -> std::string_view { return lock(i).token; })};
+  if (ttls) out.push_back(array_literal(n, [&](std::size_t i) { return micros(lock(i).ttl); }));
+  if (markers) out.push_back(array_literal(n, [&](std::size_t i) { return kinds::marker(lock(i).kind); }));
+  return out;
+}
 
 // The store's connections: two for commands, one for renewals. `Driver`
 // is the store's connection type.
@@ -266,8 +299,13 @@ struct Connections {
     for (auto& c : commands) c->start();
     renew->start();
   }
-  // The command connection with the fewest statements pending.
-  Driver& command() { return least_pending(commands); }
+  // The command connection with the fewest statements pending (the first on a tie).
+  Driver& command() {
+    Driver* best = commands.front().get();
+    for (const auto& c : commands)
+      if (c->pending() < best->pending()) best = c.get();
+    return *best;
+  }
   void close() {
     for (auto& c : commands) c->close();
     renew->close();
@@ -275,9 +313,9 @@ struct Connections {
 };
 
 // What a SQL store does the same way on either server, over its
-// `Connection`: the store (derived) writes each step's statements and
-// reads their answers in the virtual steps, and answers the rest of
-// LockStore and its capabilities itself.
+// `Connection`: every step runs the dialect's named statements; the store
+// (derived) defines them and answers the rest of LockStore and its
+// capabilities itself.
 template <class Connection>
 class RecipeStore : public StoreBase,
                     public JobClaims,
@@ -287,23 +325,18 @@ class RecipeStore : public StoreBase,
  public:
   // The lock_name column's size: longer names (prefix + key) are refused.
   static constexpr std::size_t kMaxNameBytes = 255;
-  // Throws InvalidArgument when `settings` leave no room for a key in the
-  // `server` lock table's lock_name. Any thread.
-  static void check_prefix(const SqlSettings& settings, const std::string& server) {
-    if (settings.key_prefix.size() >= kMaxNameBytes)
-      throw InvalidArgument("Options::runtime.key_prefix leaves no room for a key in the " + server +
-                            " lock table's 255-byte lock_name");
-  }
 
   // Queued: the acquisitions of one turn go out together at its end.
   void acquire(std::span<const LockRef> locks, AcquireDone done) final {
-    if (acquires_.add(locks, std::move(done))) turn_end_.request();
+    split_locks(locks, std::move(done), exclusive_queue_, kind_queue_);
+    if (!locks.empty()) turn_end_.request();
   }
   // In statements as renewal_groups() cuts them.
   std::size_t renew(std::span<const LockRef> locks, std::shared_ptr<const void> keepalive, RenewDone done) final {
     return renewal_groups(dialect_, locks, std::move(keepalive), std::move(done),
-                          [this](RenewBatchPtr batch, std::vector<std::size_t> members, std::chrono::milliseconds ttl,
-                                 bool kinds) { renew_group(std::move(batch), std::move(members), ttl, kinds); });
+                          [this](RenewBatchPtr batch, std::vector<std::size_t> members, bool kinds) {
+                            renew_group(std::move(batch), std::move(members), kinds);
+                          });
   }
   // The held names under the prefix, each then inspected.
   void list_locks(std::string_view prefix, std::size_t limit, ListDone done) final {
@@ -367,7 +400,7 @@ class RecipeStore : public StoreBase,
   void release(std::span<const LockRef> locks, bool notify, ReleaseDone done) final {
     auto& queue = notify ? releases_ : quiet_releases_;
     std::vector<PendingRelease> kinds;
-    split_releases(locks, std::move(done), queue, kinds);
+    split_locks(locks, std::move(done), queue, kinds);
     if (!kinds.empty()) send_releases(std::move(kinds), notify, false);
     if (!queue.empty()) turn_end_.request();
   }
@@ -404,22 +437,6 @@ class RecipeStore : public StoreBase,
   StoreError no_answer(std::string_view what) const {
     return StoreError::unavailable(server(), fmt::format("no answer to {}", what));
   }
-  // A failed statement of exclusive acquisitions: a deadlock or a lock
-  // wait timeout sends it again; a row the server refused (a name too
-  // long for the column, or one the table's CHECK refuses) sends each
-  // lock again on its own, so that only that one fails; else it fails.
-  void acquire_failed(const AcquireBatchPtr& batch, const StoreError& error) {
-    if (!resend(batch, error, [this](AcquireBatchPtr b) { acquire_batch(std::move(b)); }, true)) batch->fail(error);
-  }
-
-  // The steps the store writes: a batch of exclusive acquisitions (one
-  // statement), a group of renewals (`ttl` theirs without
-  // Dialect::ttl_per_lease), and a batch of releases (all exclusive, or
-  // all a kind's).
-  virtual void acquire_batch(AcquireBatchPtr batch) = 0;
-  virtual void renew_group(RenewBatchPtr batch, std::vector<std::size_t> members, std::chrono::milliseconds ttl,
-                           bool kinds) = 0;
-  virtual void release_batch(std::shared_ptr<ReleaseBatch> batch) = 0;
 
   Loop& loop_;
   const SqlSettings settings_;
@@ -428,6 +445,56 @@ class RecipeStore : public StoreBase,
   Connections<Connection> connections_;
 
  private:
+  // One statement decides a batch of exclusive acquisitions. A deadlock
+  // or a lock wait timeout sends it again; a row the server refused (a
+  // name too long for the column, or one the table's CHECK refuses) sends
+  // each lock again on its own, so that only that one fails; else it fails.
+  void acquire_batch(AcquireBatchPtr batch) {
+    const auto& l = batch->locks;
+    auto params = lock_arrays(l.size(), [&](std::size_t i) -> const PendingAcquire& { return l[i]; }, true, false);
+    params.push_back(array_literal(l.size(), [&](std::size_t i) { return l[i].waits ? 1 : 0; }));
+    command_connection().execute("lockwatch_acquire", std::move(params),
+                                 [this, batch](const Rows& rows, const StoreError* err) {
+                                   if (!err) return answer_acquisitions(*batch, rows, server());
+                                   if (!resend(batch, *err, [this](AcquireBatchPtr b) { acquire_batch(std::move(b)); },
+                                               true))
+                                     batch->answer(failed(*err));
+                                 });
+  }
+  // A group of renewals, on the renewal connection: each answered as the
+  // statement's rows say.
+  void renew_group(RenewBatchPtr batch, std::vector<std::size_t> members, bool kinds) {
+    auto params = lock_arrays(
+        members.size(), [&](std::size_t k) -> const LockRef& { return batch->locks[members[k]]; }, true, kinds);
+    connections_.renew->execute(
+        kinds ? "lockwatch_renew_kind" : "lockwatch_renew", std::move(params),
+        [batch, members](const Rows& rows, const StoreError* err) {
+          if (err) return batch->answer(members, Renewed::kTransient, err);
+          auto status = not_done(rows, members.size(), Renewed::kYes, Renewed::kTakenByOther, Renewed::kGone);
+          for (std::size_t k = 0; k < members.size(); ++k) batch->done(members[k], status[k], nullptr);
+        });
+  }
+  // A batch of releases (all exclusive, or all a kind's), in one statement
+  // (a kind's: one transaction) that a deadlock sends again.
+  void release_batch(std::shared_ptr<ReleaseBatch> batch) {
+    const auto& l = batch->locks;
+    const bool of_kinds = !l.front().kind.exclusive_kind();
+    auto params =
+        lock_arrays(l.size(), [&](std::size_t i) -> const PendingRelease& { return l[i]; }, false, of_kinds);
+    params.push_back(batch->notify ? "t" : "f");
+    params.push_back(channel_);
+    command_connection().execute(
+        of_kinds ? "lockwatch_release_kind" : "lockwatch_release", std::move(params),
+        [this, batch](const Rows& rows, const StoreError* err) {
+          if (err) {
+            if (!retry_later(batch, *err, [this](std::shared_ptr<ReleaseBatch> b) { release_batch(std::move(b)); }))
+              batch->answer(Released::kUnconfirmed, err);
+            return;
+          }
+          auto status = not_done(rows, batch->locks.size(), Released::kYes, Released::kTakenByOther, Released::kGone);
+          for (std::size_t k = 0; k < status.size(); ++k) batch->locks[k].answer(status[k], nullptr);
+        });
+  }
   // The other kinds' acquisitions of one group, in one transaction: their
   // lock rows locked, in name order, then each one's decision. A failure
   // undid them all: a deadlock or a lock wait timeout sends it again.
@@ -452,13 +519,16 @@ class RecipeStore : public StoreBase,
         },
         [this, group, outcomes](const Rows&, const StoreError* err) {
           if (err && resend(group, *err, [this](AcquireBatchPtr b) { send_kind_group(std::move(b)); }, false)) return;
-          if (err) return group->fail(*err);
+          if (err) return group->answer(failed(*err));
           for (std::size_t k = 0; k < group->locks.size(); ++k) group->locks[k].answer((*outcomes)[k]);
         });
   }
   // The turn's end: its acquisitions, then its releases.
   void turn_ended() {
-    acquires_.flush();
+    send_acquisitions(
+        dialect_, std::exchange(exclusive_queue_, {}), std::exchange(kind_queue_, {}),
+        [this](AcquireBatchPtr b) { acquire_batch(std::move(b)); },
+        [this](AcquireBatchPtr b) { send_kind_group(std::move(b)); });
     for (bool notify : {true, false})
       send_releases(std::exchange(notify ? releases_ : quiet_releases_, {}), notify, true);
   }
@@ -468,21 +538,37 @@ class RecipeStore : public StoreBase,
     if (all.empty()) return;
     by_name(all);
     const auto send = [this, notify](std::vector<PendingRelease> part) {
-      auto batch = std::make_shared<ReleaseBatch>();
-      batch->notify = notify;
-      batch->locks = std::move(part);
-      release_batch(std::move(batch));
+      release_batch(ReleaseBatch::of(std::move(part), notify));
     };
     if (chunked) return in_chunks(all, send);
     send(std::move(all));
   }
 
-  AcquireQueue acquires_{dialect_, [this](AcquireBatchPtr b) { acquire_batch(std::move(b)); },
-                         [this](AcquireBatchPtr b) { send_kind_group(std::move(b)); }};
-  // Releases asked for in this loop turn, sent together at its end.
+  // Acquisitions and releases asked for in this loop turn, sent together at its end.
+  std::vector<PendingAcquire> exclusive_queue_;
+  std::vector<PendingAcquire> kind_queue_;
   std::vector<PendingRelease> releases_;        // with release notices
   std::vector<PendingRelease> quiet_releases_;  // without
   TurnEnd turn_end_{[this] { turn_ended(); }};
 };
+
+// The registry's line of a SQL store: a URL parsed as a `Target`, the
+// key prefix checked to leave room for a key in the lock table's lock_name
+// (`Store::kServer` names the table's server), then Store(loop, target,
+// settings).
+template <class Store, class Target>
+constexpr StoreKind sql_store_kind(std::string_view schemes, std::string_view usage) {
+  return {schemes, usage,
+          [](const std::string& url, const Options& options) {
+            (void)Target::parse(url);
+            if (sql_settings(options).key_prefix.size() >= Store::kMaxNameBytes)
+              throw InvalidArgument(fmt::format("Options::runtime.key_prefix leaves no room for a key in the {} lock "
+                                                "table's 255-byte lock_name",
+                                                Store::kServer));
+          },
+          [](Loop& loop, const std::string& url, const Options& options) -> std::unique_ptr<LockStore> {
+            return std::make_unique<Store>(loop, Target::parse(url), sql_settings(options));
+          }};
+}
 
 }  // namespace lockwatch::detail::sqlcommon
