@@ -1,6 +1,7 @@
 #include "runtime/watchdog.hpp"
 
 #include <cassert>
+#include <cstring>
 #include <limits>
 #include <utility>
 
@@ -60,9 +61,7 @@ Watchdog::Clock::time_point Watchdog::deadline_of(Clock::time_point sent, std::c
 
 std::shared_ptr<LeaseRecord> Watchdog::grant(const Acquisition& a, std::uint64_t fence, Clock::time_point sent) {
   auto l = new_lease(a, fence, deadline_of(sent, a.spec.ttl), sent);
-  l->name = a.name;
   l->token = a.token;
-  l->ttl_ms = a.ttl_ms;
   l->kind = a.spec.kind;
   l->slot = static_cast<std::uint32_t>(leases_.size());
   leases_.push_back(l);
@@ -89,9 +88,7 @@ bool Watchdog::can_hand_off(const LeaseRecord& l, Clock::time_point now) const {
 std::shared_ptr<LeaseRecord> Watchdog::hand_off(const std::shared_ptr<LeaseRecord>& from, const Acquisition& a,
                                                 std::uint64_t fence) {
   auto l = new_lease(a, fence, from->deadline(), from->last_sent);
-  l->name = from->name.view();
   l->token = from->token;
-  l->ttl_ms = from->ttl_ms;
   l->kind = from->kind;  // exclusive: only those are handed on
   l->renewal_in_doubt = from->renewal_in_doubt;  // its renewals were the key's
   l->rare().streak = streak_of(*from);
@@ -264,21 +261,45 @@ void Watchdog::flush() {
   for (std::size_t from = 0; from < due_.size(); from += kChunk) {
     auto first = due_.begin() + static_cast<std::ptrdiff_t>(from);
     auto last = due_.begin() + static_cast<std::ptrdiff_t>(std::min(due_.size(), from + kChunk));
-    // The batch keeps its leases, and so the views into them, alive until
-    // the store answered every one.
-    auto batch = std::make_shared<const std::vector<std::shared_ptr<LeaseRecord>>>(std::make_move_iterator(first),
-                                                                                   std::make_move_iterator(last));
-    refs_.clear();
-    refs_.reserve(batch->size());
-    for (const auto& l : *batch) refs_.push_back(l->ref());
-    stats_.renewals_sent.fetch_add(batch->size(), std::memory_order_relaxed);
-    const auto* leases = batch.get();
+    // The batch keeps its leases, and the text their LockRefs view, alive
+    // until the store answered every one.
+    auto batch = std::make_shared<RenewBatch>();
+    batch->leases.assign(std::make_move_iterator(first), std::make_move_iterator(last));
+    refer(*batch);
+    stats_.renewals_sent.fetch_add(batch->leases.size(), std::memory_order_relaxed);
+    const auto* leases = &batch->leases;
     auto commands = store_.renew(refs_, batch, [this, leases, sent](std::size_t k, Renewed status, const StoreError* why) {
       on_renew_result((*leases)[k], sent, status, why);
     });
     stats_.renew_commands.fetch_add(commands, std::memory_order_relaxed);
   }
   due_.clear();  // keeps its capacity for the next tick
+}
+
+void Watchdog::refer(RenewBatch& batch) {
+  // The records keep neither the store's names nor the ttls' text (a
+  // million held leases would pay for them): both are written here, once
+  // per renewal, into one block that the LockRefs view.
+  const KeyRules& keys = store_.traits().keys;
+  const std::size_t per_lease = keys.prefix.size() + (keys.braces ? 2 : 0) + TtlText::kMaxSize;
+  std::size_t bytes = 0;
+  for (const auto& l : batch.leases) bytes += per_lease + l->key().size();
+  batch.text = std::make_unique_for_overwrite<char[]>(bytes);
+  char* at = batch.text.get();
+  refs_.clear();
+  refs_.reserve(batch.leases.size());
+  for (const auto& l : batch.leases) {
+    char* const name = at;
+    for (std::string_view part : keys.name_parts(l->key())) {
+      if (!part.empty()) std::memcpy(at, part.data(), part.size());
+      at += part.size();
+    }
+    char* const ttl = at;
+    at = TtlText::write(l->ttl(), ttl);
+    refs_.push_back(LockRef{std::string_view(name, static_cast<std::size_t>(ttl - name)),
+                            l->token.view(), std::string_view(ttl, static_cast<std::size_t>(at - ttl)), l->ttl(),
+                            l->kind});
+  }
 }
 
 void Watchdog::on_renew_result(const std::shared_ptr<LeaseRecord>& sent_for, Clock::time_point sent,
@@ -429,7 +450,8 @@ void Watchdog::judge_late_end(const std::shared_ptr<LeaseRecord>& l) {
 void Watchdog::release(const std::shared_ptr<LeaseRecord>& l) {
   l->awaiting_tokens = false;
   l->release_in_flight = true;
-  LockRef ref = l->ref();
+  const LeaseLock lock(store_, *l);
+  LockRef ref = lock.ref();
   // The registry keeps the lease until its release is answered (nothing
   // else finishes it meanwhile), so its address is all the answer needs:
   // trivially copied and small, std::function keeps it inline (no heap
