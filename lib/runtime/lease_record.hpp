@@ -245,9 +245,10 @@ struct LeaseRecord final : Lease, TimerTask, HandleState {
   // The members are in an order that leaves no padding (a million held
   // leases pay for every byte).
   // Set once at grant, then read-only. The store's name for the key and
-  // the ttl's text are not kept: LeaseLock derives them for each request
-  // (a million held leases would pay 51 bytes each for them).
-  OwnerToken token;  // the owner token
+  // the ttl's text are not kept, and the token is kept as its bytes: each
+  // request writes their text (LeaseLock, Watchdog::refer), where a
+  // million held leases would pay 67 bytes each to keep it.
+  PackedToken token;  // the owner token
   // Loop thread: renewals that may still count against `retries`; set at
   // grant, < 0: forever (more than 2^31 - 1 retries count as forever).
   std::int32_t renewals_left = 0;
@@ -337,10 +338,10 @@ struct LeaseRecord final : Lease, TimerTask, HandleState {
 };
 
 #if defined(__GLIBCXX__) && defined(__x86_64__)
-// With its shared_ptr's count, 272 bytes of the allocator's: what a million
+// With its shared_ptr's count, 256 bytes of the allocator's: what a million
 // held leases cost each, before the wheel's node and the registry's slot
 // (BENCHMARKS.md, million_bench). A member that grows it should say why.
-static_assert(sizeof(LeaseRecord) == 248);
+static_assert(sizeof(LeaseRecord) == 232);
 #endif
 
 // The store's name for a lease's key (the record keeps the key once, as
@@ -352,19 +353,21 @@ inline StoreName store_name(const LockStore& store, const LeaseRecord& l) {
 }
 
 // A lease's lock as a store takes it, for one request: the store's name
-// for the key and the ttl's text, derived from the record (which keeps the
+// for the key, the token's text and the ttl's text, derived from the record (which keeps the
 // key once, as the caller wrote it). ref() views this object: it must
 // outlive the call it is given to.
 class LeaseLock {
  public:
-  LeaseLock(const LockStore& store, const LeaseRecord& l) : name_(store_name(store, l)), ttl_ms_(l.ttl()), l_(l) {}
+  LeaseLock(const LockStore& store, const LeaseRecord& l)
+      : name_(store_name(store, l)), token_(l.token.text()), ttl_ms_(l.ttl()), l_(l) {}
   LeaseLock(const LeaseLock&) = delete;
   LeaseLock& operator=(const LeaseLock&) = delete;
-  LockRef ref() const noexcept { return LockRef{name_.view(), l_.token.view(), ttl_ms_.view(), l_.ttl(), l_.kind}; }
+  LockRef ref() const noexcept { return LockRef{name_.view(), token_.view(), ttl_ms_.view(), l_.ttl(), l_.kind}; }
   std::string_view name() const noexcept { return name_.view(); }
 
  private:
   StoreName name_;
+  OwnerToken token_;
   TtlText ttl_ms_;
   const LeaseRecord& l_;
 };

@@ -395,7 +395,7 @@ void detail::RuntimeImpl::with_lease(const Lease& lease, const std::function<voi
 }
 
 std::string detail::RuntimeImpl::owner_token(const Lease& lease) const {
-  return static_cast<const detail::LeaseRecord&>(lease).token.str();
+  return static_cast<const detail::LeaseRecord&>(lease).token.text().str();
 }
 
 std::string detail::RuntimeImpl::store_kind() const {

@@ -61,7 +61,7 @@ Watchdog::Clock::time_point Watchdog::deadline_of(Clock::time_point sent, std::c
 
 std::shared_ptr<LeaseRecord> Watchdog::grant(const Acquisition& a, std::uint64_t fence, Clock::time_point sent) {
   auto l = new_lease(a, fence, deadline_of(sent, a.spec.ttl), sent);
-  l->token = a.token;
+  l->token = PackedToken(a.token);
   l->kind = a.spec.kind;
   l->slot = static_cast<std::uint32_t>(leases_.size());
   leases_.push_back(l);
@@ -277,11 +277,12 @@ void Watchdog::flush() {
 }
 
 void Watchdog::refer(RenewBatch& batch) {
-  // The records keep neither the store's names nor the ttls' text (a
-  // million held leases would pay for them): both are written here, once
-  // per renewal, into one block that the LockRefs view.
+  // The records keep neither the store's names nor the text of the tokens
+  // and ttls (a million held leases would pay for it): it is written here,
+  // once per renewal, into one block that the LockRefs view.
   const KeyRules& keys = store_.traits().keys;
-  const std::size_t per_lease = keys.prefix.size() + (keys.braces ? 2 : 0) + TtlText::kMaxSize;
+  const std::size_t per_lease =
+      keys.prefix.size() + (keys.braces ? 2 : 0) + PackedToken::kTextSize + TtlText::kMaxSize;
   std::size_t bytes = 0;
   for (const auto& l : batch.leases) bytes += per_lease + l->key().size();
   batch.text = std::make_unique_for_overwrite<char[]>(bytes);
@@ -294,11 +295,12 @@ void Watchdog::refer(RenewBatch& batch) {
       if (!part.empty()) std::memcpy(at, part.data(), part.size());
       at += part.size();
     }
-    char* const ttl = at;
+    char* const token = at;
+    char* const ttl = l->token.write(token);
     at = TtlText::write(l->ttl(), ttl);
-    refs_.push_back(LockRef{std::string_view(name, static_cast<std::size_t>(ttl - name)),
-                            l->token.view(), std::string_view(ttl, static_cast<std::size_t>(at - ttl)), l->ttl(),
-                            l->kind});
+    refs_.push_back(LockRef{std::string_view(name, static_cast<std::size_t>(token - name)),
+                            std::string_view(token, PackedToken::kTextSize),
+                            std::string_view(ttl, static_cast<std::size_t>(at - ttl)), l->ttl(), l->kind});
   }
 }
 

@@ -124,7 +124,7 @@ class Watchdog {
   // caller's reading of the clock, if it has one.
   void send_renew(const std::shared_ptr<LeaseRecord>& l, Clock::time_point now = Clock::now());
   // A chunk of renewals sent together: its leases, and the text their
-  // LockRefs view (each key's store name, each ttl's digits).
+  // LockRefs view (each key's store name, token and ttl, as text).
   struct RenewBatch {
     std::vector<std::shared_ptr<LeaseRecord>> leases;
     std::unique_ptr<char[]> text;
