@@ -143,7 +143,8 @@ struct LeaseRecord;
 // The hand-off streak a lease is part of (runtime/handoff.hpp).
 struct HandOffStreak;
 
-struct LeaseRecord final : Lease, TimerTask, HandleState {
+// Its timeout is its own (LinkedTimerTask): no node of the wheel's.
+struct LeaseRecord final : Lease, LinkedTimerTask, HandleState {
   // What the lease's one wheel timeout means when it fires.
   enum class Phase : std::uint8_t {
     kRenewDue,       // time to renew
@@ -261,7 +262,6 @@ struct LeaseRecord final : Lease, TimerTask, HandleState {
   // Loop thread.
   Clock::duration renew_after{};  // from a renewal's send to the next one (a tick early)
   Clock::time_point granted_at;   // for the hold time
-  Timeout timeout;
   Clock::time_point last_sent;  // the latest request that may have extended the key
   // What few leases use, kept off the record (a million held leases pay a
   // pointer each for it): made on first use, by whichever thread needs it
@@ -341,7 +341,7 @@ struct LeaseRecord final : Lease, TimerTask, HandleState {
 // With its shared_ptr's count, 256 bytes of the allocator's: what a million
 // held leases cost each, before the wheel's node and the registry's slot
 // (BENCHMARKS.md, million_bench). A member that grows it should say why.
-static_assert(sizeof(LeaseRecord) == 232);
+static_assert(sizeof(LeaseRecord) == 240);
 #endif
 
 // The store's name for a lease's key (the record keeps the key once, as

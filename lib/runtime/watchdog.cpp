@@ -95,7 +95,7 @@ std::shared_ptr<LeaseRecord> Watchdog::hand_off(const std::shared_ptr<LeaseRecor
   l->streak()->holder = l;
   // `l` takes `from`'s place: `from` ends without a release.
   from->step = Step::kEnded;
-  from->timeout.cancel();
+  clock_.cancel(*from);
   l->slot = from->slot;
   leases_[l->slot] = l;
   from->slot = LeaseRecord::kNoSlot;
@@ -152,7 +152,7 @@ void Watchdog::schedule_next(LeaseRecord& l, Clock::time_point extended_at) {
 
 void Watchdog::schedule(LeaseRecord& l, LeaseRecord::Phase phase, Clock::time_point at) {
   l.phase = phase;
-  l.timeout = clock_.at(l, at);
+  clock_.at(l, at);
 }
 
 void Watchdog::on_timer(LeaseRecord* raw) {
@@ -225,7 +225,7 @@ void Watchdog::renew_at_start(const std::shared_ptr<LeaseRecord>& l, std::shared
     return;
   }
   l->rare().start_renewal = std::move(answered);
-  l->timeout.cancel();
+  clock_.cancel(*l);
   l->renewal_counts = false;
   send_renew(l);
 }
@@ -234,7 +234,7 @@ void Watchdog::renew_together(const std::vector<std::shared_ptr<LeaseRecord>>& l
   for (const auto& l : leases) {
     if (l->slot == LeaseRecord::kNoSlot || l->lost() || l->work_over() || l->phase != LeaseRecord::Phase::kRenewDue)
       continue;  // in flight or ending: it keeps its own time
-    l->timeout.cancel();
+    clock_.cancel(*l);
     l->renewal_counts = false;  // free, as a late start's renewal is
     send_renew(l);
   }
@@ -356,13 +356,13 @@ void Watchdog::renewal_failed(const std::shared_ptr<LeaseRecord>& l, std::string
   // lease, so try again a tick later.
   events_.renewal_failed(l->key(), why);
   l->set_lost_detail(std::move(why));
-  l->timeout.cancel();
+  clock_.cancel(*l);
   auto next = std::min(Clock::now() + options_.watchdog.tick, l->deadline());
   schedule(*l, LeaseRecord::Phase::kRetryDue, next);
 }
 
 void Watchdog::on_renewed(const std::shared_ptr<LeaseRecord>& l, Clock::time_point sent) {
-  l->timeout.cancel();
+  clock_.cancel(*l);
   // Answered: a server that hung has run what it read before it answers
   // what came after.
   l->renewal_in_doubt = false;
@@ -390,7 +390,7 @@ void Watchdog::lose(const std::shared_ptr<LeaseRecord>& l, LostReason reason, st
     l->uncounted = true;
     stats_.held.fetch_sub(1, std::memory_order_relaxed);
   }
-  l->timeout.cancel();
+  clock_.cancel(*l);
   events_.lost(l->key(), reason, detail, Clock::now() - l->granted_at, l->fencing_token(), l->context());
   l->set_lost_detail(std::move(detail));
   request_stop(l);
@@ -477,7 +477,7 @@ void Watchdog::release_written(const std::shared_ptr<LeaseRecord>& l, Released s
 
 void Watchdog::released(const std::shared_ptr<LeaseRecord>& l, Released status, const StoreError* why) {
   l->release_in_flight = false;
-  l->timeout.cancel();
+  clock_.cancel(*l);
   judge_late_end(l);
   if (status == Released::kUnconfirmed) {
     const std::string detail = "release not confirmed: " + (why != nullptr ? why->describe() : std::string());
@@ -511,7 +511,7 @@ void Watchdog::released(const std::shared_ptr<LeaseRecord>& l, Released status, 
 
 void Watchdog::finish(const std::shared_ptr<LeaseRecord>& l) {
   l->step = Step::kEnded;
-  l->timeout.cancel();
+  clock_.cancel(*l);
   if (l->rare_if() && l->rare().hold_warning) l->rare().hold_warning->timeout.cancel();
   if (l->slot == LeaseRecord::kNoSlot) return;
   // Out of the registry: the last lease takes this one's slot.
