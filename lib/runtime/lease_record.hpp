@@ -70,6 +70,9 @@ void post_completion(const std::weak_ptr<ThreadPool>& notifier, UniqueFunction t
 struct RuntimeLinks {
   std::weak_ptr<detail::RuntimeImpl> runtime;
   std::weak_ptr<ThreadPool> notifier;  // the runtime's, for handlers
+  // The runtime's: its leases' timeouts run there (LeaseRecord::run, on
+  // the loop thread, so while the runtime lives).
+  Watchdog* watchdog = nullptr;
 };
 
 // What a LockHandle holds (as part of its lease's record): whether the
@@ -154,9 +157,8 @@ struct LeaseRecord final : Lease, LinkedTimerTask, HandleState {
     kAwaitingExpiry,  // the release was not confirmed: the key's expiry ends it
   };
 
-  LeaseRecord(Watchdog* watchdog, std::string key, std::uint64_t fence, std::chrono::milliseconds ttl,
-              Clock::time_point deadline)
-      : Lease(std::move(key), fence, ttl, deadline), watchdog(watchdog) {}
+  LeaseRecord(std::string key, std::uint64_t fence, std::chrono::milliseconds ttl, Clock::time_point deadline)
+      : Lease(std::move(key), fence, ttl, deadline) {}
   ~LeaseRecord() { delete rare_.load(std::memory_order_acquire); }
   LeaseRecord(const LeaseRecord&) = delete;
   LeaseRecord& operator=(const LeaseRecord&) = delete;
@@ -243,8 +245,8 @@ struct LeaseRecord final : Lease, LinkedTimerTask, HandleState {
   bool watch_ended_ = false;
 
  public:
-  // The members are in an order that leaves no padding (a million held
-  // leases pay for every byte).
+  // The members are in an order that leaves no padding but 3 bytes after
+  // the token (a million held leases pay for every byte).
   // Set once at grant, then read-only. The store's name for the key and
   // the ttl's text are not kept, and the token is kept as its bytes: each
   // request writes their text (LeaseLock, Watchdog::refer), where a
@@ -257,7 +259,6 @@ struct LeaseRecord final : Lease, LinkedTimerTask, HandleState {
   std::uint32_t slot = kNoSlot;  // loop thread: its place in the watchdog's registry
   // Set once at grant, then read-only.
   LockKind kind;               // how it is held (renewed and released as such)
-  Watchdog* const watchdog;    // outlives every lease (both belong to the runtime)
   std::shared_ptr<LockedWork> call;  // the work; none for a handle
   // Loop thread.
   Clock::duration renew_after{};  // from a renewal's send to the next one (a tick early)
@@ -339,9 +340,9 @@ struct LeaseRecord final : Lease, LinkedTimerTask, HandleState {
 
 #if defined(__GLIBCXX__) && defined(__x86_64__)
 // With its shared_ptr's count, 256 bytes of the allocator's: what a million
-// held leases cost each, before the wheel's node and the registry's slot
+// held leases cost each, with their timeouts, before the registry's slot
 // (BENCHMARKS.md, million_bench). A member that grows it should say why.
-static_assert(sizeof(LeaseRecord) == 240);
+static_assert(sizeof(LeaseRecord) == 232);
 #endif
 
 // The store's name for a lease's key (the record keeps the key once, as

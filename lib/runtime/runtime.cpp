@@ -32,7 +32,7 @@ Retries::Retries(int count) : count_(count) {
 
 std::shared_ptr<detail::RuntimeImpl> detail::RuntimeImpl::make(Options opts, const detail::StoreFactory& make_store) {
   auto impl = std::make_shared<RuntimeImpl>(std::move(opts), make_store);
-  impl->table_.set_links(std::make_shared<const detail::RuntimeLinks>(impl, impl->notifier_pool_));
+  impl->table_.set_links(impl, impl->notifier_pool_);
   return impl;
 }
 

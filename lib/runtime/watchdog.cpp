@@ -13,7 +13,11 @@ namespace lockwatch::detail {
 
 using std::chrono::milliseconds;
 
-void LeaseRecord::run(Timeout) noexcept { watchdog->on_timer(this); }
+void LeaseRecord::run(Timeout) noexcept {
+  // Set at grant, before the loop runs the wheel again (LockTable::start_lease).
+  assert(links && links->watchdog);
+  links->watchdog->on_timer(this);
+}
 
 Watchdog::Watchdog(LockStore& store, WheelClock& clock, ThreadPool& notifier, const Options& options,
                    StatsCounters& stats, Events& events, Decisions& decisions)
@@ -28,7 +32,7 @@ Watchdog::Watchdog(LockStore& store, WheelClock& clock, ThreadPool& notifier, co
 std::shared_ptr<LeaseRecord> Watchdog::new_lease(const Acquisition& a, std::uint64_t fence,
                                                 Clock::time_point deadline, Clock::time_point last_sent) {
   assert(a.step == Step::kHeld && "a lease is made only for an acquisition whose wait ended in a grant");
-  auto l = std::make_shared<LeaseRecord>(this, a.spec.key, fence, a.spec.ttl, deadline);
+  auto l = std::make_shared<LeaseRecord>(a.spec.key, fence, a.spec.ttl, deadline);
   using Way = Completion::Way;
   const Completion& how = a.completion;
   l->call = how.work();  // none for a handle: its lease is its own state
