@@ -636,6 +636,89 @@ TEST_F(TimerWheelTest, DestructionRunsNoTaskAndFreesOwnedFunctions) {
   EXPECT_EQ(token.use_count(), 1);
 }
 
+// A task that carries its own timeout; it re-arms itself `period` later
+// while `rearm` is set.
+class LinkedTask final : public LinkedTimerTask {
+ public:
+  void run(Timeout timeout) noexcept override {
+    ran_at.push_back(g_fake_ns.load(std::memory_order_relaxed));
+    empty_handle = empty_handle && !timeout;
+    if (rearm && wheel != nullptr) wheel->schedule(*this, fake_now() + period);
+  }
+  std::vector<std::int64_t> ran_at;
+  bool empty_handle = true;
+  bool rearm = false;
+  TimerWheel* wheel = nullptr;
+  std::chrono::nanoseconds period{0};
+};
+
+TEST_F(TimerWheelTest, ALinkedTaskRunsOnItsTickAndMovesWhenScheduledAgain) {
+  TimerWheel wheel(options(1ms, 8), fake_now);  // one epoch: 8 ms
+  wheel.bind_to_current_thread();
+  LinkedTask near, far, moved;
+  wheel.schedule(near, fake_now() + 3ms);
+  wheel.schedule(far, fake_now() + 50ms);  // several epochs away: the far ring
+  wheel.schedule(moved, fake_now() + 5ms);
+  wheel.schedule(moved, fake_now() + 20ms);  // moved: one timeout, not two
+  EXPECT_TRUE(near.is_pending());
+  EXPECT_EQ(wheel.pending(), 3u);
+  for (int ms = 0; ms <= 60; ++ms) advance_to(wheel, std::chrono::milliseconds(ms));
+  EXPECT_EQ(near.ran_at, (std::vector<std::int64_t>{at(3ms)}));
+  EXPECT_EQ(moved.ran_at, (std::vector<std::int64_t>{at(20ms)}));
+  EXPECT_EQ(far.ran_at, (std::vector<std::int64_t>{at(50ms)}));
+  EXPECT_TRUE(near.empty_handle && far.empty_handle && moved.empty_handle);
+  EXPECT_FALSE(near.is_pending());
+  EXPECT_EQ(wheel.pending(), 0u);
+}
+
+TEST_F(TimerWheelTest, ALinkedTaskCancelledNeverRunsAndMayReArmItself) {
+  TimerWheel wheel(options(1ms, 16), fake_now);
+  wheel.bind_to_current_thread();
+  LinkedTask cancelled, periodic;
+  wheel.schedule(cancelled, fake_now() + 2ms);
+  EXPECT_TRUE(wheel.cancel(cancelled));
+  EXPECT_FALSE(wheel.cancel(cancelled));
+  EXPECT_FALSE(cancelled.is_pending());
+  periodic.rearm = true;
+  periodic.wheel = &wheel;
+  periodic.period = 7ms;
+  wheel.schedule(periodic, fake_now() + 7ms);
+  RecordingTask slab;  // a node of the wheel's beside them
+  wheel.new_timeout(slab, 10ms);
+  for (int ms = 0; ms <= 30; ++ms) advance_to(wheel, std::chrono::milliseconds(ms));
+  EXPECT_TRUE(cancelled.ran_at.empty());
+  EXPECT_EQ(periodic.ran_at, (std::vector<std::int64_t>{at(7ms), at(14ms), at(21ms), at(28ms)}));
+  EXPECT_EQ(slab.runs.load(), 1);
+  EXPECT_EQ(wheel.pending(), 1u);  // the periodic one, due at 35 ms
+  periodic.rearm = false;
+  EXPECT_TRUE(wheel.cancel(periodic));
+  EXPECT_EQ(wheel.pending(), 0u);
+  EXPECT_FALSE(wheel.next_expiry_in().has_value());
+}
+
+TEST_F(TimerWheelTest, StopEndsALinkedTaskAndOtherThreadsCannotScheduleOne) {
+  TimerWheel wheel(options(1ms), fake_now);
+  wheel.bind_to_current_thread();
+  LinkedTask a, b;
+  wheel.schedule(a, fake_now() + 5ms);
+  bool refused = false;
+  std::thread([&] {
+    try {
+      wheel.schedule(b, fake_now() + 5ms);
+    } catch (const std::logic_error&) {
+      refused = true;
+    }
+  }).join();
+  EXPECT_TRUE(refused);
+  EXPECT_FALSE(b.is_pending());
+  EXPECT_EQ(wheel.stop(), 1u);
+  EXPECT_FALSE(a.is_pending());
+  EXPECT_FALSE(wheel.cancel(a));
+  EXPECT_THROW(wheel.schedule(a, fake_now() + 5ms), std::logic_error);
+  advance_to(wheel, 10ms);
+  EXPECT_TRUE(a.ran_at.empty());
+}
+
 TEST_F(TimerWheelTest, BadOptionsThrow) {
   EXPECT_THROW(TimerWheel(options(999us)), std::invalid_argument);
   EXPECT_THROW(TimerWheel(options(0ns)), std::invalid_argument);

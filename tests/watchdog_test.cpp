@@ -193,12 +193,12 @@ TEST_F(WatchdogTest, NotYoursIsFinalAtOnce) {
 // A lease makes its stop state only when asked for a token; a stop
 // requested before that still shows, and callbacks run once.
 TEST(LeaseStopTest, AStopRequestedBeforeAnyTokenIsSeenByTheFirstToken) {
-  detail::LeaseRecord early(nullptr, "k", 1, 1s, std::chrono::steady_clock::now() + 1s);
+  detail::LeaseRecord early("k", 1, 1s, std::chrono::steady_clock::now() + 1s);
   early.request_stop();
   EXPECT_TRUE(early.stop_token().stop_requested());
   EXPECT_TRUE(early.stop_token().stop_requested());
 
-  detail::LeaseRecord late(nullptr, "k", 2, 1s, std::chrono::steady_clock::now() + 1s);
+  detail::LeaseRecord late("k", 2, 1s, std::chrono::steady_clock::now() + 1s);
   auto token = late.stop_token();
   EXPECT_FALSE(token.stop_requested());
   int ran = 0;

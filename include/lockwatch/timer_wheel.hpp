@@ -43,7 +43,7 @@
 /// come from slabs that are reused, so steady-state scheduling does not
 /// allocate (the std::function overload allocates the function). Other threads
 /// pay a clock read and the batch mutex per call. A pending timeout takes 40
-/// bytes of slab; an empty wheel about 17 KB (two rings of 16-byte buckets at
+/// bytes of slab (none for a LinkedTimerTask's own, which it carries); an empty wheel about 17 KB (two rings of 16-byte buckets at
 /// the default size). Slabs are kept until the wheel is destroyed, so memory
 /// follows the peak number of pending timeouts.
 ///
@@ -68,6 +68,20 @@ namespace lockwatch {
 namespace detail {
 struct TimerNode;
 class TimerWheelCore;
+
+// A doubly linked ring. Buckets and the due list are sentinels of this type,
+// so unlinking an entry needs neither its list nor a branch for the head.
+struct TimerLink {
+  TimerLink* prev;  // null: on no list
+  TimerLink* next;
+};
+
+// What every timeout on a list has: its links and its deadline, as
+// nanoseconds since the wheel's start times two, plus one for a
+// LinkedTimerTask's own entry (a TimerNode's otherwise).
+struct TimerEntry : TimerLink {
+  std::int64_t when;
+};
 }  // namespace detail
 
 class Timeout;
@@ -82,6 +96,28 @@ class TimerTask {
 
  protected:
   ~TimerTask() = default;
+};
+
+/// A TimerTask that carries its one timeout itself, for a task that is
+/// scheduled again and again, one timeout at a time: 24 bytes in the task
+/// instead of a Timeout handle (16) and a node of the wheel's (40). Its
+/// timeout is scheduled, moved and cancelled with TimerWheel::schedule()
+/// and TimerWheel::cancel(), on the owner thread only. run() is given an
+/// empty Timeout. The task must not be destroyed while its timeout is
+/// pending (TimerWheel::stop() ends it, as it cancels every timeout).
+class LinkedTimerTask : public TimerTask, private detail::TimerEntry {
+ public:
+  /// Owner thread. Scheduled, and neither run nor cancelled (nor stopped).
+  bool is_pending() const noexcept { return prev != nullptr; }
+
+ protected:
+  LinkedTimerTask() noexcept : detail::TimerEntry{{nullptr, nullptr}, 0} {}
+  ~LinkedTimerTask() = default;
+  LinkedTimerTask(const LinkedTimerTask&) = delete;
+  LinkedTimerTask& operator=(const LinkedTimerTask&) = delete;
+
+ private:
+  friend class detail::TimerWheelCore;
 };
 
 /// A small copyable handle to one scheduled timeout (16 bytes: the node and the
@@ -165,6 +201,16 @@ class TimerWheel {
   /// owner thread, after it ran, once the cancellation was processed, or at
   /// stop(). An empty `fn` is std::invalid_argument.
   Timeout new_timeout(std::function<void(Timeout)> fn, std::chrono::nanoseconds delay);
+
+  /// Owner thread only (else std::logic_error). Schedules `task`'s own
+  /// timeout at `deadline`, as new_timeout_at() would (a past deadline runs
+  /// at the next advance()); a pending one is moved there. Throws as
+  /// new_timeout_at() does (std::logic_error after stop(),
+  /// std::length_error at max_pending), never std::bad_alloc.
+  void schedule(LinkedTimerTask& task, Clock::time_point deadline);
+  /// Owner thread only. Cancels `task`'s pending timeout: true if it was
+  /// pending (its task will then not run), false otherwise.
+  bool cancel(LinkedTimerTask& task) noexcept;
 
   /// Makes the calling thread the owner (the one that calls advance()). Until
   /// called, the first advance() binds the owner. Rebinding is allowed when the

@@ -24,27 +24,20 @@
 namespace lockwatch {
 namespace detail {
 
-// A doubly linked ring. Buckets and the due list are sentinels of this type,
-// so unlinking a node needs neither its list nor a branch for the head.
-struct TimerLink {
-  TimerLink* prev;
-  TimerLink* next;
-};
-
-// One timeout. 40 bytes: the links, the state word, the task and the deadline.
-// Nodes live in slabs and are reused, never freed, before the wheel dies.
-struct TimerNode : TimerLink {
+// One timeout of a TimerTask. 40 bytes: the links, the deadline, the state
+// word and the task. Nodes live in slabs and are reused, never freed, before
+// the wheel dies. When `prev` is null the node is on no list (mailbox, free
+// list or running) and `next` chains those.
+struct TimerNode : TimerEntry {
   // generation << 18 | wheel id << 2 | phase. Only the phase changes by CAS;
   // the owner bumps the generation when it hands the node out again.
   std::atomic<std::uint64_t> state;
   // TimerTask* with kOwnedFunction / kImmediate in the low bits (a TimerTask
   // has a vtable pointer, so it is at least 8-aligned).
   std::uintptr_t task;
-  // Nanoseconds since the wheel's start; when `prev` is null the node is on
-  // no list (mailbox, free list or running) and `next` chains those.
-  std::int64_t deadline;
 };
 static_assert(sizeof(TimerNode) == 40, "the memory budget counts on 40-byte nodes");
+static_assert(sizeof(TimerEntry) == 24, "a LinkedTimerTask carries 24 bytes");
 
 namespace {
 
@@ -95,6 +88,14 @@ std::uintptr_t current_thread() noexcept {
   thread_local char anchor;
   return reinterpret_cast<std::uintptr_t>(&anchor);
 #endif
+}
+
+// TimerEntry::when: the deadline (saturated, so doubling cannot overflow),
+// and whether the entry is a LinkedTimerTask's own.
+std::int64_t deadline_of(const TimerEntry* e) noexcept { return e->when >> 1; }
+bool is_linked_task(const TimerEntry* e) noexcept { return (e->when & 1) != 0; }
+void set_deadline(TimerEntry* e, std::int64_t deadline, bool linked_task) noexcept {
+  e->when = deadline * 2 + (linked_task ? 1 : 0);
 }
 
 std::int64_t saturate(std::int64_t v) noexcept { return std::clamp(v, kMinDeadline, kMaxDeadline); }
@@ -165,6 +166,8 @@ class TimerWheelCore {
   Timeout schedule_at(std::uintptr_t task, TimerWheel::Clock::time_point deadline);
   void cancelled(TimerNode* node) noexcept;
   void cancelled_elsewhere(TimerNode* node) noexcept;
+  void schedule_linked(LinkedTimerTask& task, TimerWheel::Clock::time_point deadline);
+  bool cancel_linked(LinkedTimerTask& task) noexcept;
 
   void bind() noexcept { owner_.store(current_thread(), std::memory_order_relaxed); }
   std::size_t advance(TimerWheel::Clock::time_point now);
@@ -212,13 +215,16 @@ class TimerWheelCore {
 
   TimerNode* take_free_node();
   std::size_t add_slab_locked(TimerNode*& list);
-  void link(TimerNode* node, bool immediate) noexcept;
-  void unlink(TimerNode* node) noexcept;
+  void link(TimerEntry* entry, bool immediate) noexcept;
+  void unlink(TimerLink* entry) noexcept;
   void release(TimerNode* node) noexcept;
   void drain_mailbox();
   // Where expire() puts what it does not run.
   enum class Batch { kDue, kNear, kFar };
   std::size_t expire(TimerLink& batch, Batch kind, std::size_t bucket, std::int64_t horizon);
+  // Puts back an entry of `batch` that is not due: where it came from, or,
+  // from a far bucket, wherever link() places it now.
+  void put_back(TimerEntry* entry, Batch kind, std::size_t bucket) noexcept;
   std::size_t walk(Batch kind, std::size_t first, std::size_t span, std::int64_t horizon);
   std::size_t next_occupied(std::size_t level, std::size_t from, std::size_t limit) const noexcept;
   void set_occupied(std::size_t b) noexcept { occupied_[b >> 6] |= std::uint64_t{1} << (b & 63); }
@@ -346,7 +352,7 @@ LOCKWATCH_HOT Timeout TimerWheelCore::schedule_on_owner(std::uintptr_t task, std
   const std::uint64_t tag = ((node->state.load(std::memory_order_relaxed) & ~kPhaseMask) + kGenerationStep);
   node->state.store(tag | kPending, std::memory_order_release);
   node->task = task;
-  node->deadline = deadline;
+  set_deadline(node, deadline, false);
   link(node, immediate);
   linked_.store(linked_.load(std::memory_order_relaxed) + 1, std::memory_order_relaxed);
   return Timeout(node, tag);
@@ -365,7 +371,7 @@ Timeout TimerWheelCore::schedule_from_elsewhere(std::uintptr_t task, std::int64_
   const std::uint64_t tag = ((node->state.load(std::memory_order_relaxed) & ~kPhaseMask) + kGenerationStep);
   node->state.store(tag | kPending, std::memory_order_release);
   node->task = task | (immediate ? kImmediate : 0);
-  node->deadline = deadline;
+  set_deadline(node, deadline, false);
   node->prev = nullptr;  // not on a list yet: the owner must not unlink it
   node->next = inbox_;
   inbox_ = node;
@@ -394,7 +400,7 @@ std::size_t TimerWheelCore::add_slab_locked(TimerNode*& list) {
     TimerNode* node = ::new (static_cast<void*>(&nodes[i])) TimerNode;
     node->state.store(id_tag_ | kExpired, std::memory_order_relaxed);
     node->task = 0;
-    node->deadline = 0;
+    node->when = 0;
     node->prev = nullptr;
     node->next = list;
     list = node;
@@ -402,13 +408,14 @@ std::size_t TimerWheelCore::add_slab_locked(TimerNode*& list) {
   return n;
 }
 
-LOCKWATCH_HOT void TimerWheelCore::link(TimerNode* node, bool immediate) noexcept {
-  if (immediate || node->deadline <= processed_ns_) {
+LOCKWATCH_HOT void TimerWheelCore::link(TimerEntry* node, bool immediate) noexcept {
+  const std::int64_t deadline = deadline_of(node);
+  if (immediate || deadline <= processed_ns_) {
     list_push_back(due_, node);
     return;
   }
   // deadline > processed_ns_ >= 0.
-  const std::uint64_t tick = ticks_ceil(static_cast<std::uint64_t>(node->deadline));
+  const std::uint64_t tick = ticks_ceil(static_cast<std::uint64_t>(deadline));
   const std::uint64_t epoch = tick >> shift_;
   // The near ring holds only the current epoch, so it never needs rounds; a
   // later epoch waits in the far ring (with rounds past size epochs) and is
@@ -420,7 +427,7 @@ LOCKWATCH_HOT void TimerWheelCore::link(TimerNode* node, bool immediate) noexcep
   set_occupied(b);
 }
 
-LOCKWATCH_HOT void TimerWheelCore::unlink(TimerNode* node) noexcept {
+LOCKWATCH_HOT void TimerWheelCore::unlink(TimerLink* node) noexcept {
   TimerLink* prev = node->prev;
   list_unlink(node);
   node->prev = nullptr;
@@ -515,25 +522,38 @@ void TimerWheelCore::drain_mailbox() {
 // even nodes of this batch, while it is walked.
 std::size_t TimerWheelCore::expire(TimerLink& batch, Batch kind, std::size_t bucket,
                                    std::int64_t horizon) {
-  TimerLink& home = kind == Batch::kDue ? due_ : buckets_[bucket];
   std::size_t ran = 0;
   active_ = &batch;
   while (!list_empty(batch) && !stopped_) {
-    auto* node = static_cast<TimerNode*>(batch.next);
+    auto* entry = static_cast<TimerEntry*>(batch.next);
     // Lists are walked in the order nodes were added, not in memory order:
     // start fetching the next one while this one is handled.
-    __builtin_prefetch(node->next);
-    list_unlink(node);
-    std::uint64_t state = node->state.load(std::memory_order_acquire);
-    if ((state & kPhaseMask) == kPending && node->deadline > horizon && kind == Batch::kFar) {
-      link(node, false);
+    __builtin_prefetch(entry->next);
+    list_unlink(entry);
+    if (is_linked_task(entry)) {
+      // Pending while on a list: only the owner cancels it, by unlinking.
+      if (deadline_of(entry) > horizon) {
+        put_back(entry, kind, bucket);
+        continue;
+      }
+      entry->prev = nullptr;
+      linked_.store(linked_.load(std::memory_order_relaxed) - 1, std::memory_order_relaxed);
+      static_cast<LinkedTimerTask*>(entry)->run(Timeout());
+      ++ran;
       continue;
     }
-    if ((state & kPhaseMask) != kPending || node->deadline > horizon ||
+    auto* node = static_cast<TimerNode*>(entry);
+    std::uint64_t state = node->state.load(std::memory_order_acquire);
+    if ((state & kPhaseMask) != kPending || deadline_of(node) > horizon ||
         !node->state.compare_exchange_strong(state, (state & ~kPhaseMask) | kExpired,
                                              std::memory_order_acq_rel, std::memory_order_acquire)) {
-      list_push_back(home, node);
-      if (kind != Batch::kDue) set_occupied(bucket);
+      // A node cancelled elsewhere waits for the mailbox in its bucket.
+      if ((state & kPhaseMask) != kPending && kind == Batch::kFar) {
+        list_push_back(buckets_[bucket], node);
+        set_occupied(bucket);
+      } else {
+        put_back(node, kind, bucket);
+      }
       continue;
     }
     node->prev = nullptr;
@@ -545,6 +565,15 @@ std::size_t TimerWheelCore::expire(TimerLink& batch, Batch kind, std::size_t buc
   }
   active_ = nullptr;
   return ran;
+}
+
+LOCKWATCH_HOT void TimerWheelCore::put_back(TimerEntry* entry, Batch kind, std::size_t bucket) noexcept {
+  if (kind == Batch::kFar) {
+    link(entry, false);
+    return;
+  }
+  list_push_back(kind == Batch::kDue ? due_ : buckets_[bucket], entry);
+  if (kind != Batch::kDue) set_occupied(bucket);
 }
 
 // Expires the occupied buckets among `span` consecutive ones of a ring,
@@ -672,6 +701,30 @@ std::size_t TimerWheelCore::pending() const noexcept {
   return in > out ? in - out : 0;
 }
 
+void TimerWheelCore::schedule_linked(LinkedTimerTask& task, TimerWheel::Clock::time_point deadline) {
+  bind_if_unbound();
+  if (!on_owner()) throw std::logic_error("TimerWheel: a LinkedTimerTask is scheduled on the owner thread only");
+  if (stopped_) throw std::logic_error("TimerWheel: stopped");
+  TimerEntry* entry = &task;
+  if (entry->prev != nullptr) {
+    unlink(entry);  // moved: it stays counted
+  } else {
+    check_room();
+    linked_.store(linked_.load(std::memory_order_relaxed) + 1, std::memory_order_relaxed);
+  }
+  set_deadline(entry, rel_ns(deadline), true);
+  link(entry, false);
+}
+
+bool TimerWheelCore::cancel_linked(LinkedTimerTask& task) noexcept {
+  assert(on_owner() && "TimerWheel::cancel(LinkedTimerTask&) called off the owner thread");
+  TimerEntry* entry = &task;
+  if (entry->prev == nullptr) return false;
+  unlink(entry);
+  linked_.store(linked_.load(std::memory_order_relaxed) - 1, std::memory_order_relaxed);
+  return true;
+}
+
 std::size_t TimerWheelCore::stop() {
   bind_if_unbound();
   return stop_locked_out();
@@ -707,7 +760,15 @@ std::size_t TimerWheelCore::stop_locked_out() {
     }
   };
   auto finish_list = [&](TimerLink& list) {
-    for (TimerLink* l = list.next; l != &list; l = l->next) finish(static_cast<TimerNode*>(l));
+    for (TimerLink* l = list.next; l != &list; l = l->next) {
+      auto* entry = static_cast<TimerEntry*>(l);
+      if (is_linked_task(entry)) {
+        entry->prev = nullptr;  // no longer pending; `next` still leads on
+        ++never_ran;
+      } else {
+        finish(static_cast<TimerNode*>(entry));
+      }
+    }
   };
   for (TimerLink& b : buckets_) {
     finish_list(b);
@@ -776,6 +837,9 @@ Timeout TimerWheel::new_timeout(std::function<void(Timeout)> fn, std::chrono::na
   task.release();
   return timeout;
 }
+
+void TimerWheel::schedule(LinkedTimerTask& task, Clock::time_point deadline) { core_->schedule_linked(task, deadline); }
+bool TimerWheel::cancel(LinkedTimerTask& task) noexcept { return core_->cancel_linked(task); }
 
 void TimerWheel::bind_to_current_thread() noexcept { core_->bind(); }
 std::size_t TimerWheel::advance() { return core_->advance_to_clock(); }

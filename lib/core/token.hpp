@@ -7,6 +7,7 @@
 #include <cstddef>
 #include <string>
 #include <string_view>
+#include <tuple>
 
 namespace lockwatch::detail {
 
@@ -17,6 +18,40 @@ struct OwnerToken {
   std::string_view view() const noexcept { return {text.data(), text.size()}; }
   std::string str() const { return std::string(view()); }
 };
+
+// An owner token of TokenGenerator's as its 16 bytes, half its text's
+// size: a held lease keeps it so, and writes the text for each request.
+class PackedToken {
+ public:
+  static constexpr std::size_t kTextSize = std::tuple_size_v<decltype(OwnerToken::text)>;
+  PackedToken() noexcept = default;
+  // `t` as TokenGenerator::next() wrote it (lowercase hex).
+  explicit PackedToken(const OwnerToken& t) noexcept {
+    auto nibble = [](char c) noexcept {
+      return static_cast<unsigned char>(c <= '9' ? c - '0' : c - 'a' + 10);
+    };
+    for (std::size_t i = 0; i < bytes_.size(); ++i)
+      bytes_[i] = static_cast<unsigned char>(nibble(t.text[2 * i]) << 4 | nibble(t.text[2 * i + 1]));
+  }
+  // Writes the token's kTextSize characters at `to`; returns their end.
+  char* write(char* to) const noexcept {
+    static constexpr char kHex[] = "0123456789abcdef";
+    for (unsigned char b : bytes_) {
+      *to++ = kHex[b >> 4];
+      *to++ = kHex[b & 15];
+    }
+    return to;
+  }
+  OwnerToken text() const noexcept {
+    OwnerToken t;
+    write(t.text.data());
+    return t;
+  }
+
+ private:
+  std::array<unsigned char, kTextSize / 2> bytes_{};
+};
+static_assert(sizeof(PackedToken) == 16);
 
 class TokenGenerator {
  public:

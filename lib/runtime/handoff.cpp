@@ -15,7 +15,7 @@ void LockTable::work_ended(const std::shared_ptr<LeaseRecord>& l, Clock::time_po
 }
 
 bool LockTable::hand_off_fits(const LeaseRecord& l) const {
-  const Acquisition* next = waits_.next_waiter(l.name.view());
+  const Acquisition* next = waits_.next_waiter(store_name(parts_.store, l).view());
   // A waiter with another ttl, or without renewals (it counts on a whole
   // ttl from its start), takes the lock from the store; so do shared and
   // permit holders (their leases are each their own in the store).
@@ -43,7 +43,8 @@ void LockTable::reserve(const LeaseRecord& l, const std::shared_ptr<HandOffStrea
       kTokenBlock, left > s->in_stock() ? left - s->in_stock() : 1));
   s->reserving = true;
   parts_.stats.token_reservations.fetch_add(1, std::memory_order_relaxed);
-  token_blocks_->reserve_tokens(l.ref(), n, [this, s, n](std::uint64_t last, const StoreError* error) {
+  const LeaseLock lock(parts_.store, l);
+  token_blocks_->reserve_tokens(lock.ref(), n, [this, s, n](std::uint64_t last, const StoreError* error) {
     Decisions::Scope scope(decisions_);
     s->reserving = false;
     if (error != nullptr || last < n) {
@@ -71,7 +72,7 @@ bool LockTable::try_hand_off(const std::shared_ptr<LeaseRecord>& l) {
     // The streak is over: back to the store, and our waiters take their
     // turn with everyone else's.
     l->yield_on_release = true;
-    waits_.hold_back(l->name.view());
+    waits_.hold_back(store_name(parts_.store, *l).view());
     return false;
   }
   const std::uint64_t fence = s->take();
@@ -85,7 +86,7 @@ bool LockTable::try_hand_off(const std::shared_ptr<LeaseRecord>& l) {
   }
   ++s->handoffs;
   parts_.stats.local_handoffs.fetch_add(1, std::memory_order_relaxed);
-  auto a = waits_.take_next(l->name.view());
+  auto a = waits_.take_next(store_name(parts_.store, *l).view());
   auto handed = watchdog_.hand_off(l, *a, fence);
   call_ended(l);  // the hand-off was its release
   start_lease(a, handed);

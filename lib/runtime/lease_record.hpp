@@ -41,11 +41,16 @@ class Watchdog;
 class TtlText {
  public:
   TtlText() = default;
-  explicit TtlText(std::chrono::milliseconds ttl) noexcept {
-    auto r = std::to_chars(text_.data(), text_.data() + text_.size(), ttl.count());
-    size_ = r.ec == std::errc() ? static_cast<std::uint8_t>(r.ptr - text_.data()) : 0;
-  }
+  explicit TtlText(std::chrono::milliseconds ttl) noexcept
+      : size_(static_cast<std::uint8_t>(write(ttl, text_.data()) - text_.data())) {}
   std::string_view view() const noexcept { return {text_.data(), size_}; }
+  // Writes the text of `ttl` at `to` (room for kMaxSize bytes) and returns
+  // its end (`to` itself for a ttl that is not valid).
+  static constexpr std::size_t kMaxSize = 10;
+  static char* write(std::chrono::milliseconds ttl, char* to) noexcept {
+    auto r = std::to_chars(to, to + kMaxSize, ttl.count());
+    return r.ec == std::errc() ? r.ptr : to;
+  }
 
  private:
   std::array<char, 10> text_{};
@@ -65,6 +70,9 @@ void post_completion(const std::weak_ptr<ThreadPool>& notifier, UniqueFunction t
 struct RuntimeLinks {
   std::weak_ptr<detail::RuntimeImpl> runtime;
   std::weak_ptr<ThreadPool> notifier;  // the runtime's, for handlers
+  // The runtime's: its leases' timeouts run there (LeaseRecord::run, on
+  // the loop thread, so while the runtime lives).
+  Watchdog* watchdog = nullptr;
 };
 
 // What a LockHandle holds (as part of its lease's record): whether the
@@ -138,7 +146,8 @@ struct LeaseRecord;
 // The hand-off streak a lease is part of (runtime/handoff.hpp).
 struct HandOffStreak;
 
-struct LeaseRecord final : Lease, TimerTask, HandleState {
+// Its timeout is its own (LinkedTimerTask): no node of the wheel's.
+struct LeaseRecord final : Lease, LinkedTimerTask, HandleState {
   // What the lease's one wheel timeout means when it fires.
   enum class Phase : std::uint8_t {
     kRenewDue,       // time to renew
@@ -148,9 +157,8 @@ struct LeaseRecord final : Lease, TimerTask, HandleState {
     kAwaitingExpiry,  // the release was not confirmed: the key's expiry ends it
   };
 
-  LeaseRecord(Watchdog* watchdog, std::string key, std::uint64_t fence, std::chrono::milliseconds ttl,
-              Clock::time_point deadline)
-      : Lease(std::move(key), fence, ttl, deadline), watchdog(watchdog) {}
+  LeaseRecord(std::string key, std::uint64_t fence, std::chrono::milliseconds ttl, Clock::time_point deadline)
+      : Lease(std::move(key), fence, ttl, deadline) {}
   ~LeaseRecord() { delete rare_.load(std::memory_order_acquire); }
   LeaseRecord(const LeaseRecord&) = delete;
   LeaseRecord& operator=(const LeaseRecord&) = delete;
@@ -165,7 +173,6 @@ struct LeaseRecord final : Lease, TimerTask, HandleState {
   using Lease::request_stop;
   // After set_deadline(): whoever reads the count (acquire) sees the deadline.
   void bump_renewals() noexcept { renewals_.fetch_add(1, std::memory_order_release); }
-  LockRef ref() const noexcept { return LockRef{name.view(), token.view(), ttl_ms.view(), ttl(), kind}; }
   // Why renewals failed or the lease was lost ("" if nothing went wrong).
   // Loop thread.
   std::string lost_detail() const {
@@ -238,11 +245,13 @@ struct LeaseRecord final : Lease, TimerTask, HandleState {
   bool watch_ended_ = false;
 
  public:
-  // The members are in an order that leaves no padding (a million held
-  // leases pay for every byte).
-  // Set once at grant, then read-only.
-  TtlText ttl_ms;    // the ttl as the store takes it, formatted once
-  OwnerToken token;  // the owner token
+  // The members are in an order that leaves no padding but 3 bytes after
+  // the token (a million held leases pay for every byte).
+  // Set once at grant, then read-only. The store's name for the key and
+  // the ttl's text are not kept, and the token is kept as its bytes: each
+  // request writes their text (LeaseLock, Watchdog::refer), where a
+  // million held leases would pay 67 bytes each to keep it.
+  PackedToken token;  // the owner token
   // Loop thread: renewals that may still count against `retries`; set at
   // grant, < 0: forever (more than 2^31 - 1 retries count as forever).
   std::int32_t renewals_left = 0;
@@ -250,13 +259,10 @@ struct LeaseRecord final : Lease, TimerTask, HandleState {
   std::uint32_t slot = kNoSlot;  // loop thread: its place in the watchdog's registry
   // Set once at grant, then read-only.
   LockKind kind;               // how it is held (renewed and released as such)
-  StoreName name;              // the store's name for the key
-  Watchdog* const watchdog;    // outlives every lease (both belong to the runtime)
   std::shared_ptr<LockedWork> call;  // the work; none for a handle
   // Loop thread.
   Clock::duration renew_after{};  // from a renewal's send to the next one (a tick early)
   Clock::time_point granted_at;   // for the hold time
-  Timeout timeout;
   Clock::time_point last_sent;  // the latest request that may have extended the key
   // What few leases use, kept off the record (a million held leases pay a
   // pointer each for it): made on first use, by whichever thread needs it
@@ -333,11 +339,39 @@ struct LeaseRecord final : Lease, TimerTask, HandleState {
 };
 
 #if defined(__GLIBCXX__) && defined(__x86_64__)
-// With its shared_ptr's count, 320 bytes of the allocator's: what a million
-// held leases cost each, before the wheel's node and the registry's slot
+// With its shared_ptr's count, 256 bytes of the allocator's: what a million
+// held leases cost each, with their timeouts, before the registry's slot
 // (BENCHMARKS.md, million_bench). A member that grows it should say why.
-static_assert(sizeof(LeaseRecord) == 296);
+static_assert(sizeof(LeaseRecord) == 232);
 #endif
+
+// The store's name for a lease's key (the record keeps the key once, as
+// the caller wrote it).
+inline StoreName store_name(const LockStore& store, const LeaseRecord& l) {
+  StoreName name;
+  store.encode(l.key(), name);
+  return name;
+}
+
+// A lease's lock as a store takes it, for one request: the store's name
+// for the key, the token's text and the ttl's text, derived from the record (which keeps the
+// key once, as the caller wrote it). ref() views this object: it must
+// outlive the call it is given to.
+class LeaseLock {
+ public:
+  LeaseLock(const LockStore& store, const LeaseRecord& l)
+      : name_(store_name(store, l)), token_(l.token.text()), ttl_ms_(l.ttl()), l_(l) {}
+  LeaseLock(const LeaseLock&) = delete;
+  LeaseLock& operator=(const LeaseLock&) = delete;
+  LockRef ref() const noexcept { return LockRef{name_.view(), token_.view(), ttl_ms_.view(), l_.ttl(), l_.kind}; }
+  std::string_view name() const noexcept { return name_.view(); }
+
+ private:
+  StoreName name_;
+  OwnerToken token_;
+  TtlText ttl_ms_;
+  const LeaseRecord& l_;
+};
 
 // The leases of the locked calls running on this thread, innermost last:
 // one entry per key held (a set's keys each have one, all showing the set's

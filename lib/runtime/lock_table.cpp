@@ -183,7 +183,8 @@ void LockTable::work_over(const std::shared_ptr<LeaseRecord>& l) {
   const auto ended = Clock::now();
   if (lane_ != nullptr && lane_->lane_open_at(ended) && l->kind.exclusive_kind() && !l->lost() &&
       starting_.load() == 0 && waits_.keys_waited() == 0 && l->mark_release_written()) {
-    if (lane_->release_direct(l->ref(), [this, l, ended](Released status, const StoreError* why) {
+    const LeaseLock lock(parts_.store, *l);
+    if (lane_->release_direct(lock.ref(), [this, l, ended](Released status, const StoreError* why) {
           released_direct(l, status, why, ended);
         }))
       return;
@@ -227,7 +228,7 @@ void LockTable::act() {
 }
 
 void LockTable::lease_finished(const std::shared_ptr<LeaseRecord>& l) {
-  waits_.on_lease_finished(l->name.view(), l->kind, l->yield_on_release);
+  waits_.on_lease_finished(store_name(parts_.store, *l).view(), l->kind, l->yield_on_release);
   call_ended(l);
 }
 

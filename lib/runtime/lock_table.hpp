@@ -72,7 +72,9 @@ class LockTable {
 
   // Any thread, once, before the first call reaches the loop: what every
   // lease granted here knows of the runtime.
-  void set_links(std::shared_ptr<const RuntimeLinks> links) { links_ = std::move(links); }
+  void set_links(std::weak_ptr<RuntimeImpl> runtime, std::weak_ptr<ThreadPool> notifier) {
+    links_ = std::make_shared<const RuntimeLinks>(std::move(runtime), std::move(notifier), &watchdog_);
+  }
 
   // Loop, as the store starts: its release notices go to the wait queue.
   void listen(StoreEvents& events) {

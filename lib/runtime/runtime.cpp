@@ -32,7 +32,7 @@ Retries::Retries(int count) : count_(count) {
 
 std::shared_ptr<detail::RuntimeImpl> detail::RuntimeImpl::make(Options opts, const detail::StoreFactory& make_store) {
   auto impl = std::make_shared<RuntimeImpl>(std::move(opts), make_store);
-  impl->table_.set_links(std::make_shared<const detail::RuntimeLinks>(impl, impl->notifier_pool_));
+  impl->table_.set_links(impl, impl->notifier_pool_);
   return impl;
 }
 
@@ -395,7 +395,7 @@ void detail::RuntimeImpl::with_lease(const Lease& lease, const std::function<voi
 }
 
 std::string detail::RuntimeImpl::owner_token(const Lease& lease) const {
-  return static_cast<const detail::LeaseRecord&>(lease).token.str();
+  return static_cast<const detail::LeaseRecord&>(lease).token.text().str();
 }
 
 std::string detail::RuntimeImpl::store_kind() const {

@@ -1,6 +1,7 @@
 #include "runtime/watchdog.hpp"
 
 #include <cassert>
+#include <cstring>
 #include <limits>
 #include <utility>
 
@@ -12,7 +13,11 @@ namespace lockwatch::detail {
 
 using std::chrono::milliseconds;
 
-void LeaseRecord::run(Timeout) noexcept { watchdog->on_timer(this); }
+void LeaseRecord::run(Timeout) noexcept {
+  // Set at grant, before the loop runs the wheel again (LockTable::start_lease).
+  assert(links && links->watchdog);
+  links->watchdog->on_timer(this);
+}
 
 Watchdog::Watchdog(LockStore& store, WheelClock& clock, ThreadPool& notifier, const Options& options,
                    StatsCounters& stats, Events& events, Decisions& decisions)
@@ -27,7 +32,7 @@ Watchdog::Watchdog(LockStore& store, WheelClock& clock, ThreadPool& notifier, co
 std::shared_ptr<LeaseRecord> Watchdog::new_lease(const Acquisition& a, std::uint64_t fence,
                                                 Clock::time_point deadline, Clock::time_point last_sent) {
   assert(a.step == Step::kHeld && "a lease is made only for an acquisition whose wait ended in a grant");
-  auto l = std::make_shared<LeaseRecord>(this, a.spec.key, fence, a.spec.ttl, deadline);
+  auto l = std::make_shared<LeaseRecord>(a.spec.key, fence, a.spec.ttl, deadline);
   using Way = Completion::Way;
   const Completion& how = a.completion;
   l->call = how.work();  // none for a handle: its lease is its own state
@@ -60,9 +65,7 @@ Watchdog::Clock::time_point Watchdog::deadline_of(Clock::time_point sent, std::c
 
 std::shared_ptr<LeaseRecord> Watchdog::grant(const Acquisition& a, std::uint64_t fence, Clock::time_point sent) {
   auto l = new_lease(a, fence, deadline_of(sent, a.spec.ttl), sent);
-  l->name = a.name;
-  l->token = a.token;
-  l->ttl_ms = a.ttl_ms;
+  l->token = PackedToken(a.token);
   l->kind = a.spec.kind;
   l->slot = static_cast<std::uint32_t>(leases_.size());
   leases_.push_back(l);
@@ -89,16 +92,14 @@ bool Watchdog::can_hand_off(const LeaseRecord& l, Clock::time_point now) const {
 std::shared_ptr<LeaseRecord> Watchdog::hand_off(const std::shared_ptr<LeaseRecord>& from, const Acquisition& a,
                                                 std::uint64_t fence) {
   auto l = new_lease(a, fence, from->deadline(), from->last_sent);
-  l->name = from->name.view();
   l->token = from->token;
-  l->ttl_ms = from->ttl_ms;
   l->kind = from->kind;  // exclusive: only those are handed on
   l->renewal_in_doubt = from->renewal_in_doubt;  // its renewals were the key's
   l->rare().streak = streak_of(*from);
   l->streak()->holder = l;
   // `l` takes `from`'s place: `from` ends without a release.
   from->step = Step::kEnded;
-  from->timeout.cancel();
+  clock_.cancel(*from);
   l->slot = from->slot;
   leases_[l->slot] = l;
   from->slot = LeaseRecord::kNoSlot;
@@ -155,7 +156,7 @@ void Watchdog::schedule_next(LeaseRecord& l, Clock::time_point extended_at) {
 
 void Watchdog::schedule(LeaseRecord& l, LeaseRecord::Phase phase, Clock::time_point at) {
   l.phase = phase;
-  l.timeout = clock_.at(l, at);
+  clock_.at(l, at);
 }
 
 void Watchdog::on_timer(LeaseRecord* raw) {
@@ -228,7 +229,7 @@ void Watchdog::renew_at_start(const std::shared_ptr<LeaseRecord>& l, std::shared
     return;
   }
   l->rare().start_renewal = std::move(answered);
-  l->timeout.cancel();
+  clock_.cancel(*l);
   l->renewal_counts = false;
   send_renew(l);
 }
@@ -237,7 +238,7 @@ void Watchdog::renew_together(const std::vector<std::shared_ptr<LeaseRecord>>& l
   for (const auto& l : leases) {
     if (l->slot == LeaseRecord::kNoSlot || l->lost() || l->work_over() || l->phase != LeaseRecord::Phase::kRenewDue)
       continue;  // in flight or ending: it keeps its own time
-    l->timeout.cancel();
+    clock_.cancel(*l);
     l->renewal_counts = false;  // free, as a late start's renewal is
     send_renew(l);
   }
@@ -264,21 +265,47 @@ void Watchdog::flush() {
   for (std::size_t from = 0; from < due_.size(); from += kChunk) {
     auto first = due_.begin() + static_cast<std::ptrdiff_t>(from);
     auto last = due_.begin() + static_cast<std::ptrdiff_t>(std::min(due_.size(), from + kChunk));
-    // The batch keeps its leases, and so the views into them, alive until
-    // the store answered every one.
-    auto batch = std::make_shared<const std::vector<std::shared_ptr<LeaseRecord>>>(std::make_move_iterator(first),
-                                                                                   std::make_move_iterator(last));
-    refs_.clear();
-    refs_.reserve(batch->size());
-    for (const auto& l : *batch) refs_.push_back(l->ref());
-    stats_.renewals_sent.fetch_add(batch->size(), std::memory_order_relaxed);
-    const auto* leases = batch.get();
+    // The batch keeps its leases, and the text their LockRefs view, alive
+    // until the store answered every one.
+    auto batch = std::make_shared<RenewBatch>();
+    batch->leases.assign(std::make_move_iterator(first), std::make_move_iterator(last));
+    refer(*batch);
+    stats_.renewals_sent.fetch_add(batch->leases.size(), std::memory_order_relaxed);
+    const auto* leases = &batch->leases;
     auto commands = store_.renew(refs_, batch, [this, leases, sent](std::size_t k, Renewed status, const StoreError* why) {
       on_renew_result((*leases)[k], sent, status, why);
     });
     stats_.renew_commands.fetch_add(commands, std::memory_order_relaxed);
   }
   due_.clear();  // keeps its capacity for the next tick
+}
+
+void Watchdog::refer(RenewBatch& batch) {
+  // The records keep neither the store's names nor the text of the tokens
+  // and ttls (a million held leases would pay for it): it is written here,
+  // once per renewal, into one block that the LockRefs view.
+  const KeyRules& keys = store_.traits().keys;
+  const std::size_t per_lease =
+      keys.prefix.size() + (keys.braces ? 2 : 0) + PackedToken::kTextSize + TtlText::kMaxSize;
+  std::size_t bytes = 0;
+  for (const auto& l : batch.leases) bytes += per_lease + l->key().size();
+  batch.text = std::make_unique_for_overwrite<char[]>(bytes);
+  char* at = batch.text.get();
+  refs_.clear();
+  refs_.reserve(batch.leases.size());
+  for (const auto& l : batch.leases) {
+    char* const name = at;
+    for (std::string_view part : keys.name_parts(l->key())) {
+      if (!part.empty()) std::memcpy(at, part.data(), part.size());
+      at += part.size();
+    }
+    char* const token = at;
+    char* const ttl = l->token.write(token);
+    at = TtlText::write(l->ttl(), ttl);
+    refs_.push_back(LockRef{std::string_view(name, static_cast<std::size_t>(token - name)),
+                            std::string_view(token, PackedToken::kTextSize),
+                            std::string_view(ttl, static_cast<std::size_t>(at - ttl)), l->ttl(), l->kind});
+  }
 }
 
 void Watchdog::on_renew_result(const std::shared_ptr<LeaseRecord>& sent_for, Clock::time_point sent,
@@ -333,13 +360,13 @@ void Watchdog::renewal_failed(const std::shared_ptr<LeaseRecord>& l, std::string
   // lease, so try again a tick later.
   events_.renewal_failed(l->key(), why);
   l->set_lost_detail(std::move(why));
-  l->timeout.cancel();
+  clock_.cancel(*l);
   auto next = std::min(Clock::now() + options_.watchdog.tick, l->deadline());
   schedule(*l, LeaseRecord::Phase::kRetryDue, next);
 }
 
 void Watchdog::on_renewed(const std::shared_ptr<LeaseRecord>& l, Clock::time_point sent) {
-  l->timeout.cancel();
+  clock_.cancel(*l);
   // Answered: a server that hung has run what it read before it answers
   // what came after.
   l->renewal_in_doubt = false;
@@ -367,7 +394,7 @@ void Watchdog::lose(const std::shared_ptr<LeaseRecord>& l, LostReason reason, st
     l->uncounted = true;
     stats_.held.fetch_sub(1, std::memory_order_relaxed);
   }
-  l->timeout.cancel();
+  clock_.cancel(*l);
   events_.lost(l->key(), reason, detail, Clock::now() - l->granted_at, l->fencing_token(), l->context());
   l->set_lost_detail(std::move(detail));
   request_stop(l);
@@ -429,7 +456,8 @@ void Watchdog::judge_late_end(const std::shared_ptr<LeaseRecord>& l) {
 void Watchdog::release(const std::shared_ptr<LeaseRecord>& l) {
   l->awaiting_tokens = false;
   l->release_in_flight = true;
-  LockRef ref = l->ref();
+  const LeaseLock lock(store_, *l);
+  LockRef ref = lock.ref();
   // The registry keeps the lease until its release is answered (nothing
   // else finishes it meanwhile), so its address is all the answer needs:
   // trivially copied and small, std::function keeps it inline (no heap
@@ -453,7 +481,7 @@ void Watchdog::release_written(const std::shared_ptr<LeaseRecord>& l, Released s
 
 void Watchdog::released(const std::shared_ptr<LeaseRecord>& l, Released status, const StoreError* why) {
   l->release_in_flight = false;
-  l->timeout.cancel();
+  clock_.cancel(*l);
   judge_late_end(l);
   if (status == Released::kUnconfirmed) {
     const std::string detail = "release not confirmed: " + (why != nullptr ? why->describe() : std::string());
@@ -487,7 +515,7 @@ void Watchdog::released(const std::shared_ptr<LeaseRecord>& l, Released status, 
 
 void Watchdog::finish(const std::shared_ptr<LeaseRecord>& l) {
   l->step = Step::kEnded;
-  l->timeout.cancel();
+  clock_.cancel(*l);
   if (l->rare_if() && l->rare().hold_warning) l->rare().hold_warning->timeout.cancel();
   if (l->slot == LeaseRecord::kNoSlot) return;
   // Out of the registry: the last lease takes this one's slot.

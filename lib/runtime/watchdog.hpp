@@ -123,6 +123,14 @@ class Watchdog {
   // Queues `l`'s renewal for this tick's batch (flush()); `now`: the
   // caller's reading of the clock, if it has one.
   void send_renew(const std::shared_ptr<LeaseRecord>& l, Clock::time_point now = Clock::now());
+  // A chunk of renewals sent together: its leases, and the text their
+  // LockRefs view (each key's store name, token and ttl, as text).
+  struct RenewBatch {
+    std::vector<std::shared_ptr<LeaseRecord>> leases;
+    std::unique_ptr<char[]> text;
+  };
+  // Sets refs_ to the batch's locks, writing their text.
+  void refer(RenewBatch& batch);
   void on_renew_result(const std::shared_ptr<LeaseRecord>& l, Clock::time_point sent, Renewed status,
                        const StoreError* why);
   void on_renew_result_now(const std::shared_ptr<LeaseRecord>& l, Clock::time_point sent, Renewed status,

@@ -24,6 +24,11 @@ Timeout WheelClock::at(TimerTask& task, Clock::time_point at) {
   return t;
 }
 
+void WheelClock::at(LinkedTimerTask& task, Clock::time_point at) {
+  wheel_.schedule(task, at);
+  arm(wheel_.tick_time(at));
+}
+
 // `at` is a tick of the wheel (tick_time): waking before it would find
 // nothing due.
 void WheelClock::arm(Clock::time_point at) {

@@ -35,6 +35,10 @@ class WheelClock {
 
   // A timeout for `task` at `at`, with the loop woken on its tick.
   Timeout at(TimerTask& task, Clock::time_point at);
+  // `task`'s own timeout at `at` (moved there if pending), with the loop
+  // woken on its tick; cancel() cancels it.
+  void at(LinkedTimerTask& task, Clock::time_point at);
+  bool cancel(LinkedTimerTask& task) noexcept { return wheel_.cancel(task); }
   Clock::duration tick() const noexcept { return wheel_.tick(); }
   // How many times the wheel advanced: one "tick" of the runtime's own.
   std::uint64_t advances() const noexcept { return advances_; }

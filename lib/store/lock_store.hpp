@@ -138,7 +138,7 @@ struct Capabilities {
 };
 
 // The store's name for a key, inline when short (most are), so an
-// acquisition and its lease need no heap block for it. 40 bytes: a longer
+// acquisition and a lease's request need no heap block for it. 40 bytes: a longer
 // name keeps a pointer to its own block in the first bytes of the inline
 // space.
 using StoreName = SmallString<36>;
@@ -226,7 +226,8 @@ class LockStore {
     return name;
   }
   // The same into `out`, with no heap block for a name of up to N bytes:
-  // computed once per acquisition, and kept in its lease.
+  // computed once per acquisition, and again for each request of its lease
+  // (which keeps only the key).
   template <std::size_t N>
   void encode(std::string_view key, SmallString<N>& out) const {
     out.assign_joined(traits_.keys.name_parts(key));
