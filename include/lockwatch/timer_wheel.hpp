@@ -43,9 +43,10 @@
 /// come from slabs that are reused, so steady-state scheduling does not
 /// allocate (the std::function overload allocates the function). Other threads
 /// pay a clock read and the batch mutex per call. A pending timeout takes 40
-/// bytes of slab (none for a LinkedTimerTask's own, which it carries); an empty wheel about 17 KB (two rings of 16-byte buckets at
-/// the default size). Slabs are kept until the wheel is destroyed, so memory
-/// follows the peak number of pending timeouts.
+/// bytes of slab (none for a LinkedTimerTask's own, which it carries); an
+/// empty wheel about 17 KB (two rings of 16-byte buckets at the default
+/// size). Slabs are kept until the wheel is destroyed, so memory follows the
+/// peak number of pending timeouts.
 ///
 /// Tuning: `tick` bounds lateness and precision (and how often a busy loop
 /// wakes). `wheel_size * tick` is one epoch (512 x 5 ms = 2.56 s by default):

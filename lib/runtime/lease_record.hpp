@@ -354,9 +354,9 @@ inline StoreName store_name(const LockStore& store, const LeaseRecord& l) {
 }
 
 // A lease's lock as a store takes it, for one request: the store's name
-// for the key, the token's text and the ttl's text, derived from the record (which keeps the
-// key once, as the caller wrote it). ref() views this object: it must
-// outlive the call it is given to.
+// for the key, the token's text and the ttl's text, derived from the
+// record (which keeps the key once, as the caller wrote it). ref() views
+// this object: it must outlive the call it is given to.
 class LeaseLock {
  public:
   LeaseLock(const LockStore& store, const LeaseRecord& l)
