@@ -44,7 +44,7 @@ namespace lockwatch::detail {
 struct LockRef {
   std::string_view name;    // LockStore::encode() of the user's key
   std::string_view token;   // the owner token (random, unique per acquisition)
-  std::string_view ttl_ms;  // the ttl in milliseconds as decimal text, formatted once per lease
+  std::string_view ttl_ms;  // the ttl in milliseconds as decimal text
   std::chrono::milliseconds ttl{0};
   LockKind kind{};          // how it is held (a store takes only those check_kind() allows)
   // acquire() only: the caller tries again, with this token, while the lock
