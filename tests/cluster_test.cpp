@@ -160,8 +160,6 @@ bool within(std::chrono::steady_clock::duration bound, F done) {
   }
 }
 
-// Waits (bounded) until every lease in `held` was renewed `more` times
-// since the call, or one was lost; returns whether all were, none lost.
 // prefix0, prefix1, ...: n keys.
 std::vector<std::string> numbered(const std::string& prefix, int n) {
   std::vector<std::string> keys;
@@ -169,6 +167,19 @@ std::vector<std::string> numbered(const std::string& prefix, int n) {
   return keys;
 }
 
+// Takes and gives back keys on every master, so that `rt` has mapped the
+// slots and connected to each: a lease's ttl counts from its request, and
+// under the sanitizers a loaded machine took longer than a short ttl to do
+// that first.
+void connect_every_master(Runtime& rt) {
+  for (auto& h : hold_all(rt, numbered("warm", 64), 5s)) {
+    auto f = h.release();
+    get_bounded(f);
+  }
+}
+
+// Waits (bounded) until every lease in `held` was renewed `more` times
+// since the call, or one was lost; returns whether all were, none lost.
 bool all_renewed(const std::vector<LockHandle>& held, std::uint64_t more) {
   std::vector<std::uint64_t> target;
   for (const auto& h : held) target.push_back(h.lease().renewals() + more);
@@ -354,13 +365,7 @@ TEST_F(ClusterTest, RenewalsOfManyLeasesOverAllShardsLoseNone) {
   Options o = options();
   o.watchdog.min_renewal_window = 200ms;
   Runtime rt(o);
-  // Connected to every master first: a lease's ttl counts from its
-  // request, and a loaded machine under the sanitizers can take longer
-  // than the ttl to map the slots and connect.
-  for (auto& h : hold_all(rt, numbered("warm", 64), 5s)) {
-    auto f = h.release();
-    get_bounded(f);
-  }
+  connect_every_master(rt);
   auto held = hold_all(rt, numbered("renew", kLeases), 600ms);
   auto before = rt.stats();
   auto after = after_renewals(rt, before, 3 * kLeases);
@@ -379,6 +384,7 @@ TEST_F(ClusterTest, RenewalsOfManyLeasesOverAllShardsLoseNone) {
 TEST_F(ClusterTest, AGracefulFailoverLosesNoLeaseAndLockingGoesOn) {
   constexpr int kLeases = 1000;
   Runtime rt(options());
+  connect_every_master(rt);
   auto held = hold_all(rt, numbered("fo", kLeases), 2s);
   const auto lost_before = rt.stats().leases_lost;
 
