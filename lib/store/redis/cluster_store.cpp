@@ -150,7 +150,8 @@ struct ClusterStore::Call {
 
 ClusterStore::ClusterStore(Loop& loop, ClusterSeeds seeds, const StoreSettings& settings, StoreLayout layout,
                            RedisReplicas replicas)
-    : RedisStoreBase(layout, settings.key_prefix),
+    // Its renewal groups keep the views, to send them again after a redirect.
+    : RedisStoreBase(layout, settings.key_prefix, false),
       loop_(loop),
       seeds_(std::move(seeds)),
       settings_(settings),

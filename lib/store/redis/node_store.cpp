@@ -103,7 +103,8 @@ void answer_each(Reply& reply, std::size_t n, At at, const Done& done) {
 
 RedisNodeStore::RedisNodeStore(Loop& loop, Endpoint endpoint, const StoreSettings& settings, Notices notices,
                                StoreLayout layout, RedisReplicas replicas)
-    : RedisStoreBase(layout, settings.key_prefix),
+    // Every renewal is written into its request at once.
+    : RedisStoreBase(layout, settings.key_prefix, true),
       key_prefix_(settings.key_prefix),
       command_timeout_(settings.connection.command_timeout),
       owner_(settings.owner_name),
