@@ -205,6 +205,11 @@ class RedisNodeStore final : public RedisStoreBase, public DirectLane {
   void send_kind_release(RedisConnection& c, std::span<const LockRef> locks, std::vector<std::size_t> indexes,
                          bool notify, std::shared_ptr<ReleaseDone> done);
   RedisConnection& for_acquire() { return acquire_ ? *acquire_ : *conn_; }
+  // A tool's one script call on `on` (null: the command connection), after
+  // an ASKING when asked for: answer(reply, err, endpoint) reads its reply
+  // (scripts.hpp's readers) and answers the caller.
+  template <class Answer>
+  void eval_tool(EvalRequest request, Answer answer, RedisConnection* on = nullptr);
   // `f` for each connection, in this order (acquire_ only with min_replicas).
   template <class F>
   void each_connection(F f) {
