@@ -102,8 +102,6 @@ class RedisNodeStore final : public RedisStoreBase, public DirectLane {
   // Whether a call made now goes out at once on the command connection
   // (false while it is down or reconnecting).
   bool connected() const noexcept { return conn_->usable(); }
-  // "host:port" of the node (as error messages name it).
-  const std::string& name() const noexcept { return conn_->name(); }
 
   // Acquisitions and releases batched per loop iteration on the command
   // connection (see above), renewals on their own; notices on the third.
