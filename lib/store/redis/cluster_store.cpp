@@ -4,7 +4,6 @@
 #include <hiredis/hiredis.h>
 
 #include <algorithm>
-#include <cstdlib>
 #include <optional>
 #include <set>
 #include <utility>
@@ -54,30 +53,6 @@ std::string ClusterSeeds::names() const {
 }
 
 namespace {
-
-std::string text(const redisReply* r) {
-  if (r == nullptr) return {};
-  if (r->type == REDIS_REPLY_STRING || r->type == REDIS_REPLY_STATUS) return std::string(r->str, r->len);
-  if (r->type == REDIS_REPLY_INTEGER) return std::to_string(r->integer);
-  return {};
-}
-
-long long number(const redisReply* r) {
-  if (r == nullptr) return -1;
-  if (r->type == REDIS_REPLY_INTEGER) return r->integer;
-  std::string s = text(r);
-  return s.empty() ? -1 : std::strtoll(s.c_str(), nullptr, 10);
-}
-
-// A RESP2 map (flat array of key, value): the value of `key`, or null.
-const redisReply* field(const redisReply* map, std::string_view key) {
-  if (map == nullptr || map->type != REDIS_REPLY_ARRAY) return nullptr;
-  for (std::size_t i = 0; i + 1 < map->elements; i += 2) {
-    const redisReply* k = map->element[i];
-    if (k->type == REDIS_REPLY_STRING && std::string_view(k->str, k->len) == key) return map->element[i + 1];
-  }
-  return nullptr;
-}
 
 // The error in what a node answered a call (null: none), which follow()
 // may act on: a lock's failed acquisition or unconfirmed release, a tool's
@@ -343,23 +318,23 @@ bool ClusterStore::assign_slots(std::array<std::int16_t, kClusterSlots>& owners,
 bool ClusterStore::read_shards(const redisReply* r, std::array<std::int16_t, kClusterSlots>& next) {
   for (std::size_t s = 0; s < r->elements; ++s) {
     const redisReply* shard = r->element[s];
-    const redisReply* slots = field(shard, "slots");
-    const redisReply* nodes = field(shard, "nodes");
+    const redisReply* slots = field_of(shard, "slots");
+    const redisReply* nodes = field_of(shard, "nodes");
     if (slots == nullptr || nodes == nullptr || slots->type != REDIS_REPLY_ARRAY || nodes->type != REDIS_REPLY_ARRAY)
       return false;
     Node* master = nullptr;
     for (std::size_t n = 0; n < nodes->elements && master == nullptr; ++n) {
       const redisReply* node = nodes->element[n];
-      if (text(field(node, "role")) != "master") continue;
-      std::string host = text(field(node, "ip"));
-      if (host.empty() || host == "?") host = text(field(node, "endpoint"));
-      long long port = number(field(node, seeds_.seeds.front().tls ? "tls-port" : "port"));
+      if (text_of(field_of(node, "role")) != "master") continue;
+      std::string host(text_of(field_of(node, "ip")));
+      if (host.empty() || host == "?") host = text_of(field_of(node, "endpoint"));
+      long long port = number_of(field_of(node, seeds_.seeds.front().tls ? "tls-port" : "port"));
       if (host.empty() || host == "?" || port <= 0 || port > 65535) continue;
       master = node_at(host, static_cast<int>(port));
     }
     if (master == nullptr) continue;  // a shard without a master serves nothing now
     for (std::size_t k = 0; k + 1 < slots->elements; k += 2)
-      if (!assign_slots(next, number(slots->element[k]), number(slots->element[k + 1]), master)) return false;
+      if (!assign_slots(next, number_of(slots->element[k]), number_of(slots->element[k + 1]), master)) return false;
   }
   return true;
 }
@@ -368,11 +343,11 @@ bool ClusterStore::read_slots(const redisReply* r, std::array<std::int16_t, kClu
   for (std::size_t s = 0; s < r->elements; ++s) {
     const redisReply* range = r->element[s];
     if (range->type != REDIS_REPLY_ARRAY || range->elements < 3) return false;
-    long long from = number(range->element[0]), to = number(range->element[1]);
+    long long from = number_of(range->element[0]), to = number_of(range->element[1]);
     const redisReply* m = range->element[2];
     if (m->type != REDIS_REPLY_ARRAY || m->elements < 2) return false;
-    std::string host = text(m->element[0]);
-    long long port = number(m->element[1]);
+    std::string host(text_of(m->element[0]));
+    long long port = number_of(m->element[1]);
     if (host.empty() || port <= 0 || port > 65535) return false;
     if (!assign_slots(next, from, to, node_at(host, static_cast<int>(port)))) return false;
   }

@@ -93,8 +93,8 @@ struct WriteReq {
 
 // Pushes reach on_message (pubsub mode); anything else answers a request.
 bool is_push(const redisReply* r) {
-  if (r->type != REDIS_REPLY_ARRAY || r->elements < 2 || r->element[0]->type != REDIS_REPLY_STRING) return false;
-  const std::string_view kind(r->element[0]->str, r->element[0]->len);
+  if (r->type != REDIS_REPLY_ARRAY || r->elements < 2 || !is_string(r->element[0])) return false;
+  const std::string_view kind = text_of(r->element[0]);
   for (std::string_view k : {"message", "subscribe", "unsubscribe", "smessage", "ssubscribe", "sunsubscribe",
                              "pmessage", "psubscribe", "punsubscribe"}) {
     if (kind == k) return true;
@@ -705,8 +705,7 @@ void RedisConnection::on_handshake_reply(Handshake step, const redisReply* r) {
       }
     } else if (step == Handshake::kRole) {
       std::string role;
-      if (r->type == REDIS_REPLY_ARRAY && r->elements > 0 && r->element[0]->type == REDIS_REPLY_STRING)
-        role.assign(r->element[0]->str, r->element[0]->len);
+      if (r->type == REDIS_REPLY_ARRAY && r->elements > 0 && is_string(r->element[0])) role = text_of(r->element[0]);
       if (role != "master")
         handshake_error_ =
             fmt::format("{} is not a master (ROLE says '{}'): the failover has not reached it", name_, role);
@@ -724,19 +723,15 @@ void RedisConnection::on_handshake_reply(Handshake step, const redisReply* r) {
 }
 
 void RedisConnection::on_push(const redisReply* r) {
-  const redisReply* kind = r->element[0];
+  const std::string_view kind = text_of(r->element[0]);
   // pmessage: pattern, channel, payload; the others: channel[, payload].
-  const std::size_t at = std::string_view(kind->str, kind->len) == "pmessage" ? 2 : 1;
-  if (r->elements <= at || r->element[at]->type != REDIS_REPLY_STRING) return;
-  const redisReply* channel = r->element[at];
-  std::string_view payload;
-  if (r->elements > at + 1 && r->element[at + 1]->type == REDIS_REPLY_STRING)
-    payload = std::string_view(r->element[at + 1]->str, r->element[at + 1]->len);
-  if (subs_->handled(std::string_view(kind->str, kind->len), std::string_view(channel->str, channel->len))) return;
-  if (hooks_.on_message)
-    guarded(kReplyCallback, [&] {
-      hooks_.on_message(std::string_view(kind->str, kind->len), std::string_view(channel->str, channel->len), payload);
-    });
+  const std::size_t at = kind == "pmessage" ? 2 : 1;
+  if (r->elements <= at || !is_string(r->element[at])) return;
+  const std::string_view channel = text_of(r->element[at]);
+  const std::string_view payload = r->elements > at + 1 && is_string(r->element[at + 1]) ? text_of(r->element[at + 1])
+                                                                                        : std::string_view();
+  if (subs_->handled(kind, channel)) return;
+  if (hooks_.on_message) guarded(kReplyCallback, [&] { hooks_.on_message(kind, channel, payload); });
 }
 
 void RedisConnection::became_usable() {

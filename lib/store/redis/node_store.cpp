@@ -3,7 +3,6 @@
 #include <fmt/format.h>
 
 #include <algorithm>
-#include <charconv>
 #include <deque>
 #include <iterator>
 #include <optional>
@@ -22,17 +21,7 @@ namespace {
 // TIME's reply (seconds, microseconds) as a time point; nullopt for a reply of another shape.
 std::optional<std::chrono::system_clock::time_point> time_of(const redisReply* r) {
   if (r == nullptr || r->type != REDIS_REPLY_ARRAY || r->elements != 2) return std::nullopt;
-  long long field[2] = {0, 0};
-  for (std::size_t i = 0; i < 2; ++i) {
-    const redisReply* e = r->element[i];
-    if (e->type == REDIS_REPLY_INTEGER)
-      field[i] = e->integer;
-    else if (e->type == REDIS_REPLY_STRING || e->type == REDIS_REPLY_STATUS)
-      std::from_chars(e->str, e->str + e->len, field[i]);
-  }
-  using std::chrono::system_clock;
-  return system_clock::time_point(std::chrono::duration_cast<system_clock::duration>(
-      std::chrono::seconds(field[0]) + std::chrono::microseconds(field[1])));
+  return server_clock(number_of(r->element[0]), number_of(r->element[1]));
 }
 
 // The acquire script's call for `locks` (a batch, or the direct lane's one
@@ -98,6 +87,9 @@ void answer_each(Reply& reply, std::size_t n, At at, const Done& done) {
     done(at(k), status, why);
   }
 }
+
+// What a reader's error gives a callback: null for none.
+const StoreError* or_null(const std::optional<StoreError>& e) { return e ? &*e : nullptr; }
 
 }  // namespace
 
@@ -299,14 +291,19 @@ void RedisNodeStore::send_kind_acquire(QueuedAcquire a) {
   eval_acquire(std::move(request), std::move(one), false);
 }
 
+template <class Answer>
+void RedisNodeStore::eval_tool(EvalRequest request, Answer answer, RedisConnection* on) {
+  RedisConnection& c = with_asking(on != nullptr ? *on : *conn_);
+  c.eval(std::move(request), [&c, answer = std::move(answer)](const redisReply* r, const StoreError* err) mutable {
+    answer(r, err, std::string_view(c.name()));
+  });
+}
+
 void RedisNodeStore::withdraw(const LockRef& lock, WithdrawDone done) {
   const std::string_view name = lock.name;
-  with_asking(*conn_).eval(EvalRequest::of(script(ScriptId::kWithdrawFair), 3, name, redis_keys::queue(name),
-                                           redis_keys::waiting(name), lock.token, redis_keys::channel(name), notice()),
-                           [this, done = std::move(done)](const redisReply* r, const StoreError* err) {
-                             const auto failed = read_withdraw(r, err, conn_->name());
-                             done(failed ? &*failed : nullptr);
-                           });
+  eval_tool(EvalRequest::of(script(ScriptId::kWithdrawFair), 3, name, redis_keys::queue(name), redis_keys::waiting(name),
+                            lock.token, redis_keys::channel(name), notice()),
+            [done = std::move(done)](auto r, auto err, auto at) { done(or_null(read_withdraw(r, err, at))); });
 }
 
 void RedisNodeStore::send_kind_release(RedisConnection& c, std::span<const LockRef> locks,
@@ -471,9 +468,8 @@ std::size_t RedisNodeStore::renew(std::span<const LockRef> locks, std::shared_pt
     }
     // ["master", offset, [[host, port, offset], ...]]: the replicas it has.
     long long listed = replicas_.min;
-    if (role->type == REDIS_REPLY_ARRAY && role->elements >= 3 && role->element[0]->type == REDIS_REPLY_STRING &&
-        std::string_view(role->element[0]->str, role->element[0]->len) == "master" &&
-        role->element[2]->type == REDIS_REPLY_ARRAY)
+    if (role->type == REDIS_REPLY_ARRAY && role->elements >= 3 && is_string(role->element[0]) &&
+        text_of(role->element[0]) == "master" && role->element[2]->type == REDIS_REPLY_ARRAY)
       listed = static_cast<long long>(role->element[2]->elements);
     const long long needed = std::min<long long>(replicas_.min, listed);
     if (needed == 0) {
@@ -554,12 +550,9 @@ void RedisNodeStore::raise_fence(std::string_view name, std::uint64_t fence, Rai
 
 void RedisNodeStore::raise_fence_or_error(std::string_view name, std::uint64_t fence,
                                           std::function<void(const StoreError*)> done) {
-  with_asking(*conn_).eval(EvalRequest::of(script(ScriptId::kRaiseFence), 1, redis_keys::counter(key_prefix_, name),
-                                           std::to_string(fence)),
-                           [this, done = std::move(done)](const redisReply* r, const StoreError* err) {
-                             const auto failed = read_raise_fence(r, err, conn_->name());
-                             done(failed ? &*failed : nullptr);
-                           });
+  eval_tool(EvalRequest::of(script(ScriptId::kRaiseFence), 1, redis_keys::counter(key_prefix_, name),
+                            std::to_string(fence)),
+            [done = std::move(done)](auto r, auto err, auto at) { done(or_null(read_raise_fence(r, err, at))); });
 }
 
 void RedisNodeStore::reserve_tokens(const LockRef& lock, std::uint32_t n, ReserveDone done) {
@@ -567,22 +560,19 @@ void RedisNodeStore::reserve_tokens(const LockRef& lock, std::uint32_t n, Reserv
   // its tokens are handed out, as a lock write must (a failover must not
   // hand a later holder a token below them): on the acquisitions'
   // connection, then WAIT; short of it, no tokens.
-  RedisConnection& c = replicas_.min > 0 ? for_acquire() : *conn_;
-  with_asking(c).eval(
+  eval_tool(
       EvalRequest::of(script(ScriptId::kReserveTokens), 2, lock.name, redis_keys::counter(key_prefix_, lock.name),
                       lock.token, std::to_string(n)),
-      [this, done = std::move(done)](const redisReply* r, const StoreError* err) mutable {
+      [this, done = std::move(done)](auto r, auto err, auto at) mutable {
         std::optional<StoreError> failed;
-        const auto last = read_reserve_tokens(r, err, conn_->name(), failed);
-        if (failed || last == 0 || replicas_.min <= 0) {
-          done(last, failed ? &*failed : nullptr);
-          return;
-        }
+        const auto last = read_reserve_tokens(r, err, at, failed);
+        if (failed || last == 0 || replicas_.min <= 0) return done(last, or_null(failed));
         wait_replicas(for_acquire(), replicas_.min, "token reservation",
                       [last, done = std::move(done)](const StoreError* short_of) {
                         done(short_of == nullptr ? last : 0, short_of);
                       });
-      });
+      },
+      replicas_.min > 0 ? &for_acquire() : nullptr);
 }
 
 void RedisNodeStore::wait_replicas(RedisConnection& c, long long needed, std::string_view what,
@@ -613,22 +603,20 @@ void RedisNodeStore::claim_period(std::string_view name, std::string_view token,
                                   std::chrono::system_clock::time_point start,
                                   ClaimDone done) {
   auto start_ms = std::chrono::duration_cast<std::chrono::milliseconds>(start.time_since_epoch()).count();
-  with_asking(*conn_).eval(EvalRequest::of(script(ScriptId::kClaimPeriod), 2, name, redis_keys::period(name), token,
-                                           std::to_string(period), std::to_string(start_ms)),
-                           [this, done = std::move(done)](const redisReply* r, const StoreError* err) {
-                             done(read_claim_period(r, err, conn_->name()));
-                           });
+  eval_tool(EvalRequest::of(script(ScriptId::kClaimPeriod), 2, name, redis_keys::period(name), token,
+                            std::to_string(period), std::to_string(start_ms)),
+            [done = std::move(done)](auto r, auto err, auto at) { done(read_claim_period(r, err, at)); });
 }
 
 void RedisNodeStore::inspect(std::string_view name, InspectDone done) {
   std::string lock(name);
-  with_asking(*conn_).eval(EvalRequest::of(script(ScriptId::kInspect), 2, lock, redis_keys::counter(key_prefix_, lock),
-                                           redis_keys::legacy_fence(lock)),
-                           [this, lock, done = std::move(done)](const redisReply* r, const StoreError* err) {
-                             LockInfo info;
-                             const auto failed = read_inspect(r, err, conn_->name(), lock, info);
-                             done(info, failed ? &*failed : nullptr);
-                           });
+  eval_tool(EvalRequest::of(script(ScriptId::kInspect), 2, lock, redis_keys::counter(key_prefix_, lock),
+                            redis_keys::legacy_fence(lock)),
+            [lock, done = std::move(done)](auto r, auto err, auto at) {
+              LockInfo info;
+              const auto failed = read_inspect(r, err, at, lock, info);
+              done(info, or_null(failed));
+            });
 }
 
 namespace {
@@ -666,12 +654,11 @@ void RedisNodeStore::scan_page(std::shared_ptr<Listing> listing) {
   conn_->command({"SCAN", listing->cursor, "MATCH", listing->match, "COUNT", "1000"},
                  [this, listing](const redisReply* r, const StoreError* err) {
     if (err) return listing->done({}, err);
-    if (r == nullptr || r->type != REDIS_REPLY_ARRAY || r->elements != 2 || r->element[0]->type != REDIS_REPLY_STRING ||
-        r->element[1]->type != REDIS_REPLY_ARRAY) {
+    if (!is_array_of(r, 2) || !is_string(r->element[0]) || r->element[1]->type != REDIS_REPLY_ARRAY) {
       const StoreError bad = StoreError::refused(conn_->name(), "unexpected reply to SCAN");
       return listing->done({}, &bad);
     }
-    listing->cursor.assign(r->element[0]->str, r->element[0]->len);
+    listing->cursor.assign(text_of(r->element[0]));
     struct Page {
       std::vector<std::string> names;
       std::vector<LockInfo> infos;
@@ -681,7 +668,7 @@ void RedisNodeStore::scan_page(std::shared_ptr<Listing> listing) {
     auto page = std::make_shared<Page>();
     for (std::size_t i = 0; i < r->element[1]->elements; ++i) {
       const redisReply* n = r->element[1]->element[i];
-      if (n->type == REDIS_REPLY_STRING) page->names.emplace_back(n->str, n->len);
+      if (is_string(n)) page->names.emplace_back(text_of(n));
     }
     page->infos.resize(page->names.size());
     auto finish_page = [this, listing, page] {
@@ -708,13 +695,12 @@ void RedisNodeStore::scan_page(std::shared_ptr<Listing> listing) {
 }
 
 void RedisNodeStore::force_release(std::string_view name, ForceDone done) {
-  with_asking(*conn_).eval(
-      EvalRequest::of(script(ScriptId::kForceRelease), 1, name, redis_keys::channel(name), notice()),
-      [this, done = std::move(done)](const redisReply* r, const StoreError* err) {
-        bool held = false;
-        const auto failed = read_force_release(r, err, conn_->name(), held);
-        done(held, failed ? &*failed : nullptr);
-      });
+  eval_tool(EvalRequest::of(script(ScriptId::kForceRelease), 1, name, redis_keys::channel(name), notice()),
+            [done = std::move(done)](auto r, auto err, auto at) {
+              bool held = false;
+              const auto failed = read_force_release(r, err, at, held);
+              done(held, or_null(failed));
+            });
 }
 
 RedisConnection& RedisNodeStore::with_asking(RedisConnection& c) {

@@ -102,8 +102,6 @@ class RedisNodeStore final : public RedisStoreBase, public DirectLane {
   // Whether a call made now goes out at once on the command connection
   // (false while it is down or reconnecting).
   bool connected() const noexcept { return conn_->usable(); }
-  // "host:port" of the node (as error messages name it).
-  const std::string& name() const noexcept { return conn_->name(); }
 
   // Acquisitions and releases batched per loop iteration on the command
   // connection (see above), renewals on their own; notices on the third.
@@ -205,6 +203,11 @@ class RedisNodeStore final : public RedisStoreBase, public DirectLane {
   void send_kind_release(RedisConnection& c, std::span<const LockRef> locks, std::vector<std::size_t> indexes,
                          bool notify, std::shared_ptr<ReleaseDone> done);
   RedisConnection& for_acquire() { return acquire_ ? *acquire_ : *conn_; }
+  // A tool's one script call on `on` (null: the command connection), after
+  // an ASKING when asked for: answer(reply, err, endpoint) reads its reply
+  // (scripts.hpp's readers) and answers the caller.
+  template <class Answer>
+  void eval_tool(EvalRequest request, Answer answer, RedisConnection* on = nullptr);
   // `f` for each connection, in this order (acquire_ only with min_replicas).
   template <class F>
   void each_connection(F f) {

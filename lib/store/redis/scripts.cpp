@@ -751,15 +751,39 @@ std::string quoted(std::string_view entry) {
   return "'" + std::string(entry.substr(0, kShown)) + (entry.size() > kShown ? "...'" : "'");
 }
 
-bool is_string(const redisReply* r) { return r != nullptr && r->type == REDIS_REPLY_STRING; }
+}  // namespace
 
-bool is_array_of(const redisReply* r, std::size_t n) {
+bool is_string(const redisReply* r) noexcept { return r != nullptr && r->type == REDIS_REPLY_STRING; }
+
+bool is_array_of(const redisReply* r, std::size_t n) noexcept {
   return r != nullptr && r->type == REDIS_REPLY_ARRAY && r->elements == n;
 }
 
-std::string_view text_of(const redisReply* r) { return std::string_view(r->str, r->len); }
+std::string_view text_of(const redisReply* r) noexcept {
+  if (r == nullptr || (r->type != REDIS_REPLY_STRING && r->type != REDIS_REPLY_STATUS)) return {};
+  return std::string_view(r->str, r->len);
+}
 
-}  // namespace
+long long number_of(const redisReply* r) noexcept {
+  if (r != nullptr && r->type == REDIS_REPLY_INTEGER) return r->integer;
+  const std::string_view text = text_of(r);
+  long long n = -1;
+  std::from_chars(text.data(), text.data() + text.size(), n);
+  return n;
+}
+
+const redisReply* field_of(const redisReply* map, std::string_view key) noexcept {
+  if (map == nullptr || map->type != REDIS_REPLY_ARRAY) return nullptr;
+  for (std::size_t i = 0; i + 1 < map->elements; i += 2)
+    if (is_string(map->element[i]) && text_of(map->element[i]) == key) return map->element[i + 1];
+  return nullptr;
+}
+
+std::chrono::system_clock::time_point server_clock(long long seconds, long long micros) {
+  using std::chrono::system_clock;
+  return system_clock::time_point(std::chrono::duration_cast<system_clock::duration>(
+      std::chrono::seconds(seconds) + std::chrono::microseconds(micros)));
+}
 
 AcquireReply::AcquireReply(const redisReply* reply, const StoreError* err, std::size_t locks, std::string_view endpoint)
     : endpoint_(endpoint), failed_(err) {
@@ -950,9 +974,7 @@ ClaimResult read_claim_period(const redisReply* reply, const StoreError* err, st
   ClaimResult out;
   out.status = known->second;
   out.last = last;
-  using std::chrono::system_clock;
-  out.store_time = system_clock::time_point(std::chrono::duration_cast<system_clock::duration>(
-      std::chrono::seconds(seconds) + std::chrono::microseconds(micros)));
+  out.store_time = server_clock(seconds, micros);
   return out;
 }
 

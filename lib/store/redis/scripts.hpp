@@ -21,6 +21,7 @@
 // on success; each failure costs its StoreError.
 #pragma once
 
+#include <chrono>
 #include <cstddef>
 #include <cstdint>
 #include <optional>
@@ -213,5 +214,20 @@ std::optional<StoreError> read_withdraw(const redisReply* reply, const StoreErro
 ClaimResult read_claim_period(const redisReply* reply, const StoreError* err, std::string_view endpoint);
 
 std::string sha1_hex(std::string_view data);
+
+// Reading any reply: the scripts' above, and the commands' the stores send
+// (TIME, ROLE, SCAN, CLUSTER SHARDS, SENTINEL). A null reply is one of
+// another shape.
+bool is_string(const redisReply* r) noexcept;                     // a bulk string
+bool is_array_of(const redisReply* r, std::size_t n) noexcept;    // an array of n elements
+std::string_view text_of(const redisReply* r) noexcept;           // a string's or status's text, else ""
+// An integer, or a string or status that starts with a decimal number; -1
+// for any other reply.
+long long number_of(const redisReply* r) noexcept;
+// A RESP2 map (a flat array of key, value): the value of `key`, or null.
+const redisReply* field_of(const redisReply* map, std::string_view key) noexcept;
+// The server's clock as TIME (and the period claim) give it: seconds and
+// microseconds since the epoch.
+std::chrono::system_clock::time_point server_clock(long long seconds, long long micros);
 
 }  // namespace lockwatch::detail

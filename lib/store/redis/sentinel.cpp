@@ -56,14 +56,10 @@ void SentinelWatcher::refresh() {
   for (auto& s : sentinels_) {
     s.query->command({"SENTINEL", "get-master-addr-by-name", master_name_},
                      [this](const redisReply* r, const StoreError* err) {
-                       std::string host;
-                       int p = 0;
-                       if (!err && r != nullptr && r->type == REDIS_REPLY_ARRAY && r->elements == 2 &&
-                           r->element[0]->type == REDIS_REPLY_STRING && r->element[1]->type == REDIS_REPLY_STRING) {
-                         host.assign(r->element[0]->str, r->element[0]->len);
-                         std::from_chars(r->element[1]->str, r->element[1]->str + r->element[1]->len, p);
-                       }
-                       answered(std::move(host), p);
+                       const bool named = !err && is_array_of(r, 2) && is_string(r->element[0]) &&
+                                          is_string(r->element[1]);
+                       answered(named ? std::string(text_of(r->element[0])) : std::string(),
+                                named ? static_cast<int>(number_of(r->element[1])) : 0);
                      });
   }
 }
