@@ -963,7 +963,13 @@ std::vector<std::string> same_slot(const std::string& prefix, int n) {
 TEST_F(ClusterTest, ARenewalGroupAnsweredMovedOrAskIsSentOnAtOnceAndNeverFails) {
   const auto keys = same_slot("moved-group", 4);
   const int slot = detail::key_slot(lock_key(keys.front()));
-  Runtime rt(options());
+  // Connected first, each renewal sent 200 ms before the local deadline
+  // (as in RenewalsOfManyLeasesOverAllShardsLoseNone): the 1 s leases
+  // must outlast a loaded machine's slow setup and late ticks.
+  Options o = options();
+  o.watchdog.min_renewal_window = 200ms;
+  Runtime rt(o);
+  connect_every_master(rt);
   auto failures = std::make_shared<RenewalFailures>();
   rt.add_observer(failures);
   auto held = hold_all(rt, keys, 1s);
