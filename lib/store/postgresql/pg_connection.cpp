@@ -66,7 +66,8 @@ bool PgRows::null(int row, int column) const noexcept {
 }
 
 PgConnection::PgConnection(Loop& loop, PgTarget target, const sqlcommon::SqlSettings& settings, PgSession session)
-    : ConnectionCore(loop, settings, target.name(), session.stale),
+    : ConnectionCore(loop, settings, target.name(), target.host, target.socket_dir.empty() ? nullptr : "",
+                     session.stale),
       target_(std::move(target)),
       session_(std::move(session)),
       startup_options_(startup_options(settings_)) {}
@@ -91,7 +92,6 @@ void PgConnection::execute_all(std::vector<PgCall> calls, std::function<void(std
     loop_.post([done = std::move(done)] { done(PgRows(nullptr), nullptr); });
     return;
   }
-  if (refused_closed(done)) return;
   Request r;
   r.statement = std::move(calls.front().statement);
   r.params = std::move(calls.front().params);
@@ -99,27 +99,13 @@ void PgConnection::execute_all(std::vector<PgCall> calls, std::function<void(std
   r.then = std::move(calls);
   r.each = std::move(each);
   r.done = std::move(done);
-  queue_.push_back(std::move(r));
-  if (state_ == State::kReady) kick();
+  enqueue(std::move(r));
 }
 
 // ---- connecting
 
-// A host name is looked up on libuv's thread pool (libpq's own lookup
-// would block the loop); the attempt then connects to the address, IPv4
-// first, and libpq keeps the name for TLS's host name check.
-void PgConnection::connect() {
-  if (state_ == State::kClosed) return;
-  state_ = State::kConnecting;
-  // Not when cancelled (the loop is closing), for a closed connection, or
-  // an attempt that timed out meanwhile.
-  resolve(
-      target_.host, target_.socket_dir.empty() ? nullptr : "",
-      [this](int status) { return status != UV_ECANCELED && state_ == State::kConnecting && conn_ == nullptr; },
-      [this](const std::string& address) { connect_to(address); },
-      [this](const std::string& why) { went_down(unavailable(why), true); });
-}
-
+// The attempt connects to the address ConnectionCore found, IPv4 first;
+// libpq keeps the host's name for TLS's host name check.
 void PgConnection::connect_to(const std::string& hostaddr) {
   std::vector<const char*> keys, values;
   std::deque<std::string> held;  // the values' storage, until PQconnectStartParams copied them
@@ -148,7 +134,7 @@ void PgConnection::connect_to(const std::string& hostaddr) {
   keys.push_back(nullptr);
   values.push_back(nullptr);
   conn_ = PQconnectStartParams(keys.data(), values.data(), 0);
-  if (conn_ == nullptr) return went_down(unavailable("out of memory for a connection"), true);
+  if (conn_ == nullptr) return went_down(unavailable("out of memory for a connection"));
   // Non-blocking from the start: nothing libpq does later (a flush, its
   // goodbye in PQfinish) may wait on the socket.
   PQsetnonblocking(conn_, 1);
@@ -164,56 +150,42 @@ void PgConnection::connect_step(int polling_status) {
     case PGRES_POLLING_OK:
       return connected();
     case PGRES_POLLING_READING:
-      return watch_socket(UV_READABLE, true);
+      watch(UV_READABLE, true);
+      return;
     case PGRES_POLLING_WRITING:
-      return watch_socket(UV_WRITABLE, true);
+      watch(UV_WRITABLE, true);
+      return;
     default: {
       const char* raw = PQerrorMessage(conn_);
       std::string code(sqlstate_in_verbose_message(raw != nullptr ? raw : ""));  // in libpq's own layout
-      return went_down(pg_connect_error(name_, code, one_line(raw)), true);
+      return went_down(pg_connect_error(name_, code, one_line(raw)));
     }
   }
 }
 
 // While connecting, libpq may close its socket and open another (TLS
-// refused, then plain text): each step gets a fresh handle, since a new
-// socket can reuse the old number.
-void PgConnection::watch_socket(int events, bool renew_handle) {
-  const int fd = PQsocket(conn_);
-  const char* failed =
-      fd < 0 ? "libpq has no socket" : socket_.watch(loop_.uv(), fd, events, renew_handle, this, on_poll);
-  if (failed) went_down_unavailable(failed);
-}
+// refused, then plain text): each step watches with a fresh handle, since
+// a new socket can reuse the old number.
+int PgConnection::socket() const { return conn_ == nullptr ? -1 : PQsocket(conn_); }
 
-void PgConnection::on_poll(uv_poll_t* handle, int status, int events) {
-  auto* self = static_cast<PgConnection*>(handle->data);
-  switch (self->state_) {
-    case State::kConnecting:
-      return self->connect_step(PQconnectPoll(self->conn_));
-    case State::kHandshake:
-    case State::kReady:
-      if (status == 0 && (events & UV_WRITABLE)) {
-        self->flush();
-        if (self->state_ != State::kHandshake && self->state_ != State::kReady) return;
-      }
-      if (status < 0 || (events & (UV_READABLE | UV_DISCONNECT))) self->on_readable();
-      return;
-    case State::kDown:
-    case State::kClosed:
-      return;
+void PgConnection::on_socket(int status, int events) {
+  if (state_ == State::kConnecting) return connect_step(PQconnectPoll(conn_));
+  if (!linked()) return;
+  if (status == 0 && (events & UV_WRITABLE)) {
+    flush();
+    if (!linked()) return;
   }
+  if (status < 0 || (events & (UV_READABLE | UV_DISCONNECT))) on_readable();
 }
 
 void PgConnection::connected() {
   // The socket is up and the login done; the set-up comes first. The
   // connect deadline keeps running until it is over.
-  state_ = State::kHandshake;
+  state_ = State::kSetUp;
   PQsetErrorVerbosity(conn_, PQERRORS_DEFAULT);
   if (PQenterPipelineMode(conn_) != 1)
-    return went_down_unavailable(fmt::format("cannot enter pipeline mode: {}", one_line(PQerrorMessage(conn_))));
-  watch_socket(UV_READABLE, true);
-  if (state_ != State::kHandshake) return;
-  end_stale_backends();
+    return fail_unavailable(fmt::format("cannot enter pipeline mode: {}", one_line(PQerrorMessage(conn_))));
+  if (watch(UV_READABLE, true)) end_stale_backends();
 }
 
 void PgConnection::end_stale_backends() {
@@ -246,21 +218,17 @@ void PgConnection::send_setup(const PgStatement* prepare, std::string sql, PgDon
     r.param_types = &prepare->param_types;
   }
   r.sql = std::move(sql);
-  // An answer that comes after the handshake ended (the connection went
-  // down meanwhile) is not heard.
-  r.done = [this, done = std::move(done)](const PgRows& rows, const StoreError* err) {
-    if (state_ == State::kHandshake) done(rows, err);
-  };
+  r.done = in_set_up(std::move(done));
   inflight_.push_back(std::move(r));
-  if (!send(inflight_.back())) return went_down_unavailable(one_line(PQerrorMessage(conn_)));
+  if (!send(inflight_.back())) return fail_unavailable(one_line(PQerrorMessage(conn_)));
   flush();
 }
 
 void PgConnection::handshake(bool created) {
   if (!session_.listen.empty()) {
     send_setup(nullptr, fmt::format("LISTEN \"{}\"", session_.listen), [this](const PgRows&, const StoreError* err) {
-      if (err) return went_down(*err, true);
-      became_usable();
+      if (err) return went_down(*err);
+      set_up_done();
     });
     return;
   }
@@ -288,7 +256,7 @@ void PgConnection::create_tables(std::size_t next) {
       StoreError why = *e;
       why.message =
           fmt::format("cannot create the lock table {} or its holders' table: {}", session_.table, e->message);
-      return went_down(why, true);
+      return went_down(why);
     }
     create_tables(next + 1);
   });
@@ -302,21 +270,21 @@ void PgConnection::prepare_rest() {
       if (err) return table_error(*err);
       if (--*left == 0) check_plan();
     });
-    if (state_ != State::kHandshake) return;
+    if (state_ != State::kSetUp) return;
   }
 }
 
 void PgConnection::check_plan() {
-  if (session_.plan_check.empty()) return became_usable();
+  if (session_.plan_check.empty()) return set_up_done();
   send_setup(nullptr, session_.plan_check, [this](const PgRows&, const StoreError* err) {
     if (err) return table_error(*err);
-    became_usable();
+    set_up_done();
   });
 }
 
 void PgConnection::table_error(const StoreError& error) {
   if (error.kind == StoreError::Kind::kUnavailable || error.kind == StoreError::Kind::kRetryLater)
-    return went_down(error, true);
+    return went_down(error);
   StoreError why = error;
   if (error.code == pg_code("42501"))  // insufficient_privilege
     why.message = fmt::format("the lock table {} cannot be used by this user (it needs SELECT, INSERT and UPDATE "
@@ -327,16 +295,7 @@ void PgConnection::table_error(const StoreError& error) {
         "the lock table {} cannot be used: it needs lockwatch's columns (lock_name, owner, fence, expires_at, "
         "last_period, of the types in lockwatch's docs/stores.md) and lock_name as its key: {}",
         session_.table, error.message);
-  went_down(why, true);
-}
-
-void PgConnection::became_usable() {
-  state_ = State::kReady;
-  reconnector_.connected();
-  reconnector_.usable();
-  if (state_ != State::kReady) return;
-  if (ready_hook_) ready_hook_();
-  if (state_ == State::kReady && !queue_.empty()) kick();
+  went_down(why);
 }
 
 // ---- requests
@@ -377,33 +336,33 @@ void PgConnection::send_queued() {
   while (!queue_.empty()) {
     inflight_.push_back(std::move(queue_.front()));
     queue_.pop_front();
-    if (!send(inflight_.back())) return went_down_unavailable(one_line(PQerrorMessage(conn_)));
+    if (!send(inflight_.back())) return fail_unavailable(one_line(PQerrorMessage(conn_)));
   }
-  if (was_idle) arm_deadline();
+  if (was_idle) watch_requests();
   flush();
 }
 
 void PgConnection::flush() {
   int rc = PQflush(conn_);
-  if (rc < 0) return went_down_unavailable(one_line(PQerrorMessage(conn_)));
+  if (rc < 0) return fail_unavailable(one_line(PQerrorMessage(conn_)));
   want_write_ = rc == 1;
-  watch_socket(UV_READABLE | (want_write_ ? UV_WRITABLE : 0), false);
+  watch(UV_READABLE | (want_write_ ? UV_WRITABLE : 0), false);
 }
 
 void PgConnection::on_readable() {
   if (PQconsumeInput(conn_) == 0) {
     std::string why = one_line(PQerrorMessage(conn_));
-    return went_down_unavailable(why.empty() ? "the server closed the connection" : why);
+    return fail_unavailable(why.empty() ? "the server closed the connection" : why);
   }
   drain();
-  if (state_ != State::kReady && state_ != State::kHandshake) return;
+  if (!linked()) return;
   while (PGnotify* n = PQnotifies(conn_)) {
     std::string payload = n->extra != nullptr ? n->extra : "";
     PQfreemem(n);
     if (notify_hook_) notify_hook_(payload);
-    if (state_ != State::kReady && state_ != State::kHandshake) return;
+    if (!linked()) return;
   }
-  if (PQstatus(conn_) == CONNECTION_BAD) went_down_unavailable("the server closed the connection");
+  if (PQstatus(conn_) == CONNECTION_BAD) fail_unavailable("the server closed the connection");
 }
 
 void PgConnection::poll_now() {
@@ -415,7 +374,7 @@ void PgConnection::poll_now() {
 // sync. A transaction's statements answer in order (those skipped after
 // a failure with PGRES_PIPELINE_ABORTED).
 void PgConnection::drain() {
-  while (!inflight_.empty() && (state_ == State::kReady || state_ == State::kHandshake) && PQisBusy(conn_) == 0) {
+  while (!inflight_.empty() && linked() && PQisBusy(conn_) == 0) {
     PGresult* r = PQgetResult(conn_);
     Request& front = inflight_.front();
     if (r == nullptr) {
@@ -444,7 +403,7 @@ void PgConnection::drain() {
 void PgConnection::complete_front() {
   Request r = std::move(inflight_.front());
   inflight_.pop_front();
-  arm_deadline();
+  watch_requests();
   StoreError error;
   const StoreError* err = nullptr;
   const auto failed = std::find_if(r.results.begin(), r.results.end(), [](const auto& res) {
@@ -466,48 +425,9 @@ void PgConnection::complete_front() {
   r.done(PgRows(err ? nullptr : r.results.back().get()), err);
 }
 
-void PgConnection::arm_deadline() {
-  // Connecting: the connect deadline runs instead.
-  if (state_ == State::kReady) request_timer_.watch();
-}
+int PgConnection::session() const { return conn_ != nullptr ? PQbackendPID(conn_) : 0; }
 
-RequestTimer::Clock::time_point PgConnection::unanswered_since() const {
-  if (state_ != State::kReady || inflight_.empty()) return RequestTimer::kNone;
-  return inflight_.front().sent;
-}
-
-void PgConnection::overdue() {
-  went_down_unavailable(command_timed_out());
-}
-
-void PgConnection::attempt_timed_out() {
-  if (state_ != State::kConnecting && state_ != State::kHandshake) return;
-  went_down(unavailable(connect_timed_out()), true);
-}
-
-// ---- down, up, closed
-
-void PgConnection::went_down_unavailable(const std::string& why) { went_down(unavailable(why), false); }
-
-void PgConnection::went_down(const StoreError& error, bool fail_queued) {
-  if (state_ == State::kClosed || state_ == State::kDown) return;
-  const bool was_connecting = state_ == State::kConnecting || state_ == State::kHandshake;
-  const bool left_behind = leave_behind(conn_ != nullptr, [this] { return PQbackendPID(conn_); });
-  teardown(false);
-  lost(error.message, error, was_connecting || fail_queued, left_behind);
-}
-
-void PgConnection::restart(const char* why) {
-  if (state_ == State::kReady || state_ == State::kHandshake) went_down_unavailable(why);
-}
-
-void PgConnection::teardown(bool graceful) {
-  request_timer_.stop();
-  // A connection given up on is shut first (through the duplicate, which
-  // is open even when libpq closed its own): its goodbye cannot wait on a
-  // server that stopped answering (libpq is non-blocking anyway).
-  if (!graceful) socket_.shutdown();
-  socket_.close();
+void PgConnection::release(bool graceful) {
   if (conn_ != nullptr) {
     if (!graceful) {
       int fd = PQsocket(conn_);
@@ -517,14 +437,6 @@ void PgConnection::teardown(bool graceful) {
     conn_ = nullptr;
   }
   want_write_ = false;
-  if (state_ != State::kClosed) state_ = State::kDown;
-}
-
-void PgConnection::close() {
-  if (state_ == State::kClosed) return;
-  const bool healthy = state_ == State::kReady;
-  state_ = State::kClosed;
-  close_core([&] { teardown(healthy); });
 }
 
 }  // namespace lockwatch::detail

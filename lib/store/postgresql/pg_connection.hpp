@@ -129,34 +129,26 @@ class PgConnection final : public sqlcommon::ConnectionCore<PgRequest, PgRows, i
   // `each`, it is called once per statement with its rows, in order,
   // before `done`, when all of them ran (never after an error).
   void execute_all(std::vector<PgCall> calls, std::function<void(std::size_t, const PgRows&)> each, PgDone done);
-  // Told each time the connection became usable (its set-up done: for a
-  // notices connection, LISTEN confirmed).
-  void set_ready_hook(std::function<void()> hook) { ready_hook_ = std::move(hook); }
   // A notices connection: each NOTIFY on its channel (payload as sent).
   void set_notify_hook(std::function<void(std::string_view payload)> hook) { notify_hook_ = std::move(hook); }
   // Reads and dispatches the answers that have arrived, now. Never from
   // inside one of this connection's callbacks.
   void poll_now();
-  void close();  // as ConnectionCore says
 
  private:
-  enum class State { kDown, kConnecting, kHandshake, kReady, kClosed };
   using Request = PgRequest;
   using Kind = PgRequest::Kind;
   using Stage = PgRequest::Stage;
 
-  // Reconnector::Attempts: an attempt (connect()), given up at its
-  // deadline; RequestTimer::Requests: the oldest statement in flight, and
-  // the server silent for the command timeout.
-  void attempt() override { connect(); }
-  void attempt_timed_out() override;
-  RequestTimer::Clock::time_point unanswered_since() const override;
-  void overdue() override;
-  void restart(const char* why) override;
-  void connect();
-  void connect_to(const std::string& hostaddr);
+  // ConnectionCore's client side.
+  void connect_to(const std::string& hostaddr) override;
+  int socket() const override;
+  void on_socket(int status, int events) override;
+  void send_queued() override;
+  int session() const override;
+  void release(bool graceful) override;
+
   void connect_step(int polling_status);
-  void watch_socket(int events, bool renew_handle);
   void connected();
   void end_stale_backends();
   void handshake(bool created);
@@ -165,29 +157,19 @@ class PgConnection final : public sqlcommon::ConnectionCore<PgRequest, PgRows, i
   void check_plan();
   void send_setup(const PgStatement* prepare, std::string sql, PgDone done);
   void table_error(const StoreError& error);
-  void send_queued() override;
+  void went_down(const StoreError& error) { fail(error.message, error, true); }
   bool send(Request& r);
   void flush();
   void on_readable();
   void drain();
   void complete_front();
-  void arm_deadline();
-  void went_down(const StoreError& error, bool fail_queued);
-  void went_down_unavailable(const std::string& why);
-  void teardown(bool graceful);
-  void became_usable();
-
-  static void on_poll(uv_poll_t* handle, int status, int events);
 
   const PgTarget target_;
   const PgSession session_;
   const std::string startup_options_;  // "-c TimeZone=UTC -c statement_timeout=..."
-  std::function<void()> ready_hook_;
   std::function<void(std::string_view)> notify_hook_;
 
-  State state_ = State::kDown;
   pg_conn* conn_ = nullptr;
-  sqlcommon::SocketWatch socket_;  // on conn_'s socket
   bool want_write_ = false;  // libpq has output it could not send yet
   // inflight_: the session set-up's requests too.
 };

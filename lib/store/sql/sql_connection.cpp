@@ -44,7 +44,8 @@ int uv_events_of(int status) {
 }  // namespace
 
 SqlConnection::SqlConnection(Loop& loop, SqlTarget target, const sqlcommon::SqlSettings& settings, SqlSession session)
-    : ConnectionCore(loop, settings, target.name(), session.stale),
+    : ConnectionCore(loop, settings, target.name(), target.host, target.socket.empty() ? nullptr : "localhost",
+                     session.stale),
       target_(std::move(target)),
       session_(std::move(session)) {
   library_init();
@@ -65,11 +66,9 @@ void SqlConnection::start() {
 }
 
 void SqlConnection::run(std::vector<std::string> steps, SqlDone done) {
-  if (refused_closed(done)) return;
   std::string sql;
   for (const auto& step : steps) sql += (sql.empty() ? "" : ";\n") + step;
-  queue_.push_back(Request{std::move(sql), std::move(done), steps.size()});
-  if (state_ == State::kIdle) kick();
+  enqueue(Request{std::move(sql), std::move(done), steps.size()});
 }
 
 // The session's statement `name`; none (`done` then failed, on the next
@@ -121,29 +120,11 @@ void SqlConnection::execute_all(std::vector<sqlcommon::Call> calls,
   });
 }
 
-// A host name is looked up on libuv's thread pool (the client library's
-// own lookup would block the loop); the attempt then connects to the
-// address, IPv4 first.
-void SqlConnection::connect() {
-  if (state_ == State::kClosed) return;
-  state_ = State::kConnecting;
-  phase_ = Phase::kConnect;
-  // Not for a closed connection, or an attempt that timed out meanwhile
-  // (the loop runs a lookup's callback before it stops).
-  resolve(
-      target_.host, target_.socket.empty() ? nullptr : "localhost",
-      [this](int) { return state_ == State::kConnecting && mysql_ == nullptr; },
-      [this](const std::string& address) { connect_to(address); },
-      [this](std::string why) { connection_failed(0, std::move(why)); });
-}
-
+// The attempt connects to the address ConnectionCore found, IPv4 first.
 void SqlConnection::connect_to(const std::string& host) {
+  phase_ = Phase::kConnect;
   mysql_ = mysql_init(nullptr);
-  if (mysql_ == nullptr) {
-    last_error_ = "out of memory for a connection";
-    went_down(last_error_, true);
-    return;
-  }
+  if (mysql_ == nullptr) return connection_failed(0, "out of memory for a connection");
   mysql_options(mysql_, MYSQL_OPT_NONBLOCK, nullptr);
   unsigned int protocol = target_.socket.empty() ? MYSQL_PROTOCOL_TCP : MYSQL_PROTOCOL_SOCKET;
   mysql_options(mysql_, MYSQL_OPT_PROTOCOL, &protocol);
@@ -182,11 +163,15 @@ void SqlConnection::store_step(int status, MYSQL_RES* res) {
 void SqlConnection::connected() {
   // The socket is up; the threads left behind are ended, then the session
   // set-up and the table check.
-  state_ = State::kIdle;
+  state_ = State::kSetUp;
   phase_ = Phase::kNone;
-  handshaking_ = true;
   end_stale_threads(0);
   kick();
+}
+
+// A step of the set-up, after those queued before it.
+void SqlConnection::set_up(SqlDone done, std::string sql) {
+  set_up_.push_back(Request{std::move(sql), in_set_up(std::move(done))});
 }
 
 void SqlConnection::end_stale_threads(int round) {
@@ -196,70 +181,60 @@ void SqlConnection::end_stale_threads(int round) {
   if (round == 0) {
     // Gone already (1094) or not ours to end (1095): the statement fails
     // alone and the wait below tells.
-    for (unsigned long id : ids) handshake_.push_back(Request{fmt::format("KILL CONNECTION {}", id), ignore});
+    for (unsigned long id : ids) set_up(ignore, fmt::format("KILL CONNECTION {}", id));
   } else {
-    handshake_.push_back(Request{"DO SLEEP(0.02)", ignore});
+    set_up(ignore, "DO SLEEP(0.02)");
   }
   // A killed thread leaves the process list when it has stopped; the wait
   // is bounded by half the connect timeout (the whole set-up by all of it).
   const long long rounds = std::max<long long>(1, settings_.connect_timeout.count() / 2 / 20);
-  handshake_.push_back(Request{
-      fmt::format("SELECT COUNT(*) FROM information_schema.PROCESSLIST WHERE ID IN ({}) AND ID <> CONNECTION_ID()",
-                  SqlStaleThreads::list(ids)),
+  set_up(
       [this, ids, round, rounds](const SqlResult& result, const StoreError* err) {
-        if (state_ != State::kIdle && state_ != State::kBusy) return;  // dropped meanwhile
         bool left = !err && !result.rows.empty() && !result.rows[0].empty() && result.rows[0][0] != "0";
         if (left && round + 1 < rounds) return end_stale_threads(round + 1);
         // Ended, or beyond waiting for: not tried again.
         stale_->forget(ids);
         run_setup();
-      }});
+      },
+      fmt::format("SELECT COUNT(*) FROM information_schema.PROCESSLIST WHERE ID IN ({}) AND ID <> CONNECTION_ID()",
+                  SqlStaleThreads::list(ids)));
 }
 
 void SqlConnection::run_setup() {
   for (const auto& sql : session_.setup)
-    handshake_.push_back(Request{sql, [this](const SqlResult&, const StoreError* err) {
-                                   if (err) went_down(fmt::format("the session set-up failed: {}", last_error_), false);
-                                 }});
-  run_handshake(0);
+    set_up(
+        [this](const SqlResult&, const StoreError* err) {
+          if (err) set_up_failed(fmt::format("the session set-up failed: {}", last_error_));
+        },
+        sql);
+  check_table(0);
 }
 
-void SqlConnection::run_handshake(std::size_t attempt) {
-  // The tables' check; when one is missing, create them and check again.
-  handshake_.push_back(Request{session_.check, [this, attempt](const SqlResult&, const StoreError* err) {
-                                 if (!err) {
-                                   handshaking_ = false;
-                                   reconnector_.connected();
-                                   reconnector_.usable();
-                                   kick();
-                                   return;
-                                 }
-                                 if ((last_errno_ == ER_NO_SUCH_TABLE || last_errno_ == ER_BAD_FIELD_ERROR) &&
-                                     attempt == 0) {
-                                   auto created = [this](const SqlResult&, const StoreError* e) {
-                                     if (e)
-                                       went_down(fmt::format("cannot create the lock table {} (or its companion): {}",
-                                                             session_.table, last_error_),
-                                                 false);
-                                   };
-                                   for (const auto& create : session_.create)
-                                     handshake_.push_back(Request{create, created});
-                                   for (const auto& migrate : session_.migrate)
-                                     handshake_.push_back(Request{migrate, created});
-                                   run_handshake(1);
-                                   return;
-                                 }
-                                 went_down(fmt::format("the lock table {} (or its companion _holders table) does not "
-                                                       "have lockwatch's columns (see lockwatch's docs/stores.md for "
-                                                       "their definitions): {}",
-                                                       session_.table, last_error_),
-                                           false);
-                               }});
+// The tables' check; when one is missing, create them and check again.
+void SqlConnection::check_table(std::size_t attempt) {
+  set_up(
+      [this, attempt](const SqlResult&, const StoreError* err) {
+        if (!err) return set_up_done();
+        if ((last_errno_ == ER_NO_SUCH_TABLE || last_errno_ == ER_BAD_FIELD_ERROR) && attempt == 0) {
+          auto created = [this](const SqlResult&, const StoreError* e) {
+            if (e)
+              set_up_failed(fmt::format("cannot create the lock table {} (or its companion): {}", session_.table,
+                                        last_error_));
+          };
+          for (const auto& create : session_.create) set_up(created, create);
+          for (const auto& migrate : session_.migrate) set_up(created, migrate);
+          return check_table(1);
+        }
+        set_up_failed(fmt::format("the lock table {} (or its companion _holders table) does not have lockwatch's "
+                                  "columns (see lockwatch's docs/stores.md for their definitions): {}",
+                                  session_.table, last_error_));
+      },
+      session_.check);
 }
 
 void SqlConnection::send_queued() {
-  if (state_ != State::kIdle) return;
-  std::deque<Request>& source = handshaking_ ? handshake_ : queue_;
+  if (busy_ || !linked()) return;
+  std::deque<Request>& source = state_ == State::kSetUp ? set_up_ : queue_;
   // After a failed request, at once: a transaction it began holds its rows.
   if (std::exchange(roll_back_, false))
     source.push_front(Request{"ROLLBACK", [](const SqlResult&, const StoreError*) {}});
@@ -270,29 +245,27 @@ void SqlConnection::send_queued() {
   }
   std::string sql;
   std::size_t n = 0;
+  const auto now = RequestTimer::Clock::now();
   while (!source.empty() && n < kMaxBatch && (n == 0 || sql.size() + source.front().sql.size() < kMaxBatchBytes)) {
     if (!sql.empty()) sql += ";\n";
     sql += source.front().sql;
     n += source.front().statements;
+    source.front().sent = now;
     inflight_.push_back(std::move(source.front()));
     source.pop_front();
   }
-  state_ = State::kBusy;
+  busy_ = true;
   phase_ = Phase::kQuery;
-  if (!handshaking_) {
-    busy_since_ = RequestTimer::Clock::now();
-    request_timer_.watch();
-  }
+  watch_requests();
   int err = 0;
   int status = mysql_real_query_start(&err, mysql_, sql.data(), static_cast<unsigned long>(sql.size()));
   result_step(status, err != 0);
 }
 
+int SqlConnection::socket() const { return mysql_ == nullptr ? -1 : static_cast<int>(mysql_get_socket(mysql_)); }
+
 void SqlConnection::wait_for(int status) {
-  const int fd = static_cast<int>(mysql_get_socket(mysql_));
-  if (fd < 0) return went_down("the client library has no socket", true);
-  if (const char* failed = socket_.watch(loop_.uv(), fd, uv_events_of(status), false, this, on_poll))
-    return went_down(failed, true);
+  if (!watch(uv_events_of(status), false)) return;
   if (status & MYSQL_WAIT_TIMEOUT) {
     uv_timer_start(&io_timer_, on_io_timer, mysql_get_timeout_value_ms(mysql_), 0);
   } else {
@@ -300,8 +273,7 @@ void SqlConnection::wait_for(int status) {
   }
 }
 
-void SqlConnection::on_poll(uv_poll_t* handle, int status, int events) {
-  auto* self = static_cast<SqlConnection*>(handle->data);
+void SqlConnection::on_socket(int status, int events) {
   int ev = 0;
   if (status < 0) {
     ev = MYSQL_WAIT_READ | MYSQL_WAIT_WRITE;  // let the library see the error
@@ -310,8 +282,8 @@ void SqlConnection::on_poll(uv_poll_t* handle, int status, int events) {
     if (events & UV_WRITABLE) ev |= MYSQL_WAIT_WRITE;
     if (events & UV_PRIORITIZED) ev |= MYSQL_WAIT_EXCEPT;
   }
-  uv_timer_stop(&self->io_timer_);
-  self->resume(ev);
+  uv_timer_stop(&io_timer_);
+  resume(ev);
 }
 
 void SqlConnection::on_io_timer(uv_timer_t* t) { static_cast<SqlConnection*>(t->data)->resume(MYSQL_WAIT_TIMEOUT); }
@@ -321,7 +293,7 @@ void SqlConnection::resume(int events) {
     case Phase::kNone:
       // Idle, and the socket became readable: the server closed the
       // connection (or sent what nobody asked for).
-      if (state_ == State::kIdle) went_down("the server closed the connection", true);
+      if (linked() && !busy_) connection_failed(0, "the server closed the connection");
       return;
     case Phase::kConnect: {
       MYSQL* ret = nullptr;
@@ -353,7 +325,7 @@ void SqlConnection::resume(int events) {
 void SqlConnection::statement_answered() {
   // A statement of the request at the front of inflight_ was run: read
   // its result set, if it has one.
-  if (inflight_.empty()) return went_down("the server sent more results than statements", true);  // cannot be
+  if (inflight_.empty()) return connection_failed(0, "the server sent more results than statements");  // cannot be
   if (mysql_field_count(mysql_) > 0) {
     phase_ = Phase::kStore;
     MYSQL_RES* res = nullptr;
@@ -385,7 +357,7 @@ void SqlConnection::finish_store(MYSQL_RES* res) {
 }
 
 void SqlConnection::after_results() {
-  if (state_ != State::kBusy) return;  // a callback dropped the connection
+  if (!busy_) return;  // a callback dropped the connection
   if (mysql_more_results(mysql_)) {
     phase_ = Phase::kNext;
     int ret = 0;
@@ -395,12 +367,12 @@ void SqlConnection::after_results() {
   }
   // The round trip is over. Statements left in flight were not run.
   request_timer_.stop();
-  std::deque<Request>& source = handshaking_ ? handshake_ : queue_;
+  std::deque<Request>& source = state_ == State::kSetUp ? set_up_ : queue_;
   while (!inflight_.empty()) {
     source.push_front(std::move(inflight_.back()));
     inflight_.pop_back();
   }
-  state_ = State::kIdle;
+  busy_ = false;
   phase_ = Phase::kNone;
   send_queued();
 }
@@ -409,12 +381,12 @@ void SqlConnection::statement_failed() {
   unsigned code = mysql_errno(mysql_);
   last_errno_ = code;
   last_error_ = mysql_error(mysql_);
-  if (client_error(code) || inflight_.empty()) return went_down(last_error_, true);
+  if (client_error(code) || inflight_.empty()) return connection_failed(code, last_error_);
   // The server refused this statement; the connection is fine and the
   // statements after it in the round trip were not run (a transaction
   // the request began is rolled back first).
   phase_ = Phase::kNone;
-  roll_back_ = !handshaking_;
+  roll_back_ = state_ == State::kReady;
   StoreError err = sql_error(name_, code, last_error_);
   if (code == ER_PARSE_ERROR && inflight_.front().sql.starts_with(sql::kCompound))
     // A server without MariaDB's compound statements (MySQL): say what is
@@ -431,67 +403,30 @@ void SqlConnection::answer_front(const StoreError* err) {
   Request r = std::move(inflight_.front());
   inflight_.pop_front();
   r.done(err ? SqlResult{} : r.answer, err);
-  if (state_ == State::kClosed) return;
   after_results();
 }
 
-void SqlConnection::attempt_timed_out() {
-  if (state_ != State::kConnecting && !handshaking_) return;
-  connection_failed(0, connect_timed_out());
-}
-
-RequestTimer::Clock::time_point SqlConnection::unanswered_since() const {
-  return state_ == State::kBusy && !handshaking_ ? busy_since_ : RequestTimer::kNone;
-}
-
-void SqlConnection::overdue() {
-  connection_failed(0, command_timed_out());
-}
-
 // The connection is lost: `code` is the client library's error number,
-// 0 for a failure of our own; connect_error() reads both.
+// 0 for a failure of our own. While connecting, a refused login is kAuth.
 void SqlConnection::connection_failed(unsigned code, std::string why) {
   last_errno_ = code;
-  last_error_ = std::move(why);
-  went_down(last_error_, true);
+  last_error_ = why;
+  if (state_ != State::kConnecting && state_ != State::kSetUp) return fail_unavailable(why);
+  const std::error_code error = code != 0 ? mariadb_code(code) : std::error_code();
+  fail(why, auth_refused(code) ? StoreError::auth(name_, why, error) : StoreError::unavailable(name_, why, error),
+       false);
 }
 
-StoreError SqlConnection::connect_error() const {
-  const std::error_code code = last_errno_ != 0 ? mariadb_code(last_errno_) : std::error_code();
-  if (auth_refused(last_errno_)) return StoreError::auth(name_, last_error_, code);
-  return StoreError::unavailable(name_, last_error_, code);
+// The session set-up was refused: the server's answer, though the
+// connection is given up, and what waited for it fails.
+void SqlConnection::set_up_failed(const std::string& why) { fail(why, sql_error(name_, last_errno_, why), true); }
+
+unsigned long SqlConnection::session() const {
+  return mysql_ != nullptr && state_ == State::kReady ? mysql_thread_id(mysql_) : 0;
 }
 
-void SqlConnection::went_down(const std::string& why, bool connection_error) {
-  if (state_ == State::kClosed) return;
-  bool was_connecting = state_ == State::kConnecting || handshaking_;
-  const bool left_behind = leave_behind(mysql_ != nullptr && !handshaking_, [this] { return mysql_thread_id(mysql_); });
-  teardown();
-  // What was in flight may or may not have run: it fails. What was queued
-  // waits for the next attempt, unless this was an attempt (it waited for
-  // this one) or the set-up itself was refused.
-  StoreError err;
-  if (!connection_error) {
-    // The session set-up was refused: the server's answer, though the
-    // connection is given up.
-    err = sql_error(name_, last_errno_, why);
-  } else if (was_connecting) {
-    err = connect_error();
-  } else {
-    err = unavailable(why);
-  }
-  handshake_.clear();
-  lost(why, err, was_connecting || !connection_error, left_behind);
-}
-
-void SqlConnection::restart(const char* why) {
-  if (state_ == State::kIdle || state_ == State::kBusy) went_down(why, true);
-}
-
-void SqlConnection::teardown() {
-  request_timer_.stop();
+void SqlConnection::release(bool) {
   uv_timer_stop(&io_timer_);
-  socket_.close();
   if (mysql_ != nullptr) {
     // Shut the socket first: mysql_close() then cannot wait on a server
     // that stopped answering.
@@ -500,19 +435,14 @@ void SqlConnection::teardown() {
     mysql_close(mysql_);
     mysql_ = nullptr;
   }
-  handshaking_ = false;
+  set_up_.clear();
+  busy_ = false;
   roll_back_ = false;
   phase_ = Phase::kNone;
-  if (state_ != State::kClosed) state_ = State::kDown;
 }
 
 void SqlConnection::close() {
-  if (state_ == State::kClosed) return;
-  state_ = State::kClosed;
-  close_core([this] {
-    teardown();
-    handshake_.clear();
-  });
+  ConnectionCore::close();
   if (std::exchange(timer_open_, false)) uv_close(reinterpret_cast<uv_handle_t*>(&io_timer_), nullptr);
 }
 

@@ -105,6 +105,7 @@ struct SqlRequest {
   SqlDone done;
   std::size_t statements = 1;  // results still to come
   SqlResult answer = {};  // the last result set so far
+  std::chrono::steady_clock::time_point sent = {};  // its round trip's
 };
 
 class SqlConnection final : public sqlcommon::ConnectionCore<SqlRequest, SqlResult, unsigned long> {
@@ -124,29 +125,26 @@ class SqlConnection final : public sqlcommon::ConnectionCore<SqlRequest, SqlResu
   // before `done` (never after an error, which `done` alone gets).
   void execute_all(std::vector<sqlcommon::Call> calls, std::function<void(std::size_t, const SqlResult&)> each,
                    SqlDone done);
-  void close();  // as ConnectionCore says
+  void close();  // ConnectionCore's, then its own timer
 
  private:
-  enum class State { kDown, kConnecting, kIdle, kBusy, kClosed };
   enum class Phase { kNone, kConnect, kQuery, kStore, kNext };
   using Request = SqlRequest;
 
-  // Reconnector::Attempts: an attempt (connect()), given up at its
-  // deadline; RequestTimer::Requests: the round trip under way, and the
-  // server silent for the command timeout.
-  void attempt() override { connect(); }
-  void attempt_timed_out() override;
-  RequestTimer::Clock::time_point unanswered_since() const override;
-  void overdue() override;
-  void restart(const char* why) override;
+  // ConnectionCore's client side.
+  void connect_to(const std::string& host) override;
+  int socket() const override;
+  void on_socket(int status, int events) override;
+  void send_queued() override;
+  unsigned long session() const override;
+  void release(bool graceful) override;
+
   const SqlStatement* statement(const std::string& name, SqlDone& done);
-  void connect();
-  void connect_to(const std::string& host);
   void connected();
+  void set_up(SqlDone done, std::string sql);
   void end_stale_threads(int round);
   void run_setup();
-  void run_handshake(std::size_t attempt);
-  void send_queued() override;
+  void check_table(std::size_t attempt);
   void resume(int events);
   void connect_step(int status, st_mysql* ret);
   void result_step(int status, bool failed);
@@ -158,30 +156,24 @@ class SqlConnection final : public sqlcommon::ConnectionCore<SqlRequest, SqlResu
   void after_results();
   void wait_for(int status);
   void connection_failed(unsigned code, std::string why);
-  void went_down(const std::string& why, bool connection_error);
-  void teardown();
-  StoreError connect_error() const;
+  void set_up_failed(const std::string& why);
 
-  static void on_poll(uv_poll_t* handle, int status, int events);
   static void on_io_timer(uv_timer_t* t);
 
   const SqlTarget target_;
   const SqlSession session_;
 
-  State state_ = State::kDown;
   Phase phase_ = Phase::kNone;
+  bool busy_ = false;  // a round trip under way
   st_mysql* mysql_ = nullptr;
-  sqlcommon::SocketWatch socket_;  // on mysql_'s socket
   uv_timer_t io_timer_{};  // the library's own timeouts (MYSQL_WAIT_TIMEOUT)
   bool timer_open_ = false;
-  bool handshaking_ = false;
-  RequestTimer::Clock::time_point busy_since_{};  // when the round trip under way was sent
   std::string connect_host_;  // the address of the attempt under way
   std::string last_error_ = "not connected yet";
   unsigned last_errno_ = 0;
   bool roll_back_ = false;  // a request failed: a ROLLBACK goes next, at once
   // inflight_: sent in the current round trip, answered in order.
-  std::deque<Request> handshake_;  // the session set-up, before queue_
+  std::deque<Request> set_up_;  // the session set-up, before queue_
 };
 
 }  // namespace lockwatch::detail

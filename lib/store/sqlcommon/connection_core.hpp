@@ -17,13 +17,13 @@
 // others start again too, and each ends the listed sessions before its
 // set-up.
 //
-// The driver (the derived connection) connects, sends, reads, and keeps
-// its own state; its close() stops reconnecting, fails what is pending
-// and closes the handles, and the loop then drains (Loop::shutdown): the
-// object may be destroyed once the loop has stopped. Threading: the loop
-// thread only, but construction.
-// Costs: nothing beyond the driver's; a refusal after close() is one
-// posted task.
+// ConnectionCore is that machinery; the client (the derived connection)
+// connects, sends and reads through its library. close() stops
+// reconnecting, fails what is pending and closes the handles, and the
+// loop then drains (Loop::shutdown): the object may be destroyed once the
+// loop has stopped. Threading: the loop thread only, but construction.
+// Costs: nothing beyond the client library's; a refusal after close() is
+// one posted task.
 #pragma once
 
 #include <fcntl.h>
@@ -159,12 +159,25 @@ struct Call {
   std::vector<std::string> params;
 };
 
-// What a connection tells the store and the timers. `Request` carries a
-// `done` callback taking (const Answer&, const StoreError*); a failed
-// request gets an empty Answer{}. `Id` names a server session.
+// The machinery of a SQL connection on the loop, written once; the
+// client (the derived connection: SqlConnection for MariaDB, PgConnection
+// for PostgreSQL) adds only what its client library does its own way:
+// starting a non-blocking connect and driving it, sending the queued
+// requests, reading their answers off its socket, closing the library's
+// handle, and its errors. Here: the link's state, the attempt (the host
+// looked up, the connect deadline, the back-off, state changes told once),
+// the queue that waits while the link is down, the requests in flight
+// with their command timeout, the turn's-end send, the watch on the
+// client's socket, the sessions left behind, dropping and closing.
+//
+// `Request` carries `done`, taking (const Answer&, const StoreError*) (a
+// failed request gets an empty Answer{}), and `sent`, its send time.
+// `Id` names a server session.
 template <class Request, class Answer, class Id>
 class ConnectionCore : protected Reconnector::Attempts, protected RequestTimer::Requests, protected Restartable {
  public:
+  using Done = std::function<void(const Answer&, const StoreError*)>;
+
   ConnectionCore(const ConnectionCore&) = delete;
   ConnectionCore& operator=(const ConnectionCore&) = delete;
 
@@ -173,6 +186,8 @@ class ConnectionCore : protected Reconnector::Attempts, protected RequestTimer::
   void set_state_hook(std::function<void(bool up, const std::string& why)> hook) {
     reconnector_.set_state_hook(std::move(hook));
   }
+  // Told each time the connection became usable (its set-up done).
+  void set_ready_hook(std::function<void()> hook) { ready_hook_ = std::move(hook); }
   // Loop thread only, from here on: the turn's-end send, the command
   // timeout and the first attempt.
   void start() {
@@ -180,54 +195,197 @@ class ConnectionCore : protected Reconnector::Attempts, protected RequestTimer::
     request_timer_.start();
     reconnector_.start();
   }
+  // No more attempts or timeouts, the client closed (politely when the
+  // link was usable), everything pending fails (what its callbacks ask
+  // for is refused), no more sends.
+  void close() {
+    if (state_ == State::kClosed) return;
+    const bool healthy = state_ == State::kReady;
+    state_ = State::kClosed;
+    reconnector_.close();
+    request_timer_.close();
+    teardown(healthy);
+    lost("the store is closed", unavailable("the store is closed"), true, false);
+    kick_.close();
+  }
   // Requests queued or in flight.
   std::size_t pending() const noexcept { return queue_.size() + inflight_.size(); }
   const std::string& name() const noexcept { return name_; }
 
  protected:
-  // On `stale`'s list (none: not tracked) while it lives.
-  ConnectionCore(Loop& loop, const SqlSettings& settings, std::string name, std::shared_ptr<StaleSessions<Id>> stale)
-      : loop_(loop), settings_(settings), name_(std::move(name)), stale_(std::move(stale)) {
+  // kSetUp: connected, the client's session set-up under way (the connect
+  // deadline still runs); kReady: usable.
+  enum class State { kDown, kConnecting, kSetUp, kReady, kClosed };
+
+  // `host` is looked up unless `local` names a local socket (what the
+  // client library is given for it then). On `stale`'s list (none: not
+  // tracked) while it lives.
+  ConnectionCore(Loop& loop, const SqlSettings& settings, std::string name, std::string host, const char* local,
+                 std::shared_ptr<StaleSessions<Id>> stale)
+      : loop_(loop),
+        settings_(settings),
+        name_(std::move(name)),
+        stale_(std::move(stale)),
+        host_(std::move(host)),
+        local_(local) {
     if (stale_) stale_->connections.push_back(this);
   }
   ~ConnectionCore() {
     if (stale_) std::erase(stale_->connections, static_cast<Restartable*>(this));
   }
 
-  // Sends what was queued (at the loop turn's end).
+  // The client's side. connect_to(): start a connection to `address` (a
+  // numeric host, or `local`); socket(): its socket (-1: none);
+  // on_socket(): the socket is ready (uv_poll's status and events);
+  // send_queued(): send what was queued, at the turn's end; session():
+  // the server session a drop would leave behind (0: none);
+  // release(): close the library's handle (`graceful`: it may say goodbye).
+  virtual void connect_to(const std::string& address) = 0;
+  virtual int socket() const = 0;
+  virtual void on_socket(int status, int events) = 0;
   virtual void send_queued() = 0;
+  virtual Id session() const = 0;
+  virtual void release(bool graceful) = 0;
 
+  // Connected or usable: the client's socket is open.
+  bool linked() const noexcept { return state_ == State::kSetUp || state_ == State::kReady; }
+  // `r` waits its turn (once usable, the turn's end); after close() it is
+  // refused on the next turn.
+  void enqueue(Request r) {
+    if (state_ == State::kClosed) {
+      loop_.post([done = std::move(r.done), err = unavailable("the store is closed")] { done(Answer{}, &err); });
+      return;
+    }
+    queue_.push_back(std::move(r));
+    if (state_ == State::kReady) kick();
+  }
   // What was queued goes out at the turn's end (not once closed).
   void kick() {
-    if (!reconnector_.closed()) kick_.request();
-  }
-  // After close(), a request is refused on the next turn: true when `done` was.
-  template <class Done>
-  bool refused_closed(Done& done) {
-    if (!reconnector_.closed()) return false;
-    loop_.post([done = std::move(done), err = unavailable("the store is closed")] { done(Answer{}, &err); });
-    return true;
+    if (state_ != State::kClosed) kick_.request();
   }
   StoreError unavailable(const std::string& why) const { return StoreError::unavailable(name_, why); }
-
-  static void fail_all(std::deque<Request>& requests, const StoreError& error) {
-    for (auto& r : requests) r.done(Answer{}, &error);
-    requests.clear();
+  // `done` of a set-up step: not heard once the set-up is over (the
+  // connection dropped meanwhile).
+  Done in_set_up(Done done) {
+    return [this, done = std::move(done)](const Answer& answer, const StoreError* err) {
+      if (state_ == State::kSetUp) done(answer, err);
+    };
   }
-  // Going down, before the teardown: with statements in flight on a
-  // session the server knows (`sent`), `session()` goes on the stale list
-  // and true tells lost() to restart the others.
-  template <class Session>
-  bool leave_behind(bool sent, Session session) {
-    if (!stale_ || !sent || inflight_.empty()) return false;
-    stale_->add(session());
+  // The set-up is over: usable, told once; what waited goes out.
+  void set_up_done() {
+    state_ = State::kReady;
+    reconnector_.connected();
+    reconnector_.usable();
+    if (state_ != State::kReady) return;
+    if (ready_hook_) ready_hook_();
+    if (state_ == State::kReady && !queue_.empty()) kick();
+  }
+  // Requests are in flight: the command timeout runs (while setting up,
+  // the connect deadline instead).
+  void watch_requests() {
+    if (state_ == State::kReady) request_timer_.watch();
+  }
+  // Watches the client's socket for `events` (`renew`: a fresh handle, the
+  // socket may be new): false when it cannot (the connection dropped).
+  bool watch(int events, bool renew) {
+    const int fd = socket();
+    const char* failed =
+        fd < 0 ? "the client library has no socket" : socket_.watch(loop_.uv(), fd, events, renew, this, on_poll);
+    if (failed != nullptr) fail_unavailable(failed);
+    return failed == nullptr;
+  }
+  // The connection dropped, `why` (told to the state hook) and `error`
+  // (what the requests in flight get: they may or may not have run). What
+  // was queued waits for the next attempt unless `fail_queued` or this was
+  // an attempt (which it waited for). A session left behind with
+  // statements in flight goes on the stale list, and the others restart.
+  void fail(const std::string& why, const StoreError& error, bool fail_queued) {
+    if (state_ == State::kClosed || state_ == State::kDown) return;
+    const bool connecting = state_ == State::kConnecting || state_ == State::kSetUp;
+    const bool left_behind = leave_behind();
+    teardown(false);
+    lost(why, error, connecting || fail_queued, left_behind);
+  }
+  void fail_unavailable(const std::string& why) { fail(why, unavailable(why), false); }
+
+  // Why an attempt was given up on.
+  std::string connect_timed_out() const {
+    return fmt::format("no connection within the connect timeout ({} ms)", settings_.connect_timeout.count());
+  }
+
+  Loop& loop_;
+  const SqlSettings settings_;
+  const std::string name_;
+  const std::shared_ptr<StaleSessions<Id>> stale_;  // null: not tracked
+  State state_ = State::kDown;
+  Reconnector reconnector_{loop_, Backoff(settings_.reconnect_min, settings_.reconnect_max), settings_.connect_timeout,
+                           *this};
+  RequestTimer request_timer_{loop_, settings_.command_timeout, *this};
+
+  std::deque<Request> queue_;     // not yet sent
+  std::deque<Request> inflight_;  // sent, answered in order
+
+ private:
+  // Reconnector::Attempts: an attempt, its address looked up on libuv's
+  // thread pool unless numeric (the client library's own lookup would
+  // block the loop); not heard when the loop cancelled the lookup, or
+  // when the attempt is over by then (a later one under way).
+  void attempt() final {
+    if (state_ == State::kClosed) return;
+    state_ = State::kConnecting;
+    const unsigned attempt = ++attempt_;
+    auto failed = [this](const std::string& why) { fail(why, unavailable(why), true); };
+    if (local_ != nullptr || numeric_host(host_)) return connect_to(local_ != nullptr ? std::string(local_) : host_);
+    int rc = resolve_host(loop_.uv(), host_, [=, this](int status, std::string address) {
+      if (status == UV_ECANCELED || state_ != State::kConnecting || attempt_ != attempt) return;
+      if (address.empty())
+        return failed(fmt::format("cannot resolve {}: {}", host_, status == 0 ? "no address" : uv_strerror(status)));
+      connect_to(address);
+    });
+    if (rc < 0) failed(fmt::format("cannot resolve {}: {}", host_, uv_strerror(rc)));
+  }
+  void attempt_timed_out() final {
+    if (state_ != State::kConnecting && state_ != State::kSetUp) return;
+    const std::string why = connect_timed_out();
+    fail(why, unavailable(why), true);
+  }
+  // RequestTimer::Requests: the oldest request in flight, and the server
+  // silent for the command timeout.
+  RequestTimer::Clock::time_point unanswered_since() const final {
+    return state_ == State::kReady && !inflight_.empty() ? inflight_.front().sent : RequestTimer::kNone;
+  }
+  void overdue() final {
+    fail_unavailable(fmt::format("no answer within the command timeout ({} ms)", settings_.command_timeout.count()));
+  }
+  // Restartable: down and up again behind a session another left.
+  void restart(const char* why) final {
+    if (linked()) fail_unavailable(why);
+  }
+
+  static void on_poll(uv_poll_t* handle, int status, int events) {
+    static_cast<ConnectionCore*>(handle->data)->on_socket(status, events);
+  }
+  // Going down with statements in flight on a session the server knows:
+  // it goes on the stale list, and true tells lost() to restart the others.
+  bool leave_behind() {
+    const Id id = stale_ && !inflight_.empty() ? session() : Id{};
+    if (id == Id{}) return false;
+    stale_->add(id);
     return true;
   }
-  // The connection dropped (torn down already): what was in flight may or
-  // may not have run, and fails; what was queued waits for the next
-  // attempt unless `fail_queued` (an attempt, which it waited for, or a
-  // refused set-up). The reconnector is told `why` once, and makes the
-  // next attempt after the back-off.
+  // A connection given up on is shut first (through the duplicate, open
+  // even when the library closed its own): its goodbye cannot wait on a
+  // server that stopped answering.
+  void teardown(bool graceful) {
+    request_timer_.stop();
+    if (!graceful) socket_.shutdown();
+    socket_.close();
+    release(graceful);
+    if (state_ != State::kClosed) state_ = State::kDown;
+  }
+  // Torn down already: what was in flight fails, what was queued too when
+  // `fail_queued`; the reconnector is told `why` once and makes the next
+  // attempt after the back-off.
   void lost(const std::string& why, const StoreError& error, bool fail_queued, bool left_behind) {
     std::deque<Request> inflight = std::exchange(inflight_, {});
     reconnector_.down(why);
@@ -238,54 +396,17 @@ class ConnectionCore : protected Reconnector::Attempts, protected RequestTimer::
     }
     if (left_behind) stale_->restart_others(this);
   }
-  // close(): no more attempts or timeouts, `teardown()`, everything
-  // pending fails (what its callbacks ask for is refused), no more sends.
-  template <class Teardown>
-  void close_core(Teardown teardown) {
-    reconnector_.close();
-    request_timer_.close();
-    teardown();
-    lost("the store is closed", unavailable("the store is closed"), true, false);
-    kick_.close();
-  }
-  // Why an attempt, or a request, was given up on.
-  std::string connect_timed_out() const {
-    return fmt::format("no connection within the connect timeout ({} ms)", settings_.connect_timeout.count());
-  }
-  std::string command_timed_out() const {
-    return fmt::format("no answer within the command timeout ({} ms)", settings_.command_timeout.count());
-  }
-  // A new attempt's address: `local` (a local socket's: what the client
-  // library is given then) or a numeric `host` at once; else `host` looked
-  // up on libuv's thread pool (the client library's own lookup would block
-  // the loop): `found(address)`, or `failed(why)`; neither when the
-  // attempt is over by then (`current(status)` false, or a later attempt
-  // under way).
-  template <class Current, class Found, class Failed>
-  void resolve(const std::string& host, const char* local, Current current, Found found, Failed failed) {
-    const unsigned attempt = ++attempt_;
-    if (local != nullptr || numeric_host(host)) return found(local != nullptr ? std::string(local) : host);
-    int rc = resolve_host(loop_.uv(), host, [=, this](int status, std::string address) {
-      if (!current(status) || attempt_ != attempt) return;
-      if (address.empty())
-        return failed(fmt::format("cannot resolve {}: {}", host, status == 0 ? "no address" : uv_strerror(status)));
-      found(address);
-    });
-    if (rc < 0) failed(fmt::format("cannot resolve {}: {}", host, uv_strerror(rc)));
+  static void fail_all(std::deque<Request>& requests, const StoreError& error) {
+    for (auto& r : requests) r.done(Answer{}, &error);
+    requests.clear();
   }
 
-  Loop& loop_;
-  const SqlSettings settings_;
-  const std::string name_;
-  const std::shared_ptr<StaleSessions<Id>> stale_;  // null: not tracked
+  const std::string host_;
+  const char* const local_;  // null: a TCP host
+  std::function<void()> ready_hook_;
   TurnEnd kick_{[this] { send_queued(); }};  // sends what was queued, at the loop turn's end
   unsigned attempt_ = 0;  // connection attempts made: a late lookup answers an old one
-  Reconnector reconnector_{loop_, Backoff(settings_.reconnect_min, settings_.reconnect_max), settings_.connect_timeout,
-                           *this};
-  RequestTimer request_timer_{loop_, settings_.command_timeout, *this};
-
-  std::deque<Request> queue_;     // not yet sent
-  std::deque<Request> inflight_;  // sent, answered in order
+  SocketWatch socket_;    // on the client's socket
 };
 
 }  // namespace lockwatch::detail::sqlcommon
