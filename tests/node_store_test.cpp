@@ -446,32 +446,6 @@ TEST_F(NodeStoreTest, ReleasesOfOneIterationAreOneCallAndEachSaysWhatItFound) {
 
 // What a release notice reached, which decides whether this process's
 // waiters sit out a streak's end for another's (the runtime's hand-off).
-// The store says it writes a renewal's views into its request at once
-// (StoreTraits::renew_copies): the watchdog reuses their text right after
-// the call, so text overwritten then must not reach the server.
-TEST_F(NodeStoreTest, ARenewalsTextMayBeOverwrittenOnceTheCallReturns) {
-  ASSERT_TRUE(store_->traits().renew_copies);
-  ASSERT_EQ(acquire({{{"copied", "me"}}}, 2s)[0].status, Acquired::Status::kTaken);
-  std::promise<std::pair<detail::Renewed, bool>> answered;
-  loop_.post([&] {
-    std::string text = lock_key("copied") + "me" + "60000";
-    const std::size_t name = lock_key("copied").size();
-    const LockRef ref{std::string_view(text).substr(0, name), std::string_view(text).substr(name, 2),
-                      std::string_view(text).substr(name + 2), 60s, LockKind{}};
-    store_->renew(std::span<const LockRef>(&ref, 1), nullptr,
-                  [&](std::size_t, detail::Renewed status, const detail::StoreError* why) {
-                    answered.set_value({status, why == nullptr});
-                  });
-    std::fill(text.begin(), text.end(), 'x');  // what the watchdog's next chunk would do
-  });
-  auto f = answered.get_future();
-  ASSERT_EQ(f.wait_for(kBound), std::future_status::ready);
-  const auto [status, no_error] = f.get();
-  EXPECT_EQ(status, detail::Renewed::kYes);
-  EXPECT_TRUE(no_error);
-  EXPECT_GT(server_.command({"PTTL", lock_key("copied")}).integer, 30'000) << "renewed by the 60 s sent";
-}
-
 TEST_F(NodeStoreTest, AReleaseSaysWhetherItsNoticeReachedAnotherSubscriber) { releases_say_who_heard_them(); }
 
 TEST_F(NodeStoreTest, ASubscriptionWithdrawnBeforeItsConfirmationIsNeverReportedConfirmed) {

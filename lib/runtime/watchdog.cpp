@@ -283,23 +283,14 @@ void Watchdog::flush() {
 void Watchdog::refer(RenewBatch& batch) {
   // The records keep neither the store's names nor the text of the tokens
   // and ttls (a million held leases would pay for it): it is written here,
-  // once per renewal, into one block that the LockRefs view. A store that
-  // copies it at once gets the same warm buffer each time; for any other,
-  // the batch keeps its own until every lease was answered.
-  const StoreTraits& traits = store_.traits();
-  const KeyRules& keys = traits.keys;
+  // once per renewal, into one block that the LockRefs view.
+  const KeyRules& keys = store_.traits().keys;
   const std::size_t per_lease =
       keys.prefix.size() + (keys.braces ? 2 : 0) + PackedToken::kTextSize + TtlText::kMaxSize;
   std::size_t bytes = 0;
   for (const auto& l : batch.leases) bytes += per_lease + l->key().size();
-  char* at = nullptr;
-  if (traits.renew_copies) {
-    if (text_.size() < bytes) text_.resize(bytes);
-    at = text_.data();
-  } else {
-    batch.text = std::make_unique_for_overwrite<char[]>(bytes);
-    at = batch.text.get();
-  }
+  batch.text = std::make_unique_for_overwrite<char[]>(bytes);
+  char* at = batch.text.get();
   refs_.clear();
   refs_.reserve(batch.leases.size());
   for (const auto& l : batch.leases) {

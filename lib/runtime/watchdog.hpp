@@ -127,7 +127,7 @@ class Watchdog {
   // LockRefs view (each key's store name, token and ttl, as text).
   struct RenewBatch {
     std::vector<std::shared_ptr<LeaseRecord>> leases;
-    std::unique_ptr<char[]> text;  // null where the store copies at once (text_)
+    std::unique_ptr<char[]> text;
   };
   // Sets refs_ to the batch's locks, writing their text.
   void refer(RenewBatch& batch);
@@ -156,7 +156,6 @@ class Watchdog {
   std::vector<std::shared_ptr<LeaseRecord>, PageAllocator<std::shared_ptr<LeaseRecord>>> leases_;
   std::vector<std::shared_ptr<LeaseRecord>> due_;  // renewals due this tick
   std::vector<LockRef> refs_;                      // reused per chunk
-  std::vector<char> text_;  // what refs_ view, reused, for a store whose renew() copies them
   std::uint64_t drained_at_ = ~std::uint64_t{0};   // the advance that last read replies early
 };
 

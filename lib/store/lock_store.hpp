@@ -198,11 +198,6 @@ struct StoreTraits {
   // Why it cannot hold fair locks, when it offers no FairQueue (one that
   // offers it holds them).
   const char* no_fair = kNoFairQueue;
-
-  // Whether renew() is done with its LockRefs' views when it returns (it
-  // wrote them into its requests at once). The watchdog then writes them
-  // into one buffer it reuses, not into a block each batch keeps.
-  bool renew_copies = false;
 };
 
 class LockStore {
@@ -277,8 +272,7 @@ class LockStore {
   // fencing counter; a busy lock reports the holder's remaining ttl.
   virtual void acquire(std::span<const LockRef> locks, AcquireDone done) = 0;
   // Extends each lock that is still ours by its ttl. `keepalive` keeps the
-  // views alive until every lock was answered (with traits().renew_copies,
-  // only while the call runs). Returns the number of
+  // views alive until every lock was answered. Returns the number of
   // commands the batch went out in (for the stats).
   virtual std::size_t renew(std::span<const LockRef> locks, std::shared_ptr<const void> keepalive,
                             RenewDone done) = 0;

@@ -93,8 +93,6 @@ StoreTraits QuorumStore::member_traits(const std::vector<std::unique_ptr<LockSto
   StoreTraits t;
   if (!stores.empty()) t.keys = stores.front()->traits().keys;
   t.release_events = std::all_of(stores.begin(), stores.end(), [](const auto& s) { return s->release_events(); });
-  // Each member gets the views in turn, within the call.
-  t.renew_copies = std::all_of(stores.begin(), stores.end(), [](const auto& s) { return s->traits().renew_copies; });
   auto refusing = std::find_if(stores.begin(), stores.end(),
                                [](const auto& s) { return s->check_kind(LockKind::shared()) != nullptr; });
   t.no_shared = refusing == stores.end() ? nullptr : (*refusing)->check_kind(LockKind::shared());

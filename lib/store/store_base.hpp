@@ -41,12 +41,9 @@ class FullStore : public StoreBase,
                   public FairQueue,
                   public TokenBlocks {
  protected:
-  explicit FullStore(KeyRules keys, bool renew_copies = false)
-      : StoreBase(StoreTraits{.keys = std::move(keys),
-                              .release_events = true,
-                              .no_shared = nullptr,
-                              .no_permits = nullptr,
-                              .renew_copies = renew_copies}) {
+  explicit FullStore(KeyRules keys)
+      : StoreBase(StoreTraits{.keys = std::move(keys), .release_events = true, .no_shared = nullptr,
+                              .no_permits = nullptr}) {
     offer({.fence_raising = this,
            .job_claims = this,
            .operator_tools = this,

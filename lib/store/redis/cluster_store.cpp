@@ -125,8 +125,7 @@ struct ClusterStore::Call {
 
 ClusterStore::ClusterStore(Loop& loop, ClusterSeeds seeds, const StoreSettings& settings, StoreLayout layout,
                            RedisReplicas replicas)
-    // Its renewal groups keep the views, to send them again after a redirect.
-    : RedisStoreBase(layout, settings.key_prefix, false),
+    : RedisStoreBase(layout, settings.key_prefix),
       loop_(loop),
       seeds_(std::move(seeds)),
       settings_(settings),

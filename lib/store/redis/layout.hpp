@@ -131,9 +131,8 @@ inline KeyRules rules() {
 // every kind and capability (FullStore).
 class RedisStoreBase : public FullStore {
  protected:
-  // `renew_copies`: StoreTraits::renew_copies.
-  RedisStoreBase(const StoreLayout& layout, std::string_view key_prefix, bool renew_copies)
-      : FullStore(layout.redisson() ? redisson_keys::rules() : redis_keys::rules(key_prefix), renew_copies) {}
+  RedisStoreBase(const StoreLayout& layout, std::string_view key_prefix)
+      : FullStore(layout.redisson() ? redisson_keys::rules() : redis_keys::rules(key_prefix)) {}
 };
 
 }  // namespace lockwatch::detail

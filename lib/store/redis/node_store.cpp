@@ -95,8 +95,7 @@ const StoreError* or_null(const std::optional<StoreError>& e) { return e ? &*e :
 
 RedisNodeStore::RedisNodeStore(Loop& loop, Endpoint endpoint, const StoreSettings& settings, Notices notices,
                                StoreLayout layout, RedisReplicas replicas)
-    // Every renewal is written into its request at once.
-    : RedisStoreBase(layout, settings.key_prefix, true),
+    : RedisStoreBase(layout, settings.key_prefix),
       key_prefix_(settings.key_prefix),
       command_timeout_(settings.connection.command_timeout),
       owner_(settings.owner_name),
