@@ -490,7 +490,7 @@ TEST_P(StoreContractTest, TokensAreReservedForTheHolderOnlyAndStayInOrder) {
   StoreOnLoop store(options());
   const std::string name = store.encode("reserved");
   auto first = store.acquire(name, "holder", 10s);
-  ASSERT_EQ(first.status, detail::Acquired::Status::kTaken);
+  ASSERT_EQ(first.status, detail::Acquired::Status::kTaken) << first.error.describe();
   auto last = store.reserve_tokens(name, "holder", 8);
   const bool reserves = GetParam() == "redis" || GetParam() == "redis-cluster" || GetParam() == "memory";
   ASSERT_EQ(last.has_value(), reserves) << GetParam();
