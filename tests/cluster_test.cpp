@@ -1020,11 +1020,6 @@ long long script_calls(RedisCluster& cluster, int m) {
   return calls;
 }
 
-void give_back(LockHandle& h) {
-  auto f = h.release();
-  get_bounded(f);
-}
-
 // Takes and gives back a lock on every master, so that each has the
 // scripts cached (one EVALSHA a call) and `rt` has read the slot map.
 void warm_every_master(RedisCluster& cluster, Runtime& rt) {

@@ -72,11 +72,6 @@ LockHandle take(Runtime& rt, const std::string& key, std::chrono::milliseconds t
   return get_bounded(f);
 }
 
-void give_back(LockHandle& h) {
-  auto f = h.release();
-  get_bounded(f);
-}
-
 TEST_F(EtcdStoreTest, MalformedUrlsAreInvalidArgumentsThatHideThePassword) {
   expect_refused_urls(
       {

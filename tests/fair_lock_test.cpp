@@ -188,11 +188,6 @@ class FairLockTest : public ::testing::TestWithParam<std::string> {
   }
 };
 
-void give_back(LockHandle& h) {
-  auto f = h.release();
-  get_bounded(f);
-}
-
 TEST_P(FairLockTest, GrantsFollowTheOrderOfArrivalAcrossRuntimes) {
   constexpr int kWaiters = 4;
   Runtime holder_rt(options());

@@ -200,11 +200,6 @@ bool ready(std::future<T>& f) {
   return f.wait_for(0s) == std::future_status::ready;
 }
 
-void give_back(LockHandle& h) {
-  auto f = h.release();
-  get_bounded(f);
-}
-
 TEST(LockKindsRuntimeTest, SharedCallsRunTogetherAndAnExclusiveOneAlone) {
   Runtime rt(space("rw-overlap"));
   constexpr int kReaders = 3;

@@ -31,11 +31,6 @@ LockHandle take(Runtime& rt, const std::string& key, std::chrono::milliseconds t
   return get_bounded(f);
 }
 
-void give_back(LockHandle& h) {
-  auto f = h.release();
-  get_bounded(f);
-}
-
 bool held(Runtime& rt, const std::string& key) {
   auto f = rt.inspect(key);
   return get_bounded(f).held;

@@ -69,11 +69,6 @@ LockHandle take(Runtime& rt, const std::string& key, std::chrono::milliseconds t
   return get_bounded(f);
 }
 
-void give_back(LockHandle& h) {
-  auto f = h.release();
-  get_bounded(f);
-}
-
 // The error a first call through `o` fails with (bounded), checked to come
 // within `bound`.
 template <class E>
@@ -589,7 +584,7 @@ TEST_F(PostgresStoreTest, AReadersReleaseWakesAWaitingWriterByANotice) {
   auto waited = writers.acquire({.key = key(), .ttl = 10s, .retries = forever, .wait = 15s});
   auto marks = [&] {
     return server_->query("SELECT count(*) FROM " + table + "_holders WHERE role = 'w' AND expires_at > "
-                          "clock_timestamp()")[0][0];
+                          "clock_timestamp()").at(0).at(0);
   };
   const auto until = std::chrono::steady_clock::now() + kBound;
   while (marks() != "1" && std::chrono::steady_clock::now() < until)

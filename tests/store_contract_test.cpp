@@ -39,11 +39,6 @@ LockHandle take(Runtime& rt, const std::string& key, std::chrono::milliseconds t
   return get_bounded(f);
 }
 
-void give_back(LockHandle& h) {
-  auto f = h.release();
-  get_bounded(f);
-}
-
 class StoreContractTest : public ::testing::TestWithParam<std::string> {
  protected:
   // One server (or cluster) per store for the suite, each test on keys of

@@ -230,6 +230,12 @@ T get_bounded(std::future<T>& f) {
   return f.get();
 }
 
+// Gives a handle's lock back and waits (bounded) for the store's answer.
+inline void give_back(LockHandle& h) {
+  auto f = h.release();
+  get_bounded(f);
+}
+
 // Takes a lock on every key (all asked for at once) and returns the handles.
 inline std::vector<LockHandle> hold_all(Runtime& rt, const std::vector<std::string>& keys,
                                         std::chrono::milliseconds ttl) {

@@ -75,11 +75,6 @@ std::set<unsigned long> own_sockets() {
   return out;
 }
 
-void give_back(LockHandle& h) {
-  auto f = h.release();
-  get_bounded(f);
-}
-
 class ZooKeeperStoreTest : public ::testing::Test {
  protected:
   static void SetUpTestSuite() { ensemble_ = new ZooKeeperEnsemble(3); }

@@ -404,6 +404,22 @@ EvalRequest::EvalRequest(const Script& script, std::size_t keys, std::size_t arg
 
 void EvalRequest::header(char kind, std::size_t n) { append_header(resp_, kind, n); }
 
+char* EvalRequest::open(std::size_t n) {
+  char digits[24];
+  const auto end = std::to_chars(digits, digits + sizeof digits, n).ptr;
+  const auto len = static_cast<std::size_t>(end - digits);
+  const std::size_t from = resp_.size();
+  resp_.resize(from + 1 + len + 2 + n + 2);  // grows geometrically, as append does
+  char* at = resp_.data() + from;
+  *at++ = '$';
+  at = copy(std::string_view(digits, len), at);
+  *at++ = '\r';
+  *at++ = '\n';
+  at[n] = '\r';
+  at[n + 1] = '\n';
+  return at;
+}
+
 void RedisConnection::eval(EvalRequest request, ReplyCallback cb) {
   // A miscounted request would desynchronise the connection's replies: it
   // is not sent.

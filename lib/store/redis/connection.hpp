@@ -35,6 +35,7 @@
 #include <atomic>
 #include <chrono>
 #include <cstdint>
+#include <cstring>
 #include <deque>
 #include <functional>
 #include <memory>
@@ -71,10 +72,8 @@ class EvalRequest {
   // One argument, the concatenation of `pieces`.
   template <class... P>
   EvalRequest& arg(const P&... pieces) {
-    const std::size_t n = (std::string_view(pieces).size() + ...);
-    header('$', n);
-    (resp_.append(std::string_view(pieces)), ...);
-    resp_.append("\r\n", 2);
+    char* at = open((std::string_view(pieces).size() + ...));
+    ((at = copy(std::string_view(pieces), at)), ...);
     ++written_;
     return *this;
   }
@@ -90,6 +89,13 @@ class EvalRequest {
  private:
   friend class RedisConnection;
   void header(char kind, std::size_t n);
+  // Appends a bulk string's header and its closing CRLF, `n` bytes apart,
+  // in one step; returns where the n bytes go.
+  char* open(std::size_t n);
+  static char* copy(std::string_view piece, char* at) noexcept {
+    if (!piece.empty()) std::memcpy(at, piece.data(), piece.size());
+    return at + piece.size();
+  }
   const Script* script_;
   std::string resp_;
   std::size_t body_at_ = 0;  // where the key count starts (after the sha)
