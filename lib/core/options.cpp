@@ -3,13 +3,16 @@
 #include <fmt/format.h>
 
 #include <cctype>
+#include <cerrno>
 #include <charconv>
 #include <cstdlib>
+#include <cstring>
 #include <fstream>
 
 #include <unistd.h>
 
 #include "core/option_checks.hpp"
+#include "core/tls.hpp"
 #include "core/url.hpp"
 #include "lockwatch/errors.hpp"
 
@@ -309,6 +312,20 @@ void detail::check_runtime_options(const Options& o) {
     throw InvalidArgument(
         fmt::format("Options::runtime.busy_poll must be kBusyPollAdaptive, 0 (off) or up to 10 ms, got {} us",
                     o.runtime.busy_poll.count()));
+}
+
+void detail::check_tls_files(const TlsOptions& o) {
+  if (o.cert_file.empty() != o.key_file.empty())
+    throw InvalidArgument("Options::tls.cert_file and tls.key_file go together (a client certificate needs its key)");
+  for (const auto& [option, path] : {std::pair{"tls.ca_file", &o.ca_file}, std::pair{"tls.cert_file", &o.cert_file},
+                                     std::pair{"tls.key_file", &o.key_file}}) {
+    if (path->empty()) continue;
+    // A clear message for a file that cannot even be opened, before a TLS
+    // library's less direct one.
+    std::ifstream f(*path);
+    if (!f)
+      throw InvalidArgument(fmt::format("Options::{}: cannot read '{}': {}", option, *path, std::strerror(errno)));
+  }
 }
 
 }  // namespace lockwatch

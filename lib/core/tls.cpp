@@ -1,16 +1,12 @@
 #include "core/tls.hpp"
 
-#include <arpa/inet.h>
 #include <openssl/err.h>
 #include <openssl/ssl.h>
 #include <openssl/x509v3.h>
 
 #include <fmt/format.h>
 
-#include <cerrno>
-#include <cstring>
-#include <fstream>
-
+#include "core/net.hpp"
 #include "lockwatch/errors.hpp"
 
 namespace lockwatch::detail {
@@ -28,23 +24,10 @@ std::string drain_errors() {
   return out;
 }
 
-bool is_ip_address(const std::string& host) {
-  unsigned char buf[sizeof(in6_addr)];
-  return inet_pton(AF_INET, host.c_str(), buf) == 1 || inet_pton(AF_INET6, host.c_str(), buf) == 1;
-}
-
-// A clear message for a file that cannot even be opened, before OpenSSL's
-// less direct one.
-void check_readable(const char* option, const std::string& path) {
-  std::ifstream f(path);
-  if (!f) throw InvalidArgument(fmt::format("Options::{}: cannot read '{}': {}", option, path, std::strerror(errno)));
-}
-
 }  // namespace
 
 std::shared_ptr<const TlsContext> TlsContext::make(const TlsOptions& o) {
-  if (o.cert_file.empty() != o.key_file.empty())
-    throw InvalidArgument("Options::tls.cert_file and tls.key_file go together (a client certificate needs its key)");
+  check_tls_files(o);
   std::shared_ptr<TlsContext> t(new TlsContext());
   t->server_name_ = o.server_name;
   t->verify_ = o.verify;
@@ -53,7 +36,6 @@ std::shared_ptr<const TlsContext> TlsContext::make(const TlsOptions& o) {
   if (t->ctx_ == nullptr) throw InvalidArgument("TLS: cannot create an OpenSSL context: " + drain_errors());
   SSL_CTX_set_min_proto_version(t->ctx_, TLS1_2_VERSION);
   if (!o.ca_file.empty()) {
-    check_readable("tls.ca_file", o.ca_file);
     if (SSL_CTX_load_verify_locations(t->ctx_, o.ca_file.c_str(), nullptr) != 1)
       throw InvalidArgument(
           fmt::format("Options::tls.ca_file: no CA certificate in '{}': {}", o.ca_file, drain_errors()));
@@ -61,8 +43,6 @@ std::shared_ptr<const TlsContext> TlsContext::make(const TlsOptions& o) {
     drain_errors();  // no system CAs: verification fails later, clearly
   }
   if (!o.cert_file.empty()) {
-    check_readable("tls.cert_file", o.cert_file);
-    check_readable("tls.key_file", o.key_file);
     if (SSL_CTX_use_certificate_chain_file(t->ctx_, o.cert_file.c_str()) != 1)
       throw InvalidArgument(
           fmt::format("Options::tls.cert_file: no certificate in '{}': {}", o.cert_file, drain_errors()));
@@ -98,7 +78,7 @@ SSL* TlsContext::new_session(const std::string& host, std::string& error) const 
   SSL_set_bio(ssl, rbio, wbio);
   SSL_set_connect_state(ssl);
   const std::string& name = server_name_.empty() ? host : server_name_;
-  const bool ip = is_ip_address(name);
+  const bool ip = numeric_host(name);
   bool ok = true;
   if (!ip) ok = SSL_set_tlsext_host_name(ssl, name.c_str()) == 1;  // SNI takes names only
   if (ok && verify_) {

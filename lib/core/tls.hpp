@@ -57,6 +57,12 @@ class TlsContext {
 
 // Throws InvalidArgument when the TLS options cannot work (see make()).
 void check_tls_options(const TlsOptions& options);
+// Throws InvalidArgument when the options name a certificate without its
+// key (or a key without one) or a file that cannot be read: the checks
+// that need no TLS library, so built with or without the `tls` feature
+// (core/options.cpp). make() makes them first; etcds://, whose TLS is
+// gRPC's, makes them alone.
+void check_tls_files(const TlsOptions& options);
 
 // What went wrong in a session, for an error message: OpenSSL's reasons and,
 // after a failed verification, why the certificate was refused. Empties the

@@ -52,6 +52,7 @@ struct EtcdClient::Member {
   std::unique_ptr<etcdserverpb::Lease::Stub> lease;
   std::unique_ptr<etcdserverpb::Watch::Stub> watch;
   std::unique_ptr<etcdserverpb::Auth::Stub> auth;
+  bool down = false;  // loop thread: as last reported
 };
 
 // A call or a stream, as the loop thread tracks it until it is answered.
@@ -150,7 +151,6 @@ EtcdClient::EtcdClient(Loop& loop, EtcdTarget target, const StoreSettings& setti
     member->auth = etcdserverpb::Auth::NewStub(member->channel);
     members_.push_back(std::move(member));
   }
-  member_down_.assign(members_.size(), false);
 }
 
 EtcdClient::~EtcdClient() {
@@ -196,8 +196,7 @@ std::string EtcdClient::endpoint(std::size_t member) const {
 
 void EtcdClient::member_answered(std::size_t member, const grpc::Status& status) {
   const bool down = no_answer(status.error_code());
-  if (member_down_[member] == down) return;
-  member_down_[member] = down;
+  if (std::exchange(members_[member]->down, down) == down) return;
   if (state_hook_) state_hook_(endpoint(member), !down, down ? error_of(status, member).message : std::string());
 }
 

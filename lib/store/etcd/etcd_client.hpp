@@ -131,7 +131,6 @@ class EtcdClient {
   const std::chrono::milliseconds command_timeout_;
   std::vector<std::unique_ptr<Member>> members_;
   std::size_t current_ = 0;  // loop thread
-  std::vector<bool> member_down_;  // loop thread: as last reported
   StateHook state_hook_;
   // Calls started whose last callback gRPC has not run yet: the
   // destructor waits for them.

@@ -102,11 +102,12 @@ bool failed(std::string& why, std::string text) {
 // with poll, bounded by a deadline, and gives up early when the clock stops.
 struct EtcdClock::Conn {
   EtcdClock& clock;
+  std::stop_token stop;
   int fd = -1;
   SSL* ssl = nullptr;
   std::string in;  // read and not yet consumed
 
-  explicit Conn(EtcdClock& c) : clock(c) {}
+  Conn(EtcdClock& c, std::stop_token s) : clock(c), stop(std::move(s)) {}
   ~Conn() {
 #if LOCKWATCH_WITH_TLS
     if (ssl != nullptr) SSL_free(ssl);
@@ -117,7 +118,7 @@ struct EtcdClock::Conn {
   // Waits until fd is ready for `events`, in slices, so that a stop is seen.
   bool wait(short events, steady_clock::time_point deadline, std::string& why) {
     for (;;) {
-      if (clock.stop_.stop_requested()) return failed(why, "the store is closing");
+      if (stop.stop_requested()) return failed(why, "the store is closing");
       auto left = duration_cast<milliseconds>(deadline - steady_clock::now());
       if (left <= milliseconds(0)) return failed(why, "no answer in time");
       pollfd p{fd, events, 0};
@@ -268,11 +269,6 @@ EtcdClock::EtcdClock(Loop& loop, EtcdTarget target, const StoreSettings& setting
   }
 }
 
-EtcdClock::~EtcdClock() {
-  stop_.request_stop();
-  if (thread_.joinable()) thread_.join();
-}
-
 std::optional<system_clock::time_point> EtcdClock::estimate() const {
   if (!state_->have || steady_clock::now() - state_->measured_at > kMaxAge) return std::nullopt;
   return state_->local() + state_->offset;
@@ -300,7 +296,7 @@ void EtcdClock::want_measure() {
   State& s = *state_;
   if (s.measuring) return;
   s.measuring = true;
-  if (!thread_.joinable()) thread_ = std::thread([this] { run(); });
+  if (!thread_.joinable()) thread_ = std::jthread([this](std::stop_token stop) { run(std::move(stop)); });
   {
     std::lock_guard lk(mu_);
     wanted_ = true;
@@ -311,24 +307,24 @@ void EtcdClock::want_measure() {
 void EtcdClock::close() {
   State& s = *state_;
   s.closed = true;
-  stop_.request_stop();
+  thread_.request_stop();
   for (auto& done : std::exchange(s.waiting, {})) s.answer(done);
 }
 
-void EtcdClock::run() {
+void EtcdClock::run(std::stop_token stop) {
   for (;;) {
     {
       std::unique_lock lk(mu_);
-      cv_.wait(lk, stop_.get_token(), [this] { return wanted_; });
-      if (stop_.stop_requested()) return;
+      cv_.wait(lk, stop, [this] { return wanted_; });
+      if (stop.stop_requested()) return;
       wanted_ = false;
     }
-    Measured m = measure();
+    Measured m = measure(stop);
     loop_.post([state = state_, m = std::move(m)] { state->measured(m); });
   }
 }
 
-EtcdClock::Measured EtcdClock::measure() {
+EtcdClock::Measured EtcdClock::measure(std::stop_token stop) {
   Measured out;
   if (target_.tls && !tls_) {
     out.error = StoreError::invalid(state_->name, "cannot read the members' clock over TLS: " + tls_error_);
@@ -336,15 +332,15 @@ EtcdClock::Measured EtcdClock::measure() {
   }
   std::string whys;
   for (std::size_t i = 0; i < target_.members.size(); ++i) {
-    Measured m = measure_member(i);
-    if (m.ok || stop_.stop_requested()) return m;
+    Measured m = measure_member(i, stop);
+    if (m.ok || stop.stop_requested()) return m;
     whys += (whys.empty() ? "" : "; ") + m.error.message;
   }
   out.error = StoreError::unavailable(state_->name, "no member's clock could be read: " + whys);
   return out;
 }
 
-EtcdClock::Measured EtcdClock::measure_member(std::size_t member) {
+EtcdClock::Measured EtcdClock::measure_member(std::size_t member, std::stop_token stop) {
   const EtcdTarget::Member& m = target_.members[member];
   const std::string endpoint = (target_.tls ? "https://" : "http://") + m.address();
   Measured out;
@@ -360,7 +356,7 @@ EtcdClock::Measured EtcdClock::measure_member(std::size_t member) {
   };
   auto sample = [&](Sample& s) -> bool {
     if (!conn) {
-      conn = std::make_unique<Conn>(*this);
+      conn = std::make_unique<Conn>(*this, stop);
       if (!conn->connect(m, steady_clock::now() + connect_timeout_, why)) return false;
     }
     bool keep = true;
@@ -380,8 +376,8 @@ EtcdClock::Measured EtcdClock::measure_member(std::size_t member) {
   while (steady_clock::now() < until) {
     {
       std::unique_lock lk(mu_);
-      cv_.wait_until(lk, stop_.get_token(), next_at, [] { return false; });
-      if (stop_.stop_requested()) return fail("the store is closing");
+      cv_.wait_until(lk, stop, next_at, [] { return false; });
+      if (stop.stop_requested()) return fail("the store is closing");
     }
     next_at = steady_clock::now() + kSampleGap;
     Sample s;

@@ -49,7 +49,6 @@ class EtcdClock {
 
   // `local` is this process's clock (tests give a skewed one).
   EtcdClock(Loop& loop, EtcdTarget target, const StoreSettings& settings, LocalClock local = {});
-  ~EtcdClock();
   EtcdClock(const EtcdClock&) = delete;
   EtcdClock& operator=(const EtcdClock&) = delete;
 
@@ -76,9 +75,9 @@ class EtcdClock {
  private:
   struct Conn;
   struct State;
-  void run();
-  Measured measure();
-  Measured measure_member(std::size_t member);
+  void run(std::stop_token stop);
+  Measured measure(std::stop_token stop);
+  Measured measure_member(std::size_t member, std::stop_token stop);
   void want_measure();  // loop thread
 
   Loop& loop_;
@@ -97,8 +96,9 @@ class EtcdClock {
   std::mutex mu_;
   std::condition_variable_any cv_;
   bool wanted_ = false;  // guarded by mu_
-  std::stop_source stop_;  // requested by close() and the destructor
-  std::thread thread_;  // loop thread starts it
+  // Loop thread starts it; asked to stop by close(), stopped and joined
+  // by the destructor.
+  std::jthread thread_;
 };
 
 }  // namespace lockwatch::detail

@@ -1,17 +1,12 @@
 #include "store/etcd/etcd_store.hpp"
 
-#include <fmt/format.h>
-
 #include <algorithm>
-#include <cerrno>
 #include <charconv>
-#include <cstring>
-#include <fstream>
-#include <optional>
 #include <vector>
 
 #include "core/countdown.hpp"
 #include "core/loop.hpp"
+#include "core/tls.hpp"
 #include "lockwatch/errors.hpp"
 #include "store/etcd/etcd_error.hpp"
 
@@ -80,16 +75,7 @@ void EtcdStore::check_options(const EtcdTarget& target, const Options& options) 
   if (!target.tls) return;
   if (!options.tls.verify)
     throw InvalidArgument("etcds:// always verifies the members' certificates: Options::tls.verify must stay true");
-  if (options.tls.cert_file.empty() != options.tls.key_file.empty())
-    throw InvalidArgument("Options::tls.cert_file and tls.key_file go together (a client certificate needs its key)");
-  for (const auto& [option, path] :
-       {std::pair{"tls.ca_file", &options.tls.ca_file}, std::pair{"tls.cert_file", &options.tls.cert_file},
-        std::pair{"tls.key_file", &options.tls.key_file}}) {
-    if (path->empty()) continue;
-    std::ifstream f(*path);
-    if (!f)
-      throw InvalidArgument(fmt::format("Options::{}: cannot read '{}': {}", option, *path, std::strerror(errno)));
-  }
+  check_tls_files(options.tls);
 }
 
 std::int64_t EtcdStore::lease_seconds(milliseconds ttl) noexcept {
