@@ -14,6 +14,8 @@
 #include <cstdlib>
 #include <cstring>
 #include <exception>
+#include <filesystem>
+#include <fstream>
 #include <map>
 #include <string>
 #include <thread>
@@ -29,6 +31,24 @@ inline double process_cpu_seconds() {
   getrusage(RUSAGE_SELF, &u);
   return static_cast<double>(u.ru_utime.tv_sec + u.ru_stime.tv_sec) +
          static_cast<double>(u.ru_utime.tv_usec + u.ru_stime.tv_usec) * 1e-6;
+}
+
+// CPU so far of this process's threads named `name` (the runtime's I/O
+// thread is "lw-loop"), from each one's schedstat (nanoseconds on a core):
+// a thread's own share, which other threads of the process (a benchmark's
+// probes, its callers) do not move. Threads that ended are not counted.
+inline double threads_cpu_seconds(const std::string& name) {
+  double total = 0;
+  std::error_code ec;
+  for (const auto& task : std::filesystem::directory_iterator("/proc/self/task", ec)) {
+    std::ifstream comm(task.path() / "comm");
+    std::string got;
+    if (!std::getline(comm, got) || got != name) continue;
+    std::ifstream stat(task.path() / "schedstat");
+    unsigned long long ns = 0;
+    if (stat >> ns) total += static_cast<double>(ns) * 1e-9;
+  }
+  return total;
 }
 
 // Context switches of this whole process so far (every thread), voluntary

@@ -27,6 +27,11 @@
 //                       probes cost (measured once per binary on an idle
 //                       runtime, see probe_cost()); us_cpu_gross_per_renewal
 //                       keeps it in. The wheel's ticking is part of the cost.
+//   us_loop_cpu_per_renewal  the runtime's I/O thread's CPU alone (its
+//                       schedstat) / renewals: the thread that sends and
+//                       answers every renewal; the probes' own threads and
+//                       the calibration do not move it (their answers, read
+//                       on this thread, do, a little)
 //   cmds_per_renewal    renewal commands / renewals (renew_commands delta):
 //                       round trips per renewal, as the client counts them
 //   srv_evals_per_renewal  EVALSHA + EVAL calls Redis saw (INFO
@@ -263,6 +268,7 @@ void BM_Watchdog(benchmark::State& state) {
     auto stats0 = rt.stats();
     auto cmds0 = command_calls();
     auto cpu0 = sample_cpu();
+    const double loop0 = threads_cpu_seconds("lw-loop");
     std::uint64_t confirmed0 = 0;
     for (auto& h : handles) confirmed0 += h.lease().renewals();
     auto hold_start = Clock::now();
@@ -271,6 +277,7 @@ void BM_Watchdog(benchmark::State& state) {
     auto stats1 = rt.stats();
     auto hold_end = Clock::now();
     auto cpu1 = sample_cpu();
+    const double loop_cpu = threads_cpu_seconds("lw-loop") - loop0;
     probe.join();
     auto cmds1 = command_calls();
     std::uint64_t confirmed1 = 0, lost_handles = 0;
@@ -320,6 +327,7 @@ void BM_Watchdog(benchmark::State& state) {
     c["renewals_ok"] = static_cast<double>(confirmed1 - confirmed0);
     c["us_cpu_per_renewal"] = std::max(0.0, self_cpu - probes * per_probe_cpu) * 1e6 / r;
     c["us_cpu_gross_per_renewal"] = self_cpu * 1e6 / r;
+    c["us_loop_cpu_per_renewal"] = loop_cpu * 1e6 / r;
     c["cmds_per_renewal"] = static_cast<double>(stats1.renew_commands - stats0.renew_commands) / r;
     c["wakeups_per_renewal"] = static_cast<double>(stats1.timer_wakeups - stats0.timer_wakeups) / r;
     c["min_slack_ms"] = static_cast<double>(stats1.min_renewal_slack.count()) / 1000.0;
