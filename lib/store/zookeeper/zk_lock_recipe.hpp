@@ -47,8 +47,9 @@ class ZkLockRecipe {
   void refuse(const Op& op, const StoreError& e);
   // A waiter's node lost to its span: a new one, at the back of the queue.
   void requeue(const Op& op);
-  // Busy: our node goes (or stays, a writer's mark), `watch` is read with
-  // watches, and the answer is busy for their shortest ttl (at most `cap`).
+  // Busy: our node goes, forgotten here (or stays, a writer's mark),
+  // `watch` is read with watches, and the answer is busy for their
+  // shortest ttl (at most `cap`).
   void wait_behind(const Op& op, std::vector<std::string> watch, bool keep_node, std::chrono::milliseconds cap);
   void read_watched(const Op& op, const std::vector<std::string>& watch, std::chrono::milliseconds cap);
   // Sets the directory's `fence` node to `data` (made if missing); `done`
