@@ -29,7 +29,7 @@ std::size_t ZkRenewal::renew(std::span<const LockRef> locks, std::shared_ptr<con
     ZkSession* s = h == holds.held.end() ? nullptr : sessions_.live(h->second.session);
     if (s == nullptr)
       gone.push_back(i);  // its session expired (or it was never ours)
-    else if (s->state != ZkSession::State::kConnected)
+    else if (!s->up)
       transient.push_back(i);
     else
       by_session[s->serial].push_back(RenewCheck{i, h->second.path, std::move(key), h->second.attempt, locks[i].ttl});

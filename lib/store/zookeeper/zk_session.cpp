@@ -124,7 +124,7 @@ void ZkSessions::open_handle(Session& s, const std::vector<std::string>& address
 
 ZkSessions::Session* ZkSessions::any_session() {
   for (auto& [ms, s] : sessions_)
-    if (s->zh != nullptr && s->state == Session::State::kConnected) return s.get();
+    if (s->zh != nullptr && s->up) return s.get();
   for (auto& [ms, s] : sessions_)
     if (s->zh != nullptr || s->awaiting_names) return s.get();
   return session_for(std::max(connection_.connect_timeout, milliseconds(2000)));
@@ -157,18 +157,16 @@ void ZkSessions::on_session_state(std::uint64_t serial, int state) {
   if (state == ZOO_CONNECTED_STATE) {
     connected(*s);
   } else if (state == ZOO_CONNECTING_STATE || state == ZOO_ASSOCIATING_STATE) {
-    if (s->state == Session::State::kConnected) {
-      s->state = Session::State::kDisconnected;
-      if (events_.connection) events_.connection(endpoint_, false, "connection to the ensemble lost");
-    }
+    // Told once, when it was up.
+    if (std::exchange(s->up, false) && events_.connection)
+      events_.connection(endpoint_, false, "connection to the ensemble lost");
   } else if (state == ZOO_EXPIRED_SESSION_STATE || state == ZOO_AUTH_FAILED_STATE) {
     ended(*s, state);
   }
 }
 
 void ZkSessions::connected(Session& s) {
-  const bool was_up = s.state == Session::State::kConnected;
-  s.state = Session::State::kConnected;
+  const bool was_up = std::exchange(s.up, true);
   ++s.connects;
   ++connections_;
   s.negotiated_ms = zoo_recv_timeout(s.zh);
@@ -257,7 +255,7 @@ void ZkSessions::make_node(Session& s, std::string path, std::function<void(int 
 bool ZkSessions::resend(std::uint64_t id, Pending& p) {
   Session* s = closed_ || Clock::now() >= p.deadline ? nullptr : live(p.session);
   if (s == nullptr) return false;
-  if (s->state == Session::State::kConnected && s->connects != p.connects)
+  if (s->up && s->connects != p.connects)
     issue_now(*s, id, p.again);  // it connected again before this answer came
   else
     s->parked.emplace_back(id, p.again);  // sent when it connects (connected())
@@ -273,7 +271,7 @@ void ZkSessions::send(Session& s, ZkReply reply, ZkIssue issue, bool read) {
   auto deadline = Clock::now() + connection_.command_timeout;
   if (s.connects == 0) deadline = std::min(deadline, s.started + connection_.connect_timeout);
   pending_.emplace(id, Pending{deadline, std::move(reply), read ? issue : ZkIssue{}, s.serial, 0});
-  if (!closed_ && (s.zh != nullptr || s.awaiting_names) && s.state != Session::State::kConnected) {
+  if (!closed_ && (s.zh != nullptr || s.awaiting_names) && !s.up) {
     s.parked.emplace_back(id, std::move(issue));  // sent on connecting, or timed out
     return;
   }

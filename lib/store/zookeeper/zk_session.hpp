@@ -62,12 +62,11 @@ struct ZkHolds {
 // One session: a zhandle_t and what the store knows of it.
 struct ZkSession {
   using Clock = std::chrono::steady_clock;
-  enum class State : std::uint8_t { kConnecting, kConnected, kDisconnected };
   std::uint64_t serial = 0;
   long long requested_ms = 0;
   zhandle_t* zh = nullptr;
   ZkWatchCtx* watch_ctx = nullptr;  // the global watcher's context, freed with zh
-  State state = State::kConnecting;
+  bool up = false;  // connected now: false until it first connects, and while its connection is lost
   int negotiated_ms = 0;
   std::uint32_t connects = 0;  // times it connected (again); 0: never yet
   // Its members' names are being looked up (off the loop): no handle yet,
