@@ -132,8 +132,8 @@ void ZkLockRecipe::created(const Op& op, bool parents_made, const ZkResult& r) {
   if (r.rc != ZOK) {
     // No answer: the node may be made yet (the client sends what it
     // queued once it connects), and the store removes it then.
-    if (zk::unreachable(r.rc)) abandon_attempt(op);
-    return fail(op, sessions_.error(r.rc, "creating the lock's node"));
+    const StoreError e = sessions_.error(r.rc, "creating the lock's node");
+    return zk::unreachable(r.rc) ? abandon(op, e) : fail(op, e);
   }
   op->path = r.value;
   op->czxid = r.stat.czxid;
@@ -157,8 +157,9 @@ void ZkLockRecipe::requeue(const Op& op) {
   create_node(op, true);
 }
 
-void ZkLockRecipe::abandon_attempt(const Op& op) {
+void ZkLockRecipe::abandon(const Op& op, const StoreError& e) {
   release_.remember_cleanup(ZkRelease::Cleanup{op->name, op->token, op->attempt, op->session});
+  fail(op, e);
 }
 
 void ZkLockRecipe::make_parents(Op op, int step) {
@@ -183,9 +184,8 @@ void ZkLockRecipe::list_nodes(Op op) {
 
 void ZkLockRecipe::listed(const Op& op, const ZkResult& r) {
   if (r.failure() != ZOK) {
-    abandon_attempt(op);
     forget(*op);
-    return fail(op, sessions_.error(r.failure(), "listing the lock's nodes"));
+    return abandon(op, sessions_.error(r.failure(), "listing the lock's nodes"));
   }
   auto nodes = zk::in_order(r.children);
   const std::string own_child = op->path.substr(op->path.rfind('/') + 1);
@@ -252,8 +252,7 @@ void ZkLockRecipe::refuse(const Op& op, const StoreError& e) {
   ZkSession* s = sessions_.live(op->session);
   if (s == nullptr) return fail(op, e);
   release_.delete_paths(*s, {op->path}, [this, op, e](int rc) {
-    if (rc != ZOK) abandon_attempt(op);
-    fail(op, e);
+    rc != ZOK ? abandon(op, e) : fail(op, e);
   });
 }
 
@@ -283,20 +282,15 @@ void ZkLockRecipe::grant(const Op& op) {
   if (op->kind.mode() == LockKind::Mode::kShared) return read_fence(*s, op, std::move(done));
   const bool permit = op->kind.mode() == LockKind::Mode::kPermits;
   write_fence(*s, op->dir, std::to_string(op->czxid), [this, op, done, permit](int rc, std::int64_t zxid) {
-    if (rc != ZOK) {
-      abandon_attempt(op);
-      return fail(op, sessions_.error(rc, "setting the lock's fencing token"));
-    }
+    if (rc != ZOK) return abandon(op, sessions_.error(rc, "setting the lock's fencing token"));
     done(static_cast<std::uint64_t>(permit ? zxid : op->czxid));
   });
 }
 
 void ZkLockRecipe::read_fence(ZkSession& s, const Op& op, std::function<void(std::uint64_t)> done) {
   sessions_.read(s, op->dir + "/" + zk::kFenceNode, false, [this, op, done = std::move(done)](const ZkResult& r) {
-    if (r.rc != ZOK && r.rc != ZNONODE) {
-      abandon_attempt(op);
-      return fail(op, sessions_.error(r.rc, "reading the last writer's fencing token"));
-    }
+    if (r.rc != ZOK && r.rc != ZNONODE)
+      return abandon(op, sessions_.error(r.rc, "reading the last writer's fencing token"));
     std::uint64_t fence = 0;
     if (r.rc == ZOK) std::from_chars(r.value.data(), r.value.data() + r.value.size(), fence);
     done(fence);
@@ -336,10 +330,7 @@ void ZkLockRecipe::wait_behind(const Op& op, std::vector<std::string> watch, boo
   // front unowned).
   forget(*op);
   release_.delete_paths(*s, {op->path}, [this, op, watch = std::move(watch), cap](int rc) {
-    if (rc != ZOK) {
-      abandon_attempt(op);
-      return fail(op, sessions_.error(rc, "removing a waiter's node"));
-    }
+    if (rc != ZOK) return abandon(op, sessions_.error(rc, "removing a waiter's node"));
     read_watched(op, watch, cap);
   });
 }

@@ -63,8 +63,9 @@ class ZkLockRecipe {
   // The session that made op's node; null when it ended (op forgotten
   // and failed, on the next turn).
   ZkSession* node_session(const Op& op);
-  // A node this attempt may have made, left to the cleanups.
-  void abandon_attempt(const Op& op);
+  // Fails the call with `e`, leaving a node this attempt may have made to
+  // the cleanups.
+  void abandon(const Op& op, const StoreError& e);
 
   ZkSessions& sessions_;
   ZkRelease& release_;
