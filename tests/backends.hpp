@@ -44,7 +44,7 @@
 #include <thread>
 
 #include "lockwatch/runtime.hpp"
-#include "store/zookeeper/zk_store.hpp"
+#include "store/zookeeper/zk_nodes.hpp"
 #include "support/zookeeper_ensemble.hpp"
 #endif
 
@@ -251,13 +251,13 @@ class ZooKeeperBackend final : public Backend {
     for (const auto& c : client().children(dir))
       if (c.rfind("lock-", 0) == 0) client().remove(dir + "/" + c);
     std::string made = client().create_ephemeral_sequential(
-        dir + "/lock-" + detail::ZkStore::escape(owner) + ".0-", owner + "\n" + std::to_string(ms.count()));
+        dir + "/lock-" + detail::zk::escape(owner) + ".0-", owner + "\n" + std::to_string(ms.count()));
     intruders_.emplace_back([made, ms] {
       std::this_thread::sleep_for(ms);  // the intruder's ttl
       client().remove(made);
     });
   }
-  long long now_ms() const override { return client().touch(detail::ZkStore::kRoot); }
+  long long now_ms() const override { return client().touch(detail::zk::kRoot); }
   long long last_period(const std::string& job) const override {
     auto v = client().get(dir_of("lockwatch:job:" + job) + "/period");
     return v ? std::stoll(*v) : -1;
@@ -284,16 +284,14 @@ class ZooKeeperBackend final : public Backend {
     for (;;) {
       try {
         ZooKeeperClient fresh(ensemble().hosts(), "lockwatch:right");
-        (void)fresh.touch(detail::ZkStore::kRoot);
+        (void)fresh.touch(detail::zk::kRoot);
         return;
       } catch (const std::exception&) {
         if (std::chrono::steady_clock::now() > until) throw;
       }
     }
   }
-  static std::string dir_of(const std::string& name) {
-    return std::string(detail::ZkStore::kRoot) + "/" + detail::ZkStore::escape(name);
-  }
+  static std::string dir_of(const std::string& name) { return detail::zk::dir_of(name); }
   static ZooKeeperClient& client() {
     static ZooKeeperClient* shared = new ZooKeeperClient(ensemble().hosts(), "lockwatch:right");
     return *shared;

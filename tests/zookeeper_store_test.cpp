@@ -27,7 +27,7 @@
 #include "core/loop.hpp"
 #include "lockwatch/lockwatch.hpp"
 #include "store/registry.hpp"
-#include "store/zookeeper/zk_store.hpp"
+#include "store/zookeeper/zk_nodes.hpp"
 #include "store_on_loop.hpp"
 #include "support/zookeeper_ensemble.hpp"
 #include "test_util.hpp"
@@ -118,9 +118,7 @@ class ZooKeeperStoreTest : public ::testing::Test {
     return get_bounded(f);
   }
   // Where the ensemble keeps the lock named `name` (the store's name).
-  static std::string lock_dir(const std::string& name) {
-    return std::string(detail::ZkStore::kRoot) + "/" + detail::ZkStore::escape(name);
-  }
+  static std::string lock_dir(const std::string& name) { return detail::zk::dir_of(name); }
   // The lock's nodes (sequential ones, not `fence`) as the ensemble has them.
   static std::vector<std::string> lock_nodes(const std::string& name) {
     ZooKeeperClient zk(ensemble_->hosts());

@@ -88,7 +88,7 @@
 #if LOCKWATCH_WITH_ZOOKEEPER
 #include <zookeeper/zookeeper.h>
 
-#include "store/zookeeper/zk_store.hpp"
+#include "store/zookeeper/zk_nodes.hpp"
 #endif
 
 using namespace std::chrono_literals;
@@ -717,14 +717,13 @@ class LockNodes {
     }
     if (zh_ == nullptr) zh_ = zookeeper_init2(where_of_.zk_hosts.c_str(), nullptr, 10000, nullptr, nullptr, 0, zk_no_log);
     if (zh_ == nullptr) return std::nullopt;
-    const std::string dir =
-        std::string(lockwatch::detail::ZkStore::kRoot) + "/" + lockwatch::detail::ZkStore::escape(sql_lock_name(key));
+    const std::string dir = lockwatch::detail::zk::dir_of(sql_lock_name(key));
     // A member may lag the leader, and a leader stopped for a while may
     // answer as one until it learns it was replaced (a sync would pass
     // there): a write first, which only the ensemble's quorum commits, so
     // that the read after it sees every write committed before.
     auto synced = std::make_shared<ZkWait>();
-    if (zoo_aset(zh_, lockwatch::detail::ZkStore::kRoot, "", 0, -1,
+    if (zoo_aset(zh_, lockwatch::detail::zk::kRoot, "", 0, -1,
                  [](int rc, const Stat*, const void* d) {
                    zk_done(static_cast<std::shared_ptr<ZkWait>*>(const_cast<void*>(d)), [&](ZkWait& w) { w.rc = rc; });
                  },

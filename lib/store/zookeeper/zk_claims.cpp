@@ -8,6 +8,7 @@ namespace lockwatch::detail {
 
 namespace {
 constexpr int kClaimAttempts = 5;  // a version changed under us: read again
+using Time = std::chrono::system_clock::time_point;
 }  // namespace
 
 struct ZkClaims::Claim : StoreClaim {
@@ -21,26 +22,17 @@ void ZkClaims::server_time(JobClaims::TimeDone done) {
       *sessions_.any_session(),
       [this, shared](const ZkResult& r) {
         if (r.rc == ZNONODE) return make_root(r.session, shared);
-        if (r.rc != ZOK || !r.has_stat) {
-          auto e = sessions_.error(r.rc != ZOK ? r.rc : ZMARSHALLINGERROR, "reading the ensemble's clock");
-          return (*shared)({}, &e);
-        }
-        (*shared)(std::chrono::system_clock::time_point(std::chrono::milliseconds(r.stat.mtime)), nullptr);
+        if (r.rc != ZOK) return sessions_.answer_failed(*shared, r.rc, "reading the ensemble's clock", Time{});
+        (*shared)(Time(std::chrono::milliseconds(r.stat.mtime)), nullptr);
       },
       [=](zhandle_t* zh, void* ctx) { return zoo_aset(zh, zk::kRoot, "", 0, -1, zk::on_stat_set, ctx); });
 }
 
 void ZkClaims::make_root(ZkSession* s, std::shared_ptr<JobClaims::TimeDone> shared) {
-  if (s == nullptr) {
-    auto e = sessions_.error(ZSESSIONEXPIRED, "reading the ensemble's clock");
-    return (*shared)({}, &e);
-  }
+  if (s == nullptr) return sessions_.answer_failed(*shared, ZSESSIONEXPIRED, "reading the ensemble's clock", Time{});
   sessions_.make_node(*s, zk::kRoot, [this, shared](int rc) {
-    if (rc != ZOK) {
-      auto e = sessions_.error(rc, "creating /lockwatch");
-      return (*shared)({}, &e);
-    }
-    server_time([shared](std::chrono::system_clock::time_point t, const StoreError* e) { (*shared)(t, e); });
+    if (rc != ZOK) return sessions_.answer_failed(*shared, rc, "creating /lockwatch", Time{});
+    server_time([shared](Time t, const StoreError* e) { (*shared)(t, e); });
   });
 }
 
@@ -105,7 +97,7 @@ void ZkClaims::claim_write(ZkSession& s, std::shared_ptr<Claim> c, bool exists, 
         else
           zoo_create_op_init(&ops[1], period_path.c_str(), value.data(), static_cast<int>(value.size()), acl,
                              ZOO_PERSISTENT, x->created.data(), static_cast<int>(x->created.size()));
-        return zoo_amulti(zh, 2, ops, x->results.data(), zk::on_multi, ctx);
+        return zoo_amulti(zh, 2, ops, x->results.data(), zk::on_void, ctx);
       });
 }
 

@@ -52,9 +52,9 @@ void ZkSink::forget_session(std::uint64_t serial) {
 ZkCloser::ZkCloser(std::shared_ptr<ZkSink> sink)
     : sink_(std::move(sink)), thread_([this](std::stop_token stop) { run(stop); }) {}
 
-void ZkCloser::close_later(zhandle_t* zh, void* watch_ctx) {
+void ZkCloser::close_later(zhandle_t* zh, ZkWatchCtx* watch_ctx) {
   if (zh == nullptr) {
-    delete static_cast<ZkWatchCtx*>(watch_ctx);
+    delete watch_ctx;
     return;
   }
   {
@@ -71,9 +71,8 @@ void ZkCloser::run(std::stop_token stop) {
     if (to_close_.empty()) return;  // stopped, and nothing is left to close
     auto batch = std::exchange(to_close_, {});
     lk.unlock();
-    for (auto& [zh, ctx] : batch) {
+    for (auto& [zh, w] : batch) {
       zookeeper_close(zh);
-      auto* w = static_cast<ZkWatchCtx*>(ctx);
       if (w != nullptr) sink_->forget_session(w->serial);
       delete w;
     }
@@ -83,64 +82,37 @@ void ZkCloser::run(std::stop_token stop) {
 
 namespace zk {
 
-namespace {
-
 void deliver(const void* data, ZkResult r) {
   auto* ctx = static_cast<ZkCtx*>(const_cast<void*>(data));
+  for (const auto& res : ctx->results) r.op_errors.push_back(res.err);
   const std::uint64_t id = ctx->id;
   auto sink = std::move(ctx->sink);
   sink->release_ctx(ctx);
   sink->post([id, r = std::move(r)](ZkSessions& s) mutable { s.complete(id, std::move(r)); });
 }
 
-// An answer of `rc`, with the node's stat when it succeeded.
-ZkResult with_stat(int rc, const Stat* stat) {
-  ZkResult r{rc};
-  if (rc == ZOK && stat != nullptr) {
-    r.has_stat = true;
-    r.stat = *stat;
-  }
-  return r;
+void fill(ZkResult& r, const Stat* stat) {
+  if (stat != nullptr) r.stat = *stat;
 }
 
-}  // namespace
+void fill(ZkResult& r, const char* path, const Stat* stat) {
+  if (path != nullptr) r.value = path;
+  fill(r, stat);
+}
+
+void fill(ZkResult& r, const char* value, int len, const Stat* stat) {
+  if (value != nullptr && len > 0) r.value.assign(value, static_cast<std::size_t>(len));
+  fill(r, stat);
+}
+
+void fill(ZkResult& r, const String_vector* strings) {
+  for (int i = 0; strings != nullptr && i < strings->count; ++i) r.children.emplace_back(strings->data[i]);
+}
 
 bool unreachable(int rc) {
   return rc == kNoHandle || rc == ZCONNECTIONLOSS || rc == ZOPERATIONTIMEOUT || rc == ZSESSIONEXPIRED ||
          rc == ZSESSIONMOVED || rc == ZCLOSING || rc == ZINVALIDSTATE || rc == ZSYSTEMERROR ||
          rc == ZMARSHALLINGERROR || rc == ZNOTHING || rc == ZNEWCONFIGNOQUORUM;
-}
-
-void on_void(int rc, const void* data) { deliver(data, ZkResult{rc}); }
-
-void on_data(int rc, const char* value, int len, const Stat* stat, const void* data) {
-  ZkResult r = with_stat(rc, stat);
-  if (rc == ZOK && value != nullptr && len > 0) r.value.assign(value, static_cast<std::size_t>(len));
-  deliver(data, std::move(r));
-}
-
-void on_strings(int rc, const String_vector* strings, const void* data) {
-  ZkResult r{rc};
-  if (rc == ZOK && strings != nullptr)
-    for (int i = 0; i < strings->count; ++i) r.children.emplace_back(strings->data[i]);
-  deliver(data, std::move(r));
-}
-
-void on_created(int rc, const char* path, const Stat* stat, const void* data) {
-  ZkResult r = with_stat(rc, stat);
-  if (rc == ZOK && path != nullptr) r.value = path;
-  deliver(data, std::move(r));
-}
-
-void on_created_path(int rc, const char* path, const void* data) { on_created(rc, path, nullptr, data); }
-
-void on_stat_set(int rc, const Stat* stat, const void* data) { deliver(data, with_stat(rc, stat)); }
-
-void on_multi(int rc, const void* data) {
-  ZkResult r{rc};
-  const auto* ctx = static_cast<const ZkCtx*>(data);
-  for (const auto& res : ctx->results) r.op_errors.push_back(res.err);
-  deliver(data, std::move(r));
 }
 
 void on_global_watch(zhandle_t*, int type, int state, const char* path, void* context) {

@@ -31,16 +31,19 @@ class Loop;
 class ZkSessions;
 struct ZkSession;
 struct ZkCtx;
+struct ZkWatchCtx;
 
 // A ZooKeeper answer, copied off the client's thread.
 struct ZkResult {
   int rc = ZOK;
-  bool has_stat = false;
-  Stat stat{};
+  Stat stat{};                          // the node's, when the call answers one and succeeded
   std::string value{};                  // a node's data, or the path created
   std::vector<std::string> children{};  // get_children
   std::vector<int> op_errors{};         // multi: each operation's outcome
   ZkSession* session = nullptr;         // set on the loop: the session that sent it, while it lives
+
+  // rc, or ZSESSIONEXPIRED for a success whose session ended meanwhile.
+  int failure() const { return rc != ZOK || session != nullptr ? rc : ZSESSIONEXPIRED; }
 };
 
 // What runs a request's answer (once, on the loop), and what makes its call
@@ -95,8 +98,8 @@ class ZkCloser {
   explicit ZkCloser(std::shared_ptr<ZkSink> sink);
   ZkCloser(const ZkCloser&) = delete;
   ZkCloser& operator=(const ZkCloser&) = delete;
-  // Closes `zh` (if any) and frees its watcher's context (a ZkWatchCtx).
-  void close_later(zhandle_t* zh, void* watch_ctx);
+  // Closes `zh` (if any) and frees its watcher's context.
+  void close_later(zhandle_t* zh, ZkWatchCtx* watch_ctx);
 
  private:
   void run(std::stop_token stop);
@@ -104,7 +107,7 @@ class ZkCloser {
   std::shared_ptr<ZkSink> sink_;
   std::mutex mu_;
   std::condition_variable_any cv_;
-  std::vector<std::pair<zhandle_t*, void*>> to_close_;
+  std::vector<std::pair<zhandle_t*, ZkWatchCtx*>> to_close_;
   std::jthread thread_;  // last: started once the rest is there, stopped and joined first
 };
 
@@ -119,14 +122,28 @@ bool unreachable(int rc);
 // An answer's failure where a node found gone counts as done (null: ZOK or ZNONODE).
 inline const int* failure_unless_gone(const ZkResult& r) { return r.rc == ZOK || r.rc == ZNONODE ? nullptr : &r.rc; }
 
-// The completions given to the client: each posts a ZkResult to the loop.
-void on_void(int rc, const void* data);
-void on_data(int rc, const char* value, int len, const Stat* stat, const void* data);
-void on_strings(int rc, const String_vector* strings, const void* data);
-void on_created(int rc, const char* path, const Stat* stat, const void* data);
-void on_created_path(int rc, const char* path, const void* data);
-void on_stat_set(int rc, const Stat* stat, const void* data);
-void on_multi(int rc, const void* data);
+// The completions given to the client, one per shape of answer (the
+// arguments between rc and the context), written once: answer() copies
+// what a successful answer carries into a ZkResult (fill()) and posts it
+// to the loop (deliver(), which adds a multi's outcome per operation).
+void deliver(const void* data, ZkResult r);
+void fill(ZkResult& r, const Stat* stat);
+void fill(ZkResult& r, const char* path, const Stat* stat = nullptr);
+void fill(ZkResult& r, const char* value, int len, const Stat* stat);
+void fill(ZkResult& r, const String_vector* strings);
+template <class... Args>
+void answer(int rc, Args... args, const void* data) {
+  ZkResult r{rc};
+  if constexpr (sizeof...(Args) > 0)
+    if (rc == ZOK) fill(r, args...);
+  deliver(data, std::move(r));
+}
+inline constexpr void_completion_t on_void = answer<>;  // a deletion's, a multi's
+inline constexpr stat_completion_t on_stat_set = answer<const Stat*>;
+inline constexpr data_completion_t on_data = answer<const char*, int, const Stat*>;
+inline constexpr strings_completion_t on_strings = answer<const String_vector*>;
+inline constexpr string_completion_t on_created_path = answer<const char*>;
+inline constexpr string_stat_completion_t on_created = answer<const char*, const Stat*>;
 // Every session's watcher: state changes and watches, posted to the loop.
 void on_global_watch(zhandle_t*, int type, int state, const char* path, void* context);
 // The client's log, silenced.

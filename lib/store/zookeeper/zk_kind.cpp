@@ -1,6 +1,7 @@
 #include "store/zookeeper/zk_kind.hpp"
 
 #include "lockwatch/errors.hpp"
+#include "store/zookeeper/zk_nodes.hpp"
 #include "store/zookeeper/zk_store.hpp"
 
 namespace lockwatch::detail {
@@ -9,7 +10,7 @@ constinit const StoreKind kZooKeeperStore{
     kZooKeeperSchemes, kZooKeeperUsage,
     [](const std::string& url, const Options& options) {
       ZkTarget::parse(url);
-      if (options.runtime.key_prefix.size() >= ZkStore::kMaxNameBytes)
+      if (options.runtime.key_prefix.size() >= zk::kMaxNameBytes)
         throw InvalidArgument(
             "Options::runtime.key_prefix leaves no room for a key in a ZooKeeper lock name (255 bytes)");
     },

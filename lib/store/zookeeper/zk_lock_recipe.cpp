@@ -77,11 +77,10 @@ bool ZkLockRecipe::repeat_held(Op& op) {
     return false;
   }
   if (op->ttl.count() > s->negotiated_ms) {
-    auto e = sessions_.refusal(
-        fmt::format("a repeated acquisition asks a ttl of {} ms, longer than the {} ms session that holds the "
-                    "lock: ZooKeeper cannot lengthen a session",
-                    op->ttl.count(), s->negotiated_ms));
-    fail_later(op, e);
+    fail_later(op, sessions_.refusal(fmt::format(
+                       "a repeated acquisition asks a ttl of {} ms, longer than the {} ms session that holds the "
+                       "lock: ZooKeeper cannot lengthen a session",
+                       op->ttl.count(), s->negotiated_ms)));
     return true;
   }
   static_cast<ZkHolds::Node&>(*op) = h->second;
@@ -117,8 +116,7 @@ void ZkLockRecipe::create_node(Op op, bool parents_made) {
   ZkSession* s = sessions_.session_for(op->ttl);
   op->session = s->serial;
   op->sent = Clock::now();
-  const std::string prefix = op->dir + "/" + std::string(zk::kNodePrefix) + zk::escape(op->token) + "." +
-                             std::to_string(op->attempt) + zk::mode_suffix(op->kind) + "-";
+  const std::string prefix = zk::node_prefix(op->dir, op->token, op->attempt, op->kind);
   const std::string data = zk::node_data(op->token, op->ttl, owner_);
   ACL_vector* acl = sessions_.acl();
   sessions_.send(
@@ -134,8 +132,8 @@ void ZkLockRecipe::created(const Op& op, bool parents_made, const ZkResult& r) {
   if (r.rc != ZOK) {
     // No answer: the node may be made yet (the client sends what it
     // queued once it connects), and the store removes it then.
-    if (zk::unreachable(r.rc)) abandon_attempt(op);
-    return fail(op, sessions_.error(r.rc, "creating the lock's node"));
+    const StoreError e = sessions_.error(r.rc, "creating the lock's node");
+    return zk::unreachable(r.rc) ? abandon(op, e) : fail(op, e);
   }
   op->path = r.value;
   op->czxid = r.stat.czxid;
@@ -159,8 +157,9 @@ void ZkLockRecipe::requeue(const Op& op) {
   create_node(op, true);
 }
 
-void ZkLockRecipe::abandon_attempt(const Op& op) {
+void ZkLockRecipe::abandon(const Op& op, const StoreError& e) {
   release_.remember_cleanup(ZkRelease::Cleanup{op->name, op->token, op->attempt, op->session});
+  fail(op, e);
 }
 
 void ZkLockRecipe::make_parents(Op op, int step) {
@@ -184,10 +183,9 @@ void ZkLockRecipe::list_nodes(Op op) {
 }
 
 void ZkLockRecipe::listed(const Op& op, const ZkResult& r) {
-  if (r.rc != ZOK || r.session == nullptr) {
-    abandon_attempt(op);
+  if (r.failure() != ZOK) {
     forget(*op);
-    return fail(op, sessions_.error(r.rc != ZOK ? r.rc : ZSESSIONEXPIRED, "listing the lock's nodes"));
+    return abandon(op, sessions_.error(r.failure(), "listing the lock's nodes"));
   }
   auto nodes = zk::in_order(r.children);
   const std::string own_child = op->path.substr(op->path.rfind('/') + 1);
@@ -228,23 +226,15 @@ void ZkLockRecipe::decide(const Op& op, const std::vector<std::string>& nodes, s
       // Behind readers only, our node stays (a mark that stops new readers).
       const bool readers_only =
           std::none_of(nodes.begin(), below, [](const std::string& n) { return zk::kind_of(n).exclusive_kind(); });
-      if (readers_only) {
-        wait_behind(op, {dir + nodes[at - 1]}, true, zk::mark_span(op->ttl, op->kind) / 2);
-      } else {
-        forget(*op);
-        wait_behind(op, {dir + nodes.front()}, false, milliseconds::max());
-      }
-      return;
+      if (readers_only) return wait_behind(op, {dir + nodes[at - 1]}, true, zk::mark_span(op->ttl, op->kind) / 2);
+      return wait_behind(op, {dir + nodes.front()}, false, milliseconds::max());
     }
     case LockKind::Mode::kShared: {
       // The nearest writer's node below ours is watched; not the lowest, it
       // is a waiting writer's mark: the next try comes by its end.
-      for (std::size_t i = at; i-- > 0;) {
-        if (zk::kind_of(nodes[i]).exclusive_kind()) {
-          forget(*op);
+      for (std::size_t i = at; i-- > 0;)
+        if (zk::kind_of(nodes[i]).exclusive_kind())
           return wait_behind(op, {dir + nodes[i]}, false, i == 0 ? milliseconds::max() : kinds::kWriterMark);
-        }
-      }
       break;
     }
     case LockKind::Mode::kPermits: {
@@ -252,7 +242,6 @@ void ZkLockRecipe::decide(const Op& op, const std::vector<std::string>& nodes, s
       if (at < n) break;
       std::vector<std::string> holders;
       for (std::size_t i = 0; i < n; ++i) holders.push_back(dir + nodes[i]);
-      forget(*op);
       return wait_behind(op, std::move(holders), false, milliseconds::max());
     }
   }
@@ -263,8 +252,7 @@ void ZkLockRecipe::refuse(const Op& op, const StoreError& e) {
   ZkSession* s = sessions_.live(op->session);
   if (s == nullptr) return fail(op, e);
   release_.delete_paths(*s, {op->path}, [this, op, e](int rc) {
-    if (rc != ZOK) abandon_attempt(op);
-    fail(op, e);
+    rc != ZOK ? abandon(op, e) : fail(op, e);
   });
 }
 
@@ -285,7 +273,7 @@ void ZkLockRecipe::grant(const Op& op) {
     op->from_mark = false;
   }
   auto done = [this, op, key](std::uint64_t fence) {
-    sessions_.holds.held[key] = ZkHolds::Held{*op, op->ttl, gone_by(watchdog_, op->sent, op->ttl), fence};
+    sessions_.holds.held[key] = ZkHolds::Held{*op, gone_by(watchdog_, op->sent, op->ttl), fence};
     finish(op, Acquired::taken(fence));
   };
   if (op->repeat) return done(op->fence);
@@ -294,20 +282,15 @@ void ZkLockRecipe::grant(const Op& op) {
   if (op->kind.mode() == LockKind::Mode::kShared) return read_fence(*s, op, std::move(done));
   const bool permit = op->kind.mode() == LockKind::Mode::kPermits;
   write_fence(*s, op->dir, std::to_string(op->czxid), [this, op, done, permit](int rc, std::int64_t zxid) {
-    if (rc != ZOK) {
-      abandon_attempt(op);
-      return fail(op, sessions_.error(rc, "setting the lock's fencing token"));
-    }
+    if (rc != ZOK) return abandon(op, sessions_.error(rc, "setting the lock's fencing token"));
     done(static_cast<std::uint64_t>(permit ? zxid : op->czxid));
   });
 }
 
 void ZkLockRecipe::read_fence(ZkSession& s, const Op& op, std::function<void(std::uint64_t)> done) {
   sessions_.read(s, op->dir + "/" + zk::kFenceNode, false, [this, op, done = std::move(done)](const ZkResult& r) {
-    if (r.rc != ZOK && r.rc != ZNONODE) {
-      abandon_attempt(op);
-      return fail(op, sessions_.error(r.rc, "reading the last writer's fencing token"));
-    }
+    if (r.rc != ZOK && r.rc != ZNONODE)
+      return abandon(op, sessions_.error(r.rc, "reading the last writer's fencing token"));
     std::uint64_t fence = 0;
     if (r.rc == ZOK) std::from_chars(r.value.data(), r.value.data() + r.value.size(), fence);
     done(fence);
@@ -321,7 +304,7 @@ void ZkLockRecipe::write_fence(ZkSession& s, const std::string& dir, std::string
   const std::string path = dir + "/" + zk::kFenceNode;
   auto reply = [this, dir, data, done, step](const ZkResult& r) {
     const bool again = step == 0 ? r.rc == ZNONODE || r.rc == ZNODEEXISTS : step == 1 && r.rc == ZNODEEXISTS;
-    if (!again) return done(r.rc, r.rc == ZOK && r.has_stat ? r.stat.mzxid : 0);
+    if (!again) return done(r.rc, r.rc == ZOK ? r.stat.mzxid : 0);
     if (r.session == nullptr) return done(step == 0 ? r.rc : ZSESSIONEXPIRED, 0);
     write_fence(*r.session, dir, data, done, step + 1);
   };
@@ -345,11 +328,9 @@ void ZkLockRecipe::wait_behind(const Op& op, std::vector<std::string> watch, boo
   }
   // Our node goes (confirmed first, so that none is left to come to the
   // front unowned).
+  forget(*op);
   release_.delete_paths(*s, {op->path}, [this, op, watch = std::move(watch), cap](int rc) {
-    if (rc != ZOK) {
-      abandon_attempt(op);
-      return fail(op, sessions_.error(rc, "removing a waiter's node"));
-    }
+    if (rc != ZOK) return abandon(op, sessions_.error(rc, "removing a waiter's node"));
     read_watched(op, watch, cap);
   });
 }

@@ -47,8 +47,9 @@ class ZkLockRecipe {
   void refuse(const Op& op, const StoreError& e);
   // A waiter's node lost to its span: a new one, at the back of the queue.
   void requeue(const Op& op);
-  // Busy: our node goes (or stays, a writer's mark), `watch` is read with
-  // watches, and the answer is busy for their shortest ttl (at most `cap`).
+  // Busy: our node goes, forgotten here (or stays, a writer's mark),
+  // `watch` is read with watches, and the answer is busy for their
+  // shortest ttl (at most `cap`).
   void wait_behind(const Op& op, std::vector<std::string> watch, bool keep_node, std::chrono::milliseconds cap);
   void read_watched(const Op& op, const std::vector<std::string>& watch, std::chrono::milliseconds cap);
   // Sets the directory's `fence` node to `data` (made if missing); `done`
@@ -62,8 +63,9 @@ class ZkLockRecipe {
   // The session that made op's node; null when it ended (op forgotten
   // and failed, on the next turn).
   ZkSession* node_session(const Op& op);
-  // A node this attempt may have made, left to the cleanups.
-  void abandon_attempt(const Op& op);
+  // Fails the call with `e`, leaving a node this attempt may have made to
+  // the cleanups.
+  void abandon(const Op& op, const StoreError& e);
 
   ZkSessions& sessions_;
   ZkRelease& release_;

@@ -61,45 +61,37 @@ std::string hold_key(std::string_view name, std::string_view token) {
   return key;
 }
 
-std::int64_t seq_of(std::string_view child, std::string_view* token) {
-  if (child.size() < kNodePrefix.size() + kSeqDigits + 1 || child.substr(0, kNodePrefix.size()) != kNodePrefix)
-    return -1;
-  std::string_view digits = child.substr(child.size() - kSeqDigits);
-  if (child[child.size() - kSeqDigits - 1] != '-') return -1;
+NodeName parse_node(std::string_view child) {
+  NodeName n;
+  const std::size_t end = child.size() - kSeqDigits - 1;  // where "-<sequence>" starts
+  if (child.size() < kNodePrefix.size() + kSeqDigits + 1 || !child.starts_with(kNodePrefix) || child[end] != '-')
+    return n;
+  std::string_view digits = child.substr(end + 1);
   std::int64_t seq = 0;
   auto [p, ec] = std::from_chars(digits.data(), digits.data() + digits.size(), seq);
-  if (ec != std::errc() || p != digits.data() + digits.size()) return -1;
-  if (token != nullptr)
-    *token = child.substr(kNodePrefix.size(), child.size() - kNodePrefix.size() - kSeqDigits - 1);
-  return seq;
+  if (ec != std::errc() || p != digits.data() + digits.size()) return n;
+  n.seq = seq;
+  std::string_view rest = child.substr(kNodePrefix.size(), end - kNodePrefix.size());
+  n.token = rest.substr(0, rest.find('.'));
+  if (n.token.size() == rest.size()) return n;
+  rest.remove_prefix(n.token.size() + 1);
+  n.attempt = rest.substr(0, rest.find('.'));
+  if (n.attempt.size() < rest.size()) n.mode = rest.substr(n.attempt.size() + 1);
+  return n;
 }
 
-std::pair<std::string_view, std::string_view> owner_of(std::string_view child) {
-  std::string_view t;
-  if (seq_of(child, &t) < 0) return {};
-  auto dot = t.find('.');
-  if (dot == std::string_view::npos) return {t, {}};
-  std::string_view rest = t.substr(dot + 1);
-  return {t.substr(0, dot), rest.substr(0, rest.find('.'))};
+std::string node_prefix(std::string_view dir, std::string_view token, std::uint64_t attempt, LockKind kind) {
+  const std::string mode = kinds::marker(kind, kNodeMarkers);
+  return std::string(dir) + "/" + std::string(kNodePrefix) + escape(token) + "." + std::to_string(attempt) +
+         (mode.empty() ? "" : "." + mode) + "-";
 }
 
-LockKind kind_of(std::string_view child) {
-  std::string_view t;
-  if (seq_of(child, &t) < 0) return LockKind::exclusive();
-  auto first = t.find('.');
-  auto second = first == std::string_view::npos ? first : t.find('.', first + 1);
-  if (second == std::string_view::npos) return LockKind::exclusive();
-  return kinds::kind_of_marker(t.substr(second + 1), kNodeMarkers);
-}
-
-std::string mode_suffix(LockKind kind) {
-  return kind.mode() == LockKind::Mode::kExclusive ? "" : "." + kinds::marker(kind, kNodeMarkers);
-}
+LockKind kind_of(std::string_view child) { return kinds::kind_of_marker(parse_node(child).mode, kNodeMarkers); }
 
 std::vector<std::string> in_order(std::vector<std::string> children) {
-  std::erase_if(children, [](const std::string& c) { return seq_of(c) < 0; });
+  std::erase_if(children, [](const std::string& c) { return parse_node(c).seq < 0; });
   std::sort(children.begin(), children.end(),
-            [](const std::string& a, const std::string& b) { return seq_of(a) < seq_of(b); });
+            [](const std::string& a, const std::string& b) { return parse_node(a).seq < parse_node(b).seq; });
   return children;
 }
 

@@ -28,7 +28,7 @@ inline constexpr std::size_t kMaxNameBytes = 255;
 inline constexpr std::string_view kNodePrefix = "lock-";
 inline constexpr const char* kFenceNode = "fence";
 inline constexpr const char* kPeriodNode = "period";
-// The kinds' marks in a node's name (kind_of()).
+// The kinds' marks in a node's name (node_prefix(), kind_of()).
 inline constexpr kinds::Markers kNodeMarkers{"r", "p", "f"};
 
 // A name or token as node-name text: letters, digits and "_:-=" as they
@@ -41,17 +41,20 @@ std::string dir_of(std::string_view name);
 // The key the store's tables know a lock by (name + '\0' + token).
 std::string hold_key(std::string_view name, std::string_view token);
 
-// A child's sequence number (-1: not one of ours) and escaped token.
-std::int64_t seq_of(std::string_view child, std::string_view* token = nullptr);
-// A child's escaped token and attempt ("<token>.<attempt>[.<mode>]"; an
-// escaped token has no '.').
-std::pair<std::string_view, std::string_view> owner_of(std::string_view child);
-// How a child holds (see above); a node a client without kinds made is a
+// A child's name in its parts, lock-<token>.<attempt>[.<mode>]-<sequence>
+// (an escaped token has no '.'): `seq` -1 when it is not one of ours.
+struct NodeName {
+  std::int64_t seq = -1;
+  std::string_view token, attempt, mode;  // the token escaped
+};
+NodeName parse_node(std::string_view child);
+// The path of the node `token`'s `attempt` makes in `dir`, but for the
+// sequence the ensemble appends; its mode says `kind` (none: exclusive).
+std::string node_prefix(std::string_view dir, std::string_view token, std::uint64_t attempt, LockKind kind);
+// How a child holds (its mode); a node a client without kinds made is a
 // writer, so that such a client and this one never hold a reader beside a
 // writer; an unknown mode too (the strictest reading).
 LockKind kind_of(std::string_view child);
-// The mode a node's name carries for `kind` (see kind_of).
-std::string mode_suffix(LockKind kind);
 // The lock's nodes in sequence order.
 std::vector<std::string> in_order(std::vector<std::string> children);
 // Of a lock's nodes in order, those that hold it: the lowest (exclusive,

@@ -13,10 +13,7 @@ void ZkOperatorTools::inspect(std::string_view name, InspectDone done) {
   const std::string dir = zk::dir_of(name);
   sessions_.list(*sessions_.any_session(), dir, [this, dir, done = std::move(done)](const ZkResult& r) {
     if (r.rc == ZNONODE) return done(LockInfo{}, nullptr);
-    if (r.rc != ZOK) {
-      auto e = sessions_.error(r.rc, "listing the lock's nodes");
-      return done(LockInfo{}, &e);
-    }
+    if (r.rc != ZOK) return sessions_.answer_failed(done, r.rc, "listing the lock's nodes", LockInfo{});
     read_holders(r.session, dir, zk::holding(zk::in_order(r.children)), done);
   });
 }
@@ -60,8 +57,7 @@ void ZkOperatorTools::read_holders(ZkSession* s, const std::string& dir, std::ve
       nodes.size(), {std::vector<ZkResult>(nodes.size())},
       [this, kind = zk::kind_of(nodes.front()), done = std::move(done)](auto& c) {
         if (!c.failure) return done(holders_of(kind, c.answers), nullptr);
-        auto e = sessions_.error(*c.failure, "reading the holders' nodes");
-        done(LockInfo{}, &e);
+        sessions_.answer_failed(done, *c.failure, "reading the holders' nodes", LockInfo{});
       });
   for (std::size_t i = 0; i < nodes.size(); ++i) {
     sessions_.read(*s, dir + "/" + nodes[i], false, [all, i](const ZkResult& r) {
@@ -87,10 +83,8 @@ void ZkOperatorTools::list_locks(std::string_view prefix, std::size_t limit, Lis
   listing->done = std::move(done);
   sessions_.list(*s, zk::kRoot, [this, listing, escaped](const ZkResult& r) {
     if (r.rc == ZNONODE) return listing->done({}, nullptr);
-    if (r.rc != ZOK) {
-      auto e = sessions_.error(r.rc, "listing the locks' directories");
-      return listing->done({}, &e);
-    }
+    if (r.rc != ZOK)
+      return sessions_.answer_failed(listing->done, r.rc, "listing the locks' directories", std::vector<LockInfo>{});
     // Escaping is per byte: a name under the prefix escapes to a child under the escaped prefix.
     for (const auto& child : r.children) {
       std::string name;
@@ -138,15 +132,11 @@ void ZkOperatorTools::force_release(std::string_view name, ForceDone done) {
   sessions_.list(*sessions_.any_session(), dir, [this, dir, done = std::move(done)](const ZkResult& r) {
     if (r.rc == ZNONODE) return done(false, nullptr);
     auto nodes = zk::in_order(r.children);
-    if (r.rc != ZOK || r.session == nullptr) {
-      auto e = sessions_.error(r.rc != ZOK ? r.rc : ZSESSIONEXPIRED, "listing the lock's nodes");
-      return done(false, &e);
-    }
+    if (r.failure() != ZOK) return sessions_.answer_failed(done, r.failure(), "listing the lock's nodes", false);
     if (nodes.empty()) return done(false, nullptr);
     release_.delete_paths(*r.session, {dir + "/" + nodes.front()}, [this, done](int rc) {
       if (rc == ZOK) return done(true, nullptr);
-      auto e = sessions_.error(rc, "deleting the holder's node");
-      done(false, &e);
+      sessions_.answer_failed(done, rc, "deleting the holder's node", false);
     });
   });
 }

@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <iterator>
 
 #include "core/countdown.hpp"
 #include "core/timing.hpp"
@@ -19,19 +20,14 @@ ZkRelease::ZkRelease(ZkSessions& sessions, const StoreSettings& settings, const 
       cleanup_backoff_(settings.connection.reconnect_min, settings.connection.reconnect_max) {}
 
 void ZkRelease::close() {
-  for (auto& [when, f] : std::exchange(deferred_, {})) f();
+  for (auto& g : std::exchange(giving_up_, {})) g->unconfirmed();
 }
 
 void ZkRelease::tick(Clock::time_point now) {
-  if (!deferred_.empty()) {
-    std::vector<std::function<void()>> due;
-    std::erase_if(deferred_, [&](auto& d) {
-      if (d.first > now) return false;
-      due.push_back(std::move(d.second));
-      return true;
-    });
-    for (auto& f : due) f();
-  }
+  auto due = std::stable_partition(giving_up_.begin(), giving_up_.end(), [&](auto& g) { return g->next > now; });
+  std::vector<std::shared_ptr<GiveUp>> looks(std::make_move_iterator(due), std::make_move_iterator(giving_up_.end()));
+  giving_up_.erase(due, giving_up_.end());
+  for (auto& g : looks) retry_give_up(g);
   if (next_cleanup_ != Clock::time_point{} && now >= next_cleanup_) {
     next_cleanup_ = {};
     run_cleanups();
@@ -119,8 +115,7 @@ milliseconds ZkRelease::end_sessions(const Cleanup& c) {
   milliseconds wait{0};
   for (ZkSession* s : ending) {
     wait = std::max(wait, milliseconds(std::max<long long>(s->negotiated_ms, s->requested_ms)));
-    const bool had_locks = sessions_.holds.any_held_on(s->serial);
-    sessions_.retire(s);
+    const bool had_locks = sessions_.retire(s);
     if (events_.log)
       events_.log(true, fmt::format("{}: a lock's release could not be confirmed; its session ends so that the "
                                     "ensemble removes its node{}",
@@ -140,10 +135,8 @@ void ZkRelease::retry_give_up(std::shared_ptr<GiveUp> g) {
       return g->answer(st, nullptr);
     }
     if (Clock::now() >= g->until || sessions_.closed()) return g->unconfirmed();
-    deferred_.emplace_back(std::min(g->until, Clock::now() + settings_.connection.reconnect_min), [this, g] {
-      if (sessions_.closed()) return g->unconfirmed();
-      retry_give_up(g);
-    });
+    g->next = std::min(g->until, Clock::now() + settings_.connection.reconnect_min);
+    giving_up_.push_back(g);
   });
 }
 
@@ -161,22 +154,19 @@ void ZkRelease::delete_nodes(const Cleanup& c, Removed done) {
   const std::string dir = zk::dir_of(c.name);
   sessions_.list(*s, dir, [this, dir, c, done = std::move(done)](const ZkResult& r) {
     if (r.rc == ZNONODE || (r.rc == ZSESSIONEXPIRED && c.session != 0)) return done(Released::kGone, nullptr);
-    if (r.rc != ZOK || r.session == nullptr) {
-      auto e = sessions_.error(r.rc != ZOK ? r.rc : ZSESSIONEXPIRED, "listing the lock's nodes");
-      return done(Released::kUnconfirmed, &e);
-    }
+    if (r.failure() != ZOK)
+      return sessions_.answer_failed(done, r.failure(), "listing the lock's nodes", Released::kUnconfirmed);
     const std::string token = zk::escape(c.token);
     const std::string attempt = std::to_string(c.attempt);
     std::vector<std::string> mine;
     for (const auto& n : r.children) {
-      auto [t, a] = zk::owner_of(n);
-      if (t == token && (c.attempt == 0 || a == attempt)) mine.push_back(dir + "/" + n);
+      const zk::NodeName node = zk::parse_node(n);
+      if (node.token == token && (c.attempt == 0 || node.attempt == attempt)) mine.push_back(dir + "/" + n);
     }
     if (mine.empty()) return done(Released::kGone, nullptr);
     delete_paths(*r.session, mine, [this, done](int rc) {
       if (rc == ZOK) return done(Released::kYes, nullptr);
-      auto e = sessions_.error(rc, "deleting the lock's node");
-      done(Released::kUnconfirmed, &e);
+      sessions_.answer_failed(done, rc, "deleting the lock's node", Released::kUnconfirmed);
     });
   });
 }
@@ -189,9 +179,6 @@ void ZkRelease::remove(Cleanup c, Removed done) {
 }
 
 void ZkRelease::delete_paths(ZkSession& s, std::vector<std::string> paths, std::function<void(int rc)> done) {
-  if (paths.empty()) {
-    return sessions_.post([done = std::move(done)] { done(ZOK); });
-  }
   auto all = Countdown<int>::make(paths.size(), {}, [done = std::move(done)](auto& c) {
     done(c.failure.value_or(ZOK));  // ZNONODE: gone already
   });

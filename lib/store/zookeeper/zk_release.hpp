@@ -48,7 +48,8 @@ class ZkRelease final : public FairQueue {
   // Deletes the nodes `c` names, kept at as a cleanup if unconfirmed;
   // `done` (if any) gets the outcome.
   void remove(Cleanup c, Removed done = {});
-  // Deletes `paths` on `s`; `done` gets ZOK once each is gone (or was).
+  // Deletes `paths` (one or more) on `s`; `done` gets ZOK once each is
+  // gone (or was).
   void delete_paths(ZkSession& s, std::vector<std::string> paths, std::function<void(int rc)> done);
   // Nodes whose removal is unconfirmed, tried again (see above).
   void remember_cleanup(Cleanup c);
@@ -64,6 +65,7 @@ class ZkRelease final : public FairQueue {
     StoreError why;
     Removed answer;  // found gone or removed meanwhile, else unconfirmed after `until`
     Clock::time_point until;
+    Clock::time_point next{};  // its next look, while in giving_up_
     bool answered = false;
     void unconfirmed() {
       if (answered) return;
@@ -82,8 +84,8 @@ class ZkRelease final : public FairQueue {
   const StoreSettings& settings_;
   const StoreEvents& events_;
   std::vector<Cleanup> cleanups_;  // nodes whose removal is unconfirmed
-  // Answers due later (give_up_release), run by tick().
-  std::vector<std::pair<Clock::time_point, std::function<void()>>> deferred_;
+  // Give-ups waiting for their next look, run by tick().
+  std::vector<std::shared_ptr<GiveUp>> giving_up_;
   bool cleaning_ = false;
   Backoff cleanup_backoff_;
   Clock::time_point next_cleanup_{};  // when the cleanups run again ({}: not scheduled)

@@ -29,7 +29,7 @@ std::size_t ZkRenewal::renew(std::span<const LockRef> locks, std::shared_ptr<con
     ZkSession* s = h == holds.held.end() ? nullptr : sessions_.live(h->second.session);
     if (s == nullptr)
       gone.push_back(i);  // its session expired (or it was never ours)
-    else if (s->state != ZkSession::State::kConnected)
+    else if (!s->up)
       transient.push_back(i);
     else
       by_session[s->serial].push_back(RenewCheck{i, h->second.path, std::move(key), h->second.attempt, locks[i].ttl});
@@ -57,7 +57,7 @@ std::size_t ZkRenewal::renew(std::span<const LockRef> locks, std::shared_ptr<con
             c->results.resize(chunk->size());
             std::vector<zoo_op_t> ops(chunk->size());
             for (std::size_t k = 0; k < chunk->size(); ++k) zoo_check_op_init(&ops[k], (*chunk)[k].path.c_str(), -1);
-            return zoo_amulti(zh, static_cast<int>(ops.size()), ops.data(), c->results.data(), zk::on_multi, ctx);
+            return zoo_amulti(zh, static_cast<int>(ops.size()), ops.data(), c->results.data(), zk::on_void, ctx);
           });
     }
   }

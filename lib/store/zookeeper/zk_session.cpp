@@ -18,13 +18,9 @@ using std::chrono::milliseconds;
 
 // ---- the holds
 
-bool ZkHolds::any_held_on(std::uint64_t session) const {
-  return std::any_of(held.begin(), held.end(), [&](const auto& h) { return h.second.session == session; });
-}
-
-void ZkHolds::drop_session(std::uint64_t session) {
-  std::erase_if(held, [&](const auto& h) { return h.second.session == session; });
+bool ZkHolds::drop_session(std::uint64_t session) {
   std::erase_if(marks, [&](const auto& m) { return m.second.session == session; });
+  return std::erase_if(held, [&](const auto& h) { return h.second.session == session; }) != 0;
 }
 
 // ---- set-up
@@ -49,7 +45,7 @@ ZkSessions::Session* ZkSessions::session_for(milliseconds ttl) {
   auto it = sessions_.find(ms);
   if (it != sessions_.end() && (it->second->zh != nullptr || it->second->awaiting_names)) return it->second.get();
   if (it != sessions_.end()) {  // its set-up failed: try again
-    delete static_cast<ZkWatchCtx*>(it->second->watch_ctx);
+    delete it->second->watch_ctx;
     sessions_.erase(it);
   }
   auto s = std::make_unique<Session>();
@@ -76,7 +72,7 @@ void ZkSessions::look_up_names(Session& s) {
     found.addresses.push_back(numeric ? host : std::string());
     if (!numeric) ++names;
   }
-  if (names == 0) return open_handle(s, target_.connect_string());
+  if (names == 0) return open_handle(s, found.addresses);
   s.awaiting_names = true;
   auto all = Countdown<int, Lookup>::make(names, std::move(found), [sink = sink_, serial = s.serial,
                                                                    ms = s.requested_ms](auto& c) {
@@ -96,8 +92,11 @@ void ZkSessions::look_up_names(Session& s) {
 void ZkSessions::names_resolved(long long ms, std::uint64_t serial, const std::vector<std::string>& addresses) {
   auto it = sessions_.find(ms);
   if (closed_ || it == sessions_.end() || it->second->serial != serial) return;
-  Session& s = *it->second;
-  s.awaiting_names = false;
+  it->second->awaiting_names = false;
+  open_handle(*it->second, addresses);
+}
+
+void ZkSessions::open_handle(Session& s, const std::vector<std::string>& addresses) {
   std::string hosts;
   for (std::size_t i = 0; i < addresses.size(); ++i) {
     if (addresses[i].empty()) continue;
@@ -105,31 +104,27 @@ void ZkSessions::names_resolved(long long ms, std::uint64_t serial, const std::v
     hosts += host_port(addresses[i], target_.hosts[i].second);
   }
   if (!hosts.empty()) {
-    open_handle(s, hosts + target_.chroot);
-    if (s.zh != nullptr) return;  // parked requests go once it connects
+    s.watch_ctx = new ZkWatchCtx{sink_, s.serial};
+    // The timeout is an int of ms; the ensemble bounds it anyway.
+    const int timeout = static_cast<int>(std::min<long long>(s.requested_ms, 1LL << 30));
+    s.zh = zookeeper_init2((hosts + target_.chroot).c_str(), zk::on_global_watch, timeout, nullptr, s.watch_ctx, 0,
+                           zk::drop_log);
   }
-  // No member's name resolved: what waited fails now (kNoHandle), and
-  // the next request starts over.
-  for (auto& [id, issue] : std::exchange(s.parked, {})) issue_now(s, id, issue);
-}
-
-void ZkSessions::open_handle(Session& s, const std::string& hosts) {
-  auto* w = new ZkWatchCtx{sink_, s.serial};
-  s.watch_ctx = w;
-  // The timeout is an int of ms; the ensemble bounds it anyway.
-  const int timeout = static_cast<int>(std::min<long long>(s.requested_ms, 1LL << 30));
-  s.zh = zookeeper_init2(hosts.c_str(), zk::on_global_watch, timeout, nullptr, w, 0, zk::drop_log);
   if (s.zh != nullptr && target_.digest()) {
     const std::string cred = target_.user + ":" + target_.password;
     // Digest authentication is not checked when it is added: it gives the
     // session an identity, which the nodes' ACLs then admit or refuse.
     zoo_add_auth(s.zh, "digest", cred.data(), static_cast<int>(cred.size()), nullptr, nullptr);
   }
+  if (s.zh != nullptr) return;  // parked requests go once it connects
+  // No member's name resolved (or no handle could be made): what waited
+  // fails now (kNoHandle), and the next request starts over.
+  for (auto& [id, issue] : std::exchange(s.parked, {})) issue_now(s, id, issue);
 }
 
 ZkSessions::Session* ZkSessions::any_session() {
   for (auto& [ms, s] : sessions_)
-    if (s->zh != nullptr && s->state == Session::State::kConnected) return s.get();
+    if (s->zh != nullptr && s->up) return s.get();
   for (auto& [ms, s] : sessions_)
     if (s->zh != nullptr || s->awaiting_names) return s.get();
   return session_for(std::max(connection_.connect_timeout, milliseconds(2000)));
@@ -146,11 +141,12 @@ ZkSessions::Session* ZkSessions::live(std::uint64_t serial) {
   return s != nullptr && s->zh != nullptr ? s : nullptr;
 }
 
-void ZkSessions::retire(Session* s) {
+bool ZkSessions::retire(Session* s) {
   for (auto& [id, issue] : std::exchange(s->parked, {})) fail_later(id, ZSESSIONEXPIRED);
   closer_.close_later(s->zh, s->watch_ctx);
-  holds.drop_session(s->serial);
+  const bool had_locks = holds.drop_session(s->serial);
   sessions_.erase(s->requested_ms);
+  return had_locks;
 }
 
 // ---- what the client tells
@@ -161,19 +157,16 @@ void ZkSessions::on_session_state(std::uint64_t serial, int state) {
   if (state == ZOO_CONNECTED_STATE) {
     connected(*s);
   } else if (state == ZOO_CONNECTING_STATE || state == ZOO_ASSOCIATING_STATE) {
-    if (s->state == Session::State::kConnected) {
-      s->state = Session::State::kDisconnected;
-      if (events_.connection) events_.connection(endpoint_, false, "connection to the ensemble lost");
-    }
+    // Told once, when it was up.
+    if (std::exchange(s->up, false) && events_.connection)
+      events_.connection(endpoint_, false, "connection to the ensemble lost");
   } else if (state == ZOO_EXPIRED_SESSION_STATE || state == ZOO_AUTH_FAILED_STATE) {
     ended(*s, state);
   }
 }
 
 void ZkSessions::connected(Session& s) {
-  const bool was_up = s.state == Session::State::kConnected;
-  s.state = Session::State::kConnected;
-  s.ever_connected = true;
+  const bool was_up = std::exchange(s.up, true);
   ++s.connects;
   ++connections_;
   s.negotiated_ms = zoo_recv_timeout(s.zh);
@@ -189,10 +182,8 @@ void ZkSessions::connected(Session& s) {
 }
 
 void ZkSessions::ended(Session& s, int state) {
-  const std::uint64_t serial = s.serial;
-  const bool had_locks = holds.any_held_on(serial);
-  if (state == ZOO_EXPIRED_SESSION_STATE) expired_.insert(serial);  // the ensemble says its nodes are gone
-  retire(&s);
+  if (state == ZOO_EXPIRED_SESSION_STATE) expired_.insert(s.serial);  // the ensemble says its nodes are gone
+  const bool had_locks = retire(&s);
   if (events_.connection)
     events_.connection(endpoint_, false,
                        state == ZOO_EXPIRED_SESSION_STATE ? "the session expired" : "authentication failed");
@@ -235,22 +226,22 @@ void ZkSessions::post(std::function<void()> f) {
   sink_->post([f = std::move(f)](ZkSessions&) { f(); });
 }
 
-void ZkSessions::send_read(Session& s, ZkReply reply, ZkIssue issue) {
-  const std::uint64_t id = next_id_;
-  send(s, std::move(reply), issue);
-  if (auto p = pending_.find(id); p != pending_.end()) p->second.again = std::move(issue);
-}
-
 void ZkSessions::list(Session& s, std::string path, ZkReply reply) {
-  send_read(s, std::move(reply), [path = std::move(path)](zhandle_t* zh, void* ctx) {
-    return zoo_aget_children(zh, path.c_str(), 0, zk::on_strings, ctx);
-  });
+  send(
+      s, std::move(reply),
+      [path = std::move(path)](zhandle_t* zh, void* ctx) {
+        return zoo_aget_children(zh, path.c_str(), 0, zk::on_strings, ctx);
+      },
+      true);
 }
 
 void ZkSessions::read(Session& s, std::string path, bool watch, ZkReply reply) {
-  send_read(s, std::move(reply), [path = std::move(path), watch](zhandle_t* zh, void* ctx) {
-    return zoo_aget(zh, path.c_str(), watch ? 1 : 0, zk::on_data, ctx);
-  });
+  send(
+      s, std::move(reply),
+      [path = std::move(path), watch](zhandle_t* zh, void* ctx) {
+        return zoo_aget(zh, path.c_str(), watch ? 1 : 0, zk::on_data, ctx);
+      },
+      true);
 }
 
 void ZkSessions::make_node(Session& s, std::string path, std::function<void(int rc)> done) {
@@ -264,23 +255,23 @@ void ZkSessions::make_node(Session& s, std::string path, std::function<void(int 
 bool ZkSessions::resend(std::uint64_t id, Pending& p) {
   Session* s = closed_ || Clock::now() >= p.deadline ? nullptr : live(p.session);
   if (s == nullptr) return false;
-  if (s->state == Session::State::kConnected && s->connects != p.connects)
+  if (s->up && s->connects != p.connects)
     issue_now(*s, id, p.again);  // it connected again before this answer came
   else
     s->parked.emplace_back(id, p.again);  // sent when it connects (connected())
   return true;
 }
 
-void ZkSessions::send(Session& s, ZkReply reply, ZkIssue issue) {
+void ZkSessions::send(Session& s, ZkReply reply, ZkIssue issue, bool read) {
   const std::uint64_t id = next_id_++;
   // A request parked on a session that is not connected fails at this
   // deadline (sooner on one that never connected: the connect timeout
   // bounds that); one sent when the session connects has the command
   // timeout from then (see connected()).
   auto deadline = Clock::now() + connection_.command_timeout;
-  if (!s.ever_connected) deadline = std::min(deadline, s.started + connection_.connect_timeout);
-  pending_.emplace(id, Pending{deadline, std::move(reply), {}, s.serial, 0});
-  if (!closed_ && (s.zh != nullptr || s.awaiting_names) && s.state != Session::State::kConnected) {
+  if (s.connects == 0) deadline = std::min(deadline, s.started + connection_.connect_timeout);
+  pending_.emplace(id, Pending{deadline, std::move(reply), read ? issue : ZkIssue{}, s.serial, 0});
+  if (!closed_ && (s.zh != nullptr || s.awaiting_names) && !s.up) {
     s.parked.emplace_back(id, std::move(issue));  // sent on connecting, or timed out
     return;
   }

@@ -41,7 +41,6 @@ struct ZkHolds {
     std::uint64_t attempt = 0;
   };
   struct Held : Node {
-    std::chrono::milliseconds ttl{0};
     // The last acquisition or renewal confirmed, sent + ttl + drift: past
     // it the store removes the node itself (see zk_renewal.hpp).
     Clock::time_point expires;
@@ -56,22 +55,20 @@ struct ZkHolds {
   std::unordered_map<std::string, Held> held;
   std::unordered_map<std::string, Mark> marks;
 
-  bool any_held_on(std::uint64_t session) const;
-  void drop_session(std::uint64_t session);
+  // Drops what was made on `session`; whether it held a lock.
+  bool drop_session(std::uint64_t session);
 };
 
 // One session: a zhandle_t and what the store knows of it.
 struct ZkSession {
   using Clock = std::chrono::steady_clock;
-  enum class State : std::uint8_t { kConnecting, kConnected, kDisconnected };
   std::uint64_t serial = 0;
   long long requested_ms = 0;
   zhandle_t* zh = nullptr;
-  void* watch_ctx = nullptr;  // the global watcher's context, freed with zh
-  State state = State::kConnecting;
+  ZkWatchCtx* watch_ctx = nullptr;  // the global watcher's context, freed with zh
+  bool up = false;  // connected now: false until it first connects, and while its connection is lost
   int negotiated_ms = 0;
-  bool ever_connected = false;
-  std::uint32_t connects = 0;  // times it connected (again)
+  std::uint32_t connects = 0;  // times it connected (again); 0: never yet
   // Its members' names are being looked up (off the loop): no handle yet,
   // and what is sent meanwhile is parked.
   bool awaiting_names = false;
@@ -102,22 +99,21 @@ class ZkSessions {
   // Whether the ensemble said it expired `serial` (so its nodes are gone).
   bool expired(std::uint64_t serial) const { return expired_.count(serial) != 0; }
   // Ends `s` here: its parked requests fail, its handle closes, its holds
-  // go. The ensemble removes its nodes once it expires there.
-  void retire(Session* s);
+  // go (true if it held a lock). The ensemble removes its nodes once it
+  // expires there.
+  bool retire(Session* s);
   // Connections made so far, over every session (parts that try again
   // after a reconnect compare it).
   std::uint64_t connections() const { return connections_; }
 
   // Sends one request on `s` (issue() makes the call with the context it
   // is given); `reply` runs once on the loop, with the answer or a
-  // failure (ZOPERATIONTIMEOUT: no answer within the bound).
-  void send(Session& s, ZkReply reply, ZkIssue issue);
-  // As send(), for a read (a listing, a node's data): one whose answer is
-  // lost with its connection (ZCONNECTIONLOSS) is asked again on the same
-  // session once it connects again, within the same bound. The session,
-  // and so its nodes, outlived the connection; a write is not sent again
-  // (it may have been applied).
-  void send_read(Session& s, ZkReply reply, ZkIssue issue);
+  // failure (ZOPERATIONTIMEOUT: no answer within the bound). A `read` (a
+  // listing, a node's data) whose answer is lost with its connection
+  // (ZCONNECTIONLOSS) is asked again on the same session once it connects
+  // again, within the same bound. The session, and so its nodes, outlived
+  // the connection; a write is not sent again (it may have been applied).
+  void send(Session& s, ZkReply reply, ZkIssue issue, bool read = false);
   // The reads the store makes: `path`'s children, and its data (watched
   // if `watch`).
   void list(Session& s, std::string path, ZkReply reply);
@@ -145,6 +141,13 @@ class ZkSessions {
   bool closed() const { return closed_; }
 
   StoreError error(int rc, const std::string& doing) const;
+  // Answers a caller's `done` with error(rc, doing): `values` first, then
+  // the error.
+  template <class Done, class... Values>
+  void answer_failed(const Done& done, int rc, const std::string& doing, Values&&... values) const {
+    const StoreError e = error(rc, doing);
+    done(std::forward<Values>(values)..., &e);
+  }
   // A call this store refuses (InvalidArgument), saying why.
   StoreError refusal(std::string why) const;
   const ZkTarget& target() const { return target_; }
@@ -165,7 +168,7 @@ class ZkSessions {
   struct Pending {
     Clock::time_point deadline;
     ZkReply reply;
-    // A read's call, made again when its connection is lost (see send_read):
+    // A read's call, made again when its connection is lost (see send()):
     // on `session` (the one it was sent on) once it has connected again
     // (`connects` counts that).
     ZkIssue again;
@@ -179,9 +182,9 @@ class ZkSessions {
   // The members' addresses (empty where a name did not resolve) for the
   // session of `ms` with `serial`, if it is still the one waiting.
   void names_resolved(long long ms, std::uint64_t serial, const std::vector<std::string>& addresses);
-  // Makes `s`'s handle on "h:p,h:p[/chroot]" (addresses, or names only
-  // where they are numeric already).
-  void open_handle(Session& s, const std::string& hosts);
+  // Makes `s`'s handle on the members' `addresses` (numeric; empty where
+  // a name did not resolve), or fails what it parked if it makes none.
+  void open_handle(Session& s, const std::vector<std::string>& addresses);
   void connected(Session& s);
   void ended(Session& s, int state);
   void issue_now(Session& s, std::uint64_t id, const ZkIssue& issue);

@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "core/loop.hpp"
+#include "store/zookeeper/zk_nodes.hpp"
 
 namespace lockwatch::detail {
 
@@ -11,7 +12,7 @@ using std::chrono::milliseconds;
 ZkStore::ZkStore(Loop& loop, ZkTarget target, const StoreSettings& settings)
     : StoreBase(StoreTraits{
           .keys = KeyRules{.prefix = settings.key_prefix,
-                           .max_name = kMaxNameBytes,
+                           .max_name = zk::kMaxNameBytes,
                            .too_long = "the lock name (key_prefix + key) is longer than the 255 bytes a ZooKeeper "
                                        "lock name takes"},
           .release_events = true,

@@ -19,7 +19,6 @@
 #include "store/store_base.hpp"
 #include "store/zookeeper/zk_claims.hpp"
 #include "store/zookeeper/zk_lock_recipe.hpp"
-#include "store/zookeeper/zk_nodes.hpp"
 #include "store/zookeeper/zk_operator_tools.hpp"
 #include "store/zookeeper/zk_renewal.hpp"
 
@@ -27,13 +26,7 @@ namespace lockwatch::detail {
 
 class ZkStore final : public StoreBase {
  public:
-  // See zk_nodes.hpp.
-  static constexpr std::size_t kMaxNameBytes = zk::kMaxNameBytes;
-  static constexpr const char* kRoot = zk::kRoot;
-
   ZkStore(Loop& loop, ZkTarget target, const StoreSettings& settings);
-
-  static std::string escape(std::string_view bytes) { return zk::escape(bytes); }
 
   // LockStore: ZkLockRecipe acquires, ZkRenewal renews, ZkRelease
   // releases, ZkSessions reports release notices. The capabilities are

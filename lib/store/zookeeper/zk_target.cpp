@@ -60,15 +60,10 @@ ZkTarget ZkTarget::parse(const std::string& url) {
   return t;
 }
 
-std::string ZkTarget::connect_string() const {
+std::string ZkTarget::name() const {
   std::string out;
-  for (const auto& [host, port] : hosts) {
-    if (!out.empty()) out += ',';
-    out += host_port(host, port);
-  }
-  return out + chroot;
+  for (const auto& [host, port] : hosts) out += (out.empty() ? "" : ",") + host_port(host, port);
+  return "zookeeper://" + out + chroot;
 }
-
-std::string ZkTarget::name() const { return "zookeeper://" + connect_string(); }
 
 }  // namespace lockwatch::detail

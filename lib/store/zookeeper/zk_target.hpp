@@ -20,8 +20,6 @@ struct ZkTarget {
 
   // Throws InvalidArgument naming what is wrong (never showing the password).
   static ZkTarget parse(const std::string& url);
-  // What zookeeper_init() takes: "h:p,h:p/chroot".
-  std::string connect_string() const;
   // "zookeeper://h:p,h:p/chroot", for messages: never the credentials.
   std::string name() const;
   bool digest() const { return !user.empty(); }
