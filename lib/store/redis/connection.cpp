@@ -391,18 +391,14 @@ void RedisConnection::command(std::vector<std::string> argv, ReplyCallback cb) {
 EvalRequest::EvalRequest(const Script& script, std::size_t keys, std::size_t args, std::size_t bytes_hint)
     : script_(&script), expected_(args) {
   resp_.reserve(64 + bytes_hint + 16 * args);
-  header('*', args + 3);
+  append_header(resp_, '*', args + 3);
   resp_.append("$7\r\nEVALSHA\r\n", 13);
-  header('$', script.sha1.size());
-  resp_.append(script.sha1).append("\r\n", 2);
+  copy(script.sha1, open(script.sha1.size()));
   body_at_ = resp_.size();
   char digits[24];
-  auto end = std::to_chars(digits, digits + sizeof digits, keys).ptr;
-  header('$', static_cast<std::size_t>(end - digits));
-  resp_.append(digits, end).append("\r\n", 2);
+  const auto len = static_cast<std::size_t>(std::to_chars(digits, digits + sizeof digits, keys).ptr - digits);
+  copy(std::string_view(digits, len), open(len));
 }
-
-void EvalRequest::header(char kind, std::size_t n) { append_header(resp_, kind, n); }
 
 char* EvalRequest::open(std::size_t n) {
   char digits[24];

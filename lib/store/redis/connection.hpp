@@ -77,7 +77,6 @@ class EvalRequest {
     ++written_;
     return *this;
   }
-  std::size_t written() const noexcept { return written_; }
   // A call of few arguments, all at hand: `keys` keys, then the rest.
   template <class... A>
   static EvalRequest of(const Script& script, std::size_t keys, const A&... args) {
@@ -88,7 +87,6 @@ class EvalRequest {
 
  private:
   friend class RedisConnection;
-  void header(char kind, std::size_t n);
   // Appends a bulk string's header and its closing CRLF, `n` bytes apart,
   // in one step; returns where the n bytes go.
   char* open(std::size_t n);

@@ -101,8 +101,7 @@ RedisNodeStore::RedisNodeStore(Loop& loop, Endpoint endpoint, const StoreSetting
       owner_(settings.owner_name),
       notices_(notices),
       layout_(std::move(layout)),
-      replicas_(replicas),
-      loop_(loop) {
+      replicas_(replicas) {
   using Mode = RedisConnection::Mode;
   conn_ = std::make_unique<RedisConnection>(loop, endpoint, settings, Mode::kCommands);
   renew_ = std::make_unique<RedisConnection>(loop, endpoint, settings, Mode::kCommands);
@@ -186,7 +185,7 @@ void RedisNodeStore::acquire(std::span<const LockRef> locks, AcquireDone done) {
     } else if (queued) {
       acquire_batch_.push_back(std::move(a));
     } else {
-      send_acquire_batch({std::move(a)}, false);
+      send_batch({std::move(a)}, false);
     }
   }
   if (queued) batch_turn_.request();
@@ -223,7 +222,7 @@ bool RedisNodeStore::lane_open_at(std::chrono::steady_clock::time_point at) cons
 
 bool RedisNodeStore::acquire_direct(const LockRef& l, AcquiredDirect done) {
   if (!l.kind.exclusive_kind()) return false;  // the kinds' scripts go from the loop
-  // As send_acquire_batch() writes a batch of one.
+  // As send_batch() writes a batch of one.
   EvalRequest request = acquire_request(std::span<const LockRef>(&l, 1), key_prefix_, owner_);
   ReplyCallback cb = [c = conn_.get(), done = std::move(done)](const redisReply* r, const StoreError* err) {
     AcquireReply reply(r, err, 1, c->name());
@@ -234,7 +233,7 @@ bool RedisNodeStore::acquire_direct(const LockRef& l, AcquiredDirect done) {
 
 bool RedisNodeStore::release_direct(const LockRef& l, ReleasedDirect done) {
   if (!l.kind.exclusive_kind()) return false;
-  // As send_release_batch() writes a batch of one, with its notice.
+  // As send_batch() writes a batch of one, with its notice.
   EvalRequest request = release_request(std::span<const LockRef>(&l, 1), notice(), [](const LockRef&) { return true; });
   ReplyCallback cb = [this, name = SmallString<40>(l.name), done = std::move(done)](const redisReply* r,
                                                                                      const StoreError* err) {
@@ -260,7 +259,7 @@ void RedisNodeStore::release(std::span<const LockRef> locks, bool notify, Releas
     if (queued) {
       release_batch_.push_back(std::move(r));
     } else {
-      send_release_batch({std::move(r)}, false);
+      send_batch({std::move(r)}, false);
     }
   }
   if (!kinds.empty()) send_kind_release(with_asking(*conn_), locks, std::move(kinds), notify, std::move(each).share());
@@ -357,17 +356,12 @@ void RedisNodeStore::send_batches(bool all) {
   // Releases first: a lock given back and asked for again in one iteration
   // is free for the one who asks. Each script call counts in flight (a
   // batch split by slot may overshoot the bound by up to kMaxBatch calls).
+  const auto send = [this](auto batch) { send_batch(std::move(batch)); };
   while (all || batches_in_flight_ < kMaxBatchesInFlight) {
     if (!release_batch_.empty()) {
-      batches_in_flight_ += send_slot_groups(take_batch(release_batch_), by_slot_,
-                                             [this](std::vector<QueuedRelease> b) {
-                                               send_release_batch(std::move(b));
-                                             });
+      batches_in_flight_ += send_slot_groups(take_batch(release_batch_), by_slot_, send);
     } else if (!acquire_batch_.empty()) {
-      batches_in_flight_ += send_slot_groups(take_batch(acquire_batch_), by_slot_,
-                                             [this](std::vector<QueuedAcquire> b) {
-                                               send_acquire_batch(std::move(b));
-                                             });
+      batches_in_flight_ += send_slot_groups(take_batch(acquire_batch_), by_slot_, send);
     } else {
       break;
     }
@@ -379,12 +373,12 @@ void RedisNodeStore::batch_answered() {
   if (!release_batch_.empty() || !acquire_batch_.empty()) send_batches();
 }
 
-void RedisNodeStore::send_acquire_batch(std::vector<QueuedAcquire> batch, bool counted) {
+void RedisNodeStore::send_batch(std::vector<QueuedAcquire> batch, bool counted) {
   EvalRequest request = acquire_call(batch);
   eval_acquire(std::move(request), std::move(batch), counted);
 }
 
-void RedisNodeStore::send_release_batch(std::vector<QueuedRelease> batch, bool counted) {
+void RedisNodeStore::send_batch(std::vector<QueuedRelease> batch, bool counted) {
   // Either layout's script answers one entry per lock, and how many heard
   // its notice; each lock is handed its answer.
   EvalRequest request = release_call(batch);

@@ -223,8 +223,8 @@ class RedisNodeStore final : public RedisStoreBase, public DirectLane {
   void batch_answered();
   // One script call for `batch` (a lone lock is a batch of one); `counted`:
   // sent by send_batches(), and so counted in flight.
-  void send_acquire_batch(std::vector<QueuedAcquire> batch, bool counted = true);
-  void send_release_batch(std::vector<QueuedRelease> batch, bool counted = true);
+  void send_batch(std::vector<QueuedAcquire> batch, bool counted = true);
+  void send_batch(std::vector<QueuedRelease> batch, bool counted = true);
   // WAIT on `c` for `needed` replicas: `done` is told null once they have
   // what `c` wrote before, else why not (`c`'s error, or "the <what>
   // reached <acks> of the <needed> replicas required").
@@ -256,7 +256,6 @@ class RedisNodeStore final : public RedisStoreBase, public DirectLane {
   std::unique_ptr<RedisConnection> acquire_;
   bool asking_ = false;  // send_asking(): the next call goes after an ASKING
   std::unique_ptr<SentinelWatcher> sentinel_;
-  Loop& loop_;
   bool by_slot_ = false;  // batch_by_slot()
   // Sends the batches of this turn at its end, before the connections
   // flush (core/turn_end.hpp); before the store is started, the call
