@@ -17,6 +17,9 @@
 //       pairs of 16 accounts, in either order, waiting up to 10 s.
 //   BM_LockHandle/<conc>/<mode>        Runtime::acquire(), then
 //       LockHandle::release(), each waited on through its future.
+//   BM_LockBlocking/<conc>/uncontended Runtime::lock(), then
+//       LockHandle::unlock(): the blocking pair, which on one Redis node
+//       writes and reads its own requests on the calling thread.
 //   BM_Locked/<conc>/<mode>            lockwatch::locked(...) with an empty
 //       callable: key formatting, the pool hop and the future included.
 //   BM_Hops/<conc>/<path>              the thread hand-offs of a call with
@@ -482,6 +485,29 @@ void BM_LockHandle(benchmark::State& state, int conc, bool contended, bool hando
     while (Clock::now() < deadline) {
       std::string key = contended ? hot : fmt::format("lh:{}:{}:{}", run, caller, n++);
       if (!handle_cycle(rt, std::move(key), lockwatch::LockKind::exclusive(), wait, tally, contended)) return;
+    }
+  });
+}
+
+void BM_LockBlocking(benchmark::State& state, int conc) {
+  prepare_run();
+  std::uint64_t run = ++g_run;
+  lockwatch::Runtime rt(runtime_options());
+  warm_up(rt, run);
+  std::vector<std::uint64_t> next(static_cast<std::size_t>(conc), 0);
+  run_threaded(state, conc, false, [&](int caller, Tally& tally, Clock::time_point deadline) {
+    std::uint64_t& n = next[static_cast<std::size_t>(caller)];
+    while (Clock::now() < deadline) {
+      const auto t0 = Clock::now();
+      try {
+        lockwatch::LockHandle h = rt.lock({.key = fmt::format("lb:{}:{}:{}", run, caller, n++), .ttl = kTtl});
+        h.unlock();
+      } catch (const std::exception& e) {
+        tally.fail(e.what());
+        return;
+      }
+      tally.cycle_us.push_back(static_cast<float>(micros(Clock::now() - t0)));
+      ++tally.cycles;
     }
   });
 }
@@ -1417,6 +1443,11 @@ void register_benchmarks() {
           ->UseManualTime()
           ->Unit(benchmark::kMillisecond);
     }
+  }
+  for (int conc : {1, 64}) {
+    benchmark::RegisterBenchmark(fmt::format("BM_LockBlocking/{}/uncontended", conc).c_str(), BM_LockBlocking, conc)
+        ->UseManualTime()
+        ->Unit(benchmark::kMillisecond);
   }
   // Options::handoff.enabled: the contended rows with the in-process hand-off.
   benchmark::RegisterBenchmark("BM_LockHandle/64/contended_handoff", BM_LockHandle, 64, true, true)

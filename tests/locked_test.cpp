@@ -549,6 +549,97 @@ TEST_P(LockedTest, DestroyingTheRuntimeReleasesHandlesStillHeld) {
   EXPECT_EQ(released.wait_for(0s), std::future_status::ready);
 }
 
+// Runtime::lock() and LockHandle::unlock(): on the plaintext server the
+// caller writes and reads its own requests (a connection of its own); over
+// TLS they go the loop's way. Either way they do what acquire().get() and
+// release().get() do.
+TEST_P(LockedTest, LockAndUnlockHoldAndGiveBackAsAcquireAndReleaseDo) {
+  const std::string k = key();
+  const auto acquired_before = rt_->stats().acquired;
+  LockHandle h = rt_->lock({.key = k, .ttl = 2s});
+  ASSERT_TRUE(h);
+  EXPECT_EQ(h.lease().key(), k);
+  EXPECT_GT(h.lease().fencing_token(), 0u);
+  EXPECT_GT(h.lease().remaining(), 1s);
+  EXPECT_TRUE(exists(server(), k));
+  EXPECT_EQ(rt_->held_leases(), 1u);
+  EXPECT_EQ(rt_->stats().acquired, acquired_before + 1);
+  auto busy = thrown<LockNotAcquired>([&] { (void)rt_->lock({.key = k, .ttl = 2s}); });
+  ASSERT_TRUE(busy);
+  EXPECT_EQ(busy->code(), errc::busy);
+  const std::uint64_t first = h.lease().fencing_token();
+  h.unlock();
+  EXPECT_FALSE(h);
+  EXPECT_FALSE(exists(server(), k));
+  EXPECT_THROW(h.unlock(), InvalidArgument);
+  LockHandle again = rt_->lock({.key = k, .ttl = 2s});
+  EXPECT_GT(again.lease().fencing_token(), first);
+  again.unlock();
+  // The loop counts the releases when it next looks.
+  const auto until = std::chrono::steady_clock::now() + kBound;
+  while (rt_->held_leases() != 0 && std::chrono::steady_clock::now() < until) std::this_thread::sleep_for(1ms);
+  EXPECT_EQ(rt_->held_leases(), 0u);
+  EXPECT_THROW((void)rt_->lock({.key = "", .ttl = 2s}), InvalidArgument);
+}
+
+TEST_P(LockedTest, ALockedHandleHeldPastItsTtlIsRenewedThenUnlocked) {
+  const std::string k = key();
+  LockHandle h = rt_->lock({.key = k, .ttl = 300ms});
+  EXPECT_TRUE(renewed_again(h.lease(), 2));  // the watchdog took it in
+  EXPECT_FALSE(h.lease().lost());
+  h.unlock();
+  EXPECT_FALSE(exists(server(), k));
+}
+
+TEST_P(LockedTest, ALockedHandleDroppedUnreleasedIsGivenBack) {
+  const std::string k = key();
+  { LockHandle h = rt_->lock({.key = k, .ttl = 300ms}); }
+  // Taken again within 150 ms, before its 300 ms could run out.
+  auto again = rt_->acquire({.key = k, .ttl = 300ms, .retries = forever, .wait = 150ms});
+  EXPECT_NO_THROW(get_bounded(again));
+}
+
+TEST_P(LockedTest, DestroyingTheRuntimeReleasesLockedHandles) {
+  const std::string k = key();
+  auto rt = std::make_unique<Runtime>(options_for(server()));
+  LockHandle h = rt->lock({.key = k, .ttl = 5s});
+  rt.reset();
+  EXPECT_TRUE(h.lease().stop_token().stop_requested());
+  EXPECT_FALSE(exists(server(), k));
+  try {
+    h.unlock();  // released already
+  } catch (const LeaseLost&) {
+  }
+  EXPECT_FALSE(h);
+}
+
+// Threads locking one key with lock() (no wait: busy is thrown) are never
+// inside together, and leave nothing held.
+TEST_P(LockedTest, ThreadsLockingOneKeyAreNeverInsideTogether) {
+  const std::string k = key();
+  std::atomic<int> inside{0}, most{0}, taken{0};
+  std::vector<std::thread> threads;
+  for (int t = 0; t < 4; ++t) {
+    threads.emplace_back([&] {
+      for (int i = 0; i < 100; ++i) {
+        try {
+          LockHandle h = rt_->lock({.key = k, .ttl = 2s});
+          const int now = ++inside;
+          most = std::max(most.load(), now);
+          ++taken;
+          --inside;
+          h.unlock();
+        } catch (const LockNotAcquired&) {
+        }
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  EXPECT_EQ(most.load(), 1);
+  EXPECT_GT(taken.load(), 0);
+  EXPECT_FALSE(exists(server(), k));
+}
+
 TEST_P(LockedTest, OneBrokenKeyDoesNotCostTheOtherLeasesInItsBatch) {
   auto a = rt_->acquire(key("a"), 300ms);
   auto b = rt_->acquire(key("b"), 300ms);

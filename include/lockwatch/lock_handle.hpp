@@ -90,6 +90,11 @@ class LockHandle {
   /// renewal sent before the release still unanswered).
   /// Throws InvalidArgument on an empty handle.
   std::future<void> release();
+  /// release().get() for a caller that blocks anyway: the same outcome,
+  /// thrown. A handle of Runtime::lock() released before the watchdog took
+  /// it in (before its first renewal was due) is released on the calling
+  /// thread, as lock() took it.
+  void unlock();
   /// The same with a handler instead of a future: called once with the
   /// error (errc::lease_lost) or none, on the runtime's notifier thread
   /// (never inside this call). Throws InvalidArgument on an empty handle

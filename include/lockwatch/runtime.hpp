@@ -172,6 +172,19 @@ class Runtime {
   ///
   ///   auto h = rt.acquire({.key = "sku:42", .ttl = 5s, .wait = 2s}).get();
   [[nodiscard]] std::future<LockHandle> acquire(LockRequest request);
+  /// acquire(request).get() for a caller that blocks anyway: the same
+  /// outcome, thrown. A request without a wait for an exclusive lock, on a
+  /// single Redis node (plain TCP), is written and answered on the calling
+  /// thread, on a connection of the runtime's that one caller at a time
+  /// uses, as a raw Redis client would: no other thread wakes for it, and
+  /// the watchdog takes the lease in before its first renewal is due.
+  /// Others, or while that connection is in use, go the way of acquire().
+  /// Pair it with LockHandle::unlock().
+  ///
+  ///   auto h = rt.lock({.key = "sku:42", .ttl = 5s});
+  ///   ...
+  ///   h.unlock();
+  [[nodiscard]] LockHandle lock(LockRequest request);
   /// The same for an exclusive lock on `key` with a lease of `ttl`, renewed
   /// for as long as it is held, without waiting for a busy lock.
   [[nodiscard]] std::future<LockHandle> acquire(std::string key, std::chrono::milliseconds ttl);

@@ -22,6 +22,9 @@ Loop::Loop(std::chrono::microseconds busy_poll) : busy_poll_(busy_poll), adaptiv
   uv_check_init(&loop_, &check_);
   turn_end_.data = this;
   uv_idle_init(&loop_, &turn_end_);
+  lazy_look_.data = this;
+  uv_timer_init(&loop_, &lazy_look_);
+  uv_unref(reinterpret_cast<uv_handle_t*>(&lazy_look_));
   if (adaptive_) {
     uv_prepare_start(&prepare_, &Loop::on_prepare);
     uv_check_start(&check_, &Loop::on_check);
@@ -49,14 +52,46 @@ bool Loop::post(Task task) {
   {
     std::lock_guard lk(mu_);
     if (!accepting_) return false;
-    wake = queue_.empty();
     queue_.push_back(std::move(task));
+    wake = !std::exchange(wake_sent_, true);
     if (wake && adaptive_) posted_at_ = uv_hrtime();
   }
-  // uv_async_send coalesces; one send per non-empty transition is enough
+  // uv_async_send coalesces; one send until the next drain is enough
   // because drain() takes the whole queue.
   if (wake) uv_async_send(&async_);
   return true;
+}
+
+bool Loop::post_by(Task task, std::chrono::steady_clock::time_point by) {
+  bool wake = false;
+  {
+    std::lock_guard lk(mu_);
+    if (!accepting_) return false;
+    queue_.push_back(std::move(task));
+    lazy_queued_ = true;
+    if (!wake_sent_ && (by < look_by_ || look_by_ == std::chrono::steady_clock::time_point::max())) {
+      wake = wake_sent_ = true;
+      if (adaptive_) posted_at_ = uv_hrtime();
+    }
+  }
+  if (wake) uv_async_send(&async_);
+  return true;
+}
+
+// The lazy look came: it looks again a period on if post_by()'s tasks came
+// meanwhile, else it promises nothing more (they wake the loop again).
+// Decided under the lock, so that a task posted after it is held to what
+// it says.
+void Loop::on_lazy_look(uv_timer_t* handle) {
+  auto* self = static_cast<Loop*>(handle->data);
+  bool again;
+  {
+    std::lock_guard lk(self->mu_);
+    again = self->lazy_queued_ && !self->closing_;
+    self->look_by_ = again ? std::chrono::steady_clock::now() + kLazyLook : std::chrono::steady_clock::time_point::max();
+  }
+  if (again) uv_timer_start(&self->lazy_look_, &Loop::on_lazy_look, kLazyLook.count(), 0);
+  self->drain();
 }
 
 // A task runs inside uv_run: nothing may unwind through libuv's C frames.
@@ -188,12 +223,21 @@ void Loop::on_check(uv_check_t* handle) {
 void Loop::drain() {
   for (;;) {
     std::uint64_t posted_at = 0;
+    bool look = false;
     {
       std::lock_guard lk(mu_);
       running_.swap(queue_);
+      wake_sent_ = false;
+      // post_by()'s tasks came while no look was armed: one is now.
+      if (std::exchange(lazy_queued_, false) && look_by_ == std::chrono::steady_clock::time_point::max() &&
+          !closing_) {
+        look_by_ = std::chrono::steady_clock::now() + kLazyLook;
+        look = true;
+      }
       posted_at = posted_at_;
       posted_at_ = 0;
     }
+    if (look) uv_timer_start(&lazy_look_, &Loop::on_lazy_look, kLazyLook.count(), 0);
     if (adaptive_) {
       ++activity_;
       // Posted while the loop was about to sleep: what waking it cost.
@@ -220,6 +264,7 @@ void Loop::drain() {
   }
   run_turn_end();  // what the last turns asked for (at_turn_end runs at once from now on)
   uv_close(reinterpret_cast<uv_handle_t*>(&turn_end_), nullptr);
+  uv_close(reinterpret_cast<uv_handle_t*>(&lazy_look_), nullptr);
   uv_close(reinterpret_cast<uv_handle_t*>(&async_), nullptr);
   uv_close(reinterpret_cast<uv_handle_t*>(&spin_), nullptr);
   uv_close(reinterpret_cast<uv_handle_t*>(&prepare_), nullptr);

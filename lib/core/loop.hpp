@@ -1,7 +1,9 @@
 // lib/core/loop.hpp: the I/O thread. One libuv loop on its own thread; the only
 // thread that touches uv handles, the stores' connections and the timer wheel.
 // Other threads hand it work with post(), which is one mutex-guarded append
-// and, when the queue was empty, one uv_async_send.
+// and, unless a wake-up is on its way already, one uv_async_send; or with
+// post_by(), for work that may wait a little, which wakes it only when it
+// would not look in time by itself.
 #pragma once
 
 #include <uv.h>
@@ -43,6 +45,13 @@ class Loop {
   // false (and drops the task) once shutdown() has begun. A task should not
   // throw; one that does is reported on stderr and the loop goes on.
   bool post(Task task);
+  // Any thread. As post(), for a task that may wait until `by`: it keeps
+  // its place among the others, and the loop is woken for it only if it
+  // would not look at its tasks by then. A loop that finds such tasks
+  // looks again kLazyLook later, for as long as they come: while they
+  // flow, they cost it one wake-up each kLazyLook, not one each.
+  bool post_by(Task task, std::chrono::steady_clock::time_point by);
+  static constexpr std::chrono::milliseconds kLazyLook{20};
   uv_loop_t* uv() noexcept { return &loop_; }
   // Loop thread only: whether the loop is in a busy-poll window.
   bool polling() const noexcept { return spinning_; }
@@ -94,6 +103,7 @@ class Loop {
   static void on_prepare(uv_prepare_t* handle);
   static void on_check(uv_check_t* handle);
   static void on_turn_end(uv_idle_t* handle);
+  static void on_lazy_look(uv_timer_t* handle);
   void run_turn_end() noexcept;
   static void run_guarded(Task& task) noexcept;
   void drain();
@@ -129,6 +139,12 @@ class Loop {
   std::thread thread_;
   std::mutex mu_;
   std::vector<Task> queue_;  // guarded by mu_
+  bool wake_sent_ = false;   // guarded by mu_: a uv_async_send is on its way (drain() takes it)
+  bool lazy_queued_ = false;  // guarded by mu_: queue_ holds a task of post_by()
+  // Guarded by mu_: the loop looks at queue_ by then (its lazy look is
+  // armed); max: it promises nothing.
+  std::chrono::steady_clock::time_point look_by_ = std::chrono::steady_clock::time_point::max();
+  uv_timer_t lazy_look_{};  // loop thread: armed while post_by()'s tasks come
   bool accepting_ = true;    // guarded by mu_
   std::vector<Task> running_;  // loop thread only: swapped with queue_
   uv_idle_t turn_end_{};            // loop thread: active while turn_tasks_ has any

@@ -213,6 +213,15 @@ struct LeaseRecord final : Lease, LinkedTimerTask, HandleState {
   // The release could not be written after all: the loop's way (any thread).
   void unmark_release_written() noexcept { start_.store(kStarted, std::memory_order_release); }
   bool release_written() const noexcept { return start_.load(std::memory_order_acquire) == kReleaseWritten; }
+  // Taken by a blocking caller (Runtime::lock): the caller's alone until
+  // the loop adopts it (adopted(), before its first renewal is due) or the
+  // caller writes its release first (mark_release_written_early()); one
+  // compare-and-swap decides which. Set before the record is shared.
+  void keep_for_caller() noexcept { start_.store(kCallerKeeps, std::memory_order_relaxed); }
+  bool adopted() noexcept { return claim_from(kCallerKeeps, kStarted); }
+  bool mark_release_written_early() noexcept { return claim_from(kCallerKeeps, kReleaseWritten); }
+  // Nothing was written after all: the caller's again.
+  void unmark_release_written_early() noexcept { start_.store(kCallerKeeps, std::memory_order_release); }
 
   // Loop thread (packed behind the handle state's last byte; the flags
   // share one byte, which only the loop thread writes).
@@ -238,7 +247,10 @@ struct LeaseRecord final : Lease, LinkedTimerTask, HandleState {
   bool renewal_in_doubt : 1 = false;
 
  private:
-  enum : std::uint8_t { kStarted, kQueued, kAbandoned, kReleaseWritten };
+  enum : std::uint8_t { kStarted, kQueued, kAbandoned, kReleaseWritten, kCallerKeeps };
+  bool claim_from(std::uint8_t from, std::uint8_t to) noexcept {
+    return start_.compare_exchange_strong(from, to, std::memory_order_acq_rel);
+  }
   std::atomic<std::uint8_t> start_{kStarted};
   // Whether the lease ended for Lease::on_lost (no watcher waits then);
   // under the lease's striped lock.

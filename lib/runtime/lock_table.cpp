@@ -35,6 +35,42 @@ void LockTable::answered_direct(const std::shared_ptr<Acquisition>& a, const Acq
   waits_.answered(a, out, sent);
 }
 
+std::shared_ptr<LeaseRecord> LockTable::grant_to_caller(const Acquisition& a, std::uint64_t fence,
+                                                        Clock::time_point sent) {
+  auto l = watchdog_.grant_to_caller(a, fence, sent);
+  l->links = links_;
+  return l;
+}
+
+void LockTable::adopt(const std::shared_ptr<Acquisition>& a, const std::shared_ptr<LeaseRecord>& l) {
+  Decisions::Scope scope(decisions_);  // acted on as the call ends
+  parts_.events.wait_started(a->spec.key, a->spec.context, a->started);
+  parts_.events.acquired(a->spec.key, l->fencing_token(), l->granted_at - a->started, a->spec.pattern,
+                         a->spec.context);
+  adopt_lease(l);
+}
+
+void LockTable::adopt_lease(const std::shared_ptr<LeaseRecord>& l) {
+  if (!l->adopted()) return;
+  watchdog_.adopt(l);
+  if (parts_.admission.stopping()) l->request_stop();
+  if (stop_begun_) {
+    // Granted as the stop began: given back as the stop gave back the
+    // handles it found.
+    watchdog_.lose(l, LostReason::kRuntimeStopped, "the runtime was destroyed and released the lock");
+    work_ended(l);
+    return;
+  }
+  reserve_ahead(l);
+}
+
+void LockTable::end_before_adoption(const std::shared_ptr<LeaseRecord>& l, Released status, const StoreError* why,
+                                    Clock::time_point ended, Clock::time_point confirmed) {
+  Decisions::Scope scope(decisions_);  // acted on as the call ends
+  watchdog_.adopt(l);
+  if (watchdog_.end_work(l, ended)) watchdog_.release_written(l, status, why, confirmed);
+}
+
 void LockTable::cancel(const std::shared_ptr<Acquisition>& a) {
   Decisions::Scope scope(decisions_);  // acted on as the call ends
   // Ended meanwhile (granted and given back, or failed), or one attempt
@@ -181,8 +217,8 @@ void LockTable::work_over(const std::shared_ptr<LeaseRecord>& l) {
   // Only with nobody waiting here (and none on the way to the wait queue,
   // read first): a waiter would be handed the key instead.
   const auto ended = Clock::now();
-  if (lane_ != nullptr && lane_->lane_open_at(ended) && l->kind.exclusive_kind() && !l->lost() &&
-      starting_.load() == 0 && waits_.keys_waited() == 0 && l->mark_release_written()) {
+  if (lane_ != nullptr && lane_->lane_open_at(ended) && l->kind.exclusive_kind() && !l->lost() && nobody_waits() &&
+      l->mark_release_written()) {
     const LeaseLock lock(parts_.store, *l);
     if (lane_->release_direct(lock.ref(), [this, l, ended](Released status, const StoreError* why) {
           released_direct(l, status, why, ended);

@@ -102,6 +102,23 @@ class LockTable {
   // wrote itself (DirectLane), sent at `sent` with the call's token: the
   // call goes on as if it had started here.
   void answered_direct(const std::shared_ptr<Acquisition>& a, const Acquired& out, Clock::time_point sent);
+  // Any thread: a blocking caller's own attempt (Runtime::lock) took the
+  // lock with a request sent at `sent`: its lease, the caller's until the
+  // loop adopts it, and counted as held.
+  std::shared_ptr<LeaseRecord> grant_to_caller(const Acquisition& a, std::uint64_t fence, Clock::time_point sent);
+  // Loop, before the lease's first renewal is due: what a lease of
+  // grant_to_caller() owes the loop. Its acquisition's events; then, unless
+  // its caller wrote its release first (end_before_adoption() follows),
+  // the lease joins the watchdog as if it had been granted here.
+  void adopt(const std::shared_ptr<Acquisition>& a, const std::shared_ptr<LeaseRecord>& l);
+  // Loop: the lease alone joins the watchdog, if its caller has not written
+  // its release (adopt() without the events: they were told).
+  void adopt_lease(const std::shared_ptr<LeaseRecord>& l);
+  // Loop: the release a blocking caller wrote and read itself before the
+  // loop adopted its lease (LockHandle::unlock), its work over at `ended`,
+  // answered at `confirmed`: the lease ends with that answer.
+  void end_before_adoption(const std::shared_ptr<LeaseRecord>& l, Released status, const StoreError* why,
+                           Clock::time_point ended, Clock::time_point confirmed);
   // Loop: a cancelled acquisition leaves the wait queue.
   void cancel(const std::shared_ptr<Acquisition>& a);
   // Loop: the work on `l` is over, at `ended` as its thread read the clock
@@ -114,6 +131,9 @@ class LockTable {
   // learns the work's end with the release's answer (released_direct());
   // else the loop is told (work_ended()).
   void work_over(const std::shared_ptr<LeaseRecord>& l);
+  // Any thread: nobody waits here for any key, nor is on the way to (read
+  // in that order, as work_over() reads them).
+  bool nobody_waits() const noexcept { return starting_.load() == 0 && waits_.keys_waited() == 0; }
   // Loop: leases renewed at once, together (a set's).
   void renew_together(const std::vector<std::shared_ptr<LeaseRecord>>& leases) { watchdog_.renew_together(leases); }
   // Loop: release notices for `name` run `look` (WaitQueue::observe).

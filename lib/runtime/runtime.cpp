@@ -241,6 +241,13 @@ std::future<LockHandle> detail::RuntimeImpl::acquire(detail::LockSpec spec) {
     });
     return future;
   }
+  auto [call, future] = promised_call(spec.key);
+  start_handle(std::move(spec), call);
+  return std::move(future);
+}
+
+std::pair<std::shared_ptr<detail::HandleCall>, std::future<LockHandle>> detail::RuntimeImpl::promised_call(
+    const std::string& key) {
   // The call and its promise in one block; `complete` keeps the promise's
   // address only (std::function keeps that inline) and moves the promise
   // out to fulfil it, so the block keeps no hold on the handle: a future
@@ -252,7 +259,7 @@ std::future<LockHandle> detail::RuntimeImpl::acquire(detail::LockSpec spec) {
   auto block = std::make_shared<PromisedCall>();
   auto future = block->promise.get_future();
   std::shared_ptr<detail::HandleCall> call(block, &block->call);
-  call->key = spec.key;
+  call->key = key;
   call->complete = [p = &block->promise](std::exception_ptr e, LockHandle h) {
     std::promise<LockHandle> promise = std::move(*p);
     if (e)
@@ -260,8 +267,91 @@ std::future<LockHandle> detail::RuntimeImpl::acquire(detail::LockSpec spec) {
     else
       promise.set_value(std::move(h));
   };
-  start_handle(std::move(spec), call);
-  return future;
+  return {std::move(call), std::move(future)};
+}
+
+LockHandle detail::RuntimeImpl::lock(detail::LockSpec spec) {
+  if (direct_ == nullptr || !spec.set.empty() || spec.wait != milliseconds(0) || !spec.kind.exclusive_kind())
+    return acquire(std::move(spec)).get();
+  validate(spec);
+  auto [call, future] = promised_call(spec.key);
+  auto a = make_acquisition(std::move(spec), detail::Completion::deliver(call));
+  call->runtime = weak_from_this();
+  call->acquisition = a;
+  if (auto l = take_here(a, *call)) return detail::HandleAccess::make(std::move(l));
+  return future.get();
+}
+
+std::shared_ptr<detail::LeaseRecord> detail::RuntimeImpl::take_here(const std::shared_ptr<Acquisition>& a,
+                                                                    detail::HandleCall& call) {
+  const auto sent = a->started;
+  std::optional<detail::Acquired> answer;
+  if (direct_->lane_open_at(sent)) {
+    {
+      std::lock_guard lk(direct_tokens_mu_);
+      a->token = direct_tokens_.next();
+    }
+    (void)direct_->acquire_blocking(a->ref(), [&answer](const detail::Acquired& out) { answer = out; });
+  }
+  if (!answer) {  // nothing sent: the way of acquire()
+    begin(a);
+    return nullptr;
+  }
+  if (answer->status != detail::Acquired::Status::kTaken || !call.claim(detail::HandleCall::kDone)) {
+    // Busy, failed or perhaps taken: the loop decides as for any answer,
+    // and the call's future tells.
+    if (!loop_.post([this, a, out = std::move(*answer), sent] { table_.answered_direct(a, out, sent); }))
+      refuse_start(a);
+    return nullptr;
+  }
+  a->step = detail::Step::kHeld;
+  auto l = table_.grant_to_caller(*a, answer->fence, sent);
+  call.acquisition.reset();  // `a` keeps the call: not the other way round
+  // The loop takes the lease in before its first renewal is due (at the
+  // earliest a twentieth of the ttl before renew_after: coalesced()); until
+  // then nothing wakes it for this call.
+  const auto by = sent + l->renew_after - std::chrono::duration_cast<Clock::duration>(l->ttl()) / 20;
+  (void)loop_.post_by([this, a, l] { table_.adopt(a, l); }, by);  // admitted: the loop takes it
+  if (admission_.stopping())  // granted as the stop began: the stop gives it back
+    throw RuntimeStopped("lockwatch runtime stopped while the lock was taken");
+  return l;
+}
+
+bool detail::RuntimeImpl::release_here(const std::shared_ptr<LeaseRecord>& l, LockHandle& handle) {
+  const auto ended = Clock::now();
+  if (direct_ == nullptr || !direct_->lane_open_at(ended) || !table_.nobody_waits() ||
+      !l->mark_release_written_early())
+    return false;
+  const detail::LeaseLock lock(*store_, *l);
+  Released status = Released::kUnconfirmed;
+  std::optional<detail::StoreError> why;
+  if (!direct_->release_blocking(lock.ref(), [&](Released s, const detail::StoreError* e) {
+        status = s;
+        if (e != nullptr) why = *e;
+      })) {
+    // Nothing sent: the lease is the caller's again, and the loop takes it
+    // in now (the adoption may have passed it by meanwhile), before the
+    // release the caller then asks of it.
+    l->unmark_release_written_early();
+    (void)loop_.post([this, l] { table_.adopt_lease(l); });
+    return false;
+  }
+  const auto confirmed = Clock::now();
+  detail::HandleAccess::forget(handle);
+  auto end = [this, l, status, why = std::move(why), ended, confirmed] {
+    table_.end_before_adoption(l, status, why ? &*why : nullptr, ended, confirmed);
+  };
+  if ((status == Released::kYes || status == Released::kYesUnheard) && ended < l->deadline()) {
+    // Released in time: the loop only counts it, when it next looks.
+    (void)loop_.post_by(std::move(end), Clock::time_point::max());
+    return true;
+  }
+  // Not cleanly: the loop judges it (lost, unconfirmed), and the caller
+  // learns its verdict as release() would tell it.
+  auto verdict = l->released();
+  (void)loop_.post(std::move(end));
+  verdict.get();
+  return true;
 }
 
 AcquireTicket detail::RuntimeImpl::acquire(detail::LockSpec spec, detail::AcquireCallback handler) {
@@ -541,6 +631,8 @@ detail::LockSpec spec_of(LockRequest r) {
 
 std::future<LockHandle> Runtime::acquire(LockRequest request) { return impl_->acquire(spec_of(std::move(request))); }
 
+LockHandle Runtime::lock(LockRequest request) { return impl_->lock(spec_of(std::move(request))); }
+
 std::future<LockHandle> Runtime::acquire(std::string key, std::chrono::milliseconds ttl) {
   return acquire(LockRequest{.key = std::move(key), .ttl = ttl});
 }
@@ -692,6 +784,15 @@ LeaseScope::~LeaseScope() {
       }
     }
   }
+}
+
+void LockHandle::unlock() {
+  if (!state_) throw InvalidArgument("LockHandle::unlock() on a handle that holds no lock");
+  if (!set_) {
+    auto l = std::static_pointer_cast<detail::LeaseRecord>(state_);
+    if (auto rt = l->runtime(); rt && rt->release_here(l, *this)) return;
+  }
+  release().get();
 }
 
 std::future<void> LockHandle::release() {

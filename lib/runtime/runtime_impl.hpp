@@ -70,6 +70,14 @@ class detail::RuntimeImpl final : public std::enable_shared_from_this<detail::Ru
   // A LockHandle's, as a future and with a handler (JobHost above; the
   // handler runs on the notifier thread).
   std::future<LockHandle> acquire(detail::LockSpec spec);
+  // Runtime::lock(): a call without a wait for an exclusive lock, on a
+  // store with a DirectLane, writes its request and reads the answer on
+  // this thread (take_here()); any other goes the way of acquire().
+  LockHandle lock(detail::LockSpec spec);
+  // LockHandle::unlock() of a lease the loop has not taken in yet: its
+  // release written and read on this thread, `handle` emptied. False
+  // (nothing done) when it goes the way of release().
+  bool release_here(const std::shared_ptr<detail::LeaseRecord>& l, LockHandle& handle);
   // Starts a handle's acquisition for each spec (one key each) in one task
   // of the loop; `each(i, error, handle)` runs on the notifier thread once
   // per spec. Throws only before anything starts (a bad spec).
@@ -126,6 +134,12 @@ class detail::RuntimeImpl final : public std::enable_shared_from_this<detail::Ru
   // offers it), else handed to the loop, which starts it there.
   void begin(const std::shared_ptr<detail::Acquisition>& a);
   bool write_directly(const std::shared_ptr<detail::Acquisition>& a);
+  // lock()'s attempt on this thread: the lease, the caller's until the loop
+  // takes it in; or null, the call gone the loop's way (its future tells).
+  std::shared_ptr<detail::LeaseRecord> take_here(const std::shared_ptr<detail::Acquisition>& a,
+                                                 detail::HandleCall& call);
+  // A handle's call whose future its promise fulfils.
+  static std::pair<std::shared_ptr<detail::HandleCall>, std::future<LockHandle>> promised_call(const std::string& key);
   // Hands admitted calls to the loop, in one task; false (each failed
   // with RuntimeStopped) when the loop takes no more.
   bool post_start(std::vector<std::shared_ptr<detail::Acquisition>> made);

@@ -51,12 +51,14 @@ std::shared_ptr<LeaseRecord> Watchdog::new_lease(const Acquisition& a, std::uint
   if (const auto* w = how.inline_wait()) l->rare().finished = w->finished;
   if (!a.spec.context.empty()) l->rare().context = a.spec.context;
   l->granted_at = Clock::now();
-  if (options_.observability.hold_warning.count() > 0) {
-    auto& w = l->rare().hold_warning = std::make_unique<HoldWarning>(events_, a.spec.key, l->granted_at);
-    w->timeout = clock_.at(*w, l->granted_at + options_.observability.hold_warning);
-  }
   stats_.acquired.fetch_add(1, std::memory_order_relaxed);
   return l;
+}
+
+void Watchdog::warn_on_hold(LeaseRecord& l, const std::string& key) {
+  if (options_.observability.hold_warning.count() <= 0) return;
+  auto& w = l.rare().hold_warning = std::make_unique<HoldWarning>(events_, key, l.granted_at);
+  w->timeout = clock_.at(*w, l.granted_at + options_.observability.hold_warning);
 }
 
 Watchdog::Clock::time_point Watchdog::deadline_of(Clock::time_point sent, std::chrono::milliseconds ttl) const {
@@ -65,6 +67,7 @@ Watchdog::Clock::time_point Watchdog::deadline_of(Clock::time_point sent, std::c
 
 std::shared_ptr<LeaseRecord> Watchdog::grant(const Acquisition& a, std::uint64_t fence, Clock::time_point sent) {
   auto l = new_lease(a, fence, deadline_of(sent, a.spec.ttl), sent);
+  warn_on_hold(*l, a.spec.key);
   l->token = PackedToken(a.token);
   l->kind = a.spec.kind;
   l->slot = static_cast<std::uint32_t>(leases_.size());
@@ -72,6 +75,23 @@ std::shared_ptr<LeaseRecord> Watchdog::grant(const Acquisition& a, std::uint64_t
   stats_.held.fetch_add(1, std::memory_order_relaxed);
   schedule_next(*l, sent);
   return l;
+}
+
+std::shared_ptr<LeaseRecord> Watchdog::grant_to_caller(const Acquisition& a, std::uint64_t fence,
+                                                       Clock::time_point sent) {
+  auto l = new_lease(a, fence, deadline_of(sent, a.spec.ttl), sent);
+  l->token = PackedToken(a.token);
+  l->kind = a.spec.kind;
+  l->keep_for_caller();
+  stats_.held.fetch_add(1, std::memory_order_relaxed);
+  return l;
+}
+
+void Watchdog::adopt(const std::shared_ptr<LeaseRecord>& l) {
+  warn_on_hold(*l, l->key());
+  l->slot = static_cast<std::uint32_t>(leases_.size());
+  leases_.push_back(l);
+  schedule_next(*l, l->last_sent);
 }
 
 bool Watchdog::can_hand_off(const LeaseRecord& l, Clock::time_point now) const {
@@ -92,6 +112,7 @@ bool Watchdog::can_hand_off(const LeaseRecord& l, Clock::time_point now) const {
 std::shared_ptr<LeaseRecord> Watchdog::hand_off(const std::shared_ptr<LeaseRecord>& from, const Acquisition& a,
                                                 std::uint64_t fence) {
   auto l = new_lease(a, fence, from->deadline(), from->last_sent);
+  warn_on_hold(*l, a.spec.key);
   l->token = from->token;
   l->kind = from->kind;  // exclusive: only those are handed on
   l->renewal_in_doubt = from->renewal_in_doubt;  // its renewals were the key's
@@ -471,15 +492,17 @@ void Watchdog::release(const std::shared_ptr<LeaseRecord>& l) {
                  });
 }
 
-void Watchdog::release_written(const std::shared_ptr<LeaseRecord>& l, Released status, const StoreError* why) {
+void Watchdog::release_written(const std::shared_ptr<LeaseRecord>& l, Released status, const StoreError* why,
+                               Clock::time_point confirmed) {
   // The loop knows of the work's end now (end_work() ran): from here on the
   // lease is as one whose release the loop sent.
   l->unmark_release_written();
   if (l->lost()) l->complete_call();  // as release_ended()
-  released(l, status, why);
+  released(l, status, why, confirmed);
 }
 
-void Watchdog::released(const std::shared_ptr<LeaseRecord>& l, Released status, const StoreError* why) {
+void Watchdog::released(const std::shared_ptr<LeaseRecord>& l, Released status, const StoreError* why,
+                        Clock::time_point confirmed) {
   l->release_in_flight = false;
   clock_.cancel(*l);
   judge_late_end(l);
@@ -510,10 +533,10 @@ void Watchdog::released(const std::shared_ptr<LeaseRecord>& l, Released status, 
   } else if (status != Released::kYes) {
     lose(l, status == Released::kTakenByOther ? LostReason::kTakenByOther : gone_reason(*l), "found at release");
   }
-  finish(l);
+  finish(l, confirmed);
 }
 
-void Watchdog::finish(const std::shared_ptr<LeaseRecord>& l) {
+void Watchdog::finish(const std::shared_ptr<LeaseRecord>& l, Clock::time_point ended) {
   l->step = Step::kEnded;
   clock_.cancel(*l);
   if (l->rare_if() && l->rare().hold_warning) l->rare().hold_warning->timeout.cancel();
@@ -528,7 +551,8 @@ void Watchdog::finish(const std::shared_ptr<LeaseRecord>& l) {
   if (leases_.capacity() >= 65536 && leases_.size() < leases_.capacity() / 4) leases_.shrink_to_fit();
   if (!l->uncounted) stats_.held.fetch_sub(1, std::memory_order_relaxed);
   // A lost lease's hold span ended with kLost already.
-  events_.released(l->key(), Clock::now() - l->granted_at, l->pattern(), l->fencing_token(), l->context(), l->lost());
+  if (ended == Clock::time_point{}) ended = Clock::now();
+  events_.released(l->key(), ended - l->granted_at, l->pattern(), l->fencing_token(), l->context(), l->lost());
   decisions_.finished(l);
 }
 

@@ -49,6 +49,13 @@ class Watchdog {
 
   // A lease for the acquisition, taken with a request sent at `sent`.
   std::shared_ptr<LeaseRecord> grant(const Acquisition& a, std::uint64_t fence, Clock::time_point sent);
+  // Any thread: the lease of `a`, taken by its caller's own request sent
+  // at `sent` (Runtime::lock): the caller's until the loop adopts it, and
+  // counted as held already. Not in the registry: no renewal is due yet.
+  std::shared_ptr<LeaseRecord> grant_to_caller(const Acquisition& a, std::uint64_t fence, Clock::time_point sent);
+  // Loop thread: a lease of grant_to_caller() joins the registry, its
+  // renewals counted from its grant's send.
+  void adopt(const std::shared_ptr<LeaseRecord>& l);
   // Whether the store's key behind `l` (whose work is over) may pass to a
   // local holder now: not lost, no renewal failing, and a tick or more
   // before the local deadline (half a ttl once its renewals are spent).
@@ -74,7 +81,10 @@ class Watchdog {
   bool end_work(const std::shared_ptr<LeaseRecord>& l, Clock::time_point ended = Clock::now());
   // After end_work(), the key going back to the store: a lost lease's
   // caller learns it at once; the release follows, then finish.
-  void release_written(const std::shared_ptr<LeaseRecord>& l, Released status, const StoreError* why);
+  // `confirmed`: when the answer came, if it came earlier than now (read
+  // by its caller's thread, told to the loop later).
+  void release_written(const std::shared_ptr<LeaseRecord>& l, Released status, const StoreError* why,
+                       Clock::time_point confirmed = {});
   void release_ended(const std::shared_ptr<LeaseRecord>& l);
   // Releases `l`, whose work is over, then finishes it.
   void release(const std::shared_ptr<LeaseRecord>& l);
@@ -140,9 +150,13 @@ class Watchdog {
   // Why a key the store found gone was lost: kRemoved while its ttl could
   // not have run out by the local clock, else kExpired.
   LostReason gone_reason(const LeaseRecord& l) const noexcept;
-  void finish(const std::shared_ptr<LeaseRecord>& l);
-  // The store's answer to release(`l`).
-  void released(const std::shared_ptr<LeaseRecord>& l, Released status, const StoreError* why);
+  // `ended`: when the hold ended (default: now).
+  void finish(const std::shared_ptr<LeaseRecord>& l, Clock::time_point ended = {});
+  // The store's answer to release(`l`), come at `confirmed` (default: now).
+  void released(const std::shared_ptr<LeaseRecord>& l, Released status, const StoreError* why,
+                Clock::time_point confirmed = {});
+  // Options::observability.hold_warning, when on: armed from the grant.
+  void warn_on_hold(LeaseRecord& l, const std::string& key);
   void request_stop(const std::shared_ptr<LeaseRecord>& l);
 
   LockStore& store_;

@@ -228,6 +228,17 @@ class DirectLane {
   virtual bool lane_open_at(std::chrono::steady_clock::time_point now) const noexcept = 0;
   virtual bool acquire_direct(const LockRef& lock, AcquiredDirect done) = 0;
   virtual bool release_direct(const LockRef& lock, ReleasedDirect done) = 0;
+  // Any thread: the calling thread's own round trip, on a connection no
+  // other thread uses meanwhile, for a caller that blocks until the answer
+  // (Runtime::lock(), LockHandle::unlock()): written as acquire_direct()
+  // and release_direct() write it, and answered on this thread, so that no
+  // other thread wakes. True once `done` ran, here, before the return (with
+  // an error when the answer did not come in the command timeout: then it
+  // may have run). False when nothing ran (the connection is in use, down,
+  // or the lane is closed), and `done` did not run: the caller goes another
+  // way.
+  virtual bool acquire_blocking(const LockRef& lock, const AcquiredDirect& done) = 0;
+  virtual bool release_blocking(const LockRef& lock, const ReleasedDirect& done) = 0;
 
  protected:
   ~DirectLane() = default;

@@ -84,6 +84,8 @@ class EvalRequest {
     (request.arg(args), ...);
     return request;
   }
+  // The call in RESP, once every argument is written (else empty).
+  std::string_view resp() const noexcept { return written_ == expected_ ? std::string_view(resp_) : std::string_view(); }
 
  private:
   friend class RedisConnection;

@@ -103,6 +103,8 @@ RedisNodeStore::RedisNodeStore(Loop& loop, Endpoint endpoint, const StoreSetting
       layout_(std::move(layout)),
       replicas_(replicas) {
   using Mode = RedisConnection::Mode;
+  if (endpoint.port > 0 && !endpoint.tls)
+    line_ = std::make_unique<CallerLine>(endpoint, settings.connection, endpoint.name());
   conn_ = std::make_unique<RedisConnection>(loop, endpoint, settings, Mode::kCommands);
   renew_ = std::make_unique<RedisConnection>(loop, endpoint, settings, Mode::kCommands);
   if (replicas_.min > 0) acquire_ = std::make_unique<RedisConnection>(loop, endpoint, settings, Mode::kCommands);
@@ -197,6 +199,7 @@ void RedisNodeStore::write_directly() {
   offered.direct_lane = this;
   offer(offered);
   conn_->enable_lane();
+  line_open_ = true;
 }
 
 // A thread that makes its calls in bursts (a fan-out's rounds: one thread
@@ -243,6 +246,28 @@ bool RedisNodeStore::release_direct(const LockRef& l, ReleasedDirect done) {
     done(status, why);
   };
   return conn_->send_direct(request, cb);
+}
+
+bool RedisNodeStore::acquire_blocking(const LockRef& l, const AcquiredDirect& done) {
+  if (line_ == nullptr || !line_open_ || !l.kind.exclusive_kind() || !conn_->lane_idle()) return false;
+  EvalRequest request = acquire_request(std::span<const LockRef>(&l, 1), key_prefix_, owner_);
+  return line_->call(request.resp(), [&](const redisReply* r, const StoreError* err) {
+           AcquireReply reply(r, err, 1, line_->name());
+           done(reply.next());
+         }) != CallerLine::Outcome::kNotSent;
+}
+
+bool RedisNodeStore::release_blocking(const LockRef& l, const ReleasedDirect& done) {
+  if (line_ == nullptr || !line_open_ || !l.kind.exclusive_kind() || !conn_->lane_idle()) return false;
+  EvalRequest request = release_request(std::span<const LockRef>(&l, 1), notice(), [](const LockRef&) { return true; });
+  return line_->call(request.resp(), [&](const redisReply* r, const StoreError* err) {
+           // As release_reply() and heard_by() without what is the loop's
+           // (its log, its subscriptions): a notice heard once reads kYes.
+           ReleaseReply reply(r, err, 1, line_->name());
+           const StoreError* why = nullptr;
+           const Released status = reply.next(&why);
+           done(status, why);
+         }) != CallerLine::Outcome::kNotSent;
 }
 
 void RedisNodeStore::release(std::span<const LockRef> locks, bool notify, ReleaseDone done) {

@@ -52,6 +52,7 @@
 #include "core/turn_end.hpp"
 #include "lockwatch/options.hpp"
 #include "store/capabilities.hpp"
+#include "store/redis/caller_line.hpp"
 #include "store/redis/connection.hpp"
 #include "store/redis/layout.hpp"
 #include "store/store_base.hpp"
@@ -87,6 +88,10 @@ class RedisNodeStore final : public RedisStoreBase, public DirectLane {
   bool lane_open_at(std::chrono::steady_clock::time_point now) const noexcept override;
   bool acquire_direct(const LockRef& lock, AcquiredDirect done) override;
   bool release_direct(const LockRef& lock, ReleasedDirect done) override;
+  // On line_, while the lane is open: nothing of this process is then in
+  // flight on the command connection that the call could overtake.
+  bool acquire_blocking(const LockRef& lock, const AcquiredDirect& done) override;
+  bool release_blocking(const LockRef& lock, const ReleasedDirect& done) override;
   // Before start(), for a node of a Redis Cluster: a batch goes as one
   // script call per slot group (a script's KEYS must share one slot).
   void batch_by_slot() { by_slot_ = true; }
@@ -251,6 +256,10 @@ class RedisNodeStore final : public RedisStoreBase, public DirectLane {
   std::unique_ptr<RedisConnection> conn_;   // commands, pipelined
   std::unique_ptr<RedisConnection> renew_;  // renewals only
   std::unique_ptr<RedisConnection> sub_;    // release notices
+  // The blocking callers' (DirectLane::acquire_blocking), for a plain TCP
+  // endpoint given (not Sentinel's); used once write_directly() opened it.
+  std::unique_ptr<CallerLine> line_;
+  bool line_open_ = false;  // set before start()
   // With min_replicas: acquisitions and their WAITs, so that a WAIT holds
   // up nothing else (null without).
   std::unique_ptr<RedisConnection> acquire_;

@@ -1,0 +1,106 @@
+#include "caller_line.hpp"
+
+#include <poll.h>
+#include <sys/time.h>
+
+#include "redis_error.hpp"
+
+namespace lockwatch::detail {
+
+namespace {
+timeval timeval_of(std::chrono::milliseconds ms) {
+  return timeval{static_cast<time_t>(ms.count() / 1000), static_cast<suseconds_t>(ms.count() % 1000 * 1000)};
+}
+constexpr std::chrono::seconds kClosedFor{1};
+}  // namespace
+
+CallerLine::CallerLine(Endpoint endpoint, ConnectionOptions options, std::string name)
+    : endpoint_(std::move(endpoint)), options_(options), name_(std::move(name)) {}
+
+CallerLine::~CallerLine() {
+  std::lock_guard lk(mu_);
+  close();
+}
+
+void CallerLine::close() {
+  if (ctx_ != nullptr) redisFree(ctx_);
+  ctx_ = nullptr;
+  closed_until_ = std::chrono::steady_clock::now() + kClosedFor;
+}
+
+bool CallerLine::handshake(int argc, const char** argv, const std::size_t* lens) {
+  auto* r = static_cast<redisReply*>(redisCommandArgv(ctx_, argc, argv, lens));
+  const bool ok = r != nullptr && r->type != REDIS_REPLY_ERROR;
+  if (r != nullptr) freeReplyObject(r);
+  return ok;
+}
+
+bool CallerLine::open() {
+  if (ctx_ != nullptr) {
+    // Readable while idle: the server closed it (or sent what nobody asked
+    // for). Either way it is not trusted with a request.
+    pollfd p{ctx_->fd, POLLIN, 0};
+    if (ctx_->err == 0 && ::poll(&p, 1, 0) == 0) return true;
+    close();
+  }
+  if (endpoint_.tls || endpoint_.port <= 0 || std::chrono::steady_clock::now() < closed_until_) return false;
+  ctx_ = redisConnectWithTimeout(endpoint_.host.c_str(), endpoint_.port, timeval_of(options_.connect_timeout));
+  if (ctx_ == nullptr || ctx_->err != 0 || redisSetTimeout(ctx_, timeval_of(options_.command_timeout)) != REDIS_OK) {
+    close();
+    return false;
+  }
+  bool ok = true;
+  // As the loop's connections: AUTH with an empty password logs in an ACL
+  // user that has nopass.
+  if (!endpoint_.user.empty()) {
+    const char* argv[] = {"AUTH", endpoint_.user.c_str(), endpoint_.password.c_str()};
+    const std::size_t lens[] = {4, endpoint_.user.size(), endpoint_.password.size()};
+    ok = handshake(3, argv, lens);
+  } else if (!endpoint_.password.empty()) {
+    const char* argv[] = {"AUTH", endpoint_.password.c_str()};
+    const std::size_t lens[] = {4, endpoint_.password.size()};
+    ok = handshake(2, argv, lens);
+  }
+  if (ok && endpoint_.db != 0) {
+    const std::string db = std::to_string(endpoint_.db);
+    const char* argv[] = {"SELECT", db.c_str()};
+    const std::size_t lens[] = {6, db.size()};
+    ok = handshake(2, argv, lens);
+  }
+  if (!ok) close();
+  return ok;
+}
+
+CallerLine::Outcome CallerLine::call(std::string_view resp, const Done& done) {
+  std::unique_lock lk(mu_, std::try_to_lock);
+  if (!lk.owns_lock() || !open()) return Outcome::kNotSent;
+  redisReply* r = nullptr;
+  if (redisAppendFormattedCommand(ctx_, resp.data(), resp.size()) != REDIS_OK ||
+      redisGetReply(ctx_, reinterpret_cast<void**>(&r)) != REDIS_OK || r == nullptr) {
+    // Perhaps written, perhaps run: the caller counts it as the loop counts
+    // a request that timed out.
+    const StoreError err = StoreError::unavailable(
+        name_, std::string("no answer on the caller's connection: ") + (ctx_->err != 0 ? ctx_->errstr : "closed"));
+    close();
+    lk.unlock();
+    done(nullptr, &err);
+    return Outcome::kUnknown;
+  }
+  lk.unlock();
+  struct Free {
+    redisReply* r;
+    ~Free() { freeReplyObject(r); }
+  } free_reply{r};
+  if (r->type == REDIS_REPLY_ERROR) {
+    const std::string_view text(r->str, r->len);
+    // The script did not run: the loop's connection loads it again.
+    if (text.starts_with("NOSCRIPT")) return Outcome::kNotSent;
+    const StoreError err = redis_reply_error(name_, text);
+    done(nullptr, &err);
+    return Outcome::kAnswered;
+  }
+  done(r, nullptr);
+  return Outcome::kAnswered;
+}
+
+}  // namespace lockwatch::detail

@@ -1,0 +1,60 @@
+// lib/store/redis/caller_line.hpp: a connection a blocking caller uses for
+// its own round trip. Runtime::lock() and LockHandle::unlock() write their
+// script call and read the reply on the calling thread, as raw hiredis does:
+// no other thread wakes for it. The loop's connections are not touched.
+//
+// One caller at a time: a caller that finds it in use, down, or not yet
+// worth trying again goes the loop's way. Plain TCP only (rediss:// goes the
+// loop's way). It connects on first use, within the connect timeout, with
+// AUTH and SELECT as the loop's connections do; a failure keeps it closed
+// for a second. Before each call it checks that the server has not closed
+// it meanwhile, so an idle connection's end is found before a request is
+// written on it, not by losing the request's answer.
+#pragma once
+
+#include <hiredis/hiredis.h>
+
+#include <chrono>
+#include <cstdint>
+#include <functional>
+#include <mutex>
+#include <string>
+#include <string_view>
+
+#include "lockwatch/options.hpp"
+#include "store/store_error.hpp"
+
+namespace lockwatch::detail {
+
+class CallerLine {
+ public:
+  CallerLine(Endpoint endpoint, ConnectionOptions options, std::string name);
+  ~CallerLine();
+  CallerLine(const CallerLine&) = delete;
+  CallerLine& operator=(const CallerLine&) = delete;
+
+  enum class Outcome : std::uint8_t {
+    kNotSent,   // nothing ran: in use, down, or a script the server does not have (NOSCRIPT)
+    kAnswered,  // `done` ran with the reply (an error reply classified, as the loop's are)
+    kUnknown,   // `done` ran with kUnavailable: written, and no answer within the command timeout
+  };
+  using Done = std::function<void(const redisReply* reply, const StoreError* error)>;
+  // Any thread: writes `resp` (one command in RESP) and reads its answer.
+  // `done` runs on this thread before the return, unless kNotSent.
+  Outcome call(std::string_view resp, const Done& done);
+  const std::string& name() const noexcept { return name_; }
+
+ private:
+  bool open();   // under mu_: connected and past the handshake
+  void close();  // under mu_
+  bool handshake(int argc, const char** argv, const std::size_t* lens);  // under mu_: a command answered without error
+
+  const Endpoint endpoint_;
+  const ConnectionOptions options_;
+  const std::string name_;
+  std::mutex mu_;
+  redisContext* ctx_ = nullptr;                       // under mu_
+  std::chrono::steady_clock::time_point closed_until_;  // under mu_: not tried again before then
+};
+
+}  // namespace lockwatch::detail
