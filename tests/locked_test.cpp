@@ -613,6 +613,26 @@ TEST_P(LockedTest, DestroyingTheRuntimeReleasesLockedHandles) {
   EXPECT_FALSE(h);
 }
 
+// The server closes every client's connection: lock() goes on (the
+// caller's own connection is found closed before a request is written on
+// it, and made again), within the reconnect.
+TEST_P(LockedTest, LockGoesOnAfterTheServerClosedEveryConnection) {
+  const std::string k = key();
+  rt_->lock({.key = k, .ttl = 2s}).unlock();
+  ASSERT_NE(server().command({"CLIENT", "KILL", "TYPE", "normal"}).type, Reply::Type::kError);
+  const auto until = std::chrono::steady_clock::now() + kBound;
+  int taken = 0;
+  while (taken < 20 && std::chrono::steady_clock::now() < until) {
+    try {
+      rt_->lock({.key = k, .ttl = 2s}).unlock();
+      ++taken;
+    } catch (const ConnectionError&) {  // a call caught by the kill itself
+    }
+  }
+  EXPECT_EQ(taken, 20);
+  EXPECT_FALSE(exists(server(), k));
+}
+
 // Threads locking one key with lock() (no wait: busy is thrown) are never
 // inside together, and leave nothing held.
 TEST_P(LockedTest, ThreadsLockingOneKeyAreNeverInsideTogether) {

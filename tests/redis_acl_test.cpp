@@ -257,6 +257,33 @@ TEST_F(RedisAclTest, WithoutEvalshaAnAcquisitionFailsWithAuthErrorNamingItAndThe
   EXPECT_FALSE(exists(*server_, test_key()));
 }
 
+// Runtime::lock() asks on a connection of the caller's own (after its
+// first call has connected the runtime): it logs in as the user too, and
+// a refusal reads as the loop's connections tell it.
+TEST_F(RedisAclTest, LockAndUnlockLogInAsTheUserAndTellARefusalAlike) {
+  forget_refusals(*server_);
+  {
+    Runtime rt(as("lockwatch"));
+    for (int i = 0; i < 3; ++i) {
+      LockHandle h = rt.lock({.key = test_key(), .ttl = 5s});
+      EXPECT_TRUE(exists(*server_, test_key()));
+      h.unlock();
+      EXPECT_FALSE(exists(*server_, test_key()));
+    }
+  }
+  EXPECT_EQ(refusals(*server_), "");
+  add_user(*server_, "noevalsha", "pw", plus(without(doc_rule("node"), "+evalsha"), doc_rule("scheduler")));
+  Runtime rt(as("noevalsha"));
+  for (int i = 0; i < 3; ++i) {
+    auto e = thrown<AuthError>([&] { (void)rt.lock({.key = test_key(), .ttl = 5s}); });
+    ASSERT_TRUE(e);
+    const std::string what = e->what();
+    EXPECT_NE(what.find("'evalsha'"), std::string::npos) << what;
+    EXPECT_NE(what.find("EVALSHA of lockwatch's acquire script, which calls SET"), std::string::npos) << what;
+  }
+  EXPECT_FALSE(exists(*server_, test_key()));
+}
+
 TEST_F(RedisAclTest, AKeyPrefixOutsideThePatternIsRefusedWithAuthErrorNamingTheCommand) {
   Options o = as("lockwatch");
   o.runtime.key_prefix = "elsewhere:";

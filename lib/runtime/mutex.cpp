@@ -3,7 +3,6 @@
 #include "lockwatch/mutex.hpp"
 
 #include <algorithm>
-#include <future>
 
 namespace lockwatch {
 
@@ -19,12 +18,12 @@ mutex::~mutex() { unlock(); }
 
 bool mutex::try_lock_wait(milliseconds wait) {
   wait = std::clamp(wait, milliseconds(0), max_wait);
-  auto outcome = runtime_.acquire({.key = key_, .ttl = ttl_, .retries = retries_, .wait = wait});
   LockHandle h;
   try {
     // The runtime answers within the wait (and the command timeout), or
-    // fails it when it stops.
-    h = outcome.get();
+    // fails it when it stops. try_lock() on one Redis node asks on this
+    // thread (Runtime::lock).
+    h = runtime_.lock({.key = key_, .ttl = ttl_, .retries = retries_, .wait = wait});
   } catch (const LockNotAcquired&) {
     return false;
   }

@@ -4,6 +4,7 @@
 #include <sys/time.h>
 
 #include "redis_error.hpp"
+#include "scripts.hpp"
 
 namespace lockwatch::detail {
 
@@ -71,9 +72,10 @@ bool CallerLine::open() {
   return ok;
 }
 
-CallerLine::Outcome CallerLine::call(std::string_view resp, const Done& done) {
+CallerLine::Outcome CallerLine::call(const EvalRequest& request, const Done& done) {
+  const std::string_view resp = request.resp();
   std::unique_lock lk(mu_, std::try_to_lock);
-  if (!lk.owns_lock() || !open()) return Outcome::kNotSent;
+  if (resp.empty() || !lk.owns_lock() || !open()) return Outcome::kNotSent;
   redisReply* r = nullptr;
   if (redisAppendFormattedCommand(ctx_, resp.data(), resp.size()) != REDIS_OK ||
       redisGetReply(ctx_, reinterpret_cast<void**>(&r)) != REDIS_OK || r == nullptr) {
@@ -95,7 +97,8 @@ CallerLine::Outcome CallerLine::call(std::string_view resp, const Done& done) {
     const std::string_view text(r->str, r->len);
     // The script did not run: the loop's connection loads it again.
     if (text.starts_with("NOSCRIPT")) return Outcome::kNotSent;
-    const StoreError err = redis_reply_error(name_, text);
+    StoreError err = redis_reply_error(name_, text);
+    if (redis_acl_refusal(err)) err.message += " (sent: " + running(request.script()) + ")";
     done(nullptr, &err);
     return Outcome::kAnswered;
   }

@@ -22,6 +22,7 @@
 #include <string_view>
 
 #include "lockwatch/options.hpp"
+#include "store/redis/connection.hpp"
 #include "store/store_error.hpp"
 
 namespace lockwatch::detail {
@@ -39,9 +40,10 @@ class CallerLine {
     kUnknown,   // `done` ran with kUnavailable: written, and no answer within the command timeout
   };
   using Done = std::function<void(const redisReply* reply, const StoreError* error)>;
-  // Any thread: writes `resp` (one command in RESP) and reads its answer.
-  // `done` runs on this thread before the return, unless kNotSent.
-  Outcome call(std::string_view resp, const Done& done);
+  // Any thread: writes `request` and reads its answer. `done` runs on this
+  // thread before the return, unless kNotSent. An ACL refusal says what was
+  // sent, as the loop's connections say it.
+  Outcome call(const EvalRequest& request, const Done& done);
   const std::string& name() const noexcept { return name_; }
 
  private:

@@ -86,6 +86,7 @@ class EvalRequest {
   }
   // The call in RESP, once every argument is written (else empty).
   std::string_view resp() const noexcept { return written_ == expected_ ? std::string_view(resp_) : std::string_view(); }
+  const Script& script() const noexcept { return *script_; }
 
  private:
   friend class RedisConnection;

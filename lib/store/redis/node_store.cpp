@@ -251,7 +251,7 @@ bool RedisNodeStore::release_direct(const LockRef& l, ReleasedDirect done) {
 bool RedisNodeStore::acquire_blocking(const LockRef& l, const AcquiredDirect& done) {
   if (line_ == nullptr || !line_open_ || !l.kind.exclusive_kind() || !conn_->lane_idle()) return false;
   EvalRequest request = acquire_request(std::span<const LockRef>(&l, 1), key_prefix_, owner_);
-  return line_->call(request.resp(), [&](const redisReply* r, const StoreError* err) {
+  return line_->call(request, [&](const redisReply* r, const StoreError* err) {
            AcquireReply reply(r, err, 1, line_->name());
            done(reply.next());
          }) != CallerLine::Outcome::kNotSent;
@@ -260,7 +260,7 @@ bool RedisNodeStore::acquire_blocking(const LockRef& l, const AcquiredDirect& do
 bool RedisNodeStore::release_blocking(const LockRef& l, const ReleasedDirect& done) {
   if (line_ == nullptr || !line_open_ || !l.kind.exclusive_kind() || !conn_->lane_idle()) return false;
   EvalRequest request = release_request(std::span<const LockRef>(&l, 1), notice(), [](const LockRef&) { return true; });
-  return line_->call(request.resp(), [&](const redisReply* r, const StoreError* err) {
+  return line_->call(request, [&](const redisReply* r, const StoreError* err) {
            // As release_reply() and heard_by() without what is the loop's
            // (its log, its subscriptions): a notice heard once reads kYes.
            ReleaseReply reply(r, err, 1, line_->name());
