@@ -292,6 +292,37 @@ TEST_P(FaultsTest, AHungRedisCannotHangACall) {
   hung.resume();
 }
 
+// Runtime::lock() against a hung server (on a plaintext connection it
+// waits on its own connection): it fails within the command timeout, the
+// lock it may have taken is given back once the server answers again, and
+// lock() works again after.
+TEST_P(FaultsTest, AHungRedisCannotHangALockAndLeavesNothingHeld) {
+  RedisServer hung(over(GetParam()));
+  Options o = options_for(hung);
+  o.connection.command_timeout = 500ms;
+  Runtime rt(o);
+  rt.lock({.key = "hung", .ttl = 30s}).unlock();
+  hung.pause();
+  const auto t0 = std::chrono::steady_clock::now();
+  EXPECT_TRUE(thrown<ConnectionError>([&] { (void)rt.lock({.key = "hung", .ttl = 30s}); }));
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, 3s);
+  hung.resume();
+  // Its token is given back (a 30 s ttl would outlast the bound).
+  const auto until = std::chrono::steady_clock::now() + kBound;
+  while (exists(hung, "hung") && std::chrono::steady_clock::now() < until) std::this_thread::sleep_for(5ms);
+  EXPECT_FALSE(exists(hung, "hung"));
+  LockHandle h;
+  while (!h && std::chrono::steady_clock::now() < until) {
+    try {
+      h = rt.lock({.key = "hung", .ttl = 30s});
+    } catch (const ConnectionError&) {  // the connections coming back
+    }
+  }
+  ASSERT_TRUE(h);
+  h.unlock();
+  EXPECT_FALSE(exists(hung, "hung"));
+}
+
 // Work that ended in time is not lost however long its release waits for
 // an answer. The server hangs as the work ends and stays hung past the
 // lease's local deadline; the release (written by the work's thread itself
