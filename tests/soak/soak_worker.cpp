@@ -73,6 +73,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <future>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -870,6 +871,7 @@ struct Op {
   std::string id;
   std::string key;
   bool handle = false;
+  bool blocking = false;  // a handle's call through Runtime::lock() and LockHandle::unlock()
   int ttl_ms = 0;
   int wait_ms = 0;
   int retries = -1;  // < 0: forever
@@ -921,6 +923,7 @@ class Worker {
       op.id = args_.id + "." + std::to_string(thread) + "." + std::to_string(n);
       op.key = "k" + std::to_string(pick(0, args_.keys - 1));
       op.handle = pick(0, 9) < 3;
+      op.blocking = op.handle && pick(0, 1) == 0;
       op.ttl_ms = kTtls[pick(0, 5)];
       op.wait_ms = pick(0, 9) < 4 ? 0 : pick(50, 2000);
       op.retries = pick(0, 9) < 8 ? -1 : pick(0, 3);
@@ -1037,7 +1040,7 @@ class Worker {
                        .s("e", "b")
                        .s("op", op.id)
                        .s("k", op.key)
-                       .s("api", op.handle ? "handle" : "locked")
+                       .s("api", op.blocking ? "lock" : op.handle ? "handle" : "locked")
                        .s("kind", op.kind)
                        .i("ttl", op.ttl_ms)
                        .i("wait", op.wait_ms)
@@ -1048,7 +1051,22 @@ class Worker {
     lockwatch::Retries retries = op.retries < 0 ? lockwatch::Retries(lockwatch::forever) : lockwatch::Retries(op.retries);
     std::string out = "ok", msg;
     try {
-      if (op.handle) {
+      if (op.blocking) {
+        // Each on a thread of its own, so that a hang is still seen here.
+        auto f = std::async(std::launch::async, [&] {
+          return rt.lock({.key = "soak:" + op.key,
+                          .ttl = milliseconds(op.ttl_ms),
+                          .retries = retries,
+                          .wait = milliseconds(op.wait_ms),
+                          .kind = kind_of(op.kind)});
+        });
+        if (f.wait_for(hard) != std::future_status::ready) hang(op, "lock");
+        lockwatch::LockHandle h = f.get();
+        work(h.lease(), op);
+        auto r = std::async(std::launch::async, [&h] { h.unlock(); });
+        if (r.wait_for(hard) != std::future_status::ready) hang(op, "unlock");
+        r.get();
+      } else if (op.handle) {
         auto f = rt.acquire({.key = "soak:" + op.key,
                              .ttl = milliseconds(op.ttl_ms),
                              .retries = retries,
