@@ -463,6 +463,10 @@ class LockNodes {
       where_ = "masters";
       for (auto& m : masters_) {
         auto r = m.run({{"GET", key}});
+        // A probe connection left idle across a server restart fails its
+        // next call and is remade: the read (idempotent) is asked again
+        // once, so that a stale probe never reads as an empty key.
+        if (r.empty()) r = m.run({{"GET", key}});
         if (r.empty() || r[0]->type == REDIS_REPLY_ERROR) out.emplace_back();
         else out.emplace_back(str_of(r[0].get()));
       }
