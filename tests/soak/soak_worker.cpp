@@ -1055,32 +1055,20 @@ class Worker {
     lockwatch::Retries retries = op.retries < 0 ? lockwatch::Retries(lockwatch::forever) : lockwatch::Retries(op.retries);
     std::string out = "ok", msg;
     try {
-      if (op.blocking) {
-        // Each on a thread of its own, so that a hang is still seen here.
-        auto f = std::async(std::launch::async, [&] {
-          return rt.lock({.key = "soak:" + op.key,
-                          .ttl = milliseconds(op.ttl_ms),
-                          .retries = retries,
-                          .wait = milliseconds(op.wait_ms),
-                          .kind = kind_of(op.kind)});
-        });
-        if (f.wait_for(hard) != std::future_status::ready) hang(op, "lock");
+      if (op.handle) {
+        const lockwatch::LockRequest request{.key = "soak:" + op.key,
+                                             .ttl = milliseconds(op.ttl_ms),
+                                             .retries = retries,
+                                             .wait = milliseconds(op.wait_ms),
+                                             .kind = kind_of(op.kind)};
+        // The blocking pair each on a thread of its own, so that a hang is
+        // still seen here.
+        auto f = op.blocking ? std::async(std::launch::async, [&] { return rt.lock(request); }) : rt.acquire(request);
+        if (f.wait_for(hard) != std::future_status::ready) hang(op, op.blocking ? "lock" : "acquire");
         lockwatch::LockHandle h = f.get();
         work(h.lease(), op);
-        auto r = std::async(std::launch::async, [&h] { h.unlock(); });
-        if (r.wait_for(hard) != std::future_status::ready) hang(op, "unlock");
-        r.get();
-      } else if (op.handle) {
-        auto f = rt.acquire({.key = "soak:" + op.key,
-                             .ttl = milliseconds(op.ttl_ms),
-                             .retries = retries,
-                             .wait = milliseconds(op.wait_ms),
-                             .kind = kind_of(op.kind)});
-        if (f.wait_for(hard) != std::future_status::ready) hang(op, "acquire");
-        lockwatch::LockHandle h = f.get();
-        work(h.lease(), op);
-        auto r = h.release();
-        if (r.wait_for(hard) != std::future_status::ready) hang(op, "release");
+        auto r = op.blocking ? std::async(std::launch::async, [&h] { h.unlock(); }) : h.release();
+        if (r.wait_for(hard) != std::future_status::ready) hang(op, op.blocking ? "unlock" : "release");
         r.get();
       } else {
         auto builder = lockwatch::locked("soak:{0}", milliseconds(op.ttl_ms), retries);
