@@ -61,6 +61,9 @@ class Backend {
   // serves as at its start (a cluster shared by every backend of a kind may
   // still be electing after another case's faults).
   virtual void settle() {}
+  // After a failed case: prints what the server logged, to tell its fault
+  // from a client's.
+  virtual void report_failure() const {}
   virtual std::string url() const = 0;
   // The same server, with a password it refuses.
   virtual std::string url_with_wrong_password() const = 0;
@@ -166,6 +169,10 @@ class MariaDbBackend final : public Backend {
   void start() override { server_.start(); }
   void pause(const std::string&) override { server_.pause(); }
   void resume() override { server_.resume(); }
+  void report_failure() const override {
+    std::fprintf(stderr, "--- mariadbd (%s), its log's end:\n%s", server_.running() ? "running" : "NOT running",
+                 server_.log_tail().c_str());
+  }
 
  private:
   MariaDbServer server_;

@@ -56,6 +56,10 @@ class StoreContractTest : public ::testing::TestWithParam<std::string> {
     return harmful.count(name.substr(0, name.find('/'))) != 0;
   }
 
+  void TearDown() override {
+    if (HasFailure() && backend_ != nullptr) backend_->report_failure();
+  }
+
   void SetUp() override {
     if (harms_its_server()) {
       own_ = make_backend(GetParam());

@@ -7,6 +7,7 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <cstdio>
 #include <condition_variable>
 #include <functional>
 #include <future>
@@ -151,6 +152,30 @@ class Gate {
   // says, as a failure, how it ended. Returns whether the gate opened.
   template <class T>
   bool wait_or_ended(std::future<T>& call) const {
+    return wait_or_ended(call, [](const ConnectionError&) { return false; });
+  }
+  // As wait_or_ended(call), but a call that ended with a ConnectionError
+  // before the gate opened (a store's session not yet made on a loaded
+  // machine) is made again by `make`, at most `attempts` calls in all.
+  template <class Make>
+  bool wait_remaking(Make&& make, decltype(make())& call, int attempts) const {
+    call = make();
+    for (int made = 1;; ++made) {
+      bool again = false;
+      if (wait_or_ended(call, [&](const ConnectionError& e) {
+            std::fprintf(stderr, "call %d of %d ended before the gate opened: %s\n", made, attempts, e.what());
+            return again = made < attempts;
+          }))
+        return true;
+      if (!again) return false;
+      call = make();
+    }
+  }
+
+ private:
+  // `retry` says whether a ConnectionError ending the call is not a failure.
+  template <class T, class Retry>
+  bool wait_or_ended(std::future<T>& call, Retry retry) const {
     const auto until = std::chrono::steady_clock::now() + kBound;
     while (std::chrono::steady_clock::now() < until) {
       if (f_.wait_for(std::chrono::milliseconds(10)) == std::future_status::ready) return true;
@@ -158,6 +183,8 @@ class Gate {
       try {
         call.get();
         ADD_FAILURE() << "the call ended before the gate opened";
+      } catch (const ConnectionError& e) {
+        if (!retry(e)) ADD_FAILURE() << "the call ended before the gate opened: " << e.what();
       } catch (const std::exception& e) {
         ADD_FAILURE() << "the call ended before the gate opened: " << e.what();
       }
@@ -167,7 +194,6 @@ class Gate {
     return false;
   }
 
- private:
   std::promise<void> p_;
   std::shared_future<void> f_ = p_.get_future().share();
   bool opened_ = false;

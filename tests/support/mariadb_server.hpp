@@ -57,6 +57,8 @@ class MariaDbServer {
   void pause();
   void resume();
   bool running() const;
+  // The end of the server's error log (at most 4 KiB).
+  std::string log_tail() const;
 
   // Runs statements as root over the unix socket (blocking; 10 s bound)
   // and returns the last result set's rows (NULL as "NULL"). Throws
@@ -65,7 +67,6 @@ class MariaDbServer {
 
  private:
   void spawn();
-  std::string log_tail() const;
 
   std::string dir_;
   std::string socket_;
