@@ -9,6 +9,9 @@
 //       returns std::future: <conc> caller threads each write their own
 //       requests (the same scripts) on one shared connection and wait on a
 //       future, which one reader thread, blocked in read(), completes.
+//   BM_RawHiredisBlocking/<conc>/uncontended  the limit for blocking
+//       callers that read their own replies (Runtime::lock): <conc> caller
+//       threads, each with its own connection and hiredis's blocking client.
 //   BM_RawHiredis2/<conc>/uncontended  the same limit for two locks a cycle:
 //       both acquire scripts pipelined, then both release scripts.
 //   BM_Transfer/<conc>/uncontended     LOCKED on lockwatch::all_of of two
@@ -1159,12 +1162,16 @@ class RawClient {
   std::string error_;
 };
 
+// EVALSHA only: the scripts must be in Redis's cache.
+void load_raw_scripts() {
+  for (auto id : {lockwatch::detail::ScriptId::kAcquire, lockwatch::detail::ScriptId::kRelease})
+    g_redis->command({"SCRIPT", "LOAD", std::string(lockwatch::detail::script(id).source)});
+}
+
 void BM_RawHiredis(benchmark::State& state, int conc, int keys) {
   prepare_run();
   std::uint64_t run = ++g_run;
-  // EVALSHA only: the scripts must be in Redis's cache.
-  for (auto id : {lockwatch::detail::ScriptId::kAcquire, lockwatch::detail::ScriptId::kRelease})
-    g_redis->command({"SCRIPT", "LOAD", std::string(lockwatch::detail::script(id).source)});
+  load_raw_scripts();
   Recorder rec;
   RawClient client(conc, run, keys);
   if (!client.error().empty()) {
@@ -1279,45 +1286,60 @@ class FutureClient {
   std::thread reader_;
 };
 
-// One caller's cycles on FutureClient: the same scripts, keys and token
-// size as BM_RawHiredis, each reply awaited through its future.
-bool future_cycle(FutureClient& client, std::uint64_t run, int caller, std::uint64_t n, Tally& tally) {
-  using lockwatch::detail::ScriptId;
+// One raw cycle's two script calls, with the same scripts, keys and token
+// size as BM_RawHiredis, for caller `caller`'s `n`th cycle of run `run`.
+struct RawCycleArgs {
+  RawCycleArgs(const char* prefix, std::uint64_t run, int caller, std::uint64_t n) {
+    using lockwatch::detail::ScriptId;
+    std::snprintf(token, sizeof token, "%016llx%016llx", static_cast<unsigned long long>(run),
+                  static_cast<unsigned long long>(n * 1024 + static_cast<std::uint64_t>(caller)));
+    std::snprintf(lock_key, sizeof lock_key, "lockwatch:{%s:%llu:%d:%llu}", prefix,
+                  static_cast<unsigned long long>(run), caller, static_cast<unsigned long long>(n));
+    const std::string_view tag = lockwatch::detail::slot_tag(lockwatch::detail::key_slot(lock_key));
+    std::snprintf(counter_key, sizeof counter_key, "lockwatch:fence:{%.*s}", static_cast<int>(tag.size()), tag.data());
+    std::snprintf(legacy_key, sizeof legacy_key, "%s:fence", lock_key);
+    std::snprintf(channel, sizeof channel, "%s:rel", lock_key);
+    acquire[1] = lockwatch::detail::script(ScriptId::kAcquire).sha1.c_str();
+    release[1] = lockwatch::detail::script(ScriptId::kRelease).sha1.c_str();
+  }
+  RawCycleArgs(const RawCycleArgs&) = delete;
+  RawCycleArgs& operator=(const RawCycleArgs&) = delete;
+
+  // Whether `r` (nullptr: no reply) granted the lock, and deleted it.
+  static bool granted(const redisReply* r) {
+    return r != nullptr && r->type == REDIS_REPLY_STRING && r->len >= 2 && r->str[0] == 't';
+  }
+  static bool deleted(const redisReply* r) {
+    return r != nullptr && r->type == REDIS_REPLY_STRING && r->len == 1 &&
+           std::string_view("1uv").find(r->str[0]) != std::string_view::npos;
+  }
+
   char lock_key[96], counter_key[32], legacy_key[104], channel[104], token[33];
-  std::snprintf(token, sizeof token, "%016llx%016llx", static_cast<unsigned long long>(run),
-                static_cast<unsigned long long>(n * 1024 + static_cast<std::uint64_t>(caller)));
-  std::snprintf(lock_key, sizeof lock_key, "lockwatch:{rawf:%llu:%d:%llu}", static_cast<unsigned long long>(run),
-                caller, static_cast<unsigned long long>(n));
-  const std::string_view tag = lockwatch::detail::slot_tag(lockwatch::detail::key_slot(lock_key));
-  std::snprintf(counter_key, sizeof counter_key, "lockwatch:fence:{%.*s}", static_cast<int>(tag.size()), tag.data());
-  std::snprintf(legacy_key, sizeof legacy_key, "%s:fence", lock_key);
-  std::snprintf(channel, sizeof channel, "%s:rel", lock_key);
+  const char* acquire[8] = {"EVALSHA", nullptr, "3", lock_key, counter_key, legacy_key, token, "30000"};
+  const char* release[7] = {"EVALSHA", nullptr, "1", lock_key, "p", token, channel};
+};
+
+// Takes `reply`, frees it and says whether `check` holds for it; a
+// failure is noted in `tally` as `what`.
+bool raw_reply_ok(redisReply* reply, bool (*check)(const redisReply*), Tally& tally, const char* what) {
+  const bool ok = check(reply);
+  if (reply != nullptr) freeReplyObject(reply);
+  if (!ok) tally.fail(what);
+  return ok;
+}
+
+// One caller's cycles on FutureClient, each reply awaited through its future.
+bool future_cycle(FutureClient& client, std::uint64_t run, int caller, std::uint64_t n, Tally& tally) {
+  RawCycleArgs args("rawf", run, caller, n);
   const auto t0 = Clock::now();
-  const char* acquire[] = {"EVALSHA",   lockwatch::detail::script(ScriptId::kAcquire).sha1.c_str(),
-                           "3",         lock_key,
-                           counter_key, legacy_key,
-                           token,       "30000"};
-  auto taken = client.send(8, acquire);
-  if (!ready_in_bound(taken, tally, "raw acquire")) return false;
-  redisReply* r = taken.get();
-  const bool ok = r != nullptr && r->type == REDIS_REPLY_STRING && r->len >= 2 && r->str[0] == 't';
-  if (r != nullptr) freeReplyObject(r);
-  if (!ok) {
-    tally.fail("raw acquire refused or failed");
+  auto taken = client.send(8, args.acquire);
+  if (!ready_in_bound(taken, tally, "raw acquire") ||
+      !raw_reply_ok(taken.get(), RawCycleArgs::granted, tally, "raw acquire refused or failed"))
     return false;
-  }
-  const char* release[] = {"EVALSHA", lockwatch::detail::script(ScriptId::kRelease).sha1.c_str(), "1", lock_key, "p",
-                           token,     channel};
-  auto released = client.send(7, release);
-  if (!ready_in_bound(released, tally, "raw release")) return false;
-  r = released.get();
-  const bool deleted = r != nullptr && r->type == REDIS_REPLY_STRING && r->len == 1 &&
-                       std::string_view("1uv").find(r->str[0]) != std::string_view::npos;
-  if (r != nullptr) freeReplyObject(r);
-  if (!deleted) {
-    tally.fail("raw release did not delete");
+  auto released = client.send(7, args.release);
+  if (!ready_in_bound(released, tally, "raw release") ||
+      !raw_reply_ok(released.get(), RawCycleArgs::deleted, tally, "raw release did not delete"))
     return false;
-  }
   tally.cycle_us.push_back(static_cast<float>(micros(Clock::now() - t0)));
   ++tally.cycles;
   return true;
@@ -1326,8 +1348,7 @@ bool future_cycle(FutureClient& client, std::uint64_t run, int caller, std::uint
 void BM_RawHiredisFuture(benchmark::State& state, int conc) {
   prepare_run();
   const std::uint64_t run = ++g_run;
-  for (auto id : {lockwatch::detail::ScriptId::kAcquire, lockwatch::detail::ScriptId::kRelease})
-    g_redis->command({"SCRIPT", "LOAD", std::string(lockwatch::detail::script(id).source)});
+  load_raw_scripts();
   FutureClient client(g_redis->port());
   if (!client.error().empty()) {
     state.SkipWithError(client.error().c_str());
@@ -1340,6 +1361,47 @@ void BM_RawHiredisFuture(benchmark::State& state, int conc) {
       if (!future_cycle(client, run, caller, n++, tally)) return;
     }
   });
+}
+
+// ------------------------------------------------ raw hiredis, blocking
+
+// The limit for blocking callers that read their own replies
+// (Runtime::lock/unlock): each caller thread has its own connection and
+// hiredis's blocking client, and sends the same two script calls.
+void BM_RawHiredisBlocking(benchmark::State& state, int conc) {
+  prepare_run();
+  const std::uint64_t run = ++g_run;
+  load_raw_scripts();
+  std::vector<redisContext*> lines(static_cast<std::size_t>(conc), nullptr);
+  auto close_all = [&] {
+    for (auto* c : lines)
+      if (c != nullptr) redisFree(c);
+  };
+  for (auto& c : lines) {
+    c = redisConnect("127.0.0.1", g_redis->port());
+    if (c == nullptr || c->err) {
+      state.SkipWithError(c ? c->errstr : "out of memory");
+      close_all();
+      return;
+    }
+  }
+  std::vector<std::uint64_t> next(static_cast<std::size_t>(conc), 0);
+  run_threaded(state, conc, false, [&](int caller, Tally& tally, Clock::time_point deadline) {
+    redisContext* c = lines[static_cast<std::size_t>(caller)];
+    std::uint64_t& n = next[static_cast<std::size_t>(caller)];
+    while (Clock::now() < deadline) {
+      RawCycleArgs args("rawb", run, caller, n++);
+      const auto t0 = Clock::now();
+      if (!raw_reply_ok(static_cast<redisReply*>(redisCommandArgv(c, 8, args.acquire, nullptr)), RawCycleArgs::granted,
+                        tally, "raw acquire refused or failed") ||
+          !raw_reply_ok(static_cast<redisReply*>(redisCommandArgv(c, 7, args.release, nullptr)), RawCycleArgs::deleted,
+                        tally, "raw release did not delete"))
+        return;
+      tally.cycle_us.push_back(static_cast<float>(micros(Clock::now() - t0)));
+      ++tally.cycles;
+    }
+  });
+  close_all();
 }
 
 struct PollVariant {
@@ -1382,9 +1444,14 @@ void register_benchmarks() {
   }
   // The limit for an API that returns futures: the caller writes, one
   // reader thread completes the futures.
+  // The limit for blocking callers: each thread its own connection.
   for (int conc : {1, 64}) {
     benchmark::RegisterBenchmark(fmt::format("BM_RawHiredisFuture/{}/uncontended", conc).c_str(), BM_RawHiredisFuture,
                                  conc)
+        ->UseManualTime()
+        ->Unit(benchmark::kMillisecond);
+    benchmark::RegisterBenchmark(fmt::format("BM_RawHiredisBlocking/{}/uncontended", conc).c_str(),
+                                 BM_RawHiredisBlocking, conc)
         ->UseManualTime()
         ->Unit(benchmark::kMillisecond);
   }
