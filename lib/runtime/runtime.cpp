@@ -307,11 +307,10 @@ std::shared_ptr<detail::LeaseRecord> detail::RuntimeImpl::take_here(const std::s
   a->step = detail::Step::kHeld;
   auto l = table_.grant_to_caller(*a, answer->fence, sent);
   call.acquisition.reset();  // `a` keeps the call: not the other way round
-  // The loop takes the lease in before its first renewal is due (at the
-  // earliest a twentieth of the ttl before renew_after: coalesced()); until
+  // The loop takes the lease in before its first renewal is due; until
   // then nothing wakes it for this call.
-  const auto by = sent + l->renew_after - std::chrono::duration_cast<Clock::duration>(l->ttl()) / 20;
-  (void)loop_.post_by([this, a, l] { table_.adopt(a, l); }, by);  // admitted: the loop takes it
+  (void)loop_.post_by([this, a, l] { table_.adopt(a, l); },  // admitted: the loop takes it
+                      detail::Watchdog::adopt_by(*l, sent));
   if (admission_.stopping())  // granted as the stop began: the stop gives it back
     throw RuntimeStopped("lockwatch runtime stopped while the lock was taken");
   return l;

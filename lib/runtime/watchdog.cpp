@@ -152,6 +152,14 @@ bool Watchdog::may_renew(const LeaseRecord& l) const noexcept {
   return l.renewals_left != 0 || !l.started();
 }
 
+Watchdog::Clock::duration Watchdog::most_early(std::chrono::milliseconds ttl) noexcept {
+  return std::chrono::duration_cast<Clock::duration>(ttl) / 20;
+}
+
+Watchdog::Clock::time_point Watchdog::adopt_by(const LeaseRecord& l, Clock::time_point sent) noexcept {
+  return sent + l.renew_after - most_early(l.ttl());
+}
+
 Watchdog::Clock::time_point Watchdog::coalesced(Clock::time_point at, std::chrono::milliseconds ttl) const noexcept {
   // Up to a twentieth of the ttl early, down to a point of a grid shared by
   // every lease whose ttl gives it that grid: the tick times a power of two
@@ -159,7 +167,7 @@ Watchdog::Clock::time_point Watchdog::coalesced(Clock::time_point at, std::chron
   // due in one tick and go out in one batch, one wake-up for many leases;
   // renewing early only widens the time left to confirm a renewal.
   const Clock::duration tick = clock_.tick();
-  const Clock::duration most = std::chrono::duration_cast<Clock::duration>(ttl) / 20;
+  const Clock::duration most = most_early(ttl);
   if (tick <= Clock::duration::zero() || most < 2 * tick) return at;
   Clock::duration grid = tick;
   while (grid * 2 <= most) grid *= 2;

@@ -53,6 +53,9 @@ class Watchdog {
   // at `sent` (Runtime::lock): the caller's until the loop adopts it, and
   // counted as held already. Not in the registry: no renewal is due yet.
   std::shared_ptr<LeaseRecord> grant_to_caller(const Acquisition& a, std::uint64_t fence, Clock::time_point sent);
+  // The time by which the loop adopts a lease of grant_to_caller() whose
+  // request went at `sent`: its first renewal at the earliest.
+  static Clock::time_point adopt_by(const LeaseRecord& l, Clock::time_point sent) noexcept;
   // Loop thread: a lease of grant_to_caller() joins the registry, its
   // renewals counted from its grant's send.
   void adopt(const std::shared_ptr<LeaseRecord>& l);
@@ -130,6 +133,9 @@ class Watchdog {
   // A renewal due `at` moved early onto a grid its ttl shares with others
   // (at most a twentieth of the ttl), so that renewals coalesce.
   Clock::time_point coalesced(Clock::time_point at, std::chrono::milliseconds ttl) const noexcept;
+  // How much earlier than due coalesced() may move a renewal: a twentieth
+  // of the ttl.
+  static Clock::duration most_early(std::chrono::milliseconds ttl) noexcept;
   // Queues `l`'s renewal for this tick's batch (flush()); `now`: the
   // caller's reading of the clock, if it has one.
   void send_renew(const std::shared_ptr<LeaseRecord>& l, Clock::time_point now = Clock::now());

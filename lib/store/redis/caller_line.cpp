@@ -12,21 +12,24 @@ namespace {
 timeval timeval_of(std::chrono::milliseconds ms) {
   return timeval{static_cast<time_t>(ms.count() / 1000), static_cast<suseconds_t>(ms.count() % 1000 * 1000)};
 }
-constexpr std::chrono::seconds kClosedFor{1};
 }  // namespace
 
 CallerLine::CallerLine(Endpoint endpoint, ConnectionOptions options, std::string name)
-    : endpoint_(std::move(endpoint)), options_(options), name_(std::move(name)) {}
+    : endpoint_(std::move(endpoint)),
+      options_(options),
+      name_(std::move(name)),
+      backoff_(options_.reconnect_min, options_.reconnect_max) {}
 
 CallerLine::~CallerLine() {
   std::lock_guard lk(mu_);
-  close();
+  close(false);
 }
 
-void CallerLine::close() {
+void CallerLine::close(bool failed) {
   if (ctx_ != nullptr) redisFree(ctx_);
   ctx_ = nullptr;
-  closed_until_ = std::chrono::steady_clock::now() + kClosedFor;
+  closed_until_ = std::chrono::steady_clock::now();
+  if (failed) closed_until_ += backoff_.next();
 }
 
 bool CallerLine::handshake(int argc, const char** argv, const std::size_t* lens) {
@@ -42,12 +45,12 @@ bool CallerLine::open() {
     // for). Either way it is not trusted with a request.
     pollfd p{ctx_->fd, POLLIN, 0};
     if (ctx_->err == 0 && ::poll(&p, 1, 0) == 0) return true;
-    close();
+    close(false);  // connected again at once
   }
   if (endpoint_.tls || endpoint_.port <= 0 || std::chrono::steady_clock::now() < closed_until_) return false;
   ctx_ = redisConnectWithTimeout(endpoint_.host.c_str(), endpoint_.port, timeval_of(options_.connect_timeout));
   if (ctx_ == nullptr || ctx_->err != 0 || redisSetTimeout(ctx_, timeval_of(options_.command_timeout)) != REDIS_OK) {
-    close();
+    close(true);
     return false;
   }
   bool ok = true;
@@ -68,8 +71,12 @@ bool CallerLine::open() {
     const std::size_t lens[] = {6, db.size()};
     ok = handshake(2, argv, lens);
   }
-  if (!ok) close();
-  return ok;
+  if (!ok) {
+    close(true);
+    return false;
+  }
+  backoff_.reset();
+  return true;
 }
 
 CallerLine::Outcome CallerLine::call(const EvalRequest& request, const Done& done) {
@@ -83,7 +90,7 @@ CallerLine::Outcome CallerLine::call(const EvalRequest& request, const Done& don
     // a request that timed out.
     const StoreError err = StoreError::unavailable(
         name_, std::string("no answer on the caller's connection: ") + (ctx_->err != 0 ? ctx_->errstr : "closed"));
-    close();
+    close(true);
     lk.unlock();
     done(nullptr, &err);
     return Outcome::kUnknown;

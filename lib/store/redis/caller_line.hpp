@@ -6,10 +6,12 @@
 // One caller at a time: a caller that finds it in use, down, or not yet
 // worth trying again goes the loop's way. Plain TCP only (rediss:// goes the
 // loop's way). It connects on first use, within the connect timeout, with
-// AUTH and SELECT as the loop's connections do; a failure keeps it closed
-// for a second. Before each call it checks that the server has not closed
-// it meanwhile, so an idle connection's end is found before a request is
-// written on it, not by losing the request's answer.
+// AUTH and SELECT as the loop's connections do; after a failure it is not
+// tried again for the reconnect back-off's delay (reconnect_min, doubling
+// up to reconnect_max). Before each call it checks that the server has not
+// closed it meanwhile, so an idle connection's end is found before a
+// request is written on it, not by losing the request's answer; such a
+// connection is made again at once.
 #pragma once
 
 #include <hiredis/hiredis.h>
@@ -22,6 +24,7 @@
 #include <string_view>
 
 #include "lockwatch/options.hpp"
+#include "core/backoff.hpp"
 #include "store/redis/connection.hpp"
 #include "store/store_error.hpp"
 
@@ -48,7 +51,9 @@ class CallerLine {
 
  private:
   bool open();   // under mu_: connected and past the handshake
-  void close();  // under mu_
+  // Under mu_. After a failure (no connection, a refused handshake, no
+  // answer) it is not tried again for the back-off's next delay.
+  void close(bool failed);
   bool handshake(int argc, const char** argv, const std::size_t* lens);  // under mu_: a command answered without error
 
   const Endpoint endpoint_;
@@ -57,6 +62,7 @@ class CallerLine {
   std::mutex mu_;
   redisContext* ctx_ = nullptr;                       // under mu_
   std::chrono::steady_clock::time_point closed_until_;  // under mu_: not tried again before then
+  Backoff backoff_;                                     // under mu_
 };
 
 }  // namespace lockwatch::detail
