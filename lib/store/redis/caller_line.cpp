@@ -1,6 +1,7 @@
 #include "caller_line.hpp"
 
 #include <poll.h>
+#include <sys/socket.h>
 #include <sys/time.h>
 
 #include "redis_error.hpp"
@@ -79,15 +80,29 @@ bool CallerLine::open() {
   return true;
 }
 
-CallerLine::Outcome CallerLine::call(const EvalRequest& request, const Done& done) {
+bool CallerLine::write_all() {
+  for (int written = 0; !written;)
+    if (redisBufferWrite(ctx_, &written) != REDIS_OK) return false;
+  return true;
+}
+
+CallerLine::Outcome CallerLine::call(const EvalRequest& request, const Done& done, const Undo& undo) {
   const std::string_view resp = request.resp();
   std::unique_lock lk(mu_, std::try_to_lock);
   if (resp.empty() || !lk.owns_lock() || !open()) return Outcome::kNotSent;
   redisReply* r = nullptr;
-  if (redisAppendFormattedCommand(ctx_, resp.data(), resp.size()) != REDIS_OK ||
+  bool written = false;
+  if (redisAppendFormattedCommand(ctx_, resp.data(), resp.size()) != REDIS_OK || !(written = write_all()) ||
       redisGetReply(ctx_, reinterpret_cast<void**>(&r)) != REDIS_OK || r == nullptr) {
-    // Perhaps written, perhaps run: the caller counts it as the loop counts
-    // a request that timed out.
+    // Perhaps run: the caller counts it as the loop counts a request that
+    // timed out. A request written whole may still run once the server
+    // reads it, after anything sent on another connection meanwhile; its
+    // undo, written behind it here, runs after it if it runs at all. (One
+    // not written whole never runs: the server drops a command cut short.)
+    if (written && undo) {
+      const EvalRequest back = undo();
+      (void)::send(ctx_->fd, back.resp().data(), back.resp().size(), MSG_DONTWAIT | MSG_NOSIGNAL);
+    }
     const StoreError err = StoreError::unavailable(
         name_, std::string("no answer on the caller's connection: ") + (ctx_->err != 0 ? ctx_->errstr : "closed"));
     close(true);

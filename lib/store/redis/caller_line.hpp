@@ -45,8 +45,13 @@ class CallerLine {
   using Done = std::function<void(const redisReply* reply, const StoreError* error)>;
   // Any thread: writes `request` and reads its answer. `done` runs on this
   // thread before the return, unless kNotSent. An ACL refusal says what was
-  // sent, as the loop's connections say it.
-  Outcome call(const EvalRequest& request, const Done& done);
+  // sent, as the loop's connections say it. `undo` (for a lock's request,
+  // its release; made only when needed): written behind a request that was sent and had no
+  // answer, on the same connection, so that the server, if it runs the
+  // request late, runs the undo right after it; a give-back sent on
+  // another connection could run before it.
+  using Undo = std::function<EvalRequest()>;
+  Outcome call(const EvalRequest& request, const Done& done, const Undo& undo = {});
   const std::string& name() const noexcept { return name_; }
 
  private:
@@ -54,6 +59,7 @@ class CallerLine {
   // Under mu_. After a failure (no connection, a refused handshake, no
   // answer) it is not tried again for the back-off's next delay.
   void close(bool failed);
+  bool write_all();  // under mu_: the output buffer written whole
   bool handshake(int argc, const char** argv, const std::size_t* lens);  // under mu_: a command answered without error
 
   const Endpoint endpoint_;

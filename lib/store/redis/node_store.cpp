@@ -251,10 +251,15 @@ bool RedisNodeStore::release_direct(const LockRef& l, ReleasedDirect done) {
 bool RedisNodeStore::acquire_blocking(const LockRef& l, const AcquiredDirect& done) {
   if (line_ == nullptr || !line_open_ || !l.kind.exclusive_kind() || !conn_->lane_idle()) return false;
   EvalRequest request = acquire_request(std::span<const LockRef>(&l, 1), key_prefix_, owner_);
-  return line_->call(request, [&](const redisReply* r, const StoreError* err) {
-           AcquireReply reply(r, err, 1, line_->name());
-           done(reply.next());
-         }) != CallerLine::Outcome::kNotSent;
+  return line_->call(
+             request,
+             [&](const redisReply* r, const StoreError* err) {
+               AcquireReply reply(r, err, 1, line_->name());
+               done(reply.next());
+             },
+             // Without an answer, the lock is given back behind the request.
+             [&] { return release_request(std::span<const LockRef>(&l, 1), notice(), [](const LockRef&) { return true; }); }) !=
+         CallerLine::Outcome::kNotSent;
 }
 
 bool RedisNodeStore::release_blocking(const LockRef& l, const ReleasedDirect& done) {
