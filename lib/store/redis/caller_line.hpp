@@ -46,10 +46,10 @@ class CallerLine {
   // Any thread: writes `request` and reads its answer. `done` runs on this
   // thread before the return, unless kNotSent. An ACL refusal says what was
   // sent, as the loop's connections say it. `undo` (for a lock's request,
-  // its release; made only when needed): written behind a request that was sent and had no
-  // answer, on the same connection, so that the server, if it runs the
-  // request late, runs the undo right after it; a give-back sent on
-  // another connection could run before it.
+  // its release; made only when needed): written behind a request that was
+  // sent and had no answer, on the same connection, so that the server, if
+  // it runs the request late, runs the undo right after it; a give-back
+  // sent on another connection could run before it.
   using Undo = std::function<EvalRequest()>;
   Outcome call(const EvalRequest& request, const Done& done, const Undo& undo = {});
   const std::string& name() const noexcept { return name_; }

@@ -258,8 +258,9 @@ bool RedisNodeStore::acquire_blocking(const LockRef& l, const AcquiredDirect& do
                done(reply.next());
              },
              // Without an answer, the lock is given back behind the request.
-             [&] { return release_request(std::span<const LockRef>(&l, 1), notice(), [](const LockRef&) { return true; }); }) !=
-         CallerLine::Outcome::kNotSent;
+             [&] {
+               return release_request(std::span<const LockRef>(&l, 1), notice(), [](const LockRef&) { return true; });
+             }) != CallerLine::Outcome::kNotSent;
 }
 
 bool RedisNodeStore::release_blocking(const LockRef& l, const ReleasedDirect& done) {
