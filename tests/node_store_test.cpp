@@ -724,8 +724,14 @@ TEST_F(NodeStoreLaneTest, AThreadCallingInBurstsStaysOffTheLaneWhileAnotherKeeps
 // A master and its replica, online; options asking for one replica's
 // acknowledgement.
 struct ReplicatedServer {
-  RedisServer master;
+  RedisServer master{syncing_at_once()};
   RedisServer replica{replica_of(master)};
+  // Not the 5 s a master waits by default for more replicas to sync with.
+  static RedisServerOptions syncing_at_once() {
+    RedisServerOptions mo;
+    mo.extra_args = {"--repl-diskless-sync-delay", "0"};
+    return mo;
+  }
   static RedisServerOptions replica_of(const RedisServer& m) {
     RedisServerOptions ro;
     ro.extra_args = {"--replicaof", "127.0.0.1", std::to_string(m.port())};
@@ -767,6 +773,35 @@ TEST(NodeStoreReplicaTest, AWaitForASlowReplicaHoldsUpNoRelease) {
   EXPECT_NE(std::string(err->what()).find("replicas"), std::string::npos) << err->what();
   EXPECT_FALSE(exists(master, "blocked"));  // given back
   replica.resume();
+}
+
+// With min_replicas, acquisitions have their own connection. One that got
+// no answer (the master hung past the command timeout) may still run when
+// the master goes on, and is given back behind it on that connection: no
+// lock is left that nobody holds (for its ttl, 30 s here).
+TEST(NodeStoreReplicaTest, AnAcquisitionWithNoAnswerLeavesNoLockOnceTheMasterGoesOn) {
+  ReplicatedServer servers;
+  ASSERT_TRUE(eventually([&] { return servers.online(); }));
+  Options o = servers.options();
+  o.connection.command_timeout = 300ms;
+  Runtime rt(o);
+  // Every connection up, and the replica acknowledging, before the pause.
+  ASSERT_TRUE(eventually([&] {
+    try {
+      auto warm = rt.acquire("warm", 10s);
+      LockHandle h = get_bounded(warm);
+      give_back(h);
+      return true;
+    } catch (const ConnectionError&) {
+      return false;  // the replica's first acknowledgement still to come
+    }
+  }));
+  servers.master.pause();
+  auto f = rt.acquire("ghost", 30s);
+  auto err = error_of<ConnectionError>(f);
+  servers.master.resume();
+  ASSERT_TRUE(err);
+  EXPECT_TRUE(eventually([&] { return !exists(servers.master, "ghost"); })) << "a lock nobody holds";
 }
 
 // With min_replicas a renewal counts only once the replicas the master

@@ -426,6 +426,17 @@ void RedisNodeStore::send_batch(std::vector<QueuedRelease> batch, bool counted) 
 }
 
 void RedisNodeStore::acquired(Acquired out, QueuedAcquire a) {
+  if (replicas_.min > 0 && out.status == Acquired::Status::kFailed && out.error.unavailable()) {
+    // No answer on the acquisitions' own connection: the server may still
+    // run the request once it reads it. The runtime's give-back goes on the
+    // command connection, already open, which the server may read first;
+    // this one goes behind the request on its own connection, after the
+    // reconnect's handshake, which the server answers only once it has
+    // read the old connection (see docs/how-it-works.md, "No answer").
+    give_back_on_acquire_line(a, [](auto&&...) {});
+    a.done(a.index, out);
+    return;
+  }
   if (out.status != Acquired::Status::kTaken || replicas_.min <= 0) {
     a.done(a.index, out);
     return;
@@ -441,17 +452,21 @@ void RedisNodeStore::acquired(Acquired out, QueuedAcquire a) {
     }
     const Acquired failed = Acquired::failed(*short_of);
     // Give the lock back before the caller hears of the failure.
-    auto answer = [index = a.index, done = a.done, failed](auto&&...) { done(index, failed); };
-    if (!a.kind.exclusive_kind()) {
-      LockRef ref{a.name, a.token, {}, {}, a.kind};
-      send_kind_release(for_acquire(), std::span<const LockRef>(&ref, 1), {0}, false,
-                        std::make_shared<ReleaseDone>(answer));
-      return;
-    }
-    // As a batch of one, without a notice in the lockwatch layout.
-    QueuedRelease one{a.name, a.token, false, a.index, CallDone<ReleaseDone>(ReleaseDone())};
-    for_acquire().eval(release_call({std::move(one)}), answer);
+    give_back_on_acquire_line(a, [index = a.index, done = a.done, failed](auto&&...) { done(index, failed); });
   });
+}
+
+template <class Answer>
+void RedisNodeStore::give_back_on_acquire_line(const QueuedAcquire& a, Answer answer) {
+  if (!a.kind.exclusive_kind()) {
+    LockRef ref{a.name, a.token, {}, {}, a.kind};
+    send_kind_release(for_acquire(), std::span<const LockRef>(&ref, 1), {0}, false,
+                      std::make_shared<ReleaseDone>(std::move(answer)));
+    return;
+  }
+  // As a batch of one, without a notice in the lockwatch layout.
+  QueuedRelease one{a.name, a.token, false, a.index, CallDone<ReleaseDone>(ReleaseDone())};
+  for_acquire().eval(release_call({std::move(one)}), std::move(answer));
 }
 
 std::size_t RedisNodeStore::renew(std::span<const LockRef> locks, std::shared_ptr<const void> keepalive,

@@ -196,6 +196,10 @@ class RedisNodeStore final : public RedisStoreBase, public DirectLane {
   // The acquire script's answer for one lock, then WAIT for replicas when
   // asked (short of them, the lock is given back and the call fails).
   void acquired(Acquired out, QueuedAcquire a);
+  // `a`'s lock given back on the acquisitions' connection, `answer` called
+  // with the release's reply (a failed WAIT, or an acquisition with no answer).
+  template <class Answer>
+  void give_back_on_acquire_line(const QueuedAcquire& a, Answer answer);
   // A shared, permit or fair lock: one kAcquireKind or kAcquireFair call,
   // its answer to acquired().
   void send_kind_acquire(QueuedAcquire a);
