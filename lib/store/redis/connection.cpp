@@ -52,6 +52,9 @@ struct RedisConnection::Link {
   SSL* ssl = nullptr;       // TLS: the session, over memory BIOs
   bool tls_ready = false;   // its handshake is done
   std::string out;          // RESP queued for the next flush (plaintext)
+  std::string spare;        // a finished write's buffer, for out to go on in
+  int writes_queued = 0;    // libuv's writes under way (queue_write)
+  int small_writes = 0;     // writes in a row that used under a quarter of out's size
   char in[64 * 1024];       // from the socket
   char plain[16 * 1024];    // TLS: one decrypted record
 };
@@ -509,7 +512,7 @@ void RedisConnection::flush() {
     tls_send_pending(link);
     if (link_ != link) return;  // the write failed: the link and what was pending are gone
     std::lock_guard lk(lane_mu_);
-    written(link);
+    written(link, link->out.size());
     return;
   }
 #endif
@@ -520,6 +523,11 @@ void RedisConnection::flush() {
     link->out.insert(0, lane_rest_);
     lane_rest_.clear();
   }
+  // A write of libuv's still under way: what is queued waits for it, and
+  // then goes out in one write from a buffer kept, not behind it in
+  // another made anew (a burst of a million leases' renewals). Its command
+  // timeout starts then.
+  if (link->writes_queued > 0) return;
   // Under the lane's lock: no direct request comes between these bytes.
   auto* stream = reinterpret_cast<uv_stream_t*>(&link->tcp);
   uv_buf_t buf = uv_buf_init(link->out.data(), static_cast<unsigned>(link->out.size()));
@@ -530,20 +538,23 @@ void RedisConnection::flush() {
     return;
   }
   const std::size_t from = done < 0 ? 0 : static_cast<std::size_t>(done);
+  const std::size_t used = link->out.size();
   std::string rest;
-  if (from < link->out.size()) {
+  if (from < used) {
     // The socket is full: the rest goes out with a write of libuv's, and
-    // the lane waits for it.
-    rest.assign(link->out, from, std::string::npos);
+    // the lane waits for it. The buffer goes with it whole, nothing
+    // copied; out goes on in the one a finished write gave back.
+    rest.swap(link->out);
+    link->out.swap(link->spare);
     ++writes_in_flight_;
   }
-  written(link);
+  written(link, used);
   note_lane();
   lk.unlock();
-  if (!rest.empty()) queue_write(link, std::move(rest));
+  if (!rest.empty()) queue_write(link, std::move(rest), true, from);
 }
 
-void RedisConnection::written(Link* link) {
+void RedisConnection::written(Link* link, std::size_t used) {
   // What was just written starts its command timeout now. Only written
   // requests are answered (dispatch), so the unwritten are all still
   // pending.
@@ -553,21 +564,33 @@ void RedisConnection::written(Link* link) {
     it->sent_at = now;
   unwritten_ = 0;
   link->out.clear();
-  // A renewal batch needs tens of KiB; one huge key must not pin its size.
-  if (link->out.capacity() > (std::size_t{256} << 10)) std::string().swap(link->out);
+  // Kept while bursts fill it: a tick's renewals of a million leases take
+  // about a MiB, and a buffer made anew is paged in anew. One huge key, or
+  // bursts that are over (64 writes in a row far smaller), do not pin it.
+  const std::size_t cap = std::max(link->out.capacity(), link->spare.capacity());
+  link->small_writes = used < cap / 4 ? link->small_writes + 1 : 0;
+  if (cap > (std::size_t{256} << 10) && link->small_writes >= 64) {
+    std::string().swap(link->out);
+    std::string().swap(link->spare);
+  }
 }
 
-void RedisConnection::queue_write(Link* link, std::string data, bool lane) {
+void RedisConnection::queue_write(Link* link, std::string data, bool lane, std::size_t from) {
   auto* w = new WriteReq;
   w->data = std::move(data);
   w->req.data = w;
   w->link = link;
   w->lane = lane;
-  uv_buf_t buf = uv_buf_init(w->data.data(), static_cast<unsigned>(w->data.size()));
+  uv_buf_t buf = uv_buf_init(w->data.data() + from, static_cast<unsigned>(w->data.size() - from));
   int rc = uv_write(&w->req, reinterpret_cast<uv_stream_t*>(&link->tcp), &buf, 1, [](uv_write_t* req, int status) {
     auto* wr = static_cast<WriteReq*>(req->data);
     auto* l = static_cast<Link*>(wr->link);
     const bool counted = wr->lane;
+    --l->writes_queued;
+    if (!l->dead && wr->data.capacity() > l->spare.capacity()) {
+      wr->data.clear();
+      l->spare.swap(wr->data);  // out's next buffer (flush)
+    }
     delete wr;
     if (l->dead) return;  // its count went with the link
     if (counted) {
@@ -575,13 +598,18 @@ void RedisConnection::queue_write(Link* link, std::string data, bool lane) {
       --l->conn->writes_in_flight_;
       l->conn->note_lane();
     }
-    if (status < 0 && status != UV_ECANCELED)
+    if (status < 0 && status != UV_ECANCELED) {
       l->conn->link_failed(l->conn->failure_reason(l, std::string("write failed: ") + uv_strerror(status)));
+      return;
+    }
+    if (l->writes_queued == 0) l->conn->want_flush();  // what waited for it (flush)
   });
   if (rc < 0) {
     delete w;
     link_failed(std::string("write failed: ") + uv_strerror(rc));
+    return;
   }
+  ++link->writes_queued;
 }
 
 void RedisConnection::write_bytes(Link* link, const char* data, std::size_t n) {

@@ -259,11 +259,12 @@ class RedisConnection : private Reconnector::Attempts, private RequestTimer::Req
   void send_waiting();
   void want_flush();
   void flush();
-  // flush()'s parts: what it wrote is pending from now on; the rest of a
-  // write the socket did not take, handed to libuv (`lane`: the lane waits
-  // for it, counted in writes_in_flight_; write_bytes() uses it too).
-  void written(Link* link);
-  void queue_write(Link* link, std::string data, bool lane = true);
+  // flush()'s parts: what it wrote (`used` bytes of out) is pending from
+  // now on; the rest of a write the socket did not take, `data` from
+  // `from` on, handed to libuv (`lane`: the lane waits for it, counted in
+  // writes_in_flight_; write_bytes() uses it too).
+  void written(Link* link, std::size_t used);
+  void queue_write(Link* link, std::string data, bool lane = true, std::size_t from = 0);
   void write_bytes(Link* link, const char* data, std::size_t n);
   void start_tcp(Link* link, const struct sockaddr* addr);
   void link_up(Link* link);
