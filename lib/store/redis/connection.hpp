@@ -25,8 +25,11 @@
 // refused certificate or a broken handshake fails what waited as
 // unavailable, saying why.
 //
-// Costs: one uv_write (usually one non-blocking write) per loop iteration
-// with something queued; replies are copied once into the reader's buffer.
+// Costs: one non-blocking write per loop iteration with something queued;
+// what the socket does not take goes to libuv in its buffer, uncopied, and
+// what is queued meanwhile waits for that write, then goes out in one write
+// from the buffer it gave back (a burst reuses two buffers, not one a
+// write). Replies are copied once into the reader's buffer.
 #pragma once
 
 #include <hiredis/hiredis.h>
