@@ -475,6 +475,60 @@ TEST_F(ConnectionTest, RequestsQueuedTogetherAreAllAnsweredInOrder) {
   close_all({&conn});
 }
 
+// Script calls large enough to be written from their own buffer go out
+// in their place among small requests, whole, also through writes the
+// socket takes only in part (the server is paused while they are sent);
+// and after the server forgot the script (NOSCRIPT), each is sent again as
+// EVAL with the same arguments.
+TEST_F(ConnectionTest, LargeScriptCallsKeepTheirPlaceAndTheirArgumentsThroughANoscript) {
+  RedisServer server;
+  options_.connection.command_timeout = 10s;
+  auto owned = started(server, 10s);
+  auto& conn = *owned;
+  constexpr std::string_view kCheck =
+      "if #ARGV[1] ~= tonumber(ARGV[2]) then return -1 end return redis.call('incr', KEYS[1])";
+  auto [sha, err] = run(conn, {"SCRIPT", "LOAD", std::string(kCheck)});
+  ASSERT_FALSE(err);
+  const detail::Script check{kCheck, sha, "check", "INCR"};
+  for (bool forgotten : {false, true}) {
+    if (forgotten) {
+      ASSERT_FALSE(run(conn, {"SCRIPT", "FLUSH"}).second);
+    }
+    constexpr int kPairs = 16;
+    std::promise<std::vector<long long>> p;
+    auto f = p.get_future();
+    std::vector<long long> got;  // loop thread
+    auto add = [&](const redisReply* r, const detail::StoreError* e) {
+      if (e != nullptr) ADD_FAILURE() << e->message;
+      got.push_back(e != nullptr || r == nullptr || r->type != REDIS_REPLY_INTEGER ? -2 : r->integer);
+      if (got.size() == 2 * kPairs) p.set_value(got);
+    };
+    std::promise<void> sent;
+    server.pause();
+    loop_.post([&] {
+      for (int i = 0; i < kPairs; ++i) {
+        conn.command({"INCR", "n"}, add);
+        const std::string big(std::size_t{100'000} + 250'000 * static_cast<std::size_t>(i), 'x');
+        detail::EvalRequest request(check, 1, 3, big.size());
+        request.arg("n").arg(big).arg(std::to_string(big.size()));
+        conn.eval(std::move(request), add);
+      }
+      sent.set_value();
+    });
+    const bool all_sent = sent.get_future().wait_for(kBound) == std::future_status::ready;
+    server.resume();
+    ASSERT_TRUE(all_sent);
+    ASSERT_EQ(f.wait_for(kBound), std::future_status::ready);
+    const auto values = f.get();
+    const long long first = forgotten ? 2 * kPairs + 1 : 1;
+    for (int i = 0; i < 2 * kPairs; ++i) {
+      ASSERT_EQ(values[i], first + i) << "reply " << i << (forgotten ? " (after SCRIPT FLUSH)" : "");
+    }
+  }
+  EXPECT_TRUE(still_the_first(conn));
+  close_all({&conn});
+}
+
 // A server that stops answering resets the connection after the command
 // timeout: the request fails, and the next one, after the server is back,
 // succeeds on a new connection.

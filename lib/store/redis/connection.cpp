@@ -91,8 +91,13 @@ struct WriteReq {
   uv_write_t req{};
   void* link;  // RedisConnection::Link
   std::string data;
+  std::shared_ptr<const std::string> whole;  // or a large call's text, from Queued::whole
   bool lane;  // counted in the connection's writes_in_flight_
 };
+
+// A script call this large is written from its own buffer (write_whole):
+// a copy would cost more than the write call it saves.
+constexpr std::size_t kWholeWrite = 32 * 1024;
 
 // Pushes reach on_message (pubsub mode); anything else answers a request.
 bool is_push(const redisReply* r) {
@@ -396,20 +401,25 @@ EvalRequest::EvalRequest(const Script& script, std::size_t keys, std::size_t arg
   resp_.reserve(64 + bytes_hint + 16 * args);
   append_header(resp_, '*', args + 3);
   resp_.append("$7\r\nEVALSHA\r\n", 13);
-  copy(script.sha1, open(script.sha1.size()));
+  append_header(resp_, '$', script.sha1.size());
+  resp_.append(script.sha1).append("\r\n", 2);
   body_at_ = resp_.size();
   char digits[24];
   const auto len = static_cast<std::size_t>(std::to_chars(digits, digits + sizeof digits, keys).ptr - digits);
-  copy(std::string_view(digits, len), open(len));
+  append_header(resp_, '$', len);
+  resp_.append(digits, len).append("\r\n", 2);
+  used_ = resp_.size();
+  if (expected_ > 0) resp_.resize(std::max(resp_.capacity(), used_));  // the estimate's room, zeroed once
 }
 
 char* EvalRequest::open(std::size_t n) {
   char digits[24];
   const auto end = std::to_chars(digits, digits + sizeof digits, n).ptr;
   const auto len = static_cast<std::size_t>(end - digits);
-  const std::size_t from = resp_.size();
-  resp_.resize(from + 1 + len + 2 + n + 2);  // grows geometrically, as append does
-  char* at = resp_.data() + from;
+  const std::size_t need = 1 + len + 2 + n + 2;
+  if (used_ + need > resp_.size()) resp_.resize(std::max(used_ + need, 2 * resp_.size()));
+  char* at = resp_.data() + used_;
+  used_ += need;
   *at++ = '$';
   at = copy(std::string_view(digits, len), at);
   *at++ = '\r';
@@ -459,13 +469,23 @@ void RedisConnection::send(Queued q) {
     return;
   }
   // Written in RESP straight into the link's output, which the flush hands
-  // to the socket once per loop iteration with everything else queued.
+  // to the socket once per loop iteration with everything else queued; a
+  // large script call goes at once from its own buffer (write_whole).
   std::string& out = link_->out;
   if (q.asking) {
     // Its reply (OK) matters to nobody; it only has to come first.
     Queued ask{{"ASKING"}, {}, [](const redisReply*, const StoreError*) {}};
     append_resp(out, ask.argv);
     push_pending(Pending{Handshake::kNone, kUnwritten, std::move(ask)});
+  }
+  if (q.resp.size() >= kWholeWrite && link_->ssl == nullptr && link_->connected) {
+    auto text = std::make_shared<const std::string>(std::move(q.resp));
+    q.resp.clear();
+    q.whole = text;
+    push_pending(Pending{Handshake::kNone, kUnwritten, std::move(q)});
+    request_timer_.watch();
+    write_whole(link_, text);
+    return;
   }
   if (!q.resp.empty()) {
     out.append(q.resp);
@@ -554,6 +574,43 @@ void RedisConnection::flush() {
   if (!rest.empty()) queue_write(link, std::move(rest), true, from);
 }
 
+void RedisConnection::write_whole(Link* link, const std::shared_ptr<const std::string>& text) {
+  std::unique_lock lk(lane_mu_);
+  if (!lane_rest_.empty()) {
+    link->out.insert(0, lane_rest_);
+    lane_rest_.clear();
+  }
+  // Out first, then the text, in one call when nothing is under way; else
+  // both go behind libuv's writes, in order.
+  auto* stream = reinterpret_cast<uv_stream_t*>(&link->tcp);
+  const std::size_t before = link->out.size();
+  std::size_t done = 0;
+  if (link->writes_queued == 0) {
+    uv_buf_t bufs[2] = {uv_buf_init(link->out.data(), static_cast<unsigned>(before)),
+                        uv_buf_init(const_cast<char*>(text->data()), static_cast<unsigned>(text->size()))};
+    const int n = before == 0 ? uv_try_write(stream, bufs + 1, 1) : uv_try_write(stream, bufs, 2);
+    if (n < 0 && n != UV_EAGAIN) {
+      lk.unlock();
+      link_failed(failure_reason(link, std::string("write failed: ") + uv_strerror(n)));
+      return;
+    }
+    done = n < 0 ? 0 : static_cast<std::size_t>(n);
+  }
+  std::string rest;
+  if (done < before) {
+    rest.swap(link->out);
+    link->out.swap(link->spare);
+    ++writes_in_flight_;
+  }
+  const bool text_left = done < before + text->size();
+  if (text_left) ++writes_in_flight_;
+  written(link, before);
+  note_lane();
+  lk.unlock();
+  if (!rest.empty()) queue_write(link, std::move(rest), true, done);
+  if (text_left && link_ == link) queue_write(link, {}, true, done > before ? done - before : 0, text);
+}
+
 void RedisConnection::written(Link* link, std::size_t used) {
   // What was just written starts its command timeout now. Only written
   // requests are answered (dispatch), so the unwritten are all still
@@ -575,13 +632,16 @@ void RedisConnection::written(Link* link, std::size_t used) {
   }
 }
 
-void RedisConnection::queue_write(Link* link, std::string data, bool lane, std::size_t from) {
+void RedisConnection::queue_write(Link* link, std::string data, bool lane, std::size_t from,
+                                  std::shared_ptr<const std::string> whole) {
   auto* w = new WriteReq;
   w->data = std::move(data);
+  w->whole = std::move(whole);
   w->req.data = w;
   w->link = link;
   w->lane = lane;
-  uv_buf_t buf = uv_buf_init(w->data.data() + from, static_cast<unsigned>(w->data.size() - from));
+  const std::string& bytes = w->whole ? *w->whole : w->data;
+  uv_buf_t buf = uv_buf_init(const_cast<char*>(bytes.data()) + from, static_cast<unsigned>(bytes.size() - from));
   int rc = uv_write(&w->req, reinterpret_cast<uv_stream_t*>(&link->tcp), &buf, 1, [](uv_write_t* req, int status) {
     auto* wr = static_cast<WriteReq*>(req->data);
     auto* l = static_cast<Link*>(wr->link);
@@ -691,12 +751,14 @@ void RedisConnection::on_request_reply(Queued q, const redisReply* r) {
         // The server lost its script cache (restart, SCRIPT FLUSH): EVAL
         // runs the source and caches it again. Same arguments: the array
         // header and the key count onwards stay.
-        const std::size_t header_end = q.resp.find("\r\n") + 2;
-        std::string eval = q.resp.substr(0, header_end);
+        const std::string& was = q.whole ? *q.whole : q.resp;
+        const std::size_t header_end = was.find("\r\n") + 2;
+        std::string eval = was.substr(0, header_end);
         eval.append("$4\r\nEVAL\r\n$").append(std::to_string(q.script->source.size())).append("\r\n");
         eval.append(q.script->source).append("\r\n");
-        eval.append(q.resp, q.body_at, std::string::npos);
+        eval.append(was, q.body_at, std::string::npos);
         q.resp = std::move(eval);
+        q.whole.reset();
         q.body_at = 0;
         q.script = nullptr;
         send(std::move(q));

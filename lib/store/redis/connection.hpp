@@ -29,7 +29,9 @@
 // what the socket does not take goes to libuv in its buffer, uncopied, and
 // what is queued meanwhile waits for that write, then goes out in one write
 // from the buffer it gave back (a burst reuses two buffers, not one a
-// write). Replies are copied once into the reader's buffer.
+// write). A script call of 32 KiB or more is written at once behind what
+// is queued, from the buffer it was built in (kept for a NOSCRIPT retry):
+// not copied. Replies are copied once into the reader's buffer.
 #pragma once
 
 #include <hiredis/hiredis.h>
@@ -77,7 +79,7 @@ class EvalRequest {
   EvalRequest& arg(const P&... pieces) {
     char* at = open((std::string_view(pieces).size() + ...));
     ((at = copy(std::string_view(pieces), at)), ...);
-    ++written_;
+    if (++written_ == expected_) resp_.resize(used_);  // the room made by open() goes
     return *this;
   }
   // A call of few arguments, all at hand: `keys` keys, then the rest.
@@ -94,14 +96,16 @@ class EvalRequest {
  private:
   friend class RedisConnection;
   // Appends a bulk string's header and its closing CRLF, `n` bytes apart,
-  // in one step; returns where the n bytes go.
+  // in one step; returns where the n bytes go. It writes into room made
+  // ahead, a whole estimate at a time: not zeroed an argument at a time.
   char* open(std::size_t n);
   static char* copy(std::string_view piece, char* at) noexcept {
     if (!piece.empty()) std::memcpy(at, piece.data(), piece.size());
     return at + piece.size();
   }
   const Script* script_;
-  std::string resp_;
+  std::string resp_;         // its first used_ bytes are the call, until it is whole
+  std::size_t used_ = 0;
   std::size_t body_at_ = 0;  // where the key count starts (after the sha)
   std::size_t expected_ = 0;
   std::size_t written_ = 0;
@@ -209,12 +213,13 @@ class RedisConnection : private Reconnector::Attempts, private RequestTimer::Req
   bool closed() const noexcept { return reconnector_.closed(); }
   struct Queued {
     std::vector<std::string> argv;  // a command's arguments, or
-    std::string resp;               // a script call written whole (EvalRequest)
+    std::string resp;               // a script call written whole (EvalRequest; else `whole`)
     ReplyCallback cb;
     const Script* script = nullptr;  // non-null: an EVALSHA, retried as EVAL on NOSCRIPT
-    std::size_t body_at = 0;  // in resp: where the key count starts
+    std::size_t body_at = 0;  // in resp (or whole): where the key count starts
     bool asking = false;   // written after an ASKING (ask_next())
     const Script* ran = nullptr;  // the script, also once `script` fell back to EVAL: for errors
+    std::shared_ptr<const std::string> whole{};  // a large call's text, shared with the write sending it
   };
   // The script call `request` as a request, answered to `cb`.
   static Queued queued(EvalRequest& request, ReplyCallback cb);
@@ -267,7 +272,11 @@ class RedisConnection : private Reconnector::Attempts, private RequestTimer::Req
   // `from` on, handed to libuv (`lane`: the lane waits for it, counted in
   // writes_in_flight_; write_bytes() uses it too).
   void written(Link* link, std::size_t used);
-  void queue_write(Link* link, std::string data, bool lane = true, std::size_t from = 0);
+  void queue_write(Link* link, std::string data, bool lane = true, std::size_t from = 0,
+                   std::shared_ptr<const std::string> whole = {});
+  // A large script call (pending_'s last) written at once behind out, from
+  // its own buffer: not copied into out first.
+  void write_whole(Link* link, const std::shared_ptr<const std::string>& text);
   void write_bytes(Link* link, const char* data, std::size_t n);
   void start_tcp(Link* link, const struct sockaddr* addr);
   void link_up(Link* link);
