@@ -52,6 +52,7 @@ struct RedisConnection::Link {
   SSL* ssl = nullptr;       // TLS: the session, over memory BIOs
   bool tls_ready = false;   // its handshake is done
   std::string out;          // RESP queued for the next flush (plaintext)
+  std::vector<LargeCall> wholes;  // large calls among out's bytes, in order
   std::string spare;        // a finished write's buffer, for out to go on in
   int writes_queued = 0;    // libuv's writes under way (queue_write)
   int small_writes = 0;     // writes in a row that used under a quarter of out's size
@@ -91,11 +92,49 @@ struct WriteReq {
   uv_write_t req{};
   void* link;  // RedisConnection::Link
   std::string data;
-  std::shared_ptr<const std::string> whole;  // or a large call's text, from Queued::whole
+  std::vector<LargeCall> wholes;  // the large calls among data's bytes
   bool lane;  // counted in the connection's writes_in_flight_
 };
 
-// A script call this large is written from its own buffer (write_whole):
+// The pieces of `out` with `wholes` between its bytes, in order, less the
+// first `from` bytes: a write's buffers (a heap block only with wholes).
+struct Pieces {
+  uv_buf_t one{};
+  std::vector<uv_buf_t> many;
+  const uv_buf_t* bufs() const noexcept { return many.empty() ? &one : many.data(); }
+  unsigned count() const noexcept { return many.empty() ? 1 : static_cast<unsigned>(many.size()); }
+  std::size_t bytes() const noexcept {
+    std::size_t n = 0;
+    for (unsigned i = 0; i < count(); ++i) n += bufs()[i].len;
+    return n;
+  }
+};
+Pieces pieces(std::string& out, const std::vector<LargeCall>& wholes, std::size_t from) {
+  Pieces p;
+  if (wholes.empty()) {
+    p.one = uv_buf_init(out.data() + from, static_cast<unsigned>(out.size() - from));
+    return p;
+  }
+  p.many.reserve(2 * wholes.size() + 1);
+  auto add = [&](const char* at, std::size_t n) {
+    if (from >= n) {
+      from -= n;
+      return;
+    }
+    p.many.push_back(uv_buf_init(const_cast<char*>(at) + from, static_cast<unsigned>(n - from)));
+    from = 0;
+  };
+  std::size_t at = 0;
+  for (const auto& w : wholes) {
+    add(out.data() + at, w.at - at);
+    at = w.at;
+    add(w.text->data(), w.text->size());
+  }
+  add(out.data() + at, out.size() - at);
+  return p;
+}
+
+// A script call this large is written from its own buffer (LargeCall):
 // a copy would cost more than the write call it saves.
 constexpr std::size_t kWholeWrite = 32 * 1024;
 
@@ -398,18 +437,25 @@ void RedisConnection::command(std::vector<std::string> argv, ReplyCallback cb) {
 
 EvalRequest::EvalRequest(const Script& script, std::size_t keys, std::size_t args, std::size_t bytes_hint)
     : script_(&script), expected_(args) {
-  resp_.reserve(64 + bytes_hint + 16 * args);
-  append_header(resp_, '*', args + 3);
-  resp_.append("$7\r\nEVALSHA\r\n", 13);
-  append_header(resp_, '$', script.sha1.size());
-  resp_.append(script.sha1).append("\r\n", 2);
-  body_at_ = resp_.size();
+  resp_.reserve(96 + script.sha1.size() + bytes_hint + 16 * args);
+  auto put = [this](std::string_view text) { resp_.insert(resp_.end(), text.begin(), text.end()); };
   char digits[24];
-  const auto len = static_cast<std::size_t>(std::to_chars(digits, digits + sizeof digits, keys).ptr - digits);
-  append_header(resp_, '$', len);
-  resp_.append(digits, len).append("\r\n", 2);
+  auto number = [&digits](std::size_t n) {
+    return std::string_view(digits, static_cast<std::size_t>(std::to_chars(digits, digits + sizeof digits, n).ptr - digits));
+  };
+  put("*");
+  put(number(args + 3));
+  put("\r\n$7\r\nEVALSHA\r\n$");
+  put(number(script.sha1.size()));
+  put("\r\n");
+  put(script.sha1);
+  put("\r\n");
+  body_at_ = resp_.size();
   used_ = resp_.size();
-  if (expected_ > 0) resp_.resize(std::max(resp_.capacity(), used_));  // the estimate's room, zeroed once
+  resp_.resize(resp_.capacity());  // the estimate's room
+  const std::string_view count = number(keys);
+  copy(count, open(count.size()));
+  if (expected_ == 0) resp_.resize(used_);
 }
 
 char* EvalRequest::open(std::size_t n) {
@@ -470,7 +516,7 @@ void RedisConnection::send(Queued q) {
   }
   // Written in RESP straight into the link's output, which the flush hands
   // to the socket once per loop iteration with everything else queued; a
-  // large script call goes at once from its own buffer (write_whole).
+  // large script call goes from its own buffer, in its place (LargeCall).
   std::string& out = link_->out;
   if (q.asking) {
     // Its reply (OK) matters to nobody; it only has to come first.
@@ -478,17 +524,13 @@ void RedisConnection::send(Queued q) {
     append_resp(out, ask.argv);
     push_pending(Pending{Handshake::kNone, kUnwritten, std::move(ask)});
   }
-  if (q.resp.size() >= kWholeWrite && link_->ssl == nullptr && link_->connected) {
-    auto text = std::make_shared<const std::string>(std::move(q.resp));
+  if (q.resp.size() >= kWholeWrite && tls_ == nullptr) {  // TLS encrypts a copy anyway
+    auto text = std::make_shared<const RespText>(std::move(q.resp));
     q.resp.clear();
     q.whole = text;
-    push_pending(Pending{Handshake::kNone, kUnwritten, std::move(q)});
-    request_timer_.watch();
-    write_whole(link_, text);
-    return;
-  }
-  if (!q.resp.empty()) {
-    out.append(q.resp);
+    link_->wholes.push_back(LargeCall{out.size(), std::move(text)});
+  } else if (!q.resp.empty()) {
+    out.append(q.resp.data(), q.resp.size());
   } else {
     append_resp(out, q.argv);
   }
@@ -507,7 +549,7 @@ void RedisConnection::push_pending(Pending p) {
 }
 
 void RedisConnection::want_flush() {
-  if (link_ != nullptr && link_->connected && !link_->out.empty())
+  if (link_ != nullptr && link_->connected && (!link_->out.empty() || !link_->wholes.empty()))
     uv_prepare_start(&flush_, &RedisConnection::on_flush);
 }
 
@@ -537,10 +579,11 @@ void RedisConnection::flush() {
   }
 #endif
   std::unique_lock lk(lane_mu_);
-  if (link->out.empty() && lane_rest_.empty()) return;
+  if (link->out.empty() && link->wholes.empty() && lane_rest_.empty()) return;
   // A direct request the socket took only part of goes on first.
   if (!lane_rest_.empty()) {
     link->out.insert(0, lane_rest_);
+    for (auto& w : link->wholes) w.at += lane_rest_.size();
     lane_rest_.clear();
   }
   // A write of libuv's still under way: what is queued waits for it, and
@@ -549,66 +592,33 @@ void RedisConnection::flush() {
   // timeout starts then.
   if (link->writes_queued > 0) return;
   // Under the lane's lock: no direct request comes between these bytes.
-  auto* stream = reinterpret_cast<uv_stream_t*>(&link->tcp);
-  uv_buf_t buf = uv_buf_init(link->out.data(), static_cast<unsigned>(link->out.size()));
-  const int done = uv_try_write(stream, &buf, 1);
-  if (done < 0 && done != UV_EAGAIN) {
+  // The large calls go in their places from their own buffers.
+  const Pieces all = pieces(link->out, link->wholes, 0);
+  const std::size_t total = all.bytes();
+  const int n = uv_try_write(reinterpret_cast<uv_stream_t*>(&link->tcp), all.bufs(), all.count());
+  if (n < 0 && n != UV_EAGAIN) {
     lk.unlock();
-    link_failed(failure_reason(link, std::string("write failed: ") + uv_strerror(done)));
+    link_failed(failure_reason(link, std::string("write failed: ") + uv_strerror(n)));
     return;
   }
-  const std::size_t from = done < 0 ? 0 : static_cast<std::size_t>(done);
+  const std::size_t done = n < 0 ? 0 : static_cast<std::size_t>(n);
   const std::size_t used = link->out.size();
   std::string rest;
-  if (from < used) {
+  std::vector<LargeCall> wholes;
+  if (done < total) {
     // The socket is full: the rest goes out with a write of libuv's, and
-    // the lane waits for it. The buffer goes with it whole, nothing
+    // the lane waits for it. The buffers go with it whole, nothing
     // copied; out goes on in the one a finished write gave back.
     rest.swap(link->out);
     link->out.swap(link->spare);
+    wholes.swap(link->wholes);
     ++writes_in_flight_;
   }
+  link->wholes.clear();
   written(link, used);
   note_lane();
   lk.unlock();
-  if (!rest.empty()) queue_write(link, std::move(rest), true, from);
-}
-
-void RedisConnection::write_whole(Link* link, const std::shared_ptr<const std::string>& text) {
-  std::unique_lock lk(lane_mu_);
-  if (!lane_rest_.empty()) {
-    link->out.insert(0, lane_rest_);
-    lane_rest_.clear();
-  }
-  // Out first, then the text, in one call when nothing is under way; else
-  // both go behind libuv's writes, in order.
-  auto* stream = reinterpret_cast<uv_stream_t*>(&link->tcp);
-  const std::size_t before = link->out.size();
-  std::size_t done = 0;
-  if (link->writes_queued == 0) {
-    uv_buf_t bufs[2] = {uv_buf_init(link->out.data(), static_cast<unsigned>(before)),
-                        uv_buf_init(const_cast<char*>(text->data()), static_cast<unsigned>(text->size()))};
-    const int n = before == 0 ? uv_try_write(stream, bufs + 1, 1) : uv_try_write(stream, bufs, 2);
-    if (n < 0 && n != UV_EAGAIN) {
-      lk.unlock();
-      link_failed(failure_reason(link, std::string("write failed: ") + uv_strerror(n)));
-      return;
-    }
-    done = n < 0 ? 0 : static_cast<std::size_t>(n);
-  }
-  std::string rest;
-  if (done < before) {
-    rest.swap(link->out);
-    link->out.swap(link->spare);
-    ++writes_in_flight_;
-  }
-  const bool text_left = done < before + text->size();
-  if (text_left) ++writes_in_flight_;
-  written(link, before);
-  note_lane();
-  lk.unlock();
-  if (!rest.empty()) queue_write(link, std::move(rest), true, done);
-  if (text_left && link_ == link) queue_write(link, {}, true, done > before ? done - before : 0, text);
+  if (done < total) queue_write(link, std::move(rest), true, done, std::move(wholes));
 }
 
 void RedisConnection::written(Link* link, std::size_t used) {
@@ -633,16 +643,17 @@ void RedisConnection::written(Link* link, std::size_t used) {
 }
 
 void RedisConnection::queue_write(Link* link, std::string data, bool lane, std::size_t from,
-                                  std::shared_ptr<const std::string> whole) {
+                                  std::vector<LargeCall> wholes) {
   auto* w = new WriteReq;
   w->data = std::move(data);
-  w->whole = std::move(whole);
+  w->wholes = std::move(wholes);
   w->req.data = w;
   w->link = link;
   w->lane = lane;
-  const std::string& bytes = w->whole ? *w->whole : w->data;
-  uv_buf_t buf = uv_buf_init(const_cast<char*>(bytes.data()) + from, static_cast<unsigned>(bytes.size() - from));
-  int rc = uv_write(&w->req, reinterpret_cast<uv_stream_t*>(&link->tcp), &buf, 1, [](uv_write_t* req, int status) {
+  // libuv keeps its own copy of the list; the bytes stay in w's buffers.
+  const Pieces rest = pieces(w->data, w->wholes, from);
+  int rc = uv_write(&w->req, reinterpret_cast<uv_stream_t*>(&link->tcp), rest.bufs(), rest.count(),
+                    [](uv_write_t* req, int status) {
     auto* wr = static_cast<WriteReq*>(req->data);
     auto* l = static_cast<Link*>(wr->link);
     const bool counted = wr->lane;
@@ -751,13 +762,14 @@ void RedisConnection::on_request_reply(Queued q, const redisReply* r) {
         // The server lost its script cache (restart, SCRIPT FLUSH): EVAL
         // runs the source and caches it again. Same arguments: the array
         // header and the key count onwards stay.
-        const std::string& was = q.whole ? *q.whole : q.resp;
+        const RespText& text = q.whole ? *q.whole : q.resp;
+        const std::string_view was(text.data(), text.size());
         const std::size_t header_end = was.find("\r\n") + 2;
-        std::string eval = was.substr(0, header_end);
+        std::string eval(was.substr(0, header_end));
         eval.append("$4\r\nEVAL\r\n$").append(std::to_string(q.script->source.size())).append("\r\n");
         eval.append(q.script->source).append("\r\n");
-        eval.append(was, q.body_at, std::string::npos);
-        q.resp = std::move(eval);
+        eval.append(was.substr(q.body_at));
+        q.resp.assign(eval.begin(), eval.end());
         q.whole.reset();
         q.body_at = 0;
         q.script = nullptr;
@@ -863,11 +875,12 @@ bool RedisConnection::send_direct(EvalRequest& request, ReplyCallback& cb) {
     // are in flight: the loop wakes for their replies anyway, and sends
     // what comes meanwhile together, one script call for many.
     if (lane_fd_ < 0 || !pending_.empty() || writes_in_flight_ != 0 || !lane_rest_.empty()) return false;
-    const std::string& data = request.resp_;
+    const RespText& data = request.resp_;
     const ssize_t n = ::send(lane_fd_, data.data(), data.size(), MSG_DONTWAIT | MSG_NOSIGNAL);
     if (n <= 0) return false;  // full, or broken (the loop's read will tell): the loop's way
     const auto now = std::chrono::steady_clock::now();
-    if (static_cast<std::size_t>(n) < data.size()) lane_rest_.assign(data, static_cast<std::size_t>(n));
+    if (static_cast<std::size_t>(n) < data.size())
+      lane_rest_.assign(data.data() + n, data.size() - static_cast<std::size_t>(n));
     Pending p{Handshake::kNone, now, queued(request, std::move(cb))};
     // The loop does not poll for it: it sleeps until the reply wakes it.
     p.awaited = false;

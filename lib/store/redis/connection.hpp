@@ -29,9 +29,9 @@
 // what the socket does not take goes to libuv in its buffer, uncopied, and
 // what is queued meanwhile waits for that write, then goes out in one write
 // from the buffer it gave back (a burst reuses two buffers, not one a
-// write). A script call of 32 KiB or more is written at once behind what
-// is queued, from the buffer it was built in (kept for a NOSCRIPT retry):
-// not copied. Replies are copied once into the reader's buffer.
+// write). A script call of 32 KiB or more is not copied: the same write
+// takes it, in its place, from the buffer it was built in (kept for a
+// NOSCRIPT retry). Replies are copied once into the reader's buffer.
 #pragma once
 
 #include <hiredis/hiredis.h>
@@ -67,6 +67,37 @@ class Loop;
 // timeout as kUnavailable.
 using ReplyCallback = std::function<void(const redisReply* reply, const StoreError* error)>;
 
+// A script call's RESP. Its growth leaves the new room unwritten (the call
+// then writes every byte of it), where a string's growth zeroes it: a
+// batch of 512 renewals made anew each tick paid for that pass.
+template <class T>
+struct UnzeroedAllocator : std::allocator<T> {
+  using value_type = T;
+  UnzeroedAllocator() = default;
+  template <class U>
+  UnzeroedAllocator(const UnzeroedAllocator<U>&) noexcept {}
+  template <class U>
+  struct rebind {
+    using other = UnzeroedAllocator<U>;
+  };
+  template <class U>
+  void construct(U* p) noexcept {
+    ::new (static_cast<void*>(p)) U;
+  }
+  template <class U, class... A>
+  void construct(U* p, A&&... args) {
+    ::new (static_cast<void*>(p)) U(std::forward<A>(args)...);
+  }
+};
+using RespText = std::vector<char, UnzeroedAllocator<char>>;
+
+// A large script call's text, which a connection's flush writes from its
+// own buffer after the first `at` bytes of its output: not copied into it.
+struct LargeCall {
+  std::size_t at;
+  std::shared_ptr<const RespText> text;
+};
+
 // A script call (EVALSHA) written in RESP as it is built, each argument
 // straight from its pieces: no argument strings, no argument vector. The
 // counts are given first, as RESP's headers need them; add exactly `args`
@@ -90,21 +121,23 @@ class EvalRequest {
     return request;
   }
   // The call in RESP, once every argument is written (else empty).
-  std::string_view resp() const noexcept { return written_ == expected_ ? std::string_view(resp_) : std::string_view(); }
+  std::string_view resp() const noexcept {
+    return written_ == expected_ ? std::string_view(resp_.data(), resp_.size()) : std::string_view();
+  }
   const Script& script() const noexcept { return *script_; }
 
  private:
   friend class RedisConnection;
   // Appends a bulk string's header and its closing CRLF, `n` bytes apart,
-  // in one step; returns where the n bytes go. It writes into room made
-  // ahead, a whole estimate at a time: not zeroed an argument at a time.
+  // in one step; returns where the n bytes go (room made ahead, a whole
+  // estimate at a time).
   char* open(std::size_t n);
   static char* copy(std::string_view piece, char* at) noexcept {
     if (!piece.empty()) std::memcpy(at, piece.data(), piece.size());
     return at + piece.size();
   }
   const Script* script_;
-  std::string resp_;         // its first used_ bytes are the call, until it is whole
+  RespText resp_;            // its first used_ bytes are the call, until it is whole
   std::size_t used_ = 0;
   std::size_t body_at_ = 0;  // where the key count starts (after the sha)
   std::size_t expected_ = 0;
@@ -213,13 +246,13 @@ class RedisConnection : private Reconnector::Attempts, private RequestTimer::Req
   bool closed() const noexcept { return reconnector_.closed(); }
   struct Queued {
     std::vector<std::string> argv;  // a command's arguments, or
-    std::string resp;               // a script call written whole (EvalRequest; else `whole`)
+    RespText resp;                  // a script call written whole (EvalRequest; else `whole`)
     ReplyCallback cb;
     const Script* script = nullptr;  // non-null: an EVALSHA, retried as EVAL on NOSCRIPT
     std::size_t body_at = 0;  // in resp (or whole): where the key count starts
     bool asking = false;   // written after an ASKING (ask_next())
     const Script* ran = nullptr;  // the script, also once `script` fell back to EVAL: for errors
-    std::shared_ptr<const std::string> whole{};  // a large call's text, shared with the write sending it
+    std::shared_ptr<const RespText> whole{};  // a large call's text, shared with the write sending it
   };
   // The script call `request` as a request, answered to `cb`.
   static Queued queued(EvalRequest& request, ReplyCallback cb);
@@ -268,15 +301,13 @@ class RedisConnection : private Reconnector::Attempts, private RequestTimer::Req
   void want_flush();
   void flush();
   // flush()'s parts: what it wrote (`used` bytes of out) is pending from
-  // now on; the rest of a write the socket did not take, `data` from
-  // `from` on, handed to libuv (`lane`: the lane waits for it, counted in
-  // writes_in_flight_; write_bytes() uses it too).
+  // now on; the rest of a write the socket did not take, `data` with
+  // `wholes` in their places from byte `from` on, handed to libuv (`lane`:
+  // the lane waits for it, counted in writes_in_flight_; write_bytes()
+  // uses it too).
   void written(Link* link, std::size_t used);
   void queue_write(Link* link, std::string data, bool lane = true, std::size_t from = 0,
-                   std::shared_ptr<const std::string> whole = {});
-  // A large script call (pending_'s last) written at once behind out, from
-  // its own buffer: not copied into out first.
-  void write_whole(Link* link, const std::shared_ptr<const std::string>& text);
+                   std::vector<LargeCall> wholes = {});
   void write_bytes(Link* link, const char* data, std::size_t n);
   void start_tcp(Link* link, const struct sockaddr* addr);
   void link_up(Link* link);
