@@ -5,6 +5,7 @@
 
 #include <array>
 #include <cstddef>
+#include <cstring>
 #include <string>
 #include <string_view>
 #include <tuple>
@@ -34,11 +35,11 @@ class PackedToken {
       bytes_[i] = static_cast<unsigned char>(nibble(t.text[2 * i]) << 4 | nibble(t.text[2 * i + 1]));
   }
   // Writes the token's kTextSize characters at `to`; returns their end.
+  // A byte's two characters at a time (each renewal writes the token).
   char* write(char* to) const noexcept {
-    static constexpr char kHex[] = "0123456789abcdef";
     for (unsigned char b : bytes_) {
-      *to++ = kHex[b >> 4];
-      *to++ = kHex[b & 15];
+      std::memcpy(to, kPairs.data() + 2 * b, 2);
+      to += 2;
     }
     return to;
   }
@@ -49,6 +50,16 @@ class PackedToken {
   }
 
  private:
+  // The two hex characters of each byte value, in order.
+  static constexpr std::array<char, 512> kPairs = [] {
+    constexpr char kHex[] = "0123456789abcdef";
+    std::array<char, 512> pairs{};
+    for (std::size_t b = 0; b < 256; ++b) {
+      pairs[2 * b] = kHex[b >> 4];
+      pairs[2 * b + 1] = kHex[b & 15];
+    }
+    return pairs;
+  }();
   std::array<unsigned char, kTextSize / 2> bytes_{};
 };
 static_assert(sizeof(PackedToken) == 16);

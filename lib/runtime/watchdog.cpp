@@ -1,5 +1,6 @@
 #include "runtime/watchdog.hpp"
 
+#include <array>
 #include <cassert>
 #include <cstring>
 #include <limits>
@@ -166,13 +167,20 @@ Watchdog::Clock::time_point Watchdog::coalesced(Clock::time_point at, std::chron
   // (so the grids of other ttls nest in it). Renewals due apart then come
   // due in one tick and go out in one batch, one wake-up for many leases;
   // renewing early only widens the time left to confirm a renewal.
-  const Clock::duration tick = clock_.tick();
-  const Clock::duration most = most_early(ttl);
-  if (tick <= Clock::duration::zero() || most < 2 * tick) return at;
-  Clock::duration grid = tick;
-  while (grid * 2 <= most) grid *= 2;
+  if (ttl != grid_ttl_) {
+    const Clock::duration tick = clock_.tick();
+    const Clock::duration most = most_early(ttl);
+    Clock::duration grid{};
+    if (tick > Clock::duration::zero() && most >= 2 * tick) {
+      grid = tick;
+      while (grid * 2 <= most) grid *= 2;
+    }
+    grid_ttl_ = ttl;
+    grid_ = grid;
+  }
+  if (grid_ == Clock::duration::zero()) return at;
   const Clock::duration since = at.time_since_epoch();
-  return Clock::time_point(since - since % grid);
+  return Clock::time_point(since - since % grid_);
 }
 
 void Watchdog::schedule_next(LeaseRecord& l, Clock::time_point extended_at) {
@@ -290,15 +298,17 @@ void Watchdog::flush() {
   if (due_.empty()) return;
   // Nobody waits for a renewal's reply: the I/O thread need not poll for it.
   const Loop::Background background;
-  auto sent = Clock::now();
   for (std::size_t from = 0; from < due_.size(); from += kChunk) {
+    // Read for each chunk (a tick may renew a million leases): the store
+    // runs each renewal after it.
+    const auto sent = Clock::now();
     auto first = due_.begin() + static_cast<std::ptrdiff_t>(from);
     auto last = due_.begin() + static_cast<std::ptrdiff_t>(std::min(due_.size(), from + kChunk));
     // The batch keeps its leases, and the text their LockRefs view, alive
     // until the store answered every one.
     auto batch = std::make_shared<RenewBatch>();
     batch->leases.assign(std::make_move_iterator(first), std::make_move_iterator(last));
-    refer(*batch);
+    refer(*batch, sent);
     stats_.renewals_sent.fetch_add(batch->leases.size(), std::memory_order_relaxed);
     const auto* leases = &batch->leases;
     auto commands = store_.renew(refs_, batch, [this, leases, sent](std::size_t k, Renewed status, const StoreError* why) {
@@ -309,10 +319,14 @@ void Watchdog::flush() {
   due_.clear();  // keeps its capacity for the next tick
 }
 
-void Watchdog::refer(RenewBatch& batch) {
+void Watchdog::refer(RenewBatch& batch, Clock::time_point sent) {
   // The records keep neither the store's names nor the text of the tokens
   // and ttls (a million held leases would pay for it): it is written here,
   // once per renewal, into one block that the LockRefs view.
+  //
+  // Each lease's last_sent becomes its chunk's time: its timer read the
+  // clock earlier in the tick, before the timers after it ran, and a key
+  // is counted gone a ttl after the last request that could extend it.
   const KeyRules& keys = store_.traits().keys;
   const std::size_t per_lease =
       keys.prefix.size() + (keys.braces ? 2 : 0) + PackedToken::kTextSize + TtlText::kMaxSize;
@@ -322,7 +336,12 @@ void Watchdog::refer(RenewBatch& batch) {
   char* at = batch.text.get();
   refs_.clear();
   refs_.reserve(batch.leases.size());
+  // The leases of a chunk mostly share a ttl: its text is made once.
+  std::chrono::milliseconds ttl_of{-1};
+  std::array<char, TtlText::kMaxSize> ttl_text{};
+  std::size_t ttl_size = 0;
   for (const auto& l : batch.leases) {
+    l->last_sent = sent;
     char* const name = at;
     for (std::string_view part : keys.name_parts(l->key())) {
       if (!part.empty()) std::memcpy(at, part.data(), part.size());
@@ -330,7 +349,12 @@ void Watchdog::refer(RenewBatch& batch) {
     }
     char* const token = at;
     char* const ttl = l->token.write(token);
-    at = TtlText::write(l->ttl(), ttl);
+    if (l->ttl() != ttl_of) {
+      ttl_of = l->ttl();
+      ttl_size = static_cast<std::size_t>(TtlText::write(ttl_of, ttl_text.data()) - ttl_text.data());
+    }
+    std::memcpy(ttl, ttl_text.data(), ttl_size);
+    at = ttl + ttl_size;
     refs_.push_back(LockRef{std::string_view(name, static_cast<std::size_t>(token - name)),
                             std::string_view(token, PackedToken::kTextSize),
                             std::string_view(ttl, static_cast<std::size_t>(at - ttl)), l->ttl(), l->kind});

@@ -145,8 +145,9 @@ class Watchdog {
     std::vector<std::shared_ptr<LeaseRecord>> leases;
     std::unique_ptr<char[]> text;
   };
-  // Sets refs_ to the batch's locks, writing their text.
-  void refer(RenewBatch& batch);
+  // Sets refs_ to the batch's locks, writing their text, and counts each
+  // lease's renewal as sent at `sent` (LeaseRecord::last_sent).
+  void refer(RenewBatch& batch, Clock::time_point sent);
   void on_renew_result(const std::shared_ptr<LeaseRecord>& l, Clock::time_point sent, Renewed status,
                        const StoreError* why);
   void on_renew_result_now(const std::shared_ptr<LeaseRecord>& l, Clock::time_point sent, Renewed status,
@@ -177,6 +178,10 @@ class Watchdog {
   std::vector<std::shared_ptr<LeaseRecord>> due_;  // renewals due this tick
   std::vector<LockRef> refs_;                      // reused per chunk
   std::uint64_t drained_at_ = ~std::uint64_t{0};   // the advance that last read replies early
+  // coalesced()'s grid of the ttl it was last asked for (most leases share
+  // a ttl); a grid of 0: no coalescing.
+  mutable std::chrono::milliseconds grid_ttl_{-1};
+  mutable Clock::duration grid_{};
 };
 
 }  // namespace lockwatch::detail

@@ -459,9 +459,20 @@ EvalRequest::EvalRequest(const Script& script, std::size_t keys, std::size_t arg
 }
 
 char* EvalRequest::open(std::size_t n) {
+  // Most arguments (names, tokens, ttls) are under 100 bytes: their length
+  // is written without to_chars.
   char digits[24];
-  const auto end = std::to_chars(digits, digits + sizeof digits, n).ptr;
-  const auto len = static_cast<std::size_t>(end - digits);
+  std::size_t len;
+  if (n < 10) {
+    digits[0] = static_cast<char>('0' + n);
+    len = 1;
+  } else if (n < 100) {
+    digits[0] = static_cast<char>('0' + n / 10);
+    digits[1] = static_cast<char>('0' + n % 10);
+    len = 2;
+  } else {
+    len = static_cast<std::size_t>(std::to_chars(digits, digits + sizeof digits, n).ptr - digits);
+  }
   const std::size_t need = 1 + len + 2 + n + 2;
   if (used_ + need > resp_.size()) resp_.resize(std::max(used_ + need, 2 * resp_.size()));
   char* at = resp_.data() + used_;
