@@ -66,9 +66,6 @@ void ZkClaims::claim_step(std::shared_ptr<Claim> c) {
 }
 
 void ZkClaims::claim_write(ZkSession& s, std::shared_ptr<Claim> c, bool exists, int version) {
-  const std::string value = std::to_string(c->period);
-  const std::string lock_path = c->lock_path;
-  const std::string period_path = c->period_path;
   ACL_vector* acl = sessions_.acl();
   sessions_.send(
       s,
@@ -85,17 +82,17 @@ void ZkClaims::claim_write(ZkSession& s, std::shared_ptr<Claim> c, bool exists, 
         }
         c->failed(sessions_.error(r.rc, "claiming the period"));
       },
-      [=](zhandle_t* zh, void* ctx) {
+      [c, acl, exists, version, value = std::to_string(c->period)](zhandle_t* zh, void* ctx) {
         auto* x = static_cast<ZkCtx*>(ctx);
         x->results.resize(2);
-        x->created.resize(period_path.size() + 64);
+        x->created.resize(c->period_path.size() + 64);
         zoo_op_t ops[2];
-        zoo_check_op_init(&ops[0], lock_path.c_str(), -1);
+        zoo_check_op_init(&ops[0], c->lock_path.c_str(), -1);
         if (exists)
-          zoo_set_op_init(&ops[1], period_path.c_str(), value.data(), static_cast<int>(value.size()), version,
+          zoo_set_op_init(&ops[1], c->period_path.c_str(), value.data(), static_cast<int>(value.size()), version,
                           nullptr);
         else
-          zoo_create_op_init(&ops[1], period_path.c_str(), value.data(), static_cast<int>(value.size()), acl,
+          zoo_create_op_init(&ops[1], c->period_path.c_str(), value.data(), static_cast<int>(value.size()), acl,
                              ZOO_PERSISTENT, x->created.data(), static_cast<int>(x->created.size()));
         return zoo_amulti(zh, 2, ops, x->results.data(), zk::on_void, ctx);
       });

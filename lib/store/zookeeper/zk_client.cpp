@@ -52,7 +52,7 @@ void ZkSink::forget_session(std::uint64_t serial) {
 ZkCloser::ZkCloser(std::shared_ptr<ZkSink> sink)
     : sink_(std::move(sink)), thread_([this](std::stop_token stop) { run(stop); }) {}
 
-void ZkCloser::close_later(zhandle_t* zh, ZkWatchCtx* watch_ctx) {
+void ZkCloser::close_later(zhandle_t* zh, ZkCtx* watch_ctx) {
   if (zh == nullptr) {
     delete watch_ctx;
     return;
@@ -73,7 +73,7 @@ void ZkCloser::run(std::stop_token stop) {
     lk.unlock();
     for (auto& [zh, w] : batch) {
       zookeeper_close(zh);
-      if (w != nullptr) sink_->forget_session(w->serial);
+      if (w != nullptr) sink_->forget_session(w->session);
       delete w;
     }
     lk.lock();
@@ -116,9 +116,9 @@ bool unreachable(int rc) {
 }
 
 void on_global_watch(zhandle_t*, int type, int state, const char* path, void* context) {
-  auto* w = static_cast<ZkWatchCtx*>(context);
+  auto* w = static_cast<ZkCtx*>(context);
   if (w == nullptr) return;
-  const std::uint64_t serial = w->serial;
+  const std::uint64_t serial = w->session;
   if (type == ZOO_SESSION_EVENT) {
     return w->sink->post([serial, state](ZkSessions& s) { s.on_session_state(serial, state); });
   }

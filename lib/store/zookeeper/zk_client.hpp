@@ -1,9 +1,5 @@
 // lib/store/zookeeper/zk_client.hpp: the ZooKeeper store's glue to the
-// asynchronous C client (libzookeeper_mt), below ZkSessions: the answer
-// copied off the client's thread (ZkResult), the context each request
-// and each session's watcher hand the client, the completions that post
-// answers to the loop (ZkSink), and the thread that closes handles
-// (ZkCloser).
+// asynchronous C client (libzookeeper_mt), below ZkSessions.
 //
 // Threading: the completions and the watcher run on the client's threads
 // and touch nothing but the sink; everything they carry is handled on the
@@ -31,9 +27,8 @@ class Loop;
 class ZkSessions;
 struct ZkSession;
 struct ZkCtx;
-struct ZkWatchCtx;
 
-// A ZooKeeper answer, copied off the client's thread.
+// An answer, copied off the client's thread.
 struct ZkResult {
   int rc = ZOK;
   Stat stat{};                          // the node's, when the call answers one and succeeded
@@ -46,8 +41,8 @@ struct ZkResult {
   int failure() const { return rc != ZOK || session != nullptr ? rc : ZSESSIONEXPIRED; }
 };
 
-// What runs a request's answer (once, on the loop), and what makes its call
-// to the client with the context given (returning the client's rc).
+// A request's answer (run once, on the loop), and its call to the client
+// with the context given (returning the client's rc).
 using ZkReply = std::function<void(const ZkResult&)>;
 using ZkIssue = std::function<int(zhandle_t*, void*)>;
 
@@ -64,18 +59,19 @@ struct ZkSink : std::enable_shared_from_this<ZkSink> {
   std::mutex ctx_mu;
   std::unordered_map<ZkCtx*, std::uint64_t> in_flight;
 
-  // Runs `f` on the loop, unless the store closed by then.
+  // Unless the store closed by then.
   void post(std::function<void(ZkSessions&)> f);
   // A request's context, in flight until release_ctx() (or its session's
   // handle closed: forget_session()).
   ZkCtx* new_ctx(std::uint64_t id, std::uint64_t session);
   void release_ctx(ZkCtx* ctx);
-  // The sessions, or null once the store closed (any thread).
+  // Null once the store closed (any thread).
   ZkSessions* target();
   void forget_session(std::uint64_t serial);
 };
 
-// A request's context, given to the client and back to a completion.
+// A request's context, given to the client and back to a completion; also
+// a session's watcher context (id 0, never in flight), freed with its handle.
 struct ZkCtx {
   std::shared_ptr<ZkSink> sink;
   std::uint64_t id = 0;
@@ -84,22 +80,15 @@ struct ZkCtx {
   std::string created;                   // multi: where a create op writes its path
 };
 
-// A session's watcher context.
-struct ZkWatchCtx {
-  std::shared_ptr<ZkSink> sink;
-  std::uint64_t serial = 0;
-};
-
 // zookeeper_close() blocks (it says goodbye to the ensemble and joins the
 // client's threads): handles are closed on a thread of their own.
 class ZkCloser {
  public:
-  // Its destructor closes what is still queued, then joins.
+  // The destructor closes what is still queued, then joins.
   explicit ZkCloser(std::shared_ptr<ZkSink> sink);
   ZkCloser(const ZkCloser&) = delete;
   ZkCloser& operator=(const ZkCloser&) = delete;
-  // Closes `zh` (if any) and frees its watcher's context.
-  void close_later(zhandle_t* zh, ZkWatchCtx* watch_ctx);
+  void close_later(zhandle_t* zh, ZkCtx* watch_ctx);
 
  private:
   void run(std::stop_token stop);
@@ -107,7 +96,7 @@ class ZkCloser {
   std::shared_ptr<ZkSink> sink_;
   std::mutex mu_;
   std::condition_variable_any cv_;
-  std::vector<std::pair<zhandle_t*, ZkWatchCtx*>> to_close_;
+  std::vector<std::pair<zhandle_t*, ZkCtx*>> to_close_;
   std::jthread thread_;  // last: started once the rest is there, stopped and joined first
 };
 
@@ -122,10 +111,9 @@ bool unreachable(int rc);
 // An answer's failure where a node found gone counts as done (null: ZOK or ZNONODE).
 inline const int* failure_unless_gone(const ZkResult& r) { return r.rc == ZOK || r.rc == ZNONODE ? nullptr : &r.rc; }
 
-// The completions given to the client, one per shape of answer (the
-// arguments between rc and the context), written once: answer() copies
-// what a successful answer carries into a ZkResult (fill()) and posts it
-// to the loop (deliver(), which adds a multi's outcome per operation).
+// The completions given to the client, one per shape of answer: answer()
+// copies what a success carries into a ZkResult (fill()) and posts it to
+// the loop (deliver(), which adds a multi's outcome per operation).
 void deliver(const void* data, ZkResult r);
 void fill(ZkResult& r, const Stat* stat);
 void fill(ZkResult& r, const char* path, const Stat* stat = nullptr);
@@ -144,9 +132,7 @@ inline constexpr data_completion_t on_data = answer<const char*, int, const Stat
 inline constexpr strings_completion_t on_strings = answer<const String_vector*>;
 inline constexpr string_completion_t on_created_path = answer<const char*>;
 inline constexpr string_stat_completion_t on_created = answer<const char*, const Stat*>;
-// Every session's watcher: state changes and watches, posted to the loop.
 void on_global_watch(zhandle_t*, int type, int state, const char* path, void* context);
-// The client's log, silenced.
 void drop_log(const char*);
 
 }  // namespace zk

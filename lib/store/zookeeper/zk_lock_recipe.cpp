@@ -44,7 +44,7 @@ void ZkLockRecipe::acquire(std::span<const LockRef> locks, LockStore::AcquireDon
     op->attempt = next_attempt_++;
     if (sessions_.closed())
       fail_later(op, sessions_.error(ZCLOSING, ""));
-    else if (!repeat_held(op) && !repeat_waiting(op))
+    else if (!repeated(op))
       create_node(std::move(op), false);
   }
 }
@@ -65,51 +65,42 @@ ZkSession* ZkLockRecipe::node_session(const Op& op) {
   return nullptr;
 }
 
-bool ZkLockRecipe::repeat_held(Op& op) {
+// A repeat of an acquisition that took the lock: its node, if it is still
+// there, and only within its session's timeout. A waiting writer that
+// tries again: its node, still in the queue, and another span for its
+// mark (any other's mark goes).
+bool ZkLockRecipe::repeated(Op& op) {
   ZkHolds& holds = sessions_.holds;
-  auto h = holds.held.find(zk::hold_key(op->name, op->token));
-  if (h == holds.held.end()) return false;
-  // A repeat of an acquisition that took the lock: its node, if it is
-  // still there, and only within its session's timeout.
-  ZkSession* s = sessions_.live(h->second.session);
-  if (s == nullptr) {
-    holds.held.erase(h);
-    return false;
-  }
-  if (op->ttl.count() > s->negotiated_ms) {
+  const std::string key = zk::hold_key(op->name, op->token);
+  auto h = holds.held.find(key);
+  ZkSession* s = h == holds.held.end() ? nullptr : sessions_.live(h->second.session);
+  if (h != holds.held.end() && s == nullptr) holds.held.erase(h);
+  op->sent = Clock::now();
+  if (s != nullptr && op->ttl.count() > s->negotiated_ms) {
     fail_later(op, sessions_.refusal(fmt::format(
                        "a repeated acquisition asks a ttl of {} ms, longer than the {} ms session that holds the "
                        "lock: ZooKeeper cannot lengthen a session",
                        op->ttl.count(), s->negotiated_ms)));
     return true;
   }
-  static_cast<ZkHolds::Node&>(*op) = h->second;
-  op->fence = h->second.fence;
-  op->repeat = true;
-  op->sent = Clock::now();
-  list_nodes(std::move(op));
-  return true;
-}
-
-bool ZkLockRecipe::repeat_waiting(Op& op) {
-  ZkHolds& holds = sessions_.holds;
-  auto m = holds.marks.find(zk::hold_key(op->name, op->token));
-  if (m == holds.marks.end()) return false;
-  // A waiting writer tries again: its node, still in the queue, and
-  // another span for its mark.
-  ZkSession* s = sessions_.live(m->second.session);
-  if (s != nullptr && op->kind.single_holder()) {
+  if (s != nullptr) {
+    static_cast<ZkHolds::Node&>(*op) = h->second;
+    op->fence = h->second.fence;
+    op->repeat = true;
+  } else if (auto m = holds.marks.find(key); m == holds.marks.end()) {
+    return false;
+  } else if (sessions_.live(m->second.session) != nullptr && op->kind.single_holder()) {
     static_cast<ZkHolds::Node&>(*op) = m->second;
     op->from_mark = true;
-    op->sent = Clock::now();
     m->second.until = op->sent + zk::mark_span(op->ttl, op->kind);
-    list_nodes(std::move(op));
-    return true;
+  } else {
+    ZkRelease::Cleanup c{op->name, op->token, m->second.attempt, m->second.session};
+    holds.marks.erase(m);
+    release_.remove(std::move(c));
+    return false;
   }
-  ZkRelease::Cleanup c{op->name, op->token, m->second.attempt, m->second.session};
-  holds.marks.erase(m);
-  release_.remove(std::move(c));
-  return false;
+  list_nodes(std::move(op));
+  return true;
 }
 
 void ZkLockRecipe::create_node(Op op, bool parents_made) {
@@ -190,14 +181,11 @@ void ZkLockRecipe::listed(const Op& op, const ZkResult& r) {
   auto nodes = zk::in_order(r.children);
   const std::string own_child = op->path.substr(op->path.rfind('/') + 1);
   auto own = std::find(nodes.begin(), nodes.end(), own_child);
-  if (own == nodes.end() && op->from_mark) {
-    // The store removed the writer's mark meanwhile (its span passed).
-    forget(*op);
-    return requeue(op);
-  }
   if (own == nodes.end()) {
-    // Gone: its session expired meanwhile (or an operator removed it).
     forget(*op);
+    // A writer's mark: the store removed it meanwhile (its span passed).
+    if (op->from_mark) return requeue(op);
+    // Otherwise its session expired meanwhile (or an operator removed it).
     return fail(op, sessions_.error(ZSESSIONEXPIRED, "the lock's node is gone"));
   }
   decide(op, nodes, static_cast<std::size_t>(own - nodes.begin()));

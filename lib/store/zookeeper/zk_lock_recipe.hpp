@@ -31,8 +31,7 @@ class ZkLockRecipe {
 
   // A repeat of an acquisition that took the lock, or of a waiting one
   // that kept its node: listed again (true), or not one (false).
-  bool repeat_held(Op& op);
-  bool repeat_waiting(Op& op);
+  bool repeated(Op& op);
   void create_node(Op op, bool parents_made);
   void created(const Op& op, bool parents_made, const ZkResult& r);
   void make_parents(Op op, int step);

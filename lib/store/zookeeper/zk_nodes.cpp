@@ -1,7 +1,10 @@
 #include "store/zookeeper/zk_nodes.hpp"
 
+#include <fmt/format.h>
+
 #include <algorithm>
 #include <charconv>
+#include <iterator>
 
 #include "core/hex.hpp"
 
@@ -21,18 +24,13 @@ bool keep_byte(unsigned char c) {
 }  // namespace
 
 std::string escape(std::string_view bytes) {
-  static constexpr char kHex[] = "0123456789ABCDEF";
   std::string out;
   out.reserve(bytes.size());
-  for (unsigned char c : bytes) {
-    if (keep_byte(c)) {
+  for (unsigned char c : bytes)
+    if (keep_byte(c))
       out.push_back(static_cast<char>(c));
-    } else {
-      out.push_back('%');
-      out.push_back(kHex[c >> 4]);
-      out.push_back(kHex[c & 15]);
-    }
-  }
+    else
+      fmt::format_to(std::back_inserter(out), "%{:02X}", c);
   return out;
 }
 
@@ -55,10 +53,7 @@ bool unescape(std::string_view text, std::string& out) {
 std::string dir_of(std::string_view name) { return std::string(kRoot) + "/" + escape(name); }
 
 std::string hold_key(std::string_view name, std::string_view token) {
-  std::string key(name);
-  key += '\0';
-  key += token;
-  return key;
+  return std::string(name) + '\0' + std::string(token);
 }
 
 NodeName parse_node(std::string_view child) {

@@ -68,20 +68,17 @@ void ZkOperatorTools::read_holders(ZkSession* s, const std::string& dir, std::ve
 }
 
 struct ZkOperatorTools::Listing {
-  std::vector<std::string> names;  // under the prefix, in order
-  std::size_t next = 0;            // the first not inspected yet
+  std::vector<std::string> names{};  // under the prefix, in order
+  std::size_t next = 0;              // the first not inspected yet
   std::size_t limit = 0;
-  std::vector<LockInfo> found;
+  std::vector<LockInfo> found{};
   LockListing::ListDone done;
 };
 
 void ZkOperatorTools::list_locks(std::string_view prefix, std::size_t limit, ListDone done) {
-  ZkSession* s = sessions_.any_session();
   const std::string escaped = zk::escape(store_.encode(prefix));
-  auto listing = std::make_shared<Listing>();
-  listing->limit = limit;
-  listing->done = std::move(done);
-  sessions_.list(*s, zk::kRoot, [this, listing, escaped](const ZkResult& r) {
+  auto listing = std::make_shared<Listing>(Listing{.limit = limit, .done = std::move(done)});
+  sessions_.list(*sessions_.any_session(), zk::kRoot, [this, listing, escaped](const ZkResult& r) {
     if (r.rc == ZNONODE) return listing->done({}, nullptr);
     if (r.rc != ZOK)
       return sessions_.answer_failed(listing->done, r.rc, "listing the locks' directories", std::vector<LockInfo>{});

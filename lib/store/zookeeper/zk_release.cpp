@@ -20,7 +20,7 @@ ZkRelease::ZkRelease(ZkSessions& sessions, const StoreSettings& settings, const 
       cleanup_backoff_(settings.connection.reconnect_min, settings.connection.reconnect_max) {}
 
 void ZkRelease::close() {
-  for (auto& g : std::exchange(giving_up_, {})) g->unconfirmed();
+  for (auto& g : std::exchange(giving_up_, {})) g->settle(Released::kUnconfirmed);
 }
 
 void ZkRelease::tick(Clock::time_point now) {
@@ -130,11 +130,7 @@ void ZkRelease::retry_give_up(std::shared_ptr<GiveUp> g) {
   if (g->answered) return;
   delete_nodes(g->c, [this, g](Released st, const StoreError*) {
     if (g->answered) return;
-    if (st != Released::kUnconfirmed) {
-      g->answered = true;
-      return g->answer(st, nullptr);
-    }
-    if (Clock::now() >= g->until || sessions_.closed()) return g->unconfirmed();
+    if (st != Released::kUnconfirmed || Clock::now() >= g->until || sessions_.closed()) return g->settle(st);
     g->next = std::min(g->until, Clock::now() + settings_.connection.reconnect_min);
     giving_up_.push_back(g);
   });

@@ -43,7 +43,6 @@ class ZkRelease final : public FairQueue {
   // next one's watch fires: its notice).
   void withdraw(const LockRef& lock, WithdrawDone done) override;
 
-  // Deletes the nodes `c` names.
   void delete_nodes(const Cleanup& c, Removed done);
   // Deletes the nodes `c` names, kept at as a cleanup if unconfirmed;
   // `done` (if any) gets the outcome.
@@ -54,8 +53,7 @@ class ZkRelease final : public FairQueue {
   // Nodes whose removal is unconfirmed, tried again (see above).
   void remember_cleanup(Cleanup c);
 
-  // From the store's sweep: the give-up answers due, and the cleanups once
-  // their back-off passed or a session connected again.
+  // From the store's sweep.
   void tick(Clock::time_point now);
 
  private:
@@ -67,10 +65,8 @@ class ZkRelease final : public FairQueue {
     Clock::time_point until;
     Clock::time_point next{};  // its next look, while in giving_up_
     bool answered = false;
-    void unconfirmed() {
-      if (answered) return;
-      answered = true;
-      answer(Released::kUnconfirmed, &why);
+    void settle(Released st) {
+      if (!std::exchange(answered, true)) answer(st, st == Released::kUnconfirmed ? &why : nullptr);
     }
   };
   void give_up_release(const Cleanup& c, StoreError why, Removed answer);
@@ -84,7 +80,6 @@ class ZkRelease final : public FairQueue {
   const StoreSettings& settings_;
   const StoreEvents& events_;
   std::vector<Cleanup> cleanups_;  // nodes whose removal is unconfirmed
-  // Give-ups waiting for their next look, run by tick().
   std::vector<std::shared_ptr<GiveUp>> giving_up_;
   bool cleaning_ = false;
   Backoff cleanup_backoff_;

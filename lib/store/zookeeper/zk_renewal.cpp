@@ -96,12 +96,9 @@ void ZkRenewal::renew_answered(const std::vector<RenewCheck>& chunk, const LockS
     }
     return;
   }
-  if (r.rc == ZSESSIONEXPIRED) {
-    for (const auto& c : chunk) done(c.index, Renewed::kGone, nullptr);
-    return;
-  }
-  StoreError e = sessions_.error(r.rc, "renewing");
-  for (const auto& c : chunk) done(c.index, Renewed::kTransient, &e);
+  const bool expired = r.rc == ZSESSIONEXPIRED;
+  const StoreError e = sessions_.error(r.rc, "renewing");
+  for (const auto& c : chunk) done(c.index, expired ? Renewed::kGone : Renewed::kTransient, expired ? nullptr : &e);
 }
 
 void ZkRenewal::expire_held(Clock::time_point now) {

@@ -27,9 +27,7 @@ class ZkRenewal {
   void expire_held(Clock::time_point now);
 
  private:
-  // A renewal's check of one held node: renew() sends them by session, in
-  // chunks of one multi each; renew_answered() settles a chunk sent at
-  // `sent` from the multi's answer.
+  // A renewal's check of one held node: one multi per session and chunk.
   struct RenewCheck {
     std::size_t index;
     std::string path;

@@ -48,14 +48,10 @@ ZkSessions::Session* ZkSessions::session_for(milliseconds ttl) {
     delete it->second->watch_ctx;
     sessions_.erase(it);
   }
-  auto s = std::make_unique<Session>();
-  s->serial = next_serial_++;
-  s->requested_ms = ms;
-  s->started = Clock::now();
-  Session* raw = s.get();
-  sessions_[ms] = std::move(s);
-  look_up_names(*raw);
-  return raw;
+  auto& s = sessions_[ms];
+  s = std::make_unique<Session>(Session{.serial = next_serial_++, .requested_ms = ms, .started = Clock::now()});
+  look_up_names(*s);
+  return s.get();
 }
 
 // Member names are looked up on libuv's thread pool (the client library
@@ -104,7 +100,7 @@ void ZkSessions::open_handle(Session& s, const std::vector<std::string>& address
     hosts += host_port(addresses[i], target_.hosts[i].second);
   }
   if (!hosts.empty()) {
-    s.watch_ctx = new ZkWatchCtx{sink_, s.serial};
+    s.watch_ctx = new ZkCtx{sink_, 0, s.serial, {}, {}};
     // The timeout is an int of ms; the ensemble bounds it anyway.
     const int timeout = static_cast<int>(std::min<long long>(s.requested_ms, 1LL << 30));
     s.zh = zookeeper_init2((hosts + target_.chroot).c_str(), zk::on_global_watch, timeout, nullptr, s.watch_ctx, 0,
@@ -305,7 +301,6 @@ void ZkSessions::complete(std::uint64_t id, ZkResult r) {
 }
 
 void ZkSessions::time_out(Clock::time_point now) {
-  if (pending_.empty()) return;
   std::vector<std::uint64_t> late;
   for (auto& [id, p] : pending_) {
     if (p.late) late.push_back(id);

@@ -1,21 +1,15 @@
 // lib/store/zookeeper/zk_session.hpp: the ZooKeeper store's sessions and
-// its transport to the C client (libzookeeper_mt): the bottom part of
-// ZkStore, using none of the others.
-//
-// The session is the lease, one per ttl, made at the first lock of that
-// ttl: docs/zookeeper.md ("The session is the lease") says how renewals,
-// a lost connection, an expired session and the ensemble's bounds on the
-// ttl play out, and ("Where it stops") how member names are looked up
-// and lost reads asked again. The client's answers reach the loop, and
-// handles close, as zk_client.hpp says; a request unanswered after the
-// command timeout (the connect timeout while a session was never up)
-// fails as unavailable. What lives and dies with a session is kept here
-// too: the nodes this store holds (ZkHolds) and the release notices.
+// its transport to the C client (zk_client.hpp): the bottom part of
+// ZkStore, using none of the others. The session is the lease, one per
+// ttl (docs/zookeeper.md, "The session is the lease", "Where it stops").
+// A request unanswered after the command timeout (the connect timeout
+// while a session was never up) fails as unavailable. What lives and
+// dies with a session is kept here too: the nodes this store holds
+// (ZkHolds) and the release notices.
 //
 // Costs: one session (two client threads) per distinct ttl; a request one
-// entry in the pending table (and its context, zk_client.hpp).
-//
-// Threading: the loop thread, but the ZkSink (zk_client.hpp).
+// entry in the pending table (and its context). Threading: the loop
+// thread, but the ZkSink.
 #pragma once
 
 #include <map>
@@ -29,11 +23,9 @@
 namespace lockwatch::detail {
 
 // The nodes this store holds or keeps waiting, by zk::hold_key(name,
-// token). Owned by ZkSessions: an entry goes with its session.
+// token); an entry goes with its session.
 struct ZkHolds {
   using Clock = std::chrono::steady_clock;
-  // A node of ours: where, made on which session, its creation zxid, and
-  // the attempt that made it.
   struct Node {
     std::string path;
     std::uint64_t session = 0;  // ZkSession::serial
@@ -55,27 +47,24 @@ struct ZkHolds {
   std::unordered_map<std::string, Held> held;
   std::unordered_map<std::string, Mark> marks;
 
-  // Drops what was made on `session`; whether it held a lock.
+  // Whether it held a lock.
   bool drop_session(std::uint64_t session);
 };
 
-// One session: a zhandle_t and what the store knows of it.
 struct ZkSession {
   using Clock = std::chrono::steady_clock;
   std::uint64_t serial = 0;
   long long requested_ms = 0;
   zhandle_t* zh = nullptr;
-  ZkWatchCtx* watch_ctx = nullptr;  // the global watcher's context, freed with zh
+  ZkCtx* watch_ctx = nullptr;  // the global watcher's context, freed with zh
   bool up = false;  // connected now: false until it first connects, and while its connection is lost
   int negotiated_ms = 0;
   std::uint32_t connects = 0;  // times it connected (again); 0: never yet
-  // Its members' names are being looked up (off the loop): no handle yet,
-  // and what is sent meanwhile is parked.
-  bool awaiting_names = false;
+  bool awaiting_names = false;  // no handle yet: what is sent meanwhile is parked
   Clock::time_point started;
   // Requests made while it is not connected, sent once it is: the client
   // fails what it queued at every connection attempt that fails.
-  std::vector<std::pair<std::uint64_t, ZkIssue>> parked;
+  std::vector<std::pair<std::uint64_t, ZkIssue>> parked{};
 };
 
 class ZkSessions {
@@ -83,18 +72,15 @@ class ZkSessions {
   using Clock = std::chrono::steady_clock;
   using Session = ZkSession;
 
-  // `events` are the store's, set when it starts; read when something
-  // happens, never before.
+  // `events` are the store's, set when it starts: read only once something happens.
   ZkSessions(Loop& loop, const ZkTarget& target, const ConnectionOptions& connection, const StoreEvents& events);
-  // Closes what handles are left (close()) on the closer's thread, and joins it.
   ~ZkSessions();
 
   // The session for locks of `ttl`, made (and connecting) if there is none.
   Session* session_for(std::chrono::milliseconds ttl);
   // A connected session if there is one, else any, else a new one.
   Session* any_session();
-  // The session `serial` if it still has a handle (one that expired or was
-  // retired is gone).
+  // The session `serial` if it still has a handle.
   Session* live(std::uint64_t serial);
   // Whether the ensemble said it expired `serial` (so its nodes are gone).
   bool expired(std::uint64_t serial) const { return expired_.count(serial) != 0; }
@@ -102,20 +88,16 @@ class ZkSessions {
   // go (true if it held a lock). The ensemble removes its nodes once it
   // expires there.
   bool retire(Session* s);
-  // Connections made so far, over every session (parts that try again
-  // after a reconnect compare it).
+  // Connections made so far, over every session.
   std::uint64_t connections() const { return connections_; }
 
   // Sends one request on `s` (issue() makes the call with the context it
   // is given); `reply` runs once on the loop, with the answer or a
-  // failure (ZOPERATIONTIMEOUT: no answer within the bound). A `read` (a
-  // listing, a node's data) whose answer is lost with its connection
-  // (ZCONNECTIONLOSS) is asked again on the same session once it connects
-  // again, within the same bound. The session, and so its nodes, outlived
-  // the connection; a write is not sent again (it may have been applied).
+  // failure (ZOPERATIONTIMEOUT: no answer within the bound). A `read`
+  // whose answer is lost with its connection (ZCONNECTIONLOSS) is asked
+  // again on the same session once it connects again, within the same
+  // bound; a write is not sent again (it may have been applied).
   void send(Session& s, ZkReply reply, ZkIssue issue, bool read = false);
-  // The reads the store makes: `path`'s children, and its data (watched
-  // if `watch`).
   void list(Session& s, std::string path, ZkReply reply);
   void read(Session& s, std::string path, bool watch, ZkReply reply);
   // Makes the persistent node `path` (no data) on `s`; `done` gets ZOK once
@@ -129,7 +111,7 @@ class ZkSessions {
   void time_out(Clock::time_point now);
 
   // Release notices: a watch on a lock's node that fires reports a
-  // release of that lock's name to the store's events while subscribed.
+  // release of that name while subscribed.
   void subscribe(std::string_view name);
   void unsubscribe(std::string_view name);
 
@@ -141,28 +123,25 @@ class ZkSessions {
   bool closed() const { return closed_; }
 
   StoreError error(int rc, const std::string& doing) const;
-  // Answers a caller's `done` with error(rc, doing): `values` first, then
-  // the error.
+  // Calls `done(values..., &error(rc, doing))`.
   template <class Done, class... Values>
   void answer_failed(const Done& done, int rc, const std::string& doing, Values&&... values) const {
     const StoreError e = error(rc, doing);
     done(std::forward<Values>(values)..., &e);
   }
-  // A call this store refuses (InvalidArgument), saying why.
+  // InvalidArgument, saying why.
   StoreError refusal(std::string why) const;
   const ZkTarget& target() const { return target_; }
   const std::string& endpoint() const { return endpoint_; }
-  // The ACL the store's nodes are made with (the creator's, with digest
-  // authentication).
+  // The creator's with digest authentication, else open.
   ACL_vector* acl() const;
 
-  // On the loop, from what the client's threads post: a request's answer,
-  // a session's state, a watch that fired, names looked up.
+  // On the loop, from what the client's threads post.
   void complete(std::uint64_t id, ZkResult r);
   void on_session_state(std::uint64_t serial, int state);
   void on_watch(int type, const std::string& path);
 
-  ZkHolds holds;  // the nodes held on these sessions
+  ZkHolds holds;
 
  private:
   struct Pending {
@@ -179,8 +158,7 @@ class ZkSessions {
 
   Session* find(std::uint64_t serial);
   void look_up_names(Session& s);
-  // The members' addresses (empty where a name did not resolve) for the
-  // session of `ms` with `serial`, if it is still the one waiting.
+  // For the session of `ms` with `serial`, if it is still the one waiting.
   void names_resolved(long long ms, std::uint64_t serial, const std::vector<std::string>& addresses);
   // Makes `s`'s handle on the members' `addresses` (numeric; empty where
   // a name did not resolve), or fails what it parked if it makes none.

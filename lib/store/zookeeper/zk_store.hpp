@@ -28,10 +28,7 @@ class ZkStore final : public StoreBase {
  public:
   ZkStore(Loop& loop, ZkTarget target, const StoreSettings& settings);
 
-  // LockStore: ZkLockRecipe acquires, ZkRenewal renews, ZkRelease
-  // releases, ZkSessions reports release notices. The capabilities are
-  // the parts': JobClaims ZkClaims, OperatorTools and LockListing
-  // ZkOperatorTools, FairQueue ZkRelease (every kind is taken).
+  // Every kind is taken (FairQueue: ZkRelease).
   void acquire(std::span<const LockRef> locks, AcquireDone done) override { recipe_.acquire(locks, std::move(done)); }
   std::size_t renew(std::span<const LockRef> locks, std::shared_ptr<const void> keepalive, RenewDone done) override {
     return renewal_.renew(locks, std::move(keepalive), std::move(done));

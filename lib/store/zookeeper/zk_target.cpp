@@ -24,24 +24,16 @@ ZkTarget ZkTarget::parse(const std::string& url) {
         t.password.find('\0') != std::string::npos)
       throw_bad_url(url, "a digest user holds no ':' and neither part a NUL");
   }
-  std::string_view hosts = rest;
-  if (auto slash = rest.find('/'); slash != std::string_view::npos) {
-    hosts = rest.substr(0, slash);
-    std::string_view chroot = rest.substr(slash);
-    if (chroot != "/") {
-      std::string decoded = percent_decode(url, chroot);
-      std::string_view segs(decoded);
-      segs.remove_prefix(1);
-      while (true) {
-        auto next = segs.find('/');
-        std::string_view seg = segs.substr(0, next);
-        if (seg.empty() || seg == "." || seg == ".." || seg.find('\0') != std::string_view::npos ||
-            seg == "zookeeper")
-          throw_bad_url(url, "a bad chroot: its segments must be non-empty, not '.', '..' or 'zookeeper'");
-        if (next == std::string_view::npos) break;
-        segs.remove_prefix(next + 1);
-      }
-      t.chroot = std::move(decoded);
+  std::string_view hosts = rest.substr(0, rest.find('/'));
+  if (std::string_view chroot = rest.substr(hosts.size()); chroot.size() > 1) {  // not "" or "/"
+    t.chroot = percent_decode(url, chroot);
+    for (std::string_view segs = std::string_view(t.chroot).substr(1);;) {
+      auto next = segs.find('/');
+      std::string_view seg = segs.substr(0, next);
+      if (seg.empty() || seg == "." || seg == ".." || seg.find('\0') != std::string_view::npos || seg == "zookeeper")
+        throw_bad_url(url, "a bad chroot: its segments must be non-empty, not '.', '..' or 'zookeeper'");
+      if (next == std::string_view::npos) break;
+      segs.remove_prefix(next + 1);
     }
   }
   if (hosts.empty()) throw_bad_url(url, "no host: expected zookeeper://host:port[,host:port...]");
