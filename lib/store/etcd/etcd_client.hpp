@@ -1,24 +1,12 @@
 // lib/store/etcd/etcd_client.hpp: etcd's v3 API over gRPC for the etcd
-// store, driven so that nothing blocks the loop.
-//
-// One gRPC channel per member of the URL, on gRPC's callback API. Calls
-// start on the loop thread (starting a gRPC call does not block); gRPC's
-// threads take their completions and hand each to the loop (Loop::post),
-// so every callback runs on the loop thread, exactly once, never inside
-// the call that started it.
-//
-//   unary calls   Range, Txn, LeaseGrant, LeaseRevoke, LeaseTimeToLive,
-//                 each with a deadline of Options::connection.command_timeout
-//   keep_alive    one LeaseKeepAlive stream per batch of leases (a tick's
-//                 renewals), every lease's answer read before it closes,
-//                 bounded by the command timeout as a whole
-//   watch         one Watch stream per watched key (release notices),
-//                 without a deadline, until cancelled
-//
-// Which member a call goes to, TLS, authentication (Authenticate before
-// the first call, its token with every call) and the StoreError kind of
-// each gRPC status (kept as its `code`, of etcd_category()): docs/etcd.md
-// ("How a lock is kept": members; "TLS"; "The URL"; "Errors").
+// store, driven so that nothing blocks the loop: one channel per member,
+// on gRPC's callback API; gRPC's threads hand each completion to the loop
+// (Loop::post), so every callback runs on the loop thread, exactly once,
+// never inside the call that started it. Unary calls have a deadline of
+// the command timeout; keep_alive() is one stream per batch of leases,
+// bounded by it as a whole; watch() one stream per key, without a
+// deadline, until cancelled. Members, TLS, authentication and errors:
+// docs/etcd.md ("How a lock is kept", "TLS", "The URL", "Errors").
 //
 // Threading: construction on any thread; every other member on the loop
 // thread, but the destructor, which must run off the loop thread after
@@ -56,9 +44,8 @@ class EtcdClient {
   // gone), or -1 when the batch had no answer for it.
   using KeepAliveDone = std::function<void(const std::vector<std::int64_t>& ttls, const StoreError*)>;
 
-  // What a watch reports, on the loop thread: the watch is confirmed
-  // (created), the key was deleted, the watch ended (its stream broke or
-  // the server cancelled it; not after cancel()).
+  // What a watch reports, on the loop thread; `ended`: its stream broke or
+  // the server cancelled it (never after cancel()).
   struct WatchHooks {
     std::function<void()> created;
     std::function<void()> deleted;
@@ -71,7 +58,6 @@ class EtcdClient {
   EtcdClient(const EtcdClient&) = delete;
   EtcdClient& operator=(const EtcdClient&) = delete;
 
-  // "etcd://host:port,...", for messages.
   const std::string& name() const noexcept { return name_; }
   // Told, on the loop thread, when a member stops answering (a call to it
   // got no answer) and when it answers again.
@@ -94,7 +80,7 @@ class EtcdClient {
   void cancel(const std::shared_ptr<Watch>& watch);
 
   // Fails what is pending (each callback runs once, now) and cancels every
-  // call and stream; later calls fail at once (on the next loop turn).
+  // call and stream; later calls fail on the next loop turn.
   void close();
 
  private:
@@ -109,12 +95,10 @@ class EtcdClient {
   void with_token(std::function<void(const StoreError*)> start);
   void authenticate();
   StoreError error_of(const grpc::Status& status, std::size_t member, bool authenticating = false) const;
-  // "etcd://host:port" (or etcds://) of one member, for errors.
   std::string endpoint(std::size_t member) const;
   // A call to `member` had no answer: later calls go to the next member.
   void member_failed(std::size_t member);
-  // A call to `member` was answered (`status` ok or an error from etcd) or
-  // not (no_answer): reported to the state hook when that changes.
+  // Reported to the state hook when whether `member` answers changes.
   void member_answered(std::size_t member, const grpc::Status& status);
   // `rpc` starts the call on a member (its stub's callback method).
   template <class Request, class Response, class Rpc>

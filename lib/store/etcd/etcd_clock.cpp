@@ -325,28 +325,22 @@ void EtcdClock::run(std::stop_token stop) {
 }
 
 EtcdClock::Measured EtcdClock::measure(std::stop_token stop) {
-  Measured out;
-  if (target_.tls && !tls_) {
-    out.error = StoreError::invalid(state_->name, "cannot read the members' clock over TLS: " + tls_error_);
-    return out;
-  }
+  if (target_.tls && !tls_)
+    return {.error = StoreError::invalid(state_->name, "cannot read the members' clock over TLS: " + tls_error_)};
   std::string whys;
   for (std::size_t i = 0; i < target_.members.size(); ++i) {
     Measured m = measure_member(i, stop);
     if (m.ok || stop.stop_requested()) return m;
     whys += (whys.empty() ? "" : "; ") + m.error.message;
   }
-  out.error = StoreError::unavailable(state_->name, "no member's clock could be read: " + whys);
-  return out;
+  return {.error = StoreError::unavailable(state_->name, "no member's clock could be read: " + whys)};
 }
 
 EtcdClock::Measured EtcdClock::measure_member(std::size_t member, std::stop_token stop) {
   const EtcdTarget::Member& m = target_.members[member];
   const std::string endpoint = (target_.tls ? "https://" : "http://") + m.address();
-  Measured out;
   auto fail = [&](const std::string& why) {
-    out.error = StoreError::unavailable(state_->name, endpoint + ": " + why);
-    return out;
+    return Measured{.error = StoreError::unavailable(state_->name, endpoint + ": " + why)};
   };
   std::unique_ptr<Conn> conn;
   std::string why;
@@ -386,10 +380,9 @@ EtcdClock::Measured EtcdClock::measure_member(std::size_t member, std::stop_toke
       const auto span = s.answered - prev.sent;
       const auto change = prev.sent + span / 2;
       const system_clock::time_point start{std::chrono::seconds(s.second)};
-      out.offset = duration_cast<milliseconds>(start - change);
-      out.uncertainty = duration_cast<milliseconds>(span / 2) + milliseconds(1);
-      out.ok = true;
-      return out;
+      return {.offset = duration_cast<milliseconds>(start - change),
+              .uncertainty = duration_cast<milliseconds>(span / 2) + milliseconds(1),
+              .ok = true};
     }
     prev = s;  // the same second, or a jump (a slow answer, a clock stepped): from here
   }

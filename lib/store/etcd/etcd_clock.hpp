@@ -1,10 +1,9 @@
 // lib/store/etcd/etcd_clock.hpp: the etcd members' clock, for scheduled
 // jobs (JobClaims::server_time): etcd's v3 API has none, so it is read
-// from the Date header of the members' answers to GET /version (over
-// HTTPS for etcds://; without the `tls` feature that fails, naming it) and
-// kept as an offset from the local clock. How, when and from which member:
-// docs/etcd.md ("Scheduled jobs", the clock). None answering is a
-// kUnavailable StoreError, never a time.
+// from the Date header of the members' answers to GET /version (HTTPS for
+// etcds://) and kept as an offset from the local clock (docs/etcd.md,
+// "Scheduled jobs"). None answering is a kUnavailable StoreError, never a
+// time.
 //
 // Threading: now() and close() on the loop thread; answers are posted to
 // the loop, each exactly once and never inside now(). Measuring (resolving,
@@ -52,7 +51,6 @@ class EtcdClock {
   EtcdClock(const EtcdClock&) = delete;
   EtcdClock& operator=(const EtcdClock&) = delete;
 
-  // The members' clock now, by the offset kept (see above).
   void now(Done done);
   // Measures in the background if nothing is kept yet.
   void warm();
@@ -64,12 +62,11 @@ class EtcdClock {
   // calls fail on the next loop turn.
   void close();
 
-  // One measurement's outcome (measuring thread).
   struct Measured {
     std::chrono::milliseconds offset{0};       // the members' clock minus `local`
     std::chrono::milliseconds uncertainty{0};  // half the span the second changed in
     bool ok = false;
-    StoreError error;  // when not ok
+    StoreError error{};  // when not ok
   };
 
  private:
@@ -86,13 +83,10 @@ class EtcdClock {
   const std::chrono::milliseconds command_timeout_;
   std::shared_ptr<const TlsContext> tls_;
   std::string tls_error_;  // why there is no TLS context for etcds://
-  // What the loop thread keeps (the offset, the callers waiting; the local
-  // clock and the store's name, constant), shared with the answers the
-  // measuring thread posts, which may run after close() and must not touch
-  // this object.
+  // What the loop thread keeps, shared with the answers the measuring
+  // thread posts, which may run after close() and must not touch this object.
   std::shared_ptr<State> state_;
 
-  // The measuring thread's: asked to measure, or to stop.
   std::mutex mu_;
   std::condition_variable_any cv_;
   bool wanted_ = false;  // guarded by mu_

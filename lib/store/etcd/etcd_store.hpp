@@ -5,18 +5,14 @@
 // its value is the owner token, a line break and the owner record, and
 // "ours" is a value that starts with our token and the line break (two
 // compares in a transaction). Its fencing token is the key's
-// create_revision. What acquire, renew, release, the release notices (a
-// Watch per waited-for key), inspect and force_release send, and why a
-// release left unanswered is never counted done: docs/etcd.md ("How a
-// lock is kept", "The fencing token"). Scheduled jobs (the members' clock
-// through EtcdClock, the period key's transaction): docs/etcd.md
-// ("Scheduled jobs").
+// create_revision. What each call sends, and why a release left
+// unanswered is never counted done: docs/etcd.md ("How a lock is kept",
+// "The fencing token", "Scheduled jobs").
 //
 // `subscribed` is reported when etcd confirms the watch; a watch whose
 // stream ends reports `subscriptions_lost`, and the next subscribe()
-// watches again. A member that stops answering is reported down, and up
-// when a call to it is answered again. No FenceRaising: the revision is
-// the cluster's, not a counter per name.
+// watches again. No FenceRaising: the revision is the cluster's, not a
+// counter per name.
 //
 // Threading: as LockStore (loop thread, but encode()/check_key()). The
 // destructor runs off the loop thread, after close().
@@ -58,10 +54,9 @@ class EtcdStore final : public StoreBase, public JobClaims, public OperatorTools
   // (etcd raises it further to its own minimum).
   static std::int64_t lease_seconds(std::chrono::milliseconds ttl) noexcept;
 
-  // Exclusive locks only (no FairQueue). Its traits: a lock may live its
-  // lease's whole seconds plus kExpirySlack (expiry_bound()), and, since a
-  // new leader renews every lease, past any bound (expiry_bounded() false:
-  // an unconfirmed release is never counted done).
+  // Exclusive locks only (no FairQueue). A lock may live its lease's
+  // whole seconds plus kExpirySlack, and, since a new leader renews every
+  // lease, past any bound (an unconfirmed release is never counted done).
   void acquire(std::span<const LockRef> locks, AcquireDone done) override;
   std::size_t renew(std::span<const LockRef> locks, std::shared_ptr<const void> keepalive, RenewDone done) override;
   void release(std::span<const LockRef> locks, bool notify, ReleaseDone done) override;
@@ -70,8 +65,7 @@ class EtcdStore final : public StoreBase, public JobClaims, public OperatorTools
   void unsubscribe(std::string_view name) override;
   void inspect(std::string_view name, InspectDone done) override;
   void force_release(std::string_view name, ForceDone done) override;
-  // A Range over the names under the prefix (pages, in key order), keys
-  // on a lease only (a job's period key is on none), each lease's ttl asked.
+  // Keys on a lease only (a job's period key is on none).
   void list_locks(std::string_view prefix, std::size_t limit, ListDone done) override;
   void server_time(TimeDone done) override;
   void claim_period(std::string_view name, std::string_view token, std::int64_t period,
@@ -94,12 +88,11 @@ class EtcdStore final : public StoreBase, public JobClaims, public OperatorTools
   void claim_step(std::shared_ptr<Claim> c);
   struct Listing;
   void list_page(std::shared_ptr<Listing> listing);
-  // What a lock of ours holds: the token and the owner record, now.
+  // The token and the owner record, now.
   std::string value_of(std::string_view token) const;
   // A lock's LockInfo from its key (held), the lease's ttl left to fill.
   LockInfo info_of(const mvccpb::KeyValue& kv) const;
 
-  // Our lease for each name we hold, with the token it was taken with.
   struct Held {
     std::string token;
     std::int64_t lease = 0;
@@ -109,8 +102,7 @@ class EtcdStore final : public StoreBase, public JobClaims, public OperatorTools
     std::uint64_t id = 0;  // tells a watch from a later one of the same name
     bool created = false;  // etcd confirmed it
   };
-  // The watch of `name` numbered `id`, if it is still the one (and the
-  // store open).
+  // The watch of `name` numbered `id`, if it is still the one and the store open.
   Watched* watched(const std::string& name, std::uint64_t id);
 
   Loop& loop_;
