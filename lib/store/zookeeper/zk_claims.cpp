@@ -18,14 +18,14 @@ struct ZkClaims::Claim : StoreClaim {
 
 void ZkClaims::server_time(JobClaims::TimeDone done) {
   auto shared = std::make_shared<JobClaims::TimeDone>(std::move(done));
-  sessions_.send(
+  sessions_.request(
       *sessions_.any_session(),
       [this, shared](const ZkResult& r) {
         if (r.rc == ZNONODE) return make_root(r.session, shared);
         if (r.rc != ZOK) return sessions_.answer_failed(*shared, r.rc, "reading the ensemble's clock", Time{});
         (*shared)(Time(std::chrono::milliseconds(r.stat.mtime)), nullptr);
       },
-      [=](zhandle_t* zh, void* ctx) { return zoo_aset(zh, zk::kRoot, "", 0, -1, zk::on_stat_set, ctx); });
+      false, zoo_aset, zk::kRoot, "", 0, -1, zk::on_stat_set);
 }
 
 void ZkClaims::make_root(ZkSession* s, std::shared_ptr<JobClaims::TimeDone> shared) {

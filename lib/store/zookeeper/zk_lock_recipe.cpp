@@ -107,15 +107,11 @@ void ZkLockRecipe::create_node(Op op, bool parents_made) {
   ZkSession* s = sessions_.session_for(op->ttl);
   op->session = s->serial;
   op->sent = Clock::now();
-  const std::string prefix = zk::node_prefix(op->dir, op->token, op->attempt, op->kind);
-  const std::string data = zk::node_data(op->token, op->ttl, owner_);
-  ACL_vector* acl = sessions_.acl();
-  sessions_.send(
-      *s, [this, op, parents_made](const ZkResult& r) { created(op, parents_made, r); },
-      [=](zhandle_t* zh, void* ctx) {
-        return zoo_acreate2(zh, prefix.c_str(), data.data(), static_cast<int>(data.size()), acl,
-                            ZOO_EPHEMERAL_SEQUENTIAL, zk::on_created, ctx);
-      });
+  std::string data = zk::node_data(op->token, op->ttl, owner_);
+  const int size = static_cast<int>(data.size());
+  sessions_.request(*s, [this, op, parents_made](const ZkResult& r) { created(op, parents_made, r); }, false,
+                    zoo_acreate2, zk::node_prefix(op->dir, op->token, op->attempt, op->kind), std::move(data), size,
+                    sessions_.acl(), ZOO_EPHEMERAL_SEQUENTIAL, zk::on_created);
 }
 
 void ZkLockRecipe::created(const Op& op, bool parents_made, const ZkResult& r) {
@@ -296,12 +292,11 @@ void ZkLockRecipe::write_fence(ZkSession& s, const std::string& dir, std::string
     if (r.session == nullptr) return done(step == 0 ? r.rc : ZSESSIONEXPIRED, 0);
     write_fence(*r.session, dir, data, done, step + 1);
   };
-  ACL_vector* acl = sessions_.acl();
-  sessions_.send(s, reply, [=](zhandle_t* zh, void* ctx) {
-    const int size = static_cast<int>(data.size());
-    if (step == 1) return zoo_acreate2(zh, path.c_str(), data.data(), size, acl, ZOO_PERSISTENT, zk::on_created, ctx);
-    return zoo_aset(zh, path.c_str(), data.data(), size, -1, zk::on_stat_set, ctx);
-  });
+  const int size = static_cast<int>(data.size());
+  if (step == 1)
+    return sessions_.request(s, reply, false, zoo_acreate2, path, data, size, sessions_.acl(), ZOO_PERSISTENT,
+                             zk::on_created);
+  sessions_.request(s, reply, false, zoo_aset, path, data, size, -1, zk::on_stat_set);
 }
 
 void ZkLockRecipe::wait_behind(const Op& op, std::vector<std::string> watch, bool keep_node, milliseconds cap) {

@@ -179,9 +179,9 @@ void ZkRelease::delete_paths(ZkSession& s, std::vector<std::string> paths, std::
     done(c.failure.value_or(ZOK));  // ZNONODE: gone already
   });
   for (const auto& p : paths)
-    sessions_.send(
-        s, [all](const ZkResult& r) { all->answered(zk::failure_unless_gone(r)); },
-        [=](zhandle_t* zh, void* ctx) { return zoo_adelete(zh, p.c_str(), -1, zk::on_void, ctx); });
+    sessions_.request(
+        s, [all](const ZkResult& r) { all->answered(zk::failure_unless_gone(r)); }, false, zoo_adelete, p, -1,
+        zk::on_void);
 }
 
 // ---- cleanups

@@ -62,12 +62,8 @@ void ZkSessions::look_up_names(Session& s) {
     std::vector<std::string> addresses;  // per member; empty: not resolved
   };
   Lookup found;
-  std::size_t names = 0;
-  for (const auto& [host, port] : target_.hosts) {
-    const bool numeric = numeric_host(host);
-    found.addresses.push_back(numeric ? host : std::string());
-    if (!numeric) ++names;
-  }
+  for (const auto& [host, port] : target_.hosts) found.addresses.push_back(numeric_host(host) ? host : std::string());
+  const auto names = static_cast<std::size_t>(std::ranges::count(found.addresses, std::string()));
   if (names == 0) return open_handle(s, found.addresses);
   s.awaiting_names = true;
   auto all = Countdown<int, Lookup>::make(names, std::move(found), [sink = sink_, serial = s.serial,
@@ -76,7 +72,7 @@ void ZkSessions::look_up_names(Session& s) {
     if (ZkSessions* st = sink->target(); st != nullptr) st->names_resolved(ms, serial, c.addresses);
   });
   for (std::size_t i = 0; i < target_.hosts.size(); ++i) {
-    if (numeric_host(target_.hosts[i].first)) continue;
+    if (!all->addresses[i].empty()) continue;  // numeric: nothing to look up
     auto done = [all, i](int status, std::string address) {
       if (status == 0) all->addresses[i] = std::move(address);
       all->answered();
@@ -222,30 +218,10 @@ void ZkSessions::post(std::function<void()> f) {
   sink_->post([f = std::move(f)](ZkSessions&) { f(); });
 }
 
-void ZkSessions::list(Session& s, std::string path, ZkReply reply) {
-  send(
-      s, std::move(reply),
-      [path = std::move(path)](zhandle_t* zh, void* ctx) {
-        return zoo_aget_children(zh, path.c_str(), 0, zk::on_strings, ctx);
-      },
-      true);
-}
-
-void ZkSessions::read(Session& s, std::string path, bool watch, ZkReply reply) {
-  send(
-      s, std::move(reply),
-      [path = std::move(path), watch](zhandle_t* zh, void* ctx) {
-        return zoo_aget(zh, path.c_str(), watch ? 1 : 0, zk::on_data, ctx);
-      },
-      true);
-}
-
 void ZkSessions::make_node(Session& s, std::string path, std::function<void(int rc)> done) {
-  send(
-      s, [done = std::move(done)](const ZkResult& r) { done(r.rc == ZNODEEXISTS ? ZOK : r.rc); },
-      [path = std::move(path), acl = acl()](zhandle_t* zh, void* ctx) {
-        return zoo_acreate(zh, path.c_str(), "", 0, acl, ZOO_PERSISTENT, zk::on_created_path, ctx);
-      });
+  request(
+      s, [done = std::move(done)](const ZkResult& r) { done(r.rc == ZNODEEXISTS ? ZOK : r.rc); }, false, zoo_acreate,
+      std::move(path), "", 0, acl(), ZOO_PERSISTENT, zk::on_created_path);
 }
 
 bool ZkSessions::resend(std::uint64_t id, Pending& p) {

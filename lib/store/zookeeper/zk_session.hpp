@@ -98,8 +98,21 @@ class ZkSessions {
   // again on the same session once it connects again, within the same
   // bound; a write is not sent again (it may have been applied).
   void send(Session& s, ZkReply reply, ZkIssue issue, bool read = false);
-  void list(Session& s, std::string path, ZkReply reply);
-  void read(Session& s, std::string path, bool watch, ZkReply reply);
+  // send() of the client's `call(zh, args..., ctx)`, a std::string passed as
+  // its c_str() (the arguments kept until the call is made).
+  template <class Call, class... Args>
+  void request(Session& s, ZkReply reply, bool read, Call call, Args... args) {
+    send(
+        s, std::move(reply),
+        [call, ... args = std::move(args)](zhandle_t* zh, void* ctx) { return call(zh, zk::c_arg(args)..., ctx); },
+        read);
+  }
+  void list(Session& s, std::string path, ZkReply reply) {
+    request(s, std::move(reply), true, zoo_aget_children, std::move(path), 0, zk::on_strings);
+  }
+  void read(Session& s, std::string path, bool watch, ZkReply reply) {
+    request(s, std::move(reply), true, zoo_aget, std::move(path), watch ? 1 : 0, zk::on_data);
+  }
   // Makes the persistent node `path` (no data) on `s`; `done` gets ZOK once
   // it is there (made, or found made), else the failure.
   void make_node(Session& s, std::string path, std::function<void(int rc)> done);
