@@ -109,16 +109,13 @@ void ZkRenewal::expire_held(Clock::time_point now) {
   next_expiry_scan_ = now + milliseconds(20);
   std::vector<ZkRelease::Cleanup> gone;
   auto take = [&](auto& table, auto due) {
-    for (auto it = table.begin(); it != table.end();) {
-      if (due(it->second) > now) {
-        ++it;
-        continue;
-      }
-      auto zero = it->first.find('\0');
-      gone.push_back(ZkRelease::Cleanup{it->first.substr(0, zero), it->first.substr(zero + 1), it->second.attempt,
-                                        it->second.session});
-      it = table.erase(it);
-    }
+    std::erase_if(table, [&](const auto& entry) {
+      const auto& [key, node] = entry;
+      if (due(node) > now) return false;
+      const auto zero = key.find('\0');
+      gone.push_back(ZkRelease::Cleanup{key.substr(0, zero), key.substr(zero + 1), node.attempt, node.session});
+      return true;
+    });
   };
   take(holds.marks, [](const ZkHolds::Mark& m) { return m.until; });
   take(holds.held, [](const ZkHolds::Held& h) { return h.expires; });
