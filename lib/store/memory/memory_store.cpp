@@ -121,14 +121,14 @@ void MemoryStore::batch(std::shared_ptr<Locks> locks, Done done, Step step, Resu
       });
 }
 
-template <class Done, class Step, class Value>
-void MemoryStore::single(Done done, Step step, Value failed) {
+template <class Done, class Step>
+void MemoryStore::single(Done done, Step step) {
   auto d = std::make_shared<Done>(std::move(done));
   submit(
       [d, step = std::move(step)](MemorySpace::State& s) -> std::function<void()> {
         return [v = step(s), d]() mutable { (*d)(std::move(v), nullptr); };
       },
-      [d, failed = std::move(failed), err = no_answer()] { (*d)(failed, &err); });
+      [d, err = no_answer()] { (*d)(decltype(step(std::declval<MemorySpace::State&>())){}, &err); });
 }
 
 void MemoryStore::acquire(std::span<const LockRef> locks, AcquireDone done) {
@@ -158,26 +158,20 @@ void MemoryStore::release(std::span<const LockRef> locks, bool notify, ReleaseDo
 }
 
 void MemoryStore::raise_fence(std::string_view name, std::uint64_t fence, RaiseDone done) {
-  single(
-      [done = std::move(done)](bool ok, const StoreError*) { done(ok); },
-      [n = std::string(name), fence](MemorySpace::State& s) {
-        s.raise_fence(n, fence);
-        return true;
-      },
-      false);
+  single([done = std::move(done)](bool ok, const StoreError*) { done(ok); },
+         [n = std::string(name), fence](MemorySpace::State& s) {
+           s.raise_fence(n, fence);
+           return true;
+         });
 }
 
 void MemoryStore::reserve_tokens(const LockRef& lock, std::uint32_t n, ReserveDone done) {
-  single(
-      std::move(done),
-      [owned = OwnedLock(lock), n](MemorySpace::State& s) { return s.reserve_tokens(owned.ref(), n); },
-      std::uint64_t{0});
+  single(std::move(done),
+         [owned = OwnedLock(lock), n](MemorySpace::State& s) { return s.reserve_tokens(owned.ref(), n); });
 }
 
 void MemoryStore::server_time(TimeDone done) {
-  single(
-      std::move(done), [](MemorySpace::State&) { return std::chrono::system_clock::now(); },
-      std::chrono::system_clock::time_point{});
+  single(std::move(done), [](MemorySpace::State&) { return std::chrono::system_clock::now(); });
 }
 
 void MemoryStore::claim_period(std::string_view name, std::string_view token, std::int64_t period,
@@ -189,42 +183,34 @@ void MemoryStore::claim_period(std::string_view name, std::string_view token, st
       },
       [n = std::string(name), t = std::string(token), period, start](MemorySpace::State& s) {
         return s.claim(n, t, period, start);
-      },
-      ClaimResult{});
+      });
 }
 
 void MemoryStore::inspect(std::string_view name, InspectDone done) {
-  single(
-      std::move(done), [n = std::string(name)](MemorySpace::State& s) { return s.inspect(n); }, LockInfo{});
+  single(std::move(done), [n = std::string(name)](MemorySpace::State& s) { return s.inspect(n); });
 }
 
 void MemoryStore::list_locks(std::string_view prefix, std::size_t limit, ListDone done) {
-  single(
-      std::move(done),
-      [p = encode(prefix), name_prefix = traits().keys.prefix, limit](MemorySpace::State& s) {
-        std::vector<LockInfo> out;
-        for (auto& [name, info] : s.list(p, limit)) {
-          info.key = name.substr(name_prefix.size());
-          out.push_back(std::move(info));
-        }
-        return out;
-      },
-      std::vector<LockInfo>{});
+  single(std::move(done), [p = encode(prefix), name_prefix = traits().keys.prefix, limit](MemorySpace::State& s) {
+    std::vector<LockInfo> out;
+    for (auto& [name, info] : s.list(p, limit)) {
+      info.key = name.substr(name_prefix.size());
+      out.push_back(std::move(info));
+    }
+    return out;
+  });
 }
 
 void MemoryStore::force_release(std::string_view name, ForceDone done) {
-  single(
-      std::move(done), [n = std::string(name)](MemorySpace::State& s) { return s.force_release(n); }, false);
+  single(std::move(done), [n = std::string(name)](MemorySpace::State& s) { return s.force_release(n); });
 }
 
 void MemoryStore::withdraw(const LockRef& lock, WithdrawDone done) {
-  single(
-      [done = std::move(done)](bool, const StoreError* error) { done(error); },
-      [owned = OwnedLock(lock)](MemorySpace::State& s) {
-        s.withdraw(owned.ref());
-        return true;
-      },
-      false);
+  single([done = std::move(done)](bool, const StoreError* error) { done(error); },
+         [owned = OwnedLock(lock)](MemorySpace::State& s) {
+           s.withdraw(owned.ref());
+           return true;
+         });
 }
 
 void MemoryStore::subscribe(std::string_view name) {

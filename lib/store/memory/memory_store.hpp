@@ -71,9 +71,9 @@ class MemoryStore final : public FullStore {
   // for each when the space did not answer.
   template <class Result, class Done, class Locks, class Step>
   void batch(std::shared_ptr<Locks> locks, Done done, Step step, Result failed, std::shared_ptr<const void> keep = {});
-  // One call: `done` with `step`'s value and no error, else with `failed` and the timeout's.
-  template <class Done, class Step, class Value>
-  void single(Done done, Step step, Value failed);
+  // One call: `done` with `step`'s value and no error, else with an empty value and the timeout's.
+  template <class Done, class Step>
+  void single(Done done, Step step);
   StoreError no_answer() const;
   void arm_timeout();
   static void on_timeout(uv_timer_t* timer);
