@@ -23,11 +23,10 @@ int weight(const StoreError& e) { return kWeight[static_cast<std::size_t>(e.kind
 
 // Keeps the most telling of the nodes' failures (the first among equals).
 void keep_most_telling(std::unique_ptr<StoreError>& kept, const StoreError& e) {
-  if (!kept) {
+  if (!kept)
     kept = std::make_unique<StoreError>(e);
-  } else if (weight(e) > weight(*kept)) {
+  else if (weight(e) > weight(*kept))
     *kept = e;
-  }
 }
 
 // One call's tally per lock of the batch, and its caller.
