@@ -2,6 +2,8 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
+
 namespace lockwatch::detail {
 
 namespace {
@@ -37,12 +39,7 @@ class PostgresCategory final : public StoreCategory {
 bool in_class(std::string_view sqlstate, std::string_view cls) { return sqlstate.substr(0, 2) == cls; }
 
 StoreError make(StoreError::Kind kind, std::string endpoint, std::string_view sqlstate, std::string message) {
-  StoreError e;
-  e.kind = kind;
-  e.endpoint = std::move(endpoint);
-  e.code = pg_code(sqlstate);
-  e.message = std::move(message);
-  return e;
+  return {kind, std::move(endpoint), pg_code(sqlstate), std::move(message)};
 }
 
 }  // namespace
@@ -94,11 +91,8 @@ std::string_view sqlstate_in_verbose_message(std::string_view message) {
   // between ":  " and ": ".
   for (std::size_t at = message.find(":  "); at != std::string_view::npos; at = message.find(":  ", at + 1)) {
     std::string_view code = message.substr(at + 3, 5);
-    if (code.size() == 5 && message.substr(at + 8, 2) == ": ") {
-      bool ok = true;
-      for (char c : code) ok = ok && is_code_char(c);
-      if (ok) return code;
-    }
+    if (code.size() == 5 && message.substr(at + 8, 2) == ": " && std::all_of(code.begin(), code.end(), is_code_char))
+      return code;
   }
   return {};
 }

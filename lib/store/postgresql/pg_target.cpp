@@ -59,10 +59,7 @@ bool PgTarget::takes(const std::string& url) {
 
 PgTarget PgTarget::parse(const std::string& url) {
   if (!takes(url)) throw_bad_url(url, kShape.data());
-  std::string_view rest(url);
-  rest.remove_prefix(rest.find("://") + 3);
-
-  DatabaseUrl d = split_database_url(url, rest, kShape);
+  DatabaseUrl d = split_database_url(url, std::string_view(url).substr(url.find("://") + 3), kShape);
   PgTarget t;
   t.user = std::move(d.user);
   t.password = std::move(d.password);
@@ -87,14 +84,12 @@ PgTarget PgTarget::parse(const std::string& url) {
       if (!known_sslmode(value))
         throw_bad_url(url, "sslmode= must be disable, allow, prefer, require, verify-ca or verify-full");
       t.sslmode = std::move(value);
-    } else if (key == "sslrootcert") {
-      t.sslrootcert = absolute_path("sslrootcert= must be an absolute path");
-    } else if (key == "sslcert") {
-      t.sslcert = absolute_path("sslcert= must be an absolute path");
-    } else if (key == "sslkey") {
-      t.sslkey = absolute_path("sslkey= must be an absolute path");
-    } else if (key == "sslcrl") {
-      t.sslcrl = absolute_path("sslcrl= must be an absolute path");
+    } else if (std::string* file = key == "sslrootcert" ? &t.sslrootcert
+                                   : key == "sslcert"   ? &t.sslcert
+                                   : key == "sslkey"    ? &t.sslkey
+                                   : key == "sslcrl"    ? &t.sslcrl
+                                                        : nullptr) {
+      *file = absolute_path(fmt::format("{}= must be an absolute path", key).c_str());
     } else {
       throw InvalidArgument(fmt::format(
           "malformed URL '{}': unknown parameter '{}' (postgresql:// takes table=, host=, sslmode=, sslrootcert=, "
@@ -113,8 +108,7 @@ PgTarget PgTarget::parse(const std::string& url) {
 
 std::string PgTarget::name() const {
   if (!socket_dir.empty()) return fmt::format("postgresql://{}/{}?host={}", host, database, socket_dir);
-  if (host.find(':') != std::string::npos) return fmt::format("postgresql://[{}]:{}/{}", host, port, database);
-  return fmt::format("postgresql://{}:{}/{}", host, port, database);
+  return fmt::format("postgresql://{}/{}", host_port(host, port), database);
 }
 
 std::string PgTarget::channel() const {

@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 
 #include <string_view>
+#include <utility>
 
 namespace lockwatch::detail {
 
@@ -11,25 +12,16 @@ namespace {
 // The names of the numbers lockwatch decides on or users are likely to
 // meet; the server's text says the rest.
 std::string_view mariadb_error_name(int number) {
-  switch (number) {
-    case 1044: return "ER_DBACCESS_DENIED_ERROR";
-    case 1045: return "ER_ACCESS_DENIED_ERROR";
-    case 1046: return "ER_NO_DB_ERROR";
-    case 1049: return "ER_BAD_DB_ERROR";
-    case 1054: return "ER_BAD_FIELD_ERROR";
-    case 1064: return "ER_PARSE_ERROR";
-    case 1142: return "ER_TABLEACCESS_DENIED_ERROR";
-    case 1146: return "ER_NO_SUCH_TABLE";
-    case 1205: return "ER_LOCK_WAIT_TIMEOUT";
-    case 1213: return "ER_LOCK_DEADLOCK";
-    case 1406: return "ER_DATA_TOO_LONG";
-    case 1698: return "ER_ACCESS_DENIED_NO_PASSWORD_ERROR";
-    case 2002: return "CR_CONNECTION_ERROR";
-    case 2003: return "CR_CONN_HOST_ERROR";
-    case 2006: return "CR_SERVER_GONE_ERROR";
-    case 2013: return "CR_SERVER_LOST";
-    default: return {};
-  }
+  static constexpr std::pair<int, std::string_view> kNames[] = {
+      {1044, "ER_DBACCESS_DENIED_ERROR"}, {1045, "ER_ACCESS_DENIED_ERROR"}, {1046, "ER_NO_DB_ERROR"},
+      {1049, "ER_BAD_DB_ERROR"}, {1054, "ER_BAD_FIELD_ERROR"}, {1064, "ER_PARSE_ERROR"},
+      {1142, "ER_TABLEACCESS_DENIED_ERROR"}, {1146, "ER_NO_SUCH_TABLE"}, {1205, "ER_LOCK_WAIT_TIMEOUT"},
+      {1213, "ER_LOCK_DEADLOCK"}, {1406, "ER_DATA_TOO_LONG"}, {1698, "ER_ACCESS_DENIED_NO_PASSWORD_ERROR"},
+      {2002, "CR_CONNECTION_ERROR"}, {2003, "CR_CONN_HOST_ERROR"}, {2006, "CR_SERVER_GONE_ERROR"},
+      {2013, "CR_SERVER_LOST"}};
+  for (const auto& [n, name] : kNames)
+    if (n == number) return name;
+  return {};
 }
 
 class MariaDbCategory final : public StoreCategory {
@@ -53,28 +45,12 @@ const StoreCategory& mariadb_category() noexcept {
 
 StoreError sql_error(std::string endpoint, unsigned number, std::string message) {
   using Kind = StoreError::Kind;
-  Kind kind = Kind::kRefused;
-  switch (number) {
-    case 1205:  // ER_LOCK_WAIT_TIMEOUT
-    case 1213:  // ER_LOCK_DEADLOCK
-      kind = Kind::kRetryLater;
-      break;
-    case 1044:  // ER_DBACCESS_DENIED_ERROR
-    case 1045:  // ER_ACCESS_DENIED_ERROR
-    case 1698:  // ER_ACCESS_DENIED_NO_PASSWORD_ERROR
-      kind = Kind::kAuth;
-      break;
-    case 2002:  // CR_CONNECTION_ERROR
-    case 2003:  // CR_CONN_HOST_ERROR
-    case 2006:  // CR_SERVER_GONE_ERROR
-    case 2013:  // CR_SERVER_LOST
-      kind = Kind::kUnavailable;
-      break;
-    default:
-      break;
-  }
   StoreError e = StoreError::refused(std::move(endpoint), std::move(message), mariadb_code(number));
-  e.kind = kind;
+  // A deadlock or a lock wait timeout; access denied; no connection, gone
+  // away, lost (their names: mariadb_error_name()).
+  if (number == 1205 || number == 1213) e.kind = Kind::kRetryLater;
+  if (number == 1044 || number == 1045 || number == 1698) e.kind = Kind::kAuth;
+  if (number == 2002 || number == 2003 || number == 2006 || number == 2013) e.kind = Kind::kUnavailable;
   return e;
 }
 

@@ -29,12 +29,9 @@ bool plain_identifier(std::string_view s) {
 }  // namespace
 
 SqlTarget SqlTarget::parse(const std::string& url) {
-  if (url.compare(0, kScheme.size(), kScheme) != 0)
-    throw_bad_url(url, "expected mysql://user:password@host[:port]/database");
-  std::string_view rest(url);
-  rest.remove_prefix(kScheme.size());
-
-  DatabaseUrl d = split_database_url(url, rest, "expected mysql://user:password@host[:port]/database");
+  constexpr const char* kShape = "expected mysql://user:password@host[:port]/database";
+  if (url.compare(0, kScheme.size(), kScheme) != 0) throw_bad_url(url, kShape);
+  DatabaseUrl d = split_database_url(url, std::string_view(url).substr(kScheme.size()), kShape);
   SqlTarget t;
   t.user = std::move(d.user);
   t.password = std::move(d.password);
@@ -64,8 +61,7 @@ SqlTarget SqlTarget::parse(const std::string& url) {
 
 std::string SqlTarget::name() const {
   if (!socket.empty()) return fmt::format("mysql://localhost/{}?socket={}", database, socket);
-  if (host.find(':') != std::string::npos) return fmt::format("mysql://[{}]:{}/{}", host, port, database);
-  return fmt::format("mysql://{}:{}/{}", host, port, database);
+  return fmt::format("mysql://{}/{}", host_port(host, port), database);
 }
 
 }  // namespace lockwatch::detail
