@@ -92,14 +92,7 @@ void PgConnection::execute_all(std::vector<PgCall> calls, std::function<void(std
     loop_.post([done = std::move(done)] { done(PgRows(nullptr), nullptr); });
     return;
   }
-  Request r;
-  r.statement = std::move(calls.front().statement);
-  r.params = std::move(calls.front().params);
-  calls.erase(calls.begin());
-  r.then = std::move(calls);
-  r.each = std::move(each);
-  r.done = std::move(done);
-  enqueue(std::move(r));
+  enqueue(Request{.calls = std::move(calls), .done = std::move(done), .each = std::move(each)});
 }
 
 // ---- connecting
@@ -146,21 +139,14 @@ void PgConnection::connect_to(const std::string& hostaddr) {
 }
 
 void PgConnection::connect_step(int polling_status) {
-  switch (polling_status) {
-    case PGRES_POLLING_OK:
-      return connected();
-    case PGRES_POLLING_READING:
-      watch(UV_READABLE, true);
-      return;
-    case PGRES_POLLING_WRITING:
-      watch(UV_WRITABLE, true);
-      return;
-    default: {
-      const char* raw = PQerrorMessage(conn_);
-      std::string code(sqlstate_in_verbose_message(raw != nullptr ? raw : ""));  // in libpq's own layout
-      return went_down(pg_connect_error(name_, code, one_line(raw)));
-    }
+  if (polling_status == PGRES_POLLING_OK) return connected();
+  if (polling_status == PGRES_POLLING_READING || polling_status == PGRES_POLLING_WRITING) {
+    watch(polling_status == PGRES_POLLING_READING ? UV_READABLE : UV_WRITABLE, true);
+    return;
   }
+  const char* raw = PQerrorMessage(conn_);
+  std::string code(sqlstate_in_verbose_message(raw != nullptr ? raw : ""));  // in libpq's own layout
+  went_down(pg_connect_error(name_, code, one_line(raw)));
 }
 
 // While connecting, libpq may close its socket and open another (TLS
@@ -210,28 +196,15 @@ void PgConnection::end_stale_backends() {
 
 // A step of the set-up: the prepare of `*prepare`, or (none) `sql`.
 void PgConnection::send_setup(const PgStatement* prepare, std::string sql, PgDone done) {
-  Request r;
-  r.kind = prepare != nullptr ? Kind::kPrepare : Kind::kSql;
-  if (prepare != nullptr) {
-    r.statement = prepare->name;
-    sql = prepare->sql;
-    r.param_types = &prepare->param_types;
-  }
-  r.sql = std::move(sql);
-  r.done = in_set_up(std::move(done));
-  inflight_.push_back(std::move(r));
+  inflight_.push_back(Request{.prepare = prepare, .sql = std::move(sql), .done = in_set_up(std::move(done))});
   if (!send(inflight_.back())) return fail_unavailable(one_line(PQerrorMessage(conn_)));
   flush();
 }
 
 void PgConnection::handshake(bool created) {
-  if (!session_.listen.empty()) {
-    send_setup(nullptr, fmt::format("LISTEN \"{}\"", session_.listen), [this](const PgRows&, const StoreError* err) {
-      if (err) return went_down(*err);
-      set_up_done();
-    });
-    return;
-  }
+  if (!session_.listen.empty())
+    return send_setup(nullptr, fmt::format("LISTEN \"{}\"", session_.listen),
+                      [this](const PgRows&, const StoreError* err) { err ? went_down(*err) : set_up_done(); });
   // The first statement's prepare is the table check: a missing table is
   // created once, then prepared again; any other refusal says what the
   // table lacks.
@@ -276,10 +249,8 @@ void PgConnection::prepare_rest() {
 
 void PgConnection::check_plan() {
   if (session_.plan_check.empty()) return set_up_done();
-  send_setup(nullptr, session_.plan_check, [this](const PgRows&, const StoreError* err) {
-    if (err) return table_error(*err);
-    set_up_done();
-  });
+  send_setup(nullptr, session_.plan_check,
+             [this](const PgRows&, const StoreError* err) { err ? table_error(*err) : set_up_done(); });
 }
 
 void PgConnection::table_error(const StoreError& error) {
@@ -301,27 +272,18 @@ void PgConnection::table_error(const StoreError& error) {
 // ---- requests
 
 bool PgConnection::send(Request& r) {
-  int ok = 0;
-  const auto prepared = [this](const std::string& statement, const std::vector<std::string>& params) {
+  int ok = 1;
+  if (r.prepare != nullptr)
+    ok = PQsendPrepare(conn_, r.prepare->name.c_str(), r.prepare->sql.c_str(),
+                       static_cast<int>(r.prepare->param_types.size()), r.prepare->param_types.data());
+  else if (r.calls.empty())
+    ok = PQsendQueryParams(conn_, r.sql.c_str(), 0, nullptr, nullptr, nullptr, nullptr, 0);
+  for (std::size_t i = 0; ok == 1 && i < r.calls.size(); ++i) {
     std::vector<const char*> values;
-    values.reserve(params.size());
-    for (const auto& p : params) values.push_back(p.c_str());
-    return PQsendQueryPrepared(conn_, statement.c_str(), static_cast<int>(values.size()), values.data(), nullptr,
-                               nullptr, 0);
-  };
-  switch (r.kind) {
-    case Kind::kExecute:
-      ok = prepared(r.statement, r.params);
-      for (std::size_t i = 0; ok == 1 && i < r.then.size(); ++i) ok = prepared(r.then[i].statement, r.then[i].params);
-      break;
-    case Kind::kPrepare: {
-      std::vector<Oid> types(r.param_types->begin(), r.param_types->end());
-      ok = PQsendPrepare(conn_, r.statement.c_str(), r.sql.c_str(), static_cast<int>(types.size()), types.data());
-      break;
-    }
-    case Kind::kSql:
-      ok = PQsendQueryParams(conn_, r.sql.c_str(), 0, nullptr, nullptr, nullptr, nullptr, 0);
-      break;
+    values.reserve(r.calls[i].params.size());
+    for (const auto& p : r.calls[i].params) values.push_back(p.c_str());
+    ok = PQsendQueryPrepared(conn_, r.calls[i].statement.c_str(), static_cast<int>(values.size()), values.data(),
+                             nullptr, nullptr, 0);
   }
   // Each request its own sync: its own implicit transaction (one
   // statement, or execute_all()'s), and a failure aborts nothing after it.
@@ -382,7 +344,7 @@ void PgConnection::drain() {
       // connection gone bad) nothing more will come: on_readable() sees
       // the status.
       if (front.stage != Stage::kEnd) break;
-      front.stage = ++front.ended < 1 + front.then.size() ? Stage::kResult : Stage::kSync;
+      front.stage = ++front.ended < front.statements() ? Stage::kResult : Stage::kSync;
       continue;
     }
     if (PQresultStatus(r) == PGRES_PIPELINE_SYNC) {
@@ -416,7 +378,7 @@ void PgConnection::complete_front() {
     error = pg_statement_error(name_, code != nullptr ? code : "",
                                primary != nullptr ? primary : one_line(PQresultErrorMessage(failed->get())));
     err = &error;
-  } else if (r.results.size() != 1 + r.then.size()) {
+  } else if (r.results.size() != r.statements()) {
     error = pg_statement_error(name_, "", "the server sent no result for a statement");
     err = &error;
   } else if (r.each) {

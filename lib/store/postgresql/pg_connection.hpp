@@ -91,26 +91,25 @@ struct PgSession {
   std::string listen;                   // non-empty: a notices connection, LISTEN on this channel
 };
 
-// A request on a connection (a statement, a transaction's statements, or
-// a step of the set-up), kept until it is answered.
+// A request on a connection (a transaction's statements, or a step of
+// the set-up: a prepare, or a statement's text), kept until it is answered.
 struct PgRequest {
-  enum class Kind { kExecute, kPrepare, kSql };
   enum class Stage { kResult, kEnd, kSync };
   struct ResultFree {
     void operator()(pg_result* r) const noexcept;
   };
-  Kind kind = Kind::kExecute;
-  std::string statement;  // kExecute, kPrepare: the statement's name
-  std::string sql;        // kPrepare, kSql
-  std::vector<std::string> params;
-  std::vector<PgCall> then;  // kExecute: the transaction's statements after the first
-  std::size_t ended = 0;     // statements whose results have ended
-  const std::vector<unsigned>* param_types = nullptr;  // kPrepare
-  PgDone done;
+  std::vector<PgCall> calls = {};       // the transaction's statements (none: a set-up step)
+  const PgStatement* prepare = nullptr;  // a set-up step: this statement's prepare, else `sql`
+  std::string sql = {};
+  PgDone done = {};
+  std::function<void(std::size_t, const PgRows&)> each = {};  // execute_all's, if any
   std::chrono::steady_clock::time_point sent{};
   Stage stage = Stage::kResult;
-  std::vector<std::unique_ptr<pg_result, ResultFree>> results;  // each statement's, in order
-  std::function<void(std::size_t, const PgRows&)> each;         // execute_all's, if any
+  std::size_t ended = 0;  // statements whose results have ended
+  std::vector<std::unique_ptr<pg_result, ResultFree>> results = {};  // each statement's, in order
+
+  // The statements it runs: a set-up step one.
+  std::size_t statements() const noexcept { return calls.empty() ? 1 : calls.size(); }
 };
 
 class PgConnection final : public sqlcommon::ConnectionCore<PgRequest, PgRows, int> {
@@ -137,7 +136,6 @@ class PgConnection final : public sqlcommon::ConnectionCore<PgRequest, PgRows, i
 
  private:
   using Request = PgRequest;
-  using Kind = PgRequest::Kind;
   using Stage = PgRequest::Stage;
 
   // ConnectionCore's client side.

@@ -16,7 +16,7 @@ constexpr unsigned kText = 25, kInt8 = 20, kBool = 16, kTextArray = 1009, kInt8A
 // holder, so that the exclusive statements find it busy as they are.
 constexpr std::string_view kPgSharedMarker = "'lockwatch:shared'::bytea";
 // A writer's mark outlives its last attempt by this long at most (µs).
-constexpr long long kWriterMarkUs = sqlcommon::kWriterMark.count() * 1000;
+constexpr long long kWriterMarkUs = kinds::kWriterMark.count() * 1000;
 // A holder's grant time in µs since the epoch, and how long ago that was
 // on the server's clock (NULL where none was recorded).
 constexpr std::string_view kGrantedUs = "(extract(epoch FROM granted_at) * 1000000)::int8";

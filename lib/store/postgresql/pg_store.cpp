@@ -15,10 +15,10 @@ using sqlcommon::unhex;
 
 std::string quoted(const std::string& table) { return "\"" + table + "\""; }
 
-}  // namespace
-
-std::string PgStore::table_definition(const std::string& table) {
-  return fmt::format(
+// The tables as created when they are missing (also in docs/stores.md).
+// `holders` is the lock table's companion.
+std::vector<std::string> table_definitions(const std::string& table, const std::string& holders) {
+  return {fmt::format(
       "CREATE TABLE IF NOT EXISTS {} (\n"
       "  lock_name   bytea PRIMARY KEY CHECK (octet_length(lock_name) BETWEEN 1 AND {}),\n"
       "  owner       bytea NOT NULL DEFAULT '',\n"
@@ -28,11 +28,7 @@ std::string PgStore::table_definition(const std::string& table) {
       "  owner_name  bytea NOT NULL DEFAULT '',\n"
       "  granted_at  timestamptz\n"
       ") WITH (fillfactor = 70)",
-      quoted(table), kMaxNameBytes);
-}
-
-std::string PgStore::holders_table_definition(const std::string& table) {
-  return fmt::format(
+      quoted(table), PgStore::kMaxNameBytes), fmt::format(
       "CREATE TABLE IF NOT EXISTS {} (\n"
       "  lock_name  bytea NOT NULL,\n"
       "  owner      bytea NOT NULL,\n"
@@ -43,8 +39,10 @@ std::string PgStore::holders_table_definition(const std::string& table) {
       "  granted_at timestamptz,\n"
       "  PRIMARY KEY (lock_name, owner)\n"
       ")",
-      quoted(table));
+      quoted(holders))};
 }
+
+}  // namespace
 
 PgStore::PgStore(Loop& loop, PgTarget target, const sqlcommon::SqlSettings& settings)
     : RecipeStore(loop, settings, kDialect,
@@ -56,7 +54,7 @@ PgStore::PgStore(Loop& loop, PgTarget target, const sqlcommon::SqlSettings& sett
   PgSession session;
   session.statements = pg_statements(quoted(target_.table), quoted(target_.holders_table()),
                                   "decode('" + to_hex(settings_.owner_name) + "', 'hex')");
-  session.create = {table_definition(target_.table), holders_table_definition(target_.holders_table())};
+  session.create = table_definitions(target_.table, target_.holders_table());
   // Tables made by versions before get the columns added since.
   for (const std::string& table : {target_.table, target_.holders_table()})
     session.create.push_back(fmt::format("ALTER TABLE {} ADD COLUMN IF NOT EXISTS owner_name bytea NOT NULL DEFAULT "

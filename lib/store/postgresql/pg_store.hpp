@@ -34,10 +34,6 @@ class PgStore final : public sqlcommon::RecipeStore<PgConnection>, public FenceR
   PgStore(Loop& loop, PgTarget target, const sqlcommon::SqlSettings& settings);
   static constexpr const char* kServer = "PostgreSQL";  // as messages name its lock table's server
 
-  // The tables as created when they are missing (also in docs/stores.md).
-  static std::string table_definition(const std::string& table);
-  static std::string holders_table_definition(const std::string& table);
-
   void close() override;
   void subscribe(std::string_view name) override;
   void unsubscribe(std::string_view name) override;

@@ -155,11 +155,6 @@ void SqlConnection::result_step(int status, bool failed) {
   statement_answered();
 }
 
-void SqlConnection::store_step(int status, MYSQL_RES* res) {
-  if (status != 0) return wait_for(status);
-  finish_store(res);
-}
-
 void SqlConnection::connected() {
   // The socket is up; the threads left behind are ended, then the session
   // set-up and the table check.
@@ -222,7 +217,6 @@ void SqlConnection::check_table(std::size_t attempt) {
                                         last_error_));
           };
           for (const auto& create : session_.create) set_up(created, create);
-          for (const auto& migrate : session_.migrate) set_up(created, migrate);
           return check_table(1);
         }
         set_up_failed(fmt::format("the lock table {} (or its companion _holders table) does not have lockwatch's "
@@ -238,11 +232,8 @@ void SqlConnection::send_queued() {
   // After a failed request, at once: a transaction it began holds its rows.
   if (std::exchange(roll_back_, false))
     source.push_front(Request{"ROLLBACK", [](const SqlResult&, const StoreError*) {}});
-  if (source.empty()) {
-    // Idle: watch the socket anyway, to notice a server that closes it.
-    wait_for(MYSQL_WAIT_READ);
-    return;
-  }
+  // Idle: the socket is watched anyway, to notice a server that closes it.
+  if (source.empty()) return wait_for(MYSQL_WAIT_READ);
   std::string sql;
   std::size_t n = 0;
   const auto now = RequestTimer::Clock::now();
@@ -326,19 +317,16 @@ void SqlConnection::statement_answered() {
   // A statement of the request at the front of inflight_ was run: read
   // its result set, if it has one.
   if (inflight_.empty()) return connection_failed(0, "the server sent more results than statements");  // cannot be
-  if (mysql_field_count(mysql_) > 0) {
-    phase_ = Phase::kStore;
-    MYSQL_RES* res = nullptr;
-    int status = mysql_store_result_start(&res, mysql_);
-    store_step(status, res);
-    return;
-  }
-  phase_ = Phase::kNone;
-  if (--inflight_.front().statements == 0) return answer_front(nullptr);
-  after_results();
+  if (mysql_field_count(mysql_) == 0) return statement_done();
+  phase_ = Phase::kStore;
+  MYSQL_RES* res = nullptr;
+  int status = mysql_store_result_start(&res, mysql_);
+  store_step(status, res);
 }
 
-void SqlConnection::finish_store(MYSQL_RES* res) {
+// The statement's result set read (or not, `status`: wait for the socket).
+void SqlConnection::store_step(int status, MYSQL_RES* res) {
+  if (status != 0) return wait_for(status);
   if (res == nullptr) return statement_failed();
   SqlResult& out = inflight_.front().answer;
   out.rows.clear();
@@ -351,6 +339,12 @@ void SqlConnection::finish_store(MYSQL_RES* res) {
     out.rows.push_back(std::move(cells));
   }
   mysql_free_result(res);
+  statement_done();
+}
+
+// A statement of the request at the front of inflight_ is answered: the
+// request too with its last, else the round trip goes on.
+void SqlConnection::statement_done() {
   phase_ = Phase::kNone;
   if (--inflight_.front().statements == 0) return answer_front(nullptr);
   after_results();
@@ -368,10 +362,8 @@ void SqlConnection::after_results() {
   // The round trip is over. Statements left in flight were not run.
   request_timer_.stop();
   std::deque<Request>& source = state_ == State::kSetUp ? set_up_ : queue_;
-  while (!inflight_.empty()) {
-    source.push_front(std::move(inflight_.back()));
-    inflight_.pop_back();
-  }
+  source.insert(source.begin(), std::make_move_iterator(inflight_.begin()), std::make_move_iterator(inflight_.end()));
+  inflight_.clear();
   busy_ = false;
   phase_ = Phase::kNone;
   send_queued();

@@ -85,16 +85,14 @@ struct SqlStatement {
 
 // What a connection runs before it takes requests: the stale threads
 // ended, `setup` statements in order, then `check` (a SELECT of the
-// table's columns); when the server says the table is missing (1146),
-// `create` and `check` again.
+// table's columns); when the server says a table or a column is missing
+// (1146, 1054), `create` (the tables, then ALTER TABLE ... ADD COLUMN IF
+// NOT EXISTS each column added since) and `check` again.
 struct SqlSession {
   std::shared_ptr<SqlStaleThreads> stale;  // null: not tracked
   std::vector<std::string> setup;
   std::string check;
   std::vector<std::string> create;
-  // Run after `create` when the check found a table without a column
-  // added since (ALTER TABLE ... ADD COLUMN IF NOT EXISTS each).
-  std::vector<std::string> migrate;
   std::string table;  // for messages
   std::vector<SqlStatement> statements;
 };
@@ -150,7 +148,7 @@ class SqlConnection final : public sqlcommon::ConnectionCore<SqlRequest, SqlResu
   void result_step(int status, bool failed);
   void store_step(int status, st_mysql_res* res);
   void statement_answered();
-  void finish_store(st_mysql_res* res);
+  void statement_done();
   void statement_failed();
   void answer_front(const StoreError* err);
   void after_results();

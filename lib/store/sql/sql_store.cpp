@@ -20,10 +20,12 @@ constexpr std::chrono::milliseconds kWaiterMarkLife{2000};
 // for long if the marked waiter is gone.
 constexpr std::chrono::milliseconds kMarkedRowRetry{100};
 
-}  // namespace
-
-std::string SqlStore::table_definition(const std::string& table) {
-  return fmt::format(
+// The tables as created when missing (also in docs/stores.md): the lock
+// table, and its companion for shared, permit and fair holders; then what
+// tables made by earlier versions are altered with (columns added since:
+// owner names and grant times, then the waiter's mark of the lock table).
+std::vector<std::string> table_statements(const std::string& table) {
+  std::vector<std::string> out{fmt::format(
       "CREATE TABLE IF NOT EXISTS `{}` (\n"
       "  lock_name   VARBINARY({}) NOT NULL,\n"
       "  owner       VARBINARY(64) NOT NULL DEFAULT '',\n"
@@ -36,25 +38,7 @@ std::string SqlStore::table_definition(const std::string& table) {
       "  waiter_until DATETIME(6) NULL,\n"
       "  PRIMARY KEY (lock_name)\n"
       ") ENGINE=InnoDB",
-      table, kMaxNameBytes);
-}
-
-std::vector<std::string> SqlStore::migrations(const std::string& table) {
-  // Owner names and grant times, then the waiter's mark of the lock
-  // table: tables made by versions before.
-  std::vector<std::string> out;
-  for (const std::string& t : {table, table + "_holders"})
-    out.push_back(fmt::format("ALTER TABLE `{}` ADD COLUMN IF NOT EXISTS owner_name VARBINARY(128) NOT NULL DEFAULT '', "
-                              "ADD COLUMN IF NOT EXISTS granted_at DATETIME(6) NULL",
-                              t));
-  out.push_back(fmt::format("ALTER TABLE `{}` ADD COLUMN IF NOT EXISTS waiter VARBINARY(64) NOT NULL DEFAULT '', "
-                            "ADD COLUMN IF NOT EXISTS waiter_until DATETIME(6) NULL",
-                            table));
-  return out;
-}
-
-std::string SqlStore::holders_definition(const std::string& table) {
-  return fmt::format(
+      table, SqlStore::kMaxNameBytes), fmt::format(
       "CREATE TABLE IF NOT EXISTS `{}_holders` (\n"
       "  lock_name   VARBINARY({}) NOT NULL,\n"
       "  owner       VARBINARY(64) NOT NULL,\n"
@@ -66,8 +50,18 @@ std::string SqlStore::holders_definition(const std::string& table) {
       "  granted_at  DATETIME(6) NULL,\n"
       "  PRIMARY KEY (lock_name, owner)\n"
       ") ENGINE=InnoDB",
-      table, kMaxNameBytes);
+      table, SqlStore::kMaxNameBytes)};
+  for (const std::string& t : {table, table + "_holders"})
+    out.push_back(fmt::format("ALTER TABLE `{}` ADD COLUMN IF NOT EXISTS owner_name VARBINARY(128) NOT NULL DEFAULT '', "
+                              "ADD COLUMN IF NOT EXISTS granted_at DATETIME(6) NULL",
+                              t));
+  out.push_back(fmt::format("ALTER TABLE `{}` ADD COLUMN IF NOT EXISTS waiter VARBINARY(64) NOT NULL DEFAULT '', "
+                            "ADD COLUMN IF NOT EXISTS waiter_until DATETIME(6) NULL",
+                            table));
+  return out;
 }
+
+}  // namespace
 
 SqlStore::SqlStore(Loop& loop, SqlTarget target, const sqlcommon::SqlSettings& settings)
     : RecipeStore(loop, settings, kDialect,
@@ -93,8 +87,7 @@ SqlStore::SqlStore(Loop& loop, SqlTarget target, const sqlcommon::SqlSettings& s
       "l.waiter_until, h.lock_name, h.owner, h.role, h.n, h.seq, h.expires_at, h.owner_name, h.granted_at "
       "FROM {} l, {} h LIMIT 0",
       table_, holders_);
-  session.create = {table_definition(target_.table), holders_definition(target_.table)};
-  session.migrate = migrations(target_.table);
+  session.create = table_statements(target_.table);
   session.table = fmt::format("{}.{}", target_.database, target_.table);
   session.stale = std::make_shared<SqlStaleThreads>();
   session.statements = statements();
@@ -140,7 +133,7 @@ SqlStatement SqlStore::acquire_statement() const {
       "NOW(6) + INTERVAL LEAST(r.ttl, {2}) MICROSECOND FROM {3} JOIN {4} l ON l.lock_name = r.nm "
       "WHERE l.owner = '{5}' AND l.expires_at > NOW(6) "
       "ON DUPLICATE KEY UPDATE n = VALUES(n), expires_at = VALUES(expires_at)",
-      holders_, kWriterOwner, micros(sqlcommon::kWriterMark), batch_rows(", $3 AS ttl"), table_, kSharedMarker);
+      holders_, kWriterOwner, micros(kinds::kWriterMark), batch_rows(", $3 AS ttl"), table_, kSharedMarker);
   // What the write did (sqlcommon::answer_acquisitions()): a row whose
   // owner is our token (unique to this acquisition) is ours, with the fence
   // the write gave it; any other row is busy for its remaining time, or,

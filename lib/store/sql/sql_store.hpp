@@ -38,13 +38,6 @@ class SqlStore final : public sqlcommon::RecipeStore<SqlConnection> {
   SqlStore(Loop& loop, SqlTarget target, const sqlcommon::SqlSettings& settings);
   static constexpr const char* kServer = "SQL";  // as messages name its lock table's server
 
-  // The tables as created when missing (also in docs/stores.md): the lock
-  // table, and its companion for shared, permit and fair holders.
-  static std::string table_definition(const std::string& table);
-  static std::string holders_definition(const std::string& table);
-  // What tables made by earlier versions are altered with (columns added since).
-  static std::vector<std::string> migrations(const std::string& table);
-
  private:
   // The recipe's named statements in this dialect (sqlcommon/sql_recipe.hpp):
   // all (sql_store.cpp), the exclusive locks' (acquire, renew, release;

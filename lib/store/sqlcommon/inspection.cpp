@@ -47,6 +47,22 @@ void Inspection::fail(const StoreError* error) {
   done_(LockInfo{}, error);
 }
 
+void read_claim(ClaimResult& out, const Rows& rows, int at, bool claimed, std::int64_t period) {
+  out.store_time = from_micros(rows.micros(0, at));
+  const std::optional<long long> last = rows.maybe(0, at + 3);
+  out.last = last.value_or(0);
+  if (claimed) {
+    out.status = ClaimResult::Status::kClaimed;
+    out.last = period;
+  } else if (!rows.yes(0, at + 1)) {
+    out.status = ClaimResult::Status::kNotLeader;
+  } else if (last && *last >= period) {
+    out.status = ClaimResult::Status::kAlreadyRun;
+  } else {
+    out.status = ClaimResult::Status::kNotDue;
+  }
+}
+
 std::vector<std::string> names_of(const Rows& rows) {
   std::vector<std::string> names;
   for (int r = 0; r < rows.size(); ++r) {

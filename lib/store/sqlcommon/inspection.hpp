@@ -1,5 +1,6 @@
 // lib/store/sqlcommon/inspection.hpp: what the SQL stores (MariaDB and
-// PostgreSQL) answer an operator with, assembled once over their answers.
+// PostgreSQL) answer an operator and a scheduled job's period claim
+// (JobClaims) with, assembled once over their answers.
 //
 // Both keep a lock row (owner token or kind marker, deadline, fence, the
 // exclusive holder's name and grant time) and a holders' table (shared,
@@ -60,6 +61,16 @@ std::vector<std::string> names_of(const Rows& rows);
 // its key (the name past `key_prefix` bytes); any error fails the listing.
 void list_inspected(OperatorTools& tools, std::vector<std::string> names, std::size_t key_prefix,
                     LockListing::ListDone done);
+
+// A period claim is one conditional write on the job's lock row (the
+// lease is the caller's and unexpired, the server's clock has reached the
+// period's start, no period as late was run), read back in the same round
+// trip: whether the write took, whether the lease is the caller's, and
+// the last period run. Fills `out` from the answer's row at columns `at`..`at + 3`: the
+// server's clock, whether the lease is the caller's, whether the period
+// is due (not read: the others decide) and the last period run (NULL:
+// none ever); `claimed` the write took.
+void read_claim(ClaimResult& out, const Rows& rows, int at, bool claimed, std::int64_t period);
 
 // Microseconds left, as an answer gave them, in whole milliseconds (up).
 inline std::chrono::milliseconds ms_up(long long us) {

@@ -10,6 +10,7 @@
 #include <chrono>
 #include <string>
 
+#include "core/option_checks.hpp"
 #include "lockwatch/options.hpp"
 
 namespace lockwatch::detail::sqlcommon {
@@ -24,6 +25,13 @@ struct SqlSettings {
 };
 
 // The settings of a SQL store from the runtime's options.
-SqlSettings sql_settings(const Options& options);
+inline SqlSettings sql_settings(const Options& options) {
+  return SqlSettings{.key_prefix = options.runtime.key_prefix,
+                     .owner_name = owner_name(options),
+                     .connect_timeout = options.connection.connect_timeout,
+                     .command_timeout = options.connection.command_timeout,
+                     .reconnect_min = options.connection.reconnect_min,
+                     .reconnect_max = options.connection.reconnect_max};
+}
 
 }  // namespace lockwatch::detail::sqlcommon

@@ -40,7 +40,7 @@ bool resend(const AcquireBatchPtr& batch, const StoreError& error, const SendBat
 
 void exclusive_busy(Acquired& out, const PendingAcquire& lock, std::string_view marker, const std::string& server) {
   if (marker == kinds::kSharedMarker) {
-    const auto mark = std::min(lock.ttl, kWriterMark);
+    const auto mark = std::min(lock.ttl, kinds::kWriterMark);
     out.busy_for = std::max(std::chrono::milliseconds(1), std::min(out.busy_for, mark / 2));
     return;
   }
@@ -55,24 +55,21 @@ void answer_acquisitions(const AcquireBatch& batch, const Rows& rows, const std:
     const long long i = to_ll(rows.at(r, 0)) - 1;
     if (i < 0 || i >= static_cast<long long>(locks.size()) || answered[i]) continue;
     answered[i] = true;
-    Acquired out;
     if (!rows.null(r, 1)) {
-      out.status = Acquired::Status::kTaken;
-      out.fence = static_cast<std::uint64_t>(to_ll(rows.at(r, 1)));
-    } else {
-      // Busy; no time (PostgreSQL: no row in the statement's snapshot,
-      // taken meanwhile by a statement that started later): a moment.
-      out.status = Acquired::Status::kBusy;
-      out.busy_for = rows.null(r, 2) ? std::chrono::milliseconds(1) : ms_up(to_ll(rows.at(r, 2)));
-      std::string owner;
-      if (!rows.null(r, 3) && rows.read_bytes(r, 3, owner)) exclusive_busy(out, locks[i], owner, server);
+      locks[i].answer(Acquired::taken(static_cast<std::uint64_t>(to_ll(rows.at(r, 1)))));
+      continue;
     }
+    // Busy; no time (PostgreSQL: no row in the statement's snapshot,
+    // taken meanwhile by a statement that started later): a moment.
+    Acquired out{Acquired::Status::kBusy, 0,
+                 rows.null(r, 2) ? std::chrono::milliseconds(1) : ms_up(to_ll(rows.at(r, 2))), {}};
+    std::string owner;
+    if (!rows.null(r, 3) && rows.read_bytes(r, 3, owner)) exclusive_busy(out, locks[i], owner, server);
     locks[i].answer(out);
   }
-  for (std::size_t i = 0; i < answered.size(); ++i) {
-    if (answered[i]) continue;
-    locks[i].answer(failed(StoreError::unavailable(server, "the acquisition's answer left a lock out")));
-  }
+  for (std::size_t i = 0; i < answered.size(); ++i)
+    if (!answered[i])
+      locks[i].answer(Acquired::failed(StoreError::unavailable(server, "the acquisition's answer left a lock out")));
 }
 
 StoreError refusal(const std::string& server, const PendingAcquire& lock, std::string_view owner) {
@@ -86,22 +83,14 @@ StoreError refusal(const std::string& server, const PendingAcquire& lock, std::s
 
 Acquired kind_answer(const PendingAcquire& lock, const Rows& rows, const std::string& server) {
   if (rows.size() != 1 || rows.null(0, 0) || rows.null(0, 1))
-    return failed(StoreError::unavailable(server, "no answer to the acquisition"));
-  Acquired out;
+    return Acquired::failed(StoreError::unavailable(server, "no answer to the acquisition"));
   const std::string_view verdict = rows.at(0, 0);
-  if (verdict == "t" || verdict == "r") {
-    out.status = Acquired::Status::kTaken;
-    out.fence = static_cast<std::uint64_t>(to_ll(rows.at(0, 1)));
-  } else if (verdict == "b") {
-    out.status = Acquired::Status::kBusy;
-    const std::optional<long long> busy_us = rows.maybe(0, 2);
-    auto busy = busy_us ? ms_up(*busy_us) : std::chrono::milliseconds(1);
-    if (lock.kind.mode() == LockKind::Mode::kFair) busy = std::min(busy, lock.ttl / 3);
-    out.busy_for = std::max(busy, std::chrono::milliseconds(1));
-  } else {
-    out.error = refusal(server, lock, rows.bytes(0, 3));
-  }
-  return out;
+  if (verdict == "t" || verdict == "r") return Acquired::taken(static_cast<std::uint64_t>(to_ll(rows.at(0, 1))));
+  if (verdict != "b") return Acquired::failed(refusal(server, lock, rows.bytes(0, 3)));
+  const std::optional<long long> busy_us = rows.maybe(0, 2);
+  auto busy = busy_us ? ms_up(*busy_us) : std::chrono::milliseconds(1);
+  if (lock.kind.mode() == LockKind::Mode::kFair) busy = std::min(busy, lock.ttl / 3);
+  return Acquired::busy(busy);
 }
 
 std::size_t renewal_groups(const Dialect& dialect, std::span<const LockRef> locks,

@@ -1,35 +1,17 @@
 // lib/store/sqlcommon/sql_recipe.hpp: the lock recipe the SQL stores
 // (MariaDB in store/sql/, PostgreSQL in store/postgresql/) share, written
-// once over a dialect and a driver.
-//
-// Both keep one lock row per name (owner token or a kind's marker, fence,
-// expiry) and a holders' table for shared, permit and fair holders. What
-// is the same logic in both lives here:
-//   - coalescing: the acquisitions asked for in one loop turn are queued
-//     and cut at its end into statements (send_acquisitions()): the
-//     exclusive ones in name order, kChunk a statement, and the other
-//     kinds in name order, kKindGroup a transaction;
-//   - retrying: a statement the server answered "retry later" (deadlock,
-//     lock wait timeout) goes again, up to kAttempts; an exclusive
-//     statement refused for one of its rows goes again lock by lock, so
-//     that only that one fails (resend());
-//   - outcomes: what an exclusive acquisition that found the row busy is
-//     told (a reader's marker: the writer's mark; another kind's marker:
-//     refused), and a kind's verdict (taken, busy, refused) as an Acquired;
-//   - renewals and releases: the leases of one renew() call cut into
-//     statements (renewal_groups()), the releases of a turn into batches,
-//     each answered from what its statement says was not done
-//     (not_done());
-//   - connections: two for commands (the least busy takes a statement) and
-//     one for renewals, so that a renewal never queues behind a burst of
-//     acquisitions (Connections);
-//   - the store's flow (RecipeStore): acquire() queues for the turn's end,
-//     renew() cuts a call into statements, close() sends what is queued
-//     before the connections close; every step is a named statement of
-//     the dialect, run and answered here (below);
-//   - answers: a claim's (claims.hpp), an inspection's and a listing's
-//     (inspection.hpp), read from the driver's result as Rows
-//     (values.hpp), whichever server wrote it.
+// once over a dialect and a driver (what each part does:
+// docs/how-it-works.md, "Adding a store"): the acquisitions of one loop
+// turn queued and cut at its end into statements (send_acquisitions(): the
+// exclusive ones kChunk a statement, the other kinds kKindGroup a
+// transaction, each in name order), retried (resend(), up to kAttempts),
+// answered (answer_acquisitions(), kind_answer()); renewals and releases
+// cut into statements (renewal_groups(), release batches) and answered
+// from what was not done (not_done()); two command connections and one
+// for renewals, so that a renewal never queues behind a burst of
+// acquisitions (Connections); the store's flow (RecipeStore), with claims
+// and inspection and listing (inspection.hpp) read from the
+// driver's result as Rows (values.hpp).
 // The Dialect is data: what the statements of a server can and cannot do.
 // The driver is the store's connection type (Connections' parameter, with
 // start(), close(), pending(), name(), set_state_hook(),
@@ -66,10 +48,12 @@
 // with its call).
 #pragma once
 
+#include <algorithm>
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
 #include <functional>
+#include <iterator>
 #include <memory>
 #include <span>
 #include <string>
@@ -86,8 +70,6 @@
 #include "store/kind_rules.hpp"
 #include "store/lock_store.hpp"
 #include "store/registry.hpp"
-#include "store/sqlcommon/batching.hpp"
-#include "store/sqlcommon/claims.hpp"
 #include "store/sqlcommon/connection_core.hpp"
 #include "store/sqlcommon/inspection.hpp"
 #include "store/sqlcommon/settings.hpp"
@@ -95,14 +77,31 @@
 
 namespace lockwatch::detail::sqlcommon {
 
+// The locks one statement carries at most. Every statement takes its rows
+// in name order (by_name()), so that two statements never wait on each
+// other's rows in opposite orders.
+inline constexpr std::size_t kChunk = 512;
+
+// Hands `send` the items of `all`, `size` (kChunk) at a time, in their order.
+template <class T, class Send>
+void in_chunks(std::vector<T>& all, Send&& send, std::size_t size = kChunk) {
+  for (std::size_t from = 0; from < all.size(); from += size) {
+    const std::size_t to = std::min(all.size(), from + size);
+    send(std::vector<T>(std::make_move_iterator(all.begin() + from), std::make_move_iterator(all.begin() + to)));
+  }
+}
+
+// Sorts `all` by name (stably: a name's requests keep their order).
+template <class T>
+void by_name(std::vector<T>& all) {
+  std::stable_sort(all.begin(), all.end(), [](const T& a, const T& b) { return a.name < b.name; });
+}
+
 // A statement the server answered "retry later" goes out at most this often.
 inline constexpr int kAttempts = 3;
 // The kinds' acquisitions one transaction carries at most (a whole set of
 // lockwatch::max_set_keys fits).
 inline constexpr std::size_t kKindGroup = 64;
-// How long a writer's mark stops new readers after its last attempt (the
-// writer's ttl if shorter), as on Redis.
-inline constexpr std::chrono::milliseconds kWriterMark{2000};
 
 // What the recipe asks of a server's statements.
 struct Dialect {
@@ -199,18 +198,11 @@ bool resend(const AcquireBatchPtr& batch, const StoreError& error, const SendBat
 
 // An exclusive acquisition (`out` busy) found its row held by `marker`, a
 // kind's marker. Readers': the writer's mark holds new ones back; it lives
-// min(kWriterMark, ttl) (the statement wrote or renewed it) and the
+// min(kinds::kWriterMark, ttl) (the statement wrote or renewed it) and the
 // writer comes back within half of that, so it keeps the mark while it
 // waits and one that stops waiting holds readers back briefly. Another
 // kind's: the call is refused (refusal(), by `server`).
 void exclusive_busy(Acquired& out, const PendingAcquire& lock, std::string_view marker, const std::string& server);
-
-// An acquisition that failed with `error`.
-inline Acquired failed(const StoreError& error) {
-  Acquired out;
-  out.error = error;
-  return out;
-}
 
 // Answers each exclusive acquisition of `batch` from lockwatch_acquire's
 // rows (each: the lock's position in the batch, from 1; the fence when it
@@ -359,7 +351,7 @@ class RecipeStore : public StoreBase,
       done(from_micros(rows.micros(0, 0)), nullptr);
     });
   }
-  // One conditional write, read back in the same round trip (claims.hpp).
+  // One conditional write, read back in the same round trip (read_claim()).
   void claim_period(std::string_view name, std::string_view token, std::int64_t period,
                     std::chrono::system_clock::time_point start, ClaimDone done) final {
     command_connection().execute(
@@ -458,7 +450,7 @@ class RecipeStore : public StoreBase,
                                    if (!err) return answer_acquisitions(*batch, rows, server());
                                    if (!resend(batch, *err, [this](AcquireBatchPtr b) { acquire_batch(std::move(b)); },
                                                true))
-                                     batch->answer(failed(*err));
+                                     batch->answer(Acquired::failed(*err));
                                  });
   }
   // A group of renewals, on the renewal connection: each answered as the
@@ -519,7 +511,7 @@ class RecipeStore : public StoreBase,
         },
         [this, group, outcomes](const Rows&, const StoreError* err) {
           if (err && resend(group, *err, [this](AcquireBatchPtr b) { send_kind_group(std::move(b)); }, false)) return;
-          if (err) return group->answer(failed(*err));
+          if (err) return group->answer(Acquired::failed(*err));
           for (std::size_t k = 0; k < group->locks.size(); ++k) group->locks[k].answer((*outcomes)[k]);
         });
   }

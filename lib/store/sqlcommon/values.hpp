@@ -18,19 +18,12 @@
 
 namespace lockwatch::detail::sqlcommon {
 
-// Appends `bytes` as lowercase hex digits.
-inline void append_hex(std::string& out, std::string_view bytes) {
-  static constexpr char kHex[] = "0123456789abcdef";
-  for (unsigned char c : bytes) {
-    out.push_back(kHex[c >> 4]);
-    out.push_back(kHex[c & 15]);
-  }
-}
-
+// `bytes` as lowercase hex digits.
 inline std::string to_hex(std::string_view bytes) {
+  static constexpr char kHex[] = "0123456789abcdef";
   std::string out;
   out.reserve(2 * bytes.size());
-  append_hex(out, bytes);
+  for (unsigned char c : bytes) out.append({kHex[c >> 4], kHex[c & 15]});
   return out;
 }
 
