@@ -38,10 +38,6 @@ class PostgresCategory final : public StoreCategory {
 
 bool in_class(std::string_view sqlstate, std::string_view cls) { return sqlstate.substr(0, 2) == cls; }
 
-StoreError make(StoreError::Kind kind, std::string endpoint, std::string_view sqlstate, std::string message) {
-  return {kind, std::move(endpoint), pg_code(sqlstate), std::move(message)};
-}
-
 }  // namespace
 
 const StoreCategory& postgresql_category() noexcept {
@@ -75,7 +71,7 @@ StoreError pg_statement_error(std::string endpoint, std::string_view sqlstate, s
   } else if (in_class(sqlstate, "08") || sqlstate == "57P01" || sqlstate == "57P02" || sqlstate == "57P03") {
     kind = Kind::kUnavailable;  // connection exceptions, the server shutting down or starting
   }
-  return make(kind, std::move(endpoint), sqlstate, std::move(message));
+  return {kind, std::move(endpoint), pg_code(sqlstate), std::move(message)};
 }
 
 StoreError pg_connect_error(std::string endpoint, std::string_view sqlstate, std::string message) {
@@ -83,7 +79,7 @@ StoreError pg_connect_error(std::string endpoint, std::string_view sqlstate, std
   // 28000 (no pg_hba.conf entry, refused), 28P01 (wrong password), 42501
   // (no CONNECT privilege on the database).
   Kind kind = in_class(sqlstate, "28") || sqlstate == "42501" ? Kind::kAuth : Kind::kUnavailable;
-  return make(kind, std::move(endpoint), sqlstate, std::move(message));
+  return {kind, std::move(endpoint), pg_code(sqlstate), std::move(message)};
 }
 
 std::string_view sqlstate_in_verbose_message(std::string_view message) {
