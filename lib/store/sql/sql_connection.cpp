@@ -29,10 +29,6 @@ void library_init() {
 // the statement, failed.
 bool client_error(unsigned code) { return code >= CR_MIN_ERROR && code <= CR_MAX_ERROR; }
 
-bool auth_refused(unsigned code) {
-  return code == ER_ACCESS_DENIED_ERROR || code == ER_DBACCESS_DENIED_ERROR || code == 1698 /* ER_ACCESS_DENIED_NO_PASSWORD_ERROR */;
-}
-
 int uv_events_of(int status) {
   int ev = 0;
   if (status & MYSQL_WAIT_READ) ev |= UV_READABLE;
@@ -404,9 +400,9 @@ void SqlConnection::connection_failed(unsigned code, std::string why) {
   last_errno_ = code;
   last_error_ = why;
   if (state_ != State::kConnecting && state_ != State::kSetUp) return fail_unavailable(why);
-  const std::error_code error = code != 0 ? mariadb_code(code) : std::error_code();
-  fail(why, auth_refused(code) ? StoreError::auth(name_, why, error) : StoreError::unavailable(name_, why, error),
-       false);
+  StoreError error = StoreError::unavailable(name_, why, code != 0 ? mariadb_code(code) : std::error_code());
+  if (code != 0 && sql_error(name_, code, why).kind == StoreError::Kind::kAuth) error.kind = StoreError::Kind::kAuth;
+  fail(why, error, false);
 }
 
 // The session set-up was refused: the server's answer, though the

@@ -308,11 +308,6 @@ class ConnectionCore : protected Reconnector::Attempts, protected RequestTimer::
   }
   void fail_unavailable(const std::string& why) { fail(why, unavailable(why), false); }
 
-  // Why an attempt was given up on.
-  std::string connect_timed_out() const {
-    return fmt::format("no connection within the connect timeout ({} ms)", settings_.connect_timeout.count());
-  }
-
   Loop& loop_;
   const SqlSettings settings_;
   const std::string name_;
@@ -346,7 +341,8 @@ class ConnectionCore : protected Reconnector::Attempts, protected RequestTimer::
   }
   void attempt_timed_out() final {
     if (state_ != State::kConnecting && state_ != State::kSetUp) return;
-    const std::string why = connect_timed_out();
+    const std::string why =
+        fmt::format("no connection within the connect timeout ({} ms)", settings_.connect_timeout.count());
     fail(why, unavailable(why), true);
   }
   // RequestTimer::Requests: the oldest request in flight, and the server

@@ -98,11 +98,9 @@ struct Listing {
 
 void list_inspected(OperatorTools& tools, std::vector<std::string> names, std::size_t key_prefix,
                     LockListing::ListDone done) {
-  auto listing = std::make_shared<Listing>();
-  listing->names = std::move(names);
-  listing->infos.resize(listing->names.size());
-  listing->key_prefix = key_prefix;
-  listing->done = std::move(done);
+  const std::size_t n = names.size();
+  auto listing = std::make_shared<Listing>(Listing{std::move(names), std::vector<LockInfo>(n), key_prefix, 0, {},
+                                                   std::move(done)});
   if (listing->names.empty()) return listing->finish();
   for (std::size_t i = 0; i < listing->names.size(); ++i)
     tools.inspect(listing->names[i], [listing, i](const LockInfo& info, const StoreError* e) {
