@@ -18,12 +18,6 @@ namespace lockwatch::detail {
 
 namespace {
 
-// TIME's reply (seconds, microseconds) as a time point; nullopt for a reply of another shape.
-std::optional<std::chrono::system_clock::time_point> time_of(const redisReply* r) {
-  if (r == nullptr || r->type != REDIS_REPLY_ARRAY || r->elements != 2) return std::nullopt;
-  return server_clock(number_of(r->element[0]), number_of(r->element[1]));
-}
-
 // The acquire script's call for `locks` (a batch, or the direct lane's one
 // lock): each lock's keys (itself, its slot's counter, its old counter),
 // then each one's token and ttl ('w' first for a call that waits), then
@@ -88,6 +82,17 @@ void answer_each(Reply& reply, std::size_t n, At at, const Done& done) {
   }
 }
 
+// `text` as literal text of a SCAN MATCH pattern.
+std::string glob_escaped(std::string_view text) {
+  std::string out;
+  out.reserve(text.size());
+  for (char c : text) {
+    if (c == '*' || c == '?' || c == '[' || c == ']' || c == '\\') out.push_back('\\');
+    out.push_back(c);
+  }
+  return out;
+}
+
 // What a reader's error gives a callback: null for none.
 const StoreError* or_null(const std::optional<StoreError>& e) { return e ? &*e : nullptr; }
 
@@ -131,12 +136,10 @@ RedisNodeStore::RedisNodeStore(Loop& loop, Endpoint endpoint, const StoreSetting
   hooks.on_dropped = [this](std::string_view channel, const StoreError* why) {
     std::string_view name = lock_of(channel);
     erase_listening(name);
-    if (why != nullptr && redis_acl_refusal(*why)) refused_notices(*why);
+    if (why != nullptr) refused_notices(*why);
     if (!name.empty() && dropped_) dropped_(name, why);
   };
-  hooks.on_refused = [this](const StoreError& why) {
-    if (redis_acl_refusal(why)) refused_notices(why);
-  };
+  hooks.on_refused = [this](const StoreError& why) { refused_notices(why); };
   sub_ = std::make_unique<RedisConnection>(loop, endpoint, settings, sharded ? Mode::kShardedPubSub : Mode::kPubSub,
                                            std::move(hooks));
 }
@@ -145,7 +148,7 @@ RedisNodeStore::~RedisNodeStore() = default;
 
 void RedisNodeStore::refused_notices(const StoreError& why) {
   // Nothing fails for it, so nothing else would tell.
-  if (events_.log)
+  if (redis_acl_refusal(why) && events_.log)
     events_.log(true, why.describe() + ": no release notices; waiters wait for the holder's ttl to run out instead");
 }
 
@@ -225,19 +228,16 @@ bool RedisNodeStore::lane_open_at(std::chrono::steady_clock::time_point at) cons
 
 bool RedisNodeStore::acquire_direct(const LockRef& l, AcquiredDirect done) {
   if (!l.kind.exclusive_kind()) return false;  // the kinds' scripts go from the loop
-  // As send_batch() writes a batch of one.
-  EvalRequest request = acquire_request(std::span<const LockRef>(&l, 1), key_prefix_, owner_);
+  EvalRequest request = acquire_one(l);
   ReplyCallback cb = [c = conn_.get(), done = std::move(done)](const redisReply* r, const StoreError* err) {
-    AcquireReply reply(r, err, 1, c->name());
-    done(reply.next());
+    done(AcquireReply(r, err, 1, c->name()).next());
   };
   return conn_->send_direct(request, cb);
 }
 
 bool RedisNodeStore::release_direct(const LockRef& l, ReleasedDirect done) {
   if (!l.kind.exclusive_kind()) return false;
-  // As send_batch() writes a batch of one, with its notice.
-  EvalRequest request = release_request(std::span<const LockRef>(&l, 1), notice(), [](const LockRef&) { return true; });
+  EvalRequest request = release_one(l);
   ReplyCallback cb = [this, name = SmallString<40>(l.name), done = std::move(done)](const redisReply* r,
                                                                                      const StoreError* err) {
     ReleaseReply reply = release_reply(r, err, 1);
@@ -248,25 +248,22 @@ bool RedisNodeStore::release_direct(const LockRef& l, ReleasedDirect done) {
   return conn_->send_direct(request, cb);
 }
 
+bool RedisNodeStore::line_open_for(const LockRef& l) const {
+  return line_ != nullptr && line_open_ && l.kind.exclusive_kind() && conn_->lane_idle();
+}
+
 bool RedisNodeStore::acquire_blocking(const LockRef& l, const AcquiredDirect& done) {
-  if (line_ == nullptr || !line_open_ || !l.kind.exclusive_kind() || !conn_->lane_idle()) return false;
-  EvalRequest request = acquire_request(std::span<const LockRef>(&l, 1), key_prefix_, owner_);
-  return line_->call(
-             request,
-             [&](const redisReply* r, const StoreError* err) {
-               AcquireReply reply(r, err, 1, line_->name());
-               done(reply.next());
-             },
-             // Without an answer, the lock is given back behind the request.
-             [&] {
-               return release_request(std::span<const LockRef>(&l, 1), notice(), [](const LockRef&) { return true; });
-             }) != CallerLine::Outcome::kNotSent;
+  if (!line_open_for(l)) return false;
+  const auto answered = [&](const redisReply* r, const StoreError* err) {
+    done(AcquireReply(r, err, 1, line_->name()).next());
+  };
+  // Without an answer, the lock is given back behind the request.
+  return line_->call(acquire_one(l), answered, [&] { return release_one(l); }) != CallerLine::Outcome::kNotSent;
 }
 
 bool RedisNodeStore::release_blocking(const LockRef& l, const ReleasedDirect& done) {
-  if (line_ == nullptr || !line_open_ || !l.kind.exclusive_kind() || !conn_->lane_idle()) return false;
-  EvalRequest request = release_request(std::span<const LockRef>(&l, 1), notice(), [](const LockRef&) { return true; });
-  return line_->call(request, [&](const redisReply* r, const StoreError* err) {
+  if (!line_open_for(l)) return false;
+  return line_->call(release_one(l), [&](const redisReply* r, const StoreError* err) {
            // As release_reply() and heard_by() without what is the loop's
            // (its log, its subscriptions): a notice heard once reads kYes.
            ReleaseReply reply(r, err, 1, line_->name());
@@ -631,8 +628,9 @@ void RedisNodeStore::wait_replicas(RedisConnection& c, long long needed, std::st
 void RedisNodeStore::server_time(TimeDone done) {
   conn_->command({"TIME"}, [endpoint = conn_->name(), done = std::move(done)](const redisReply* r,
                                                                                const StoreError* err) {
-    const auto now = err ? std::nullopt : time_of(r);
-    if (now || err) return done(now.value_or(std::chrono::system_clock::time_point{}), err);
+    if (err) return done({}, err);
+    // TIME: seconds, microseconds.
+    if (is_array_of(r, 2)) return done(server_clock(number_of(r->element[0]), number_of(r->element[1])), nullptr);
     const StoreError unexpected = StoreError::refused(endpoint, "unexpected reply to TIME");
     done({}, &unexpected);
   });
@@ -657,21 +655,6 @@ void RedisNodeStore::inspect(std::string_view name, InspectDone done) {
               done(info, or_null(failed));
             });
 }
-
-namespace {
-
-// `text` as literal text of a SCAN MATCH pattern.
-std::string glob_escaped(std::string_view text) {
-  std::string out;
-  out.reserve(text.size());
-  for (char c : text) {
-    if (c == '*' || c == '?' || c == '[' || c == ']' || c == '\\') out.push_back('\\');
-    out.push_back(c);
-  }
-  return out;
-}
-
-}  // namespace
 
 struct RedisNodeStore::Listing {
   std::string match;  // P{<prefix>*}: lock names only (the others do not end in '}')
@@ -777,6 +760,16 @@ void RedisNodeStore::eval_acquire(EvalRequest request, std::vector<QueuedAcquire
            for (auto& a : batch)
              acquired(reply.next(), std::move(a));
          });
+}
+
+// A lone lock's calls, as send_batch() writes a batch of one (the release
+// with its notice).
+EvalRequest RedisNodeStore::acquire_one(const LockRef& l) const {
+  return acquire_request(std::span<const LockRef>(&l, 1), key_prefix_, owner_);
+}
+
+EvalRequest RedisNodeStore::release_one(const LockRef& l) const {
+  return release_request(std::span<const LockRef>(&l, 1), notice(), [](const LockRef&) { return true; });
 }
 
 EvalRequest RedisNodeStore::acquire_call(const std::vector<QueuedAcquire>& batch) const {

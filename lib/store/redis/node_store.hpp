@@ -147,7 +147,8 @@ class RedisNodeStore final : public RedisStoreBase, public DirectLane {
   void started() override;
   // The release scripts' notice argument: "s" SPUBLISH, "p" PUBLISH.
   std::string notice() const;
-  // The user's ACL refused a subscription: logged as a warning.
+  // A subscription refused or dropped for `why`: logged as a warning when
+  // the user's ACL refused it.
   void refused_notices(const StoreError& why);
   // The `done` of one acquire() or release() call: a lone lock's (the
   // usual call) is kept in its queued lock, the locks of a larger call
@@ -246,6 +247,10 @@ class RedisNodeStore final : public RedisStoreBase, public DirectLane {
   // The layout's acquire and release script calls for `batch`.
   EvalRequest acquire_call(const std::vector<QueuedAcquire>& batch) const;
   EvalRequest release_call(const std::vector<QueuedRelease>& batch) const;
+  EvalRequest acquire_one(const LockRef& lock) const;
+  EvalRequest release_one(const LockRef& lock) const;
+  // The caller's line may take a call on `lock` now.
+  bool line_open_for(const LockRef& lock) const;
   void eval_acquire(EvalRequest request, std::vector<QueuedAcquire> batch, bool counted);
   struct Listing;
   void scan_page(std::shared_ptr<Listing> listing);
