@@ -103,11 +103,6 @@ struct Pieces {
   std::vector<uv_buf_t> many;
   const uv_buf_t* bufs() const noexcept { return many.empty() ? &one : many.data(); }
   unsigned count() const noexcept { return many.empty() ? 1 : static_cast<unsigned>(many.size()); }
-  std::size_t bytes() const noexcept {
-    std::size_t n = 0;
-    for (unsigned i = 0; i < count(); ++i) n += bufs()[i].len;
-    return n;
-  }
 };
 Pieces pieces(std::string& out, const std::vector<LargeCall>& wholes, std::size_t from) {
   Pieces p;
@@ -161,10 +156,10 @@ RedisConnection::RedisConnection(Loop& loop, Endpoint endpoint, const StoreSetti
       name_(endpoint_.name()),
       connection_(settings.connection),
       owner_(connection_owner_name(settings.owner_name)),
-      pubsub_(mode != Mode::kCommands),
       hooks_(std::move(hooks)) {
-  if (pubsub_) subs_ = std::make_unique<Subscriptions>(mode == Mode::kShardedPubSub, static_cast<Wire&>(*this),
-                                                    hooks_.on_dropped, hooks_.on_refused);
+  if (mode != Mode::kCommands)
+    subs_ = std::make_unique<Subscriptions>(mode == Mode::kShardedPubSub, static_cast<Wire&>(*this), hooks_.on_dropped,
+                                            hooks_.on_refused);
   if (endpoint_.tls) {
     // Options::validate() read the same files already; if one went away
     // since, every attempt fails saying so.
@@ -182,7 +177,7 @@ void RedisConnection::start() {
   uv_prepare_init(loop_.uv(), &flush_);
   flush_.data = this;
   // Adaptive polling waits for the replies of requests; pushes come unasked.
-  if (!pubsub_) demand_id_ = loop_.add_demand([this] { return awaited_; });
+  if (!subs_) demand_id_ = loop_.add_demand([this] { return awaited_; });
   request_timer_.start();
   reconnector_.start();
 }
@@ -236,10 +231,10 @@ void RedisConnection::write_handshake() {
     auth.push_back(endpoint_.password);
     send_handshake(Handshake::kAuth, std::move(auth));
   }
-  if (endpoint_.db != 0 && !pubsub_) send_handshake(Handshake::kSelect, {"SELECT", std::to_string(endpoint_.db)});
+  if (endpoint_.db != 0 && !subs_) send_handshake(Handshake::kSelect, {"SELECT", std::to_string(endpoint_.db)});
   if (hooks_.named) send_handshake(Handshake::kName, {"CLIENT", "SETNAME", "lockwatch:" + owner_});
   if (require_master_) send_handshake(Handshake::kRole, {"ROLE"});
-  if (pubsub_) subs_->resubscribe();
+  if (subs_) subs_->resubscribe();
   if (!hooks_.on_connect_command.empty()) {
     write(std::vector<std::string_view>(hooks_.on_connect_command.begin(), hooks_.on_connect_command.end()));
   }
@@ -605,7 +600,8 @@ void RedisConnection::flush() {
   // Under the lane's lock: no direct request comes between these bytes.
   // The large calls go in their places from their own buffers.
   const Pieces all = pieces(link->out, link->wholes, 0);
-  const std::size_t total = all.bytes();
+  std::size_t total = link->out.size();
+  for (const auto& w : link->wholes) total += w.text->size();
   const int n = uv_try_write(reinterpret_cast<uv_stream_t*>(&link->tcp), all.bufs(), all.count());
   if (n < 0 && n != UV_EAGAIN) {
     lk.unlock();
@@ -729,7 +725,7 @@ void RedisConnection::received(Link* link, const char* data, std::size_t n) {
 }
 
 void RedisConnection::dispatch(const redisReply* r) {
-  if (pubsub_ && is_push(r)) {
+  if (subs_ && is_push(r)) {
     on_push(r);
     return;
   }
@@ -741,8 +737,8 @@ void RedisConnection::dispatch(const redisReply* r) {
     // Pubsub mode: an error answering a subscription, which nothing waits
     // for. In command mode replies and requests no longer match: start
     // afresh.
-    if (pubsub_ && r->type == REDIS_REPLY_ERROR) subs_->error(error_for(r));
-    if (!pubsub_) link_failed("a reply to no request: the connection is out of step");
+    if (subs_ && r->type == REDIS_REPLY_ERROR) subs_->error(error_for(r));
+    if (!subs_) link_failed("a reply to no request: the connection is out of step");
     return;
   }
   Pending p = std::move(pending_.front());
@@ -863,7 +859,7 @@ void RedisConnection::became_usable() {
   // The lane opens on a plaintext link, in commands mode.
   Link* link = link_;
   uv_os_fd_t fd;
-  if (lane_enabled_ && !pubsub_ && link != nullptr && link->ssl == nullptr &&
+  if (lane_enabled_ && !subs_ && link != nullptr && link->ssl == nullptr &&
       uv_fileno(reinterpret_cast<uv_handle_t*>(&link->tcp), &fd) == 0) {
     std::lock_guard lk(lane_mu_);
     lane_fd_ = fd;
@@ -913,7 +909,6 @@ bool RedisConnection::send_direct(EvalRequest& request, ReplyCallback& cb) {
 }
 
 void RedisConnection::drop_link(const std::string& why) {
-  last_error_ = why;
   Link* link = link_;
   if (link == nullptr) return;
   std::deque<Pending> pending;
@@ -959,7 +954,6 @@ void RedisConnection::link_failed(const std::string& why) {
 }
 
 void RedisConnection::went_down(const std::string& why) {
-  last_error_ = why;
   handshake_pending_ = 0;
   if (closed()) return;
   request_timer_.stop();
@@ -1051,15 +1045,16 @@ void RedisConnection::set_endpoint(const Endpoint& endpoint) {
   }
   if (link_ != nullptr) {
     // What waits for the handshake goes to the new master instead.
-    drop_link("the master moved to " + name_);
-    went_down(last_error_);
+    const std::string why = "the master moved to " + name_;
+    drop_link(why);
+    went_down(why);
   }
   // Down (in back-off): the next attempt uses the new address; make it now.
   reconnector_.retry_now();
 }
 
 void RedisConnection::subscribe(const std::string& channel) {
-  if (!pubsub_ || !subs_->want(channel)) return;
+  if (!subs_ || !subs_->want(channel)) return;
   if (link_ != nullptr && !closed())
     subs_->write(true, channel);
   else
@@ -1067,7 +1062,7 @@ void RedisConnection::subscribe(const std::string& channel) {
 }
 
 void RedisConnection::unsubscribe(const std::string& channel) {
-  if (!pubsub_ || !subs_->unwant(channel)) return;
+  if (!subs_ || !subs_->unwant(channel)) return;
   if (can_write()) subs_->write(false, channel);
 }
 

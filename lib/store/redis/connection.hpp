@@ -344,7 +344,6 @@ class RedisConnection : private Reconnector::Attempts, private RequestTimer::Req
   std::string name_;
   const ConnectionOptions connection_;
   const std::string owner_;  // for CLIENT SETNAME
-  bool pubsub_;
   bool require_master_ = false;
   bool ask_next_ = false;  // the next request sent carries ASKING
   Hooks hooks_;
@@ -357,7 +356,6 @@ class RedisConnection : private Reconnector::Attempts, private RequestTimer::Req
   uv_prepare_t flush_{};        // writes what was queued, once per loop iteration
   std::size_t demand_id_ = 0;   // Loop::add_demand: awaited_ while open
   std::size_t awaited_ = 0;     // entries of pending_ a caller waits for
-  std::string last_error_ = "not connected yet";
   bool auth_failed_ = false;
   bool select_failed_ = false;  // the server has no such database: a configuration error, not a node to wait for
   bool awaiting_endpoint_ = false;  // an attempt waits for the master's address
@@ -372,7 +370,7 @@ class RedisConnection : private Reconnector::Attempts, private RequestTimer::Req
   // read being dispatched came.
   std::chrono::steady_clock::time_point answered_at_{};
   std::chrono::steady_clock::time_point read_at_{};
-  std::unique_ptr<Subscriptions> subs_;  // pubsub mode only: what it listens to
+  std::unique_ptr<Subscriptions> subs_;  // pubsub mode only (null in commands mode): what it listens to
 
   // The direct lane (send_direct()). lane_mu_ guards what another thread
   // may touch: pending_ and unwritten_ (so that each request's place in

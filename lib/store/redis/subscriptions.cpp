@@ -13,10 +13,8 @@ namespace lockwatch::detail {
 constexpr const char* kToStore = "a subscription callback";
 
 void Subscriptions::write(bool subscribe, const std::string& channel) {
-  if (sharded_)
-    wire_.write({subscribe ? "SSUBSCRIBE" : "SUNSUBSCRIBE", channel});
-  else
-    wire_.write({subscribe ? "SUBSCRIBE" : "UNSUBSCRIBE", channel});
+  static constexpr std::string_view kCommand[2][2] = {{"UNSUBSCRIBE", "SUBSCRIBE"}, {"SUNSUBSCRIBE", "SSUBSCRIBE"}};
+  wire_.write({kCommand[sharded_][subscribe], channel});
   if (subscribe || sharded_) sent_.push_back(Sent{subscribe, channel});
 }
 
