@@ -19,9 +19,11 @@
 #include <hiredis/hiredis.h>
 
 #include <chrono>
+#include <deque>
 #include <future>
 #include <memory>
 #include <optional>
+#include <set>
 #include <span>
 #include <string>
 #include <vector>
@@ -141,7 +143,25 @@ class NodePeer {
     return id;
   }
   // The next answer (bounded by `bound`), or empty.
-  std::string answer(std::chrono::milliseconds bound = kBound) { return child_.read_line(bound).value_or(""); }
+  std::string answer(std::chrono::milliseconds bound = kBound) {
+    if (early_.empty()) return next_answer(Clock::now() + bound);
+    std::string line = std::move(early_.front());
+    early_.pop_front();
+    return line;
+  }
+  // Whether a waiter's listener for `channel` came to be in place within
+  // kBound (peer.js's "listening" line): only then does it hear a release.
+  bool listening(const std::string& channel) {
+    const auto until = Clock::now() + kBound;
+    while (listening_.count(channel) == 0 && Clock::now() < until) {
+      std::string line = next_answer(until);
+      if (!line.empty()) early_.push_back(std::move(line));
+    }
+    const auto it = listening_.find(channel);
+    if (it == listening_.end()) return false;
+    listening_.erase(it);
+    return true;
+  }
   std::string answer_of(int id, const std::string& what, std::chrono::milliseconds bound = kBound) {
     const std::string line = answer(bound);
     EXPECT_EQ(line.rfind(what + " " + std::to_string(id), 0), 0u) << "answer: '" << line << "'";
@@ -165,9 +185,23 @@ class NodePeer {
   }
 
  private:
+  // The next line but "listening" ones (noted in listening_), or empty at `until`.
+  std::string next_answer(Clock::time_point until) {
+    while (Clock::now() < until) {
+      const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(until - Clock::now()) + 1ms;
+      std::optional<std::string> line = child_.read_line(left);
+      if (!line) return "";
+      if (line->rfind("listening ", 0) != 0) return *line;
+      listening_.insert(line->substr(10));
+    }
+    return "";
+  }
+
   ChildProcess child_;
   bool ready_ = false;
   int next_ = 0;
+  std::deque<std::string> early_;        // answers read while looking for a "listening" line
+  std::multiset<std::string> listening_;  // channels with a listener in place, not yet asked for
 };
 
 // A waiter on one lock's release channel, as Redisson's LockPubSub
@@ -423,7 +457,7 @@ TEST_P(RedissonTest, RedissonWaitersWakeWithinFiftyMsOfALockwatchRelease) {
   auto held2 = rt.acquire(k2, 5s);
   LockHandle h2 = get_bounded(held2);
   const int id = peer.send("lock", k2, "0");
-  ASSERT_TRUE(heard_by(k2, 1));
+  ASSERT_TRUE(peer.listening(channel_of(k2)));
   t0 = Clock::now();
   auto released2 = h2.release();
   peer.answer_of(id, "locked");

@@ -11,6 +11,9 @@
 //   unlock ID NAME              unlock() -> "unlocked ID" | "unlock-error ID ..."
 //   quit                        disconnects and exits
 //
+// Besides the answers: "listening CHANNEL" when a waiter's listener for a
+// lock's channel is in place (below).
+//
 // One lock object per name, so a second lock on a name is a reentrant one
 // (the same owner field). Prints "ready" once connected.
 'use strict';
@@ -27,6 +30,11 @@ const lockOf = (name) => {
   return locks.get(name);
 };
 const say = (line) => process.stdout.write(line + '\n');
+// A waiter's listener for its lock's channel is in place: "listening
+// CHANNEL". node-redisson adds it only once its SUBSCRIBE's answer is read,
+// and misses an unlock message that comes before: a test releases after
+// this line, not after the server counts the subscriber.
+redisson.commandExecutor.eventEmitter.on('newListener', (channel) => say(`listening ${String(channel)}`));
 const lease = (ms) => (Number(ms) > 0 ? Number(ms) : true);
 
 async function run(words) {
