@@ -5,8 +5,9 @@
 //   work goes in started().
 // - No-op subscriptions, for a store without release notices (one with
 //   them overrides subscribe() and unsubscribe()).
-// - FullStore: a store that holds every kind, tells its releases and
-//   offers every capability (Redis, memory), offered once.
+// - FullStore: a store that tells its releases and holds every kind and
+//   offers every capability (Redis, memory), or holds what its traits say
+//   and offers none (Redis in the redisson layout).
 #pragma once
 
 #include <utility>
@@ -41,15 +42,19 @@ class FullStore : public StoreBase,
                   public FairQueue,
                   public TokenBlocks {
  protected:
-  explicit FullStore(KeyRules keys)
-      : StoreBase(StoreTraits{.keys = std::move(keys), .release_events = true, .no_shared = nullptr,
-                              .no_permits = nullptr}) {
-    offer({.fence_raising = this,
-           .job_claims = this,
-           .operator_tools = this,
-           .lock_listing = this,
-           .fair_queue = this,
-           .token_blocks = this});
+  explicit FullStore(KeyRules keys) : FullStore(every_kind(std::move(keys)), true) {}
+  // A store holding what `traits` say, offering every capability or none.
+  FullStore(StoreTraits traits, bool capable) : StoreBase(std::move(traits)) {
+    if (capable)
+      offer({.fence_raising = this,
+             .job_claims = this,
+             .operator_tools = this,
+             .lock_listing = this,
+             .fair_queue = this,
+             .token_blocks = this});
+  }
+  static StoreTraits every_kind(KeyRules keys) {
+    return {.keys = std::move(keys), .release_events = true, .no_shared = nullptr, .no_permits = nullptr};
   }
 };
 

@@ -53,13 +53,6 @@ inline std::string holders(std::string_view lock_name) { return std::string(lock
 inline std::string writer_mark(std::string_view lock_name) { return std::string(lock_name).append(":writer"); }
 inline std::string queue(std::string_view lock_name) { return std::string(lock_name).append(":queue"); }
 inline std::string waiting(std::string_view lock_name) { return std::string(lock_name).append(":waiting"); }
-// What the lock's key holds while held as `kind` (not exclusive): no owner
-// token (32 hex characters) can be one.
-inline std::string marker(const LockKind& kind) {
-  if (kind.mode() == LockKind::Mode::kFair) return "lockwatch:fair";
-  return kind.mode() == LockKind::Mode::kShared ? std::string("lockwatch:shared")
-                                                : "lockwatch:permits:" + std::to_string(kind.permit_count());
-}
 // The kind argument of the kind scripts: 's', or n.
 inline std::string kind_arg(const LockKind& kind) {
   return kind.mode() == LockKind::Mode::kShared ? std::string("s") : std::to_string(kind.permit_count());

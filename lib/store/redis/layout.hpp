@@ -128,11 +128,30 @@ inline KeyRules rules() {
 }  // namespace redisson_keys
 
 // What a Redis store (one node, a Cluster) is: its layout's key rules, and
-// every kind and capability (FullStore).
+// every kind and capability (FullStore); in the redisson layout exclusive
+// locks only (Redisson's read-write locks, semaphores and fair locks keep
+// other layouts, which lockwatch does not write) and none of the
+// capabilities (capabilities.hpp), which rest on lockwatch's own layout:
+// the runtime answers a call that needs one with Unsupported naming it.
 class RedisStoreBase : public FullStore {
  protected:
   RedisStoreBase(const StoreLayout& layout, std::string_view key_prefix)
-      : FullStore(layout.redisson() ? redisson_keys::rules() : redis_keys::rules(key_prefix)) {}
+      : FullStore(layout.redisson() ? redisson_traits() : every_kind(redis_keys::rules(key_prefix)),
+                  !layout.redisson()) {}
+
+ private:
+  static StoreTraits redisson_traits() {
+    constexpr std::string_view kOnly = "the redisson layout holds exclusive locks only (Redisson's RLock); ";
+    static const std::string shared = std::string(kOnly) +
+        "Redisson's RReadWriteLock keeps each reader's lease in a key of its own, renewed by a script that "
+        "rewrites them all, which lockwatch does not write: see docs/redisson.md";
+    static const std::string fair =
+        std::string(kOnly) + "Redisson's RFairLock queue is not written by lockwatch: see docs/redisson.md";
+    static const std::string permits = std::string(kOnly) +
+        "Redisson's semaphores keep another layout, which lockwatch does not write: see docs/redisson.md";
+    return {.keys = redisson_keys::rules(), .release_events = true, .no_shared = shared.c_str(),
+            .no_permits = permits.c_str(), .no_fair = fair.c_str()};
+  }
 };
 
 }  // namespace lockwatch::detail

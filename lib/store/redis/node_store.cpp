@@ -8,6 +8,7 @@
 #include <optional>
 
 #include "core/loop.hpp"
+#include "store/kind_rules.hpp"
 #include "store/redis/cluster_slot.hpp"
 #include "store/redis/keys.hpp"
 #include "store/redis/redis_error.hpp"
@@ -68,7 +69,7 @@ EvalRequest kinds_request(ScriptId id, std::span<const LockRef> locks, const std
   EvalRequest request(script(id), 2 * at.size(), 5 * at.size() + (head.empty() ? 0 : 1), bytes);
   for (std::size_t i : at) request.arg(locks[i].name).arg(redis_keys::holders(locks[i].name));
   if (!head.empty()) request.arg(head);
-  for (std::size_t i : at) request.arg(locks[i].token).arg(second(locks[i])).arg(redis_keys::marker(locks[i].kind));
+  for (std::size_t i : at) request.arg(locks[i].token).arg(second(locks[i])).arg(kinds::marker(locks[i].kind));
   return request;
 }
 

@@ -30,7 +30,7 @@
 // serves the lock's slot; a subscription the node gives up (its slot moved)
 // is reported through the dropped hook for the cluster to place elsewhere.
 //
-// In the redisson layout (layout.hpp, redisson_store.hpp) the acquire, renew
+// In the redisson layout (layout.hpp) the acquire, renew
 // and release calls run the kRedisson scripts instead, with the same
 // batching, and notices are Redisson's channel and message.
 //

@@ -10,7 +10,6 @@
 #include "store/redis/keys.hpp"
 #include "store/redis/layout.hpp"
 #include "store/redis/node_store.hpp"
-#include "store/redis/redisson_store.hpp"
 #include "store/redis/sentinel.hpp"
 #include "store/redis/topology.hpp"
 
@@ -48,12 +47,6 @@ void check_redis(const std::string& url, const Options& options) {
   check_redis_settings(url, options);
 }
 
-// `store` as the runtime gets it in `layout`.
-std::unique_ptr<LockStore> in_layout(std::unique_ptr<LockStore> store, const StoreLayout& layout) {
-  if (!layout.redisson()) return store;
-  return std::make_unique<RedissonStore>(std::move(store));
-}
-
 StoreLayout store_layout(const RedisUrl& split) {
   return split.layout == RedisLayout::kRedisson ? StoreLayout::make_redisson() : StoreLayout{};
 }
@@ -73,7 +66,7 @@ std::unique_ptr<LockStore> make_redis(Loop& loop, const std::string& url, const 
     if (sentinel)
       node->follow_sentinels(
           std::make_unique<SentinelWatcher>(loop, topology, settings, split.sentinel_user, split.sentinel_password));
-    return in_layout(std::move(node), layout);
+    return node;
   }
   std::vector<std::unique_ptr<LockStore>> nodes;
   std::vector<std::string> names;
@@ -96,9 +89,8 @@ void check_cluster(const std::string& url, const Options& options) {
 std::unique_ptr<LockStore> make_cluster(Loop& loop, const std::string& url, const Options& options) {
   const RedisUrl split = split_redis_url(url);
   const StoreLayout layout = store_layout(split);
-  return in_layout(std::make_unique<ClusterStore>(loop, ClusterSeeds::parse(split.url), StoreSettings::of(options),
-                                                  layout, split.replicas),
-                   layout);
+  return std::make_unique<ClusterStore>(loop, ClusterSeeds::parse(split.url), StoreSettings::of(options), layout,
+                                        split.replicas);
 }
 
 }  // namespace
