@@ -19,6 +19,10 @@ std::string shown_endpoint(const std::string& endpoint) {
 
 }  // namespace
 
+std::string StoreCategory::refusal(std::string_view endpoint, int code, std::string_view message) const {
+  return fmt::format(fmt::runtime(refusal_), endpoint, code, meaning_(code), message);
+}
+
 // The wording of the public errors' what() (core/errors.cpp), which tests
 // and users' logs have always read; store_errors_test checks they agree.
 std::string StoreError::describe() const {

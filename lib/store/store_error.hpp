@@ -18,13 +18,25 @@
 
 namespace lockwatch::detail {
 
-// A backend's error category: name() is "lockwatch.<backend>" (describe()
-// finds it by that name); message() says what a code means; refusal() words
-// a refused request the way that backend's errors read ("<endpoint>
-// answered error 1406: ...").
-class StoreCategory : public std::error_category {
+// A backend's error category, as data: name() is "lockwatch.<backend>"
+// (describe() finds it by that name); message() says what a code means
+// (`meaning`); refusal() words a refused request the way that backend's
+// errors read, by the fmt pattern `refusal` of {0} the endpoint, {1} the
+// code, {2} its meaning and {3} the server's text ("{0} answered error
+// {1}: {3}": "<endpoint> answered error 1406: ...").
+class StoreCategory final : public std::error_category {
  public:
-  virtual std::string refusal(std::string_view endpoint, int code, std::string_view message) const = 0;
+  using Meaning = std::string (*)(int code);
+  constexpr StoreCategory(const char* name, Meaning meaning, const char* refusal) noexcept
+      : name_(name), meaning_(meaning), refusal_(refusal) {}
+  const char* name() const noexcept override { return name_; }
+  std::string message(int code) const override { return meaning_(code); }
+  std::string refusal(std::string_view endpoint, int code, std::string_view message) const;
+
+ private:
+  const char* name_;
+  Meaning meaning_;
+  const char* refusal_;
 };
 
 struct StoreError {

@@ -1,7 +1,5 @@
 #include "store/etcd/etcd_error.hpp"
 
-#include <fmt/format.h>
-
 #include <iterator>
 
 namespace lockwatch::detail {
@@ -9,7 +7,7 @@ namespace lockwatch::detail {
 namespace {
 
 // gRPC's status codes are 0 to 16, in this order.
-const char* grpc_code_name(grpc::StatusCode code) {
+std::string grpc_code_name(int code) {
   static constexpr const char* kNames[] = {
       "OK", "CANCELLED", "UNKNOWN", "INVALID_ARGUMENT", "DEADLINE_EXCEEDED", "NOT_FOUND",
       "ALREADY_EXISTS", "PERMISSION_DENIED", "RESOURCE_EXHAUSTED", "FAILED_PRECONDITION", "ABORTED",
@@ -18,19 +16,10 @@ const char* grpc_code_name(grpc::StatusCode code) {
   return i < std::size(kNames) ? kNames[i] : "UNKNOWN";
 }
 
-class EtcdCategory final : public StoreCategory {
- public:
-  const char* name() const noexcept override { return "lockwatch.etcd"; }
-  std::string message(int code) const override { return grpc_code_name(static_cast<grpc::StatusCode>(code)); }
-  std::string refusal(std::string_view endpoint, int code, std::string_view message) const override {
-    return fmt::format("{} answered {}: {}", endpoint, grpc_code_name(static_cast<grpc::StatusCode>(code)), message);
-  }
-};
-
 }  // namespace
 
 const StoreCategory& etcd_category() noexcept {
-  static const EtcdCategory category;
+  static const StoreCategory category("lockwatch.etcd", grpc_code_name, "{0} answered {2}: {3}");
   return category;
 }
 

@@ -24,24 +24,18 @@ std::string unpack_sqlstate(int value) {
   return value == 0 ? out : std::string();
 }
 
-class PostgresCategory final : public StoreCategory {
- public:
-  const char* name() const noexcept override { return "lockwatch.postgresql"; }
-  std::string message(int value) const override {
-    std::string sqlstate = unpack_sqlstate(value);
-    return sqlstate.empty() ? fmt::format("not a SQLSTATE ({})", value) : sqlstate;
-  }
-  std::string refusal(std::string_view endpoint, int value, std::string_view message) const override {
-    return fmt::format("{} answered error {}: {}", endpoint, unpack_sqlstate(value), message);
-  }
-};
+std::string sqlstate_text(int value) {
+  std::string sqlstate = unpack_sqlstate(value);
+  return sqlstate.empty() ? fmt::format("not a SQLSTATE ({})", value) : sqlstate;
+}
 
 bool in_class(std::string_view sqlstate, std::string_view cls) { return sqlstate.substr(0, 2) == cls; }
 
 }  // namespace
 
 const StoreCategory& postgresql_category() noexcept {
-  static const PostgresCategory category;
+  // Its codes are pg_code()'s, each a SQLSTATE.
+  static const StoreCategory category("lockwatch.postgresql", sqlstate_text, "{0} answered error {2}: {3}");
   return category;
 }
 

@@ -18,18 +18,10 @@ constexpr std::array<std::string_view, 20> kRedisReplyWords{
     "LOCKWATCH", "LOCKWATCH-KIND"};
 static_assert(kRedisReplyWords.size() == static_cast<std::size_t>(RedisReply::kOther) - 1);
 
-class RedisCategory final : public StoreCategory {
- public:
-  const char* name() const noexcept override { return "lockwatch.redis"; }
-  std::string message(int code) const override {
-    if (code >= 1 && code < static_cast<int>(RedisReply::kOther)) return std::string(kRedisReplyWords[code - 1]);
-    return "another error reply";
-  }
-  // The reply's whole line is the message, its first word included.
-  std::string refusal(std::string_view endpoint, int, std::string_view message) const override {
-    return fmt::format("redis {} answered an error: {}", endpoint, message);
-  }
-};
+std::string reply_word(int code) {
+  if (code >= 1 && code < static_cast<int>(RedisReply::kOther)) return std::string(kRedisReplyWords[code - 1]);
+  return "another error reply";
+}
 
 // The first word of a Redis error line: its code ("MOVED", "WRONGTYPE", "ERR").
 std::string_view first_word(std::string_view message) { return message.substr(0, message.find(' ')); }
@@ -74,7 +66,8 @@ bool script_acl_refusal(std::string_view text) {
 }  // namespace
 
 const StoreCategory& redis_category() noexcept {
-  static const RedisCategory category;
+  // The reply's whole line is the message, its first word included.
+  static const StoreCategory category("lockwatch.redis", reply_word, "redis {0} answered an error: {3}");
   return category;
 }
 

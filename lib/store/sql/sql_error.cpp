@@ -24,22 +24,15 @@ std::string_view mariadb_error_name(int number) {
   return {};
 }
 
-class MariaDbCategory final : public StoreCategory {
- public:
-  const char* name() const noexcept override { return "lockwatch.mariadb"; }
-  std::string message(int number) const override {
-    const std::string_view known = mariadb_error_name(number);
-    return known.empty() ? fmt::format("MariaDB error {}", number) : fmt::format("{} ({})", known, number);
-  }
-  std::string refusal(std::string_view endpoint, int number, std::string_view message) const override {
-    return fmt::format("{} answered error {}: {}", endpoint, number, message);
-  }
-};
+std::string error_text(int number) {
+  const std::string_view known = mariadb_error_name(number);
+  return known.empty() ? fmt::format("MariaDB error {}", number) : fmt::format("{} ({})", known, number);
+}
 
 }  // namespace
 
 const StoreCategory& mariadb_category() noexcept {
-  static const MariaDbCategory category;
+  static const StoreCategory category("lockwatch.mariadb", error_text, "{0} answered error {1}: {3}");
   return category;
 }
 
