@@ -340,6 +340,26 @@ bool ready_within(std::future<LockHandle>& f, std::chrono::milliseconds bound) {
   return f.wait_for(bound) == std::future_status::ready;
 }
 
+// When a lockwatch waiter's future became ready, seen by a thread of its
+// own that waits from before the release: the time the releasing side
+// takes to answer its own caller (a Node.js peer's reply on a loaded
+// machine, the test's command) does not count against the waiter's wake.
+class ReadyAt {
+ public:
+  explicit ReadyAt(std::future<LockHandle>& f)
+      : at_(std::async(std::launch::async, [&f] {
+          return ready_within(f, kBound) ? Clock::now() : Clock::time_point::max();
+        })) {}
+  // How long after `t0` it was ready (Clock::duration::max(): not within kBound).
+  Clock::duration since(Clock::time_point t0) {
+    const auto at = at_.get();
+    return at == Clock::time_point::max() ? Clock::duration::max() : at - t0;
+  }
+
+ private:
+  std::future<Clock::time_point> at_;
+};
+
 TEST_P(RedissonTest, ALockwatchLockIsRedissonsHashAndExcludesBothKindsOfPeer) {
   Runtime rt(options());
   const std::string k = key();
@@ -413,10 +433,11 @@ TEST_P(RedissonTest, ALockwatchWaiterWakesWithinFiftyMsOfRedissonsRelease) {
   auto f = waiting(rt, k);
   ASSERT_TRUE(heard_by(k, 1));
   EXPECT_FALSE(ready_within(f, 0ms));
+  ReadyAt ready(f);
   auto t0 = Clock::now();
   ASSERT_EQ(unlock(k).integer, 1);
+  EXPECT_LE(ready.since(t0), kWakeBound);
   ASSERT_TRUE(ready_within(f, kBound));
-  EXPECT_LE(Clock::now() - t0, kWakeBound);
   EXPECT_TRUE(f.get());
   if (cluster()) return;  // node-redisson PUBLISHes on a Cluster too: no sharded subscriber hears it
 
@@ -426,10 +447,11 @@ TEST_P(RedissonTest, ALockwatchWaiterWakesWithinFiftyMsOfRedissonsRelease) {
   peer.lock(k2);
   auto f2 = waiting(rt, k2);
   ASSERT_TRUE(heard_by(k2, 1));
+  ReadyAt ready2(f2);
   t0 = Clock::now();
   EXPECT_EQ(peer.unlock(k2), "");
+  EXPECT_LE(ready2.since(t0), kWakeBound);
   ASSERT_TRUE(ready_within(f2, kBound));
-  EXPECT_LE(Clock::now() - t0, kWakeBound);
 }
 
 TEST_P(RedissonTest, RedissonWaitersWakeWithinFiftyMsOfALockwatchRelease) {
@@ -475,10 +497,11 @@ TEST_P(RedissonTest, AReentrantRedissonHoldKeepsLockwatchOutUntilTheLastUnlock) 
   ASSERT_TRUE(heard_by(k, 1));
   EXPECT_EQ(unlock(k).integer, 0) << "still held once";
   EXPECT_FALSE(ready_within(f, 100ms)) << "the first unlock neither frees nor announces it";
+  ReadyAt ready(f);
   auto t0 = Clock::now();
   EXPECT_EQ(unlock(k).integer, 1);
+  EXPECT_LE(ready.since(t0), kWakeBound);
   ASSERT_TRUE(ready_within(f, kBound));
-  EXPECT_LE(Clock::now() - t0, kWakeBound);
   EXPECT_TRUE(f.get());
 
   if (cluster()) return;
@@ -492,10 +515,11 @@ TEST_P(RedissonTest, AReentrantRedissonHoldKeepsLockwatchOutUntilTheLastUnlock) 
   ASSERT_TRUE(heard_by(k2, 1));
   EXPECT_EQ(peer.unlock(k2), "");
   EXPECT_FALSE(ready_within(f2, 100ms));
+  ReadyAt ready2(f2);
   t0 = Clock::now();
   EXPECT_EQ(peer.unlock(k2), "");
+  EXPECT_LE(ready2.since(t0), kWakeBound);
   ASSERT_TRUE(ready_within(f2, kBound));
-  EXPECT_LE(Clock::now() - t0, kWakeBound);
 }
 
 TEST_P(RedissonTest, AReentrantLockwatchHoldKeepsRedissonOutUntilTheOuterRelease) {
@@ -596,6 +620,40 @@ TEST_P(RedissonTest, FencingTokensComeFromRFencedLocksCounterOnBothSides) {
   get_bounded(released2);
   EXPECT_GT(try_fenced_lock(k), static_cast<long long>(second));
   EXPECT_EQ(unlock(k).integer, 1);
+}
+
+TEST_P(RedissonTest, OtherKindsAndTheCapabilitiesAreRefusedSayingWhy) {
+  // On one node and on a Cluster alike: exclusive locks only, each other
+  // kind refused naming what Redisson keeps it in, and no capability that
+  // rests on lockwatch's own layout (the operators' tools, the listing,
+  // the scheduled jobs' claims).
+  Runtime rt(options());
+  const std::string k = key();
+  const std::pair<LockKind, const char*> kinds[] = {
+      {LockKind::shared(), "RReadWriteLock"}, {LockKind::permits(2), "semaphores"}, {LockKind::fair(), "RFairLock"}};
+  for (const auto& [kind, names] : kinds) {
+    auto refused = thrown<Unsupported>([&] { (void)rt.acquire({.key = k, .ttl = 5s, .kind = kind}); });
+    ASSERT_TRUE(refused) << kind.describe();
+    const std::string what = refused->what();
+    EXPECT_NE(what.find("the redisson layout holds exclusive locks only"), std::string::npos) << what;
+    EXPECT_NE(what.find(names), std::string::npos) << what;
+  }
+  EXPECT_TRUE(thrown<Unsupported>([&] {
+    auto f = rt.inspect(k);
+    get_bounded(f);
+  }));
+  EXPECT_TRUE(thrown<Unsupported>([&] {
+    auto f = rt.force_release(k);
+    get_bounded(f);
+  }));
+  EXPECT_TRUE(thrown<Unsupported>([&] {
+    auto f = rt.list("");
+    get_bounded(f);
+  }));
+  // Exclusive locks it holds.
+  auto held = rt.acquire(k, 5s);
+  LockHandle h = get_bounded(held);
+  EXPECT_EQ(command(k, {"TYPE", k}).str, "hash");
 }
 
 TEST_P(RedissonTest, ARetriedReleaseAnswersAsTheFirst) {
