@@ -141,16 +141,15 @@ class RedisStoreBase : public FullStore {
 
  private:
   static StoreTraits redisson_traits() {
-    constexpr std::string_view kOnly = "the redisson layout holds exclusive locks only (Redisson's RLock); ";
-    static const std::string shared = std::string(kOnly) +
-        "Redisson's RReadWriteLock keeps each reader's lease in a key of its own, renewed by a script that "
-        "rewrites them all, which lockwatch does not write: see docs/redisson.md";
-    static const std::string fair =
-        std::string(kOnly) + "Redisson's RFairLock queue is not written by lockwatch: see docs/redisson.md";
-    static const std::string permits = std::string(kOnly) +
-        "Redisson's semaphores keep another layout, which lockwatch does not write: see docs/redisson.md";
-    return {.keys = redisson_keys::rules(), .release_events = true, .no_shared = shared.c_str(),
-            .no_permits = permits.c_str(), .no_fair = fair.c_str()};
+    return {.keys = redisson_keys::rules(),
+            .release_events = true,
+            .no_shared = "the redisson layout holds exclusive locks only (Redisson's RLock); Redisson's "
+                         "RReadWriteLock keeps each reader's lease in a key of its own, renewed by a script that "
+                         "rewrites them all, which lockwatch does not write: see docs/redisson.md",
+            .no_permits = "the redisson layout holds exclusive locks only (Redisson's RLock); Redisson's semaphores "
+                          "keep another layout, which lockwatch does not write: see docs/redisson.md",
+            .no_fair = "the redisson layout holds exclusive locks only (Redisson's RLock); Redisson's RFairLock "
+                       "queue is not written by lockwatch: see docs/redisson.md"};
   }
 };
 
