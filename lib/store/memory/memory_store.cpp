@@ -12,8 +12,6 @@
 
 namespace lockwatch::detail {
 
-using std::chrono::milliseconds;
-
 std::string MemoryStore::space_name(const std::string& url) {
   if (url.compare(0, kScheme.size(), kScheme) != 0)
     throw InvalidArgument(fmt::format("malformed URL '{}': expected memory://[name]", url));
@@ -54,34 +52,24 @@ void MemoryStore::submit(std::function<std::function<void()>(MemorySpace::State&
   req->sent = Clock::now();
   req->fail = std::move(fail);
   held_.push_back(std::move(req));
-  arm_timeout();
+  timer_.start();  // once, on the loop thread
+  timer_.watch();
 }
 
-void MemoryStore::arm_timeout() {
-  if (closed_) return;
-  if (!started_) {
-    uv_timer_init(loop_.uv(), &timer_);
-    timer_.data = this;
-    started_ = true;
-  }
-  if (uv_is_active(reinterpret_cast<uv_handle_t*>(&timer_)) || held_.empty()) return;
-  auto due = held_.front()->sent + command_timeout_ - Clock::now();
-  auto ms = std::max<long long>(1, std::chrono::ceil<milliseconds>(due).count());
-  uv_timer_start(&timer_, &MemoryStore::on_timeout, static_cast<std::uint64_t>(ms), 0);
+RequestTimer::Clock::time_point MemoryStore::unanswered_since() const {
+  for (const auto& r : held_)
+    if (!r->done) return r->sent;
+  return RequestTimer::kNone;
 }
 
-void MemoryStore::on_timeout(uv_timer_t* timer) {
-  auto* self = static_cast<MemoryStore*>(timer->data);
-  auto now = Clock::now();
+void MemoryStore::overdue() {
+  const auto now = Clock::now();
   std::vector<std::shared_ptr<Request>> expired;
-  while (!self->held_.empty()) {
-    auto& front = self->held_.front();
-    if (!front->done && now - front->sent < self->command_timeout_) break;
-    if (!front->done) expired.push_back(front);
-    self->held_.pop_front();
+  while (!held_.empty() && (held_.front()->done || now - held_.front()->sent >= command_timeout_)) {
+    if (!held_.front()->done) expired.push_back(held_.front());
+    held_.pop_front();
   }
   // The failures may send new requests: the queue is consistent first.
-  self->arm_timeout();
   for (auto& r : expired) {
     r->done = true;
     r->fail();
@@ -247,7 +235,7 @@ void MemoryStore::close() {
     if (!loop_.post([fail = r->fail] { fail(); })) r->fail();  // the loop refuses posts only after close()
   }
   held_.clear();
-  if (started_) uv_close(reinterpret_cast<uv_handle_t*>(&timer_), nullptr);
+  timer_.close();
 }
 
 }  // namespace lockwatch::detail

@@ -10,15 +10,14 @@
 // release a copy of the names and tokens (a paused space keeps them).
 #pragma once
 
-#include <uv.h>
-
+#include "core/reconnector.hpp"
 #include "lockwatch/options.hpp"
 #include "store/store_base.hpp"
 #include "store/memory/memory_space.hpp"
 
 namespace lockwatch::detail {
 
-class MemoryStore final : public FullStore {
+class MemoryStore final : public FullStore, private RequestTimer::Requests {
  public:
   static constexpr std::string_view kScheme = "memory://";
 
@@ -75,19 +74,19 @@ class MemoryStore final : public FullStore {
   template <class Done, class Step>
   void single(Done done, Step step);
   StoreError no_answer() const;
-  void arm_timeout();
-  static void on_timeout(uv_timer_t* timer);
+  // The timer's side: the oldest request held, and those past the timeout failed.
+  RequestTimer::Clock::time_point unanswered_since() const override;
+  void overdue() override;
 
   Loop& loop_;
   const std::shared_ptr<MemorySpace> space_;
   const std::shared_ptr<MemoryLink> link_;
   const std::chrono::milliseconds command_timeout_;
   const std::string owner_name_;  // recorded with each grant (Options::runtime.owner_name)
-  bool started_ = false;  // loop thread: timer_ initialised
-  bool closed_ = false;   // loop thread
+  bool closed_ = false;  // loop thread
   std::set<std::string, std::less<>> subscribed_;  // loop thread
   std::deque<std::shared_ptr<Request>> held_;      // loop thread, oldest first
-  uv_timer_t timer_{};                              // the held requests' command timeout
+  RequestTimer timer_{loop_, command_timeout_, *this};  // the held requests' command timeout
 };
 
 }  // namespace lockwatch::detail
