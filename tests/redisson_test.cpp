@@ -624,9 +624,9 @@ TEST_P(RedissonTest, FencingTokensComeFromRFencedLocksCounterOnBothSides) {
 
 TEST_P(RedissonTest, OtherKindsAndTheCapabilitiesAreRefusedSayingWhy) {
   // On one node and on a Cluster alike: exclusive locks only, each other
-  // kind refused naming what Redisson keeps it in, and no capability that
-  // rests on lockwatch's own layout (the operators' tools, the listing,
-  // the scheduled jobs' claims).
+  // kind refused naming what Redisson keeps it in, and none of the
+  // capabilities that rest on lockwatch's own layout (here the operators'
+  // inspect and force-release, and the listing).
   Runtime rt(options());
   const std::string k = key();
   const std::pair<LockKind, const char*> kinds[] = {
