@@ -48,7 +48,7 @@ struct RedisConnection::Link {
   bool tcp_closed = false;  // the handle's close callback ran
   bool connected = false;   // writes may go out
   bool dead = false;
-  bool got_bytes = false;   // the server sent something
+  bool got_bytes = false;   // the server sent something (with TLS: decrypted)
   SSL* ssl = nullptr;       // TLS: the session, over memory BIOs
   bool tls_ready = false;   // its handshake is done
   std::string out;          // RESP queued for the next flush (plaintext)
@@ -135,13 +135,10 @@ constexpr std::size_t kWholeWrite = 32 * 1024;
 
 // Pushes reach on_message (pubsub mode); anything else answers a request.
 bool is_push(const redisReply* r) {
-  if (r->type != REDIS_REPLY_ARRAY || r->elements < 2 || !is_string(r->element[0])) return false;
-  const std::string_view kind = text_of(r->element[0]);
-  for (std::string_view k : {"message", "subscribe", "unsubscribe", "smessage", "ssubscribe", "sunsubscribe",
-                             "pmessage", "psubscribe", "punsubscribe"}) {
-    if (kind == k) return true;
-  }
-  return false;
+  static constexpr std::string_view kKinds[] = {"message",      "subscribe", "unsubscribe", "smessage",    "ssubscribe",
+                                                "sunsubscribe", "pmessage",  "psubscribe",  "punsubscribe"};
+  return r->type == REDIS_REPLY_ARRAY && r->elements >= 2 && is_string(r->element[0]) &&
+         std::find(std::begin(kKinds), std::end(kKinds), text_of(r->element[0])) != std::end(kKinds);
 }
 
 struct ReplyFree {
@@ -305,7 +302,6 @@ void RedisConnection::link_up(Link* link) {
           l->conn->link_failed(nread == UV_EOF ? closed : l->conn->failure_reason(l, lost));
           return;
         }
-        l->got_bytes = true;
         l->conn->received_raw(l, l->in, static_cast<std::size_t>(nread));
       });
   if (rc < 0) {
@@ -356,7 +352,15 @@ void RedisConnection::tls_send_pending(Link* link) {
   char* data = nullptr;
   const long n = BIO_get_mem_data(wbio, &data);
   if (n <= 0) return;
-  write_bytes(link, data, static_cast<std::size_t>(n));
+  // Usually the socket takes it all at once and nothing is copied.
+  uv_buf_t buf = uv_buf_init(data, static_cast<unsigned>(n));
+  const int done = uv_try_write(reinterpret_cast<uv_stream_t*>(&link->tcp), &buf, 1);
+  if (done < 0 && done != UV_EAGAIN) {
+    link_failed(failure_reason(link, std::string("write failed: ") + uv_strerror(done)));
+  } else if (done < n) {
+    const long from = done < 0 ? 0 : done;
+    queue_write(link, std::string(data + from, static_cast<std::size_t>(n - from)), false);
+  }
   (void)BIO_reset(wbio);
 }
 
@@ -690,22 +694,9 @@ void RedisConnection::queue_write(Link* link, std::string data, bool lane, std::
   ++link->writes_queued;
 }
 
-void RedisConnection::write_bytes(Link* link, const char* data, std::size_t n) {
-  auto* stream = reinterpret_cast<uv_stream_t*>(&link->tcp);
-  // Usually the socket takes it all at once and nothing is copied.
-  uv_buf_t buf = uv_buf_init(const_cast<char*>(data), static_cast<unsigned>(n));
-  int done = uv_try_write(stream, &buf, 1);
-  if (done >= 0 && static_cast<std::size_t>(done) == n) return;
-  if (done < 0 && done != UV_EAGAIN) {
-    link_failed(failure_reason(link, std::string("write failed: ") + uv_strerror(done)));
-    return;
-  }
-  const std::size_t from = done < 0 ? 0 : static_cast<std::size_t>(done);
-  queue_write(link, std::string(data + from, n - from), false);
-}
-
 void RedisConnection::received(Link* link, const char* data, std::size_t n) {
   loop_.note_event();
+  link->got_bytes = true;
   // When this read's replies came: one clock read for all of them.
   read_at_ = std::chrono::steady_clock::now();
   if (redisReaderFeed(link->reader, data, n) != REDIS_OK) {
@@ -771,11 +762,8 @@ void RedisConnection::on_request_reply(Queued q, const redisReply* r) {
         // header and the key count onwards stay.
         const RespText& text = q.whole ? *q.whole : q.resp;
         const std::string_view was(text.data(), text.size());
-        const std::size_t header_end = was.find("\r\n") + 2;
-        std::string eval(was.substr(0, header_end));
-        eval.append("$4\r\nEVAL\r\n$").append(std::to_string(q.script->source.size())).append("\r\n");
-        eval.append(q.script->source).append("\r\n");
-        eval.append(was.substr(q.body_at));
+        const std::string eval = fmt::format("{}$4\r\nEVAL\r\n${}\r\n{}\r\n{}", was.substr(0, was.find("\r\n") + 2),
+                                             q.script->source.size(), q.script->source, was.substr(q.body_at));
         q.resp.assign(eval.begin(), eval.end());
         q.whole.reset();
         q.body_at = 0;
@@ -996,9 +984,9 @@ RequestTimer::Clock::time_point RedisConnection::unanswered_since() const {
     return RequestTimer::kNone;
   }
   // Replies come in order: one still coming for an earlier request is a
-  // server at work, however long the queue behind it.
-  const auto sent = pending_.front().sent_at;
-  return sent == kUnwritten ? RequestTimer::kUnwritten : std::max(sent, answered_at_);
+  // server at work, however long the queue behind it. An unwritten one is
+  // kUnwritten, later than any answer.
+  return std::max(pending_.front().sent_at, answered_at_);
 }
 
 void RedisConnection::overdue() {
@@ -1027,7 +1015,6 @@ void RedisConnection::poll_replies() {
   while (!link->dead) {
     ssize_t n = ::recv(fd, link->in, sizeof link->in, MSG_DONTWAIT);
     if (n <= 0) return;
-    link->got_bytes = true;
     received_raw(link, link->in, static_cast<std::size_t>(n));
     if (static_cast<std::size_t>(n) < sizeof link->in) return;
   }

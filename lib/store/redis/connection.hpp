@@ -70,23 +70,16 @@ using ReplyCallback = std::function<void(const redisReply* reply, const StoreErr
 // A script call's RESP. Its growth leaves the new room unwritten (the call
 // then writes every byte of it), where a string's growth zeroes it: a
 // batch of 512 renewals made anew each tick paid for that pass.
+// Its rebinding (UnzeroedAllocator<U>) and a construction with arguments
+// (std::construct_at) are std::allocator_traits' defaults.
 template <class T>
 struct UnzeroedAllocator : std::allocator<T> {
-  using value_type = T;
   UnzeroedAllocator() = default;
   template <class U>
   UnzeroedAllocator(const UnzeroedAllocator<U>&) noexcept {}
   template <class U>
-  struct rebind {
-    using other = UnzeroedAllocator<U>;
-  };
-  template <class U>
   void construct(U* p) noexcept {
     ::new (static_cast<void*>(p)) U;
-  }
-  template <class U, class... A>
-  void construct(U* p, A&&... args) {
-    ::new (static_cast<void*>(p)) U(std::forward<A>(args)...);
   }
 };
 using RespText = std::vector<char, UnzeroedAllocator<char>>;
@@ -272,7 +265,7 @@ class RedisConnection : private Reconnector::Attempts, private RequestTimer::Req
     Queued q;
     bool awaited = true;  // counted in awaited_ (not made in a Loop::Background)
   };
-  static constexpr auto kUnwritten = std::chrono::steady_clock::time_point::max();
+  static constexpr auto kUnwritten = RequestTimer::kUnwritten;  // the latest time point
   void push_pending(Pending p);
 
   // Reconnector::Attempts: one attempt (the reconnector counts its
@@ -303,12 +296,11 @@ class RedisConnection : private Reconnector::Attempts, private RequestTimer::Req
   // flush()'s parts: what it wrote (`used` bytes of out) is pending from
   // now on; the rest of a write the socket did not take, `data` with
   // `wholes` in their places from byte `from` on, handed to libuv (`lane`:
-  // the lane waits for it, counted in writes_in_flight_; write_bytes()
+  // the lane waits for it, counted in writes_in_flight_; tls_send_pending()
   // uses it too).
   void written(Link* link, std::size_t used);
   void queue_write(Link* link, std::string data, bool lane = true, std::size_t from = 0,
                    std::vector<LargeCall> wholes = {});
-  void write_bytes(Link* link, const char* data, std::size_t n);
   void start_tcp(Link* link, const struct sockaddr* addr);
   void link_up(Link* link);
   void link_ready(Link* link);
