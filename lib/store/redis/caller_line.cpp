@@ -33,8 +33,14 @@ void CallerLine::close(bool failed) {
   if (failed) closed_until_ += backoff_.next();
 }
 
-bool CallerLine::handshake(int argc, const char** argv, const std::size_t* lens) {
-  auto* r = static_cast<redisReply*>(redisCommandArgv(ctx_, argc, argv, lens));
+bool CallerLine::handshake(std::initializer_list<std::string_view> args) {
+  std::vector<const char*> argv;
+  std::vector<std::size_t> lens;
+  for (std::string_view a : args) {
+    argv.push_back(a.data());
+    lens.push_back(a.size());
+  }
+  auto* r = static_cast<redisReply*>(redisCommandArgv(ctx_, static_cast<int>(args.size()), argv.data(), lens.data()));
   const bool ok = r != nullptr && r->type != REDIS_REPLY_ERROR;
   if (r != nullptr) freeReplyObject(r);
   return ok;
@@ -57,21 +63,11 @@ bool CallerLine::open() {
   bool ok = true;
   // As the loop's connections: AUTH with an empty password logs in an ACL
   // user that has nopass.
-  if (!endpoint_.user.empty()) {
-    const char* argv[] = {"AUTH", endpoint_.user.c_str(), endpoint_.password.c_str()};
-    const std::size_t lens[] = {4, endpoint_.user.size(), endpoint_.password.size()};
-    ok = handshake(3, argv, lens);
-  } else if (!endpoint_.password.empty()) {
-    const char* argv[] = {"AUTH", endpoint_.password.c_str()};
-    const std::size_t lens[] = {4, endpoint_.password.size()};
-    ok = handshake(2, argv, lens);
-  }
-  if (ok && endpoint_.db != 0) {
-    const std::string db = std::to_string(endpoint_.db);
-    const char* argv[] = {"SELECT", db.c_str()};
-    const std::size_t lens[] = {6, db.size()};
-    ok = handshake(2, argv, lens);
-  }
+  if (!endpoint_.user.empty())
+    ok = handshake({"AUTH", endpoint_.user, endpoint_.password});
+  else if (!endpoint_.password.empty())
+    ok = handshake({"AUTH", endpoint_.password});
+  if (ok && endpoint_.db != 0) ok = handshake({"SELECT", std::to_string(endpoint_.db)});
   if (!ok) {
     close(true);
     return false;

@@ -19,6 +19,7 @@
 #include <chrono>
 #include <cstdint>
 #include <functional>
+#include <initializer_list>
 #include <mutex>
 #include <string>
 #include <string_view>
@@ -60,7 +61,7 @@ class CallerLine {
   // answer) it is not tried again for the back-off's next delay.
   void close(bool failed);
   bool write_all();  // under mu_: the output buffer written whole
-  bool handshake(int argc, const char** argv, const std::size_t* lens);  // under mu_: a command answered without error
+  bool handshake(std::initializer_list<std::string_view> args);  // under mu_: a command answered without error
 
   const Endpoint endpoint_;
   const ConnectionOptions options_;

@@ -74,10 +74,7 @@ std::uint16_t key_slot(std::string_view key) noexcept {
 
 std::string_view slot_tag(std::uint16_t slot) noexcept {
   static const TagTable tags = make_tags();
-  const auto& t = tags[slot & (kClusterSlots - 1)];
-  std::size_t len = 0;
-  while (len < t.size() && t[len] != '\0') ++len;
-  return std::string_view(t.data(), len);
+  return std::string_view(tags[slot & (kClusterSlots - 1)].data());  // NUL-terminated: at most three characters
 }
 
 std::vector<SlotGroup> group_by_slot(std::span<const std::uint16_t> slots) {

@@ -31,26 +31,24 @@ std::string_view after_code(std::string_view message, std::string_view code) {
   return message.substr(std::min(message.size(), code.size() + 1));
 }
 
+// `digits`, all of it, as a number from `lo` to `hi`; -1 when it is not one.
+int whole_number(std::string_view digits, int lo, int hi) {
+  int n = 0;
+  const auto [end, ec] = std::from_chars(digits.data(), digits.data() + digits.size(), n);
+  return ec == std::errc() && end == digits.data() + digits.size() && n >= lo && n <= hi ? n : -1;
+}
+
 // "<slot> <host>:<port>" after MOVED or ASK; nullopt when it is not that.
 std::optional<ClusterRedirect> parse_redirect(std::string_view rest) {
-  auto space = rest.find(' ');
-  if (space == std::string_view::npos || space == 0) return std::nullopt;
-  unsigned slot = 0;
-  auto [end, ec] = std::from_chars(rest.data(), rest.data() + space, slot);
-  if (ec != std::errc() || end != rest.data() + space || slot >= 16384) return std::nullopt;
-  std::string_view hp = rest.substr(space + 1);
-  auto colon = hp.rfind(':');
-  if (colon == std::string_view::npos || colon == 0 || colon + 1 == hp.size()) return std::nullopt;
-  int port = 0;
-  const std::string_view digits = hp.substr(colon + 1);
-  if (digits.find_first_not_of("0123456789") != std::string_view::npos) return std::nullopt;
-  auto [last, bad] = std::from_chars(digits.data(), digits.data() + digits.size(), port);
-  if (bad != std::errc() || port == 0 || port > 65535) return std::nullopt;
-  ClusterRedirect to;
-  to.slot = static_cast<std::uint16_t>(slot);
-  to.host = std::string(hp.substr(0, colon));
-  to.port = port;
-  return to;
+  const auto space = rest.find(' ');
+  if (space == std::string_view::npos) return std::nullopt;
+  const std::string_view hp = rest.substr(space + 1);
+  const auto colon = hp.rfind(':');
+  if (colon == std::string_view::npos || colon == 0) return std::nullopt;
+  const int slot = whole_number(rest.substr(0, space), 0, 16383);
+  const int port = whole_number(hp.substr(colon + 1), 1, 65535);
+  if (slot < 0 || port < 0) return std::nullopt;
+  return ClusterRedirect{false, static_cast<std::uint16_t>(slot), std::string(hp.substr(0, colon)), port};
 }
 
 // A command a script called, refused by the user's ACL: Redis answers ERR

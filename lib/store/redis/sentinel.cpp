@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <charconv>
+#include <ranges>
 
 namespace lockwatch::detail {
 
@@ -24,10 +25,7 @@ SentinelWatcher::SentinelWatcher(Loop& loop, const Topology& topology, const Sto
       if (kind != "message" || channel != "+switch-master") return;
       // "<name> <old-ip> <old-port> <new-ip> <new-port>"
       std::vector<std::string_view> parts;
-      for (std::size_t start = 0, sp = 0; sp != std::string_view::npos; start = sp + 1) {
-        sp = payload.find(' ', start);
-        parts.push_back(payload.substr(start, sp - start));  // to the end when there is no space
-      }
+      for (const auto part : std::views::split(payload, ' ')) parts.emplace_back(part.begin(), part.end());
       if (parts.size() != 5 || parts[0] != master_name_) return;
       int port = 0;
       std::from_chars(parts[4].data(), parts[4].data() + parts[4].size(), port);
