@@ -4,6 +4,8 @@
 #include <sys/socket.h>
 #include <sys/time.h>
 
+#include <memory>
+
 #include "redis_error.hpp"
 #include "scripts.hpp"
 
@@ -107,10 +109,7 @@ CallerLine::Outcome CallerLine::call(const EvalRequest& request, const Done& don
     return Outcome::kUnknown;
   }
   lk.unlock();
-  struct Free {
-    redisReply* r;
-    ~Free() { freeReplyObject(r); }
-  } free_reply{r};
+  const std::unique_ptr<redisReply, decltype([](redisReply* p) { freeReplyObject(p); })> free_reply(r);
   if (r->type == REDIS_REPLY_ERROR) {
     const std::string_view text(r->str, r->len);
     // The script did not run: the loop's connection loads it again.

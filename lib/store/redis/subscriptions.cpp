@@ -40,9 +40,8 @@ bool Subscriptions::handled(std::string_view kind, std::string_view channel) {
   }
   if (answer || wanted == channels_.end()) return false;
   // Unsolicited: the node lost the channel's slot.
-  const std::string ch = *wanted;
   channels_.erase(wanted);
-  if (on_dropped_) guarded(kToStore, [&] { on_dropped_(ch, nullptr); });
+  if (on_dropped_) guarded(kToStore, [&] { on_dropped_(channel, nullptr); });
   return true;
 }
 
@@ -58,10 +57,7 @@ void Subscriptions::error(const StoreError& why) {
   if (sent_.empty()) return;
   Sent sent = std::move(sent_.front());
   sent_.pop_front();
-  if (!sent.subscribe) return;
-  auto wanted = channels_.find(sent.channel);
-  if (wanted == channels_.end()) return;
-  channels_.erase(wanted);
+  if (!sent.subscribe || channels_.erase(sent.channel) == 0) return;
   if (on_dropped_) guarded(kToStore, [&] { on_dropped_(sent.channel, &why); });
 }
 

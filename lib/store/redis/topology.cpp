@@ -33,15 +33,12 @@ Topology Topology::parse(const std::string& url) {
   auto slash = rest.find('/');
   if (slash == std::string::npos || slash + 1 >= rest.size())
     throw_bad_url(url, "expected redis-sentinel://host:port[,host:port...]/master-name");
-  std::string hosts = rest.substr(0, slash);
-  std::string tail = rest.substr(slash + 1);
-  std::string db;
-  if (auto s2 = tail.find('/'); s2 != std::string::npos) {
-    db = tail.substr(s2);
-    tail = tail.substr(0, s2);
-  }
-  if (tail.empty()) throw_bad_url(url, "no master name");
-  t.master_name = tail;
+  const std::string hosts = rest.substr(0, slash);
+  const std::string tail = rest.substr(slash + 1);
+  const auto s2 = tail.find('/');
+  t.master_name = tail.substr(0, s2);
+  if (t.master_name.empty()) throw_bad_url(url, "no master name");
+  const std::string db = s2 == std::string::npos ? std::string() : tail.substr(s2);
   for (std::size_t start = 0, comma = 0; comma != std::string::npos; start = comma + 1) {
     comma = hosts.find(',', start);
     t.sentinels.push_back(Endpoint::parse(scheme + hosts.substr(start, comma - start)));  // the last to the end
