@@ -906,8 +906,7 @@ void RedisConnection::drop_link(const std::string& why) {
     lane_rest_.clear();
     lane_watched_ = false;
     note_lane();
-    pending = std::move(pending_);
-    pending_.clear();
+    pending = std::exchange(pending_, {});
     unwritten_ = 0;
   }
   link->dead = true;
@@ -939,7 +938,6 @@ void RedisConnection::link_failed(const std::string& why) {
 }
 
 void RedisConnection::went_down(const std::string& why) {
-  handshake_pending_ = 0;
   if (closed()) return;
   request_timer_.stop();
   if (hooks_.on_down) guarded(kReplyCallback, [&] { hooks_.on_down(); });

@@ -1,7 +1,5 @@
 #include "store/redis/redis_error.hpp"
 
-#include <fmt/format.h>
-
 #include <algorithm>
 #include <array>
 #include <charconv>
