@@ -34,18 +34,17 @@ TagTable make_tags() {
   char s[3];
   // Shortest first; within a length, in alphabet order, first character
   // most significant. The first string to land in a slot names it.
-  for (std::size_t len = 1; len <= 3 && found < kClusterSlots; ++len) {
-    std::size_t idx[3] = {0, 0, 0};
-    for (;;) {
-      for (std::size_t i = 0; i < len; ++i) s[i] = kTagAlphabet[idx[i]];
+  // The strings of one length, in that order, are the numbers below `count`
+  // written in base kBase.
+  constexpr std::size_t kBase = kTagAlphabet.size();
+  for (std::size_t len = 1, count = kBase; len <= 3 && found < kClusterSlots; ++len, count *= kBase) {
+    for (std::size_t n = 0; n < count; ++n) {
+      for (std::size_t i = len, rest = n; i-- > 0; rest /= kBase) s[i] = kTagAlphabet[rest % kBase];
       const std::uint16_t slot = key_slot(std::string_view(s, len));
       if (tags[slot][0] == '\0') {
         for (std::size_t i = 0; i < len; ++i) tags[slot][i] = s[i];
         ++found;
       }
-      std::size_t pos = len;
-      while (pos > 0 && ++idx[pos - 1] == kTagAlphabet.size()) idx[--pos] = 0;
-      if (pos == 0) break;
     }
   }
   return tags;

@@ -93,7 +93,6 @@ struct WriteReq {
   void* link;  // RedisConnection::Link
   std::string data;
   std::vector<LargeCall> wholes;  // the large calls among data's bytes
-  bool lane;  // counted in the connection's writes_in_flight_
 };
 
 // The pieces of `out` with `wholes` between its bytes, in order, less the
@@ -167,8 +166,6 @@ RedisConnection::RedisConnection(Loop& loop, Endpoint endpoint, const StoreSetti
     }
   }
 }
-
-RedisConnection::~RedisConnection() = default;
 
 void RedisConnection::start() {
   uv_prepare_init(loop_.uv(), &flush_);
@@ -359,7 +356,7 @@ void RedisConnection::tls_send_pending(Link* link) {
     link_failed(failure_reason(link, std::string("write failed: ") + uv_strerror(done)));
   } else if (done < n) {
     const long from = done < 0 ? 0 : done;
-    queue_write(link, std::string(data + from, static_cast<std::size_t>(n - from)), false);
+    queue_write(link, std::string(data + from, static_cast<std::size_t>(n - from)));
   }
   (void)BIO_reset(wbio);
 }
@@ -626,7 +623,7 @@ void RedisConnection::flush() {
   written(link, used);
   note_lane();
   lk.unlock();
-  if (done < total) queue_write(link, std::move(rest), true, done, std::move(wholes));
+  if (done < total) queue_write(link, std::move(rest), done, std::move(wholes));
 }
 
 void RedisConnection::written(Link* link, std::size_t used) {
@@ -650,21 +647,18 @@ void RedisConnection::written(Link* link, std::size_t used) {
   }
 }
 
-void RedisConnection::queue_write(Link* link, std::string data, bool lane, std::size_t from,
-                                  std::vector<LargeCall> wholes) {
+void RedisConnection::queue_write(Link* link, std::string data, std::size_t from, std::vector<LargeCall> wholes) {
   auto* w = new WriteReq;
   w->data = std::move(data);
   w->wholes = std::move(wholes);
   w->req.data = w;
   w->link = link;
-  w->lane = lane;
   // libuv keeps its own copy of the list; the bytes stay in w's buffers.
   const Pieces rest = pieces(w->data, w->wholes, from);
   int rc = uv_write(&w->req, reinterpret_cast<uv_stream_t*>(&link->tcp), rest.bufs(), rest.count(),
                     [](uv_write_t* req, int status) {
     auto* wr = static_cast<WriteReq*>(req->data);
     auto* l = static_cast<Link*>(wr->link);
-    const bool counted = wr->lane;
     --l->writes_queued;
     if (!l->dead && wr->data.capacity() > l->spare.capacity()) {
       wr->data.clear();
@@ -672,7 +666,7 @@ void RedisConnection::queue_write(Link* link, std::string data, bool lane, std::
     }
     delete wr;
     if (l->dead) return;  // its count went with the link
-    if (counted) {
+    if (l->ssl == nullptr) {  // a plaintext link's writes are all flush()'s, counted for the lane
       std::lock_guard lk(l->conn->lane_mu_);
       --l->conn->writes_in_flight_;
       l->conn->note_lane();

@@ -168,7 +168,6 @@ class RedisConnection : private Reconnector::Attempts, private RequestTimer::Req
   RedisConnection(Loop& loop, Endpoint endpoint, const StoreSettings& settings, Mode mode, Hooks hooks);
   RedisConnection(Loop& loop, Endpoint endpoint, const StoreSettings& settings, Mode mode)
       : RedisConnection(loop, std::move(endpoint), settings, mode, Hooks()) {}
-  ~RedisConnection();
   RedisConnection(const RedisConnection&) = delete;
   RedisConnection& operator=(const RedisConnection&) = delete;
 
@@ -295,12 +294,11 @@ class RedisConnection : private Reconnector::Attempts, private RequestTimer::Req
   void flush();
   // flush()'s parts: what it wrote (`used` bytes of out) is pending from
   // now on; the rest of a write the socket did not take, `data` with
-  // `wholes` in their places from byte `from` on, handed to libuv (`lane`:
-  // the lane waits for it, counted in writes_in_flight_; tls_send_pending()
-  // uses it too).
+  // `wholes` in their places from byte `from` on, handed to libuv (on a
+  // plaintext link the lane waits for it, counted in writes_in_flight_;
+  // tls_send_pending() uses it too).
   void written(Link* link, std::size_t used);
-  void queue_write(Link* link, std::string data, bool lane = true, std::size_t from = 0,
-                   std::vector<LargeCall> wholes = {});
+  void queue_write(Link* link, std::string data, std::size_t from = 0, std::vector<LargeCall> wholes = {});
   void start_tcp(Link* link, const struct sockaddr* addr);
   void link_up(Link* link);
   void link_ready(Link* link);
