@@ -529,10 +529,9 @@ void RedisConnection::send(Queued q) {
     push_pending(Pending{Handshake::kNone, kUnwritten, std::move(ask)});
   }
   if (q.resp.size() >= kWholeWrite && tls_ == nullptr) {  // TLS encrypts a copy anyway
-    auto text = std::make_shared<const RespText>(std::move(q.resp));
+    q.whole = std::make_shared<const RespText>(std::move(q.resp));
     q.resp.clear();
-    q.whole = text;
-    link_->wholes.push_back(LargeCall{out.size(), std::move(text)});
+    link_->wholes.push_back(LargeCall{out.size(), q.whole});
   } else if (!q.resp.empty()) {
     out.append(q.resp.data(), q.resp.size());
   } else {

@@ -6,6 +6,7 @@
 #include <charconv>
 #include <vector>
 
+#include "core/hex.hpp"
 #include "core/token.hpp"
 #include "core/url.hpp"
 #include "lockwatch/errors.hpp"
@@ -54,8 +55,7 @@ StoreLayout StoreLayout::make_redisson() {
   const OwnerToken t = TokenGenerator().next();
   std::string hex = t.str();
   hex[12] = '4';
-  static constexpr char kVariant[] = "89ab";
-  hex[16] = kVariant[(hex[16] >= 'a' ? hex[16] - 'a' + 10 : hex[16] - '0') & 3];
+  hex[16] = "89ab"[hex_digit(hex[16]) & 3];
   StoreLayout out;
   out.kind = RedisLayout::kRedisson;
   out.client_id = hex.substr(0, 8) + "-" + hex.substr(8, 4) + "-" + hex.substr(12, 4) + "-" + hex.substr(16, 4) + "-" +
