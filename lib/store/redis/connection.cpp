@@ -179,13 +179,10 @@ void RedisConnection::start() {
 void RedisConnection::attempt() {
   auth_failed_ = false;
   select_failed_ = false;
-  if (endpoint_.port == 0) {
-    // The master's address is not known yet: wait for set_endpoint(),
-    // bounded like a connect.
-    awaiting_endpoint_ = true;
-    return;
-  }
-  awaiting_endpoint_ = false;
+  // Port 0: the master's address is not known yet. Wait for set_endpoint(),
+  // bounded like a connect.
+  awaiting_endpoint_ = endpoint_.port == 0;
+  if (awaiting_endpoint_) return;
   if (endpoint_.tls && tls_ == nullptr) {
     link_failed("TLS is not usable: " + tls_error_);
     return;
@@ -237,11 +234,7 @@ void RedisConnection::write_handshake() {
 void RedisConnection::open_link(Link* link) {
   // A numeric address connects at once; a name is looked up on libuv's
   // threads (getaddrinfo blocks), within the same connect timeout.
-  sockaddr_storage addr{};
-  if (socket_address(endpoint_.host, endpoint_.port, addr)) {
-    start_tcp(link, reinterpret_cast<const sockaddr*>(&addr));
-    return;
-  }
+  if (start_tcp(link, endpoint_.host)) return;
   int rc = resolve_host(
       loop_.uv(), endpoint_.host,
       [link](int status, std::string address) {
@@ -251,21 +244,20 @@ void RedisConnection::open_link(Link* link) {
           return;
         }
         RedisConnection* conn = link->conn;
-        sockaddr_storage resolved{};
-        if (!socket_address(address, conn->endpoint_.port, resolved)) {
+        if (!conn->start_tcp(link, address))
           conn->link_failed(fmt::format("cannot resolve {}: {}", conn->endpoint_.host,
                                         status == 0 ? "no address" : uv_strerror(status)));
-          return;
-        }
-        conn->start_tcp(link, reinterpret_cast<const sockaddr*>(&resolved));
       },
       &link->resolve_req);
   if (rc < 0) link_failed(fmt::format("cannot resolve {}: {}", endpoint_.host, uv_strerror(rc)));
 }
 
-void RedisConnection::start_tcp(Link* link, const sockaddr* addr) {
+bool RedisConnection::start_tcp(Link* link, const std::string& address) {
+  sockaddr_storage addr{};
+  if (!socket_address(address, endpoint_.port, addr)) return false;
   link->connect_req.data = link;
-  int rc = uv_tcp_connect(&link->connect_req, &link->tcp, addr, [](uv_connect_t* req, int status) {
+  const auto* to = reinterpret_cast<const sockaddr*>(&addr);
+  int rc = uv_tcp_connect(&link->connect_req, &link->tcp, to, [](uv_connect_t* req, int status) {
     auto* l = static_cast<Link*>(req->data);
     if (l->dead || status == UV_ECANCELED) return;
     if (status < 0) {
@@ -275,6 +267,7 @@ void RedisConnection::start_tcp(Link* link, const sockaddr* addr) {
     l->conn->link_up(l);
   });
   if (rc < 0) link_failed(std::string("connect failed: ") + uv_strerror(rc));
+  return true;
 }
 
 void RedisConnection::link_up(Link* link) {

@@ -299,7 +299,9 @@ class RedisConnection : private Reconnector::Attempts, private RequestTimer::Req
   // tls_send_pending() uses it too).
   void written(Link* link, std::size_t used);
   void queue_write(Link* link, std::string data, std::size_t from = 0, std::vector<LargeCall> wholes = {});
-  void start_tcp(Link* link, const struct sockaddr* addr);
+  // Connects to `address` (false, and nothing done, when it is no numeric
+  // address: a name to look up).
+  bool start_tcp(Link* link, const std::string& address);
   void link_up(Link* link);
   void link_ready(Link* link);
   // Bytes from the socket: decrypted first with TLS, then parsed.
