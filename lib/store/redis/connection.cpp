@@ -828,10 +828,9 @@ void RedisConnection::on_push(const redisReply* r) {
 
 void RedisConnection::became_usable() {
   // The lane opens on a plaintext link, in commands mode.
-  Link* link = link_;
   uv_os_fd_t fd;
-  if (lane_enabled_ && !subs_ && link != nullptr && link->ssl == nullptr &&
-      uv_fileno(reinterpret_cast<uv_handle_t*>(&link->tcp), &fd) == 0) {
+  if (lane_enabled_ && !subs_ && link_ != nullptr && link_->ssl == nullptr &&
+      uv_fileno(reinterpret_cast<uv_handle_t*>(&link_->tcp), &fd) == 0) {
     std::lock_guard lk(lane_mu_);
     lane_fd_ = fd;
     note_lane();
