@@ -493,7 +493,10 @@ RedisConnection::Queued RedisConnection::queued(EvalRequest& request, ReplyCallb
 }
 
 void RedisConnection::fail_later(ReplyCallback cb, StoreError err) {
-  auto fail = [cb = std::move(cb), err = std::move(err)] { guarded(kReplyCallback, [&] { cb(nullptr, &err); }); };
+  auto fail = [cb = std::make_shared<ReplyCallback>(std::move(cb)),
+               err = std::make_shared<const StoreError>(std::move(err))] {
+    guarded(kReplyCallback, [&] { (*cb)(nullptr, err.get()); });
+  };
   if (!loop_.post(fail)) fail();
 }
 
