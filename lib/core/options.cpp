@@ -4,7 +4,6 @@
 
 #include <cctype>
 #include <cerrno>
-#include <charconv>
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
@@ -14,6 +13,7 @@
 #include "core/option_checks.hpp"
 #include "core/tls.hpp"
 #include "core/url.hpp"
+#include "core/whole_number.hpp"
 #include "lockwatch/errors.hpp"
 
 namespace lockwatch {
@@ -89,11 +89,10 @@ std::string percent_decode(const std::string& url, std::string_view s) {
 namespace {
 
 int url_port(const std::string& url, std::string_view text) {
-  int port = 0;
-  auto [p, ec] = std::from_chars(text.data(), text.data() + text.size(), port);
-  if (text.empty() || ec != std::errc() || p != text.data() + text.size()) throw_bad_url(url, "bad port");
-  if (port <= 0 || port > 65535) throw_bad_url(url, "port out of range");
-  return port;
+  const auto port = whole_number<int>(text);
+  if (!port) throw_bad_url(url, "bad port");
+  if (*port <= 0 || *port > 65535) throw_bad_url(url, "port out of range");
+  return *port;
 }
 
 }  // namespace
@@ -163,9 +162,9 @@ namespace {
 [[noreturn]] void bad_url(const std::string& url, const char* why) { detail::throw_bad_url(url, why); }
 
 bool parse_int(std::string_view s, int& out) {
-  if (s.empty()) return false;
-  auto [p, ec] = std::from_chars(s.data(), s.data() + s.size(), out);
-  return ec == std::errc() && p == s.data() + s.size();
+  const auto n = detail::whole_number<int>(s);
+  if (n) out = *n;
+  return n.has_value();
 }
 
 }  // namespace

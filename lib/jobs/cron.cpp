@@ -2,10 +2,10 @@
 
 #include <fmt/format.h>
 
-#include <charconv>
 #include <string>
 #include <vector>
 
+#include "core/whole_number.hpp"
 #include "lockwatch/errors.hpp"
 
 namespace lockwatch::detail {
@@ -28,11 +28,9 @@ std::vector<std::string_view> split(std::string_view s, char sep) {
 }
 
 int number(std::string_view s, const char* field, std::string_view text) {
-  int v = 0;
-  auto [p, ec] = std::from_chars(s.data(), s.data() + s.size(), v);
-  if (s.empty() || ec != std::errc() || p != s.data() + s.size())
-    throw InvalidArgument(fmt::format("cron expression '{}': {} field: '{}' is not a number", text, field, s));
-  return v;
+  const auto v = whole_number<int>(s);
+  if (!v) throw InvalidArgument(fmt::format("cron expression '{}': {} field: '{}' is not a number", text, field, s));
+  return *v;
 }
 
 // Sets the bits of one field; returns whether it was a lone `*` (or `*/n`).

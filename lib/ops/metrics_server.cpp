@@ -2,11 +2,11 @@
 
 #include <fmt/format.h>
 
-#include <charconv>
 #include <cstring>
 
 #include "core/loop.hpp"
 #include "core/net.hpp"
+#include "core/whole_number.hpp"
 #include "lockwatch/errors.hpp"
 
 namespace lockwatch::detail {
@@ -37,10 +37,9 @@ HostPort parse(const std::string& listen) {
     hp.host = std::string(s.substr(0, colon));
     port = s.substr(colon + 1);
   }
-  int p = -1;
-  auto [end, ec] = std::from_chars(port.data(), port.data() + port.size(), p);
-  if (ec != std::errc() || end != port.data() + port.size() || p < 0 || p > 65535 || hp.host.empty()) return hp;
-  hp.port = p;
+  const auto p = whole_number<int>(port);
+  if (!p || *p < 0 || *p > 65535 || hp.host.empty()) return hp;
+  hp.port = *p;
   return hp;
 }
 

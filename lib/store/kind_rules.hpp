@@ -6,12 +6,12 @@
 // strings they return.
 #pragma once
 
-#include <charconv>
 #include <chrono>
 #include <cstdint>
 #include <string>
 #include <string_view>
 
+#include "core/whole_number.hpp"
 #include "lockwatch/lock_kind.hpp"
 
 namespace lockwatch::detail::kinds {
@@ -48,11 +48,8 @@ inline LockKind kind_of_marker(std::string_view owner, const Markers& spelling =
   if (owner == spelling.shared) return LockKind::shared();
   if (owner == spelling.fair) return LockKind::fair();
   if (!owner.starts_with(spelling.permits)) return LockKind::exclusive();
-  std::uint32_t n = 0;
-  const auto digits = owner.substr(spelling.permits.size());
-  const auto [end, ec] = std::from_chars(digits.data(), digits.data() + digits.size(), n);
-  return ec == std::errc() && end == digits.data() + digits.size() && n > 0 ? LockKind::permits(n)
-                                                                           : LockKind::exclusive();
+  const auto n = whole_number<std::uint32_t>(owner.substr(spelling.permits.size()));
+  return n && *n > 0 ? LockKind::permits(*n) : LockKind::exclusive();
 }
 
 // How long a waiting writer's mark stops new readers without an attempt of

@@ -1,11 +1,11 @@
 #include "store/store_error.hpp"
+#include "core/whole_number.hpp"
 #include "store/capabilities.hpp"
 
 #include "lockwatch/errors.hpp"
 
 #include <fmt/format.h>
 
-#include <charconv>
 
 namespace lockwatch::detail {
 
@@ -51,10 +51,9 @@ bool parse_owner_record(std::string_view text, HolderInfo& out) {
     out.owner_name.assign(text.substr(space + 1));
     return false;
   }
-  std::int64_t ms = 0;
-  auto [p, ec] = std::from_chars(text.data(), text.data() + space, ms);
-  if (ec != std::errc() || p != text.data() + space || ms < 0) return false;
-  out.since = std::chrono::system_clock::time_point(std::chrono::milliseconds(ms));
+  const auto ms = whole_number<std::int64_t>(text.substr(0, space));
+  if (!ms || *ms < 0) return false;
+  out.since = std::chrono::system_clock::time_point(std::chrono::milliseconds(*ms));
   out.owner_name.assign(text.substr(space + 1));
   return true;
 }

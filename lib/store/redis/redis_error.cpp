@@ -2,8 +2,10 @@
 
 #include <algorithm>
 #include <array>
-#include <charconv>
 #include <utility>
+
+#include "core/whole_number.hpp"
+#include "store/redis/cluster_slot.hpp"
 
 namespace lockwatch::detail {
 
@@ -29,13 +31,6 @@ std::string_view after_code(std::string_view message, std::string_view code) {
   return message.substr(std::min(message.size(), code.size() + 1));
 }
 
-// `digits`, all of it, as a number from `lo` to `hi`; -1 when it is not one.
-int whole_number(std::string_view digits, int lo, int hi) {
-  int n = 0;
-  const auto [end, ec] = std::from_chars(digits.data(), digits.data() + digits.size(), n);
-  return ec == std::errc() && end == digits.data() + digits.size() && n >= lo && n <= hi ? n : -1;
-}
-
 // "<slot> <host>:<port>" after MOVED or ASK; nullopt when it is not that.
 std::optional<ClusterRedirect> parse_redirect(std::string_view rest) {
   const auto space = rest.find(' ');
@@ -43,10 +38,10 @@ std::optional<ClusterRedirect> parse_redirect(std::string_view rest) {
   const std::string_view hp = rest.substr(space + 1);
   const auto colon = hp.rfind(':');
   if (colon == std::string_view::npos || colon == 0) return std::nullopt;
-  const int slot = whole_number(rest.substr(0, space), 0, 16383);
-  const int port = whole_number(hp.substr(colon + 1), 1, 65535);
-  if (slot < 0 || port < 0) return std::nullopt;
-  return ClusterRedirect{false, static_cast<std::uint16_t>(slot), std::string(hp.substr(0, colon)), port};
+  const auto slot = whole_number<std::uint16_t>(rest.substr(0, space));
+  const auto port = whole_number<int>(hp.substr(colon + 1));
+  if (!slot || *slot >= kClusterSlots || !port || *port < 1 || *port > 65535) return std::nullopt;
+  return ClusterRedirect{false, *slot, std::string(hp.substr(0, colon)), *port};
 }
 
 // A command a script called, refused by the user's ACL: Redis answers ERR

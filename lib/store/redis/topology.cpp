@@ -3,12 +3,12 @@
 #include <fmt/format.h>
 
 #include <algorithm>
-#include <charconv>
 #include <vector>
 
 #include "core/hex.hpp"
 #include "core/token.hpp"
 #include "core/url.hpp"
+#include "core/whole_number.hpp"
 #include "lockwatch/errors.hpp"
 #include "store/redis/layout.hpp"
 
@@ -87,12 +87,11 @@ std::string StoreLayout::field(std::string_view token) const {
 namespace {
 
 int url_int(const std::string& url, std::string_view name, const std::string& value, int lo, int hi) {
-  int n = 0;
-  const auto [end, ec] = std::from_chars(value.data(), value.data() + value.size(), n);
-  if (ec != std::errc() || end != value.data() + value.size() || n < lo || n > hi)
+  const auto n = whole_number<int>(value);
+  if (!n || *n < lo || *n > hi)
     throw InvalidArgument(fmt::format("'{}': {} must be a whole number from {} to {}, not '{}'", url_for_messages(url),
                                       name, lo, hi, value));
-  return n;
+  return *n;
 }
 
 }  // namespace
