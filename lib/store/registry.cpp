@@ -1,6 +1,9 @@
 #include "store/registry.hpp"
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
+
+#include <ranges>
 
 #include "core/url.hpp"
 #include "lockwatch/errors.hpp"
@@ -21,20 +24,14 @@ constexpr const StoreKind* kKinds[] = {
 };
 
 bool serves(const StoreKind& kind, std::string_view scheme) {
-  for (std::size_t start = 0, space = 0; space != std::string_view::npos; start = space + 1) {
-    space = kind.schemes.find(' ', start);
-    if (kind.schemes.substr(start, space - start) == scheme) return true;  // the last to the end
+  for (const auto s : std::views::split(kind.schemes, ' ')) {
+    if (std::string_view(s.begin(), s.end()) == scheme) return true;
   }
   return false;
 }
 
 std::string supported() {
-  std::string out;
-  for (const StoreKind* k : kKinds) {
-    if (!out.empty()) out += ", ";
-    out += k->usage;
-  }
-  return out;
+  return fmt::format("{}", fmt::join(kKinds | std::views::transform(&StoreKind::usage), ", "));
 }
 
 const StoreKind& kind_of(const std::string& url) {
