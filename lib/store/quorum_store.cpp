@@ -169,13 +169,11 @@ void QuorumStore::on_acquire_vote(const std::shared_ptr<AcquireBatch>& b, std::s
     if (!t.finished && t.raise_asked > 0 && took_here) raise_on(b, k, store);
     return check_raised(b, k);
   }
-  Acquired out;
   if (t.took.size() >= quorum_) {
     t.decided = true;
-    if (Clock::now() >= lease_deadline(watchdog_, b->sent, t.ttl)) {
-      out.error = StoreError::unavailable(names_[store], "a majority took the lock only after its validity time");
-      return give_back(b, k, out);
-    }
+    if (Clock::now() >= lease_deadline(watchdog_, b->sent, t.ttl))
+      return give_back(b, k, Acquired::failed(StoreError::unavailable(
+                                 names_[store], "a majority took the lock only after its validity time")));
     t.fence = t.max_fence;
     for (std::size_t s : std::vector<std::size_t>(t.took)) raise_on(b, k, s);
     return;
@@ -183,15 +181,14 @@ void QuorumStore::on_acquire_vote(const std::shared_ptr<AcquireBatch>& b, std::s
   if (t.busy + t.failed > n - quorum_) {
     // A majority is out of reach.
     t.decided = true;
+    Acquired out;
     if (t.busy > 0 && t.took.size() + t.busy >= quorum_) {
       out = Acquired::busy(milliseconds(t.min_busy));
     } else if (t.telling && !t.telling->unavailable()) {
       out.error = *t.telling;
     } else {
-      std::string names;
-      for (const auto& e : t.errors) names += (names.empty() ? "" : "; ") + e;
       out.error = StoreError::unavailable(
-          names.empty() ? names_[store] : names,
+          t.errors.empty() ? names_[store] : fmt::format("{}", fmt::join(t.errors, "; ")),
           fmt::format("no majority: {} of {} nodes failed, {} busy", t.failed, n, t.busy));
     }
     give_back(b, k, out);

@@ -2,7 +2,9 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <cstdint>
+#include <iterator>
 #include <string_view>
 
 #include "core/url.hpp"
@@ -21,19 +23,14 @@ constexpr std::size_t kMaxPgName = 63;  // NAMEDATALEN - 1
 // table reads the same quoted or not), and nothing a URL carries can
 // change a statement.
 bool lower_case_identifier(std::string_view s) {
-  if (s.empty() || s.size() > kMaxPgName) return false;
-  if (s.front() >= '0' && s.front() <= '9') return false;
-  for (char c : s) {
-    bool ok = (c >= 'a' && c <= 'z') || (c >= '0' && c <= '9') || c == '_';
-    if (!ok) return false;
-  }
-  return true;
+  if (s.empty() || s.size() > kMaxPgName || (s.front() >= '0' && s.front() <= '9')) return false;
+  return std::all_of(s.begin(), s.end(),
+                     [](char c) { return (c >= 'a' && c <= 'z') || (c >= '0' && c <= '9') || c == '_'; });
 }
 
 bool known_sslmode(std::string_view m) {
-  for (std::string_view k : {"disable", "allow", "prefer", "require", "verify-ca", "verify-full"})
-    if (m == k) return true;
-  return false;
+  constexpr std::string_view kModes[] = {"disable", "allow", "prefer", "require", "verify-ca", "verify-full"};
+  return std::find(std::begin(kModes), std::end(kModes), m) != std::end(kModes);
 }
 
 // `table` + `suffix` as an identifier of at most 63 bytes: a long name
@@ -52,9 +49,7 @@ std::string derived_name(const std::string& table, std::string_view suffix) {
 }  // namespace
 
 bool PgTarget::takes(const std::string& url) {
-  for (std::string_view s : kSchemes)
-    if (url.compare(0, s.size(), s) == 0) return true;
-  return false;
+  return std::any_of(std::begin(kSchemes), std::end(kSchemes), [&](std::string_view s) { return url.starts_with(s); });
 }
 
 PgTarget PgTarget::parse(const std::string& url) {

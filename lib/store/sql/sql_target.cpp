@@ -2,6 +2,7 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <string_view>
 
 #include "core/url.hpp"
@@ -18,12 +19,9 @@ constexpr std::string_view kHoldersSuffix = "_holders";
 // Identifiers are put into statements as `name`: letters, digits, '_' and
 // '$' only, so nothing a URL carries can change a statement.
 bool plain_identifier(std::string_view s) {
-  if (s.empty() || s.size() > kMaxIdentifier) return false;
-  for (char c : s) {
-    bool ok = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '_' || c == '$';
-    if (!ok) return false;
-  }
-  return true;
+  return !s.empty() && s.size() <= kMaxIdentifier && std::all_of(s.begin(), s.end(), [](char c) {
+    return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '_' || c == '$';
+  });
 }
 
 }  // namespace
