@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <map>
+#include <numeric>
 #include <utility>
 
 #include <fmt/format.h>
@@ -29,13 +30,6 @@ void send_acquisitions(const Dialect& dialect, std::vector<PendingAcquire> all, 
     i = j;
   }
   for (auto& round : rounds) in_chunks(round, send);
-}
-
-bool resend(const AcquireBatchPtr& batch, const StoreError& error, const SendBatch& send, bool split) {
-  if (retry_later(batch, error, send)) return true;
-  if (!split || batch->locks.size() < 2 || error.kind != StoreError::Kind::kRefused) return false;
-  for (auto& l : batch->locks) send(AcquireBatch::of({std::move(l)}));
-  return true;
 }
 
 void exclusive_busy(Acquired& out, const PendingAcquire& lock, std::string_view marker, const std::string& server) {
@@ -96,12 +90,10 @@ Acquired kind_answer(const PendingAcquire& lock, const Rows& rows, const std::st
 std::size_t renewal_groups(const Dialect& dialect, std::span<const LockRef> locks,
                            std::shared_ptr<const void> keepalive, LockStore::RenewDone done,
                            const std::function<void(RenewBatchPtr, std::vector<std::size_t>, bool)>& send) {
-  auto batch = std::make_shared<RenewBatch>();
-  batch->locks.assign(locks.begin(), locks.end());
-  batch->keepalive = std::move(keepalive);
-  batch->done = std::move(done);
+  auto batch = std::make_shared<RenewBatch>(
+      RenewBatch{{locks.begin(), locks.end()}, std::move(keepalive), std::move(done)});
   std::vector<std::size_t> order(locks.size());
-  for (std::size_t i = 0; i < order.size(); ++i) order[i] = i;
+  std::iota(order.begin(), order.end(), std::size_t{0});
   std::stable_sort(order.begin(), order.end(), [&](std::size_t a, std::size_t b) { return locks[a].name < locks[b].name; });
   // Exclusive leases first (false < true), then by ttl where a statement has one.
   std::map<std::pair<bool, long long>, std::vector<std::size_t>> groups;

@@ -179,22 +179,22 @@ using SendBatch = std::function<void(AcquireBatchPtr)>;
 void send_acquisitions(const Dialect& dialect, std::vector<PendingAcquire> exclusive, std::vector<PendingAcquire> kinds,
                        const SendBatch& send_exclusive, const SendBatch& send_kinds);
 
-// A batch (anything with an `attempt` count) whose statement the server
-// answered "retry later" (a deadlock, a lock wait timeout) goes to `send`
-// again while attempts are left: true when it went.
+// A batch whose statement failed with `error`: sent again through `send`
+// (true) when the server answered "retry later" (a deadlock, a lock wait
+// timeout) and attempts are left, or, with `split` and several locks,
+// refused (each lock again on its own, so that only the one at fault
+// fails); false when the batch is to fail.
 template <class Batch, class Send>
-bool retry_later(const std::shared_ptr<Batch>& batch, const StoreError& error, const Send& send) {
-  if (error.kind != StoreError::Kind::kRetryLater || batch->attempt >= kAttempts) return false;
-  ++batch->attempt;
-  send(batch);
+bool resend(const std::shared_ptr<Batch>& batch, const StoreError& error, const Send& send, bool split) {
+  if (error.kind == StoreError::Kind::kRetryLater && batch->attempt < kAttempts) {
+    ++batch->attempt;
+    send(batch);
+    return true;
+  }
+  if (!split || batch->locks.size() < 2 || error.kind != StoreError::Kind::kRefused) return false;
+  for (auto& l : batch->locks) send(Batch::of({std::move(l)}));
   return true;
 }
-
-// A batch whose statement failed with `error`: sent again through `send`
-// (true) when the server asked to retry later and attempts are left, or,
-// with `split` and several locks, refused (each lock again on its own, so
-// that only the one at fault fails); false when the batch is to fail.
-bool resend(const AcquireBatchPtr& batch, const StoreError& error, const SendBatch& send, bool split);
 
 // An exclusive acquisition (`out` busy) found its row held by `marker`, a
 // kind's marker. Readers': the writer's mark holds new ones back; it lives
@@ -227,11 +227,6 @@ struct RenewBatch {
   std::vector<LockRef> locks;  // views, valid while keepalive lives
   std::shared_ptr<const void> keepalive;
   LockStore::RenewDone done;
-
-  // Each of `members` answered `status`.
-  void answer(const std::vector<std::size_t>& members, Renewed status, const StoreError* error) const {
-    for (std::size_t i : members) done(i, status, error);
-  }
 };
 using RenewBatchPtr = std::shared_ptr<RenewBatch>;
 
@@ -293,10 +288,8 @@ struct Connections {
   }
   // The command connection with the fewest statements pending (the first on a tie).
   Driver& command() {
-    Driver* best = commands.front().get();
-    for (const auto& c : commands)
-      if (c->pending() < best->pending()) best = c.get();
-    return *best;
+    return **std::min_element(commands.begin(), commands.end(),
+                              [](const auto& a, const auto& b) { return a->pending() < b->pending(); });
   }
   void close() {
     for (auto& c : commands) c->close();
@@ -326,9 +319,7 @@ class RecipeStore : public StoreBase,
   // In statements as renewal_groups() cuts them.
   std::size_t renew(std::span<const LockRef> locks, std::shared_ptr<const void> keepalive, RenewDone done) final {
     return renewal_groups(dialect_, locks, std::move(keepalive), std::move(done),
-                          [this](RenewBatchPtr batch, std::vector<std::size_t> members, bool kinds) {
-                            renew_group(std::move(batch), std::move(members), kinds);
-                          });
+                          std::bind_front(&RecipeStore::renew_group, this));
   }
   // The held names under the prefix, each then inspected.
   void list_locks(std::string_view prefix, std::size_t limit, ListDone done) final {
@@ -461,9 +452,10 @@ class RecipeStore : public StoreBase,
     connections_.renew->execute(
         kinds ? "lockwatch_renew_kind" : "lockwatch_renew", std::move(params),
         [batch, members](const Rows& rows, const StoreError* err) {
-          if (err) return batch->answer(members, Renewed::kTransient, err);
+          // A failed statement's rows are none: each lease is transient.
           auto status = not_done(rows, members.size(), Renewed::kYes, Renewed::kTakenByOther, Renewed::kGone);
-          for (std::size_t k = 0; k < members.size(); ++k) batch->done(members[k], status[k], nullptr);
+          for (std::size_t k = 0; k < members.size(); ++k)
+            batch->done(members[k], err ? Renewed::kTransient : status[k], err);
         });
   }
   // A batch of releases (all exclusive, or all a kind's), in one statement
@@ -478,13 +470,12 @@ class RecipeStore : public StoreBase,
     command_connection().execute(
         of_kinds ? "lockwatch_release_kind" : "lockwatch_release", std::move(params),
         [this, batch](const Rows& rows, const StoreError* err) {
-          if (err) {
-            if (!retry_later(batch, *err, [this](std::shared_ptr<ReleaseBatch> b) { release_batch(std::move(b)); }))
-              batch->answer(Released::kUnconfirmed, err);
-            return;
-          }
+          const auto again = [this](std::shared_ptr<ReleaseBatch> b) { release_batch(std::move(b)); };
+          if (err && resend(batch, *err, again, false)) return;
+          // A failed statement's rows are none: each lock is unconfirmed.
           auto status = not_done(rows, batch->locks.size(), Released::kYes, Released::kTakenByOther, Released::kGone);
-          for (std::size_t k = 0; k < status.size(); ++k) batch->locks[k].answer(status[k], nullptr);
+          for (std::size_t k = 0; k < status.size(); ++k)
+            batch->locks[k].answer(err ? Released::kUnconfirmed : status[k], err);
         });
   }
   // The other kinds' acquisitions of one group, in one transaction: their
