@@ -4,6 +4,7 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <utility>
 #include <vector>
 
@@ -57,9 +58,8 @@ void MemoryStore::submit(std::function<std::function<void()>(MemorySpace::State&
 }
 
 RequestTimer::Clock::time_point MemoryStore::unanswered_since() const {
-  for (const auto& r : held_)
-    if (!r->done) return r->sent;
-  return RequestTimer::kNone;
+  const auto r = std::find_if(held_.begin(), held_.end(), [](const auto& r) { return !r->done; });
+  return r == held_.end() ? RequestTimer::kNone : (*r)->sent;
 }
 
 void MemoryStore::overdue() {

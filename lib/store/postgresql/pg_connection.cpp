@@ -88,10 +88,6 @@ void PgConnection::execute(const std::string& statement, std::vector<std::string
 
 void PgConnection::execute_all(std::vector<PgCall> calls, std::function<void(std::size_t, const PgRows&)> each,
                                PgDone done) {
-  if (calls.empty()) {
-    loop_.post([done = std::move(done)] { done(PgRows(nullptr), nullptr); });
-    return;
-  }
   enqueue(Request{.calls = std::move(calls), .done = std::move(done), .each = std::move(each)});
 }
 

@@ -54,8 +54,7 @@ SqlConnection::~SqlConnection() {
 }
 
 void SqlConnection::start() {
-  uv_loop_t* uv = loop_.uv();
-  uv_timer_init(uv, &io_timer_);
+  uv_timer_init(loop_.uv(), &io_timer_);
   io_timer_.data = this;
   timer_open_ = true;
   ConnectionCore::start();
@@ -142,22 +141,18 @@ void SqlConnection::connect_to(const std::string& host) {
 void SqlConnection::connect_step(int status, MYSQL* ret) {
   if (status != 0) return wait_for(status);
   if (ret == nullptr) return connection_failed(mysql_errno(mysql_), mysql_error(mysql_));
-  connected();
-}
-
-void SqlConnection::result_step(int status, bool failed) {
-  if (status != 0) return wait_for(status);
-  if (failed) return statement_failed();
-  statement_answered();
-}
-
-void SqlConnection::connected() {
   // The socket is up; the threads left behind are ended, then the session
   // set-up and the table check.
   state_ = State::kSetUp;
   phase_ = Phase::kNone;
   end_stale_threads(0);
   kick();
+}
+
+void SqlConnection::result_step(int status, bool failed) {
+  if (status != 0) return wait_for(status);
+  if (failed) return statement_failed();
+  statement_answered();
 }
 
 // A step of the set-up, after those queued before it.

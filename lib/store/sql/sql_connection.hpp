@@ -138,7 +138,6 @@ class SqlConnection final : public sqlcommon::ConnectionCore<SqlRequest, SqlResu
   void release(bool graceful) override;
 
   const SqlStatement* statement(const std::string& name, SqlDone& done);
-  void connected();
   void set_up(SqlDone done, std::string sql);
   void end_stale_threads(int round);
   void run_setup();

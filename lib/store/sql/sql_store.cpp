@@ -73,11 +73,10 @@ SqlStore::SqlStore(Loop& loop, SqlTarget target, const sqlcommon::SqlSettings& s
       holders_("`" + target_.table + "_holders`") {
   offer({.job_claims = this, .operator_tools = this, .lock_listing = this, .fair_queue = this});
   SqlSession session;
-  long long wait_s = std::max<long long>(1, settings_.command_timeout.count() / 1000);
   session.setup = {
       fmt::format("SET SESSION time_zone = '+00:00', SESSION sql_mode = 'STRICT_ALL_TABLES,NO_ENGINE_SUBSTITUTION', "
                   "SESSION autocommit = 1, SESSION innodb_lock_wait_timeout = {}",
-                  wait_s),
+                  std::max<long long>(1, settings_.command_timeout.count() / 1000)),
       "SET SESSION TRANSACTION ISOLATION LEVEL READ COMMITTED",
   };
   // One statement checks both tables (a missing one is 1146, a missing

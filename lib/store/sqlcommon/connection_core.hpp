@@ -78,11 +78,7 @@ struct StaleSessions {
     std::erase_if(ids, [&](Id id) { return std::find(ended.begin(), ended.end(), id) != ended.end(); });
   }
   // `ids` as a comma-separated list, for a statement.
-  static std::string list(const std::vector<Id>& ids) {
-    std::string out;
-    for (Id id : ids) out += (out.empty() ? "" : ",") + std::to_string(id);
-    return out;
-  }
+  static std::string list(const std::vector<Id>& ids) { return fmt::format("{}", fmt::join(ids, ",")); }
   // The connections but `self` start again, behind the session `self` left.
   void restart_others(const Restartable* self) const {
     std::vector<Restartable*> others = connections;  // a restart may change the list
@@ -385,16 +381,10 @@ class ConnectionCore : protected Reconnector::Attempts, protected RequestTimer::
   void lost(const std::string& why, const StoreError& error, bool fail_queued, bool left_behind) {
     std::deque<Request> inflight = std::exchange(inflight_, {});
     reconnector_.down(why);
-    fail_all(inflight, error);
-    if (fail_queued) {
-      std::deque<Request> queued = std::exchange(queue_, {});  // a callback may queue anew
-      fail_all(queued, error);
-    }
+    for (auto& r : inflight) r.done(Answer{}, &error);
+    if (fail_queued)
+      for (auto& r : std::exchange(queue_, {})) r.done(Answer{}, &error);  // a callback may queue anew
     if (left_behind) stale_->restart_others(this);
-  }
-  static void fail_all(std::deque<Request>& requests, const StoreError& error) {
-    for (auto& r : requests) r.done(Answer{}, &error);
-    requests.clear();
   }
 
   const std::string host_;
