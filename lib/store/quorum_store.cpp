@@ -133,10 +133,7 @@ struct QuorumStore::AcquireBatch {
 };
 
 void QuorumStore::acquire(std::span<const LockRef> locks, AcquireDone done) {
-  auto b = std::make_shared<AcquireBatch>();
-  b->sent = Clock::now();
-  b->done = std::move(done);
-  b->locks = std::vector<AcquireBatch::Lock>(locks.begin(), locks.end());
+  auto b = std::make_shared<AcquireBatch>(AcquireBatch{{locks.begin(), locks.end()}, Clock::now(), std::move(done)});
   for (std::size_t i = 0; i < stores_.size(); ++i) {
     stores_[i]->acquire(locks, [this, b, i](std::size_t k, const Acquired& r) { on_acquire_vote(b, i, k, r); });
   }

@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <memory>
+#include <optional>
 
 #include "core/option_checks.hpp"
 #include "store/postgresql/pg_error.hpp"
@@ -362,8 +363,7 @@ void PgConnection::complete_front() {
   Request r = std::move(inflight_.front());
   inflight_.pop_front();
   watch_requests();
-  StoreError error;
-  const StoreError* err = nullptr;
+  std::optional<StoreError> error;
   const auto failed = std::find_if(r.results.begin(), r.results.end(), [](const auto& res) {
     const ExecStatusType st = PQresultStatus(res.get());
     return st != PGRES_COMMAND_OK && st != PGRES_TUPLES_OK;
@@ -373,14 +373,12 @@ void PgConnection::complete_front() {
     const char* primary = PQresultErrorField(failed->get(), PG_DIAG_MESSAGE_PRIMARY);
     error = pg_statement_error(name_, code != nullptr ? code : "",
                                primary != nullptr ? primary : one_line(PQresultErrorMessage(failed->get())));
-    err = &error;
   } else if (r.results.size() != r.statements()) {
     error = pg_statement_error(name_, "", "the server sent no result for a statement");
-    err = &error;
   } else if (r.each) {
     for (std::size_t i = 0; i < r.results.size(); ++i) r.each(i, PgRows(r.results[i].get()));
   }
-  r.done(PgRows(err ? nullptr : r.results.back().get()), err);
+  r.done(PgRows(error ? nullptr : r.results.back().get()), error ? &*error : nullptr);
 }
 
 int PgConnection::session() const { return conn_ != nullptr ? PQbackendPID(conn_) : 0; }
