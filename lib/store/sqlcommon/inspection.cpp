@@ -2,6 +2,7 @@
 
 #include <algorithm>
 
+#include "core/countdown.hpp"
 #include "store/kind_rules.hpp"
 
 namespace lockwatch::detail::sqlcommon {
@@ -74,39 +75,33 @@ std::vector<std::string> names_of(const Rows& rows) {
 
 namespace {
 
-struct Listing {
+// What a listing's inspections gather: the names, and each one's answer.
+struct Inspected {
   std::vector<std::string> names;
   std::vector<LockInfo> infos;
-  std::size_t key_prefix = 0;
-  std::size_t answered = 0;
-  std::optional<StoreError> error;
-  LockListing::ListDone done;
-
-  void finish() {
-    if (error) return done({}, &*error);
-    std::vector<LockInfo> out;
-    for (std::size_t i = 0; i < names.size(); ++i) {
-      if (!infos[i].held) continue;
-      infos[i].key = names[i].substr(std::min(key_prefix, names[i].size()));
-      out.push_back(std::move(infos[i]));
-    }
-    done(std::move(out), nullptr);
-  }
 };
 
 }  // namespace
 
 void list_inspected(OperatorTools& tools, std::vector<std::string> names, std::size_t key_prefix,
                     LockListing::ListDone done) {
+  if (names.empty()) return done({}, nullptr);
   const std::size_t n = names.size();
-  auto listing = std::make_shared<Listing>(Listing{std::move(names), std::vector<LockInfo>(n), key_prefix, 0, {},
-                                                   std::move(done)});
-  if (listing->names.empty()) return listing->finish();
-  for (std::size_t i = 0; i < listing->names.size(); ++i)
-    tools.inspect(listing->names[i], [listing, i](const LockInfo& info, const StoreError* e) {
-      if (e && !listing->error) listing->error = *e;
-      listing->infos[i] = info;
-      if (++listing->answered == listing->names.size()) listing->finish();
+  auto all = Countdown<StoreError, Inspected>::make(
+      n, {std::move(names), std::vector<LockInfo>(n)}, [key_prefix, done = std::move(done)](auto& c) {
+        if (c.failure) return done({}, &*c.failure);
+        std::vector<LockInfo> out;
+        for (std::size_t i = 0; i < c.names.size(); ++i) {
+          if (!c.infos[i].held) continue;
+          c.infos[i].key = c.names[i].substr(std::min(key_prefix, c.names[i].size()));
+          out.push_back(std::move(c.infos[i]));
+        }
+        done(std::move(out), nullptr);
+      });
+  for (std::size_t i = 0; i < n; ++i)
+    tools.inspect(all->names[i], [all, i](const LockInfo& info, const StoreError* e) {
+      all->infos[i] = info;
+      all->answered(e);
     });
 }
 
