@@ -280,26 +280,22 @@ void SqlConnection::resume(int events) {
     case Phase::kConnect: {
       MYSQL* ret = nullptr;
       int status = mysql_real_connect_cont(&ret, mysql_, events);
-      connect_step(status, ret);
-      return;
+      return connect_step(status, ret);
     }
     case Phase::kQuery: {
       int err = 0;
       int status = mysql_real_query_cont(&err, mysql_, events);
-      result_step(status, err != 0);
-      return;
+      return result_step(status, err != 0);
     }
     case Phase::kStore: {
       MYSQL_RES* res = nullptr;
       int status = mysql_store_result_cont(&res, mysql_, events);
-      store_step(status, res);
-      return;
+      return store_step(status, res);
     }
     case Phase::kNext: {
       int ret = 0;
       int status = mysql_next_result_cont(&ret, mysql_, events);
-      result_step(status, ret > 0);
-      return;
+      return result_step(status, ret > 0);
     }
   }
 }
@@ -347,8 +343,7 @@ void SqlConnection::after_results() {
     phase_ = Phase::kNext;
     int ret = 0;
     int status = mysql_next_result_start(&ret, mysql_);
-    result_step(status, ret > 0);
-    return;
+    return result_step(status, ret > 0);
   }
   // The round trip is over. Statements left in flight were not run.
   request_timer_.stop();

@@ -25,7 +25,8 @@ std::string SqlStore::shrink(const std::string& name) const {
 // What a shared, permit or fair acquisition does once kind_statements()'
 // read of the lock has run (fmt named arguments: m marker, h holders table,
 // l lock table, n name, t token, d deadline, cover the lock row's update
-// after a grant, o owner name, count permits).
+// after a grant, again the caller's own grant taken again, o owner name,
+// count permits).
 
 // A reader waits for the writer that holds it, and for a writer's
 // mark left since the last writer's grant (the fence it carries).
@@ -34,10 +35,7 @@ constexpr std::string_view kSharedAcquireSql =
     "  SET @lw_wait = TIMESTAMPDIFF(MICROSECOND, @lw_now, @lw_expires); "
     "ELSEIF @lw_held_as NOT IN ('', {m}) THEN "
     "  SET @lw_status = 'e'; "
-    "ELSEIF @lw_mine = 'r' THEN "
-    "  UPDATE {h} SET expires_at = {d} WHERE lock_name = {n} AND owner = {t}; "
-    "  UPDATE {l} SET {cover} WHERE lock_name = {n}; "
-    "  SET @lw_status = 't'; "
+    "ELSEIF @lw_mine = 'r' THEN {again}"
     "ELSEIF EXISTS (SELECT 1 FROM {h} WHERE lock_name = {n} AND role = 'w' AND n = @lw_fence) THEN "
     "  SELECT TIMESTAMPDIFF(MICROSECOND, @lw_now, MAX(expires_at)) INTO @lw_wait FROM {h} "
     "  WHERE lock_name = {n} AND role = 'w'; "
@@ -53,10 +51,7 @@ constexpr std::string_view kSharedAcquireSql =
 constexpr std::string_view kPermitsAcquireSql =
     "IF @lw_held_as NOT IN ('', {m}) THEN "
     "  SET @lw_status = 'e'; "
-    "ELSEIF @lw_mine = 'p' THEN "
-    "  UPDATE {h} SET expires_at = {d} WHERE lock_name = {n} AND owner = {t}; "
-    "  UPDATE {l} SET {cover} WHERE lock_name = {n}; "
-    "  SET @lw_status = 't'; "
+    "ELSEIF @lw_mine = 'p' THEN {again}"
     "ELSEIF (SELECT COUNT(*) FROM {h} WHERE lock_name = {n} AND role = 'p') >= {count} THEN "
     "  SELECT TIMESTAMPDIFF(MICROSECOND, @lw_now, MIN(expires_at)) INTO @lw_wait FROM {h} "
     "  WHERE lock_name = {n} AND role = 'p'; "
@@ -74,10 +69,7 @@ constexpr std::string_view kPermitsAcquireSql =
 constexpr std::string_view kFairAcquireSql =
     "IF @lw_held_as NOT IN ('', {m}) THEN "
     "  SET @lw_status = 'e'; "
-    "ELSEIF @lw_mine = 'f' THEN "
-    "  UPDATE {h} SET expires_at = {d} WHERE lock_name = {n} AND owner = {t}; "
-    "  UPDATE {l} SET {cover} WHERE lock_name = {n}; "
-    "  SET @lw_status = 't'; "
+    "ELSEIF @lw_mine = 'f' THEN {again}"
     "ELSE "
     "  IF @lw_mine = 'q' THEN "
     "    UPDATE {h} SET expires_at = {d} WHERE lock_name = {n} AND owner = {t}; "
@@ -124,10 +116,17 @@ std::vector<SqlStatement> SqlStore::kind_statements() const {
   // and an expiry that covers this deadline too.
   const std::string cover =
       fmt::format("owner = $4, expires_at = IF(@lw_held_as = '', {0}, GREATEST(expires_at, {0}))", deadline);
+  // A caller that holds it already (a retry after a lost answer): the same
+  // grant, its row and the lock row's expiry extended.
+  const std::string again = fmt::format(
+      "  UPDATE {0} SET expires_at = {1} WHERE lock_name = $1 AND owner = $2; "
+      "  UPDATE {2} SET {3} WHERE lock_name = $1; "
+      "  SET @lw_status = 't'; ",
+      holders_, deadline, table_, cover);
   const auto decide = [&](std::string_view text) {
     return fmt::format(fmt::runtime(text), fmt::arg("m", "$4"), fmt::arg("h", holders_), fmt::arg("l", table_),
                        fmt::arg("n", "$1"), fmt::arg("t", "$2"), fmt::arg("d", deadline), fmt::arg("cover", cover),
-                       fmt::arg("o", owner_name_), fmt::arg("count", "$5"));
+                       fmt::arg("again", again), fmt::arg("o", owner_name_), fmt::arg("count", "$5"));
   };
   const std::vector<std::string> answer{"@lw_status", "@lw_fence", "@lw_wait", "@lw_held_as"};
   return {
