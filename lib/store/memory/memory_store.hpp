@@ -27,8 +27,6 @@ class MemoryStore final : public FullStore, private RequestTimer::Requests {
 
   MemoryStore(Loop& loop, std::shared_ptr<MemorySpace> space, const Options& options);
   ~MemoryStore() override;
-  MemoryStore(const MemoryStore&) = delete;
-  MemoryStore& operator=(const MemoryStore&) = delete;
 
   // Every kind.
   void acquire(std::span<const LockRef> locks, AcquireDone done) override;

@@ -2,7 +2,6 @@
 
 #include <libpq-fe.h>
 #include <sys/socket.h>
-#include <unistd.h>
 
 #include <algorithm>
 #include <memory>

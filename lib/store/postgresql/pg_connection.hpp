@@ -30,7 +30,6 @@
 #include <uv.h>
 
 #include <chrono>
-#include <cstdint>
 #include <memory>
 #include <string_view>
 

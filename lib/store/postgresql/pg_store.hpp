@@ -21,7 +21,6 @@
 #include <memory>
 #include <set>
 #include <string>
-#include <vector>
 
 #include "store/postgresql/pg_connection.hpp"
 #include "store/postgresql/pg_target.hpp"

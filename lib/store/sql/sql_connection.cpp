@@ -7,7 +7,6 @@
 #include <mysqld_error.h>
 #include <sys/socket.h>
 
-#include <memory>
 #include <mutex>
 
 namespace lockwatch::detail {

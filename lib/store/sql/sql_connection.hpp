@@ -31,7 +31,6 @@
 #include <uv.h>
 
 #include <chrono>
-#include <cstdint>
 #include <memory>
 
 #include "store/sqlcommon/connection_core.hpp"

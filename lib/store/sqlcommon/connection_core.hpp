@@ -174,9 +174,6 @@ class ConnectionCore : protected Reconnector::Attempts, protected RequestTimer::
  public:
   using Done = std::function<void(const Answer&, const StoreError*)>;
 
-  ConnectionCore(const ConnectionCore&) = delete;
-  ConnectionCore& operator=(const ConnectionCore&) = delete;
-
   // Told when the connection goes down (with why) and when it is usable
   // again: once per transition (set before start()).
   void set_state_hook(std::function<void(bool up, const std::string& why)> hook) {
