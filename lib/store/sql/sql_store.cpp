@@ -69,8 +69,7 @@ SqlStore::SqlStore(Loop& loop, SqlTarget target, const sqlcommon::SqlSettings& s
                   "column",
                   ""),
       owner_name_(sql::hex(settings.owner_name)), waiter_id_(TokenGenerator().next().str()),
-      target_(std::move(target)), table_("`" + target_.table + "`"),
-      holders_("`" + target_.table + "_holders`") {
+      table_("`" + target.table + "`"), holders_("`" + target.table + "_holders`") {
   offer({.job_claims = this, .operator_tools = this, .lock_listing = this, .fair_queue = this});
   SqlSession session;
   session.setup = {
@@ -86,11 +85,11 @@ SqlStore::SqlStore(Loop& loop, SqlTarget target, const sqlcommon::SqlSettings& s
       "l.waiter_until, h.lock_name, h.owner, h.role, h.n, h.seq, h.expires_at, h.owner_name, h.granted_at "
       "FROM {} l, {} h LIMIT 0",
       table_, holders_);
-  session.create = table_statements(target_.table);
-  session.table = fmt::format("{}.{}", target_.database, target_.table);
+  session.create = table_statements(target.table);
+  session.table = fmt::format("{}.{}", target.database, target.table);
   session.stale = std::make_shared<SqlStaleThreads>();
   session.statements = statements();
-  connections_.make(loop, target_, settings_, session);
+  connections_.make(loop, target, settings_, session);
 }
 
 SqlStatement SqlStore::acquire_statement() const {

@@ -57,7 +57,6 @@ class SqlStore final : public sqlcommon::RecipeStore<SqlConnection> {
 
   const std::string owner_name_;  // the owner name as a hex literal, recorded with each grant
   const std::string waiter_id_;   // random: how this store's waiters name themselves in a mark
-  const SqlTarget target_;
   std::string table_;    // quoted
   std::string holders_;  // quoted: the companion table
 };
