@@ -69,8 +69,7 @@ PgConnection::PgConnection(Loop& loop, PgTarget target, const sqlcommon::SqlSett
     : ConnectionCore(loop, settings, target.name(), target.host, target.socket_dir.empty() ? nullptr : "",
                      session.stale),
       target_(std::move(target)),
-      session_(std::move(session)),
-      startup_options_(startup_options(settings_)) {}
+      session_(std::move(session)) {}
 
 PgConnection::~PgConnection() {
   // close() ran on the loop thread and the loop drained: nothing is left
@@ -109,7 +108,7 @@ void PgConnection::connect_to(const std::string& hostaddr) {
   add("dbname", target_.database);
   add("user", target_.user);
   add("password", target_.password);
-  add("options", startup_options_);
+  add("options", startup_options(settings_));
   // The owner name, for pg_stat_activity (the server keeps 63 bytes of it).
   add("application_name", "lockwatch:" + connection_owner_name(settings_.owner_name));
   // GSSAPI encryption is not asked for: libpq would otherwise look for
@@ -303,8 +302,7 @@ void PgConnection::send_queued() {
 void PgConnection::flush() {
   int rc = PQflush(conn_);
   if (rc < 0) return fail_unavailable(one_line(PQerrorMessage(conn_)));
-  want_write_ = rc == 1;
-  watch(UV_READABLE | (want_write_ ? UV_WRITABLE : 0), false);
+  watch(UV_READABLE | (rc == 1 ? UV_WRITABLE : 0), false);  // 1: libpq has output it could not send yet
 }
 
 void PgConnection::on_readable() {
@@ -391,7 +389,6 @@ void PgConnection::release(bool graceful) {
     PQfinish(conn_);
     conn_ = nullptr;
   }
-  want_write_ = false;
 }
 
 }  // namespace lockwatch::detail

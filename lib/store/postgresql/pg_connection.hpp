@@ -163,11 +163,9 @@ class PgConnection final : public sqlcommon::ConnectionCore<PgRequest, PgRows, i
 
   const PgTarget target_;
   const PgSession session_;
-  const std::string startup_options_;  // "-c TimeZone=UTC -c statement_timeout=..."
   std::function<void(std::string_view)> notify_hook_;
 
   pg_conn* conn_ = nullptr;
-  bool want_write_ = false;  // libpq has output it could not send yet
   // inflight_: the session set-up's requests too.
 };
 
