@@ -272,14 +272,13 @@ LockInfo MemorySpace::State::inspect(std::string_view name) const {
   const auto wall = std::chrono::system_clock::now();
   info.fencing_token = e.fence;
   auto holder = [&](const std::string& token) {
-    HolderInfo h;
+    HolderInfo& h = info.holders.emplace_back();
     h.token = token;
     if (auto g = e.grants.find(token); g != e.grants.end()) {
       h.owner_name = g->second.owner_name;
       h.since = g->second.since;
       h.held_for = std::max(milliseconds(0), std::chrono::duration_cast<milliseconds>(wall - h.since));
     }
-    info.holders.push_back(std::move(h));
   };
   if (e.expires > now) {
     info.held = true;

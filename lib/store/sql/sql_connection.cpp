@@ -319,10 +319,9 @@ void SqlConnection::store_step(int status, MYSQL_RES* res) {
   unsigned fields = mysql_num_fields(res);
   while (MYSQL_ROW row = mysql_fetch_row(res)) {
     unsigned long* lengths = mysql_fetch_lengths(res);
-    std::vector<std::string> cells(fields);
+    std::vector<std::string>& cells = out.rows.emplace_back(fields);
     for (unsigned i = 0; i < fields; ++i)
       if (row[i] != nullptr) cells[i].assign(row[i], lengths[i]);
-    out.rows.push_back(std::move(cells));
   }
   mysql_free_result(res);
   statement_done();
