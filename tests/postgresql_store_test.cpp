@@ -605,5 +605,33 @@ TEST_F(PostgresStoreTest, AReadersReleaseWakesAWaitingWriterByANotice) {
   give_back(r);
 }
 
+// PostgreSQL's ON CONFLICT updates a row once per statement, so the k-th
+// request for a name in one turn goes in the k-th statement: three rounds
+// of ten keys are three statements (a few more if the turn is split). A
+// statement that named a key twice would fail, and each lock would then go
+// again on its own: thirty.
+TEST_F(PostgresStoreTest, ANameAskedForAgainInOneTurnGoesInTheNextStatement) {
+  const std::string table = "repeat_locks";
+  Runtime rt(options(url_with_table(table)));
+  LockHandle warm = take(rt, key("warm"), 5s);  // the table made and the statements prepared
+  give_back(warm);
+  const long long before = acquire_statements(table);
+  std::vector<std::future<LockHandle>> asked;
+  for (int round = 0; round < 3; ++round) {
+    for (int i = 0; i < 10; ++i) asked.push_back(rt.acquire({.key = key(std::to_string(i)), .ttl = 5s, .retries = 0}));
+  }
+  std::vector<LockHandle> held;
+  for (auto& f : asked) {
+    if (f.wait_for(10s) != std::future_status::ready) FAIL() << "an acquisition did not end";
+    try {
+      held.push_back(f.get());
+    } catch (const LockNotAcquired&) {
+    }
+  }
+  EXPECT_EQ(held.size(), 10u);  // each key once: the runtime's other two calls found it busy
+  EXPECT_LE(acquire_statements(table) - before, 12);
+  for (auto& h : held) give_back(h);
+}
+
 }  // namespace
 }  // namespace lockwatch::testing

@@ -21,13 +21,12 @@ void send_acquisitions(const Dialect& dialect, std::vector<PendingAcquire> all, 
   auto send = [&](std::vector<PendingAcquire> part) { send_exclusive(AcquireBatch::of(std::move(part))); };
   if (dialect.repeated_names) return in_chunks(all, send);
   std::vector<std::vector<PendingAcquire>> rounds;  // the k-th request of each name in the k-th
-  for (std::size_t i = 0; i < all.size();) {
-    std::size_t j = i;
-    for (; j < all.size() && all[j].name == all[i].name; ++j) {
-      if (rounds.size() <= j - i) rounds.emplace_back();
-      rounds[j - i].push_back(std::move(all[j]));
+  for (std::size_t i = 0, j = 0; i < all.size(); i = j) {
+    while (j < all.size() && all[j].name == all[i].name) ++j;  // all[i, j): one name's, moved after
+    for (std::size_t k = i; k < j; ++k) {
+      if (rounds.size() <= k - i) rounds.emplace_back();
+      rounds[k - i].push_back(std::move(all[k]));
     }
-    i = j;
   }
   for (auto& round : rounds) in_chunks(round, send);
 }
