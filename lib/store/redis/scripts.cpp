@@ -368,10 +368,8 @@ for i = 1, #KEYS do
   elseif v and @ours@ then
     local ok = redis.pcall('pexpire', KEYS[i], ARGV[2 * i])
     if type(ok) == 'table' and ok.err then out[i] = 'e' else out[i] = '1' end
-  elseif v then
-    out[i] = 'x'
   else
-    out[i] = '0'
+    out[i] = v and 'x' or '0'
   end
 end
 return table.concat(out)
@@ -395,10 +393,8 @@ for i = 1, #KEYS do
     local heard = 0
     if ARGV[2 * i + 1] ~= '' then heard = redis.call(publish, ARGV[2 * i + 1], '1') end
     out[i] = heard == 0 and 'u' or (heard == 1 and 'v' or '1')
-  elseif v then
-    out[i] = 'x'
   else
-    out[i] = '0'
+    out[i] = v and 'x' or '0'
   end
 end
 return table.concat(out)
@@ -470,10 +466,8 @@ for i = 1, #KEYS do
   if h == 1 then
     redis.call('pexpire', KEYS[i], ARGV[2 * i])
     out[i] = '1'
-  elseif type(h) == 'table' or redis.call('exists', KEYS[i]) == 1 then
-    out[i] = 'x'
   else
-    out[i] = '0'
+    out[i] = (type(h) == 'table' or redis.call('exists', KEYS[i]) == 1) and 'x' or '0'
   end
 end
 return table.concat(out)
