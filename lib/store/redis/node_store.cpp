@@ -19,68 +19,31 @@ namespace lockwatch::detail {
 
 namespace {
 
-// The acquire script's call for `locks` (a batch, or the direct lane's one
-// lock): each lock's keys (itself, its slot's counter, its old counter),
-// then each one's token and ttl ('w' first for a call that waits), then
-// the owner's name.
-template <class Locks>
-EvalRequest acquire_request(const Locks& locks, std::string_view key_prefix, std::string_view owner) {
-  std::size_t bytes = owner.size();
-  for (const auto& a : locks) bytes += 3 * a.name.size() + a.token.size() + a.ttl_ms.size() + 64;
-  EvalRequest request(script(ScriptId::kAcquire), 3 * locks.size(), 5 * locks.size() + 1, bytes);
-  for (const auto& a : locks) {
-    request.arg(a.name);
-    request.arg(key_prefix, redis_keys::kCounterInfix, "{", slot_tag(key_slot(a.name)), "}");
-    request.arg(a.name, redis_keys::kFenceSuffix);
-  }
-  for (const auto& a : locks) request.arg(a.token).arg(a.waits ? "w" : "", a.ttl_ms);
-  request.arg(owner);
-  return request;
-}
-
-// The release script's call for `locks`: each one's channel where
-// notify(lock) says its release is told, else ''.
-template <class Locks, class Notify>
-EvalRequest release_request(const Locks& locks, std::string_view notice, Notify notify) {
-  std::size_t bytes = 0;
-  for (const auto& r : locks) bytes += 2 * r.name.size() + r.token.size() + 48;
-  EvalRequest request(script(ScriptId::kRelease), locks.size(), 1 + 3 * locks.size(), bytes);
-  for (const auto& r : locks) request.arg(r.name);
-  request.arg(notice);
-  for (const auto& r : locks) {
-    request.arg(r.token);
-    if (notify(r))
-      request.arg(r.name, redis_keys::kChannelSuffix);
-    else
-      request.arg(std::string_view());
-  }
-  return request;
-}
-
-// The kinds' renew or release call (kRenewKind, kReleaseKind) for the
-// locks at `at`: KEYS each one's lock and holders; ARGV `head` first when
-// given (the release's notice), then each one's token, `second(lock)` (the
-// renewal's ttl, the release's channel) and marker.
-template <class Second>
-EvalRequest kinds_request(ScriptId id, std::span<const LockRef> locks, const std::vector<std::size_t>& at,
-                          std::string_view head, Second second) {
+// The kinds' renew or release call (kRenewKind, kReleaseKind) on `c` for
+// the locks at `at`: KEYS each one's lock and holders; ARGV `head` first
+// when given (the release's notice), then each one's token, `second(lock)`
+// (the renewal's ttl, the release's channel) and marker. Each lock's status
+// in the reply (a `Reply`) goes to done(at[k], status, why); `keepalive`
+// lives until then.
+template <class Reply, class Done, class Second>
+void kinds_call(RedisConnection& c, ScriptId id, std::span<const LockRef> locks, std::vector<std::size_t> at,
+                std::string_view head, Second second, std::shared_ptr<Done> done,
+                std::shared_ptr<const void> keepalive = {}) {
   std::size_t bytes = head.size();
   for (std::size_t i : at) bytes += 4 * locks[i].name.size() + locks[i].token.size() + 64;
   EvalRequest request(script(id), 2 * at.size(), 5 * at.size() + (head.empty() ? 0 : 1), bytes);
   for (std::size_t i : at) request.arg(locks[i].name).arg(redis_keys::holders(locks[i].name));
   if (!head.empty()) request.arg(head);
   for (std::size_t i : at) request.arg(locks[i].token).arg(second(locks[i])).arg(kinds::marker(locks[i].kind));
-  return request;
-}
-
-// Hands each of `n` locks its status in `reply`, in turn: done(at(k), status, why).
-template <class Reply, class At, class Done>
-void answer_each(Reply& reply, std::size_t n, At at, const Done& done) {
-  for (std::size_t k = 0; k < n; ++k) {
-    const StoreError* why = nullptr;
-    const auto status = reply.next(&why);
-    done(at(k), status, why);
-  }
+  c.eval(std::move(request), [&c, at = std::move(at), done = std::move(done), keepalive = std::move(keepalive)](
+                                 const redisReply* r, const StoreError* err) {
+    Reply reply(r, err, at.size(), c.name());
+    for (std::size_t i : at) {
+      const StoreError* why = nullptr;
+      const auto status = reply.next(&why);
+      (*done)(i, status, why);
+    }
+  });
 }
 
 // `text` as literal text of a SCAN MATCH pattern.
@@ -336,14 +299,9 @@ void RedisNodeStore::withdraw(const LockRef& lock, WithdrawDone done) {
 void RedisNodeStore::send_kind_release(RedisConnection& c, std::span<const LockRef> locks,
                                        std::vector<std::size_t> indexes, bool notify,
                                        std::shared_ptr<ReleaseDone> done) {
-  EvalRequest request = kinds_request(ScriptId::kReleaseKind, locks, indexes, notice(), [notify](const LockRef& l) {
-    return notify ? redis_keys::channel(l.name) : std::string();
-  });
-  c.eval(std::move(request),
-         [&c, indexes = std::move(indexes), done = std::move(done)](const redisReply* r, const StoreError* err) {
-           ReleaseReply reply(r, err, indexes.size(), c.name());
-           answer_each(reply, indexes.size(), [&](std::size_t k) { return indexes[k]; }, *done);
-         });
+  kinds_call<ReleaseReply>(
+      c, ScriptId::kReleaseKind, locks, std::move(indexes), notice(),
+      [notify](const LockRef& l) { return notify ? redis_keys::channel(l.name) : std::string(); }, std::move(done));
 }
 
 namespace {
@@ -410,7 +368,7 @@ void RedisNodeStore::send_batch(std::vector<QueuedAcquire> batch, bool counted) 
 void RedisNodeStore::send_batch(std::vector<QueuedRelease> batch, bool counted) {
   // Either layout's script answers one entry per lock, and how many heard
   // its notice; each lock is handed its answer.
-  EvalRequest request = release_call(batch);
+  EvalRequest request = release_call(batch, [](const QueuedRelease& r) { return r.notify; });
   with_asking(*conn_).eval(std::move(request),
                            [this, counted, batch = std::move(batch)](const redisReply* r, const StoreError* err) {
                              if (counted) batch_answered();
@@ -432,8 +390,6 @@ void RedisNodeStore::acquired(Acquired out, QueuedAcquire a) {
     // reconnect's handshake, which the server answers only once it has
     // read the old connection (see docs/how-it-works.md, "No answer").
     give_back_on_acquire_line(a, [](auto&&...) {});
-    a.done(a.index, out);
-    return;
   }
   if (out.status != Acquired::Status::kTaken || replicas_.min <= 0) {
     a.done(a.index, out);
@@ -456,15 +412,15 @@ void RedisNodeStore::acquired(Acquired out, QueuedAcquire a) {
 
 template <class Answer>
 void RedisNodeStore::give_back_on_acquire_line(const QueuedAcquire& a, Answer answer) {
+  const LockRef ref{a.name, a.token, {}, {}, a.kind};
   if (!a.kind.exclusive_kind()) {
-    LockRef ref{a.name, a.token, {}, {}, a.kind};
     send_kind_release(for_acquire(), std::span<const LockRef>(&ref, 1), {0}, false,
                       std::make_shared<ReleaseDone>(std::move(answer)));
     return;
   }
-  // As a batch of one, without a notice in the lockwatch layout.
-  QueuedRelease one{a.name, a.token, false, a.index, CallDone<ReleaseDone>(ReleaseDone())};
-  for_acquire().eval(release_call({std::move(one)}), std::move(answer));
+  // Without a notice in the lockwatch layout.
+  for_acquire().eval(release_call(std::span<const LockRef>(&ref, 1), [](const LockRef&) { return false; }),
+                     std::move(answer));
 }
 
 std::size_t RedisNodeStore::renew(std::span<const LockRef> locks, std::shared_ptr<const void> keepalive,
@@ -541,7 +497,11 @@ std::size_t RedisNodeStore::renew_now(std::span<const LockRef> locks, std::share
   with_asking(*renew_).eval(std::move(request), [this, n, keepalive = std::move(keepalive), done = std::move(done)](
                                                     const redisReply* r, const StoreError* err) {
     RenewReply reply(r, err, n, renew_->name());
-    answer_each(reply, n, [](std::size_t k) { return k; }, done);
+    for (std::size_t k = 0; k < n; ++k) {
+      const StoreError* why = nullptr;
+      const Renewed status = reply.next(&why);
+      done(k, status, why);
+    }
   });
   return 1;
 }
@@ -561,8 +521,6 @@ std::size_t RedisNodeStore::renew_mixed(std::span<const LockRef> locks, std::sha
       kinds_at.push_back(i);
     }
   }
-  EvalRequest request =
-      kinds_request(ScriptId::kRenewKind, locks, kinds_at, {}, [](const LockRef& l) { return l.ttl_ms; });
   auto shared_done = std::make_shared<RenewDone>(std::move(done));
   std::size_t commands = 0;
   const bool asking = asking_;  // both calls go after an ASKING
@@ -573,11 +531,9 @@ std::size_t RedisNodeStore::renew_mixed(std::span<const LockRef> locks, std::sha
     });
   }
   asking_ = asking;
-  with_asking(*renew_).eval(std::move(request),
-               [this, shared_done, keepalive, at = std::move(kinds_at)](const redisReply* r, const StoreError* err) {
-                 RenewReply reply(r, err, at.size(), renew_->name());
-                 answer_each(reply, at.size(), [&](std::size_t k) { return at[k]; }, *shared_done);
-               });
+  kinds_call<RenewReply>(
+      with_asking(*renew_), ScriptId::kRenewKind, locks, std::move(kinds_at), {},
+      [](const LockRef& l) { return l.ttl_ms; }, std::move(shared_done), std::move(keepalive));
   return commands + 1;
 }
 
@@ -689,10 +645,8 @@ void RedisNodeStore::scan_page(std::shared_ptr<Listing> listing) {
       std::optional<StoreError> error;
     };
     auto page = std::make_shared<Page>();
-    for (std::size_t i = 0; i < r->element[1]->elements; ++i) {
-      const redisReply* n = r->element[1]->element[i];
+    for (const redisReply* n : std::span(r->element[1]->element, r->element[1]->elements))
       if (is_string(n)) page->names.emplace_back(text_of(n));
-    }
     page->infos.resize(page->names.size());
     auto finish_page = [this, listing, page] {
       if (page->error) return listing->done({}, &*page->error);
@@ -766,40 +720,72 @@ void RedisNodeStore::eval_acquire(EvalRequest request, std::vector<QueuedAcquire
 // A lone lock's calls, as send_batch() writes a batch of one (the release
 // with its notice).
 EvalRequest RedisNodeStore::acquire_one(const LockRef& l) const {
-  return acquire_request(std::span<const LockRef>(&l, 1), key_prefix_, owner_);
+  return acquire_call(std::span<const LockRef>(&l, 1));
 }
 
 EvalRequest RedisNodeStore::release_one(const LockRef& l) const {
-  return release_request(std::span<const LockRef>(&l, 1), notice(), [](const LockRef&) { return true; });
+  return release_call(std::span<const LockRef>(&l, 1), [](const LockRef&) { return true; });
 }
 
-EvalRequest RedisNodeStore::acquire_call(const std::vector<QueuedAcquire>& batch) const {
-  if (!layout_.redisson()) return acquire_request(batch, key_prefix_, owner_);
-  std::size_t bytes = 0;
-  for (const auto& a : batch)
-    bytes += 4 * a.name.size() + a.token.size() + layout_.client_id.size() + a.ttl_ms.size() + 128;
-  EvalRequest request(script(ScriptId::kRedissonAcquire), 3 * batch.size(), 5 * batch.size(), bytes);
-  for (const auto& a : batch)
-    request.arg(a.name).arg(redisson_keys::token_counter(a.name)).arg(redisson_keys::latch(a.name, a.token));
-  for (const auto& a : batch) request.arg(layout_.field(a.token)).arg(a.ttl_ms);
+// In the lockwatch layout: each lock's keys (itself, its slot's counter,
+// its old counter), then each one's token and ttl ('w' first for a call
+// that waits), then the owner's name.
+template <class Locks>
+EvalRequest RedisNodeStore::acquire_call(const Locks& locks) const {
+  if (layout_.redisson()) {
+    std::size_t bytes = 0;
+    for (const auto& a : locks)
+      bytes += 4 * a.name.size() + a.token.size() + layout_.client_id.size() + a.ttl_ms.size() + 128;
+    EvalRequest request(script(ScriptId::kRedissonAcquire), 3 * locks.size(), 5 * locks.size(), bytes);
+    for (const auto& a : locks)
+      request.arg(a.name).arg(redisson_keys::token_counter(a.name)).arg(redisson_keys::latch(a.name, a.token));
+    for (const auto& a : locks) request.arg(layout_.field(a.token)).arg(a.ttl_ms);
+    return request;
+  }
+  std::size_t bytes = owner_.size();
+  for (const auto& a : locks) bytes += 3 * a.name.size() + a.token.size() + a.ttl_ms.size() + 64;
+  EvalRequest request(script(ScriptId::kAcquire), 3 * locks.size(), 5 * locks.size() + 1, bytes);
+  for (const auto& a : locks) {
+    request.arg(a.name);
+    request.arg(key_prefix_, redis_keys::kCounterInfix, "{", slot_tag(key_slot(a.name)), "}");
+    request.arg(a.name, redis_keys::kFenceSuffix);
+  }
+  for (const auto& a : locks) request.arg(a.token).arg(a.waits ? "w" : "", a.ttl_ms);
+  request.arg(owner_);
   return request;
 }
 
-EvalRequest RedisNodeStore::release_call(const std::vector<QueuedRelease>& batch) const {
-  if (!layout_.redisson()) return release_request(batch, notice(), [](const QueuedRelease& r) { return r.notify; });
+// In the lockwatch layout: each lock's channel where notify(lock) says its
+// release is told, else ''.
+template <class Locks, class Notify>
+EvalRequest RedisNodeStore::release_call(const Locks& locks, Notify notify) const {
   std::size_t bytes = 0;
-  for (const auto& r : batch) bytes += 3 * r.name.size() + r.token.size() + layout_.client_id.size() + 128;
-  EvalRequest request(script(ScriptId::kRedissonRelease), 2 * batch.size(), 1 + 5 * batch.size(), bytes);
-  for (const auto& r : batch) request.arg(r.name).arg(redisson_keys::latch(r.name, r.token));
+  if (layout_.redisson()) {
+    for (const auto& r : locks) bytes += 3 * r.name.size() + r.token.size() + layout_.client_id.size() + 128;
+    EvalRequest request(script(ScriptId::kRedissonRelease), 2 * locks.size(), 1 + 5 * locks.size(), bytes);
+    for (const auto& r : locks) request.arg(r.name).arg(redisson_keys::latch(r.name, r.token));
+    request.arg(notice());
+    // The unlock latch's expiry: Redisson keeps its latch for its command
+    // timeout times its retries; a retry of ours comes within two.
+    const std::string keep = std::to_string(std::max<long long>(1000, 2 * command_timeout_.count()));
+    // Every release is announced, even of a lock given back unused: a
+    // Redisson waiter that found it busy meanwhile waits for the message (or
+    // else for the whole lease), and no lockwatch bookkeeping says whether
+    // one did.
+    for (const auto& r : locks) request.arg(layout_.field(r.token)).arg(redisson_keys::channel(r.name)).arg(keep);
+    return request;
+  }
+  for (const auto& r : locks) bytes += 2 * r.name.size() + r.token.size() + 48;
+  EvalRequest request(script(ScriptId::kRelease), locks.size(), 1 + 3 * locks.size(), bytes);
+  for (const auto& r : locks) request.arg(r.name);
   request.arg(notice());
-  // The unlock latch's expiry: Redisson keeps its latch for its command
-  // timeout times its retries; a retry of ours comes within two.
-  const std::string keep = std::to_string(std::max<long long>(1000, 2 * command_timeout_.count()));
-  // Every release is announced, even of a lock given back unused: a
-  // Redisson waiter that found it busy meanwhile waits for the message (or
-  // else for the whole lease), and no lockwatch bookkeeping says whether
-  // one did.
-  for (const auto& r : batch) request.arg(layout_.field(r.token)).arg(redisson_keys::channel(r.name)).arg(keep);
+  for (const auto& r : locks) {
+    request.arg(r.token);
+    if (notify(r))
+      request.arg(r.name, redis_keys::kChannelSuffix);
+    else
+      request.arg(std::string_view());
+  }
   return request;
 }
 

@@ -244,9 +244,12 @@ class RedisNodeStore final : public RedisStoreBase, public DirectLane {
   // The layout's channel of lock `name`, and the lock a channel is for.
   std::string channel_of(std::string_view name) const;
   std::string_view lock_of(std::string_view channel) const;
-  // The layout's acquire and release script calls for `batch`.
-  EvalRequest acquire_call(const std::vector<QueuedAcquire>& batch) const;
-  EvalRequest release_call(const std::vector<QueuedRelease>& batch) const;
+  // The layout's acquire and release script calls for `locks` (a batch, or
+  // a lone lock: queued, or a LockRef).
+  template <class Locks>
+  EvalRequest acquire_call(const Locks& locks) const;
+  template <class Locks, class Notify>
+  EvalRequest release_call(const Locks& locks, Notify notify) const;
   EvalRequest acquire_one(const LockRef& lock) const;
   EvalRequest release_one(const LockRef& lock) const;
   // The caller's line may take a call on `lock` now.
