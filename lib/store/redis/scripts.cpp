@@ -1,5 +1,6 @@
 #include "scripts.hpp"
 
+#include <fmt/format.h>
 #include <hiredis/hiredis.h>
 
 #include <algorithm>
@@ -549,10 +550,8 @@ constexpr std::string_view kInspect = R"lua(
 local t = redis.call('pttl', KEYS[1])
 local f = tonumber(redis.call('get', KEYS[2]) or '0')
 local old = redis.pcall('get', ARGV[1])
-if type(old) == 'string' then
-  local o = tonumber(old)
-  if o and o > f then f = o end
-end
+local o = type(old) == 'string' and tonumber(old)
+if o and o > f then f = o end
 local v = redis.call('get', KEYS[1]) or ''
 local record
 if string.sub(v, 1, 10) ~= 'lockwatch:' then
@@ -659,11 +658,7 @@ std::string sha1_hex(std::string_view data) {
     }
     for (int i = 0; i < 5; ++i) h[i] += v[i];
   }
-  static constexpr char kHex[] = "0123456789abcdef";
-  std::string out;
-  for (std::uint32_t v : h)
-    for (int i = 28; i >= 0; i -= 4) out.push_back(kHex[(v >> i) & 15]);
-  return out;
+  return fmt::format("{:08x}{:08x}{:08x}{:08x}{:08x}", h[0], h[1], h[2], h[3], h[4]);
 }
 
 const Script& script(ScriptId id) {
@@ -950,8 +945,7 @@ std::optional<StoreError> read_withdraw(const redisReply* reply, const StoreErro
 
 ClaimResult read_claim_period(const redisReply* reply, const StoreError* err, std::string_view endpoint) {
   if (err != nullptr) return ClaimResult{.error = *err};
-  bool fields_ok = is_array_of(reply, 4);
-  for (std::size_t i = 0; fields_ok && i < 4; ++i) fields_ok = is_string(reply->element[i]);
+  const bool fields_ok = is_array_of(reply, 4) && std::all_of(reply->element, reply->element + 4, is_string);
   long long seconds = 0, micros = 0;
   std::int64_t last = 0;
   if (!fields_ok || !whole_number(text_of(reply->element[1]), seconds) ||
