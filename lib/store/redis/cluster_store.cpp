@@ -154,11 +154,9 @@ ClusterStore::Node* ClusterStore::node_at(const std::string& host, int port) {
   Endpoint ep = seeds_.seeds.front();  // credentials and TLS of the URL
   ep.host = host;
   ep.port = port;
-  auto node = std::make_unique<Node>();
-  node->index = static_cast<std::int16_t>(nodes_.size());
-  node->endpoint = ep;
-  node->store =
-      std::make_unique<RedisNodeStore>(loop_, ep, settings_, RedisNodeStore::Notices::kSharded, layout_, replicas_);
+  auto node = std::make_unique<Node>(Node{
+      static_cast<std::int16_t>(nodes_.size()), ep,
+      std::make_unique<RedisNodeStore>(loop_, ep, settings_, RedisNodeStore::Notices::kSharded, layout_, replicas_)});
   node->store->batch_by_slot();  // a script's keys share one slot
   Node* raw = node.get();
   raw->store->set_dropped_hook(
@@ -403,7 +401,7 @@ void ClusterStore::route(std::string_view name, bool idempotent, Done done, Send
   call->send = [this, answer, send = std::move(send)](RedisNodeStore& node, bool asking,
                                                       const std::shared_ptr<Call>& self) {
     if (asking) node.send_asking();
-    send(node, self->name, [this, self, answer](const auto&... reply) {
+    std::invoke(send, node, self->name, [this, self, answer](const auto&... reply) {
       const StoreError* err = error_in(reply...);
       if (err == nullptr || !follow(self, *err, [answer, e = *err] { failed(*answer, e); }))
         (*answer)(settled(self->resent, reply)...);
@@ -631,8 +629,7 @@ void ClusterStore::reserve_tokens(const LockRef& lock, std::uint32_t n, ReserveD
 }
 
 void ClusterStore::inspect(std::string_view name, InspectDone done) {
-  route(name, true, std::move(done),
-        [](RedisNodeStore& node, std::string_view lock, auto reply) { node.inspect(lock, std::move(reply)); });
+  route(name, true, std::move(done), &RedisNodeStore::inspect);
 }
 
 void ClusterStore::list_locks(std::string_view prefix, std::size_t limit, ListDone done) {
@@ -669,8 +666,7 @@ void ClusterStore::list_locks(std::string_view prefix, std::size_t limit, ListDo
 }
 
 void ClusterStore::force_release(std::string_view name, ForceDone done) {
-  route(name, false, std::move(done),
-        [](RedisNodeStore& node, std::string_view lock, auto reply) { node.force_release(lock, std::move(reply)); });
+  route(name, false, std::move(done), &RedisNodeStore::force_release);
 }
 
 void ClusterStore::withdraw(const LockRef& lock, WithdrawDone done) {

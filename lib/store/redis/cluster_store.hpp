@@ -156,10 +156,11 @@ class ClusterStore final : public RedisStoreBase {
   Node* owner_of(std::string_view name);
   // The one way a call reaches a node: a call on lock `name` (`idempotent`:
   // see Call) goes to the master of its slot once the map is known, where
-  // `send(node, name, reply)` makes it; the error error_in() finds in what
-  // `reply` is told is followed (follow()), and what is not followed
-  // answers `done`. A call that finds no map or no master, or gives up,
-  // answers `done` as failed() says.
+  // `send(node, name, reply)` makes it (std::invoke: a RedisNodeStore
+  // member, or a function); the error error_in() finds in what `reply` is
+  // told is followed (follow()), and what is not followed answers `done`. A
+  // call that finds no map or no master, or gives up, answers `done` as
+  // failed() says.
   template <class Done, class Send>
   void route(std::string_view name, bool idempotent, Done done, Send send);
   // Returns the script calls sent.
