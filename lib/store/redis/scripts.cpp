@@ -701,9 +701,7 @@ const Script& script(ScriptId id) {
 }
 
 std::string running(const Script& s) {
-  std::string out = "EVALSHA of lockwatch's ";
-  out.append(s.name).append(" script, which calls ").append(s.calls);
-  return out;
+  return fmt::format("EVALSHA of lockwatch's {} script, which calls {}", s.name, s.calls);
 }
 
 namespace {
@@ -722,8 +720,7 @@ std::string shape_of(const redisReply* r) {
 }
 
 StoreError unexpected_reply(std::string_view endpoint, std::string_view script, std::string_view what) {
-  return StoreError::refused(std::string(endpoint),
-                             "unexpected reply to the " + std::string(script) + " script: " + std::string(what));
+  return StoreError::refused(std::string(endpoint), fmt::format("unexpected reply to the {} script: {}", script, what));
 }
 
 // `text` whole as a decimal number of type T; false if it is not one.
@@ -784,8 +781,7 @@ AcquireReply::AcquireReply(const redisReply* reply, const StoreError* err, std::
     const std::size_t separators = static_cast<std::size_t>(std::count(rest_.begin(), rest_.end(), '\n'));
     const std::size_t entries = rest_.empty() ? 0 : separators + 1;
     if (entries != locks)
-      own_ = unexpected_reply(endpoint, "acquire",
-                              std::to_string(entries) + " entries for " + std::to_string(locks) + " locks");
+      own_ = unexpected_reply(endpoint, "acquire", fmt::format("{} entries for {} locks", entries, locks));
   }
   if (own_) failed_ = &*own_;
 }
@@ -818,8 +814,7 @@ StatusReply::StatusReply(const redisReply* reply, const StoreError* err, std::si
     : statuses_(statuses), endpoint_(endpoint), script_(script), refusals_(refusals), failed_(err) {
   if (failed_ != nullptr) return;
   if (!is_string(reply) || reply->len != locks) {
-    own_ = unexpected_reply(endpoint, script,
-                            shape_of(reply) + " for " + std::to_string(locks) + " locks (one byte each)");
+    own_ = unexpected_reply(endpoint, script, fmt::format("{} for {} locks (one byte each)", shape_of(reply), locks));
     failed_ = &*own_;
     return;
   }
