@@ -54,14 +54,13 @@ StoreLayout store_layout(const RedisUrl& split) {
 std::unique_ptr<LockStore> make_redis(Loop& loop, const std::string& url, const Options& options) {
   RedisUrl split;
   Topology topology = redis_topology(url, split);
-  const StoreLayout layout = store_layout(split);
   const StoreSettings settings = StoreSettings::of(options);
   constexpr auto kClassic = RedisNodeStore::Notices::kClassic;
   const bool sentinel = !topology.sentinels.empty();
   if (sentinel || topology.masters.size() == 1) {
     // One master: the URL's, or the one the sentinels name.
     auto node = std::make_unique<RedisNodeStore>(loop, sentinel ? topology.master : topology.masters.front(), settings,
-                                                 kClassic, layout, split.replicas);
+                                                 kClassic, store_layout(split), split.replicas);
     node->write_directly();
     if (sentinel)
       node->follow_sentinels(
@@ -88,9 +87,8 @@ void check_cluster(const std::string& url, const Options& options) {
 
 std::unique_ptr<LockStore> make_cluster(Loop& loop, const std::string& url, const Options& options) {
   const RedisUrl split = split_redis_url(url);
-  const StoreLayout layout = store_layout(split);
-  return std::make_unique<ClusterStore>(loop, ClusterSeeds::parse(split.url), StoreSettings::of(options), layout,
-                                        split.replicas);
+  return std::make_unique<ClusterStore>(loop, ClusterSeeds::parse(split.url), StoreSettings::of(options),
+                                        store_layout(split), split.replicas);
 }
 
 }  // namespace
