@@ -37,8 +37,6 @@
 // Threading: as LockStore (loop thread, but encode()/check_key()).
 #pragma once
 
-#include <uv.h>
-
 #include <chrono>
 #include <cstdint>
 #include <deque>
