@@ -161,11 +161,6 @@ namespace {
 
 [[noreturn]] void bad_url(const std::string& url, const char* why) { detail::throw_bad_url(url, why); }
 
-bool parse_int(std::string_view s, int& out) {
-  const auto n = detail::whole_number<int>(s);
-  if (n) out = *n;
-  return n.has_value();
-}
 
 }  // namespace
 
@@ -198,7 +193,8 @@ Endpoint Endpoint::parse(const std::string& url) {
   if (auto slash = rest.find('/'); slash != std::string_view::npos) {
     hostport = rest.substr(0, slash);
     std::string_view db = rest.substr(slash + 1);
-    if (!db.empty() && (!parse_int(db, ep.db) || ep.db < 0)) bad_url(url, "the database must be a number >= 0");
+    if (!db.empty() && (!detail::whole_number(db, ep.db) || ep.db < 0))
+      bad_url(url, "the database must be a number >= 0");
   }
   std::string_view host = hostport;
   if (!hostport.empty() && hostport.front() == '[') {  // [::1]:6379
@@ -207,11 +203,11 @@ Endpoint Endpoint::parse(const std::string& url) {
     host = hostport.substr(1, close - 1);
     std::string_view after = hostport.substr(close + 1);
     if (!after.empty()) {
-      if (after.front() != ':' || !parse_int(after.substr(1), ep.port)) bad_url(url, "bad port");
+      if (after.front() != ':' || !detail::whole_number(after.substr(1), ep.port)) bad_url(url, "bad port");
     }
   } else if (auto colon = hostport.rfind(':'); colon != std::string_view::npos) {
     host = hostport.substr(0, colon);
-    if (!parse_int(hostport.substr(colon + 1), ep.port)) bad_url(url, "bad port");
+    if (!detail::whole_number(hostport.substr(colon + 1), ep.port)) bad_url(url, "bad port");
   }
   if (host.empty()) bad_url(url, "no host");
   if (ep.port <= 0 || ep.port > 65535) bad_url(url, "port out of range");

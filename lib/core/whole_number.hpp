@@ -18,4 +18,12 @@ std::optional<T> whole_number(std::string_view text) noexcept {
   return n;
 }
 
+// The same into `out`, which is left as it was when `text` is not one.
+template <class T>
+bool whole_number(std::string_view text, T& out) noexcept {
+  const auto n = whole_number<T>(text);
+  if (n) out = *n;
+  return n.has_value();
+}
+
 }  // namespace lockwatch::detail

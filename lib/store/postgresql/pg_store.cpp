@@ -94,9 +94,10 @@ void PgStore::unsubscribe(std::string_view name) {
 }
 
 void PgStore::start_notices() {
-  notices_ = std::make_unique<PgConnection>(
-      loop_, target_, settings_,
-      PgSession{.table = fmt::format("{}.{}", target_.database, target_.table), .listen = channel_});
+  PgSession session;
+  session.listen = channel_;
+  session.table = fmt::format("{}.{}", target_.database, target_.table);
+  notices_ = std::make_unique<PgConnection>(loop_, target_, settings_, std::move(session));
   notices_->set_ready_hook([this] {
     listening_ = true;
     if (!events_.subscribed) return;

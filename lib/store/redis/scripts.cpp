@@ -13,6 +13,8 @@
 #include <stdexcept>
 #include <utility>
 
+#include "core/whole_number.hpp"
+#include "store/kind_rules.hpp"
 #include "store/redis/redis_error.hpp"
 
 namespace lockwatch::detail {
@@ -723,14 +725,6 @@ StoreError unexpected_reply(std::string_view endpoint, std::string_view script, 
   return StoreError::refused(std::string(endpoint), fmt::format("unexpected reply to the {} script: {}", script, what));
 }
 
-// `text` whole as a decimal number of type T; false if it is not one.
-template <class T>
-bool whole_number(std::string_view text, T& out) {
-  const char* end = text.data() + text.size();
-  auto [p, ec] = std::from_chars(text.data(), end, out);
-  return !text.empty() && ec == std::errc() && p == end;
-}
-
 // An entry as the error says it, cut short.
 std::string quoted(std::string_view entry) {
   constexpr std::size_t kShown = 40;
@@ -875,16 +869,6 @@ std::uint64_t read_reserve_tokens(const redisReply* reply, const StoreError* err
 
 namespace {
 
-// The kind a lock's value says it is held as (keys.hpp's markers).
-LockKind kind_of_value(std::string_view v) {
-  if (v == "lockwatch:shared") return LockKind::shared();
-  if (v == "lockwatch:fair") return LockKind::fair();
-  constexpr std::string_view kPermits = "lockwatch:permits:";
-  std::uint32_t n = 0;
-  if (v.starts_with(kPermits) && whole_number(v.substr(kPermits.size()), n)) return LockKind::permits(n);
-  return LockKind::exclusive();
-}
-
 }  // namespace
 
 std::optional<StoreError> read_inspect(const redisReply* reply, const StoreError* err, std::string_view endpoint,
@@ -907,7 +891,7 @@ std::optional<StoreError> read_inspect(const redisReply* reply, const StoreError
   info.fencing_token = static_cast<std::uint64_t>(reply->element[1]->integer);
   const std::string_view value = text_of(reply->element[2]);
   if (!info.held) return std::nullopt;
-  info.kind = kind_of_value(value);
+  info.kind = kinds::kind_of_marker(value);
   if (info.kind.exclusive_kind()) info.owner.assign(value);
   std::int64_t now_ms = -1;
   (void)whole_number(text_of(reply->element[4]), now_ms);
