@@ -47,7 +47,6 @@ bool credentials_refused(const grpc::Status& status) {
 
 struct EtcdClient::Member {
   std::string address;
-  std::shared_ptr<grpc::Channel> channel;
   std::unique_ptr<etcdserverpb::KV::Stub> kv;
   std::unique_ptr<etcdserverpb::Lease::Stub> lease;
   std::unique_ptr<etcdserverpb::Watch::Stub> watch;
@@ -121,19 +120,13 @@ EtcdClient::EtcdClient(Loop& loop, EtcdTarget target, const StoreSettings& setti
       name_(target_.name()),
       connect_timeout_(settings.connection.connect_timeout),
       command_timeout_(settings.connection.command_timeout) {
-  std::shared_ptr<grpc::ChannelCredentials> credentials = grpc::InsecureChannelCredentials();
-  if (target_.tls) {
-    // The members' certificates checked against tls.ca_file (else gRPC's
-    // roots); a client certificate when the members ask for one.
-    grpc::SslCredentialsOptions ssl;
-    ssl.pem_root_certs = read_file(settings.tls.ca_file);
-    ssl.pem_cert_chain = read_file(settings.tls.cert_file);
-    ssl.pem_private_key = read_file(settings.tls.key_file);
-    credentials = grpc::SslCredentials(ssl);
-  }
+  // With TLS, the members' certificates checked against tls.ca_file (else
+  // gRPC's roots); a client certificate when the members ask for one.
+  const auto credentials = target_.tls ? grpc::SslCredentials({.pem_root_certs = read_file(settings.tls.ca_file),
+                                                               .pem_private_key = read_file(settings.tls.key_file),
+                                                               .pem_cert_chain = read_file(settings.tls.cert_file)})
+                                       : grpc::InsecureChannelCredentials();
   for (const auto& m : target_.members) {
-    auto member = std::make_unique<Member>();
-    member->address = m.address();
     grpc::ChannelArguments args;
     // A member killed and back is found again within a second.
     args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
@@ -144,12 +137,11 @@ EtcdClient::EtcdClient(Loop& loop, EtcdTarget target, const StoreSettings& setti
     args.SetInt(GRPC_ARG_KEEPALIVE_TIME_MS, 10000);
     args.SetInt(GRPC_ARG_KEEPALIVE_TIMEOUT_MS, static_cast<int>(std::max<long long>(command_timeout_.count(), 1000)));
     if (target_.tls && !settings.tls.server_name.empty()) args.SetSslTargetNameOverride(settings.tls.server_name);
-    member->channel = grpc::CreateCustomChannel(member->address, credentials, args);
-    member->kv = etcdserverpb::KV::NewStub(member->channel);
-    member->lease = etcdserverpb::Lease::NewStub(member->channel);
-    member->watch = etcdserverpb::Watch::NewStub(member->channel);
-    member->auth = etcdserverpb::Auth::NewStub(member->channel);
-    members_.push_back(std::move(member));
+    // The stubs keep the channel.
+    auto channel = grpc::CreateCustomChannel(m.address(), credentials, args);
+    members_.push_back(
+        std::make_unique<Member>(m.address(), etcdserverpb::KV::NewStub(channel), etcdserverpb::Lease::NewStub(channel),
+                                 etcdserverpb::Watch::NewStub(channel), etcdserverpb::Auth::NewStub(channel)));
   }
 }
 

@@ -15,7 +15,6 @@
 
 #include <grpcpp/grpcpp.h>
 
-#include <atomic>
 #include <chrono>
 #include <condition_variable>
 #include <cstdint>
@@ -26,7 +25,6 @@
 #include <string>
 #include <vector>
 
-#include "lockwatch/options.hpp"
 #include "rpc.grpc.pb.h"
 #include "store/etcd/etcd_target.hpp"
 #include "store/store_error.hpp"

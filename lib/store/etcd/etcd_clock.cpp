@@ -80,10 +80,8 @@ std::optional<std::string_view> header(std::string_view head, std::string_view n
     std::string_view line = head.substr(start, at - start);
     auto colon = line.find(':');
     if (colon == name.size() && ::strncasecmp(line.data(), name.data(), name.size()) == 0) {
-      std::string_view v = line.substr(colon + 1);
-      while (!v.empty() && (v.front() == ' ' || v.front() == '\t')) v.remove_prefix(1);
-      while (!v.empty() && (v.back() == ' ' || v.back() == '\t')) v.remove_suffix(1);
-      return v;
+      const auto first = std::min(line.find_first_not_of(" \t", colon + 1), line.size());
+      return line.substr(first, line.find_last_not_of(" \t") + 1 - first);
     }
   }
   return std::nullopt;
@@ -107,7 +105,6 @@ struct EtcdClock::Conn {
   SSL* ssl = nullptr;
   std::string in;  // read and not yet consumed
 
-  Conn(EtcdClock& c, std::stop_token s) : clock(c), stop(std::move(s)) {}
   ~Conn() {
 #if LOCKWATCH_WITH_TLS
     if (ssl != nullptr) SSL_free(ssl);
@@ -158,8 +155,7 @@ struct EtcdClock::Conn {
     hints.ai_family = AF_UNSPEC;
     hints.ai_socktype = SOCK_STREAM;
     addrinfo* found = nullptr;
-    const std::string port = std::to_string(m.port);
-    if (int rc = ::getaddrinfo(m.host.c_str(), port.c_str(), &hints, &found); rc != 0)
+    if (int rc = ::getaddrinfo(m.host.c_str(), std::to_string(m.port).c_str(), &hints, &found); rc != 0)
       return failed(why, std::string("cannot resolve: ") + ::gai_strerror(rc));
     why = "no address";
     for (addrinfo* a = found; a != nullptr; a = a->ai_next) {
@@ -328,16 +324,15 @@ EtcdClock::Measured EtcdClock::measure(std::stop_token stop) {
   if (target_.tls && !tls_)
     return {.error = StoreError::invalid(state_->name, "cannot read the members' clock over TLS: " + tls_error_)};
   std::string whys;
-  for (std::size_t i = 0; i < target_.members.size(); ++i) {
-    Measured m = measure_member(i, stop);
+  for (const auto& member : target_.members) {
+    Measured m = measure_member(member, stop);
     if (m.ok || stop.stop_requested()) return m;
     whys += (whys.empty() ? "" : "; ") + m.error.message;
   }
   return {.error = StoreError::unavailable(state_->name, "no member's clock could be read: " + whys)};
 }
 
-EtcdClock::Measured EtcdClock::measure_member(std::size_t member, std::stop_token stop) {
-  const EtcdTarget::Member& m = target_.members[member];
+EtcdClock::Measured EtcdClock::measure_member(const EtcdTarget::Member& m, std::stop_token stop) {
   const std::string endpoint = (target_.tls ? "https://" : "http://") + m.address();
   auto fail = [&](const std::string& why) {
     return Measured{.error = StoreError::unavailable(state_->name, endpoint + ": " + why)};

@@ -24,7 +24,6 @@
 #include <thread>
 #include <vector>
 
-#include "lockwatch/options.hpp"
 #include "store/etcd/etcd_target.hpp"
 #include "store/store_error.hpp"
 #include "store/store_settings.hpp"
@@ -74,7 +73,7 @@ class EtcdClock {
   struct State;
   void run(std::stop_token stop);
   Measured measure(std::stop_token stop);
-  Measured measure_member(std::size_t member, std::stop_token stop);
+  Measured measure_member(const EtcdTarget::Member& m, std::stop_token stop);
   void want_measure();  // loop thread
 
   Loop& loop_;

@@ -359,28 +359,22 @@ void EtcdStore::inspect(std::string_view name, InspectDone done) {
 }
 
 struct EtcdStore::Listing {
-  std::string from;  // the next page's first key
-  std::string end;   // the range's end (exclusive; "\0": every key from `from`)
+  std::string from;   // the next page's first key
+  std::string end{};  // the range's end (exclusive; "\0": every key from `from`)
   std::size_t limit = 0;
   std::size_t prefix = 0;  // key_prefix's length
-  std::vector<LockInfo> found;
+  std::vector<LockInfo> found{};
   ListDone done;
 };
 
 void EtcdStore::list_locks(std::string_view prefix, std::size_t limit, ListDone done) {
-  auto listing = std::make_shared<Listing>();
-  listing->from = encode(prefix);
+  auto listing = std::make_shared<Listing>(
+      Listing{.from = encode(prefix), .limit = limit, .prefix = traits().keys.prefix.size(), .done = std::move(done)});
   // The range of every key that starts with `from`: its last byte below
   // 0xff raised by one, the bytes after it dropped.
-  listing->end = listing->from;
-  while (!listing->end.empty() && static_cast<unsigned char>(listing->end.back()) == 0xff) listing->end.pop_back();
-  if (listing->end.empty())
-    listing->end = std::string(1, '\0');
-  else
-    listing->end.back() = static_cast<char>(static_cast<unsigned char>(listing->end.back()) + 1);
-  listing->limit = limit;
-  listing->prefix = traits().keys.prefix.size();
-  listing->done = std::move(done);
+  const std::size_t last = listing->from.find_last_not_of('\xff');
+  listing->end = last == std::string::npos ? std::string(1, '\0') : listing->from.substr(0, last + 1);
+  if (last != std::string::npos) ++listing->end.back();
   list_page(std::move(listing));
 }
 

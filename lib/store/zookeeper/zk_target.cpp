@@ -1,5 +1,6 @@
 #include "store/zookeeper/zk_target.hpp"
 
+#include <ranges>
 #include <string_view>
 
 #include "core/url.hpp"
@@ -12,8 +13,7 @@ ZkTarget ZkTarget::parse(const std::string& url) {
   if (rest.substr(0, kScheme.size()) != kScheme)
     throw_bad_url(url, "expected zookeeper://[user:password@]host:port[,host:port...][/chroot]");
   rest.remove_prefix(kScheme.size());
-  if (rest.find('?') != std::string_view::npos || rest.find('#') != std::string_view::npos)
-    throw_bad_url(url, "a zookeeper:// URL takes no parameters");
+  if (rest.find_first_of("?#") != std::string_view::npos) throw_bad_url(url, "a zookeeper:// URL takes no parameters");
   ZkTarget t;
   if (auto at = rest.rfind('@'); at != std::string_view::npos) {
     if (rest.substr(0, at).find(':') == std::string_view::npos)
@@ -27,27 +27,21 @@ ZkTarget ZkTarget::parse(const std::string& url) {
   std::string_view hosts = rest.substr(0, rest.find('/'));
   if (std::string_view chroot = rest.substr(hosts.size()); chroot.size() > 1) {  // not "" or "/"
     t.chroot = percent_decode(url, chroot);
-    for (std::string_view segs = std::string_view(t.chroot).substr(1);;) {
-      auto next = segs.find('/');
-      std::string_view seg = segs.substr(0, next);
+    for (const auto part : std::views::split(std::string_view(t.chroot).substr(1), '/')) {
+      const std::string_view seg(part.begin(), part.end());
       if (seg.empty() || seg == "." || seg == ".." || seg.find('\0') != std::string_view::npos || seg == "zookeeper")
         throw_bad_url(url, "a bad chroot: its segments must be non-empty, not '.', '..' or 'zookeeper'");
-      if (next == std::string_view::npos) break;
-      segs.remove_prefix(next + 1);
     }
   }
   if (hosts.empty()) throw_bad_url(url, "no host: expected zookeeper://host:port[,host:port...]");
-  while (true) {
-    auto comma = hosts.find(',');
+  for (const auto part : std::views::split(hosts, ',')) {
     int port = 2181;
-    std::string_view host = split_host_port(url, hosts.substr(0, comma), port);
+    std::string_view host = split_host_port(url, std::string_view(part.begin(), part.end()), port);
     if (host.empty()) throw_bad_url(url, "an empty host in the member list");
     for (char c : host)
       if (c == '%' || c == '/' || c == ',' || c == '@' || static_cast<unsigned char>(c) <= ' ')
         throw_bad_url(url, "a bad host name");
     t.hosts.emplace_back(std::string(host), port);
-    if (comma == std::string_view::npos) break;
-    hosts.remove_prefix(comma + 1);
   }
   return t;
 }
