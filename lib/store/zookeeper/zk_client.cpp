@@ -8,10 +8,7 @@
 namespace lockwatch::detail {
 
 void ZkSink::post(std::function<void(ZkSessions&)> f) {
-  {
-    std::lock_guard lk(mu);
-    if (sessions == nullptr) return;
-  }
+  if (target() == nullptr) return;
   loop->post([self = shared_from_this(), f = std::move(f)] {
     if (ZkSessions* s = self->target(); s != nullptr) f(*s);
   });

@@ -42,13 +42,9 @@ ZkSessions::~ZkSessions() { close(); }
 
 ZkSessions::Session* ZkSessions::session_for(milliseconds ttl) {
   const long long ms = std::max<long long>(ttl.count(), 1);
-  auto it = sessions_.find(ms);
-  if (it != sessions_.end() && (it->second->zh != nullptr || it->second->awaiting_names)) return it->second.get();
-  if (it != sessions_.end()) {  // its set-up failed: try again
-    delete it->second->watch_ctx;
-    sessions_.erase(it);
-  }
   auto& s = sessions_[ms];
+  if (s != nullptr && (s->zh != nullptr || s->awaiting_names)) return s.get();
+  if (s != nullptr) delete s->watch_ctx;  // its set-up failed: try again
   s = std::make_unique<Session>(Session{.serial = next_serial_++, .requested_ms = ms, .started = Clock::now()});
   look_up_names(*s);
   return s.get();
