@@ -435,8 +435,7 @@ std::shared_ptr<EtcdClient::Watch> EtcdClient::watch(std::string key, WatchHooks
   create->set_key(std::move(key));
   create->add_filters(etcdserverpb::WatchCreateRequest::NOPUT);
   call->hooks = std::move(hooks);
-  std::weak_ptr<Watch> weak = call;
-  with_token([this, weak](const StoreError* auth_error) {
+  with_token([this, weak = std::weak_ptr<Watch>(call)](const StoreError* auth_error) {
     auto call = weak.lock();
     if (!call || call->cancelled) return;
     if (auth_error) {

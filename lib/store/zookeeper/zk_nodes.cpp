@@ -85,8 +85,7 @@ LockKind kind_of(std::string_view child) { return kinds::kind_of_marker(parse_no
 
 std::vector<std::string> in_order(std::vector<std::string> children) {
   std::erase_if(children, [](const std::string& c) { return parse_node(c).seq < 0; });
-  std::sort(children.begin(), children.end(),
-            [](const std::string& a, const std::string& b) { return parse_node(a).seq < parse_node(b).seq; });
+  std::ranges::sort(children, {}, [](const std::string& c) { return parse_node(c).seq; });
   return children;
 }
 

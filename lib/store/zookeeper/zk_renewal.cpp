@@ -46,10 +46,9 @@ std::size_t ZkRenewal::renew(std::span<const LockRef> locks, std::shared_ptr<con
       auto chunk = std::make_shared<std::vector<RenewCheck>>(
           members.begin() + from, members.begin() + std::min(members.size(), from + kZkChecksPerMulti));
       ++commands;
-      const auto sent = Clock::now();
       sessions_.send(
           *sessions_.live(serial),
-          [this, chunk, shared_done, keepalive, sent](const ZkResult& r) {
+          [this, chunk, shared_done, keepalive, sent = Clock::now()](const ZkResult& r) {
             renew_answered(*chunk, *shared_done, sent, r);
           },
           [chunk](zhandle_t* zh, void* ctx) {
