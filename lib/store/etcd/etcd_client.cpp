@@ -16,7 +16,7 @@ namespace lockwatch::detail {
 
 namespace {
 
-// A PEM file's text (checked readable by EtcdStore::check_options).
+// A PEM file's text (checked readable with the options, etcd_kind.cpp).
 std::string read_file(const std::string& path) {
   if (path.empty()) return {};
   std::ifstream f(path);

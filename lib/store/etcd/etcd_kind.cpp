@@ -1,5 +1,7 @@
 #include "store/etcd/etcd_kind.hpp"
 
+#include "core/tls.hpp"
+#include "lockwatch/errors.hpp"
 #include "store/etcd/etcd_store.hpp"
 #include "store/etcd/etcd_target.hpp"
 
@@ -7,7 +9,12 @@ namespace lockwatch::detail {
 
 constinit const StoreKind kEtcdStore{
     kEtcdSchemes, kEtcdUsage,
-    [](const std::string& url, const Options& options) { EtcdStore::check_options(EtcdTarget::parse(url), options); },
+    [](const std::string& url, const Options& options) {
+      if (!EtcdTarget::parse(url).tls) return;
+      if (!options.tls.verify)
+        throw InvalidArgument("etcds:// always verifies the members' certificates: Options::tls.verify must stay true");
+      check_tls_files(options.tls);
+    },
     [](Loop& loop, const std::string& url, const Options& options) -> std::unique_ptr<LockStore> {
       return std::make_unique<EtcdStore>(loop, EtcdTarget::parse(url), StoreSettings::of(options));
     }};

@@ -6,8 +6,6 @@
 
 #include "core/countdown.hpp"
 #include "core/loop.hpp"
-#include "core/tls.hpp"
-#include "lockwatch/errors.hpp"
 #include "store/etcd/etcd_error.hpp"
 
 namespace lockwatch::detail {
@@ -71,13 +69,6 @@ etcdserverpb::TxnRequest acquisition(const std::string& name, std::string_view t
 
 }  // namespace
 
-void EtcdStore::check_options(const EtcdTarget& target, const Options& options) {
-  if (!target.tls) return;
-  if (!options.tls.verify)
-    throw InvalidArgument("etcds:// always verifies the members' certificates: Options::tls.verify must stay true");
-  check_tls_files(options.tls);
-}
-
 std::int64_t EtcdStore::lease_seconds(milliseconds ttl) noexcept {
   return std::max<std::int64_t>(1, (ttl.count() + 999) / 1000);
 }
@@ -97,8 +88,6 @@ EtcdStore::EtcdStore(Loop& loop, EtcdTarget target, const StoreSettings& setting
       owner_(settings.owner_name) {
   offer({.job_claims = this, .operator_tools = this, .lock_listing = this});
 }
-
-EtcdStore::~EtcdStore() = default;
 
 void EtcdStore::started() {
   clock_->warm();

@@ -23,7 +23,6 @@
 #include <memory>
 #include <string>
 
-#include "lockwatch/options.hpp"
 #include "store/capabilities.hpp"
 #include "store/etcd/etcd_client.hpp"
 #include "store/etcd/etcd_clock.hpp"
@@ -46,10 +45,7 @@ class EtcdStore final : public StoreBase, public JobClaims, public OperatorTools
   static constexpr std::chrono::milliseconds kExpirySlack{2000};
 
   EtcdStore(Loop& loop, EtcdTarget target, const StoreSettings& settings);
-  ~EtcdStore() override;
 
-  // Any thread. InvalidArgument if the options do not suit this store.
-  static void check_options(const EtcdTarget& target, const Options& options);
   // The ttl of a lock's lease: whole seconds, rounded up, at least one
   // (etcd raises it further to its own minimum).
   static std::int64_t lease_seconds(std::chrono::milliseconds ttl) noexcept;
