@@ -67,15 +67,13 @@ struct EtcdClient::Call : std::enable_shared_from_this<EtcdClient::Call> {
   // runs on the loop, unless close() answered first.
   void answer_on_loop(const grpc::Status& end) {
     status = end;
-    auto me = std::move(self);
     EtcdClient* c = client;
-    c->loop_.post([me] {
+    c->loop_.post([me = std::move(self)] {
       if (me->answered) return;
       me->answered = true;
       me->client->live_.erase(me);
       me->answer();
     });
-    me.reset();
     // Nothing of the call is left with gRPC (the destructor waits for
     // every one): the last use of the client here.
     std::lock_guard lock(c->in_flight_mu_);
@@ -231,7 +229,6 @@ void EtcdClient::authenticate() {
   call->request.set_password(target_.password);
   call->done = [this, member, u = call.get()](const grpc::Status* status, const StoreError* closed) {
     authenticating_ = false;
-    auto waiting = std::exchange(waiting_for_token_, {});
     std::optional<StoreError> error;
     if (!status) {
       error = *closed;
@@ -244,7 +241,7 @@ void EtcdClient::authenticate() {
     } else {
       token_ = u->response.token();
     }
-    for (auto& start : waiting) start(error ? &*error : nullptr);
+    for (auto& start : std::exchange(waiting_for_token_, {})) start(error ? &*error : nullptr);
   };
   members_[member]->auth->async()->Authenticate(&call->context, &call->request, &call->response,
                                                 [u = call.get()](grpc::Status end) { u->answer_on_loop(end); });
@@ -405,8 +402,7 @@ class EtcdClient::Watch final
     StartCall();
   }
   void report(std::function<void()> WatchHooks::*hook) {
-    auto me = std::static_pointer_cast<Watch>(shared_from_this());
-    client->loop_.post([me, hook] {
+    client->loop_.post([me = std::static_pointer_cast<Watch>(shared_from_this()), hook] {
       if (!me->cancelled && !me->answered && me->hooks.*hook) (me->hooks.*hook)();
     });
   }
@@ -461,9 +457,8 @@ void EtcdClient::cancel(const std::shared_ptr<Watch>& watch) {
 void EtcdClient::close() {
   if (closed_) return;
   closed_ = true;
-  auto live = std::exchange(live_, {});
   const auto closed = StoreError::unavailable(name_, "the store is closed");
-  for (const auto& call : live) {
+  for (const auto& call : std::exchange(live_, {})) {
     call->context.TryCancel();
     if (!std::exchange(call->answered, true)) call->fail(closed);
   }

@@ -175,8 +175,7 @@ void ZkLockRecipe::listed(const Op& op, const ZkResult& r) {
     return abandon(op, sessions_.error(r.failure(), "listing the lock's nodes"));
   }
   auto nodes = zk::in_order(r.children);
-  const std::string own_child = op->path.substr(op->path.rfind('/') + 1);
-  auto own = std::find(nodes.begin(), nodes.end(), own_child);
+  auto own = std::find(nodes.begin(), nodes.end(), op->path.substr(op->path.rfind('/') + 1));
   if (own == nodes.end()) {
     forget(*op);
     // A writer's mark: the store removed it meanwhile (its span passed).
