@@ -86,11 +86,8 @@ void ZkSessions::names_resolved(long long ms, std::uint64_t serial, const std::v
 
 void ZkSessions::open_handle(Session& s, const std::vector<std::string>& addresses) {
   std::string hosts;
-  for (std::size_t i = 0; i < addresses.size(); ++i) {
-    if (addresses[i].empty()) continue;
-    if (!hosts.empty()) hosts += ',';
-    hosts += host_port(addresses[i], target_.hosts[i].second);
-  }
+  for (std::size_t i = 0; i < addresses.size(); ++i)
+    if (!addresses[i].empty()) hosts += (hosts.empty() ? "" : ",") + host_port(addresses[i], target_.hosts[i].second);
   if (!hosts.empty()) {
     s.watch_ctx = new ZkCtx{sink_, 0, s.serial, {}, {}};
     // The timeout is an int of ms; the ensemble bounds it anyway.

@@ -52,7 +52,6 @@ struct ZkHolds {
 };
 
 struct ZkSession {
-  using Clock = std::chrono::steady_clock;
   std::uint64_t serial = 0;
   long long requested_ms = 0;
   zhandle_t* zh = nullptr;
@@ -61,7 +60,7 @@ struct ZkSession {
   int negotiated_ms = 0;
   std::uint32_t connects = 0;  // times it connected (again); 0: never yet
   bool awaiting_names = false;  // no handle yet: what is sent meanwhile is parked
-  Clock::time_point started;
+  std::chrono::steady_clock::time_point started;
   // Requests made while it is not connected, sent once it is: the client
   // fails what it queued at every connection attempt that fails.
   std::vector<std::pair<std::uint64_t, ZkIssue>> parked{};
