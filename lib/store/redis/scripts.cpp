@@ -867,10 +867,6 @@ std::uint64_t read_reserve_tokens(const redisReply* reply, const StoreError* err
   return error ? 0 : static_cast<std::uint64_t>(reply->integer);
 }
 
-namespace {
-
-}  // namespace
-
 std::optional<StoreError> read_inspect(const redisReply* reply, const StoreError* err, std::string_view endpoint,
                                        std::string_view lock, LockInfo& info) {
   info = LockInfo{};
