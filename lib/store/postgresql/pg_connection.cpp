@@ -67,9 +67,8 @@ bool PgRows::null(int row, int column) const noexcept {
 
 PgConnection::PgConnection(Loop& loop, PgTarget target, const sqlcommon::SqlSettings& settings, PgSession session)
     : ConnectionCore(loop, settings, target.name(), target.host, target.socket_dir.empty() ? nullptr : "",
-                     session.stale),
-      target_(std::move(target)),
-      session_(std::move(session)) {}
+                     std::move(session)),
+      target_(std::move(target)) {}
 
 PgConnection::~PgConnection() {
   // close() ran on the loop thread and the loop drained: nothing is left
@@ -122,7 +121,7 @@ void PgConnection::connect_to(const std::string& hostaddr) {
   keys.push_back(nullptr);
   values.push_back(nullptr);
   conn_ = PQconnectStartParams(keys.data(), values.data(), 0);
-  if (conn_ == nullptr) return went_down(unavailable("out of memory for a connection"));
+  if (conn_ == nullptr) return set_up_failed(unavailable("out of memory for a connection"));
   // Non-blocking from the start: nothing libpq does later (a flush, its
   // goodbye in PQfinish) may wait on the socket.
   PQsetnonblocking(conn_, 1);
@@ -141,7 +140,7 @@ void PgConnection::connect_step(int polling_status) {
   }
   const char* raw = PQerrorMessage(conn_);
   std::string code(sqlstate_in_verbose_message(raw != nullptr ? raw : ""));  // in libpq's own layout
-  went_down(pg_connect_error(name_, code, one_line(raw)));
+  set_up_failed(pg_connect_error(name_, code, one_line(raw)));
 }
 
 // While connecting, libpq may close its socket and open another (TLS
@@ -166,91 +165,34 @@ void PgConnection::connected() {
   PQsetErrorVerbosity(conn_, PQERRORS_DEFAULT);
   if (PQenterPipelineMode(conn_) != 1)
     return fail_unavailable(fmt::format("cannot enter pipeline mode: {}", one_line(PQerrorMessage(conn_))));
-  if (watch(UV_READABLE, true)) end_stale_backends();
+  if (watch(UV_READABLE, true)) start_set_up();
 }
 
-void PgConnection::end_stale_backends() {
-  if (!stale_ || stale_->ids.empty()) return handshake(false);
-  std::vector<int> pids = stale_->ids;
-  // Only lockwatch's own sessions of this role, never this one (a pid can
-  // have been reused meanwhile). PostgreSQL 14 and later wait for the
-  // process to exit, within half the connect timeout.
+// Only lockwatch's own sessions of this role, never this one (a pid can
+// have been reused meanwhile): ended, gone already, or not ours to end
+// (refused), they are not tried again. PostgreSQL 14 and later wait for
+// the process to exit, within half the connect timeout.
+std::vector<std::string> PgConnection::end_sessions(const std::vector<int>& pids, int round) const {
+  if (round > 0) return {};
   const long long wait_ms = std::max<long long>(1, settings_.connect_timeout.count() / 2);
   const std::string terminate =
       PQserverVersion(conn_) >= 140000 ? fmt::format("pg_terminate_backend(a.pid, {})", wait_ms) : "pg_terminate_backend(a.pid)";
-  std::string sql = fmt::format("SELECT {} FROM pg_stat_activity a WHERE a.pid = ANY('{{{}}}'::int[]) AND a.usename = current_user "
-                                "AND (a.application_name = 'lockwatch' OR a.application_name LIKE 'lockwatch:%') AND a.pid <> pg_backend_pid()",
-                                terminate, PgStaleBackends::list(pids));
-  send_setup(nullptr, std::move(sql), [this, pids](const PgRows&, const StoreError*) {
-    // Ended, gone already, or not ours to end (refused): either way not
-    // tried again.
-    stale_->forget(pids);
-    handshake(false);
-  });
+  return {fmt::format("SELECT {} FROM pg_stat_activity a WHERE a.pid = ANY('{{{}}}'::int[]) AND a.usename = current_user "
+                      "AND (a.application_name = 'lockwatch' OR a.application_name LIKE 'lockwatch:%') AND a.pid <> pg_backend_pid()",
+                      terminate, PgStaleBackends::list(pids))};
 }
 
 // A step of the set-up: the prepare of `*prepare`, or (none) `sql`.
-void PgConnection::send_setup(const PgStatement* prepare, std::string sql, PgDone done) {
-  inflight_.push_back(Request{.prepare = prepare, .sql = std::move(sql), .done = in_set_up(std::move(done))});
+void PgConnection::set_up_step(std::string sql, const PgStatement* prepare, PgDone done) {
+  inflight_.push_back(Request{.prepare = prepare, .sql = std::move(sql), .done = std::move(done)});
   if (!send(inflight_.back())) return fail_unavailable(one_line(PQerrorMessage(conn_)));
   flush();
 }
 
-void PgConnection::handshake(bool created) {
-  if (!session_.listen.empty())
-    return send_setup(nullptr, fmt::format("LISTEN \"{}\"", session_.listen),
-                      [this](const PgRows&, const StoreError* err) { err ? went_down(*err) : set_up_done(); });
-  // The first statement's prepare is the table check: a missing table is
-  // created once, then prepared again; any other refusal says what the
-  // table lacks.
-  send_setup(&session_.statements.front(), {}, [this, created](const PgRows&, const StoreError* err) {
-    if (!err) return prepare_rest();
-    // undefined_table, or undefined_column: a table of a version before
-    // (create adds the columns since).
-    if ((err->code == pg_code("42P01") || err->code == pg_code("42703")) && !created) return create_tables(0);
-    table_error(*err);
-  });
-}
-
-// The lock table and its companion (CREATE TABLE IF NOT EXISTS each),
-// one after the other, then the prepares again.
-void PgConnection::create_tables(std::size_t next) {
-  if (next == session_.create.size()) return handshake(true);
-  send_setup(nullptr, session_.create[next], [this, next](const PgRows&, const StoreError* e) {
-    // Another connection may have created it meanwhile (42P07; 42710
-    // or 23505 when both got as far as the catalog): the next prepare
-    // tells.
-    if (e && e->code != pg_code("42P07") && e->code != pg_code("42710") && e->code != pg_code("23505")) {
-      StoreError why = *e;
-      why.message =
-          fmt::format("cannot create the lock table {} or its holders' table: {}", session_.table, e->message);
-      return went_down(why);
-    }
-    create_tables(next + 1);
-  });
-}
-
-void PgConnection::prepare_rest() {
-  auto left = std::make_shared<std::size_t>(session_.statements.size() - 1);
-  if (*left == 0) return check_plan();
-  for (std::size_t i = 1; i < session_.statements.size(); ++i) {
-    send_setup(&session_.statements[i], {}, [this, left](const PgRows&, const StoreError* err) {
-      if (err) return table_error(*err);
-      if (--*left == 0) check_plan();
-    });
-    if (state_ != State::kSetUp) return;
-  }
-}
-
-void PgConnection::check_plan() {
-  if (session_.plan_check.empty()) return set_up_done();
-  send_setup(nullptr, session_.plan_check,
-             [this](const PgRows&, const StoreError* err) { err ? table_error(*err) : set_up_done(); });
-}
-
-void PgConnection::table_error(const StoreError& error) {
-  if (error.kind == StoreError::Kind::kUnavailable || error.kind == StoreError::Kind::kRetryLater)
-    return went_down(error);
+// The tables' check (the first statement's prepare), another prepare or
+// the plan check refused: what the table lacks.
+StoreError PgConnection::table_error(const StoreError& error) const {
+  if (error.kind == StoreError::Kind::kUnavailable || error.kind == StoreError::Kind::kRetryLater) return error;
   StoreError why = error;
   if (error.code == pg_code("42501"))  // insufficient_privilege
     why.message = fmt::format("the lock table {} cannot be used by this user (it needs SELECT, INSERT and UPDATE "
@@ -261,17 +203,20 @@ void PgConnection::table_error(const StoreError& error) {
         "the lock table {} cannot be used: it needs lockwatch's columns (lock_name, owner, fence, expires_at, "
         "last_period, of the types in lockwatch's docs/stores.md) and lock_name as its key: {}",
         session_.table, error.message);
-  went_down(why);
+  return why;
 }
 
 // ---- requests
 
 bool PgConnection::send(Request& r) {
   int ok = 1;
-  if (r.prepare != nullptr)
-    ok = PQsendPrepare(conn_, r.prepare->name.c_str(), r.prepare->sql.c_str(),
-                       static_cast<int>(r.prepare->param_types.size()), r.prepare->param_types.data());
-  else if (r.calls.empty())
+  if (r.prepare != nullptr) {
+    // The parameters' types as pg_type OIDs: text, int8, bool, text[], int8[].
+    std::vector<Oid> types;
+    for (char t : r.prepare->types) types.push_back(t == 'x' ? 25 : t == 'n' ? 20 : t == 'b' ? 16 : t == 'X' ? 1009 : 1016);
+    ok = PQsendPrepare(conn_, r.prepare->name.c_str(), r.prepare->steps.front().c_str(), static_cast<int>(types.size()),
+                       types.data());
+  } else if (r.calls.empty())
     ok = PQsendQueryParams(conn_, r.sql.c_str(), 0, nullptr, nullptr, nullptr, nullptr, 0);
   for (std::size_t i = 0; ok == 1 && i < r.calls.size(); ++i) {
     std::vector<const char*> values;

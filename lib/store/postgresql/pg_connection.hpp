@@ -64,31 +64,16 @@ class PgRows final : public sqlcommon::Rows {
 // the call only.
 using PgDone = std::function<void(const PgRows& rows, const StoreError* error)>;
 
-// A statement prepared at connect: its name, text, the type (an OID) of
-// each parameter, and the statement (if any) that execute() runs before
-// it in the same transaction, on its first parameter.
-struct PgStatement {
-  std::string name;
-  std::string sql;
-  std::vector<unsigned> param_types;
-  std::string first = {};
-};
-
-// One prepared statement of a transaction (execute_all) and its
-// parameters.
+// A statement prepared at connect (its one step, parameters typed as
+// sqlcommon::Statement says), and one of a transaction (execute_all())
+// with its parameters. What a connection runs before it takes requests
+// (ConnectionCore's set-up): the stale backends ended, the prepares (the
+// first doubling as the table check), the plan check; a notices
+// connection's LISTEN as its `setup`.
+using PgStatement = sqlcommon::Statement;
 using PgCall = sqlcommon::Call;
-
 using PgStaleBackends = sqlcommon::StaleSessions<int>;
-
-// What a connection runs before it takes requests.
-struct PgSession {
-  std::vector<PgStatement> statements;  // prepared, the first doubling as the table check
-  std::shared_ptr<PgStaleBackends> stale;  // null: not tracked (a notices connection)
-  std::vector<std::string> create;      // run once, in order, when the first prepare finds no table
-  std::string plan_check;               // run after the prepares (a planner's refusal: no key for ON CONFLICT)
-  std::string table;                    // for messages
-  std::string listen;                   // non-empty: a notices connection, LISTEN on this channel
-};
+using PgSession = sqlcommon::Session<int>;
 
 // A request on a connection (a transaction's statements, or a step of
 // the set-up: a prepare, or a statement's text), kept until it is answered.
@@ -145,16 +130,12 @@ class PgConnection final : public sqlcommon::ConnectionCore<PgRequest, PgRows, i
   int session() const override;
   void release(bool graceful) override;
 
+  void set_up_step(std::string sql, const PgStatement* prepare, PgDone done) override;
+  std::vector<std::string> end_sessions(const std::vector<int>& pids, int round) const override;
+  StoreError table_error(const StoreError& error) const override;
+
   void connect_step(int polling_status);
   void connected();
-  void end_stale_backends();
-  void handshake(bool created);
-  void create_tables(std::size_t next);
-  void prepare_rest();
-  void check_plan();
-  void send_setup(const PgStatement* prepare, std::string sql, PgDone done);
-  void table_error(const StoreError& error);
-  void went_down(const StoreError& error) { fail(error.message, error, true); }
   bool send(Request& r);
   void flush();
   void on_readable();
@@ -162,7 +143,6 @@ class PgConnection final : public sqlcommon::ConnectionCore<PgRequest, PgRows, i
   void complete_front();
 
   const PgTarget target_;
-  const PgSession session_;
   std::function<void(std::string_view)> notify_hook_;
 
   pg_conn* conn_ = nullptr;

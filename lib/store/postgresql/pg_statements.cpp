@@ -8,9 +8,6 @@ namespace lockwatch::detail {
 
 namespace {
 
-// Parameter types (pg_type OIDs).
-constexpr unsigned kText = 25, kInt8 = 20, kBool = 16, kTextArray = 1009, kInt8Array = 1016;
-
 // Shared, permit and fair locks (see pg_store.hpp). A lock row held by
 // them holds a marker instead of an owner token, expiring with the latest
 // holder, so that the exclusive statements find it busy as they are.
@@ -218,56 +215,52 @@ std::vector<PgStatement> pg_lock_statements(const std::string& t, const std::str
       // own mark. Both touch a holders' row only after the name's lock
       // row is locked (the mark needs all of w first), as the kinds'
       // transactions do, so that they cannot deadlock each other.
-      {"lockwatch_acquire",
-       fmt::format("WITH {1}, w AS (INSERT INTO {0} AS l (lock_name, owner, fence, expires_at, owner_name, granted_at) "
-                   "SELECT lock_name, owner, 1, clock_timestamp() + ttl_us * interval '1 microsecond', {7}, "
-                   "clock_timestamp() FROM r ORDER BY lock_name "
-                   "ON CONFLICT (lock_name) DO UPDATE SET "
-                   "fence = CASE WHEN l.expires_at <= clock_timestamp() THEN l.fence + 1 ELSE l.fence END, "
-                   "owner = excluded.owner, expires_at = excluded.expires_at, owner_name = excluded.owner_name, "
-                   "granted_at = CASE WHEN l.expires_at <= clock_timestamp() THEN excluded.granted_at "
-                   "ELSE l.granted_at END "
-                   "WHERE l.expires_at <= clock_timestamp() OR l.owner = excluded.owner "
-                   "RETURNING l.lock_name, l.fence), "
-                   "x AS (DELETE FROM {3} m USING r WHERE m.lock_name = r.lock_name AND m.owner = r.owner "
-                   "AND m.role = 'w' AND r.lock_name IN (SELECT lock_name FROM w)), "
-                   "k AS (INSERT INTO {3} (lock_name, owner, role, expires_at) "
-                   "SELECT r.lock_name, r.owner, 'w', clock_timestamp() + least(r.ttl_us, {4}) * interval "
-                   "'1 microsecond' FROM r, LATERAL (SELECT 1 FROM {0} s WHERE s.lock_name = r.lock_name "
-                   "AND s.owner = {5} AND s.expires_at > clock_timestamp()) s "
-                   "WHERE r.lock_name NOT IN (SELECT lock_name FROM w) "
-                   "ON CONFLICT (lock_name, owner) DO UPDATE SET expires_at = excluded.expires_at) "
-                   "SELECT r.i, w.fence, b.left_us, b.marker FROM r LEFT JOIN w ON w.lock_name = r.lock_name "
-                   "LEFT JOIN LATERAL (SELECT {2} AS left_us, "
-                   "CASE WHEN {6} AND h.expires_at > clock_timestamp() THEN encode(h.owner, 'hex') END AS marker "
-                   "FROM {0} h WHERE h.lock_name = r.lock_name AND w.fence IS NULL) b ON true",
-                   t, batch, remaining("h.expires_at"), h, kWriterMarkUs,
-                   kPgSharedMarker, is_marker("h.owner"), o),
-       {kTextArray, kTextArray, kInt8Array, kInt8Array}},  // $4 (whether each waits) is MariaDB's
+      {"lockwatch_acquire", "XXNN",
+       {fmt::format("WITH {1}, w AS (INSERT INTO {0} AS l (lock_name, owner, fence, expires_at, owner_name, granted_at) "
+                    "SELECT lock_name, owner, 1, clock_timestamp() + ttl_us * interval '1 microsecond', {7}, "
+                    "clock_timestamp() FROM r ORDER BY lock_name "
+                    "ON CONFLICT (lock_name) DO UPDATE SET "
+                    "fence = CASE WHEN l.expires_at <= clock_timestamp() THEN l.fence + 1 ELSE l.fence END, "
+                    "owner = excluded.owner, expires_at = excluded.expires_at, owner_name = excluded.owner_name, "
+                    "granted_at = CASE WHEN l.expires_at <= clock_timestamp() THEN excluded.granted_at "
+                    "ELSE l.granted_at END "
+                    "WHERE l.expires_at <= clock_timestamp() OR l.owner = excluded.owner "
+                    "RETURNING l.lock_name, l.fence), "
+                    "x AS (DELETE FROM {3} m USING r WHERE m.lock_name = r.lock_name AND m.owner = r.owner "
+                    "AND m.role = 'w' AND r.lock_name IN (SELECT lock_name FROM w)), "
+                    "k AS (INSERT INTO {3} (lock_name, owner, role, expires_at) "
+                    "SELECT r.lock_name, r.owner, 'w', clock_timestamp() + least(r.ttl_us, {4}) * interval "
+                    "'1 microsecond' FROM r, LATERAL (SELECT 1 FROM {0} s WHERE s.lock_name = r.lock_name "
+                    "AND s.owner = {5} AND s.expires_at > clock_timestamp()) s "
+                    "WHERE r.lock_name NOT IN (SELECT lock_name FROM w) "
+                    "ON CONFLICT (lock_name, owner) DO UPDATE SET expires_at = excluded.expires_at) "
+                    "SELECT r.i, w.fence, b.left_us, b.marker FROM r LEFT JOIN w ON w.lock_name = r.lock_name "
+                    "LEFT JOIN LATERAL (SELECT {2} AS left_us, "
+                    "CASE WHEN {6} AND h.expires_at > clock_timestamp() THEN encode(h.owner, 'hex') END AS marker "
+                    "FROM {0} h WHERE h.lock_name = r.lock_name AND w.fence IS NULL) b ON true",
+                    t, batch, remaining("h.expires_at"), h, kWriterMarkUs,
+                    kPgSharedMarker, is_marker("h.owner"), o)}},  // $4 (whether each waits) is MariaDB's
       // Answers the pairs it did not renew: taken by another owner, or gone.
-      {"lockwatch_renew",
-       fmt::format("WITH {1}, u AS (UPDATE {0} AS l SET expires_at = clock_timestamp() + r.ttl_us * interval "
-                   "'1 microsecond' FROM r WHERE (l.lock_name, l.owner) = (r.lock_name, r.owner) "
-                   "AND l.expires_at > clock_timestamp() RETURNING r.i) "
-                   "SELECT r.i, {2} FROM r WHERE r.i NOT IN (SELECT i FROM u)",
-                   t, batch, other_holds),
-       {kTextArray, kTextArray, kInt8Array}},
+      {"lockwatch_renew", "XXN",
+       {fmt::format("WITH {1}, u AS (UPDATE {0} AS l SET expires_at = clock_timestamp() + r.ttl_us * interval "
+                    "'1 microsecond' FROM r WHERE (l.lock_name, l.owner) = (r.lock_name, r.owner) "
+                    "AND l.expires_at > clock_timestamp() RETURNING r.i) "
+                    "SELECT r.i, {2} FROM r WHERE r.i NOT IN (SELECT i FROM u)",
+                    t, batch, other_holds)}},
       // $3: notify; $4: the channel. Answers the pairs it did not release.
-      {"lockwatch_release",
-       fmt::format("WITH r AS (SELECT decode(n, 'hex') AS lock_name, decode(o, 'hex') AS owner, i "
-                   "FROM unnest($1::text[], $2::text[]) WITH ORDINALITY AS x(n, o, i)), "
-                   "u AS (UPDATE {0} AS l SET owner = '', expires_at = clock_timestamp() FROM r "
-                   "WHERE (l.lock_name, l.owner) = (r.lock_name, r.owner) AND l.expires_at > clock_timestamp() "
-                   "RETURNING r.i, CASE WHEN $3::bool THEN pg_notify($4::text, encode(l.lock_name, 'hex')) END) "
-                   "SELECT r.i, {1} FROM r WHERE r.i NOT IN (SELECT i FROM u)",
-                   t, other_holds),
-       {kTextArray, kTextArray, kBool, kText}},
-      {"lockwatch_raise_fence",
-       fmt::format("INSERT INTO {0} AS l (lock_name, owner, fence, expires_at) "
-                   "VALUES (decode($1::text, 'hex'), '', $2::int8, clock_timestamp()) "
-                   "ON CONFLICT (lock_name) DO UPDATE SET fence = greatest(l.fence, excluded.fence)",
-                   t),
-       {kText, kInt8}},
+      {"lockwatch_release", "XXbx",
+       {fmt::format("WITH r AS (SELECT decode(n, 'hex') AS lock_name, decode(o, 'hex') AS owner, i "
+                    "FROM unnest($1::text[], $2::text[]) WITH ORDINALITY AS x(n, o, i)), "
+                    "u AS (UPDATE {0} AS l SET owner = '', expires_at = clock_timestamp() FROM r "
+                    "WHERE (l.lock_name, l.owner) = (r.lock_name, r.owner) AND l.expires_at > clock_timestamp() "
+                    "RETURNING r.i, CASE WHEN $3::bool THEN pg_notify($4::text, encode(l.lock_name, 'hex')) END) "
+                    "SELECT r.i, {1} FROM r WHERE r.i NOT IN (SELECT i FROM u)",
+                    t, other_holds)}},
+      {"lockwatch_raise_fence", "xn",
+       {fmt::format("INSERT INTO {0} AS l (lock_name, owner, fence, expires_at) "
+                    "VALUES (decode($1::text, 'hex'), '', $2::int8, clock_timestamp()) "
+                    "ON CONFLICT (lock_name) DO UPDATE SET fence = greatest(l.fence, excluded.fence)",
+                    t)}},
   };
 }
 
@@ -279,38 +272,34 @@ std::vector<PgStatement> pg_operator_statements(const std::string& t, const std:
       "SELECT n, '', 0, clock_timestamp() FROM (SELECT DISTINCT decode(x, 'hex') AS n "
       "FROM unnest({1}) AS x) d ORDER BY n ON CONFLICT (lock_name) DO UPDATE SET fence = l.fence WHERE false";
   return {
-      {"lockwatch_time", "SELECT (extract(epoch FROM clock_timestamp()) * 1000000)::int8", {}},
+      {"lockwatch_time", "", {"SELECT (extract(epoch FROM clock_timestamp()) * 1000000)::int8"}},
       // One conditional write; the select after it, in the same
       // statement, reads the clock and, when the write did nothing, why.
-      {"lockwatch_claim",
-       fmt::format("WITH c AS (UPDATE {0} SET last_period = $3::int8 WHERE lock_name = decode($1::text, 'hex') "
-                   "AND owner = decode($2::text, 'hex') AND expires_at > clock_timestamp() "
-                   "AND clock_timestamp() >= timestamptz 'epoch' + $4::int8 * interval '1 microsecond' "
-                   "AND (last_period IS NULL OR last_period < $3::int8) RETURNING 1) "
-                   "SELECT (SELECT count(*) FROM c), (extract(epoch FROM clock_timestamp()) * 1000000)::int8, "
-                   "h.owner = decode($2::text, 'hex') AND h.expires_at > clock_timestamp(), "
-                   "clock_timestamp() >= timestamptz 'epoch' + $4::int8 * interval '1 microsecond', h.last_period "
-                   "FROM (SELECT 1) AS one LEFT JOIN {0} h ON h.lock_name = decode($1::text, 'hex')",
-                   t),
-       {kText, kText, kInt8, kInt8}},
-      {"lockwatch_inspect",
-       fmt::format("SELECT {1}, fence, encode(owner, 'hex'), encode(owner_name, 'hex'), {2}, {3} FROM {0} "
-                   "WHERE lock_name = decode($1::text, 'hex')",
-                   t, remaining("expires_at"), kGrantedUs, kHeldUs),
-       {kText}},
+      {"lockwatch_claim", "xxnn",
+       {fmt::format("WITH c AS (UPDATE {0} SET last_period = $3::int8 WHERE lock_name = decode($1::text, 'hex') "
+                    "AND owner = decode($2::text, 'hex') AND expires_at > clock_timestamp() "
+                    "AND clock_timestamp() >= timestamptz 'epoch' + $4::int8 * interval '1 microsecond' "
+                    "AND (last_period IS NULL OR last_period < $3::int8) RETURNING 1) "
+                    "SELECT (SELECT count(*) FROM c), (extract(epoch FROM clock_timestamp()) * 1000000)::int8, "
+                    "h.owner = decode($2::text, 'hex') AND h.expires_at > clock_timestamp(), "
+                    "clock_timestamp() >= timestamptz 'epoch' + $4::int8 * interval '1 microsecond', h.last_period "
+                    "FROM (SELECT 1) AS one LEFT JOIN {0} h ON h.lock_name = decode($1::text, 'hex')",
+                    t)}},
+      {"lockwatch_inspect", "x",
+       {fmt::format("SELECT {1}, fence, encode(owner, 'hex'), encode(owner_name, 'hex'), {2}, {3} FROM {0} "
+                    "WHERE lock_name = decode($1::text, 'hex')",
+                    t, remaining("expires_at"), kGrantedUs, kHeldUs)}},
       // The live shared, permit or fair holders of a name, first granted first.
-      {"lockwatch_holders",
-       fmt::format("SELECT encode(owner, 'hex'), encode(owner_name, 'hex'), {2}, {3} FROM {1} "
-                   "WHERE lock_name = decode($1::text, 'hex') AND role IN ('s', 'p', 'f') "
-                   "AND expires_at > clock_timestamp() ORDER BY granted_at",
-                   t, h, kGrantedUs, kHeldUs),
-       {kText}},
+      {"lockwatch_holders", "x",
+       {fmt::format("SELECT encode(owner, 'hex'), encode(owner_name, 'hex'), {2}, {3} FROM {1} "
+                    "WHERE lock_name = decode($1::text, 'hex') AND role IN ('s', 'p', 'f') "
+                    "AND expires_at > clock_timestamp() ORDER BY granted_at",
+                    t, h, kGrantedUs, kHeldUs)}},
       // The names under a prefix ($1: a LIKE pattern, hex) whose row is held, in order; at most $2.
-      {"lockwatch_list",
-       fmt::format("SELECT encode(lock_name, 'hex') FROM {0} WHERE lock_name LIKE decode($1::text, 'hex') "
-                   "AND owner <> '' AND expires_at > clock_timestamp() ORDER BY lock_name LIMIT $2::int8",
-                   t),
-       {kText, kInt8}},
+      {"lockwatch_list", "xn",
+       {fmt::format("SELECT encode(lock_name, 'hex') FROM {0} WHERE lock_name LIKE decode($1::text, 'hex') "
+                    "AND owner <> '' AND expires_at > clock_timestamp() ORDER BY lock_name LIMIT $2::int8",
+                    t)}},
       // The rest run in transactions after lockwatch_lock_rows (of $1's
       // names) or lockwatch_lock_row (of the name $1), which make the lock
       // rows if missing and lock them (ON CONFLICT locks a row even where
@@ -318,44 +307,38 @@ std::vector<PgStatement> pg_operator_statements(const std::string& t, const std:
       // name's holders is made by one transaction at a time, which reads
       // them afresh (a statement of its own, so a snapshot taken after the
       // lock). PgStatement::first names which.
-      {"lockwatch_lock_rows", fmt::format(fmt::runtime(lock_rows), t, "$1::text[]"), {kTextArray}},
-      {"lockwatch_lock_row", fmt::format(fmt::runtime(lock_rows), t, "ARRAY[$1::text]"), {kText}},
-      {"lockwatch_force_release",
-       fmt::format("WITH d AS (DELETE FROM {1} WHERE lock_name = decode($1::text, 'hex') AND role <> 'q') "
-                   "UPDATE {0} SET owner = '', expires_at = clock_timestamp() WHERE lock_name = decode($1::text, "
-                   "'hex') AND owner <> '' AND expires_at > clock_timestamp() "
-                   "RETURNING pg_notify($2::text, encode(lock_name, 'hex'))",
-                   t, h),
-       {kText, kText},
-       "lockwatch_lock_row"},
+      {"lockwatch_lock_rows", "X", {fmt::format(fmt::runtime(lock_rows), t, "$1::text[]")}},
+      {"lockwatch_lock_row", "x", {fmt::format(fmt::runtime(lock_rows), t, "ARRAY[$1::text]")}},
+      {"lockwatch_force_release", "xx",
+       {fmt::format("WITH d AS (DELETE FROM {1} WHERE lock_name = decode($1::text, 'hex') AND role <> 'q') "
+                    "UPDATE {0} SET owner = '', expires_at = clock_timestamp() WHERE lock_name = decode($1::text, "
+                    "'hex') AND owner <> '' AND expires_at > clock_timestamp() "
+                    "RETURNING pg_notify($2::text, encode(lock_name, 'hex'))",
+                    t, h)}, {}, "lockwatch_lock_row"},
   };
 }
 
 // The shared, permit and fair locks' statements (statements() below).
 std::vector<PgStatement> pg_kind_statements(const std::string& t, const std::string& h, const std::string& o) {
   return {
-      {"lockwatch_acquire_kind", acquire_kind_sql(t, h, o), {kText, kText, kInt8, kText, kInt8}},
-      {"lockwatch_acquire_fair", acquire_fair_sql(t, h, o), {kText, kText, kInt8, kText, kText}},
-      {"lockwatch_withdraw",
-       fmt::format("WITH c AS (SELECT clock_timestamp() AS now, decode($1::text, 'hex') AS name, "
-                   "decode($2::text, 'hex') AS token), "
-                   "l AS (SELECT t.owner <> '' AND t.expires_at > c.now AS live FROM {0} t, c "
-                   "WHERE t.lock_name = c.name), "
-                   "q AS (SELECT h.owner, h.seq FROM {1} h, c WHERE h.lock_name = c.name AND h.role = 'q' "
-                   "AND h.expires_at > c.now), "
-                   "g AS (DELETE FROM {1} h USING c WHERE h.lock_name = c.name AND h.owner = c.token "
-                   "AND h.role = 'q' RETURNING 1) "
-                   "SELECT (SELECT count(*) FROM g), CASE WHEN EXISTS (SELECT 1 FROM g) "
-                   "AND NOT coalesce((SELECT live FROM l), false) "
-                   "AND (SELECT owner FROM q ORDER BY seq LIMIT 1) = c.token AND (SELECT count(*) FROM q) > 1 "
-                   "THEN pg_notify($3::text, $1::text) END FROM c",
-                   t, h),
-       {kText, kText, kText},
-       "lockwatch_lock_row"},
-      {"lockwatch_renew_kind", renew_kind_sql(t, h), {kTextArray, kTextArray, kInt8Array, kTextArray},
-       "lockwatch_lock_rows"},
-      {"lockwatch_release_kind", release_kind_sql(t, h), {kTextArray, kTextArray, kTextArray, kBool, kText},
-       "lockwatch_lock_rows"},
+      {"lockwatch_acquire_kind", "xxnxn", {acquire_kind_sql(t, h, o)}},
+      {"lockwatch_acquire_fair", "xxnxx", {acquire_fair_sql(t, h, o)}},
+      {"lockwatch_withdraw", "xxx",
+       {fmt::format("WITH c AS (SELECT clock_timestamp() AS now, decode($1::text, 'hex') AS name, "
+                    "decode($2::text, 'hex') AS token), "
+                    "l AS (SELECT t.owner <> '' AND t.expires_at > c.now AS live FROM {0} t, c "
+                    "WHERE t.lock_name = c.name), "
+                    "q AS (SELECT h.owner, h.seq FROM {1} h, c WHERE h.lock_name = c.name AND h.role = 'q' "
+                    "AND h.expires_at > c.now), "
+                    "g AS (DELETE FROM {1} h USING c WHERE h.lock_name = c.name AND h.owner = c.token "
+                    "AND h.role = 'q' RETURNING 1) "
+                    "SELECT (SELECT count(*) FROM g), CASE WHEN EXISTS (SELECT 1 FROM g) "
+                    "AND NOT coalesce((SELECT live FROM l), false) "
+                    "AND (SELECT owner FROM q ORDER BY seq LIMIT 1) = c.token AND (SELECT count(*) FROM q) > 1 "
+                    "THEN pg_notify($3::text, $1::text) END FROM c",
+                    t, h)}, {}, "lockwatch_lock_row"},
+      {"lockwatch_renew_kind", "XXNX", {renew_kind_sql(t, h)}, {}, "lockwatch_lock_rows"},
+      {"lockwatch_release_kind", "XXXbx", {release_kind_sql(t, h)}, {}, "lockwatch_lock_rows"},
   };
 }
 

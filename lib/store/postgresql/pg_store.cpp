@@ -2,6 +2,7 @@
 
 #include <fmt/format.h>
 
+#include "store/postgresql/pg_error.hpp"
 #include "store/postgresql/pg_statements.hpp"
 #include "store/sqlcommon/values.hpp"
 
@@ -65,6 +66,10 @@ PgStore::PgStore(Loop& loop, PgTarget target, const sqlcommon::SqlSettings& sett
   session.plan_check = "EXPLAIN EXECUTE lockwatch_acquire('{}', '{}', '{}', '{}')";
   session.table = fmt::format("{}.{}", target_.database, target_.table);
   session.stale = std::make_shared<PgStaleBackends>();
+  session.missing = {pg_code("42P01"), pg_code("42703")};  // undefined_table, undefined_column
+  // Another connection may have made it meanwhile (42P07; 42710 or 23505
+  // when both got as far as the catalog): the check after tells.
+  session.exists = {pg_code("42P07"), pg_code("42710"), pg_code("23505")};
   connections_.make(loop, target_, settings_, session);
 }
 
@@ -95,7 +100,7 @@ void PgStore::unsubscribe(std::string_view name) {
 
 void PgStore::start_notices() {
   PgSession session;
-  session.listen = channel_;
+  session.setup = {fmt::format("LISTEN \"{}\"", channel_)};
   session.table = fmt::format("{}.{}", target_.database, target_.table);
   notices_ = std::make_unique<PgConnection>(loop_, target_, settings_, std::move(session));
   notices_->set_ready_hook([this] {

@@ -40,9 +40,8 @@ int uv_events_of(int status) {
 
 SqlConnection::SqlConnection(Loop& loop, SqlTarget target, const sqlcommon::SqlSettings& settings, SqlSession session)
     : ConnectionCore(loop, settings, target.name(), target.host, target.socket.empty() ? nullptr : "localhost",
-                     session.stale),
-      target_(std::move(target)),
-      session_(std::move(session)) {
+                     std::move(session)),
+      target_(std::move(target)) {
   library_init();
 }
 
@@ -63,15 +62,6 @@ void SqlConnection::run(std::vector<std::string> steps, SqlDone done) {
   std::string sql;
   for (const auto& step : steps) sql += (sql.empty() ? "" : ";\n") + step;
   enqueue(Request{std::move(sql), std::move(done), steps.size()});
-}
-
-// The session's statement `name`; none (`done` then failed, on the next
-// turn) cannot be: the store names its own.
-const SqlStatement* SqlConnection::statement(const std::string& name, SqlDone& done) {
-  for (const auto& s : session_.statements)
-    if (s.name == name) return &s;
-  loop_.post([done = std::move(done), err = unavailable("no statement " + name)] { done(SqlResult{}, &err); });
-  return nullptr;
 }
 
 void SqlConnection::execute(const std::string& name, const std::vector<std::string>& params, SqlDone done) {
@@ -144,7 +134,7 @@ void SqlConnection::connect_step(int status, MYSQL* ret) {
   // set-up and the table check.
   state_ = State::kSetUp;
   phase_ = Phase::kNone;
-  end_stale_threads(0);
+  start_set_up();
   kick();
 }
 
@@ -155,65 +145,33 @@ void SqlConnection::result_step(int status, bool failed) {
 }
 
 // A step of the set-up, after those queued before it.
-void SqlConnection::set_up(SqlDone done, std::string sql) {
-  set_up_.push_back(Request{std::move(sql), in_set_up(std::move(done))});
+void SqlConnection::set_up_step(std::string sql, const SqlStatement*, SqlDone done) {
+  set_up_.push_back(Request{std::move(sql), std::move(done)});
 }
 
-void SqlConnection::end_stale_threads(int round) {
-  if (!stale_ || stale_->ids.empty()) return run_setup();
-  std::vector<unsigned long> ids = stale_->ids;
-  auto ignore = [](const SqlResult&, const StoreError*) {};
+// Gone already (1094) or not ours to end (1095): a KILL fails alone and
+// the count tells. A killed thread leaves the process list when it has
+// stopped; the wait is bounded by half the connect timeout (the whole
+// set-up by all of it).
+std::vector<std::string> SqlConnection::end_sessions(const std::vector<unsigned long>& ids, int round) const {
+  if (round >= std::max<long long>(1, settings_.connect_timeout.count() / 2 / 20)) return {};
+  std::vector<std::string> steps{"DO SLEEP(0.02)"};
   if (round == 0) {
-    // Gone already (1094) or not ours to end (1095): the statement fails
-    // alone and the wait below tells.
-    for (unsigned long id : ids) set_up(ignore, fmt::format("KILL CONNECTION {}", id));
-  } else {
-    set_up(ignore, "DO SLEEP(0.02)");
+    steps.clear();
+    for (unsigned long id : ids) steps.push_back(fmt::format("KILL CONNECTION {}", id));
   }
-  // A killed thread leaves the process list when it has stopped; the wait
-  // is bounded by half the connect timeout (the whole set-up by all of it).
-  const long long rounds = std::max<long long>(1, settings_.connect_timeout.count() / 2 / 20);
-  set_up(
-      [this, ids, round, rounds](const SqlResult& result, const StoreError* err) {
-        bool left = !err && !result.rows.empty() && !result.rows[0].empty() && result.rows[0][0] != "0";
-        if (left && round + 1 < rounds) return end_stale_threads(round + 1);
-        // Ended, or beyond waiting for: not tried again.
-        stale_->forget(ids);
-        run_setup();
-      },
+  steps.push_back(
       fmt::format("SELECT COUNT(*) FROM information_schema.PROCESSLIST WHERE ID IN ({}) AND ID <> CONNECTION_ID()",
                   SqlStaleThreads::list(ids)));
+  return steps;
 }
 
-void SqlConnection::run_setup() {
-  for (const auto& sql : session_.setup)
-    set_up(
-        [this](const SqlResult&, const StoreError* err) {
-          if (err) set_up_failed(fmt::format("the session set-up failed: {}", last_error_));
-        },
-        sql);
-  check_table(0);
-}
-
-// The tables' check; when one is missing, create them and check again.
-void SqlConnection::check_table(std::size_t attempt) {
-  set_up(
-      [this, attempt](const SqlResult&, const StoreError* err) {
-        if (!err) return set_up_done();
-        if ((last_errno_ == ER_NO_SUCH_TABLE || last_errno_ == ER_BAD_FIELD_ERROR) && attempt == 0) {
-          auto created = [this](const SqlResult&, const StoreError* e) {
-            if (e)
-              set_up_failed(fmt::format("cannot create the lock table {} (or its companion): {}", session_.table,
-                                        last_error_));
-          };
-          for (const auto& create : session_.create) set_up(created, create);
-          return check_table(1);
-        }
-        set_up_failed(fmt::format("the lock table {} (or its companion _holders table) does not have lockwatch's "
-                                  "columns (see lockwatch's docs/stores.md for their definitions): {}",
-                                  session_.table, last_error_));
-      },
-      session_.check);
+StoreError SqlConnection::table_error(const StoreError& error) const {
+  StoreError why = error;
+  why.message = fmt::format("the lock table {} (or its companion _holders table) does not have lockwatch's columns "
+                            "(see lockwatch's docs/stores.md for their definitions): {}",
+                            session_.table, error.message);
+  return why;
 }
 
 void SqlConnection::send_queued() {
@@ -354,16 +312,14 @@ void SqlConnection::after_results() {
 }
 
 void SqlConnection::statement_failed() {
-  unsigned code = mysql_errno(mysql_);
-  last_errno_ = code;
-  last_error_ = mysql_error(mysql_);
-  if (client_error(code) || inflight_.empty()) return connection_failed(code, last_error_);
+  const unsigned code = mysql_errno(mysql_);
+  if (client_error(code) || inflight_.empty()) return connection_failed(code, mysql_error(mysql_));
   // The server refused this statement; the connection is fine and the
   // statements after it in the round trip were not run (a transaction
   // the request began is rolled back first).
   phase_ = Phase::kNone;
   roll_back_ = state_ == State::kReady;
-  StoreError err = sql_error(name_, code, last_error_);
+  StoreError err = sql_error(name_, code, mysql_error(mysql_));
   if (code == ER_PARSE_ERROR && inflight_.front().sql.starts_with(sql::kCompound))
     // A server without MariaDB's compound statements (MySQL): say what is
     // missing rather than only where the syntax broke.
@@ -385,17 +341,11 @@ void SqlConnection::answer_front(const StoreError* err) {
 // The connection is lost: `code` is the client library's error number,
 // 0 for a failure of our own. While connecting, a refused login is kAuth.
 void SqlConnection::connection_failed(unsigned code, std::string why) {
-  last_errno_ = code;
-  last_error_ = why;
   if (state_ != State::kConnecting && state_ != State::kSetUp) return fail_unavailable(why);
   StoreError error = StoreError::unavailable(name_, why, code != 0 ? mariadb_code(code) : std::error_code());
   if (code != 0 && sql_error(name_, code, why).kind == StoreError::Kind::kAuth) error.kind = StoreError::Kind::kAuth;
   fail(why, error, false);
 }
-
-// The session set-up was refused: the server's answer, though the
-// connection is given up, and what waited for it fails.
-void SqlConnection::set_up_failed(const std::string& why) { fail(why, sql_error(name_, last_errno_, why), true); }
 
 unsigned long SqlConnection::session() const {
   return mysql_ != nullptr && state_ == State::kReady ? mysql_thread_id(mysql_) : 0;

@@ -67,34 +67,14 @@ using SqlDone = std::function<void(const SqlResult& result, const StoreError* er
 
 using SqlStaleThreads = sqlcommon::StaleSessions<unsigned long>;
 
-// A named statement (sqlcommon/sql_recipe.hpp lists the recipe's): its
-// steps, sent in order in one round trip, the last result set the
-// statement's answer; each $1..$9 in them is filled with that parameter as
-// `types` says ('x' hex text, written as X'..'; 'n' a number; 'X', 'N'
-// arrays of either), or NULL when the parameter is not one (sql::fill()).
-// In a transaction
-// (execute_all()) its first step is part of one compound statement, and
-// its answer the values of `answer`'s expressions after it.
-struct SqlStatement {
-  std::string name;
-  std::string types;
-  std::vector<std::string> steps;
-  std::vector<std::string> answer = {};
-};
-
-// What a connection runs before it takes requests: the stale threads
-// ended, `setup` statements in order, then `check` (a SELECT of the
-// table's columns); when the server says a table or a column is missing
-// (1146, 1054), `create` (the tables, then ALTER TABLE ... ADD COLUMN IF
-// NOT EXISTS each column added since) and `check` again.
-struct SqlSession {
-  std::shared_ptr<SqlStaleThreads> stale;  // null: not tracked
-  std::vector<std::string> setup;
-  std::string check;
-  std::vector<std::string> create;
-  std::string table;  // for messages
-  std::vector<SqlStatement> statements;
-};
+// A named statement: its steps' $1..$9 are filled with the parameters as
+// its types say (sql::fill()). What a connection runs before it takes
+// requests (ConnectionCore's set-up): the stale threads ended, the session
+// settings, the tables' check (a SELECT of their columns; 1146 or 1054: the
+// tables made, then ALTER TABLE ... ADD COLUMN IF NOT EXISTS each column
+// added since).
+using SqlStatement = sqlcommon::Statement;
+using SqlSession = sqlcommon::Session<unsigned long>;
 
 // Statements sent together (separated by ";\n"), kept until answered.
 struct SqlRequest {
@@ -136,11 +116,10 @@ class SqlConnection final : public sqlcommon::ConnectionCore<SqlRequest, SqlResu
   unsigned long session() const override;
   void release(bool graceful) override;
 
-  const SqlStatement* statement(const std::string& name, SqlDone& done);
-  void set_up(SqlDone done, std::string sql);
-  void end_stale_threads(int round);
-  void run_setup();
-  void check_table(std::size_t attempt);
+  void set_up_step(std::string sql, const SqlStatement* prepare, SqlDone done) override;
+  std::vector<std::string> end_sessions(const std::vector<unsigned long>& ids, int round) const override;
+  StoreError table_error(const StoreError& error) const override;
+
   void resume(int events);
   void connect_step(int status, st_mysql* ret);
   void result_step(int status, bool failed);
@@ -152,12 +131,10 @@ class SqlConnection final : public sqlcommon::ConnectionCore<SqlRequest, SqlResu
   void after_results();
   void wait_for(int status);
   void connection_failed(unsigned code, std::string why);
-  void set_up_failed(const std::string& why);
 
   static void on_io_timer(uv_timer_t* t);
 
   const SqlTarget target_;
-  const SqlSession session_;
 
   Phase phase_ = Phase::kNone;
   bool busy_ = false;  // a round trip under way
@@ -165,8 +142,6 @@ class SqlConnection final : public sqlcommon::ConnectionCore<SqlRequest, SqlResu
   uv_timer_t io_timer_{};  // the library's own timeouts (MYSQL_WAIT_TIMEOUT)
   bool timer_open_ = false;
   std::string connect_host_;  // the address of the attempt under way
-  std::string last_error_ = "not connected yet";
-  unsigned last_errno_ = 0;
   bool roll_back_ = false;  // a request failed: a ROLLBACK goes next, at once
   // inflight_: sent in the current round trip, answered in order.
   std::deque<Request> set_up_;  // the session set-up, before queue_

@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 
 #include "core/token.hpp"
+#include "store/sql/sql_error.hpp"
 #include "store/sql/sql_literals.hpp"
 
 namespace lockwatch::detail {
@@ -86,6 +87,7 @@ SqlStore::SqlStore(Loop& loop, SqlTarget target, const sqlcommon::SqlSettings& s
       "FROM {} l, {} h LIMIT 0",
       table_, holders_);
   session.create = table_statements(target.table);
+  session.missing = {mariadb_code(1146), mariadb_code(1054)};  // ER_NO_SUCH_TABLE, ER_BAD_FIELD_ERROR
   session.table = fmt::format("{}.{}", target.database, target.table);
   session.stale = std::make_shared<SqlStaleThreads>();
   session.statements = statements();

@@ -37,6 +37,7 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <system_error>
 #include <utility>
 #include <vector>
 
@@ -155,6 +156,41 @@ struct Call {
   std::vector<std::string> params;
 };
 
+// A named statement of the store's dialect (sqlcommon/sql_recipe.hpp
+// lists the recipe's): its `steps` (MariaDB's sent in order in one round
+// trip, the last result set its answer; PostgreSQL's one, prepared) and
+// each parameter's type ('x' hex text, 'n' a number, 'X', 'N' arrays of
+// either, 'b' a boolean). In a transaction (execute_all()), MariaDB's
+// first step is part of one compound statement, its answer the values of
+// `answer`'s expressions after it; PostgreSQL's execute() runs the
+// statement `first` names before it, on its first parameter.
+struct Statement {
+  std::string name;
+  std::string types;
+  std::vector<std::string> steps;
+  std::vector<std::string> answer = {};
+  std::string first = {};
+};
+
+// What a connection runs before it takes requests (ConnectionCore's
+// set-up): the sessions left behind ended, `setup` in order, then the
+// tables' check: `check`, or (none) the first statement's prepare, then
+// the others' and `plan_check` (a planner's refusal). When the check
+// fails with an error of `missing` (a table, a column), `create` in order
+// (an error of `exists`: another connection made it meanwhile) and the
+// check again, once.
+template <class Id>
+struct Session {
+  std::vector<Statement> statements;
+  std::shared_ptr<StaleSessions<Id>> stale;  // null: not tracked
+  std::vector<std::string> setup;
+  std::string check;
+  std::vector<std::string> create;
+  std::string plan_check;
+  std::string table;  // for messages
+  std::vector<std::error_code> missing, exists;
+};
+
 // The machinery of a SQL connection on the loop, written once; the
 // client (the derived connection: SqlConnection for MariaDB, PgConnection
 // for PostgreSQL) adds only what its client library does its own way:
@@ -164,7 +200,8 @@ struct Call {
 // looked up, the connect deadline, the back-off, state changes told once),
 // the queue that waits while the link is down, the requests in flight
 // with their command timeout, the turn's-end send, the watch on the
-// client's socket, the sessions left behind, dropping and closing.
+// client's socket, the sessions left behind, the session's set-up
+// (Session), dropping and closing.
 //
 // `Request` carries `done`, taking (const Answer&, const StoreError*) (a
 // failed request gets an empty Answer{}), and `sent`, its send time.
@@ -211,14 +248,15 @@ class ConnectionCore : protected Reconnector::Attempts, protected RequestTimer::
   enum class State { kDown, kConnecting, kSetUp, kReady, kClosed };
 
   // `host` is looked up unless `local` names a local socket (what the
-  // client library is given for it then). On `stale`'s list (none: not
-  // tracked) while it lives.
+  // client library is given for it then). On the session's stale list
+  // (none: not tracked) while it lives.
   ConnectionCore(Loop& loop, const SqlSettings& settings, std::string name, std::string host, const char* local,
-                 std::shared_ptr<StaleSessions<Id>> stale)
+                 Session<Id> session)
       : loop_(loop),
         settings_(settings),
         name_(std::move(name)),
-        stale_(std::move(stale)),
+        session_(std::move(session)),
+        stale_(session_.stale),
         host_(std::move(host)),
         local_(local) {
     if (stale_) stale_->connections.push_back(this);
@@ -239,6 +277,15 @@ class ConnectionCore : protected Reconnector::Attempts, protected RequestTimer::
   virtual void send_queued() = 0;
   virtual Id session() const = 0;
   virtual void release(bool graceful) = 0;
+  // The set-up's side. set_up_step(): send `sql`, or (with `prepare`)
+  // that statement's prepare, answered in order; end_sessions(): the
+  // statements that end the sessions `ids` left behind, in their `round`
+  // (none: no more rounds), the last answering whether any is left (a
+  // cell but "0"); table_error(): the error the connection fails with when
+  // the tables' check (or a prepare) was refused with `error`.
+  virtual void set_up_step(std::string sql, const Statement* prepare, Done done) = 0;
+  virtual std::vector<std::string> end_sessions(const std::vector<Id>& ids, int round) const = 0;
+  virtual StoreError table_error(const StoreError& error) const = 0;
 
   // Connected or usable: the client's socket is open.
   bool linked() const noexcept { return state_ == State::kSetUp || state_ == State::kReady; }
@@ -257,12 +304,16 @@ class ConnectionCore : protected Reconnector::Attempts, protected RequestTimer::
     if (state_ != State::kClosed) kick_.request();
   }
   StoreError unavailable(const std::string& why) const { return StoreError::unavailable(name_, why); }
-  // `done` of a set-up step: not heard once the set-up is over (the
-  // connection dropped meanwhile).
-  Done in_set_up(Done done) {
-    return [this, done = std::move(done)](const Answer& answer, const StoreError* err) {
-      if (state_ == State::kSetUp) done(answer, err);
-    };
+  // Connected (the client set kSetUp): the session's set-up (Session),
+  // then set_up_done().
+  void start_set_up() { end_stale(stale_ ? stale_->ids : std::vector<Id>{}, 0); }
+  // The statement the session names `name`; none (`done` then fails, on
+  // the next turn) cannot be: the store names its own.
+  const Statement* statement(const std::string& name, Done& done) {
+    for (const auto& s : session_.statements)
+      if (s.name == name) return &s;
+    loop_.post([done = std::move(done), err = unavailable("no statement " + name)] { done(Answer{}, &err); });
+    return nullptr;
   }
   // The set-up is over: usable, told once; what waited goes out.
   void set_up_done() {
@@ -300,11 +351,20 @@ class ConnectionCore : protected Reconnector::Attempts, protected RequestTimer::
     lost(why, error, connecting || fail_queued, left_behind);
   }
   void fail_unavailable(const std::string& why) { fail(why, unavailable(why), false); }
+  // The set-up failed with `error`: the connection is given up, and what
+  // waited for it fails.
+  void set_up_failed(const StoreError& error) { fail(error.message, error, true); }
+  void set_up_failed(const StoreError& error, std::string_view what) {
+    StoreError why = error;
+    why.message = fmt::format(fmt::runtime(what), session_.table, error.message);
+    set_up_failed(why);
+  }
 
   Loop& loop_;
   const SqlSettings settings_;
   const std::string name_;
-  const std::shared_ptr<StaleSessions<Id>> stale_;  // null: not tracked
+  const Session<Id> session_;
+  const std::shared_ptr<StaleSessions<Id>> stale_;  // session_.stale
   State state_ = State::kDown;
   Reconnector reconnector_{loop_, Backoff(settings_.reconnect_min, settings_.reconnect_max), settings_.connect_timeout,
                            *this};
@@ -349,6 +409,74 @@ class ConnectionCore : protected Reconnector::Attempts, protected RequestTimer::
   // Restartable: down and up again behind a session another left.
   void restart(const char* why) final {
     if (linked()) fail_unavailable(why);
+  }
+
+  // A step of the set-up, its answer not heard once the set-up is over
+  // (the connection dropped meanwhile).
+  void step(std::string sql, const Statement* prepare, Done done) {
+    set_up_step(std::move(sql), prepare, [this, done = std::move(done)](const Answer& answer, const StoreError* err) {
+      if (state_ == State::kSetUp) done(answer, err);
+    });
+  }
+  // The sessions `ids` left behind ended, a round at a time (then, ended
+  // or beyond waiting for, not tried again); then `setup` and the check.
+  void end_stale(std::vector<Id> ids, int round) {
+    std::vector<std::string> steps = ids.empty() ? std::vector<std::string>{} : end_sessions(ids, round);
+    if (steps.empty()) {
+      if (!ids.empty()) stale_->forget(ids);
+      return check_tables(false);
+    }
+    const auto ignore = [](const Answer&, const StoreError*) {};
+    for (std::size_t i = 0; i + 1 < steps.size(); ++i) step(std::move(steps[i]), nullptr, ignore);
+    step(std::move(steps.back()), nullptr, [this, ids, round](const Answer& answer, const StoreError* err) {
+      if (!err && !answer.null(0, 0) && answer.at(0, 0) != "0") return end_stale(ids, round + 1);
+      stale_->forget(ids);
+      check_tables(false);
+    });
+  }
+  // `setup` (not again once `created`), then the tables' check; when a
+  // table or a column is missing, `create` and the check again, once.
+  // Nothing to check (a notices connection): usable after `setup`.
+  void check_tables(bool created) {
+    const auto has = [](const std::vector<std::error_code>& codes, const StoreError* err) {
+      return std::find(codes.begin(), codes.end(), err->code) != codes.end();
+    };
+    const bool prepared = session_.check.empty(), unchecked = prepared && session_.statements.empty();
+    for (std::size_t i = 0; !created && i < session_.setup.size(); ++i)
+      step(session_.setup[i], nullptr,
+           [this, last = unchecked && i + 1 == session_.setup.size()](const Answer&, const StoreError* err) {
+             if (err) return set_up_failed(*err, "the session set-up failed: {1}");
+             if (last) set_up_done();
+           });
+    if (unchecked) return;
+    step(session_.check, prepared ? &session_.statements.front() : nullptr,
+         [this, created, has](const Answer&, const StoreError* err) {
+           if (!err) return prepare_rest();
+           if (created || !has(session_.missing, err)) return set_up_failed(table_error(*err));
+           for (const auto& sql : session_.create)
+             step(sql, nullptr, [this, has](const Answer&, const StoreError* e) {
+               if (e && !has(session_.exists, e))
+                 set_up_failed(*e, "cannot create the lock table {} or its holders' table: {}");
+             });
+           check_tables(true);
+         });
+  }
+  // The tables checked: the other statements prepared (when the check was
+  // the first one's prepare), then the plan check.
+  void prepare_rest() {
+    const std::size_t n = session_.check.empty() ? session_.statements.size() : 1;
+    auto left = std::make_shared<std::size_t>(n - 1);
+    if (*left == 0) return check_plan();
+    for (std::size_t i = 1; i < n && state_ == State::kSetUp; ++i)
+      step({}, &session_.statements[i], [this, left](const Answer&, const StoreError* err) {
+        if (err) return set_up_failed(table_error(*err));
+        if (--*left == 0) check_plan();
+      });
+  }
+  void check_plan() {
+    if (session_.plan_check.empty()) return set_up_done();
+    step(session_.plan_check, nullptr,
+         [this](const Answer&, const StoreError* err) { err ? set_up_failed(table_error(*err)) : set_up_done(); });
   }
 
   static void on_poll(uv_poll_t* handle, int status, int events) {
