@@ -49,21 +49,20 @@ std::string startup_options(const sqlcommon::SqlSettings& o) {
                      lock_ms);
 }
 
+// A result's rows, copied out of libpq's.
+PgRows rows_of(const PGresult* result) {
+  PgRows out{.cells = {}, .hex = true};
+  for (int r = 0; result != nullptr && r < PQntuples(result); ++r) {
+    auto& cells = out.cells.emplace_back(PQnfields(result));
+    for (int c = 0; c < PQnfields(result); ++c)
+      if (PQgetisnull(result, r, c) == 0) cells[c].emplace(PQgetvalue(result, r, c), PQgetlength(result, r, c));
+  }
+  return out;
+}
+
 }  // namespace
 
 void PgRequest::ResultFree::operator()(pg_result* r) const noexcept { PQclear(r); }
-
-int PgRows::size() const noexcept { return result_ == nullptr ? 0 : PQntuples(result_); }
-
-std::string_view PgRows::at(int row, int column) const noexcept {
-  if (result_ == nullptr || row >= PQntuples(result_) || column >= PQnfields(result_)) return {};
-  return {PQgetvalue(result_, row, column), static_cast<std::size_t>(PQgetlength(result_, row, column))};
-}
-
-bool PgRows::null(int row, int column) const noexcept {
-  if (result_ == nullptr || row >= PQntuples(result_) || column >= PQnfields(result_)) return true;
-  return PQgetisnull(result_, row, column) != 0;
-}
 
 PgConnection::PgConnection(Loop& loop, PgTarget target, const sqlcommon::SqlSettings& settings, PgSession session)
     : ConnectionCore(loop, settings, target.name(), target.host, target.socket_dir.empty() ? nullptr : "",
@@ -318,9 +317,9 @@ void PgConnection::complete_front() {
   } else if (r.results.size() != r.statements()) {
     error = pg_statement_error(name_, "", "the server sent no result for a statement");
   } else if (r.each) {
-    for (std::size_t i = 0; i < r.results.size(); ++i) r.each(i, PgRows(r.results[i].get()));
+    for (std::size_t i = 0; i < r.results.size(); ++i) r.each(i, rows_of(r.results[i].get()));
   }
-  r.done(PgRows(error ? nullptr : r.results.back().get()), error ? &*error : nullptr);
+  r.done(rows_of(error ? nullptr : r.results.back().get()), error ? &*error : nullptr);
 }
 
 int PgConnection::session() const { return conn_ != nullptr ? PQbackendPID(conn_) : 0; }

@@ -42,23 +42,8 @@ struct pg_result;
 
 namespace lockwatch::detail {
 
-// A statement's rows as text (libpq's text format), valid during the
-// callback it is passed to only.
-class PgRows final : public sqlcommon::Rows {
- public:
-  explicit PgRows(const pg_result* result = nullptr) : result_(result) {}
-  int size() const noexcept override;
-  std::string_view at(int row, int column) const noexcept override;
-  bool null(int row, int column) const noexcept override;
-  bool read_bytes(int row, int column, std::string& out) const override {
-    return sqlcommon::unhex(at(row, column), out);
-  }
-  long long micros(int row, int column) const override { return sqlcommon::to_ll(at(row, column)); }
-  bool yes(int row, int column) const override { return at(row, column) == "t"; }
-
- private:
-  const pg_result* result_;
-};
+// A statement's rows as text (libpq's text format; names and tokens as hex).
+using PgRows = sqlcommon::Rows;
 
 // `rows` is meaningful only when `error` is null; `error` is valid during
 // the call only.

@@ -94,10 +94,10 @@ void SqlConnection::execute_all(std::vector<sqlcommon::Call> calls,
   if (!read.empty()) steps.push_back(std::move(read));
   run(std::move(steps), [each = std::move(each), done = std::move(done), at = std::move(at)](const SqlResult& r,
                                                                                             const StoreError* err) {
-    const bool whole = r.rows.size() == 1 && r.rows[0].size() == at.back();
+    const bool whole = r.cells.size() == 1 && r.cells[0].size() == at.back();
     for (std::size_t k = 0; !err && k + 1 < at.size(); ++k) {
       SqlResult one;  // its columns of the read (none: no answer)
-      if (whole && at[k] < at[k + 1]) one.rows.emplace_back(r.rows[0].begin() + at[k], r.rows[0].begin() + at[k + 1]);
+      if (whole && at[k] < at[k + 1]) one.cells.emplace_back(r.cells[0].begin() + at[k], r.cells[0].begin() + at[k + 1]);
       each(k, one);
     }
     done(r, err);
@@ -273,13 +273,13 @@ void SqlConnection::store_step(int status, MYSQL_RES* res) {
   if (status != 0) return wait_for(status);
   if (res == nullptr) return statement_failed();
   SqlResult& out = inflight_.front().answer;
-  out.rows.clear();
+  out.cells.clear();
   unsigned fields = mysql_num_fields(res);
   while (MYSQL_ROW row = mysql_fetch_row(res)) {
     unsigned long* lengths = mysql_fetch_lengths(res);
-    std::vector<std::string>& cells = out.rows.emplace_back(fields);
+    auto& cells = out.cells.emplace_back(fields);
     for (unsigned i = 0; i < fields; ++i)
-      if (row[i] != nullptr) cells[i].assign(row[i], lengths[i]);
+      if (row[i] != nullptr) cells[i].emplace(row[i], lengths[i]);
   }
   mysql_free_result(res);
   statement_done();

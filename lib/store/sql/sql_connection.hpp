@@ -42,23 +42,7 @@ struct st_mysql_res;
 
 namespace lockwatch::detail {
 
-struct SqlResult final : sqlcommon::Rows {
-  std::vector<std::vector<std::string>> rows;  // a result set's rows; NULL reads as ""
-
-  // Rows: NULL and "" are one (an empty cell reads as NULL).
-  int size() const noexcept override { return static_cast<int>(rows.size()); }
-  std::string_view at(int row, int column) const noexcept override {
-    if (row >= size() || static_cast<std::size_t>(column) >= rows[row].size()) return {};
-    return rows[row][column];
-  }
-  bool null(int row, int column) const noexcept override { return at(row, column).empty(); }
-  bool read_bytes(int row, int column, std::string& out) const override {
-    out = at(row, column);
-    return true;
-  }
-  long long micros(int row, int column) const override { return sqlcommon::unix_micros(at(row, column)); }
-  bool yes(int row, int column) const override { return at(row, column) == "1"; }
-};
+using SqlResult = sqlcommon::Rows;
 
 // `result` is meaningful only when `error` is null; `error` is valid during
 // the call only (classified by sql_error(); a lost connection or a timeout

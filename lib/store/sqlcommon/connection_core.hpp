@@ -462,16 +462,16 @@ class ConnectionCore : protected Reconnector::Attempts, protected RequestTimer::
          });
   }
   // The tables checked: the other statements prepared (when the check was
-  // the first one's prepare), then the plan check.
+  // the first one's prepare), then the plan check. Answers come in order:
+  // the last prepare's tells that all were.
   void prepare_rest() {
     const std::size_t n = session_.check.empty() ? session_.statements.size() : 1;
-    auto left = std::make_shared<std::size_t>(n - 1);
-    if (*left == 0) return check_plan();
     for (std::size_t i = 1; i < n && state_ == State::kSetUp; ++i)
-      step({}, &session_.statements[i], [this, left](const Answer&, const StoreError* err) {
+      step({}, &session_.statements[i], [this, last = i + 1 == n](const Answer&, const StoreError* err) {
         if (err) return set_up_failed(table_error(*err));
-        if (--*left == 0) check_plan();
+        if (last) check_plan();
       });
+    if (n <= 1) check_plan();
   }
   void check_plan() {
     if (session_.plan_check.empty()) return set_up_done();

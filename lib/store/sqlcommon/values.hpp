@@ -13,6 +13,7 @@
 #include <string>
 #include <string_view>
 #include <type_traits>
+#include <vector>
 
 #include "core/hex.hpp"
 
@@ -86,35 +87,49 @@ std::string array_literal(std::size_t n, Get get) {
   return out + '}';
 }
 
-// A statement's answer, from either driver (MariaDB's SqlResult,
-// PostgreSQL's PgRows): rows of text cells, each read as its server
-// writes it. A cell past the rows or columns reads as empty and NULL.
-class Rows {
- public:
-  virtual int size() const noexcept = 0;
-  virtual std::string_view at(int row, int column) const noexcept = 0;
-  virtual bool null(int row, int column) const noexcept = 0;
-  // A name, token or owner name (PostgreSQL's come as hex): false when
-  // the cell holds none.
-  virtual bool read_bytes(int row, int column, std::string& out) const = 0;
-  // A time in µs since the epoch (MariaDB's come as UNIX_TIMESTAMP()).
-  virtual long long micros(int row, int column) const = 0;
-  // A boolean ("1" from MariaDB, "t" from PostgreSQL).
-  virtual bool yes(int row, int column) const = 0;
+// A statement's answer, from either driver: rows of text cells (none:
+// NULL), each read as its server writes it. MariaDB's: names and tokens
+// as bytes, times as UNIX_TIMESTAMP(), booleans "1", and NULL and "" one;
+// PostgreSQL's (`hex`): names and tokens as hex, times in µs, booleans "t".
+// A cell past the rows or columns reads as empty and NULL.
+struct Rows {
+  std::vector<std::vector<std::optional<std::string>>> cells;
+  bool hex = false;
 
+  int size() const noexcept { return static_cast<int>(cells.size()); }
+  std::string_view at(int row, int column) const noexcept {
+    const std::optional<std::string>* c = cell(row, column);
+    return c != nullptr && *c ? std::string_view(**c) : std::string_view();
+  }
+  bool null(int row, int column) const noexcept {
+    const std::optional<std::string>* c = cell(row, column);
+    return c == nullptr || !*c || (!hex && (*c)->empty());
+  }
+  // A name, token or owner name: false when the cell holds none.
+  bool read_bytes(int row, int column, std::string& out) const {
+    if (hex) return unhex(at(row, column), out);
+    out = at(row, column);
+    return true;
+  }
   std::string bytes(int row, int column) const {
     std::string out;
     read_bytes(row, column, out);
     return out;
   }
+  // A time in µs since the epoch.
+  long long micros(int row, int column) const { return hex ? to_ll(at(row, column)) : unix_micros(at(row, column)); }
+  bool yes(int row, int column) const { return at(row, column) == (hex ? "t" : "1"); }
   // A number, or none for NULL.
   std::optional<long long> maybe(int row, int column) const {
     if (null(row, column)) return std::nullopt;
     return to_ll(at(row, column));
   }
 
- protected:
-  ~Rows() = default;
+ private:
+  const std::optional<std::string>* cell(int row, int column) const noexcept {
+    if (row < 0 || row >= size() || column < 0 || static_cast<std::size_t>(column) >= cells[row].size()) return nullptr;
+    return &cells[row][column];
+  }
 };
 
 }  // namespace lockwatch::detail::sqlcommon
