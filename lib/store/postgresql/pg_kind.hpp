@@ -17,8 +17,9 @@ inline constexpr std::string_view kPostgresSchemes = "postgresql postgres";
 inline constexpr std::string_view kPostgresUsage =
     "postgresql://user[:password]@host[:port]/database[?table=name&sslmode=...] (or postgres://)";
 
-// The registry's entry: the kind, or, in a build without the feature, one
-// whose URLs fail with Unsupported naming it (pg_missing.cpp).
+// The registry's entry (pg_store.cpp): the kind, or, in a build without
+// the feature, one whose URLs fail with Unsupported naming it
+// (pg_missing.cpp).
 extern const StoreKind kPostgresStore;
 
 }  // namespace lockwatch::detail

@@ -3,10 +3,14 @@
 #include <fmt/format.h>
 
 #include "store/postgresql/pg_error.hpp"
+#include "store/postgresql/pg_kind.hpp"
 #include "store/postgresql/pg_statements.hpp"
 #include "store/sqlcommon/values.hpp"
 
 namespace lockwatch::detail {
+
+constinit const StoreKind kPostgresStore =
+    sqlcommon::sql_store_kind<PgStore, PgTarget>(kPostgresSchemes, kPostgresUsage);
 
 namespace {
 

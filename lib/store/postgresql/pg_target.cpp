@@ -6,8 +6,8 @@
 #include <cstdint>
 #include <iterator>
 #include <string_view>
+#include <utility>
 
-#include "core/url.hpp"
 #include "lockwatch/errors.hpp"
 
 namespace lockwatch::detail {
@@ -54,17 +54,11 @@ bool PgTarget::takes(const std::string& url) {
 
 PgTarget PgTarget::parse(const std::string& url) {
   if (!takes(url)) throw_bad_url(url, kShape.data());
-  DatabaseUrl d = split_database_url(url, std::string_view(url).substr(url.find("://") + 3), kShape);
-  PgTarget t;
-  t.user = std::move(d.user);
-  t.password = std::move(d.password);
-  t.database = std::move(d.database);
+  PgTarget t{split_database_url(url, std::string_view(url).substr(url.find("://") + 3), kShape)};
   if (t.database.find('\0') != std::string::npos || t.database.size() > kMaxPgName)
     throw_bad_url(url, "the database name must be 1 to 63 bytes, without NUL");
-  t.host = std::move(d.host);
-  if (d.port != 0) t.port = d.port;
-
-  for (auto& [key, value] : d.params) {
+  if (t.port == 0) t.port = 5432;
+  for (auto& [key, value] : std::exchange(t.params, {})) {
     auto absolute_path = [&](const char* why) {
       if (value.empty() || value.front() != '/' || value.find('\0') != std::string::npos) throw_bad_url(url, why);
       return std::move(value);

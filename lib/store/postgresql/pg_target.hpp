@@ -22,18 +22,17 @@
 
 #include <string>
 
+#include "core/url.hpp"
+
 namespace lockwatch::detail {
 
-struct PgTarget {
-  std::string host;        // a name, or a numeric address (no brackets)
-  int port = 5432;
-  std::string user;
-  std::string password;
-  std::string database;
-  std::string socket_dir;  // non-empty: a unix socket in this directory instead of TCP
+// The URL's parts (its host a name, or a numeric address without
+// brackets; its port 5432 when none is given; its parameters read).
+struct PgTarget : DatabaseUrl {
+  std::string socket_dir = {};  // non-empty: a unix socket in this directory instead of TCP
   std::string table = "lockwatch_locks";
-  std::string sslmode;     // empty: libpq's default (prefer)
-  std::string sslrootcert, sslcert, sslkey, sslcrl;
+  std::string sslmode = {};  // empty: libpq's default (prefer)
+  std::string sslrootcert = {}, sslcert = {}, sslkey = {}, sslcrl = {};
 
   // Throws InvalidArgument naming what is wrong (never showing the password).
   static PgTarget parse(const std::string& url);

@@ -15,8 +15,9 @@ namespace lockwatch::detail {
 inline constexpr std::string_view kSqlSchemes = "mysql";
 inline constexpr std::string_view kSqlUsage = "mysql://user:password@host[:port]/database[?socket=/path&table=name]";
 
-// The registry's entry: the kind, or, in a build without the feature, one
-// whose URLs fail with Unsupported naming it (sql_missing.cpp).
+// The registry's entry (sql_store.cpp): the kind, or, in a build without
+// the feature, one whose URLs fail with Unsupported naming it
+// (sql_missing.cpp).
 extern const StoreKind kSqlStore;
 
 }  // namespace lockwatch::detail

@@ -4,9 +4,12 @@
 
 #include "core/token.hpp"
 #include "store/sql/sql_error.hpp"
+#include "store/sql/sql_kind.hpp"
 #include "store/sql/sql_literals.hpp"
 
 namespace lockwatch::detail {
+
+constinit const StoreKind kSqlStore = sqlcommon::sql_store_kind<SqlStore, SqlTarget>(kSqlSchemes, kSqlUsage);
 
 using namespace sql;  // the statements' literals (sql_literals.hpp)
 

@@ -4,8 +4,8 @@
 
 #include <algorithm>
 #include <string_view>
+#include <utility>
 
-#include "core/url.hpp"
 #include "lockwatch/errors.hpp"
 
 namespace lockwatch::detail {
@@ -29,18 +29,12 @@ bool plain_identifier(std::string_view s) {
 SqlTarget SqlTarget::parse(const std::string& url) {
   constexpr const char* kShape = "expected mysql://user:password@host[:port]/database";
   if (url.compare(0, kScheme.size(), kScheme) != 0) throw_bad_url(url, kShape);
-  DatabaseUrl d = split_database_url(url, std::string_view(url).substr(kScheme.size()), kShape);
-  SqlTarget t;
-  t.user = std::move(d.user);
-  t.password = std::move(d.password);
-  t.database = std::move(d.database);
+  SqlTarget t{split_database_url(url, std::string_view(url).substr(kScheme.size()), kShape)};
   if (!plain_identifier(t.database))
     throw_bad_url(url, "the database name must be 1 to 64 letters, digits, '_' or '$'");
-  if (d.host.empty()) throw_bad_url(url, "no host");
-  t.host = std::move(d.host);
-  if (d.port != 0) t.port = d.port;
-
-  for (auto& [key, value] : d.params) {
+  if (t.host.empty()) throw_bad_url(url, "no host");
+  if (t.port == 0) t.port = 3306;
+  for (auto& [key, value] : std::exchange(t.params, {})) {
     if (key == "socket") {
       if (value.empty() || value.front() != '/') throw_bad_url(url, "socket= must be an absolute path");
       t.socket = std::move(value);

@@ -11,15 +11,13 @@
 
 #include <string>
 
+#include "core/url.hpp"
+
 namespace lockwatch::detail {
 
-struct SqlTarget {
-  std::string host;
-  int port = 3306;
-  std::string user;
-  std::string password;
-  std::string database;
-  std::string socket;  // non-empty: a unix socket instead of TCP
+// The URL's parts (its port 3306 when none is given; its parameters read).
+struct SqlTarget : DatabaseUrl {
+  std::string socket = {};  // non-empty: a unix socket instead of TCP
   std::string table = "lockwatch_locks";
 
   // Throws InvalidArgument naming what is wrong (never showing the password).
