@@ -17,6 +17,11 @@
 // others start again too, and each ends the listed sessions before its
 // set-up.
 //
+// A connection takes requests once its session is set up (Session): the
+// sessions left behind ended, the session's settings, the tables checked
+// (made when missing), its statements prepared where the server prepares
+// them; a failed step gives the connection up, as a failed attempt.
+//
 // ConnectionCore is that machinery; the client (the derived connection)
 // connects, sends and reads through its library. close() stops
 // reconnecting, fails what is pending and closes the handles, and the

@@ -3,8 +3,8 @@
 //
 // Names and tokens travel as hex (MariaDB's X'..' literals, PostgreSQL's
 // decode(.., 'hex')): any bytes, no escaping, and nothing a key holds can
-// change a statement. An answer is read through Rows, either driver's
-// result. Pure functions; any thread.
+// change a statement. An answer, from either driver, is one Rows, read
+// as its server writes it. Pure functions; any thread.
 #pragma once
 
 #include <charconv>
