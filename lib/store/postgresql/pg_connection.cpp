@@ -49,14 +49,15 @@ std::string startup_options(const sqlcommon::SqlSettings& o) {
                      lock_ms);
 }
 
-// A result's rows, copied out of libpq's.
+// A result's rows: views into libpq's, which the request keeps.
 PgRows rows_of(const PGresult* result) {
-  PgRows out{.cells = {}, .hex = true};
-  for (int r = 0; result != nullptr && r < PQntuples(result); ++r) {
-    auto& cells = out.cells.emplace_back(PQnfields(result));
+  PgRows out{.cells = {}, .columns = result != nullptr ? static_cast<std::size_t>(PQnfields(result)) : 0, .hex = true};
+  out.cells.reserve(result != nullptr ? out.columns * static_cast<std::size_t>(PQntuples(result)) : 0);
+  for (int r = 0; result != nullptr && r < PQntuples(result); ++r)
     for (int c = 0; c < PQnfields(result); ++c)
-      if (PQgetisnull(result, r, c) == 0) cells[c].emplace(PQgetvalue(result, r, c), PQgetlength(result, r, c));
-  }
+      out.cells.push_back(PQgetisnull(result, r, c) != 0 ? std::nullopt
+                                                          : std::optional<std::string_view>(std::in_place,
+                                                                PQgetvalue(result, r, c), PQgetlength(result, r, c)));
   return out;
 }
 

@@ -38,6 +38,8 @@ int uv_events_of(int status) {
 
 }  // namespace
 
+void SqlRequest::ResultFree::operator()(MYSQL_RES* r) const noexcept { mysql_free_result(r); }
+
 SqlConnection::SqlConnection(Loop& loop, SqlTarget target, const sqlcommon::SqlSettings& settings, SqlSession session)
     : ConnectionCore(loop, settings, target.name(), target.host, target.socket.empty() ? nullptr : "localhost",
                      std::move(session)),
@@ -94,10 +96,13 @@ void SqlConnection::execute_all(std::vector<sqlcommon::Call> calls,
   if (!read.empty()) steps.push_back(std::move(read));
   run(std::move(steps), [each = std::move(each), done = std::move(done), at = std::move(at)](const SqlResult& r,
                                                                                             const StoreError* err) {
-    const bool whole = r.cells.size() == 1 && r.cells[0].size() == at.back();
+    const bool whole = r.size() == 1 && r.columns == at.back();
     for (std::size_t k = 0; !err && k + 1 < at.size(); ++k) {
       SqlResult one;  // its columns of the read (none: no answer)
-      if (whole && at[k] < at[k + 1]) one.cells.emplace_back(r.cells[0].begin() + at[k], r.cells[0].begin() + at[k + 1]);
+      if (whole && at[k] < at[k + 1]) {
+        one.cells.assign(r.cells.begin() + at[k], r.cells.begin() + at[k + 1]);
+        one.columns = at[k + 1] - at[k];
+      }
       each(k, one);
     }
     done(r, err);
@@ -272,16 +277,17 @@ void SqlConnection::statement_answered() {
 void SqlConnection::store_step(int status, MYSQL_RES* res) {
   if (status != 0) return wait_for(status);
   if (res == nullptr) return statement_failed();
-  SqlResult& out = inflight_.front().answer;
+  Request& front = inflight_.front();
+  front.result.reset(res);  // the answer's cells are views into it
+  SqlResult& out = front.answer;
   out.cells.clear();
-  unsigned fields = mysql_num_fields(res);
+  out.columns = mysql_num_fields(res);
+  out.cells.reserve(out.columns * mysql_num_rows(res));
   while (MYSQL_ROW row = mysql_fetch_row(res)) {
     unsigned long* lengths = mysql_fetch_lengths(res);
-    auto& cells = out.cells.emplace_back(fields);
-    for (unsigned i = 0; i < fields; ++i)
-      if (row[i] != nullptr) cells[i].emplace(row[i], lengths[i]);
+    for (std::size_t i = 0; i < out.columns; ++i)
+      out.cells.push_back(row[i] == nullptr ? std::nullopt : std::optional<std::string_view>(std::in_place, row[i], lengths[i]));
   }
-  mysql_free_result(res);
   statement_done();
 }
 
@@ -334,7 +340,7 @@ void SqlConnection::statement_failed() {
 void SqlConnection::answer_front(const StoreError* err) {
   Request r = std::move(inflight_.front());
   inflight_.pop_front();
-  r.done(err ? SqlResult{} : r.answer, err);
+  r.done(err ? SqlResult{} : std::move(r.answer), err);
   after_results();
 }
 

@@ -65,7 +65,11 @@ struct SqlRequest {
   std::string sql;
   SqlDone done;
   std::size_t statements = 1;  // results still to come
-  SqlResult answer = {};  // the last result set so far
+  struct ResultFree {
+    void operator()(st_mysql_res* r) const noexcept;
+  };
+  std::unique_ptr<st_mysql_res, ResultFree> result = {};  // the last result set so far, which `answer` reads
+  SqlResult answer = {};
   std::chrono::steady_clock::time_point sent = {};  // its round trip's
 };
 

@@ -91,18 +91,21 @@ std::string array_literal(std::size_t n, Get get) {
 // NULL), each read as its server writes it. MariaDB's: names and tokens
 // as bytes, times as UNIX_TIMESTAMP(), booleans "1", and NULL and "" one;
 // PostgreSQL's (`hex`): names and tokens as hex, times in µs, booleans "t".
-// A cell past the rows or columns reads as empty and NULL.
+// A cell past the rows or columns reads as empty and NULL. The cells are
+// views into the driver's result, which the connection keeps until the
+// callback given the Rows returns: no cell is copied.
 struct Rows {
-  std::vector<std::vector<std::optional<std::string>>> cells;
+  std::vector<std::optional<std::string_view>> cells;  // row after row, `columns` each
+  std::size_t columns = 0;
   bool hex = false;
 
-  int size() const noexcept { return static_cast<int>(cells.size()); }
+  int size() const noexcept { return columns == 0 ? 0 : static_cast<int>(cells.size() / columns); }
   std::string_view at(int row, int column) const noexcept {
-    const std::optional<std::string>* c = cell(row, column);
-    return c != nullptr && *c ? std::string_view(**c) : std::string_view();
+    const std::optional<std::string_view>* c = cell(row, column);
+    return c != nullptr && *c ? **c : std::string_view();
   }
   bool null(int row, int column) const noexcept {
-    const std::optional<std::string>* c = cell(row, column);
+    const std::optional<std::string_view>* c = cell(row, column);
     return c == nullptr || !*c || (!hex && (*c)->empty());
   }
   // A name, token or owner name: false when the cell holds none.
@@ -126,9 +129,9 @@ struct Rows {
   }
 
  private:
-  const std::optional<std::string>* cell(int row, int column) const noexcept {
-    if (row < 0 || row >= size() || column < 0 || static_cast<std::size_t>(column) >= cells[row].size()) return nullptr;
-    return &cells[row][column];
+  const std::optional<std::string_view>* cell(int row, int column) const noexcept {
+    if (row < 0 || row >= size() || column < 0 || static_cast<std::size_t>(column) >= columns) return nullptr;
+    return &cells[static_cast<std::size_t>(row) * columns + static_cast<std::size_t>(column)];
   }
 };
 
