@@ -391,7 +391,7 @@ void EtcdClient::keep_alive(std::vector<std::int64_t> ids, KeepAliveDone done) {
 class EtcdClient::Watch final
     : public Call, public grpc::ClientBidiReactor<etcdserverpb::WatchRequest, etcdserverpb::WatchResponse> {
  public:
-  WatchHooks hooks;
+  WatchHook hook;
   bool cancelled = false;  // loop thread
   etcdserverpb::WatchRequest request;
   etcdserverpb::WatchResponse response;
@@ -401,16 +401,16 @@ class EtcdClient::Watch final
     StartRead(&response);
     StartCall();
   }
-  void report(std::function<void()> WatchHooks::*hook) {
-    client->loop_.post([me = std::static_pointer_cast<Watch>(shared_from_this()), hook] {
-      if (!me->cancelled && !me->answered && me->hooks.*hook) (me->hooks.*hook)();
+  void report(WatchEvent event) {
+    client->loop_.post([me = std::static_pointer_cast<Watch>(shared_from_this()), event] {
+      if (!me->cancelled && !me->answered) me->hook(me.get(), event, nullptr);
     });
   }
   void OnReadDone(bool ok) override {
     if (!ok) return;  // the stream ended: OnDone follows
-    if (response.created()) report(&WatchHooks::created);
+    if (response.created()) report(WatchEvent::kCreated);
     if (std::ranges::any_of(response.events(), [](const auto& e) { return e.type() == mvccpb::Event::DELETE; }))
-      report(&WatchHooks::deleted);
+      report(WatchEvent::kDeleted);
     if (response.canceled())
       context.TryCancel();
     else
@@ -420,23 +420,23 @@ class EtcdClient::Watch final
   void answer() override {
     if (cancelled) return;
     StoreError error = stream_error("the watch was cancelled by the server");
-    if (hooks.ended) hooks.ended(error);
+    hook(this, WatchEvent::kEnded, &error);
   }
   void fail(const StoreError&) override { cancelled = true; }
 };
 
-std::shared_ptr<EtcdClient::Watch> EtcdClient::watch(std::string key, WatchHooks hooks) {
+std::shared_ptr<EtcdClient::Watch> EtcdClient::watch(std::string key, WatchHook hook) {
   auto call = std::make_shared<Watch>();
   auto* create = call->request.mutable_create_request();
   create->set_key(std::move(key));
   create->add_filters(etcdserverpb::WatchCreateRequest::NOPUT);
-  call->hooks = std::move(hooks);
+  call->hook = std::move(hook);
   with_token([this, weak = std::weak_ptr<Watch>(call)](const StoreError* auth_error) {
     auto call = weak.lock();
     if (!call || call->cancelled) return;
     if (auth_error) {
       call->answered = true;
-      if (call->hooks.ended) call->hooks.ended(*auth_error);
+      call->hook(call.get(), WatchEvent::kEnded, auth_error);
       return;
     }
     track(call, {});

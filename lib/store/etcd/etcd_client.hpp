@@ -42,14 +42,12 @@ class EtcdClient {
   // gone), or -1 when the batch had no answer for it.
   using KeepAliveDone = std::function<void(const std::vector<std::int64_t>& ttls, const StoreError*)>;
 
-  // What a watch reports, on the loop thread; `ended`: its stream broke or
-  // the server cancelled it (never after cancel()).
-  struct WatchHooks {
-    std::function<void()> created;
-    std::function<void()> deleted;
-    std::function<void(const StoreError&)> ended;
-  };
   class Watch;
+  // What a watch reports, on the loop thread, naming itself: etcd made it,
+  // the key was deleted, or (with the error) its stream broke or the
+  // server cancelled it (never after cancel()).
+  enum class WatchEvent : std::uint8_t { kCreated, kDeleted, kEnded };
+  using WatchHook = std::function<void(const Watch* watch, WatchEvent event, const StoreError* ended)>;
 
   EtcdClient(Loop& loop, EtcdTarget target, const StoreSettings& settings);
   ~EtcdClient();
@@ -74,7 +72,7 @@ class EtcdClient {
   // in order.
   void keep_alive(std::vector<std::int64_t> ids, KeepAliveDone done);
   // Watches `key` for its deletion until the handle is cancelled.
-  std::shared_ptr<Watch> watch(std::string key, WatchHooks hooks);
+  std::shared_ptr<Watch> watch(std::string key, WatchHook hook);
   void cancel(const std::shared_ptr<Watch>& watch);
 
   // Fails what is pending (each callback runs once, now) and cancels every

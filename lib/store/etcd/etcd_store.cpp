@@ -136,19 +136,13 @@ void EtcdStore::acquire_one(std::string name, std::string token, milliseconds tt
       if (kv == nullptr)
         return done(
             Acquired::failed(StoreError::refused(client_->name(), "the acquisition's transaction answered no key")));
-      busy(kv->lease(), ttl, std::move(done));
+      if (kv->lease() == 0) return done(Acquired::busy(ttl));  // a key without a lease (not lockwatch's)
+      client_->lease_time_to_live(kv->lease(), [ttl, done = std::move(done)](const auto& left, const StoreError* err) {
+        // etcd answers whole seconds, rounded down: a second more is the
+        // bound. Without an answer, the ttl asked for.
+        done(Acquired::busy(err ? ttl : left.ttl() <= 0 ? milliseconds(1) : milliseconds((left.ttl() + 1) * 1000)));
+      });
     });
-  });
-}
-
-void EtcdStore::busy(std::int64_t holder_lease, milliseconds ttl, AcquireOne done) {
-  if (holder_lease == 0) return done(Acquired::busy(ttl));  // a key without a lease (not lockwatch's)
-  client_->lease_time_to_live(holder_lease, [ttl, done = std::move(done)](const auto& response, const StoreError* err) {
-    // etcd answers whole seconds, rounded down: a second more is the
-    // bound. Without an answer, the ttl asked for.
-    done(Acquired::busy(err                    ? ttl
-                        : response.ttl() <= 0 ? milliseconds(1)
-                                              : milliseconds((response.ttl() + 1) * 1000)));
   });
 }
 
@@ -259,9 +253,9 @@ void EtcdStore::release_attempt(std::shared_ptr<Releasing> r) {
 
 // ---- release notices
 
-EtcdStore::Watched* EtcdStore::watched(const std::string& name, std::uint64_t id) {
+EtcdStore::Watched* EtcdStore::watched(const std::string& name, const EtcdClient::Watch* watch) {
   auto w = watched_.find(name);
-  return closed_ || w == watched_.end() || w->second.id != id ? nullptr : &w->second;
+  return closed_ || w == watched_.end() || w->second.watch.get() != watch ? nullptr : &w->second;
 }
 
 void EtcdStore::subscribe(std::string_view name) {
@@ -269,31 +263,24 @@ void EtcdStore::subscribe(std::string_view name) {
   auto [it, fresh] = watched_.try_emplace(std::string(name));
   if (!fresh) {
     if (it->second.created)  // confirmed already: on the next turn, never inside the call
-      loop_.post([this, n = it->first, id = it->second.id] {
-        if (watched(n, id) && events_.subscribed) events_.subscribed(n);
+      loop_.post([this, n = it->first, watch = it->second.watch] {
+        if (watched(n, watch.get()) && events_.subscribed) events_.subscribed(n);
       });
     return;
   }
-  const std::uint64_t id = next_watch_++;
-  it->second.id = id;
-  const std::string& n = it->first;
-  EtcdClient::WatchHooks hooks;
-  hooks.created = [this, n, id] {
-    Watched* w = watched(n, id);
+  using Event = EtcdClient::WatchEvent;
+  it->second.watch = client_->watch(it->first, [this, n = it->first](const EtcdClient::Watch* watch, Event event,
+                                                                       const StoreError* why) {
+    Watched* w = watched(n, watch);
     if (w == nullptr) return;
-    w->created = true;
-    if (events_.subscribed) events_.subscribed(n);
-  };
-  hooks.deleted = [this, n, id] {
-    if (watched(n, id) && events_.released) events_.released(n);
-  };
-  hooks.ended = [this, n, id](const StoreError& why) {
-    if (!watched(n, id)) return;
+    if (event == Event::kCreated) w->created = true;
+    if (event == Event::kCreated && events_.subscribed) events_.subscribed(n);
+    if (event == Event::kDeleted && events_.released) events_.released(n);
+    if (event != Event::kEnded) return;
     watched_.erase(n);
-    if (events_.log) events_.log(true, "etcd watch on a lock's key ended (" + why.describe() + "); watching again");
+    if (events_.log) events_.log(true, "etcd watch on a lock's key ended (" + why->describe() + "); watching again");
     if (events_.subscriptions_lost) events_.subscriptions_lost();
-  };
-  it->second.watch = client_->watch(n, std::move(hooks));
+  });
 }
 
 void EtcdStore::unsubscribe(std::string_view name) {

@@ -74,7 +74,6 @@ class EtcdStore final : public StoreBase, public JobClaims, public OperatorTools
   void started() override;
   using AcquireOne = std::function<void(const Acquired&)>;
   void acquire_one(std::string name, std::string token, std::chrono::milliseconds ttl, AcquireOne done);
-  void busy(std::int64_t holder_lease, std::chrono::milliseconds ttl, AcquireOne done);
   // Revokes `lease` (0: none), trying again on no answer, `attempts_left` times in all.
   void revoke(std::int64_t lease, int attempts_left = 3);
   void force_release_attempt(std::string name, int attempt, ForceDone done);
@@ -95,11 +94,10 @@ class EtcdStore final : public StoreBase, public JobClaims, public OperatorTools
   };
   struct Watched {
     std::shared_ptr<EtcdClient::Watch> watch;
-    std::uint64_t id = 0;  // tells a watch from a later one of the same name
     bool created = false;  // etcd confirmed it
   };
-  // The watch of `name` numbered `id`, if it is still the one and the store open.
-  Watched* watched(const std::string& name, std::uint64_t id);
+  // The watch of `name`, if it is still `watch` and the store open.
+  Watched* watched(const std::string& name, const EtcdClient::Watch* watch);
 
   Loop& loop_;
   std::unique_ptr<EtcdClient> client_;
@@ -107,7 +105,6 @@ class EtcdStore final : public StoreBase, public JobClaims, public OperatorTools
   const std::string owner_;  // Options::runtime.owner_name, in each lock's value
   std::map<std::string, Held, std::less<>> held_;
   std::map<std::string, Watched, std::less<>> watched_;
-  std::uint64_t next_watch_ = 1;
   bool closed_ = false;
 };
 

@@ -21,19 +21,18 @@ void ZkClaims::server_time(JobClaims::TimeDone done) {
   sessions_.request(
       *sessions_.any_session(),
       [this, shared](const ZkResult& r) {
-        if (r.rc == ZNONODE) return make_root(r.session, shared);
-        if (r.rc != ZOK) return sessions_.answer_failed(*shared, r.rc, "reading the ensemble's clock", Time{});
+        // No /lockwatch yet (no lock was taken on this ensemble): made,
+        // then the clock read again.
+        const int rc = r.rc == ZNONODE && r.session == nullptr ? ZSESSIONEXPIRED : r.rc;
+        if (rc == ZNONODE)
+          return sessions_.make_node(*r.session, zk::kRoot, [this, shared](int made) {
+            if (made != ZOK) return sessions_.answer_failed(*shared, made, "creating /lockwatch", Time{});
+            server_time([shared](Time t, const StoreError* e) { (*shared)(t, e); });
+          });
+        if (rc != ZOK) return sessions_.answer_failed(*shared, rc, "reading the ensemble's clock", Time{});
         (*shared)(Time(std::chrono::milliseconds(r.stat.mtime)), nullptr);
       },
       false, zoo_aset, zk::kRoot, "", 0, -1, zk::on_stat_set);
-}
-
-void ZkClaims::make_root(ZkSession* s, std::shared_ptr<JobClaims::TimeDone> shared) {
-  if (s == nullptr) return sessions_.answer_failed(*shared, ZSESSIONEXPIRED, "reading the ensemble's clock", Time{});
-  sessions_.make_node(*s, zk::kRoot, [this, shared](int rc) {
-    if (rc != ZOK) return sessions_.answer_failed(*shared, rc, "creating /lockwatch", Time{});
-    server_time([shared](Time t, const StoreError* e) { (*shared)(t, e); });
-  });
 }
 
 void ZkClaims::claim_period(std::string_view name, std::string_view token, std::int64_t period,

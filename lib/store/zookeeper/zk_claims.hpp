@@ -24,9 +24,6 @@ class ZkClaims final : public JobClaims {
 
  private:
   struct Claim;
-  // /lockwatch made (no lock was taken on this ensemble yet), then the
-  // clock read again.
-  void make_root(ZkSession* s, std::shared_ptr<JobClaims::TimeDone> done);
   // Reads the period node, then claim_write().
   void claim_step(std::shared_ptr<Claim> c);
   // One multi: our lock's node is there, and the period node is as read.

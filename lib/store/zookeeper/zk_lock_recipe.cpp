@@ -24,7 +24,6 @@ struct ZkLockRecipe::AcquireOp : ZkHolds::Node, OwnedLock {
   Clock::time_point sent;     // when the request that made (or found) the node went out
   bool repeat = false;     // a repeat of a granted acquisition: its fence again
   bool from_mark = false;  // a writer's attempt that found its own mark
-  std::uint64_t fence = 0;
 };
 
 void ZkLockRecipe::forget(const AcquireOp& op) {
@@ -85,7 +84,6 @@ bool ZkLockRecipe::repeated(Op& op) {
   }
   if (s != nullptr) {
     static_cast<ZkHolds::Node&>(*op) = h->second;
-    op->fence = h->second.fence;
     op->repeat = true;
   } else if (auto m = holds.marks.find(key); m == holds.marks.end()) {
     return false;
@@ -104,38 +102,37 @@ bool ZkLockRecipe::repeated(Op& op) {
 }
 
 void ZkLockRecipe::create_node(Op op, bool parents_made) {
-  ZkSession* s = sessions_.session_for(op->ttl);
-  op->session = s->serial;
+  ZkSession* session = sessions_.session_for(op->ttl);
+  op->session = session->serial;
   op->sent = Clock::now();
   std::string data = zk::node_data(op->token, op->ttl, owner_);
   const int size = static_cast<int>(data.size());
-  sessions_.request(*s, [this, op, parents_made](const ZkResult& r) { created(op, parents_made, r); }, false,
-                    zoo_acreate2, zk::node_prefix(op->dir, op->token, op->attempt, op->kind), std::move(data), size,
+  auto created = [this, op, parents_made](const ZkResult& r) {
+    if (r.rc == ZNONODE && !parents_made) return make_parents(op, 0);
+    if (r.rc != ZOK) {
+      // No answer: the node may be made yet (the client sends what it
+      // queued once it connects), and the store removes it then.
+      const StoreError e = sessions_.error(r.rc, "creating the lock's node");
+      return zk::unreachable(r.rc) ? abandon(op, e) : fail(op, e);
+    }
+    op->path = r.value;
+    op->czxid = r.stat.czxid;
+    ZkSession* s = r.session;
+    if (s == nullptr) return fail(op, sessions_.error(ZSESSIONEXPIRED, "the session ended"));
+    if (s->negotiated_ms == 0 && s->zh != nullptr) s->negotiated_ms = zoo_recv_timeout(s->zh);
+    if (op->ttl.count() > s->negotiated_ms) {
+      // The ensemble's maxSessionTimeout is below the ttl: a lease
+      // would outlive what guards it.
+      return refuse(op, sessions_.refusal(fmt::format(
+                            "the ttl {} ms is longer than the session timeout the ZooKeeper ensemble grants "
+                            "({} ms: its maxSessionTimeout); a lock's ttl is its session's timeout",
+                            op->ttl.count(), s->negotiated_ms)));
+    }
+    list_nodes(op);
+  };
+  sessions_.request(*session, std::move(created), false, zoo_acreate2,
+                    zk::node_prefix(op->dir, op->token, op->attempt, op->kind), std::move(data), size,
                     sessions_.acl(), ZOO_EPHEMERAL_SEQUENTIAL, zk::on_created);
-}
-
-void ZkLockRecipe::created(const Op& op, bool parents_made, const ZkResult& r) {
-  if (r.rc == ZNONODE && !parents_made) return make_parents(op, 0);
-  if (r.rc != ZOK) {
-    // No answer: the node may be made yet (the client sends what it
-    // queued once it connects), and the store removes it then.
-    const StoreError e = sessions_.error(r.rc, "creating the lock's node");
-    return zk::unreachable(r.rc) ? abandon(op, e) : fail(op, e);
-  }
-  op->path = r.value;
-  op->czxid = r.stat.czxid;
-  ZkSession* s = r.session;
-  if (s == nullptr) return fail(op, sessions_.error(ZSESSIONEXPIRED, "the session ended"));
-  if (s->negotiated_ms == 0 && s->zh != nullptr) s->negotiated_ms = zoo_recv_timeout(s->zh);
-  if (op->ttl.count() > s->negotiated_ms) {
-    // The ensemble's maxSessionTimeout is below the ttl: a lease
-    // would outlive what guards it.
-    return refuse(op, sessions_.refusal(fmt::format(
-                          "the ttl {} ms is longer than the session timeout the ZooKeeper ensemble grants "
-                          "({} ms: its maxSessionTimeout); a lock's ttl is its session's timeout",
-                          op->ttl.count(), s->negotiated_ms)));
-  }
-  list_nodes(op);
 }
 
 void ZkLockRecipe::requeue(const Op& op) {
@@ -166,24 +163,22 @@ void ZkLockRecipe::make_parents(Op op, int step) {
 void ZkLockRecipe::list_nodes(Op op) {
   ZkSession* s = node_session(op);
   if (s == nullptr) return;
-  sessions_.list(*s, op->dir, [this, op](const ZkResult& r) { listed(op, r); });
-}
-
-void ZkLockRecipe::listed(const Op& op, const ZkResult& r) {
-  if (r.failure() != ZOK) {
-    forget(*op);
-    return abandon(op, sessions_.error(r.failure(), "listing the lock's nodes"));
-  }
-  auto nodes = zk::in_order(r.children);
-  auto own = std::find(nodes.begin(), nodes.end(), op->path.substr(op->path.rfind('/') + 1));
-  if (own == nodes.end()) {
-    forget(*op);
-    // A writer's mark: the store removed it meanwhile (its span passed).
-    if (op->from_mark) return requeue(op);
-    // Otherwise its session expired meanwhile (or an operator removed it).
-    return fail(op, sessions_.error(ZSESSIONEXPIRED, "the lock's node is gone"));
-  }
-  decide(op, nodes, static_cast<std::size_t>(own - nodes.begin()));
+  sessions_.list(*s, op->dir, [this, op](const ZkResult& r) {
+    if (r.failure() != ZOK) {
+      forget(*op);
+      return abandon(op, sessions_.error(r.failure(), "listing the lock's nodes"));
+    }
+    auto nodes = zk::in_order(r.children);
+    auto own = std::find(nodes.begin(), nodes.end(), op->path.substr(op->path.rfind('/') + 1));
+    if (own == nodes.end()) {
+      forget(*op);
+      // A writer's mark: the store removed it meanwhile (its span passed).
+      if (op->from_mark) return requeue(op);
+      // Otherwise its session expired meanwhile (or an operator removed it).
+      return fail(op, sessions_.error(ZSESSIONEXPIRED, "the lock's node is gone"));
+    }
+    decide(op, nodes, static_cast<std::size_t>(own - nodes.begin()));
+  });
 }
 
 // Who holds, from one listing in sequence order: only what is below our
@@ -256,27 +251,27 @@ void ZkLockRecipe::grant(const Op& op) {
     op->from_mark = false;
   }
   auto done = [this, op, key](std::uint64_t fence) {
-    sessions_.holds.held[key] = ZkHolds::Held{*op, gone_by(watchdog_, op->sent, op->ttl), fence};
+    op->until = gone_by(watchdog_, op->sent, op->ttl);
+    op->fence = fence;
+    sessions_.holds.held[key] = *op;
     finish(op, Acquired::taken(fence));
   };
   if (op->repeat) return done(op->fence);
   ZkSession* s = node_session(op);
   if (s == nullptr) return;
-  if (op->kind.mode() == LockKind::Mode::kShared) return read_fence(*s, op, std::move(done));
+  if (op->kind.mode() == LockKind::Mode::kShared) {
+    return sessions_.read(*s, op->dir + "/" + zk::kFenceNode, false, [this, op, done](const ZkResult& r) {
+      if (r.rc != ZOK && r.rc != ZNONODE)
+        return abandon(op, sessions_.error(r.rc, "reading the last writer's fencing token"));
+      std::uint64_t fence = 0;
+      if (r.rc == ZOK) std::from_chars(r.value.data(), r.value.data() + r.value.size(), fence);
+      done(fence);
+    });
+  }
   const bool permit = op->kind.mode() == LockKind::Mode::kPermits;
   write_fence(*s, op->dir, std::to_string(op->czxid), [this, op, done, permit](int rc, std::int64_t zxid) {
     if (rc != ZOK) return abandon(op, sessions_.error(rc, "setting the lock's fencing token"));
     done(static_cast<std::uint64_t>(permit ? zxid : op->czxid));
-  });
-}
-
-void ZkLockRecipe::read_fence(ZkSession& s, const Op& op, std::function<void(std::uint64_t)> done) {
-  sessions_.read(s, op->dir + "/" + zk::kFenceNode, false, [this, op, done = std::move(done)](const ZkResult& r) {
-    if (r.rc != ZOK && r.rc != ZNONODE)
-      return abandon(op, sessions_.error(r.rc, "reading the last writer's fencing token"));
-    std::uint64_t fence = 0;
-    if (r.rc == ZOK) std::from_chars(r.value.data(), r.value.data() + r.value.size(), fence);
-    done(fence);
   });
 }
 
@@ -304,8 +299,8 @@ void ZkLockRecipe::wait_behind(const Op& op, std::vector<std::string> watch, boo
   if (keep_node) {
     // A waiting writer's mark: the store removes it unless the same
     // acquisition tries again within its span.
-    sessions_.holds.marks[zk::hold_key(op->name, op->token)] =
-        ZkHolds::Mark{*op, Clock::now() + zk::mark_span(op->ttl, op->kind)};
+    op->until = Clock::now() + zk::mark_span(op->ttl, op->kind);
+    sessions_.holds.marks[zk::hold_key(op->name, op->token)] = *op;
     return read_watched(op, watch, cap);
   }
   // Our node goes (confirmed first, so that none is left to come to the

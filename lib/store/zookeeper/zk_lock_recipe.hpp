@@ -33,14 +33,11 @@ class ZkLockRecipe {
   // that kept its node: listed again (true), or not one (false).
   bool repeated(Op& op);
   void create_node(Op op, bool parents_made);
-  void created(const Op& op, bool parents_made, const ZkResult& r);
   void make_parents(Op op, int step);
   void list_nodes(Op op);
-  void listed(const Op& op, const ZkResult& r);
   // The decision on a listing in which our node is at `at`.
   void decide(const Op& op, const std::vector<std::string>& nodes, std::size_t at);
   void grant(const Op& op);
-  void read_fence(ZkSession& s, const Op& op, std::function<void(std::uint64_t)> done);
   // Refuses the call with `e` once our node is gone (confirmed, or left to
   // the cleanups): nothing of a refused call stays in the queue.
   void refuse(const Op& op, const StoreError& e);

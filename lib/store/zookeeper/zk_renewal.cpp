@@ -71,7 +71,7 @@ void ZkRenewal::renew_answered(const std::vector<RenewCheck>& chunk, const LockS
     ZkHolds& holds = sessions_.holds;
     auto h = holds.held.find(c.key);
     if (h == holds.held.end() || h->second.attempt != c.attempt) return done(c.index, Renewed::kGone, nullptr);
-    h->second.expires = std::max(h->second.expires, gone_by(watchdog_, sent, c.ttl));
+    h->second.until = std::max(h->second.until, gone_by(watchdog_, sent, c.ttl));
     done(c.index, Renewed::kYes, nullptr);
   };
   if (r.rc == ZOK) {
@@ -107,17 +107,17 @@ void ZkRenewal::expire_held(Clock::time_point now) {
   if ((holds.held.empty() && holds.marks.empty()) || now < next_expiry_scan_) return;
   next_expiry_scan_ = now + milliseconds(20);
   std::vector<ZkRelease::Cleanup> gone;
-  auto take = [&](auto& table, auto due) {
+  auto take = [&](auto& table) {
     std::erase_if(table, [&](const auto& entry) {
       const auto& [key, node] = entry;
-      if (due(node) > now) return false;
+      if (node.until > now) return false;
       const auto zero = key.find('\0');
       gone.push_back(ZkRelease::Cleanup{key.substr(0, zero), key.substr(zero + 1), node.attempt, node.session});
       return true;
     });
   };
-  take(holds.marks, [](const ZkHolds::Mark& m) { return m.until; });
-  take(holds.held, [](const ZkHolds::Held& h) { return h.expires; });
+  take(holds.marks);
+  take(holds.held);
   for (auto& c : gone) release_.remove(std::move(c));
 }
 

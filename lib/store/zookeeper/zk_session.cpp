@@ -62,10 +62,9 @@ void ZkSessions::look_up_names(Session& s) {
   const auto names = static_cast<std::size_t>(std::ranges::count(found.addresses, std::string()));
   if (names == 0) return open_handle(s, found.addresses);
   s.awaiting_names = true;
-  auto all = Countdown<int, Lookup>::make(names, std::move(found), [sink = sink_, serial = s.serial,
-                                                                   ms = s.requested_ms](auto& c) {
+  auto all = Countdown<int, Lookup>::make(names, std::move(found), [sink = sink_, serial = s.serial](auto& c) {
     // Null once the store closed.
-    if (ZkSessions* st = sink->target(); st != nullptr) st->names_resolved(ms, serial, c.addresses);
+    if (ZkSessions* st = sink->target(); st != nullptr) st->names_resolved(serial, c.addresses);
   });
   for (std::size_t i = 0; i < target_.hosts.size(); ++i) {
     if (!all->addresses[i].empty()) continue;  // numeric: nothing to look up
@@ -77,11 +76,9 @@ void ZkSessions::look_up_names(Session& s) {
   }
 }
 
-void ZkSessions::names_resolved(long long ms, std::uint64_t serial, const std::vector<std::string>& addresses) {
-  auto it = sessions_.find(ms);
-  if (closed_ || it == sessions_.end() || it->second->serial != serial) return;
-  it->second->awaiting_names = false;
-  open_handle(*it->second, addresses);
+void ZkSessions::names_resolved(std::uint64_t serial, const std::vector<std::string>& addresses) {
+  for (auto& [ms, s] : sessions_)
+    if (s->serial == serial && !closed_ && std::exchange(s->awaiting_names, false)) return open_handle(*s, addresses);
 }
 
 void ZkSessions::open_handle(Session& s, const std::vector<std::string>& addresses) {
@@ -115,15 +112,10 @@ ZkSessions::Session* ZkSessions::any_session() {
   return session_for(std::max(connection_.connect_timeout, milliseconds(2000)));
 }
 
-ZkSessions::Session* ZkSessions::find(std::uint64_t serial) {
-  for (auto& [ms, s] : sessions_)
-    if (s->serial == serial) return s.get();
-  return nullptr;
-}
-
 ZkSessions::Session* ZkSessions::live(std::uint64_t serial) {
-  Session* s = find(serial);
-  return s != nullptr && s->zh != nullptr ? s : nullptr;
+  for (auto& [ms, s] : sessions_)
+    if (s->serial == serial) return s->zh != nullptr ? s.get() : nullptr;
+  return nullptr;
 }
 
 bool ZkSessions::retire(Session* s) {
@@ -137,7 +129,7 @@ bool ZkSessions::retire(Session* s) {
 // ---- what the client tells
 
 void ZkSessions::on_session_state(std::uint64_t serial, int state) {
-  Session* s = find(serial);
+  Session* s = live(serial);  // a session's events come from its handle
   if (s == nullptr || closed_) return;
   if (state == ZOO_CONNECTED_STATE) {
     connected(*s);

@@ -26,26 +26,22 @@ namespace lockwatch::detail {
 // token); an entry goes with its session.
 struct ZkHolds {
   using Clock = std::chrono::steady_clock;
+  // A held lock's node, or a waiting node kept (a writer's mark, a fair
+  // waiter's place).
   struct Node {
     std::string path;
     std::uint64_t session = 0;  // ZkSession::serial
     std::int64_t czxid = 0;
     std::uint64_t attempt = 0;
-  };
-  struct Held : Node {
-    // The last acquisition or renewal confirmed, sent + ttl + drift: past
-    // it the store removes the node itself (see zk_renewal.hpp).
-    Clock::time_point expires;
-    std::uint64_t fence = 0;  // the token its grant answered (a repeat answers it again)
-  };
-  // A waiting node kept (a writer's mark, a fair waiter's place): removed
-  // by the store at `until` unless an attempt of the same acquisition came.
-  struct Mark : Node {
+    // Held: the last acquisition or renewal confirmed, sent + ttl + drift;
+    // past it the store removes the node itself (see zk_renewal.hpp). A
+    // mark: removed by the store then unless an attempt of the same
+    // acquisition came.
     Clock::time_point until;
+    std::uint64_t fence = 0;  // held: the token its grant answered (a repeat answers it again)
   };
-
-  std::unordered_map<std::string, Held> held;
-  std::unordered_map<std::string, Mark> marks;
+  std::unordered_map<std::string, Node> held;
+  std::unordered_map<std::string, Node> marks;
 
   // Whether it held a lock.
   bool drop_session(std::uint64_t session);
@@ -168,10 +164,9 @@ class ZkSessions {
     bool late = false;  // past its deadline at a time_out(): failed at the next
   };
 
-  Session* find(std::uint64_t serial);
   void look_up_names(Session& s);
-  // For the session of `ms` with `serial`, if it is still the one waiting.
-  void names_resolved(long long ms, std::uint64_t serial, const std::vector<std::string>& addresses);
+  // For the session `serial`, if it is still waiting.
+  void names_resolved(std::uint64_t serial, const std::vector<std::string>& addresses);
   // Makes `s`'s handle on the members' `addresses` (numeric; empty where
   // a name did not resolve), or fails what it parked if it makes none.
   void open_handle(Session& s, const std::vector<std::string>& addresses);
