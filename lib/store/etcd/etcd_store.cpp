@@ -338,14 +338,12 @@ struct EtcdStore::Listing {
   std::string from;   // the next page's first key
   std::string end{};  // the range's end (exclusive; "\0": every key from `from`)
   std::size_t limit = 0;
-  std::size_t prefix = 0;  // key_prefix's length
   std::vector<LockInfo> found{};
   ListDone done;
 };
 
 void EtcdStore::list_locks(std::string_view prefix, std::size_t limit, ListDone done) {
-  auto listing = std::make_shared<Listing>(
-      Listing{.from = encode(prefix), .limit = limit, .prefix = traits().keys.prefix.size(), .done = std::move(done)});
+  auto listing = std::make_shared<Listing>(Listing{.from = encode(prefix), .limit = limit, .done = std::move(done)});
   // The range of every key that starts with `from`: its last byte below
   // 0xff raised by one, the bytes after it dropped.
   const std::size_t last = listing->from.find_last_not_of('\xff');
@@ -370,7 +368,7 @@ void EtcdStore::list_page(std::shared_ptr<Listing> listing) {
     for (const auto& kv : response.kvs()) {
       if (kv.lease() == 0) continue;  // not a lock: a job's period key
       LockInfo info = info_of(kv);
-      info.key = kv.key().substr(listing->prefix);
+      info.key = kv.key().substr(traits().keys.prefix.size());
       found.infos.push_back(std::move(info));
       found.leases.push_back(kv.lease());
     }

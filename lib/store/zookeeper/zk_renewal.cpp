@@ -107,17 +107,15 @@ void ZkRenewal::expire_held(Clock::time_point now) {
   if ((holds.held.empty() && holds.marks.empty()) || now < next_expiry_scan_) return;
   next_expiry_scan_ = now + milliseconds(20);
   std::vector<ZkRelease::Cleanup> gone;
-  auto take = [&](auto& table) {
-    std::erase_if(table, [&](const auto& entry) {
+  for (auto* table : {&holds.marks, &holds.held}) {
+    std::erase_if(*table, [&](const auto& entry) {
       const auto& [key, node] = entry;
       if (node.until > now) return false;
       const auto zero = key.find('\0');
       gone.push_back(ZkRelease::Cleanup{key.substr(0, zero), key.substr(zero + 1), node.attempt, node.session});
       return true;
     });
-  };
-  take(holds.marks);
-  take(holds.held);
+  }
   for (auto& c : gone) release_.remove(std::move(c));
 }
 
