@@ -42,60 +42,64 @@ void MemoryLink::close() {
 // ----------------------------------------------------------------- state
 
 void MemorySpace::State::Entry::purge(Clock::time_point now) {
-  std::erase_if(holders, [now](const auto& h) { return h.second <= now; });
-  if (holders.empty()) permits = 0;
+  std::erase_if(holders, [now](const auto& h) { return h.second.until <= now; });
   std::erase_if(queue, [now](const Waiter& w) { return w.until <= now; });
-  if (holders.empty() && queue.empty()) fair = false;
-  std::erase_if(grants, [&](const auto& g) {
-    return !(expires > now && g.first == owner) && holders.find(g.first) == holders.end();
-  });
 }
 
 milliseconds MemorySpace::State::Entry::next_expiry(Clock::time_point now) const {
   auto first = Clock::time_point::max();
-  for (const auto& [token, until] : holders) first = std::min(first, until);
-  if (expires > now) first = std::min(first, expires);
+  for (const auto& [token, h] : holders) first = std::min(first, h.until);
   return first == Clock::time_point::max() ? milliseconds(0) : std::chrono::ceil<milliseconds>(first - now);
 }
 
-std::optional<LockKind> MemorySpace::State::Entry::held_kind(Clock::time_point now) const {
-  if (permits > 0) return LockKind::permits(permits);
-  if (fair) return LockKind::fair();
-  if (expires > now) return LockKind::exclusive();
-  if (!holders.empty()) return LockKind::shared();
-  return std::nullopt;
+std::optional<LockKind> MemorySpace::State::Entry::held_kind() const {
+  return holders.empty() && queue.empty() ? std::nullopt : std::optional(kind);
+}
+
+auto MemorySpace::State::Entry::mine(const LockRef& lock) -> decltype(holders)::iterator {
+  auto it = holders.find(lock.token);
+  return it != holders.end() && kind.exclusive_kind() == lock.kind.exclusive_kind() ? it : holders.end();
+}
+
+bool MemorySpace::State::Entry::hold(const LockRef& lock, Clock::time_point now) {
+  auto [it, fresh] = holders.try_emplace(std::string(lock.token));
+  it->second.until = now + lock.ttl;
+  kind = lock.kind;
+  return fresh;
 }
 
 Acquired MemorySpace::State::acquire(const LockRef& lock, std::string_view owner_name) {
   auto now = Clock::now();
-  auto it = entries_.find(lock.name);
-  if (it == entries_.end()) it = entries_.emplace(std::string(lock.name), Entry{}).first;
-  Entry& e = it->second;
+  Entry& e = entries_.try_emplace(std::string(lock.name)).first->second;
   e.purge(now);
-  if (auto held = e.held_kind(now); held && !kinds::same_family(*held, lock.kind))
+  if (auto held = e.held_kind(); held && !kinds::same_family(*held, lock.kind))
     return Acquired::failed(StoreError::invalid("memory", kinds::refusal(lock.name, *held, lock.kind)));
   Acquired out;
   switch (lock.kind.mode()) {
     case LockKind::Mode::kShared: out = acquire_shared(e, lock, now); break;
-    case LockKind::Mode::kPermits: out = acquire_permit(e, lock, now); break;
+    case LockKind::Mode::kPermits:
+      if (e.mine(lock) == e.holders.end() && e.holders.size() >= lock.kind.permit_count())
+        return Acquired::busy(e.next_expiry(now));
+      if (e.hold(lock, now)) ++e.fence;  // else a retry after a lost answer
+      out = Acquired::taken(e.fence);
+      break;
     case LockKind::Mode::kFair: out = acquire_fair(e, lock, now); break;
     case LockKind::Mode::kExclusive: out = acquire_exclusive(e, lock, now); break;
   }
-  if (out.status == Acquired::Status::kTaken) e.record(lock.token, owner_name);
+  // A new grant records its owner and time; a retry keeps them.
+  if (out.status != Acquired::Status::kTaken) return out;
+  if (auto& h = e.holders.find(lock.token)->second; h.since == std::chrono::system_clock::time_point{}) {
+    h.owner_name.assign(owner_name);
+    h.since = std::chrono::system_clock::now();
+  }
   return out;
 }
 
-// A retry of a grant keeps its first time.
-void MemorySpace::State::Entry::record(std::string_view token, std::string_view owner_name) {
-  if (grants.find(token) != grants.end()) return;
-  grants.emplace(std::string(token), Grant{std::string(owner_name), std::chrono::system_clock::now()});
-}
-
 Acquired MemorySpace::State::acquire_exclusive(Entry& e, const LockRef& lock, Clock::time_point now) {
-  if ((e.expires > now && e.owner != lock.token) || !e.holders.empty()) {
+  if (!e.holders.empty() && e.mine(lock) == e.holders.end()) {
     Acquired out = Acquired::busy(e.next_expiry(now));
     // Readers hold it: new readers wait behind this writer while it waits.
-    if (!e.holders.empty()) {
+    if (e.kind.mode() == LockKind::Mode::kShared) {
       // The mark (kinds::kWriterMark) is kept while the writer tries again
       // within half of it (or at the last reader's release).
       const auto mark = std::min(lock.ttl, kinds::kWriterMark);
@@ -107,43 +111,27 @@ Acquired MemorySpace::State::acquire_exclusive(Entry& e, const LockRef& lock, Cl
   // A lock that holds the caller's token already is a retry after a lost
   // answer: the same acquisition, with the ttl set anew and the counter as
   // it stands (what the lost answer carried, unless raised since).
-  if (e.expires <= now) {
-    e.owner.assign(lock.token);
-    e.grants.clear();
-    ++e.fence;
-  }
-  e.expires = now + lock.ttl;
+  if (e.hold(lock, now)) ++e.fence;
   e.writer_waits = Clock::time_point::min();
   return Acquired::taken(e.fence);
 }
 
 Acquired MemorySpace::State::acquire_shared(Entry& e, const LockRef& lock, Clock::time_point now) {
-  auto mine = e.holders.find(lock.token);
-  const bool writer = e.expires > now;
-  if (mine == e.holders.end() && (writer || e.writer_waits > now))
+  const bool writer = !e.holders.empty() && e.kind.exclusive_kind();
+  if (writer || (e.mine(lock) == e.holders.end() && e.writer_waits > now))
     return Acquired::busy(writer ? e.next_expiry(now) : std::chrono::ceil<milliseconds>(e.writer_waits - now));
-  e.holders.insert_or_assign(std::string(lock.token), now + lock.ttl);
+  e.hold(lock, now);
   return Acquired::taken(e.fence);  // the last writer's
-}
-
-Acquired MemorySpace::State::acquire_permit(Entry& e, const LockRef& lock, Clock::time_point now) {
-  const std::uint32_t n = lock.kind.permit_count();
-  auto mine = e.holders.find(lock.token);
-  if (mine == e.holders.end() && e.holders.size() >= n) return Acquired::busy(e.next_expiry(now));
-  if (mine == e.holders.end()) ++e.fence;  // else a retry after a lost answer
-  e.holders.insert_or_assign(std::string(lock.token), now + lock.ttl);
-  e.permits = n;
-  return Acquired::taken(e.fence);
 }
 
 // As on Redis: the caller's place in the queue is made or refreshed, and it
 // is granted only when the lock is free and it is first. A waiter that is
 // told busy tries again within a third of its ttl, which keeps its place.
 Acquired MemorySpace::State::acquire_fair(Entry& e, const LockRef& lock, Clock::time_point now) {
-  e.fair = true;
+  e.kind = lock.kind;
   const auto until = now + lock.ttl;
-  if (auto mine = e.holders.find(lock.token); mine != e.holders.end()) {
-    mine->second = until;  // a retry after a lost answer: the same grant
+  if (e.mine(lock) != e.holders.end()) {
+    e.hold(lock, now);  // a retry after a lost answer: the same grant
     return Acquired::taken(e.fence);
   }
   auto place =
@@ -156,7 +144,7 @@ Acquired MemorySpace::State::acquire_fair(Entry& e, const LockRef& lock, Clock::
   if (e.holders.empty() && e.queue.front().token == lock.token) {
     e.queue.pop_front();
     ++e.fence;
-    e.holders.emplace(std::string(lock.token), until);
+    e.hold(lock, now);
     return Acquired::taken(e.fence);
   }
   const auto first_leaves = e.holders.empty() ? std::chrono::ceil<milliseconds>(e.queue.front().until - now)
@@ -164,71 +152,58 @@ Acquired MemorySpace::State::acquire_fair(Entry& e, const LockRef& lock, Clock::
   return Acquired::busy(std::min(first_leaves, lock.ttl / 3));
 }
 
-MemorySpace::State::Entry* MemorySpace::State::find(std::string_view name) {
+MemorySpace::State::Entry* MemorySpace::State::find(std::string_view name, Clock::time_point now) {
   auto it = entries_.find(name);
-  return it == entries_.end() ? nullptr : &it->second;
+  if (it == entries_.end()) return nullptr;
+  it->second.purge(now);
+  return &it->second;
 }
 
-// An entry held exclusively (not expired), else null.
-MemorySpace::State::Entry* MemorySpace::State::owned(std::string_view name, Clock::time_point now) {
-  Entry* e = find(name);
-  return e != nullptr && e->expires > now ? e : nullptr;
-}
-
-// A shared, permit or fair holder's expiry (those run out forgotten), else null.
-MemorySpace::Clock::time_point* MemorySpace::State::holding(const LockRef& lock, Clock::time_point now) {
-  Entry* e = find(lock.name);
-  if (e == nullptr) return nullptr;
-  e->purge(now);
-  auto mine = e->holders.find(lock.token);
-  return mine == e->holders.end() ? nullptr : &mine->second;
+MemorySpace::State::Entry* MemorySpace::State::owned(std::string_view name, std::string_view token) {
+  Entry* e = find(name, Clock::now());
+  if (e == nullptr || !e->kind.exclusive_kind()) return nullptr;
+  return e->holders.find(token) != e->holders.end() ? e : nullptr;
 }
 
 void MemorySpace::State::withdraw(const LockRef& lock) {
-  Entry* e = find(lock.name);
-  if (e == nullptr) return;
+  auto it = entries_.find(lock.name);
+  if (it == entries_.end()) return;
+  Entry& e = it->second;
   auto place =
-      std::find_if(e->queue.begin(), e->queue.end(), [&](const Entry::Waiter& w) { return w.token == lock.token; });
-  if (place == e->queue.end()) return;
-  const bool was_first = place == e->queue.begin();
-  e->queue.erase(place);
-  e->purge(Clock::now());
+      std::find_if(e.queue.begin(), e.queue.end(), [&](const Entry::Waiter& w) { return w.token == lock.token; });
+  if (place == e.queue.end()) return;
+  const bool was_first = place == e.queue.begin();
+  e.queue.erase(place);
+  e.purge(Clock::now());
   // The new first would otherwise learn it only at its next attempt.
-  if (was_first && e->holders.empty() && !e->queue.empty()) notify(lock.name);
+  if (was_first && e.holders.empty() && !e.queue.empty()) notify(lock.name);
 }
 
 Renewed MemorySpace::State::renew(const LockRef& lock) {
-  auto now = Clock::now();
-  if (!lock.kind.exclusive_kind()) {
-    auto* until = holding(lock, now);
-    if (until == nullptr) return Renewed::kGone;
-    *until = now + lock.ttl;
+  const auto now = Clock::now();
+  Entry* e = find(lock.name, now);
+  if (e == nullptr || e->holders.empty()) return Renewed::kGone;
+  auto mine = e->mine(lock);
+  if (mine != e->holders.end()) {
+    mine->second.until = now + lock.ttl;
     return Renewed::kYes;
   }
-  Entry* e = owned(lock.name, now);
-  if (e == nullptr) return Renewed::kGone;
-  if (e->owner != lock.token) return Renewed::kTakenByOther;
-  e->expires = now + lock.ttl;
-  return Renewed::kYes;
+  // An exclusive lock held by another; the other kinds' leases run out forgotten.
+  return lock.kind.exclusive_kind() && e->kind.exclusive_kind() ? Renewed::kTakenByOther : Renewed::kGone;
 }
 
 Released MemorySpace::State::release(const LockRef& lock, bool notify_waiters, const MemoryLink* self) {
-  if (!lock.kind.exclusive_kind()) {
-    if (holding(lock, Clock::now()) == nullptr) return Released::kGone;
-    Entry& e = *find(lock.name);
-    e.holders.erase(e.holders.find(lock.token));
-    if (e.holders.empty()) e.permits = 0;
-    // A semaphore's waiter may take the permit; a writer waits for the last reader.
-    if (notify_waiters && (lock.kind.mode() == LockKind::Mode::kPermits || e.holders.empty())) notify(lock.name);
-    return Released::kYes;
-  }
-  Entry* e = owned(lock.name, Clock::now());
-  if (e == nullptr) return Released::kGone;
-  if (e->owner != lock.token) return Released::kTakenByOther;
-  e->expires = Clock::time_point::min();
-  e->owner.clear();
-  const bool heard = notify_waiters && notify(lock.name, self);
-  return heard ? Released::kYes : Released::kYesUnheard;
+  Entry* e = find(lock.name, Clock::now());
+  if (e == nullptr || e->holders.empty()) return Released::kGone;
+  auto mine = e->mine(lock);
+  if (mine == e->holders.end())
+    return lock.kind.exclusive_kind() && e->kind.exclusive_kind() ? Released::kTakenByOther : Released::kGone;
+  e->holders.erase(mine);
+  if (lock.kind.exclusive_kind())
+    return notify_waiters && notify(lock.name, self) ? Released::kYes : Released::kYesUnheard;
+  // A semaphore's waiter may take the permit; a writer waits for the last reader.
+  if (notify_waiters && (lock.kind.mode() == LockKind::Mode::kPermits || e->holders.empty())) notify(lock.name);
+  return Released::kYes;
 }
 
 void MemorySpace::State::raise_fence(std::string_view name, std::uint64_t fence) {
@@ -237,8 +212,8 @@ void MemorySpace::State::raise_fence(std::string_view name, std::uint64_t fence)
 }
 
 std::uint64_t MemorySpace::State::reserve_tokens(const LockRef& lock, std::uint32_t n) {
-  Entry* e = owned(lock.name, Clock::now());
-  return e == nullptr || e->owner != lock.token ? 0 : (e->fence += n);
+  Entry* e = owned(lock.name, lock.token);
+  return e == nullptr ? 0 : (e->fence += n);
 }
 
 // As the stores on servers: the lease check, the clock and the
@@ -247,8 +222,8 @@ ClaimResult MemorySpace::State::claim(std::string_view name, std::string_view to
                                       std::chrono::system_clock::time_point start) {
   ClaimResult out;
   out.store_time = std::chrono::system_clock::now();
-  Entry* e = owned(name, Clock::now());
-  if (e == nullptr || e->owner != token) {
+  Entry* e = owned(name, token);
+  if (e == nullptr) {
     out.status = ClaimResult::Status::kNotLeader;
   } else if (out.store_time < start) {
     out.status = ClaimResult::Status::kNotDue;
@@ -268,35 +243,24 @@ LockInfo MemorySpace::State::inspect(std::string_view name) const {
   auto it = entries_.find(name);
   if (it == entries_.end()) return info;
   const Entry& e = it->second;
-  auto now = Clock::now();
+  const auto now = Clock::now();
   const auto wall = std::chrono::system_clock::now();
   info.fencing_token = e.fence;
-  auto holder = [&](const std::string& token) {
+  // Held until the last holder's ttl runs out.
+  for (const auto& [token, held] : e.holders) {
+    if (held.until <= now) continue;
+    info.held = true;
+    info.ttl = std::max(info.ttl, std::chrono::duration_cast<milliseconds>(held.until - now));
     HolderInfo& h = info.holders.emplace_back();
     h.token = token;
-    if (auto g = e.grants.find(token); g != e.grants.end()) {
-      h.owner_name = g->second.owner_name;
-      h.since = g->second.since;
+    h.owner_name = held.owner_name;
+    h.since = held.since;
+    if (h.since != std::chrono::system_clock::time_point{})
       h.held_for = std::max(milliseconds(0), std::chrono::duration_cast<milliseconds>(wall - h.since));
-    }
-  };
-  if (e.expires > now) {
-    info.held = true;
-    info.ttl = std::chrono::duration_cast<milliseconds>(e.expires - now);
-    info.owner = e.owner;
-    holder(e.owner);
   }
-  // Shared, permit or fair holders: held until the last one's ttl runs out.
-  for (const auto& [token, until] : e.holders) {
-    if (until <= now) continue;
-    info.held = true;
-    info.ttl = std::max(info.ttl, std::chrono::duration_cast<milliseconds>(until - now));
-    holder(token);
-  }
-  if (info.held && e.expires <= now) {
-    info.kind = *e.held_kind(now);
-    if (e.fair) info.owner = info.holders.front().token;
-  }
+  if (!info.held) return info;
+  info.kind = e.kind;
+  if (e.kind.exclusive_kind() || e.kind.mode() == LockKind::Mode::kFair) info.owner = info.holders.front().token;
   return info;
 }
 
@@ -312,15 +276,9 @@ std::vector<std::pair<std::string, LockInfo>> MemorySpace::State::list(std::stri
 }
 
 bool MemorySpace::State::force_release(std::string_view name) {
-  Entry* e = find(name);
-  bool was_held = e != nullptr && inspect(name).held;
-  if (e != nullptr) {
-    e->expires = Clock::time_point::min();
-    e->owner.clear();
-    e->holders.clear();
-    e->permits = 0;
-    e->fair = !e->queue.empty();
-  }
+  Entry* e = find(name, Clock::now());
+  const bool was_held = e != nullptr && !e->holders.empty();
+  if (e != nullptr) e->holders.clear();
   notify(name);
   return was_held;
 }
@@ -404,8 +362,9 @@ void MemorySpace::detach(const std::shared_ptr<MemoryLink>& link) {
 void MemorySpace::steal(std::string_view name, std::string_view owner, milliseconds ttl) {
   std::lock_guard lk(mu_);
   State::Entry& e = state_.entries_[std::string(name)];
-  e.owner.assign(owner);
-  e.expires = Clock::now() + ttl;
+  e.holders.clear();
+  e.holders[std::string(owner)].until = Clock::now() + ttl;
+  e.kind = LockKind::exclusive();
 }
 
 std::size_t MemorySpace::fair_waiters(std::string_view name) const {

@@ -86,47 +86,45 @@ class MemorySpace {
 
    private:
     friend class MemorySpace;
+    // One lock's record: its holders, whatever its kind (one for exclusive
+    // and fair, any number of readers, n permits), its counter, its last
+    // period and a fair lock's waiters.
     struct Entry {
-      std::string owner;  // the exclusive holder
-      Clock::time_point expires = Clock::time_point::min();  // held while in the future
+      struct Holder {
+        Clock::time_point until;  // held while in the future
+        std::string owner_name;   // recorded with the grant, with its time ({}: unknown)
+        std::chrono::system_clock::time_point since;
+      };
+      std::map<std::string, Holder, std::less<>> holders;  // by token
+      LockKind kind{};  // what the holders (or a fair queue's waiters) hold it as
       std::uint64_t fence = 0;
       std::optional<std::int64_t> last_period;
-      // Shared holders (readers) or permit holders, by token: their expiry.
-      std::map<std::string, Clock::time_point, std::less<>> holders;
-      std::uint32_t permits = 0;  // holders are a semaphore's of this many (0: readers)
       Clock::time_point writer_waits = Clock::time_point::min();  // no new reader until then
-      // A fair lock: its holder (one at most) is in `holders`, its waiters
-      // here in arrival order, each with the time its place runs out
-      // (refreshed by each of its attempts).
+      // A fair lock's waiters in arrival order, each with the time its place
+      // runs out (refreshed by each of its attempts).
       struct Waiter {
         std::string token;
         Clock::time_point until;
       };
-      bool fair = false;  // held or waited for as a fair lock
-      // Each holder's owner name and grant time, by token (pruned with the
-      // holders by purge()).
-      struct Grant {
-        std::string owner_name;
-        std::chrono::system_clock::time_point since;
-      };
-      std::map<std::string, Grant, std::less<>> grants;
-      void record(std::string_view token, std::string_view owner_name);
       std::deque<Waiter> queue;
-      // Forgets holders whose ttl ran out (and the semaphore with the last),
-      // and fair waiters whose place ran out.
+      // Forgets holders whose ttl ran out, and fair waiters whose place ran out.
       void purge(Clock::time_point now);
       // The shortest time a holder has left (a waiter's next try).
       std::chrono::milliseconds next_expiry(Clock::time_point now) const;
       // The kind the key is held (or waited for, fair) as after purge(); none when free.
-      std::optional<LockKind> held_kind(Clock::time_point now) const;
+      std::optional<LockKind> held_kind() const;
+      // `lock`'s holder (of its kind, exclusive or another), else end.
+      std::map<std::string, Holder, std::less<>>::iterator mine(const LockRef& lock);
+      // Holds it for `lock` till now + ttl; true for a new grant (not a retry's).
+      bool hold(const LockRef& lock, Clock::time_point now);
     };
     Acquired acquire_exclusive(Entry& e, const LockRef& lock, Clock::time_point now);
     Acquired acquire_shared(Entry& e, const LockRef& lock, Clock::time_point now);
-    Acquired acquire_permit(Entry& e, const LockRef& lock, Clock::time_point now);
     Acquired acquire_fair(Entry& e, const LockRef& lock, Clock::time_point now);
-    Entry* find(std::string_view name);
-    Entry* owned(std::string_view name, Clock::time_point now);
-    Clock::time_point* holding(const LockRef& lock, Clock::time_point now);
+    // `lock`'s entry, purged, if it has one.
+    Entry* find(std::string_view name, Clock::time_point now);
+    // The entry `token` holds exclusively (not expired), else null.
+    Entry* owned(std::string_view name, std::string_view token);
     // Tells every subscribed store that `name` was released; whether any
     // store but `self` was told.
     bool notify(std::string_view name, const MemoryLink* self = nullptr);
