@@ -40,6 +40,26 @@ constexpr Fragment kFragments[] = {
     {"counter_error", "f.err .. ' (' .. counter .. ' is not a fencing counter)'"},
     // The owner record of a holder of a kind (its grant time, its owner).
     {"record", "redis.pcall('hset', owners, token, string.format('%d', now) .. ' ' .. owner)"},
+    // A release call's start: its notice command (ARGV[1]) and its entries.
+    {"releases", "local publish = ARGV[1] == 's' and 'spublish' or 'publish'\nlocal out = {}"},
+    // A release's entry, by how many subscribers its notice reached (`heard`).
+    {"heard", "(heard == 0 and 'u' or (heard == 1 and 'v' or '1'))"},
+    // The kinds' renewal or release of each `lock` and its `holders` in turn.
+    {"each_kind",
+     "@now@\nlocal out = {}\nfor i = 1, #KEYS / 2 do\n  local lock, holders = KEYS[2 * i - 1], KEYS[2 * i]"},
+    // An acquisition's retry (see kAcquire): the lease set anew, answered
+    // the slot's `counter` as it stands.
+    {"retake", R"lua(f = redis.pcall('get', counter)
+if type(f) == 'table' then
+  err = @counter_error@
+else
+  redis.call('pexpire', lock, ttl)
+  out[i] = 't' .. (f or '0')
+end)lua"},
+    // An acquire call's end: each failed lock's error entry, on one line.
+    {"acquired", R"lua(  if err then out[i] = 'e' .. string.gsub(err, '[\r\n]', ' ') end
+end
+return table.concat(out, '\n'))lua"},
     // A kind's acquisition (see kAcquireKind): `lock`'s value `v` read, an
     // error or a busy answer for a key held as another kind than `marker`
     // (`asked` names it), `now`, and its `holders` past their deadline pruned.
@@ -143,13 +163,7 @@ for i = 1, #KEYS / 3 do
     if t < 0 then
       err = 'LOCKWATCH ' .. lock .. ' exists without expiry: not a lockwatch lock'
     elseif @ours@ then
-      f = redis.pcall('get', counter)
-      if type(f) == 'table' then
-        err = @counter_error@
-      else
-        redis.call('pexpire', lock, ttl)
-        out[i] = 't' .. (f or '0')
-      end
+      @retake@
     elseif v == 'lockwatch:shared' then
       local mark, mark_ttl = lock .. ':writer', math.min(tonumber(ttl), 2000)
       if waits then
@@ -166,9 +180,7 @@ for i = 1, #KEYS / 3 do
       out[i] = 'b' .. t
     end
   end
-  if err then out[i] = 'e' .. string.gsub(err, '[\r\n]', ' ') end
-end
-return table.concat(out, '\n')
+@acquired@
 )lua";
 
 // The kinds of lock other than exclusive, each acquired by this script
@@ -280,10 +292,7 @@ return out
 // deadline moves, and the lock's expiry is raised to it if lower; a lease
 // past its deadline (or of a lock gone) is gone.
 constexpr std::string_view kRenewKind = R"lua(
-@now@
-local out = {}
-for i = 1, #KEYS / 2 do
-  local lock, holders = KEYS[2 * i - 1], KEYS[2 * i]
+@each_kind@
   local token, ttl, marker = ARGV[3 * i - 2], ARGV[3 * i - 1], ARGV[3 * i]
   local v = redis.pcall('get', lock)
   if type(v) == 'table' then
@@ -316,10 +325,7 @@ return table.concat(out)
 // when it was the last (a writer waits for that).
 constexpr std::string_view kReleaseKind = R"lua(
 local publish = ARGV[1] == 's' and 'spublish' or 'publish'
-@now@
-local out = {}
-for i = 1, #KEYS / 2 do
-  local lock, holders = KEYS[2 * i - 1], KEYS[2 * i]
+@each_kind@
   local token, channel, marker = ARGV[3 * i - 1], ARGV[3 * i], ARGV[3 * i + 1]
   local v = redis.pcall('get', lock)
   if v ~= marker then
@@ -387,15 +393,13 @@ return table.concat(out)
 // left alone). How many subscribers of this node the notice reached is
 // PUBLISH's and SPUBLISH's answer.
 constexpr std::string_view kRelease = R"lua(
-local publish = ARGV[1] == 's' and 'spublish' or 'publish'
-local out = {}
+@releases@
 for i = 1, #KEYS do
   local v, token = redis.pcall('get', KEYS[i]), ARGV[2 * i]
   if @ours@ then
     redis.call('del', KEYS[i])
-    local heard = 0
-    if ARGV[2 * i + 1] ~= '' then heard = redis.call(publish, ARGV[2 * i + 1], '1') end
-    out[i] = heard == 0 and 'u' or (heard == 1 and 'v' or '1')
+    local heard = ARGV[2 * i + 1] ~= '' and redis.call(publish, ARGV[2 * i + 1], '1') or 0
+    out[i] = @heard@
   else
     out[i] = v and 'x' or '0'
   end
@@ -424,10 +428,10 @@ local out = {}
 for i = 1, #KEYS / 3 do
   local lock, counter, latch = KEYS[3 * i - 2], KEYS[3 * i - 1], KEYS[3 * i]
   local field, ttl = ARGV[2 * i - 1], ARGV[2 * i]
-  local err
+  local f, err
   local t = redis.call('type', lock).ok
   if t == 'none' then
-    local f = redis.pcall('incr', counter)
+    f = redis.pcall('incr', counter)
     if type(f) == 'table' then
       err = @counter_error@
     else
@@ -439,13 +443,7 @@ for i = 1, #KEYS / 3 do
   elseif t ~= 'hash' then
     err = 'LOCKWATCH ' .. lock .. ' is a ' .. t .. ', not a Redisson lock'
   elseif redis.call('hexists', lock, field) == 1 then
-    local f = redis.pcall('get', counter)
-    if type(f) == 'table' then
-      err = @counter_error@
-    else
-      redis.call('pexpire', lock, ttl)
-      out[i] = 't' .. (f or '0')
-    end
+    @retake@
   else
     local p = redis.call('pttl', lock)
     if p < 0 then
@@ -454,9 +452,7 @@ for i = 1, #KEYS / 3 do
       out[i] = 'b' .. p
     end
   end
-  if err then out[i] = 'e' .. string.gsub(err, '[\r\n]', ' ') end
-end
-return table.concat(out, '\n')
+@acquired@
 )lua";
 
 // Renew: the lease is extended only while the field is ours, as
@@ -484,8 +480,7 @@ return table.concat(out)
 // lockwatch lease) the lock stays and the latch is 0. The latch expires by
 // its PX.
 constexpr std::string_view kRedissonRelease = R"lua(
-local publish = ARGV[1] == 's' and 'spublish' or 'publish'
-local out = {}
+@releases@
 for i = 1, #KEYS / 2 do
   local lock, latch = KEYS[2 * i - 1], KEYS[2 * i]
   local field, channel, keep = ARGV[3 * i - 1], ARGV[3 * i], ARGV[3 * i + 1]
@@ -500,10 +495,9 @@ for i = 1, #KEYS / 2 do
       out[i] = '1'
     else
       redis.call('del', lock)
-      local heard = 0
-      if channel ~= '' then heard = redis.call(publish, channel, '0') end
+      local heard = channel ~= '' and redis.call(publish, channel, '0') or 0
       redis.call('set', latch, '1', 'PX', keep)
-      out[i] = heard == 0 and 'u' or (heard == 1 and 'v' or '1')
+      out[i] = @heard@
     end
   end
 end
