@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <array>
 #include <map>
 
 #include "core/timing.hpp"
@@ -35,6 +36,22 @@ struct Batch {
   Batch(std::size_t locks, Done d) : tally(locks), done(std::move(d)) {}
   std::vector<Tally> tally;
   Done done;
+};
+
+// How many stores answered each status (of `N`) for one lock of a batch,
+// and the reason kept for a failure.
+template <class Status, std::size_t N>
+struct Votes {
+  std::array<std::uint16_t, N> by_status{};
+  std::size_t replies = 0;
+  bool decided = false;
+  std::unique_ptr<StoreError> why;
+  Votes& count(Status s) {
+    ++replies;
+    ++by_status[static_cast<std::size_t>(s)];
+    return *this;
+  }
+  std::size_t operator[](Status s) const { return by_status[static_cast<std::size_t>(s)]; }
 };
 
 // What the stores answered so far to one operator call, and its caller.
@@ -239,32 +256,23 @@ void QuorumStore::give_back(const std::shared_ptr<AcquireBatch>& b, std::size_t 
 // -------------------------------------------------------------------- renew
 
 std::size_t QuorumStore::renew(std::span<const LockRef> locks, std::shared_ptr<const void> keepalive, RenewDone done) {
-  struct Tally {
-    std::uint16_t ok = 0, no = 0, replies = 0;
-    bool taken = false, decided = false;
-    std::unique_ptr<StoreError> error;  // the first failure (allocated only then)
-  };
-  auto b = std::make_shared<Batch<Tally, RenewDone>>(locks.size(), std::move(done));
+  auto b = std::make_shared<Batch<Votes<Renewed, 4>, RenewDone>>(locks.size(), std::move(done));
   const std::size_t n = stores_.size();
   std::size_t commands = 0;
   for (std::size_t i = 0; i < n; ++i) {
     commands += stores_[i]->renew(locks, keepalive, [this, b, n](std::size_t k, Renewed v, const StoreError* why) {
       auto& t = b->tally[k];
       if (t.decided) return;
-      t.replies++;
-      if (v == Renewed::kYes) {
-        t.ok++;
-      } else if (v == Renewed::kGone || v == Renewed::kTakenByOther) {
-        t.no++;
-        if (v == Renewed::kTakenByOther) t.taken = true;
-      } else if (!t.error && why != nullptr) {
-        t.error = std::make_unique<StoreError>(*why);
-      }
-      if (t.ok < quorum_ && t.no <= n - quorum_ && t.replies < n) return;  // not decided yet
+      // The first failure's reason (allocated only then).
+      if (v == Renewed::kTransient && !t.why && why != nullptr) t.why = std::make_unique<StoreError>(*why);
+      const std::size_t ok = t.count(v)[Renewed::kYes];
+      const std::size_t no = t[Renewed::kGone] + t[Renewed::kTakenByOther];
+      if (ok < quorum_ && no <= n - quorum_ && t.replies < n) return;  // not decided yet
       t.decided = true;
-      if (t.ok >= quorum_) return b->done(k, Renewed::kYes, nullptr);
-      if (t.no > n - quorum_) return b->done(k, t.taken ? Renewed::kTakenByOther : Renewed::kGone, nullptr);
-      b->done(k, Renewed::kTransient, t.error.get());
+      if (ok >= quorum_) return b->done(k, Renewed::kYes, nullptr);
+      if (no > n - quorum_)
+        return b->done(k, t[Renewed::kTakenByOther] ? Renewed::kTakenByOther : Renewed::kGone, nullptr);
+      b->done(k, Renewed::kTransient, t.why.get());
     });
   }
   return commands;
@@ -273,31 +281,20 @@ std::size_t QuorumStore::renew(std::span<const LockRef> locks, std::shared_ptr<c
 // ------------------------------------------------------------------ release
 
 void QuorumStore::release(std::span<const LockRef> locks, bool notify, ReleaseDone done) {
-  struct Tally {
-    std::size_t replies = 0, confirmed = 0, held = 0;
-    std::size_t unheard = 0;  // nodes whose notice reached only our own subscription, or none
-    bool taken = false;
-    std::unique_ptr<StoreError> why;  // the most telling failure
-  };
-  auto b = std::make_shared<Batch<Tally, ReleaseDone>>(locks.size(), std::move(done));
+  auto b = std::make_shared<Batch<Votes<Released, 5>, ReleaseDone>>(locks.size(), std::move(done));
   const std::size_t n = stores_.size();
   for (std::size_t i = 0; i < n; ++i) {
     stores_[i]->release(locks, notify, [this, b, n](std::size_t k, Released v, const StoreError* why) {
       auto& t = b->tally[k];
-      t.replies++;
-      if (v == Released::kUnconfirmed) {
-        if (why != nullptr) keep_most_telling(t.why, *why);
-      } else {
-        t.confirmed++;
-        if (was_ours(v)) t.held++;
-        if (v == Released::kYesUnheard) t.unheard++;
-        if (v == Released::kTakenByOther) t.taken = true;
-      }
-      if (t.replies < n) return;
-      if (t.confirmed < quorum_) return b->done(k, Released::kUnconfirmed, t.why.get());
-      // Unheard only if no node's notice reached another: a waiter may listen on any of them.
-      if (t.held >= quorum_) return b->done(k, t.unheard == n ? Released::kYesUnheard : Released::kYes, nullptr);
-      b->done(k, t.taken ? Released::kTakenByOther : Released::kGone, nullptr);
+      if (v == Released::kUnconfirmed && why != nullptr) keep_most_telling(t.why, *why);
+      if (t.count(v).replies < n) return;
+      if (n - t[Released::kUnconfirmed] < quorum_) return b->done(k, Released::kUnconfirmed, t.why.get());
+      // Unheard (its notice reached only our own subscription, or none) only
+      // if no node's notice reached another: a waiter may listen on any of them.
+      const std::size_t unheard = t[Released::kYesUnheard];
+      if (t[Released::kYes] + unheard >= quorum_)
+        return b->done(k, unheard == n ? Released::kYesUnheard : Released::kYes, nullptr);
+      b->done(k, t[Released::kTakenByOther] ? Released::kTakenByOther : Released::kGone, nullptr);
     });
   }
 }
