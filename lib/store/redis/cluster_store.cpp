@@ -475,35 +475,33 @@ bool ClusterStore::follow(const std::shared_ptr<Call>& call, const StoreError& e
   return true;
 }
 
-template <class Done, class Send>
-void ClusterStore::route_each(std::span<const LockRef> locks, Done done, Send send) {
-  auto shared = std::make_shared<Done>(std::move(done));
+void ClusterStore::acquire(std::span<const LockRef> locks, AcquireDone done) {
+  auto shared = std::make_shared<AcquireDone>(std::move(done));
   for (std::size_t i = 0; i < locks.size(); ++i) {
-    route(locks[i].name, true, Done([i, shared](std::size_t, const auto&... r) { (*shared)(i, r...); }),
-          [lock = OwnedLock(locks[i]), waits = locks[i].waits, send](RedisNodeStore& node, std::string_view,
-                                                                      auto reply) {
+    // Sent again with the same token, the script answers with the fencing
+    // token of the first run if that one took the lock; a redirected or
+    // refused command did not run: sending it again cannot take it twice.
+    route(locks[i].name, true, AcquireDone([i, shared](std::size_t, const Acquired& r) { (*shared)(i, r); }),
+          [lock = OwnedLock(locks[i]), waits = locks[i].waits](RedisNodeStore& node, std::string_view, auto reply) {
             LockRef ref = lock.ref();
             ref.waits = waits;
-            send(node, std::span<const LockRef>(&ref, 1), std::move(reply));
+            node.acquire(std::span<const LockRef>(&ref, 1), std::move(reply));
           });
   }
 }
 
-void ClusterStore::acquire(std::span<const LockRef> locks, AcquireDone done) {
-  // Sent again with the same token, the script answers with the fencing
-  // token of the first run if that one took the lock; a redirected or
-  // refused command did not run: sending it again cannot take it twice.
-  route_each(locks, std::move(done), [](RedisNodeStore& node, std::span<const LockRef> one, AcquireDone reply) {
-    node.acquire(one, std::move(reply));
-  });
-}
-
 void ClusterStore::release(std::span<const LockRef> locks, bool notify, ReleaseDone done) {
-  // A redirect did not run; a lost reply may have (the release ran):
-  // sent again either way.
-  route_each(locks, std::move(done), [notify](RedisNodeStore& node, std::span<const LockRef> one, ReleaseDone reply) {
-    node.release(one, notify, std::move(reply));
-  });
+  auto shared = std::make_shared<ReleaseDone>(std::move(done));
+  for (std::size_t i = 0; i < locks.size(); ++i) {
+    // A redirect did not run; a lost reply may have (the release ran):
+    // sent again either way.
+    route(locks[i].name, true,
+          ReleaseDone([i, shared](std::size_t, Released status, const StoreError* why) { (*shared)(i, status, why); }),
+          [lock = OwnedLock(locks[i]), notify](RedisNodeStore& node, std::string_view, auto reply) {
+            const LockRef ref = lock.ref();
+            node.release(std::span<const LockRef>(&ref, 1), notify, std::move(reply));
+          });
+  }
 }
 
 std::size_t ClusterStore::renew(std::span<const LockRef> locks, std::shared_ptr<const void> keepalive, RenewDone done) {

@@ -163,11 +163,6 @@ class ClusterStore final : public RedisStoreBase {
   // failed() says.
   template <class Done, class Send>
   void route(std::string_view name, bool idempotent, Done done, Send send);
-  // route() for each of `locks` alone (an acquisition or a release, safe to
-  // repeat), answered under its index: send(node, the lock, reply) makes
-  // its call.
-  template <class Done, class Send>
-  void route_each(std::span<const LockRef> locks, Done done, Send send);
   // Returns the script calls sent.
   std::size_t send_to(Node* node, bool asking, const std::shared_ptr<Call>& call);
   // What a failed call's error asks for, by its kind. True: the call was
