@@ -41,33 +41,6 @@ void MemoryLink::close() {
 
 // ----------------------------------------------------------------- state
 
-void MemorySpace::State::Entry::purge(Clock::time_point now) {
-  std::erase_if(holders, [now](const auto& h) { return h.second.until <= now; });
-  std::erase_if(queue, [now](const Waiter& w) { return w.until <= now; });
-}
-
-milliseconds MemorySpace::State::Entry::next_expiry(Clock::time_point now) const {
-  auto first = Clock::time_point::max();
-  for (const auto& [token, h] : holders) first = std::min(first, h.until);
-  return first == Clock::time_point::max() ? milliseconds(0) : std::chrono::ceil<milliseconds>(first - now);
-}
-
-std::optional<LockKind> MemorySpace::State::Entry::held_kind() const {
-  return holders.empty() && queue.empty() ? std::nullopt : std::optional(kind);
-}
-
-auto MemorySpace::State::Entry::mine(const LockRef& lock) -> decltype(holders)::iterator {
-  auto it = holders.find(lock.token);
-  return it != holders.end() && kind.exclusive_kind() == lock.kind.exclusive_kind() ? it : holders.end();
-}
-
-bool MemorySpace::State::Entry::hold(const LockRef& lock, Clock::time_point now) {
-  auto [it, fresh] = holders.try_emplace(std::string(lock.token));
-  it->second.until = now + lock.ttl;
-  kind = lock.kind;
-  return fresh;
-}
-
 Acquired MemorySpace::State::acquire(const LockRef& lock, std::string_view owner_name) {
   auto now = Clock::now();
   Entry& e = entries_.try_emplace(std::string(lock.name)).first->second;

@@ -18,6 +18,7 @@
 // except where a comment says loop thread.
 #pragma once
 
+#include <algorithm>
 #include <chrono>
 #include <cstdint>
 #include <deque>
@@ -108,15 +109,33 @@ class MemorySpace {
       };
       std::deque<Waiter> queue;
       // Forgets holders whose ttl ran out, and fair waiters whose place ran out.
-      void purge(Clock::time_point now);
+      void purge(Clock::time_point now) {
+        std::erase_if(holders, [now](const auto& h) { return h.second.until <= now; });
+        std::erase_if(queue, [now](const Waiter& w) { return w.until <= now; });
+      }
       // The shortest time a holder has left (a waiter's next try).
-      std::chrono::milliseconds next_expiry(Clock::time_point now) const;
+      std::chrono::milliseconds next_expiry(Clock::time_point now) const {
+        auto first = Clock::time_point::max();
+        for (const auto& [token, h] : holders) first = std::min(first, h.until);
+        return first == Clock::time_point::max() ? std::chrono::milliseconds(0)
+                                                 : std::chrono::ceil<std::chrono::milliseconds>(first - now);
+      }
       // The kind the key is held (or waited for, fair) as after purge(); none when free.
-      std::optional<LockKind> held_kind() const;
+      std::optional<LockKind> held_kind() const {
+        return holders.empty() && queue.empty() ? std::nullopt : std::optional(kind);
+      }
       // `lock`'s holder (of its kind, exclusive or another), else end.
-      std::map<std::string, Holder, std::less<>>::iterator mine(const LockRef& lock);
+      auto mine(const LockRef& lock) {
+        auto it = holders.find(lock.token);
+        return it != holders.end() && kind.exclusive_kind() == lock.kind.exclusive_kind() ? it : holders.end();
+      }
       // Holds it for `lock` till now + ttl; true for a new grant (not a retry's).
-      bool hold(const LockRef& lock, Clock::time_point now);
+      bool hold(const LockRef& lock, Clock::time_point now) {
+        auto [it, fresh] = holders.try_emplace(std::string(lock.token));
+        it->second.until = now + lock.ttl;
+        kind = lock.kind;
+        return fresh;
+      }
     };
     Acquired acquire_exclusive(Entry& e, const LockRef& lock, Clock::time_point now);
     Acquired acquire_shared(Entry& e, const LockRef& lock, Clock::time_point now);
