@@ -56,6 +56,8 @@ else
   redis.call('pexpire', lock, ttl)
   out[i] = 't' .. (f or '0')
 end)lua"},
+    // A renew or release call's end: its loop's, and its one byte per lock.
+    {"statuses", "end\nreturn table.concat(out)"},
     // An acquire call's end: each failed lock's error entry, on one line.
     {"acquired", R"lua(  if err then out[i] = 'e' .. string.gsub(err, '[\r\n]', ' ') end
 end
@@ -315,8 +317,7 @@ constexpr std::string_view kRenewKind = R"lua(
       out[i] = '1'
     end
   end
-end
-return table.concat(out)
+@statuses@
 )lua";
 
 // Releases shared and permit leases. The lock's expiry shrinks to its last
@@ -348,8 +349,7 @@ local publish = ARGV[1] == 's' and 'spublish' or 'publish'
     end
     out[i] = gone == 1 and '1' or '0'
   end
-end
-return table.concat(out)
+@statuses@
 )lua";
 
 // A fair waiter gives up its place (FairQueue::withdraw). If it was first
@@ -380,8 +380,7 @@ for i = 1, #KEYS do
   else
     out[i] = v and 'x' or '0'
   end
-end
-return table.concat(out)
+@statuses@
 )lua";
 
 // The releases of one call, any number of locks, each in turn, told by
@@ -403,8 +402,7 @@ for i = 1, #KEYS do
   else
     out[i] = v and 'x' or '0'
   end
-end
-return table.concat(out)
+@statuses@
 )lua";
 
 // The redisson layout (layout.hpp), the commands of Redisson's RLock
@@ -468,8 +466,7 @@ for i = 1, #KEYS do
   else
     out[i] = (type(h) == 'table' or redis.call('exists', KEYS[i]) == 1) and 'x' or '0'
   end
-end
-return table.concat(out)
+@statuses@
 )lua";
 
 // Release: Redisson's unlock. A latch already set answers for the first
@@ -500,8 +497,7 @@ for i = 1, #KEYS / 2 do
       out[i] = @heard@
     end
   end
-end
-return table.concat(out)
+@statuses@
 )lua";
 
 // Redlock: raises a node's counter of the lock's slot to the token handed
