@@ -135,7 +135,7 @@ struct QuorumStore::AcquireBatch {
     std::size_t busy = 0, failed = 0;
     std::vector<std::size_t> took;  // stores that set our token
     std::uint64_t max_fence = 0;
-    long long min_busy = -1;
+    milliseconds min_busy = milliseconds::max();  // the least a busy store answered
     std::vector<std::string> errors;
     // The most telling failure: one that is not kUnavailable once any was.
     std::unique_ptr<StoreError> telling;
@@ -160,22 +160,17 @@ void QuorumStore::on_acquire_vote(const std::shared_ptr<AcquireBatch>& b, std::s
                                   const Acquired& r) {
   auto& t = b->locks[k];
   const std::size_t n = stores_.size();
-  bool took_here = false;
-  switch (r.status) {
-    case Acquired::Status::kFailed:
-      t.failed++;
-      t.errors.push_back(fmt::format("{}: {}", names_[store], r.error.describe()));
-      keep_most_telling(t.telling, r.error);
-      break;
-    case Acquired::Status::kTaken:
-      took_here = true;
-      t.took.push_back(store);
-      t.max_fence = std::max(t.max_fence, r.fence);
-      break;
-    case Acquired::Status::kBusy:
-      t.busy++;
-      t.min_busy = t.min_busy < 0 ? r.busy_for.count() : std::min<long long>(t.min_busy, r.busy_for.count());
-      break;
+  const bool took_here = r.status == Acquired::Status::kTaken;
+  if (took_here) {
+    t.took.push_back(store);
+    t.max_fence = std::max(t.max_fence, r.fence);
+  } else if (r.status == Acquired::Status::kBusy) {
+    t.busy++;
+    t.min_busy = std::min(t.min_busy, r.busy_for);
+  } else {
+    t.failed++;
+    t.errors.push_back(fmt::format("{}: {}", names_[store], r.error.describe()));
+    keep_most_telling(t.telling, r.error);
   }
   if (t.decided) {
     // Raising: a late taker is raised too (one more chance at a majority);
@@ -197,7 +192,7 @@ void QuorumStore::on_acquire_vote(const std::shared_ptr<AcquireBatch>& b, std::s
     t.decided = true;
     Acquired out;
     if (t.busy > 0 && t.took.size() + t.busy >= quorum_) {
-      out = Acquired::busy(milliseconds(t.min_busy));
+      out = Acquired::busy(t.min_busy);
     } else if (t.telling && !t.telling->unavailable()) {
       out.error = *t.telling;
     } else {
@@ -317,40 +312,32 @@ void QuorumStore::server_time(TimeDone done) {
 }
 
 void QuorumStore::claim_period(std::string_view name, std::string_view token, std::int64_t period,
-                               std::chrono::system_clock::time_point start,
-                               ClaimDone done) {
+                               std::chrono::system_clock::time_point start, ClaimDone done) {
+  using S = ClaimResult::Status;
   struct Tally : Answers<Tally, ClaimDone> {
-    std::size_t claimed = 0, already = 0, not_due = 0, not_leader = 0;
+    Votes<S, 5> votes;
     std::int64_t last = 0;
     std::vector<std::chrono::system_clock::time_point> times;
   };
   auto t = Tally::make(std::move(done));
   for (auto& s : stores_) {
     capability<JobClaims>(*s)->claim_period(name, token, period, start, [this, t](const ClaimResult& r) {
-      using S = ClaimResult::Status;
-      switch (r.status) {
-        case S::kClaimed: t->claimed++; break;
-        case S::kAlreadyRun:
-          t->already++;
-          t->last = std::max(t->last, r.last);
-          break;
-        case S::kNotDue: t->not_due++; break;
-        case S::kNotLeader: t->not_leader++; break;
-        case S::kFailed: break;
-      }
+      t->votes.count(r.status);
+      if (r.status == S::kAlreadyRun) t->last = std::max(t->last, r.last);
       if (!t->heard(r.status == S::kFailed ? &r.error : nullptr, stores_.size(),
                     [&] { t->times.push_back(r.store_time); }))
         return;
       const std::size_t n = stores_.size();
+      const auto& v = t->votes;
       ClaimResult out;
       if (!t->times.empty()) out.store_time = median(t->times);
-      if (t->claimed >= quorum_) {
+      if (v[S::kClaimed] >= quorum_) {
         out.status = S::kClaimed;
-      } else if (t->not_leader > n - quorum_) {
+      } else if (v[S::kNotLeader] > n - quorum_) {
         out.status = S::kNotLeader;
-      } else if (t->not_due > n - quorum_) {
+      } else if (v[S::kNotDue] > n - quorum_) {
         out.status = S::kNotDue;
-      } else if (t->already > 0 && t->claimed + t->already >= quorum_) {
+      } else if (v[S::kAlreadyRun] > 0 && v[S::kClaimed] + v[S::kAlreadyRun] >= quorum_) {
         // Recorded on a majority (in this call or before): the period is
         // spent, whether or not some call of it reached a majority.
         out.status = S::kAlreadyRun;
