@@ -28,10 +28,8 @@ inline constexpr std::string_view kPeriodSuffix = ":period";
 inline std::string lock(std::string_view prefix, std::string_view key) {
   std::string out;
   out.reserve(prefix.size() + key.size() + 2);
-  out.append(prefix);
-  out.push_back('{');
-  out.append(key);
-  out.push_back('}');
+  out.append(prefix).push_back('{');
+  out.append(key).push_back('}');
   return out;
 }
 

@@ -192,7 +192,7 @@ bool RedisNodeStore::lane_open_at(std::chrono::steady_clock::time_point at) cons
 
 bool RedisNodeStore::acquire_direct(const LockRef& l, AcquiredDirect done) {
   if (!l.kind.exclusive_kind()) return false;  // the kinds' scripts go from the loop
-  EvalRequest request = acquire_one(l);
+  EvalRequest request = acquire_call(std::span(&l, 1));
   ReplyCallback cb = [c = conn_.get(), done = std::move(done)](const redisReply* r, const StoreError* err) {
     done(AcquireReply(r, err, 1, c->name()).next());
   };
@@ -222,7 +222,8 @@ bool RedisNodeStore::acquire_blocking(const LockRef& l, const AcquiredDirect& do
     done(AcquireReply(r, err, 1, line_->name()).next());
   };
   // Without an answer, the lock is given back behind the request.
-  return line_->call(acquire_one(l), answered, [&] { return release_one(l); }) != CallerLine::Outcome::kNotSent;
+  return line_->call(acquire_call(std::span(&l, 1)), answered, [&] { return release_one(l); }) !=
+         CallerLine::Outcome::kNotSent;
 }
 
 bool RedisNodeStore::release_blocking(const LockRef& l, const ReleasedDirect& done) {
@@ -429,30 +430,25 @@ std::size_t RedisNodeStore::renew(std::span<const LockRef> locks, std::shared_pt
   // With min_replicas a renewal counts only once the replicas the master
   // lists have it (ROLE, then WAIT, on the renewal connection; the answers
   // are kept until then): why, docs/stores.md, "Sentinel".
-  struct Answer {
-    Renewed status = Renewed::kTransient;
-    std::optional<StoreError> why;
-  };
   struct Batch {
-    std::vector<Answer> answers;
+    std::vector<std::pair<Renewed, std::optional<StoreError>>> answers;  // each lease's status and why
     std::shared_ptr<const void> keepalive;  // the caller's views live until the last answer
     RenewDone done;
     // `failed`: why the renewals did not reach the replicas (null: they did).
     void deliver(const StoreError* failed) {
       for (std::size_t k = 0; k < answers.size(); ++k) {
-        const Answer& a = answers[k];
-        if (a.status == Renewed::kYes && failed != nullptr)
+        const auto& [status, why] = answers[k];
+        if (status == Renewed::kYes && failed != nullptr)
           done(k, Renewed::kTransient, failed);
         else
-          done(k, a.status, a.why ? &*a.why : nullptr);
+          done(k, status, why ? &*why : nullptr);
       }
     }
   };
-  auto batch = std::make_shared<Batch>(Batch{std::vector<Answer>(locks.size()), keepalive, std::move(done)});
+  auto batch = std::make_shared<Batch>(Batch{{locks.size(), {Renewed::kTransient, {}}}, keepalive, std::move(done)});
   const std::size_t commands =
       renew_now(locks, std::move(keepalive), [batch](std::size_t k, Renewed status, const StoreError* why) {
-        batch->answers[k].status = status;
-        if (why != nullptr) batch->answers[k].why = *why;
+        batch->answers[k] = {status, why ? std::optional(*why) : std::nullopt};
       });
   renew_->command({"ROLE"}, [this, batch](const redisReply* role, const StoreError* err) {
     if (err != nullptr) {
@@ -487,13 +483,7 @@ std::size_t RedisNodeStore::renew_now(std::span<const LockRef> locks, std::share
   for (const auto& l : locks) bytes += l.name.size() + l.token.size() + l.ttl_ms.size() + layout_.client_id.size() + 64;
   EvalRequest request(script(redisson ? ScriptId::kRedissonRenew : ScriptId::kRenew), n, 3 * n, bytes);
   for (const auto& l : locks) request.arg(l.name);
-  for (const auto& l : locks) {
-    if (redisson)
-      request.arg(layout_.field(l.token));
-    else
-      request.arg(l.token);
-    request.arg(l.ttl_ms);
-  }
+  for (const auto& l : locks) (redisson ? request.arg(layout_.field(l.token)) : request.arg(l.token)).arg(l.ttl_ms);
   with_asking(*renew_).eval(std::move(request), [this, n, keepalive = std::move(keepalive), done = std::move(done)](
                                                     const redisReply* r, const StoreError* err) {
     RenewReply reply(r, err, n, renew_->name());
@@ -717,12 +707,8 @@ void RedisNodeStore::eval_acquire(EvalRequest request, std::vector<QueuedAcquire
          });
 }
 
-// A lone lock's calls, as send_batch() writes a batch of one (the release
-// with its notice).
-EvalRequest RedisNodeStore::acquire_one(const LockRef& l) const {
-  return acquire_call(std::span<const LockRef>(&l, 1));
-}
-
+// A lone lock's release, as send_batch() writes a batch of one (with its
+// notice).
 EvalRequest RedisNodeStore::release_one(const LockRef& l) const {
   return release_call(std::span<const LockRef>(&l, 1), [](const LockRef&) { return true; });
 }

@@ -248,7 +248,6 @@ class RedisNodeStore final : public RedisStoreBase, public DirectLane {
   EvalRequest acquire_call(const Locks& locks) const;
   template <class Locks, class Notify>
   EvalRequest release_call(const Locks& locks, Notify notify) const;
-  EvalRequest acquire_one(const LockRef& lock) const;
   EvalRequest release_one(const LockRef& lock) const;
   // The caller's line may take a call on `lock` now.
   bool line_open_for(const LockRef& lock) const;
