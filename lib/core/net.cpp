@@ -19,13 +19,14 @@ bool socket_address(const std::string& host, int port, sockaddr_storage& out) no
          uv_ip6_addr(host.c_str(), port, reinterpret_cast<sockaddr_in6*>(&out)) == 0;
 }
 
+namespace {
+
+// Of getaddrinfo's answers, the one to connect to (resolve_host()).
 const addrinfo* preferred_address(const addrinfo* answers) noexcept {
   for (const addrinfo* a = answers; a != nullptr; a = a->ai_next)
     if (a->ai_family == AF_INET) return a;
   return answers;
 }
-
-namespace {
 
 struct Lookup {
   uv_getaddrinfo_t req{};

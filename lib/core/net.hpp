@@ -16,14 +16,10 @@ bool numeric_host(const std::string& host) noexcept;
 // `out`; false when `host` is not one.
 bool socket_address(const std::string& host, int port, sockaddr_storage& out) noexcept;
 
-// Of getaddrinfo's answers, the one to connect to: the first IPv4 address
-// (a server bound to 127.0.0.1 for "localhost" expects it), else the
-// first; null when there is none.
-const addrinfo* preferred_address(const addrinfo* answers) noexcept;
-
 // Looks `host` up on libuv's thread pool (getaddrinfo blocks) and calls
-// `done` on the loop thread with preferred_address()'s address as text
-// (no port), or with an empty one and `status` saying why (a libuv error;
+// `done` on the loop thread with the address to connect to as text: the
+// first IPv4 address (a server bound to 127.0.0.1 for "localhost" expects
+// it), else the first; no port), or with an empty one and `status` saying why (a libuv error;
 // 0 when the name has no address; UV_ECANCELED when the loop was closing).
 // Returns uv_getaddrinfo()'s result: below 0, `done` is never called.
 // With `request`, it is set to the lookup's request, which uv_cancel() may

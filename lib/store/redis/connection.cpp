@@ -1,9 +1,5 @@
 #include "connection.hpp"
 
-#if LOCKWATCH_WITH_TLS
-#include <openssl/err.h>
-#include <openssl/ssl.h>
-#endif
 #include <sys/socket.h>
 
 #include <fmt/format.h>
@@ -17,48 +13,12 @@
 #include "core/guarded.hpp"
 #include "core/loop.hpp"
 #include "core/option_checks.hpp"
-#include "core/net.hpp"
 #include "store/redis/redis_error.hpp"
 
 namespace lockwatch::detail {
 
 // Callbacks cross C code: nothing may unwind through libuv.
 constexpr const char* kReplyCallback = "a reply callback";
-
-// One connection attempt and, once it succeeded, the connection: a TCP
-// stream and the reader for what arrives on it. A link lives until its
-// handle closed (and a name lookup in flight came back); a dropped link is
-// `dead` and every libuv callback for it is ignored from then on.
-struct RedisConnection::Link {
-  explicit Link(RedisConnection* c) : conn(c), reader(redisReaderCreate()) {}
-  ~Link() {
-    if (reader != nullptr) redisReaderFree(reader);
-#if LOCKWATCH_WITH_TLS
-    if (ssl != nullptr) SSL_free(ssl);  // and its BIOs
-#endif
-  }
-  Link(const Link&) = delete;
-  Link& operator=(const Link&) = delete;
-
-  RedisConnection* conn;
-  redisReader* reader;
-  uv_tcp_t tcp{};
-  uv_connect_t connect_req{};
-  uv_req_t* resolve_req = nullptr;  // the host's lookup in flight (resolve_host)
-  bool tcp_closed = false;  // the handle's close callback ran
-  bool connected = false;   // writes may go out
-  bool dead = false;
-  bool got_bytes = false;   // the server sent something (with TLS: decrypted)
-  SSL* ssl = nullptr;       // TLS: the session, over memory BIOs
-  bool tls_ready = false;   // its handshake is done
-  std::string out;          // RESP queued for the next flush (plaintext)
-  std::vector<LargeCall> wholes;  // large calls among out's bytes, in order
-  std::string spare;        // a finished write's buffer, for out to go on in
-  int writes_queued = 0;    // libuv's writes under way (queue_write)
-  int small_writes = 0;     // writes in a row that used under a quarter of out's size
-  char in[64 * 1024];       // from the socket
-  char plain[16 * 1024];    // TLS: one decrypted record
-};
 
 namespace {
 
@@ -87,14 +47,11 @@ void append_resp(std::string& out, const Strings& argv) {
   }
 }
 
-// A write the socket did not take at once; freed by its callback.
-struct WriteReq {
-  uv_write_t req{};
-  void* link;  // RedisConnection::Link
+// A write the socket did not take at once (flush): its buffers, whole.
+struct RedisWrite final : Stream::Write {
   std::string data;
   std::vector<LargeCall> wholes;  // the large calls among data's bytes
 };
-
 // The pieces of `out` with `wholes` between its bytes, in order, less the
 // first `from` bytes: a write's buffers (a heap block only with wholes).
 struct Pieces {
@@ -187,20 +144,18 @@ void RedisConnection::attempt() {
     link_failed("TLS is not usable: " + tls_error_);
     return;
   }
-  auto* link = new Link(this);
-  if (link->reader == nullptr) {
-    delete link;
+  reader_.reset(redisReaderCreate());
+  if (reader_ == nullptr) {
     link_failed("out of memory");
     return;
   }
-  uv_tcp_init(loop_.uv(), &link->tcp);
-  link->tcp.data = link;
+  Stream* link = Stream::make(loop_.uv(), *this, "rediss://");
   {
     std::lock_guard lk(lane_mu_);
     link_ = link;
   }
   write_handshake();
-  open_link(link);
+  link->connect(endpoint_.host, endpoint_.port, tls_.get());
   if (link_ != link || handshake_pending_ > 0) return;
   send_waiting();
 }
@@ -231,192 +186,21 @@ void RedisConnection::write_handshake() {
   }
 }
 
-void RedisConnection::open_link(Link* link) {
-  // A numeric address connects at once; a name is looked up on libuv's
-  // threads (getaddrinfo blocks), within the same connect timeout.
-  if (start_tcp(link, endpoint_.host)) return;
-  int rc = resolve_host(
-      loop_.uv(), endpoint_.host,
-      [link](int status, std::string address) {
-        link->resolve_req = nullptr;
-        if (link->dead) {
-          if (link->tcp_closed) delete link;
-          return;
-        }
-        RedisConnection* conn = link->conn;
-        if (!conn->start_tcp(link, address))
-          conn->link_failed(fmt::format("cannot resolve {}: {}", conn->endpoint_.host,
-                                        status == 0 ? "no address" : uv_strerror(status)));
-      },
-      &link->resolve_req);
-  if (rc < 0) link_failed(fmt::format("cannot resolve {}: {}", endpoint_.host, uv_strerror(rc)));
-}
-
-bool RedisConnection::start_tcp(Link* link, const std::string& address) {
-  sockaddr_storage addr{};
-  if (!socket_address(address, endpoint_.port, addr)) return false;
-  link->connect_req.data = link;
-  const auto* to = reinterpret_cast<const sockaddr*>(&addr);
-  int rc = uv_tcp_connect(&link->connect_req, &link->tcp, to, [](uv_connect_t* req, int status) {
-    auto* l = static_cast<Link*>(req->data);
-    if (l->dead || status == UV_ECANCELED) return;
-    if (status < 0) {
-      l->conn->link_failed(std::string("connect failed: ") + uv_strerror(status));
-      return;
-    }
-    l->conn->link_up(l);
-  });
-  if (rc < 0) link_failed(std::string("connect failed: ") + uv_strerror(rc));
-  return true;
-}
-
-void RedisConnection::link_up(Link* link) {
-  uv_tcp_nodelay(&link->tcp, 1);
-  int rc = uv_read_start(
-      reinterpret_cast<uv_stream_t*>(&link->tcp),
-      [](uv_handle_t* h, std::size_t, uv_buf_t* buf) {
-        auto* l = static_cast<Link*>(h->data);
-        *buf = uv_buf_init(l->in, sizeof l->in);
-      },
-      [](uv_stream_t* s, ssize_t nread, const uv_buf_t*) {
-        auto* l = static_cast<Link*>(s->data);
-        if (l->dead || nread == 0) return;
-        if (nread < 0) {
-          const char* closed =
-              l->ssl != nullptr && !l->tls_ready
-                  ? "the server closed the connection during the TLS handshake (is TLS enabled on that port?)"
-              : l->ssl == nullptr && !l->got_bytes
-                  ? "the server closed the connection without answering (a TLS port? use rediss://)"
-                  : "the server closed the connection";
-          const std::string lost = std::string("connection lost: ") + uv_strerror(static_cast<int>(nread));
-          l->conn->link_failed(nread == UV_EOF ? closed : l->conn->failure_reason(l, lost));
-          return;
-        }
-        l->conn->received_raw(l, l->in, static_cast<std::size_t>(nread));
-      });
-  if (rc < 0) {
-    link_failed(std::string("cannot read: ") + uv_strerror(rc));
-    return;
-  }
-  if (tls_ == nullptr) {
-    link_ready(link);
-    return;
-  }
-  std::string error;
-  link->ssl = tls_->new_session(endpoint_.host, error);
-  if (link->ssl == nullptr) {
-    link_failed(error);
-    return;
-  }
-  tls_handshake(link);  // the connect timer keeps running until it is done
-}
-
-void RedisConnection::link_ready(Link* link) {
-  link->connected = true;
+void RedisConnection::stream_ready() {
   reconnector_.connected();
   if (handshake_pending_ == 0) became_usable();
-  if (link_ == link) want_flush();
+  want_flush();
 }
-
-// Without the `tls` feature no link has a session (TlsContext::make()
-// throws), so these are never reached.
-#if LOCKWATCH_WITH_TLS
-void RedisConnection::tls_handshake(Link* link) {
-  ERR_clear_error();
-  const int rc = SSL_do_handshake(link->ssl);
-  const int err = rc == 1 ? SSL_ERROR_NONE : SSL_get_error(link->ssl, rc);
-  std::string why = err == SSL_ERROR_NONE || err == SSL_ERROR_WANT_READ ? std::string() : tls_error_text(link->ssl);
-  tls_send_pending(link);  // the ClientHello, or an alert
-  if (link->dead) return;
-  if (!why.empty()) {
-    link_failed("TLS handshake failed: " + why);
-    return;
-  }
-  if (rc != 1) return;  // more from the server first
-  link->tls_ready = true;
-  link_ready(link);
-}
-
-void RedisConnection::tls_send_pending(Link* link) {
-  BIO* wbio = SSL_get_wbio(link->ssl);
-  char* data = nullptr;
-  const long n = BIO_get_mem_data(wbio, &data);
-  if (n <= 0) return;
-  // Usually the socket takes it all at once and nothing is copied.
-  uv_buf_t buf = uv_buf_init(data, static_cast<unsigned>(n));
-  const int done = uv_try_write(reinterpret_cast<uv_stream_t*>(&link->tcp), &buf, 1);
-  if (done < 0 && done != UV_EAGAIN) {
-    link_failed(failure_reason(link, std::string("write failed: ") + uv_strerror(done)));
-  } else if (done < n) {
-    const long from = done < 0 ? 0 : done;
-    queue_write(link, std::string(data + from, static_cast<std::size_t>(n - from)));
-  }
-  (void)BIO_reset(wbio);
-}
-
-std::string RedisConnection::failure_reason(Link* link, std::string why) {
-  // A TLS server that refuses us (no client certificate, say) sends an
-  // alert and closes; a write can fail on the reset before the loop read
-  // the alert, which says what is wrong. Read it now.
-  uv_os_fd_t fd;
-  if (link->ssl == nullptr || uv_fileno(reinterpret_cast<uv_handle_t*>(&link->tcp), &fd) != 0) return why;
-  for (;;) {
-    ssize_t n = ::recv(fd, link->in, sizeof link->in, MSG_DONTWAIT);
-    if (n <= 0) break;
-    BIO_write(SSL_get_rbio(link->ssl), link->in, static_cast<int>(n));
-  }
-  ERR_clear_error();
-  const int rc = link->tls_ready ? SSL_read(link->ssl, link->plain, sizeof link->plain) : SSL_do_handshake(link->ssl);
-  if (rc <= 0 && SSL_get_error(link->ssl, rc) == SSL_ERROR_SSL) return "TLS: " + tls_error_text(link->ssl);
-  ERR_clear_error();
-  return why;
-}
-
-void RedisConnection::received_raw(Link* link, const char* data, std::size_t n) {
-  if (link->ssl == nullptr) {
-    received(link, data, n);
-    return;
-  }
-  if (BIO_write(SSL_get_rbio(link->ssl), data, static_cast<int>(n)) != static_cast<int>(n)) {
-    link_failed("TLS: out of memory");
-    return;
-  }
-  if (!link->tls_ready) {
-    tls_handshake(link);
-    if (link->dead || !link->tls_ready) return;
-  }
-  while (!link->dead) {
-    ERR_clear_error();
-    const int got = SSL_read(link->ssl, link->plain, sizeof link->plain);
-    if (got > 0) {
-      received(link, link->plain, static_cast<std::size_t>(got));
-      continue;
-    }
-    const int err = SSL_get_error(link->ssl, got);
-    if (err == SSL_ERROR_WANT_READ) break;
-    link_failed(err == SSL_ERROR_ZERO_RETURN ? "the server closed the TLS session"
-                                             : "TLS: " + tls_error_text(link->ssl));
-    return;
-  }
-  if (!link->dead) tls_send_pending(link);  // e.g. an answer to a key update
-}
-
-#else
-void RedisConnection::tls_handshake(Link*) {}
-void RedisConnection::tls_send_pending(Link*) {}
-std::string RedisConnection::failure_reason(Link*, std::string why) { return why; }
-void RedisConnection::received_raw(Link* link, const char* data, std::size_t n) { received(link, data, n); }
-#endif
 
 void RedisConnection::send_handshake(Handshake step, std::vector<std::string> argv) {
-  append_resp(link_->out, argv);
+  append_resp(out_, argv);
   push_pending(Pending{step, kUnwritten, {}});
   handshake_pending_++;
   request_timer_.watch();
 }
 
 void RedisConnection::write(const std::vector<std::string_view>& argv) {
-  append_resp(link_->out, argv);
+  append_resp(out_, argv);
   want_flush();
 }
 
@@ -517,7 +301,7 @@ void RedisConnection::send(Queued q) {
   // Written in RESP straight into the link's output, which the flush hands
   // to the socket once per loop iteration with everything else queued; a
   // large script call goes from its own buffer, in its place (LargeCall).
-  std::string& out = link_->out;
+  std::string& out = out_;
   if (q.asking) {
     // Its reply (OK) matters to nobody; it only has to come first.
     Queued ask{{"ASKING"}, {}, [](const redisReply*, const StoreError*) {}};
@@ -527,7 +311,7 @@ void RedisConnection::send(Queued q) {
   if (q.resp.size() >= kWholeWrite && tls_ == nullptr) {  // TLS encrypts a copy anyway
     q.whole = std::make_shared<const RespText>(std::move(q.resp));
     q.resp.clear();
-    link_->wholes.push_back(LargeCall{out.size(), q.whole});
+    wholes_.push_back(LargeCall{out.size(), q.whole});
   } else if (!q.resp.empty()) {
     out.append(q.resp.data(), q.resp.size());
   } else {
@@ -548,7 +332,7 @@ void RedisConnection::push_pending(Pending p) {
 }
 
 void RedisConnection::want_flush() {
-  if (link_ != nullptr && link_->connected && (!link_->out.empty() || !link_->wholes.empty()))
+  if (link_ != nullptr && link_->ready() && (!out_.empty() || !wholes_.empty()))
     uv_prepare_start(&flush_, &RedisConnection::on_flush);
 }
 
@@ -559,69 +343,60 @@ void RedisConnection::on_flush(uv_prepare_t* p) {
 }
 
 void RedisConnection::flush() {
-  Link* link = link_;
-  if (link == nullptr || !link->connected) return;
-#if LOCKWATCH_WITH_TLS
-  if (link->ssl != nullptr) {
-    if (link->out.empty()) return;
-    // A memory BIO takes all of it; what it produced goes out in one write.
-    ERR_clear_error();
-    if (SSL_write(link->ssl, link->out.data(), static_cast<int>(link->out.size())) <= 0) {
-      link_failed("TLS: " + tls_error_text(link->ssl));
-      return;
-    }
-    tls_send_pending(link);
-    if (link_ != link) return;  // the write failed: the link and what was pending are gone
+  Stream* link = link_;
+  if (link == nullptr || !link->ready()) return;
+  if (tls_ != nullptr) {
+    // TLS encrypts a copy: what the session produced goes out in one write.
+    if (out_.empty() || !link->write(out_)) return;  // failed: the link and what was pending are gone
     std::lock_guard lk(lane_mu_);
-    written(link, link->out.size());
+    written(out_.size());
     return;
   }
-#endif
   std::unique_lock lk(lane_mu_);
-  if (link->out.empty() && link->wholes.empty() && lane_rest_.empty()) return;
+  if (out_.empty() && wholes_.empty() && lane_rest_.empty()) return;
   // A direct request the socket took only part of goes on first.
   if (!lane_rest_.empty()) {
-    link->out.insert(0, lane_rest_);
-    for (auto& w : link->wholes) w.at += lane_rest_.size();
+    out_.insert(0, lane_rest_);
+    for (auto& w : wholes_) w.at += lane_rest_.size();
     lane_rest_.clear();
   }
   // A write of libuv's still under way: what is queued waits for it, and
   // then goes out in one write from a buffer kept, not behind it in
   // another made anew (a burst of a million leases' renewals). Its command
   // timeout starts then.
-  if (link->writes_queued > 0) return;
+  if (link->writes_queued() > 0) return;
   // Under the lane's lock: no direct request comes between these bytes.
   // The large calls go in their places from their own buffers.
-  const Pieces all = pieces(link->out, link->wholes, 0);
-  std::size_t total = link->out.size();
-  for (const auto& w : link->wholes) total += w.text->size();
-  const int n = uv_try_write(reinterpret_cast<uv_stream_t*>(&link->tcp), all.bufs(), all.count());
-  if (n < 0 && n != UV_EAGAIN) {
+  const Pieces all = pieces(out_, wholes_, 0);
+  std::size_t total = out_.size();
+  for (const auto& w : wholes_) total += w.text->size();
+  const int n = link->try_write(all.bufs(), all.count());
+  if (n < 0) {
     lk.unlock();
-    link_failed(failure_reason(link, std::string("write failed: ") + uv_strerror(n)));
+    link->fail(std::string("write failed: ") + uv_strerror(n));
     return;
   }
-  const std::size_t done = n < 0 ? 0 : static_cast<std::size_t>(n);
-  const std::size_t used = link->out.size();
+  const auto done = static_cast<std::size_t>(n);
+  const std::size_t used = out_.size();
   std::string rest;
   std::vector<LargeCall> wholes;
   if (done < total) {
     // The socket is full: the rest goes out with a write of libuv's, and
     // the lane waits for it. The buffers go with it whole, nothing
-    // copied; out goes on in the one a finished write gave back.
-    rest.swap(link->out);
-    link->out.swap(link->spare);
-    wholes.swap(link->wholes);
+    // copied; out_ goes on in the one a finished write gave back.
+    rest.swap(out_);
+    out_.swap(spare_);
+    wholes.swap(wholes_);
     ++writes_in_flight_;
   }
-  link->wholes.clear();
-  written(link, used);
+  wholes_.clear();
+  written(used);
   note_lane();
   lk.unlock();
-  if (done < total) queue_write(link, std::move(rest), done, std::move(wholes));
+  if (done < total) queue_write(std::move(rest), done, std::move(wholes));
 }
 
-void RedisConnection::written(Link* link, std::size_t used) {
+void RedisConnection::written(std::size_t used) {
   // What was just written starts its command timeout now. Only written
   // requests are answered (dispatch), so the unwritten are all still
   // pending.
@@ -630,69 +405,52 @@ void RedisConnection::written(Link* link, std::size_t used) {
   for (auto it = pending_.end() - static_cast<std::ptrdiff_t>(unwritten_); it != pending_.end(); ++it)
     it->sent_at = now;
   unwritten_ = 0;
-  link->out.clear();
+  out_.clear();
   // Kept while bursts fill it: a tick's renewals of a million leases take
   // about a MiB, and a buffer made anew is paged in anew. One huge key, or
   // bursts that are over (64 writes in a row far smaller), do not pin it.
-  const std::size_t cap = std::max(link->out.capacity(), link->spare.capacity());
-  link->small_writes = used < cap / 4 ? link->small_writes + 1 : 0;
-  if (cap > (std::size_t{256} << 10) && link->small_writes >= 64) {
-    std::string().swap(link->out);
-    std::string().swap(link->spare);
+  const std::size_t cap = std::max(out_.capacity(), spare_.capacity());
+  small_writes_ = used < cap / 4 ? small_writes_ + 1 : 0;
+  if (cap > (std::size_t{256} << 10) && small_writes_ >= 64) {
+    std::string().swap(out_);
+    std::string().swap(spare_);
   }
 }
 
-void RedisConnection::queue_write(Link* link, std::string data, std::size_t from, std::vector<LargeCall> wholes) {
-  auto* w = new WriteReq;
+void RedisConnection::queue_write(std::string data, std::size_t from, std::vector<LargeCall> wholes) {
+  auto w = std::make_unique<RedisWrite>();
   w->data = std::move(data);
   w->wholes = std::move(wholes);
-  w->req.data = w;
-  w->link = link;
-  // libuv keeps its own copy of the list; the bytes stay in w's buffers.
   const Pieces rest = pieces(w->data, w->wholes, from);
-  int rc = uv_write(&w->req, reinterpret_cast<uv_stream_t*>(&link->tcp), rest.bufs(), rest.count(),
-                    [](uv_write_t* req, int status) {
-    auto* wr = static_cast<WriteReq*>(req->data);
-    auto* l = static_cast<Link*>(wr->link);
-    --l->writes_queued;
-    if (!l->dead && wr->data.capacity() > l->spare.capacity()) {
-      wr->data.clear();
-      l->spare.swap(wr->data);  // out's next buffer (flush)
-    }
-    delete wr;
-    if (l->dead) return;  // its count went with the link
-    if (l->ssl == nullptr) {  // a plaintext link's writes are all flush()'s, counted for the lane
-      std::lock_guard lk(l->conn->lane_mu_);
-      --l->conn->writes_in_flight_;
-      l->conn->note_lane();
-    }
-    if (status < 0 && status != UV_ECANCELED) {
-      l->conn->link_failed(l->conn->failure_reason(l, std::string("write failed: ") + uv_strerror(status)));
-      return;
-    }
-    if (l->writes_queued == 0) l->conn->want_flush();  // what waited for it (flush)
-  });
-  if (rc < 0) {
-    delete w;
-    link_failed(std::string("write failed: ") + uv_strerror(rc));
-    return;
-  }
-  ++link->writes_queued;
+  link_->write_later(std::move(w), rest.bufs(), rest.count());
 }
 
-void RedisConnection::received(Link* link, const char* data, std::size_t n) {
+void RedisConnection::stream_wrote(std::unique_ptr<Stream::Write> done) {
+  auto& w = static_cast<RedisWrite&>(*done);
+  if (w.data.capacity() > spare_.capacity()) {
+    w.data.clear();
+    spare_.swap(w.data);  // out_'s next buffer (flush)
+  }
+  {
+    std::lock_guard lk(lane_mu_);  // flush()'s writes are counted for the lane
+    --writes_in_flight_;
+    note_lane();
+  }
+  if (link_->writes_queued() == 0) want_flush();  // what waited for it (flush)
+}
+
+void RedisConnection::stream_data(const char* data, std::size_t n) {
   loop_.note_event();
-  link->got_bytes = true;
   // When this read's replies came: one clock read for all of them.
   read_at_ = std::chrono::steady_clock::now();
-  if (redisReaderFeed(link->reader, data, n) != REDIS_OK) {
-    link_failed(std::string("cannot read the reply: ") + link->reader->errstr);
+  if (redisReaderFeed(reader_.get(), data, n) != REDIS_OK) {
+    link_failed(std::string("cannot read the reply: ") + reader_->errstr);
     return;
   }
-  while (!link->dead) {
+  for (Stream* link = link_; link_ == link;) {
     void* reply = nullptr;
-    if (redisReaderGetReply(link->reader, &reply) != REDIS_OK) {
-      link_failed(std::string("protocol error: ") + link->reader->errstr);
+    if (redisReaderGetReply(reader_.get(), &reply) != REDIS_OK) {
+      link_failed(std::string("protocol error: ") + reader_->errstr);
       return;
     }
     if (reply == nullptr) return;
@@ -831,11 +589,9 @@ void RedisConnection::on_push(const redisReply* r) {
 
 void RedisConnection::became_usable() {
   // The lane opens on a plaintext link, in commands mode.
-  uv_os_fd_t fd;
-  if (lane_enabled_ && !subs_ && link_ != nullptr && link_->ssl == nullptr &&
-      uv_fileno(reinterpret_cast<uv_handle_t*>(&link_->tcp), &fd) == 0) {
+  if (lane_enabled_ && !subs_ && link_ != nullptr && !link_->tls() && link_->fd() >= 0) {
     std::lock_guard lk(lane_mu_);
-    lane_fd_ = fd;
+    lane_fd_ = link_->fd();
     note_lane();
   }
   reconnector_.usable();
@@ -882,7 +638,7 @@ bool RedisConnection::send_direct(EvalRequest& request, ReplyCallback& cb) {
 }
 
 void RedisConnection::drop_link(const std::string& why) {
-  Link* link = link_;
+  Stream* link = link_;
   if (link == nullptr) return;
   std::deque<Pending> pending;
   {
@@ -896,16 +652,10 @@ void RedisConnection::drop_link(const std::string& why) {
     note_lane();
     pending = std::exchange(pending_, {});
     unwritten_ = 0;
+    out_.clear();
+    wholes_.clear();
   }
-  link->dead = true;
-  if (link->resolve_req != nullptr) uv_cancel(link->resolve_req);
-  // Closing cancels the connect and the writes in flight; the link is
-  // freed once the handle (and a lookup in flight) is done.
-  uv_close(reinterpret_cast<uv_handle_t*>(&link->tcp), [](uv_handle_t* h) {
-    auto* l = static_cast<Link*>(h->data);
-    l->tcp_closed = true;
-    if (l->resolve_req == nullptr) delete l;
-  });
+  link->close();  // cancels the connect and the writes in flight
   handshake_pending_ = 0;
   // What was sent on it fails; what those callbacks send again waits for
   // the next attempt.
@@ -953,7 +703,7 @@ void RedisConnection::attempt_timed_out() {
   if (link_ == nullptr) return;
   const std::string ms = std::to_string(connection_.connect_timeout.count());
   // Connected, but no TLS answer: typically a plaintext port.
-  link_failed(link_->ssl != nullptr
+  link_failed(link_->tls()
                   ? "the TLS handshake did not complete within " + ms + " ms (is TLS enabled on that port?)"
                   : "connect timed out after " + ms + " ms");
 }
@@ -985,22 +735,13 @@ void RedisConnection::overdue() {
 }
 
 void RedisConnection::poll_replies() {
-  Link* link = link_;
-  if (link == nullptr || !link->connected || !up()) return;
+  Stream* link = link_;
+  if (link == nullptr || !link->ready() || !up()) return;
   {
     std::lock_guard lk(lane_mu_);
     if (pending_.empty()) return;
   }
-  uv_os_fd_t fd;
-  if (uv_fileno(reinterpret_cast<uv_handle_t*>(&link->tcp), &fd) != 0) return;
-  // What the kernel holds now, without waiting; an end or an error is left
-  // for the loop's own read to report.
-  while (!link->dead) {
-    ssize_t n = ::recv(fd, link->in, sizeof link->in, MSG_DONTWAIT);
-    if (n <= 0) return;
-    received_raw(link, link->in, static_cast<std::size_t>(n));
-    if (static_cast<std::size_t>(n) < sizeof link->in) return;
-  }
+  link->read_now();
 }
 
 void RedisConnection::set_endpoint(const Endpoint& endpoint) {

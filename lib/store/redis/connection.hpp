@@ -20,8 +20,9 @@
 // and sunsubscribe, also unsolicited ones, alike) is reported through
 // Hooks::on_message.
 //
-// With TLS (a rediss:// endpoint) the stream carries an OpenSSL session over
-// memory BIOs (core/tls.hpp), its handshake within the connect timeout; a
+// The link is a core/stream.hpp Stream: with TLS (a rediss:// endpoint) it
+// carries an OpenSSL session over memory BIOs, its handshake within the
+// connect timeout; a
 // refused certificate or a broken handshake fails what waited as
 // unavailable, saying why.
 //
@@ -50,7 +51,7 @@
 #include <vector>
 
 #include "core/reconnector.hpp"
-#include "core/tls.hpp"
+#include "core/stream.hpp"
 #include "lockwatch/options.hpp"
 #include "scripts.hpp"
 #include "store/store_error.hpp"
@@ -137,7 +138,10 @@ class EvalRequest {
   std::size_t written_ = 0;
 };
 
-class RedisConnection : private Reconnector::Attempts, private RequestTimer::Requests, private Subscriptions::Wire {
+class RedisConnection : private Reconnector::Attempts,
+                        private RequestTimer::Requests,
+                        private Subscriptions::Wire,
+                        private Stream::Events {
  public:
   struct Hooks {
     // Pubsub mode: kind is the push's first element ("subscribe",
@@ -232,7 +236,6 @@ class RedisConnection : private Reconnector::Attempts, private RequestTimer::Req
   const std::string& name() const noexcept { return name_; }
 
  private:
-  struct Link;
   // Connected (the handshake may still be under way).
   bool up() const noexcept { return reconnector_.state() == Reconnector::State::kUp; }
   bool closed() const noexcept { return reconnector_.closed(); }
@@ -278,11 +281,15 @@ class RedisConnection : private Reconnector::Attempts, private RequestTimer::Req
   // Subscriptions::Wire (and the connect command): a command on the current link.
   void write(const std::vector<std::string_view>& argv) override;
   bool can_write() const override { return link_ != nullptr && up(); }
-  // attempt()'s parts: the handshake written first in the new link's
-  // pipeline (AUTH, SELECT, CLIENT SETNAME, ROLE, the subscriptions), and
-  // the link opened (a name looked up first, within the connect timeout).
+  // attempt()'s part: the handshake written first in the new link's
+  // pipeline (AUTH, SELECT, CLIENT SETNAME, ROLE, the subscriptions).
   void write_handshake();
-  void open_link(Link* link);
+  // Stream::Events: the link is usable (then the flush may write), the
+  // bytes it read, its failure, a write of flush()'s done.
+  void stream_ready() override;
+  void stream_data(const char* data, std::size_t n) override;
+  void stream_failed(const std::string& why) override { link_failed(why); }
+  void stream_wrote(std::unique_ptr<Stream::Write> done) override;
   void send(Queued q);
   // Fails `cb` with `err` on the loop's next turn (never inside the
   // caller's call: it may hold state across it), or at once once the
@@ -292,25 +299,12 @@ class RedisConnection : private Reconnector::Attempts, private RequestTimer::Req
   void send_waiting();
   void want_flush();
   void flush();
-  // flush()'s parts: what it wrote (`used` bytes of out) is pending from
-  // now on; the rest of a write the socket did not take, `data` with
-  // `wholes` in their places from byte `from` on, handed to libuv (on a
-  // plaintext link the lane waits for it, counted in writes_in_flight_;
-  // tls_send_pending() uses it too).
-  void written(Link* link, std::size_t used);
-  void queue_write(Link* link, std::string data, std::size_t from = 0, std::vector<LargeCall> wholes = {});
-  // Connects to `address` (false, and nothing done, when it is no numeric
-  // address: a name to look up).
-  bool start_tcp(Link* link, const std::string& address);
-  void link_up(Link* link);
-  void link_ready(Link* link);
-  // Bytes from the socket: decrypted first with TLS, then parsed.
-  void received_raw(Link* link, const char* data, std::size_t n);
-  void received(Link* link, const char* data, std::size_t n);
-  void tls_handshake(Link* link);
-  // `why`, or what a TLS alert already received says instead.
-  std::string failure_reason(Link* link, std::string why);
-  void tls_send_pending(Link* link);
+  // flush()'s parts: what it wrote (`used` bytes of out_) is pending from
+  // now on; the rest of a plaintext write the socket did not take, `data`
+  // with `wholes` in their places from byte `from` on, handed to libuv
+  // (the lane waits for it, counted in writes_in_flight_).
+  void written(std::size_t used);
+  void queue_write(std::string data, std::size_t from, std::vector<LargeCall> wholes);
   void dispatch(const redisReply* r);
   void on_request_reply(Queued q, const redisReply* r);
   void on_handshake_reply(Handshake step, const redisReply* r);
@@ -344,7 +338,15 @@ class RedisConnection : private Reconnector::Attempts, private RequestTimer::Req
   RequestTimer request_timer_{loop_, connection_.command_timeout, *this};
   std::shared_ptr<const TlsContext> tls_;  // set for rediss:// endpoints
   std::string tls_error_;                   // why tls_ could not be made
-  Link* link_ = nullptr;        // the current attempt or connection
+  Stream* link_ = nullptr;      // the current attempt or connection
+  struct ReaderFree {
+    void operator()(redisReader* r) const noexcept { redisReaderFree(r); }
+  };
+  std::unique_ptr<redisReader, ReaderFree> reader_;  // the current link's replies
+  std::string out_;              // RESP queued for the next flush (plaintext)
+  std::vector<LargeCall> wholes_;  // large calls among out_'s bytes, in order
+  std::string spare_;            // a finished write's buffer, for out_ to go on in
+  int small_writes_ = 0;         // writes in a row that used under a quarter of out_'s size
   uv_prepare_t flush_{};        // writes what was queued, once per loop iteration
   std::size_t demand_id_ = 0;   // Loop::add_demand: awaited_ while open
   std::size_t awaited_ = 0;     // entries of pending_ a caller waits for
@@ -357,7 +359,7 @@ class RedisConnection : private Reconnector::Attempts, private RequestTimer::Req
   std::string handshake_error_;  // why the last handshake failed
   std::deque<Queued> waiting_;   // made while down: sent on the next attempt
   std::deque<Pending> pending_;  // written on link_, awaiting replies
-  std::size_t unwritten_ = 0;    // the last of pending_ still in link_->out
+  std::size_t unwritten_ = 0;    // the last of pending_ still in out_
   // When the server last answered a request (a whole reply), and when the
   // read being dispatched came.
   std::chrono::steady_clock::time_point answered_at_{};
