@@ -9,14 +9,13 @@
 // certificate must carry (Options::tls.server_name, else the node's host;
 // an IP address is matched against the certificate's IP addresses).
 //
-// The sessions run over memory BIOs: the connection feeds them what its
-// libuv stream read and writes what they produce, all on the loop thread,
-// so OpenSSL never touches a socket and never blocks. The etcd store's
-// clock, which reads on a thread of its own, gives its session its
-// non-blocking socket instead (SSL_set_fd).
+// The sessions run over memory BIOs: the connection's stream
+// (core/stream.hpp) feeds them what libuv read and writes what they
+// produce, all on the loop thread, so OpenSSL never touches a socket and
+// never blocks.
 //
 // Threading: a TlsContext is immutable once built and may be shared; a
-// session belongs to one connection (on the loop thread, but the clock's).
+// session belongs to one stream, on the loop thread.
 #pragma once
 
 

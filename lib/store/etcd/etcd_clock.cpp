@@ -1,22 +1,11 @@
 #include "store/etcd/etcd_clock.hpp"
 
-#include <netdb.h>
-#include <poll.h>
 #include <strings.h>
-#include <sys/socket.h>
-#include <unistd.h>
-
-#if LOCKWATCH_WITH_TLS
-#include <openssl/err.h>
-#include <openssl/ssl.h>
-#endif
 
 #include <fmt/format.h>
 
 #include <algorithm>
-#include <cerrno>
 #include <charconv>
-#include <cstring>
 #include <ctime>
 #include <utility>
 
@@ -87,166 +76,42 @@ std::optional<std::string_view> header(std::string_view head, std::string_view n
   return std::nullopt;
 }
 
-// Gives up a step with `text` as the reason.
-bool failed(std::string& why, std::string text) {
+enum class Answer { kMore, kOk, kBad };
+
+// Gives up an answer with `text` as the reason.
+Answer bad(std::string& why, std::string text) {
   why = std::move(text);
-  return false;
+  return Answer::kBad;
+}
+
+// etcd's answer to GET /version at the front of `in` (consumed once whole):
+// the Date's second, and whether the connection may be used again. kBad
+// with `why` for anything but etcd's answer.
+Answer version_answer(std::string& in, std::int64_t& second, bool& keep, std::string& why) {
+  const std::size_t end = in.find("\r\n\r\n");
+  if (end == std::string::npos) return in.size() > 64 * 1024 ? bad(why, "an answer that is not HTTP") : Answer::kMore;
+  const std::string_view head(in.data(), end);
+  if (!head.starts_with("HTTP/1.") || head.size() < 12) return bad(why, "an answer that is not HTTP");
+  if (head.substr(9, 3) != "200")
+    return bad(why, "GET /version answered " + std::string(head.substr(9, head.find("\r\n") - 9)));
+  auto date = header(head, "Date");
+  auto parsed = date ? parse_http_date(*date) : std::nullopt;
+  if (!parsed) return bad(why, "GET /version answered without a Date header");
+  std::size_t length = 0;
+  auto cl = header(head, "Content-Length");
+  if (!cl || std::from_chars(cl->data(), cl->data() + cl->size(), length).ec != std::errc() || length > 64 * 1024)
+    return bad(why, "GET /version answered without a usable Content-Length");
+  if (in.size() < end + 4 + length) return Answer::kMore;
+  if (std::string_view(in).substr(end + 4, length).find("\"etcdserver\"") == std::string_view::npos)
+    return bad(why, "GET /version answered, but not as etcd does");
+  auto connection = header(head, "Connection");
+  keep = !(connection && (*connection == "close" || *connection == "Close"));
+  second = *parsed;
+  in.erase(0, end + 4 + length);
+  return Answer::kOk;
 }
 
 }  // namespace
-
-// One kept-alive HTTP/1.1 connection to a member, plain or TLS (OpenSSL on
-// the socket itself). The socket does not block: every step waits for it
-// with poll, bounded by a deadline, and gives up early when the clock stops.
-struct EtcdClock::Conn {
-  EtcdClock& clock;
-  std::stop_token stop;
-  int fd = -1;
-  SSL* ssl = nullptr;
-  std::string in;  // read and not yet consumed
-
-  ~Conn() {
-#if LOCKWATCH_WITH_TLS
-    if (ssl != nullptr) SSL_free(ssl);
-#endif
-    if (fd >= 0) ::close(fd);
-  }
-
-  // Waits until fd is ready for `events`, in slices, so that a stop is seen.
-  bool wait(short events, steady_clock::time_point deadline, std::string& why) {
-    for (;;) {
-      if (stop.stop_requested()) return failed(why, "the store is closing");
-      auto left = duration_cast<milliseconds>(deadline - steady_clock::now());
-      if (left <= milliseconds(0)) return failed(why, "no answer in time");
-      pollfd p{fd, events, 0};
-      int r = ::poll(&p, 1, static_cast<int>(std::min<long long>(left.count(), 50)));
-      if (r > 0) return true;
-      if (r < 0 && errno != EINTR) return failed(why, std::strerror(errno));
-    }
-  }
-
-  // Runs `op` (a socket call, SSL_connect, SSL_write, SSL_read) until it
-  // moves bytes, waiting for the socket as it asks (`plain`: what a socket
-  // call waits for); 0 when it failed.
-  template <class Op>
-  int io(Op op, short plain, steady_clock::time_point deadline, std::string& why) {
-    for (;;) {
-#if LOCKWATCH_WITH_TLS
-      ERR_clear_error();
-#endif
-      const int r = static_cast<int>(op());
-      if (r > 0) return r;
-      short events = plain;
-#if LOCKWATCH_WITH_TLS
-      if (ssl != nullptr) {
-        const int e = SSL_get_error(ssl, r);
-        events = e == SSL_ERROR_WANT_READ ? POLLIN : e == SSL_ERROR_WANT_WRITE ? POLLOUT : 0;
-        if (events == 0) return failed(why, "TLS: " + tls_error_text(ssl));
-      } else
-#endif
-      if (r == 0 || (errno != EINTR && errno != EAGAIN && errno != EWOULDBLOCK))
-        return failed(why, r == 0 ? "the member closed the connection" : std::strerror(errno));
-      if (!wait(events, deadline, why)) return 0;
-    }
-  }
-
-  bool connect(const EtcdTarget::Member& m, steady_clock::time_point deadline, std::string& why) {
-    addrinfo hints{};
-    hints.ai_family = AF_UNSPEC;
-    hints.ai_socktype = SOCK_STREAM;
-    addrinfo* found = nullptr;
-    if (int rc = ::getaddrinfo(m.host.c_str(), std::to_string(m.port).c_str(), &hints, &found); rc != 0)
-      return failed(why, std::string("cannot resolve: ") + ::gai_strerror(rc));
-    why = "no address";
-    for (addrinfo* a = found; a != nullptr; a = a->ai_next) {
-      fd = ::socket(a->ai_family, a->ai_socktype | SOCK_NONBLOCK | SOCK_CLOEXEC, a->ai_protocol);
-      if (fd < 0) {
-        why = std::strerror(errno);
-        continue;
-      }
-      int err = ::connect(fd, a->ai_addr, a->ai_addrlen) == 0 ? 0 : errno;
-      if (err == EINPROGRESS && wait(POLLOUT, deadline, why)) {
-        socklen_t len = sizeof err;
-        ::getsockopt(fd, SOL_SOCKET, SO_ERROR, &err, &len);
-      }
-      if (err == 0) break;
-      if (err != EINPROGRESS) why = std::strerror(err);  // EINPROGRESS: wait() said why
-      ::close(fd);
-      fd = -1;
-    }
-    ::freeaddrinfo(found);
-    if (fd < 0) return false;
-#if LOCKWATCH_WITH_TLS
-    if (clock.target_.tls) {
-      ssl = clock.tls_->new_session(m.host, why);
-      if (ssl == nullptr) return false;
-      if (SSL_set_fd(ssl, fd) != 1) return failed(why, "TLS: " + tls_error_text(ssl));
-      return io([this] { return SSL_connect(ssl); }, POLLOUT, deadline, why) > 0;
-    }
-#endif
-    return true;
-  }
-
-  // Writes some of [p, p + n) (`write`), or reads some into it: how many
-  // bytes (never none: the end of the stream fails), 0 when it failed.
-  int transfer(char* p, std::size_t n, bool write, steady_clock::time_point deadline, std::string& why) {
-    return io(
-        [&]() -> long {
-#if LOCKWATCH_WITH_TLS
-          const int len = static_cast<int>(n);
-          if (ssl != nullptr) return write ? SSL_write(ssl, p, len) : SSL_read(ssl, p, len);
-#endif
-          return write ? ::send(fd, p, n, MSG_NOSIGNAL) : ::recv(fd, p, n, 0);
-        },
-        write ? POLLOUT : POLLIN, deadline, why);
-  }
-
-  // Some bytes into `in`.
-  bool recv(steady_clock::time_point deadline, std::string& why) {
-    char buf[4096];
-    const int got = transfer(buf, sizeof buf, false, deadline, why);
-    in.append(buf, static_cast<std::size_t>(got));
-    return got > 0;
-  }
-
-  // One GET /version: the Date's second, and whether the connection may
-  // be used again. False with `why` for anything but etcd's answer.
-  bool get_version(const std::string& host, steady_clock::time_point deadline, std::int64_t& second,
-                   bool& keep, std::string& why) {
-    std::string request = "GET /version HTTP/1.1\r\nHost: " + host +
-                          "\r\nUser-Agent: lockwatch\r\nAccept: application/json\r\n\r\n";
-    for (std::size_t at = 0, sent = 0; at < request.size(); at += sent)
-      if ((sent = transfer(request.data() + at, request.size() - at, true, deadline, why)) == 0) return false;
-    std::size_t end;
-    while ((end = in.find("\r\n\r\n")) == std::string::npos) {
-      if (in.size() > 64 * 1024) return failed(why, "an answer that is not HTTP");
-      if (!recv(deadline, why)) return false;
-    }
-    const std::string head = in.substr(0, end);
-    in.erase(0, end + 4);
-    if (head.rfind("HTTP/1.", 0) != 0 || head.size() < 12) return failed(why, "an answer that is not HTTP");
-    if (head.compare(9, 3, "200") != 0)
-      return failed(why, "GET /version answered " + head.substr(9, head.find("\r\n") - 9));
-    auto date = header(head, "Date");
-    auto parsed = date ? parse_http_date(*date) : std::nullopt;
-    if (!parsed) return failed(why, "GET /version answered without a Date header");
-    std::size_t length = 0;
-    auto cl = header(head, "Content-Length");
-    if (!cl || std::from_chars(cl->data(), cl->data() + cl->size(), length).ec != std::errc() ||
-        length > 64 * 1024)
-      return failed(why, "GET /version answered without a usable Content-Length");
-    while (in.size() < length)
-      if (!recv(deadline, why)) return false;
-    const std::string body = in.substr(0, length);
-    in.erase(0, length);
-    if (body.find("\"etcdserver\"") == std::string::npos)
-      return failed(why, "GET /version answered, but not as etcd does");
-    auto connection = header(head, "Connection");
-    keep = !(connection && (*connection == "close" || *connection == "Close"));
-    second = *parsed;
-    return true;
-  }
-};
 
 EtcdClock::EtcdClock(Loop& loop, EtcdTarget target, const StoreSettings& settings, LocalClock local)
     : loop_(loop),
@@ -292,96 +157,138 @@ void EtcdClock::want_measure() {
   State& s = *state_;
   if (s.measuring) return;
   s.measuring = true;
-  if (!thread_.joinable()) thread_ = std::jthread([this](std::stop_token stop) { run(std::move(stop)); });
-  {
-    std::lock_guard lk(mu_);
-    wanted_ = true;
+  if (!timer_made_) {
+    uv_timer_init(loop_.uv(), &timer_);
+    timer_.data = this;
+    timer_made_ = true;
   }
-  cv_.notify_all();
+  member_ = 0;
+  whys_.clear();
+  have_prev_ = false;
+  step_ = Step::kGap;
+  arm(milliseconds(0));  // the loop's next turn: never inside now()
 }
 
 void EtcdClock::close() {
   State& s = *state_;
   s.closed = true;
-  thread_.request_stop();
+  drop_stream();
+  step_ = Step::kIdle;
+  if (timer_made_ && !uv_is_closing(reinterpret_cast<uv_handle_t*>(&timer_)))
+    uv_close(reinterpret_cast<uv_handle_t*>(&timer_), nullptr);
   for (auto& done : std::exchange(s.waiting, {})) s.answer(done);
 }
 
-void EtcdClock::run(std::stop_token stop) {
-  for (;;) {
-    {
-      std::unique_lock lk(mu_);
-      cv_.wait(lk, stop, [this] { return wanted_; });
-      if (stop.stop_requested()) return;
-      wanted_ = false;
-    }
-    Measured m = measure(stop);
-    loop_.post([state = state_, m = std::move(m)] { state->measured(m); });
+void EtcdClock::arm(milliseconds after) {
+  uv_timer_start(
+      &timer_, [](uv_timer_t* t) { static_cast<EtcdClock*>(t->data)->on_timer(); },
+      static_cast<std::uint64_t>(std::max(after, milliseconds(0)).count()), 0);
+}
+
+void EtcdClock::on_timer() {
+  switch (std::exchange(step_, Step::kIdle)) {
+    case Step::kGap:
+      return sample();
+    case Step::kConnecting:
+    case Step::kAwaiting:
+      return member_failed("no answer in time");
+    case Step::kIdle:
+      return;
   }
 }
 
-EtcdClock::Measured EtcdClock::measure(std::stop_token stop) {
+void EtcdClock::sample() {
+  if (stream_ != nullptr) return stream_ready();
   if (target_.tls && !tls_)
-    return {.error = StoreError::invalid(state_->name, "cannot read the members' clock over TLS: " + tls_error_)};
-  std::string whys;
-  for (const auto& member : target_.members) {
-    Measured m = measure_member(member, stop);
-    if (m.ok || stop.stop_requested()) return m;
-    whys += (whys.empty() ? "" : "; ") + m.error.message;
-  }
-  return {.error = StoreError::unavailable(state_->name, "no member's clock could be read: " + whys)};
+    return finish({.error = StoreError::invalid(state_->name, "cannot read the members' clock over TLS: " + tls_error_)});
+  in_.clear();
+  step_ = Step::kConnecting;
+  arm(connect_timeout_);
+  stream_ = Stream::make(loop_.uv(), *this, "etcds://");
+  const auto& m = target_.members[member_];
+  stream_->connect(m.host, m.port, tls_.get());
 }
 
-EtcdClock::Measured EtcdClock::measure_member(const EtcdTarget::Member& m, std::stop_token stop) {
-  const std::string endpoint = (target_.tls ? "https://" : "http://") + m.address();
-  auto fail = [&](const std::string& why) {
-    return Measured{.error = StoreError::unavailable(state_->name, endpoint + ": " + why)};
-  };
-  std::unique_ptr<Conn> conn;
+void EtcdClock::stream_ready() {
+  step_ = Step::kAwaiting;
+  arm(command_timeout_);
+  const std::string request = "GET /version HTTP/1.1\r\nHost: " + target_.members[member_].address() +
+                              "\r\nUser-Agent: lockwatch\r\nAccept: application/json\r\n\r\n";
+  now_.sent = state_->local();
+  // The next sample a gap after this one's start, or at once after a slow answer.
+  next_at_ = steady_clock::now() + kSampleGap;
+  stream_->write(request);
+}
+
+void EtcdClock::stream_data(const char* data, std::size_t n) {
+  in_.append(data, n);
+  if (step_ != Step::kAwaiting) return;  // read with the next answer
+  std::int64_t second = 0;
+  bool keep = true;
   std::string why;
-  struct Sample {
-    system_clock::time_point sent, answered;
-    std::int64_t second = 0;
-  };
-  auto sample = [&](Sample& s) -> bool {
-    if (!conn) {
-      conn = std::make_unique<Conn>(*this, stop);
-      if (!conn->connect(m, steady_clock::now() + connect_timeout_, why)) return false;
-    }
-    bool keep = true;
-    s.sent = state_->local();
-    bool ok = conn->get_version(m.address(), steady_clock::now() + command_timeout_, s.second, keep, why);
-    s.answered = state_->local();
-    if (!ok || !keep) conn.reset();
-    return ok;
-  };
-  Sample prev;
-  if (!sample(prev)) return fail(why);
-  // Until the second changes: the change lies between the sending of the
-  // last request that saw the old second and the answer of the first
-  // that saw the new one.
-  const auto until = steady_clock::now() + kSampleSpan;
-  auto next_at = steady_clock::now() + kSampleGap;
-  while (steady_clock::now() < until) {
-    {
-      std::unique_lock lk(mu_);
-      cv_.wait_until(lk, stop, next_at, [] { return false; });
-      if (stop.stop_requested()) return fail("the store is closing");
-    }
-    next_at = steady_clock::now() + kSampleGap;
-    Sample s;
-    if (!sample(s)) return fail(why);
-    if (s.second == prev.second + 1) {
-      const auto span = s.answered - prev.sent;
-      const auto change = prev.sent + span / 2;
-      const system_clock::time_point start{std::chrono::seconds(s.second)};
-      return {.offset = duration_cast<milliseconds>(start - change),
-              .uncertainty = duration_cast<milliseconds>(span / 2) + milliseconds(1),
-              .ok = true};
-    }
-    prev = s;  // the same second, or a jump (a slow answer, a clock stepped): from here
+  switch (version_answer(in_, second, keep, why)) {
+    case Answer::kMore:
+      return;
+    case Answer::kBad:
+      return member_failed(why);
+    case Answer::kOk:
+      return answered(second, keep);
   }
-  return fail(fmt::format("the Date it answers did not change within {} ms", kSampleSpan.count()));
+}
+
+void EtcdClock::stream_failed(const std::string& why) {
+  stream_->close();
+  stream_ = nullptr;
+  member_failed(why);
+}
+
+void EtcdClock::answered(std::int64_t second, bool keep) {
+  now_.answered = state_->local();
+  now_.second = second;
+  step_ = Step::kIdle;
+  if (!keep) drop_stream();
+  if (!have_prev_) {
+    // Until the second changes, within the span from here.
+    have_prev_ = true;
+    until_ = steady_clock::now() + kSampleSpan;
+  } else if (second == prev_.second + 1) {
+    // The change lies between the sending of the last request that saw
+    // the old second and the answer of the first that saw the new one.
+    const auto span = now_.answered - prev_.sent;
+    const auto change = prev_.sent + span / 2;
+    const system_clock::time_point start{std::chrono::seconds(second)};
+    return finish({.offset = duration_cast<milliseconds>(start - change),
+                   .uncertainty = duration_cast<milliseconds>(span / 2) + milliseconds(1),
+                   .ok = true});
+  }
+  prev_ = now_;  // the same second, or a jump (a slow answer, a clock stepped): from here
+  if (steady_clock::now() >= until_)
+    return member_failed(fmt::format("the Date it answers did not change within {} ms", kSampleSpan.count()));
+  step_ = Step::kGap;
+  arm(duration_cast<milliseconds>(next_at_ - steady_clock::now()));
+}
+
+void EtcdClock::member_failed(const std::string& why) {
+  drop_stream();
+  const auto& m = target_.members[member_];
+  const std::string endpoint = (target_.tls ? "https://" : "http://") + m.address();
+  whys_ += (whys_.empty() ? "" : "; ") + endpoint + ": " + why;
+  if (++member_ == target_.members.size())
+    return finish({.error = StoreError::unavailable(state_->name, "no member's clock could be read: " + whys_)});
+  have_prev_ = false;
+  step_ = Step::kGap;
+  arm(milliseconds(0));
+}
+
+void EtcdClock::finish(const Measured& m) {
+  drop_stream();
+  step_ = Step::kIdle;
+  uv_timer_stop(&timer_);
+  state_->measured(m);
+}
+
+void EtcdClock::drop_stream() {
+  if (stream_ != nullptr) std::exchange(stream_, nullptr)->close();
 }
 
 }  // namespace lockwatch::detail

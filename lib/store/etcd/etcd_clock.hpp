@@ -5,25 +5,24 @@
 // "Scheduled jobs"). None answering is a kUnavailable StoreError, never a
 // time.
 //
-// Threading: now() and close() on the loop thread; answers are posted to
-// the loop, each exactly once and never inside now(). Measuring (resolving,
-// connecting, the TLS handshake, the samples: bounded by the connection
-// options' timeouts) blocks only a thread of its own, started by the first
-// measurement and stopped and joined by the destructor (off the loop
-// thread, after close()) within 50 ms.
+// Threading: loop thread only; answers run on the loop thread, each exactly
+// once and never inside now(). Measuring runs there too, over a
+// core/stream.hpp Stream and a timer (the name looked up on libuv's
+// threads, the connect, the TLS handshake, the samples: bounded by the
+// connection options' timeouts): nothing blocks. After close() the object
+// may be destroyed once the loop has drained (Loop::shutdown).
 #pragma once
 
+#include <uv.h>
+
 #include <chrono>
-#include <condition_variable>
+#include <cstdint>
 #include <functional>
 #include <memory>
-#include <mutex>
 #include <optional>
-#include <stop_token>
 #include <string>
-#include <thread>
-#include <vector>
 
+#include "core/stream.hpp"
 #include "store/etcd/etcd_target.hpp"
 #include "store/store_error.hpp"
 #include "store/store_settings.hpp"
@@ -31,9 +30,8 @@
 namespace lockwatch::detail {
 
 class Loop;
-class TlsContext;
 
-class EtcdClock {
+class EtcdClock : private Stream::Events {
  public:
   using time_point = std::chrono::system_clock::time_point;
   using LocalClock = std::function<time_point()>;
@@ -69,12 +67,27 @@ class EtcdClock {
   };
 
  private:
-  struct Conn;
   struct State;
-  void run(std::stop_token stop);
-  Measured measure(std::stop_token stop);
-  Measured measure_member(const EtcdTarget::Member& m, std::stop_token stop);
-  void want_measure();  // loop thread
+  // What the timer waits for: a connect, an answer, the next sample's turn
+  // (the first's: the loop's next turn, never inside now()).
+  enum class Step { kIdle, kConnecting, kAwaiting, kGap };
+  struct Sample {
+    time_point sent, answered;
+    std::int64_t second = 0;
+  };
+  void want_measure();
+  void on_timer();
+  // The current member's next sample: connected first if need be.
+  void sample();
+  void stream_ready() override;
+  void stream_data(const char* data, std::size_t n) override;
+  void stream_failed(const std::string& why) override;
+  void answered(std::int64_t second, bool keep);
+  // The current member failed: the next one, or the measurement fails.
+  void member_failed(const std::string& why);
+  void finish(const Measured& m);
+  void drop_stream();
+  void arm(std::chrono::milliseconds after);
 
   Loop& loop_;
   const EtcdTarget target_;
@@ -82,16 +95,23 @@ class EtcdClock {
   const std::chrono::milliseconds command_timeout_;
   std::shared_ptr<const TlsContext> tls_;
   std::string tls_error_;  // why there is no TLS context for etcds://
-  // What the loop thread keeps, shared with the answers the measuring
-  // thread posts, which may run after close() and must not touch this object.
+  // What the answers posted by now() share: they may run after close(),
+  // and must not touch this object then.
   std::shared_ptr<State> state_;
 
-  std::mutex mu_;
-  std::condition_variable_any cv_;
-  bool wanted_ = false;  // guarded by mu_
-  // Loop thread starts it; asked to stop by close(), stopped and joined
-  // by the destructor.
-  std::jthread thread_;
+  // One measurement at a time, on the loop thread.
+  uv_timer_t timer_{};  // made by the first measurement, closed by close()
+  bool timer_made_ = false;
+  Step step_ = Step::kIdle;
+  Stream* stream_ = nullptr;  // kept alive between a member's samples
+  std::size_t member_ = 0;    // the member being read, in the URL's order
+  std::string whys_;          // why the members before it could not be read
+  std::string in_;            // read and not yet consumed
+  Sample prev_;               // the last sample of the current member
+  Sample now_;                // the sample under way
+  bool have_prev_ = false;
+  std::chrono::steady_clock::time_point until_;    // the span's end
+  std::chrono::steady_clock::time_point next_at_;  // the next sample's turn
 };
 
 }  // namespace lockwatch::detail
