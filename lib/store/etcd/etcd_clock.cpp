@@ -19,37 +19,6 @@ using std::chrono::milliseconds;
 using std::chrono::steady_clock;
 using std::chrono::system_clock;
 
-struct EtcdClock::State {
-  bool have = false;
-  milliseconds offset{0};
-  milliseconds uncertainty{0};
-  steady_clock::time_point measured_at{};
-  bool measuring = false;
-  std::vector<Done> waiting;
-  bool closed = false;
-  LocalClock local;
-  std::string name;  // the store's, for errors
-
-  void measured(const Measured& m) {
-    measuring = false;
-    if (closed) return;
-    if (m.ok) {
-      have = true;
-      offset = m.offset;
-      uncertainty = m.uncertainty;
-      measured_at = steady_clock::now();
-    }
-    // A background refresh that failed keeps the offset until kMaxAge.
-    for (auto& done : std::exchange(waiting, {})) m.ok ? done(local() + offset, nullptr) : done({}, &m.error);
-  }
-  // Answers `done` now: the clock, or that the store is closed.
-  void answer(const Done& done) const {
-    if (!closed) return done(local() + offset, nullptr);
-    const auto e = StoreError::unavailable(name, "the store is closed");
-    done({}, &e);
-  }
-};
-
 namespace {
 
 // "Wed, 25 Nov 2026 09:35:30 GMT" (RFC 7231's IMF-fixdate, the only form
@@ -118,9 +87,7 @@ EtcdClock::EtcdClock(Loop& loop, EtcdTarget target, const StoreSettings& setting
       target_(std::move(target)),
       connect_timeout_(settings.connection.connect_timeout),
       command_timeout_(settings.connection.command_timeout),
-      state_(std::make_shared<State>()) {
-  state_->local = local ? std::move(local) : LocalClock([] { return system_clock::now(); });
-  state_->name = target_.name();
+      local_(local ? std::move(local) : LocalClock([] { return system_clock::now(); })) {
   if (target_.tls) {
     try {
       tls_ = TlsContext::make(settings.tls);
@@ -131,32 +98,35 @@ EtcdClock::EtcdClock(Loop& loop, EtcdTarget target, const StoreSettings& setting
 }
 
 std::optional<system_clock::time_point> EtcdClock::estimate() const {
-  if (!state_->have || steady_clock::now() - state_->measured_at > kMaxAge) return std::nullopt;
-  return state_->local() + state_->offset;
+  if (!have_ || steady_clock::now() - measured_at_ > kMaxAge) return std::nullopt;
+  return local_() + offset_;
 }
 
-milliseconds EtcdClock::uncertainty() const { return state_->uncertainty; }
+milliseconds EtcdClock::uncertainty() const { return uncertainty_; }
 
 void EtcdClock::now(Done done) {
-  State& s = *state_;
-  const auto age = steady_clock::now() - s.measured_at;
-  if (s.closed || (s.have && age <= kMaxAge)) {
-    if (!s.closed && age > kRefresh) want_measure();
-    loop_.post([state = state_, done = std::move(done)] { state->answer(done); });
+  const auto age = steady_clock::now() - measured_at_;
+  if (*closed_ || (have_ && age <= kMaxAge)) {
+    if (!*closed_ && age > kRefresh) want_measure();
+    // On the loop's next turn: the clock, or that the store is closed.
+    loop_.post([closed = closed_, t = local_() + offset_, name = target_.name(), done = std::move(done)] {
+      if (!*closed) return done(t, nullptr);
+      const auto e = StoreError::unavailable(name, "the store is closed");
+      done({}, &e);
+    });
     return;
   }
-  s.waiting.push_back(std::move(done));
+  waiting_.push_back(std::move(done));
   want_measure();
 }
 
 void EtcdClock::warm() {
-  if (!state_->have && !state_->closed) want_measure();
+  if (!have_ && !*closed_) want_measure();
 }
 
 void EtcdClock::want_measure() {
-  State& s = *state_;
-  if (s.measuring) return;
-  s.measuring = true;
+  if (measuring_) return;
+  measuring_ = true;
   if (!timer_made_) {
     uv_timer_init(loop_.uv(), &timer_);
     timer_.data = this;
@@ -170,13 +140,13 @@ void EtcdClock::want_measure() {
 }
 
 void EtcdClock::close() {
-  State& s = *state_;
-  s.closed = true;
+  *closed_ = true;
   drop_stream();
   step_ = Step::kIdle;
   if (timer_made_ && !uv_is_closing(reinterpret_cast<uv_handle_t*>(&timer_)))
     uv_close(reinterpret_cast<uv_handle_t*>(&timer_), nullptr);
-  for (auto& done : std::exchange(s.waiting, {})) s.answer(done);
+  const auto e = StoreError::unavailable(target_.name(), "the store is closed");
+  for (auto& done : std::exchange(waiting_, {})) done({}, &e);
 }
 
 void EtcdClock::arm(milliseconds after) {
@@ -199,8 +169,10 @@ void EtcdClock::on_timer() {
 
 void EtcdClock::sample() {
   if (stream_ != nullptr) return stream_ready();
-  if (target_.tls && !tls_)
-    return finish({.error = StoreError::invalid(state_->name, "cannot read the members' clock over TLS: " + tls_error_)});
+  if (target_.tls && !tls_) {
+    const auto e = StoreError::invalid(target_.name(), "cannot read the members' clock over TLS: " + tls_error_);
+    return finish(&e);
+  }
   in_.clear();
   step_ = Step::kConnecting;
   arm(connect_timeout_);
@@ -214,7 +186,7 @@ void EtcdClock::stream_ready() {
   arm(command_timeout_);
   const std::string request = "GET /version HTTP/1.1\r\nHost: " + target_.members[member_].address() +
                               "\r\nUser-Agent: lockwatch\r\nAccept: application/json\r\n\r\n";
-  now_.sent = state_->local();
+  now_.sent = local_();
   // The next sample a gap after this one's start, or at once after a slow answer.
   next_at_ = steady_clock::now() + kSampleGap;
   stream_->write(request);
@@ -243,7 +215,7 @@ void EtcdClock::stream_failed(const std::string& why) {
 }
 
 void EtcdClock::answered(std::int64_t second, bool keep) {
-  now_.answered = state_->local();
+  now_.answered = local_();
   now_.second = second;
   step_ = Step::kIdle;
   if (!keep) drop_stream();
@@ -257,9 +229,8 @@ void EtcdClock::answered(std::int64_t second, bool keep) {
     const auto span = now_.answered - prev_.sent;
     const auto change = prev_.sent + span / 2;
     const system_clock::time_point start{std::chrono::seconds(second)};
-    return finish({.offset = duration_cast<milliseconds>(start - change),
-                   .uncertainty = duration_cast<milliseconds>(span / 2) + milliseconds(1),
-                   .ok = true});
+    return finish(nullptr, duration_cast<milliseconds>(start - change),
+                  duration_cast<milliseconds>(span / 2) + milliseconds(1));
   }
   prev_ = now_;  // the same second, or a jump (a slow answer, a clock stepped): from here
   if (steady_clock::now() >= until_)
@@ -273,18 +244,28 @@ void EtcdClock::member_failed(const std::string& why) {
   const auto& m = target_.members[member_];
   const std::string endpoint = (target_.tls ? "https://" : "http://") + m.address();
   whys_ += (whys_.empty() ? "" : "; ") + endpoint + ": " + why;
-  if (++member_ == target_.members.size())
-    return finish({.error = StoreError::unavailable(state_->name, "no member's clock could be read: " + whys_)});
+  if (++member_ == target_.members.size()) {
+    const auto e = StoreError::unavailable(target_.name(), "no member's clock could be read: " + whys_);
+    return finish(&e);
+  }
   have_prev_ = false;
   step_ = Step::kGap;
   arm(milliseconds(0));
 }
 
-void EtcdClock::finish(const Measured& m) {
+void EtcdClock::finish(const StoreError* error, milliseconds offset, milliseconds uncertainty) {
   drop_stream();
   step_ = Step::kIdle;
   uv_timer_stop(&timer_);
-  state_->measured(m);
+  measuring_ = false;
+  if (error == nullptr) {
+    have_ = true;
+    offset_ = offset;
+    uncertainty_ = uncertainty;
+    measured_at_ = steady_clock::now();
+  }
+  // A background refresh that failed keeps the offset until kMaxAge.
+  for (auto& done : std::exchange(waiting_, {})) error == nullptr ? done(local_() + offset_, nullptr) : done({}, error);
 }
 
 void EtcdClock::drop_stream() {

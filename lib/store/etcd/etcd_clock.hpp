@@ -13,14 +13,13 @@
 // may be destroyed once the loop has drained (Loop::shutdown).
 #pragma once
 
-#include <uv.h>
-
 #include <chrono>
 #include <cstdint>
 #include <functional>
 #include <memory>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "core/stream.hpp"
 #include "store/etcd/etcd_target.hpp"
@@ -59,15 +58,7 @@ class EtcdClock : private Stream::Events {
   // calls fail on the next loop turn.
   void close();
 
-  struct Measured {
-    std::chrono::milliseconds offset{0};       // the members' clock minus `local`
-    std::chrono::milliseconds uncertainty{0};  // half the span the second changed in
-    bool ok = false;
-    StoreError error{};  // when not ok
-  };
-
  private:
-  struct State;
   // What the timer waits for: a connect, an answer, the next sample's turn
   // (the first's: the loop's next turn, never inside now()).
   enum class Step { kIdle, kConnecting, kAwaiting, kGap };
@@ -85,7 +76,10 @@ class EtcdClock : private Stream::Events {
   void answered(std::int64_t second, bool keep);
   // The current member failed: the next one, or the measurement fails.
   void member_failed(const std::string& why);
-  void finish(const Measured& m);
+  // The measurement's end: `error`, or the members' clock minus local_'s
+  // and half the span the second changed in.
+  void finish(const StoreError* error, std::chrono::milliseconds offset = {},
+              std::chrono::milliseconds uncertainty = {});
   void drop_stream();
   void arm(std::chrono::milliseconds after);
 
@@ -95,9 +89,16 @@ class EtcdClock : private Stream::Events {
   const std::chrono::milliseconds command_timeout_;
   std::shared_ptr<const TlsContext> tls_;
   std::string tls_error_;  // why there is no TLS context for etcds://
-  // What the answers posted by now() share: they may run after close(),
-  // and must not touch this object then.
-  std::shared_ptr<State> state_;
+  const LocalClock local_;
+  bool have_ = false;  // an offset was measured
+  std::chrono::milliseconds offset_{0};
+  std::chrono::milliseconds uncertainty_{0};
+  std::chrono::steady_clock::time_point measured_at_{};
+  bool measuring_ = false;
+  std::vector<Done> waiting_;  // for the measurement under way
+  // Shared with the answers now() posts, which may run after close() (and
+  // must not touch this object).
+  const std::shared_ptr<bool> closed_ = std::make_shared<bool>(false);
 
   // One measurement at a time, on the loop thread.
   uv_timer_t timer_{};  // made by the first measurement, closed by close()
