@@ -5,8 +5,8 @@
 // "Scheduled jobs"). None answering is a kUnavailable StoreError, never a
 // time.
 //
-// Threading: loop thread only; answers run on the loop thread, each exactly
-// once and never inside now(). Measuring runs there too, over a
+// Threading: made on any thread, then used on the loop thread only;
+// answers run there, each exactly once and never inside now(). Measuring runs there too, over a
 // core/stream.hpp Stream and a timer (the name looked up on libuv's
 // threads, the connect, the TLS handshake, the samples: bounded by the
 // connection options' timeouts): nothing blocks. After close() the object
