@@ -14,6 +14,7 @@
 #include "store/redis/keys.hpp"
 #include "store/redis/node_store.hpp"
 #include "store/redis/redis_error.hpp"
+#include "store/redis/topology.hpp"
 
 namespace lockwatch::detail {
 
@@ -26,22 +27,14 @@ ClusterSeeds ClusterSeeds::parse(const std::string& url) {
   const bool tls = url.compare(0, kTls.size(), kTls) == 0;
   if (!tls && url.compare(0, kPlain.size(), kPlain) != 0)
     throw_bad_url(url, "expected redis-cluster:// or rediss-cluster://[user:password@]host:port[,host:port...]");
-  std::string rest = url.substr(tls ? kTls.size() : kPlain.size());
-  std::string cred;
-  if (auto at = rest.rfind('@'); at != std::string::npos) {
-    cred = rest.substr(0, at + 1);
-    rest = rest.substr(at + 1);
-  }
-  if (rest.find('/') != std::string::npos)
-    throw_bad_url(url, "a Redis Cluster has database 0 only: no /db after the seed nodes");
-  if (rest.empty()) throw_bad_url(url, "no seed node");
+  const HostList list(url);
+  if (!list.path.empty()) throw_bad_url(url, "a Redis Cluster has database 0 only: no /db after the seed nodes");
+  if (list.hosts == std::vector<std::string>{""}) throw_bad_url(url, "no seed node");
   ClusterSeeds out;
-  for (std::size_t start = 0, comma = 0; comma != std::string::npos; start = comma + 1) {
-    comma = rest.find(',', start);
-    const std::string one = rest.substr(start, comma - start);  // the last to the end
+  for (const auto& one : list.hosts) {
     if (one.empty()) throw_bad_url(url, "an empty seed in the list");
     // The redis:// parser checks host, port and credentials alike.
-    out.seeds.push_back(Endpoint::parse((tls ? "rediss://" : "redis://") + cred + one));
+    out.seeds.push_back(Endpoint::parse((tls ? "rediss://" : "redis://") + list.credentials + one));
   }
   return out;
 }

@@ -27,6 +27,13 @@ void check_redis_settings(const std::string& url, const Options& options) {
     check_tls_options(options.tls);
 }
 
+// sentinel_user and sentinel_password: for redis-sentinel:// URLs only.
+void refuse_sentinel_credentials(const std::string& url, const RedisUrl& split) {
+  if (!split.sentinel_user.empty() || !split.sentinel_password.empty())
+    throw InvalidArgument(fmt::format("'{}': sentinel_user and sentinel_password are for redis-sentinel:// URLs",
+                                      url_for_messages(url)));
+}
+
 // The URL's settings and topology, its layout checked against it.
 Topology redis_topology(const std::string& url, RedisUrl& split) {
   split = split_redis_url(url);
@@ -35,9 +42,7 @@ Topology redis_topology(const std::string& url, RedisUrl& split) {
     throw Unsupported(fmt::format("'{}': the redisson layout is for one master (or Sentinel, or a Cluster), not "
                                   "Redlock: Redisson deprecated its RedLock for RLock and RFencedLock",
                                   url_for_messages(url)));
-  if (topology.sentinels.empty() && (!split.sentinel_user.empty() || !split.sentinel_password.empty()))
-    throw InvalidArgument(fmt::format("'{}': sentinel_user and sentinel_password are for redis-sentinel:// URLs",
-                                      url_for_messages(url)));
+  if (topology.sentinels.empty()) refuse_sentinel_credentials(url, split);
   return topology;
 }
 
@@ -78,9 +83,7 @@ std::unique_ptr<LockStore> make_redis(Loop& loop, const std::string& url, const 
 
 void check_cluster(const std::string& url, const Options& options) {
   const RedisUrl split = split_redis_url(url);
-  if (!split.sentinel_user.empty() || !split.sentinel_password.empty())
-    throw InvalidArgument(fmt::format("'{}': sentinel_user and sentinel_password are for redis-sentinel:// URLs",
-                                      url_for_messages(url)));
+  refuse_sentinel_credentials(url, split);
   (void)ClusterSeeds::parse(split.url);
   check_redis_settings(url, options);
 }

@@ -14,6 +14,22 @@
 
 namespace lockwatch::detail {
 
+HostList::HostList(const std::string& url) {
+  std::string rest = url.substr(url.find("://") + 3);
+  if (auto at = rest.rfind('@'); at != std::string::npos) {
+    credentials = rest.substr(0, at + 1);
+    rest.erase(0, at + 1);
+  }
+  if (auto slash = rest.find('/'); slash != std::string::npos) {
+    path = rest.substr(slash);
+    rest.resize(slash);
+  }
+  for (std::size_t start = 0, comma = 0; comma != std::string::npos; start = comma + 1) {
+    comma = rest.find(',', start);
+    hosts.push_back(rest.substr(start, comma - start));  // the last to the end
+  }
+}
+
 Topology Topology::parse(const std::string& url) {
   Topology t;
   const bool tls = url.starts_with("rediss-sentinel://");
@@ -25,26 +41,14 @@ Topology Topology::parse(const std::string& url) {
   const std::string scheme = tls ? "rediss://" : "redis://";
   // redis-sentinel://[cred@]h:p,h:p/name[/db]: reuse the redis:// parser
   // for the credentials, each sentinel and the db.
-  std::string rest = url.substr(url.find("://") + 3);
-  std::string cred;
-  if (auto at = rest.rfind('@'); at != std::string::npos) {
-    cred = rest.substr(0, at + 1);
-    rest = rest.substr(at + 1);
-  }
-  auto slash = rest.find('/');
-  if (slash == std::string::npos || slash + 1 >= rest.size())
-    throw_bad_url(url, "expected redis-sentinel://host:port[,host:port...]/master-name");
-  const std::string hosts = rest.substr(0, slash);
-  const std::string tail = rest.substr(slash + 1);
-  const auto s2 = tail.find('/');
-  t.master_name = tail.substr(0, s2);
+  const HostList list(url);
+  if (list.path.size() < 2) throw_bad_url(url, "expected redis-sentinel://host:port[,host:port...]/master-name");
+  const auto s2 = list.path.find('/', 1);
+  t.master_name = list.path.substr(1, s2 - 1);
   if (t.master_name.empty()) throw_bad_url(url, "no master name");
-  const std::string db = s2 == std::string::npos ? std::string() : tail.substr(s2);
-  for (std::size_t start = 0, comma = 0; comma != std::string::npos; start = comma + 1) {
-    comma = hosts.find(',', start);
-    t.sentinels.push_back(Endpoint::parse(scheme + hosts.substr(start, comma - start)));  // the last to the end
-  }
-  t.master = Endpoint::parse(scheme + cred + "unresolved:1" + db);
+  const std::string db = s2 == std::string::npos ? std::string() : list.path.substr(s2);
+  for (const auto& host : list.hosts) t.sentinels.push_back(Endpoint::parse(scheme + host));
+  t.master = Endpoint::parse(scheme + list.credentials + "unresolved:1" + db);
   t.master.host.clear();
   t.master.port = 0;  // found through the sentinels
   return t;

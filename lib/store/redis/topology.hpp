@@ -21,4 +21,13 @@ struct Topology {
   static Topology parse(const std::string& redis_url);
 };
 
+// A redis[s]-sentinel:// or redis[s]-cluster:// URL after its scheme,
+// "[user:password@]host:port[,host:port...][/path]", in its parts; each
+// host is then read by the redis:// parser.
+struct HostList {
+  std::string credentials, path;  // "user:password@" or empty; from the '/' on, or empty
+  std::vector<std::string> hosts;  // as written between the commas (one, empty, for none)
+  explicit HostList(const std::string& url);
+};
+
 }  // namespace lockwatch::detail
