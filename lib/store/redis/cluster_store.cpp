@@ -109,11 +109,12 @@ struct ClusterStore::Call {
   // may have lost the reply of a call that ran. Sent while the node was
   // down, it waited for a connection that never came, and did not run.
   bool sent_live = false;
-  // Sends the call to `node` (after an ASKING there if `asking`); `self`
-  // is this call (taken as an argument, so that the call does not own
-  // itself); returns the script calls written. The reply handler hands a
-  // failure to follow() and reports only what follow() does not take.
-  std::function<std::size_t(RedisNodeStore& node, bool asking, const std::shared_ptr<Call>& self)> send;
+  // Sends the call to `node` (after the ASKING send_to() asked for, if
+  // any); `self` is this call (taken as an argument, so that the call
+  // does not own itself); returns the script calls written. The reply
+  // handler hands a failure to follow() and reports only what follow()
+  // does not take.
+  std::function<std::size_t(RedisNodeStore& node, const std::shared_ptr<Call>& self)> send;
 };
 
 ClusterStore::ClusterStore(Loop& loop, ClusterSeeds seeds, const StoreSettings& settings, StoreLayout layout,
@@ -391,9 +392,7 @@ void ClusterStore::route(std::string_view name, bool idempotent, Done done, Send
   auto call = std::make_shared<Call>();
   call->name = name;
   call->idempotent = idempotent;
-  call->send = [this, answer, send = std::move(send)](RedisNodeStore& node, bool asking,
-                                                      const std::shared_ptr<Call>& self) {
-    if (asking) node.send_asking();
+  call->send = [this, answer, send = std::move(send)](RedisNodeStore& node, const std::shared_ptr<Call>& self) {
     std::invoke(send, node, self->name, [this, self, answer](const auto&... reply) {
       const StoreError* err = error_in(reply...);
       if (err == nullptr || !follow(self, *err, [answer, e = *err] { failed(*answer, e); }))
@@ -420,7 +419,8 @@ void ClusterStore::route(std::string_view name, bool idempotent, Done done, Send
 
 std::size_t ClusterStore::send_to(Node* node, bool asking, const std::shared_ptr<Call>& call) {
   call->sent_live = node->store->connected();
-  return call->send(*node->store, asking, call);
+  if (asking) node->store->send_asking();
+  return call->send(*node->store, call);
 }
 
 bool ClusterStore::follow(const std::shared_ptr<Call>& call, const StoreError& error, std::function<void()> give_up) {
@@ -538,7 +538,7 @@ std::shared_ptr<ClusterStore::Call> ClusterStore::renew_call(std::shared_ptr<con
   call->name = g->refs.front().name;
   call->hops = hops;
   call->locks = g->refs.size();
-  call->send = [this, g, keepalive, done](RedisNodeStore& node, bool asking, const std::shared_ptr<Call>& self) {
+  call->send = [this, g, keepalive, done](RedisNodeStore& node, const std::shared_ptr<Call>& self) {
     // A redirect answers the group's one script call, so every lock of the
     // group gets it: they are gathered over the group's answers and sent on
     // together, as one call, once the last answer is in.
@@ -548,7 +548,6 @@ std::shared_ptr<ClusterStore::Call> ClusterStore::renew_call(std::shared_ptr<con
       std::vector<std::size_t> at;  // positions in `g`
     };
     auto r = std::make_shared<Redirect>();
-    if (asking) node.send_asking();
     return node.renew(g->refs, keepalive, [this, self, g, keepalive, done, r](std::size_t k, Renewed status,
                                                                       const StoreError* why) {
       const bool last = ++r->answered == g->refs.size();

@@ -163,7 +163,8 @@ class ClusterStore final : public RedisStoreBase {
   // failed() says.
   template <class Done, class Send>
   void route(std::string_view name, bool idempotent, Done done, Send send);
-  // Returns the script calls sent.
+  // `call` to `node` (after an ASKING there if `asking`); returns the
+  // script calls sent.
   std::size_t send_to(Node* node, bool asking, const std::shared_ptr<Call>& call);
   // What a failed call's error asks for, by its kind. True: the call was
   // sent on (a redirect, a "retry later" retried after the next refresh,
