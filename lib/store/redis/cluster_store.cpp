@@ -541,11 +541,11 @@ std::shared_ptr<ClusterStore::Call> ClusterStore::renew_call(std::shared_ptr<con
   call->send = [this, g, keepalive, done](RedisNodeStore& node, const std::shared_ptr<Call>& self) {
     // A redirect answers the group's one script call, so every lock of the
     // group gets it: they are gathered over the group's answers and sent on
-    // together, as one call, once the last answer is in.
-    struct Redirect {
+    // together, as one call, once the last answer is in: a group of their
+    // own.
+    struct Redirect : RenewGroup {
       std::size_t answered = 0;
-      StoreError to;                // the redirect (kRedirect: cluster_redirect() reads where to)
-      std::vector<std::size_t> at;  // positions in `g`
+      StoreError to;  // the redirect (kRedirect: cluster_redirect() reads where to)
     };
     auto r = std::make_shared<Redirect>();
     return node.renew(g->refs, keepalive, [this, self, g, keepalive, done, r](std::size_t k, Renewed status,
@@ -553,7 +553,8 @@ std::shared_ptr<ClusterStore::Call> ClusterStore::renew_call(std::shared_ptr<con
       const bool last = ++r->answered == g->refs.size();
       if (status == Renewed::kTransient && !closed_ && why != nullptr && why->redirect()) {
         r->to = *why;
-        r->at.push_back(k);
+        r->indexes.push_back(g->indexes[k]);
+        r->refs.push_back(g->refs[k]);
       } else {
         // A "retry later" says the map is wrong, and a node that cannot be
         // reached may have failed over, and only a new map names the
@@ -562,21 +563,16 @@ std::shared_ptr<ClusterStore::Call> ClusterStore::renew_call(std::shared_ptr<con
         if (status == Renewed::kTransient && why != nullptr && !closed_) request_refresh();
         (*done)(g->indexes[k], status, why);
       }
-      if (!last || r->at.empty()) return;
+      if (!last || r->refs.empty()) return;
       // MOVED: the slot is the target's now (the map is read again too);
       // ASK: the slot is migrating and the keys are on the target already,
       // renewed there after ASKING while the map stays as it is. Either way
       // at once, not at the watchdog's next try: a moved slot costs a round
       // trip, not the lease's remaining time.
-      auto next = std::make_shared<RenewGroup>();
-      for (std::size_t at : r->at) {
-        next->indexes.push_back(g->indexes[at]);
-        next->refs.push_back(g->refs[at]);
-      }
-      auto give_up = [next, done, to = r->to] {
-        for (std::size_t index : next->indexes) (*done)(index, Renewed::kTransient, &to);
+      auto give_up = [r, done] {
+        for (std::size_t index : r->indexes) (*done)(index, Renewed::kTransient, &r->to);
       };
-      if (!follow(renew_call(next, self->hops, keepalive, done), r->to, give_up)) give_up();
+      if (!follow(renew_call(r, self->hops, keepalive, done), r->to, give_up)) give_up();
     });
   };
   return call;
