@@ -632,9 +632,7 @@ void ClusterStore::list_locks(std::string_view prefix, std::size_t limit, ListDo
       std::optional<StoreError> error;
       ListDone done;
     };
-    auto merge = std::make_shared<Merge>();
-    merge->pending = masters.size();
-    merge->done = std::move(done);
+    auto merge = std::make_shared<Merge>(Merge{masters.size(), {}, {}, std::move(done)});
     if (masters.empty()) {  // no slot served: nothing held, answered on the next turn (never inside the call)
       loop_.post([merge] { merge->done({}, nullptr); });
       return;
