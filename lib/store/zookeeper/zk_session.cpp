@@ -135,8 +135,9 @@ void ZkSessions::on_session_state(std::uint64_t serial, int state) {
     connected(*s);
   } else if (state == ZOO_CONNECTING_STATE || state == ZOO_ASSOCIATING_STATE) {
     // Told once, when it was up.
-    if (std::exchange(s->up, false) && events_.connection)
-      events_.connection(endpoint_, false, "connection to the ensemble lost");
+    if (!std::exchange(s->up, false)) return;
+    if (events_.connection) events_.connection(endpoint_, false, "connection to the ensemble lost");
+    wake_waiters();
   } else if (state == ZOO_EXPIRED_SESSION_STATE || state == ZOO_AUTH_FAILED_STATE) {
     ended(*s, state);
   }
@@ -167,6 +168,22 @@ void ZkSessions::ended(Session& s, int state) {
   if (events_.log && had_locks)
     events_.log(true, fmt::format("{}: a session expired; its locks are lost", endpoint_));
   if (events_.subscriptions_lost) events_.subscriptions_lost();
+  wake_waiters();
+}
+
+// A waiter told "busy" sleeps until its watch fires or the holder's ttl
+// runs out. A watch set through a session that lost its connection fires
+// only once it is back (or never: it expired), so every waiter looks
+// again now, as ZooKeeper's lock recipe has a watcher do on a session
+// event: its attempt waits for the connection within the command
+// timeout, and a wait that runs out meanwhile reports the ensemble's
+// error rather than a lock held by another owner, which nobody knows.
+void ZkSessions::wake_waiters() {
+  if (!events_.released) return;
+  // A copy: a waiter's attempt may end its wait and unsubscribe.
+  const std::vector<std::string> names(subscribed_.begin(), subscribed_.end());
+  for (const auto& name : names)
+    if (!closed_ && subscribed_.count(name) != 0) events_.released(name);
 }
 
 void ZkSessions::on_watch(int type, const std::string& path) {

@@ -172,6 +172,9 @@ class ZkSessions {
   void open_handle(Session& s, const std::vector<std::string>& addresses);
   void connected(Session& s);
   void ended(Session& s, int state);
+  // Every subscribed name's waiters look again (a lost connection's
+  // watches cannot fire meanwhile).
+  void wake_waiters();
   void issue_now(Session& s, std::uint64_t id, const ZkIssue& issue);
   // A read lost with its connection, sent again (true) or not (false:
   // past its bound, or its session is gone).
