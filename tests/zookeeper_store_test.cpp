@@ -77,7 +77,14 @@ std::set<unsigned long> own_sockets() {
 
 class ZooKeeperStoreTest : public ::testing::Test {
  protected:
-  static void SetUpTestSuite() { ensemble_ = new ZooKeeperEnsemble(3); }
+  // Steady: on a loaded machine a member starved for half a second made
+  // the others drop it and hold an election, with no fault injected
+  // ("Read timed out", then LOOKING, in the members' logs): writes went
+  // unanswered for the command timeout and a 1.5 s lease was lost before
+  // the test's fault. A killed member's peers see its sockets close at
+  // once; a paused leader is left after three seconds, within the waits
+  // of the test that pauses it.
+  static void SetUpTestSuite() { ensemble_ = new ZooKeeperEnsemble(3, ZooKeeperEnsemble::Timing::kSteady); }
   static void TearDownTestSuite() {
     delete ensemble_;
     ensemble_ = nullptr;
@@ -498,10 +505,13 @@ TEST_F(ZooKeeperStoreTest, AMajorityDownGrantsNothingAndHoldersLoseTheirLeasesBy
   Options o = options();
   o.connection.command_timeout = 500ms;
   Runtime rt(o), waiter_rt(o);
+  // Long enough for renewals to be confirmed through a loaded machine's
+  // stalls before the fault (1.5 s leases were lost before it).
+  constexpr auto kTtl = 3s;
   std::atomic<bool> stopped_before_lost{false};
   std::atomic<std::chrono::steady_clock::rep> stopped_at{0};
   Gate started;
-  auto work = locked(key("-held"), 1500ms, forever).on(rt)([&] {
+  auto work = locked(key("-held"), kTtl, forever).on(rt)([&] {
     started.open();
     bool stopped = stopped_within_bound(this_lease().stop_token());
     stopped_at = std::chrono::steady_clock::now().time_since_epoch().count();
@@ -512,9 +522,16 @@ TEST_F(ZooKeeperStoreTest, AMajorityDownGrantsNothingAndHoldersLoseTheirLeasesBy
   // loaded machine that can fail before any fault: it is made again.
   std::future<bool> holding;
   ASSERT_TRUE(started.wait_remaking(work, holding, 4));
-  auto waiting = waiter_rt.acquire({.key = key("-held"), .ttl = 1500ms, .retries = forever, .wait = 2s});
+  const std::string name = rt.options().runtime.key_prefix + key("-held");
+  auto held_nodes = lock_nodes(name);
+  ASSERT_EQ(held_nodes.size(), 1u);
   int leader = ensemble_->leader();
   ASSERT_GE(leader, 0);
+  // The waiter is told the lock is busy (it watches the holder's node)
+  // before the quorum goes: it sleeps until a release notice or the
+  // holder's ttl, which is its whole wait.
+  auto waiting = waiter_rt.acquire({.key = key("-held"), .ttl = kTtl, .retries = forever, .wait = kTtl});
+  ASSERT_TRUE(ensemble_->wait_watched(lock_dir(name) + "/" + held_nodes.front()));
   ensemble_->kill(followers(leader).front());
   auto lost_at = std::chrono::steady_clock::now();  // the quorum goes with the next
   ensemble_->kill(leader);
@@ -523,11 +540,14 @@ TEST_F(ZooKeeperStoreTest, AMajorityDownGrantsNothingAndHoldersLoseTheirLeasesBy
   // last renewal the ensemble answered, which came before the quorum went.
   EXPECT_TRUE(error_of<LeaseLost>(holding));
   auto stopped_after = std::chrono::steady_clock::time_point(std::chrono::steady_clock::duration(stopped_at.load())) - lost_at;
-  std::printf("stop token fired %lld ms after the quorum went (ttl 1500 ms)\n",
+  std::printf("stop token fired %lld ms after the quorum went (ttl 3000 ms)\n",
               static_cast<long long>(std::chrono::duration_cast<std::chrono::milliseconds>(stopped_after).count()));
-  EXPECT_LT(stopped_after, 1500ms + 200ms);
+  EXPECT_LT(stopped_after, kTtl + 200ms);
   EXPECT_TRUE(stopped_before_lost.load());
-  // The waiter fails at its wait, with the ensemble's error, not a grant.
+  // The waiter fails at its wait, with the ensemble's error: not a grant,
+  // nor a lock held by another owner. Only its session's lost connection
+  // sends it to the ensemble again within its wait, and that attempt's
+  // timeout (0.5 s) tells it the ensemble is unreachable.
   auto err = error_of<ConnectionError>(waiting);
   EXPECT_TRUE(err);
   // A new lock is not granted either; it fails within its timeouts.

@@ -124,7 +124,7 @@ ZooKeeperEnsemble::ZooKeeperEnsemble(int members, Timing timing) {
           << "dataDir=" << data << "\n"
           << "clientPort=" << members_[i]->client_port << "\nclientPortAddress=127.0.0.1\n"
           << "minSessionTimeout=200\nmaxSessionTimeout=60000\n"
-          << "admin.enableServer=false\n4lw.commands.whitelist=srvr,ruok\n"
+          << "admin.enableServer=false\n4lw.commands.whitelist=srvr,ruok,wchp\n"
           << "forceSync=no\npreAllocSize=1024\nmaxClientCnxns=0\n"
           << servers;
     }
@@ -236,6 +236,21 @@ int ZooKeeperEnsemble::leader(std::chrono::milliseconds bound) const {
     std::this_thread::sleep_for(50ms);  // an election under way: no event to wait on
   } while (std::chrono::steady_clock::now() < until);
   return -1;
+}
+
+bool ZooKeeperEnsemble::wait_watched(const std::string& path, std::chrono::milliseconds bound) const {
+  auto until = std::chrono::steady_clock::now() + bound;
+  do {
+    for (int i = 0; i < size(); ++i) {
+      if (!running(i) || members_[i]->paused) continue;
+      // `wchp`: each watched path on a line of its own, its sessions below.
+      std::istringstream answer(four_letters(client_port(i), "wchp", 500ms));
+      for (std::string line; std::getline(answer, line);)
+        if (line == path) return true;
+    }
+    std::this_thread::sleep_for(20ms);  // a client's watch is set inside the member: no event to wait on
+  } while (std::chrono::steady_clock::now() < until);
+  return false;
 }
 
 bool ZooKeeperEnsemble::wait_serving(std::chrono::milliseconds bound) const {

@@ -71,6 +71,9 @@ class ZooKeeperEnsemble {
   std::string log_tail(int i) const;
   // The leader's index, waiting at most `bound` for one (-1: none).
   int leader(std::chrono::milliseconds bound = std::chrono::seconds(20)) const;
+  // Waits at most `bound` until a client of some member watches the node
+  // `path` (`wchp`): a waiter set its watch, and was told the lock is busy.
+  bool wait_watched(const std::string& path, std::chrono::milliseconds bound = std::chrono::seconds(10)) const;
   // Waits at most `bound` until every running, unpaused member serves.
   bool wait_serving(std::chrono::milliseconds bound = std::chrono::seconds(60)) const;
 
