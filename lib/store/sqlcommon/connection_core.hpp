@@ -261,13 +261,12 @@ class ConnectionCore : protected Reconnector::Attempts, protected RequestTimer::
         settings_(settings),
         name_(std::move(name)),
         session_(std::move(session)),
-        stale_(session_.stale),
         host_(std::move(host)),
         local_(local) {
-    if (stale_) stale_->connections.push_back(this);
+    if (session_.stale) session_.stale->connections.push_back(this);
   }
   ~ConnectionCore() {
-    if (stale_) std::erase(stale_->connections, static_cast<Restartable*>(this));
+    if (session_.stale) std::erase(session_.stale->connections, static_cast<Restartable*>(this));
   }
 
   // The client's side. connect_to(): start a connection to `address` (a
@@ -311,7 +310,7 @@ class ConnectionCore : protected Reconnector::Attempts, protected RequestTimer::
   StoreError unavailable(const std::string& why) const { return StoreError::unavailable(name_, why); }
   // Connected (the client set kSetUp): the session's set-up (Session),
   // then set_up_done().
-  void start_set_up() { end_stale(stale_ ? stale_->ids : std::vector<Id>{}, 0); }
+  void start_set_up() { end_stale(session_.stale ? session_.stale->ids : std::vector<Id>{}, 0); }
   // The statement the session names `name`; none (`done` then fails, on
   // the next turn) cannot be: the store names its own.
   const Statement* statement(const std::string& name, Done& done) {
@@ -369,7 +368,6 @@ class ConnectionCore : protected Reconnector::Attempts, protected RequestTimer::
   const SqlSettings settings_;
   const std::string name_;
   const Session<Id> session_;
-  const std::shared_ptr<StaleSessions<Id>> stale_;  // session_.stale
   State state_ = State::kDown;
   Reconnector reconnector_{loop_, Backoff(settings_.reconnect_min, settings_.reconnect_max), settings_.connect_timeout,
                            *this};
@@ -428,14 +426,14 @@ class ConnectionCore : protected Reconnector::Attempts, protected RequestTimer::
   void end_stale(std::vector<Id> ids, int round) {
     std::vector<std::string> steps = ids.empty() ? std::vector<std::string>{} : end_sessions(ids, round);
     if (steps.empty()) {
-      if (!ids.empty()) stale_->forget(ids);
+      if (!ids.empty()) session_.stale->forget(ids);
       return check_tables(false);
     }
     const auto ignore = [](const Answer&, const StoreError*) {};
     for (std::size_t i = 0; i + 1 < steps.size(); ++i) step(std::move(steps[i]), nullptr, ignore);
     step(std::move(steps.back()), nullptr, [this, ids, round](const Answer& answer, const StoreError* err) {
       if (!err && !answer.null(0, 0) && answer.at(0, 0) != "0") return end_stale(ids, round + 1);
-      stale_->forget(ids);
+      session_.stale->forget(ids);
       check_tables(false);
     });
   }
@@ -490,9 +488,9 @@ class ConnectionCore : protected Reconnector::Attempts, protected RequestTimer::
   // Going down with statements in flight on a session the server knows:
   // it goes on the stale list, and true tells lost() to restart the others.
   bool leave_behind() {
-    const Id id = stale_ && !inflight_.empty() ? session() : Id{};
+    const Id id = session_.stale && !inflight_.empty() ? session() : Id{};
     if (id == Id{}) return false;
-    stale_->add(id);
+    session_.stale->add(id);
     return true;
   }
   // A connection given up on is shut first (through the duplicate, open
@@ -514,7 +512,7 @@ class ConnectionCore : protected Reconnector::Attempts, protected RequestTimer::
     for (auto& r : inflight) r.done(Answer{}, &error);
     if (fail_queued)
       for (auto& r : std::exchange(queue_, {})) r.done(Answer{}, &error);  // a callback may queue anew
-    if (left_behind) stale_->restart_others(this);
+    if (left_behind) session_.stale->restart_others(this);
   }
 
   const std::string host_;
