@@ -35,14 +35,8 @@ void CallerLine::close(bool failed) {
   if (failed) closed_until_ += backoff_.next();
 }
 
-bool CallerLine::handshake(std::initializer_list<std::string_view> args) {
-  std::vector<const char*> argv;
-  std::vector<std::size_t> lens;
-  for (std::string_view a : args) {
-    argv.push_back(a.data());
-    lens.push_back(a.size());
-  }
-  auto* r = static_cast<redisReply*>(redisCommandArgv(ctx_, static_cast<int>(args.size()), argv.data(), lens.data()));
+bool CallerLine::handshake(void* reply) {
+  auto* r = static_cast<redisReply*>(reply);
   const bool ok = r != nullptr && r->type != REDIS_REPLY_ERROR;
   if (r != nullptr) freeReplyObject(r);
   return ok;
@@ -66,10 +60,11 @@ bool CallerLine::open() {
   // As the loop's connections: AUTH with an empty password logs in an ACL
   // user that has nopass.
   if (!endpoint_.user.empty())
-    ok = handshake({"AUTH", endpoint_.user, endpoint_.password});
+    ok = handshake(redisCommand(ctx_, "AUTH %b %b", endpoint_.user.data(), endpoint_.user.size(),
+                                endpoint_.password.data(), endpoint_.password.size()));
   else if (!endpoint_.password.empty())
-    ok = handshake({"AUTH", endpoint_.password});
-  if (ok && endpoint_.db != 0) ok = handshake({"SELECT", std::to_string(endpoint_.db)});
+    ok = handshake(redisCommand(ctx_, "AUTH %b", endpoint_.password.data(), endpoint_.password.size()));
+  if (ok && endpoint_.db != 0) ok = handshake(redisCommand(ctx_, "SELECT %d", endpoint_.db));
   if (!ok) {
     close(true);
     return false;

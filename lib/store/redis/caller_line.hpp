@@ -19,7 +19,6 @@
 #include <chrono>
 #include <cstdint>
 #include <functional>
-#include <initializer_list>
 #include <mutex>
 #include <string>
 #include <string_view>
@@ -61,7 +60,7 @@ class CallerLine {
   // answer) it is not tried again for the back-off's next delay.
   void close(bool failed);
   bool write_all();  // under mu_: the output buffer written whole
-  bool handshake(std::initializer_list<std::string_view> args);  // under mu_: a command answered without error
+  bool handshake(void* reply);  // under mu_: redisCommand()'s reply, freed: whether it is no error
 
   const Endpoint endpoint_;
   const ConnectionOptions options_;

@@ -11,7 +11,6 @@
 #include "core/loop.hpp"
 #include "core/url.hpp"
 #include "store/redis/connection.hpp"
-#include "store/redis/keys.hpp"
 #include "store/redis/node_store.hpp"
 #include "store/redis/redis_error.hpp"
 #include "store/redis/topology.hpp"

@@ -171,12 +171,10 @@ void RedisConnection::write_handshake() {
   handshake_error_.clear();
   // A user without a password (redis://user:@host) is still that user:
   // AUTH with an empty password logs in an ACL user that has nopass.
-  if (!endpoint_.password.empty() || !endpoint_.user.empty()) {
-    std::vector<std::string> auth{"AUTH"};
-    if (!endpoint_.user.empty()) auth.push_back(endpoint_.user);
-    auth.push_back(endpoint_.password);
-    send_handshake(Handshake::kAuth, std::move(auth));
-  }
+  if (!endpoint_.user.empty())
+    send_handshake(Handshake::kAuth, {"AUTH", endpoint_.user, endpoint_.password});
+  else if (!endpoint_.password.empty())
+    send_handshake(Handshake::kAuth, {"AUTH", endpoint_.password});
   if (endpoint_.db != 0 && !subs_) send_handshake(Handshake::kSelect, {"SELECT", std::to_string(endpoint_.db)});
   if (hooks_.named) send_handshake(Handshake::kName, {"CLIENT", "SETNAME", "lockwatch:" + owner_});
   if (require_master_) send_handshake(Handshake::kRole, {"ROLE"});

@@ -612,11 +612,8 @@ struct RedisNodeStore::Listing {
 };
 
 void RedisNodeStore::list_locks(std::string_view prefix, std::size_t limit, ListDone done) {
-  auto listing = std::make_shared<Listing>();
-  listing->match = glob_escaped(key_prefix_) + "{" + glob_escaped(prefix) + "*}";
-  listing->limit = limit;
-  listing->done = std::move(done);
-  scan_page(std::move(listing));
+  scan_page(std::make_shared<Listing>(
+      Listing{glob_escaped(key_prefix_) + "{" + glob_escaped(prefix) + "*}", limit, "0", {}, std::move(done)}));
 }
 
 void RedisNodeStore::scan_page(std::shared_ptr<Listing> listing) {

@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <charconv>
 #include <vector>
 
 #include "core/hex.hpp"
@@ -70,14 +71,9 @@ StoreLayout StoreLayout::make_redisson() {
 std::string StoreLayout::field(std::string_view token) const {
   constexpr std::size_t kDigits = 15;
   std::uint64_t id = 0;
-  bool hex = token.size() >= kDigits;
-  for (std::size_t i = 0; hex && i < kDigits; ++i) {
-    const char c = token[i];
-    const int v = (c >= '0' && c <= '9') ? c - '0' : (c >= 'a' && c <= 'f') ? c - 'a' + 10 : -1;
-    if (v < 0) hex = false;
-    id = (id << 4) | static_cast<std::uint64_t>(v < 0 ? 0 : v);
-  }
-  if (!hex) {
+  if (token.size() >= kDigits && token.find_first_not_of("0123456789abcdef") >= kDigits) {
+    std::from_chars(token.data(), token.data() + kDigits, id, 16);
+  } else {
     id = 14695981039346656037ull;  // FNV-1a
     for (char c : token) id = (id ^ static_cast<unsigned char>(c)) * 1099511628211ull;
     id >>= 4;
