@@ -22,12 +22,15 @@ constexpr const char* kReplyCallback = "a reply callback";
 
 namespace {
 
-// Appends a RESP header: `kind` ('*' an array, '$' a bulk string) and its count.
-void append_header(std::string& out, char kind, std::size_t n) {
+// Appends a RESP header: `kind` ('*' an array, '$' a bulk string) and its
+// count, to a connection's output or a script call's text.
+template <class Out>
+void append_header(Out& out, char kind, std::size_t n) {
   char digits[24];
   out.push_back(kind);
   auto end = std::to_chars(digits, digits + sizeof digits, n).ptr;
-  out.append(digits, end).append("\r\n", 2);
+  out.insert(out.end(), digits, end);
+  out.insert(out.end(), {'\r', '\n'});
 }
 
 // Appends one request in RESP (an array of bulk strings) to `out`.
@@ -210,21 +213,15 @@ EvalRequest::EvalRequest(const Script& script, std::size_t keys, std::size_t arg
     : script_(&script), expected_(args) {
   resp_.reserve(96 + script.sha1.size() + bytes_hint + 16 * args);
   auto put = [this](std::string_view text) { resp_.insert(resp_.end(), text.begin(), text.end()); };
-  char digits[24];
-  auto number = [&digits](std::size_t n) {
-    return std::string_view(digits, static_cast<std::size_t>(std::to_chars(digits, digits + sizeof digits, n).ptr - digits));
-  };
-  put("*");
-  put(number(args + 3));
-  put("\r\n$7\r\nEVALSHA\r\n$");
-  put(number(script.sha1.size()));
-  put("\r\n");
+  append_header(resp_, '*', args + 3);
+  put("$7\r\nEVALSHA\r\n");
+  append_header(resp_, '$', script.sha1.size());
   put(script.sha1);
   put("\r\n");
   body_at_ = resp_.size();
   used_ = resp_.size();
   resp_.resize(resp_.capacity());  // the estimate's room
-  const std::string_view count = number(keys);
+  const std::string count = std::to_string(keys);
   copy(count, open(count.size()));
   if (expected_ == 0) resp_.resize(used_);
 }

@@ -178,10 +178,8 @@ void RedisNodeStore::write_directly() {
 // threads) keeps the lane.
 bool RedisNodeStore::lane_open_at(std::chrono::steady_clock::time_point at) const noexcept {
   using Ticks = std::chrono::steady_clock::rep;
-  constexpr Ticks kBurst = std::chrono::duration_cast<std::chrono::steady_clock::duration>(
-                               std::chrono::microseconds(10)).count();
-  constexpr Ticks kQuiet = std::chrono::duration_cast<std::chrono::steady_clock::duration>(
-                               std::chrono::milliseconds(5)).count();
+  constexpr Ticks kBurst = std::chrono::steady_clock::duration(std::chrono::microseconds(10)).count();
+  constexpr Ticks kQuiet = std::chrono::steady_clock::duration(std::chrono::milliseconds(5)).count();
   thread_local Ticks last_call = 0;
   thread_local Ticks quiet_until = 0;
   const Ticks now = at.time_since_epoch().count();

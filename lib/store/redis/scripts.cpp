@@ -750,9 +750,7 @@ const redisReply* field_of(const redisReply* map, std::string_view key) noexcept
 }
 
 std::chrono::system_clock::time_point server_clock(long long seconds, long long micros) {
-  using std::chrono::system_clock;
-  return system_clock::time_point(std::chrono::duration_cast<system_clock::duration>(
-      std::chrono::seconds(seconds) + std::chrono::microseconds(micros)));
+  return std::chrono::system_clock::time_point(std::chrono::seconds(seconds) + std::chrono::microseconds(micros));
 }
 
 AcquireReply::AcquireReply(const redisReply* reply, const StoreError* err, std::size_t locks, std::string_view endpoint)
