@@ -503,9 +503,8 @@ std::size_t ClusterStore::renew(std::span<const LockRef> locks, std::shared_ptr<
   std::size_t commands = 0;
   // One script call per slot group, every node's calls queued now, so they
   // leave together and in parallel (each node's on its renewal connection).
-  std::vector<std::uint16_t> slots;
-  slots.reserve(locks.size());
-  for (const auto& l : locks) slots.push_back(key_slot(l.name));
+  std::vector<std::uint16_t> slots(locks.size());
+  std::ranges::transform(locks, slots.begin(), [](const LockRef& l) { return key_slot(l.name); });
   std::vector<std::size_t> unrouted;
   for (SlotGroup& group : group_by_slot(slots)) {
     const std::int16_t node = closed_ ? -1 : owner_[group.slot];

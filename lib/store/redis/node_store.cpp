@@ -322,9 +322,8 @@ int send_slot_groups(std::vector<T> batch, bool by_slot, Send send) {
     send(std::move(batch));
     return 1;
   }
-  std::vector<std::uint16_t> slots;
-  slots.reserve(batch.size());
-  for (const T& q : batch) slots.push_back(key_slot(q.name));
+  std::vector<std::uint16_t> slots(batch.size());
+  std::ranges::transform(batch, slots.begin(), [](const T& q) { return key_slot(q.name); });
   int calls = 0;
   for (const SlotGroup& g : group_by_slot(slots)) {
     std::vector<T> part;

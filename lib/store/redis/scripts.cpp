@@ -36,6 +36,11 @@ constexpr Fragment kFragments[] = {
     // Whether value `v` is held with `token`: the token up to the first
     // space (the owner record after it), or alone, as versions before wrote.
     {"ours", "(v == token or (type(v) == 'string' and string.sub(v, 1, #token + 1) == token .. ' '))"},
+    // What the kind marker `v` (a string) says its key is held as, in an
+    // error: fair, a semaphore of n permit(s), or false for another value.
+    {"held_as",
+     "(v == 'lockwatch:fair' and 'fair' or "
+     "string.sub(v, 1, 18) == 'lockwatch:permits:' and 'a semaphore of ' .. string.sub(v, 19) .. ' permit(s)')"},
     // The error entry of `counter`, whose INCR or GET `f` Redis refused.
     {"counter_error", "f.err .. ' (' .. counter .. ' is not a fencing counter)'"},
     // The owner record of a holder of a kind (its grant time, its owner).
@@ -68,14 +73,8 @@ return table.concat(out, '\n'))lua"},
     {"kind_check", R"lua(local v = redis.pcall('get', lock)
 if type(v) == 'table' then return 'e' .. string.gsub(v.err .. ' (' .. lock .. ')', '[\r\n]', ' ') end
 if v and v ~= marker then
-  local held_as
-  if v == 'lockwatch:shared' then
-    held_as = 'shared'
-  elseif string.sub(v, 1, 18) == 'lockwatch:permits:' then
-    held_as = 'a semaphore of ' .. string.sub(v, 19) .. ' permit(s)'
-  elseif v == 'lockwatch:fair' then
-    held_as = 'fair'
-  else
+  local held_as = v == 'lockwatch:shared' and 'shared' or @held_as@
+  if not held_as then
     local t = redis.call('pttl', lock)
     if t < 0 then
       return 'eLOCKWATCH ' .. string.gsub(lock, '[\r\n]', ' ') .. ' exists without expiry: not a lockwatch lock'
@@ -173,11 +172,8 @@ for i = 1, #KEYS / 3 do
         if not other or other == token then redis.pcall('set', mark, token, 'PX', mark_ttl) end
       end
       out[i] = 'b' .. math.min(t, math.max(1, math.floor(mark_ttl / 2)))
-    elseif type(v) == 'string' and string.sub(v, 1, 18) == 'lockwatch:permits:' then
-      err = 'LOCKWATCH-KIND ' .. lock .. ' is held as a semaphore of ' .. string.sub(v, 19) ..
-            ' permit(s); this call asked for it exclusive'
-    elseif v == 'lockwatch:fair' then
-      err = 'LOCKWATCH-KIND ' .. lock .. ' is held as fair; this call asked for it exclusive'
+    elseif type(v) == 'string' and @held_as@ then
+      err = 'LOCKWATCH-KIND ' .. lock .. ' is held as ' .. @held_as@ .. '; this call asked for it exclusive'
     else
       out[i] = 'b' .. t
     end
