@@ -272,16 +272,17 @@ void EtcdClient::unary(Request request, Done<Response> done, Rpc rpc, int attemp
       // connection): the next member, within the same deadline. Every
       // call the store makes may be made twice (a repeated acquisition
       // finds its own token).
-      if (status->error_code() == grpc::StatusCode::UNAVAILABLE && attempt < static_cast<int>(members_.size()) &&
-          std::chrono::steady_clock::now() < deadline && !closed_) {
-        return unary(std::move(u->request), std::move(done), rpc, attempt + 1, deadline, reauthenticated);
-      }
+      const bool next_member = status->error_code() == grpc::StatusCode::UNAVAILABLE &&
+                               attempt < static_cast<int>(members_.size()) &&
+                               std::chrono::steady_clock::now() < deadline;
       // A token the cluster no longer takes (it expired): once more with a
       // new one.
-      if (status->error_code() == grpc::StatusCode::UNAUTHENTICATED && !target_.user.empty() && !reauthenticated &&
-          !closed_) {
-        token_.clear();
-        return unary(std::move(u->request), std::move(done), rpc, attempt + 1, deadline, /*reauthenticated=*/true);
+      const bool reauthenticate =
+          status->error_code() == grpc::StatusCode::UNAUTHENTICATED && !target_.user.empty() && !reauthenticated;
+      if ((next_member || reauthenticate) && !closed_) {
+        if (reauthenticate) token_.clear();
+        return unary(std::move(u->request), std::move(done), rpc, attempt + 1, deadline,
+                     reauthenticated || reauthenticate);
       }
       StoreError error = error_of(*status, member);
       done(Response{}, &error);
@@ -292,13 +293,12 @@ void EtcdClient::unary(Request request, Done<Response> done, Rpc rpc, int attemp
 }
 
 // Each unary call: its stub's callback method, through unary().
-void EtcdClient::range(etcdserverpb::RangeRequest request, Done<etcdserverpb::RangeResponse> done) {
-  unary(std::move(request), std::move(done), [](Member& m, auto&&... a) { m.kv->async()->Range(a...); });
-}
-void EtcdClient::get(std::string key, Done<etcdserverpb::RangeResponse> done) {
+void EtcdClient::range(std::string key, std::string end, std::int64_t limit, Done<etcdserverpb::RangeResponse> done) {
   etcdserverpb::RangeRequest request;
   request.set_key(std::move(key));
-  range(std::move(request), std::move(done));
+  request.set_range_end(std::move(end));
+  request.set_limit(limit);
+  unary(std::move(request), std::move(done), [](Member& m, auto&&... a) { m.kv->async()->Range(a...); });
 }
 void EtcdClient::txn(etcdserverpb::TxnRequest request, Done<etcdserverpb::TxnResponse> done) {
   unary(std::move(request), std::move(done), [](Member& m, auto&&... a) { m.kv->async()->Txn(a...); });

@@ -60,9 +60,10 @@ class EtcdClient {
   using StateHook = std::function<void(const std::string& endpoint, bool up, const std::string& why)>;
   void set_state_hook(StateHook hook) { state_hook_ = std::move(hook); }
 
-  void range(etcdserverpb::RangeRequest request, Done<etcdserverpb::RangeResponse> done);
+  // A Range of the keys from `key` to `end` (at most `limit`; 0: every one).
+  void range(std::string key, std::string end, std::int64_t limit, Done<etcdserverpb::RangeResponse> done);
   // A Range of the one key `key`.
-  void get(std::string key, Done<etcdserverpb::RangeResponse> done);
+  void get(std::string key, Done<etcdserverpb::RangeResponse> done) { range(std::move(key), {}, 0, std::move(done)); }
   void txn(etcdserverpb::TxnRequest request, Done<etcdserverpb::TxnResponse> done);
   // A lease of `ttl` seconds; lease `id` revoked, or its ttl asked.
   void lease_grant(std::int64_t ttl, Done<etcdserverpb::LeaseGrantResponse> done);

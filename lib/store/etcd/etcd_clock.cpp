@@ -102,8 +102,6 @@ std::optional<system_clock::time_point> EtcdClock::estimate() const {
   return local_() + offset_;
 }
 
-milliseconds EtcdClock::uncertainty() const { return uncertainty_; }
-
 void EtcdClock::now(Done done) {
   const auto age = steady_clock::now() - measured_at_;
   if (*closed_ || (have_ && age <= kMaxAge)) {
@@ -208,11 +206,7 @@ void EtcdClock::stream_data(const char* data, std::size_t n) {
   }
 }
 
-void EtcdClock::stream_failed(const std::string& why) {
-  stream_->close();
-  stream_ = nullptr;
-  member_failed(why);
-}
+void EtcdClock::stream_failed(const std::string& why) { member_failed(why); }
 
 void EtcdClock::answered(std::int64_t second, bool keep) {
   now_.answered = local_();

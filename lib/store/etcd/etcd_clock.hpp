@@ -53,7 +53,7 @@ class EtcdClock : private Stream::Events {
   // The members' clock now if an offset no older than kMaxAge is kept.
   std::optional<time_point> estimate() const;
   // How far off the last measurement may be (half its span; 0: none yet).
-  std::chrono::milliseconds uncertainty() const;
+  std::chrono::milliseconds uncertainty() const { return uncertainty_; }
   // Fails the callers waiting (each callback runs once, now); later
   // calls fail on the next loop turn.
   void close();

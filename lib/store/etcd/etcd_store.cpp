@@ -354,11 +354,7 @@ void EtcdStore::list_locks(std::string_view prefix, std::size_t limit, ListDone 
 
 void EtcdStore::list_page(std::shared_ptr<Listing> listing) {
   constexpr std::int64_t kPage = 256;
-  etcdserverpb::RangeRequest request;
-  request.set_key(listing->from);
-  request.set_range_end(listing->end);
-  request.set_limit(kPage);
-  client_->range(std::move(request), [this, listing](const auto& response, const StoreError* err) {
+  client_->range(listing->from, listing->end, kPage, [this, listing](const auto& response, const StoreError* err) {
     if (err) return listing->done({}, err);
     struct Page {
       std::vector<LockInfo> infos;  // held while its lease is found (ttl -1: gone meanwhile)
