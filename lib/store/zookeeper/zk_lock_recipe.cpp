@@ -194,17 +194,15 @@ void ZkLockRecipe::decide(const Op& op, const std::vector<std::string>& nodes, s
   }
   const std::string dir = op->dir + "/";
   switch (op->kind.mode()) {
-    case LockKind::Mode::kFair: {
-      if (at == 0) break;
-      // Our node is our place in the queue (a mark); the node just below is watched.
-      return wait_behind(op, {dir + nodes[at - 1]}, true, zk::mark_span(op->ttl, op->kind) / 3);
-    }
+    case LockKind::Mode::kFair:
     case LockKind::Mode::kExclusive: {
       if (at == 0) break;
-      // Behind readers only, our node stays (a mark that stops new readers).
-      const bool readers_only =
-          std::none_of(nodes.begin(), below, [](const std::string& n) { return zk::kind_of(n).exclusive_kind(); });
-      if (readers_only) return wait_behind(op, {dir + nodes[at - 1]}, true, zk::mark_span(op->ttl, op->kind) / 2);
+      // A fair waiter's node is its place in the queue; a writer's behind
+      // readers only stays too (a mark that stops new readers). Either
+      // mark watches the node just below.
+      const bool fair = op->kind.mode() == LockKind::Mode::kFair;
+      if (fair || std::none_of(nodes.begin(), below, [](const auto& n) { return zk::kind_of(n).exclusive_kind(); }))
+        return wait_behind(op, {dir + nodes[at - 1]}, true, zk::mark_span(op->ttl, op->kind) / (fair ? 3 : 2));
       return wait_behind(op, {dir + nodes.front()}, false, milliseconds::max());
     }
     case LockKind::Mode::kShared: {
