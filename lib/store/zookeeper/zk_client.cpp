@@ -123,8 +123,6 @@ void on_global_watch(zhandle_t*, int type, int state, const char* path, void* co
   w->sink->post([type, p = std::string(path)](ZkSessions& s) { s.on_watch(type, p); });
 }
 
-void drop_log(const char*) {}
-
 }  // namespace zk
 
 }  // namespace lockwatch::detail

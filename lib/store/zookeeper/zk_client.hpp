@@ -142,7 +142,6 @@ inline constexpr strings_completion_t on_strings = answer<const String_vector*>;
 inline constexpr string_completion_t on_created_path = answer<const char*>;
 inline constexpr string_stat_completion_t on_created = answer<const char*, const Stat*>;
 void on_global_watch(zhandle_t*, int type, int state, const char* path, void* context);
-void drop_log(const char*);
 
 }  // namespace zk
 

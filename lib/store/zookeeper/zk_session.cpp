@@ -89,8 +89,9 @@ void ZkSessions::open_handle(Session& s, const std::vector<std::string>& address
     s.watch_ctx = new ZkCtx{sink_, 0, s.serial, {}, {}};
     // The timeout is an int of ms; the ensemble bounds it anyway.
     const int timeout = static_cast<int>(std::min<long long>(s.requested_ms, 1LL << 30));
+    // The client's own log lines are dropped.
     s.zh = zookeeper_init2((hosts + target_.chroot).c_str(), zk::on_global_watch, timeout, nullptr, s.watch_ctx, 0,
-                           zk::drop_log);
+                           [](const char*) {});
   }
   if (s.zh != nullptr && target_.digest()) {
     const std::string cred = target_.user + ":" + target_.password;
