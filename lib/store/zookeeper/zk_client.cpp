@@ -35,15 +35,11 @@ ZkSessions* ZkSink::target() {
 }
 
 void ZkSink::forget_session(std::uint64_t serial) {
-  std::vector<ZkCtx*> left;
-  {
-    std::lock_guard lk(ctx_mu);
-    std::erase_if(in_flight, [&](const auto& entry) {
-      if (entry.second == serial) left.push_back(entry.first);
-      return entry.second == serial;
-    });
-  }
-  for (auto* c : left) delete c;
+  std::lock_guard lk(ctx_mu);
+  std::erase_if(in_flight, [&](const auto& entry) {
+    if (entry.second == serial) delete entry.first;
+    return entry.second == serial;
+  });
 }
 
 ZkCloser::ZkCloser(std::shared_ptr<ZkSink> sink)
