@@ -123,8 +123,7 @@ void EtcdClock::warm() {
 }
 
 void EtcdClock::want_measure() {
-  if (measuring_) return;
-  measuring_ = true;
+  if (step_ != Step::kIdle) return;  // measuring already
   if (!timer_made_) {
     uv_timer_init(loop_.uv(), &timer_);
     timer_.data = this;
@@ -251,7 +250,6 @@ void EtcdClock::finish(const StoreError* error, milliseconds offset, millisecond
   drop_stream();
   step_ = Step::kIdle;
   uv_timer_stop(&timer_);
-  measuring_ = false;
   if (error == nullptr) {
     have_ = true;
     offset_ = offset;

@@ -60,7 +60,8 @@ class EtcdClock : private Stream::Events {
 
  private:
   // What the timer waits for: a connect, an answer, the next sample's turn
-  // (the first's: the loop's next turn, never inside now()).
+  // (the first's: the loop's next turn, never inside now()); kIdle: no
+  // measurement under way (or, within a callback, one between its steps).
   enum class Step { kIdle, kConnecting, kAwaiting, kGap };
   struct Sample {
     time_point sent, answered;
@@ -94,7 +95,6 @@ class EtcdClock : private Stream::Events {
   std::chrono::milliseconds offset_{0};
   std::chrono::milliseconds uncertainty_{0};
   std::chrono::steady_clock::time_point measured_at_{};
-  bool measuring_ = false;
   std::vector<Done> waiting_;  // for the measurement under way
   // Shared with the answers now() posts, which may run after close() (and
   // must not touch this object).
