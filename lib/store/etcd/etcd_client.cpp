@@ -16,9 +16,9 @@ namespace lockwatch::detail {
 
 namespace {
 
-// A PEM file's text (checked readable with the options, etcd_kind.cpp).
+// A PEM file's text (checked readable with the options, etcd_kind.cpp);
+// none named (or unreadable), an empty one.
 std::string read_file(const std::string& path) {
-  if (path.empty()) return {};
   std::ifstream f(path);
   return {std::istreambuf_iterator<char>(f), std::istreambuf_iterator<char>()};
 }
