@@ -49,10 +49,9 @@ class EtcdClient {
   enum class WatchEvent : std::uint8_t { kCreated, kDeleted, kEnded };
   using WatchHook = std::function<void(const Watch* watch, WatchEvent event, const StoreError* ended)>;
 
+  // Not copied (its mutex sees to that).
   EtcdClient(Loop& loop, EtcdTarget target, const StoreSettings& settings);
   ~EtcdClient();
-  EtcdClient(const EtcdClient&) = delete;
-  EtcdClient& operator=(const EtcdClient&) = delete;
 
   const std::string& name() const noexcept { return name_; }
   // Told, on the loop thread, when a member stops answering (a call to it

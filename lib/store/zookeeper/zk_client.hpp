@@ -85,10 +85,9 @@ struct ZkCtx {
 // client's threads): handles are closed on a thread of their own.
 class ZkCloser {
  public:
-  // The destructor closes what is still queued, then joins.
+  // The destructor closes what is still queued, then joins. Not copied
+  // (its mutex and thread see to that).
   explicit ZkCloser(std::shared_ptr<ZkSink> sink);
-  ZkCloser(const ZkCloser&) = delete;
-  ZkCloser& operator=(const ZkCloser&) = delete;
   void close_later(zhandle_t* zh, ZkCtx* watch_ctx);
 
  private:
