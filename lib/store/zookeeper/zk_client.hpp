@@ -17,7 +17,6 @@
 #include <stop_token>
 #include <string>
 #include <thread>
-#include <type_traits>
 #include <unordered_map>
 #include <utility>
 #include <vector>
@@ -106,14 +105,13 @@ namespace zk {
 // resolved, or the client could not start its threads).
 inline constexpr int kNoHandle = -1000;
 
-// A request's argument as the client takes it.
+// A request's argument as the client takes it: a std::string as its
+// c_str(), anything else as it is.
 template <class T>
-auto c_arg(const T& arg) {
-  if constexpr (std::is_same_v<T, std::string>)
-    return arg.c_str();
-  else
-    return arg;
+T c_arg(T arg) {
+  return arg;
 }
+inline const char* c_arg(const std::string& arg) { return arg.c_str(); }
 // Whether `rc` says the ensemble could not be reached (rather than refused).
 bool unreachable(int rc);
 // An answer's failure where a node found gone counts as done (null: ZOK or ZNONODE).
