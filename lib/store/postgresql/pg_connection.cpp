@@ -1,7 +1,6 @@
 #include "store/postgresql/pg_connection.hpp"
 
 #include <libpq-fe.h>
-#include <sys/socket.h>
 
 #include <algorithm>
 #include <memory>
@@ -325,15 +324,11 @@ void PgConnection::complete_front() {
 
 int PgConnection::session() const { return conn_ != nullptr ? PQbackendPID(conn_) : 0; }
 
-void PgConnection::release(bool graceful) {
-  if (conn_ != nullptr) {
-    if (!graceful) {
-      int fd = PQsocket(conn_);
-      if (fd >= 0) ::shutdown(fd, SHUT_RDWR);
-    }
-    PQfinish(conn_);
-    conn_ = nullptr;
-  }
+// Given up on, the socket is shut already (ConnectionCore's teardown, on
+// the watched duplicate): PQfinish's goodbye cannot wait.
+void PgConnection::release(bool) {
+  if (conn_ != nullptr) PQfinish(conn_);
+  conn_ = nullptr;
 }
 
 }  // namespace lockwatch::detail

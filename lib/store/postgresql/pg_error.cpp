@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <charconv>
 
 namespace lockwatch::detail {
 
@@ -15,13 +16,12 @@ constexpr std::size_t kSqlstateLength = 5;
 
 // The characters of a packed SQLSTATE; "" for a value no SQLSTATE packs to.
 std::string unpack_sqlstate(int value) {
-  if (value <= 0) return {};
-  std::string out(kSqlstateLength, '0');
-  for (std::size_t i = kSqlstateLength; i-- > 0; value /= kSqlstateBase) {
-    const int digit = value % kSqlstateBase;
-    out[i] = static_cast<char>(digit < 10 ? '0' + digit : 'A' + digit - 10);
-  }
-  return value == 0 ? out : std::string();
+  char digits[16];
+  std::string out(digits, std::to_chars(digits, digits + sizeof digits, value, kSqlstateBase).ptr);
+  if (value <= 0 || out.size() > kSqlstateLength) return {};
+  for (char& c : out)
+    if (c >= 'a') c = static_cast<char>(c - 'a' + 'A');  // to_chars writes lower-case letters
+  return std::string(kSqlstateLength - out.size(), '0') + out;
 }
 
 std::string sqlstate_text(int value) {
@@ -40,12 +40,9 @@ const StoreCategory& postgresql_category() noexcept {
 }
 
 std::error_code pg_code(std::string_view sqlstate) noexcept {
-  if (sqlstate.size() != kSqlstateLength) return {};
+  if (sqlstate.size() != kSqlstateLength || !std::all_of(sqlstate.begin(), sqlstate.end(), is_code_char)) return {};
   int value = 0;
-  for (char c : sqlstate) {
-    if (!is_code_char(c)) return {};
-    value = value * kSqlstateBase + (c <= '9' ? c - '0' : c - 'A' + 10);
-  }
+  std::from_chars(sqlstate.data(), sqlstate.data() + sqlstate.size(), value, kSqlstateBase);
   return value == 0 ? std::error_code() : std::error_code(value, postgresql_category());
 }
 

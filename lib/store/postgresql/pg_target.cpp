@@ -48,12 +48,9 @@ std::string derived_name(const std::string& table, std::string_view suffix) {
 
 }  // namespace
 
-bool PgTarget::takes(const std::string& url) {
-  return std::any_of(std::begin(kSchemes), std::end(kSchemes), [&](std::string_view s) { return url.starts_with(s); });
-}
-
 PgTarget PgTarget::parse(const std::string& url) {
-  if (!takes(url)) throw_bad_url(url, kShape.data());
+  if (std::none_of(std::begin(kSchemes), std::end(kSchemes), [&](std::string_view s) { return url.starts_with(s); }))
+    throw_bad_url(url, kShape.data());
   PgTarget t{split_database_url(url, std::string_view(url).substr(url.find("://") + 3), kShape)};
   if (t.database.find('\0') != std::string::npos || t.database.size() > kMaxPgName)
     throw_bad_url(url, "the database name must be 1 to 63 bytes, without NUL");

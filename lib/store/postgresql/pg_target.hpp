@@ -36,8 +36,6 @@ struct PgTarget : DatabaseUrl {
 
   // Throws InvalidArgument naming what is wrong (never showing the password).
   static PgTarget parse(const std::string& url);
-  // Whether `url` has a scheme this parser takes (postgresql://, postgres://).
-  static bool takes(const std::string& url);
   // "postgresql://host:port/database" (or with ?host=), for messages:
   // never the credentials.
   std::string name() const;

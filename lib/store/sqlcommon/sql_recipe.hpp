@@ -516,9 +516,8 @@ class RecipeStore : public StoreBase,
       send_releases(std::exchange(notify ? releases_ : quiet_releases_, {}), notify, true);
   }
   // `all` in name order, as every statement locks rows: kChunk a batch
-  // when `chunked`, else one.
+  // when `chunked` (none for none), else one (`all` has some).
   void send_releases(std::vector<PendingRelease> all, bool notify, bool chunked) {
-    if (all.empty()) return;
     by_name(all);
     const auto send = [this, notify](std::vector<PendingRelease> part) {
       release_batch(ReleaseBatch::of(std::move(part), notify));

@@ -7,6 +7,7 @@
 // as its server writes it. Pure functions; any thread.
 #pragma once
 
+#include <algorithm>
 #include <charconv>
 #include <chrono>
 #include <optional>
@@ -62,14 +63,10 @@ inline long long to_micros(std::chrono::system_clock::time_point t) {
 // "<unix seconds>[.<fraction>]" (MariaDB's UNIX_TIMESTAMP(..)) in
 // microseconds since the epoch.
 inline long long unix_micros(std::string_view s) {
-  const auto dot = s.find('.');
-  long long us = to_ll(s.substr(0, dot)) * 1000000;
-  if (dot != std::string_view::npos) {
-    std::string frac(s.substr(dot + 1, 6));
-    frac.resize(6, '0');
-    us += to_ll(frac);
-  }
-  return us;
+  const std::size_t dot = std::min(s.find('.'), s.size());
+  std::string frac(s.substr(std::min(dot + 1, s.size()), 6));
+  frac.resize(6, '0');  // the fraction's digits as µs (none: 0)
+  return to_ll(s.substr(0, dot)) * 1000000 + to_ll(frac);
 }
 
 // A list parameter: a text array literal of `n` items, get(0).., each a
