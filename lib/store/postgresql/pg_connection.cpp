@@ -25,14 +25,9 @@ std::string one_line(const char* message) {
   std::string s = message != nullptr ? message : "";
   if (auto loc = s.find("\nLOCATION:"); loc != std::string::npos) s.resize(loc);
   while (!s.empty() && (s.back() == '\n' || s.back() == ' ')) s.pop_back();
-  std::string out;
-  out.reserve(s.size());
-  for (char c : s) {
-    if (c == '\n' || c == '\t') c = ' ';
-    if (c == ' ' && !out.empty() && out.back() == ' ') continue;
-    out.push_back(c);
-  }
-  return out;
+  std::replace_if(s.begin(), s.end(), [](char c) { return c == '\n' || c == '\t'; }, ' ');
+  s.erase(std::unique(s.begin(), s.end(), [](char a, char b) { return a == ' ' && b == ' '; }), s.end());
+  return s;
 }
 
 // Session settings, sent in the startup packet: no round trip, and in
@@ -278,11 +273,11 @@ void PgConnection::drain() {
     PGresult* r = PQgetResult(conn_);
     Request& front = inflight_.front();
     if (r == nullptr) {
-      // The end of the front's results; else nothing to read yet, or (a
+      // The end of a statement's results; else nothing to read yet, or (a
       // connection gone bad) nothing more will come: on_readable() sees
       // the status.
-      if (front.stage != Stage::kEnd) break;
-      front.stage = ++front.ended < front.statements() ? Stage::kResult : Stage::kSync;
+      if (!front.ending) break;
+      front.ending = false;
       continue;
     }
     if (PQresultStatus(r) == PGRES_PIPELINE_SYNC) {
@@ -290,11 +285,11 @@ void PgConnection::drain() {
       complete_front();
       continue;
     }
-    if (front.results.size() == front.ended)
-      front.results.emplace_back(r);  // the statement's one result
-    else
+    if (front.ending)
       PQclear(r);
-    front.stage = Stage::kEnd;
+    else
+      front.results.emplace_back(r);  // the statement's one result
+    front.ending = true;
   }
 }
 

@@ -63,7 +63,6 @@ using PgSession = sqlcommon::Session<int>;
 // A request on a connection (a transaction's statements, or a step of
 // the set-up: a prepare, or a statement's text), kept until it is answered.
 struct PgRequest {
-  enum class Stage { kResult, kEnd, kSync };
   struct ResultFree {
     void operator()(pg_result* r) const noexcept;
   };
@@ -73,8 +72,7 @@ struct PgRequest {
   PgDone done = {};
   std::function<void(std::size_t, const PgRows&)> each = {};  // execute_all's, if any
   std::chrono::steady_clock::time_point sent{};
-  Stage stage = Stage::kResult;
-  std::size_t ended = 0;  // statements whose results have ended
+  bool ending = false;  // a statement's result came: a null ends it
   std::vector<std::unique_ptr<pg_result, ResultFree>> results = {};  // each statement's, in order
 
   // The statements it runs: a set-up step one.
@@ -105,7 +103,6 @@ class PgConnection final : public sqlcommon::ConnectionCore<PgRequest, PgRows, i
 
  private:
   using Request = PgRequest;
-  using Stage = PgRequest::Stage;
 
   // ConnectionCore's client side.
   void connect_to(const std::string& hostaddr) override;

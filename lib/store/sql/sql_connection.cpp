@@ -218,14 +218,11 @@ void SqlConnection::wait_for(int status) {
 }
 
 void SqlConnection::on_socket(int status, int events) {
+  if (status < 0) events = UV_READABLE | UV_WRITABLE;  // let the library see the error
   int ev = 0;
-  if (status < 0) {
-    ev = MYSQL_WAIT_READ | MYSQL_WAIT_WRITE;  // let the library see the error
-  } else {
-    if (events & (UV_READABLE | UV_DISCONNECT)) ev |= MYSQL_WAIT_READ;
-    if (events & UV_WRITABLE) ev |= MYSQL_WAIT_WRITE;
-    if (events & UV_PRIORITIZED) ev |= MYSQL_WAIT_EXCEPT;
-  }
+  if (events & (UV_READABLE | UV_DISCONNECT)) ev |= MYSQL_WAIT_READ;
+  if (events & UV_WRITABLE) ev |= MYSQL_WAIT_WRITE;
+  if (events & UV_PRIORITIZED) ev |= MYSQL_WAIT_EXCEPT;
   uv_timer_stop(&io_timer_);
   resume(ev);
 }
@@ -359,14 +356,11 @@ unsigned long SqlConnection::session() const {
 
 void SqlConnection::release(bool) {
   uv_timer_stop(&io_timer_);
-  if (mysql_ != nullptr) {
-    // Shut the socket first: mysql_close() then cannot wait on a server
-    // that stopped answering.
-    int fd = static_cast<int>(mysql_get_socket(mysql_));
-    if (fd >= 0) ::shutdown(fd, SHUT_RDWR);
-    mysql_close(mysql_);
-    mysql_ = nullptr;
-  }
+  // Shut the socket first: mysql_close() then cannot wait on a server
+  // that stopped answering.
+  if (const int fd = socket(); fd >= 0) ::shutdown(fd, SHUT_RDWR);
+  if (mysql_ != nullptr) mysql_close(mysql_);
+  mysql_ = nullptr;
   set_up_.clear();
   busy_ = false;
   roll_back_ = false;
