@@ -1,6 +1,7 @@
 #include "store/sqlcommon/inspection.hpp"
 
 #include <algorithm>
+#include <utility>
 
 #include "core/countdown.hpp"
 #include "store/kind_rules.hpp"
@@ -73,34 +74,25 @@ std::vector<std::string> names_of(const Rows& rows) {
   return names;
 }
 
-namespace {
-
-// What a listing's inspections gather: the names, and each one's answer.
-struct Inspected {
-  std::vector<std::string> names;
-  std::vector<LockInfo> infos;
-};
-
-}  // namespace
-
 void list_inspected(OperatorTools& tools, std::vector<std::string> names, std::size_t key_prefix,
                     LockListing::ListDone done) {
   if (names.empty()) return done({}, nullptr);
-  const std::size_t n = names.size();
-  auto all = Countdown<StoreError, Inspected>::make(
-      n, {std::move(names), std::vector<LockInfo>(n)}, [key_prefix, done = std::move(done)](auto& c) {
+  std::vector<std::pair<std::string, LockInfo>> inspected;  // each name, with its answer
+  for (auto& name : names) inspected.emplace_back(std::move(name), LockInfo{});
+  auto all = Countdown<StoreError, decltype(inspected)>::make(
+      names.size(), std::move(inspected), [key_prefix, done = std::move(done)](auto& c) {
         if (c.failure) return done({}, &*c.failure);
         std::vector<LockInfo> out;
-        for (std::size_t i = 0; i < c.names.size(); ++i) {
-          if (!c.infos[i].held) continue;
-          c.infos[i].key = c.names[i].substr(std::min(key_prefix, c.names[i].size()));
-          out.push_back(std::move(c.infos[i]));
+        for (auto& [name, info] : c) {
+          if (!info.held) continue;
+          info.key = name.substr(std::min(key_prefix, name.size()));
+          out.push_back(std::move(info));
         }
         done(std::move(out), nullptr);
       });
-  for (std::size_t i = 0; i < n; ++i)
-    tools.inspect(all->names[i], [all, i](const LockInfo& info, const StoreError* e) {
-      all->infos[i] = info;
+  for (auto& each : *all)
+    tools.inspect(each.first, [all, &info = each.second](const LockInfo& answer, const StoreError* e) {
+      info = answer;
       all->answered(e);
     });
 }
