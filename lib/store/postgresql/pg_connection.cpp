@@ -187,17 +187,12 @@ void PgConnection::set_up_step(std::string sql, const PgStatement* prepare, PgDo
 // the plan check refused: what the table lacks.
 StoreError PgConnection::table_error(const StoreError& error) const {
   if (error.kind == StoreError::Kind::kUnavailable || error.kind == StoreError::Kind::kRetryLater) return error;
-  StoreError why = error;
   if (error.code == pg_code("42501"))  // insufficient_privilege
-    why.message = fmt::format("the lock table {} cannot be used by this user (it needs SELECT, INSERT and UPDATE "
-                              "on it): {}",
-                              session_.table, error.message);
-  else
-    why.message = fmt::format(
-        "the lock table {} cannot be used: it needs lockwatch's columns (lock_name, owner, fence, expires_at, "
-        "last_period, of the types in lockwatch's docs/stores.md) and lock_name as its key: {}",
-        session_.table, error.message);
-  return why;
+    return about_table(error, "the lock table {} cannot be used by this user (it needs SELECT, INSERT and UPDATE "
+                              "on it): {}");
+  return about_table(error, "the lock table {} cannot be used: it needs lockwatch's columns (lock_name, owner, fence, "
+                            "expires_at, last_period, of the types in lockwatch's docs/stores.md) and lock_name as its "
+                            "key: {}");
 }
 
 // ---- requests

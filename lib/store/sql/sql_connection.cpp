@@ -172,11 +172,8 @@ std::vector<std::string> SqlConnection::end_sessions(const std::vector<unsigned 
 }
 
 StoreError SqlConnection::table_error(const StoreError& error) const {
-  StoreError why = error;
-  why.message = fmt::format("the lock table {} (or its companion _holders table) does not have lockwatch's columns "
-                            "(see lockwatch's docs/stores.md for their definitions): {}",
-                            session_.table, error.message);
-  return why;
+  return about_table(error, "the lock table {} (or its companion _holders table) does not have lockwatch's columns "
+                            "(see lockwatch's docs/stores.md for their definitions): {}");
 }
 
 void SqlConnection::send_queued() {

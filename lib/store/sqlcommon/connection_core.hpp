@@ -358,10 +358,12 @@ class ConnectionCore : protected Reconnector::Attempts, protected RequestTimer::
   // The set-up failed with `error`: the connection is given up, and what
   // waited for it fails.
   void set_up_failed(const StoreError& error) { fail(error.message, error, true); }
-  void set_up_failed(const StoreError& error, std::string_view what) {
+  void set_up_failed(const StoreError& error, std::string_view what) { set_up_failed(about_table(error, what)); }
+  // `error`, its message told as `what` says ({0}: the table, {1}: the message).
+  StoreError about_table(const StoreError& error, std::string_view what) const {
     StoreError why = error;
     why.message = fmt::format(fmt::runtime(what), session_.table, error.message);
-    set_up_failed(why);
+    return why;
   }
 
   Loop& loop_;
