@@ -45,16 +45,16 @@ Acquired MemorySpace::State::acquire(const LockRef& lock, std::string_view owner
   auto now = Clock::now();
   Entry& e = entries_.try_emplace(std::string(lock.name)).first->second;
   e.purge(now);
-  if (auto held = e.held_kind(); held && !kinds::same_family(*held, lock.kind))
-    return Acquired::failed(StoreError::invalid("memory", kinds::refusal(lock.name, *held, lock.kind)));
+  // Held (or waited for, fair) as another family of kinds.
+  if ((!e.holders.empty() || !e.queue.empty()) && !kinds::same_family(e.kind, lock.kind))
+    return Acquired::failed(StoreError::invalid("memory", kinds::refusal(lock.name, e.kind, lock.kind)));
   Acquired out;
   switch (lock.kind.mode()) {
     case LockKind::Mode::kShared: out = acquire_shared(e, lock, now); break;
     case LockKind::Mode::kPermits:
       if (e.mine(lock) == e.holders.end() && e.holders.size() >= lock.kind.permit_count())
         return Acquired::busy(e.next_expiry(now));
-      if (e.hold(lock, now)) ++e.fence;  // else a retry after a lost answer
-      out = Acquired::taken(e.fence);
+      out = e.grant(lock, now);
       break;
     case LockKind::Mode::kFair: out = acquire_fair(e, lock, now); break;
     case LockKind::Mode::kExclusive: out = acquire_exclusive(e, lock, now); break;
@@ -84,9 +84,8 @@ Acquired MemorySpace::State::acquire_exclusive(Entry& e, const LockRef& lock, Cl
   // A lock that holds the caller's token already is a retry after a lost
   // answer: the same acquisition, with the ttl set anew and the counter as
   // it stands (what the lost answer carried, unless raised since).
-  if (e.hold(lock, now)) ++e.fence;
   e.writer_waits = Clock::time_point::min();
-  return Acquired::taken(e.fence);
+  return e.grant(lock, now);
 }
 
 Acquired MemorySpace::State::acquire_shared(Entry& e, const LockRef& lock, Clock::time_point now) {
@@ -103,10 +102,7 @@ Acquired MemorySpace::State::acquire_shared(Entry& e, const LockRef& lock, Clock
 Acquired MemorySpace::State::acquire_fair(Entry& e, const LockRef& lock, Clock::time_point now) {
   e.kind = lock.kind;
   const auto until = now + lock.ttl;
-  if (e.mine(lock) != e.holders.end()) {
-    e.hold(lock, now);  // a retry after a lost answer: the same grant
-    return Acquired::taken(e.fence);
-  }
+  if (e.mine(lock) != e.holders.end()) return e.grant(lock, now);  // a retry after a lost answer: the same grant
   auto place =
       std::find_if(e.queue.begin(), e.queue.end(), [&](const Entry::Waiter& w) { return w.token == lock.token; });
   if (place == e.queue.end()) {
@@ -116,9 +112,7 @@ Acquired MemorySpace::State::acquire_fair(Entry& e, const LockRef& lock, Clock::
   }
   if (e.holders.empty() && e.queue.front().token == lock.token) {
     e.queue.pop_front();
-    ++e.fence;
-    e.hold(lock, now);
-    return Acquired::taken(e.fence);
+    return e.grant(lock, now);
   }
   const auto first_leaves = e.holders.empty() ? std::chrono::ceil<milliseconds>(e.queue.front().until - now)
                                               : e.next_expiry(now);
@@ -134,8 +128,7 @@ MemorySpace::State::Entry* MemorySpace::State::find(std::string_view name, Clock
 
 MemorySpace::State::Entry* MemorySpace::State::owned(std::string_view name, std::string_view token) {
   Entry* e = find(name, Clock::now());
-  if (e == nullptr || !e->kind.exclusive_kind()) return nullptr;
-  return e->holders.find(token) != e->holders.end() ? e : nullptr;
+  return e != nullptr && e->kind.exclusive_kind() && e->holders.contains(token) ? e : nullptr;
 }
 
 void MemorySpace::State::withdraw(const LockRef& lock) {

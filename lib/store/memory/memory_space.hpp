@@ -120,10 +120,6 @@ class MemorySpace {
         return first == Clock::time_point::max() ? std::chrono::milliseconds(0)
                                                  : std::chrono::ceil<std::chrono::milliseconds>(first - now);
       }
-      // The kind the key is held (or waited for, fair) as after purge(); none when free.
-      std::optional<LockKind> held_kind() const {
-        return holders.empty() && queue.empty() ? std::nullopt : std::optional(kind);
-      }
       // `lock`'s holder (of its kind, exclusive or another), else end.
       auto mine(const LockRef& lock) {
         auto it = holders.find(lock.token);
@@ -135,6 +131,12 @@ class MemorySpace {
         it->second.until = now + lock.ttl;
         kind = lock.kind;
         return fresh;
+      }
+      // Grants it to `lock` with a new counter, or, to a retry after a lost
+      // answer (the token holds it already), anew with the counter as it stands.
+      Acquired grant(const LockRef& lock, Clock::time_point now) {
+        if (hold(lock, now)) ++fence;
+        return Acquired::taken(fence);
       }
     };
     Acquired acquire_exclusive(Entry& e, const LockRef& lock, Clock::time_point now);
