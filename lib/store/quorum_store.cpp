@@ -132,11 +132,11 @@ void QuorumStore::started() {
 struct QuorumStore::AcquireBatch {
   struct Lock : OwnedLock {
     using OwnedLock::OwnedLock;
-    std::size_t busy = 0, failed = 0;
+    std::size_t busy = 0;
     std::vector<std::size_t> took;  // stores that set our token
     std::uint64_t max_fence = 0;
     milliseconds min_busy = milliseconds::max();  // the least a busy store answered
-    std::vector<std::string> errors;
+    std::vector<std::string> errors;  // one per store that failed
     // The most telling failure: one that is not kUnavailable once any was.
     std::unique_ptr<StoreError> telling;
     bool decided = false;   // a majority took it (raising), or it was given up
@@ -168,7 +168,6 @@ void QuorumStore::on_acquire_vote(const std::shared_ptr<AcquireBatch>& b, std::s
     t.busy++;
     t.min_busy = std::min(t.min_busy, r.busy_for);
   } else {
-    t.failed++;
     t.errors.push_back(fmt::format("{}: {}", names_[store], r.error.describe()));
     keep_most_telling(t.telling, r.error);
   }
@@ -187,7 +186,7 @@ void QuorumStore::on_acquire_vote(const std::shared_ptr<AcquireBatch>& b, std::s
     for (std::size_t s : std::vector<std::size_t>(t.took)) raise_on(b, k, s);
     return;
   }
-  if (t.busy + t.failed > n - quorum_) {
+  if (t.busy + t.errors.size() > n - quorum_) {
     // A majority is out of reach.
     t.decided = true;
     Acquired out;
@@ -198,7 +197,7 @@ void QuorumStore::on_acquire_vote(const std::shared_ptr<AcquireBatch>& b, std::s
     } else {
       out.error = StoreError::unavailable(
           t.errors.empty() ? names_[store] : fmt::format("{}", fmt::join(t.errors, "; ")),
-          fmt::format("no majority: {} of {} nodes failed, {} busy", t.failed, n, t.busy));
+          fmt::format("no majority: {} of {} nodes failed, {} busy", t.errors.size(), n, t.busy));
     }
     give_back(b, k, out);
   }
@@ -231,7 +230,7 @@ void QuorumStore::check_raised(const std::shared_ptr<AcquireBatch>& b, std::size
       return b->done(k, Acquired::taken(t.fence));
     }
     why = "a majority raised its fencing counters only after the validity time";
-  } else if (t.took.size() + t.busy + t.failed == stores_.size() && t.raise_replies == t.raise_asked) {
+  } else if (t.took.size() + t.busy + t.errors.size() == stores_.size() && t.raise_replies == t.raise_asked) {
     why = "could not raise a majority's fencing counters";
   }
   if (why != nullptr)
