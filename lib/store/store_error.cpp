@@ -47,15 +47,13 @@ std::string StoreError::describe() const {
 bool parse_owner_record(std::string_view text, HolderInfo& out) {
   const auto space = text.find(' ');
   if (space == std::string_view::npos || space == 0) return false;
-  if (text.substr(0, space) == "-") {  // the time was not to be had (an ACL without TIME)
-    out.owner_name.assign(text.substr(space + 1));
-    return false;
-  }
   const auto ms = whole_number<std::int64_t>(text.substr(0, space));
-  if (!ms || *ms < 0) return false;
-  out.since = std::chrono::system_clock::time_point(std::chrono::milliseconds(*ms));
+  const bool timed = ms && *ms >= 0;
+  // "-": the time was not to be had (an ACL without TIME), the name was.
+  if (!timed && text.substr(0, space) != "-") return false;
+  if (timed) out.since = std::chrono::system_clock::time_point(std::chrono::milliseconds(*ms));
   out.owner_name.assign(text.substr(space + 1));
-  return true;
+  return timed;
 }
 
 [[noreturn]] void throw_unsupported(std::string_view store_kind, std::string_view what) {
