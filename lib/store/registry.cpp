@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
+#include <algorithm>
 #include <ranges>
 
 #include "core/url.hpp"
@@ -24,10 +25,8 @@ constexpr const StoreKind* kKinds[] = {
 };
 
 bool serves(const StoreKind& kind, std::string_view scheme) {
-  for (const auto s : std::views::split(kind.schemes, ' ')) {
-    if (std::string_view(s.begin(), s.end()) == scheme) return true;
-  }
-  return false;
+  return std::ranges::any_of(std::views::split(kind.schemes, ' '),
+                             [&](const auto s) { return std::string_view(s.begin(), s.end()) == scheme; });
 }
 
 std::string supported() {
