@@ -54,28 +54,23 @@ struct Votes {
   std::size_t operator[](Status s) const { return by_status[static_cast<std::size_t>(s)]; }
 };
 
-// What the stores answered so far to one operator call, and its caller.
-template <class Tally, class Done>
+// What the stores answered so far to one operator call: the value of each
+// that answered, the most telling failure of the others; and its caller.
+template <class Value, class Done>
 struct Answers {
-  std::size_t replies = 0, answered = 0;
-  std::unique_ptr<StoreError> error;  // the most telling failure
+  explicit Answers(Done caller) : done(std::move(caller)) {}
+  std::size_t replies = 0;
+  std::vector<Value> values;
+  std::unique_ptr<StoreError> error;
   Done done;
 
-  static std::shared_ptr<Tally> make(Done caller) {
-    auto t = std::make_shared<Tally>();
-    t->done = std::move(caller);
-    return t;
-  }
-
-  // Counts one store's reply (`answer` runs if it answered); true once all `n` replied.
-  template <class Answer>
-  bool heard(const StoreError* err, std::size_t n, Answer answer) {
+  // Counts one store's reply (`value` if it answered); true once all `n` replied.
+  bool heard(const StoreError* err, std::size_t n, Value value) {
     replies++;
     if (err) {
       keep_most_telling(error, *err);
     } else {
-      answered++;
-      answer();
+      values.push_back(std::move(value));
     }
     return replies == n;
   }
@@ -296,14 +291,11 @@ void QuorumStore::release(std::span<const LockRef> locks, bool notify, ReleaseDo
 // ------------------------------------------------------------ scheduled jobs
 
 void QuorumStore::server_time(TimeDone done) {
-  struct Tally : Answers<Tally, TimeDone> {
-    std::vector<std::chrono::system_clock::time_point> times;
-  };
-  auto t = Tally::make(std::move(done));
+  auto t = std::make_shared<Answers<std::chrono::system_clock::time_point, TimeDone>>(std::move(done));
   for (auto& s : stores_) {
     capability<JobClaims>(*s)->server_time([this, t](std::chrono::system_clock::time_point now, const StoreError* err) {
-      if (!t->heard(err, stores_.size(), [&] { t->times.push_back(now); })) return;
-      if (t->times.size() >= quorum_) return t->done(median(t->times), nullptr);
+      if (!t->heard(err, stores_.size(), now)) return;
+      if (t->values.size() >= quorum_) return t->done(median(t->values), nullptr);
       const StoreError none = StoreError::unavailable("quorum", "no majority answered TIME");
       t->done({}, t->error ? t->error.get() : &none);
     });
@@ -313,23 +305,22 @@ void QuorumStore::server_time(TimeDone done) {
 void QuorumStore::claim_period(std::string_view name, std::string_view token, std::int64_t period,
                                std::chrono::system_clock::time_point start, ClaimDone done) {
   using S = ClaimResult::Status;
-  struct Tally : Answers<Tally, ClaimDone> {
+  // The answers' store times, their votes and the last period run any reported.
+  struct Tally : Answers<std::chrono::system_clock::time_point, ClaimDone> {
+    using Answers::Answers;
     Votes<S, 5> votes;
     std::int64_t last = 0;
-    std::vector<std::chrono::system_clock::time_point> times;
   };
-  auto t = Tally::make(std::move(done));
+  auto t = std::make_shared<Tally>(std::move(done));
   for (auto& s : stores_) {
     capability<JobClaims>(*s)->claim_period(name, token, period, start, [this, t](const ClaimResult& r) {
       t->votes.count(r.status);
       if (r.status == S::kAlreadyRun) t->last = std::max(t->last, r.last);
-      if (!t->heard(r.status == S::kFailed ? &r.error : nullptr, stores_.size(),
-                    [&] { t->times.push_back(r.store_time); }))
-        return;
+      if (!t->heard(r.status == S::kFailed ? &r.error : nullptr, stores_.size(), r.store_time)) return;
       const std::size_t n = stores_.size();
       const auto& v = t->votes;
       ClaimResult out;
-      if (!t->times.empty()) out.store_time = median(t->times);
+      if (!t->values.empty()) out.store_time = median(t->values);
       if (v[S::kClaimed] >= quorum_) {
         out.status = S::kClaimed;
       } else if (v[S::kNotLeader] > n - quorum_) {
@@ -388,10 +379,7 @@ LockInfo QuorumStore::majority_view(const std::vector<LockInfo>& infos, std::siz
 }
 
 void QuorumStore::list_locks(std::string_view prefix, std::size_t limit, ListDone done) {
-  struct Tally : Answers<Tally, ListDone> {
-    std::map<std::string, std::vector<LockInfo>> by_key;
-  };
-  auto t = Tally::make(std::move(done));
+  auto t = std::make_shared<Answers<std::vector<LockInfo>, ListDone>>(std::move(done));
   // Each store lists in its own order: every one is asked for all it has
   // (up to the runtime's bound), so that a majority's locks meet here.
   constexpr std::size_t kEach = 10000;
@@ -402,14 +390,16 @@ void QuorumStore::list_locks(std::string_view prefix, std::size_t limit, ListDon
   for (auto& s : stores_) {
     LockListing* listing = capability<LockListing>(*s);
     listing->list_locks(prefix, kEach, [this, t, limit](std::vector<LockInfo> locks, const StoreError* err) {
-      if (!t->heard(err, stores_.size(), [&] { for (auto& l : locks) t->by_key[l.key].push_back(std::move(l)); }))
-        return;
-      if (t->answered < quorum_) {
+      if (!t->heard(err, stores_.size(), std::move(locks))) return;
+      if (t->values.size() < quorum_) {
         const StoreError unknown = t->error ? *t->error : StoreError::unavailable("quorum", "too few nodes answered");
         return t->done({}, &unknown);
       }
+      std::map<std::string, std::vector<LockInfo>> by_key;
+      for (auto& each : t->values)
+        for (auto& l : each) by_key[l.key].push_back(std::move(l));
       std::vector<LockInfo> out;
-      for (const auto& [key, infos] : t->by_key) {
+      for (const auto& [key, infos] : by_key) {
         if (out.size() >= limit) break;
         std::size_t largest = 0;
         LockInfo view = majority_view(infos, largest);
@@ -421,19 +411,16 @@ void QuorumStore::list_locks(std::string_view prefix, std::size_t limit, ListDon
 }
 
 void QuorumStore::inspect(std::string_view name, InspectDone done) {
-  struct Tally : Answers<Tally, InspectDone> {
-    std::vector<LockInfo> infos;
-  };
-  auto t = Tally::make(std::move(done));
+  auto t = std::make_shared<Answers<LockInfo, InspectDone>>(std::move(done));
   for (auto& s : stores_) {
     capability<OperatorTools>(*s)->inspect(name, [this, t](const LockInfo& info, const StoreError* err) {
-      if (!t->heard(err, stores_.size(), [&] { t->infos.push_back(info); })) return;
+      if (!t->heard(err, stores_.size(), info)) return;
       std::size_t largest = 0;
-      LockInfo out = majority_view(t->infos, largest);
+      LockInfo out = majority_view(t->values, largest);
       // Free only if the silent stores could not make a majority for
       // anyone with those that answered.
-      const std::size_t silent = stores_.size() - t->answered;
-      if (!out.held && (largest + silent >= quorum_ || t->answered < quorum_)) {
+      const std::size_t silent = stores_.size() - t->values.size();
+      if (!out.held && (largest + silent >= quorum_ || t->values.size() < quorum_)) {
         std::string why = fmt::format("cannot tell whether the lock is held: {} of {} nodes did not answer", silent,
                                       stores_.size());
         if (t->error) why += " (" + t->error->describe() + ")";
@@ -446,14 +433,11 @@ void QuorumStore::inspect(std::string_view name, InspectDone done) {
 }
 
 void QuorumStore::force_release(std::string_view name, ForceDone done) {
-  struct Tally : Answers<Tally, ForceDone> {
-    bool held = false;
-  };
-  auto t = Tally::make(std::move(done));
+  auto t = std::make_shared<Answers<bool, ForceDone>>(std::move(done));
   for (auto& s : stores_) {
     capability<OperatorTools>(*s)->force_release(name, [this, t](bool held, const StoreError* err) {
-      if (!t->heard(err, stores_.size(), [&] { t->held = t->held || held; })) return;
-      t->done(t->held, t->answered >= quorum_ ? nullptr : t->error.get());
+      if (!t->heard(err, stores_.size(), held)) return;
+      t->done(std::ranges::count(t->values, true) > 0, t->values.size() >= quorum_ ? nullptr : t->error.get());
     });
   }
 }
