@@ -348,11 +348,11 @@ void QuorumStore::claim_period(std::string_view name, std::string_view token, st
 // theirs, the holders those a majority records (a reader's share is on a
 // majority of its own), each as the first store that answered records it
 // (its grant time on that store's clock). The counter is the highest any
-// store has. `largest`: the most stores that agree on one owner.
-LockInfo QuorumStore::majority_view(const std::vector<LockInfo>& infos, std::size_t& largest) const {
+// store has. With it, the most stores that agree on one owner.
+std::pair<LockInfo, std::size_t> QuorumStore::majority_view(const std::vector<LockInfo>& infos) const {
   LockInfo out;
   std::map<std::string, std::vector<const LockInfo*>> by_owner;
-  largest = 0;
+  std::size_t largest = 0;
   for (const auto& i : infos) {
     out.fencing_token = std::max(out.fencing_token, i.fencing_token);
     if (i.held) by_owner[i.owner].push_back(&i);
@@ -375,7 +375,7 @@ LockInfo QuorumStore::majority_view(const std::vector<LockInfo>& infos, std::siz
     for (const auto& h : held.front()->holders)
       if (votes[h.token].first >= quorum_) out.holders.push_back(*votes[h.token].second);
   }
-  return out;
+  return {std::move(out), largest};
 }
 
 void QuorumStore::list_locks(std::string_view prefix, std::size_t limit, ListDone done) {
@@ -401,8 +401,7 @@ void QuorumStore::list_locks(std::string_view prefix, std::size_t limit, ListDon
       std::vector<LockInfo> out;
       for (const auto& [key, infos] : by_key) {
         if (out.size() >= limit) break;
-        std::size_t largest = 0;
-        LockInfo view = majority_view(infos, largest);
+        LockInfo view = majority_view(infos).first;
         if (view.held) out.push_back(std::move(view));
       }
       t->done(std::move(out), nullptr);
@@ -415,8 +414,7 @@ void QuorumStore::inspect(std::string_view name, InspectDone done) {
   for (auto& s : stores_) {
     capability<OperatorTools>(*s)->inspect(name, [this, t](const LockInfo& info, const StoreError* err) {
       if (!t->heard(err, stores_.size(), info)) return;
-      std::size_t largest = 0;
-      LockInfo out = majority_view(t->values, largest);
+      auto [out, largest] = majority_view(t->values);
       // Free only if the silent stores could not make a majority for
       // anyone with those that answered.
       const std::size_t silent = stores_.size() - t->values.size();

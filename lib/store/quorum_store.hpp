@@ -58,7 +58,7 @@ class QuorumStore final : public StoreBase, public JobClaims, public OperatorToo
   void list_locks(std::string_view prefix, std::size_t limit, ListDone done) override;
 
  private:
-  LockInfo majority_view(const std::vector<LockInfo>& infos, std::size_t& largest) const;
+  std::pair<LockInfo, std::size_t> majority_view(const std::vector<LockInfo>& infos) const;
   void started() override;
   struct AcquireBatch;
   void on_acquire_vote(const std::shared_ptr<AcquireBatch>& b, std::size_t store, std::size_t index,
