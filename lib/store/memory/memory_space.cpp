@@ -217,16 +217,13 @@ LockInfo MemorySpace::State::inspect(std::string_view name) const {
     if (held.until <= now) continue;
     info.held = true;
     info.ttl = std::max(info.ttl, std::chrono::duration_cast<milliseconds>(held.until - now));
-    HolderInfo& h = info.holders.emplace_back();
-    h.token = token;
-    h.owner_name = held.owner_name;
-    h.since = held.since;
+    HolderInfo& h = info.holders.emplace_back(HolderInfo{token, held.owner_name, held.since});
     if (h.since != std::chrono::system_clock::time_point{})
       h.held_for = std::max(milliseconds(0), std::chrono::duration_cast<milliseconds>(wall - h.since));
   }
   if (!info.held) return info;
   info.kind = e.kind;
-  if (e.kind.exclusive_kind() || e.kind.mode() == LockKind::Mode::kFair) info.owner = info.holders.front().token;
+  if (e.kind.single_holder()) info.owner = info.holders.front().token;
   return info;
 }
 
