@@ -227,13 +227,15 @@ LockInfo MemorySpace::State::inspect(std::string_view name) const {
   return info;
 }
 
-std::vector<std::pair<std::string, LockInfo>> MemorySpace::State::list(std::string_view name_prefix,
-                                                                       std::size_t limit) const {
-  std::vector<std::pair<std::string, LockInfo>> out;
+std::vector<LockInfo> MemorySpace::State::list(std::string_view name_prefix, std::size_t key_from,
+                                               std::size_t limit) const {
+  std::vector<LockInfo> out;
   for (auto it = entries_.lower_bound(name_prefix); it != entries_.end() && out.size() < limit; ++it) {
     if (it->first.compare(0, name_prefix.size(), name_prefix) != 0) break;
-    LockInfo info = inspect(it->first);
-    if (info.held) out.emplace_back(it->first, std::move(info));
+    if (LockInfo info = inspect(it->first); info.held) {
+      info.key = it->first.substr(key_from);
+      out.push_back(std::move(info));
+    }
   }
   return out;
 }

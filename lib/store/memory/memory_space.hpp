@@ -80,9 +80,9 @@ class MemorySpace {
     ClaimResult claim(std::string_view name, std::string_view token, std::int64_t period,
                       std::chrono::system_clock::time_point start);
     LockInfo inspect(std::string_view name) const;
-    // The locks held whose name starts with `name_prefix`, at most `limit`
-    // (their LockInfo::key left for the store to fill).
-    std::vector<std::pair<std::string, LockInfo>> list(std::string_view name_prefix, std::size_t limit) const;
+    // The locks held whose name starts with `name_prefix`, at most `limit`,
+    // each LockInfo::key its name past the first `key_from` bytes (the user's key).
+    std::vector<LockInfo> list(std::string_view name_prefix, std::size_t key_from, std::size_t limit) const;
     bool force_release(std::string_view name);
 
    private:

@@ -179,13 +179,8 @@ void MemoryStore::inspect(std::string_view name, InspectDone done) {
 }
 
 void MemoryStore::list_locks(std::string_view prefix, std::size_t limit, ListDone done) {
-  single(std::move(done), [p = encode(prefix), name_prefix = traits().keys.prefix, limit](MemorySpace::State& s) {
-    std::vector<LockInfo> out;
-    for (auto& [name, info] : s.list(p, limit)) {
-      info.key = name.substr(name_prefix.size());
-      out.push_back(std::move(info));
-    }
-    return out;
+  single(std::move(done), [p = encode(prefix), key_from = traits().keys.prefix.size(), limit](MemorySpace::State& s) {
+    return s.list(p, key_from, limit);
   });
 }
 
