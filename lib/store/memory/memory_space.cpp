@@ -270,13 +270,11 @@ std::shared_ptr<MemorySpace> MemorySpace::open(const std::string& name) {
   if (auto live = slot.lock()) return live;
   // The deleter forgets the name, unless a new space took it meanwhile.
   std::shared_ptr<MemorySpace> space(new MemorySpace(name), [](MemorySpace* s) {
-    {
-      Registry& r = registry();
-      std::lock_guard lk(r.mu);
-      auto it = r.spaces.find(s->name());
-      if (it != r.spaces.end() && it->second.expired()) r.spaces.erase(it);
-    }
-    delete s;
+    const std::unique_ptr<MemorySpace> gone(s);  // deleted once the registry's lock is let go
+    Registry& r = registry();
+    std::lock_guard lk(r.mu);
+    auto it = r.spaces.find(s->name());
+    if (it != r.spaces.end() && it->second.expired()) r.spaces.erase(it);
   });
   slot = space;
   return space;
