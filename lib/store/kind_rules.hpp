@@ -94,9 +94,7 @@ inline std::string refusal(std::string_view name, LockKind held, LockKind asked)
 // writer's attempt is what makes the store stop new readers for it). The
 // store still decides.
 constexpr bool admits(std::uint32_t single, std::uint32_t many, LockKind kind) noexcept {
-  if (single != 0) return false;
-  if (kind.mode() == LockKind::Mode::kPermits) return many < kind.permit_count();
-  return true;
+  return single == 0 && (kind.mode() != LockKind::Mode::kPermits || many < kind.permit_count());
 }
 
 }  // namespace lockwatch::detail::kinds
