@@ -67,13 +67,11 @@ void MemoryStore::overdue() {
   std::vector<std::shared_ptr<Request>> expired;
   while (!held_.empty() && (held_.front()->done || now - held_.front()->sent >= command_timeout_)) {
     if (!held_.front()->done) expired.push_back(held_.front());
+    held_.front()->done = true;
     held_.pop_front();
   }
   // The failures may send new requests: the queue is consistent first.
-  for (auto& r : expired) {
-    r->done = true;
-    r->fail();
-  }
+  for (auto& r : expired) r->fail();
 }
 
 namespace {
