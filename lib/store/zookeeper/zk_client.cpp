@@ -8,9 +8,9 @@
 namespace lockwatch::detail {
 
 void ZkSink::post(std::function<void(ZkSessions&)> f) {
-  if (target() == nullptr) return;
+  if (sessions == nullptr) return;
   loop->post([self = shared_from_this(), f = std::move(f)] {
-    if (ZkSessions* s = self->target(); s != nullptr) f(*s);
+    if (ZkSessions* s = self->sessions; s != nullptr) f(*s);
   });
 }
 
@@ -27,11 +27,6 @@ void ZkSink::release_ctx(ZkCtx* ctx) {
     in_flight.erase(ctx);
   }
   delete ctx;
-}
-
-ZkSessions* ZkSink::target() {
-  std::lock_guard lk(mu);
-  return sessions;
 }
 
 void ZkSink::forget_session(std::uint64_t serial) {

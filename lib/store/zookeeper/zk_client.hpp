@@ -9,6 +9,7 @@
 
 #include <zookeeper/zookeeper.h>
 
+#include <atomic>
 #include <condition_variable>
 #include <cstdint>
 #include <functional>
@@ -48,9 +49,9 @@ using ZkIssue = std::function<int(zhandle_t*, void*)>;
 
 // Shared by the sessions and the client's threads. `sessions` is cleared
 // (on the loop) when the store closes: answers after that are dropped.
+// Read on any thread.
 struct ZkSink : std::enable_shared_from_this<ZkSink> {
-  std::mutex mu;
-  ZkSessions* sessions = nullptr;
+  std::atomic<ZkSessions*> sessions = nullptr;
   Loop* loop = nullptr;
   // The contexts the client holds, by the session that sent them: a
   // handle closed while disconnected does not always call back what it
@@ -65,8 +66,6 @@ struct ZkSink : std::enable_shared_from_this<ZkSink> {
   // handle closed: forget_session()).
   ZkCtx* new_ctx(std::uint64_t id, std::uint64_t session);
   void release_ctx(ZkCtx* ctx);
-  // Null once the store closed (any thread).
-  ZkSessions* target();
   void forget_session(std::uint64_t serial);
 };
 

@@ -64,7 +64,7 @@ void ZkSessions::look_up_names(Session& s) {
   s.awaiting_names = true;
   auto all = Countdown<int, Lookup>::make(names, std::move(found), [sink = sink_, serial = s.serial](auto& c) {
     // Null once the store closed.
-    if (ZkSessions* st = sink->target(); st != nullptr) st->names_resolved(serial, c.addresses);
+    if (ZkSessions* st = sink->sessions; st != nullptr) st->names_resolved(serial, c.addresses);
   });
   for (std::size_t i = 0; i < target_.hosts.size(); ++i) {
     if (!all->addresses[i].empty()) continue;  // numeric: nothing to look up
@@ -297,10 +297,7 @@ void ZkSessions::stop_requests() {
 }
 
 void ZkSessions::close() {
-  {
-    std::lock_guard lk(sink_->mu);
-    sink_->sessions = nullptr;
-  }
+  sink_->sessions = nullptr;
   for (auto& [ms, s] : sessions_) closer_.close_later(s->zh, s->watch_ctx);
   sessions_.clear();
   holds = {};
