@@ -40,12 +40,12 @@ ZkSessions::ZkSessions(Loop& loop, const ZkTarget& target, const ConnectionOptio
 
 ZkSessions::~ZkSessions() { close(); }
 
-ZkSessions::Session* ZkSessions::session_for(milliseconds ttl) {
+ZkSession* ZkSessions::session_for(milliseconds ttl) {
   const long long ms = std::max<long long>(ttl.count(), 1);
   auto& s = sessions_[ms];
   if (s != nullptr && (s->zh != nullptr || s->awaiting_names)) return s.get();
   if (s != nullptr) delete s->watch_ctx;  // its set-up failed: try again
-  s = std::make_unique<Session>(Session{.serial = next_serial_++, .requested_ms = ms, .started = Clock::now()});
+  s = std::make_unique<ZkSession>(ZkSession{.serial = next_serial_++, .requested_ms = ms, .started = Clock::now()});
   look_up_names(*s);
   return s.get();
 }
@@ -53,7 +53,7 @@ ZkSessions::Session* ZkSessions::session_for(milliseconds ttl) {
 // Member names are looked up on libuv's thread pool (the client library
 // would look them up in zookeeper_init(), on the loop), then the handle is
 // made on their addresses.
-void ZkSessions::look_up_names(Session& s) {
+void ZkSessions::look_up_names(ZkSession& s) {
   struct Lookup {
     std::vector<std::string> addresses;  // per member; empty: not resolved
   };
@@ -81,7 +81,7 @@ void ZkSessions::names_resolved(std::uint64_t serial, const std::vector<std::str
     if (s->serial == serial && !closed_ && std::exchange(s->awaiting_names, false)) return open_handle(*s, addresses);
 }
 
-void ZkSessions::open_handle(Session& s, const std::vector<std::string>& addresses) {
+void ZkSessions::open_handle(ZkSession& s, const std::vector<std::string>& addresses) {
   std::string hosts;
   for (std::size_t i = 0; i < addresses.size(); ++i)
     if (!addresses[i].empty()) hosts += (hosts.empty() ? "" : ",") + host_port(addresses[i], target_.hosts[i].second);
@@ -105,7 +105,7 @@ void ZkSessions::open_handle(Session& s, const std::vector<std::string>& address
   for (auto& [id, issue] : std::exchange(s.parked, {})) issue_now(s, id, issue);
 }
 
-ZkSessions::Session* ZkSessions::any_session() {
+ZkSession* ZkSessions::any_session() {
   for (auto& [ms, s] : sessions_)
     if (s->zh != nullptr && s->up) return s.get();
   for (auto& [ms, s] : sessions_)
@@ -113,13 +113,13 @@ ZkSessions::Session* ZkSessions::any_session() {
   return session_for(std::max(connection_.connect_timeout, milliseconds(2000)));
 }
 
-ZkSessions::Session* ZkSessions::live(std::uint64_t serial) {
+ZkSession* ZkSessions::live(std::uint64_t serial) {
   for (auto& [ms, s] : sessions_)
     if (s->serial == serial) return s->zh != nullptr ? s.get() : nullptr;
   return nullptr;
 }
 
-bool ZkSessions::retire(Session* s) {
+bool ZkSessions::retire(ZkSession* s) {
   for (auto& [id, issue] : std::exchange(s->parked, {})) fail_later(id, ZSESSIONEXPIRED);
   closer_.close_later(s->zh, s->watch_ctx);
   const bool had_locks = holds.drop_session(s->serial);
@@ -130,7 +130,7 @@ bool ZkSessions::retire(Session* s) {
 // ---- what the client tells
 
 void ZkSessions::on_session_state(std::uint64_t serial, int state) {
-  Session* s = live(serial);  // a session's events come from its handle
+  ZkSession* s = live(serial);  // a session's events come from its handle
   if (s == nullptr || closed_) return;
   if (state == ZOO_CONNECTED_STATE) {
     connected(*s);
@@ -144,7 +144,7 @@ void ZkSessions::on_session_state(std::uint64_t serial, int state) {
   }
 }
 
-void ZkSessions::connected(Session& s) {
+void ZkSessions::connected(ZkSession& s) {
   const bool was_up = std::exchange(s.up, true);
   ++s.connects;
   ++connections_;
@@ -160,7 +160,7 @@ void ZkSessions::connected(Session& s) {
   if (!was_up && events_.connection) events_.connection(endpoint_, true, "");
 }
 
-void ZkSessions::ended(Session& s, int state) {
+void ZkSessions::ended(ZkSession& s, int state) {
   if (state == ZOO_EXPIRED_SESSION_STATE) expired_.insert(s.serial);  // the ensemble says its nodes are gone
   const bool had_locks = retire(&s);
   if (events_.connection)
@@ -221,14 +221,14 @@ void ZkSessions::post(std::function<void()> f) {
   sink_->post([f = std::move(f)](ZkSessions&) { f(); });
 }
 
-void ZkSessions::make_node(Session& s, std::string path, std::function<void(int rc)> done) {
+void ZkSessions::make_node(ZkSession& s, std::string path, std::function<void(int rc)> done) {
   request(
       s, [done = std::move(done)](const ZkResult& r) { done(r.rc == ZNODEEXISTS ? ZOK : r.rc); }, false, zoo_acreate,
       std::move(path), "", 0, acl(), ZOO_PERSISTENT, zk::on_created_path);
 }
 
 bool ZkSessions::resend(std::uint64_t id, Pending& p) {
-  Session* s = closed_ || Clock::now() >= p.deadline ? nullptr : live(p.session);
+  ZkSession* s = closed_ || Clock::now() >= p.deadline ? nullptr : live(p.session);
   if (s == nullptr) return false;
   if (s->up && s->connects != p.connects)
     issue_now(*s, id, p.again);  // it connected again before this answer came
@@ -237,7 +237,7 @@ bool ZkSessions::resend(std::uint64_t id, Pending& p) {
   return true;
 }
 
-void ZkSessions::send(Session& s, ZkReply reply, ZkIssue issue, bool read) {
+void ZkSessions::send(ZkSession& s, ZkReply reply, ZkIssue issue, bool read) {
   const std::uint64_t id = next_id_++;
   // A request parked on a session that is not connected fails at this
   // deadline (sooner on one that never connected: the connect timeout
@@ -253,7 +253,7 @@ void ZkSessions::send(Session& s, ZkReply reply, ZkIssue issue, bool read) {
   issue_now(s, id, issue);
 }
 
-void ZkSessions::issue_now(Session& s, std::uint64_t id, const ZkIssue& issue) {
+void ZkSessions::issue_now(ZkSession& s, std::uint64_t id, const ZkIssue& issue) {
   int rc = closed_ ? ZCLOSING : zk::kNoHandle;
   if (!closed_ && s.zh != nullptr) {
     if (auto p = pending_.find(id); p != pending_.end()) p->second.connects = s.connects;

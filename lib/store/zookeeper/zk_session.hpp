@@ -65,24 +65,23 @@ struct ZkSession {
 class ZkSessions {
  public:
   using Clock = std::chrono::steady_clock;
-  using Session = ZkSession;
 
   // `events` are the store's, set when it starts: read only once something happens.
   ZkSessions(Loop& loop, const ZkTarget& target, const ConnectionOptions& connection, const StoreEvents& events);
   ~ZkSessions();
 
   // The session for locks of `ttl`, made (and connecting) if there is none.
-  Session* session_for(std::chrono::milliseconds ttl);
+  ZkSession* session_for(std::chrono::milliseconds ttl);
   // A connected session if there is one, else any, else a new one.
-  Session* any_session();
+  ZkSession* any_session();
   // The session `serial` if it still has a handle.
-  Session* live(std::uint64_t serial);
+  ZkSession* live(std::uint64_t serial);
   // Whether the ensemble said it expired `serial` (so its nodes are gone).
   bool expired(std::uint64_t serial) const { return expired_.count(serial) != 0; }
   // Ends `s` here: its parked requests fail, its handle closes, its holds
   // go (true if it held a lock). The ensemble removes its nodes once it
   // expires there.
-  bool retire(Session* s);
+  bool retire(ZkSession* s);
   // Connections made so far, over every session.
   std::uint64_t connections() const { return connections_; }
 
@@ -92,25 +91,25 @@ class ZkSessions {
   // whose answer is lost with its connection (ZCONNECTIONLOSS) is asked
   // again on the same session once it connects again, within the same
   // bound; a write is not sent again (it may have been applied).
-  void send(Session& s, ZkReply reply, ZkIssue issue, bool read = false);
+  void send(ZkSession& s, ZkReply reply, ZkIssue issue, bool read = false);
   // send() of the client's `call(zh, args..., ctx)`, a std::string passed as
   // its c_str() (the arguments kept until the call is made).
   template <class Call, class... Args>
-  void request(Session& s, ZkReply reply, bool read, Call call, Args... args) {
+  void request(ZkSession& s, ZkReply reply, bool read, Call call, Args... args) {
     send(
         s, std::move(reply),
         [call, ... args = std::move(args)](zhandle_t* zh, void* ctx) { return call(zh, zk::c_arg(args)..., ctx); },
         read);
   }
-  void list(Session& s, std::string path, ZkReply reply) {
+  void list(ZkSession& s, std::string path, ZkReply reply) {
     request(s, std::move(reply), true, zoo_aget_children, std::move(path), 0, zk::on_strings);
   }
-  void read(Session& s, std::string path, bool watch, ZkReply reply) {
+  void read(ZkSession& s, std::string path, bool watch, ZkReply reply) {
     request(s, std::move(reply), true, zoo_aget, std::move(path), watch ? 1 : 0, zk::on_data);
   }
   // Makes the persistent node `path` (no data) on `s`; `done` gets ZOK once
   // it is there (made, or found made), else the failure.
-  void make_node(Session& s, std::string path, std::function<void(int rc)> done);
+  void make_node(ZkSession& s, std::string path, std::function<void(int rc)> done);
   // Runs `f` on the loop's next turn, unless the store closed meanwhile.
   void post(std::function<void()> f);
   // Fails the requests whose deadline passed on an earlier call too: an
@@ -164,18 +163,18 @@ class ZkSessions {
     bool late = false;  // past its deadline at a time_out(): failed at the next
   };
 
-  void look_up_names(Session& s);
+  void look_up_names(ZkSession& s);
   // For the session `serial`, if it is still waiting.
   void names_resolved(std::uint64_t serial, const std::vector<std::string>& addresses);
   // Makes `s`'s handle on the members' `addresses` (numeric; empty where
   // a name did not resolve), or fails what it parked if it makes none.
-  void open_handle(Session& s, const std::vector<std::string>& addresses);
-  void connected(Session& s);
-  void ended(Session& s, int state);
+  void open_handle(ZkSession& s, const std::vector<std::string>& addresses);
+  void connected(ZkSession& s);
+  void ended(ZkSession& s, int state);
   // Every subscribed name's waiters look again (a lost connection's
   // watches cannot fire meanwhile).
   void wake_waiters();
-  void issue_now(Session& s, std::uint64_t id, const ZkIssue& issue);
+  void issue_now(ZkSession& s, std::uint64_t id, const ZkIssue& issue);
   // A read lost with its connection, sent again (true) or not (false:
   // past its bound, or its session is gone).
   bool resend(std::uint64_t id, Pending& p);
@@ -187,7 +186,7 @@ class ZkSessions {
   const ZkTarget target_;
   const std::string endpoint_;
   std::shared_ptr<ZkSink> sink_;
-  std::map<long long, std::unique_ptr<Session>> sessions_;  // by requested timeout (ms)
+  std::map<long long, std::unique_ptr<ZkSession>> sessions_;  // by requested timeout (ms)
   std::uint64_t next_serial_ = 1;
   std::uint64_t connections_ = 0;
   std::set<std::uint64_t> expired_;  // sessions the ensemble said it expired
