@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <map>
+#include <optional>
 
 #include "core/timing.hpp"
 #include "store/zookeeper/zk_nodes.hpp"
@@ -74,30 +75,24 @@ void ZkRenewal::renew_answered(const std::vector<RenewCheck>& chunk, const LockS
     h->second.until = std::max(h->second.until, gone_by(watchdog_, sent, c.ttl));
     done(c.index, Renewed::kYes, nullptr);
   };
-  if (r.rc == ZOK) {
-    for (const auto& c : chunk) confirm(c);
-    return;
-  }
-  if (r.op_errors.size() == chunk.size() && !zk::unreachable(r.rc)) {
-    // A check failed: each operation says which. Those before it were
-    // answered (ours, and the session alive); a node gone is a lock gone;
-    // the rest were not tried.
-    StoreError again = sessions_.error(ZCONNECTIONLOSS, "a renewal in a batch with a lost lock");
-    for (std::size_t k = 0; k < chunk.size(); ++k) {
-      int e = r.op_errors[k];
-      auto i = chunk[k].index;
-      if (e == ZOK)
-        confirm(chunk[k]);
-      else if (e == ZNONODE || e == ZBADVERSION)
-        done(i, Renewed::kGone, nullptr);
-      else
-        done(i, Renewed::kTransient, &again);
+  // A check failed (the session answered): each operation says which.
+  // Those before it were answered (ours, and the session alive); a node
+  // gone is a lock gone; the rest were not tried. Otherwise the multi's
+  // outcome is each lock's: a session expired, the lock is gone.
+  const bool per_op = r.rc != ZOK && r.op_errors.size() == chunk.size() && !zk::unreachable(r.rc);
+  std::optional<StoreError> e;  // made at the first lock it leaves in doubt
+  for (std::size_t k = 0; k < chunk.size(); ++k) {
+    const int rc = per_op ? r.op_errors[k] : r.rc;
+    if (rc == ZOK) {
+      confirm(chunk[k]);
+    } else if (per_op ? rc == ZNONODE || rc == ZBADVERSION : rc == ZSESSIONEXPIRED) {
+      done(chunk[k].index, Renewed::kGone, nullptr);
+    } else {
+      if (!e) e = per_op ? sessions_.error(ZCONNECTIONLOSS, "a renewal in a batch with a lost lock")
+                         : sessions_.error(r.rc, "renewing");
+      done(chunk[k].index, Renewed::kTransient, &*e);
     }
-    return;
   }
-  const bool expired = r.rc == ZSESSIONEXPIRED;
-  const StoreError e = sessions_.error(r.rc, "renewing");
-  for (const auto& c : chunk) done(c.index, expired ? Renewed::kGone : Renewed::kTransient, expired ? nullptr : &e);
 }
 
 void ZkRenewal::expire_held(Clock::time_point now) {
