@@ -35,7 +35,6 @@ void ZkStore::started() {
   auto every = std::clamp(std::min(settings_.connection.command_timeout, settings_.connection.connect_timeout) / 20,
                           milliseconds(5), milliseconds(50));
   uv_timer_start(&sweep_, on_sweep, every.count(), every.count());
-  started_ = true;
 }
 
 // The parts' timeouts, in this order: locks the store expires itself,
@@ -56,11 +55,9 @@ void ZkStore::close() {
   sessions_.stop_requests();
   release_.close();
   sessions_.close();
-  if (started_) {
-    uv_timer_stop(&sweep_);
+  // The sweep runs from start() on; closing a timer stops it.
+  if (uv_is_active(reinterpret_cast<uv_handle_t*>(&sweep_)))
     uv_close(reinterpret_cast<uv_handle_t*>(&sweep_), nullptr);
-    started_ = false;
-  }
 }
 
 }  // namespace lockwatch::detail

@@ -55,7 +55,6 @@ class ZkStore final : public StoreBase {
   ZkOperatorTools tools_;
   uv_timer_t sweep_{};
   Loop& loop_;
-  bool started_ = false;
 };
 
 }  // namespace lockwatch::detail
