@@ -69,7 +69,6 @@ void ZkOperatorTools::read_holders(ZkSession* s, const std::string& dir, std::ve
 
 struct ZkOperatorTools::Listing {
   std::vector<std::string> names{};  // under the prefix, in order
-  std::size_t next = 0;              // the first not inspected yet
   std::size_t limit = 0;
   std::vector<LockInfo> found{};
   LockListing::ListDone done;
@@ -89,33 +88,32 @@ void ZkOperatorTools::list_locks(std::string_view prefix, std::size_t limit, Lis
         listing->names.push_back(std::move(name));
     }
     std::sort(listing->names.begin(), listing->names.end());
-    list_window(listing);
+    list_window(listing, 0);
   });
 }
 
 // A directory stays once made: the names are inspected a window at a time
-// (each window's requests at once), until `limit` held ones are found.
-void ZkOperatorTools::list_window(std::shared_ptr<Listing> listing) {
+// (each window's requests at once, from the name at `from`), until
+// `limit` held ones are found.
+void ZkOperatorTools::list_window(std::shared_ptr<Listing> listing, std::size_t from) {
   constexpr std::size_t kWindow = 64;
-  const std::size_t from = listing->next;
   const std::size_t to = std::min(listing->names.size(), from + kWindow);
   if (from == to || listing->found.size() >= listing->limit) {
     if (listing->found.size() > listing->limit) listing->found.resize(listing->limit);
     return listing->done(std::move(listing->found), nullptr);
   }
-  listing->next = to;
   struct Window {
     std::vector<LockInfo> infos;
   };
   const std::size_t n = to - from;
-  auto all = Countdown<StoreError, Window>::make(n, {std::vector<LockInfo>(n)}, [this, listing, from](auto& w) {
+  auto all = Countdown<StoreError, Window>::make(n, {std::vector<LockInfo>(n)}, [this, listing, from, to](auto& w) {
     if (w.failure) return listing->done({}, &*w.failure);
     for (std::size_t k = 0; k < w.infos.size(); ++k) {
       if (!w.infos[k].held) continue;
       w.infos[k].key = listing->names[from + k].substr(key_prefix_);
       listing->found.push_back(std::move(w.infos[k]));
     }
-    list_window(listing);
+    list_window(listing, to);
   });
   for (std::size_t i = from; i < to; ++i)
     inspect(listing->names[i], [all, i, from](const LockInfo& info, const StoreError* e) {

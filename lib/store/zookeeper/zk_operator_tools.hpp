@@ -32,7 +32,7 @@ class ZkOperatorTools final : public OperatorTools, public LockListing {
 
  private:
   struct Listing;
-  void list_window(std::shared_ptr<Listing> listing);
+  void list_window(std::shared_ptr<Listing> listing, std::size_t from);
   // Reads the holders' nodes of `dir` (`nodes`, in order) into a LockInfo.
   void read_holders(ZkSession* s, const std::string& dir, std::vector<std::string> nodes,
                     OperatorTools::InspectDone done);
