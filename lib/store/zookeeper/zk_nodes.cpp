@@ -7,6 +7,7 @@
 #include <iterator>
 
 #include "core/hex.hpp"
+#include "core/whole_number.hpp"
 
 namespace lockwatch::detail::zk {
 
@@ -61,11 +62,7 @@ NodeName parse_node(std::string_view child) {
   const std::size_t end = child.size() - kSeqDigits - 1;  // where "-<sequence>" starts
   if (child.size() < kNodePrefix.size() + kSeqDigits + 1 || !child.starts_with(kNodePrefix) || child[end] != '-')
     return n;
-  std::string_view digits = child.substr(end + 1);
-  std::int64_t seq = 0;
-  auto [p, ec] = std::from_chars(digits.data(), digits.data() + digits.size(), seq);
-  if (ec != std::errc() || p != digits.data() + digits.size()) return n;
-  n.seq = seq;
+  if (!whole_number(child.substr(end + 1), n.seq)) return n;
   std::string_view rest = child.substr(kNodePrefix.size(), end - kNodePrefix.size());
   n.token = rest.substr(0, rest.find('.'));
   if (n.token.size() == rest.size()) return n;
