@@ -110,7 +110,7 @@ void ZkOperatorTools::list_window(std::shared_ptr<Listing> listing, std::size_t 
     if (w.failure) return listing->done({}, &*w.failure);
     for (std::size_t k = 0; k < w.infos.size(); ++k) {
       if (!w.infos[k].held) continue;
-      w.infos[k].key = listing->names[from + k].substr(key_prefix_);
+      w.infos[k].key = listing->names[from + k].substr(store_.traits().keys.prefix.size());
       listing->found.push_back(std::move(w.infos[k]));
     }
     list_window(listing, to);

@@ -21,10 +21,10 @@ namespace lockwatch::detail {
 
 class ZkOperatorTools final : public OperatorTools, public LockListing {
  public:
-  // `store` encodes a listing's prefix; `key_prefix` is the store's (taken
-  // off the names a listing reports).
-  ZkOperatorTools(ZkSessions& sessions, ZkRelease& release, const LockStore& store, std::size_t key_prefix)
-      : sessions_(sessions), release_(release), store_(store), key_prefix_(key_prefix) {}
+  // `store` encodes a listing's prefix; its key prefix is taken off the
+  // names a listing reports.
+  ZkOperatorTools(ZkSessions& sessions, ZkRelease& release, const LockStore& store)
+      : sessions_(sessions), release_(release), store_(store) {}
 
   void inspect(std::string_view name, InspectDone done) override;
   void force_release(std::string_view name, ForceDone done) override;
@@ -40,7 +40,6 @@ class ZkOperatorTools final : public OperatorTools, public LockListing {
   ZkSessions& sessions_;
   ZkRelease& release_;
   const LockStore& store_;
-  const std::size_t key_prefix_;
 };
 
 }  // namespace lockwatch::detail

@@ -24,7 +24,7 @@ ZkStore::ZkStore(Loop& loop, ZkTarget target, const StoreSettings& settings)
       recipe_(sessions_, release_, settings_.watchdog, settings_.owner_name),
       renewal_(sessions_, release_, settings_.watchdog),
       claims_(sessions_),
-      tools_(sessions_, release_, *this, settings_.key_prefix.size()),
+      tools_(sessions_, release_, *this),
       loop_(loop) {
   offer({.job_claims = &claims_, .operator_tools = &tools_, .lock_listing = &tools_, .fair_queue = &release_});
 }
