@@ -5,7 +5,6 @@
 #include <fmt/format.h>
 
 #include <algorithm>
-#include <cassert>
 #include <charconv>
 #include <exception>
 #include <utility>
@@ -100,10 +99,6 @@ bool is_push(const redisReply* r) {
          std::find(std::begin(kKinds), std::end(kKinds), text_of(r->element[0])) != std::end(kKinds);
 }
 
-struct ReplyFree {
-  void operator()(redisReply* r) const noexcept { freeReplyObject(r); }
-};
-
 }  // namespace
 
 RedisConnection::RedisConnection(Loop& loop, Endpoint endpoint, const StoreSettings& settings, Mode mode, Hooks hooks)
@@ -137,7 +132,7 @@ void RedisConnection::start() {
 }
 
 void RedisConnection::attempt() {
-  auth_failed_ = false;
+  auth_refusal_.reset();
   select_failed_ = false;
   // Port 0: the master's address is not known yet. Wait for set_endpoint(),
   // bounded like a connect.
@@ -182,9 +177,7 @@ void RedisConnection::write_handshake() {
   if (hooks_.named) send_handshake(Handshake::kName, {"CLIENT", "SETNAME", "lockwatch:" + owner_});
   if (require_master_) send_handshake(Handshake::kRole, {"ROLE"});
   if (subs_) subs_->resubscribe();
-  if (!hooks_.on_connect_command.empty()) {
-    write(std::vector<std::string_view>(hooks_.on_connect_command.begin(), hooks_.on_connect_command.end()));
-  }
+  if (!hooks_.on_connect_command.empty()) append_resp(out_, hooks_.on_connect_command);
 }
 
 void RedisConnection::stream_ready() {
@@ -267,8 +260,7 @@ void RedisConnection::eval(EvalRequest request, ReplyCallback cb) {
 }
 
 RedisConnection::Queued RedisConnection::queued(EvalRequest& request, ReplyCallback cb) {
-  return Queued{{}, std::move(request.resp_), std::move(cb), request.script_, request.body_at_, false,
-                request.script_};
+  return Queued{{}, std::move(request.resp_), std::move(cb), request.script_, request.body_at_};
 }
 
 void RedisConnection::fail_later(ReplyCallback cb, StoreError err) {
@@ -296,21 +288,20 @@ void RedisConnection::send(Queued q) {
   // Written in RESP straight into the link's output, which the flush hands
   // to the socket once per loop iteration with everything else queued; a
   // large script call goes from its own buffer, in its place (LargeCall).
-  std::string& out = out_;
   if (q.asking) {
     // Its reply (OK) matters to nobody; it only has to come first.
     Queued ask{{"ASKING"}, {}, [](const redisReply*, const StoreError*) {}};
-    append_resp(out, ask.argv);
+    append_resp(out_, ask.argv);
     push_pending(Pending{Handshake::kNone, kUnwritten, std::move(ask)});
   }
   if (q.resp.size() >= kWholeWrite && tls_ == nullptr) {  // TLS encrypts a copy anyway
     q.whole = std::make_shared<const RespText>(std::move(q.resp));
     q.resp.clear();
-    wholes_.push_back(LargeCall{out.size(), q.whole});
+    wholes_.push_back(LargeCall{out_.size(), q.whole});
   } else if (!q.resp.empty()) {
-    out.append(q.resp.data(), q.resp.size());
+    out_.append(q.resp.data(), q.resp.size());
   } else {
-    append_resp(out, q.argv);
+    append_resp(out_, q.argv);
   }
   push_pending(Pending{Handshake::kNone, kUnwritten, std::move(q)});
   request_timer_.watch();
@@ -322,7 +313,6 @@ void RedisConnection::push_pending(Pending p) {
   if (p.awaited) ++awaited_;
   std::lock_guard lk(lane_mu_);
   pending_.push_back(std::move(p));
-  ++unwritten_;
   lane_idle_.store(false, std::memory_order_relaxed);
 }
 
@@ -373,33 +363,35 @@ void RedisConnection::flush() {
   }
   const auto done = static_cast<std::size_t>(n);
   const std::size_t used = out_.size();
-  std::string rest;
-  std::vector<LargeCall> wholes;
+  std::unique_ptr<RedisWrite> rest;
   if (done < total) {
     // The socket is full: the rest goes out with a write of libuv's, and
     // the lane waits for it. The buffers go with it whole, nothing
     // copied; out_ goes on in the one a finished write gave back.
-    rest.swap(out_);
+    rest = std::make_unique<RedisWrite>();
+    rest->data.swap(out_);
     out_.swap(spare_);
-    wholes.swap(wholes_);
+    rest->wholes.swap(wholes_);
     ++writes_in_flight_;
   }
   wholes_.clear();
   written(used);
   note_lane();
   lk.unlock();
-  if (done < total) queue_write(std::move(rest), done, std::move(wholes));
+  if (rest) {
+    const Pieces left = pieces(rest->data, rest->wholes, done);
+    link->write_later(std::move(rest), left.bufs(), left.count());
+  }
 }
 
 void RedisConnection::written(std::size_t used) {
   // What was just written starts its command timeout now. Only written
   // requests are answered (dispatch), so the unwritten are all still
-  // pending.
+  // pending, the last of it (a direct request goes only on an empty
+  // pending_, and each flush writes all that is queued).
   const auto now = std::chrono::steady_clock::now();
-  assert(unwritten_ <= pending_.size());
-  for (auto it = pending_.end() - static_cast<std::ptrdiff_t>(unwritten_); it != pending_.end(); ++it)
+  for (auto it = pending_.rbegin(); it != pending_.rend() && it->sent_at == kUnwritten; ++it)
     it->sent_at = now;
-  unwritten_ = 0;
   out_.clear();
   // Kept while bursts fill it: a tick's renewals of a million leases take
   // about a MiB, and a buffer made anew is paged in anew. One huge key, or
@@ -410,14 +402,6 @@ void RedisConnection::written(std::size_t used) {
     std::string().swap(out_);
     std::string().swap(spare_);
   }
-}
-
-void RedisConnection::queue_write(std::string data, std::size_t from, std::vector<LargeCall> wholes) {
-  auto w = std::make_unique<RedisWrite>();
-  w->data = std::move(data);
-  w->wholes = std::move(wholes);
-  const Pieces rest = pieces(w->data, w->wholes, from);
-  link_->write_later(std::move(w), rest.bufs(), rest.count());
 }
 
 void RedisConnection::stream_wrote(std::unique_ptr<Stream::Write> done) {
@@ -486,16 +470,15 @@ void RedisConnection::dispatch(const redisReply* r) {
 }
 
 StoreError RedisConnection::error_for(const redisReply* r) const {
-  StoreError e = redis_reply_error(name_, std::string_view(r->str ? r->str : "", r->str ? r->len : 0));
   // After a refused AUTH every answer is NOAUTH: say what AUTH answered.
-  if (auth_failed_) e = StoreError::auth(name_, auth_error_, auth_code_);
-  return e;
+  if (auth_refusal_) return *auth_refusal_;
+  return redis_reply_error(name_, std::string_view(r->str ? r->str : "", r->str ? r->len : 0));
 }
 
 void RedisConnection::on_request_reply(Queued q, const redisReply* r) {
   guarded(kReplyCallback, [&] {
     if (r->type == REDIS_REPLY_ERROR) {
-      if (q.script != nullptr && std::string_view(r->str, r->len).starts_with("NOSCRIPT")) {
+      if (q.body_at != 0 && std::string_view(r->str, r->len).starts_with("NOSCRIPT")) {
         // The server lost its script cache (restart, SCRIPT FLUSH): EVAL
         // runs the source and caches it again. Same arguments: the array
         // header and the key count onwards stay.
@@ -506,13 +489,12 @@ void RedisConnection::on_request_reply(Queued q, const redisReply* r) {
         q.resp.assign(eval.begin(), eval.end());
         q.whole.reset();
         q.body_at = 0;
-        q.script = nullptr;
         send(std::move(q));
       } else {
         StoreError err = error_for(r);
         // Redis names the command at best, never the script or what it
         // calls: say what was sent.
-        if (redis_acl_refusal(err) && !auth_failed_) err.message += " (sent: " + sent(q) + ")";
+        if (redis_acl_refusal(err) && !auth_refusal_) err.message += " (sent: " + sent(q) + ")";
         q.cb(nullptr, &err);
       }
     } else {
@@ -522,7 +504,7 @@ void RedisConnection::on_request_reply(Queued q, const redisReply* r) {
 }
 
 std::string RedisConnection::sent(const Queued& q) {
-  if (q.ran != nullptr) return running(*q.ran);
+  if (q.script != nullptr) return running(*q.script);
   auto arg = [&](std::size_t i) { return i < q.argv.size() ? std::string_view(q.argv[i]) : std::string_view(); };
   std::string out(arg(0));
   // Commands whose subcommand the ACL decides on.
@@ -547,9 +529,7 @@ void RedisConnection::on_handshake_reply(Handshake step, const redisReply* r) {
       if (step == Handshake::kAuth || redis_acl_refusal(refusal)) {
         // AUTH refused, or the user may not SELECT or ask ROLE: refused
         // credentials, not a node to wait for.
-        auth_failed_ = true;
-        auth_error_ = step == Handshake::kAuth ? msg : handshake_error_;
-        auth_code_ = refusal.code;
+        auth_refusal_ = StoreError::auth(name_, step == Handshake::kAuth ? msg : handshake_error_, refusal.code);
       }
     } else if (step == Handshake::kRole) {
       std::string role;
@@ -612,10 +592,9 @@ bool RedisConnection::send_direct(EvalRequest& request, ReplyCallback& cb) {
     const auto now = std::chrono::steady_clock::now();
     if (static_cast<std::size_t>(n) < data.size())
       lane_rest_.assign(data.data() + n, data.size() - static_cast<std::size_t>(n));
-    Pending p{Handshake::kNone, now, queued(request, std::move(cb))};
-    // The loop does not poll for it: it sleeps until the reply wakes it.
-    p.awaited = false;
-    pending_.push_back(std::move(p));
+    // The loop does not poll for it (not awaited): it sleeps until the
+    // reply wakes it.
+    pending_.push_back(Pending{Handshake::kNone, now, queued(request, std::move(cb)), false});
     lane_idle_.store(false, std::memory_order_relaxed);
     lane_sent_ = now;
     watch = !lane_watched_ || !lane_rest_.empty();
@@ -646,7 +625,6 @@ void RedisConnection::drop_link(const std::string& why) {
     lane_watched_ = false;
     note_lane();
     pending = std::exchange(pending_, {});
-    unwritten_ = 0;
     out_.clear();
     wholes_.clear();
   }
@@ -664,10 +642,18 @@ void RedisConnection::drop_link(const std::string& why) {
 void RedisConnection::link_failed(const std::string& why) {
   // Requests wait only while the handshake is unanswered: they were
   // waiting for this attempt, and fail with it.
+  // They fail with `why`: refused credentials, a database the server
+  // lacks, or the node unavailable.
   auto waited = std::exchange(waiting_, {});
   drop_link(why);
-  fail_waiting(std::move(waited), why);
-  went_down(why);
+  if (!waited.empty()) {
+    constexpr const char* kNoDb = "{}: {} (the URL's /db names a database the server does not have)";
+    const StoreError err = auth_refusal_    ? StoreError::auth(name_, why, auth_refusal_->code)
+                           : select_failed_ ? StoreError::invalid(name_, fmt::format(kNoDb, name_, why))
+                                            : StoreError::unavailable(name_, why);
+    for (auto& q : waited) guarded(kReplyCallback, [&] { q.cb(nullptr, &err); });
+  }
+  went_down(why);  // not once closed
 }
 
 void RedisConnection::went_down(const std::string& why) {
@@ -678,15 +664,6 @@ void RedisConnection::went_down(const std::string& why) {
   // those callbacks queued since waits for the next attempt, and fails if
   // that one fails: a caller learns within back-off + connect_timeout.
   reconnector_.down(why);
-}
-
-void RedisConnection::fail_waiting(std::deque<Queued> queued, const std::string& why) {
-  if (queued.empty()) return;
-  constexpr const char* kNoDb = "{}: {} (the URL's /db names a database the server does not have)";
-  const StoreError err = auth_failed_     ? StoreError::auth(name_, why, auth_code_)
-                         : select_failed_ ? StoreError::invalid(name_, fmt::format(kNoDb, name_, why))
-                                          : StoreError::unavailable(name_, why);
-  for (auto& q : queued) guarded(kReplyCallback, [&] { q.cb(nullptr, &err); });
 }
 
 void RedisConnection::attempt_timed_out() {
@@ -777,8 +754,9 @@ void RedisConnection::close() {
   reconnector_.close();
   if (demand_id_ != 0) loop_.remove_demand(demand_id_);
   demand_id_ = 0;
-  drop_link("connection closed");
-  fail_waiting(std::exchange(waiting_, {}), "connection closed");
+  // What is pending and what waits fail; nothing waits any more (a request
+  // made from their callbacks fails, as the connection is closed).
+  link_failed("connection closed");
   request_timer_.close();
   uv_close(reinterpret_cast<uv_handle_t*>(&flush_), nullptr);
 }

@@ -46,6 +46,7 @@
 #include <functional>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -67,6 +68,10 @@ class Loop;
 // MOVED and ASK parsed, NOAUTH as kAuth, ...), a lost connection or a
 // timeout as kUnavailable.
 using ReplyCallback = std::function<void(const redisReply* reply, const StoreError* error)>;
+// A hiredis reply's owner's deleter (std::unique_ptr).
+struct ReplyFree {
+  void operator()(redisReply* r) const noexcept { freeReplyObject(r); }
+};
 
 // A script call's RESP. Its growth leaves the new room unwritten (the call
 // then writes every byte of it), where a string's growth zeroes it: a
@@ -172,8 +177,6 @@ class RedisConnection : private Reconnector::Attempts,
   RedisConnection(Loop& loop, Endpoint endpoint, const StoreSettings& settings, Mode mode, Hooks hooks);
   RedisConnection(Loop& loop, Endpoint endpoint, const StoreSettings& settings, Mode mode)
       : RedisConnection(loop, std::move(endpoint), settings, mode, Hooks()) {}
-  RedisConnection(const RedisConnection&) = delete;
-  RedisConnection& operator=(const RedisConnection&) = delete;
 
   // Loop thread only, from here on.
   void start();
@@ -243,10 +246,11 @@ class RedisConnection : private Reconnector::Attempts,
     std::vector<std::string> argv;  // a command's arguments, or
     RespText resp;                  // a script call written whole (EvalRequest; else `whole`)
     ReplyCallback cb;
-    const Script* script = nullptr;  // non-null: an EVALSHA, retried as EVAL on NOSCRIPT
-    std::size_t body_at = 0;  // in resp (or whole): where the key count starts
+    const Script* script = nullptr;  // a script call's script (for errors)
+    // In resp (or whole): where the key count starts. Non-zero: an
+    // EVALSHA, retried as EVAL on NOSCRIPT (and 0 from then on).
+    std::size_t body_at = 0;
     bool asking = false;   // written after an ASKING (ask_next())
-    const Script* ran = nullptr;  // the script, also once `script` fell back to EVAL: for errors
     std::shared_ptr<const RespText> whole{};  // a large call's text, shared with the write sending it
   };
   // The script call `request` as a request, answered to `cb`.
@@ -299,12 +303,9 @@ class RedisConnection : private Reconnector::Attempts,
   void send_waiting();
   void want_flush();
   void flush();
-  // flush()'s parts: what it wrote (`used` bytes of out_) is pending from
-  // now on; the rest of a plaintext write the socket did not take, `data`
-  // with `wholes` in their places from byte `from` on, handed to libuv
-  // (the lane waits for it, counted in writes_in_flight_).
+  // flush()'s part: what it wrote (`used` bytes of out_) is pending from
+  // now on.
   void written(std::size_t used);
-  void queue_write(std::string data, std::size_t from, std::vector<LargeCall> wholes);
   void dispatch(const redisReply* r);
   void on_request_reply(Queued q, const redisReply* r);
   void on_handshake_reply(Handshake step, const redisReply* r);
@@ -317,9 +318,6 @@ class RedisConnection : private Reconnector::Attempts,
   void link_failed(const std::string& why);
   void went_down(const std::string& why);
   void became_usable();
-  // `queued` (requests that waited for a link) fail with `why`: refused
-  // credentials, a database the server lacks, or the node unavailable.
-  void fail_waiting(std::deque<Queued> queued, const std::string& why);
   StoreError error_for(const redisReply* reply) const;
   void send_handshake(Handshake step, std::vector<std::string> argv);
 
@@ -350,16 +348,16 @@ class RedisConnection : private Reconnector::Attempts,
   uv_prepare_t flush_{};        // writes what was queued, once per loop iteration
   std::size_t demand_id_ = 0;   // Loop::add_demand: awaited_ while open
   std::size_t awaited_ = 0;     // entries of pending_ a caller waits for
-  bool auth_failed_ = false;
   bool select_failed_ = false;  // the server has no such database: a configuration error, not a node to wait for
   bool awaiting_endpoint_ = false;  // an attempt waits for the master's address
-  std::string auth_error_;
-  std::error_code auth_code_;  // the refusal's code (WRONGPASS, NOPERM, ...)
+  // Refused credentials (AUTH refused, or the user may not SELECT or ask
+  // ROLE), with the refusal's code (WRONGPASS, NOPERM, ...): every error
+  // reply of this attempt reads as it (error_for()).
+  std::optional<StoreError> auth_refusal_;
   int handshake_pending_ = 0;    // AUTH / SELECT / ROLE answers still awaited
   std::string handshake_error_;  // why the last handshake failed
   std::deque<Queued> waiting_;   // made while down: sent on the next attempt
   std::deque<Pending> pending_;  // written on link_, awaiting replies
-  std::size_t unwritten_ = 0;    // the last of pending_ still in out_
   // When the server last answered a request (a whole reply), and when the
   // read being dispatched came.
   std::chrono::steady_clock::time_point answered_at_{};
@@ -367,7 +365,7 @@ class RedisConnection : private Reconnector::Attempts,
   std::unique_ptr<Subscriptions> subs_;  // pubsub mode only (null in commands mode): what it listens to
 
   // The direct lane (send_direct()). lane_mu_ guards what another thread
-  // may touch: pending_ and unwritten_ (so that each request's place in
+  // may touch: pending_ (so that each request's place in
   // pending_ is its place on the wire), link_'s assignment, the fields
   // below; the loop holds it while it writes on the socket.
   void note_lane() noexcept;  // under lane_mu_: lane_idle_ anew
