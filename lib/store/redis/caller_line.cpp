@@ -36,10 +36,8 @@ void CallerLine::close(bool failed) {
 }
 
 bool CallerLine::handshake(void* reply) {
-  auto* r = static_cast<redisReply*>(reply);
-  const bool ok = r != nullptr && r->type != REDIS_REPLY_ERROR;
-  if (r != nullptr) freeReplyObject(r);
-  return ok;
+  const std::unique_ptr<redisReply, ReplyFree> r(static_cast<redisReply*>(reply));
+  return r != nullptr && r->type != REDIS_REPLY_ERROR;
 }
 
 bool CallerLine::open() {
@@ -52,17 +50,14 @@ bool CallerLine::open() {
   }
   if (endpoint_.tls || endpoint_.port <= 0 || std::chrono::steady_clock::now() < closed_until_) return false;
   ctx_ = redisConnectWithTimeout(endpoint_.host.c_str(), endpoint_.port, timeval_of(options_.connect_timeout));
-  if (ctx_ == nullptr || ctx_->err != 0 || redisSetTimeout(ctx_, timeval_of(options_.command_timeout)) != REDIS_OK) {
-    close(true);
-    return false;
-  }
-  bool ok = true;
+  bool ok =
+      ctx_ != nullptr && ctx_->err == 0 && redisSetTimeout(ctx_, timeval_of(options_.command_timeout)) == REDIS_OK;
   // As the loop's connections: AUTH with an empty password logs in an ACL
   // user that has nopass.
-  if (!endpoint_.user.empty())
+  if (ok && !endpoint_.user.empty())
     ok = handshake(redisCommand(ctx_, "AUTH %b %b", endpoint_.user.data(), endpoint_.user.size(),
                                 endpoint_.password.data(), endpoint_.password.size()));
-  else if (!endpoint_.password.empty())
+  else if (ok && !endpoint_.password.empty())
     ok = handshake(redisCommand(ctx_, "AUTH %b", endpoint_.password.data(), endpoint_.password.size()));
   if (ok && endpoint_.db != 0) ok = handshake(redisCommand(ctx_, "SELECT %d", endpoint_.db));
   if (!ok) {
@@ -104,7 +99,7 @@ CallerLine::Outcome CallerLine::call(const EvalRequest& request, const Done& don
     return Outcome::kUnknown;
   }
   lk.unlock();
-  const std::unique_ptr<redisReply, decltype([](redisReply* p) { freeReplyObject(p); })> free_reply(r);
+  const std::unique_ptr<redisReply, ReplyFree> free_reply(r);
   if (r->type == REDIS_REPLY_ERROR) {
     const std::string_view text(r->str, r->len);
     // The script did not run: the loop's connection loads it again.

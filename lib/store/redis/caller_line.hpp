@@ -21,7 +21,6 @@
 #include <functional>
 #include <mutex>
 #include <string>
-#include <string_view>
 
 #include "lockwatch/options.hpp"
 #include "core/backoff.hpp"
@@ -34,8 +33,6 @@ class CallerLine {
  public:
   CallerLine(Endpoint endpoint, ConnectionOptions options, std::string name);
   ~CallerLine();
-  CallerLine(const CallerLine&) = delete;
-  CallerLine& operator=(const CallerLine&) = delete;
 
   enum class Outcome : std::uint8_t {
     kNotSent,   // nothing ran: in use, down, or a script the server does not have (NOSCRIPT)
