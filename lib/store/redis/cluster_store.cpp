@@ -84,6 +84,13 @@ const Value& settled(bool, const Value& v) {
 }
 Released settled(bool resent, Released r) { return resent && r == Released::kGone ? Released::kYes : r; }
 
+// Slots from..to belong to node `index`; false for a range out of bounds.
+bool assign_slots(std::array<std::int16_t, kClusterSlots>& owners, long long from, long long to, std::int16_t index) {
+  if (from < 0 || to >= kClusterSlots || from > to) return false;
+  std::fill(owners.begin() + from, owners.begin() + to + 1, index);
+  return true;
+}
+
 }  // namespace
 
 // ------------------------------------------------------------------ the store
@@ -298,13 +305,6 @@ void ClusterStore::refresh_from(std::size_t i, bool slots) {
   });
 }
 
-bool ClusterStore::assign_slots(std::array<std::int16_t, kClusterSlots>& owners, long long from, long long to,
-                                const Node* master) const {
-  if (from < 0 || to >= kClusterSlots || from > to) return false;
-  std::fill(owners.begin() + from, owners.begin() + to + 1, master->index);
-  return true;
-}
-
 bool ClusterStore::read_shards(const redisReply* r, std::array<std::int16_t, kClusterSlots>& next) {
   for (std::size_t s = 0; s < r->elements; ++s) {
     const redisReply* shard = r->element[s];
@@ -312,17 +312,17 @@ bool ClusterStore::read_shards(const redisReply* r, std::array<std::int16_t, kCl
     const redisReply* nodes = field_of(shard, "nodes");
     if (slots == nullptr || nodes == nullptr || slots->type != REDIS_REPLY_ARRAY || nodes->type != REDIS_REPLY_ARRAY)
       return false;
-    Node* master = nullptr;
-    for (std::size_t n = 0; n < nodes->elements && master == nullptr; ++n) {
+    std::int16_t master = -1;  // its node's index
+    for (std::size_t n = 0; n < nodes->elements && master < 0; ++n) {
       const redisReply* node = nodes->element[n];
       if (text_of(field_of(node, "role")) != "master") continue;
       std::string host(text_of(field_of(node, "ip")));
       if (host.empty() || host == "?") host = text_of(field_of(node, "endpoint"));
       long long port = number_of(field_of(node, seeds_.seeds.front().tls ? "tls-port" : "port"));
       if (host.empty() || host == "?" || port <= 0 || port > 65535) continue;
-      master = node_at(host, static_cast<int>(port));
+      master = node_at(host, static_cast<int>(port))->index;
     }
-    if (master == nullptr) continue;  // a shard without a master serves nothing now
+    if (master < 0) continue;  // a shard without a master serves nothing now
     for (std::size_t k = 0; k + 1 < slots->elements; k += 2)
       if (!assign_slots(next, number_of(slots->element[k]), number_of(slots->element[k + 1]), master)) return false;
   }
@@ -339,7 +339,7 @@ bool ClusterStore::read_slots(const redisReply* r, std::array<std::int16_t, kClu
     std::string host(text_of(m->element[0]));
     long long port = number_of(m->element[1]);
     if (host.empty() || port <= 0 || port > 65535) return false;
-    if (!assign_slots(next, from, to, node_at(host, static_cast<int>(port)))) return false;
+    if (!assign_slots(next, from, to, node_at(host, static_cast<int>(port))->index)) return false;
   }
   return true;
 }
@@ -400,18 +400,15 @@ void ClusterStore::route(std::string_view name, bool idempotent, Done done, Send
     return std::size_t{1};
   };
   when_mapped([this, call, answer](const StoreError* err) {
-    StoreError why;
-    if (!err) {
-      if (Node* node = owner_of(call->name)) {
-        send_to(node, false, call);
-        return;
-      }
-      request_refresh();
-      why = StoreError::unavailable(seeds_.names(), fmt::format("no master serves slot {} (of '{}') in the cluster's "
-                                                                "slot map", key_slot(call->name), call->name));
-    } else {
-      why = *err;
+    Node* node = err ? nullptr : owner_of(call->name);
+    if (node != nullptr) {
+      send_to(node, false, call);
+      return;
     }
+    if (!err) request_refresh();
+    constexpr const char* kUnserved = "no master serves slot {} (of '{}') in the cluster's slot map";
+    StoreError why =
+        err ? *err : StoreError::unavailable(seeds_.names(), fmt::format(kUnserved, key_slot(call->name), call->name));
     loop_.post([answer, why = std::move(why)] { failed(*answer, why); });
   });
 }

@@ -131,9 +131,6 @@ class ClusterStore final : public RedisStoreBase {
   // Answers what waits for the next refresh, and (`map_waiters`) for the
   // first map, with `err` (null: the map is known).
   void answer_waiters(const StoreError* err, bool map_waiters);
-  // Slots from..to belong to `master`; false for a range out of bounds.
-  bool assign_slots(std::array<std::int16_t, kClusterSlots>& owners, long long from, long long to,
-                    const Node* master) const;
   // The map a CLUSTER SHARDS (or SLOTS) array reply gives, into `next`;
   // false for a reply that cannot be read.
   bool read_shards(const ::redisReply* r, std::array<std::int16_t, kClusterSlots>& next);
