@@ -272,10 +272,7 @@ void RedisConnection::fail_later(ReplyCallback cb, StoreError err) {
 }
 
 void RedisConnection::send(Queued q) {
-  if (ask_next_) {
-    q.asking = true;
-    ask_next_ = false;
-  }
+  if (std::exchange(ask_next_, false)) q.asking = true;
   if (closed()) {
     fail_later(std::move(q.cb), StoreError::unavailable(name_, "connection closed"));
     return;
@@ -322,9 +319,8 @@ void RedisConnection::want_flush() {
 }
 
 void RedisConnection::on_flush(uv_prepare_t* p) {
-  auto* self = static_cast<RedisConnection*>(p->data);
   uv_prepare_stop(p);
-  self->flush();
+  static_cast<RedisConnection*>(p->data)->flush();
 }
 
 void RedisConnection::flush() {
@@ -641,9 +637,8 @@ void RedisConnection::drop_link(const std::string& why) {
 
 void RedisConnection::link_failed(const std::string& why) {
   // Requests wait only while the handshake is unanswered: they were
-  // waiting for this attempt, and fail with it.
-  // They fail with `why`: refused credentials, a database the server
-  // lacks, or the node unavailable.
+  // waiting for this attempt, and fail with it, as refused credentials, a
+  // database the server lacks, or the node unavailable.
   auto waited = std::exchange(waiting_, {});
   drop_link(why);
   if (!waited.empty()) {
@@ -667,8 +662,7 @@ void RedisConnection::went_down(const std::string& why) {
 }
 
 void RedisConnection::attempt_timed_out() {
-  if (awaiting_endpoint_) {
-    awaiting_endpoint_ = false;
+  if (std::exchange(awaiting_endpoint_, false)) {
     link_failed("the master's address is not known (no sentinel answered)");
     return;
   }
@@ -707,13 +701,12 @@ void RedisConnection::overdue() {
 }
 
 void RedisConnection::poll_replies() {
-  Stream* link = link_;
-  if (link == nullptr || !link->ready() || !up()) return;
+  if (link_ == nullptr || !link_->ready() || !up()) return;
   {
     std::lock_guard lk(lane_mu_);
     if (pending_.empty()) return;
   }
-  link->read_now();
+  link_->read_now();
 }
 
 void RedisConnection::set_endpoint(const Endpoint& endpoint) {
@@ -752,8 +745,7 @@ void RedisConnection::unsubscribe(const std::string& channel) {
 void RedisConnection::close() {
   if (closed()) return;
   reconnector_.close();
-  if (demand_id_ != 0) loop_.remove_demand(demand_id_);
-  demand_id_ = 0;
+  if (demand_id_ != 0) loop_.remove_demand(std::exchange(demand_id_, 0));
   // What is pending and what waits fail; nothing waits any more (a request
   // made from their callbacks fails, as the connection is closed).
   link_failed("connection closed");

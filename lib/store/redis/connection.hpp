@@ -68,7 +68,7 @@ class Loop;
 // MOVED and ASK parsed, NOAUTH as kAuth, ...), a lost connection or a
 // timeout as kUnavailable.
 using ReplyCallback = std::function<void(const redisReply* reply, const StoreError* error)>;
-// A hiredis reply's owner's deleter (std::unique_ptr).
+// Frees a hiredis reply: the deleter of a std::unique_ptr that owns one.
 struct ReplyFree {
   void operator()(redisReply* r) const noexcept { freeReplyObject(r); }
 };
