@@ -16,7 +16,7 @@ SentinelWatcher::SentinelWatcher(Loop& loop, const Topology& topology, const Sto
       ep.user = user;
       ep.password = password;
     }
-    Sentinel sen;
+    Sentinel& sen = sentinels_.emplace_back();
     RedisConnection::Hooks hooks;
     hooks.named = false;
     sen.query = std::make_unique<RedisConnection>(loop, ep, settings, RedisConnection::Mode::kCommands, hooks);
@@ -33,7 +33,6 @@ SentinelWatcher::SentinelWatcher(Loop& loop, const Topology& topology, const Sto
     };
     sen.events =
         std::make_unique<RedisConnection>(loop, ep, settings, RedisConnection::Mode::kPubSub, std::move(hooks));
-    sentinels_.push_back(std::move(sen));
   }
 }
 
@@ -46,10 +45,9 @@ void SentinelWatcher::start() {
 }
 
 void SentinelWatcher::refresh() {
-  if (refreshing_) return;
-  refreshing_ = true;
+  if (unanswered_ > 0) return;
+  unanswered_ = sentinels_.size();
   decided_ = false;
-  replies_ = 0;
   votes_.clear();
   for (auto& s : sentinels_) {
     s.query->command({"SENTINEL", "get-master-addr-by-name", master_name_},
@@ -63,20 +61,18 @@ void SentinelWatcher::refresh() {
 }
 
 void SentinelWatcher::answered(std::string host, int port) {
-  replies_++;
-  const std::size_t n = sentinels_.size();
+  unanswered_--;
   if (!host.empty() && port > 0) votes_[{std::move(host), port}]++;
   if (!decided_) {
     // A majority's answer at once; otherwise the most given one when all
     // have answered (ROLE on the node has the last word).
     auto best = std::max_element(votes_.begin(), votes_.end(),
                                  [](const auto& a, const auto& b) { return a.second < b.second; });
-    if (best != votes_.end() && (best->second > n / 2 || replies_ == n)) {
+    if (best != votes_.end() && (best->second > sentinels_.size() / 2 || unanswered_ == 0)) {
       decided_ = true;
       learned(best->first.first, best->first.second);
     }
   }
-  if (replies_ == n) refreshing_ = false;
 }
 
 void SentinelWatcher::learned(const std::string& host, int port) {

@@ -48,10 +48,10 @@ class SentinelWatcher {
   std::string master_name_;
   std::vector<Sentinel> sentinels_;
   std::function<void(const Endpoint&)> on_master_;
-  // The refresh in flight: answers so far, by address.
-  bool refreshing_ = false;
+  // The refresh in flight (while answers are awaited): answers so far, by
+  // address.
+  std::size_t unanswered_ = 0;
   bool decided_ = false;
-  std::size_t replies_ = 0;
   std::map<std::pair<std::string, int>, std::size_t> votes_;
 };
 
