@@ -22,9 +22,8 @@ using Clock = std::chrono::steady_clock;
 // ------------------------------------------------------------------ parsing
 
 ClusterSeeds ClusterSeeds::parse(const std::string& url) {
-  constexpr std::string_view kPlain = "redis-cluster://", kTls = "rediss-cluster://";
-  const bool tls = url.compare(0, kTls.size(), kTls) == 0;
-  if (!tls && url.compare(0, kPlain.size(), kPlain) != 0)
+  const bool tls = url.starts_with("rediss-cluster://");
+  if (!tls && !url.starts_with("redis-cluster://"))
     throw_bad_url(url, "expected redis-cluster:// or rediss-cluster://[user:password@]host:port[,host:port...]");
   const HostList list(url);
   if (!list.path.empty()) throw_bad_url(url, "a Redis Cluster has database 0 only: no /db after the seed nodes");
@@ -154,16 +153,15 @@ ClusterStore::Node* ClusterStore::node_at(const std::string& host, int port) {
   Endpoint ep = seeds_.seeds.front();  // credentials and TLS of the URL
   ep.host = host;
   ep.port = port;
-  auto node = std::make_unique<Node>(Node{
+  nodes_.push_back(std::make_unique<Node>(Node{
       static_cast<std::int16_t>(nodes_.size()), ep,
-      std::make_unique<RedisNodeStore>(loop_, ep, settings_, RedisNodeStore::Notices::kSharded, layout_, replicas_)});
+      std::make_unique<RedisNodeStore>(loop_, ep, settings_, RedisNodeStore::Notices::kSharded, layout_, replicas_)}));
+  Node* node = nodes_.back().get();
   node->store->batch_by_slot();  // a script's keys share one slot
-  Node* raw = node.get();
-  raw->store->set_dropped_hook(
-      [this, raw](std::string_view lock, const StoreError* why) { subscription_dropped(raw, lock, why); });
-  nodes_.push_back(std::move(node));
-  if (started_ && !closed_) raw->store->start(node_events(raw));
-  return raw;
+  node->store->set_dropped_hook(
+      [this, node](std::string_view lock, const StoreError* why) { subscription_dropped(node, lock, why); });
+  if (started_ && !closed_) node->store->start(node_events(node));
+  return node;
 }
 
 StoreEvents ClusterStore::node_events(Node* node) {
@@ -246,13 +244,9 @@ void ClusterStore::request_refresh() {
   uv_timer_start(&refresh_timer_, &ClusterStore::on_refresh_timer, static_cast<std::uint64_t>(wait), 0);
 }
 
-void ClusterStore::on_refresh_timer(uv_timer_t* t) {
-  auto* self = static_cast<ClusterStore*>(t->data);
-  if (self->refreshing_)
-    self->refresh_again_ = true;
-  else
-    self->start_refresh();
-}
+// The timer is armed only while no refresh is in flight, and
+// start_refresh() stops it: when it fires, none is.
+void ClusterStore::on_refresh_timer(uv_timer_t* t) { static_cast<ClusterStore*>(t->data)->start_refresh(); }
 
 void ClusterStore::start_refresh() {
   if (closed_) return;
