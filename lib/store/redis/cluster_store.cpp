@@ -256,9 +256,8 @@ void ClusterStore::start_refresh() {
   // Masters known from the map first, then the seeds.
   candidates_.clear();
   auto add = [&](const Endpoint& ep) {
-    for (const auto& c : candidates_)
-      if (c.host == ep.host && c.port == ep.port) return;
-    candidates_.push_back(ep);
+    if (std::ranges::none_of(candidates_, [&](const Endpoint& c) { return c.host == ep.host && c.port == ep.port; }))
+      candidates_.push_back(ep);
   };
   for (const auto& n : nodes_)
     if (std::find(owner_.begin(), owner_.end(), n->index) != owner_.end()) add(n->endpoint);
@@ -348,8 +347,9 @@ void ClusterStore::refresh_done() {
   place_subscriptions();
   answer_waiters(nullptr, true);
   if (closed_) return;
+  // refresh_again_ is cleared by the refresh this starts (now, or when
+  // the throttle's timer fires).
   if (refresh_again_ || !refresh_waiters_.empty()) {
-    refresh_again_ = false;
     request_refresh();
   } else if (!refreshing_) {
     uv_timer_start(&refresh_timer_, &ClusterStore::on_refresh_timer,
