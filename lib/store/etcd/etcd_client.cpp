@@ -447,7 +447,6 @@ std::shared_ptr<EtcdClient::Watch> EtcdClient::watch(std::string key, WatchHook 
 }
 
 void EtcdClient::cancel(const std::shared_ptr<Watch>& watch) {
-  if (!watch) return;
   watch->cancelled = true;
   watch->context.TryCancel();
 }

@@ -356,33 +356,29 @@ void EtcdStore::list_page(std::shared_ptr<Listing> listing) {
   constexpr std::int64_t kPage = 256;
   client_->range(listing->from, listing->end, kPage, [this, listing](const auto& response, const StoreError* err) {
     if (err) return listing->done({}, err);
-    struct Page {
-      std::vector<LockInfo> infos;  // held while its lease is found (ttl -1: gone meanwhile)
-      std::vector<std::int64_t> leases;
-    };
-    Page found;
+    // Each lock with its lease: held while the lease is found (ttl -1: gone meanwhile).
+    std::vector<std::pair<LockInfo, std::int64_t>> found;
     for (const auto& kv : response.kvs()) {
       if (kv.lease() == 0) continue;  // not a lock: a job's period key
       LockInfo info = info_of(kv);
       info.key = kv.key().substr(traits().keys.prefix.size());
-      found.infos.push_back(std::move(info));
-      found.leases.push_back(kv.lease());
+      found.emplace_back(std::move(info), kv.lease());
     }
     const bool more = response.more() && response.kvs_size() > 0;
     if (more) listing->from = response.kvs(response.kvs_size() - 1).key() + std::string(1, '\0');
-    const std::size_t n = found.infos.size();
     // One answer more, this call's own: a page of no locks goes on at once.
-    auto page = Countdown<StoreError, Page>::make(n + 1, std::move(found), [this, listing, more](auto& c) {
+    const std::size_t n = found.size();
+    auto page = Countdown<StoreError, decltype(found)>::make(n + 1, std::move(found), [this, listing, more](auto& c) {
       if (c.failure) return listing->done({}, &*c.failure);
-      for (std::size_t i = 0; i < c.infos.size() && listing->found.size() < listing->limit; ++i)
-        if (c.infos[i].held) listing->found.push_back(std::move(c.infos[i]));
+      for (std::size_t i = 0; i < c.size() && listing->found.size() < listing->limit; ++i)
+        if (c[i].first.held) listing->found.push_back(std::move(c[i].first));
       if (!more || listing->found.size() >= listing->limit) return listing->done(std::move(listing->found), nullptr);
       list_page(listing);
     });
-    for (std::size_t i = 0; i < n; ++i) {
-      client_->lease_time_to_live(page->leases[i], [page, i](const auto& r, const StoreError* e) {
-        page->infos[i].held = !e && r.ttl() >= 0;
-        page->infos[i].ttl = milliseconds(r.ttl() * 1000);
+    for (auto& [info, lease] : *page) {
+      client_->lease_time_to_live(lease, [page, &info](const auto& r, const StoreError* e) {
+        info.held = !e && r.ttl() >= 0;
+        info.ttl = milliseconds(r.ttl() * 1000);
         page->answered(e);
       });
     }
@@ -491,9 +487,8 @@ void EtcdStore::claim_step(std::shared_ptr<Claim> c) {
 void EtcdStore::close() {
   closed_ = true;
   clock_->close();
-  for (auto& [name, w] : watched_) client_->cancel(w.watch);
   watched_.clear();
-  client_->close();
+  client_->close();  // cancels the watches too
 }
 
 }  // namespace lockwatch::detail

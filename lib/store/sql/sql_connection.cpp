@@ -28,12 +28,16 @@ void library_init() {
 // the statement, failed.
 bool client_error(unsigned code) { return code >= CR_MIN_ERROR && code <= CR_MAX_ERROR; }
 
-int uv_events_of(int status) {
-  int ev = 0;
-  if (status & MYSQL_WAIT_READ) ev |= UV_READABLE;
-  if (status & MYSQL_WAIT_WRITE) ev |= UV_WRITABLE;
-  if (status & MYSQL_WAIT_EXCEPT) ev |= UV_PRIORITIZED;
-  return ev;
+// What the library waits for, and the uv_poll events that end each wait
+// (a disconnect: a read sees it), as the other side's bits of `bits`.
+int waits_as(int bits, bool as_uv) {
+  constexpr std::pair<int, int> kWaits[] = {{MYSQL_WAIT_READ, UV_READABLE | UV_DISCONNECT},
+                                            {MYSQL_WAIT_WRITE, UV_WRITABLE},
+                                            {MYSQL_WAIT_EXCEPT, UV_PRIORITIZED}};
+  int out = 0;
+  for (const auto& [wait, uv] : kWaits)
+    if (bits & (as_uv ? wait : uv)) out |= as_uv ? uv : wait;
+  return out;
 }
 
 }  // namespace
@@ -206,7 +210,7 @@ void SqlConnection::send_queued() {
 int SqlConnection::socket() const { return mysql_ == nullptr ? -1 : static_cast<int>(mysql_get_socket(mysql_)); }
 
 void SqlConnection::wait_for(int status) {
-  if (!watch(uv_events_of(status), false)) return;
+  if (!watch(waits_as(status, true), false)) return;
   if (status & MYSQL_WAIT_TIMEOUT) {
     uv_timer_start(&io_timer_, on_io_timer, mysql_get_timeout_value_ms(mysql_), 0);
   } else {
@@ -216,12 +220,8 @@ void SqlConnection::wait_for(int status) {
 
 void SqlConnection::on_socket(int status, int events) {
   if (status < 0) events = UV_READABLE | UV_WRITABLE;  // let the library see the error
-  int ev = 0;
-  if (events & (UV_READABLE | UV_DISCONNECT)) ev |= MYSQL_WAIT_READ;
-  if (events & UV_WRITABLE) ev |= MYSQL_WAIT_WRITE;
-  if (events & UV_PRIORITIZED) ev |= MYSQL_WAIT_EXCEPT;
   uv_timer_stop(&io_timer_);
-  resume(ev);
+  resume(waits_as(events, false));
 }
 
 void SqlConnection::on_io_timer(uv_timer_t* t) { static_cast<SqlConnection*>(t->data)->resume(MYSQL_WAIT_TIMEOUT); }
@@ -344,7 +344,7 @@ void SqlConnection::connection_failed(unsigned code, std::string why) {
   if (state_ != State::kConnecting && state_ != State::kSetUp) return fail_unavailable(why);
   StoreError error = StoreError::unavailable(name_, why, code != 0 ? mariadb_code(code) : std::error_code());
   if (code != 0 && sql_error(name_, code, why).kind == StoreError::Kind::kAuth) error.kind = StoreError::Kind::kAuth;
-  fail(why, error, false);
+  fail(why, error);
 }
 
 unsigned long SqlConnection::session() const {

@@ -47,14 +47,11 @@ inline std::vector<std::string_view> items(std::string_view p) {
 // is; anything else (or none) as NULL, so nothing a caller passes can
 // change a statement.
 inline void append_literal(std::string& out, const std::string_view* p, char type) {
-  const bool hex_text = p && p->size() % 2 == 0 &&
-                        std::all_of(p->begin(), p->end(), [](char c) { return hex_digit(c) >= 0; });
-  const std::string_view digits = p && p->starts_with('-') ? p->substr(1) : p ? *p : std::string_view();
-  const bool number =
-      !digits.empty() && std::all_of(digits.begin(), digits.end(), [](char c) { return c >= '0' && c <= '9'; });
-  if (type == 'x' && hex_text)
+  constexpr auto npos = std::string_view::npos;
+  const std::size_t sign = p && p->starts_with('-') ? 1 : 0;  // a number's
+  if (type == 'x' && p && p->size() % 2 == 0 && p->find_first_not_of("0123456789abcdefABCDEF") == npos)
     out.append("X'").append(*p).push_back('\'');
-  else if (type == 'n' && number)
+  else if (type == 'n' && p && p->size() > sign && p->find_first_not_of("0123456789", sign) == npos)
     out.append(*p);
   else
     out.append("NULL");

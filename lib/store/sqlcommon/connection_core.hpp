@@ -344,20 +344,20 @@ class ConnectionCore : protected Reconnector::Attempts, protected RequestTimer::
   }
   // The connection dropped, `why` (told to the state hook) and `error`
   // (what the requests in flight get: they may or may not have run). What
-  // was queued waits for the next attempt unless `fail_queued` or this was
-  // an attempt (which it waited for). A session left behind with
-  // statements in flight goes on the stale list, and the others restart.
-  void fail(const std::string& why, const StoreError& error, bool fail_queued) {
+  // was queued waits for the next attempt unless this was an attempt
+  // (which it waited for). A session left behind with statements in
+  // flight goes on the stale list, and the others restart.
+  void fail(const std::string& why, const StoreError& error) {
     if (state_ == State::kClosed || state_ == State::kDown) return;
     const bool connecting = state_ == State::kConnecting || state_ == State::kSetUp;
     const bool left_behind = leave_behind();
     teardown(false);
-    lost(why, error, connecting || fail_queued, left_behind);
+    lost(why, error, connecting, left_behind);
   }
-  void fail_unavailable(const std::string& why) { fail(why, unavailable(why), false); }
+  void fail_unavailable(const std::string& why) { fail(why, unavailable(why)); }
   // The set-up failed with `error`: the connection is given up, and what
-  // waited for it fails.
-  void set_up_failed(const StoreError& error) { fail(error.message, error, true); }
+  // waited for it fails (as after any failed attempt).
+  void set_up_failed(const StoreError& error) { fail(error.message, error); }
   void set_up_failed(const StoreError& error, std::string_view what) { set_up_failed(about_table(error, what)); }
   // `error`, its message told as `what` says ({0}: the table, {1}: the message).
   StoreError about_table(const StoreError& error, std::string_view what) const {
@@ -387,21 +387,20 @@ class ConnectionCore : protected Reconnector::Attempts, protected RequestTimer::
     if (state_ == State::kClosed) return;
     state_ = State::kConnecting;
     const unsigned attempt = ++attempt_;
-    auto failed = [this](const std::string& why) { fail(why, unavailable(why), true); };
     if (local_ != nullptr || numeric_host(host_)) return connect_to(local_ != nullptr ? std::string(local_) : host_);
     int rc = resolve_host(loop_.uv(), host_, [=, this](int status, std::string address) {
       if (status == UV_ECANCELED || state_ != State::kConnecting || attempt_ != attempt) return;
       if (address.empty())
-        return failed(fmt::format("cannot resolve {}: {}", host_, status == 0 ? "no address" : uv_strerror(status)));
+        return fail_unavailable(
+            fmt::format("cannot resolve {}: {}", host_, status == 0 ? "no address" : uv_strerror(status)));
       connect_to(address);
     });
-    if (rc < 0) failed(fmt::format("cannot resolve {}: {}", host_, uv_strerror(rc)));
+    if (rc < 0) fail_unavailable(fmt::format("cannot resolve {}: {}", host_, uv_strerror(rc)));
   }
   void attempt_timed_out() final {
     if (state_ != State::kConnecting && state_ != State::kSetUp) return;
-    const std::string why =
-        fmt::format("no connection within the connect timeout ({} ms)", settings_.connect_timeout.count());
-    fail(why, unavailable(why), true);
+    fail_unavailable(
+        fmt::format("no connection within the connect timeout ({} ms)", settings_.connect_timeout.count()));
   }
   // RequestTimer::Requests: the oldest request in flight, and the server
   // silent for the command timeout.

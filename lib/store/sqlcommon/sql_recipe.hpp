@@ -439,8 +439,7 @@ class RecipeStore : public StoreBase,
     command_connection().execute("lockwatch_acquire", std::move(params),
                                  [this, batch](const Rows& rows, const StoreError* err) {
                                    if (!err) return answer_acquisitions(*batch, rows, server());
-                                   if (!resend(batch, *err, [this](AcquireBatchPtr b) { acquire_batch(std::move(b)); },
-                                               true))
+                                   if (!resend(batch, *err, std::bind_front(&RecipeStore::acquire_batch, this), true))
                                      batch->answer(Acquired::failed(*err));
                                  });
   }
@@ -470,8 +469,7 @@ class RecipeStore : public StoreBase,
     command_connection().execute(
         of_kinds ? "lockwatch_release_kind" : "lockwatch_release", std::move(params),
         [this, batch](const Rows& rows, const StoreError* err) {
-          const auto again = [this](std::shared_ptr<ReleaseBatch> b) { release_batch(std::move(b)); };
-          if (err && resend(batch, *err, again, false)) return;
+          if (err && resend(batch, *err, std::bind_front(&RecipeStore::release_batch, this), false)) return;
           // A failed statement's rows are none: each lock is unconfirmed.
           auto status = not_done(rows, batch->locks.size(), Released::kYes, Released::kTakenByOther, Released::kGone);
           for (std::size_t k = 0; k < status.size(); ++k)
@@ -501,17 +499,16 @@ class RecipeStore : public StoreBase,
           if (i > 0) (*outcomes)[i - 1] = kind_answer(group->locks[i - 1], rows, server());  // 0: the lock rows
         },
         [this, group, outcomes](const Rows&, const StoreError* err) {
-          if (err && resend(group, *err, [this](AcquireBatchPtr b) { send_kind_group(std::move(b)); }, false)) return;
+          if (err && resend(group, *err, std::bind_front(&RecipeStore::send_kind_group, this), false)) return;
           if (err) return group->answer(Acquired::failed(*err));
           for (std::size_t k = 0; k < group->locks.size(); ++k) group->locks[k].answer((*outcomes)[k]);
         });
   }
   // The turn's end: its acquisitions, then its releases.
   void turn_ended() {
-    send_acquisitions(
-        dialect_, std::exchange(exclusive_queue_, {}), std::exchange(kind_queue_, {}),
-        [this](AcquireBatchPtr b) { acquire_batch(std::move(b)); },
-        [this](AcquireBatchPtr b) { send_kind_group(std::move(b)); });
+    send_acquisitions(dialect_, std::exchange(exclusive_queue_, {}), std::exchange(kind_queue_, {}),
+                      std::bind_front(&RecipeStore::acquire_batch, this),
+                      std::bind_front(&RecipeStore::send_kind_group, this));
     for (bool notify : {true, false})
       send_releases(std::exchange(notify ? releases_ : quiet_releases_, {}), notify, true);
   }
