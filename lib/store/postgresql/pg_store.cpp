@@ -104,8 +104,7 @@ void PgStore::unsubscribe(std::string_view name) {
 
 void PgStore::start_notices() {
   PgSession session;
-  session.setup = {fmt::format("LISTEN \"{}\"", channel_)};
-  session.table = fmt::format("{}.{}", target_.database, target_.table);
+  session.setup = {fmt::format("LISTEN \"{}\"", channel_)};  // no tables to name in messages
   notices_ = std::make_unique<PgConnection>(loop_, target_, settings_, std::move(session));
   notices_->set_ready_hook([this] {
     listening_ = true;

@@ -65,22 +65,14 @@ void read_claim(ClaimResult& out, const Rows& rows, int at, bool claimed, std::i
   }
 }
 
-std::vector<std::string> names_of(const Rows& rows) {
-  std::vector<std::string> names;
-  for (int r = 0; r < rows.size(); ++r) {
-    std::string name;
-    if (rows.read_bytes(r, 0, name)) names.push_back(std::move(name));
-  }
-  return names;
-}
-
-void list_inspected(OperatorTools& tools, std::vector<std::string> names, std::size_t key_prefix,
-                    LockListing::ListDone done) {
-  if (names.empty()) return done({}, nullptr);
+void list_inspected(OperatorTools& tools, const Rows& rows, std::size_t key_prefix, LockListing::ListDone done) {
   std::vector<std::pair<std::string, LockInfo>> inspected;  // each name, with its answer
-  for (auto& name : names) inspected.emplace_back(std::move(name), LockInfo{});
+  for (int r = 0; r < rows.size(); ++r)
+    if (std::string name; rows.read_bytes(r, 0, name)) inspected.emplace_back(std::move(name), LockInfo{});
+  if (inspected.empty()) return done({}, nullptr);
+  const std::size_t n = inspected.size();
   auto all = Countdown<StoreError, decltype(inspected)>::make(
-      names.size(), std::move(inspected), [key_prefix, done = std::move(done)](auto& c) {
+      n, std::move(inspected), [key_prefix, done = std::move(done)](auto& c) {
         if (c.failure) return done({}, &*c.failure);
         std::vector<LockInfo> out;
         for (auto& [name, info] : c) {

@@ -51,14 +51,11 @@ class Inspection {
   OperatorTools::InspectDone done_;
 };
 
-// The names an answer lists in its first column.
-std::vector<std::string> names_of(const Rows& rows);
-
-// Inspects each of `names` (the store's names that a listing found) through
-// `tools`, then gives `done` the held ones in the names' order, each with
-// its key (the name past `key_prefix` bytes); any error fails the listing.
-void list_inspected(OperatorTools& tools, std::vector<std::string> names, std::size_t key_prefix,
-                    LockListing::ListDone done);
+// Inspects each of the names a listing's `rows` hold in their first column
+// (the store's names) through `tools`, then gives `done` the held ones in
+// the names' order, each with its key (the name past `key_prefix` bytes);
+// any error fails the listing.
+void list_inspected(OperatorTools& tools, const Rows& rows, std::size_t key_prefix, LockListing::ListDone done);
 
 // A period claim is one conditional write on the job's lock row (the
 // lease is the caller's and unexpired, the server's clock has reached the

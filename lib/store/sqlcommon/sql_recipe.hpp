@@ -327,7 +327,7 @@ class RecipeStore : public StoreBase,
         "lockwatch_list", {to_hex(like_prefix(encode(prefix))), std::to_string(limit)},
         [this, done = std::move(done)](const Rows& rows, const StoreError* err) mutable {
           if (err) return done({}, err);
-          list_inspected(*this, names_of(rows), traits().keys.prefix.size(), std::move(done));
+          list_inspected(*this, rows, traits().keys.prefix.size(), std::move(done));
         });
   }
   // The server's clock (its one cell).
