@@ -374,13 +374,13 @@ struct EtcdClient::KeepAlive final
 };
 
 void EtcdClient::keep_alive(std::vector<std::int64_t> ids, KeepAliveDone done) {
-  with_token([this, ids = std::move(ids), done = std::move(done)](const StoreError* auth_error) mutable {
-    if (auth_error) return done(std::vector<std::int64_t>(ids.size(), -1), auth_error);
-    auto call = std::make_shared<KeepAlive>();
+  auto call = std::make_shared<KeepAlive>();
+  call->ttls.assign(ids.size(), -1);
+  call->ids = std::move(ids);
+  call->done = std::move(done);
+  with_token([this, call](const StoreError* auth_error) {
+    if (auth_error) return call->fail(*auth_error);
     track(call, command_timeout_);
-    call->ttls.assign(ids.size(), -1);
-    call->ids = std::move(ids);
-    call->done = std::move(done);
     members_[call->member]->lease->async()->LeaseKeepAlive(&call->context, call.get());
     call->begin();
   });

@@ -15,10 +15,6 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
-// The server's notices (CREATE TABLE IF NOT EXISTS on an existing table
-// says so) would go to stderr by default.
-void ignore_notice(void*, const PGresult*) {}
-
 // libpq's message as one line: without the LOCATION line the verbose form
 // adds (the server's source file), its line breaks and tabs one space.
 std::string one_line(const char* message) {
@@ -119,7 +115,9 @@ void PgConnection::connect_to(const std::string& hostaddr) {
   // Non-blocking from the start: nothing libpq does later (a flush, its
   // goodbye in PQfinish) may wait on the socket.
   PQsetnonblocking(conn_, 1);
-  PQsetNoticeReceiver(conn_, ignore_notice, nullptr);
+  // The server's notices (CREATE TABLE IF NOT EXISTS on an existing table
+  // says so) would go to stderr by default.
+  PQsetNoticeReceiver(conn_, [](void*, const PGresult*) {}, nullptr);
   // A failed login's SQLSTATE is only in the message, in this form.
   PQsetErrorVerbosity(conn_, PQERRORS_VERBOSE);
   if (PQstatus(conn_) == CONNECTION_BAD) return connect_step(PGRES_POLLING_FAILED);

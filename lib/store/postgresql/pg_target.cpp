@@ -28,10 +28,7 @@ bool lower_case_identifier(std::string_view s) {
                      [](char c) { return (c >= 'a' && c <= 'z') || (c >= '0' && c <= '9') || c == '_'; });
 }
 
-bool known_sslmode(std::string_view m) {
-  constexpr std::string_view kModes[] = {"disable", "allow", "prefer", "require", "verify-ca", "verify-full"};
-  return std::find(std::begin(kModes), std::end(kModes), m) != std::end(kModes);
-}
+constexpr std::string_view kSslModes[] = {"disable", "allow", "prefer", "require", "verify-ca", "verify-full"};
 
 // `table` + `suffix` as an identifier of at most 63 bytes: a long name
 // keeps its start and gains a hash of the whole instead.
@@ -67,7 +64,7 @@ PgTarget PgTarget::parse(const std::string& url) {
     } else if (key == "host") {
       t.socket_dir = absolute_path("host= must be an absolute path (a unix socket directory)");
     } else if (key == "sslmode") {
-      if (!known_sslmode(value))
+      if (std::ranges::find(kSslModes, value) == std::end(kSslModes))
         throw_bad_url(url, "sslmode= must be disable, allow, prefer, require, verify-ca or verify-full");
       t.sslmode = std::move(value);
     } else if (std::string* file = key == "sslrootcert" ? &t.sslrootcert

@@ -7,8 +7,6 @@
 #include <mysqld_error.h>
 #include <sys/socket.h>
 
-#include <mutex>
-
 namespace lockwatch::detail {
 
 namespace {
@@ -18,11 +16,6 @@ namespace {
 // MySQL).
 constexpr std::size_t kMaxBatch = 256;
 constexpr std::size_t kMaxBatchBytes = 1 << 20;
-
-void library_init() {
-  static std::once_flag once;
-  std::call_once(once, [] { mysql_library_init(0, nullptr, nullptr); });
-}
 
 // Errors of the client library itself (2000-2999): the connection, not
 // the statement, failed.
@@ -48,7 +41,7 @@ SqlConnection::SqlConnection(Loop& loop, SqlTarget target, const sqlcommon::SqlS
     : ConnectionCore(loop, settings, target.name(), target.host, target.socket.empty() ? nullptr : "localhost",
                      std::move(session)),
       target_(std::move(target)) {
-  library_init();
+  [[maybe_unused]] static const int library = mysql_library_init(0, nullptr, nullptr);  // once, thread-safe
 }
 
 SqlConnection::~SqlConnection() {
