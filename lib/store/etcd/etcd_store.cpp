@@ -415,28 +415,24 @@ void EtcdStore::force_release_attempt(std::string name, int attempt, ForceDone d
 
 // ---- scheduled jobs
 
-struct EtcdStore::Claim : StoreClaim {
-  std::string key;  // period_key(name)
-};
-
 void EtcdStore::server_time(TimeDone done) { clock_->now(std::move(done)); }
 
 void EtcdStore::claim_period(std::string_view name, std::string_view token, std::int64_t period,
                              std::chrono::system_clock::time_point start, ClaimDone done) {
-  auto c = StoreClaim::make<Claim>(name, token, period, std::move(done));
-  c->key = period_key(name);
+  auto c = StoreClaim::make<StoreClaim>(name, token, period, std::move(done));
   // The clock decides only whether the period is due; that it runs once
   // rests on the transaction alone.
-  clock_->now(StoreClaim::when_due(std::move(c), start, [this](std::shared_ptr<Claim> c) { claim_step(c); }));
+  clock_->now(StoreClaim::when_due(std::move(c), start, std::bind_front(&EtcdStore::claim_step, this)));
 }
 
-void EtcdStore::claim_step(std::shared_ptr<Claim> c) {
+void EtcdStore::claim_step(std::shared_ptr<StoreClaim> c) {
   auto finish = [this, c](ClaimResult::Status status, const StoreError* err = nullptr) {
     if (auto now = clock_->estimate()) c->out.store_time = *now;
     c->finish(status, err);
   };
   // The last period run and the revision it was written at.
-  client_->get(c->key, [this, c, finish](const auto& response, const StoreError* err) {
+  const std::string key = period_key(c->name);
+  client_->get(key, [this, c, finish, key](const auto& response, const StoreError* err) {
     if (err) return finish(ClaimResult::Status::kFailed, err);
     std::int64_t mod = 0;
     if (response.kvs_size() > 0) {
@@ -444,8 +440,8 @@ void EtcdStore::claim_step(std::shared_ptr<Claim> c) {
       std::int64_t last = 0;
       const std::string& v = kv.value();
       if (std::from_chars(v.data(), v.data() + v.size(), last).ec != std::errc() || v.empty()) {
-        auto e = StoreError::refused(client_->name(), "the job's period key " + c->key + " holds '" + v +
-                                                          "', not a period");
+        auto e = StoreError::refused(client_->name(),
+                                     "the job's period key " + key + " holds '" + v + "', not a period");
         return finish(ClaimResult::Status::kFailed, &e);
       }
       if (last >= c->period) {
@@ -458,12 +454,12 @@ void EtcdStore::claim_step(std::shared_ptr<Claim> c) {
     // read (absent: mod_revision 0); then the period is recorded.
     etcdserverpb::TxnRequest txn;
     compare_ours(txn.mutable_compare(), c->name, c->token);
-    compare(txn.mutable_compare(), c->key, etcdserverpb::Compare::MOD)->set_mod_revision(mod);
+    compare(txn.mutable_compare(), key, etcdserverpb::Compare::MOD)->set_mod_revision(mod);
     auto* put = txn.add_success()->mutable_request_put();
-    put->set_key(c->key);
+    put->set_key(key);
     put->set_value(std::to_string(c->period));
     txn.add_failure()->mutable_request_range()->set_key(c->name);
-    txn.add_failure()->mutable_request_range()->set_key(c->key);
+    txn.add_failure()->mutable_request_range()->set_key(key);
     client_->txn(std::move(txn), [this, c, finish](const auto& response, const StoreError* err) {
       // Whether it was recorded (no answer) is unknown: a period recorded
       // and not run is lost, never run twice.

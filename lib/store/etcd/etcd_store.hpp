@@ -79,8 +79,7 @@ class EtcdStore final : public StoreBase, public JobClaims, public OperatorTools
   void force_release_attempt(std::string name, int attempt, ForceDone done);
   struct Releasing;
   void release_attempt(std::shared_ptr<Releasing> r);
-  struct Claim;
-  void claim_step(std::shared_ptr<Claim> c);
+  void claim_step(std::shared_ptr<StoreClaim> c);
   struct Listing;
   void list_page(std::shared_ptr<Listing> listing);
   // The token and the owner record, now.

@@ -80,8 +80,7 @@ Acquired kind_answer(const PendingAcquire& lock, const Rows& rows, const std::st
   const std::string_view verdict = rows.at(0, 0);
   if (verdict == "t" || verdict == "r") return Acquired::taken(static_cast<std::uint64_t>(to_ll(rows.at(0, 1))));
   if (verdict != "b") return Acquired::failed(refusal(server, lock, rows.bytes(0, 3)));
-  const std::optional<long long> busy_us = rows.maybe(0, 2);
-  auto busy = busy_us ? ms_up(*busy_us) : std::chrono::milliseconds(1);
+  auto busy = rows.null(0, 2) ? std::chrono::milliseconds(1) : ms_up(to_ll(rows.at(0, 2)));
   if (lock.kind.mode() == LockKind::Mode::kFair) busy = std::min(busy, lock.ttl / 3);
   return Acquired::busy(busy);
 }
