@@ -358,7 +358,6 @@ class ConnectionCore : protected Reconnector::Attempts, protected RequestTimer::
   // The set-up failed with `error`: the connection is given up, and what
   // waited for it fails (as after any failed attempt).
   void set_up_failed(const StoreError& error) { fail(error.message, error); }
-  void set_up_failed(const StoreError& error, std::string_view what) { set_up_failed(about_table(error, what)); }
   // `error`, its message told as `what` says ({0}: the table, {1}: the message).
   StoreError about_table(const StoreError& error, std::string_view what) const {
     StoreError why = error;
@@ -449,7 +448,7 @@ class ConnectionCore : protected Reconnector::Attempts, protected RequestTimer::
     for (std::size_t i = 0; !created && i < session_.setup.size(); ++i)
       step(session_.setup[i], nullptr,
            [this, last = unchecked && i + 1 == session_.setup.size()](const Answer&, const StoreError* err) {
-             if (err) return set_up_failed(*err, "the session set-up failed: {1}");
+             if (err) return set_up_failed(about_table(*err, "the session set-up failed: {1}"));
              if (last) set_up_done();
            });
     if (unchecked) return;
@@ -460,7 +459,7 @@ class ConnectionCore : protected Reconnector::Attempts, protected RequestTimer::
            for (const auto& sql : session_.create)
              step(sql, nullptr, [this, has](const Answer&, const StoreError* e) {
                if (e && !has(session_.exists, e))
-                 set_up_failed(*e, "cannot create the lock table {} or its holders' table: {}");
+                 set_up_failed(about_table(*e, "cannot create the lock table {} or its holders' table: {}"));
              });
            check_tables(true);
          });
