@@ -750,22 +750,22 @@ std::chrono::system_clock::time_point server_clock(long long seconds, long long 
 }
 
 AcquireReply::AcquireReply(const redisReply* reply, const StoreError* err, std::size_t locks, std::string_view endpoint)
-    : endpoint_(endpoint), failed_(err) {
-  if (failed_ != nullptr) return;
-  if (!is_string(reply)) {
-    own_ = unexpected_reply(endpoint, "acquire", shape_of(reply));
+    : endpoint_(endpoint) {
+  if (err != nullptr) {
+    failed_ = *err;
+  } else if (!is_string(reply)) {
+    failed_ = unexpected_reply(endpoint, "acquire", shape_of(reply));
   } else {
     rest_ = text_of(reply);
     const std::size_t separators = static_cast<std::size_t>(std::count(rest_.begin(), rest_.end(), '\n'));
     const std::size_t entries = rest_.empty() ? 0 : separators + 1;
     if (entries != locks)
-      own_ = unexpected_reply(endpoint, "acquire", fmt::format("{} entries for {} locks", entries, locks));
+      failed_ = unexpected_reply(endpoint, "acquire", fmt::format("{} entries for {} locks", entries, locks));
   }
-  if (own_) failed_ = &*own_;
 }
 
 Acquired AcquireReply::next() {
-  if (failed_ != nullptr) return Acquired::failed(*failed_);
+  if (failed_) return Acquired::failed(*failed_);
   Acquired out;
   const std::size_t end = std::min(rest_.find('\n'), rest_.size());
   const std::string_view entry = rest_.substr(0, end);
@@ -789,19 +789,20 @@ Acquired AcquireReply::next() {
 
 StatusReply::StatusReply(const redisReply* reply, const StoreError* err, std::size_t locks, std::string_view endpoint,
                          std::string_view script, bool refusals, std::string_view statuses)
-    : statuses_(statuses), endpoint_(endpoint), script_(script), refusals_(refusals), failed_(err) {
-  if (failed_ != nullptr) return;
-  if (!is_string(reply) || reply->len != locks) {
-    own_ = unexpected_reply(endpoint, script, fmt::format("{} for {} locks (one byte each)", shape_of(reply), locks));
-    failed_ = &*own_;
-    return;
+    : statuses_(statuses), endpoint_(endpoint), script_(script), refusals_(refusals) {
+  if (err != nullptr) {
+    failed_ = *err;
+  } else if (!is_string(reply) || reply->len != locks) {
+    failed_ = unexpected_reply(endpoint, script,
+                               fmt::format("{} for {} locks (one byte each)", shape_of(reply), locks));
+  } else {
+    bytes_ = text_of(reply);
   }
-  bytes_ = text_of(reply);
 }
 
 std::size_t StatusReply::next_index(const StoreError** why) {
-  *why = failed_;
-  if (failed_ != nullptr) return statuses_.size();
+  *why = failed_ ? &*failed_ : nullptr;
+  if (failed_) return statuses_.size();
   const char status = bytes_[at_++];
   const std::size_t at = statuses_.find(status);
   if (at != std::string_view::npos) return at;

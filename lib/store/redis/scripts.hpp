@@ -130,15 +130,12 @@ std::string running(const Script& s);
 class AcquireReply {
  public:
   AcquireReply(const redisReply* reply, const StoreError* err, std::size_t locks, std::string_view endpoint);
-  AcquireReply(const AcquireReply&) = delete;  // failed_ may point into it
-  AcquireReply& operator=(const AcquireReply&) = delete;
   Acquired next();
 
  private:
   std::string_view rest_;
   std::string_view endpoint_;
-  const StoreError* failed_ = nullptr;  // the whole call's failure: `err`, or own_
-  std::optional<StoreError> own_;       // a reply of another shape
+  std::optional<StoreError> failed_;  // the whole call's failure: `err`, or a reply of another shape
 };
 
 // The renew or release script's reply: one status byte per lock.
@@ -149,8 +146,6 @@ class StatusReply {
   // owner's) and any of its own after them.
   StatusReply(const redisReply* reply, const StoreError* err, std::size_t locks, std::string_view endpoint,
               std::string_view script, bool refusals, std::string_view statuses = "10x");
-  StatusReply(const StatusReply&) = delete;  // failed_ may point into it
-  StatusReply& operator=(const StatusReply&) = delete;
   // The next lock's status as its place in the statuses, or their count
   // with `*why` set: the call failed, Redis refused the lock's command, or
   // the byte is no status the script sends. `*why` is valid until the next
@@ -164,9 +159,8 @@ class StatusReply {
   std::string_view endpoint_;
   std::string_view script_;
   bool refusals_;
-  const StoreError* failed_ = nullptr;  // the whole call's failure: `err`, or own_
-  std::optional<StoreError> own_;       // a reply of another shape
-  std::optional<StoreError> entry_;     // the last entry's failure
+  std::optional<StoreError> failed_;  // the whole call's failure: `err`, or a reply of another shape
+  std::optional<StoreError> entry_;   // the last entry's failure
 };
 
 // The renew script's reply for `locks` leases. next() answers each in turn;
