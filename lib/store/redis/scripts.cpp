@@ -543,11 +543,8 @@ if o and o > f then f = o end
 local v = redis.call('get', KEYS[1]) or ''
 local record
 if string.sub(v, 1, 10) ~= 'lockwatch:' then
-  local sp = string.find(v, ' ', 1, true)
-  if sp then
-    record = string.sub(v, sp + 1)
-    v = string.sub(v, 1, sp - 1)
-  end
+  local token, rest = string.match(v, '^(.-) (.*)$')
+  if token then v, record = token, rest end
 end
 local now = redis.pcall('time')
 if now.err then return {t, f, v, {}, ''} end
