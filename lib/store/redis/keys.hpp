@@ -23,7 +23,6 @@ namespace lockwatch::detail::redis_keys {
 inline constexpr std::string_view kCounterInfix = "fence:";
 inline constexpr std::string_view kFenceSuffix = ":fence";
 inline constexpr std::string_view kChannelSuffix = ":rel";
-inline constexpr std::string_view kPeriodSuffix = ":period";
 
 inline std::string lock(std::string_view prefix, std::string_view key) {
   std::string out;
@@ -45,7 +44,7 @@ inline std::string counter(std::string_view prefix, std::string_view lock_name) 
 }
 // The per-name counter of versions before the slot counters.
 inline std::string legacy_fence(std::string_view lock_name) { return std::string(lock_name).append(kFenceSuffix); }
-inline std::string period(std::string_view lock_name) { return std::string(lock_name).append(kPeriodSuffix); }
+inline std::string period(std::string_view lock_name) { return std::string(lock_name).append(":period"); }
 inline std::string channel(std::string_view lock_name) { return std::string(lock_name).append(kChannelSuffix); }
 inline std::string holders(std::string_view lock_name) { return std::string(lock_name).append(":holders"); }
 inline std::string writer_mark(std::string_view lock_name) { return std::string(lock_name).append(":writer"); }

@@ -18,7 +18,6 @@
 #include <string>
 #include <string_view>
 
-#include "store/capabilities.hpp"
 #include "store/redis/cluster_slot.hpp"
 #include "store/redis/keys.hpp"
 #include "store/store_base.hpp"

@@ -7,7 +7,6 @@
 #include <iterator>
 #include <optional>
 
-#include "core/loop.hpp"
 #include "store/kind_rules.hpp"
 #include "store/redis/cluster_slot.hpp"
 #include "store/redis/keys.hpp"
@@ -448,18 +447,15 @@ std::size_t RedisNodeStore::renew(std::span<const LockRef> locks, std::shared_pt
         batch->answers[k] = {status, why ? std::optional(*why) : std::nullopt};
       });
   renew_->command({"ROLE"}, [this, batch](const redisReply* role, const StoreError* err) {
-    if (err != nullptr) {
-      batch->deliver(err);
-      return;
-    }
     // ["master", offset, [[host, port, offset], ...]]: the replicas it has.
     long long listed = replicas_.min;
-    if (role->type == REDIS_REPLY_ARRAY && role->elements >= 3 && is_string(role->element[0]) &&
+    if (err == nullptr && role->type == REDIS_REPLY_ARRAY && role->elements >= 3 && is_string(role->element[0]) &&
         text_of(role->element[0]) == "master" && role->element[2]->type == REDIS_REPLY_ARRAY)
       listed = static_cast<long long>(role->element[2]->elements);
     const long long needed = std::min<long long>(replicas_.min, listed);
-    if (needed == 0) {
-      batch->deliver(nullptr);
+    // ROLE failed (the renewals are transient for it), or no replica to wait for.
+    if (err != nullptr || needed == 0) {
+      batch->deliver(err);
       return;
     }
     wait_replicas(*renew_, needed, "renewal", [batch](const StoreError* short_of) { batch->deliver(short_of); });

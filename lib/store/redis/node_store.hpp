@@ -48,7 +48,6 @@
 
 #include "core/small_string.hpp"
 #include "core/turn_end.hpp"
-#include "lockwatch/options.hpp"
 #include "store/capabilities.hpp"
 #include "store/redis/caller_line.hpp"
 #include "store/redis/connection.hpp"
