@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <array>
+#include <bit>
 #include <charconv>
 #include <cstdint>
 #include <iterator>
@@ -600,8 +601,7 @@ void compose(std::string_view source, std::string& out) {
   for (std::size_t at = source.find('@'); at != std::string_view::npos; at = source.find('@')) {
     const std::size_t end = source.find('@', at + 1);
     const std::string_view name = source.substr(at + 1, end - at - 1);
-    const Fragment* f = std::find_if(std::begin(kFragments), std::end(kFragments),
-                                     [&](const Fragment& x) { return x.name == name; });
+    const Fragment* f = std::ranges::find(kFragments, name, &Fragment::name);
     if (end == std::string_view::npos || f == std::end(kFragments))
       throw std::logic_error("a script names a fragment that does not exist");
     compose(f->lua, out.append(source.substr(0, at)));
@@ -609,8 +609,6 @@ void compose(std::string_view source, std::string& out) {
   }
   out.append(source);
 }
-
-inline std::uint32_t rol(std::uint32_t x, int n) { return (x << n) | (x >> (32 - n)); }
 
 }  // namespace
 
@@ -628,18 +626,17 @@ std::string sha1_hex(std::string_view data) {
       const auto* p = reinterpret_cast<const unsigned char*>(msg.data() + off + 4 * i);
       w[i] = (std::uint32_t{p[0]} << 24) | (std::uint32_t{p[1]} << 16) | (std::uint32_t{p[2]} << 8) | p[3];
     }
-    for (int i = 16; i < 80; ++i) w[i] = rol(w[i - 3] ^ w[i - 8] ^ w[i - 14] ^ w[i - 16], 1);
+    for (int i = 16; i < 80; ++i) w[i] = std::rotl(w[i - 3] ^ w[i - 8] ^ w[i - 14] ^ w[i - 16], 1);
     static constexpr std::uint32_t kK[4] = {0x5A827999u, 0x6ED9EBA1u, 0x8F1BBCDCu, 0xCA62C1D6u};
     std::uint32_t v[5] = {h[0], h[1], h[2], h[3], h[4]};  // a, b, c, d, e
     for (int i = 0; i < 80; ++i) {
       const std::uint32_t b = v[1], c = v[2], d = v[3];
       const std::uint32_t f = i < 20 ? (b & c) | (~b & d) : (i / 20 == 2) ? (b & c) | (b & d) | (c & d) : b ^ c ^ d;
-      const std::uint32_t t = rol(v[0], 5) + f + v[4] + kK[i / 20] + w[i];
-      v[4] = d;
-      v[3] = c;
-      v[2] = rol(b, 30);
-      v[1] = v[0];
+      const std::uint32_t t = std::rotl(v[0], 5) + f + v[4] + kK[i / 20] + w[i];
+      // a, b, c, d, e become t, a, b rotated by 30, c, d.
+      std::rotate(v, v + 4, v + 5);
       v[0] = t;
+      v[2] = std::rotl(v[2], 30);
     }
     for (int i = 0; i < 5; ++i) h[i] += v[i];
   }
@@ -912,8 +909,7 @@ ClaimResult read_claim_period(const redisReply* reply, const StoreError* err, st
   static constexpr std::pair<std::string_view, Status> kStatuses[] = {
       {"1", Status::kClaimed}, {"0", Status::kAlreadyRun}, {"2", Status::kNotDue}, {"-1", Status::kNotLeader}};
   const std::string_view status = text_of(reply->element[0]);
-  const auto* known = std::find_if(std::begin(kStatuses), std::end(kStatuses),
-                                   [&](const auto& s) { return s.first == status; });
+  const auto* known = std::ranges::find(kStatuses, status, &std::pair<std::string_view, Status>::first);
   if (known == std::end(kStatuses))
     return ClaimResult{.error = unexpected_reply(endpoint, "period claim", "status " + quoted(status))};
   ClaimResult out;
