@@ -26,8 +26,7 @@ namespace {
 // lives until then.
 template <class Reply, class Done, class Second>
 void kinds_call(RedisConnection& c, ScriptId id, std::span<const LockRef> locks, std::vector<std::size_t> at,
-                std::string_view head, Second second, std::shared_ptr<Done> done,
-                std::shared_ptr<const void> keepalive = {}) {
+                std::string_view head, Second second, Done done, std::shared_ptr<const void> keepalive = {}) {
   std::size_t bytes = head.size();
   for (std::size_t i : at) bytes += 4 * locks[i].name.size() + locks[i].token.size() + 64;
   EvalRequest request(script(id), 2 * at.size(), 5 * at.size() + (head.empty() ? 0 : 1), bytes);
@@ -40,7 +39,7 @@ void kinds_call(RedisConnection& c, ScriptId id, std::span<const LockRef> locks,
     for (std::size_t i : at) {
       const StoreError* why = nullptr;
       const auto status = reply.next(&why);
-      (*done)(i, status, why);
+      done(i, status, why);
     }
   });
 }
@@ -122,9 +121,8 @@ void RedisNodeStore::follow_sentinels(std::unique_ptr<SentinelWatcher> watcher) 
       events_.log(true, fmt::format("the sentinels give {} as the master (was {})", master.name(), conn_->name()));
     each_connection([&](RedisConnection& c) { c.set_endpoint(master); });
   });
-  conn_->require_master();
-  renew_->require_master();
-  if (acquire_) acquire_->require_master();
+  for (RedisConnection* c : {conn_.get(), renew_.get(), acquire_.get()})
+    if (c != nullptr) c->require_master();
   conn_->set_down_hook([this] { sentinel_->refresh(); });
 }
 
@@ -252,7 +250,7 @@ void RedisNodeStore::release(std::span<const LockRef> locks, bool notify, Releas
       send_batch({std::move(r)}, false);
     }
   }
-  if (!kinds.empty()) send_kind_release(with_asking(*conn_), locks, std::move(kinds), notify, std::move(each).share());
+  if (!kinds.empty()) send_kind_release(with_asking(*conn_), locks, std::move(kinds), notify, std::move(each));
   if (queued) batch_turn_.request();
 }
 
@@ -296,7 +294,7 @@ void RedisNodeStore::withdraw(const LockRef& lock, WithdrawDone done) {
 
 void RedisNodeStore::send_kind_release(RedisConnection& c, std::span<const LockRef> locks,
                                        std::vector<std::size_t> indexes, bool notify,
-                                       std::shared_ptr<ReleaseDone> done) {
+                                       CallDone<ReleaseDone> done) {
   kinds_call<ReleaseReply>(
       c, ScriptId::kReleaseKind, locks, std::move(indexes), notice(),
       [notify](const LockRef& l) { return notify ? redis_keys::channel(l.name) : std::string(); }, std::move(done));
@@ -323,15 +321,14 @@ int send_slot_groups(std::vector<T> batch, bool by_slot, Send send) {
   }
   std::vector<std::uint16_t> slots(batch.size());
   std::ranges::transform(batch, slots.begin(), [](const T& q) { return key_slot(q.name); });
-  int calls = 0;
-  for (const SlotGroup& g : group_by_slot(slots)) {
+  const auto groups = group_by_slot(slots);
+  for (const SlotGroup& g : groups) {
     std::vector<T> part;
     part.reserve(g.at.size());
     for (std::size_t i : g.at) part.push_back(std::move(batch[i]));
     send(std::move(part));
-    ++calls;
   }
-  return calls;
+  return static_cast<int>(groups.size());
 }
 
 }  // namespace
@@ -412,7 +409,7 @@ void RedisNodeStore::give_back_on_acquire_line(const QueuedAcquire& a, Answer an
   const LockRef ref{a.name, a.token, {}, {}, a.kind};
   if (!a.kind.exclusive_kind()) {
     send_kind_release(for_acquire(), std::span<const LockRef>(&ref, 1), {0}, false,
-                      std::make_shared<ReleaseDone>(std::move(answer)));
+                      CallDone<ReleaseDone>(std::move(answer)));
     return;
   }
   // Without a notice in the lockwatch layout.
@@ -516,7 +513,7 @@ std::size_t RedisNodeStore::renew_mixed(std::span<const LockRef> locks, std::sha
   asking_ = asking;
   kinds_call<RenewReply>(
       with_asking(*renew_), ScriptId::kRenewKind, locks, std::move(kinds_at), {},
-      [](const LockRef& l) { return l.ttl_ms; }, std::move(shared_done), std::move(keepalive));
+      [](const LockRef& l) { return l.ttl_ms; }, CallDone<RenewDone>(std::move(shared_done)), std::move(keepalive));
   return commands + 1;
 }
 

@@ -159,8 +159,6 @@ class RedisNodeStore final : public RedisStoreBase, public DirectLane {
     static CallDone of(std::size_t n, Done& done) {
       return n > 1 ? CallDone(std::make_shared<Done>(std::move(done))) : CallDone(std::move(done));
     }
-    // The call's `done` as a shared one (made of a lone lock's).
-    std::shared_ptr<Done> share() && { return shared_ ? std::move(shared_) : std::make_shared<Done>(std::move(own_)); }
     template <class... A>
     void operator()(A&&... a) const {
       if (shared_)
@@ -208,7 +206,7 @@ class RedisNodeStore final : public RedisStoreBase, public DirectLane {
   std::size_t renew_mixed(std::span<const LockRef> locks, std::shared_ptr<const void> keepalive, RenewDone done);
   // Shared and permit releases of one call: one kReleaseKind call on `c`.
   void send_kind_release(RedisConnection& c, std::span<const LockRef> locks, std::vector<std::size_t> indexes,
-                         bool notify, std::shared_ptr<ReleaseDone> done);
+                         bool notify, CallDone<ReleaseDone> done);
   RedisConnection& for_acquire() { return acquire_ ? *acquire_ : *conn_; }
   // A tool's one script call on `on` (null: the command connection), after
   // an ASKING when asked for: answer(reply, err, endpoint) reads its reply
