@@ -61,7 +61,7 @@ inline std::string_view lock_of_channel(std::string_view channel) {
   return channel.substr(0, channel.size() - kChannelSuffix.size());
 }
 
-inline const char* key_problem(std::string_view key) noexcept {
+inline const char* key_problem(std::string_view, std::string_view key) noexcept {
   if (!key.empty() && key.front() == '}')
     return "a key must not start with '}': Redis would hash the lock and its fencing counter to different slots";
   return nullptr;
@@ -69,9 +69,7 @@ inline const char* key_problem(std::string_view key) noexcept {
 
 // A store's key rules for Redis names: `prefix{key}`, no key starting with '}'.
 inline KeyRules rules(std::string_view prefix) {
-  return KeyRules{.prefix = std::string(prefix),
-                  .braces = true,
-                  .problem = [](std::string_view, std::string_view key) noexcept { return key_problem(key); }};
+  return KeyRules{.prefix = std::string(prefix), .braces = true, .problem = key_problem};
 }
 
 inline const char* prefix_problem(std::string_view prefix) noexcept {
