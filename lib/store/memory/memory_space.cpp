@@ -30,12 +30,11 @@ Registry& registry() {
 
 bool MemoryLink::post(Loop::Task task) {
   std::lock_guard lk(mu_);
-  return open_ && loop_.post(std::move(task));
+  return store_ != nullptr && loop_.post(std::move(task));
 }
 
 void MemoryLink::close() {
   std::lock_guard lk(mu_);
-  open_ = false;
   store_ = nullptr;
 }
 
@@ -103,8 +102,7 @@ Acquired MemorySpace::State::acquire_fair(Entry& e, const LockRef& lock, Clock::
   e.kind = lock.kind;
   const auto until = now + lock.ttl;
   if (e.mine(lock) != e.holders.end()) return e.grant(lock, now);  // a retry after a lost answer: the same grant
-  auto place =
-      std::find_if(e.queue.begin(), e.queue.end(), [&](const Entry::Waiter& w) { return w.token == lock.token; });
+  auto place = std::ranges::find(e.queue, lock.token, &Entry::Waiter::token);
   if (place == e.queue.end()) {
     e.queue.push_back(Entry::Waiter{std::string(lock.token), until});
   } else {
@@ -135,8 +133,7 @@ void MemorySpace::State::withdraw(const LockRef& lock) {
   auto it = entries_.find(lock.name);
   if (it == entries_.end()) return;
   Entry& e = it->second;
-  auto place =
-      std::find_if(e.queue.begin(), e.queue.end(), [&](const Entry::Waiter& w) { return w.token == lock.token; });
+  auto place = std::ranges::find(e.queue, lock.token, &Entry::Waiter::token);
   if (place == e.queue.end()) return;
   const bool was_first = place == e.queue.begin();
   e.queue.erase(place);

@@ -56,8 +56,8 @@ class MemoryLink {
  private:
   Loop& loop_;
   std::mutex mu_;
-  bool open_ = true;     // guarded by mu_
-  MemoryStore* store_;  // written by close() only
+  // Written by close() only, under mu_ (which post() reads it under); null once closed.
+  MemoryStore* store_;
 };
 
 class MemorySpace {

@@ -74,18 +74,6 @@ void MemoryStore::overdue() {
   for (auto& r : expired) r->fail();
 }
 
-namespace {
-
-// Lock k's answer, with `error` (null on the space's answer) where the callback takes one.
-void answer(const LockStore::AcquireDone& done, std::size_t k, const Acquired& r, const StoreError*) { done(k, r); }
-template <class R>
-void answer(const std::function<void(std::size_t, R, const StoreError*)>& done, std::size_t k, R r,
-            const StoreError* error) {
-  done(k, r, error);
-}
-
-}  // namespace
-
 template <class Result, class Done, class Locks, class Step>
 void MemoryStore::batch(std::shared_ptr<Locks> locks, Done done, Step step, Result failed,
                         std::shared_ptr<const void> keep) {
@@ -99,11 +87,11 @@ void MemoryStore::batch(std::shared_ptr<Locks> locks, Done done, Step step, Resu
         for (const auto& l : *locks) out.push_back(step(s, l));
         // A renewal's leases (`keep`) go with the answer, and so are let go on the loop.
         return [out = std::move(out), d, keep = std::move(keep)] {
-          for (std::size_t k = 0; k < out.size(); ++k) answer(*d, k, out[k], nullptr);
+          for (std::size_t k = 0; k < out.size(); ++k) (*d)(k, out[k], nullptr);
         };
       },
       [d, n, failed = std::move(failed), err = no_answer()] {
-        for (std::size_t k = 0; k < n; ++k) answer(*d, k, failed, &err);
+        for (std::size_t k = 0; k < n; ++k) (*d)(k, failed, &err);
       });
 }
 
@@ -119,7 +107,9 @@ void MemoryStore::single(Done done, Step step) {
 
 void MemoryStore::acquire(std::span<const LockRef> locks, AcquireDone done) {
   batch<Acquired>(
-      std::make_shared<std::vector<OwnedLock>>(locks.begin(), locks.end()), std::move(done),
+      std::make_shared<std::vector<OwnedLock>>(locks.begin(), locks.end()),
+      // An Acquired carries its own error.
+      [done = std::move(done)](std::size_t k, const Acquired& r, const StoreError*) { done(k, r); },
       [this](MemorySpace::State& s, const OwnedLock& l) { return s.acquire(l.ref(), owner_name_); },
       Acquired::failed(no_answer()));
 }

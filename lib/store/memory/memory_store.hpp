@@ -64,8 +64,8 @@ class MemoryStore final : public FullStore, private RequestTimer::Requests {
   // function it returns is the answer, run on the loop unless `fail` ran
   // first.
   void submit(std::function<std::function<void()>(MemorySpace::State&)> op, std::function<void()> fail);
-  // A batch: `step` on each of `locks`, its results answered in order; `failed`
-  // for each when the space did not answer.
+  // A batch: `step` on each of `locks`, its results answered in order to
+  // done(index, result, error); `failed` for each when the space did not answer.
   template <class Result, class Done, class Locks, class Step>
   void batch(std::shared_ptr<Locks> locks, Done done, Step step, Result failed, std::shared_ptr<const void> keep = {});
   // One call: `done` with `step`'s value and no error, else with an empty value and the timeout's.
