@@ -134,10 +134,11 @@ struct QuorumStore::AcquireBatch {
     std::vector<std::string> errors;  // one per store that failed
     // The most telling failure: one that is not kUnavailable once any was.
     std::unique_ptr<StoreError> telling;
-    bool decided = false;   // a majority took it (raising), or it was given up
     bool finished = false;  // the caller was answered, or is about to be
     std::uint64_t fence = 0;
     std::size_t raise_asked = 0, raise_replies = 0, raise_ok = 0;
+    // A majority took it (its counters are being raised), or it was given up.
+    bool decided() const { return finished || raise_asked > 0; }
   };
   std::vector<Lock> locks;
   Clock::time_point sent;
@@ -166,14 +167,13 @@ void QuorumStore::on_acquire_vote(const std::shared_ptr<AcquireBatch>& b, std::s
     t.errors.push_back(fmt::format("{}: {}", names_[store], r.error.describe()));
     keep_most_telling(t.telling, r.error);
   }
-  if (t.decided) {
+  if (t.decided()) {
     // Raising: a late taker is raised too (one more chance at a majority);
     // a late failure may make it hopeless.
-    if (!t.finished && t.raise_asked > 0 && took_here) raise_on(b, k, store);
+    if (!t.finished && took_here) raise_on(b, k, store);
     return check_raised(b, k);
   }
   if (t.took.size() >= quorum_) {
-    t.decided = true;
     if (Clock::now() >= lease_deadline(watchdog_, b->sent, t.ttl))
       return give_back(b, k, Acquired::failed(StoreError::unavailable(
                                  names_[store], "a majority took the lock only after its validity time")));
@@ -183,7 +183,6 @@ void QuorumStore::on_acquire_vote(const std::shared_ptr<AcquireBatch>& b, std::s
   }
   if (t.busy + t.errors.size() > n - quorum_) {
     // A majority is out of reach.
-    t.decided = true;
     Acquired out;
     if (t.busy > 0 && t.took.size() + t.busy >= quorum_) {
       out = Acquired::busy(t.min_busy);
@@ -364,16 +363,13 @@ std::pair<LockInfo, std::size_t> QuorumStore::majority_view(const std::vector<Lo
     out.owner = owner;
     out.kind = held.front()->kind;
     out.key = held.front()->key;
-    out.ttl = held.front()->ttl;
-    for (const auto* i : held) out.ttl = std::min(out.ttl, i->ttl);
-    std::map<std::string, std::pair<std::size_t, const HolderInfo*>> votes;
+    out.ttl = std::ranges::min(held, {}, &LockInfo::ttl)->ttl;
+    // How many of them record each holder; each listed as the first records it.
+    std::map<std::string_view, std::size_t> votes;
     for (const auto* i : held)
-      for (const auto& h : i->holders) {
-        auto& v = votes[h.token];
-        if (v.first++ == 0) v.second = &h;
-      }
+      for (const auto& h : i->holders) votes[h.token]++;
     for (const auto& h : held.front()->holders)
-      if (votes[h.token].first >= quorum_) out.holders.push_back(*votes[h.token].second);
+      if (votes[h.token] >= quorum_) out.holders.push_back(h);
   }
   return {std::move(out), largest};
 }

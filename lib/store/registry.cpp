@@ -60,10 +60,9 @@ void check_store_options(const Options& options) {
 }
 
 std::unique_ptr<LockStore> make_store(Loop& loop, const Options& options) {
+  check_store_options(options);
   const std::string& url = store_url(options);
-  const StoreKind& kind = kind_of(url);
-  kind.check(url, options);
-  return kind.make(loop, url, options);
+  return kind_of(url).make(loop, url, options);
 }
 
 }  // namespace lockwatch::detail
