@@ -115,10 +115,9 @@ class MemorySpace {
       }
       // The shortest time a holder has left (a waiter's next try).
       std::chrono::milliseconds next_expiry(Clock::time_point now) const {
-        auto first = Clock::time_point::max();
-        for (const auto& [token, h] : holders) first = std::min(first, h.until);
-        return first == Clock::time_point::max() ? std::chrono::milliseconds(0)
-                                                 : std::chrono::ceil<std::chrono::milliseconds>(first - now);
+        if (holders.empty()) return std::chrono::milliseconds(0);
+        const auto first = std::ranges::min_element(holders, {}, [](const auto& h) { return h.second.until; });
+        return std::chrono::ceil<std::chrono::milliseconds>(first->second.until - now);
       }
       // `lock`'s holder (of its kind, exclusive or another), else end.
       auto mine(const LockRef& lock) {

@@ -44,9 +44,7 @@ void MemoryStore::submit(std::function<std::function<void()>(MemorySpace::State&
   bool ran = space_->run(link_, [req, link = link_, op = std::move(op)](MemorySpace::State& state) {
     // Posted even when run inside this call: an answer never runs inside it.
     link->post([req, answer = op(state)] {
-      if (req->done) return;
-      req->done = true;
-      answer();
+      if (!std::exchange(req->done, true)) answer();
     });
   });
   if (ran) return;
@@ -66,8 +64,7 @@ void MemoryStore::overdue() {
   const auto now = Clock::now();
   std::vector<std::shared_ptr<Request>> expired;
   while (!held_.empty() && (held_.front()->done || now - held_.front()->sent >= command_timeout_)) {
-    if (!held_.front()->done) expired.push_back(held_.front());
-    held_.front()->done = true;
+    if (!std::exchange(held_.front()->done, true)) expired.push_back(held_.front());
     held_.pop_front();
   }
   // The failures may send new requests: the queue is consistent first.
@@ -213,8 +210,7 @@ void MemoryStore::close() {
   subscribed_.clear();
   // What the space still held fails, each once, after close() returns.
   for (auto& r : held_) {
-    if (r->done) continue;
-    r->done = true;
+    if (std::exchange(r->done, true)) continue;
     if (!loop_.post([fail = r->fail] { fail(); })) r->fail();  // the loop refuses posts only after close()
   }
   held_.clear();
