@@ -212,23 +212,21 @@ void QuorumStore::raise_on(const std::shared_ptr<AcquireBatch>& b, std::size_t k
 // every store answered and too few raises succeeded.
 void QuorumStore::check_raised(const std::shared_ptr<AcquireBatch>& b, std::size_t k) {
   auto& t = b->locks[k];
-  if (t.finished) return;
-  const char* why = nullptr;
-  if (t.raise_ok >= quorum_) {
-    // The validity time again: a raise that came back late must not hand
-    // out a lease whose keys may have expired meanwhile, and whose token a
-    // later majority may have handed out too (found by
-    // model/redlock_fence.pml with two acquisitions overlapping).
-    if (Clock::now() < lease_deadline(watchdog_, b->sent, t.ttl)) {
-      t.finished = true;
-      return b->done(k, Acquired::taken(t.fence));
-    }
-    why = "a majority raised its fencing counters only after the validity time";
-  } else if (t.took.size() + t.busy + t.errors.size() == stores_.size() && t.raise_replies == t.raise_asked) {
-    why = "could not raise a majority's fencing counters";
+  const bool raised = t.raise_ok >= quorum_;
+  // Every store answered the acquisition, and each raise asked of one answered.
+  const bool all_heard = t.took.size() + t.busy + t.errors.size() == stores_.size() && t.raise_replies == t.raise_asked;
+  if (t.finished || !(raised || all_heard)) return;
+  // The validity time again: a raise that came back late must not hand
+  // out a lease whose keys may have expired meanwhile, and whose token a
+  // later majority may have handed out too (found by
+  // model/redlock_fence.pml with two acquisitions overlapping).
+  if (raised && Clock::now() < lease_deadline(watchdog_, b->sent, t.ttl)) {
+    t.finished = true;
+    return b->done(k, Acquired::taken(t.fence));
   }
-  if (why != nullptr)
-    give_back(b, k, Acquired::failed(StoreError::unavailable(names_[t.took.empty() ? 0 : t.took.front()], why)));
+  const char* why = raised ? "a majority raised its fencing counters only after the validity time"
+                           : "could not raise a majority's fencing counters";
+  give_back(b, k, Acquired::failed(StoreError::unavailable(names_[t.took.empty() ? 0 : t.took.front()], why)));
 }
 
 // A failed attempt gives back what it took, on every store (a late success
