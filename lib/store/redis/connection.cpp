@@ -109,8 +109,7 @@ RedisConnection::RedisConnection(Loop& loop, Endpoint endpoint, const StoreSetti
       owner_(connection_owner_name(settings.owner_name)),
       hooks_(std::move(hooks)) {
   if (mode != Mode::kCommands)
-    subs_ = std::make_unique<Subscriptions>(mode == Mode::kShardedPubSub, static_cast<Wire&>(*this), hooks_.on_dropped,
-                                            hooks_.on_refused);
+    subs_ = std::make_unique<Subscriptions>(mode == Mode::kShardedPubSub, *this);
   if (endpoint_.tls) {
     // Options::validate() read the same files already; if one went away
     // since, every attempt fails saying so.

@@ -145,7 +145,6 @@ class EvalRequest {
 
 class RedisConnection : private Reconnector::Attempts,
                         private RequestTimer::Requests,
-                        private Subscriptions::Wire,
                         private Stream::Events {
  public:
   struct Hooks {
@@ -282,9 +281,10 @@ class RedisConnection : private Reconnector::Attempts,
   // the server silent for the command timeout.
   RequestTimer::Clock::time_point unanswered_since() const override;
   void overdue() override;
-  // Subscriptions::Wire (and the connect command): a command on the current link.
-  void write(const std::vector<std::string_view>& argv) override;
-  bool can_write() const override { return link_ != nullptr && up(); }
+  // Subscriptions' (and the connect command's): a command on the current link.
+  friend class Subscriptions;
+  void write(const std::vector<std::string_view>& argv);
+  bool can_write() const { return link_ != nullptr && up(); }
   // attempt()'s part: the handshake written first in the new link's
   // pipeline (AUTH, SELECT, CLIENT SETNAME, ROLE, the subscriptions).
   void write_handshake();

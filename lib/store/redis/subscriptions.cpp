@@ -4,6 +4,7 @@
 #include <utility>
 
 #include "core/guarded.hpp"
+#include "store/redis/connection.hpp"
 #include "store/redis/redis_error.hpp"
 
 namespace lockwatch::detail {
@@ -41,16 +42,16 @@ bool Subscriptions::handled(std::string_view kind, std::string_view channel) {
   if (answer || wanted == channels_.end()) return false;
   // Unsolicited: the node lost the channel's slot.
   channels_.erase(wanted);
-  if (on_dropped_) guarded(kToStore, [&] { on_dropped_(channel, nullptr); });
+  if (wire_.hooks_.on_dropped) guarded(kToStore, [&] { wire_.hooks_.on_dropped(channel, nullptr); });
   return true;
 }
 
 void Subscriptions::error(const StoreError& why) {
   if (!sharded_) {
-    if (!on_refused_) return;
+    if (!wire_.hooks_.on_refused) return;
     StoreError refused = why;
     if (redis_acl_refusal(refused)) refused.message += " (sent: SUBSCRIBE or UNSUBSCRIBE)";
-    guarded(kToStore, [&] { on_refused_(refused); });
+    guarded(kToStore, [&] { wire_.hooks_.on_refused(refused); });
     return;
   }
   // It answers the oldest SSUBSCRIBE or SUNSUBSCRIBE.
@@ -58,7 +59,7 @@ void Subscriptions::error(const StoreError& why) {
   Sent sent = std::move(sent_.front());
   sent_.pop_front();
   if (!sent.subscribe || channels_.erase(sent.channel) == 0) return;
-  if (on_dropped_) guarded(kToStore, [&] { on_dropped_(sent.channel, &why); });
+  if (wire_.hooks_.on_dropped) guarded(kToStore, [&] { wire_.hooks_.on_dropped(sent.channel, &why); });
 }
 
 void Subscriptions::resubscribe() {

@@ -22,35 +22,23 @@
 #pragma once
 
 #include <deque>
-#include <functional>
 #include <string>
 #include <string_view>
 #include <unordered_set>
-#include <utility>
-#include <vector>
 
 #include "store/store_error.hpp"
 
 namespace lockwatch::detail {
 
+class RedisConnection;
+
 class Subscriptions {
  public:
-  // The connection's side: write a command on the current link now, and
-  // whether there is a link up to write one on.
-  class Wire {
-   public:
-    virtual void write(const std::vector<std::string_view>& argv) = 0;
-    virtual bool can_write() const = 0;
-
-   protected:
-    ~Wire() = default;
-  };
-  using Dropped = std::function<void(std::string_view channel, const StoreError* why)>;
-  using Refused = std::function<void(const StoreError& why)>;
-
-  // `on_dropped` is the sharded policy's, `on_refused` the classic one's.
-  Subscriptions(bool sharded, Wire& wire, Dropped on_dropped, Refused on_refused)
-      : sharded_(sharded), wire_(wire), on_dropped_(std::move(on_dropped)), on_refused_(std::move(on_refused)) {}
+  // `wire` writes a command on its current link (write()), if one is up
+  // to write it on (can_write()); what is dropped or refused is told
+  // through its hooks (Hooks::on_dropped is the sharded policy's,
+  // Hooks::on_refused the classic one's).
+  Subscriptions(bool sharded, RedisConnection& wire) : sharded_(sharded), wire_(wire) {}
 
   // Wanted from now on; false if it was already.
   bool want(const std::string& channel) { return channels_.insert(channel).second; }
@@ -73,9 +61,7 @@ class Subscriptions {
     std::string channel;
   };
   const bool sharded_;
-  Wire& wire_;
-  Dropped on_dropped_;
-  Refused on_refused_;
+  RedisConnection& wire_;
   std::unordered_set<std::string> channels_;
   // Written on the current link and not answered yet, in order: every
   // sharded command, the classic SUBSCRIBEs.
