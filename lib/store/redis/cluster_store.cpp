@@ -22,8 +22,7 @@ using Clock = std::chrono::steady_clock;
 // ------------------------------------------------------------------ parsing
 
 ClusterSeeds ClusterSeeds::parse(const std::string& url) {
-  const bool tls = url.starts_with("rediss-cluster://");
-  if (!tls && !url.starts_with("redis-cluster://"))
+  if (!url.starts_with("rediss-cluster://") && !url.starts_with("redis-cluster://"))
     throw_bad_url(url, "expected redis-cluster:// or rediss-cluster://[user:password@]host:port[,host:port...]");
   const HostList list(url);
   if (!list.path.empty()) throw_bad_url(url, "a Redis Cluster has database 0 only: no /db after the seed nodes");
@@ -32,7 +31,7 @@ ClusterSeeds ClusterSeeds::parse(const std::string& url) {
   for (const auto& one : list.hosts) {
     if (one.empty()) throw_bad_url(url, "an empty seed in the list");
     // The redis:// parser checks host, port and credentials alike.
-    out.seeds.push_back(Endpoint::parse((tls ? "rediss://" : "redis://") + list.credentials + one));
+    out.seeds.push_back(Endpoint::parse(list.scheme + list.credentials + one));
   }
   return out;
 }

@@ -15,7 +15,7 @@
 
 namespace lockwatch::detail {
 
-HostList::HostList(const std::string& url) {
+HostList::HostList(const std::string& url) : scheme(url.starts_with("rediss") ? "rediss://" : "redis://") {
   std::string rest = url.substr(url.find("://") + 3);
   if (auto at = rest.rfind('@'); at != std::string::npos) {
     credentials = rest.substr(0, at + 1);
@@ -33,13 +33,11 @@ HostList::HostList(const std::string& url) {
 
 Topology Topology::parse(const std::string& url) {
   Topology t;
-  const bool tls = url.starts_with("rediss-sentinel://");
-  if (!tls && !url.starts_with("redis-sentinel://")) {
+  if (!url.starts_with("rediss-sentinel://") && !url.starts_with("redis-sentinel://")) {
     t.masters = Endpoint::parse_list(url);
     return t;
   }
-  // Over TLS the sentinels and the master alike.
-  const std::string scheme = tls ? "rediss://" : "redis://";
+  // Over TLS (the list's scheme) the sentinels and the master alike.
   // redis-sentinel://[cred@]h:p,h:p/name[/db]: reuse the redis:// parser
   // for the credentials, each sentinel and the db.
   const HostList list(url);
@@ -48,8 +46,8 @@ Topology Topology::parse(const std::string& url) {
   t.master_name = list.path.substr(1, s2 - 1);
   if (t.master_name.empty()) throw_bad_url(url, "no master name");
   const std::string db = s2 == std::string::npos ? std::string() : list.path.substr(s2);
-  for (const auto& host : list.hosts) t.sentinels.push_back(Endpoint::parse(scheme + host));
-  t.master = Endpoint::parse(scheme + list.credentials + "unresolved:1" + db);
+  for (const auto& host : list.hosts) t.sentinels.push_back(Endpoint::parse(list.scheme + host));
+  t.master = Endpoint::parse(list.scheme + list.credentials + "unresolved:1" + db);
   t.master.host.clear();
   t.master.port = 0;  // found through the sentinels
   return t;

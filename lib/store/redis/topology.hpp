@@ -25,6 +25,7 @@ struct Topology {
 // "[user:password@]host:port[,host:port...][/path]", in its parts; each
 // host is then read by the redis:// parser.
 struct HostList {
+  std::string scheme;  // each host's: "rediss://" for a rediss-... URL, else "redis://"
   std::string credentials, path;  // "user:password@" or empty; from the '/' on, or empty
   std::vector<std::string> hosts;  // as written between the commas (one, empty, for none)
   explicit HostList(const std::string& url);
