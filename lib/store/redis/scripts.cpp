@@ -68,30 +68,6 @@ end)lua"},
     {"acquired", R"lua(  if err then out[i] = 'e' .. string.gsub(err, '[\r\n]', ' ') end
 end
 return table.concat(out, '\n'))lua"},
-    // A kind's acquisition (see kAcquireKind): `lock`'s value `v` read, an
-    // error or a busy answer for a key held as another kind than `marker`
-    // (`asked` names it), `now`, and its `holders` past their deadline pruned.
-    {"kind_check", R"lua(local v = redis.pcall('get', lock)
-if type(v) == 'table' then return 'e' .. string.gsub(v.err .. ' (' .. lock .. ')', '[\r\n]', ' ') end
-if v and v ~= marker then
-  local held_as = v == 'lockwatch:shared' and 'shared' or @held_as@
-  if not held_as then
-    local t = redis.call('pttl', lock)
-    if t < 0 then
-      return 'eLOCKWATCH ' .. string.gsub(lock, '[\r\n]', ' ') .. ' exists without expiry: not a lockwatch lock'
-    end
-    if asked == 'shared' then return 'b' .. t end
-    held_as = 'exclusive'
-  end
-  return 'eLOCKWATCH-KIND ' .. string.gsub(lock .. ' is held as ' .. held_as .. '; this call asked for it ' .. asked,
-                                           '[\r\n]', ' ')
-end
-@now@
-if not v then
-  redis.call('del', holders)
-  redis.pcall('del', owners)
-end
-redis.call('zremrangebyscore', holders, '-inf', now))lua"},
 };
 
 // The acquisitions of one call, any number of locks (a lone lock is a
@@ -201,13 +177,36 @@ for i = 1, #KEYS / 3 do
 // and only to the first waiter; the busy answer is capped at ttl/3; when
 // dropping dead waiters leaves the lock free for another first, the release
 // channel wakes it. The queue's keys expire with its last place.
+// First `lock`'s value `v` is read: an error or a busy answer for a key
+// held as another kind than `marker` (`asked` names it); then `now`, and
+// its `holders` past their deadline pruned.
 constexpr std::string_view kAcquireKind = R"lua(
 local lock, holders, counter, fair = KEYS[1], KEYS[2], KEYS[#KEYS], #KEYS == 5
 local token, ttl, kind = ARGV[1], tonumber(ARGV[2]), ARGV[3]
 local owner, owners = ARGV[#KEYS] or '', lock .. ':owners'
 local marker = fair and 'lockwatch:fair' or (kind == 's' and 'lockwatch:shared' or ('lockwatch:permits:' .. kind))
 local asked = fair and 'fair' or (kind == 's' and 'shared' or (kind .. ' permit(s)'))
-@kind_check@
+local v = redis.pcall('get', lock)
+if type(v) == 'table' then return 'e' .. string.gsub(v.err .. ' (' .. lock .. ')', '[\r\n]', ' ') end
+if v and v ~= marker then
+  local held_as = v == 'lockwatch:shared' and 'shared' or @held_as@
+  if not held_as then
+    local t = redis.call('pttl', lock)
+    if t < 0 then
+      return 'eLOCKWATCH ' .. string.gsub(lock, '[\r\n]', ' ') .. ' exists without expiry: not a lockwatch lock'
+    end
+    if asked == 'shared' then return 'b' .. t end
+    held_as = 'exclusive'
+  end
+  return 'eLOCKWATCH-KIND ' .. string.gsub(lock .. ' is held as ' .. held_as .. '; this call asked for it ' .. asked,
+                                           '[\r\n]', ' ')
+end
+@now@
+if not v then
+  redis.call('del', holders)
+  redis.pcall('del', owners)
+end
+redis.call('zremrangebyscore', holders, '-inf', now)
 local mine = redis.call('zscore', holders, token)
 local f, out
 if fair then
