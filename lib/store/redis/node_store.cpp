@@ -7,6 +7,8 @@
 #include <optional>
 
 #include "store/kind_rules.hpp"
+#include "store/redis/cluster_slot.hpp"
+#include "store/redis/keys.hpp"
 #include "store/redis/redis_error.hpp"
 #include "store/redis/scripts.hpp"
 #include "store/redis/sentinel.hpp"

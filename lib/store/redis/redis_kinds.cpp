@@ -7,6 +7,8 @@
 #include "lockwatch/errors.hpp"
 #include "store/quorum_store.hpp"
 #include "store/redis/cluster_store.hpp"
+#include "store/redis/keys.hpp"
+#include "store/redis/layout.hpp"
 #include "store/redis/node_store.hpp"
 #include "store/redis/sentinel.hpp"
 #include "store/redis/topology.hpp"
