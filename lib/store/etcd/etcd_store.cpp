@@ -116,12 +116,11 @@ void EtcdStore::acquire_one(std::string name, std::string token, milliseconds tt
     auto txn = acquisition(name, token, value_of(token), lease);
     client_->txn(std::move(txn), [this, name, token, ttl, lease, done = std::move(done)](
                                      const auto& response, const StoreError* err) mutable {
-      const etcdserverpb::TxnResponse* inner =
-          response.responses_size() > 0 && response.responses(0).has_response_txn()
-              ? &response.responses(0).response_txn()
-              : nullptr;
-      const mvccpb::KeyValue* kv = inner ? ranged(*inner) : nullptr;
-      const bool again = kv != nullptr && inner->succeeded();  // ours already: now on the new lease
+      // The inner transaction of the failure branch (unset: protobuf's empty one).
+      const auto& inner = response.responses_size() > 0 ? response.responses(0).response_txn()
+                                                        : etcdserverpb::TxnResponse::default_instance();
+      const mvccpb::KeyValue* kv = ranged(inner);
+      const bool again = kv != nullptr && inner.succeeded();  // ours already: now on the new lease
       if (response.succeeded() || again) {
         if (again && kv->lease() != lease) revoke(kv->lease());  // the old lease goes
         held_[name] = Held{token, lease};

@@ -33,10 +33,8 @@ std::string one_line(const char* message) {
 // up on the connection (then nothing is known).
 std::string startup_options(const sqlcommon::SqlSettings& o) {
   const long long command_ms = o.command_timeout.count();
-  long long statement_ms = std::max<long long>(1, command_ms * 3 / 4);
-  long long lock_ms = std::max<long long>(1, command_ms / 2);
-  return fmt::format("-c TimeZone=UTC -c statement_timeout={} -c lock_timeout={} -c bytea_output=hex", statement_ms,
-                     lock_ms);
+  return fmt::format("-c TimeZone=UTC -c statement_timeout={} -c lock_timeout={} -c bytea_output=hex",
+                     std::max<long long>(1, command_ms * 3 / 4), std::max<long long>(1, command_ms / 2));
 }
 
 // A result's rows: views into libpq's, which the request keeps.

@@ -80,8 +80,8 @@ PgStore::PgStore(Loop& loop, PgTarget target, const sqlcommon::SqlSettings& sett
 // ---- the rest
 
 void PgStore::raise_fence(std::string_view name, std::uint64_t fence, RaiseDone done) {
-  command_connection().execute("lockwatch_raise_fence", {to_hex(name), std::to_string(fence)},
-                               [done = std::move(done)](const PgRows&, const StoreError* err) { done(!err); });
+  connections_.command().execute("lockwatch_raise_fence", {to_hex(name), std::to_string(fence)},
+                                 [done = std::move(done)](const PgRows&, const StoreError* err) { done(!err); });
 }
 
 // ---- release notices

@@ -323,7 +323,7 @@ class RecipeStore : public StoreBase,
   }
   // The held names under the prefix, each then inspected.
   void list_locks(std::string_view prefix, std::size_t limit, ListDone done) final {
-    command_connection().execute(
+    connections_.command().execute(
         "lockwatch_list", {to_hex(like_prefix(encode(prefix))), std::to_string(limit)},
         [this, done = std::move(done)](const Rows& rows, const StoreError* err) mutable {
           if (err) return done({}, err);
@@ -332,8 +332,8 @@ class RecipeStore : public StoreBase,
   }
   // The server's clock (its one cell).
   void server_time(TimeDone done) final {
-    command_connection().execute("lockwatch_time", {}, [this, done = std::move(done)](const Rows& rows,
-                                                                                      const StoreError* err) {
+    connections_.command().execute("lockwatch_time", {}, [this, done = std::move(done)](const Rows& rows,
+                                                                                        const StoreError* err) {
       if (err) return done({}, err);
       if (rows.null(0, 0)) {
         const StoreError missing = no_answer("the clock's reading");
@@ -345,7 +345,7 @@ class RecipeStore : public StoreBase,
   // One conditional write, read back in the same round trip (read_claim()).
   void claim_period(std::string_view name, std::string_view token, std::int64_t period,
                     std::chrono::system_clock::time_point start, ClaimDone done) final {
-    command_connection().execute(
+    connections_.command().execute(
         "lockwatch_claim", {to_hex(name), to_hex(token), std::to_string(period), std::to_string(to_micros(start))},
         [this, period, done = std::move(done)](const Rows& rows, const StoreError* err) {
           ClaimResult out;
@@ -360,7 +360,7 @@ class RecipeStore : public StoreBase,
   // The lock row, then the live holders' rows, in one round trip.
   void inspect(std::string_view name, InspectDone done) final {
     auto answer = std::make_shared<Inspection>(std::move(done));
-    Connection& conn = command_connection();
+    Connection& conn = connections_.command();
     conn.execute("lockwatch_inspect", {to_hex(name)},
                  [answer](const Rows& rows, const StoreError* err) { answer->lock_answer(rows, err); });
     conn.execute("lockwatch_holders", {to_hex(name)},
@@ -368,15 +368,15 @@ class RecipeStore : public StoreBase,
   }
   // One transaction on the lock's row: it answers a row when anyone held it.
   void force_release(std::string_view name, ForceDone done) final {
-    command_connection().execute("lockwatch_force_release", {to_hex(name), channel_},
-                                 [done = std::move(done)](const Rows& rows, const StoreError* err) {
-                                   done(!err && rows.size() == 1, err);
-                                 });
+    connections_.command().execute("lockwatch_force_release", {to_hex(name), channel_},
+                                   [done = std::move(done)](const Rows& rows, const StoreError* err) {
+                                     done(!err && rows.size() == 1, err);
+                                   });
   }
   // FairQueue: the waiter's row goes, in one transaction on the lock's row.
   void withdraw(const LockRef& lock, WithdrawDone done) final {
-    command_connection().execute("lockwatch_withdraw", {to_hex(lock.name), to_hex(lock.token), channel_},
-                                 [done = std::move(done)](const Rows&, const StoreError* err) { done(err); });
+    connections_.command().execute("lockwatch_withdraw", {to_hex(lock.name), to_hex(lock.token), channel_},
+                                   [done = std::move(done)](const Rows&, const StoreError* err) { done(err); });
   }
   // A kind's locks go at once, in one batch; the exclusive ones at the
   // turn's end (turn_ended()).
@@ -413,7 +413,6 @@ class RecipeStore : public StoreBase,
     turn_end_.open();
     connections_.start(events_);
   }
-  Connection& command_connection() { return connections_.command(); }
   // The server, as errors name it.
   const std::string& server() const { return connections_.commands.front()->name(); }
   // A statement's answer that lacks what it must hold.
@@ -436,12 +435,12 @@ class RecipeStore : public StoreBase,
     const auto& l = batch->locks;
     auto params = lock_arrays(l.size(), [&](std::size_t i) -> const PendingAcquire& { return l[i]; }, true, false);
     params.push_back(array_literal(l.size(), [&](std::size_t i) { return l[i].waits ? 1 : 0; }));
-    command_connection().execute("lockwatch_acquire", std::move(params),
+    connections_.command().execute("lockwatch_acquire", std::move(params),
                                  [this, batch](const Rows& rows, const StoreError* err) {
-                                   if (!err) return answer_acquisitions(*batch, rows, server());
-                                   if (!resend(batch, *err, std::bind_front(&RecipeStore::acquire_batch, this), true))
-                                     batch->answer(Acquired::failed(*err));
-                                 });
+                                     if (!err) return answer_acquisitions(*batch, rows, server());
+                                     if (!resend(batch, *err, std::bind_front(&RecipeStore::acquire_batch, this), true))
+                                       batch->answer(Acquired::failed(*err));
+                                   });
   }
   // A group of renewals, on the renewal connection: each answered as the
   // statement's rows say.
@@ -466,7 +465,7 @@ class RecipeStore : public StoreBase,
         lock_arrays(l.size(), [&](std::size_t i) -> const PendingRelease& { return l[i]; }, false, of_kinds);
     params.push_back(batch->notify ? "t" : "f");
     params.push_back(channel_);
-    command_connection().execute(
+    connections_.command().execute(
         of_kinds ? "lockwatch_release_kind" : "lockwatch_release", std::move(params),
         [this, batch](const Rows& rows, const StoreError* err) {
           if (err && resend(batch, *err, std::bind_front(&RecipeStore::release_batch, this), false)) return;
@@ -493,7 +492,7 @@ class RecipeStore : public StoreBase,
                         fair ? channel_ : std::to_string(a.kind.permit_count())}});
     }
     auto outcomes = std::make_shared<std::vector<Acquired>>(l.size());
-    command_connection().execute_all(
+    connections_.command().execute_all(
         std::move(calls),
         [this, group, outcomes](std::size_t i, const Rows& rows) {
           if (i > 0) (*outcomes)[i - 1] = kind_answer(group->locks[i - 1], rows, server());  // 0: the lock rows
