@@ -30,6 +30,10 @@ class StoreBase : public LockStore {
   explicit StoreBase(StoreTraits traits) : LockStore(std::move(traits)) {}
   // start()'s work beyond keeping the events (connections, timers).
   virtual void started() {}
+  // The traits of a store that tells its releases and holds every kind.
+  static StoreTraits every_kind(KeyRules keys) {
+    return {.keys = std::move(keys), .release_events = true, .no_shared = nullptr, .no_permits = nullptr};
+  }
 
   StoreEvents events_;
 };
@@ -52,9 +56,6 @@ class FullStore : public StoreBase,
              .lock_listing = this,
              .fair_queue = this,
              .token_blocks = this});
-  }
-  static StoreTraits every_kind(KeyRules keys) {
-    return {.keys = std::move(keys), .release_events = true, .no_shared = nullptr, .no_permits = nullptr};
   }
 };
 

@@ -10,14 +10,10 @@ namespace lockwatch::detail {
 using std::chrono::milliseconds;
 
 ZkStore::ZkStore(Loop& loop, ZkTarget target, const StoreSettings& settings)
-    : StoreBase(StoreTraits{
-          .keys = KeyRules{.prefix = settings.key_prefix,
-                           .max_name = zk::kMaxNameBytes,
-                           .too_long = "the lock name (key_prefix + key) is longer than the 255 bytes a ZooKeeper "
-                                       "lock name takes"},
-          .release_events = true,
-          .no_shared = nullptr,
-          .no_permits = nullptr}),
+    : StoreBase(every_kind(KeyRules{.prefix = settings.key_prefix,
+                                    .max_name = zk::kMaxNameBytes,
+                                    .too_long = "the lock name (key_prefix + key) is longer than the 255 bytes a "
+                                                "ZooKeeper lock name takes"})),
       settings_(settings),
       sessions_(loop, target, settings_.connection, events_),
       release_(sessions_, settings_, events_),
