@@ -50,18 +50,15 @@ LockInfo holders_of(LockKind kind, const std::vector<ZkResult>& reads) {
 void ZkOperatorTools::read_holders(ZkSession* s, const std::string& dir, std::vector<std::string> nodes,
                                    OperatorTools::InspectDone done) {
   if (nodes.empty() || s == nullptr) return done(LockInfo{}, nullptr);
-  struct Reads {
-    std::vector<ZkResult> answers;
-  };
-  auto all = Countdown<int, Reads>::make(
-      nodes.size(), {std::vector<ZkResult>(nodes.size())},
+  auto all = Countdown<int, std::vector<ZkResult>>::make(
+      nodes.size(), std::vector<ZkResult>(nodes.size()),
       [this, kind = zk::kind_of(nodes.front()), done = std::move(done)](auto& c) {
-        if (!c.failure) return done(holders_of(kind, c.answers), nullptr);
+        if (!c.failure) return done(holders_of(kind, c), nullptr);
         sessions_.answer_failed(done, *c.failure, "reading the holders' nodes", LockInfo{});
       });
   for (std::size_t i = 0; i < nodes.size(); ++i) {
     sessions_.read(*s, dir + "/" + nodes[i], false, [all, i](const ZkResult& r) {
-      all->answers[i] = r;
+      (*all)[i] = r;
       all->answered(zk::failure_unless_gone(r));
     });
   }
@@ -102,22 +99,21 @@ void ZkOperatorTools::list_window(std::shared_ptr<Listing> listing, std::size_t 
     if (listing->found.size() > listing->limit) listing->found.resize(listing->limit);
     return listing->done(std::move(listing->found), nullptr);
   }
-  struct Window {
-    std::vector<LockInfo> infos;
-  };
+  // The window's LockInfos, in its names' order.
+  using Window = std::vector<LockInfo>;
   const std::size_t n = to - from;
-  auto all = Countdown<StoreError, Window>::make(n, {std::vector<LockInfo>(n)}, [this, listing, from, to](auto& w) {
+  auto all = Countdown<StoreError, Window>::make(n, Window(n), [this, listing, from, to](auto& w) {
     if (w.failure) return listing->done({}, &*w.failure);
-    for (std::size_t k = 0; k < w.infos.size(); ++k) {
-      if (!w.infos[k].held) continue;
-      w.infos[k].key = listing->names[from + k].substr(store_.traits().keys.prefix.size());
-      listing->found.push_back(std::move(w.infos[k]));
+    for (std::size_t k = 0; k < w.size(); ++k) {
+      if (!w[k].held) continue;
+      w[k].key = listing->names[from + k].substr(store_.traits().keys.prefix.size());
+      listing->found.push_back(std::move(w[k]));
     }
     list_window(listing, to);
   });
   for (std::size_t i = from; i < to; ++i)
     inspect(listing->names[i], [all, i, from](const LockInfo& info, const StoreError* e) {
-      all->infos[i - from] = info;
+      (*all)[i - from] = info;
       all->answered(e);
     });
 }

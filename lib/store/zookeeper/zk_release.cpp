@@ -28,14 +28,12 @@ void ZkRelease::tick(Clock::time_point now) {
   std::vector<std::shared_ptr<GiveUp>> looks(std::make_move_iterator(due), std::make_move_iterator(giving_up_.end()));
   giving_up_.erase(due, giving_up_.end());
   for (auto& g : looks) retry_give_up(g);
-  if (next_cleanup_ != Clock::time_point{} && now >= next_cleanup_) {
-    next_cleanup_ = {};
-    run_cleanups();
-  }
-  if (sessions_.connections() != seen_connections_) {
-    seen_connections_ = sessions_.connections();
-    if (!cleanups_.empty()) run_cleanups();
-  }
+  // The cleanups run when due, and again at once on a new connection.
+  const bool cleanup_due = next_cleanup_ != Clock::time_point{} && now >= next_cleanup_;
+  if (cleanup_due) next_cleanup_ = {};
+  const bool reconnected = sessions_.connections() != seen_connections_;
+  seen_connections_ = sessions_.connections();
+  if (cleanup_due || reconnected) run_cleanups();
 }
 
 // ---- release
@@ -196,18 +194,15 @@ void ZkRelease::run_cleanups() {
   if (cleaning_ || sessions_.closed() || cleanups_.empty()) return;
   cleaning_ = true;
   // Once every one answered, those still unconfirmed are kept at again.
-  struct Unconfirmed {
-    std::vector<Cleanup> again;
-  };
-  auto all = Countdown<int, Unconfirmed>::make(cleanups_.size(), {}, [this](auto& c) {
+  auto all = Countdown<int, std::vector<Cleanup>>::make(cleanups_.size(), {}, [this](auto& again) {
     cleaning_ = false;
-    if (c.again.empty() && cleanups_.empty()) return cleanup_backoff_.reset();
-    for (auto& each : c.again) remember_cleanup(std::move(each));
-    if (c.again.empty() && !cleanups_.empty()) run_cleanups();
+    if (again.empty() && cleanups_.empty()) return cleanup_backoff_.reset();
+    for (auto& each : again) remember_cleanup(std::move(each));
+    if (again.empty() && !cleanups_.empty()) run_cleanups();
   });
   for (auto& c : std::exchange(cleanups_, {}))
     delete_nodes(c, [all, c](Released st, const StoreError*) {
-      if (st == Released::kUnconfirmed) all->again.push_back(c);
+      if (st == Released::kUnconfirmed) all->push_back(c);
       all->answered();
     });
 }

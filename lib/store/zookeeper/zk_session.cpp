@@ -54,22 +54,20 @@ ZkSession* ZkSessions::session_for(milliseconds ttl) {
 // would look them up in zookeeper_init(), on the loop), then the handle is
 // made on their addresses.
 void ZkSessions::look_up_names(ZkSession& s) {
-  struct Lookup {
-    std::vector<std::string> addresses;  // per member; empty: not resolved
-  };
-  Lookup found;
-  for (const auto& [host, port] : target_.hosts) found.addresses.push_back(numeric_host(host) ? host : std::string());
-  const auto names = static_cast<std::size_t>(std::ranges::count(found.addresses, std::string()));
-  if (names == 0) return open_handle(s, found.addresses);
+  using Addresses = std::vector<std::string>;  // per member; empty: not resolved
+  Addresses found;
+  for (const auto& [host, port] : target_.hosts) found.push_back(numeric_host(host) ? host : std::string());
+  const auto names = static_cast<std::size_t>(std::ranges::count(found, std::string()));
+  if (names == 0) return open_handle(s, found);
   s.awaiting_names = true;
-  auto all = Countdown<int, Lookup>::make(names, std::move(found), [sink = sink_, serial = s.serial](auto& c) {
+  auto all = Countdown<int, Addresses>::make(names, std::move(found), [sink = sink_, serial = s.serial](auto& c) {
     // Null once the store closed.
-    if (ZkSessions* st = sink->sessions; st != nullptr) st->names_resolved(serial, c.addresses);
+    if (ZkSessions* st = sink->sessions; st != nullptr) st->names_resolved(serial, c);
   });
   for (std::size_t i = 0; i < target_.hosts.size(); ++i) {
-    if (!all->addresses[i].empty()) continue;  // numeric: nothing to look up
+    if (!(*all)[i].empty()) continue;  // numeric: nothing to look up
     auto done = [all, i](int status, std::string address) {
-      if (status == 0) all->addresses[i] = std::move(address);
+      if (status == 0) (*all)[i] = std::move(address);
       all->answered();
     };
     if (resolve_host(loop_.uv(), target_.hosts[i].first, done) < 0) done(UV_EAI_NONAME, std::string());
