@@ -125,9 +125,7 @@ milliseconds ZkRelease::end_sessions(const Cleanup& c) {
 }
 
 void ZkRelease::retry_give_up(std::shared_ptr<GiveUp> g) {
-  if (g->answered) return;
   delete_nodes(g->c, [this, g](Released st, const StoreError*) {
-    if (g->answered) return;
     if (st != Released::kUnconfirmed || Clock::now() >= g->until || sessions_.closed()) return g->settle(st);
     g->next = std::min(g->until, Clock::now() + settings_.connection.reconnect_min);
     giving_up_.push_back(g);

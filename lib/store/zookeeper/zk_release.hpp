@@ -64,10 +64,9 @@ class ZkRelease final : public FairQueue {
     Removed answer;  // found gone or removed meanwhile, else unconfirmed after `until`
     Clock::time_point until;
     Clock::time_point next{};  // its next look, while in giving_up_
-    bool answered = false;
-    void settle(Released st) {
-      if (!std::exchange(answered, true)) answer(st, st == Released::kUnconfirmed ? &why : nullptr);
-    }
+    // Once: it is either in giving_up_ (settled by close()) or looking
+    // (settled by its look's answer), never both.
+    void settle(Released st) { answer(st, st == Released::kUnconfirmed ? &why : nullptr); }
   };
   void give_up_release(const Cleanup& c, StoreError why, Removed answer);
   // Ends the sessions that may hold `c`'s nodes; how long the ensemble may
