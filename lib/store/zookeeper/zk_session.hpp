@@ -25,7 +25,6 @@ namespace lockwatch::detail {
 // The nodes this store holds or keeps waiting, by zk::hold_key(name,
 // token); an entry goes with its session.
 struct ZkHolds {
-  using Clock = std::chrono::steady_clock;
   // A held lock's node, or a waiting node kept (a writer's mark, a fair
   // waiter's place).
   struct Node {
@@ -37,7 +36,7 @@ struct ZkHolds {
     // past it the store removes the node itself (see zk_renewal.hpp). A
     // mark: removed by the store then unless an attempt of the same
     // acquisition came.
-    Clock::time_point until;
+    std::chrono::steady_clock::time_point until;
     std::uint64_t fence = 0;  // held: the token its grant answered (a repeat answers it again)
   };
   std::unordered_map<std::string, Node> held;
