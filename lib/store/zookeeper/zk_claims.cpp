@@ -76,8 +76,7 @@ void ZkClaims::claim_write(ZkSession& s, std::shared_ptr<Claim> c, bool exists, 
         if (r.op_errors.size() == 2 && r.op_errors[0] == ZNONODE) return c->finish(ClaimResult::Status::kNotLeader);
         if (r.op_errors.size() == 2 && (r.op_errors[1] == ZBADVERSION || r.op_errors[1] == ZNODEEXISTS) &&
             ++c->attempt < kClaimAttempts) {
-          claim_step(c);  // another claim came first: read again
-          return;
+          return claim_step(c);  // another claim came first: read again
         }
         c->failed(sessions_.error(r.rc, "claiming the period"));
       },
