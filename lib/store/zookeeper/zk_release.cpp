@@ -44,15 +44,11 @@ void ZkRelease::release(std::span<const LockRef> locks, LockStore::ReleaseDone d
   for (std::size_t i = 0; i < locks.size(); ++i) {
     Cleanup c{std::string(locks[i].name), std::string(locks[i].token), 0, 0};
     const std::string key = zk::hold_key(c.name, c.token);
-    auto h = holds.held.find(key);
-    if (h != holds.held.end()) {
-      // On the session that made it: the session's order puts this after
-      // anything it sent before. Every node of the token goes, the held
-      // one and any an earlier attempt of the same acquisition made late
-      // (a request the ensemble ran after its answer was given up on).
-      c.session = h->second.session;
-      holds.held.erase(h);
-    }
+    // Held: on the session that made it, whose order puts this after
+    // anything it sent before. Every node of the token goes, the held
+    // one and any an earlier attempt of the same acquisition made late
+    // (a request the ensemble ran after its answer was given up on).
+    if (auto h = holds.held.extract(key)) c.session = h.mapped().session;
     holds.marks.erase(key);  // a waiting writer's node goes with the rest of the token's
     // Otherwise not known here (an acquisition whose answer was lost):
     // every node of the token, on any session.
