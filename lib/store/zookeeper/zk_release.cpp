@@ -64,14 +64,12 @@ void ZkRelease::release(std::span<const LockRef> locks, LockStore::ReleaseDone d
 }
 
 void ZkRelease::withdraw(const LockRef& lock, WithdrawDone done) {
-  ZkHolds& holds = sessions_.holds;
-  auto m = holds.marks.find(zk::hold_key(lock.name, lock.token));
-  if (m == holds.marks.end()) {
+  auto m = sessions_.holds.marks.extract(zk::hold_key(lock.name, lock.token));
+  if (!m) {
     // Not queued (never, or its place ran out): nothing to take out.
     return sessions_.post([done = std::move(done)] { done(nullptr); });
   }
-  Cleanup c{std::string(lock.name), std::string(lock.token), m->second.attempt, m->second.session};
-  holds.marks.erase(m);
+  Cleanup c{std::string(lock.name), std::string(lock.token), m.mapped().attempt, m.mapped().session};
   remove(std::move(c), [done = std::move(done)](Released st, const StoreError* err) {
     done(st == Released::kUnconfirmed ? err : nullptr);
   });
