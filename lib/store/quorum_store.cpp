@@ -129,13 +129,12 @@ struct QuorumStore::AcquireBatch {
     using OwnedLock::OwnedLock;
     std::size_t busy = 0;
     std::vector<std::size_t> took;  // stores that set our token
-    std::uint64_t max_fence = 0;
+    std::uint64_t fence = 0;  // the highest counter of those that took it before a majority did
     milliseconds min_busy = milliseconds::max();  // the least a busy store answered
     std::vector<std::string> errors;  // one per store that failed
     // The most telling failure: one that is not kUnavailable once any was.
     std::unique_ptr<StoreError> telling;
     bool finished = false;  // the caller was answered, or is about to be
-    std::uint64_t fence = 0;
     std::size_t raise_asked = 0, raise_replies = 0, raise_ok = 0;
     // A majority took it (its counters are being raised), or it was given up.
     bool decided() const { return finished || raise_asked > 0; }
@@ -159,7 +158,7 @@ void QuorumStore::on_acquire_vote(const std::shared_ptr<AcquireBatch>& b, std::s
   const bool took_here = r.status == Acquired::Status::kTaken;
   if (took_here) {
     t.took.push_back(store);
-    t.max_fence = std::max(t.max_fence, r.fence);
+    if (!t.decided()) t.fence = std::max(t.fence, r.fence);
   } else if (r.status == Acquired::Status::kBusy) {
     t.busy++;
     t.min_busy = std::min(t.min_busy, r.busy_for);
@@ -177,7 +176,6 @@ void QuorumStore::on_acquire_vote(const std::shared_ptr<AcquireBatch>& b, std::s
     if (Clock::now() >= lease_deadline(watchdog_, b->sent, t.ttl))
       return give_back(b, k, Acquired::failed(StoreError::unavailable(
                                  names_[store], "a majority took the lock only after its validity time")));
-    t.fence = t.max_fence;
     for (std::size_t s : std::vector<std::size_t>(t.took)) raise_on(b, k, s);
     return;
   }
