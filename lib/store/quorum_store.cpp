@@ -81,6 +81,27 @@ std::chrono::system_clock::time_point median(std::vector<std::chrono::system_clo
   return v[v.size() / 2];
 }
 
+// A quorum's traits: the first store's key rules (they agree); release events
+// and shared locks where every store has them (a reader's majority and a
+// writer's share a store, which holds one or the other). No permits
+// (3 stores, n = 2: holders on {1,2}, {2,3} and {1,3} leave 2 on each
+// store) and no fair locks: the reasons are their messages.
+StoreTraits member_traits(const std::vector<std::unique_ptr<LockStore>>& stores) {
+  StoreTraits t;
+  if (!stores.empty()) t.keys = stores.front()->traits().keys;
+  t.release_events = std::all_of(stores.begin(), stores.end(), [](const auto& s) { return s->release_events(); });
+  auto refusing = std::find_if(stores.begin(), stores.end(),
+                               [](const auto& s) { return s->check_kind(LockKind::shared()) != nullptr; });
+  t.no_shared = refusing == stores.end() ? nullptr : (*refusing)->check_kind(LockKind::shared());
+  t.no_permits =
+      "a quorum cannot bound a semaphore: each store counts its own holders, and majorities of different "
+      "holders overlap, so more than n could hold";
+  t.no_fair =
+      "a quorum cannot keep one order of waiters: each store queues its own, and majorities of different "
+      "queues could grant out of arrival order";
+  return t;
+}
+
 }  // namespace
 
 QuorumStore::QuorumStore(std::vector<std::unique_ptr<LockStore>> stores, std::vector<std::string> names,
@@ -98,22 +119,6 @@ QuorumStore::QuorumStore(std::vector<std::unique_ptr<LockStore>> stores, std::ve
     require<OperatorTools>(*stores_[i], names_[i]);
   }
   offer({.job_claims = this, .operator_tools = this, .lock_listing = this});
-}
-
-StoreTraits QuorumStore::member_traits(const std::vector<std::unique_ptr<LockStore>>& stores) {
-  StoreTraits t;
-  if (!stores.empty()) t.keys = stores.front()->traits().keys;
-  t.release_events = std::all_of(stores.begin(), stores.end(), [](const auto& s) { return s->release_events(); });
-  auto refusing = std::find_if(stores.begin(), stores.end(),
-                               [](const auto& s) { return s->check_kind(LockKind::shared()) != nullptr; });
-  t.no_shared = refusing == stores.end() ? nullptr : (*refusing)->check_kind(LockKind::shared());
-  t.no_permits =
-      "a quorum cannot bound a semaphore: each store counts its own holders, and majorities of different "
-      "holders overlap, so more than n could hold";
-  t.no_fair =
-      "a quorum cannot keep one order of waiters: each store queues its own, and majorities of different "
-      "queues could grant out of arrival order";
-  return t;
 }
 
 void QuorumStore::started() {

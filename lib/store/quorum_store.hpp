@@ -35,13 +35,6 @@ class QuorumStore final : public StoreBase, public JobClaims, public OperatorToo
 
   std::size_t quorum() const noexcept { return quorum_; }
 
-  // Its traits: the first store's key rules (they agree); release events
-  // and shared locks where every store has them (a reader's majority and a
-  // writer's share a store, which holds one or the other). No permits
-  // (3 stores, n = 2: holders on {1,2}, {2,3} and {1,3} leave 2 on each
-  // store) and no fair locks: the reasons are member_traits()'s.
-  static StoreTraits member_traits(const std::vector<std::unique_ptr<LockStore>>& stores);
-
   void acquire(std::span<const LockRef> locks, AcquireDone done) override;
   std::size_t renew(std::span<const LockRef> locks, std::shared_ptr<const void> keepalive, RenewDone done) override;
   void release(std::span<const LockRef> locks, bool notify, ReleaseDone done) override;
