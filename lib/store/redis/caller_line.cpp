@@ -17,10 +17,10 @@ timeval timeval_of(std::chrono::milliseconds ms) {
 }
 }  // namespace
 
-CallerLine::CallerLine(Endpoint endpoint, ConnectionOptions options, std::string name)
+CallerLine::CallerLine(Endpoint endpoint, ConnectionOptions options)
     : endpoint_(std::move(endpoint)),
       options_(options),
-      name_(std::move(name)),
+      name_(endpoint_.name()),
       backoff_(options_.reconnect_min, options_.reconnect_max) {}
 
 CallerLine::~CallerLine() {

@@ -31,7 +31,7 @@ namespace lockwatch::detail {
 
 class CallerLine {
  public:
-  CallerLine(Endpoint endpoint, ConnectionOptions options, std::string name);
+  CallerLine(Endpoint endpoint, ConnectionOptions options);
   ~CallerLine();
 
   enum class Outcome : std::uint8_t {
@@ -61,7 +61,7 @@ class CallerLine {
 
   const Endpoint endpoint_;
   const ConnectionOptions options_;
-  const std::string name_;
+  const std::string name_;  // endpoint_.name()
   std::mutex mu_;
   redisContext* ctx_ = nullptr;                       // under mu_
   std::chrono::steady_clock::time_point closed_until_;  // under mu_: not tried again before then

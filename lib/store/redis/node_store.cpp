@@ -70,7 +70,7 @@ RedisNodeStore::RedisNodeStore(Loop& loop, Endpoint endpoint, const StoreSetting
       replicas_(replicas) {
   using Mode = RedisConnection::Mode;
   if (endpoint.port > 0 && !endpoint.tls)
-    line_ = std::make_unique<CallerLine>(endpoint, settings.connection, endpoint.name());
+    line_ = std::make_unique<CallerLine>(endpoint, settings.connection);
   conn_ = std::make_unique<RedisConnection>(loop, endpoint, settings, Mode::kCommands);
   renew_ = std::make_unique<RedisConnection>(loop, endpoint, settings, Mode::kCommands);
   if (replicas_.min > 0) acquire_ = std::make_unique<RedisConnection>(loop, endpoint, settings, Mode::kCommands);
