@@ -24,23 +24,21 @@ inline constexpr std::string_view kCounterInfix = "fence:";
 inline constexpr std::string_view kFenceSuffix = ":fence";
 inline constexpr std::string_view kChannelSuffix = ":rel";
 
-inline std::string lock(std::string_view prefix, std::string_view key) {
+// prefix, infix, then `tag` as the hash tag: "<prefix><infix>{<tag>}".
+inline std::string tagged(std::string_view prefix, std::string_view infix, std::string_view tag) {
   std::string out;
-  out.reserve(prefix.size() + key.size() + 2);
-  out.append(prefix).push_back('{');
-  out.append(key).push_back('}');
+  out.reserve(prefix.size() + infix.size() + tag.size() + 2);
+  out.append(prefix).append(infix).push_back('{');
+  out.append(tag).push_back('}');
   return out;
 }
+
+inline std::string lock(std::string_view prefix, std::string_view key) { return tagged(prefix, {}, key); }
 
 // The fencing counter of the slot of `lock_name` (a name lock() made with
 // the same prefix).
 inline std::string counter(std::string_view prefix, std::string_view lock_name) {
-  const std::string_view tag = slot_tag(key_slot(lock_name));
-  std::string out;
-  out.reserve(prefix.size() + kCounterInfix.size() + tag.size() + 2);
-  out.append(prefix).append(kCounterInfix).push_back('{');
-  out.append(tag).push_back('}');
-  return out;
+  return tagged(prefix, kCounterInfix, slot_tag(key_slot(lock_name)));
 }
 // The per-name counter of versions before the slot counters.
 inline std::string legacy_fence(std::string_view lock_name) { return std::string(lock_name).append(kFenceSuffix); }
