@@ -77,13 +77,11 @@ inline constexpr std::string_view kUnlockMessage = "0";
 // RedissonObject.prefixName: `prefix:{name}`, or `prefix:name` when the
 // name holds a '{' (its own hash tag then decides the slot).
 inline std::string prefix_name(std::string_view prefix, std::string_view name) {
+  if (name.find('{') == std::string_view::npos) return redis_keys::tagged(prefix, ":", name);
   std::string out;
   out.reserve(prefix.size() + name.size() + 3);
   out.append(prefix).push_back(':');
-  if (name.find('{') != std::string_view::npos) return out.append(name);
-  out.push_back('{');
-  out.append(name).push_back('}');
-  return out;
+  return out.append(name);
 }
 inline std::string channel(std::string_view lock) { return prefix_name(kChannelPrefix, lock); }
 inline std::string token_counter(std::string_view lock) { return prefix_name(kTokenPrefix, lock); }
@@ -93,24 +91,25 @@ inline std::string latch(std::string_view lock, std::string_view request) {
   return prefix_name(kLatchPrefix, lock).append(":").append(request);
 }
 
+// `{K}` where K holds no brace.
+inline bool whole_tag(std::string_view s) noexcept {
+  return s.size() >= 2 && s.front() == '{' && s.back() == '}' &&
+         s.substr(1, s.size() - 2).find_first_of("{}") == std::string_view::npos;
+}
+
 // The lock a release channel is for (empty: not one). prefix_name() is
 // undone: `{K}` -> K when K holds no brace; problem() refuses the keys for
 // which that would be ambiguous.
 inline std::string_view lock_of_channel(std::string_view ch) {
   if (ch.size() <= kChannelPrefix.size() + 1 || !ch.starts_with(kChannelPrefix) || ch[kChannelPrefix.size()] != ':')
     return {};
-  std::string_view rest = ch.substr(kChannelPrefix.size() + 1);
-  if (rest.size() >= 2 && rest.front() == '{' && rest.back() == '}') {
-    std::string_view inner = rest.substr(1, rest.size() - 2);
-    if (inner.find_first_of("{}") == std::string_view::npos) return inner;
-  }
-  return rest;
+  const std::string_view rest = ch.substr(kChannelPrefix.size() + 1);
+  return whole_tag(rest) ? rest.substr(1, rest.size() - 2) : rest;
 }
 
 inline const char* problem(std::string_view, std::string_view key) noexcept {
   if (key.empty()) return "a key must not be empty";
-  if (key.size() >= 2 && key.front() == '{' && key.back() == '}' &&
-      key.substr(1, key.size() - 2).find_first_of("{}") == std::string_view::npos)
+  if (whole_tag(key))
     return "in the redisson layout a key must not be '{name}' alone: Redisson gives it the release channel of "
            "the key 'name'";
   if (key_slot(key) != key_slot(channel(key)))
