@@ -16,13 +16,6 @@ namespace lockwatch::detail {
 
 using std::chrono::milliseconds;
 
-// ---- the holds
-
-bool ZkHolds::drop_session(std::uint64_t session) {
-  std::erase_if(marks, [&](const auto& m) { return m.second.session == session; });
-  return std::erase_if(held, [&](const auto& h) { return h.second.session == session; }) != 0;
-}
-
 // ---- set-up
 
 ZkSessions::ZkSessions(Loop& loop, const ZkTarget& target, const ConnectionOptions& connection,
@@ -120,7 +113,9 @@ ZkSession* ZkSessions::live(std::uint64_t serial) {
 bool ZkSessions::retire(ZkSession* s) {
   for (auto& [id, issue] : std::exchange(s->parked, {})) fail_later(id, ZSESSIONEXPIRED);
   closer_.close_later(s->zh, s->watch_ctx);
-  const bool had_locks = holds.drop_session(s->serial);
+  // Its holds go with it.
+  std::erase_if(holds.marks, [&](const auto& m) { return m.second.session == s->serial; });
+  const bool had_locks = std::erase_if(holds.held, [&](const auto& h) { return h.second.session == s->serial; }) != 0;
   sessions_.erase(s->requested_ms);
   return had_locks;
 }

@@ -41,9 +41,6 @@ struct ZkHolds {
   };
   std::unordered_map<std::string, Node> held;
   std::unordered_map<std::string, Node> marks;
-
-  // Whether it held a lock.
-  bool drop_session(std::uint64_t session);
 };
 
 struct ZkSession {
