@@ -100,12 +100,8 @@ RedisUrl split_redis_url(const std::string& url) {
   // only %-escaped; a value in the query, an '@' only %-escaped).
   const auto at = url.rfind('@');
   const auto q = url.find('?', at == std::string::npos ? 0 : at);
-  if (q == std::string::npos) {
-    out.url = url;
-    return out;
-  }
   out.url = url.substr(0, q);
-  std::string_view query = std::string_view(url).substr(q + 1);
+  std::string_view query = q == std::string::npos ? std::string_view() : std::string_view(url).substr(q + 1);
   std::vector<std::string_view> seen;
   while (!query.empty()) {
     const auto amp = query.find('&');
