@@ -10,12 +10,10 @@ SentinelWatcher::SentinelWatcher(Loop& loop, const Topology& topology, const Sto
                                  const std::string& user, const std::string& password)
     : master_name_(topology.master_name) {
   for (const auto& s : topology.sentinels) {
+    // The URL's sentinels have no credentials and no db (Topology::parse).
     Endpoint ep = s;
-    ep.db = 0;
-    if (!password.empty() || !user.empty()) {
-      ep.user = user;
-      ep.password = password;
-    }
+    ep.user = user;
+    ep.password = password;
     Sentinel& sen = sentinels_.emplace_back();
     RedisConnection::Hooks hooks;
     hooks.named = false;

@@ -28,7 +28,7 @@ namespace lockwatch::detail {
 class SentinelWatcher {
  public:
   // `user` and `password`: the sentinels' own credentials (the URL's
-  // sentinel_user and sentinel_password); empty: the master's.
+  // sentinel_user and sentinel_password); empty: none (no AUTH).
   SentinelWatcher(Loop& loop, const Topology& topology, const StoreSettings& settings, const std::string& user = {},
                   const std::string& password = {});
   // Where each address learned goes (set before start()).
