@@ -23,14 +23,8 @@ CallerLine::CallerLine(Endpoint endpoint, ConnectionOptions options)
       name_(endpoint_.name()),
       backoff_(options_.reconnect_min, options_.reconnect_max) {}
 
-CallerLine::~CallerLine() {
-  std::lock_guard lk(mu_);
-  close(false);
-}
-
 void CallerLine::close(bool failed) {
-  if (ctx_ != nullptr) redisFree(ctx_);
-  ctx_ = nullptr;
+  ctx_.reset();
   closed_until_ = std::chrono::steady_clock::now();
   if (failed) closed_until_ += backoff_.next();
 }
@@ -49,17 +43,17 @@ bool CallerLine::open() {
     close(false);  // connected again at once
   }
   if (endpoint_.tls || endpoint_.port <= 0 || std::chrono::steady_clock::now() < closed_until_) return false;
-  ctx_ = redisConnectWithTimeout(endpoint_.host.c_str(), endpoint_.port, timeval_of(options_.connect_timeout));
-  bool ok =
-      ctx_ != nullptr && ctx_->err == 0 && redisSetTimeout(ctx_, timeval_of(options_.command_timeout)) == REDIS_OK;
+  ctx_.reset(redisConnectWithTimeout(endpoint_.host.c_str(), endpoint_.port, timeval_of(options_.connect_timeout)));
+  bool ok = ctx_ != nullptr && ctx_->err == 0 &&
+            redisSetTimeout(ctx_.get(), timeval_of(options_.command_timeout)) == REDIS_OK;
   // As the loop's connections: AUTH with an empty password logs in an ACL
   // user that has nopass.
   if (ok && !endpoint_.user.empty())
-    ok = handshake(redisCommand(ctx_, "AUTH %b %b", endpoint_.user.data(), endpoint_.user.size(),
+    ok = handshake(redisCommand(ctx_.get(), "AUTH %b %b", endpoint_.user.data(), endpoint_.user.size(),
                                 endpoint_.password.data(), endpoint_.password.size()));
   else if (ok && !endpoint_.password.empty())
-    ok = handshake(redisCommand(ctx_, "AUTH %b", endpoint_.password.data(), endpoint_.password.size()));
-  if (ok && endpoint_.db != 0) ok = handshake(redisCommand(ctx_, "SELECT %d", endpoint_.db));
+    ok = handshake(redisCommand(ctx_.get(), "AUTH %b", endpoint_.password.data(), endpoint_.password.size()));
+  if (ok && endpoint_.db != 0) ok = handshake(redisCommand(ctx_.get(), "SELECT %d", endpoint_.db));
   if (!ok) {
     close(true);
     return false;
@@ -70,7 +64,7 @@ bool CallerLine::open() {
 
 bool CallerLine::write_all() {
   for (int written = 0; !written;)
-    if (redisBufferWrite(ctx_, &written) != REDIS_OK) return false;
+    if (redisBufferWrite(ctx_.get(), &written) != REDIS_OK) return false;
   return true;
 }
 
@@ -80,8 +74,8 @@ CallerLine::Outcome CallerLine::call(const EvalRequest& request, const Done& don
   if (resp.empty() || !lk.owns_lock() || !open()) return Outcome::kNotSent;
   redisReply* r = nullptr;
   bool written = false;
-  if (redisAppendFormattedCommand(ctx_, resp.data(), resp.size()) != REDIS_OK || !(written = write_all()) ||
-      redisGetReply(ctx_, reinterpret_cast<void**>(&r)) != REDIS_OK || r == nullptr) {
+  if (redisAppendFormattedCommand(ctx_.get(), resp.data(), resp.size()) != REDIS_OK || !(written = write_all()) ||
+      redisGetReply(ctx_.get(), reinterpret_cast<void**>(&r)) != REDIS_OK || r == nullptr) {
     // Perhaps run: the caller counts it as the loop counts a request that
     // timed out. A request written whole may still run once the server
     // reads it, after anything sent on another connection meanwhile; its

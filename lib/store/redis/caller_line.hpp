@@ -19,6 +19,7 @@
 #include <chrono>
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <mutex>
 #include <string>
 
@@ -32,7 +33,6 @@ namespace lockwatch::detail {
 class CallerLine {
  public:
   CallerLine(Endpoint endpoint, ConnectionOptions options);
-  ~CallerLine();
 
   enum class Outcome : std::uint8_t {
     kNotSent,   // nothing ran: in use, down, or a script the server does not have (NOSCRIPT)
@@ -63,7 +63,7 @@ class CallerLine {
   const ConnectionOptions options_;
   const std::string name_;  // endpoint_.name()
   std::mutex mu_;
-  redisContext* ctx_ = nullptr;                       // under mu_
+  std::unique_ptr<redisContext, decltype(&redisFree)> ctx_{nullptr, &redisFree};  // under mu_
   std::chrono::steady_clock::time_point closed_until_;  // under mu_: not tried again before then
   Backoff backoff_;                                     // under mu_
 };
