@@ -284,12 +284,9 @@ void RedisConnection::send(Queued q) {
   // Written in RESP straight into the link's output, which the flush hands
   // to the socket once per loop iteration with everything else queued; a
   // large script call goes from its own buffer, in its place (LargeCall).
-  if (q.asking) {
-    // Its reply (OK) matters to nobody; it only has to come first.
-    Queued ask{{"ASKING"}, {}, [](const redisReply*, const StoreError*) {}};
-    append_resp(out_, ask.argv);
-    push_pending(Pending{Handshake::kNone, kUnwritten, std::move(ask)});
-  }
+  // An ASKING goes first, a command of its own: its reply (OK) matters to
+  // nobody; it only has to come first.
+  if (q.asking) send(Queued{{"ASKING"}, {}, [](const redisReply*, const StoreError*) {}});
   if (q.resp.size() >= kWholeWrite && tls_ == nullptr) {  // TLS encrypts a copy anyway
     q.whole = std::make_shared<const RespText>(std::move(q.resp));
     q.resp.clear();
