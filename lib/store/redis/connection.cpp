@@ -637,13 +637,11 @@ void RedisConnection::link_failed(const std::string& why) {
   // database the server lacks, or the node unavailable.
   auto waited = std::exchange(waiting_, {});
   drop_link(why);
-  if (!waited.empty()) {
-    constexpr const char* kNoDb = "{}: {} (the URL's /db names a database the server does not have)";
-    const StoreError err = auth_refusal_    ? StoreError::auth(name_, why, auth_refusal_->code)
-                           : select_failed_ ? StoreError::invalid(name_, fmt::format(kNoDb, name_, why))
-                                            : StoreError::unavailable(name_, why);
-    for (auto& q : waited) guarded(kReplyCallback, [&] { q.cb(nullptr, &err); });
-  }
+  constexpr const char* kNoDb = "{}: {} (the URL's /db names a database the server does not have)";
+  const StoreError err = auth_refusal_    ? StoreError::auth(name_, why, auth_refusal_->code)
+                         : select_failed_ ? StoreError::invalid(name_, fmt::format(kNoDb, name_, why))
+                                          : StoreError::unavailable(name_, why);
+  for (auto& q : waited) guarded(kReplyCallback, [&] { q.cb(nullptr, &err); });
   went_down(why);  // not once closed
 }
 
