@@ -134,9 +134,8 @@ void RedisConnection::attempt() {
   auth_refusal_.reset();
   select_failed_ = false;
   // Port 0: the master's address is not known yet. Wait for set_endpoint(),
-  // bounded like a connect.
-  awaiting_endpoint_ = endpoint_.port == 0;
-  if (awaiting_endpoint_) return;
+  // bounded like a connect: an attempt with no link.
+  if (endpoint_.port == 0) return;
   if (endpoint_.tls && tls_ == nullptr) {
     link_failed("TLS is not usable: " + tls_error_);
     return;
@@ -656,11 +655,12 @@ void RedisConnection::went_down(const std::string& why) {
 }
 
 void RedisConnection::attempt_timed_out() {
-  if (std::exchange(awaiting_endpoint_, false)) {
+  // An attempt's link goes only with the attempt (link_failed()): none, it
+  // waited for the master's address.
+  if (link_ == nullptr) {
     link_failed("the master's address is not known (no sentinel answered)");
     return;
   }
-  if (link_ == nullptr) return;
   const std::string ms = std::to_string(connection_.connect_timeout.count());
   // Connected, but no TLS answer: typically a plaintext port.
   link_failed(link_->tls()
@@ -709,7 +709,7 @@ void RedisConnection::set_endpoint(const Endpoint& endpoint) {
   endpoint_.port = endpoint.port;
   name_ = endpoint_.name();
   if (closed()) return;
-  if (awaiting_endpoint_) {
+  if (link_ == nullptr && reconnector_.state() == Reconnector::State::kConnecting) {  // waits for it
     reconnector_.attempt_now();
     return;
   }

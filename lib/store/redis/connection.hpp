@@ -349,7 +349,6 @@ class RedisConnection : private Reconnector::Attempts,
   std::size_t demand_id_ = 0;   // Loop::add_demand: awaited_ while open
   std::size_t awaited_ = 0;     // entries of pending_ a caller waits for
   bool select_failed_ = false;  // the server has no such database: a configuration error, not a node to wait for
-  bool awaiting_endpoint_ = false;  // an attempt waits for the master's address
   // Refused credentials (AUTH refused, or the user may not SELECT or ask
   // ROLE), with the refusal's code (WRONGPASS, NOPERM, ...): every error
   // reply of this attempt reads as it (error_for()).
