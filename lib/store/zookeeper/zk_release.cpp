@@ -83,16 +83,15 @@ void ZkRelease::withdraw(const LockRef& lock, WithdrawDone done) {
 // allowance), not before (docs/zookeeper.md, "What a lock is": release).
 void ZkRelease::give_up_release(const Cleanup& c, StoreError why, Removed answer) {
   const milliseconds wait = end_sessions(c);
-  if (wait.count() == 0) {
-    return sessions_.post([answer = std::move(answer), why] { answer(Released::kUnconfirmed, &why); });
-  }
+  auto g = std::make_shared<GiveUp>(GiveUp{Cleanup{c.name, c.token, 0, 0}, std::move(why), std::move(answer),
+                                           gone_by(settings_.watchdog, Clock::now(), wait)});
+  // No session was live: nothing to wait for.
+  if (wait.count() == 0) return sessions_.post([g] { g->settle(Released::kUnconfirmed); });
   // Meanwhile the node is looked for from a new session, again and again:
   // found gone or removed, the release is confirmed after all (a quorum
   // that comes back gives every session a fresh timeout, so waiting alone
   // could end before the ensemble removes it).
-  const auto gone = gone_by(settings_.watchdog, Clock::now(), wait);
-  retry_give_up(
-      std::make_shared<GiveUp>(GiveUp{Cleanup{c.name, c.token, 0, 0}, std::move(why), std::move(answer), gone}));
+  retry_give_up(std::move(g));
 }
 
 milliseconds ZkRelease::end_sessions(const Cleanup& c) {

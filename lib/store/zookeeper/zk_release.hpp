@@ -64,8 +64,9 @@ class ZkRelease final : public FairQueue {
     Removed answer;  // found gone or removed meanwhile, else unconfirmed after `until`
     Clock::time_point until;
     Clock::time_point next{};  // its next look, while in giving_up_
-    // Once: it is either in giving_up_ (settled by close()) or looking
-    // (settled by its look's answer), never both.
+    // Once: it is in giving_up_ (settled by close()), looking (settled by
+    // its look's answer) or, with no session to wait out, posted (settled
+    // on the next turn), never two of them.
     void settle(Released st) { answer(st, st == Released::kUnconfirmed ? &why : nullptr); }
   };
   void give_up_release(const Cleanup& c, StoreError why, Removed answer);
