@@ -50,6 +50,8 @@ constexpr Fragment kFragments[] = {
     {"releases", "local publish = ARGV[1] == 's' and 'spublish' or 'publish'\nlocal out = {}"},
     // A release's entry, by how many subscribers its notice reached (`heard`).
     {"heard", "(heard == 0 and 'u' or (heard == 1 and 'v' or '1'))"},
+    // A call's start, one lock a key: its entries, and its loop over them.
+    {"each_key", "local out = {}\nfor i = 1, #KEYS do"},
     // The kinds' renewal or release of each `lock` and its `holders` in turn.
     {"each_kind",
      "@now@\nlocal out = {}\nfor i = 1, #KEYS / 2 do\n  local lock, holders = KEYS[2 * i - 1], KEYS[2 * i]"},
@@ -365,8 +367,7 @@ return gone
 // One string of bytes, not an array of integers: the client parses one
 // reply, not one per lease.
 constexpr std::string_view kRenew = R"lua(
-local out = {}
-for i = 1, #KEYS do
+@each_key@
   local v, token = redis.pcall('get', KEYS[i]), ARGV[2 * i - 1]
   if type(v) == 'table' and v.err then
     out[i] = 'e'
@@ -453,8 +454,7 @@ for i = 1, #KEYS / 3 do
 // Redisson's watchdog does (HEXISTS, then PEXPIRE). '1' renewed, '0' the
 // lock is gone, 'x' held without our field (or a key of another type).
 constexpr std::string_view kRedissonRenew = R"lua(
-local out = {}
-for i = 1, #KEYS do
+@each_key@
   local h = redis.pcall('hexists', KEYS[i], ARGV[2 * i - 1])
   if h == 1 then
     redis.call('pexpire', KEYS[i], ARGV[2 * i])
