@@ -1,8 +1,6 @@
 #include "store/sqlcommon/sql_recipe.hpp"
 
 #include <algorithm>
-#include <map>
-#include <numeric>
 #include <utility>
 
 #include <fmt/format.h>
@@ -11,25 +9,6 @@
 #include "store/sqlcommon/inspection.hpp"
 
 namespace lockwatch::detail::sqlcommon {
-
-void send_acquisitions(const Dialect& dialect, std::vector<PendingAcquire> all, std::vector<PendingAcquire> kinds,
-                       const SendBatch& send_exclusive, const SendBatch& send_kinds) {
-  by_name(kinds);
-  const auto send_group = [&](std::vector<PendingAcquire> part) { send_kinds(AcquireBatch::of(std::move(part))); };
-  in_chunks(kinds, send_group, kKindGroup);
-  by_name(all);
-  auto send = [&](std::vector<PendingAcquire> part) { send_exclusive(AcquireBatch::of(std::move(part))); };
-  if (dialect.repeated_names) return in_chunks(all, send);
-  std::vector<std::vector<PendingAcquire>> rounds;  // the k-th request of each name in the k-th
-  for (std::size_t i = 0, j = 0; i < all.size(); i = j) {
-    while (j < all.size() && all[j].name == all[i].name) ++j;  // all[i, j): one name's, moved after
-    for (std::size_t k = i; k < j; ++k) {
-      if (rounds.size() <= k - i) rounds.emplace_back();
-      rounds[k - i].push_back(std::move(all[k]));
-    }
-  }
-  for (auto& round : rounds) in_chunks(round, send);
-}
 
 void exclusive_busy(Acquired& out, const PendingAcquire& lock, std::string_view marker, const std::string& server) {
   if (marker == kinds::kSharedMarker) {
@@ -83,27 +62,6 @@ Acquired kind_answer(const PendingAcquire& lock, const Rows& rows, const std::st
   auto busy = rows.null(0, 2) ? std::chrono::milliseconds(1) : ms_up(to_ll(rows.at(0, 2)));
   if (lock.kind.mode() == LockKind::Mode::kFair) busy = std::min(busy, lock.ttl / 3);
   return Acquired::busy(busy);
-}
-
-std::size_t renewal_groups(const Dialect& dialect, std::span<const LockRef> locks,
-                           std::shared_ptr<const void> keepalive, LockStore::RenewDone done,
-                           const std::function<void(RenewBatchPtr, std::vector<std::size_t>, bool)>& send) {
-  auto batch = std::make_shared<RenewBatch>(
-      RenewBatch{{locks.begin(), locks.end()}, std::move(keepalive), std::move(done)});
-  std::vector<std::size_t> order(locks.size());
-  std::iota(order.begin(), order.end(), std::size_t{0});
-  std::stable_sort(order.begin(), order.end(), [&](std::size_t a, std::size_t b) { return locks[a].name < locks[b].name; });
-  // Exclusive leases first (false < true), then by ttl where a statement has one.
-  std::map<std::pair<bool, long long>, std::vector<std::size_t>> groups;
-  for (std::size_t i : order)
-    groups[{!locks[i].kind.exclusive_kind(), dialect.ttl_per_lease ? 0 : locks[i].ttl.count()}].push_back(i);
-  std::size_t statements = 0;
-  for (auto& [group, members] : groups)
-    in_chunks(members, [&, kinds = group.first](std::vector<std::size_t> part) {
-      send(batch, std::move(part), kinds);
-      ++statements;
-    });
-  return statements;
 }
 
 }  // namespace lockwatch::detail::sqlcommon

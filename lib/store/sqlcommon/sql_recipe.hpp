@@ -6,7 +6,7 @@
 // exclusive ones kChunk a statement, the other kinds kKindGroup a
 // transaction, each in name order), retried (resend(), up to kAttempts),
 // answered (answer_acquisitions(), kind_answer()); renewals and releases
-// cut into statements (renewal_groups(), release batches) and answered
+// cut into statements (RecipeStore::renew(), release batches) and answered
 // from what was not done (not_done()); two command connections and one
 // for renewals, so that a renewal never queues behind a burst of
 // acquisitions (Connections); the store's flow (RecipeStore), with claims
@@ -54,7 +54,9 @@
 #include <cstdint>
 #include <functional>
 #include <iterator>
+#include <map>
 #include <memory>
+#include <numeric>
 #include <span>
 #include <string>
 #include <string_view>
@@ -171,13 +173,6 @@ struct Batch {
 using AcquireBatch = Batch<PendingAcquire>;
 using ReleaseBatch = Batch<PendingRelease>;
 using AcquireBatchPtr = std::shared_ptr<AcquireBatch>;
-using SendBatch = std::function<void(AcquireBatchPtr)>;
-
-// The acquisitions of one loop turn, cut into statements at its end: the
-// other kinds' first (`send_kinds`), then the exclusive ones
-// (`send_exclusive`), each in name order.
-void send_acquisitions(const Dialect& dialect, std::vector<PendingAcquire> exclusive, std::vector<PendingAcquire> kinds,
-                       const SendBatch& send_exclusive, const SendBatch& send_kinds);
 
 // A batch whose statement failed with `error`: sent again through `send`
 // (true) when the server answered "retry later" (a deadlock, a lock wait
@@ -229,14 +224,6 @@ struct RenewBatch {
   LockStore::RenewDone done;
 };
 using RenewBatchPtr = std::shared_ptr<RenewBatch>;
-
-// Cuts a renew() call into statements: exclusive leases apart from the
-// other kinds', in name order, kChunk a statement (and one ttl a
-// statement without Dialect::ttl_per_lease). `send(batch, members, kinds)`
-// writes each; returns the number of statements.
-std::size_t renewal_groups(const Dialect& dialect, std::span<const LockRef> locks,
-                           std::shared_ptr<const void> keepalive, LockStore::RenewDone done,
-                           const std::function<void(RenewBatchPtr, std::vector<std::size_t>, bool)>& send);
 
 // Each of `n` locks' status: `yes`, but those a renewal's or a release's
 // rows name (the lock's position in the batch, from 1; whether another
@@ -316,10 +303,27 @@ class RecipeStore : public StoreBase,
     split_locks(locks, std::move(done), exclusive_queue_, kind_queue_);
     if (!locks.empty()) turn_end_.request();
   }
-  // In statements as renewal_groups() cuts them.
+  // In statements (renew_group()): exclusive leases apart from the other
+  // kinds', in name order, kChunk a statement (and one ttl a statement
+  // without Dialect::ttl_per_lease).
   std::size_t renew(std::span<const LockRef> locks, std::shared_ptr<const void> keepalive, RenewDone done) final {
-    return renewal_groups(dialect_, locks, std::move(keepalive), std::move(done),
-                          std::bind_front(&RecipeStore::renew_group, this));
+    auto batch = std::make_shared<RenewBatch>(
+        RenewBatch{{locks.begin(), locks.end()}, std::move(keepalive), std::move(done)});
+    std::vector<std::size_t> order(locks.size());
+    std::iota(order.begin(), order.end(), std::size_t{0});
+    std::stable_sort(order.begin(), order.end(),
+                     [&](std::size_t a, std::size_t b) { return locks[a].name < locks[b].name; });
+    // Exclusive leases first (false < true), then by ttl where a statement has one.
+    std::map<std::pair<bool, long long>, std::vector<std::size_t>> groups;
+    for (std::size_t i : order)
+      groups[{!locks[i].kind.exclusive_kind(), dialect_.ttl_per_lease ? 0 : locks[i].ttl.count()}].push_back(i);
+    std::size_t statements = 0;
+    for (auto& [group, members] : groups)
+      in_chunks(members, [&, kinds = group.first](std::vector<std::size_t> part) {
+        renew_group(batch, std::move(part), kinds);
+        ++statements;
+      });
+    return statements;
   }
   // The held names under the prefix, each then inspected.
   void list_locks(std::string_view prefix, std::size_t limit, ListDone done) final {
@@ -505,11 +509,31 @@ class RecipeStore : public StoreBase,
   }
   // The turn's end: its acquisitions, then its releases.
   void turn_ended() {
-    send_acquisitions(dialect_, std::exchange(exclusive_queue_, {}), std::exchange(kind_queue_, {}),
-                      std::bind_front(&RecipeStore::acquire_batch, this),
-                      std::bind_front(&RecipeStore::send_kind_group, this));
+    send_acquisitions();
     for (bool notify : {true, false})
       send_releases(std::exchange(notify ? releases_ : quiet_releases_, {}), notify, true);
+  }
+  // The turn's acquisitions: the other kinds' first, kKindGroup a
+  // transaction, then the exclusive ones, each in name order.
+  void send_acquisitions() {
+    auto kinds = std::exchange(kind_queue_, {}), all = std::exchange(exclusive_queue_, {});
+    by_name(kinds);
+    const auto send_group = [this](std::vector<PendingAcquire> part) {
+      send_kind_group(AcquireBatch::of(std::move(part)));
+    };
+    in_chunks(kinds, send_group, kKindGroup);
+    by_name(all);
+    const auto send = [this](std::vector<PendingAcquire> part) { acquire_batch(AcquireBatch::of(std::move(part))); };
+    if (dialect_.repeated_names) return in_chunks(all, send);
+    std::vector<std::vector<PendingAcquire>> rounds;  // the k-th request of each name in the k-th
+    for (std::size_t i = 0, j = 0; i < all.size(); i = j) {
+      while (j < all.size() && all[j].name == all[i].name) ++j;  // all[i, j): one name's, moved after
+      for (std::size_t k = i; k < j; ++k) {
+        if (rounds.size() <= k - i) rounds.emplace_back();
+        rounds[k - i].push_back(std::move(all[k]));
+      }
+    }
+    for (auto& round : rounds) in_chunks(round, send);
   }
   // `all` in name order, as every statement locks rows: kChunk a batch
   // when `chunked` (none for none), else one (`all` has some).
