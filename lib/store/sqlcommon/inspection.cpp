@@ -51,14 +51,13 @@ void Inspection::fail(const StoreError* error) {
 
 void read_claim(ClaimResult& out, const Rows& rows, int at, bool claimed, std::int64_t period) {
   out.store_time = from_micros(rows.micros(0, at));
-  const std::optional<long long> last = rows.maybe(0, at + 3);
-  out.last = last.value_or(0);
+  out.last = to_ll(rows.at(0, at + 3));  // NULL: none ever, 0
   if (claimed) {
     out.status = ClaimResult::Status::kClaimed;
     out.last = period;
   } else if (!rows.yes(0, at + 1)) {
     out.status = ClaimResult::Status::kNotLeader;
-  } else if (last && *last >= period) {
+  } else if (!rows.null(0, at + 3) && out.last >= period) {
     out.status = ClaimResult::Status::kAlreadyRun;
   } else {
     out.status = ClaimResult::Status::kNotDue;

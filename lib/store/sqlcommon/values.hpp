@@ -119,11 +119,6 @@ struct Rows {
   // A time in µs since the epoch.
   long long micros(int row, int column) const { return hex ? to_ll(at(row, column)) : unix_micros(at(row, column)); }
   bool yes(int row, int column) const { return at(row, column) == (hex ? "t" : "1"); }
-  // A number, or none for NULL.
-  std::optional<long long> maybe(int row, int column) const {
-    if (null(row, column)) return std::nullopt;
-    return to_ll(at(row, column));
-  }
 
  private:
   const std::optional<std::string_view>* cell(int row, int column) const noexcept {
