@@ -57,18 +57,13 @@ void SqlConnection::start() {
   ConnectionCore::start();
 }
 
-void SqlConnection::run(std::vector<std::string> steps, SqlDone done) {
-  std::string sql;
-  for (const auto& step : steps) sql += (sql.empty() ? "" : ";\n") + step;
-  enqueue(Request{std::move(sql), std::move(done), steps.size()});
-}
-
+// The steps, filled, in one round trip.
 void SqlConnection::execute(const std::string& name, const std::vector<std::string>& params, SqlDone done) {
   const SqlStatement* s = statement(name, done);
   if (s == nullptr) return;
-  std::vector<std::string> steps;
-  for (const auto& step : s->steps) steps.push_back(sql::fill(step, s->types, params));
-  run(std::move(steps), std::move(done));
+  std::string sql;
+  for (const auto& step : s->steps) sql.append(sql.empty() ? "" : ";\n").append(sql::fill(step, s->types, params));
+  enqueue(Request{std::move(sql), std::move(done), s->steps.size()});
 }
 
 void SqlConnection::execute_all(std::vector<sqlcommon::Call> calls,
@@ -89,10 +84,10 @@ void SqlConnection::execute_all(std::vector<sqlcommon::Call> calls,
     }
     at.push_back(column);
   }
-  std::vector<std::string> steps{sql::transaction(body)};
-  if (!read.empty()) steps.push_back(std::move(read));
-  run(std::move(steps), [each = std::move(each), done = std::move(done), at = std::move(at)](const SqlResult& r,
-                                                                                            const StoreError* err) {
+  // The transaction, then (when any answers) the read, in one round trip.
+  std::string sql = sql::transaction(body).append(read.empty() ? "" : ";\n").append(read);
+  auto answer = [each = std::move(each), done = std::move(done), at = std::move(at)](const SqlResult& r,
+                                                                                     const StoreError* err) {
     const bool whole = r.size() == 1 && r.columns == at.back();
     for (std::size_t k = 0; !err && k + 1 < at.size(); ++k) {
       SqlResult one;  // its columns of the read (none: no answer)
@@ -103,7 +98,8 @@ void SqlConnection::execute_all(std::vector<sqlcommon::Call> calls,
       each(k, one);
     }
     done(r, err);
-  });
+  };
+  enqueue(Request{std::move(sql), std::move(answer), read.empty() ? 1u : 2u});
 }
 
 // The attempt connects to the address ConnectionCore found, IPv4 first.

@@ -80,10 +80,9 @@ class SqlConnection final : public sqlcommon::ConnectionCore<SqlRequest, SqlResu
 
   // Loop thread only, from here on: its own timer, then ConnectionCore's.
   void start();
-  // Sends `steps` in order, in one round trip: `done` gets the last result
+  // The session's statement `name` (SqlStatement) with these parameters:
+  // its steps in order, in one round trip; `done` gets the last result
   // set, or the first failure (the steps after it do not run).
-  void run(std::vector<std::string> steps, SqlDone done);
-  // The session's statement `name` (SqlStatement) with these parameters.
   void execute(const std::string& name, const std::vector<std::string>& params, SqlDone done);
   // The statements as one transaction (one compound statement, then the
   // read of their answers): `each` gets each one's answer, in order,
