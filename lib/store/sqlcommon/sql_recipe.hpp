@@ -174,23 +174,6 @@ using AcquireBatch = Batch<PendingAcquire>;
 using ReleaseBatch = Batch<PendingRelease>;
 using AcquireBatchPtr = std::shared_ptr<AcquireBatch>;
 
-// A batch whose statement failed with `error`: sent again through `send`
-// (true) when the server answered "retry later" (a deadlock, a lock wait
-// timeout) and attempts are left, or, with `split` and several locks,
-// refused (each lock again on its own, so that only the one at fault
-// fails); false when the batch is to fail.
-template <class Batch, class Send>
-bool resend(const std::shared_ptr<Batch>& batch, const StoreError& error, const Send& send, bool split) {
-  if (error.kind == StoreError::Kind::kRetryLater && batch->attempt < kAttempts) {
-    ++batch->attempt;
-    send(batch);
-    return true;
-  }
-  if (!split || batch->locks.size() < 2 || error.kind != StoreError::Kind::kRefused) return false;
-  for (auto& l : batch->locks) send(Batch::of({std::move(l)}));
-  return true;
-}
-
 // An exclusive acquisition (`out` busy) found its row held by `marker`, a
 // kind's marker. Readers': the writer's mark holds new ones back; it lives
 // min(kinds::kWriterMark, ttl) (the statement wrote or renewed it) and the
@@ -431,6 +414,21 @@ class RecipeStore : public StoreBase,
   Connections<Connection> connections_;
 
  private:
+  // A batch whose statement failed with `error`: sent again through `send`
+  // when the server answered "retry later" (a deadlock, a lock wait
+  // timeout) and attempts are left, or, with `split` and several locks,
+  // refused (each lock again on its own, so that only the one at fault
+  // fails); else each lock answered `failed`.
+  template <class Batch, class... Failed>
+  void resend(void (RecipeStore::*send)(std::shared_ptr<Batch>), const std::shared_ptr<Batch>& batch,
+              const StoreError& error, bool split, const Failed&... failed) {
+    if (error.kind == StoreError::Kind::kRetryLater && batch->attempt < kAttempts) {
+      ++batch->attempt;
+      return (this->*send)(batch);
+    }
+    if (!split || batch->locks.size() < 2 || error.kind != StoreError::Kind::kRefused) return batch->answer(failed...);
+    for (auto& l : batch->locks) (this->*send)(Batch::of({std::move(l)}));
+  }
   // One statement decides a batch of exclusive acquisitions. A deadlock
   // or a lock wait timeout sends it again; a row the server refused (a
   // name too long for the column, or one the table's CHECK refuses) sends
@@ -439,12 +437,11 @@ class RecipeStore : public StoreBase,
     const auto& l = batch->locks;
     auto params = lock_arrays(l.size(), [&](std::size_t i) -> const PendingAcquire& { return l[i]; }, true, false);
     params.push_back(array_literal(l.size(), [&](std::size_t i) { return l[i].waits ? 1 : 0; }));
-    connections_.command().execute("lockwatch_acquire", std::move(params),
-                                 [this, batch](const Rows& rows, const StoreError* err) {
-                                     if (!err) return answer_acquisitions(*batch, rows, server());
-                                     if (!resend(batch, *err, std::bind_front(&RecipeStore::acquire_batch, this), true))
-                                       batch->answer(Acquired::failed(*err));
-                                   });
+    connections_.command().execute(
+        "lockwatch_acquire", std::move(params), [this, batch](const Rows& rows, const StoreError* err) {
+          if (!err) return answer_acquisitions(*batch, rows, server());
+          resend(&RecipeStore::acquire_batch, batch, *err, true, Acquired::failed(*err));
+        });
   }
   // A group of renewals, on the renewal connection: each answered as the
   // statement's rows say.
@@ -472,11 +469,10 @@ class RecipeStore : public StoreBase,
     connections_.command().execute(
         of_kinds ? "lockwatch_release_kind" : "lockwatch_release", std::move(params),
         [this, batch](const Rows& rows, const StoreError* err) {
-          if (err && resend(batch, *err, std::bind_front(&RecipeStore::release_batch, this), false)) return;
-          // A failed statement's rows are none: each lock is unconfirmed.
+          if (err) return resend(&RecipeStore::release_batch, batch, *err, false, Released::kUnconfirmed, err);
           auto status = not_done(rows, batch->locks.size(), Released::kYes, Released::kTakenByOther, Released::kGone);
           for (std::size_t k = 0; k < status.size(); ++k)
-            batch->locks[k].answer(err ? Released::kUnconfirmed : status[k], err);
+            batch->locks[k].answer(status[k], err);
         });
   }
   // The other kinds' acquisitions of one group, in one transaction: their
@@ -502,8 +498,7 @@ class RecipeStore : public StoreBase,
           if (i > 0) (*outcomes)[i - 1] = kind_answer(group->locks[i - 1], rows, server());  // 0: the lock rows
         },
         [this, group, outcomes](const Rows&, const StoreError* err) {
-          if (err && resend(group, *err, std::bind_front(&RecipeStore::send_kind_group, this), false)) return;
-          if (err) return group->answer(Acquired::failed(*err));
+          if (err) return resend(&RecipeStore::send_kind_group, group, *err, false, Acquired::failed(*err));
           for (std::size_t k = 0; k < group->locks.size(); ++k) group->locks[k].answer((*outcomes)[k]);
         });
   }
