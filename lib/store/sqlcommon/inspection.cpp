@@ -19,7 +19,7 @@ HolderInfo holder(const Rows& rows, int row, int at) {
 }
 
 void Inspection::lock_answer(const Rows& rows, const StoreError* error) {
-  if (error) return fail(error);
+  if (error) return std::exchange(done_, {})(LockInfo{}, error);
   if (rows.size() != 1) return;
   const long long us_left = to_ll(rows.at(0, 0));
   std::string owner = rows.bytes(0, 2);
@@ -34,19 +34,13 @@ void Inspection::lock_answer(const Rows& rows, const StoreError* error) {
 }
 
 void Inspection::holders_answer(const Rows& rows, const StoreError* error) {
-  if (error) return fail(error);
-  if (failed_) return;
+  if (!done_) return;  // the lock row's answer failed, and answered
+  if (error) return done_(LockInfo{}, error);
   if (info_.held && !info_.kind.exclusive_kind())
     for (int r = 0; r < rows.size(); ++r) info_.holders.push_back(holder(rows, r, 0));
   // A fair lock's owner is its one holder's token (the row holds the marker).
   if (info_.kind.mode() == LockKind::Mode::kFair && !info_.holders.empty()) info_.owner = info_.holders.front().token;
   done_(info_, nullptr);
-}
-
-void Inspection::fail(const StoreError* error) {
-  if (failed_) return;
-  failed_ = true;
-  done_(LockInfo{}, error);
 }
 
 void read_claim(ClaimResult& out, const Rows& rows, int at, bool claimed, std::int64_t period) {

@@ -30,8 +30,9 @@ namespace lockwatch::detail::sqlcommon {
 // µs on the server's clock.
 HolderInfo holder(const Rows& rows, int row, int at);
 
-// One inspect() call: the lock row's answer, then the holders' answer,
-// then done() once; a failure of either answers first, and once.
+// One inspect() call: the lock row's answer, then the holders' answer
+// (in this order, as a connection answers them), then done() once; a
+// failure of either answers first, and once.
 class Inspection {
  public:
   explicit Inspection(OperatorTools::InspectDone done) : done_(std::move(done)) {}
@@ -44,11 +45,8 @@ class Inspection {
   void holders_answer(const Rows& rows, const StoreError* error);
 
  private:
-  void fail(const StoreError* error);
-
   LockInfo info_;
-  bool failed_ = false;
-  OperatorTools::InspectDone done_;
+  OperatorTools::InspectDone done_;  // none once a failed lock row's answer answered
 };
 
 // Inspects each of the names a listing's `rows` hold in their first column
