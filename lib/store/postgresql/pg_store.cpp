@@ -68,13 +68,11 @@ PgStore::PgStore(Loop& loop, PgTarget target, const sqlcommon::SqlSettings& sett
   // Planned, not run: ON CONFLICT (lock_name) needs lock_name to be the
   // table's key, which only the planner checks.
   session.plan_check = "EXPLAIN EXECUTE lockwatch_acquire('{}', '{}', '{}', '{}')";
-  session.table = fmt::format("{}.{}", target_.database, target_.table);
-  session.stale = std::make_shared<PgStaleBackends>();
   session.missing = {pg_code("42P01"), pg_code("42703")};  // undefined_table, undefined_column
   // Another connection may have made it meanwhile (42P07; 42710 or 23505
   // when both got as far as the catalog): the check after tells.
   session.exists = {pg_code("42P07"), pg_code("42710"), pg_code("23505")};
-  connections_.make(loop, target_, settings_, session);
+  connections_.make(loop, target_, settings_, std::move(session));
 }
 
 // ---- the rest

@@ -91,10 +91,8 @@ SqlStore::SqlStore(Loop& loop, SqlTarget target, const sqlcommon::SqlSettings& s
       table_, holders_);
   session.create = table_statements(target.table);
   session.missing = {mariadb_code(1146), mariadb_code(1054)};  // ER_NO_SUCH_TABLE, ER_BAD_FIELD_ERROR
-  session.table = fmt::format("{}.{}", target.database, target.table);
-  session.stale = std::make_shared<SqlStaleThreads>();
   session.statements = statements();
-  connections_.make(loop, target, settings_, session);
+  connections_.make(loop, target, settings_, std::move(session));
 }
 
 SqlStatement SqlStore::acquire_statement() const {

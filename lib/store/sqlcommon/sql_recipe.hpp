@@ -241,11 +241,15 @@ struct Connections {
   std::vector<std::unique_ptr<Driver>> commands;
   std::unique_ptr<Driver> renew;
 
-  // Makes them, each Driver(args...); none connects before start().
-  template <class... Args>
-  void make(Args&... args) {
-    for (int i = 0; i < kCommands; ++i) commands.push_back(std::make_unique<Driver>(args...));
-    renew = std::make_unique<Driver>(args...);
+  // Makes them over `target`, each with `session`: the list of the
+  // sessions left behind one they share, the table named database.table
+  // in messages. None connects before start().
+  template <class Target, class Id>
+  void make(Loop& loop, const Target& target, const SqlSettings& settings, Session<Id> session) {
+    session.table = fmt::format("{}.{}", target.database, target.table);
+    session.stale = std::make_shared<StaleSessions<Id>>();
+    for (int i = 0; i < kCommands; ++i) commands.push_back(std::make_unique<Driver>(loop, target, settings, session));
+    renew = std::make_unique<Driver>(loop, target, settings, session);
   }
   // Starts them; the first command connection speaks for the server
   // (`events.connection`).
