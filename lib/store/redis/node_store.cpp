@@ -162,7 +162,6 @@ void RedisNodeStore::write_directly() {
   offered.direct_lane = this;
   offer(offered);
   conn_->enable_lane();
-  line_open_ = true;
 }
 
 // A thread that makes its calls in bursts (a fan-out's rounds: one thread
@@ -207,7 +206,8 @@ bool RedisNodeStore::release_direct(const LockRef& l, ReleasedDirect done) {
 }
 
 bool RedisNodeStore::line_open_for(const LockRef& l) const {
-  return line_ != nullptr && line_open_ && l.kind.exclusive_kind() && conn_->lane_idle();
+  // The command connection's lane is idle only once write_directly() enabled it.
+  return line_ != nullptr && l.kind.exclusive_kind() && conn_->lane_idle();
 }
 
 bool RedisNodeStore::acquire_blocking(const LockRef& l, const AcquiredDirect& done) {
@@ -299,23 +299,13 @@ void RedisNodeStore::send_kind_release(RedisConnection& c, std::span<const LockR
       [notify](const LockRef& l) { return notify ? redis_keys::channel(l.name) : std::string(); }, std::move(done));
 }
 
-namespace {
-
-// The first kMaxBatch requests of `queue`, taken out of it.
 template <class T>
-std::vector<T> take_batch(std::deque<T>& queue) {
-  const auto n = static_cast<std::ptrdiff_t>(std::min(queue.size(), RedisNodeStore::kMaxBatch));
+int RedisNodeStore::send_queued(std::deque<T>& queue) {
+  const auto n = static_cast<std::ptrdiff_t>(std::min(queue.size(), kMaxBatch));
   std::vector<T> batch(std::make_move_iterator(queue.begin()), std::make_move_iterator(queue.begin() + n));
   queue.erase(queue.begin(), queue.begin() + n);
-  return batch;
-}
-
-// Sends `batch` through `send` as one script call, or, `by_slot` (a node
-// of a Redis Cluster), as one call per slot group; returns the calls sent.
-template <class T, class Send>
-int send_slot_groups(std::vector<T> batch, bool by_slot, Send send) {
-  if (!by_slot || batch.size() == 1) {
-    send(std::move(batch));
+  if (!by_slot_ || batch.size() == 1) {
+    send_batch(std::move(batch));
     return 1;
   }
   std::vector<std::uint16_t> slots(batch.size());
@@ -325,23 +315,20 @@ int send_slot_groups(std::vector<T> batch, bool by_slot, Send send) {
     std::vector<T> part;
     part.reserve(g.at.size());
     for (std::size_t i : g.at) part.push_back(std::move(batch[i]));
-    send(std::move(part));
+    send_batch(std::move(part));
   }
   return static_cast<int>(groups.size());
 }
-
-}  // namespace
 
 void RedisNodeStore::send_batches(bool all) {
   // Releases first: a lock given back and asked for again in one iteration
   // is free for the one who asks. Each script call counts in flight (a
   // batch split by slot may overshoot the bound by up to kMaxBatch calls).
-  const auto send = [this](auto batch) { send_batch(std::move(batch)); };
   while (all || batches_in_flight_ < kMaxBatchesInFlight) {
     if (!release_batch_.empty()) {
-      batches_in_flight_ += send_slot_groups(take_batch(release_batch_), by_slot_, send);
+      batches_in_flight_ += send_queued(release_batch_);
     } else if (!acquire_batch_.empty()) {
-      batches_in_flight_ += send_slot_groups(take_batch(acquire_batch_), by_slot_, send);
+      batches_in_flight_ += send_queued(acquire_batch_);
     } else {
       break;
     }
@@ -350,7 +337,7 @@ void RedisNodeStore::send_batches(bool all) {
 
 void RedisNodeStore::batch_answered() {
   --batches_in_flight_;
-  if (!release_batch_.empty() || !acquire_batch_.empty()) send_batches();
+  send_batches();
 }
 
 void RedisNodeStore::send_batch(std::vector<QueuedAcquire> batch, bool counted) {

@@ -224,6 +224,11 @@ class RedisNodeStore final : public RedisStoreBase, public DirectLane {
   // Sends what is queued, kMaxBatchesInFlight calls at most (`all`: every
   // call, as the store closes).
   void send_batches(bool all = false);
+  // The first kMaxBatch requests of `queue`, taken out of it and sent as
+  // one script call, or, batch_by_slot(), as one call per slot group;
+  // returns the calls sent.
+  template <class T>
+  int send_queued(std::deque<T>& queue);
   // A batch's reply came: the next queued batch may go.
   void batch_answered();
   // One script call for `batch` (a lone lock is a batch of one); `counted`:
@@ -263,9 +268,9 @@ class RedisNodeStore final : public RedisStoreBase, public DirectLane {
   std::unique_ptr<RedisConnection> renew_;  // renewals only
   std::unique_ptr<RedisConnection> sub_;    // release notices
   // The blocking callers' (DirectLane::acquire_blocking), for a plain TCP
-  // endpoint given (not Sentinel's); used once write_directly() opened it.
+  // endpoint given (not Sentinel's); used while the command connection's
+  // lane (write_directly()) is open and idle.
   std::unique_ptr<CallerLine> line_;
-  bool line_open_ = false;  // set before start()
   // With min_replicas: acquisitions and their WAITs, so that a WAIT holds
   // up nothing else (null without).
   std::unique_ptr<RedisConnection> acquire_;
