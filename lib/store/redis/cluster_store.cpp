@@ -180,8 +180,8 @@ StoreEvents ClusterStore::node_events(Node* node) {
   return e;
 }
 
-ClusterStore::Node* ClusterStore::owner_of(std::string_view name) {
-  std::int16_t i = owner_[key_slot(name)];
+ClusterStore::Node* ClusterStore::owner_of(std::uint16_t slot) {
+  std::int16_t i = owner_[slot];
   return i < 0 ? nullptr : nodes_[static_cast<std::size_t>(i)].get();
 }
 
@@ -393,7 +393,7 @@ void ClusterStore::route(std::string_view name, bool idempotent, Done done, Send
     return std::size_t{1};
   };
   when_mapped([this, call, answer](const StoreError* err) {
-    Node* node = err ? nullptr : owner_of(call->name);
+    Node* node = err ? nullptr : owner_of(key_slot(call->name));
     if (node != nullptr) {
       send_to(node, false, call);
       return;
@@ -446,7 +446,7 @@ bool ClusterStore::follow(const std::shared_ptr<Call>& call, const StoreError& e
   // A "retry later", or a lost reply: to the slot's owner once the next
   // refresh ended; with no owner then, `give_up` reports the failure.
   refresh_waiters_.push_back([this, call, give_up = std::move(give_up)](const StoreError*) {
-    Node* owner = closed_ ? nullptr : owner_of(call->name);
+    Node* owner = closed_ ? nullptr : owner_of(key_slot(call->name));
     if (owner != nullptr) {
       send_to(owner, false, call);
     } else {
@@ -497,8 +497,8 @@ std::size_t ClusterStore::renew(std::span<const LockRef> locks, std::shared_ptr<
   std::ranges::transform(locks, slots.begin(), [](const LockRef& l) { return key_slot(l.name); });
   std::vector<std::size_t> unrouted;
   for (SlotGroup& group : group_by_slot(slots)) {
-    const std::int16_t node = closed_ ? -1 : owner_[group.slot];
-    if (node < 0) {
+    Node* owner = closed_ ? nullptr : owner_of(group.slot);
+    if (owner == nullptr) {
       unrouted.insert(unrouted.end(), group.at.begin(), group.at.end());
       continue;
     }
@@ -506,7 +506,6 @@ std::size_t ClusterStore::renew(std::span<const LockRef> locks, std::shared_ptr<
     g->refs.reserve(group.at.size());
     for (std::size_t k : group.at) g->refs.push_back(locks[k]);
     g->indexes = std::move(group.at);
-    Node* owner = nodes_[static_cast<std::size_t>(node)].get();
     commands += send_to(owner, false, renew_call(std::move(g), 0, keepalive, shared));
   }
   if (!unrouted.empty()) {
@@ -653,7 +652,7 @@ void ClusterStore::withdraw(const LockRef& lock, WithdrawDone done) {
 void ClusterStore::subscribe(std::string_view name) {
   when_mapped([this, lock = std::string(name)](const StoreError* err) {
     if (err || closed_ || subscribed_.count(lock) > 0) return;
-    Node* node = owner_of(lock);
+    Node* node = owner_of(key_slot(lock));
     subscribed_.emplace(lock, Subscription{node, 0});
     if (node != nullptr) {
       node->store->subscribe(lock);
@@ -694,7 +693,7 @@ void ClusterStore::place_subscriptions() {
   if (closed_) return;
   bool moved = false;
   for (auto& [lock, sub] : subscribed_) {
-    Node* owner = owner_of(lock);
+    Node* owner = owner_of(key_slot(lock));
     if (owner == sub.node) continue;
     if (sub.node != nullptr) {
       sub.node->store->unsubscribe(lock);

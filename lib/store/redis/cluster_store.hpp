@@ -149,8 +149,9 @@ class ClusterStore final : public RedisStoreBase {
   void place_subscriptions();
   // The node store for the master at host:port, made (and started) on first use.
   Node* node_at(const std::string& host, int port);
-  // The master of `name`'s slot; null when no node serves it.
-  Node* owner_of(std::string_view name);
+  // The master of slot `slot` (key_slot() of a lock's name); null when no
+  // node serves it.
+  Node* owner_of(std::uint16_t slot);
   // The one way a call reaches a node: a call on lock `name` (`idempotent`:
   // see Call) goes to the master of its slot once the map is known, where
   // `send(node, name, reply)` makes it (std::invoke: a RedisNodeStore
