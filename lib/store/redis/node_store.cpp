@@ -145,12 +145,12 @@ void RedisNodeStore::acquire(std::span<const LockRef> locks, AcquireDone done) {
     // A lone lock's queued lock takes the call's `done`; larger calls' share it.
     QueuedAcquire a{SmallString<40>(l.name), SmallString<32>(l.token), SmallString<16>(l.ttl_ms), i,
                     locks.size() == 1 ? std::move(each) : each, l.kind, l.waits};
-    if (!l.kind.exclusive_kind()) {
-      send_kind_acquire(std::move(a));
-    } else if (queued) {
+    if (queued && l.kind.exclusive_kind()) {
       acquire_batch_.push_back(std::move(a));
     } else {
-      send_batch({std::move(a)}, false);
+      std::vector<QueuedAcquire> alone;  // a kind's lock, or a call after an ASKING
+      alone.push_back(std::move(a));
+      send_batch(std::move(alone), false);
     }
   }
   if (queued) batch_turn_.request();
@@ -253,7 +253,7 @@ void RedisNodeStore::release(std::span<const LockRef> locks, bool notify, Releas
   if (queued) batch_turn_.request();
 }
 
-void RedisNodeStore::send_kind_acquire(QueuedAcquire a) {
+EvalRequest RedisNodeStore::kind_acquire_call(const QueuedAcquire& a) const {
   // KEYS: lock, holders, then a shared or permit lock's writer mark, a fair
   // one's queue and waiting, then the counter. ARGV: token, ttl, then the
   // kind argument, or a fair lock's channel and notice, then the owner.
@@ -271,9 +271,7 @@ void RedisNodeStore::send_kind_acquire(QueuedAcquire a) {
   else
     request.arg(redis_keys::kind_arg(a.kind));
   request.arg(owner_);
-  std::vector<QueuedAcquire> one;
-  one.push_back(std::move(a));
-  eval_acquire(std::move(request), std::move(one), false);
+  return request;
 }
 
 template <class Answer>
@@ -341,8 +339,17 @@ void RedisNodeStore::batch_answered() {
 }
 
 void RedisNodeStore::send_batch(std::vector<QueuedAcquire> batch, bool counted) {
-  EvalRequest request = acquire_call(batch);
-  eval_acquire(std::move(request), std::move(batch), counted);
+  // Either layout's script for a batch, or a kind's for its lock alone:
+  // each answers one entry per lock, and each lock is handed its answer.
+  EvalRequest request = batch.front().kind.exclusive_kind() ? acquire_call(batch) : kind_acquire_call(batch.front());
+  RedisConnection& c = with_asking(for_acquire());
+  c.eval(std::move(request),
+         [this, &c, counted, batch = std::move(batch)](const redisReply* r, const StoreError* err) mutable {
+           if (counted) batch_answered();
+           AcquireReply reply(r, err, batch.size(), c.name());
+           for (auto& a : batch)
+             acquired(reply.next(), std::move(a));
+         });
 }
 
 void RedisNodeStore::send_batch(std::vector<QueuedRelease> batch, bool counted) {
@@ -665,19 +672,6 @@ std::string RedisNodeStore::channel_of(std::string_view name) const {
 
 std::string_view RedisNodeStore::lock_of(std::string_view channel) const {
   return layout_.redisson() ? redisson_keys::lock_of_channel(channel) : redis_keys::lock_of_channel(channel);
-}
-
-// Sends an acquire script (a batch's, of either layout, or a kind's for
-// one lock: each answers one entry per lock) and hands each lock its answer.
-void RedisNodeStore::eval_acquire(EvalRequest request, std::vector<QueuedAcquire> batch, bool counted) {
-  RedisConnection& c = with_asking(for_acquire());
-  c.eval(std::move(request),
-         [this, &c, counted, batch = std::move(batch)](const redisReply* r, const StoreError* err) mutable {
-           if (counted) batch_answered();
-           AcquireReply reply(r, err, batch.size(), c.name());
-           for (auto& a : batch)
-             acquired(reply.next(), std::move(a));
-         });
 }
 
 // A lone lock's release, as send_batch() writes a batch of one (with its

@@ -196,9 +196,9 @@ class RedisNodeStore final : public RedisStoreBase, public DirectLane {
   // with the release's reply (a failed WAIT, or an acquisition with no answer).
   template <class Answer>
   void give_back_on_acquire_line(const QueuedAcquire& a, Answer answer);
-  // A shared, permit or fair lock: one kAcquireKind or kAcquireFair call,
-  // its answer to acquired().
-  void send_kind_acquire(QueuedAcquire a);
+  // A shared, permit or fair lock's kAcquireKind or kAcquireFair call
+  // (send_batch() sends it alone).
+  EvalRequest kind_acquire_call(const QueuedAcquire& a) const;
   // renew() without the wait for replicas (the URL's min_replicas) that
   // renew() adds after it.
   std::size_t renew_now(std::span<const LockRef> locks, std::shared_ptr<const void> keepalive, RenewDone done);
@@ -231,8 +231,9 @@ class RedisNodeStore final : public RedisStoreBase, public DirectLane {
   int send_queued(std::deque<T>& queue);
   // A batch's reply came: the next queued batch may go.
   void batch_answered();
-  // One script call for `batch` (a lone lock is a batch of one); `counted`:
-  // sent by send_batches(), and so counted in flight.
+  // One script call for `batch` (a lone lock is a batch of one, a kind's
+  // lock always alone); `counted`: sent by send_batches(), and so counted
+  // in flight.
   void send_batch(std::vector<QueuedAcquire> batch, bool counted = true);
   void send_batch(std::vector<QueuedRelease> batch, bool counted = true);
   // WAIT on `c` for `needed` replicas: `done` is told null once they have
@@ -253,7 +254,6 @@ class RedisNodeStore final : public RedisStoreBase, public DirectLane {
   EvalRequest release_one(const LockRef& lock) const;
   // The caller's line may take a call on `lock` now.
   bool line_open_for(const LockRef& lock) const;
-  void eval_acquire(EvalRequest request, std::vector<QueuedAcquire> batch, bool counted);
   struct Listing;
   void scan_page(std::shared_ptr<Listing> listing);
 
