@@ -40,14 +40,11 @@ void ZkSink::forget_session(std::uint64_t serial) {
 ZkCloser::ZkCloser(std::shared_ptr<ZkSink> sink)
     : sink_(std::move(sink)), thread_([this](std::stop_token stop) { run(stop); }) {}
 
-void ZkCloser::close_later(zhandle_t* zh, ZkCtx* watch_ctx) {
-  if (zh == nullptr) {
-    delete watch_ctx;
-    return;
-  }
+void ZkCloser::close_later(zhandle_t* zh, std::unique_ptr<ZkCtx> watch_ctx) {
+  if (zh == nullptr) return;
   {
     std::lock_guard lk(mu_);
-    to_close_.emplace_back(zh, watch_ctx);
+    to_close_.emplace_back(zh, std::move(watch_ctx));
   }
   cv_.notify_all();
 }
@@ -62,7 +59,6 @@ void ZkCloser::run(std::stop_token stop) {
     for (auto& [zh, w] : batch) {
       zookeeper_close(zh);
       if (w != nullptr) sink_->forget_session(w->session);
-      delete w;
     }
     lk.lock();
   }

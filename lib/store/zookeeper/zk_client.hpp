@@ -86,7 +86,8 @@ class ZkCloser {
   // The destructor closes what is still queued, then joins. Not copied
   // (its mutex and thread see to that).
   explicit ZkCloser(std::shared_ptr<ZkSink> sink);
-  void close_later(zhandle_t* zh, ZkCtx* watch_ctx);
+  // A null `zh` has nothing to close: its context is freed here.
+  void close_later(zhandle_t* zh, std::unique_ptr<ZkCtx> watch_ctx);
 
  private:
   void run(std::stop_token stop);
@@ -94,7 +95,7 @@ class ZkCloser {
   std::shared_ptr<ZkSink> sink_;
   std::mutex mu_;
   std::condition_variable_any cv_;
-  std::vector<std::pair<zhandle_t*, ZkCtx*>> to_close_;
+  std::vector<std::pair<zhandle_t*, std::unique_ptr<ZkCtx>>> to_close_;
   std::jthread thread_;  // last: started once the rest is there, stopped and joined first
 };
 

@@ -37,7 +37,7 @@ ZkSession* ZkSessions::session_for(milliseconds ttl) {
   const long long ms = std::max<long long>(ttl.count(), 1);
   auto& s = sessions_[ms];
   if (s != nullptr && (s->zh != nullptr || s->awaiting_names)) return s.get();
-  if (s != nullptr) delete s->watch_ctx;  // its set-up failed: try again
+  // None, or its set-up failed: a new one (the old one's context goes with it).
   s = std::make_unique<ZkSession>(ZkSession{.serial = next_serial_++, .requested_ms = ms, .started = Clock::now()});
   look_up_names(*s);
   return s.get();
@@ -77,12 +77,12 @@ void ZkSessions::open_handle(ZkSession& s, const std::vector<std::string>& addre
   for (std::size_t i = 0; i < addresses.size(); ++i)
     if (!addresses[i].empty()) hosts += (hosts.empty() ? "" : ",") + host_port(addresses[i], target_.hosts[i].second);
   if (!hosts.empty()) {
-    s.watch_ctx = new ZkCtx{sink_, 0, s.serial, {}, {}};
+    s.watch_ctx = std::make_unique<ZkCtx>(ZkCtx{sink_, 0, s.serial, {}, {}});
     // The timeout is an int of ms; the ensemble bounds it anyway.
     const int timeout = static_cast<int>(std::min<long long>(s.requested_ms, 1LL << 30));
     // The client's own log lines are dropped.
-    s.zh = zookeeper_init2((hosts + target_.chroot).c_str(), zk::on_global_watch, timeout, nullptr, s.watch_ctx, 0,
-                           [](const char*) {});
+    s.zh = zookeeper_init2((hosts + target_.chroot).c_str(), zk::on_global_watch, timeout, nullptr,
+                           s.watch_ctx.get(), 0, [](const char*) {});
   }
   if (s.zh != nullptr && target_.digest()) {
     const std::string cred = target_.user + ":" + target_.password;
@@ -112,7 +112,7 @@ ZkSession* ZkSessions::live(std::uint64_t serial) {
 
 bool ZkSessions::retire(ZkSession* s) {
   for (auto& [id, issue] : std::exchange(s->parked, {})) fail_later(id, ZSESSIONEXPIRED);
-  closer_.close_later(s->zh, s->watch_ctx);
+  closer_.close_later(s->zh, std::move(s->watch_ctx));
   // Its holds go with it.
   std::erase_if(holds.marks, [&](const auto& m) { return m.second.session == s->serial; });
   const bool had_locks = std::erase_if(holds.held, [&](const auto& h) { return h.second.session == s->serial; }) != 0;
@@ -291,7 +291,7 @@ void ZkSessions::stop_requests() {
 
 void ZkSessions::close() {
   sink_->sessions = nullptr;
-  for (auto& [ms, s] : sessions_) closer_.close_later(s->zh, s->watch_ctx);
+  for (auto& [ms, s] : sessions_) closer_.close_later(s->zh, std::move(s->watch_ctx));
   sessions_.clear();
   holds = {};
 }

@@ -47,7 +47,7 @@ struct ZkSession {
   std::uint64_t serial = 0;
   long long requested_ms = 0;
   zhandle_t* zh = nullptr;
-  ZkCtx* watch_ctx = nullptr;  // the global watcher's context, freed with zh
+  std::unique_ptr<ZkCtx> watch_ctx{};  // the global watcher's context, handed to the closer with zh
   bool up = false;  // connected now: false until it first connects, and while its connection is lost
   int negotiated_ms = 0;
   std::uint32_t connects = 0;  // times it connected (again); 0: never yet
