@@ -119,7 +119,7 @@ void ZkLockRecipe::create_node(Op op, bool parents_made) {
     op->czxid = r.stat.czxid;
     ZkSession* s = r.session;
     if (s == nullptr) return fail(op, sessions_.error(ZSESSIONEXPIRED, "the session ended"));
-    if (s->negotiated_ms == 0 && s->zh != nullptr) s->negotiated_ms = zoo_recv_timeout(s->zh);
+    // Its timeout was negotiated when it connected, before this was sent.
     if (op->ttl.count() > s->negotiated_ms) {
       // The ensemble's maxSessionTimeout is below the ttl: a lease
       // would outlive what guards it.
