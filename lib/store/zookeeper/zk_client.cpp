@@ -9,7 +9,7 @@ namespace lockwatch::detail {
 
 void ZkSink::post(std::function<void(ZkSessions&)> f) {
   if (sessions == nullptr) return;
-  loop->post([self = shared_from_this(), f = std::move(f)] {
+  loop.post([self = shared_from_this(), f = std::move(f)] {
     if (ZkSessions* s = self->sessions; s != nullptr) f(*s);
   });
 }

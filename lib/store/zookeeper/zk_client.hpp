@@ -51,8 +51,9 @@ using ZkIssue = std::function<int(zhandle_t*, void*)>;
 // (on the loop) when the store closes: answers after that are dropped.
 // Read on any thread.
 struct ZkSink : std::enable_shared_from_this<ZkSink> {
-  std::atomic<ZkSessions*> sessions = nullptr;
-  Loop* loop = nullptr;
+  ZkSink(ZkSessions* s, Loop& l) : sessions(s), loop(l) {}
+  std::atomic<ZkSessions*> sessions;
+  Loop& loop;
   // The contexts the client holds, by the session that sent them: a
   // handle closed while disconnected does not always call back what it
   // had queued, so what is left once zookeeper_close() returns is freed

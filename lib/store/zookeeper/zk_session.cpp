@@ -25,11 +25,8 @@ ZkSessions::ZkSessions(Loop& loop, const ZkTarget& target, const ConnectionOptio
       events_(events),
       target_(target),
       endpoint_(target_.name()),
-      sink_(std::make_shared<ZkSink>()),
-      closer_(sink_) {
-  sink_->sessions = this;
-  sink_->loop = &loop;
-}
+      sink_(std::make_shared<ZkSink>(this, loop)),
+      closer_(sink_) {}
 
 ZkSessions::~ZkSessions() { close(); }
 
