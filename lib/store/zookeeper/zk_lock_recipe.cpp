@@ -246,7 +246,6 @@ void ZkLockRecipe::grant(const Op& op) {
     // removing the node.
     if (m == holds.marks.end() || m->second.attempt != op->attempt) return requeue(op);
     holds.marks.erase(m);
-    op->from_mark = false;
   }
   auto done = [this, op, key](std::uint64_t fence) {
     op->until = gone_by(watchdog_, op->sent, op->ttl);
