@@ -164,14 +164,12 @@ void ZkLockRecipe::list_nodes(Op op) {
   ZkSession* s = node_session(op);
   if (s == nullptr) return;
   sessions_.list(*s, op->dir, [this, op](const ZkResult& r) {
-    if (r.failure() != ZOK) {
-      forget(*op);
-      return abandon(op, sessions_.error(r.failure(), "listing the lock's nodes"));
-    }
     auto nodes = zk::in_order(r.children);
     auto own = std::find(nodes.begin(), nodes.end(), op->path.substr(op->path.rfind('/') + 1));
-    if (own == nodes.end()) {
+    // Our node unconfirmed (the listing failed, or it is not there): forgotten here.
+    if (r.failure() != ZOK || own == nodes.end()) {
       forget(*op);
+      if (r.failure() != ZOK) return abandon(op, sessions_.error(r.failure(), "listing the lock's nodes"));
       // A writer's mark: the store removed it meanwhile (its span passed).
       if (op->from_mark) return requeue(op);
       // Otherwise its session expired meanwhile (or an operator removed it).
