@@ -12,8 +12,8 @@ using std::chrono::milliseconds;
 void ZkOperatorTools::inspect(std::string_view name, InspectDone done) {
   const std::string dir = zk::dir_of(name);
   sessions_.list(*sessions_.any_session(), dir, [this, dir, done = std::move(done)](const ZkResult& r) {
-    if (r.rc == ZNONODE) return done(LockInfo{}, nullptr);
-    if (r.rc != ZOK) return sessions_.answer_failed(done, r.rc, "listing the lock's nodes", LockInfo{});
+    // No directory (ZNONODE): no nodes, not held.
+    if (zk::failure_unless_gone(r)) return sessions_.answer_failed(done, r.rc, "listing the lock's nodes", LockInfo{});
     read_holders(r.session, dir, zk::holding(zk::in_order(r.children)), done);
   });
 }
@@ -75,8 +75,8 @@ void ZkOperatorTools::list_locks(std::string_view prefix, std::size_t limit, Lis
   const std::string escaped = zk::escape(store_.encode(prefix));
   auto listing = std::make_shared<Listing>(Listing{.limit = limit, .done = std::move(done)});
   sessions_.list(*sessions_.any_session(), zk::kRoot, [this, listing, escaped](const ZkResult& r) {
-    if (r.rc == ZNONODE) return listing->done({}, nullptr);
-    if (r.rc != ZOK)
+    // No /lockwatch (ZNONODE): no names, an empty listing.
+    if (zk::failure_unless_gone(r))
       return sessions_.answer_failed(listing->done, r.rc, "listing the locks' directories", std::vector<LockInfo>{});
     // Escaping is per byte: a name under the prefix escapes to a child under the escaped prefix.
     for (const auto& child : r.children) {
