@@ -171,6 +171,34 @@ class LockListing {
   ~LockListing() = default;
 };
 
+// Keeps the most telling of several stores' failures in `kept`, the first
+// among equals (store_error.cpp weighs them by kind).
+void keep_most_telling(std::unique_ptr<StoreError>& kept, const StoreError& e);
+
+// What the stores asked one call (a quorum's members, a cluster's masters)
+// answered so far: the value of each that answered, a failure of the
+// others (the most telling, or with `kMostTelling` false the first); and
+// the caller.
+template <class Value, class Done, bool kMostTelling = true>
+struct Answers {
+  explicit Answers(Done caller) : done(std::move(caller)) {}
+  std::size_t replies = 0;
+  std::vector<Value> values;
+  std::unique_ptr<StoreError> error;
+  Done done;
+
+  // Counts one store's reply (`value` if it answered); true once all `n` replied.
+  bool heard(const StoreError* err, std::size_t n, Value value) {
+    replies++;
+    if (!err) {
+      values.push_back(std::move(value));
+    } else if (kMostTelling || !error) {
+      keep_most_telling(error, *err);
+    }
+    return replies == n;
+  }
+};
+
 class FairQueue {
  public:
   static constexpr FairQueue* Capabilities::*kSlot = &Capabilities::fair_queue;

@@ -15,21 +15,6 @@ using std::chrono::milliseconds;
 
 namespace {
 
-// How much a node's failure says: a refusal or refused credentials say
-// what is wrong, a "not now" or a redirect less, an unreachable node least.
-// By StoreError::Kind: kUnavailable, kAuth, kRefused, kRedirect, kRetryLater, kInvalid.
-constexpr int kWeight[] = {0, 4, 3, 1, 2, 3};
-static_assert(std::size(kWeight) == static_cast<std::size_t>(StoreError::Kind::kInvalid) + 1);
-int weight(const StoreError& e) { return kWeight[static_cast<std::size_t>(e.kind)]; }
-
-// Keeps the most telling of the nodes' failures (the first among equals).
-void keep_most_telling(std::unique_ptr<StoreError>& kept, const StoreError& e) {
-  if (!kept)
-    kept = std::make_unique<StoreError>(e);
-  else if (weight(e) > weight(*kept))
-    *kept = e;
-}
-
 // One call's tally per lock of the batch, and its caller.
 template <class Tally, class Done>
 struct Batch {
@@ -52,28 +37,6 @@ struct Votes {
     return *this;
   }
   std::size_t operator[](Status s) const { return by_status[static_cast<std::size_t>(s)]; }
-};
-
-// What the stores answered so far to one operator call: the value of each
-// that answered, the most telling failure of the others; and its caller.
-template <class Value, class Done>
-struct Answers {
-  explicit Answers(Done caller) : done(std::move(caller)) {}
-  std::size_t replies = 0;
-  std::vector<Value> values;
-  std::unique_ptr<StoreError> error;
-  Done done;
-
-  // Counts one store's reply (`value` if it answered); true once all `n` replied.
-  bool heard(const StoreError* err, std::size_t n, Value value) {
-    replies++;
-    if (err) {
-      keep_most_telling(error, *err);
-    } else {
-      values.push_back(std::move(value));
-    }
-    return replies == n;
-  }
 };
 
 std::chrono::system_clock::time_point median(std::vector<std::chrono::system_clock::time_point> v) {

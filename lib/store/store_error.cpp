@@ -6,6 +6,8 @@
 
 #include <fmt/format.h>
 
+#include <iterator>
+
 
 namespace lockwatch::detail {
 
@@ -16,6 +18,13 @@ namespace {
 std::string shown_endpoint(const std::string& endpoint) {
   return endpoint.find("://") == std::string::npos ? "redis " + endpoint : endpoint;
 }
+
+// How much a node's failure says: a refusal or refused credentials say
+// what is wrong, a "not now" or a redirect less, an unreachable node least.
+// By StoreError::Kind: kUnavailable, kAuth, kRefused, kRedirect, kRetryLater, kInvalid.
+constexpr int kWeight[] = {0, 4, 3, 1, 2, 3};
+static_assert(std::size(kWeight) == static_cast<std::size_t>(StoreError::Kind::kInvalid) + 1);
+int weight(const StoreError& e) { return kWeight[static_cast<std::size_t>(e.kind)]; }
 
 }  // namespace
 
@@ -42,6 +51,13 @@ std::string StoreError::describe() const {
   if (code && std::string_view(code.category().name()).starts_with("lockwatch."))
     return static_cast<const StoreCategory&>(code.category()).refusal(endpoint, code.value(), message);
   return fmt::format("{} answered an error: {}", shown_endpoint(endpoint), message);
+}
+
+void keep_most_telling(std::unique_ptr<StoreError>& kept, const StoreError& e) {
+  if (!kept)
+    kept = std::make_unique<StoreError>(e);
+  else if (weight(e) > weight(*kept))
+    *kept = e;
 }
 
 bool parse_owner_record(std::string_view text, HolderInfo& out) {

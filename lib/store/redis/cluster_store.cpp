@@ -613,27 +613,23 @@ void ClusterStore::list_locks(std::string_view prefix, std::size_t limit, ListDo
     std::set<Node*> masters;
     for (std::int16_t at : owner_)
       if (at >= 0) masters.insert(nodes_[static_cast<std::size_t>(at)].get());
-    struct Merge {
-      std::size_t pending = 0;
-      std::vector<LockInfo> found;
-      std::optional<StoreError> error;
-      ListDone done;
-    };
-    auto merge = std::make_shared<Merge>(Merge{masters.size(), {}, {}, std::move(done)});
+    // Every master's listing, or the first failure.
+    auto merge = std::make_shared<Answers<std::vector<LockInfo>, ListDone, false>>(std::move(done));
     if (masters.empty()) {  // no slot served: nothing held, answered on the next turn (never inside the call)
       loop_.post([merge] { merge->done({}, nullptr); });
       return;
     }
     for (Node* node : masters)
-      node->store->list_locks(prefix, limit, [merge, limit](std::vector<LockInfo> locks, const StoreError* e) {
-        if (e && !merge->error) merge->error = *e;
-        for (auto& l : locks) merge->found.push_back(std::move(l));
-        if (--merge->pending > 0) return;
-        if (merge->error) return merge->done({}, &*merge->error);
-        std::sort(merge->found.begin(), merge->found.end(),
-                  [](const LockInfo& a, const LockInfo& b) { return a.key < b.key; });
-        if (merge->found.size() > limit) merge->found.resize(limit);
-        merge->done(std::move(merge->found), nullptr);
+      node->store->list_locks(prefix, limit, [merge, limit, n = masters.size()](std::vector<LockInfo> locks,
+                                                                                 const StoreError* e) {
+        if (!merge->heard(e, n, std::move(locks))) return;
+        if (merge->error) return merge->done({}, merge->error.get());
+        std::vector<LockInfo> found;
+        for (auto& each : merge->values)
+          for (auto& l : each) found.push_back(std::move(l));
+        std::ranges::sort(found, {}, &LockInfo::key);
+        if (found.size() > limit) found.resize(limit);
+        merge->done(std::move(found), nullptr);
       });
   });
 }
