@@ -259,8 +259,7 @@ void QuorumStore::server_time(TimeDone done) {
     capability<JobClaims>(*s)->server_time([this, t](std::chrono::system_clock::time_point now, const StoreError* err) {
       if (!t->heard(err, stores_.size(), now)) return;
       if (t->values.size() >= quorum_) return t->done(median(t->values), nullptr);
-      const StoreError none = StoreError::unavailable("quorum", "no majority answered TIME");
-      t->done({}, t->error ? t->error.get() : &none);
+      t->done({}, t->error.get());  // a store that did not answer failed, with an error
     });
   }
 }
@@ -351,10 +350,8 @@ void QuorumStore::list_locks(std::string_view prefix, std::size_t limit, ListDon
     LockListing* listing = capability<LockListing>(*s);
     listing->list_locks(prefix, kEach, [this, t, limit](std::vector<LockInfo> locks, const StoreError* err) {
       if (!t->heard(err, stores_.size(), std::move(locks))) return;
-      if (t->values.size() < quorum_) {
-        const StoreError unknown = t->error ? *t->error : StoreError::unavailable("quorum", "too few nodes answered");
-        return t->done({}, &unknown);
-      }
+      // A store that did not answer failed, with an error.
+      if (t->values.size() < quorum_) return t->done({}, t->error.get());
       std::map<std::string, std::vector<LockInfo>> by_key;
       for (auto& each : t->values)
         for (auto& l : each) by_key[l.key].push_back(std::move(l));
