@@ -373,13 +373,13 @@ void QuorumStore::inspect(std::string_view name, InspectDone done) {
       if (!t->heard(err, stores_.size(), info)) return;
       auto [out, largest] = majority_view(t->values);
       // Free only if the silent stores could not make a majority for
-      // anyone with those that answered.
+      // anyone with those that answered. Here some did not answer (had
+      // all, a majority holds it or none can), each failing with an error.
       const std::size_t silent = stores_.size() - t->values.size();
       if (!out.held && (largest + silent >= quorum_ || t->values.size() < quorum_)) {
-        std::string why = fmt::format("cannot tell whether the lock is held: {} of {} nodes did not answer", silent,
-                                      stores_.size());
-        if (t->error) why += " (" + t->error->describe() + ")";
-        const StoreError unknown = StoreError::unavailable("quorum", why);
+        const StoreError unknown = StoreError::unavailable(
+            "quorum", fmt::format("cannot tell whether the lock is held: {} of {} nodes did not answer ({})", silent,
+                                  stores_.size(), t->error->describe()));
         return t->done(LockInfo{}, &unknown);
       }
       t->done(out, nullptr);
