@@ -108,7 +108,7 @@ struct StoreClaim {
   std::int64_t period = 0;
   JobClaims::ClaimDone done;
   int attempt = 0;  // reads of the last period run
-  ClaimResult out;
+  ClaimResult out{};
 
   void finish(ClaimResult::Status status, const StoreError* error = nullptr) {
     out.status = status;
@@ -120,12 +120,8 @@ struct StoreClaim {
   template <class Claim>
   static std::shared_ptr<Claim> make(std::string_view name, std::string_view token, std::int64_t period,
                                      JobClaims::ClaimDone done) {
-    auto c = std::make_shared<Claim>();
-    c->name = std::string(name);
-    c->token = std::string(token);
-    c->period = period;
-    c->done = std::move(done);
-    return c;
+    // A store's own claim type (derived) is made from its StoreClaim part, its own fields empty.
+    return std::make_shared<Claim>(StoreClaim{std::string(name), std::string(token), period, std::move(done)});
   }
   // The answer of the store's clock for claim `c`: a period due by it
   // (the clock at `start` or later) goes on with `step`; else the claim
