@@ -158,7 +158,7 @@ void EtcdClock::on_timer() {
       return sample();
     case Step::kConnecting:
     case Step::kAwaiting:
-      return member_failed("no answer in time");
+      return stream_failed("no answer in time");
     case Step::kIdle:
       return;
   }
@@ -199,13 +199,11 @@ void EtcdClock::stream_data(const char* data, std::size_t n) {
     case Answer::kMore:
       return;
     case Answer::kBad:
-      return member_failed(why);
+      return stream_failed(why);
     case Answer::kOk:
       return answered(second, keep);
   }
 }
-
-void EtcdClock::stream_failed(const std::string& why) { member_failed(why); }
 
 void EtcdClock::answered(std::int64_t second, bool keep) {
   now_.answered = local_();
@@ -227,12 +225,12 @@ void EtcdClock::answered(std::int64_t second, bool keep) {
   }
   prev_ = now_;  // the same second, or a jump (a slow answer, a clock stepped): from here
   if (steady_clock::now() >= until_)
-    return member_failed(fmt::format("the Date it answers did not change within {} ms", kSampleSpan.count()));
+    return stream_failed(fmt::format("the Date it answers did not change within {} ms", kSampleSpan.count()));
   step_ = Step::kGap;
   arm(duration_cast<milliseconds>(next_at_ - steady_clock::now()));
 }
 
-void EtcdClock::member_failed(const std::string& why) {
+void EtcdClock::stream_failed(const std::string& why) {
   drop_stream();
   const auto& m = target_.members[member_];
   const std::string endpoint = (target_.tls ? "https://" : "http://") + m.address();

@@ -73,10 +73,10 @@ class EtcdClock : private Stream::Events {
   void sample();
   void stream_ready() override;
   void stream_data(const char* data, std::size_t n) override;
+  // The current member failed (its stream broke, or it answered late or
+  // wrongly): the next one, or the measurement fails.
   void stream_failed(const std::string& why) override;
   void answered(std::int64_t second, bool keep);
-  // The current member failed: the next one, or the measurement fails.
-  void member_failed(const std::string& why);
   // The measurement's end: `error`, or the members' clock minus local_'s
   // and half the span the second changed in.
   void finish(const StoreError* error, std::chrono::milliseconds offset = {},
