@@ -170,7 +170,7 @@ StoreError SqlConnection::table_error(const StoreError& error) const {
 }
 
 void SqlConnection::send_queued() {
-  if (busy_ || !linked()) return;
+  if (phase_ != Phase::kNone || !linked()) return;
   std::deque<Request>& source = state_ == State::kSetUp ? set_up_ : queue_;
   // After a failed request, at once: a transaction it began holds its rows.
   if (std::exchange(roll_back_, false))
@@ -188,7 +188,6 @@ void SqlConnection::send_queued() {
     inflight_.push_back(std::move(source.front()));
     source.pop_front();
   }
-  busy_ = true;
   phase_ = Phase::kQuery;
   watch_requests();
   int err = 0;
@@ -220,7 +219,7 @@ void SqlConnection::resume(int events) {
     case Phase::kNone:
       // Idle, and the socket became readable: the server closed the
       // connection (or sent what nobody asked for).
-      if (linked() && !busy_) connection_failed(0, "the server closed the connection");
+      if (linked()) connection_failed(0, "the server closed the connection");
       return;
     case Phase::kConnect: {
       MYSQL* ret = nullptr;
@@ -277,13 +276,12 @@ void SqlConnection::store_step(int status, MYSQL_RES* res) {
 // A statement of the request at the front of inflight_ is answered: the
 // request too with its last, else the round trip goes on.
 void SqlConnection::statement_done() {
-  phase_ = Phase::kNone;
   if (--inflight_.front().statements == 0) return answer_front(nullptr);
   after_results();
 }
 
 void SqlConnection::after_results() {
-  if (!busy_) return;  // a callback dropped the connection
+  if (phase_ == Phase::kNone) return;  // a callback dropped the connection
   if (mysql_more_results(mysql_)) {
     phase_ = Phase::kNext;
     int ret = 0;
@@ -295,7 +293,6 @@ void SqlConnection::after_results() {
   std::deque<Request>& source = state_ == State::kSetUp ? set_up_ : queue_;
   source.insert(source.begin(), std::make_move_iterator(inflight_.begin()), std::make_move_iterator(inflight_.end()));
   inflight_.clear();
-  busy_ = false;
   phase_ = Phase::kNone;
   send_queued();
 }
@@ -306,7 +303,6 @@ void SqlConnection::statement_failed() {
   // The server refused this statement; the connection is fine and the
   // statements after it in the round trip were not run (a transaction
   // the request began is rolled back first).
-  phase_ = Phase::kNone;
   roll_back_ = state_ == State::kReady;
   StoreError err = sql_error(name_, code, mysql_error(mysql_));
   if (code == ER_PARSE_ERROR && inflight_.front().sql.starts_with(sql::kCompound))
@@ -348,7 +344,6 @@ void SqlConnection::release(bool) {
   if (mysql_ != nullptr) mysql_close(mysql_);
   mysql_ = nullptr;
   set_up_.clear();
-  busy_ = false;
   roll_back_ = false;
   phase_ = Phase::kNone;
 }

@@ -92,6 +92,9 @@ class SqlConnection final : public sqlcommon::ConnectionCore<SqlRequest, SqlResu
   void close();  // ConnectionCore's, then its own timer
 
  private:
+  // The library call under way: none (idle, or a round trip over), the
+  // connect, or a round trip's (its query, a result set's read, the next
+  // result), which stays its phase while a request's callback runs.
   enum class Phase { kNone, kConnect, kQuery, kStore, kNext };
   using Request = SqlRequest;
 
@@ -124,7 +127,6 @@ class SqlConnection final : public sqlcommon::ConnectionCore<SqlRequest, SqlResu
   const SqlTarget target_;
 
   Phase phase_ = Phase::kNone;
-  bool busy_ = false;  // a round trip under way
   st_mysql* mysql_ = nullptr;
   uv_timer_t io_timer_{};  // the library's own timeouts (MYSQL_WAIT_TIMEOUT)
   bool timer_open_ = false;
