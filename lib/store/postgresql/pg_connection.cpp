@@ -225,7 +225,7 @@ void PgConnection::send_queued() {
     queue_.pop_front();
     if (!send(inflight_.back())) return fail_unavailable(one_line(PQerrorMessage(conn_)));
   }
-  if (was_idle) watch_requests();
+  if (was_idle) request_timer_.watch();
   flush();
 }
 
@@ -289,7 +289,7 @@ void PgConnection::drain() {
 void PgConnection::complete_front() {
   Request r = std::move(inflight_.front());
   inflight_.pop_front();
-  watch_requests();
+  request_timer_.watch();
   std::optional<StoreError> error;
   const auto failed = std::find_if(r.results.begin(), r.results.end(), [](const auto& res) {
     const ExecStatusType st = PQresultStatus(res.get());

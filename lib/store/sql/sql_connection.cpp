@@ -189,7 +189,7 @@ void SqlConnection::send_queued() {
     source.pop_front();
   }
   phase_ = Phase::kQuery;
-  watch_requests();
+  request_timer_.watch();
   int err = 0;
   int status = mysql_real_query_start(&err, mysql_, sql.data(), static_cast<unsigned long>(sql.size()));
   result_step(status, err != 0);

@@ -328,11 +328,6 @@ class ConnectionCore : protected Reconnector::Attempts, protected RequestTimer::
     if (ready_hook_) ready_hook_();
     if (state_ == State::kReady && !queue_.empty()) kick();
   }
-  // Requests are in flight: the command timeout runs (while setting up,
-  // the connect deadline instead).
-  void watch_requests() {
-    if (state_ == State::kReady) request_timer_.watch();
-  }
   // Watches the client's socket for `events` (`renew`: a fresh handle, the
   // socket may be new): false when it cannot (the connection dropped).
   bool watch(int events, bool renew) {
@@ -401,8 +396,10 @@ class ConnectionCore : protected Reconnector::Attempts, protected RequestTimer::
     fail_unavailable(
         fmt::format("no connection within the connect timeout ({} ms)", settings_.connect_timeout.count()));
   }
-  // RequestTimer::Requests: the oldest request in flight, and the server
-  // silent for the command timeout.
+  // RequestTimer::Requests: the oldest request in flight (none while
+  // setting up: the connect deadline runs instead, and request_timer_'s
+  // watch() then arms nothing), and the server silent for the command
+  // timeout.
   RequestTimer::Clock::time_point unanswered_since() const final {
     return state_ == State::kReady && !inflight_.empty() ? inflight_.front().sent : RequestTimer::kNone;
   }
