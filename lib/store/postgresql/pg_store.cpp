@@ -124,7 +124,7 @@ void PgStore::start_notices() {
   notices_->start();
 }
 
-void PgStore::poll_replies() { connections_.renew->poll_now(); }
+void PgStore::poll_replies() { connections_.renew().poll_now(); }
 
 void PgStore::close() {
   closed_ = true;

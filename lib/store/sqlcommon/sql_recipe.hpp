@@ -238,8 +238,7 @@ std::vector<std::string> lock_arrays(std::size_t n, Lock lock, bool ttls, bool m
 template <class Driver>
 struct Connections {
   static constexpr int kCommands = 2;
-  std::vector<std::unique_ptr<Driver>> commands;
-  std::unique_ptr<Driver> renew;
+  std::vector<std::unique_ptr<Driver>> all;  // the command connections, then the renewal one
 
   // Makes them over `target`, each with `session`: the list of the
   // sessions left behind one they share, the table named database.table
@@ -248,26 +247,24 @@ struct Connections {
   void make(Loop& loop, const Target& target, const SqlSettings& settings, Session<Id> session) {
     session.table = fmt::format("{}.{}", target.database, target.table);
     session.stale = std::make_shared<StaleSessions<Id>>();
-    for (int i = 0; i < kCommands; ++i) commands.push_back(std::make_unique<Driver>(loop, target, settings, session));
-    renew = std::make_unique<Driver>(loop, target, settings, session);
+    for (int i = 0; i <= kCommands; ++i) all.push_back(std::make_unique<Driver>(loop, target, settings, session));
   }
   // Starts them; the first command connection speaks for the server
   // (`events.connection`).
   void start(const StoreEvents& events) {
-    commands.front()->set_state_hook([this, &events](bool up, const std::string& why) {
-      if (events.connection) events.connection(commands.front()->name(), up, why);
+    all.front()->set_state_hook([this, &events](bool up, const std::string& why) {
+      if (events.connection) events.connection(all.front()->name(), up, why);
     });
-    for (auto& c : commands) c->start();
-    renew->start();
+    for (auto& c : all) c->start();
   }
   // The command connection with the fewest statements pending (the first on a tie).
   Driver& command() {
-    return **std::min_element(commands.begin(), commands.end(),
+    return **std::min_element(all.begin(), all.begin() + kCommands,
                               [](const auto& a, const auto& b) { return a->pending() < b->pending(); });
   }
+  Driver& renew() { return *all.back(); }
   void close() {
-    for (auto& c : commands) c->close();
-    renew->close();
+    for (auto& c : all) c->close();
   }
 };
 
@@ -405,7 +402,7 @@ class RecipeStore : public StoreBase,
     connections_.start(events_);
   }
   // The server, as errors name it.
-  const std::string& server() const { return connections_.commands.front()->name(); }
+  const std::string& server() const { return connections_.all.front()->name(); }
   // A statement's answer that lacks what it must hold.
   StoreError no_answer(std::string_view what) const {
     return StoreError::unavailable(server(), fmt::format("no answer to {}", what));
@@ -452,7 +449,7 @@ class RecipeStore : public StoreBase,
   void renew_group(RenewBatchPtr batch, std::vector<std::size_t> members, bool kinds) {
     auto params = lock_arrays(
         members.size(), [&](std::size_t k) -> const LockRef& { return batch->locks[members[k]]; }, true, kinds);
-    connections_.renew->execute(
+    connections_.renew().execute(
         kinds ? "lockwatch_renew_kind" : "lockwatch_renew", std::move(params),
         [batch, members](const Rows& rows, const StoreError* err) {
           // A failed statement's rows are none: each lease is transient.
