@@ -438,9 +438,6 @@ class ConnectionCore : protected Reconnector::Attempts, protected RequestTimer::
   // table or a column is missing, `create` and the check again, once.
   // Nothing to check (a notices connection): usable after `setup`.
   void check_tables(bool created) {
-    const auto has = [](const std::vector<std::error_code>& codes, const StoreError* err) {
-      return std::find(codes.begin(), codes.end(), err->code) != codes.end();
-    };
     const bool prepared = session_.check.empty(), unchecked = prepared && session_.statements.empty();
     for (std::size_t i = 0; !created && i < session_.setup.size(); ++i)
       step(session_.setup[i], nullptr,
@@ -450,12 +447,13 @@ class ConnectionCore : protected Reconnector::Attempts, protected RequestTimer::
            });
     if (unchecked) return;
     step(session_.check, prepared ? &session_.statements.front() : nullptr,
-         [this, created, has](const Answer&, const StoreError* err) {
+         [this, created](const Answer&, const StoreError* err) {
            if (!err) return prepare_rest();
-           if (created || !has(session_.missing, err)) return set_up_failed(table_error(*err));
+           if (created || std::ranges::count(session_.missing, err->code) == 0)
+             return set_up_failed(table_error(*err));
            for (const auto& sql : session_.create)
-             step(sql, nullptr, [this, has](const Answer&, const StoreError* e) {
-               if (e && !has(session_.exists, e))
+             step(sql, nullptr, [this](const Answer&, const StoreError* e) {
+               if (e && std::ranges::count(session_.exists, e->code) == 0)
                  set_up_failed(about_table(*e, "cannot create the lock table {} or its holders' table: {}"));
              });
            check_tables(true);
