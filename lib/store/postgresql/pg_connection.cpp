@@ -169,7 +169,7 @@ std::vector<std::string> PgConnection::end_sessions(const std::vector<int>& pids
       PQserverVersion(conn_) >= 140000 ? fmt::format("pg_terminate_backend(a.pid, {})", wait_ms) : "pg_terminate_backend(a.pid)";
   return {fmt::format("SELECT {} FROM pg_stat_activity a WHERE a.pid = ANY('{{{}}}'::int[]) AND a.usename = current_user "
                       "AND (a.application_name = 'lockwatch' OR a.application_name LIKE 'lockwatch:%') AND a.pid <> pg_backend_pid()",
-                      terminate, PgStaleBackends::list(pids))};
+                      terminate, fmt::join(pids, ","))};
 }
 
 // A step of the set-up: the prepare of `*prepare`, or (none) `sql`.

@@ -57,7 +57,6 @@ using PgDone = std::function<void(const PgRows& rows, const StoreError* error)>;
 // connection's LISTEN as its `setup`.
 using PgStatement = sqlcommon::Statement;
 using PgCall = sqlcommon::Call;
-using PgStaleBackends = sqlcommon::StaleSessions<int>;
 using PgSession = sqlcommon::Session<int>;
 
 // A request on a connection (a transaction's statements, or a step of

@@ -160,7 +160,7 @@ std::vector<std::string> SqlConnection::end_sessions(const std::vector<unsigned 
   }
   steps.push_back(
       fmt::format("SELECT COUNT(*) FROM information_schema.PROCESSLIST WHERE ID IN ({}) AND ID <> CONNECTION_ID()",
-                  SqlStaleThreads::list(ids)));
+                  fmt::join(ids, ",")));
   return steps;
 }
 

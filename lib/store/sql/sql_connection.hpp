@@ -49,8 +49,6 @@ using SqlResult = sqlcommon::Rows;
 // is kUnavailable).
 using SqlDone = std::function<void(const SqlResult& result, const StoreError* error)>;
 
-using SqlStaleThreads = sqlcommon::StaleSessions<unsigned long>;
-
 // A named statement: its steps' $1..$9 are filled with the parameters as
 // its types say (sql::fill()). What a connection runs before it takes
 // requests (ConnectionCore's set-up): the stale threads ended, the session

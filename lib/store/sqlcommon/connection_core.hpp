@@ -83,8 +83,6 @@ struct StaleSessions {
   void forget(const std::vector<Id>& ended) {
     std::erase_if(ids, [&](Id id) { return std::find(ended.begin(), ended.end(), id) != ended.end(); });
   }
-  // `ids` as a comma-separated list, for a statement.
-  static std::string list(const std::vector<Id>& ids) { return fmt::format("{}", fmt::join(ids, ",")); }
   // The connections but `self` start again, behind the session `self` left.
   void restart_others(const Restartable* self) const {
     std::vector<Restartable*> others = connections;  // a restart may change the list
