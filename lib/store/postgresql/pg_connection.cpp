@@ -3,7 +3,6 @@
 #include <libpq-fe.h>
 
 #include <algorithm>
-#include <memory>
 #include <optional>
 
 #include "core/option_checks.hpp"

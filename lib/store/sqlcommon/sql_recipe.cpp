@@ -1,7 +1,6 @@
 #include "store/sqlcommon/sql_recipe.hpp"
 
 #include <algorithm>
-#include <utility>
 
 #include <fmt/format.h>
 
