@@ -35,6 +35,7 @@ void Reconnector::attempt_now() {
   uv_timer_stop(&timer_);
   scheduled_ = false;
   state_ = State::kConnecting;
+  uv_update_time(loop_.uv());  // the deadline from now (see want_attempt())
   uv_timer_start(&timer_, &Reconnector::on_timer, ms_of(connect_timeout_), 0);
   attempts_.attempt();
 }
@@ -67,6 +68,10 @@ void Reconnector::down(const std::string& why) {
 void Reconnector::want_attempt() {
   if (!started_ || closed() || state_ != State::kDown || scheduled_) return;
   scheduled_ = true;
+  // From now, not from the loop's time cached at its turn's start: a turn
+  // that ran long (a slow attempt, a preempted thread) would shorten the
+  // back-off by as much.
+  uv_update_time(loop_.uv());
   uv_timer_start(&timer_, &Reconnector::on_timer, ms_of(backoff_.next()), 0);
 }
 
